@@ -1,0 +1,101 @@
+//! The one error type every backend returns.
+
+use std::path::PathBuf;
+
+use crate::validate::ValidationError;
+
+/// A boxed source error, kept so callers can walk the chain.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong in a store, by meaning rather than by backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The input was refused; nothing was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(#[from] ValidationError),
+    /// The store is busy (locked by another writer); the same call may succeed later.
+    #[error("store busy: {context}")]
+    Busy {
+        /// What was being done.
+        context: String,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store could not be opened at `path` (not a database of this kind, truncated,
+    /// permission denied, already open in another process, ...). Nothing was created or
+    /// overwritten.
+    #[error("cannot open store {path:?}: {reason}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in words.
+        reason: String,
+        /// The backend's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// Stored data breaks an invariant (an unknown kind, a torn row, ...).
+    #[error("corrupt store: {context}")]
+    Corrupt {
+        /// What was found.
+        context: String,
+        /// The backend's error, when any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// Any other backend failure (I/O, driver, task join).
+    #[error("store backend error: {context}")]
+    Backend {
+        /// What was being done.
+        context: String,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same call may succeed (lock contention).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Busy { .. })
+    }
+
+    /// A [`StoreError::Corrupt`] without a source.
+    pub fn corrupt(context: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// A [`StoreError::Backend`] from any error.
+    pub fn backend(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        StoreError::Backend {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_only_when_busy() {
+        let busy = StoreError::Busy {
+            context: "record".into(),
+            source: "database is locked".into(),
+        };
+        assert!(busy.is_retryable());
+        assert!(!StoreError::corrupt("x").is_retryable());
+        let invalid: StoreError = ValidationError::SummaryBlank.into();
+        assert!(!invalid.is_retryable());
+        assert_eq!(
+            invalid.to_string(),
+            "invalid input: summary must not be blank"
+        );
+    }
+}

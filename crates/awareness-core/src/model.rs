@@ -1,0 +1,790 @@
+//! The data model: keys, sequences, events, heads and cursors.
+//!
+//! Values are parsed once at the boundary (see [`crate::validate`]) and trusted afterwards.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{self, ValidationError};
+
+/// One store-wide, strictly increasing event number. `0` means "nothing recorded".
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Sequence(pub u64);
+
+impl Sequence {
+    /// The "nothing recorded" sequence.
+    pub const ZERO: Sequence = Sequence(0);
+
+    /// The raw number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The next sequence (saturating).
+    #[must_use]
+    pub const fn next(self) -> Sequence {
+        Sequence(self.0.saturating_add(1))
+    }
+}
+
+impl fmt::Display for Sequence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<u64> for Sequence {
+    fn from(v: u64) -> Self {
+        Sequence(v)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// One hour in milliseconds.
+    pub const HOUR_MS: i64 = 60 * 60 * 1000;
+    /// One day in milliseconds.
+    pub const DAY_MS: i64 = 24 * Self::HOUR_MS;
+
+    /// The raw milliseconds.
+    pub const fn millis(self) -> i64 {
+        self.0
+    }
+
+    /// This instant moved back by `ms` milliseconds (saturating).
+    #[must_use]
+    pub const fn minus_ms(self, ms: i64) -> Timestamp {
+        Timestamp(self.0.saturating_sub(ms))
+    }
+
+    /// This instant moved forward by `ms` milliseconds (saturating).
+    #[must_use]
+    pub const fn plus_ms(self, ms: i64) -> Timestamp {
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    /// The system clock, for callers that have no clock of their own.
+    pub fn now() -> Timestamp {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        Timestamp(ms)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+macro_rules! string_newtype {
+    ($(#[$m:meta])* $name:ident, $what:literal) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            /// Parses and validates the value.
+            pub fn new(value: impl AsRef<str>) -> Result<Self, ValidationError> {
+                let value = value.as_ref();
+                validate::key($what, value)?;
+                Ok(Self(Arc::from(value)))
+            }
+
+            /// The value as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = ValidationError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::new(s)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::new(s).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+string_newtype!(
+    /// A session key such as `agent:main:subagent:child`, or a bare key such as `global`.
+    SessionKey,
+    "session key"
+);
+string_newtype!(
+    /// An agent id such as `main`.
+    AgentId,
+    "agent id"
+);
+
+impl SessionKey {
+    /// The agent id when the key is agent-qualified (`agent:<agentId>:<rest>` with non-empty
+    /// parts), `None` for a bare key.
+    pub fn agent_id(&self) -> Option<&str> {
+        let rest = self.0.strip_prefix("agent:")?;
+        let (agent, tail) = rest.split_once(':')?;
+        if agent.is_empty() || tail.is_empty() {
+            return None;
+        }
+        Some(agent)
+    }
+
+    /// Whether the key is agent-qualified and so may act as a watcher.
+    pub fn is_agent_qualified(&self) -> bool {
+        self.agent_id().is_some()
+    }
+
+    /// Whether this is a nested subagent session (`...:subagent:...`), which is not woken at
+    /// once when a notice arrives.
+    pub fn is_subagent(&self) -> bool {
+        self.0.contains(":subagent:")
+    }
+}
+
+/// A session's identity for heads and events: the key together with its agent.
+///
+/// Under `session.scope = "global"` every agent has its own session called `global`, so the key
+/// alone is not enough.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRef {
+    /// The session key.
+    pub session_key: SessionKey,
+    /// The owning agent.
+    pub agent_id: AgentId,
+}
+
+impl SessionRef {
+    /// Builds a ref from validated parts.
+    pub fn new(session_key: SessionKey, agent_id: AgentId) -> Self {
+        Self {
+            session_key,
+            agent_id,
+        }
+    }
+
+    /// Parses both parts.
+    pub fn parse(session_key: &str, agent_id: &str) -> Result<Self, ValidationError> {
+        Ok(Self::new(
+            SessionKey::new(session_key)?,
+            AgentId::new(agent_id)?,
+        ))
+    }
+
+    /// The ref of an agent-qualified key, whose agent id is taken from the key itself.
+    pub fn from_qualified(session_key: SessionKey) -> Option<Self> {
+        let agent = AgentId::new(session_key.agent_id()?).ok()?;
+        Some(Self::new(session_key, agent))
+    }
+}
+
+impl fmt::Display for SessionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (agent {})", self.session_key, self.agent_id)
+    }
+}
+
+/// A session key that may watch others: agent-qualified by construction.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct WatcherKey(SessionKey);
+
+impl WatcherKey {
+    /// Accepts only agent-qualified keys.
+    pub fn new(key: SessionKey) -> Result<Self, ValidationError> {
+        if key.is_agent_qualified() {
+            Ok(Self(key))
+        } else {
+            Err(ValidationError::NotAgentQualified {
+                key: key.as_str().to_owned(),
+            })
+        }
+    }
+
+    /// Parses and checks a string.
+    pub fn parse(value: &str) -> Result<Self, ValidationError> {
+        Self::new(SessionKey::new(value)?)
+    }
+
+    /// The underlying session key.
+    pub fn session_key(&self) -> &SessionKey {
+        &self.0
+    }
+
+    /// The key as a string slice.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+
+    /// The watcher's agent id (always present).
+    pub fn agent_id(&self) -> &str {
+        self.0.agent_id().unwrap_or_default()
+    }
+}
+
+impl fmt::Display for WatcherKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for WatcherKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let key = SessionKey::deserialize(d)?;
+        WatcherKey::new(key).map_err(serde::de::Error::custom)
+    }
+}
+
+/// How an event kind affects watchers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KindClass {
+    /// Notifies the target's watchers.
+    Notify,
+    /// Moves the head only.
+    LogOnly,
+    /// Seeds the cursor of the watcher the producer names (the spawner).
+    Seed,
+}
+
+/// The kind of a state-change event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A human turn in a watched session.
+    HumanDirectMessage,
+    /// The session's goal changed.
+    GoalChanged,
+    /// An adopted session's upstream source disappeared.
+    UpstreamMissing,
+    /// A child session was spawned; seeds the spawner's cursor.
+    ChildSpawned,
+    /// A child run completed.
+    RunCompleted,
+    /// A child run failed, timed out or was cancelled.
+    RunFailed,
+    /// The session was compacted.
+    Compacted,
+    /// The session was adopted from an external catalog.
+    Adopted,
+    /// The session was created.
+    Created,
+}
+
+impl EventKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [EventKind; 9] = [
+        EventKind::HumanDirectMessage,
+        EventKind::GoalChanged,
+        EventKind::UpstreamMissing,
+        EventKind::ChildSpawned,
+        EventKind::RunCompleted,
+        EventKind::RunFailed,
+        EventKind::Compacted,
+        EventKind::Adopted,
+        EventKind::Created,
+    ];
+
+    /// The stored spelling (`human_direct_message`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::HumanDirectMessage => "human_direct_message",
+            EventKind::GoalChanged => "goal_changed",
+            EventKind::UpstreamMissing => "upstream_missing",
+            EventKind::ChildSpawned => "child_spawned",
+            EventKind::RunCompleted => "run_completed",
+            EventKind::RunFailed => "run_failed",
+            EventKind::Compacted => "compacted",
+            EventKind::Adopted => "adopted",
+            EventKind::Created => "created",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(value: &str) -> Result<Self, ValidationError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == value)
+            .ok_or_else(|| ValidationError::UnknownKind {
+                value: value.to_owned(),
+            })
+    }
+
+    /// The notify / log-only / seed table of DESIGN.md section 3.
+    pub const fn class(self) -> KindClass {
+        match self {
+            EventKind::HumanDirectMessage | EventKind::GoalChanged | EventKind::UpstreamMissing => {
+                KindClass::Notify
+            }
+            EventKind::ChildSpawned => KindClass::Seed,
+            EventKind::RunCompleted
+            | EventKind::RunFailed
+            | EventKind::Compacted
+            | EventKind::Adopted
+            | EventKind::Created => KindClass::LogOnly,
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who caused an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorType {
+    /// A person.
+    Human,
+    /// Another session (the actor id is its session key).
+    Agent,
+    /// The gateway itself.
+    System,
+}
+
+impl ActorType {
+    /// Every actor type.
+    pub const ALL: [ActorType; 3] = [ActorType::Human, ActorType::Agent, ActorType::System];
+
+    /// The stored spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ActorType::Human => "human",
+            ActorType::Agent => "agent",
+            ActorType::System => "system",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(value: &str) -> Result<Self, ValidationError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == value)
+            .ok_or_else(|| ValidationError::UnknownActorType {
+                value: value.to_owned(),
+            })
+    }
+}
+
+impl fmt::Display for ActorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A JSON object carried by an event.
+pub type Payload = serde_json::Map<String, serde_json::Value>;
+
+/// An event to record, before it has a sequence. Build it with [`NewEvent::new`] and the
+/// `with_*` methods; stores validate it with [`NewEvent::validate`] before writing anything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// The session the event is about.
+    pub session: SessionRef,
+    /// The gateway's session id (an incarnation of the key), when known.
+    pub session_id: Option<String>,
+    /// What happened.
+    pub kind: EventKind,
+    /// Who did it.
+    pub actor_type: ActorType,
+    /// The actor's id; for an agent, the session key that acted.
+    pub actor_id: Option<String>,
+    /// The run involved, when any.
+    pub run_id: Option<String>,
+    /// When it happened according to the producer (clamped into `[now - 24 h, now]`).
+    pub occurred_at: Option<Timestamp>,
+    /// One line, at most 200 characters, no control characters.
+    pub summary: String,
+    /// A JSON object of at most 4 KiB.
+    pub payload: Option<Payload>,
+    /// Makes the record idempotent: a second record with the same key returns the first event.
+    pub dedupe_key: Option<String>,
+    /// Watchers the producer names (a spawner): seeded for a `Seed` kind, notified (and created
+    /// when missing) for a `Notify` kind, ignored for a log-only kind.
+    pub watchers: Vec<WatcherKey>,
+}
+
+impl NewEvent {
+    /// A new event with the required fields.
+    pub fn new(
+        session: SessionRef,
+        kind: EventKind,
+        actor_type: ActorType,
+        summary: impl Into<String>,
+    ) -> Self {
+        Self {
+            session,
+            session_id: None,
+            kind,
+            actor_type,
+            actor_id: None,
+            run_id: None,
+            occurred_at: None,
+            summary: summary.into(),
+            payload: None,
+            dedupe_key: None,
+            watchers: Vec::new(),
+        }
+    }
+
+    /// Sets the actor id.
+    #[must_use]
+    pub fn with_actor_id(mut self, id: impl Into<String>) -> Self {
+        self.actor_id = Some(id.into());
+        self
+    }
+
+    /// Sets the session id.
+    #[must_use]
+    pub fn with_session_id(mut self, id: impl Into<String>) -> Self {
+        self.session_id = Some(id.into());
+        self
+    }
+
+    /// Sets the run id.
+    #[must_use]
+    pub fn with_run_id(mut self, id: impl Into<String>) -> Self {
+        self.run_id = Some(id.into());
+        self
+    }
+
+    /// Sets the producer's time.
+    #[must_use]
+    pub fn with_occurred_at(mut self, at: Timestamp) -> Self {
+        self.occurred_at = Some(at);
+        self
+    }
+
+    /// Sets the payload.
+    #[must_use]
+    pub fn with_payload(mut self, payload: Payload) -> Self {
+        self.payload = Some(payload);
+        self
+    }
+
+    /// Sets the dedupe key.
+    #[must_use]
+    pub fn with_dedupe_key(mut self, key: impl Into<String>) -> Self {
+        self.dedupe_key = Some(key.into());
+        self
+    }
+
+    /// Names a watcher (the spawner, for a `child_spawned` event).
+    #[must_use]
+    pub fn with_watcher(mut self, watcher: WatcherKey) -> Self {
+        self.watchers.push(watcher);
+        self
+    }
+
+    /// Checks every rule of DESIGN.md section 3; stores call this before writing anything.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate::summary(&self.summary)?;
+        if let Some(p) = &self.payload {
+            validate::payload(p)?;
+        }
+        for (what, v) in [
+            ("session id", &self.session_id),
+            ("actor id", &self.actor_id),
+            ("run id", &self.run_id),
+            ("dedupe key", &self.dedupe_key),
+        ] {
+            if let Some(v) = v {
+                validate::key(what, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The event this becomes once it has a sequence and a clamped time.
+    pub fn into_event(self, sequence: Sequence, now: Timestamp) -> Event {
+        Event {
+            sequence,
+            session_key: self.session.session_key,
+            session_id: self.session_id,
+            agent_id: self.session.agent_id,
+            kind: self.kind,
+            actor_type: self.actor_type,
+            actor_id: self.actor_id,
+            run_id: self.run_id,
+            occurred_at: validate::clamp_occurred_at(self.occurred_at, now),
+            summary: self.summary,
+            payload: self.payload,
+            dedupe_key: self.dedupe_key,
+        }
+    }
+}
+
+/// A recorded event. Serializes to the camelCase JSON of DESIGN.md section 5 (absent options are
+/// omitted; the dedupe key is stored but never returned).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// Its store-wide sequence.
+    pub sequence: Sequence,
+    /// The session key.
+    pub session_key: SessionKey,
+    /// The session id, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The owning agent.
+    pub agent_id: AgentId,
+    /// What happened.
+    pub kind: EventKind,
+    /// Who did it.
+    pub actor_type: ActorType,
+    /// The actor's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor_id: Option<String>,
+    /// The run involved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// When it happened (clamped).
+    pub occurred_at: Timestamp,
+    /// One line.
+    pub summary: String,
+    /// A JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Payload>,
+    /// Stored, never returned in JSON.
+    #[serde(skip)]
+    pub dedupe_key: Option<String>,
+}
+
+impl Event {
+    /// The ref the event belongs to.
+    pub fn session_ref(&self) -> SessionRef {
+        SessionRef::new(self.session_key.clone(), self.agent_id.clone())
+    }
+}
+
+/// A session's head: the highest sequence ever recorded for it and its pruned watermark.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Head {
+    /// The session.
+    pub session: SessionRef,
+    /// `stateVersion`: never goes down, survives pruning.
+    pub last_sequence: Sequence,
+    /// The highest sequence of this ref that pruning deleted (only pruning stamps it).
+    pub pruned_max_sequence: Sequence,
+    /// Local clock of the last change.
+    pub updated_at: Timestamp,
+}
+
+/// A watcher's cursor on a target session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cursor {
+    /// The watching session.
+    pub watcher: WatcherKey,
+    /// The watched session's key.
+    pub target: SessionKey,
+    /// The watched session's agent (heads are read for this ref).
+    pub target_agent: AgentId,
+    /// Everything up to here has been delivered.
+    pub last_seen: Sequence,
+    /// The frozen watermark of the outstanding notice (`== last_seen`: none).
+    pub notified: Sequence,
+    /// The latest notify-eligible event on the target.
+    pub material: Sequence,
+    /// Local clock of the last change.
+    pub updated_at: Timestamp,
+}
+
+impl Cursor {
+    /// A cursor with all three sequences at `at`.
+    pub fn at(watcher: WatcherKey, target: SessionRef, at: Sequence, now: Timestamp) -> Self {
+        Self {
+            watcher,
+            target: target.session_key,
+            target_agent: target.agent_id,
+            last_seen: at,
+            notified: at,
+            material: at,
+            updated_at: now,
+        }
+    }
+
+    /// The target as a ref.
+    pub fn target_ref(&self) -> SessionRef {
+        SessionRef::new(self.target.clone(), self.target_agent.clone())
+    }
+
+    /// The cursor's key.
+    pub fn key(&self) -> CursorKey {
+        CursorKey {
+            watcher: self.watcher.clone(),
+            target: self.target.clone(),
+        }
+    }
+
+    /// A notice is pending when something material happened after `last_seen`.
+    pub fn is_pending(&self) -> bool {
+        self.material > self.last_seen
+    }
+
+    /// The target agent to assume for a cursor row that does not store one (a row written by
+    /// OpenClaw): the agent of an agent-qualified target key, else the watcher's agent.
+    pub fn default_target_agent(watcher: &WatcherKey, target: &SessionKey) -> AgentId {
+        let agent = target.agent_id().unwrap_or_else(|| watcher.agent_id());
+        AgentId::new(agent).unwrap_or_else(|_| AgentId(Arc::from("main")))
+    }
+}
+
+/// The primary key of a cursor.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CursorKey {
+    /// The watcher.
+    pub watcher: WatcherKey,
+    /// The target key.
+    pub target: SessionKey,
+}
+
+/// Which cursors to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CursorFilter {
+    /// Only this watcher's cursors.
+    pub watcher: Option<SessionKey>,
+    /// Only cursors on this target key.
+    pub target: Option<SessionKey>,
+    /// Only cursors with a pending notice.
+    pub pending_only: bool,
+}
+
+impl CursorFilter {
+    /// Whether a cursor passes the filter.
+    pub fn matches(&self, c: &Cursor) -> bool {
+        self.watcher
+            .as_ref()
+            .is_none_or(|w| w == c.watcher.session_key())
+            && self.target.as_ref().is_none_or(|t| *t == c.target)
+            && (!self.pending_only || c.is_pending())
+    }
+}
+
+/// Size and range of the event log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogStats {
+    /// Retained rows.
+    pub rows: u64,
+    /// Smallest retained sequence (0 when empty).
+    pub min_sequence: Sequence,
+    /// Largest retained sequence (0 when empty).
+    pub max_sequence: Sequence,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_qualified_parsing() {
+        let k = SessionKey::new("agent:main:subagent:child").unwrap();
+        assert_eq!(k.agent_id(), Some("main"));
+        assert!(k.is_subagent());
+        for bare in [
+            "global",
+            "main",
+            "agent:",
+            "agent::x",
+            "agent:main:",
+            "agent:main",
+        ] {
+            let k = SessionKey::new(bare).unwrap();
+            assert_eq!(k.agent_id(), None, "{bare}");
+            assert!(WatcherKey::new(k).is_err(), "{bare}");
+        }
+        assert!(SessionKey::new("").is_err());
+        assert_eq!(
+            WatcherKey::parse("agent:ops:main").unwrap().agent_id(),
+            "ops"
+        );
+    }
+
+    #[test]
+    fn kind_table() {
+        for k in EventKind::ALL {
+            assert_eq!(EventKind::parse(k.as_str()).unwrap(), k);
+            assert_eq!(
+                serde_json::to_value(k).unwrap(),
+                serde_json::Value::String(k.as_str().into())
+            );
+        }
+        assert_eq!(EventKind::HumanDirectMessage.class(), KindClass::Notify);
+        assert_eq!(EventKind::GoalChanged.class(), KindClass::Notify);
+        assert_eq!(EventKind::UpstreamMissing.class(), KindClass::Notify);
+        assert_eq!(EventKind::ChildSpawned.class(), KindClass::Seed);
+        for k in [
+            EventKind::RunCompleted,
+            EventKind::RunFailed,
+            EventKind::Compacted,
+            EventKind::Adopted,
+            EventKind::Created,
+        ] {
+            assert_eq!(k.class(), KindClass::LogOnly);
+        }
+        assert!(EventKind::parse("nope").is_err());
+        assert!(ActorType::parse("robot").is_err());
+    }
+
+    #[test]
+    fn event_json_is_camel_case_without_absent_fields() {
+        let ev = NewEvent::new(
+            SessionRef::parse("agent:main:subagent:c1", "main").unwrap(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "human message via telegram",
+        )
+        .with_actor_id("user-1")
+        .with_dedupe_key("dk")
+        .into_event(Sequence(2), Timestamp(1_800_000_000_000));
+        let json = serde_json::to_string(&ev).unwrap();
+        assert_eq!(
+            json,
+            r#"{"sequence":2,"sessionKey":"agent:main:subagent:c1","agentId":"main","kind":"human_direct_message","actorType":"human","actorId":"user-1","occurredAt":1800000000000,"summary":"human message via telegram"}"#
+        );
+    }
+
+    #[test]
+    fn default_target_agent() {
+        let w = WatcherKey::parse("agent:ops:main").unwrap();
+        let t = SessionKey::new("agent:main:subagent:x").unwrap();
+        assert_eq!(Cursor::default_target_agent(&w, &t).as_str(), "main");
+        let g = SessionKey::new("global").unwrap();
+        assert_eq!(Cursor::default_target_agent(&w, &g).as_str(), "ops");
+    }
+}

@@ -1,0 +1,458 @@
+//! The notice protocol of DESIGN.md section 4, as pure functions on cursors.
+//!
+//! Backends load the cursors an operation touches, call these functions, and persist what they
+//! return in one transaction. No backend re-derives a rule.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    AgentId, Cursor, Event, KindClass, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+};
+use crate::validate::ValidationError;
+
+/// Prefix of a session-state context key in the gateway's system-event queue.
+pub const CONTEXT_KEY_PREFIX: &str = "session-state:";
+
+/// "Your view of this target is stale": one line for the watcher's system-event queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Notice {
+    /// Who must read it.
+    pub watcher: WatcherKey,
+    /// The session that changed.
+    pub target: SessionKey,
+    /// The target's agent.
+    pub target_agent: AgentId,
+    /// The sequence to reconcile from (`changesSince`).
+    pub last_seen: Sequence,
+}
+
+impl Notice {
+    /// The notice of a cursor (its text depends only on the target and `last_seen`).
+    pub fn of(cursor: &Cursor) -> Self {
+        Self {
+            watcher: cursor.watcher.clone(),
+            target: cursor.target.clone(),
+            target_agent: cursor.target_agent.clone(),
+            last_seen: cursor.last_seen,
+        }
+    }
+
+    /// The exact line the watcher reads.
+    pub fn text(&self) -> String {
+        notice_text(&self.target, self.last_seen)
+    }
+
+    /// The queue's context key for this notice.
+    pub fn context_key(&self) -> String {
+        context_key(&self.target)
+    }
+}
+
+/// The exact notice text of DESIGN.md section 4.
+pub fn notice_text(target: &SessionKey, last_seen: Sequence) -> String {
+    format!(
+        "Session \"{target}\" changed (other actor). Reconcile before acting: session_status sessionKey \"{target}\" changesSince {last_seen}."
+    )
+}
+
+/// `session-state:<lowercase hex of the target key's UTF-8 bytes>`.
+pub fn context_key(target: &SessionKey) -> String {
+    let bytes = target.as_str().as_bytes();
+    let mut out = String::with_capacity(CONTEXT_KEY_PREFIX.len() + bytes.len() * 2);
+    out.push_str(CONTEXT_KEY_PREFIX);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Whether a context key belongs to session awareness at all (it may still be malformed).
+pub fn is_session_state_context_key(value: &str) -> bool {
+    value.starts_with(CONTEXT_KEY_PREFIX)
+}
+
+/// Strictly decodes a context key: the prefix, an even number of lowercase hex digits, valid
+/// UTF-8 and a valid session key; anything else is an error, so a bad key can never acknowledge
+/// an unrelated cursor.
+pub fn decode_context_key(value: &str) -> Result<SessionKey, ValidationError> {
+    let err = |reason| ValidationError::ContextKey {
+        value: value.to_owned(),
+        reason,
+    };
+    let hex = value
+        .strip_prefix(CONTEXT_KEY_PREFIX)
+        .ok_or_else(|| err("missing the session-state: prefix"))?;
+    if hex.is_empty() {
+        return Err(err("empty target"));
+    }
+    if hex.len() % 2 != 0 {
+        return Err(err("odd number of hex digits"));
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = Vec::with_capacity(hex.len() / 2);
+    for pair in hex.as_bytes().chunks_exact(2) {
+        let (Some(hi), Some(lo)) = (digit(pair[0]), digit(pair[1])) else {
+            return Err(err("not lowercase hex"));
+        };
+        bytes.push(hi << 4 | lo);
+    }
+    let text = String::from_utf8(bytes).map_err(|_| err("not UTF-8"))?;
+    SessionKey::new(text).map_err(|_| err("not a valid session key"))
+}
+
+/// Checks an explicit watch request: the watcher must be agent-qualified and not the target.
+pub fn check_watch(
+    watcher: &SessionKey,
+    target: &SessionKey,
+) -> Result<WatcherKey, ValidationError> {
+    let w = WatcherKey::new(watcher.clone())?;
+    if w.session_key() == target {
+        return Err(ValidationError::SelfWatch {
+            key: target.as_str().to_owned(),
+        });
+    }
+    Ok(w)
+}
+
+/// Seeding by a spawn at `seq`: a new cursor at `seq`, or the existing one left alone when it
+/// holds a pending notice. Returns the cursor to write, `None` to write nothing.
+pub fn seed(
+    existing: Option<&Cursor>,
+    watcher: &WatcherKey,
+    target: &SessionRef,
+    seq: Sequence,
+    now: Timestamp,
+) -> Option<Cursor> {
+    match existing {
+        Some(c) if c.is_pending() => None,
+        _ => Some(Cursor::at(watcher.clone(), target.clone(), seq, now)),
+    }
+}
+
+/// An explicit watch: keeps an existing cursor (and its pending state) or starts at `head`.
+/// Returns the cursor in effect and whether it must be written.
+pub fn watch(
+    existing: Option<&Cursor>,
+    watcher: &WatcherKey,
+    target: &SessionRef,
+    head: Sequence,
+    now: Timestamp,
+) -> (Cursor, bool) {
+    match existing {
+        Some(c) => (c.clone(), false),
+        None => (Cursor::at(watcher.clone(), target.clone(), head, now), true),
+    }
+}
+
+/// A material event at `seq` on the cursor's target: freezes `notified` when no notice is
+/// outstanding, always moves `material`.
+#[must_use]
+pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
+    if cursor.notified == cursor.last_seen {
+        cursor.notified = seq;
+    }
+    cursor.material = cursor.material.max(seq);
+    cursor.updated_at = now;
+    cursor
+}
+
+/// Acknowledge: `last_seen := notified`; if something material came after the frozen watermark,
+/// re-freeze at `material` and return exactly one follow-up notice. Returns `None` for the cursor
+/// when there was nothing to acknowledge (nothing to write).
+pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<Notice>) {
+    if cursor.notified == cursor.last_seen && !cursor.is_pending() {
+        return (None, None);
+    }
+    let mut c = cursor.clone();
+    c.last_seen = c.notified;
+    let mut follow_up = None;
+    if c.material > c.notified {
+        c.notified = c.material;
+        follow_up = Some(Notice::of(&c));
+    }
+    c.updated_at = now;
+    (Some(c), follow_up)
+}
+
+/// Start-up re-freeze of a pending cursor: `notified := material`, and its notice re-delivered.
+/// Returns `None` when the cursor is not pending.
+pub fn refreeze(cursor: &Cursor, now: Timestamp) -> Option<(Cursor, Notice)> {
+    if !cursor.is_pending() {
+        return None;
+    }
+    let mut c = cursor.clone();
+    if c.notified != c.material {
+        c.notified = c.material;
+        c.updated_at = now;
+    }
+    let notice = Notice::of(&c);
+    Some((c, notice))
+}
+
+/// What recording an event does to cursors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CursorEffects {
+    /// Cursors to insert or replace, keyed by (watcher, target).
+    pub upserts: Vec<Cursor>,
+    /// Notices to hand to delivery (one per watcher that became or stays pending).
+    pub notices: Vec<Notice>,
+}
+
+/// The cursor effects of a freshly recorded (not deduplicated) event.
+///
+/// `existing` must hold every cursor whose target key is the event's key (of any agent); the
+/// function picks those of the event's agent, plus the cursors of watchers the producer named.
+/// A named watcher without a cursor gets one starting at 0. Self-caused events (the actor id is
+/// the watcher) write nothing for that watcher.
+pub fn on_event(
+    event: &Event,
+    named: &[WatcherKey],
+    existing: &[Cursor],
+    now: Timestamp,
+) -> CursorEffects {
+    let target = event.session_ref();
+    let mut out = CursorEffects::default();
+    let find = |w: &WatcherKey| existing.iter().find(|c| &c.watcher == w);
+    match event.kind.class() {
+        KindClass::LogOnly => {}
+        KindClass::Seed => {
+            for w in dedup(named) {
+                if w.session_key() == &event.session_key {
+                    continue;
+                }
+                if let Some(c) = seed(find(w), w, &target, event.sequence, now) {
+                    out.upserts.push(c);
+                }
+            }
+        }
+        KindClass::Notify => {
+            let mut watchers: Vec<&Cursor> = existing
+                .iter()
+                .filter(|c| c.target_agent == event.agent_id)
+                .collect();
+            watchers.sort_by(|a, b| a.watcher.cmp(&b.watcher));
+            let mut fresh = Vec::new();
+            for w in dedup(named) {
+                if w.session_key() == &event.session_key {
+                    continue;
+                }
+                match find(w) {
+                    Some(c) if c.target_agent == event.agent_id => {}
+                    // A named watcher whose cursor points at another agent's same-named session
+                    // is re-pointed at this one from scratch.
+                    _ => fresh.push(Cursor::at(w.clone(), target.clone(), Sequence::ZERO, now)),
+                }
+            }
+            let candidates = watchers.into_iter().cloned().chain(fresh);
+            for c in candidates {
+                if event.actor_id.as_deref() == Some(c.watcher.as_str()) {
+                    continue; // self-suppression: a self-caused event writes nothing
+                }
+                let moved = material(c, event.sequence, now);
+                out.notices.push(Notice::of(&moved));
+                out.upserts.push(moved);
+            }
+        }
+    }
+    out
+}
+
+fn dedup(named: &[WatcherKey]) -> impl Iterator<Item = &WatcherKey> {
+    named
+        .iter()
+        .enumerate()
+        .filter(move |(i, w)| !named[..*i].contains(w))
+        .map(|(_, w)| w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ActorType, EventKind, NewEvent};
+
+    fn w(s: &str) -> WatcherKey {
+        WatcherKey::parse(s).unwrap()
+    }
+    fn r(s: &str) -> SessionRef {
+        SessionRef::parse(s, "main").unwrap()
+    }
+    fn ev(kind: EventKind, seq: u64, actor: Option<&str>) -> Event {
+        let mut e = NewEvent::new(r("agent:main:subagent:c1"), kind, ActorType::Human, "x");
+        e.actor_id = actor.map(str::to_owned);
+        e.into_event(Sequence(seq), Timestamp(5))
+    }
+
+    #[test]
+    fn notice_text_and_context_key_match_openclaw() {
+        let t = SessionKey::new("agent:main:subagent:c1").unwrap();
+        assert_eq!(
+            notice_text(&t, Sequence(1)),
+            "Session \"agent:main:subagent:c1\" changed (other actor). Reconcile before acting: session_status sessionKey \"agent:main:subagent:c1\" changesSince 1."
+        );
+        let k = context_key(&t);
+        assert_eq!(
+            k,
+            "session-state:6167656e743a6d61696e3a7375626167656e743a6331"
+        );
+        assert_eq!(decode_context_key(&k).unwrap(), t);
+    }
+
+    #[test]
+    fn context_key_decode_is_strict() {
+        for bad in [
+            "session-state:",
+            "session-state:6",
+            "session-state:6G",
+            "session-state:6A",
+            "session-state:ff",
+            "other:61",
+            "session-state:00",
+        ] {
+            assert!(decode_context_key(bad).is_err(), "{bad}");
+        }
+        let unicode = SessionKey::new("agent:main:café").unwrap();
+        assert_eq!(decode_context_key(&context_key(&unicode)).unwrap(), unicode);
+    }
+
+    #[test]
+    fn material_freezes_once_then_acknowledge_reopens_exactly_one() {
+        let c = Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:subagent:c1"),
+            Sequence(1),
+            Timestamp(0),
+        );
+        let c = material(c, Sequence(2), Timestamp(1));
+        assert_eq!(
+            (c.last_seen, c.notified, c.material),
+            (Sequence(1), Sequence(2), Sequence(2))
+        );
+        let c = material(c, Sequence(3), Timestamp(1));
+        assert_eq!(
+            (c.last_seen, c.notified, c.material),
+            (Sequence(1), Sequence(2), Sequence(3))
+        );
+        assert_eq!(Notice::of(&c).last_seen, Sequence(1));
+        let (c, follow) = acknowledge(&c, Timestamp(2));
+        let c = c.unwrap();
+        assert_eq!(
+            (c.last_seen, c.notified, c.material),
+            (Sequence(2), Sequence(3), Sequence(3))
+        );
+        assert_eq!(follow.unwrap().last_seen, Sequence(2));
+        let (c, follow) = acknowledge(&c, Timestamp(3));
+        let c = c.unwrap();
+        assert_eq!(
+            (c.last_seen, c.notified, c.material),
+            (Sequence(3), Sequence(3), Sequence(3))
+        );
+        assert!(follow.is_none());
+        assert_eq!(acknowledge(&c, Timestamp(4)), (None, None));
+    }
+
+    #[test]
+    fn seed_keeps_pending_and_watch_keeps_existing() {
+        let t = r("agent:main:subagent:c1");
+        let pending = material(
+            Cursor::at(w("agent:main:main"), t.clone(), Sequence(1), Timestamp(0)),
+            Sequence(4),
+            Timestamp(0),
+        );
+        assert!(
+            seed(
+                Some(&pending),
+                &pending.watcher,
+                &t,
+                Sequence(9),
+                Timestamp(1)
+            )
+            .is_none()
+        );
+        let quiet = Cursor::at(w("agent:main:main"), t.clone(), Sequence(1), Timestamp(0));
+        let seeded = seed(Some(&quiet), &quiet.watcher, &t, Sequence(9), Timestamp(1)).unwrap();
+        assert_eq!(seeded.last_seen, Sequence(9));
+        assert_eq!(
+            watch(Some(&quiet), &quiet.watcher, &t, Sequence(9), Timestamp(1)),
+            (quiet.clone(), false)
+        );
+        let (fresh, write) = watch(None, &quiet.watcher, &t, Sequence(9), Timestamp(1));
+        assert!(write);
+        assert_eq!(fresh.material, Sequence(9));
+    }
+
+    #[test]
+    fn on_event_self_suppression_and_named_watchers() {
+        let main = w("agent:main:main");
+        let existing = vec![Cursor::at(
+            main.clone(),
+            r("agent:main:subagent:c1"),
+            Sequence(1),
+            Timestamp(0),
+        )];
+        let fx = on_event(
+            &ev(EventKind::GoalChanged, 5, Some("agent:main:main")),
+            &[],
+            &existing,
+            Timestamp(1),
+        );
+        assert!(fx.upserts.is_empty() && fx.notices.is_empty());
+        let fx = on_event(
+            &ev(EventKind::Compacted, 5, None),
+            &[main.clone()],
+            &existing,
+            Timestamp(1),
+        );
+        assert_eq!(fx, CursorEffects::default());
+        let other = w("agent:ops:main");
+        let fx = on_event(
+            &ev(EventKind::HumanDirectMessage, 5, Some("user")),
+            &[other.clone()],
+            &existing,
+            Timestamp(1),
+        );
+        assert_eq!(fx.upserts.len(), 2);
+        let fresh = fx.upserts.iter().find(|c| c.watcher == other).unwrap();
+        assert_eq!(
+            (fresh.last_seen, fresh.notified, fresh.material),
+            (Sequence(0), Sequence(5), Sequence(5))
+        );
+        assert_eq!(fx.notices.len(), 2);
+    }
+
+    #[test]
+    fn refreeze_only_pending() {
+        let c = Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:x"),
+            Sequence(1),
+            Timestamp(0),
+        );
+        assert!(refreeze(&c, Timestamp(1)).is_none());
+        let mut p = material(c, Sequence(3), Timestamp(0));
+        p.material = Sequence(7);
+        let (c, n) = refreeze(&p, Timestamp(2)).unwrap();
+        assert_eq!(
+            (c.last_seen, c.notified, c.material),
+            (Sequence(1), Sequence(7), Sequence(7))
+        );
+        assert_eq!(n.last_seen, Sequence(1));
+    }
+
+    #[test]
+    fn check_watch_refusals() {
+        let t = SessionKey::new("agent:main:x").unwrap();
+        assert!(check_watch(&SessionKey::new("global").unwrap(), &t).is_err());
+        assert!(matches!(
+            check_watch(&t, &t),
+            Err(ValidationError::SelfWatch { .. })
+        ));
+        assert!(check_watch(&SessionKey::new("agent:main:main").unwrap(), &t).is_ok());
+    }
+}

@@ -1,0 +1,134 @@
+//! The reconcile page of DESIGN.md section 5 (`session_status` with `changesSince`).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Event, Head, Sequence};
+
+/// Largest page (and the default limit).
+pub const MAX_PAGE_LIMIT: usize = 200;
+
+/// Clamps a requested limit into `1..=200`; no limit means 200.
+pub fn clamp_limit(limit: Option<usize>) -> usize {
+    limit.unwrap_or(MAX_PAGE_LIMIT).clamp(1, MAX_PAGE_LIMIT)
+}
+
+/// The events after a caller's version, with what the caller needs to trust them as a delta.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangesPage {
+    /// Events with `sequence > N` of exactly this ref, ascending (shared, not copied).
+    pub events: Vec<Arc<Event>>,
+    /// More events exist after the last one returned.
+    pub truncated: bool,
+    /// Smallest retained sequence of the ref (`head + 1` when none is retained and the head is
+    /// above 0, else 0).
+    pub earliest_available_sequence: Sequence,
+    /// `N` is below the ref's pruned watermark: events the caller has not seen were pruned.
+    pub history_gap: bool,
+    /// `N` is above `stateVersion`: the caller's version belongs to another incarnation or agent,
+    /// so the page is no delta. Only serialized when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub version_ahead: bool,
+}
+
+/// `session_status`: always the version, the page when `changesSince` was asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStatus {
+    /// The head (0 when nothing was recorded).
+    pub state_version: Sequence,
+    /// The page, when `changesSince` was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_changes: Option<ChangesPage>,
+}
+
+/// The `earliestAvailableSequence` rule.
+pub fn earliest_available(min_retained: Option<Sequence>, head: Sequence) -> Sequence {
+    match min_retained {
+        Some(s) => s,
+        None if head > Sequence::ZERO => head.next(),
+        None => Sequence::ZERO,
+    }
+}
+
+/// Assembles a page from what a backend read.
+///
+/// `fetched` holds up to `limit + 1` events with `sequence > after`, ascending; the extra one
+/// only says that the page is truncated. `min_retained` is the ref's smallest retained sequence.
+pub fn build_page(
+    after: Sequence,
+    head: Option<&Head>,
+    min_retained: Option<Sequence>,
+    mut fetched: Vec<Arc<Event>>,
+    limit: usize,
+) -> ChangesPage {
+    let (last, pruned) = head.map_or((Sequence::ZERO, Sequence::ZERO), |h| {
+        (h.last_sequence, h.pruned_max_sequence)
+    });
+    let truncated = fetched.len() > limit;
+    fetched.truncate(limit);
+    ChangesPage {
+        events: fetched,
+        truncated,
+        earliest_available_sequence: earliest_available(min_retained, last),
+        history_gap: after < pruned,
+        version_ahead: after > last,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{SessionRef, Timestamp};
+
+    fn head(last: u64, pruned: u64) -> Head {
+        Head {
+            session: SessionRef::parse("s", "main").unwrap(),
+            last_sequence: Sequence(last),
+            pruned_max_sequence: Sequence(pruned),
+            updated_at: Timestamp(0),
+        }
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(clamp_limit(None), 200);
+        assert_eq!(clamp_limit(Some(0)), 1);
+        assert_eq!(clamp_limit(Some(5)), 5);
+        assert_eq!(clamp_limit(Some(10_000)), 200);
+    }
+
+    #[test]
+    fn earliest_rules() {
+        assert_eq!(
+            earliest_available(Some(Sequence(3)), Sequence(10)),
+            Sequence(3)
+        );
+        assert_eq!(earliest_available(None, Sequence(1)), Sequence(2));
+        assert_eq!(earliest_available(None, Sequence(0)), Sequence(0));
+    }
+
+    #[test]
+    fn gap_and_ahead_flags() {
+        let h = head(10, 4);
+        let p = build_page(Sequence(3), Some(&h), Some(Sequence(5)), vec![], 200);
+        assert!(p.history_gap && !p.version_ahead);
+        let p = build_page(Sequence(4), Some(&h), Some(Sequence(5)), vec![], 200);
+        assert!(!p.history_gap);
+        let p = build_page(Sequence(11), Some(&h), Some(Sequence(5)), vec![], 200);
+        assert!(p.version_ahead);
+        let json =
+            serde_json::to_string(&build_page(Sequence(0), None, None, vec![], 200)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"events":[],"truncated":false,"earliestAvailableSequence":0,"historyGap":false}"#
+        );
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(
+            json.ends_with(r#""historyGap":false,"versionAhead":true}"#),
+            "{json}"
+        );
+    }
+}

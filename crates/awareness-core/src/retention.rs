@@ -1,0 +1,161 @@
+//! Retention planning of DESIGN.md section 6: what pruning deletes, in which order, and how the
+//! pruned watermarks are stamped. Backends run the steps in bounded chunks.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Head, Sequence, SessionRef, Timestamp};
+
+/// How much history a store keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionPolicy {
+    /// Events older than this (by `occurredAt`) are deleted. Default 30 days.
+    pub max_age_ms: i64,
+    /// At most this many events are kept store-wide (the oldest go first). Default 50,000.
+    pub max_rows: u64,
+    /// Cursors not updated for this long are deleted. Default 30 days.
+    pub cursor_idle_ms: i64,
+    /// At most this many rows are deleted per write transaction. Default 2,000.
+    pub chunk_rows: usize,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        Self {
+            max_age_ms: 30 * Timestamp::DAY_MS,
+            max_rows: 50_000,
+            cursor_idle_ms: 30 * Timestamp::DAY_MS,
+            chunk_rows: 2_000,
+        }
+    }
+}
+
+/// One kind of deletion; a backend runs it as repeated chunks until a chunk deletes fewer rows
+/// than its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "step")]
+pub enum PruneStep {
+    /// Delete events with `occurredAt < cutoff`, lowest sequence first.
+    Age {
+        /// The cutoff.
+        cutoff: Timestamp,
+    },
+    /// Delete the lowest sequences beyond `max_rows` retained rows.
+    RowCap {
+        /// Rows to keep.
+        max_rows: u64,
+    },
+    /// Delete cursors with `updated_at < cutoff`.
+    Cursors {
+        /// The cutoff.
+        cutoff: Timestamp,
+    },
+}
+
+impl RetentionPolicy {
+    /// The steps of one pruning pass at `now`, in order: by age, by row cap, idle cursors.
+    pub fn steps(&self, now: Timestamp) -> [PruneStep; 3] {
+        [
+            PruneStep::Age {
+                cutoff: now.minus_ms(self.max_age_ms),
+            },
+            PruneStep::RowCap {
+                max_rows: self.max_rows,
+            },
+            PruneStep::Cursors {
+                cutoff: now.minus_ms(self.cursor_idle_ms),
+            },
+        ]
+    }
+}
+
+/// How many of `retained` rows a row-cap chunk may delete, bounded by `chunk`.
+pub fn row_cap_victims(retained: u64, max_rows: u64, chunk: usize) -> usize {
+    let excess = retained.saturating_sub(max_rows);
+    usize::try_from(excess).unwrap_or(usize::MAX).min(chunk)
+}
+
+/// The highest deleted sequence per ref, to stamp **before** deleting.
+pub fn watermarks<'a>(
+    victims: impl IntoIterator<Item = (&'a SessionRef, Sequence)>,
+) -> BTreeMap<SessionRef, Sequence> {
+    let mut out: BTreeMap<SessionRef, Sequence> = BTreeMap::new();
+    for (r, s) in victims {
+        let e = out.entry(r.clone()).or_default();
+        *e = (*e).max(s);
+    }
+    out
+}
+
+/// Stamps a head's pruned watermark: only ever raised, never lowers the head.
+pub fn stamp(head: &Head, pruned: Sequence) -> Head {
+    let mut h = head.clone();
+    h.pruned_max_sequence = h.pruned_max_sequence.max(pruned);
+    h
+}
+
+/// What one pruning pass deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneReport {
+    /// Events deleted for age.
+    pub events_by_age: u64,
+    /// Events deleted for the row cap.
+    pub events_by_cap: u64,
+    /// Idle cursors deleted.
+    pub cursors: u64,
+    /// Write transactions used.
+    pub chunks: u64,
+}
+
+impl PruneReport {
+    /// Adds a chunk's count to the counter of its step.
+    pub fn add(&mut self, step: &PruneStep, deleted: u64) {
+        self.chunks += 1;
+        match step {
+            PruneStep::Age { .. } => self.events_by_age += deleted,
+            PruneStep::RowCap { .. } => self.events_by_cap += deleted,
+            PruneStep::Cursors { .. } => self.cursors += deleted,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_and_caps() {
+        let p = RetentionPolicy::default();
+        let now = Timestamp(40 * Timestamp::DAY_MS);
+        assert_eq!(
+            p.steps(now)[0],
+            PruneStep::Age {
+                cutoff: Timestamp(10 * Timestamp::DAY_MS)
+            }
+        );
+        assert_eq!(row_cap_victims(60_000, 50_000, 2_000), 2_000);
+        assert_eq!(row_cap_victims(50_500, 50_000, 2_000), 500);
+        assert_eq!(row_cap_victims(10, 50_000, 2_000), 0);
+    }
+
+    #[test]
+    fn watermark_never_lowers() {
+        let a = SessionRef::parse("a", "main").unwrap();
+        let b = SessionRef::parse("a", "ops").unwrap();
+        let w = watermarks([(&a, Sequence(3)), (&b, Sequence(1)), (&a, Sequence(2))]);
+        assert_eq!(w[&a], Sequence(3));
+        assert_eq!(w[&b], Sequence(1));
+        let h = Head {
+            session: a,
+            last_sequence: Sequence(9),
+            pruned_max_sequence: Sequence(5),
+            updated_at: Timestamp(0),
+        };
+        assert_eq!(stamp(&h, Sequence(3)).pruned_max_sequence, Sequence(5));
+        assert_eq!(stamp(&h, Sequence(7)).pruned_max_sequence, Sequence(7));
+        assert_eq!(stamp(&h, Sequence(7)).last_sequence, Sequence(9));
+    }
+}

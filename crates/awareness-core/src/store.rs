@@ -1,0 +1,200 @@
+//! The storage traits every backend implements, and the conveniences built on them.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::model::{
+    AgentId, Cursor, CursorFilter, CursorKey, Event, Head, LogStats, NewEvent, Sequence,
+    SessionKey, SessionRef, Timestamp, WatcherKey,
+};
+use crate::protocol::Notice;
+use crate::reconcile::{self, ChangesPage, SessionStatus};
+use crate::retention::{PruneReport, PruneStep, RetentionPolicy};
+
+/// The result of recording an event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// The stored event (for a dedupe hit, the event stored first, unchanged).
+    pub event: Arc<Event>,
+    /// `true` when the dedupe key already existed: nothing moved.
+    pub deduplicated: bool,
+    /// The watchers that became or stay pending because of this event, as data for delivery.
+    pub notices: Vec<Notice>,
+}
+
+/// The durable signal log: events and heads.
+///
+/// Every method is atomic: it commits completely or not at all.
+#[async_trait]
+pub trait EventStore: Send + Sync + std::fmt::Debug {
+    /// Records an event: validates it (nothing is written on error), allocates the next
+    /// store-wide sequence (a dedupe hit consumes one too), moves the head and applies
+    /// [`crate::protocol::on_event`] to the cursors, all in one transaction.
+    async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError>;
+
+    /// The reconcile page: events of exactly `session` after `after`, at most `limit`
+    /// (callers clamp with [`reconcile::clamp_limit`]; stores clamp again). Moves no cursor.
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError>;
+
+    /// The heads of the given refs that exist, in any order (one batch).
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError>;
+
+    /// Every head, optionally of one agent, ordered by key then agent.
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError>;
+
+    /// Retained events of every session with `sequence > after`, ascending, at most `limit`.
+    async fn events_after(
+        &self,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StoreError>;
+
+    /// Size and range of the retained log.
+    async fn log_stats(&self) -> Result<LogStats, StoreError>;
+
+    /// Runs one bounded chunk of a pruning step in one write transaction, deleting at most
+    /// `max_rows` rows; returns how many were deleted. Event steps stamp the pruned watermark of
+    /// every affected head before deleting, and never create, delete or lower a head.
+    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError>;
+
+    /// Deletes a session: its events, its head, and the cursors where it is the watcher or the
+    /// target (of that agent). Another agent's same-named session is left alone.
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError>;
+}
+
+/// Watch cursors.
+///
+/// Every method is atomic.
+#[async_trait]
+pub trait CursorStore: Send + Sync {
+    /// Explicit watch: a new cursor at the target's current head, or the existing cursor kept as
+    /// it is. Refuses a self-watch with [`StoreError::InvalidInput`]. Returns the cursor in effect.
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError>;
+
+    /// Removes a cursor; `true` when one existed.
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError>;
+
+    /// Acknowledges the watcher's notices on `targets` (see [`crate::protocol::acknowledge`]);
+    /// returns the follow-up notices. Unknown targets are ignored.
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[SessionKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError>;
+
+    /// One cursor.
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError>;
+
+    /// Cursors passing the filter, ordered by watcher then target.
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError>;
+
+    /// Re-freezes the given cursors that are still pending (see
+    /// [`crate::protocol::refreeze`]) and returns their notices, in one transaction.
+    async fn refreeze(&self, keys: &[CursorKey], now: Timestamp)
+    -> Result<Vec<Notice>, StoreError>;
+
+    /// Session reset: deletes the cursors where `watcher` is the watcher; returns how many.
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError>;
+}
+
+/// A backend that holds both the log and the cursors (every store of this workspace).
+pub trait AwarenessStore: EventStore + CursorStore {}
+
+impl<T: EventStore + CursorStore + ?Sized> AwarenessStore for T {}
+
+/// Conveniences written once on top of the traits.
+#[async_trait]
+pub trait AwarenessStoreExt: AwarenessStore {
+    /// `stateVersion` of a ref (0 when nothing was recorded).
+    async fn state_version(&self, session: &SessionRef) -> Result<Sequence, StoreError> {
+        let heads = self.heads(std::slice::from_ref(session)).await?;
+        Ok(heads
+            .into_iter()
+            .find(|h| &h.session == session)
+            .map_or(Sequence::ZERO, |h| h.last_sequence))
+    }
+
+    /// `session_status`: the version, and the page when `changes_since` is given.
+    async fn session_status(
+        &self,
+        session: &SessionRef,
+        changes_since: Option<Sequence>,
+        limit: Option<usize>,
+    ) -> Result<SessionStatus, StoreError> {
+        let state_changes = match changes_since {
+            Some(after) => Some(
+                self.changes_since(session, after, reconcile::clamp_limit(limit))
+                    .await?,
+            ),
+            None => None,
+        };
+        let state_version = self.state_version(session).await?;
+        Ok(SessionStatus {
+            state_version,
+            state_changes,
+        })
+    }
+
+    /// One pruning pass: every step of `policy`, each in chunks of `policy.chunk_rows`.
+    async fn prune(
+        &self,
+        policy: &RetentionPolicy,
+        now: Timestamp,
+    ) -> Result<PruneReport, StoreError> {
+        let mut report = PruneReport::default();
+        let chunk = policy.chunk_rows.max(1);
+        for step in policy.steps(now) {
+            loop {
+                let deleted = self.prune_chunk(&step, chunk).await?;
+                report.add(&step, deleted);
+                if deleted < chunk as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Start-up sweep: re-freezes every pending cursor whose watcher `exists` and returns the
+    /// notices to re-deliver.
+    async fn sweep(
+        &self,
+        now: Timestamp,
+        exists: &(dyn for<'w> Fn(&'w WatcherKey) -> bool + Send + Sync),
+    ) -> Result<Vec<Notice>, StoreError> {
+        let pending = self
+            .cursors(&CursorFilter {
+                pending_only: true,
+                ..CursorFilter::default()
+            })
+            .await?;
+        let keys: Vec<CursorKey> = pending
+            .iter()
+            .filter(|c| exists(&c.watcher))
+            .map(Cursor::key)
+            .collect();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.refreeze(&keys, now).await
+    }
+}
+
+impl<T: AwarenessStore + ?Sized> AwarenessStoreExt for T {}

@@ -1,0 +1,1248 @@
+//! The conformance checks. Each function sets up its own data on a fresh [`Subject`] and panics
+//! with a message naming the rule when the backend breaks it.
+
+#![allow(clippy::missing_panics_doc, missing_docs)]
+
+use serde_json::json;
+
+use super::Subject;
+use crate::model::{
+    ActorType, AgentId, CursorFilter, CursorKey, EventKind, NewEvent, Sequence, SessionKey,
+    SessionRef, Timestamp, WatcherKey,
+};
+use crate::protocol;
+use crate::retention::{PruneStep, RetentionPolicy};
+use crate::store::{AwarenessStore, AwarenessStoreExt, Recorded};
+use crate::{StoreError, validate};
+
+/// The fixed clock of the checks (OpenClaw's scenario epoch).
+pub const T0: Timestamp = Timestamp(1_800_000_000_000);
+const DAY: i64 = Timestamp::DAY_MS;
+
+const MANAGER: &str = "agent:main:main";
+const CHILD: &str = "agent:main:subagent:c1";
+const PEER: &str = "agent:ops:main";
+
+fn r(key: &str, agent: &str) -> SessionRef {
+    SessionRef::parse(key, agent).unwrap()
+}
+fn child() -> SessionRef {
+    r(CHILD, "main")
+}
+fn w(key: &str) -> WatcherKey {
+    WatcherKey::parse(key).unwrap()
+}
+fn k(key: &str) -> SessionKey {
+    SessionKey::new(key).unwrap()
+}
+fn human(session: &SessionRef) -> NewEvent {
+    NewEvent::new(
+        session.clone(),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        "human message via telegram",
+    )
+    .with_actor_id("user-1")
+}
+fn log_only(session: &SessionRef, summary: &str) -> NewEvent {
+    NewEvent::new(
+        session.clone(),
+        EventKind::Created,
+        ActorType::System,
+        summary,
+    )
+}
+fn spawn(child: &SessionRef, spawner: &str, run: &str) -> NewEvent {
+    NewEvent::new(
+        child.clone(),
+        EventKind::ChildSpawned,
+        ActorType::Agent,
+        "child session spawned",
+    )
+    .with_actor_id(spawner)
+    .with_run_id(run)
+    .with_dedupe_key(format!("child-spawned:{run}"))
+    .with_watcher(w(spawner))
+}
+
+async fn rec(s: &dyn AwarenessStore, e: NewEvent, now: Timestamp) -> Recorded {
+    s.record(e, now).await.expect("record")
+}
+async fn version(s: &dyn AwarenessStore, r: &SessionRef) -> u64 {
+    s.state_version(r).await.expect("state_version").get()
+}
+async fn cursor3(s: &dyn AwarenessStore, watcher: &str, target: &str) -> Option<(u64, u64, u64)> {
+    s.cursor(&w(watcher), &k(target))
+        .await
+        .expect("cursor")
+        .map(|c| (c.last_seen.get(), c.notified.get(), c.material.get()))
+}
+async fn seqs(s: &dyn AwarenessStore, r: &SessionRef, after: u64) -> Vec<u64> {
+    s.changes_since(r, Sequence(after), 200)
+        .await
+        .expect("changes_since")
+        .events
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect()
+}
+async fn all_cursors(s: &dyn AwarenessStore) -> Vec<crate::Cursor> {
+    s.cursors(&CursorFilter::default()).await.expect("cursors")
+}
+async fn count(s: &dyn AwarenessStore) -> u64 {
+    s.log_stats().await.expect("log_stats").rows
+}
+
+pub async fn record_assigns_increasing_sequences(t: &Subject) {
+    let s = &*t.store;
+    let mut last = 0;
+    for i in 0..5 {
+        let session = r(&format!("agent:main:s{}", i % 2), "main");
+        let got = rec(s, log_only(&session, "e"), T0)
+            .await
+            .event
+            .sequence
+            .get();
+        assert!(
+            got > last,
+            "sequences must strictly increase: {got} after {last}"
+        );
+        last = got;
+    }
+    assert_eq!(last, 5, "a fresh store numbers from 1 without gaps");
+}
+
+pub async fn record_returns_every_field(t: &Subject) {
+    let s = &*t.store;
+    let payload = validate::payload_from_value(json!({"outcome": "timeout", "n": [1, 2]})).unwrap();
+    let e = NewEvent::new(
+        child(),
+        EventKind::RunFailed,
+        ActorType::System,
+        "child run timed out",
+    )
+    .with_session_id("sess-1")
+    .with_actor_id("sys")
+    .with_run_id("run-1")
+    .with_payload(payload.clone())
+    .with_occurred_at(T0.minus_ms(1_000));
+    let got = rec(s, e, T0).await;
+    assert!(!got.deduplicated);
+    let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+    let stored = &page.events[0];
+    assert_eq!(
+        **stored, *got.event,
+        "the page returns what record returned"
+    );
+    assert_eq!(stored.session_id.as_deref(), Some("sess-1"));
+    assert_eq!(stored.actor_id.as_deref(), Some("sys"));
+    assert_eq!(stored.run_id.as_deref(), Some("run-1"));
+    assert_eq!(stored.payload.as_ref(), Some(&payload));
+    assert_eq!(stored.occurred_at, T0.minus_ms(1_000));
+    assert_eq!(stored.kind, EventKind::RunFailed);
+    assert_eq!(stored.actor_type, ActorType::System);
+    assert_eq!(stored.summary, "child run timed out");
+}
+
+pub async fn dedupe_returns_stored_event_and_moves_nothing(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    let first = rec(s, human(&child()).with_dedupe_key("dk-1"), T0).await;
+    let before_cursor = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
+    let mut again = human(&child()).with_dedupe_key("dk-1");
+    again.summary = "something else".into();
+    let second = rec(s, again, T0.plus_ms(5)).await;
+    assert!(second.deduplicated, "a repeated dedupe key is a hit");
+    assert_eq!(
+        *second.event, *first.event,
+        "the hit returns the stored event unchanged"
+    );
+    assert!(second.notices.is_empty(), "a hit notifies nobody");
+    assert_eq!(
+        version(s, &child()).await,
+        first.event.sequence.get(),
+        "the head did not move"
+    );
+    assert_eq!(
+        s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
+        before_cursor,
+        "no cursor moved"
+    );
+    assert_eq!(count(s).await, 1);
+    let head = s.heads(&[child()]).await.unwrap().remove(0);
+    assert_eq!(head.updated_at, T0, "the head's clock did not move either");
+}
+
+pub async fn dedupe_hit_consumes_a_sequence(t: &Subject) {
+    let s = &*t.store;
+    let a = rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    let b = rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    assert_eq!(a.event.sequence, Sequence(1));
+    assert!(b.deduplicated);
+    let c = rec(s, log_only(&child(), "next"), T0).await;
+    assert_eq!(
+        c.event.sequence,
+        Sequence(3),
+        "the hit spent sequence 2, as OpenClaw's AUTOINCREMENT does"
+    );
+}
+
+pub async fn dedupe_key_is_never_returned(t: &Subject) {
+    let s = &*t.store;
+    rec(s, human(&child()).with_dedupe_key("secret-key"), T0).await;
+    let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    let json = serde_json::to_string(&page).unwrap();
+    assert!(
+        !json.contains("secret-key"),
+        "dedupe keys are stored, not returned: {json}"
+    );
+    assert!(!json.contains("dedupeKey"));
+}
+
+pub async fn dedupe_key_is_free_again_after_its_row_is_pruned(t: &Subject) {
+    let s = &*t.store;
+    let first = rec(s, log_only(&child(), "old").with_dedupe_key("dk"), T0).await;
+    s.prune(&RetentionPolicy::default(), T0.plus_ms(31 * DAY))
+        .await
+        .unwrap();
+    let again = rec(
+        s,
+        log_only(&child(), "new").with_dedupe_key("dk"),
+        T0.plus_ms(31 * DAY),
+    )
+    .await;
+    assert!(
+        !again.deduplicated,
+        "the key's row is gone, so the key is unused"
+    );
+    assert!(again.event.sequence > first.event.sequence);
+    assert_eq!(again.event.summary, "new");
+}
+
+pub async fn occurred_at_is_clamped_into_the_last_day(t: &Subject) {
+    let s = &*t.store;
+    let now = Timestamp(1_802_678_400_000);
+    let old = rec(
+        s,
+        log_only(&child(), "old").with_occurred_at(Timestamp(0)),
+        now,
+    )
+    .await;
+    assert_eq!(old.event.occurred_at, Timestamp(1_802_592_000_000));
+    let future = rec(
+        s,
+        log_only(&child(), "future").with_occurred_at(Timestamp(1_803_456_000_000)),
+        now,
+    )
+    .await;
+    assert_eq!(future.event.occurred_at, now);
+    let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    assert_eq!(
+        page.events[0].occurred_at,
+        Timestamp(1_802_592_000_000),
+        "the clamped time is stored"
+    );
+    assert_eq!(page.events[1].occurred_at, now);
+}
+
+pub async fn occurred_at_defaults_to_now(t: &Subject) {
+    let s = &*t.store;
+    let got = rec(s, log_only(&child(), "x"), T0.plus_ms(7)).await;
+    assert_eq!(got.event.occurred_at, T0.plus_ms(7));
+}
+
+pub async fn head_tracks_last_sequence_and_local_clock(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&child(), "a"), T0).await;
+    let b = rec(
+        s,
+        log_only(&child(), "b").with_occurred_at(T0.minus_ms(DAY)),
+        T0.plus_ms(10),
+    )
+    .await;
+    let head = s.heads(&[child()]).await.unwrap().remove(0);
+    assert_eq!(head.last_sequence, b.event.sequence);
+    assert_eq!(head.pruned_max_sequence, Sequence(0));
+    assert_eq!(
+        head.updated_at,
+        T0.plus_ms(10),
+        "bookkeeping uses the local clock, not the event's time"
+    );
+    assert_eq!(head.session, child());
+}
+
+pub async fn same_key_under_two_agents_is_two_sessions(t: &Subject) {
+    let s = &*t.store;
+    let main = r("global", "main");
+    let ops = r("global", "ops");
+    rec(s, log_only(&main, "goal updated"), T0).await;
+    rec(s, log_only(&ops, "goal complete"), T0).await;
+    rec(s, log_only(&ops, "session compacted"), T0).await;
+    assert_eq!(version(s, &main).await, 1);
+    assert_eq!(version(s, &ops).await, 3);
+    assert_eq!(seqs(s, &main, 0).await, vec![1]);
+    assert_eq!(seqs(s, &ops, 0).await, vec![2, 3]);
+    s.delete_session(&main).await.unwrap();
+    assert_eq!(version(s, &main).await, 0);
+    assert_eq!(
+        seqs(s, &ops, 0).await,
+        vec![2, 3],
+        "deleting main's global leaves ops' alone"
+    );
+}
+
+pub async fn heads_survive_pruning(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..3 {
+        rec(s, log_only(&child(), "x"), T0).await;
+    }
+    s.prune(&RetentionPolicy::default(), T0.plus_ms(31 * DAY))
+        .await
+        .unwrap();
+    assert_eq!(count(s).await, 0);
+    let head = s.heads(&[child()]).await.unwrap().remove(0);
+    assert_eq!(
+        head.last_sequence,
+        Sequence(3),
+        "pruning never lowers a head"
+    );
+    assert_eq!(head.pruned_max_sequence, Sequence(3));
+    assert_eq!(
+        head.updated_at, T0,
+        "pruning does not touch the head's clock"
+    );
+}
+
+pub async fn heads_unaffected_by_deleting_other_refs(t: &Subject) {
+    let s = &*t.store;
+    let a = r("agent:main:a", "main");
+    let b = r("agent:main:b", "main");
+    rec(s, log_only(&a, "a1"), T0).await;
+    rec(s, log_only(&b, "b1"), T0).await;
+    rec(s, log_only(&a, "a2"), T0).await;
+    s.delete_session(&a).await.unwrap();
+    assert_eq!(version(s, &b).await, 2);
+    assert_eq!(seqs(s, &b, 0).await, vec![2]);
+    let heads = s.heads(&[a.clone(), b.clone()]).await.unwrap();
+    assert_eq!(heads.len(), 1, "the deleted ref has no head any more");
+}
+
+pub async fn sequences_never_reused_after_prune_and_delete(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..4 {
+        rec(s, log_only(&child(), "x"), T0).await;
+    }
+    s.delete_session(&child()).await.unwrap();
+    assert_eq!(count(s).await, 0);
+    let next = rec(s, log_only(&child(), "y"), T0).await;
+    assert_eq!(
+        next.event.sequence,
+        Sequence(5),
+        "a deleted sequence is never reused"
+    );
+    s.prune(&RetentionPolicy::default(), T0.plus_ms(40 * DAY))
+        .await
+        .unwrap();
+    let after = rec(s, log_only(&child(), "z"), T0.plus_ms(40 * DAY)).await;
+    assert_eq!(
+        after.event.sequence,
+        Sequence(6),
+        "a pruned sequence is never reused"
+    );
+}
+
+pub async fn history_gap_only_from_pruned_watermark(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..3 {
+        rec(s, log_only(&child(), "x"), T0).await;
+    }
+    t.raw.delete_event_row(Sequence(1)).await.unwrap();
+    let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    assert!(
+        !page.history_gap,
+        "a hand-deleted row is no gap: only pruning stamps the watermark"
+    );
+    assert_eq!(page.earliest_available_sequence, Sequence(2));
+    assert_eq!(page.events.len(), 2);
+}
+
+pub async fn history_gap_after_prune(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..4 {
+        rec(s, log_only(&child(), "x"), T0).await;
+    }
+    let later = T0.plus_ms(31 * DAY);
+    rec(s, log_only(&child(), "late"), later).await;
+    s.prune(&RetentionPolicy::default(), later).await.unwrap();
+    let gap = |after: u64| async move {
+        s.changes_since(&child(), Sequence(after), 200)
+            .await
+            .unwrap()
+    };
+    let p0 = gap(0).await;
+    assert!(p0.history_gap);
+    assert_eq!(p0.earliest_available_sequence, Sequence(5));
+    assert_eq!(p0.events.len(), 1);
+    assert!(gap(3).await.history_gap, "3 < pruned watermark 4");
+    assert!(
+        !gap(4).await.history_gap,
+        "4 is the watermark itself: nothing unseen was pruned"
+    );
+}
+
+pub async fn earliest_available_is_smallest_retained(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&r("agent:main:other", "main"), "o"), T0).await;
+    rec(s, log_only(&child(), "a"), T0).await;
+    rec(s, log_only(&child(), "b"), T0).await;
+    let p = s.changes_since(&child(), Sequence(2), 200).await.unwrap();
+    assert_eq!(
+        p.earliest_available_sequence,
+        Sequence(2),
+        "independent of N"
+    );
+    assert_eq!(p.events.len(), 1);
+}
+
+pub async fn earliest_available_is_head_plus_one_when_all_pruned(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&child(), "a"), T0).await;
+    s.prune(&RetentionPolicy::default(), T0.plus_ms(31 * DAY))
+        .await
+        .unwrap();
+    let p = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    assert_eq!(p.earliest_available_sequence, Sequence(2));
+    assert!(p.history_gap);
+    assert!(p.events.is_empty());
+}
+
+pub async fn earliest_available_is_zero_for_unknown_session(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&child(), "a"), T0).await;
+    let p = s
+        .changes_since(&r("agent:main:nobody", "main"), Sequence(0), 200)
+        .await
+        .unwrap();
+    assert_eq!(p.earliest_available_sequence, Sequence(0));
+    assert!(!p.history_gap && !p.truncated && !p.version_ahead && p.events.is_empty());
+    assert_eq!(version(s, &r("agent:main:nobody", "main")).await, 0);
+}
+
+pub async fn changes_since_returns_exactly_that_ref_after_n(t: &Subject) {
+    let s = &*t.store;
+    let other_agent = r(CHILD, "ops");
+    for i in 0..6 {
+        let target = if i % 2 == 0 {
+            child()
+        } else {
+            other_agent.clone()
+        };
+        rec(s, log_only(&target, "x"), T0).await;
+    }
+    assert_eq!(seqs(s, &child(), 0).await, vec![1, 3, 5]);
+    assert_eq!(seqs(s, &child(), 1).await, vec![3, 5]);
+    assert_eq!(seqs(s, &child(), 4).await, vec![5]);
+    assert_eq!(seqs(s, &other_agent, 0).await, vec![2, 4, 6]);
+    assert!(seqs(s, &child(), 5).await.is_empty());
+}
+
+pub async fn limit_is_clamped_and_truncated_reported(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..205 {
+        rec(s, log_only(&child(), "x"), T0).await;
+    }
+    let p = s.changes_since(&child(), Sequence(0), 0).await.unwrap();
+    assert_eq!(p.events.len(), 1, "limit 0 is clamped to 1");
+    assert!(p.truncated);
+    let p = s
+        .changes_since(&child(), Sequence(0), 10_000)
+        .await
+        .unwrap();
+    assert_eq!(p.events.len(), 200, "limit is clamped to 200");
+    assert!(p.truncated);
+    assert_eq!(p.events.last().unwrap().sequence, Sequence(200));
+    let p = s.changes_since(&child(), Sequence(5), 200).await.unwrap();
+    assert_eq!(p.events.len(), 200);
+    assert!(!p.truncated, "exactly 200 left: not truncated");
+    let p = s.changes_since(&child(), Sequence(1), 5).await.unwrap();
+    assert_eq!(
+        p.events
+            .iter()
+            .map(|e| e.sequence.get())
+            .collect::<Vec<_>>(),
+        vec![2, 3, 4, 5, 6]
+    );
+    assert!(p.truncated);
+}
+
+pub async fn version_ahead_when_caller_is_past_the_head(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&child(), "x"), T0).await;
+    rec(s, log_only(&child(), "x"), T0).await;
+    assert!(
+        !s.changes_since(&child(), Sequence(2), 200)
+            .await
+            .unwrap()
+            .version_ahead
+    );
+    let p = s.changes_since(&child(), Sequence(3), 200).await.unwrap();
+    assert!(p.version_ahead, "3 > stateVersion 2");
+    assert!(p.events.is_empty());
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["versionAhead"], json!(true));
+    let ordinary =
+        serde_json::to_value(s.changes_since(&child(), Sequence(0), 200).await.unwrap()).unwrap();
+    assert!(ordinary.get("versionAhead").is_none(), "absent unless true");
+}
+
+pub async fn changes_since_moves_no_cursor(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await;
+    let before = all_cursors(s).await;
+    s.session_status(&child(), Some(Sequence(0)), Some(5))
+        .await
+        .unwrap();
+    s.changes_since(&child(), Sequence(1), 200).await.unwrap();
+    assert_eq!(all_cursors(s).await, before);
+}
+
+pub async fn twenty_material_events_one_byte_identical_notice(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    let mut texts = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let got = rec(s, human(&child()), T0).await;
+        assert_eq!(got.notices.len(), 1);
+        texts.insert((got.notices[0].text(), got.notices[0].context_key()));
+    }
+    assert_eq!(texts.len(), 1, "20 rapid changes give one byte-stable line");
+    let (text, key) = texts.into_iter().next().unwrap();
+    assert_eq!(
+        text,
+        "Session \"agent:main:subagent:c1\" changed (other actor). Reconcile before acting: session_status sessionKey \"agent:main:subagent:c1\" changesSince 1."
+    );
+    assert_eq!(
+        key,
+        "session-state:6167656e743a6d61696e3a7375626167656e743a6331"
+    );
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((1, 2, 21)));
+    let pending = s
+        .cursors(&CursorFilter {
+            pending_only: true,
+            ..CursorFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1, "exactly one pending notice");
+}
+
+pub async fn frozen_watermark_stays_at_first_unseen_event(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    rec(s, log_only(&child(), "log"), T0).await;
+    rec(s, human(&child()), T0).await;
+    rec(s, human(&child()), T0).await;
+    assert_eq!(
+        cursor3(s, PEER, CHILD).await,
+        Some((0, 2, 3)),
+        "log-only seq 1 is no material"
+    );
+}
+
+pub async fn every_material_event_hands_the_notice_to_delivery(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    let a = rec(s, human(&child()), T0).await;
+    let b = rec(s, human(&child()), T0).await;
+    for got in [&a, &b] {
+        let mut watchers: Vec<_> = got
+            .notices
+            .iter()
+            .map(|n| n.watcher.as_str().to_owned())
+            .collect();
+        watchers.sort();
+        assert_eq!(watchers, vec![MANAGER.to_owned(), PEER.to_owned()]);
+        assert!(got.notices.iter().all(|n| n.last_seen == Sequence(0)));
+    }
+}
+
+pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await; // 2: notice changesSince 1
+    rec(s, human(&child()), T0).await; // 3: arrives before the ack
+    let follow = s
+        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(1_000))
+        .await
+        .unwrap();
+    assert_eq!(follow.len(), 1, "exactly one follow-up");
+    assert_eq!(
+        follow[0].last_seen,
+        Sequence(2),
+        "it names the old watermark, not the head"
+    );
+    assert_eq!(
+        follow[0].text(),
+        protocol::notice_text(&k(CHILD), Sequence(2))
+    );
+    let c = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (Sequence(2), Sequence(3), Sequence(3))
+    );
+    assert_eq!(c.updated_at, T0.plus_ms(1_000));
+    let again = s
+        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(2_000))
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "nothing new: no follow-up");
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 3, 3)));
+}
+
+pub async fn acknowledge_without_pending_changes_nothing(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    let before = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
+    let out = s
+        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(50))
+        .await
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(
+        s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
+        before,
+        "not even updated_at moves"
+    );
+}
+
+pub async fn acknowledge_ignores_unknown_targets(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await;
+    let out = s
+        .acknowledge(&w(MANAGER), &[k("agent:main:subagent:unknown")], T0)
+        .await
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(
+        cursor3(s, MANAGER, CHILD).await,
+        Some((1, 2, 2)),
+        "an unrelated cursor is untouched"
+    );
+    let out = s.acknowledge(&w(PEER), &[k(CHILD)], T0).await.unwrap();
+    assert!(
+        out.is_empty(),
+        "another watcher's ack does not touch this cursor"
+    );
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((1, 2, 2)));
+}
+
+pub async fn self_caused_events_never_notify(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    let before = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
+    let goal = NewEvent::new(
+        child(),
+        EventKind::GoalChanged,
+        ActorType::Agent,
+        "goal updated",
+    )
+    .with_actor_id(MANAGER)
+    .with_watcher(w(MANAGER));
+    let got = rec(s, goal, T0.plus_ms(9)).await;
+    assert!(got.notices.is_empty(), "the watcher caused it");
+    assert_eq!(
+        s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
+        before,
+        "a self-caused event writes nothing"
+    );
+    assert_eq!(version(s, &child()).await, 2, "it is still logged");
+}
+
+pub async fn log_only_kinds_move_the_head_only(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    let before = all_cursors(s).await;
+    let mut last = 0;
+    for kind in [
+        EventKind::RunCompleted,
+        EventKind::RunFailed,
+        EventKind::Compacted,
+        EventKind::Adopted,
+        EventKind::Created,
+    ] {
+        let got = rec(
+            s,
+            NewEvent::new(child(), kind, ActorType::System, "x").with_watcher(w(PEER)),
+            T0,
+        )
+        .await;
+        assert!(got.notices.is_empty(), "{kind} is log-only");
+        last = got.event.sequence.get();
+    }
+    assert_eq!(version(s, &child()).await, last);
+    assert_eq!(all_cursors(s).await, before, "no cursor moved or appeared");
+}
+
+pub async fn seed_starts_cursor_at_spawn_sequence(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&r("agent:main:other", "main"), "x"), T0).await;
+    let got = rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    assert!(got.notices.is_empty(), "a spawn seeds, it does not notify");
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((2, 2, 2)));
+    let c = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    assert_eq!(c.target_agent, AgentId::new("main").unwrap());
+    assert_eq!(c.updated_at, T0);
+}
+
+pub async fn seeding_keeps_a_pending_notice(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await;
+    rec(s, spawn(&child(), MANAGER, "run-2"), T0).await;
+    assert_eq!(
+        cursor3(s, MANAGER, CHILD).await,
+        Some((1, 2, 2)),
+        "a re-spawn never discards a notice"
+    );
+}
+
+pub async fn reseeding_a_quiet_cursor_moves_it(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, log_only(&child(), "x"), T0).await;
+    rec(s, spawn(&child(), MANAGER, "run-2"), T0.plus_ms(3)).await;
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 3, 3)));
+}
+
+pub async fn named_watcher_without_cursor_starts_at_zero(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&child(), "x"), T0).await;
+    let got = rec(s, human(&child()).with_watcher(w(MANAGER)), T0).await;
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((0, 2, 2)));
+    assert_eq!(got.notices.len(), 1);
+    assert_eq!(got.notices[0].last_seen, Sequence(0));
+}
+
+pub async fn notify_ignores_cursor_on_other_agents_session(t: &Subject) {
+    let s = &*t.store;
+    let main_global = r("global", "main");
+    let ops_global = r("global", "ops");
+    s.watch(&w(MANAGER), &main_global, T0).await.unwrap();
+    let got = rec(s, human(&ops_global), T0).await;
+    assert!(
+        got.notices.is_empty(),
+        "the cursor watches main's global, not ops'"
+    );
+    assert_eq!(cursor3(s, MANAGER, "global").await, Some((0, 0, 0)));
+    let got = rec(s, human(&main_global), T0).await;
+    assert_eq!(got.notices.len(), 1);
+    assert_eq!(cursor3(s, MANAGER, "global").await, Some((0, 2, 2)));
+}
+
+pub async fn watch_starts_at_head(t: &Subject) {
+    let s = &*t.store;
+    let work = r("agent:main:work", "main");
+    for _ in 0..3 {
+        rec(s, log_only(&work, "e"), T0).await;
+    }
+    let c = s.watch(&w(PEER), &work, T0.plus_ms(10)).await.unwrap();
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (Sequence(3), Sequence(3), Sequence(3))
+    );
+    assert_eq!(c.updated_at, T0.plus_ms(10));
+    let got = rec(s, human(&work), T0).await;
+    assert_eq!(got.notices.len(), 1);
+    assert_eq!(
+        got.notices[0].last_seen,
+        Sequence(3),
+        "old history never notifies"
+    );
+}
+
+pub async fn watch_on_empty_target_starts_at_zero(t: &Subject) {
+    let s = &*t.store;
+    let c = s
+        .watch(&w(PEER), &r("agent:main:fresh", "main"), T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (Sequence(0), Sequence(0), Sequence(0))
+    );
+    assert!(
+        s.cursor(&w(PEER), &k("agent:main:fresh"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+pub async fn watch_refused_for_self_and_bare_keys(t: &Subject) {
+    let s = &*t.store;
+    let err = s.watch(&w(CHILD), &child(), T0).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::InvalidInput(_)),
+        "self-watch: {err}"
+    );
+    assert!(
+        WatcherKey::parse("global").is_err(),
+        "a bare key is never a watcher"
+    );
+    assert!(WatcherKey::parse("main").is_err());
+    assert!(
+        all_cursors(s).await.is_empty(),
+        "a refused watch writes nothing"
+    );
+}
+
+pub async fn watching_again_keeps_pending_state(t: &Subject) {
+    let s = &*t.store;
+    let work = r("agent:main:work", "main");
+    s.watch(&w(PEER), &work, T0).await.unwrap();
+    rec(s, human(&work), T0).await;
+    let again = s.watch(&w(PEER), &work, T0.plus_ms(20)).await.unwrap();
+    assert_eq!(
+        (again.last_seen, again.notified, again.material),
+        (Sequence(0), Sequence(1), Sequence(1))
+    );
+    assert_eq!(again.updated_at, T0, "the existing cursor is kept as it is");
+    assert_eq!(cursor3(s, PEER, "agent:main:work").await, Some((0, 1, 1)));
+}
+
+pub async fn unwatch_removes_cursor_and_stops_notices(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    assert!(s.unwatch(&w(PEER), &k(CHILD)).await.unwrap());
+    assert!(
+        !s.unwatch(&w(PEER), &k(CHILD)).await.unwrap(),
+        "a second unwatch finds nothing"
+    );
+    let got = rec(s, human(&child()), T0).await;
+    assert!(got.notices.is_empty());
+    assert!(all_cursors(s).await.is_empty());
+}
+
+pub async fn reset_removes_own_watches_and_keeps_history(t: &Subject) {
+    let s = &*t.store;
+    let c2 = r("agent:main:subagent:c2", "main");
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, spawn(&c2, MANAGER, "run-2"), T0).await;
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    s.watch(&w(CHILD), &r(MANAGER, "main"), T0).await.unwrap();
+    let removed = s.reset_watcher(&k(MANAGER)).await.unwrap();
+    assert_eq!(removed, 2);
+    let left: Vec<_> = all_cursors(s)
+        .await
+        .into_iter()
+        .map(|c| (c.watcher.as_str().to_owned(), c.target.as_str().to_owned()))
+        .collect();
+    assert_eq!(
+        left,
+        vec![
+            (CHILD.to_owned(), MANAGER.to_owned()),
+            (PEER.to_owned(), CHILD.to_owned())
+        ]
+    );
+    assert_eq!(version(s, &child()).await, 1);
+    assert_eq!(version(s, &c2).await, 2);
+    let got = rec(s, human(&child()).with_watcher(w(MANAGER)), T0).await;
+    assert_eq!(got.event.sequence, Sequence(3));
+    assert_eq!(
+        cursor3(s, MANAGER, CHILD).await,
+        Some((0, 3, 3)),
+        "re-created from scratch"
+    );
+}
+
+pub async fn delete_removes_ref_and_leaves_other_agent_alone(t: &Subject) {
+    let s = &*t.store;
+    let main_global = r("global", "main");
+    let ops_global = r("global", "ops");
+    rec(s, log_only(&main_global, "m"), T0).await;
+    rec(s, log_only(&ops_global, "o"), T0).await;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    s.watch(&w(MANAGER), &main_global, T0).await.unwrap();
+    s.watch(&w("agent:ops:x"), &ops_global, T0).await.unwrap();
+    s.watch(&w(CHILD), &r(PEER, "ops"), T0).await.unwrap();
+    s.delete_session(&main_global).await.unwrap();
+    assert_eq!(version(s, &main_global).await, 0);
+    assert!(seqs(s, &main_global, 0).await.is_empty());
+    assert_eq!(seqs(s, &ops_global, 0).await, vec![2]);
+    assert_eq!(version(s, &ops_global).await, 2);
+    assert!(
+        s.cursor(&w(MANAGER), &k("global")).await.unwrap().is_none(),
+        "cursor on the deleted target"
+    );
+    assert!(
+        s.cursor(&w("agent:ops:x"), &k("global"))
+            .await
+            .unwrap()
+            .is_some(),
+        "ops' global is another session"
+    );
+    s.delete_session(&child()).await.unwrap();
+    assert!(
+        s.cursor(&w(CHILD), &k(PEER)).await.unwrap().is_none(),
+        "cursors where it is the watcher go too"
+    );
+    assert!(s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().is_none());
+    assert_eq!(all_cursors(s).await.len(), 1);
+}
+
+pub async fn sweep_refreezes_and_redelivers(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await; // notified 2
+    rec(s, human(&child()), T0).await; // material 3
+    s.watch(&w(PEER), &child(), T0).await.unwrap(); // quiet at 3
+    let notices = s.sweep(T0.plus_ms(100), &|_| true).await.unwrap();
+    assert_eq!(notices.len(), 1, "only the pending cursor is re-delivered");
+    assert_eq!(notices[0].watcher, w(MANAGER));
+    assert_eq!(notices[0].last_seen, Sequence(1));
+    let c = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (Sequence(1), Sequence(3), Sequence(3))
+    );
+    assert_eq!(c.updated_at, T0.plus_ms(100));
+    let follow = s.acknowledge(&w(MANAGER), &[k(CHILD)], T0).await.unwrap();
+    assert!(
+        follow.is_empty(),
+        "after a sweep the ack covers everything up to material"
+    );
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 3, 3)));
+}
+
+pub async fn sweep_skips_watchers_that_no_longer_exist(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await;
+    rec(s, human(&child()), T0).await;
+    let before = all_cursors(s).await;
+    let notices = s
+        .sweep(T0.plus_ms(100), &|wk: &WatcherKey| wk.as_str() != MANAGER)
+        .await
+        .unwrap();
+    assert!(notices.is_empty());
+    assert_eq!(all_cursors(s).await, before);
+}
+
+pub async fn refreeze_of_quiet_cursor_is_noop(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    let before = all_cursors(s).await;
+    let key = CursorKey {
+        watcher: w(MANAGER),
+        target: k(CHILD),
+    };
+    let missing = CursorKey {
+        watcher: w(PEER),
+        target: k(CHILD),
+    };
+    let out = s.refreeze(&[key, missing], T0.plus_ms(5)).await.unwrap();
+    assert!(out.is_empty());
+    assert_eq!(all_cursors(s).await, before);
+}
+
+pub async fn prune_by_age_stamps_watermark_before_deleting(t: &Subject) {
+    let s = &*t.store;
+    let other = r("agent:main:other", "main");
+    rec(s, log_only(&child(), "old"), T0).await; // 1
+    rec(s, log_only(&other, "old"), T0).await; // 2
+    rec(s, log_only(&child(), "old"), T0.plus_ms(DAY)).await; // 3
+    let later = T0.plus_ms(30 * DAY + DAY / 2);
+    let report = s.prune(&RetentionPolicy::default(), later).await.unwrap();
+    assert_eq!(report.events_by_age, 2, "only events older than 30 days go");
+    assert_eq!(seqs(s, &child(), 0).await, vec![3]);
+    let heads = s.heads(&[child(), other.clone()]).await.unwrap();
+    for h in heads {
+        let want = if h.session == child() { (3, 1) } else { (2, 2) };
+        assert_eq!(
+            (h.last_sequence.get(), h.pruned_max_sequence.get()),
+            want,
+            "{}",
+            h.session
+        );
+    }
+}
+
+pub async fn prune_row_cap_keeps_newest_rows(t: &Subject) {
+    let s = &*t.store;
+    for i in 0..30 {
+        let target = if i % 3 == 0 {
+            r("agent:main:a", "main")
+        } else {
+            child()
+        };
+        rec(s, log_only(&target, "x"), T0).await;
+    }
+    let policy = RetentionPolicy {
+        max_rows: 10,
+        chunk_rows: 7,
+        ..RetentionPolicy::default()
+    };
+    let report = s.prune(&policy, T0).await.unwrap();
+    assert_eq!(report.events_by_cap, 20);
+    assert_eq!(report.events_by_age, 0);
+    let stats = s.log_stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.rows,
+            stats.min_sequence.get(),
+            stats.max_sequence.get()
+        ),
+        (10, 21, 30)
+    );
+    let h = s.heads(&[child()]).await.unwrap().remove(0);
+    assert_eq!(h.pruned_max_sequence, Sequence(20));
+    assert_eq!(h.last_sequence, Sequence(30));
+    let a = s
+        .heads(&[r("agent:main:a", "main")])
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(a.pruned_max_sequence, Sequence(19));
+    assert_eq!(a.last_sequence, Sequence(28));
+}
+
+pub async fn prune_expires_idle_cursors(t: &Subject) {
+    let s = &*t.store;
+    let c2 = r("agent:main:subagent:c2", "main");
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, spawn(&c2, MANAGER, "run-2"), T0).await;
+    rec(s, human(&c2), T0.plus_ms(10 * DAY)).await; // touches the c2 cursor
+    let report = s
+        .prune(&RetentionPolicy::default(), T0.plus_ms(31 * DAY))
+        .await
+        .unwrap();
+    assert_eq!(report.cursors, 1);
+    assert!(s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().is_none());
+    assert!(
+        s.cursor(&w(MANAGER), &k("agent:main:subagent:c2"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..25 {
+        rec(s, log_only(&child(), "x"), T0).await;
+    }
+    let step = PruneStep::Age {
+        cutoff: T0.plus_ms(1),
+    };
+    assert_eq!(
+        s.prune_chunk(&step, 10).await.unwrap(),
+        10,
+        "a chunk deletes at most its bound"
+    );
+    assert_eq!(count(s).await, 15);
+    let h = s.heads(&[child()]).await.unwrap().remove(0);
+    assert_eq!(
+        h.pruned_max_sequence,
+        Sequence(10),
+        "each chunk stamps what it deletes, oldest first"
+    );
+    let policy = RetentionPolicy {
+        chunk_rows: 4,
+        ..RetentionPolicy::default()
+    };
+    let report = s.prune(&policy, T0.plus_ms(31 * DAY)).await.unwrap();
+    assert_eq!(report.events_by_age, 15);
+    assert_eq!(
+        report.chunks,
+        4 + 1 + 1,
+        "15 rows in chunks of 4 (4, 4, 4, 3), then one chunk each for the cap and the cursors: {report:?}"
+    );
+    assert_eq!(count(s).await, 0);
+}
+
+pub async fn invalid_summary_is_rejected_and_nothing_written(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    for bad in ["two\nlines", "", "   ", "tab\there"] {
+        let mut e = human(&child());
+        e.summary = bad.into();
+        let err = s.record(e, T0).await.unwrap_err();
+        assert!(matches!(err, StoreError::InvalidInput(_)), "{bad:?}: {err}");
+    }
+    let mut long = human(&child());
+    long.summary = "x".repeat(201);
+    assert!(matches!(
+        s.record(long, T0).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    assert_eq!(count(s).await, 0);
+    assert_eq!(version(s, &child()).await, 0);
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((0, 0, 0)));
+    let ok = rec(s, human(&child()), T0).await;
+    assert_eq!(
+        ok.event.sequence,
+        Sequence(1),
+        "a refused input spends no sequence"
+    );
+}
+
+pub async fn invalid_payload_is_rejected_and_nothing_written(t: &Subject) {
+    let s = &*t.store;
+    let big = validate::payload_from_value(json!({"x": "a"})).unwrap();
+    let mut huge = big.clone();
+    huge.insert("x".into(), json!("a".repeat(5000)));
+    let err = s
+        .record(human(&child()).with_payload(huge), T0)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::InvalidInput(validate::ValidationError::PayloadTooLarge { .. })
+    ));
+    assert_eq!(count(s).await, 0);
+    assert!(s.list_heads(None).await.unwrap().is_empty());
+}
+
+pub async fn invalid_ids_are_rejected_and_nothing_written(t: &Subject) {
+    let s = &*t.store;
+    for e in [
+        human(&child()).with_dedupe_key(""),
+        human(&child()).with_actor_id("bad\u{1}id"),
+        human(&child()).with_run_id(""),
+    ] {
+        assert!(matches!(
+            s.record(e, T0).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+    assert_eq!(count(s).await, 0);
+    assert!(SessionRef::parse("", "main").is_err());
+    assert!(SessionRef::parse("x", "").is_err());
+}
+
+pub async fn cursors_filter_and_order(t: &Subject) {
+    let s = &*t.store;
+    let c2 = r("agent:main:subagent:c2", "main");
+    rec(s, spawn(&c2, MANAGER, "run-2"), T0).await;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    rec(s, human(&child()), T0).await;
+    let all: Vec<(String, String)> = all_cursors(s)
+        .await
+        .iter()
+        .map(|c| (c.watcher.to_string(), c.target.to_string()))
+        .collect();
+    assert_eq!(
+        all,
+        vec![
+            (MANAGER.into(), CHILD.into()),
+            (MANAGER.into(), "agent:main:subagent:c2".into()),
+            (PEER.into(), CHILD.into()),
+        ],
+        "ordered by watcher then target"
+    );
+    let by_watcher = s
+        .cursors(&CursorFilter {
+            watcher: Some(k(PEER)),
+            ..CursorFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_watcher.len(), 1);
+    let by_target = s
+        .cursors(&CursorFilter {
+            target: Some(k(CHILD)),
+            ..CursorFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_target.len(), 2);
+    let pending = s
+        .cursors(&CursorFilter {
+            pending_only: true,
+            ..CursorFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 2);
+    assert!(pending.iter().all(|c| c.target == k(CHILD)));
+}
+
+pub async fn list_heads_by_agent(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&r("global", "ops"), "x"), T0).await;
+    rec(s, log_only(&r("global", "main"), "x"), T0).await;
+    rec(s, log_only(&child(), "x"), T0).await;
+    let all = s.list_heads(None).await.unwrap();
+    let names: Vec<String> = all
+        .iter()
+        .map(|h| format!("{}/{}", h.session.session_key, h.session.agent_id))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            format!("{CHILD}/main"),
+            "global/main".into(),
+            "global/ops".into()
+        ]
+    );
+    let ops = s
+        .list_heads(Some(&AgentId::new("ops").unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0].last_sequence, Sequence(1));
+}
+
+pub async fn events_after_and_log_stats(t: &Subject) {
+    let s = &*t.store;
+    assert_eq!(s.log_stats().await.unwrap(), crate::LogStats::default());
+    for i in 0..6 {
+        rec(
+            s,
+            log_only(&r(&format!("agent:main:s{}", i % 3), "main"), "x"),
+            T0,
+        )
+        .await;
+    }
+    let tail: Vec<u64> = s
+        .events_after(Sequence(2), 3)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect();
+    assert_eq!(tail, vec![3, 4, 5]);
+    let stats = s.log_stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.rows,
+            stats.min_sequence.get(),
+            stats.max_sequence.get()
+        ),
+        (6, 1, 6)
+    );
+}
+
+pub async fn heads_batch_returns_only_existing(t: &Subject) {
+    let s = &*t.store;
+    let refs: Vec<SessionRef> = (0..300)
+        .map(|i| r(&format!("agent:main:s{i}"), "main"))
+        .collect();
+    for r in refs.iter().step_by(2) {
+        rec(s, log_only(r, "x"), T0).await;
+    }
+    let heads = s.heads(&refs).await.unwrap();
+    assert_eq!(heads.len(), 150);
+    for h in &heads {
+        let i: usize = h.session.session_key.as_str()["agent:main:s".len()..]
+            .parse()
+            .unwrap();
+        assert_eq!(i % 2, 0);
+        assert_eq!(h.last_sequence.get(), (i / 2 + 1) as u64);
+    }
+}

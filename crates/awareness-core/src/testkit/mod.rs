@@ -1,0 +1,165 @@
+//! The conformance suite and the property-based model test every backend runs (feature
+//! `testkit`).
+//!
+//! A backend provides an async factory that returns a fresh, empty [`Subject`] and stamps the
+//! tests with two macros:
+//!
+//! ```ignore
+//! async fn subject() -> awareness_core::testkit::Subject { /* a fresh store */ }
+//! awareness_core::conformance_suite!(subject);
+//! awareness_core::model_test!(subject);
+//! ```
+//!
+//! Each check is a plain async function in [`checks`] taking a `&Subject`, so a new behaviour is
+//! one new function (and one new name in the macro) that every backend then runs.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::model::Sequence;
+use crate::store::AwarenessStore;
+
+pub mod checks;
+pub mod model;
+
+pub use proptest;
+
+/// Direct access to a backend's rows, bypassing the protocol, as an operator editing the file by
+/// hand would. Used to prove that a store never infers state from row arithmetic.
+#[async_trait]
+pub trait RawAccess: Send + Sync {
+    /// Deletes one event row by sequence, touching nothing else (no watermark, no head).
+    async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError>;
+}
+
+/// A fresh, empty store under test and whatever keeps it alive (a temporary directory).
+pub struct Subject {
+    /// The store, used through the trait object a gateway holds.
+    pub store: Arc<dyn AwarenessStore>,
+    /// Raw row access for the few checks that need it.
+    pub raw: Arc<dyn RawAccess>,
+    /// Dropped after the check (temporary files).
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+impl Subject {
+    /// Bundles a store that also offers raw access.
+    pub fn new<S>(store: Arc<S>, guard: impl Any + Send + Sync) -> Self
+    where
+        S: AwarenessStore + RawAccess + 'static,
+    {
+        Self {
+            store: store.clone(),
+            raw: store,
+            guard: Box::new(guard),
+        }
+    }
+}
+
+/// Runs a future to completion on a fresh current-thread tokio runtime with every driver enabled.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime for the testkit")
+        .block_on(f)
+}
+
+/// Stamps one named `#[test]` per conformance check for a backend factory
+/// (`async fn() -> Subject`).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:path) => {
+        $crate::__conformance_tests!(
+            $factory;
+            record_assigns_increasing_sequences,
+            record_returns_every_field,
+            dedupe_returns_stored_event_and_moves_nothing,
+            dedupe_hit_consumes_a_sequence,
+            dedupe_key_is_never_returned,
+            dedupe_key_is_free_again_after_its_row_is_pruned,
+            occurred_at_is_clamped_into_the_last_day,
+            occurred_at_defaults_to_now,
+            head_tracks_last_sequence_and_local_clock,
+            same_key_under_two_agents_is_two_sessions,
+            heads_survive_pruning,
+            heads_unaffected_by_deleting_other_refs,
+            sequences_never_reused_after_prune_and_delete,
+            history_gap_only_from_pruned_watermark,
+            history_gap_after_prune,
+            earliest_available_is_smallest_retained,
+            earliest_available_is_head_plus_one_when_all_pruned,
+            earliest_available_is_zero_for_unknown_session,
+            changes_since_returns_exactly_that_ref_after_n,
+            limit_is_clamped_and_truncated_reported,
+            version_ahead_when_caller_is_past_the_head,
+            changes_since_moves_no_cursor,
+            twenty_material_events_one_byte_identical_notice,
+            frozen_watermark_stays_at_first_unseen_event,
+            every_material_event_hands_the_notice_to_delivery,
+            acknowledge_with_interleaved_event_reopens_exactly_one,
+            acknowledge_without_pending_changes_nothing,
+            acknowledge_ignores_unknown_targets,
+            self_caused_events_never_notify,
+            log_only_kinds_move_the_head_only,
+            seed_starts_cursor_at_spawn_sequence,
+            seeding_keeps_a_pending_notice,
+            reseeding_a_quiet_cursor_moves_it,
+            named_watcher_without_cursor_starts_at_zero,
+            notify_ignores_cursor_on_other_agents_session,
+            watch_starts_at_head,
+            watch_on_empty_target_starts_at_zero,
+            watch_refused_for_self_and_bare_keys,
+            watching_again_keeps_pending_state,
+            unwatch_removes_cursor_and_stops_notices,
+            reset_removes_own_watches_and_keeps_history,
+            delete_removes_ref_and_leaves_other_agent_alone,
+            sweep_refreezes_and_redelivers,
+            sweep_skips_watchers_that_no_longer_exist,
+            refreeze_of_quiet_cursor_is_noop,
+            prune_by_age_stamps_watermark_before_deleting,
+            prune_row_cap_keeps_newest_rows,
+            prune_expires_idle_cursors,
+            prune_runs_in_bounded_chunks,
+            invalid_summary_is_rejected_and_nothing_written,
+            invalid_payload_is_rejected_and_nothing_written,
+            invalid_ids_are_rejected_and_nothing_written,
+            cursors_filter_and_order,
+            list_heads_by_agent,
+            events_after_and_log_stats,
+            heads_batch_returns_only_existing,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($factory:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testkit::block_on(async {
+                    let subject = $factory().await;
+                    $crate::testkit::checks::$name(&subject).await;
+                });
+            }
+        )*
+    };
+}
+
+/// Stamps the property-based model test for a backend factory (`async fn() -> Subject`). The
+/// number of cases comes from `PROPTEST_CASES` (default 256).
+#[macro_export]
+macro_rules! model_test {
+    ($factory:path) => {
+        #[test]
+        fn model_test_matches_reference() {
+            $crate::testkit::model::run(|| async { $factory().await });
+        }
+    };
+}

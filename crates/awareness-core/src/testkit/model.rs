@@ -1,0 +1,560 @@
+//! The property-based model test: random operation sequences run against a backend and against
+//! a deliberately simple reference model; every observable result must agree.
+//!
+//! The model keeps the log as a plain vector and applies the protocol functions of
+//! [`crate::protocol`] directly, so it checks what a backend persists and queries (and any rule a
+//! backend chose to express in its own query language) against the rules as written once.
+
+#![allow(clippy::missing_panics_doc)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+use super::Subject;
+use crate::model::{
+    ActorType, AgentId, Cursor, CursorFilter, CursorKey, Event, EventKind, Head, LogStats,
+    NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+};
+use crate::protocol::{self, Notice};
+use crate::reconcile::{self, ChangesPage};
+use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
+use crate::store::AwarenessStoreExt;
+
+const KEYS: [&str; 4] = [
+    "agent:main:main",
+    "agent:main:subagent:a",
+    "agent:ops:main",
+    "global",
+];
+const AGENTS: [&str; 2] = ["main", "ops"];
+const WATCHERS: [&str; 3] = ["agent:main:main", "agent:main:subagent:a", "agent:ops:main"];
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+/// One random operation.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Record an event.
+    Record {
+        /// Index into the session pool (key × agent).
+        session: usize,
+        /// Index into [`EventKind::ALL`].
+        kind: usize,
+        /// 0 human, 1 system, 2.. an agent whose id is a watcher key.
+        actor: usize,
+        /// A watcher the producer names.
+        named: Option<usize>,
+        /// A dedupe key from a small pool.
+        dedupe: Option<u8>,
+        /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
+        offset_hours: Option<i64>,
+    },
+    /// Explicit watch.
+    Watch {
+        /// Watcher index.
+        watcher: usize,
+        /// Session index.
+        session: usize,
+    },
+    /// Unwatch.
+    Unwatch {
+        /// Watcher index.
+        watcher: usize,
+        /// Key index.
+        key: usize,
+    },
+    /// Acknowledge some targets.
+    Ack {
+        /// Watcher index.
+        watcher: usize,
+        /// Key indexes.
+        keys: Vec<usize>,
+    },
+    /// Start-up sweep; watchers whose bit is set exist.
+    Sweep {
+        /// Existence mask over [`WATCHERS`].
+        exists: u8,
+    },
+    /// A pruning pass.
+    Prune {
+        /// Row cap.
+        max_rows: u64,
+        /// Chunk size.
+        chunk: usize,
+    },
+    /// Session reset.
+    Reset {
+        /// Key index.
+        key: usize,
+    },
+    /// Session delete.
+    Delete {
+        /// Session index.
+        session: usize,
+    },
+    /// Reconcile page.
+    Reconcile {
+        /// Session index.
+        session: usize,
+        /// `changesSince`.
+        after: u64,
+        /// Requested limit.
+        limit: usize,
+    },
+    /// Move the clock forward.
+    Advance {
+        /// Milliseconds.
+        ms: i64,
+    },
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let n = KEYS.len() * AGENTS.len();
+    prop_oneof![
+        6 => (0..n, 0..EventKind::ALL.len(), 0..2 + WATCHERS.len(), proptest::option::of(0..WATCHERS.len()),
+              proptest::option::weighted(0.3, 0u8..4), proptest::option::weighted(0.2, -48i64..4))
+            .prop_map(|(session, kind, actor, named, dedupe, offset_hours)| Op::Record {
+                session, kind, actor, named, dedupe, offset_hours
+            }),
+        2 => (0..WATCHERS.len(), 0..n).prop_map(|(watcher, session)| Op::Watch { watcher, session }),
+        1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Unwatch { watcher, key }),
+        2 => (0..WATCHERS.len(), proptest::collection::vec(0..KEYS.len(), 0..3))
+            .prop_map(|(watcher, keys)| Op::Ack { watcher, keys }),
+        1 => any::<u8>().prop_map(|exists| Op::Sweep { exists }),
+        1 => (0u64..25, 1usize..6).prop_map(|(max_rows, chunk)| Op::Prune { max_rows, chunk }),
+        1 => (0..KEYS.len()).prop_map(|key| Op::Reset { key }),
+        1 => (0..n).prop_map(|session| Op::Delete { session }),
+        2 => (0..n, 0u64..40, 0usize..8).prop_map(|(session, after, limit)| Op::Reconcile { session, after, limit }),
+        1 => prop_oneof![0i64..5_000, Just(Timestamp::HOUR_MS * 2), Just(Timestamp::DAY_MS * 11)]
+            .prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+fn session(i: usize) -> SessionRef {
+    SessionRef::parse(KEYS[i / AGENTS.len()], AGENTS[i % AGENTS.len()]).expect("pool ref")
+}
+fn watcher(i: usize) -> WatcherKey {
+    WatcherKey::parse(WATCHERS[i]).expect("pool watcher")
+}
+fn key(i: usize) -> SessionKey {
+    SessionKey::new(KEYS[i]).expect("pool key")
+}
+
+/// The reference model: the storage contract written as plainly as possible.
+#[derive(Debug, Default)]
+pub struct Model {
+    last: u64,
+    events: Vec<Arc<Event>>,
+    heads: BTreeMap<SessionRef, Head>,
+    cursors: BTreeMap<CursorKey, Cursor>,
+}
+
+impl Model {
+    fn record(
+        &mut self,
+        mut e: NewEvent,
+        now: Timestamp,
+    ) -> Option<(Arc<Event>, bool, Vec<Notice>)> {
+        if e.validate().is_err() {
+            return None;
+        }
+        self.last += 1;
+        if let Some(k) = &e.dedupe_key {
+            if let Some(old) = self
+                .events
+                .iter()
+                .find(|x| x.dedupe_key.as_ref() == Some(k))
+            {
+                return Some((old.clone(), true, Vec::new()));
+            }
+        }
+        let named = std::mem::take(&mut e.watchers);
+        let ev = Arc::new(e.into_event(Sequence(self.last), now));
+        let existing: Vec<Cursor> = self
+            .cursors
+            .values()
+            .filter(|c| c.target == ev.session_key)
+            .cloned()
+            .collect();
+        let fx = protocol::on_event(&ev, &named, &existing, now);
+        for c in fx.upserts {
+            self.cursors.insert(c.key(), c);
+        }
+        let r = ev.session_ref();
+        let h = self.heads.entry(r.clone()).or_insert(Head {
+            session: r,
+            last_sequence: Sequence::ZERO,
+            pruned_max_sequence: Sequence::ZERO,
+            updated_at: now,
+        });
+        h.last_sequence = ev.sequence;
+        h.updated_at = now;
+        self.events.push(ev.clone());
+        Some((ev, false, fx.notices))
+    }
+
+    fn page(&self, r: &SessionRef, after: Sequence, limit: usize) -> ChangesPage {
+        let limit = reconcile::clamp_limit(Some(limit));
+        let mine: Vec<Arc<Event>> = self
+            .events
+            .iter()
+            .filter(|e| e.session_ref() == *r)
+            .cloned()
+            .collect();
+        let min = mine.first().map(|e| e.sequence);
+        let fetched = mine
+            .into_iter()
+            .filter(|e| e.sequence > after)
+            .take(limit + 1)
+            .collect();
+        reconcile::build_page(after, self.heads.get(r), min, fetched, limit)
+    }
+
+    fn prune(&mut self, policy: &RetentionPolicy, now: Timestamp) -> PruneReport {
+        let mut report = PruneReport::default();
+        for step in policy.steps(now) {
+            loop {
+                let n = self.prune_chunk(&step, policy.chunk_rows);
+                report.add(&step, n);
+                if n < policy.chunk_rows as u64 {
+                    break;
+                }
+            }
+        }
+        report
+    }
+
+    fn prune_chunk(&mut self, step: &PruneStep, max: usize) -> u64 {
+        let victims: Vec<Sequence> = match *step {
+            PruneStep::Age { cutoff } => self
+                .events
+                .iter()
+                .filter(|e| e.occurred_at < cutoff)
+                .take(max)
+                .map(|e| e.sequence)
+                .collect(),
+            PruneStep::RowCap { max_rows } => {
+                let n = retention::row_cap_victims(self.events.len() as u64, max_rows, max);
+                self.events.iter().take(n).map(|e| e.sequence).collect()
+            }
+            PruneStep::Cursors { cutoff } => {
+                let before = self.cursors.len();
+                let mut left = max;
+                self.cursors.retain(|_, c| {
+                    if c.updated_at < cutoff && left > 0 {
+                        left -= 1;
+                        false
+                    } else {
+                        true
+                    }
+                });
+                return (before - self.cursors.len()) as u64;
+            }
+        };
+        let refs: Vec<(SessionRef, Sequence)> = self
+            .events
+            .iter()
+            .filter(|e| victims.contains(&e.sequence))
+            .map(|e| (e.session_ref(), e.sequence))
+            .collect();
+        for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
+            if let Some(h) = self.heads.get_mut(&r) {
+                *h = retention::stamp(h, s);
+            }
+        }
+        self.events.retain(|e| !victims.contains(&e.sequence));
+        victims.len() as u64
+    }
+
+    fn stats(&self) -> LogStats {
+        LogStats {
+            rows: self.events.len() as u64,
+            min_sequence: self.events.first().map(|e| e.sequence).unwrap_or_default(),
+            max_sequence: self.events.last().map(|e| e.sequence).unwrap_or_default(),
+        }
+    }
+}
+
+fn sorted(mut v: Vec<Notice>) -> Vec<Notice> {
+    v.sort_by(|a, b| {
+        (&a.watcher, &a.target, a.last_seen).cmp(&(&b.watcher, &b.target, b.last_seen))
+    });
+    v
+}
+
+fn kind_actor(kind: usize, actor: usize) -> (EventKind, ActorType, Option<String>) {
+    let kind = EventKind::ALL[kind];
+    match actor {
+        0 => (kind, ActorType::Human, Some("user-1".into())),
+        1 => (kind, ActorType::System, None),
+        n => (kind, ActorType::Agent, Some(WATCHERS[n - 2].into())),
+    }
+}
+
+async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> {
+    let store = &*subject.store;
+    let mut model = Model::default();
+    let mut now = T0;
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = format!("step {step}: {op:?}");
+        match op {
+            Op::Record {
+                session: si,
+                kind,
+                actor,
+                named,
+                dedupe,
+                offset_hours,
+            } => {
+                let (kind, actor_type, actor_id) = kind_actor(*kind, *actor);
+                let mut e =
+                    NewEvent::new(session(*si), kind, actor_type, format!("{kind} at {step}"));
+                e.actor_id = actor_id;
+                e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
+                e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));
+                if let Some(n) = named {
+                    e.watchers.push(watcher(*n));
+                }
+                let want = model.record(e.clone(), now);
+                let got = store
+                    .record(e, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                let (ev, dedup, notices) = want.expect("pool events are valid");
+                prop_assert_eq!(&*got.event, &*ev, "{}", ctx);
+                prop_assert_eq!(got.deduplicated, dedup, "{}", ctx);
+                prop_assert_eq!(sorted(got.notices), sorted(notices), "{}", ctx);
+            }
+            Op::Watch {
+                watcher: wi,
+                session: si,
+            } => {
+                let target = session(*si);
+                let w = watcher(*wi);
+                let got = store.watch(&w, &target, now).await;
+                match protocol::check_watch(w.session_key(), &target.session_key) {
+                    Err(_) => prop_assert!(got.is_err(), "{}: self-watch must be refused", ctx),
+                    Ok(_) => {
+                        let head = model
+                            .heads
+                            .get(&target)
+                            .map_or(Sequence::ZERO, |h| h.last_sequence);
+                        let k = CursorKey {
+                            watcher: w.clone(),
+                            target: target.session_key.clone(),
+                        };
+                        let (c, write) =
+                            protocol::watch(model.cursors.get(&k), &w, &target, head, now);
+                        if write {
+                            model.cursors.insert(k, c.clone());
+                        }
+                        let got = got.map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                        prop_assert_eq!(got, c, "{}", ctx);
+                    }
+                }
+            }
+            Op::Unwatch {
+                watcher: wi,
+                key: ki,
+            } => {
+                let k = CursorKey {
+                    watcher: watcher(*wi),
+                    target: key(*ki),
+                };
+                let want = model.cursors.remove(&k).is_some();
+                let got = store
+                    .unwatch(&k.watcher, &k.target)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+            }
+            Op::Ack { watcher: wi, keys } => {
+                let w = watcher(*wi);
+                let targets: Vec<SessionKey> = keys.iter().map(|k| key(*k)).collect();
+                let mut want = Vec::new();
+                for t in &targets {
+                    let k = CursorKey {
+                        watcher: w.clone(),
+                        target: t.clone(),
+                    };
+                    if let Some(c) = model.cursors.get(&k) {
+                        let (write, follow) = protocol::acknowledge(c, now);
+                        if let Some(c) = write {
+                            model.cursors.insert(k, c);
+                        }
+                        want.extend(follow);
+                    }
+                }
+                let got = store
+                    .acknowledge(&w, &targets, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(sorted(got), sorted(want), "{}", ctx);
+            }
+            Op::Sweep { exists } => {
+                let alive = |w: &WatcherKey| {
+                    WATCHERS
+                        .iter()
+                        .position(|x| *x == w.as_str())
+                        .is_some_and(|i| exists & (1 << i) != 0)
+                };
+                let mut want = Vec::new();
+                for c in model.cursors.values_mut() {
+                    if alive(&c.watcher) {
+                        if let Some((nc, n)) = protocol::refreeze(c, now) {
+                            *c = nc;
+                            want.push(n);
+                        }
+                    }
+                }
+                let got = store
+                    .sweep(now, &alive)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(sorted(got), sorted(want), "{}", ctx);
+            }
+            Op::Prune { max_rows, chunk } => {
+                let policy = RetentionPolicy {
+                    max_rows: *max_rows,
+                    chunk_rows: *chunk,
+                    ..RetentionPolicy::default()
+                };
+                let want = model.prune(&policy, now);
+                let got = store
+                    .prune(&policy, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+            }
+            Op::Reset { key: ki } => {
+                let k = key(*ki);
+                let before = model.cursors.len();
+                model.cursors.retain(|_, c| c.watcher.session_key() != &k);
+                let got = store
+                    .reset_watcher(&k)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, (before - model.cursors.len()) as u64, "{}", ctx);
+            }
+            Op::Delete { session: si } => {
+                let r = session(*si);
+                model.events.retain(|e| e.session_ref() != r);
+                model.heads.remove(&r);
+                model.cursors.retain(|_, c| {
+                    c.watcher.session_key() != &r.session_key
+                        && !(c.target == r.session_key && c.target_agent == r.agent_id)
+                });
+                store
+                    .delete_session(&r)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+            }
+            Op::Reconcile {
+                session: si,
+                after,
+                limit,
+            } => {
+                let r = session(*si);
+                let want = model.page(&r, Sequence(*after), *limit);
+                let got = store
+                    .changes_since(&r, Sequence(*after), *limit)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+                let v = store
+                    .state_version(&r)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(
+                    v,
+                    model
+                        .heads
+                        .get(&r)
+                        .map_or(Sequence::ZERO, |h| h.last_sequence),
+                    "{}",
+                    ctx
+                );
+            }
+            Op::Advance { ms } => now = now.plus_ms(*ms),
+        }
+        // Every observable after every step.
+        let cursors = store
+            .cursors(&CursorFilter::default())
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+        prop_assert_eq!(
+            cursors,
+            model.cursors.values().cloned().collect::<Vec<_>>(),
+            "cursors after {}",
+            ctx
+        );
+        let heads = store
+            .list_heads(None)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+        prop_assert_eq!(
+            heads,
+            model.heads.values().cloned().collect::<Vec<_>>(),
+            "heads after {}",
+            ctx
+        );
+        let stats = store
+            .log_stats()
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+        prop_assert_eq!(stats, model.stats(), "log after {}", ctx);
+    }
+    let all = store
+        .events_after(Sequence::ZERO, usize::MAX / 2)
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(all, model.events.clone(), "whole log at the end");
+    let by_agent = store
+        .list_heads(Some(&AgentId::new("ops").expect("agent")))
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(
+        by_agent,
+        model
+            .heads
+            .values()
+            .filter(|h| h.session.agent_id.as_str() == "ops")
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+/// Runs the model test: `PROPTEST_CASES` cases (default 256) of up to 60 operations each, a
+/// fresh subject from `factory` per case.
+pub fn run<F, Fut>(factory: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Subject>,
+{
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&proptest::collection::vec(op_strategy(), 1..60), |ops| {
+        rt.block_on(async {
+            let subject = factory().await;
+            check_case(&subject, &ops).await
+        })
+    });
+    if let Err(e) = result {
+        panic!("model test failed: {e}");
+    }
+}

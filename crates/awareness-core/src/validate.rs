@@ -1,0 +1,220 @@
+//! Input rules of DESIGN.md section 3, as pure functions with typed errors.
+
+use crate::model::{Payload, Timestamp};
+
+/// Longest summary, in characters.
+pub const MAX_SUMMARY_CHARS: usize = 200;
+/// Largest payload, in bytes of compact JSON.
+pub const MAX_PAYLOAD_BYTES: usize = 4096;
+/// Longest key or id, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// How far back an event's `occurredAt` may lie.
+pub const MAX_EVENT_AGE_MS: i64 = Timestamp::DAY_MS;
+
+/// Why an input was refused. Nothing is written when an input is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// A key or id is empty.
+    #[error("{what} must not be empty")]
+    Empty {
+        /// Which field.
+        what: &'static str,
+    },
+    /// A key or id is too long.
+    #[error("{what} is {len} bytes long; at most {MAX_KEY_BYTES} are allowed")]
+    TooLong {
+        /// Which field.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+    },
+    /// A key or id contains a control character.
+    #[error("{what} contains a control character")]
+    ControlCharacter {
+        /// Which field.
+        what: &'static str,
+    },
+    /// The summary is longer than 200 characters.
+    #[error("summary is {chars} characters long; at most {MAX_SUMMARY_CHARS} are allowed")]
+    SummaryTooLong {
+        /// Its length in characters.
+        chars: usize,
+    },
+    /// The summary is empty or blank.
+    #[error("summary must not be blank")]
+    SummaryBlank,
+    /// The summary is not one line or holds another control character.
+    #[error("summary must be one line without control characters")]
+    SummaryNotOneLine,
+    /// The payload is larger than 4 KiB.
+    #[error("payload is {bytes} bytes of JSON; at most {MAX_PAYLOAD_BYTES} are allowed")]
+    PayloadTooLarge {
+        /// Its size.
+        bytes: usize,
+    },
+    /// The payload is not a JSON object.
+    #[error("payload must be a JSON object")]
+    PayloadNotObject,
+    /// A watcher key is not agent-qualified.
+    #[error(
+        "{key:?} is not an agent-qualified session key (agent:<agentId>:<rest>) and cannot watch"
+    )]
+    NotAgentQualified {
+        /// The key.
+        key: String,
+    },
+    /// A session cannot watch itself.
+    #[error("session {key:?} cannot watch itself")]
+    SelfWatch {
+        /// The key.
+        key: String,
+    },
+    /// An unknown event kind.
+    #[error("unknown event kind {value:?}")]
+    UnknownKind {
+        /// The spelling seen.
+        value: String,
+    },
+    /// An unknown actor type.
+    #[error("unknown actor type {value:?}")]
+    UnknownActorType {
+        /// The spelling seen.
+        value: String,
+    },
+    /// A context key that is not `session-state:<hex of UTF-8>`.
+    #[error("invalid session-state context key {value:?}: {reason}")]
+    ContextKey {
+        /// The key seen.
+        value: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+/// A non-empty key or id without control characters, at most 1 KiB.
+pub fn key(what: &'static str, value: &str) -> Result<(), ValidationError> {
+    if value.is_empty() {
+        return Err(ValidationError::Empty { what });
+    }
+    if value.len() > MAX_KEY_BYTES {
+        return Err(ValidationError::TooLong {
+            what,
+            len: value.len(),
+        });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ValidationError::ControlCharacter { what });
+    }
+    Ok(())
+}
+
+/// One line of at most 200 characters, not blank, without control characters.
+pub fn summary(value: &str) -> Result<(), ValidationError> {
+    if value.chars().any(char::is_control) {
+        return Err(ValidationError::SummaryNotOneLine);
+    }
+    let chars = value.chars().count();
+    if chars > MAX_SUMMARY_CHARS {
+        return Err(ValidationError::SummaryTooLong { chars });
+    }
+    if value.trim().is_empty() {
+        return Err(ValidationError::SummaryBlank);
+    }
+    Ok(())
+}
+
+/// A payload of at most 4 KiB of compact JSON.
+pub fn payload(value: &Payload) -> Result<(), ValidationError> {
+    let bytes = payload_json(value).len();
+    if bytes > MAX_PAYLOAD_BYTES {
+        return Err(ValidationError::PayloadTooLarge { bytes });
+    }
+    Ok(())
+}
+
+/// Parses a JSON value into a payload, refusing anything but an object.
+pub fn payload_from_value(value: serde_json::Value) -> Result<Payload, ValidationError> {
+    match value {
+        serde_json::Value::Object(map) => {
+            payload(&map)?;
+            Ok(map)
+        }
+        _ => Err(ValidationError::PayloadNotObject),
+    }
+}
+
+/// The compact JSON text stored for a payload.
+pub fn payload_json(value: &Payload) -> String {
+    // Serializing a map of JSON values cannot fail.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// Clamps a producer's time into `[now - 24 h, now]`; a missing time is `now`.
+pub fn clamp_occurred_at(occurred_at: Option<Timestamp>, now: Timestamp) -> Timestamp {
+    match occurred_at {
+        None => now,
+        Some(t) => t.clamp(now.minus_ms(MAX_EVENT_AGE_MS), now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn summaries() {
+        assert!(summary("human message via telegram").is_ok());
+        assert!(summary(&"é".repeat(200)).is_ok());
+        assert_eq!(
+            summary(&"é".repeat(201)),
+            Err(ValidationError::SummaryTooLong { chars: 201 })
+        );
+        assert_eq!(summary("a\nb"), Err(ValidationError::SummaryNotOneLine));
+        assert_eq!(summary("a\tb"), Err(ValidationError::SummaryNotOneLine));
+        assert_eq!(summary("a\u{7f}"), Err(ValidationError::SummaryNotOneLine));
+        assert_eq!(summary("  "), Err(ValidationError::SummaryBlank));
+    }
+
+    #[test]
+    fn payloads() {
+        let small = payload_from_value(json!({"turns": 3})).unwrap();
+        assert_eq!(payload_json(&small), r#"{"turns":3}"#);
+        assert_eq!(
+            payload_from_value(json!([1])),
+            Err(ValidationError::PayloadNotObject)
+        );
+        let big = json!({"x": "a".repeat(MAX_PAYLOAD_BYTES)});
+        assert!(matches!(
+            payload_from_value(big),
+            Err(ValidationError::PayloadTooLarge { .. })
+        ));
+        // exactly at the limit passes: {"x":"..."} is 8 bytes of framing
+        let edge = json!({"x": "a".repeat(MAX_PAYLOAD_BYTES - 8)});
+        assert!(payload_from_value(edge).is_ok());
+    }
+
+    #[test]
+    fn keys() {
+        assert_eq!(key("k", ""), Err(ValidationError::Empty { what: "k" }));
+        assert!(key("k", "a\u{0}").is_err());
+        assert!(key("k", &"a".repeat(MAX_KEY_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn clamping() {
+        let now = Timestamp(1_802_678_400_000);
+        assert_eq!(clamp_occurred_at(None, now), now);
+        assert_eq!(
+            clamp_occurred_at(Some(Timestamp(0)), now),
+            Timestamp(1_802_592_000_000)
+        );
+        assert_eq!(
+            clamp_occurred_at(Some(Timestamp(1_803_456_000_000)), now),
+            now
+        );
+        let inside = Timestamp(1_802_600_000_000);
+        assert_eq!(clamp_occurred_at(Some(inside), now), inside);
+    }
+}

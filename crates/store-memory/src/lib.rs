@@ -1,0 +1,427 @@
+//! # store-memory
+//!
+//! The in-memory [`EventStore`] and [`CursorStore`]: the reference implementation of the storage
+//! contract, for tests and for embedding a gateway that needs no durability. Everything is lost
+//! when the process ends; pick `store-sqlite` or `store-redb` to keep it.
+//!
+//! It keeps every protocol decision in `awareness-core` and only persists the result, under one
+//! short-held lock. Pages return shared events (`Arc<Event>`), never deep copies.
+//!
+//! ```
+//! use awareness_core::{ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore,
+//!     NewEvent, SessionRef, Sequence, Timestamp, WatcherKey};
+//! use store_memory::MemoryStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let now = Timestamp(1_800_000_000_000);
+//! let child = SessionRef::parse("agent:main:subagent:child", "main")?;
+//! let manager = WatcherKey::parse("agent:main:main")?;
+//! store.watch(&manager, &child, now).await?;
+//! let rec = store
+//!     .record(NewEvent::new(child.clone(), EventKind::HumanDirectMessage, ActorType::Human,
+//!         "human message via telegram"), now)
+//!     .await?;
+//! assert_eq!(rec.notices.len(), 1);
+//! let status = store.session_status(&child, Some(Sequence(0)), None).await?;
+//! assert_eq!(status.state_version, rec.event.sequence);
+//! assert_eq!(status.state_changes.unwrap().events.len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use awareness_core::reconcile::ChangesPage;
+use awareness_core::{
+    AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head, LogStats,
+    NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
+    WatcherKey, async_trait, protocol, reconcile, retention,
+};
+
+/// The in-memory store. Cheap to clone handles are made with `Arc<MemoryStore>`.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    last_sequence: u64,
+    events: BTreeMap<Sequence, Arc<Event>>,
+    by_ref: HashMap<SessionRef, BTreeMap<Sequence, Arc<Event>>>,
+    dedupe: HashMap<String, Sequence>,
+    heads: HashMap<SessionRef, Head>,
+    cursors: BTreeMap<CursorKey, Cursor>,
+    by_target: HashMap<SessionKey, BTreeSet<WatcherKey>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Deletes one event row and nothing else (no watermark, no head change), as an operator
+    /// repairing a store by hand would. Returns whether the row existed. The conformance suite
+    /// uses it to prove that history gaps come only from pruning.
+    pub fn delete_event_row(&self, sequence: Sequence) -> bool {
+        self.lock().remove_event(sequence).is_some()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied operation behind: every
+        // operation computes its changes first and applies them without fallible steps.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Inner {
+    fn key(watcher: &WatcherKey, target: &SessionKey) -> CursorKey {
+        CursorKey {
+            watcher: watcher.clone(),
+            target: target.clone(),
+        }
+    }
+
+    fn put_cursor(&mut self, c: Cursor) {
+        self.by_target
+            .entry(c.target.clone())
+            .or_default()
+            .insert(c.watcher.clone());
+        self.cursors.insert(c.key(), c);
+    }
+
+    fn remove_cursor(&mut self, key: &CursorKey) -> bool {
+        if self.cursors.remove(key).is_none() {
+            return false;
+        }
+        if let Some(set) = self.by_target.get_mut(&key.target) {
+            set.remove(&key.watcher);
+            if set.is_empty() {
+                self.by_target.remove(&key.target);
+            }
+        }
+        true
+    }
+
+    fn cursors_on(&self, target: &SessionKey) -> Vec<Cursor> {
+        let Some(set) = self.by_target.get(target) else {
+            return Vec::new();
+        };
+        set.iter()
+            .filter_map(|w| self.cursors.get(&Self::key(w, target)).cloned())
+            .collect()
+    }
+
+    fn remove_event(&mut self, seq: Sequence) -> Option<Arc<Event>> {
+        let ev = self.events.remove(&seq)?;
+        let r = ev.session_ref();
+        if let Some(m) = self.by_ref.get_mut(&r) {
+            m.remove(&seq);
+            if m.is_empty() {
+                self.by_ref.remove(&r);
+            }
+        }
+        if let Some(k) = &ev.dedupe_key {
+            if self.dedupe.get(k) == Some(&seq) {
+                self.dedupe.remove(k);
+            }
+        }
+        Some(ev)
+    }
+
+    /// Stamps watermarks of existing heads, then deletes the victims.
+    fn prune_events(&mut self, victims: &[Sequence]) -> u64 {
+        let refs: Vec<(SessionRef, Sequence)> = victims
+            .iter()
+            .filter_map(|s| self.events.get(s).map(|e| (e.session_ref(), *s)))
+            .collect();
+        for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
+            if let Some(h) = self.heads.get_mut(&r) {
+                *h = retention::stamp(h, s);
+            }
+        }
+        victims
+            .iter()
+            .filter(|s| self.remove_event(**s).is_some())
+            .count() as u64
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        event.validate()?;
+        let mut g = self.lock();
+        g.last_sequence += 1;
+        let seq = Sequence(g.last_sequence);
+        if let Some(key) = &event.dedupe_key {
+            if let Some(existing) = g.dedupe.get(key).and_then(|s| g.events.get(s)) {
+                return Ok(Recorded {
+                    event: Arc::clone(existing),
+                    deduplicated: true,
+                    notices: Vec::new(),
+                });
+            }
+        }
+        let named = std::mem::take(&mut event.watchers);
+        let stored = Arc::new(event.into_event(seq, now));
+        let r = stored.session_ref();
+        let existing = g.cursors_on(&stored.session_key);
+        let effects = protocol::on_event(&stored, &named, &existing, now);
+        if let Some(k) = &stored.dedupe_key {
+            g.dedupe.insert(k.clone(), seq);
+        }
+        g.events.insert(seq, Arc::clone(&stored));
+        g.by_ref
+            .entry(r.clone())
+            .or_default()
+            .insert(seq, Arc::clone(&stored));
+        match g.heads.get_mut(&r) {
+            Some(h) => {
+                h.last_sequence = seq;
+                h.updated_at = now;
+            }
+            None => {
+                g.heads.insert(
+                    r.clone(),
+                    Head {
+                        session: r,
+                        last_sequence: seq,
+                        pruned_max_sequence: Sequence::ZERO,
+                        updated_at: now,
+                    },
+                );
+            }
+        }
+        for c in effects.upserts {
+            g.put_cursor(c);
+        }
+        Ok(Recorded {
+            event: stored,
+            deduplicated: false,
+            notices: effects.notices,
+        })
+    }
+
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        let limit = reconcile::clamp_limit(Some(limit));
+        let g = self.lock();
+        let head = g.heads.get(session);
+        let (min, fetched) = match g.by_ref.get(session) {
+            Some(m) => (
+                m.keys().next().copied(),
+                m.range(after.next()..)
+                    .take(limit + 1)
+                    .map(|(_, e)| Arc::clone(e))
+                    .collect(),
+            ),
+            None => (None, Vec::new()),
+        };
+        Ok(reconcile::build_page(after, head, min, fetched, limit))
+    }
+
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        let g = self.lock();
+        Ok(sessions
+            .iter()
+            .filter_map(|r| g.heads.get(r).cloned())
+            .collect())
+    }
+
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        let g = self.lock();
+        let mut out: Vec<Head> = g
+            .heads
+            .values()
+            .filter(|h| agent.is_none_or(|a| *a == h.session.agent_id))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.session.cmp(&b.session));
+        Ok(out)
+    }
+
+    async fn events_after(
+        &self,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StoreError> {
+        let g = self.lock();
+        Ok(g.events
+            .range(after.next()..)
+            .take(limit)
+            .map(|(_, e)| Arc::clone(e))
+            .collect())
+    }
+
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        let g = self.lock();
+        Ok(LogStats {
+            rows: g.events.len() as u64,
+            min_sequence: g.events.keys().next().copied().unwrap_or_default(),
+            max_sequence: g.events.keys().next_back().copied().unwrap_or_default(),
+        })
+    }
+
+    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+        let mut g = self.lock();
+        Ok(match *step {
+            PruneStep::Age { cutoff } => {
+                let victims: Vec<Sequence> = g
+                    .events
+                    .iter()
+                    .filter(|(_, e)| e.occurred_at < cutoff)
+                    .take(max_rows)
+                    .map(|(s, _)| *s)
+                    .collect();
+                g.prune_events(&victims)
+            }
+            PruneStep::RowCap { max_rows: keep } => {
+                let n = retention::row_cap_victims(g.events.len() as u64, keep, max_rows);
+                let victims: Vec<Sequence> = g.events.keys().take(n).copied().collect();
+                g.prune_events(&victims)
+            }
+            PruneStep::Cursors { cutoff } => {
+                let victims: Vec<CursorKey> = g
+                    .cursors
+                    .values()
+                    .filter(|c| c.updated_at < cutoff)
+                    .take(max_rows)
+                    .map(Cursor::key)
+                    .collect();
+                victims.iter().filter(|k| g.remove_cursor(k)).count() as u64
+            }
+        })
+    }
+
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        if let Some(m) = g.by_ref.get(session) {
+            let seqs: Vec<Sequence> = m.keys().copied().collect();
+            for s in seqs {
+                g.remove_event(s);
+            }
+        }
+        g.heads.remove(session);
+        let doomed: Vec<CursorKey> = g
+            .cursors
+            .values()
+            .filter(|c| {
+                c.watcher.session_key() == &session.session_key
+                    || (c.target == session.session_key && c.target_agent == session.agent_id)
+            })
+            .map(Cursor::key)
+            .collect();
+        for k in &doomed {
+            g.remove_cursor(k);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl CursorStore for MemoryStore {
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        protocol::check_watch(watcher.session_key(), &target.session_key)?;
+        let mut g = self.lock();
+        let key = Inner::key(watcher, &target.session_key);
+        let head = g
+            .heads
+            .get(target)
+            .map_or(Sequence::ZERO, |h| h.last_sequence);
+        let (cursor, write) = protocol::watch(g.cursors.get(&key), watcher, target, head, now);
+        if write {
+            g.put_cursor(cursor.clone());
+        }
+        Ok(cursor)
+    }
+
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        Ok(self.lock().remove_cursor(&Inner::key(watcher, target)))
+    }
+
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[SessionKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let mut g = self.lock();
+        let mut notices = Vec::new();
+        for t in targets {
+            let Some(c) = g.cursors.get(&Inner::key(watcher, t)) else {
+                continue;
+            };
+            let (write, follow) = protocol::acknowledge(c, now);
+            if let Some(c) = write {
+                g.put_cursor(c);
+            }
+            notices.extend(follow);
+        }
+        Ok(notices)
+    }
+
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        Ok(self
+            .lock()
+            .cursors
+            .get(&Inner::key(watcher, target))
+            .cloned())
+    }
+
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        Ok(self
+            .lock()
+            .cursors
+            .values()
+            .filter(|c| filter.matches(c))
+            .cloned()
+            .collect())
+    }
+
+    async fn refreeze(
+        &self,
+        keys: &[CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let mut g = self.lock();
+        let mut notices = Vec::new();
+        for k in keys {
+            let Some(c) = g.cursors.get(k) else { continue };
+            if let Some((c, n)) = protocol::refreeze(c, now) {
+                g.put_cursor(c);
+                notices.push(n);
+            }
+        }
+        Ok(notices)
+    }
+
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        let mut g = self.lock();
+        let doomed: Vec<CursorKey> = g
+            .cursors
+            .keys()
+            .filter(|k| k.watcher.session_key() == watcher)
+            .cloned()
+            .collect();
+        Ok(doomed.iter().filter(|k| g.remove_cursor(k)).count() as u64)
+    }
+}

@@ -1,0 +1,29 @@
+//! store-memory runs the shared conformance suite and the model test, through `Arc<dyn ...>`.
+
+use std::sync::Arc;
+
+use awareness_core::testkit::{RawAccess, Subject};
+use awareness_core::{Sequence, StoreError, async_trait};
+use store_memory::MemoryStore;
+
+struct Raw(Arc<MemoryStore>);
+
+#[async_trait]
+impl RawAccess for Raw {
+    async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError> {
+        self.0.delete_event_row(sequence);
+        Ok(())
+    }
+}
+
+async fn subject() -> Subject {
+    let store = Arc::new(MemoryStore::new());
+    Subject {
+        store: store.clone(),
+        raw: Arc::new(Raw(store)),
+        guard: Box::new(()),
+    }
+}
+
+awareness_core::conformance_suite!(subject);
+awareness_core::model_test!(subject);

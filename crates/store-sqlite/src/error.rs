@@ -1,0 +1,71 @@
+//! Mapping sqlx / SQLite errors onto [`StoreError`] by meaning.
+
+use std::path::Path;
+
+use awareness_core::StoreError;
+
+const SQLITE_PERM: i32 = 3;
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_CORRUPT: i32 = 11;
+const SQLITE_CANTOPEN: i32 = 14;
+const SQLITE_NOTADB: i32 = 26;
+
+/// The primary SQLite result code of a database error.
+pub(crate) fn primary_code(e: &sqlx::Error) -> Option<i32> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .map(|c| c & 0xff),
+        _ => None,
+    }
+}
+
+/// A failure while `context` was being done: BUSY/LOCKED are retryable, CORRUPT/NOTADB are
+/// corruption, everything else is a backend error. The original error is kept as the source.
+pub(crate) fn map(context: &str, e: sqlx::Error) -> StoreError {
+    match primary_code(&e) {
+        Some(SQLITE_BUSY | SQLITE_LOCKED) => StoreError::Busy {
+            context: context.to_owned(),
+            source: Box::new(e),
+        },
+        Some(SQLITE_CORRUPT | SQLITE_NOTADB) => StoreError::Corrupt {
+            context: context.to_owned(),
+            source: Some(Box::new(e)),
+        },
+        _ => StoreError::backend(context, e),
+    }
+}
+
+/// Why a database could not be opened, in words a person can act on.
+pub(crate) fn open_reason(e: &sqlx::Error) -> String {
+    let what = match primary_code(e) {
+        Some(SQLITE_NOTADB) => "the file is not an SQLite database",
+        Some(SQLITE_CORRUPT) => "the database file is corrupt or truncated",
+        Some(SQLITE_CANTOPEN) => "the file or its journal cannot be opened or created",
+        Some(SQLITE_READONLY) => {
+            "the database is read-only here (no write permission to the file or its directory)"
+        }
+        Some(SQLITE_PERM) => "permission denied",
+        Some(SQLITE_BUSY | SQLITE_LOCKED) => "the database is locked by another connection",
+        Some(SQLITE_IOERR) => "an I/O error occurred",
+        _ => "SQLite refused to open it",
+    };
+    format!("{what} ({e})")
+}
+
+/// A [`StoreError::Open`] for `path`.
+pub(crate) fn open(
+    path: &Path,
+    reason: impl Into<String>,
+    source: Option<awareness_core::BoxError>,
+) -> StoreError {
+    StoreError::Open {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+        source,
+    }
+}

@@ -1,0 +1,202 @@
+//! The schema: OpenClaw's four tables exactly as OpenClaw 2026.9.6 declares them, our additive
+//! column, and a tiny migration runner keyed on a table of ours.
+//!
+//! The runner never reads or writes `PRAGMA user_version` (OpenClaw's) and never touches a table
+//! that is not listed here. Applying a migration is idempotent on a database OpenClaw already
+//! created: the tables use `CREATE TABLE IF NOT EXISTS` with OpenClaw's DDL, and a column is only
+//! added when `pragma_table_info` does not list it yet.
+
+use sqlx::SqliteConnection;
+
+/// The table that records which of our migrations a database has.
+pub(crate) const MIGRATIONS_TABLE: &str = "awareness_schema_migrations";
+
+/// The highest migration version this crate knows.
+pub(crate) const LATEST: i64 = 2;
+
+/// OpenClaw's four tables and their indexes, verbatim apart from `IF NOT EXISTS` (which SQLite
+/// drops from the text it stores in `sqlite_master`, so a database we create carries exactly
+/// OpenClaw's schema text).
+const OPENCLAW_TABLES: &str = r#"CREATE TABLE IF NOT EXISTS session_state_events (
+  sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+  dedupe_key TEXT UNIQUE,
+  session_key TEXT NOT NULL,
+  session_id TEXT,
+  agent_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  actor_type TEXT NOT NULL,
+  actor_id TEXT,
+  run_id TEXT,
+  occurred_at INTEGER NOT NULL,
+  summary TEXT NOT NULL,
+  payload_json TEXT
+) STRICT;
+CREATE INDEX IF NOT EXISTS idx_session_state_events_session_sequence
+  ON session_state_events(session_key, sequence DESC);
+CREATE INDEX IF NOT EXISTS idx_session_state_events_time
+  ON session_state_events(occurred_at DESC, sequence DESC);
+CREATE TABLE IF NOT EXISTS session_state_heads (
+  session_key TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  last_sequence INTEGER NOT NULL,
+  pruned_max_sequence INTEGER NOT NULL DEFAULT 0,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (session_key, agent_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS session_watch_cursors (
+  watcher_session_key TEXT NOT NULL,
+  watcher_store_path TEXT,
+  target_session_key TEXT NOT NULL,
+  last_seen_sequence INTEGER NOT NULL DEFAULT 0,
+  notified_sequence INTEGER NOT NULL DEFAULT 0,
+  material_sequence INTEGER NOT NULL DEFAULT 0,
+  provenance TEXT NOT NULL DEFAULT 'explicit' CHECK (provenance IN ('explicit', 'ambient-group')),
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (watcher_session_key, target_session_key)
+) STRICT;
+CREATE INDEX IF NOT EXISTS idx_session_watch_cursors_target
+  ON session_watch_cursors(target_session_key);
+CREATE TABLE IF NOT EXISTS session_upstream_links (
+  session_key TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  catalog_id TEXT NOT NULL,
+  host_id TEXT NOT NULL,
+  thread_id TEXT NOT NULL,
+  upstream_kind TEXT NOT NULL,
+  upstream_ref_json TEXT,
+  last_marker_json TEXT,
+  last_scanned_at INTEGER,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  -- (session_key, agent_id) composite identity: under session.scope="global" agents
+  -- share bare keys; a key-only row would let one agent overwrite another's upstream.
+  PRIMARY KEY (session_key, agent_id)
+) STRICT;
+CREATE INDEX IF NOT EXISTS idx_session_upstream_links_catalog_id
+  ON session_upstream_links(catalog_id);"#;
+
+/// One step of the schema.
+enum Step {
+    /// Plain SQL, idempotent by construction.
+    Sql(&'static str),
+    /// `ALTER TABLE <table> ADD COLUMN <column> <decl>` unless the column already exists.
+    AddColumn {
+        table: &'static str,
+        column: &'static str,
+        decl: &'static str,
+    },
+}
+
+struct Migration {
+    version: i64,
+    description: &'static str,
+    step: Step,
+}
+
+const MIGRATIONS: [Migration; 2] = [
+    Migration {
+        version: 1,
+        description: "OpenClaw session-state tables",
+        step: Step::Sql(OPENCLAW_TABLES),
+    },
+    Migration {
+        version: 2,
+        description: "session_watch_cursors.target_agent_id (additive, nullable)",
+        step: Step::AddColumn {
+            table: "session_watch_cursors",
+            column: "target_agent_id",
+            decl: "TEXT",
+        },
+    },
+];
+
+/// The migration version recorded in the database (0 when it has none of ours).
+pub(crate) async fn version(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    let exists: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1")
+            .bind(MIGRATIONS_TABLE)
+            .fetch_one(&mut *conn)
+            .await?;
+    if exists == 0 {
+        return Ok(0);
+    }
+    sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM awareness_schema_migrations")
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Brings the schema up to [`LATEST`] in one `BEGIN IMMEDIATE` transaction. Cheap when nothing
+/// is missing (two reads, no write lock).
+pub(crate) async fn migrate(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), sqlx::Error> {
+    if version(conn).await? >= LATEST {
+        return Ok(());
+    }
+    sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+    let applied = apply_missing(conn, now_ms).await;
+    let end = if applied.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    let ended = sqlx::raw_sql(end).execute(&mut *conn).await;
+    applied?;
+    ended.map(|_| ())
+}
+
+async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS awareness_schema_migrations (
+  version INTEGER PRIMARY KEY,
+  description TEXT NOT NULL,
+  applied_at INTEGER NOT NULL
+) STRICT",
+    )
+    .execute(&mut *conn)
+    .await?;
+    // Re-read under the write lock: another process may have migrated meanwhile.
+    let current: i64 =
+        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM awareness_schema_migrations")
+            .fetch_one(&mut *conn)
+            .await?;
+    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        match m.step {
+            Step::Sql(sql) => {
+                sqlx::raw_sql(sql).execute(&mut *conn).await?;
+            }
+            Step::AddColumn {
+                table,
+                column,
+                decl,
+            } => {
+                let present: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pragma_table_info($1) WHERE name = $2",
+                )
+                .bind(table)
+                .bind(column)
+                .fetch_one(&mut *conn)
+                .await?;
+                if present == 0 {
+                    let sql = format!("ALTER TABLE {table} ADD COLUMN {column} {decl}");
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+            }
+        }
+        sqlx::query(
+            "INSERT INTO awareness_schema_migrations (version, description, applied_at) \
+             VALUES ($1, $2, $3)",
+        )
+        .bind(m.version)
+        .bind(m.description)
+        .bind(now_ms)
+        .execute(&mut *conn)
+        .await?;
+        tracing::debug!(
+            version = m.version,
+            description = m.description,
+            "applied migration"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! Every statement the store runs, as `&'static str`.
+//!
+//! Shapes that keep the number of messages between the async caller and sqlx's SQLite worker
+//! thread small (each statement result and each row is one message):
+//! - a write operation is at most two batches: the first begins the `IMMEDIATE` transaction,
+//!   writes what needs no decision and reads what the protocol needs; the second persists what
+//!   `awareness_core::protocol` decided and commits;
+//! - every read answers in **one row**, building lists inside SQLite as one JSON value
+//!   (`json_group_array`), so a 200-event page is one message, not 201.
+//!
+//! Placeholders are `$N` throughout: in a multi-statement batch each statement binds its own
+//! `$N` by name, while a `?N` a later statement skips would be bound positionally.
+
+/// One event row as a JSON array, decoded by `decode::RawEvent`.
+macro_rules! event_json {
+    () => {
+        "json_array(sequence, session_key, session_id, agent_id, kind, actor_type, actor_id, \
+         run_id, occurred_at, summary, payload_json, dedupe_key)"
+    };
+}
+
+/// One cursor row as a JSON array, decoded by `decode::RawCursor`.
+macro_rules! cursor_json {
+    () => {
+        "json_array(watcher_session_key, target_session_key, target_agent_id, \
+         last_seen_sequence, notified_sequence, material_sequence, updated_at)"
+    };
+}
+
+/// One head row as a JSON array, decoded by `decode::RawHead`.
+macro_rules! head_json {
+    () => {
+        "json_array(session_key, agent_id, last_sequence, pruned_max_sequence, updated_at)"
+    };
+}
+
+/// Record, first batch. Binds: `$1` dedupe key, `$2` session key, `$3` session id, `$4` agent,
+/// `$5` kind, `$6` actor type, `$7` actor id, `$8` run id, `$9` occurred at (clamped by core),
+/// `$10` summary, `$11` payload JSON, `$12` now.
+///
+/// The insert spends an AUTOINCREMENT number even when the dedupe key already exists (as in
+/// OpenClaw). One row comes back: `changes()` of the insert (0 on a dedupe hit), the new
+/// sequence, the stored event on a hit, and the cursors on the target key otherwise. The head
+/// moves only when a row was inserted; the cursors wait for `protocol::on_event`.
+pub(crate) const RECORD_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
+  actor_type, actor_id, run_id, occurred_at, summary, payload_json)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (dedupe_key) DO NOTHING;
+SELECT changes(), last_insert_rowid(),
+  CASE WHEN changes() = 0 THEN
+    (SELECT ",
+    event_json!(),
+    " FROM session_state_events WHERE dedupe_key = $1) END,
+  CASE WHEN changes() > 0 THEN
+    (SELECT json_group_array(",
+    cursor_json!(),
+    ") FROM session_watch_cursors WHERE target_session_key = $2) END;
+INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_max_sequence,
+  updated_at)
+SELECT $2, $4, last_insert_rowid(), 0, $12 WHERE changes() > 0
+ON CONFLICT (session_key, agent_id) DO UPDATE SET
+  last_sequence = excluded.last_sequence, updated_at = excluded.updated_at"
+);
+
+/// Ends a write transaction that has nothing more to write.
+pub(crate) const COMMIT: &str = "COMMIT";
+
+/// Rolls back whatever a failed or cancelled operation left open.
+pub(crate) const ROLLBACK: &str = "ROLLBACK";
+
+/// Upserts the cursors `$1` (a JSON array of `[watcher, target, target_agent, last_seen,
+/// notified, material, updated_at]`) and commits. `watcher_store_path` and `provenance` keep
+/// their stored values (new rows: NULL and 'explicit').
+pub(crate) const UPSERT_CURSORS_COMMIT: &str = "INSERT INTO session_watch_cursors (
+  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
+  notified_sequence, material_sequence, updated_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6
+FROM json_each($1) WHERE true
+ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
+  target_agent_id = excluded.target_agent_id,
+  last_seen_sequence = excluded.last_seen_sequence,
+  notified_sequence = excluded.notified_sequence,
+  material_sequence = excluded.material_sequence,
+  updated_at = excluded.updated_at;
+COMMIT";
+
+/// The reconcile page in one row: the head, the smallest retained sequence, and up to `$4`
+/// events of the ref (`$1`, `$2`) after `$3`.
+pub(crate) const CHANGES_SINCE: &str = concat!(
+    "SELECT
+  (SELECT json_array(last_sequence, pruned_max_sequence, updated_at) FROM session_state_heads
+    WHERE session_key = $1 AND agent_id = $2),
+  (SELECT sequence FROM session_state_events WHERE session_key = $1 AND agent_id = $2
+    ORDER BY sequence LIMIT 1),
+  (SELECT json_group_array(",
+    event_json!(),
+    " ORDER BY sequence) FROM (SELECT * FROM session_state_events
+    WHERE session_key = $1 AND agent_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4))"
+);
+
+/// Heads of the refs in `$1` (a JSON array of `[key, agent]`).
+pub(crate) const HEADS: &str = concat!(
+    "SELECT json_group_array(",
+    head_json!(),
+    ") FROM session_state_heads
+WHERE (session_key, agent_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))"
+);
+
+/// Every head, or those of agent `$1`, ordered by key then agent.
+pub(crate) const LIST_HEADS: &str = concat!(
+    "SELECT json_group_array(",
+    head_json!(),
+    " ORDER BY session_key, agent_id) FROM session_state_heads
+WHERE $1 IS NULL OR agent_id = $1"
+);
+
+/// Retained events after `$1`, ascending, at most `$2`.
+pub(crate) const EVENTS_AFTER: &str = concat!(
+    "SELECT json_group_array(",
+    event_json!(),
+    " ORDER BY sequence) FROM (SELECT * FROM session_state_events WHERE sequence > $1
+ORDER BY sequence LIMIT $2)"
+);
+
+/// Rows, smallest and largest retained sequence.
+pub(crate) const LOG_STATS: &str = "SELECT count(*), coalesce(min(sequence), 0), \
+     coalesce(max(sequence), 0) FROM session_state_events";
+
+/// Explicit watch, first batch: the existing cursor (`$1`, `$2`) and the head of the target
+/// ref (`$2`, `$3`).
+pub(crate) const WATCH_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+SELECT
+  (SELECT ",
+    cursor_json!(),
+    " FROM session_watch_cursors
+    WHERE watcher_session_key = $1 AND target_session_key = $2),
+  (SELECT last_sequence FROM session_state_heads WHERE session_key = $2 AND agent_id = $3)"
+);
+
+/// Removes one cursor; answers how many rows went.
+pub(crate) const UNWATCH: &str = "BEGIN IMMEDIATE;
+DELETE FROM session_watch_cursors WHERE watcher_session_key = $1 AND target_session_key = $2;
+SELECT changes();
+COMMIT";
+
+/// One cursor.
+pub(crate) const CURSOR: &str = concat!(
+    "SELECT ",
+    cursor_json!(),
+    " FROM session_watch_cursors WHERE watcher_session_key = $1 AND target_session_key = $2"
+);
+
+/// Cursors of watcher `$1` and/or target `$2` (NULL: any), by watcher then target.
+pub(crate) const CURSORS: &str = concat!(
+    "SELECT json_group_array(",
+    cursor_json!(),
+    " ORDER BY watcher_session_key, target_session_key) FROM session_watch_cursors
+WHERE ($1 IS NULL OR watcher_session_key = $1) AND ($2 IS NULL OR target_session_key = $2)"
+);
+
+/// Acknowledge, first batch: the cursors of watcher `$1` on the targets in `$2` (JSON array).
+pub(crate) const ACK_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+SELECT json_group_array(",
+    cursor_json!(),
+    ") FROM session_watch_cursors
+WHERE watcher_session_key = $1 AND target_session_key IN (SELECT value FROM json_each($2))"
+);
+
+/// Re-freeze, first batch: the cursors whose `[watcher, target]` is in `$1` (JSON array).
+pub(crate) const REFREEZE_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+SELECT json_group_array(",
+    cursor_json!(),
+    ") FROM session_watch_cursors
+WHERE (watcher_session_key, target_session_key) IN
+  (SELECT value ->> 0, value ->> 1 FROM json_each($1))"
+);
+
+/// Session reset: deletes the cursors of watcher `$1`; answers how many.
+pub(crate) const RESET_WATCHER: &str = "BEGIN IMMEDIATE;
+DELETE FROM session_watch_cursors WHERE watcher_session_key = $1;
+SELECT changes();
+COMMIT";
+
+/// Delete, first batch: the cursors on target key `$1` (their target agent is decided in Rust,
+/// with `Cursor::default_target_agent` for rows OpenClaw wrote).
+pub(crate) const DELETE_SESSION_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+SELECT json_group_array(",
+    cursor_json!(),
+    ") FROM session_watch_cursors WHERE target_session_key = $1"
+);
+
+/// Delete, second batch: the ref's (`$1`, `$2`) events, head and upstream link, the cursors it
+/// owns as watcher, the cursors on it listed in `$3` (`[watcher, target]` pairs); commits.
+pub(crate) const DELETE_SESSION_COMMIT: &str = "DELETE FROM session_state_events
+  WHERE session_key = $1 AND agent_id = $2;
+DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;
+DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2;
+DELETE FROM session_watch_cursors WHERE watcher_session_key = $1;
+DELETE FROM session_watch_cursors WHERE (watcher_session_key, target_session_key) IN
+  (SELECT value ->> 0, value ->> 1 FROM json_each($3));
+COMMIT";
+
+/// Prune by age, first batch: up to `$2` victims with `occurred_at < $1`, lowest sequence
+/// first, as `[sequence, key, agent]`, and the heads of their refs.
+pub(crate) const PRUNE_AGE_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+WITH v AS MATERIALIZED (SELECT sequence, session_key, agent_id FROM session_state_events
+  WHERE occurred_at < $1 ORDER BY sequence LIMIT $2)
+SELECT
+  (SELECT json_group_array(json_array(sequence, session_key, agent_id) ORDER BY sequence) FROM v),
+  (SELECT json_group_array(",
+    head_json!(),
+    ") FROM session_state_heads
+    WHERE (session_key, agent_id) IN (SELECT session_key, agent_id FROM v))"
+);
+
+/// Prune by row cap, first batch: how many rows are retained.
+pub(crate) const PRUNE_CAP_BEGIN: &str = "BEGIN IMMEDIATE;
+SELECT count(*) FROM session_state_events";
+
+/// Prune by row cap, second batch: the `$1` lowest sequences and the heads of their refs.
+pub(crate) const PRUNE_CAP_VICTIMS: &str = concat!(
+    "WITH v AS MATERIALIZED (SELECT sequence, session_key, agent_id FROM session_state_events
+  ORDER BY sequence LIMIT $1)
+SELECT
+  (SELECT json_group_array(json_array(sequence, session_key, agent_id) ORDER BY sequence) FROM v),
+  (SELECT json_group_array(",
+    head_json!(),
+    ") FROM session_state_heads
+    WHERE (session_key, agent_id) IN (SELECT session_key, agent_id FROM v))"
+);
+
+/// Prune, last batch: stamps the watermarks `$1` (`[key, agent, pruned_max]`, computed by
+/// `retention::stamp`), deletes the sequences `$2`, answers how many went, commits.
+pub(crate) const PRUNE_DELETE_COMMIT: &str = "UPDATE session_state_heads
+SET pruned_max_sequence = w.value ->> 2
+FROM json_each($1) AS w
+WHERE session_key = w.value ->> 0 AND agent_id = w.value ->> 1;
+DELETE FROM session_state_events WHERE sequence IN (SELECT value FROM json_each($2));
+SELECT changes();
+COMMIT";
+
+/// Prune idle cursors: up to `$2` cursors with `updated_at < $1`, in key order; answers how
+/// many went.
+pub(crate) const PRUNE_CURSORS: &str = "BEGIN IMMEDIATE;
+DELETE FROM session_watch_cursors WHERE rowid IN (SELECT rowid FROM session_watch_cursors
+  WHERE updated_at < $1 ORDER BY watcher_session_key, target_session_key LIMIT $2);
+SELECT changes();
+COMMIT";
+
+/// Deletes one event row and nothing else (operator repair, tests).
+pub(crate) const DELETE_EVENT_ROW: &str = "BEGIN IMMEDIATE;
+DELETE FROM session_state_events WHERE sequence = $1;
+SELECT changes();
+COMMIT";

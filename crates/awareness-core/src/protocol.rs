@@ -405,7 +405,7 @@ mod tests {
         assert!(fx.upserts.is_empty() && fx.notices.is_empty());
         let fx = on_event(
             &ev(EventKind::Compacted, 5, None),
-            &[main.clone()],
+            std::slice::from_ref(&main),
             &existing,
             Timestamp(1),
         );
@@ -413,7 +413,7 @@ mod tests {
         let other = w("agent:ops:main");
         let fx = on_event(
             &ev(EventKind::HumanDirectMessage, 5, Some("user")),
-            &[other.clone()],
+            std::slice::from_ref(&other),
             &existing,
             Timestamp(1),
         );

@@ -126,10 +126,10 @@ impl Inner {
                 self.by_ref.remove(&r);
             }
         }
-        if let Some(k) = &ev.dedupe_key {
-            if self.dedupe.get(k) == Some(&seq) {
-                self.dedupe.remove(k);
-            }
+        if let Some(k) = &ev.dedupe_key
+            && self.dedupe.get(k) == Some(&seq)
+        {
+            self.dedupe.remove(k);
         }
         Some(ev)
     }
@@ -159,14 +159,14 @@ impl EventStore for MemoryStore {
         let mut g = self.lock();
         g.last_sequence += 1;
         let seq = Sequence(g.last_sequence);
-        if let Some(key) = &event.dedupe_key {
-            if let Some(existing) = g.dedupe.get(key).and_then(|s| g.events.get(s)) {
-                return Ok(Recorded {
-                    event: Arc::clone(existing),
-                    deduplicated: true,
-                    notices: Vec::new(),
-                });
-            }
+        if let Some(key) = &event.dedupe_key
+            && let Some(existing) = g.dedupe.get(key).and_then(|s| g.events.get(s))
+        {
+            return Ok(Recorded {
+                event: Arc::clone(existing),
+                deduplicated: true,
+                notices: Vec::new(),
+            });
         }
         let named = std::mem::take(&mut event.watchers);
         let stored = Arc::new(event.into_event(seq, now));

@@ -2,6 +2,8 @@
 //! with a message naming the rule when the backend breaks it.
 
 #![allow(clippy::missing_panics_doc, missing_docs)]
+// Short names keep the checks readable: `t` the subject, `s` its store, `k`/`w`/`r` key builders.
+#![allow(clippy::many_single_char_names)]
 
 use serde_json::json;
 

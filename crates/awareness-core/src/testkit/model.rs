@@ -162,14 +162,13 @@ impl Model {
             return None;
         }
         self.last += 1;
-        if let Some(k) = &e.dedupe_key {
-            if let Some(old) = self
+        if let Some(k) = &e.dedupe_key
+            && let Some(old) = self
                 .events
                 .iter()
                 .find(|x| x.dedupe_key.as_ref() == Some(k))
-            {
-                return Some((old.clone(), true, Vec::new()));
-            }
+        {
+            return Some((old.clone(), true, Vec::new()));
         }
         let named = std::mem::take(&mut e.watchers);
         let ev = Arc::new(e.into_event(Sequence(self.last), now));
@@ -335,9 +334,10 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 let target = session(*si);
                 let w = watcher(*wi);
                 let got = store.watch(&w, &target, now).await;
-                match protocol::check_watch(w.session_key(), &target.session_key) {
-                    Err(_) => prop_assert!(got.is_err(), "{}: self-watch must be refused", ctx),
-                    Ok(_) => {
+                if protocol::check_watch(w.session_key(), &target.session_key).is_err() {
+                    prop_assert!(got.is_err(), "{}: self-watch must be refused", ctx);
+                } else {
+                    {
                         let head = model
                             .heads
                             .get(&target)
@@ -403,11 +403,11 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 };
                 let mut want = Vec::new();
                 for c in model.cursors.values_mut() {
-                    if alive(&c.watcher) {
-                        if let Some((nc, n)) = protocol::refreeze(c, now) {
-                            *c = nc;
-                            want.push(n);
-                        }
+                    if alive(&c.watcher)
+                        && let Some((nc, n)) = protocol::refreeze(c, now)
+                    {
+                        *c = nc;
+                        want.push(n);
                     }
                 }
                 let got = store

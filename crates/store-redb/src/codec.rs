@@ -1,0 +1,358 @@
+//! The compact binary encoding of an event row (the value of the `events` table).
+//!
+//! ```text
+//! byte 0      format version (1)
+//! byte 1      kind code        (fixed table below, independent of enum order)
+//! byte 2      actor type code
+//! byte 3      presence flags   (session id, actor id, run id, payload, dedupe key)
+//! bytes 4..12 occurredAt, i64 little endian
+//! then        session key, agent id, [session id], [actor id], [run id], summary,
+//!             [payload as JSON text], [dedupe key]; each a u32 LE length and UTF-8 bytes
+//! ```
+//!
+//! The sequence is the row's key and is not repeated in the value.
+
+use awareness_core::{
+    ActorType, AgentId, Event, EventKind, Payload, Sequence, SessionKey, SessionRef, StoreError,
+    Timestamp,
+};
+
+const VERSION: u8 = 1;
+const HEADER: usize = 12;
+
+const HAS_SESSION_ID: u8 = 1;
+const HAS_ACTOR_ID: u8 = 1 << 1;
+const HAS_RUN_ID: u8 = 1 << 2;
+const HAS_PAYLOAD: u8 = 1 << 3;
+const HAS_DEDUPE: u8 = 1 << 4;
+
+fn kind_code(kind: EventKind) -> u8 {
+    match kind {
+        EventKind::HumanDirectMessage => 1,
+        EventKind::GoalChanged => 2,
+        EventKind::UpstreamMissing => 3,
+        EventKind::ChildSpawned => 4,
+        EventKind::RunCompleted => 5,
+        EventKind::RunFailed => 6,
+        EventKind::Compacted => 7,
+        EventKind::Adopted => 8,
+        EventKind::Created => 9,
+    }
+}
+
+fn kind_of(code: u8) -> Option<EventKind> {
+    EventKind::ALL.into_iter().find(|k| kind_code(*k) == code)
+}
+
+fn actor_code(actor: ActorType) -> u8 {
+    match actor {
+        ActorType::Human => 1,
+        ActorType::Agent => 2,
+        ActorType::System => 3,
+    }
+}
+
+fn actor_of(code: u8) -> Option<ActorType> {
+    ActorType::ALL.into_iter().find(|a| actor_code(*a) == code)
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    // Every stored string is bounded far below 4 GiB by validation (keys, a 200-character
+    // summary, a 4 KiB payload).
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Encodes an event row.
+pub(crate) fn encode(e: &Event) -> Result<Vec<u8>, StoreError> {
+    let payload = e
+        .payload
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|err| StoreError::backend("encode the event payload", err))?;
+    let mut flags = 0;
+    for (present, bit) in [
+        (e.session_id.is_some(), HAS_SESSION_ID),
+        (e.actor_id.is_some(), HAS_ACTOR_ID),
+        (e.run_id.is_some(), HAS_RUN_ID),
+        (payload.is_some(), HAS_PAYLOAD),
+        (e.dedupe_key.is_some(), HAS_DEDUPE),
+    ] {
+        if present {
+            flags |= bit;
+        }
+    }
+    let mut out = Vec::with_capacity(
+        HEADER
+            + 32
+            + e.session_key.as_str().len()
+            + e.summary.len()
+            + payload.as_ref().map_or(0, String::len),
+    );
+    out.extend_from_slice(&[VERSION, kind_code(e.kind), actor_code(e.actor_type), flags]);
+    out.extend_from_slice(&e.occurred_at.millis().to_le_bytes());
+    put_str(&mut out, e.session_key.as_str());
+    put_str(&mut out, e.agent_id.as_str());
+    for s in [&e.session_id, &e.actor_id, &e.run_id]
+        .into_iter()
+        .flatten()
+    {
+        put_str(&mut out, s);
+    }
+    put_str(&mut out, &e.summary);
+    for s in [&payload, &e.dedupe_key].into_iter().flatten() {
+        put_str(&mut out, s);
+    }
+    Ok(out)
+}
+
+/// The fields of a row that bookkeeping needs, read without building an [`Event`].
+pub(crate) struct RowMeta<'a> {
+    pub session_key: &'a str,
+    pub agent_id: &'a str,
+    pub dedupe_key: Option<&'a str>,
+}
+
+/// Reads `occurredAt` alone (a fixed offset), for pruning by age.
+pub(crate) fn occurred_at(seq: u64, data: &[u8]) -> Result<i64, StoreError> {
+    match data.get(..HEADER) {
+        Some(h) if h[0] == VERSION => Ok(i64::from_le_bytes(
+            h[4..12].try_into().expect("eight bytes"),
+        )),
+        _ => Err(StoreError::corrupt(format!("event row {seq}: bad header"))),
+    }
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+    seq: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn corrupt(&self, what: &str) -> StoreError {
+        StoreError::corrupt(format!("event row {}: {what}", self.seq))
+    }
+
+    fn str(&mut self) -> Result<&'a str, StoreError> {
+        let len_end = self.pos + 4;
+        let len_bytes = self
+            .data
+            .get(self.pos..len_end)
+            .ok_or_else(|| self.corrupt("truncated"))?;
+        let len = u32::from_le_bytes(len_bytes.try_into().expect("four bytes")) as usize;
+        let bytes = self
+            .data
+            .get(len_end..len_end + len)
+            .ok_or_else(|| self.corrupt("truncated"))?;
+        self.pos = len_end + len;
+        std::str::from_utf8(bytes).map_err(|_| self.corrupt("a field is not UTF-8"))
+    }
+
+    fn opt(&mut self, flags: u8, bit: u8) -> Result<Option<&'a str>, StoreError> {
+        if flags & bit == 0 {
+            Ok(None)
+        } else {
+            self.str().map(Some)
+        }
+    }
+}
+
+struct Raw<'a> {
+    kind: u8,
+    actor: u8,
+    occurred_at: i64,
+    session_key: &'a str,
+    agent_id: &'a str,
+    session_id: Option<&'a str>,
+    actor_id: Option<&'a str>,
+    run_id: Option<&'a str>,
+    summary: &'a str,
+    payload: Option<&'a str>,
+    dedupe_key: Option<&'a str>,
+}
+
+fn parse(seq: u64, data: &[u8]) -> Result<Raw<'_>, StoreError> {
+    let mut r = Reader {
+        data,
+        pos: HEADER,
+        seq,
+    };
+    if data.len() < HEADER {
+        return Err(r.corrupt("truncated"));
+    }
+    if data[0] != VERSION {
+        return Err(r.corrupt(&format!("unknown row format {}", data[0])));
+    }
+    let flags = data[3];
+    let occurred_at = i64::from_le_bytes(data[4..12].try_into().expect("eight bytes"));
+    let session_key = r.str()?;
+    let agent_id = r.str()?;
+    let session_id = r.opt(flags, HAS_SESSION_ID)?;
+    let actor_id = r.opt(flags, HAS_ACTOR_ID)?;
+    let run_id = r.opt(flags, HAS_RUN_ID)?;
+    let summary = r.str()?;
+    let payload = r.opt(flags, HAS_PAYLOAD)?;
+    let dedupe_key = r.opt(flags, HAS_DEDUPE)?;
+    if r.pos != data.len() {
+        return Err(r.corrupt("trailing bytes"));
+    }
+    Ok(Raw {
+        kind: data[1],
+        actor: data[2],
+        occurred_at,
+        session_key,
+        agent_id,
+        session_id,
+        actor_id,
+        run_id,
+        summary,
+        payload,
+        dedupe_key,
+    })
+}
+
+/// Reads the bookkeeping fields of a row.
+pub(crate) fn meta(seq: u64, data: &[u8]) -> Result<RowMeta<'_>, StoreError> {
+    let raw = parse(seq, data)?;
+    Ok(RowMeta {
+        session_key: raw.session_key,
+        agent_id: raw.agent_id,
+        dedupe_key: raw.dedupe_key,
+    })
+}
+
+/// Decodes a row into an event. When `known` is the row's ref (a reconcile page), its shared
+/// strings are reused instead of allocating new ones.
+pub(crate) fn decode(
+    seq: u64,
+    data: &[u8],
+    known: Option<&SessionRef>,
+) -> Result<Event, StoreError> {
+    let raw = parse(seq, data)?;
+    let bad = |what: &str| StoreError::corrupt(format!("event row {seq}: {what}"));
+    let (session_key, agent_id) = match known {
+        Some(r)
+            if r.session_key.as_str() == raw.session_key && r.agent_id.as_str() == raw.agent_id =>
+        {
+            (r.session_key.clone(), r.agent_id.clone())
+        }
+        _ => (
+            SessionKey::new(raw.session_key).map_err(|e| bad(&e.to_string()))?,
+            AgentId::new(raw.agent_id).map_err(|e| bad(&e.to_string()))?,
+        ),
+    };
+    let payload = raw
+        .payload
+        .map(serde_json::from_str::<Payload>)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt {
+            context: format!("event row {seq}: payload is not a JSON object"),
+            source: Some(Box::new(e)),
+        })?;
+    Ok(Event {
+        sequence: Sequence(seq),
+        session_key,
+        session_id: raw.session_id.map(str::to_owned),
+        agent_id,
+        kind: kind_of(raw.kind).ok_or_else(|| bad(&format!("unknown kind code {}", raw.kind)))?,
+        actor_type: actor_of(raw.actor)
+            .ok_or_else(|| bad(&format!("unknown actor code {}", raw.actor)))?,
+        actor_id: raw.actor_id.map(str::to_owned),
+        run_id: raw.run_id.map(str::to_owned),
+        occurred_at: Timestamp(raw.occurred_at),
+        summary: raw.summary.to_owned(),
+        payload,
+        dedupe_key: raw.dedupe_key.map(str::to_owned),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use awareness_core::NewEvent;
+
+    fn sample(full: bool) -> Event {
+        let r = SessionRef::parse("agent:main:subagent:c1", "main").unwrap();
+        let mut e = NewEvent::new(
+            r,
+            EventKind::RunFailed,
+            ActorType::Agent,
+            "child run failed",
+        );
+        if full {
+            let mut p = Payload::new();
+            p.insert("outcome".into(), "timeout".into());
+            p.insert("ratio".into(), serde_json::json!(0.1 + 0.2));
+            e = e
+                .with_session_id("sid")
+                .with_actor_id("agent:main:main")
+                .with_run_id("run-1")
+                .with_payload(p)
+                .with_dedupe_key("run-terminal:run-1")
+                .with_occurred_at(Timestamp(1_799_999_999_000));
+        }
+        e.into_event(Sequence(42), Timestamp(1_800_000_000_000))
+    }
+
+    #[test]
+    fn round_trips_every_field() {
+        for full in [false, true] {
+            let e = sample(full);
+            let bytes = encode(&e).unwrap();
+            assert_eq!(decode(42, &bytes, None).unwrap(), e);
+            assert_eq!(decode(42, &bytes, Some(&e.session_ref())).unwrap(), e);
+            let m = meta(42, &bytes).unwrap();
+            assert_eq!(m.session_key, "agent:main:subagent:c1");
+            assert_eq!(m.agent_id, "main");
+            assert_eq!(occurred_at(42, &bytes).unwrap(), e.occurred_at.millis());
+            assert_eq!(m.dedupe_key, e.dedupe_key.as_deref());
+        }
+    }
+
+    #[test]
+    fn kind_and_actor_codes_are_distinct_and_decodable() {
+        for k in EventKind::ALL {
+            assert_eq!(kind_of(kind_code(k)), Some(k));
+        }
+        for a in ActorType::ALL {
+            assert_eq!(actor_of(actor_code(a)), Some(a));
+        }
+        assert_eq!(kind_of(0), None);
+        assert_eq!(actor_of(0), None);
+    }
+
+    #[test]
+    fn damaged_rows_are_corrupt_not_panics() {
+        let bytes = encode(&sample(true)).unwrap();
+        for cut in 0..bytes.len() {
+            let err = decode(7, &bytes[..cut], None).unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{cut}: {err}");
+        }
+        let mut wrong = bytes.clone();
+        wrong[0] = 9;
+        assert!(
+            decode(7, &wrong, None)
+                .unwrap_err()
+                .to_string()
+                .contains("row format 9")
+        );
+        let mut wrong = bytes.clone();
+        wrong[1] = 200;
+        assert!(
+            decode(7, &wrong, None)
+                .unwrap_err()
+                .to_string()
+                .contains("kind code")
+        );
+        let mut extra = bytes;
+        extra.push(0);
+        assert!(
+            decode(7, &extra, None)
+                .unwrap_err()
+                .to_string()
+                .contains("trailing")
+        );
+    }
+}

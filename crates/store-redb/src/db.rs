@@ -1,0 +1,340 @@
+//! Opening a file: the process-wide registry (one `Database` per file per process), the schema
+//! check, error mapping, and the background flusher of the bounded-loss mode.
+
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use awareness_core::StoreError;
+use redb::{Database, DatabaseError, ReadableTable, TableHandle};
+use tracing::warn;
+
+use crate::tables::{self, LAST_SEQUENCE, META, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
+
+/// Maps any redb error into a [`StoreError`], keeping it as the source.
+pub(crate) trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, StoreError>;
+}
+
+impl<T, E: Into<redb::Error>> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, StoreError> {
+        self.map_err(|e| from_redb(what, e.into()))
+    }
+}
+
+fn from_redb(what: &str, e: redb::Error) -> StoreError {
+    match e {
+        redb::Error::Corrupted(_)
+        | redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TypeDefinitionChanged { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_)
+        | redb::Error::TableDoesNotExist(_) => StoreError::Corrupt {
+            context: format!("{what}: {e}"),
+            source: Some(Box::new(e)),
+        },
+        e => StoreError::backend(what.to_owned(), e),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here only reads or replaces plain values, so a panic elsewhere
+    // cannot leave them half-updated.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A one-shot "this database handle is closed" signal.
+#[derive(Default)]
+struct Closed {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Closed {
+    fn set(&self) {
+        *lock(&self.done) = true;
+        self.cv.notify_all();
+    }
+
+    fn is_set(&self) -> bool {
+        *lock(&self.done)
+    }
+
+    fn wait(&self) {
+        let g = lock(&self.done);
+        drop(
+            self.cv
+                .wait_while(g, |done| !*done)
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+    }
+}
+
+/// One open file, shared by every [`crate::RedbStore`] on it in this process.
+pub(crate) struct Shared {
+    db: Option<Database>,
+    path: PathBuf,
+    /// A commit with `Durability::None` happened since the last durable commit.
+    unflushed: AtomicBool,
+    closed: Arc<Closed>,
+}
+
+impl Shared {
+    pub(crate) fn db(&self) -> &Database {
+        self.db
+            .as_ref()
+            .expect("the database stays open until the handle is dropped")
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn mark_unflushed(&self) {
+        self.unflushed.store(true, Ordering::Release);
+    }
+
+    /// Makes every non-durable commit durable with one empty durable commit (a no-op when there
+    /// is none).
+    pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        if !self.unflushed.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let result = self
+            .db()
+            .begin_write()
+            .ctx("flush: begin a durable transaction")
+            .and_then(|txn| txn.commit().ctx("flush: durable commit"));
+        if result.is_err() {
+            self.mark_unflushed();
+        }
+        result
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(db) = self.db.take() {
+            // A clean close also makes pending non-durable commits durable.
+            if let Err(e) = db.close() {
+                warn!(path = ?self.path, error = %e, "closing the redb database failed");
+            }
+        }
+        self.closed.set();
+    }
+}
+
+struct Entry {
+    shared: Weak<Shared>,
+    closed: Arc<Closed>,
+}
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Entry>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Entry>>> = OnceLock::new();
+    REGISTRY.get_or_init(Mutex::default)
+}
+
+fn open_error(path: &Path, reason: impl Into<String>, source: Option<redb::Error>) -> StoreError {
+    StoreError::Open {
+        path: path.to_owned(),
+        reason: reason.into(),
+        source: source.map(|e| Box::new(e) as awareness_core::BoxError),
+    }
+}
+
+fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
+    StoreError::Open {
+        path: path.to_owned(),
+        reason: format!("{what}: {e}"),
+        source: Some(Box::new(e)),
+    }
+}
+
+fn database_error(path: &Path, e: DatabaseError) -> StoreError {
+    let reason = match &e {
+        DatabaseError::DatabaseAlreadyOpen => "already open in another process".to_owned(),
+        DatabaseError::UpgradeRequired(v) => {
+            format!("written in redb file format {v}, which this version cannot open")
+        }
+        DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => {
+            format!("not a redb database, or a damaged one ({msg})")
+        }
+        other => other.to_string(),
+    };
+    open_error(path, reason, Some(e.into()))
+}
+
+/// Creates a missing file (mode 0600 on unix) when allowed.
+fn ensure_file(path: &Path, create_if_missing: bool) -> Result<(), StoreError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(open_error(path, "not a regular file", None)),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            if !create_if_missing {
+                return Err(io_open_error(
+                    path,
+                    "no such file (create_if_missing is off)",
+                    e,
+                ));
+            }
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            match opts.open(path) {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(io_open_error(path, "cannot create the file", e)),
+            }
+        }
+        Err(e) => Err(io_open_error(path, "cannot read the file's metadata", e)),
+    }
+}
+
+/// Creates the tables of a new file, or checks that an existing file is one of ours.
+fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
+    let txn = db.begin_write().ctx("open: begin")?;
+    let version = match txn.open_table(META) {
+        Ok(meta) => meta
+            .get(SCHEMA_VERSION_KEY)
+            .ctx("open: read the schema")?
+            .map(|g| g.value()),
+        Err(e) => {
+            return Err(open_error(
+                path,
+                format!("not a session-awareness store: {e}"),
+                Some(e.into()),
+            ));
+        }
+    };
+    match version {
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(v) => Err(open_error(
+            path,
+            format!(
+                "store schema version {v} is not supported (this build reads {SCHEMA_VERSION})"
+            ),
+            None,
+        )),
+        None => {
+            let foreign: Vec<String> = txn
+                .list_tables()
+                .ctx("open: list tables")?
+                .map(|t| t.name().to_owned())
+                .filter(|n| n != META.name())
+                .collect();
+            if !foreign.is_empty() {
+                // Dropping the transaction aborts it: the other application's file is untouched.
+                return Err(open_error(
+                    path,
+                    format!(
+                        "a redb database of another application (tables {foreign:?}), not a session-awareness store"
+                    ),
+                    None,
+                ));
+            }
+            tables::create_all(&txn)?;
+            {
+                let mut meta = txn.open_table(META).ctx("open: the meta table")?;
+                meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)
+                    .ctx("open: write the schema")?;
+                meta.insert(LAST_SEQUENCE, 0)
+                    .ctx("open: write the schema")?;
+            }
+            txn.commit().ctx("open: create the tables")
+        }
+    }
+}
+
+/// Opens (or shares) the database of `path`. Blocking: call inside `spawn_blocking`.
+pub(crate) fn open_shared(path: &Path, create_if_missing: bool) -> Result<Arc<Shared>, StoreError> {
+    ensure_file(path, create_if_missing)?;
+    let canonical = std::fs::canonicalize(path)
+        .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
+    let mut reg = lock(registry());
+    reg.retain(|_, e| e.shared.strong_count() > 0 || !e.closed.is_set());
+    if let Some(entry) = reg.get(&canonical) {
+        if let Some(shared) = entry.shared.upgrade() {
+            return Ok(shared);
+        }
+        // The last handle is being dropped right now: wait until its file lock is released.
+        entry.closed.wait();
+        reg.remove(&canonical);
+    }
+    let db = Database::builder()
+        .create(&canonical)
+        .map_err(|e| database_error(path, e))?;
+    init_schema(&db, path)?;
+    let closed = Arc::new(Closed::default());
+    let shared = Arc::new(Shared {
+        db: Some(db),
+        path: canonical.clone(),
+        unflushed: AtomicBool::new(false),
+        closed: Arc::clone(&closed),
+    });
+    reg.insert(
+        canonical,
+        Entry {
+            shared: Arc::downgrade(&shared),
+            closed,
+        },
+    );
+    Ok(shared)
+}
+
+/// The background thread of the bounded-loss mode: every interval, one durable commit if any
+/// non-durable commit happened since the last one. Stopped (after a last flush) on drop.
+pub(crate) struct Flusher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub(crate) fn start(shared: &Arc<Shared>, interval: Duration) -> Result<Self, StoreError> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let weak = Arc::downgrade(shared);
+        let signal = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("store-redb-flush".into())
+            .spawn(move || {
+                loop {
+                    let g = lock(&signal.0);
+                    let (g, _) = signal
+                        .1
+                        .wait_timeout_while(g, interval, |stopping| !*stopping)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    let stopping = *g;
+                    drop(g);
+                    let Some(shared) = weak.upgrade() else { return };
+                    if let Err(e) = shared.flush() {
+                        warn!(path = ?shared.path, error = %e, "periodic flush of non-durable commits failed; retrying at the next interval");
+                    }
+                    drop(shared);
+                    if stopping {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| StoreError::backend("start the flush thread", e))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        *lock(&self.stop.0) = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            warn!("the store-redb flush thread panicked");
+        }
+    }
+}

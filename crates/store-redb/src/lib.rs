@@ -1,0 +1,761 @@
+//! # store-redb
+//!
+//! The [`EventStore`] and [`CursorStore`] of session state awareness on [redb]: one file, pure
+//! Rust, no SQL, crash-safe, with the durability the user chooses at open. Pick it over
+//! `store-sqlite` when you want a single embedded file without a C library and the fastest
+//! reconcile; pick `store-sqlite` when the file must be shared with OpenClaw or inspected with
+//! SQL tools. The behaviour is exactly that of DESIGN.md sections 3 to 6: every protocol decision
+//! is a call into `awareness-core`, and this crate only persists and queries.
+//!
+//! ```
+//! use awareness_core::{ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore,
+//!     NewEvent, SessionRef, Sequence, Timestamp, WatcherKey};
+//! use store_redb::RedbStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let dir = tempfile::tempdir()?;
+//! let store = RedbStore::open(dir.path().join("state.redb")).await?;
+//! let now = Timestamp(1_800_000_000_000);
+//! let child = SessionRef::parse("agent:main:subagent:child", "main")?;
+//! let manager = WatcherKey::parse("agent:main:main")?;
+//! store.watch(&manager, &child, now).await?;
+//! let rec = store
+//!     .record(NewEvent::new(child.clone(), EventKind::HumanDirectMessage, ActorType::Human,
+//!         "human message via telegram"), now)
+//!     .await?;
+//! assert_eq!(rec.notices.len(), 1);
+//! let status = store.session_status(&child, Some(Sequence(0)), None).await?;
+//! assert_eq!(status.state_version, rec.event.sequence);
+//! assert_eq!(status.state_changes.unwrap().events.len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! ## Durability
+//!
+//! Chosen at open with [`RedbOptions::durability`]:
+//!
+//! - [`Durability::Immediate`] (the default): every commit is fsynced before the call returns;
+//!   nothing committed is ever lost, not by a crash and not by a power cut.
+//! - [`Durability::Bounded`]: commits use redb's `Durability::None` (atomic and visible at once,
+//!   but not written to disk), and a background thread makes them durable with one empty durable
+//!   commit every `flush_interval` when anything is pending. A crash loses at most the commits of
+//!   the last interval (plus the time of that flush); what survives is always a consistent
+//!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
+//!   everything durable at once, and closing the last handle does too.
+//!
+//! One fsync dominates an Immediate commit; the bounded mode trades the last interval's commits
+//! after a crash for several times the write rate.
+//!
+//! ## Key layout
+//!
+//! Events by global sequence, a `(agent, key, sequence)` index for reconcile ranges, an
+//! `(occurredAt, sequence)` index for pruning by age, heads by `(key, agent)` with the pruned
+//! watermark, cursors by `(watcher, target)` and by `(target, watcher)`, the dedupe index (a
+//! deleted or pruned row frees its key), upstream links by `(key, agent)`, and a store-wide
+//! sequence counter in `meta` that never goes back. Recording, acknowledging, re-freezing and
+//! each pruning chunk are single write transactions.
+//!
+//! ## Processes
+//!
+//! One `redb::Database` is shared by every [`RedbStore`] opened on the same file in a process.
+//! A file already open in another process is refused at once with [`StoreError::Open`]
+//! ("already open in another process"); a file that is not a redb database is refused and left
+//! untouched.
+//!
+//! [redb]: https://docs.rs/redb
+
+mod codec;
+mod db;
+mod tables;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use awareness_core::reconcile::ChangesPage;
+use awareness_core::{
+    AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head, LogStats,
+    NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
+    WatcherKey, async_trait, protocol, reconcile, retention,
+};
+use redb::{
+    ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
+};
+
+use crate::db::{Ctx, Flusher, Shared};
+use crate::tables::{
+    CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEADS,
+    UPSTREAM_LINKS,
+};
+
+/// How commits reach the disk. See the crate documentation for the trade-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every commit is fsynced before it returns: nothing committed is ever lost.
+    #[default]
+    Immediate,
+    /// Commits are made durable in the background every `flush_interval`: a crash loses at most
+    /// the commits of the last interval.
+    Bounded {
+        /// How often pending commits are made durable (above zero).
+        flush_interval: Duration,
+    },
+}
+
+/// Options for [`RedbStore::open_with`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedbOptions {
+    /// How commits reach the disk (default [`Durability::Immediate`]).
+    pub durability: Durability,
+    /// Create the file when it does not exist (default `true`). When `false`, a missing file is
+    /// an error and nothing is created.
+    pub create_if_missing: bool,
+}
+
+impl Default for RedbOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Immediate,
+            create_if_missing: true,
+        }
+    }
+}
+
+impl RedbOptions {
+    /// The bounded-loss mode with the given flush interval.
+    pub fn bounded(flush_interval: Duration) -> Self {
+        Self {
+            durability: Durability::Bounded { flush_interval },
+            ..Self::default()
+        }
+    }
+}
+
+/// Session state awareness on one redb file. Every redb call runs on tokio's blocking pool, so
+/// the store must be used inside a tokio runtime.
+pub struct RedbStore {
+    // Declared first so that it is stopped (after a last flush) before the database is released.
+    _flusher: Option<Flusher>,
+    shared: Arc<Shared>,
+    durability: Durability,
+}
+
+impl std::fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.shared.path())
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn blocking<T, F>(what: &'static str, f: F) -> Result<T, StoreError>
+where
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::backend(format!("{what}: blocking task failed"), e))?
+}
+
+impl RedbStore {
+    /// Opens (creating it when missing) the store at `path` with [`Durability::Immediate`].
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, RedbOptions::default()).await
+    }
+
+    /// Opens the store at `path` with `options`. Opening a file this process already has open
+    /// shares its database; a file open in another process, a file that is not a redb database
+    /// of this store, or a missing file with `create_if_missing` off is a [`StoreError::Open`]
+    /// naming the file, and the file is left as it was.
+    pub async fn open_with(
+        path: impl AsRef<Path>,
+        options: RedbOptions,
+    ) -> Result<Self, StoreError> {
+        let path: PathBuf = path.as_ref().to_owned();
+        if let Durability::Bounded { flush_interval } = options.durability
+            && flush_interval.is_zero()
+        {
+            return Err(StoreError::Open {
+                path,
+                reason: "the flush interval of the bounded durability must be above zero".into(),
+                source: None,
+            });
+        }
+        let create = options.create_if_missing;
+        let shared = blocking("open", move || db::open_shared(&path, create)).await?;
+        let flusher = match options.durability {
+            Durability::Immediate => None,
+            Durability::Bounded { flush_interval } => {
+                Some(Flusher::start(&shared, flush_interval)?)
+            }
+        };
+        Ok(Self {
+            _flusher: flusher,
+            shared,
+            durability: options.durability,
+        })
+    }
+
+    /// The file (canonical path).
+    pub fn path(&self) -> &Path {
+        self.shared.path()
+    }
+
+    /// The durability this handle commits with.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Makes every commit made so far durable now (a no-op when nothing is pending, and always
+    /// with [`Durability::Immediate`]).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let shared = Arc::clone(&self.shared);
+        blocking("flush", move || shared.flush()).await
+    }
+
+    /// Deletes one event row and its index entries, and nothing else (no watermark, no head, the
+    /// counter stays), as an operator repairing a store by hand would. Returns whether the row
+    /// existed. The conformance suite uses it to prove that history gaps come only from pruning.
+    pub async fn delete_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        self.write("delete an event row", move |txn| {
+            let removed = EventTables::open(txn)?.remove(sequence.get())?;
+            Ok((removed, removed))
+        })
+        .await
+    }
+
+    async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        blocking(what, move || {
+            let txn = shared.db().begin_read().ctx(what)?;
+            f(&txn)
+        })
+        .await
+    }
+
+    /// Runs `f` in one write transaction. `f` returns its result and whether it wrote anything;
+    /// a transaction that wrote nothing is aborted instead of committed (no fsync).
+    async fn write<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&WriteTransaction) -> Result<(T, bool), StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        let bounded = matches!(self.durability, Durability::Bounded { .. });
+        blocking(what, move || {
+            let mut txn = shared.db().begin_write().ctx(what)?;
+            if bounded {
+                txn.set_durability(redb::Durability::None).ctx(what)?;
+            }
+            // On error the transaction is dropped, which aborts it: nothing is written.
+            let (out, wrote) = f(&txn)?;
+            if wrote {
+                txn.commit().ctx(what)?;
+                if bounded {
+                    shared.mark_unflushed();
+                }
+            } else {
+                txn.abort().ctx(what)?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+fn read_head(
+    heads: &impl ReadableTable<(&'static str, &'static str), (u64, u64, i64)>,
+    session: &SessionRef,
+) -> Result<Option<Head>, StoreError> {
+    Ok(heads
+        .get((session.session_key.as_str(), session.agent_id.as_str()))
+        .ctx("read a head")?
+        .map(|g| tables::head_of(session.clone(), g.value())))
+}
+
+fn record_tx(
+    txn: &WriteTransaction,
+    mut event: NewEvent,
+    now: Timestamp,
+) -> Result<Recorded, StoreError> {
+    let mut ev = EventTables::open(txn)?;
+    let seq = ev.counter()? + 1;
+    if let Some(key) = &event.dedupe_key {
+        let existing = ev
+            .dedupe
+            .get(key.as_str())
+            .ctx("record: dedupe")?
+            .map(|g| g.value());
+        if let Some(existing) = existing
+            && let Some(stored) = ev.get(existing)?
+        {
+            // A dedupe hit still consumes its sequence number.
+            ev.consume(seq)?;
+            return Ok(Recorded {
+                event: Arc::new(stored),
+                deduplicated: true,
+                notices: Vec::new(),
+            });
+        }
+    }
+    let named = std::mem::take(&mut event.watchers);
+    let stored = event.into_event(Sequence(seq), now);
+    let mut cur = CursorTables::open(txn)?;
+    let existing = cur.on_target(stored.session_key.as_str())?;
+    let effects = protocol::on_event(&stored, &named, &existing, now);
+    ev.insert(&stored)?;
+    let session = stored.session_ref();
+    let mut heads = txn.open_table(HEADS).ctx("record: open heads")?;
+    let pruned = read_head(&heads, &session)?.map_or(Sequence::ZERO, |h| h.pruned_max_sequence);
+    heads
+        .insert(
+            (session.session_key.as_str(), session.agent_id.as_str()),
+            (seq, pruned.get(), now.millis()),
+        )
+        .ctx("record: move the head")?;
+    for c in &effects.upserts {
+        cur.put(c)?;
+    }
+    Ok(Recorded {
+        event: Arc::new(stored),
+        deduplicated: false,
+        notices: effects.notices,
+    })
+}
+
+/// Stamps the watermarks of the victims' heads, then deletes the victims (one pruning chunk).
+fn prune_events(txn: &WriteTransaction, victims: &[u64]) -> Result<u64, StoreError> {
+    if victims.is_empty() {
+        return Ok(0);
+    }
+    let mut ev = EventTables::open(txn)?;
+    let mut refs = Vec::with_capacity(victims.len());
+    for &s in victims {
+        if let Some(r) = ev.ref_of(s)? {
+            refs.push((r, Sequence(s)));
+        }
+    }
+    let mut heads = txn.open_table(HEADS).ctx("prune: open heads")?;
+    for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
+        if let Some(h) = read_head(&heads, &r)? {
+            let stamped = retention::stamp(&h, s);
+            heads
+                .insert(
+                    (r.session_key.as_str(), r.agent_id.as_str()),
+                    tables::head_value(&stamped),
+                )
+                .ctx("prune: stamp the watermark")?;
+        }
+    }
+    let mut deleted = 0;
+    for &s in victims {
+        if ev.remove(s)? {
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
+fn prune_tx(txn: &WriteTransaction, step: PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+    match step {
+        PruneStep::Age { cutoff } => {
+            // Lowest sequences first, at most one chunk; the scan stops at a full chunk.
+            let victims: Vec<u64> = {
+                let events = txn.open_table(EVENTS).ctx("prune: open events")?;
+                let mut out = Vec::new();
+                for item in events.iter().ctx("prune: scan events")? {
+                    if out.len() >= max_rows {
+                        break;
+                    }
+                    let (k, v) = item.ctx("prune: scan events")?;
+                    let seq = k.value();
+                    if codec::occurred_at(seq, v.value())? < cutoff.millis() {
+                        out.push(seq);
+                    }
+                }
+                out
+            };
+            prune_events(txn, &victims)
+        }
+        PruneStep::RowCap { max_rows: keep } => {
+            let victims: Vec<u64> = {
+                let events = txn.open_table(EVENTS).ctx("prune: open events")?;
+                let n = retention::row_cap_victims(
+                    events.len().ctx("prune: count events")?,
+                    keep,
+                    max_rows,
+                );
+                events
+                    .iter()
+                    .ctx("prune: scan events")?
+                    .take(n)
+                    .map(|item| item.map(|(k, _)| k.value()).ctx("prune: scan events"))
+                    .collect::<Result<_, _>>()?
+            };
+            prune_events(txn, &victims)
+        }
+        PruneStep::Cursors { cutoff } => {
+            let mut cur = CursorTables::open(txn)?;
+            let mut victims = Vec::new();
+            for item in cur.cursors.iter().ctx("prune: scan cursors")? {
+                if victims.len() >= max_rows {
+                    break;
+                }
+                let (k, v) = item.ctx("prune: scan cursors")?;
+                if v.value().4 < cutoff.millis() {
+                    let (w, t) = k.value();
+                    victims.push((w.to_owned(), t.to_owned()));
+                }
+            }
+            let mut deleted = 0;
+            for (w, t) in &victims {
+                if cur.remove(w, t)? {
+                    deleted += 1;
+                }
+            }
+            Ok(deleted)
+        }
+    }
+}
+
+fn delete_session_tx(txn: &WriteTransaction, session: &SessionRef) -> Result<bool, StoreError> {
+    let mut wrote = false;
+    let mut ev = EventTables::open(txn)?;
+    for s in ev.sequences_of(session)? {
+        wrote |= ev.remove(s)?;
+    }
+    let (key, agent) = (session.session_key.as_str(), session.agent_id.as_str());
+    wrote |= txn
+        .open_table(HEADS)
+        .ctx("delete: open heads")?
+        .remove((key, agent))
+        .ctx("delete: the head")?
+        .is_some();
+    wrote |= txn
+        .open_table(UPSTREAM_LINKS)
+        .ctx("delete: open upstream links")?
+        .remove((key, agent))
+        .ctx("delete: the upstream link")?
+        .is_some();
+    let mut cur = CursorTables::open(txn)?;
+    for t in cur.targets_of(key)? {
+        wrote |= cur.remove(key, &t)?;
+    }
+    for c in cur.on_target(key)? {
+        if c.target_agent == session.agent_id {
+            wrote |= cur.remove(c.watcher.as_str(), key)?;
+        }
+    }
+    Ok(wrote)
+}
+
+#[async_trait]
+impl EventStore for RedbStore {
+    async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        event.validate()?;
+        self.write("record", move |txn| Ok((record_tx(txn, event, now)?, true)))
+            .await
+    }
+
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        let limit = reconcile::clamp_limit(Some(limit));
+        let session = session.clone();
+        self.read("changes_since", move |txn| {
+            let (a, k) = (session.agent_id.as_str(), session.session_key.as_str());
+            let index = txn
+                .open_table(EVENTS_BY_REF)
+                .ctx("reconcile: open the index")?;
+            let min = match index
+                .range((a, k, 0)..=(a, k, u64::MAX))
+                .ctx("reconcile")?
+                .next()
+            {
+                Some(item) => Some(Sequence(item.ctx("reconcile")?.0.value().2)),
+                None => None,
+            };
+            let mut seqs = Vec::with_capacity(limit + 1);
+            if min.is_some() && after.get() < u64::MAX {
+                for item in index
+                    .range((a, k, after.get() + 1)..=(a, k, u64::MAX))
+                    .ctx("reconcile")?
+                    .take(limit + 1)
+                {
+                    seqs.push(item.ctx("reconcile")?.0.value().2);
+                }
+            }
+            let events = txn.open_table(EVENTS).ctx("reconcile: open events")?;
+            let mut fetched = Vec::with_capacity(seqs.len());
+            for s in seqs {
+                let row = events
+                    .get(s)
+                    .ctx("reconcile: read an event")?
+                    .ok_or_else(|| StoreError::corrupt(format!("index names missing event {s}")))?;
+                fetched.push(Arc::new(codec::decode(s, row.value(), Some(&session))?));
+            }
+            let heads = txn.open_table(HEADS).ctx("reconcile: open heads")?;
+            let head = read_head(&heads, &session)?;
+            Ok(reconcile::build_page(
+                after,
+                head.as_ref(),
+                min,
+                fetched,
+                limit,
+            ))
+        })
+        .await
+    }
+
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        let sessions = sessions.to_vec();
+        self.read("heads", move |txn| {
+            let heads = txn.open_table(HEADS).ctx("heads: open")?;
+            let mut out = Vec::with_capacity(sessions.len());
+            for r in sessions {
+                if let Some(h) = read_head(&heads, &r)? {
+                    out.push(h);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        let agent = agent.cloned();
+        self.read("list_heads", move |txn| {
+            let heads = txn.open_table(HEADS).ctx("list_heads: open")?;
+            let mut out = Vec::new();
+            for item in heads.iter().ctx("list_heads")? {
+                let (k, v) = item.ctx("list_heads")?;
+                let (key, a) = k.value();
+                if agent.as_ref().is_none_or(|x| x.as_str() == a) {
+                    out.push(tables::head_of(tables::session_ref(key, a)?, v.value()));
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn events_after(
+        &self,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StoreError> {
+        self.read("events_after", move |txn| {
+            let events = txn.open_table(EVENTS).ctx("events_after: open")?;
+            let mut out = Vec::new();
+            if after.get() == u64::MAX {
+                return Ok(out);
+            }
+            for item in events
+                .range(after.get() + 1..)
+                .ctx("events_after")?
+                .take(limit)
+            {
+                let (k, v) = item.ctx("events_after")?;
+                out.push(Arc::new(codec::decode(k.value(), v.value(), None)?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        self.read("log_stats", |txn| {
+            let events = txn.open_table(EVENTS).ctx("log_stats: open")?;
+            let first = events.first().ctx("log_stats")?.map(|(k, _)| k.value());
+            let last = events.last().ctx("log_stats")?.map(|(k, _)| k.value());
+            Ok(LogStats {
+                rows: events.len().ctx("log_stats")?,
+                min_sequence: Sequence(first.unwrap_or_default()),
+                max_sequence: Sequence(last.unwrap_or_default()),
+            })
+        })
+        .await
+    }
+
+    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+        let step = *step;
+        self.write("prune", move |txn| {
+            let n = prune_tx(txn, step, max_rows)?;
+            Ok((n, n > 0))
+        })
+        .await
+    }
+
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        let session = session.clone();
+        self.write("delete_session", move |txn| {
+            Ok(((), delete_session_tx(txn, &session)?))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl CursorStore for RedbStore {
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        protocol::check_watch(watcher.session_key(), &target.session_key)?;
+        let (watcher, target) = (watcher.clone(), target.clone());
+        self.write("watch", move |txn| {
+            let mut cur = CursorTables::open(txn)?;
+            let existing = cur.get(watcher.as_str(), target.session_key.as_str())?;
+            let head = {
+                let heads = txn.open_table(HEADS).ctx("watch: open heads")?;
+                read_head(&heads, &target)?.map_or(Sequence::ZERO, |h| h.last_sequence)
+            };
+            let (cursor, write) = protocol::watch(existing.as_ref(), &watcher, &target, head, now);
+            if write {
+                cur.put(&cursor)?;
+            }
+            Ok((cursor, write))
+        })
+        .await
+    }
+
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        let (watcher, target) = (watcher.clone(), target.clone());
+        self.write("unwatch", move |txn| {
+            let removed = CursorTables::open(txn)?.remove(watcher.as_str(), target.as_str())?;
+            Ok((removed, removed))
+        })
+        .await
+    }
+
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[SessionKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let (watcher, targets) = (watcher.clone(), targets.to_vec());
+        self.write("acknowledge", move |txn| {
+            let mut cur = CursorTables::open(txn)?;
+            let mut notices = Vec::new();
+            let mut wrote = false;
+            for t in &targets {
+                let Some(c) = cur.get(watcher.as_str(), t.as_str())? else {
+                    continue;
+                };
+                let (write, follow) = protocol::acknowledge(&c, now);
+                if let Some(c) = write {
+                    cur.put(&c)?;
+                    wrote = true;
+                }
+                notices.extend(follow);
+            }
+            Ok((notices, wrote))
+        })
+        .await
+    }
+
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        let (watcher, target) = (watcher.clone(), target.clone());
+        self.read("cursor", move |txn| {
+            let cursors = txn.open_table(CURSORS).ctx("cursor: open")?;
+            match cursors
+                .get((watcher.as_str(), target.as_str()))
+                .ctx("cursor")?
+            {
+                Some(v) => {
+                    tables::cursor_of(watcher.as_str(), target.as_str(), v.value()).map(Some)
+                }
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        let filter = filter.clone();
+        self.read("cursors", move |txn| {
+            let cursors = txn.open_table(CURSORS).ctx("cursors: open")?;
+            let mut out = Vec::new();
+            if let (None, Some(t)) = (&filter.watcher, &filter.target) {
+                let by_target = txn
+                    .open_table(CURSORS_BY_TARGET)
+                    .ctx("cursors: open the target index")?;
+                for w in tables::watchers_of(&by_target, t.as_str())? {
+                    if let Some(v) = cursors.get((w.as_str(), t.as_str())).ctx("cursors")? {
+                        out.push(tables::cursor_of(&w, t.as_str(), v.value())?);
+                    }
+                }
+            } else {
+                let start = filter.watcher.as_ref().map_or("", SessionKey::as_str);
+                for item in cursors.range((start, "")..).ctx("cursors")? {
+                    let (k, v) = item.ctx("cursors")?;
+                    let (w, t) = k.value();
+                    if filter.watcher.as_ref().is_some_and(|x| x.as_str() != w) {
+                        break;
+                    }
+                    out.push(tables::cursor_of(w, t, v.value())?);
+                }
+            }
+            out.retain(|c| filter.matches(c));
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn refreeze(
+        &self,
+        keys: &[CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let keys = keys.to_vec();
+        self.write("refreeze", move |txn| {
+            let mut cur = CursorTables::open(txn)?;
+            let mut notices = Vec::new();
+            let mut wrote = false;
+            for k in &keys {
+                let Some(c) = cur.get(k.watcher.as_str(), k.target.as_str())? else {
+                    continue;
+                };
+                if let Some((c, n)) = protocol::refreeze(&c, now) {
+                    cur.put(&c)?;
+                    wrote = true;
+                    notices.push(n);
+                }
+            }
+            Ok((notices, wrote))
+        })
+        .await
+    }
+
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        let watcher = watcher.clone();
+        self.write("reset_watcher", move |txn| {
+            let mut cur = CursorTables::open(txn)?;
+            let mut n = 0;
+            for t in cur.targets_of(watcher.as_str())? {
+                if cur.remove(watcher.as_str(), &t)? {
+                    n += 1;
+                }
+            }
+            Ok((n, n > 0))
+        })
+        .await
+    }
+}

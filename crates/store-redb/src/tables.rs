@@ -1,0 +1,332 @@
+//! The key layout, and the row operations every transaction shares.
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `meta` | name | `u64` (`schema_version`, `last_sequence`) |
+//! | `events` | sequence | the event row ([`crate::codec`]) |
+//! | `events_by_ref` | (agent id, session key, sequence) | `()` |
+//! | `dedupe` | dedupe key | sequence |
+//! | `heads` | (session key, agent id) | (last sequence, pruned watermark, updated at) |
+//! | `cursors` | (watcher, target key) | (target agent, last seen, notified, material, updated at) |
+//! | `cursors_by_target` | (target key, watcher) | `()` |
+//! | `upstream_links` | (session key, agent id) | opaque bytes (section 8) |
+//!
+//! The store-wide sequence counter is `max(meta.last_sequence, last key of events)`: recording a
+//! new event moves it by inserting the event alone, and whatever would lower it (deleting the
+//! event with the highest sequence, a dedupe hit that consumes a number without a row) first
+//! raises `meta.last_sequence`. So the counter never goes back and a record writes three rows
+//! (event, reference index, head), not four.
+//!
+//! Pruning by age scans `events` in sequence order and reads `occurredAt` at a fixed offset of
+//! the row, without decoding it: old rows are the low sequences, so a chunk stops after about its
+//! own size, and an index on time would cost every record one more insert.
+
+use awareness_core::{
+    AgentId, Cursor, Event, Head, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
+    WatcherKey,
+};
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use crate::codec;
+use crate::db::Ctx;
+
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+pub(crate) const EVENTS_BY_REF: TableDefinition<(&str, &str, u64), ()> =
+    TableDefinition::new("events_by_ref");
+pub(crate) const DEDUPE: TableDefinition<&str, u64> = TableDefinition::new("dedupe");
+pub(crate) const HEADS: TableDefinition<(&str, &str), (u64, u64, i64)> =
+    TableDefinition::new("heads");
+/// A cursor row: (target agent, last seen, notified, material, updated at).
+pub(crate) type CursorRow = (&'static str, u64, u64, u64, i64);
+/// A key of two strings: (session key, agent id), (watcher, target) or (target, watcher).
+pub(crate) type StrPair = (&'static str, &'static str);
+
+pub(crate) const CURSORS: TableDefinition<StrPair, CursorRow> = TableDefinition::new("cursors");
+pub(crate) const CURSORS_BY_TARGET: TableDefinition<(&str, &str), ()> =
+    TableDefinition::new("cursors_by_target");
+pub(crate) const UPSTREAM_LINKS: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("upstream_links");
+
+pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
+pub(crate) const SCHEMA_VERSION: u64 = 1;
+pub(crate) const LAST_SEQUENCE: &str = "last_sequence";
+
+/// Creates every table (opening a table in a write transaction creates it).
+pub(crate) fn create_all(txn: &WriteTransaction) -> Result<(), StoreError> {
+    txn.open_table(EVENTS).ctx("create tables")?;
+    txn.open_table(EVENTS_BY_REF).ctx("create tables")?;
+    txn.open_table(DEDUPE).ctx("create tables")?;
+    txn.open_table(HEADS).ctx("create tables")?;
+    txn.open_table(CURSORS).ctx("create tables")?;
+    txn.open_table(CURSORS_BY_TARGET).ctx("create tables")?;
+    txn.open_table(UPSTREAM_LINKS).ctx("create tables")?;
+    Ok(())
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::corrupt(format!("{what}: {e}"))
+}
+
+pub(crate) fn session_ref(key: &str, agent: &str) -> Result<SessionRef, StoreError> {
+    SessionRef::parse(key, agent).map_err(|e| corrupt("stored session ref", e))
+}
+
+pub(crate) fn head_of(session: SessionRef, v: (u64, u64, i64)) -> Head {
+    Head {
+        session,
+        last_sequence: Sequence(v.0),
+        pruned_max_sequence: Sequence(v.1),
+        updated_at: Timestamp(v.2),
+    }
+}
+
+pub(crate) fn head_value(h: &Head) -> (u64, u64, i64) {
+    (
+        h.last_sequence.get(),
+        h.pruned_max_sequence.get(),
+        h.updated_at.millis(),
+    )
+}
+
+pub(crate) fn cursor_of(
+    watcher: &str,
+    target: &str,
+    v: (&str, u64, u64, u64, i64),
+) -> Result<Cursor, StoreError> {
+    Ok(Cursor {
+        watcher: WatcherKey::parse(watcher).map_err(|e| corrupt("stored cursor watcher", e))?,
+        target: SessionKey::new(target).map_err(|e| corrupt("stored cursor target", e))?,
+        target_agent: AgentId::new(v.0).map_err(|e| corrupt("stored cursor agent", e))?,
+        last_seen: Sequence(v.1),
+        notified: Sequence(v.2),
+        material: Sequence(v.3),
+        updated_at: Timestamp(v.4),
+    })
+}
+
+/// The event tables and the counter, opened together in a write transaction.
+pub(crate) struct EventTables<'t> {
+    pub meta: Table<'t, &'static str, u64>,
+    pub events: Table<'t, u64, &'static [u8]>,
+    pub by_ref: Table<'t, (&'static str, &'static str, u64), ()>,
+    pub dedupe: Table<'t, &'static str, u64>,
+}
+
+impl<'t> EventTables<'t> {
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            meta: txn.open_table(META).ctx("open the meta table")?,
+            events: txn.open_table(EVENTS).ctx("open the events table")?,
+            by_ref: txn
+                .open_table(EVENTS_BY_REF)
+                .ctx("open the events_by_ref table")?,
+            dedupe: txn.open_table(DEDUPE).ctx("open the dedupe table")?,
+        })
+    }
+
+    fn stored_counter(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .meta
+            .get(LAST_SEQUENCE)
+            .ctx("read the sequence counter")?
+            .map_or(0, |g| g.value()))
+    }
+
+    fn last_event(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .events
+            .last()
+            .ctx("read the last event")?
+            .map_or(0, |(k, _)| k.value()))
+    }
+
+    /// The store-wide sequence counter: the highest sequence ever allocated.
+    pub(crate) fn counter(&self) -> Result<u64, StoreError> {
+        Ok(self.stored_counter()?.max(self.last_event()?))
+    }
+
+    /// Records that `seq` was allocated without leaving a row (a dedupe hit).
+    pub(crate) fn consume(&mut self, seq: u64) -> Result<(), StoreError> {
+        self.meta
+            .insert(LAST_SEQUENCE, seq)
+            .ctx("move the sequence counter")?;
+        Ok(())
+    }
+
+    /// Inserts a new event row and its index entries.
+    pub(crate) fn insert(&mut self, e: &Event) -> Result<(), StoreError> {
+        let seq = e.sequence.get();
+        let row = codec::encode(e)?;
+        self.events
+            .insert(seq, row.as_slice())
+            .ctx("insert the event")?;
+        self.by_ref
+            .insert((e.agent_id.as_str(), e.session_key.as_str(), seq), ())
+            .ctx("insert the event")?;
+        if let Some(k) = &e.dedupe_key {
+            self.dedupe
+                .insert(k.as_str(), seq)
+                .ctx("insert the event")?;
+        }
+        Ok(())
+    }
+
+    /// The stored event of `seq`, when retained.
+    pub(crate) fn get(&self, seq: u64) -> Result<Option<Event>, StoreError> {
+        match self.events.get(seq).ctx("read an event")? {
+            Some(row) => codec::decode(seq, row.value(), None).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The ref of a retained event.
+    pub(crate) fn ref_of(&self, seq: u64) -> Result<Option<SessionRef>, StoreError> {
+        match self.events.get(seq).ctx("read an event")? {
+            Some(row) => {
+                let m = codec::meta(seq, row.value())?;
+                session_ref(m.session_key, m.agent_id).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes one event row with its index entries (and frees its dedupe key); touches no
+    /// head. Returns whether the row existed.
+    pub(crate) fn remove(&mut self, seq: u64) -> Result<bool, StoreError> {
+        if seq == self.last_event()? {
+            // The counter must not go back with the highest row.
+            let keep = self.stored_counter()?.max(seq);
+            self.meta
+                .insert(LAST_SEQUENCE, keep)
+                .ctx("keep the sequence counter")?;
+        }
+        let Some(row) = self.events.remove(seq).ctx("delete an event")? else {
+            return Ok(false);
+        };
+        let m = codec::meta(seq, row.value())?;
+        self.by_ref
+            .remove((m.agent_id, m.session_key, seq))
+            .ctx("delete an event")?;
+        if let Some(k) = m.dedupe_key {
+            let points_here = self
+                .dedupe
+                .get(k)
+                .ctx("delete an event")?
+                .is_some_and(|g| g.value() == seq);
+            if points_here {
+                self.dedupe.remove(k).ctx("delete an event")?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// The retained sequences of one ref, ascending.
+    pub(crate) fn sequences_of(&self, r: &SessionRef) -> Result<Vec<u64>, StoreError> {
+        let (a, k) = (r.agent_id.as_str(), r.session_key.as_str());
+        self.by_ref
+            .range((a, k, 0)..=(a, k, u64::MAX))
+            .ctx("read a session's events")?
+            .map(|item| {
+                item.map(|(key, _)| key.value().2)
+                    .ctx("read a session's events")
+            })
+            .collect()
+    }
+}
+
+/// The cursor tables, opened together in a write transaction.
+pub(crate) struct CursorTables<'t> {
+    pub cursors: Table<'t, StrPair, CursorRow>,
+    pub by_target: Table<'t, StrPair, ()>,
+}
+
+impl<'t> CursorTables<'t> {
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            cursors: txn.open_table(CURSORS).ctx("open the cursors table")?,
+            by_target: txn
+                .open_table(CURSORS_BY_TARGET)
+                .ctx("open the cursors_by_target table")?,
+        })
+    }
+
+    pub(crate) fn get(&self, watcher: &str, target: &str) -> Result<Option<Cursor>, StoreError> {
+        match self.cursors.get((watcher, target)).ctx("read a cursor")? {
+            Some(v) => cursor_of(watcher, target, v.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn put(&mut self, c: &Cursor) -> Result<(), StoreError> {
+        let (w, t) = (c.watcher.as_str(), c.target.as_str());
+        self.cursors
+            .insert(
+                (w, t),
+                (
+                    c.target_agent.as_str(),
+                    c.last_seen.get(),
+                    c.notified.get(),
+                    c.material.get(),
+                    c.updated_at.millis(),
+                ),
+            )
+            .ctx("write a cursor")?;
+        self.by_target.insert((t, w), ()).ctx("write a cursor")?;
+        Ok(())
+    }
+
+    pub(crate) fn remove(&mut self, watcher: &str, target: &str) -> Result<bool, StoreError> {
+        let existed = self
+            .cursors
+            .remove((watcher, target))
+            .ctx("delete a cursor")?
+            .is_some();
+        self.by_target
+            .remove((target, watcher))
+            .ctx("delete a cursor")?;
+        Ok(existed)
+    }
+
+    /// Every cursor whose target key is `target` (of any agent), ordered by watcher.
+    pub(crate) fn on_target(&self, target: &str) -> Result<Vec<Cursor>, StoreError> {
+        let mut out = Vec::new();
+        for w in watchers_of(&self.by_target, target)? {
+            if let Some(c) = self.get(&w, target)? {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The target keys `watcher` watches.
+    pub(crate) fn targets_of(&self, watcher: &str) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.cursors.range((watcher, "")..).ctx("read cursors")? {
+            let (k, _) = item.ctx("read cursors")?;
+            let (w, t) = k.value();
+            if w != watcher {
+                break;
+            }
+            out.push(t.to_owned());
+        }
+        Ok(out)
+    }
+}
+
+/// The watchers with a cursor on `target`, from the by-target index.
+pub(crate) fn watchers_of(
+    by_target: &impl ReadableTable<(&'static str, &'static str), ()>,
+    target: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut out = Vec::new();
+    for item in by_target.range((target, "")..).ctx("read cursors")? {
+        let (k, _) = item.ctx("read cursors")?;
+        let (t, w) = k.value();
+        if t != target {
+            break;
+        }
+        out.push(w.to_owned());
+    }
+    Ok(out)
+}

@@ -1,0 +1,2 @@
+//! Process-level reliability tests (being written).
+fn main() {}

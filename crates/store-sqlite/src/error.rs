@@ -40,6 +40,11 @@ pub(crate) fn map(context: &str, e: sqlx::Error) -> StoreError {
     }
 }
 
+/// Whether the error says the file is no usable SQLite database at all.
+pub(crate) fn is_unusable_file(e: &sqlx::Error) -> bool {
+    matches!(primary_code(e), Some(SQLITE_NOTADB | SQLITE_CORRUPT))
+}
+
 /// Why a database could not be opened, in words a person can act on.
 pub(crate) fn open_reason(e: &sqlx::Error) -> String {
     let what = match primary_code(e) {

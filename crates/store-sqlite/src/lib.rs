@@ -69,9 +69,7 @@ use awareness_core::{
     Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
     WatcherKey, async_trait, protocol, reconcile, retention,
 };
-use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _, Sqlite, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -212,6 +210,9 @@ impl SqliteStore {
     }
 
     async fn connect(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
+        // journal_mode is set by hand after connecting (not as a connect option), so that the
+        // first statement that reads the file fails on a connection we own and can close before
+        // cleaning up after it.
         let base = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(false)
@@ -222,29 +223,42 @@ impl SqliteStore {
             // statement of ours cascades into another table of an OpenClaw database.
             .foreign_keys(false);
         let fail = |e: sqlx::Error| error::open(path, error::open_reason(&e), Some(Box::new(e)));
+        let companions = Companions::before_open(path);
+        let mut readers = Vec::with_capacity(options.readers);
         let writer = if options.read_only {
             None
         } else {
-            let mut conn = base
-                .clone()
-                .journal_mode(SqliteJournalMode::Wal)
-                .connect()
-                .await
-                .map_err(fail)?;
-            schema::migrate(&mut conn, Timestamp::now().millis())
-                .await
-                .map_err(fail)?;
+            let mut conn = match base.connect().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    companions.remove_if_unusable(&e);
+                    return Err(fail(e));
+                }
+            };
+            if let Err(e) = init_writer(&mut conn).await {
+                drop(conn.close().await);
+                companions.remove_if_unusable(&e);
+                return Err(fail(e));
+            }
             Some(Mutex::new(Writer {
                 conn,
                 open_tx: false,
             }))
         };
-        let mut readers = Vec::with_capacity(options.readers);
         for _ in 0..options.readers.max(1) {
             readers.push(Mutex::new(base.connect().await.map_err(fail)?));
         }
         if writer.is_none() {
-            let version = schema::version(readers[0].get_mut()).await.map_err(fail)?;
+            let version = match schema::version(readers[0].get_mut()).await {
+                Ok(v) => v,
+                Err(e) => {
+                    for r in readers {
+                        drop(r.into_inner().close().await);
+                    }
+                    companions.remove_if_unusable(&e);
+                    return Err(fail(e));
+                }
+            };
             if version < schema::LATEST {
                 return Err(error::open(
                     path,
@@ -337,6 +351,51 @@ impl SqliteStore {
     async fn read_one(&self, q: Query, what: &str) -> Result<SqliteRow, StoreError> {
         let mut conn = self.reader().await;
         batch_one(&mut conn, q, what).await
+    }
+}
+
+/// WAL mode (persistent in the file), then the schema.
+async fn init_writer(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("PRAGMA journal_mode = WAL")
+        .execute(&mut *conn)
+        .await?;
+    schema::migrate(conn, Timestamp::now().millis()).await
+}
+
+/// SQLite's `-wal` and `-shm` files of a database, and whether they existed before we opened
+/// it: reading a damaged WAL-mode file makes SQLite create them before it notices the damage.
+struct Companions {
+    paths: [PathBuf; 2],
+    existed: [bool; 2],
+}
+
+impl Companions {
+    fn before_open(path: &Path) -> Self {
+        let paths = ["-wal", "-shm"].map(|suffix| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            PathBuf::from(p)
+        });
+        let existed = [paths[0].exists(), paths[1].exists()];
+        Self { paths, existed }
+    }
+
+    /// After a failed open of a file that is no usable database (so no healthy process can be
+    /// using these files), removes the companions this open created: nothing is left behind.
+    fn remove_if_unusable(&self, e: &sqlx::Error) {
+        if !error::is_unusable_file(e) {
+            return;
+        }
+        for (p, existed) in self.paths.iter().zip(self.existed) {
+            let empty_wal = p == &self.paths[0] && std::fs::metadata(p).is_ok_and(|m| m.len() == 0);
+            if !existed
+                && (p == &self.paths[1] || empty_wal)
+                && let Err(e) = std::fs::remove_file(p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove a file a failed open created");
+            }
+        }
     }
 }
 

@@ -1,0 +1,334 @@
+//! A state database written by OpenClaw 2026.9.6 itself opens, answers every read of its
+//! `expected.json` exactly, accepts writes, and keeps its other 101 tables (and OpenClaw's
+//! `user_version`) byte for byte as they were.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use awareness_core::{
+    ActorType, AwarenessStoreExt, CursorFilter, CursorStore, EventKind, EventStore, NewEvent,
+    Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+};
+use serde_json::{Value, json};
+use sqlx::{ConnectOptions as _, Connection as _, Row as _, SqliteConnection};
+use store_sqlite::SqliteStore;
+
+/// The tables that are ours to write (OpenClaw's four, and our migration record).
+const OURS: [&str; 6] = [
+    "session_state_events",
+    "session_state_heads",
+    "session_watch_cursors",
+    "session_upstream_links",
+    "awareness_schema_migrations",
+    "sqlite_sequence",
+];
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/openclaw-2026.9.6")
+}
+
+/// A writable copy of the fixture database in `dir`.
+fn copy_fixture(dir: &Path) -> PathBuf {
+    let src = fixture_dir().join("state.sqlite");
+    let dst = dir.join("state.sqlite");
+    std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
+    let wal = fixture_dir().join("state.sqlite-wal");
+    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+        std::fs::copy(&wal, dir.join("state.sqlite-wal")).expect("copy the WAL");
+    }
+    for p in std::fs::read_dir(dir).unwrap() {
+        let p = p.unwrap().path();
+        let mut perms = std::fs::metadata(&p).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)] // the copy of a read-only fixture
+        perms.set_readonly(false);
+        std::fs::set_permissions(&p, perms).unwrap();
+    }
+    dst
+}
+
+async fn raw(path: &Path) -> SqliteConnection {
+    sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .connect()
+        .await
+        .expect("raw connection")
+}
+
+/// Everything of the database that is not ours: the schema text of every other object, every
+/// row of every other table (in rowid order, each value `quote()`d), the other tables'
+/// AUTOINCREMENT counters, and `user_version`.
+async fn snapshot_others(conn: &mut SqliteConnection) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let objects = sqlx::query(
+        "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master ORDER BY type, name",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let mut tables = Vec::new();
+    for o in &objects {
+        let (kind, name, table, sql): (String, String, String, String) =
+            (o.get(0), o.get(1), o.get(2), o.get(3));
+        if OURS.contains(&table.as_str()) {
+            continue;
+        }
+        out.insert(format!("schema {kind} {name}"), sql);
+        if kind == "table" {
+            tables.push(name);
+        }
+    }
+    for t in &tables {
+        let cols: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info($1)")
+            .bind(t)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let expr = cols
+            .iter()
+            .map(|c| format!("quote(\"{c}\")"))
+            .collect::<Vec<_>>()
+            .join(" || ',' || ");
+        let q = format!(
+            "SELECT coalesce(group_concat(r, char(10)), '') FROM \
+             (SELECT {expr} AS r FROM \"{t}\" ORDER BY rowid)"
+        );
+        let dump: String = sqlx::query_scalar(sqlx::AssertSqlSafe(q))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        out.insert(format!("rows {t}"), dump);
+    }
+    let seqs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT name, seq FROM sqlite_sequence WHERE name <> 'session_state_events' ORDER BY name",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    out.insert("sqlite_sequence".into(), format!("{seqs:?}"));
+    let v: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    out.insert("user_version".into(), v.to_string());
+    out
+}
+
+fn r(q: &Value) -> SessionRef {
+    SessionRef::parse(
+        q["sessionKey"].as_str().unwrap(),
+        q["agentId"].as_str().unwrap(),
+    )
+    .unwrap()
+}
+
+async fn answer(store: &SqliteStore, raw: &mut SqliteConnection, q: &Value) -> Value {
+    match q["op"].as_str().unwrap() {
+        "version" => json!(store.state_version(&r(q)).await.unwrap().get()),
+        "since" => {
+            let page = store
+                .changes_since(
+                    &r(q),
+                    Sequence(q["afterSequence"].as_u64().unwrap()),
+                    usize::try_from(q["limit"].as_u64().unwrap()).unwrap(),
+                )
+                .await
+                .unwrap();
+            serde_json::to_value(page).unwrap()
+        }
+        "head" => {
+            let head = store.heads(&[r(q)]).await.unwrap().pop().expect("a head");
+            json!({
+                "session_key": head.session.session_key.as_str(),
+                "agent_id": head.session.agent_id.as_str(),
+                "last_sequence": head.last_sequence.get(),
+                "pruned_max_sequence": head.pruned_max_sequence.get(),
+                "updated_at": head.updated_at.millis(),
+            })
+        }
+        "cursors" => {
+            // The fields the store models, through the store ...
+            let cursors = store.cursors(&CursorFilter::default()).await.unwrap();
+            // ... and OpenClaw's own columns, read raw, which the store keeps as they were.
+            let rows = sqlx::query(
+                "SELECT watcher_store_path, provenance FROM session_watch_cursors \
+                 ORDER BY watcher_session_key, target_session_key",
+            )
+            .fetch_all(&mut *raw)
+            .await
+            .unwrap();
+            assert_eq!(rows.len(), cursors.len());
+            let state_dir = "/tmp/openclaw-oracle-yJHXMm";
+            Value::Array(
+                cursors
+                    .iter()
+                    .zip(rows)
+                    .map(|(c, row)| {
+                        let path: Option<String> = row.get(0);
+                        let provenance: String = row.get(1);
+                        json!({
+                            "watcher_session_key": c.watcher.as_str(),
+                            "watcher_store_path": path.map(|p| p.replacen(state_dir, "$STATE", 1)),
+                            "target_session_key": c.target.as_str(),
+                            "last_seen_sequence": c.last_seen.get(),
+                            "notified_sequence": c.notified.get(),
+                            "material_sequence": c.material.get(),
+                            "provenance": provenance,
+                            "updated_at": c.updated_at.millis(),
+                        })
+                    })
+                    .collect(),
+            )
+        }
+        other => panic!("unknown read {other}"),
+    }
+}
+
+#[tokio::test]
+async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let mut conn = raw(&path).await;
+    let before = snapshot_others(&mut conn).await;
+    assert_eq!(
+        before.keys().filter(|k| k.starts_with("rows ")).count(),
+        100,
+        "the fixture has 101 tables besides the four session-state tables: 100 dumped here, and \
+         sqlite_sequence, whose rows of other tables are compared"
+    );
+    let ddl_before: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, sql FROM sqlite_master WHERE tbl_name IN ('session_state_events', \
+         'session_state_heads', 'session_upstream_links') AND sql IS NOT NULL ORDER BY name",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("open OpenClaw's database");
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
+    )
+    .unwrap();
+    for read in expected["reads"].as_array().unwrap() {
+        let got = answer(&store, &mut conn, &read["query"]).await;
+        assert_eq!(got, read["result"], "read {}", read["query"]);
+    }
+
+    // Writes continue OpenClaw's numbering and protocol state.
+    let child = SessionRef::parse("agent:main:subagent:child", "main").unwrap();
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    let now = Timestamp(1_802_600_200_000);
+    let rec = store
+        .record(
+            NewEvent::new(
+                child.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "human message via slack",
+            ),
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec.event.sequence, Sequence(11), "AUTOINCREMENT continues");
+    assert_eq!(
+        rec.notices.len(),
+        2,
+        "both OpenClaw cursors watch the child"
+    );
+    let follow = store
+        .acknowledge(
+            &manager,
+            &[SessionKey::new(child.session_key.as_str()).unwrap()],
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(follow.len(), 1);
+    assert_eq!(follow[0].last_seen, Sequence(3));
+    let c = store
+        .cursor(&manager, &child.session_key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (c.last_seen, c.notified, c.material, c.target_agent.as_str()),
+        (Sequence(3), Sequence(11), Sequence(11), "main")
+    );
+    let path_kept: Option<String> = sqlx::query_scalar(
+        "SELECT watcher_store_path FROM session_watch_cursors WHERE watcher_session_key = $1",
+    )
+    .bind(manager.as_str())
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        path_kept.is_some_and(|p| p.ends_with("/agents/main/agent/openclaw-agent.sqlite")),
+        "OpenClaw's watcher_store_path survives our updates"
+    );
+    store
+        .prune(&awareness_core::RetentionPolicy::default(), now)
+        .await
+        .unwrap();
+    store.close().await;
+
+    // Opening again migrates nothing twice.
+    let store = SqliteStore::open(&path).await.expect("reopen");
+    assert_eq!(store.state_version(&child).await.unwrap(), Sequence(11));
+    store.close().await;
+    let migrations: i64 = sqlx::query_scalar("SELECT count(*) FROM awareness_schema_migrations")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(migrations, 2);
+    let added: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pragma_table_info('session_watch_cursors') \
+         WHERE name = 'target_agent_id'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(added, 1);
+
+    let after = snapshot_others(&mut conn).await;
+    assert_eq!(before.len(), after.len());
+    for (k, v) in &before {
+        assert!(after.get(k) == Some(v), "{k} changed");
+    }
+    let ddl_after: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, sql FROM sqlite_master WHERE tbl_name IN ('session_state_events', \
+         'session_state_heads', 'session_upstream_links') AND sql IS NOT NULL ORDER BY name",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(ddl_before, ddl_after, "OpenClaw's DDL is kept verbatim");
+    conn.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fresh_database_has_openclaws_schema_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh.sqlite");
+    SqliteStore::open(&fresh).await.unwrap().close().await;
+    let fixture = copy_fixture(dir.path());
+    let ddl = |path: PathBuf| async move {
+        let mut c = raw(&path).await;
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT name, sql FROM sqlite_master WHERE tbl_name IN ('session_state_events', \
+             'session_state_heads', 'session_upstream_links', 'session_watch_cursors') \
+             AND sql IS NOT NULL ORDER BY name",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        c.close().await.unwrap();
+        rows
+    };
+    let mine = ddl(fresh).await;
+    // Opening OpenClaw's file adds our column the same way a fresh file gets it.
+    SqliteStore::open(&fixture).await.unwrap().close().await;
+    let theirs = ddl(fixture).await;
+    assert_eq!(mine, theirs);
+}

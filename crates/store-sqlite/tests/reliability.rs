@@ -1,0 +1,437 @@
+//! Reliability with real processes and real files: a writer killed with SIGKILL at random
+//! moments loses nothing it reported and tears nothing; writers in one process and in several
+//! processes share one file without a BUSY error reaching them; bad files give a clear error
+//! naming the path and are left exactly as they were.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher as _, Hasher as _};
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use awareness_core::{
+    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
+    SessionRef, StoreError, Timestamp, WatcherKey,
+};
+use store_sqlite::SqliteStore;
+
+const TORTURE: &str = env!("CARGO_BIN_EXE_store-sqlite-torture");
+const WATCHER: &str = "agent:main:torture-watcher";
+const TARGETS: usize = 4;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn random_below(n: u64) -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.finish() % n
+}
+
+fn target(i: usize) -> SessionRef {
+    SessionRef::parse(&format!("agent:main:subagent:t{i}"), "main").unwrap()
+}
+
+/// Everything the killed writers reported must be there, heads must equal the highest
+/// committed sequence of their ref, and every cursor must have moved with its event.
+async fn verify_after_crash(db: &Path, reported: &BTreeMap<u64, usize>) {
+    let store = SqliteStore::open(db).await.expect("reopen after SIGKILL");
+    let events = store
+        .events_after(Sequence::ZERO, usize::MAX)
+        .await
+        .unwrap();
+    let present: BTreeMap<u64, &str> = events
+        .iter()
+        .map(|e| (e.sequence.get(), e.session_key.as_str()))
+        .collect();
+    for (seq, t) in reported {
+        assert_eq!(
+            present.get(seq).copied(),
+            Some(target(*t).session_key.as_str()),
+            "reported sequence {seq} is missing after the crash"
+        );
+    }
+    let watcher = WatcherKey::parse(WATCHER).unwrap();
+    for t in 0..TARGETS {
+        let r = target(t);
+        let committed_max = events
+            .iter()
+            .filter(|e| e.session_ref() == r)
+            .map(|e| e.sequence)
+            .max()
+            .unwrap_or_default();
+        let reported_max = reported
+            .iter()
+            .filter(|(_, x)| **x == t)
+            .map(|(s, _)| Sequence(*s))
+            .max()
+            .unwrap_or_default();
+        let head = store.state_version(&r).await.unwrap();
+        assert_eq!(
+            head, committed_max,
+            "head of {r} is its highest committed sequence"
+        );
+        assert!(
+            head >= reported_max,
+            "head of {r} covers every reported sequence"
+        );
+        if let Some(c) = store.cursor(&watcher, &r.session_key).await.unwrap() {
+            // Every event of the torture writer is material to the watcher: the cursor moved in
+            // the same transaction as the event, or neither happened.
+            assert_eq!(c.material, head, "cursor on {r} torn: {c:?}");
+            assert!(
+                c.last_seen <= c.notified && c.notified <= c.material,
+                "{c:?}"
+            );
+            assert!(
+                c.notified == c.last_seen || present.contains_key(&c.notified.get()),
+                "the frozen watermark names a committed event: {c:?}"
+            );
+        }
+    }
+    store.close().await;
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("crash.sqlite");
+    let rt = runtime();
+    let mut reported: BTreeMap<u64, usize> = BTreeMap::new();
+    for round in 0..30 {
+        let mut child = Command::new(TORTURE)
+            .args(["record", db.to_str().unwrap(), &TARGETS.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the writer");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // The writer is recording once it reports its first commit; kill it at a random
+        // moment after that (the sleep is the point of the test, not a wait for something).
+        let first = rx.recv_timeout(Duration::from_mins(1));
+        assert!(first.is_ok(), "round {round}: the writer never committed");
+        std::thread::sleep(Duration::from_micros(random_below(40_000)));
+        child.kill().expect("SIGKILL");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the writer was killed, it did not exit");
+        reader.join().unwrap();
+        let mut lines: Vec<String> = first.into_iter().collect();
+        lines.extend(rx.try_iter());
+        for line in lines {
+            let (seq, t) = line.split_once(' ').expect("'<sequence> <target>'");
+            let seq: u64 = seq.parse().unwrap();
+            assert!(
+                reported.insert(seq, t.parse().unwrap()).is_none(),
+                "sequence {seq} reported twice"
+            );
+        }
+        rt.block_on(verify_after_crash(&db, &reported));
+    }
+    assert!(reported.len() >= 30);
+}
+
+#[test]
+fn eight_tasks_and_two_processes_share_one_file_without_busy_errors() {
+    const PER_WRITER: usize = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.sqlite");
+    let rt = runtime();
+    let store = Arc::new(rt.block_on(SqliteStore::open(&db)).unwrap());
+    let spawn = |tag: &str| {
+        Command::new(TORTURE)
+            .args(["batch", db.to_str().unwrap(), tag, &PER_WRITER.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a writer process")
+    };
+    let children = [spawn("p0"), spawn("p1")];
+    let recorded: Vec<(u64, String)> = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for task in 0..8 {
+            let store = Arc::clone(&store);
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::with_capacity(PER_WRITER);
+                for i in 0..PER_WRITER {
+                    let tag = format!("t{task}");
+                    let session =
+                        SessionRef::parse(&format!("agent:{tag}:s{}", i % 10), &tag).unwrap();
+                    let e = NewEvent::new(
+                        session.clone(),
+                        EventKind::HumanDirectMessage,
+                        ActorType::Human,
+                        "human message via test",
+                    );
+                    let rec = store
+                        .record(e, Timestamp::now())
+                        .await
+                        .unwrap_or_else(|err| {
+                            panic!(
+                                "task {task}: a write failed ({err}); retryable={}",
+                                err.is_retryable()
+                            )
+                        });
+                    out.push((rec.event.sequence.get(), session.session_key.to_string()));
+                }
+                out
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all
+    });
+    let mut all = recorded;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "a writer process failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines = String::from_utf8(out.stdout).unwrap();
+        for line in lines.lines() {
+            let (seq, key) = line.split_once(' ').unwrap();
+            all.push((seq.parse().unwrap(), key.to_owned()));
+        }
+    }
+    assert_eq!(all.len(), 10 * PER_WRITER);
+    let unique: BTreeSet<u64> = all.iter().map(|(s, _)| *s).collect();
+    assert_eq!(unique.len(), all.len(), "every sequence is unique");
+    let mut highest: BTreeMap<&str, u64> = BTreeMap::new();
+    for (s, k) in &all {
+        let e = highest.entry(k.as_str()).or_default();
+        *e = (*e).max(*s);
+    }
+    rt.block_on(async {
+        let heads = store.list_heads(None).await.unwrap();
+        assert_eq!(heads.len(), highest.len());
+        for h in heads {
+            assert_eq!(
+                Some(&h.last_sequence.get()),
+                highest.get(h.session.session_key.as_str()),
+                "head of {}",
+                h.session
+            );
+        }
+        assert_eq!(
+            store.log_stats().await.unwrap().rows,
+            10 * PER_WRITER as u64
+        );
+    });
+    let store = Arc::into_inner(store).expect("every task has finished");
+    rt.block_on(store.close());
+}
+
+/// Files in `dir` with their size and a hash of their bytes.
+fn listing(dir: &Path) -> BTreeMap<PathBuf, (usize, u64)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap_or_default();
+            let mut h = std::hash::DefaultHasher::new();
+            h.write(&bytes);
+            (p, (bytes.len(), h.finish()))
+        })
+        .collect()
+}
+
+fn assert_open_error(err: &StoreError, path: &Path, reason: &str) {
+    match err {
+        StoreError::Open {
+            path: p, reason: r, ..
+        } => {
+            assert_eq!(p, path);
+            assert!(r.contains(reason), "reason {r:?} should say {reason:?}");
+        }
+        other => panic!("expected StoreError::Open, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "the message names the file: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_sqlite_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.sqlite");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "not an SQLite database");
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "nothing created or overwritten"
+    );
+}
+
+#[tokio::test]
+async fn a_truncated_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let s = target(0);
+    for _ in 0..500 {
+        store
+            .record(
+                NewEvent::new(
+                    s.clone(),
+                    EventKind::Created,
+                    ActorType::System,
+                    "x".repeat(150),
+                ),
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len > 16 * 4096, "the database spans many pages: {len}");
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len / 2).unwrap();
+    drop(f);
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "corrupt or truncated");
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "nothing created or overwritten"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_not_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing").join("state.sqlite");
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "does not exist");
+    assert!(!dir.path().join("missing").exists());
+    let readonly = store_sqlite::SqliteOptions::new().create_if_missing(false);
+    let flat = dir.path().join("absent.sqlite");
+    let err = SqliteStore::open_with(&flat, readonly).await.unwrap_err();
+    assert_open_error(&err, &flat, "does not exist");
+    assert!(listing(dir.path()).is_empty());
+}
+
+#[tokio::test]
+async fn new_files_are_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .record(
+            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{suffix}", path.display()));
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} has mode {mode:o}", p.display());
+    }
+    store.close().await;
+}
+
+/// Runs `store-sqlite-torture open <path>` as an unprivileged user (root ignores directory
+/// permissions) and returns its exit code and error message.
+fn open_as_nobody(bin_dir: &Path, path: &Path) -> (i32, String) {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Command::new(bin_dir.join("torture"));
+    cmd.args(["open", path.to_str().unwrap()]);
+    if is_root() {
+        cmd.uid(65_534).gid(65_534);
+    }
+    let out = cmd.output().expect("run the opener");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn is_root() -> bool {
+    // The owner of a file we just created is our effective user.
+    use std::os::unix::fs::MetadataExt as _;
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().metadata().unwrap().uid() == 0
+}
+
+#[tokio::test]
+async fn a_directory_without_write_permission_gives_a_clear_error() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let outer = tempfile::tempdir().unwrap();
+    let set_mode = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    set_mode(outer.path(), 0o755);
+    // A copy of the opener that an unprivileged user may run, wherever the build lives.
+    let bin_dir = outer.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    std::fs::copy(TORTURE, bin_dir.join("torture")).unwrap();
+    set_mode(&bin_dir.join("torture"), 0o755);
+    let locked = outer.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+
+    // An existing database in the directory, owned by the user who opens it.
+    let existing = locked.join("existing.sqlite");
+    let store = SqliteStore::open(&existing).await.unwrap();
+    store
+        .record(
+            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    store.close().await;
+    if is_root() {
+        std::os::unix::fs::chown(&existing, Some(65_534), Some(65_534)).unwrap();
+    }
+    set_mode(&locked, 0o555);
+    let before = listing(&locked);
+
+    let fresh = locked.join("fresh.sqlite");
+    let (code, msg) = open_as_nobody(&bin_dir, &fresh);
+    assert_eq!(code, 2, "creating in a read-only directory fails: {msg}");
+    assert!(msg.contains(&fresh.display().to_string()), "{msg}");
+    assert!(msg.contains("cannot create it"), "{msg}");
+
+    let (code, msg) = open_as_nobody(&bin_dir, &existing);
+    assert_eq!(
+        code, 2,
+        "a WAL database needs its directory writable: {msg}"
+    );
+    assert!(msg.contains(&existing.display().to_string()), "{msg}");
+
+    assert_eq!(listing(&locked), before, "nothing created or overwritten");
+    set_mode(&locked, 0o755);
+    let reopened = SqliteStore::open(&existing).await.unwrap();
+    assert_eq!(
+        reopened.state_version(&target(0)).await.unwrap(),
+        Sequence(1),
+        "the database is intact"
+    );
+    reopened.close().await;
+}

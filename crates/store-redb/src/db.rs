@@ -160,6 +160,12 @@ fn database_error(path: &Path, e: DatabaseError) -> StoreError {
         DatabaseError::UpgradeRequired(v) => {
             format!("written in redb file format {v}, which this version cannot open")
         }
+        // redb reports a foreign file as InvalidData ("Not a redb database: ...").
+        DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == ErrorKind::InvalidData =>
+        {
+            format!("not a redb database ({io})")
+        }
         DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => {
             format!("not a redb database, or a damaged one ({msg})")
         }

@@ -60,7 +60,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use awareness_core::reconcile::ChangesPage;
@@ -76,6 +76,15 @@ use tokio::sync::{Mutex, MutexGuard};
 use crate::decode::{int, limit};
 
 type Query = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
+
+/// Write transactions between two background checkpoints (a recording appends about eight
+/// WAL frames, so about 2,000 frames or 8 MiB of WAL; the writer's own autocheckpoint at 8,000
+/// pages is only a safety net for when no tokio runtime runs the background checkpoint).
+const CHECKPOINT_EVERY: u32 = 256;
+
+/// How much a pruning chunk (up to thousands of deleted rows) counts towards the next
+/// checkpoint.
+const PRUNE_WEIGHT: u32 = 32;
 
 /// How to open a store. The defaults suit a gateway: read-write, create the file when missing.
 #[derive(Debug, Clone)]
@@ -167,9 +176,61 @@ impl Writer {
 /// on a few others.
 pub struct SqliteStore {
     path: PathBuf,
-    writer: Option<Mutex<Writer>>,
-    readers: Box<[Mutex<SqliteConnection>]>,
-    next_reader: AtomicUsize,
+    writer: Option<Arc<Mutex<Writer>>>,
+    readers: Arc<Readers>,
+    /// Write transactions (weighted) since the last background checkpoint was started.
+    writes_since_checkpoint: AtomicU32,
+    /// A background checkpoint is running.
+    checkpointing: Arc<AtomicBool>,
+}
+
+/// The reader connections (shared with background checkpoints).
+struct Readers {
+    conns: Box<[Mutex<SqliteConnection>]>,
+    next: AtomicUsize,
+}
+
+impl Readers {
+    async fn get(&self) -> MutexGuard<'_, SqliteConnection> {
+        for r in &*self.conns {
+            if let Ok(g) = r.try_lock() {
+                return g;
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[i].lock().await
+    }
+
+    /// Copies the WAL back into the database file in two PASSIVE passes on a reader
+    /// connection: the bulk while recordings go on, then the few frames appended meanwhile
+    /// while holding this handle's write connection, so that the WAL is complete in the file
+    /// and the next write transaction starts the WAL file over instead of growing it.
+    async fn checkpoint(&self, path: &Path, writer: Option<&Mutex<Writer>>) {
+        let mut conn = self.get().await;
+        let mut pass = async || {
+            sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_all(&mut *conn)
+                .await
+        };
+        let bulk = pass().await;
+        let tail = match (&bulk, writer) {
+            (Ok(_), Some(w)) => {
+                let _quiet = w.lock().await;
+                Some(pass().await)
+            }
+            _ => None,
+        };
+        for r in std::iter::once(bulk).chain(tail) {
+            match r {
+                Ok(r) => {
+                    tracing::trace!(path = %path.display(), result = ?r, "checkpointed the WAL")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed")
+                }
+            }
+        }
+    }
 }
 
 impl fmt::Debug for SqliteStore {
@@ -177,7 +238,7 @@ impl fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("path", &self.path)
             .field("read_only", &self.writer.is_none())
-            .field("readers", &self.readers.len())
+            .field("readers", &self.readers.conns.len())
             .finish_non_exhaustive()
     }
 }
@@ -240,10 +301,10 @@ impl SqliteStore {
                 companions.remove_if_unusable(&e);
                 return Err(fail(e));
             }
-            Some(Mutex::new(Writer {
+            Some(Arc::new(Mutex::new(Writer {
                 conn,
                 open_tx: false,
-            }))
+            })))
         };
         for _ in 0..options.readers.max(1) {
             readers.push(Mutex::new(base.connect().await.map_err(fail)?));
@@ -275,8 +336,12 @@ impl SqliteStore {
         Ok(Self {
             path: path.to_path_buf(),
             writer,
-            readers: readers.into_boxed_slice(),
-            next_reader: AtomicUsize::new(0),
+            readers: Arc::new(Readers {
+                conns: readers.into_boxed_slice(),
+                next: AtomicUsize::new(0),
+            }),
+            writes_since_checkpoint: AtomicU32::new(0),
+            checkpointing: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -288,12 +353,17 @@ impl SqliteStore {
     /// Closes every connection cleanly (the last one checkpoints the WAL into the file).
     /// Dropping the store closes them too, without waiting.
     pub async fn close(self) {
-        for r in self.readers {
+        let readers = match Arc::try_unwrap(self.readers) {
+            Ok(r) => r.conns.into_vec(),
+            // A background checkpoint still holds them; dropping closes them when it ends.
+            Err(_) => Vec::new(),
+        };
+        for r in readers {
             if let Err(e) = r.into_inner().close().await {
                 tracing::warn!(path = %self.path.display(), error = %e, "closing a reader");
             }
         }
-        if let Some(w) = self.writer {
+        if let Some(w) = self.writer.and_then(|w| Arc::try_unwrap(w).ok()) {
             let mut w = w.into_inner();
             if w.open_tx {
                 w.rollback().await;
@@ -334,17 +404,39 @@ impl SqliteStore {
             g.rollback().await;
         }
         g.open_tx = true;
+        self.count_write(1);
         Ok(g)
     }
 
     async fn reader(&self) -> MutexGuard<'_, SqliteConnection> {
-        for r in &*self.readers {
-            if let Ok(g) = r.try_lock() {
-                return g;
-            }
+        self.readers.get().await
+    }
+
+    /// Counts a write transaction of `weight` and, every [`CHECKPOINT_EVERY`], starts a
+    /// PASSIVE checkpoint on a reader connection in the background, so that the cost of copying
+    /// the WAL into the file (and its fsync) never lands on a recording. Without a tokio
+    /// runtime, the writer's own autocheckpoint (a larger safety net) does it.
+    fn count_write(&self, weight: u32) {
+        let n = self
+            .writes_since_checkpoint
+            .fetch_add(weight, Ordering::Relaxed)
+            + weight;
+        if n < CHECKPOINT_EVERY || self.checkpointing.swap(true, Ordering::AcqRel) {
+            return;
         }
-        let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
-        self.readers[i].lock().await
+        self.writes_since_checkpoint.store(0, Ordering::Relaxed);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.checkpointing.store(false, Ordering::Release);
+            return;
+        };
+        let readers = Arc::clone(&self.readers);
+        let writer = self.writer.clone();
+        let flag = Arc::clone(&self.checkpointing);
+        let path = self.path.clone();
+        rt.spawn(async move {
+            readers.checkpoint(&path, writer.as_deref()).await;
+            flag.store(false, Ordering::Release);
+        });
     }
 
     /// Runs a one-row read on a reader connection.
@@ -356,7 +448,7 @@ impl SqliteStore {
 
 /// WAL mode (persistent in the file), then the schema.
 async fn init_writer(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql("PRAGMA journal_mode = WAL")
+    sqlx::raw_sql(sql::WRITER_PRAGMAS)
         .execute(&mut *conn)
         .await?;
     schema::migrate(conn, Timestamp::now().millis()).await
@@ -673,6 +765,7 @@ impl EventStore for SqliteStore {
 
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
         let mut w = self.writer("prune").await?;
+        self.count_write(PRUNE_WEIGHT - 1);
         let res = prune_tx(&mut w.conn, step, max_rows).await;
         w.finish(res).await
     }

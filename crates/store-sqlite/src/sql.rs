@@ -64,6 +64,12 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET
   last_sequence = excluded.last_sequence, updated_at = excluded.updated_at"
 );
 
+/// Set on the write connection: WAL (persistent in the file) and, as a safety net only, a
+/// large autocheckpoint interval (the store checkpoints in the background, off the recording
+/// path; see `SqliteStore::count_write`).
+pub(crate) const WRITER_PRAGMAS: &str =
+    "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 8000";
+
 /// Ends a write transaction that has nothing more to write.
 pub(crate) const COMMIT: &str = "COMMIT";
 

@@ -1,0 +1,697 @@
+//! The operator commands.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use awareness_core::{
+    ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
+    Head, NewEvent, Notice, PruneStep, RetentionPolicy, Sequence, SessionKey, SessionRef,
+    StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
+};
+use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_store_with};
+use serde_json::{Value, json};
+
+use crate::table::{render, time};
+use crate::{Cli, CliError, Command, EXIT_FAILURE};
+
+/// Flags of `awareness record`.
+#[derive(Debug, clap::Args)]
+pub struct RecordArgs {
+    /// The session key.
+    #[arg(long)]
+    pub session: String,
+    /// The session's agent (default: the key's agent, else main).
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// The kind (human_direct_message, goal_changed, upstream_missing, child_spawned,
+    /// run_completed, run_failed, compacted, adopted, created).
+    #[arg(long)]
+    pub kind: String,
+    /// human, agent or system.
+    #[arg(long, default_value = "system")]
+    pub actor_type: String,
+    /// The actor's id (for an agent, the session key that acted).
+    #[arg(long)]
+    pub actor_id: Option<String>,
+    /// One line, at most 200 characters.
+    #[arg(long)]
+    pub summary: String,
+    /// A JSON object of at most 4 KiB.
+    #[arg(long)]
+    pub payload: Option<String>,
+    /// Idempotency key.
+    #[arg(long)]
+    pub dedupe_key: Option<String>,
+    /// Run id.
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Session id.
+    #[arg(long)]
+    pub session_id: Option<String>,
+    /// A watcher the producer names (repeatable).
+    #[arg(long)]
+    pub watcher: Vec<String>,
+}
+
+fn invalid(e: &ValidationError) -> CliError {
+    CliError::usage(e.to_string())
+}
+
+fn store_err(what: &str, e: &StoreError) -> CliError {
+    CliError::failure(format!("{what}: {e}"))
+}
+
+fn key(s: &str) -> Result<SessionKey, CliError> {
+    SessionKey::new(s).map_err(|e| invalid(&e))
+}
+
+fn watcher(s: &str) -> Result<WatcherKey, CliError> {
+    WatcherKey::parse(s).map_err(|e| invalid(&e))
+}
+
+fn agent_for(
+    k: &SessionKey,
+    given: Option<&str>,
+    fallback: Option<&str>,
+) -> Result<AgentId, CliError> {
+    let a = given
+        .or_else(|| k.agent_id())
+        .or(fallback)
+        .unwrap_or("main");
+    AgentId::new(a).map_err(|e| invalid(&e))
+}
+
+/// Whether a command only reads (it must never create a file).
+fn read_only(c: &Command) -> bool {
+    matches!(
+        c,
+        Command::Status { .. }
+            | Command::List { .. }
+            | Command::Cursors { .. }
+            | Command::Tail { .. }
+            | Command::Doctor
+            | Command::Prune { dry_run: true }
+    )
+}
+
+async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
+    let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
+    let create = !read_only(&cli.command);
+    if !create {
+        let path = match &url {
+            StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
+            StoreUrl::Memory => None,
+        };
+        if let Some(p) = path.filter(|p| !p.exists()) {
+            return Err(CliError::failure(format!(
+                "no store at {} (a read command never creates one)",
+                p.display()
+            )));
+        }
+    }
+    open_store_with(
+        &cli.store,
+        OpenOptions {
+            create_if_missing: create,
+        },
+    )
+    .await
+    .map_err(|e| match e {
+        OpenError::BadUrl(_) => CliError::usage(e.to_string()),
+        other => CliError::failure(other.to_string()),
+    })
+}
+
+fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
+    out.write_all(text.as_bytes())
+        .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
+}
+
+fn emit_json(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    emit(out, &format!("{text}\n"))
+}
+
+fn event_rows(events: &[Arc<Event>]) -> Vec<Vec<String>> {
+    events
+        .iter()
+        .map(|e| {
+            vec![
+                e.sequence.to_string(),
+                e.session_key.to_string(),
+                e.agent_id.to_string(),
+                e.kind.to_string(),
+                format!(
+                    "{}{}",
+                    e.actor_type,
+                    e.actor_id
+                        .as_deref()
+                        .map(|i| format!(" {i}"))
+                        .unwrap_or_default()
+                ),
+                time(e.occurred_at),
+                e.summary.clone(),
+            ]
+        })
+        .collect()
+}
+
+const EVENT_HEADERS: [&str; 7] = [
+    "SEQ", "SESSION", "AGENT", "KIND", "ACTOR", "OCCURRED", "SUMMARY",
+];
+
+fn head_json(h: &Head) -> Value {
+    json!({
+        "sessionKey": h.session.session_key,
+        "agentId": h.session.agent_id,
+        "stateVersion": h.last_sequence,
+        "prunedMaxSequence": h.pruned_max_sequence,
+        "updatedAt": h.updated_at,
+    })
+}
+
+fn cursor_json(c: &Cursor) -> Value {
+    let mut v = serde_json::to_value(c).unwrap_or_default();
+    v["pending"] = json!(c.is_pending());
+    v
+}
+
+fn cursor_rows(cursors: &[Cursor]) -> Vec<Vec<String>> {
+    cursors
+        .iter()
+        .map(|c| {
+            vec![
+                c.watcher.to_string(),
+                c.target.to_string(),
+                c.target_agent.to_string(),
+                c.last_seen.to_string(),
+                c.notified.to_string(),
+                c.material.to_string(),
+                if c.is_pending() {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                time(c.updated_at),
+            ]
+        })
+        .collect()
+}
+
+const CURSOR_HEADERS: [&str; 8] = [
+    "WATCHER",
+    "TARGET",
+    "AGENT",
+    "LAST_SEEN",
+    "NOTIFIED",
+    "MATERIAL",
+    "PENDING",
+    "UPDATED",
+];
+
+fn notices_out(out: &mut dyn Write, json_mode: bool, notices: &[Notice]) -> Result<(), CliError> {
+    if json_mode {
+        let v: Vec<Value> = notices
+            .iter()
+            .map(|n| json!({"watcher": n.watcher, "target": n.target, "contextKey": n.context_key(), "text": n.text()}))
+            .collect();
+        return emit_json(out, &json!(v));
+    }
+    if notices.is_empty() {
+        return emit(out, "no notices\n");
+    }
+    let mut text = String::new();
+    for n in notices {
+        let _ = writeln!(text, "{} <- {}", n.watcher, n.text());
+    }
+    emit(out, &text)
+}
+
+/// Runs the parsed command; returns the exit code.
+pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
+    if let Command::Demo = cli.command {
+        return crate::demo::run(cli, out).await;
+    }
+    let store = open(cli).await?;
+    let now = Timestamp::now();
+    let as_json = cli.json;
+    match &cli.command {
+        Command::Demo => {} // handled above, before any store is opened
+        Command::Status {
+            key: k,
+            agent,
+            changes_since,
+            limit,
+        } => {
+            let k = key(k)?;
+            let r = SessionRef::new(k.clone(), agent_for(&k, agent.as_deref(), None)?);
+            let heads = store
+                .heads(std::slice::from_ref(&r))
+                .await
+                .map_err(|e| store_err("status", &e))?;
+            if heads.is_empty() {
+                return Err(CliError::failure(format!(
+                    "unknown session {} (agent {})",
+                    r.session_key, r.agent_id
+                )));
+            }
+            let status = store
+                .session_status(&r, changes_since.map(Sequence), *limit)
+                .await
+                .map_err(|e| store_err("status", &e))?;
+            if as_json {
+                emit_json(out, &serde_json::to_value(&status).unwrap_or_default())?;
+            } else {
+                let h = &heads[0];
+                let mut text = format!(
+                    "{} (agent {}): stateVersion {}, pruned up to {}, updated {}\n",
+                    r.session_key,
+                    r.agent_id,
+                    status.state_version,
+                    h.pruned_max_sequence,
+                    time(h.updated_at)
+                );
+                if let Some(page) = &status.state_changes {
+                    let _ = writeln!(
+                        text,
+                        "changes since {}: {} event(s), truncated {}, earliestAvailableSequence {}, historyGap {}{}",
+                        changes_since.unwrap_or_default(),
+                        page.events.len(),
+                        page.truncated,
+                        page.earliest_available_sequence,
+                        page.history_gap,
+                        if page.version_ahead {
+                            ", versionAhead true"
+                        } else {
+                            ""
+                        }
+                    );
+                    if !page.events.is_empty() {
+                        text.push_str(&render(&EVENT_HEADERS, &event_rows(&page.events)));
+                    }
+                }
+                emit(out, &text)?;
+            }
+        }
+        Command::List { agent } => {
+            let a = agent
+                .as_deref()
+                .map(AgentId::new)
+                .transpose()
+                .map_err(|e| invalid(&e))?;
+            let heads = store
+                .list_heads(a.as_ref())
+                .await
+                .map_err(|e| store_err("list", &e))?;
+            if as_json {
+                emit_json(out, &json!(heads.iter().map(head_json).collect::<Vec<_>>()))?;
+            } else {
+                let rows: Vec<Vec<String>> = heads
+                    .iter()
+                    .map(|h| {
+                        vec![
+                            h.session.session_key.to_string(),
+                            h.session.agent_id.to_string(),
+                            h.last_sequence.to_string(),
+                            h.pruned_max_sequence.to_string(),
+                            time(h.updated_at),
+                        ]
+                    })
+                    .collect();
+                emit(
+                    out,
+                    &render(
+                        &["SESSION", "AGENT", "STATE_VERSION", "PRUNED_MAX", "UPDATED"],
+                        &rows,
+                    ),
+                )?;
+            }
+        }
+        Command::Cursors {
+            watcher: w,
+            target,
+            pending,
+        } => {
+            let filter = CursorFilter {
+                watcher: w.as_deref().map(key).transpose()?,
+                target: target.as_deref().map(key).transpose()?,
+                pending_only: *pending,
+            };
+            let cursors = store
+                .cursors(&filter)
+                .await
+                .map_err(|e| store_err("cursors", &e))?;
+            if as_json {
+                emit_json(
+                    out,
+                    &json!(cursors.iter().map(cursor_json).collect::<Vec<_>>()),
+                )?;
+            } else {
+                emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&cursors)))?;
+            }
+        }
+        Command::Watch {
+            watcher: w,
+            target,
+            agent,
+        } => {
+            let t = key(target)?;
+            let wk = watcher(w)?;
+            protocol::check_watch(wk.session_key(), &t).map_err(|e| invalid(&e))?;
+            let r = SessionRef::new(
+                t.clone(),
+                agent_for(&t, agent.as_deref(), Some(wk.agent_id()))?,
+            );
+            let c = store
+                .watch(&wk, &r, now)
+                .await
+                .map_err(|e| store_err("watch", &e))?;
+            if as_json {
+                emit_json(out, &cursor_json(&c))?;
+            } else {
+                emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&[c])))?;
+            }
+        }
+        Command::Unwatch { watcher: w, target } => {
+            let removed = store
+                .unwatch(&watcher(w)?, &key(target)?)
+                .await
+                .map_err(|e| store_err("unwatch", &e))?;
+            if !removed {
+                return Err(CliError::failure(format!("no cursor of {w} on {target}")));
+            }
+            if as_json {
+                emit_json(out, &json!({"removed": true}))?;
+            } else {
+                emit(out, &format!("removed the cursor of {w} on {target}\n"))?;
+            }
+        }
+        Command::Record(a) => record(&*store, a, now, as_json, out).await?,
+        Command::Ack {
+            watcher: w,
+            targets,
+        } => {
+            let targets: Vec<SessionKey> =
+                targets.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
+            let follow = store
+                .acknowledge(&watcher(w)?, &targets, now)
+                .await
+                .map_err(|e| store_err("ack", &e))?;
+            notices_out(out, as_json, &follow)?;
+        }
+        Command::Sweep => {
+            let notices = store
+                .sweep(now, &|_| true)
+                .await
+                .map_err(|e| store_err("sweep", &e))?;
+            notices_out(out, as_json, &notices)?;
+        }
+        Command::Prune { dry_run } => prune(&*store, *dry_run, now, as_json, out).await?,
+        Command::Tail { follow, after } => tail(&*store, *follow, *after, as_json, out).await?,
+        Command::Doctor => return doctor(&*store, as_json, out).await,
+    }
+    Ok(0)
+}
+
+async fn record(
+    store: &dyn AwarenessStore,
+    args: &RecordArgs,
+    now: Timestamp,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let k = key(&args.session)?;
+    let r = SessionRef::new(k.clone(), agent_for(&k, args.agent.as_deref(), None)?);
+    let kind = EventKind::parse(&args.kind).map_err(|e| invalid(&e))?;
+    let actor = ActorType::parse(&args.actor_type).map_err(|e| invalid(&e))?;
+    let mut ev = NewEvent::new(r, kind, actor, args.summary.clone());
+    ev.actor_id.clone_from(&args.actor_id);
+    ev.dedupe_key.clone_from(&args.dedupe_key);
+    ev.run_id.clone_from(&args.run_id);
+    ev.session_id.clone_from(&args.session_id);
+    if let Some(p) = &args.payload {
+        let v: Value = serde_json::from_str(p)
+            .map_err(|e| CliError::usage(format!("--payload is not JSON: {e}")))?;
+        ev.payload = Some(validate::payload_from_value(v).map_err(|e| invalid(&e))?);
+    }
+    for w in &args.watcher {
+        ev.watchers.push(watcher(w)?);
+    }
+    ev.validate().map_err(|e| invalid(&e))?;
+    let rec = store
+        .record(ev, now)
+        .await
+        .map_err(|e| store_err("record", &e))?;
+    if as_json {
+        let notices: Vec<Value> = rec
+            .notices
+            .iter()
+            .map(|n| json!({"watcher": n.watcher, "text": n.text()}))
+            .collect();
+        emit_json(
+            out,
+            &json!({"event": &*rec.event, "deduplicated": rec.deduplicated, "notices": notices}),
+        )
+    } else {
+        let mut text = render(
+            &EVENT_HEADERS,
+            &event_rows(std::slice::from_ref(&rec.event)),
+        );
+        if rec.deduplicated {
+            text.push_str("(dedupe hit: the stored event, nothing moved)\n");
+        }
+        for n in &rec.notices {
+            let _ = writeln!(text, "{} <- {}", n.watcher, n.text());
+        }
+        emit(out, &text)
+    }
+}
+
+/// Reads the whole log in pages.
+async fn all_events(store: &dyn AwarenessStore) -> Result<Vec<Arc<Event>>, CliError> {
+    let mut all = Vec::new();
+    let mut after = Sequence::ZERO;
+    loop {
+        let page = store
+            .events_after(after, 5_000)
+            .await
+            .map_err(|e| store_err("read events", &e))?;
+        let Some(last) = page.last() else { break };
+        after = last.sequence;
+        all.extend(page);
+    }
+    Ok(all)
+}
+
+async fn prune(
+    store: &dyn AwarenessStore,
+    dry_run: bool,
+    now: Timestamp,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let policy = RetentionPolicy::default();
+    let [
+        PruneStep::Age { cutoff },
+        PruneStep::RowCap { max_rows },
+        PruneStep::Cursors {
+            cutoff: idle_cutoff,
+        },
+    ] = policy.steps(now)
+    else {
+        return Err(CliError::failure("unexpected retention plan"));
+    };
+    let events = all_events(store).await?;
+    let by_age = events.iter().filter(|e| e.occurred_at < cutoff).count() as u64;
+    let by_cap =
+        retention::row_cap_victims(events.len() as u64 - by_age, max_rows, usize::MAX) as u64;
+    let cursors = store
+        .cursors(&CursorFilter::default())
+        .await
+        .map_err(|e| store_err("read cursors", &e))?;
+    let idle_cursors = cursors
+        .iter()
+        .filter(|c| c.updated_at < idle_cutoff)
+        .count() as u64;
+    let plan = json!({"eventsByAge": by_age, "eventsByCap": by_cap, "cursors": idle_cursors});
+    if dry_run {
+        return if as_json {
+            emit_json(out, &json!({"dryRun": true, "wouldDelete": plan}))
+        } else {
+            emit(
+                out,
+                &format!(
+                    "would delete {by_age} event(s) older than {} , {by_cap} beyond the {max_rows}-row cap, {idle_cursors} cursor(s) idle since {}\n",
+                    time(cutoff),
+                    time(idle_cutoff)
+                ),
+            )
+        };
+    }
+    let report = store
+        .prune(&policy, now)
+        .await
+        .map_err(|e| store_err("prune", &e))?;
+    if as_json {
+        emit_json(
+            out,
+            &json!({"dryRun": false, "plan": plan, "deleted": report}),
+        )
+    } else {
+        emit(
+            out,
+            &format!(
+                "deleted {} event(s) by age, {} by the row cap, {} idle cursor(s), in {} chunk(s)\n",
+                report.events_by_age, report.events_by_cap, report.cursors, report.chunks
+            ),
+        )
+    }
+}
+
+async fn tail(
+    store: &dyn AwarenessStore,
+    follow: bool,
+    after: Option<u64>,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let stats = store.log_stats().await.map_err(|e| store_err("tail", &e))?;
+    let mut after = Sequence(after.unwrap_or_else(|| stats.max_sequence.get().saturating_sub(20)));
+    let mut header = !as_json;
+    loop {
+        let page = store
+            .events_after(after, 500)
+            .await
+            .map_err(|e| store_err("tail", &e))?;
+        if let Some(last) = page.last() {
+            after = last.sequence;
+            if as_json {
+                let mut text = String::new();
+                for e in &page {
+                    text.push_str(&serde_json::to_string(&**e).unwrap_or_default());
+                    text.push('\n');
+                }
+                emit(out, &text)?;
+            } else {
+                let table = render(&EVENT_HEADERS, &event_rows(&page));
+                let body = if header {
+                    table
+                } else {
+                    // Only the first page prints the header.
+                    table
+                        .split_once('\n')
+                        .map_or_else(String::new, |(_, rows)| rows.to_owned())
+                };
+                header = false;
+                emit(out, &body)?;
+            }
+            let _ = out.flush();
+            if page.len() == 500 {
+                continue;
+            }
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+async fn doctor(
+    store: &dyn AwarenessStore,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let mut problems: Vec<String> = Vec::new();
+    let heads = store
+        .list_heads(None)
+        .await
+        .map_err(|e| store_err("doctor", &e))?;
+    let events = all_events(store).await?;
+    let cursors = store
+        .cursors(&CursorFilter::default())
+        .await
+        .map_err(|e| store_err("doctor", &e))?;
+    let by_ref: HashMap<SessionRef, &Head> = heads.iter().map(|h| (h.session.clone(), h)).collect();
+    let mut max_seen: HashMap<SessionRef, Sequence> = HashMap::new();
+    for e in &events {
+        let m = max_seen.entry(e.session_ref()).or_default();
+        *m = (*m).max(e.sequence);
+    }
+    for (r, max) in &max_seen {
+        match by_ref.get(r) {
+            None => problems.push(format!("events of {r} up to {max} have no head")),
+            Some(h) if h.last_sequence < *max => problems.push(format!(
+                "head of {r} is {} but an event {max} exists",
+                h.last_sequence
+            )),
+            Some(_) => {}
+        }
+    }
+    for h in &heads {
+        if h.pruned_max_sequence > h.last_sequence {
+            problems.push(format!(
+                "head of {} has pruned watermark {} above its version {}",
+                h.session, h.pruned_max_sequence, h.last_sequence
+            ));
+        }
+    }
+    for c in &cursors {
+        let name = format!("cursor {} -> {} ({})", c.watcher, c.target, c.target_agent);
+        if !(c.last_seen <= c.notified && c.notified <= c.material) {
+            problems.push(format!(
+                "{name} is torn: last_seen {} notified {} material {}",
+                c.last_seen, c.notified, c.material
+            ));
+        }
+        match by_ref.get(&c.target_ref()) {
+            Some(h) if c.material > h.last_sequence => problems.push(format!(
+                "{name} points past the target's head {} (material {})",
+                h.last_sequence, c.material
+            )),
+            None if c.material > Sequence::ZERO => {
+                problems.push(format!("{name} is orphaned: its target has no head"));
+            }
+            _ => {}
+        }
+    }
+    let stats = store
+        .log_stats()
+        .await
+        .map_err(|e| store_err("doctor", &e))?;
+    if as_json {
+        emit_json(
+            out,
+            &json!({
+                "ok": problems.is_empty(),
+                "schema": "ok",
+                "events": stats.rows,
+                "heads": heads.len(),
+                "cursors": cursors.len(),
+                "problems": problems,
+            }),
+        )?;
+    } else {
+        let mut text = format!(
+            "schema ok; {} event(s), {} head(s), {} cursor(s)\n",
+            stats.rows,
+            heads.len(),
+            cursors.len()
+        );
+        if problems.is_empty() {
+            text.push_str("no problems found\n");
+        } else {
+            for p in &problems {
+                let _ = writeln!(text, "problem: {p}");
+            }
+        }
+        emit(out, &text)?;
+    }
+    Ok(if problems.is_empty() { 0 } else { EXIT_FAILURE })
+}

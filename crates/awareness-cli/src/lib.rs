@@ -1,0 +1,203 @@
+//! # awareness-cli
+//!
+//! The `awareness` command: `awareness demo` shows session state awareness working end to end on
+//! the embedded default store, and the operator commands inspect and repair any state database
+//! (`sqlite:///path`, `redb:///path`, `memory:`), including one written by OpenClaw.
+//!
+//! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
+//! a file. Errors are one line on stderr: exit code 2 for usage errors (bad flags, a bad store
+//! URL), 1 for failures (a missing file, an unknown session, a problem `doctor` found).
+//!
+//! The same entry point the binary uses can be driven from code:
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let mut out = Vec::new();
+//! let mut err = Vec::new();
+//! let code = awareness_cli::run(
+//!     ["awareness", "--store", "memory:", "--json", "list"],
+//!     &mut out,
+//!     &mut err,
+//! )
+//! .await;
+//! assert_eq!(code, 0);
+//! assert_eq!(String::from_utf8(out).unwrap().trim(), "[]");
+//! # });
+//! ```
+
+mod commands;
+mod demo;
+mod table;
+
+use std::ffi::OsString;
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code of a usage error.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code of a failure.
+pub const EXIT_FAILURE: i32 = 1;
+
+/// The default store: a SQLite file in the current directory.
+pub const DEFAULT_STORE: &str = "sqlite://awareness.db";
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "awareness",
+    version,
+    about = "Session state awareness: demo and operator tools"
+)]
+pub struct Cli {
+    /// The store: sqlite:///path (default: ./awareness.db), redb:///path or memory:.
+    #[arg(long, global = true, default_value = DEFAULT_STORE)]
+    pub store: String,
+    /// Print JSON instead of a table (read commands).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a narrated scenario through the real adapter and store, and leave the database behind.
+    Demo,
+    /// A session's stateVersion and, with --changes-since, the reconcile page.
+    Status {
+        /// The session key.
+        key: String,
+        /// The session's agent (default: the key's agent, else main).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Return the events after this version.
+        #[arg(long)]
+        changes_since: Option<u64>,
+        /// At most this many events (1..=200).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Sessions with their stateVersion.
+    List {
+        /// Only this agent's sessions.
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// Watch cursors.
+    Cursors {
+        /// Only this watcher's cursors.
+        #[arg(long)]
+        watcher: Option<String>,
+        /// Only cursors on this target.
+        #[arg(long)]
+        target: Option<String>,
+        /// Only cursors with a pending notice.
+        #[arg(long)]
+        pending: bool,
+    },
+    /// Make WATCHER watch TARGET from its current head.
+    Watch {
+        /// The watcher (agent-qualified).
+        watcher: String,
+        /// The target.
+        target: String,
+        /// The target's agent (default: the target key's agent, else the watcher's).
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// Remove WATCHER's cursor on TARGET.
+    Unwatch {
+        /// The watcher.
+        watcher: String,
+        /// The target.
+        target: String,
+    },
+    /// Append one event.
+    Record(commands::RecordArgs),
+    /// Acknowledge WATCHER's notices on the TARGETs; prints the follow-ups.
+    Ack {
+        /// The watcher.
+        watcher: String,
+        /// The targets.
+        #[arg(required = true)]
+        targets: Vec<String>,
+    },
+    /// Re-freeze every pending cursor and print the notices to re-deliver.
+    Sweep,
+    /// Delete what retention says must go (30 days, 50,000 rows, idle cursors).
+    Prune {
+        /// Only say what would go.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print events as they land.
+    Tail {
+        /// Keep printing new events until Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        /// Start after this sequence (default: the last 20 events).
+        #[arg(long)]
+        after: Option<u64>,
+    },
+    /// Check the store: schema, heads against events, cursors against heads.
+    Doctor,
+}
+
+/// A failure with its exit code and one line for stderr.
+#[derive(Debug)]
+pub struct CliError {
+    /// The exit code.
+    pub code: i32,
+    /// The message.
+    pub message: String,
+}
+
+impl CliError {
+    fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+
+    fn failure(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_FAILURE,
+            message: message.into(),
+        }
+    }
+}
+
+/// Runs the command line `args` (the first is the program name), writing to `out` and `err`;
+/// returns the exit code.
+pub async fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let text = e.render().to_string();
+            if code == 0 {
+                let _ = write!(out, "{text}");
+            } else {
+                // One clear line: clap's first line names the problem.
+                let first = text.lines().next().unwrap_or("invalid arguments");
+                let _ = writeln!(err, "{first} (see awareness --help)");
+            }
+            return code;
+        }
+    };
+    match commands::execute(&cli, out).await {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(err, "awareness: {}", e.message);
+            e.code
+        }
+    }
+}

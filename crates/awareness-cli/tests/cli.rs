@@ -1,0 +1,371 @@
+//! The `awareness` binary as a user runs it: the demo, the operator commands on a fresh file and
+//! on a copy of OpenClaw's own state database, and its errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_awareness"))
+}
+
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    bin()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run awareness")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+fn json(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status.code(),
+        stderr(o)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
+}
+
+fn fixture_dir() -> PathBuf {
+    let shared = std::env::var("AWARENESS_SHARED_DIR").map_or_else(
+        |_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+        PathBuf::from,
+    );
+    shared.join("fixtures/openclaw-2026.9.6")
+}
+
+/// A writable copy of OpenClaw's database (the fixture itself is never opened).
+fn fixture_copy(dir: &Path) -> String {
+    let dst = dir.join("state.sqlite");
+    std::fs::copy(fixture_dir().join("state.sqlite"), &dst).expect("copy the fixture");
+    let mut perms = std::fs::metadata(&dst).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&dst, perms).unwrap();
+    format!("sqlite://{}", dst.display())
+}
+
+#[test]
+fn demo_runs_and_leaves_the_database_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(dir.path(), &["demo"]);
+    assert!(o.status.success(), "demo failed: {}", stderr(&o));
+    let text = stdout(&o);
+    for needle in [
+        "the manager's queue holds 1 line:",
+        "the manager was woken 1 time(s)",
+        "exactly 1 follow-up line:",
+        "sweep re-delivered 1 notice(s)",
+        "child run timed out",
+        "watched: true",
+        "\"stateVersion\"",
+        "the database is left at",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(
+        dir.path().join("awareness.db").exists(),
+        "the demo leaves ./awareness.db"
+    );
+    // The file it left is consistent and inspectable.
+    let doctor = run_in(dir.path(), &["doctor"]);
+    assert!(
+        doctor.status.success(),
+        "{}{}",
+        stdout(&doctor),
+        stderr(&doctor)
+    );
+    let list = json(&run_in(dir.path(), &["--json", "list"]));
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        2,
+        "research and writer have heads"
+    );
+    // A second run on the same file does not collide with the first.
+    let again = run_in(dir.path(), &["demo"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+}
+
+#[test]
+fn status_list_and_cursors_match_openclaw_expected_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for read in expected["reads"].as_array().unwrap() {
+        let q = &read["query"];
+        let want = &read["result"];
+        match q["op"].as_str().unwrap() {
+            "version" => {
+                let key = q["sessionKey"].as_str().unwrap();
+                let agent = q["agentId"].as_str().unwrap();
+                let got = json(&run_in(
+                    dir.path(),
+                    &["--store", &store, "--json", "status", key, "--agent", agent],
+                ));
+                assert_eq!(&got["stateVersion"], want, "{q}");
+                assert!(got.get("stateChanges").is_none());
+            }
+            "since" => {
+                let key = q["sessionKey"].as_str().unwrap();
+                let agent = q["agentId"].as_str().unwrap();
+                let after = q["afterSequence"].to_string();
+                let limit = q["limit"].to_string();
+                let got = json(&run_in(
+                    dir.path(),
+                    &[
+                        "--store",
+                        &store,
+                        "--json",
+                        "status",
+                        key,
+                        "--agent",
+                        agent,
+                        "--changes-since",
+                        &after,
+                        "--limit",
+                        &limit,
+                    ],
+                ));
+                assert_eq!(&got["stateChanges"], want, "{q}");
+            }
+            "head" => {
+                let got = json(&run_in(dir.path(), &["--store", &store, "--json", "list"]));
+                let row = got
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["sessionKey"] == q["sessionKey"] && r["agentId"] == q["agentId"])
+                    .expect("listed");
+                assert_eq!(row["stateVersion"], want["last_sequence"]);
+                assert_eq!(row["prunedMaxSequence"], want["pruned_max_sequence"]);
+                assert_eq!(row["updatedAt"], want["updated_at"]);
+            }
+            "cursors" => {
+                let got = json(&run_in(
+                    dir.path(),
+                    &["--store", &store, "--json", "cursors"],
+                ));
+                let got = got.as_array().unwrap();
+                let want = want.as_array().unwrap();
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(want) {
+                    assert_eq!(g["watcher"], w["watcher_session_key"]);
+                    assert_eq!(g["target"], w["target_session_key"]);
+                    assert_eq!(g["lastSeen"], w["last_seen_sequence"]);
+                    assert_eq!(g["notified"], w["notified_sequence"]);
+                    assert_eq!(g["material"], w["material_sequence"]);
+                    assert_eq!(g["updatedAt"], w["updated_at"]);
+                }
+            }
+            other => panic!("unknown read {other}"),
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 7);
+    // Every session OpenClaw has a head for is listed with its version.
+    let list = json(&run_in(dir.path(), &["--store", &store, "--json", "list"]));
+    let versions: Vec<(String, String, u64)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["sessionKey"].as_str().unwrap().to_owned(),
+                r["agentId"].as_str().unwrap().to_owned(),
+                r["stateVersion"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        vec![
+            ("agent:main:subagent:child".into(), "main".into(), 10),
+            ("agent:main:subagent:old".into(), "main".into(), 1),
+            ("global".into(), "main".into(), 7),
+            ("global".into(), "ops".into(), 9),
+        ]
+    );
+    let doctor = run_in(dir.path(), &["--store", &store, "doctor"]);
+    assert!(
+        doctor.status.success(),
+        "OpenClaw's own database is healthy: {}",
+        stdout(&doctor)
+    );
+}
+
+#[test]
+fn operator_commands_on_a_fresh_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = ["--store", "sqlite://ops.db"];
+    let run = |args: &[&str]| run_in(dir.path(), &[&s[..], args].concat());
+    let child = "agent:main:subagent:c1";
+
+    let w = json(&run(&["--json", "watch", "agent:main:main", child]));
+    assert_eq!(w["lastSeen"], 0);
+    let rec = json(&run(&[
+        "--json",
+        "record",
+        "--session",
+        child,
+        "--kind",
+        "human_direct_message",
+        "--actor-type",
+        "human",
+        "--summary",
+        "human message via cli",
+        "--payload",
+        r#"{"turns":2}"#,
+    ]));
+    assert_eq!(rec["event"]["sequence"], 1);
+    assert_eq!(rec["event"]["payload"]["turns"], 2);
+    assert_eq!(rec["notices"].as_array().unwrap().len(), 1);
+    let pending = json(&run(&["--json", "cursors", "--pending"]));
+    assert_eq!(pending.as_array().unwrap().len(), 1);
+    assert_eq!(pending[0]["notified"], 1);
+    // Human tables are aligned and name their columns.
+    let table = stdout(&run(&["cursors"]));
+    assert!(table.starts_with("WATCHER"), "{table}");
+    assert!(
+        table.contains("agent:main:main  agent:main:subagent:c1"),
+        "{table}"
+    );
+
+    let sweep = json(&run(&["--json", "sweep"]));
+    assert_eq!(
+        sweep.as_array().unwrap().len(),
+        1,
+        "the pending notice is re-delivered"
+    );
+    let ack = json(&run(&["--json", "ack", "agent:main:main", child]));
+    assert!(ack.as_array().unwrap().is_empty());
+    assert!(
+        json(&run(&["--json", "cursors", "--pending"]))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    let status = json(&run(&["--json", "status", child, "--changes-since", "0"]));
+    assert_eq!(status["stateVersion"], 1);
+    assert_eq!(
+        status["stateChanges"]["events"][0]["summary"],
+        "human message via cli"
+    );
+    let tail = stdout(&run(&["--json", "tail", "--after", "0"]));
+    assert_eq!(tail.lines().count(), 1);
+
+    let dry = json(&run(&["--json", "prune", "--dry-run"]));
+    assert_eq!(dry["wouldDelete"]["eventsByAge"], 0);
+    let pruned = json(&run(&["--json", "prune"]));
+    assert_eq!(pruned["deleted"]["eventsByAge"], 0);
+    assert!(run(&["doctor"]).status.success());
+
+    let un = run(&["unwatch", "agent:main:main", child]);
+    assert!(un.status.success(), "{}", stderr(&un));
+    let again = run(&["unwatch", "agent:main:main", child]);
+    assert_eq!(again.status.code(), Some(1), "nothing left to remove");
+}
+
+#[test]
+fn doctor_reports_a_cursor_pointing_past_its_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let path = dir.path().join("state.sqlite");
+    // Break the copy by hand, as a bad tool would.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use sqlx::Connection as _;
+        let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+        sqlx::query("UPDATE session_watch_cursors SET material_sequence = 99 WHERE watcher_session_key = 'agent:ops:main'")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+    });
+    let o = run_in(dir.path(), &["--store", &store, "doctor"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("points past the target's head"),
+        "{}",
+        stdout(&o)
+    );
+    let j = run_in(dir.path(), &["--store", &store, "--json", "doctor"]);
+    let v: Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+}
+
+#[test]
+fn errors_are_one_clear_line_with_the_right_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    // A read command on a missing file: failure, and nothing is created.
+    let o = run_in(dir.path(), &["--store", "sqlite://missing.db", "list"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("missing.db"));
+    assert!(
+        !dir.path().join("missing.db").exists(),
+        "a read command never creates a file"
+    );
+    let o = run_in(dir.path(), &["status", "agent:main:x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!dir.path().join("awareness.db").exists());
+
+    // A wrong URL: usage.
+    let o = run_in(dir.path(), &["--store", "postgres://x", "list"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+
+    // Bad flags: usage.
+    let o = run_in(dir.path(), &["list", "--bogus"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    let o = run_in(dir.path(), &["watch", "global", "agent:main:x"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a bare watcher is bad input: {}",
+        stderr(&o)
+    );
+    let o = run_in(
+        dir.path(),
+        &[
+            "record",
+            "--session",
+            "s",
+            "--kind",
+            "created",
+            "--summary",
+            "two\nlines",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // An unknown session: failure.
+    let store = fixture_copy(dir.path());
+    let o = run_in(
+        dir.path(),
+        &["--store", &store, "status", "agent:main:nobody"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("unknown session agent:main:nobody"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stderr(&o).lines().count(), 1);
+}

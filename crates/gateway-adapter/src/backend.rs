@@ -1,0 +1,147 @@
+//! Choosing a backend at run time from a URL-like string.
+//!
+//! | URL | backend | cargo feature |
+//! |---|---|---|
+//! | `sqlite:///path/state.db` (or `sqlite:relative.db`) | store-sqlite | `sqlite` (default) |
+//! | `redb:///path/state.redb` | store-redb | `redb` |
+//! | `memory:` | store-memory | `memory` |
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use awareness_core::{AwarenessStore, StoreError};
+
+/// A parsed store location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// A SQLite file.
+    Sqlite(PathBuf),
+    /// A redb file.
+    Redb(PathBuf),
+    /// In memory.
+    Memory,
+}
+
+/// Why a store could not be opened from a URL.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL is not one of the accepted forms.
+    #[error("unsupported store URL {0:?}: use sqlite:///path, redb:///path or memory:")]
+    BadUrl(String),
+    /// The backend exists but this build left out its cargo feature.
+    #[error(
+        "the {backend} backend is not compiled in: enable the gateway-adapter feature \"{backend}\""
+    )]
+    NotCompiled {
+        /// The backend's feature name.
+        backend: &'static str,
+    },
+    /// The backend refused to open.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl StoreUrl {
+    /// Parses `sqlite:///abs`, `sqlite://rel`, `sqlite:rel`, the same for `redb`, and `memory:`.
+    pub fn parse(url: &str) -> Result<Self, OpenError> {
+        let path = |rest: &str| -> Result<PathBuf, OpenError> {
+            let p = rest.strip_prefix("//").unwrap_or(rest);
+            if p.is_empty() {
+                return Err(OpenError::BadUrl(url.to_owned()));
+            }
+            Ok(PathBuf::from(p))
+        };
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            return Ok(StoreUrl::Sqlite(path(rest)?));
+        }
+        if let Some(rest) = url.strip_prefix("redb:") {
+            return Ok(StoreUrl::Redb(path(rest)?));
+        }
+        if url == "memory:" || url == "memory://" {
+            return Ok(StoreUrl::Memory);
+        }
+        Err(OpenError::BadUrl(url.to_owned()))
+    }
+}
+
+/// Options of [`open_store`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Create the file when missing (a read-only tool passes `false`).
+    pub create_if_missing: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            create_if_missing: true,
+        }
+    }
+}
+
+/// Opens the store a URL names, creating its file when missing.
+pub async fn open_store(url: &str) -> Result<Arc<dyn AwarenessStore>, OpenError> {
+    open_store_with(url, OpenOptions::default()).await
+}
+
+/// Opens the store a URL names.
+pub async fn open_store_with(
+    url: &str,
+    options: OpenOptions,
+) -> Result<Arc<dyn AwarenessStore>, OpenError> {
+    let _ = options;
+    match StoreUrl::parse(url)? {
+        #[cfg(feature = "sqlite")]
+        StoreUrl::Sqlite(path) => {
+            let opts =
+                store_sqlite::SqliteOptions::new().create_if_missing(options.create_if_missing);
+            Ok(Arc::new(
+                store_sqlite::SqliteStore::open_with(path, opts).await?,
+            ))
+        }
+        #[cfg(not(feature = "sqlite"))]
+        StoreUrl::Sqlite(_) => Err(OpenError::NotCompiled { backend: "sqlite" }),
+        #[cfg(feature = "redb")]
+        StoreUrl::Redb(path) => {
+            let opts = store_redb::RedbOptions {
+                create_if_missing: options.create_if_missing,
+                ..store_redb::RedbOptions::default()
+            };
+            Ok(Arc::new(
+                store_redb::RedbStore::open_with(path, opts).await?,
+            ))
+        }
+        #[cfg(not(feature = "redb"))]
+        StoreUrl::Redb(_) => Err(OpenError::NotCompiled { backend: "redb" }),
+        #[cfg(feature = "memory")]
+        StoreUrl::Memory => Ok(Arc::new(store_memory::MemoryStore::new())),
+        #[cfg(not(feature = "memory"))]
+        StoreUrl::Memory => Err(OpenError::NotCompiled { backend: "memory" }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            StoreUrl::parse("sqlite:///tmp/a.db").unwrap(),
+            StoreUrl::Sqlite("/tmp/a.db".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("sqlite:a.db").unwrap(),
+            StoreUrl::Sqlite("a.db".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("redb:///x/s.redb").unwrap(),
+            StoreUrl::Redb("/x/s.redb".into())
+        );
+        assert_eq!(StoreUrl::parse("memory:").unwrap(), StoreUrl::Memory);
+        for bad in ["", "postgres://x", "sqlite:", "sqlite://", "/tmp/a.db"] {
+            assert!(StoreUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! # gateway-adapter
+//!
+//! The part of session state awareness a gateway calls. It wires a store (`awareness-core`'s
+//! traits, any backend) into the gateway through four small ports:
+//!
+//! - [`SystemEventQueue`]: the per-session queue a turn reads (ready: [`InMemoryQueue`], which
+//!   drops duplicate lines and never evicts a session-state notice);
+//! - [`HeartbeatWake`]: wake a main session now (ready: [`CoalescingWake`], 20 s window);
+//! - [`SessionDirectory`]: does a session exist, who spawned it (ready: [`InMemoryDirectory`]);
+//! - [`VisibilityPolicy`]: may a requester see a session ([`AllowAll`], [`SameAgent`],
+//!   [`SpawnTree`]).
+//!
+//! The [`Awareness`] service holds the producers (human message, goal change, compaction,
+//! spawn, run outcome, adoption, creation), the tools (`session_status`, `sessions_list`
+//! enrichment, `sessions_send` watch), delivery, the turn ([`Awareness::drain_turn`] acknowledges
+//! exactly what it drained), lifecycle hooks, the start-up sweep and background pruning. The
+//! backend is chosen at run time with [`open_store`] (`sqlite:///path`, `redb:///path`,
+//! `memory:`), each behind an additive cargo feature (`sqlite` is the default).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use awareness_core::{SessionKey, Sequence};
+//! use gateway_adapter::{Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, RecordingWake,
+//!     SystemEventQueue};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = Arc::new(store_memory::MemoryStore::new());
+//! let queue = Arc::new(InMemoryQueue::new());
+//! let wake = Arc::new(RecordingWake::new());
+//! let awareness = Awareness::builder(store, queue.clone(), wake.clone(), Arc::new(InMemoryDirectory::new())).build();
+//!
+//! let manager = SessionKey::new("agent:main:main")?;
+//! let child = SessionKey::new("agent:main:subagent:worker")?;
+//! awareness.subagent_spawned(&child, None, &manager, "run-1").await;
+//! for _ in 0..20 {
+//!     let mut msg = HumanMessage::new(child.clone());
+//!     msg.channel = Some("telegram".into());
+//!     msg.entry = Some(gateway_adapter::SessionEntry { spawned_by: Some(manager.clone()), ..Default::default() });
+//!     awareness.human_message(msg).await;
+//! }
+//! assert_eq!(wake.count(&manager), 1, "woken once");
+//! let lines = awareness.drain_turn(&manager).await;
+//! assert_eq!(lines.len(), 1, "twenty changes, one line");
+//! let status = awareness.session_status(&manager, &child, None, Some(Sequence(1)), None).await?;
+//! assert_eq!(status.state_changes.unwrap().events.len(), 20);
+//! // The notice froze at the first change; the acknowledgement re-opens exactly one follow-up
+//! // for the changes that came after it, never jumping to the head.
+//! assert_eq!(queue.peek(&manager).len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+pub mod backend;
+pub mod directory;
+pub mod ports;
+pub mod queue;
+pub mod service;
+pub mod wake;
+
+pub use backend::{OpenError, OpenOptions, StoreUrl, open_store, open_store_with};
+pub use directory::{InMemoryDirectory, SpawnTree};
+pub use ports::{
+    AllowAll, HeartbeatWake, InputProvenance, QueuedEntry, SameAgent, SessionDirectory,
+    SessionEntry, SystemEventQueue, VisibilityPolicy, classify_actor,
+};
+pub use queue::InMemoryQueue;
+pub use service::{
+    Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage, ManualClock,
+    NotVisible, PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome, render_status,
+};
+pub use wake::{CoalescingWake, DEFAULT_WAKE_WINDOW, RecordingWake, WakeSink};

@@ -1,0 +1,162 @@
+//! The ports a gateway implements, so the adapter can deliver notices and ask questions.
+//!
+//! They are synchronous on purpose: each is a quick in-memory operation in a gateway (a queue
+//! push, a wake request, a directory lookup, a policy decision). Ready implementations live in
+//! [`crate::queue`], [`crate::wake`] and [`crate::directory`].
+
+use awareness_core::{SessionKey, SessionRef};
+
+/// One line in a session's system-event queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QueuedEntry {
+    /// The text the session's model reads.
+    pub text: String,
+    /// What the entry is about; session-state notices use `session-state:<hex>`.
+    pub context_key: Option<String>,
+}
+
+impl QueuedEntry {
+    /// Whether this entry is a session-state notice (by its context key's prefix).
+    pub fn is_session_state(&self) -> bool {
+        self.context_key
+            .as_deref()
+            .is_some_and(awareness_core::protocol::is_session_state_context_key)
+    }
+}
+
+/// The gateway's per-session queue of system events, read by the session's next turn.
+pub trait SystemEventQueue: Send + Sync {
+    /// Appends an entry unless one with the same text and context key is already queued;
+    /// returns whether it was added. A session-state notice must never be evicted silently.
+    fn enqueue(&self, session: &SessionKey, entry: QueuedEntry) -> bool;
+    /// Removes and returns everything queued for the session, oldest first.
+    fn drain(&self, session: &SessionKey) -> Vec<QueuedEntry>;
+    /// Returns what is queued without removing it.
+    fn peek(&self, session: &SessionKey) -> Vec<QueuedEntry>;
+}
+
+/// Wakes a session now (the gateway's heartbeat wake), so it takes a turn.
+pub trait HeartbeatWake: Send + Sync {
+    /// Requests a wake; implementations may coalesce.
+    fn wake(&self, session: &SessionKey, reason: &str);
+}
+
+/// What the gateway's session directory knows about a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionEntry {
+    /// The session that spawned this one.
+    pub spawned_by: Option<SessionKey>,
+    /// The parent session, when the gateway tracks one apart from the spawner.
+    pub parent_session_key: Option<SessionKey>,
+    /// The session id (incarnation).
+    pub session_id: Option<String>,
+}
+
+/// The gateway's session directory.
+pub trait SessionDirectory: Send + Sync {
+    /// Whether the session exists (the sweep only re-notifies watchers that exist).
+    fn exists(&self, session: &SessionKey) -> bool;
+    /// The session's entry, when it exists.
+    fn entry(&self, session: &SessionKey) -> Option<SessionEntry>;
+}
+
+/// May `requester` see `target`? The gateway decides (its own sessions, its spawn tree, its
+/// agent's, all).
+pub trait VisibilityPolicy: Send + Sync {
+    /// Whether the requester may read, list or watch the target.
+    fn can_see(&self, requester: &SessionKey, target: &SessionRef) -> bool;
+}
+
+/// A policy that lets everyone see everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllowAll;
+
+impl VisibilityPolicy for AllowAll {
+    fn can_see(&self, _: &SessionKey, _: &SessionRef) -> bool {
+        true
+    }
+}
+
+/// A policy that lets a requester see only sessions of its own agent (an agent-qualified
+/// requester sees refs whose agent id is its own; a bare requester sees nothing but itself).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SameAgent;
+
+impl VisibilityPolicy for SameAgent {
+    fn can_see(&self, requester: &SessionKey, target: &SessionRef) -> bool {
+        match requester.agent_id() {
+            Some(agent) => agent == target.agent_id.as_str(),
+            None => requester == &target.session_key,
+        }
+    }
+}
+
+/// Where an input to a session came from, as the gateway knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputProvenance {
+    /// Another session sent it (`sessions_send`).
+    InterSession {
+        /// The sending session.
+        source: SessionKey,
+    },
+    /// The gateway itself (a system event, a heartbeat, a cron).
+    Internal,
+    /// A channel message from a person.
+    Channel {
+        /// The person's id on the channel, when known.
+        sender_id: Option<String>,
+    },
+}
+
+/// Classifies an input at the gateway boundary (DESIGN.md section 3): inter-session input is an
+/// `agent` (actor id = the source session), internal input is `system`, anything else, including
+/// missing provenance, is `human`.
+pub fn classify_actor(
+    provenance: Option<&InputProvenance>,
+) -> (awareness_core::ActorType, Option<String>) {
+    use awareness_core::ActorType;
+    match provenance {
+        Some(InputProvenance::InterSession { source }) => {
+            (ActorType::Agent, Some(source.as_str().to_owned()))
+        }
+        Some(InputProvenance::Internal) => (ActorType::System, None),
+        Some(InputProvenance::Channel { sender_id }) => (ActorType::Human, sender_id.clone()),
+        None => (ActorType::Human, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use awareness_core::ActorType;
+
+    #[test]
+    fn actor_classification() {
+        let src = SessionKey::new("agent:main:main").unwrap();
+        assert_eq!(
+            classify_actor(Some(&InputProvenance::InterSession { source: src })),
+            (ActorType::Agent, Some("agent:main:main".into()))
+        );
+        assert_eq!(
+            classify_actor(Some(&InputProvenance::Internal)),
+            (ActorType::System, None)
+        );
+        assert_eq!(classify_actor(None), (ActorType::Human, None));
+        assert_eq!(
+            classify_actor(Some(&InputProvenance::Channel {
+                sender_id: Some("u".into())
+            })),
+            (ActorType::Human, Some("u".into()))
+        );
+    }
+
+    #[test]
+    fn same_agent_policy() {
+        let ops = SessionKey::new("agent:ops:main").unwrap();
+        let main_child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+        let ops_child = SessionRef::parse("agent:ops:subagent:c", "ops").unwrap();
+        assert!(!SameAgent.can_see(&ops, &main_child));
+        assert!(SameAgent.can_see(&ops, &ops_child));
+        assert!(AllowAll.can_see(&ops, &main_child));
+    }
+}

@@ -1,0 +1,139 @@
+//! A ready, in-process [`SystemEventQueue`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use awareness_core::SessionKey;
+
+use crate::ports::{QueuedEntry, SystemEventQueue};
+
+/// Per-session queues in memory.
+///
+/// - An entry whose text and context key equal a queued one is dropped (so 20 identical notices
+///   are one line).
+/// - With a capacity, a full queue evicts its oldest entry that is **not** a session-state
+///   notice; a session-state notice is never evicted (the queue grows past its capacity rather
+///   than lose one).
+#[derive(Debug, Default)]
+pub struct InMemoryQueue {
+    capacity: Option<usize>,
+    queues: Mutex<HashMap<SessionKey, VecDeque<QueuedEntry>>>,
+}
+
+impl InMemoryQueue {
+    /// An unbounded queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A queue that keeps at most `capacity` entries per session (session-state notices
+    /// excepted, see the type's docs).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            capacity: Some(capacity),
+            queues: Mutex::default(),
+        }
+    }
+
+    /// Forgets every queue, as a process restart would.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, VecDeque<QueuedEntry>>> {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl SystemEventQueue for InMemoryQueue {
+    fn enqueue(&self, session: &SessionKey, entry: QueuedEntry) -> bool {
+        let mut g = self.lock();
+        let q = g.entry(session.clone()).or_default();
+        if q.contains(&entry) {
+            return false;
+        }
+        if let Some(cap) = self.capacity {
+            while q.len() >= cap {
+                let Some(victim) = q.iter().position(|e| !e.is_session_state()) else {
+                    break; // only session-state notices left: never evict them
+                };
+                q.remove(victim);
+            }
+        }
+        q.push_back(entry);
+        true
+    }
+
+    fn drain(&self, session: &SessionKey) -> Vec<QueuedEntry> {
+        self.lock()
+            .remove(session)
+            .map(Vec::from)
+            .unwrap_or_default()
+    }
+
+    fn peek(&self, session: &SessionKey) -> Vec<QueuedEntry> {
+        self.lock()
+            .get(session)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> SessionKey {
+        SessionKey::new("agent:main:main").unwrap()
+    }
+    fn plain(t: &str) -> QueuedEntry {
+        QueuedEntry {
+            text: t.into(),
+            context_key: None,
+        }
+    }
+    fn notice(t: &str) -> QueuedEntry {
+        QueuedEntry {
+            text: t.into(),
+            context_key: Some("session-state:61".into()),
+        }
+    }
+
+    #[test]
+    fn duplicates_are_dropped_by_text_and_context_key() {
+        let q = InMemoryQueue::new();
+        assert!(q.enqueue(&key(), notice("n")));
+        assert!(!q.enqueue(&key(), notice("n")));
+        assert!(
+            q.enqueue(&key(), plain("n")),
+            "another context key is another entry"
+        );
+        assert_eq!(q.peek(&key()).len(), 2);
+        assert_eq!(q.drain(&key()).len(), 2);
+        assert!(q.drain(&key()).is_empty());
+    }
+
+    #[test]
+    fn session_state_notices_are_never_evicted() {
+        let q = InMemoryQueue::with_capacity(2);
+        q.enqueue(&key(), notice("n1"));
+        q.enqueue(&key(), plain("p1"));
+        q.enqueue(&key(), plain("p2"));
+        let left: Vec<String> = q.peek(&key()).into_iter().map(|e| e.text).collect();
+        assert_eq!(
+            left,
+            vec!["n1", "p2"],
+            "the plain entry went, the notice stayed"
+        );
+        q.enqueue(&key(), notice("n2"));
+        q.enqueue(&key(), notice("n3"));
+        let left: Vec<String> = q.peek(&key()).into_iter().map(|e| e.text).collect();
+        assert_eq!(
+            left,
+            vec!["n1", "n2", "n3"],
+            "over capacity rather than lose a notice"
+        );
+    }
+}

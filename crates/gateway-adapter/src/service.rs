@@ -1,0 +1,920 @@
+//! The [`Awareness`] service: what a gateway calls.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use awareness_core::{
+    ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
+    EventKind, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy, Sequence,
+    SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, WatcherKey, protocol, reconcile,
+};
+use serde_json::json;
+use tracing::warn;
+
+use crate::ports::{
+    AllowAll, HeartbeatWake, QueuedEntry, SessionDirectory, SessionEntry, SystemEventQueue,
+    VisibilityPolicy,
+};
+
+/// Where the service reads the time.
+pub trait Clock: Send + Sync {
+    /// Now, in ms since the epoch.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// A clock set by hand (tests, replays, simulations).
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    /// A clock at `at`.
+    pub fn new(at: Timestamp) -> Self {
+        Self(AtomicI64::new(at.millis()))
+    }
+
+    /// Moves the clock to `at`.
+    pub fn set(&self, at: Timestamp) {
+        self.0.store(at.millis(), Ordering::SeqCst);
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, ms: i64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// The answer to a request the visibility policy refused. It says nothing about the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("session not visible")]
+pub struct NotVisible;
+
+/// How a child run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunOutcome {
+    /// Completed.
+    Ok,
+    /// Failed with an error.
+    Error,
+    /// Timed out.
+    Timeout,
+    /// Cancelled (by the requester, a person or the runtime).
+    Cancelled,
+}
+
+impl RunOutcome {
+    /// Parses `ok` / `error` / `timeout` / `cancelled`.
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "ok" => RunOutcome::Ok,
+            "error" => RunOutcome::Error,
+            "timeout" => RunOutcome::Timeout,
+            "cancelled" => RunOutcome::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// The spelling in a payload.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Ok => "ok",
+            RunOutcome::Error => "error",
+            RunOutcome::Timeout => "timeout",
+            RunOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A human (or, by provenance, an agent or system) turn in a session.
+#[derive(Debug, Clone)]
+pub struct HumanMessage {
+    /// The session the message went into.
+    pub session: SessionKey,
+    /// Its agent (default: the key's agent, else the service's default agent).
+    pub agent_id: Option<AgentId>,
+    /// Who sent it (see [`crate::ports::classify_actor`]).
+    pub actor_type: ActorType,
+    /// The sender's id.
+    pub actor_id: Option<String>,
+    /// The channel (`telegram`, ...); blank means `unknown`.
+    pub channel: Option<String>,
+    /// The session's directory entry, when the caller has it (else the directory is asked).
+    pub entry: Option<SessionEntry>,
+    /// The run, when any.
+    pub run_id: Option<String>,
+    /// Idempotency key.
+    pub dedupe_key: Option<String>,
+    /// Extra payload.
+    pub payload: Option<Payload>,
+    /// Producer time.
+    pub occurred_at: Option<Timestamp>,
+    /// Human turns this event stands for (an upstream burst); `{"turns": N}` when above 1.
+    pub turns: u32,
+}
+
+impl HumanMessage {
+    /// A message from an unknown human on an unknown channel.
+    pub fn new(session: SessionKey) -> Self {
+        Self {
+            session,
+            agent_id: None,
+            actor_type: ActorType::Human,
+            actor_id: None,
+            channel: None,
+            entry: None,
+            run_id: None,
+            dedupe_key: None,
+            payload: None,
+            occurred_at: None,
+            turns: 1,
+        }
+    }
+}
+
+/// A compaction of a session's context.
+#[derive(Debug, Clone)]
+pub struct Compaction {
+    /// The session.
+    pub session: SessionKey,
+    /// Its agent (default as for [`HumanMessage`]).
+    pub agent_id: Option<AgentId>,
+    /// Session id.
+    pub session_id: Option<String>,
+    /// Run id.
+    pub run_id: Option<String>,
+    /// The compaction's operation id (the dedupe key is `compacted:<operationId>`).
+    pub operation_id: String,
+    /// Who compacted: `None` for the embedded runtime (no payload, as OpenClaw), else the owner
+    /// (a native harness), recorded as `{"owner": ...}`.
+    pub owner: Option<String>,
+}
+
+/// Result of a watch registration through `sessions_send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WatchOutcome {
+    /// Whether a cursor now watches the target.
+    pub watched: bool,
+}
+
+/// What start-up did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartupReport {
+    /// The pruning pass.
+    pub pruned: PruneReport,
+    /// Notices re-delivered by the sweep.
+    pub redelivered: usize,
+}
+
+/// Settings of the service.
+#[derive(Debug, Clone)]
+pub struct AwarenessConfig {
+    /// Retention.
+    pub retention: RetentionPolicy,
+    /// How often background pruning runs (default hourly).
+    pub prune_interval: Duration,
+    /// Refs per `heads` call when enriching `sessions_list` (default 500).
+    pub list_batch: usize,
+    /// The agent of a bare key when the caller names none (default `main`).
+    pub default_agent: AgentId,
+}
+
+impl Default for AwarenessConfig {
+    fn default() -> Self {
+        Self {
+            retention: RetentionPolicy::default(),
+            prune_interval: Duration::from_hours(1),
+            list_batch: 500,
+            default_agent: AgentId::new("main").expect("valid agent id"),
+        }
+    }
+}
+
+/// Session state awareness for one gateway process: producers, tools, delivery, the turn,
+/// lifecycle hooks, the start-up sweep and background pruning.
+///
+/// Recording and reading are best effort: a store failure is logged with `tracing` and never
+/// fails the caller's turn (reads degrade to version 0 and an empty page).
+pub struct Awareness {
+    store: Arc<dyn AwarenessStore>,
+    queue: Arc<dyn SystemEventQueue>,
+    wake: Arc<dyn HeartbeatWake>,
+    directory: Arc<dyn SessionDirectory>,
+    visibility: Arc<dyn VisibilityPolicy>,
+    clock: Arc<dyn Clock>,
+    config: AwarenessConfig,
+    prune_passes: tokio::sync::watch::Sender<PrunePass>,
+}
+
+/// The latest pruning pass, observable with [`Awareness::subscribe_pruning`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrunePass {
+    /// Passes completed since the service started (failed passes count too).
+    pub passes: u64,
+    /// What the latest pass deleted.
+    pub report: PruneReport,
+    /// Whether the latest pass failed (it was logged).
+    pub failed: bool,
+}
+
+impl std::fmt::Debug for Awareness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Awareness")
+            .field("store", &self.store)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`Awareness`] service from the gateway's ports.
+pub struct AwarenessBuilder {
+    store: Arc<dyn AwarenessStore>,
+    queue: Arc<dyn SystemEventQueue>,
+    wake: Arc<dyn HeartbeatWake>,
+    directory: Arc<dyn SessionDirectory>,
+    visibility: Arc<dyn VisibilityPolicy>,
+    clock: Arc<dyn Clock>,
+    config: AwarenessConfig,
+}
+
+impl AwarenessBuilder {
+    /// Sets the visibility policy (default: [`AllowAll`]).
+    #[must_use]
+    pub fn visibility(mut self, policy: Arc<dyn VisibilityPolicy>) -> Self {
+        self.visibility = policy;
+        self
+    }
+
+    /// Sets the clock (default: the system clock).
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets the configuration.
+    #[must_use]
+    pub fn config(mut self, config: AwarenessConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The service.
+    pub fn build(self) -> Awareness {
+        Awareness {
+            store: self.store,
+            queue: self.queue,
+            wake: self.wake,
+            directory: self.directory,
+            visibility: self.visibility,
+            clock: self.clock,
+            config: self.config,
+            prune_passes: tokio::sync::watch::Sender::new(PrunePass::default()),
+        }
+    }
+}
+
+impl Awareness {
+    /// Starts a builder over a store and the gateway's queue, waker and directory.
+    pub fn builder(
+        store: Arc<dyn AwarenessStore>,
+        queue: Arc<dyn SystemEventQueue>,
+        wake: Arc<dyn HeartbeatWake>,
+        directory: Arc<dyn SessionDirectory>,
+    ) -> AwarenessBuilder {
+        AwarenessBuilder {
+            store,
+            queue,
+            wake,
+            directory,
+            visibility: Arc::new(AllowAll),
+            clock: Arc::new(SystemClock),
+            config: AwarenessConfig::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn AwarenessStore> {
+        &self.store
+    }
+
+    /// The service's clock reading.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    fn agent_of(&self, key: &SessionKey, given: Option<&AgentId>) -> AgentId {
+        if let Some(a) = given {
+            return a.clone();
+        }
+        key.agent_id()
+            .and_then(|a| AgentId::new(a).ok())
+            .unwrap_or_else(|| self.config.default_agent.clone())
+    }
+
+    fn target_ref(
+        &self,
+        requester: &SessionKey,
+        key: &SessionKey,
+        given: Option<&AgentId>,
+    ) -> SessionRef {
+        let agent = match given {
+            Some(a) => a.clone(),
+            None => key
+                .agent_id()
+                .or_else(|| requester.agent_id())
+                .and_then(|a| AgentId::new(a).ok())
+                .unwrap_or_else(|| self.config.default_agent.clone()),
+        };
+        SessionRef::new(key.clone(), agent)
+    }
+
+    // ----- recording and delivery -------------------------------------------------------------
+
+    /// Records an event and delivers its notices; the store's error is returned as it is.
+    pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
+        let recorded = self.store.record(event, self.clock.now()).await?;
+        self.deliver(&recorded.notices);
+        Ok(recorded)
+    }
+
+    /// Records an event, best effort: a failure is logged and yields `None`.
+    pub async fn record(&self, event: NewEvent) -> Option<Recorded> {
+        let key = event.session.session_key.clone();
+        let kind = event.kind;
+        match self.try_record(event).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
+                None
+            }
+        }
+    }
+
+    /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
+    /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
+    pub fn deliver(&self, notices: &[Notice]) {
+        for n in notices {
+            let added = self.queue.enqueue(
+                n.watcher.session_key(),
+                QueuedEntry {
+                    text: n.text(),
+                    context_key: Some(n.context_key()),
+                },
+            );
+            if added && !n.watcher.session_key().is_subagent() {
+                self.wake.wake(n.watcher.session_key(), "session-state");
+            }
+        }
+    }
+
+    fn spawner(entry: Option<&SessionEntry>, session: &SessionKey) -> Option<WatcherKey> {
+        let e = entry?;
+        let up = e.spawned_by.as_ref().or(e.parent_session_key.as_ref())?;
+        if up == session {
+            return None;
+        }
+        WatcherKey::new(up.clone()).ok()
+    }
+
+    /// A human turn in a session: recorded only when the session has a spawner/parent or a
+    /// watcher. Returns the stored event.
+    pub async fn human_message(&self, msg: HumanMessage) -> Option<Arc<Event>> {
+        let entry = msg
+            .entry
+            .clone()
+            .or_else(|| self.directory.entry(&msg.session));
+        let spawner = Self::spawner(entry.as_ref(), &msg.session);
+        if spawner.is_none() {
+            let watched = self
+                .store
+                .cursors(&CursorFilter {
+                    target: Some(msg.session.clone()),
+                    ..CursorFilter::default()
+                })
+                .await;
+            match watched {
+                Ok(c) if c.is_empty() => return None,
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(session_key = %msg.session, error = %e, "cannot tell whether the session is watched; not recording");
+                    return None;
+                }
+            }
+        }
+        let channel = msg
+            .channel
+            .as_deref()
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .unwrap_or("unknown");
+        let agent = self.agent_of(&msg.session, msg.agent_id.as_ref());
+        let mut ev = NewEvent::new(
+            SessionRef::new(msg.session.clone(), agent),
+            EventKind::HumanDirectMessage,
+            msg.actor_type,
+            format!("human message via {channel}"),
+        );
+        ev.actor_id = msg.actor_id;
+        ev.session_id = entry.and_then(|e| e.session_id);
+        ev.run_id = msg.run_id;
+        ev.dedupe_key = msg.dedupe_key;
+        ev.occurred_at = msg.occurred_at;
+        let mut payload = msg.payload.unwrap_or_default();
+        if msg.turns > 1 {
+            payload.insert("turns".into(), json!(msg.turns));
+        }
+        ev.payload = (!payload.is_empty()).then_some(payload);
+        ev.watchers.extend(spawner);
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// The session's goal changed; its spawner is notified unless it made the change.
+    pub async fn goal_changed(
+        &self,
+        session: &SessionKey,
+        agent: Option<&AgentId>,
+        summary: &str,
+        actor: (ActorType, Option<String>),
+        entry: Option<SessionEntry>,
+    ) -> Option<Arc<Event>> {
+        let entry = entry.or_else(|| self.directory.entry(session));
+        let mut ev = NewEvent::new(
+            SessionRef::new(session.clone(), self.agent_of(session, agent)),
+            EventKind::GoalChanged,
+            actor.0,
+            summary,
+        );
+        ev.actor_id = actor.1;
+        ev.watchers.extend(Self::spawner(entry.as_ref(), session));
+        ev.session_id = entry.and_then(|e| e.session_id);
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// A compaction, by any owner.
+    pub async fn compacted(&self, c: Compaction) -> Option<Arc<Event>> {
+        let mut ev = NewEvent::new(
+            SessionRef::new(
+                c.session.clone(),
+                self.agent_of(&c.session, c.agent_id.as_ref()),
+            ),
+            EventKind::Compacted,
+            ActorType::System,
+            "session compacted",
+        )
+        .with_dedupe_key(format!("compacted:{}", c.operation_id));
+        ev.session_id = c.session_id;
+        ev.run_id = c.run_id;
+        if let Some(owner) = c.owner {
+            let mut p = Payload::new();
+            p.insert("owner".into(), json!(owner));
+            ev.payload = Some(p);
+        }
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// A subagent was spawned: logs `child_spawned` on the child and seeds the requester's cursor.
+    pub async fn subagent_spawned(
+        &self,
+        child: &SessionKey,
+        agent: Option<&AgentId>,
+        requester: &SessionKey,
+        run_id: &str,
+    ) -> Option<Arc<Event>> {
+        let mut ev = NewEvent::new(
+            SessionRef::new(child.clone(), self.agent_of(child, agent)),
+            EventKind::ChildSpawned,
+            ActorType::Agent,
+            "child session spawned",
+        )
+        .with_actor_id(requester.as_str())
+        .with_run_id(run_id)
+        .with_dedupe_key(format!("child-spawned:{run_id}"));
+        if let Ok(w) = WatcherKey::new(requester.clone()) {
+            ev.watchers.push(w);
+        } else {
+            warn!(requester = %requester, "a bare requester cannot watch its child");
+        }
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// A subagent's run ended, with its exact outcome.
+    pub async fn subagent_ended(
+        &self,
+        child: &SessionKey,
+        agent: Option<&AgentId>,
+        run_id: &str,
+        outcome: RunOutcome,
+    ) -> Option<Arc<Event>> {
+        let (kind, summary) = match outcome {
+            RunOutcome::Ok => (EventKind::RunCompleted, "child run completed"),
+            RunOutcome::Error => (EventKind::RunFailed, "child run failed"),
+            RunOutcome::Timeout => (EventKind::RunFailed, "child run timed out"),
+            RunOutcome::Cancelled => (EventKind::RunFailed, "child run cancelled"),
+        };
+        let mut ev = NewEvent::new(
+            SessionRef::new(child.clone(), self.agent_of(child, agent)),
+            kind,
+            ActorType::System,
+            summary,
+        )
+        .with_run_id(run_id)
+        .with_dedupe_key(format!("run-terminal:{run_id}"));
+        if outcome != RunOutcome::Ok {
+            let mut p = Payload::new();
+            p.insert("outcome".into(), json!(outcome.as_str()));
+            ev.payload = Some(p);
+        }
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// A session was adopted from an external catalog.
+    pub async fn adopted(
+        &self,
+        session: &SessionRef,
+        catalog_id: &str,
+        host_id: &str,
+    ) -> Option<Arc<Event>> {
+        let mut p = Payload::new();
+        p.insert("catalogId".into(), json!(catalog_id));
+        p.insert("hostId".into(), json!(host_id));
+        let ev = NewEvent::new(
+            session.clone(),
+            EventKind::Adopted,
+            ActorType::System,
+            format!("adopted from {catalog_id}"),
+        )
+        .with_payload(p)
+        .with_dedupe_key(format!("adopted:{}", session.session_key));
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// A session was created.
+    pub async fn session_created(
+        &self,
+        session: &SessionRef,
+        session_id: &str,
+    ) -> Option<Arc<Event>> {
+        let ev = NewEvent::new(
+            session.clone(),
+            EventKind::Created,
+            ActorType::System,
+            "session created",
+        )
+        .with_session_id(session_id)
+        .with_dedupe_key(format!(
+            "created:{}:{}:{session_id}",
+            session.agent_id, session.session_key
+        ));
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    // ----- tools --------------------------------------------------------------------------------
+
+    /// `session_status`: always `stateVersion`; with `changes_since` the reconcile page. Refused
+    /// with [`NotVisible`] (revealing nothing) when the policy says no. Store failures degrade to
+    /// version 0 and an empty page.
+    pub async fn session_status(
+        &self,
+        requester: &SessionKey,
+        target: &SessionKey,
+        target_agent: Option<&AgentId>,
+        changes_since: Option<Sequence>,
+        limit: Option<usize>,
+    ) -> Result<SessionStatus, NotVisible> {
+        let r = self.target_ref(requester, target, target_agent);
+        if !self.visibility.can_see(requester, &r) {
+            return Err(NotVisible);
+        }
+        match self.store.session_status(&r, changes_since, limit).await {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                warn!(session_key = %target, error = %e, "session_status degraded to version 0");
+                Ok(SessionStatus {
+                    state_version: Sequence::ZERO,
+                    state_changes: changes_since.map(|after| {
+                        reconcile::build_page(
+                            after,
+                            None,
+                            None,
+                            Vec::new(),
+                            reconcile::clamp_limit(limit),
+                        )
+                    }),
+                })
+            }
+        }
+    }
+
+    /// `session_status` as the text block a model reads.
+    pub async fn session_status_text(
+        &self,
+        requester: &SessionKey,
+        target: &SessionKey,
+        target_agent: Option<&AgentId>,
+        changes_since: Option<Sequence>,
+        limit: Option<usize>,
+    ) -> String {
+        match self
+            .session_status(requester, target, target_agent, changes_since, limit)
+            .await
+        {
+            Err(NotVisible) => format!("Session \"{target}\" is not visible to this session."),
+            Ok(s) => render_status(target, changes_since, &s),
+        }
+    }
+
+    /// `sessions_list` enrichment: `stateVersion` of each visible ref whose head is above 0,
+    /// read in batches.
+    pub async fn state_versions(
+        &self,
+        requester: &SessionKey,
+        refs: &[SessionRef],
+    ) -> HashMap<SessionRef, Sequence> {
+        let visible: Vec<SessionRef> = refs
+            .iter()
+            .filter(|r| self.visibility.can_see(requester, r))
+            .cloned()
+            .collect();
+        let mut out = HashMap::new();
+        for batch in visible.chunks(self.config.list_batch.max(1)) {
+            match self.store.heads(batch).await {
+                Ok(heads) => out.extend(
+                    heads
+                        .into_iter()
+                        .filter(|h| h.last_sequence > Sequence::ZERO)
+                        .map(|h| (h.session, h.last_sequence)),
+                ),
+                Err(e) => {
+                    warn!(error = %e, refs = batch.len(), "sessions_list enrichment skipped a batch");
+                }
+            }
+        }
+        out
+    }
+
+    /// `sessions_send` with `watch: true`: registers the watch only when the dispatch succeeded;
+    /// refused (`watched: false`) for a bare watcher, a self-watch or a target the requester
+    /// cannot see.
+    pub async fn watch_after_send(
+        &self,
+        watcher: &SessionKey,
+        target: &SessionKey,
+        target_agent: Option<&AgentId>,
+        dispatched: bool,
+    ) -> WatchOutcome {
+        let refused = WatchOutcome { watched: false };
+        if !dispatched {
+            return refused;
+        }
+        let Ok(w) = protocol::check_watch(watcher, target) else {
+            return refused;
+        };
+        let r = self.target_ref(watcher, target, target_agent);
+        if !self.visibility.can_see(watcher, &r) {
+            return refused;
+        }
+        match self.store.watch(&w, &r, self.clock.now()).await {
+            Ok(_) => WatchOutcome { watched: true },
+            Err(e) => {
+                warn!(watcher = %watcher, target = %target, error = %e, "watch not registered");
+                refused
+            }
+        }
+    }
+
+    /// Removes a watch; `true` when one existed.
+    pub async fn unwatch(&self, watcher: &SessionKey, target: &SessionKey) -> bool {
+        let Ok(w) = WatcherKey::new(watcher.clone()) else {
+            return false;
+        };
+        self.store.unwatch(&w, target).await.unwrap_or_else(|e| {
+            warn!(watcher = %watcher, target = %target, error = %e, "unwatch failed");
+            false
+        })
+    }
+
+    // ----- the turn -----------------------------------------------------------------------------
+
+    /// Removes the watcher's queued lines without acknowledging anything.
+    pub fn take_queued(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
+        self.queue.drain(watcher)
+    }
+
+    /// Acknowledges the watcher's notices on `targets` and delivers the follow-ups.
+    pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
+        let Ok(w) = WatcherKey::new(watcher.clone()) else {
+            return Vec::new();
+        };
+        if targets.is_empty() {
+            return Vec::new();
+        }
+        match self.store.acknowledge(&w, targets, self.clock.now()).await {
+            Ok(follow) => {
+                self.deliver(&follow);
+                follow
+            }
+            Err(e) => {
+                warn!(watcher = %watcher, error = %e, "acknowledge failed; the notices stay pending");
+                Vec::new()
+            }
+        }
+    }
+
+    /// A watcher's turn drains its queue: first every pending durable cursor of the watcher is
+    /// (re-)queued, so a notice lost from memory comes back now rather than after a restart;
+    /// then the queue is drained and exactly the session-state entries drained are
+    /// acknowledged (strictly decoded; a bad context key acknowledges nothing). Returns what was
+    /// drained, for the turn's prompt.
+    pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
+        self.recover_pending(watcher).await;
+        let drained = self.queue.drain(watcher);
+        let targets: BTreeSet<SessionKey> = drained
+            .iter()
+            .filter(|e| e.is_session_state())
+            .filter_map(|e| {
+                let key = e.context_key.as_deref()?;
+                protocol::decode_context_key(key)
+                    .inspect_err(|err| warn!(watcher = %watcher, error = %err, "ignoring a malformed session-state entry"))
+                    .ok()
+            })
+            .collect();
+        let targets: Vec<SessionKey> = targets.into_iter().collect();
+        self.acknowledge(watcher, &targets).await;
+        drained
+    }
+
+    async fn recover_pending(&self, watcher: &SessionKey) {
+        if !watcher.is_agent_qualified() {
+            return;
+        }
+        let pending = self
+            .store
+            .cursors(&CursorFilter {
+                watcher: Some(watcher.clone()),
+                pending_only: true,
+                ..CursorFilter::default()
+            })
+            .await;
+        match pending {
+            Ok(cursors) => {
+                for c in &cursors {
+                    // The queue drops it when the same line is already there.
+                    self.queue.enqueue(
+                        watcher,
+                        QueuedEntry {
+                            text: Notice::of(c).text(),
+                            context_key: Some(Notice::of(c).context_key()),
+                        },
+                    );
+                }
+            }
+            Err(e) => {
+                warn!(watcher = %watcher, error = %e, "cannot recover pending notices this turn");
+            }
+        }
+    }
+
+    // ----- lifecycle ----------------------------------------------------------------------------
+
+    /// Session reset: its own watches go (its assumptions are gone); its history stays.
+    pub async fn on_reset(&self, session: &SessionKey) {
+        if let Err(e) = self.store.reset_watcher(session).await {
+            warn!(session_key = %session, error = %e, "reset: watches not removed");
+        }
+    }
+
+    /// Session deleted: its events, head and cursors go.
+    pub async fn on_delete(&self, session: &SessionRef) {
+        if let Err(e) = self.store.delete_session(session).await {
+            warn!(session_key = %session.session_key, error = %e, "delete: state not removed");
+        }
+    }
+
+    /// One pruning pass (in bounded chunks).
+    pub async fn prune(&self) -> PruneReport {
+        let result = self
+            .store
+            .prune(&self.config.retention, self.clock.now())
+            .await;
+        let failed = result.is_err();
+        let report = result.unwrap_or_else(|e| {
+            warn!(error = %e, "pruning failed; it runs again on the next tick");
+            PruneReport::default()
+        });
+        self.prune_passes.send_modify(|p| {
+            p.passes += 1;
+            p.report = report;
+            p.failed = failed;
+        });
+        report
+    }
+
+    /// Watches pruning passes (start-up, background, explicit).
+    pub fn subscribe_pruning(&self) -> tokio::sync::watch::Receiver<PrunePass> {
+        self.prune_passes.subscribe()
+    }
+
+    /// The start-up sweep: every pending cursor whose watcher still exists is re-frozen and its
+    /// notice re-delivered. Returns how many.
+    pub async fn sweep(&self) -> usize {
+        let dir = Arc::clone(&self.directory);
+        let exists = move |w: &WatcherKey| dir.exists(w.session_key());
+        match self.store.sweep(self.clock.now(), &exists).await {
+            Ok(notices) => {
+                self.deliver(&notices);
+                notices.len()
+            }
+            Err(e) => {
+                warn!(error = %e, "start-up sweep failed");
+                0
+            }
+        }
+    }
+
+    /// Start-up: one pruning pass, then the sweep.
+    pub async fn startup(&self) -> StartupReport {
+        let pruned = self.prune().await;
+        let redelivered = self.sweep().await;
+        StartupReport {
+            pruned,
+            redelivered,
+        }
+    }
+
+    /// Runs pruning every `prune_interval` on a background task, never on the recording path.
+    pub fn spawn_pruning(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(me.config.prune_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await; // the first tick is immediate; start-up already pruned
+            loop {
+                tick.tick().await;
+                me.prune().await;
+            }
+        })
+    }
+}
+
+/// Renders `session_status` as the text block a model reads.
+pub fn render_status(
+    target: &SessionKey,
+    changes_since: Option<Sequence>,
+    s: &SessionStatus,
+) -> String {
+    let mut out = format!("Session \"{target}\" stateVersion {}.", s.state_version);
+    if let (Some(after), Some(page)) = (changes_since, &s.state_changes) {
+        render_page(&mut out, after, page);
+    }
+    out
+}
+
+fn render_page(out: &mut String, after: Sequence, page: &ChangesPage) {
+    use std::fmt::Write as _;
+    let _ = write!(
+        out,
+        "\nChanges since {after}: {} event(s)",
+        page.events.len()
+    );
+    if page.truncated {
+        out.push_str(" (truncated: ask again from the last sequence shown)");
+    }
+    out.push('.');
+    if page.history_gap {
+        let _ = write!(
+            out,
+            "\nHistory gap: events after {after} were pruned; the earliest available is {}.",
+            page.earliest_available_sequence
+        );
+    }
+    if page.version_ahead {
+        let _ = write!(
+            out,
+            "\nVersion ahead: {after} is above this session's stateVersion; treat the session as new."
+        );
+    }
+    for e in &page.events {
+        let _ = write!(out, "\n- #{} {} by {}", e.sequence, e.kind, e.actor_type);
+        if let Some(id) = &e.actor_id {
+            let _ = write!(out, " {id}");
+        }
+        let _ = write!(out, ": {}", e.summary);
+    }
+}

@@ -1,0 +1,155 @@
+//! A ready [`HeartbeatWake`] that coalesces wakes per session on tokio's clock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use awareness_core::SessionKey;
+
+use crate::ports::HeartbeatWake;
+
+/// The gateway's default coalescing window.
+pub const DEFAULT_WAKE_WINDOW: Duration = Duration::from_secs(20);
+
+/// What actually wakes a session (the gateway's heartbeat runner).
+pub type WakeSink = Arc<dyn Fn(&SessionKey, &str) + Send + Sync>;
+
+/// Coalesces wakes: the first wake of a session fires at once; further wakes inside the window
+/// fire once, at the window's end. Needs a tokio runtime (it spawns the trailing wake).
+pub struct CoalescingWake {
+    window: Duration,
+    sink: WakeSink,
+    state: Arc<Mutex<HashMap<SessionKey, bool>>>,
+}
+
+impl std::fmt::Debug for CoalescingWake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoalescingWake")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CoalescingWake {
+    /// A waker with the default 20 s window.
+    pub fn new(sink: WakeSink) -> Self {
+        Self::with_window(DEFAULT_WAKE_WINDOW, sink)
+    }
+
+    /// A waker with its own window.
+    pub fn with_window(window: Duration, sink: WakeSink) -> Self {
+        Self {
+            window,
+            sink,
+            state: Arc::default(),
+        }
+    }
+}
+
+impl HeartbeatWake for CoalescingWake {
+    fn wake(&self, session: &SessionKey, reason: &str) {
+        let mut g = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(trailing) = g.get_mut(session) {
+            *trailing = true; // inside the window: one trailing wake at its end
+            return;
+        }
+        g.insert(session.clone(), false);
+        drop(g);
+        (self.sink)(session, reason);
+        let state = Arc::clone(&self.state);
+        let sink = Arc::clone(&self.sink);
+        let window = self.window;
+        let session = session.clone();
+        let reason = reason.to_owned();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(window).await;
+                let fire = {
+                    let mut g = state
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match g.get_mut(&session) {
+                        Some(t) if *t => {
+                            *t = false;
+                            true
+                        }
+                        _ => {
+                            g.remove(&session);
+                            false
+                        }
+                    }
+                };
+                if !fire {
+                    break;
+                }
+                sink(&session, &reason);
+            }
+        });
+    }
+}
+
+/// A [`HeartbeatWake`] that only counts wakes per session (for tests and dry runs).
+#[derive(Debug, Default)]
+pub struct RecordingWake {
+    wakes: Mutex<Vec<SessionKey>>,
+}
+
+impl RecordingWake {
+    /// A new, empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How often `session` was woken.
+    pub fn count(&self, session: &SessionKey) -> usize {
+        self.lock().iter().filter(|s| *s == session).count()
+    }
+
+    /// Every wake, in order.
+    pub fn all(&self) -> Vec<SessionKey> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<SessionKey>> {
+        self.wakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl HeartbeatWake for RecordingWake {
+    fn wake(&self, session: &SessionKey, _reason: &str) {
+        self.lock().push(session.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn wakes_coalesce_within_the_window() {
+        let rec = Arc::new(RecordingWake::new());
+        let sink_rec = Arc::clone(&rec);
+        let sink: WakeSink = Arc::new(move |s, r| sink_rec.wake(s, r));
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        for _ in 0..20 {
+            waker.wake(&main, "session-state");
+        }
+        assert_eq!(rec.count(&main), 1, "the first wake fires at once");
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        assert_eq!(rec.count(&main), 2, "the other 19 became one trailing wake");
+        tokio::time::sleep(Duration::from_mins(1)).await;
+        assert_eq!(rec.count(&main), 2, "nothing more without new wakes");
+        waker.wake(&main, "again");
+        assert_eq!(
+            rec.count(&main),
+            3,
+            "after the window a wake fires at once again"
+        );
+    }
+}

@@ -1,0 +1,788 @@
+//! End-to-end: a gateway's view of the adapter, on every backend (real files for the durable
+//! ones), with tokio's paused clock driving the coalescing heartbeat wake.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use awareness_core::{
+    ActorType, AgentId, AwarenessStore, ChangesPage, Cursor, CursorFilter, CursorKey, CursorStore,
+    Event, EventKind, EventStore, Head, LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence,
+    SessionKey, SessionRef, StoreError, Timestamp, WatcherKey, async_trait,
+};
+use awareness_e2e::{Backend, backends};
+use gateway_adapter::{
+    AllowAll, Awareness, CoalescingWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
+    ManualClock, RecordingWake, RunOutcome, SessionEntry, SpawnTree, SystemEventQueue,
+    VisibilityPolicy, WakeSink,
+};
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+const MANAGER: &str = "agent:main:main";
+const CHILD: &str = "agent:main:subagent:worker";
+
+fn k(s: &str) -> SessionKey {
+    SessionKey::new(s).unwrap()
+}
+
+struct Gateway {
+    svc: Arc<Awareness>,
+    queue: Arc<InMemoryQueue>,
+    woken: Arc<RecordingWake>,
+    dir: Arc<InMemoryDirectory>,
+    clock: Arc<ManualClock>,
+}
+
+impl Gateway {
+    fn new(store: Arc<dyn AwarenessStore>) -> Self {
+        Self::with_policy(store, Arc::new(AllowAll))
+    }
+
+    fn with_policy(store: Arc<dyn AwarenessStore>, policy: Arc<dyn VisibilityPolicy>) -> Self {
+        Self::with_parts(
+            store,
+            policy,
+            Arc::new(InMemoryDirectory::new()),
+            Arc::new(ManualClock::new(T0)),
+        )
+    }
+
+    fn with_parts(
+        store: Arc<dyn AwarenessStore>,
+        policy: Arc<dyn VisibilityPolicy>,
+        dir: Arc<InMemoryDirectory>,
+        clock: Arc<ManualClock>,
+    ) -> Self {
+        let queue = Arc::new(InMemoryQueue::new());
+        let woken = Arc::new(RecordingWake::new());
+        let sink_rec = Arc::clone(&woken);
+        let sink: WakeSink = Arc::new(move |s, r| {
+            use gateway_adapter::HeartbeatWake as _;
+            sink_rec.wake(s, r);
+        });
+        let svc = Awareness::builder(
+            store,
+            queue.clone(),
+            Arc::new(CoalescingWake::new(sink)),
+            dir.clone(),
+        )
+        .visibility(policy)
+        .clock(clock.clone())
+        .build();
+        Self {
+            svc: Arc::new(svc),
+            queue,
+            woken,
+            dir,
+            clock,
+        }
+    }
+
+    fn spawn_entry(&self, child: &str, parent: &str) {
+        self.dir.upsert(
+            k(child),
+            SessionEntry {
+                spawned_by: Some(k(parent)),
+                ..SessionEntry::default()
+            },
+        );
+        if self.dir.entry_of(parent).is_none() {
+            self.dir.upsert(k(parent), SessionEntry::default());
+        }
+    }
+
+    async fn human(&self, session: &str) -> Option<Arc<Event>> {
+        let mut m = HumanMessage::new(k(session));
+        m.channel = Some("telegram".into());
+        m.actor_id = Some("user-7".into());
+        self.svc.human_message(m).await
+    }
+}
+
+trait EntryOf {
+    fn entry_of(&self, key: &str) -> Option<SessionEntry>;
+}
+impl EntryOf for InMemoryDirectory {
+    fn entry_of(&self, key: &str) -> Option<SessionEntry> {
+        use gateway_adapter::SessionDirectory as _;
+        self.entry(&k(key))
+    }
+}
+
+async fn reopen(b: &Backend) -> Arc<dyn AwarenessStore> {
+    if b.name == "memory" {
+        return Arc::clone(&b.store);
+    }
+    gateway_adapter::open_store(&b.url)
+        .await
+        .expect("reopen the same file")
+}
+
+#[tokio::test(start_paused = true)]
+async fn manager_gets_one_notice_for_twenty_human_messages_and_reconciles_them() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.spawn_entry(CHILD, MANAGER);
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .expect("spawned");
+        let mut sequences = Vec::new();
+        for _ in 0..20 {
+            sequences.push(gw.human(CHILD).await.expect("recorded").sequence);
+        }
+        let queued = gw.queue.peek(&k(MANAGER));
+        assert_eq!(queued.len(), 1, "{}: exactly one line", b.name);
+        assert_eq!(gw.woken.count(&k(MANAGER)), 1, "{}: woken once", b.name);
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(
+            gw.woken.count(&k(MANAGER)),
+            1,
+            "{}: no further wake: one line, one wake",
+            b.name
+        );
+        assert!(
+            queued[0].text.ends_with("changesSince 1."),
+            "{}",
+            queued[0].text
+        );
+
+        let drained = gw.svc.drain_turn(&k(MANAGER)).await;
+        assert_eq!(drained, queued);
+        let status = gw
+            .svc
+            .session_status(&k(MANAGER), &k(CHILD), None, Some(Sequence(1)), None)
+            .await
+            .expect("visible");
+        let page = status.state_changes.expect("page");
+        let got: Vec<Sequence> = page.events.iter().map(|e| e.sequence).collect();
+        assert_eq!(got, sequences, "{}: exactly those 20 events", b.name);
+        assert!(
+            page.events.iter().all(
+                |e| e.kind == EventKind::HumanDirectMessage && e.actor_type == ActorType::Human
+            )
+        );
+        assert_eq!(status.state_version, *sequences.last().unwrap());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn event_between_enqueue_and_drain_reopens_exactly_one_follow_up() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.spawn_entry(CHILD, MANAGER);
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await;
+        let first = gw.human(CHILD).await.unwrap().sequence; // notice queued: changesSince 1
+        let queued = gw.queue.peek(&k(MANAGER));
+        let later = gw.human(CHILD).await.unwrap().sequence; // arrives before the drain
+        assert_eq!(
+            gw.queue.peek(&k(MANAGER)),
+            queued,
+            "{}: still one line",
+            b.name
+        );
+        gw.svc.drain_turn(&k(MANAGER)).await;
+        let follow = gw.queue.peek(&k(MANAGER));
+        assert_eq!(follow.len(), 1, "{}: exactly one follow-up", b.name);
+        assert!(
+            follow[0].text.ends_with(&format!("changesSince {first}.")),
+            "{}",
+            follow[0].text
+        );
+        let again = gw.svc.drain_turn(&k(MANAGER)).await;
+        assert_eq!(again, follow);
+        assert!(
+            gw.queue.peek(&k(MANAGER)).is_empty(),
+            "{}: nothing after the follow-up",
+            b.name
+        );
+        let c = b
+            .store
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.last_seen, c.notified, c.material), (later, later, later));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_subagent_watcher_is_not_woken_and_reads_it_next_turn() {
+    const NESTED: &str = "agent:main:subagent:worker:subagent:helper";
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.spawn_entry(NESTED, CHILD);
+        gw.svc
+            .subagent_spawned(&k(NESTED), None, &k(CHILD), "run-n")
+            .await;
+        gw.human(NESTED)
+            .await
+            .expect("recorded: the helper has a spawner");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(
+            gw.woken.count(&k(CHILD)),
+            0,
+            "{}: a nested subagent is not woken",
+            b.name
+        );
+        let turn = gw.svc.drain_turn(&k(CHILD)).await;
+        assert_eq!(
+            turn.len(),
+            1,
+            "{}: it sees the notice on its next turn",
+            b.name
+        );
+        assert!(turn[0].text.contains(NESTED));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_brings_the_pending_notice_back() {
+    for b in backends().await {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let clock = Arc::new(ManualClock::new(T0));
+        let gw = Gateway::with_parts(
+            Arc::clone(&b.store),
+            Arc::new(AllowAll),
+            dir.clone(),
+            clock.clone(),
+        );
+        gw.spawn_entry(CHILD, MANAGER);
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await;
+        gw.human(CHILD).await;
+        gw.human(CHILD).await;
+        let before = gw.queue.peek(&k(MANAGER));
+        drop(gw);
+        clock.advance(60_000);
+        // A new process on the same file: queues are empty.
+        let store = reopen(&b).await;
+        let gw = Gateway::with_parts(store, Arc::new(AllowAll), dir, clock);
+        assert!(gw.queue.peek(&k(MANAGER)).is_empty());
+        let report = gw.svc.startup().await;
+        assert_eq!(report.redelivered, 1, "{}", b.name);
+        assert_eq!(
+            gw.queue.peek(&k(MANAGER)),
+            before,
+            "{}: the same line comes back",
+            b.name
+        );
+        assert_eq!(gw.woken.count(&k(MANAGER)), 1);
+        gw.svc.drain_turn(&k(MANAGER)).await;
+        assert!(
+            gw.queue.peek(&k(MANAGER)).is_empty(),
+            "{}: the sweep froze at material, so the ack covers all",
+            b.name
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_notice_lost_from_the_queue_reappears_on_the_next_turn() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.spawn_entry(CHILD, MANAGER);
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await;
+        gw.human(CHILD).await;
+        let lost = gw.queue.drain(&k(MANAGER)); // something else emptied the queue
+        assert_eq!(lost.len(), 1);
+        let turn = gw.svc.drain_turn(&k(MANAGER)).await;
+        assert_eq!(
+            turn, lost,
+            "{}: recovered from the durable cursor without a restart",
+            b.name
+        );
+        let c = b
+            .store
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!c.is_pending(), "{}: and acknowledged", b.name);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn explicit_watch_through_sessions_send_on_a_peer() {
+    const PEER: &str = "agent:main:peer";
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.dir.upsert(k(PEER), SessionEntry::default());
+        let old = NewEvent::new(
+            SessionRef::parse(PEER, "main").unwrap(),
+            EventKind::GoalChanged,
+            ActorType::System,
+            "goal created",
+        );
+        gw.svc.record(old).await.expect("recorded");
+        assert!(
+            !gw.svc
+                .watch_after_send(&k(MANAGER), &k(PEER), None, false)
+                .await
+                .watched,
+            "not after a failed dispatch"
+        );
+        assert!(
+            !gw.svc
+                .watch_after_send(&k("global"), &k(PEER), None, true)
+                .await
+                .watched,
+            "a bare key never watches"
+        );
+        assert!(
+            !gw.svc
+                .watch_after_send(&k(PEER), &k(PEER), None, true)
+                .await
+                .watched,
+            "no self-watch"
+        );
+        assert!(
+            gw.svc
+                .watch_after_send(&k(MANAGER), &k(PEER), None, true)
+                .await
+                .watched
+        );
+        assert!(
+            gw.queue.peek(&k(MANAGER)).is_empty(),
+            "{}: history before the watch never notifies",
+            b.name
+        );
+        let ev = gw.human(PEER).await.expect("recorded: the peer is watched");
+        let lines = gw.queue.peek(&k(MANAGER));
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0]
+                .text
+                .ends_with(&format!("changesSince {}.", ev.sequence.get() - 1))
+        );
+        assert!(gw.svc.unwatch(&k(MANAGER), &k(PEER)).await);
+        gw.svc.drain_turn(&k(MANAGER)).await;
+        gw.human(PEER).await;
+        assert!(
+            gw.queue.peek(&k(MANAGER)).is_empty(),
+            "{}: unwatched",
+            b.name
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn goal_change_by_the_watcher_itself_gives_no_notice() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.spawn_entry(CHILD, MANAGER);
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await;
+        let ev = gw
+            .svc
+            .goal_changed(
+                &k(CHILD),
+                None,
+                "goal set by the manager",
+                (ActorType::Agent, Some(MANAGER.into())),
+                None,
+            )
+            .await
+            .expect("logged");
+        assert_eq!(ev.kind, EventKind::GoalChanged);
+        assert!(
+            gw.queue.peek(&k(MANAGER)).is_empty(),
+            "{}: self-caused",
+            b.name
+        );
+        assert_eq!(gw.woken.count(&k(MANAGER)), 0);
+        gw.svc
+            .goal_changed(
+                &k(CHILD),
+                None,
+                "goal set by a person",
+                (ActorType::Human, None),
+                None,
+            )
+            .await;
+        assert_eq!(
+            gw.queue.peek(&k(MANAGER)).len(),
+            1,
+            "{}: another actor notifies",
+            b.name
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await;
+        for (run, outcome, summary) in [
+            ("run-1", RunOutcome::Ok, "child run completed"),
+            ("run-2", RunOutcome::Error, "child run failed"),
+            ("run-3", RunOutcome::Timeout, "child run timed out"),
+            ("run-4", RunOutcome::Cancelled, "child run cancelled"),
+        ] {
+            let ev = gw
+                .svc
+                .subagent_ended(&k(CHILD), None, run, outcome)
+                .await
+                .expect("logged");
+            assert_eq!(ev.summary, summary);
+            if outcome == RunOutcome::Ok {
+                assert_eq!(ev.kind, EventKind::RunCompleted);
+                assert!(ev.payload.is_none());
+            } else {
+                assert_eq!(ev.kind, EventKind::RunFailed);
+                assert_eq!(ev.payload.as_ref().unwrap()["outcome"], outcome.as_str());
+            }
+        }
+        let harness = gw
+            .svc
+            .compacted(gateway_adapter::Compaction {
+                session: k(CHILD),
+                agent_id: None,
+                session_id: None,
+                run_id: None,
+                operation_id: "op-9".into(),
+                owner: Some("codex".into()),
+            })
+            .await
+            .expect("any owner can record a compaction");
+        assert_eq!(harness.payload.as_ref().unwrap()["owner"], "codex");
+        assert!(
+            gw.queue.peek(&k(MANAGER)).is_empty(),
+            "{}: log-only kinds",
+            b.name
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn visibility_policy_guards_every_read_and_watch() {
+    const OPS: &str = "agent:ops:main";
+    for b in backends().await {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let tree = Gateway::with_parts(
+            Arc::clone(&b.store),
+            Arc::new(SpawnTree::new(dir.clone())),
+            dir,
+            Arc::new(ManualClock::new(T0)),
+        );
+        tree.spawn_entry(CHILD, MANAGER);
+        tree.dir.upsert(k(OPS), SessionEntry::default());
+        tree.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await;
+        tree.human(CHILD).await;
+        let child_ref = SessionRef::parse(CHILD, "main").unwrap();
+        let before = b.store.cursors(&CursorFilter::default()).await.unwrap();
+
+        assert!(
+            tree.svc
+                .session_status(&k(OPS), &k(CHILD), None, None, None)
+                .await
+                .is_err()
+        );
+        assert!(
+            tree.svc
+                .session_status(&k(OPS), &k(CHILD), None, Some(Sequence(0)), None)
+                .await
+                .is_err()
+        );
+        let text = tree
+            .svc
+            .session_status_text(&k(OPS), &k(CHILD), None, Some(Sequence(0)), None)
+            .await;
+        assert_eq!(
+            text,
+            format!("Session \"{CHILD}\" is not visible to this session."),
+            "reveals nothing"
+        );
+        let text_missing = tree
+            .svc
+            .session_status_text(&k(OPS), &k("agent:main:subagent:nobody"), None, None, None)
+            .await;
+        assert_eq!(
+            text_missing.replace("agent:main:subagent:nobody", CHILD),
+            text,
+            "an existing and a missing session are refused alike"
+        );
+        assert!(
+            tree.svc
+                .state_versions(&k(OPS), std::slice::from_ref(&child_ref))
+                .await
+                .is_empty()
+        );
+        assert!(
+            !tree
+                .svc
+                .watch_after_send(&k(OPS), &k(CHILD), None, true)
+                .await
+                .watched
+        );
+        assert_eq!(
+            b.store.cursors(&CursorFilter::default()).await.unwrap(),
+            before,
+            "{}: a refused request writes nothing",
+            b.name
+        );
+        // The manager sees its own child.
+        assert!(
+            tree.svc
+                .session_status(&k(MANAGER), &k(CHILD), None, Some(Sequence(0)), None)
+                .await
+                .is_ok()
+        );
+
+        let open = Gateway::new(Arc::clone(&b.store));
+        let status = open
+            .svc
+            .session_status(&k(OPS), &k(CHILD), None, Some(Sequence(0)), None)
+            .await
+            .expect("allow-all");
+        assert_eq!(status.state_version, Sequence(2));
+        let versions = open
+            .svc
+            .state_versions(&k(OPS), std::slice::from_ref(&child_ref))
+            .await;
+        assert_eq!(versions.get(&child_ref), Some(&Sequence(2)));
+        assert!(
+            open.svc
+                .watch_after_send(&k(OPS), &k(CHILD), None, true)
+                .await
+                .watched
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_list_enrichment_reads_versions_in_batches() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        let refs: Vec<SessionRef> = (0..1_200)
+            .map(|i| SessionRef::parse(&format!("agent:main:s{i}"), "main").unwrap())
+            .collect();
+        for r in refs.iter().step_by(3) {
+            gw.svc.session_created(r, "sess").await.expect("logged");
+        }
+        let versions = gw.svc.state_versions(&k(MANAGER), &refs).await;
+        assert_eq!(versions.len(), 400, "{}: only heads above 0", b.name);
+        assert!(
+            versions
+                .keys()
+                .all(|r| refs.iter().position(|x| x == r).unwrap() % 3 == 0)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bare_key_sessions_are_logged_and_reconciled_but_never_notified() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        let global = k("global");
+        assert!(
+            !gw.svc
+                .watch_after_send(&global, &k(CHILD), None, true)
+                .await
+                .watched
+        );
+        gw.svc
+            .goal_changed(
+                &global,
+                Some(&AgentId::new("ops").unwrap()),
+                "goal updated",
+                (ActorType::System, None),
+                None,
+            )
+            .await
+            .expect("logged");
+        let status = gw
+            .svc
+            .session_status(
+                &global,
+                &global,
+                Some(&AgentId::new("ops").unwrap()),
+                Some(Sequence(0)),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(status.state_changes.unwrap().events.len(), 1);
+        assert!(gw.queue.peek(&global).is_empty());
+    }
+}
+
+/// A store whose every call fails, as a full disk or a lost database would.
+#[derive(Debug)]
+struct Broken;
+
+fn broken() -> StoreError {
+    StoreError::backend("disk on fire", std::io::Error::other("simulated failure"))
+}
+
+#[async_trait]
+impl EventStore for Broken {
+    async fn record(&self, _: NewEvent, _: Timestamp) -> Result<Recorded, StoreError> {
+        Err(broken())
+    }
+    async fn changes_since(
+        &self,
+        _: &SessionRef,
+        _: Sequence,
+        _: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        Err(broken())
+    }
+    async fn heads(&self, _: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        Err(broken())
+    }
+    async fn list_heads(&self, _: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        Err(broken())
+    }
+    async fn events_after(&self, _: Sequence, _: usize) -> Result<Vec<Arc<Event>>, StoreError> {
+        Err(broken())
+    }
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        Err(broken())
+    }
+    async fn prune_chunk(&self, _: &PruneStep, _: usize) -> Result<u64, StoreError> {
+        Err(broken())
+    }
+    async fn delete_session(&self, _: &SessionRef) -> Result<(), StoreError> {
+        Err(broken())
+    }
+}
+
+#[async_trait]
+impl CursorStore for Broken {
+    async fn watch(
+        &self,
+        _: &WatcherKey,
+        _: &SessionRef,
+        _: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        Err(broken())
+    }
+    async fn unwatch(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
+        Err(broken())
+    }
+    async fn acknowledge(
+        &self,
+        _: &WatcherKey,
+        _: &[SessionKey],
+        _: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        Err(broken())
+    }
+    async fn cursor(&self, _: &WatcherKey, _: &SessionKey) -> Result<Option<Cursor>, StoreError> {
+        Err(broken())
+    }
+    async fn cursors(&self, _: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        Err(broken())
+    }
+    async fn refreeze(&self, _: &[CursorKey], _: Timestamp) -> Result<Vec<Notice>, StoreError> {
+        Err(broken())
+    }
+    async fn reset_watcher(&self, _: &SessionKey) -> Result<u64, StoreError> {
+        Err(broken())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_fails_every_call_never_fails_a_turn() {
+    let gw = Gateway::new(Arc::new(Broken));
+    gw.spawn_entry(CHILD, MANAGER);
+    assert!(
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .is_none()
+    );
+    assert!(gw.human(CHILD).await.is_none());
+    assert!(
+        gw.svc
+            .goal_changed(&k(CHILD), None, "g", (ActorType::Human, None), None)
+            .await
+            .is_none()
+    );
+    assert!(
+        gw.svc
+            .subagent_ended(&k(CHILD), None, "run-1", RunOutcome::Timeout)
+            .await
+            .is_none()
+    );
+    let status = gw
+        .svc
+        .session_status(&k(MANAGER), &k(CHILD), None, Some(Sequence(4)), None)
+        .await
+        .expect("degrades, never fails");
+    assert_eq!(status.state_version, Sequence(0));
+    let page = status.state_changes.unwrap();
+    assert!(page.events.is_empty() && !page.history_gap);
+    assert!(
+        gw.svc
+            .state_versions(&k(MANAGER), &[SessionRef::parse(CHILD, "main").unwrap()])
+            .await
+            .is_empty()
+    );
+    assert!(
+        !gw.svc
+            .watch_after_send(&k(MANAGER), &k(CHILD), None, true)
+            .await
+            .watched
+    );
+    assert!(gw.svc.drain_turn(&k(MANAGER)).await.is_empty());
+    gw.svc.on_reset(&k(MANAGER)).await;
+    gw.svc
+        .on_delete(&SessionRef::parse(CHILD, "main").unwrap())
+        .await;
+    let report = gw.svc.startup().await;
+    assert_eq!(report, gateway_adapter::StartupReport::default());
+    assert!(
+        gw.svc
+            .session_status_text(&k(MANAGER), &k(CHILD), None, None, None)
+            .await
+            .contains("stateVersion 0")
+    );
+    gw.clock.advance(1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_pruning_runs_hourly_off_the_recording_path() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        let r = SessionRef::parse(CHILD, "main").unwrap();
+        gw.svc.session_created(&r, "s1").await.expect("logged");
+        gw.clock.advance(31 * Timestamp::DAY_MS);
+        let mut passes = gw.svc.subscribe_pruning();
+        let handle = gw.svc.spawn_pruning();
+        tokio::time::sleep(Duration::from_secs(3_599)).await;
+        assert_eq!(
+            passes.borrow().passes,
+            0,
+            "{}: no pass before the hour",
+            b.name
+        );
+        assert_eq!(b.store.log_stats().await.unwrap().rows, 1);
+        passes.changed().await.expect("the pruning task runs");
+        let pass = *passes.borrow();
+        assert_eq!(
+            (pass.passes, pass.report.events_by_age, pass.failed),
+            (1, 1, false),
+            "{}",
+            b.name
+        );
+        assert_eq!(
+            b.store.log_stats().await.unwrap().rows,
+            0,
+            "{}: the hourly pass pruned",
+            b.name
+        );
+        handle.abort();
+    }
+}

@@ -50,11 +50,17 @@ pub struct MemoryStore {
 struct Inner {
     last_sequence: u64,
     events: BTreeMap<Sequence, Arc<Event>>,
-    by_ref: HashMap<SessionRef, BTreeMap<Sequence, Arc<Event>>>,
+    /// Per ref: its head and its retained events (one hash lookup per record).
+    sessions: HashMap<SessionRef, RefState>,
     dedupe: HashMap<String, Sequence>,
-    heads: HashMap<SessionRef, Head>,
     cursors: BTreeMap<CursorKey, Cursor>,
     by_target: HashMap<SessionKey, BTreeSet<WatcherKey>>,
+}
+
+#[derive(Debug)]
+struct RefState {
+    head: Head,
+    events: BTreeMap<Sequence, Arc<Event>>,
 }
 
 impl MemoryStore {
@@ -119,12 +125,8 @@ impl Inner {
 
     fn remove_event(&mut self, seq: Sequence) -> Option<Arc<Event>> {
         let ev = self.events.remove(&seq)?;
-        let r = ev.session_ref();
-        if let Some(m) = self.by_ref.get_mut(&r) {
-            m.remove(&seq);
-            if m.is_empty() {
-                self.by_ref.remove(&r);
-            }
+        if let Some(st) = self.sessions.get_mut(&ev.session_ref()) {
+            st.events.remove(&seq);
         }
         if let Some(k) = &ev.dedupe_key
             && self.dedupe.get(k) == Some(&seq)
@@ -141,8 +143,8 @@ impl Inner {
             .filter_map(|s| self.events.get(s).map(|e| (e.session_ref(), *s)))
             .collect();
         for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
-            if let Some(h) = self.heads.get_mut(&r) {
-                *h = retention::stamp(h, s);
+            if let Some(st) = self.sessions.get_mut(&r) {
+                st.head = retention::stamp(&st.head, s);
             }
         }
         victims
@@ -177,27 +179,18 @@ impl EventStore for MemoryStore {
             g.dedupe.insert(k.clone(), seq);
         }
         g.events.insert(seq, Arc::clone(&stored));
-        g.by_ref
-            .entry(r.clone())
-            .or_default()
-            .insert(seq, Arc::clone(&stored));
-        match g.heads.get_mut(&r) {
-            Some(h) => {
-                h.last_sequence = seq;
-                h.updated_at = now;
-            }
-            None => {
-                g.heads.insert(
-                    r.clone(),
-                    Head {
-                        session: r,
-                        last_sequence: seq,
-                        pruned_max_sequence: Sequence::ZERO,
-                        updated_at: now,
-                    },
-                );
-            }
-        }
+        let st = g.sessions.entry(r).or_insert_with_key(|r| RefState {
+            head: Head {
+                session: r.clone(),
+                last_sequence: seq,
+                pruned_max_sequence: Sequence::ZERO,
+                updated_at: now,
+            },
+            events: BTreeMap::new(),
+        });
+        st.head.last_sequence = seq;
+        st.head.updated_at = now;
+        st.events.insert(seq, Arc::clone(&stored));
         for c in effects.upserts {
             g.put_cursor(c);
         }
@@ -216,33 +209,33 @@ impl EventStore for MemoryStore {
     ) -> Result<ChangesPage, StoreError> {
         let limit = reconcile::clamp_limit(Some(limit));
         let g = self.lock();
-        let head = g.heads.get(session);
-        let (min, fetched) = match g.by_ref.get(session) {
-            Some(m) => (
-                m.keys().next().copied(),
-                m.range(after.next()..)
-                    .take(limit + 1)
-                    .map(|(_, e)| Arc::clone(e))
-                    .collect(),
-            ),
-            None => (None, Vec::new()),
+        let Some(st) = g.sessions.get(session) else {
+            return Ok(reconcile::build_page(after, None, None, Vec::new(), limit));
         };
-        Ok(reconcile::build_page(after, head, min, fetched, limit))
+        let fetched = st
+            .events
+            .range(after.next()..)
+            .take(limit + 1)
+            .map(|(_, e)| Arc::clone(e))
+            .collect();
+        let min = st.events.keys().next().copied();
+        Ok(reconcile::build_page(after, Some(&st.head), min, fetched, limit))
     }
 
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         let g = self.lock();
         Ok(sessions
             .iter()
-            .filter_map(|r| g.heads.get(r).cloned())
+            .filter_map(|r| g.sessions.get(r).map(|st| st.head.clone()))
             .collect())
     }
 
     async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
         let g = self.lock();
         let mut out: Vec<Head> = g
-            .heads
+            .sessions
             .values()
+            .map(|st| &st.head)
             .filter(|h| agent.is_none_or(|a| *a == h.session.agent_id))
             .cloned()
             .collect();
@@ -305,13 +298,11 @@ impl EventStore for MemoryStore {
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
         let mut g = self.lock();
-        if let Some(m) = g.by_ref.get(session) {
-            let seqs: Vec<Sequence> = m.keys().copied().collect();
-            for s in seqs {
-                g.remove_event(s);
+        if let Some(st) = g.sessions.remove(session) {
+            for s in st.events.keys() {
+                g.remove_event(*s);
             }
         }
-        g.heads.remove(session);
         let doomed: Vec<CursorKey> = g
             .cursors
             .values()
@@ -340,9 +331,9 @@ impl CursorStore for MemoryStore {
         let mut g = self.lock();
         let key = Inner::key(watcher, &target.session_key);
         let head = g
-            .heads
+            .sessions
             .get(target)
-            .map_or(Sequence::ZERO, |h| h.last_sequence);
+            .map_or(Sequence::ZERO, |st| st.head.last_sequence);
         let (cursor, write) = protocol::watch(g.cursors.get(&key), watcher, target, head, now);
         if write {
             g.put_cursor(cursor.clone());

@@ -29,6 +29,22 @@ struct RawEvent<'a>(
     Option<String>,
 );
 
+/// A page's event, whose key and agent are the page's: `json_array(sequence, session_id, kind,
+/// actor_type, actor_id, run_id, occurred_at, summary, payload_json, dedupe_key)`.
+#[derive(Deserialize)]
+struct RawPageEvent<'a>(
+    i64,
+    Option<String>,
+    #[serde(borrow)] Cow<'a, str>,
+    #[serde(borrow)] Cow<'a, str>,
+    Option<String>,
+    Option<String>,
+    i64,
+    String,
+    #[serde(borrow)] Option<Cow<'a, str>>,
+    Option<String>,
+);
+
 /// `json_array(watcher, target, target_agent_id, last_seen, notified, material, updated_at)`.
 #[derive(Deserialize)]
 struct RawCursor<'a>(
@@ -75,20 +91,12 @@ pub(crate) fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Reuses the `Arc` of a known ref when a row names it (every event of a page does).
-fn session_ref(known: Option<&SessionRef>, key: &str, agent: &str) -> Result<SessionRef, String> {
-    let session_key = match known {
-        Some(r) if r.session_key.as_str() == key => r.session_key.clone(),
-        _ => SessionKey::new(key).map_err(|e| e.to_string())?,
-    };
-    let agent_id = match known {
-        Some(r) if r.agent_id.as_str() == agent => r.agent_id.clone(),
-        _ => AgentId::new(agent).map_err(|e| e.to_string())?,
-    };
-    Ok(SessionRef::new(session_key, agent_id))
+/// A stored key and agent, validated again.
+fn session_ref(key: &str, agent: &str) -> Result<SessionRef, String> {
+    SessionRef::parse(key, agent).map_err(|e| e.to_string())
 }
 
-fn event(raw: RawEvent<'_>, known: Option<&SessionRef>) -> Result<Event, StoreError> {
+fn event(raw: RawEvent<'_>) -> Result<Event, StoreError> {
     let RawEvent(
         seq,
         key,
@@ -103,8 +111,39 @@ fn event(raw: RawEvent<'_>, known: Option<&SessionRef>) -> Result<Event, StoreEr
         payload,
         dedupe_key,
     ) = raw;
+    let r = session_ref(&key, &agent)
+        .map_err(|why| StoreError::corrupt(format!("event {seq}: {why}")))?;
+    build_event(
+        r,
+        RawPageEvent(
+            seq,
+            session_id,
+            kind,
+            actor_type,
+            actor_id,
+            run_id,
+            occurred_at,
+            summary,
+            payload,
+            dedupe_key,
+        ),
+    )
+}
+
+fn build_event(r: SessionRef, raw: RawPageEvent<'_>) -> Result<Event, StoreError> {
+    let RawPageEvent(
+        seq,
+        session_id,
+        kind,
+        actor_type,
+        actor_id,
+        run_id,
+        occurred_at,
+        summary,
+        payload,
+        dedupe_key,
+    ) = raw;
     let bad = |why: String| StoreError::corrupt(format!("event {seq}: {why}"));
-    let r = session_ref(known, &key, &agent).map_err(bad)?;
     let payload = match payload {
         None => None,
         Some(text) => Some(
@@ -128,20 +167,39 @@ fn event(raw: RawEvent<'_>, known: Option<&SessionRef>) -> Result<Event, StoreEr
     })
 }
 
-/// One event (`event_json!`).
-pub(crate) fn one_event(text: &str) -> Result<Event, StoreError> {
-    event(json("event", text)?, None)
+/// The events of one ref's page (`page_event_json!`), in ascending sequence order.
+pub(crate) fn page_events(text: &str, session: &SessionRef) -> Result<Vec<Arc<Event>>, StoreError> {
+    let raws: Vec<RawPageEvent<'_>> = json("events", text)?;
+    let mut out = raws
+        .into_iter()
+        .map(|raw| build_event(session.clone(), raw).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    ascending(&mut out);
+    Ok(out)
 }
 
-/// A JSON array of events, sharing `known`'s key and agent where they match.
-pub(crate) fn events(
-    text: &str,
-    known: Option<&SessionRef>,
-) -> Result<Vec<Arc<Event>>, StoreError> {
+/// SQLite aggregates rows in the order its subquery yields them (ascending by sequence), which
+/// SQL does not promise; this makes it so at the cost of one comparison per event.
+fn ascending(events: &mut [Arc<Event>]) {
+    if !events.is_sorted_by_key(|e| e.sequence) {
+        events.sort_by_key(|e| e.sequence);
+    }
+}
+
+/// One event (`event_json!`).
+pub(crate) fn one_event(text: &str) -> Result<Event, StoreError> {
+    event(json("event", text)?)
+}
+
+/// A JSON array of events (`event_json!`), in ascending sequence order.
+pub(crate) fn events(text: &str) -> Result<Vec<Arc<Event>>, StoreError> {
     let raws: Vec<RawEvent<'_>> = json("events", text)?;
-    raws.into_iter()
-        .map(|raw| event(raw, known).map(Arc::new))
-        .collect()
+    let mut out = raws
+        .into_iter()
+        .map(|raw| event(raw).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    ascending(&mut out);
+    Ok(out)
 }
 
 fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
@@ -198,7 +256,7 @@ pub(crate) fn heads(text: &str) -> Result<Vec<Head>, StoreError> {
     let raws: Vec<RawHead<'_>> = json("heads", text)?;
     raws.into_iter()
         .map(|RawHead(key, agent, last, pruned, updated_at)| {
-            let r = session_ref(None, &key, &agent)
+            let r = session_ref(&key, &agent)
                 .map_err(|e| StoreError::corrupt(format!("head ({key:?}, {agent:?}): {e}")))?;
             let what = format!("head {r}");
             Ok(Head {
@@ -228,7 +286,7 @@ pub(crate) fn victims(text: &str) -> Result<Vec<(Sequence, SessionRef)>, StoreEr
     let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", text)?;
     raws.into_iter()
         .map(|(seq, key, agent)| {
-            let r = session_ref(None, &key, &agent)
+            let r = session_ref(&key, &agent)
                 .map_err(|e| StoreError::corrupt(format!("event {seq}: {e}")))?;
             Ok((sequence("event", seq)?, r))
         })

@@ -182,6 +182,43 @@ pub struct SqliteStore {
     writes_since_checkpoint: AtomicU32,
     /// A background checkpoint is running.
     checkpointing: Arc<AtomicBool>,
+    /// The last background checkpoint, awaited by [`SqliteStore::close`].
+    checkpoint_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    hints: Hints,
+}
+
+/// Which target keys are known to have cursors, so that recording on them goes straight to
+/// the two-batch path. Only a hint: a stale entry costs one batch, never correctness.
+#[derive(Default)]
+struct Hints {
+    watched: std::sync::Mutex<std::collections::HashSet<SessionKey>>,
+}
+
+impl Hints {
+    /// Bound on remembered keys; past it the set starts over.
+    const MAX: usize = 65_536;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<SessionKey>> {
+        self.watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_watched(&self, key: &SessionKey) -> bool {
+        self.lock().contains(key)
+    }
+
+    fn set_watched(&self, key: &SessionKey, watched: bool) {
+        let mut set = self.lock();
+        if watched {
+            if set.len() >= Self::MAX {
+                set.clear();
+            }
+            set.insert(key.clone());
+        } else {
+            set.remove(key);
+        }
+    }
 }
 
 /// The reader connections (shared with background checkpoints).
@@ -223,10 +260,10 @@ impl Readers {
         for r in std::iter::once(bulk).chain(tail) {
             match r {
                 Ok(r) => {
-                    tracing::trace!(path = %path.display(), result = ?r, "checkpointed the WAL")
+                    tracing::trace!(path = %path.display(), result = ?r, "checkpointed the WAL");
                 }
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed")
+                    tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed");
                 }
             }
         }
@@ -342,6 +379,8 @@ impl SqliteStore {
             }),
             writes_since_checkpoint: AtomicU32::new(0),
             checkpointing: Arc::new(AtomicBool::new(false)),
+            checkpoint_task: std::sync::Mutex::new(None),
+            hints: Hints::default(),
         })
     }
 
@@ -353,9 +392,19 @@ impl SqliteStore {
     /// Closes every connection cleanly (the last one checkpoints the WAL into the file).
     /// Dropping the store closes them too, without waiting.
     pub async fn close(self) {
+        let task = self
+            .checkpoint_task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(task) = task
+            && let Err(e) = task.await
+        {
+            tracing::debug!(path = %self.path.display(), error = %e, "background checkpoint task");
+        }
         let readers = match Arc::try_unwrap(self.readers) {
             Ok(r) => r.conns.into_vec(),
-            // A background checkpoint still holds them; dropping closes them when it ends.
+            // Still shared (a checkpoint task of a runtime that stopped): dropping closes them.
             Err(_) => Vec::new(),
         };
         for r in readers {
@@ -433,10 +482,14 @@ impl SqliteStore {
         let writer = self.writer.clone();
         let flag = Arc::clone(&self.checkpointing);
         let path = self.path.clone();
-        rt.spawn(async move {
+        let task = rt.spawn(async move {
             readers.checkpoint(&path, writer.as_deref()).await;
             flag.store(false, Ordering::Release);
         });
+        *self
+            .checkpoint_task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
     }
 
     /// Runs a one-row read on a reader connection.
@@ -624,57 +677,118 @@ async fn persist_cursors(
     batch(conn, q, what).await.map(drop)
 }
 
-/// The stored row of a dedupe hit, or the sequence and the cursors of a fresh insert.
-async fn record_tx(
-    conn: &mut SqliteConnection,
-    mut event: awareness_core::Event,
-    payload: Option<String>,
-    named: &[WatcherKey],
+/// The record batches' binds (see [`sql::RECORD_BEGIN`]).
+fn record_query(
+    sql: &'static str,
+    event: &awareness_core::Event,
+    payload: Option<&str>,
     now: Timestamp,
-) -> Result<Recorded, StoreError> {
-    const WHAT: &str = "record an event";
-    let q = sqlx::query(sql::RECORD_BEGIN)
-        .bind(event.dedupe_key.clone())
-        .bind(event.session_key.as_str().to_owned())
-        .bind(event.session_id.clone())
-        .bind(event.agent_id.as_str().to_owned())
+) -> Query {
+    sqlx::query(sql)
+        .bind(event.dedupe_key.as_deref())
+        .bind(event.session_key.as_str())
+        .bind(event.session_id.as_deref())
+        .bind(event.agent_id.as_str())
         .bind(event.kind.as_str())
         .bind(event.actor_type.as_str())
-        .bind(event.actor_id.clone())
-        .bind(event.run_id.clone())
+        .bind(event.actor_id.as_deref())
+        .bind(event.run_id.as_deref())
         .bind(event.occurred_at.millis())
-        .bind(event.summary.clone())
+        .bind(event.summary.as_str())
         .bind(payload)
-        .bind(now.millis());
+        .bind(now.millis())
+}
+
+/// The stored event of a dedupe hit (column 2 of a record batch's row).
+fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded, StoreError> {
+    const WHAT: &str = "record an event";
+    let stored: Option<&str> = get(row, 2, WHAT)?;
+    let stored = stored.ok_or_else(|| {
+        StoreError::corrupt(format!(
+            "{WHAT}: the dedupe key {:?} conflicted but has no row",
+            event.dedupe_key
+        ))
+    })?;
+    Ok(Recorded {
+        event: Arc::new(decode::one_event(stored)?),
+        deduplicated: true,
+        notices: Vec::new(),
+    })
+}
+
+/// What the one-batch recording found.
+enum Fast {
+    /// Recorded and committed.
+    Done(Recorded),
+    /// The target has cursors: nothing was written; record it (given back) the two-batch way.
+    Watched(awareness_core::Event),
+}
+
+/// Records an event whose cursor effects, with no cursor on the target, are none (core says
+/// so before this is chosen), in one batch that commits. The insert is guarded by "the target
+/// has no cursor" under the write lock, so the precondition holds when it commits; when the
+/// guard finds a cursor, nothing is written (not even a sequence is spent).
+async fn record_fast(
+    conn: &mut SqliteConnection,
+    mut event: awareness_core::Event,
+    payload: Option<&str>,
+    now: Timestamp,
+) -> Result<Fast, StoreError> {
+    const WHAT: &str = "record an event";
+    let q = record_query(sql::RECORD_ONE_BATCH, &event, payload, now);
     let row = batch_one(conn, q, WHAT).await?;
-    let inserted: i64 = get(&row, 0, WHAT)?;
-    if inserted == 0 {
+    if get::<i64>(&row, 3, WHAT)? != 0 {
+        return Ok(Fast::Watched(event));
+    }
+    if get::<i64>(&row, 0, WHAT)? == 0 {
+        return dedupe_hit(&row, &event).map(Fast::Done);
+    }
+    event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
+    let effects = protocol::on_event(&event, &[], &[], now);
+    debug_assert!(
+        effects.upserts.is_empty(),
+        "checked before choosing this path"
+    );
+    Ok(Fast::Done(Recorded {
+        event: Arc::new(event),
+        deduplicated: false,
+        notices: effects.notices,
+    }))
+}
+
+/// Records an event in two batches: insert, head and the cursors on the target; then what
+/// `protocol::on_event` decides, and commit. Also says whether the target has cursors now
+/// (`None` after a dedupe hit, which reads none).
+async fn record_two_batches(
+    conn: &mut SqliteConnection,
+    mut event: awareness_core::Event,
+    payload: Option<&str>,
+    named: &[WatcherKey],
+    now: Timestamp,
+) -> Result<(Recorded, Option<bool>), StoreError> {
+    const WHAT: &str = "record an event";
+    let q = record_query(sql::RECORD_BEGIN, &event, payload, now);
+    let row = batch_one(conn, q, WHAT).await?;
+    if get::<i64>(&row, 0, WHAT)? == 0 {
         // Dedupe hit: nothing moves, but the spent sequence is committed (as OpenClaw's).
-        let stored: Option<&str> = get(&row, 2, WHAT)?;
-        let stored = stored.ok_or_else(|| {
-            StoreError::corrupt(format!(
-                "{WHAT}: the dedupe key {:?} conflicted but has no row",
-                event.dedupe_key
-            ))
-        })?;
-        let stored = decode::one_event(stored)?;
+        let hit = dedupe_hit(&row, &event)?;
         batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
-        return Ok(Recorded {
-            event: Arc::new(stored),
-            deduplicated: true,
-            notices: Vec::new(),
-        });
+        return Ok((hit, None));
     }
     event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
     let existing: Option<&str> = get(&row, 3, WHAT)?;
     let existing = decode::cursors(existing.unwrap_or("[]"))?;
     let effects = protocol::on_event(&event, named, &existing, now);
     persist_cursors(conn, &effects.upserts, WHAT).await?;
-    Ok(Recorded {
-        event: Arc::new(event),
-        deduplicated: false,
-        notices: effects.notices,
-    })
+    let watched = !existing.is_empty() || !effects.upserts.is_empty();
+    Ok((
+        Recorded {
+            event: Arc::new(event),
+            deduplicated: false,
+            notices: effects.notices,
+        },
+        Some(watched),
+    ))
 }
 
 #[async_trait]
@@ -685,8 +799,31 @@ impl EventStore for SqliteStore {
         // Core builds the stored event (it clamps occurredAt); the sequence comes from SQLite.
         let event = event.into_event(Sequence::ZERO, now);
         let payload = event.payload.as_ref().map(decode::to_json);
+        // One batch when core says the event moves no cursor on an unwatched target and the
+        // target is not known to be watched; two batches otherwise.
+        let one_batch = protocol::on_event(&event, &named, &[], now)
+            .upserts
+            .is_empty()
+            && !self.hints.is_watched(&event.session_key);
+        let key = event.session_key.clone();
         let mut w = self.writer("record an event").await?;
-        let res = record_tx(&mut w.conn, event, payload, &named, now).await;
+        let res = async {
+            let event = if one_batch {
+                match record_fast(&mut w.conn, event, payload.as_deref(), now).await? {
+                    Fast::Done(rec) => return Ok(rec),
+                    Fast::Watched(event) => event,
+                }
+            } else {
+                event
+            };
+            let (rec, watched) =
+                record_two_batches(&mut w.conn, event, payload.as_deref(), &named, now).await?;
+            if let Some(watched) = watched {
+                self.hints.set_watched(&key, watched);
+            }
+            Ok(rec)
+        }
+        .await;
         w.finish(res).await
     }
 
@@ -709,7 +846,7 @@ impl EventStore for SqliteStore {
         let min: Option<i64> = get(&row, 1, WHAT)?;
         let min = min.map(|m| decode::sequence(WHAT, m)).transpose()?;
         let events: &str = get(&row, 2, WHAT)?;
-        let fetched = decode::events(events, Some(session))?;
+        let fetched = decode::page_events(events, session)?;
         Ok(reconcile::build_page(
             after,
             head.as_ref(),
@@ -750,7 +887,7 @@ impl EventStore for SqliteStore {
             .bind(int(after))
             .bind(limit(max));
         let row = self.read_one(q, WHAT).await?;
-        decode::events(get(&row, 0, WHAT)?, None)
+        decode::events(get(&row, 0, WHAT)?)
     }
 
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
@@ -915,6 +1052,7 @@ impl CursorStore for SqliteStore {
                 .transpose()?
                 .unwrap_or(Sequence::ZERO);
             let (cursor, write) = protocol::watch(existing.as_ref(), watcher, target, head, now);
+            self.hints.set_watched(&target.session_key, true);
             let upserts = if write {
                 std::slice::from_ref(&cursor)
             } else {

@@ -19,6 +19,14 @@ macro_rules! event_json {
     };
 }
 
+/// One event of a known ref as a JSON array, decoded by `decode::RawPageEvent`.
+macro_rules! page_event_json {
+    () => {
+        "json_array(sequence, session_id, kind, actor_type, actor_id, run_id, occurred_at, \
+         summary, payload_json, dedupe_key)"
+    };
+}
+
 /// One cursor row as a JSON array, decoded by `decode::RawCursor`.
 macro_rules! cursor_json {
     () => {
@@ -70,6 +78,32 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET
 pub(crate) const WRITER_PRAGMAS: &str =
     "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 8000";
 
+/// Record in one batch, for an event whose cursor effects are none when its target has no
+/// cursor (binds as [`RECORD_BEGIN`]). The insert only happens when the target key has no
+/// cursor, which this transaction checks under the write lock; the row answers `changes()`,
+/// the new sequence, the stored event on a dedupe hit, and whether the target has cursors (then
+/// nothing was written and the caller records the two-batch way). Commits.
+pub(crate) const RECORD_ONE_BATCH: &str = concat!(
+    "BEGIN IMMEDIATE;
+INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
+  actor_type, actor_id, run_id, occurred_at, summary, payload_json)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+WHERE NOT EXISTS (SELECT 1 FROM session_watch_cursors WHERE target_session_key = $2)
+ON CONFLICT (dedupe_key) DO NOTHING;
+SELECT changes(), last_insert_rowid(),
+  CASE WHEN changes() = 0 THEN
+    (SELECT ",
+    event_json!(),
+    " FROM session_state_events WHERE dedupe_key = $1) END,
+  EXISTS (SELECT 1 FROM session_watch_cursors WHERE target_session_key = $2);
+INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_max_sequence,
+  updated_at)
+SELECT $2, $4, last_insert_rowid(), 0, $12 WHERE changes() > 0
+ON CONFLICT (session_key, agent_id) DO UPDATE SET
+  last_sequence = excluded.last_sequence, updated_at = excluded.updated_at;
+COMMIT"
+);
+
 /// Ends a write transaction that has nothing more to write.
 pub(crate) const COMMIT: &str = "COMMIT";
 
@@ -93,7 +127,9 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
 COMMIT";
 
 /// The reconcile page in one row: the head, the smallest retained sequence, and up to `$4`
-/// events of the ref (`$1`, `$2`) after `$3`.
+/// events of the ref (`$1`, `$2`) after `$3` (without their key and agent, which are the
+/// ref's). The aggregate takes the subquery's ascending order; decoding checks it rather than
+/// paying for a second sort here.
 pub(crate) const CHANGES_SINCE: &str = concat!(
     "SELECT
   (SELECT json_array(last_sequence, pruned_max_sequence, updated_at) FROM session_state_heads
@@ -101,8 +137,8 @@ pub(crate) const CHANGES_SINCE: &str = concat!(
   (SELECT sequence FROM session_state_events WHERE session_key = $1 AND agent_id = $2
     ORDER BY sequence LIMIT 1),
   (SELECT json_group_array(",
-    event_json!(),
-    " ORDER BY sequence) FROM (SELECT * FROM session_state_events
+    page_event_json!(),
+    ") FROM (SELECT * FROM session_state_events
     WHERE session_key = $1 AND agent_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4))"
 );
 
@@ -122,11 +158,11 @@ pub(crate) const LIST_HEADS: &str = concat!(
 WHERE $1 IS NULL OR agent_id = $1"
 );
 
-/// Retained events after `$1`, ascending, at most `$2`.
+/// Retained events after `$1`, ascending (checked when decoding), at most `$2`.
 pub(crate) const EVENTS_AFTER: &str = concat!(
     "SELECT json_group_array(",
     event_json!(),
-    " ORDER BY sequence) FROM (SELECT * FROM session_state_events WHERE sequence > $1
+    ") FROM (SELECT * FROM session_state_events WHERE sequence > $1
 ORDER BY sequence LIMIT $2)"
 );
 

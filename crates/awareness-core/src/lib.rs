@@ -13,6 +13,9 @@
 //! - [`reconcile`]: the `changesSince` page and `session_status`;
 //! - [`retention`]: what pruning deletes and how watermarks are stamped;
 //! - [`store`]: the [`EventStore`] and [`CursorStore`] traits and [`StoreError`];
+//! - [`upstream`]: upstream links of adopted sessions, their rules (same-source refresh,
+//!   rebase, compare-and-set markers), the monitor's dedupe keys and self-echo normalization,
+//!   and the [`UpstreamStore`] trait ([`FullStore`] = both traits);
 //! - `testkit` (feature `testkit`): the conformance suite and the model test every backend runs.
 //!
 //! It does no I/O and needs no runtime. Pick a backend crate (`store-memory`, `store-sqlite`,
@@ -45,6 +48,7 @@ pub mod protocol;
 pub mod reconcile;
 pub mod retention;
 pub mod store;
+pub mod upstream;
 pub mod validate;
 
 #[cfg(feature = "testkit")]
@@ -60,4 +64,5 @@ pub use protocol::Notice;
 pub use reconcile::{ChangesPage, SessionStatus};
 pub use retention::{PruneReport, PruneStep, RetentionPolicy};
 pub use store::{AwarenessStore, AwarenessStoreExt, CursorStore, EventStore, Recorded};
+pub use upstream::{FullStore, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 pub use validate::ValidationError;

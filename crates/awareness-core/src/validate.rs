@@ -82,6 +82,18 @@ pub enum ValidationError {
         /// The spelling seen.
         value: String,
     },
+    /// An upstream reference or marker is larger than
+    /// [`crate::upstream::MAX_UPSTREAM_JSON_BYTES`].
+    #[error(
+        "{what} is {bytes} bytes of JSON; at most {} are allowed",
+        crate::upstream::MAX_UPSTREAM_JSON_BYTES
+    )]
+    UpstreamJsonTooLarge {
+        /// Which value.
+        what: &'static str,
+        /// Its size.
+        bytes: usize,
+    },
     /// A context key that is not `session-state:<hex of UTF-8>`.
     #[error("invalid session-state context key {value:?}: {reason}")]
     ContextKey {

@@ -1,0 +1,714 @@
+//! Upstream links of adopted sessions (DESIGN.md section 8): the link model, the rules every
+//! backend applies when it writes one, the dedupe keys of what the upstream monitor records, the
+//! self-echo normalization, and the [`UpstreamStore`] trait.
+//!
+//! A session adopted from a catalog of external agent threads (a local Claude Code transcript, a
+//! thread on a paired node) keeps one link per ref `(session key, agent)`. The monitor in
+//! `gateway-adapter` reads the upstream source forward from the link's **marker** and records
+//! human activity typed straight into it. The rules here are pure and decided once:
+//!
+//! - [`plan_upsert`]: adopting again from the **same source** (same catalog, host, thread, kind
+//!   and reference) keeps the marker and does not touch `updated_at`; a **changed source**
+//!   replaces the marker with the given one (a *rebase*) and moves `updated_at`;
+//! - [`plan_set_marker`]: marker updates are compare-and-set on `updated_at`, which every change
+//!   moves strictly forward ([`next_updated_at`]), so a scan that started before a change can
+//!   never overwrite it;
+//! - [`human_dedupe_key`]: `upstream:<sessionKey>:<16 hex of the source hash>:<dedupeId>`;
+//! - [`NormalizedText`]: trim and collapse whitespace (streaming, so a line of several MB is
+//!   compared without being held), for self-echo detection.
+//!
+//! ```
+//! use awareness_core::upstream::{self, LinkSpec};
+//! use awareness_core::{SessionRef, Timestamp};
+//! use serde_json::json;
+//!
+//! let session = SessionRef::parse("agent:main:main", "main")?;
+//! let spec = LinkSpec::new(session, "claude-code", "local", "3f2a", "local-jsonl")
+//!     .with_ref(json!({"path": "/home/me/.claude/projects/x/3f2a.jsonl"}))
+//!     .with_marker(json!({"offset": 120}));
+//! let first = upstream::plan_upsert(None, spec.clone(), Timestamp(1_000))?;
+//! assert!(first.outcome.created);
+//! // The same source again keeps the marker the monitor has advanced meanwhile.
+//! let advanced = upstream::plan_set_marker(&first.outcome.link, Timestamp(1_000),
+//!     json!({"offset": 900}), Timestamp(2_000)).unwrap();
+//! let again = upstream::plan_upsert(Some(&advanced), spec, Timestamp(3_000))?;
+//! assert!(!again.write && !again.outcome.rebased);
+//! assert_eq!(again.outcome.link.marker, Some(json!({"offset": 900})));
+//! # Ok::<(), awareness_core::ValidationError>(())
+//! ```
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::StoreError;
+use crate::model::{SessionRef, Timestamp};
+use crate::store::AwarenessStore;
+use crate::validate::{self, ValidationError};
+
+/// How many of a session's most recent own prompts count for self-echo detection.
+pub const SELF_ECHO_WINDOW: usize = 10;
+
+/// Largest upstream reference or marker, in bytes of compact JSON.
+pub const MAX_UPSTREAM_JSON_BYTES: usize = 16 * 1024;
+
+/// Consecutive checks that must find the source gone before `upstream_missing` is recorded and
+/// the link removed.
+pub const MISSING_CHECKS: u32 = 3;
+
+/// Longest `dedupeId` kept verbatim in a dedupe key; a longer one is replaced by its 16-hex hash
+/// so the key stays within [`validate::MAX_KEY_BYTES`].
+pub const MAX_DEDUPE_ID_BYTES: usize = 64;
+
+/// The link of an adopted session to its upstream source, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamLink {
+    /// The adopted session.
+    pub session: SessionRef,
+    /// The catalog the session was adopted from (`claude-code`, ...); the channel of its events.
+    pub catalog_id: String,
+    /// The host holding the thread (`local`, a paired node's id).
+    pub host_id: String,
+    /// The external thread.
+    pub thread_id: String,
+    /// Which provider reads the source (`local-jsonl`, `paired-node`).
+    pub upstream_kind: String,
+    /// Where the provider finds the source (a file path, ...), as the provider defines it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ref: Option<Value>,
+    /// How far the source has been read, as the provider defines it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<Value>,
+    /// When the monitor last scanned the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scanned_at: Option<Timestamp>,
+    /// When the link was first created.
+    pub created_at: Timestamp,
+    /// When the source or the marker last changed; compare-and-set token of marker updates.
+    pub updated_at: Timestamp,
+}
+
+impl UpstreamLink {
+    /// Whether `spec` names the same source as this link (catalog, host, thread, kind, ref).
+    pub fn same_source(&self, spec: &LinkSpec) -> bool {
+        self.catalog_id == spec.catalog_id
+            && self.host_id == spec.host_id
+            && self.thread_id == spec.thread_id
+            && self.upstream_kind == spec.upstream_kind
+            && self.upstream_ref == spec.upstream_ref
+    }
+}
+
+/// What an adoption asks for: the session, its source and the marker to start from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkSpec {
+    /// The adopted session.
+    pub session: SessionRef,
+    /// The catalog (`claude-code`, ...).
+    pub catalog_id: String,
+    /// The host (`local`, ...).
+    pub host_id: String,
+    /// The external thread.
+    pub thread_id: String,
+    /// The provider kind (`local-jsonl`, `paired-node`).
+    pub upstream_kind: String,
+    /// Where the provider finds the source.
+    pub upstream_ref: Option<Value>,
+    /// The marker to start from when the link is new or its source changed.
+    pub marker: Option<Value>,
+}
+
+impl LinkSpec {
+    /// A spec without reference or marker.
+    pub fn new(
+        session: SessionRef,
+        catalog_id: impl Into<String>,
+        host_id: impl Into<String>,
+        thread_id: impl Into<String>,
+        upstream_kind: impl Into<String>,
+    ) -> Self {
+        Self {
+            session,
+            catalog_id: catalog_id.into(),
+            host_id: host_id.into(),
+            thread_id: thread_id.into(),
+            upstream_kind: upstream_kind.into(),
+            upstream_ref: None,
+            marker: None,
+        }
+    }
+
+    /// Sets the upstream reference.
+    #[must_use]
+    pub fn with_ref(mut self, upstream_ref: Value) -> Self {
+        self.upstream_ref = Some(upstream_ref);
+        self
+    }
+
+    /// Sets the starting marker.
+    #[must_use]
+    pub fn with_marker(mut self, marker: Value) -> Self {
+        self.marker = Some(marker);
+        self
+    }
+
+    /// The ids are non-empty keys (at most 1 KiB, no control characters); the reference and the
+    /// marker are at most [`MAX_UPSTREAM_JSON_BYTES`] of JSON each.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate::key("catalog id", &self.catalog_id)?;
+        validate::key("host id", &self.host_id)?;
+        validate::key("thread id", &self.thread_id)?;
+        validate::key("upstream kind", &self.upstream_kind)?;
+        validate_json("upstream ref", self.upstream_ref.as_ref())?;
+        validate_json("marker", self.marker.as_ref())
+    }
+}
+
+/// Refuses a reference or marker larger than [`MAX_UPSTREAM_JSON_BYTES`].
+pub fn validate_json(what: &'static str, value: Option<&Value>) -> Result<(), ValidationError> {
+    let Some(v) = value else { return Ok(()) };
+    let bytes = serde_json::to_string(v).map_or(usize::MAX, |s| s.len());
+    if bytes > MAX_UPSTREAM_JSON_BYTES {
+        return Err(ValidationError::UpstreamJsonTooLarge { what, bytes });
+    }
+    Ok(())
+}
+
+/// The result of adopting a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpsertOutcome {
+    /// The link in effect afterwards.
+    pub link: UpstreamLink,
+    /// No link existed for the ref.
+    pub created: bool,
+    /// A link existed with another source: its marker was replaced by the given one.
+    pub rebased: bool,
+}
+
+/// What a backend does for [`UpstreamStore::upsert_link`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpsertPlan {
+    /// What the call returns.
+    pub outcome: UpsertOutcome,
+    /// Whether `outcome.link` must be written (false for a same-source refresh).
+    pub write: bool,
+}
+
+/// The `updated_at` after a change: `now`, but always strictly after `previous`, so that a
+/// compare-and-set token never repeats even when two changes share a millisecond.
+pub fn next_updated_at(previous: Timestamp, now: Timestamp) -> Timestamp {
+    now.max(previous.plus_ms(1))
+}
+
+/// Decides an adoption. A new ref gets a link with the spec's marker. An existing link with the
+/// same source is kept exactly as it is (marker, `updated_at`, everything): a refresh never
+/// breaks a marker update in flight. A changed source replaces the source and the marker (a
+/// rebase) and moves `updated_at` with [`next_updated_at`]; `created_at` stays.
+pub fn plan_upsert(
+    existing: Option<&UpstreamLink>,
+    spec: LinkSpec,
+    now: Timestamp,
+) -> Result<UpsertPlan, ValidationError> {
+    spec.validate()?;
+    let Some(old) = existing else {
+        let link = UpstreamLink {
+            session: spec.session,
+            catalog_id: spec.catalog_id,
+            host_id: spec.host_id,
+            thread_id: spec.thread_id,
+            upstream_kind: spec.upstream_kind,
+            upstream_ref: spec.upstream_ref,
+            marker: spec.marker,
+            last_scanned_at: None,
+            created_at: now,
+            updated_at: now,
+        };
+        return Ok(UpsertPlan {
+            outcome: UpsertOutcome {
+                link,
+                created: true,
+                rebased: false,
+            },
+            write: true,
+        });
+    };
+    if old.same_source(&spec) {
+        return Ok(UpsertPlan {
+            outcome: UpsertOutcome {
+                link: old.clone(),
+                created: false,
+                rebased: false,
+            },
+            write: false,
+        });
+    }
+    let link = UpstreamLink {
+        session: old.session.clone(),
+        catalog_id: spec.catalog_id,
+        host_id: spec.host_id,
+        thread_id: spec.thread_id,
+        upstream_kind: spec.upstream_kind,
+        upstream_ref: spec.upstream_ref,
+        marker: spec.marker,
+        last_scanned_at: old.last_scanned_at,
+        created_at: old.created_at,
+        updated_at: next_updated_at(old.updated_at, now),
+    };
+    Ok(UpsertPlan {
+        outcome: UpsertOutcome {
+            link,
+            created: false,
+            rebased: true,
+        },
+        write: true,
+    })
+}
+
+/// Compare-and-set of a marker: the updated link when `link.updated_at == expected`, else `None`
+/// (the link changed since the caller read it). The new `updated_at` is
+/// [`next_updated_at`]`(expected, now)`.
+pub fn plan_set_marker(
+    link: &UpstreamLink,
+    expected: Timestamp,
+    marker: Value,
+    now: Timestamp,
+) -> Option<UpstreamLink> {
+    if link.updated_at != expected {
+        return None;
+    }
+    let mut next = link.clone();
+    next.marker = Some(marker);
+    next.updated_at = next_updated_at(expected, now);
+    Some(next)
+}
+
+/// Whether [`UpstreamStore::remove_link`] with `expected` removes `link`.
+pub fn may_remove(link: &UpstreamLink, expected: Option<Timestamp>) -> bool {
+    expected.is_none_or(|t| t == link.updated_at)
+}
+
+/// 64-bit FNV-1a, streaming. Stable across platforms and releases (it is part of dedupe keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Fnv64(u64);
+
+impl Default for Fnv64 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fnv64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    /// The empty hash.
+    pub const fn new() -> Self {
+        Self(Self::OFFSET)
+    }
+
+    /// Feeds bytes.
+    pub fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
+        }
+    }
+
+    /// The hash so far.
+    pub const fn finish(self) -> u64 {
+        self.0
+    }
+}
+
+/// FNV-1a 64 of `bytes`.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h = Fnv64::new();
+    h.write(bytes);
+    h.finish()
+}
+
+/// The source hash of a link and the provider's source id: FNV-1a 64 over, for each of agent
+/// id, catalog id, host id, thread id, upstream kind and source id, its UTF-8 length as 8
+/// little-endian bytes followed by its bytes. The agent is part of the source identity so that
+/// two agents adopting one external thread under the same bare key (`global`) are each
+/// recorded.
+pub fn source_hash(link: &UpstreamLink, source_id: &str) -> u64 {
+    let mut h = Fnv64::new();
+    for part in [
+        link.session.agent_id.as_str(),
+        &link.catalog_id,
+        &link.host_id,
+        &link.thread_id,
+        &link.upstream_kind,
+        source_id,
+    ] {
+        h.write(&(part.len() as u64).to_le_bytes());
+        h.write(part.as_bytes());
+    }
+    h.finish()
+}
+
+/// The dedupe key of a burst of human turns (DESIGN.md section 8):
+/// `upstream:<sessionKey>:<16 lowercase hex of source_hash>:<dedupeId>`. A `dedupe_id` longer
+/// than [`MAX_DEDUPE_ID_BYTES`] is replaced by the 16 hex of its FNV-1a 64.
+pub fn human_dedupe_key(link: &UpstreamLink, source_id: &str, dedupe_id: &str) -> String {
+    let id = if dedupe_id.len() > MAX_DEDUPE_ID_BYTES {
+        format!("{:016x}", fnv1a64(dedupe_id.as_bytes()))
+    } else {
+        dedupe_id.to_owned()
+    };
+    format!(
+        "upstream:{}:{:016x}:{id}",
+        link.session.session_key,
+        source_hash(link, source_id)
+    )
+}
+
+/// The dedupe key of the `upstream_missing` event of one link incarnation (DESIGN.md leaves it
+/// open): `upstream-missing:<sessionKey>:<16 hex of the source hash>:<createdAt>`, so a retry
+/// after a failed removal records nothing twice, while a fresh link of the same source may
+/// record its own.
+pub fn missing_dedupe_key(link: &UpstreamLink) -> String {
+    format!(
+        "upstream-missing:{}:{:016x}:{}",
+        link.session.session_key,
+        source_hash(link, ""),
+        link.created_at
+    )
+}
+
+/// The normalized form used for self-echo: trimmed, every run of whitespace one space.
+pub fn normalize_text(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A text's identity after normalization: its FNV-1a 64 and its length in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct TextFingerprint {
+    /// FNV-1a 64 of the normalized text's UTF-8.
+    pub hash: u64,
+    /// Characters of the normalized text.
+    pub chars: u64,
+}
+
+/// The fingerprint of `text` after [`normalize_text`].
+pub fn fingerprint(text: &str) -> TextFingerprint {
+    let mut n = NormalizedText::new(0);
+    n.push_str(text);
+    n.fingerprint()
+}
+
+/// The fingerprints of a session's own recent prompts (oldest first): the last
+/// [`SELF_ECHO_WINDOW`] of them.
+pub fn own_fingerprints(own_recent: &[String]) -> Vec<TextFingerprint> {
+    let skip = own_recent.len().saturating_sub(SELF_ECHO_WINDOW);
+    own_recent[skip..].iter().map(|t| fingerprint(t)).collect()
+}
+
+/// Streaming [`normalize_text`]: characters go in one at a time, the fingerprint and the first
+/// `prefix_cap` normalized characters come out, in constant memory. Serializable, so a scan can
+/// stop in the middle of a text and resume later.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NormalizedText {
+    hash: Fnv64,
+    chars: u64,
+    /// Whitespace was seen after some text; it becomes one space if more text follows.
+    pending_space: bool,
+    prefix: String,
+    prefix_cap: usize,
+}
+
+impl NormalizedText {
+    /// An empty text keeping the first `prefix_cap` normalized characters.
+    pub fn new(prefix_cap: usize) -> Self {
+        Self {
+            prefix_cap,
+            ..Self::default()
+        }
+    }
+
+    /// Feeds one character.
+    pub fn push(&mut self, c: char) {
+        if c.is_whitespace() {
+            self.pending_space = self.chars > 0;
+            return;
+        }
+        if self.pending_space {
+            self.pending_space = false;
+            self.emit(' ');
+        }
+        self.emit(c);
+    }
+
+    /// Feeds a string.
+    pub fn push_str(&mut self, s: &str) {
+        for c in s.chars() {
+            self.push(c);
+        }
+    }
+
+    /// Separates two parts of one text (as whitespace would).
+    pub fn separate(&mut self) {
+        self.push(' ');
+    }
+
+    fn emit(&mut self, c: char) {
+        let mut buf = [0u8; 4];
+        self.hash.write(c.encode_utf8(&mut buf).as_bytes());
+        self.chars += 1;
+        // The prefix holds the first `min(chars, prefix_cap)` characters.
+        if self.chars <= self.prefix_cap as u64 {
+            self.prefix.push(c);
+        }
+    }
+
+    /// Whether no non-whitespace character was fed.
+    pub fn is_empty(&self) -> bool {
+        self.chars == 0
+    }
+
+    /// The first `prefix_cap` characters of the normalized text.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The fingerprint of the normalized text so far.
+    pub fn fingerprint(&self) -> TextFingerprint {
+        TextFingerprint {
+            hash: self.hash.finish(),
+            chars: self.chars,
+        }
+    }
+}
+
+/// Upstream links, keyed by ref. Every method is atomic.
+///
+/// Kept apart from [`AwarenessStore`] so that a backend adds it without touching the event and
+/// cursor traits; [`FullStore`] names a backend that offers both. `EventStore::delete_session`
+/// of such a backend also removes the ref's link.
+#[async_trait]
+pub trait UpstreamStore: Send + Sync {
+    /// Adopts: creates the ref's link, or applies [`plan_upsert`] to the existing one. An invalid
+    /// spec is refused with [`StoreError::InvalidInput`] and nothing is written.
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError>;
+
+    /// The ref's link.
+    async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError>;
+
+    /// Every link, ordered by session key then agent.
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError>;
+
+    /// Compare-and-set of the marker ([`plan_set_marker`]): `true` when the link's `updated_at`
+    /// was still `expected_updated_at` and the marker was written; `false`, writing nothing,
+    /// when the link changed meanwhile or is gone. A marker larger than
+    /// [`MAX_UPSTREAM_JSON_BYTES`] is refused with [`StoreError::InvalidInput`].
+    async fn set_marker(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Stamps `last_scanned_at`. It does **not** move `updated_at`, so it never breaks a marker
+    /// update in flight. `false` when the link is gone.
+    async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError>;
+
+    /// Removes the ref's link; with `expected_updated_at`, only when the link has not changed
+    /// since (see [`may_remove`]). `true` when a link was removed.
+    async fn remove_link(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Option<Timestamp>,
+    ) -> Result<bool, StoreError>;
+}
+
+/// A backend with the log, the cursors and the upstream links (every store of this workspace).
+/// `Arc<dyn FullStore>` converts into `Arc<dyn AwarenessStore>` and `Arc<dyn UpstreamStore>`.
+pub trait FullStore: AwarenessStore + UpstreamStore {}
+
+impl<T: AwarenessStore + UpstreamStore + ?Sized> FullStore for T {}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn spec() -> LinkSpec {
+        LinkSpec::new(
+            SessionRef::parse("agent:main:main", "main").unwrap(),
+            "claude-code",
+            "local",
+            "t1",
+            "local-jsonl",
+        )
+        .with_ref(json!({"path": "/tmp/t1.jsonl"}))
+        .with_marker(json!({"offset": 10}))
+    }
+
+    #[test]
+    fn upsert_create_refresh_rebase() {
+        let created = plan_upsert(None, spec(), Timestamp(100)).unwrap();
+        assert!(created.write && created.outcome.created && !created.outcome.rebased);
+        let link = created.outcome.link;
+        assert_eq!(
+            (link.created_at, link.updated_at),
+            (Timestamp(100), Timestamp(100))
+        );
+
+        // Same source with another marker: nothing changes, not even updated_at.
+        let refresh = plan_upsert(
+            Some(&link),
+            spec().with_marker(json!({"offset": 0})),
+            Timestamp(200),
+        )
+        .unwrap();
+        assert!(!refresh.write && !refresh.outcome.created && !refresh.outcome.rebased);
+        assert_eq!(refresh.outcome.link, link);
+
+        // Another thread: rebase, the given marker wins, updated_at moves, created_at stays.
+        let mut other = spec().with_marker(json!({"offset": 0}));
+        other.thread_id = "t2".into();
+        let rebased = plan_upsert(Some(&link), other, Timestamp(100)).unwrap();
+        assert!(rebased.write && rebased.outcome.rebased);
+        assert_eq!(rebased.outcome.link.marker, Some(json!({"offset": 0})));
+        assert_eq!(rebased.outcome.link.thread_id, "t2");
+        assert_eq!(rebased.outcome.link.created_at, Timestamp(100));
+        assert_eq!(
+            rebased.outcome.link.updated_at,
+            Timestamp(101),
+            "strictly after the previous token even within the same millisecond"
+        );
+
+        // A changed reference alone is a changed source too.
+        let moved = spec().with_ref(json!({"path": "/tmp/elsewhere.jsonl"}));
+        assert!(
+            plan_upsert(Some(&link), moved, Timestamp(300))
+                .unwrap()
+                .outcome
+                .rebased
+        );
+    }
+
+    #[test]
+    fn upsert_validates() {
+        let mut bad = spec();
+        bad.catalog_id = String::new();
+        assert!(matches!(
+            plan_upsert(None, bad, Timestamp(0)),
+            Err(ValidationError::Empty { .. })
+        ));
+        let huge = spec().with_marker(json!({"x": "a".repeat(MAX_UPSTREAM_JSON_BYTES)}));
+        assert!(matches!(
+            plan_upsert(None, huge, Timestamp(0)),
+            Err(ValidationError::UpstreamJsonTooLarge { what: "marker", .. })
+        ));
+    }
+
+    #[test]
+    fn marker_cas() {
+        let link = plan_upsert(None, spec(), Timestamp(100))
+            .unwrap()
+            .outcome
+            .link;
+        assert!(plan_set_marker(&link, Timestamp(99), json!(1), Timestamp(150)).is_none());
+        let next = plan_set_marker(&link, Timestamp(100), json!(1), Timestamp(100)).unwrap();
+        assert_eq!(next.marker, Some(json!(1)));
+        assert_eq!(next.updated_at, Timestamp(101));
+        // The old token no longer matches.
+        assert!(plan_set_marker(&next, Timestamp(100), json!(2), Timestamp(300)).is_none());
+        assert!(may_remove(&next, None));
+        assert!(may_remove(&next, Some(Timestamp(101))));
+        assert!(!may_remove(&next, Some(Timestamp(100))));
+    }
+
+    #[test]
+    fn fnv_vectors() {
+        // Published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn dedupe_keys() {
+        let link = plan_upsert(None, spec(), Timestamp(100))
+            .unwrap()
+            .outcome
+            .link;
+        let key = human_dedupe_key(&link, "/tmp/t1.jsonl", "uuid-1");
+        let hex = format!("{:016x}", source_hash(&link, "/tmp/t1.jsonl"));
+        assert_eq!(key, format!("upstream:agent:main:main:{hex}:uuid-1"));
+        assert_eq!(hex.len(), 16);
+        assert!(
+            hex.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        // Pinned: stored dedupe keys must not change between releases.
+        assert_eq!(hex, "21eed463bc424bae");
+        // Another agent under the same key, another source, another id: other keys.
+        let mut other_agent = link.clone();
+        other_agent.session = SessionRef::parse("agent:main:main", "ops").unwrap();
+        assert_ne!(
+            human_dedupe_key(&other_agent, "/tmp/t1.jsonl", "uuid-1"),
+            key
+        );
+        assert_ne!(human_dedupe_key(&link, "/tmp/t2.jsonl", "uuid-1"), key);
+        assert_ne!(human_dedupe_key(&link, "/tmp/t1.jsonl", "uuid-2"), key);
+        // Length-prefixed parts: moving a character between parts changes the hash.
+        let mut shifted = link.clone();
+        shifted.host_id = "localt".into();
+        shifted.thread_id = "1".into();
+        assert_ne!(source_hash(&shifted, "x"), source_hash(&link, "x"));
+        // A long id is hashed, so the key stays a valid dedupe key.
+        let long = human_dedupe_key(&link, "s", &"x".repeat(500));
+        assert!(long.len() < 100, "{long}");
+        assert!(validate::key("dedupe key", &long).is_ok());
+        assert!(missing_dedupe_key(&link).starts_with("upstream-missing:agent:main:main:"));
+    }
+
+    #[test]
+    fn normalization_and_fingerprints() {
+        assert_eq!(normalize_text("  fix \n\t the   bug \r\n"), "fix the bug");
+        assert_eq!(normalize_text(" \u{a0}\u{2003} "), "");
+        for (a, b) in [
+            ("fix the bug", "  fix\nthe\t\tbug  "),
+            ("é  ü", "é ü"),
+            ("", "   \n"),
+        ] {
+            assert_eq!(fingerprint(a), fingerprint(b), "{a:?} vs {b:?}");
+            assert_eq!(fingerprint(a), fingerprint(&normalize_text(b)));
+        }
+        assert_ne!(fingerprint("fix the bug"), fingerprint("fix thebug"));
+        let mut n = NormalizedText::new(5);
+        n.push_str("  hello   wonderful ");
+        n.separate();
+        n.push_str(" world ");
+        assert_eq!(n.prefix(), "hello");
+        assert_eq!(n.fingerprint(), fingerprint("hello wonderful world"));
+        assert!(NormalizedText::new(3).is_empty());
+        let own: Vec<String> = (0..15).map(|i| format!("prompt {i}")).collect();
+        let fps = own_fingerprints(&own);
+        assert_eq!(fps.len(), SELF_ECHO_WINDOW);
+        assert!(fps.contains(&fingerprint("prompt  14")));
+        assert!(
+            !fps.contains(&fingerprint("prompt 4")),
+            "older than the window"
+        );
+        // Serializable mid-text, and resuming gives the same result.
+        let mut half = NormalizedText::new(8);
+        half.push_str("abc  ");
+        let mut resumed: NormalizedText =
+            serde_json::from_str(&serde_json::to_string(&half).unwrap()).unwrap();
+        resumed.push_str(" def");
+        assert_eq!(resumed.fingerprint(), fingerprint("abc def"));
+        assert_eq!(resumed.prefix(), "abc def");
+    }
+}

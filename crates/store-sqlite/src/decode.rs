@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use awareness_core::{
     ActorType, AgentId, Cursor, Event, EventKind, Head, Payload, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, WatcherKey,
+    StoreError, Timestamp, UpstreamLink, WatcherKey,
 };
 use serde::Deserialize;
 
@@ -315,4 +315,67 @@ pub(crate) fn cursors_json(cursors: &[Cursor]) -> String {
 /// Any serializable value as JSON text (the values here always serialize).
 pub(crate) fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| String::from("[]"))
+}
+
+/// `link_json!`.
+#[derive(Deserialize)]
+struct RawLink<'a>(
+    #[serde(borrow)] Cow<'a, str>,
+    #[serde(borrow)] Cow<'a, str>,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    i64,
+);
+
+fn link(raw: RawLink<'_>) -> Result<UpstreamLink, StoreError> {
+    let RawLink(
+        key,
+        agent,
+        catalog_id,
+        host_id,
+        thread_id,
+        upstream_kind,
+        upstream_ref,
+        marker,
+        last_scanned_at,
+        created_at,
+        updated_at,
+    ) = raw;
+    let what = || format!("upstream link ({key:?}, {agent:?})");
+    let session =
+        session_ref(&key, &agent).map_err(|e| StoreError::corrupt(format!("{}: {e}", what())))?;
+    let value = |column: &str, text: Option<String>| {
+        text.map(|t| serde_json::from_str::<serde_json::Value>(&t))
+            .transpose()
+            .map_err(|e| StoreError::corrupt(format!("{}: {column} is not JSON: {e}", what())))
+    };
+    Ok(UpstreamLink {
+        session,
+        catalog_id,
+        host_id,
+        thread_id,
+        upstream_kind,
+        upstream_ref: value("upstream_ref_json", upstream_ref)?,
+        marker: value("last_marker_json", marker)?,
+        last_scanned_at: last_scanned_at.map(Timestamp),
+        created_at: Timestamp(created_at),
+        updated_at: Timestamp(updated_at),
+    })
+}
+
+/// One link (`link_json!`).
+pub(crate) fn one_link(text: &str) -> Result<UpstreamLink, StoreError> {
+    link(json("upstream link", text)?)
+}
+
+/// A JSON array of links.
+pub(crate) fn links(text: &str) -> Result<Vec<UpstreamLink>, StoreError> {
+    let raws: Vec<RawLink<'_>> = json("upstream links", text)?;
+    raws.into_iter().map(link).collect()
 }

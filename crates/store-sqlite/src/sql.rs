@@ -301,3 +301,60 @@ pub(crate) const DELETE_EVENT_ROW: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_state_events WHERE sequence = $1;
 SELECT changes();
 COMMIT";
+
+/// One upstream link as a JSON array, decoded by `decode::RawLink` (the two JSON columns come
+/// back as strings, parsed in Rust, so numbers such as `u64::MAX` keep every digit).
+macro_rules! link_json {
+    () => {
+        "json_array(session_key, agent_id, catalog_id, host_id, thread_id, upstream_kind, \
+         upstream_ref_json, last_marker_json, last_scanned_at, created_at, updated_at)"
+    };
+}
+
+/// The link of the ref (`$1`, `$2`).
+pub(crate) const LINK: &str = concat!(
+    "SELECT ",
+    link_json!(),
+    " FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2"
+);
+
+/// A link write, first batch: the current link of the ref (`$1`, `$2`), under the write lock.
+pub(crate) const LINK_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+SELECT (SELECT ",
+    link_json!(),
+    " FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2)"
+);
+
+/// Every link, by key then agent.
+pub(crate) const LINKS: &str = concat!(
+    "SELECT json_group_array(",
+    link_json!(),
+    " ORDER BY session_key, agent_id) FROM session_upstream_links"
+);
+
+/// Writes the whole link decided by `awareness_core::upstream` and commits. Binds: `$1` key,
+/// `$2` agent, `$3` catalog, `$4` host, `$5` thread, `$6` kind, `$7` reference JSON, `$8`
+/// marker JSON, `$9` last scanned at, `$10` created at, `$11` updated at.
+pub(crate) const PUT_LINK_COMMIT: &str = "INSERT INTO session_upstream_links (session_key,
+  agent_id, catalog_id, host_id, thread_id, upstream_kind, upstream_ref_json, last_marker_json,
+  last_scanned_at, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (session_key, agent_id) DO UPDATE SET
+  catalog_id = excluded.catalog_id, host_id = excluded.host_id,
+  thread_id = excluded.thread_id, upstream_kind = excluded.upstream_kind,
+  upstream_ref_json = excluded.upstream_ref_json, last_marker_json = excluded.last_marker_json,
+  last_scanned_at = excluded.last_scanned_at, created_at = excluded.created_at,
+  updated_at = excluded.updated_at;
+COMMIT";
+
+/// Stamps `last_scanned_at` (`$3`) of the ref's link, leaving `updated_at`; answers how many.
+pub(crate) const MARK_SCANNED: &str = "BEGIN IMMEDIATE;
+UPDATE session_upstream_links SET last_scanned_at = $3 WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
+/// Removes the ref's link and commits.
+pub(crate) const DELETE_LINK_COMMIT: &str = "DELETE FROM session_upstream_links
+WHERE session_key = $1 AND agent_id = $2;
+COMMIT";

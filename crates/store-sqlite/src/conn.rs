@@ -1,0 +1,181 @@
+//! The connections: the write connection with its transaction state, the reader connections
+//! (shared with background checkpoints), the hints about watched targets, and running a batch.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use awareness_core::{Cursor, SessionKey, StoreError};
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Row as _, Sqlite, SqliteConnection};
+use tokio::sync::{Mutex, MutexGuard};
+
+use crate::{decode, error, sql};
+
+/// A statement or batch with its binds.
+pub(crate) type Query = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
+
+/// The write connection, held outside any pool, and whether a transaction may be open on it
+/// (an operation that failed or was cancelled midway leaves one; the next writer rolls it back).
+pub(crate) struct Writer {
+    pub(crate) conn: SqliteConnection,
+    pub(crate) open_tx: bool,
+}
+
+impl Writer {
+    pub(crate) async fn rollback(&mut self) {
+        if let Err(e) = sqlx::raw_sql(sql::ROLLBACK).execute(&mut self.conn).await {
+            // "cannot rollback - no transaction is active" is the usual, harmless answer.
+            tracing::debug!(error = %e, "rollback after an interrupted write");
+        }
+        self.open_tx = false;
+    }
+
+    /// Ends an operation: a failure rolls back what it began.
+    pub(crate) async fn finish<T>(
+        &mut self,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if result.is_err() {
+            self.rollback().await;
+        } else {
+            self.open_tx = false;
+        }
+        result
+    }
+}
+
+/// Which target keys are known to have cursors, so that recording on them goes straight to
+/// the two-batch path. Only a hint: a stale entry costs one batch, never correctness.
+#[derive(Default)]
+pub(crate) struct Hints {
+    watched: std::sync::Mutex<HashSet<SessionKey>>,
+}
+
+impl Hints {
+    /// Bound on remembered keys; past it the set starts over.
+    const MAX: usize = 65_536;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<SessionKey>> {
+        self.watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn is_watched(&self, key: &SessionKey) -> bool {
+        self.lock().contains(key)
+    }
+
+    pub(crate) fn set_watched(&self, key: &SessionKey, watched: bool) {
+        let mut set = self.lock();
+        if watched {
+            if set.len() >= Self::MAX {
+                set.clear();
+            }
+            set.insert(key.clone());
+        } else {
+            set.remove(key);
+        }
+    }
+}
+
+/// The reader connections (shared with background checkpoints).
+pub(crate) struct Readers {
+    pub(crate) conns: Box<[Mutex<SqliteConnection>]>,
+    pub(crate) next: AtomicUsize,
+}
+
+impl Readers {
+    pub(crate) async fn get(&self) -> MutexGuard<'_, SqliteConnection> {
+        for r in &*self.conns {
+            if let Ok(g) = r.try_lock() {
+                return g;
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[i].lock().await
+    }
+
+    /// Copies the WAL back into the database file in two PASSIVE passes on a reader
+    /// connection: the bulk while recordings go on, then the few frames appended meanwhile
+    /// while holding this handle's write connection, so that the WAL is complete in the file
+    /// and the next write transaction starts the WAL file over instead of growing it.
+    pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&Mutex<Writer>>) {
+        let mut conn = self.get().await;
+        let mut pass = async || {
+            sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_all(&mut *conn)
+                .await
+        };
+        let bulk = pass().await;
+        let tail = match (&bulk, writer) {
+            (Ok(_), Some(w)) => {
+                let _quiet = w.lock().await;
+                Some(pass().await)
+            }
+            _ => None,
+        };
+        for r in std::iter::once(bulk).chain(tail) {
+            match r {
+                Ok(r) => {
+                    tracing::trace!(path = %path.display(), result = ?r, "checkpointed the WAL");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed");
+                }
+            }
+        }
+    }
+}
+
+/// Runs a batch to the end (every statement, including a final COMMIT) and returns its rows.
+/// `fetch_optional`/`fetch_one` would stop sqlx's worker after the first row.
+pub(crate) async fn batch(
+    conn: &mut SqliteConnection,
+    q: Query,
+    what: &str,
+) -> Result<Vec<SqliteRow>, StoreError> {
+    q.fetch_all(&mut *conn)
+        .await
+        .map_err(|e| error::map(what, e))
+}
+
+/// A batch that answers exactly one row.
+pub(crate) async fn batch_one(
+    conn: &mut SqliteConnection,
+    q: Query,
+    what: &str,
+) -> Result<SqliteRow, StoreError> {
+    let mut rows = batch(conn, q, what).await?;
+    match rows.len() {
+        1 => Ok(rows.swap_remove(0)),
+        n => Err(StoreError::backend(
+            what,
+            format!("expected one row, got {n}"),
+        )),
+    }
+}
+
+pub(crate) fn get<'r, T>(row: &'r SqliteRow, i: usize, what: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
+{
+    row.try_get::<T, _>(i).map_err(|e| StoreError::Corrupt {
+        context: format!("{what}: column {i}"),
+        source: Some(Box::new(e)),
+    })
+}
+
+/// Commits, writing the cursors first when there are any.
+pub(crate) async fn persist_cursors(
+    conn: &mut SqliteConnection,
+    cursors: &[Cursor],
+    what: &str,
+) -> Result<(), StoreError> {
+    let q = if cursors.is_empty() {
+        sqlx::query(sql::COMMIT)
+    } else {
+        sqlx::query(sql::UPSERT_CURSORS_COMMIT).bind(decode::cursors_json(cursors))
+    };
+    batch(conn, q, what).await.map(drop)
+}

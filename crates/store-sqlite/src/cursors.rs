@@ -1,0 +1,193 @@
+//! [`CursorStore`] for [`SqliteStore`]: watch, acknowledge, re-freeze, reset.
+
+use std::collections::BTreeMap;
+
+use awareness_core::{
+    Cursor, CursorFilter, CursorKey, CursorStore, Notice, Sequence, SessionKey, SessionRef,
+    StoreError, Timestamp, WatcherKey, async_trait, protocol,
+};
+
+use crate::conn::{batch, batch_one, get, persist_cursors};
+use crate::decode::{self};
+use crate::{SqliteStore, sql};
+
+/// Applies `decide` to each listed target's cursor in order (a repeated target sees the cursor
+/// the previous step wrote, as in the reference store) and collects what to write.
+fn apply_in_order<'k>(
+    loaded: Vec<Cursor>,
+    keys: impl IntoIterator<Item = (&'k WatcherKey, &'k SessionKey)>,
+    mut decide: impl FnMut(&Cursor) -> (Option<Cursor>, Option<Notice>),
+) -> (Vec<Cursor>, Vec<Notice>) {
+    let mut current: BTreeMap<CursorKey, Cursor> =
+        loaded.into_iter().map(|c| (c.key(), c)).collect();
+    let mut written: BTreeMap<CursorKey, Cursor> = BTreeMap::new();
+    let mut notices = Vec::new();
+    for (w, t) in keys {
+        let key = CursorKey {
+            watcher: w.clone(),
+            target: t.clone(),
+        };
+        let Some(c) = current.get(&key) else { continue };
+        let (write, notice) = decide(c);
+        if let Some(c) = write {
+            current.insert(key.clone(), c.clone());
+            written.insert(key, c);
+        }
+        notices.extend(notice);
+    }
+    (written.into_values().collect(), notices)
+}
+
+#[async_trait]
+impl CursorStore for SqliteStore {
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        const WHAT: &str = "watch";
+        protocol::check_watch(watcher.session_key(), &target.session_key)?;
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let q = sqlx::query(sql::WATCH_BEGIN)
+                .bind(watcher.as_str().to_owned())
+                .bind(target.session_key.as_str().to_owned())
+                .bind(target.agent_id.as_str().to_owned());
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            let existing: Option<&str> = get(&row, 0, WHAT)?;
+            let existing = existing.map(decode::one_cursor).transpose()?.flatten();
+            let head: Option<i64> = get(&row, 1, WHAT)?;
+            let head = head
+                .map(|h| decode::sequence(WHAT, h))
+                .transpose()?
+                .unwrap_or(Sequence::ZERO);
+            let (cursor, write) = protocol::watch(existing.as_ref(), watcher, target, head, now);
+            self.hints.set_watched(&target.session_key, true);
+            let upserts = if write {
+                std::slice::from_ref(&cursor)
+            } else {
+                &[]
+            };
+            persist_cursors(&mut w.conn, upserts, WHAT).await?;
+            Ok(cursor)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        const WHAT: &str = "unwatch";
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let q = sqlx::query(sql::UNWATCH)
+                .bind(watcher.as_str().to_owned())
+                .bind(target.as_str().to_owned());
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            Ok(get::<i64>(&row, 0, WHAT)? > 0)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[SessionKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        const WHAT: &str = "acknowledge";
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<&str> = targets.iter().map(SessionKey::as_str).collect();
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let q = sqlx::query(sql::ACK_BEGIN)
+                .bind(watcher.as_str().to_owned())
+                .bind(decode::to_json(&names));
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
+            let (writes, notices) =
+                apply_in_order(loaded, targets.iter().map(|t| (watcher, t)), |c| {
+                    protocol::acknowledge(c, now)
+                });
+            persist_cursors(&mut w.conn, &writes, WHAT).await?;
+            Ok(notices)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        const WHAT: &str = "read a cursor";
+        let q = sqlx::query(sql::CURSOR)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        let mut conn = self.reader().await;
+        let rows = batch(&mut conn, q, WHAT).await?;
+        match rows.first() {
+            Some(row) => decode::one_cursor(get(row, 0, WHAT)?),
+            None => Ok(None),
+        }
+    }
+
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        const WHAT: &str = "list cursors";
+        let q = sqlx::query(sql::CURSORS)
+            .bind(filter.watcher.as_ref().map(|k| k.as_str().to_owned()))
+            .bind(filter.target.as_ref().map(|k| k.as_str().to_owned()));
+        let row = self.read_one(q, WHAT).await?;
+        let mut all = decode::cursors(get(&row, 0, WHAT)?)?;
+        all.retain(|c| filter.matches(c));
+        Ok(all)
+    }
+
+    async fn refreeze(
+        &self,
+        keys: &[CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        const WHAT: &str = "re-freeze cursors";
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs: Vec<(&str, &str)> = keys
+            .iter()
+            .map(|k| (k.watcher.as_str(), k.target.as_str()))
+            .collect();
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let q = sqlx::query(sql::REFREEZE_BEGIN).bind(decode::to_json(&pairs));
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
+            let (writes, notices) =
+                apply_in_order(loaded, keys.iter().map(|k| (&k.watcher, &k.target)), |c| {
+                    match protocol::refreeze(c, now) {
+                        Some((c, n)) => (Some(c), Some(n)),
+                        None => (None, None),
+                    }
+                });
+            persist_cursors(&mut w.conn, &writes, WHAT).await?;
+            Ok(notices)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        const WHAT: &str = "reset a watcher";
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let q = sqlx::query(sql::RESET_WATCHER).bind(watcher.as_str().to_owned());
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            Ok(decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get())
+        }
+        .await;
+        w.finish(res).await
+    }
+}

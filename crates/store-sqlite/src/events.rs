@@ -1,0 +1,339 @@
+//! [`EventStore`] for [`SqliteStore`]: recording, reconcile pages, heads, pruning, deletion.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use awareness_core::reconcile::ChangesPage;
+use awareness_core::{
+    AgentId, EventStore, Head, LogStats, NewEvent, PruneStep, Recorded, Sequence, SessionRef,
+    StoreError, Timestamp, WatcherKey, async_trait, protocol, reconcile, retention,
+};
+use sqlx::SqliteConnection;
+use sqlx::sqlite::SqliteRow;
+
+use crate::conn::{Query, batch, batch_one, get, persist_cursors};
+use crate::decode::{self, int, limit};
+use crate::{PRUNE_WEIGHT, SqliteStore, sql};
+
+/// The record batches' binds (see [`sql::RECORD_BEGIN`]).
+fn record_query(
+    sql: &'static str,
+    event: &awareness_core::Event,
+    payload: Option<&str>,
+    now: Timestamp,
+) -> Query {
+    sqlx::query(sql)
+        .bind(event.dedupe_key.as_deref())
+        .bind(event.session_key.as_str())
+        .bind(event.session_id.as_deref())
+        .bind(event.agent_id.as_str())
+        .bind(event.kind.as_str())
+        .bind(event.actor_type.as_str())
+        .bind(event.actor_id.as_deref())
+        .bind(event.run_id.as_deref())
+        .bind(event.occurred_at.millis())
+        .bind(event.summary.as_str())
+        .bind(payload)
+        .bind(now.millis())
+}
+
+/// The stored event of a dedupe hit (column 2 of a record batch's row).
+fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded, StoreError> {
+    const WHAT: &str = "record an event";
+    let stored: Option<&str> = get(row, 2, WHAT)?;
+    let stored = stored.ok_or_else(|| {
+        StoreError::corrupt(format!(
+            "{WHAT}: the dedupe key {:?} conflicted but has no row",
+            event.dedupe_key
+        ))
+    })?;
+    Ok(Recorded {
+        event: Arc::new(decode::one_event(stored)?),
+        deduplicated: true,
+        notices: Vec::new(),
+    })
+}
+
+/// What the one-batch recording found.
+enum Fast {
+    /// Recorded and committed.
+    Done(Recorded),
+    /// The target has cursors: nothing was written; record it (given back) the two-batch way.
+    Watched(awareness_core::Event),
+}
+
+/// Records an event whose cursor effects, with no cursor on the target, are none (core says
+/// so before this is chosen), in one batch that commits. The insert is guarded by "the target
+/// has no cursor" under the write lock, so the precondition holds when it commits; when the
+/// guard finds a cursor, nothing is written (not even a sequence is spent).
+async fn record_fast(
+    conn: &mut SqliteConnection,
+    mut event: awareness_core::Event,
+    payload: Option<&str>,
+    now: Timestamp,
+) -> Result<Fast, StoreError> {
+    const WHAT: &str = "record an event";
+    let q = record_query(sql::RECORD_ONE_BATCH, &event, payload, now);
+    let row = batch_one(conn, q, WHAT).await?;
+    if get::<i64>(&row, 3, WHAT)? != 0 {
+        return Ok(Fast::Watched(event));
+    }
+    if get::<i64>(&row, 0, WHAT)? == 0 {
+        return dedupe_hit(&row, &event).map(Fast::Done);
+    }
+    event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
+    let effects = protocol::on_event(&event, &[], &[], now);
+    debug_assert!(
+        effects.upserts.is_empty(),
+        "checked before choosing this path"
+    );
+    Ok(Fast::Done(Recorded {
+        event: Arc::new(event),
+        deduplicated: false,
+        notices: effects.notices,
+    }))
+}
+
+/// Records an event in two batches: insert, head and the cursors on the target; then what
+/// `protocol::on_event` decides, and commit. Also says whether the target has cursors now
+/// (`None` after a dedupe hit, which reads none).
+async fn record_two_batches(
+    conn: &mut SqliteConnection,
+    mut event: awareness_core::Event,
+    payload: Option<&str>,
+    named: &[WatcherKey],
+    now: Timestamp,
+) -> Result<(Recorded, Option<bool>), StoreError> {
+    const WHAT: &str = "record an event";
+    let q = record_query(sql::RECORD_BEGIN, &event, payload, now);
+    let row = batch_one(conn, q, WHAT).await?;
+    if get::<i64>(&row, 0, WHAT)? == 0 {
+        // Dedupe hit: nothing moves, but the spent sequence is committed (as OpenClaw's).
+        let hit = dedupe_hit(&row, &event)?;
+        batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
+        return Ok((hit, None));
+    }
+    event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
+    let existing: Option<&str> = get(&row, 3, WHAT)?;
+    let existing = decode::cursors(existing.unwrap_or("[]"))?;
+    let effects = protocol::on_event(&event, named, &existing, now);
+    persist_cursors(conn, &effects.upserts, WHAT).await?;
+    let watched = !existing.is_empty() || !effects.upserts.is_empty();
+    Ok((
+        Recorded {
+            event: Arc::new(event),
+            deduplicated: false,
+            notices: effects.notices,
+        },
+        Some(watched),
+    ))
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        event.validate()?;
+        let named = std::mem::take(&mut event.watchers);
+        // Core builds the stored event (it clamps occurredAt); the sequence comes from SQLite.
+        let event = event.into_event(Sequence::ZERO, now);
+        let payload = event.payload.as_ref().map(decode::to_json);
+        // One batch when core says the event moves no cursor on an unwatched target and the
+        // target is not known to be watched; two batches otherwise.
+        let one_batch = protocol::on_event(&event, &named, &[], now)
+            .upserts
+            .is_empty()
+            && !self.hints.is_watched(&event.session_key);
+        let key = event.session_key.clone();
+        let mut w = self.writer("record an event").await?;
+        let res = async {
+            let event = if one_batch {
+                match record_fast(&mut w.conn, event, payload.as_deref(), now).await? {
+                    Fast::Done(rec) => return Ok(rec),
+                    Fast::Watched(event) => event,
+                }
+            } else {
+                event
+            };
+            let (rec, watched) =
+                record_two_batches(&mut w.conn, event, payload.as_deref(), &named, now).await?;
+            if let Some(watched) = watched {
+                self.hints.set_watched(&key, watched);
+            }
+            Ok(rec)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        const WHAT: &str = "read changes since";
+        let limit = reconcile::clamp_limit(Some(limit));
+        let q = sqlx::query(sql::CHANGES_SINCE)
+            .bind(session.session_key.as_str().to_owned())
+            .bind(session.agent_id.as_str().to_owned())
+            .bind(int(after))
+            .bind(decode::limit(limit + 1));
+        let row = self.read_one(q, WHAT).await?;
+        let head: Option<&str> = get(&row, 0, WHAT)?;
+        let head = head.map(|h| decode::head_of(session, h)).transpose()?;
+        let min: Option<i64> = get(&row, 1, WHAT)?;
+        let min = min.map(|m| decode::sequence(WHAT, m)).transpose()?;
+        let events: &str = get(&row, 2, WHAT)?;
+        let fetched = decode::page_events(events, session)?;
+        Ok(reconcile::build_page(
+            after,
+            head.as_ref(),
+            min,
+            fetched,
+            limit,
+        ))
+    }
+
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        const WHAT: &str = "read heads";
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let refs: Vec<(&str, &str)> = sessions
+            .iter()
+            .map(|r| (r.session_key.as_str(), r.agent_id.as_str()))
+            .collect();
+        let q = sqlx::query(sql::HEADS).bind(decode::to_json(&refs));
+        let row = self.read_one(q, WHAT).await?;
+        decode::heads(get(&row, 0, WHAT)?)
+    }
+
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        const WHAT: &str = "list heads";
+        let q = sqlx::query(sql::LIST_HEADS).bind(agent.map(|a| a.as_str().to_owned()));
+        let row = self.read_one(q, WHAT).await?;
+        decode::heads(get(&row, 0, WHAT)?)
+    }
+
+    async fn events_after(
+        &self,
+        after: Sequence,
+        max: usize,
+    ) -> Result<Vec<Arc<awareness_core::Event>>, StoreError> {
+        const WHAT: &str = "read events after";
+        let q = sqlx::query(sql::EVENTS_AFTER)
+            .bind(int(after))
+            .bind(limit(max));
+        let row = self.read_one(q, WHAT).await?;
+        decode::events(get(&row, 0, WHAT)?)
+    }
+
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        const WHAT: &str = "read log stats";
+        let row = self.read_one(sqlx::query(sql::LOG_STATS), WHAT).await?;
+        Ok(LogStats {
+            rows: decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get(),
+            min_sequence: decode::sequence(WHAT, get(&row, 1, WHAT)?)?,
+            max_sequence: decode::sequence(WHAT, get(&row, 2, WHAT)?)?,
+        })
+    }
+
+    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+        let mut w = self.writer("prune").await?;
+        self.count_write(PRUNE_WEIGHT - 1);
+        let res = prune_tx(&mut w.conn, step, max_rows).await;
+        w.finish(res).await
+    }
+
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        const WHAT: &str = "delete a session";
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let key = session.session_key.as_str().to_owned();
+            let q = sqlx::query(sql::DELETE_SESSION_BEGIN).bind(key.clone());
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            let on_target = decode::cursors(get(&row, 0, WHAT)?)?;
+            let doomed: Vec<(&str, &str)> = on_target
+                .iter()
+                .filter(|c| c.target_agent == session.agent_id)
+                .map(|c| (c.watcher.as_str(), c.target.as_str()))
+                .collect();
+            let q = sqlx::query(sql::DELETE_SESSION_COMMIT)
+                .bind(key)
+                .bind(session.agent_id.as_str().to_owned())
+                .bind(decode::to_json(&doomed));
+            batch(&mut w.conn, q, WHAT).await.map(drop)
+        }
+        .await;
+        w.finish(res).await
+    }
+}
+
+/// One pruning chunk inside the write transaction.
+async fn prune_tx(
+    conn: &mut SqliteConnection,
+    step: &PruneStep,
+    max_rows: usize,
+) -> Result<u64, StoreError> {
+    const WHAT: &str = "prune";
+    let victims_row = match *step {
+        PruneStep::Cursors { cutoff } => {
+            let q = sqlx::query(sql::PRUNE_CURSORS)
+                .bind(cutoff.millis())
+                .bind(limit(max_rows));
+            let row = batch_one(conn, q, WHAT).await?;
+            return Ok(decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get());
+        }
+        PruneStep::Age { cutoff } => {
+            let q = sqlx::query(sql::PRUNE_AGE_BEGIN)
+                .bind(cutoff.millis())
+                .bind(limit(max_rows));
+            batch_one(conn, q, WHAT).await?
+        }
+        PruneStep::RowCap { max_rows: keep } => {
+            let row = batch_one(conn, sqlx::query(sql::PRUNE_CAP_BEGIN), WHAT).await?;
+            let retained = decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get();
+            let n = retention::row_cap_victims(retained, keep, max_rows);
+            if n == 0 {
+                batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
+                return Ok(0);
+            }
+            batch_one(
+                conn,
+                sqlx::query(sql::PRUNE_CAP_VICTIMS).bind(limit(n)),
+                WHAT,
+            )
+            .await?
+        }
+    };
+    let victims = decode::victims(get(&victims_row, 0, WHAT)?)?;
+    if victims.is_empty() {
+        batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
+        return Ok(0);
+    }
+    let heads: BTreeMap<SessionRef, Head> = decode::heads(get(&victims_row, 1, WHAT)?)?
+        .into_iter()
+        .map(|h| (h.session.clone(), h))
+        .collect();
+    // Watermarks are stamped before the rows go, in the same transaction; a ref without a head
+    // gets none (pruning never creates a head).
+    let stamps: Vec<(&str, &str, i64)> =
+        retention::watermarks(victims.iter().map(|(s, r)| (r, *s)))
+            .into_iter()
+            .filter_map(|(r, pruned)| {
+                let head = heads.get(&r)?;
+                let stamped = retention::stamp(head, pruned);
+                Some((
+                    head.session.session_key.as_str(),
+                    head.session.agent_id.as_str(),
+                    int(stamped.pruned_max_sequence),
+                ))
+            })
+            .collect();
+    let seqs: Vec<i64> = victims.iter().map(|(s, _)| int(*s)).collect();
+    let q = sqlx::query(sql::PRUNE_DELETE_COMMIT)
+        .bind(decode::to_json(&stamps))
+        .bind(decode::to_json(&seqs));
+    let row = batch_one(conn, q, WHAT).await?;
+    Ok(decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get())
+}

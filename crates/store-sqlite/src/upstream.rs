@@ -1,0 +1,164 @@
+//! [`UpstreamStore`] for [`SqliteStore`]: the links of adopted sessions in OpenClaw's
+//! `session_upstream_links`. Every decision (same-source refresh, rebase, compare-and-set of
+//! the marker, conditional removal) is `awareness_core::upstream`'s; each write reads the link
+//! and writes what core decided in one `BEGIN IMMEDIATE` transaction.
+
+use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
+use awareness_core::{SessionRef, StoreError, Timestamp, async_trait};
+use serde_json::Value;
+use sqlx::SqliteConnection;
+
+use crate::conn::{batch, batch_one, get};
+use crate::{SqliteStore, decode, sql};
+
+/// The current link of `session`, read inside the write transaction (begins it).
+async fn begin_with_link(
+    conn: &mut SqliteConnection,
+    session: &SessionRef,
+    what: &str,
+) -> Result<Option<UpstreamLink>, StoreError> {
+    let q = sqlx::query(sql::LINK_BEGIN)
+        .bind(session.session_key.as_str())
+        .bind(session.agent_id.as_str());
+    let row = batch_one(conn, q, what).await?;
+    let text: Option<&str> = get(&row, 0, what)?;
+    text.map(decode::one_link).transpose()
+}
+
+/// Writes `link` whole and commits.
+async fn put_link_commit(
+    conn: &mut SqliteConnection,
+    link: &UpstreamLink,
+    what: &str,
+) -> Result<(), StoreError> {
+    let json = |v: &Option<Value>| v.as_ref().map(decode::to_json);
+    let q = sqlx::query(sql::PUT_LINK_COMMIT)
+        .bind(link.session.session_key.as_str())
+        .bind(link.session.agent_id.as_str())
+        .bind(link.catalog_id.as_str())
+        .bind(link.host_id.as_str())
+        .bind(link.thread_id.as_str())
+        .bind(link.upstream_kind.as_str())
+        .bind(json(&link.upstream_ref))
+        .bind(json(&link.marker))
+        .bind(link.last_scanned_at.map(Timestamp::millis))
+        .bind(link.created_at.millis())
+        .bind(link.updated_at.millis());
+    batch(conn, q, what).await.map(drop)
+}
+
+async fn commit(conn: &mut SqliteConnection, what: &str) -> Result<(), StoreError> {
+    batch(conn, sqlx::query(sql::COMMIT), what).await.map(drop)
+}
+
+#[async_trait]
+impl UpstreamStore for SqliteStore {
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        const WHAT: &str = "adopt a session (upstream link)";
+        spec.validate()?;
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let existing = begin_with_link(&mut w.conn, &spec.session, WHAT).await?;
+            let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
+            if plan.write {
+                put_link_commit(&mut w.conn, &plan.outcome.link, WHAT).await?;
+            } else {
+                commit(&mut w.conn, WHAT).await?;
+            }
+            Ok(plan.outcome)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        const WHAT: &str = "read an upstream link";
+        let q = sqlx::query(sql::LINK)
+            .bind(session.session_key.as_str())
+            .bind(session.agent_id.as_str());
+        let mut conn = self.reader().await;
+        let rows = batch(&mut conn, q, WHAT).await?;
+        match rows.first() {
+            Some(row) => decode::one_link(get(row, 0, WHAT)?).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        const WHAT: &str = "list upstream links";
+        let row = self.read_one(sqlx::query(sql::LINKS), WHAT).await?;
+        decode::links(get(&row, 0, WHAT)?)
+    }
+
+    async fn set_marker(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        const WHAT: &str = "move an upstream marker";
+        upstream::validate_json("marker", Some(&marker))?;
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let next = begin_with_link(&mut w.conn, session, WHAT)
+                .await?
+                .and_then(|link| {
+                    upstream::plan_set_marker(&link, expected_updated_at, marker, now)
+                });
+            let written = next.is_some();
+            match next {
+                Some(link) => put_link_commit(&mut w.conn, &link, WHAT).await?,
+                None => commit(&mut w.conn, WHAT).await?,
+            }
+            Ok(written)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        const WHAT: &str = "stamp an upstream scan";
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let q = sqlx::query(sql::MARK_SCANNED)
+                .bind(session.session_key.as_str())
+                .bind(session.agent_id.as_str())
+                .bind(now.millis());
+            let row = batch_one(&mut w.conn, q, WHAT).await?;
+            Ok(get::<i64>(&row, 0, WHAT)? > 0)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    async fn remove_link(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Option<Timestamp>,
+    ) -> Result<bool, StoreError> {
+        const WHAT: &str = "remove an upstream link";
+        let mut w = self.writer(WHAT).await?;
+        let res = async {
+            let existing = begin_with_link(&mut w.conn, session, WHAT).await?;
+            let remove = existing
+                .as_ref()
+                .is_some_and(|link| upstream::may_remove(link, expected_updated_at));
+            let q = if remove {
+                sqlx::query(sql::DELETE_LINK_COMMIT)
+                    .bind(session.session_key.as_str())
+                    .bind(session.agent_id.as_str())
+            } else {
+                sqlx::query(sql::COMMIT)
+            };
+            batch(&mut w.conn, q, WHAT).await?;
+            Ok(remove)
+        }
+        .await;
+        w.finish(res).await
+    }
+}

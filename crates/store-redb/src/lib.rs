@@ -49,12 +49,14 @@
 //!
 //! ## Key layout
 //!
-//! Events by global sequence, a `(agent, key, sequence)` index for reconcile ranges, an
-//! `(occurredAt, sequence)` index for pruning by age, heads by `(key, agent)` with the pruned
-//! watermark, cursors by `(watcher, target)` and by `(target, watcher)`, the dedupe index (a
-//! deleted or pruned row frees its key), upstream links by `(key, agent)`, and a store-wide
-//! sequence counter in `meta` that never goes back. Recording, acknowledging, re-freezing and
-//! each pruning chunk are single write transactions.
+//! Events by global sequence; a covering `(agent, key, sequence)` index (it holds a copy of the
+//! row) so that a reconcile page is one range scan; heads by `(key, agent)` with the pruned
+//! watermark; cursors by `(watcher, target)` and by `(target, watcher)`; the dedupe index (a
+//! deleted or pruned row frees its key); upstream links by `(key, agent)`; and a store-wide
+//! sequence counter that never goes back (`max` of a `meta` entry and the highest event, so a
+//! record writes three rows: the event, its index entry and the head). Recording,
+//! acknowledging, re-freezing and each pruning chunk are single write transactions; pruning by
+//! age scans the events in sequence order, stopping at a full chunk.
 //!
 //! ## Processes
 //!
@@ -68,6 +70,7 @@
 mod codec;
 mod db;
 mod tables;
+mod upstream;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -485,24 +488,18 @@ impl EventStore for RedbStore {
                 Some(item) => Some(Sequence(item.ctx("reconcile")?.0.value().2)),
                 None => None,
             };
-            let mut seqs = Vec::with_capacity(limit + 1);
+            // The index is covering: the page is one range scan.
+            let mut fetched = Vec::with_capacity(limit + 1);
             if min.is_some() && after.get() < u64::MAX {
                 for item in index
                     .range((a, k, after.get() + 1)..=(a, k, u64::MAX))
                     .ctx("reconcile")?
                     .take(limit + 1)
                 {
-                    seqs.push(item.ctx("reconcile")?.0.value().2);
+                    let (key, row) = item.ctx("reconcile")?;
+                    let seq = key.value().2;
+                    fetched.push(Arc::new(codec::decode(seq, row.value(), Some(&session))?));
                 }
-            }
-            let events = txn.open_table(EVENTS).ctx("reconcile: open events")?;
-            let mut fetched = Vec::with_capacity(seqs.len());
-            for s in seqs {
-                let row = events
-                    .get(s)
-                    .ctx("reconcile: read an event")?
-                    .ok_or_else(|| StoreError::corrupt(format!("index names missing event {s}")))?;
-                fetched.push(Arc::new(codec::decode(s, row.value(), Some(&session))?));
             }
             let heads = txn.open_table(HEADS).ctx("reconcile: open heads")?;
             let head = read_head(&heads, &session)?;

@@ -28,6 +28,7 @@ async fn subject_with(options: RedbOptions) -> Subject {
     );
     Subject {
         store: store.clone(),
+        upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(dir),
     }

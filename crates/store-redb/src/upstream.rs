@@ -1,0 +1,164 @@
+//! [`UpstreamStore`] on redb: the `upstream_links` table, keyed by `(session key, agent id)`,
+//! whose value is the link as compact JSON (the camelCase form of
+//! [`awareness_core::UpstreamLink`]). `EventStore::delete_session` removes the ref's entry in
+//! its own transaction.
+//!
+//! Each write is one write transaction: read the ref's link, let `awareness_core::upstream`
+//! decide (same-source refresh, rebase, compare-and-set, conditional removal), write what it
+//! decided. A transaction that decided to write nothing is aborted (no fsync).
+
+use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
+use awareness_core::{SessionRef, StoreError, Timestamp, async_trait};
+use redb::{ReadableTable, WriteTransaction};
+use serde_json::Value;
+
+use crate::RedbStore;
+use crate::db::Ctx;
+use crate::tables::UPSTREAM_LINKS;
+
+fn decode(key: &str, agent: &str, bytes: &[u8]) -> Result<UpstreamLink, StoreError> {
+    let link: UpstreamLink = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        context: format!("upstream link ({key:?}, {agent:?}): not a link"),
+        source: Some(Box::new(e)),
+    })?;
+    if link.session.session_key.as_str() != key || link.session.agent_id.as_str() != agent {
+        return Err(StoreError::corrupt(format!(
+            "upstream link ({key:?}, {agent:?}) names another session ({})",
+            link.session
+        )));
+    }
+    Ok(link)
+}
+
+fn encode(link: &UpstreamLink) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(link).map_err(|e| StoreError::backend("encode an upstream link", e))
+}
+
+/// The ref's link, read inside a write transaction.
+fn get(txn: &WriteTransaction, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+    let (k, a) = (session.session_key.as_str(), session.agent_id.as_str());
+    let table = txn
+        .open_table(UPSTREAM_LINKS)
+        .ctx("open the upstream links")?;
+    let found = table.get((k, a)).ctx("read an upstream link")?;
+    found.map(|v| decode(k, a, v.value())).transpose()
+}
+
+fn put(txn: &WriteTransaction, link: &UpstreamLink) -> Result<(), StoreError> {
+    let bytes = encode(link)?;
+    txn.open_table(UPSTREAM_LINKS)
+        .ctx("open the upstream links")?
+        .insert(
+            (
+                link.session.session_key.as_str(),
+                link.session.agent_id.as_str(),
+            ),
+            bytes.as_slice(),
+        )
+        .ctx("write an upstream link")?;
+    Ok(())
+}
+
+#[async_trait]
+impl UpstreamStore for RedbStore {
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        spec.validate()?;
+        self.write("adopt a session (upstream link)", move |txn| {
+            let existing = get(txn, &spec.session)?;
+            let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
+            if plan.write {
+                put(txn, &plan.outcome.link)?;
+            }
+            Ok((plan.outcome, plan.write))
+        })
+        .await
+    }
+
+    async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        let session = session.clone();
+        self.read("read an upstream link", move |txn| {
+            let (k, a) = (session.session_key.as_str(), session.agent_id.as_str());
+            let table = txn
+                .open_table(UPSTREAM_LINKS)
+                .ctx("open the upstream links")?;
+            let found = table.get((k, a)).ctx("read an upstream link")?;
+            found.map(|v| decode(k, a, v.value())).transpose()
+        })
+        .await
+    }
+
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        self.read("list upstream links", |txn| {
+            let table = txn
+                .open_table(UPSTREAM_LINKS)
+                .ctx("open the upstream links")?;
+            // Keys are ordered by (session key, agent id), byte-wise: the order of `SessionRef`.
+            let mut out = Vec::new();
+            for item in table.iter().ctx("list upstream links")? {
+                let (key, value) = item.ctx("list upstream links")?;
+                let (k, a) = key.value();
+                out.push(decode(k, a, value.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn set_marker(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        upstream::validate_json("marker", Some(&marker))?;
+        let session = session.clone();
+        self.write("move an upstream marker", move |txn| {
+            let next = get(txn, &session)?
+                .and_then(|l| upstream::plan_set_marker(&l, expected_updated_at, marker, now));
+            match next {
+                Some(link) => put(txn, &link).map(|()| (true, true)),
+                None => Ok((false, false)),
+            }
+        })
+        .await
+    }
+
+    async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("stamp an upstream scan", move |txn| {
+            match get(txn, &session)? {
+                Some(mut link) => {
+                    link.last_scanned_at = Some(now);
+                    put(txn, &link).map(|()| (true, true))
+                }
+                None => Ok((false, false)),
+            }
+        })
+        .await
+    }
+
+    async fn remove_link(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Option<Timestamp>,
+    ) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("remove an upstream link", move |txn| {
+            let remove =
+                get(txn, &session)?.is_some_and(|l| upstream::may_remove(&l, expected_updated_at));
+            if remove {
+                txn.open_table(UPSTREAM_LINKS)
+                    .ctx("open the upstream links")?
+                    .remove((session.session_key.as_str(), session.agent_id.as_str()))
+                    .ctx("remove an upstream link")?;
+            }
+            Ok((remove, remove))
+        })
+        .await
+    }
+}

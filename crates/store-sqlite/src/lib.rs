@@ -26,6 +26,40 @@
 //! mode). [`SqliteStore::open`] never creates a missing directory and never overwrites a file
 //! that is not an SQLite database.
 //!
+//! It also implements [`UpstreamStore`] on OpenClaw's `session_upstream_links`.
+//!
+//! ## How it talks to SQLite
+//!
+//! sqlx runs each SQLite connection on its own thread; every statement result and every row
+//! is a message between threads. The store is shaped around that:
+//!
+//! - one **write connection** held outside any pool (no ping on acquire), behind an async
+//!   mutex, and two **reader connections** (WAL readers never block the writer);
+//! - a write is at most **two batches**: the first begins the `IMMEDIATE` transaction, writes
+//!   what needs no decision and reads what the protocol needs; the second writes what
+//!   `awareness_core::protocol` decided and commits. A recording that core says moves no
+//!   cursor when its target has none (no producer-named watcher) is **one batch**: its insert
+//!   is guarded by "the target has no cursor" under the write lock, and only when the guard
+//!   finds one (nothing written, no sequence spent) does it take the two-batch path. An
+//!   in-memory hint of watched targets sends those straight to two batches;
+//! - every read answers in **one row**: lists are built inside SQLite as one JSON value
+//!   (`json_group_array`), so a 200-event page is one message, not 201;
+//! - **WAL checkpoints run in the background** on a reader connection every 256 write
+//!   transactions (the bulk while recordings go on, the short tail under the write lock so the
+//!   WAL file starts over); the writer's own autocheckpoint (8,000 pages) is only a safety net.
+//!
+//! ## Decisions
+//!
+//! - Migrations are a tiny runner keyed on our own table `awareness_schema_migrations` (sqlx's
+//!   `migrate!` needs the `macros` feature, and a column must only be added when missing):
+//!   opening an up-to-date file costs two reads and no write lock.
+//! - A cursor row OpenClaw wrote has no target agent; [`awareness_core::Cursor::default_target_agent`]
+//!   supplies it. A cursor row whose watcher key is not agent-qualified is ignored with a
+//!   `warn!` and left in the file, so one bad row cannot stop recording on its target.
+//! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
+//! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
+//!   cascade into another table of an OpenClaw database.
+//!
 //! ```
 //! use awareness_core::{ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore,
 //!     NewEvent, SessionRef, Sequence, Timestamp, WatcherKey};
@@ -54,6 +88,7 @@
 //! [`EventStore`]: awareness_core::EventStore
 //! [`CursorStore`]: awareness_core::CursorStore
 //! [`EventStore::prune_chunk`]: awareness_core::EventStore::prune_chunk
+//! [`UpstreamStore`]: awareness_core::UpstreamStore
 
 mod conn;
 mod cursors;

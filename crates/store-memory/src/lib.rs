@@ -1,8 +1,9 @@
 //! # store-memory
 //!
-//! The in-memory [`EventStore`] and [`CursorStore`]: the reference implementation of the storage
-//! contract, for tests and for embedding a gateway that needs no durability. Everything is lost
-//! when the process ends; pick `store-sqlite` or `store-redb` to keep it.
+//! The in-memory [`EventStore`], [`CursorStore`] and [`awareness_core::UpstreamStore`]: the
+//! reference implementation of the storage contract, for tests and for embedding a gateway that
+//! needs no durability. Everything is lost when the process ends; pick `store-sqlite` or
+//! `store-redb` to keep it.
 //!
 //! It keeps every protocol decision in `awareness-core` and only persists the result, under one
 //! short-held lock. Pages return shared events (`Arc<Event>`), never deep copies.
@@ -30,6 +31,8 @@
 //! # }).unwrap();
 //! ```
 
+mod upstream;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -55,6 +58,8 @@ struct Inner {
     dedupe: HashMap<String, Sequence>,
     cursors: BTreeMap<CursorKey, Cursor>,
     by_target: HashMap<SessionKey, BTreeSet<WatcherKey>>,
+    /// Upstream links of adopted sessions, by ref (see `upstream.rs`).
+    links: BTreeMap<SessionRef, awareness_core::UpstreamLink>,
 }
 
 #[derive(Debug)]
@@ -219,7 +224,13 @@ impl EventStore for MemoryStore {
             .map(|(_, e)| Arc::clone(e))
             .collect();
         let min = st.events.keys().next().copied();
-        Ok(reconcile::build_page(after, Some(&st.head), min, fetched, limit))
+        Ok(reconcile::build_page(
+            after,
+            Some(&st.head),
+            min,
+            fetched,
+            limit,
+        ))
     }
 
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
@@ -298,6 +309,7 @@ impl EventStore for MemoryStore {
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
         let mut g = self.lock();
+        g.links.remove(session);
         if let Some(st) = g.sessions.remove(session) {
             for s in st.events.keys() {
                 g.remove_event(*s);

@@ -20,6 +20,7 @@ async fn subject() -> Subject {
     let store = Arc::new(MemoryStore::new());
     Subject {
         store: store.clone(),
+        upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
     }

@@ -25,6 +25,7 @@ async fn subject() -> Subject {
     );
     Subject {
         store: store.clone(),
+        upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(dir),
     }

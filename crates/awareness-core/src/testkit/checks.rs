@@ -1248,3 +1248,325 @@ pub async fn heads_batch_returns_only_existing(t: &Subject) {
         assert_eq!(h.last_sequence.get(), (i / 2 + 1) as u64);
     }
 }
+
+// ----- upstream links (DESIGN.md section 8) ---------------------------------------------------
+
+fn link_spec(session: &SessionRef, thread: &str, offset: u64) -> crate::LinkSpec {
+    crate::LinkSpec::new(
+        session.clone(),
+        "claude-code",
+        "local",
+        thread,
+        "local-jsonl",
+    )
+    .with_ref(json!({"path": format!("/home/me/.claude/projects/p/{thread}.jsonl")}))
+    .with_marker(json!({"offset": offset}))
+}
+
+async fn marker_of(t: &Subject, session: &SessionRef) -> Option<serde_json::Value> {
+    t.upstream
+        .link(session)
+        .await
+        .expect("link")
+        .expect("the link exists")
+        .marker
+}
+
+pub async fn upstream_upsert_creates_then_same_source_keeps_marker(t: &Subject) {
+    let u = &*t.upstream;
+    assert!(u.link(&child()).await.unwrap().is_none());
+    let first = u
+        .upsert_link(link_spec(&child(), "t1", 100), T0)
+        .await
+        .unwrap();
+    assert!(first.created && !first.rebased);
+    assert_eq!(first.link.created_at, T0);
+    assert_eq!(first.link.updated_at, T0);
+    assert_eq!(first.link.last_scanned_at, None);
+    assert_eq!(
+        u.link(&child()).await.unwrap().as_ref(),
+        Some(&first.link),
+        "the stored link is what upsert returned"
+    );
+    // The monitor advances the marker; adopting again from the same source keeps it.
+    assert!(
+        u.set_marker(&child(), T0, json!({"offset": 500}), T0.plus_ms(10))
+            .await
+            .unwrap()
+    );
+    let again = u
+        .upsert_link(link_spec(&child(), "t1", 0), T0.plus_ms(20))
+        .await
+        .unwrap();
+    assert!(!again.created && !again.rebased, "a same-source refresh");
+    assert_eq!(again.link.marker, Some(json!({"offset": 500})));
+    assert_eq!(
+        again.link.updated_at,
+        T0.plus_ms(10),
+        "a refresh does not move the compare-and-set token"
+    );
+    assert_eq!(marker_of(t, &child()).await, Some(json!({"offset": 500})));
+}
+
+pub async fn upstream_changed_source_rebases_marker(t: &Subject) {
+    let u = &*t.upstream;
+    let first = u
+        .upsert_link(link_spec(&child(), "t1", 100), T0)
+        .await
+        .unwrap();
+    u.set_marker(&child(), T0, json!({"offset": 500}), T0)
+        .await
+        .unwrap();
+    let moved = u
+        .upsert_link(link_spec(&child(), "t2", 7), T0)
+        .await
+        .unwrap();
+    assert!(moved.rebased && !moved.created);
+    assert_eq!(moved.link.thread_id, "t2");
+    assert_eq!(moved.link.marker, Some(json!({"offset": 7})), "rebased");
+    assert_eq!(moved.link.created_at, first.link.created_at);
+    assert!(
+        moved.link.updated_at > T0.plus_ms(1),
+        "the token moved forward"
+    );
+    assert_eq!(u.link(&child()).await.unwrap(), Some(moved.link));
+}
+
+pub async fn upstream_marker_update_is_compare_and_set(t: &Subject) {
+    let u = &*t.upstream;
+    let link = u
+        .upsert_link(link_spec(&child(), "t1", 0), T0)
+        .await
+        .unwrap()
+        .link;
+    // A scan read the link at T0; meanwhile the session is adopted from another thread.
+    u.upsert_link(link_spec(&child(), "t2", 3), T0.plus_ms(5))
+        .await
+        .unwrap();
+    assert!(
+        !u.set_marker(
+            &child(),
+            link.updated_at,
+            json!({"offset": 999}),
+            T0.plus_ms(6)
+        )
+        .await
+        .unwrap(),
+        "the link changed during the scan: the stale marker is refused"
+    );
+    assert_eq!(marker_of(t, &child()).await, Some(json!({"offset": 3})));
+    let current = u.link(&child()).await.unwrap().unwrap();
+    assert!(
+        u.set_marker(
+            &child(),
+            current.updated_at,
+            json!({"offset": 4}),
+            T0.plus_ms(6)
+        )
+        .await
+        .unwrap()
+    );
+    let after = u.link(&child()).await.unwrap().unwrap();
+    assert_eq!(after.marker, Some(json!({"offset": 4})));
+    assert!(
+        after.updated_at > current.updated_at,
+        "every write moves the token"
+    );
+    assert!(
+        !u.set_marker(
+            &child(),
+            current.updated_at,
+            json!({"offset": 5}),
+            T0.plus_ms(7)
+        )
+        .await
+        .unwrap(),
+        "a token is good for one write"
+    );
+    assert!(
+        !u.set_marker(&r(PEER, "ops"), T0, json!(1), T0)
+            .await
+            .unwrap(),
+        "no link: false, nothing created"
+    );
+    assert!(u.link(&r(PEER, "ops")).await.unwrap().is_none());
+    let huge = json!({"x": "a".repeat(crate::upstream::MAX_UPSTREAM_JSON_BYTES)});
+    assert!(matches!(
+        u.set_marker(&child(), after.updated_at, huge, T0).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    assert_eq!(u.link(&child()).await.unwrap().unwrap(), after);
+}
+
+pub async fn upstream_mark_scanned_keeps_the_cas_token(t: &Subject) {
+    let u = &*t.upstream;
+    let link = u
+        .upsert_link(link_spec(&child(), "t1", 0), T0)
+        .await
+        .unwrap()
+        .link;
+    assert!(u.mark_scanned(&child(), T0.plus_ms(50)).await.unwrap());
+    let scanned = u.link(&child()).await.unwrap().unwrap();
+    assert_eq!(scanned.last_scanned_at, Some(T0.plus_ms(50)));
+    assert_eq!(scanned.updated_at, link.updated_at);
+    assert!(
+        u.set_marker(
+            &child(),
+            link.updated_at,
+            json!({"offset": 1}),
+            T0.plus_ms(60)
+        )
+        .await
+        .unwrap(),
+        "a scan stamp does not break a marker update in flight"
+    );
+    assert_eq!(
+        u.link(&child()).await.unwrap().unwrap().last_scanned_at,
+        Some(T0.plus_ms(50))
+    );
+    assert!(!u.mark_scanned(&r(PEER, "ops"), T0).await.unwrap());
+    assert!(u.link(&r(PEER, "ops")).await.unwrap().is_none());
+}
+
+pub async fn upstream_remove_link_with_and_without_token(t: &Subject) {
+    let u = &*t.upstream;
+    let link = u
+        .upsert_link(link_spec(&child(), "t1", 0), T0)
+        .await
+        .unwrap()
+        .link;
+    assert!(
+        !u.remove_link(&child(), Some(link.updated_at.minus_ms(1)))
+            .await
+            .unwrap(),
+        "a stale token removes nothing"
+    );
+    assert!(u.link(&child()).await.unwrap().is_some());
+    assert!(
+        u.remove_link(&child(), Some(link.updated_at))
+            .await
+            .unwrap()
+    );
+    assert!(u.link(&child()).await.unwrap().is_none());
+    assert!(!u.remove_link(&child(), None).await.unwrap());
+    let fresh = u
+        .upsert_link(link_spec(&child(), "t1", 9), T0.plus_ms(1))
+        .await
+        .unwrap();
+    assert!(
+        fresh.created,
+        "adopting again after removal creates a fresh link"
+    );
+    assert_eq!(fresh.link.marker, Some(json!({"offset": 9})));
+    assert!(u.remove_link(&child(), None).await.unwrap());
+    assert!(u.links().await.unwrap().is_empty());
+}
+
+pub async fn upstream_delete_session_removes_only_that_refs_link(t: &Subject) {
+    let u = &*t.upstream;
+    let main_global = r("global", "main");
+    let ops_global = r("global", "ops");
+    rec(&*t.store, log_only(&main_global, "m"), T0).await;
+    u.upsert_link(link_spec(&main_global, "t1", 1), T0)
+        .await
+        .unwrap();
+    u.upsert_link(link_spec(&ops_global, "t1", 2), T0)
+        .await
+        .unwrap();
+    u.upsert_link(link_spec(&child(), "t1", 3), T0)
+        .await
+        .unwrap();
+    t.store.delete_session(&main_global).await.unwrap();
+    assert!(
+        u.link(&main_global).await.unwrap().is_none(),
+        "the ref's link goes"
+    );
+    assert_eq!(
+        marker_of(t, &ops_global).await,
+        Some(json!({"offset": 2})),
+        "ops' global is another session"
+    );
+    assert!(u.link(&child()).await.unwrap().is_some());
+    // A session without events or head still loses its link.
+    t.store.delete_session(&child()).await.unwrap();
+    assert!(u.link(&child()).await.unwrap().is_none());
+    // Reset keeps the session's own link (its history stays).
+    t.store.reset_watcher(&k("global")).await.unwrap();
+    assert_eq!(u.links().await.unwrap().len(), 1);
+}
+
+pub async fn upstream_links_ordered_and_json_round_trips(t: &Subject) {
+    let u = &*t.upstream;
+    let refs = [
+        r("global", "ops"),
+        r(PEER, "ops"),
+        r("global", "main"),
+        r(CHILD, "main"),
+    ];
+    for (i, session) in refs.iter().enumerate() {
+        u.upsert_link(link_spec(session, &format!("t{i}"), i as u64), T0)
+            .await
+            .unwrap();
+    }
+    let order: Vec<(String, String)> = u
+        .links()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| {
+            (
+                l.session.session_key.to_string(),
+                l.session.agent_id.to_string(),
+            )
+        })
+        .collect();
+    let mut expected: Vec<(String, String)> = refs
+        .iter()
+        .map(|r| (r.session_key.to_string(), r.agent_id.to_string()))
+        .collect();
+    expected.sort();
+    assert_eq!(order, expected, "ordered by key, then agent");
+
+    // References and markers come back as the same JSON (nesting, unicode, large integers,
+    // escapes), and a link without them has none.
+    let odd = r("agent:main:odd", "main");
+    let reference = json!({"path": "/tmp/d\u{e9}j\u{e0} vu/\"q\".jsonl", "n": [1, {"k": null}]});
+    let marker = json!({"offset": u64::MAX, "dev": 2049, "ino": 0, "partial": {"t": "a\nb"}});
+    let spec = crate::LinkSpec::new(odd.clone(), "claude-code", "host \u{2603}", "th", "k")
+        .with_ref(reference.clone())
+        .with_marker(marker.clone());
+    u.upsert_link(spec, T0).await.unwrap();
+    let got = u.link(&odd).await.unwrap().unwrap();
+    assert_eq!(got.upstream_ref, Some(reference));
+    assert_eq!(got.marker, Some(marker));
+    assert_eq!(got.host_id, "host \u{2603}");
+    let bare = r("agent:main:bare", "main");
+    u.upsert_link(crate::LinkSpec::new(bare.clone(), "c", "h", "t", "k"), T0)
+        .await
+        .unwrap();
+    let got = u.link(&bare).await.unwrap().unwrap();
+    assert_eq!((got.upstream_ref, got.marker), (None, None));
+}
+
+pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) {
+    let u = &*t.upstream;
+    let mut blank = link_spec(&child(), "t1", 0);
+    blank.host_id = String::new();
+    assert!(matches!(
+        u.upsert_link(blank, T0).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    let huge = link_spec(&child(), "t1", 0).with_ref(json!({
+        "path": "a".repeat(crate::upstream::MAX_UPSTREAM_JSON_BYTES)
+    }));
+    assert!(matches!(
+        u.upsert_link(huge, T0).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    assert!(u.links().await.unwrap().is_empty());
+    assert_eq!(
+        count(&*t.store).await,
+        0,
+        "adopting writes no event by itself"
+    );
+}

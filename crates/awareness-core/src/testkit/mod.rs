@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::model::Sequence;
 use crate::store::AwarenessStore;
+use crate::upstream::UpstreamStore;
 
 pub mod checks;
 pub mod model;
@@ -40,6 +41,8 @@ pub trait RawAccess: Send + Sync {
 pub struct Subject {
     /// The store, used through the trait object a gateway holds.
     pub store: Arc<dyn AwarenessStore>,
+    /// The same store's upstream links.
+    pub upstream: Arc<dyn UpstreamStore>,
     /// Raw row access for the few checks that need it.
     pub raw: Arc<dyn RawAccess>,
     /// Dropped after the check (temporary files).
@@ -47,13 +50,14 @@ pub struct Subject {
 }
 
 impl Subject {
-    /// Bundles a store that also offers raw access.
+    /// Bundles a store that also offers upstream links and raw access.
     pub fn new<S>(store: Arc<S>, guard: impl Any + Send + Sync) -> Self
     where
-        S: AwarenessStore + RawAccess + 'static,
+        S: AwarenessStore + UpstreamStore + RawAccess + 'static,
     {
         Self {
             store: store.clone(),
+            upstream: store.clone(),
             raw: store,
             guard: Box::new(guard),
         }
@@ -132,6 +136,14 @@ macro_rules! conformance_suite {
             list_heads_by_agent,
             events_after_and_log_stats,
             heads_batch_returns_only_existing,
+            upstream_upsert_creates_then_same_source_keeps_marker,
+            upstream_changed_source_rebases_marker,
+            upstream_marker_update_is_compare_and_set,
+            upstream_mark_scanned_keeps_the_cas_token,
+            upstream_remove_link_with_and_without_token,
+            upstream_delete_session_removes_only_that_refs_link,
+            upstream_links_ordered_and_json_round_trips,
+            upstream_invalid_spec_is_rejected_and_nothing_written,
         );
     };
 }

@@ -46,7 +46,8 @@ impl Writer {
 }
 
 /// Which target keys are known to have cursors, so that recording on them goes straight to
-/// the two-batch path. Only a hint: a stale entry costs one batch, never correctness.
+/// the two-batch path. Only a hint: a wrong or missing entry costs at most one extra batch,
+/// never correctness.
 #[derive(Default)]
 pub(crate) struct Hints {
     watched: std::sync::Mutex<HashSet<SessionKey>>,
@@ -96,27 +97,19 @@ impl Readers {
         self.conns[i].lock().await
     }
 
-    /// Copies the WAL back into the database file in two PASSIVE passes on a reader
-    /// connection: the bulk while recordings go on, then the few frames appended meanwhile
-    /// while holding this handle's write connection, so that the WAL is complete in the file
-    /// and the next write transaction starts the WAL file over instead of growing it.
+    /// Copies the WAL back into the database file with PASSIVE checkpoints on a reader
+    /// connection: the bulk while recordings go on (repeated while a pass takes long, as frames
+    /// keep arriving meanwhile), then the few frames appended since while holding this
+    /// handle's write connection, so that the WAL is complete in the file and the next write
+    /// transaction starts the WAL file over instead of growing it.
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&Mutex<Writer>>) {
+        const QUICK: std::time::Duration = std::time::Duration::from_millis(2);
         let mut conn = self.get().await;
         let mut pass = async || {
-            sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+            let result = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
                 .fetch_all(&mut *conn)
-                .await
-        };
-        let bulk = pass().await;
-        let tail = match (&bulk, writer) {
-            (Ok(_), Some(w)) => {
-                let _quiet = w.lock().await;
-                Some(pass().await)
-            }
-            _ => None,
-        };
-        for r in std::iter::once(bulk).chain(tail) {
-            match r {
+                .await;
+            match &result {
                 Ok(r) => {
                     tracing::trace!(path = %path.display(), result = ?r, "checkpointed the WAL");
                 }
@@ -124,6 +117,20 @@ impl Readers {
                     tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed");
                 }
             }
+            result.is_ok()
+        };
+        for _ in 0..4 {
+            let started = std::time::Instant::now();
+            if !pass().await {
+                return;
+            }
+            if started.elapsed() < QUICK {
+                break;
+            }
+        }
+        if let Some(w) = writer {
+            let _quiet = w.lock().await;
+            pass().await;
         }
     }
 }

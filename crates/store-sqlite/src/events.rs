@@ -13,7 +13,7 @@ use sqlx::sqlite::SqliteRow;
 
 use crate::conn::{Query, batch, batch_one, get, persist_cursors};
 use crate::decode::{self, int, limit};
-use crate::{PRUNE_WEIGHT, SqliteStore, sql};
+use crate::{PRUNE_TX_ROWS, PRUNE_WEIGHT, SqliteStore, sql};
 
 /// The record batches' binds (see [`sql::RECORD_BEGIN`]).
 fn record_query(
@@ -238,11 +238,27 @@ impl EventStore for SqliteStore {
         })
     }
 
+    /// Deletes up to `max_rows` rows in write transactions of at most [`PRUNE_TX_ROWS`] rows
+    /// each, releasing the write connection between them: a recording waits behind one such
+    /// transaction (a few milliseconds), not behind the whole chunk. Each transaction stamps
+    /// the watermarks of what it deletes before deleting it, so every commit point keeps the
+    /// invariants; the result is the same as one transaction of `max_rows` (the model test
+    /// compares every pass with the reference).
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
-        let mut w = self.writer("prune").await?;
-        self.count_write(PRUNE_WEIGHT - 1);
-        let res = prune_tx(&mut w.conn, step, max_rows).await;
-        w.finish(res).await
+        let mut total = 0usize;
+        while total < max_rows {
+            let bound = (max_rows - total).min(PRUNE_TX_ROWS);
+            let mut w = self.writer("prune").await?;
+            self.count_write(PRUNE_WEIGHT - 1);
+            let res = prune_tx(&mut w.conn, step, bound).await;
+            let deleted = usize::try_from(w.finish(res).await?).unwrap_or(usize::MAX);
+            drop(w);
+            total = total.saturating_add(deleted);
+            if deleted < bound {
+                break;
+            }
+        }
+        Ok(total as u64)
     }
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {

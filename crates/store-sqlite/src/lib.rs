@@ -18,9 +18,10 @@
 //!   process; `busy_timeout=5000` makes writers of several processes wait for each other.
 //! - **Protocol once.** Every cursor decision is a call into `awareness_core::protocol`; this
 //!   crate loads what a decision needs and persists what it returns.
-//! - **Pruning off the hot path.** [`EventStore::prune_chunk`] deletes at most a bounded number
-//!   of rows per write transaction, so a recording waits behind pruning for one chunk at most;
-//!   run [`awareness_core::AwarenessStoreExt::prune`] from a background task.
+//! - **Pruning off the hot path.** [`EventStore::prune_chunk`] deletes a chunk in write
+//!   transactions of at most 250 rows, releasing the write connection between them, so a
+//!   recording waits behind pruning for a few milliseconds at most; run
+//!   [`awareness_core::AwarenessStoreExt::prune`] from a background task.
 //!
 //! New files are created with mode 0600 (SQLite gives its `-wal` and `-shm` files the same
 //! mode). [`SqliteStore::open`] never creates a missing directory and never overwrites a file
@@ -120,9 +121,14 @@ use crate::open::{Companions, init_writer, prepare_file, remove_created};
 /// pages is only a safety net for when no tokio runtime runs the background checkpoint).
 const CHECKPOINT_EVERY: u32 = 256;
 
-/// How much a pruning chunk (up to thousands of deleted rows) counts towards the next
-/// checkpoint.
-pub(crate) const PRUNE_WEIGHT: u32 = 32;
+/// Most rows one pruning write transaction deletes. A deleted event row touches the table and
+/// three indexes spread over every session, so 2,000 rows (the default chunk) in one
+/// transaction dirty most index pages and hold the write lock for tens of milliseconds; 250
+/// keep a recording's wait behind pruning to a few milliseconds.
+pub(crate) const PRUNE_TX_ROWS: usize = 250;
+
+/// How much a pruning write transaction counts towards the next checkpoint.
+pub(crate) const PRUNE_WEIGHT: u32 = 64;
 
 /// How to open a store. The defaults suit a gateway: read-write, create the file when missing.
 #[derive(Debug, Clone)]

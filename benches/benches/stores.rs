@@ -83,5 +83,85 @@ fn reconcile(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, record, reconcile);
+/// Rows above the data set that one pruning pass removes (60,000 down to 50,000).
+const PRUNE_EXCESS: usize = 10_000;
+
+/// Latencies of `n` recordings on fresh sessions.
+async fn record_latencies(store: &dyn AwarenessStore, n: usize) -> Vec<std::time::Duration> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let e = human(&dataset_session(
+            2 * DATASET_SESSIONS + i % DATASET_SESSIONS,
+        ));
+        let t = std::time::Instant::now();
+        store.record(e, T0).await.expect("record");
+        out.push(t.elapsed());
+    }
+    out
+}
+
+fn p99(mut v: Vec<std::time::Duration>) -> Option<std::time::Duration> {
+    v.sort();
+    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
+        .copied()
+}
+
+/// One pruning pass from 60,000 rows down to 50,000 (row cap, in the default chunks of 2,000
+/// rows), and beside it the p99 of recording while such a pass runs against the quiet p99.
+fn prune(c: &mut Criterion) {
+    use awareness_core::{AwarenessStoreExt as _, RetentionPolicy};
+    let rt = runtime();
+    let backends = loaded(&rt);
+    let policy = RetentionPolicy {
+        max_rows: DATASET_EVENTS as u64,
+        ..RetentionPolicy::default()
+    };
+    let refill = |store: &dyn AwarenessStore| {
+        rt.block_on(load_dataset(store, PRUNE_EXCESS, DATASET_SESSIONS));
+    };
+    let mut g = c.benchmark_group("prune");
+    g.sample_size(10);
+    for b in &backends {
+        let store: &dyn AwarenessStore = &*b.store;
+        g.bench_function(BenchmarkId::new("60k_to_50k", b.name), |bench| {
+            bench.iter_custom(|iters| {
+                let mut total = std::time::Duration::ZERO;
+                for _ in 0..iters {
+                    refill(store);
+                    let t = std::time::Instant::now();
+                    let report = run(&rt, b, store.prune(&policy, T0)).expect("prune");
+                    total += t.elapsed();
+                    assert_eq!(report.events_by_cap, PRUNE_EXCESS as u64);
+                }
+                total
+            });
+        });
+        // Recording while a pass runs on another task, against recording alone.
+        refill(store);
+        let quiet = p99(rt.block_on(record_latencies(store, 2_000)));
+        let pruning = rt.block_on(async {
+            let shared = std::sync::Arc::clone(&b.store);
+            let pass = tokio::spawn(async move { shared.prune(&policy, T0).await });
+            let mut during = Vec::new();
+            while !pass.is_finished() {
+                during.extend(record_latencies(store, 1).await);
+                tokio::task::yield_now().await;
+            }
+            pass.await.expect("join").expect("prune");
+            during
+        });
+        let show =
+            |d: Option<std::time::Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
+        println!(
+            "prune/record_p99/{}: quiet {}, while pruning {} ({} recordings during the pass)",
+            b.name,
+            show(quiet),
+            show(p99(pruning.clone())),
+            pruning.len()
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, record, reconcile, prune);
 criterion_main!(benches);

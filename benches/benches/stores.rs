@@ -100,6 +100,53 @@ async fn record_latencies(store: &dyn AwarenessStore, n: usize) -> Vec<std::time
     out
 }
 
+/// The floor of `record` on redb: a bare one-key insert per write transaction on a separate
+/// redb file, per durability (`immediate`: fsynced; `none`: redb's `Durability::None`, as
+/// `redb-bounded` commits), called directly and through `spawn_blocking` as the store calls redb.
+fn floor(c: &mut Criterion) {
+    const TABLE: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("floor");
+    let rt = runtime();
+    let dir = tempfile::tempdir().expect("temp dir for the floor");
+    let db = std::sync::Arc::new(
+        redb::Database::create(dir.path().join("floor.redb")).expect("open the floor database"),
+    );
+    let mut g = c.benchmark_group("floor");
+    for (mode, durability) in [
+        ("immediate", redb::Durability::Immediate),
+        ("none", redb::Durability::None),
+    ] {
+        let insert = move |db: &redb::Database, k: u64| {
+            let mut txn = db.begin_write().expect("begin");
+            txn.set_durability(durability).expect("durability");
+            txn.open_table(TABLE)
+                .expect("table")
+                .insert(k, k)
+                .expect("insert");
+            txn.commit().expect("commit");
+        };
+        let n = std::sync::atomic::AtomicU64::new(0);
+        g.bench_function(BenchmarkId::new("insert_one_key", mode), |bench| {
+            bench.iter(|| insert(&db, n.fetch_add(1, Ordering::Relaxed)));
+        });
+        g.bench_function(
+            BenchmarkId::new("insert_one_key_spawn_blocking", mode),
+            |bench| {
+                bench.iter(|| {
+                    let (db, k) = (
+                        std::sync::Arc::clone(&db),
+                        n.fetch_add(1, Ordering::Relaxed),
+                    );
+                    rt.block_on(async {
+                        tokio::task::spawn_blocking(move || insert(&db, k)).await
+                    })
+                    .expect("join");
+                });
+            },
+        );
+    }
+    g.finish();
+}
+
 fn p99(mut v: Vec<std::time::Duration>) -> Option<std::time::Duration> {
     v.sort();
     v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
@@ -163,5 +210,5 @@ fn prune(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, record, reconcile, prune);
+criterion_group!(benches, record, reconcile, floor, prune);
 criterion_main!(benches);

@@ -56,8 +56,29 @@ pub async fn open_backends() -> Vec<Backend> {
         store: Arc::new(sqlite),
         guard: Box::new(dir),
     });
+    for (name, options) in [
+        ("redb", store_redb::RedbOptions::default()),
+        (
+            "redb-bounded",
+            store_redb::RedbOptions::bounded(REDB_FLUSH_INTERVAL),
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir for redb");
+        let redb = store_redb::RedbStore::open_with(dir.path().join("bench.redb"), options)
+            .await
+            .expect("open the redb store");
+        backends.push(Backend {
+            name,
+            store: Arc::new(redb),
+            guard: Box::new(dir),
+        });
+    }
     backends
 }
+
+/// The flush interval of the `redb-bounded` backend (commits use redb's `Durability::None` and
+/// are made durable in the background at this interval).
+pub const REDB_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The session of index `i` in the data set.
 pub fn dataset_session(i: usize) -> SessionRef {

@@ -333,20 +333,36 @@ fn record_tx(
     })
 }
 
+/// The lowest sequences (at most `max_rows`) of events older than `cutoff`.
+fn aged_events(
+    txn: &ReadTransaction,
+    cutoff: Timestamp,
+    max_rows: usize,
+) -> Result<Vec<u64>, StoreError> {
+    let events = txn.open_table(EVENTS).ctx("prune: open events")?;
+    let mut out = Vec::new();
+    for item in events.iter().ctx("prune: scan events")? {
+        if out.len() >= max_rows {
+            break;
+        }
+        let (k, v) = item.ctx("prune: scan events")?;
+        let seq = k.value();
+        if codec::occurred_at(seq, v.value())? < cutoff.millis() {
+            out.push(seq);
+        }
+    }
+    Ok(out)
+}
+
 /// Stamps the watermarks of the victims' heads, then deletes the victims (one pruning chunk).
 fn prune_events(txn: &WriteTransaction, victims: &[u64]) -> Result<u64, StoreError> {
     if victims.is_empty() {
         return Ok(0);
     }
     let mut ev = EventTables::open(txn)?;
-    let mut refs = Vec::with_capacity(victims.len());
-    for &s in victims {
-        if let Some(r) = ev.ref_of(s)? {
-            refs.push((r, Sequence(s)));
-        }
-    }
+    let doomed = ev.doomed(victims)?;
     let mut heads = txn.open_table(HEADS).ctx("prune: open heads")?;
-    for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
+    for (r, s) in retention::watermarks(doomed.iter().map(|d| (&d.session, Sequence(d.seq)))) {
         if let Some(h) = read_head(&heads, &r)? {
             let stamped = retention::stamp(&h, s);
             heads
@@ -357,36 +373,19 @@ fn prune_events(txn: &WriteTransaction, victims: &[u64]) -> Result<u64, StoreErr
                 .ctx("prune: stamp the watermark")?;
         }
     }
-    let mut deleted = 0;
-    for &s in victims {
-        if ev.remove(s)? {
-            deleted += 1;
-        }
-    }
-    Ok(deleted)
+    ev.remove_many(&doomed)
 }
 
-fn prune_tx(txn: &WriteTransaction, step: PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+fn prune_tx(
+    txn: &WriteTransaction,
+    step: PruneStep,
+    max_rows: usize,
+    aged: &[u64],
+) -> Result<u64, StoreError> {
     match step {
-        PruneStep::Age { cutoff } => {
-            // Lowest sequences first, at most one chunk; the scan stops at a full chunk.
-            let victims: Vec<u64> = {
-                let events = txn.open_table(EVENTS).ctx("prune: open events")?;
-                let mut out = Vec::new();
-                for item in events.iter().ctx("prune: scan events")? {
-                    if out.len() >= max_rows {
-                        break;
-                    }
-                    let (k, v) = item.ctx("prune: scan events")?;
-                    let seq = k.value();
-                    if codec::occurred_at(seq, v.value())? < cutoff.millis() {
-                        out.push(seq);
-                    }
-                }
-                out
-            };
-            prune_events(txn, &victims)
-        }
+        // The victims were chosen in a read transaction (see `prune_chunk`); rows are immutable,
+        // so a victim still present still qualifies.
+        PruneStep::Age { .. } => prune_events(txn, aged),
         PruneStep::RowCap { max_rows: keep } => {
             let victims: Vec<u64> = {
                 let events = txn.open_table(EVENTS).ctx("prune: open events")?;
@@ -586,8 +585,27 @@ impl EventStore for RedbStore {
 
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
         let step = *step;
+        let aged = match step {
+            // Finding old rows scans the log in sequence order (old rows are the low sequences,
+            // so a chunk usually stops after about its own size; a pass with nothing to delete
+            // reads every row). It runs on a read snapshot, so recording never waits for it; the
+            // write transaction then only deletes. Sequences only grow, so no row older than a
+            // candidate can appear after the snapshot: the chunk is still the lowest sequences.
+            PruneStep::Age { cutoff } => {
+                let aged = self
+                    .read("prune: find old events", move |txn| {
+                        aged_events(txn, cutoff, max_rows)
+                    })
+                    .await?;
+                if aged.is_empty() {
+                    return Ok(0);
+                }
+                aged
+            }
+            _ => Vec::new(),
+        };
         self.write("prune", move |txn| {
-            let n = prune_tx(txn, step, max_rows)?;
+            let n = prune_tx(txn, step, max_rows, &aged)?;
             Ok((n, n > 0))
         })
         .await

@@ -109,6 +109,13 @@ pub(crate) fn cursor_of(
     })
 }
 
+/// An event row about to be deleted.
+pub(crate) struct Doomed {
+    pub session: SessionRef,
+    pub seq: u64,
+    pub dedupe_key: Option<String>,
+}
+
 /// The event tables and the counter, opened together in a write transaction.
 pub(crate) struct EventTables<'t> {
     pub meta: Table<'t, &'static str, u64>,
@@ -187,17 +194,6 @@ impl<'t> EventTables<'t> {
         }
     }
 
-    /// The ref of a retained event.
-    pub(crate) fn ref_of(&self, seq: u64) -> Result<Option<SessionRef>, StoreError> {
-        match self.events.get(seq).ctx("read an event")? {
-            Some(row) => {
-                let m = codec::meta(seq, row.value())?;
-                session_ref(m.session_key, m.agent_id).map(Some)
-            }
-            None => Ok(None),
-        }
-    }
-
     /// Deletes one event row with its index entries (and frees its dedupe key); touches no
     /// head. Returns whether the row existed.
     pub(crate) fn remove(&mut self, seq: u64) -> Result<bool, StoreError> {
@@ -226,6 +222,74 @@ impl<'t> EventTables<'t> {
             }
         }
         Ok(true)
+    }
+
+    /// Reads what deleting `seqs` needs to know (missing rows are skipped), sorted by ref then
+    /// sequence: the order of the reference index.
+    pub(crate) fn doomed(&self, seqs: &[u64]) -> Result<Vec<Doomed>, StoreError> {
+        let mut out = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            if let Some(row) = self.events.get(seq).ctx("read an event")? {
+                let m = codec::meta(seq, row.value())?;
+                out.push(Doomed {
+                    session: session_ref(m.session_key, m.agent_id)?,
+                    seq,
+                    dedupe_key: m.dedupe_key.map(str::to_owned),
+                });
+            }
+        }
+        out.sort_unstable_by(|a, b| {
+            (
+                a.session.agent_id.as_str(),
+                a.session.session_key.as_str(),
+                a.seq,
+            )
+                .cmp(&(
+                    b.session.agent_id.as_str(),
+                    b.session.session_key.as_str(),
+                    b.seq,
+                ))
+        });
+        Ok(out)
+    }
+
+    /// Deletes many event rows with their index entries (freeing their dedupe keys); touches no
+    /// head. The events go in one bulk pass over their sequence range (redb rebuilds each page
+    /// once, not once per row); the index entries one by one in index order, so neighbours share
+    /// pages. Returns how many rows were deleted.
+    pub(crate) fn remove_many(&mut self, doomed: &[Doomed]) -> Result<u64, StoreError> {
+        let Some(max) = doomed.iter().map(|d| d.seq).max() else {
+            return Ok(0);
+        };
+        let min = doomed.iter().map(|d| d.seq).min().unwrap_or(max);
+        if max == self.last_event()? {
+            // The counter must not go back with the highest row.
+            let keep = self.stored_counter()?.max(max);
+            self.meta
+                .insert(LAST_SEQUENCE, keep)
+                .ctx("keep the sequence counter")?;
+        }
+        let set: std::collections::HashSet<u64> = doomed.iter().map(|d| d.seq).collect();
+        self.events
+            .retain_in(min..=max, |seq, _| !set.contains(&seq))
+            .ctx("delete events")?;
+        for d in doomed {
+            let (a, k) = (d.session.agent_id.as_str(), d.session.session_key.as_str());
+            self.by_ref.remove((a, k, d.seq)).ctx("delete events")?;
+        }
+        for d in doomed {
+            if let Some(k) = &d.dedupe_key {
+                let points_here = self
+                    .dedupe
+                    .get(k.as_str())
+                    .ctx("delete an event")?
+                    .is_some_and(|g| g.value() == d.seq);
+                if points_here {
+                    self.dedupe.remove(k.as_str()).ctx("delete an event")?;
+                }
+            }
+        }
+        Ok(doomed.len() as u64)
     }
 
     /// The retained sequences of one ref, ascending.

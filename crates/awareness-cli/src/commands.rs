@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
-    Head, NewEvent, Notice, PruneStep, RetentionPolicy, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
+    FullStore, Head, NewEvent, Notice, PruneStep, RetentionPolicy, Sequence, SessionKey,
+    SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
 };
-use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_store_with};
+use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_full_store_with};
 use serde_json::{Value, json};
 
 use crate::table::{render, time};
@@ -72,7 +72,7 @@ fn watcher(s: &str) -> Result<WatcherKey, CliError> {
     WatcherKey::parse(s).map_err(|e| invalid(&e))
 }
 
-fn agent_for(
+pub(crate) fn agent_for(
     k: &SessionKey,
     given: Option<&str>,
     fallback: Option<&str>,
@@ -98,6 +98,13 @@ fn read_only(c: &Command) -> bool {
 }
 
 async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
+    let store: Arc<dyn AwarenessStore> = open_full(cli).await?;
+    Ok(store)
+}
+
+/// Opens the store with its upstream links (`adopt`, `monitor`); a read command never creates
+/// the file.
+pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let create = !read_only(&cli.command);
     if !create {
@@ -112,7 +119,7 @@ async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
             )));
         }
     }
-    open_store_with(
+    open_full_store_with(
         &cli.store,
         OpenOptions {
             create_if_missing: create,
@@ -232,14 +239,18 @@ fn notices_out(out: &mut dyn Write, json_mode: bool, notices: &[Notice]) -> Resu
 
 /// Runs the parsed command; returns the exit code.
 pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
-    if let Command::Demo = cli.command {
-        return crate::demo::run(cli, out).await;
+    match &cli.command {
+        Command::Demo => return crate::demo::run(cli, out).await,
+        Command::Adopt(args) => return crate::upstream::adopt(cli, args, out).await,
+        Command::Monitor(args) => return crate::upstream::monitor(cli, args, out).await,
+        _ => {}
     }
     let store = open(cli).await?;
     let now = Timestamp::now();
     let as_json = cli.json;
     match &cli.command {
-        Command::Demo => {} // handled above, before any store is opened
+        // Handled above: each opens what it needs.
+        Command::Demo | Command::Adopt(_) | Command::Monitor(_) => {}
         Command::Status {
             key: k,
             agent,

@@ -4,6 +4,9 @@
 //! the embedded default store, and the operator commands inspect and repair any state database
 //! (`sqlite:///path`, `redb:///path`, `memory:`), including one written by OpenClaw.
 //!
+//! `awareness adopt` links a Claude Code transcript to a session and `awareness monitor` then
+//! reports (and records) human turns typed straight into it, until Ctrl-C.
+//!
 //! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
 //! a file. Errors are one line on stderr: exit code 2 for usage errors (bad flags, a bad store
 //! URL), 1 for failures (a missing file, an unknown session, a problem `doctor` found).
@@ -28,6 +31,7 @@
 mod commands;
 mod demo;
 mod table;
+mod upstream;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -144,6 +148,12 @@ pub enum Command {
     },
     /// Check the store: schema, heads against events, cursors against heads.
     Doctor,
+    /// Adopt a Claude Code transcript (a JSONL file) for a session: link it from its current
+    /// end, so that only what is typed into it from now on counts, and record `adopted`.
+    Adopt(upstream::AdoptArgs),
+    /// Check adopted sessions that something watches for human turns typed straight into
+    /// their transcript, printing each detection, until Ctrl-C.
+    Monitor(upstream::MonitorArgs),
 }
 
 /// A failure with its exit code and one line for stderr.

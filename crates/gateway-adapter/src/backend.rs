@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::{AwarenessStore, StoreError};
+use awareness_core::{AwarenessStore, FullStore, StoreError};
 
 /// A parsed store location.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +90,21 @@ pub async fn open_store_with(
     url: &str,
     options: OpenOptions,
 ) -> Result<Arc<dyn AwarenessStore>, OpenError> {
+    let store: Arc<dyn AwarenessStore> = open_full_store_with(url, options).await?;
+    Ok(store)
+}
+
+/// Opens the store a URL names with its upstream links too, creating its file when missing.
+pub async fn open_full_store(url: &str) -> Result<Arc<dyn FullStore>, OpenError> {
+    open_full_store_with(url, OpenOptions::default()).await
+}
+
+/// Opens the store a URL names with its upstream links too (every backend has them). The
+/// result converts into `Arc<dyn AwarenessStore>` and `Arc<dyn UpstreamStore>`.
+pub async fn open_full_store_with(
+    url: &str,
+    options: OpenOptions,
+) -> Result<Arc<dyn FullStore>, OpenError> {
     let _ = options;
     match StoreUrl::parse(url)? {
         #[cfg(feature = "sqlite")]

@@ -11,10 +11,12 @@
 //!   [`SpawnTree`]).
 //!
 //! The [`Awareness`] service holds the producers (human message, goal change, compaction,
-//! spawn, run outcome, adoption, creation), the tools (`session_status`, `sessions_list`
+//! spawn, run outcome, adoption with its upstream link, creation), the tools (`session_status`, `sessions_list`
 //! enrichment, `sessions_send` watch), delivery, the turn ([`Awareness::drain_turn`] acknowledges
 //! exactly what it drained), lifecycle hooks, the start-up sweep and background pruning. The
-//! backend is chosen at run time with [`open_store`] (`sqlite:///path`, `redb:///path`,
+//! [`upstream`] module monitors adopted sessions for human activity typed straight into their
+//! upstream thread (a Claude Code transcript, a paired node's thread). The backend is chosen at
+//! run time with [`open_store`] or [`open_full_store`] (`sqlite:///path`, `redb:///path`,
 //! `memory:`), each behind an additive cargo feature (`sqlite` is the default).
 //!
 //! ```
@@ -55,9 +57,13 @@ pub mod directory;
 pub mod ports;
 pub mod queue;
 pub mod service;
+pub mod upstream;
 pub mod wake;
 
-pub use backend::{OpenError, OpenOptions, StoreUrl, open_store, open_store_with};
+pub use backend::{
+    OpenError, OpenOptions, StoreUrl, open_full_store, open_full_store_with, open_store,
+    open_store_with,
+};
 pub use directory::{InMemoryDirectory, SpawnTree};
 pub use ports::{
     AllowAll, HeartbeatWake, InputProvenance, QueuedEntry, SameAgent, SessionDirectory,
@@ -67,5 +73,10 @@ pub use queue::InMemoryQueue;
 pub use service::{
     Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage, ManualClock,
     NotVisible, PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome, render_status,
+};
+pub use upstream::{
+    CheckOutcome, Detection, JsonlProvider, MonitorConfig, MonitorTask, NoRuns, OwnPrompts,
+    PairedNodeClient, PairedNodeProvider, RecentPrompts, RunActivity, RunTracker, TickReport,
+    UpstreamMonitor, UpstreamProvider,
 };
 pub use wake::{CoalescingWake, DEFAULT_WAKE_WINDOW, RecordingWake, WakeSink};

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
-    EventKind, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy, Sequence,
-    SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, WatcherKey, protocol, reconcile,
+    EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
+    Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, UpsertOutcome,
+    UpstreamStore, WatcherKey, protocol, reconcile,
 };
 use serde_json::json;
 use tracing::warn;
@@ -220,6 +221,7 @@ pub struct Awareness {
     clock: Arc<dyn Clock>,
     config: AwarenessConfig,
     prune_passes: tokio::sync::watch::Sender<PrunePass>,
+    upstream: Option<Arc<dyn UpstreamStore>>,
 }
 
 /// The latest pruning pass, observable with [`Awareness::subscribe_pruning`].
@@ -251,9 +253,18 @@ pub struct AwarenessBuilder {
     visibility: Arc<dyn VisibilityPolicy>,
     clock: Arc<dyn Clock>,
     config: AwarenessConfig,
+    upstream: Option<Arc<dyn UpstreamStore>>,
 }
 
 impl AwarenessBuilder {
+    /// Sets the store of upstream links, which [`Awareness::adopt`] writes (usually the same
+    /// backend as the event store: pass an `Arc<dyn FullStore>` to both).
+    #[must_use]
+    pub fn upstream(mut self, links: Arc<dyn UpstreamStore>) -> Self {
+        self.upstream = Some(links);
+        self
+    }
+
     /// Sets the visibility policy (default: [`AllowAll`]).
     #[must_use]
     pub fn visibility(mut self, policy: Arc<dyn VisibilityPolicy>) -> Self {
@@ -286,6 +297,7 @@ impl AwarenessBuilder {
             clock: self.clock,
             config: self.config,
             prune_passes: tokio::sync::watch::Sender::new(PrunePass::default()),
+            upstream: self.upstream,
         }
     }
 }
@@ -306,12 +318,18 @@ impl Awareness {
             visibility: Arc::new(AllowAll),
             clock: Arc::new(SystemClock),
             config: AwarenessConfig::default(),
+            upstream: None,
         }
     }
 
     /// The store.
     pub fn store(&self) -> &Arc<dyn AwarenessStore> {
         &self.store
+    }
+
+    /// The store of upstream links, when one was set ([`AwarenessBuilder::upstream`]).
+    pub fn upstream_store(&self) -> Option<&Arc<dyn UpstreamStore>> {
+        self.upstream.as_ref()
     }
 
     /// The service's clock reading.
@@ -542,6 +560,34 @@ impl Awareness {
             ev.payload = Some(p);
         }
         self.record(ev).await.map(|r| r.event)
+    }
+
+    /// Adopts a session from an external catalog: creates its upstream link (or refreshes it:
+    /// the same source keeps its marker, a changed source is rebased onto the spec's marker),
+    /// then records `adopted` (best effort, deduplicated per key). The link's store error is
+    /// returned as it is; without an upstream store ([`AwarenessBuilder::upstream`]) this is
+    /// a [`StoreError::Backend`].
+    pub async fn try_adopt(&self, spec: LinkSpec) -> Result<UpsertOutcome, StoreError> {
+        let Some(links) = &self.upstream else {
+            return Err(StoreError::backend(
+                "adopt a session",
+                "no upstream link store is configured (AwarenessBuilder::upstream)",
+            ));
+        };
+        let outcome = links.upsert_link(spec, self.clock.now()).await?;
+        let link = &outcome.link;
+        self.adopted(&link.session, &link.catalog_id, &link.host_id)
+            .await;
+        Ok(outcome)
+    }
+
+    /// [`Awareness::try_adopt`], best effort: a failure is logged and yields `None`.
+    pub async fn adopt(&self, spec: LinkSpec) -> Option<UpsertOutcome> {
+        let key = spec.session.session_key.clone();
+        self.try_adopt(spec)
+            .await
+            .inspect_err(|e| warn!(session_key = %key, error = %e, "adoption not recorded"))
+            .ok()
     }
 
     /// A session was adopted from an external catalog.

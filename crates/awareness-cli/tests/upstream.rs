@@ -1,0 +1,219 @@
+//! `awareness adopt` and `awareness monitor` as a user runs them: adopt a Claude Code
+//! transcript on a SQLite store, run the monitor in the foreground, type into the transcript,
+//! see the detection printed, stop it with Ctrl-C (SIGINT), and read the recorded event.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_awareness"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run awareness")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn human_line(path: &Path, uuid: &str, said: &str) {
+    let row = json!({"type": "user", "isSidechain": false, "uuid": uuid,
+        "timestamp": "2026-11-30T10:00:00Z", "message": {"role": "user", "content": said}});
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    writeln!(f, "{row}").unwrap();
+}
+
+/// Waits for a line containing `needle`, returning every line seen up to it.
+fn wait_for(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        match lines.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => {
+                let hit = l.contains(needle);
+                seen.push(l);
+                if hit {
+                    return seen;
+                }
+            }
+            Err(e) => panic!("no line with {needle:?} ({e}); saw {seen:#?}"),
+        }
+    }
+}
+
+#[test]
+fn adopt_then_monitor_prints_detections_and_stops_on_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let transcript = dir.path().join("5f1c2e3a.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    human_line(&transcript, "h0", "history from before the adoption");
+    let file = transcript.to_str().unwrap();
+
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        file,
+        "--watcher",
+        "agent:main:main",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("adopted agent:main:worker (agent main) from claude-code (new link)"),
+        "{out}"
+    );
+    assert!(out.contains("(thread 5f1c2e3a)"), "{out}");
+    assert!(out.contains("watched by agent:main:main"), "{out}");
+    // Adopting the same transcript again keeps the link as it is.
+    let o = run(&[
+        "--store",
+        &store,
+        "--json",
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        file,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let again: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&again["created"], &again["rebased"]),
+        (&json!(false), &json!(false))
+    );
+    assert_eq!(again["link"]["upstreamKind"], json!("local-jsonl"));
+
+    let mut child = bin()
+        .args([
+            "--store",
+            &store,
+            "monitor",
+            "--first-tick-secs",
+            "2",
+            "--interval-secs",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    wait_for(&lines, "monitoring 1 adopted session(s)");
+    // Typed before the first check (2 s), so one event normally holds both; a slow machine may
+    // see them in two checks, so count the turns of every detection.
+    human_line(&transcript, "h1", "actually, keep the old endpoint");
+    human_line(&transcript, "h2", "and add a test for it");
+    let prefix = "human: agent:main:worker (agent main): ";
+    let mut turns = 0;
+    while turns < 2 {
+        let seen = wait_for(&lines, prefix);
+        let line = seen.last().unwrap();
+        assert!(line.contains(" turn(s) via claude-code, event #"), "{line}");
+        let n: u32 = line[prefix.len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        turns += n;
+    }
+    assert_eq!(turns, 2);
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert!(
+        status.success(),
+        "Ctrl-C stops it cleanly: {status:?}, {rest:?}"
+    );
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("monitor stopped"),
+        "{rest:?}"
+    );
+
+    // The event is in the store, once, with the burst size; the watcher has a pending notice.
+    let o = run(&[
+        "--store",
+        &store,
+        "--json",
+        "status",
+        "agent:main:worker",
+        "--changes-since",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let status: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let events = status["stateChanges"]["events"].as_array().unwrap();
+    assert_eq!(events[0]["kind"], json!("adopted"), "{status}");
+    assert_eq!(events[0]["summary"], json!("adopted from claude-code"));
+    let human: Vec<&Value> = events[1..]
+        .iter()
+        .filter(|e| e["kind"] == json!("human_direct_message"))
+        .collect();
+    assert_eq!(human.len(), events.len() - 1, "{status}");
+    for e in &human {
+        assert_eq!(e["summary"], json!("human message via claude-code"));
+    }
+    if let [one] = human.as_slice() {
+        assert_eq!(one["payload"], json!({"turns": 2}));
+    }
+    let o = run(&["--store", &store, "--json", "cursors", "--pending"]);
+    let pending: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(pending.as_array().unwrap().len(), 1, "{pending}");
+}
+
+#[test]
+fn adopt_refuses_a_missing_file_and_a_bare_watcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let missing = dir.path().join("nope.jsonl");
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        missing.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("cannot read"), "{}", text(&o));
+    let file = dir.path().join("t.jsonl");
+    std::fs::File::create(&file).unwrap();
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        file.to_str().unwrap(),
+        "--watcher",
+        "main",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}

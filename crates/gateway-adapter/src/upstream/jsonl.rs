@@ -1,0 +1,340 @@
+//! The local JSONL provider: a Claude Code transcript on this host (kind [`LOCAL_JSONL`], the
+//! link's reference `{"path": "/abs/file.jsonl"}`).
+//!
+//! Each check reads forward from the marker ([`JsonlMarker`]), at most 1 MiB a tick, with
+//! `std::fs` inside `spawn_blocking`, and classifies each complete line with
+//! [`super::transcript`]:
+//!
+//! - **whole lines only**: `offset` always sits at the start of a line; the bytes of a line not
+//!   complete yet (its end is not written, or the tick's budget ran out inside it) are kept as
+//!   the streaming reader's state in `partial`, and the next check resumes there. A line larger
+//!   than the budget, or of several MB, is classified by streaming through it over as many ticks
+//!   as it needs, never holding it, never skipping an unclassified byte, and never blocking the
+//!   marker;
+//! - **identity checked**: the marker remembers the file's device and inode, its size, and a
+//!   hash of the 64 bytes before the read position. A file replaced by another (a new inode),
+//!   shrunk (below its last size: an append-only transcript never shrinks), or rewritten under
+//!   the position (the bytes before it changed) is **rebased** ([`CheckOutcome::Rebased`]): the marker moves to the start of the
+//!   file's last line, and what the file held before is not counted (it cannot be told apart
+//!   from old history). A file that no longer exists is [`CheckOutcome::Missing`].
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use awareness_core::upstream::{self, TextFingerprint};
+use awareness_core::{LinkSpec, SessionRef, UpstreamLink, async_trait};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tracing::debug;
+
+use super::transcript::{LineEnd, LineScanner, classify};
+use super::{CheckOutcome, UpstreamProvider};
+
+/// The `upstream_kind` of a local JSONL transcript.
+pub const LOCAL_JSONL: &str = "local-jsonl";
+
+/// Bytes read from a transcript in one check (DESIGN.md section 8).
+pub const MAX_BYTES_PER_TICK: u64 = 1024 * 1024;
+
+/// Size of one read.
+const CHUNK: usize = 64 * 1024;
+
+/// Bytes before the read position whose hash detects a rewritten file.
+const TAIL_BYTES: u64 = 64;
+
+/// How far a transcript has been read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JsonlMarker {
+    /// The start of the first line not classified yet.
+    pub offset: u64,
+    /// The file's device.
+    pub dev: u64,
+    /// The file's inode.
+    pub ino: u64,
+    /// The file's size when last checked.
+    pub size: u64,
+    /// 16 hex of the FNV-1a 64 of the (up to) 64 bytes before [`JsonlMarker::position`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<String>,
+    /// The streaming reader's state inside the line at `offset`, when part of it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<LineScanner>,
+}
+
+impl JsonlMarker {
+    /// Where the next read starts: `offset` plus what was read of the partial line.
+    pub fn position(&self) -> u64 {
+        self.offset + self.partial.as_ref().map_or(0, |p| p.consumed)
+    }
+
+    /// The marker as stored in the link.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// A stored marker; `None` when it is not one of ours (the link is then rebased).
+    pub fn from_value(value: &Value) -> Option<Self> {
+        serde_json::from_value(value.clone()).ok()
+    }
+}
+
+/// The reference of a transcript link: `{"path": "<path>"}`.
+pub fn jsonl_ref(path: &Path) -> Value {
+    json!({ "path": path })
+}
+
+/// The transcript a link names.
+pub fn path_of(link: &UpstreamLink) -> Option<PathBuf> {
+    link.upstream_ref
+        .as_ref()?
+        .get("path")?
+        .as_str()
+        .map(PathBuf::from)
+}
+
+/// The file's device and inode (on a platform without them, zeros: only size and content are
+/// checked there).
+fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        (meta.dev(), meta.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        (0, 0)
+    }
+}
+
+fn tail_of(file: &mut File, pos: u64) -> std::io::Result<String> {
+    let n = pos.min(TAIL_BYTES);
+    let mut buf = vec![0u8; n as usize];
+    file.seek(SeekFrom::Start(pos - n))?;
+    file.read_exact(&mut buf)?;
+    Ok(format!("{:016x}", upstream::fnv1a64(&buf)))
+}
+
+/// The start of the last line of a file of `size` bytes (its size when the last byte is `\n`).
+fn last_line_start(file: &mut File, size: u64) -> std::io::Result<u64> {
+    let mut end = size;
+    let mut buf = vec![0u8; CHUNK];
+    if size == 0 {
+        return Ok(0);
+    }
+    // The byte before `size` ends the last complete line when it is `\n`.
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(chunk)?;
+        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
+            return Ok(start + i as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
+}
+
+fn marker_at_end_of(file: &mut File) -> std::io::Result<JsonlMarker> {
+    let meta = file.metadata()?;
+    let offset = last_line_start(file, meta.len())?;
+    let (dev, ino) = identity(&meta);
+    Ok(JsonlMarker {
+        offset,
+        dev,
+        ino,
+        size: meta.len(),
+        tail: Some(tail_of(file, offset)?),
+        partial: None,
+    })
+}
+
+/// The marker of a transcript "from now on": at the start of its last line (its end when the
+/// last line is complete), so that nothing already written counts, while a line being written
+/// right now does. Blocking.
+pub fn marker_at_end(path: &Path) -> std::io::Result<JsonlMarker> {
+    marker_at_end_of(&mut File::open(path)?)
+}
+
+/// What [`crate::Awareness::adopt`] needs to adopt a transcript for `session`: catalog
+/// `claude-code`, host `local`, the file's stem as the thread (unless given), the absolute path
+/// as reference and [`marker_at_end`] as the marker. Blocking.
+pub fn adoption(
+    session: SessionRef,
+    path: &Path,
+    thread_id: Option<&str>,
+) -> std::io::Result<LinkSpec> {
+    let path = std::fs::canonicalize(path)?;
+    let marker = marker_at_end(&path)?;
+    let thread = match thread_id {
+        Some(t) => t.to_owned(),
+        None => path.file_stem().map_or_else(
+            || "transcript".to_owned(),
+            |s| s.to_string_lossy().into_owned(),
+        ),
+    };
+    Ok(
+        LinkSpec::new(session, "claude-code", "local", thread, LOCAL_JSONL)
+            .with_ref(jsonl_ref(&path))
+            .with_marker(marker.to_value()),
+    )
+}
+
+/// Reads a transcript forward from `marker`, at most `budget` bytes, and counts human turns.
+/// Blocking; the provider runs it in `spawn_blocking`.
+pub fn scan(
+    path: &Path,
+    marker: Option<&JsonlMarker>,
+    own: &[TextFingerprint],
+    budget: u64,
+) -> CheckOutcome {
+    match try_scan(path, marker, own, budget.max(1)) {
+        Ok(outcome) => outcome,
+        Err(e) if e.kind() == ErrorKind::NotFound => CheckOutcome::Missing,
+        Err(e) => CheckOutcome::Failed(format!("reading {}: {e}", path.display())),
+    }
+}
+
+fn try_scan(
+    path: &Path,
+    marker: Option<&JsonlMarker>,
+    own: &[TextFingerprint],
+    budget: u64,
+) -> std::io::Result<CheckOutcome> {
+    let mut file = File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let ((dev, ino), size) = (identity(&meta), meta.len());
+    let why_rebase = match marker {
+        None => Some("no usable marker"),
+        Some(m) if (m.dev, m.ino) != (dev, ino) => Some("the file was replaced"),
+        Some(m) if size < m.position() || size < m.size => Some("the file shrank"),
+        Some(m) => match &m.tail {
+            Some(t) if *t != tail_of(&mut file, m.position())? => {
+                Some("the file was rewritten under the marker")
+            }
+            _ => None,
+        },
+    };
+    let last = match (why_rebase, marker) {
+        (None, Some(last)) => last,
+        (why, _) => {
+            let rebased = marker_at_end_of(&mut file)?;
+            let why = why.unwrap_or("no usable marker");
+            debug!(path = %path.display(), reason = why, offset = rebased.offset, "transcript rebased");
+            return Ok(CheckOutcome::Rebased {
+                marker: rebased.to_value(),
+            });
+        }
+    };
+    let start = last.position();
+    let mut scanner = last.partial.clone().unwrap_or_default();
+    let mut line_start = last.offset;
+    let mut at = start;
+    let mut turns = 0u32;
+    let mut first_id: Option<String> = None;
+    let end = start.saturating_add(budget);
+    let mut buf = vec![0u8; CHUNK];
+    file.seek(SeekFrom::Start(start))?;
+    while at < end {
+        let want = (end - at).min(CHUNK as u64) as usize;
+        let got = file.read(&mut buf[..want])?;
+        if got == 0 {
+            break;
+        }
+        // `done`: bytes of this chunk consumed so far.
+        let mut done = 0;
+        while done < got {
+            let Some(newline) = scanner.feed(&buf[done..got]) else {
+                break;
+            };
+            let line = std::mem::take(&mut scanner).finish();
+            if classify(&line, own).is_ok() {
+                turns = turns.saturating_add(1);
+                if first_id.is_none() {
+                    let uuid = match &line {
+                        LineEnd::Row(f) => f.uuid.clone().filter(|u| !u.is_empty()),
+                        _ => None,
+                    };
+                    first_id = Some(uuid.unwrap_or_else(|| format!("{dev}:{ino}:{line_start}")));
+                }
+            }
+            done += newline + 1;
+            line_start = at + done as u64;
+        }
+        at += got as u64;
+    }
+    let next = JsonlMarker {
+        offset: line_start,
+        dev,
+        ino,
+        size: size.max(at),
+        tail: Some(tail_of(&mut file, at)?),
+        partial: (scanner.consumed > 0).then_some(scanner),
+    };
+    debug_assert_eq!(next.position(), at);
+    let marker = next.to_value();
+    Ok(match first_id {
+        Some(dedupe_id) => CheckOutcome::HumanTurns {
+            turns,
+            dedupe_id,
+            source_id: path.display().to_string(),
+            marker,
+        },
+        None => CheckOutcome::Unchanged { marker },
+    })
+}
+
+/// Reads local Claude Code transcripts (links of kind [`LOCAL_JSONL`]).
+#[derive(Debug, Clone)]
+pub struct JsonlProvider {
+    budget: u64,
+}
+
+impl Default for JsonlProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl JsonlProvider {
+    /// At most [`MAX_BYTES_PER_TICK`] a check.
+    pub fn new() -> Self {
+        Self {
+            budget: MAX_BYTES_PER_TICK,
+        }
+    }
+
+    /// At most `bytes` a check (at least 1).
+    #[must_use]
+    pub fn with_budget(mut self, bytes: u64) -> Self {
+        self.budget = bytes.max(1);
+        self
+    }
+}
+
+#[async_trait]
+impl UpstreamProvider for JsonlProvider {
+    fn kind(&self) -> &str {
+        LOCAL_JSONL
+    }
+
+    async fn check(&self, link: &UpstreamLink, own_recent: &[String]) -> CheckOutcome {
+        let Some(path) = path_of(link) else {
+            return CheckOutcome::Failed("the link names no transcript path".into());
+        };
+        let marker = link.marker.as_ref().and_then(JsonlMarker::from_value);
+        let own = upstream::own_fingerprints(own_recent);
+        let budget = self.budget;
+        tokio::task::spawn_blocking(move || scan(&path, marker.as_ref(), &own, budget))
+            .await
+            .unwrap_or_else(|e| CheckOutcome::Failed(format!("the scan task failed: {e}")))
+    }
+}

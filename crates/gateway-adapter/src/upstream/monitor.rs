@@ -1,0 +1,632 @@
+//! The upstream monitor: a tokio task that checks adopted sessions for human activity typed
+//! straight into their upstream thread (DESIGN.md section 8).
+//!
+//! Each tick (the first after 15 s, then every 60 s, one at a time; see [`MonitorConfig`]):
+//!
+//! 1. lists the links, and keeps those whose session something watches (a cursor targets the
+//!    session's key and agent) and whose kind a provider reads;
+//! 2. defers a session in which a run is active ([`super::RunActivity`]) to a later tick;
+//! 3. runs the providers of every kept link concurrently, each bounded by a 45 s timeout, so one
+//!    failing or hanging provider never holds up the others (a timed-out check is a failure:
+//!    nothing concluded, the marker stays);
+//! 4. records the human turns a provider found as **one** `human_direct_message`
+//!    (`human message via <catalogId>`, `{"turns": N}` when N > 1, dedupe key
+//!    [`awareness_core::upstream::human_dedupe_key`]) and only then moves the marker, by
+//!    compare-and-set on the `updated_at` the tick read, so a link adopted again meanwhile keeps
+//!    its new marker. A crash between the two re-reads the same burst, whose dedupe key makes
+//!    the second record a no-op;
+//! 5. counts, per link, consecutive checks that found the source gone: at the third it records
+//!    one `upstream_missing` (`upstream missing via <catalogId>`, `{"channel": "<catalogId>"}`)
+//!    and removes the link (only if it has not changed meanwhile). A check that fails neither
+//!    counts nor resets.
+//!
+//! Every link is monitored on its own, so several agents adopting one external thread are each
+//! recorded. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use awareness_core::upstream::{self, UpstreamStore};
+use awareness_core::{
+    ActorType, CursorFilter, Event, EventKind, NewEvent, Payload, SessionRef, Timestamp,
+    UpstreamLink,
+};
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, warn};
+
+use super::{CheckOutcome, NoRuns, OwnPrompts, RecentPrompts, RunActivity, UpstreamProvider};
+use crate::service::{Awareness, HumanMessage};
+
+/// When and how long the monitor checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorConfig {
+    /// Delay before the first tick (default 15 s).
+    pub first_tick: Duration,
+    /// Time between ticks (default 60 s); a tick that takes longer delays the next.
+    pub interval: Duration,
+    /// Bound of one provider check (default 45 s).
+    pub provider_timeout: Duration,
+    /// Consecutive `missing` checks before `upstream_missing` (default 3).
+    pub missing_checks: u32,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        Self {
+            first_tick: Duration::from_secs(15),
+            interval: Duration::from_mins(1),
+            provider_timeout: Duration::from_secs(45),
+            missing_checks: upstream::MISSING_CHECKS,
+        }
+    }
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickReport {
+    /// The tick's number (1 for the first).
+    pub tick: u64,
+    /// Links in the store.
+    pub links: usize,
+    /// Links checked by a provider.
+    pub checked: usize,
+    /// Links nothing watches (not checked).
+    pub unwatched: usize,
+    /// Links deferred because a run is active in their session.
+    pub deferred: usize,
+    /// Links of a kind no provider of this monitor reads.
+    pub no_provider: usize,
+}
+
+/// Something the monitor found or did, published to [`UpstreamMonitor::subscribe`]rs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Detection {
+    /// Human turns were recorded as one event.
+    HumanTurns {
+        /// The adopted session.
+        session: SessionRef,
+        /// Its catalog (the event's channel).
+        catalog_id: String,
+        /// How many turns.
+        turns: u32,
+        /// The stored event (for a dedupe hit, the one stored first).
+        event: Arc<Event>,
+        /// Whether the marker moved past them (false when the link changed during the scan).
+        marker_advanced: bool,
+    },
+    /// The source was not found (`consecutive` checks in a row so far).
+    Missing {
+        /// The adopted session.
+        session: SessionRef,
+        /// Consecutive checks that found it gone.
+        consecutive: u32,
+    },
+    /// The source stayed gone: `upstream_missing` was recorded and the link removed.
+    UpstreamMissing {
+        /// The adopted session.
+        session: SessionRef,
+        /// Its catalog.
+        catalog_id: String,
+        /// The stored event.
+        event: Arc<Event>,
+        /// Whether the link was removed (false when it changed meanwhile).
+        link_removed: bool,
+    },
+    /// The source was replaced or truncated, or the link had no marker: the marker moved to
+    /// the source's current end.
+    Rebased {
+        /// The adopted session.
+        session: SessionRef,
+    },
+    /// A run is active in the session: its scan waits for a later tick.
+    Deferred {
+        /// The adopted session.
+        session: SessionRef,
+    },
+    /// A check failed or timed out, or its result could not be stored; retried next tick.
+    Failed {
+        /// The adopted session.
+        session: SessionRef,
+        /// What went wrong.
+        error: String,
+    },
+    /// A tick ended.
+    TickDone(TickReport),
+}
+
+impl fmt::Display for Detection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Detection::HumanTurns {
+                session,
+                catalog_id,
+                turns,
+                event,
+                marker_advanced,
+            } => {
+                write!(
+                    f,
+                    "human: {session}: {turns} turn(s) via {catalog_id}, event #{}",
+                    event.sequence
+                )?;
+                if !marker_advanced {
+                    f.write_str(" (the link changed meanwhile; marker kept)")?;
+                }
+                Ok(())
+            }
+            Detection::Missing {
+                session,
+                consecutive,
+            } => write!(
+                f,
+                "missing: {session}: source not found ({consecutive} in a row)"
+            ),
+            Detection::UpstreamMissing {
+                session,
+                catalog_id,
+                event,
+                link_removed,
+            } => write!(
+                f,
+                "upstream missing: {session} via {catalog_id}, event #{}, link {}",
+                event.sequence,
+                if *link_removed {
+                    "removed"
+                } else {
+                    "kept (it changed meanwhile)"
+                }
+            ),
+            Detection::Rebased { session } => {
+                write!(
+                    f,
+                    "rebased: {session}: the source was replaced or truncated"
+                )
+            }
+            Detection::Deferred { session } => {
+                write!(f, "deferred: {session}: a run is active")
+            }
+            Detection::Failed { session, error } => write!(f, "failed: {session}: {error}"),
+            Detection::TickDone(r) => write!(
+                f,
+                "tick {}: checked {} of {} link(s) ({} unwatched, {} deferred)",
+                r.tick, r.checked, r.links, r.unwatched, r.deferred
+            ),
+        }
+    }
+}
+
+/// Builds an [`UpstreamMonitor`].
+pub struct MonitorBuilder {
+    awareness: Arc<Awareness>,
+    links: Arc<dyn UpstreamStore>,
+    providers: HashMap<String, Arc<dyn UpstreamProvider>>,
+    runs: Arc<dyn RunActivity>,
+    prompts: Arc<dyn OwnPrompts>,
+    config: MonitorConfig,
+}
+
+impl MonitorBuilder {
+    /// Adds a provider for its kind (replacing one of the same kind).
+    #[must_use]
+    pub fn provider(mut self, provider: Arc<dyn UpstreamProvider>) -> Self {
+        self.providers.insert(provider.kind().to_owned(), provider);
+        self
+    }
+
+    /// Sets the run-activity port (default: [`NoRuns`]).
+    #[must_use]
+    pub fn run_activity(mut self, runs: Arc<dyn RunActivity>) -> Self {
+        self.runs = runs;
+        self
+    }
+
+    /// Sets the own-prompts port (default: an empty [`RecentPrompts`]).
+    #[must_use]
+    pub fn own_prompts(mut self, prompts: Arc<dyn OwnPrompts>) -> Self {
+        self.prompts = prompts;
+        self
+    }
+
+    /// Sets the timing.
+    #[must_use]
+    pub fn config(mut self, config: MonitorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The monitor (not running yet: see [`UpstreamMonitor::spawn`] and
+    /// [`UpstreamMonitor::tick`]).
+    pub fn build(self) -> UpstreamMonitor {
+        let (events, _) = broadcast::channel(1024);
+        UpstreamMonitor {
+            inner: Arc::new(Inner {
+                awareness: self.awareness,
+                links: self.links,
+                providers: self.providers,
+                runs: self.runs,
+                prompts: self.prompts,
+                config: self.config,
+                events,
+                missing: Mutex::new(HashMap::new()),
+                ticks: AtomicU64::new(0),
+                one_tick: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+}
+
+/// The upstream monitor of one gateway process. Cheap to clone.
+#[derive(Clone)]
+pub struct UpstreamMonitor {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for UpstreamMonitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamMonitor")
+            .field("config", &self.inner.config)
+            .field(
+                "providers",
+                &self.inner.providers.keys().collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    awareness: Arc<Awareness>,
+    links: Arc<dyn UpstreamStore>,
+    providers: HashMap<String, Arc<dyn UpstreamProvider>>,
+    runs: Arc<dyn RunActivity>,
+    prompts: Arc<dyn OwnPrompts>,
+    config: MonitorConfig,
+    events: broadcast::Sender<Detection>,
+    /// Consecutive `missing` checks per ref, for the link incarnation of that `updated_at`.
+    missing: Mutex<HashMap<SessionRef, (Timestamp, u32)>>,
+    ticks: AtomicU64,
+    /// Held for a whole tick: ticks never overlap.
+    one_tick: tokio::sync::Mutex<()>,
+}
+
+/// The running monitor task. [`MonitorTask::stop`] ends it cleanly; dropping it ends it too.
+#[derive(Debug)]
+pub struct MonitorTask {
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<()>,
+}
+
+impl MonitorTask {
+    /// Stops the task (a tick in progress is abandoned: every store write is atomic and the
+    /// marker moves only after its event, so the next run picks up where this one was) and
+    /// waits for it to end.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.handle.await
+            && e.is_panic()
+        {
+            warn!(error = %e, "the upstream monitor task panicked");
+        }
+    }
+
+    /// Whether the task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+}
+
+impl UpstreamMonitor {
+    /// A monitor recording through `awareness`, reading and moving the links of `links`.
+    pub fn builder(awareness: Arc<Awareness>, links: Arc<dyn UpstreamStore>) -> MonitorBuilder {
+        MonitorBuilder {
+            awareness,
+            links,
+            providers: HashMap::new(),
+            runs: Arc::new(NoRuns),
+            prompts: Arc::new(RecentPrompts::new()),
+            config: MonitorConfig::default(),
+        }
+    }
+
+    /// The detections from now on (a receiver that lags behind loses the oldest ones).
+    pub fn subscribe(&self) -> broadcast::Receiver<Detection> {
+        self.inner.events.subscribe()
+    }
+
+    /// The timing in use.
+    pub fn config(&self) -> MonitorConfig {
+        self.inner.config
+    }
+
+    /// Runs one tick now (waiting for a tick in progress to end first).
+    pub async fn tick(&self) -> TickReport {
+        Inner::tick(&self.inner).await
+    }
+
+    /// Starts the monitor on the current tokio runtime: the first tick after
+    /// `config.first_tick`, then every `config.interval`.
+    pub fn spawn(&self) -> MonitorTask {
+        let inner = Arc::clone(&self.inner);
+        let (stop, mut stopped) = watch::channel(false);
+        let handle = tokio::spawn(async move {
+            let start = tokio::time::Instant::now() + inner.config.first_tick;
+            let period = inner.config.interval.max(Duration::from_millis(1));
+            let mut ticks = tokio::time::interval_at(start, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = stopped.changed() => break,
+                    _ = ticks.tick() => {}
+                }
+                tokio::select! {
+                    biased;
+                    _ = stopped.changed() => break,
+                    _ = Inner::tick(&inner) => {}
+                }
+            }
+            debug!("upstream monitor stopped");
+        });
+        MonitorTask { stop, handle }
+    }
+}
+
+impl Inner {
+    fn emit(&self, d: Detection) {
+        // No subscriber is fine.
+        let _ = self.events.send(d);
+    }
+
+    fn missing_counts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, (Timestamp, u32)>> {
+        self.missing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn tick(me: &Arc<Inner>) -> TickReport {
+        let _one = me.one_tick.lock().await;
+        let mut report = TickReport {
+            tick: me.ticks.fetch_add(1, Ordering::Relaxed) + 1,
+            ..TickReport::default()
+        };
+        let links = match me.links.links().await {
+            Ok(links) => links,
+            Err(e) => {
+                warn!(error = %e, "upstream monitor: cannot list links; trying again next tick");
+                me.emit(Detection::TickDone(report));
+                return report;
+            }
+        };
+        report.links = links.len();
+        me.missing_counts()
+            .retain(|r, _| links.iter().any(|l| &l.session == r));
+        let mut checks = JoinSet::new();
+        for link in links {
+            let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
+                report.no_provider += 1;
+                continue;
+            };
+            match me.watched(&link.session).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    report.unwatched += 1;
+                    continue;
+                }
+                Err(error) => {
+                    me.emit(Detection::Failed {
+                        session: link.session.clone(),
+                        error,
+                    });
+                    continue;
+                }
+            }
+            if me.runs.is_active(&link.session) {
+                report.deferred += 1;
+                me.emit(Detection::Deferred {
+                    session: link.session.clone(),
+                });
+                continue;
+            }
+            let own = me.prompts.recent(&link.session);
+            report.checked += 1;
+            let me = Arc::clone(me);
+            checks.spawn(async move { me.check(provider, link, own).await });
+        }
+        while let Some(done) = checks.join_next().await {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                warn!(error = %e, "upstream monitor: a check panicked");
+            }
+        }
+        me.emit(Detection::TickDone(report));
+        report
+    }
+
+    /// Whether a cursor watches the session (its key and agent).
+    async fn watched(&self, session: &SessionRef) -> Result<bool, String> {
+        let filter = CursorFilter {
+            target: Some(session.session_key.clone()),
+            ..CursorFilter::default()
+        };
+        match self.awareness.store().cursors(&filter).await {
+            Ok(cursors) => Ok(cursors.iter().any(|c| c.target_agent == session.agent_id)),
+            Err(e) => {
+                warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
+                Err(format!("cannot read its watchers: {e}"))
+            }
+        }
+    }
+
+    async fn check(
+        &self,
+        provider: Arc<dyn UpstreamProvider>,
+        link: UpstreamLink,
+        own: Vec<String>,
+    ) {
+        let limit = self.config.provider_timeout;
+        let outcome = tokio::time::timeout(limit, provider.check(&link, &own))
+            .await
+            .unwrap_or_else(|_| {
+                CheckOutcome::Failed(format!(
+                    "the {} check timed out after {limit:?}",
+                    link.upstream_kind
+                ))
+            });
+        let session = link.session.clone();
+        if !matches!(outcome, CheckOutcome::Failed(_))
+            && let Err(e) = self
+                .links
+                .mark_scanned(&session, self.awareness.now())
+                .await
+        {
+            warn!(session_key = %session.session_key, error = %e, "upstream monitor: scan time not stored");
+        }
+        match outcome {
+            CheckOutcome::Unchanged { marker } => {
+                self.found(&session);
+                if link.marker.as_ref() != Some(&marker) {
+                    self.advance(&link, marker).await;
+                }
+            }
+            CheckOutcome::Rebased { marker } => {
+                self.found(&session);
+                self.advance(&link, marker).await;
+                self.emit(Detection::Rebased { session });
+            }
+            CheckOutcome::HumanTurns {
+                turns,
+                dedupe_id,
+                source_id,
+                marker,
+            } => {
+                self.found(&session);
+                self.human_turns(&link, turns.max(1), &source_id, &dedupe_id, marker)
+                    .await;
+            }
+            CheckOutcome::Missing => self.gone(&link).await,
+            CheckOutcome::Failed(error) => {
+                warn!(session_key = %session.session_key, kind = %link.upstream_kind, error = %error, "upstream check failed; retried next tick");
+                self.emit(Detection::Failed { session, error });
+            }
+        }
+    }
+
+    fn found(&self, session: &SessionRef) {
+        self.missing_counts().remove(session);
+    }
+
+    /// Moves the marker if the link is still the one the tick read.
+    async fn advance(&self, link: &UpstreamLink, marker: Value) -> bool {
+        let now = self.awareness.now();
+        match self
+            .links
+            .set_marker(&link.session, link.updated_at, marker, now)
+            .await
+        {
+            Ok(true) => true,
+            Ok(false) => {
+                debug!(session_key = %link.session.session_key, "the link changed during the scan; its marker stays");
+                false
+            }
+            Err(e) => {
+                warn!(session_key = %link.session.session_key, error = %e, "upstream marker not moved; the same rows are read again next tick");
+                false
+            }
+        }
+    }
+
+    async fn human_turns(
+        &self,
+        link: &UpstreamLink,
+        turns: u32,
+        source_id: &str,
+        dedupe_id: &str,
+        marker: Value,
+    ) {
+        let session = link.session.clone();
+        let mut msg = HumanMessage::new(session.session_key.clone());
+        msg.agent_id = Some(session.agent_id.clone());
+        msg.channel = Some(link.catalog_id.clone());
+        msg.dedupe_key = Some(upstream::human_dedupe_key(link, source_id, dedupe_id));
+        msg.turns = turns;
+        let Some(event) = self.awareness.human_message(msg).await else {
+            // Logged by the service; the marker stays, so the turns are read again next tick.
+            self.emit(Detection::Failed {
+                session,
+                error: "the human turns were not recorded; the marker stays".into(),
+            });
+            return;
+        };
+        let marker_advanced = self.advance(link, marker).await;
+        self.emit(Detection::HumanTurns {
+            session,
+            catalog_id: link.catalog_id.clone(),
+            turns,
+            event,
+            marker_advanced,
+        });
+    }
+
+    async fn gone(&self, link: &UpstreamLink) {
+        let session = link.session.clone();
+        let consecutive = {
+            let mut counts = self.missing_counts();
+            let entry = counts
+                .entry(session.clone())
+                .or_insert((link.updated_at, 0));
+            if entry.0 != link.updated_at {
+                *entry = (link.updated_at, 0);
+            }
+            entry.1 += 1;
+            entry.1
+        };
+        if consecutive < self.config.missing_checks.max(1) {
+            self.emit(Detection::Missing {
+                session,
+                consecutive,
+            });
+            return;
+        }
+        let mut payload = Payload::new();
+        payload.insert("channel".into(), json!(link.catalog_id));
+        let event = NewEvent::new(
+            session.clone(),
+            EventKind::UpstreamMissing,
+            ActorType::System,
+            format!("upstream missing via {}", link.catalog_id),
+        )
+        .with_payload(payload)
+        .with_dedupe_key(upstream::missing_dedupe_key(link));
+        let Some(recorded) = self.awareness.record(event).await else {
+            // Logged by the service; the count stays, so the next check records it again.
+            self.emit(Detection::Failed {
+                session,
+                error: "upstream_missing was not recorded".into(),
+            });
+            return;
+        };
+        let link_removed = match self
+            .links
+            .remove_link(&session, Some(link.updated_at))
+            .await
+        {
+            Ok(removed) => removed,
+            Err(e) => {
+                warn!(session_key = %session.session_key, error = %e, "upstream link not removed; retried next tick");
+                false
+            }
+        };
+        if link_removed {
+            self.found(&session);
+        }
+        self.emit(Detection::UpstreamMissing {
+            session,
+            catalog_id: link.catalog_id.clone(),
+            event: recorded.event,
+            link_removed,
+        });
+    }
+}

@@ -1,0 +1,1299 @@
+//! What counts as a human turn in a Claude Code transcript (DESIGN.md section 8), and the
+//! streaming reader that finds out without holding a line.
+//!
+//! A transcript is append-only JSON lines, split on `\n` only. Each line is one JSON object: a
+//! `user` or `assistant` row (`message.role`, `message.content` as a string or an array of
+//! parts, `uuid`, `timestamp`, flags such as `isSidechain` or `isMeta`), an `attachment` row
+//! (`attachment.type == "queued_command"` holds what the person typed while a turn was running),
+//! or bookkeeping (`summary`, `system`, `queue-operation`, ...).
+//!
+//! [`LineScanner`] is a byte-level JSON tokenizer that keeps only the [`RowFacts`] the rules
+//! need: a few short strings, flags, whether the content holds a tool result, and the
+//! content's text as a [`NormalizedText`] (a fingerprint and a short prefix). Its memory is
+//! bounded whatever the line's size (lines of several MB are normal: pasted logs, tool
+//! output), and its state is serializable, so a line whose end is not written yet, or that is
+//! longer than one tick's read budget, is resumed on the next tick from where it stopped:
+//! no byte is read twice and none is skipped unclassified.
+//!
+//! [`classify`] then applies the rules, in order:
+//!
+//! | row | verdict |
+//! |---|---|
+//! | `assistant` | [`SkipReason::Assistant`] |
+//! | `isSidechain` (a subagent's row) | [`SkipReason::Sidechain`] |
+//! | `isMeta`, `isCompactSummary`, `isVisibleInTranscriptOnly` | skipped |
+//! | content holding a `tool_result` part | [`SkipReason::ToolResult`] |
+//! | text starting `[Inter-session message]` | [`SkipReason::InterSession`] |
+//! | text starting `Continue this conversation using the OpenClaw transcript below` | [`SkipReason::Replay`] |
+//! | text starting `<task-notification` | [`SkipReason::TaskNotification`] |
+//! | text starting `<local-command-`, `<bash-stdout`, `<bash-stderr` | [`SkipReason::CommandOutput`] |
+//! | text equal, normalized, to one of the session's 10 latest own prompts | [`SkipReason::SelfEcho`] |
+//! | any other `user` row with text or a non-text part (an image) | a human turn |
+//! | `queued_command` attachment, `origin.kind == "human"`, mode `prompt`/`bash`, same text rules | a human turn |
+//!
+//! A slash command (`<command-name>`), a `[Request interrupted by user]` marker and a `!` shell
+//! command (`<bash-input>`) are human turns and count once each: the rows Claude Code writes
+//! around them (the caveat, the expanded prompt, the captured output) are meta or output rows.
+
+use awareness_core::upstream::{NormalizedText, TextFingerprint};
+use serde::{Deserialize, Serialize};
+
+/// Normalized characters of a text kept for the prefix rules.
+pub const TEXT_PREFIX_CHARS: usize = 96;
+/// Characters kept of a short string field (`type`, `uuid`, `role`, ...).
+const SMALL_CHARS: usize = 64;
+/// Characters kept of an object key (longer keys are not among the ones read).
+const KEY_CHARS: usize = 40;
+/// Nesting levels whose keys are tracked (the deepest field read is
+/// `message.content[i].text`).
+const PATH_DEPTH: usize = 4;
+/// Deepest nesting followed; a deeper line is not a transcript row and is skipped (as
+/// malformed) to its end.
+const MAX_DEPTH: usize = 256;
+
+/// An object key the rules read; every other key is `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Key {
+    Type,
+    Uuid,
+    IsSidechain,
+    IsMeta,
+    IsCompactSummary,
+    IsVisibleInTranscriptOnly,
+    Message,
+    Role,
+    Content,
+    Text,
+    Attachment,
+    CommandMode,
+    Origin,
+    Kind,
+    Prompt,
+    Other,
+}
+
+impl Key {
+    fn of(s: &str) -> Key {
+        match s {
+            "type" => Key::Type,
+            "uuid" => Key::Uuid,
+            "isSidechain" => Key::IsSidechain,
+            "isMeta" => Key::IsMeta,
+            "isCompactSummary" => Key::IsCompactSummary,
+            "isVisibleInTranscriptOnly" => Key::IsVisibleInTranscriptOnly,
+            "message" => Key::Message,
+            "role" => Key::Role,
+            "content" => Key::Content,
+            "text" => Key::Text,
+            "attachment" => Key::Attachment,
+            "commandMode" => Key::CommandMode,
+            "origin" => Key::Origin,
+            "kind" => Key::Kind,
+            "prompt" => Key::Prompt,
+            _ => Key::Other,
+        }
+    }
+}
+
+/// One level of the path to the current value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Seg {
+    /// An object, at the value of this key (`None` before the first key is read).
+    Obj(Option<Key>),
+    /// An array element.
+    Item,
+}
+
+/// A boolean field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Flag {
+    Sidechain,
+    Meta,
+    CompactSummary,
+    TranscriptOnly,
+    AttachmentMeta,
+}
+
+/// Where the value being read goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+enum Sink {
+    #[default]
+    Ignore,
+    RowType,
+    Uuid,
+    Role,
+    Flag(Flag),
+    ContentText,
+    PartType,
+    AttachmentType,
+    CommandMode,
+    OriginKind,
+    PromptText,
+}
+
+impl Sink {
+    fn at(path: &[Seg]) -> Sink {
+        use Key as K;
+        use Seg::{Item, Obj};
+        match path {
+            [Obj(Some(K::Type))] => Sink::RowType,
+            [Obj(Some(K::Uuid))] => Sink::Uuid,
+            [Obj(Some(K::IsSidechain))] => Sink::Flag(Flag::Sidechain),
+            [Obj(Some(K::IsMeta))] => Sink::Flag(Flag::Meta),
+            [Obj(Some(K::IsCompactSummary))] => Sink::Flag(Flag::CompactSummary),
+            [Obj(Some(K::IsVisibleInTranscriptOnly))] => Sink::Flag(Flag::TranscriptOnly),
+            [Obj(Some(K::Message)), Obj(Some(K::Role))] => Sink::Role,
+            [Obj(Some(K::Message)), Obj(Some(K::Content))]
+            | [Obj(Some(K::Message)), Obj(Some(K::Content)), Item]
+            | [
+                Obj(Some(K::Message)),
+                Obj(Some(K::Content)),
+                Item,
+                Obj(Some(K::Text)),
+            ] => Sink::ContentText,
+            [
+                Obj(Some(K::Message)),
+                Obj(Some(K::Content)),
+                Item,
+                Obj(Some(K::Type)),
+            ] => Sink::PartType,
+            [Obj(Some(K::Attachment)), Obj(Some(K::Type))] => Sink::AttachmentType,
+            [Obj(Some(K::Attachment)), Obj(Some(K::CommandMode))] => Sink::CommandMode,
+            [Obj(Some(K::Attachment)), Obj(Some(K::IsMeta))] => Sink::Flag(Flag::AttachmentMeta),
+            [
+                Obj(Some(K::Attachment)),
+                Obj(Some(K::Origin)),
+                Obj(Some(K::Kind)),
+            ] => Sink::OriginKind,
+            [Obj(Some(K::Attachment)), Obj(Some(K::Prompt))]
+            | [Obj(Some(K::Attachment)), Obj(Some(K::Prompt)), Item]
+            | [
+                Obj(Some(K::Attachment)),
+                Obj(Some(K::Prompt)),
+                Item,
+                Obj(Some(K::Text)),
+            ] => Sink::PromptText,
+            _ => Sink::Ignore,
+        }
+    }
+
+    fn is_text(self) -> bool {
+        matches!(self, Sink::ContentText | Sink::PromptText)
+    }
+}
+
+/// What the rules need to know about one transcript line.
+// One field per flag of the transcript's own rows.
+#[allow(clippy::struct_excessive_bools)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RowFacts {
+    /// `type` (`user`, `assistant`, `attachment`, ...).
+    pub row_type: Option<String>,
+    /// `uuid`.
+    pub uuid: Option<String>,
+    /// `message.role`.
+    pub role: Option<String>,
+    /// `isSidechain`.
+    pub is_sidechain: bool,
+    /// `isMeta`.
+    pub is_meta: bool,
+    /// `isCompactSummary`.
+    pub is_compact_summary: bool,
+    /// `isVisibleInTranscriptOnly`.
+    pub is_visible_in_transcript_only: bool,
+    /// The text of `message.content` (a string, or the text parts of an array).
+    pub content: NormalizedText,
+    /// `message.content` holds a `tool_result` part.
+    pub has_tool_result: bool,
+    /// `message.content` holds a part that is not text (an image the person pasted).
+    pub has_non_text_part: bool,
+    /// `attachment.type`.
+    pub attachment_type: Option<String>,
+    /// `attachment.commandMode`.
+    pub command_mode: Option<String>,
+    /// `attachment.origin.kind`.
+    pub origin_kind: Option<String>,
+    /// `attachment.isMeta`.
+    pub attachment_is_meta: bool,
+    /// The text of `attachment.prompt`.
+    pub prompt: NormalizedText,
+}
+
+impl RowFacts {
+    fn empty() -> Self {
+        Self {
+            content: NormalizedText::new(TEXT_PREFIX_CHARS),
+            prompt: NormalizedText::new(TEXT_PREFIX_CHARS),
+            ..Self::default()
+        }
+    }
+
+    /// The facts of one complete line (without its `\n`); `None` for a blank line.
+    pub fn from_line(line: &[u8]) -> Option<LineEnd> {
+        let mut s = LineScanner::new();
+        debug_assert!(!line.contains(&b'\n'));
+        s.feed(line);
+        Some(s.finish()).filter(|e| *e != LineEnd::Blank)
+    }
+}
+
+/// How a line ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineEnd {
+    /// Only whitespace.
+    Blank,
+    /// Not one JSON object (or nested deeper than the reader follows).
+    Malformed,
+    /// A JSON object, and what the rules need of it.
+    Row(Box<RowFacts>),
+}
+
+/// The tokenizer's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+enum Tok {
+    /// Before the line's value.
+    #[default]
+    Start,
+    /// After `:` or `,` in an array: a value.
+    Value,
+    /// After `[`: a value or `]`.
+    ArrayFirst,
+    /// After `{`: a key or `}`.
+    ObjectFirst,
+    /// After `,` in an object: a key.
+    Key,
+    /// After a key: `:`.
+    Colon,
+    /// After a value: `,` or the container's end.
+    After,
+    /// Inside a string (a key when `key`).
+    Str { key: bool },
+    /// Inside a number or literal.
+    Scalar,
+    /// The line's value is complete: only whitespace may follow.
+    Done,
+    /// Not JSON we follow: the rest of the line is skipped.
+    Malformed,
+}
+
+/// A string escape in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+enum Esc {
+    #[default]
+    None,
+    /// After `\`.
+    Backslash,
+    /// After `\u` and `n` of its hex digits.
+    Unicode { n: u8, value: u16 },
+}
+
+/// A resumable JSON line reader that keeps only [`RowFacts`]. Feed it bytes with
+/// [`LineScanner::feed`] until it reports the line's `\n`, then [`LineScanner::finish`] it.
+/// Its serialized form is small (bounded by the nesting depth it follows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineScanner {
+    /// Bytes of the line consumed so far.
+    pub consumed: u64,
+    /// `o`/`a` per open container, outermost first.
+    kinds: String,
+    /// The path segments of the outermost [`PATH_DEPTH`] levels.
+    path: Vec<Seg>,
+    tok: Tok,
+    sink: Sink,
+    esc: Esc,
+    /// A high surrogate waiting for its low half.
+    high: Option<u16>,
+    /// The bytes of a UTF-8 character not complete yet.
+    utf8: Vec<u8>,
+    /// The key or short string being read.
+    buf: String,
+    /// The number or literal being read (first bytes only).
+    scalar: String,
+    facts: RowFacts,
+}
+
+impl Default for LineScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LineScanner {
+    /// A scanner at the start of a line.
+    pub fn new() -> Self {
+        Self {
+            consumed: 0,
+            kinds: String::new(),
+            path: Vec::new(),
+            tok: Tok::Start,
+            sink: Sink::Ignore,
+            esc: Esc::None,
+            high: None,
+            utf8: Vec::new(),
+            buf: String::new(),
+            scalar: String::new(),
+            facts: RowFacts::empty(),
+        }
+    }
+
+    /// Consumes `bytes` up to the line's end: returns `Some(i)` when `bytes[i]` is the line's
+    /// `\n` (bytes after it are not consumed), `None` when all of `bytes` belong to the line.
+    pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        let mut i = 0;
+        while i < bytes.len() {
+            // Fast paths: the long runs of a line are ignored strings and skipped rests.
+            match self.tok {
+                Tok::Str { key: false } if self.sink == Sink::Ignore && self.esc == Esc::None => {
+                    let run = bytes[i..]
+                        .iter()
+                        .position(|b| matches!(b, b'"' | b'\\' | b'\n'))
+                        .unwrap_or(bytes.len() - i);
+                    i += run;
+                    self.consumed += run as u64;
+                    if i == bytes.len() {
+                        break;
+                    }
+                }
+                Tok::Malformed => {
+                    let run = bytes[i..]
+                        .iter()
+                        .position(|b| *b == b'\n')
+                        .unwrap_or(bytes.len() - i);
+                    i += run;
+                    self.consumed += run as u64;
+                    if i == bytes.len() {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            let b = bytes[i];
+            if b == b'\n' {
+                return Some(i);
+            }
+            self.consumed += 1;
+            self.byte(b);
+            i += 1;
+        }
+        None
+    }
+
+    /// Ends the line (its `\n` was seen).
+    pub fn finish(self) -> LineEnd {
+        match self.tok {
+            Tok::Start => LineEnd::Blank,
+            Tok::Done => LineEnd::Row(Box::new(self.facts)),
+            // A top-level number or literal ends at the line's end: not a row either way.
+            _ => LineEnd::Malformed,
+        }
+    }
+
+    fn malformed(&mut self) {
+        self.tok = Tok::Malformed;
+        // Nothing of a skipped line is kept; the serialized state stays small.
+        self.kinds.clear();
+        self.path.clear();
+        self.buf.clear();
+        self.scalar.clear();
+        self.utf8.clear();
+        self.facts = RowFacts::empty();
+    }
+
+    fn depth(&self) -> usize {
+        self.kinds.len()
+    }
+
+    fn in_object(&self) -> bool {
+        self.kinds.ends_with('o')
+    }
+
+    fn byte(&mut self, b: u8) {
+        match self.tok {
+            Tok::Str { key } => self.string_byte(b, key),
+            Tok::Scalar => {
+                if matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\r') {
+                    self.end_scalar();
+                    if self.tok != Tok::Malformed {
+                        self.byte(b);
+                    }
+                } else if self.scalar.len() < 8 {
+                    self.scalar.push(char::from(b));
+                }
+            }
+            Tok::Malformed => {}
+            _ if matches!(b, b' ' | b'\t' | b'\r') => {}
+            Tok::Done => self.malformed(),
+            Tok::Start | Tok::Value | Tok::ArrayFirst => {
+                if self.tok == Tok::ArrayFirst && b == b']' {
+                    self.close(b'a');
+                } else {
+                    self.value_start(b);
+                }
+            }
+            Tok::ObjectFirst | Tok::Key => match b {
+                b'"' => {
+                    self.buf.clear();
+                    self.tok = Tok::Str { key: true };
+                }
+                b'}' if self.tok == Tok::ObjectFirst => self.close(b'o'),
+                _ => self.malformed(),
+            },
+            Tok::Colon => {
+                if b == b':' {
+                    self.tok = Tok::Value;
+                } else {
+                    self.malformed();
+                }
+            }
+            Tok::After => match (b, self.in_object()) {
+                (b',', true) => self.tok = Tok::Key,
+                (b',', false) => self.tok = Tok::Value,
+                (b'}', true) => self.close(b'o'),
+                (b']', false) => self.close(b'a'),
+                _ => self.malformed(),
+            },
+        }
+    }
+
+    /// The first byte of a value.
+    fn value_start(&mut self, b: u8) {
+        if self.tok == Tok::Start && b != b'{' {
+            // A transcript row is an object; anything else is skipped.
+            self.malformed();
+            return;
+        }
+        // Only the outermost levels are tracked; anything deeper is read by no rule.
+        self.sink = if self.depth() <= PATH_DEPTH {
+            Sink::at(&self.path)
+        } else {
+            Sink::Ignore
+        };
+        match b {
+            b'{' | b'[' => self.open(b),
+            b'"' => {
+                self.buf.clear();
+                if self.sink.is_text() {
+                    let text = self.text_mut();
+                    if !text.is_empty() {
+                        // Parts of one text are separated as whitespace would.
+                        text.separate();
+                    }
+                }
+                self.tok = Tok::Str { key: false };
+            }
+            b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
+                self.scalar.clear();
+                self.scalar.push(char::from(b));
+                self.tok = Tok::Scalar;
+            }
+            _ => self.malformed(),
+        }
+    }
+
+    fn open(&mut self, b: u8) {
+        if self.depth() >= MAX_DEPTH {
+            self.malformed();
+            return;
+        }
+        let is_object = b == b'{';
+        self.kinds.push(if is_object { 'o' } else { 'a' });
+        if self.depth() <= PATH_DEPTH {
+            self.path
+                .push(if is_object { Seg::Obj(None) } else { Seg::Item });
+        }
+        self.tok = if is_object {
+            Tok::ObjectFirst
+        } else {
+            Tok::ArrayFirst
+        };
+    }
+
+    fn close(&mut self, kind: u8) {
+        debug_assert_eq!(self.kinds.as_bytes().last(), Some(&kind));
+        if self.depth() <= PATH_DEPTH {
+            self.path.pop();
+        }
+        self.kinds.pop();
+        self.value_done();
+    }
+
+    fn value_done(&mut self) {
+        self.tok = if self.kinds.is_empty() {
+            Tok::Done
+        } else {
+            Tok::After
+        };
+    }
+
+    fn end_scalar(&mut self) {
+        let ok = matches!(self.scalar.as_str(), "true" | "false" | "null")
+            || self
+                .scalar
+                .starts_with(|c: char| c == '-' || c.is_ascii_digit());
+        if !ok {
+            self.malformed();
+            return;
+        }
+        if let Sink::Flag(f) = self.sink {
+            let on = self.scalar == "true";
+            match f {
+                Flag::Sidechain => self.facts.is_sidechain = on,
+                Flag::Meta => self.facts.is_meta = on,
+                Flag::CompactSummary => self.facts.is_compact_summary = on,
+                Flag::TranscriptOnly => self.facts.is_visible_in_transcript_only = on,
+                Flag::AttachmentMeta => self.facts.attachment_is_meta = on,
+            }
+        }
+        self.value_done();
+    }
+
+    fn text_mut(&mut self) -> &mut NormalizedText {
+        if self.sink == Sink::PromptText {
+            &mut self.facts.prompt
+        } else {
+            &mut self.facts.content
+        }
+    }
+
+    fn string_byte(&mut self, b: u8, key: bool) {
+        let keep = if key {
+            self.depth() <= PATH_DEPTH
+        } else {
+            self.sink != Sink::Ignore
+        };
+        match self.esc {
+            Esc::Backslash => {
+                self.esc = Esc::None;
+                let c = match b {
+                    b'"' => '"',
+                    b'\\' => '\\',
+                    b'/' => '/',
+                    b'b' => '\u{8}',
+                    b'f' => '\u{c}',
+                    b'n' => '\n',
+                    b'r' => '\r',
+                    b't' => '\t',
+                    b'u' => {
+                        self.esc = Esc::Unicode { n: 0, value: 0 };
+                        return;
+                    }
+                    _ => return self.malformed(),
+                };
+                if keep {
+                    self.flush_high();
+                    self.char_out(c, key);
+                }
+            }
+            Esc::Unicode { n, value } => {
+                let Some(d) = char::from(b).to_digit(16) else {
+                    return self.malformed();
+                };
+                let value = (value << 4) | d as u16;
+                if n < 3 {
+                    self.esc = Esc::Unicode { n: n + 1, value };
+                } else {
+                    self.esc = Esc::None;
+                    if keep {
+                        self.code_unit(value, key);
+                    }
+                }
+            }
+            Esc::None => match b {
+                b'"' => {
+                    if keep {
+                        self.flush_high();
+                        self.flush_utf8(key);
+                    }
+                    self.end_string(key);
+                }
+                b'\\' => self.esc = Esc::Backslash,
+                _ if keep => {
+                    self.flush_high();
+                    self.utf8_byte(b, key);
+                }
+                _ => {}
+            },
+        }
+    }
+
+    fn code_unit(&mut self, unit: u16, key: bool) {
+        match (self.high.take(), unit) {
+            (None, 0xD800..=0xDBFF) => self.high = Some(unit),
+            (Some(high), 0xDC00..=0xDFFF) => {
+                let c = 0x10000 + ((u32::from(high) - 0xD800) << 10) + (u32::from(unit) - 0xDC00);
+                self.char_out(char::from_u32(c).unwrap_or('\u{fffd}'), key);
+            }
+            (high, _) => {
+                if high.is_some() {
+                    self.char_out('\u{fffd}', key);
+                }
+                if (0xD800..=0xDFFF).contains(&unit) {
+                    if (0xD800..=0xDBFF).contains(&unit) {
+                        self.high = Some(unit);
+                    } else {
+                        self.char_out('\u{fffd}', key);
+                    }
+                } else {
+                    self.char_out(char::from_u32(u32::from(unit)).unwrap_or('\u{fffd}'), key);
+                }
+            }
+        }
+    }
+
+    /// A lone high surrogate followed by anything but its low half.
+    fn flush_high(&mut self) {
+        if self.high.take().is_some() {
+            let key = matches!(self.tok, Tok::Str { key: true });
+            self.char_out('\u{fffd}', key);
+        }
+    }
+
+    fn utf8_byte(&mut self, b: u8, key: bool) {
+        if b < 0x80 {
+            self.flush_utf8(key);
+            self.char_out(char::from(b), key);
+            return;
+        }
+        if b & 0xC0 != 0x80 {
+            // A lead byte: whatever was pending is cut short.
+            self.flush_utf8(key);
+        }
+        self.utf8.push(b);
+        let want = match self.utf8[0] {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        if self.utf8.len() >= want {
+            self.flush_utf8(key);
+        }
+    }
+
+    fn flush_utf8(&mut self, key: bool) {
+        if self.utf8.is_empty() {
+            return;
+        }
+        let bytes = std::mem::take(&mut self.utf8);
+        match std::str::from_utf8(&bytes) {
+            Ok(s) => {
+                for c in s.chars() {
+                    self.char_out(c, key);
+                }
+            }
+            Err(_) => self.char_out('\u{fffd}', key),
+        }
+    }
+
+    fn char_out(&mut self, c: char, key: bool) {
+        if key {
+            if self.buf.chars().count() <= KEY_CHARS {
+                self.buf.push(c);
+            }
+            return;
+        }
+        match self.sink {
+            Sink::Ignore | Sink::Flag(_) => {}
+            Sink::ContentText => self.facts.content.push(c),
+            Sink::PromptText => self.facts.prompt.push(c),
+            _ => {
+                if self.buf.chars().count() < SMALL_CHARS {
+                    self.buf.push(c);
+                }
+            }
+        }
+    }
+
+    fn end_string(&mut self, key: bool) {
+        if key {
+            if self.depth() <= PATH_DEPTH {
+                let k = if self.buf.chars().count() > KEY_CHARS {
+                    Key::Other
+                } else {
+                    Key::of(&self.buf)
+                };
+                if let Some(last) = self.path.last_mut() {
+                    *last = Seg::Obj(Some(k));
+                }
+            }
+            self.buf.clear();
+            self.tok = Tok::Colon;
+            return;
+        }
+        let value = std::mem::take(&mut self.buf);
+        let f = &mut self.facts;
+        match self.sink {
+            Sink::RowType => f.row_type = Some(value),
+            Sink::Uuid => f.uuid = Some(value),
+            Sink::Role => f.role = Some(value),
+            Sink::PartType => match value.as_str() {
+                "tool_result" => f.has_tool_result = true,
+                // The part's text is read from its `text` field.
+                "text" => {}
+                _ => f.has_non_text_part = true,
+            },
+            Sink::AttachmentType => f.attachment_type = Some(value),
+            Sink::CommandMode => f.command_mode = Some(value),
+            Sink::OriginKind => f.origin_kind = Some(value),
+            Sink::Ignore | Sink::Flag(_) | Sink::ContentText | Sink::PromptText => {}
+        }
+        self.value_done();
+    }
+}
+
+/// A human intervention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HumanKind {
+    /// Text the person typed.
+    Prompt,
+    /// A slash command the person ran.
+    SlashCommand,
+    /// "[Request interrupted by user]".
+    Interrupt,
+    /// A `!` shell command the person ran.
+    BashInput,
+    /// Text typed while a turn was running (a queued-command attachment of human origin).
+    Queued,
+}
+
+/// Why a line is not a human turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    /// Not one JSON object.
+    Malformed,
+    /// Bookkeeping (`summary`, `system`, other attachments, ...).
+    NotConversation,
+    /// The model's row.
+    Assistant,
+    /// A subagent's row.
+    Sidechain,
+    /// `isMeta`: written by the harness (caveats, expanded command prompts).
+    Meta,
+    /// `isCompactSummary`.
+    CompactSummary,
+    /// `isVisibleInTranscriptOnly`.
+    TranscriptOnly,
+    /// A `user` row whose role is not `user`.
+    NotUserRole,
+    /// Content holding a tool result.
+    ToolResult,
+    /// Another session's message (`[Inter-session message]`).
+    InterSession,
+    /// The gateway's own replay preamble.
+    Replay,
+    /// A background task's notification.
+    TaskNotification,
+    /// A command's captured output.
+    CommandOutput,
+    /// One of the session's own recent prompts.
+    SelfEcho,
+    /// No text and nothing else.
+    Empty,
+    /// A queued command that no person typed.
+    QueuedNotHuman,
+}
+
+/// The verdict on one line.
+pub type Verdict = Result<HumanKind, SkipReason>;
+
+const INTER_SESSION: &str = "[Inter-session message]";
+const REPLAY: &str = "Continue this conversation using the OpenClaw transcript below";
+const TASK_NOTIFICATION: &str = "<task-notification";
+const COMMAND_OUTPUT: [&str; 3] = ["<local-command-", "<bash-stdout", "<bash-stderr"];
+const SLASH_COMMAND: [&str; 2] = ["<command-name>", "<command-message>"];
+const INTERRUPT: &str = "[Request interrupted by user";
+const BASH_INPUT: &str = "<bash-input>";
+
+/// The text rules shared by every provider: a text that is an inter-session envelope, the
+/// gateway's replay header, a task notification, a command's captured output or self-echo is
+/// not a human turn; an empty text is one only when something else came with it (an image).
+pub fn text_verdict(
+    text: &NormalizedText,
+    has_non_text_part: bool,
+    own: &[TextFingerprint],
+) -> Verdict {
+    let p = text.prefix();
+    if p.starts_with(INTER_SESSION) {
+        return Err(SkipReason::InterSession);
+    }
+    if p.starts_with(REPLAY) {
+        return Err(SkipReason::Replay);
+    }
+    if p.starts_with(TASK_NOTIFICATION) {
+        return Err(SkipReason::TaskNotification);
+    }
+    if COMMAND_OUTPUT.iter().any(|x| p.starts_with(x)) {
+        return Err(SkipReason::CommandOutput);
+    }
+    if text.is_empty() {
+        return if has_non_text_part {
+            Ok(HumanKind::Prompt)
+        } else {
+            Err(SkipReason::Empty)
+        };
+    }
+    if own.contains(&text.fingerprint()) {
+        return Err(SkipReason::SelfEcho);
+    }
+    if SLASH_COMMAND.iter().any(|x| p.starts_with(x)) {
+        return Ok(HumanKind::SlashCommand);
+    }
+    if p.starts_with(INTERRUPT) {
+        return Ok(HumanKind::Interrupt);
+    }
+    if p.starts_with(BASH_INPUT) {
+        return Ok(HumanKind::BashInput);
+    }
+    Ok(HumanKind::Prompt)
+}
+
+/// Whether a transcript line is a human turn (DESIGN.md section 8). `own` holds the
+/// fingerprints of the session's recent own prompts
+/// ([`awareness_core::upstream::own_fingerprints`]).
+pub fn classify(end: &LineEnd, own: &[TextFingerprint]) -> Verdict {
+    let f = match end {
+        LineEnd::Row(f) => f,
+        LineEnd::Blank => return Err(SkipReason::Empty),
+        LineEnd::Malformed => return Err(SkipReason::Malformed),
+    };
+    match f.row_type.as_deref() {
+        Some("user") => {
+            if f.is_sidechain {
+                return Err(SkipReason::Sidechain);
+            }
+            if f.is_meta {
+                return Err(SkipReason::Meta);
+            }
+            if f.is_compact_summary {
+                return Err(SkipReason::CompactSummary);
+            }
+            if f.is_visible_in_transcript_only {
+                return Err(SkipReason::TranscriptOnly);
+            }
+            if f.role.as_deref().is_some_and(|r| r != "user") {
+                return Err(SkipReason::NotUserRole);
+            }
+            if f.has_tool_result {
+                return Err(SkipReason::ToolResult);
+            }
+            text_verdict(&f.content, f.has_non_text_part, own)
+        }
+        Some("assistant") => Err(SkipReason::Assistant),
+        Some("attachment") if f.attachment_type.as_deref() == Some("queued_command") => {
+            if f.is_sidechain {
+                return Err(SkipReason::Sidechain);
+            }
+            if f.is_meta || f.attachment_is_meta {
+                return Err(SkipReason::Meta);
+            }
+            let typed_mode = matches!(f.command_mode.as_deref(), Some("prompt" | "bash"));
+            if f.origin_kind.as_deref() != Some("human") || !typed_mode {
+                return Err(SkipReason::QueuedNotHuman);
+            }
+            text_verdict(&f.prompt, false, own).map(|_| HumanKind::Queued)
+        }
+        _ => Err(SkipReason::NotConversation),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use awareness_core::upstream::{fingerprint, own_fingerprints};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// The facts of a line through the streaming reader, fed in pieces of `step` bytes and
+    /// through a serialize/deserialize round trip between pieces (as a resumed tick would).
+    fn facts_in_pieces(line: &str, step: usize) -> LineEnd {
+        let mut s = LineScanner::new();
+        for piece in line.as_bytes().chunks(step.max(1)) {
+            assert_eq!(s.feed(piece), None);
+            s = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        }
+        assert_eq!(s.feed(b"\nnext"), Some(0));
+        assert_eq!(s.consumed, line.len() as u64);
+        s.finish()
+    }
+
+    fn verdict(line: &Value) -> Verdict {
+        verdict_with(line, &[])
+    }
+
+    fn verdict_with(line: &Value, own: &[String]) -> Verdict {
+        let text = line.to_string();
+        let end = RowFacts::from_line(text.as_bytes()).expect("not blank");
+        // Every way of cutting the line gives the same facts (big lines in big pieces only:
+        // each piece goes through a serialize/deserialize round trip).
+        let steps: &[usize] = if text.len() > 64 * 1024 {
+            &[64 * 1024]
+        } else {
+            &[1, 7, 64]
+        };
+        for &step in steps {
+            assert_eq!(facts_in_pieces(&text, step), end, "step {step}: {text}");
+        }
+        classify(&end, &own_fingerprints(own))
+    }
+
+    /// A realistic `user` row around `content`.
+    #[allow(clippy::needless_pass_by_value)] // called with `json!(...)` temporaries
+    fn user(content: Value) -> Value {
+        json!({
+            "parentUuid": "5b7e0c7e-3f7a-4c43-9a8e-2f1d6b3a9c10",
+            "isSidechain": false,
+            "userType": "external",
+            "cwd": "/home/me/project",
+            "sessionId": "0b3c6f1e-8a7d-4e52-b1d4-6a1f3e9c2d77",
+            "version": "2.0.55",
+            "gitBranch": "main",
+            "type": "user",
+            "message": {"role": "user", "content": content},
+            "uuid": "e1f2a3b4-c5d6-4e7f-8a9b-0c1d2e3f4a5b",
+            "timestamp": "2026-11-30T10:15:30.123Z"
+        })
+    }
+
+    fn with(mut row: Value, key: &str, value: Value) -> Value {
+        row[key] = value;
+        row
+    }
+
+    #[test]
+    fn counted_rows() {
+        assert_eq!(
+            verdict(&user(json!("please also cover the error path"))),
+            Ok(HumanKind::Prompt)
+        );
+        assert_eq!(
+            verdict(&user(json!([{"type": "text", "text": "and rename it"}]))),
+            Ok(HumanKind::Prompt)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "<command-name>/model</command-name>\n            <command-message>model</command-message>\n            <command-args>opus</command-args>"
+            ))),
+            Ok(HumanKind::SlashCommand)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "<command-message>review is running…</command-message>\n<command-name>/review</command-name>"
+            ))),
+            Ok(HumanKind::SlashCommand)
+        );
+        assert_eq!(
+            verdict(&user(
+                json!([{"type": "text", "text": "[Request interrupted by user]"}])
+            )),
+            Ok(HumanKind::Interrupt)
+        );
+        assert_eq!(
+            verdict(&user(
+                json!([{"type": "text", "text": "[Request interrupted by user for tool use]"}])
+            )),
+            Ok(HumanKind::Interrupt)
+        );
+        assert_eq!(
+            verdict(&user(json!("<bash-input>git status</bash-input>"))),
+            Ok(HumanKind::BashInput)
+        );
+        let image = json!([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]);
+        assert_eq!(verdict(&user(image)), Ok(HumanKind::Prompt));
+        let queued = json!({
+            "parentUuid": "5b7e0c7e-3f7a-4c43-9a8e-2f1d6b3a9c10",
+            "isSidechain": false,
+            "type": "attachment",
+            "attachment": {"type": "queued_command", "commandMode": "prompt",
+                "origin": {"kind": "human"}, "prompt": "stop, use the v2 API instead"},
+            "uuid": "aa11aa11-0000-4000-8000-000000000001",
+            "timestamp": "2026-11-30T10:16:00.000Z"
+        });
+        assert_eq!(verdict(&queued), Ok(HumanKind::Queued));
+        let mut parts = queued.clone();
+        parts["attachment"]["prompt"] = json!([{"type": "text", "text": "use v2"}]);
+        assert_eq!(verdict(&parts), Ok(HumanKind::Queued));
+    }
+
+    #[test]
+    fn skipped_rows() {
+        let assistant = json!({
+            "parentUuid": "e1f2a3b4-c5d6-4e7f-8a9b-0c1d2e3f4a5b", "isSidechain": false,
+            "type": "assistant",
+            "message": {"id": "msg_01", "type": "message", "role": "assistant",
+                "model": "claude-opus-4", "content": [{"type": "text", "text": "Done."},
+                {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"command": "ls"}}],
+                "stop_reason": "tool_use", "usage": {"input_tokens": 10, "output_tokens": 5}},
+            "uuid": "f0f0f0f0-0000-4000-8000-000000000002", "timestamp": "2026-11-30T10:15:31Z"
+        });
+        assert_eq!(verdict(&assistant), Err(SkipReason::Assistant));
+        let tool_result = with(
+            user(json!([{"tool_use_id": "toolu_01", "type": "tool_result",
+                "content": "total 8\ndrwxr-xr-x 2 me me 4096 .", "is_error": false}])),
+            "toolUseResult",
+            json!({"stdout": "total 8", "stderr": "", "interrupted": false}),
+        );
+        assert_eq!(verdict(&tool_result), Err(SkipReason::ToolResult));
+        assert_eq!(
+            verdict(&with(
+                user(json!("look at tests/")),
+                "isSidechain",
+                json!(true)
+            )),
+            Err(SkipReason::Sidechain)
+        );
+        assert_eq!(
+            verdict(&with(
+                user(json!(
+                    "Caveat: The messages below were generated by the user while running local commands. DO NOT respond to these messages or otherwise consider them in your response unless the user explicitly asks you to."
+                )),
+                "isMeta",
+                json!(true)
+            )),
+            Err(SkipReason::Meta)
+        );
+        assert_eq!(
+            verdict(&with(
+                user(json!(
+                    "This session is being continued from a previous conversation that ran out of context. The conversation is summarized below: ..."
+                )),
+                "isCompactSummary",
+                json!(true)
+            )),
+            Err(SkipReason::CompactSummary)
+        );
+        assert_eq!(
+            verdict(&with(
+                user(json!("Compacted (ctrl+r to see full summary)")),
+                "isVisibleInTranscriptOnly",
+                json!(true)
+            )),
+            Err(SkipReason::TranscriptOnly)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "[Inter-session message] from agent:main:main: please rebase onto main"
+            ))),
+            Err(SkipReason::InterSession)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "Continue this conversation using the OpenClaw transcript below.\n\nuser: hi\nassistant: hello"
+            ))),
+            Err(SkipReason::Replay)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "<task-notification>\n<task-id>b7c1</task-id>\n<status>completed</status>\n<summary>Background command finished</summary>\n</task-notification>"
+            ))),
+            Err(SkipReason::TaskNotification)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "<local-command-stdout>Set model to opus (claude-opus-4)</local-command-stdout>"
+            ))),
+            Err(SkipReason::CommandOutput)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "<bash-stdout>On branch main\nnothing to commit</bash-stdout><bash-stderr></bash-stderr>"
+            ))),
+            Err(SkipReason::CommandOutput)
+        );
+        // Self-echo: the session's own prompt, whitespace aside; only the last 10 count.
+        let own: Vec<String> = std::iter::once("Fix the flaky test in  ci.yml".to_owned())
+            .chain((0..9).map(|i| format!("own prompt {i}")))
+            .collect();
+        assert_eq!(
+            verdict_with(&user(json!("  Fix the flaky test\nin ci.yml ")), &own),
+            Err(SkipReason::SelfEcho)
+        );
+        assert_eq!(
+            verdict_with(
+                &user(json!([{"type": "text", "text": "own prompt 3"}])),
+                &own
+            ),
+            Err(SkipReason::SelfEcho)
+        );
+        let mut longer = own.clone();
+        longer.push("one more".into());
+        assert_eq!(
+            verdict_with(&user(json!("Fix the flaky test in ci.yml")), &longer),
+            Ok(HumanKind::Prompt),
+            "the 11th most recent prompt is out of the window"
+        );
+        // Queued commands that no person typed.
+        let queued = |attachment: Value| json!({"type": "attachment", "attachment": attachment, "uuid": "u"});
+        assert_eq!(
+            verdict(&queued(
+                json!({"type": "queued_command", "commandMode": "prompt", "origin": {"kind": "peer"}, "prompt": "hi"})
+            )),
+            Err(SkipReason::QueuedNotHuman)
+        );
+        assert_eq!(
+            verdict(&queued(
+                json!({"type": "queued_command", "commandMode": "task-notification", "origin": {"kind": "human"}, "prompt": "<task-notification>x</task-notification>"})
+            )),
+            Err(SkipReason::QueuedNotHuman)
+        );
+        assert_eq!(
+            verdict(&queued(
+                json!({"type": "queued_command", "commandMode": "prompt", "prompt": "no origin"})
+            )),
+            Err(SkipReason::QueuedNotHuman)
+        );
+        assert_eq!(
+            verdict(&queued(
+                json!({"type": "queued_command", "commandMode": "prompt", "isMeta": true, "origin": {"kind": "human"}, "prompt": "x"})
+            )),
+            Err(SkipReason::Meta)
+        );
+        assert_eq!(
+            verdict(&queued(
+                json!({"type": "queued_command", "commandMode": "prompt", "origin": {"kind": "human"}, "prompt": "[Inter-session message] hi"})
+            )),
+            Err(SkipReason::InterSession)
+        );
+        assert_eq!(
+            verdict(&queued(
+                json!({"type": "hook_additional_context", "content": ["x"]})
+            )),
+            Err(SkipReason::NotConversation)
+        );
+        // Bookkeeping rows and oddities.
+        for row in [
+            json!({"type": "summary", "summary": "Fixing CI", "leafUuid": "x"}),
+            json!({"type": "system", "subtype": "turn_duration", "durationMs": 1200}),
+            json!({"type": "queue-operation", "operation": "dequeue"}),
+            json!({"type": "file-history-snapshot", "messageId": "m", "snapshot": {}}),
+        ] {
+            assert_eq!(verdict(&row), Err(SkipReason::NotConversation), "{row}");
+        }
+        assert_eq!(verdict(&user(json!("   "))), Err(SkipReason::Empty));
+        assert_eq!(verdict(&user(json!([]))), Err(SkipReason::Empty));
+        let mut other_role = user(json!("x"));
+        other_role["message"]["role"] = json!("assistant");
+        assert_eq!(verdict(&other_role), Err(SkipReason::NotUserRole));
+    }
+
+    #[test]
+    fn malformed_and_blank_lines() {
+        for bad in [
+            "{\"type\":\"user\"",
+            "{\"type\" \"user\"}",
+            "[1,2]",
+            "\"user\"",
+            "{\"a\":tru}",
+            "{\"a\":1}}",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":1,}",
+            "nul",
+        ] {
+            assert_eq!(
+                RowFacts::from_line(bad.as_bytes()),
+                Some(LineEnd::Malformed),
+                "{bad}"
+            );
+        }
+        assert_eq!(RowFacts::from_line(b"   \r"), None);
+        assert_eq!(RowFacts::from_line(b""), None);
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(300), "]".repeat(300));
+        assert_eq!(
+            RowFacts::from_line(deep.as_bytes()),
+            Some(LineEnd::Malformed)
+        );
+        let ok = format!("{{\"a\":{}{}}}", "[".repeat(100), "]".repeat(100));
+        assert!(matches!(
+            RowFacts::from_line(ok.as_bytes()),
+            Some(LineEnd::Row(_))
+        ));
+        // CRLF line endings and escapes everywhere.
+        let line = "{\"ty\\u0070e\":\"user\",\"message\":{\"content\":\"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\"\"}}\r";
+        let Some(LineEnd::Row(f)) = RowFacts::from_line(line.as_bytes()) else {
+            panic!("a row");
+        };
+        assert_eq!(f.row_type.as_deref(), Some("user"));
+        assert_eq!(f.content.fingerprint(), fingerprint("café 😀 \"q\""));
+    }
+
+    #[test]
+    fn facts_match_a_full_parse() {
+        // The streaming reader agrees with serde_json on every field it reads, on rows with
+        // unicode, escapes, nesting and keys in any order.
+        let rows = [
+            json!({"uuid": "u1", "message": {"content": [{"text": "b  c", "type": "text"}, {"type": "text", "text": "d"}], "role": "user"}, "type": "user"}),
+            json!({"type": "user", "message": {"role": "user", "content": ["plain \u{1F600} part", {"type": "text", "text": "x\ty"}]}}),
+            json!({"type": "user", "toolUseResult": {"message": {"content": "decoy"}, "type": "assistant"}, "message": {"role": "user", "content": "réal"}}),
+            json!({"type": "attachment", "attachment": {"prompt": [{"type": "text", "text": "p"}], "origin": {"kind": "human", "extra": [1, {"kind": "no"}]}, "commandMode": "bash", "type": "queued_command"}}),
+        ];
+        for row in rows {
+            let text = row.to_string();
+            let Some(LineEnd::Row(f)) = RowFacts::from_line(text.as_bytes()) else {
+                panic!("a row: {text}");
+            };
+            assert_eq!(f.row_type.as_deref(), row["type"].as_str());
+            assert_eq!(f.uuid.as_deref(), row["uuid"].as_str());
+            assert_eq!(f.role.as_deref(), row["message"]["role"].as_str());
+            let texts: Vec<String> = match &row["message"]["content"] {
+                Value::String(s) => vec![s.clone()],
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p.as_str().or_else(|| p["text"].as_str()))
+                    .map(str::to_owned)
+                    .collect(),
+                _ => Vec::new(),
+            };
+            assert_eq!(
+                f.content.fingerprint(),
+                fingerprint(&texts.join(" ")),
+                "{text}"
+            );
+            assert_eq!(
+                f.origin_kind.as_deref(),
+                row["attachment"]["origin"]["kind"].as_str()
+            );
+            assert_eq!(
+                f.command_mode.as_deref(),
+                row["attachment"]["commandMode"].as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn a_huge_line_is_read_in_bounded_state() {
+        // A 3 MiB pasted text: classified by streaming, the state never holds the text.
+        let big = "log line with some words\n".repeat(3 * 1024 * 1024 / 25);
+        let row = user(json!(big.clone()));
+        let text = row.to_string();
+        assert!(text.len() > 3 * 1024 * 1024);
+        let mut s = LineScanner::new();
+        for piece in text.as_bytes().chunks(64 * 1024) {
+            assert_eq!(s.feed(piece), None);
+            assert!(
+                serde_json::to_string(&s).unwrap().len() < 2048,
+                "the resumable state stays small"
+            );
+        }
+        assert_eq!(s.feed(b"\n"), Some(0));
+        let end = s.finish();
+        assert_eq!(classify(&end, &[]), Ok(HumanKind::Prompt));
+        assert_eq!(
+            classify(&end, &own_fingerprints(&[big])),
+            Err(SkipReason::SelfEcho),
+            "self-echo is detected on the whole text, not on a prefix"
+        );
+        // A huge tool result is skipped as such, even though its flag comes late.
+        let tool = user(
+            json!([{"type": "tool_result", "tool_use_id": "t", "content": "x".repeat(3 << 20)}]),
+        );
+        assert_eq!(verdict(&tool), Err(SkipReason::ToolResult));
+        let meta_late = format!(
+            "{{\"type\":\"user\",\"message\":{{\"role\":\"user\",\"content\":\"{}\"}},\"isMeta\":true}}",
+            "y".repeat(2 << 20)
+        );
+        assert_eq!(
+            classify(&RowFacts::from_line(meta_late.as_bytes()).unwrap(), &[]),
+            Err(SkipReason::Meta),
+            "a flag after several MB of content still counts"
+        );
+    }
+}

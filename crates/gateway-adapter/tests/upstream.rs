@@ -1,0 +1,1159 @@
+//! Upstream monitoring on real transcript files in temporary directories: the local JSONL
+//! provider (appends, a 3 MiB line, truncation, replacement, deletion), the paired-node
+//! provider (paging back past one window), and the monitor on tokio's paused clock (timing,
+//! one event per burst, compare-and-set of the marker, `upstream_missing`, a hanging provider,
+//! several agents on one thread).
+
+// Short names keep the scenarios readable: `w` the world, `t` a transcript, `a`/`b` sessions.
+#![allow(clippy::many_single_char_names)]
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use awareness_core::upstream::{self, UpstreamStore};
+use awareness_core::{
+    ActorType, CursorStore, EventKind, EventStore, LinkSpec, NewEvent, Sequence, SessionKey,
+    SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink, WatcherKey, async_trait,
+};
+use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
+use gateway_adapter::upstream::paired::{PAGE_ITEMS, PairedMarker};
+use gateway_adapter::upstream::{
+    CheckOutcome, Detection, JsonlProvider, MonitorConfig, PairedError, PairedItem,
+    PairedNodeClient, PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor,
+    UpstreamProvider,
+};
+use gateway_adapter::{
+    Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake, SystemEventQueue,
+};
+use serde_json::{Value, json};
+use store_memory::MemoryStore;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+// ----- transcripts -------------------------------------------------------------------------------
+
+struct Transcript {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    n: usize,
+}
+
+impl Transcript {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir
+            .path()
+            .join("0b3c6f1e-8a7d-4e52-b1d4-6a1f3e9c2d77.jsonl");
+        File::create(&path).unwrap();
+        Self {
+            _dir: dir,
+            path,
+            n: 0,
+        }
+    }
+
+    fn raw(&self, bytes: &[u8]) {
+        let mut f = OpenOptions::new().append(true).open(&self.path).unwrap();
+        f.write_all(bytes).unwrap();
+    }
+
+    fn line(&self, row: &Value) {
+        self.raw(format!("{row}\n").as_bytes());
+    }
+
+    fn uuid(&mut self) -> String {
+        self.n += 1;
+        format!("00000000-0000-4000-8000-{:012}", self.n)
+    }
+
+    /// A person's prompt; returns its uuid.
+    fn human(&mut self, text: &str) -> String {
+        let uuid = self.uuid();
+        self.line(&user_row(&uuid, json!(text)));
+        uuid
+    }
+
+    /// A model turn with a tool call and its result: rows that are never human turns.
+    fn model_turn(&mut self) {
+        let (a, t) = (self.uuid(), self.uuid());
+        self.line(&json!({"type": "assistant", "isSidechain": false, "uuid": a,
+            "timestamp": "2026-11-30T10:00:01Z",
+            "message": {"role": "assistant", "model": "claude-opus-4", "content": [
+                {"type": "text", "text": "Running the tests."},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "cargo test"}}]}}));
+        self.line(&user_row(
+            &t,
+            json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "test result: ok"}]),
+        ));
+    }
+}
+
+#[allow(clippy::needless_pass_by_value)] // called with `json!(...)` temporaries
+fn user_row(uuid: &str, content: Value) -> Value {
+    json!({
+        "parentUuid": null, "isSidechain": false, "userType": "external",
+        "cwd": "/home/me/project", "sessionId": "0b3c6f1e-8a7d-4e52-b1d4-6a1f3e9c2d77",
+        "version": "2.0.55", "gitBranch": "main", "type": "user",
+        "message": {"role": "user", "content": content},
+        "uuid": uuid, "timestamp": "2026-11-30T10:00:00.000Z"
+    })
+}
+
+fn marker_of(outcome: &CheckOutcome) -> JsonlMarker {
+    match outcome {
+        CheckOutcome::Unchanged { marker }
+        | CheckOutcome::Rebased { marker }
+        | CheckOutcome::HumanTurns { marker, .. } => JsonlMarker::from_value(marker).unwrap(),
+        other => panic!("no marker in {other:?}"),
+    }
+}
+
+fn scan(t: &Transcript, m: &JsonlMarker) -> CheckOutcome {
+    jsonl::scan(&t.path, Some(m), &[], MAX_BYTES_PER_TICK)
+}
+
+fn turns(outcome: &CheckOutcome) -> u32 {
+    match outcome {
+        CheckOutcome::HumanTurns { turns, .. } => *turns,
+        CheckOutcome::Unchanged { .. } => 0,
+        other => panic!("expected a read, got {other:?}"),
+    }
+}
+
+// ----- the local JSONL provider ------------------------------------------------------------------
+
+#[test]
+fn history_before_adoption_never_counts_and_appends_do() {
+    let mut t = Transcript::new();
+    t.human("first prompt, before adoption");
+    t.model_turn();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    assert_eq!(m.offset, std::fs::metadata(&t.path).unwrap().len());
+    assert!(matches!(scan(&t, &m), CheckOutcome::Unchanged { .. }));
+
+    let first = t.human("please also handle the empty case");
+    t.model_turn();
+    t.human("<command-name>/compact</command-name>");
+    t.line(
+        &json!({"type": "attachment", "uuid": "q1", "attachment": {"type": "queued_command",
+        "commandMode": "prompt", "origin": {"kind": "human"}, "prompt": "and update the docs"}}),
+    );
+    let out = scan(&t, &m);
+    match &out {
+        CheckOutcome::HumanTurns {
+            turns,
+            dedupe_id,
+            source_id,
+            ..
+        } => {
+            assert_eq!(*turns, 3);
+            assert_eq!(dedupe_id, &first, "the burst is named by its first turn");
+            assert_eq!(source_id, &t.path.display().to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    // Reading again from the same marker finds the same burst (a retry is deduplicated).
+    assert_eq!(scan(&t, &m), out);
+    let m = marker_of(&out);
+    assert_eq!(m.position(), std::fs::metadata(&t.path).unwrap().len());
+    assert!(matches!(scan(&t, &m), CheckOutcome::Unchanged { .. }));
+
+    // A half-written line is not counted until its end is written.
+    let row = user_row("half-1", json!("typed while you were away")).to_string();
+    let (head, tail) = row.split_at(row.len() / 2);
+    t.raw(head.as_bytes());
+    let out = scan(&t, &m);
+    assert_eq!(turns(&out), 0);
+    let half = marker_of(&out);
+    assert_eq!(
+        half.offset, m.offset,
+        "the marker stays at the line's start"
+    );
+    assert_eq!(half.position(), m.offset + head.len() as u64);
+    t.raw(tail.as_bytes());
+    assert_eq!(turns(&scan(&t, &half)), 0, "still no newline");
+    t.raw(b"\n");
+    let out = scan(&t, &half);
+    assert_eq!(turns(&out), 1);
+    assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if dedupe_id == "half-1"));
+}
+
+#[test]
+fn a_three_mib_line_is_streamed_over_ticks_without_blocking_the_marker() {
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    // A person pastes a 3 MiB log, then asks a question; the log line's end is written last.
+    let pasted = format!(
+        "here is the log:\n{}",
+        "ERROR worker 7 failed: timeout\n".repeat(100_000)
+    );
+    let row = user_row("big-1", json!(pasted)).to_string();
+    assert!(row.len() > 3 * 1024 * 1024);
+    t.raw(&row.as_bytes()[..row.len() - 10]);
+    let mut marker = m.clone();
+    let mut ticks = 0;
+    loop {
+        let out = scan(&t, &marker);
+        assert_eq!(turns(&out), 0, "not counted before its end is written");
+        let next = marker_of(&out);
+        ticks += 1;
+        assert!(
+            next.position() - marker.position() <= MAX_BYTES_PER_TICK,
+            "1 MiB a tick"
+        );
+        assert_eq!(
+            next.offset, m.offset,
+            "whole lines only: the offset stays at the line"
+        );
+        assert!(
+            next.to_value().to_string().len() < 4096,
+            "the partial line is kept as a small state, not as bytes"
+        );
+        if next == marker {
+            break;
+        }
+        marker = next;
+    }
+    assert_eq!(
+        ticks, 5,
+        "four ticks of reading, one that finds nothing more"
+    );
+    t.raw(&row.as_bytes()[row.len() - 10..]);
+    t.raw(b"\n");
+    t.human("what do you make of it?");
+    let out = scan(&t, &marker);
+    assert_eq!(turns(&out), 2, "the big line and the question");
+    assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if dedupe_id == "big-1"));
+    let end = marker_of(&out);
+    assert_eq!(end.partial, None);
+    assert_eq!(end.offset, std::fs::metadata(&t.path).unwrap().len());
+
+    // A 3 MiB tool result (the usual big line) is read through and never counted.
+    let tr = user_row(
+        "tool-big",
+        json!([{"type": "tool_result", "tool_use_id": "t", "content": "x".repeat(3 << 20)}]),
+    );
+    t.line(&tr);
+    t.human("thanks");
+    let mut marker = end;
+    let mut total = 0;
+    for _ in 0..5 {
+        let out = scan(&t, &marker);
+        total += turns(&out);
+        marker = marker_of(&out);
+    }
+    assert_eq!(total, 1, "only the short prompt after it");
+    assert_eq!(marker.offset, std::fs::metadata(&t.path).unwrap().len());
+}
+
+#[test]
+fn truncated_rewritten_replaced_and_deleted_files() {
+    let mut t = Transcript::new();
+    t.human("old history");
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.human("one");
+    t.human("two");
+    let read = marker_of(&scan(&t, &m));
+
+    // Truncated below the marker: rebased to the new end, never read from the stale offset.
+    let f = OpenOptions::new().write(true).open(&t.path).unwrap();
+    f.set_len(10).unwrap();
+    drop(f);
+    let out = scan(&t, &read);
+    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
+    let rebased = marker_of(&out);
+    assert_eq!(
+        rebased.offset, 0,
+        "the 10 bytes left are a line without its end"
+    );
+    let f = OpenOptions::new().write(true).open(&t.path).unwrap();
+    f.set_len(0).unwrap();
+    drop(f);
+    let out = scan(&t, &rebased);
+    assert!(
+        matches!(out, CheckOutcome::Rebased { .. }),
+        "shrunk again: {out:?}"
+    );
+    let rebased = marker_of(&out);
+    t.human("after the truncation");
+    assert_eq!(turns(&scan(&t, &rebased)), 1);
+
+    // Rewritten in place (same inode) and grown past the marker: the bytes before the marker
+    // changed, so it is rebased rather than read from the middle of another line.
+    let read = marker_of(&scan(&t, &rebased));
+    let mut other = Transcript::new();
+    for _ in 0..5 {
+        other.human("a different conversation, written over the file");
+    }
+    std::fs::write(&t.path, std::fs::read(&other.path).unwrap()).unwrap();
+    assert!(std::fs::metadata(&t.path).unwrap().len() > read.position());
+    let out = scan(&t, &read);
+    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
+    let read = marker_of(&out);
+
+    // Replaced by a new file (a new inode, even with more bytes): rebased.
+    let tmp = t.path.with_extension("tmp");
+    let mut bigger = std::fs::read(&t.path).unwrap();
+    bigger.extend_from_slice(format!("{}\n", user_row("r1", json!("x"))).as_bytes());
+    std::fs::write(&tmp, &bigger).unwrap();
+    std::fs::rename(&tmp, &t.path).unwrap();
+    let out = scan(&t, &read);
+    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
+    let replaced = marker_of(&out);
+    assert_ne!(replaced.ino, read.ino);
+    t.human("typed into the new file");
+    assert_eq!(turns(&scan(&t, &replaced)), 1);
+
+    // Deleted: missing. No marker at all: rebased to the end.
+    assert!(matches!(
+        jsonl::scan(&t.path, None, &[], MAX_BYTES_PER_TICK),
+        CheckOutcome::Rebased { .. }
+    ));
+    std::fs::remove_file(&t.path).unwrap();
+    assert_eq!(scan(&t, &replaced), CheckOutcome::Missing);
+}
+
+// ----- the paired-node provider -------------------------------------------------------------------
+
+/// A thread on a paired node: items oldest first; pages are newest first, cursors are indexes.
+#[derive(Default)]
+struct FakeNode {
+    items: Mutex<Vec<PairedItem>>,
+    calls: AtomicUsize,
+    gone: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl PairedNodeClient for FakeNode {
+    async fn newest(
+        &self,
+        host_id: &str,
+        thread_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<PairedPage, PairedError> {
+        assert_eq!((host_id, thread_id), ("node-2", "thread-9"));
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(PairedError::NotFound);
+        }
+        let items = self.items.lock().unwrap();
+        let end = before.map_or(items.len(), |b| b.parse().unwrap());
+        let start = end.saturating_sub(limit);
+        Ok(PairedPage {
+            items: items[start..end].iter().rev().cloned().collect(),
+            older: (start > 0).then(|| start.to_string()),
+        })
+    }
+}
+
+fn paired_link(marker: Option<Value>) -> UpstreamLink {
+    let session = SessionRef::parse("agent:main:main", "main").unwrap();
+    let mut spec = LinkSpec::new(
+        session,
+        "openclaw-node",
+        "node-2",
+        "thread-9",
+        "paired-node",
+    );
+    spec.marker = marker;
+    upstream::plan_upsert(None, spec, Timestamp(0))
+        .unwrap()
+        .outcome
+        .link
+}
+
+#[tokio::test]
+async fn paired_node_pages_back_to_the_marker() {
+    let node = Arc::new(FakeNode::default());
+    {
+        let mut items = node.items.lock().unwrap();
+        for i in 0..10 {
+            items.push(PairedItem::user(format!("i{i}"), format!("old {i}")));
+        }
+        // A burst of 60 human turns and 60 replies: 120 items, more than two windows.
+        for i in 10..130 {
+            items.push(if i % 2 == 0 {
+                PairedItem::user(format!("i{i}"), format!("typed on the node {i}"))
+            } else {
+                PairedItem::with_role(format!("i{i}"), "assistant", "ok")
+            });
+        }
+        let mut inter = PairedItem::user("i130", "[Inter-session message] from agent:ops:main");
+        inter.inter_session = true;
+        items.push(inter);
+        items.push(PairedItem::user("i131", "echo of my own prompt"));
+    }
+    let provider = PairedNodeProvider::new(node.clone());
+    let own = vec!["echo of my   own prompt".to_owned()];
+    let link = paired_link(Some(
+        PairedMarker {
+            uuid: Some("i9".into()),
+        }
+        .to_value(),
+    ));
+    let out = provider.check(&link, &own).await;
+    assert_eq!(
+        out,
+        CheckOutcome::HumanTurns {
+            turns: 60,
+            dedupe_id: "i10".into(),
+            source_id: "node-2/thread-9".into(),
+            marker: json!({"uuid": "i131"}),
+        },
+        "every turn of the burst, not only the newest {PAGE_ITEMS}"
+    );
+    assert_eq!(node.calls.load(Ordering::SeqCst), 3, "three pages of 50");
+
+    let caught_up = paired_link(Some(json!({"uuid": "i131"})));
+    assert_eq!(
+        provider.check(&caught_up, &own).await,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": "i131"})
+        }
+    );
+    // No marker: start at the newest item. A marker item that no longer exists: rebased.
+    assert_eq!(
+        provider.check(&paired_link(None), &own).await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": "i131"})
+        }
+    );
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "deleted"}))), &own)
+            .await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": "i131"})
+        }
+    );
+    // An empty thread at adoption: everything after is new.
+    let fresh = paired_link(Some(json!({"uuid": null})));
+    assert!(matches!(
+        provider.check(&fresh, &[]).await,
+        CheckOutcome::HumanTurns { turns: 71, .. }
+    ));
+    node.gone.store(true, Ordering::SeqCst);
+    assert_eq!(
+        provider.check(&caught_up, &own).await,
+        CheckOutcome::Missing
+    );
+}
+
+// ----- the monitor ---------------------------------------------------------------------------------
+
+struct World {
+    store: Arc<MemoryStore>,
+    awareness: Arc<Awareness>,
+    queue: Arc<InMemoryQueue>,
+}
+
+fn world() -> World {
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let awareness = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .upstream(store.clone())
+        .build(),
+    );
+    World {
+        store,
+        awareness,
+        queue,
+    }
+}
+
+impl World {
+    /// Adopts the transcript for `key` (agent `agent`) and lets `watcher` watch the session.
+    async fn adopt(&self, t: &Transcript, key: &str, agent: &str, watcher: &str) -> SessionRef {
+        let session = SessionRef::parse(key, agent).unwrap();
+        let spec = jsonl::adoption(session.clone(), &t.path, None).unwrap();
+        let out = self.awareness.try_adopt(spec).await.unwrap();
+        assert!(out.created);
+        self.store
+            .watch(
+                &WatcherKey::parse(watcher).unwrap(),
+                &session,
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        session
+    }
+
+    fn monitor(&self) -> gateway_adapter::upstream::MonitorBuilder {
+        UpstreamMonitor::builder(self.awareness.clone(), self.store.clone())
+            .provider(Arc::new(JsonlProvider::new()))
+    }
+
+    async fn events(
+        &self,
+        session: &SessionRef,
+        kind: EventKind,
+    ) -> Vec<Arc<awareness_core::Event>> {
+        self.store
+            .changes_since(session, Sequence::ZERO, 200)
+            .await
+            .unwrap()
+            .events
+            .into_iter()
+            .filter(|e| e.kind == kind)
+            .collect()
+    }
+}
+
+/// The next detection `pick` accepts (paused time runs on while the monitor waits; a virtual
+/// hour without one fails the test instead of hanging it).
+async fn next<T>(
+    rx: &mut broadcast::Receiver<Detection>,
+    mut pick: impl FnMut(&Detection) -> Option<T>,
+) -> T {
+    tokio::time::timeout(Duration::from_hours(1), async {
+        loop {
+            let d = rx.recv().await.expect("the monitor is running");
+            if let Some(t) = pick(&d) {
+                return t;
+            }
+        }
+    })
+    .await
+    .expect("a detection within a virtual hour")
+}
+
+async fn next_tick(rx: &mut broadcast::Receiver<Detection>) -> gateway_adapter::TickReport {
+    next(rx, |d| match d {
+        Detection::TickDone(r) => Some(*r),
+        _ => None,
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn monitor_records_one_event_per_burst_on_its_schedule() {
+    let w = world();
+    let mut t = Transcript::new();
+    t.human("history");
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let adopted = w.events(&session, EventKind::Adopted).await;
+    assert_eq!(adopted.len(), 1);
+    assert_eq!(adopted[0].summary, "adopted from claude-code");
+
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    let started = Instant::now();
+    let task = monitor.spawn();
+
+    let first = t.human("stop, the API changed");
+    t.model_turn();
+    t.human("<command-name>/model</command-name>");
+    t.human("[Request interrupted by user]");
+    let (event, turns) = next(&mut rx, |d| match d {
+        Detection::HumanTurns {
+            event,
+            turns,
+            marker_advanced: true,
+            ..
+        } => Some((event.clone(), *turns)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(15),
+        "first tick after 15 s"
+    );
+    assert_eq!(turns, 3);
+    assert_eq!(event.kind, EventKind::HumanDirectMessage);
+    assert_eq!(event.actor_type, ActorType::Human);
+    assert_eq!(event.summary, "human message via claude-code");
+    assert_eq!(event.payload.as_ref().unwrap()["turns"], json!(3));
+    // The exact dedupe key of DESIGN.md section 8: recording it again is a dedupe hit.
+    let link = w.store.link(&session).await.unwrap().unwrap();
+    let key = upstream::human_dedupe_key(&link, &t.path.display().to_string(), &first);
+    assert!(key.starts_with("upstream:agent:main:worker:"));
+    let again = w
+        .store
+        .record(
+            NewEvent::new(
+                session.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "x",
+            )
+            .with_dedupe_key(key),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    assert!(again.deduplicated && again.event.sequence == event.sequence);
+    // The watcher was told once.
+    let queued = w.queue.peek(&SessionKey::new("agent:main:main").unwrap());
+    assert_eq!(queued.len(), 1);
+    assert!(queued[0].text.contains("agent:main:worker"));
+
+    // Nothing new: the next tick, 60 s later, records nothing.
+    let r = next_tick(&mut rx).await;
+    assert_eq!((r.tick, r.checked), (1, 1));
+    let r = next_tick(&mut rx).await;
+    assert_eq!(r.tick, 2);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(75),
+        "then every 60 s"
+    );
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        1
+    );
+
+    // A single turn: no payload.
+    t.human("one more thing");
+    let event = next(&mut rx, |d| match d {
+        Detection::HumanTurns { event, .. } => Some(event.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(event.payload, None);
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        2
+    );
+    let link = w.store.link(&session).await.unwrap().unwrap();
+    assert!(link.last_scanned_at.is_some());
+    task.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn own_prompts_runs_and_unwatched_links() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let unwatched = SessionRef::parse("agent:main:lonely", "main").unwrap();
+    w.awareness
+        .try_adopt(jsonl::adoption(unwatched.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    let prompts = Arc::new(RecentPrompts::new());
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w
+        .monitor()
+        .own_prompts(prompts.clone())
+        .run_activity(runs.clone())
+        .build();
+
+    // The gateway's own prompt echoes into the transcript: not a person.
+    prompts.record(&session, "Run the   test suite and report.");
+    t.human("Run the test suite\nand report.");
+    let r = monitor.tick().await;
+    assert_eq!((r.links, r.checked, r.unwatched), (2, 1, 1));
+    assert!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .is_empty()
+    );
+    assert!(
+        w.events(&unwatched, EventKind::HumanDirectMessage)
+            .await
+            .is_empty()
+    );
+    let lonely = w.store.link(&unwatched).await.unwrap().unwrap();
+    assert_eq!(
+        lonely.last_scanned_at, None,
+        "an unwatched link is not read"
+    );
+
+    // A run is active: the scan waits.
+    runs.started(&session);
+    t.human("typed during the run");
+    let mut rx = monitor.subscribe();
+    let r = monitor.tick().await;
+    assert_eq!(r.deferred, 1);
+    assert_eq!(
+        next(&mut rx, |d| match d {
+            Detection::Deferred { session } => Some(session.clone()),
+            _ => None,
+        })
+        .await,
+        session
+    );
+    assert!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .is_empty()
+    );
+    runs.finished(&session);
+    monitor.tick().await;
+    let events = w.events(&session, EventKind::HumanDirectMessage).await;
+    assert_eq!(events.len(), 1, "counted once the run ended");
+    assert_eq!(events[0].payload, None, "the echo did not count");
+}
+
+/// A provider that never answers.
+struct Hanging;
+
+#[async_trait]
+impl UpstreamProvider for Hanging {
+    fn kind(&self) -> &'static str {
+        "hanging"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        std::future::pending().await
+    }
+}
+
+/// A provider that always fails.
+struct Broken;
+
+#[async_trait]
+impl UpstreamProvider for Broken {
+    fn kind(&self) -> &'static str {
+        "broken"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        CheckOutcome::Failed("the node refused".into())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_or_failing_provider_never_stops_the_others() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let mut others = Vec::new();
+    for (key, kind) in [
+        ("agent:main:a-hang", "hanging"),
+        ("agent:main:b-broken", "broken"),
+    ] {
+        let r = SessionRef::parse(key, "main").unwrap();
+        w.awareness
+            .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", kind))
+            .await
+            .unwrap();
+        w.store
+            .watch(
+                &WatcherKey::parse("agent:main:main").unwrap(),
+                &r,
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        others.push(r);
+    }
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Hanging))
+        .provider(Arc::new(Broken))
+        .build();
+    let mut rx = monitor.subscribe();
+    let started = Instant::now();
+    let task = monitor.spawn();
+    t.human("are you still there?");
+
+    // One tick: every detection up to its end.
+    let mut human_at = None;
+    let mut failed = Vec::new();
+    let report = next(&mut rx, |d| match d {
+        Detection::HumanTurns { session: s, .. } => {
+            assert_eq!(s, &session);
+            human_at = Some(started.elapsed());
+            None
+        }
+        Detection::Failed { session, error } => {
+            failed.push((session.clone(), error.clone()));
+            None
+        }
+        Detection::TickDone(r) => Some(*r),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        human_at,
+        Some(Duration::from_secs(15)),
+        "recorded at once, not after the hanging check"
+    );
+    assert_eq!(report.checked, 3);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_mins(1), // 15 s to the tick, then the 45 s timeout
+        "the tick ends when the hanging check times out"
+    );
+    failed.sort();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert_eq!(failed[0].0, others[0]);
+    assert!(failed[0].1.contains("timed out"), "{}", failed[0].1);
+    assert_eq!(
+        failed[1],
+        (others[1].clone(), "the node refused".to_owned())
+    );
+
+    // The next tick comes on schedule, and the monitor still works.
+    t.human("hello?");
+    let n = next(&mut rx, |d| match d {
+        Detection::HumanTurns { session, .. } => Some(session.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(n, session);
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        2
+    );
+    task.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_agents_adopting_one_thread_are_each_recorded() {
+    let w = world();
+    let mut t = Transcript::new();
+    // Two agents' own sessions, and the same bare key under two agents (scope "global").
+    let a = w
+        .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let b = w
+        .adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    let ga = SessionRef::parse("global", "alpha").unwrap();
+    let gb = SessionRef::parse("global", "beta").unwrap();
+    for (r, watcher) in [(&ga, "agent:alpha:lead"), (&gb, "agent:beta:lead")] {
+        w.store
+            .upsert_link(
+                jsonl::adoption(r.clone(), &t.path, None).unwrap(),
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        w.store
+            .watch(&WatcherKey::parse(watcher).unwrap(), r, Timestamp::now())
+            .await
+            .unwrap();
+    }
+    let monitor = w.monitor().build();
+    t.human("a person typed this once");
+    let r = monitor.tick().await;
+    assert_eq!(r.checked, 4);
+    let mut sequences = Vec::new();
+    for session in [&a, &b, &ga, &gb] {
+        let events = w.events(session, EventKind::HumanDirectMessage).await;
+        assert_eq!(events.len(), 1, "{session}");
+        sequences.push(events[0].sequence);
+    }
+    sequences.sort();
+    sequences.dedup();
+    assert_eq!(
+        sequences.len(),
+        4,
+        "four events, none deduplicated into another"
+    );
+    for lead in ["agent:alpha:lead", "agent:beta:lead"] {
+        assert_eq!(
+            w.queue.peek(&SessionKey::new(lead).unwrap()).len(),
+            2,
+            "{lead}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
+    let w = world();
+    let t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    let task = monitor.spawn();
+    std::fs::remove_file(&t.path).unwrap();
+    let started = Instant::now();
+    for n in 1..=2 {
+        let c = next(&mut rx, |d| match d {
+            Detection::Missing { consecutive, .. } => Some(*consecutive),
+            _ => None,
+        })
+        .await;
+        assert_eq!(c, n);
+    }
+    let (event, removed) = next(&mut rx, |d| match d {
+        Detection::UpstreamMissing {
+            event,
+            link_removed,
+            ..
+        } => Some((event.clone(), *link_removed)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(started.elapsed(), Duration::from_secs(15 + 60 + 60));
+    assert!(removed);
+    assert_eq!(event.kind, EventKind::UpstreamMissing);
+    assert_eq!(event.summary, "upstream missing via claude-code");
+    assert_eq!(
+        event.payload.as_ref().unwrap()["channel"],
+        json!("claude-code")
+    );
+    assert!(
+        w.store.link(&session).await.unwrap().is_none(),
+        "the link is removed"
+    );
+    assert_eq!(
+        w.queue
+            .peek(&SessionKey::new("agent:main:main").unwrap())
+            .len(),
+        1
+    );
+    // The next tick has no link left; exactly one upstream_missing was recorded.
+    assert_eq!(
+        next_tick(&mut rx).await.links,
+        1,
+        "the tick that removed it"
+    );
+    assert_eq!(next_tick(&mut rx).await.links, 0);
+    task.stop().await;
+    assert_eq!(
+        w.events(&session, EventKind::UpstreamMissing).await.len(),
+        1
+    );
+
+    // Continuing the session from the catalog again creates a fresh link.
+    File::create(&t.path).unwrap();
+    let fresh = w
+        .awareness
+        .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    assert!(fresh.created);
+}
+
+/// Wraps the memory store's links: re-adopts the session from another thread in the middle of
+/// a check (through `on_check`), or fails the first marker moves.
+struct Flaky {
+    inner: Arc<MemoryStore>,
+    fail_moves: AtomicUsize,
+}
+
+#[async_trait]
+impl UpstreamStore for Flaky {
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        self.inner.upsert_link(spec, now).await
+    }
+    async fn link(&self, s: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        self.inner.link(s).await
+    }
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        self.inner.links().await
+    }
+    async fn set_marker(
+        &self,
+        s: &SessionRef,
+        expected: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        if self
+            .fail_moves
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(StoreError::backend("set_marker", "disk full"));
+        }
+        self.inner.set_marker(s, expected, marker, now).await
+    }
+    async fn mark_scanned(&self, s: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        self.inner.mark_scanned(s, now).await
+    }
+    async fn remove_link(&self, s: &SessionRef, e: Option<Timestamp>) -> Result<bool, StoreError> {
+        self.inner.remove_link(s, e).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let flaky = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(1),
+    });
+    let monitor = UpstreamMonitor::builder(w.awareness.clone(), flaky)
+        .provider(Arc::new(JsonlProvider::new()))
+        .config(MonitorConfig {
+            missing_checks: 3,
+            ..MonitorConfig::default()
+        })
+        .build();
+    let before = w.store.link(&session).await.unwrap().unwrap();
+    t.human("first");
+    t.human("second");
+
+    // The event is stored but the marker cannot move: the next tick reads the same burst and
+    // its dedupe key makes the second record a no-op.
+    let mut rx = monitor.subscribe();
+    monitor.tick().await;
+    let first = next(&mut rx, |d| match d {
+        Detection::HumanTurns {
+            event,
+            marker_advanced,
+            ..
+        } => Some((event.sequence, *marker_advanced)),
+        _ => None,
+    })
+    .await;
+    assert!(!first.1);
+    assert_eq!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        before.marker
+    );
+    monitor.tick().await;
+    let second = next(&mut rx, |d| match d {
+        Detection::HumanTurns {
+            event,
+            marker_advanced,
+            ..
+        } => Some((event.sequence, *marker_advanced)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        second,
+        (first.0, true),
+        "the same event, and now the marker moved"
+    );
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        1
+    );
+
+    // The session is adopted from another transcript while a check is in flight: the event
+    // is recorded, but the stale marker never overwrites the new link's.
+    let other = Transcript::new();
+    let swap = Arc::new(SwapDuringCheck {
+        store: w.store.clone(),
+        to: jsonl::adoption(session.clone(), &other.path, None).unwrap(),
+    });
+    let monitor = UpstreamMonitor::builder(w.awareness.clone(), w.store.clone())
+        .provider(swap)
+        .build();
+    let mut rx = monitor.subscribe();
+    t.human("third");
+    monitor.tick().await;
+    let advanced = next(&mut rx, |d| match d {
+        Detection::HumanTurns {
+            marker_advanced, ..
+        } => Some(*marker_advanced),
+        _ => None,
+    })
+    .await;
+    assert!(!advanced);
+    let link = w.store.link(&session).await.unwrap().unwrap();
+    assert_eq!(
+        jsonl::path_of(&link).unwrap(),
+        std::fs::canonicalize(&other.path).unwrap()
+    );
+    assert_eq!(
+        link.marker,
+        Some(jsonl::marker_at_end(&other.path).unwrap().to_value()),
+        "the new source keeps its own marker"
+    );
+}
+
+/// Reads with the JSONL provider, but re-adopts the session from another source first.
+struct SwapDuringCheck {
+    store: Arc<MemoryStore>,
+    to: LinkSpec,
+}
+
+#[async_trait]
+impl UpstreamProvider for SwapDuringCheck {
+    fn kind(&self) -> &str {
+        jsonl::LOCAL_JSONL
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        let out = JsonlProvider::new().check(link, own).await;
+        let moved = self
+            .store
+            .upsert_link(self.to.clone(), Timestamp::now())
+            .await
+            .unwrap();
+        assert!(moved.rebased);
+        out
+    }
+}
+
+#[tokio::test]
+async fn adopting_again_keeps_or_rebases_the_marker() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let first = w
+        .awareness
+        .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    t.human("typed after adoption");
+    // Adopting the same file again (its marker spec is now past the new line) keeps the old
+    // marker, so the line is still counted.
+    let again = w
+        .awareness
+        .adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    assert!(!again.created && !again.rebased);
+    assert_eq!(again.link.marker, first.link.marker);
+    assert_eq!(
+        w.events(&session, EventKind::Adopted).await.len(),
+        1,
+        "deduplicated"
+    );
+    // Another thread id for the same file is another source: rebased.
+    let moved = w
+        .awareness
+        .adopt(jsonl::adoption(session.clone(), &t.path, Some("renamed")).unwrap())
+        .await
+        .unwrap();
+    assert!(moved.rebased);
+    // Without an upstream store, adoption is refused (logged), not silently dropped.
+    let bare = Awareness::builder(
+        w.store.clone(),
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    assert!(
+        bare.try_adopt(jsonl::adoption(session, &t.path, None).unwrap())
+            .await
+            .is_err()
+    );
+}

@@ -846,7 +846,7 @@ impl Awareness {
         }
     }
 
-    /// Session deleted: its events, head and cursors go.
+    /// Session deleted: its events, head, upstream link and cursors go.
     pub async fn on_delete(&self, session: &SessionRef) {
         if let Err(e) = self.store.delete_session(session).await {
             warn!(session_key = %session.session_key, error = %e, "delete: state not removed");

@@ -678,6 +678,19 @@ async fn own_prompts_runs_and_unwatched_links() {
         lonely.last_scanned_at, None,
         "an unwatched link is not read"
     );
+    let read = w
+        .store
+        .link(&session)
+        .await
+        .unwrap()
+        .unwrap()
+        .marker
+        .unwrap();
+    assert_eq!(
+        JsonlMarker::from_value(&read).unwrap().position(),
+        std::fs::metadata(&t.path).unwrap().len(),
+        "the marker moves over rows that are not human turns"
+    );
 
     // A run is active: the scan waits.
     runs.started(&session);

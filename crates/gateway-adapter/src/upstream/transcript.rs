@@ -40,10 +40,10 @@ use serde::{Deserialize, Serialize};
 
 /// Normalized characters of a text kept for the prefix rules.
 pub const TEXT_PREFIX_CHARS: usize = 96;
-/// Characters kept of a short string field (`type`, `uuid`, `role`, ...).
-const SMALL_CHARS: usize = 64;
-/// Characters kept of an object key (longer keys are not among the ones read).
-const KEY_CHARS: usize = 40;
+/// Bytes kept of a short string field (`type`, `uuid`, `role`, ...).
+const SMALL_BYTES: usize = 64;
+/// Bytes kept of an object key (longer keys are not among the ones read).
+const KEY_BYTES: usize = 40;
 /// Nesting levels whose keys are tracked (the deepest field read is
 /// `message.content[i].text`).
 const PATH_DEPTH: usize = 4;
@@ -687,7 +687,8 @@ impl LineScanner {
 
     fn char_out(&mut self, c: char, key: bool) {
         if key {
-            if self.buf.chars().count() <= KEY_CHARS {
+            // One character past the limit marks a key too long to be one of ours.
+            if self.buf.len() <= KEY_BYTES {
                 self.buf.push(c);
             }
             return;
@@ -697,7 +698,7 @@ impl LineScanner {
             Sink::ContentText => self.facts.content.push(c),
             Sink::PromptText => self.facts.prompt.push(c),
             _ => {
-                if self.buf.chars().count() < SMALL_CHARS {
+                if self.buf.len() < SMALL_BYTES {
                     self.buf.push(c);
                 }
             }
@@ -707,7 +708,7 @@ impl LineScanner {
     fn end_string(&mut self, key: bool) {
         if key {
             if self.depth() <= PATH_DEPTH {
-                let k = if self.buf.chars().count() > KEY_CHARS {
+                let k = if self.buf.len() > KEY_BYTES {
                     Key::Other
                 } else {
                     Key::of(&self.buf)

@@ -98,12 +98,13 @@ impl Readers {
     }
 
     /// Copies the WAL back into the database file with PASSIVE checkpoints on a reader
-    /// connection: the bulk while recordings go on (repeated while a pass takes long, as frames
-    /// keep arriving meanwhile), then the few frames appended since while holding this
-    /// handle's write connection, so that the WAL is complete in the file and the next write
-    /// transaction starts the WAL file over instead of growing it.
+    /// connection, while writes go on. When a pass finds little left to copy, one last pass
+    /// runs while holding this handle's write connection, so that the WAL is complete in the
+    /// file and the next write transaction starts the WAL file over instead of growing it. When
+    /// writes keep the passes long (a pruning pass), the rest is left to the next round: the
+    /// write connection is never held for a long copy.
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&Mutex<Writer>>) {
-        const QUICK: std::time::Duration = std::time::Duration::from_millis(2);
+        const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
         let mut conn = self.get().await;
         let mut pass = async || {
             let result = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
@@ -125,12 +126,12 @@ impl Readers {
                 return;
             }
             if started.elapsed() < QUICK {
-                break;
+                if let Some(w) = writer {
+                    let _quiet = w.lock().await;
+                    pass().await;
+                }
+                return;
             }
-        }
-        if let Some(w) = writer {
-            let _quiet = w.lock().await;
-            pass().await;
         }
     }
 }

@@ -46,8 +46,9 @@
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **WAL checkpoints run in the background** on a reader connection every 256 write
-//!   transactions (the bulk while recordings go on, the short tail under the write lock so the
-//!   WAL file starts over); the writer's own autocheckpoint (8,000 pages) is only a safety net.
+//!   transactions, while recordings go on; only a short last pass, when little is left, holds
+//!   the write connection so the WAL file starts over. The writer's own autocheckpoint
+//!   (40,000 pages) is only a safety net.
 //!
 //! ## Decisions
 //!
@@ -117,8 +118,8 @@ use crate::decode::int;
 use crate::open::{Companions, init_writer, prepare_file, remove_created};
 
 /// Write transactions between two background checkpoints (a recording appends about eight
-/// WAL frames, so about 2,000 frames or 8 MiB of WAL; the writer's own autocheckpoint at 8,000
-/// pages is only a safety net for when no tokio runtime runs the background checkpoint).
+/// WAL frames, so about 2,000 frames or 8 MiB of WAL; the writer's own autocheckpoint at
+/// 40,000 pages is only a safety net).
 const CHECKPOINT_EVERY: u32 = 256;
 
 /// Most rows one pruning write transaction deletes. A deleted event row touches the table and

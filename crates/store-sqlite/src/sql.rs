@@ -72,11 +72,11 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET
   last_sequence = excluded.last_sequence, updated_at = excluded.updated_at"
 );
 
-/// Set on the write connection: WAL (persistent in the file) and, as a safety net only, a
-/// large autocheckpoint interval (the store checkpoints in the background, off the recording
-/// path; see `SqliteStore::count_write`).
-pub(crate) const WRITER_PRAGMAS: &str =
-    "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 8000";
+/// Set on the write connection: WAL (persistent in the file); as a safety net only, a large
+/// autocheckpoint interval (the store checkpoints in the background, off the recording path;
+/// see `SqliteStore::count_write`); and a 64 MiB bound on the WAL file kept after a restart.
+pub(crate) const WRITER_PRAGMAS: &str = "PRAGMA journal_mode = WAL; \
+     PRAGMA wal_autocheckpoint = 40000; PRAGMA journal_size_limit = 67108864";
 
 /// Record in one batch, for an event whose cursor effects are none when its target has no
 /// cursor (binds as [`RECORD_BEGIN`]). The insert only happens when the target key has no

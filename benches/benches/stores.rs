@@ -2,6 +2,9 @@
 //!
 //! Run: `cargo bench -p awareness-benches --bench stores`.
 
+// Criterion's idiom: `c` the criterion, `g` a group, `b` a backend, `bench` the bencher.
+#![allow(clippy::many_single_char_names)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use awareness_benches::{
@@ -9,7 +12,7 @@ use awareness_benches::{
     load_dataset, open_backends, poll_ready, runtime,
 };
 use awareness_core::{AwarenessStore, Sequence};
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
 
 /// Runs one store call: memory is polled directly, durable stores on the runtime.
@@ -35,22 +38,30 @@ fn record(c: &mut Criterion) {
     let mut g = c.benchmark_group("record");
     for b in &backends {
         let store: &dyn AwarenessStore = &*b.store;
+        // Events are built outside the measurement: the bench measures the store.
+        let fresh: Vec<_> = (0..DATASET_SESSIONS)
+            .map(|i| dataset_session(DATASET_SESSIONS + i))
+            .collect();
         let i = AtomicUsize::new(0);
         g.bench_function(BenchmarkId::new("no_watchers", b.name), |bench| {
-            bench.iter(|| {
-                let n = i.fetch_add(1, Ordering::Relaxed);
-                let s = dataset_session(DATASET_SESSIONS + n % DATASET_SESSIONS);
-                run(&rt, b, store.record(human(&s), T0)).expect("record")
-            });
+            bench.iter_batched(
+                || human(&fresh[i.fetch_add(1, Ordering::Relaxed) % fresh.len()]),
+                |e| run(&rt, b, store.record(e, T0)).expect("record"),
+                BatchSize::SmallInput,
+            );
         });
         let target = dataset_session(7);
         rt.block_on(add_watchers(store, &target, 10));
         g.bench_function(BenchmarkId::new("10_watchers", b.name), |bench| {
-            bench.iter(|| {
-                let got = run(&rt, b, store.record(human(&target), T0)).expect("record");
-                assert_eq!(got.notices.len(), 10);
-                got
-            });
+            bench.iter_batched(
+                || human(&target),
+                |e| {
+                    let got = run(&rt, b, store.record(e, T0)).expect("record");
+                    assert_eq!(got.notices.len(), 10);
+                    got
+                },
+                BatchSize::SmallInput,
+            );
         });
     }
     g.finish();
@@ -81,23 +92,6 @@ fn reconcile(c: &mut Criterion) {
         }
     }
     g.finish();
-}
-
-/// Rows above the data set that one pruning pass removes (60,000 down to 50,000).
-const PRUNE_EXCESS: usize = 10_000;
-
-/// Latencies of `n` recordings on fresh sessions.
-async fn record_latencies(store: &dyn AwarenessStore, n: usize) -> Vec<std::time::Duration> {
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let e = human(&dataset_session(
-            2 * DATASET_SESSIONS + i % DATASET_SESSIONS,
-        ));
-        let t = std::time::Instant::now();
-        store.record(e, T0).await.expect("record");
-        out.push(t.elapsed());
-    }
-    out
 }
 
 /// The floor of `record` on redb: a bare one-key insert per write transaction on a separate
@@ -145,6 +139,23 @@ fn floor(c: &mut Criterion) {
         );
     }
     g.finish();
+}
+
+/// Rows above the data set that one pruning pass removes (60,000 down to 50,000).
+const PRUNE_EXCESS: usize = 10_000;
+
+/// Latencies of `n` recordings on fresh sessions.
+async fn record_latencies(store: &dyn AwarenessStore, n: usize) -> Vec<std::time::Duration> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let e = human(&dataset_session(
+            2 * DATASET_SESSIONS + i % DATASET_SESSIONS,
+        ));
+        let t = std::time::Instant::now();
+        store.record(e, T0).await.expect("record");
+        out.push(t.elapsed());
+    }
+    out
 }
 
 fn p99(mut v: Vec<std::time::Duration>) -> Option<std::time::Duration> {

@@ -60,7 +60,11 @@
 //! | `reconcile/5` | 51 µs | 49 µs |
 //!
 //! In the same run SQLite (WAL, `synchronous=NORMAL`, which does not fsync each commit) took
-//! 279 µs to record and 1.0 ms for `reconcile/200`. The trade-off: with Immediate one fsync
+//! 279 µs to record and 1.0 ms for `reconcile/200`. A second run, 20 minutes later, gave
+//! floors of 0.53 ms and 29 µs, `record/no_watchers` 2.88 ms and 189 µs, `reconcile/200`
+//! 310 µs and 203 µs (SQLite 687 µs): on this shared disk fsync latency moves several-fold
+//! within minutes, so the Immediate ratio to its floor is only meaningful measured on a quiet
+//! machine. The trade-off: with Immediate one fsync
 //! dominates every commit and nothing is ever lost; the bounded mode records 7 to 10 times
 //! faster and loses at most the last interval on a crash (the crash test kills it 30 times and
 //! checks exactly that). A bounded record costs 5.8x the bare insert, 3x the bare insert

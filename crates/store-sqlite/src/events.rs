@@ -238,7 +238,7 @@ impl EventStore for SqliteStore {
         })
     }
 
-    /// Deletes up to `max_rows` rows in write transactions of at most [`PRUNE_TX_ROWS`] rows
+    /// Deletes up to `max_rows` rows in write transactions of at most 250 rows
     /// each, releasing the write connection between them: a recording waits behind one such
     /// transaction (a few milliseconds), not behind the whole chunk. Each transaction stamps
     /// the watermarks of what it deletes before deleting it, so every commit point keeps the

@@ -40,8 +40,18 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// Every backend this workspace has, empty, in report order.
+/// Every backend this workspace has, empty, in report order; `AWARENESS_BENCH_BACKENDS`
+/// (a comma-separated list such as `memory,sqlite`) keeps only the named ones.
 pub async fn open_backends() -> Vec<Backend> {
+    let wanted = std::env::var("AWARENESS_BENCH_BACKENDS").ok();
+    let mut backends = open_all().await;
+    if let Some(list) = wanted {
+        backends.retain(|b| list.split(',').any(|n| n.trim() == b.name));
+    }
+    backends
+}
+
+async fn open_all() -> Vec<Backend> {
     let mut backends = vec![Backend {
         name: "memory",
         store: Arc::new(store_memory::MemoryStore::new()),

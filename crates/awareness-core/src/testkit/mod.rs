@@ -4,7 +4,7 @@
 //! A backend provides an async factory that returns a fresh, empty [`Subject`] and stamps the
 //! tests with two macros:
 //!
-//! ```ignore
+//! ```text
 //! async fn subject() -> awareness_core::testkit::Subject { /* a fresh store */ }
 //! awareness_core::conformance_suite!(subject);
 //! awareness_core::model_test!(subject);

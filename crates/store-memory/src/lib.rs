@@ -49,15 +49,50 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
 }
 
+/// FxHash (the rustc hasher): several times cheaper than SipHash on short keys. The keys are
+/// session keys of one gateway, not attacker-chosen bulk input, and the map sizes are bounded by
+/// retention, so collision flooding is not a concern for this in-process store.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(i)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
+type FastMap<K, V> = HashMap<K, V, FxBuild>;
+
 #[derive(Debug, Default)]
 struct Inner {
     last_sequence: u64,
     events: BTreeMap<Sequence, Arc<Event>>,
     /// Per ref: its head and its retained events (one hash lookup per record).
-    sessions: HashMap<SessionRef, RefState>,
-    dedupe: HashMap<String, Sequence>,
+    sessions: FastMap<SessionRef, RefState>,
+    dedupe: FastMap<String, Sequence>,
     cursors: BTreeMap<CursorKey, Cursor>,
-    by_target: HashMap<SessionKey, BTreeSet<WatcherKey>>,
+    by_target: FastMap<SessionKey, BTreeSet<WatcherKey>>,
     /// Upstream links of adopted sessions, by ref (see `upstream.rs`).
     links: BTreeMap<SessionRef, awareness_core::UpstreamLink>,
 }

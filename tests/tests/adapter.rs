@@ -90,6 +90,15 @@ impl Gateway {
         }
     }
 
+    /// The manager spawns the child: a directory entry and the seeding `child_spawned`.
+    async fn spawn_child(&self) {
+        self.spawn_entry(CHILD, MANAGER);
+        self.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .expect("spawned");
+    }
+
     async fn human(&self, session: &str) -> Option<Arc<Event>> {
         let mut m = HumanMessage::new(k(session));
         m.channel = Some("telegram".into());
@@ -121,11 +130,7 @@ async fn reopen(b: &Backend) -> Arc<dyn AwarenessStore> {
 async fn manager_gets_one_notice_for_twenty_human_messages_and_reconciles_them() {
     for b in backends().await {
         let gw = Gateway::new(Arc::clone(&b.store));
-        gw.spawn_entry(CHILD, MANAGER);
-        gw.svc
-            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-            .await
-            .expect("spawned");
+        gw.spawn_child().await;
         let mut sequences = Vec::new();
         for _ in 0..20 {
             sequences.push(gw.human(CHILD).await.expect("recorded").sequence);
@@ -169,10 +174,7 @@ async fn manager_gets_one_notice_for_twenty_human_messages_and_reconciles_them()
 async fn event_between_enqueue_and_drain_reopens_exactly_one_follow_up() {
     for b in backends().await {
         let gw = Gateway::new(Arc::clone(&b.store));
-        gw.spawn_entry(CHILD, MANAGER);
-        gw.svc
-            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-            .await;
+        gw.spawn_child().await;
         let first = gw.human(CHILD).await.unwrap().sequence; // notice queued: changesSince 1
         let queued = gw.queue.peek(&k(MANAGER));
         let later = gw.human(CHILD).await.unwrap().sequence; // arrives before the drain
@@ -248,10 +250,7 @@ async fn restart_brings_the_pending_notice_back() {
             dir.clone(),
             clock.clone(),
         );
-        gw.spawn_entry(CHILD, MANAGER);
-        gw.svc
-            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-            .await;
+        gw.spawn_child().await;
         gw.human(CHILD).await;
         gw.human(CHILD).await;
         let before = gw.queue.peek(&k(MANAGER));
@@ -283,10 +282,7 @@ async fn restart_brings_the_pending_notice_back() {
 async fn a_notice_lost_from_the_queue_reappears_on_the_next_turn() {
     for b in backends().await {
         let gw = Gateway::new(Arc::clone(&b.store));
-        gw.spawn_entry(CHILD, MANAGER);
-        gw.svc
-            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-            .await;
+        gw.spawn_child().await;
         gw.human(CHILD).await;
         let lost = gw.queue.drain(&k(MANAGER)); // something else emptied the queue
         assert_eq!(lost.len(), 1);
@@ -374,10 +370,7 @@ async fn explicit_watch_through_sessions_send_on_a_peer() {
 async fn goal_change_by_the_watcher_itself_gives_no_notice() {
     for b in backends().await {
         let gw = Gateway::new(Arc::clone(&b.store));
-        gw.spawn_entry(CHILD, MANAGER);
-        gw.svc
-            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-            .await;
+        gw.spawn_child().await;
         let ev = gw
             .svc
             .goal_changed(

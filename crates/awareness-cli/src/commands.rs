@@ -655,7 +655,7 @@ async fn doctor(
     }
     for c in &cursors {
         let name = format!("cursor {} -> {} ({})", c.watcher, c.target, c.target_agent);
-        if !(c.last_seen <= c.notified && c.notified <= c.material) {
+        if !c.is_well_formed() {
             problems.push(format!(
                 "{name} is torn: last_seen {} notified {} material {}",
                 c.last_seen, c.notified, c.material

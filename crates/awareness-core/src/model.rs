@@ -651,6 +651,19 @@ impl Cursor {
         }
     }
 
+    /// The protocol's invariant `last_seen <= notified <= material`; a cursor that breaks it is
+    /// torn (a crash test or `doctor` reports it).
+    pub fn is_well_formed(&self) -> bool {
+        self.last_seen <= self.notified && self.notified <= self.material
+    }
+
+    /// Whether deleting `session` removes this cursor (DESIGN.md section 6): the deleted session is
+    /// its watcher, or its target of that agent. Another agent's same-named target stays.
+    pub fn removed_by_delete(&self, session: &SessionRef) -> bool {
+        self.watcher.session_key() == &session.session_key
+            || (self.target == session.session_key && self.target_agent == session.agent_id)
+    }
+
     /// A notice is pending when something material happened after `last_seen`.
     pub fn is_pending(&self) -> bool {
         self.material > self.last_seen
@@ -777,6 +790,33 @@ mod tests {
             json,
             r#"{"sequence":2,"sessionKey":"agent:main:subagent:c1","agentId":"main","kind":"human_direct_message","actorType":"human","actorId":"user-1","occurredAt":1800000000000,"summary":"human message via telegram"}"#
         );
+    }
+
+    #[test]
+    fn delete_and_well_formed_predicates() {
+        let w = WatcherKey::parse("agent:ops:main").unwrap();
+        let c = Cursor::at(
+            w,
+            SessionRef::parse("global", "main").unwrap(),
+            Sequence(3),
+            Timestamp(0),
+        );
+        assert!(c.is_well_formed());
+        assert!(c.removed_by_delete(&SessionRef::parse("global", "main").unwrap()));
+        assert!(
+            !c.removed_by_delete(&SessionRef::parse("global", "ops").unwrap()),
+            "another agent's global"
+        );
+        assert!(
+            c.removed_by_delete(&SessionRef::parse("agent:ops:main", "ops").unwrap()),
+            "its watcher"
+        );
+        let mut torn = c.clone();
+        torn.notified = Sequence(9);
+        assert!(!torn.is_well_formed(), "notified above material");
+        torn.material = Sequence(9);
+        torn.last_seen = Sequence(10);
+        assert!(!torn.is_well_formed(), "last_seen above notified");
     }
 
     #[test]

@@ -353,10 +353,7 @@ impl EventStore for MemoryStore {
         let doomed: Vec<CursorKey> = g
             .cursors
             .values()
-            .filter(|c| {
-                c.watcher.session_key() == &session.session_key
-                    || (c.target == session.session_key && c.target_agent == session.agent_id)
-            })
+            .filter(|c| c.removed_by_delete(session))
             .map(Cursor::key)
             .collect();
         for k in &doomed {

@@ -478,7 +478,7 @@ fn delete_session_tx(txn: &WriteTransaction, session: &SessionRef) -> Result<boo
         wrote |= cur.remove(key, &t)?;
     }
     for c in cur.on_target(key)? {
-        if c.target_agent == session.agent_id {
+        if c.removed_by_delete(session) {
             wrote |= cur.remove(c.watcher.as_str(), key)?;
         }
     }

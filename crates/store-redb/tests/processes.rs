@@ -320,7 +320,7 @@ async fn verify(path: &Path, must_have: &BTreeMap<u64, usize>, round: usize) -> 
                 "round {round}: torn cursor on target {i}: {c:?}"
             );
             assert!(
-                c.last_seen <= c.notified && c.notified <= c.material,
+                c.is_well_formed(),
                 "round {round}: torn cursor on target {i}: {c:?}"
             );
             for s in [c.last_seen, c.notified] {

@@ -443,10 +443,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 let r = session(*si);
                 model.events.retain(|e| e.session_ref() != r);
                 model.heads.remove(&r);
-                model.cursors.retain(|_, c| {
-                    c.watcher.session_key() != &r.session_key
-                        && !(c.target == r.session_key && c.target_agent == r.agent_id)
-                });
+                model.cursors.retain(|_, c| !c.removed_by_delete(&r));
                 store
                     .delete_session(&r)
                     .await
@@ -485,6 +482,11 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
             .cursors(&CursorFilter::default())
             .await
             .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+        prop_assert!(
+            cursors.iter().all(Cursor::is_well_formed),
+            "a torn cursor after {}",
+            ctx
+        );
         prop_assert_eq!(
             cursors,
             model.cursors.values().cloned().collect::<Vec<_>>(),

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
-    FullStore, Head, NewEvent, Notice, PruneStep, RetentionPolicy, Sequence, SessionKey,
-    SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
+    FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey, SessionRef,
+    StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
 };
 use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_full_store_with};
 use serde_json::{Value, json};
@@ -505,28 +505,23 @@ async fn prune(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let policy = RetentionPolicy::default();
-    let [
-        PruneStep::Age { cutoff },
-        PruneStep::RowCap { max_rows },
-        PruneStep::Cursors {
-            cutoff: idle_cutoff,
-        },
-    ] = policy.steps(now)
-    else {
-        return Err(CliError::failure("unexpected retention plan"));
-    };
     let events = all_events(store).await?;
-    let by_age = events.iter().filter(|e| e.occurred_at < cutoff).count() as u64;
-    let by_cap =
-        retention::row_cap_victims(events.len() as u64 - by_age, max_rows, usize::MAX) as u64;
     let cursors = store
         .cursors(&CursorFilter::default())
         .await
         .map_err(|e| store_err("read cursors", &e))?;
-    let idle_cursors = cursors
-        .iter()
-        .filter(|c| c.updated_at < idle_cutoff)
-        .count() as u64;
+    let would = retention::preview(
+        &policy,
+        now,
+        events.iter().map(|e| e.occurred_at),
+        cursors.iter().map(|c| c.updated_at),
+    );
+    let (by_age, by_cap, idle_cursors) = (would.events_by_age, would.events_by_cap, would.cursors);
+    let (cutoff, idle_cutoff, max_rows) = (
+        now.minus_ms(policy.max_age_ms),
+        now.minus_ms(policy.cursor_idle_ms),
+        policy.max_rows,
+    );
     let plan = json!({"eventsByAge": by_age, "eventsByCap": by_cap, "cursors": idle_cursors});
     if dry_run {
         return if as_json {

@@ -96,6 +96,34 @@ pub fn stamp(head: &Head, pruned: Sequence) -> Head {
     h
 }
 
+/// What a pruning pass at `now` would delete, from the retained events' `occurredAt` and the
+/// cursors' `updated_at`, without deleting anything (an operator's dry run). The counts equal the
+/// [`PruneReport`] of the pass (chunks aside).
+pub fn preview(
+    policy: &RetentionPolicy,
+    now: Timestamp,
+    event_times: impl IntoIterator<Item = Timestamp>,
+    cursor_times: impl IntoIterator<Item = Timestamp>,
+) -> PruneReport {
+    let mut report = PruneReport::default();
+    let [age, cap, idle] = policy.steps(now);
+    let (mut rows, mut old) = (0u64, 0u64);
+    if let PruneStep::Age { cutoff } = age {
+        for t in event_times {
+            rows += 1;
+            old += u64::from(t < cutoff);
+        }
+    }
+    report.events_by_age = old;
+    if let PruneStep::RowCap { max_rows } = cap {
+        report.events_by_cap = (rows - old).saturating_sub(max_rows);
+    }
+    if let PruneStep::Cursors { cutoff } = idle {
+        report.cursors = cursor_times.into_iter().filter(|t| *t < cutoff).count() as u64;
+    }
+    report
+}
+
 /// What one pruning pass deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -139,6 +167,27 @@ mod tests {
         assert_eq!(row_cap_victims(60_000, 50_000, 2_000), 2_000);
         assert_eq!(row_cap_victims(50_500, 50_000, 2_000), 500);
         assert_eq!(row_cap_victims(10, 50_000, 2_000), 0);
+    }
+
+    #[test]
+    fn preview_counts_what_a_pass_deletes() {
+        let p = RetentionPolicy {
+            max_rows: 3,
+            ..RetentionPolicy::default()
+        };
+        let now = Timestamp(40 * Timestamp::DAY_MS);
+        let old = Timestamp(5 * Timestamp::DAY_MS);
+        let fresh = Timestamp(39 * Timestamp::DAY_MS);
+        let r = preview(
+            &p,
+            now,
+            [old, old, fresh, fresh, fresh, fresh, fresh],
+            [old, fresh],
+        );
+        assert_eq!(
+            (r.events_by_age, r.events_by_cap, r.cursors, r.chunks),
+            (2, 2, 1, 0)
+        );
     }
 
     #[test]

@@ -62,6 +62,38 @@ impl StoreError {
         matches!(self, StoreError::Busy { .. })
     }
 
+    /// The same failure for another caller whose work was in the same write transaction (a
+    /// group commit): same variant and context, so [`is_retryable`](Self::is_retryable)
+    /// answers alike; the source is kept as its text, since a source error cannot be cloned.
+    #[must_use]
+    pub fn for_another_caller(&self) -> StoreError {
+        let text = |e: &BoxError| -> BoxError { e.to_string().into() };
+        match self {
+            StoreError::InvalidInput(v) => StoreError::InvalidInput(v.clone()),
+            StoreError::Busy { context, source } => StoreError::Busy {
+                context: context.clone(),
+                source: text(source),
+            },
+            StoreError::Open {
+                path,
+                reason,
+                source,
+            } => StoreError::Open {
+                path: path.clone(),
+                reason: reason.clone(),
+                source: source.as_ref().map(text),
+            },
+            StoreError::Corrupt { context, source } => StoreError::Corrupt {
+                context: context.clone(),
+                source: source.as_ref().map(text),
+            },
+            StoreError::Backend { context, source } => StoreError::Backend {
+                context: context.clone(),
+                source: text(source),
+            },
+        }
+    }
+
     /// A [`StoreError::Corrupt`] without a source.
     pub fn corrupt(context: impl Into<String>) -> Self {
         StoreError::Corrupt {
@@ -96,6 +128,28 @@ mod tests {
         assert_eq!(
             invalid.to_string(),
             "invalid input: summary must not be blank"
+        );
+    }
+
+    #[test]
+    fn a_copy_for_another_caller_keeps_variant_context_and_source_text() {
+        let busy = StoreError::Busy {
+            context: "record".into(),
+            source: "database is locked".into(),
+        };
+        let copy = busy.for_another_caller();
+        assert!(copy.is_retryable());
+        assert_eq!(copy.to_string(), busy.to_string());
+        let source = std::error::Error::source(&copy).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("database is locked"));
+        let corrupt = StoreError::corrupt("torn row").for_another_caller();
+        assert!(
+            matches!(corrupt, StoreError::Corrupt { ref context, source: None } if context == "torn row")
+        );
+        let invalid: StoreError = ValidationError::SummaryBlank.into();
+        assert_eq!(
+            invalid.for_another_caller().to_string(),
+            invalid.to_string()
         );
     }
 }

@@ -571,6 +571,117 @@ pub async fn every_material_event_hands_the_notice_to_delivery(t: &Subject) {
     }
 }
 
+/// Many callers recording at once (which a durable store may group into one write transaction)
+/// each get their own event back, with the per-event protocol unchanged: distinct sequences,
+/// one spent per call (hits included), one winner per dedupe key, heads at each ref's highest
+/// sequence, every material event handing the notices over, the watermark frozen at the first.
+pub async fn concurrent_records_each_get_their_own_event(t: &Subject) {
+    const CALLS: usize = 24;
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    let mine = |i: usize| -> NewEvent {
+        let mut e = match i % 3 {
+            0 => human(&child()),
+            1 => human(&r(&format!("agent:main:subagent:solo{i}"), "main")),
+            _ => human(&child()).with_dedupe_key(format!("dk-{}", i % 2)),
+        };
+        e.summary = format!("message {i}");
+        e
+    };
+    let tasks: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let store = std::sync::Arc::clone(&t.store);
+            let e = mine(i);
+            tokio::spawn(async move { store.record(e, T0).await })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        got.push((i, task.await.expect("join").expect("record")));
+    }
+    let mut winners: std::collections::BTreeMap<String, std::sync::Arc<crate::Event>> =
+        std::collections::BTreeMap::new();
+    let mut child_seqs = Vec::new();
+    let mut stored = std::collections::BTreeSet::new();
+    for (i, rec) in &got {
+        let own = mine(*i);
+        if rec.deduplicated {
+            assert!(rec.notices.is_empty(), "a hit notifies nobody");
+            continue;
+        }
+        assert_eq!(rec.event.summary, own.summary, "call {i} got its own event");
+        assert_eq!(
+            (&rec.event.session_key, &rec.event.agent_id),
+            (&own.session.session_key, &own.session.agent_id),
+            "call {i} got its own session"
+        );
+        assert!(
+            stored.insert(rec.event.sequence.get()),
+            "sequences are distinct"
+        );
+        if let Some(key) = &own.dedupe_key {
+            assert!(
+                winners.insert(key.clone(), rec.event.clone()).is_none(),
+                "one winner per dedupe key"
+            );
+        }
+        if own.session == child() {
+            child_seqs.push(rec.event.sequence.get());
+            let mut who: Vec<_> = rec.notices.iter().map(|n| n.watcher.as_str()).collect();
+            who.sort_unstable();
+            assert_eq!(
+                who,
+                [MANAGER, PEER],
+                "call {i}: both watchers are handed the notice"
+            );
+            assert!(rec.notices.iter().all(|n| n.last_seen == Sequence(0)));
+        } else {
+            assert!(
+                rec.notices.is_empty(),
+                "an unwatched session notifies nobody"
+            );
+            assert_eq!(version(s, &own.session).await, rec.event.sequence.get());
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        2,
+        "each of the two dedupe keys was stored once"
+    );
+    for (i, rec) in got.iter().filter(|(_, r)| r.deduplicated) {
+        let key = mine(*i).dedupe_key.expect("only keyed calls can hit");
+        assert_eq!(
+            rec.event, winners[&key],
+            "call {i}: a hit returns the stored event"
+        );
+    }
+    let next = rec(s, log_only(&child(), "after"), T0).await;
+    assert_eq!(
+        next.event.sequence.get(),
+        CALLS as u64 + 1,
+        "every call spent exactly one sequence, hits included"
+    );
+    let logged: std::collections::BTreeSet<u64> = s
+        .events_after(Sequence(0), 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.sequence.get())
+        .filter(|q| *q <= CALLS as u64)
+        .collect();
+    assert_eq!(logged, stored, "exactly the stored events are in the log");
+    let (first, last) = (child_seqs.iter().min(), child_seqs.iter().max());
+    let (first, last) = (*first.unwrap(), *last.unwrap());
+    for watcher in [MANAGER, PEER] {
+        assert_eq!(
+            cursor3(s, watcher, CHILD).await,
+            Some((0, first, last)),
+            "{watcher}: frozen at the first material event, material at the last"
+        );
+    }
+}
+
 pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

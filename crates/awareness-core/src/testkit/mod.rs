@@ -105,6 +105,7 @@ macro_rules! conformance_suite {
             twenty_material_events_one_byte_identical_notice,
             frozen_watermark_stays_at_first_unseen_event,
             every_material_event_hands_the_notice_to_delivery,
+            concurrent_records_each_get_their_own_event,
             acknowledge_with_interleaved_event_reopens_exactly_one,
             acknowledge_without_pending_changes_nothing,
             acknowledge_ignores_unknown_targets,

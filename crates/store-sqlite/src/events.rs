@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use awareness_core::reconcile::ChangesPage;
 use awareness_core::{
@@ -13,6 +14,7 @@ use sqlx::sqlite::SqliteRow;
 
 use crate::conn::{Query, batch, batch_one, get, persist_cursors};
 use crate::decode::{self, int, limit};
+use crate::group::{self, Job};
 use crate::{PRUNE_TX_ROWS, PRUNE_WEIGHT, SqliteStore, sql};
 
 /// The record batches' binds (see [`sql::RECORD_BEGIN`]).
@@ -129,40 +131,121 @@ async fn record_two_batches(
     ))
 }
 
+/// The answer a queued recording got from the writer that recorded it.
+fn answered(
+    got: Result<Result<Recorded, StoreError>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<Recorded, StoreError> {
+    got.unwrap_or_else(|_| {
+        Err(StoreError::backend(
+            "record an event",
+            "the group commit holding this event stopped before answering (its runtime shut down)",
+        ))
+    })
+}
+
+impl SqliteStore {
+    /// Records one event inside the begun write operation on `conn`: one batch when core says
+    /// the event moves no cursor on an unwatched target and the target is not known to be
+    /// watched; two batches otherwise.
+    async fn record_alone(
+        &self,
+        conn: &mut SqliteConnection,
+        event: awareness_core::Event,
+        payload: Option<String>,
+        named: &[WatcherKey],
+        now: Timestamp,
+    ) -> Result<Recorded, StoreError> {
+        let one_batch = protocol::on_event(&event, named, &[], now)
+            .upserts
+            .is_empty()
+            && !self.hints.is_watched(&event.session_key);
+        let key = event.session_key.clone();
+        let event = if one_batch {
+            match record_fast(conn, event, payload.as_deref(), now).await? {
+                Fast::Done(rec) => return Ok(rec),
+                Fast::Watched(event) => event,
+            }
+        } else {
+            event
+        };
+        let (rec, watched) =
+            record_two_batches(conn, event, payload.as_deref(), named, now).await?;
+        if let Some(watched) = watched {
+            self.hints.set_watched(&key, watched);
+        }
+        Ok(rec)
+    }
+}
+
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        const WHAT: &str = "record an event";
         event.validate()?;
         let named = std::mem::take(&mut event.watchers);
         // Core builds the stored event (it clamps occurredAt); the sequence comes from SQLite.
         let event = event.into_event(Sequence::ZERO, now);
         let payload = event.payload.as_ref().map(decode::to_json);
-        // One batch when core says the event moves no cursor on an unwatched target and the
-        // target is not known to be watched; two batches otherwise.
-        let one_batch = protocol::on_event(&event, &named, &[], now)
-            .upserts
-            .is_empty()
-            && !self.hints.is_watched(&event.session_key);
-        let key = event.session_key.clone();
-        let mut w = self.writer("record an event").await?;
-        let res = async {
-            let event = if one_batch {
-                match record_fast(&mut w.conn, event, payload.as_deref(), now).await? {
-                    Fast::Done(rec) => return Ok(rec),
-                    Fast::Watched(event) => event,
-                }
-            } else {
-                event
-            };
-            let (rec, watched) =
-                record_two_batches(&mut w.conn, event, payload.as_deref(), &named, now).await?;
-            if let Some(watched) = watched {
-                self.hints.set_watched(&key, watched);
-            }
-            Ok(rec)
+        let writer = self.write_connection(WHAT)?;
+        if self.group_commit <= 1 {
+            let mut w = self.writer(WHAT).await?;
+            let res = self
+                .record_alone(&mut w.conn, event, payload, &named, now)
+                .await;
+            return w.finish(res).await;
         }
-        .await;
-        w.finish(res).await
+        // Group commit: queue the event, then either another writer records it with its batch
+        // (the reply comes first), or this caller gets the write connection and records what
+        // the queue holds.
+        let id = self.next_job.fetch_add(1, Ordering::Relaxed);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        self.queue.push(Job {
+            id,
+            event,
+            payload,
+            named,
+            now,
+            reply,
+        });
+        let mut w = tokio::select! {
+            biased;
+            got = &mut answer => return answered(got),
+            w = Arc::clone(writer).lock_owned() => w,
+        };
+        let mut jobs = self.queue.take(self.group_commit);
+        if jobs.is_empty() {
+            // An earlier writer took this job; it answers before it lets go of the connection.
+            drop(w);
+            return answered(answer.await);
+        }
+        self.begin_write(&mut w).await;
+        if jobs.len() == 1 && jobs[0].id == id {
+            // Alone: record as without group commit (a cancellation cancels only this call).
+            let Some(Job {
+                event,
+                payload,
+                named,
+                now,
+                ..
+            }) = jobs.pop()
+            else {
+                unreachable!("one job was taken")
+            };
+            let res = self
+                .record_alone(&mut w.conn, event, payload, &named, now)
+                .await;
+            return w.finish(res).await;
+        }
+        // A batch holding other callers' events runs on its own task, so that cancelling this
+        // call cancels nobody's commit.
+        let hints = Arc::clone(&self.hints);
+        tokio::spawn(async move {
+            let res = group::record_batch(&mut w.conn, jobs, &hints).await;
+            if let Err(e) = w.finish(res).await {
+                tracing::warn!(error = %e, "a group commit failed; every caller in it got the error");
+            }
+        });
+        answered(answer.await)
     }
 
     async fn changes_since(

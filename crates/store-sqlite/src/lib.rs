@@ -43,6 +43,12 @@
 //!   is guarded by "the target has no cursor" under the write lock, and only when the guard
 //!   finds one (nothing written, no sequence spent) does it take the two-batch path. An
 //!   in-memory hint of watched targets sends those straight to two batches;
+//! - **group commit**: recordings that arrive while the write connection is busy queue up, and
+//!   the next writer records all of them (up to [`SqliteOptions::group_commit`], default 64) in
+//!   one transaction of two batches: one multi-row insert walking a JSON array, then the heads,
+//!   the cursors `awareness_core::protocol` decided event by event in queue order, and the
+//!   commit. Each caller gets its own event only after that commit; a lone caller records as
+//!   above. [`SqliteStore::write_transactions`] shows how well it batches;
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **WAL checkpoints run in the background** on a reader connection every 256 write
@@ -97,6 +103,7 @@ mod cursors;
 mod decode;
 mod error;
 mod events;
+mod group;
 mod open;
 mod schema;
 mod sql;
@@ -131,6 +138,9 @@ pub(crate) const PRUNE_TX_ROWS: usize = 250;
 /// How much a pruning write transaction counts towards the next checkpoint.
 pub(crate) const PRUNE_WEIGHT: u32 = 64;
 
+/// Recordings one group commit may hold by default.
+const DEFAULT_GROUP_COMMIT: usize = 64;
+
 /// How to open a store. The defaults suit a gateway: read-write, create the file when missing.
 #[derive(Debug, Clone)]
 pub struct SqliteOptions {
@@ -138,6 +148,7 @@ pub struct SqliteOptions {
     create_if_missing: bool,
     readers: usize,
     busy_timeout: Duration,
+    group_commit: usize,
 }
 
 impl Default for SqliteOptions {
@@ -147,12 +158,14 @@ impl Default for SqliteOptions {
             create_if_missing: true,
             readers: 2,
             busy_timeout: Duration::from_secs(5),
+            group_commit: DEFAULT_GROUP_COMMIT,
         }
     }
 }
 
 impl SqliteOptions {
-    /// The defaults: read-write, create when missing, two reader connections, 5 s busy timeout.
+    /// The defaults: read-write, create when missing, two reader connections, 5 s busy timeout,
+    /// group commit of up to 64 recordings.
     pub fn new() -> Self {
         Self::default()
     }
@@ -180,6 +193,17 @@ impl SqliteOptions {
         self
     }
 
+    /// How many recordings may share one write transaction (group commit). Recordings that
+    /// arrive while the write connection is busy queue up, and the next writer records up to
+    /// this many of them in one transaction of two batches; each caller still gets its own
+    /// event back only after that commit. A lone caller records as it would without group
+    /// commit. `1` turns it off (one transaction per event); `0` counts as `1`. Default 64.
+    #[must_use]
+    pub fn group_commit(mut self, max_events: usize) -> Self {
+        self.group_commit = max_events.max(1);
+        self
+    }
+
     /// How long a statement waits for another process's write lock before reporting
     /// [`StoreError::Busy`]. Default 5 s.
     #[must_use]
@@ -202,7 +226,15 @@ pub struct SqliteStore {
     checkpointing: Arc<AtomicBool>,
     /// The last background checkpoint, awaited by [`SqliteStore::close`].
     checkpoint_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    hints: Hints,
+    hints: Arc<Hints>,
+    /// Recordings waiting for the write connection (group commit).
+    queue: group::Queue,
+    /// Numbers the queued recordings.
+    next_job: std::sync::atomic::AtomicU64,
+    /// Most recordings in one write transaction.
+    group_commit: usize,
+    /// Write operations begun on the write connection since open.
+    write_ops: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -315,7 +347,11 @@ impl SqliteStore {
             writes_since_checkpoint: AtomicU32::new(0),
             checkpointing: Arc::new(AtomicBool::new(false)),
             checkpoint_task: std::sync::Mutex::new(None),
-            hints: Hints::default(),
+            hints: Arc::default(),
+            queue: group::Queue::default(),
+            next_job: std::sync::atomic::AtomicU64::new(0),
+            group_commit: options.group_commit,
+            write_ops: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -377,19 +413,38 @@ impl SqliteStore {
     }
 
     async fn writer(&self, what: &str) -> Result<MutexGuard<'_, Writer>, StoreError> {
-        let Some(w) = &self.writer else {
-            return Err(StoreError::backend(
+        let mut g = self.write_connection(what)?.lock().await;
+        self.begin_write(&mut g).await;
+        Ok(g)
+    }
+
+    /// The write connection's lock, or the error of a read-only handle.
+    fn write_connection(&self, what: &str) -> Result<&Arc<Mutex<Writer>>, StoreError> {
+        self.writer.as_ref().ok_or_else(|| {
+            StoreError::backend(
                 format!("{what}: {} was opened read-only", self.path.display()),
                 "writes need a read-write handle",
-            ));
-        };
-        let mut g = w.lock().await;
-        if g.open_tx {
-            g.rollback().await;
+            )
+        })
+    }
+
+    /// Readies the locked write connection for an operation: rolls back what an interrupted one
+    /// left open and counts the write towards the next checkpoint.
+    async fn begin_write(&self, w: &mut Writer) {
+        if w.open_tx {
+            w.rollback().await;
         }
-        g.open_tx = true;
+        w.open_tx = true;
         self.count_write(1);
-        Ok(g)
+        self.write_ops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Write operations this handle has begun on its write connection since it was opened: one
+    /// per recording made alone, one per group commit however many recordings it holds, one per
+    /// other write call (a pruning chunk counts each of its transactions). Shows how well group
+    /// commit batches.
+    pub fn write_transactions(&self) -> u64 {
+        self.write_ops.load(Ordering::Relaxed)
     }
 
     async fn reader(&self) -> MutexGuard<'_, SqliteConnection> {

@@ -104,6 +104,60 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET
 COMMIT"
 );
 
+/// Group commit, first batch: records the events of several callers in one `IMMEDIATE`
+/// transaction. `$1` is a JSON array with one `[dedupe key, session key, session id, agent,
+/// kind, actor type, actor id, run id, occurred at, summary, payload JSON]` per event, in queue
+/// order; `$2` is how many.
+///
+/// The insert walks `$1` in order and, like a single insert, spends one AUTOINCREMENT number
+/// per event, dedupe conflicts included, so the event at index `i` is sequence
+/// `top - $2 + 1 + i` where `top` is `sqlite_sequence`'s value after the insert; those that
+/// conflicted are the numbers missing from the inserted list. Two rows come back: the cursors on
+/// every target key of the batch as they were before it (read first), then `top`, the
+/// inserted sequences, and the stored rows of the batch's dedupe keys (for the hits).
+pub(crate) const GROUP_RECORD_BEGIN: &str = concat!(
+    "BEGIN IMMEDIATE;
+SELECT json_group_array(",
+    cursor_json!(),
+    ") FROM session_watch_cursors
+WHERE target_session_key IN (SELECT value ->> 1 FROM json_each($1));
+INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
+  actor_type, actor_id, run_id, occurred_at, summary, payload_json)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
+  value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10
+FROM json_each($1) WHERE true ORDER BY key
+ON CONFLICT (dedupe_key) DO NOTHING;
+SELECT t.top,
+  (SELECT json_group_array(sequence) FROM session_state_events WHERE sequence > t.top - $2),
+  (SELECT json_group_array(",
+    event_json!(),
+    ") FROM session_state_events
+    WHERE dedupe_key IN (SELECT value ->> 0 FROM json_each($1) WHERE value ->> 0 IS NOT NULL))
+FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events') AS t"
+);
+
+/// Group commit, last batch: moves the heads `$1` (`[key, agent, last sequence, now]`, one per
+/// ref, computed from the inserted sequences), upserts the cursors `$2` (as
+/// [`UPSERT_CURSORS_COMMIT`], the final state `awareness_core::protocol` decided over the batch
+/// in order; may be empty) and commits.
+pub(crate) const GROUP_RECORD_COMMIT: &str = "INSERT INTO session_state_heads (session_key,
+  agent_id, last_sequence, pruned_max_sequence, updated_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, 0, value ->> 3 FROM json_each($1) WHERE true
+ON CONFLICT (session_key, agent_id) DO UPDATE SET
+  last_sequence = excluded.last_sequence, updated_at = excluded.updated_at;
+INSERT INTO session_watch_cursors (
+  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
+  notified_sequence, material_sequence, updated_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6
+FROM json_each($2) WHERE true
+ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
+  target_agent_id = excluded.target_agent_id,
+  last_seen_sequence = excluded.last_seen_sequence,
+  notified_sequence = excluded.notified_sequence,
+  material_sequence = excluded.material_sequence,
+  updated_at = excluded.updated_at;
+COMMIT";
+
 /// Ends a write transaction that has nothing more to write.
 pub(crate) const COMMIT: &str = "COMMIT";
 

@@ -52,6 +52,13 @@ pub enum Op {
         /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
         offset_hours: Option<i64>,
     },
+    /// Several recordings at once (each an [`Op::Record`]), each on its own task: a store may
+    /// group them into one write transaction. The model replays them in the order the store
+    /// gave them sequences.
+    Concurrent {
+        /// The recordings.
+        records: Vec<Op>,
+    },
     /// Explicit watch.
     Watch {
         /// Watcher index.
@@ -111,14 +118,34 @@ pub enum Op {
     },
 }
 
+fn record_strategy() -> impl Strategy<Value = Op> {
+    let n = KEYS.len() * AGENTS.len();
+    (
+        0..n,
+        0..EventKind::ALL.len(),
+        0..2 + WATCHERS.len(),
+        proptest::option::of(0..WATCHERS.len()),
+        proptest::option::weighted(0.3, 0u8..4),
+        proptest::option::weighted(0.2, -48i64..4),
+    )
+        .prop_map(
+            |(session, kind, actor, named, dedupe, offset_hours)| Op::Record {
+                session,
+                kind,
+                actor,
+                named,
+                dedupe,
+                offset_hours,
+            },
+        )
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
     let n = KEYS.len() * AGENTS.len();
     prop_oneof![
-        6 => (0..n, 0..EventKind::ALL.len(), 0..2 + WATCHERS.len(), proptest::option::of(0..WATCHERS.len()),
-              proptest::option::weighted(0.3, 0u8..4), proptest::option::weighted(0.2, -48i64..4))
-            .prop_map(|(session, kind, actor, named, dedupe, offset_hours)| Op::Record {
-                session, kind, actor, named, dedupe, offset_hours
-            }),
+        6 => record_strategy(),
+        2 => proptest::collection::vec(record_strategy(), 2..10)
+            .prop_map(|records| Op::Concurrent { records }),
         2 => (0..WATCHERS.len(), 0..n).prop_map(|(watcher, session)| Op::Watch { watcher, session }),
         1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Unwatch { watcher, key }),
         2 => (0..WATCHERS.len(), proptest::collection::vec(0..KEYS.len(), 0..3))
@@ -293,6 +320,30 @@ fn kind_actor(kind: usize, actor: usize) -> (EventKind, ActorType, Option<String
     }
 }
 
+/// The event an [`Op::Record`] describes; `tag` makes its summary unique.
+fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
+    let Op::Record {
+        session: si,
+        kind,
+        actor,
+        named,
+        dedupe,
+        offset_hours,
+    } = op
+    else {
+        unreachable!("only Op::Record describes an event")
+    };
+    let (kind, actor_type, actor_id) = kind_actor(*kind, *actor);
+    let mut e = NewEvent::new(session(*si), kind, actor_type, format!("{kind} at {tag}"));
+    e.actor_id = actor_id;
+    e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
+    e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));
+    if let Some(n) = named {
+        e.watchers.push(watcher(*n));
+    }
+    e
+}
+
 async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> {
     let store = &*subject.store;
     let mut model = Model::default();
@@ -300,23 +351,8 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
     for (step, op) in ops.iter().enumerate() {
         let ctx = format!("step {step}: {op:?}");
         match op {
-            Op::Record {
-                session: si,
-                kind,
-                actor,
-                named,
-                dedupe,
-                offset_hours,
-            } => {
-                let (kind, actor_type, actor_id) = kind_actor(*kind, *actor);
-                let mut e =
-                    NewEvent::new(session(*si), kind, actor_type, format!("{kind} at {step}"));
-                e.actor_id = actor_id;
-                e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
-                e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));
-                if let Some(n) = named {
-                    e.watchers.push(watcher(*n));
-                }
+            Op::Record { .. } => {
+                let e = new_event(op, &step.to_string(), now);
                 let want = model.record(e.clone(), now);
                 let got = store
                     .record(e, now)
@@ -326,6 +362,67 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 prop_assert_eq!(&*got.event, &*ev, "{}", ctx);
                 prop_assert_eq!(got.deduplicated, dedup, "{}", ctx);
                 prop_assert_eq!(sorted(got.notices), sorted(notices), "{}", ctx);
+            }
+            Op::Concurrent { records } => {
+                let events: Vec<NewEvent> = records
+                    .iter()
+                    .enumerate()
+                    .map(|(i, op)| new_event(op, &format!("{step}.{i}"), now))
+                    .collect();
+                let tasks: Vec<_> = events
+                    .iter()
+                    .map(|e| {
+                        let (store, e) = (Arc::clone(&subject.store), e.clone());
+                        tokio::spawn(async move { store.record(e, now).await })
+                    })
+                    .collect();
+                let mut got = Vec::with_capacity(tasks.len());
+                for t in tasks {
+                    let rec = t
+                        .await
+                        .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?
+                        .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                    got.push(rec);
+                }
+                // Every call spends one sequence; the stored ones, in sequence order, are the
+                // order the store applied them in, which the model replays.
+                let base = model.last;
+                let mut stored: Vec<usize> =
+                    (0..got.len()).filter(|i| !got[*i].deduplicated).collect();
+                stored.sort_by_key(|i| got[*i].event.sequence);
+                let mut previous = base;
+                for i in stored {
+                    let seq = got[i].event.sequence.get();
+                    prop_assert!(
+                        seq > previous && seq <= base + got.len() as u64,
+                        "{}: sequence {} outside the wave's {}..={}",
+                        ctx,
+                        seq,
+                        base + 1,
+                        base + got.len() as u64
+                    );
+                    previous = seq;
+                    model.last = seq - 1;
+                    let (ev, dedup, notices) = model
+                        .record(events[i].clone(), now)
+                        .expect("pool events are valid");
+                    prop_assert!(!dedup, "{}: call {} is a hit in the model", ctx, i);
+                    prop_assert_eq!(&*got[i].event, &*ev, "{}: call {}", ctx, i);
+                    prop_assert_eq!(
+                        sorted(got[i].notices.clone()),
+                        sorted(notices),
+                        "{}: call {}",
+                        ctx,
+                        i
+                    );
+                }
+                for rec in got.iter().filter(|r| r.deduplicated) {
+                    let key = rec.event.dedupe_key.as_ref();
+                    let first = model.events.iter().find(|e| e.dedupe_key.as_ref() == key);
+                    prop_assert_eq!(Some(&rec.event), first, "{}: a hit", ctx);
+                    prop_assert!(rec.notices.is_empty(), "{}: a hit notifies", ctx);
+                }
+                model.last = base + got.len() as u64;
             }
             Op::Watch {
                 watcher: wi,

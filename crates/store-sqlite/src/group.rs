@@ -1,0 +1,233 @@
+//! Group commit: recordings that arrive while the write connection is busy wait in a queue, and
+//! the next writer records all of them in one transaction of two batches, whatever their number
+//! (see [`sql::GROUP_RECORD_BEGIN`]).
+//!
+//! Each caller still gets its own [`Recorded`] only once the commit that holds its event is
+//! done. The per-event protocol is unchanged: the events are applied in queue order, each one
+//! through `awareness_core::protocol::on_event` against the cursors as the events before it in
+//! the batch left them, exactly as one transaction per event would (the conformance check
+//! `concurrent_records_each_get_their_own_event` and the model test hold either way).
+//!
+//! Cancellation: a caller that records alone runs its recording itself, as without group
+//! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
+//! the caller that happened to start it cancels nobody's commit.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use awareness_core::{
+    Cursor, Event, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp, WatcherKey,
+    protocol,
+};
+use sqlx::SqliteConnection;
+use tokio::sync::oneshot;
+
+use crate::conn::{Hints, batch, get};
+use crate::decode;
+use crate::sql;
+
+const WHAT: &str = "record an event";
+
+/// One queued recording: the event core built (sequence still zero), its payload as JSON, the
+/// watchers its producer named, the caller's clock, and where its result goes.
+pub(crate) struct Job {
+    /// Tells a caller's own job from the others when it takes the queue.
+    pub(crate) id: u64,
+    pub(crate) event: Event,
+    pub(crate) payload: Option<String>,
+    pub(crate) named: Vec<WatcherKey>,
+    pub(crate) now: Timestamp,
+    pub(crate) reply: oneshot::Sender<Result<Recorded, StoreError>>,
+}
+
+/// The recordings waiting for the write connection.
+#[derive(Default)]
+pub(crate) struct Queue {
+    jobs: std::sync::Mutex<VecDeque<Job>>,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn push(&self, job: Job) {
+        self.lock().push_back(job);
+    }
+
+    /// Takes up to `max` jobs, oldest first.
+    pub(crate) fn take(&self, max: usize) -> Vec<Job> {
+        let mut q = self.lock();
+        let n = q.len().min(max);
+        q.drain(..n).collect()
+    }
+}
+
+/// What a batch decided for one job.
+enum Outcome {
+    Stored(Recorded),
+    /// A dedupe hit on this key; the stored row is looked up once the batch has read them.
+    Hit(String),
+}
+
+/// Records `jobs` (at least one) in one transaction and answers every caller. On failure the
+/// transaction is rolled back by the caller of this function and every job gets a copy of the
+/// error.
+pub(crate) async fn record_batch(
+    conn: &mut SqliteConnection,
+    jobs: Vec<Job>,
+    hints: &Hints,
+) -> Result<(), StoreError> {
+    match run(conn, &jobs, hints).await {
+        Ok(results) => {
+            for (job, rec) in jobs.into_iter().zip(results) {
+                // A caller that went away no longer wants its result; its event is committed.
+                drop(job.reply.send(Ok(rec)));
+            }
+            Ok(())
+        }
+        Err(e) => {
+            for job in jobs {
+                drop(job.reply.send(Err(e.for_another_caller())));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The two batches; answers one [`Recorded`] per job, in order.
+async fn run(
+    conn: &mut SqliteConnection,
+    jobs: &[Job],
+    hints: &Hints,
+) -> Result<Vec<Recorded>, StoreError> {
+    let rows: Vec<_> = jobs
+        .iter()
+        .map(|j| {
+            let e = &j.event;
+            (
+                e.dedupe_key.as_deref(),
+                e.session_key.as_str(),
+                e.session_id.as_deref(),
+                e.agent_id.as_str(),
+                e.kind.as_str(),
+                e.actor_type.as_str(),
+                e.actor_id.as_deref(),
+                e.run_id.as_deref(),
+                e.occurred_at.millis(),
+                e.summary.as_str(),
+                j.payload.as_deref(),
+            )
+        })
+        .collect();
+    let n = i64::try_from(jobs.len()).unwrap_or(i64::MAX);
+    let q = sqlx::query(sql::GROUP_RECORD_BEGIN)
+        .bind(decode::to_json(&rows))
+        .bind(n);
+    let got = batch(conn, q, WHAT).await?;
+    let [before, after] = got.as_slice() else {
+        return Err(StoreError::backend(
+            WHAT,
+            format!("a group commit answered {} rows, not 2", got.len()),
+        ));
+    };
+    let mut on_key: HashMap<SessionKey, Vec<Cursor>> = HashMap::new();
+    for c in decode::cursors(get(before, 0, WHAT)?)? {
+        on_key.entry(c.target.clone()).or_default().push(c);
+    }
+    let top: i64 = get(after, 0, WHAT)?;
+    let inserted: Vec<i64> = serde_json::from_str(get(after, 1, WHAT)?)
+        .map_err(|e| StoreError::corrupt(format!("{WHAT}: inserted sequences: {e}")))?;
+    let first = top - n + 1;
+    let mut was_inserted = vec![false; jobs.len()];
+    for s in &inserted {
+        let i = usize::try_from(s - first)
+            .ok()
+            .filter(|i| *i < jobs.len())
+            .ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "{WHAT}: sequence {s} is outside the batch's {first}..={top}"
+                ))
+            })?;
+        was_inserted[i] = true;
+    }
+
+    // The protocol, event by event in queue order, on the cursors as the batch leaves them.
+    let mut changed: HashMap<(WatcherKey, SessionKey), Cursor> = HashMap::new();
+    let mut heads: HashMap<SessionRef, (Sequence, Timestamp)> = HashMap::new();
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    for (i, job) in jobs.iter().enumerate() {
+        if !was_inserted[i] {
+            let key = job.event.dedupe_key.clone().ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "{WHAT}: an event without a dedupe key was not inserted"
+                ))
+            })?;
+            outcomes.push(Outcome::Hit(key));
+            continue;
+        }
+        let mut event = job.event.clone();
+        event.sequence = decode::sequence(WHAT, first + i64::try_from(i).unwrap_or(i64::MAX))?;
+        let cursors = on_key.entry(event.session_key.clone()).or_default();
+        let effects = protocol::on_event(&event, &job.named, cursors, job.now);
+        for c in effects.upserts {
+            match cursors.iter_mut().find(|x| x.watcher == c.watcher) {
+                Some(x) => x.clone_from(&c),
+                None => cursors.push(c.clone()),
+            }
+            changed.insert((c.watcher.clone(), c.target.clone()), c);
+        }
+        heads.insert(event.session_ref(), (event.sequence, job.now));
+        outcomes.push(Outcome::Stored(Recorded {
+            event: Arc::new(event),
+            deduplicated: false,
+            notices: effects.notices,
+        }));
+    }
+
+    let stored: HashMap<String, Arc<Event>> = decode::events(get(after, 2, WHAT)?)?
+        .into_iter()
+        .filter_map(|e| Some((e.dedupe_key.clone()?, e)))
+        .collect();
+
+    let heads: Vec<(&str, &str, i64, i64)> = heads
+        .iter()
+        .map(|(r, (s, now))| {
+            (
+                r.session_key.as_str(),
+                r.agent_id.as_str(),
+                decode::int(*s),
+                now.millis(),
+            )
+        })
+        .collect();
+    let changed: Vec<Cursor> = changed.into_values().collect();
+    let q = sqlx::query(sql::GROUP_RECORD_COMMIT)
+        .bind(decode::to_json(&heads))
+        .bind(decode::cursors_json(&changed));
+    batch(conn, q, WHAT).await?;
+
+    for (key, cursors) in &on_key {
+        hints.set_watched(key, !cursors.is_empty());
+    }
+    outcomes
+        .into_iter()
+        .map(|o| match o {
+            Outcome::Stored(rec) => Ok(rec),
+            Outcome::Hit(key) => {
+                let event = stored.get(&key).cloned().ok_or_else(|| {
+                    StoreError::corrupt(format!(
+                        "{WHAT}: the dedupe key {key:?} conflicted but has no row"
+                    ))
+                })?;
+                Ok(Recorded {
+                    event,
+                    deduplicated: true,
+                    notices: Vec::new(),
+                })
+            }
+        })
+        .collect()
+}

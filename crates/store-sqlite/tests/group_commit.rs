@@ -1,0 +1,133 @@
+//! Group commit: concurrent recordings share write transactions, each caller gets its own
+//! event, `group_commit(1)` turns it off, and a cancelled caller cancels nobody else's commit.
+//! (That the batched protocol equals the per-event one is the model test's `Concurrent` step.)
+
+use std::sync::Arc;
+
+use awareness_core::{
+    ActorType, EventKind, EventStore, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey,
+};
+use awareness_core::{AwarenessStoreExt as _, CursorStore as _};
+use store_sqlite::{SqliteOptions, SqliteStore};
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+fn session(i: usize) -> SessionRef {
+    SessionRef::parse(&format!("agent:main:subagent:s{i}"), "main").expect("ref")
+}
+
+fn event(i: usize) -> NewEvent {
+    NewEvent::new(
+        session(i % 4),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        format!("message {i}"),
+    )
+}
+
+async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStore> {
+    Arc::new(
+        SqliteStore::open_with(dir.path().join("state.sqlite"), options)
+            .await
+            .expect("open"),
+    )
+}
+
+/// Records `n` events on `n` tasks at once; answers the transactions they took.
+async fn record_at_once(store: &Arc<SqliteStore>, n: usize) -> u64 {
+    let before = store.write_transactions();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let store = Arc::clone(store);
+            tokio::spawn(async move { store.record(event(i), T0).await })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let rec = t.await.expect("join").expect("record");
+        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+        seqs.push(rec.event.sequence);
+    }
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), n, "distinct sequences");
+    store.write_transactions() - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_recordings_share_write_transactions() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new()).await;
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    store.watch(&watcher, &session(0), T0).await.expect("watch");
+    let txs = record_at_once(&store, 64).await;
+    assert!(
+        txs < 64,
+        "64 concurrent recordings took {txs} write transactions: none were grouped"
+    );
+    assert_eq!(store.log_stats().await.expect("stats").rows, 64);
+    let cursor = store
+        .cursor(&watcher, &session(0).session_key)
+        .await
+        .expect("cursor")
+        .expect("exists");
+    assert_eq!(cursor.last_seen, Sequence(0));
+    assert_eq!(
+        cursor.material,
+        store.state_version(&session(0)).await.expect("head"),
+        "the cursor saw the last event on its target"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_of_one_is_one_transaction_per_recording() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new().group_commit(1)).await;
+    assert_eq!(record_at_once(&store, 32).await, 32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_callers_cancel_nobody_elses_commit() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new()).await;
+    for round in 0..20 {
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.record(event(round * 16 + i), T0).await })
+            })
+            .collect();
+        // Cancel every other caller, wherever it is: queued, leading a batch, or done.
+        tokio::task::yield_now().await;
+        let mut kept = Vec::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            if i % 2 == 0 {
+                t.abort();
+            } else {
+                kept.push(t);
+            }
+        }
+        for t in kept {
+            let rec = t.await.expect("join").expect("a kept caller's recording");
+            let page = store
+                .changes_since(
+                    &rec.event.session_ref(),
+                    Sequence(rec.event.sequence.get() - 1),
+                    1,
+                )
+                .await
+                .expect("page");
+            assert_eq!(
+                page.events.first(),
+                Some(&rec.event),
+                "committed as returned"
+            );
+        }
+    }
+    // The store still works and is consistent after all that.
+    let rec = store.record(event(999), T0).await.expect("record after");
+    assert_eq!(
+        store.state_version(&session(999 % 4)).await.expect("head"),
+        rec.event.sequence
+    );
+}

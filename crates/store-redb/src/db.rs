@@ -41,7 +41,7 @@ fn from_redb(what: &str, e: redb::Error) -> StoreError {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section here only reads or replaces plain values, so a panic elsewhere
     // cannot leave them half-updated.
     m.lock().unwrap_or_else(PoisonError::into_inner)

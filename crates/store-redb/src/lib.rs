@@ -72,6 +72,17 @@
 //! half of the floor, and a record writes three B-tree rows (event, reference index, head),
 //! each a page copy and a checksum in redb, where the floor writes one.
 //!
+//! ## Group commit
+//!
+//! Recordings that arrive while a write transaction is being committed are queued and share
+//! the next one: up to [`RedbOptions::group_commit`] events (default [`DEFAULT_GROUP_COMMIT`])
+//! are recorded in order in one transaction, with one commit (one fsync with `Immediate`), and
+//! each caller gets its own [`Recorded`] once that commit is done. The protocol is the same as
+//! one transaction per event (a dedupe hit within a batch, one sequence spent per call); a lone
+//! caller is not delayed (its transaction starts at once) and pays one hand-off to tokio's
+//! blocking pool, as before. A caller that is cancelled does not cancel the others' commit.
+//! [`RedbStore::write_transactions`] counts the commits, so batching can be observed.
+//!
 //! ## Key layout
 //!
 //! Events by global sequence; a covering `(agent, key, sequence)` index (it holds a copy of the
@@ -95,6 +106,7 @@
 //! [redb]: https://docs.rs/redb
 
 mod codec;
+mod commit;
 mod db;
 mod tables;
 mod upstream;
@@ -113,6 +125,7 @@ use redb::{
     ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
 };
 
+use crate::commit::Writer;
 use crate::db::{Ctx, Flusher, Shared};
 use crate::tables::{
     CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEADS,
@@ -141,13 +154,21 @@ pub struct RedbOptions {
     /// Create the file when it does not exist (default `true`). When `false`, a missing file is
     /// an error and nothing is created.
     pub create_if_missing: bool,
+    /// The most recordings one write transaction holds when several wait to be committed
+    /// (default [`DEFAULT_GROUP_COMMIT`]); `1` commits every recording alone. Zero is refused
+    /// at open. See [`RedbOptions::group_commit`].
+    pub group_commit: usize,
 }
+
+/// The default of [`RedbOptions::group_commit`]: up to 64 recordings share a write transaction.
+pub const DEFAULT_GROUP_COMMIT: usize = 64;
 
 impl Default for RedbOptions {
     fn default() -> Self {
         Self {
             durability: Durability::Immediate,
             create_if_missing: true,
+            group_commit: DEFAULT_GROUP_COMMIT,
         }
     }
 }
@@ -160,6 +181,19 @@ impl RedbOptions {
             ..Self::default()
         }
     }
+
+    /// Group commit: recordings that arrive while a write transaction is being committed wait
+    /// for the next one, and up to `max_events` of them share it (one fsync with
+    /// [`Durability::Immediate`]). Each caller still gets its own [`Recorded`] only once the
+    /// transaction holding its event is committed, and the protocol is the same as one
+    /// transaction per event. A lone caller is never delayed: a transaction starts as soon as
+    /// no other is in flight. `1` makes one transaction per recording; `0` is refused at open
+    /// ([`StoreError::Open`]). Default [`DEFAULT_GROUP_COMMIT`].
+    #[must_use]
+    pub fn group_commit(mut self, max_events: usize) -> Self {
+        self.group_commit = max_events;
+        self
+    }
 }
 
 /// Session state awareness on one redb file. Every redb call runs on tokio's blocking pool, so
@@ -167,15 +201,17 @@ impl RedbOptions {
 pub struct RedbStore {
     // Declared first so that it is stopped (after a last flush) before the database is released.
     _flusher: Option<Flusher>,
-    shared: Arc<Shared>,
+    writer: Arc<Writer>,
     durability: Durability,
+    group_commit: usize,
 }
 
 impl std::fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedbStore")
-            .field("path", &self.shared.path())
+            .field("path", &self.path())
             .field("durability", &self.durability)
+            .field("group_commit", &self.group_commit)
             .finish_non_exhaustive()
     }
 }
@@ -214,6 +250,13 @@ impl RedbStore {
                 source: None,
             });
         }
+        if options.group_commit == 0 {
+            return Err(StoreError::Open {
+                path,
+                reason: "group_commit must be at least 1 (1 commits every recording alone)".into(),
+                source: None,
+            });
+        }
         let create = options.create_if_missing;
         let shared = blocking("open", move || db::open_shared(&path, create)).await?;
         let flusher = match options.durability {
@@ -222,16 +265,22 @@ impl RedbStore {
                 Some(Flusher::start(&shared, flush_interval)?)
             }
         };
+        let bounded = matches!(options.durability, Durability::Bounded { .. });
         Ok(Self {
             _flusher: flusher,
-            shared,
+            writer: Arc::new(Writer::new(shared, bounded, options.group_commit)),
             durability: options.durability,
+            group_commit: options.group_commit,
         })
     }
 
     /// The file (canonical path).
     pub fn path(&self) -> &Path {
-        self.shared.path()
+        self.shared().path()
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        self.writer.shared()
     }
 
     /// The durability this handle commits with.
@@ -239,10 +288,23 @@ impl RedbStore {
         self.durability
     }
 
+    /// The most recordings one write transaction holds ([`RedbOptions::group_commit`]).
+    pub fn group_commit(&self) -> usize {
+        self.group_commit
+    }
+
+    /// The write transactions this handle has committed since it was opened: one per batch of
+    /// recordings, one per other write that changed something (a write that changed nothing is
+    /// aborted and not counted). The background flushes of [`Durability::Bounded`] are not
+    /// counted. Fewer transactions than recordings means group commit batched them.
+    pub fn write_transactions(&self) -> u64 {
+        self.writer.write_transactions()
+    }
+
     /// Makes every commit made so far durable now (a no-op when nothing is pending, and always
     /// with [`Durability::Immediate`]).
     pub async fn flush(&self) -> Result<(), StoreError> {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(self.shared());
         blocking("flush", move || shared.flush()).await
     }
 
@@ -262,7 +324,7 @@ impl RedbStore {
         F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,
         T: Send + 'static,
     {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(self.shared());
         blocking(what, move || {
             let txn = shared.db().begin_read().ctx(what)?;
             f(&txn)
@@ -277,20 +339,13 @@ impl RedbStore {
         F: FnOnce(&WriteTransaction) -> Result<(T, bool), StoreError> + Send + 'static,
         T: Send + 'static,
     {
-        let shared = Arc::clone(&self.shared);
-        let bounded = matches!(self.durability, Durability::Bounded { .. });
+        let writer = Arc::clone(&self.writer);
         blocking(what, move || {
-            let mut txn = shared.db().begin_write().ctx(what)?;
-            if bounded {
-                txn.set_durability(redb::Durability::None).ctx(what)?;
-            }
+            let txn = writer.begin(what)?;
             // On error the transaction is dropped, which aborts it: nothing is written.
             let (out, wrote) = f(&txn)?;
             if wrote {
-                txn.commit().ctx(what)?;
-                if bounded {
-                    shared.mark_unflushed();
-                }
+                writer.commit(txn, what)?;
             } else {
                 txn.abort().ctx(what)?;
             }
@@ -310,7 +365,8 @@ fn read_head(
         .map(|g| tables::head_of(session.clone(), g.value())))
 }
 
-fn record_tx(
+/// Records one validated event in `txn`: the whole per-event protocol.
+pub(crate) fn record_tx(
     txn: &WriteTransaction,
     mut event: NewEvent,
     now: Timestamp,
@@ -488,9 +544,9 @@ fn delete_session_tx(txn: &WriteTransaction, session: &SessionRef) -> Result<boo
 #[async_trait]
 impl EventStore for RedbStore {
     async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        // An invalid event never enters the queue of the group commit.
         event.validate()?;
-        self.write("record", move |txn| Ok((record_tx(txn, event, now)?, true)))
-            .await
+        self.writer.record(event, now).await
     }
 
     async fn changes_since(

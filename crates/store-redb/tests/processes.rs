@@ -1,7 +1,8 @@
 //! Reliability across processes, with real child processes.
 //!
-//! - SIGKILL crash test, once per durability mode: a child records continuously and reports each
-//!   committed sequence on a pipe; the parent kills it at a random moment (at least 30 times per
+//! - SIGKILL crash test, once per durability mode: a child records continuously from
+//!   `RECORDERS` concurrent tasks (so group commit puts several recordings in one write
+//!   transaction) and reports each committed sequence on a pipe; the parent kills it at a random moment (at least 30 times per
 //!   mode), reopens the file and checks every promise: with `Immediate` every reported sequence
 //!   is present; with `Bounded` every sequence reported more than one flush interval (plus a
 //!   margin) before the kill is present; in both, heads equal the highest sequence of their ref,
@@ -37,6 +38,8 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
 /// scheduling; the promise checked is "older than interval + margin is durable".
 const FLUSH_MARGIN: Duration = Duration::from_millis(300);
 const WATCHED: usize = 3;
+/// Concurrent recording tasks in the crash test's child.
+const RECORDERS: u64 = 4;
 
 fn watcher() -> WatcherKey {
     WatcherKey::parse("agent:main:main").unwrap()
@@ -82,21 +85,33 @@ fn wait_for_stdin_eof() {
     }
 }
 
-/// Records until killed: human messages on the watched targets, log-only events on another,
-/// a dedupe hit now and then, and acknowledgements. Reports `R <sequence> <target>` after each
-/// record returned.
+/// Records until killed, from `RECORDERS` concurrent tasks: human messages on the watched
+/// targets, log-only events on another, a dedupe hit now and then, and acknowledgements. Reports
+/// `R <sequence> <target> <write transactions so far>` after each record returned.
 async fn child_record(path: &Path, interval_ms: Option<u64>) {
-    let store = RedbStore::open_with(path, options(interval_ms))
-        .await
-        .expect("child: open");
+    let store = std::sync::Arc::new(
+        RedbStore::open_with(path, options(interval_ms))
+            .await
+            .expect("child: open"),
+    );
     for i in 0..WATCHED {
         store
             .watch(&watcher(), &target(i), now())
             .await
             .expect("child: watch");
     }
+    let tasks: Vec<_> = (0..RECORDERS)
+        .map(|k| tokio::spawn(recorder(std::sync::Arc::clone(&store), k)))
+        .collect();
+    for t in tasks {
+        t.await.expect("child: recorder");
+    }
+}
+
+/// One recording task of the child: calls `k`, `k + RECORDERS`, ...
+async fn recorder(store: std::sync::Arc<RedbStore>, k: u64) {
     let targets: Vec<SessionKey> = (0..WATCHED).map(|i| target(i).session_key).collect();
-    for n in 0u64.. {
+    for n in (k..).step_by(RECORDERS as usize) {
         let t = (n % (WATCHED as u64 + 1)) as usize;
         let mut e = if t < WATCHED {
             NewEvent::new(
@@ -119,7 +134,11 @@ async fn child_record(path: &Path, interval_ms: Option<u64>) {
         }
         let rec = store.record(e, now()).await.expect("child: record");
         if !rec.deduplicated {
-            say(&format!("R {} {t}", rec.event.sequence));
+            say(&format!(
+                "R {} {t} {}",
+                rec.event.sequence,
+                store.write_transactions()
+            ));
         }
         if n % 7 == 6 {
             store
@@ -269,11 +288,13 @@ impl Rng {
     }
 }
 
-fn parse_report(line: &str) -> Option<(u64, usize)> {
+/// `R <sequence> <target> <write transactions>`.
+fn parse_report(line: &str) -> Option<(u64, usize, u64)> {
     let mut parts = line.strip_prefix("R ")?.split(' ');
     let seq = parts.next()?.parse().ok()?;
     let t = parts.next()?.parse().ok()?;
-    Some((seq, t))
+    let txns = parts.next()?.parse().ok()?;
+    Some((seq, t, txns))
 }
 
 /// Opens the file after a kill and checks every invariant; `must_have` are the sequences that
@@ -353,6 +374,9 @@ fn crash_test(interval_ms: Option<u64>) {
     let path = dir.path().join("state.redb");
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(interval_ms.is_some()));
     let mut reported_total = 0;
+    // Each child's highest write-transaction count: they held recordings, acknowledgements
+    // and the watches.
+    let mut txns_total = 0;
     let mut lost_total = 0;
     let mut checked_rounds = 0;
     for round in 0..KILLS_PER_MODE {
@@ -366,14 +390,17 @@ fn crash_test(interval_ms: Option<u64>) {
         std::thread::sleep(delay);
         let (killed_at, mut lines) = child.kill();
         lines.insert(0, (first_at, first));
+        let mut txns = 0;
         let reported: Vec<(Instant, u64, usize)> = lines
             .iter()
             .map(|(at, l)| {
-                let (s, t) = parse_report(l).unwrap_or_else(|| panic!("bad report line {l:?}"));
+                let (s, t, n) = parse_report(l).unwrap_or_else(|| panic!("bad report line {l:?}"));
+                txns = txns.max(n);
                 (*at, s, t)
             })
             .collect();
         reported_total += reported.len();
+        txns_total += txns;
         let promise = interval_ms.map_or(Duration::ZERO, |ms| {
             Duration::from_millis(ms) + FLUSH_MARGIN
         });
@@ -390,7 +417,11 @@ fn crash_test(interval_ms: Option<u64>) {
         lost_total += all.range(max + 1..).count();
     }
     eprintln!(
-        "  {KILLS_PER_MODE} kills, {reported_total} reported commits, {lost_total} reported but lost (allowed only in the bounded mode), {checked_rounds} rounds with commits the mode promised"
+        "  {KILLS_PER_MODE} kills, {reported_total} reported commits in at most {txns_total} write transactions (recordings, acknowledgements, watches), {lost_total} reported but lost (allowed only in the bounded mode), {checked_rounds} rounds with commits the mode promised"
+    );
+    assert!(
+        txns_total < reported_total as u64,
+        "group commit never batched: {reported_total} recordings took {txns_total} transactions"
     );
     if interval_ms.is_none() {
         assert_eq!(lost_total, 0);

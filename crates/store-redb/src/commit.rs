@@ -1,0 +1,255 @@
+//! The write transactions of one handle, and group commit.
+//!
+//! Every write transaction of a [`crate::RedbStore`] begins and commits here, with the handle's
+//! durability, and is counted ([`crate::RedbStore::write_transactions`]).
+//!
+//! Recording goes through a queue. A call validates its event, pushes a job (the event, `now`
+//! and a oneshot for its answer) and, when no drain is running, starts one on tokio's blocking
+//! pool; then it awaits its oneshot. The drain takes up to `max_events` jobs, records them in
+//! order in one write transaction (the per-event protocol of `record_tx` is unchanged: dedupe
+//! hits within a batch, one sequence spent per call), commits once, answers every job, and loops
+//! until the queue is empty. So a lone caller costs one hand-off to the blocking pool, as any
+//! other call, and callers that arrive while a commit is in flight share the next one.
+//!
+//! - Cancel-safe: a caller that gives up drops its receiver; its event may still be committed
+//!   (as with any cancelled write), and the others' commit goes on.
+//! - An event that fails inside a shared transaction (a corrupt row, an I/O error while
+//!   writing) aborts it; every job of the batch is then recorded alone, so the failure reaches
+//!   only the callers it would have reached without batching. A failed commit fails every job
+//!   of the batch (each gets its own copy of the error): whether it reached the disk is unknown,
+//!   so nothing is retried.
+//! - A drain that panics, or that the runtime drops before it runs, fails the jobs still queued
+//!   (their callers get a backend error) and lets the next call start a new drain.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use awareness_core::{NewEvent, Recorded, StoreError, Timestamp};
+use redb::WriteTransaction;
+use tokio::sync::oneshot;
+
+use crate::db::{Ctx, Shared, lock};
+
+type Reply = oneshot::Sender<Result<Recorded, StoreError>>;
+/// The answers of a batch, sent once the drain has let go of the writer.
+type Answers = Vec<(Reply, Result<Recorded, StoreError>)>;
+
+/// One queued recording: a validated event.
+struct Job {
+    event: NewEvent,
+    now: Timestamp,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// A drain is running or about to: a new job needs no other.
+    draining: bool,
+}
+
+/// Begins, commits and counts the write transactions of one handle; batches recordings.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    /// Commits use redb's `Durability::None` (the bounded-loss mode).
+    bounded: bool,
+    max_events: usize,
+    queue: Mutex<Queue>,
+    commits: AtomicU64,
+}
+
+impl Writer {
+    pub(crate) fn new(shared: Arc<Shared>, bounded: bool, max_events: usize) -> Self {
+        debug_assert!(max_events > 0, "checked at open");
+        Self {
+            shared,
+            bounded,
+            max_events,
+            queue: Mutex::default(),
+            commits: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(crate) fn write_transactions(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Begins a write transaction with the handle's durability. Blocking.
+    pub(crate) fn begin(&self, what: &str) -> Result<WriteTransaction, StoreError> {
+        let mut txn = self.shared.db().begin_write().ctx(what)?;
+        if self.bounded {
+            txn.set_durability(redb::Durability::None).ctx(what)?;
+        }
+        Ok(txn)
+    }
+
+    /// Commits `txn` and counts it. Blocking.
+    pub(crate) fn commit(&self, txn: WriteTransaction, what: &str) -> Result<(), StoreError> {
+        txn.commit().ctx(what)?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        if self.bounded {
+            self.shared.mark_unflushed();
+        }
+        Ok(())
+    }
+
+    /// Records a validated event: queues it, starts a drain when none is running, and waits
+    /// for the commit that holds it.
+    pub(crate) async fn record(
+        self: &Arc<Self>,
+        event: NewEvent,
+        now: Timestamp,
+    ) -> Result<Recorded, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut q = lock(&self.queue);
+            q.jobs.push_back(Job { event, now, reply });
+            !std::mem::replace(&mut q.draining, true)
+        };
+        if start {
+            let drain = Drain {
+                writer: Some(Arc::clone(self)),
+            };
+            // Detached: the caller awaits its answer, not the drain, so cancelling it cancels
+            // nobody's commit.
+            drop(tokio::task::spawn_blocking(move || drain.run()));
+        }
+        answer.await.map_err(|e| {
+            StoreError::backend(
+                "record: the writer stopped before answering (it panicked)",
+                e,
+            )
+        })?
+    }
+
+    /// Records a batch: in one write transaction when it holds several jobs.
+    fn run(&self, mut jobs: Vec<Job>) -> Answers {
+        if jobs.len() == 1 {
+            let job = jobs.pop().expect("one job");
+            vec![self.run_one(job)]
+        } else {
+            self.run_batch(jobs)
+        }
+    }
+
+    /// Records one job in its own write transaction.
+    fn run_one(&self, job: Job) -> (Reply, Result<Recorded, StoreError>) {
+        let Job { event, now, reply } = job;
+        let result = self.begin("record").and_then(|txn| {
+            let rec = crate::record_tx(&txn, event, now)?;
+            self.commit(txn, "record")?;
+            Ok(rec)
+        });
+        (reply, result)
+    }
+
+    /// Records several jobs in one write transaction.
+    fn run_batch(&self, jobs: Vec<Job>) -> Answers {
+        let txn = match self.begin("record") {
+            Ok(txn) => txn,
+            Err(e) => return fail_all(jobs, &e),
+        };
+        let mut recorded = Vec::with_capacity(jobs.len());
+        for job in &jobs {
+            // A copy: should a later event fail, each job is recorded again alone.
+            match crate::record_tx(&txn, job.event.clone(), job.now) {
+                Ok(rec) => recorded.push(rec),
+                Err(e) => {
+                    tracing::debug!(error = %e, "an event failed in a group commit; recording the batch one by one");
+                    drop(txn);
+                    return jobs.into_iter().map(|job| self.run_one(job)).collect();
+                }
+            }
+        }
+        match self.commit(txn, "record") {
+            Ok(()) => jobs
+                .into_iter()
+                .zip(recorded)
+                .map(|(job, rec)| (job.reply, Ok(rec)))
+                .collect(),
+            Err(e) => fail_all(jobs, &e),
+        }
+    }
+}
+
+/// Gives every job its own copy of `e`.
+fn fail_all(jobs: Vec<Job>, e: &StoreError) -> Answers {
+    jobs.into_iter()
+        .map(|job| (job.reply, Err(e.for_another_caller())))
+        .collect()
+}
+
+fn answer(answers: Answers) {
+    for (reply, result) in answers {
+        // A caller that gave up has dropped its receiver: nothing to tell.
+        let _ = reply.send(result);
+    }
+}
+
+/// The drain of a writer's queue, run on the blocking pool. Dropped without finishing (a panic,
+/// or a runtime shutting down before it ran), it fails the queued jobs and clears `draining`.
+struct Drain {
+    /// Let go of before the last answers are sent: a caller that then drops the last handle
+    /// closes the file at once (another process may open it next).
+    writer: Option<Arc<Writer>>,
+}
+
+impl Drain {
+    fn run(mut self) {
+        loop {
+            let w = self.writer.as_ref().expect("held until the drain ends");
+            let jobs: Vec<Job> = {
+                let mut q = lock(&w.queue);
+                let n = q.jobs.len().min(w.max_events);
+                if n == 0 {
+                    q.draining = false;
+                    drop(q);
+                    self.writer = None;
+                    return;
+                }
+                q.jobs.drain(..n).collect()
+            };
+            let answers = w.run(jobs);
+            let more = {
+                let mut q = lock(&w.queue);
+                if q.jobs.is_empty() {
+                    q.draining = false;
+                }
+                !q.jobs.is_empty()
+            };
+            if !more {
+                self.writer = None;
+            }
+            answer(answers);
+            if !more {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let Some(writer) = self.writer.take() else {
+            return;
+        };
+        let orphans: Vec<Job> = {
+            let mut q = lock(&writer.queue);
+            q.draining = false;
+            q.jobs.drain(..).collect()
+        };
+        if !orphans.is_empty() {
+            tracing::warn!(
+                jobs = orphans.len(),
+                "the store-redb writer stopped with recordings queued; they fail"
+            );
+        }
+        // Dropping the jobs drops their senders: each caller gets an error.
+        drop(orphans);
+    }
+}

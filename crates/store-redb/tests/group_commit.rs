@@ -1,0 +1,290 @@
+//! Group commit: concurrent recordings share write transactions, each caller still gets its own
+//! event after the commit that holds it, and the protocol is that of one transaction per event.
+//!
+//! The exact-count tests make the batching deterministic: the runtime has one blocking thread,
+//! held busy while every recording is polled once (which queues its event), so the drain starts
+//! only once all of them wait.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::task::{Context, Poll, Waker};
+
+use awareness_core::{
+    ActorType, CursorStore, EventKind, EventStore, NewEvent, Recorded, Sequence, SessionRef,
+    StoreError, Timestamp, WatcherKey,
+};
+use store_redb::{DEFAULT_GROUP_COMMIT, RedbOptions, RedbStore};
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+const CALLS: usize = 32;
+
+fn session(i: usize) -> SessionRef {
+    SessionRef::parse(&format!("agent:main:subagent:s{}", i % 4), "main").unwrap()
+}
+
+/// Call `i`: a human message on one of four sessions; every eighth call carries the same dedupe
+/// key (the first stores, the later ones are hits inside the same batch).
+fn event(i: usize) -> NewEvent {
+    let mut e = NewEvent::new(
+        session(i),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        format!("message {i}"),
+    );
+    if i % 8 == 7 {
+        e = e.with_dedupe_key("same");
+    }
+    e
+}
+
+/// A current-thread runtime with a single blocking thread.
+fn one_blocking_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap()
+}
+
+type Pending<'a> = Pin<Box<dyn Future<Output = Result<Recorded, StoreError>> + Send + 'a>>;
+
+/// Occupies the only blocking thread until the returned sender is dropped or sent to.
+fn hold_the_pool() -> mpsc::Sender<()> {
+    let (release, wait) = mpsc::channel::<()>();
+    drop(tokio::task::spawn_blocking(move || {
+        let _ = wait.recv();
+    }));
+    release
+}
+
+/// Polls `f` once (queueing its event) and returns it, still pending.
+fn queue(mut f: Pending<'_>) -> Pending<'_> {
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(
+        f.as_mut().poll(&mut cx).is_pending(),
+        "a recording waits for its commit"
+    );
+    f
+}
+
+/// Checks the answers of `CALLS` recordings of `event(i)` made on an empty store with one
+/// watcher on session 0: each call got its own event, hits returned the first stored event,
+/// and every call spent one sequence.
+fn check_answers(got: &[Recorded]) {
+    let first_dedupe = &got[7];
+    assert!(!first_dedupe.deduplicated);
+    let mut seqs = Vec::new();
+    for (i, rec) in got.iter().enumerate() {
+        if i % 8 == 7 && i > 7 {
+            assert!(rec.deduplicated, "call {i} is a dedupe hit");
+            assert_eq!(
+                rec.event, first_dedupe.event,
+                "a hit returns the first event"
+            );
+            assert!(rec.notices.is_empty());
+            continue;
+        }
+        assert!(!rec.deduplicated, "call {i}");
+        assert_eq!(
+            rec.event.summary,
+            format!("message {i}"),
+            "call {i} got its own event"
+        );
+        assert_eq!(rec.event.session_ref(), session(i));
+        if i == 0 || i % 4 != 0 {
+            assert_eq!(rec.notices.len(), usize::from(i == 0), "call {i}: notices");
+        }
+        seqs.push(rec.event.sequence.get());
+    }
+    // Recorded in call order, one sequence per call (hits included).
+    let expected: Vec<u64> = (1..=CALLS as u64)
+        .filter(|s| (s - 1) % 8 != 7 || *s == 8)
+        .collect();
+    assert_eq!(seqs, expected);
+}
+
+/// Records `event(0..CALLS)` all queued before the first commit; returns the answers and the
+/// write transactions they took.
+fn record_all_queued(options: RedbOptions) -> (Vec<Recorded>, u64) {
+    let rt = one_blocking_thread();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open_with(dir.path().join("state.redb"), options)
+            .await
+            .unwrap();
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        store.watch(&watcher, &session(0), T0).await.unwrap();
+        let before = store.write_transactions();
+        let release = hold_the_pool();
+        let pending: Vec<Pending<'_>> = (0..CALLS)
+            .map(|i| queue(store.record(event(i), T0)))
+            .collect();
+        drop(release);
+        let mut got = Vec::new();
+        for f in pending {
+            got.push(f.await.expect("record"));
+        }
+        let took = store.write_transactions() - before;
+        // The next call spends the next sequence: nothing was spent twice or skipped.
+        let next = store.record(event(0), T0).await.unwrap();
+        assert_eq!(next.event.sequence, Sequence(CALLS as u64 + 1));
+        let stored = store.events_after(Sequence::ZERO, 100).await.unwrap();
+        assert_eq!(
+            stored.len(),
+            CALLS - 3 + 1,
+            "every event but the hits is stored"
+        );
+        (got, took)
+    })
+}
+
+#[test]
+fn queued_recordings_share_one_transaction() {
+    let (got, took) = record_all_queued(RedbOptions::default());
+    check_answers(&got);
+    assert_eq!(took, 1, "{CALLS} queued recordings, one commit");
+}
+
+#[test]
+fn a_batch_holds_at_most_group_commit_recordings() {
+    let (got, took) = record_all_queued(RedbOptions::default().group_commit(8));
+    check_answers(&got);
+    assert_eq!(took, 4);
+}
+
+#[test]
+fn group_commit_of_one_commits_every_recording_alone() {
+    let (got, took) = record_all_queued(
+        RedbOptions::bounded(std::time::Duration::from_millis(20)).group_commit(1),
+    );
+    check_answers(&got);
+    assert_eq!(took, CALLS as u64);
+}
+
+#[test]
+fn a_batch_answers_exactly_as_one_transaction_per_event() {
+    let (batched, took) = record_all_queued(RedbOptions::default());
+    assert_eq!(took, 1);
+    let (alone, took) = record_all_queued(RedbOptions::default().group_commit(1));
+    assert_eq!(took, CALLS as u64);
+    assert_eq!(batched, alone);
+}
+
+#[test]
+fn the_default_batch_is_documented() {
+    assert_eq!(RedbOptions::default().group_commit, DEFAULT_GROUP_COMMIT);
+    assert_eq!(DEFAULT_GROUP_COMMIT, 64);
+}
+
+/// Concurrent tasks on a multi-thread runtime: callers that arrive while a commit (an fsync) is
+/// in flight share the next one.
+async fn concurrent(options: RedbOptions) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        RedbStore::open_with(dir.path().join("state.redb"), options)
+            .await
+            .unwrap(),
+    );
+    let before = store.write_transactions();
+    let tasks: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.record(event(i), T0).await })
+        })
+        .collect();
+    let mut seqs = std::collections::BTreeSet::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let rec = t.await.unwrap().unwrap();
+        if !rec.deduplicated {
+            assert_eq!(rec.event.summary, format!("message {i}"));
+            assert!(seqs.insert(rec.event.sequence));
+        }
+    }
+    store.write_transactions() - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_records_commit_in_fewer_transactions() {
+    let batched = concurrent(RedbOptions::default()).await;
+    assert!(
+        batched < CALLS as u64,
+        "{CALLS} concurrent recordings took {batched} transactions"
+    );
+    let alone = concurrent(RedbOptions::default().group_commit(1)).await;
+    assert_eq!(alone, CALLS as u64);
+}
+
+#[tokio::test]
+async fn a_group_commit_of_zero_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let err = RedbStore::open_with(&path, RedbOptions::default().group_commit(0))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Open { reason, .. } if reason.contains("group_commit")),
+        "{err:?}"
+    );
+    assert!(!path.exists(), "nothing is created");
+}
+
+#[test]
+fn a_cancelled_caller_cancels_nobody_elses_commit() {
+    let rt = one_blocking_thread();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path().join("state.redb"))
+            .await
+            .unwrap();
+        let release = hold_the_pool();
+        let pending: Vec<Pending<'_>> = (0..CALLS)
+            .map(|i| queue(store.record(event(i), T0)))
+            .collect();
+        // Every other caller gives up after its event was queued.
+        let kept: Vec<_> = pending
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, f)| (i % 2 == 0).then_some((i, f)))
+            .collect();
+        drop(release);
+        for (i, f) in kept {
+            let rec = f.await.expect("record");
+            assert_eq!(rec.event.summary, format!("message {i}"));
+        }
+        assert_eq!(store.write_transactions(), 1);
+        // A queued event is committed even when its caller left (as a cancelled write may be).
+        let stored = store.events_after(Sequence::ZERO, 100).await.unwrap();
+        assert_eq!(stored.len(), CALLS - 3);
+    });
+}
+
+#[test]
+fn a_drain_that_never_runs_fails_its_caller_and_the_store_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = one_blocking_thread();
+    let store = first
+        .block_on(RedbStore::open(dir.path().join("state.redb")))
+        .unwrap();
+    let handle = first.handle().clone();
+    // A runtime shutting down drops the blocking tasks it is handed without running them.
+    first.shutdown_background();
+    {
+        let _inside = handle.enter();
+        let mut f = store.record(event(0), T0);
+        let got = f.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert!(
+            matches!(got, Poll::Ready(Err(StoreError::Backend { .. }))),
+            "{got:?}"
+        );
+    }
+    let second = one_blocking_thread();
+    second.block_on(async {
+        let rec = store
+            .record(event(1), T0)
+            .await
+            .expect("a new drain starts");
+        assert_eq!(rec.event.summary, "message 1");
+        assert_eq!(store.write_transactions(), 1);
+    });
+}

@@ -123,14 +123,30 @@ pub fn key(what: &'static str, value: &str) -> Result<(), ValidationError> {
 
 /// One line of at most 200 characters, not blank, without control characters.
 pub fn summary(value: &str) -> Result<(), ValidationError> {
-    if value.chars().any(char::is_control) {
+    // Summaries are almost always ASCII: then one pass over the bytes answers all three
+    // questions (an ASCII whitespace other than the space is a control character, so only
+    // spaces can remain for the blank test).
+    let (control, chars, blank) = if value.is_ascii() {
+        let bytes = value.as_bytes();
+        (
+            bytes.iter().any(u8::is_ascii_control),
+            bytes.len(),
+            bytes.iter().all(|b| *b == b' '),
+        )
+    } else {
+        (
+            value.chars().any(char::is_control),
+            value.chars().count(),
+            value.trim().is_empty(),
+        )
+    };
+    if control {
         return Err(ValidationError::SummaryNotOneLine);
     }
-    let chars = value.chars().count();
     if chars > MAX_SUMMARY_CHARS {
         return Err(ValidationError::SummaryTooLong { chars });
     }
-    if value.trim().is_empty() {
+    if blank {
         return Err(ValidationError::SummaryBlank);
     }
     Ok(())
@@ -187,6 +203,37 @@ mod tests {
         assert_eq!(summary("a\tb"), Err(ValidationError::SummaryNotOneLine));
         assert_eq!(summary("a\u{7f}"), Err(ValidationError::SummaryNotOneLine));
         assert_eq!(summary("  "), Err(ValidationError::SummaryBlank));
+        assert_eq!(summary(""), Err(ValidationError::SummaryBlank));
+        assert_eq!(summary(" \u{3000} "), Err(ValidationError::SummaryBlank));
+        assert_eq!(summary(" \u{b} "), Err(ValidationError::SummaryNotOneLine));
+        assert_eq!(summary("é\u{85}"), Err(ValidationError::SummaryNotOneLine));
+        assert!(summary(&"a".repeat(200)).is_ok());
+        assert_eq!(
+            summary(&"a".repeat(201)),
+            Err(ValidationError::SummaryTooLong { chars: 201 })
+        );
+        assert_eq!(
+            summary(&format!("{}\n", "a".repeat(300))),
+            Err(ValidationError::SummaryNotOneLine),
+            "a control character is reported before the length"
+        );
+    }
+
+    proptest::proptest! {
+        /// The ASCII fast path answers exactly as the general rules written with `char`s.
+        #[test]
+        fn summary_fast_path_agrees_with_the_rules(value in "[ -~\t\n\u{7f}\u{3000}é]{0,210}") {
+            let general = if value.chars().any(char::is_control) {
+                Err(ValidationError::SummaryNotOneLine)
+            } else if value.chars().count() > MAX_SUMMARY_CHARS {
+                Err(ValidationError::SummaryTooLong { chars: value.chars().count() })
+            } else if value.trim().is_empty() {
+                Err(ValidationError::SummaryBlank)
+            } else {
+                Ok(())
+            };
+            proptest::prop_assert_eq!(summary(&value), general);
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ use awareness_core::{NewEvent, Recorded, StoreError, Timestamp};
 use redb::WriteTransaction;
 use tokio::sync::oneshot;
 
+use crate::RecordTables;
 use crate::db::{Ctx, Shared, lock};
 
 type Reply = oneshot::Sender<Result<Recorded, StoreError>>;
@@ -141,7 +142,7 @@ impl Writer {
     fn run_one(&self, job: Job) -> (Reply, Result<Recorded, StoreError>) {
         let Job { event, now, reply } = job;
         let result = self.begin("record").and_then(|txn| {
-            let rec = crate::record_tx(&txn, event, now)?;
+            let rec = crate::record_tx(&mut RecordTables::open(&txn)?, event, now)?;
             self.commit(txn, "record")?;
             Ok(rec)
         });
@@ -154,18 +155,20 @@ impl Writer {
             Ok(txn) => txn,
             Err(e) => return fail_all(jobs, &e),
         };
-        let mut recorded = Vec::with_capacity(jobs.len());
-        for job in &jobs {
-            // A copy: should a later event fail, each job is recorded again alone.
-            match crate::record_tx(&txn, job.event.clone(), job.now) {
-                Ok(rec) => recorded.push(rec),
-                Err(e) => {
-                    tracing::debug!(error = %e, "an event failed in a group commit; recording the batch one by one");
-                    drop(txn);
-                    return jobs.into_iter().map(|job| self.run_one(job)).collect();
-                }
+        let recorded = RecordTables::open(&txn).and_then(|mut tables| {
+            jobs.iter()
+                // A copy: should a later event fail, each job is recorded again alone.
+                .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let recorded = match recorded {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                tracing::debug!(error = %e, "an event failed in a group commit; recording the batch one by one");
+                drop(txn);
+                return jobs.into_iter().map(|job| self.run_one(job)).collect();
             }
-        }
+        };
         match self.commit(txn, "record") {
             Ok(()) => jobs
                 .into_iter()

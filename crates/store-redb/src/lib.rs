@@ -122,13 +122,14 @@ use awareness_core::{
     WatcherKey, async_trait, protocol, reconcile, retention,
 };
 use redb::{
-    ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
+    ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table,
+    WriteTransaction,
 };
 
 use crate::commit::Writer;
 use crate::db::{Ctx, Flusher, Shared};
 use crate::tables::{
-    CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEADS,
+    CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEADS, StrPair,
     UPSTREAM_LINKS,
 };
 
@@ -365,25 +366,42 @@ fn read_head(
         .map(|g| tables::head_of(session.clone(), g.value())))
 }
 
-/// Records one validated event in `txn`: the whole per-event protocol.
+/// What a recording touches, opened once per write transaction: a group commit's events share
+/// them (and the sequence counter, read once).
+pub(crate) struct RecordTables<'t> {
+    ev: EventTables<'t>,
+    cur: CursorTables<'t>,
+    heads: Table<'t, StrPair, (u64, u64, i64)>,
+}
+
+impl<'t> RecordTables<'t> {
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            ev: EventTables::open(txn)?,
+            cur: CursorTables::open(txn)?,
+            heads: txn.open_table(HEADS).ctx("record: open heads")?,
+        })
+    }
+}
+
+/// Records one validated event: the whole per-event protocol.
 pub(crate) fn record_tx(
-    txn: &WriteTransaction,
+    t: &mut RecordTables<'_>,
     mut event: NewEvent,
     now: Timestamp,
 ) -> Result<Recorded, StoreError> {
-    let mut ev = EventTables::open(txn)?;
-    let seq = ev.counter()? + 1;
+    let seq = t.ev.counter()? + 1;
     if let Some(key) = &event.dedupe_key {
-        let existing = ev
-            .dedupe
-            .get(key.as_str())
-            .ctx("record: dedupe")?
-            .map(|g| g.value());
+        let existing =
+            t.ev.dedupe()?
+                .get(key.as_str())
+                .ctx("record: dedupe")?
+                .map(|g| g.value());
         if let Some(existing) = existing
-            && let Some(stored) = ev.get(existing)?
+            && let Some(stored) = t.ev.get(existing)?
         {
             // A dedupe hit still consumes its sequence number.
-            ev.consume(seq)?;
+            t.ev.consume(seq)?;
             return Ok(Recorded {
                 event: Arc::new(stored),
                 deduplicated: true,
@@ -393,21 +411,19 @@ pub(crate) fn record_tx(
     }
     let named = std::mem::take(&mut event.watchers);
     let stored = event.into_event(Sequence(seq), now);
-    let mut cur = CursorTables::open(txn)?;
-    let existing = cur.on_target(stored.session_key.as_str())?;
+    let existing = t.cur.on_target(stored.session_key.as_str())?;
     let effects = protocol::on_event(&stored, &named, &existing, now);
-    ev.insert(&stored)?;
+    t.ev.insert(&stored)?;
     let session = stored.session_ref();
-    let mut heads = txn.open_table(HEADS).ctx("record: open heads")?;
-    let pruned = read_head(&heads, &session)?.map_or(Sequence::ZERO, |h| h.pruned_max_sequence);
-    heads
+    let pruned = read_head(&t.heads, &session)?.map_or(Sequence::ZERO, |h| h.pruned_max_sequence);
+    t.heads
         .insert(
             (session.session_key.as_str(), session.agent_id.as_str()),
             (seq, pruned.get(), now.millis()),
         )
         .ctx("record: move the head")?;
     for c in &effects.upserts {
-        cur.put(c)?;
+        t.cur.put(c)?;
     }
     Ok(Recorded {
         event: Arc::new(stored),
@@ -489,7 +505,7 @@ fn prune_tx(
         PruneStep::Cursors { cutoff } => {
             let mut cur = CursorTables::open(txn)?;
             let mut victims = Vec::new();
-            for item in cur.cursors.iter().ctx("prune: scan cursors")? {
+            for item in cur.cursors()?.iter().ctx("prune: scan cursors")? {
                 if victims.len() >= max_rows {
                     break;
                 }

@@ -116,24 +116,54 @@ pub(crate) struct Doomed {
     pub dedupe_key: Option<String>,
 }
 
-/// The event tables and the counter, opened together in a write transaction.
+/// A table opened on first use: a transaction that does not need it does not pay for opening it.
+struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    def: TableDefinition<'static, K, V>,
+    table: Option<Table<'t, K, V>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
+    fn new(def: TableDefinition<'static, K, V>) -> Self {
+        Self { def, table: None }
+    }
+
+    fn get(&mut self, txn: &'t WriteTransaction) -> Result<&mut Table<'t, K, V>, StoreError> {
+        if self.table.is_none() {
+            self.table = Some(txn.open_table(self.def).ctx("open a table")?);
+        }
+        Ok(self.table.as_mut().expect("just opened"))
+    }
+}
+
+/// The event tables and the counter, opened together in a write transaction (the dedupe index
+/// only when used). Opened once per transaction: a group commit's events share them.
 pub(crate) struct EventTables<'t> {
+    txn: &'t WriteTransaction,
     pub meta: Table<'t, &'static str, u64>,
     pub events: Table<'t, u64, &'static [u8]>,
     pub by_ref: Table<'t, (&'static str, &'static str, u64), &'static [u8]>,
-    pub dedupe: Table<'t, &'static str, u64>,
+    dedupe: Lazy<'t, &'static str, u64>,
+    /// The counter, once read in this transaction (only this struct moves it).
+    counter: Option<u64>,
 }
 
 impl<'t> EventTables<'t> {
     pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
         Ok(Self {
+            txn,
             meta: txn.open_table(META).ctx("open the meta table")?,
             events: txn.open_table(EVENTS).ctx("open the events table")?,
             by_ref: txn
                 .open_table(EVENTS_BY_REF)
                 .ctx("open the events_by_ref table")?,
-            dedupe: txn.open_table(DEDUPE).ctx("open the dedupe table")?,
+            dedupe: Lazy::new(DEDUPE),
+            counter: None,
         })
+    }
+
+    /// The dedupe index.
+    pub(crate) fn dedupe(&mut self) -> Result<&mut Table<'t, &'static str, u64>, StoreError> {
+        self.dedupe.get(self.txn)
     }
 
     fn stored_counter(&self) -> Result<u64, StoreError> {
@@ -152,9 +182,15 @@ impl<'t> EventTables<'t> {
             .map_or(0, |(k, _)| k.value()))
     }
 
-    /// The store-wide sequence counter: the highest sequence ever allocated.
-    pub(crate) fn counter(&self) -> Result<u64, StoreError> {
-        Ok(self.stored_counter()?.max(self.last_event()?))
+    /// The store-wide sequence counter: the highest sequence ever allocated. Read once per
+    /// transaction: inserting and consuming move it, and deleting rows never lowers it.
+    pub(crate) fn counter(&mut self) -> Result<u64, StoreError> {
+        if let Some(c) = self.counter {
+            return Ok(c);
+        }
+        let c = self.stored_counter()?.max(self.last_event()?);
+        self.counter = Some(c);
+        Ok(c)
     }
 
     /// Records that `seq` was allocated without leaving a row (a dedupe hit).
@@ -162,6 +198,7 @@ impl<'t> EventTables<'t> {
         self.meta
             .insert(LAST_SEQUENCE, seq)
             .ctx("move the sequence counter")?;
+        self.counter = self.counter.map(|c| c.max(seq));
         Ok(())
     }
 
@@ -179,10 +216,11 @@ impl<'t> EventTables<'t> {
             )
             .ctx("insert the event")?;
         if let Some(k) = &e.dedupe_key {
-            self.dedupe
+            self.dedupe()?
                 .insert(k.as_str(), seq)
                 .ctx("insert the event")?;
         }
+        self.counter = self.counter.map(|c| c.max(seq));
         Ok(())
     }
 
@@ -212,13 +250,13 @@ impl<'t> EventTables<'t> {
             .remove((m.agent_id, m.session_key, seq))
             .ctx("delete an event")?;
         if let Some(k) = m.dedupe_key {
-            let points_here = self
-                .dedupe
+            let dedupe = self.dedupe.get(self.txn)?;
+            let points_here = dedupe
                 .get(k)
                 .ctx("delete an event")?
                 .is_some_and(|g| g.value() == seq);
             if points_here {
-                self.dedupe.remove(k).ctx("delete an event")?;
+                dedupe.remove(k).ctx("delete an event")?;
             }
         }
         Ok(true)
@@ -279,13 +317,13 @@ impl<'t> EventTables<'t> {
         }
         for d in doomed {
             if let Some(k) = &d.dedupe_key {
-                let points_here = self
-                    .dedupe
+                let dedupe = self.dedupe()?;
+                let points_here = dedupe
                     .get(k.as_str())
                     .ctx("delete an event")?
                     .is_some_and(|g| g.value() == d.seq);
                 if points_here {
-                    self.dedupe.remove(k.as_str()).ctx("delete an event")?;
+                    dedupe.remove(k.as_str()).ctx("delete an event")?;
                 }
             }
         }
@@ -306,24 +344,40 @@ impl<'t> EventTables<'t> {
     }
 }
 
-/// The cursor tables, opened together in a write transaction.
+/// The cursor tables of a write transaction; the cursors themselves are opened on first use (a
+/// recording on a session nobody watches only reads the by-target index).
 pub(crate) struct CursorTables<'t> {
-    pub cursors: Table<'t, StrPair, CursorRow>,
+    txn: &'t WriteTransaction,
+    cursors: Lazy<'t, StrPair, CursorRow>,
     pub by_target: Table<'t, StrPair, ()>,
 }
 
 impl<'t> CursorTables<'t> {
     pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
         Ok(Self {
-            cursors: txn.open_table(CURSORS).ctx("open the cursors table")?,
+            txn,
+            cursors: Lazy::new(CURSORS),
             by_target: txn
                 .open_table(CURSORS_BY_TARGET)
                 .ctx("open the cursors_by_target table")?,
         })
     }
 
-    pub(crate) fn get(&self, watcher: &str, target: &str) -> Result<Option<Cursor>, StoreError> {
-        match self.cursors.get((watcher, target)).ctx("read a cursor")? {
+    /// The cursors table.
+    pub(crate) fn cursors(&mut self) -> Result<&mut Table<'t, StrPair, CursorRow>, StoreError> {
+        self.cursors.get(self.txn)
+    }
+
+    pub(crate) fn get(
+        &mut self,
+        watcher: &str,
+        target: &str,
+    ) -> Result<Option<Cursor>, StoreError> {
+        match self
+            .cursors()?
+            .get((watcher, target))
+            .ctx("read a cursor")?
+        {
             Some(v) => cursor_of(watcher, target, v.value()).map(Some),
             None => Ok(None),
         }
@@ -332,7 +386,7 @@ impl<'t> CursorTables<'t> {
     pub(crate) fn put(&mut self, c: &Cursor) -> Result<(), StoreError> {
         let (w, t) = (c.watcher.as_str(), c.target.as_str());
         let existed = self
-            .cursors
+            .cursors()?
             .insert(
                 (w, t),
                 (
@@ -354,7 +408,7 @@ impl<'t> CursorTables<'t> {
 
     pub(crate) fn remove(&mut self, watcher: &str, target: &str) -> Result<bool, StoreError> {
         let existed = self
-            .cursors
+            .cursors()?
             .remove((watcher, target))
             .ctx("delete a cursor")?
             .is_some();
@@ -365,7 +419,7 @@ impl<'t> CursorTables<'t> {
     }
 
     /// Every cursor whose target key is `target` (of any agent), ordered by watcher.
-    pub(crate) fn on_target(&self, target: &str) -> Result<Vec<Cursor>, StoreError> {
+    pub(crate) fn on_target(&mut self, target: &str) -> Result<Vec<Cursor>, StoreError> {
         let mut out = Vec::new();
         for w in watchers_of(&self.by_target, target)? {
             if let Some(c) = self.get(&w, target)? {
@@ -376,9 +430,9 @@ impl<'t> CursorTables<'t> {
     }
 
     /// The target keys `watcher` watches.
-    pub(crate) fn targets_of(&self, watcher: &str) -> Result<Vec<String>, StoreError> {
+    pub(crate) fn targets_of(&mut self, watcher: &str) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
-        for item in self.cursors.range((watcher, "")..).ctx("read cursors")? {
+        for item in self.cursors()?.range((watcher, "")..).ctx("read cursors")? {
             let (k, _) = item.ctx("read cursors")?;
             let (w, t) = k.value();
             if w != watcher {

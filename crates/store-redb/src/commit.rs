@@ -7,9 +7,12 @@
 //! and a oneshot for its answer) and, when no drain is running, starts one on tokio's blocking
 //! pool; then it awaits its oneshot. The drain takes up to `max_events` jobs, records them in
 //! order in one write transaction (the per-event protocol of `record_tx` is unchanged: dedupe
-//! hits within a batch, one sequence spent per call), commits once, answers every job, and loops
-//! until the queue is empty. So a lone caller costs one hand-off to the blocking pool, as any
-//! other call, and callers that arrive while a commit is in flight share the next one.
+//! hits within a batch, one sequence spent per call; the tables are opened once per
+//! transaction), commits once, answers every job, and loops until the queue is empty. So a lone
+//! caller costs one hand-off to the blocking pool, as any other call, and callers that arrive
+//! while a commit is in flight share the next one. Before its last answers the drain lets go of
+//! the handle's state, so a caller that then drops the last handle closes the file at once (the
+//! next process to open it is not refused).
 //!
 //! - Cancel-safe: a caller that gives up drops its receiver; its event may still be committed
 //!   (as with any cancelled write), and the others' commit goes on.
@@ -122,7 +125,7 @@ impl Writer {
         }
         answer.await.map_err(|e| {
             StoreError::backend(
-                "record: the writer stopped before answering (it panicked)",
+                "record: the writer stopped before answering (it panicked, or the runtime is shutting down)",
                 e,
             )
         })?

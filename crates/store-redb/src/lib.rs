@@ -44,33 +44,44 @@
 //!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
 //!   everything durable at once, and closing the last handle does too.
 //!
-//! Measured (criterion medians, `cargo bench -p awareness-benches --bench stores`, 50,000-event
-//! data set, `redb-bounded` flushing every second) on the development machine: 2 cores and a
-//! virtual disk shared with other builds, load average about 4 during the run, so every number
-//! is several times what a quiet machine shows (the issue measured the same bare insert at
-//! about 160 µs and 9 µs on a quiet one). Compare within the table, not the absolute values:
+//! Measured (criterion medians, `AWARENESS_BENCH_BACKENDS=redb,redb-bounded cargo bench -p
+//! awareness-benches --bench stores -- 'record/|floor'`, 50,000-event data set over 1,000
+//! sessions, `redb-bounded` flushing every second) on the development machine: 2 cores and a
+//! virtual disk shared with other builds (load average about 3 during the run), so every
+//! number is several times what a quiet machine shows. Compare within the table, not across
+//! runs:
 //!
 //! | operation | Immediate | Bounded |
 //! |---|---|---|
-//! | floor: bare one-key insert per write transaction | 1.07 ms | 32 µs |
-//! | the same through `spawn_blocking` | 1.39 ms | 63 µs |
-//! | `record/no_watchers` | 1.40 ms (1.3x the floor) | 186 µs |
-//! | `record/10_watchers` | 2.35 ms | 241 µs |
-//! | `reconcile/200` (a read: no durability involved) | 210 µs | 236 µs |
-//! | `reconcile/5` | 51 µs | 49 µs |
+//! | floor: bare one-key insert per write transaction | 882 µs | 26.6 µs |
+//! | the same through `spawn_blocking` | 1.00 ms | 50.0 µs |
+//! | `record/no_watchers` | 1.01 ms (1.15x / 1.01x) | 127 µs (4.8x / 2.5x) |
+//! | `record/10_watchers` | 1.14 ms | 135 µs |
 //!
-//! In the same run SQLite (WAL, `synchronous=NORMAL`, which does not fsync each commit) took
-//! 279 µs to record and 1.0 ms for `reconcile/200`. A second run, 20 minutes later, gave
-//! floors of 0.53 ms and 29 µs, `record/no_watchers` 2.88 ms and 189 µs, `reconcile/200`
-//! 310 µs and 203 µs (SQLite 687 µs): on this shared disk fsync latency moves several-fold
-//! within minutes, so the Immediate ratio to its floor is only meaningful measured on a quiet
-//! machine. The trade-off: with Immediate one fsync
-//! dominates every commit and nothing is ever lost; the bounded mode records 7 to 10 times
-//! faster and loses at most the last interval on a crash (the crash test kills it 30 times and
-//! checks exactly that). A bounded record costs 5.8x the bare insert, 3x the bare insert
-//! through `spawn_blocking` (the target was 1.5x): the hand-off to tokio's blocking pool is
-//! half of the floor, and a record writes three B-tree rows (event, reference index, head),
-//! each a page copy and a checksum in redb, where the floor writes one.
+//! (ratios: to the bare insert, and to the bare insert through `spawn_blocking`, the hand-off
+//! every store call pays). An earlier run gave `reconcile/200` 210 µs and 236 µs, `reconcile/5`
+//! 51 µs and 49 µs (a read: no durability involved), and SQLite (WAL, `synchronous=NORMAL`,
+//! which does not fsync each commit) 279 µs to record; fsync latency on this shared disk moves
+//! several-fold within minutes, so the Immediate ratio is only meaningful within one run.
+//!
+//! The trade-off: with Immediate one fsync dominates every commit and nothing is ever lost; the
+//! bounded mode records about 8 times faster and loses at most the last interval on a crash
+//! (the crash test kills it 30 times and checks exactly that). A lone bounded record still
+//! costs 2.5x the bare insert through `spawn_blocking` (the issue's target was 1.5x): the
+//! hand-off to tokio's blocking pool is half of that floor, and a record writes three B-tree
+//! rows (event, reference index, head) in three trees, each a page-path copy, checksums and a
+//! root update at commit in redb, where the floor writes one; redb's commit is about a third of
+//! a bounded record, the inserts a sixth, opening the five tables and beginning the
+//! transaction a seventh (profiled with `perf` on a tight loop at the data set's size).
+//!
+//! Concurrent callers are where the difference is made: group commit (below) shares one
+//! transaction, and one fsync, between the recordings that wait for it. 16 tasks recording at
+//! once on a fresh file, same machine and session:
+//!
+//! | 16 concurrent tasks | Immediate | Bounded |
+//! |---|---|---|
+//! | group commit (default 64) | 3,730 records/s (9 per transaction) | 19,900 records/s (9 per transaction) |
+//! | `group_commit(1)` | 614 records/s | 9,900 records/s |
 //!
 //! ## Group commit
 //!
@@ -83,6 +94,13 @@
 //! blocking pool, as before. A caller that is cancelled does not cancel the others' commit.
 //! [`RedbStore::write_transactions`] counts the commits, so batching can be observed.
 //!
+//! A batch opens its tables and reads the sequence counter once. An event that fails inside a
+//! batch (a corrupt row it reads) aborts the transaction and the batch is recorded again one
+//! event per transaction, so the failure reaches only its own caller; a failed commit fails
+//! every caller of the batch (each gets its own copy of the error, and nothing is retried,
+//! since whether it reached the disk is unknown). `group_commit(1)` is the old behaviour, one
+//! transaction per recording.
+//!
 //! ## Key layout
 //!
 //! Events by global sequence; a covering `(agent, key, sequence)` index (it holds a copy of the
@@ -90,7 +108,9 @@
 //! watermark; cursors by `(watcher, target)` and by `(target, watcher)`; the dedupe index (a
 //! deleted or pruned row frees its key); upstream links by `(key, agent)`; and a store-wide
 //! sequence counter that never goes back (`max` of a `meta` entry and the highest event, so a
-//! record writes three rows: the event, its index entry and the head). Recording,
+//! record writes three rows: the event, its index entry and the head). A recording opens five
+//! tables: the dedupe index only for an event with a dedupe key, the cursors only when the
+//! session is watched or a watcher is named. Recording,
 //! acknowledging, re-freezing and each pruning chunk are single write transactions. Pruning by
 //! age finds its victims by scanning the events in sequence order on a read snapshot (old rows
 //! are the low sequences, so the scan stops at a full chunk), then deletes them in one write

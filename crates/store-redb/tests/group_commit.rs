@@ -288,3 +288,52 @@ fn a_drain_that_never_runs_fails_its_caller_and_the_store_goes_on() {
         assert_eq!(store.write_transactions(), 1);
     });
 }
+
+#[test]
+fn an_event_that_fails_in_a_batch_fails_only_its_own_caller() {
+    const EVENTS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("events");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let rt = one_blocking_thread();
+    // Sequence 1 carries the dedupe key "same"; then its row is damaged, as a torn disk would.
+    rt.block_on(async {
+        let store = RedbStore::open(&path).await.unwrap();
+        store.record(event(7), T0).await.unwrap();
+    });
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(EVENTS)
+            .unwrap()
+            .insert(1, b"torn".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    rt.block_on(async {
+        let store = RedbStore::open(&path).await.unwrap();
+        let before = store.write_transactions();
+        let release = hold_the_pool();
+        // Call 15 carries the same dedupe key: recording it reads the torn row.
+        let pending: Vec<Pending<'_>> = [0, 1, 15, 2, 3]
+            .into_iter()
+            .map(|i| queue(store.record(event(i), T0)))
+            .collect();
+        drop(release);
+        let mut got = Vec::new();
+        for f in pending {
+            got.push(f.await);
+        }
+        assert!(
+            matches!(&got[2], Err(StoreError::Corrupt { .. })),
+            "{:?}",
+            got[2]
+        );
+        for (i, r) in [(0, &got[0]), (1, &got[1]), (2, &got[3]), (3, &got[4])] {
+            let rec = r.as_ref().expect("an unrelated caller is not failed");
+            assert_eq!(rec.event.summary, format!("message {i}"));
+        }
+        // The batch was aborted, then each event recorded alone: four commits, none for the
+        // failing one.
+        assert_eq!(store.write_transactions() - before, 4);
+    });
+}

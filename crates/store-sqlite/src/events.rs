@@ -12,7 +12,7 @@ use awareness_core::{
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteRow;
 
-use crate::conn::{Query, batch, batch_one, get, persist_cursors};
+use crate::conn::{Hints, Query, batch, batch_one, get, persist_cursors};
 use crate::decode::{self, int, limit};
 use crate::group::{self, Job};
 use crate::{PRUNE_TX_ROWS, PRUNE_WEIGHT, SqliteStore, sql};
@@ -143,38 +143,35 @@ fn answered(
     })
 }
 
-impl SqliteStore {
-    /// Records one event inside the begun write operation on `conn`: one batch when core says
-    /// the event moves no cursor on an unwatched target and the target is not known to be
-    /// watched; two batches otherwise.
-    async fn record_alone(
-        &self,
-        conn: &mut SqliteConnection,
-        event: awareness_core::Event,
-        payload: Option<String>,
-        named: &[WatcherKey],
-        now: Timestamp,
-    ) -> Result<Recorded, StoreError> {
-        let one_batch = protocol::on_event(&event, named, &[], now)
-            .upserts
-            .is_empty()
-            && !self.hints.is_watched(&event.session_key);
-        let key = event.session_key.clone();
-        let event = if one_batch {
-            match record_fast(conn, event, payload.as_deref(), now).await? {
-                Fast::Done(rec) => return Ok(rec),
-                Fast::Watched(event) => event,
-            }
-        } else {
-            event
-        };
-        let (rec, watched) =
-            record_two_batches(conn, event, payload.as_deref(), named, now).await?;
-        if let Some(watched) = watched {
-            self.hints.set_watched(&key, watched);
+/// Records one event inside the begun write operation on `conn`: one batch when core says the
+/// event moves no cursor on an unwatched target and the target is not known to be watched; two
+/// batches otherwise.
+pub(crate) async fn record_alone(
+    conn: &mut SqliteConnection,
+    hints: &Hints,
+    event: awareness_core::Event,
+    payload: Option<String>,
+    named: &[WatcherKey],
+    now: Timestamp,
+) -> Result<Recorded, StoreError> {
+    let one_batch = protocol::on_event(&event, named, &[], now)
+        .upserts
+        .is_empty()
+        && !hints.is_watched(&event.session_key);
+    let key = event.session_key.clone();
+    let event = if one_batch {
+        match record_fast(conn, event, payload.as_deref(), now).await? {
+            Fast::Done(rec) => return Ok(rec),
+            Fast::Watched(event) => event,
         }
-        Ok(rec)
+    } else {
+        event
+    };
+    let (rec, watched) = record_two_batches(conn, event, payload.as_deref(), named, now).await?;
+    if let Some(watched) = watched {
+        hints.set_watched(&key, watched);
     }
+    Ok(rec)
 }
 
 #[async_trait]
@@ -189,9 +186,7 @@ impl EventStore for SqliteStore {
         let writer = self.write_connection(WHAT)?;
         if self.group_commit <= 1 {
             let mut w = self.writer(WHAT).await?;
-            let res = self
-                .record_alone(&mut w.conn, event, payload, &named, now)
-                .await;
+            let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
             return w.finish(res).await;
         }
         // Group commit: queue the event, then either another writer records it with its batch
@@ -231,20 +226,13 @@ impl EventStore for SqliteStore {
             else {
                 unreachable!("one job was taken")
             };
-            let res = self
-                .record_alone(&mut w.conn, event, payload, &named, now)
-                .await;
+            let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
             return w.finish(res).await;
         }
         // A batch holding other callers' events runs on its own task, so that cancelling this
         // call cancels nobody's commit.
         let hints = Arc::clone(&self.hints);
-        tokio::spawn(async move {
-            let res = group::record_batch(&mut w.conn, jobs, &hints).await;
-            if let Err(e) = w.finish(res).await {
-                tracing::warn!(error = %e, "a group commit failed; every caller in it got the error");
-            }
-        });
+        tokio::spawn(async move { group::record_batch(&mut w, jobs, &hints).await });
         answered(answer.await)
     }
 

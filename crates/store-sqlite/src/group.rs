@@ -8,6 +8,9 @@
 //! the batch left them, exactly as one transaction per event would (the conformance check
 //! `concurrent_records_each_get_their_own_event` and the model test hold either way).
 //!
+//! Failure: a batch that fails is rolled back and its events are recorded again one per
+//! transaction, so one event that cannot be written fails only its own caller.
+//!
 //! Cancellation: a caller that records alone runs its recording itself, as without group
 //! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
 //! the caller that happened to start it cancels nobody's commit.
@@ -22,8 +25,9 @@ use awareness_core::{
 use sqlx::SqliteConnection;
 use tokio::sync::oneshot;
 
-use crate::conn::{Hints, batch, get};
+use crate::conn::{Hints, Writer, batch, get};
 use crate::decode;
+use crate::events::record_alone;
 use crate::sql;
 
 const WHAT: &str = "record an event";
@@ -72,27 +76,34 @@ enum Outcome {
     Hit(String),
 }
 
-/// Records `jobs` (at least one) in one transaction and answers every caller. On failure the
-/// transaction is rolled back by the caller of this function and every job gets a copy of the
-/// error.
-pub(crate) async fn record_batch(
-    conn: &mut SqliteConnection,
-    jobs: Vec<Job>,
-    hints: &Hints,
-) -> Result<(), StoreError> {
-    match run(conn, &jobs, hints).await {
+/// Records `jobs` in one transaction on the locked, begun write connection and answers every
+/// caller. When the batch fails, it is rolled back and each event is recorded again in a
+/// transaction of its own, so an event that cannot be written fails only its own caller.
+pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) {
+    match run(&mut w.conn, &jobs, hints).await {
         Ok(results) => {
+            w.open_tx = false;
             for (job, rec) in jobs.into_iter().zip(results) {
                 // A caller that went away no longer wants its result; its event is committed.
                 drop(job.reply.send(Ok(rec)));
             }
-            Ok(())
         }
         Err(e) => {
+            tracing::debug!(error = %e, events = jobs.len(), "a group commit failed; recording its events one by one");
+            w.rollback().await;
             for job in jobs {
-                drop(job.reply.send(Err(e.for_another_caller())));
+                w.open_tx = true;
+                let res = record_alone(
+                    &mut w.conn,
+                    hints,
+                    job.event,
+                    job.payload,
+                    &job.named,
+                    job.now,
+                )
+                .await;
+                drop(job.reply.send(w.finish(res).await));
             }
-            Err(e)
         }
     }
 }

@@ -131,3 +131,53 @@ async fn cancelled_callers_cancel_nobody_elses_commit() {
         rec.event.sequence
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("state.sqlite");
+    let store = open(&dir, SqliteOptions::new()).await;
+    // A torn row (an unknown kind) under the dedupe key "torn", written behind the store's back.
+    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await
+        .expect("raw connection");
+    sqlx::query(
+        "INSERT INTO session_state_events (dedupe_key, session_key, agent_id, kind, actor_type,
+           occurred_at, summary) VALUES ('torn', 'agent:main:subagent:s0', 'main', 'no-such-kind',
+           'human', 0, 'torn')",
+    )
+    .execute(&mut raw)
+    .await
+    .expect("insert the torn row");
+    raw.close().await.expect("close");
+    for round in 0..10 {
+        let before = store.write_transactions();
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                let mut e = event(round * 16 + i);
+                if i == 7 {
+                    e = e.with_dedupe_key("torn");
+                }
+                tokio::spawn(async move { store.record(e, T0).await })
+            })
+            .collect();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let got = t.await.expect("join");
+            if i == 7 {
+                let err = got.expect_err("the torn row's caller fails");
+                assert!(
+                    matches!(err, awareness_core::StoreError::Corrupt { .. }),
+                    "{err}"
+                );
+            } else {
+                let rec = got.unwrap_or_else(|e| panic!("call {i} failed with its batch: {e}"));
+                assert_eq!(rec.event.summary, format!("message {}", round * 16 + i));
+            }
+        }
+        assert!(store.write_transactions() > before);
+    }
+}

@@ -1,18 +1,25 @@
 //! Store benches: one criterion group per user-visible operation, every backend side by side.
 //!
-//! Run: `cargo bench -p awareness-benches --bench stores`.
+//! Run: `cargo bench -p awareness-benches --bench stores`. Under `-- --test` the data sets are
+//! small (see `awareness_benches::test_mode`).
 
 // Criterion's idiom: `c` the criterion, `g` a group, `b` a backend, `bench` the bencher.
 #![allow(clippy::many_single_char_names)]
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use awareness_benches::{
-    Backend, DATASET_EVENTS, DATASET_SESSIONS, T0, add_watchers, dataset_session, head, human,
-    load_dataset, open_backends, poll_ready, runtime,
+    Backend, Dataset, T0, add_watchers, dataset_session, head, human, load_dataset,
+    loaded_backends, poll_ready, runtime, test_mode,
 };
-use awareness_core::{AwarenessStore, AwarenessStoreExt as _, RetentionPolicy, Sequence};
-use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use awareness_core::{AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence};
+use criterion::{
+    BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
+    criterion_main,
+};
 use tokio::runtime::Runtime;
 
 /// Runs one store call: memory is polled directly, durable stores on the runtime.
@@ -24,60 +31,100 @@ fn run<T>(rt: &Runtime, b: &Backend, f: impl std::future::Future<Output = T>) ->
     }
 }
 
-fn loaded(rt: &Runtime) -> Vec<Backend> {
-    let backends = rt.block_on(open_backends());
-    for b in &backends {
-        rt.block_on(load_dataset(&*b.store, DATASET_EVENTS, DATASET_SESSIONS));
-    }
-    backends
+/// Keeps a store at the data set's size while a bench that records runs, as the row cap does in
+/// a gateway: every fifth of the data set's size in recordings a pruning pass down to that size
+/// runs in the un-measured set-up.
+struct Capped {
+    policy: RetentionPolicy,
+    every: usize,
+    recorded: AtomicUsize,
 }
 
-/// Keeps a store at the data set's size while a record bench runs, as the 50,000-row cap does in
-/// a gateway: every 10,000 recordings a pruning pass runs in the un-measured set-up.
-fn keep_capped(rt: &Runtime, b: &Backend, n: usize) {
-    if n % 10_000 == 9_999 {
-        run(rt, b, b.store.prune(&RetentionPolicy::default(), T0)).expect("prune");
+impl Capped {
+    fn new(data: Dataset) -> Self {
+        Self {
+            policy: RetentionPolicy {
+                max_rows: data.events() as u64,
+                ..RetentionPolicy::default()
+            },
+            every: (data.events() / 5).max(1),
+            recorded: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts `n` recordings about to be made and prunes first when a pass is due; returns the
+    /// count before them (an index for picking sessions).
+    fn before(&self, rt: &Runtime, b: &Backend, n: usize) -> usize {
+        let before = self.recorded.fetch_add(n, Ordering::Relaxed);
+        if before / self.every != (before + n) / self.every {
+            run(rt, b, b.store.prune(&self.policy, T0)).expect("prune");
+        }
+        before
     }
 }
 
+/// Measures recording the events `pick(n)` builds (outside the measurement) for the n-th
+/// recording, each reaching `watchers` watchers.
+fn bench_record(
+    bench: &mut Bencher<'_>,
+    rt: &Runtime,
+    b: &Backend,
+    capped: &Capped,
+    pick: impl Fn(usize) -> NewEvent,
+    watchers: usize,
+) {
+    bench.iter_batched(
+        || pick(capped.before(rt, b, 1)),
+        // The result is dropped inside the measurement, as a caller drops it, so the harness
+        // does not collect outputs into a growing buffer.
+        |e| {
+            let got = run(rt, b, b.store.record(e, T0)).expect("record");
+            assert_eq!(got.notices.len(), watchers);
+            std::hint::black_box(got.event.sequence);
+        },
+        BatchSize::SmallInput,
+    );
+}
+
+/// `record/{0,1,10}_watchers` (a human message on a session with that many watchers) and
+/// `record/dedupe_hit` (an event whose dedupe key is already stored).
 fn record(c: &mut Criterion) {
     let rt = runtime();
-    let backends = loaded(&rt);
+    let data = Dataset::standard();
+    let backends = rt.block_on(loaded_backends(data));
     let mut g = c.benchmark_group("record");
     for b in &backends {
         let store: &dyn AwarenessStore = &*b.store;
+        let capped = Capped::new(data);
         // Events are built outside the measurement: the bench measures the store.
-        let fresh: Vec<_> = (0..DATASET_SESSIONS)
-            .map(|i| dataset_session(DATASET_SESSIONS + i))
+        let fresh: Vec<_> = (0..data.sessions())
+            .map(|i| dataset_session(data.sessions() + i))
             .collect();
-        let i = AtomicUsize::new(0);
-        g.bench_function(BenchmarkId::new("no_watchers", b.name), |bench| {
-            bench.iter_batched(
-                || {
-                    let n = i.fetch_add(1, Ordering::Relaxed);
-                    keep_capped(&rt, b, n);
-                    human(&fresh[n % fresh.len()])
-                },
-                // The result is dropped inside the measurement, as a caller drops it, so the
-                // harness does not collect outputs into a growing buffer.
-                |e| {
-                    let got = run(&rt, b, store.record(e, T0)).expect("record");
-                    std::hint::black_box(got.event.sequence);
-                },
-                BatchSize::SmallInput,
+        g.bench_function(BenchmarkId::new("0_watchers", b.name), |bench| {
+            bench_record(
+                bench,
+                &rt,
+                b,
+                &capped,
+                |n| human(&fresh[n % fresh.len()]),
+                0,
             );
         });
-        let target = dataset_session(7);
-        rt.block_on(add_watchers(store, &target, 10));
-        g.bench_function(BenchmarkId::new("10_watchers", b.name), |bench| {
+        for (name, watchers, session) in [("1_watchers", 1, 6), ("10_watchers", 10, 7)] {
+            let target = dataset_session(session);
+            rt.block_on(add_watchers(store, &target, watchers));
+            g.bench_function(BenchmarkId::new(name, b.name), |bench| {
+                bench_record(bench, &rt, b, &capped, |_| human(&target), watchers);
+            });
+        }
+        let stored = human(&dataset_session(8)).with_dedupe_key("bench-dedupe-hit");
+        run(&rt, b, store.record(stored.clone(), T0)).expect("record");
+        g.bench_function(BenchmarkId::new("dedupe_hit", b.name), |bench| {
             bench.iter_batched(
-                || {
-                    keep_capped(&rt, b, i.fetch_add(1, Ordering::Relaxed));
-                    human(&target)
-                },
+                || stored.clone(),
                 |e| {
                     let got = run(&rt, b, store.record(e, T0)).expect("record");
-                    assert_eq!(got.notices.len(), 10);
+                    assert!(got.deduplicated);
                     std::hint::black_box(got.event.sequence);
                 },
                 BatchSize::SmallInput,
@@ -87,11 +134,12 @@ fn record(c: &mut Criterion) {
     g.finish();
 }
 
+/// `reconcile/{5,200}`: the last 5 events of a session, and a full 200-event page.
 fn reconcile(c: &mut Criterion) {
     let rt = runtime();
-    let backends = loaded(&rt);
+    let backends = rt.block_on(loaded_backends(Dataset::standard()));
     let mut g = c.benchmark_group("reconcile");
-    // 50 events per session in the data set: a session gets 200 more so a full page exists.
+    // A session gets 200 more events than the data set gave it, so a full page exists.
     let target = dataset_session(11);
     for b in &backends {
         let store: &dyn AwarenessStore = &*b.store;
@@ -100,7 +148,7 @@ fn reconcile(c: &mut Criterion) {
                 .expect("record");
         }
         let last = rt.block_on(head(store, &target)).get();
-        for (name, limit, after) in [("200", 200usize, 0u64), ("5", 5, last - 5)] {
+        for (name, limit, after) in [("5", 5usize, last - 5), ("200", 200, 0)] {
             g.bench_function(BenchmarkId::new(name, b.name), |bench| {
                 bench.iter(|| {
                     let page = run(&rt, b, store.changes_since(&target, Sequence(after), limit))
@@ -114,6 +162,102 @@ fn reconcile(c: &mut Criterion) {
     g.finish();
 }
 
+/// Refs the gateway enriches per `heads` call (its default `list_batch`).
+const LIST_REFS: usize = 500;
+
+/// `sessions_list/500_refs`: the gateway's `sessions_list` enrichment for one page of sessions,
+/// which is one `heads` call for the 500 refs, keeping the heads above 0 by ref.
+fn sessions_list(c: &mut Criterion) {
+    let rt = runtime();
+    let data = Dataset::standard();
+    let backends = rt.block_on(loaded_backends(data));
+    let refs: Vec<_> = (0..LIST_REFS).map(dataset_session).collect();
+    let mut g = c.benchmark_group("sessions_list");
+    for b in &backends {
+        let store: &dyn AwarenessStore = &*b.store;
+        g.bench_function(BenchmarkId::new("500_refs", b.name), |bench| {
+            bench.iter(|| {
+                let heads = run(&rt, b, store.heads(&refs)).expect("heads");
+                let versions: HashMap<_, _> = heads
+                    .into_iter()
+                    .filter(|h| h.last_sequence > Sequence::ZERO)
+                    .map(|h| (h.session, h.last_sequence))
+                    .collect();
+                assert_eq!(versions.len(), LIST_REFS.min(data.events()));
+                versions
+            });
+        });
+    }
+    g.finish();
+}
+
+/// `acknowledge`: a watcher acknowledges its pending notice on one session (the material event
+/// that made it pending is recorded in the un-measured set-up).
+fn acknowledge(c: &mut Criterion) {
+    let rt = runtime();
+    let data = Dataset::standard();
+    let backends = rt.block_on(loaded_backends(data));
+    let watcher = awareness_core::WatcherKey::parse("agent:main:acknowledger").expect("watcher");
+    let target = dataset_session(13);
+    let mut g = c.benchmark_group("acknowledge");
+    for b in &backends {
+        let store: &dyn AwarenessStore = &*b.store;
+        let capped = Capped::new(data);
+        run(&rt, b, store.watch(&watcher, &target, T0)).expect("watch");
+        g.bench_function(b.name, |bench| {
+            bench.iter_batched(
+                || {
+                    capped.before(&rt, b, 1);
+                    let got = run(&rt, b, store.record(human(&target), T0)).expect("record");
+                    assert_eq!(got.notices.len(), 1);
+                },
+                |()| {
+                    let follow_up = run(
+                        &rt,
+                        b,
+                        store.acknowledge(&watcher, std::slice::from_ref(&target.session_key), T0),
+                    )
+                    .expect("acknowledge");
+                    assert!(follow_up.is_empty());
+                },
+                // Every acknowledgement needs its own pending notice.
+                BatchSize::PerIteration,
+            );
+        });
+    }
+    g.finish();
+}
+
+/// `sweep/100k_cursors`: the start-up sweep (every pending cursor re-frozen and its notice
+/// returned) over 100,000 cursors of which 10,000 are pending.
+fn sweep(c: &mut Criterion) {
+    let rt = runtime();
+    let data = Dataset::cursors();
+    let Dataset::Cursors {
+        watchers,
+        pending_targets,
+        ..
+    } = data
+    else {
+        unreachable!("the cursors data set")
+    };
+    let backends = rt.block_on(loaded_backends(data));
+    let mut g = c.benchmark_group("sweep");
+    g.sample_size(10);
+    let exists = |_: &awareness_core::WatcherKey| true;
+    for b in &backends {
+        let store: &dyn AwarenessStore = &*b.store;
+        g.bench_function(BenchmarkId::new("100k_cursors", b.name), |bench| {
+            bench.iter(|| {
+                let notices = run(&rt, b, store.sweep(T0, &exists)).expect("sweep");
+                assert_eq!(notices.len(), watchers * pending_targets);
+                notices
+            });
+        });
+    }
+    g.finish();
+}
+
 /// The floor of `record` on redb: a bare one-key insert per write transaction on a separate
 /// redb file, per durability (`immediate`: fsynced; `none`: redb's `Durability::None`, as
 /// `redb-bounded` commits), called directly and through `spawn_blocking` as the store calls redb.
@@ -121,7 +265,7 @@ fn floor(c: &mut Criterion) {
     const TABLE: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("floor");
     let rt = runtime();
     let dir = tempfile::tempdir().expect("temp dir for the floor");
-    let db = std::sync::Arc::new(
+    let db = Arc::new(
         redb::Database::create(dir.path().join("floor.redb")).expect("open the floor database"),
     );
     let mut g = c.benchmark_group("floor");
@@ -146,10 +290,7 @@ fn floor(c: &mut Criterion) {
             BenchmarkId::new("insert_one_key_spawn_blocking", mode),
             |bench| {
                 bench.iter(|| {
-                    let (db, k) = (
-                        std::sync::Arc::clone(&db),
-                        n.fetch_add(1, Ordering::Relaxed),
-                    );
+                    let (db, k) = (Arc::clone(&db), n.fetch_add(1, Ordering::Relaxed));
                     rt.block_on(async {
                         tokio::task::spawn_blocking(move || insert(&db, k)).await
                     })
@@ -161,40 +302,38 @@ fn floor(c: &mut Criterion) {
     g.finish();
 }
 
-/// Rows above the data set that one pruning pass removes (60,000 down to 50,000).
-const PRUNE_EXCESS: usize = 10_000;
-
-/// Latencies of `n` recordings on fresh sessions.
-async fn record_latencies(store: &dyn AwarenessStore, n: usize) -> Vec<std::time::Duration> {
+/// Latencies of `n` recordings on sessions outside the data set.
+async fn record_latencies(store: &dyn AwarenessStore, sessions: usize, n: usize) -> Vec<Duration> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let e = human(&dataset_session(
-            2 * DATASET_SESSIONS + i % DATASET_SESSIONS,
-        ));
-        let t = std::time::Instant::now();
+        let e = human(&dataset_session(2 * sessions + i % sessions));
+        let t = Instant::now();
         store.record(e, T0).await.expect("record");
         out.push(t.elapsed());
     }
     out
 }
 
-fn p99(mut v: Vec<std::time::Duration>) -> Option<std::time::Duration> {
+fn p99(mut v: Vec<Duration>) -> Option<Duration> {
     v.sort();
     v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
         .copied()
 }
 
-/// One pruning pass from 60,000 rows down to 50,000 (row cap, in the default chunks of 2,000
-/// rows), and beside it the p99 of recording while such a pass runs against the quiet p99.
+/// `prune/60k_to_50k`: one pruning pass from 60,000 rows down to 50,000 (row cap, in the default
+/// chunks of 2,000 rows), and beside it the p99 of recording while such a pass runs against the
+/// quiet p99 (printed).
 fn prune(c: &mut Criterion) {
     let rt = runtime();
-    let backends = loaded(&rt);
+    let data = Dataset::standard();
+    let excess = data.events() / 5;
+    let backends = rt.block_on(loaded_backends(data));
     let policy = RetentionPolicy {
-        max_rows: DATASET_EVENTS as u64,
+        max_rows: data.events() as u64,
         ..RetentionPolicy::default()
     };
-    let refill = |store: &dyn AwarenessStore| {
-        rt.block_on(load_dataset(store, PRUNE_EXCESS, DATASET_SESSIONS));
+    let refill = |store: &Arc<dyn AwarenessStore>| {
+        rt.block_on(load_dataset(store, excess, data.sessions()));
     };
     let mut g = c.benchmark_group("prune");
     g.sample_size(10);
@@ -202,33 +341,33 @@ fn prune(c: &mut Criterion) {
         let store: &dyn AwarenessStore = &*b.store;
         g.bench_function(BenchmarkId::new("60k_to_50k", b.name), |bench| {
             bench.iter_custom(|iters| {
-                let mut total = std::time::Duration::ZERO;
+                let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    refill(store);
-                    let t = std::time::Instant::now();
+                    refill(&b.store);
+                    let t = Instant::now();
                     let report = run(&rt, b, store.prune(&policy, T0)).expect("prune");
                     total += t.elapsed();
-                    assert_eq!(report.events_by_cap, PRUNE_EXCESS as u64);
+                    assert_eq!(report.events_by_cap, excess as u64);
                 }
                 total
             });
         });
         // Recording while a pass runs on another task, against recording alone.
-        refill(store);
-        let quiet = p99(rt.block_on(record_latencies(store, 2_000)));
+        refill(&b.store);
+        let quiet_n = if test_mode() { 200 } else { 2_000 };
+        let quiet = p99(rt.block_on(record_latencies(store, data.sessions(), quiet_n)));
         let pruning = rt.block_on(async {
-            let shared = std::sync::Arc::clone(&b.store);
+            let shared = Arc::clone(&b.store);
             let pass = tokio::spawn(async move { shared.prune(&policy, T0).await });
             let mut during = Vec::new();
             while !pass.is_finished() {
-                during.extend(record_latencies(store, 1).await);
+                during.extend(record_latencies(store, data.sessions(), 1).await);
                 tokio::task::yield_now().await;
             }
             pass.await.expect("join").expect("prune");
             during
         });
-        let show =
-            |d: Option<std::time::Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
+        let show = |d: Option<Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
         println!(
             "prune/record_p99/{}: quiet {}, while pruning {} ({} recordings during the pass)",
             b.name,
@@ -240,5 +379,76 @@ fn prune(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, record, reconcile, floor, prune);
+/// Recording tasks of `record/concurrent_16_tasks`.
+const TASKS: usize = 16;
+/// Recordings per task between two checks of the row cap.
+const CHUNK: usize = 256;
+
+/// `record/concurrent_16_tasks`: 16 tokio tasks recording at once; one iteration is one
+/// recording per task, so the report's throughput is events per second.
+fn record_concurrent(c: &mut Criterion) {
+    let rt = runtime();
+    let data = Dataset::standard();
+    let backends = rt.block_on(loaded_backends(data));
+    let mut g = c.benchmark_group("record");
+    g.throughput(Throughput::Elements(TASKS as u64));
+    g.sampling_mode(SamplingMode::Flat);
+    g.sample_size(20);
+    for b in &backends {
+        let capped = Capped::new(data);
+        let fresh: Vec<_> = (0..data.sessions())
+            .map(|i| dataset_session(data.sessions() + i))
+            .collect();
+        g.bench_function(BenchmarkId::new("concurrent_16_tasks", b.name), |bench| {
+            bench.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters as usize;
+                while left > 0 {
+                    let chunk = left.min(CHUNK);
+                    left -= chunk;
+                    let n = capped.before(&rt, b, chunk * TASKS);
+                    // Events are built outside the measurement.
+                    let batches: Vec<Vec<_>> = (0..TASKS)
+                        .map(|t| {
+                            (0..chunk)
+                                .map(|k| human(&fresh[(n + k * TASKS + t) % fresh.len()]))
+                                .collect()
+                        })
+                        .collect();
+                    total += rt.block_on(async {
+                        let start = Instant::now();
+                        let mut tasks = tokio::task::JoinSet::new();
+                        for batch in batches {
+                            let store = Arc::clone(&b.store);
+                            tasks.spawn(async move {
+                                for e in batch {
+                                    let got = store.record(e, T0).await.expect("record");
+                                    std::hint::black_box(got.event.sequence);
+                                }
+                            });
+                        }
+                        while let Some(done) = tasks.join_next().await {
+                            done.expect("a recording task panicked");
+                        }
+                        start.elapsed()
+                    });
+                }
+                total
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    record,
+    reconcile,
+    sessions_list,
+    acknowledge,
+    sweep,
+    floor,
+    prune,
+    record_concurrent
+);
 criterion_main!(benches);

@@ -1,5 +1,12 @@
-//! Shared set-up for the criterion benches: every backend opened side by side, and the standard
-//! data set (50,000 events over 1,000 sessions) loaded through the public API.
+//! Shared set-up for the criterion benches and the scale example: every backend opened side by
+//! side, and the data sets (the standard one: 50,000 events over 1,000 sessions; the sweep's:
+//! 100,000 cursors) loaded through the public API.
+//!
+//! Loading is fast: a data set is recorded once per run and per file format, with
+//! [`LOAD_IN_FLIGHT`] recordings in flight (so a store's group commit batches them), redb's copy
+//! with the bounded durability (the file is the same, only fsyncs are skipped); every backend
+//! then opens its own copy of that file with its own options. Under `cargo bench -- --test`
+//! ([`test_mode`]) the data sets are small, so CI executes every bench quickly.
 //!
 //! ```
 //! let rt = awareness_benches::runtime();
@@ -8,12 +15,17 @@
 //! ```
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use awareness_core::{
     ActorType, AwarenessStore, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey,
 };
+use store_redb::{RedbOptions, RedbStore};
+use store_sqlite::{SqliteOptions, SqliteStore};
 
 /// The fixed start of the benches' clock.
 pub const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -21,6 +33,139 @@ pub const T0: Timestamp = Timestamp(1_800_000_000_000);
 pub const DATASET_EVENTS: usize = 50_000;
 /// Sessions in the standard data set.
 pub const DATASET_SESSIONS: usize = 1_000;
+/// Recordings (or watches) in flight while a data set loads.
+pub const LOAD_IN_FLIGHT: usize = 32;
+
+/// Whether the benches run under `cargo bench -- --test` (each bench once, as CI runs them):
+/// the data sets are then small.
+pub fn test_mode() -> bool {
+    std::env::args().any(|a| a == "--test")
+}
+
+/// A data set a group's backends start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dataset {
+    /// `events` human messages spread round-robin over `sessions` sessions
+    /// ([`dataset_session`]).
+    Events {
+        /// Events recorded.
+        events: usize,
+        /// Sessions they are spread over.
+        sessions: usize,
+    },
+    /// `watchers` watchers ([`watcher`]) each watching `targets` sessions ([`dataset_session`]),
+    /// and one human message on each of the first `pending_targets` targets, which leaves
+    /// `watchers * pending_targets` cursors pending.
+    Cursors {
+        /// Watchers.
+        watchers: usize,
+        /// Targets each watcher watches.
+        targets: usize,
+        /// Targets with a pending notice for every watcher.
+        pending_targets: usize,
+    },
+}
+
+impl Dataset {
+    /// The standard data set: 50,000 events over 1,000 sessions (2,000 events under `--test`).
+    pub fn standard() -> Self {
+        Self::Events {
+            events: if test_mode() { 2_000 } else { DATASET_EVENTS },
+            sessions: DATASET_SESSIONS,
+        }
+    }
+
+    /// The sweep's data set: 100,000 cursors, 10,000 of them pending (1,000 cursors, 100
+    /// pending, under `--test`).
+    pub fn cursors() -> Self {
+        if test_mode() {
+            Self::Cursors {
+                watchers: 10,
+                targets: 100,
+                pending_targets: 10,
+            }
+        } else {
+            Self::Cursors {
+                watchers: 100,
+                targets: 1_000,
+                pending_targets: 100,
+            }
+        }
+    }
+
+    /// Events recorded by the data set.
+    pub fn events(self) -> usize {
+        match self {
+            Self::Events { events, .. } => events,
+            Self::Cursors {
+                pending_targets, ..
+            } => pending_targets,
+        }
+    }
+
+    /// Sessions the data set's events go to.
+    pub fn sessions(self) -> usize {
+        match self {
+            Self::Events { sessions, .. } => sessions,
+            Self::Cursors { targets, .. } => targets,
+        }
+    }
+
+    /// Loads the data set into `store`, [`LOAD_IN_FLIGHT`] calls at a time.
+    pub async fn load(self, store: &Arc<dyn AwarenessStore>) {
+        match self {
+            Self::Events { events, sessions } => load_dataset(store, events, sessions).await,
+            Self::Cursors {
+                watchers,
+                targets,
+                pending_targets,
+            } => {
+                let s = Arc::clone(store);
+                concurrently(watchers * targets, LOAD_IN_FLIGHT, move |i| {
+                    let s = Arc::clone(&s);
+                    async move {
+                        s.watch(&watcher(i / targets), &dataset_session(i % targets), T0)
+                            .await
+                            .expect("watch");
+                    }
+                })
+                .await;
+                load_dataset(store, pending_targets, pending_targets).await;
+            }
+        }
+    }
+}
+
+/// How a backend stores its data.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// store-memory.
+    Memory,
+    /// store-sqlite with these options.
+    Sqlite(SqliteOptions),
+    /// store-redb with these options.
+    Redb(RedbOptions),
+}
+
+impl Kind {
+    /// The file format, which names the template a data set is loaded into once.
+    fn format(&self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Sqlite(_) => "sqlite",
+            Self::Redb(_) => "redb",
+        }
+    }
+}
+
+/// A backend to open: its report name and how it stores.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The name shown in the report (`memory`, `sqlite`, ...).
+    pub name: &'static str,
+    /// The store and its options.
+    pub kind: Kind,
+}
 
 /// One backend under measurement.
 pub struct Backend {
@@ -40,59 +185,209 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// Every backend this workspace has, empty, in report order; `AWARENESS_BENCH_BACKENDS`
-/// (a comma-separated list such as `memory,sqlite`) keeps only the named ones.
-pub async fn open_backends() -> Vec<Backend> {
-    let wanted = std::env::var("AWARENESS_BENCH_BACKENDS").ok();
-    let mut backends = open_all().await;
-    if let Some(list) = wanted {
-        backends.retain(|b| list.split(',').any(|n| n.trim() == b.name));
-    }
-    backends
-}
-
-async fn open_all() -> Vec<Backend> {
-    let mut backends = vec![Backend {
-        name: "memory",
-        store: Arc::new(store_memory::MemoryStore::new()),
-        guard: Box::new(()),
-    }];
-    let dir = tempfile::tempdir().expect("temp dir for sqlite");
-    let sqlite = store_sqlite::SqliteStore::open(dir.path().join("bench.db"))
-        .await
-        .expect("open the sqlite store");
-    backends.push(Backend {
-        name: "sqlite",
-        store: Arc::new(sqlite),
-        guard: Box::new(dir),
-    });
-    for (name, options) in [
-        ("redb", store_redb::RedbOptions::default()),
-        (
-            "redb-bounded",
-            store_redb::RedbOptions::bounded(REDB_FLUSH_INTERVAL),
-        ),
-    ] {
-        let dir = tempfile::tempdir().expect("temp dir for redb");
-        let redb = store_redb::RedbStore::open_with(dir.path().join("bench.redb"), options)
-            .await
-            .expect("open the redb store");
-        backends.push(Backend {
-            name,
-            store: Arc::new(redb),
-            guard: Box::new(dir),
-        });
-    }
-    backends
-}
-
 /// The flush interval of the `redb-bounded` backend (commits use redb's `Durability::None` and
 /// are made durable in the background at this interval).
 pub const REDB_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Every backend of the standard groups, in report order: `memory`, `sqlite`, `redb`
+/// (`Immediate` durability) and `redb-bounded`.
+pub fn specs() -> Vec<Spec> {
+    vec![
+        Spec {
+            name: "memory",
+            kind: Kind::Memory,
+        },
+        Spec {
+            name: "sqlite",
+            kind: Kind::Sqlite(SqliteOptions::new()),
+        },
+        Spec {
+            name: "redb",
+            kind: Kind::Redb(RedbOptions::default()),
+        },
+        Spec {
+            name: "redb-bounded",
+            kind: Kind::Redb(RedbOptions::bounded(REDB_FLUSH_INTERVAL)),
+        },
+    ]
+}
+
+/// `specs` without the backends `AWARENESS_BENCH_BACKENDS` (a comma-separated list such as
+/// `memory,sqlite`) does not name.
+pub fn wanted(specs: Vec<Spec>) -> Vec<Spec> {
+    match std::env::var("AWARENESS_BENCH_BACKENDS") {
+        Ok(list) => specs
+            .into_iter()
+            .filter(|s| list.split(',').any(|n| n.trim() == s.name))
+            .collect(),
+        Err(_) => specs,
+    }
+}
+
+/// Every backend of [`specs`] that is [`wanted`], empty.
+pub async fn open_backends() -> Vec<Backend> {
+    let mut out = Vec::new();
+    for spec in wanted(specs()) {
+        out.push(open_empty(&spec).await);
+    }
+    out
+}
+
+/// Every backend of [`specs`] that is [`wanted`], holding `data`.
+pub async fn loaded_backends(data: Dataset) -> Vec<Backend> {
+    loaded(&wanted(specs()), data).await
+}
+
+/// The given backends, each holding `data` (loaded once per run and file format, then copied).
+pub async fn loaded(specs: &[Spec], data: Dataset) -> Vec<Backend> {
+    let mut out = Vec::new();
+    for spec in specs {
+        out.push(open_loaded(spec, data).await);
+    }
+    out
+}
+
+/// Opens one empty backend.
+pub async fn open_empty(spec: &Spec) -> Backend {
+    let dir = tempfile::tempdir().expect("temp dir for a store");
+    open_in(spec, dir).await
+}
+
+async fn open_in(spec: &Spec, dir: tempfile::TempDir) -> Backend {
+    let store: Arc<dyn AwarenessStore> = match &spec.kind {
+        Kind::Memory => Arc::new(store_memory::MemoryStore::new()),
+        Kind::Sqlite(options) => Arc::new(
+            SqliteStore::open_with(dir.path().join("bench.db"), options.clone())
+                .await
+                .expect("open the sqlite store"),
+        ),
+        Kind::Redb(options) => Arc::new(
+            RedbStore::open_with(dir.path().join("bench.redb"), options.clone())
+                .await
+                .expect("open the redb store"),
+        ),
+    };
+    Backend {
+        name: spec.name,
+        store,
+        guard: Box::new(dir),
+    }
+}
+
+/// Loaded files by (format, data set), kept for the whole run.
+type Templates = Mutex<HashMap<(&'static str, Dataset), Arc<tempfile::TempDir>>>;
+
+fn templates() -> &'static Templates {
+    static TEMPLATES: OnceLock<Templates> = OnceLock::new();
+    TEMPLATES.get_or_init(Mutex::default)
+}
+
+async fn open_loaded(spec: &Spec, data: Dataset) -> Backend {
+    if matches!(spec.kind, Kind::Memory) {
+        let b = open_empty(spec).await;
+        data.load(&b.store).await;
+        return b;
+    }
+    let key = (spec.kind.format(), data);
+    let cached = templates()
+        .lock()
+        .expect("templates")
+        .get(&key)
+        .map(Arc::clone);
+    let template = if let Some(t) = cached {
+        t
+    } else {
+        let t = Arc::new(build_template(&spec.kind, data).await);
+        templates()
+            .lock()
+            .expect("templates")
+            .insert(key, Arc::clone(&t));
+        t
+    };
+    let dir = tempfile::tempdir().expect("temp dir for a store");
+    copy_files(template.path(), dir.path());
+    open_in(spec, dir).await
+}
+
+/// Loads `data` into a new file of `kind`'s format and closes it cleanly.
+async fn build_template(kind: &Kind, data: Dataset) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir for a template");
+    match kind {
+        Kind::Memory => unreachable!("memory has no file"),
+        Kind::Sqlite(_) => {
+            let store = Arc::new(
+                SqliteStore::open(dir.path().join("bench.db"))
+                    .await
+                    .expect("open the sqlite template"),
+            );
+            let shared: Arc<dyn AwarenessStore> = Arc::clone(&store) as _;
+            data.load(&shared).await;
+            drop(shared);
+            Arc::into_inner(store)
+                .expect("the template's only handle")
+                .close()
+                .await;
+        }
+        Kind::Redb(_) => {
+            // The bounded durability skips the fsync of every commit; dropping the last handle
+            // closes the database cleanly, which makes every commit durable.
+            let store: Arc<dyn AwarenessStore> = Arc::new(
+                RedbStore::open_with(
+                    dir.path().join("bench.redb"),
+                    RedbOptions::bounded(REDB_FLUSH_INTERVAL),
+                )
+                .await
+                .expect("open the redb template"),
+            );
+            data.load(&store).await;
+            drop(store);
+        }
+    }
+    dir
+}
+
+fn copy_files(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read the template dir") {
+        let entry = entry.expect("template entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy the template");
+    }
+}
+
+/// Runs `f(0) .. f(n - 1)` on `in_flight` tokio tasks, each taking the next index when its last
+/// call finished.
+pub async fn concurrently<F, Fut>(n: usize, in_flight: usize, f: F)
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let f = Arc::new(f);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..in_flight.clamp(1, n.max(1)) {
+        let (f, next) = (Arc::clone(&f), Arc::clone(&next));
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                f(i).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a loading task panicked");
+    }
+}
+
 /// The session of index `i` in the data set.
 pub fn dataset_session(i: usize) -> SessionRef {
     SessionRef::parse(&format!("agent:main:subagent:s{i}"), "main").expect("valid ref")
+}
+
+/// The watcher of index `i` (`agent:main:w{i}`).
+pub fn watcher(i: usize) -> WatcherKey {
+    WatcherKey::parse(&format!("agent:main:w{i}")).expect("watcher")
 }
 
 /// A human message on `session`.
@@ -106,21 +401,25 @@ pub fn human(session: &SessionRef) -> NewEvent {
     .with_actor_id("user-1")
 }
 
-/// Loads `events` events spread round-robin over `sessions` sessions.
-pub async fn load_dataset(store: &dyn AwarenessStore, events: usize, sessions: usize) {
-    for i in 0..events {
-        store
-            .record(human(&dataset_session(i % sessions)), T0)
-            .await
-            .expect("load the data set");
-    }
+/// Loads `events` events spread round-robin over `sessions` sessions, [`LOAD_IN_FLIGHT`]
+/// recordings at a time.
+pub async fn load_dataset(store: &Arc<dyn AwarenessStore>, events: usize, sessions: usize) {
+    let s = Arc::clone(store);
+    concurrently(events, LOAD_IN_FLIGHT, move |i| {
+        let s = Arc::clone(&s);
+        async move {
+            s.record(human(&dataset_session(i % sessions)), T0)
+                .await
+                .expect("load the data set");
+        }
+    })
+    .await;
 }
 
-/// Gives `target` `n` watchers (`agent:main:w0` ...), each with a cursor at the head.
+/// Gives `target` `n` watchers ([`watcher`] 0 to n - 1), each with a cursor at the head.
 pub async fn add_watchers(store: &dyn AwarenessStore, target: &SessionRef, n: usize) {
     for i in 0..n {
-        let w = WatcherKey::parse(&format!("agent:main:w{i}")).expect("watcher");
-        store.watch(&w, target, T0).await.expect("watch");
+        store.watch(&watcher(i), target, T0).await.expect("watch");
     }
 }
 

@@ -1,0 +1,413 @@
+//! Rewrites the results in `benches/README.md` from the last measurements on this machine.
+//!
+//! Run after the benches (and, for the scale table, after the scale example):
+//!
+//! ```sh
+//! cargo run -p awareness-benches --bin bench-report
+//! ```
+//!
+//! It reads criterion's `<target>/criterion/<group>/<bench>/<backend>/new/estimates.json`
+//! (the median's point estimate, in ns) and `benchmark.json` (the throughput, for events per
+//! second), and the scale example's `<target>/awareness-scale/<backend>.json`, and replaces
+//! what lies between `<!-- bench-report:begin -->` and `<!-- bench-report:end -->` in the
+//! README. `<target>` is `CARGO_TARGET_DIR` or the workspace's `target`; a first argument names
+//! another README.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+const BEGIN: &str = "<!-- bench-report:begin -->";
+const END: &str = "<!-- bench-report:end -->";
+
+/// The suite's rows, in report order.
+const ROWS: &[&str] = &[
+    "record/0_watchers",
+    "record/1_watchers",
+    "record/10_watchers",
+    "record/dedupe_hit",
+    "record/concurrent_16_tasks",
+    "reconcile/5",
+    "reconcile/200",
+    "sessions_list/500_refs",
+    "acknowledge",
+    "sweep/100k_cursors",
+    "prune/60k_to_50k",
+];
+
+/// Backends, in column order.
+const COLUMNS: &[&str] = &[
+    "memory",
+    "sqlite",
+    "sqlite-1tx",
+    "redb",
+    "redb-1tx",
+    "redb-bounded",
+];
+
+/// One measurement: the median time of an iteration and the elements an iteration handles.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    median_ns: f64,
+    elements: Option<f64>,
+}
+
+impl Measured {
+    fn per_second(self) -> Option<f64> {
+        self.elements.map(|n| n * 1e9 / self.median_ns)
+    }
+}
+
+fn main() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::env::args_os()
+        .nth(1)
+        .map_or_else(|| manifest.join("README.md"), PathBuf::from);
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || manifest.parent().expect("workspace root").join("target"),
+        PathBuf::from,
+    );
+    let (results, newest) = read_criterion(&target.join("criterion"));
+    let scale = read_scale(&target.join("awareness-scale"));
+    let body = render(&results, newest, &scale);
+    let text = std::fs::read_to_string(&readme)
+        .unwrap_or_else(|e| panic!("read {}: {e}", readme.display()));
+    let (Some(b), Some(e)) = (text.find(BEGIN), text.find(END)) else {
+        panic!("{} has no {BEGIN} ... {END} markers", readme.display());
+    };
+    let updated = format!("{}{BEGIN}\n{body}{}", &text[..b], &text[e..]);
+    std::fs::write(&readme, updated).unwrap_or_else(|e| panic!("write {}: {e}", readme.display()));
+    eprintln!(
+        "bench-report: {} measurements, {} scale runs -> {}",
+        results.len(),
+        scale.len(),
+        readme.display()
+    );
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// Every `new/estimates.json` under `dir`, keyed by its id (`record/0_watchers/memory`), and
+/// the time of the newest.
+fn read_criterion(dir: &Path) -> (BTreeMap<String, Measured>, Option<SystemTime>) {
+    let mut out = BTreeMap::new();
+    let mut newest = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if path.file_name().is_some_and(|n| n == "new") {
+                let estimates = path.join("estimates.json");
+                let Some(median_ns) = read_json(&estimates)
+                    .and_then(|v| v.pointer("/median/point_estimate").and_then(Value::as_f64))
+                else {
+                    continue;
+                };
+                let elements = read_json(&path.join("benchmark.json"))
+                    .and_then(|v| v.pointer("/throughput/Elements").and_then(Value::as_f64));
+                let id = d
+                    .strip_prefix(dir)
+                    .expect("under the criterion dir")
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                if let Ok(t) = std::fs::metadata(&estimates).and_then(|m| m.modified()) {
+                    newest = newest.max(Some(t));
+                }
+                out.insert(
+                    id,
+                    Measured {
+                        median_ns,
+                        elements,
+                    },
+                );
+            } else if path.file_name().is_none_or(|n| n != "report") {
+                stack.push(path);
+            }
+        }
+    }
+    (out, newest)
+}
+
+/// The scale example's results, by backend.
+fn read_scale(dir: &Path) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "json")
+            && let Some(v) = read_json(&path)
+            && let Some(name) = v.get("backend").and_then(Value::as_str)
+        {
+            out.insert(name.to_owned(), v);
+        }
+    }
+    out
+}
+
+/// `1.42 µs`, `246 µs`, `1.02 ms`, `3.10 s`: three significant digits.
+fn time(ns: f64) -> String {
+    let (v, unit) = if ns < 1e3 {
+        (ns, "ns")
+    } else if ns < 1e6 {
+        (ns / 1e3, "µs")
+    } else if ns < 1e9 {
+        (ns / 1e6, "ms")
+    } else {
+        (ns / 1e9, "s")
+    };
+    format!("{} {unit}", sig3(v))
+}
+
+fn sig3(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// `12.3k`, `1.05M`.
+fn count(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{}M", sig3(v / 1e6))
+    } else if v >= 1e3 {
+        format!("{}k", sig3(v / 1e3))
+    } else {
+        sig3(v)
+    }
+}
+
+fn cell(m: Measured) -> String {
+    match (m.per_second(), m.elements) {
+        (Some(rate), Some(n)) => format!(
+            "{} ev/s ({} per {n:.0} events)",
+            count(rate),
+            time(m.median_ns)
+        ),
+        _ => time(m.median_ns),
+    }
+}
+
+/// A civil date (UTC) from a system time.
+#[allow(clippy::many_single_char_names)] // the algorithm's own names
+fn date(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// A target of the store issues: `what` measured against `bound`.
+struct Target {
+    what: String,
+    measured: String,
+    bound: String,
+    /// measured / bound for an upper bound, measured / bound for a lower bound of a ratio.
+    ratio: f64,
+    met: bool,
+}
+
+fn targets(r: &BTreeMap<String, Measured>) -> Vec<Target> {
+    let get = |id: &str| r.get(id).copied();
+    let mut out = Vec::new();
+    // Upper bounds in ns.
+    for (backend, bench, bound_ns) in [
+        ("sqlite", "record/0_watchers", 60_000.0),
+        ("sqlite", "record/10_watchers", 75_000.0),
+        ("sqlite", "reconcile/200", 240_000.0),
+        ("sqlite", "reconcile/5", 40_000.0),
+        ("memory", "record/0_watchers", 1_000.0),
+        ("memory", "reconcile/200", 20_000.0),
+    ] {
+        if let Some(m) = get(&format!("{bench}/{backend}")) {
+            out.push(Target {
+                what: format!("{backend} {bench}"),
+                measured: time(m.median_ns),
+                bound: format!("≤ {}", time(bound_ns)),
+                ratio: m.median_ns / bound_ns,
+                met: m.median_ns <= bound_ns,
+            });
+        }
+    }
+    // redb against the floor of the same durability, 1.5x at most.
+    for (backend, floor) in [("redb", "immediate"), ("redb-bounded", "none")] {
+        for bench in ["record/0_watchers", "record/10_watchers"] {
+            if let (Some(m), Some(f)) = (
+                get(&format!("{bench}/{backend}")),
+                get(&format!("floor/insert_one_key/{floor}")),
+            ) {
+                let ratio = m.median_ns / f.median_ns;
+                out.push(Target {
+                    what: format!("{backend} {bench} / floor insert ({floor})"),
+                    measured: format!("{} / {}", time(m.median_ns), time(f.median_ns)),
+                    bound: "≤ 1.5x".into(),
+                    ratio,
+                    met: ratio <= 1.5,
+                });
+            }
+        }
+    }
+    // Group commit: events per second with it against one transaction per event, 5x at least.
+    for backend in ["sqlite", "redb"] {
+        let id = |b: &str| format!("record/concurrent_16_tasks/{b}");
+        if let (Some(on), Some(off)) = (
+            get(&id(backend)).and_then(Measured::per_second),
+            get(&id(&format!("{backend}-1tx"))).and_then(Measured::per_second),
+        ) {
+            let ratio = on / off;
+            out.push(Target {
+                what: format!("{backend} group commit, 16 tasks: events/s on / off"),
+                measured: format!("{} / {} ev/s", count(on), count(off)),
+                bound: "≥ 5x".into(),
+                ratio,
+                met: ratio >= 5.0,
+            });
+        }
+    }
+    out
+}
+
+fn render(
+    r: &BTreeMap<String, Measured>,
+    newest: Option<SystemTime>,
+    scale: &BTreeMap<String, Value>,
+) -> String {
+    let mut s = String::new();
+    let when = newest.map_or_else(|| "no measurements found".into(), date);
+    let _ = writeln!(
+        s,
+        "Generated by `cargo run -p awareness-benches --bin bench-report` from the last run on \
+         this machine (newest measurement {when}); criterion medians.\n"
+    );
+    let columns: Vec<&str> = COLUMNS
+        .iter()
+        .copied()
+        .filter(|c| ROWS.iter().any(|row| r.contains_key(&format!("{row}/{c}"))))
+        .collect();
+    let _ = writeln!(s, "| bench | {} |", columns.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(columns.len()));
+    for row in ROWS {
+        if !columns
+            .iter()
+            .any(|c| r.contains_key(&format!("{row}/{c}")))
+        {
+            continue;
+        }
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                r.get(&format!("{row}/{c}"))
+                    .map_or(String::new(), |m| cell(*m))
+            })
+            .collect();
+        let _ = writeln!(s, "| {row} | {} |", cells.join(" | "));
+    }
+    let floors: Vec<String> = ["immediate", "none"]
+        .iter()
+        .filter_map(|d| {
+            let direct = r.get(&format!("floor/insert_one_key/{d}"))?;
+            let spawned = r.get(&format!("floor/insert_one_key_spawn_blocking/{d}"));
+            Some(format!(
+                "`{d}` {} direct, {} through spawn_blocking",
+                time(direct.median_ns),
+                spawned.map_or_else(|| "-".into(), |m| time(m.median_ns))
+            ))
+        })
+        .collect();
+    if !floors.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nredb floor (a bare one-key insert per write transaction): {}.",
+            floors.join("; ")
+        );
+    }
+    let t = targets(r);
+    if !t.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nAgainst the targets of the store issues (ratio = measured / bound; for group \
+             commit, on / off):\n"
+        );
+        let _ = writeln!(s, "| target | measured | bound | ratio | met |");
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for t in t {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.2}x | {} |",
+                t.what,
+                t.measured,
+                t.bound,
+                t.ratio,
+                if t.met { "yes" } else { "no" }
+            );
+        }
+    }
+    if !scale.is_empty() {
+        render_scale(&mut s, scale);
+    }
+    s
+}
+
+fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let _ = writeln!(
+        s,
+        "\nScale (`examples/scale.rs`: recording with the default retention running, 16 tasks):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| backend | events / sessions | events/s | p50 / p99 record | reconcile/200 at the end \
+         | file (db + WAL) | peak memory (VmHWM) | RSS every 100k events (MiB) |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let mut names: Vec<&String> = scale.keys().collect();
+    names.sort_by_key(|n| COLUMNS.iter().position(|c| c == n).unwrap_or(usize::MAX));
+    for name in names {
+        let v = &scale[name];
+        let rss: Vec<String> = v
+            .get("rss_kib")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_f64)
+            .map(|k| format!("{:.0}", k / 1024.0))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {name} | {} / {} | {} | {} / {} | {} | {:.1} MiB | {:.1} MiB | {} |",
+            count(num(v, "events")),
+            count(num(v, "sessions")),
+            count(num(v, "events_per_sec")),
+            time(num(v, "p50_ns")),
+            time(num(v, "p99_ns")),
+            time(num(v, "reconcile_200_ns")),
+            num(v, "file_bytes") / 1_048_576.0,
+            num(v, "vm_hwm_kib") / 1024.0,
+            rss.join(", ")
+        );
+    }
+}

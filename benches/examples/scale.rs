@@ -1,0 +1,347 @@
+//! Scale run: records 1,000,000 events over 100,000 sessions from 16 concurrent tasks while the
+//! default retention policy (50,000-row cap) prunes on a background task every second or every
+//! 10,000 events, whichever comes first, as a gateway's hourly pruning would but faster. Reports events per second, the p50/p99 recording
+//! latency, one reconcile (a 200-event page) at the end, the file size (db + WAL), peak memory
+//! (VmHWM) and the RSS sampled every 100,000 events, and saves them for `bench-report` in
+//! `<target>/awareness-scale/<backend>.json` (unless `--no-save`).
+//!
+//! ```sh
+//! cargo run --release -p awareness-benches --example scale -- --backend sqlite
+//! cargo run --release -p awareness-benches --example scale -- --backend redb \
+//!     --events 1000000 --sessions 100000 --tasks 16
+//! cargo run --release -p awareness-benches --example scale -- --backend memory \
+//!     --events 20000 --sessions 2000 --no-save     # a quick check (CI)
+//! ```
+//!
+//! Backends: `memory`, `sqlite`, `redb` (`Immediate` durability), `redb-bounded`.
+
+// Counts, bytes and nanoseconds reported here stay far below 2^52.
+#![allow(clippy::cast_precision_loss)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use awareness_benches::{Spec, T0, dataset_session, human, open_empty, runtime, specs};
+use awareness_core::{AwarenessStoreExt as _, RetentionPolicy, Sequence, Timestamp};
+
+/// The command line.
+struct Args {
+    backend: String,
+    events: usize,
+    sessions: usize,
+    tasks: usize,
+    prune_every: Duration,
+    prune_every_events: usize,
+    sample_every: usize,
+    save: bool,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: scale --backend memory|sqlite|redb|redb-bounded [--events N] [--sessions N] \
+         [--tasks N] [--prune-every-ms N] [--prune-every-events N] [--sample-every N] [--no-save]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        backend: "sqlite".into(),
+        events: 1_000_000,
+        sessions: 100_000,
+        tasks: 16,
+        prune_every: Duration::from_secs(1),
+        prune_every_events: 10_000,
+        sample_every: 100_000,
+        save: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| usage());
+        let mut number = || value().parse::<usize>().unwrap_or_else(|_| usage());
+        match flag.as_str() {
+            "--backend" => args.backend = value(),
+            "--events" => args.events = number(),
+            "--sessions" => args.sessions = number().max(1),
+            "--tasks" => args.tasks = number().max(1),
+            "--prune-every-ms" => args.prune_every = Duration::from_millis(number() as u64),
+            "--prune-every-events" => args.prune_every_events = number().max(1),
+            "--sample-every" => args.sample_every = number().max(1),
+            "--no-save" => args.save = false,
+            _ => usage(),
+        }
+    }
+    // Ten RSS samples at least, so a short run still shows whether memory stays flat.
+    args.sample_every = args.sample_every.min((args.events / 10).max(1));
+    args
+}
+
+/// Recording latencies in log-linear buckets (16 per power of two, about 6% wide), so memory
+/// does not grow with the number of events.
+struct Histogram {
+    buckets: Vec<AtomicU64>,
+}
+
+impl Histogram {
+    const SUB: u32 = 16;
+
+    fn new() -> Self {
+        Self {
+            buckets: (0..64 * Self::SUB).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn index(ns: u64) -> usize {
+        let ns = ns.max(1);
+        let log = ns.ilog2();
+        let sub = if log >= 4 {
+            (ns >> (log - 4)) as u32 & (Self::SUB - 1)
+        } else {
+            0
+        };
+        (log * Self::SUB + sub) as usize
+    }
+
+    /// The middle of bucket `i`, in ns.
+    fn value(i: usize) -> f64 {
+        let (log, sub) = (i as u32 / Self::SUB, i as u32 % Self::SUB);
+        let base = 2f64.powi(log as i32);
+        base * (1.0 + (f64::from(sub) + 0.5) / f64::from(Self::SUB))
+    }
+
+    fn record(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.buckets[Self::index(ns)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::value(i);
+            }
+        }
+        f64::NAN
+    }
+}
+
+/// A field of `/proc/self/status` in KiB (`VmRSS`, `VmHWM`); 0 where there is none.
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Bytes of every file in `dir` (the database and, for sqlite, its WAL).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(std::fs::Metadata::is_file)
+        .map(|m| m.len())
+        .sum()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("workspace root")
+                .join("target")
+        },
+        PathBuf::from,
+    )
+}
+
+fn main() {
+    let args = parse_args();
+    let spec: Spec = specs()
+        .into_iter()
+        .find(|s| s.name == args.backend)
+        .unwrap_or_else(|| usage());
+    let rt = runtime();
+    let backend = rt.block_on(open_empty(&spec));
+    let store = Arc::clone(&backend.store);
+    let dir = backend
+        .guard
+        .downcast_ref::<tempfile::TempDir>()
+        .map(|d| d.path().to_path_buf());
+    let start = Instant::now();
+    let now = move || Timestamp(T0.0 + start.elapsed().as_millis() as i64);
+    let latencies = Arc::new(Histogram::new());
+    let rss_kib = Arc::new(std::sync::Mutex::new(Vec::new()));
+    eprintln!(
+        "scale: {} events over {} sessions on {} from {} tasks, pruning every {:?} or {} events",
+        args.events,
+        args.sessions,
+        spec.name,
+        args.tasks,
+        args.prune_every,
+        args.prune_every_events
+    );
+
+    let recorded = Arc::new(AtomicUsize::new(0));
+    let (elapsed, prune_passes, pruned) = rt.block_on(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let pruner = {
+            let (store, done, recorded) =
+                (Arc::clone(&store), Arc::clone(&done), Arc::clone(&recorded));
+            let (every, every_events) = (args.prune_every, args.prune_every_events);
+            tokio::spawn(async move {
+                let (mut passes, mut rows) = (0u64, 0u64);
+                let (mut last_at, mut last_count) = (Instant::now(), 0);
+                while !done.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let count = recorded.load(Ordering::Relaxed);
+                    if last_at.elapsed() < every && count - last_count < every_events {
+                        continue;
+                    }
+                    (last_at, last_count) = (Instant::now(), count);
+                    let report = store
+                        .prune(&RetentionPolicy::default(), now())
+                        .await
+                        .expect("prune");
+                    passes += 1;
+                    rows += report.events_by_cap + report.events_by_age;
+                }
+                (passes, rows)
+            })
+        };
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..args.tasks {
+            let (store, next, recorded, latencies, rss_kib) = (
+                Arc::clone(&store),
+                Arc::clone(&next),
+                Arc::clone(&recorded),
+                Arc::clone(&latencies),
+                Arc::clone(&rss_kib),
+            );
+            let (events, sessions, sample_every) = (args.events, args.sessions, args.sample_every);
+            tasks.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= events {
+                        break;
+                    }
+                    let e = human(&dataset_session(i % sessions));
+                    let t = Instant::now();
+                    store.record(e, now()).await.expect("record");
+                    latencies.record(t.elapsed());
+                    let n = recorded.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n % 64 == 0 {
+                        // store-memory never makes a task wait: let the pruner run too.
+                        tokio::task::yield_now().await;
+                    }
+                    if n % sample_every == 0 {
+                        let rss = status_kib("VmRSS");
+                        rss_kib.lock().expect("rss samples").push(rss);
+                        eprintln!(
+                            "  {n:>9} events  {:>7.1} s  rss {:.0} MiB",
+                            start.elapsed().as_secs_f64(),
+                            rss as f64 / 1024.0
+                        );
+                    }
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.expect("a recording task panicked");
+        }
+        let elapsed = start.elapsed();
+        done.store(true, Ordering::Relaxed);
+        let (passes, rows) = pruner.await.expect("the pruning task panicked");
+        (elapsed, passes, rows)
+    });
+
+    // One reconcile at the end: a session gets 200 events, then its page is read (the median of
+    // 11 reads, the first of which warms the cache).
+    let target = dataset_session(args.sessions + 1);
+    let reconcile_ns = rt.block_on(async {
+        for _ in 0..200 {
+            store.record(human(&target), now()).await.expect("record");
+        }
+        let mut times: Vec<f64> = Vec::new();
+        for _ in 0..11 {
+            let t = Instant::now();
+            let page = store
+                .changes_since(&target, Sequence::ZERO, 200)
+                .await
+                .expect("reconcile");
+            times.push(t.elapsed().as_nanos() as f64);
+            assert_eq!(page.events.len(), 200);
+        }
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    });
+    let stats = rt.block_on(store.log_stats()).expect("log stats");
+    let file_bytes = dir.as_deref().map_or(0, dir_bytes);
+    let events_per_sec = args.events as f64 / elapsed.as_secs_f64();
+    let (p50, p99) = (latencies.quantile(0.50), latencies.quantile(0.99));
+    let vm_hwm = status_kib("VmHWM");
+    let rss = rss_kib.lock().expect("rss samples").clone();
+    println!(
+        "scale/{}: {} events over {} sessions in {:.1} s = {:.0} events/s; record p50 {:.1} µs, \
+         p99 {:.1} µs; reconcile/200 at the end {:.1} µs; {} pruning passes deleted {} rows, {} \
+         retained; file {:.1} MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
+        spec.name,
+        args.events,
+        args.sessions,
+        elapsed.as_secs_f64(),
+        events_per_sec,
+        p50 / 1e3,
+        p99 / 1e3,
+        reconcile_ns / 1e3,
+        prune_passes,
+        pruned,
+        stats.rows,
+        file_bytes as f64 / 1_048_576.0,
+        vm_hwm as f64 / 1024.0,
+        rss.iter().map(|k| k / 1024).collect::<Vec<_>>()
+    );
+    if args.save {
+        let out = target_dir().join("awareness-scale");
+        std::fs::create_dir_all(&out).expect("create the results dir");
+        let json = serde_json::json!({
+            "backend": spec.name,
+            "events": args.events,
+            "sessions": args.sessions,
+            "tasks": args.tasks,
+            "seconds": elapsed.as_secs_f64(),
+            "events_per_sec": events_per_sec,
+            "p50_ns": p50,
+            "p99_ns": p99,
+            "reconcile_200_ns": reconcile_ns,
+            "prune_every_ms": args.prune_every.as_millis() as u64,
+            "prune_every_events": args.prune_every_events,
+            "prune_passes": prune_passes,
+            "pruned_rows": pruned,
+            "file_bytes": file_bytes,
+            "vm_hwm_kib": vm_hwm,
+            "rss_kib": rss,
+        });
+        let path = out.join(format!("{}.json", spec.name));
+        std::fs::write(&path, format!("{json:#}\n")).expect("save the results");
+        eprintln!("saved {}", path.display());
+    }
+    drop(store);
+    drop(backend);
+}

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use awareness_benches::{
-    Backend, Dataset, T0, add_watchers, dataset_session, head, human, load_dataset,
-    loaded_backends, poll_ready, runtime, test_mode,
+    Backend, Dataset, T0, add_watchers, dataset_session, group_commit_specs, head, human,
+    load_dataset, loaded, loaded_backends, poll_ready, runtime, test_mode, wanted,
 };
 use awareness_core::{AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence};
 use criterion::{
@@ -385,11 +385,12 @@ const TASKS: usize = 16;
 const CHUNK: usize = 256;
 
 /// `record/concurrent_16_tasks`: 16 tokio tasks recording at once; one iteration is one
-/// recording per task, so the report's throughput is events per second.
+/// recording per task, so the report's throughput is events per second. Each durable store
+/// runs with group commit (its default) and again with one transaction per event (`-1tx`).
 fn record_concurrent(c: &mut Criterion) {
     let rt = runtime();
     let data = Dataset::standard();
-    let backends = rt.block_on(loaded_backends(data));
+    let backends = rt.block_on(loaded(&wanted(group_commit_specs()), data));
     let mut g = c.benchmark_group("record");
     g.throughput(Throughput::Elements(TASKS as u64));
     g.sampling_mode(SamplingMode::Flat);

@@ -13,7 +13,8 @@
 //!     --events 20000 --sessions 2000 --no-save     # a quick check (CI)
 //! ```
 //!
-//! Backends: `memory`, `sqlite`, `redb` (`Immediate` durability), `redb-bounded`.
+//! Backends: `memory`, `sqlite`, `redb` (`Immediate` durability), `redb-bounded`, and
+//! `sqlite-1tx` / `redb-1tx` (group commit off).
 
 // Counts, bytes and nanoseconds reported here stay far below 2^52.
 #![allow(clippy::cast_precision_loss)]
@@ -23,7 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use awareness_benches::{Spec, T0, dataset_session, human, open_empty, runtime, specs};
+use awareness_benches::{
+    Spec, T0, dataset_session, group_commit_specs, human, open_empty, runtime,
+};
 use awareness_core::{AwarenessStoreExt as _, RetentionPolicy, Sequence, Timestamp};
 
 /// The command line.
@@ -40,7 +43,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: scale --backend memory|sqlite|redb|redb-bounded [--events N] [--sessions N] \
+        "usage: scale --backend memory|sqlite|sqlite-1tx|redb|redb-1tx|redb-bounded [--events N] [--sessions N] \
          [--tasks N] [--prune-every-ms N] [--prune-every-events N] [--sample-every N] [--no-save]"
     );
     std::process::exit(2)
@@ -173,7 +176,7 @@ fn target_dir() -> PathBuf {
 
 fn main() {
     let args = parse_args();
-    let spec: Spec = specs()
+    let spec: Spec = group_commit_specs()
         .into_iter()
         .find(|s| s.name == args.backend)
         .unwrap_or_else(|| usage());

@@ -212,6 +212,29 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
+/// The backends of `record/concurrent_16_tasks`: those of [`specs`], each durable store followed
+/// by the same store recording one transaction per event (`sqlite-1tx`, `redb-1tx`: group commit
+/// off), so the gain of group commit shows in one run.
+pub fn group_commit_specs() -> Vec<Spec> {
+    let mut out = Vec::new();
+    for spec in specs() {
+        let off = match (&spec.name, &spec.kind) {
+            (&"sqlite", Kind::Sqlite(o)) => Some(Spec {
+                name: "sqlite-1tx",
+                kind: Kind::Sqlite(o.clone().group_commit(1)),
+            }),
+            (&"redb", Kind::Redb(o)) => Some(Spec {
+                name: "redb-1tx",
+                kind: Kind::Redb(o.clone().group_commit(1)),
+            }),
+            _ => None,
+        };
+        out.push(spec);
+        out.extend(off);
+    }
+    out
+}
+
 /// `specs` without the backends `AWARENESS_BENCH_BACKENDS` (a comma-separated list such as
 /// `memory,sqlite`) does not name.
 pub fn wanted(specs: Vec<Spec>) -> Vec<Spec> {

@@ -296,7 +296,8 @@ fn main() {
         times[times.len() / 2]
     });
     let stats = rt.block_on(store.log_stats()).expect("log stats");
-    let file_bytes = dir.as_deref().map_or(0, dir_bytes);
+    // None for store-memory, which has no file.
+    let file_bytes = dir.as_deref().map(dir_bytes);
     let events_per_sec = args.events as f64 / elapsed.as_secs_f64();
     let (p50, p99) = (latencies.quantile(0.50), latencies.quantile(0.99));
     let vm_hwm = status_kib("VmHWM");
@@ -316,7 +317,7 @@ fn main() {
         prune_passes,
         pruned,
         stats.rows,
-        file_bytes as f64 / 1_048_576.0,
+        file_bytes.unwrap_or(0) as f64 / 1_048_576.0,
         vm_hwm as f64 / 1024.0,
         rss.iter().map(|k| k / 1024).collect::<Vec<_>>()
     );
@@ -339,6 +340,7 @@ fn main() {
             "pruned_rows": pruned,
             "file_bytes": file_bytes,
             "vm_hwm_kib": vm_hwm,
+            "rss_every_events": args.sample_every,
             "rss_kib": rss,
         });
         let path = out.join(format!("{}.json", spec.name));

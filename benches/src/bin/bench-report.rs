@@ -381,7 +381,7 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
     let _ = writeln!(
         s,
         "| backend | events / sessions | events/s | p50 / p99 record | reconcile/200 at the end \
-         | file (db + WAL) | peak memory (VmHWM) | RSS every 100k events (MiB) |"
+         | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     let mut names: Vec<&String> = scale.keys().collect();
@@ -398,15 +398,18 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
             .collect();
         let _ = writeln!(
             s,
-            "| {name} | {} / {} | {} | {} / {} | {} | {:.1} MiB | {:.1} MiB | {} |",
+            "| {name} | {} / {} | {} | {} / {} | {} | {} | {:.1} MiB | every {}: {} |",
             count(num(v, "events")),
             count(num(v, "sessions")),
             count(num(v, "events_per_sec")),
             time(num(v, "p50_ns")),
             time(num(v, "p99_ns")),
             time(num(v, "reconcile_200_ns")),
-            num(v, "file_bytes") / 1_048_576.0,
+            v.get("file_bytes")
+                .and_then(Value::as_f64)
+                .map_or_else(|| "-".into(), |b| format!("{:.1} MiB", b / 1_048_576.0)),
             num(v, "vm_hwm_kib") / 1024.0,
+            count(num(v, "rss_every_events")),
             rss.join(", ")
         );
     }

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use awareness_benches::{
-    Spec, T0, dataset_session, group_commit_specs, human, open_empty, runtime,
+    Kind, Spec, T0, dataset_session, group_commit_specs, human, open_empty, runtime,
 };
 use awareness_core::{AwarenessStoreExt as _, RetentionPolicy, Sequence, Timestamp};
 
@@ -183,9 +183,11 @@ fn main() {
     let rt = runtime();
     let backend = rt.block_on(open_empty(&spec));
     let store = Arc::clone(&backend.store);
+    // store-memory has no file (its guard is an empty temporary directory).
     let dir = backend
         .guard
         .downcast_ref::<tempfile::TempDir>()
+        .filter(|_| !matches!(spec.kind, Kind::Memory))
         .map(|d| d.path().to_path_buf());
     let start = Instant::now();
     let now = move || Timestamp(T0.0 + start.elapsed().as_millis() as i64);
@@ -296,7 +298,6 @@ fn main() {
         times[times.len() / 2]
     });
     let stats = rt.block_on(store.log_stats()).expect("log stats");
-    // None for store-memory, which has no file.
     let file_bytes = dir.as_deref().map(dir_bytes);
     let events_per_sec = args.events as f64 / elapsed.as_secs_f64();
     let (p50, p99) = (latencies.quantile(0.50), latencies.quantile(0.99));

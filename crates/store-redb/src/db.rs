@@ -257,7 +257,11 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
 }
 
 /// Opens (or shares) the database of `path`. Blocking: call inside `spawn_blocking`.
-pub(crate) fn open_shared(path: &Path, create_if_missing: bool) -> Result<Arc<Shared>, StoreError> {
+pub(crate) fn open_shared(
+    path: &Path,
+    create_if_missing: bool,
+    cache_size: usize,
+) -> Result<Arc<Shared>, StoreError> {
     ensure_file(path, create_if_missing)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
@@ -272,6 +276,7 @@ pub(crate) fn open_shared(path: &Path, create_if_missing: bool) -> Result<Arc<Sh
         reg.remove(&canonical);
     }
     let db = Database::builder()
+        .set_cache_size(cache_size)
         .create(&canonical)
         .map_err(|e| database_error(path, e))?;
     init_schema(&db, path)?;

@@ -184,7 +184,16 @@ pub struct RedbOptions {
     /// (default [`DEFAULT_GROUP_COMMIT`]); `1` commits every recording alone. Zero is refused
     /// at open. See [`RedbOptions::group_commit`].
     pub group_commit: usize,
+    /// The most memory redb may use to cache pages of the file, in bytes (default
+    /// [`DEFAULT_CACHE_SIZE`]). redb's own default is 1 GiB, which a long-running gateway
+    /// fills as the file grows; a bound keeps the process's memory flat. Handles of one
+    /// process share one database per file: the first to open the file sets it.
+    pub cache_size: usize,
 }
+
+/// The default of [`RedbOptions::cache_size`]: 64 MiB, which holds every interior page of a
+/// store at its 50,000-row cap many times over.
+pub const DEFAULT_CACHE_SIZE: usize = 64 * 1024 * 1024;
 
 /// The default of [`RedbOptions::group_commit`]: up to 64 recordings share a write transaction.
 pub const DEFAULT_GROUP_COMMIT: usize = 64;
@@ -195,6 +204,7 @@ impl Default for RedbOptions {
             durability: Durability::Immediate,
             create_if_missing: true,
             group_commit: DEFAULT_GROUP_COMMIT,
+            cache_size: DEFAULT_CACHE_SIZE,
         }
     }
 }
@@ -218,6 +228,14 @@ impl RedbOptions {
     #[must_use]
     pub fn group_commit(mut self, max_events: usize) -> Self {
         self.group_commit = max_events;
+        self
+    }
+
+    /// Bounds redb's page cache to `bytes` (see [`RedbOptions::cache_size`]). Default
+    /// [`DEFAULT_CACHE_SIZE`].
+    #[must_use]
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = bytes;
         self
     }
 }
@@ -284,7 +302,8 @@ impl RedbStore {
             });
         }
         let create = options.create_if_missing;
-        let shared = blocking("open", move || db::open_shared(&path, create)).await?;
+        let cache = options.cache_size;
+        let shared = blocking("open", move || db::open_shared(&path, create, cache)).await?;
         let flusher = match options.durability {
             Durability::Immediate => None,
             Durability::Bounded { flush_interval } => {

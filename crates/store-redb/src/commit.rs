@@ -10,7 +10,12 @@
 //! hits within a batch, one sequence spent per call; the tables are opened once per
 //! transaction), commits once, answers every job, and loops until the queue is empty. So a lone
 //! caller costs one hand-off to the blocking pool, as any other call, and callers that arrive
-//! while a commit is in flight share the next one. Before its last answers the drain lets go of
+//! while a commit is in flight share the next one. With durable commits, a drain about to take
+//! a batch first waits (at most about one fsync) until every recording call in flight is
+//! queued: the callers it has just answered mostly come straight back, and taking the queue
+//! before they do split 16 looping callers into batches of about 15 and 1, alternately (about 9
+//! events per transaction; with the wait, about 15.4, and `record/concurrent_16_tasks` went
+//! from 3.7x to 4.9x one transaction per event in the same run). Before its last answers the drain lets go of
 //! the handle's state, so a caller that then drops the last handle closes the file at once (the
 //! next process to open it is not refused).
 //!
@@ -51,6 +56,24 @@ struct Queue {
     jobs: VecDeque<Job>,
     /// A drain is running or about to: a new job needs no other.
     draining: bool,
+    /// Recording calls between queueing their job and returning (answered ones included until
+    /// they return): those the next batch may still hear from.
+    in_flight: usize,
+}
+
+/// How long a drain of a durable handle waits, at most, for callers it has just answered to
+/// come back with their next recording before it takes a batch (see [`Drain::run`]): about one
+/// fsync, the price of the extra transaction the wait saves.
+const STRAGGLER_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Counts a recording call as in flight until it returns or is cancelled.
+struct InFlight<'a>(&'a Writer);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.queue).in_flight -= 1;
+        self.0.arrivals.notify_all();
+    }
 }
 
 /// Begins, commits and counts the write transactions of one handle; batches recordings.
@@ -60,6 +83,8 @@ pub(crate) struct Writer {
     bounded: bool,
     max_events: usize,
     queue: Mutex<Queue>,
+    /// Signalled when a job is queued or an in-flight call returns.
+    arrivals: std::sync::Condvar,
     commits: AtomicU64,
 }
 
@@ -71,6 +96,7 @@ impl Writer {
             bounded,
             max_events,
             queue: Mutex::default(),
+            arrivals: std::sync::Condvar::new(),
             commits: AtomicU64::new(0),
         }
     }
@@ -113,8 +139,11 @@ impl Writer {
         let start = {
             let mut q = lock(&self.queue);
             q.jobs.push_back(Job { event, now, reply });
+            q.in_flight += 1;
             !std::mem::replace(&mut q.draining, true)
         };
+        let _in_flight = InFlight(self);
+        self.arrivals.notify_all();
         if start {
             let drain = Drain {
                 writer: Some(Arc::clone(self)),
@@ -211,6 +240,24 @@ impl Drain {
             let w = self.writer.as_ref().expect("held until the drain ends");
             let jobs: Vec<Job> = {
                 let mut q = lock(&w.queue);
+                // Callers answered by the last batch are still in flight until they return, and
+                // most come straight back with their next recording. Taking the queue before
+                // they do would split a burst into a big batch and a small one, alternately;
+                // so wait (briefly) until every in-flight call is queued or the batch is full.
+                // Only durable commits are worth waiting for: a `Durability::None` commit is
+                // cheap, and a second small batch costs less than the wait (measured: -27%).
+                let deadline = std::time::Instant::now() + STRAGGLER_WAIT;
+                while !w.bounded && q.jobs.len() < q.in_flight.min(w.max_events) {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    q = w
+                        .arrivals
+                        .wait_timeout(q, left)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
                 let n = q.jobs.len().min(w.max_events);
                 if n == 0 {
                     q.draining = false;

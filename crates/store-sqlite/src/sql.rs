@@ -42,6 +42,29 @@ macro_rules! head_json {
     };
 }
 
+/// Upserts the cursors of the JSON array bound to the placeholder `$p` (`[watcher, target,
+/// target_agent, last_seen, notified, material, updated_at]` each); `watcher_store_path` and
+/// `provenance` keep their stored values (new rows: NULL and 'explicit').
+macro_rules! upsert_cursors {
+    ($p:literal) => {
+        concat!(
+            "INSERT INTO session_watch_cursors (
+  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
+  notified_sequence, material_sequence, updated_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6
+FROM json_each(",
+            $p,
+            ") WHERE true
+ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
+  target_agent_id = excluded.target_agent_id,
+  last_seen_sequence = excluded.last_seen_sequence,
+  notified_sequence = excluded.notified_sequence,
+  material_sequence = excluded.material_sequence,
+  updated_at = excluded.updated_at;"
+        )
+    };
+}
+
 /// Record, first batch. Binds: `$1` dedupe key, `$2` session key, `$3` session id, `$4` agent,
 /// `$5` kind, `$6` actor type, `$7` actor id, `$8` run id, `$9` occurred at (clamped by core),
 /// `$10` summary, `$11` payload JSON, `$12` now.
@@ -140,23 +163,17 @@ FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events'
 /// ref, computed from the inserted sequences), upserts the cursors `$2` (as
 /// [`UPSERT_CURSORS_COMMIT`], the final state `awareness_core::protocol` decided over the batch
 /// in order; may be empty) and commits.
-pub(crate) const GROUP_RECORD_COMMIT: &str = "INSERT INTO session_state_heads (session_key,
+pub(crate) const GROUP_RECORD_COMMIT: &str = concat!(
+    "INSERT INTO session_state_heads (session_key,
   agent_id, last_sequence, pruned_max_sequence, updated_at)
 SELECT value ->> 0, value ->> 1, value ->> 2, 0, value ->> 3 FROM json_each($1) WHERE true
 ON CONFLICT (session_key, agent_id) DO UPDATE SET
   last_sequence = excluded.last_sequence, updated_at = excluded.updated_at;
-INSERT INTO session_watch_cursors (
-  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
-  notified_sequence, material_sequence, updated_at)
-SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6
-FROM json_each($2) WHERE true
-ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
-  target_agent_id = excluded.target_agent_id,
-  last_seen_sequence = excluded.last_seen_sequence,
-  notified_sequence = excluded.notified_sequence,
-  material_sequence = excluded.material_sequence,
-  updated_at = excluded.updated_at;
-COMMIT";
+",
+    upsert_cursors!("$2"),
+    "
+COMMIT"
+);
 
 /// Ends a write transaction that has nothing more to write.
 pub(crate) const COMMIT: &str = "COMMIT";
@@ -167,18 +184,7 @@ pub(crate) const ROLLBACK: &str = "ROLLBACK";
 /// Upserts the cursors `$1` (a JSON array of `[watcher, target, target_agent, last_seen,
 /// notified, material, updated_at]`) and commits. `watcher_store_path` and `provenance` keep
 /// their stored values (new rows: NULL and 'explicit').
-pub(crate) const UPSERT_CURSORS_COMMIT: &str = "INSERT INTO session_watch_cursors (
-  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
-  notified_sequence, material_sequence, updated_at)
-SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6
-FROM json_each($1) WHERE true
-ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
-  target_agent_id = excluded.target_agent_id,
-  last_seen_sequence = excluded.last_seen_sequence,
-  notified_sequence = excluded.notified_sequence,
-  material_sequence = excluded.material_sequence,
-  updated_at = excluded.updated_at;
-COMMIT";
+pub(crate) const UPSERT_CURSORS_COMMIT: &str = concat!(upsert_cursors!("$1"), "\nCOMMIT");
 
 /// The reconcile page in one row: the head, the smallest retained sequence, and up to `$4`
 /// events of the ref (`$1`, `$2`) after `$3` (without their key and agent, which are the

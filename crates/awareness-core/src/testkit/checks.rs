@@ -682,6 +682,50 @@ pub async fn concurrent_records_each_get_their_own_event(t: &Subject) {
     }
 }
 
+/// Callers that give up mid-recording (cancelled while queued, while their batch is written,
+/// or after) never cost another caller its commit: every caller still waiting gets its own
+/// event, committed as returned, and the store goes on.
+pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
+    let s = &*t.store;
+    let on = |i: usize| r(&format!("agent:main:subagent:c{}", i % 4), "main");
+    for round in 0..20 {
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let store = std::sync::Arc::clone(&t.store);
+                let mut e = human(&on(i));
+                e.summary = format!("message {round}.{i}");
+                tokio::spawn(async move { store.record(e, T0).await })
+            })
+            .collect();
+        // Let some of them start, then cancel every other caller, wherever it is.
+        tokio::task::yield_now().await;
+        let mut kept = Vec::new();
+        for (i, task) in tasks.into_iter().enumerate() {
+            if i % 2 == 0 {
+                task.abort();
+            } else {
+                kept.push((i, task));
+            }
+        }
+        for (i, task) in kept {
+            let got = task
+                .await
+                .expect("join")
+                .expect("a kept caller's recording");
+            assert_eq!(got.event.summary, format!("message {round}.{i}"));
+            let before = Sequence(got.event.sequence.get() - 1);
+            let page = s.changes_since(&on(i), before, 1).await.unwrap();
+            assert_eq!(
+                page.events.first(),
+                Some(&got.event),
+                "committed as returned"
+            );
+        }
+    }
+    let last = rec(s, human(&on(0)), T0).await;
+    assert_eq!(version(s, &on(0)).await, last.event.sequence.get());
+}
+
 pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

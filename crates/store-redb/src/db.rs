@@ -219,6 +219,18 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
     };
     match version {
         Some(SCHEMA_VERSION) => Ok(()),
+        Some(1) => {
+            // Schema 1 kept heads in a table of their own; schema 2 keeps them in the
+            // reference index. Moved in one write transaction: a crash leaves schema 1 intact.
+            let moved = tables::migrate_v1(&txn)?;
+            txn.open_table(META)
+                .ctx("open: the meta table")?
+                .insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)
+                .ctx("open: write the schema")?;
+            txn.commit().ctx("open: migrate schema 1")?;
+            tracing::info!(path = %path.display(), heads = moved, "migrated a store from schema 1 to 2");
+            Ok(())
+        }
         Some(v) => Err(open_error(
             path,
             format!(

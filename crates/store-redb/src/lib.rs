@@ -109,11 +109,12 @@
 //! ## Key layout
 //!
 //! Events by global sequence; a covering `(agent, key, sequence)` index (it holds a copy of the
-//! row) so that a reconcile page is one range scan; heads by `(key, agent)` with the pruned
-//! watermark; cursors by `(watcher, target)` and by `(target, watcher)`; the dedupe index (a
+//! row) so that a reconcile page is one range scan; heads by ref with the pruned watermark, kept
+//! in that index as the ref's last entry (sequence `u64::MAX`), next to its newest events, so a
+//! record rewrites two B-tree paths, not three; cursors by `(watcher, target)` and by `(target, watcher)`; the dedupe index (a
 //! deleted or pruned row frees its key); upstream links by `(key, agent)`; and a store-wide
 //! sequence counter that never goes back (`max` of a `meta` entry and the highest event, so a
-//! record writes three rows: the event, its index entry and the head). A recording opens five
+//! record writes three rows: the event, its index entry and the head). A recording opens four
 //! tables: the dedupe index only for an event with a dedupe key, the cursors only when the
 //! session is watched or a watcher is named. Recording,
 //! acknowledging, re-freezing and each pruning chunk are single write transactions. Pruning by
@@ -147,15 +148,14 @@ use awareness_core::{
     WatcherKey, async_trait, protocol, reconcile, retention,
 };
 use redb::{
-    ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table,
-    WriteTransaction,
+    ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
 };
 
 use crate::commit::Writer;
 use crate::db::{Ctx, Flusher, Shared};
 use crate::tables::{
-    CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEADS, StrPair,
-    UPSTREAM_LINKS,
+    CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEAD_SEQ,
+    MAX_EVENT_SEQ, UPSTREAM_LINKS,
 };
 
 /// How commits reach the disk. See the crate documentation for the trade-off.
@@ -400,22 +400,11 @@ impl RedbStore {
     }
 }
 
-fn read_head(
-    heads: &impl ReadableTable<(&'static str, &'static str), (u64, u64, i64)>,
-    session: &SessionRef,
-) -> Result<Option<Head>, StoreError> {
-    Ok(heads
-        .get((session.session_key.as_str(), session.agent_id.as_str()))
-        .ctx("read a head")?
-        .map(|g| tables::head_of(session.clone(), g.value())))
-}
-
 /// What a recording touches, opened once per write transaction: a group commit's events share
 /// them (and the sequence counter, read once).
 pub(crate) struct RecordTables<'t> {
     ev: EventTables<'t>,
     cur: CursorTables<'t>,
-    heads: Table<'t, StrPair, (u64, u64, i64)>,
 }
 
 impl<'t> RecordTables<'t> {
@@ -423,7 +412,6 @@ impl<'t> RecordTables<'t> {
         Ok(Self {
             ev: EventTables::open(txn)?,
             cur: CursorTables::open(txn)?,
-            heads: txn.open_table(HEADS).ctx("record: open heads")?,
         })
     }
 }
@@ -435,6 +423,12 @@ pub(crate) fn record_tx(
     now: Timestamp,
 ) -> Result<Recorded, StoreError> {
     let seq = t.ev.counter()? + 1;
+    if seq > tables::MAX_EVENT_SEQ {
+        return Err(StoreError::corrupt(format!(
+            "record: the sequence counter is at {}, the last number an event can get",
+            seq - 1
+        )));
+    }
     if let Some(key) = &event.dedupe_key {
         let existing =
             t.ev.dedupe()?
@@ -459,13 +453,17 @@ pub(crate) fn record_tx(
     let effects = protocol::on_event(&stored, &named, &existing, now);
     t.ev.insert(&stored)?;
     let session = stored.session_ref();
-    let pruned = read_head(&t.heads, &session)?.map_or(Sequence::ZERO, |h| h.pruned_max_sequence);
-    t.heads
-        .insert(
-            (session.session_key.as_str(), session.agent_id.as_str()),
-            (seq, pruned.get(), now.millis()),
-        )
-        .ctx("record: move the head")?;
+    let pruned = tables::read_head(&t.ev.by_ref, &session)?
+        .map_or(Sequence::ZERO, |h| h.pruned_max_sequence);
+    tables::put_head(
+        &mut t.ev.by_ref,
+        &Head {
+            session,
+            last_sequence: Sequence(seq),
+            pruned_max_sequence: pruned,
+            updated_at: now,
+        },
+    )?;
     for c in &effects.upserts {
         t.cur.put(c)?;
     }
@@ -504,16 +502,9 @@ fn prune_events(txn: &WriteTransaction, victims: &[u64]) -> Result<u64, StoreErr
     }
     let mut ev = EventTables::open(txn)?;
     let doomed = ev.doomed(victims)?;
-    let mut heads = txn.open_table(HEADS).ctx("prune: open heads")?;
     for (r, s) in retention::watermarks(doomed.iter().map(|d| (&d.session, Sequence(d.seq)))) {
-        if let Some(h) = read_head(&heads, &r)? {
-            let stamped = retention::stamp(&h, s);
-            heads
-                .insert(
-                    (r.session_key.as_str(), r.agent_id.as_str()),
-                    tables::head_value(&stamped),
-                )
-                .ctx("prune: stamp the watermark")?;
+        if let Some(h) = tables::read_head(&ev.by_ref, &r)? {
+            tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s))?;
         }
     }
     ev.remove_many(&doomed)
@@ -576,13 +567,8 @@ fn delete_session_tx(txn: &WriteTransaction, session: &SessionRef) -> Result<boo
     for s in ev.sequences_of(session)? {
         wrote |= ev.remove(s)?;
     }
+    wrote |= tables::remove_head(&mut ev.by_ref, session)?;
     let (key, agent) = (session.session_key.as_str(), session.agent_id.as_str());
-    wrote |= txn
-        .open_table(HEADS)
-        .ctx("delete: open heads")?
-        .remove((key, agent))
-        .ctx("delete: the head")?
-        .is_some();
     wrote |= txn
         .open_table(UPSTREAM_LINKS)
         .ctx("delete: open upstream links")?
@@ -623,7 +609,7 @@ impl EventStore for RedbStore {
                 .open_table(EVENTS_BY_REF)
                 .ctx("reconcile: open the index")?;
             let min = match index
-                .range((a, k, 0)..=(a, k, u64::MAX))
+                .range((a, k, 0)..(a, k, HEAD_SEQ))
                 .ctx("reconcile")?
                 .next()
             {
@@ -632,9 +618,9 @@ impl EventStore for RedbStore {
             };
             // The index is covering: the page is one range scan.
             let mut fetched = Vec::with_capacity(limit + 1);
-            if min.is_some() && after.get() < u64::MAX {
+            if min.is_some() && after.get() < MAX_EVENT_SEQ {
                 for item in index
-                    .range((a, k, after.get() + 1)..=(a, k, u64::MAX))
+                    .range((a, k, after.get() + 1)..(a, k, HEAD_SEQ))
                     .ctx("reconcile")?
                     .take(limit + 1)
                 {
@@ -643,8 +629,7 @@ impl EventStore for RedbStore {
                     fetched.push(Arc::new(codec::decode(seq, row.value(), Some(&session))?));
                 }
             }
-            let heads = txn.open_table(HEADS).ctx("reconcile: open heads")?;
-            let head = read_head(&heads, &session)?;
+            let head = tables::read_head(&index, &session)?;
             Ok(reconcile::build_page(
                 after,
                 head.as_ref(),
@@ -659,10 +644,10 @@ impl EventStore for RedbStore {
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         let sessions = sessions.to_vec();
         self.read("heads", move |txn| {
-            let heads = txn.open_table(HEADS).ctx("heads: open")?;
+            let index = txn.open_table(EVENTS_BY_REF).ctx("heads: open")?;
             let mut out = Vec::with_capacity(sessions.len());
             for r in sessions {
-                if let Some(h) = read_head(&heads, &r)? {
+                if let Some(h) = tables::read_head(&index, &r)? {
                     out.push(h);
                 }
             }
@@ -674,16 +659,8 @@ impl EventStore for RedbStore {
     async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
         let agent = agent.cloned();
         self.read("list_heads", move |txn| {
-            let heads = txn.open_table(HEADS).ctx("list_heads: open")?;
-            let mut out = Vec::new();
-            for item in heads.iter().ctx("list_heads")? {
-                let (k, v) = item.ctx("list_heads")?;
-                let (key, a) = k.value();
-                if agent.as_ref().is_none_or(|x| x.as_str() == a) {
-                    out.push(tables::head_of(tables::session_ref(key, a)?, v.value()));
-                }
-            }
-            Ok(out)
+            let index = txn.open_table(EVENTS_BY_REF).ctx("list_heads: open")?;
+            tables::list_heads(&index, agent.as_ref().map(AgentId::as_str))
         })
         .await
     }
@@ -777,8 +754,8 @@ impl CursorStore for RedbStore {
             let mut cur = CursorTables::open(txn)?;
             let existing = cur.get(watcher.as_str(), target.session_key.as_str())?;
             let head = {
-                let heads = txn.open_table(HEADS).ctx("watch: open heads")?;
-                read_head(&heads, &target)?.map_or(Sequence::ZERO, |h| h.last_sequence)
+                let index = txn.open_table(EVENTS_BY_REF).ctx("watch: open heads")?;
+                tables::read_head(&index, &target)?.map_or(Sequence::ZERO, |h| h.last_sequence)
             };
             let (cursor, write) = protocol::watch(existing.as_ref(), &watcher, &target, head, now);
             if write {

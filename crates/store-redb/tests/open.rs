@@ -7,6 +7,7 @@ use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
     SessionRef, StoreError, Timestamp, WatcherKey,
 };
+use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use store_redb::{Durability, RedbOptions, RedbStore};
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -130,11 +131,11 @@ async fn a_redb_file_of_another_application_is_refused() {
     let err = RedbStore::open(&path).await.unwrap_err();
     assert_open_error(&err, &path, "another application");
     let db = redb::Database::open(&path).unwrap();
-    let txn = redb::ReadableDatabase::begin_read(&db).unwrap();
+    let txn = db.begin_read().unwrap();
     let names: Vec<String> = txn
         .list_tables()
         .unwrap()
-        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .map(|t| t.name().to_owned())
         .collect();
     assert_eq!(names, ["their_data"], "none of our tables was added");
     let value = txn
@@ -246,4 +247,146 @@ async fn everything_survives_a_reopen_and_the_counter_never_goes_back() {
         assert_eq!(next, top.next());
         s.delete_session(&other).await.unwrap();
     }
+}
+
+/// Rewrites a schema 2 file as schema 1 wrote it: heads in a `heads` table keyed by
+/// (key, agent), none in the reference index.
+fn downgrade_to_schema_1(path: &std::path::Path) {
+    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    const BY_REF: redb::TableDefinition<(&str, &str, u64), &[u8]> =
+        redb::TableDefinition::new("events_by_ref");
+    const HEADS: redb::TableDefinition<(&str, &str), (u64, u64, i64)> =
+        redb::TableDefinition::new("heads");
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut by_ref = txn.open_table(BY_REF).unwrap();
+        let mut heads = txn.open_table(HEADS).unwrap();
+        let mut found = Vec::new();
+        for item in by_ref.iter().unwrap() {
+            let (k, v) = item.unwrap();
+            let (agent, key, seq) = k.value();
+            if seq == u64::MAX {
+                let row = v.value();
+                assert_eq!(row.len(), 24, "a head row is three 8-byte words");
+                let word = |i: usize| <[u8; 8]>::try_from(&row[i..i + 8]).unwrap();
+                found.push((
+                    agent.to_owned(),
+                    key.to_owned(),
+                    (
+                        u64::from_le_bytes(word(0)),
+                        u64::from_le_bytes(word(8)),
+                        i64::from_le_bytes(word(16)),
+                    ),
+                ));
+            }
+        }
+        assert!(!found.is_empty(), "schema 2 keeps heads in events_by_ref");
+        for (agent, key, v) in &found {
+            by_ref
+                .remove((agent.as_str(), key.as_str(), u64::MAX))
+                .unwrap();
+            heads.insert((key.as_str(), agent.as_str()), v).unwrap();
+        }
+        txn.open_table(META)
+            .unwrap()
+            .insert("schema_version", 1)
+            .unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[tokio::test]
+async fn a_schema_1_file_is_migrated_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let ops = SessionRef::parse("agent:ops:worker", "ops").unwrap();
+    let w = WatcherKey::parse("agent:main:main").unwrap();
+    let (heads, page, cursor) = {
+        let s = RedbStore::open(&path).await.unwrap();
+        s.watch(&w, &child(), T0).await.unwrap();
+        for i in 0..12 {
+            let r = if i % 3 == 0 { ops.clone() } else { child() };
+            s.record(human(&r), Timestamp(T0.millis() + i))
+                .await
+                .unwrap();
+        }
+        // Prune the oldest rows so that both heads carry a pruned watermark.
+        let step = awareness_core::PruneStep::RowCap { max_rows: 10 };
+        assert_eq!(s.prune_chunk(&step, 100).await.unwrap(), 2);
+        (
+            s.list_heads(None).await.unwrap(),
+            s.changes_since(&child(), Sequence(0), 200).await.unwrap(),
+            s.cursor(&w, &child().session_key).await.unwrap(),
+        )
+    };
+    downgrade_to_schema_1(&path);
+
+    assert!(heads.iter().all(|h| h.pruned_max_sequence > Sequence::ZERO));
+    let s = RedbStore::open(&path).await.unwrap();
+    assert_eq!(s.list_heads(None).await.unwrap(), heads);
+    assert_eq!(
+        s.changes_since(&child(), Sequence(0), 200).await.unwrap(),
+        page
+    );
+    assert_eq!(s.cursor(&w, &child().session_key).await.unwrap(), cursor);
+    let next = s.record(human(&ops), T0).await.unwrap();
+    assert_eq!(next.event.sequence, Sequence(13));
+    assert_eq!(s.state_version(&ops).await.unwrap(), Sequence(13));
+    drop(s);
+
+    // The old table is gone and the file says schema 2.
+    let db = redb::Database::open(&path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let names: Vec<String> = txn
+        .list_tables()
+        .unwrap()
+        .map(|t| t.name().to_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n == "heads"), "{names:?}");
+    let meta = txn
+        .open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+        .unwrap();
+    assert_eq!(meta.get("schema_version").unwrap().unwrap().value(), 2);
+}
+
+#[tokio::test]
+async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
+    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    drop(RedbStore::open(&path).await.unwrap());
+    // What the file holds, as redb reads it (opening a redb file rewrites its header, so the
+    // bytes are not the measure).
+    let contents = |path: &std::path::Path| {
+        let db = redb::Database::open(path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let names: Vec<String> = txn
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        let version = txn
+            .open_table(META)
+            .unwrap()
+            .get("schema_version")
+            .unwrap()
+            .unwrap()
+            .value();
+        (names, version)
+    };
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("schema_version", 99)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let before = contents(&path);
+    assert_eq!(before.1, 99);
+    let err = RedbStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "schema version 99 is not supported");
+    assert_eq!(contents(&path), before);
 }

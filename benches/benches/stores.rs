@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use awareness_benches::{
     Backend, Dataset, T0, add_watchers, dataset_session, group_commit_specs, head, human,
-    load_dataset, loaded, loaded_backends, poll_ready, runtime, test_mode, wanted,
+    load_dataset, loaded, loaded_backends, poll_ready, runtime, save_result, test_mode, wanted,
 };
 use awareness_core::{AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence};
 use criterion::{
@@ -367,14 +367,30 @@ fn prune(c: &mut Criterion) {
             pass.await.expect("join").expect("prune");
             during
         });
+        let during = p99(pruning.clone());
         let show = |d: Option<Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
         println!(
             "prune/record_p99/{}: quiet {}, while pruning {} ({} recordings during the pass)",
             b.name,
             show(quiet),
-            show(p99(pruning.clone())),
+            show(during),
             pruning.len()
         );
+        // Saved for bench-report; a `--test` run's small data set would only mislead it.
+        if !test_mode() {
+            let ns = |d: Option<Duration>| d.map(|d| d.as_nanos() as u64);
+            save_result(
+                "awareness-prune",
+                b.name,
+                &serde_json::json!({
+                    "backend": b.name,
+                    "quiet_p99_ns": ns(quiet),
+                    "pruning_p99_ns": ns(during),
+                    "recordings_during": pruning.len(),
+                    "quiet_recordings": quiet_n,
+                }),
+            );
+        }
     }
     g.finish();
 }

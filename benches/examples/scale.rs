@@ -19,13 +19,13 @@
 // Counts, bytes and nanoseconds reported here stay far below 2^52.
 #![allow(clippy::cast_precision_loss)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use awareness_benches::{
-    Kind, Spec, T0, dataset_session, group_commit_specs, human, open_empty, runtime,
+    Kind, Spec, T0, dataset_session, group_commit_specs, human, open_empty, runtime, save_result,
 };
 use awareness_core::{AwarenessStoreExt as _, RetentionPolicy, Sequence, Timestamp};
 
@@ -160,18 +160,6 @@ fn dir_bytes(dir: &Path) -> u64 {
         .filter(std::fs::Metadata::is_file)
         .map(|m| m.len())
         .sum()
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .expect("workspace root")
-                .join("target")
-        },
-        PathBuf::from,
-    )
 }
 
 fn main() {
@@ -323,8 +311,6 @@ fn main() {
         rss.iter().map(|k| k / 1024).collect::<Vec<_>>()
     );
     if args.save {
-        let out = target_dir().join("awareness-scale");
-        std::fs::create_dir_all(&out).expect("create the results dir");
         let json = serde_json::json!({
             "backend": spec.name,
             "events": args.events,
@@ -344,8 +330,7 @@ fn main() {
             "rss_every_events": args.sample_every,
             "rss_kib": rss,
         });
-        let path = out.join(format!("{}.json", spec.name));
-        std::fs::write(&path, format!("{json:#}\n")).expect("save the results");
+        let path = save_result("awareness-scale", spec.name, &json);
         eprintln!("saved {}", path.display());
     }
     drop(store);

@@ -36,6 +36,31 @@ pub const DATASET_SESSIONS: usize = 1_000;
 /// Recordings (or watches) in flight while a data set loads.
 pub const LOAD_IN_FLIGHT: usize = 32;
 
+/// Cargo's target directory: `CARGO_TARGET_DIR`, or the workspace's `target`. Results that
+/// criterion does not keep are saved under it for `bench-report`.
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("workspace root")
+                .join("target")
+        },
+        std::path::PathBuf::from,
+    )
+}
+
+/// Saves one result as `<target>/<dir>/<name>.json` (pretty JSON), where `bench-report` reads
+/// it: `awareness-scale` for the scale runs, `awareness-prune` for the recording p99 beside a
+/// pruning pass.
+pub fn save_result(dir: &str, name: &str, value: &serde_json::Value) -> std::path::PathBuf {
+    let out = target_dir().join(dir);
+    std::fs::create_dir_all(&out).expect("create the results dir");
+    let path = out.join(format!("{name}.json"));
+    std::fs::write(&path, format!("{value:#}\n")).expect("save the results");
+    path
+}
+
 /// Whether the benches run under `cargo bench -- --test` (each bench once, as CI runs them):
 /// the data sets are then small.
 pub fn test_mode() -> bool {

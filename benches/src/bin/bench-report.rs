@@ -8,7 +8,9 @@
 //!
 //! It reads criterion's `<target>/criterion/<group>/<bench>/<backend>/new/estimates.json`
 //! (the median's point estimate, in ns) and `benchmark.json` (the throughput, for events per
-//! second), and the scale example's `<target>/awareness-scale/<backend>.json`, and replaces
+//! second), the p99 of recording beside a pruning pass that the `prune` bench saves in
+//! `<target>/awareness-prune/<backend>.json`, and the scale example's
+//! `<target>/awareness-scale/<backend>.json`, and replaces
 //! what lies between `<!-- bench-report:begin -->` and `<!-- bench-report:end -->` in the
 //! README. `<target>` is `CARGO_TARGET_DIR` or the workspace's `target`; a first argument names
 //! another README.
@@ -66,13 +68,11 @@ fn main() {
     let readme = std::env::args_os()
         .nth(1)
         .map_or_else(|| manifest.join("README.md"), PathBuf::from);
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || manifest.parent().expect("workspace root").join("target"),
-        PathBuf::from,
-    );
+    let target = awareness_benches::target_dir();
     let (results, newest) = read_criterion(&target.join("criterion"));
-    let scale = read_scale(&target.join("awareness-scale"));
-    let body = render(&results, newest, &scale);
+    let scale = read_by_backend(&target.join("awareness-scale"));
+    let prune = read_by_backend(&target.join("awareness-prune"));
+    let body = render(&results, newest, &scale, &prune);
     let text = std::fs::read_to_string(&readme)
         .unwrap_or_else(|e| panic!("read {}: {e}", readme.display()));
     let (Some(b), Some(e)) = (text.find(BEGIN), text.find(END)) else {
@@ -141,8 +141,9 @@ fn read_criterion(dir: &Path) -> (BTreeMap<String, Measured>, Option<SystemTime>
     (out, newest)
 }
 
-/// The scale example's results, by backend.
-fn read_scale(dir: &Path) -> BTreeMap<String, Value> {
+/// Results saved by `awareness_benches::save_result` in `dir` (the scale runs, the p99 beside
+/// a pruning pass), by backend.
+fn read_by_backend(dir: &Path) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -295,6 +296,7 @@ fn render(
     r: &BTreeMap<String, Measured>,
     newest: Option<SystemTime>,
     scale: &BTreeMap<String, Value>,
+    prune: &BTreeMap<String, Value>,
 ) -> String {
     let mut s = String::new();
     let when = newest.map_or_else(|| "no measurements found".into(), date);
@@ -366,10 +368,50 @@ fn render(
             );
         }
     }
+    if !prune.is_empty() {
+        render_prune(&mut s, prune);
+    }
     if !scale.is_empty() {
         render_scale(&mut s, scale);
     }
     s
+}
+
+/// The backends of `by_backend` in the table's column order.
+fn in_column_order(by_backend: &BTreeMap<String, Value>) -> Vec<&String> {
+    let mut names: Vec<&String> = by_backend.keys().collect();
+    names.sort_by_key(|n| COLUMNS.iter().position(|c| c == n).unwrap_or(usize::MAX));
+    names
+}
+
+fn render_prune(s: &mut String, prune: &BTreeMap<String, Value>) {
+    let ns = |v: &Value, k: &str| {
+        v.get(k)
+            .and_then(Value::as_f64)
+            .map_or_else(|| "-".into(), time)
+    };
+    let _ = writeln!(
+        s,
+        "\nRecording while `prune/60k_to_50k` runs a pass on another task, against recording \
+         alone (p99; one recording at a time):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| backend | quiet p99 | p99 during a pass | recordings during the pass |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|");
+    for name in in_column_order(prune) {
+        let v = &prune[name];
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} |",
+            ns(v, "quiet_p99_ns"),
+            ns(v, "pruning_p99_ns"),
+            v.get("recordings_during")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), |n| n.to_string())
+        );
+    }
 }
 
 fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
@@ -384,9 +426,7 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
          | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
-    let mut names: Vec<&String> = scale.keys().collect();
-    names.sort_by_key(|n| COLUMNS.iter().position(|c| c == n).unwrap_or(usize::MAX));
-    for name in names {
+    for name in in_column_order(scale) {
         let v = &scale[name];
         let rss: Vec<String> = v
             .get("rss_kib")

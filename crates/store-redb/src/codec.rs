@@ -136,6 +136,16 @@ impl<'a> Reader<'a> {
     }
 
     fn str(&mut self) -> Result<&'a str, StoreError> {
+        let bytes = self.bytes()?;
+        self.utf8(bytes)
+    }
+
+    fn utf8(&self, bytes: &'a [u8]) -> Result<&'a str, StoreError> {
+        std::str::from_utf8(bytes).map_err(|_| self.corrupt("a field is not UTF-8"))
+    }
+
+    /// A field's bytes, not yet checked to be UTF-8.
+    fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
         let len_end = self.pos + 4;
         let len_bytes = self
             .data
@@ -147,7 +157,7 @@ impl<'a> Reader<'a> {
             .get(len_end..len_end + len)
             .ok_or_else(|| self.corrupt("truncated"))?;
         self.pos = len_end + len;
-        std::str::from_utf8(bytes).map_err(|_| self.corrupt("a field is not UTF-8"))
+        Ok(bytes)
     }
 
     fn opt(&mut self, flags: u8, bit: u8) -> Result<Option<&'a str>, StoreError> {
@@ -163,8 +173,10 @@ struct Raw<'a> {
     kind: u8,
     actor: u8,
     occurred_at: i64,
-    session_key: &'a str,
-    agent_id: &'a str,
+    /// The ref's fields stay bytes until needed: a reconcile page compares them with the ref it
+    /// asked for, and checking each row's copy for UTF-8 would be wasted.
+    session_key: &'a [u8],
+    agent_id: &'a [u8],
     session_id: Option<&'a str>,
     actor_id: Option<&'a str>,
     run_id: Option<&'a str>,
@@ -187,8 +199,8 @@ fn parse(seq: u64, data: &[u8]) -> Result<Raw<'_>, StoreError> {
     }
     let flags = data[3];
     let occurred_at = i64::from_le_bytes(data[4..12].try_into().expect("eight bytes"));
-    let session_key = r.str()?;
-    let agent_id = r.str()?;
+    let session_key = r.bytes()?;
+    let agent_id = r.bytes()?;
     let session_id = r.opt(flags, HAS_SESSION_ID)?;
     let actor_id = r.opt(flags, HAS_ACTOR_ID)?;
     let run_id = r.opt(flags, HAS_RUN_ID)?;
@@ -213,12 +225,17 @@ fn parse(seq: u64, data: &[u8]) -> Result<Raw<'_>, StoreError> {
     })
 }
 
+fn corrupt_row(seq: u64, what: &str) -> StoreError {
+    StoreError::corrupt(format!("event row {seq}: {what}"))
+}
+
 /// Reads the bookkeeping fields of a row.
 pub(crate) fn meta(seq: u64, data: &[u8]) -> Result<RowMeta<'_>, StoreError> {
     let raw = parse(seq, data)?;
+    let utf8 = |b| std::str::from_utf8(b).map_err(|_| corrupt_row(seq, "a field is not UTF-8"));
     Ok(RowMeta {
-        session_key: raw.session_key,
-        agent_id: raw.agent_id,
+        session_key: utf8(raw.session_key)?,
+        agent_id: utf8(raw.agent_id)?,
         dedupe_key: raw.dedupe_key,
     })
 }
@@ -234,14 +251,18 @@ pub(crate) fn decode(
     let bad = |what: &str| StoreError::corrupt(format!("event row {seq}: {what}"));
     let (session_key, agent_id) = match known {
         Some(r)
-            if r.session_key.as_str() == raw.session_key && r.agent_id.as_str() == raw.agent_id =>
+            if r.session_key.as_str().as_bytes() == raw.session_key
+                && r.agent_id.as_str().as_bytes() == raw.agent_id =>
         {
             (r.session_key.clone(), r.agent_id.clone())
         }
-        _ => (
-            SessionKey::new(raw.session_key).map_err(|e| bad(&e.to_string()))?,
-            AgentId::new(raw.agent_id).map_err(|e| bad(&e.to_string()))?,
-        ),
+        _ => {
+            let utf8 = |b| std::str::from_utf8(b).map_err(|_| bad("a field is not UTF-8"));
+            (
+                SessionKey::new(utf8(raw.session_key)?).map_err(|e| bad(&e.to_string()))?,
+                AgentId::new(utf8(raw.agent_id)?).map_err(|e| bad(&e.to_string()))?,
+            )
+        }
     };
     let payload = raw
         .payload
@@ -346,6 +367,16 @@ mod tests {
                 .to_string()
                 .contains("kind code")
         );
+        // A byte of the session key that is not UTF-8: corrupt whether or not the reader knows
+        // the ref (the comparison with a known ref does not check UTF-8, and must not match).
+        let mut bad_key = bytes.clone();
+        bad_key[HEADER + 4] = 0xff;
+        let e = sample(true);
+        for known in [None, Some(e.session_ref())] {
+            let err = decode(7, &bad_key, known.as_ref()).unwrap_err();
+            assert!(err.to_string().contains("not UTF-8"), "{err}");
+        }
+        assert!(matches!(meta(7, &bad_key), Err(StoreError::Corrupt { .. })));
         let mut extra = bytes;
         extra.push(0);
         assert!(

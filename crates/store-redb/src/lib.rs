@@ -44,49 +44,58 @@
 //!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
 //!   everything durable at once, and closing the last handle does too.
 //!
-//! Measured (criterion medians, `AWARENESS_BENCH_BACKENDS=redb,redb-bounded cargo bench -p
-//! awareness-benches --bench stores -- 'record/|floor'`, 50,000-event data set over 1,000
-//! sessions, `redb-bounded` flushing every second) on the development machine: 2 cores and a
-//! virtual disk shared with other builds (load average about 3 during the run), so every
-//! number is several times what a quiet machine shows. Compare within the table, not across
-//! runs:
+//! Measured (criterion medians of one full run of `cargo bench -p awareness-benches --bench
+//! stores`, 2026-11-30, schema 2; 50,000-event data set over 1,000 sessions, `redb-bounded`
+//! flushing every second) on the development machine: 2 cores and a virtual disk shared with
+//! other builds, where fsync latency moves several-fold within minutes. Compare within the
+//! table, not across runs:
 //!
 //! | operation | Immediate | Bounded |
 //! |---|---|---|
-//! | floor: bare one-key insert per write transaction | 882 µs | 26.6 µs |
-//! | the same through `spawn_blocking` | 1.00 ms | 50.0 µs |
-//! | `record/no_watchers` | 1.01 ms (1.15x / 1.01x) | 127 µs (4.8x / 2.5x) |
-//! | `record/10_watchers` | 1.14 ms | 135 µs |
+//! | floor: bare one-key insert per write transaction | 577 µs | 23.7 µs |
+//! | the same through `spawn_blocking` | 697 µs | 43.4 µs |
+//! | `record/0_watchers` | 853 µs (1.48x / 1.22x) | 99.9 µs (4.2x / 2.3x) |
+//! | `record/10_watchers` | 984 µs (1.70x / 1.41x) | 109 µs (4.6x / 2.5x) |
+//! | `reconcile/200` (a read) | 151 µs | 153 µs |
+//! | `reconcile/5` | 22.3 µs | 25.1 µs |
 //!
 //! (ratios: to the bare insert, and to the bare insert through `spawn_blocking`, the hand-off
-//! every store call pays). An earlier run gave `reconcile/200` 210 µs and 236 µs, `reconcile/5`
-//! 51 µs and 49 µs (a read: no durability involved), and SQLite (WAL, `synchronous=NORMAL`,
-//! which does not fsync each commit) 279 µs to record; fsync latency on this shared disk moves
-//! several-fold within minutes, so the Immediate ratio is only meaningful within one run.
+//! every store call pays). SQLite in the same run: 180 µs to record (WAL with
+//! `synchronous=NORMAL`, which does not fsync each commit), 744 µs for `reconcile/200`.
 //!
 //! The trade-off: with Immediate one fsync dominates every commit and nothing is ever lost; the
 //! bounded mode records about 8 times faster and loses at most the last interval on a crash
-//! (the crash test kills it 30 times and checks exactly that). A lone bounded record still
-//! costs 2.5x the bare insert through `spawn_blocking` (the issue's target was 1.5x): the
-//! hand-off to tokio's blocking pool is half of that floor, and a record writes three B-tree
-//! rows (event, reference index, head) in three trees, each a page-path copy, checksums and a
-//! root update at commit in redb, where the floor writes one; redb's commit is about a third of
-//! a bounded record, the inserts a sixth, opening the five tables and beginning the
-//! transaction a seventh (profiled with `perf` on a tight loop at the data set's size). A bare
-//! redb probe at the same size, `Durability::None`, called directly: one row in one tree per
-//! transaction 24 µs, one row in each of two trees 50 µs, three trees 64 to 70 µs. So each tree
-//! a record writes costs about as much as the whole floor, and the next lever is writing fewer
-//! trees (for instance the head as an entry beside the ref's events in the reference index,
-//! which is a schema change), not the code around them.
+//! (the crash test kills it 30 times and checks exactly that).
+//!
+//! What a record costs is the B-tree paths it rewrites. Each is a page-path copy, checksums and
+//! a root update at commit, and with Immediate its pages in the fsync; the floor rewrites one
+//! path of a one-page tree. A bare redb A/B at the data set's size (direct calls, no store code)
+//! gave, with Immediate and with `Durability::None`: events, reference index and heads in three
+//! trees 1.7x and 2.3x the floor; the head beside the ref's events in the reference index (two
+//! trees, schema 2) 1.6x and 2.1x; one tree alone 1.2x and 1.4x. Schema 2 is what this crate
+//! writes. `record/0_watchers` was 2.45x the direct Immediate floor in the last full run with
+//! three trees, and 1.99x, 1.74x and 1.48x in three runs with two (the floor itself moves: 416
+//! to 600 µs between runs); the scale run (1M events, 16 tasks, group commit) went from 6.4k to
+//! 8.3k events/s. The price is `sessions_list/500_refs` (500 head lookups), which
+//! reads the big reference index instead of a small heads table: 344 µs before, 575 µs after
+//! (SQLite: 2.35 ms). The bounded mode stays above 1.5x its floor because its floor is almost
+//! all commit overhead, which a second tree doubles; the events-by-sequence tree is required
+//! (pruning, `events_after`), so only fewer trees than two would close that gap. A write buffer
+//! (each record into a one-page table, moved into the big trees every 16) measured 1.24x and
+//! 1.88x in the same A/B; it was left out because it also speeds up one transaction per event,
+//! the baseline group commit is measured against, and moves every read through a merge.
 //!
 //! Concurrent callers are where the difference is made: group commit (below) shares one
 //! transaction, and one fsync, between the recordings that wait for it. 16 tasks recording at
-//! once on a fresh file, same machine and session:
+//! once (`record/concurrent_16_tasks`), same run as the table above:
 //!
 //! | 16 concurrent tasks | Immediate | Bounded |
 //! |---|---|---|
-//! | group commit (default 64) | 3,730 records/s (9 per transaction) | 19,900 records/s (9 per transaction) |
-//! | `group_commit(1)` | 614 records/s | 9,900 records/s |
+//! | group commit (default 64), about 15 events per transaction | 5,430 records/s | 32,400 records/s |
+//! | `group_commit(1)` | 1,190 records/s (4.6x less) | |
+//!
+//! The Immediate ratio was 5.7x and 5.2x in two shorter runs the same hour: it sits around
+//! the 5x the performance issue asks for, and moves with the disk.
 //!
 //! ## Group commit
 //!

@@ -120,13 +120,14 @@
 //! Events by global sequence; a covering `(agent, key, sequence)` index (it holds a copy of the
 //! row) so that a reconcile page is one range scan; heads by ref with the pruned watermark, kept
 //! in that index as the ref's last entry (sequence `u64::MAX`), next to its newest events, so a
-//! record rewrites two B-tree paths, not three; cursors by `(watcher, target)` and by `(target, watcher)`; the dedupe index (a
-//! deleted or pruned row frees its key); upstream links by `(key, agent)`; and a store-wide
-//! sequence counter that never goes back (`max` of a `meta` entry and the highest event, so a
-//! record writes three rows: the event, its index entry and the head). A recording opens four
-//! tables: the dedupe index only for an event with a dedupe key, the cursors only when the
-//! session is watched or a watcher is named. Recording,
-//! acknowledging, re-freezing and each pruning chunk are single write transactions. Pruning by
+//! record rewrites two B-tree paths, not three (decision 0006; schema 1 files, with a table of
+//! heads, are migrated when opened); cursors by `(watcher, target)` and by `(target, watcher)`;
+//! the dedupe index (a deleted or pruned row frees its key); upstream links by `(key, agent)`;
+//! and a store-wide sequence counter that never goes back (`max` of a `meta` entry and the
+//! highest event, so a record writes three rows: the event, its index entry and the head). A
+//! recording opens four tables: the dedupe index only for an event with a dedupe key, the
+//! cursors only when the session is watched or a watcher is named. Recording, acknowledging,
+//! re-freezing and each pruning chunk are single write transactions. Pruning by
 //! age finds its victims by scanning the events in sequence order on a read snapshot (old rows
 //! are the low sequences, so the scan stops at a full chunk), then deletes them in one write
 //! transaction; no recording waits for the scan.

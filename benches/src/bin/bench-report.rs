@@ -20,6 +20,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use awareness_core::Timestamp;
 use serde_json::Value;
 
 const BEGIN: &str = "<!-- bench-report:begin -->";
@@ -203,23 +204,14 @@ fn cell(m: Measured) -> String {
     }
 }
 
-/// A civil date (UTC) from a system time.
-#[allow(clippy::many_single_char_names)] // the algorithm's own names
+/// When `t` was, in UTC ([`Timestamp::utc`], to the second).
 fn date(t: SystemTime) -> String {
-    let secs = t
+    let ms = t
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let mut s = Timestamp(ms).utc();
+    s.truncate("YYYY-MM-DD HH:MM:SS".len());
+    s + " UTC"
 }
 
 /// A target of the store issues: `what` measured against `bound`.

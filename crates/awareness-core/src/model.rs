@@ -74,6 +74,21 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(ms))
     }
 
+    /// The instant in UTC as `YYYY-MM-DD HH:MM:SS.mmmZ` (proleptic Gregorian), for people to
+    /// read: the CLI's tables, the bench report.
+    pub fn utc(self) -> String {
+        let days = self.0.div_euclid(Self::DAY_MS);
+        let rem = self.0.rem_euclid(Self::DAY_MS);
+        let (y, m, d) = civil_from_days(days);
+        format!(
+            "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}Z",
+            rem / Self::HOUR_MS,
+            rem / 60_000 % 60,
+            rem / 1_000 % 60,
+            rem % 1_000
+        )
+    }
+
     /// The system clock, for callers that have no clock of their own.
     pub fn now() -> Timestamp {
         let ms = std::time::SystemTime::now()
@@ -81,6 +96,21 @@ impl Timestamp {
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         Timestamp(ms)
     }
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day) (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 impl fmt::Display for Timestamp {
@@ -723,6 +753,19 @@ pub struct LogStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_renders_civil_dates() {
+        assert_eq!(Timestamp(0).utc(), "1970-01-01 00:00:00.000Z");
+        assert_eq!(
+            Timestamp(1_800_000_000_000).utc(),
+            "2027-01-15 08:00:00.000Z"
+        );
+        // A leap day, and milliseconds.
+        assert_eq!(Timestamp(951_782_400_123).utc(), "2000-02-29 00:00:00.123Z");
+        // Before the epoch: the last millisecond of 1969.
+        assert_eq!(Timestamp(-1).utc(), "1969-12-31 23:59:59.999Z");
+    }
 
     #[test]
     fn agent_qualified_parsing() {

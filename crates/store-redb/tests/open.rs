@@ -50,6 +50,24 @@ fn assert_open_error(err: &StoreError, file: &std::path::Path, reason: &str) {
     );
 }
 
+/// The tables of a redb file, as redb lists them.
+fn table_names(txn: &redb::ReadTransaction) -> Vec<String> {
+    txn.list_tables()
+        .unwrap()
+        .map(|t| t.name().to_owned())
+        .collect()
+}
+
+/// The schema version a store wrote in its `meta` table.
+fn schema_version(txn: &redb::ReadTransaction) -> u64 {
+    txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+        .unwrap()
+        .get("schema_version")
+        .unwrap()
+        .unwrap()
+        .value()
+}
+
 #[tokio::test]
 async fn a_file_that_is_not_redb_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
@@ -132,11 +150,7 @@ async fn a_redb_file_of_another_application_is_refused() {
     assert_open_error(&err, &path, "another application");
     let db = redb::Database::open(&path).unwrap();
     let txn = db.begin_read().unwrap();
-    let names: Vec<String> = txn
-        .list_tables()
-        .unwrap()
-        .map(|t| t.name().to_owned())
-        .collect();
+    let names = table_names(&txn);
     assert_eq!(names, ["their_data"], "none of our tables was added");
     let value = txn
         .open_table(OTHER)
@@ -338,16 +352,9 @@ async fn a_schema_1_file_is_migrated_and_loses_nothing() {
     // The old table is gone and the file says schema 2.
     let db = redb::Database::open(&path).unwrap();
     let txn = db.begin_read().unwrap();
-    let names: Vec<String> = txn
-        .list_tables()
-        .unwrap()
-        .map(|t| t.name().to_owned())
-        .collect();
+    let names = table_names(&txn);
     assert!(!names.iter().any(|n| n == "heads"), "{names:?}");
-    let meta = txn
-        .open_table(redb::TableDefinition::<&str, u64>::new("meta"))
-        .unwrap();
-    assert_eq!(meta.get("schema_version").unwrap().unwrap().value(), 2);
+    assert_eq!(schema_version(&txn), 2);
 }
 
 #[tokio::test]
@@ -361,19 +368,7 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
     let contents = |path: &std::path::Path| {
         let db = redb::Database::open(path).unwrap();
         let txn = db.begin_read().unwrap();
-        let names: Vec<String> = txn
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .collect();
-        let version = txn
-            .open_table(META)
-            .unwrap()
-            .get("schema_version")
-            .unwrap()
-            .unwrap()
-            .value();
-        (names, version)
+        (table_names(&txn), schema_version(&txn))
     };
     {
         let db = redb::Database::open(&path).unwrap();

@@ -3,7 +3,9 @@
 //!
 //! The exact-count tests make the batching deterministic: the runtime has one blocking thread,
 //! held busy while every recording is polled once (which queues its event), so the drain starts
-//! only once all of them wait.
+//! only once all of them wait. The checks every batching store shares (concurrent callers
+//! share transactions, `group_commit(1)`, the batch bound, `0` refused) run from
+//! `awareness_core::group_commit_suite!`, in both durability modes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +13,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::task::{Context, Poll, Waker};
 
+use awareness_core::testkit::group_commit::Grouped;
 use awareness_core::{
     ActorType, CursorStore, EventKind, EventStore, NewEvent, Recorded, Sequence, SessionRef,
     StoreError, Timestamp, WatcherKey,
@@ -177,56 +180,42 @@ fn the_default_batch_is_documented() {
     assert_eq!(DEFAULT_GROUP_COMMIT, 64);
 }
 
-/// Concurrent tasks on a multi-thread runtime: callers that arrive while a commit (an fsync) is
-/// in flight share the next one.
-async fn concurrent(options: RedbOptions) -> u64 {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(
-        RedbStore::open_with(dir.path().join("state.redb"), options)
-            .await
-            .unwrap(),
-    );
-    let before = store.write_transactions();
-    let tasks: Vec<_> = (0..CALLS)
-        .map(|i| {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move { store.record(event(i), T0).await })
-        })
-        .collect();
-    let mut seqs = std::collections::BTreeSet::new();
-    for (i, t) in tasks.into_iter().enumerate() {
-        let rec = t.await.unwrap().unwrap();
-        if !rec.deduplicated {
-            assert_eq!(rec.event.summary, format!("message {i}"));
-            assert!(seqs.insert(rec.event.sequence));
-        }
+/// Opens `path` with `options` and `group_commit(max_events)` for the shared group-commit
+/// checks.
+async fn open_grouped(
+    path: std::path::PathBuf,
+    options: RedbOptions,
+    max_events: usize,
+) -> Result<Grouped, StoreError> {
+    let store = Arc::new(RedbStore::open_with(path, options.group_commit(max_events)).await?);
+    let counted = Arc::clone(&store);
+    Ok(Grouped {
+        store,
+        write_transactions: Box::new(move || counted.write_transactions()),
+    })
+}
+
+mod immediate {
+    async fn open(
+        path: std::path::PathBuf,
+        max_events: usize,
+    ) -> Result<super::Grouped, super::StoreError> {
+        super::open_grouped(path, super::RedbOptions::default(), max_events).await
     }
-    store.write_transactions() - before
+
+    awareness_core::group_commit_suite!(open);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_records_commit_in_fewer_transactions() {
-    let batched = concurrent(RedbOptions::default()).await;
-    assert!(
-        batched < CALLS as u64,
-        "{CALLS} concurrent recordings took {batched} transactions"
-    );
-    let alone = concurrent(RedbOptions::default().group_commit(1)).await;
-    assert_eq!(alone, CALLS as u64);
-}
+mod bounded {
+    async fn open(
+        path: std::path::PathBuf,
+        max_events: usize,
+    ) -> Result<super::Grouped, super::StoreError> {
+        let options = super::RedbOptions::bounded(std::time::Duration::from_millis(20));
+        super::open_grouped(path, options, max_events).await
+    }
 
-#[tokio::test]
-async fn a_group_commit_of_zero_is_refused_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    let err = RedbStore::open_with(&path, RedbOptions::default().group_commit(0))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, StoreError::Open { reason, .. } if reason.contains("group_commit")),
-        "{err:?}"
-    );
-    assert!(!path.exists(), "nothing is created");
+    awareness_core::group_commit_suite!(open);
 }
 
 #[test]

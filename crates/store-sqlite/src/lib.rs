@@ -197,10 +197,11 @@ impl SqliteOptions {
     /// arrive while the write connection is busy queue up, and the next writer records up to
     /// this many of them in one transaction of two batches; each caller still gets its own
     /// event back only after that commit. A lone caller records as it would without group
-    /// commit. `1` turns it off (one transaction per event); `0` counts as `1`. Default 64.
+    /// commit. `1` turns it off (one transaction per event); `0` is refused at open
+    /// ([`StoreError::Open`]). Default 64.
     #[must_use]
     pub fn group_commit(mut self, max_events: usize) -> Self {
-        self.group_commit = max_events.max(1);
+        self.group_commit = max_events;
         self
     }
 
@@ -262,6 +263,14 @@ impl SqliteStore {
         options: SqliteOptions,
     ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        if options.group_commit == 0 {
+            // Refused before the file is touched, as store-redb does.
+            return Err(StoreError::Open {
+                path,
+                reason: "group_commit must be at least 1 (1 commits every recording alone)".into(),
+                source: None,
+            });
+        }
         let created = prepare_file(&path, &options)?;
         match Self::connect(&path, &options).await {
             Ok(store) => Ok(store),

@@ -1,14 +1,17 @@
-//! Group commit: concurrent recordings share write transactions, each caller gets its own
-//! event, `group_commit(1)` turns it off, and an event failing in a batch fails only its
-//! caller. (That the batched protocol equals the per-event one is the model test's `Concurrent`
-//! step; that cancelled callers cancel nobody else's commit is a conformance check.)
+//! Group commit: the shared checks (`awareness_core::group_commit_suite!`: concurrent
+//! recordings share write transactions, each caller gets its own event, `group_commit(1)` turns
+//! it off, a batch holds at most `group_commit`, `0` is refused), and an event failing in a
+//! batch fails only its caller, which needs a row torn behind the store's back. (That the
+//! batched protocol equals the per-event one is the model test's `Concurrent` step; that
+//! cancelled callers cancel nobody else's commit is a conformance check.)
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use awareness_core::testkit::group_commit::Grouped;
 use awareness_core::{
-    ActorType, EventKind, EventStore, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey,
+    ActorType, EventKind, EventStore, NewEvent, SessionRef, StoreError, Timestamp,
 };
-use awareness_core::{AwarenessStoreExt as _, CursorStore as _};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -34,58 +37,19 @@ async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStor
     )
 }
 
-/// Records `n` events on `n` tasks at once; answers the transactions they took.
-async fn record_at_once(store: &Arc<SqliteStore>, n: usize) -> u64 {
-    let before = store.write_transactions();
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move { store.record(event(i), T0).await })
-        })
-        .collect();
-    let mut seqs = Vec::new();
-    for (i, t) in tasks.into_iter().enumerate() {
-        let rec = t.await.expect("join").expect("record");
-        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
-        seqs.push(rec.event.sequence);
-    }
-    seqs.sort_unstable();
-    seqs.dedup();
-    assert_eq!(seqs.len(), n, "distinct sequences");
-    store.write_transactions() - before
+/// Opens `path` with `group_commit(max_events)` for the shared group-commit checks.
+async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, StoreError> {
+    let store = Arc::new(
+        SqliteStore::open_with(path, SqliteOptions::new().group_commit(max_events)).await?,
+    );
+    let counted = Arc::clone(&store);
+    Ok(Grouped {
+        store,
+        write_transactions: Box::new(move || counted.write_transactions()),
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_recordings_share_write_transactions() {
-    let dir = tempfile::tempdir().expect("dir");
-    let store = open(&dir, SqliteOptions::new()).await;
-    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
-    store.watch(&watcher, &session(0), T0).await.expect("watch");
-    let txs = record_at_once(&store, 64).await;
-    assert!(
-        txs < 64,
-        "64 concurrent recordings took {txs} write transactions: none were grouped"
-    );
-    assert_eq!(store.log_stats().await.expect("stats").rows, 64);
-    let cursor = store
-        .cursor(&watcher, &session(0).session_key)
-        .await
-        .expect("cursor")
-        .expect("exists");
-    assert_eq!(cursor.last_seen, Sequence(0));
-    assert_eq!(
-        cursor.material,
-        store.state_version(&session(0)).await.expect("head"),
-        "the cursor saw the last event on its target"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn group_commit_of_one_is_one_transaction_per_recording() {
-    let dir = tempfile::tempdir().expect("dir");
-    let store = open(&dir, SqliteOptions::new().group_commit(1)).await;
-    assert_eq!(record_at_once(&store, 32).await, 32);
-}
+awareness_core::group_commit_suite!(open_grouped);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {

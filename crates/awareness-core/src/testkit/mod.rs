@@ -12,6 +12,10 @@
 //!
 //! Each check is a plain async function in [`checks`] taking a `&Subject`, so a new behaviour is
 //! one new function (and one new name in the macro) that every backend then runs.
+//!
+//! Stores that batch concurrent recordings into shared write transactions (the durable ones)
+//! also stamp [`group_commit_suite!`](crate::group_commit_suite), the checks of
+//! [`group_commit`].
 
 use std::any::Any;
 use std::future::Future;
@@ -25,6 +29,7 @@ use crate::store::AwarenessStore;
 use crate::upstream::UpstreamStore;
 
 pub mod checks;
+pub mod group_commit;
 pub mod model;
 
 pub use proptest;
@@ -161,6 +166,48 @@ macro_rules! __conformance_tests {
                     let subject = $factory().await;
                     $crate::testkit::checks::$name(&subject).await;
                 });
+            }
+        )*
+    };
+}
+
+/// Runs a future to completion on a fresh multi-thread tokio runtime (two workers), for checks
+/// whose callers must truly run at once.
+pub fn block_on_threads<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime for the testkit")
+        .block_on(f)
+}
+
+/// Stamps one named `#[test]` per group-commit check ([`group_commit`]) for a store factory
+/// (`async fn(PathBuf, usize) -> Result<group_commit::Grouped, StoreError>`: open the given
+/// file with that `group_commit`).
+#[macro_export]
+macro_rules! group_commit_suite {
+    ($open:path) => {
+        $crate::__group_commit_tests!(
+            $open;
+            concurrent_recordings_share_write_transactions,
+            group_commit_of_one_commits_every_recording_alone,
+            a_batch_holds_at_most_group_commit_recordings,
+            a_group_commit_of_zero_is_refused_at_open,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __group_commit_tests {
+    ($open:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testkit::block_on_threads(
+                    $crate::testkit::group_commit::$name($open),
+                );
             }
         )*
     };

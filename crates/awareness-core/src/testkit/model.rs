@@ -82,7 +82,7 @@ pub enum Op {
     },
     /// Start-up sweep; watchers whose bit is set exist.
     Sweep {
-        /// Existence mask over [`WATCHERS`].
+        /// Existence mask over `WATCHERS`.
         exists: u8,
     },
     /// A pruning pass.

@@ -1,0 +1,189 @@
+//! Group commit (decision 0005), checked the same way on every store that batches concurrent
+//! recordings into shared write transactions: the durable ones. store-memory has no
+//! transactions to share and does not run these.
+//!
+//! A store provides an async factory that opens a fresh store on the file it is given with
+//! `group_commit(max_events)` and stamps the checks with [`crate::group_commit_suite!`]:
+//!
+//! ```text
+//! async fn open(path: std::path::PathBuf, max_events: usize)
+//!     -> Result<awareness_core::testkit::group_commit::Grouped, awareness_core::StoreError>
+//! { /* open the store with that option */ }
+//! awareness_core::group_commit_suite!(open);
+//! ```
+//!
+//! What a store does to batch (its queue, its drain) is its own; these checks hold only what a
+//! caller can see: every caller's own event, distinct sequences, fewer write transactions than
+//! recordings, none larger than `group_commit`, and `0` refused at open.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::StoreError;
+use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
+use crate::store::{AwarenessStore, AwarenessStoreExt as _};
+
+/// A store opened for a group-commit check, and how many write transactions it has committed.
+pub struct Grouped {
+    /// The store, as a gateway holds it.
+    pub store: Arc<dyn AwarenessStore>,
+    /// The store's count of committed write transactions (`write_transactions()`).
+    pub write_transactions: Box<dyn Fn() -> u64 + Send + Sync>,
+}
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+fn session(i: usize) -> SessionRef {
+    SessionRef::parse(&format!("agent:main:subagent:s{i}"), "main").expect("ref")
+}
+
+fn event(i: usize) -> NewEvent {
+    NewEvent::new(
+        session(i % 4),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        format!("message {i}"),
+    )
+}
+
+/// A directory of its own under the system's temporary directory, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "awareness-group-commit-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create a scratch directory");
+        Self(dir)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("state")
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Records `n` events on `n` tasks at once; checks that each caller got its own event under a
+/// distinct sequence and answers the write transactions they took.
+async fn record_at_once(g: &Grouped, n: usize) -> u64 {
+    let before = (g.write_transactions)();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let store = Arc::clone(&g.store);
+            tokio::spawn(async move { store.record(event(i), T0).await })
+        })
+        .collect();
+    let mut seqs = BTreeSet::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let rec = t.await.expect("join").expect("record");
+        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+        assert!(!rec.deduplicated);
+        assert!(seqs.insert(rec.event.sequence), "distinct sequences");
+    }
+    (g.write_transactions)() - before
+}
+
+async fn open<F, Fut>(open: &F, file: PathBuf, max_events: usize) -> Grouped
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    open(file, max_events)
+        .await
+        .unwrap_or_else(|e| panic!("open with group_commit({max_events}): {e}"))
+}
+
+/// 64 concurrent recordings take fewer than 64 write transactions; the log holds all 64 and a
+/// watcher's cursor saw the last event on its target.
+pub async fn concurrent_recordings_share_write_transactions<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    let dir = Scratch::new();
+    let g = open(&f, dir.file(), 64).await;
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    g.store
+        .watch(&watcher, &session(0), T0)
+        .await
+        .expect("watch");
+    let txs = record_at_once(&g, 64).await;
+    assert!(
+        txs < 64,
+        "64 concurrent recordings took {txs} write transactions: none were grouped"
+    );
+    assert_eq!(g.store.log_stats().await.expect("stats").rows, 64);
+    let cursor = g
+        .store
+        .cursor(&watcher, &session(0).session_key)
+        .await
+        .expect("cursor")
+        .expect("exists");
+    assert_eq!(cursor.last_seen, Sequence(0));
+    assert_eq!(
+        cursor.material,
+        g.store.state_version(&session(0)).await.expect("head"),
+        "the cursor saw the last event on its target"
+    );
+}
+
+/// `group_commit(1)` is one write transaction per recording, however many arrive at once.
+pub async fn group_commit_of_one_commits_every_recording_alone<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    let dir = Scratch::new();
+    let g = open(&f, dir.file(), 1).await;
+    assert_eq!(record_at_once(&g, 32).await, 32);
+}
+
+/// No write transaction holds more than `group_commit` recordings: 32 at once with
+/// `group_commit(4)` take at least 8.
+pub async fn a_batch_holds_at_most_group_commit_recordings<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    let dir = Scratch::new();
+    let g = open(&f, dir.file(), 4).await;
+    let txs = record_at_once(&g, 32).await;
+    assert!(txs >= 8, "32 recordings in {txs} transactions of at most 4");
+}
+
+/// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option, and
+/// nothing is created.
+pub async fn a_group_commit_of_zero_is_refused_at_open<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    let dir = Scratch::new();
+    let Err(err) = f(dir.file(), 0).await else {
+        panic!("group_commit(0) was accepted");
+    };
+    assert!(
+        matches!(&err, StoreError::Open { reason, .. } if reason.contains("group_commit")),
+        "{err:?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read the scratch directory")
+        .collect();
+    assert!(left.is_empty(), "nothing is created: {left:?}");
+}

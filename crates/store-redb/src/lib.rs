@@ -74,8 +74,8 @@
 //! trees 1.7x and 2.3x the floor; the head beside the ref's events in the reference index (two
 //! trees, schema 2) 1.6x and 2.1x; one tree alone 1.2x and 1.4x. Schema 2 is what this crate
 //! writes. `record/0_watchers` was 2.45x the direct Immediate floor in the last full run with
-//! three trees, and 1.99x, 1.74x and 1.48x in three runs with two (the floor itself moves: 416
-//! to 600 µs between runs); the scale run (1M events, 16 tasks, group commit) went from 6.4k to
+//! three trees, and 1.48x to 2.26x in five runs with two (the floor itself moved from 399 to
+//! 577 µs between runs); the scale run (1M events, 16 tasks, group commit) went from 6.4k to
 //! 8.3k events/s. The price is `sessions_list/500_refs` (500 head lookups), which
 //! reads the big reference index instead of a small heads table: 344 µs before, 575 µs after
 //! (SQLite: 2.35 ms). The bounded mode stays above 1.5x its floor because its floor is almost

@@ -8,7 +8,8 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    AgentId, Cursor, Event, KindClass, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+    AgentId, Cursor, Event, Head, KindClass, Sequence, SessionKey, SessionRef, Timestamp,
+    WatcherKey,
 };
 use crate::validate::ValidationError;
 
@@ -205,6 +206,18 @@ pub struct CursorEffects {
     pub notices: Vec<Notice>,
 }
 
+/// The head of an event's ref once the event is recorded (not deduplicated): its sequence, the
+/// store's clock `now`, and the pruned watermark of `previous` (zero for a ref without one), which
+/// recording never moves.
+pub fn head_after(previous: Option<&Head>, event: &Event, now: Timestamp) -> Head {
+    Head {
+        session: event.session_ref(),
+        last_sequence: event.sequence,
+        pruned_max_sequence: previous.map_or(Sequence::ZERO, |h| h.pruned_max_sequence),
+        updated_at: now,
+    }
+}
+
 /// The cursor effects of a freshly recorded (not deduplicated) event.
 ///
 /// `existing` must hold every cursor whose target key is the event's key (of any agent); the
@@ -287,6 +300,33 @@ mod tests {
         let mut e = NewEvent::new(r("agent:main:subagent:c1"), kind, ActorType::Human, "x");
         e.actor_id = actor.map(str::to_owned);
         e.into_event(Sequence(seq), Timestamp(5))
+    }
+
+    #[test]
+    fn a_recorded_event_moves_the_head_and_keeps_the_watermark() {
+        let first = head_after(
+            None,
+            &ev(EventKind::HumanDirectMessage, 3, None),
+            Timestamp(7),
+        );
+        assert_eq!(first.session, r("agent:main:subagent:c1"));
+        assert_eq!(first.last_sequence, Sequence(3));
+        assert_eq!(first.pruned_max_sequence, Sequence::ZERO);
+        assert_eq!(first.updated_at, Timestamp(7));
+        let pruned = crate::retention::stamp(&first, Sequence(2));
+        let next = head_after(
+            Some(&pruned),
+            &ev(EventKind::HumanDirectMessage, 9, None),
+            Timestamp(8),
+        );
+        assert_eq!(
+            (
+                next.last_sequence,
+                next.pruned_max_sequence,
+                next.updated_at
+            ),
+            (Sequence(9), Sequence(2), Timestamp(8))
+        );
     }
 
     #[test]

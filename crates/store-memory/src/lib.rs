@@ -33,6 +33,7 @@
 
 mod upstream;
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -219,17 +220,17 @@ impl EventStore for MemoryStore {
             g.dedupe.insert(k.clone(), seq);
         }
         g.events.insert(seq, Arc::clone(&stored));
-        let st = g.sessions.entry(r).or_insert_with_key(|r| RefState {
-            head: Head {
-                session: r.clone(),
-                last_sequence: seq,
-                pruned_max_sequence: Sequence::ZERO,
-                updated_at: now,
-            },
-            events: BTreeMap::new(),
-        });
-        st.head.last_sequence = seq;
-        st.head.updated_at = now;
+        let st = match g.sessions.entry(r) {
+            Entry::Occupied(o) => {
+                let st = o.into_mut();
+                st.head = protocol::head_after(Some(&st.head), &stored, now);
+                st
+            }
+            Entry::Vacant(v) => v.insert(RefState {
+                head: protocol::head_after(None, &stored, now),
+                events: BTreeMap::new(),
+            }),
+        };
         st.events.insert(seq, Arc::clone(&stored));
         for c in effects.upserts {
             g.put_cursor(c);

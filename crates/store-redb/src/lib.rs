@@ -462,18 +462,9 @@ pub(crate) fn record_tx(
     let existing = t.cur.on_target(stored.session_key.as_str())?;
     let effects = protocol::on_event(&stored, &named, &existing, now);
     t.ev.insert(&stored)?;
-    let session = stored.session_ref();
-    let pruned = tables::read_head(&t.ev.by_ref, &session)?
-        .map_or(Sequence::ZERO, |h| h.pruned_max_sequence);
-    tables::put_head(
-        &mut t.ev.by_ref,
-        &Head {
-            session,
-            last_sequence: Sequence(seq),
-            pruned_max_sequence: pruned,
-            updated_at: now,
-        },
-    )?;
+    let previous = tables::read_head(&t.ev.by_ref, &stored.session_ref())?;
+    let head = protocol::head_after(previous.as_ref(), &stored, now);
+    tables::put_head(&mut t.ev.by_ref, &head)?;
     for c in &effects.upserts {
         t.cur.put(c)?;
     }

@@ -25,7 +25,7 @@ use awareness_core::{
 use sqlx::SqliteConnection;
 use tokio::sync::oneshot;
 
-use crate::conn::{Hints, Writer, batch, get};
+use crate::conn::{Hints, Writer, batch, batch_one, get};
 use crate::decode;
 use crate::events::record_alone;
 use crate::sql;
@@ -137,15 +137,10 @@ async fn run(
     let q = sqlx::query(sql::GROUP_RECORD_BEGIN)
         .bind(decode::to_json(&rows))
         .bind(n);
-    let got = batch(conn, q, WHAT).await?;
-    let [before, after] = got.as_slice() else {
-        return Err(StoreError::backend(
-            WHAT,
-            format!("a group commit answered {} rows, not 2", got.len()),
-        ));
-    };
+    let after = batch_one(conn, q, WHAT).await?;
+    let after = &after;
     let mut on_key: HashMap<SessionKey, Vec<Cursor>> = HashMap::new();
-    for c in decode::cursors(get(before, 0, WHAT)?)? {
+    for c in decode::cursors(get(after, 3, WHAT)?)? {
         on_key.entry(c.target.clone()).or_default().push(c);
     }
     let top: i64 = get(after, 0, WHAT)?;
@@ -215,9 +210,13 @@ async fn run(
         })
         .collect();
     let changed: Vec<Cursor> = changed.into_values().collect();
-    let q = sqlx::query(sql::GROUP_RECORD_COMMIT)
-        .bind(decode::to_json(&heads))
-        .bind(decode::cursors_json(&changed));
+    let q = if changed.is_empty() {
+        sqlx::query(sql::GROUP_RECORD_HEADS_COMMIT).bind(decode::to_json(&heads))
+    } else {
+        sqlx::query(sql::GROUP_RECORD_COMMIT)
+            .bind(decode::to_json(&heads))
+            .bind(decode::cursors_json(&changed))
+    };
     batch(conn, q, WHAT).await?;
 
     for (key, cursors) in &on_key {

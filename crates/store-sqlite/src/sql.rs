@@ -135,15 +135,13 @@ COMMIT"
 /// The insert walks `$1` in order and, like a single insert, spends one AUTOINCREMENT number
 /// per event, dedupe conflicts included, so the event at index `i` is sequence
 /// `top - $2 + 1 + i` where `top` is `sqlite_sequence`'s value after the insert; those that
-/// conflicted are the numbers missing from the inserted list. Two rows come back: the cursors on
-/// every target key of the batch as they were before it (read first), then `top`, the
-/// inserted sequences, and the stored rows of the batch's dedupe keys (for the hits).
+/// conflicted are the numbers missing from the inserted list. One row comes back: `top`, the
+/// inserted sequences, the stored rows of the batch's dedupe keys (for the hits), and the
+/// cursors on every target key of the batch. The insert writes no cursor, so they are the
+/// cursors as they were before the batch; reading them in the same row as the rest saves a
+/// statement and a row, each a message from sqlx's worker thread.
 pub(crate) const GROUP_RECORD_BEGIN: &str = concat!(
     "BEGIN IMMEDIATE;
-SELECT json_group_array(",
-    cursor_json!(),
-    ") FROM session_watch_cursors
-WHERE target_session_key IN (SELECT value ->> 1 FROM json_each($1));
 INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
   actor_type, actor_id, run_id, occurred_at, summary, payload_json)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
@@ -155,25 +153,37 @@ SELECT t.top,
   (SELECT json_group_array(",
     event_json!(),
     ") FROM session_state_events
-    WHERE dedupe_key IN (SELECT value ->> 0 FROM json_each($1) WHERE value ->> 0 IS NOT NULL))
+    WHERE dedupe_key IN (SELECT value ->> 0 FROM json_each($1) WHERE value ->> 0 IS NOT NULL)),
+  (SELECT json_group_array(",
+    cursor_json!(),
+    ") FROM session_watch_cursors
+    WHERE target_session_key IN (SELECT value ->> 1 FROM json_each($1)))
 FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events') AS t"
 );
 
-/// Group commit, last batch: moves the heads `$1` (`[key, agent, last sequence, now]`, one per
-/// ref, computed from the inserted sequences), upserts the cursors `$2` (as
-/// [`UPSERT_CURSORS_COMMIT`], the final state `awareness_core::protocol` decided over the batch
-/// in order; may be empty) and commits.
-pub(crate) const GROUP_RECORD_COMMIT: &str = concat!(
-    "INSERT INTO session_state_heads (session_key,
+/// Moves the heads `$1` (`[key, agent, last sequence, now]`, one per ref, computed from the
+/// inserted sequences); the pruned watermark keeps its stored value.
+macro_rules! move_heads {
+    () => {
+        "INSERT INTO session_state_heads (session_key,
   agent_id, last_sequence, pruned_max_sequence, updated_at)
 SELECT value ->> 0, value ->> 1, value ->> 2, 0, value ->> 3 FROM json_each($1) WHERE true
 ON CONFLICT (session_key, agent_id) DO UPDATE SET
   last_sequence = excluded.last_sequence, updated_at = excluded.updated_at;
-",
-    upsert_cursors!("$2"),
-    "
-COMMIT"
-);
+"
+    };
+}
+
+/// Group commit, last batch: moves the heads `$1` (`[key, agent, last sequence, now]`, one per
+/// ref, computed from the inserted sequences), upserts the cursors `$2` (as
+/// [`UPSERT_CURSORS_COMMIT`], the final state `awareness_core::protocol` decided over the batch
+/// in order) and commits.
+pub(crate) const GROUP_RECORD_COMMIT: &str =
+    concat!(move_heads!(), upsert_cursors!("$2"), "\nCOMMIT");
+
+/// Group commit, last batch of a batch that moved no cursor: [`GROUP_RECORD_COMMIT`] without
+/// the cursor statement (one statement, so one message from sqlx's worker, fewer).
+pub(crate) const GROUP_RECORD_HEADS_COMMIT: &str = concat!(move_heads!(), "COMMIT");
 
 /// Ends a write transaction that has nothing more to write.
 pub(crate) const COMMIT: &str = "COMMIT";

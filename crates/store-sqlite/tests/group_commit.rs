@@ -8,26 +8,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::testkit::group_commit::Grouped;
-use awareness_core::{
-    ActorType, EventKind, EventStore, NewEvent, SessionRef, StoreError, Timestamp,
-};
+use awareness_core::testkit::group_commit::{Grouped, T0, event};
+use awareness_core::{EventStore, StoreError};
 use store_sqlite::{SqliteOptions, SqliteStore};
-
-const T0: Timestamp = Timestamp(1_800_000_000_000);
-
-fn session(i: usize) -> SessionRef {
-    SessionRef::parse(&format!("agent:main:subagent:s{i}"), "main").expect("ref")
-}
-
-fn event(i: usize) -> NewEvent {
-    NewEvent::new(
-        session(i % 4),
-        EventKind::HumanDirectMessage,
-        ActorType::Human,
-        format!("message {i}"),
-    )
-}
 
 async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStore> {
     Arc::new(

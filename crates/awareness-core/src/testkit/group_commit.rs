@@ -34,13 +34,16 @@ pub struct Grouped {
     pub write_transactions: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
-const T0: Timestamp = Timestamp(1_800_000_000_000);
+/// The clock every recording of these checks is made at.
+pub const T0: Timestamp = Timestamp(1_800_000_000_000);
 
-fn session(i: usize) -> SessionRef {
+/// The `i`-th session of these checks (`agent:main:subagent:s{i}`, agent `main`).
+pub fn session(i: usize) -> SessionRef {
     SessionRef::parse(&format!("agent:main:subagent:s{i}"), "main").expect("ref")
 }
 
-fn event(i: usize) -> NewEvent {
+/// The `i`-th recording of these checks: a human message on one of four sessions.
+pub fn event(i: usize) -> NewEvent {
     NewEvent::new(
         session(i % 4),
         EventKind::HumanDirectMessage,

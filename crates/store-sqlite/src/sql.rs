@@ -10,6 +10,15 @@
 //!
 //! Placeholders are `$N` throughout: in a multi-statement batch each statement binds its own
 //! `$N` by name, while a `?N` a later statement skips would be bound positionally.
+//!
+//! A bound `LIMIT` is written `LIMIT +$N`. The SQLite that sqlx bundles (3.51) reads a
+//! parameter that is the whole `LIMIT` expression while planning, and marks the statement to
+//! be compiled again whenever that parameter is bound anew, which sqlx does on every
+//! execution: the statement cache then saves nothing, and the reconcile page paid a fresh
+//! compile of its three subqueries on every read (`sqlite3_stmt_status` counted one
+//! re-prepare per execution). The unary plus makes the limit an expression SQLite evaluates
+//! when it runs; the plans do not change (checked with `EXPLAIN QUERY PLAN`). A test below
+//! keeps every `LIMIT` in this file in that form.
 
 /// One event row as a JSON array, decoded by `decode::RawEvent`.
 macro_rules! event_json {
@@ -209,7 +218,7 @@ pub(crate) const CHANGES_SINCE: &str = concat!(
   (SELECT json_group_array(",
     page_event_json!(),
     ") FROM (SELECT * FROM session_state_events
-    WHERE session_key = $1 AND agent_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4))"
+    WHERE session_key = $1 AND agent_id = $2 AND sequence > $3 ORDER BY sequence LIMIT +$4))"
 );
 
 /// Heads of the refs in `$1` (a JSON array of `[key, agent]`).
@@ -233,7 +242,7 @@ pub(crate) const EVENTS_AFTER: &str = concat!(
     "SELECT json_group_array(",
     event_json!(),
     ") FROM (SELECT * FROM session_state_events WHERE sequence > $1
-ORDER BY sequence LIMIT $2)"
+ORDER BY sequence LIMIT +$2)"
 );
 
 /// Rows, smallest and largest retained sequence.
@@ -323,7 +332,7 @@ COMMIT";
 pub(crate) const PRUNE_AGE_BEGIN: &str = concat!(
     "BEGIN IMMEDIATE;
 WITH v AS MATERIALIZED (SELECT sequence, session_key, agent_id FROM session_state_events
-  WHERE occurred_at < $1 ORDER BY sequence LIMIT $2)
+  WHERE occurred_at < $1 ORDER BY sequence LIMIT +$2)
 SELECT
   (SELECT json_group_array(json_array(sequence, session_key, agent_id) ORDER BY sequence) FROM v),
   (SELECT json_group_array(",
@@ -339,7 +348,7 @@ SELECT count(*) FROM session_state_events";
 /// Prune by row cap, second batch: the `$1` lowest sequences and the heads of their refs.
 pub(crate) const PRUNE_CAP_VICTIMS: &str = concat!(
     "WITH v AS MATERIALIZED (SELECT sequence, session_key, agent_id FROM session_state_events
-  ORDER BY sequence LIMIT $1)
+  ORDER BY sequence LIMIT +$1)
 SELECT
   (SELECT json_group_array(json_array(sequence, session_key, agent_id) ORDER BY sequence) FROM v),
   (SELECT json_group_array(",
@@ -362,7 +371,7 @@ COMMIT";
 /// many went.
 pub(crate) const PRUNE_CURSORS: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_watch_cursors WHERE rowid IN (SELECT rowid FROM session_watch_cursors
-  WHERE updated_at < $1 ORDER BY watcher_session_key, target_session_key LIMIT $2);
+  WHERE updated_at < $1 ORDER BY watcher_session_key, target_session_key LIMIT +$2);
 SELECT changes();
 COMMIT";
 
@@ -428,3 +437,33 @@ COMMIT";
 pub(crate) const DELETE_LINK_COMMIT: &str = "DELETE FROM session_upstream_links
 WHERE session_key = $1 AND agent_id = $2;
 COMMIT";
+
+#[cfg(test)]
+mod tests {
+    /// Every `LIMIT` in the statements is a literal or `+$N` (see the module docs): a bare
+    /// `LIMIT $N` would have SQLite compile the statement again on every execution.
+    #[test]
+    fn bound_limits_are_not_planned_on() {
+        let source = include_str!("sql.rs");
+        let statements = &source[..source.rfind("#[cfg(test)]").expect("this module")];
+        let code = statements
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| !l.starts_with("//"));
+        let mut checked = 0;
+        for line in code {
+            for (at, _) in line.match_indices("LIMIT ") {
+                let rest = &line[at + "LIMIT ".len()..];
+                checked += 1;
+                assert!(
+                    rest.starts_with("+$") || rest.starts_with(|c: char| c.is_ascii_digit()),
+                    "a LIMIT neither literal nor `+$N`: {line}"
+                );
+            }
+        }
+        assert!(
+            checked >= 6,
+            "found only {checked} LIMITs: the scan is broken"
+        );
+    }
+}

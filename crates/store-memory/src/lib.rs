@@ -35,7 +35,9 @@ mod upstream;
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use awareness_core::reconcile::ChangesPage;
 use awareness_core::{
@@ -48,7 +50,15 @@ use awareness_core::{
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// Callers blocked on `inner` right now (counted only when the lock was taken), so that a
+    /// pruning pass lets them go before its next chunk: the standard mutex is not fair, and a
+    /// pass that takes it again right after letting it go would keep a recording waiting for the
+    /// whole pass instead of one chunk.
+    blocked: AtomicUsize,
 }
+
+/// How long a pruning chunk waits for callers blocked on the lock to take it first.
+const MAINTENANCE_DEFERS_AT_MOST: Duration = Duration::from_millis(2);
 
 /// FxHash (the rustc hasher): several times cheaper than SipHash on short keys. The keys are
 /// session keys of one gateway, not attacker-chosen bulk input, and the map sizes are bounded by
@@ -120,9 +130,31 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-applied operation behind: every
         // operation computes its changes first and applies them without fallible steps.
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.blocked.fetch_add(1, Ordering::AcqRel);
+                let g = self
+                    .inner
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                self.blocked.fetch_sub(1, Ordering::AcqRel);
+                g
+            }
+        }
+    }
+
+    /// The lock for one chunk of a pruning pass: callers already blocked on it go first (for at
+    /// most [`MAINTENANCE_DEFERS_AT_MOST`], so a steady stream of them cannot stall the pass).
+    fn lock_after_blocked(&self) -> MutexGuard<'_, Inner> {
+        let started = Instant::now();
+        while self.blocked.load(Ordering::Acquire) > 0
+            && started.elapsed() < MAINTENANCE_DEFERS_AT_MOST
+        {
+            std::thread::yield_now();
+        }
+        self.lock()
     }
 }
 
@@ -313,7 +345,7 @@ impl EventStore for MemoryStore {
     }
 
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
-        let mut g = self.lock();
+        let mut g = self.lock_after_blocked();
         Ok(match *step {
             PruneStep::Age { cutoff } => {
                 let victims: Vec<Sequence> = g

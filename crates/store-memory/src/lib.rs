@@ -50,7 +50,8 @@ use awareness_core::{
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
-    /// Callers blocked on `inner` right now (counted only when the lock was taken), so that a
+    /// Callers blocked on `inner` right now (a caller counts itself only when `try_lock` found it
+    /// held, so the uncontended path pays nothing), so that a
     /// pruning pass lets them go before its next chunk: the standard mutex is not fair, and a
     /// pass that takes it again right after letting it go would keep a recording waiting for the
     /// whole pass instead of one chunk.
@@ -146,7 +147,8 @@ impl MemoryStore {
     }
 
     /// The lock for one chunk of a pruning pass: callers already blocked on it go first (for at
-    /// most [`MAINTENANCE_DEFERS_AT_MOST`], so a steady stream of them cannot stall the pass).
+    /// most [`MAINTENANCE_DEFERS_AT_MOST`], so a steady stream of them cannot stall the pass). It
+    /// yields the thread while it waits: pruning is maintenance, off the hot path.
     fn lock_after_blocked(&self) -> MutexGuard<'_, Inner> {
         let started = Instant::now();
         while self.blocked.load(Ordering::Acquire) > 0

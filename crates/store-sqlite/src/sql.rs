@@ -17,9 +17,9 @@
 //! execution: the statement cache then saves nothing, and the reconcile page paid a fresh
 //! compile of its three subqueries on every read (`sqlite3_stmt_status` counted one
 //! re-prepare per execution). The unary plus makes the limit an expression SQLite evaluates
-//! when it runs; `EXPLAIN QUERY PLAN` gave the same plans for the reconcile page, `EVENTS_AFTER`
-//! and both prune-by-condition statements (the row-cap victims are a plain scan by sequence). A test below
-//! keeps every `LIMIT` in this file in that form.
+//! when it runs; `EXPLAIN QUERY PLAN` gave the same plans for the reconcile page,
+//! `EVENTS_AFTER` and both prune-by-condition statements (the row-cap victims are a plain scan
+//! by sequence). A test below keeps every `LIMIT` in this file in that form.
 
 /// One event row as a JSON array, decoded by `decode::RawEvent`.
 macro_rules! event_json {

@@ -295,7 +295,14 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             // Our four tables have no foreign keys; leaving enforcement off guarantees that no
             // statement of ours cascades into another table of an OpenClaw database.
-            .foreign_keys(false);
+            .foreign_keys(false)
+            // A statement that writes many rows (a group commit's insert and head upsert, a
+            // pruning chunk) keeps a statement journal, which SQLite spills to a new temporary
+            // file past 64 KiB: group commits of 16 events created, wrote and deleted such files
+            // in /var/tmp (strace counted 1,293 in one short bench run). Kept in memory, a batch
+            // of 16 took 26-29% less time in two A/B runs (678-727 µs down to 504-514 µs).
+            // Connection-local: nothing in the database file changes.
+            .pragma("temp_store", "memory");
         let fail = |e: sqlx::Error| error::open(path, error::open_reason(&e), Some(Box::new(e)));
         let companions = Companions::before_open(path);
         let mut readers = Vec::with_capacity(options.readers);
@@ -495,5 +502,39 @@ impl SqliteStore {
     async fn read_one(&self, q: Query, what: &str) -> Result<SqliteRow, StoreError> {
         let mut conn = self.reader().await;
         batch_one(&mut conn, q, what).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection keeps statement journals and temporary tables in memory (see
+    /// `connect`), the writer above all.
+    #[tokio::test]
+    async fn temporary_files_stay_in_memory_on_every_connection() {
+        /// `PRAGMA temp_store`'s answer for MEMORY.
+        const MEMORY: &[i64] = &[2];
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        // fetch_all: fetch_one would leave the statement open (see `conn::batch`).
+        let pragma = || sqlx::query_scalar::<_, i64>("PRAGMA temp_store");
+        let mut w = store.writer("test").await.expect("writer");
+        w.open_tx = false;
+        assert_eq!(
+            pragma().fetch_all(&mut w.conn).await.expect("writer"),
+            MEMORY
+        );
+        drop(w);
+        for r in &*store.readers.conns {
+            let mut conn = r.lock().await;
+            assert_eq!(
+                pragma().fetch_all(&mut *conn).await.expect("reader"),
+                MEMORY
+            );
+        }
+        store.close().await;
     }
 }

@@ -146,6 +146,83 @@ where
     );
 }
 
+/// After rounds of 64 concurrent recordings on four sessions, each with its own clock and some
+/// sharing a dedupe key, every head is its ref's last recorded event, stamped with that
+/// recording's clock, and every dedupe hit answers the event stored under its key. Rounds run
+/// without a watcher and then with one on a session, so batches with and without cursors on
+/// their targets are both checked.
+pub async fn concurrent_recordings_leave_each_head_at_its_last_event<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    let dir = Scratch::new();
+    let g = open(&f, dir.file(), 64).await;
+    let sessions: Vec<SessionRef> = (0..4).map(session).collect();
+    let mut last: Vec<Option<(Sequence, Timestamp)>> = vec![None; 4];
+    for round in 0..4_usize {
+        if round == 2 {
+            let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+            g.store
+                .watch(&watcher, &sessions[1], T0)
+                .await
+                .expect("watch");
+        }
+        let tasks: Vec<_> = (0..64_usize)
+            .map(|i| {
+                let store = Arc::clone(&g.store);
+                let n = round * 64 + i;
+                // Occurred before it is recorded, so that the head's clock cannot be mistaken
+                // for the event's.
+                let mut e = event(n).with_occurred_at(T0);
+                if i % 5 == 0 {
+                    e = e.with_dedupe_key(format!("key-{}", n % 15));
+                }
+                let now = Timestamp(T0.0 + i64::try_from(n).expect("small"));
+                tokio::spawn(async move { (n, now, store.record(e, now).await) })
+            })
+            .collect();
+        let mut by_key = std::collections::HashMap::new();
+        let mut hits = Vec::new();
+        for t in tasks {
+            let (n, now, got) = t.await.expect("join");
+            let rec = got.unwrap_or_else(|e| panic!("record {n}: {e}"));
+            if rec.deduplicated {
+                hits.push(rec);
+                continue;
+            }
+            assert_eq!(rec.event.summary, format!("message {n}"), "its own event");
+            if let Some(key) = &rec.event.dedupe_key {
+                by_key.insert(key.clone(), rec.event.sequence);
+            }
+            let l = &mut last[n % 4];
+            if l.is_none_or(|(s, _)| s < rec.event.sequence) {
+                *l = Some((rec.event.sequence, now));
+            }
+        }
+        for hit in hits {
+            let key = hit.event.dedupe_key.as_ref().expect("a hit has a key");
+            if let Some(seq) = by_key.get(key) {
+                assert_eq!(hit.event.sequence, *seq, "the hit answers the stored event");
+            }
+        }
+        let heads = g.store.heads(&sessions).await.expect("heads");
+        assert_eq!(heads.len(), 4, "round {round}: a head per session");
+        for h in heads {
+            let i = sessions
+                .iter()
+                .position(|s| *s == h.session)
+                .expect("asked for");
+            let (seq, now) = last[i].expect("recorded");
+            assert_eq!(
+                (h.last_sequence, h.updated_at),
+                (seq, now),
+                "round {round}: the head of session {i} is its last event"
+            );
+        }
+    }
+}
+
 /// `group_commit(1)` is one write transaction per recording, however many arrive at once.
 pub async fn group_commit_of_one_commits_every_recording_alone<F, Fut>(f: F)
 where

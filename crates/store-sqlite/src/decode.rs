@@ -11,9 +11,12 @@ use awareness_core::{
 };
 use serde::Deserialize;
 
+use crate::rows::Reader;
+
 /// `json_array(sequence, session_key, session_id, agent_id, kind, actor_type, actor_id, run_id,
 /// occurred_at, summary, payload_json, dedupe_key)`.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct RawEvent<'a>(
     i64,
     #[serde(borrow)] Cow<'a, str>,
@@ -32,6 +35,7 @@ struct RawEvent<'a>(
 /// A page's event, whose key and agent are the page's: `json_array(sequence, session_id, kind,
 /// actor_type, actor_id, run_id, occurred_at, summary, payload_json, dedupe_key)`.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct RawPageEvent<'a>(
     i64,
     Option<String>,
@@ -72,6 +76,112 @@ fn json<'a, T: Deserialize<'a>>(what: &str, text: &'a str) -> Result<T, StoreErr
         context: format!("{what}: unreadable row set"),
         source: Some(Box::new(e)),
     })
+}
+
+/// Rows of an array of arrays, each read by `row` (from after its `[` to before its `]`)
+/// with the fast [`Reader`]; when that reader gives up, serde_json decodes the whole text, so
+/// that what the fast path cannot read is read the same way or reported the same way as
+/// before (see the `rows` module).
+fn rows<'a, T: Deserialize<'a>>(
+    what: &str,
+    text: &'a str,
+    row: impl Fn(&mut Reader<'a>) -> Option<T>,
+) -> Result<Vec<T>, StoreError> {
+    fast_rows(text, row).map_or_else(|| json(what, text), Ok)
+}
+
+/// The fast path of [`rows`]: `None` where the reader gives up.
+fn fast_rows<'a, T>(text: &'a str, row: impl Fn(&mut Reader<'a>) -> Option<T>) -> Option<Vec<T>> {
+    let mut r = Reader::new(text);
+    let mut out = Vec::new();
+    if !r.open_array()? {
+        loop {
+            r.eat(b'[')?;
+            out.push(row(&mut r)?);
+            r.eat(b']')?;
+            if !r.next_element()? {
+                break;
+            }
+        }
+    }
+    r.end()?;
+    Some(out)
+}
+
+/// `page_event_json!`'s fields, read by the fast reader.
+fn page_event_fields<'a>(r: &mut Reader<'a>) -> Option<RawPageEvent<'a>> {
+    let seq = r.int()?;
+    r.eat(b',')?;
+    let session_id = r.opt_string()?;
+    r.eat(b',')?;
+    let kind = r.str()?;
+    r.eat(b',')?;
+    let actor_type = r.str()?;
+    r.eat(b',')?;
+    let actor_id = r.opt_string()?;
+    r.eat(b',')?;
+    let run_id = r.opt_string()?;
+    r.eat(b',')?;
+    let occurred_at = r.int()?;
+    r.eat(b',')?;
+    let summary = r.str()?.into_owned();
+    r.eat(b',')?;
+    let payload = r.opt_str()?;
+    r.eat(b',')?;
+    let dedupe_key = r.opt_string()?;
+    Some(RawPageEvent(
+        seq,
+        session_id,
+        kind,
+        actor_type,
+        actor_id,
+        run_id,
+        occurred_at,
+        summary,
+        payload,
+        dedupe_key,
+    ))
+}
+
+/// `event_json!`'s fields, read by the fast reader.
+fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
+    let seq = r.int()?;
+    r.eat(b',')?;
+    let key = r.str()?;
+    r.eat(b',')?;
+    let session_id = r.opt_string()?;
+    r.eat(b',')?;
+    let agent = r.str()?;
+    r.eat(b',')?;
+    let kind = r.str()?;
+    r.eat(b',')?;
+    let actor_type = r.str()?;
+    r.eat(b',')?;
+    let actor_id = r.opt_string()?;
+    r.eat(b',')?;
+    let run_id = r.opt_string()?;
+    r.eat(b',')?;
+    let occurred_at = r.int()?;
+    r.eat(b',')?;
+    let summary = r.str()?.into_owned();
+    r.eat(b',')?;
+    let payload = r.opt_str()?;
+    r.eat(b',')?;
+    let dedupe_key = r.opt_string()?;
+    Some(RawEvent(
+        seq,
+        key,
+        session_id,
+        agent,
+        kind,
+        actor_type,
+        actor_id,
+        run_id,
+        occurred_at,
+        summary,
+        payload,
+        dedupe_key,
+    ))
 }
 
 /// A stored sequence (never negative).
@@ -169,7 +279,7 @@ fn build_event(r: SessionRef, raw: RawPageEvent<'_>) -> Result<Event, StoreError
 
 /// The events of one ref's page (`page_event_json!`), in ascending sequence order.
 pub(crate) fn page_events(text: &str, session: &SessionRef) -> Result<Vec<Arc<Event>>, StoreError> {
-    let raws: Vec<RawPageEvent<'_>> = json("events", text)?;
+    let raws = rows("events", text, page_event_fields)?;
     let mut out = raws
         .into_iter()
         .map(|raw| build_event(session.clone(), raw).map(Arc::new))
@@ -193,7 +303,7 @@ pub(crate) fn one_event(text: &str) -> Result<Event, StoreError> {
 
 /// A JSON array of events (`event_json!`), in ascending sequence order.
 pub(crate) fn events(text: &str) -> Result<Vec<Arc<Event>>, StoreError> {
-    let raws: Vec<RawEvent<'_>> = json("events", text)?;
+    let raws = rows("events", text, event_fields)?;
     let mut out = raws
         .into_iter()
         .map(|raw| event(raw).map(Arc::new))
@@ -378,4 +488,126 @@ pub(crate) fn one_link(text: &str) -> Result<UpstreamLink, StoreError> {
 pub(crate) fn links(text: &str) -> Result<Vec<UpstreamLink>, StoreError> {
     let raws: Vec<RawLink<'_>> = json("upstream links", text)?;
     raws.into_iter().map(link).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use sqlx::{Connection, Row, SqliteConnection};
+
+    /// Text with what JSON must escape, and anything else.
+    fn text() -> impl Strategy<Value = String> {
+        let c = prop_oneof![
+            Just('"'),
+            Just('\\'),
+            Just('/'),
+            Just('\u{1}'),
+            Just('\n'),
+            Just('\u{7f}'),
+            Just('é'),
+            Just('😀'),
+            any::<char>(),
+        ];
+        proptest::collection::vec(c, 0..12).prop_map(String::from_iter)
+    }
+
+    /// A row of `event_json!`'s shape as JSON input for SQLite: integers, strings and nulls.
+    fn row() -> impl Strategy<Value = serde_json::Value> {
+        (
+            any::<i64>(),
+            proptest::collection::vec(proptest::option::of(text()), 10),
+            any::<i64>(),
+        )
+            .prop_map(|(seq, texts, at)| {
+                let mut v: Vec<serde_json::Value> = texts.into_iter().map(Into::into).collect();
+                // Key, agent, kind, actor type and summary are never NULL.
+                for i in [0, 2, 3, 4, 7] {
+                    if v[i].is_null() {
+                        v[i] = "".into();
+                    }
+                }
+                v.insert(0, seq.into());
+                v.insert(8, at.into());
+                serde_json::Value::Array(v)
+            })
+    }
+
+    /// The JSON SQLite itself writes for those rows: every value goes through SQLite's
+    /// `json_array` and `json_group_array`, as in the store's statements.
+    async fn sqlite_json(conn: &mut SqliteConnection, rows: &serde_json::Value) -> String {
+        const Q: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
+            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, \
+            value ->> 8, value ->> 9, value ->> 10, value ->> 11)) FROM json_each($1)";
+        sqlx::query(Q)
+            .bind(rows.to_string())
+            .fetch_one(conn)
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// The fast reader reads everything SQLite writes for event rows (it never falls back)
+        /// and reads it exactly as serde_json does.
+        #[test]
+        fn fast_rows_read_what_sqlite_writes_as_serde_does(
+            rows in proptest::collection::vec(row(), 0..5)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let (full, page) = rt.block_on(async {
+                let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+                let full = sqlite_json(&mut conn, &serde_json::Value::Array(rows.clone())).await;
+                // A page row: the same without key (1) and agent (3).
+                let page_rows: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| {
+                        let mut a = r.as_array().unwrap().clone();
+                        a.remove(3);
+                        a.remove(1);
+                        a.extend([serde_json::Value::Null, serde_json::Value::Null]);
+                        serde_json::Value::Array(a)
+                    })
+                    .collect();
+                let page = sqlite_json(&mut conn, &serde_json::Value::Array(page_rows)).await;
+                let page_array: Vec<serde_json::Value> = serde_json::from_str(&page).unwrap();
+                let page = serde_json::Value::Array(
+                    page_array
+                        .into_iter()
+                        .map(|r| {
+                            let mut a = r.as_array().unwrap().clone();
+                            a.truncate(10);
+                            serde_json::Value::Array(a)
+                        })
+                        .collect(),
+                )
+                .to_string();
+                (full, page)
+            });
+            let fast = fast_rows(&full, event_fields);
+            prop_assert!(fast.is_some(), "the fast reader gave up on {full}");
+            let slow: Vec<RawEvent<'_>> = json("events", &full).unwrap();
+            prop_assert_eq!(fast.unwrap(), slow);
+            let fast = fast_rows(&page, page_event_fields);
+            prop_assert!(fast.is_some(), "the fast reader gave up on {page}");
+            let slow: Vec<RawPageEvent<'_>> = json("events", &page).unwrap();
+            prop_assert_eq!(fast.unwrap(), slow);
+        }
+    }
+
+    #[test]
+    fn what_the_fast_reader_gives_up_on_serde_reads_or_reports() {
+        // An exponent: not the fast reader's; serde_json refuses it as an i64 and says so.
+        let text = r#"[[1e3,null,"human_direct_message","human",null,null,1,"s",null,null]]"#;
+        assert!(fast_rows(text, page_event_fields).is_none());
+        let r = SessionRef::parse("agent:main:main", "main").unwrap();
+        let err = page_events(text, &r).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        // Whitespace is read by both.
+        let text = " [ [ 7 , null , \"human_direct_message\" , \"human\" , null , null , 1 , \"s\" , null , null ] ] ";
+        assert!(fast_rows(text, page_event_fields).is_some());
+        assert_eq!(page_events(text, &r).unwrap()[0].sequence, Sequence(7));
+    }
 }

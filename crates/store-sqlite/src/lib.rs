@@ -105,6 +105,7 @@ mod error;
 mod events;
 mod group;
 mod open;
+mod rows;
 mod schema;
 mod sql;
 mod upstream;

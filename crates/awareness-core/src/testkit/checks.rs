@@ -147,6 +147,55 @@ pub async fn record_returns_every_field(t: &Subject) {
     assert_eq!(stored.summary, "child run timed out");
 }
 
+pub async fn text_fields_round_trip_exactly(t: &Subject) {
+    // Quotes, backslashes, slashes, text that looks like an escape, accents, characters outside
+    // the BMP, and a payload whose strings hold control characters: whatever encoding a backend
+    // stores or reads them through, they come back as given.
+    let s = &*t.store;
+    let session = r("agent:main:\"q\" \\ /\\u0041 é😀", "main");
+    let payload = validate::payload_from_value(json!({
+        "text": "line1\nline2\t\"q\" \\ \u{1} \u{7f} 😀 \\u0041 \\ud83d",
+        "n": [1.5, -2e3, 12_345_678_901_234_i64, null, {"k": ""}],
+    }))
+    .unwrap();
+    let e = NewEvent::new(
+        session.clone(),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        "said \"hi\" \\ back/slash \\n \\u00e9 é ☃ 😀",
+    )
+    .with_session_id("sess \"é\" \\")
+    .with_actor_id("user \"x\" \\ 😀")
+    .with_run_id("run/1 \\u0041")
+    .with_payload(payload.clone())
+    .with_dedupe_key("dk \"1\" \\ 😀");
+    let got = rec(s, e.clone(), T0).await.event;
+    assert_eq!(got.session_key, session.session_key);
+    assert_eq!(got.summary, "said \"hi\" \\ back/slash \\n \\u00e9 é ☃ 😀");
+    assert_eq!(got.session_id.as_deref(), Some("sess \"é\" \\"));
+    assert_eq!(got.actor_id.as_deref(), Some("user \"x\" \\ 😀"));
+    assert_eq!(got.run_id.as_deref(), Some("run/1 \\u0041"));
+    assert_eq!(got.payload.as_ref(), Some(&payload));
+    let page = s.changes_since(&session, Sequence(0), 200).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+    assert_eq!(
+        *page.events[0], *got,
+        "the page reads back what was recorded"
+    );
+    let tail = s.events_after(Sequence(0), 10).await.unwrap();
+    assert_eq!(tail.len(), 1);
+    assert_eq!(*tail[0], *got, "events_after reads back what was recorded");
+    let again = rec(s, e, T0.plus_ms(1)).await;
+    assert!(
+        again.deduplicated,
+        "the same dedupe key, however spelled, is a hit"
+    );
+    assert_eq!(
+        *again.event, *got,
+        "a dedupe hit reads back what was recorded"
+    );
+}
+
 pub async fn dedupe_returns_stored_event_and_moves_nothing(t: &Subject) {
     let s = &*t.store;
     s.watch(&w(MANAGER), &child(), T0).await.unwrap();

@@ -87,6 +87,7 @@ macro_rules! conformance_suite {
             $factory;
             record_assigns_increasing_sequences,
             record_returns_every_field,
+            text_fields_round_trip_exactly,
             dedupe_returns_stored_event_and_moves_nothing,
             dedupe_hit_consumes_a_sequence,
             dedupe_key_is_never_returned,

@@ -538,4 +538,100 @@ mod tests {
         }
         store.close().await;
     }
+
+    /// The group commit's first batch answers and writes the same whichever form inserts its
+    /// rows (`json_each` for large batches, a multi-row `VALUES` for up to 16): each form runs
+    /// on the same state and is rolled back, for batch sizes from 1 to 16, with dedupe hits on
+    /// a stored key and on a key earlier in the same batch, a watcher, and NULLs.
+    #[tokio::test]
+    async fn both_forms_of_the_group_insert_do_the_same() {
+        use awareness_core::{
+            ActorType, EventKind, EventStore, NewEvent, SessionRef, Timestamp, WatcherKey,
+        };
+        const CONTENTS: &str = "SELECT (SELECT json_group_array(json_array(sequence, dedupe_key, \
+            session_key, session_id, agent_id, kind, actor_type, actor_id, run_id, occurred_at, \
+            summary, payload_json)) FROM session_state_events), \
+            (SELECT seq FROM sqlite_sequence WHERE name = 'session_state_events')";
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let target = SessionRef::parse("agent:main:s0", "main").expect("ref");
+        let now = Timestamp(1_800_000_000_000);
+        let e = NewEvent::new(
+            target.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "x",
+        )
+        .with_dedupe_key("dk-old")
+        .with_watcher(WatcherKey::parse("agent:main:main").expect("watcher"));
+        store.record(e, now).await.expect("record");
+
+        let keys: Vec<String> = (0..3).map(|i| format!("agent:main:s{i}")).collect();
+        let payloads: Vec<String> = (0..16).map(|i| format!("{{\"i\":{i}}}")).collect();
+        let mut w = store.writer("test").await.expect("writer");
+        for n in 1..=sql::VALUES_MAX {
+            let rows: Vec<group::EventColumns<'_>> = (0..n)
+                .map(|i| {
+                    (
+                        match i % 4 {
+                            0 => Some("dk-old"),
+                            1 => Some("dk-new"),
+                            _ => None,
+                        },
+                        keys[i % 3].as_str(),
+                        (i % 2 == 0).then_some("sess"),
+                        "main",
+                        "human_direct_message",
+                        "human",
+                        Some("user-1"),
+                        None,
+                        now.millis() - i64::try_from(i).expect("small"),
+                        "said \"hi\"",
+                        (i % 2 == 1).then_some(payloads[i].as_str()),
+                    )
+                })
+                .collect();
+            let mut answers = Vec::new();
+            for values in [false, true] {
+                let q = group::begin_query(&rows, values);
+                let row = conn::batch_one(&mut w.conn, q, "test")
+                    .await
+                    .expect("batch");
+                let answer: Vec<Option<String>> = (1..4)
+                    .map(|c| conn::get(&row, c, "test").expect("column"))
+                    .collect();
+                let top: i64 = conn::get(&row, 0, "test").expect("top");
+                let after = conn::batch_one(&mut w.conn, sqlx::query(CONTENTS), "test")
+                    .await
+                    .expect("contents");
+                let contents: String = conn::get(&after, 0, "test").expect("contents");
+                let seq: i64 = conn::get(&after, 1, "test").expect("sqlite_sequence");
+                sqlx::query("ROLLBACK")
+                    .execute(&mut w.conn)
+                    .await
+                    .expect("rollback");
+                answers.push((top, answer, contents, seq));
+            }
+            assert_eq!(answers[0], answers[1], "a batch of {n}");
+            let (top, answer, _, _) = &answers[0];
+            let inserted: Vec<i64> =
+                serde_json::from_str(answer[0].as_deref().expect("inserted")).expect("json");
+            assert_eq!(
+                inserted.len(),
+                n - n.div_ceil(4) - n.saturating_sub(2) / 4,
+                "a batch of {n}: every event but the dedupe hits is inserted"
+            );
+            assert_eq!(*top, 1 + i64::try_from(n).expect("small"), "a batch of {n}");
+            assert_ne!(
+                answer[2].as_deref(),
+                Some("[]"),
+                "the watcher's cursor on the batch's targets is read"
+            );
+        }
+        w.open_tx = false;
+        drop(w);
+        store.close().await;
+    }
 }

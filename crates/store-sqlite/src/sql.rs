@@ -137,6 +137,36 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET
 COMMIT"
 );
 
+/// The start of [`GROUP_RECORD_BEGIN`]: up to the insert's source of rows.
+macro_rules! group_begin_head {
+    () => {
+        "BEGIN IMMEDIATE;
+INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
+  actor_type, actor_id, run_id, occurred_at, summary, payload_json)
+"
+    };
+}
+
+/// The rest of [`GROUP_RECORD_BEGIN`] after the insert's source of rows.
+macro_rules! group_begin_tail {
+    () => {
+        concat!(
+            "ON CONFLICT (dedupe_key) DO NOTHING;
+SELECT t.top,
+  (SELECT json_group_array(sequence) FROM session_state_events WHERE sequence > t.top - $2),
+  (SELECT json_group_array(",
+            event_json!(),
+            ") FROM session_state_events
+    WHERE dedupe_key IN (SELECT value ->> 0 FROM json_each($1) WHERE value ->> 0 IS NOT NULL)),
+  (SELECT json_group_array(",
+            cursor_json!(),
+            ") FROM session_watch_cursors
+    WHERE target_session_key IN (SELECT value ->> 1 FROM json_each($1)))
+FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events') AS t"
+        )
+    };
+}
+
 /// Group commit, first batch: records the events of several callers in one `IMMEDIATE`
 /// transaction. `$1` is a JSON array with one `[dedupe key, session key, session id, agent,
 /// kind, actor type, actor id, run id, occurred at, summary, payload JSON]` per event, in queue
@@ -150,26 +180,52 @@ COMMIT"
 /// cursors on every target key of the batch. The insert writes no cursor, so they are the
 /// cursors as they were before the batch; reading them in the same row as the rest saves a
 /// statement and a row, each a message from sqlx's worker thread.
+///
+/// Batches of up to [`VALUES_MAX`] events use [`group_record_begin_values`] instead.
 pub(crate) const GROUP_RECORD_BEGIN: &str = concat!(
-    "BEGIN IMMEDIATE;
-INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
-  actor_type, actor_id, run_id, occurred_at, summary, payload_json)
-SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
+    group_begin_head!(),
+    "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
   value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10
 FROM json_each($1) WHERE true ORDER BY key
-ON CONFLICT (dedupe_key) DO NOTHING;
-SELECT t.top,
-  (SELECT json_group_array(sequence) FROM session_state_events WHERE sequence > t.top - $2),
-  (SELECT json_group_array(",
-    event_json!(),
-    ") FROM session_state_events
-    WHERE dedupe_key IN (SELECT value ->> 0 FROM json_each($1) WHERE value ->> 0 IS NOT NULL)),
-  (SELECT json_group_array(",
-    cursor_json!(),
-    ") FROM session_watch_cursors
-    WHERE target_session_key IN (SELECT value ->> 1 FROM json_each($1)))
-FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events') AS t"
+",
+    group_begin_tail!()
 );
+
+/// The most events [`group_record_begin_values`] takes.
+pub(crate) const VALUES_MAX: usize = 16;
+
+/// Parameters of one event in [`group_record_begin_values`].
+pub(crate) const VALUES_PER_EVENT: usize = 11;
+
+/// [`GROUP_RECORD_BEGIN`] for `n` events (1 to [`VALUES_MAX`]) whose columns are also bound
+/// one by one, as `$3` onwards (eleven per event, in the order of `$1`'s rows), and inserted
+/// from a multi-row `VALUES`: SQLite inserts 16 events in about 48 µs that way against 104 µs
+/// out of `json_each` (C API probe), and the store's group commit of 16 went from 21.4k to
+/// 24.5k events/s (medians of six alternating runs). The rest of the batch reads `$1` as
+/// before. One statement per batch size, built once; 16 of them fit sqlx's statement cache.
+pub(crate) fn group_record_begin_values(n: usize) -> &'static str {
+    static TEXTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        (1..=VALUES_MAX)
+            .map(|n| {
+                let rows: Vec<String> = (0..n)
+                    .map(|i| {
+                        let first = 3 + i * VALUES_PER_EVENT;
+                        let params: Vec<String> = (first..first + VALUES_PER_EVENT)
+                            .map(|p| format!("${p}"))
+                            .collect();
+                        format!("({})", params.join(", "))
+                    })
+                    .collect();
+                format!(
+                    concat!(group_begin_head!(), "VALUES {}\n", group_begin_tail!()),
+                    rows.join(",\n  ")
+                )
+            })
+            .collect()
+    });
+    &texts[n.clamp(1, VALUES_MAX) - 1]
+}
 
 /// Moves the heads `$1` (`[key, agent, last sequence, now]`, one per ref, computed from the
 /// inserted sequences); the pruned watermark keeps its stored value.

@@ -25,7 +25,7 @@ use awareness_core::{
 use sqlx::SqliteConnection;
 use tokio::sync::oneshot;
 
-use crate::conn::{Hints, Query, Writer, batch, batch_one, get};
+use crate::conn::{Hints, Writer, batch, batch_one, get};
 use crate::decode;
 use crate::events::record_alone;
 use crate::sql;
@@ -108,71 +108,13 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
     }
 }
 
-/// One event's columns as the first batch inserts them: dedupe key, session key, session id,
-/// agent, kind, actor type, actor id, run id, occurred at, summary, payload JSON.
-pub(crate) type EventColumns<'a> = (
-    Option<&'a str>,
-    &'a str,
-    Option<&'a str>,
-    &'a str,
-    &'a str,
-    &'a str,
-    Option<&'a str>,
-    Option<&'a str>,
-    i64,
-    &'a str,
-    Option<&'a str>,
-);
-
-/// The first batch for `rows`: [`sql::GROUP_RECORD_BEGIN`], or with `values` (at most
-/// [`sql::VALUES_MAX`] rows) [`sql::group_record_begin_values`], which also takes every
-/// column as a parameter of its own.
-pub(crate) fn begin_query(rows: &[EventColumns<'_>], values: bool) -> Query {
-    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    let json = decode::to_json(rows);
-    if !values {
-        return sqlx::query(sql::GROUP_RECORD_BEGIN).bind(json).bind(n);
-    }
-    let mut q = sqlx::query(sql::group_record_begin_values(rows.len()))
-        .bind(json)
-        .bind(n);
-    for &(
-        dedupe,
-        key,
-        session_id,
-        agent,
-        kind,
-        actor_type,
-        actor_id,
-        run_id,
-        at,
-        summary,
-        payload,
-    ) in rows
-    {
-        q = q
-            .bind(dedupe.map(str::to_owned))
-            .bind(key.to_owned())
-            .bind(session_id.map(str::to_owned))
-            .bind(agent.to_owned())
-            .bind(kind.to_owned())
-            .bind(actor_type.to_owned())
-            .bind(actor_id.map(str::to_owned))
-            .bind(run_id.map(str::to_owned))
-            .bind(at)
-            .bind(summary.to_owned())
-            .bind(payload.map(str::to_owned));
-    }
-    q
-}
-
 /// The two batches; answers one [`Recorded`] per job, in order.
 async fn run(
     conn: &mut SqliteConnection,
     jobs: &[Job],
     hints: &Hints,
 ) -> Result<Vec<Recorded>, StoreError> {
-    let rows: Vec<EventColumns<'_>> = jobs
+    let rows: Vec<_> = jobs
         .iter()
         .map(|j| {
             let e = &j.event;
@@ -192,7 +134,9 @@ async fn run(
         })
         .collect();
     let n = i64::try_from(jobs.len()).unwrap_or(i64::MAX);
-    let q = begin_query(&rows, rows.len() <= sql::VALUES_MAX);
+    let q = sqlx::query(sql::GROUP_RECORD_BEGIN)
+        .bind(decode::to_json(&rows))
+        .bind(n);
     let after = batch_one(conn, q, WHAT).await?;
     let after = &after;
     let mut on_key: HashMap<SessionKey, Vec<Cursor>> = HashMap::new();

@@ -51,6 +51,7 @@ struct RawPageEvent<'a>(
 
 /// `json_array(watcher, target, target_agent_id, last_seen, notified, material, updated_at)`.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct RawCursor<'a>(
     #[serde(borrow)] Cow<'a, str>,
     #[serde(borrow)] Cow<'a, str>,
@@ -63,6 +64,7 @@ struct RawCursor<'a>(
 
 /// `json_array(session_key, agent_id, last_sequence, pruned_max_sequence, updated_at)`.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct RawHead<'a>(
     #[serde(borrow)] Cow<'a, str>,
     #[serde(borrow)] Cow<'a, str>,
@@ -184,11 +186,57 @@ fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
     ))
 }
 
+/// `cursor_json!`'s fields, read by the fast reader.
+fn cursor_fields<'a>(r: &mut Reader<'a>) -> Option<RawCursor<'a>> {
+    let watcher = r.str()?;
+    r.eat(b',')?;
+    let target = r.str()?;
+    r.eat(b',')?;
+    let target_agent = r.opt_str()?;
+    r.eat(b',')?;
+    let last_seen = r.int()?;
+    r.eat(b',')?;
+    let notified = r.int()?;
+    r.eat(b',')?;
+    let material = r.int()?;
+    r.eat(b',')?;
+    let updated_at = r.int()?;
+    Some(RawCursor(
+        watcher,
+        target,
+        target_agent,
+        last_seen,
+        notified,
+        material,
+        updated_at,
+    ))
+}
+
+/// `head_json!`'s fields, read by the fast reader.
+fn head_fields<'a>(r: &mut Reader<'a>) -> Option<RawHead<'a>> {
+    let key = r.str()?;
+    r.eat(b',')?;
+    let agent = r.str()?;
+    r.eat(b',')?;
+    let last = r.int()?;
+    r.eat(b',')?;
+    let pruned = r.int()?;
+    r.eat(b',')?;
+    let updated_at = r.int()?;
+    Some(RawHead(key, agent, last, pruned, updated_at))
+}
+
 /// A stored sequence (never negative).
 pub(crate) fn sequence(what: &str, v: i64) -> Result<Sequence, StoreError> {
+    sequence_of(v, || what.to_owned())
+}
+
+/// [`sequence`] for a row whose name `what` is only built when the value is bad: rows are
+/// decoded by the hundred, and naming each one cost more than the rest of its decoding.
+fn sequence_of(v: i64, what: impl FnOnce() -> String) -> Result<Sequence, StoreError> {
     u64::try_from(v)
         .map(Sequence)
-        .map_err(|_| StoreError::corrupt(format!("{what}: negative sequence {v}")))
+        .map_err(|_| StoreError::corrupt(format!("{}: negative sequence {v}", what())))
 }
 
 /// A sequence as SQLite stores it.
@@ -334,21 +382,20 @@ fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
         // A row OpenClaw wrote: it has no target agent column.
         None => Cursor::default_target_agent(&watcher_key, &target_key),
     };
-    let what = where_();
     Ok(Some(Cursor {
+        last_seen: sequence_of(last_seen, where_)?,
+        notified: sequence_of(notified, where_)?,
+        material: sequence_of(material, where_)?,
         watcher: watcher_key,
         target: target_key,
         target_agent,
-        last_seen: sequence(&what, last_seen)?,
-        notified: sequence(&what, notified)?,
-        material: sequence(&what, material)?,
         updated_at: Timestamp(updated_at),
     }))
 }
 
 /// A JSON array of cursors (rows with a bare watcher key are skipped with a warning).
 pub(crate) fn cursors(text: &str) -> Result<Vec<Cursor>, StoreError> {
-    let raws: Vec<RawCursor<'_>> = json("cursors", text)?;
+    let raws = rows("cursors", text, cursor_fields)?;
     let mut out = Vec::with_capacity(raws.len());
     for raw in raws {
         out.extend(cursor(raw)?);
@@ -363,15 +410,15 @@ pub(crate) fn one_cursor(text: &str) -> Result<Option<Cursor>, StoreError> {
 
 /// A JSON array of heads.
 pub(crate) fn heads(text: &str) -> Result<Vec<Head>, StoreError> {
-    let raws: Vec<RawHead<'_>> = json("heads", text)?;
+    let raws = rows("heads", text, head_fields)?;
     raws.into_iter()
         .map(|RawHead(key, agent, last, pruned, updated_at)| {
             let r = session_ref(&key, &agent)
                 .map_err(|e| StoreError::corrupt(format!("head ({key:?}, {agent:?}): {e}")))?;
-            let what = format!("head {r}");
+            let what = || format!("head {r}");
             Ok(Head {
-                last_sequence: sequence(&what, last)?,
-                pruned_max_sequence: sequence(&what, pruned)?,
+                last_sequence: sequence_of(last, what)?,
+                pruned_max_sequence: sequence_of(pruned, what)?,
                 session: r,
                 updated_at: Timestamp(updated_at),
             })
@@ -382,11 +429,11 @@ pub(crate) fn heads(text: &str) -> Result<Vec<Head>, StoreError> {
 /// `[last_sequence, pruned_max_sequence, updated_at]` of a known ref.
 pub(crate) fn head_of(session: &SessionRef, text: &str) -> Result<Head, StoreError> {
     let (last, pruned, updated_at): (i64, i64, i64) = json("head", text)?;
-    let what = format!("head {session}");
+    let what = || format!("head {session}");
     Ok(Head {
         session: session.clone(),
-        last_sequence: sequence(&what, last)?,
-        pruned_max_sequence: sequence(&what, pruned)?,
+        last_sequence: sequence_of(last, what)?,
+        pruned_max_sequence: sequence_of(pruned, what)?,
         updated_at: Timestamp(updated_at),
     })
 }
@@ -512,8 +559,35 @@ mod tests {
         proptest::collection::vec(c, 0..12).prop_map(String::from_iter)
     }
 
-    /// A row of `event_json!`'s shape as JSON input for SQLite: integers, strings and nulls.
-    fn row() -> impl Strategy<Value = serde_json::Value> {
+    /// The JSON SQLite itself writes for those rows (of 12, 10, 7 or 5 columns): every value
+    /// goes through SQLite's `json_array` and `json_group_array`, as in the store's statements.
+    async fn sqlite_json(conn: &mut SqliteConnection, rows: &[Vec<serde_json::Value>]) -> String {
+        const Q12: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
+            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, \
+            value ->> 8, value ->> 9, value ->> 10, value ->> 11)) FROM json_each($1)";
+        const Q10: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
+            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, \
+            value ->> 8, value ->> 9)) FROM json_each($1)";
+        const Q7: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
+            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6)) FROM json_each($1)";
+        const Q5: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
+            value ->> 2, value ->> 3, value ->> 4)) FROM json_each($1)";
+        let q = match rows.first().map_or(5, Vec::len) {
+            12 => Q12,
+            10 => Q10,
+            7 => Q7,
+            _ => Q5,
+        };
+        sqlx::query(q)
+            .bind(serde_json::to_string(rows).unwrap())
+            .fetch_one(conn)
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// An event row (`event_json!`'s columns) as JSON input for SQLite.
+    fn event_row() -> impl Strategy<Value = Vec<serde_json::Value>> {
         (
             any::<i64>(),
             proptest::collection::vec(proptest::option::of(text()), 10),
@@ -529,62 +603,64 @@ mod tests {
                 }
                 v.insert(0, seq.into());
                 v.insert(8, at.into());
-                serde_json::Value::Array(v)
+                v
             })
     }
 
-    /// The JSON SQLite itself writes for those rows: every value goes through SQLite's
-    /// `json_array` and `json_group_array`, as in the store's statements.
-    async fn sqlite_json(conn: &mut SqliteConnection, rows: &serde_json::Value) -> String {
-        const Q: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
-            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, \
-            value ->> 8, value ->> 9, value ->> 10, value ->> 11)) FROM json_each($1)";
-        sqlx::query(Q)
-            .bind(rows.to_string())
-            .fetch_one(conn)
-            .await
-            .unwrap()
-            .get(0)
+    /// A cursor row (`cursor_json!`'s columns).
+    fn cursor_row() -> impl Strategy<Value = Vec<serde_json::Value>> {
+        (
+            text(),
+            text(),
+            proptest::option::of(text()),
+            proptest::collection::vec(any::<i64>(), 4),
+        )
+            .prop_map(|(w, t, a, ints)| {
+                let mut v: Vec<serde_json::Value> = vec![w.into(), t.into(), a.into()];
+                v.extend(ints.into_iter().map(serde_json::Value::from));
+                v
+            })
+    }
+
+    /// A head row (`head_json!`'s columns).
+    fn head_row() -> impl Strategy<Value = Vec<serde_json::Value>> {
+        (text(), text(), proptest::collection::vec(any::<i64>(), 3)).prop_map(|(k, a, ints)| {
+            let mut v: Vec<serde_json::Value> = vec![k.into(), a.into()];
+            v.extend(ints.into_iter().map(serde_json::Value::from));
+            v
+        })
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
-        /// The fast reader reads everything SQLite writes for event rows (it never falls back)
-        /// and reads it exactly as serde_json does.
+        /// The fast reader reads everything SQLite writes for event, page, cursor and head
+        /// rows (it never falls back) and reads it exactly as serde_json does.
         #[test]
         fn fast_rows_read_what_sqlite_writes_as_serde_does(
-            rows in proptest::collection::vec(row(), 0..5)
+            events in proptest::collection::vec(event_row(), 0..5),
+            cursors in proptest::collection::vec(cursor_row(), 0..5),
+            heads in proptest::collection::vec(head_row(), 0..5),
         ) {
+            // A page row: an event row without its key (1) and agent (3).
+            let pages: Vec<Vec<serde_json::Value>> = events
+                .iter()
+                .map(|r| {
+                    let mut a = r.clone();
+                    a.remove(3);
+                    a.remove(1);
+                    a
+                })
+                .collect();
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let (full, page) = rt.block_on(async {
+            let [full, page, cursor, head] = rt.block_on(async {
                 let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-                let full = sqlite_json(&mut conn, &serde_json::Value::Array(rows.clone())).await;
-                // A page row: the same without key (1) and agent (3).
-                let page_rows: Vec<serde_json::Value> = rows
-                    .iter()
-                    .map(|r| {
-                        let mut a = r.as_array().unwrap().clone();
-                        a.remove(3);
-                        a.remove(1);
-                        a.extend([serde_json::Value::Null, serde_json::Value::Null]);
-                        serde_json::Value::Array(a)
-                    })
-                    .collect();
-                let page = sqlite_json(&mut conn, &serde_json::Value::Array(page_rows)).await;
-                let page_array: Vec<serde_json::Value> = serde_json::from_str(&page).unwrap();
-                let page = serde_json::Value::Array(
-                    page_array
-                        .into_iter()
-                        .map(|r| {
-                            let mut a = r.as_array().unwrap().clone();
-                            a.truncate(10);
-                            serde_json::Value::Array(a)
-                        })
-                        .collect(),
-                )
-                .to_string();
-                (full, page)
+                [
+                    sqlite_json(&mut conn, &events).await,
+                    sqlite_json(&mut conn, &pages).await,
+                    sqlite_json(&mut conn, &cursors).await,
+                    sqlite_json(&mut conn, &heads).await,
+                ]
             });
             let fast = fast_rows(&full, event_fields);
             prop_assert!(fast.is_some(), "the fast reader gave up on {full}");
@@ -593,6 +669,14 @@ mod tests {
             let fast = fast_rows(&page, page_event_fields);
             prop_assert!(fast.is_some(), "the fast reader gave up on {page}");
             let slow: Vec<RawPageEvent<'_>> = json("events", &page).unwrap();
+            prop_assert_eq!(fast.unwrap(), slow);
+            let fast = fast_rows(&cursor, cursor_fields);
+            prop_assert!(fast.is_some(), "the fast reader gave up on {cursor}");
+            let slow: Vec<RawCursor<'_>> = json("cursors", &cursor).unwrap();
+            prop_assert_eq!(fast.unwrap(), slow);
+            let fast = fast_rows(&head, head_fields);
+            prop_assert!(fast.is_some(), "the fast reader gave up on {head}");
+            let slow: Vec<RawHead<'_>> = json("heads", &head).unwrap();
             prop_assert_eq!(fast.unwrap(), slow);
         }
     }

@@ -113,25 +113,18 @@ fn fast_rows<'a, T>(text: &'a str, row: impl Fn(&mut Reader<'a>) -> Option<T>) -
 /// `page_event_json!`'s fields, read by the fast reader.
 fn page_event_fields<'a>(r: &mut Reader<'a>) -> Option<RawPageEvent<'a>> {
     let seq = r.int()?;
-    r.eat(b',')?;
-    let session_id = r.opt_string()?;
-    r.eat(b',')?;
-    let kind = r.str()?;
-    r.eat(b',')?;
-    let actor_type = r.str()?;
-    r.eat(b',')?;
-    let actor_id = r.opt_string()?;
-    r.eat(b',')?;
-    let run_id = r.opt_string()?;
-    r.eat(b',')?;
-    let occurred_at = r.int()?;
-    r.eat(b',')?;
-    let summary = r.str()?.into_owned();
-    r.eat(b',')?;
-    let payload = r.opt_str()?;
-    r.eat(b',')?;
-    let dedupe_key = r.opt_string()?;
-    Some(RawPageEvent(
+    let session_id = r.comma()?.opt_string()?;
+    page_event_rest(r, seq, session_id)
+}
+
+/// `event_json!`'s fields, read by the fast reader: the page's fields with the key after the
+/// sequence and the agent after the session id.
+fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
+    let seq = r.int()?;
+    let key = r.comma()?.str()?;
+    let session_id = r.comma()?.opt_string()?;
+    let agent = r.comma()?.str()?;
+    let RawPageEvent(
         seq,
         session_id,
         kind,
@@ -142,34 +135,7 @@ fn page_event_fields<'a>(r: &mut Reader<'a>) -> Option<RawPageEvent<'a>> {
         summary,
         payload,
         dedupe_key,
-    ))
-}
-
-/// `event_json!`'s fields, read by the fast reader.
-fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
-    let seq = r.int()?;
-    r.eat(b',')?;
-    let key = r.str()?;
-    r.eat(b',')?;
-    let session_id = r.opt_string()?;
-    r.eat(b',')?;
-    let agent = r.str()?;
-    r.eat(b',')?;
-    let kind = r.str()?;
-    r.eat(b',')?;
-    let actor_type = r.str()?;
-    r.eat(b',')?;
-    let actor_id = r.opt_string()?;
-    r.eat(b',')?;
-    let run_id = r.opt_string()?;
-    r.eat(b',')?;
-    let occurred_at = r.int()?;
-    r.eat(b',')?;
-    let summary = r.str()?.into_owned();
-    r.eat(b',')?;
-    let payload = r.opt_str()?;
-    r.eat(b',')?;
-    let dedupe_key = r.opt_string()?;
+    ) = page_event_rest(r, seq, session_id)?;
     Some(RawEvent(
         seq,
         key,
@@ -186,44 +152,48 @@ fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
     ))
 }
 
+/// The fields both event shapes end with, from the kind on (arguments are read in order).
+fn page_event_rest<'a>(
+    r: &mut Reader<'a>,
+    seq: i64,
+    session_id: Option<String>,
+) -> Option<RawPageEvent<'a>> {
+    Some(RawPageEvent(
+        seq,
+        session_id,
+        r.comma()?.str()?,
+        r.comma()?.str()?,
+        r.comma()?.opt_string()?,
+        r.comma()?.opt_string()?,
+        r.comma()?.int()?,
+        r.comma()?.str()?.into_owned(),
+        r.comma()?.opt_str()?,
+        r.comma()?.opt_string()?,
+    ))
+}
+
 /// `cursor_json!`'s fields, read by the fast reader.
 fn cursor_fields<'a>(r: &mut Reader<'a>) -> Option<RawCursor<'a>> {
-    let watcher = r.str()?;
-    r.eat(b',')?;
-    let target = r.str()?;
-    r.eat(b',')?;
-    let target_agent = r.opt_str()?;
-    r.eat(b',')?;
-    let last_seen = r.int()?;
-    r.eat(b',')?;
-    let notified = r.int()?;
-    r.eat(b',')?;
-    let material = r.int()?;
-    r.eat(b',')?;
-    let updated_at = r.int()?;
     Some(RawCursor(
-        watcher,
-        target,
-        target_agent,
-        last_seen,
-        notified,
-        material,
-        updated_at,
+        r.str()?,
+        r.comma()?.str()?,
+        r.comma()?.opt_str()?,
+        r.comma()?.int()?,
+        r.comma()?.int()?,
+        r.comma()?.int()?,
+        r.comma()?.int()?,
     ))
 }
 
 /// `head_json!`'s fields, read by the fast reader.
 fn head_fields<'a>(r: &mut Reader<'a>) -> Option<RawHead<'a>> {
-    let key = r.str()?;
-    r.eat(b',')?;
-    let agent = r.str()?;
-    r.eat(b',')?;
-    let last = r.int()?;
-    r.eat(b',')?;
-    let pruned = r.int()?;
-    r.eat(b',')?;
-    let updated_at = r.int()?;
-    Some(RawHead(key, agent, last, pruned, updated_at))
+    Some(RawHead(
+        r.str()?,
+        r.comma()?.str()?,
+        r.comma()?.int()?,
+        r.comma()?.int()?,
+        r.comma()?.int()?,
+    ))
 }
 
 /// A stored sequence (never negative).

@@ -47,6 +47,12 @@ impl<'a> Reader<'a> {
         (self.peek()? == b).then(|| self.pos += 1)
     }
 
+    /// Consumes the `,` between two values, or gives up; then reads on.
+    pub(crate) fn comma(&mut self) -> Option<&mut Self> {
+        self.eat(b',')?;
+        Some(self)
+    }
+
     /// Consumes the literal `null` if it comes next.
     fn null(&mut self) -> Option<bool> {
         if self.peek()? == b'n' {

@@ -214,7 +214,7 @@ async fn dropping_the_last_handle_closes_the_file_at_once() {
     let path = dir.path().join("state.redb");
     for options in [
         RedbOptions::default(),
-        RedbOptions::bounded(Duration::from_secs(60)),
+        RedbOptions::bounded(Duration::from_mins(1)),
     ] {
         let store = std::sync::Arc::new(RedbStore::open_with(&path, options).await.unwrap());
         store.record(human(&child()), T0).await.unwrap();

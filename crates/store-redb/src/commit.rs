@@ -45,8 +45,12 @@ use crate::RecordTables;
 use crate::db::{Ctx, Shared, lock};
 
 type Reply = oneshot::Sender<Result<Recorded, StoreError>>;
-/// The answers of a batch, sent once the drain has let go of the writer.
+/// The answers of a batch of recordings.
 type Answers = Vec<(Reply, Result<Recorded, StoreError>)>;
+/// Sends a write's result to its caller.
+type SendAnswer = Box<dyn FnOnce() + Send>;
+/// A write transaction other than recording: runs on the drain and returns how to answer.
+type WriteJob = Box<dyn FnOnce(&Writer) -> SendAnswer + Send>;
 
 /// One queued recording: a validated event.
 struct Job {
@@ -55,9 +59,32 @@ struct Job {
     reply: Reply,
 }
 
+/// What the drain runs, in queue order.
+// A recording stays inline: the queue holds a few dozen entries at most, and a box would cost
+// every recording an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    /// A recording, batched with the recordings queued next to it.
+    Record(Job),
+    /// Any other write transaction, run alone.
+    Write(WriteJob),
+}
+
+/// What one step of the drain took from the queue.
+enum Step {
+    Records(Vec<Job>),
+    Write(WriteJob),
+}
+
+/// What one step of the drain sends once it has let go of the writer (when the queue is empty).
+enum Outcome {
+    Records(Answers),
+    Write(SendAnswer),
+}
+
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
+    jobs: VecDeque<Work>,
     /// A drain is running or about to: a new job needs no other.
     draining: bool,
     /// Recording calls between queueing their job and returning (answered ones included until
@@ -150,13 +177,54 @@ impl Writer {
         now: Timestamp,
     ) -> Result<Recorded, StoreError> {
         let (reply, answer) = oneshot::channel();
+        self.submit(Work::Record(Job { event, now, reply }));
+        let _in_flight = InFlight(self);
+        answer.await.map_err(|e| {
+            StoreError::backend(
+                "record: the writer stopped before answering (it panicked, or the runtime is shutting down)",
+                e,
+            )
+        })?
+    }
+
+    /// Runs `f` on the drain, alone, in queue order with the recordings, and returns its result.
+    ///
+    /// Every write transaction of a handle runs on its drain, so that a steady load of
+    /// recordings and pruning allocates redb's pages from one thread (see [`Drain::linger`]).
+    /// A caller that gives up does not stop `f`, as with any cancelled write.
+    pub(crate) async fn write<T, F>(
+        self: &Arc<Self>,
+        what: &'static str,
+        f: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Writer) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Work::Write(Box::new(move |w: &Writer| {
+            let result = f(w);
+            Box::new(move || drop(reply.send(result))) as SendAnswer
+        })));
+        answer.await.map_err(|e| {
+            StoreError::backend(
+                format!("{what}: the writer stopped before answering (it panicked, or the runtime is shutting down)"),
+                e,
+            )
+        })?
+    }
+
+    /// Queues `work` (a recording counts as in flight until its call returns) and starts a
+    /// drain when none is running.
+    fn submit(self: &Arc<Self>, work: Work) {
         let start = {
             let mut q = lock(&self.inbox.queue);
-            q.jobs.push_back(Job { event, now, reply });
-            q.in_flight += 1;
+            if matches!(work, Work::Record(_)) {
+                q.in_flight += 1;
+            }
+            q.jobs.push_back(work);
             !std::mem::replace(&mut q.draining, true)
         };
-        let _in_flight = InFlight(self);
         self.inbox.arrivals.notify_all();
         if start {
             let drain = Drain {
@@ -169,12 +237,6 @@ impl Writer {
             // nobody's commit.
             drop(tokio::task::spawn_blocking(move || drain.run()));
         }
-        answer.await.map_err(|e| {
-            StoreError::backend(
-                "record: the writer stopped before answering (it panicked, or the runtime is shutting down)",
-                e,
-            )
-        })?
     }
 
     /// Records a batch: in one write transaction when it holds several jobs.
@@ -236,6 +298,28 @@ fn fail_all(jobs: Vec<Job>, e: &StoreError) -> Answers {
         .collect()
 }
 
+/// Takes the next step from the front of the queue: one write, or up to `max` recordings (those
+/// queued before the next write).
+fn take(jobs: &mut VecDeque<Work>, max: usize) -> Option<Step> {
+    match jobs.pop_front()? {
+        Work::Write(job) => Some(Step::Write(job)),
+        Work::Record(first) => {
+            let mut batch = vec![first];
+            while batch.len() < max {
+                match jobs.pop_front() {
+                    Some(Work::Record(job)) => batch.push(job),
+                    Some(write) => {
+                        jobs.push_front(write);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            Some(Step::Records(batch))
+        }
+    }
+}
+
 fn answer(answers: Answers) {
     for (reply, result) in answers {
         // A caller that gave up has dropped its receiver: nothing to tell.
@@ -259,7 +343,7 @@ struct Drain {
 impl Drain {
     fn run(mut self) {
         while let Some(w) = self.writer.as_ref() {
-            let jobs: Vec<Job> = {
+            let step = {
                 let mut q = lock(&self.inbox.queue);
                 // Callers answered by the last batch are still in flight until they return, and
                 // most come straight back with their next recording. Taking the queue before
@@ -268,7 +352,10 @@ impl Drain {
                 // Only durable commits are worth waiting for: a `Durability::None` commit is
                 // cheap, and a second small batch costs less than the wait (measured: -27%).
                 let deadline = Instant::now() + STRAGGLER_WAIT;
-                while !w.bounded && q.jobs.len() < q.in_flight.min(w.max_events) {
+                while !w.bounded
+                    && matches!(q.jobs.front(), Some(Work::Record(_)))
+                    && q.jobs.len() < q.in_flight.min(w.max_events)
+                {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
@@ -280,18 +367,20 @@ impl Drain {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
                 }
-                let n = q.jobs.len().min(w.max_events);
-                q.jobs.drain(..n).collect()
+                take(&mut q.jobs, w.max_events)
             };
-            let answers = if jobs.is_empty() {
-                Vec::new()
-            } else {
-                w.run(jobs)
+            let outcome = match step {
+                Some(Step::Records(jobs)) => Outcome::Records(w.run(jobs)),
+                Some(Step::Write(job)) => Outcome::Write(job(w)),
+                None => Outcome::Records(Vec::new()),
             };
             if lock(&self.inbox.queue).jobs.is_empty() {
                 self.writer = None;
             }
-            answer(answers);
+            match outcome {
+                Outcome::Records(answers) => answer(answers),
+                Outcome::Write(send) => send(),
+            }
             if self.writer.is_none() {
                 self.writer = self.linger();
             }
@@ -306,7 +395,9 @@ impl Drain {
     /// over a long run many threads allocated redb's pages, and glibc gives each thread's
     /// allocations an arena of its own that keeps what it once held. The 4M-event scale run
     /// of the bounded mode reached 340 MiB of RSS that way, against 75 MiB with a single
-    /// arena (`MALLOC_ARENA_MAX=1`). Under a steady load one drain now keeps the queue.
+    /// arena (`MALLOC_ARENA_MAX=1`). Under a steady load one drain now keeps the queue: 138 to
+    /// 141 MiB at the end of the same run, and 83-84 MiB, flat, once every other write went
+    /// through the queue too ([`Writer::write`]).
     fn linger(&mut self) -> Option<Arc<Writer>> {
         let deadline = Instant::now() + LINGER;
         let mut q = lock(&self.inbox.queue);
@@ -336,7 +427,7 @@ impl Drop for Drain {
             return;
         }
         self.writer = None;
-        let orphans: Vec<Job> = {
+        let orphans: Vec<Work> = {
             let mut q = lock(&self.inbox.queue);
             q.draining = false;
             q.jobs.drain(..).collect()

@@ -52,8 +52,11 @@ fn one_blocking_thread() -> tokio::runtime::Runtime {
 
 type Pending<'a> = Pin<Box<dyn Future<Output = Result<Recorded, StoreError>> + Send + 'a>>;
 
-/// Occupies the only blocking thread until the returned sender is dropped or sent to.
-fn hold_the_pool() -> mpsc::Sender<()> {
+/// Occupies the only blocking thread until the returned sender is dropped or sent to, once it
+/// is free: a drain that has answered every call keeps the thread a few milliseconds for the
+/// next recording, and the recordings queued next must not find it.
+async fn hold_the_pool() -> mpsc::Sender<()> {
+    tokio::task::spawn_blocking(|| ()).await.unwrap();
     let (release, wait) = mpsc::channel::<()>();
     drop(tokio::task::spawn_blocking(move || {
         let _ = wait.recv();
@@ -119,7 +122,7 @@ fn record_all_queued(options: RedbOptions) -> (Vec<Recorded>, u64) {
         let watcher = WatcherKey::parse("agent:main:main").unwrap();
         store.watch(&watcher, &session(0), T0).await.unwrap();
         let before = store.write_transactions();
-        let release = hold_the_pool();
+        let release = hold_the_pool().await;
         let pending: Vec<Pending<'_>> = (0..CALLS)
             .map(|i| queue(store.record(event(i), T0)))
             .collect();
@@ -226,7 +229,7 @@ fn a_cancelled_caller_cancels_nobody_elses_commit() {
         let store = RedbStore::open(dir.path().join("state.redb"))
             .await
             .unwrap();
-        let release = hold_the_pool();
+        let release = hold_the_pool().await;
         let pending: Vec<Pending<'_>> = (0..CALLS)
             .map(|i| queue(store.record(event(i), T0)))
             .collect();
@@ -301,7 +304,7 @@ fn an_event_that_fails_in_a_batch_fails_only_its_own_caller() {
     rt.block_on(async {
         let store = RedbStore::open(&path).await.unwrap();
         let before = store.write_transactions();
-        let release = hold_the_pool();
+        let release = hold_the_pool().await;
         // Call 15 carries the same dedupe key: recording it reads the torn row.
         let pending: Vec<Pending<'_>> = [0, 1, 15, 2, 3]
             .into_iter()
@@ -324,5 +327,44 @@ fn an_event_that_fails_in_a_batch_fails_only_its_own_caller() {
         // The batch was aborted, then each event recorded alone: four commits, none for the
         // failing one.
         assert_eq!(store.write_transactions() - before, 4);
+    });
+}
+
+/// Writes other than recordings (here `watch`) go through the same queue as the recordings and
+/// take effect in the order they were called: a recording queued after a `watch` notifies the
+/// new watcher, one queued before it does not, though the two recordings could have shared a
+/// batch.
+#[test]
+fn writes_and_recordings_take_effect_in_call_order() {
+    let rt = one_blocking_thread();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path().join("state.redb"))
+            .await
+            .unwrap();
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        let release = hold_the_pool().await;
+        let before = queue(store.record(event(0), T0));
+        let target = session(0);
+        let mut watch = Box::pin(store.watch(&watcher, &target, T0));
+        assert!(
+            watch
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
+        // Call 4 is on call 0's session.
+        let after = queue(store.record(event(4), T0));
+        drop(release);
+        let before = before.await.unwrap();
+        let cursor = watch.await.unwrap();
+        let after = after.await.unwrap();
+        assert!(before.notices.is_empty(), "recorded before the watch");
+        assert_eq!(
+            cursor.last_seen, before.event.sequence,
+            "watched at the head"
+        );
+        assert_eq!(after.notices.len(), 1, "recorded after the watch");
+        assert_eq!(store.write_transactions(), 3);
     });
 }

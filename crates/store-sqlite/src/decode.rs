@@ -530,14 +530,27 @@ mod tests {
     }
 
     /// The JSON SQLite itself writes for those rows (of 12, 10, 7 or 5 columns): every value
-    /// goes through SQLite's `json_array` and `json_group_array`, as in the store's statements.
+    /// goes through SQLite's `json_array`, and the rows through the aggregate the store's
+    /// statements use for them (`json_rows!` for events and pages, `json_group_array` for
+    /// cursors and heads).
     async fn sqlite_json(conn: &mut SqliteConnection, rows: &[Vec<serde_json::Value>]) -> String {
-        const Q12: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
-            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, \
-            value ->> 8, value ->> 9, value ->> 10, value ->> 11)) FROM json_each($1)";
-        const Q10: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
-            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, \
-            value ->> 8, value ->> 9)) FROM json_each($1)";
+        const Q12: &str = concat!(
+            "SELECT ",
+            crate::sql::json_rows!(
+                "json_array(value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+                 value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10, \
+                 value ->> 11)",
+                "FROM json_each($1) ORDER BY key"
+            )
+        );
+        const Q10: &str = concat!(
+            "SELECT ",
+            crate::sql::json_rows!(
+                "json_array(value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+                 value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9)",
+                "FROM json_each($1) ORDER BY key"
+            )
+        );
         const Q7: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
             value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6)) FROM json_each($1)";
         const Q5: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \

@@ -34,8 +34,8 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use awareness_core::{NewEvent, Recorded, StoreError, Timestamp};
 use redb::WriteTransaction;
@@ -108,6 +108,21 @@ struct Inbox {
     queue: Mutex<Queue>,
     /// Signalled when a job is queued or an in-flight call returns.
     arrivals: Condvar,
+}
+
+impl Inbox {
+    /// Waits on `arrivals`, for at most `timeout` in all, while `waiting` holds of the queue.
+    fn wait_while<'a>(
+        &self,
+        q: MutexGuard<'a, Queue>,
+        timeout: Duration,
+        waiting: impl FnMut(&mut Queue) -> bool,
+    ) -> MutexGuard<'a, Queue> {
+        self.arrivals
+            .wait_timeout_while(q, timeout, waiting)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
 }
 
 /// Counts a recording call as in flight until it returns or is cancelled.
@@ -344,29 +359,18 @@ impl Drain {
     fn run(mut self) {
         while let Some(w) = self.writer.as_ref() {
             let step = {
-                let mut q = lock(&self.inbox.queue);
+                let q = lock(&self.inbox.queue);
                 // Callers answered by the last batch are still in flight until they return, and
                 // most come straight back with their next recording. Taking the queue before
                 // they do would split a burst into a big batch and a small one, alternately;
                 // so wait (briefly) until every in-flight call is queued or the batch is full.
                 // Only durable commits are worth waiting for: a `Durability::None` commit is
                 // cheap, and a second small batch costs less than the wait (measured: -27%).
-                let deadline = Instant::now() + STRAGGLER_WAIT;
-                while !w.bounded
-                    && matches!(q.jobs.front(), Some(Work::Record(_)))
-                    && q.jobs.len() < q.in_flight.min(w.max_events)
-                {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    q = self
-                        .inbox
-                        .arrivals
-                        .wait_timeout(q, left)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .0;
-                }
+                let mut q = self.inbox.wait_while(q, STRAGGLER_WAIT, |q| {
+                    !w.bounded
+                        && matches!(q.jobs.front(), Some(Work::Record(_)))
+                        && q.jobs.len() < q.in_flight.min(w.max_events)
+                });
                 take(&mut q.jobs, w.max_events)
             };
             let outcome = match step {
@@ -394,27 +398,19 @@ impl Drain {
     /// Why: a drain started per burst ran on whichever thread of the blocking pool was free, so
     /// over a long run many threads allocated redb's pages, and glibc gives each thread's
     /// allocations an arena of its own that keeps what it once held. The 4M-event scale run
-    /// of the bounded mode reached 340 MiB of RSS that way, against 75 MiB with a single
-    /// arena (`MALLOC_ARENA_MAX=1`). Under a steady load one drain now keeps the queue: 138 to
-    /// 141 MiB at the end of the same run, and 83-84 MiB, flat, once every other write went
-    /// through the queue too ([`Writer::write`]).
+    /// of the bounded mode reached 340 MiB of RSS that way; a 2M-event run with a single arena
+    /// (`MALLOC_ARENA_MAX=1`) stayed at 73-76 MiB. Under a steady load one drain now keeps
+    /// the queue: 138 to 141 MiB at the end of the 4M-event run, and 83-84 MiB, flat, once
+    /// every other write went through the queue too ([`Writer::write`]).
     fn linger(&mut self) -> Option<Arc<Writer>> {
-        let deadline = Instant::now() + LINGER;
-        let mut q = lock(&self.inbox.queue);
-        while q.jobs.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                q.draining = false;
-                self.ended = true;
-                return None;
-            }
-            q = self
-                .inbox
-                .arrivals
-                .wait_timeout(q, left)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+        let q = lock(&self.inbox.queue);
+        let mut q = self.inbox.wait_while(q, LINGER, |q| q.jobs.is_empty());
+        if q.jobs.is_empty() {
+            q.draining = false;
+            self.ended = true;
+            return None;
         }
+        drop(q);
         // A queued job's caller holds the store. Should it have been cancelled and the store
         // dropped meanwhile, the upgrade fails and `Drop` fails the orphans.
         self.weak.upgrade()

@@ -42,6 +42,15 @@ fn event(i: usize) -> NewEvent {
     e
 }
 
+/// A store on a new file (the directory first: it outlives the store when the pair is dropped).
+async fn fresh(options: RedbOptions) -> (tempfile::TempDir, RedbStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RedbStore::open_with(dir.path().join("state.redb"), options)
+        .await
+        .unwrap();
+    (dir, store)
+}
+
 /// A current-thread runtime with a single blocking thread.
 fn one_blocking_thread() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -115,10 +124,7 @@ fn check_answers(got: &[Recorded]) {
 fn record_all_queued(options: RedbOptions) -> (Vec<Recorded>, u64) {
     let rt = one_blocking_thread();
     rt.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open_with(dir.path().join("state.redb"), options)
-            .await
-            .unwrap();
+        let (_dir, store) = fresh(options).await;
         let watcher = WatcherKey::parse("agent:main:main").unwrap();
         store.watch(&watcher, &session(0), T0).await.unwrap();
         let before = store.write_transactions();
@@ -225,10 +231,7 @@ mod bounded {
 fn a_cancelled_caller_cancels_nobody_elses_commit() {
     let rt = one_blocking_thread();
     rt.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path().join("state.redb"))
-            .await
-            .unwrap();
+        let (_dir, store) = fresh(RedbOptions::default()).await;
         let release = hold_the_pool().await;
         let pending: Vec<Pending<'_>> = (0..CALLS)
             .map(|i| queue(store.record(event(i), T0)))
@@ -338,10 +341,7 @@ fn an_event_that_fails_in_a_batch_fails_only_its_own_caller() {
 fn writes_and_recordings_take_effect_in_call_order() {
     let rt = one_blocking_thread();
     rt.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path().join("state.redb"))
-            .await
-            .unwrap();
+        let (_dir, store) = fresh(RedbOptions::default()).await;
         let watcher = WatcherKey::parse("agent:main:main").unwrap();
         let release = hold_the_pool().await;
         let before = queue(store.record(event(0), T0));

@@ -38,9 +38,9 @@
 /// Built inside the subquery, each row crosses as one text instead of ten or twelve columns,
 /// and `group_concat` joins those texts as they are (`json_group_array` would take a text
 /// coming out of a subquery, which has lost its JSON subtype, for a string and quote it). A
-/// 200-event page through the store: 273-274 µs with `json_group_array(json_array(...))` over
-/// `SELECT *`, 252-258 µs this way (alternating binaries, 4,000 pages each). An empty list is
-/// `[]`, never NULL.
+/// 200-event page through the store: 259-263 µs with `json_group_array(json_array(...))` over
+/// `SELECT *`, 232-241 µs this way (alternating binaries, three rounds of 4,000 pages each).
+/// An empty list is `[]`, never NULL.
 macro_rules! json_rows {
     ($row:expr, $rest:expr) => {
         concat!(

@@ -299,7 +299,51 @@ fn floor(c: &mut Criterion) {
             },
         );
     }
+    sqlx_floor(&rt, &mut g, dir.path());
     g.finish();
+}
+
+/// The floor of `record` on SQLite through sqlx, on a file of its own with the store's settings
+/// (WAL, `synchronous=NORMAL`): `sqlx_round_trip` is `SELECT 1` (one message each way between
+/// the caller and sqlx's worker thread, and almost no SQLite work), `sqlx_insert_one_row` a bare
+/// one-row insert per write transaction (autocommit), the SQLite counterpart of redb's floor.
+/// A recording pays at least the round trip, and writes seven pages where this writes two.
+fn sqlx_floor(
+    rt: &Runtime,
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    dir: &std::path::Path,
+) {
+    use sqlx::ConnectOptions as _;
+    let mut conn = rt.block_on(async {
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.join("floor.sqlite"))
+            .create_if_missing(true)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+            .connect()
+            .await
+            .expect("open the sqlx floor database");
+        sqlx::raw_sql(
+            "PRAGMA journal_mode = WAL; CREATE TABLE floor (k INTEGER PRIMARY KEY, v INTEGER)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("create the sqlx floor table");
+        conn
+    });
+    g.bench_function(BenchmarkId::new("sqlx_round_trip", "sqlite"), |bench| {
+        bench.iter(|| {
+            rt.block_on(sqlx::query("SELECT 1").fetch_all(&mut conn))
+                .expect("select 1")
+        });
+    });
+    let mut k: i64 = 0;
+    g.bench_function(BenchmarkId::new("sqlx_insert_one_row", "sqlite"), |bench| {
+        bench.iter(|| {
+            k += 1;
+            let q = sqlx::query("INSERT INTO floor (k, v) VALUES ($1, $1)").bind(k);
+            rt.block_on(q.execute(&mut conn)).expect("insert")
+        });
+    });
 }
 
 /// Latencies of `n` recordings on sessions outside the data set.

@@ -339,6 +339,18 @@ fn render(
             floors.join("; ")
         );
     }
+    if let (Some(trip), Some(insert)) = (
+        r.get("floor/sqlx_round_trip/sqlite"),
+        r.get("floor/sqlx_insert_one_row/sqlite"),
+    ) {
+        let _ = writeln!(
+            s,
+            "\nsqlite floor (sqlx on a file of its own, WAL, `synchronous=NORMAL`): {} a round \
+             trip (`SELECT 1`), {} a bare one-row insert per write transaction.",
+            time(trip.median_ns),
+            time(insert.median_ns)
+        );
+    }
     let t = targets(r);
     if !t.is_empty() {
         let _ = writeln!(

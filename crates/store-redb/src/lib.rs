@@ -45,23 +45,24 @@
 //!   everything durable at once, and closing the last handle does too.
 //!
 //! Measured (criterion medians of one full run of `cargo bench -p awareness-benches --bench
-//! stores`, 2026-11-30, schema 2; 50,000-event data set over 1,000 sessions, `redb-bounded`
-//! flushing every second) on the development machine: 2 cores and a virtual disk shared with
-//! other builds, where fsync latency moves several-fold within minutes. Compare within the
-//! table, not across runs:
+//! stores`, 2026-12-01 09:41-09:50 UTC, schema 2; 50,000-event data set over 1,000 sessions,
+//! `redb-bounded` flushing every second) on the development machine: 2 cores and a virtual
+//! disk shared with other builds, where fsync latency moves several-fold within minutes (the
+//! Immediate floor measured 577 µs in a run of 11-30). Compare within the table, not across
+//! runs:
 //!
 //! | operation | Immediate | Bounded |
 //! |---|---|---|
-//! | floor: bare one-key insert per write transaction | 577 µs | 23.7 µs |
-//! | the same through `spawn_blocking` | 697 µs | 43.4 µs |
-//! | `record/0_watchers` | 853 µs (1.48x / 1.22x) | 99.9 µs (4.2x / 2.3x) |
-//! | `record/10_watchers` | 984 µs (1.70x / 1.41x) | 109 µs (4.6x / 2.5x) |
-//! | `reconcile/200` (a read) | 151 µs | 153 µs |
-//! | `reconcile/5` | 22.3 µs | 25.1 µs |
+//! | floor: bare one-key insert per write transaction | 215 µs | 15.5 µs |
+//! | the same through `spawn_blocking` | 246 µs | 22.9 µs |
+//! | `record/0_watchers` | 344 µs (1.60x / 1.40x) | 42.1 µs (2.71x / 1.84x) |
+//! | `record/10_watchers` | 381 µs (1.77x / 1.55x) | 59.3 µs (3.83x / 2.59x) |
+//! | `reconcile/200` (a read) | 91.7 µs | 92.2 µs |
+//! | `reconcile/5` | 10.7 µs | 10.4 µs |
 //!
 //! (ratios: to the bare insert, and to the bare insert through `spawn_blocking`, the hand-off
-//! every store call pays). SQLite in the same run: 180 µs to record (WAL with
-//! `synchronous=NORMAL`, which does not fsync each commit), 744 µs for `reconcile/200`.
+//! every store call pays). SQLite in the same run: 74.4 µs to record (WAL with
+//! `synchronous=NORMAL`, which does not fsync each commit), 248 µs for `reconcile/200`.
 //!
 //! The trade-off: with Immediate one fsync dominates every commit and nothing is ever lost; the
 //! bounded mode records about 8 times faster and loses at most the last interval on a crash
@@ -78,9 +79,14 @@
 //! 577 µs between runs); the scale run (1M events, 16 tasks, group commit) went from 6.4k to
 //! 8.3k events/s. The price is `sessions_list/500_refs` (500 head lookups), which
 //! reads the big reference index instead of a small heads table: 344 µs before, 575 µs after
-//! (SQLite: 2.35 ms). The bounded mode stays above 1.5x its floor because its floor is almost
-//! all commit overhead, which a second tree doubles; the events-by-sequence tree is required
-//! (pruning, `events_after`), so only fewer trees than two would close that gap. A write buffer
+//! (SQLite: 2.35 ms). With Immediate, a record also pays for where its pages are: strace
+//! counts 10 page writes and the header per commit, spread over several MB of the file, where
+//! the floor writes 5 within the first 28 KiB of its small file, and on this disk `fdatasync`
+//! after 10 scattered 4 KiB writes took 260 µs against 158 µs for 10 adjacent ones (redb puts a
+//! commit's pages wherever its allocator finds free ones). The bounded mode stays above 1.5x
+//! its floor because its floor is almost all commit overhead, which a second tree doubles; the
+//! events-by-sequence tree is required (pruning, `events_after`), so only fewer trees than two
+//! would close that gap. A write buffer
 //! (each record into a one-page table, moved into the big trees every 16) measured 1.24x and
 //! 1.88x in the same A/B; it was left out because it also speeds up one transaction per event,
 //! the baseline group commit is measured against, and moves every read through a merge.
@@ -91,11 +97,13 @@
 //!
 //! | 16 concurrent tasks | Immediate | Bounded |
 //! |---|---|---|
-//! | group commit (default 64), about 15 events per transaction | 5,430 records/s | 32,400 records/s |
-//! | `group_commit(1)` | 1,190 records/s (4.6x less) | |
+//! | group commit (default 64), about 15 events per transaction | 16,300 records/s | 91,100 records/s |
+//! | `group_commit(1)` | 2,750 records/s (5.9x less) | |
 //!
-//! The Immediate ratio was 5.7x and 5.2x in two shorter runs the same hour: it sits around
-//! the 5x the performance issue asks for, and moves with the disk.
+//! The Immediate ratio was 4.9x and 5.2x in the two full runs before (and 4.6x in a run of
+//! 11-30): it sits around the 5x the performance issue asks for, and moves with the disk. A
+//! batch of 15 events on as many sessions writes 28-33 scattered pages per fsync against 10
+//! for one event, which is why 15 events a commit buy about 5x and not 15x.
 //!
 //! ## Group commit
 //!

@@ -307,7 +307,8 @@ fn floor(c: &mut Criterion) {
 /// (WAL, `synchronous=NORMAL`): `sqlx_round_trip` is `SELECT 1` (one message each way between
 /// the caller and sqlx's worker thread, and almost no SQLite work), `sqlx_insert_one_row` a bare
 /// one-row insert per write transaction (autocommit), the SQLite counterpart of redb's floor.
-/// A recording pays at least the round trip, and writes seven pages where this writes two.
+/// A recording pays at least the round trip, and more pages (strace counted seven WAL frames
+/// per recording).
 fn sqlx_floor(
     rt: &Runtime,
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,

@@ -431,7 +431,7 @@ impl Drop for Drain {
         if !orphans.is_empty() {
             tracing::warn!(
                 jobs = orphans.len(),
-                "the store-redb writer stopped with recordings queued; they fail"
+                "the store-redb writer stopped with writes queued; they fail"
             );
         }
         // Dropping the jobs drops their senders: each caller gets an error.

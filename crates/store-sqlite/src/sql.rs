@@ -251,13 +251,12 @@ pub(crate) const CHANGES_SINCE: &str = concat!(
     WHERE session_key = $1 AND agent_id = $2),
   (SELECT sequence FROM session_state_events WHERE session_key = $1 AND agent_id = $2
     ORDER BY sequence LIMIT 1),
-  (",
+  ",
     json_rows!(
         page_event_json!(),
         "FROM session_state_events
     WHERE session_key = $1 AND agent_id = $2 AND sequence > $3 ORDER BY sequence LIMIT +$4"
-    ),
-    ")"
+    )
 );
 
 /// Heads of the refs in `$1` (a JSON array of `[key, agent]`).

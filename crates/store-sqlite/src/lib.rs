@@ -58,7 +58,8 @@
 //!   rarely find little left, and a group commit counts as one write transaction however many
 //!   events it holds, so the WAL file grows past a few MiB: 57-124 MiB at its largest while 16
 //!   or 128 tasks recorded without a pause (a probe of 64,000 events a round). It starts over
-//!   at the next quiet moment, and is then cut back to 64 MiB (`journal_size_limit`).
+//!   once a checkpoint catches recording in a pause, and is then cut back to 64 MiB
+//!   (`journal_size_limit`).
 //!   Counting a batch by its events instead bounded it at 1.4-18 MiB but cost 7-45% of the
 //!   events per second in the same probe, so throughput was kept.
 //!

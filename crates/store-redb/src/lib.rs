@@ -56,7 +56,7 @@
 //! | floor: bare one-key insert per write transaction | 215 µs | 15.5 µs |
 //! | the same through `spawn_blocking` | 246 µs | 22.9 µs |
 //! | `record/0_watchers` | 344 µs (1.60x / 1.40x) | 42.1 µs (2.71x / 1.84x) |
-//! | `record/10_watchers` | 381 µs (1.77x / 1.55x) | 59.3 µs (3.83x / 2.59x) |
+//! | `record/10_watchers` | 381 µs (1.77x / 1.55x) | 59.3 µs (3.81x / 2.58x) |
 //! | `reconcile/200` (a read) | 91.7 µs | 92.2 µs |
 //! | `reconcile/5` | 10.7 µs | 10.4 µs |
 //!

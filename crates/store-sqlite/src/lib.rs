@@ -132,9 +132,10 @@ use crate::conn::{Hints, Query, Readers, Writer, batch_one, get};
 use crate::decode::int;
 use crate::open::{Companions, init_writer, prepare_file, remove_created};
 
-/// Write transactions between two background checkpoints (a recording appends about eight
-/// WAL frames, so about 2,000 frames or 8 MiB of WAL; the writer's own autocheckpoint at
-/// 40,000 pages is only a safety net).
+/// Write transactions between two background checkpoints (a recording made alone appends
+/// about seven WAL frames, so about 1,800 frames or 7 MiB of WAL; a group commit counts once
+/// and appends more, see the crate docs; the writer's own autocheckpoint at 40,000 pages is
+/// only a safety net).
 const CHECKPOINT_EVERY: u32 = 256;
 
 /// Most rows one pruning write transaction deletes. A deleted event row touches the table and

@@ -303,8 +303,10 @@ fn floor(c: &mut Criterion) {
     g.finish();
 }
 
-/// The floor of `record` on SQLite through sqlx, on a file of its own with the store's settings
-/// (WAL, `synchronous=NORMAL`): `sqlx_round_trip` is `SELECT 1` (one message each way between
+/// The floor of `record` on SQLite through sqlx, on a file of its own in WAL mode with
+/// `synchronous=NORMAL` as the store's connections (SQLite's default autocheckpoint runs in the
+/// insert that crosses 1,000 pages, where the store checkpoints in the background):
+/// `sqlx_round_trip` is `SELECT 1` (one message each way between
 /// the caller and sqlx's worker thread, and almost no SQLite work), `sqlx_insert_one_row` a bare
 /// one-row insert per write transaction (autocommit), the SQLite counterpart of redb's floor.
 /// A recording pays at least the round trip, and more pages (strace counted seven WAL frames

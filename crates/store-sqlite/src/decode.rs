@@ -32,12 +32,11 @@ struct RawEvent<'a>(
     Option<String>,
 );
 
-/// A page's event, whose key and agent are the page's: `json_array(sequence, session_id, kind,
-/// actor_type, actor_id, run_id, occurred_at, summary, payload_json, dedupe_key)`.
+/// An event's fields after its sequence, key and agent (`fields_json!`): `json_array(session_id,
+/// kind, actor_type, actor_id, run_id, occurred_at, summary, payload_json, dedupe_key)`.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(Debug, PartialEq))]
-struct RawPageEvent<'a>(
-    i64,
+struct RawFields<'a>(
     Option<String>,
     #[serde(borrow)] Cow<'a, str>,
     #[serde(borrow)] Cow<'a, str>,
@@ -110,22 +109,20 @@ fn fast_rows<'a, T>(text: &'a str, row: impl Fn(&mut Reader<'a>) -> Option<T>) -
     Some(out)
 }
 
-/// `page_event_json!`'s fields, read by the fast reader.
-fn page_event_fields<'a>(r: &mut Reader<'a>) -> Option<RawPageEvent<'a>> {
-    let seq = r.int()?;
-    let session_id = r.comma()?.opt_string()?;
-    page_event_rest(r, seq, session_id)
+/// `fields_json!`'s fields, read by the fast reader.
+fn fields<'a>(r: &mut Reader<'a>) -> Option<RawFields<'a>> {
+    let session_id = r.opt_string()?;
+    fields_rest(r, session_id)
 }
 
-/// `event_json!`'s fields, read by the fast reader: the page's fields with the key after the
-/// sequence and the agent after the session id.
+/// `event_json!`'s fields, read by the fast reader: the sequence, the key, then
+/// `fields_json!`'s fields with the agent after the session id.
 fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
     let seq = r.int()?;
     let key = r.comma()?.str()?;
     let session_id = r.comma()?.opt_string()?;
     let agent = r.comma()?.str()?;
-    let RawPageEvent(
-        seq,
+    let RawFields(
         session_id,
         kind,
         actor_type,
@@ -135,7 +132,7 @@ fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
         summary,
         payload,
         dedupe_key,
-    ) = page_event_rest(r, seq, session_id)?;
+    ) = fields_rest(r, session_id)?;
     Some(RawEvent(
         seq,
         key,
@@ -153,13 +150,8 @@ fn event_fields<'a>(r: &mut Reader<'a>) -> Option<RawEvent<'a>> {
 }
 
 /// The fields both event shapes end with, from the kind on (arguments are read in order).
-fn page_event_rest<'a>(
-    r: &mut Reader<'a>,
-    seq: i64,
-    session_id: Option<String>,
-) -> Option<RawPageEvent<'a>> {
-    Some(RawPageEvent(
-        seq,
+fn fields_rest<'a>(r: &mut Reader<'a>, session_id: Option<String>) -> Option<RawFields<'a>> {
+    Some(RawFields(
         session_id,
         r.comma()?.str()?,
         r.comma()?.str()?,
@@ -243,8 +235,8 @@ fn event(raw: RawEvent<'_>) -> Result<Event, StoreError> {
         .map_err(|why| StoreError::corrupt(format!("event {seq}: {why}")))?;
     build_event(
         r,
-        RawPageEvent(
-            seq,
+        seq,
+        RawFields(
             session_id,
             kind,
             actor_type,
@@ -258,9 +250,8 @@ fn event(raw: RawEvent<'_>) -> Result<Event, StoreError> {
     )
 }
 
-fn build_event(r: SessionRef, raw: RawPageEvent<'_>) -> Result<Event, StoreError> {
-    let RawPageEvent(
-        seq,
+fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, StoreError> {
+    let RawFields(
         session_id,
         kind,
         actor_type,
@@ -295,15 +286,46 @@ fn build_event(r: SessionRef, raw: RawPageEvent<'_>) -> Result<Event, StoreError
     })
 }
 
-/// The events of one ref's page (`page_event_json!`), in ascending sequence order.
-pub(crate) fn page_events(text: &str, session: &SessionRef) -> Result<Vec<Arc<Event>>, StoreError> {
-    let raws = rows("events", text, page_event_fields)?;
-    let mut out = raws
+/// The events of one ref's page from its two arrays (see `sql::CHANGES_SINCE`): `sequences`
+/// (integers) and `fields` (`fields_json!` rows), in the same order; returned in ascending
+/// sequence order.
+pub(crate) fn page_events(
+    sequences: &str,
+    fields_text: &str,
+    session: &SessionRef,
+) -> Result<Vec<Arc<Event>>, StoreError> {
+    let seqs = fast_ints(sequences).map_or_else(|| json("event sequences", sequences), Ok)?;
+    let raws = rows("events", fields_text, fields)?;
+    if seqs.len() != raws.len() {
+        return Err(StoreError::corrupt(format!(
+            "a page of {} sequences and {} events",
+            seqs.len(),
+            raws.len()
+        )));
+    }
+    let mut out = seqs
         .into_iter()
-        .map(|raw| build_event(session.clone(), raw).map(Arc::new))
+        .zip(raws)
+        .map(|(seq, raw)| build_event(session.clone(), seq, raw).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     ascending(&mut out);
     Ok(out)
+}
+
+/// A JSON array of integers, read by the fast reader; `None` where it gives up.
+fn fast_ints(text: &str) -> Option<Vec<i64>> {
+    let mut r = Reader::new(text);
+    let mut out = Vec::new();
+    if !r.open_array()? {
+        loop {
+            out.push(r.int()?);
+            if !r.next_element()? {
+                break;
+            }
+        }
+    }
+    r.end()?;
+    Some(out)
 }
 
 /// SQLite aggregates rows in the order its subquery yields them (ascending by sequence), which
@@ -529,10 +551,10 @@ mod tests {
         proptest::collection::vec(c, 0..12).prop_map(String::from_iter)
     }
 
-    /// The JSON SQLite itself writes for those rows (of 12, 10, 7 or 5 columns): every value
+    /// The JSON SQLite itself writes for those rows (of 12, 9, 7 or 5 columns): every value
     /// goes through SQLite's `json_array`, and the rows through the aggregate the store's
-    /// statements use for them (`json_rows!` for events and pages, `json_group_array` for
-    /// cursors and heads).
+    /// statements use for them (`json_rows!` for events and a page's fields,
+    /// `json_group_array` for cursors and heads).
     async fn sqlite_json(conn: &mut SqliteConnection, rows: &[Vec<serde_json::Value>]) -> String {
         const Q12: &str = concat!(
             "SELECT ",
@@ -543,11 +565,11 @@ mod tests {
                 "FROM json_each($1) ORDER BY key"
             )
         );
-        const Q10: &str = concat!(
+        const Q9: &str = concat!(
             "SELECT ",
             crate::sql::json_rows!(
                 "json_array(value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-                 value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9)",
+                 value ->> 5, value ->> 6, value ->> 7, value ->> 8)",
                 "FROM json_each($1) ORDER BY key"
             )
         );
@@ -557,7 +579,7 @@ mod tests {
             value ->> 2, value ->> 3, value ->> 4)) FROM json_each($1)";
         let q = match rows.first().map_or(5, Vec::len) {
             12 => Q12,
-            10 => Q10,
+            9 => Q9,
             7 => Q7,
             _ => Q5,
         };
@@ -625,33 +647,46 @@ mod tests {
             cursors in proptest::collection::vec(cursor_row(), 0..5),
             heads in proptest::collection::vec(head_row(), 0..5),
         ) {
-            // A page row: an event row without its key (1) and agent (3).
+            // A page's fields: an event row without its sequence (0), key (1) and agent (3).
             let pages: Vec<Vec<serde_json::Value>> = events
                 .iter()
                 .map(|r| {
                     let mut a = r.clone();
                     a.remove(3);
                     a.remove(1);
+                    a.remove(0);
                     a
                 })
                 .collect();
+            let seqs: Vec<i64> = events.iter().map(|r| r[0].as_i64().unwrap()).collect();
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let [full, page, cursor, head] = rt.block_on(async {
+            let [full, page, cursor, head, ints] = rt.block_on(async {
                 let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+                // The page's sequences, as `CHANGES_SINCE` aggregates them.
+                let ints: String = sqlx::query(
+                    "SELECT json_group_array(value ->> '$') FROM json_each($1)",
+                )
+                .bind(serde_json::to_string(&seqs).unwrap())
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
+                .get(0);
                 [
                     sqlite_json(&mut conn, &events).await,
                     sqlite_json(&mut conn, &pages).await,
                     sqlite_json(&mut conn, &cursors).await,
                     sqlite_json(&mut conn, &heads).await,
+                    ints,
                 ]
             });
+            prop_assert_eq!(fast_ints(&ints), Some(seqs));
             let fast = fast_rows(&full, event_fields);
             prop_assert!(fast.is_some(), "the fast reader gave up on {full}");
             let slow: Vec<RawEvent<'_>> = json("events", &full).unwrap();
             prop_assert_eq!(fast.unwrap(), slow);
-            let fast = fast_rows(&page, page_event_fields);
+            let fast = fast_rows(&page, fields);
             prop_assert!(fast.is_some(), "the fast reader gave up on {page}");
-            let slow: Vec<RawPageEvent<'_>> = json("events", &page).unwrap();
+            let slow: Vec<RawFields<'_>> = json("events", &page).unwrap();
             prop_assert_eq!(fast.unwrap(), slow);
             let fast = fast_rows(&cursor, cursor_fields);
             prop_assert!(fast.is_some(), "the fast reader gave up on {cursor}");
@@ -666,15 +701,30 @@ mod tests {
 
     #[test]
     fn what_the_fast_reader_gives_up_on_serde_reads_or_reports() {
-        // An exponent: not the fast reader's; serde_json refuses it as an i64 and says so.
-        let text = r#"[[1e3,null,"human_direct_message","human",null,null,1,"s",null,null]]"#;
-        assert!(fast_rows(text, page_event_fields).is_none());
         let r = SessionRef::parse("agent:main:main", "main").unwrap();
-        let err = page_events(text, &r).unwrap_err();
+        let row = r#"[[null,"human_direct_message","human",null,null,1,"s",null,null]]"#;
+        // An exponent: not the fast reader's; serde_json refuses it as an i64 and says so.
+        let text = r#"[[null,"human_direct_message","human",null,null,1e3,"s",null,null]]"#;
+        assert!(fast_rows(text, fields).is_none());
+        let err = page_events("[7]", text, &r).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(fast_ints("[1e3]").is_none());
+        let err = page_events("[1e3]", row, &r).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         // Whitespace is read by both.
-        let text = " [ [ 7 , null , \"human_direct_message\" , \"human\" , null , null , 1 , \"s\" , null , null ] ] ";
-        assert!(fast_rows(text, page_event_fields).is_some());
-        assert_eq!(page_events(text, &r).unwrap()[0].sequence, Sequence(7));
+        let text = " [ [ null , \"human_direct_message\" , \"human\" , null , null , 1 , \"s\" , null , null ] ] ";
+        assert!(fast_rows(text, fields).is_some());
+        assert!(fast_ints(" [ 7 ] ").is_some());
+        assert_eq!(
+            page_events(" [ 7 ] ", text, &r).unwrap()[0].sequence,
+            Sequence(7)
+        );
+        // Two arrays that do not pair up are a corrupt page, not a shorter one.
+        let err = page_events("[7,8]", row, &r).unwrap_err();
+        assert!(
+            err.to_string().contains("2 sequences and 1 events"),
+            "{err}"
+        );
+        assert!(page_events("[]", "[]", &r).unwrap().is_empty());
     }
 }

@@ -254,8 +254,9 @@ impl EventStore for SqliteStore {
         let head = head.map(|h| decode::head_of(session, h)).transpose()?;
         let min: Option<i64> = get(&row, 1, WHAT)?;
         let min = min.map(|m| decode::sequence(WHAT, m)).transpose()?;
-        let events: &str = get(&row, 2, WHAT)?;
-        let fetched = decode::page_events(events, session)?;
+        let sequences: &str = get(&row, 2, WHAT)?;
+        let fields: &str = get(&row, 3, WHAT)?;
+        let fetched = decode::page_events(sequences, fields, session)?;
         Ok(reconcile::build_page(
             after,
             head.as_ref(),

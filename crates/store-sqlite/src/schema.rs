@@ -1,5 +1,6 @@
 //! The schema: OpenClaw's four tables exactly as OpenClaw 2026.9.6 declares them, our additive
-//! column, and a tiny migration runner keyed on a table of ours.
+//! columns (a cursor's target agent, an event's fields as JSON), and a tiny migration runner
+//! keyed on a table of ours.
 //!
 //! The runner never reads or writes `PRAGMA user_version` (OpenClaw's) and never touches a table
 //! that is not listed here. Applying a migration is idempotent on a database OpenClaw already
@@ -12,7 +13,7 @@ use sqlx::SqliteConnection;
 pub(crate) const MIGRATIONS_TABLE: &str = "awareness_schema_migrations";
 
 /// The highest migration version this crate knows.
-pub(crate) const LATEST: i64 = 2;
+pub(crate) const LATEST: i64 = 3;
 
 /// OpenClaw's four tables and their indexes, verbatim apart from `IF NOT EXISTS` (which SQLite
 /// drops from the text it stores in `sqlite_master`, so a database we create carries exactly
@@ -93,7 +94,7 @@ struct Migration {
     step: Step,
 }
 
-const MIGRATIONS: [Migration; 2] = [
+const MIGRATIONS: [Migration; 3] = [
     Migration {
         version: 1,
         description: "OpenClaw session-state tables",
@@ -105,6 +106,15 @@ const MIGRATIONS: [Migration; 2] = [
         step: Step::AddColumn {
             table: "session_watch_cursors",
             column: "target_agent_id",
+            decl: "TEXT",
+        },
+    },
+    Migration {
+        version: 3,
+        description: "session_state_events.fields_json (additive, nullable)",
+        step: Step::AddColumn {
+            table: "session_state_events",
+            column: "fields_json",
             decl: "TEXT",
         },
     },

@@ -281,15 +281,17 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    assert_eq!(migrations, 2);
+    assert_eq!(migrations, 3);
     let added: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pragma_table_info('session_watch_cursors') \
-         WHERE name = 'target_agent_id'",
+        "SELECT (SELECT count(*) FROM pragma_table_info('session_watch_cursors') \
+           WHERE name = 'target_agent_id' AND type = 'TEXT' AND \"notnull\" = 0) \
+         + (SELECT count(*) FROM pragma_table_info('session_state_events') \
+           WHERE name = 'fields_json' AND type = 'TEXT' AND \"notnull\" = 0)",
     )
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    assert_eq!(added, 1);
+    assert_eq!(added, 2, "our two additive nullable columns");
 
     let after = snapshot_others(&mut conn).await;
     assert_eq!(before.len(), after.len());
@@ -303,6 +305,18 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     .fetch_all(&mut conn)
     .await
     .unwrap();
+    // OpenClaw's DDL is kept verbatim, but for our column, which SQLite appends to the text.
+    let ours = |(name, sql): (String, String)| {
+        let sql = if name == "session_state_events" {
+            let without = sql.replace(", fields_json TEXT)", ")");
+            assert_ne!(without, sql, "the events table gained fields_json: {sql}");
+            without
+        } else {
+            sql
+        };
+        (name, sql)
+    };
+    let ddl_after: Vec<(String, String)> = ddl_after.into_iter().map(ours).collect();
     assert_eq!(ddl_before, ddl_after, "OpenClaw's DDL is kept verbatim");
     conn.close().await.unwrap();
 }

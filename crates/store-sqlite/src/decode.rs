@@ -461,6 +461,40 @@ pub(crate) fn cursors_json(cursors: &[Cursor]) -> String {
     to_json(&rows)
 }
 
+/// An event's `fields_json` as the store writes it: `fields_json!`'s values, in its order,
+/// serialized here rather than by SQLite's `json_array` in the insert, which cost a group
+/// commit about 300 µs a batch of 16 events (12-01, one sqlx connection, 40 interleaved rounds
+/// of 50 batches: medians 983-1011 µs against 674-702 µs with the text bound, 653-682 µs with
+/// no column). The text may escape differently from `json_array` (serde_json writes `\n`
+/// where SQLite may write `\u000a`) but holds the same values, which is all a read needs.
+pub(crate) fn fields_json(event: &Event, payload: Option<&str>) -> String {
+    to_json(&FieldsRow(
+        event.session_id.as_deref(),
+        event.kind.as_str(),
+        event.actor_type.as_str(),
+        event.actor_id.as_deref(),
+        event.run_id.as_deref(),
+        event.occurred_at.millis(),
+        event.summary.as_str(),
+        payload,
+        event.dedupe_key.as_deref(),
+    ))
+}
+
+/// `fields_json!`'s values, serialized as a JSON array.
+#[derive(serde::Serialize)]
+struct FieldsRow<'a>(
+    Option<&'a str>,
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    Option<&'a str>,
+    i64,
+    &'a str,
+    Option<&'a str>,
+    Option<&'a str>,
+);
+
 /// Any serializable value as JSON text (the values here always serialize).
 pub(crate) fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| String::from("[]"))
@@ -680,6 +714,23 @@ mod tests {
                 ]
             });
             prop_assert_eq!(fast_ints(&ints), Some(seqs));
+            // The fields as the store itself serializes them (`fields_json`) are read by the
+            // fast reader too, as serde_json reads them.
+            let ours: Vec<String> = events
+                .iter()
+                .map(|r| {
+                    let s = |i: usize| r[i].as_str();
+                    to_json(&FieldsRow(
+                        s(2), s(4).unwrap_or(""), s(5).unwrap_or(""), s(6), s(7),
+                        r[8].as_i64().unwrap(), s(9).unwrap_or(""), s(10), s(11),
+                    ))
+                })
+                .collect();
+            let ours = format!("[{}]", ours.join(","));
+            let fast = fast_rows(&ours, fields);
+            prop_assert!(fast.is_some(), "the fast reader gave up on {ours}");
+            let slow: Vec<RawFields<'_>> = json("events", &ours).unwrap();
+            prop_assert_eq!(fast.unwrap(), slow);
             let fast = fast_rows(&full, event_fields);
             prop_assert!(fast.is_some(), "the fast reader gave up on {full}");
             let slow: Vec<RawEvent<'_>> = json("events", &full).unwrap();

@@ -37,6 +37,7 @@ fn record_query(
         .bind(event.summary.as_str())
         .bind(payload)
         .bind(now.millis())
+        .bind(decode::fields_json(event, payload))
 }
 
 /// The stored event of a dedupe hit (column 2 of a record batch's row).

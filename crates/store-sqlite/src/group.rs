@@ -130,6 +130,7 @@ async fn run(
                 e.occurred_at.millis(),
                 e.summary.as_str(),
                 j.payload.as_deref(),
+                decode::fields_json(e, j.payload.as_deref()),
             )
         })
         .collect();

@@ -66,15 +66,17 @@ macro_rules! event_json {
 }
 
 /// An event's fields after its sequence, key and agent as a JSON array, decoded by
-/// `decode::RawFields`: what the insert statements store in our column `fields_json`, and what
-/// a read builds for a row without it (a row OpenClaw wrote).
+/// `decode::RawFields`: the values the inserts store in our column `fields_json` (serialized
+/// in Rust by `decode::fields_json`), and what a read builds for a row without it (a row
+/// OpenClaw wrote).
 ///
 /// Storing it saves the reconcile page SQLite's `json_array` on each of its rows, the larger
 /// part of the page's statement: through one sqlx connection, 200 events of a ref on the
 /// standard data set (12-01, four rounds of 3,000 pages, alternating) took 86-89 µs read from
 /// the column against 155-169 µs with a `json_array` built for each row. Neither this store
 /// nor OpenClaw ever updates an event row, so the stored text cannot go stale;
-/// `fields_json_is_what_the_columns_give` checks every insert against this expression.
+/// `fields_json_is_what_the_columns_give` checks every insert's values against this
+/// expression's.
 macro_rules! fields_json {
     () => {
         "json_array(session_id, kind, actor_type, actor_id, run_id, occurred_at, summary, \
@@ -125,7 +127,8 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
 
 /// Record, first batch. Binds: `$1` dedupe key, `$2` session key, `$3` session id, `$4` agent,
 /// `$5` kind, `$6` actor type, `$7` actor id, `$8` run id, `$9` occurred at (clamped by core),
-/// `$10` summary, `$11` payload JSON, `$12` now.
+/// `$10` summary, `$11` payload JSON, `$12` now, `$13` the event's fields as JSON
+/// (`decode::fields_json`, the values of [`fields_json!`]).
 ///
 /// The insert spends an AUTOINCREMENT number even when the dedupe key already exists (as in
 /// OpenClaw). One row comes back: `changes()` of the insert (0 on a dedupe hit), the new
@@ -135,8 +138,7 @@ pub(crate) const RECORD_BEGIN: &str = concat!(
     "BEGIN IMMEDIATE;
 INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
   actor_type, actor_id, run_id, occurred_at, summary, payload_json, fields_json)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-  json_array($3, $5, $6, $7, $8, $9, $10, $11, $1))
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $13)
 ON CONFLICT (dedupe_key) DO NOTHING;
 SELECT changes(), last_insert_rowid(),
   CASE WHEN changes() = 0 THEN
@@ -169,8 +171,7 @@ pub(crate) const RECORD_ONE_BATCH: &str = concat!(
     "BEGIN IMMEDIATE;
 INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
   actor_type, actor_id, run_id, occurred_at, summary, payload_json, fields_json)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-  json_array($3, $5, $6, $7, $8, $9, $10, $11, $1)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $13
 WHERE NOT EXISTS (SELECT 1 FROM session_watch_cursors WHERE target_session_key = $2)
 ON CONFLICT (dedupe_key) DO NOTHING;
 SELECT changes(), last_insert_rowid(),
@@ -189,8 +190,8 @@ COMMIT"
 
 /// Group commit, first batch: records the events of several callers in one `IMMEDIATE`
 /// transaction. `$1` is a JSON array with one `[dedupe key, session key, session id, agent,
-/// kind, actor type, actor id, run id, occurred at, summary, payload JSON]` per event, in queue
-/// order; `$2` is how many.
+/// kind, actor type, actor id, run id, occurred at, summary, payload JSON, fields JSON]` per
+/// event, in queue order; `$2` is how many.
 ///
 /// The insert walks `$1` in order and, like a single insert, spends one AUTOINCREMENT number
 /// per event, dedupe conflicts included, so the event at index `i` is sequence
@@ -205,9 +206,7 @@ pub(crate) const GROUP_RECORD_BEGIN: &str = concat!(
 INSERT INTO session_state_events (dedupe_key, session_key, session_id, agent_id, kind,
   actor_type, actor_id, run_id, occurred_at, summary, payload_json, fields_json)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
-  value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10,
-  json_array(value ->> 2, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8,
-    value ->> 9, value ->> 10, value ->> 0)
+  value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11
 FROM jsonb_each($1) WHERE true ORDER BY key
 ON CONFLICT (dedupe_key) DO NOTHING;
 SELECT t.top,

@@ -53,11 +53,12 @@
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **an event's fields are stored as JSON too**: the insert writes them, as a JSON array,
-//!   into `fields_json`, so a reconcile page joins stored texts instead of
-//!   building one per row, which was the larger part of its statement (a 200-event page went
-//!   from 257-280 µs to 184-191 µs in `reconcile/200`). Rows OpenClaw wrote have none and are
-//!   built on the fly. The price is space: about 110 bytes more per event on the standard data
-//!   set, 10.4 MB → 15.9 MB for 50,000 events (docs/decisions/0007);
+//!   into `fields_json`, so a reconcile page joins stored texts instead of building one per
+//!   row, which was the larger part of its statement (a 200-event page went from 257-339 µs to
+//!   180-191 µs in `reconcile/200`, alternating the bench binaries). Rows OpenClaw wrote have
+//!   none and are built on the fly. The price is space: about 110 bytes more per event on the
+//!   standard data set (its 50,000 events take 15.9 MB of table and indexes instead of
+//!   10.4 MB; docs/decisions/0007);
 //! - **WAL checkpoints run in the background** on a reader connection every 256 write
 //!   transactions, while recordings go on; only a short last pass, when little is left, holds
 //!   the write connection so the WAL file starts over. The writer's own autocheckpoint

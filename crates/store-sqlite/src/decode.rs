@@ -93,13 +93,26 @@ fn rows<'a, T: Deserialize<'a>>(
 
 /// The fast path of [`rows`]: `None` where the reader gives up.
 fn fast_rows<'a, T>(text: &'a str, row: impl Fn(&mut Reader<'a>) -> Option<T>) -> Option<Vec<T>> {
+    fast_list(text, |r| {
+        r.eat(b'[')?;
+        let v = row(r)?;
+        r.eat(b']')?;
+        Some(v)
+    })
+}
+
+/// A JSON array of integers, read by the fast reader; `None` where it gives up.
+fn fast_ints(text: &str) -> Option<Vec<i64>> {
+    fast_list(text, Reader::int)
+}
+
+/// The whole of `text` as a JSON array whose elements `item` reads; `None` where it gives up.
+fn fast_list<'a, T>(text: &'a str, item: impl Fn(&mut Reader<'a>) -> Option<T>) -> Option<Vec<T>> {
     let mut r = Reader::new(text);
     let mut out = Vec::new();
     if !r.open_array()? {
         loop {
-            r.eat(b'[')?;
-            out.push(row(&mut r)?);
-            r.eat(b']')?;
+            out.push(item(&mut r)?);
             if !r.next_element()? {
                 break;
             }
@@ -310,22 +323,6 @@ pub(crate) fn page_events(
         .collect::<Result<Vec<_>, _>>()?;
     ascending(&mut out);
     Ok(out)
-}
-
-/// A JSON array of integers, read by the fast reader; `None` where it gives up.
-fn fast_ints(text: &str) -> Option<Vec<i64>> {
-    let mut r = Reader::new(text);
-    let mut out = Vec::new();
-    if !r.open_array()? {
-        loop {
-            out.push(r.int()?);
-            if !r.next_element()? {
-                break;
-            }
-        }
-    }
-    r.end()?;
-    Some(out)
 }
 
 /// SQLite aggregates rows in the order its subquery yields them (ascending by sequence), which

@@ -73,8 +73,9 @@ macro_rules! event_json {
 /// Storing it saves the reconcile page SQLite's `json_array` on each of its rows, the larger
 /// part of the page's statement: through one sqlx connection, 200 events of a ref on the
 /// standard data set (12-01, four rounds of 3,000 pages, alternating) took 86-90 µs read from
-/// the column against 155-182 µs with a `json_array` built for each row. Neither this store
-/// nor OpenClaw ever updates an event row, so the stored text cannot go stale;
+/// the column against 155-182 µs with a `json_array` built for each row. No statement of this
+/// store updates an event row, and none of the operations OpenClaw's fixture replays does, so
+/// the stored text does not go stale (docs/decisions/0007);
 /// `fields_json_is_what_the_columns_give` checks every insert's values against this
 /// expression's.
 macro_rules! fields_json {

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use super::Subject;
 use crate::model::{
-    ActorType, AgentId, CursorFilter, CursorKey, EventKind, NewEvent, Sequence, SessionKey,
-    SessionRef, Timestamp, WatcherKey,
+    ActorType, AgentId, CursorFilter, CursorKey, EventKind, NewEvent, Payload, Sequence,
+    SessionKey, SessionRef, Timestamp, WatcherKey,
 };
 use crate::protocol;
 use crate::retention::{PruneStep, RetentionPolicy};
@@ -147,19 +147,27 @@ pub async fn record_returns_every_field(t: &Subject) {
     assert_eq!(stored.summary, "child run timed out");
 }
 
-pub async fn text_fields_round_trip_exactly(t: &Subject) {
-    // Quotes, backslashes, slashes, text that looks like an escape, accents, characters outside
-    // the BMP, and a payload whose strings hold control characters: whatever encoding a backend
-    // stores or reads them through, they come back as given.
-    let s = &*t.store;
-    let session = r("agent:main:\"q\" \\ /\\u0041 é😀", "main");
-    let payload = validate::payload_from_value(json!({
+/// A session key with quotes, a backslash, a slash, text that looks like an escape, an accent
+/// and a character outside the BMP.
+pub(crate) fn tricky_session() -> SessionRef {
+    r("agent:main:\"q\" \\ /\\u0041 é😀", "main")
+}
+
+/// A payload whose strings hold control characters and escape look-alikes, with numbers of
+/// every JSON kind.
+pub(crate) fn tricky_payload() -> Payload {
+    validate::payload_from_value(json!({
         "text": "line1\nline2\t\"q\" \\ \u{1} \u{7f} 😀 \\u0041 \\ud83d",
         "n": [1.5, -2e3, 12_345_678_901_234_i64, null, {"k": ""}],
     }))
-    .unwrap();
-    let e = NewEvent::new(
-        session.clone(),
+    .unwrap()
+}
+
+/// An event on `session` whose every text field holds what an encoding could get wrong, with
+/// [`tricky_payload`] and the dedupe key `dk "{tag}" \ 😀`.
+pub(crate) fn tricky_event(session: SessionRef, tag: &str) -> NewEvent {
+    NewEvent::new(
+        session,
         EventKind::HumanDirectMessage,
         ActorType::Human,
         "said \"hi\" \\ back/slash \\n \\u00e9 é ☃ 😀",
@@ -167,8 +175,18 @@ pub async fn text_fields_round_trip_exactly(t: &Subject) {
     .with_session_id("sess \"é\" \\")
     .with_actor_id("user \"x\" \\ 😀")
     .with_run_id("run/1 \\u0041")
-    .with_payload(payload.clone())
-    .with_dedupe_key("dk \"1\" \\ 😀");
+    .with_payload(tricky_payload())
+    .with_dedupe_key(format!("dk \"{tag}\" \\ 😀"))
+}
+
+pub async fn text_fields_round_trip_exactly(t: &Subject) {
+    // Quotes, backslashes, slashes, text that looks like an escape, accents, characters outside
+    // the BMP, and a payload whose strings hold control characters: whatever encoding a backend
+    // stores or reads them through, they come back as given.
+    let s = &*t.store;
+    let session = tricky_session();
+    let payload = tricky_payload();
+    let e = tricky_event(session.clone(), "1");
     let got = rec(s, e.clone(), T0).await.event;
     assert_eq!(got.session_key, session.session_key);
     assert_eq!(got.summary, "said \"hi\" \\ back/slash \\n \\u00e9 é ☃ 😀");

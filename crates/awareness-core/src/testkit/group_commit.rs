@@ -232,6 +232,83 @@ where
     }
 }
 
+/// Text recorded in shared write transactions reads back exactly, as the conformance suite's
+/// `text_fields_round_trip_exactly` checks for a recording made alone: 32 events whose text
+/// fields hold quotes, backslashes, escape look-alikes and characters outside the BMP (and
+/// control characters in their payloads), half of them on a watched session, recorded at
+/// once; each caller's event is what a page, `events_after` and a later dedupe hit read back.
+pub async fn text_recorded_in_a_batch_reads_back_exactly<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    use crate::testkit::checks::{tricky_event, tricky_session};
+    let dir = Scratch::new();
+    let g = open(&f, dir.file(), 64).await;
+    let sessions = [tricky_session(), session(0)];
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    g.store
+        .watch(&watcher, &sessions[1], T0)
+        .await
+        .expect("watch");
+    let before = (g.write_transactions)();
+    let tasks: Vec<_> = (0..32_usize)
+        .map(|i| {
+            let store = Arc::clone(&g.store);
+            let e = tricky_event(sessions[i % 2].clone(), &i.to_string());
+            tokio::spawn(async move { store.record(e, T0).await })
+        })
+        .collect();
+    let mut recorded = Vec::new();
+    for t in tasks {
+        let rec = t.await.expect("join").expect("record");
+        assert!(!rec.deduplicated);
+        recorded.push(rec.event);
+    }
+    let txs = (g.write_transactions)() - before;
+    assert!(
+        txs < 32,
+        "32 concurrent recordings took {txs} write transactions"
+    );
+    let tail = g.store.events_after(Sequence(0), 100).await.expect("tail");
+    for s in &sessions {
+        let page = g
+            .store
+            .changes_since(s, Sequence(0), 200)
+            .await
+            .expect("page");
+        let mine: Vec<_> = recorded.iter().filter(|e| e.session_ref() == *s).collect();
+        assert_eq!(page.events.len(), mine.len());
+        for e in mine {
+            let read = page
+                .events
+                .iter()
+                .find(|p| p.sequence == e.sequence)
+                .expect("on the page");
+            assert_eq!(**read, **e, "the page reads back what was recorded");
+            let read = tail
+                .iter()
+                .find(|p| p.sequence == e.sequence)
+                .expect("in events_after");
+            assert_eq!(**read, **e, "events_after reads back what was recorded");
+        }
+    }
+    let hits: Vec<_> = recorded
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let store = Arc::clone(&g.store);
+            let again = tricky_event(e.session_ref(), &i.to_string());
+            tokio::spawn(async move { store.record(again, T0).await })
+        })
+        .collect();
+    for (t, e) in hits.into_iter().zip(&recorded) {
+        let hit = t.await.expect("join").expect("record");
+        assert!(hit.deduplicated);
+        assert_eq!(*hit.event, **e, "a dedupe hit reads back what was recorded");
+    }
+}
+
 /// `group_commit(1)` is one write transaction per recording, however many arrive at once.
 pub async fn group_commit_of_one_commits_every_recording_alone<F, Fut>(f: F)
 where

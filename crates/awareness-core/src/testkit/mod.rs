@@ -193,6 +193,7 @@ macro_rules! group_commit_suite {
             $open;
             concurrent_recordings_share_write_transactions,
             concurrent_recordings_leave_each_head_at_its_last_event,
+            text_recorded_in_a_batch_reads_back_exactly,
             group_commit_of_one_commits_every_recording_alone,
             a_batch_holds_at_most_group_commit_recordings,
             a_group_commit_of_zero_is_refused_at_open,

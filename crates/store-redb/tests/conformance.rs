@@ -1,8 +1,10 @@
-//! store-redb runs the shared conformance suite and the model test, through `Arc<dyn ...>`, on a
-//! fresh file each: the suite in both durability modes, the model test in the bounded mode (the
-//! suite already covers the immediate write path, and the model test then exercises the
-//! non-durable one with thousands of random operations).
+//! store-redb runs the shared conformance suite, the durable suite (reopening, two handles on one
+//! file) and the model test, through `Arc<dyn ...>`, on a fresh file each: the suites in both
+//! durability modes, the model test in the bounded mode (the suites already cover the immediate
+//! write path, and the model test then exercises the non-durable one with thousands of random
+//! operations).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,37 +21,58 @@ impl RawAccess for Raw {
     }
 }
 
-async fn subject_with(options: RedbOptions) -> Subject {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let store = Arc::new(
-        RedbStore::open_with(dir.path().join("state.redb"), options)
-            .await
-            .expect("open a fresh store"),
-    );
-    Subject {
+/// Opens `path` with `options` as a [`Subject`] (the durable suite opens the same file more than
+/// once).
+async fn open_with(path: PathBuf, options: RedbOptions) -> Result<Subject, StoreError> {
+    let store = Arc::new(RedbStore::open_with(path, options).await?);
+    Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
-        guard: Box::new(dir),
-    }
+        guard: Box::new(()),
+    })
+}
+
+async fn subject_with(options: RedbOptions) -> Subject {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut subject = open_with(dir.path().join("state.redb"), options)
+        .await
+        .expect("open a fresh store");
+    subject.guard = Box::new(dir);
+    subject
 }
 
 mod immediate {
-    async fn subject() -> awareness_core::testkit::Subject {
-        super::subject_with(store_redb::RedbOptions::default()).await
+    use super::{PathBuf, RedbOptions, StoreError, Subject};
+
+    async fn subject() -> Subject {
+        super::subject_with(RedbOptions::default()).await
+    }
+
+    async fn open(path: PathBuf) -> Result<Subject, StoreError> {
+        super::open_with(path, RedbOptions::default()).await
     }
 
     awareness_core::conformance_suite!(subject);
+    awareness_core::durable_suite!(open);
 }
 
 mod bounded {
-    async fn subject() -> awareness_core::testkit::Subject {
-        super::subject_with(store_redb::RedbOptions::bounded(
-            super::Duration::from_millis(50),
-        ))
-        .await
+    use super::{Duration, PathBuf, RedbOptions, StoreError, Subject};
+
+    fn options() -> RedbOptions {
+        RedbOptions::bounded(Duration::from_millis(50))
+    }
+
+    async fn subject() -> Subject {
+        super::subject_with(options()).await
+    }
+
+    async fn open(path: PathBuf) -> Result<Subject, StoreError> {
+        super::open_with(path, options()).await
     }
 
     awareness_core::conformance_suite!(subject);
+    awareness_core::durable_suite!(open);
     awareness_core::model_test!(subject);
 }

@@ -1,6 +1,8 @@
-//! store-sqlite runs the shared conformance suite and the model test, through `Arc<dyn ...>`,
-//! each on a fresh file in a temporary directory.
+//! store-sqlite runs the shared conformance suite, the durable suite (reopening, two handles on
+//! one file) and the model test, through `Arc<dyn ...>`, each on a fresh file in a temporary
+//! directory.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::testkit::{RawAccess, Subject};
@@ -16,20 +18,26 @@ impl RawAccess for Raw {
     }
 }
 
-async fn subject() -> Subject {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = Arc::new(
-        SqliteStore::open(dir.path().join("state.sqlite"))
-            .await
-            .expect("open a fresh store"),
-    );
-    Subject {
+/// Opens `path` as a [`Subject`] (the durable suite opens the same file more than once).
+async fn open(path: PathBuf) -> Result<Subject, StoreError> {
+    let store = Arc::new(SqliteStore::open(path).await?);
+    Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
-        guard: Box::new(dir),
-    }
+        guard: Box::new(()),
+    })
+}
+
+async fn subject() -> Subject {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut subject = open(dir.path().join("state.sqlite"))
+        .await
+        .expect("open a fresh store");
+    subject.guard = Box::new(dir);
+    subject
 }
 
 awareness_core::conformance_suite!(subject);
+awareness_core::durable_suite!(open);
 awareness_core::model_test!(subject);

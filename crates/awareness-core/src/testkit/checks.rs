@@ -25,19 +25,19 @@ const MANAGER: &str = "agent:main:main";
 const CHILD: &str = "agent:main:subagent:c1";
 const PEER: &str = "agent:ops:main";
 
-fn r(key: &str, agent: &str) -> SessionRef {
+pub(crate) fn r(key: &str, agent: &str) -> SessionRef {
     SessionRef::parse(key, agent).unwrap()
 }
-fn child() -> SessionRef {
+pub(crate) fn child() -> SessionRef {
     r(CHILD, "main")
 }
-fn w(key: &str) -> WatcherKey {
+pub(crate) fn w(key: &str) -> WatcherKey {
     WatcherKey::parse(key).unwrap()
 }
 fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()
 }
-fn human(session: &SessionRef) -> NewEvent {
+pub(crate) fn human(session: &SessionRef) -> NewEvent {
     NewEvent::new(
         session.clone(),
         EventKind::HumanDirectMessage,
@@ -46,7 +46,7 @@ fn human(session: &SessionRef) -> NewEvent {
     )
     .with_actor_id("user-1")
 }
-fn log_only(session: &SessionRef, summary: &str) -> NewEvent {
+pub(crate) fn log_only(session: &SessionRef, summary: &str) -> NewEvent {
     NewEvent::new(
         session.clone(),
         EventKind::Created,
@@ -1473,7 +1473,7 @@ pub async fn heads_batch_returns_only_existing(t: &Subject) {
 
 // ----- upstream links (DESIGN.md section 8) ---------------------------------------------------
 
-fn link_spec(session: &SessionRef, thread: &str, offset: u64) -> crate::LinkSpec {
+pub(crate) fn link_spec(session: &SessionRef, thread: &str, offset: u64) -> crate::LinkSpec {
     crate::LinkSpec::new(
         session.clone(),
         "claude-code",

@@ -18,10 +18,10 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::Scratch;
 use crate::error::StoreError;
 use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _};
@@ -50,36 +50,6 @@ pub fn event(i: usize) -> NewEvent {
         ActorType::Human,
         format!("message {i}"),
     )
-}
-
-/// A directory of its own under the system's temporary directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "awareness-group-commit-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create a scratch directory");
-        Self(dir)
-    }
-
-    fn file(&self) -> PathBuf {
-        self.0.join("state")
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Records `n` events on `n` tasks at once; checks that each caller got its own event under a
@@ -119,7 +89,7 @@ where
     F: Fn(PathBuf, usize) -> Fut,
     Fut: Future<Output = Result<Grouped, StoreError>>,
 {
-    let dir = Scratch::new();
+    let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 64).await;
     let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
     g.store
@@ -156,7 +126,7 @@ where
     F: Fn(PathBuf, usize) -> Fut,
     Fut: Future<Output = Result<Grouped, StoreError>>,
 {
-    let dir = Scratch::new();
+    let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 64).await;
     let sessions: Vec<SessionRef> = (0..4).map(session).collect();
     let mut last: Vec<Option<(Sequence, Timestamp)>> = vec![None; 4];
@@ -243,7 +213,7 @@ where
     Fut: Future<Output = Result<Grouped, StoreError>>,
 {
     use crate::testkit::checks::{tricky_event, tricky_session};
-    let dir = Scratch::new();
+    let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 64).await;
     let sessions = [tricky_session(), session(0)];
     let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
@@ -315,7 +285,7 @@ where
     F: Fn(PathBuf, usize) -> Fut,
     Fut: Future<Output = Result<Grouped, StoreError>>,
 {
-    let dir = Scratch::new();
+    let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 1).await;
     assert_eq!(record_at_once(&g, 32).await, 32);
 }
@@ -327,7 +297,7 @@ where
     F: Fn(PathBuf, usize) -> Fut,
     Fut: Future<Output = Result<Grouped, StoreError>>,
 {
-    let dir = Scratch::new();
+    let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 4).await;
     let txs = record_at_once(&g, 32).await;
     assert!(txs >= 8, "32 recordings in {txs} transactions of at most 4");
@@ -340,7 +310,7 @@ where
     F: Fn(PathBuf, usize) -> Fut,
     Fut: Future<Output = Result<Grouped, StoreError>>,
 {
-    let dir = Scratch::new();
+    let dir = Scratch::new("group-commit");
     let Err(err) = f(dir.file(), 0).await else {
         panic!("group_commit(0) was accepted");
     };

@@ -16,10 +16,15 @@
 //! Stores that batch concurrent recordings into shared write transactions (the durable ones)
 //! also stamp [`group_commit_suite!`](crate::group_commit_suite), the checks of
 //! [`group_commit`].
+//!
+//! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
+//! the checks of [`durable`]: reopening, and two handles on one file.
 
 use std::any::Any;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
@@ -29,6 +34,7 @@ use crate::store::AwarenessStore;
 use crate::upstream::UpstreamStore;
 
 pub mod checks;
+pub mod durable;
 pub mod group_commit;
 pub mod model;
 
@@ -66,6 +72,38 @@ impl Subject {
             raw: store,
             guard: Box::new(guard),
         }
+    }
+}
+
+/// A directory of its own under the system's temporary directory, removed when dropped (the
+/// suites whose checks open files themselves).
+pub(crate) struct Scratch(PathBuf);
+
+impl Scratch {
+    pub(crate) fn new(suite: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "awareness-{suite}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create a scratch directory");
+        Self(dir)
+    }
+
+    /// The store's file in this directory (not created).
+    pub(crate) fn file(&self) -> PathBuf {
+        self.0.join("state")
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -211,6 +249,34 @@ macro_rules! __group_commit_tests {
                 $crate::testkit::block_on_threads(
                     $crate::testkit::group_commit::$name($open),
                 );
+            }
+        )*
+    };
+}
+
+/// Stamps one named `#[test]` per check of what a file keeps ([`durable`]) for a store factory
+/// (`async fn(PathBuf) -> Result<Subject, StoreError>`: open the given file, creating it when
+/// missing).
+#[macro_export]
+macro_rules! durable_suite {
+    ($open:path) => {
+        $crate::__durable_tests!(
+            $open;
+            everything_committed_survives_a_reopen,
+            the_sequence_never_goes_back_across_reopens,
+            two_handles_on_one_file_see_each_others_writes,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __durable_tests {
+    ($open:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testkit::block_on_threads($crate::testkit::durable::$name($open));
             }
         )*
     };

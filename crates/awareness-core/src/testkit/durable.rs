@@ -1,0 +1,260 @@
+//! What a file keeps, checked the same way on every store that keeps its state in one (the
+//! durable ones): everything committed survives closing and reopening the store, the store-wide
+//! sequence never goes back across reopens, and two handles on one file see each other's
+//! writes. store-memory has no file and does not run these.
+//!
+//! A store provides an async factory that opens the file it is given (creating it when missing)
+//! and stamps the checks with [`crate::durable_suite!`]:
+//!
+//! ```text
+//! async fn open(path: std::path::PathBuf)
+//!     -> Result<awareness_core::testkit::Subject, awareness_core::StoreError>
+//! { /* open the store on that file */ }
+//! awareness_core::durable_suite!(open);
+//! ```
+//!
+//! A check closes a store by dropping its [`Subject`], as a gateway that stops does: whatever
+//! was committed must then be in the file, whatever durability the store was opened with (a
+//! store that defers durability makes it durable when its last handle goes).
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use super::checks::{T0, child, human, link_spec, log_only, r, w};
+use super::{Scratch, Subject};
+use crate::error::StoreError;
+use crate::model::{CursorFilter, Sequence, SessionRef, Timestamp};
+use crate::retention::PruneStep;
+use crate::store::{AwarenessStoreExt as _, Recorded};
+
+const LATER: Timestamp = Timestamp(T0.0 + 2 * Timestamp::DAY_MS);
+
+async fn open<F, Fut>(open: &F, file: &Path) -> Subject
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    open(file.to_path_buf())
+        .await
+        .unwrap_or_else(|e| panic!("open {}: {e}", file.display()))
+}
+
+async fn rec(t: &Subject, e: crate::model::NewEvent, now: Timestamp) -> Recorded {
+    t.store.record(e, now).await.expect("record")
+}
+
+/// Everything the store answers about what it holds, as text to compare: the log's range, every
+/// head, every cursor, every retained event, every upstream link, and the page of each of
+/// `refs` (events, watermark and gap).
+async fn everything(t: &Subject, refs: &[SessionRef]) -> String {
+    let s = &*t.store;
+    let mut out = String::new();
+    writeln!(out, "{:?}", s.log_stats().await.expect("log_stats")).expect("write");
+    writeln!(out, "{:?}", s.list_heads(None).await.expect("list_heads")).expect("write");
+    let cursors = s.cursors(&CursorFilter::default()).await.expect("cursors");
+    writeln!(out, "{cursors:?}").expect("write");
+    let events = s.events_after(Sequence::ZERO, 1_000).await.expect("events");
+    writeln!(out, "{events:?}").expect("write");
+    writeln!(out, "{:?}", t.upstream.links().await.expect("links")).expect("write");
+    for session in refs {
+        let page = s
+            .changes_since(session, Sequence::ZERO, 200)
+            .await
+            .expect("changes_since");
+        writeln!(out, "{page:?}").expect("write");
+    }
+    out
+}
+
+/// A store closed and opened again answers exactly as before: events with every field, heads
+/// with their pruned watermark, cursors with pending notices, upstream links; a dedupe key still
+/// names its row, and a hit still spends one sequence after the last one spent.
+pub async fn everything_committed_survives_a_reopen<F, Fut>(f: F)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let manager = w("agent:main:main");
+    let kid = child();
+    let old = r("agent:main:old", "main");
+    let peer = r("agent:ops:main", "ops");
+    let refs = [kid.clone(), old.clone(), peer.clone()];
+    let before = {
+        let t = open(&f, &file).await;
+        rec(&t, log_only(&old, "old one"), T0).await; // 1
+        rec(&t, log_only(&old, "old two"), T0).await; // 2
+        t.store.watch(&manager, &kid, LATER).await.expect("watch");
+        for _ in 0..3 {
+            rec(&t, human(&kid), LATER).await; // 3, 4, 5
+        }
+        let first = rec(&t, human(&kid).with_dedupe_key("once"), LATER).await; // 6
+        let hit = rec(&t, human(&kid).with_dedupe_key("once"), LATER).await; // 7, spent
+        assert!(hit.deduplicated && hit.event == first.event);
+        rec(&t, human(&peer), LATER).await; // 8
+        t.store
+            .acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
+            .await
+            .expect("acknowledge");
+        let pending = rec(&t, human(&kid), LATER).await; // 9
+        assert_eq!(pending.event.sequence, Sequence(9));
+        assert_eq!(
+            pending.notices.len(),
+            1,
+            "the acknowledged watcher is told again"
+        );
+        let cutoff = T0.plus_ms(Timestamp::DAY_MS);
+        let pruned = t
+            .store
+            .prune_chunk(&PruneStep::Age { cutoff }, 100)
+            .await
+            .expect("prune");
+        assert_eq!(pruned, 2, "the two old events go");
+        t.upstream
+            .upsert_link(link_spec(&kid, "t1", 7), LATER)
+            .await
+            .expect("upsert a link");
+        let before = everything(&t, &refs).await;
+        assert!(
+            before.contains("pruned_max_sequence: Sequence(2)"),
+            "the old ref keeps its watermark: {before}"
+        );
+        before
+    };
+    let t = open(&f, &file).await;
+    assert_eq!(
+        everything(&t, &refs).await,
+        before,
+        "the store answers the same after a reopen"
+    );
+    let hit = rec(&t, human(&kid).with_dedupe_key("once"), LATER).await;
+    assert!(hit.deduplicated, "the dedupe key survives a reopen");
+    assert_eq!(hit.event.sequence, Sequence(6));
+    let next = rec(&t, human(&peer), LATER).await;
+    assert_eq!(
+        next.event.sequence,
+        Sequence(11),
+        "the hit after the reopen spent 10, and 9 was the last before it"
+    );
+}
+
+/// The store-wide sequence resumes after the highest number ever spent, across reopens, even
+/// when the rows that held the highest numbers are gone: a deleted session, a dedupe hit (which
+/// leaves no row), a row deleted by hand, the whole log pruned.
+pub async fn the_sequence_never_goes_back_across_reopens<F, Fut>(f: F)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let kid = child();
+    let peer = r("agent:ops:main", "ops");
+    {
+        let t = open(&f, &file).await;
+        rec(&t, human(&kid), T0).await; // 1
+        rec(&t, human(&peer).with_dedupe_key("k"), T0).await; // 2
+        assert!(
+            rec(&t, human(&peer).with_dedupe_key("k"), T0)
+                .await
+                .deduplicated
+        ); // 3, spent
+        rec(&t, human(&peer), T0).await; // 4
+        t.store.delete_session(&peer).await.expect("delete");
+    }
+    let top = {
+        let t = open(&f, &file).await;
+        let next = rec(&t, human(&kid), T0).await.event.sequence;
+        assert_eq!(
+            next,
+            Sequence(5),
+            "after deleting the session holding 2 to 4, one of them a dedupe hit"
+        );
+        t.raw.delete_event_row(next).await.expect("delete a row");
+        next
+    };
+    {
+        let t = open(&f, &file).await;
+        let next = rec(&t, human(&kid), T0).await.event.sequence;
+        assert_eq!(next, top.next(), "after deleting the highest row by hand");
+        let pruned = t
+            .store
+            .prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 100)
+            .await
+            .expect("prune");
+        assert_eq!(pruned, 2, "every retained row goes");
+    }
+    let t = open(&f, &file).await;
+    assert_eq!(t.store.log_stats().await.expect("stats").rows, 0);
+    let next = rec(&t, human(&kid), T0).await.event.sequence;
+    assert_eq!(next, Sequence(7), "after pruning the whole log");
+}
+
+/// Two handles on one file behave as two gateway processes: what one writes (a watch, an
+/// unwatch, a dedupe key), the other's next operation sees, whichever path that operation
+/// takes; closing one leaves the other working.
+pub async fn two_handles_on_one_file_see_each_others_writes<F, Fut>(f: F)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let a = open(&f, &file).await;
+    let b = open(&f, &file).await;
+    let kid = child();
+    let manager = w("agent:main:main");
+
+    // `a` has recorded on the child while nobody watched it.
+    let first = rec(&a, human(&kid), T0).await;
+    assert!(first.notices.is_empty());
+    // `b` starts watching; `a` does not know.
+    b.store.watch(&manager, &kid, T0).await.expect("watch");
+    let second = rec(&a, human(&kid), T0).await;
+    assert_eq!(second.notices.len(), 1, "the watch made elsewhere notifies");
+    assert_eq!(second.notices[0].last_seen, first.event.sequence);
+    assert_eq!(
+        second.event.sequence,
+        first.event.sequence.next(),
+        "the record that found a cursor spent exactly one sequence"
+    );
+    let c = a
+        .store
+        .cursor(&manager, &kid.session_key)
+        .await
+        .expect("cursor")
+        .expect("the cursor `b` wrote");
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (Sequence(1), Sequence(2), Sequence(2))
+    );
+
+    // `b` removes the watch; `a` records correctly.
+    assert!(
+        b.store
+            .unwatch(&manager, &kid.session_key)
+            .await
+            .expect("unwatch")
+    );
+    let third = rec(&a, human(&kid), T0).await;
+    assert!(
+        third.notices.is_empty(),
+        "the watch removed elsewhere is gone"
+    );
+    assert_eq!(third.event.sequence, Sequence(3));
+
+    // A dedupe hit through the other handle returns the first row and spends a sequence.
+    let d1 = rec(&a, human(&kid).with_dedupe_key("dk"), T0).await;
+    let d2 = rec(&b, human(&kid).with_dedupe_key("dk"), T0).await;
+    assert!(!d1.deduplicated && d2.deduplicated);
+    assert_eq!(d2.event, d1.event);
+    drop(a);
+    let next = rec(&b, human(&kid), T0).await;
+    assert_eq!(next.event.sequence, Sequence(6), "the hit spent sequence 5");
+    assert_eq!(
+        b.store.state_version(&kid).await.expect("version"),
+        Sequence(6)
+    );
+}

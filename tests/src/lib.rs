@@ -65,4 +65,7 @@ const BACKENDS: &[(&str, UrlOf)] = &[
     ("sqlite", |d| {
         format!("sqlite://{}", d.path().join("state.db").display())
     }),
+    ("redb", |d| {
+        format!("redb://{}", d.path().join("state.redb").display())
+    }),
 ];

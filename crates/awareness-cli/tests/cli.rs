@@ -207,8 +207,15 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
 
 #[test]
 fn operator_commands_on_a_fresh_file() {
+    for store in ["sqlite://ops.db", "redb://ops.redb"] {
+        operator_commands_on(store);
+    }
+}
+
+/// Every operator command on a new file of the backend `store` names.
+fn operator_commands_on(store: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let s = ["--store", "sqlite://ops.db"];
+    let s = ["--store", store];
     let run = |args: &[&str]| run_in(dir.path(), &[&s[..], args].concat());
     let child = "agent:main:subagent:c1";
 
@@ -276,6 +283,8 @@ fn operator_commands_on_a_fresh_file() {
     assert!(un.status.success(), "{}", stderr(&un));
     let again = run(&["unwatch", "agent:main:main", child]);
     assert_eq!(again.status.code(), Some(1), "nothing left to remove");
+    let file = store.split_once("://").unwrap().1;
+    assert!(dir.path().join(file).is_file(), "{store} wrote its file");
 }
 
 #[test]

@@ -67,7 +67,7 @@ fn spawn(child: &SessionRef, spawner: &str, run: &str) -> NewEvent {
     .with_watcher(w(spawner))
 }
 
-async fn rec(s: &dyn AwarenessStore, e: NewEvent, now: Timestamp) -> Recorded {
+pub(crate) async fn rec(s: &dyn AwarenessStore, e: NewEvent, now: Timestamp) -> Recorded {
     s.record(e, now).await.expect("record")
 }
 async fn version(s: &dyn AwarenessStore, r: &SessionRef) -> u64 {

@@ -21,12 +21,12 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
-use super::checks::{T0, child, human, link_spec, log_only, r, w};
+use super::checks::{T0, child, human, link_spec, log_only, r, rec, w};
 use super::{Scratch, Subject};
 use crate::error::StoreError;
 use crate::model::{CursorFilter, Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
-use crate::store::{AwarenessStoreExt as _, Recorded};
+use crate::store::AwarenessStoreExt as _;
 
 const LATER: Timestamp = Timestamp(T0.0 + 2 * Timestamp::DAY_MS);
 
@@ -38,10 +38,6 @@ where
     open(file.to_path_buf())
         .await
         .unwrap_or_else(|e| panic!("open {}: {e}", file.display()))
-}
-
-async fn rec(t: &Subject, e: crate::model::NewEvent, now: Timestamp) -> Recorded {
-    t.store.record(e, now).await.expect("record")
 }
 
 /// Everything the store answers about what it holds, as text to compare: the log's range, every
@@ -84,21 +80,21 @@ where
     let refs = [kid.clone(), old.clone(), peer.clone()];
     let before = {
         let t = open(&f, &file).await;
-        rec(&t, log_only(&old, "old one"), T0).await; // 1
-        rec(&t, log_only(&old, "old two"), T0).await; // 2
+        rec(&*t.store, log_only(&old, "old one"), T0).await; // 1
+        rec(&*t.store, log_only(&old, "old two"), T0).await; // 2
         t.store.watch(&manager, &kid, LATER).await.expect("watch");
         for _ in 0..3 {
-            rec(&t, human(&kid), LATER).await; // 3, 4, 5
+            rec(&*t.store, human(&kid), LATER).await; // 3, 4, 5
         }
-        let first = rec(&t, human(&kid).with_dedupe_key("once"), LATER).await; // 6
-        let hit = rec(&t, human(&kid).with_dedupe_key("once"), LATER).await; // 7, spent
+        let first = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await; // 6
+        let hit = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await; // 7, spent
         assert!(hit.deduplicated && hit.event == first.event);
-        rec(&t, human(&peer), LATER).await; // 8
+        rec(&*t.store, human(&peer), LATER).await; // 8
         t.store
             .acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
             .await
             .expect("acknowledge");
-        let pending = rec(&t, human(&kid), LATER).await; // 9
+        let pending = rec(&*t.store, human(&kid), LATER).await; // 9
         assert_eq!(pending.event.sequence, Sequence(9));
         assert_eq!(
             pending.notices.len(),
@@ -129,10 +125,10 @@ where
         before,
         "the store answers the same after a reopen"
     );
-    let hit = rec(&t, human(&kid).with_dedupe_key("once"), LATER).await;
+    let hit = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await;
     assert!(hit.deduplicated, "the dedupe key survives a reopen");
     assert_eq!(hit.event.sequence, Sequence(6));
-    let next = rec(&t, human(&peer), LATER).await;
+    let next = rec(&*t.store, human(&peer), LATER).await;
     assert_eq!(
         next.event.sequence,
         Sequence(11),
@@ -154,19 +150,19 @@ where
     let peer = r("agent:ops:main", "ops");
     {
         let t = open(&f, &file).await;
-        rec(&t, human(&kid), T0).await; // 1
-        rec(&t, human(&peer).with_dedupe_key("k"), T0).await; // 2
+        rec(&*t.store, human(&kid), T0).await; // 1
+        rec(&*t.store, human(&peer).with_dedupe_key("k"), T0).await; // 2
         assert!(
-            rec(&t, human(&peer).with_dedupe_key("k"), T0)
+            rec(&*t.store, human(&peer).with_dedupe_key("k"), T0)
                 .await
                 .deduplicated
         ); // 3, spent
-        rec(&t, human(&peer), T0).await; // 4
+        rec(&*t.store, human(&peer), T0).await; // 4
         t.store.delete_session(&peer).await.expect("delete");
     }
     let top = {
         let t = open(&f, &file).await;
-        let next = rec(&t, human(&kid), T0).await.event.sequence;
+        let next = rec(&*t.store, human(&kid), T0).await.event.sequence;
         assert_eq!(
             next,
             Sequence(5),
@@ -177,7 +173,7 @@ where
     };
     {
         let t = open(&f, &file).await;
-        let next = rec(&t, human(&kid), T0).await.event.sequence;
+        let next = rec(&*t.store, human(&kid), T0).await.event.sequence;
         assert_eq!(next, top.next(), "after deleting the highest row by hand");
         let pruned = t
             .store
@@ -188,7 +184,7 @@ where
     }
     let t = open(&f, &file).await;
     assert_eq!(t.store.log_stats().await.expect("stats").rows, 0);
-    let next = rec(&t, human(&kid), T0).await.event.sequence;
+    let next = rec(&*t.store, human(&kid), T0).await.event.sequence;
     assert_eq!(next, Sequence(7), "after pruning the whole log");
 }
 
@@ -208,11 +204,11 @@ where
     let manager = w("agent:main:main");
 
     // `a` has recorded on the child while nobody watched it.
-    let first = rec(&a, human(&kid), T0).await;
+    let first = rec(&*a.store, human(&kid), T0).await;
     assert!(first.notices.is_empty());
     // `b` starts watching; `a` does not know.
     b.store.watch(&manager, &kid, T0).await.expect("watch");
-    let second = rec(&a, human(&kid), T0).await;
+    let second = rec(&*a.store, human(&kid), T0).await;
     assert_eq!(second.notices.len(), 1, "the watch made elsewhere notifies");
     assert_eq!(second.notices[0].last_seen, first.event.sequence);
     assert_eq!(
@@ -238,7 +234,7 @@ where
             .await
             .expect("unwatch")
     );
-    let third = rec(&a, human(&kid), T0).await;
+    let third = rec(&*a.store, human(&kid), T0).await;
     assert!(
         third.notices.is_empty(),
         "the watch removed elsewhere is gone"
@@ -246,12 +242,12 @@ where
     assert_eq!(third.event.sequence, Sequence(3));
 
     // A dedupe hit through the other handle returns the first row and spends a sequence.
-    let d1 = rec(&a, human(&kid).with_dedupe_key("dk"), T0).await;
-    let d2 = rec(&b, human(&kid).with_dedupe_key("dk"), T0).await;
+    let d1 = rec(&*a.store, human(&kid).with_dedupe_key("dk"), T0).await;
+    let d2 = rec(&*b.store, human(&kid).with_dedupe_key("dk"), T0).await;
     assert!(!d1.deduplicated && d2.deduplicated);
     assert_eq!(d2.event, d1.event);
     drop(a);
-    let next = rec(&b, human(&kid), T0).await;
+    let next = rec(&*b.store, human(&kid), T0).await;
     assert_eq!(next.event.sequence, Sequence(6), "the hit spent sequence 5");
     assert_eq!(
         b.store.state_version(&kid).await.expect("version"),

@@ -117,13 +117,26 @@ impl EntryOf for InMemoryDirectory {
     }
 }
 
-async fn reopen(b: &Backend) -> Arc<dyn AwarenessStore> {
+/// The store a restarted gateway opens: the same file opened anew once the old handle is gone
+/// (within one process, store-redb would otherwise share the open database), or for memory the
+/// same store.
+async fn reopen(b: &mut Backend) -> Arc<dyn AwarenessStore> {
     if b.name == "memory" {
         return Arc::clone(&b.store);
     }
-    gateway_adapter::open_store(&b.url)
+    let gone = std::mem::replace(&mut b.store, Arc::new(store_memory::MemoryStore::new()));
+    assert_eq!(
+        Arc::strong_count(&gone),
+        1,
+        "{}: nothing else holds the old handle",
+        b.name
+    );
+    drop(gone);
+    let store = gateway_adapter::open_store(&b.url)
         .await
-        .expect("reopen the same file")
+        .expect("reopen the same file");
+    b.store = Arc::clone(&store);
+    store
 }
 
 #[tokio::test(start_paused = true)]
@@ -241,7 +254,7 @@ async fn nested_subagent_watcher_is_not_woken_and_reads_it_next_turn() {
 
 #[tokio::test(start_paused = true)]
 async fn restart_brings_the_pending_notice_back() {
-    for b in backends().await {
+    for mut b in backends().await {
         let dir = Arc::new(InMemoryDirectory::new());
         let clock = Arc::new(ManualClock::new(T0));
         let gw = Gateway::with_parts(
@@ -257,7 +270,7 @@ async fn restart_brings_the_pending_notice_back() {
         drop(gw);
         clock.advance(60_000);
         // A new process on the same file: queues are empty.
-        let store = reopen(&b).await;
+        let store = reopen(&mut b).await;
         let gw = Gateway::with_parts(store, Arc::new(AllowAll), dir, clock);
         assert!(gw.queue.peek(&k(MANAGER)).is_empty());
         let report = gw.svc.startup().await;

@@ -54,7 +54,7 @@ pub(crate) fn log_only(session: &SessionRef, summary: &str) -> NewEvent {
         summary,
     )
 }
-fn spawn(child: &SessionRef, spawner: &str, run: &str) -> NewEvent {
+pub(crate) fn spawn(child: &SessionRef, spawner: &str, run: &str) -> NewEvent {
     NewEvent::new(
         child.clone(),
         EventKind::ChildSpawned,

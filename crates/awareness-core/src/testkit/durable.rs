@@ -22,9 +22,9 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use super::checks::{T0, child, human, link_spec, log_only, r, rec, w};
-use super::{Scratch, Subject};
+use super::{Scratch, Subject, observe};
 use crate::error::StoreError;
-use crate::model::{CursorFilter, Sequence, SessionRef, Timestamp};
+use crate::model::{Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
 use crate::store::AwarenessStoreExt as _;
 
@@ -40,26 +40,10 @@ where
         .unwrap_or_else(|e| panic!("open {}: {e}", file.display()))
 }
 
-/// Everything the store answers about what it holds, as text to compare: the log's range, every
-/// head, every cursor, every retained event, every upstream link, and the page of each of
-/// `refs` (events, watermark and gap).
+/// Everything the store answers about what it holds ([`observe`]) and its upstream links.
 async fn everything(t: &Subject, refs: &[SessionRef]) -> String {
-    let s = &*t.store;
-    let mut out = String::new();
-    writeln!(out, "{:?}", s.log_stats().await.expect("log_stats")).expect("write");
-    writeln!(out, "{:?}", s.list_heads(None).await.expect("list_heads")).expect("write");
-    let cursors = s.cursors(&CursorFilter::default()).await.expect("cursors");
-    writeln!(out, "{cursors:?}").expect("write");
-    let events = s.events_after(Sequence::ZERO, 1_000).await.expect("events");
-    writeln!(out, "{events:?}").expect("write");
+    let mut out = observe(&*t.store, refs).await;
     writeln!(out, "{:?}", t.upstream.links().await.expect("links")).expect("write");
-    for session in refs {
-        let page = s
-            .changes_since(session, Sequence::ZERO, 200)
-            .await
-            .expect("changes_since");
-        writeln!(out, "{page:?}").expect("write");
-    }
     out
 }
 

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::Scratch;
+use super::{Scratch, observe};
 use crate::error::StoreError;
 use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _};
@@ -277,6 +277,112 @@ where
         assert!(hit.deduplicated);
         assert_eq!(*hit.event, **e, "a dedupe hit reads back what was recorded");
     }
+}
+
+/// The `i`-th recording of [`a_batch_answers_as_its_recordings_one_at_a_time`]: human messages
+/// on four sessions (two of them watched), every eighth one under a shared dedupe key (the
+/// first stored, the rest hits), log-only events, children spawned with their spawner named as
+/// watcher (a cursor created, or reseeded, inside the batch), and messages on those children.
+fn mixed(i: usize) -> NewEvent {
+    use crate::testkit::checks::{human, log_only, spawn};
+    let child = session(4 + (i / 12) % 3);
+    if i % 8 == 7 {
+        human(&session(i % 4)).with_dedupe_key("shared")
+    } else if i % 12 == 5 {
+        spawn(&child, "agent:main:main", &format!("run-{i}"))
+    } else if i % 12 == 9 {
+        human(&child)
+    } else if i % 6 == 2 {
+        log_only(&session(i % 4), &format!("created {i}"))
+    } else {
+        event(i)
+    }
+}
+
+/// Recordings that share write transactions answer, and leave the store, exactly as the same
+/// recordings made one transaction each in the order of the sequences they were given: 48
+/// recordings of [`mixed`] at once on a store with `group_commit(64)` and two watchers, then
+/// the same events one by one on a second store with `group_commit(1)`, in that order (a dedupe
+/// hit, which leaves no sequence behind, replayed where a sequence is missing). Every answer
+/// (event, notices, hit or not) and the two stores' heads, cursors, events and pages are equal.
+pub async fn a_batch_answers_as_its_recordings_one_at_a_time<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    const N: usize = 48;
+    let (dir_a, dir_b) = (Scratch::new("group-commit"), Scratch::new("group-commit"));
+    let batched = open(&f, dir_a.file(), 64).await;
+    let alone = open(&f, dir_b.file(), 1).await;
+    for g in [&batched, &alone] {
+        for (watcher, target) in [("agent:main:main", 0), ("agent:ops:main", 1)] {
+            let watcher = WatcherKey::parse(watcher).expect("watcher");
+            g.store
+                .watch(&watcher, &session(target), T0)
+                .await
+                .expect("watch");
+        }
+    }
+    let before = (batched.write_transactions)();
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let store = Arc::clone(&batched.store);
+            tokio::spawn(async move { store.record(mixed(i), T0).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(N);
+    for t in tasks {
+        answers.push(t.await.expect("join").expect("record"));
+    }
+    let txs = (batched.write_transactions)() - before;
+    assert!(
+        txs < N as u64,
+        "{N} recordings at once took {txs} transactions"
+    );
+
+    // The order the batches gave them: each stored event at its sequence, a hit in each gap.
+    let mut by_sequence = std::collections::BTreeMap::new();
+    let mut hits = Vec::new();
+    for (i, rec) in answers.iter().enumerate() {
+        if rec.deduplicated {
+            hits.push(i);
+        } else {
+            let seq = rec.event.sequence.get();
+            assert!(
+                (1..=N as u64).contains(&seq),
+                "call {i} got sequence {seq}, outside the {N} spent"
+            );
+            assert!(by_sequence.insert(seq, i).is_none(), "sequence {seq} twice");
+        }
+    }
+    assert_eq!(
+        hits.len(),
+        N / 8 - 1,
+        "every shared key but the first is a hit"
+    );
+    assert!(
+        answers.iter().any(|r| !r.notices.is_empty()),
+        "some recordings notify"
+    );
+    let mut hits = hits.into_iter();
+    for seq in 1..=N as u64 {
+        let i = match by_sequence.get(&seq) {
+            Some(&i) => i,
+            None => hits.next().expect("a hit for each sequence no event holds"),
+        };
+        let got = alone.store.record(mixed(i), T0).await.expect("record");
+        assert_eq!(
+            got, answers[i],
+            "call {i}, at sequence {seq}: the batched answer differs from one transaction per event"
+        );
+    }
+    assert!(hits.next().is_none(), "as many gaps as hits");
+    let refs: Vec<SessionRef> = (0..7).map(session).collect();
+    assert_eq!(
+        observe(&*batched.store, &refs).await,
+        observe(&*alone.store, &refs).await,
+        "the two stores hold the same"
+    );
 }
 
 /// `group_commit(1)` is one write transaction per recording, however many arrive at once.

@@ -21,6 +21,7 @@
 //! the checks of [`durable`]: reopening, and two handles on one file.
 
 use std::any::Any;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 
 use crate::error::StoreError;
-use crate::model::Sequence;
+use crate::model::{CursorFilter, Sequence, SessionRef};
 use crate::store::AwarenessStore;
 use crate::upstream::UpstreamStore;
 
@@ -105,6 +106,27 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Everything a store answers about what it holds, as text to compare: the log's range, every
+/// head, every cursor, every retained event, and the page of each of `refs` (events, watermark
+/// and gap).
+pub(crate) async fn observe(s: &dyn AwarenessStore, refs: &[SessionRef]) -> String {
+    let mut out = String::new();
+    writeln!(out, "{:?}", s.log_stats().await.expect("log_stats")).expect("write");
+    writeln!(out, "{:?}", s.list_heads(None).await.expect("list_heads")).expect("write");
+    let cursors = s.cursors(&CursorFilter::default()).await.expect("cursors");
+    writeln!(out, "{cursors:?}").expect("write");
+    let events = s.events_after(Sequence::ZERO, 1_000).await.expect("events");
+    writeln!(out, "{events:?}").expect("write");
+    for session in refs {
+        let page = s
+            .changes_since(session, Sequence::ZERO, 200)
+            .await
+            .expect("changes_since");
+        writeln!(out, "{page:?}").expect("write");
+    }
+    out
 }
 
 /// Runs a future to completion on a fresh current-thread tokio runtime with every driver enabled.
@@ -232,6 +254,7 @@ macro_rules! group_commit_suite {
             concurrent_recordings_share_write_transactions,
             concurrent_recordings_leave_each_head_at_its_last_event,
             text_recorded_in_a_batch_reads_back_exactly,
+            a_batch_answers_as_its_recordings_one_at_a_time,
             group_commit_of_one_commits_every_recording_alone,
             a_batch_holds_at_most_group_commit_recordings,
             a_group_commit_of_zero_is_refused_at_open,

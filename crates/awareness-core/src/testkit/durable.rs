@@ -96,12 +96,20 @@ where
             .upsert_link(link_spec(&kid, "t1", 7), LATER)
             .await
             .expect("upsert a link");
-        let before = everything(&t, &refs).await;
-        assert!(
-            before.contains("pruned_max_sequence: Sequence(2)"),
-            "the old ref keeps its watermark: {before}"
+        let heads = t
+            .store
+            .heads(std::slice::from_ref(&old))
+            .await
+            .expect("heads");
+        assert_eq!(
+            heads
+                .iter()
+                .map(|h| (h.last_sequence, h.pruned_max_sequence))
+                .collect::<Vec<_>>(),
+            [(Sequence(2), Sequence(2))],
+            "the old ref keeps its head and its watermark"
         );
-        before
+        everything(&t, &refs).await
     };
     let t = open(&f, &file).await;
     assert_eq!(

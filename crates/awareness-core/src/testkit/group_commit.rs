@@ -24,7 +24,7 @@ use std::sync::Arc;
 use super::{Scratch, observe};
 use crate::error::StoreError;
 use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
-use crate::store::{AwarenessStore, AwarenessStoreExt as _};
+use crate::store::{AwarenessStore, AwarenessStoreExt as _, Recorded};
 
 /// A store opened for a group-commit check, and how many write transactions it has committed.
 pub struct Grouped {
@@ -52,19 +52,34 @@ pub fn event(i: usize) -> NewEvent {
     )
 }
 
+/// Records each event at its clock on a task of its own, all at once; returns the callers'
+/// answers in the order given.
+async fn record_concurrently(
+    store: &Arc<dyn AwarenessStore>,
+    events: impl IntoIterator<Item = (NewEvent, Timestamp)>,
+) -> Vec<Recorded> {
+    let tasks: Vec<_> = events
+        .into_iter()
+        .map(|(e, now)| {
+            let store = Arc::clone(store);
+            tokio::spawn(async move { store.record(e, now).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(tasks.len());
+    for (i, t) in tasks.into_iter().enumerate() {
+        let got = t.await.expect("join");
+        answers.push(got.unwrap_or_else(|e| panic!("record call {i}: {e}")));
+    }
+    answers
+}
+
 /// Records `n` events on `n` tasks at once; checks that each caller got its own event under a
 /// distinct sequence and answers the write transactions they took.
 async fn record_at_once(g: &Grouped, n: usize) -> u64 {
     let before = (g.write_transactions)();
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let store = Arc::clone(&g.store);
-            tokio::spawn(async move { store.record(event(i), T0).await })
-        })
-        .collect();
+    let answers = record_concurrently(&g.store, (0..n).map(|i| (event(i), T0))).await;
     let mut seqs = BTreeSet::new();
-    for (i, t) in tasks.into_iter().enumerate() {
-        let rec = t.await.expect("join").expect("record");
+    for (i, rec) in answers.iter().enumerate() {
         assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
         assert!(!rec.deduplicated);
         assert!(seqs.insert(rec.event.sequence), "distinct sequences");
@@ -141,24 +156,24 @@ where
                 .await
                 .expect("watch");
         }
-        let tasks: Vec<_> = (0..64_usize)
-            .map(|i| {
-                let store = Arc::clone(&g.store);
-                let n = round * 64 + i;
-                // Occurred before it is recorded, so that the head's clock cannot be mistaken
-                // for the event's.
-                let mut e = event(n).with_occurred_at(T0);
-                if i % 5 == 0 {
-                    e = e.with_dedupe_key(format!("key-{}", n % 15));
-                }
-                let now = Timestamp(T0.0 + i64::try_from(n).expect("small"));
-                tokio::spawn(async move { (n, now, store.record(e, now).await) })
-            })
-            .collect();
+        let clock = |n: usize| Timestamp(T0.0 + i64::try_from(n).expect("small"));
+        let events = (0..64_usize).map(|i| {
+            let n = round * 64 + i;
+            // Occurred before it is recorded, so that the head's clock cannot be mistaken for
+            // the event's.
+            let mut e = event(n).with_occurred_at(T0);
+            if i % 5 == 0 {
+                e = e.with_dedupe_key(format!("key-{}", n % 15));
+            }
+            (e, clock(n))
+        });
         let mut hits = Vec::new();
-        for t in tasks {
-            let (n, now, got) = t.await.expect("join");
-            let rec = got.unwrap_or_else(|e| panic!("record {n}: {e}"));
+        for (i, rec) in record_concurrently(&g.store, events)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let (n, now) = (round * 64 + i, clock(round * 64 + i));
             if rec.deduplicated {
                 hits.push(rec);
                 continue;
@@ -222,16 +237,9 @@ where
         .await
         .expect("watch");
     let before = (g.write_transactions)();
-    let tasks: Vec<_> = (0..32_usize)
-        .map(|i| {
-            let store = Arc::clone(&g.store);
-            let e = tricky_event(sessions[i % 2].clone(), &i.to_string());
-            tokio::spawn(async move { store.record(e, T0).await })
-        })
-        .collect();
+    let events = (0..32_usize).map(|i| (tricky_event(sessions[i % 2].clone(), &i.to_string()), T0));
     let mut recorded = Vec::new();
-    for t in tasks {
-        let rec = t.await.expect("join").expect("record");
+    for rec in record_concurrently(&g.store, events).await {
         assert!(!rec.deduplicated);
         recorded.push(rec.event);
     }
@@ -263,17 +271,12 @@ where
             assert_eq!(**read, **e, "events_after reads back what was recorded");
         }
     }
-    let hits: Vec<_> = recorded
+    let again = recorded
         .iter()
         .enumerate()
-        .map(|(i, e)| {
-            let store = Arc::clone(&g.store);
-            let again = tricky_event(e.session_ref(), &i.to_string());
-            tokio::spawn(async move { store.record(again, T0).await })
-        })
-        .collect();
-    for (t, e) in hits.into_iter().zip(&recorded) {
-        let hit = t.await.expect("join").expect("record");
+        .map(|(i, e)| (tricky_event(e.session_ref(), &i.to_string()), T0));
+    let hits = record_concurrently(&g.store, again).await;
+    for (hit, e) in hits.into_iter().zip(&recorded) {
         assert!(hit.deduplicated);
         assert_eq!(*hit.event, **e, "a dedupe hit reads back what was recorded");
     }
@@ -324,16 +327,7 @@ where
         }
     }
     let before = (batched.write_transactions)();
-    let tasks: Vec<_> = (0..N)
-        .map(|i| {
-            let store = Arc::clone(&batched.store);
-            tokio::spawn(async move { store.record(mixed(i), T0).await })
-        })
-        .collect();
-    let mut answers = Vec::with_capacity(N);
-    for t in tasks {
-        answers.push(t.await.expect("join").expect("record"));
-    }
+    let answers = record_concurrently(&batched.store, (0..N).map(|i| (mixed(i), T0))).await;
     let txs = (batched.write_transactions)() - before;
     assert!(
         txs < N as u64,

@@ -1,6 +1,6 @@
 //! store-redb runs the shared conformance suite, the durable suite (reopening, two handles on one
 //! file) and the model test, through `Arc<dyn ...>`, on a fresh file each, in both durability
-//! modes (the model test with `Immediate` adds about 20 s to a debug test run: an fsync per
+//! modes (the model test with `Immediate` takes about 14-16 s of a debug test run: an fsync per
 //! commit).
 
 use std::path::PathBuf;

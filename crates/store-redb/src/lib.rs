@@ -85,8 +85,9 @@
 //! after 10 scattered 4 KiB writes took 260 µs against 158 µs for 10 adjacent ones (redb puts a
 //! commit's pages wherever its allocator finds free ones). The bounded mode stays above 1.5x
 //! its floor because its floor is almost all commit overhead, which a second tree doubles; the
-//! events-by-sequence tree is required (pruning, `events_after`), so only fewer trees than two
-//! would close that gap. A write buffer
+//! events-by-sequence tree is required (pruning, `events_after`), and keeping both orders in
+//! one tree under tagged keys measured at most 16% faster than two trees (the benches' README
+//! has the probe): an event's two entries are two leaves to copy either way. A write buffer
 //! (each record into a one-page table, moved into the big trees every 16) measured 1.24x and
 //! 1.88x in the same A/B; it was left out because it also speeds up one transaction per event,
 //! the baseline group commit is measured against, and moves every read through a merge.

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use awareness_core::{Cursor, SessionKey, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{Row as _, Sqlite, SqliteConnection};
-use tokio::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, MutexGuard, OwnedMutexGuard};
 
 use crate::{decode, error, sql};
 
@@ -42,6 +44,50 @@ impl Writer {
             self.open_tx = false;
         }
         result
+    }
+}
+
+/// The locked write connection, for one operation.
+///
+/// An operation whose caller is cancelled (its future dropped between two statements, as a
+/// request timeout does) leaves its transaction open, and with it SQLite's write lock on the
+/// file, which every other handle and process would wait on until `busy_timeout` and then fail
+/// with [`StoreError::Busy`]. So a guard dropped while [`Writer::open_tx`] is still set rolls
+/// the transaction back at once, on a task of its own that keeps the connection locked until
+/// it is done. Outside a runtime the rollback is left to the next writer, as before.
+pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Writer>>);
+
+impl WriteGuard {
+    /// Waits for the write connection.
+    pub(crate) async fn lock(writer: &Arc<Mutex<Writer>>) -> Self {
+        Self(Some(Arc::clone(writer).lock_owned().await))
+    }
+}
+
+impl std::ops::Deref for WriteGuard {
+    type Target = Writer;
+
+    fn deref(&self) -> &Writer {
+        self.0.as_ref().expect("a write guard holds its lock until dropped")
+    }
+}
+
+impl std::ops::DerefMut for WriteGuard {
+    fn deref_mut(&mut self) -> &mut Writer {
+        self.0.as_mut().expect("a write guard holds its lock until dropped")
+    }
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        let Some(mut w) = self.0.take() else { return };
+        if !w.open_tx {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            tracing::debug!("a write operation was cancelled midway; rolling it back");
+            rt.spawn(async move { w.rollback().await });
+        }
     }
 }
 

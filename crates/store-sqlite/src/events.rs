@@ -12,7 +12,7 @@ use awareness_core::{
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteRow;
 
-use crate::conn::{Hints, Query, batch, batch_one, get, persist_cursors};
+use crate::conn::{Hints, Query, WriteGuard, batch, batch_one, get, persist_cursors};
 use crate::decode::{self, int, limit};
 use crate::group::{self, Job};
 use crate::{PRUNE_TX_ROWS, PRUNE_WEIGHT, SqliteStore, sql};
@@ -203,38 +203,55 @@ impl EventStore for SqliteStore {
             now,
             reply,
         });
-        let mut w = tokio::select! {
-            biased;
-            got = &mut answer => return answered(got),
-            w = Arc::clone(writer).lock_owned() => w,
-        };
-        let mut jobs = self.queue.take(self.group_commit);
-        if jobs.is_empty() {
-            // An earlier writer took this job; it answers before it lets go of the connection.
-            drop(w);
-            return answered(answer.await);
-        }
-        self.begin_write(&mut w).await;
-        if jobs.len() == 1 && jobs[0].id == id {
-            // Alone: record as without group commit (a cancellation cancels only this call).
-            let Some(Job {
-                event,
-                payload,
-                named,
-                now,
-                ..
-            }) = jobs.pop()
-            else {
-                unreachable!("one job was taken")
+        // Should this call be cancelled while its event still waits in the queue, the event
+        // leaves the queue with it instead of being committed later by someone else's batch.
+        let mut queued = group::Queued::new(&self.queue, id);
+        loop {
+            let mut w = tokio::select! {
+                biased;
+                got = &mut answer => {
+                    queued.taken();
+                    return answered(got);
+                }
+                w = WriteGuard::lock(writer) => w,
             };
-            let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
-            return w.finish(res).await;
+            let mut jobs = self.queue.take(self.group_commit);
+            let mine = jobs.iter().any(|j| j.id == id);
+            if mine || jobs.is_empty() {
+                // Either this caller holds its own event, or an earlier writer took it and
+                // answers before it lets go of the connection.
+                queued.taken();
+            }
+            if jobs.is_empty() {
+                drop(w);
+                return answered(answer.await);
+            }
+            self.begin_write(&mut w).await;
+            if jobs.len() == 1 && mine {
+                // Alone: record as without group commit (a cancellation cancels only this call).
+                let Some(Job {
+                    event,
+                    payload,
+                    named,
+                    now,
+                    ..
+                }) = jobs.pop()
+                else {
+                    unreachable!("one job was taken")
+                };
+                let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
+                return w.finish(res).await;
+            }
+            // A batch holding other callers' events runs on its own task, so that cancelling
+            // this call cancels nobody's commit.
+            let hints = Arc::clone(&self.hints);
+            tokio::spawn(async move { group::record_batch(&mut w, jobs, &hints).await });
+            if mine {
+                return answered(answer.await);
+            }
+            // The queue held `group_commit` older events than this one: wait for the
+            // connection again (or for a writer that takes this event with its batch).
         }
-        // A batch holding other callers' events runs on its own task, so that cancelling this
-        // call cancels nobody's commit.
-        let hints = Arc::clone(&self.hints);
-        tokio::spawn(async move { group::record_batch(&mut w, jobs, &hints).await });
-        answered(answer.await)
     }
 
     async fn changes_since(

@@ -13,7 +13,11 @@
 //!
 //! Cancellation: a caller that records alone runs its recording itself, as without group
 //! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
-//! the caller that happened to start it cancels nobody's commit.
+//! the caller that happened to start it cancels nobody's commit. A caller cancelled while its
+//! event still waits in the queue takes the event out ([`Queued`]); once a batch holds it, it
+//! is committed (the caller cannot tell, as with any write cancelled midway). A writer whose
+//! own event is not in the batch it took (the queue held `group_commit` older ones) waits for
+//! the write connection again, so it never waits for an answer nobody is going to give.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -61,11 +65,48 @@ impl Queue {
         self.lock().push_back(job);
     }
 
+    /// Removes the job `id` if it is still queued.
+    fn remove(&self, id: u64) {
+        self.lock().retain(|j| j.id != id);
+    }
+
     /// Takes up to `max` jobs, oldest first.
     pub(crate) fn take(&self, max: usize) -> Vec<Job> {
         let mut q = self.lock();
         let n = q.len().min(max);
         q.drain(..n).collect()
+    }
+}
+
+/// A caller's claim on its queued job: dropped before the job was taken (the caller was
+/// cancelled while it waited), it takes the job out of the queue, so that no later batch
+/// commits an event whose caller has given up on it (and may be retrying it).
+pub(crate) struct Queued<'q> {
+    queue: &'q Queue,
+    id: u64,
+    waiting: bool,
+}
+
+impl<'q> Queued<'q> {
+    pub(crate) fn new(queue: &'q Queue, id: u64) -> Self {
+        Self {
+            queue,
+            id,
+            waiting: true,
+        }
+    }
+
+    /// The job has left the queue (taken into a batch): nothing to undo any more.
+    pub(crate) fn taken(&mut self) {
+        self.waiting = false;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.queue.remove(self.id);
+        }
     }
 }
 

@@ -136,7 +136,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::conn::{Hints, Query, Readers, Writer, batch_one, get};
+use crate::conn::{Hints, Query, Readers, WriteGuard, Writer, batch_one, get};
 use crate::decode::int;
 use crate::open::{Companions, init_writer, prepare_file, remove_created};
 
@@ -416,6 +416,11 @@ impl SqliteStore {
                 tracing::warn!(path = %self.path.display(), error = %e, "closing a reader");
             }
         }
+        if let Some(w) = &self.writer {
+            // A batch or the rollback of a cancelled write may still hold the connection on a
+            // task of its own: let it finish first.
+            drop(w.lock().await);
+        }
         if let Some(w) = self.writer.and_then(|w| Arc::try_unwrap(w).ok()) {
             let mut w = w.into_inner();
             if w.open_tx {
@@ -445,8 +450,8 @@ impl SqliteStore {
         w.finish(res).await
     }
 
-    async fn writer(&self, what: &str) -> Result<MutexGuard<'_, Writer>, StoreError> {
-        let mut g = self.write_connection(what)?.lock().await;
+    async fn writer(&self, what: &str) -> Result<WriteGuard, StoreError> {
+        let mut g = WriteGuard::lock(self.write_connection(what)?).await;
         self.begin_write(&mut g).await;
         Ok(g)
     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::testkit::group_commit::{Grouped, T0, event};
-use awareness_core::{EventStore, StoreError};
+use awareness_core::{AwarenessStoreExt as _, EventStore, StoreError};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
 async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStore> {
@@ -33,6 +33,49 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
 }
 
 awareness_core::group_commit_suite!(open_grouped);
+
+/// A caller cancelled while its event waits in the queue (the write connection busy with
+/// another recording) takes the event out with it: no later batch commits an event whose
+/// caller gave up on it, and may be retrying it. (The shared check holds every durable store to
+/// "at most once"; store-redb's drain may already hold such an event, so this is sqlite's own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
+    use awareness_core::{ActorType, EventKind, NewEvent, Sequence};
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new().group_commit(64)).await;
+    let gone = awareness_core::testkit::group_commit::session(9);
+    let mut first = std::pin::pin!(store.record(event(0), T0));
+    assert!(
+        futures_poll_once(first.as_mut()).await,
+        "the first recording holds the write connection and waits on SQLite"
+    );
+    for i in 0..8 {
+        let e = NewEvent::new(
+            gone.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            format!("abandoned {i}"),
+        );
+        let mut call = std::pin::pin!(store.record(e, T0));
+        assert!(futures_poll_once(call.as_mut()).await, "queued behind the first");
+    }
+    first.await.expect("the first recording");
+    for i in 1..4 {
+        store.record(event(i), T0).await.expect("record");
+    }
+    assert_eq!(
+        store.state_version(&gone).await.expect("version"),
+        Sequence::ZERO,
+        "an abandoned event was committed"
+    );
+    let log = store.events_after(Sequence::ZERO, 100).await.expect("events");
+    assert_eq!(log.len(), 4, "the four recordings whose callers waited: {log:?}");
+}
+
+/// Polls `f` once; answers whether it is still pending.
+async fn futures_poll_once<F: std::future::Future>(mut f: std::pin::Pin<&mut F>) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx).is_pending())).await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {

@@ -1,7 +1,8 @@
 //! What a file keeps, checked the same way on every store that keeps its state in one (the
 //! durable ones): everything committed survives closing and reopening the store, the store-wide
-//! sequence never goes back across reopens, and two handles on one file see each other's
-//! writes. store-memory has no file and does not run these.
+//! sequence never goes back across reopens, two handles on one file see each other's writes,
+//! and a write cancelled midway leaves the file to the others at once. store-memory has no
+//! file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given (creating it when missing)
 //! and stamps the checks with [`crate::durable_suite!`]:
@@ -22,7 +23,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use super::checks::{T0, child, human, link_spec, log_only, r, rec, w};
-use super::{Scratch, Subject, observe};
+use super::{Scratch, Subject, observe, poll_once};
 use crate::error::StoreError;
 use crate::model::{Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
@@ -244,5 +245,66 @@ where
     assert_eq!(
         b.store.state_version(&kid).await.expect("version"),
         Sequence(6)
+    );
+}
+
+/// A write whose caller is cancelled midway (its future dropped after one, two or three polls,
+/// as a request timeout does) leaves no lock behind: another handle on the file records at once
+/// (a store that left its transaction open would make it wait out its busy timeout and fail),
+/// and what the cancelled calls did is all or nothing: the watched target's cursor still names
+/// the target's last event as its latest change.
+pub async fn a_cancelled_write_leaves_the_file_writable<F, Fut>(f: F)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let a = open(&f, &file).await;
+    let b = open(&f, &file).await;
+    let kid = child();
+    let other = r("agent:main:subagent:other", "main");
+    let manager = w("agent:main:main");
+    a.store.watch(&manager, &kid, T0).await.expect("watch");
+    for polls in 1..=3 {
+        // A recording that moves a cursor, and a watch, each given up after `polls` polls.
+        give_up_after(polls, a.store.record(human(&kid), T0)).await;
+        b_records(&b, &other, polls).await;
+        let watcher = w(&format!("agent:main:w{polls}"));
+        give_up_after(polls, a.store.watch(&watcher, &kid, T0)).await;
+        b_records(&b, &other, polls).await;
+        let head = a.store.state_version(&kid).await.expect("version");
+        let c = a
+            .store
+            .cursor(&manager, &kid.session_key)
+            .await
+            .expect("cursor")
+            .expect("the manager's cursor");
+        assert_eq!(
+            c.material, head,
+            "after writes cancelled at poll {polls}, the cursor's latest change is the head"
+        );
+    }
+    // The handle whose writes were cancelled writes too.
+    rec(&*a.store, human(&kid), T0).await;
+}
+
+/// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
+async fn give_up_after<F: Future>(polls: usize, call: F) {
+    let mut call = std::pin::pin!(call);
+    for _ in 0..polls {
+        if poll_once(call.as_mut()).await {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `b` records on `other`, which must not fail.
+async fn b_records(b: &Subject, other: &SessionRef, polls: usize) {
+    let got = b.store.record(human(other), T0).await;
+    assert!(
+        got.is_ok(),
+        "a write cancelled after {polls} polls kept the file from another handle: {got:?}"
     );
 }

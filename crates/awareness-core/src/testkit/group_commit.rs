@@ -21,7 +21,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{Scratch, observe};
+use super::{Scratch, observe, poll_once};
 use crate::error::StoreError;
 use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _, Recorded};
@@ -422,4 +422,61 @@ where
         .expect("read the scratch directory")
         .collect();
     assert!(left.is_empty(), "nothing is created: {left:?}");
+}
+
+/// Recordings whose callers give up while they wait for a batch (polled once, then dropped, as
+/// a request timeout does) hold up no later recording: with `group_commit(2)` and four such
+/// callers queued behind a recording in progress, a recording made afterwards, alone, returns
+/// (a store that left it queued behind the abandoned ones would keep it waiting for a writer
+/// that never comes). Each abandoned event is in the log at most once, under its own sequence,
+/// and its session's head is its last event.
+pub async fn cancelled_recordings_hold_up_no_later_one<F, Fut>(f: F)
+where
+    F: Fn(PathBuf, usize) -> Fut,
+    Fut: Future<Output = Result<Grouped, StoreError>>,
+{
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 2).await;
+    let gone = session(9);
+    let abandoned = |i: usize| {
+        NewEvent::new(
+            gone.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            format!("abandoned {i}"),
+        )
+    };
+    let mut first = std::pin::pin!(g.store.record(event(0), T0));
+    let first_done = poll_once(first.as_mut()).await;
+    for i in 0..4 {
+        let mut call = std::pin::pin!(g.store.record(abandoned(i), T0));
+        poll_once(call.as_mut()).await;
+    }
+    if !first_done {
+        first.await.expect("the recording in progress");
+    }
+    let later = tokio::time::timeout(
+        std::time::Duration::from_mins(1),
+        g.store.record(event(1), T0),
+    )
+    .await
+    .expect("a recording made after the abandoned ones was left waiting for them")
+    .expect("record");
+    assert!(!later.deduplicated);
+
+    let page = g
+        .store
+        .changes_since(&gone, Sequence::ZERO, 200)
+        .await
+        .expect("changes_since");
+    let summaries: Vec<&str> = page.events.iter().map(|e| e.summary.as_str()).collect();
+    let distinct: BTreeSet<&str> = summaries.iter().copied().collect();
+    assert_eq!(distinct.len(), summaries.len(), "each at most once: {summaries:?}");
+    let sequences: BTreeSet<Sequence> = page.events.iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences.len(), page.events.len());
+    assert_eq!(
+        g.store.state_version(&gone).await.expect("version"),
+        page.events.last().map_or(Sequence::ZERO, |e| e.sequence),
+        "the head is the last abandoned event that was kept"
+    );
 }

@@ -18,7 +18,7 @@
 //! [`group_commit`].
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
-//! the checks of [`durable`]: reopening, and two handles on one file.
+//! the checks of [`durable`]: reopening, two handles on one file, and a cancelled write.
 
 use std::any::Any;
 use std::fmt::Write as _;
@@ -106,6 +106,12 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Polls `f` once, as the runtime does for a caller that is then cancelled: answers whether it
+/// finished.
+pub(crate) async fn poll_once<F: Future + ?Sized>(mut f: std::pin::Pin<&mut F>) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx).is_ready())).await
 }
 
 /// Everything a store answers about what it holds, as text to compare: the log's range, every
@@ -258,6 +264,7 @@ macro_rules! group_commit_suite {
             group_commit_of_one_commits_every_recording_alone,
             a_batch_holds_at_most_group_commit_recordings,
             a_group_commit_of_zero_is_refused_at_open,
+            cancelled_recordings_hold_up_no_later_one,
         );
     };
 }
@@ -288,6 +295,7 @@ macro_rules! durable_suite {
             everything_committed_survives_a_reopen,
             the_sequence_never_goes_back_across_reopens,
             two_handles_on_one_file_see_each_others_writes,
+            a_cancelled_write_leaves_the_file_writable,
         );
     };
 }

@@ -68,13 +68,17 @@ impl std::ops::Deref for WriteGuard {
     type Target = Writer;
 
     fn deref(&self) -> &Writer {
-        self.0.as_ref().expect("a write guard holds its lock until dropped")
+        self.0
+            .as_ref()
+            .expect("a write guard holds its lock until dropped")
     }
 }
 
 impl std::ops::DerefMut for WriteGuard {
     fn deref_mut(&mut self) -> &mut Writer {
-        self.0.as_mut().expect("a write guard holds its lock until dropped")
+        self.0
+            .as_mut()
+            .expect("a write guard holds its lock until dropped")
     }
 }
 

@@ -57,7 +57,10 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
             format!("abandoned {i}"),
         );
         let mut call = std::pin::pin!(store.record(e, T0));
-        assert!(futures_poll_once(call.as_mut()).await, "queued behind the first");
+        assert!(
+            futures_poll_once(call.as_mut()).await,
+            "queued behind the first"
+        );
     }
     first.await.expect("the first recording");
     for i in 1..4 {
@@ -68,8 +71,15 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
         Sequence::ZERO,
         "an abandoned event was committed"
     );
-    let log = store.events_after(Sequence::ZERO, 100).await.expect("events");
-    assert_eq!(log.len(), 4, "the four recordings whose callers waited: {log:?}");
+    let log = store
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect("events");
+    assert_eq!(
+        log.len(),
+        4,
+        "the four recordings whose callers waited: {log:?}"
+    );
 }
 
 /// Polls `f` once; answers whether it is still pending.

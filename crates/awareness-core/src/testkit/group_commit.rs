@@ -471,7 +471,11 @@ where
         .expect("changes_since");
     let summaries: Vec<&str> = page.events.iter().map(|e| e.summary.as_str()).collect();
     let distinct: BTreeSet<&str> = summaries.iter().copied().collect();
-    assert_eq!(distinct.len(), summaries.len(), "each at most once: {summaries:?}");
+    assert_eq!(
+        distinct.len(),
+        summaries.len(),
+        "each at most once: {summaries:?}"
+    );
     let sequences: BTreeSet<Sequence> = page.events.iter().map(|e| e.sequence).collect();
     assert_eq!(sequences.len(), page.events.len());
     assert_eq!(

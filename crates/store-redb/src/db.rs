@@ -80,6 +80,9 @@ pub(crate) struct Shared {
     path: PathBuf,
     /// A commit with `Durability::None` happened since the last durable commit.
     unflushed: AtomicBool,
+    /// Held by a flush from claiming the pending commits until its durable commit is done, so
+    /// that a second flush cannot find nothing pending and return before the first is durable.
+    flushing: Mutex<()>,
     closed: Arc<Closed>,
 }
 
@@ -99,8 +102,11 @@ impl Shared {
     }
 
     /// Makes every non-durable commit durable with one empty durable commit (a no-op when there
-    /// is none).
+    /// is none). Returns once every commit made before the call is durable: a flush that finds
+    /// another one in progress waits for it (that one may itself be waiting behind a long
+    /// write), instead of returning at once because it claimed the pending commits.
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = lock(&self.flushing);
         if !self.unflushed.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -297,6 +303,7 @@ pub(crate) fn open_shared(
         db: Some(db),
         path: canonical.clone(),
         unflushed: AtomicBool::new(false),
+        flushing: Mutex::new(()),
         closed: Arc::clone(&closed),
     });
     reg.insert(
@@ -359,5 +366,51 @@ impl Drop for Flusher {
         {
             warn!("the store-redb flush thread panicked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::open_shared;
+
+    /// A flush called while an earlier one waits for the write lock (behind a long write) must
+    /// not return until that one has committed: returning at once, because the earlier flush
+    /// had already claimed the pending commits, would report them durable before they are.
+    #[test]
+    fn a_flush_returns_only_after_the_flush_in_progress_has_committed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let shared = open_shared(&dir.path().join("state.redb"), true, 1 << 20).expect("open");
+        shared.mark_unflushed();
+        // A long write in progress: it holds redb's write lock.
+        let long_write = shared.db().begin_write().expect("begin");
+        let first = {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || s.flush())
+        };
+        while shared.unflushed.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // The first flush has claimed the pending commit and waits for the write lock.
+        let (returned, answer) = std::sync::mpsc::channel();
+        let second = {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                let r = s.flush();
+                returned.send(()).ok();
+                r
+            })
+        };
+        let early = answer.recv_timeout(Duration::from_millis(300)).is_ok();
+        drop(long_write);
+        first.join().expect("first flush").expect("first flush");
+        second.join().expect("second flush").expect("second flush");
+        assert!(
+            !early,
+            "a flush returned while the flush holding the pending commits had not committed"
+        );
     }
 }

@@ -44,6 +44,11 @@
 //!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
 //!   everything durable at once, and closing the last handle does too.
 //!
+//! Closing: the last handle on a file in this process closes it (with `Bounded`, after a final
+//! durable commit), whether it is dropped or [`RedbStore::close`]d. Dropping does that work on
+//! the dropping thread, where it waits for any write in progress and an fsync; in async code,
+//! `close().await` does it on the blocking pool instead and returns once it is done.
+//!
 //! Measured (criterion medians of one full run of `cargo bench -p awareness-benches --bench
 //! stores`, 2026-12-01 09:41-09:50 UTC, schema 2; 50,000-event data set over 1,000 sessions,
 //! `redb-bounded` flushing every second) on the development machine: 2 cores and a virtual
@@ -372,6 +377,24 @@ impl RedbStore {
     /// counted. Fewer transactions than recordings means group commit batched them.
     pub fn write_transactions(&self) -> u64 {
         self.writer.write_transactions()
+    }
+
+    /// Closes this handle on the blocking pool, without blocking the async runtime's thread.
+    /// If it is the last handle on its file in this process, the file is closed and its lock
+    /// released when this returns, every commit made durable first (with
+    /// [`Durability::Bounded`], a final durable commit, which waits behind any write in
+    /// progress). Dropping the handle does the same work on the dropping thread. Failures are
+    /// logged, as dropping would.
+    pub async fn close(self) {
+        let path = self.path().to_owned();
+        if let Err(e) = blocking("close", move || {
+            drop(self);
+            Ok(())
+        })
+        .await
+        {
+            tracing::warn!(path = %path.display(), error = %e, "closing a redb store");
+        }
     }
 
     /// Makes every commit made so far durable now (a no-op when nothing is pending, and always

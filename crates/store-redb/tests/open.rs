@@ -243,6 +243,32 @@ async fn dropping_the_last_handle_closes_the_file_at_once() {
     }
 }
 
+/// `close().await` on the last handle (on a single-threaded runtime, whose one thread it must
+/// not block) returns with the file closed, so redb itself opens it at once, and with every
+/// commit of the bounded mode made durable.
+#[tokio::test]
+async fn closing_the_last_handle_releases_the_file_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    for options in [
+        RedbOptions::default(),
+        RedbOptions::bounded(Duration::from_mins(1)),
+    ] {
+        let store = RedbStore::open_with(&path, options).await.unwrap();
+        let last = store.record(human(&child()), T0).await.unwrap();
+        store.close().await;
+        let db = redb::Database::open(&path)
+            .unwrap_or_else(|e| panic!("the file is still open after close() returned: {e}"));
+        drop(db);
+        let again = RedbStore::open(&path).await.unwrap();
+        assert_eq!(
+            again.state_version(&child()).await.unwrap(),
+            last.event.sequence
+        );
+        again.close().await;
+    }
+}
+
 /// A file written in one durability mode reopens in the other with everything in it. (What a
 /// reopen keeps in either mode, and the counter across reopens, are the shared durable suite's
 /// checks, run in both modes by `tests/conformance.rs`.)

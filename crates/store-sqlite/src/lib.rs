@@ -70,6 +70,10 @@
 //!   (`journal_size_limit`).
 //!   Counting a batch by its events instead bounded it at 1.4-18 MiB but cost 7-45% of the
 //!   events per second in the same probe, so throughput was kept.
+//! - **a cancelled write takes its lock with it**: a caller cancelled between its two batches
+//!   (a request timeout, say) leaves an open transaction, which would keep every other handle
+//!   and process waiting on the file; it is rolled back at once on a task of its own. A
+//!   recording cancelled while it still waits in the group-commit queue leaves the queue.
 //!
 //! ## Decisions
 //!

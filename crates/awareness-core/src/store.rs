@@ -132,12 +132,18 @@ pub trait AwarenessStoreExt: AwarenessStore {
     }
 
     /// `session_status`: the version, and the page when `changes_since` is given.
+    ///
+    /// The version and the page are two reads, and a recording may land between them. The
+    /// version is read first and raised to the page's last event, so it never names an event
+    /// the page left out: a caller that resumes from it may see an event again (when the page
+    /// is truncated, it asks again anyway), but never misses one.
     async fn session_status(
         &self,
         session: &SessionRef,
         changes_since: Option<Sequence>,
         limit: Option<usize>,
     ) -> Result<SessionStatus, StoreError> {
+        let mut state_version = self.state_version(session).await?;
         let state_changes = match changes_since {
             Some(after) => Some(
                 self.changes_since(session, after, reconcile::clamp_limit(limit))
@@ -145,7 +151,9 @@ pub trait AwarenessStoreExt: AwarenessStore {
             ),
             None => None,
         };
-        let state_version = self.state_version(session).await?;
+        if let Some(last) = state_changes.as_ref().and_then(|page| page.events.last()) {
+            state_version = state_version.max(last.sequence);
+        }
         Ok(SessionStatus {
             state_version,
             state_changes,

@@ -137,8 +137,13 @@ pub fn seed(
     }
 }
 
-/// An explicit watch: keeps an existing cursor (and its pending state) or starts at `head`.
-/// Returns the cursor in effect and whether it must be written.
+/// An explicit watch: keeps an existing cursor on the same ref (and its pending state) or
+/// starts at `head`. Returns the cursor in effect and whether it must be written.
+///
+/// A cursor is keyed by watcher and target key, so `existing` may point at another agent's
+/// session of the same key: watching this one re-points it here from the head, as a named
+/// watcher is re-pointed by [`on_event`]; keeping it would answer with a cursor on the other
+/// agent's session, and this one's changes would never notify.
 pub fn watch(
     existing: Option<&Cursor>,
     watcher: &WatcherKey,
@@ -147,8 +152,8 @@ pub fn watch(
     now: Timestamp,
 ) -> (Cursor, bool) {
     match existing {
-        Some(c) => (c.clone(), false),
-        None => (Cursor::at(watcher.clone(), target.clone(), head, now), true),
+        Some(c) if c.target_agent == target.agent_id => (c.clone(), false),
+        _ => (Cursor::at(watcher.clone(), target.clone(), head, now), true),
     }
 }
 

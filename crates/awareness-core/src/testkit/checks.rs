@@ -1038,6 +1038,37 @@ pub async fn watching_again_keeps_pending_state(t: &Subject) {
     assert_eq!(cursor3(s, PEER, "agent:main:work").await, Some((0, 1, 1)));
 }
 
+/// A cursor is keyed by watcher and target key; watching another agent's session of the same
+/// key moves the cursor there, starting at that session's head, and its changes notify.
+pub async fn watching_another_agents_session_of_the_same_key_moves_the_cursor(t: &Subject) {
+    let s = &*t.store;
+    let ops = r("global", "ops");
+    let main = r("global", "main");
+    rec(s, human(&main), T0).await;
+    s.watch(&w(PEER), &ops, T0).await.unwrap();
+    rec(s, human(&ops), T0).await;
+    let moved = s.watch(&w(PEER), &main, T0.plus_ms(5)).await.unwrap();
+    assert_eq!(moved.target_agent, main.agent_id, "the cursor follows the watch");
+    assert_eq!(
+        (moved.last_seen, moved.notified, moved.material),
+        (Sequence(1), Sequence(1), Sequence(1)),
+        "it starts at main's head, not at ops' pending state"
+    );
+    assert_eq!(
+        s.cursor(&w(PEER), &k("global")).await.unwrap(),
+        Some(moved.clone())
+    );
+    let got = rec(s, human(&main), T0.plus_ms(10)).await;
+    assert_eq!(got.notices.len(), 1, "main's change notifies the watcher");
+    assert_eq!(got.notices[0].last_seen, Sequence(1));
+    let again = s.watch(&w(PEER), &main, T0.plus_ms(20)).await.unwrap();
+    assert_eq!(
+        (again.last_seen, again.notified, again.material),
+        (Sequence(1), Sequence(3), Sequence(3)),
+        "watching the same ref again keeps its pending state"
+    );
+}
+
 pub async fn unwatch_removes_cursor_and_stops_notices(t: &Subject) {
     let s = &*t.store;
     s.watch(&w(PEER), &child(), T0).await.unwrap();

@@ -549,11 +549,13 @@ impl NewEvent {
             ("session id", &self.session_id),
             ("actor id", &self.actor_id),
             ("run id", &self.run_id),
-            ("dedupe key", &self.dedupe_key),
         ] {
             if let Some(v) = v {
                 validate::key(what, v)?;
             }
+        }
+        if let Some(k) = &self.dedupe_key {
+            validate::dedupe_key(k)?;
         }
         Ok(())
     }

@@ -57,7 +57,7 @@ pub const MAX_UPSTREAM_JSON_BYTES: usize = 16 * 1024;
 pub const MISSING_CHECKS: u32 = 3;
 
 /// Longest `dedupeId` kept verbatim in a dedupe key; a longer one is replaced by its 16-hex hash
-/// so the key stays within [`validate::MAX_KEY_BYTES`].
+/// so the key stays within [`validate::MAX_DEDUPE_KEY_BYTES`] whatever the session key.
 pub const MAX_DEDUPE_ID_BYTES: usize = 64;
 
 /// The link of an adopted session to its upstream source, as stored.

@@ -8,6 +8,11 @@ pub const MAX_SUMMARY_CHARS: usize = 200;
 pub const MAX_PAYLOAD_BYTES: usize = 4096;
 /// Longest key or id, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest dedupe key, in bytes: room for the keys DESIGN.md section 3 builds out of up to three
+/// keys or ids of at most [`MAX_KEY_BYTES`] each (`created:<agentId>:<sessionKey>:<sessionId>`,
+/// `upstream:<sessionKey>:<16 hex>:<dedupeId>`), so an event about an accepted session is never
+/// refused for its own dedupe key.
+pub const MAX_DEDUPE_KEY_BYTES: usize = 4096;
 /// How far back an event's `occurredAt` may lie.
 pub const MAX_EVENT_AGE_MS: i64 = Timestamp::DAY_MS;
 
@@ -22,12 +27,14 @@ pub enum ValidationError {
         what: &'static str,
     },
     /// A key or id is too long.
-    #[error("{what} is {len} bytes long; at most {MAX_KEY_BYTES} are allowed")]
+    #[error("{what} is {len} bytes long; at most {max} are allowed")]
     TooLong {
         /// Which field.
         what: &'static str,
         /// Its length.
         len: usize,
+        /// The most allowed ([`MAX_KEY_BYTES`], or [`MAX_DEDUPE_KEY_BYTES`] for a dedupe key).
+        max: usize,
     },
     /// A key or id contains a control character.
     #[error("{what} contains a control character")]
@@ -106,13 +113,23 @@ pub enum ValidationError {
 
 /// A non-empty key or id without control characters, at most 1 KiB.
 pub fn key(what: &'static str, value: &str) -> Result<(), ValidationError> {
+    bounded_key(what, value, MAX_KEY_BYTES)
+}
+
+/// A non-empty dedupe key without control characters, at most 4 KiB.
+pub fn dedupe_key(value: &str) -> Result<(), ValidationError> {
+    bounded_key("dedupe key", value, MAX_DEDUPE_KEY_BYTES)
+}
+
+fn bounded_key(what: &'static str, value: &str, max: usize) -> Result<(), ValidationError> {
     if value.is_empty() {
         return Err(ValidationError::Empty { what });
     }
-    if value.len() > MAX_KEY_BYTES {
+    if value.len() > max {
         return Err(ValidationError::TooLong {
             what,
             len: value.len(),
+            max,
         });
     }
     if value.chars().any(char::is_control) {
@@ -135,7 +152,11 @@ pub fn summary(value: &str) -> Result<(), ValidationError> {
         )
     } else {
         (
-            value.chars().any(char::is_control),
+            // U+2028 and U+2029 are not control characters, but break the line for
+            // JavaScript and most renderers.
+            value
+                .chars()
+                .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}'),
             value.chars().count(),
             value.trim().is_empty(),
         )
@@ -207,6 +228,14 @@ mod tests {
         assert_eq!(summary(" \u{3000} "), Err(ValidationError::SummaryBlank));
         assert_eq!(summary(" \u{b} "), Err(ValidationError::SummaryNotOneLine));
         assert_eq!(summary("é\u{85}"), Err(ValidationError::SummaryNotOneLine));
+        assert_eq!(
+            summary("line one\u{2028}line two"),
+            Err(ValidationError::SummaryNotOneLine)
+        );
+        assert_eq!(
+            summary("a\u{2029}b"),
+            Err(ValidationError::SummaryNotOneLine)
+        );
         assert!(summary(&"a".repeat(200)).is_ok());
         assert_eq!(
             summary(&"a".repeat(201)),
@@ -222,8 +251,11 @@ mod tests {
     proptest::proptest! {
         /// The ASCII fast path answers exactly as the general rules written with `char`s.
         #[test]
-        fn summary_fast_path_agrees_with_the_rules(value in "[ -~\t\n\u{7f}\u{3000}é]{0,210}") {
-            let general = if value.chars().any(char::is_control) {
+        fn summary_fast_path_agrees_with_the_rules(
+            value in "[ -~\t\n\u{7f}\u{3000}\u{2028}\u{2029}é]{0,210}"
+        ) {
+            let breaks = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+            let general = if value.chars().any(breaks) {
                 Err(ValidationError::SummaryNotOneLine)
             } else if value.chars().count() > MAX_SUMMARY_CHARS {
                 Err(ValidationError::SummaryTooLong { chars: value.chars().count() })
@@ -259,6 +291,37 @@ mod tests {
         assert_eq!(key("k", ""), Err(ValidationError::Empty { what: "k" }));
         assert!(key("k", "a\u{0}").is_err());
         assert!(key("k", &"a".repeat(MAX_KEY_BYTES + 1)).is_err());
+        assert_eq!(
+            key("k", &"a".repeat(MAX_KEY_BYTES + 1)),
+            Err(ValidationError::TooLong {
+                what: "k",
+                len: MAX_KEY_BYTES + 1,
+                max: MAX_KEY_BYTES
+            })
+        );
+    }
+
+    /// A dedupe key built, as DESIGN.md builds them, out of a session key and ids of the
+    /// longest accepted length is accepted; past 4 KiB it is refused, naming its limit.
+    #[test]
+    fn dedupe_keys() {
+        let long = "a".repeat(MAX_KEY_BYTES);
+        let created = format!("created:{long}:{long}:{long}");
+        assert!(key("session key", &long).is_ok());
+        assert!(dedupe_key(&created).is_ok(), "{} bytes", created.len());
+        let upstream = format!("upstream:{long}:{:016x}:{long}", 7);
+        assert!(dedupe_key(&upstream).is_ok());
+        let err = dedupe_key(&"a".repeat(MAX_DEDUPE_KEY_BYTES + 1)).unwrap_err();
+        assert_eq!(
+            err,
+            ValidationError::TooLong {
+                what: "dedupe key",
+                len: MAX_DEDUPE_KEY_BYTES + 1,
+                max: MAX_DEDUPE_KEY_BYTES
+            }
+        );
+        assert!(err.to_string().contains("at most 4096"), "{err}");
+        assert!(dedupe_key("dk\u{0}").is_err());
     }
 
     #[test]

@@ -1048,7 +1048,10 @@ pub async fn watching_another_agents_session_of_the_same_key_moves_the_cursor(t:
     s.watch(&w(PEER), &ops, T0).await.unwrap();
     rec(s, human(&ops), T0).await;
     let moved = s.watch(&w(PEER), &main, T0.plus_ms(5)).await.unwrap();
-    assert_eq!(moved.target_agent, main.agent_id, "the cursor follows the watch");
+    assert_eq!(
+        moved.target_agent, main.agent_id,
+        "the cursor follows the watch"
+    );
     assert_eq!(
         (moved.last_seen, moved.notified, moved.material),
         (Sequence(1), Sequence(1), Sequence(1)),

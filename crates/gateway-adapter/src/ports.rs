@@ -33,6 +33,12 @@ pub trait SystemEventQueue: Send + Sync {
     fn drain(&self, session: &SessionKey) -> Vec<QueuedEntry>;
     /// Returns what is queued without removing it.
     fn peek(&self, session: &SessionKey) -> Vec<QueuedEntry>;
+    /// Removes the queued entry equal to `entry` (same text and context key; the queue holds at
+    /// most one), keeping the others in order; returns whether one was there.
+    ///
+    /// [`crate::Awareness::drain_turn`] calls it after acknowledging, to drop a copy of a notice
+    /// the turn has just read that was queued again while the acknowledgement was in flight.
+    fn remove(&self, session: &SessionKey, entry: &QueuedEntry) -> bool;
 }
 
 /// Wakes a session now (the gateway's heartbeat wake), so it takes a turn.

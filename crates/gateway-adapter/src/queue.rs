@@ -79,6 +79,21 @@ impl SystemEventQueue for InMemoryQueue {
             .map(|q| q.iter().cloned().collect())
             .unwrap_or_default()
     }
+
+    fn remove(&self, session: &SessionKey, entry: &QueuedEntry) -> bool {
+        let mut g = self.lock();
+        let Some(q) = g.get_mut(session) else {
+            return false;
+        };
+        let Some(at) = q.iter().position(|e| e == entry) else {
+            return false;
+        };
+        q.remove(at);
+        if q.is_empty() {
+            g.remove(session);
+        }
+        true
+    }
 }
 
 #[cfg(test)]
@@ -111,6 +126,10 @@ mod tests {
             "another context key is another entry"
         );
         assert_eq!(q.peek(&key()).len(), 2);
+        assert!(q.remove(&key(), &notice("n")));
+        assert!(!q.remove(&key(), &notice("n")), "already gone");
+        assert_eq!(q.peek(&key()), vec![plain("n")], "the other entry stays");
+        assert!(q.enqueue(&key(), notice("n")));
         assert_eq!(q.drain(&key()).len(), 2);
         assert!(q.drain(&key()).is_empty());
     }

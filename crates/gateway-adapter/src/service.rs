@@ -222,6 +222,54 @@ pub struct Awareness {
     config: AwarenessConfig,
     prune_passes: tokio::sync::watch::Sender<PrunePass>,
     upstream: Option<Arc<dyn UpstreamStore>>,
+    turns: TurnLocks,
+}
+
+/// One async lock per watcher session whose turn is in progress or waiting, so that the turns
+/// of one watcher ([`Awareness::drain_turn`]) run one at a time.
+///
+/// An entry lives only while a turn holds it or waits for it: dropping a [`TurnGuard`] removes
+/// every entry nobody holds any more, so the map never outgrows the turns in flight (an entry
+/// left by a turn cancelled while it waited goes at the next turn's end).
+#[derive(Debug, Default)]
+struct TurnLocks {
+    by_watcher: std::sync::Mutex<HashMap<SessionKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl TurnLocks {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Arc<tokio::sync::Mutex<()>>>> {
+        // Every critical section leaves the map consistent, even if a caller panicked.
+        self.by_watcher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until no other turn of `watcher` runs, and holds its lock until the guard drops.
+    async fn lock(&self, watcher: &SessionKey) -> TurnGuard<'_> {
+        let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
+        let guard = lock.lock_owned().await;
+        TurnGuard {
+            locks: self,
+            guard: Some(guard),
+        }
+    }
+}
+
+/// A watcher's turn lock (see [`TurnLocks`]).
+struct TurnGuard<'a> {
+    locks: &'a TurnLocks,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Clones are only taken under the map's lock, so an entry only the map holds has no
+        // turn holding or waiting for it.
+        self.locks
+            .map()
+            .retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
 }
 
 /// The latest pruning pass, observable with [`Awareness::subscribe_pruning`].
@@ -298,6 +346,7 @@ impl AwarenessBuilder {
             config: self.config,
             prune_passes: tokio::sync::watch::Sender::new(PrunePass::default()),
             upstream: self.upstream,
+            turns: TurnLocks::default(),
         }
     }
 }
@@ -783,17 +832,54 @@ impl Awareness {
         }
     }
 
-    /// A watcher's turn drains its queue: first every pending durable cursor of the watcher is
-    /// (re-)queued, so a notice lost from memory comes back now rather than after a restart;
-    /// then the queue is drained and exactly the session-state entries drained are
-    /// acknowledged (strictly decoded; a bad context key acknowledges nothing). Returns what was
-    /// drained, for the turn's prompt.
+    /// A watcher's turn drains its queue and acknowledges exactly the notices it drained.
+    /// Returns what was drained, for the turn's prompt.
+    ///
+    /// 1. The watcher's turns run **one at a time** (an async lock per watcher session, held
+    ///    across the steps below and dropped with the turn). Two overlapping turns would
+    ///    otherwise both read one notice (the second re-queues it from the durable cursor
+    ///    while the first one's acknowledgement is in flight), and the second one's
+    ///    acknowledgement would move `last_seen` over a newer notice that no turn read, which
+    ///    a restart would then lose.
+    /// 2. Every pending durable cursor of the watcher is (re-)queued, so a notice lost from
+    ///    memory comes back now rather than after a restart.
+    /// 3. The queue is drained. A drained session-state entry (its context key strictly
+    ///    decoded; a malformed one acknowledges nothing) acknowledges its target only when it is
+    ///    the target's **current** notice: the cursor is pending and its notice text (which
+    ///    names the cursor's `last_seen`) equals the entry's. A stale line (a notice already
+    ///    acknowledged, delivered late) therefore never acknowledges a newer notice.
+    /// 4. After the acknowledgement (which queues the follow-ups), any copy of a drained
+    ///    session-state entry queued meanwhile is removed
+    ///    ([`SystemEventQueue::remove`]): a change on the target while the turn ran hands out
+    ///    the same text again (it depends only on the target and `last_seen`), and the turn
+    ///    has just read it. Whatever is still pending comes back through step 2 next turn.
+    ///
+    /// [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are not
+    /// serialized with turns.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
+        let _turn = self.turns.lock(watcher).await;
         self.recover_pending(watcher).await;
         let drained = self.queue.drain(watcher);
+        let notices: Vec<&QueuedEntry> = drained.iter().filter(|e| e.is_session_state()).collect();
+        if notices.is_empty() {
+            return drained;
+        }
+        let targets = self.current_notices(watcher, &notices).await;
+        self.acknowledge(watcher, &targets).await;
+        for entry in notices {
+            self.queue.remove(watcher, entry);
+        }
+        drained
+    }
+
+    /// The targets whose current notice (pending cursor, same text) is among `drained`.
+    async fn current_notices(
+        &self,
+        watcher: &SessionKey,
+        drained: &[&QueuedEntry],
+    ) -> Vec<SessionKey> {
         let targets: BTreeSet<SessionKey> = drained
             .iter()
-            .filter(|e| e.is_session_state())
             .filter_map(|e| {
                 let key = e.context_key.as_deref()?;
                 protocol::decode_context_key(key)
@@ -801,9 +887,36 @@ impl Awareness {
                     .ok()
             })
             .collect();
-        let targets: Vec<SessionKey> = targets.into_iter().collect();
-        self.acknowledge(watcher, &targets).await;
-        drained
+        if targets.is_empty() || !watcher.is_agent_qualified() {
+            return Vec::new();
+        }
+        let pending = self
+            .store
+            .cursors(&CursorFilter {
+                watcher: Some(watcher.clone()),
+                pending_only: true,
+                ..CursorFilter::default()
+            })
+            .await;
+        let pending = match pending {
+            Ok(cursors) => cursors,
+            Err(e) => {
+                warn!(watcher = %watcher, error = %e, "cannot read the cursors to acknowledge; the notices stay pending");
+                return Vec::new();
+            }
+        };
+        pending
+            .iter()
+            .filter(|c| targets.contains(&c.target))
+            .filter(|c| {
+                let current = Notice::of(c);
+                let (text, context_key) = (current.text(), current.context_key());
+                drained
+                    .iter()
+                    .any(|e| e.text == text && e.context_key.as_deref() == Some(&context_key))
+            })
+            .map(|c| c.target.clone())
+            .collect()
     }
 
     async fn recover_pending(&self, watcher: &SessionKey) {
@@ -962,5 +1075,44 @@ fn render_page(out: &mut String, after: Sequence, page: &ChangesPage) {
             let _ = write!(out, " {id}");
         }
         let _ = write!(out, ": {}", e.summary);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn turn_locks_keep_no_entry_once_no_turn_holds_or_waits() {
+        let locks = TurnLocks::default();
+        let a = SessionKey::new("agent:main:main").unwrap();
+        let b = SessionKey::new("agent:ops:main").unwrap();
+        let held = locks.lock(&a).await;
+        let other = locks.lock(&b).await; // another watcher is not held up
+        assert_eq!(locks.map().len(), 2);
+        drop(other);
+        assert_eq!(locks.map().len(), 1);
+
+        // A second turn of `a` waits; cancelled while waiting, it leaves an entry that the
+        // next guard's drop removes.
+        let mut waiting = Box::pin(locks.lock(&a));
+        assert!(poll_once(waiting.as_mut()).await.is_none());
+        drop(waiting);
+        drop(held);
+        assert!(locks.map().is_empty());
+        drop(locks.lock(&a).await);
+        assert!(locks.map().is_empty());
+    }
+
+    /// Polls a future once.
+    async fn poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+        let mut f = f;
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 }

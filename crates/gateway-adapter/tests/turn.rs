@@ -1,0 +1,269 @@
+//! A watcher's turn while its acknowledgement is still in flight: a store whose `acknowledge`
+//! waits at a gate the test opens lets events and a second turn of the same watcher land in
+//! between, and the tests check what each turn reads and where the cursor ends.
+//!
+//! Nothing here waits on time: the gate is a semaphore the test releases, and the tests run on
+//! tokio's single-threaded test runtime, so a spawned turn runs exactly as far as it can when
+//! the test yields.
+
+use std::sync::Arc;
+
+use awareness_core::{
+    AgentId, ChangesPage, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
+    LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError,
+    Timestamp, WatcherKey, async_trait,
+};
+use gateway_adapter::{
+    Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, QueuedEntry, RecordingWake,
+    SessionEntry, SystemEventQueue,
+};
+use store_memory::MemoryStore;
+use tokio::sync::{Semaphore, mpsc};
+
+const MANAGER: &str = "agent:main:main";
+const CHILD: &str = "agent:main:subagent:worker";
+
+fn k(key: &str) -> SessionKey {
+    SessionKey::new(key).unwrap()
+}
+
+/// The memory store, except that `acknowledge` reports that it started and then waits for a
+/// permit of `gate` before it commits.
+#[derive(Debug)]
+struct GatedAck {
+    inner: MemoryStore,
+    gate: Semaphore,
+    entered: mpsc::UnboundedSender<()>,
+}
+
+#[async_trait]
+impl EventStore for GatedAck {
+    async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        self.inner.record(event, now).await
+    }
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        self.inner.changes_since(session, after, limit).await
+    }
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        self.inner.heads(sessions).await
+    }
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        self.inner.list_heads(agent).await
+    }
+    async fn events_after(
+        &self,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StoreError> {
+        self.inner.events_after(after, limit).await
+    }
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        self.inner.log_stats().await
+    }
+    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+        self.inner.prune_chunk(step, max_rows).await
+    }
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        self.inner.delete_session(session).await
+    }
+}
+
+#[async_trait]
+impl CursorStore for GatedAck {
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        self.inner.watch(watcher, target, now).await
+    }
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        self.inner.unwatch(watcher, target).await
+    }
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[SessionKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let _ = self.entered.send(());
+        self.gate.acquire().await.expect("gate open").forget();
+        self.inner.acknowledge(watcher, targets, now).await
+    }
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        self.inner.cursor(watcher, target).await
+    }
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        self.inner.cursors(filter).await
+    }
+    async fn refreeze(
+        &self,
+        keys: &[CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        self.inner.refreeze(keys, now).await
+    }
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        self.inner.reset_watcher(watcher).await
+    }
+}
+
+struct World {
+    store: Arc<GatedAck>,
+    queue: Arc<InMemoryQueue>,
+    svc: Arc<Awareness>,
+    /// One message each time an acknowledgement reaches the store.
+    entered: mpsc::UnboundedReceiver<()>,
+}
+
+impl World {
+    /// A manager that spawned a worker (its cursor seeded at sequence 1).
+    async fn new() -> Self {
+        let (tx, entered) = mpsc::unbounded_channel();
+        let store = Arc::new(GatedAck {
+            inner: MemoryStore::new(),
+            gate: Semaphore::new(0),
+            entered: tx,
+        });
+        let queue = Arc::new(InMemoryQueue::new());
+        let svc = Arc::new(
+            Awareness::builder(
+                store.clone(),
+                queue.clone(),
+                Arc::new(RecordingWake::new()),
+                Arc::new(InMemoryDirectory::new()),
+            )
+            .build(),
+        );
+        svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .expect("seeded");
+        Self {
+            store,
+            queue,
+            svc,
+            entered,
+        }
+    }
+
+    /// A person types into the worker; returns the event's sequence.
+    async fn human(&self) -> Sequence {
+        let mut msg = HumanMessage::new(k(CHILD));
+        msg.entry = Some(SessionEntry {
+            spawned_by: Some(k(MANAGER)),
+            ..SessionEntry::default()
+        });
+        self.svc
+            .human_message(msg)
+            .await
+            .expect("recorded")
+            .sequence
+    }
+
+    /// The manager's turn, on its own task.
+    fn turn(&self) -> tokio::task::JoinHandle<Vec<QueuedEntry>> {
+        let svc = Arc::clone(&self.svc);
+        tokio::spawn(async move { svc.drain_turn(&k(MANAGER)).await })
+    }
+
+    fn open_gate(&self) {
+        self.store.gate.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+
+    async fn cursor(&self) -> Cursor {
+        self.store
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .expect("the manager watches the worker")
+    }
+}
+
+fn texts(lines: &[QueuedEntry]) -> Vec<String> {
+    lines.iter().map(|e| e.text.clone()).collect()
+}
+
+fn notice(since: Sequence) -> String {
+    awareness_core::protocol::notice_text(&k(CHILD), since)
+}
+
+/// Bug: a change on the target while the turn's acknowledgement was in flight pushed the
+/// notice the turn had just read back into the (emptied) queue, and the next turn read it again
+/// next to the follow-up.
+#[tokio::test]
+async fn a_change_during_the_acknowledgement_is_not_read_twice() {
+    let mut w = World::new().await;
+    let first = w.human().await;
+    assert_eq!(first, Sequence(2));
+
+    let a = w.turn();
+    w.entered.recv().await.expect("turn A acknowledges");
+    let later = w.human().await; // lands while A's acknowledgement waits
+    w.store.gate.add_permits(1);
+    let read_a = a.await.unwrap();
+    assert_eq!(texts(&read_a), vec![notice(Sequence(1))]);
+
+    w.open_gate();
+    let read_b = w.svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(
+        texts(&read_b),
+        vec![notice(first)],
+        "only the follow-up: the notice turn A consumed is not delivered again"
+    );
+    let c = w.cursor().await;
+    assert_eq!((c.last_seen, c.notified, c.material), (later, later, later));
+    assert!(w.queue.peek(&k(MANAGER)).is_empty());
+}
+
+/// Bug: a second turn of the same watcher, started while the first one's acknowledgement was
+/// in flight, re-queued and read the same notice, and its own acknowledgement then moved
+/// `last_seen` over a newer notice no turn had read: after a restart that notice was lost.
+#[tokio::test]
+async fn concurrent_turns_of_one_watcher_read_each_notice_once_and_lose_none() {
+    let mut w = World::new().await;
+    w.human().await; // notice: changesSince 1
+
+    let a = w.turn();
+    w.entered.recv().await.expect("turn A acknowledges");
+    let b = w.turn();
+    for _ in 0..8 {
+        // Turn B runs as far as it can while A's acknowledgement waits.
+        tokio::task::yield_now().await;
+    }
+    w.store.gate.add_permits(1); // A's acknowledgement (the first waiting) commits
+    let read_a = a.await.unwrap();
+    let second = w.human().await; // notice: changesSince 2
+    w.open_gate();
+    let read_b = b.await.unwrap();
+
+    // A restart: the in-memory queue is gone, the sweep re-delivers whatever is pending.
+    w.queue.clear();
+    w.svc.sweep().await;
+    let read_c = w.svc.drain_turn(&k(MANAGER)).await;
+
+    let mut read: Vec<String> = [read_a, read_b, read_c]
+        .iter()
+        .flat_map(|lines| texts(lines))
+        .collect();
+    read.sort();
+    assert_eq!(
+        read,
+        vec![notice(Sequence(1)), notice(Sequence(2))],
+        "each notice read by exactly one turn, none lost by the restart"
+    );
+    let c = w.cursor().await;
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (second, second, second)
+    );
+}

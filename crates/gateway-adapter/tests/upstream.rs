@@ -135,7 +135,7 @@ fn history_before_adoption_never_counts_and_appends_do() {
     assert_eq!(m.offset, std::fs::metadata(&t.path).unwrap().len());
     assert!(matches!(scan(&t, &m), CheckOutcome::Unchanged { .. }));
 
-    let first = t.human("please also handle the empty case");
+    t.human("please also handle the empty case");
     t.model_turn();
     t.human("<command-name>/compact</command-name>");
     t.line(
@@ -151,7 +151,7 @@ fn history_before_adoption_never_counts_and_appends_do() {
             ..
         } => {
             assert_eq!(*turns, 3);
-            assert_eq!(dedupe_id, &first, "the burst is named by its first turn");
+            assert_eq!(dedupe_id, "q1", "the burst is named by its last turn");
             assert_eq!(source_id, &t.path.display().to_string());
         }
         other => panic!("{other:?}"),
@@ -224,10 +224,10 @@ fn a_three_mib_line_is_streamed_over_ticks_without_blocking_the_marker() {
     );
     t.raw(&row.as_bytes()[row.len() - 10..]);
     t.raw(b"\n");
-    t.human("what do you make of it?");
+    let question = t.human("what do you make of it?");
     let out = scan(&t, &marker);
     assert_eq!(turns(&out), 2, "the big line and the question");
-    assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if dedupe_id == "big-1"));
+    assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if *dedupe_id == question));
     let end = marker_of(&out);
     assert_eq!(end.partial, None);
     assert_eq!(end.offset, std::fs::metadata(&t.path).unwrap().len());
@@ -401,7 +401,7 @@ async fn paired_node_pages_back_to_the_marker() {
         out,
         CheckOutcome::HumanTurns {
             turns: 60,
-            dedupe_id: "i10".into(),
+            dedupe_id: "i128".into(),
             source_id: "node-2/thread-9".into(),
             marker: json!({"uuid": "i131"}),
         },
@@ -554,10 +554,10 @@ async fn monitor_records_one_event_per_burst_on_its_schedule() {
     let started = Instant::now();
     let task = monitor.spawn();
 
-    let first = t.human("stop, the API changed");
+    t.human("stop, the API changed");
     t.model_turn();
     t.human("<command-name>/model</command-name>");
-    t.human("[Request interrupted by user]");
+    let last = t.human("[Request interrupted by user]");
     let (event, turns) = next(&mut rx, |d| match d {
         Detection::HumanTurns {
             event,
@@ -580,7 +580,7 @@ async fn monitor_records_one_event_per_burst_on_its_schedule() {
     assert_eq!(event.payload.as_ref().unwrap()["turns"], json!(3));
     // The exact dedupe key of DESIGN.md section 8: recording it again is a dedupe hit.
     let link = w.store.link(&session).await.unwrap().unwrap();
-    let key = upstream::human_dedupe_key(&link, &t.path.display().to_string(), &first);
+    let key = upstream::human_dedupe_key(&link, &t.path.display().to_string(), &last);
     assert!(key.starts_with("upstream:agent:main:worker:"));
     let again = w
         .store
@@ -1168,5 +1168,92 @@ async fn adopting_again_keeps_or_rebases_the_marker() {
         bare.try_adopt(jsonl::adoption(session, &t.path, None).unwrap())
             .await
             .is_err()
+    );
+}
+
+/// Bug: the event's dedupe id was the burst's first human turn. When the marker could not move
+/// after the event was stored and the person typed again before the next tick, that tick read
+/// the grown burst, hit the stored event's dedupe key, recorded nothing and then moved the
+/// marker past the new turn: it was never recorded nor notified.
+#[tokio::test(start_paused = true)]
+async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let flaky = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(1),
+    });
+    let monitor = UpstreamMonitor::builder(w.awareness.clone(), flaky)
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let manager = SessionKey::new("agent:main:main").unwrap();
+
+    t.human("first");
+    monitor.tick().await; // recorded; the marker move fails
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(w.awareness.drain_turn(&manager).await.len(), 1);
+
+    t.human("second"); // typed before the next tick
+    monitor.tick().await;
+    let events = w.events(&session, EventKind::HumanDirectMessage).await;
+    assert_eq!(events.len(), 2, "the grown burst is a new event");
+    let c = w
+        .store
+        .cursor(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session.session_key,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.material, events[1].sequence, "and it notifies");
+    assert_eq!(w.queue.peek(&manager).len(), 1);
+
+    // The marker is now past both turns: reading again records nothing.
+    monitor.tick().await;
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn paired_bursts_are_named_by_their_last_human_turn() {
+    let node = Arc::new(FakeNode::default());
+    node.items.lock().unwrap().extend([
+        PairedItem::user("i0", "old"),
+        PairedItem::user("i1", "first"),
+        PairedItem::with_role("i2", "assistant", "ok"),
+    ]);
+    let provider = PairedNodeProvider::new(node.clone());
+    let link = paired_link(Some(json!({"uuid": "i0"})));
+    let id = |out: CheckOutcome| match out {
+        CheckOutcome::HumanTurns { dedupe_id, .. } => dedupe_id,
+        other => panic!("{other:?}"),
+    };
+    let once = id(provider.check(&link, &[]).await);
+    assert_eq!(
+        id(provider.check(&link, &[]).await),
+        once,
+        "the same burst read again is deduplicated"
+    );
+    node.items
+        .lock()
+        .unwrap()
+        .push(PairedItem::user("i3", "second"));
+    assert_ne!(
+        id(provider.check(&link, &[]).await),
+        once,
+        "a burst that grew is a new event"
     );
 }

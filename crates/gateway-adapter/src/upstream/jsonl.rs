@@ -239,7 +239,8 @@ fn try_scan(
     let mut line_start = last.offset;
     let mut at = start;
     let mut turns = 0u32;
-    let mut first_id: Option<String> = None;
+    // The burst is named by its last human turn (see `CheckOutcome::HumanTurns::dedupe_id`).
+    let mut last_id: Option<String> = None;
     let end = start.saturating_add(budget);
     let mut buf = vec![0u8; CHUNK];
     file.seek(SeekFrom::Start(start))?;
@@ -258,13 +259,11 @@ fn try_scan(
             let line = std::mem::take(&mut scanner).finish();
             if classify(&line, own).is_ok() {
                 turns = turns.saturating_add(1);
-                if first_id.is_none() {
-                    let uuid = match &line {
-                        LineEnd::Row(f) => f.uuid.clone().filter(|u| !u.is_empty()),
-                        _ => None,
-                    };
-                    first_id = Some(uuid.unwrap_or_else(|| format!("{dev}:{ino}:{line_start}")));
-                }
+                let uuid = match &line {
+                    LineEnd::Row(f) => f.uuid.clone().filter(|u| !u.is_empty()),
+                    _ => None,
+                };
+                last_id = Some(uuid.unwrap_or_else(|| format!("{dev}:{ino}:{line_start}")));
             }
             done += newline + 1;
             line_start = at + done as u64;
@@ -281,7 +280,7 @@ fn try_scan(
     };
     debug_assert_eq!(next.position(), at);
     let marker = next.to_value();
-    Ok(match first_id {
+    Ok(match last_id {
         Some(dedupe_id) => CheckOutcome::HumanTurns {
             turns,
             dedupe_id,

@@ -97,8 +97,13 @@ pub enum CheckOutcome {
     HumanTurns {
         /// How many (at least 1).
         turns: u32,
-        /// Identifies the burst within its source (the first turn's uuid): a retry of the same
-        /// burst gets the same dedupe key and records nothing twice.
+        /// Identifies the burst within its source: the id of its **last** human turn (a
+        /// transcript row's `uuid`, else its position; a paired item's id). Reading the same
+        /// rows again (the event was stored but the marker did not move) gives the same id, so
+        /// the dedupe key makes the second record a no-op; a burst that grew meanwhile (the
+        /// person typed again before the next check) ends with another turn, so it is recorded
+        /// as a new event instead of being deduplicated and skipped. That event's turn count
+        /// includes the turns already recorded.
         dedupe_id: String,
         /// Identifies the source instance (a file path, a thread); part of the dedupe key's
         /// source hash.

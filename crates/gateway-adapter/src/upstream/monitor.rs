@@ -13,8 +13,11 @@
 //!    (`human message via <catalogId>`, `{"turns": N}` when N > 1, dedupe key
 //!    [`awareness_core::upstream::human_dedupe_key`]) and only then moves the marker, by
 //!    compare-and-set on the `updated_at` the tick read, so a link adopted again meanwhile keeps
-//!    its new marker. A crash between the two re-reads the same burst, whose dedupe key makes
-//!    the second record a no-op;
+//!    its new marker. If the marker does not move (a crash, a stopped task or a failed store
+//!    write between the two), the next tick reads the burst again from the old marker: the
+//!    burst is named by its last human turn, so the same rows give the same dedupe key and
+//!    the second record is a no-op, while a burst that grew meanwhile (the person typed
+//!    again) ends with a new turn and is recorded as a new event, never skipped;
 //! 5. counts, per link, consecutive checks that found the source gone: at the third it records
 //!    one `upstream_missing` (`upstream missing via <catalogId>`, `{"channel": "<catalogId>"}`)
 //!    and removes the link (only if it has not changed meanwhile). A check that fails neither
@@ -302,8 +305,9 @@ pub struct MonitorTask {
 
 impl MonitorTask {
     /// Stops the task (a tick in progress is abandoned: every store write is atomic and the
-    /// marker moves only after its event, so the next run picks up where this one was) and
-    /// waits for it to end.
+    /// marker moves only after its event, so the next run reads again from the stored marker;
+    /// see the module docs for why that neither records a burst twice nor skips a turn typed
+    /// meanwhile) and waits for it to end.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.handle.await

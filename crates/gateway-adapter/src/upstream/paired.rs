@@ -248,10 +248,11 @@ impl PairedNodeProvider {
             .rev()
             .filter(|i| i.verdict(own).is_ok())
             .collect();
-        Ok(match human.first() {
-            Some(first) => CheckOutcome::HumanTurns {
+        // The burst is named by its last (newest) human turn, see `CheckOutcome::HumanTurns`.
+        Ok(match human.last() {
+            Some(last) => CheckOutcome::HumanTurns {
                 turns: u32::try_from(human.len()).unwrap_or(u32::MAX),
-                dedupe_id: first.id.clone(),
+                dedupe_id: last.id.clone(),
                 source_id: format!("{}/{}", link.host_id, link.thread_id),
                 marker: next,
             },

@@ -349,10 +349,16 @@ fn sqlx_floor(
     });
 }
 
-/// Latencies of `n` recordings on sessions outside the data set.
-async fn record_latencies(store: &dyn AwarenessStore, sessions: usize, n: usize) -> Vec<Duration> {
+/// Latencies of `n` recordings on sessions outside the data set, the `from`-th onwards (each
+/// recording on the next of `sessions` such sessions, round-robin).
+async fn record_latencies(
+    store: &dyn AwarenessStore,
+    sessions: usize,
+    from: usize,
+    n: usize,
+) -> Vec<Duration> {
     let mut out = Vec::with_capacity(n);
-    for i in 0..n {
+    for i in from..from + n {
         let e = human(&dataset_session(2 * sessions + i % sessions));
         let t = Instant::now();
         store.record(e, T0).await.expect("record");
@@ -361,10 +367,13 @@ async fn record_latencies(store: &dyn AwarenessStore, sessions: usize, n: usize)
     out
 }
 
+/// The nearest-rank p99: the smallest sample at or above 99% of them (index `ceil(0.99 n) - 1`
+/// of the sorted samples; the maximum below 100 samples, which is why the pruning section
+/// collects a few hundred).
 fn p99(mut v: Vec<Duration>) -> Option<Duration> {
     v.sort();
-    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
-        .copied()
+    let rank = (v.len() * 99).div_ceil(100);
+    v.get(rank.checked_sub(1)?).copied()
 }
 
 /// `prune/60k_to_50k`: one pruning pass from 60,000 rows down to 50,000 (row cap, in the default
@@ -386,7 +395,14 @@ fn prune(c: &mut Criterion) {
     g.sample_size(10);
     for b in &backends {
         let store: &dyn AwarenessStore = &*b.store;
+        // Measured once, the first time criterion runs this bench (so only when a filter
+        // selects it): recording while passes run, against recording alone.
+        let mut latencies_done = false;
         g.bench_function(BenchmarkId::new("60k_to_50k", b.name), |bench| {
+            if !latencies_done {
+                latencies_done = true;
+                record_beside_pruning(&rt, b, &policy, data, excess);
+            }
             bench.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
@@ -399,48 +415,81 @@ fn prune(c: &mut Criterion) {
                 total
             });
         });
-        // Recording while a pass runs on another task, against recording alone.
-        refill(&b.store);
-        let quiet_n = if test_mode() { 200 } else { 2_000 };
-        let quiet = p99(rt.block_on(record_latencies(store, data.sessions(), quiet_n)));
-        let pruning = rt.block_on(async {
-            let shared = Arc::clone(&b.store);
-            let pass = tokio::spawn(async move { shared.prune(&policy, T0).await });
-            let mut during = Vec::new();
-            while !pass.is_finished() {
-                during.extend(record_latencies(store, data.sessions(), 1).await);
-                tokio::task::yield_now().await;
-            }
-            pass.await.expect("join").expect("prune");
-            during
-        });
-        let during = p99(pruning.clone());
-        let show = |d: Option<Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
-        println!(
-            "prune/record_p99/{}: quiet {}, while pruning {} ({} recordings during the pass)",
-            b.name,
-            show(quiet),
-            show(during),
-            pruning.len()
-        );
-        // Saved for bench-report; a `--test` run's small data set would only mislead it.
-        if !test_mode() {
-            let ns = |d: Option<Duration>| d.map(|d| d.as_nanos() as u64);
-            save_result(
-                "awareness-prune",
-                b.name,
-                &serde_json::json!({
-                    "backend": b.name,
-                    "quiet_p99_ns": ns(quiet),
-                    "pruning_p99_ns": ns(during),
-                    "recordings_during": pruning.len(),
-                    "quiet_recordings": quiet_n,
-                }),
-            );
-        }
     }
     g.finish();
 }
+
+/// The p99 of recording while pruning passes (60,000 rows down to 50,000) run on another task,
+/// against the quiet p99, printed and saved for `bench-report`. Passes are repeated (each
+/// after refilling the excess) until at least [`DURING_SAMPLES`] recordings ran during them, at
+/// most [`MAX_PASSES`] passes; every recording is on a session of its own. Leaves the store at
+/// the row cap, where the bench's own passes start.
+fn record_beside_pruning(
+    rt: &tokio::runtime::Runtime,
+    b: &Backend,
+    policy: &RetentionPolicy,
+    data: Dataset,
+    excess: usize,
+) {
+    let store: &dyn AwarenessStore = &*b.store;
+    let (quiet_n, want, max_passes) = if test_mode() {
+        (200, 1, 1)
+    } else {
+        (2_000, DURING_SAMPLES, MAX_PASSES)
+    };
+    let quiet = p99(rt.block_on(record_latencies(store, data.sessions(), 0, quiet_n)));
+    let mut during = Vec::new();
+    let mut passes = 0;
+    while during.len() < want && passes < max_passes {
+        rt.block_on(load_dataset(&b.store, excess, data.sessions()));
+        passes += 1;
+        rt.block_on(async {
+            let shared = Arc::clone(&b.store);
+            let policy = *policy;
+            let pass = tokio::spawn(async move { shared.prune(&policy, T0).await });
+            while !pass.is_finished() {
+                let next = quiet_n + during.len();
+                during.extend(record_latencies(store, data.sessions(), next, 1).await);
+                tokio::task::yield_now().await;
+            }
+            pass.await.expect("join").expect("prune");
+        });
+    }
+    // Back to the cap exactly (the recordings during the last pass added a few rows), as the
+    // bench's passes expect.
+    rt.block_on(store.prune(policy, T0)).expect("prune");
+    let show = |d: Option<Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
+    let during_p99 = p99(during.clone());
+    println!(
+        "prune/record_p99/{}: quiet {}, while pruning {} ({} recordings during {passes} passes)",
+        b.name,
+        show(quiet),
+        show(during_p99),
+        during.len()
+    );
+    // Saved for bench-report; a `--test` run's small data set would only mislead it.
+    if !test_mode() {
+        let ns = |d: Option<Duration>| d.map(|d| d.as_nanos() as u64);
+        save_result(
+            "awareness-prune",
+            b.name,
+            &serde_json::json!({
+                "backend": b.name,
+                "quiet_p99_ns": ns(quiet),
+                "pruning_p99_ns": ns(during_p99),
+                "recordings_during": during.len(),
+                "passes": passes,
+                "quiet_recordings": quiet_n,
+            }),
+        );
+    }
+}
+
+/// Recordings during pruning passes wanted for their p99 (at 100 the nearest-rank p99 is the
+/// second largest).
+const DURING_SAMPLES: usize = 300;
+/// Most pruning passes run for [`DURING_SAMPLES`].
+const MAX_PASSES: usize = 10;
 
 /// Recording tasks of `record/concurrent_16_tasks`.
 const TASKS: usize = 16;

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use awareness_core::Timestamp;
 use serde_json::Value;
@@ -56,6 +56,8 @@ const COLUMNS: &[&str] = &[
 struct Measured {
     median_ns: f64,
     elements: Option<f64>,
+    /// When criterion wrote the estimate (its file's time).
+    at: Option<SystemTime>,
 }
 
 impl Measured {
@@ -70,10 +72,10 @@ fn main() {
         .nth(1)
         .map_or_else(|| manifest.join("README.md"), PathBuf::from);
     let target = awareness_benches::target_dir();
-    let (results, newest) = read_criterion(&target.join("criterion"));
+    let results = read_criterion(&target.join("criterion"));
     let scale = read_by_backend(&target.join("awareness-scale"));
     let prune = read_by_backend(&target.join("awareness-prune"));
-    let body = render(&results, newest, &scale, &prune);
+    let body = render(&results, &scale, &prune);
     let text = std::fs::read_to_string(&readme)
         .unwrap_or_else(|e| panic!("read {}: {e}", readme.display()));
     let (Some(b), Some(e)) = (text.find(BEGIN), text.find(END)) else {
@@ -93,11 +95,9 @@ fn read_json(path: &Path) -> Option<Value> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
-/// Every `new/estimates.json` under `dir`, keyed by its id (`record/0_watchers/memory`), and
-/// the time of the newest.
-fn read_criterion(dir: &Path) -> (BTreeMap<String, Measured>, Option<SystemTime>) {
+/// Every `new/estimates.json` under `dir`, keyed by its id (`record/0_watchers/memory`).
+fn read_criterion(dir: &Path) -> BTreeMap<String, Measured> {
     let mut out = BTreeMap::new();
-    let mut newest = None;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else {
@@ -124,14 +124,12 @@ fn read_criterion(dir: &Path) -> (BTreeMap<String, Measured>, Option<SystemTime>
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
                     .collect::<Vec<_>>()
                     .join("/");
-                if let Ok(t) = std::fs::metadata(&estimates).and_then(|m| m.modified()) {
-                    newest = newest.max(Some(t));
-                }
                 out.insert(
                     id,
                     Measured {
                         median_ns,
                         elements,
+                        at: modified(&estimates),
                     },
                 );
             } else if path.file_name().is_none_or(|n| n != "report") {
@@ -139,12 +137,42 @@ fn read_criterion(dir: &Path) -> (BTreeMap<String, Measured>, Option<SystemTime>
             }
         }
     }
-    (out, newest)
+    out
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Two measurements further apart than this are taken to come from different runs (a full
+/// run of the suite takes about 12 minutes).
+const ONE_RUN: Duration = Duration::from_mins(30);
+
+/// ` (from different runs: 13:16 and 14:02)` when the inputs of a ratio were measured further
+/// apart than one run of the suite, else nothing: such a ratio compares two states of a
+/// shared machine, not two stores.
+fn apart(a: Measured, b: Measured) -> String {
+    match (a.at, b.at) {
+        (Some(x), Some(y)) if x.max(y).duration_since(x.min(y)).unwrap_or_default() > ONE_RUN => {
+            format!(
+                " (from different runs: {} and {})",
+                hour(x.min(y)),
+                hour(x.max(y))
+            )
+        }
+        _ => String::new(),
+    }
+}
+
+/// `12-01 13:16`, in UTC.
+fn hour(t: SystemTime) -> String {
+    let d = date(t);
+    d["YYYY-".len().."YYYY-MM-DD HH:MM".len()].to_owned()
 }
 
 /// Results saved by `awareness_benches::save_result` in `dir` (the scale runs, the p99 beside
-/// a pruning pass), by backend.
-fn read_by_backend(dir: &Path) -> BTreeMap<String, Value> {
+/// a pruning pass), by backend, each with the time it was saved.
+fn read_by_backend(dir: &Path) -> BTreeMap<String, (Value, Option<SystemTime>)> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -152,7 +180,7 @@ fn read_by_backend(dir: &Path) -> BTreeMap<String, Value> {
             && let Some(v) = read_json(&path)
             && let Some(name) = v.get("backend").and_then(Value::as_str)
         {
-            out.insert(name.to_owned(), v);
+            out.insert(name.to_owned(), (v, modified(&path)));
         }
     }
     out
@@ -256,7 +284,12 @@ fn targets(r: &BTreeMap<String, Measured>) -> Vec<Target> {
                 let ratio = m.median_ns / f.median_ns;
                 out.push(Target {
                     what: format!("{backend} {bench} / floor insert ({floor})"),
-                    measured: format!("{} / {}", time(m.median_ns), time(f.median_ns)),
+                    measured: format!(
+                        "{} / {}{}",
+                        time(m.median_ns),
+                        time(f.median_ns),
+                        apart(m, f)
+                    ),
                     bound: "≤ 1.5x".into(),
                     ratio,
                     met: ratio <= 1.5,
@@ -267,14 +300,15 @@ fn targets(r: &BTreeMap<String, Measured>) -> Vec<Target> {
     // Group commit: events per second with it against one transaction per event, 5x at least.
     for backend in ["sqlite", "redb"] {
         let id = |b: &str| format!("record/concurrent_16_tasks/{b}");
-        if let (Some(on), Some(off)) = (
-            get(&id(backend)).and_then(Measured::per_second),
-            get(&id(&format!("{backend}-1tx"))).and_then(Measured::per_second),
-        ) {
+        let (Some(m_on), Some(m_off)) = (get(&id(backend)), get(&id(&format!("{backend}-1tx"))))
+        else {
+            continue;
+        };
+        if let (Some(on), Some(off)) = (m_on.per_second(), m_off.per_second()) {
             let ratio = on / off;
             out.push(Target {
                 what: format!("{backend} group commit, 16 tasks: events/s on / off"),
-                measured: format!("{} / {} ev/s", count(on), count(off)),
+                measured: format!("{} / {} ev/s{}", count(on), count(off), apart(m_on, m_off)),
                 bound: "≥ 5x".into(),
                 ratio,
                 met: ratio >= 5.0,
@@ -286,16 +320,20 @@ fn targets(r: &BTreeMap<String, Measured>) -> Vec<Target> {
 
 fn render(
     r: &BTreeMap<String, Measured>,
-    newest: Option<SystemTime>,
-    scale: &BTreeMap<String, Value>,
-    prune: &BTreeMap<String, Value>,
+    scale: &BTreeMap<String, (Value, Option<SystemTime>)>,
+    prune: &BTreeMap<String, (Value, Option<SystemTime>)>,
 ) -> String {
     let mut s = String::new();
-    let when = newest.map_or_else(|| "no measurements found".into(), date);
+    let times = r.values().filter_map(|m| m.at);
+    let when = match (times.clone().min(), times.max()) {
+        (Some(a), Some(b)) => format!("measured from {} to {}", date(a), date(b)),
+        _ => "no measurements found".into(),
+    };
     let _ = writeln!(
         s,
-        "Generated by `cargo run -p awareness-benches --bin bench-report` from the last run on \
-         this machine (newest measurement {when}); criterion medians.\n"
+        "Generated by `cargo run -p awareness-benches --bin bench-report` from the latest \
+         measurement of each bench on this machine ({when}); criterion medians. A ratio whose \
+         two inputs were measured more than 30 minutes apart says so.\n"
     );
     let columns: Vec<&str> = COLUMNS
         .iter()
@@ -382,13 +420,18 @@ fn render(
 }
 
 /// The backends of `by_backend` in the table's column order.
-fn in_column_order(by_backend: &BTreeMap<String, Value>) -> Vec<&String> {
+fn in_column_order<T>(by_backend: &BTreeMap<String, T>) -> Vec<&String> {
     let mut names: Vec<&String> = by_backend.keys().collect();
     names.sort_by_key(|n| COLUMNS.iter().position(|c| c == n).unwrap_or(usize::MAX));
     names
 }
 
-fn render_prune(s: &mut String, prune: &BTreeMap<String, Value>) {
+/// When a saved result was written, for its row.
+fn saved(at: Option<SystemTime>) -> String {
+    at.map_or_else(|| "-".into(), hour)
+}
+
+fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTime>)>) {
     let ns = |v: &Value, k: &str| {
         v.get(k)
             .and_then(Value::as_f64)
@@ -396,29 +439,34 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, Value>) {
     };
     let _ = writeln!(
         s,
-        "\nRecording while `prune/60k_to_50k` runs a pass on another task, against recording \
-         alone (p99; one recording at a time):\n"
+        "\nRecording while `prune/60k_to_50k` runs passes on another task, against recording \
+         alone (nearest-rank p99; one recording at a time, each on a session of its own):\n"
     );
     let _ = writeln!(
         s,
-        "| backend | quiet p99 | p99 during a pass | recordings during the pass |"
+        "| backend | quiet p99 | p99 during the passes | recordings during them | passes | measured |"
     );
-    let _ = writeln!(s, "|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    let int = |v: &Value, k: &str| {
+        v.get(k)
+            .and_then(Value::as_u64)
+            .map_or_else(|| "-".into(), |n| n.to_string())
+    };
     for name in in_column_order(prune) {
-        let v = &prune[name];
+        let (v, at) = &prune[name];
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} |",
             ns(v, "quiet_p99_ns"),
             ns(v, "pruning_p99_ns"),
-            v.get("recordings_during")
-                .and_then(Value::as_u64)
-                .map_or_else(|| "-".into(), |n| n.to_string())
+            int(v, "recordings_during"),
+            int(v, "passes"),
+            saved(*at)
         );
     }
 }
 
-fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
+fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTime>)>) {
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let _ = writeln!(
         s,
@@ -427,11 +475,11 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
     let _ = writeln!(
         s,
         "| backend | events / sessions | events/s | p50 / p99 record | reconcile/200 at the end \
-         | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) |"
+         | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) | measured |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for name in in_column_order(scale) {
-        let v = &scale[name];
+        let (v, at) = &scale[name];
         let rss: Vec<String> = v
             .get("rss_kib")
             .and_then(Value::as_array)
@@ -442,7 +490,7 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
             .collect();
         let _ = writeln!(
             s,
-            "| {name} | {} / {} | {} | {} / {} | {} | {} | {:.1} MiB | every {}: {} |",
+            "| {name} | {} / {} | {} | {} / {} | {} | {} | {:.1} MiB | every {}: {} | {} |",
             count(num(v, "events")),
             count(num(v, "sessions")),
             count(num(v, "events_per_sec")),
@@ -454,7 +502,8 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, Value>) {
                 .map_or_else(|| "-".into(), |b| format!("{:.1} MiB", b / 1_048_576.0)),
             num(v, "vm_hwm_kib") / 1024.0,
             count(num(v, "rss_every_events")),
-            rss.join(", ")
+            rss.join(", "),
+            saved(*at)
         );
     }
 }

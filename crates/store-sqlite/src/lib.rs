@@ -191,8 +191,11 @@ impl SqliteOptions {
         Self::default()
     }
 
-    /// Opens without the write connection: every write returns an error, nothing is created,
-    /// and the schema must already be up to date.
+    /// Opens without the write connection: every write returns an error and nothing is created
+    /// or written. A database behind this crate's schema (an OpenClaw database never opened
+    /// read-write by it) is read as it is, this crate's additive columns read as NULL, as the
+    /// rows OpenClaw wrote hold them anyway; a SQLite file without OpenClaw's four tables is
+    /// refused with [`StoreError::Open`].
     #[must_use]
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
@@ -362,15 +365,20 @@ impl SqliteStore {
                 }
             };
             if version < schema::LATEST {
-                return Err(error::open(
-                    path,
-                    format!(
-                        "the schema is at version {version} of {}; open it read-write once to \
-                         migrate it",
-                        schema::LATEST
-                    ),
-                    None,
-                ));
+                // Behind our schema (an OpenClaw database, say): read it as it is, our
+                // additive columns as NULL, and write nothing.
+                for r in &mut readers {
+                    let shadowed = schema::shadow_missing_columns(r.get_mut()).await;
+                    let reason = match shadowed {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(reason)) => reason,
+                        Err(e) => format!("cannot read its schema: {e}"),
+                    };
+                    for r in readers {
+                        drop(r.into_inner().close().await);
+                    }
+                    return Err(error::open(path, reason, None));
+                }
             }
         }
         tracing::debug!(path = %path.display(), read_only = options.read_only, "opened store");

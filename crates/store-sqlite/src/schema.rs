@@ -153,6 +153,60 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, now_ms: i64) -> Result<
     ended.map(|_| ())
 }
 
+/// OpenClaw's four tables, which a database must hold to be read without migrating it.
+const OPENCLAW_TABLE_NAMES: [&str; 4] = [
+    "session_state_events",
+    "session_state_heads",
+    "session_watch_cursors",
+    "session_upstream_links",
+];
+
+/// Readies a read-only connection on a database whose schema is behind [`LATEST`] (an
+/// OpenClaw database never opened read-write by this crate, say) without writing to it: each of
+/// our additive columns it lacks is read as NULL, through a TEMP view named after its table
+/// (TEMP objects live in the connection, shadow the file's table of the same name, and are
+/// never written to the file). Answers `Err(reason)` when the database is not one of OpenClaw's
+/// or ours (one of OpenClaw's four tables is missing).
+pub(crate) async fn shadow_missing_columns(
+    conn: &mut SqliteConnection,
+) -> Result<Result<(), String>, sqlx::Error> {
+    for table in OPENCLAW_TABLE_NAMES {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name = $1",
+        )
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await?;
+        if exists == 0 {
+            return Ok(Err(format!(
+                "not an OpenClaw or session-awareness state database (no table {table})"
+            )));
+        }
+    }
+    for m in &MIGRATIONS {
+        let Step::AddColumn { table, column, .. } = m.step else {
+            continue;
+        };
+        let present: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pragma_table_info($1, 'main') WHERE name = $2",
+        )
+        .bind(table)
+        .bind(column)
+        .fetch_one(&mut *conn)
+        .await?;
+        if present == 0 {
+            // One additive column per table so far; a second one on the same table would need
+            // the view to add both.
+            let sql =
+                format!("CREATE TEMP VIEW {table} AS SELECT *, NULL AS {column} FROM main.{table}");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(Ok(()))
+}
+
 async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), sqlx::Error> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS awareness_schema_migrations (

@@ -1,6 +1,7 @@
 //! A state database written by OpenClaw 2026.9.6 itself opens, answers every read of its
 //! `expected.json` exactly, accepts writes, and keeps its other 101 tables (and OpenClaw's
-//! `user_version`) byte for byte as they were.
+//! `user_version`) byte for byte as they were; opened read-only, it answers the same reads and
+//! the file does not change at all.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use awareness_core::{
 };
 use serde_json::{Value, json};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _, SqliteConnection};
-use store_sqlite::SqliteStore;
+use store_sqlite::{SqliteOptions, SqliteStore};
 
 /// The tables that are ours to write (OpenClaw's four, and our migration record).
 const OURS: [&str; 6] = [
@@ -319,6 +320,90 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     let ddl_after: Vec<(String, String)> = ddl_after.into_iter().map(ours).collect();
     assert_eq!(ddl_before, ddl_after, "OpenClaw's DDL is kept verbatim");
     conn.close().await.unwrap();
+}
+
+/// Opened read-only, OpenClaw's database (never migrated to our columns) answers every read
+/// of `expected.json` exactly, and the file is left byte for byte as it was: no migration, no
+/// table of ours, no journal mode changed. Writes are refused with a clear error.
+#[tokio::test]
+async fn openclaw_database_reads_exactly_read_only_and_stays_byte_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let before = std::fs::read(&path).unwrap();
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .read_only(true)
+        .connect()
+        .await
+        .expect("raw read-only connection");
+    let store = SqliteStore::open_with(&path, SqliteOptions::new().read_only(true))
+        .await
+        .expect("open OpenClaw's database read-only");
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
+    )
+    .unwrap();
+    for read in expected["reads"].as_array().unwrap() {
+        let got = answer(&store, &mut conn, &read["query"]).await;
+        assert_eq!(got, read["result"], "read {}", read["query"]);
+    }
+    let child = SessionRef::parse("agent:main:subagent:child", "main").unwrap();
+    let refused = store
+        .record(
+            NewEvent::new(
+                child,
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "human message via slack",
+            ),
+            Timestamp(1_802_600_200_000),
+        )
+        .await
+        .expect_err("a read-only store refuses writes");
+    assert!(refused.to_string().contains("read-only"), "{refused}");
+    store.close().await;
+    conn.close().await.unwrap();
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the database file changed under a read-only store"
+    );
+    let wal = dir.path().join("state.sqlite-wal");
+    assert!(
+        std::fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "nothing was written to a WAL"
+    );
+}
+
+/// A SQLite file that holds neither OpenClaw's tables nor ours is refused read-only with
+/// [`StoreError::Open`] naming it, and left as it was (read-write it would be given our schema).
+#[tokio::test]
+async fn another_applications_database_is_refused_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.db");
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::raw_sql("CREATE TABLE notes (body TEXT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let err = SqliteStore::open_with(&path, SqliteOptions::new().read_only(true))
+        .await
+        .expect_err("not a state database");
+    assert!(
+        matches!(&err, awareness_core::StoreError::Open { path: p, reason, .. }
+            if p == &path && reason.contains("no table session_state_events")),
+        "{err:?}"
+    );
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the file was left as it was"
+    );
 }
 
 #[tokio::test]

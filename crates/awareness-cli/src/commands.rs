@@ -102,8 +102,8 @@ async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
     Ok(store)
 }
 
-/// Opens the store with its upstream links (`adopt`, `monitor`); a read command never creates
-/// the file.
+/// Opens the store with its upstream links (`adopt`, `monitor`); a read command opens it
+/// read-only: it never creates the file, and never writes to it (not even a migration).
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let create = !read_only(&cli.command);
@@ -123,6 +123,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         &cli.store,
         OpenOptions {
             create_if_missing: create,
+            read_only: !create,
         },
     )
     .await
@@ -557,6 +558,32 @@ async fn prune(
     }
 }
 
+/// Events `tail` shows when not told where to start.
+const TAIL_LAST: usize = 20;
+
+/// The sequence just before the last `n` retained events (0 when there are fewer). Sequences
+/// have gaps (a dedupe hit spends one, pruning and deletion remove rows), so it widens a window
+/// back from the newest until the window holds `n` events.
+async fn before_the_last(store: &dyn AwarenessStore, n: usize) -> Result<Sequence, CliError> {
+    let stats = store.log_stats().await.map_err(|e| store_err("tail", &e))?;
+    let top = stats.max_sequence.get();
+    let mut width = n as u64;
+    loop {
+        let from = top.saturating_sub(width);
+        let window = store
+            .events_after(Sequence(from), usize::try_from(width).unwrap_or(usize::MAX))
+            .await
+            .map_err(|e| store_err("tail", &e))?;
+        if window.len() >= n || from == 0 {
+            return Ok(window
+                .len()
+                .checked_sub(n + 1)
+                .map_or(Sequence(from), |i| window[i].sequence));
+        }
+        width = width.saturating_mul(4);
+    }
+}
+
 async fn tail(
     store: &dyn AwarenessStore,
     follow: bool,
@@ -564,8 +591,10 @@ async fn tail(
     as_json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let stats = store.log_stats().await.map_err(|e| store_err("tail", &e))?;
-    let mut after = Sequence(after.unwrap_or_else(|| stats.max_sequence.get().saturating_sub(20)));
+    let mut after = match after {
+        Some(a) => Sequence(a),
+        None => before_the_last(store, TAIL_LAST).await?,
+    };
     let mut header = !as_json;
     loop {
         let page = store

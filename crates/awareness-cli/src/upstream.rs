@@ -42,17 +42,21 @@ pub struct AdoptArgs {
     pub watcher: Option<String>,
 }
 
+/// The longest any of `monitor`'s durations may be: a larger one is a usage error (exit 2),
+/// not a task that panics when it adds the duration to the clock.
+const WEEK_SECS: u64 = 7 * 24 * 3600;
+
 /// Flags of `awareness monitor`.
 #[derive(Debug, clap::Args)]
 pub struct MonitorArgs {
-    /// Seconds between two ticks.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds between two ticks (1 to a week).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=WEEK_SECS))]
     pub interval_secs: u64,
-    /// Seconds before the first tick.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds before the first tick (up to a week).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=WEEK_SECS))]
     pub first_tick_secs: u64,
-    /// Seconds one check of a source may take.
-    #[arg(long, default_value_t = 45)]
+    /// Seconds one check of a source may take (1 to a week).
+    #[arg(long, default_value_t = 45, value_parser = clap::value_parser!(u64).range(1..=WEEK_SECS))]
     pub timeout_secs: u64,
     /// Also print a line at the end of every tick.
     #[arg(long)]

@@ -98,6 +98,8 @@ fn demo_runs_and_leaves_the_database_behind() {
 fn status_list_and_cursors_match_openclaw_expected_answers() {
     let dir = tempfile::tempdir().unwrap();
     let store = fixture_copy(dir.path());
+    let file = dir.path().join("state.sqlite");
+    let before = std::fs::read(&file).unwrap();
     let expected: Value = serde_json::from_str(
         &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
     )
@@ -203,6 +205,60 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
         "OpenClaw's own database is healthy: {}",
         stdout(&doctor)
     );
+    // Read commands read only: OpenClaw's file is byte for byte as it was (no migration, no
+    // table of ours, no journal mode changed), and nothing went to a WAL.
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "a read command changed OpenClaw's database"
+    );
+    let wal = dir.path().join("state.sqlite-wal");
+    assert!(std::fs::metadata(&wal).map_or(true, |m| m.len() == 0));
+}
+
+/// `tail` without `--after` shows the last 20 events, however sparse their sequences: here 24
+/// dedupe hits spent sequences 24 to 47 without rows.
+#[test]
+fn tail_shows_the_last_twenty_events_across_gaps_in_the_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = |dedupe: Option<&str>| {
+        let mut args = vec![
+            "--store",
+            "sqlite://t.db",
+            "--json",
+            "record",
+            "--session",
+            "agent:main:subagent:c1",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ];
+        if let Some(k) = dedupe {
+            args.extend(["--dedupe-key", k]);
+        }
+        let o = run_in(dir.path(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["event"]["sequence"].as_u64().unwrap()
+    };
+    for _ in 0..22 {
+        record(None);
+    }
+    for _ in 0..25 {
+        assert_eq!(record(Some("same")), 23, "one row, 24 hits");
+    }
+    assert_eq!(record(None), 48);
+    let o = run_in(dir.path(), &["--store", "sqlite://t.db", "--json", "tail"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let shown: Vec<u64> = stdout(&o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["sequence"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    let want: Vec<u64> = (5..=23).chain([48]).collect();
+    assert_eq!(shown, want);
 }
 
 #[test]
@@ -338,6 +394,13 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     let o = run_in(dir.path(), &["--store", "postgres://x", "list"]);
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+
+    // A duration the clock cannot reach: usage, before anything starts.
+    let o = run_in(
+        dir.path(),
+        &["monitor", "--first-tick-secs", "18446744073709551615"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 
     // Bad flags: usage.
     let o = run_in(dir.path(), &["list", "--bogus"]);

@@ -70,12 +70,18 @@ impl StoreUrl {
 pub struct OpenOptions {
     /// Create the file when missing (a read-only tool passes `false`).
     pub create_if_missing: bool,
+    /// Only read: nothing in the file is written, not even a migration (sqlite opens without
+    /// its write connection and reads a database behind its schema as it is; every write
+    /// fails). redb opens its files exclusively either way, and writes nothing when opening a
+    /// file already at its schema.
+    pub read_only: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         Self {
             create_if_missing: true,
+            read_only: false,
         }
     }
 }
@@ -109,8 +115,9 @@ pub async fn open_full_store_with(
     match StoreUrl::parse(url)? {
         #[cfg(feature = "sqlite")]
         StoreUrl::Sqlite(path) => {
-            let opts =
-                store_sqlite::SqliteOptions::new().create_if_missing(options.create_if_missing);
+            let opts = store_sqlite::SqliteOptions::new()
+                .create_if_missing(options.create_if_missing && !options.read_only)
+                .read_only(options.read_only);
             Ok(Arc::new(
                 store_sqlite::SqliteStore::open_with(path, opts).await?,
             ))

@@ -45,6 +45,9 @@ use tracing::{debug, warn};
 use super::{CheckOutcome, NoRuns, OwnPrompts, RecentPrompts, RunActivity, UpstreamProvider};
 use crate::service::{Awareness, HumanMessage};
 
+/// Far enough to mean never: a first tick beyond what the clock can reach waits this long.
+const FOREVER: Duration = Duration::from_hours(100 * 365 * 24);
+
 /// When and how long the monitor checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MonitorConfig {
@@ -351,13 +354,18 @@ impl UpstreamMonitor {
         Inner::tick(&self.inner).await
     }
 
-    /// Starts the monitor on the current tokio runtime: the first tick after
+    /// Starts the monitor on the current tokio runtime (a `first_tick` beyond what the clock can
+    /// reach means never): the first tick after
     /// `config.first_tick`, then every `config.interval`.
     pub fn spawn(&self) -> MonitorTask {
         let inner = Arc::clone(&self.inner);
         let (stop, mut stopped) = watch::channel(false);
         let handle = tokio::spawn(async move {
-            let start = tokio::time::Instant::now() + inner.config.first_tick;
+            // A first tick too far away for the clock never comes, rather than panicking.
+            let now = tokio::time::Instant::now();
+            let start = now
+                .checked_add(inner.config.first_tick)
+                .unwrap_or_else(|| now + FOREVER);
             let period = inner.config.interval.max(Duration::from_millis(1));
             let mut ticks = tokio::time::interval_at(start, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -422,7 +422,8 @@ fn prune(c: &mut Criterion) {
 /// The p99 of recording while pruning passes (60,000 rows down to 50,000) run on another task,
 /// against the quiet p99, printed and saved for `bench-report`. Passes are repeated (each
 /// after refilling the excess) until at least [`DURING_SAMPLES`] recordings ran during them, at
-/// most [`MAX_PASSES`] passes; every recording is on a session of its own. Leaves the store at
+/// most [`MAX_PASSES`] passes; the recordings go round-robin over the data set's number of
+/// sessions outside it (the quiet ones first, then those during the passes). Leaves the store at
 /// the row cap, where the bench's own passes start.
 fn record_beside_pruning(
     rt: &tokio::runtime::Runtime,

@@ -440,7 +440,8 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
     let _ = writeln!(
         s,
         "\nRecording while `prune/60k_to_50k` runs passes on another task, against recording \
-         alone (nearest-rank p99; one recording at a time, each on a session of its own):\n"
+         alone (nearest-rank p99; one recording at a time, round-robin over 1,000 sessions \
+         outside the data set):\n"
     );
     let _ = writeln!(
         s,

@@ -670,7 +670,7 @@ mod tests {
         // A long id is hashed, so the key stays a valid dedupe key.
         let long = human_dedupe_key(&link, "s", &"x".repeat(500));
         assert!(long.len() < 100, "{long}");
-        assert!(validate::key("dedupe key", &long).is_ok());
+        assert!(validate::dedupe_key(&long).is_ok());
         assert!(missing_dedupe_key(&link).starts_with("upstream-missing:agent:main:main:"));
     }
 

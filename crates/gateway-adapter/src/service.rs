@@ -848,11 +848,14 @@ impl Awareness {
     ///    the target's **current** notice: the cursor is pending and its notice text (which
     ///    names the cursor's `last_seen`) equals the entry's. A stale line (a notice already
     ///    acknowledged, delivered late) therefore never acknowledges a newer notice.
-    /// 4. After the acknowledgement (which queues the follow-ups), any copy of a drained
+    /// 4. After the acknowledgement (which queues the follow-ups), a copy of a drained
     ///    session-state entry queued meanwhile is removed
     ///    ([`SystemEventQueue::remove`]): a change on the target while the turn ran hands out
     ///    the same text again (it depends only on the target and `last_seen`), and the turn
-    ///    has just read it. Whatever is still pending comes back through step 2 next turn.
+    ///    has just read it. Whatever is still pending comes back through step 2 next turn. A
+    ///    recording that committed before the acknowledgement but delivers its notice only
+    ///    after this step still queues that copy: the next turn reads the line once more, and
+    ///    it acknowledges nothing (step 3).
     ///
     /// [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are not
     /// serialized with turns.

@@ -395,15 +395,21 @@ mod tests {
             std::thread::yield_now();
         }
         // The first flush has claimed the pending commit and waits for the write lock.
+        let (started, running) = std::sync::mpsc::channel();
         let (returned, answer) = std::sync::mpsc::channel();
         let second = {
             let s = Arc::clone(&shared);
             std::thread::spawn(move || {
+                started.send(()).ok();
                 let r = s.flush();
                 returned.send(()).ok();
                 r
             })
         };
+        // Once the second flush is under way, it gets 300 ms to return early (it needs a few
+        // microseconds without the lock): a busy machine can only make this check pass
+        // without the lock, never fail with it.
+        running.recv().expect("the second flush starts");
         let early = answer.recv_timeout(Duration::from_millis(300)).is_ok();
         drop(long_write);
         first.join().expect("first flush").expect("first flush");

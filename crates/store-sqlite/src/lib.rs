@@ -428,12 +428,26 @@ impl SqliteStore {
                 tracing::warn!(path = %self.path.display(), error = %e, "closing a reader");
             }
         }
-        if let Some(w) = &self.writer {
-            // A batch or the rollback of a cancelled write may still hold the connection on a
-            // task of its own: let it finish first.
+        // A batch or the rollback of a cancelled write may still hold the connection on a task
+        // of its own. Its guard lets go of the lock a moment before it drops its share of the
+        // connection, so wait for the lock, then for the share (a few yields at most).
+        let mut writer = self.writer;
+        let mut yields = 0;
+        let writer = loop {
+            let Some(w) = writer.take() else { break None };
             drop(w.lock().await);
-        }
-        if let Some(w) = self.writer.and_then(|w| Arc::try_unwrap(w).ok()) {
+            match Arc::try_unwrap(w) {
+                Ok(w) => break Some(w),
+                Err(w) if yields < 1_000 => {
+                    yields += 1;
+                    writer = Some(w);
+                    tokio::task::yield_now().await;
+                }
+                // Still shared: the last holder's drop closes it, without the checkpoint.
+                Err(_) => break None,
+            }
+        };
+        if let Some(w) = writer {
             let mut w = w.into_inner();
             if w.open_tx {
                 w.rollback().await;

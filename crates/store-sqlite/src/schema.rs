@@ -183,6 +183,8 @@ pub(crate) async fn shadow_missing_columns(
             )));
         }
     }
+    // The missing additive columns, by table, in migration order.
+    let mut missing: Vec<(&str, Vec<&str>)> = Vec::new();
     for m in &MIGRATIONS {
         let Step::AddColumn { table, column, .. } = m.step else {
             continue;
@@ -195,14 +197,21 @@ pub(crate) async fn shadow_missing_columns(
         .fetch_one(&mut *conn)
         .await?;
         if present == 0 {
-            // One additive column per table so far; a second one on the same table would need
-            // the view to add both.
-            let sql =
-                format!("CREATE TEMP VIEW {table} AS SELECT *, NULL AS {column} FROM main.{table}");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&mut *conn)
-                .await?;
+            match missing.iter_mut().find(|(t, _)| *t == table) {
+                Some((_, columns)) => columns.push(column),
+                None => missing.push((table, vec![column])),
+            }
         }
+    }
+    for (table, columns) in missing {
+        let nulls: Vec<String> = columns.iter().map(|c| format!("NULL AS {c}")).collect();
+        let sql = format!(
+            "CREATE TEMP VIEW {table} AS SELECT *, {} FROM main.{table}",
+            nulls.join(", ")
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(Ok(()))
 }

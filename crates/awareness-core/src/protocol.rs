@@ -143,7 +143,7 @@ pub fn seed(
 /// A cursor is keyed by watcher and target key, so `existing` may point at another agent's
 /// session of the same key: watching this one re-points it here from the head, as a named
 /// watcher is re-pointed by [`on_event`]; keeping it would answer with a cursor on the other
-/// agent's session, and this one's changes would never notify.
+/// agent's session, and this one's changes would never notify (docs/decisions/0008).
 pub fn watch(
     existing: Option<&Cursor>,
     watcher: &WatcherKey,

@@ -273,6 +273,9 @@ where
         let watcher = w(&format!("agent:main:w{polls}"));
         give_up_after(polls, a.store.watch(&watcher, &kid, T0)).await;
         b_records(&b, &other, polls).await;
+        // `a` writes too. A store may finish a cancelled write in the background (redb's
+        // writer does); this write is queued behind it, so the reads below see it done.
+        rec(&*a.store, human(&other), T0).await;
         let head = a.store.state_version(&kid).await.expect("version");
         let c = a
             .store
@@ -285,8 +288,6 @@ where
             "after writes cancelled at poll {polls}, the cursor's latest change is the head"
         );
     }
-    // The handle whose writes were cancelled writes too.
-    rec(&*a.store, human(&kid), T0).await;
 }
 
 /// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.

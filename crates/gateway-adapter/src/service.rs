@@ -438,13 +438,7 @@ impl Awareness {
     /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
     pub fn deliver(&self, notices: &[Notice]) {
         for n in notices {
-            let added = self.queue.enqueue(
-                n.watcher.session_key(),
-                QueuedEntry {
-                    text: n.text(),
-                    context_key: Some(n.context_key()),
-                },
-            );
+            let added = self.queue.enqueue(n.watcher.session_key(), queued(n));
             if added && !n.watcher.session_key().is_subagent() {
                 self.wake.wake(n.watcher.session_key(), "session-state");
             }
@@ -893,15 +887,7 @@ impl Awareness {
         if targets.is_empty() || !watcher.is_agent_qualified() {
             return Vec::new();
         }
-        let pending = self
-            .store
-            .cursors(&CursorFilter {
-                watcher: Some(watcher.clone()),
-                pending_only: true,
-                ..CursorFilter::default()
-            })
-            .await;
-        let pending = match pending {
+        let pending = match self.pending_cursors(watcher).await {
             Ok(cursors) => cursors,
             Err(e) => {
                 warn!(watcher = %watcher, error = %e, "cannot read the cursors to acknowledge; the notices stay pending");
@@ -911,40 +897,34 @@ impl Awareness {
         pending
             .iter()
             .filter(|c| targets.contains(&c.target))
-            .filter(|c| {
-                let current = Notice::of(c);
-                let (text, context_key) = (current.text(), current.context_key());
-                drained
-                    .iter()
-                    .any(|e| e.text == text && e.context_key.as_deref() == Some(&context_key))
-            })
+            .filter(|c| drained.contains(&&queued(&Notice::of(c))))
             .map(|c| c.target.clone())
             .collect()
+    }
+
+    /// The watcher's cursors with a pending notice.
+    async fn pending_cursors(
+        &self,
+        watcher: &SessionKey,
+    ) -> Result<Vec<awareness_core::Cursor>, StoreError> {
+        self.store
+            .cursors(&CursorFilter {
+                watcher: Some(watcher.clone()),
+                pending_only: true,
+                ..CursorFilter::default()
+            })
+            .await
     }
 
     async fn recover_pending(&self, watcher: &SessionKey) {
         if !watcher.is_agent_qualified() {
             return;
         }
-        let pending = self
-            .store
-            .cursors(&CursorFilter {
-                watcher: Some(watcher.clone()),
-                pending_only: true,
-                ..CursorFilter::default()
-            })
-            .await;
-        match pending {
+        match self.pending_cursors(watcher).await {
             Ok(cursors) => {
                 for c in &cursors {
                     // The queue drops it when the same line is already there.
-                    self.queue.enqueue(
-                        watcher,
-                        QueuedEntry {
-                            text: Notice::of(c).text(),
-                            context_key: Some(Notice::of(c).context_key()),
-                        },
-                    );
+                    self.queue.enqueue(watcher, queued(&Notice::of(c)));
                 }
             }
             Err(e) => {
@@ -1046,6 +1026,14 @@ pub fn render_status(
         render_page(&mut out, after, page);
     }
     out
+}
+
+/// A notice as its line in the watcher's queue: its text under its session-state context key.
+fn queued(n: &Notice) -> QueuedEntry {
+    QueuedEntry {
+        text: n.text(),
+        context_key: Some(n.context_key()),
+    }
 }
 
 fn render_page(out: &mut String, after: Sequence, page: &ChangesPage) {

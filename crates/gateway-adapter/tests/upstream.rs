@@ -22,9 +22,8 @@ use awareness_core::{
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
 use gateway_adapter::upstream::paired::{PAGE_ITEMS, PairedMarker};
 use gateway_adapter::upstream::{
-    CheckOutcome, Detection, JsonlProvider, MonitorConfig, PairedError, PairedItem,
-    PairedNodeClient, PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor,
-    UpstreamProvider,
+    CheckOutcome, Detection, JsonlProvider, PairedError, PairedItem, PairedNodeClient,
+    PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor, UpstreamProvider,
 };
 use gateway_adapter::{
     Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake, SystemEventQueue,
@@ -959,6 +958,17 @@ async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
     assert!(fresh.created);
 }
 
+/// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
+fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
+    let flaky = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(1),
+    });
+    UpstreamMonitor::builder(w.awareness.clone(), flaky)
+        .provider(Arc::new(JsonlProvider::new()))
+        .build()
+}
+
 /// Wraps the memory store's links: re-adopts the session from another thread in the middle of
 /// a check (through `on_check`), or fails the first marker moves.
 struct Flaky {
@@ -1012,17 +1022,7 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
     let session = w
         .adopt(&t, "agent:main:worker", "main", "agent:main:main")
         .await;
-    let flaky = Arc::new(Flaky {
-        inner: w.store.clone(),
-        fail_moves: AtomicUsize::new(1),
-    });
-    let monitor = UpstreamMonitor::builder(w.awareness.clone(), flaky)
-        .provider(Arc::new(JsonlProvider::new()))
-        .config(MonitorConfig {
-            missing_checks: 3,
-            ..MonitorConfig::default()
-        })
-        .build();
+    let monitor = monitor_failing_the_first_marker_move(&w);
     let before = w.store.link(&session).await.unwrap().unwrap();
     t.human("first");
     t.human("second");
@@ -1182,13 +1182,7 @@ async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
     let session = w
         .adopt(&t, "agent:main:worker", "main", "agent:main:main")
         .await;
-    let flaky = Arc::new(Flaky {
-        inner: w.store.clone(),
-        fail_moves: AtomicUsize::new(1),
-    });
-    let monitor = UpstreamMonitor::builder(w.awareness.clone(), flaky)
-        .provider(Arc::new(JsonlProvider::new()))
-        .build();
+    let monitor = monitor_failing_the_first_marker_move(&w);
     let manager = SessionKey::new("agent:main:main").unwrap();
 
     t.human("first");

@@ -227,7 +227,11 @@ async fn run(
             }
             changed.insert((c.watcher.clone(), c.target.clone()), c);
         }
-        heads.insert(event.session_ref(), (event.sequence, job.now));
+        // The head core's rule gives this event (its sequence, the caller's clock); the
+        // watermark, which recording never moves, is kept by the upsert in SQL, as in
+        // `record_alone` (the model test holds both equal to core's rule).
+        let head = protocol::head_after(None, &event, job.now);
+        heads.insert(head.session, (head.last_sequence, head.updated_at));
         outcomes.push(Outcome::Stored(Recorded {
             event: Arc::new(event),
             deduplicated: false,

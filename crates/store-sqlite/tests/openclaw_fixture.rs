@@ -184,6 +184,18 @@ async fn answer(store: &SqliteStore, raw: &mut SqliteConnection, q: &Value) -> V
     }
 }
 
+/// Every read of the fixture's `expected.json`, answered by `store`, equals OpenClaw's answer.
+async fn answers_every_expected_read(store: &SqliteStore, raw: &mut SqliteConnection) {
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
+    )
+    .unwrap();
+    for read in expected["reads"].as_array().unwrap() {
+        let got = answer(store, raw, &read["query"]).await;
+        assert_eq!(got, read["result"], "read {}", read["query"]);
+    }
+}
+
 #[tokio::test]
 async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     let dir = tempfile::tempdir().unwrap();
@@ -207,14 +219,7 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     let store = SqliteStore::open(&path)
         .await
         .expect("open OpenClaw's database");
-    let expected: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
-    )
-    .unwrap();
-    for read in expected["reads"].as_array().unwrap() {
-        let got = answer(&store, &mut conn, &read["query"]).await;
-        assert_eq!(got, read["result"], "read {}", read["query"]);
-    }
+    answers_every_expected_read(&store, &mut conn).await;
 
     // Writes continue OpenClaw's numbering and protocol state.
     let child = SessionRef::parse("agent:main:subagent:child", "main").unwrap();
@@ -339,14 +344,7 @@ async fn openclaw_database_reads_exactly_read_only_and_stays_byte_identical() {
     let store = SqliteStore::open_with(&path, SqliteOptions::new().read_only(true))
         .await
         .expect("open OpenClaw's database read-only");
-    let expected: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
-    )
-    .unwrap();
-    for read in expected["reads"].as_array().unwrap() {
-        let got = answer(&store, &mut conn, &read["query"]).await;
-        assert_eq!(got, read["result"], "read {}", read["query"]);
-    }
+    answers_every_expected_read(&store, &mut conn).await;
     let child = SessionRef::parse("agent:main:subagent:child", "main").unwrap();
     let refused = store
         .record(

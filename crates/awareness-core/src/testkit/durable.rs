@@ -41,6 +41,18 @@ where
         .unwrap_or_else(|e| panic!("open {}: {e}", file.display()))
 }
 
+/// Two handles on one new file in a scratch directory (dropped with it).
+async fn two_handles<F, Fut>(f: &F) -> (Scratch, Subject, Subject)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("durable");
+    let a = open(f, &dir.file()).await;
+    let b = open(f, &dir.file()).await;
+    (dir, a, b)
+}
+
 /// Everything the store answers about what it holds ([`observe`]) and its upstream links.
 async fn everything(t: &Subject, refs: &[SessionRef]) -> String {
     let mut out = observe(&*t.store, refs).await;
@@ -189,10 +201,7 @@ where
     F: Fn(PathBuf) -> Fut,
     Fut: Future<Output = Result<Subject, StoreError>>,
 {
-    let dir = Scratch::new("durable");
-    let file = dir.file();
-    let a = open(&f, &file).await;
-    let b = open(&f, &file).await;
+    let (_dir, a, b) = two_handles(&f).await;
     let kid = child();
     let manager = w("agent:main:main");
 
@@ -258,10 +267,7 @@ where
     F: Fn(PathBuf) -> Fut,
     Fut: Future<Output = Result<Subject, StoreError>>,
 {
-    let dir = Scratch::new("durable");
-    let file = dir.file();
-    let a = open(&f, &file).await;
-    let b = open(&f, &file).await;
+    let (_dir, a, b) = two_handles(&f).await;
     let kid = child();
     let other = r("agent:main:subagent:other", "main");
     let manager = w("agent:main:main");

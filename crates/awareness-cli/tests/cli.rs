@@ -333,14 +333,30 @@ fn operator_commands_on(store: &str) {
     assert_eq!(dry["wouldDelete"]["eventsByAge"], 0);
     let pruned = json(&run(&["--json", "prune"]));
     assert_eq!(pruned["deleted"]["eventsByAge"], 0);
-    assert!(run(&["doctor"]).status.success());
+    let file = dir.path().join(store.split_once("://").unwrap().1);
+    let before = std::fs::read(&file).unwrap();
+    let reads: [&[&str]; 6] = [
+        &["status", child],
+        &["list"],
+        &["cursors"],
+        &["tail"],
+        &["doctor"],
+        &["prune", "--dry-run"],
+    ];
+    for read in reads {
+        let o = run(read);
+        assert!(o.status.success(), "{read:?}: {}", stderr(&o));
+    }
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "the read commands left {store}'s file as it was"
+    );
 
     let un = run(&["unwatch", "agent:main:main", child]);
     assert!(un.status.success(), "{}", stderr(&un));
     let again = run(&["unwatch", "agent:main:main", child]);
     assert_eq!(again.status.code(), Some(1), "nothing left to remove");
-    let file = store.split_once("://").unwrap().1;
-    assert!(dir.path().join(file).is_file(), "{store} wrote its file");
+    assert!(file.is_file(), "{store} wrote its file");
 }
 
 #[test]

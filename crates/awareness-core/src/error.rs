@@ -45,6 +45,14 @@ pub enum StoreError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The handle was opened read-only and the call would write; nothing was written.
+    #[error("store {path:?} was opened read-only: {operation} needs a read-write handle")]
+    ReadOnly {
+        /// The file.
+        path: PathBuf,
+        /// The write that was refused.
+        operation: String,
+    },
     /// Any other backend failure (I/O, driver, task join).
     #[error("store backend error: {context}")]
     Backend {
@@ -86,6 +94,10 @@ impl StoreError {
             StoreError::Corrupt { context, source } => StoreError::Corrupt {
                 context: context.clone(),
                 source: source.as_ref().map(text),
+            },
+            StoreError::ReadOnly { path, operation } => StoreError::ReadOnly {
+                path: path.clone(),
+                operation: operation.clone(),
             },
             StoreError::Backend { context, source } => StoreError::Backend {
                 context: context.clone(),

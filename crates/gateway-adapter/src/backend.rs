@@ -70,10 +70,12 @@ impl StoreUrl {
 pub struct OpenOptions {
     /// Create the file when missing (a read-only tool passes `false`).
     pub create_if_missing: bool,
-    /// Only read: nothing in the file is written, not even a migration (sqlite opens without
-    /// its write connection and reads a database behind its schema as it is; every write
-    /// fails). redb opens its files exclusively either way, and writes nothing when opening a
-    /// file already at its schema.
+    /// Only read: nothing is created and nothing in the file is written, not even a migration;
+    /// every write fails with [`StoreError::ReadOnly`].
+    /// sqlite opens without its write connection and reads a database behind its schema (an
+    /// OpenClaw database) as it is. redb opens the file read-only, which other read-only
+    /// processes share but a process that has it open read-write (a running gateway)
+    /// excludes, and refuses a file that needs a repair or a migration.
     pub read_only: bool,
 }
 
@@ -128,6 +130,7 @@ pub async fn open_full_store_with(
         StoreUrl::Redb(path) => {
             let opts = store_redb::RedbOptions {
                 create_if_missing: options.create_if_missing,
+                read_only: options.read_only,
                 ..store_redb::RedbOptions::default()
             };
             Ok(Arc::new(

@@ -23,6 +23,7 @@ async fn subject() -> Subject {
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
+        closer: None,
     }
 }
 

@@ -141,17 +141,25 @@ pub(crate) struct Writer {
     /// Commits use redb's `Durability::None` (the bounded-loss mode).
     bounded: bool,
     max_events: usize,
+    /// Every write is refused ([`crate::RedbOptions::read_only`]).
+    read_only: bool,
     inbox: Arc<Inbox>,
     commits: AtomicU64,
 }
 
 impl Writer {
-    pub(crate) fn new(shared: Arc<Shared>, bounded: bool, max_events: usize) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        bounded: bool,
+        max_events: usize,
+        read_only: bool,
+    ) -> Self {
         debug_assert!(max_events > 0, "checked at open");
         Self {
             shared,
             bounded,
             max_events,
+            read_only,
             inbox: Arc::default(),
             commits: AtomicU64::new(0),
         }
@@ -161,13 +169,25 @@ impl Writer {
         &self.shared
     }
 
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The refusal of a write on a read-only handle, before anything is queued.
+    fn refuse(&self, what: &str) -> Result<(), StoreError> {
+        if self.read_only {
+            return Err(self.shared.read_only(what));
+        }
+        Ok(())
+    }
+
     pub(crate) fn write_transactions(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
     }
 
     /// Begins a write transaction with the handle's durability. Blocking.
     pub(crate) fn begin(&self, what: &str) -> Result<WriteTransaction, StoreError> {
-        let mut txn = self.shared.db().begin_write().ctx(what)?;
+        let mut txn = self.shared.for_write(what)?.begin_write().ctx(what)?;
         if self.bounded {
             txn.set_durability(redb::Durability::None).ctx(what)?;
         }
@@ -191,6 +211,7 @@ impl Writer {
         event: NewEvent,
         now: Timestamp,
     ) -> Result<Recorded, StoreError> {
+        self.refuse("record")?;
         let (reply, answer) = oneshot::channel();
         self.submit(Work::Record(Job { event, now, reply }));
         let _in_flight = InFlight(self);
@@ -216,6 +237,7 @@ impl Writer {
         F: FnOnce(&Writer) -> Result<T, StoreError> + Send + 'static,
         T: Send + 'static,
     {
+        self.refuse(what)?;
         let (reply, answer) = oneshot::channel();
         self.submit(Work::Write(Box::new(move |w: &Writer| {
             let result = f(w);

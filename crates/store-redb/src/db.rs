@@ -10,7 +10,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use awareness_core::StoreError;
-use redb::{Database, DatabaseError, ReadableTable, TableHandle};
+use redb::{
+    ConcurrencyMode, Database, DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
+    ReadableTable, TableHandle,
+};
 use tracing::warn;
 
 use crate::tables::{self, LAST_SEQUENCE, META, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
@@ -74,23 +77,67 @@ impl Closed {
     }
 }
 
+/// How this process has a file open.
+enum Db {
+    /// Read-write: the file is locked against every other process.
+    Write(Database),
+    /// Read-only: other processes may open it read-only too, none read-write.
+    Read(ReadOnlyDatabase),
+}
+
 /// One open file, shared by every [`crate::RedbStore`] on it in this process.
 pub(crate) struct Shared {
-    db: Option<Database>,
+    db: Option<Db>,
     path: PathBuf,
     /// A commit with `Durability::None` happened since the last durable commit.
     unflushed: AtomicBool,
     /// Held by a flush from claiming the pending commits until its durable commit is done, so
     /// that a second flush cannot find nothing pending and return before the first is durable.
     flushing: Mutex<()>,
+    /// Opened read-write in redb's `SingleWriter` mode ([`crate::RedbOptions::live_readers`]).
+    live_readers: bool,
     closed: Arc<Closed>,
 }
 
 impl Shared {
-    pub(crate) fn db(&self) -> &Database {
+    fn db(&self) -> &Db {
         self.db
             .as_ref()
             .expect("the database stays open until the handle is dropped")
+    }
+
+    /// The database, when this process has the file open read-write.
+    pub(crate) fn writable(&self) -> Option<&Database> {
+        match self.db() {
+            Db::Write(db) => Some(db),
+            Db::Read(_) => None,
+        }
+    }
+
+    /// Whether other processes may read the file while this process writes it.
+    pub(crate) fn live_readers(&self) -> bool {
+        self.live_readers
+    }
+
+    /// The database, for a write: [`StoreError::ReadOnly`] when the file is open read-only.
+    pub(crate) fn for_write(&self, what: &str) -> Result<&Database, StoreError> {
+        self.writable().ok_or_else(|| self.read_only(what))
+    }
+
+    /// The refusal of a write on a read-only handle.
+    pub(crate) fn read_only(&self, what: &str) -> StoreError {
+        StoreError::ReadOnly {
+            path: self.path.clone(),
+            operation: what.to_owned(),
+        }
+    }
+
+    /// A read snapshot, in either mode.
+    pub(crate) fn begin_read(&self, what: &str) -> Result<ReadTransaction, StoreError> {
+        match self.db() {
+            Db::Write(db) => db.begin_read().ctx(what),
+            Db::Read(db) => db.begin_read().ctx(what),
+        }
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -111,9 +158,8 @@ impl Shared {
             return Ok(());
         }
         let result = self
-            .db()
-            .begin_write()
-            .ctx("flush: begin a durable transaction")
+            .for_write("flush")
+            .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))
             .and_then(|txn| txn.commit().ctx("flush: durable commit"));
         if result.is_err() {
             self.mark_unflushed();
@@ -126,7 +172,11 @@ impl Drop for Shared {
     fn drop(&mut self) {
         if let Some(db) = self.db.take() {
             // A clean close also makes pending non-durable commits durable.
-            if let Err(e) = db.close() {
+            let closed = match db {
+                Db::Write(db) => db.close(),
+                Db::Read(db) => db.close(),
+            };
+            if let Err(e) = closed {
                 warn!(path = ?self.path, error = %e, "closing the redb database failed");
             }
         }
@@ -163,6 +213,10 @@ fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
 fn database_error(path: &Path, e: DatabaseError) -> StoreError {
     let reason = match &e {
         DatabaseError::DatabaseAlreadyOpen => "already open in another process".to_owned(),
+        // Only a read-only open gives up on a repair.
+        DatabaseError::RepairAborted => "not closed cleanly (its process crashed or was killed), \
+            and a read-only open cannot repair it: open it read-write once"
+            .to_owned(),
         DatabaseError::UpgradeRequired(v) => {
             format!("written in redb file format {v}, which this version cannot open")
         }
@@ -180,18 +234,39 @@ fn database_error(path: &Path, e: DatabaseError) -> StoreError {
     open_error(path, reason, Some(e.into()))
 }
 
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Read-write, creating a missing file.
+    Create,
+    /// Read-write, refusing a missing file.
+    Existing,
+    /// Read-only: nothing is created or written.
+    ReadOnly,
+}
+
 /// Creates a missing file (mode 0600 on unix) when allowed.
-fn ensure_file(path: &Path, create_if_missing: bool) -> Result<(), StoreError> {
+fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
     match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_file() => {
+            if m.len() == 0 && mode == Mode::ReadOnly {
+                return Err(open_error(
+                    path,
+                    "an empty file, not yet a store, and a read-only open creates nothing",
+                    None,
+                ));
+            }
+            Ok(())
+        }
         Ok(_) => Err(open_error(path, "not a regular file", None)),
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            if !create_if_missing {
-                return Err(io_open_error(
-                    path,
-                    "no such file (create_if_missing is off)",
-                    e,
-                ));
+            let refused = match mode {
+                Mode::Create => None,
+                Mode::Existing => Some("no such file (create_if_missing is off)"),
+                Mode::ReadOnly => Some("no such file (a read-only open creates nothing)"),
+            };
+            if let Some(reason) = refused {
+                return Err(io_open_error(path, reason, e));
             }
             let mut opts = std::fs::OpenOptions::new();
             opts.write(true).create_new(true);
@@ -237,13 +312,7 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
             tracing::info!(path = %path.display(), heads = moved, "migrated a store from schema 1 to 2");
             Ok(())
         }
-        Some(v) => Err(open_error(
-            path,
-            format!(
-                "store schema version {v} is not supported (this build reads {SCHEMA_VERSION})"
-            ),
-            None,
-        )),
+        Some(v) => Err(unsupported_schema(path, v)),
         None => {
             let foreign: Vec<String> = txn
                 .list_tables()
@@ -274,36 +343,146 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
     }
 }
 
+fn unsupported_schema(path: &Path, version: u64) -> StoreError {
+    open_error(
+        path,
+        format!(
+            "store schema version {version} is not supported (this build reads {SCHEMA_VERSION})"
+        ),
+        None,
+    )
+}
+
+/// Checks, without writing, that a file opened read-only is a store of this build's schema.
+fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
+    let txn = db.begin_read().ctx("open: begin a read")?;
+    let version = match txn.open_table(META) {
+        Ok(meta) => meta
+            .get(SCHEMA_VERSION_KEY)
+            .ctx("open: read the schema")?
+            .map(|g| g.value()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => {
+            return Err(open_error(
+                path,
+                format!("not a session-awareness store: {e}"),
+                Some(e.into()),
+            ));
+        }
+    };
+    match version {
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(1) => Err(open_error(
+            path,
+            format!(
+                "written in store schema 1, which a read-write open migrates to {SCHEMA_VERSION}; a read-only open cannot"
+            ),
+            None,
+        )),
+        Some(v) => Err(unsupported_schema(path, v)),
+        None => Err(open_error(
+            path,
+            "a redb database without this store's schema version: not a session-awareness store",
+            None,
+        )),
+    }
+}
+
+/// Opens `path` read-only: in redb's default mode, which works with no writer anywhere; beside
+/// a writer that lets readers in (`SingleWriter`), in that mode.
+fn open_read_only(
+    path: &Path,
+    canonical: &Path,
+    cache_size: usize,
+) -> Result<ReadOnlyDatabase, StoreError> {
+    let open = |mode| {
+        Database::builder()
+            .set_cache_size(cache_size)
+            .set_concurrency_mode(mode)
+            .open_read_only(canonical)
+    };
+    match open(ConcurrencyMode::ExclusiveWriter) {
+        Err(DatabaseError::DatabaseAlreadyOpen) => {
+            open(ConcurrencyMode::SingleWriter).map_err(|e| match e {
+                DatabaseError::DatabaseAlreadyOpen => open_error(
+                    path,
+                    "already open in another process, read-write without live readers",
+                    Some(e.into()),
+                ),
+                e => database_error(path, e),
+            })
+        }
+        other => other.map_err(|e| database_error(path, e)),
+    }
+}
+
 /// Opens (or shares) the database of `path`. Blocking: call inside `spawn_blocking`.
+///
+/// A read-only open shares a database this process already has open, in either mode. A
+/// read-write open cannot share a read-only one: the file is locked for reading, which excludes
+/// every writer, this process's included. `live_readers` opens a new read-write database in
+/// redb's `SingleWriter` mode; a read-write open must agree with the database it shares.
 pub(crate) fn open_shared(
     path: &Path,
-    create_if_missing: bool,
+    mode: Mode,
     cache_size: usize,
+    live_readers: bool,
 ) -> Result<Arc<Shared>, StoreError> {
-    ensure_file(path, create_if_missing)?;
+    ensure_file(path, mode)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
     let mut reg = lock(registry());
     reg.retain(|_, e| e.shared.strong_count() > 0 || !e.closed.is_set());
     if let Some(entry) = reg.get(&canonical) {
         if let Some(shared) = entry.shared.upgrade() {
+            if mode != Mode::ReadOnly && shared.writable().is_none() {
+                return Err(open_error(
+                    path,
+                    "open read-only in this process: a read-write handle needs every read-only handle on the file closed first",
+                    None,
+                ));
+            }
+            if mode != Mode::ReadOnly && shared.live_readers != live_readers {
+                return Err(open_error(
+                    path,
+                    format!(
+                        "open in this process with live_readers {}: every read-write handle on a file must agree",
+                        shared.live_readers
+                    ),
+                    None,
+                ));
+            }
             return Ok(shared);
         }
         // The last handle is being dropped right now: wait until its file lock is released.
         entry.closed.wait();
         reg.remove(&canonical);
     }
-    let db = Database::builder()
-        .set_cache_size(cache_size)
-        .create(&canonical)
-        .map_err(|e| database_error(path, e))?;
-    init_schema(&db, path)?;
+    let db = if mode == Mode::ReadOnly {
+        let db = open_read_only(path, &canonical, cache_size)?;
+        check_schema(&db, path)?;
+        Db::Read(db)
+    } else {
+        let concurrency = if live_readers {
+            ConcurrencyMode::SingleWriter
+        } else {
+            ConcurrencyMode::ExclusiveWriter
+        };
+        let db = Database::builder()
+            .set_cache_size(cache_size)
+            .set_concurrency_mode(concurrency)
+            .create(&canonical)
+            .map_err(|e| database_error(path, e))?;
+        init_schema(&db, path)?;
+        Db::Write(db)
+    };
     let closed = Arc::new(Closed::default());
     let shared = Arc::new(Shared {
         db: Some(db),
         path: canonical.clone(),
         unflushed: AtomicBool::new(false),
         flushing: Mutex::new(()),
+        live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),
     });
     reg.insert(
@@ -383,10 +562,20 @@ mod tests {
     #[test]
     fn a_flush_returns_only_after_the_flush_in_progress_has_committed() {
         let dir = tempfile::tempdir().expect("dir");
-        let shared = open_shared(&dir.path().join("state.redb"), true, 1 << 20).expect("open");
+        let shared = open_shared(
+            &dir.path().join("state.redb"),
+            super::Mode::Create,
+            1 << 20,
+            false,
+        )
+        .expect("open");
         shared.mark_unflushed();
         // A long write in progress: it holds redb's write lock.
-        let long_write = shared.db().begin_write().expect("begin");
+        let long_write = shared
+            .for_write("test")
+            .expect("writable")
+            .begin_write()
+            .expect("begin");
         let first = {
             let s = Arc::clone(&shared);
             std::thread::spawn(move || s.flush())

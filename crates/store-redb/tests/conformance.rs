@@ -1,13 +1,13 @@
 //! store-redb runs the shared conformance suite, the durable suite (reopening, two handles on one
-//! file) and the model test, through `Arc<dyn ...>`, on a fresh file each, in both durability
-//! modes (the model test with `Immediate` takes about 14-16 s of a debug test run: an fsync per
-//! commit).
+//! file), the read-only suite and the model test, through `Arc<dyn ...>`, on a fresh file each,
+//! in both durability modes and with live readers (the model test with `Immediate` takes about
+//! 14-16 s of a debug test run: an fsync per commit).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use awareness_core::testkit::{RawAccess, Subject};
+use awareness_core::testkit::{RawAccess, Subject, closer};
 use awareness_core::{Sequence, StoreError, async_trait};
 use store_redb::{RedbOptions, RedbStore};
 
@@ -24,11 +24,14 @@ impl RawAccess for Raw {
 /// once).
 async fn open_with(path: PathBuf, options: RedbOptions) -> Result<Subject, StoreError> {
     let store = Arc::new(RedbStore::open_with(path, options).await?);
+    let close = closer(Arc::clone(&store), RedbStore::close);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
+        // Closing on the blocking pool, as a gateway's runtime would.
+        closer: Some(close),
     })
 }
 
@@ -52,8 +55,38 @@ mod immediate {
         super::open_with(path, RedbOptions::default()).await
     }
 
+    async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
+        super::open_with(path, RedbOptions::default().read_only(true)).await
+    }
+
     awareness_core::conformance_suite!(subject);
     awareness_core::durable_suite!(open);
+    awareness_core::read_only_suite!(open, open_read_only);
+    awareness_core::model_test!(subject);
+}
+
+mod live_readers {
+    use super::{PathBuf, RedbOptions, StoreError, Subject};
+
+    fn options() -> RedbOptions {
+        RedbOptions::default().live_readers(true)
+    }
+
+    async fn subject() -> Subject {
+        super::subject_with(options()).await
+    }
+
+    async fn open(path: PathBuf) -> Result<Subject, StoreError> {
+        super::open_with(path, options()).await
+    }
+
+    async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
+        super::open_with(path, options().read_only(true)).await
+    }
+
+    awareness_core::conformance_suite!(subject);
+    awareness_core::durable_suite!(open);
+    awareness_core::read_only_suite!(open, open_read_only);
     awareness_core::model_test!(subject);
 }
 
@@ -72,7 +105,12 @@ mod bounded {
         super::open_with(path, options()).await
     }
 
+    async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
+        super::open_with(path, options().read_only(true)).await
+    }
+
     awareness_core::conformance_suite!(subject);
     awareness_core::durable_suite!(open);
+    awareness_core::read_only_suite!(open, open_read_only);
     awareness_core::model_test!(subject);
 }

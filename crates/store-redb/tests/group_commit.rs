@@ -5,7 +5,7 @@
 //! held busy while every recording is polled once (which queues its event), so the drain starts
 //! only once all of them wait. The checks every batching store shares (concurrent callers
 //! share transactions, `group_commit(1)`, the batch bound, `0` refused) run from
-//! `awareness_core::group_commit_suite!`, in both durability modes.
+//! `awareness_core::group_commit_suite!`, in both durability modes and with live readers.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -221,6 +221,18 @@ mod bounded {
         max_events: usize,
     ) -> Result<super::Grouped, super::StoreError> {
         let options = super::RedbOptions::bounded(std::time::Duration::from_millis(20));
+        super::open_grouped(path, options, max_events).await
+    }
+
+    awareness_core::group_commit_suite!(open);
+}
+
+mod live_readers {
+    async fn open(
+        path: std::path::PathBuf,
+        max_events: usize,
+    ) -> Result<super::Grouped, super::StoreError> {
+        let options = super::RedbOptions::default().live_readers(true);
         super::open_grouped(path, options, max_events).await
     }
 

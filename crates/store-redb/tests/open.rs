@@ -421,3 +421,118 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
     assert_open_error(&err, &path, "schema version 99 is not supported");
     assert_eq!(contents(&path), before);
 }
+
+fn read_only() -> RedbOptions {
+    RedbOptions::default().read_only(true)
+}
+
+/// A read-only open refuses every file it cannot read as it is, and leaves each byte for byte as
+/// it was (a read-write open rewrites a redb file's header; a read-only one must not).
+#[tokio::test]
+async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothing() {
+    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    const OTHER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("their_data");
+    let dir = tempfile::tempdir().unwrap();
+    let store_with = |name: &str| {
+        let path = dir.path().join(name);
+        async move {
+            let s = RedbStore::open(&path).await.unwrap();
+            s.record(human(&child()), T0).await.unwrap();
+            s.close().await;
+            path
+        }
+    };
+    let schema_1 = store_with("schema1.redb").await;
+    downgrade_to_schema_1(&schema_1);
+    let newer = store_with("newer.redb").await;
+    {
+        let db = redb::Database::open(&newer).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("schema_version", 99)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let other = dir.path().join("other.redb");
+    {
+        let db = redb::Database::create(&other).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(OTHER).unwrap().insert("k", 7).unwrap();
+        txn.commit().unwrap();
+    }
+    let text = dir.path().join("notes.txt");
+    std::fs::write(
+        &text,
+        "not a database, but long enough to look like a header".repeat(100),
+    )
+    .unwrap();
+    let cases = [
+        (&schema_1, "schema 1"),
+        (&newer, "schema version 99 is not supported"),
+        (&other, "not a session-awareness store"),
+        (&text, "not a redb database"),
+    ];
+    for (path, reason) in cases {
+        let before = std::fs::read(path).unwrap();
+        let err = RedbStore::open_with(path, read_only()).await.unwrap_err();
+        assert_open_error(&err, path, reason);
+        assert!(
+            std::fs::read(path).unwrap() == before,
+            "{}: a refused read-only open changed the file",
+            path.display()
+        );
+    }
+}
+
+/// A read-write open in a process whose read-only handles keep the file open is refused with a
+/// reason saying so (their read lock excludes every writer), and succeeds once they are closed.
+#[tokio::test]
+async fn a_read_write_open_beside_read_only_handles_of_its_process_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    RedbStore::open(&path).await.unwrap().close().await;
+    let reader = RedbStore::open_with(&path, read_only()).await.unwrap();
+    assert!(reader.is_read_only());
+    let err = RedbStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "open read-only in this process");
+    reader.close().await;
+    let writer = RedbStore::open(&path).await.unwrap();
+    assert!(!writer.is_read_only());
+    let rec = writer.record(human(&child()), T0).await.unwrap();
+    assert_eq!(rec.event.sequence, Sequence(1));
+}
+
+/// Live readers need every commit durable, so they are refused with the bounded durability; and
+/// the read-write handles of a process on one file must agree on them (the first decides how
+/// the file is open).
+#[tokio::test]
+async fn live_readers_are_refused_where_they_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let bounded = RedbOptions::bounded(Duration::from_millis(50)).live_readers(true);
+    let err = RedbStore::open_with(&path, bounded).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        "cannot be combined with the bounded durability",
+    );
+    assert!(!path.exists(), "a refused open creates nothing");
+
+    let live = RedbStore::open_with(&path, RedbOptions::default().live_readers(true))
+        .await
+        .unwrap();
+    assert!(live.live_readers());
+    let err = RedbStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "open in this process with live_readers true");
+    let reader = RedbStore::open_with(&path, read_only()).await.unwrap();
+    assert!(
+        reader.is_read_only(),
+        "a read-only handle shares either mode"
+    );
+    let rec = live.record(human(&child()), T0).await.unwrap();
+    assert_eq!(
+        reader.state_version(&child()).await.unwrap(),
+        rec.event.sequence
+    );
+}

@@ -8,6 +8,10 @@
 //!   margin) before the kill is present; in both, heads equal the highest sequence of their ref,
 //!   cursors are not torn, and the sequence counter never goes back.
 //! - A file held open by another process is refused at once with a clear error naming it.
+//! - Read-only opens of two processes share a file and exclude a writer; a writer excludes
+//!   them; a file whose writer was killed is refused read-only, untouched, until a read-write
+//!   open repairs it. A writer with live readers lets a reader of another process follow its
+//!   commits.
 //! - In the bounded mode, `flush()` and a clean close make commits durable, and commits after
 //!   the last flush are really not durable (the mode does what it says).
 //!
@@ -88,9 +92,9 @@ fn wait_for_stdin_eof() {
 /// Records until killed, from `RECORDERS` concurrent tasks: human messages on the watched
 /// targets, log-only events on another, a dedupe hit now and then, and acknowledgements. Reports
 /// `R <sequence> <target> <write transactions so far>` after each record returned.
-async fn child_record(path: &Path, interval_ms: Option<u64>) {
+async fn child_record(path: &Path, interval_ms: Option<u64>, live_readers: bool) {
     let store = std::sync::Arc::new(
-        RedbStore::open_with(path, options(interval_ms))
+        RedbStore::open_with(path, options(interval_ms).live_readers(live_readers))
             .await
             .expect("child: open"),
     );
@@ -157,6 +161,37 @@ async fn child_hold(path: &Path) {
     drop(store);
 }
 
+/// Opens the file read-write with live readers and records one event; then records one more
+/// for each line read on stdin, reporting `recorded <sequence>` after each, until stdin closes.
+async fn child_live(path: &Path) {
+    let store = RedbStore::open_with(path, RedbOptions::default().live_readers(true))
+        .await
+        .expect("child: open with live readers");
+    let mut line = String::new();
+    loop {
+        let rec = store
+            .record(log_only(0), now())
+            .await
+            .expect("child: record");
+        say(&format!("recorded {}", rec.event.sequence));
+        line.clear();
+        if !std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+            break;
+        }
+    }
+    store.close().await;
+}
+
+/// Holds the file open read-only until stdin closes.
+async fn child_hold_read_only(path: &Path) {
+    let store = RedbStore::open_with(path, RedbOptions::default().read_only(true))
+        .await
+        .expect("child: open read-only");
+    say("ready");
+    wait_for_stdin_eof();
+    drop(store);
+}
+
 /// Bounded mode with a flush interval that never fires: records 5 events, flushes, records 5
 /// more, then waits to be killed.
 async fn child_flush(path: &Path) {
@@ -216,8 +251,11 @@ fn run_child(mode: &str) {
         .map(|v| v.parse().expect("child: interval"));
     let rt = runtime();
     match mode {
-        "record" => rt.block_on(child_record(&path, interval)),
+        "record" => rt.block_on(child_record(&path, interval, false)),
+        "record_live" => rt.block_on(child_record(&path, interval, true)),
+        "live" => rt.block_on(child_live(&path)),
         "hold" => rt.block_on(child_hold(&path)),
+        "hold_read_only" => rt.block_on(child_hold_read_only(&path)),
         "flush" => rt.block_on(child_flush(&path)),
         "close" => rt.block_on(child_close(&path)),
         other => panic!("unknown child mode {other}"),
@@ -368,11 +406,13 @@ async fn verify(path: &Path, must_have: &BTreeMap<u64, usize>, round: usize) -> 
     max
 }
 
-fn crash_test(interval_ms: Option<u64>) {
+fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(interval_ms.is_some()));
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15
+        ^ u64::from(interval_ms.is_some())
+        ^ (u64::from(live_readers) << 1));
     let mut reported_total = 0;
     // Each child's highest write-transaction count: they held recordings, acknowledgements
     // and the watches.
@@ -380,7 +420,12 @@ fn crash_test(interval_ms: Option<u64>) {
     let mut lost_total = 0;
     let mut checked_rounds = 0;
     for round in 0..KILLS_PER_MODE {
-        let child = spawn("record", &path, interval_ms);
+        let mode = if live_readers {
+            "record_live"
+        } else {
+            "record"
+        };
+        let child = spawn(mode, &path, interval_ms);
         // Let it run for a random while after its first commit, then kill it mid-stream.
         let (first_at, first) = child.next_line();
         let delay = match interval_ms {
@@ -433,11 +478,20 @@ fn crash_test(interval_ms: Option<u64>) {
 }
 
 fn crash_test_immediate() {
-    crash_test(None);
+    crash_test(None, false);
 }
 
 fn crash_test_bounded() {
-    crash_test(Some(u64::try_from(FLUSH_INTERVAL.as_millis()).unwrap()));
+    crash_test(
+        Some(u64::try_from(FLUSH_INTERVAL.as_millis()).unwrap()),
+        false,
+    );
+}
+
+/// `Immediate` with live readers: redb's `SingleWriter` mode commits in two phases, and the
+/// file reopens in the default mode (`verify` opens it so), which repairs it.
+fn crash_test_live_readers() {
+    crash_test(None, true);
 }
 
 fn file_open_in_another_process_is_refused_promptly() {
@@ -475,14 +529,157 @@ fn file_open_in_another_process_is_refused_promptly() {
     }
     assert!(err.to_string().contains("state.redb"), "{err}");
     // Once the other process has let go, the file opens.
-    let Spawned { mut child, .. } = holder;
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success(), "the holder exited cleanly");
+    release(holder);
     rt.block_on(async {
         let s = RedbStore::open(&path)
             .await
             .expect("open after the holder exited");
         s.record(log_only(0), Timestamp::now()).await.unwrap();
+    });
+}
+
+fn read_only() -> RedbOptions {
+    RedbOptions::default().read_only(true)
+}
+
+/// The reason of a [`StoreError::Open`], failing the test on anything else.
+fn open_refusal<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) -> String {
+    match result {
+        Err(StoreError::Open { reason, .. }) => reason,
+        other => panic!("{what}: expected StoreError::Open, got {other:?}"),
+    }
+}
+
+/// Stops a child that waits for its stdin to close, and checks it exited cleanly.
+fn release(holder: Spawned) {
+    let Spawned { mut child, .. } = holder;
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success(), "the holder exited cleanly");
+}
+
+/// Read-only handles of two processes share a file, which no process may then open read-write;
+/// a file open read-write in another process is refused to a read-only open too; a file whose
+/// writer was killed is refused read-only, untouched, until a read-write open repairs it.
+fn read_only_opens_across_processes() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    rt.block_on(async {
+        let s = RedbStore::open(&path).await.unwrap();
+        s.record(log_only(0), Timestamp::now()).await.unwrap();
+        s.close().await;
+    });
+
+    let reader = spawn("hold_read_only", &path, None);
+    assert_eq!(reader.next_line().1, "ready");
+    rt.block_on(async {
+        let s = RedbStore::open_with(&path, read_only())
+            .await
+            .expect("a second process opens the file read-only beside the first");
+        assert_eq!(s.state_version(&target(0)).await.unwrap(), Sequence(1));
+        s.close().await;
+        let reason = open_refusal(RedbStore::open(&path).await, "read-write beside readers");
+        assert_eq!(reason, "already open in another process");
+    });
+    release(reader);
+
+    let writer = spawn("hold", &path, None);
+    assert_eq!(writer.next_line().1, "ready");
+    let reason = open_refusal(
+        rt.block_on(RedbStore::open_with(&path, read_only())),
+        "read-only beside a writer",
+    );
+    assert_eq!(
+        reason,
+        "already open in another process, read-write without live readers"
+    );
+    release(writer);
+
+    let killed = spawn("flush", &path, None);
+    while killed.next_line().1 != "done" {}
+    drop(killed.kill());
+    let before = std::fs::read(&path).unwrap();
+    let reason = open_refusal(
+        rt.block_on(RedbStore::open_with(&path, read_only())),
+        "read-only after a crash",
+    );
+    assert!(reason.contains("not closed cleanly"), "{reason}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "a refused read-only open left the file as it was"
+    );
+    rt.block_on(async {
+        RedbStore::open(&path).await.expect("repair").close().await;
+        let s = RedbStore::open_with(&path, read_only())
+            .await
+            .expect("read-only once repaired");
+        assert_eq!(
+            s.state_version(&target(0)).await.unwrap(),
+            Sequence(6),
+            "the 5 flushed commits after the first survive, the 5 unflushed ones do not"
+        );
+    });
+}
+
+/// A read-only handle of one process beside a writer of another that lets readers in: it reads
+/// the writer's commits, made before and after it opened, while no second writer may open the
+/// file; once the writer is gone, a read-write open works.
+fn a_live_reader_in_another_process_follows_the_writer() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let mut writer = spawn("live", &path, None);
+    assert_eq!(writer.next_line().1, "recorded 1");
+    let mut stdin = writer.child.stdin.take().expect("the writer's stdin");
+    rt.block_on(async {
+        let reader = RedbStore::open_with(&path, read_only())
+            .await
+            .expect("a reader beside a writer with live readers");
+        assert_eq!(reader.state_version(&target(0)).await.unwrap(), Sequence(1));
+        for n in 2..=4 {
+            writeln!(stdin, "more").expect("ask the writer for a commit");
+            assert_eq!(writer.next_line().1, format!("recorded {n}"));
+            assert_eq!(
+                reader.state_version(&target(0)).await.unwrap(),
+                Sequence(n),
+                "the reader sees the commit the writer reported"
+            );
+        }
+        let seen: Vec<u64> = reader
+            .events_after(Sequence::ZERO, 100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.sequence.get())
+            .collect();
+        assert_eq!(seen, [1, 2, 3, 4]);
+        assert!(matches!(
+            reader.record(log_only(0), now()).await,
+            Err(StoreError::ReadOnly { .. })
+        ));
+        // (This process's reader closes first: its read lock would refuse a writer here.)
+        reader.close().await;
+        for options in [
+            RedbOptions::default(),
+            RedbOptions::default().live_readers(true),
+        ] {
+            let reason = open_refusal(
+                RedbStore::open_with(&path, options).await,
+                "a second writer",
+            );
+            assert_eq!(reason, "already open in another process");
+        }
+    });
+    drop(stdin);
+    assert!(
+        writer.child.wait().unwrap().success(),
+        "the writer exited cleanly"
+    );
+    rt.block_on(async {
+        let s = RedbStore::open(&path)
+            .await
+            .expect("open once the writer is gone");
+        assert_eq!(s.state_version(&target(0)).await.unwrap(), Sequence(4));
     });
 }
 
@@ -570,7 +767,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let tests: [(&str, fn()); 5] = [
+    let tests: [(&str, fn()); 8] = [
         (
             "file_open_in_another_process_is_refused_promptly",
             file_open_in_another_process_is_refused_promptly,
@@ -583,8 +780,17 @@ fn main() {
             "bounded_close_makes_everything_durable",
             bounded_close_makes_everything_durable,
         ),
+        (
+            "read_only_opens_across_processes",
+            read_only_opens_across_processes,
+        ),
         ("crash_test_immediate", crash_test_immediate),
         ("crash_test_bounded", crash_test_bounded),
+        ("crash_test_live_readers", crash_test_live_readers),
+        (
+            "a_live_reader_in_another_process_follows_the_writer",
+            a_live_reader_in_another_process_follows_the_writer,
+        ),
     ];
     let mut ran = 0;
     for (name, test) in tests {

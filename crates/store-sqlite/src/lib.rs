@@ -191,8 +191,8 @@ impl SqliteOptions {
         Self::default()
     }
 
-    /// Opens without the write connection: every write returns an error and nothing is created
-    /// or written. A database behind this crate's schema (an OpenClaw database never opened
+    /// Opens without the write connection: every write returns [`StoreError::ReadOnly`] and
+    /// nothing is created or written. A database behind this crate's schema (an OpenClaw database never opened
     /// read-write by it) is read as it is, this crate's additive columns read as NULL, as the
     /// rows OpenClaw wrote hold them anyway; a SQLite file without OpenClaw's four tables is
     /// refused with [`StoreError::Open`].
@@ -484,11 +484,9 @@ impl SqliteStore {
 
     /// The write connection's lock, or the error of a read-only handle.
     fn write_connection(&self, what: &str) -> Result<&Arc<Mutex<Writer>>, StoreError> {
-        self.writer.as_ref().ok_or_else(|| {
-            StoreError::backend(
-                format!("{what}: {} was opened read-only", self.path.display()),
-                "writes need a read-write handle",
-            )
+        self.writer.as_ref().ok_or_else(|| StoreError::ReadOnly {
+            path: self.path.clone(),
+            operation: what.to_owned(),
         })
     }
 

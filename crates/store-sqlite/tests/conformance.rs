@@ -1,13 +1,13 @@
 //! store-sqlite runs the shared conformance suite, the durable suite (reopening, two handles on
-//! one file) and the model test, through `Arc<dyn ...>`, each on a fresh file in a temporary
+//! one file), the read-only suite and the model test, through `Arc<dyn ...>`, each on a fresh file in a temporary
 //! directory.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::testkit::{RawAccess, Subject};
+use awareness_core::testkit::{RawAccess, Subject, closer};
 use awareness_core::{Sequence, StoreError, async_trait};
-use store_sqlite::SqliteStore;
+use store_sqlite::{SqliteOptions, SqliteStore};
 
 struct Raw(Arc<SqliteStore>);
 
@@ -20,12 +20,24 @@ impl RawAccess for Raw {
 
 /// Opens `path` as a [`Subject`] (the durable suite opens the same file more than once).
 async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-    let store = Arc::new(SqliteStore::open(path).await?);
+    open_with(path, SqliteOptions::new()).await
+}
+
+/// Opens `path` read-only as a [`Subject`].
+async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
+    open_with(path, SqliteOptions::new().read_only(true)).await
+}
+
+async fn open_with(path: PathBuf, options: SqliteOptions) -> Result<Subject, StoreError> {
+    let store = Arc::new(SqliteStore::open_with(path, options).await?);
+    let close = closer(Arc::clone(&store), SqliteStore::close);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
+        // Dropping a store finishes closing it (the checkpoint) in the background.
+        closer: Some(close),
     })
 }
 
@@ -40,4 +52,5 @@ async fn subject() -> Subject {
 
 awareness_core::conformance_suite!(subject);
 awareness_core::durable_suite!(open);
+awareness_core::read_only_suite!(open, open_read_only);
 awareness_core::model_test!(subject);

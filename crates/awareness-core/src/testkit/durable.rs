@@ -31,7 +31,7 @@ use crate::store::AwarenessStoreExt as _;
 
 const LATER: Timestamp = Timestamp(T0.0 + 2 * Timestamp::DAY_MS);
 
-async fn open<F, Fut>(open: &F, file: &Path) -> Subject
+pub(crate) async fn open<F, Fut>(open: &F, file: &Path) -> Subject
 where
     F: Fn(PathBuf) -> Fut,
     Fut: Future<Output = Result<Subject, StoreError>>,
@@ -54,10 +54,75 @@ where
 }
 
 /// Everything the store answers about what it holds ([`observe`]) and its upstream links.
-async fn everything(t: &Subject, refs: &[SessionRef]) -> String {
+pub(crate) async fn everything(t: &Subject, refs: &[SessionRef]) -> String {
     let mut out = observe(&*t.store, refs).await;
     writeln!(out, "{:?}", t.upstream.links().await.expect("links")).expect("write");
     out
+}
+
+/// The sessions [`fill`] writes to: a watched child (with a dedupe key), an old session whose
+/// events are pruned, and another agent's session.
+pub(crate) fn filled_refs() -> [SessionRef; 3] {
+    [
+        child(),
+        r("agent:main:old", "main"),
+        r("agent:ops:main", "ops"),
+    ]
+}
+
+/// Writes a bit of everything a store keeps into a new store: events with and without a
+/// dedupe key (and a hit), a watch with a pending notice and an acknowledged one, a pruned
+/// session that keeps its head and watermark, and an upstream link (sequences 1 to 9 spent).
+/// Returns what the store then answers ([`everything`] of [`filled_refs`]).
+pub(crate) async fn fill(t: &Subject) -> String {
+    let manager = w("agent:main:main");
+    let [kid, old, peer] = filled_refs();
+    rec(&*t.store, log_only(&old, "old one"), T0).await; // 1
+    rec(&*t.store, log_only(&old, "old two"), T0).await; // 2
+    t.store.watch(&manager, &kid, LATER).await.expect("watch");
+    for _ in 0..3 {
+        rec(&*t.store, human(&kid), LATER).await; // 3, 4, 5
+    }
+    let first = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await; // 6
+    let hit = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await; // 7, spent
+    assert!(hit.deduplicated && hit.event == first.event);
+    rec(&*t.store, human(&peer), LATER).await; // 8
+    t.store
+        .acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
+        .await
+        .expect("acknowledge");
+    let pending = rec(&*t.store, human(&kid), LATER).await; // 9
+    assert_eq!(pending.event.sequence, Sequence(9));
+    assert_eq!(
+        pending.notices.len(),
+        1,
+        "the acknowledged watcher is told again"
+    );
+    let cutoff = T0.plus_ms(Timestamp::DAY_MS);
+    let pruned = t
+        .store
+        .prune_chunk(&PruneStep::Age { cutoff }, 100)
+        .await
+        .expect("prune");
+    assert_eq!(pruned, 2, "the two old events go");
+    t.upstream
+        .upsert_link(link_spec(&kid, "t1", 7), LATER)
+        .await
+        .expect("upsert a link");
+    let heads = t
+        .store
+        .heads(std::slice::from_ref(&old))
+        .await
+        .expect("heads");
+    assert_eq!(
+        heads
+            .iter()
+            .map(|h| (h.last_sequence, h.pruned_max_sequence))
+            .collect::<Vec<_>>(),
+        [(Sequence(2), Sequence(2))],
+        "the old ref keeps its head and its watermark"
+    );
+    everything(t, &filled_refs()).await
 }
 
 /// A store closed and opened again answers exactly as before: events with every field, heads
@@ -70,60 +135,9 @@ where
 {
     let dir = Scratch::new("durable");
     let file = dir.file();
-    let manager = w("agent:main:main");
-    let kid = child();
-    let old = r("agent:main:old", "main");
-    let peer = r("agent:ops:main", "ops");
-    let refs = [kid.clone(), old.clone(), peer.clone()];
-    let before = {
-        let t = open(&f, &file).await;
-        rec(&*t.store, log_only(&old, "old one"), T0).await; // 1
-        rec(&*t.store, log_only(&old, "old two"), T0).await; // 2
-        t.store.watch(&manager, &kid, LATER).await.expect("watch");
-        for _ in 0..3 {
-            rec(&*t.store, human(&kid), LATER).await; // 3, 4, 5
-        }
-        let first = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await; // 6
-        let hit = rec(&*t.store, human(&kid).with_dedupe_key("once"), LATER).await; // 7, spent
-        assert!(hit.deduplicated && hit.event == first.event);
-        rec(&*t.store, human(&peer), LATER).await; // 8
-        t.store
-            .acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
-            .await
-            .expect("acknowledge");
-        let pending = rec(&*t.store, human(&kid), LATER).await; // 9
-        assert_eq!(pending.event.sequence, Sequence(9));
-        assert_eq!(
-            pending.notices.len(),
-            1,
-            "the acknowledged watcher is told again"
-        );
-        let cutoff = T0.plus_ms(Timestamp::DAY_MS);
-        let pruned = t
-            .store
-            .prune_chunk(&PruneStep::Age { cutoff }, 100)
-            .await
-            .expect("prune");
-        assert_eq!(pruned, 2, "the two old events go");
-        t.upstream
-            .upsert_link(link_spec(&kid, "t1", 7), LATER)
-            .await
-            .expect("upsert a link");
-        let heads = t
-            .store
-            .heads(std::slice::from_ref(&old))
-            .await
-            .expect("heads");
-        assert_eq!(
-            heads
-                .iter()
-                .map(|h| (h.last_sequence, h.pruned_max_sequence))
-                .collect::<Vec<_>>(),
-            [(Sequence(2), Sequence(2))],
-            "the old ref keeps its head and its watermark"
-        );
-        everything(&t, &refs).await
-    };
+    let refs = filled_refs();
+    let [kid, _, peer] = filled_refs();
+    let before = fill(&open(&f, &file).await).await;
     let t = open(&f, &file).await;
     assert_eq!(
         everything(&t, &refs).await,

@@ -18,7 +18,9 @@
 //! [`group_commit`].
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
-//! the checks of [`durable`]: reopening, two handles on one file, and a cancelled write.
+//! the checks of [`durable`]: reopening, two handles on one file, and a cancelled write. Those
+//! that can open a file read-only stamp [`read_only_suite!`](crate::read_only_suite), the checks
+//! of [`read_only`].
 
 use std::any::Any;
 use std::fmt::Write as _;
@@ -38,6 +40,7 @@ pub mod checks;
 pub mod durable;
 pub mod group_commit;
 pub mod model;
+pub mod read_only;
 
 pub use proptest;
 
@@ -59,6 +62,32 @@ pub struct Subject {
     pub raw: Arc<dyn RawAccess>,
     /// Dropped after the check (temporary files).
     pub guard: Box<dyn Any + Send + Sync>,
+    /// How [`Subject::close`] closes the store and waits until it is closed, for a store whose
+    /// drop finishes closing in the background; `None` when dropping closes it at once.
+    pub closer: Option<Closer>,
+}
+
+/// Closes a store and resolves once it is closed (see [`Subject::closer`]). It runs after the
+/// subject's own handles are dropped, so it may hold the last one.
+pub type Closer =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A [`Closer`] that takes the store out of `last`, the last handle once the subject's own are
+/// dropped, and closes it with `close` (a store's `close(self)`). Panics if another handle
+/// still exists then.
+pub fn closer<S, C, Fut>(last: Arc<S>, close: C) -> Closer
+where
+    S: Send + Sync + 'static,
+    C: FnOnce(S) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Box::new(move || {
+        Box::pin(async move {
+            let store = Arc::into_inner(last)
+                .expect("the subject held every other handle on the store it closes");
+            close(store).await;
+        })
+    })
 }
 
 impl Subject {
@@ -72,7 +101,25 @@ impl Subject {
             upstream: store.clone(),
             raw: store,
             guard: Box::new(guard),
+            closer: None,
         }
+    }
+
+    /// Closes the store and returns once it is closed, the file quiet: the subject's handles are
+    /// dropped, then [`Subject::closer`] runs, then the guard is dropped.
+    pub async fn close(self) {
+        let Subject {
+            store,
+            upstream,
+            raw,
+            guard,
+            closer,
+        } = self;
+        drop((store, upstream, raw));
+        if let Some(close) = closer {
+            close().await;
+        }
+        drop(guard);
     }
 }
 
@@ -309,6 +356,37 @@ macro_rules! __durable_tests {
             #[test]
             fn $name() {
                 $crate::testkit::block_on_threads($crate::testkit::durable::$name($open));
+            }
+        )*
+    };
+}
+
+/// Stamps one named `#[test]` per check of a read-only handle ([`read_only`]) for two store
+/// factories (`async fn(PathBuf) -> Result<Subject, StoreError>`): the first opens the given
+/// file read-write, creating it when missing; the second opens it read-only.
+#[macro_export]
+macro_rules! read_only_suite {
+    ($open:path, $open_read_only:path) => {
+        $crate::__read_only_tests!(
+            $open, $open_read_only;
+            a_read_only_handle_answers_what_the_file_holds,
+            a_read_only_handle_refuses_every_write_and_changes_nothing,
+            a_read_only_handle_beside_a_read_write_one_sees_its_commits,
+            a_read_only_open_creates_nothing,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __read_only_tests {
+    ($open:path, $open_read_only:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testkit::block_on_threads(
+                    $crate::testkit::read_only::$name($open, $open_read_only),
+                );
             }
         )*
     };

@@ -1,0 +1,264 @@
+//! What a read-only handle does, checked the same way on every durable store that can open its
+//! file read-only (an operator's tool inspecting a gateway's state): it answers exactly what the
+//! file holds, it refuses every write with [`StoreError::ReadOnly`] and leaves the file's bytes
+//! as they were, beside a read-write handle of the same process it sees that handle's commits,
+//! and it creates nothing.
+//!
+//! A store provides two async factories, one opening the file it is given read-write (creating
+//! it when missing) and one opening it read-only, and stamps the checks with
+//! [`crate::read_only_suite!`]:
+//!
+//! ```text
+//! async fn open(path: std::path::PathBuf)
+//!     -> Result<awareness_core::testkit::Subject, awareness_core::StoreError>
+//! { /* open the store on that file */ }
+//! async fn open_read_only(path: std::path::PathBuf)
+//!     -> Result<awareness_core::testkit::Subject, awareness_core::StoreError>
+//! { /* open it read-only */ }
+//! awareness_core::read_only_suite!(open, open_read_only);
+//! ```
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use super::checks::{T0, human, link_spec, rec, w};
+use super::durable::{everything, fill, filled_refs, open};
+use super::{Scratch, Subject};
+use crate::error::StoreError;
+use crate::model::{CursorKey, Sequence, Timestamp};
+use crate::retention::PruneStep;
+use crate::store::AwarenessStoreExt as _;
+
+const LATER: Timestamp = Timestamp(T0.0 + 3 * Timestamp::DAY_MS);
+
+/// Asserts that `result` is the refusal of a read-only handle on `file`.
+fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>, file: &Path) {
+    match result {
+        Err(StoreError::ReadOnly { path, operation }) => {
+            assert_eq!(
+                path.file_name(),
+                file.file_name(),
+                "{what}: the refusal names the file"
+            );
+            assert!(!operation.is_empty(), "{what}: the refusal names the write");
+        }
+        other => {
+            panic!("{what} on a read-only handle: expected StoreError::ReadOnly, got {other:?}")
+        }
+    }
+}
+
+/// A read-only handle on a file a read-write handle filled and closed answers exactly what the
+/// read-write handle answered: events, heads with their watermark, cursors with their pending
+/// notices, upstream links, and each session's state version.
+pub async fn a_read_only_handle_answers_what_the_file_holds<F, Fut, G, Gut>(f: F, ro: G)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+    G: Fn(PathBuf) -> Gut,
+    Gut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let before = fill(&open(&f, &file).await).await;
+    let t = open(&ro, &file).await;
+    assert_eq!(
+        everything(&t, &filled_refs()).await,
+        before,
+        "a read-only handle answers what the read-write handle answered"
+    );
+    let [kid, old, peer] = filled_refs();
+    let versions = [
+        t.store.state_version(&kid).await.expect("state version"),
+        t.store.state_version(&old).await.expect("state version"),
+        t.store.state_version(&peer).await.expect("state version"),
+    ];
+    assert_eq!(versions, [Sequence(9), Sequence(2), Sequence(8)]);
+}
+
+/// Every write through a read-only handle is refused with [`StoreError::ReadOnly`] naming the
+/// file, including writes that would change something (a pending notice to acknowledge, a
+/// session to delete, events old enough to prune). Afterwards the handle answers as before, and
+/// once it is closed the file's bytes are exactly what the read-write handle left.
+pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing<F, Fut, G, Gut>(f: F, ro: G)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+    G: Fn(PathBuf) -> Gut,
+    Gut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let rw = open(&f, &file).await;
+    let before = fill(&rw).await;
+    rw.close().await;
+    let bytes = std::fs::read(&file).expect("read the file");
+    let t = open(&ro, &file).await;
+    let manager = w("agent:main:main");
+    let ops = w("agent:ops:main");
+    let [kid, old, peer] = filled_refs();
+    let link = t
+        .upstream
+        .link(&kid)
+        .await
+        .expect("link")
+        .expect("the filled store has a link");
+    let (s, u) = (&*t.store, &*t.upstream);
+    assert_refused("record", s.record(human(&kid), LATER).await, &file);
+    assert_refused(
+        "record with a dedupe key",
+        s.record(human(&peer).with_dedupe_key("new"), LATER).await,
+        &file,
+    );
+    assert_refused("watch", s.watch(&ops, &kid, LATER).await, &file);
+    assert_refused(
+        "unwatch",
+        s.unwatch(&manager, &kid.session_key).await,
+        &file,
+    );
+    assert_refused(
+        "acknowledge",
+        s.acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
+            .await,
+        &file,
+    );
+    let key = CursorKey {
+        watcher: manager.clone(),
+        target: kid.session_key.clone(),
+    };
+    assert_refused("refreeze", s.refreeze(&[key], LATER).await, &file);
+    assert_refused(
+        "reset_watcher",
+        s.reset_watcher(manager.session_key()).await,
+        &file,
+    );
+    assert_refused(
+        "prune_chunk",
+        s.prune_chunk(&PruneStep::Age { cutoff: LATER }, 100).await,
+        &file,
+    );
+    assert_refused("delete_session", s.delete_session(&old).await, &file);
+    assert_refused(
+        "upsert_link",
+        u.upsert_link(link_spec(&peer, "t2", 1), LATER).await,
+        &file,
+    );
+    assert_refused(
+        "set_marker",
+        u.set_marker(&kid, link.updated_at, json!({"offset": 9}), LATER)
+            .await,
+        &file,
+    );
+    assert_refused("mark_scanned", u.mark_scanned(&kid, LATER).await, &file);
+    assert_refused(
+        "remove_link",
+        u.remove_link(&kid, Some(link.updated_at)).await,
+        &file,
+    );
+    assert_refused(
+        "delete an event row",
+        t.raw.delete_event_row(Sequence(3)).await,
+        &file,
+    );
+    assert_eq!(
+        everything(&t, &filled_refs()).await,
+        before,
+        "refused writes changed nothing"
+    );
+    t.close().await;
+    assert!(
+        std::fs::read(&file).expect("read the file") == bytes,
+        "a read-only handle left the file's bytes as they were"
+    );
+}
+
+/// A read-only handle opened beside a read-write handle of the same process reads that
+/// handle's commits, made before and after it opened, and the read-write handle keeps writing,
+/// while the read-only one is open and after it is closed.
+pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits<F, Fut, G, Gut>(
+    f: F,
+    ro: G,
+) where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+    G: Fn(PathBuf) -> Gut,
+    Gut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let [kid, _, peer] = filled_refs();
+    let rw = open(&f, &file).await;
+    rec(&*rw.store, human(&kid), T0).await;
+    let reader = open(&ro, &file).await;
+    assert_eq!(
+        reader.store.state_version(&kid).await.expect("version"),
+        Sequence(1)
+    );
+    rec(&*rw.store, human(&kid), T0).await;
+    rec(&*rw.store, human(&peer), T0).await;
+    assert_eq!(
+        reader.store.state_version(&kid).await.expect("version"),
+        Sequence(2),
+        "the read-only handle sees a commit made after it opened"
+    );
+    assert_eq!(
+        reader.store.log_stats().await.expect("stats"),
+        rw.store.log_stats().await.expect("stats")
+    );
+    assert_refused(
+        "record beside a read-write handle",
+        reader.store.record(human(&kid), T0).await,
+        &file,
+    );
+    drop(reader);
+    let last = rec(&*rw.store, human(&kid), T0).await;
+    assert_eq!(
+        last.event.sequence,
+        Sequence(4),
+        "the read-write handle writes after the read-only one closed"
+    );
+    drop(rw);
+    assert_eq!(
+        open(&f, &file)
+            .await
+            .store
+            .state_version(&kid)
+            .await
+            .expect("version"),
+        Sequence(4)
+    );
+}
+
+/// A read-only open of a missing file is a [`StoreError::Open`] naming it, and creates
+/// nothing; so is a read-only open of an empty file, which stays empty.
+pub async fn a_read_only_open_creates_nothing<F, Fut, G, Gut>(_f: F, ro: G)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+    G: Fn(PathBuf) -> Gut,
+    Gut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    match ro(file.clone()).await {
+        Err(StoreError::Open { path, .. }) => assert_eq!(path.file_name(), file.file_name()),
+        Err(e) => panic!("a read-only open of a missing file: expected StoreError::Open, got {e}"),
+        Ok(_) => panic!("a read-only open of a missing file succeeded"),
+    }
+    assert!(!file.exists(), "a read-only open created the file");
+    let entries = std::fs::read_dir(dir.path()).expect("list").count();
+    assert_eq!(entries, 0, "a read-only open created nothing beside it");
+    std::fs::write(&file, b"").expect("an empty file");
+    match ro(file.clone()).await {
+        Err(StoreError::Open { path, .. }) => assert_eq!(path.file_name(), file.file_name()),
+        Err(e) => panic!("a read-only open of an empty file: expected StoreError::Open, got {e}"),
+        Ok(_) => panic!("a read-only open of an empty file succeeded"),
+    }
+    assert_eq!(
+        std::fs::metadata(&file).expect("metadata").len(),
+        0,
+        "a read-only open wrote into an empty file"
+    );
+}

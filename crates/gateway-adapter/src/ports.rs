@@ -39,8 +39,8 @@ pub trait SystemEventQueue: Send + Sync {
     /// [`crate::Awareness::drain_turn`] calls it after acknowledging, to drop a copy of a notice
     /// the turn has just read that was queued again while the acknowledgement was in flight.
     /// The default removes nothing and answers `false`, for queues written before this method:
-    /// such a copy is then read once more on the next turn (acknowledging stays correct: a line
-    /// that is no longer the cursor's current notice acknowledges nothing).
+    /// such a copy then stays queued until the next turn, which drains it as a stale line: it
+    /// acknowledges nothing and is left out of what the turn reads.
     fn remove(&self, session: &SessionKey, entry: &QueuedEntry) -> bool {
         let _ = (session, entry);
         false

@@ -827,7 +827,7 @@ impl Awareness {
     }
 
     /// A watcher's turn drains its queue and acknowledges exactly the notices it drained.
-    /// Returns what was drained, for the turn's prompt.
+    /// Returns what was drained, for the turn's prompt, less the stale notices (step 5).
     ///
     /// 1. The watcher's turns run **one at a time** (an async lock per watcher session, held
     ///    across the steps below and dropped with the turn). Two overlapping turns would
@@ -848,8 +848,11 @@ impl Awareness {
     ///    the same text again (it depends only on the target and `last_seen`), and the turn
     ///    has just read it. Whatever is still pending comes back through step 2 next turn. A
     ///    recording that committed before the acknowledgement but delivers its notice only
-    ///    after this step still queues that copy: the next turn reads the line once more, and
-    ///    it acknowledges nothing (step 3).
+    ///    after this step still queues that copy, which the next turn drains as a stale line.
+    /// 5. A stale session-state line (well formed, but not its target's current notice: already
+    ///    read and acknowledged, or its cursor is gone) is left out of what the turn returns,
+    ///    so the watcher is not told twice. When the cursors cannot be read, nothing is
+    ///    acknowledged and every line is returned.
     ///
     /// [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are not
     /// serialized with turns.
@@ -861,20 +864,36 @@ impl Awareness {
         if notices.is_empty() {
             return drained;
         }
-        let targets = self.current_notices(watcher, &notices).await;
+        let current = self.current_notices(watcher, &notices).await;
+        let targets: Vec<SessionKey> = current.iter().flatten().map(|c| c.target.clone()).collect();
         self.acknowledge(watcher, &targets).await;
-        for entry in notices {
+        for entry in &notices {
             self.queue.remove(watcher, entry);
         }
+        let Some(current) = current else {
+            return drained;
+        };
+        let lines: Vec<QueuedEntry> = current.iter().map(|c| queued(&Notice::of(c))).collect();
         drained
+            .into_iter()
+            .filter(|e| {
+                let well_formed = e
+                    .context_key
+                    .as_deref()
+                    .is_some_and(|key| protocol::decode_context_key(key).is_ok());
+                !(e.is_session_state() && well_formed) || lines.contains(e)
+            })
+            .collect()
     }
 
-    /// The targets whose current notice (pending cursor, same text) is among `drained`.
+    /// The pending cursors whose current notice (same text) is among `drained`; `None` when
+    /// that cannot be known (the cursors cannot be read, or the watcher is a bare key, which
+    /// has none).
     async fn current_notices(
         &self,
         watcher: &SessionKey,
         drained: &[&QueuedEntry],
-    ) -> Vec<SessionKey> {
+    ) -> Option<Vec<awareness_core::Cursor>> {
         let targets: BTreeSet<SessionKey> = drained
             .iter()
             .filter_map(|e| {
@@ -884,22 +903,26 @@ impl Awareness {
                     .ok()
             })
             .collect();
-        if targets.is_empty() || !watcher.is_agent_qualified() {
-            return Vec::new();
+        if !watcher.is_agent_qualified() {
+            return None;
+        }
+        if targets.is_empty() {
+            return Some(Vec::new());
         }
         let pending = match self.pending_cursors(watcher).await {
             Ok(cursors) => cursors,
             Err(e) => {
                 warn!(watcher = %watcher, error = %e, "cannot read the cursors to acknowledge; the notices stay pending");
-                return Vec::new();
+                return None;
             }
         };
-        pending
-            .iter()
-            .filter(|c| targets.contains(&c.target))
-            .filter(|c| drained.contains(&&queued(&Notice::of(c))))
-            .map(|c| c.target.clone())
-            .collect()
+        Some(
+            pending
+                .into_iter()
+                .filter(|c| targets.contains(&c.target))
+                .filter(|c| drained.contains(&&queued(&Notice::of(c))))
+                .collect(),
+        )
     }
 
     /// The watcher's cursors with a pending notice.

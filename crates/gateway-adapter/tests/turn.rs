@@ -267,3 +267,35 @@ async fn concurrent_turns_of_one_watcher_read_each_notice_once_and_lose_none() {
         (second, second, second)
     );
 }
+
+/// Bug: a recording that committed before a turn's acknowledgement but delivered its notice
+/// only after the turn ended queued a copy of the notice the turn had read, and the next turn
+/// read it again (it acknowledged nothing, but the watcher was told twice).
+#[tokio::test]
+async fn a_notice_delivered_after_its_acknowledgement_is_not_read_again() {
+    let w = World::new().await;
+    w.open_gate();
+    w.human().await;
+    let read = w.svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(texts(&read), vec![notice(Sequence(1))]);
+    let acknowledged = w.cursor().await;
+    // The late delivery, and an unrelated line beside it.
+    assert!(w.queue.enqueue(&k(MANAGER), read[0].clone()));
+    let other = QueuedEntry {
+        text: "Reminder: standup at 10".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let again = w.svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(
+        again,
+        vec![other],
+        "the stale notice is left out, the rest is read"
+    );
+    assert_eq!(
+        w.cursor().await,
+        acknowledged,
+        "and it acknowledged nothing"
+    );
+    assert!(w.queue.peek(&k(MANAGER)).is_empty());
+}

@@ -104,6 +104,8 @@ async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
 
 /// Opens the store with its upstream links (`adopt`, `monitor`); a read command opens it
 /// read-only: it never creates the file, and never writes to it (not even a migration).
+/// `monitor`, which keeps the file open, lets read commands in meanwhile (redb's live
+/// readers; SQLite always does).
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let create = !read_only(&cli.command);
@@ -124,6 +126,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         OpenOptions {
             create_if_missing: create,
             read_only: !create,
+            live_readers: matches!(cli.command, Command::Monitor(_)),
         },
     )
     .await

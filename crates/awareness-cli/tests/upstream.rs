@@ -52,8 +52,16 @@ fn wait_for(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
 
 #[test]
 fn adopt_then_monitor_prints_detections_and_stops_on_ctrl_c() {
+    for scheme in ["sqlite", "redb"] {
+        adopt_then_monitor_on(scheme);
+    }
+}
+
+/// Adopts a transcript on a new store of `scheme` and runs the monitor; read commands work while
+/// it runs.
+fn adopt_then_monitor_on(scheme: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let store = format!("{scheme}://{}", dir.path().join("state.db").display());
     let transcript = dir.path().join("5f1c2e3a.jsonl");
     std::fs::File::create(&transcript).unwrap();
     human_line(&transcript, "h0", "history from before the adoption");
@@ -139,6 +147,15 @@ fn adopt_then_monitor_prints_detections_and_stops_on_ctrl_c() {
         turns += n;
     }
     assert_eq!(turns, 2);
+    // A read command beside the running monitor, which keeps the file open.
+    let o = run(&["--store", &store, "--json", "status", "agent:main:worker"]);
+    assert!(
+        o.status.success(),
+        "{store}: status beside the monitor: {}",
+        text(&o)
+    );
+    let status: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(status["stateVersion"].as_u64() >= Some(2), "{status}");
     let killed = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

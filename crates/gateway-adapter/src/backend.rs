@@ -77,6 +77,11 @@ pub struct OpenOptions {
     /// processes share but a process that has it open read-write (a running gateway)
     /// excludes, and refuses a file that needs a repair or a migration.
     pub read_only: bool,
+    /// redb only: a read-write open lets other processes open the file read-only meanwhile
+    /// and follow its commits (`store_redb::RedbOptions::live_readers`: a second fsync per
+    /// commit). Ignored by the other backends (SQLite always lets readers in) and by a
+    /// read-only open.
+    pub live_readers: bool,
 }
 
 impl Default for OpenOptions {
@@ -84,6 +89,7 @@ impl Default for OpenOptions {
         Self {
             create_if_missing: true,
             read_only: false,
+            live_readers: false,
         }
     }
 }
@@ -131,6 +137,7 @@ pub async fn open_full_store_with(
             let opts = store_redb::RedbOptions {
                 create_if_missing: options.create_if_missing,
                 read_only: options.read_only,
+                live_readers: options.live_readers,
                 ..store_redb::RedbOptions::default()
             };
             Ok(Arc::new(

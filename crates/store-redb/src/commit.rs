@@ -174,7 +174,7 @@ impl Writer {
     }
 
     /// The refusal of a write on a read-only handle, before anything is queued.
-    fn refuse(&self, what: &str) -> Result<(), StoreError> {
+    pub(crate) fn refuse(&self, what: &str) -> Result<(), StoreError> {
         if self.read_only {
             return Err(self.shared.read_only(what));
         }

@@ -388,8 +388,10 @@ fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// Opens `path` read-only: in redb's default mode, which works with no writer anywhere; beside
-/// a writer that lets readers in (`SingleWriter`), in that mode.
+/// Opens `path` read-only in redb's `SingleWriter` mode, which shares the file with a writer
+/// that lets readers in and, with no writer, lets one start meanwhile (a reader in the default
+/// mode would lock it out). Where that mode is not available (it needs byte-range locks), the
+/// default mode.
 fn open_read_only(
     path: &Path,
     canonical: &Path,
@@ -401,18 +403,15 @@ fn open_read_only(
             .set_concurrency_mode(mode)
             .open_read_only(canonical)
     };
-    match open(ConcurrencyMode::ExclusiveWriter) {
-        Err(DatabaseError::DatabaseAlreadyOpen) => {
-            open(ConcurrencyMode::SingleWriter).map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => open_error(
-                    path,
-                    "already open in another process, read-write without live readers",
-                    Some(e.into()),
-                ),
-                e => database_error(path, e),
-            })
-        }
-        other => other.map_err(|e| database_error(path, e)),
+    match open(ConcurrencyMode::SingleWriter) {
+        Ok(db) => Ok(db),
+        Err(e @ DatabaseError::DatabaseAlreadyOpen) => Err(open_error(
+            path,
+            "already open in another process, in a mode that excludes readers (a writer without live_readers)",
+            Some(e.into()),
+        )),
+        Err(e @ DatabaseError::RepairAborted) => Err(database_error(path, e)),
+        Err(_) => open(ConcurrencyMode::ExclusiveWriter).map_err(|e| database_error(path, e)),
     }
 }
 

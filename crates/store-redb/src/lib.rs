@@ -164,10 +164,11 @@
 //!
 //! A file may also be opened read-only ([`RedbOptions::read_only`]), for a process that only
 //! inspects it: nothing is created, migrated or written, and every write returns
-//! [`StoreError::ReadOnly`]. Read-only handles of several processes share a file. By default a
-//! writer excludes them, and they exclude a writer. A writer opened with
-//! [`RedbOptions::live_readers`] lets them in: they read each of its commits as soon as it is
-//! durable, at the price of a second fsync per commit and no [`Durability::Bounded`]. A file
+//! [`StoreError::ReadOnly`]. Read-only handles of several processes share a file. A writer in
+//! the default mode and read-only handles exclude each other. A writer opened with
+//! [`RedbOptions::live_readers`] lets them in, whether it starts before or after them: they read
+//! each of its commits as soon as it is durable, at the price of a second fsync per commit and
+//! no [`Durability::Bounded`]. A file
 //! whose writer crashed needs a repair, which a read-only open cannot make: it is refused until
 //! a read-write open repairs it.
 //!
@@ -222,7 +223,8 @@ pub struct RedbOptions {
     pub create_if_missing: bool,
     /// Open the file read-only (default `false`): every write returns
     /// [`StoreError::ReadOnly`], nothing is created, migrated or written, and
-    /// [`RedbOptions::durability`] and [`RedbOptions::create_if_missing`] are ignored. See
+    /// [`RedbOptions::durability`], [`RedbOptions::create_if_missing`] and
+    /// [`RedbOptions::live_readers`] are ignored. See
     /// [`RedbOptions::read_only`].
     pub read_only: bool,
     /// Let other processes open the file read-only while this handle has it open read-write
@@ -284,10 +286,14 @@ impl RedbOptions {
     /// Opens the file read-only, for a process that only inspects it (a CLI's read commands).
     /// Several processes may have a file open read-only at once, and a read-only handle shares
     /// the database this process already has open on the file, in either mode (it then sees
-    /// that handle's commits). A file open read-write in another process is refused, as for any
-    /// open, and so is a file that needs a repair (its writer crashed: a read-write open
-    /// repairs it) or a migration (schema 1). A read-write open in this process is refused
-    /// while read-only handles keep the file open: the read lock excludes every writer.
+    /// that handle's commits). A file open read-write in another process is refused, unless
+    /// that writer lets readers in ([`RedbOptions::live_readers`]); so is a file that needs a
+    /// repair (its writer crashed: a read-write open repairs it) or a migration (schema 1).
+    /// While the handle is open, another process may open the file read-write only with
+    /// `live_readers`, and this process not at all: its read lock excludes every writer. A
+    /// read-only handle that shares a read-write handle's database keeps that database, with
+    /// its lock, open until it is closed too: until then the file stays open read-write in
+    /// this process, as other processes see it.
     #[must_use]
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
@@ -368,6 +374,7 @@ impl RedbStore {
         let path: PathBuf = path.as_ref().to_owned();
         if let Durability::Bounded { flush_interval } = options.durability
             && flush_interval.is_zero()
+            && !options.read_only
         {
             return Err(StoreError::Open {
                 path,
@@ -476,9 +483,12 @@ impl RedbStore {
         }
     }
 
-    /// Makes every commit made so far durable now (a no-op when nothing is pending, and always
-    /// with [`Durability::Immediate`]).
+    /// Makes every commit made so far durable now (a no-op when nothing is pending, always
+    /// with [`Durability::Immediate`], and on a read-only handle, which writes nothing).
     pub async fn flush(&self) -> Result<(), StoreError> {
+        if self.is_read_only() {
+            return Ok(());
+        }
         let shared = Arc::clone(self.shared());
         blocking("flush", move || shared.flush()).await
     }
@@ -826,6 +836,8 @@ impl EventStore for RedbStore {
     }
 
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+        // A read-only handle refuses even a chunk with nothing to delete.
+        self.writer.refuse("prune")?;
         let step = *step;
         let aged = match step {
             // Finding old rows scans the log in sequence order (old rows are the low sequences,

@@ -530,6 +530,11 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
         reader.is_read_only(),
         "a read-only handle shares either mode"
     );
+    // A read-only handle ignores the write settings: none of them is checked.
+    let ignoring = RedbOptions::bounded(Duration::ZERO)
+        .live_readers(true)
+        .read_only(true);
+    RedbStore::open_with(&path, ignoring).await.unwrap();
     let rec = live.record(human(&child()), T0).await.unwrap();
     assert_eq!(
         reader.state_version(&child()).await.unwrap(),

@@ -591,7 +591,7 @@ fn read_only_opens_across_processes() {
     );
     assert_eq!(
         reason,
-        "already open in another process, read-write without live readers"
+        "already open in another process, in a mode that excludes readers (a writer without live_readers)"
     );
     release(writer);
 
@@ -683,6 +683,34 @@ fn a_live_reader_in_another_process_follows_the_writer() {
     });
 }
 
+/// A reader opened while no writer runs does not keep a writer with live readers from starting
+/// (the reader joins in the writer's mode, not in one that excludes it), and then follows it.
+fn a_reader_opened_first_lets_a_live_writer_start() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    rt.block_on(async {
+        let s = RedbStore::open(&path).await.unwrap();
+        s.record(log_only(0), now()).await.unwrap();
+        s.close().await;
+    });
+    let reader = rt
+        .block_on(RedbStore::open_with(&path, read_only()))
+        .expect("a reader with no writer");
+    let writer = spawn("live", &path, None);
+    assert_eq!(
+        writer.next_line().1,
+        "recorded 2",
+        "the writer started beside the reader"
+    );
+    assert_eq!(
+        rt.block_on(reader.state_version(&target(0))).unwrap(),
+        Sequence(2)
+    );
+    rt.block_on(reader.close());
+    release(writer);
+}
+
 fn sequences(lines: &[(Instant, String)], prefix: &str) -> Vec<u64> {
     lines
         .iter()
@@ -767,7 +795,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let tests: [(&str, fn()); 8] = [
+    let tests: [(&str, fn()); 9] = [
         (
             "file_open_in_another_process_is_refused_promptly",
             file_open_in_another_process_is_refused_promptly,
@@ -790,6 +818,10 @@ fn main() {
         (
             "a_live_reader_in_another_process_follows_the_writer",
             a_live_reader_in_another_process_follows_the_writer,
+        ),
+        (
+            "a_reader_opened_first_lets_a_live_writer_start",
+            a_reader_opened_first_lets_a_live_writer_start,
         ),
     ];
     let mut ran = 0;

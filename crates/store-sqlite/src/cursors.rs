@@ -97,6 +97,8 @@ impl CursorStore for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         const WHAT: &str = "acknowledge";
+        // A read-only handle refuses even a call with nothing to do.
+        self.write_connection(WHAT)?;
         if targets.is_empty() {
             return Ok(Vec::new());
         }
@@ -153,6 +155,7 @@ impl CursorStore for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         const WHAT: &str = "re-freeze cursors";
+        self.write_connection(WHAT)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }

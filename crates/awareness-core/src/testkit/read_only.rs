@@ -79,8 +79,8 @@ where
 }
 
 /// Every write through a read-only handle is refused with [`StoreError::ReadOnly`] naming the
-/// file, including writes that would change something (a pending notice to acknowledge, a
-/// session to delete, events old enough to prune). Afterwards the handle answers as before, and
+/// file: writes that would change something (a pending notice to acknowledge, a session to
+/// delete, events old enough to prune) and writes that would change nothing alike. Afterwards the handle answers as before, and
 /// once it is closed the file's bytes are exactly what the read-write handle left.
 pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing<F, Fut, G, Gut>(f: F, ro: G)
 where
@@ -160,6 +160,44 @@ where
     assert_refused(
         "delete an event row",
         t.raw.delete_event_row(Sequence(3)).await,
+        &file,
+    );
+    // Writes that would change nothing are refused too: the answer does not depend on the data.
+    let stranger = crate::testkit::checks::r("agent:main:nobody", "main");
+    assert_refused(
+        "prune_chunk with nothing old",
+        s.prune_chunk(&PruneStep::Age { cutoff: T0 }, 100).await,
+        &file,
+    );
+    assert_refused(
+        "acknowledge nothing",
+        s.acknowledge(&manager, &[], LATER).await,
+        &file,
+    );
+    assert_refused("refreeze nothing", s.refreeze(&[], LATER).await, &file);
+    assert_refused(
+        "unwatch what is not watched",
+        s.unwatch(&ops, &stranger.session_key).await,
+        &file,
+    );
+    assert_refused(
+        "reset a watcher without cursors",
+        s.reset_watcher(&stranger.session_key).await,
+        &file,
+    );
+    assert_refused(
+        "delete an unknown session",
+        s.delete_session(&stranger).await,
+        &file,
+    );
+    assert_refused(
+        "mark an unknown link scanned",
+        u.mark_scanned(&stranger, LATER).await,
+        &file,
+    );
+    assert_refused(
+        "remove an unknown link",
+        u.remove_link(&stranger, None).await,
         &file,
     );
     assert_eq!(

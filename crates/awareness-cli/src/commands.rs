@@ -641,19 +641,47 @@ async fn tail(
     }
 }
 
+/// Whether `r` still has events and still no head (a session deleted after its events were read
+/// has neither).
+async fn still_has_events(store: &dyn AwarenessStore, r: &SessionRef) -> Result<bool, CliError> {
+    let err = |e: StoreError| store_err("doctor", &e);
+    let page = store
+        .changes_since(r, Sequence::ZERO, 1)
+        .await
+        .map_err(err)?;
+    let heads = store.heads(std::slice::from_ref(r)).await.map_err(err)?;
+    Ok(!page.events.is_empty() && heads.is_empty())
+}
+
+/// Whether cursor `c` still exists and its target still has no head (deleting the target
+/// removes the cursors on it).
+async fn still_watched(store: &dyn AwarenessStore, c: &Cursor) -> Result<bool, CliError> {
+    let err = |e: StoreError| store_err("doctor", &e);
+    let exists = store
+        .cursor(&c.watcher, &c.target)
+        .await
+        .map_err(err)?
+        .is_some();
+    let heads = store.heads(&[c.target_ref()]).await.map_err(err)?;
+    Ok(exists && heads.is_empty())
+}
+
 async fn doctor(
     store: &dyn AwarenessStore,
     as_json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let mut problems: Vec<String> = Vec::new();
-    let heads = store
-        .list_heads(None)
+    // The store may be live (a gateway, `monitor`): each read is its own snapshot. Heads only
+    // grow, so reading them last covers every event and cursor read before them; what a
+    // deletion between the reads removed is read again before it is called a problem.
+    let cursors = store
+        .cursors(&CursorFilter::default())
         .await
         .map_err(|e| store_err("doctor", &e))?;
     let events = all_events(store).await?;
-    let cursors = store
-        .cursors(&CursorFilter::default())
+    let heads = store
+        .list_heads(None)
         .await
         .map_err(|e| store_err("doctor", &e))?;
     let by_ref: HashMap<SessionRef, &Head> = heads.iter().map(|h| (h.session.clone(), h)).collect();
@@ -664,12 +692,14 @@ async fn doctor(
     }
     for (r, max) in &max_seen {
         match by_ref.get(r) {
-            None => problems.push(format!("events of {r} up to {max} have no head")),
+            None if still_has_events(store, r).await? => {
+                problems.push(format!("events of {r} up to {max} have no head"));
+            }
             Some(h) if h.last_sequence < *max => problems.push(format!(
                 "head of {r} is {} but an event {max} exists",
                 h.last_sequence
             )),
-            Some(_) => {}
+            _ => {}
         }
     }
     for h in &heads {
@@ -693,7 +723,7 @@ async fn doctor(
                 "{name} points past the target's head {} (material {})",
                 h.last_sequence, c.material
             )),
-            None if c.material > Sequence::ZERO => {
+            None if c.material > Sequence::ZERO && still_watched(store, c).await? => {
                 problems.push(format!("{name} is orphaned: its target has no head"));
             }
             _ => {}

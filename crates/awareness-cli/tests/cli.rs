@@ -457,3 +457,66 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     );
     assert_eq!(stderr(&o).lines().count(), 1);
 }
+
+/// `doctor` beside a writer that keeps recording finds nothing wrong: it read heads first, so a
+/// commit between its reads showed events and cursors past the heads it had read, and it
+/// reported problems that were not there (exit 1).
+#[test]
+fn doctor_beside_a_live_writer_finds_no_false_problems() {
+    use awareness_core::{ActorType, EventKind, NewEvent, SessionRef, Timestamp, WatcherKey};
+    for scheme in ["sqlite", "redb"] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("{scheme}://{}", dir.path().join("state.db").display());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = rt
+            .block_on(gateway_adapter::open_full_store_with(
+                &url,
+                gateway_adapter::OpenOptions {
+                    live_readers: true,
+                    ..gateway_adapter::OpenOptions::default()
+                },
+            ))
+            .unwrap();
+        let manager = WatcherKey::parse("agent:main:main").unwrap();
+        let targets: Vec<SessionRef> = (0..4)
+            .map(|i| SessionRef::parse(&format!("agent:main:subagent:t{i}"), "main").unwrap())
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (store, stop, targets) = (store.clone(), stop.clone(), targets.clone());
+            rt.spawn(async move {
+                for t in &targets {
+                    store.watch(&manager, t, Timestamp::now()).await.unwrap();
+                }
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = &targets[(n % 4) as usize];
+                    let e = NewEvent::new(
+                        t.clone(),
+                        EventKind::HumanDirectMessage,
+                        ActorType::Human,
+                        "human message via cli",
+                    );
+                    store.record(e, Timestamp::now()).await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let mut runs = Vec::new();
+        for _ in 0..15 {
+            let o = run_in(dir.path(), &["--store", &url, "doctor"]);
+            runs.push((o.status.code(), stdout(&o), stderr(&o)));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let recorded = rt.block_on(writer).unwrap();
+        assert!(recorded > 0, "{scheme}: the writer recorded");
+        for (code, out, err) in runs {
+            assert_eq!(
+                code,
+                Some(0),
+                "{scheme}: doctor beside the writer: {out}{err}"
+            );
+        }
+    }
+}

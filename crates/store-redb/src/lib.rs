@@ -223,8 +223,8 @@ pub struct RedbOptions {
     pub create_if_missing: bool,
     /// Open the file read-only (default `false`): every write returns
     /// [`StoreError::ReadOnly`], nothing is created, migrated or written, and
-    /// [`RedbOptions::durability`], [`RedbOptions::create_if_missing`] and
-    /// [`RedbOptions::live_readers`] are ignored. See
+    /// [`RedbOptions::durability`], [`RedbOptions::create_if_missing`],
+    /// [`RedbOptions::live_readers`] and [`RedbOptions::group_commit`] are ignored. See
     /// [`RedbOptions::read_only`].
     pub read_only: bool,
     /// Let other processes open the file read-only while this handle has it open read-write
@@ -392,7 +392,7 @@ impl RedbStore {
                 source: None,
             });
         }
-        if options.group_commit == 0 {
+        if options.group_commit == 0 && !options.read_only {
             return Err(StoreError::Open {
                 path,
                 reason: "group_commit must be at least 1 (1 commits every recording alone)".into(),
@@ -419,7 +419,8 @@ impl RedbStore {
             writer: Arc::new(Writer::new(
                 shared,
                 bounded,
-                options.group_commit,
+                // Never used by a read-only handle, which may carry any value.
+                options.group_commit.max(1),
                 options.read_only,
             )),
             durability: options.durability,

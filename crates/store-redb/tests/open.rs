@@ -533,6 +533,7 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
     // A read-only handle ignores the write settings: none of them is checked.
     let ignoring = RedbOptions::bounded(Duration::ZERO)
         .live_readers(true)
+        .group_commit(0)
         .read_only(true);
     RedbStore::open_with(&path, ignoring).await.unwrap();
     let rec = live.record(human(&child()), T0).await.unwrap();

@@ -74,8 +74,9 @@ pub struct OpenOptions {
     /// every write fails with [`StoreError::ReadOnly`].
     /// sqlite opens without its write connection and reads a database behind its schema (an
     /// OpenClaw database) as it is. redb opens the file read-only, which other read-only
-    /// processes share but a process that has it open read-write (a running gateway)
-    /// excludes, and refuses a file that needs a repair or a migration.
+    /// processes share, and a process that has it open read-write (a running gateway)
+    /// excludes unless it opened it with [`OpenOptions::live_readers`]; a file that needs a
+    /// repair or a migration is refused.
     pub read_only: bool,
     /// redb only: a read-write open lets other processes open the file read-only meanwhile
     /// and follow its commits (`store_redb::RedbOptions::live_readers`: a second fsync per

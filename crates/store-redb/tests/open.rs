@@ -59,6 +59,17 @@ fn table_names(txn: &redb::ReadTransaction) -> Vec<String> {
         .collect()
 }
 
+/// Writes `version` as the store's schema version, as a future build would.
+fn set_schema_version(path: &std::path::Path, version: u64) {
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+        .unwrap()
+        .insert("schema_version", version)
+        .unwrap();
+    txn.commit().unwrap();
+}
+
 /// The schema version a store wrote in its `meta` table.
 fn schema_version(txn: &redb::ReadTransaction) -> u64 {
     txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
@@ -395,7 +406,6 @@ async fn a_schema_1_file_is_migrated_and_loses_nothing() {
 
 #[tokio::test]
 async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
-    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     drop(RedbStore::open(&path).await.unwrap());
@@ -406,15 +416,7 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
         let txn = db.begin_read().unwrap();
         (table_names(&txn), schema_version(&txn))
     };
-    {
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert("schema_version", 99)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    set_schema_version(&path, 99);
     let before = contents(&path);
     assert_eq!(before.1, 99);
     let err = RedbStore::open(&path).await.unwrap_err();
@@ -430,7 +432,6 @@ fn read_only() -> RedbOptions {
 /// it was (a read-write open rewrites a redb file's header; a read-only one must not).
 #[tokio::test]
 async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothing() {
-    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
     const OTHER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("their_data");
     let dir = tempfile::tempdir().unwrap();
     let store_with = |name: &str| {
@@ -445,15 +446,7 @@ async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothin
     let schema_1 = store_with("schema1.redb").await;
     downgrade_to_schema_1(&schema_1);
     let newer = store_with("newer.redb").await;
-    {
-        let db = redb::Database::open(&newer).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert("schema_version", 99)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    set_schema_version(&newer, 99);
     let other = dir.path().join("other.redb");
     {
         let db = redb::Database::create(&other).unwrap();

@@ -80,8 +80,9 @@ where
 
 /// Every write through a read-only handle is refused with [`StoreError::ReadOnly`] naming the
 /// file: writes that would change something (a pending notice to acknowledge, a session to
-/// delete, events old enough to prune) and writes that would change nothing alike. Afterwards the handle answers as before, and
-/// once it is closed the file's bytes are exactly what the read-write handle left.
+/// delete, events old enough to prune) and writes that would change nothing alike. Afterwards
+/// the handle answers as before, and once it is closed the file's bytes are exactly what the
+/// read-write handle left.
 pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing<F, Fut, G, Gut>(f: F, ro: G)
 where
     F: Fn(PathBuf) -> Fut,

@@ -148,6 +148,10 @@ pub enum Command {
     },
     /// Check the store: schema, heads against events, cursors against heads.
     Doctor,
+    /// Open an existing store read-write once and close it cleanly, changing nothing else:
+    /// redb repairs a file whose writer crashed (read commands refuse such a file until then),
+    /// SQLite recovers its write-ahead log, and either migrates an older schema.
+    Repair,
     /// Adopt a Claude Code transcript (a JSONL file) for a session: link it from its current
     /// end, so that only what is typed into it from now on counts, and record `adopted`.
     Adopt(upstream::AdoptArgs),

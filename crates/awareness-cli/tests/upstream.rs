@@ -234,3 +234,79 @@ fn adopt_refuses_a_missing_file_and_a_bare_watcher() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")
+/// until `repair` opens it read-write once; SQLite needs no repair, and `repair` leaves its
+/// store answering the same. The writer killed here is `monitor`, which keeps the file open.
+#[test]
+fn repair_lets_read_commands_in_after_a_killed_writer() {
+    for scheme in ["redb", "sqlite"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("{scheme}://{}", dir.path().join("state.db").display());
+        let o = run(&[
+            "--store",
+            &store,
+            "record",
+            "--session",
+            "agent:main:worker",
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let mut child = bin()
+            .args(["--store", &store, "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        wait_for(&lines, "monitoring 0 adopted session(s)");
+        child.kill().expect("SIGKILL the monitor");
+        child.wait().unwrap();
+        reader.join().unwrap();
+
+        let status = ["--store", &store, "--json", "status", "agent:main:worker"];
+        let o = run(&status);
+        if scheme == "redb" {
+            assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+            assert!(text(&o).contains("not closed cleanly"), "{}", text(&o));
+        } else {
+            assert!(o.status.success(), "{}", text(&o));
+        }
+        let o = run(&["--store", &store, "--json", "repair"]);
+        assert!(o.status.success(), "{scheme}: repair: {}", text(&o));
+        let repaired: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(repaired, json!({"ok": true, "events": 1}));
+        let o = run(&status);
+        assert!(
+            o.status.success(),
+            "{scheme}: status after repair: {}",
+            text(&o)
+        );
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["stateVersion"], json!(1));
+    }
+    // repair never creates a store.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.redb");
+    let o = run(&[
+        "--store",
+        &format!("redb://{}", missing.display()),
+        "repair",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!missing.exists(), "repair created a store");
+}

@@ -33,6 +33,37 @@ fn human_line(path: &Path, uuid: &str, said: &str) {
     writeln!(f, "{row}").unwrap();
 }
 
+/// A running child and its stdout, line by line (the thread reading it ends at EOF).
+struct Reading {
+    child: std::process::Child,
+    lines: (mpsc::Receiver<String>, std::thread::JoinHandle<()>),
+}
+
+trait SpawnReading {
+    /// Spawns with stdout piped, read line by line on a thread of its own.
+    fn spawn_reading(&mut self) -> std::io::Result<Reading>;
+}
+
+impl SpawnReading for Command {
+    fn spawn_reading(&mut self) -> std::io::Result<Reading> {
+        let mut child = self.stdout(Stdio::piped()).spawn()?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Reading {
+            child,
+            lines: (lines, reader),
+        })
+    }
+}
+
 /// Waits for a line containing `needle`, returning every line seen up to it.
 fn wait_for(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
     let mut seen = Vec::new();
@@ -103,7 +134,10 @@ fn adopt_then_monitor_on(scheme: &str) {
     );
     assert_eq!(again["link"]["upstreamKind"], json!("local-jsonl"));
 
-    let mut child = bin()
+    let Reading {
+        mut child,
+        lines: (lines, reader),
+    } = bin()
         .args([
             "--store",
             &store,
@@ -113,20 +147,9 @@ fn adopt_then_monitor_on(scheme: &str) {
             "--interval-secs",
             "1",
         ])
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_reading()
         .unwrap();
-    let (tx, lines) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
     wait_for(&lines, "monitoring 1 adopted session(s)");
     // Typed before the first check (2 s), so one event normally holds both; a slow machine may
     // see them in two checks, so count the turns of every detection.
@@ -257,22 +280,14 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
             "human message via cli",
         ]);
         assert!(o.status.success(), "{}", text(&o));
-        let mut child = bin()
+        let Reading {
+            mut child,
+            lines: (lines, reader),
+        } = bin()
             .args(["--store", &store, "monitor"])
-            .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .spawn()
+            .spawn_reading()
             .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         wait_for(&lines, "monitoring 0 adopted session(s)");
         child.kill().expect("SIGKILL the monitor");
         child.wait().unwrap();

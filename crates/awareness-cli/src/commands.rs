@@ -109,7 +109,7 @@ async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let only_reads = read_only(&cli.command);
-    let create = !only_reads && !matches!(cli.command, Command::Repair);
+    let create = !only_reads;
     if !create {
         let path = match &url {
             StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
@@ -117,7 +117,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         };
         if let Some(p) = path.filter(|p| !p.exists()) {
             return Err(CliError::failure(format!(
-                "no store at {} (a read command or repair never creates one)",
+                "no store at {} (a read command never creates one)",
                 p.display()
             )));
         }
@@ -133,6 +133,10 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
     .await
     .map_err(|e| match e {
         OpenError::BadUrl(_) => CliError::usage(e.to_string()),
+        // store-redb's refusal of a file whose writer crashed: name the command that fixes it.
+        other if only_reads && other.to_string().contains("read-only open cannot repair") => {
+            CliError::failure(format!("{other} (`awareness repair` does that)"))
+        }
         other => CliError::failure(other.to_string()),
     })
 }
@@ -248,6 +252,7 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         Command::Demo => return crate::demo::run(cli, out).await,
         Command::Adopt(args) => return crate::upstream::adopt(cli, args, out).await,
         Command::Monitor(args) => return crate::upstream::monitor(cli, args, out).await,
+        Command::Repair => return repair(cli, out).await,
         _ => {}
     }
     let store = open(cli).await?;
@@ -255,7 +260,7 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     let as_json = cli.json;
     match &cli.command {
         // Handled above: each opens what it needs.
-        Command::Demo | Command::Adopt(_) | Command::Monitor(_) => {}
+        Command::Demo | Command::Adopt(_) | Command::Monitor(_) | Command::Repair => {}
         Command::Status {
             key: k,
             agent,
@@ -428,25 +433,6 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         Command::Prune { dry_run } => prune(&*store, *dry_run, now, as_json, out).await?,
         Command::Tail { follow, after } => tail(&*store, *follow, *after, as_json, out).await?,
         Command::Doctor => return doctor(&*store, as_json, out).await,
-        Command::Repair => {
-            // Opening read-write did the repair; reading proves the store answers.
-            let stats = store
-                .log_stats()
-                .await
-                .map_err(|e| store_err("repair", &e))?;
-            drop(store);
-            if as_json {
-                emit_json(out, &json!({ "ok": true, "events": stats.rows }))?;
-            } else {
-                emit(
-                    out,
-                    &format!(
-                        "{} opened read-write and closed; {} event(s)\n",
-                        cli.store, stats.rows
-                    ),
-                )?;
-            }
-        }
     }
     Ok(0)
 }
@@ -684,6 +670,40 @@ async fn still_watched(store: &dyn AwarenessStore, c: &Cursor) -> Result<bool, C
         .is_some();
     let heads = store.heads(&[c.target_ref()]).await.map_err(err)?;
     Ok(exists && heads.is_empty())
+}
+
+/// `repair`: see [`gateway_adapter::repair_store`].
+async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
+    if StoreUrl::parse(&cli.store).is_ok_and(|u| u == StoreUrl::Memory) {
+        return Err(CliError::usage("memory: holds no file to repair"));
+    }
+    let done = gateway_adapter::repair_store(&cli.store)
+        .await
+        .map_err(|e| match e {
+            OpenError::BadUrl(_) => CliError::usage(e.to_string()),
+            other => CliError::failure(other.to_string()),
+        })?;
+    let (repaired, events, text) = match done {
+        gateway_adapter::Repair::Reopened { events } => (
+            true,
+            events,
+            "opened read-write and closed cleanly: a file whose writer crashed is repaired",
+        ),
+        gateway_adapter::Repair::NotNeeded { events } => (
+            false,
+            events,
+            "SQLite needs no repair (readers recover its write-ahead log); checked read-only, unchanged",
+        ),
+    };
+    if cli.json {
+        emit_json(
+            out,
+            &json!({ "ok": true, "repaired": repaired, "events": events }),
+        )
+    } else {
+        emit(out, &format!("{}: {text}; {events} event(s)\n", cli.store))
+    }
+    .map(|()| 0)
 }
 
 async fn doctor(

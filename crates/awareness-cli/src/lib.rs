@@ -148,9 +148,9 @@ pub enum Command {
     },
     /// Check the store: schema, heads against events, cursors against heads.
     Doctor,
-    /// Open an existing store read-write once and close it cleanly, changing nothing else:
-    /// redb repairs a file whose writer crashed (read commands refuse such a file until then),
-    /// SQLite recovers its write-ahead log, and either migrates an older schema.
+    /// Ready a store whose writer crashed for read commands, creating nothing: redb is opened
+    /// read-write once and closed cleanly, which repairs it (read commands refuse such a file
+    /// until then; a schema 1 file is migrated too); SQLite needs no repair and is only checked.
     Repair,
     /// Adopt a Claude Code transcript (a JSONL file) for a session: link it from its current
     /// end, so that only what is typed into it from now on counts, and record `adopted`.

@@ -298,13 +298,18 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
         if scheme == "redb" {
             assert_eq!(o.status.code(), Some(1), "{}", text(&o));
             assert!(text(&o).contains("not closed cleanly"), "{}", text(&o));
+            assert!(text(&o).contains("awareness repair"), "{}", text(&o));
         } else {
             assert!(o.status.success(), "{}", text(&o));
         }
         let o = run(&["--store", &store, "--json", "repair"]);
         assert!(o.status.success(), "{scheme}: repair: {}", text(&o));
         let repaired: Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(repaired, json!({"ok": true, "events": 1}));
+        let reopened = scheme == "redb";
+        assert_eq!(
+            repaired,
+            json!({"ok": true, "repaired": reopened, "events": 1})
+        );
         let o = run(&status);
         assert!(
             o.status.success(),
@@ -314,14 +319,49 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["stateVersion"], json!(1));
     }
-    // repair never creates a store.
+    // repair never creates a store, and leaves what is not one as it was.
     let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing.redb");
+    let foreign = dir.path().join("other.sqlite");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use sqlx::Connection as _;
+        let url = format!("sqlite://{}?mode=rwc", foreign.display());
+        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query("CREATE TABLE foo(x)")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+    });
+    for scheme in ["redb", "sqlite"] {
+        let missing = dir.path().join(format!("missing.{scheme}"));
+        let empty = dir.path().join(format!("empty.{scheme}"));
+        std::fs::write(&empty, b"").unwrap();
+        for file in [&missing, &empty] {
+            let o = run(&[
+                "--store",
+                &format!("{scheme}://{}", file.display()),
+                "repair",
+            ]);
+            assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        }
+        assert!(!missing.exists(), "repair created a {scheme} store");
+        assert_eq!(
+            std::fs::metadata(&empty).unwrap().len(),
+            0,
+            "repair wrote into an empty file"
+        );
+    }
+    let before = std::fs::read(&foreign).unwrap();
     let o = run(&[
         "--store",
-        &format!("redb://{}", missing.display()),
+        &format!("sqlite://{}", foreign.display()),
         "repair",
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(!missing.exists(), "repair created a store");
+    assert!(
+        std::fs::read(&foreign).unwrap() == before,
+        "repair changed another application's database"
+    );
+    let o = run(&["--store", "memory:", "repair"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }

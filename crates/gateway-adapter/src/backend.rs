@@ -70,8 +70,9 @@ impl StoreUrl {
 pub struct OpenOptions {
     /// Create the file when missing (a read-only tool passes `false`).
     pub create_if_missing: bool,
-    /// Only read: nothing is created and nothing in the file is written, not even a migration;
-    /// every write fails with [`StoreError::ReadOnly`].
+    /// Only read: no store is created (SQLite may add its `-wal` and `-shm` files beside one)
+    /// and nothing in the file is written, not even a migration; every write fails with
+    /// [`StoreError::ReadOnly`]. `memory:` has no file and ignores it.
     /// sqlite opens without its write connection and reads a database behind its schema (an
     /// OpenClaw database) as it is. redb opens the file read-only, which other read-only
     /// processes share, and a process that has it open read-write (a running gateway)
@@ -151,6 +152,77 @@ pub async fn open_full_store_with(
         StoreUrl::Memory => Ok(Arc::new(store_memory::MemoryStore::new())),
         #[cfg(not(feature = "memory"))]
         StoreUrl::Memory => Err(OpenError::NotCompiled { backend: "memory" }),
+    }
+}
+
+/// What [`repair_store`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// redb: the file was opened read-write and closed cleanly, which repairs a file whose
+    /// writer crashed (read-only opens refuse such a file until then).
+    Reopened {
+        /// Events the store holds.
+        events: u64,
+    },
+    /// SQLite: nothing to repair (any reader recovers its write-ahead log itself); the file
+    /// was only checked, read-only, and nothing in it changed.
+    NotNeeded {
+        /// Events the store holds.
+        events: u64,
+    },
+}
+
+/// Readies an existing store for read-only opens after its writer crashed, changing nothing
+/// else: redb is opened read-write and closed cleanly (redb repairs the file while opening
+/// it; a schema 1 file is also migrated, as any read-write open does); SQLite needs no
+/// repair and is only checked read-only. Nothing is created: a missing or empty file, or a
+/// file that is not a store of that backend, is refused with [`StoreError::Open`] and left as
+/// it was. `memory:` has no file and is a [`OpenError::BadUrl`].
+pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
+    let parsed = StoreUrl::parse(url)?;
+    let path = match &parsed {
+        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => p.clone(),
+        StoreUrl::Memory => return Err(OpenError::BadUrl(url.to_owned())),
+    };
+    if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(StoreError::Open {
+            path,
+            reason: "an empty file, not a store (repair creates nothing)".into(),
+            source: None,
+        }
+        .into());
+    }
+    match parsed {
+        #[cfg(feature = "sqlite")]
+        StoreUrl::Sqlite(path) => {
+            let options = store_sqlite::SqliteOptions::new()
+                .create_if_missing(false)
+                .read_only(true);
+            let store = store_sqlite::SqliteStore::open_with(path, options).await?;
+            let stats = awareness_core::EventStore::log_stats(&store).await;
+            store.close().await;
+            Ok(Repair::NotNeeded {
+                events: stats?.rows,
+            })
+        }
+        #[cfg(not(feature = "sqlite"))]
+        StoreUrl::Sqlite(_) => Err(OpenError::NotCompiled { backend: "sqlite" }),
+        #[cfg(feature = "redb")]
+        StoreUrl::Redb(path) => {
+            let options = store_redb::RedbOptions {
+                create_if_missing: false,
+                ..store_redb::RedbOptions::default()
+            };
+            let store = store_redb::RedbStore::open_with(path, options).await?;
+            let stats = awareness_core::EventStore::log_stats(&store).await;
+            store.close().await;
+            Ok(Repair::Reopened {
+                events: stats?.rows,
+            })
+        }
+        #[cfg(not(feature = "redb"))]
+        StoreUrl::Redb(_) => Err(OpenError::NotCompiled { backend: "redb" }),
+        StoreUrl::Memory => Err(OpenError::BadUrl(url.to_owned())),
     }
 }
 

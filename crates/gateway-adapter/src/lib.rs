@@ -61,8 +61,8 @@ pub mod upstream;
 pub mod wake;
 
 pub use backend::{
-    OpenError, OpenOptions, StoreUrl, open_full_store, open_full_store_with, open_store,
-    open_store_with,
+    OpenError, OpenOptions, Repair, StoreUrl, open_full_store, open_full_store_with, open_store,
+    open_store_with, repair_store,
 };
 pub use directory::{InMemoryDirectory, SpawnTree};
 pub use ports::{

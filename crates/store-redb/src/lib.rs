@@ -290,7 +290,8 @@ impl RedbOptions {
     /// that writer lets readers in ([`RedbOptions::live_readers`]); so is a file that needs a
     /// repair (its writer crashed: a read-write open repairs it) or a migration (schema 1).
     /// While the handle is open, another process may open the file read-write only with
-    /// `live_readers`, and this process not at all: its read lock excludes every writer. A
+    /// `live_readers`, and this process not at all (it keeps one database per file, and a
+    /// read-only one cannot write). A
     /// read-only handle that shares a read-write handle's database keeps that database, with
     /// its lock, open until it is closed too: until then the file stays open read-write in
     /// this process, as other processes see it.

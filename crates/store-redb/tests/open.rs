@@ -479,7 +479,8 @@ async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothin
 }
 
 /// A read-write open in a process whose read-only handles keep the file open is refused with a
-/// reason saying so (their read lock excludes every writer), and succeeds once they are closed.
+/// reason saying so (the process keeps one database per file, and theirs cannot write), and
+/// succeeds once they are closed.
 #[tokio::test]
 async fn a_read_write_open_beside_read_only_handles_of_its_process_is_refused() {
     let dir = tempfile::tempdir().unwrap();

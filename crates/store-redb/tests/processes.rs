@@ -8,8 +8,8 @@
 //!   margin) before the kill is present; in both, heads equal the highest sequence of their ref,
 //!   cursors are not torn, and the sequence counter never goes back.
 //! - A file held open by another process is refused at once with a clear error naming it.
-//! - Read-only opens of two processes share a file and exclude a writer; a writer excludes
-//!   them; a file whose writer was killed is refused read-only, untouched, until a read-write
+//! - Read-only opens of two processes share a file and exclude a default-mode writer, which
+//!   excludes them; a file whose writer was killed is refused read-only, untouched, until a read-write
 //!   open repairs it. A writer with live readers lets a reader of another process follow its
 //!   commits.
 //! - In the bounded mode, `flush()` and a clean close make commits durable, and commits after
@@ -557,9 +557,10 @@ fn release(holder: Spawned) {
     assert!(child.wait().unwrap().success(), "the holder exited cleanly");
 }
 
-/// Read-only handles of two processes share a file, which no process may then open read-write;
-/// a file open read-write in another process is refused to a read-only open too; a file whose
-/// writer was killed is refused read-only, untouched, until a read-write open repairs it.
+/// Read-only handles of two processes share a file, which no process may then open read-write
+/// in the default mode; a file open read-write in the default mode in another process is
+/// refused to a read-only open too; a file whose writer was killed is refused read-only,
+/// untouched, until a read-write open repairs it.
 fn read_only_opens_across_processes() {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();

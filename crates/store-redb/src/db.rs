@@ -282,22 +282,30 @@ fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
     }
 }
 
+/// The schema version in the opened meta table; `None` when the table or the key is missing (a
+/// read transaction cannot create the table). A meta table of another shape is not our store.
+fn stored_version<T: ReadableTable<&'static str, u64>>(
+    meta: Result<T, redb::TableError>,
+    path: &Path,
+) -> Result<Option<u64>, StoreError> {
+    match meta {
+        Ok(meta) => Ok(meta
+            .get(SCHEMA_VERSION_KEY)
+            .ctx("open: read the schema")?
+            .map(|g| g.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(open_error(
+            path,
+            format!("not a session-awareness store: {e}"),
+            Some(e.into()),
+        )),
+    }
+}
+
 /// Creates the tables of a new file, or checks that an existing file is one of ours.
 fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
     let txn = db.begin_write().ctx("open: begin")?;
-    let version = match txn.open_table(META) {
-        Ok(meta) => meta
-            .get(SCHEMA_VERSION_KEY)
-            .ctx("open: read the schema")?
-            .map(|g| g.value()),
-        Err(e) => {
-            return Err(open_error(
-                path,
-                format!("not a session-awareness store: {e}"),
-                Some(e.into()),
-            ));
-        }
-    };
+    let version = stored_version(txn.open_table(META), path)?;
     match version {
         Some(SCHEMA_VERSION) => Ok(()),
         Some(1) => {
@@ -356,20 +364,7 @@ fn unsupported_schema(path: &Path, version: u64) -> StoreError {
 /// Checks, without writing, that a file opened read-only is a store of this build's schema.
 fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
     let txn = db.begin_read().ctx("open: begin a read")?;
-    let version = match txn.open_table(META) {
-        Ok(meta) => meta
-            .get(SCHEMA_VERSION_KEY)
-            .ctx("open: read the schema")?
-            .map(|g| g.value()),
-        Err(redb::TableError::TableDoesNotExist(_)) => None,
-        Err(e) => {
-            return Err(open_error(
-                path,
-                format!("not a session-awareness store: {e}"),
-                Some(e.into()),
-            ));
-        }
-    };
+    let version = stored_version(txn.open_table(META), path)?;
     match version {
         Some(SCHEMA_VERSION) => Ok(()),
         Some(1) => Err(open_error(

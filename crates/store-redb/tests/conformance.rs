@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use awareness_core::testkit::{RawAccess, Subject, closer};
 use awareness_core::{Sequence, StoreError, async_trait};
@@ -44,73 +43,40 @@ async fn subject_with(options: RedbOptions) -> Subject {
     subject
 }
 
-mod immediate {
-    use super::{PathBuf, RedbOptions, StoreError, Subject};
+/// Stamps every shared suite for one setup of the store: `$name` is the module, `$options` the
+/// [`RedbOptions`] each open uses (the read-only opens add `read_only(true)`).
+macro_rules! setup {
+    ($name:ident, $options:expr) => {
+        mod $name {
+            use super::{PathBuf, RedbOptions, StoreError, Subject};
 
-    async fn subject() -> Subject {
-        super::subject_with(RedbOptions::default()).await
-    }
+            fn options() -> RedbOptions {
+                $options
+            }
 
-    async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-        super::open_with(path, RedbOptions::default()).await
-    }
+            async fn subject() -> Subject {
+                super::subject_with(options()).await
+            }
 
-    async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
-        super::open_with(path, RedbOptions::default().read_only(true)).await
-    }
+            async fn open(path: PathBuf) -> Result<Subject, StoreError> {
+                super::open_with(path, options()).await
+            }
 
-    awareness_core::conformance_suite!(subject);
-    awareness_core::durable_suite!(open);
-    awareness_core::read_only_suite!(open, open_read_only);
-    awareness_core::model_test!(subject);
+            async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
+                super::open_with(path, options().read_only(true)).await
+            }
+
+            awareness_core::conformance_suite!(subject);
+            awareness_core::durable_suite!(open);
+            awareness_core::read_only_suite!(open, open_read_only);
+            awareness_core::model_test!(subject);
+        }
+    };
 }
 
-mod live_readers {
-    use super::{PathBuf, RedbOptions, StoreError, Subject};
-
-    fn options() -> RedbOptions {
-        RedbOptions::default().live_readers(true)
-    }
-
-    async fn subject() -> Subject {
-        super::subject_with(options()).await
-    }
-
-    async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-        super::open_with(path, options()).await
-    }
-
-    async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
-        super::open_with(path, options().read_only(true)).await
-    }
-
-    awareness_core::conformance_suite!(subject);
-    awareness_core::durable_suite!(open);
-    awareness_core::read_only_suite!(open, open_read_only);
-    awareness_core::model_test!(subject);
-}
-
-mod bounded {
-    use super::{Duration, PathBuf, RedbOptions, StoreError, Subject};
-
-    fn options() -> RedbOptions {
-        RedbOptions::bounded(Duration::from_millis(50))
-    }
-
-    async fn subject() -> Subject {
-        super::subject_with(options()).await
-    }
-
-    async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-        super::open_with(path, options()).await
-    }
-
-    async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
-        super::open_with(path, options().read_only(true)).await
-    }
-
-    awareness_core::conformance_suite!(subject);
-    awareness_core::durable_suite!(open);
-    awareness_core::read_only_suite!(open, open_read_only);
-    awareness_core::model_test!(subject);
-}
+setup!(immediate, RedbOptions::default());
+setup!(live_readers, RedbOptions::default().live_readers(true));
+setup!(
+    bounded,
+    RedbOptions::bounded(std::time::Duration::from_millis(50))
+);

@@ -108,6 +108,24 @@ pub fn decode_context_key(value: &str) -> Result<SessionKey, ValidationError> {
     SessionKey::new(text).map_err(|_| err("not a valid session key"))
 }
 
+/// Whether a line drained from a watcher's queue is a **stale** notice, to leave out of what
+/// the turn reads: its context key is a well-formed session-state key, and none of `current`
+/// (the notices of the watcher's pending cursors, read after the drain) has that text and key.
+/// Such a line was already read and acknowledged (a delivery that arrived late), or its cursor
+/// is gone. Any other line is kept: a line that is not session state, a current notice, and a
+/// malformed session-state key, which acknowledges nothing but is not ours to hide.
+pub fn is_stale_line(text: &str, context_key: Option<&str>, current: &[Notice]) -> bool {
+    let Some(key) = context_key else {
+        return false;
+    };
+    if decode_context_key(key).is_err() {
+        return false;
+    }
+    !current
+        .iter()
+        .any(|n| n.text() == text && n.context_key() == key)
+}
+
 /// Checks an explicit watch request: the watcher must be agent-qualified and not the target.
 pub fn check_watch(
     watcher: &SessionKey,
@@ -430,6 +448,55 @@ mod tests {
         let (fresh, write) = watch(None, &quiet.watcher, &t, Sequence(9), Timestamp(1));
         assert!(write);
         assert_eq!(fresh.material, Sequence(9));
+        // Another agent's session of the same key: the cursor moves there, at its head
+        // (decision 0008), dropping the pending notice about the old one.
+        let ops = SessionRef::parse("agent:main:subagent:c1", "ops").unwrap();
+        let (moved, write) = watch(
+            Some(&pending),
+            &pending.watcher,
+            &ops,
+            Sequence(9),
+            Timestamp(2),
+        );
+        assert!(write);
+        assert_eq!(moved.target_agent.as_str(), "ops");
+        assert_eq!(
+            (moved.last_seen, moved.notified, moved.material),
+            (Sequence(9), Sequence(9), Sequence(9))
+        );
+    }
+
+    #[test]
+    fn a_drained_line_is_stale_only_when_well_formed_and_not_a_current_notice() {
+        let t = r("agent:main:subagent:c1");
+        let cursor = material(
+            Cursor::at(w("agent:main:main"), t.clone(), Sequence(3), Timestamp(0)),
+            Sequence(4),
+            Timestamp(0),
+        );
+        let current = [Notice::of(&cursor)];
+        let key = context_key(&t.session_key);
+        let now = notice_text(&t.session_key, Sequence(3));
+        let read = notice_text(&t.session_key, Sequence(1));
+        assert!(
+            !is_stale_line(&now, Some(&key), &current),
+            "the current notice"
+        );
+        assert!(
+            is_stale_line(&read, Some(&key), &current),
+            "an older notice, already read"
+        );
+        assert!(is_stale_line(&now, Some(&key), &[]), "its cursor is gone");
+        let other = context_key(&SessionKey::new("agent:main:subagent:c2").unwrap());
+        assert!(
+            is_stale_line(&now, Some(&other), &current),
+            "same text, another key"
+        );
+        assert!(!is_stale_line("Reminder", None, &[]), "not session state");
+        assert!(
+            !is_stale_line(&read, Some("session-state:zz"), &current),
+            "malformed key"
+        );
     }
 
     #[test]

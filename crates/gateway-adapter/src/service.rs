@@ -1,6 +1,6 @@
 //! The [`Awareness`] service: what a gateway calls.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -835,94 +835,62 @@ impl Awareness {
     ///    while the first one's acknowledgement is in flight), and the second one's
     ///    acknowledgement would move `last_seen` over a newer notice that no turn read, which
     ///    a restart would then lose.
-    /// 2. Every pending durable cursor of the watcher is (re-)queued, so a notice lost from
-    ///    memory comes back now rather than after a restart.
-    /// 3. The queue is drained. A drained session-state entry (its context key strictly
-    ///    decoded; a malformed one acknowledges nothing) acknowledges its target only when it is
-    ///    the target's **current** notice: the cursor is pending and its notice text (which
-    ///    names the cursor's `last_seen`) equals the entry's. A stale line (a notice already
-    ///    acknowledged, delivered late) therefore never acknowledges a newer notice.
-    /// 4. After the acknowledgement (which queues the follow-ups), a copy of a drained
-    ///    session-state entry queued meanwhile is removed
-    ///    ([`SystemEventQueue::remove`]): a change on the target while the turn ran hands out
-    ///    the same text again (it depends only on the target and `last_seen`), and the turn
-    ///    has just read it. Whatever is still pending comes back through step 2 next turn. A
-    ///    recording that committed before the acknowledgement but delivers its notice only
-    ///    after this step still queues that copy, which the next turn drains as a stale line.
-    /// 5. A stale session-state line (well formed, but not its target's current notice: already
-    ///    read and acknowledged, or its cursor is gone) is left out of what the turn returns,
-    ///    so the watcher is not told twice. When the cursors cannot be read, nothing is
-    ///    acknowledged and every line is returned.
+    /// 2. The queue is drained, then the watcher's pending cursors are read, once.
+    /// 3. The turn reads the drained lines, less the **stale** ones
+    ///    ([`protocol::is_stale_line`]: a well-formed session-state line that is not the current
+    ///    notice of a pending cursor, i.e. already read and acknowledged, delivered late, or
+    ///    whose cursor is gone), plus the current notice of every pending cursor that was not
+    ///    queued: a notice lost from memory comes back now rather than after a restart. So the
+    ///    watcher is told each notice once.
+    /// 4. It acknowledges exactly the pending cursors whose notices it read. Their notice text
+    ///    names `last_seen`, which only an acknowledgement moves, so a recording between the
+    ///    reads cannot make the turn acknowledge a notice it did not read.
+    /// 5. After the acknowledgement (which queues the follow-ups), a copy of a notice the turn
+    ///    read that was queued meanwhile is removed ([`SystemEventQueue::remove`]): a change on
+    ///    the target while the turn ran hands out the same text again. A copy delivered after
+    ///    this step is drained by the next turn as a stale line.
     ///
-    /// [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are not
-    /// serialized with turns.
+    /// When the cursors cannot be read, nothing is acknowledged and every drained line is
+    /// returned. [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are
+    /// not serialized with turns.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
         let _turn = self.turns.lock(watcher).await;
-        self.recover_pending(watcher).await;
         let drained = self.queue.drain(watcher);
-        let notices: Vec<&QueuedEntry> = drained.iter().filter(|e| e.is_session_state()).collect();
-        if notices.is_empty() {
-            return drained;
-        }
-        let current = self.current_notices(watcher, &notices).await;
-        let targets: Vec<SessionKey> = current.iter().flatten().map(|c| c.target.clone()).collect();
-        self.acknowledge(watcher, &targets).await;
-        for entry in &notices {
-            self.queue.remove(watcher, entry);
-        }
-        let Some(current) = current else {
-            return drained;
-        };
-        let lines: Vec<QueuedEntry> = current.iter().map(|c| queued(&Notice::of(c))).collect();
-        drained
-            .into_iter()
-            .filter(|e| {
-                let well_formed = e
-                    .context_key
-                    .as_deref()
-                    .is_some_and(|key| protocol::decode_context_key(key).is_ok());
-                !(e.is_session_state() && well_formed) || lines.contains(e)
-            })
-            .collect()
-    }
-
-    /// The pending cursors whose current notice (same text) is among `drained`; `None` when
-    /// that cannot be known (the cursors cannot be read, or the watcher is a bare key, which
-    /// has none).
-    async fn current_notices(
-        &self,
-        watcher: &SessionKey,
-        drained: &[&QueuedEntry],
-    ) -> Option<Vec<awareness_core::Cursor>> {
-        let targets: BTreeSet<SessionKey> = drained
-            .iter()
-            .filter_map(|e| {
-                let key = e.context_key.as_deref()?;
-                protocol::decode_context_key(key)
-                    .inspect_err(|err| warn!(watcher = %watcher, error = %err, "ignoring a malformed session-state entry"))
-                    .ok()
-            })
-            .collect();
         if !watcher.is_agent_qualified() {
-            return None;
+            // A bare key watches nothing: no cursor to read or acknowledge.
+            return drained;
         }
-        if targets.is_empty() {
-            return Some(Vec::new());
-        }
-        let pending = match self.pending_cursors(watcher).await {
-            Ok(cursors) => cursors,
+        let current: Vec<Notice> = match self.pending_cursors(watcher).await {
+            Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {
                 warn!(watcher = %watcher, error = %e, "cannot read the cursors to acknowledge; the notices stay pending");
-                return None;
+                return drained;
             }
         };
-        Some(
-            pending
-                .into_iter()
-                .filter(|c| targets.contains(&c.target))
-                .filter(|c| drained.contains(&&queued(&Notice::of(c))))
-                .collect(),
-        )
+        let mut read: Vec<QueuedEntry> = drained
+            .into_iter()
+            .filter(|e| {
+                if e.is_session_state()
+                    && let Some(Err(err)) =
+                        e.context_key.as_deref().map(protocol::decode_context_key)
+                {
+                    warn!(watcher = %watcher, error = %err, "a malformed session-state entry acknowledges nothing");
+                }
+                !protocol::is_stale_line(&e.text, e.context_key.as_deref(), &current)
+            })
+            .collect();
+        let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
+        for line in &lines {
+            if !read.contains(line) {
+                read.push(line.clone());
+            }
+        }
+        let targets: Vec<SessionKey> = current.iter().map(|n| n.target.clone()).collect();
+        self.acknowledge(watcher, &targets).await;
+        for line in &lines {
+            self.queue.remove(watcher, line);
+        }
+        read
     }
 
     /// The watcher's cursors with a pending notice.
@@ -937,23 +905,6 @@ impl Awareness {
                 ..CursorFilter::default()
             })
             .await
-    }
-
-    async fn recover_pending(&self, watcher: &SessionKey) {
-        if !watcher.is_agent_qualified() {
-            return;
-        }
-        match self.pending_cursors(watcher).await {
-            Ok(cursors) => {
-                for c in &cursors {
-                    // The queue drops it when the same line is already there.
-                    self.queue.enqueue(watcher, queued(&Notice::of(c)));
-                }
-            }
-            Err(e) => {
-                warn!(watcher = %watcher, error = %e, "cannot recover pending notices this turn");
-            }
-        }
     }
 
     // ----- lifecycle ----------------------------------------------------------------------------

@@ -212,6 +212,11 @@ async fn a_change_during_the_acknowledgement_is_not_read_twice() {
     w.store.gate.add_permits(1);
     let read_a = a.await.unwrap();
     assert_eq!(texts(&read_a), vec![notice(Sequence(1))]);
+    assert_eq!(
+        texts(&w.queue.peek(&k(MANAGER))),
+        vec![notice(first)],
+        "the copy queued during the acknowledgement is gone; the follow-up waits"
+    );
 
     w.open_gate();
     let read_b = w.svc.drain_turn(&k(MANAGER)).await;

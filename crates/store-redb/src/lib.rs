@@ -167,8 +167,8 @@
 //! [`StoreError::ReadOnly`]. Read-only handles of several processes share a file. A writer in
 //! the default mode and read-only handles exclude each other. A writer opened with
 //! [`RedbOptions::live_readers`] lets them in, whether it starts before or after them: they read
-//! each of its commits as soon as it is durable, at the price of a second fsync per commit and
-//! no [`Durability::Bounded`]. A file
+//! each of its commits as soon as it is durable, at the price of two-phase commits (see
+//! [`RedbOptions::live_readers`] for what they cost) and no [`Durability::Bounded`]. A file
 //! whose writer crashed needs a repair, which a read-only open cannot make: it is refused until
 //! a read-write open repairs it.
 //!
@@ -304,17 +304,35 @@ impl RedbOptions {
     /// Lets other processes open the file read-only ([`RedbOptions::read_only`]) while this
     /// handle writes it, and read each commit as soon as it is durable: an operator's tool can
     /// then inspect a running gateway's store. This is redb's `SingleWriter` mode, and it has a
-    /// price: every commit is a two-phase commit (two fsyncs instead of one), and non-durable
-    /// commits are not allowed, so it cannot be combined with [`Durability::Bounded`] (refused
-    /// at open). Measured on the development machine on 12-01, with `Immediate` on a store of
-    /// 5,000 events, a recording took 1.03-1.29x the time it took in the default mode (five
-    /// alternating rounds of 500), and redb's bare one-key commit 1.23-1.27x. Every read-write handle of a process on one file must ask
-    /// for the same; a second writer process is refused either way. Ignored by a read-only
+    /// price: every commit is a two-phase commit (redb flushes the file twice, the second time
+    /// for its header alone), and non-durable commits are not allowed, so it cannot be combined
+    /// with [`Durability::Bounded`] (refused at open). Measured on the development machine on
+    /// 12-01 with `Immediate` (benches/README.md, notes): a recording on a store of 5,000 events
+    /// took 1.03-1.29x the time it took in the default mode, and redb's bare one-key commit
+    /// 1.23-1.27x. Every read-write handle of a process on one file must ask for the same; a second writer process is refused either way. Ignored by a read-only
     /// handle, which finds the writer's mode itself.
     #[must_use]
     pub fn live_readers(mut self, live_readers: bool) -> Self {
         self.live_readers = live_readers;
         self
+    }
+
+    /// Why the write settings cannot work together, if they cannot.
+    fn write_settings_refused(&self) -> Option<&'static str> {
+        let bounded = match self.durability {
+            Durability::Bounded { flush_interval } if flush_interval.is_zero() => {
+                return Some("the flush interval of the bounded durability must be above zero");
+            }
+            Durability::Bounded { .. } => true,
+            Durability::Immediate => false,
+        };
+        if self.live_readers && bounded {
+            return Some(
+                "live_readers needs every commit durable: it cannot be combined with the bounded durability",
+            );
+        }
+        (self.group_commit == 0)
+            .then_some("group_commit must be at least 1 (1 commits every recording alone)")
     }
 
     /// Bounds redb's page cache to `bytes` (see [`RedbOptions::cache_size`]). Default
@@ -373,30 +391,13 @@ impl RedbStore {
         options: RedbOptions,
     ) -> Result<Self, StoreError> {
         let path: PathBuf = path.as_ref().to_owned();
-        if let Durability::Bounded { flush_interval } = options.durability
-            && flush_interval.is_zero()
-            && !options.read_only
+        // A read-only handle writes nothing: the write settings are ignored, not checked.
+        if !options.read_only
+            && let Some(reason) = options.write_settings_refused()
         {
             return Err(StoreError::Open {
                 path,
-                reason: "the flush interval of the bounded durability must be above zero".into(),
-                source: None,
-            });
-        }
-        if options.live_readers
-            && !options.read_only
-            && matches!(options.durability, Durability::Bounded { .. })
-        {
-            return Err(StoreError::Open {
-                path,
-                reason: "live_readers needs every commit durable: it cannot be combined with the bounded durability".into(),
-                source: None,
-            });
-        }
-        if options.group_commit == 0 && !options.read_only {
-            return Err(StoreError::Open {
-                path,
-                reason: "group_commit must be at least 1 (1 commits every recording alone)".into(),
+                reason: reason.into(),
                 source: None,
             });
         }

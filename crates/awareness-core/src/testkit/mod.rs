@@ -373,6 +373,7 @@ macro_rules! read_only_suite {
             a_read_only_handle_refuses_every_write_and_changes_nothing,
             a_read_only_handle_beside_a_read_write_one_sees_its_commits,
             a_read_only_open_creates_nothing,
+            a_read_only_open_refuses_a_file_that_is_not_a_store,
         );
     };
 }

@@ -270,6 +270,31 @@ pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits<F, Fut,
     );
 }
 
+/// A read-only open of a file that is not a store (text) is a [`StoreError::Open`] naming it,
+/// and the file is left byte for byte as it was.
+pub async fn a_read_only_open_refuses_a_file_that_is_not_a_store<F, Fut, G, Gut>(_f: F, ro: G)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+    G: Fn(PathBuf) -> Gut,
+    Gut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let text = "not a database, but long enough to look like a header\n".repeat(200);
+    std::fs::write(&file, &text).expect("a text file");
+    match ro(file.clone()).await {
+        Err(StoreError::Open { path, .. }) => assert_eq!(path.file_name(), file.file_name()),
+        Err(e) => panic!("a read-only open of a text file: expected StoreError::Open, got {e}"),
+        Ok(_) => panic!("a read-only open of a text file succeeded"),
+    }
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read the file"),
+        text,
+        "a refused read-only open changed the file"
+    );
+}
+
 /// A read-only open of a missing file is a [`StoreError::Open`] naming it, and creates
 /// nothing; so is a read-only open of an empty file, which stays empty.
 pub async fn a_read_only_open_creates_nothing<F, Fut, G, Gut>(_f: F, ro: G)

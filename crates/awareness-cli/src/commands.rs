@@ -575,6 +575,10 @@ const TAIL_LAST: usize = 20;
 /// back from the newest until the window holds `n` events.
 async fn before_the_last(store: &dyn AwarenessStore, n: usize) -> Result<Sequence, CliError> {
     let stats = store.log_stats().await.map_err(|e| store_err("tail", &e))?;
+    if stats.rows <= n as u64 {
+        // The whole log is within the last `n`.
+        return Ok(Sequence::ZERO);
+    }
     let top = stats.max_sequence.get();
     let mut width = n as u64;
     loop {

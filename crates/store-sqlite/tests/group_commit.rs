@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::testkit::group_commit::{Grouped, T0, event};
+use awareness_core::testkit::poll_once;
 use awareness_core::{AwarenessStoreExt as _, EventStore, StoreError};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -49,7 +50,7 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
     let mut finished = 0;
     let mut first = loop {
         let mut first = Box::pin(store.record(event(finished), T0));
-        if futures_poll_once(first.as_mut()).await {
+        if !poll_once(first.as_mut()).await {
             break first;
         }
         finished += 1;
@@ -63,10 +64,7 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
             format!("abandoned {i}"),
         );
         let mut call = std::pin::pin!(store.record(e, T0));
-        assert!(
-            futures_poll_once(call.as_mut()).await,
-            "queued behind the first"
-        );
+        assert!(!poll_once(call.as_mut()).await, "queued behind the first");
     }
     first.as_mut().await.expect("the first recording");
     for i in 1..4 {
@@ -86,11 +84,6 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
         finished + 4,
         "the recordings whose callers waited: {log:?}"
     );
-}
-
-/// Polls `f` once; answers whether it is still pending.
-async fn futures_poll_once<F: std::future::Future>(mut f: std::pin::Pin<&mut F>) -> bool {
-    std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx).is_pending())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

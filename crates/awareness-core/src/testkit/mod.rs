@@ -157,7 +157,7 @@ impl Drop for Scratch {
 
 /// Polls `f` once, as the runtime does for a caller that is then cancelled: answers whether it
 /// finished.
-pub(crate) async fn poll_once<F: Future + ?Sized>(mut f: std::pin::Pin<&mut F>) -> bool {
+pub async fn poll_once<F: Future + ?Sized>(mut f: std::pin::Pin<&mut F>) -> bool {
     std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx).is_ready())).await
 }
 

@@ -8,10 +8,9 @@
 
 use std::sync::Arc;
 
+use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
-    AgentId, ChangesPage, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
-    LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError,
-    Timestamp, WatcherKey, async_trait,
+    AwarenessStore, Cursor, CursorStore, Sequence, SessionKey, WatcherKey, async_trait,
 };
 use gateway_adapter::{
     Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, QueuedEntry, RecordingWake,
@@ -27,96 +26,24 @@ fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()
 }
 
-/// The memory store, except that `acknowledge` reports that it started and then waits for a
-/// permit of `gate` before it commits.
-#[derive(Debug)]
-struct GatedAck {
-    inner: MemoryStore,
+/// Holds each acknowledgement of the memory store at a gate: it reports that it started, then
+/// waits for a permit of `gate` before it commits.
+struct Gate {
     gate: Semaphore,
     entered: mpsc::UnboundedSender<()>,
 }
 
 #[async_trait]
-impl EventStore for GatedAck {
-    async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
-        self.inner.record(event, now).await
-    }
-    async fn changes_since(
-        &self,
-        session: &SessionRef,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<ChangesPage, StoreError> {
-        self.inner.changes_since(session, after, limit).await
-    }
-    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
-        self.inner.heads(sessions).await
-    }
-    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
-        self.inner.list_heads(agent).await
-    }
-    async fn events_after(
-        &self,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Vec<Arc<Event>>, StoreError> {
-        self.inner.events_after(after, limit).await
-    }
-    async fn log_stats(&self) -> Result<LogStats, StoreError> {
-        self.inner.log_stats().await
-    }
-    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
-        self.inner.prune_chunk(step, max_rows).await
-    }
-    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
-        self.inner.delete_session(session).await
+impl Hook for Gate {
+    async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
+        if call == Call::Acknowledge {
+            let _ = self.entered.send(());
+            self.gate.acquire().await.expect("gate open").forget();
+        }
     }
 }
 
-#[async_trait]
-impl CursorStore for GatedAck {
-    async fn watch(
-        &self,
-        watcher: &WatcherKey,
-        target: &SessionRef,
-        now: Timestamp,
-    ) -> Result<Cursor, StoreError> {
-        self.inner.watch(watcher, target, now).await
-    }
-    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
-        self.inner.unwatch(watcher, target).await
-    }
-    async fn acknowledge(
-        &self,
-        watcher: &WatcherKey,
-        targets: &[SessionKey],
-        now: Timestamp,
-    ) -> Result<Vec<Notice>, StoreError> {
-        let _ = self.entered.send(());
-        self.gate.acquire().await.expect("gate open").forget();
-        self.inner.acknowledge(watcher, targets, now).await
-    }
-    async fn cursor(
-        &self,
-        watcher: &WatcherKey,
-        target: &SessionKey,
-    ) -> Result<Option<Cursor>, StoreError> {
-        self.inner.cursor(watcher, target).await
-    }
-    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
-        self.inner.cursors(filter).await
-    }
-    async fn refreeze(
-        &self,
-        keys: &[CursorKey],
-        now: Timestamp,
-    ) -> Result<Vec<Notice>, StoreError> {
-        self.inner.refreeze(keys, now).await
-    }
-    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
-        self.inner.reset_watcher(watcher).await
-    }
-}
+type GatedAck = Hooked<Gate>;
 
 struct World {
     store: Arc<GatedAck>,
@@ -131,9 +58,11 @@ impl World {
     async fn new() -> Self {
         let (tx, entered) = mpsc::unbounded_channel();
         let store = Arc::new(GatedAck {
-            inner: MemoryStore::new(),
-            gate: Semaphore::new(0),
-            entered: tx,
+            inner: Arc::new(MemoryStore::new()),
+            hook: Gate {
+                gate: Semaphore::new(0),
+                entered: tx,
+            },
         });
         let queue = Arc::new(InMemoryQueue::new());
         let svc = Arc::new(
@@ -177,7 +106,7 @@ impl World {
     }
 
     fn open_gate(&self) {
-        self.store.gate.add_permits(Semaphore::MAX_PERMITS / 2);
+        self.store.hook.gate.add_permits(Semaphore::MAX_PERMITS / 2);
     }
 
     async fn cursor(&self) -> Cursor {
@@ -209,7 +138,7 @@ async fn a_change_during_the_acknowledgement_is_not_read_twice() {
     let a = w.turn();
     w.entered.recv().await.expect("turn A acknowledges");
     let later = w.human().await; // lands while A's acknowledgement waits
-    w.store.gate.add_permits(1);
+    w.store.hook.gate.add_permits(1);
     let read_a = a.await.unwrap();
     assert_eq!(texts(&read_a), vec![notice(Sequence(1))]);
     assert_eq!(
@@ -245,7 +174,7 @@ async fn concurrent_turns_of_one_watcher_read_each_notice_once_and_lose_none() {
         // Turn B runs as far as it can while A's acknowledgement waits.
         tokio::task::yield_now().await;
     }
-    w.store.gate.add_permits(1); // A's acknowledgement (the first waiting) commits
+    w.store.hook.gate.add_permits(1); // A's acknowledgement (the first waiting) commits
     let read_a = a.await.unwrap();
     let second = w.human().await; // notice: changesSince 2
     w.open_gate();

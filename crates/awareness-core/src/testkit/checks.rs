@@ -1826,3 +1826,51 @@ pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) 
         "adopting writes no event by itself"
     );
 }
+
+/// Records a human message on [`child`] after every read of a head or a page: someone types
+/// into the child all the time.
+struct TypesAfterReads;
+
+#[async_trait::async_trait]
+impl super::hooked::Hook for TypesAfterReads {
+    async fn after(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
+        use super::hooked::Call;
+        if matches!(call, Call::ChangesSince | Call::Heads) {
+            rec(store, human(&child()), T0).await;
+        }
+    }
+}
+
+/// `session_status` reads the version and the page in two calls. Whatever lands between them,
+/// every event after `N` up to the reported version is in the page (or the page says it is
+/// truncated), and the version is at least the page's last event, for a full page and for a
+/// page cut short by the limit.
+pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) {
+    let busy = super::hooked::Hooked {
+        inner: t.store.clone(),
+        hook: TypesAfterReads,
+    };
+    rec(&busy, human(&child()), T0).await;
+    for (after, limit) in [(0, None), (1, None), (0, Some(1)), (2, Some(2))] {
+        let status = busy
+            .session_status(&child(), Some(Sequence(after)), limit)
+            .await
+            .expect("session_status");
+        let page = status.state_changes.expect("page");
+        let seen: Vec<u64> = page.events.iter().map(|e| e.sequence.get()).collect();
+        let version = status.state_version.get();
+        if let Some(last) = seen.last() {
+            assert!(
+                version >= *last,
+                "version {version} below the page's last event: {seen:?}"
+            );
+        }
+        if !page.truncated {
+            let expected: Vec<u64> = (after + 1..=version).collect();
+            assert_eq!(
+                seen, expected,
+                "after {after}: version {version} but the page holds {seen:?}, not truncated"
+            );
+        }
+    }
+}

@@ -39,6 +39,7 @@ use crate::upstream::UpstreamStore;
 pub mod checks;
 pub mod durable;
 pub mod group_commit;
+pub mod hooked;
 pub mod model;
 pub mod read_only;
 
@@ -199,6 +200,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_tests!(
             $factory;
             record_assigns_increasing_sequences,
+            session_status_never_names_an_event_its_page_left_out,
             record_returns_every_field,
             text_fields_round_trip_exactly,
             dedupe_returns_stored_event_and_moves_nothing,

@@ -133,9 +133,8 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
     .await
     .map_err(|e| match e {
         OpenError::BadUrl(_) => CliError::usage(e.to_string()),
-        // store-redb's refusal of a file whose writer crashed: name the command that fixes it.
-        other if only_reads && other.to_string().contains("read-only open cannot repair") => {
-            CliError::failure(format!("{other} (`awareness repair` does that)"))
+        OpenError::Store(StoreError::NeedsRepair { .. }) => {
+            CliError::failure(format!("{e} (`awareness repair` does that)"))
         }
         other => CliError::failure(other.to_string()),
     })

@@ -45,6 +45,16 @@ pub enum StoreError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The file was not closed cleanly (its writer crashed or was killed) and needs a repair,
+    /// which a read-only open cannot make: opening it read-write once repairs it. Nothing was
+    /// written.
+    #[error(
+        "cannot open store {path:?} read-only: not closed cleanly (its process crashed or was killed), and a read-only open cannot repair it: open it read-write once"
+    )]
+    NeedsRepair {
+        /// The file.
+        path: PathBuf,
+    },
     /// The handle was opened read-only and the call would write; nothing was written.
     #[error("store {path:?} was opened read-only: {operation} needs a read-write handle")]
     ReadOnly {
@@ -95,6 +105,7 @@ impl StoreError {
                 context: context.clone(),
                 source: source.as_ref().map(text),
             },
+            StoreError::NeedsRepair { path } => StoreError::NeedsRepair { path: path.clone() },
             StoreError::ReadOnly { path, operation } => StoreError::ReadOnly {
                 path: path.clone(),
                 operation: operation.clone(),

@@ -212,11 +212,13 @@ fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
 
 fn database_error(path: &Path, e: DatabaseError) -> StoreError {
     let reason = match &e {
-        DatabaseError::DatabaseAlreadyOpen => "already open in another process".to_owned(),
         // Only a read-only open gives up on a repair.
-        DatabaseError::RepairAborted => "not closed cleanly (its process crashed or was killed), \
-            and a read-only open cannot repair it: open it read-write once"
-            .to_owned(),
+        DatabaseError::RepairAborted => {
+            return StoreError::NeedsRepair {
+                path: path.to_owned(),
+            };
+        }
+        DatabaseError::DatabaseAlreadyOpen => "already open in another process".to_owned(),
         DatabaseError::UpgradeRequired(v) => {
             format!("written in redb file format {v}, which this version cannot open")
         }

@@ -169,8 +169,8 @@
 //! [`RedbOptions::live_readers`] lets them in, whether it starts before or after them: they read
 //! each of its commits as soon as it is durable, at the price of two-phase commits (see
 //! [`RedbOptions::live_readers`] for what they cost) and no [`Durability::Bounded`]. A file
-//! whose writer crashed needs a repair, which a read-only open cannot make: it is refused until
-//! a read-write open repairs it.
+//! whose writer crashed needs a repair, which a read-only open cannot make: it is refused with
+//! [`StoreError::NeedsRepair`] until a read-write open repairs it.
 //!
 //! [redb]: https://docs.rs/redb
 

@@ -600,11 +600,12 @@ fn read_only_opens_across_processes() {
     while killed.next_line().1 != "done" {}
     drop(killed.kill());
     let before = std::fs::read(&path).unwrap();
-    let reason = open_refusal(
-        rt.block_on(RedbStore::open_with(&path, read_only())),
-        "read-only after a crash",
-    );
-    assert!(reason.contains("not closed cleanly"), "{reason}");
+    match rt.block_on(RedbStore::open_with(&path, read_only())) {
+        Err(StoreError::NeedsRepair { path: p }) => {
+            assert_eq!(p.file_name(), path.file_name());
+        }
+        other => panic!("read-only after a crash: expected StoreError::NeedsRepair, got {other:?}"),
+    }
     assert!(
         std::fs::read(&path).unwrap() == before,
         "a refused read-only open left the file as it was"

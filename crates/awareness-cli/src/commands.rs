@@ -1,11 +1,11 @@
 //! The operator commands.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use awareness_core::audit::{self, Finding};
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
     FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey, SessionRef,
@@ -727,49 +727,15 @@ async fn doctor(
         .list_heads(None)
         .await
         .map_err(|e| store_err("doctor", &e))?;
-    let by_ref: HashMap<SessionRef, &Head> = heads.iter().map(|h| (h.session.clone(), h)).collect();
-    let mut max_seen: HashMap<SessionRef, Sequence> = HashMap::new();
-    for e in &events {
-        let m = max_seen.entry(e.session_ref()).or_default();
-        *m = (*m).max(e.sequence);
-    }
-    for (r, max) in &max_seen {
-        match by_ref.get(r) {
-            None if still_has_events(store, r).await? => {
-                problems.push(format!("events of {r} up to {max} have no head"));
-            }
-            Some(h) if h.last_sequence < *max => problems.push(format!(
-                "head of {r} is {} but an event {max} exists",
-                h.last_sequence
-            )),
-            _ => {}
-        }
-    }
-    for h in &heads {
-        if h.pruned_max_sequence > h.last_sequence {
-            problems.push(format!(
-                "head of {} has pruned watermark {} above its version {}",
-                h.session, h.pruned_max_sequence, h.last_sequence
-            ));
-        }
-    }
-    for c in &cursors {
-        let name = format!("cursor {} -> {} ({})", c.watcher, c.target, c.target_agent);
-        if !c.is_well_formed() {
-            problems.push(format!(
-                "{name} is torn: last_seen {} notified {} material {}",
-                c.last_seen, c.notified, c.material
-            ));
-        }
-        match by_ref.get(&c.target_ref()) {
-            Some(h) if c.material > h.last_sequence => problems.push(format!(
-                "{name} points past the target's head {} (material {})",
-                h.last_sequence, c.material
-            )),
-            None if c.material > Sequence::ZERO && still_watched(store, c).await? => {
-                problems.push(format!("{name} is orphaned: its target has no head"));
-            }
-            _ => {}
+    for finding in audit::audit(&heads, &events, &cursors) {
+        // What a deletion between the reads could leave behind is read again first.
+        let real = match &finding {
+            Finding::EventsWithoutHead { session, .. } => still_has_events(store, session).await?,
+            Finding::OrphanedCursor(c) => still_watched(store, c).await?,
+            _ => true,
+        };
+        if real {
+            problems.push(finding.to_string());
         }
     }
     let stats = store

@@ -42,6 +42,7 @@
 //! # Ok::<(), awareness_core::ValidationError>(())
 //! ```
 
+pub mod audit;
 pub mod error;
 pub mod model;
 pub mod protocol;

@@ -1874,3 +1874,47 @@ pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) 
         }
     }
 }
+
+/// After recordings (with a dedupe hit), watches, an acknowledgement, pruning by age and a
+/// deleted session, what the store holds breaks none of [`crate::audit`]'s invariants.
+pub async fn a_store_keeps_the_audit_invariants(t: &Subject) {
+    let s = &*t.store;
+    let manager = w(MANAGER);
+    let (kid, old, gone) = (
+        child(),
+        r("agent:main:old", "main"),
+        r("agent:main:gone", "main"),
+    );
+    rec(s, log_only(&old, "old"), T0).await;
+    s.watch(&manager, &kid, T0).await.expect("watch");
+    s.watch(&manager, &gone, T0).await.expect("watch");
+    for _ in 0..3 {
+        rec(s, human(&kid), T0.plus_ms(2 * DAY)).await;
+        rec(s, human(&gone), T0.plus_ms(2 * DAY)).await;
+    }
+    rec(s, human(&kid).with_dedupe_key("once"), T0.plus_ms(2 * DAY)).await;
+    rec(s, human(&kid).with_dedupe_key("once"), T0.plus_ms(2 * DAY)).await;
+    s.acknowledge(
+        &manager,
+        std::slice::from_ref(&kid.session_key),
+        T0.plus_ms(2 * DAY),
+    )
+    .await
+    .expect("acknowledge");
+    rec(s, human(&kid), T0.plus_ms(2 * DAY)).await;
+    s.prune_chunk(
+        &PruneStep::Age {
+            cutoff: T0.plus_ms(DAY),
+        },
+        100,
+    )
+    .await
+    .expect("prune");
+    s.delete_session(&gone).await.expect("delete");
+    let heads = s.list_heads(None).await.expect("heads");
+    let events = s.events_after(Sequence::ZERO, 1_000).await.expect("events");
+    let cursors = s.cursors(&CursorFilter::default()).await.expect("cursors");
+    assert!(!heads.is_empty() && !events.is_empty() && !cursors.is_empty());
+    let found = crate::audit::audit(&heads, &events, &cursors);
+    assert!(found.is_empty(), "broken invariants: {found:#?}");
+}

@@ -1,0 +1,244 @@
+//! The invariants a store's rows must keep, checked over what it holds: every retained event
+//! has a head at or above it, a head's pruned watermark never passes its version, every cursor
+//! is well formed and never points past its target's head, and a cursor that has seen an event
+//! has a target with a head. [`audit`] is pure; an operator's tool (`awareness doctor`) reads
+//! the rows and reports what it finds.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::model::{Cursor, Event, Head, Sequence, SessionRef};
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// Retained events of a session that has no head.
+    EventsWithoutHead {
+        /// The session.
+        session: SessionRef,
+        /// Its highest retained event.
+        max: Sequence,
+    },
+    /// A head below an event of its session.
+    HeadBehindEvent {
+        /// The session.
+        session: SessionRef,
+        /// The head's version.
+        head: Sequence,
+        /// The session's highest retained event.
+        event: Sequence,
+    },
+    /// A head whose pruned watermark is above its version.
+    WatermarkAboveVersion {
+        /// The session.
+        session: SessionRef,
+        /// The watermark.
+        watermark: Sequence,
+        /// The version.
+        version: Sequence,
+    },
+    /// A cursor whose sequences are out of order (`last_seen <= notified <= material` broken).
+    TornCursor(Cursor),
+    /// A cursor whose `material` is past its target's head.
+    CursorPastHead {
+        /// The cursor.
+        cursor: Cursor,
+        /// The target's head.
+        head: Sequence,
+    },
+    /// A cursor that has seen an event of a target that has no head.
+    OrphanedCursor(Cursor),
+}
+
+fn name(c: &Cursor) -> String {
+    format!("cursor {} -> {} ({})", c.watcher, c.target, c.target_agent)
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::EventsWithoutHead { session, max } => {
+                write!(f, "events of {session} up to {max} have no head")
+            }
+            Self::HeadBehindEvent {
+                session,
+                head,
+                event,
+            } => write!(f, "head of {session} is {head} but an event {event} exists"),
+            Self::WatermarkAboveVersion {
+                session,
+                watermark,
+                version,
+            } => write!(
+                f,
+                "head of {session} has pruned watermark {watermark} above its version {version}"
+            ),
+            Self::TornCursor(c) => write!(
+                f,
+                "{} is torn: last_seen {} notified {} material {}",
+                name(c),
+                c.last_seen,
+                c.notified,
+                c.material
+            ),
+            Self::CursorPastHead { cursor, head } => write!(
+                f,
+                "{} points past the target's head {head} (material {})",
+                name(cursor),
+                cursor.material
+            ),
+            Self::OrphanedCursor(c) => write!(f, "{} is orphaned: its target has no head", name(c)),
+        }
+    }
+}
+
+/// Every broken invariant among `heads`, `events` (the retained ones) and `cursors`: events
+/// first (by session), then heads, then cursors, each in the order given.
+///
+/// The three may be read in separate snapshots of a live store. Heads only grow, so reading
+/// them last leaves no false [`Finding::HeadBehindEvent`] or [`Finding::CursorPastHead`]; a
+/// session deleted between the reads can still show as [`Finding::EventsWithoutHead`] or
+/// [`Finding::OrphanedCursor`], which the caller should read again before reporting.
+pub fn audit(heads: &[Head], events: &[Arc<Event>], cursors: &[Cursor]) -> Vec<Finding> {
+    let by_ref: HashMap<&SessionRef, &Head> = heads.iter().map(|h| (&h.session, h)).collect();
+    let mut max_seen: Vec<(SessionRef, Sequence)> = Vec::new();
+    {
+        let mut index: HashMap<SessionRef, usize> = HashMap::new();
+        for e in events {
+            let session = e.session_ref();
+            if let Some(&i) = index.get(&session) {
+                max_seen[i].1 = max_seen[i].1.max(e.sequence);
+            } else {
+                index.insert(session.clone(), max_seen.len());
+                max_seen.push((session, e.sequence));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for (session, max) in max_seen {
+        match by_ref.get(&session) {
+            None => found.push(Finding::EventsWithoutHead { session, max }),
+            Some(h) if h.last_sequence < max => found.push(Finding::HeadBehindEvent {
+                head: h.last_sequence,
+                session,
+                event: max,
+            }),
+            Some(_) => {}
+        }
+    }
+    for h in heads {
+        if h.pruned_max_sequence > h.last_sequence {
+            found.push(Finding::WatermarkAboveVersion {
+                session: h.session.clone(),
+                watermark: h.pruned_max_sequence,
+                version: h.last_sequence,
+            });
+        }
+    }
+    for c in cursors {
+        if !c.is_well_formed() {
+            found.push(Finding::TornCursor(c.clone()));
+        }
+        match by_ref.get(&c.target_ref()) {
+            Some(h) if c.material > h.last_sequence => found.push(Finding::CursorPastHead {
+                cursor: c.clone(),
+                head: h.last_sequence,
+            }),
+            None if c.material > Sequence::ZERO => found.push(Finding::OrphanedCursor(c.clone())),
+            _ => {}
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ActorType, EventKind, NewEvent, Timestamp, WatcherKey};
+    use crate::protocol::head_after;
+
+    fn r(key: &str) -> SessionRef {
+        SessionRef::parse(key, "main").unwrap()
+    }
+
+    fn event(session: &SessionRef, seq: u64) -> Arc<Event> {
+        Arc::new(
+            NewEvent::new(
+                session.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "x",
+            )
+            .into_event(Sequence(seq), Timestamp(5)),
+        )
+    }
+
+    fn cursor(target: &SessionRef, last_seen: u64, material: u64) -> Cursor {
+        let mut c = Cursor::at(
+            WatcherKey::parse("agent:main:main").unwrap(),
+            target.clone(),
+            Sequence(last_seen),
+            Timestamp(0),
+        );
+        c.notified = Sequence(material);
+        c.material = Sequence(material);
+        c
+    }
+
+    #[test]
+    fn a_consistent_store_has_no_findings() {
+        let a = r("agent:main:a");
+        let events = [event(&a, 1), event(&a, 3)];
+        let head = head_after(None, &events[1], Timestamp(5));
+        assert!(audit(&[head], &events, &[cursor(&a, 1, 3)]).is_empty());
+        assert!(audit(&[], &[], &[cursor(&a, 0, 0)]).is_empty());
+    }
+
+    #[test]
+    fn each_broken_invariant_is_found() {
+        let (a, b, c) = (r("agent:main:a"), r("agent:main:b"), r("agent:main:c"));
+        let events = [event(&a, 1), event(&a, 4), event(&b, 2)];
+        let mut head_a = head_after(None, &events[0], Timestamp(5));
+        head_a.pruned_max_sequence = Sequence(9);
+        let torn = {
+            let mut t = cursor(&a, 3, 1);
+            t.notified = Sequence(3);
+            t
+        };
+        let found = audit(
+            &[head_a],
+            &events,
+            &[torn.clone(), cursor(&a, 1, 6), cursor(&c, 0, 2)],
+        );
+        assert_eq!(
+            found,
+            vec![
+                Finding::HeadBehindEvent {
+                    session: a.clone(),
+                    head: Sequence(1),
+                    event: Sequence(4)
+                },
+                Finding::EventsWithoutHead {
+                    session: b,
+                    max: Sequence(2)
+                },
+                Finding::WatermarkAboveVersion {
+                    session: a.clone(),
+                    watermark: Sequence(9),
+                    version: Sequence(1)
+                },
+                Finding::TornCursor(torn),
+                Finding::CursorPastHead {
+                    cursor: cursor(&a, 1, 6),
+                    head: Sequence(1)
+                },
+                Finding::OrphanedCursor(cursor(&c, 0, 2)),
+            ]
+        );
+        assert_eq!(
+            found[0].to_string(),
+            "head of agent:main:a (agent main) is 1 but an event 4 exists"
+        );
+    }
+}

@@ -67,6 +67,16 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Deletes a session: its events, its head, and the cursors where it is the watcher or the
     /// target (of that agent). Another agent's same-named session is left alone.
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError>;
+
+    /// Closes the store through a shared handle, without blocking the runtime: when `self` is
+    /// the last handle, the backend's own close runs (SQLite moves its write-ahead log into the
+    /// file and removes it, so the file alone holds every commit; redb makes every commit
+    /// durable and releases its lock on the blocking pool). Otherwise it only drops this
+    /// handle, and the last one's drop closes the store. Failures are logged, as dropping
+    /// would. The default drops the handle, which is all a store without a file needs.
+    async fn close(self: Arc<Self>) {
+        drop(self);
+    }
 }
 
 /// Watch cursors.

@@ -96,7 +96,9 @@ impl Default for OpenOptions {
     }
 }
 
-/// Opens the store a URL names, creating its file when missing.
+/// Opens the store a URL names, creating its file when missing. At shutdown, once every other
+/// handle is dropped, close it with [`EventStore::close`](awareness_core::EventStore::close):
+/// SQLite then moves its write-ahead log into the file, which a drop does not wait for.
 pub async fn open_store(url: &str) -> Result<Arc<dyn AwarenessStore>, OpenError> {
     open_store_with(url, OpenOptions::default()).await
 }

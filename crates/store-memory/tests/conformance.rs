@@ -23,7 +23,6 @@ async fn subject() -> Subject {
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
-        closer: None,
     }
 }
 

@@ -724,6 +724,11 @@ fn delete_session_tx(txn: &WriteTransaction, session: &SessionRef) -> Result<boo
 
 #[async_trait]
 impl EventStore for RedbStore {
+    async fn close(self: Arc<Self>) {
+        if let Ok(store) = Arc::try_unwrap(self) {
+            RedbStore::close(store).await;
+        }
+    }
     async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
         // An invalid event never enters the queue of the group commit.
         event.validate()?;

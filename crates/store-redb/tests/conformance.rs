@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::testkit::{RawAccess, Subject, closer};
+use awareness_core::testkit::{RawAccess, Subject};
 use awareness_core::{Sequence, StoreError, async_trait};
 use store_redb::{RedbOptions, RedbStore};
 
@@ -23,14 +23,11 @@ impl RawAccess for Raw {
 /// once).
 async fn open_with(path: PathBuf, options: RedbOptions) -> Result<Subject, StoreError> {
     let store = Arc::new(RedbStore::open_with(path, options).await?);
-    let close = closer(Arc::clone(&store), RedbStore::close);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
-        // Closing on the blocking pool, as a gateway's runtime would.
-        closer: Some(close),
     })
 }
 

@@ -177,6 +177,11 @@ pub(crate) async fn record_alone(
 
 #[async_trait]
 impl EventStore for SqliteStore {
+    async fn close(self: Arc<Self>) {
+        if let Ok(store) = Arc::try_unwrap(self) {
+            SqliteStore::close(store).await;
+        }
+    }
     async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
         const WHAT: &str = "record an event";
         event.validate()?;

@@ -405,8 +405,11 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Closes every connection cleanly (the last one checkpoints the WAL into the file).
-    /// Dropping the store closes them too, without waiting.
+    /// Closes every connection cleanly (the last one checkpoints the WAL into the file and
+    /// removes it). Dropping the store closes them too, without waiting: a process that exits
+    /// right after may leave the log beside the file. Through a shared handle,
+    /// [`EventStore::close`](awareness_core::EventStore::close) calls this when it holds the
+    /// last one.
     pub async fn close(self) {
         let task = self
             .checkpoint_task

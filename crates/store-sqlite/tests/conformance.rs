@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::testkit::{RawAccess, Subject, closer};
+use awareness_core::testkit::{RawAccess, Subject};
 use awareness_core::{Sequence, StoreError, async_trait};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -30,14 +30,11 @@ async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
 
 async fn open_with(path: PathBuf, options: SqliteOptions) -> Result<Subject, StoreError> {
     let store = Arc::new(SqliteStore::open_with(path, options).await?);
-    let close = closer(Arc::clone(&store), SqliteStore::close);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
         guard: Box::new(()),
-        // Dropping a store finishes closing it (the checkpoint) in the background.
-        closer: Some(close),
     })
 }
 

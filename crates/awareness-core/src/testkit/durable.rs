@@ -1,5 +1,6 @@
 //! What a file keeps, checked the same way on every store that keeps its state in one (the
-//! durable ones): everything committed survives closing and reopening the store, the store-wide
+//! durable ones): everything committed survives closing and reopening the store, a store
+//! closed through its last handle leaves every commit in its one file, the store-wide
 //! sequence never goes back across reopens, two handles on one file see each other's writes,
 //! and a write cancelled midway leaves the file to the others at once. store-memory has no
 //! file and does not run these.
@@ -152,6 +153,28 @@ where
         next.event.sequence,
         Sequence(11),
         "the hit after the reopen spent 10, and 9 was the last before it"
+    );
+}
+
+/// A store closed through [`EventStore::close`](crate::EventStore::close) on its last handle
+/// leaves every commit in its one file: a copy of that file alone, without any file beside it
+/// (SQLite's write-ahead log), answers exactly as the store did.
+pub async fn a_closed_store_leaves_every_commit_in_its_file<F, Fut>(f: F)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let t = open(&f, &file).await;
+    let before = fill(&t).await;
+    t.close().await;
+    let copy = dir.path().join("copy");
+    std::fs::copy(&file, &copy).expect("copy the closed file alone");
+    assert_eq!(
+        everything(&open(&f, &copy).await, &filled_refs()).await,
+        before,
+        "the closed file alone holds every commit"
     );
 }
 

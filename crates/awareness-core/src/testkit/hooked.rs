@@ -135,6 +135,12 @@ impl<H: Hook> EventStore for Hooked<H> {
         let answer = self.inner.delete_session(session);
         self.around(Call::DeleteSession, answer).await
     }
+    async fn close(self: Arc<Self>) {
+        // Closes the inner store too when this wrapper held its last handle.
+        if let Ok(hooked) = Arc::try_unwrap(self) {
+            hooked.inner.close().await;
+        }
+    }
 }
 
 #[async_trait]

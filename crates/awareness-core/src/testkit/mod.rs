@@ -63,32 +63,6 @@ pub struct Subject {
     pub raw: Arc<dyn RawAccess>,
     /// Dropped after the check (temporary files).
     pub guard: Box<dyn Any + Send + Sync>,
-    /// How [`Subject::close`] closes the store and waits until it is closed, for a store whose
-    /// drop finishes closing in the background; `None` when dropping closes it at once.
-    pub closer: Option<Closer>,
-}
-
-/// Closes a store and resolves once it is closed (see [`Subject::closer`]). It runs after the
-/// subject's own handles are dropped, so it may hold the last one.
-pub type Closer =
-    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
-
-/// A [`Closer`] that takes the store out of `last`, the last handle once the subject's own are
-/// dropped, and closes it with `close` (a store's `close(self)`). Panics if another handle
-/// still exists then.
-pub fn closer<S, C, Fut>(last: Arc<S>, close: C) -> Closer
-where
-    S: Send + Sync + 'static,
-    C: FnOnce(S) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Box::new(move || {
-        Box::pin(async move {
-            let store = Arc::into_inner(last)
-                .expect("the subject held every other handle on the store it closes");
-            close(store).await;
-        })
-    })
 }
 
 impl Subject {
@@ -102,24 +76,27 @@ impl Subject {
             upstream: store.clone(),
             raw: store,
             guard: Box::new(guard),
-            closer: None,
         }
     }
 
-    /// Closes the store and returns once it is closed, the file quiet: the subject's handles are
-    /// dropped, then [`Subject::closer`] runs, then the guard is dropped.
+    /// Closes the store through [`EventStore::close`](crate::EventStore::close) and returns once
+    /// it is closed, the file quiet: the subject's other handles are dropped, the store is
+    /// closed through its last one, then the guard is dropped. Panics if a handle outlived the
+    /// subject (a check that leaked one could not know when the file is quiet).
     pub async fn close(self) {
         let Subject {
             store,
             upstream,
             raw,
             guard,
-            closer,
         } = self;
-        drop((store, upstream, raw));
-        if let Some(close) = closer {
-            close().await;
-        }
+        drop((upstream, raw));
+        assert_eq!(
+            Arc::strong_count(&store),
+            1,
+            "the subject held every other handle on the store it closes"
+        );
+        store.close().await;
         drop(guard);
     }
 }
@@ -344,6 +321,7 @@ macro_rules! durable_suite {
         $crate::__durable_tests!(
             $open;
             everything_committed_survives_a_reopen,
+            a_closed_store_leaves_every_commit_in_its_file,
             the_sequence_never_goes_back_across_reopens,
             two_handles_on_one_file_see_each_others_writes,
             a_cancelled_write_leaves_the_file_writable,

@@ -255,6 +255,19 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         _ => {}
     }
     let store = open(cli).await?;
+    let code = on_store(cli, &*store, out).await;
+    // Closed before the process exits: SQLite's write-ahead log then goes into the file, so
+    // a write command leaves a file that holds all it wrote, even copied without its log.
+    store.close().await;
+    code
+}
+
+/// Runs a command that needs nothing but the open store.
+async fn on_store(
+    cli: &Cli,
+    store: &dyn AwarenessStore,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let now = Timestamp::now();
     let as_json = cli.json;
     match &cli.command {
@@ -409,7 +422,7 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
                 emit(out, &format!("removed the cursor of {w} on {target}\n"))?;
             }
         }
-        Command::Record(a) => record(&*store, a, now, as_json, out).await?,
+        Command::Record(a) => record(store, a, now, as_json, out).await?,
         Command::Ack {
             watcher: w,
             targets,
@@ -429,9 +442,9 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
                 .map_err(|e| store_err("sweep", &e))?;
             notices_out(out, as_json, &notices)?;
         }
-        Command::Prune { dry_run } => prune(&*store, *dry_run, now, as_json, out).await?,
-        Command::Tail { follow, after } => tail(&*store, *follow, *after, as_json, out).await?,
-        Command::Doctor => return doctor(&*store, as_json, out).await,
+        Command::Prune { dry_run } => prune(store, *dry_run, now, as_json, out).await?,
+        Command::Tail { follow, after } => tail(store, *follow, *after, as_json, out).await?,
+        Command::Doctor => return doctor(store, as_json, out).await,
     }
     Ok(0)
 }

@@ -196,13 +196,16 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
 
     n.at(20, "the gateway restarts: every in-memory queue is lost")?;
     drop(s);
-    let reopened = match url {
-        StoreUrl::Memory => Arc::clone(&store),
-        _ => open_store(&cli.store)
+    let reopened = if url == StoreUrl::Memory {
+        store
+    } else {
+        // As a gateway that stops does: the file is closed before it is opened again.
+        store.close().await;
+        open_store(&cli.store)
             .await
-            .map_err(|e| CliError::failure(e.to_string()))?,
+            .map_err(|e| CliError::failure(e.to_string()))?
     };
-    let s = stage(reopened, &dir, &clock);
+    let s = stage(Arc::clone(&reopened), &dir, &clock);
     n.detail(&format!(
         "queue after restart: {} line(s)",
         s.queue.peek(&manager).len()
@@ -289,6 +292,8 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
             cli.store
         ))?;
     }
+    drop(s);
+    reopened.close().await;
     Ok(0)
 }
 

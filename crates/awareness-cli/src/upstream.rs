@@ -106,14 +106,29 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
         ..spec
     };
     let store = crate::commands::open_full(cli).await?;
-    let svc = service(&store);
+    let code = adopt_into(&store, spec, watcher.as_ref(), &session, cli.json, out).await;
+    // Every handle the adoption took is dropped by now: this closes the file cleanly.
+    store.close().await;
+    code
+}
+
+/// Adopts `spec` into the open store and reports it.
+async fn adopt_into(
+    store: &Arc<dyn FullStore>,
+    spec: LinkSpec,
+    watcher: Option<&WatcherKey>,
+    session: &SessionRef,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let svc = service(store);
     let adopted = svc
         .try_adopt(spec)
         .await
         .map_err(|e| CliError::failure(format!("adopt: {e}")))?;
-    if let Some(w) = &watcher {
+    if let Some(w) = watcher {
         store
-            .watch(w, &session, svc.now())
+            .watch(w, session, svc.now())
             .await
             .map_err(|e| CliError::failure(format!("watch: {e}")))?;
     }
@@ -123,7 +138,7 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
         .as_ref()
         .and_then(JsonlMarker::from_value)
         .map_or(0, |m| m.position());
-    if cli.json {
+    if as_json {
         let text = serde_json::to_string_pretty(&json!({
             "link": link,
             "created": adopted.created,
@@ -259,6 +274,8 @@ pub async fn monitor(cli: &Cli, args: &MonitorArgs, out: &mut dyn Write) -> Resu
         }
     };
     task.stop().await;
+    drop(monitor);
+    store.close().await;
     result?;
     if !cli.json {
         emit(out, "monitor stopped\n")?;

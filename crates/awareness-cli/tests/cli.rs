@@ -294,6 +294,19 @@ fn operator_commands_on(store: &str) {
     assert_eq!(rec["event"]["sequence"], 1);
     assert_eq!(rec["event"]["payload"]["turns"], 2);
     assert_eq!(rec["notices"].as_array().unwrap().len(), 1);
+    // A write command closes its store before it exits: the file alone, copied without
+    // SQLite's write-ahead log, holds what it wrote.
+    let name = store.split_once("://").unwrap().1;
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.path().join(name), elsewhere.path().join(name)).unwrap();
+    let copied = json(&run_in(
+        elsewhere.path(),
+        &["--store", store, "--json", "status", child],
+    ));
+    assert_eq!(
+        copied["stateVersion"], 1,
+        "the copied file holds the record"
+    );
     let pending = json(&run(&["--json", "cursors", "--pending"]));
     assert_eq!(pending.as_array().unwrap().len(), 1);
     assert_eq!(pending[0]["notified"], 1);

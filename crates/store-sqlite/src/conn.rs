@@ -47,6 +47,10 @@ impl Writer {
     }
 }
 
+/// The write connection's lock; `None` once [`crate::SqliteStore::close`] took the connection
+/// out to close it (nothing locks it after that: `close` owns the store).
+pub(crate) type WriteSlot = Mutex<Option<Writer>>;
+
 /// The locked write connection, for one operation.
 ///
 /// An operation whose caller is cancelled (its future dropped between two statements, as a
@@ -55,42 +59,44 @@ impl Writer {
 /// with [`StoreError::Busy`]. So a guard dropped while [`Writer::open_tx`] is still set rolls
 /// the transaction back at once, on a task of its own that keeps the connection locked until
 /// it is done. Outside a runtime the rollback is left to the next writer, as before.
-pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Writer>>);
+pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Option<Writer>>>);
 
 impl WriteGuard {
     /// Waits for the write connection.
-    pub(crate) async fn lock(writer: &Arc<Mutex<Writer>>) -> Self {
+    pub(crate) async fn lock(writer: &Arc<WriteSlot>) -> Self {
         Self(Some(Arc::clone(writer).lock_owned().await))
     }
 }
+
+const HELD: &str = "a write guard holds the open write connection until dropped";
 
 impl std::ops::Deref for WriteGuard {
     type Target = Writer;
 
     fn deref(&self) -> &Writer {
-        self.0
-            .as_ref()
-            .expect("a write guard holds its lock until dropped")
+        self.0.as_ref().and_then(|g| g.as_ref()).expect(HELD)
     }
 }
 
 impl std::ops::DerefMut for WriteGuard {
     fn deref_mut(&mut self) -> &mut Writer {
-        self.0
-            .as_mut()
-            .expect("a write guard holds its lock until dropped")
+        self.0.as_mut().and_then(|g| g.as_mut()).expect(HELD)
     }
 }
 
 impl Drop for WriteGuard {
     fn drop(&mut self) {
-        let Some(mut w) = self.0.take() else { return };
-        if !w.open_tx {
+        let Some(mut g) = self.0.take() else { return };
+        if !g.as_ref().is_some_and(|w| w.open_tx) {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             tracing::debug!("a write operation was cancelled midway; rolling it back");
-            rt.spawn(async move { w.rollback().await });
+            rt.spawn(async move {
+                if let Some(w) = g.as_mut() {
+                    w.rollback().await;
+                }
+            });
         }
     }
 }
@@ -153,7 +159,7 @@ impl Readers {
     /// file and the next write transaction starts the WAL file over instead of growing it. When
     /// writes keep the passes long (a pruning pass), the rest is left to the next round: the
     /// write connection is never held for a long copy.
-    pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&Mutex<Writer>>) {
+    pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&WriteSlot>) {
         const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
         let mut conn = self.get().await;
         let mut pass = async || {

@@ -140,7 +140,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::conn::{Hints, Query, Readers, WriteGuard, Writer, batch_one, get};
+use crate::conn::{Hints, Query, Readers, WriteGuard, WriteSlot, Writer, batch_one, get};
 use crate::decode::int;
 use crate::open::{Companions, init_writer, prepare_file, remove_created};
 
@@ -243,7 +243,7 @@ impl SqliteOptions {
 /// on a few others.
 pub struct SqliteStore {
     path: PathBuf,
-    writer: Option<Arc<Mutex<Writer>>>,
+    writer: Option<Arc<WriteSlot>>,
     readers: Arc<Readers>,
     /// Write transactions (weighted) since the last background checkpoint was started.
     writes_since_checkpoint: AtomicU32,
@@ -345,10 +345,10 @@ impl SqliteStore {
                 companions.remove_if_unusable(&e);
                 return Err(fail(e));
             }
-            Some(Arc::new(Mutex::new(Writer {
+            Some(Arc::new(Mutex::new(Some(Writer {
                 conn,
                 open_tx: false,
-            })))
+            }))))
         };
         for _ in 0..options.readers.max(1) {
             readers.push(Mutex::new(base.connect().await.map_err(fail)?));
@@ -432,26 +432,12 @@ impl SqliteStore {
             }
         }
         // A batch or the rollback of a cancelled write may still hold the connection on a task
-        // of its own. Its guard lets go of the lock a moment before it drops its share of the
-        // connection, so wait for the lock, then for the share (a few yields at most).
-        let mut writer = self.writer;
-        let mut yields = 0;
-        let writer = loop {
-            let Some(w) = writer.take() else { break None };
-            drop(w.lock().await);
-            match Arc::try_unwrap(w) {
-                Ok(w) => break Some(w),
-                Err(w) if yields < 1_000 => {
-                    yields += 1;
-                    writer = Some(w);
-                    tokio::task::yield_now().await;
-                }
-                // Still shared: the last holder's drop closes it, without the checkpoint.
-                Err(_) => break None,
-            }
+        // of its own: the lock waits for it, then the connection is taken out and closed.
+        let writer = match &self.writer {
+            Some(slot) => slot.lock().await.take(),
+            None => None,
         };
-        if let Some(w) = writer {
-            let mut w = w.into_inner();
+        if let Some(mut w) = writer {
             if w.open_tx {
                 w.rollback().await;
             }
@@ -486,7 +472,7 @@ impl SqliteStore {
     }
 
     /// The write connection's lock, or the error of a read-only handle.
-    fn write_connection(&self, what: &str) -> Result<&Arc<Mutex<Writer>>, StoreError> {
+    fn write_connection(&self, what: &str) -> Result<&Arc<WriteSlot>, StoreError> {
         self.writer.as_ref().ok_or_else(|| StoreError::ReadOnly {
             path: self.path.clone(),
             operation: what.to_owned(),

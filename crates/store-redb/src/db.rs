@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -75,6 +75,16 @@ impl Closed {
                 .unwrap_or_else(PoisonError::into_inner),
         );
     }
+
+    /// Waits for the signal for at most `timeout`; returns whether it is set.
+    fn wait_for(&self, timeout: Duration) -> bool {
+        let g = lock(&self.done);
+        *self
+            .cv
+            .wait_timeout_while(g, timeout, |done| !*done)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
 }
 
 /// How this process has a file open.
@@ -97,6 +107,8 @@ pub(crate) struct Shared {
     /// Opened read-write in redb's `SingleWriter` mode ([`crate::RedbOptions::live_readers`]).
     live_readers: bool,
     closed: Arc<Closed>,
+    /// The handles ([`crate::RedbStore`]s, counted by their writers) open on this file.
+    handles: AtomicUsize,
 }
 
 impl Shared {
@@ -142,6 +154,16 @@ impl Shared {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Counts a handle opened on this file.
+    pub(crate) fn handle_opened(&self) {
+        self.handles.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Counts a handle gone.
+    pub(crate) fn handle_closed(&self) {
+        self.handles.fetch_sub(1, Ordering::AcqRel);
     }
 
     pub(crate) fn mark_unflushed(&self) {
@@ -480,6 +502,7 @@ pub(crate) fn open_shared(
         flushing: Mutex::new(()),
         live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),
+        handles: AtomicUsize::new(0),
     });
     reg.insert(
         canonical,
@@ -489,6 +512,25 @@ pub(crate) fn open_shared(
         },
     );
     Ok(shared)
+}
+
+/// Lets go of `shared`, the last thing a closing handle holds of its file. When no handle is
+/// left on the file, waits until the database is closed: an operation still running on it
+/// (a read whose caller gave up) holds it until it ends, and the file stays locked meanwhile.
+/// Stops waiting should another handle open the file in the meantime: it is then theirs.
+/// Blocking.
+pub(crate) fn release(shared: Arc<Shared>) {
+    let closed = Arc::clone(&shared.closed);
+    let weak = Arc::downgrade(&shared);
+    drop(shared);
+    loop {
+        let in_use = weak
+            .upgrade()
+            .is_some_and(|s| s.handles.load(Ordering::Acquire) > 0);
+        if in_use || closed.wait_for(Duration::from_millis(5)) {
+            return;
+        }
+    }
 }
 
 /// The background thread of the bounded-loss mode: every interval, one durable commit if any

@@ -472,18 +472,45 @@ impl RedbStore {
     /// If it is the last handle on its file in this process, the file is closed and its lock
     /// released when this returns, every commit made durable first (with
     /// [`Durability::Bounded`], a final durable commit, which waits behind any write in
-    /// progress). Dropping the handle does the same work on the dropping thread. Failures are
-    /// logged, as dropping would.
+    /// progress). A write whose caller gave up, which this handle's writer finishes on its
+    /// own, ends first, and so does a read still running on the file. Dropping the handle does
+    /// the same work on the dropping thread, without those waits. Failures are logged, as
+    /// dropping would.
     pub async fn close(self) {
         let path = self.path().to_owned();
         if let Err(e) = blocking("close", move || {
-            drop(self);
+            self.close_blocking();
             Ok(())
         })
         .await
         {
             tracing::warn!(path = %path.display(), error = %e, "closing a redb store");
         }
+    }
+
+    /// [`RedbStore::close`]'s work. Blocking.
+    fn close_blocking(self) {
+        let RedbStore {
+            _flusher: flusher,
+            writer,
+            ..
+        } = self;
+        // Stopped first, after its last flush, as when the handle is dropped.
+        drop(flusher);
+        let shared = Arc::clone(writer.shared());
+        // The drain of a write whose caller gave up holds the writer until that commit is
+        // done (about one commit; a pruning chunk at most).
+        let mut writer = writer;
+        loop {
+            match Arc::try_unwrap(writer) {
+                Ok(w) => break drop(w),
+                Err(still_shared) => {
+                    writer = still_shared;
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+        }
+        db::release(shared);
     }
 
     /// Makes every commit made so far durable now (a no-op when nothing is pending, always

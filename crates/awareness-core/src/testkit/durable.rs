@@ -178,6 +178,36 @@ where
     );
 }
 
+/// A store closed at once after a write was given up midway still closes cleanly: the closed
+/// file alone answers as the file with whatever lies beside it does (the given-up write is
+/// in both or in neither).
+pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file<F, Fut>(f: F)
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = Result<Subject, StoreError>>,
+{
+    let kid = child();
+    let manager = w("agent:main:main");
+    let refs = [kid.clone(), r("agent:main:main", "main")];
+    for polls in 1..=3 {
+        let dir = Scratch::new("durable");
+        let file = dir.file();
+        let t = open(&f, &file).await;
+        t.store.watch(&manager, &kid, T0).await.expect("watch");
+        rec(&*t.store, human(&kid), T0).await;
+        give_up_after(polls, t.store.record(human(&kid), T0)).await;
+        t.close().await;
+        let copy = dir.path().join("copy");
+        std::fs::copy(&file, &copy).expect("copy the closed file alone");
+        let alone = everything(&open(&f, &copy).await, &refs).await;
+        assert_eq!(
+            alone,
+            everything(&open(&f, &file).await, &refs).await,
+            "closed right after a write given up at poll {polls}, the file alone holds every commit"
+        );
+    }
+}
+
 /// The store-wide sequence resumes after the highest number ever spent, across reopens, even
 /// when the rows that held the highest numbers are gone: a deleted session, a dedupe hit (which
 /// leaves no row), a row deleted by hand, the whole log pruned.

@@ -122,17 +122,44 @@ const MIGRATIONS: [Migration; 3] = [
 
 /// The migration version recorded in the database (0 when it has none of ours).
 pub(crate) async fn version(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
-    let exists: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1")
-            .bind(MIGRATIONS_TABLE)
-            .fetch_one(&mut *conn)
-            .await?;
-    if exists == 0 {
+    if !has_table(conn, MIGRATIONS_TABLE).await? {
         return Ok(0);
     }
+    applied(conn).await
+}
+
+/// The highest migration recorded in the migrations table, which must exist.
+async fn applied(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM awareness_schema_migrations")
         .fetch_one(&mut *conn)
         .await
+}
+
+/// Whether the database file has the table `name` (a TEMP object of the connection is not
+/// the file's).
+async fn has_table(conn: &mut SqliteConnection, name: &str) -> Result<bool, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name = $1",
+    )
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(n > 0)
+}
+
+/// Whether the database file's table `table` has the column `column`.
+async fn has_column(
+    conn: &mut SqliteConnection,
+    table: &str,
+    column: &str,
+) -> Result<bool, sqlx::Error> {
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pragma_table_info($1, 'main') WHERE name = $2")
+            .bind(table)
+            .bind(column)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(n > 0)
 }
 
 /// Brings the schema up to [`LATEST`] in one `BEGIN IMMEDIATE` transaction. Cheap when nothing
@@ -171,13 +198,7 @@ pub(crate) async fn shadow_missing_columns(
     conn: &mut SqliteConnection,
 ) -> Result<Result<(), String>, sqlx::Error> {
     for table in OPENCLAW_TABLE_NAMES {
-        let exists: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name = $1",
-        )
-        .bind(table)
-        .fetch_one(&mut *conn)
-        .await?;
-        if exists == 0 {
+        if !has_table(conn, table).await? {
             return Ok(Err(format!(
                 "not an OpenClaw or session-awareness state database (no table {table})"
             )));
@@ -189,14 +210,7 @@ pub(crate) async fn shadow_missing_columns(
         let Step::AddColumn { table, column, .. } = m.step else {
             continue;
         };
-        let present: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pragma_table_info($1, 'main') WHERE name = $2",
-        )
-        .bind(table)
-        .bind(column)
-        .fetch_one(&mut *conn)
-        .await?;
-        if present == 0 {
+        if !has_column(conn, table, column).await? {
             match missing.iter_mut().find(|(t, _)| *t == table) {
                 Some((_, columns)) => columns.push(column),
                 None => missing.push((table, vec![column])),
@@ -227,10 +241,7 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
     .execute(&mut *conn)
     .await?;
     // Re-read under the write lock: another process may have migrated meanwhile.
-    let current: i64 =
-        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM awareness_schema_migrations")
-            .fetch_one(&mut *conn)
-            .await?;
+    let current = applied(conn).await?;
     for m in MIGRATIONS.iter().filter(|m| m.version > current) {
         match m.step {
             Step::Sql(sql) => {
@@ -241,14 +252,7 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
                 column,
                 decl,
             } => {
-                let present: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pragma_table_info($1) WHERE name = $2",
-                )
-                .bind(table)
-                .bind(column)
-                .fetch_one(&mut *conn)
-                .await?;
-                if present == 0 {
+                if !has_column(conn, table, column).await? {
                     let sql = format!("ALTER TABLE {table} ADD COLUMN {column} {decl}");
                     sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                         .execute(&mut *conn)

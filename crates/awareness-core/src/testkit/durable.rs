@@ -21,33 +21,24 @@
 
 use std::fmt::Write as _;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::checks::{T0, child, human, link_spec, log_only, r, rec, w};
-use super::{Scratch, Subject, observe, poll_once};
-use crate::error::StoreError;
+use super::{OpenFile, Scratch, Subject, observe, poll_once};
 use crate::model::{Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
 use crate::store::AwarenessStoreExt as _;
 
 const LATER: Timestamp = Timestamp(T0.0 + 2 * Timestamp::DAY_MS);
 
-pub(crate) async fn open<F, Fut>(open: &F, file: &Path) -> Subject
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub(crate) async fn open(open: &impl OpenFile, file: &Path) -> Subject {
     open(file.to_path_buf())
         .await
         .unwrap_or_else(|e| panic!("open {}: {e}", file.display()))
 }
 
 /// Two handles on one new file in a scratch directory (dropped with it).
-async fn two_handles<F, Fut>(f: &F) -> (Scratch, Subject, Subject)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+async fn two_handles(f: &impl OpenFile) -> (Scratch, Subject, Subject) {
     let dir = Scratch::new("durable");
     let a = open(f, &dir.file()).await;
     let b = open(f, &dir.file()).await;
@@ -129,11 +120,7 @@ pub(crate) async fn fill(t: &Subject) -> String {
 /// A store closed and opened again answers exactly as before: events with every field, heads
 /// with their pruned watermark, cursors with pending notices, upstream links; a dedupe key still
 /// names its row, and a hit still spends one sequence after the last one spent.
-pub async fn everything_committed_survives_a_reopen<F, Fut>(f: F)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn everything_committed_survives_a_reopen(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let file = dir.file();
     let refs = filled_refs();
@@ -159,11 +146,7 @@ where
 /// A store closed through [`EventStore::close`](crate::EventStore::close) on its last handle
 /// leaves every commit in its one file: a copy of that file alone, without any file beside it
 /// (SQLite's write-ahead log), answers exactly as the store did.
-pub async fn a_closed_store_leaves_every_commit_in_its_file<F, Fut>(f: F)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_closed_store_leaves_every_commit_in_its_file(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let file = dir.file();
     let t = open(&f, &file).await;
@@ -181,11 +164,7 @@ where
 /// A store closed at once after a write was given up midway still closes cleanly: the closed
 /// file alone answers as the file with whatever lies beside it does (the given-up write is
 /// in both or in neither).
-pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file<F, Fut>(f: F)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file(f: impl OpenFile) {
     let kid = child();
     let manager = w("agent:main:main");
     let refs = [kid.clone(), r("agent:main:main", "main")];
@@ -211,11 +190,7 @@ where
 /// The store-wide sequence resumes after the highest number ever spent, across reopens, even
 /// when the rows that held the highest numbers are gone: a deleted session, a dedupe hit (which
 /// leaves no row), a row deleted by hand, the whole log pruned.
-pub async fn the_sequence_never_goes_back_across_reopens<F, Fut>(f: F)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn the_sequence_never_goes_back_across_reopens(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let file = dir.file();
     let kid = child();
@@ -263,11 +238,7 @@ where
 /// Two handles on one file behave as two gateway processes: what one writes (a watch, an
 /// unwatch, a dedupe key), the other's next operation sees, whichever path that operation
 /// takes; closing one leaves the other working.
-pub async fn two_handles_on_one_file_see_each_others_writes<F, Fut>(f: F)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn two_handles_on_one_file_see_each_others_writes(f: impl OpenFile) {
     let (_dir, a, b) = two_handles(&f).await;
     let kid = child();
     let manager = w("agent:main:main");
@@ -329,11 +300,7 @@ where
 /// (a store that left its transaction open would make it wait out its busy timeout and fail),
 /// and what the cancelled calls did is all or nothing: the watched target's cursor still names
 /// the target's last event as its latest change.
-pub async fn a_cancelled_write_leaves_the_file_writable<F, Fut>(f: F)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_cancelled_write_leaves_the_file_writable(f: impl OpenFile) {
     let (_dir, a, b) = two_handles(&f).await;
     let kid = child();
     let other = r("agent:main:subagent:other", "main");

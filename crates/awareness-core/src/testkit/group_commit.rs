@@ -17,7 +17,6 @@
 //! recordings, none larger than `group_commit`, and `0` refused at open.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -25,6 +24,13 @@ use super::{Scratch, observe, poll_once};
 use crate::error::StoreError;
 use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _, Recorded};
+
+/// The store factory of these checks: an async function that opens the file it is given with
+/// that `group_commit`, such as
+/// `async fn open(path: PathBuf, max_events: usize) -> Result<Grouped, StoreError>`.
+pub trait OpenGrouped: AsyncFn(PathBuf, usize) -> Result<Grouped, StoreError> {}
+
+impl<F: AsyncFn(PathBuf, usize) -> Result<Grouped, StoreError>> OpenGrouped for F {}
 
 /// A store opened for a group-commit check, and how many write transactions it has committed.
 pub struct Grouped {
@@ -87,11 +93,7 @@ async fn record_at_once(g: &Grouped, n: usize) -> u64 {
     (g.write_transactions)() - before
 }
 
-async fn open<F, Fut>(open: &F, file: PathBuf, max_events: usize) -> Grouped
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+async fn open(open: &impl OpenGrouped, file: PathBuf, max_events: usize) -> Grouped {
     open(file, max_events)
         .await
         .unwrap_or_else(|e| panic!("open with group_commit({max_events}): {e}"))
@@ -99,11 +101,7 @@ where
 
 /// 64 concurrent recordings take fewer than 64 write transactions; the log holds all 64 and a
 /// watcher's cursor saw the last event on its target.
-pub async fn concurrent_recordings_share_write_transactions<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn concurrent_recordings_share_write_transactions(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 64).await;
     let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
@@ -136,11 +134,7 @@ where
 /// recording's clock, and every dedupe hit answers the event stored under its key. Rounds run
 /// without a watcher and then with one on a session, so batches with and without cursors on
 /// their targets are both checked.
-pub async fn concurrent_recordings_leave_each_head_at_its_last_event<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn concurrent_recordings_leave_each_head_at_its_last_event(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 64).await;
     let sessions: Vec<SessionRef> = (0..4).map(session).collect();
@@ -222,11 +216,7 @@ where
 /// fields hold quotes, backslashes, escape look-alikes and characters outside the BMP (and
 /// control characters in their payloads), half of them on a watched session, recorded at
 /// once; each caller's event is what a page, `events_after` and a later dedupe hit read back.
-pub async fn text_recorded_in_a_batch_reads_back_exactly<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn text_recorded_in_a_batch_reads_back_exactly(f: impl OpenGrouped) {
     use crate::testkit::checks::{tricky_event, tricky_session};
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 64).await;
@@ -308,11 +298,7 @@ fn mixed(i: usize) -> NewEvent {
 /// the same events one by one on a second store with `group_commit(1)`, in that order (a dedupe
 /// hit, which leaves no sequence behind, replayed where a sequence is missing). Every answer
 /// (event, notices, hit or not) and the two stores' heads, cursors, events and pages are equal.
-pub async fn a_batch_answers_as_its_recordings_one_at_a_time<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn a_batch_answers_as_its_recordings_one_at_a_time(f: impl OpenGrouped) {
     const N: usize = 48;
     let (dir_a, dir_b) = (Scratch::new("group-commit"), Scratch::new("group-commit"));
     let batched = open(&f, dir_a.file(), 64).await;
@@ -380,11 +366,7 @@ where
 }
 
 /// `group_commit(1)` is one write transaction per recording, however many arrive at once.
-pub async fn group_commit_of_one_commits_every_recording_alone<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn group_commit_of_one_commits_every_recording_alone(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 1).await;
     assert_eq!(record_at_once(&g, 32).await, 32);
@@ -392,11 +374,7 @@ where
 
 /// No write transaction holds more than `group_commit` recordings: 32 at once with
 /// `group_commit(4)` take at least 8.
-pub async fn a_batch_holds_at_most_group_commit_recordings<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn a_batch_holds_at_most_group_commit_recordings(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 4).await;
     let txs = record_at_once(&g, 32).await;
@@ -405,11 +383,7 @@ where
 
 /// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option, and
 /// nothing is created.
-pub async fn a_group_commit_of_zero_is_refused_at_open<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn a_group_commit_of_zero_is_refused_at_open(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let Err(err) = f(dir.file(), 0).await else {
         panic!("group_commit(0) was accepted");
@@ -430,11 +404,7 @@ where
 /// (a store that left it queued behind the abandoned ones would keep it waiting for a writer
 /// that never comes). Each abandoned event is in the log at most once, under its own sequence,
 /// and its session's head is its last event.
-pub async fn cancelled_recordings_hold_up_no_later_one<F, Fut>(f: F)
-where
-    F: Fn(PathBuf, usize) -> Fut,
-    Fut: Future<Output = Result<Grouped, StoreError>>,
-{
+pub async fn cancelled_recordings_hold_up_no_later_one(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 2).await;
     let gone = session(9);

@@ -53,6 +53,13 @@ pub trait RawAccess: Send + Sync {
     async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError>;
 }
 
+/// The store factory of the file suites ([`durable`], [`read_only`]): an async function that
+/// opens the file it is given as a [`Subject`], such as
+/// `async fn open(path: PathBuf) -> Result<Subject, StoreError>`.
+pub trait OpenFile: AsyncFn(PathBuf) -> Result<Subject, StoreError> {}
+
+impl<F: AsyncFn(PathBuf) -> Result<Subject, StoreError>> OpenFile for F {}
+
 /// A fresh, empty store under test and whatever keeps it alive (a temporary directory).
 pub struct Subject {
     /// The store, used through the trait object a gateway holds.

@@ -18,14 +18,13 @@
 //! awareness_core::read_only_suite!(open, open_read_only);
 //! ```
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::json;
 
 use super::checks::{T0, human, link_spec, rec, w};
 use super::durable::{everything, fill, filled_refs, open};
-use super::{Scratch, Subject};
+use super::{OpenFile, Scratch};
 use crate::error::StoreError;
 use crate::model::{CursorKey, Sequence, Timestamp};
 use crate::retention::PruneStep;
@@ -53,13 +52,7 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>,
 /// A read-only handle on a file a read-write handle filled and closed answers exactly what the
 /// read-write handle answered: events, heads with their watermark, cursors with their pending
 /// notices, upstream links, and each session's state version.
-pub async fn a_read_only_handle_answers_what_the_file_holds<F, Fut, G, Gut>(f: F, ro: G)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-    G: Fn(PathBuf) -> Gut,
-    Gut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_read_only_handle_answers_what_the_file_holds(f: impl OpenFile, ro: impl OpenFile) {
     let dir = Scratch::new("read-only");
     let file = dir.file();
     let before = fill(&open(&f, &file).await).await;
@@ -83,13 +76,10 @@ where
 /// delete, events old enough to prune) and writes that would change nothing alike. Afterwards
 /// the handle answers as before, and once it is closed the file's bytes are exactly what the
 /// read-write handle left.
-pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing<F, Fut, G, Gut>(f: F, ro: G)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-    G: Fn(PathBuf) -> Gut,
-    Gut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
+    f: impl OpenFile,
+    ro: impl OpenFile,
+) {
     let dir = Scratch::new("read-only");
     let file = dir.file();
     let rw = open(&f, &file).await;
@@ -216,15 +206,10 @@ where
 /// A read-only handle opened beside a read-write handle of the same process reads that
 /// handle's commits, made before and after it opened, and the read-write handle keeps writing,
 /// while the read-only one is open and after it is closed.
-pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits<F, Fut, G, Gut>(
-    f: F,
-    ro: G,
-) where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-    G: Fn(PathBuf) -> Gut,
-    Gut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits(
+    f: impl OpenFile,
+    ro: impl OpenFile,
+) {
     let dir = Scratch::new("read-only");
     let file = dir.file();
     let [kid, _, peer] = filled_refs();
@@ -272,13 +257,10 @@ pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits<F, Fut,
 
 /// A read-only open of a file that is not a store (text) is a [`StoreError::Open`] naming it,
 /// and the file is left byte for byte as it was.
-pub async fn a_read_only_open_refuses_a_file_that_is_not_a_store<F, Fut, G, Gut>(_f: F, ro: G)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-    G: Fn(PathBuf) -> Gut,
-    Gut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_read_only_open_refuses_a_file_that_is_not_a_store(
+    _f: impl OpenFile,
+    ro: impl OpenFile,
+) {
     let dir = Scratch::new("read-only");
     let file = dir.file();
     let text = "not a database, but long enough to look like a header\n".repeat(200);
@@ -297,13 +279,7 @@ where
 
 /// A read-only open of a missing file is a [`StoreError::Open`] naming it, and creates
 /// nothing; so is a read-only open of an empty file, which stays empty.
-pub async fn a_read_only_open_creates_nothing<F, Fut, G, Gut>(_f: F, ro: G)
-where
-    F: Fn(PathBuf) -> Fut,
-    Fut: Future<Output = Result<Subject, StoreError>>,
-    G: Fn(PathBuf) -> Gut,
-    Gut: Future<Output = Result<Subject, StoreError>>,
-{
+pub async fn a_read_only_open_creates_nothing(_f: impl OpenFile, ro: impl OpenFile) {
     let dir = Scratch::new("read-only");
     let file = dir.file();
     match ro(file.clone()).await {

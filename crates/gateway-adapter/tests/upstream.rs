@@ -836,6 +836,63 @@ async fn a_hanging_or_failing_provider_never_stops_the_others() {
     task.stop().await;
 }
 
+/// A provider that says when a check has begun, then never answers.
+struct Begun(tokio::sync::mpsc::UnboundedSender<()>);
+
+#[async_trait]
+impl UpstreamProvider for Begun {
+    fn kind(&self) -> &'static str {
+        "begun"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        let _ = self.0.send(());
+        std::future::pending().await
+    }
+}
+
+// Worker threads, as a gateway's runtime has: an aborted task is dropped on whichever thread
+// runs it next, which may be after `stop` returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
+    let World {
+        store, awareness, ..
+    } = world();
+    let r = SessionRef::parse("agent:main:remote", "main").unwrap();
+    awareness
+        .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", "begun"))
+        .await
+        .unwrap();
+    store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &r,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
+    let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
+        .provider(Arc::new(Begun(began)))
+        .config(gateway_adapter::MonitorConfig {
+            first_tick: Duration::ZERO,
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    drop(awareness);
+    let task = monitor.spawn();
+    begun.recv().await.expect("a check began");
+    task.stop().await;
+    drop(monitor);
+    // What the abandoned check held (the monitor, and through it the store) is let go of by
+    // now: the caller can close the store through its last handle.
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "a check of the stopped tick still holds the store"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn several_agents_adopting_one_thread_are_each_recorded() {
     let w = world();

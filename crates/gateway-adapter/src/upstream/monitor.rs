@@ -310,7 +310,8 @@ impl MonitorTask {
     /// Stops the task (a tick in progress is abandoned: every store write is atomic and the
     /// marker moves only after its event, so the next run reads again from the stored marker;
     /// see the module docs for why that neither records a burst twice nor skips a turn typed
-    /// meanwhile) and waits for it to end.
+    /// meanwhile) and waits for it to end, the checks of an abandoned tick included: once this
+    /// returns, the task holds nothing of the monitor or its store.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.handle.await
@@ -351,7 +352,7 @@ impl UpstreamMonitor {
 
     /// Runs one tick now (waiting for a tick in progress to end first).
     pub async fn tick(&self) -> TickReport {
-        Inner::tick(&self.inner).await
+        Inner::tick(&self.inner, &mut JoinSet::new()).await
     }
 
     /// Starts the monitor on the current tokio runtime (a `first_tick` beyond what the clock can
@@ -369,6 +370,9 @@ impl UpstreamMonitor {
             let period = inner.config.interval.max(Duration::from_millis(1));
             let mut ticks = tokio::time::interval_at(start, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Outlives each tick, so that the checks of a tick abandoned by `stop` are not
+            // only aborted but waited for below.
+            let mut checks = JoinSet::new();
             loop {
                 tokio::select! {
                     biased;
@@ -378,9 +382,13 @@ impl UpstreamMonitor {
                 tokio::select! {
                     biased;
                     _ = stopped.changed() => break,
-                    _ = Inner::tick(&inner) => {}
+                    _ = Inner::tick(&inner, &mut checks) => {}
                 }
             }
+            // An aborted check lets go of the monitor (and through it the store) only once its
+            // task is dropped, on whichever thread runs it next: wait for that, so that nothing
+            // of the monitor holds the store once `stop` returns.
+            checks.shutdown().await;
             debug!("upstream monitor stopped");
         });
         MonitorTask { stop, handle }
@@ -397,7 +405,9 @@ impl Inner {
         self.missing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn tick(me: &Arc<Inner>) -> TickReport {
+    /// One tick, its checks spawned on `checks` (empty on entry, empty again when the tick
+    /// ends; a tick abandoned midway leaves the caller to end them).
+    async fn tick(me: &Arc<Inner>, checks: &mut JoinSet<()>) -> TickReport {
         let _one = me.one_tick.lock().await;
         let mut report = TickReport {
             tick: me.ticks.fetch_add(1, Ordering::Relaxed) + 1,
@@ -414,7 +424,6 @@ impl Inner {
         report.links = links.len();
         me.missing_counts()
             .retain(|r, _| links.iter().any(|l| &l.session == r));
-        let mut checks = JoinSet::new();
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
                 report.no_provider += 1;

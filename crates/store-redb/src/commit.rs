@@ -155,7 +155,6 @@ impl Writer {
         read_only: bool,
     ) -> Self {
         debug_assert!(max_events > 0, "checked at open");
-        shared.handle_opened();
         Self {
             shared,
             bounded,
@@ -326,12 +325,6 @@ impl Writer {
                 .collect(),
             Err(e) => fail_all(jobs, &e),
         }
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.shared.handle_closed();
     }
 }
 

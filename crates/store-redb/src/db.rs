@@ -107,7 +107,7 @@ pub(crate) struct Shared {
     /// Opened read-write in redb's `SingleWriter` mode ([`crate::RedbOptions::live_readers`]).
     live_readers: bool,
     closed: Arc<Closed>,
-    /// The handles ([`crate::RedbStore`]s, counted by their writers) open on this file.
+    /// The [`crate::RedbStore`]s open on this file (see [`Handle`]).
     handles: AtomicUsize,
 }
 
@@ -154,16 +154,6 @@ impl Shared {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// Counts a handle opened on this file.
-    pub(crate) fn handle_opened(&self) {
-        self.handles.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Counts a handle gone.
-    pub(crate) fn handle_closed(&self) {
-        self.handles.fetch_sub(1, Ordering::AcqRel);
     }
 
     pub(crate) fn mark_unflushed(&self) {
@@ -512,6 +502,24 @@ pub(crate) fn open_shared(
         },
     );
     Ok(shared)
+}
+
+/// Counts one [`crate::RedbStore`] on a file while it lives: a closing handle that finds none
+/// left waits for the file to close ([`release`]). The writer is not what counts: the drain of
+/// a dropped handle keeps it until its last commit is done.
+pub(crate) struct Handle(Arc<Shared>);
+
+impl Handle {
+    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+        shared.handles.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(shared))
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.handles.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Lets go of `shared`, the last thing a closing handle holds of its file. When no handle is

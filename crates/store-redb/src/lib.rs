@@ -349,6 +349,8 @@ impl RedbOptions {
 pub struct RedbStore {
     // Declared first so that it is stopped (after a last flush) before the database is released.
     _flusher: Option<Flusher>,
+    /// Counts this handle on its file until it is dropped or closed.
+    handle: db::Handle,
     writer: Arc<Writer>,
     durability: Durability,
     group_commit: usize,
@@ -418,6 +420,7 @@ impl RedbStore {
         let bounded = matches!(options.durability, Durability::Bounded { .. });
         Ok(Self {
             _flusher: flusher,
+            handle: db::Handle::new(&shared),
             writer: Arc::new(Writer::new(
                 shared,
                 bounded,
@@ -492,11 +495,13 @@ impl RedbStore {
     fn close_blocking(self) {
         let RedbStore {
             _flusher: flusher,
+            handle,
             writer,
             ..
         } = self;
         // Stopped first, after its last flush, as when the handle is dropped.
         drop(flusher);
+        drop(handle);
         let shared = Arc::clone(writer.shared());
         // The drain of a write whose caller gave up holds the writer until that commit is
         // done (about one commit; a pruning chunk at most).

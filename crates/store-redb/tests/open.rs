@@ -280,6 +280,32 @@ async fn closing_the_last_handle_releases_the_file_when_it_returns() {
     }
 }
 
+/// `close().await` on the last handle also waits for what another handle of the process left
+/// running: that handle was dropped while its writer still finished recordings whose callers
+/// gave up. When `close` returns, redb itself opens the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_last_handle_waits_for_writes_another_handle_left_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    for options in [
+        RedbOptions::default(),
+        RedbOptions::bounded(Duration::from_mins(1)),
+    ] {
+        let a = RedbStore::open_with(&path, options.clone()).await.unwrap();
+        let b = RedbStore::open_with(&path, options).await.unwrap();
+        for _ in 0..100 {
+            let call = std::pin::pin!(a.record(human(&child()), T0));
+            awareness_core::testkit::poll_once(call).await;
+        }
+        drop(a);
+        b.close().await;
+        let db = redb::Database::open(&path).unwrap_or_else(|e| {
+            panic!("the file is still open after the last handle's close() returned: {e}")
+        });
+        drop(db);
+    }
+}
+
 /// A file written in one durability mode reopens in the other with everything in it. (What a
 /// reopen keeps in either mode, and the counter across reopens, are the shared durable suite's
 /// checks, run in both modes by `tests/conformance.rs`.)

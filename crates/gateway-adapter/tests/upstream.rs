@@ -489,6 +489,25 @@ impl World {
         session
     }
 
+    /// Adopts a remote session `key` (agent main) checked by the provider of `kind`, watched by
+    /// agent:main:main.
+    async fn adopt_remote(&self, key: &str, kind: &str) -> SessionRef {
+        let r = SessionRef::parse(key, "main").unwrap();
+        self.awareness
+            .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", kind))
+            .await
+            .unwrap();
+        self.store
+            .watch(
+                &WatcherKey::parse("agent:main:main").unwrap(),
+                &r,
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        r
+    }
+
     fn monitor(&self) -> gateway_adapter::upstream::MonitorBuilder {
         UpstreamMonitor::builder(self.awareness.clone(), self.store.clone())
             .provider(Arc::new(JsonlProvider::new()))
@@ -757,20 +776,7 @@ async fn a_hanging_or_failing_provider_never_stops_the_others() {
         ("agent:main:a-hang", "hanging"),
         ("agent:main:b-broken", "broken"),
     ] {
-        let r = SessionRef::parse(key, "main").unwrap();
-        w.awareness
-            .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", kind))
-            .await
-            .unwrap();
-        w.store
-            .watch(
-                &WatcherKey::parse("agent:main:main").unwrap(),
-                &r,
-                Timestamp::now(),
-            )
-            .await
-            .unwrap();
-        others.push(r);
+        others.push(w.adopt_remote(key, kind).await);
     }
     let monitor = w
         .monitor()
@@ -855,22 +861,11 @@ impl UpstreamProvider for Begun {
 // runs it next, which may be after `stop` returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "begun").await;
     let World {
         store, awareness, ..
-    } = world();
-    let r = SessionRef::parse("agent:main:remote", "main").unwrap();
-    awareness
-        .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", "begun"))
-        .await
-        .unwrap();
-    store
-        .watch(
-            &WatcherKey::parse("agent:main:main").unwrap(),
-            &r,
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    } = w;
     let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
     let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
         .provider(Arc::new(Begun(began)))

@@ -26,6 +26,14 @@ fn human(r: &SessionRef) -> NewEvent {
     )
 }
 
+/// `Immediate`, then `Bounded` flushing every minute (so that only a close makes it durable).
+fn both_durabilities() -> [RedbOptions; 2] {
+    [
+        RedbOptions::default(),
+        RedbOptions::bounded(Duration::from_mins(1)),
+    ]
+}
+
 fn no_create() -> RedbOptions {
     RedbOptions {
         create_if_missing: false,
@@ -224,10 +232,7 @@ async fn the_same_file_twice_in_one_process_shares_the_database() {
 async fn dropping_the_last_handle_closes_the_file_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    for options in [
-        RedbOptions::default(),
-        RedbOptions::bounded(Duration::from_mins(1)),
-    ] {
+    for options in both_durabilities() {
         let store = std::sync::Arc::new(RedbStore::open_with(&path, options).await.unwrap());
         store.record(human(&child()), T0).await.unwrap();
         let burst: Vec<_> = (0..32)
@@ -261,10 +266,7 @@ async fn dropping_the_last_handle_closes_the_file_at_once() {
 async fn closing_the_last_handle_releases_the_file_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    for options in [
-        RedbOptions::default(),
-        RedbOptions::bounded(Duration::from_mins(1)),
-    ] {
+    for options in both_durabilities() {
         let store = RedbStore::open_with(&path, options).await.unwrap();
         let last = store.record(human(&child()), T0).await.unwrap();
         store.close().await;
@@ -287,10 +289,7 @@ async fn closing_the_last_handle_releases_the_file_when_it_returns() {
 async fn closing_the_last_handle_waits_for_writes_another_handle_left_running() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    for options in [
-        RedbOptions::default(),
-        RedbOptions::bounded(Duration::from_mins(1)),
-    ] {
+    for options in both_durabilities() {
         let a = RedbStore::open_with(&path, options.clone()).await.unwrap();
         let b = RedbStore::open_with(&path, options).await.unwrap();
         for _ in 0..100 {

@@ -51,6 +51,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
+//!
+//! Shutting down: stop the upstream monitor ([`MonitorTask::stop`]), abort the pruning task and
+//! await its handle (which returns once the task has let go of the service), drop the
+//! [`Awareness`], then close the store through its last handle with
+//! [`EventStore::close`](awareness_core::EventStore::close). A store still shared then is only
+//! dropped: SQLite's write-ahead log may stay beside the file, and redb's file closes once its
+//! last holder lets go.
 
 pub mod backend;
 pub mod directory;

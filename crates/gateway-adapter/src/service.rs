@@ -975,6 +975,8 @@ impl Awareness {
     }
 
     /// Runs pruning every `prune_interval` on a background task, never on the recording path.
+    /// To stop it before closing the store, abort the handle and await it: the task holds the
+    /// service, and with it the store, until it has ended.
     pub fn spawn_pruning(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::clone(self);
         tokio::spawn(async move {

@@ -228,6 +228,20 @@ fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
 pub async fn monitor(cli: &Cli, args: &MonitorArgs, out: &mut dyn Write) -> Result<i32, CliError> {
     let stop = interrupted()?;
     let store = crate::commands::open_full(cli).await?;
+    let code = monitor_links(cli, args, &store, stop, out).await;
+    // The monitor is stopped and dropped by now: this closes the file cleanly.
+    store.close().await;
+    code
+}
+
+/// Runs the monitor on the open store until `stop`, printing each detection.
+async fn monitor_links(
+    cli: &Cli,
+    args: &MonitorArgs,
+    store: &Arc<dyn FullStore>,
+    stop: impl Future<Output = ()>,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let links = store
         .links()
         .await
@@ -238,7 +252,7 @@ pub async fn monitor(cli: &Cli, args: &MonitorArgs, out: &mut dyn Write) -> Resu
         provider_timeout: Duration::from_secs(args.timeout_secs.max(1)),
         ..MonitorConfig::default()
     };
-    let monitor = UpstreamMonitor::builder(service(&store), store.clone())
+    let monitor = UpstreamMonitor::builder(service(store), store.clone())
         .provider(Arc::new(JsonlProvider::new()))
         .config(config)
         .build();
@@ -274,8 +288,6 @@ pub async fn monitor(cli: &Cli, args: &MonitorArgs, out: &mut dyn Write) -> Resu
         }
     };
     task.stop().await;
-    drop(monitor);
-    store.close().await;
     result?;
     if !cli.json {
         emit(out, "monitor stopped\n")?;

@@ -197,6 +197,16 @@ fn adopt_then_monitor_on(scheme: &str) {
         "{rest:?}"
     );
 
+    // Stopped by Ctrl-C, the monitor closed its store: the file alone, copied without
+    // SQLite's write-ahead log, holds every detection it recorded.
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(dir.path().join("state.db"), &copy).unwrap();
+    let copied = format!("{scheme}://{}", copy.display());
+    let o = run(&["--store", &copied, "--json", "status", "agent:main:worker"]);
+    assert!(o.status.success(), "{copied}: {}", text(&o));
+    let alone: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(alone["stateVersion"].as_u64() >= Some(2), "{alone}");
+
     // The event is in the store, once, with the burst size; the watcher has a pending notice.
     let o = run(&[
         "--store",

@@ -4,7 +4,7 @@
 //! has a target with a head. [`audit`] is pure; an operator's tool (`awareness doctor`) reads
 //! the rows and reports what it finds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -94,7 +94,7 @@ impl fmt::Display for Finding {
 }
 
 /// Every broken invariant among `heads`, `events` (the retained ones) and `cursors`: events
-/// first (by session), then heads, then cursors, each in the order given.
+/// first (in session order), then heads, then cursors, both in the order given.
 ///
 /// The three may be read in separate snapshots of a live store. Heads only grow, so reading
 /// them last leaves no false [`Finding::HeadBehindEvent`] or [`Finding::CursorPastHead`]; a
@@ -102,18 +102,10 @@ impl fmt::Display for Finding {
 /// [`Finding::OrphanedCursor`], which the caller should read again before reporting.
 pub fn audit(heads: &[Head], events: &[Arc<Event>], cursors: &[Cursor]) -> Vec<Finding> {
     let by_ref: HashMap<&SessionRef, &Head> = heads.iter().map(|h| (&h.session, h)).collect();
-    let mut max_seen: Vec<(SessionRef, Sequence)> = Vec::new();
-    {
-        let mut index: HashMap<SessionRef, usize> = HashMap::new();
-        for e in events {
-            let session = e.session_ref();
-            if let Some(&i) = index.get(&session) {
-                max_seen[i].1 = max_seen[i].1.max(e.sequence);
-            } else {
-                index.insert(session.clone(), max_seen.len());
-                max_seen.push((session, e.sequence));
-            }
-        }
+    let mut max_seen: BTreeMap<SessionRef, Sequence> = BTreeMap::new();
+    for e in events {
+        let max = max_seen.entry(e.session_ref()).or_insert(e.sequence);
+        *max = (*max).max(e.sequence);
     }
     let mut found = Vec::new();
     for (session, max) in max_seen {

@@ -579,21 +579,23 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
             .cursors(&CursorFilter::default())
             .await
             .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-        prop_assert!(
-            cursors.iter().all(Cursor::is_well_formed),
-            "a torn cursor after {}",
-            ctx
-        );
+        let heads = store
+            .list_heads(None)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+        let events = store
+            .events_after(Sequence::ZERO, usize::MAX / 2)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+        // Every invariant `awareness doctor` checks (no torn cursor among them).
+        let findings = crate::audit::audit(&heads, &events, &cursors);
+        prop_assert!(findings.is_empty(), "after {}: {:?}", ctx, findings);
         prop_assert_eq!(
             cursors,
             model.cursors.values().cloned().collect::<Vec<_>>(),
             "cursors after {}",
             ctx
         );
-        let heads = store
-            .list_heads(None)
-            .await
-            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
         prop_assert_eq!(
             heads,
             model.heads.values().cloned().collect::<Vec<_>>(),

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use awareness_core::audit::{self, Finding};
+use awareness_core::audit;
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
     FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey, SessionRef,
@@ -663,31 +663,6 @@ async fn tail(
     }
 }
 
-/// Whether `r` still has events and still no head (a session deleted after its events were read
-/// has neither).
-async fn still_has_events(store: &dyn AwarenessStore, r: &SessionRef) -> Result<bool, CliError> {
-    let err = |e: StoreError| store_err("doctor", &e);
-    let page = store
-        .changes_since(r, Sequence::ZERO, 1)
-        .await
-        .map_err(err)?;
-    let heads = store.heads(std::slice::from_ref(r)).await.map_err(err)?;
-    Ok(!page.events.is_empty() && heads.is_empty())
-}
-
-/// Whether cursor `c` still exists and its target still has no head (deleting the target
-/// removes the cursors on it).
-async fn still_watched(store: &dyn AwarenessStore, c: &Cursor) -> Result<bool, CliError> {
-    let err = |e: StoreError| store_err("doctor", &e);
-    let exists = store
-        .cursor(&c.watcher, &c.target)
-        .await
-        .map_err(err)?
-        .is_some();
-    let heads = store.heads(&[c.target_ref()]).await.map_err(err)?;
-    Ok(exists && heads.is_empty())
-}
-
 /// `repair`: see [`gateway_adapter::repair_store`].
 async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     if StoreUrl::parse(&cli.store).is_ok_and(|u| u == StoreUrl::Memory) {
@@ -727,30 +702,13 @@ async fn doctor(
     as_json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
-    let mut problems: Vec<String> = Vec::new();
-    // The store may be live (a gateway, `monitor`): each read is its own snapshot. Heads only
-    // grow, so reading them last covers every event and cursor read before them; what a
-    // deletion between the reads removed is read again before it is called a problem.
-    let cursors = store
-        .cursors(&CursorFilter::default())
+    // The store may be live (a gateway, `monitor`): `audit_store` reads it in an order, and
+    // reads again what a deletion between its reads could fake, so that no write meanwhile
+    // shows as a problem.
+    let audit = audit::audit_store(store)
         .await
         .map_err(|e| store_err("doctor", &e))?;
-    let events = all_events(store).await?;
-    let heads = store
-        .list_heads(None)
-        .await
-        .map_err(|e| store_err("doctor", &e))?;
-    for finding in audit::audit(&heads, &events, &cursors) {
-        // What a deletion between the reads could leave behind is read again first.
-        let real = match &finding {
-            Finding::EventsWithoutHead { session, .. } => still_has_events(store, session).await?,
-            Finding::OrphanedCursor(c) => still_watched(store, c).await?,
-            _ => true,
-        };
-        if real {
-            problems.push(finding.to_string());
-        }
-    }
+    let problems: Vec<String> = audit.findings.iter().map(ToString::to_string).collect();
     let stats = store
         .log_stats()
         .await
@@ -762,17 +720,15 @@ async fn doctor(
                 "ok": problems.is_empty(),
                 "schema": "ok",
                 "events": stats.rows,
-                "heads": heads.len(),
-                "cursors": cursors.len(),
+                "heads": audit.heads,
+                "cursors": audit.cursors,
                 "problems": problems,
             }),
         )?;
     } else {
         let mut text = format!(
             "schema ok; {} event(s), {} head(s), {} cursor(s)\n",
-            stats.rows,
-            heads.len(),
-            cursors.len()
+            stats.rows, audit.heads, audit.cursors
         );
         if problems.is_empty() {
             text.push_str("no problems found\n");

@@ -1,14 +1,16 @@
 //! The invariants a store's rows must keep, checked over what it holds: every retained event
 //! has a head at or above it, a head's pruned watermark never passes its version, every cursor
 //! is well formed and never points past its target's head, and a cursor that has seen an event
-//! has a target with a head. [`audit`] is pure; an operator's tool (`awareness doctor`) reads
-//! the rows and reports what it finds.
+//! has a target with a head. [`audit`] is pure; [`audit_store`] reads a store, live or not, and
+//! is what an operator's tool (`awareness doctor`) runs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::model::{Cursor, Event, Head, Sequence, SessionRef};
+use crate::error::StoreError;
+use crate::model::{Cursor, CursorFilter, Event, Head, Sequence, SessionRef};
+use crate::store::AwarenessStore;
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +144,70 @@ pub fn audit(heads: &[Head], events: &[Arc<Event>], cursors: &[Cursor]) -> Vec<F
         }
     }
     found
+}
+
+/// What [`audit_store`] found, and how much it read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreAudit {
+    /// The broken invariants, in [`audit`]'s order.
+    pub findings: Vec<Finding>,
+    /// The heads read.
+    pub heads: usize,
+    /// The cursors read.
+    pub cursors: usize,
+}
+
+/// Audits a store that may be live (a gateway recording meanwhile): reads the cursors, then
+/// the retained events, then the heads (which only grow, so they cover what was read before
+/// them), and runs [`audit`]. A finding that a deletion between the reads could fake
+/// ([`Finding::EventsWithoutHead`], [`Finding::OrphanedCursor`]) is kept only if [`audit`]
+/// still finds it in a fresh read of that session or cursor.
+pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, StoreError> {
+    const PAGE: usize = 5_000;
+    let cursors = store.cursors(&CursorFilter::default()).await?;
+    let mut events = Vec::new();
+    let mut after = Sequence::ZERO;
+    loop {
+        let page = store.events_after(after, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = last.sequence;
+        events.extend(page);
+    }
+    let heads = store.list_heads(None).await?;
+    let mut findings = Vec::new();
+    for finding in audit(&heads, &events, &cursors) {
+        if still_found(store, &finding).await? {
+            findings.push(finding);
+        }
+    }
+    Ok(StoreAudit {
+        findings,
+        heads: heads.len(),
+        cursors: cursors.len(),
+    })
+}
+
+/// Whether `finding` holds in a fresh read of its session or cursor (events or the cursor
+/// first, then the head, as [`audit_store`] reads).
+async fn still_found(store: &dyn AwarenessStore, finding: &Finding) -> Result<bool, StoreError> {
+    let fresh = match finding {
+        Finding::EventsWithoutHead { session, .. } => {
+            let page = store.changes_since(session, Sequence::ZERO, 1).await?;
+            let heads = store.heads(std::slice::from_ref(session)).await?;
+            audit(&heads, &page.events, &[])
+        }
+        Finding::OrphanedCursor(c) => {
+            let Some(now) = store.cursor(&c.watcher, &c.target).await? else {
+                return Ok(false);
+            };
+            let heads = store.heads(&[now.target_ref()]).await?;
+            audit(&heads, &[], &[now])
+        }
+        _ => return Ok(true),
+    };
+    Ok(fresh
+        .iter()
+        .any(|f| std::mem::discriminant(f) == std::mem::discriminant(finding)))
 }
 
 #[cfg(test)]

@@ -419,8 +419,11 @@ fn open_read_only(
             "already open in another process, in a mode that excludes readers (a writer without live_readers)",
             Some(e.into()),
         )),
-        Err(e @ DatabaseError::RepairAborted) => Err(database_error(path, e)),
-        Err(_) => open(ConcurrencyMode::ExclusiveWriter).map_err(|e| database_error(path, e)),
+        // The storage has no byte-range locks: the default mode's whole-file lock instead.
+        Err(DatabaseError::Storage(redb::StorageError::Unsupported)) => {
+            open(ConcurrencyMode::ExclusiveWriter).map_err(|e| database_error(path, e))
+        }
+        Err(e) => Err(database_error(path, e)),
     }
 }
 

@@ -48,6 +48,11 @@ async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
     pruning.abort();
     let _ = pruning.await;
     drop(awareness);
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "after the documented steps, nothing else holds the store"
+    );
     store.close().await;
 
     let copy = dir.path().join("copy.sqlite");

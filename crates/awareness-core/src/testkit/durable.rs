@@ -203,6 +203,34 @@ pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file(
     }
 }
 
+/// Closing the last handle on a file keeps in it what another handle of the process left
+/// running when it was dropped (recordings whose callers gave up): once the close returns, the
+/// file alone, copied, answers as the file with whatever lies beside it.
+pub async fn closing_the_last_handle_keeps_what_a_dropped_handle_left_running(f: impl OpenFile) {
+    let kid = child();
+    let refs = [kid.clone()];
+    let (dir, a, b) = two_handles(&f).await;
+    rec(&*a.store, human(&kid), T0).await;
+    for _ in 0..20 {
+        give_up_after(1, a.store.record(human(&kid), T0)).await;
+    }
+    drop(a);
+    b.close().await;
+    let file = dir.file();
+    let copy = dir.path().join("copy");
+    std::fs::copy(&file, &copy).expect("copy the closed file alone");
+    let c = open(&f, &copy).await;
+    assert!(
+        c.store.state_version(&kid).await.expect("version") >= Sequence(1),
+        "the first recording is in the file"
+    );
+    assert_eq!(
+        everything(&c, &refs).await,
+        everything(&open(&f, &file).await, &refs).await,
+        "the file alone holds every commit of the dropped handle"
+    );
+}
+
 /// The store-wide sequence resumes after the highest number ever spent, across reopens, even
 /// when the rows that held the highest numbers are gone: a deleted session, a dedupe hit (which
 /// leaves no row), a row deleted by hand, the whole log pruned.

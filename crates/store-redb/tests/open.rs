@@ -535,23 +535,12 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
     assert!(live.live_readers());
     let err = RedbStore::open(&path).await.unwrap_err();
     assert_open_error(&err, &path, "open in this process with live_readers true");
-    let reader = RedbStore::open_with(&path, read_only()).await.unwrap();
-    assert!(
-        matches!(
-            reader.record(human(&child()), T0).await,
-            Err(StoreError::ReadOnly { .. })
-        ),
-        "a read-only handle sharing a live writer's database still refuses writes"
-    );
-    // A read-only handle ignores the write settings: none of them is checked.
+    // A read-only handle ignores the write settings: none of them is checked. (What a
+    // read-only handle beside a live writer reads and refuses is the shared read-only suite's,
+    // run with live readers by tests/conformance.rs.)
     let ignoring = RedbOptions::bounded(Duration::ZERO)
         .live_readers(true)
         .group_commit(0)
         .read_only(true);
     RedbStore::open_with(&path, ignoring).await.unwrap();
-    let rec = live.record(human(&child()), T0).await.unwrap();
-    assert_eq!(
-        reader.state_version(&child()).await.unwrap(),
-        rec.event.sequence
-    );
 }

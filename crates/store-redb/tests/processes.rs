@@ -153,12 +153,25 @@ async fn recorder(store: std::sync::Arc<RedbStore>, k: u64) {
     }
 }
 
-/// Holds the file open until stdin closes.
-async fn child_hold(path: &Path) {
-    let store = RedbStore::open(path).await.expect("child: open");
+/// Holds the file open with `options` until stdin closes.
+async fn child_hold(path: &Path, options: RedbOptions) {
+    let store = RedbStore::open_with(path, options)
+        .await
+        .expect("child: open");
     say("ready");
     wait_for_stdin_eof();
     drop(store);
+}
+
+/// The sequences of every retained event of `store`, ascending.
+async fn logged(store: &RedbStore) -> Vec<u64> {
+    store
+        .events_after(Sequence::ZERO, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect()
 }
 
 /// Opens the file read-write with live readers and records one event; then records one more
@@ -180,16 +193,6 @@ async fn child_live(path: &Path) {
         }
     }
     store.close().await;
-}
-
-/// Holds the file open read-only until stdin closes.
-async fn child_hold_read_only(path: &Path) {
-    let store = RedbStore::open_with(path, RedbOptions::default().read_only(true))
-        .await
-        .expect("child: open read-only");
-    say("ready");
-    wait_for_stdin_eof();
-    drop(store);
 }
 
 /// Bounded mode with a flush interval that never fires: records 5 events, flushes, records 5
@@ -254,8 +257,8 @@ fn run_child(mode: &str) {
         "record" => rt.block_on(child_record(&path, interval, false)),
         "record_live" => rt.block_on(child_record(&path, interval, true)),
         "live" => rt.block_on(child_live(&path)),
-        "hold" => rt.block_on(child_hold(&path)),
-        "hold_read_only" => rt.block_on(child_hold_read_only(&path)),
+        "hold" => rt.block_on(child_hold(&path, RedbOptions::default())),
+        "hold_read_only" => rt.block_on(child_hold(&path, read_only())),
         "flush" => rt.block_on(child_flush(&path)),
         "close" => rt.block_on(child_close(&path)),
         other => panic!("unknown child mode {other}"),
@@ -647,14 +650,7 @@ fn a_live_reader_in_another_process_follows_the_writer() {
                 "the reader sees the commit the writer reported"
             );
         }
-        let seen: Vec<u64> = reader
-            .events_after(Sequence::ZERO, 100)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| e.sequence.get())
-            .collect();
-        assert_eq!(seen, [1, 2, 3, 4]);
+        assert_eq!(logged(&reader).await, [1, 2, 3, 4]);
         assert!(matches!(
             reader.record(log_only(0), now()).await,
             Err(StoreError::ReadOnly { .. })
@@ -740,13 +736,7 @@ fn bounded_flush_makes_durable_and_unflushed_commits_are_not() {
     assert_eq!((durable.len(), pending.len()), (5, 5));
     rt.block_on(async {
         let s = RedbStore::open(&path).await.unwrap();
-        let present: Vec<u64> = s
-            .events_after(Sequence::ZERO, 1000)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| e.sequence.get())
-            .collect();
+        let present = logged(&s).await;
         assert_eq!(
             present, durable,
             "flushed commits survive, unflushed ones are lost"
@@ -777,13 +767,7 @@ fn bounded_close_makes_everything_durable() {
     assert_eq!(closed.len(), 5);
     rt.block_on(async {
         let s = RedbStore::open(&path).await.unwrap();
-        let present: Vec<u64> = s
-            .events_after(Sequence::ZERO, 1000)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| e.sequence.get())
-            .collect();
+        let present = logged(&s).await;
         assert_eq!(present, closed);
     });
 }

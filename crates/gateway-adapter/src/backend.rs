@@ -181,9 +181,9 @@ pub enum Repair {
 /// file that is not a store of that backend, is refused with [`StoreError::Open`] and left as
 /// it was. `memory:` has no file and is a [`OpenError::BadUrl`].
 pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
-    let parsed = StoreUrl::parse(url)?;
-    let path = match &parsed {
-        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => p.clone(),
+    let (path, sqlite) = match StoreUrl::parse(url)? {
+        StoreUrl::Sqlite(p) => (p, true),
+        StoreUrl::Redb(p) => (p, false),
         StoreUrl::Memory => return Err(OpenError::BadUrl(url.to_owned())),
     };
     if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
@@ -194,38 +194,21 @@ pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
         }
         .into());
     }
-    match parsed {
-        #[cfg(feature = "sqlite")]
-        StoreUrl::Sqlite(path) => {
-            let options = store_sqlite::SqliteOptions::new()
-                .create_if_missing(false)
-                .read_only(true);
-            let store = store_sqlite::SqliteStore::open_with(path, options).await?;
-            let stats = awareness_core::EventStore::log_stats(&store).await;
-            store.close().await;
-            Ok(Repair::NotNeeded {
-                events: stats?.rows,
-            })
-        }
-        #[cfg(not(feature = "sqlite"))]
-        StoreUrl::Sqlite(_) => Err(OpenError::NotCompiled { backend: "sqlite" }),
-        #[cfg(feature = "redb")]
-        StoreUrl::Redb(path) => {
-            let options = store_redb::RedbOptions {
-                create_if_missing: false,
-                ..store_redb::RedbOptions::default()
-            };
-            let store = store_redb::RedbStore::open_with(path, options).await?;
-            let stats = awareness_core::EventStore::log_stats(&store).await;
-            store.close().await;
-            Ok(Repair::Reopened {
-                events: stats?.rows,
-            })
-        }
-        #[cfg(not(feature = "redb"))]
-        StoreUrl::Redb(_) => Err(OpenError::NotCompiled { backend: "redb" }),
-        StoreUrl::Memory => Err(OpenError::BadUrl(url.to_owned())),
-    }
+    // SQLite is only checked, read-only; redb repairs while a read-write open opens the file.
+    let options = OpenOptions {
+        create_if_missing: false,
+        read_only: sqlite,
+        live_readers: false,
+    };
+    let store = open_full_store_with(url, options).await?;
+    let stats = store.log_stats().await;
+    store.close().await;
+    let events = stats?.rows;
+    Ok(if sqlite {
+        Repair::NotNeeded { events }
+    } else {
+        Repair::Reopened { events }
+    })
 }
 
 #[cfg(test)]

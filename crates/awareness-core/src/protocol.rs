@@ -108,22 +108,37 @@ pub fn decode_context_key(value: &str) -> Result<SessionKey, ValidationError> {
     SessionKey::new(text).map_err(|_| err("not a valid session key"))
 }
 
-/// Whether a line drained from a watcher's queue is a **stale** notice, to leave out of what
-/// the turn reads: its context key is a well-formed session-state key, and none of `current`
-/// (the notices of the watcher's pending cursors, read after the drain) has that text and key.
-/// Such a line was already read and acknowledged (a delivery that arrived late), or its cursor
-/// is gone. Any other line is kept: a line that is not session state, a current notice, and a
-/// malformed session-state key, which acknowledges nothing but is not ours to hide.
-pub fn is_stale_line(text: &str, context_key: Option<&str>, current: &[Notice]) -> bool {
-    let Some(key) = context_key else {
-        return false;
+/// What a line drained from a watcher's queue is, against `current`: the notices of the
+/// watcher's pending cursors, read after the drain ([`classify_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainedLine {
+    /// Not session state: the turn reads it as it is.
+    Other,
+    /// The current notice `current[i]`, word for word.
+    Current(usize),
+    /// A well-formed session-state line that is no current notice: it was already read and
+    /// acknowledged (a delivery that arrived late), or its cursor is gone. The turn leaves it
+    /// out.
+    Stale,
+    /// A session-state context key that does not decode: it acknowledges nothing, and is not
+    /// ours to hide.
+    Malformed(ValidationError),
+}
+
+/// Classifies a drained line by its context key, then (for the notice of the same target
+/// only) its text: see [`DrainedLine`].
+pub fn classify_line(text: &str, context_key: Option<&str>, current: &[Notice]) -> DrainedLine {
+    let Some(key) = context_key.filter(|k| is_session_state_context_key(k)) else {
+        return DrainedLine::Other;
     };
-    if decode_context_key(key).is_err() {
-        return false;
+    match decode_context_key(key) {
+        Err(e) => DrainedLine::Malformed(e),
+        // The strict encoding is one key per target: the same target is the same key.
+        Ok(target) => current
+            .iter()
+            .position(|n| n.target == target && n.text() == text)
+            .map_or(DrainedLine::Stale, DrainedLine::Current),
     }
-    !current
-        .iter()
-        .any(|n| n.text() == text && n.context_key() == key)
 }
 
 /// Checks an explicit watch request: the watcher must be agent-qualified and not the target.
@@ -478,23 +493,40 @@ mod tests {
         let key = context_key(&t.session_key);
         let now = notice_text(&t.session_key, Sequence(3));
         let read = notice_text(&t.session_key, Sequence(1));
-        assert!(
-            !is_stale_line(&now, Some(&key), &current),
+        let line =
+            |text: &str, key: Option<&str>, current: &[Notice]| classify_line(text, key, current);
+        assert_eq!(
+            line(&now, Some(&key), &current),
+            DrainedLine::Current(0),
             "the current notice"
         );
-        assert!(
-            is_stale_line(&read, Some(&key), &current),
+        assert_eq!(
+            line(&read, Some(&key), &current),
+            DrainedLine::Stale,
             "an older notice, already read"
         );
-        assert!(is_stale_line(&now, Some(&key), &[]), "its cursor is gone");
+        assert_eq!(
+            line(&now, Some(&key), &[]),
+            DrainedLine::Stale,
+            "its cursor is gone"
+        );
         let other = context_key(&SessionKey::new("agent:main:subagent:c2").unwrap());
-        assert!(
-            is_stale_line(&now, Some(&other), &current),
+        assert_eq!(
+            line(&now, Some(&other), &current),
+            DrainedLine::Stale,
             "same text, another key"
         );
-        assert!(!is_stale_line("Reminder", None, &[]), "not session state");
+        assert_eq!(line("Reminder", None, &[]), DrainedLine::Other, "no key");
+        assert_eq!(
+            line("Reminder", Some("cron:daily"), &current),
+            DrainedLine::Other,
+            "another kind of key"
+        );
         assert!(
-            !is_stale_line(&read, Some("session-state:zz"), &current),
+            matches!(
+                line(&read, Some("session-state:zz"), &current),
+                DrainedLine::Malformed(_)
+            ),
             "malformed key"
         );
     }

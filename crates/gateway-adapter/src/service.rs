@@ -9,7 +9,7 @@ use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
     EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
     Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, UpsertOutcome,
-    UpstreamStore, WatcherKey, protocol, reconcile,
+    UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, reconcile,
 };
 use serde_json::json;
 use tracing::warn;
@@ -826,8 +826,9 @@ impl Awareness {
         }
     }
 
-    /// A watcher's turn drains its queue and acknowledges exactly the notices it drained.
-    /// Returns what was drained, for the turn's prompt, less the stale notices (step 5).
+    /// A watcher's turn drains its queue and acknowledges exactly the notices it read.
+    /// Returns what was drained, for the turn's prompt, less the stale notices, plus the
+    /// pending notices that were not queued (step 3).
     ///
     /// 1. The watcher's turns run **one at a time** (an async lock per watcher session, held
     ///    across the steps below and dropped with the turn). Two overlapping turns would
@@ -837,7 +838,7 @@ impl Awareness {
     ///    a restart would then lose.
     /// 2. The queue is drained, then the watcher's pending cursors are read, once.
     /// 3. The turn reads the drained lines, less the **stale** ones
-    ///    ([`protocol::is_stale_line`]: a well-formed session-state line that is not the current
+    ///    ([`protocol::classify_line`]: a well-formed session-state line that is not the current
     ///    notice of a pending cursor, i.e. already read and acknowledged, delivered late, or
     ///    whose cursor is gone), plus the current notice of every pending cursor that was not
     ///    queued: a notice lost from memory comes back now rather than after a restart. So the
@@ -867,23 +868,22 @@ impl Awareness {
                 return drained;
             }
         };
-        let mut read: Vec<QueuedEntry> = drained
-            .into_iter()
-            .filter(|e| {
-                if e.is_session_state()
-                    && let Some(Err(err)) =
-                        e.context_key.as_deref().map(protocol::decode_context_key)
-                {
+        let mut read: Vec<QueuedEntry> = Vec::with_capacity(drained.len() + current.len());
+        let mut shown = vec![false; current.len()];
+        for e in drained {
+            match protocol::classify_line(&e.text, e.context_key.as_deref(), &current) {
+                DrainedLine::Stale => continue,
+                DrainedLine::Current(i) => shown[i] = true,
+                DrainedLine::Malformed(err) => {
                     warn!(watcher = %watcher, error = %err, "a malformed session-state entry acknowledges nothing");
                 }
-                !protocol::is_stale_line(&e.text, e.context_key.as_deref(), &current)
-            })
-            .collect();
-        let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
-        for line in &lines {
-            if !read.contains(line) {
-                read.push(line.clone());
+                DrainedLine::Other => {}
             }
+            read.push(e);
+        }
+        let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
+        for (line, _) in lines.iter().zip(&shown).filter(|(_, shown)| !**shown) {
+            read.push(line.clone());
         }
         let targets: Vec<SessionKey> = current.iter().map(|n| n.target.clone()).collect();
         self.acknowledge(watcher, &targets).await;

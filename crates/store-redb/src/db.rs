@@ -431,8 +431,9 @@ fn open_read_only(
 ///
 /// A read-only open shares a database this process already has open, in either mode. A
 /// read-write open cannot share a read-only one, which cannot write, and a process keeps one
-/// database per file: it is refused until the read-only handles close. `live_readers` opens a new read-write database in
-/// redb's `SingleWriter` mode; a read-write open must agree with the database it shares.
+/// database per file: it is refused until the read-only handles close. `live_readers` opens a
+/// new read-write database in redb's `SingleWriter` mode; a read-write open must agree with
+/// the database it shares.
 pub(crate) fn open_shared(
     path: &Path,
     mode: Mode,

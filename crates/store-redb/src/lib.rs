@@ -294,10 +294,9 @@ impl RedbOptions {
     /// repair (its writer crashed: a read-write open repairs it) or a migration (schema 1).
     /// While the handle is open, another process may open the file read-write only with
     /// `live_readers`, and this process not at all (it keeps one database per file, and a
-    /// read-only one cannot write). A
-    /// read-only handle that shares a read-write handle's database keeps that database, with
-    /// its lock, open until it is closed too: until then the file stays open read-write in
-    /// this process, as other processes see it.
+    /// read-only one cannot write). A read-only handle that shares a read-write handle's
+    /// database keeps that database, with its lock, open until it is closed too: until then
+    /// the file stays open read-write in this process, as other processes see it.
     #[must_use]
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
@@ -310,9 +309,10 @@ impl RedbOptions {
     /// price: every commit is a two-phase commit (redb flushes the file twice, the second time
     /// for its header alone), and non-durable commits are not allowed, so it cannot be combined
     /// with [`Durability::Bounded`] (refused at open). Measured on the development machine on
-    /// 12-01 with `Immediate` (benches/README.md, notes): a recording on a store of 5,000 events
-    /// took 1.03-1.29x the time it took in the default mode, and redb's bare one-key commit
-    /// 1.23-1.27x. Every read-write handle of a process on one file must ask for the same; a second writer process is refused either way. Ignored by a read-only
+    /// 12-01 with `Immediate` by a one-off probe (benches/README.md, notes): a recording on a
+    /// store of 5,000 events took 1.03-1.29x the time it took in the default mode, and redb's
+    /// bare one-key commit 1.23-1.27x. Every read-write handle of a process on one file must ask
+    /// for the same; a second writer process is refused either way. Ignored by a read-only
     /// handle, which finds the writer's mode itself.
     #[must_use]
     pub fn live_readers(mut self, live_readers: bool) -> Self {

@@ -1,7 +1,7 @@
 //! store-redb runs the shared conformance suite, the durable suite (reopening, two handles on one
 //! file), the read-only suite and the model test, through `Arc<dyn ...>`, on a fresh file each,
-//! in both durability modes and with live readers (the model test with `Immediate` takes about
-//! 14-16 s of a debug test run: an fsync per commit).
+//! in both durability modes and with live readers (the model tests of the durable setups,
+//! with an fsync per commit, are the slowest of the run).
 
 use std::path::PathBuf;
 use std::sync::Arc;

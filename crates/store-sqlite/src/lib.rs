@@ -405,9 +405,11 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Closes every connection cleanly (the last one checkpoints the WAL into the file and
-    /// removes it). Dropping the store closes them too, without waiting: a process that exits
-    /// right after may leave the log beside the file. Through a shared handle,
+    /// Closes every connection cleanly: the log is checkpointed into the file first (without
+    /// waiting for readers, so a reader that still holds an older snapshot can keep part of it
+    /// in the log), and the last connection to close removes it. Dropping the store closes
+    /// them too, without waiting: a process that exits right after may leave the log beside
+    /// the file. Through a shared handle,
     /// [`EventStore::close`](awareness_core::EventStore::close) calls this when it holds the
     /// last one.
     pub async fn close(self) {
@@ -440,6 +442,16 @@ impl SqliteStore {
         if let Some(mut w) = writer {
             if w.open_tx {
                 w.rollback().await;
+            }
+            // Closing the last connection would checkpoint, but another handle's connections
+            // may still be closing in the background (a handle dropped, not closed): copy the
+            // log into the file now, without waiting for readers (PASSIVE), so that the file
+            // holds every commit unless a reader still pins an older snapshot.
+            let checkpoint = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_all(&mut w.conn)
+                .await;
+            if let Err(e) = checkpoint {
+                tracing::warn!(path = %self.path.display(), error = %e, "checkpoint at close");
             }
             if let Err(e) = w.conn.close().await {
                 tracing::warn!(path = %self.path.display(), error = %e, "closing the writer");

@@ -143,6 +143,27 @@ pub async fn everything_committed_survives_a_reopen(f: impl OpenFile) {
     );
 }
 
+/// Opens a copy of the closed store's `file` alone, without any file beside it (SQLite's
+/// write-ahead log), and asserts that it answers about `refs` as `file` does with whatever lies
+/// beside it. Returns the copy, for checks of its own.
+async fn copy_alone_answers_as_the_file(
+    f: &impl OpenFile,
+    dir: &Scratch,
+    refs: &[SessionRef],
+    what: &str,
+) -> Subject {
+    let file = dir.file();
+    let copy = dir.path().join("copy");
+    std::fs::copy(&file, &copy).expect("copy the closed file alone");
+    let alone = open(f, &copy).await;
+    assert_eq!(
+        everything(&alone, refs).await,
+        everything(&open(f, &file).await, refs).await,
+        "{what}: the file alone holds every commit"
+    );
+    alone
+}
+
 /// A store closed through [`EventStore::close`](crate::EventStore::close) on its last handle
 /// leaves every commit in its one file: a copy of that file alone, without any file beside it
 /// (SQLite's write-ahead log), answers exactly as the store did.
@@ -152,12 +173,11 @@ pub async fn a_closed_store_leaves_every_commit_in_its_file(f: impl OpenFile) {
     let t = open(&f, &file).await;
     let before = fill(&t).await;
     t.close().await;
-    let copy = dir.path().join("copy");
-    std::fs::copy(&file, &copy).expect("copy the closed file alone");
+    let alone = copy_alone_answers_as_the_file(&f, &dir, &filled_refs(), "closed").await;
     assert_eq!(
-        everything(&open(&f, &copy).await, &filled_refs()).await,
+        everything(&alone, &filled_refs()).await,
         before,
-        "the closed file alone holds every commit"
+        "the closed file alone answers as the store did"
     );
 }
 
@@ -176,9 +196,8 @@ pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file(
         rec(&*t.store, human(&kid), T0).await;
         give_up_after(polls, t.store.record(human(&kid), T0)).await;
         t.close().await;
-        let copy = dir.path().join("copy");
-        std::fs::copy(&file, &copy).expect("copy the closed file alone");
-        let c = open(&f, &copy).await;
+        let what = format!("closed right after a write given up at poll {polls}");
+        let c = copy_alone_answers_as_the_file(&f, &dir, &refs, &what).await;
         // What committed before the given-up write is there, whatever became of that write.
         let version = c.store.state_version(&kid).await.expect("version");
         assert!(
@@ -194,11 +213,6 @@ pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file(
         assert_eq!(
             cursor.material, version,
             "the cursor moved with each commit"
-        );
-        assert_eq!(
-            everything(&c, &refs).await,
-            everything(&open(&f, &file).await, &refs).await,
-            "closed right after a write given up at poll {polls}, the file alone holds every commit"
         );
     }
 }
@@ -216,18 +230,10 @@ pub async fn closing_the_last_handle_keeps_what_a_dropped_handle_left_running(f:
     }
     drop(a);
     b.close().await;
-    let file = dir.file();
-    let copy = dir.path().join("copy");
-    std::fs::copy(&file, &copy).expect("copy the closed file alone");
-    let c = open(&f, &copy).await;
+    let c = copy_alone_answers_as_the_file(&f, &dir, &refs, "after a dropped handle").await;
     assert!(
         c.store.state_version(&kid).await.expect("version") >= Sequence(1),
         "the first recording is in the file"
-    );
-    assert_eq!(
-        everything(&c, &refs).await,
-        everything(&open(&f, &file).await, &refs).await,
-        "the file alone holds every commit of the dropped handle"
     );
 }
 

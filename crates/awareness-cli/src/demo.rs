@@ -70,13 +70,39 @@ fn k(s: &str) -> SessionKey {
 }
 
 /// Runs the demo; returns the exit code.
-#[allow(clippy::too_many_lines)]
+///
+/// The store is closed before this returns, an early error's return included (output that
+/// cannot be written, say): the demo's events are then in the file itself, not left in
+/// SQLite's log by a process that exits at once.
 pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let store = open_store(&cli.store)
         .await
         .map_err(|e| CliError::failure(e.to_string()))?;
-    let where_ = match &url {
+    // The one store handle outside the stages: the restart puts the reopened store here.
+    let mut open = Some(store);
+    let result = narrate(cli, &url, &mut open, out).await;
+    if let Some(store) = open.take() {
+        store.close().await;
+    }
+    result
+}
+
+/// A handle on the open store, for a stage (dropped with it).
+fn handle(open: Option<&Arc<dyn AwarenessStore>>) -> Result<Arc<dyn AwarenessStore>, CliError> {
+    open.cloned()
+        .ok_or_else(|| CliError::failure("the demo's store is closed"))
+}
+
+/// The demo itself, on the store in `open`; every stage is dropped when it returns.
+#[allow(clippy::too_many_lines)]
+async fn narrate(
+    cli: &Cli,
+    url: &StoreUrl,
+    open: &mut Option<Arc<dyn AwarenessStore>>,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let where_ = match url {
         StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => std::path::absolute(p)
             .unwrap_or_else(|_| p.clone())
             .display()
@@ -114,7 +140,7 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     n.line(&format!("store: {where_}"))?;
     n.line("")?;
 
-    let s = stage(Arc::clone(&store), &dir, &clock);
+    let s = stage(handle(open.as_ref())?, &dir, &clock);
     n.at(0, &format!("{manager} spawns two subagents"))?;
     for (child, run) in [(&research, "run-research"), (&writer, "run-writer")] {
         let run = format!("{tag}-{run}");
@@ -196,16 +222,18 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
 
     n.at(20, "the gateway restarts: every in-memory queue is lost")?;
     drop(s);
-    let reopened = if url == StoreUrl::Memory {
-        store
-    } else {
+    if *url != StoreUrl::Memory {
         // As a gateway that stops does: the file is closed before it is opened again.
-        store.close().await;
-        open_store(&cli.store)
-            .await
-            .map_err(|e| CliError::failure(e.to_string()))?
-    };
-    let s = stage(Arc::clone(&reopened), &dir, &clock);
+        if let Some(store) = open.take() {
+            store.close().await;
+        }
+        *open = Some(
+            open_store(&cli.store)
+                .await
+                .map_err(|e| CliError::failure(e.to_string()))?,
+        );
+    }
+    let s = stage(handle(open.as_ref())?, &dir, &clock);
     n.detail(&format!(
         "queue after restart: {} line(s)",
         s.queue.peek(&manager).len()
@@ -280,7 +308,7 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         .map_err(|_| CliError::failure("the demo's manager cannot see its child"))?;
     n.line(&serde_json::to_string_pretty(&status).unwrap_or_default())?;
     n.line("")?;
-    if url == StoreUrl::Memory {
+    if *url == StoreUrl::Memory {
         n.line("the store was in memory; nothing was left behind")?;
     } else {
         n.line(&format!(
@@ -292,8 +320,6 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
             cli.store
         ))?;
     }
-    drop(s);
-    reopened.close().await;
     Ok(0)
 }
 

@@ -196,14 +196,42 @@ impl Drop for Shared {
     }
 }
 
+/// The database this process has (or last had) open on one file.
 struct Entry {
     shared: Weak<Shared>,
     closed: Arc<Closed>,
 }
 
-fn registry() -> &'static Mutex<HashMap<PathBuf, Entry>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Entry>>> = OnceLock::new();
+impl Entry {
+    /// Still open, or still closing (its file lock not yet released).
+    fn is_live(&self) -> bool {
+        self.shared.strong_count() > 0 || !self.closed.is_set()
+    }
+}
+
+/// One file's place in the registry. Its lock is held while the file is opened (which may
+/// repair it, or wait for its last handle to close), so that two opens of the file share one
+/// database; other files' opens do not wait for it.
+type Slot = Arc<Mutex<Option<Entry>>>;
+
+/// Every file this process has open, by canonical path. Its lock is only held to find or add
+/// a file's [`Slot`], never across an open.
+fn registry() -> &'static Mutex<HashMap<PathBuf, Slot>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Slot>>> = OnceLock::new();
     REGISTRY.get_or_init(Mutex::default)
+}
+
+/// The slot of `canonical`, added when missing. Drops the slots no open uses and whose file
+/// is closed.
+fn slot(canonical: &Path) -> Slot {
+    let mut reg = lock(registry());
+    reg.retain(|_, slot| {
+        Arc::strong_count(slot) > 1
+            || slot
+                .try_lock()
+                .map_or(true, |entry| entry.as_ref().is_some_and(Entry::is_live))
+    });
+    Arc::clone(reg.entry(canonical.to_path_buf()).or_default())
 }
 
 fn open_error(path: &Path, reason: impl Into<String>, source: Option<redb::Error>) -> StoreError {
@@ -443,9 +471,11 @@ pub(crate) fn open_shared(
     ensure_file(path, mode)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
-    let mut reg = lock(registry());
-    reg.retain(|_, e| e.shared.strong_count() > 0 || !e.closed.is_set());
-    if let Some(entry) = reg.get(&canonical) {
+    let slot = slot(&canonical);
+    let mut entry_of_file = lock(&slot);
+    #[cfg(test)]
+    tests::while_opening(&canonical);
+    if let Some(entry) = entry_of_file.as_ref() {
         if let Some(shared) = entry.shared.upgrade() {
             if mode != Mode::ReadOnly && shared.writable().is_none() {
                 return Err(open_error(
@@ -468,7 +498,7 @@ pub(crate) fn open_shared(
         }
         // The last handle is being dropped right now: wait until its file lock is released.
         entry.closed.wait();
-        reg.remove(&canonical);
+        *entry_of_file = None;
     }
     let db = if mode == Mode::ReadOnly {
         let db = open_read_only(path, &canonical, cache_size)?;
@@ -498,13 +528,10 @@ pub(crate) fn open_shared(
         closed: Arc::clone(&closed),
         handles: AtomicUsize::new(0),
     });
-    reg.insert(
-        canonical,
-        Entry {
-            shared: Arc::downgrade(&shared),
-            closed,
-        },
-    );
+    *entry_of_file = Some(Entry {
+        shared: Arc::downgrade(&shared),
+        closed,
+    });
     Ok(shared)
 }
 
@@ -600,11 +627,65 @@ impl Drop for Flusher {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::path::{Path, PathBuf};
     use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use super::open_shared;
+    use super::{Mode, lock, open_shared};
+
+    /// What runs inside the next open of a file, with the file's slot locked.
+    type Hook = (PathBuf, Box<dyn FnOnce() + Send>);
+    static WHILE_OPENING: Mutex<Option<Hook>> = Mutex::new(None);
+
+    /// Called by `open_shared` with the file's slot locked: runs the hook set for this file.
+    pub(super) fn while_opening(canonical: &Path) {
+        let hook = {
+            let mut hook = lock(&WHILE_OPENING);
+            if hook.as_ref().is_some_and(|(p, _)| p == canonical) {
+                hook.take()
+            } else {
+                None
+            }
+        };
+        if let Some((_, run)) = hook {
+            run();
+        }
+    }
+
+    /// An open that takes long (a repair, or the wait for a closing handle) holds up other
+    /// opens of its file only: another file opens meanwhile.
+    #[test]
+    fn opening_one_file_does_not_hold_up_opening_another() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
+        drop(open_shared(&a, Mode::Create, 1 << 20, false).expect("create a"));
+        let canonical = std::fs::canonicalize(&a).expect("canonical a");
+        let (opened, answer) = std::sync::mpsc::channel();
+        // While `a`'s open is held up in its hook, `b` opens on a thread of its own; the
+        // timeout only keeps the test from hanging when `b` waits for `a`.
+        *lock(&WHILE_OPENING) = Some((
+            canonical,
+            Box::new(move || {
+                let (b_done, b_result) = std::sync::mpsc::channel();
+                let b_open = std::thread::spawn(move || {
+                    b_done
+                        .send(open_shared(&b, Mode::Create, 1 << 20, false).map(drop))
+                        .ok();
+                });
+                let during = b_result.recv_timeout(Duration::from_mins(1));
+                opened.send((during, b_open)).ok();
+            }),
+        ));
+        let reopened = open_shared(&a, Mode::Create, 1 << 20, false).expect("reopen a");
+        let (during, b_open) = answer.recv().expect("the hook ran");
+        b_open.join().expect("b's thread");
+        assert!(
+            matches!(during, Ok(Ok(()))),
+            "b did not open while a's open was under way: {during:?}"
+        );
+        drop(reopened);
+    }
 
     /// A flush called while an earlier one waits for the write lock (behind a long write) must
     /// not return until that one has committed: returning at once, because the earlier flush

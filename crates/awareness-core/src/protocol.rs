@@ -220,6 +220,17 @@ pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<N
     (Some(c), follow_up)
 }
 
+/// The items of `list` in order, each once (its first occurrence): what an
+/// [`acknowledge`](crate::CursorStore::acknowledge) or a
+/// [`refreeze`](crate::CursorStore::refreeze) call applies its rule to. A target listed twice
+/// in one acknowledgement was read once; applying [`acknowledge`] to it a second time would
+/// acknowledge the follow-up notice the first pass just handed out, before anybody read it,
+/// and the change behind that notice would never reach the watcher.
+pub fn each_once<T: Ord>(list: &[T]) -> impl Iterator<Item = &T> {
+    let mut seen = std::collections::BTreeSet::new();
+    list.iter().filter(move |item| seen.insert(*item))
+}
+
 /// Start-up re-freeze of a pending cursor: `notified := material`, and its notice re-delivered.
 /// Returns `None` when the cursor is not pending.
 pub fn refreeze(cursor: &Cursor, now: Timestamp) -> Option<(Cursor, Notice)> {
@@ -338,6 +349,13 @@ mod tests {
         let mut e = NewEvent::new(r("agent:main:subagent:c1"), kind, ActorType::Human, "x");
         e.actor_id = actor.map(str::to_owned);
         e.into_event(Sequence(seq), Timestamp(5))
+    }
+
+    #[test]
+    fn each_once_keeps_the_first_of_each_in_order() {
+        let got: Vec<&u8> = each_once(&[3, 1, 3, 2, 1, 3]).collect();
+        assert_eq!(got, [&3, &1, &2]);
+        assert_eq!(each_once::<u8>(&[]).count(), 0);
     }
 
     #[test]

@@ -97,7 +97,8 @@ pub trait CursorStore: Send + Sync {
     async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError>;
 
     /// Acknowledges the watcher's notices on `targets` (see [`crate::protocol::acknowledge`]);
-    /// returns the follow-up notices. Unknown targets are ignored.
+    /// returns the follow-up notices. Unknown targets are ignored; a target listed more than
+    /// once is acknowledged once ([`crate::protocol::each_once`]).
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
@@ -116,7 +117,8 @@ pub trait CursorStore: Send + Sync {
     async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError>;
 
     /// Re-freezes the given cursors that are still pending (see
-    /// [`crate::protocol::refreeze`]) and returns their notices, in one transaction.
+    /// [`crate::protocol::refreeze`]) and returns their notices, in one transaction. A key
+    /// listed more than once counts once ([`crate::protocol::each_once`]).
     async fn refreeze(&self, keys: &[CursorKey], now: Timestamp)
     -> Result<Vec<Notice>, StoreError>;
 

@@ -432,7 +432,7 @@ impl CursorStore for MemoryStore {
     ) -> Result<Vec<Notice>, StoreError> {
         let mut g = self.lock();
         let mut notices = Vec::new();
-        for t in targets {
+        for t in protocol::each_once(targets) {
             let Some(c) = g.cursors.get(&Inner::key(watcher, t)) else {
                 continue;
             };
@@ -474,7 +474,7 @@ impl CursorStore for MemoryStore {
     ) -> Result<Vec<Notice>, StoreError> {
         let mut g = self.lock();
         let mut notices = Vec::new();
-        for k in keys {
+        for k in protocol::each_once(keys) {
             let Some(c) = g.cursors.get(k) else { continue };
             if let Some((c, n)) = protocol::refreeze(c, now) {
                 g.put_cursor(c);

@@ -963,7 +963,7 @@ impl CursorStore for RedbStore {
             let mut cur = CursorTables::open(txn)?;
             let mut notices = Vec::new();
             let mut wrote = false;
-            for t in &targets {
+            for t in protocol::each_once(&targets) {
                 let Some(c) = cur.get(watcher.as_str(), t.as_str())? else {
                     continue;
                 };
@@ -1041,7 +1041,7 @@ impl CursorStore for RedbStore {
             let mut cur = CursorTables::open(txn)?;
             let mut notices = Vec::new();
             let mut wrote = false;
-            for k in &keys {
+            for k in protocol::each_once(&keys) {
                 let Some(c) = cur.get(k.watcher.as_str(), k.target.as_str())? else {
                     continue;
                 };

@@ -11,8 +11,9 @@ use crate::conn::{batch, batch_one, get, persist_cursors};
 use crate::decode::{self};
 use crate::{SqliteStore, sql};
 
-/// Applies `decide` to each listed target's cursor in order (a repeated target sees the cursor
-/// the previous step wrote, as in the reference store) and collects what to write.
+/// Applies `decide` to each listed target's cursor in order and collects what to write. The
+/// callers list each key once ([`protocol::each_once`]); a key listed again would see the
+/// cursor the previous step wrote.
 fn apply_in_order<'k>(
     loaded: Vec<Cursor>,
     keys: impl IntoIterator<Item = (&'k WatcherKey, &'k SessionKey)>,
@@ -110,10 +111,11 @@ impl CursorStore for SqliteStore {
                 .bind(decode::to_json(&names));
             let row = batch_one(&mut w.conn, q, WHAT).await?;
             let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
-            let (writes, notices) =
-                apply_in_order(loaded, targets.iter().map(|t| (watcher, t)), |c| {
-                    protocol::acknowledge(c, now)
-                });
+            let (writes, notices) = apply_in_order(
+                loaded,
+                protocol::each_once(targets).map(|t| (watcher, t)),
+                |c| protocol::acknowledge(c, now),
+            );
             persist_cursors(&mut w.conn, &writes, WHAT).await?;
             Ok(notices)
         }
@@ -168,13 +170,14 @@ impl CursorStore for SqliteStore {
             let q = sqlx::query(sql::REFREEZE_BEGIN).bind(decode::to_json(&pairs));
             let row = batch_one(&mut w.conn, q, WHAT).await?;
             let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
-            let (writes, notices) =
-                apply_in_order(loaded, keys.iter().map(|k| (&k.watcher, &k.target)), |c| {
-                    match protocol::refreeze(c, now) {
-                        Some((c, n)) => (Some(c), Some(n)),
-                        None => (None, None),
-                    }
-                });
+            let (writes, notices) = apply_in_order(
+                loaded,
+                protocol::each_once(keys).map(|k| (&k.watcher, &k.target)),
+                |c| match protocol::refreeze(c, now) {
+                    Some((c, n)) => (Some(c), Some(n)),
+                    None => (None, None),
+                },
+            );
             persist_cursors(&mut w.conn, &writes, WHAT).await?;
             Ok(notices)
         }

@@ -826,6 +826,54 @@ pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject)
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 3, 3)));
 }
 
+pub async fn acknowledging_a_target_twice_in_one_call_acknowledges_it_once(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await; // 2: notice changesSince 1
+    rec(s, human(&child()), T0).await; // 3: arrives before the ack
+    let follow = s
+        .acknowledge(&w(MANAGER), &[k(CHILD), k(CHILD)], T0.plus_ms(1_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        follow.iter().map(|n| n.last_seen).collect::<Vec<_>>(),
+        [Sequence(2)],
+        "one follow-up, as for the target listed once"
+    );
+    assert_eq!(
+        cursor3(s, MANAGER, CHILD).await,
+        Some((2, 3, 3)),
+        "the follow-up stays pending until a turn reads it"
+    );
+    let next = s
+        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(2_000))
+        .await
+        .unwrap();
+    assert!(next.is_empty());
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 3, 3)));
+}
+
+pub async fn refreezing_a_key_twice_in_one_call_redelivers_once(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await; // notified 2
+    rec(s, human(&child()), T0).await; // material 3
+    let key = CursorKey {
+        watcher: w(MANAGER),
+        target: k(CHILD),
+    };
+    let out = s
+        .refreeze(&[key.clone(), key], T0.plus_ms(100))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.iter().map(|n| n.last_seen).collect::<Vec<_>>(),
+        [Sequence(1)],
+        "one notice per cursor"
+    );
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((1, 3, 3)));
+}
+
 pub async fn acknowledge_without_pending_changes_nothing(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

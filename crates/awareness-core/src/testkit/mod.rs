@@ -217,6 +217,8 @@ macro_rules! conformance_suite {
             acknowledge_with_interleaved_event_reopens_exactly_one,
             acknowledge_without_pending_changes_nothing,
             acknowledge_ignores_unknown_targets,
+            acknowledging_a_target_twice_in_one_call_acknowledges_it_once,
+            refreezing_a_key_twice_in_one_call_redelivers_once,
             self_caused_events_never_notify,
             log_only_kinds_move_the_head_only,
             seed_starts_cursor_at_spawn_sequence,

@@ -171,6 +171,7 @@ async fn manager_gets_one_notice_for_twenty_human_messages_and_reconciles_them()
             .session_status(&k(MANAGER), &k(CHILD), None, Some(Sequence(1)), None)
             .await
             .expect("visible");
+        let json = serde_json::to_value(&status).unwrap();
         let page = status.state_changes.expect("page");
         let got: Vec<Sequence> = page.events.iter().map(|e| e.sequence).collect();
         assert_eq!(got, sequences, "{}: exactly those 20 events", b.name);
@@ -180,6 +181,11 @@ async fn manager_gets_one_notice_for_twenty_human_messages_and_reconciles_them()
             )
         );
         assert_eq!(status.state_version, *sequences.last().unwrap());
+        assert_eq!(
+            json.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["stateChanges", "stateVersion"],
+            "an answer read from the store has OpenClaw's fields only"
+        );
     }
 }
 
@@ -727,9 +733,21 @@ async fn a_store_that_fails_every_call_never_fails_a_turn() {
         .session_status(&k(MANAGER), &k(CHILD), None, Some(Sequence(4)), None)
         .await
         .expect("degrades, never fails");
+    assert!(
+        status.unavailable,
+        "the answer says the store could not be read"
+    );
+    assert_eq!(
+        serde_json::to_value(&status).unwrap()["unavailable"],
+        serde_json::json!(true)
+    );
     assert_eq!(status.state_version, Sequence(0));
     let page = status.state_changes.unwrap();
     assert!(page.events.is_empty() && !page.history_gap);
+    assert!(
+        !page.version_ahead,
+        "nothing was read to say the caller's version is from another incarnation"
+    );
     assert!(
         gw.svc
             .state_versions(&k(MANAGER), &[SessionRef::parse(CHILD, "main").unwrap()])
@@ -751,11 +769,38 @@ async fn a_store_that_fails_every_call_never_fails_a_turn() {
     assert_eq!(report, gateway_adapter::StartupReport::default());
     assert!(
         gw.svc
-            .session_status_text(&k(MANAGER), &k(CHILD), None, None, None)
+            .session_status_text(&k(MANAGER), &k(CHILD), None, Some(Sequence(4)), None)
             .await
-            .contains("stateVersion 0")
+            .contains("its state could not be read just now")
     );
     gw.clock.advance(1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_pruning_interval_still_prunes() {
+    let store: Arc<dyn AwarenessStore> = Arc::new(store_memory::MemoryStore::new());
+    let svc = Arc::new(
+        Awareness::builder(
+            store,
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .config(gateway_adapter::AwarenessConfig {
+            prune_interval: Duration::ZERO,
+            ..gateway_adapter::AwarenessConfig::default()
+        })
+        .build(),
+    );
+    let mut passes = svc.subscribe_pruning();
+    let mut handle = svc.spawn_pruning();
+    for pass in 1..=2 {
+        tokio::select! {
+            changed = passes.changed() => changed.expect("the service is alive"),
+            ended = &mut handle => panic!("the pruning task ended before pass {pass}: {ended:?}"),
+        }
+    }
+    handle.abort();
 }
 
 #[tokio::test(start_paused = true)]

@@ -42,6 +42,32 @@ pub struct SessionStatus {
     /// The page, when `changesSince` was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_changes: Option<ChangesPage>,
+    /// The store could not be read: the other fields are placeholders (version 0, an empty
+    /// page that claims nothing), not the session's state. Ours, like `versionAhead`: only
+    /// serialized when true, so every answer read from a store is byte-compatible with
+    /// OpenClaw's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unavailable: bool,
+}
+
+impl SessionStatus {
+    /// The answer when the store could not be read: marked `unavailable`, version 0
+    /// and, when `changes_since` was asked, an empty page with no gap and no `versionAhead`
+    /// (which would tell the caller its version is from another incarnation, a claim nothing
+    /// was read to support).
+    pub fn unavailable(changes_since: Option<Sequence>) -> Self {
+        Self {
+            state_version: Sequence::ZERO,
+            state_changes: changes_since.map(|_| ChangesPage {
+                events: Vec::new(),
+                truncated: false,
+                earliest_available_sequence: Sequence::ZERO,
+                history_gap: false,
+                version_ahead: false,
+            }),
+            unavailable: true,
+        }
+    }
 }
 
 /// The `earliestAvailableSequence` rule.

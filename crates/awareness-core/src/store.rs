@@ -169,6 +169,7 @@ pub trait AwarenessStoreExt: AwarenessStore {
         Ok(SessionStatus {
             state_version,
             state_changes,
+            unavailable: false,
         })
     }
 

@@ -9,7 +9,7 @@ use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
     EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
     Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, UpsertOutcome,
-    UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, reconcile,
+    UpstreamStore, WatcherKey, protocol, protocol::DrainedLine,
 };
 use serde_json::json;
 use tracing::warn;
@@ -188,7 +188,8 @@ pub struct StartupReport {
 pub struct AwarenessConfig {
     /// Retention.
     pub retention: RetentionPolicy,
-    /// How often background pruning runs (default hourly).
+    /// How often background pruning runs (default hourly; at least every millisecond, a
+    /// zero interval included).
     pub prune_interval: Duration,
     /// Refs per `heads` call when enriching `sessions_list` (default 500).
     pub list_batch: usize,
@@ -211,7 +212,7 @@ impl Default for AwarenessConfig {
 /// lifecycle hooks, the start-up sweep and background pruning.
 ///
 /// Recording and reading are best effort: a store failure is logged with `tracing` and never
-/// fails the caller's turn (reads degrade to version 0 and an empty page).
+/// fails the caller's turn (a read answers "unavailable", see [`Awareness::session_status`]).
 pub struct Awareness {
     store: Arc<dyn AwarenessStore>,
     queue: Arc<dyn SystemEventQueue>,
@@ -677,8 +678,9 @@ impl Awareness {
     // ----- tools --------------------------------------------------------------------------------
 
     /// `session_status`: always `stateVersion`; with `changes_since` the reconcile page. Refused
-    /// with [`NotVisible`] (revealing nothing) when the policy says no. Store failures degrade to
-    /// version 0 and an empty page.
+    /// with [`NotVisible`] (revealing nothing) when the policy says no. When the store cannot
+    /// be read (logged), the answer is [`SessionStatus::unavailable()`]: marked so, with
+    /// placeholders that claim nothing about the session.
     pub async fn session_status(
         &self,
         requester: &SessionKey,
@@ -694,19 +696,8 @@ impl Awareness {
         match self.store.session_status(&r, changes_since, limit).await {
             Ok(s) => Ok(s),
             Err(e) => {
-                warn!(session_key = %target, error = %e, "session_status degraded to version 0");
-                Ok(SessionStatus {
-                    state_version: Sequence::ZERO,
-                    state_changes: changes_since.map(|after| {
-                        reconcile::build_page(
-                            after,
-                            None,
-                            None,
-                            Vec::new(),
-                            reconcile::clamp_limit(limit),
-                        )
-                    }),
-                })
+                warn!(session_key = %target, error = %e, "session_status: the store could not be read");
+                Ok(SessionStatus::unavailable(changes_since))
             }
         }
     }
@@ -980,7 +971,8 @@ impl Awareness {
     pub fn spawn_pruning(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(me.config.prune_interval);
+            let period = me.config.prune_interval.max(Duration::from_millis(1));
+            let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await; // the first tick is immediate; start-up already pruned
             loop {
@@ -997,6 +989,12 @@ pub fn render_status(
     changes_since: Option<Sequence>,
     s: &SessionStatus,
 ) -> String {
+    if s.unavailable {
+        return format!(
+            "Session \"{target}\": its state could not be read just now. Nothing is known about \
+             its version or its changes: ask again before acting on it."
+        );
+    }
     let mut out = format!("Session \"{target}\" stateVersion {}.", s.state_version);
     if let (Some(after), Some(page)) = (changes_since, &s.state_changes) {
         render_page(&mut out, after, page);

@@ -12,7 +12,7 @@ use awareness_core::{
 use awareness_e2e::{Backend, backends};
 use gateway_adapter::{
     AllowAll, Awareness, CoalescingWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
-    ManualClock, RecordingWake, RunOutcome, SessionEntry, SpawnTree, SystemEventQueue,
+    ManualClock, RecordingWake, RunOutcome, SameAgent, SessionEntry, SpawnTree, SystemEventQueue,
     VisibilityPolicy, WakeSink,
 };
 
@@ -469,6 +469,65 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
         assert!(
             gw.queue.peek(&k(MANAGER)).is_empty(),
             "{}: log-only kinds",
+            b.name
+        );
+    }
+}
+
+/// Under global scope every agent has its own `global`: a bare requester named `global` reads
+/// its own, not another agent's of the same name.
+#[tokio::test(start_paused = true)]
+async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
+    for b in backends().await {
+        let gw = Gateway::with_policy(Arc::clone(&b.store), Arc::new(SameAgent));
+        let (mine, theirs) = (
+            SessionRef::parse("global", "main").unwrap(),
+            SessionRef::parse("global", "ops").unwrap(),
+        );
+        gw.svc
+            .session_created(&mine, "s-main")
+            .await
+            .expect("logged");
+        gw.svc
+            .session_created(&theirs, "s-ops")
+            .await
+            .expect("logged");
+        let ops = AgentId::new("ops").unwrap();
+        assert!(
+            gw.svc
+                .session_status(
+                    &k("global"),
+                    &k("global"),
+                    Some(&ops),
+                    Some(Sequence(0)),
+                    None
+                )
+                .await
+                .is_err(),
+            "{}: another agent's global is not the requester's own",
+            b.name
+        );
+        assert!(
+            gw.svc
+                .state_versions(&k("global"), std::slice::from_ref(&theirs))
+                .await
+                .is_empty(),
+            "{}",
+            b.name
+        );
+        let own = gw
+            .svc
+            .session_status(&k("global"), &k("global"), None, Some(Sequence(0)), None)
+            .await
+            .expect("its own global");
+        let events = own.state_changes.expect("page").events;
+        assert_eq!(
+            events
+                .iter()
+                .map(|e| e.agent_id.as_str())
+                .collect::<Vec<_>>(),
+            ["main"],
+            "{}",
             b.name
         );
     }

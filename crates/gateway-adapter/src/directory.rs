@@ -91,11 +91,12 @@ impl SpawnTree {
 }
 
 impl VisibilityPolicy for SpawnTree {
-    fn can_see(&self, requester: &SessionKey, target: &SessionRef) -> bool {
-        let t = &target.session_key;
-        if requester == t {
+    fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool {
+        // Itself: the same key of the same agent (another agent's `global` is not).
+        if requester == target {
             return true;
         }
+        let (requester, t) = (&requester.session_key, &target.session_key);
         // The target's agent must be the one its key names (a bare key belongs to no tree).
         if t.agent_id().is_some_and(|a| a != target.agent_id.as_str()) {
             return false;
@@ -130,16 +131,19 @@ mod tests {
         dir.upsert(k("agent:ops:main"), SessionEntry::default());
         let p = SpawnTree::new(dir);
         let r = |s: &str, a: &str| SessionRef::parse(s, a).unwrap();
+        let main = r("agent:main:main", "main");
+        let ops = r("agent:ops:main", "ops");
+        assert!(p.can_see(&main, &r("agent:main:subagent:a:subagent:b", "main")));
         assert!(p.can_see(
-            &k("agent:main:main"),
-            &r("agent:main:subagent:a:subagent:b", "main")
-        ));
-        assert!(p.can_see(
-            &k("agent:main:subagent:a:subagent:b"),
+            &r("agent:main:subagent:a:subagent:b", "main"),
             &r("agent:main:main", "main")
         ));
-        assert!(!p.can_see(&k("agent:ops:main"), &r("agent:main:subagent:a", "main")));
-        assert!(!p.can_see(&k("agent:ops:main"), &r("agent:main:main", "main")));
-        assert!(p.can_see(&k("agent:ops:main"), &r("agent:ops:main", "ops")));
+        assert!(!p.can_see(&ops, &r("agent:main:subagent:a", "main")));
+        assert!(!p.can_see(&ops, &main));
+        assert!(p.can_see(&ops, &ops));
+        // Its own key of another agent is not itself.
+        assert!(!p.can_see(&main, &r("agent:main:main", "ops")));
+        assert!(p.can_see(&r("global", "main"), &r("global", "main")));
+        assert!(!p.can_see(&r("global", "main"), &r("global", "ops")));
     }
 }

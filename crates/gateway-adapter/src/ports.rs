@@ -74,9 +74,16 @@ pub trait SessionDirectory: Send + Sync {
 
 /// May `requester` see `target`? The gateway decides (its own sessions, its spawn tree, its
 /// agent's, all).
+///
+/// Both come as refs, because under `session.scope = "global"` every agent has its own session
+/// called `global`: the key alone cannot tell a requester's own session from another agent's
+/// of the same name. [`Awareness`](crate::Awareness) gives the requester the agent its key
+/// names, or for a bare key the default agent
+/// ([`AwarenessConfig::default_agent`](crate::AwarenessConfig)), the agent a bare target
+/// resolves to when the caller names none.
 pub trait VisibilityPolicy: Send + Sync {
     /// Whether the requester may read, list or watch the target.
-    fn can_see(&self, requester: &SessionKey, target: &SessionRef) -> bool;
+    fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool;
 }
 
 /// A policy that lets everyone see everything.
@@ -84,21 +91,22 @@ pub trait VisibilityPolicy: Send + Sync {
 pub struct AllowAll;
 
 impl VisibilityPolicy for AllowAll {
-    fn can_see(&self, _: &SessionKey, _: &SessionRef) -> bool {
+    fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
         true
     }
 }
 
 /// A policy that lets a requester see only sessions of its own agent (an agent-qualified
-/// requester sees refs whose agent id is its own; a bare requester sees nothing but itself).
+/// requester sees refs whose agent id is its own; a bare requester sees nothing but itself,
+/// the same key of the same agent).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SameAgent;
 
 impl VisibilityPolicy for SameAgent {
-    fn can_see(&self, requester: &SessionKey, target: &SessionRef) -> bool {
-        match requester.agent_id() {
+    fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool {
+        match requester.session_key.agent_id() {
             Some(agent) => agent == target.agent_id.as_str(),
-            None => requester == &target.session_key,
+            None => requester == target,
         }
     }
 }
@@ -164,11 +172,17 @@ mod tests {
 
     #[test]
     fn same_agent_policy() {
-        let ops = SessionKey::new("agent:ops:main").unwrap();
-        let main_child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
-        let ops_child = SessionRef::parse("agent:ops:subagent:c", "ops").unwrap();
+        let r = |key: &str, agent: &str| SessionRef::parse(key, agent).unwrap();
+        let ops = r("agent:ops:main", "ops");
+        let main_child = r("agent:main:subagent:c", "main");
+        let ops_child = r("agent:ops:subagent:c", "ops");
         assert!(!SameAgent.can_see(&ops, &main_child));
         assert!(SameAgent.can_see(&ops, &ops_child));
         assert!(AllowAll.can_see(&ops, &main_child));
+        // Under global scope each agent has its own `global`: a bare requester sees its own.
+        let global = r("global", "main");
+        assert!(SameAgent.can_see(&global, &r("global", "main")));
+        assert!(!SameAgent.can_see(&global, &r("global", "ops")));
+        assert!(!SameAgent.can_see(&global, &main_child));
     }
 }

@@ -396,6 +396,13 @@ impl Awareness {
             .unwrap_or_else(|| self.config.default_agent.clone())
     }
 
+    /// The requester's own session, as the visibility policy gets it: the agent its key names,
+    /// or the default agent for a bare key (as [`Self::target_ref`] resolves a bare key when no
+    /// agent is named).
+    fn requester_ref(&self, requester: &SessionKey) -> SessionRef {
+        self.target_ref(requester, requester, None)
+    }
+
     fn target_ref(
         &self,
         requester: &SessionKey,
@@ -690,7 +697,7 @@ impl Awareness {
         limit: Option<usize>,
     ) -> Result<SessionStatus, NotVisible> {
         let r = self.target_ref(requester, target, target_agent);
-        if !self.visibility.can_see(requester, &r) {
+        if !self.visibility.can_see(&self.requester_ref(requester), &r) {
             return Err(NotVisible);
         }
         match self.store.session_status(&r, changes_since, limit).await {
@@ -727,9 +734,10 @@ impl Awareness {
         requester: &SessionKey,
         refs: &[SessionRef],
     ) -> HashMap<SessionRef, Sequence> {
+        let me = self.requester_ref(requester);
         let visible: Vec<SessionRef> = refs
             .iter()
-            .filter(|r| self.visibility.can_see(requester, r))
+            .filter(|r| self.visibility.can_see(&me, r))
             .cloned()
             .collect();
         let mut out = HashMap::new();
@@ -767,7 +775,7 @@ impl Awareness {
             return refused;
         };
         let r = self.target_ref(watcher, target, target_agent);
-        if !self.visibility.can_see(watcher, &r) {
+        if !self.visibility.can_see(&self.requester_ref(watcher), &r) {
             return refused;
         }
         match self.store.watch(&w, &r, self.clock.now()).await {

@@ -502,9 +502,6 @@ impl RedbStore {
             writer,
             ..
         } = self;
-        // Stopped first, after its last flush, as when the handle is dropped.
-        drop(flusher);
-        drop(handle);
         let shared = Arc::clone(writer.shared());
         // The drain of a write whose caller gave up holds the writer until that commit is
         // done (about one commit; a pruning chunk at most).
@@ -518,6 +515,11 @@ impl RedbStore {
                 }
             }
         }
+        // Stopped once that commit is done, so that its last flush makes it durable too
+        // (stopped before it, the commit would wait for another handle's flush or for the
+        // file to close).
+        drop(flusher);
+        drop(handle);
         db::release(shared);
     }
 
@@ -601,13 +603,16 @@ pub(crate) fn record_tx(
     mut event: NewEvent,
     now: Timestamp,
 ) -> Result<Recorded, StoreError> {
-    let seq = t.ev.counter()? + 1;
-    if seq > tables::MAX_EVENT_SEQ {
+    let counter = t.ev.counter()?;
+    // A counter past the last number (only a damaged file has one) is refused too: adding one
+    // to it would overflow, and in a release build wrap round to 0, reusing sequences.
+    if counter >= tables::MAX_EVENT_SEQ {
         return Err(StoreError::corrupt(format!(
-            "record: the sequence counter is at {}, the last number an event can get",
-            seq - 1
+            "record: the sequence counter is at {counter}, and the last number an event can get is {}",
+            tables::MAX_EVENT_SEQ
         )));
     }
+    let seq = counter + 1;
     if let Some(key) = &event.dedupe_key {
         let existing =
             t.ev.dedupe()?

@@ -182,6 +182,49 @@ async fn a_redb_file_of_another_application_is_refused() {
     assert_eq!(value, 7);
 }
 
+/// A damaged file whose sequence counter is at the end of `u64` refuses to record (a clear
+/// error, nothing written) instead of wrapping round to reuse sequence 0.
+#[tokio::test]
+async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let store = RedbStore::open(&path).await.unwrap();
+    let first = store.record(human(&child()), T0).await.unwrap().event;
+    store.close().await;
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+            .unwrap()
+            .insert("last_sequence", u64::MAX)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = RedbStore::open(&path).await.unwrap();
+    for _ in 0..2 {
+        let err = store.record(human(&child()), T0).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Corrupt { context, .. } if context.contains("sequence counter")),
+            "{err:?}"
+        );
+    }
+    let page = store
+        .changes_since(&child(), Sequence::ZERO, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        page.events,
+        std::slice::from_ref(&first),
+        "nothing was written"
+    );
+    let heads = store.heads(&[child()]).await.unwrap();
+    assert_eq!(
+        heads[0].last_sequence, first.sequence,
+        "the head did not move"
+    );
+    store.close().await;
+}
+
 #[tokio::test]
 async fn a_zero_flush_interval_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -263,12 +263,10 @@ async fn run(
             .bind(decode::to_json(&heads))
             .bind(decode::cursors_json(&changed))
     };
-    batch(conn, q, WHAT).await?;
-
-    for (key, cursors) in &on_key {
-        hints.set_watched(key, !cursors.is_empty());
-    }
-    outcomes
+    // Every answer is settled before the commit: nothing after it may fail, since a failed
+    // batch is recorded again event by event (a failure after the commit would commit each
+    // event twice).
+    let answers = outcomes
         .into_iter()
         .map(|o| match o {
             Outcome::Stored(rec) => Ok(rec),
@@ -285,5 +283,10 @@ async fn run(
                 })
             }
         })
-        .collect()
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    batch(conn, q, WHAT).await?;
+    for (key, cursors) in &on_key {
+        hints.set_watched(key, !cursors.is_empty());
+    }
+    Ok(answers)
 }

@@ -350,6 +350,45 @@ impl PairedNodeClient for FakeNode {
     }
 }
 
+/// A transcript replaced by a FIFO: opening a FIFO for reading blocks until a writer comes,
+/// so the check refuses it before opening it (each tick would otherwise leave a thread
+/// blocked for good).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_transcript_replaced_by_a_fifo_is_refused_without_blocking() {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut t = Transcript::new();
+    t.human("old history");
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    std::fs::remove_file(&t.path).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&t.path)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let (done, outcome) = std::sync::mpsc::channel();
+    let path = t.path.clone();
+    let reader = std::thread::spawn(move || {
+        done.send(jsonl::scan(&path, Some(&m), &[], MAX_BYTES_PER_TICK))
+            .ok();
+    });
+    // The timeout only keeps the test from hanging when the scan blocks in its open.
+    let got = outcome.recv_timeout(Duration::from_mins(1));
+    // A scan blocked in its open is let go by a writer (O_NONBLOCK: 0o4000 on Linux); with
+    // no reader waiting, this open fails, which is all right.
+    drop(
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(0o4000)
+            .open(&t.path),
+    );
+    reader.join().expect("the scan thread");
+    assert!(
+        matches!(&got, Ok(CheckOutcome::Failed(why)) if why.contains("not a regular file")),
+        "{got:?}"
+    );
+}
+
 fn paired_link(marker: Option<Value>) -> UpstreamLink {
     let session = SessionRef::parse("agent:main:main", "main").unwrap();
     let mut spec = LinkSpec::new(

@@ -17,10 +17,20 @@
 //!   the position (the bytes before it changed) is **rebased** ([`CheckOutcome::Rebased`]): the marker moves to the start of the
 //!   file's last line, and what the file held before is not counted (it cannot be told apart
 //!   from old history). A file that no longer exists is [`CheckOutcome::Missing`].
+//! - **a read that hangs holds one thread, not one a tick**: a path that is not a regular file
+//!   (a FIFO would block its open until a writer came) is refused before it is opened, and a
+//!   link whose previous check is still reading (a hung network mount, say: the monitor's
+//!   timeout stops waiting for it, but a blocking read cannot be cancelled) fails its check at
+//!   once instead of starting another read. (Links of several sessions on one transcript are
+//!   read side by side, as before.) Without that, each tick would leave one more
+//!   blocked thread behind, until tokio's blocking pool, which the other checks and a redb
+//!   store share, was full.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use awareness_core::upstream::{self, TextFingerprint};
 use awareness_core::{LinkSpec, SessionRef, UpstreamLink, async_trait};
@@ -203,13 +213,17 @@ fn try_scan(
     own: &[TextFingerprint],
     budget: u64,
 ) -> std::io::Result<CheckOutcome> {
+    let not_a_file = || std::io::Error::new(ErrorKind::InvalidInput, "not a regular file");
+    // Before opening: opening a FIFO for reading blocks until a writer comes.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_a_file());
+    }
+    #[cfg(test)]
+    tests::while_reading(path);
     let mut file = File::open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
+        return Err(not_a_file());
     }
     let ((dev, ino), size) = (identity(&meta), meta.len());
     let why_rebase = match marker {
@@ -295,6 +309,41 @@ fn try_scan(
 #[derive(Debug, Clone)]
 pub struct JsonlProvider {
     budget: u64,
+    /// The links (session and path) a check is reading now, shared by the provider's clones.
+    reading: Arc<Mutex<HashSet<LinkRead>>>,
+}
+
+/// What one link's check reads: its session's transcript at a path.
+type LinkRead = (SessionRef, PathBuf);
+
+/// A link's place in [`JsonlProvider`]'s `reading` set while its read runs: given back when
+/// the read ends, whether or not anybody still waits for it.
+struct Reading {
+    set: Arc<Mutex<HashSet<LinkRead>>>,
+    read: LinkRead,
+}
+
+impl Reading {
+    /// Claims `read`, or `None` when a read of it is still running.
+    fn claim(set: &Arc<Mutex<HashSet<LinkRead>>>, read: LinkRead) -> Option<Self> {
+        let fresh = set
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(read.clone());
+        fresh.then(|| Self {
+            set: Arc::clone(set),
+            read,
+        })
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.read);
+    }
 }
 
 impl Default for JsonlProvider {
@@ -308,6 +357,7 @@ impl JsonlProvider {
     pub fn new() -> Self {
         Self {
             budget: MAX_BYTES_PER_TICK,
+            reading: Arc::default(),
         }
     }
 
@@ -332,8 +382,106 @@ impl UpstreamProvider for JsonlProvider {
         let marker = link.marker.as_ref().and_then(JsonlMarker::from_value);
         let own = upstream::own_fingerprints(own_recent);
         let budget = self.budget;
-        tokio::task::spawn_blocking(move || scan(&path, marker.as_ref(), &own, budget))
-            .await
-            .unwrap_or_else(|e| CheckOutcome::Failed(format!("the scan task failed: {e}")))
+        let Some(reading) = Reading::claim(&self.reading, (link.session.clone(), path.clone()))
+        else {
+            return CheckOutcome::Failed(format!(
+                "the previous check of {} is still reading it (a read that hangs)",
+                path.display()
+            ));
+        };
+        tokio::task::spawn_blocking(move || {
+            let _reading = reading;
+            scan(&path, marker.as_ref(), &own, budget)
+        })
+        .await
+        .unwrap_or_else(|e| CheckOutcome::Failed(format!("the scan task failed: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use awareness_core::{SessionRef, Timestamp, upstream};
+
+    use super::{CheckOutcome, JsonlProvider, PoisonError, UpstreamProvider, adoption};
+
+    /// What runs inside the next read of a path, before the file is opened.
+    type Hook = (PathBuf, Box<dyn FnOnce() + Send>);
+    static WHILE_READING: Mutex<Option<Hook>> = Mutex::new(None);
+
+    /// Called by a scan before it opens `path`: runs the hook set for this path.
+    pub(super) fn while_reading(path: &Path) {
+        let hook = {
+            let mut hook = WHILE_READING.lock().unwrap_or_else(PoisonError::into_inner);
+            if hook.as_ref().is_some_and(|(p, _)| p == path) {
+                hook.take()
+            } else {
+                None
+            }
+        };
+        if let Some((_, run)) = hook {
+            run();
+        }
+    }
+
+    /// A check whose read hangs is given up by the monitor's timeout, but its thread cannot be
+    /// stopped: the next checks of that path fail at once instead of leaving one more blocked
+    /// thread each, and checks come back once the read has ended.
+    #[tokio::test]
+    async fn a_hung_read_holds_one_thread_however_many_checks_follow() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.jsonl");
+        std::fs::write(&path, "{}\n").expect("write the transcript");
+        let link_of = |key: &str| {
+            let session = SessionRef::parse(key, "main").expect("ref");
+            let spec = adoption(session, &path, None).expect("adopt the transcript");
+            upstream::plan_upsert(None, spec, Timestamp(0))
+                .expect("a valid link")
+                .outcome
+                .link
+        };
+        let (link, other) = (link_of("agent:main:main"), link_of("agent:main:other"));
+        let path = super::path_of(&link).expect("the link's path");
+        let (release, hung) = std::sync::mpsc::channel::<()>();
+        let (started, reading) = tokio::sync::oneshot::channel::<()>();
+        *WHILE_READING.lock().unwrap() = Some((
+            path.clone(),
+            Box::new(move || {
+                started.send(()).ok();
+                hung.recv().ok();
+            }),
+        ));
+        let provider = JsonlProvider::new();
+        let first = {
+            let p = provider.clone();
+            let link = link.clone();
+            tokio::spawn(async move { p.check(&link, &[]).await })
+        };
+        reading.await.expect("the first read started");
+        // As the monitor's timeout does: nobody waits for the first check any more.
+        first.abort();
+        for _ in 0..3 {
+            let out = provider.check(&link, &[]).await;
+            assert!(
+                matches!(&out, CheckOutcome::Failed(why) if why.contains("still reading")),
+                "{out:?}"
+            );
+        }
+        let out = provider.check(&other, &[]).await;
+        assert!(
+            matches!(out, CheckOutcome::Unchanged { .. }),
+            "another session's link on the same transcript is read: {out:?}"
+        );
+        release.send(()).expect("the hung read waits");
+        // Once the read has ended, the path is checked again.
+        let mut out = provider.check(&link, &[]).await;
+        while matches!(&out, CheckOutcome::Failed(why) if why.contains("still reading")) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            out = provider.check(&link, &[]).await;
+        }
+        assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
     }
 }

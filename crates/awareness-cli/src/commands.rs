@@ -254,23 +254,115 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         Command::Repair => return repair(cli, out).await,
         _ => {}
     }
+    // Checked before the store is opened: bad input to a write command is a usage error that
+    // neither creates a file nor migrates one (OpenClaw's included).
+    let checked = check_writes(cli)?;
     let store = open(cli).await?;
-    let code = on_store(cli, &*store, out).await;
+    let code = on_store(cli, checked, &*store, out).await;
     // Closed before the process exits: SQLite's write-ahead log then goes into the file, so
     // a write command leaves a file that holds all it wrote, even copied without its log.
     store.close().await;
     code
 }
 
-/// Runs a command that needs nothing but the open store.
+/// A write command's input, checked before its store is opened (a read command opens its store
+/// read-only and checks its input after, writing nothing either way).
+enum Checked {
+    /// Not a write command with input to check.
+    Nothing,
+    Watch(WatcherKey, SessionRef),
+    Unwatch(WatcherKey, SessionKey),
+    Record(NewEvent),
+    Ack(WatcherKey, Vec<SessionKey>),
+}
+
+/// Checks the input of a write command (see [`Checked`]).
+fn check_writes(cli: &Cli) -> Result<Checked, CliError> {
+    Ok(match &cli.command {
+        Command::Watch {
+            watcher: w,
+            target,
+            agent,
+        } => {
+            let t = key(target)?;
+            let wk = watcher(w)?;
+            protocol::check_watch(wk.session_key(), &t).map_err(|e| invalid(&e))?;
+            let agent = agent_for(&t, agent.as_deref(), Some(wk.agent_id()))?;
+            Checked::Watch(wk, SessionRef::new(t, agent))
+        }
+        Command::Unwatch { watcher: w, target } => Checked::Unwatch(watcher(w)?, key(target)?),
+        Command::Record(a) => Checked::Record(new_event(a)?),
+        Command::Ack {
+            watcher: w,
+            targets,
+        } => {
+            let targets: Vec<SessionKey> =
+                targets.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
+            Checked::Ack(watcher(w)?, targets)
+        }
+        _ => Checked::Nothing,
+    })
+}
+
+/// Runs a command that needs nothing but the open store; `checked` is its input as
+/// [`check_writes`] checked it.
 async fn on_store(
     cli: &Cli,
+    checked: Checked,
     store: &dyn AwarenessStore,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let now = Timestamp::now();
     let as_json = cli.json;
-    match &cli.command {
+    match (&cli.command, checked) {
+        (Command::Watch { .. }, Checked::Watch(wk, r)) => {
+            let c = store
+                .watch(&wk, &r, now)
+                .await
+                .map_err(|e| store_err("watch", &e))?;
+            if as_json {
+                emit_json(out, &cursor_json(&c))?;
+            } else {
+                emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&[c])))?;
+            }
+        }
+        (Command::Unwatch { watcher: w, target }, Checked::Unwatch(wk, t)) => {
+            let removed = store
+                .unwatch(&wk, &t)
+                .await
+                .map_err(|e| store_err("unwatch", &e))?;
+            if !removed {
+                return Err(CliError::failure(format!("no cursor of {w} on {target}")));
+            }
+            if as_json {
+                emit_json(out, &json!({"removed": true}))?;
+            } else {
+                emit(out, &format!("removed the cursor of {w} on {target}\n"))?;
+            }
+        }
+        (Command::Record(_), Checked::Record(ev)) => record(store, ev, now, as_json, out).await?,
+        (Command::Ack { .. }, Checked::Ack(wk, targets)) => {
+            let follow = store
+                .acknowledge(&wk, &targets, now)
+                .await
+                .map_err(|e| store_err("ack", &e))?;
+            notices_out(out, as_json, &follow)?;
+        }
+        (command, _) => return on_store_read(cli, command, store, out).await,
+    }
+    Ok(0)
+}
+
+/// The commands [`check_writes`] has nothing to check for.
+async fn on_store_read(
+    cli: &Cli,
+    command: &Command,
+    store: &dyn AwarenessStore,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let now = Timestamp::now();
+    let as_json = cli.json;
+    match command {
         // Handled above: each opens what it needs.
         Command::Demo | Command::Adopt(_) | Command::Monitor(_) | Command::Repair => {}
         Command::Status {
@@ -369,7 +461,11 @@ async fn on_store(
             pending,
         } => {
             let filter = CursorFilter {
-                watcher: w.as_deref().map(key).transpose()?,
+                // A watcher, as `watch` takes it: a bare key watches nothing.
+                watcher: w
+                    .as_deref()
+                    .map(|w| watcher(w).map(|wk| wk.session_key().clone()))
+                    .transpose()?,
                 target: target.as_deref().map(key).transpose()?,
                 pending_only: *pending,
             };
@@ -386,54 +482,14 @@ async fn on_store(
                 emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&cursors)))?;
             }
         }
-        Command::Watch {
-            watcher: w,
-            target,
-            agent,
-        } => {
-            let t = key(target)?;
-            let wk = watcher(w)?;
-            protocol::check_watch(wk.session_key(), &t).map_err(|e| invalid(&e))?;
-            let r = SessionRef::new(
-                t.clone(),
-                agent_for(&t, agent.as_deref(), Some(wk.agent_id()))?,
-            );
-            let c = store
-                .watch(&wk, &r, now)
-                .await
-                .map_err(|e| store_err("watch", &e))?;
-            if as_json {
-                emit_json(out, &cursor_json(&c))?;
-            } else {
-                emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&[c])))?;
-            }
-        }
-        Command::Unwatch { watcher: w, target } => {
-            let removed = store
-                .unwatch(&watcher(w)?, &key(target)?)
-                .await
-                .map_err(|e| store_err("unwatch", &e))?;
-            if !removed {
-                return Err(CliError::failure(format!("no cursor of {w} on {target}")));
-            }
-            if as_json {
-                emit_json(out, &json!({"removed": true}))?;
-            } else {
-                emit(out, &format!("removed the cursor of {w} on {target}\n"))?;
-            }
-        }
-        Command::Record(a) => record(store, a, now, as_json, out).await?,
-        Command::Ack {
-            watcher: w,
-            targets,
-        } => {
-            let targets: Vec<SessionKey> =
-                targets.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
-            let follow = store
-                .acknowledge(&watcher(w)?, &targets, now)
-                .await
-                .map_err(|e| store_err("ack", &e))?;
-            notices_out(out, as_json, &follow)?;
+        // Checked before the store was opened (`check_writes`), and run above.
+        Command::Watch { .. }
+        | Command::Unwatch { .. }
+        | Command::Record(_)
+        | Command::Ack { .. } => {
+            return Err(CliError::failure(
+                "a write command reached the read commands",
+            ));
         }
         Command::Sweep => {
             let notices = store
@@ -449,13 +505,8 @@ async fn on_store(
     Ok(0)
 }
 
-async fn record(
-    store: &dyn AwarenessStore,
-    args: &RecordArgs,
-    now: Timestamp,
-    as_json: bool,
-    out: &mut dyn Write,
-) -> Result<(), CliError> {
+/// The event `awareness record` asks for, checked.
+fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
     let k = key(&args.session)?;
     let r = SessionRef::new(k.clone(), agent_for(&k, args.agent.as_deref(), None)?);
     let kind = EventKind::parse(&args.kind).map_err(|e| invalid(&e))?;
@@ -474,6 +525,16 @@ async fn record(
         ev.watchers.push(watcher(w)?);
     }
     ev.validate().map_err(|e| invalid(&e))?;
+    Ok(ev)
+}
+
+async fn record(
+    store: &dyn AwarenessStore,
+    ev: NewEvent,
+    now: Timestamp,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let rec = store
         .record(ev, now)
         .await

@@ -8,8 +8,11 @@
 //! reports (and records) human turns typed straight into it, until Ctrl-C.
 //!
 //! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
-//! a file. Errors are one line on stderr: exit code 2 for usage errors (bad flags, a bad store
-//! URL), 1 for failures (a missing file, an unknown session, a problem `doctor` found).
+//! a store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database
+//! it reads). A write command checks its input before it opens its store, so bad input creates
+//! or migrates nothing. Errors are one line on stderr: exit code 2 for usage errors (bad flags,
+//! a bad store URL, bad input), 1 for failures (a missing file, an unknown session, a problem
+//! `doctor` found).
 //!
 //! The same entry point the binary uses can be driven from code:
 //!
@@ -80,8 +83,8 @@ pub enum Command {
         /// Return the events after this version.
         #[arg(long)]
         changes_since: Option<u64>,
-        /// At most this many events (1..=200).
-        #[arg(long)]
+        /// At most this many events (1..=200; with `--changes-since`).
+        #[arg(long, requires = "changes_since")]
         limit: Option<usize>,
     },
     /// Sessions with their stateVersion.
@@ -148,7 +151,7 @@ pub enum Command {
     },
     /// Check the store: schema, heads against events, cursors against heads.
     Doctor,
-    /// Ready a store whose writer crashed for read commands, creating nothing: redb is opened
+    /// Ready a store whose writer crashed for read commands, creating no store: redb is opened
     /// read-write once and closed cleanly, which repairs it (read commands refuse such a file
     /// until then; a schema 1 file is migrated too); SQLite needs no repair and is only checked.
     Repair,
@@ -200,9 +203,21 @@ where
             if code == 0 {
                 let _ = write!(out, "{text}");
             } else {
-                // One clear line: clap's first line names the problem.
-                let first = text.lines().next().unwrap_or("invalid arguments");
-                let _ = writeln!(err, "{first} (see awareness --help)");
+                // One clear line: clap's first paragraph (the problem, and for a missing
+                // argument its name on the lines after) joined; without a command, clap
+                // shows the help, whose first paragraph is no error.
+                let problem = if e.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                {
+                    "error: a command is required".to_owned()
+                } else {
+                    text.lines()
+                        .map(str::trim)
+                        .take_while(|l| !l.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                let _ = writeln!(err, "{problem} (see awareness --help)");
             }
             return code;
         }

@@ -105,6 +105,9 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
         host_id: args.host.clone(),
         ..spec
     };
+    // Checked before the store is opened: bad flags create or migrate no file.
+    spec.validate()
+        .map_err(|e| CliError::usage(format!("adopt: {e}")))?;
     let store = crate::commands::open_full(cli).await?;
     let code = adopt_into(&store, spec, watcher.as_ref(), &session, cli.json, out).await;
     // Every handle the adoption took is dropped by now: this closes the file cleanly.

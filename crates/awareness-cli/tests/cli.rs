@@ -445,6 +445,18 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     let o = run_in(dir.path(), &["list", "--bogus"]);
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    // A missing argument is named, and a missing command is said to be one.
+    for (args, says) in [
+        (&["status"][..], "<KEY>"),
+        (&["record", "--session", "s"][..], "--kind <KIND>"),
+        (&[][..], "a command is required"),
+        (&["status", "global", "--limit", "5"][..], "--changes-since"),
+    ] {
+        let o = run_in(dir.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
     let o = run_in(dir.path(), &["watch", "global", "agent:main:x"]);
     assert_eq!(
         o.status.code(),
@@ -465,9 +477,62 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         ],
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        !dir.path().join("awareness.db").exists(),
+        "bad input to a write command creates no store"
+    );
+
+    // Nor does it migrate one: OpenClaw's file stays byte for byte as it was.
+    let store = fixture_copy(dir.path());
+    let file = dir.path().join("state.sqlite");
+    let before = std::fs::read(&file).unwrap();
+    for args in [
+        &[
+            "record",
+            "--session",
+            "s",
+            "--kind",
+            "bogus",
+            "--summary",
+            "x",
+        ][..],
+        &["watch", "global", "agent:main:x"][..],
+        &["ack", "global", "agent:main:x"][..],
+        &["unwatch", "agent:main:main", "bad key\n"][..],
+        &["cursors", "--watcher", "global"][..],
+    ] {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", store.as_str()][..], args].concat(),
+        );
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert!(
+            std::fs::read(&file).unwrap() == before,
+            "{args:?} changed the file"
+        );
+    }
+    std::fs::write(dir.path().join("t.jsonl"), "{}\n").unwrap();
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            "redb://adopted.redb",
+            "adopt",
+            "agent:main:x",
+            "--file",
+            "t.jsonl",
+            "--catalog",
+            "",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        !dir.path().join("adopted.redb").exists(),
+        "adopt created its store"
+    );
 
     // An unknown session: failure.
-    let store = fixture_copy(dir.path());
     let o = run_in(
         dir.path(),
         &["--store", &store, "status", "agent:main:nobody"],

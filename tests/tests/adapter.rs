@@ -530,6 +530,36 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
             "{}",
             b.name
         );
+        // Agent ops's own `global`, its agent named by the gateway: its own, not main's.
+        let own = gw
+            .svc
+            .session_status_as(&theirs, &k("global"), None, Some(Sequence(0)), None)
+            .await
+            .expect("ops's own global");
+        let events = own.state_changes.expect("page").events;
+        assert_eq!(
+            events
+                .iter()
+                .map(|e| e.agent_id.as_str())
+                .collect::<Vec<_>>(),
+            ["ops"],
+            "{}",
+            b.name
+        );
+        let main = AgentId::new("main").unwrap();
+        assert!(
+            gw.svc
+                .session_status_as(&theirs, &k("global"), Some(&main), None, None)
+                .await
+                .is_err(),
+            "{}",
+            b.name
+        );
+        let versions = gw
+            .svc
+            .state_versions_as(&theirs, &[mine.clone(), theirs.clone()])
+            .await;
+        assert_eq!(versions.keys().collect::<Vec<_>>(), [&theirs], "{}", b.name);
     }
 }
 

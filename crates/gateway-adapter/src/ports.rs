@@ -77,10 +77,9 @@ pub trait SessionDirectory: Send + Sync {
 ///
 /// Both come as refs, because under `session.scope = "global"` every agent has its own session
 /// called `global`: the key alone cannot tell a requester's own session from another agent's
-/// of the same name. [`Awareness`](crate::Awareness) gives the requester the agent its key
-/// names, or for a bare key the default agent
-/// ([`AwarenessConfig::default_agent`](crate::AwarenessConfig)), the agent a bare target
-/// resolves to when the caller names none.
+/// of the same name. [`Awareness`](crate::Awareness) gives the requester the agent the gateway
+/// names (`session_status_as`, `state_versions_as`), else the agent its key names, else for a
+/// bare key the default agent ([`AwarenessConfig::default_agent`](crate::AwarenessConfig)).
 pub trait VisibilityPolicy: Send + Sync {
     /// Whether the requester may read, list or watch the target.
     fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool;

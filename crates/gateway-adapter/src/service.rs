@@ -212,7 +212,9 @@ impl Default for AwarenessConfig {
 /// lifecycle hooks, the start-up sweep and background pruning.
 ///
 /// Recording and reading are best effort: a store failure is logged with `tracing` and never
-/// fails the caller's turn (a read answers "unavailable", see [`Awareness::session_status`]).
+/// fails the caller's turn (`session_status` answers "unavailable", see
+/// [`Awareness::session_status`]; `sessions_list` enrichment leaves the rows it could not read
+/// without `stateVersion`).
 pub struct Awareness {
     store: Arc<dyn AwarenessStore>,
     queue: Arc<dyn SystemEventQueue>,
@@ -396,11 +398,29 @@ impl Awareness {
             .unwrap_or_else(|| self.config.default_agent.clone())
     }
 
-    /// The requester's own session, as the visibility policy gets it: the agent its key names,
-    /// or the default agent for a bare key (as [`Self::target_ref`] resolves a bare key when no
-    /// agent is named).
+    /// The requester's own session when only its key is known: the agent its key names, or
+    /// the default agent for a bare key. (Under `session.scope = "global"` each agent's
+    /// session is called `global`: a gateway running several agents names the requester's
+    /// agent through the `_as` methods.)
     fn requester_ref(&self, requester: &SessionKey) -> SessionRef {
-        self.target_ref(requester, requester, None)
+        let agent = requester
+            .agent_id()
+            .and_then(|a| AgentId::new(a).ok())
+            .unwrap_or_else(|| self.config.default_agent.clone());
+        SessionRef::new(requester.clone(), agent)
+    }
+
+    /// The target `key` of `requester`: the agent named, else the one its key names, else the
+    /// requester's own.
+    fn target_of(requester: &SessionRef, key: &SessionKey, given: Option<&AgentId>) -> SessionRef {
+        let agent = match given {
+            Some(a) => a.clone(),
+            None => key
+                .agent_id()
+                .and_then(|a| AgentId::new(a).ok())
+                .unwrap_or_else(|| requester.agent_id.clone()),
+        };
+        SessionRef::new(key.clone(), agent)
     }
 
     fn target_ref(
@@ -409,15 +429,7 @@ impl Awareness {
         key: &SessionKey,
         given: Option<&AgentId>,
     ) -> SessionRef {
-        let agent = match given {
-            Some(a) => a.clone(),
-            None => key
-                .agent_id()
-                .or_else(|| requester.agent_id())
-                .and_then(|a| AgentId::new(a).ok())
-                .unwrap_or_else(|| self.config.default_agent.clone()),
-        };
-        SessionRef::new(key.clone(), agent)
+        Self::target_of(&self.requester_ref(requester), key, given)
     }
 
     // ----- recording and delivery -------------------------------------------------------------
@@ -688,6 +700,9 @@ impl Awareness {
     /// with [`NotVisible`] (revealing nothing) when the policy says no. When the store cannot
     /// be read (logged), the answer is [`SessionStatus::unavailable()`]: marked so, with
     /// placeholders that claim nothing about the session.
+    ///
+    /// A bare requester key is taken to be the default agent's session; for another agent's
+    /// (its `global` under `session.scope = "global"`), use [`Awareness::session_status_as`].
     pub async fn session_status(
         &self,
         requester: &SessionKey,
@@ -696,8 +711,24 @@ impl Awareness {
         changes_since: Option<Sequence>,
         limit: Option<usize>,
     ) -> Result<SessionStatus, NotVisible> {
-        let r = self.target_ref(requester, target, target_agent);
-        if !self.visibility.can_see(&self.requester_ref(requester), &r) {
+        let me = self.requester_ref(requester);
+        self.session_status_as(&me, target, target_agent, changes_since, limit)
+            .await
+    }
+
+    /// [`Awareness::session_status`] for a requester whose agent the gateway names: the
+    /// visibility policy compares that ref, and a bare target without a named agent is the
+    /// requester's agent's.
+    pub async fn session_status_as(
+        &self,
+        requester: &SessionRef,
+        target: &SessionKey,
+        target_agent: Option<&AgentId>,
+        changes_since: Option<Sequence>,
+        limit: Option<usize>,
+    ) -> Result<SessionStatus, NotVisible> {
+        let r = Self::target_of(requester, target, target_agent);
+        if !self.visibility.can_see(requester, &r) {
             return Err(NotVisible);
         }
         match self.store.session_status(&r, changes_since, limit).await {
@@ -728,16 +759,27 @@ impl Awareness {
     }
 
     /// `sessions_list` enrichment: `stateVersion` of each visible ref whose head is above 0,
-    /// read in batches.
+    /// read in batches. A batch the store cannot read is logged and left out: its rows then
+    /// carry no `stateVersion`. A bare requester key is the default agent's session, as in
+    /// [`Awareness::session_status`].
     pub async fn state_versions(
         &self,
         requester: &SessionKey,
         refs: &[SessionRef],
     ) -> HashMap<SessionRef, Sequence> {
         let me = self.requester_ref(requester);
+        self.state_versions_as(&me, refs).await
+    }
+
+    /// [`Awareness::state_versions`] for a requester whose agent the gateway names.
+    pub async fn state_versions_as(
+        &self,
+        requester: &SessionRef,
+        refs: &[SessionRef],
+    ) -> HashMap<SessionRef, Sequence> {
         let visible: Vec<SessionRef> = refs
             .iter()
-            .filter(|r| self.visibility.can_see(&me, r))
+            .filter(|r| self.visibility.can_see(requester, r))
             .cloned()
             .collect();
         let mut out = HashMap::new();

@@ -474,6 +474,12 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
     }
 }
 
+/// The agent of each event on the page of `status`.
+fn agents_of_page(status: awareness_core::SessionStatus) -> Vec<String> {
+    let page = status.state_changes.expect("a page");
+    page.events.iter().map(|e| e.agent_id.to_string()).collect()
+}
+
 /// Under global scope every agent has its own `global`: a bare requester named `global` reads
 /// its own, not another agent's of the same name.
 #[tokio::test(start_paused = true)]
@@ -520,32 +526,14 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
             .session_status(&k("global"), &k("global"), None, Some(Sequence(0)), None)
             .await
             .expect("its own global");
-        let events = own.state_changes.expect("page").events;
-        assert_eq!(
-            events
-                .iter()
-                .map(|e| e.agent_id.as_str())
-                .collect::<Vec<_>>(),
-            ["main"],
-            "{}",
-            b.name
-        );
+        assert_eq!(agents_of_page(own), ["main"], "{}", b.name);
         // Agent ops's own `global`, its agent named by the gateway: its own, not main's.
         let own = gw
             .svc
             .session_status_as(&theirs, &k("global"), None, Some(Sequence(0)), None)
             .await
             .expect("ops's own global");
-        let events = own.state_changes.expect("page").events;
-        assert_eq!(
-            events
-                .iter()
-                .map(|e| e.agent_id.as_str())
-                .collect::<Vec<_>>(),
-            ["ops"],
-            "{}",
-            b.name
-        );
+        assert_eq!(agents_of_page(own), ["ops"], "{}", b.name);
         let main = AgentId::new("main").unwrap();
         assert!(
             gw.svc

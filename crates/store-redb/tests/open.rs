@@ -67,13 +67,14 @@ fn table_names(txn: &redb::ReadTransaction) -> Vec<String> {
         .collect()
 }
 
-/// Writes `version` as the store's schema version, as a future build would.
-fn set_schema_version(path: &std::path::Path, version: u64) {
+/// Writes `value` under `key` in the store's `meta` table, behind the store's back (as a
+/// future build, or damage, would).
+fn set_meta(path: &std::path::Path, key: &str, value: u64) {
     let db = redb::Database::open(path).unwrap();
     let txn = db.begin_write().unwrap();
     txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
         .unwrap()
-        .insert("schema_version", version)
+        .insert(key, value)
         .unwrap();
     txn.commit().unwrap();
 }
@@ -191,15 +192,7 @@ async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing() {
     let store = RedbStore::open(&path).await.unwrap();
     let first = store.record(human(&child()), T0).await.unwrap().event;
     store.close().await;
-    {
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
-            .unwrap()
-            .insert("last_sequence", u64::MAX)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    set_meta(&path, "last_sequence", u64::MAX);
     let store = RedbStore::open(&path).await.unwrap();
     for _ in 0..2 {
         let err = store.record(human(&child()), T0).await.unwrap_err();
@@ -484,7 +477,7 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
         let txn = db.begin_read().unwrap();
         (table_names(&txn), schema_version(&txn))
     };
-    set_schema_version(&path, 99);
+    set_meta(&path, "schema_version", 99);
     let before = contents(&path);
     assert_eq!(before.1, 99);
     let err = RedbStore::open(&path).await.unwrap_err();
@@ -514,7 +507,7 @@ async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothin
     let schema_1 = store_with("schema1.redb").await;
     downgrade_to_schema_1(&schema_1);
     let newer = store_with("newer.redb").await;
-    set_schema_version(&newer, 99);
+    set_meta(&newer, "schema_version", 99);
     let other = dir.path().join("other.redb");
     {
         let db = redb::Database::create(&other).unwrap();

@@ -314,8 +314,8 @@ async fn on_store(
 ) -> Result<i32, CliError> {
     let now = Timestamp::now();
     let as_json = cli.json;
-    match (&cli.command, checked) {
-        (Command::Watch { .. }, Checked::Watch(wk, r)) => {
+    match checked {
+        Checked::Watch(wk, r) => {
             let c = store
                 .watch(&wk, &r, now)
                 .await
@@ -326,29 +326,30 @@ async fn on_store(
                 emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&[c])))?;
             }
         }
-        (Command::Unwatch { watcher: w, target }, Checked::Unwatch(wk, t)) => {
+        Checked::Unwatch(wk, t) => {
             let removed = store
                 .unwatch(&wk, &t)
                 .await
                 .map_err(|e| store_err("unwatch", &e))?;
+            let w = wk.as_str();
             if !removed {
-                return Err(CliError::failure(format!("no cursor of {w} on {target}")));
+                return Err(CliError::failure(format!("no cursor of {w} on {t}")));
             }
             if as_json {
                 emit_json(out, &json!({"removed": true}))?;
             } else {
-                emit(out, &format!("removed the cursor of {w} on {target}\n"))?;
+                emit(out, &format!("removed the cursor of {w} on {t}\n"))?;
             }
         }
-        (Command::Record(_), Checked::Record(ev)) => record(store, ev, now, as_json, out).await?,
-        (Command::Ack { .. }, Checked::Ack(wk, targets)) => {
+        Checked::Record(ev) => record(store, ev, now, as_json, out).await?,
+        Checked::Ack(wk, targets) => {
             let follow = store
                 .acknowledge(&wk, &targets, now)
                 .await
                 .map_err(|e| store_err("ack", &e))?;
             notices_out(out, as_json, &follow)?;
         }
-        (command, _) => return on_store_read(cli, command, store, out).await,
+        Checked::Nothing => return on_store_read(cli, store, now, out).await,
     }
     Ok(0)
 }
@@ -356,15 +357,22 @@ async fn on_store(
 /// The commands [`check_writes`] has nothing to check for.
 async fn on_store_read(
     cli: &Cli,
-    command: &Command,
     store: &dyn AwarenessStore,
+    now: Timestamp,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
-    let now = Timestamp::now();
     let as_json = cli.json;
-    match command {
-        // Handled above: each opens what it needs.
-        Command::Demo | Command::Adopt(_) | Command::Monitor(_) | Command::Repair => {}
+    match &cli.command {
+        // Run elsewhere: the first four open what they need, the write commands come with
+        // their checked input (`on_store`).
+        Command::Demo
+        | Command::Adopt(_)
+        | Command::Monitor(_)
+        | Command::Repair
+        | Command::Watch { .. }
+        | Command::Unwatch { .. }
+        | Command::Record(_)
+        | Command::Ack { .. } => {}
         Command::Status {
             key: k,
             agent,
@@ -481,15 +489,6 @@ async fn on_store_read(
             } else {
                 emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&cursors)))?;
             }
-        }
-        // Checked before the store was opened (`check_writes`), and run above.
-        Command::Watch { .. }
-        | Command::Unwatch { .. }
-        | Command::Record(_)
-        | Command::Ack { .. } => {
-            return Err(CliError::failure(
-                "a write command reached the read commands",
-            ));
         }
         Command::Sweep => {
             let notices = store

@@ -462,12 +462,17 @@ fn open_read_only(
 /// database per file: it is refused until the read-only handles close. `live_readers` opens a
 /// new read-write database in redb's `SingleWriter` mode; a read-write open must agree with
 /// the database it shares.
+///
+/// A database no handle holds any longer (only an operation whose caller gave up still runs
+/// on it) is not held against a read-write open: the open waits for that operation to end and
+/// then opens the file anew. The returned [`Handle`] is counted with the file's slot locked,
+/// so that such an open can tell the two cases apart.
 pub(crate) fn open_shared(
     path: &Path,
     mode: Mode,
     cache_size: usize,
     live_readers: bool,
-) -> Result<Arc<Shared>, StoreError> {
+) -> Result<Handle, StoreError> {
     ensure_file(path, mode)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
@@ -477,26 +482,33 @@ pub(crate) fn open_shared(
     tests::while_opening(&canonical);
     if let Some(entry) = entry_of_file.as_ref() {
         if let Some(shared) = entry.shared.upgrade() {
-            if mode != Mode::ReadOnly && shared.writable().is_none() {
-                return Err(open_error(
-                    path,
-                    "open read-only in this process: a read-write handle needs every read-only handle on the file closed first",
-                    None,
-                ));
+            let refused = if mode == Mode::ReadOnly {
+                None
+            } else if shared.writable().is_none() {
+                Some(
+                    "open read-only in this process: a read-write handle needs every read-only handle on the file closed first"
+                        .to_owned(),
+                )
+            } else if shared.live_readers != live_readers {
+                Some(format!(
+                    "open in this process with live_readers {}: every read-write handle on a file must agree",
+                    shared.live_readers
+                ))
+            } else {
+                None
+            };
+            match refused {
+                None => return Ok(Handle::new(&shared)),
+                // Only an operation whose caller gave up still holds the database: the open
+                // waits for it below instead of refusing.
+                Some(_) if shared.handles.load(Ordering::Acquire) == 0 => {}
+                Some(reason) => return Err(open_error(path, reason, None)),
             }
-            if mode != Mode::ReadOnly && shared.live_readers != live_readers {
-                return Err(open_error(
-                    path,
-                    format!(
-                        "open in this process with live_readers {}: every read-write handle on a file must agree",
-                        shared.live_readers
-                    ),
-                    None,
-                ));
-            }
-            return Ok(shared);
         }
-        // The last handle is being dropped right now: wait until its file lock is released.
+        // The last handle is being dropped right now, or is gone while an operation its caller
+        // gave up still runs: wait until the file lock is released.
+        #[cfg(test)]
+        tests::waiting_for_close(&canonical);
         entry.closed.wait();
         *entry_of_file = None;
     }
@@ -532,18 +544,24 @@ pub(crate) fn open_shared(
         shared: Arc::downgrade(&shared),
         closed,
     });
-    Ok(shared)
+    Ok(Handle::new(&shared))
 }
 
 /// Counts one [`crate::RedbStore`] on a file while it lives: a closing handle that finds none
 /// left waits for the file to close ([`release`]). The writer is not what counts: the drain of
-/// a dropped handle keeps it until its last commit is done.
+/// a dropped handle keeps it until its last commit is done. Made only by [`open_shared`],
+/// with the file's slot locked.
 pub(crate) struct Handle(Arc<Shared>);
 
 impl Handle {
-    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+    fn new(shared: &Arc<Shared>) -> Self {
         shared.handles.fetch_add(1, Ordering::AcqRel);
         Self(Arc::clone(shared))
+    }
+
+    /// The file this handle holds.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.0
     }
 }
 
@@ -653,6 +671,66 @@ mod tests {
         }
     }
 
+    /// Told when an open of its file starts waiting for the file to close.
+    static WAITING_FOR_CLOSE: Mutex<Option<(PathBuf, std::sync::mpsc::Sender<Opening>)>> =
+        Mutex::new(None);
+
+    /// Called by `open_shared` before it waits for the file's database to close.
+    pub(super) fn waiting_for_close(canonical: &Path) {
+        let waiting = lock(&WAITING_FOR_CLOSE);
+        if let Some((path, tell)) = waiting.as_ref()
+            && path == canonical
+        {
+            tell.send(Opening::Waiting).ok();
+        }
+    }
+
+    /// What an open in [`a_read_write_open_waits_for_an_abandoned_read_instead_of_refusing`]
+    /// did, in order.
+    #[derive(Debug)]
+    enum Opening {
+        Waiting,
+        /// Its result: whether the database it got is writable.
+        Done(Result<bool, String>),
+    }
+
+    /// Once the last read-only handle on a file is dropped, a read-write open must not be
+    /// refused because a read its caller gave up still runs on the read-only database: it
+    /// waits for that read to end, then opens the file read-write.
+    #[test]
+    fn a_read_write_open_waits_for_an_abandoned_read_instead_of_refusing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("state.redb");
+        drop(open_shared(&path, Mode::Create, 1 << 20, false).expect("create"));
+        let read_only = open_shared(&path, Mode::ReadOnly, 1 << 20, false).expect("read-only");
+        // What an abandoned read holds: the database, not a handle.
+        let abandoned_read = Arc::clone(read_only.shared());
+        drop(read_only);
+        let (tell, told) = std::sync::mpsc::channel();
+        let canonical = std::fs::canonicalize(&path).expect("canonical");
+        *lock(&WAITING_FOR_CLOSE) = Some((canonical, tell.clone()));
+        let opener = std::thread::spawn(move || {
+            let opened = open_shared(&path, Mode::Existing, 1 << 20, false)
+                .map(|handle| handle.shared().writable().is_some())
+                .map_err(|e| e.to_string());
+            tell.send(Opening::Done(opened)).ok();
+        });
+        // The timeouts only keep the test from hanging.
+        let first = told.recv_timeout(Duration::from_mins(1));
+        assert!(
+            matches!(first, Ok(Opening::Waiting)),
+            "the read-write open did not wait for the abandoned read: {first:?}"
+        );
+        drop(abandoned_read);
+        let then = told.recv_timeout(Duration::from_mins(1));
+        *lock(&WAITING_FOR_CLOSE) = None;
+        opener.join().expect("the opener's thread");
+        assert!(
+            matches!(then, Ok(Opening::Done(Ok(true)))),
+            "the read-write open did not open the file read-write once the read ended: {then:?}"
+        );
+    }
+
     /// An open that takes long (a repair, or the wait for a closing handle) holds up other
     /// opens of its file only: another file opens meanwhile.
     #[test]
@@ -693,13 +771,14 @@ mod tests {
     #[test]
     fn a_flush_returns_only_after_the_flush_in_progress_has_committed() {
         let dir = tempfile::tempdir().expect("dir");
-        let shared = open_shared(
+        let handle = open_shared(
             &dir.path().join("state.redb"),
             super::Mode::Create,
             1 << 20,
             false,
         )
         .expect("open");
+        let shared = Arc::clone(handle.shared());
         shared.mark_unflushed();
         // A long write in progress: it holds redb's write lock.
         let long_write = shared

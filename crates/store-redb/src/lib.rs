@@ -175,6 +175,10 @@
 //! whose writer crashed needs a repair, which a read-only open cannot make: it is refused with
 //! [`StoreError::NeedsRepair`] until a read-write open repairs it.
 //!
+//! In one process, a read-write open is refused while a read-only handle on its file lives.
+//! Once the last one is dropped, a read that its caller gave up may still be running on the
+//! read-only database: a read-write open then waits for it to end rather than refusing.
+//!
 //! [redb]: https://docs.rs/redb
 
 mod codec;
@@ -413,7 +417,8 @@ impl RedbStore {
         };
         let cache = options.cache_size;
         let live = options.live_readers;
-        let shared = blocking("open", move || db::open_shared(&path, mode, cache, live)).await?;
+        let handle = blocking("open", move || db::open_shared(&path, mode, cache, live)).await?;
+        let shared = Arc::clone(handle.shared());
         let flusher = match options.durability {
             Durability::Bounded { flush_interval } if !options.read_only => {
                 Some(Flusher::start(&shared, flush_interval)?)
@@ -423,7 +428,7 @@ impl RedbStore {
         let bounded = matches!(options.durability, Durability::Bounded { .. });
         Ok(Self {
             _flusher: flusher,
-            handle: db::Handle::new(&shared),
+            handle,
             writer: Arc::new(Writer::new(
                 shared,
                 bounded,

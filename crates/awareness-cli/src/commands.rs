@@ -254,9 +254,9 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         Command::Repair => return repair(cli, out).await,
         _ => {}
     }
-    // Checked before the store is opened: bad input to a write command is a usage error that
-    // neither creates a file nor migrates one (OpenClaw's included).
-    let checked = check_writes(cli)?;
+    // Checked before the store is opened: bad input is a usage error whether or not the store
+    // exists, and it neither creates a file nor migrates one (OpenClaw's included).
+    let checked = check_input(cli)?;
     let store = open(cli).await?;
     let code = on_store(cli, checked, &*store, out).await;
     // Closed before the process exits: SQLite's write-ahead log then goes into the file, so
@@ -265,19 +265,30 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     code
 }
 
-/// A write command's input, checked before its store is opened (a read command opens its store
-/// read-only and checks its input after, writing nothing either way).
+/// A command's input, checked before its store is opened.
 enum Checked {
-    /// Not a write command with input to check.
+    /// A command without input to check.
     Nothing,
     Watch(WatcherKey, SessionRef),
     Unwatch(WatcherKey, SessionKey),
     Record(NewEvent),
     Ack(WatcherKey, Vec<SessionKey>),
+    Read(Read),
 }
 
-/// Checks the input of a write command (see [`Checked`]).
-fn check_writes(cli: &Cli) -> Result<Checked, CliError> {
+/// A read command's input, checked.
+enum Read {
+    Status {
+        session: SessionRef,
+        changes_since: Option<Sequence>,
+        limit: Option<usize>,
+    },
+    List(Option<AgentId>),
+    Cursors(CursorFilter),
+}
+
+/// Checks the input of a command (see [`Checked`]).
+fn check_input(cli: &Cli) -> Result<Checked, CliError> {
     Ok(match &cli.command {
         Command::Watch {
             watcher: w,
@@ -300,12 +311,53 @@ fn check_writes(cli: &Cli) -> Result<Checked, CliError> {
                 targets.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
             Checked::Ack(watcher(w)?, targets)
         }
-        _ => Checked::Nothing,
+        Command::Status {
+            key: k,
+            agent,
+            changes_since,
+            limit,
+        } => {
+            let k = key(k)?;
+            let agent = agent_for(&k, agent.as_deref(), None)?;
+            Checked::Read(Read::Status {
+                session: SessionRef::new(k, agent),
+                changes_since: changes_since.map(Sequence),
+                limit: *limit,
+            })
+        }
+        Command::List { agent } => Checked::Read(Read::List(
+            agent
+                .as_deref()
+                .map(AgentId::new)
+                .transpose()
+                .map_err(|e| invalid(&e))?,
+        )),
+        Command::Cursors {
+            watcher: w,
+            target,
+            pending,
+        } => Checked::Read(Read::Cursors(CursorFilter {
+            // A watcher, as `watch` takes it: a bare key watches nothing.
+            watcher: w
+                .as_deref()
+                .map(|w| watcher(w).map(|wk| wk.session_key().clone()))
+                .transpose()?,
+            target: target.as_deref().map(key).transpose()?,
+            pending_only: *pending,
+        })),
+        Command::Demo
+        | Command::Adopt(_)
+        | Command::Monitor(_)
+        | Command::Repair
+        | Command::Sweep
+        | Command::Prune { .. }
+        | Command::Tail { .. }
+        | Command::Doctor => Checked::Nothing,
     })
 }
 
 /// Runs a command that needs nothing but the open store; `checked` is its input as
-/// [`check_writes`] checked it.
+/// [`check_input`] checked it.
 async fn on_store(
     cli: &Cli,
     checked: Checked,
@@ -349,38 +401,25 @@ async fn on_store(
                 .map_err(|e| store_err("ack", &e))?;
             notices_out(out, as_json, &follow)?;
         }
-        Checked::Nothing => return on_store_read(cli, store, now, out).await,
+        Checked::Read(read) => on_store_read(read, store, as_json, out).await?,
+        Checked::Nothing => return on_store_other(cli, store, now, out).await,
     }
     Ok(0)
 }
 
-/// The commands [`check_writes`] has nothing to check for.
+/// The read commands, with their input as [`check_input`] checked it.
 async fn on_store_read(
-    cli: &Cli,
+    read: Read,
     store: &dyn AwarenessStore,
-    now: Timestamp,
+    as_json: bool,
     out: &mut dyn Write,
-) -> Result<i32, CliError> {
-    let as_json = cli.json;
-    match &cli.command {
-        // Run elsewhere: the first four open what they need, the write commands come with
-        // their checked input (`on_store`).
-        Command::Demo
-        | Command::Adopt(_)
-        | Command::Monitor(_)
-        | Command::Repair
-        | Command::Watch { .. }
-        | Command::Unwatch { .. }
-        | Command::Record(_)
-        | Command::Ack { .. } => {}
-        Command::Status {
-            key: k,
-            agent,
+) -> Result<(), CliError> {
+    match read {
+        Read::Status {
+            session: r,
             changes_since,
             limit,
         } => {
-            let k = key(k)?;
-            let r = SessionRef::new(k.clone(), agent_for(&k, agent.as_deref(), None)?);
             let heads = store
                 .heads(std::slice::from_ref(&r))
                 .await
@@ -392,7 +431,7 @@ async fn on_store_read(
                 )));
             }
             let status = store
-                .session_status(&r, changes_since.map(Sequence), *limit)
+                .session_status(&r, changes_since, limit)
                 .await
                 .map_err(|e| store_err("status", &e))?;
             if as_json {
@@ -429,12 +468,7 @@ async fn on_store_read(
                 emit(out, &text)?;
             }
         }
-        Command::List { agent } => {
-            let a = agent
-                .as_deref()
-                .map(AgentId::new)
-                .transpose()
-                .map_err(|e| invalid(&e))?;
+        Read::List(a) => {
             let heads = store
                 .list_heads(a.as_ref())
                 .await
@@ -463,20 +497,7 @@ async fn on_store_read(
                 )?;
             }
         }
-        Command::Cursors {
-            watcher: w,
-            target,
-            pending,
-        } => {
-            let filter = CursorFilter {
-                // A watcher, as `watch` takes it: a bare key watches nothing.
-                watcher: w
-                    .as_deref()
-                    .map(|w| watcher(w).map(|wk| wk.session_key().clone()))
-                    .transpose()?,
-                target: target.as_deref().map(key).transpose()?,
-                pending_only: *pending,
-            };
+        Read::Cursors(filter) => {
             let cursors = store
                 .cursors(&filter)
                 .await
@@ -490,6 +511,19 @@ async fn on_store_read(
                 emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&cursors)))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// The commands that need the open store and have no input to check.
+async fn on_store_other(
+    cli: &Cli,
+    store: &dyn AwarenessStore,
+    now: Timestamp,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let as_json = cli.json;
+    match &cli.command {
         Command::Sweep => {
             let notices = store
                 .sweep(now, &|_| true)
@@ -500,6 +534,19 @@ async fn on_store_read(
         Command::Prune { dry_run } => prune(store, *dry_run, now, as_json, out).await?,
         Command::Tail { follow, after } => tail(store, *follow, *after, as_json, out).await?,
         Command::Doctor => return doctor(store, as_json, out).await,
+        // Run elsewhere: the first four open what they need; the others come with their
+        // checked input (`on_store`).
+        Command::Demo
+        | Command::Adopt(_)
+        | Command::Monitor(_)
+        | Command::Repair
+        | Command::Watch { .. }
+        | Command::Unwatch { .. }
+        | Command::Record(_)
+        | Command::Ack { .. }
+        | Command::Status { .. }
+        | Command::List { .. }
+        | Command::Cursors { .. } => {}
     }
     Ok(0)
 }

@@ -9,8 +9,8 @@
 //!
 //! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
 //! a store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database
-//! it reads). A write command checks its input before it opens its store, so bad input creates
-//! or migrates nothing. Errors are one line on stderr: exit code 2 for usage errors (bad flags,
+//! it reads). Every command checks its input before it opens its store, so bad input is a usage
+//! error whether or not the store exists, and it creates or migrates nothing. Errors are one line on stderr: exit code 2 for usage errors (bad flags,
 //! a bad store URL, bad input), 1 for failures (a missing file, an unknown session, a problem
 //! `doctor` found).
 //!

@@ -428,6 +428,20 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     let o = run_in(dir.path(), &["status", "agent:main:x"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(!dir.path().join("awareness.db").exists());
+    // Bad input to a read command is usage whether or not the store exists: it is checked
+    // before the store is opened.
+    for args in [
+        &["status", "bad key\n"][..],
+        &["status", "global", "--agent", ""][..],
+        &["list", "--agent", ""][..],
+        &["cursors", "--target", ""][..],
+        &["cursors", "--watcher", "global"][..],
+    ] {
+        let o = run_in(dir.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert!(!dir.path().join("awareness.db").exists());
+    }
 
     // A wrong URL: usage.
     let o = run_in(dir.path(), &["--store", "postgres://x", "list"]);

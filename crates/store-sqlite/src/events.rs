@@ -111,10 +111,11 @@ async fn record_two_batches(
     let q = record_query(sql::RECORD_BEGIN, &event, payload, now);
     let row = batch_one(conn, q, WHAT).await?;
     if get::<i64>(&row, 0, WHAT)? == 0 {
-        // Dedupe hit: nothing moves, but the spent sequence is committed (as OpenClaw's).
-        let hit = dedupe_hit(&row, &event)?;
+        // Dedupe hit: nothing moves, but the spent sequence is committed (as OpenClaw's), and
+        // committed before the stored row is read: a row that cannot be read fails the call
+        // having spent its sequence, as in one batch (`record_fast`) and in a group commit.
         batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
-        return Ok((hit, None));
+        return Ok((dedupe_hit(&row, &event)?, None));
     }
     event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
     let existing: Option<&str> = get(&row, 3, WHAT)?;

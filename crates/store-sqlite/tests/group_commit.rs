@@ -8,9 +8,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::testkit::group_commit::{Grouped, T0, event};
+use awareness_core::testkit::group_commit::{Grouped, T0, event, session};
 use awareness_core::testkit::poll_once;
-use awareness_core::{AwarenessStoreExt as _, EventStore, StoreError};
+use awareness_core::{
+    AwarenessStoreExt as _, CursorStore, EventStore, Sequence, StoreError, WatcherKey,
+};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
 async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStore> {
@@ -86,15 +88,11 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {
+/// Writes, behind the store's back, a torn row (an unknown kind) under the dedupe key "torn".
+async fn insert_torn_row(path: &std::path::Path) {
     use sqlx::{ConnectOptions as _, Connection as _};
-    let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("state.sqlite");
-    let store = open(&dir, SqliteOptions::new()).await;
-    // A torn row (an unknown kind) under the dedupe key "torn", written behind the store's back.
     let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(path)
         .connect()
         .await
         .expect("raw connection");
@@ -107,6 +105,14 @@ async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {
     .await
     .expect("insert the torn row");
     raw.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("state.sqlite");
+    let store = open(&dir, SqliteOptions::new()).await;
+    insert_torn_row(&path).await;
     for round in 0..10 {
         let before = store.write_transactions();
         let tasks: Vec<_> = (0..16)
@@ -133,5 +139,35 @@ async fn an_event_failing_in_a_batch_fails_only_its_own_caller() {
             }
         }
         assert!(store.write_transactions() > before);
+    }
+}
+
+/// A dedupe hit on a row that cannot be read fails its caller with `Corrupt` and, like every
+/// other call, spends one sequence, on a target without cursors (recorded in one batch) and
+/// on a watched one (two batches) alike.
+#[tokio::test]
+async fn a_dedupe_hit_on_a_torn_row_fails_and_spends_one_sequence_watched_or_not() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new()).await;
+    insert_torn_row(&dir.path().join("state.sqlite")).await;
+    // The torn row holds sequence 1; each call below spends the next one.
+    let mut last = Sequence(1);
+    for watched in [false, true] {
+        if watched {
+            let watcher = WatcherKey::new(session(9).session_key).expect("watcher");
+            store.watch(&watcher, &session(0), T0).await.expect("watch");
+        }
+        let err = store
+            .record(event(0).with_dedupe_key("torn"), T0)
+            .await
+            .expect_err("the torn row's caller fails");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        let next = store.record(event(1), T0).await.expect("record");
+        assert_eq!(
+            next.event.sequence,
+            Sequence(last.0 + 2),
+            "watched {watched}: the failed hit did not spend exactly one sequence"
+        );
+        last = next.event.sequence;
     }
 }

@@ -15,8 +15,11 @@ pub fn clamp_limit(limit: Option<usize>) -> usize {
 }
 
 /// The events after a caller's version, with what the caller needs to trust them as a delta.
+/// Built by the stores; fields may be added (as `versionAhead` was), so it is not built outside
+/// this crate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ChangesPage {
     /// Events with `sequence > N` of exactly this ref, ascending (shared, not copied).
     pub events: Vec<Arc<Event>>,
@@ -33,9 +36,12 @@ pub struct ChangesPage {
     pub version_ahead: bool,
 }
 
-/// `session_status`: always the version, the page when `changesSince` was asked.
+/// `session_status`: always the version, the page when `changesSince` was asked. Fields may
+/// be added (as `unavailable` was), so outside this crate it is built only by
+/// [`crate::AwarenessStoreExt::session_status`] and [`SessionStatus::unavailable`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct SessionStatus {
     /// The head (0 when nothing was recorded).
     pub state_version: Sequence,

@@ -204,6 +204,30 @@ impl Writer {
         Ok(())
     }
 
+    /// With the bounded durability, keeps the reservation of sequences ahead of what `tables`
+    /// allocated (see the `tables` module): `true` when the commit must be durable.
+    fn reserve(&self, tables: &mut RecordTables<'_>) -> Result<bool, StoreError> {
+        if self.bounded {
+            tables.reserve_ahead()
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Commits a recording's `txn`, durably when it raised the reservation. Blocking.
+    fn commit_reserving(
+        &self,
+        mut txn: WriteTransaction,
+        durable: bool,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        if durable {
+            // Durable, this commit also makes every non-durable one before it durable.
+            txn.set_durability(redb::Durability::Immediate).ctx(what)?;
+        }
+        self.commit(txn, what)
+    }
+
     /// Records a validated event: queues it, starts a drain when none is running, and waits
     /// for the commit that holds it.
     pub(crate) async fn record(
@@ -290,8 +314,12 @@ impl Writer {
     fn run_one(&self, job: Job) -> (Reply, Result<Recorded, StoreError>) {
         let Job { event, now, reply } = job;
         let result = self.begin("record").and_then(|txn| {
-            let rec = crate::record_tx(&mut RecordTables::open(&txn)?, event, now)?;
-            self.commit(txn, "record")?;
+            let (rec, durable) = {
+                let mut tables = RecordTables::open(&txn)?;
+                let rec = crate::record_tx(&mut tables, event, now)?;
+                (rec, self.reserve(&mut tables)?)
+            };
+            self.commit_reserving(txn, durable, "record")?;
             Ok(rec)
         });
         (reply, result)
@@ -304,12 +332,14 @@ impl Writer {
             Err(e) => return fail_all(jobs, &e),
         };
         let recorded = RecordTables::open(&txn).and_then(|mut tables| {
-            jobs.iter()
+            let recorded = jobs
+                .iter()
                 // A copy: should a later event fail, each job is recorded again alone.
                 .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
-                .collect::<Result<Vec<_>, _>>()
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((recorded, self.reserve(&mut tables)?))
         });
-        let recorded = match recorded {
+        let (recorded, durable) = match recorded {
             Ok(recorded) => recorded,
             Err(e) => {
                 tracing::debug!(error = %e, "an event failed in a group commit; recording the batch one by one");
@@ -317,7 +347,7 @@ impl Writer {
                 return jobs.into_iter().map(|job| self.run_one(job)).collect();
             }
         };
-        match self.commit(txn, "record") {
+        match self.commit_reserving(txn, durable, "record") {
             Ok(()) => jobs
                 .into_iter()
                 .zip(recorded)

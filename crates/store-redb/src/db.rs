@@ -185,7 +185,10 @@ impl Drop for Shared {
         if let Some(db) = self.db.take() {
             // A clean close also makes pending non-durable commits durable.
             let closed = match db {
-                Db::Write(db) => db.close(),
+                Db::Write(db) => {
+                    drop_reservation(&db, &self.path);
+                    db.close()
+                }
                 Db::Read(db) => db.close(),
             };
             if let Err(e) = closed {
@@ -193,6 +196,21 @@ impl Drop for Shared {
             }
         }
         self.closed.set();
+    }
+}
+
+/// Removes the bounded mode's reservation of sequences before a clean close (see the `tables`
+/// module), in a durable commit, so that the next open continues from the counter. A failure is
+/// logged: the next open then skips the numbers reserved, which is safe.
+fn drop_reservation(db: &Database, path: &Path) {
+    let dropped = db.begin_write().ctx("close: begin").and_then(|txn| {
+        if tables::drop_reservation(&txn)? {
+            txn.commit().ctx("close: remove the reserved sequences")?;
+        }
+        Ok(())
+    });
+    if let Err(e) = dropped {
+        warn!(path = ?path, error = %e, "removing the reserved sequences at close failed; the next open skips them");
     }
 }
 
@@ -349,7 +367,12 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
     let txn = db.begin_write().ctx("open: begin")?;
     let version = stored_version(txn.open_table(META), path)?;
     match version {
-        Some(SCHEMA_VERSION) => Ok(()),
+        Some(SCHEMA_VERSION) => {
+            if tables::settle_reservation(&txn)? {
+                txn.commit().ctx("open: settle the reserved sequences")?;
+            }
+            Ok(())
+        }
         Some(1) => {
             // Schema 1 kept heads in a table of their own; schema 2 keeps them in the
             // reference index. Moved in one write transaction: a crash leaves schema 1 intact.

@@ -2,7 +2,7 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | name | `u64` (`schema_version`, `last_sequence`) |
+//! | `meta` | name | `u64` (`schema_version`, `last_sequence`, `reserved_sequence`) |
 //! | `events` | sequence | the event row ([`crate::codec`]) |
 //! | `events_by_ref` | (agent id, session key, sequence) | a copy of the event row |
 //! | `events_by_ref` | (agent id, session key, [`HEAD_SEQ`]) | the head: (last sequence, pruned watermark, updated at) |
@@ -28,6 +28,15 @@
 //! event with the highest sequence, a dedupe hit that consumes a number without a row) first
 //! raises `meta.last_sequence`. So the counter never goes back and a record writes three rows
 //! (event, reference index, head) in two tables.
+//!
+//! With [`crate::Durability::Bounded`], a crash loses the commits of the last interval, and
+//! with them the counter's moves: the numbers they handed out would be handed out again, to
+//! other events, after callers had seen them. So a bounded handle reserves numbers ahead:
+//! `meta.reserved_sequence` is a number no allocation has passed, raised [`RESERVE_AHEAD`]
+//! past the counter by a commit made durable (one fsync per [`RESERVE_AHEAD`] numbers) whenever
+//! an allocation would pass it. A read-write open that finds a reservation (the last writer
+//! did not close cleanly) moves the counter up to it, so no number handed out before a crash
+//! is handed out again; a clean close removes it, so a reopen after one continues exactly.
 //!
 //! Pruning by age scans `events` in sequence order on a read snapshot and reads `occurredAt` at a
 //! fixed offset of the row, without decoding it: old rows are the low sequences, so a chunk stops
@@ -69,6 +78,10 @@ pub(crate) const UPSTREAM_LINKS: TableDefinition<(&str, &str), &[u8]> =
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
 pub(crate) const SCHEMA_VERSION: u64 = 2;
 pub(crate) const LAST_SEQUENCE: &str = "last_sequence";
+/// The `meta` key of the bounded mode's reservation (see the module docs).
+pub(crate) const RESERVED_SEQUENCE: &str = "reserved_sequence";
+/// How far past the counter a bounded handle reserves numbers.
+pub(crate) const RESERVE_AHEAD: u64 = 4096;
 
 /// Creates every table (opening a table in a write transaction creates it).
 pub(crate) fn create_all(txn: &WriteTransaction) -> Result<(), StoreError> {
@@ -318,6 +331,28 @@ impl<'t> EventTables<'t> {
         let c = self.stored_counter()?.max(self.last_event()?);
         self.counter = Some(c);
         Ok(c)
+    }
+
+    /// Keeps the bounded mode's reservation ahead of the counter (see the module docs): when
+    /// this transaction allocated past it, raises it [`RESERVE_AHEAD`] past the counter and
+    /// returns `true`: the transaction must then commit durably.
+    pub(crate) fn reserve_ahead(&mut self) -> Result<bool, StoreError> {
+        let counter = self.counter()?;
+        let reserved = self
+            .meta
+            .get(RESERVED_SEQUENCE)
+            .ctx("read the reserved sequence")?
+            .map_or(0, |g| g.value());
+        if counter <= reserved {
+            return Ok(false);
+        }
+        self.meta
+            .insert(
+                RESERVED_SEQUENCE,
+                counter.saturating_add(RESERVE_AHEAD).min(MAX_EVENT_SEQ),
+            )
+            .ctx("reserve sequences")?;
+        Ok(true)
     }
 
     /// Records that `seq` was allocated without leaving a row (a dedupe hit).
@@ -586,4 +621,35 @@ pub(crate) fn watchers_of(
         out.push(w.to_owned());
     }
     Ok(out)
+}
+
+/// At a read-write open: settles a reservation the last writer left (see the module docs),
+/// moving the counter up to it, and removes it. Returns whether it wrote anything.
+pub(crate) fn settle_reservation(txn: &WriteTransaction) -> Result<bool, StoreError> {
+    let mut t = EventTables::open(txn)?;
+    let Some(reserved) = t
+        .meta
+        .remove(RESERVED_SEQUENCE)
+        .ctx("read the reserved sequence")?
+        .map(|g| g.value())
+    else {
+        return Ok(false);
+    };
+    if reserved > t.counter()? {
+        t.meta
+            .insert(LAST_SEQUENCE, reserved)
+            .ctx("move the sequence counter past the reservation")?;
+    }
+    Ok(true)
+}
+
+/// At a clean close: removes the reservation, so that the next open continues from the
+/// counter. Returns whether there was one.
+pub(crate) fn drop_reservation(txn: &WriteTransaction) -> Result<bool, StoreError> {
+    Ok(txn
+        .open_table(META)
+        .ctx("open the meta table")?
+        .remove(RESERVED_SEQUENCE)
+        .ctx("remove the reserved sequence")?
+        .is_some())
 }

@@ -154,15 +154,81 @@ impl LinkSpec {
     }
 
     /// The ids are non-empty keys (at most 1 KiB, no control characters); the reference and the
-    /// marker are at most [`MAX_UPSTREAM_JSON_BYTES`] of JSON each.
+    /// marker are at most [`MAX_UPSTREAM_JSON_BYTES`] of JSON each. The catalog id must also fit
+    /// every event summary built from it ([`CATALOG_SUMMARY_PREFIXES`]): at most
+    /// [`MAX_CATALOG_ID_CHARS`] characters, without U+2028 or U+2029. Otherwise the link would
+    /// be stored while its `adopted`, `human_direct_message` and `upstream_missing` events were
+    /// refused, every tick again.
     pub fn validate(&self) -> Result<(), ValidationError> {
         validate::key("catalog id", &self.catalog_id)?;
+        validate_catalog_summaries(&self.catalog_id)?;
         validate::key("host id", &self.host_id)?;
         validate::key("thread id", &self.thread_id)?;
         validate::key("upstream kind", &self.upstream_kind)?;
         validate_json("upstream ref", self.upstream_ref.as_ref())?;
         validate_json("marker", self.marker.as_ref())
     }
+}
+
+/// The prefixes of the event summaries `gateway-adapter` builds from a link's catalog id:
+/// `adopted from <catalogId>` (`Awareness::adopted`), `human message via <catalogId>`
+/// (`Awareness::human_message`, the catalog id being the channel of the monitor's human turns;
+/// it is trimmed there, which only shortens it) and `upstream missing via <catalogId>` (the
+/// monitor). No other [`LinkSpec`] field is built into a summary.
+///
+/// The adapter builds its summaries from these constants: a summary built from a link's
+/// catalog id with a new prefix must add it here, or [`LinkSpec::validate`] accepts catalog
+/// ids whose events every store refuses.
+pub const CATALOG_SUMMARY_PREFIXES: [&str; 3] =
+    [ADOPTED_FROM, HUMAN_MESSAGE_VIA, UPSTREAM_MISSING_VIA];
+
+/// The summary of an `adopted` event starts with this, then the catalog id.
+pub const ADOPTED_FROM: &str = "adopted from ";
+/// The summary of a human turn the monitor found upstream starts with this, then the channel
+/// (the link's catalog id).
+pub const HUMAN_MESSAGE_VIA: &str = "human message via ";
+/// The summary of an `upstream_missing` event starts with this, then the catalog id.
+pub const UPSTREAM_MISSING_VIA: &str = "upstream missing via ";
+
+/// Longest catalog id, in characters, that fits every summary of [`CATALOG_SUMMARY_PREFIXES`]
+/// (the prefixes are ASCII, so their byte length is their length in characters).
+pub const MAX_CATALOG_ID_CHARS: usize = validate::MAX_SUMMARY_CHARS - longest_prefix();
+
+const fn longest_prefix() -> usize {
+    let mut longest = 0;
+    let mut i = 0;
+    while i < CATALOG_SUMMARY_PREFIXES.len() {
+        if CATALOG_SUMMARY_PREFIXES[i].len() > longest {
+            longest = CATALOG_SUMMARY_PREFIXES[i].len();
+        }
+        i += 1;
+    }
+    longest
+}
+
+/// What the errors of [`validate_catalog_summaries`] name.
+const CATALOG_IN_SUMMARIES: &str = "catalog id (quoted in one-line event summaries)";
+
+/// Refuses a catalog id that would make one of the summaries of [`CATALOG_SUMMARY_PREFIXES`]
+/// invalid ([`validate::summary`]), as an error naming the catalog id: too long is
+/// [`ValidationError::TooLong`] (its `max` counts characters, which for an ASCII id are bytes),
+/// a line break (U+2028, U+2029) is [`ValidationError::ControlCharacter`].
+fn validate_catalog_summaries(catalog_id: &str) -> Result<(), ValidationError> {
+    for prefix in CATALOG_SUMMARY_PREFIXES {
+        validate::summary(&format!("{prefix}{catalog_id}")).map_err(|e| match e {
+            ValidationError::SummaryTooLong { .. } => ValidationError::TooLong {
+                what: CATALOG_IN_SUMMARIES,
+                len: catalog_id.len(),
+                max: MAX_CATALOG_ID_CHARS,
+            },
+            ValidationError::SummaryNotOneLine => ValidationError::ControlCharacter {
+                what: CATALOG_IN_SUMMARIES,
+            },
+            // Blank cannot happen behind a non-blank prefix.
+            other => other,
+        })?;
+    }
+    Ok(())
 }
 
 /// Refuses a reference or marker larger than [`MAX_UPSTREAM_JSON_BYTES`].
@@ -609,6 +675,55 @@ mod tests {
         assert!(matches!(
             plan_upsert(None, huge, Timestamp(0)),
             Err(ValidationError::UpstreamJsonTooLarge { what: "marker", .. })
+        ));
+    }
+
+    /// Bug: the catalog id was only checked as a key (1 KiB), so a link was stored whose
+    /// `adopted`, `human_direct_message` and `upstream_missing` summaries were refused.
+    #[test]
+    fn a_catalog_id_must_fit_the_summaries_built_from_it() {
+        let with_catalog = |catalog: &str| {
+            let mut s = spec();
+            s.catalog_id = catalog.to_owned();
+            s.validate()
+        };
+        assert_eq!(MAX_CATALOG_ID_CHARS, 179);
+        assert_eq!(
+            with_catalog(&"c".repeat(190)),
+            Err(ValidationError::TooLong {
+                what: "catalog id (quoted in one-line event summaries)",
+                len: 190,
+                max: 179,
+            })
+        );
+        let msg = with_catalog(&"c".repeat(190)).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("catalog id") && msg.contains("summaries"),
+            "{msg}"
+        );
+        for sep in ['\u{2028}', '\u{2029}'] {
+            assert_eq!(
+                with_catalog(&format!("claude{sep}code")),
+                Err(ValidationError::ControlCharacter {
+                    what: "catalog id (quoted in one-line event summaries)",
+                })
+            );
+        }
+        assert_eq!(with_catalog(&"c".repeat(150)), Ok(()));
+        // The limit is exact and counts characters, not bytes.
+        assert_eq!(with_catalog(&"c".repeat(MAX_CATALOG_ID_CHARS)), Ok(()));
+        assert!(with_catalog(&"c".repeat(MAX_CATALOG_ID_CHARS + 1)).is_err());
+        assert_eq!(with_catalog(&"\u{e9}".repeat(MAX_CATALOG_ID_CHARS)), Ok(()));
+        for prefix in CATALOG_SUMMARY_PREFIXES {
+            let longest = format!("{prefix}{}", "c".repeat(MAX_CATALOG_ID_CHARS));
+            assert_eq!(validate::summary(&longest), Ok(()));
+        }
+        // plan_upsert refuses it too, so no store writes such a link.
+        let mut bad = spec();
+        bad.catalog_id = "c".repeat(190);
+        assert!(matches!(
+            plan_upsert(None, bad, Timestamp(0)),
+            Err(ValidationError::TooLong { .. })
         ));
     }
 

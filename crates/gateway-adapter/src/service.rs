@@ -9,7 +9,7 @@ use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
     EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
     Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, UpsertOutcome,
-    UpstreamStore, WatcherKey, protocol, protocol::DrainedLine,
+    UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
 };
 use serde_json::json;
 use tracing::warn;
@@ -510,7 +510,7 @@ impl Awareness {
             SessionRef::new(msg.session.clone(), agent),
             EventKind::HumanDirectMessage,
             msg.actor_type,
-            format!("human message via {channel}"),
+            format!("{}{channel}", upstream::HUMAN_MESSAGE_VIA),
         );
         ev.actor_id = msg.actor_id;
         ev.session_id = entry.and_then(|e| e.session_id);
@@ -667,7 +667,7 @@ impl Awareness {
             session.clone(),
             EventKind::Adopted,
             ActorType::System,
-            format!("adopted from {catalog_id}"),
+            format!("{}{catalog_id}", upstream::ADOPTED_FROM),
         )
         .with_payload(p)
         .with_dedupe_key(format!("adopted:{}", session.session_key));

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use awareness_core::upstream::{self, UpstreamStore};
 use awareness_core::{
-    ActorType, CursorStore, EventKind, EventStore, LinkSpec, NewEvent, Sequence, SessionKey,
-    SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink, WatcherKey, async_trait,
+    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, LinkSpec, NewEvent, Sequence,
+    SessionKey, SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink, WatcherKey,
+    async_trait,
 };
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
 use gateway_adapter::upstream::paired::{PAGE_ITEMS, PairedMarker};
@@ -1260,6 +1261,51 @@ async fn adopting_again_keeps_or_rebases_the_marker() {
             .await
             .is_err()
     );
+}
+
+/// Bug: a catalog id was only checked as a key (1 KiB), while the summaries built from it
+/// (`adopted from`, `human message via`, `upstream missing via`) allow 200 characters on one
+/// line. The link was stored, its `adopted` event refused, and later every tick failed on the
+/// same human turns, or on `upstream_missing` before the link could be removed.
+#[tokio::test]
+async fn a_catalog_id_too_long_or_broken_for_its_summaries_is_refused_before_adoption() {
+    let w = world();
+    let t = Transcript::new();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    for catalog in ["c".repeat(190), "claude\u{2028}code".to_owned()] {
+        let spec = LinkSpec {
+            catalog_id: catalog.clone(),
+            ..jsonl::adoption(session.clone(), &t.path, None).unwrap()
+        };
+        let err = w.awareness.try_adopt(spec).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                StoreError::InvalidInput(
+                    awareness_core::ValidationError::TooLong { what, .. }
+                        | awareness_core::ValidationError::ControlCharacter { what }
+                ) if what.starts_with("catalog id")
+            ),
+            "{catalog:?}: {err}"
+        );
+        assert_eq!(w.store.link(&session).await.unwrap(), None, "{catalog:?}");
+        assert!(w.store.links().await.unwrap().is_empty(), "{catalog:?}");
+        assert_eq!(
+            w.store.state_version(&session).await.unwrap(),
+            Sequence::ZERO,
+            "{catalog:?}: nothing recorded"
+        );
+    }
+    // A catalog id that fits is adopted, and its summary is valid.
+    let fits = "c".repeat(150);
+    let spec = LinkSpec {
+        catalog_id: fits.clone(),
+        ..jsonl::adoption(session.clone(), &t.path, None).unwrap()
+    };
+    assert!(w.awareness.try_adopt(spec).await.unwrap().created);
+    let adopted = w.events(&session, EventKind::Adopted).await;
+    assert_eq!(adopted.len(), 1);
+    assert_eq!(adopted[0].summary, format!("adopted from {fits}"));
 }
 
 /// Bug: the event's dedupe id was the burst's first human turn. When the marker could not move

@@ -617,7 +617,7 @@ impl Inner {
             session.clone(),
             EventKind::UpstreamMissing,
             ActorType::System,
-            format!("upstream missing via {}", link.catalog_id),
+            format!("{}{}", upstream::UPSTREAM_MISSING_VIA, link.catalog_id),
         )
         .with_payload(payload)
         .with_dedupe_key(upstream::missing_dedupe_key(link));

@@ -1,5 +1,10 @@
 //! Retention planning of DESIGN.md section 6: what pruning deletes, in which order, and how the
 //! pruned watermarks are stamped. Backends run the steps in bounded chunks.
+//!
+//! The age step compares each event's stored `occurredAt` with a cutoff taken from the local
+//! clock. `occurredAt` is the producer's time clamped into `[now - 24 h, now]` when the event
+//! was recorded, so an event can be pruned up to 24 h earlier than its recording time alone
+//! would allow (docs/decisions/0011).
 
 use std::collections::BTreeMap;
 
@@ -11,13 +16,17 @@ use crate::model::{Head, Sequence, SessionRef, Timestamp};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RetentionPolicy {
-    /// Events older than this (by `occurredAt`) are deleted. Default 30 days.
+    /// Events whose `occurredAt` is older than this (measured from the local clock at pruning)
+    /// are deleted. `occurredAt` may lie up to 24 h before the recording, so an event may go
+    /// up to a day early (docs/decisions/0011). Default 30 days.
     pub max_age_ms: i64,
     /// At most this many events are kept store-wide (the oldest go first). Default 50,000.
     pub max_rows: u64,
     /// Cursors not updated for this long are deleted. Default 30 days.
     pub cursor_idle_ms: i64,
-    /// At most this many rows are deleted per write transaction. Default 2,000.
+    /// At most this many rows are deleted by one [`crate::EventStore::prune_chunk`] call.
+    /// A backend may split a chunk into smaller write transactions, each atomic (store-sqlite:
+    /// 250 rows each). Default 2,000.
     pub chunk_rows: usize,
 }
 
@@ -37,7 +46,8 @@ impl Default for RetentionPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "step")]
 pub enum PruneStep {
-    /// Delete events with `occurredAt < cutoff`, lowest sequence first.
+    /// Delete events with `occurredAt < cutoff`, lowest sequence first. The cutoff comes from
+    /// the local clock; `occurredAt` is the event's clamped time, not its recording time.
     Age {
         /// The cutoff.
         cutoff: Timestamp,
@@ -134,7 +144,8 @@ pub struct PruneReport {
     pub events_by_cap: u64,
     /// Idle cursors deleted.
     pub cursors: u64,
-    /// Write transactions used.
+    /// [`crate::EventStore::prune_chunk`] calls made (a backend may use more write
+    /// transactions than this).
     pub chunks: u64,
 }
 

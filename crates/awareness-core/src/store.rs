@@ -26,7 +26,8 @@ pub struct Recorded {
 
 /// The durable signal log: events and heads.
 ///
-/// Every method is atomic: it commits completely or not at all.
+/// Every method is atomic: it commits completely or not at all. The exception is
+/// [`EventStore::prune_chunk`], which a backend may commit in several transactions.
 #[async_trait]
 pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Records an event: validates it (nothing is written on error), allocates the next
@@ -59,9 +60,12 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Size and range of the retained log.
     async fn log_stats(&self) -> Result<LogStats, StoreError>;
 
-    /// Runs one bounded chunk of a pruning step in one write transaction, deleting at most
-    /// `max_rows` rows; returns how many were deleted. Event steps stamp the pruned watermark of
-    /// every affected head before deleting, and never create, delete or lower a head.
+    /// Runs one bounded chunk of a pruning step, deleting at most `max_rows` rows; returns how
+    /// many were deleted. A backend may split the chunk into smaller write transactions, each
+    /// atomic (store-sqlite: at most 250 rows per transaction; store-redb: one transaction per
+    /// chunk). Event steps stamp the pruned watermark of every affected head before deleting the
+    /// rows it covers, in the same transaction, so a failure partway leaves every deleted row
+    /// covered by its head's watermark. They never create, delete or lower a head.
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError>;
 
     /// Deletes a session: its events, its head, and the cursors where it is the watcher or the
@@ -84,8 +88,12 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 /// Every method is atomic.
 #[async_trait]
 pub trait CursorStore: Send + Sync {
-    /// Explicit watch: a new cursor at the target's current head, or the existing cursor kept as
-    /// it is. Refuses a self-watch with [`StoreError::InvalidInput`]. Returns the cursor in effect.
+    /// Explicit watch (see [`crate::protocol::watch`]). With no cursor on the target key, a new
+    /// cursor starts at the target's current head. An existing cursor on the same ref (same
+    /// target agent) is kept as it is, pending notice included. An existing cursor on another
+    /// agent's session of the same key is replaced by a new one at this ref's head, and its
+    /// pending notice is dropped (docs/decisions/0008). Refuses a self-watch with
+    /// [`StoreError::InvalidInput`]. Returns the cursor in effect.
     async fn watch(
         &self,
         watcher: &WatcherKey,

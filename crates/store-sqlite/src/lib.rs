@@ -13,15 +13,18 @@
 //!   its `user_version`, are never touched.
 //! - **Atomic.** Recording is one `BEGIN IMMEDIATE` transaction: the event insert (a dedupe hit
 //!   returns the stored row and still spends one sequence, as OpenClaw's AUTOINCREMENT does),
-//!   the head move and every cursor move. Acknowledge, sweep, delete and each pruning chunk are
-//!   one transaction each.
+//!   the head move and every cursor move. Acknowledge, sweep and delete are one transaction
+//!   each; a pruning chunk may take several (below).
 //! - **Crash-safe.** WAL with `synchronous=NORMAL`: a committed record survives a killed
 //!   process; `busy_timeout=5000` makes writers of several processes wait for each other.
 //! - **Protocol once.** Every cursor decision is a call into `awareness_core::protocol`; this
 //!   crate loads what a decision needs and persists what it returns.
-//! - **Pruning off the hot path.** [`EventStore::prune_chunk`] deletes a chunk in write
-//!   transactions of at most 250 rows, releasing the write connection between them, so a
-//!   recording waits behind pruning for a few milliseconds at most; run
+//! - **Pruning off the hot path.** [`EventStore::prune_chunk`] deletes a chunk (at most
+//!   `max_rows` rows; `prune` passes `RetentionPolicy::chunk_rows`, 2,000 by default) in
+//!   write transactions of at most 250 rows, releasing the write connection between them, so
+//!   a recording waits behind one of them, not behind the whole chunk. Each transaction stamps
+//!   the pruned watermarks of the rows it deletes before deleting them, so a failure partway
+//!   leaves every row already deleted covered by its head's watermark. Run
 //!   [`awareness_core::AwarenessStoreExt::prune`] from a background task.
 //!
 //! New files are created with mode 0600 (SQLite gives its `-wal` and `-shm` files the same

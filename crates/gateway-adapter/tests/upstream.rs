@@ -317,6 +317,58 @@ fn truncated_rewritten_replaced_and_deleted_files() {
     assert_eq!(scan(&t, &replaced), CheckOutcome::Missing);
 }
 
+/// A rebase reads back from the end at most a check's budget, like a forward read: a last
+/// line of several MB without its end (or a file without any newline) is skipped to its end
+/// instead of being read back to its start. The turns typed after it still count.
+#[test]
+fn a_rebase_onto_a_line_longer_than_the_budget_reads_no_more_than_the_budget() {
+    const BUDGET: u64 = 64 * 1024;
+    let mut t = Transcript::new();
+    t.human("old history");
+    let stale = jsonl::marker_at_end(&t.path).unwrap();
+    // A tool result being written: 300 KiB so far, no end yet.
+    t.raw(
+        format!(
+            "{{\"type\":\"user\",\"toolUseResult\":\"{}",
+            "x".repeat(300 * 1024)
+        )
+        .as_bytes(),
+    );
+    let size = std::fs::metadata(&t.path).unwrap().len();
+    // Rewritten under the marker: the check rebases.
+    let moved = JsonlMarker {
+        tail: Some("0000000000000000".into()),
+        ..stale
+    };
+    let out = jsonl::scan(&t.path, Some(&moved), &[], BUDGET);
+    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
+    let rebased = marker_of(&out);
+    assert!(
+        rebased.offset >= size - BUDGET,
+        "the rebase looked back past its budget, to {} of {size}",
+        rebased.offset
+    );
+    assert_eq!(rebased.position(), size);
+    // The long line ends, then a person types: one turn, and the long line is not one.
+    t.raw(b"\"}\n");
+    t.human("typed after the long line");
+    assert_eq!(turns(&jsonl::scan(&t.path, Some(&rebased), &[], BUDGET)), 1);
+    // Adopting such a file starts after the long line too.
+    let mut u = Transcript::new();
+    u.raw(&vec![
+        b'y';
+        usize::try_from(MAX_BYTES_PER_TICK).unwrap() + 10
+    ]);
+    let adopted = jsonl::marker_at_end(&u.path).unwrap();
+    assert_eq!(
+        adopted.offset, 10,
+        "adoption looked back past one tick's budget"
+    );
+    u.raw(b"\n");
+    u.human("typed after the adoption");
+    assert_eq!(turns(&jsonl::scan(&u.path, Some(&adopted), &[], BUDGET)), 1);
+}
+
 // ----- the paired-node provider -------------------------------------------------------------------
 
 /// A thread on a paired node: items oldest first; pages are newest first, cursors are indexes.

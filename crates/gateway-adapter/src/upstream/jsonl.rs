@@ -16,7 +16,8 @@
 //!   shrunk (below its last size: an append-only transcript never shrinks), or rewritten under
 //!   the position (the bytes before it changed) is **rebased** ([`CheckOutcome::Rebased`]): the marker moves to the start of the
 //!   file's last line, and what the file held before is not counted (it cannot be told apart
-//!   from old history). A file that no longer exists is [`CheckOutcome::Missing`].
+//!   from old history). Finding that line reads back at most the tick's budget: a last line
+//!   that started before it (an unfinished line of several MB) is skipped to its end. A file that no longer exists is [`CheckOutcome::Missing`].
 //! - **a read that hangs holds one thread, not one a tick**: a path that is not a regular file
 //!   (a FIFO would block its open until a writer came) is refused before it is opened, and a
 //!   link whose previous check is still reading (a hung network mount, say: the monitor's
@@ -56,7 +57,9 @@ const TAIL_BYTES: u64 = 64;
 /// How far a transcript has been read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JsonlMarker {
-    /// The start of the first line not classified yet.
+    /// The start of the first line not classified yet; after a rebase onto a last line that
+    /// started before the bytes it looked at, the first byte looked at (the line is then
+    /// skipped to its end: `partial` is [`LineScanner::skipping`]).
     pub offset: u64,
     /// The file's device.
     pub dev: u64,
@@ -126,46 +129,57 @@ fn tail_of(file: &mut File, pos: u64) -> std::io::Result<String> {
     Ok(format!("{:016x}", upstream::fnv1a64(&buf)))
 }
 
-/// The start of the last line of a file of `size` bytes (its size when the last byte is `\n`).
-fn last_line_start(file: &mut File, size: u64) -> std::io::Result<u64> {
+/// The start of the last line of a file of `size` bytes (its size when the last byte is `\n`),
+/// looking back at most `limit` bytes: `None` when the last line starts before them.
+fn last_line_start(file: &mut File, size: u64, limit: u64) -> std::io::Result<Option<u64>> {
     let mut end = size;
     let mut buf = vec![0u8; CHUNK];
+    let floor = size.saturating_sub(limit);
     if size == 0 {
-        return Ok(0);
+        return Ok(Some(0));
     }
     // The byte before `size` ends the last complete line when it is `\n`.
-    while end > 0 {
-        let start = end.saturating_sub(CHUNK as u64);
+    while end > floor {
+        let start = end.saturating_sub(CHUNK as u64).max(floor);
         let chunk = &mut buf[..(end - start) as usize];
         file.seek(SeekFrom::Start(start))?;
         file.read_exact(chunk)?;
         if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
-            return Ok(start + i as u64 + 1);
+            return Ok(Some(start + i as u64 + 1));
         }
         end = start;
     }
-    Ok(0)
+    Ok((floor == 0).then_some(0))
 }
 
-fn marker_at_end_of(file: &mut File) -> std::io::Result<JsonlMarker> {
+/// The marker at the end of `file`, found reading back at most `limit` bytes (see
+/// [`marker_at_end`]).
+fn marker_at_end_of(file: &mut File, limit: u64) -> std::io::Result<JsonlMarker> {
     let meta = file.metadata()?;
-    let offset = last_line_start(file, meta.len())?;
+    let size = meta.len();
+    let (offset, partial, position) = match last_line_start(file, size, limit)? {
+        Some(offset) => (offset, None, offset),
+        // The last line started before the bytes looked at: it is skipped to its end.
+        None => (size - limit, Some(LineScanner::skipping(limit)), size),
+    };
     let (dev, ino) = identity(&meta);
     Ok(JsonlMarker {
         offset,
         dev,
         ino,
-        size: meta.len(),
-        tail: Some(tail_of(file, offset)?),
-        partial: None,
+        size,
+        tail: Some(tail_of(file, position)?),
+        partial,
     })
 }
 
 /// The marker of a transcript "from now on": at the start of its last line (its end when the
 /// last line is complete), so that nothing already written counts, while a line being written
-/// right now does. Blocking.
+/// right now does. It reads back at most [`MAX_BYTES_PER_TICK`] from the end: a last line that
+/// started before them (an unfinished line of several MB, or a file without any newline) is
+/// skipped to its end, not classified. Blocking.
 pub fn marker_at_end(path: &Path) -> std::io::Result<JsonlMarker> {
-    marker_at_end_of(&mut File::open(path)?)
+    marker_at_end_of(&mut File::open(path)?, MAX_BYTES_PER_TICK)
 }
 
 /// What [`crate::Awareness::adopt`] needs to adopt a transcript for `session`: catalog
@@ -240,7 +254,9 @@ fn try_scan(
     let last = match (why_rebase, marker) {
         (None, Some(last)) => last,
         (why, _) => {
-            let rebased = marker_at_end_of(&mut file)?;
+            // Within the check's budget too: a rebase onto a last line of several MB reads
+            // no more than a forward read would.
+            let rebased = marker_at_end_of(&mut file, budget)?;
             let why = why.unwrap_or("no usable marker");
             debug!(path = %path.display(), reason = why, offset = rebased.offset, "transcript rebased");
             return Ok(CheckOutcome::Rebased {

@@ -336,6 +336,16 @@ impl LineScanner {
         }
     }
 
+    /// A scanner inside a line whose start was not read, `consumed` bytes of it behind: the
+    /// rest of the line is skipped, and the line is [`LineEnd::Malformed`] (a line cannot be
+    /// classified from its middle).
+    pub fn skipping(consumed: u64) -> Self {
+        let mut scanner = Self::new();
+        scanner.malformed();
+        scanner.consumed = consumed;
+        scanner
+    }
+
     /// Consumes `bytes` up to the line's end: returns `Some(i)` when `bytes[i]` is the line's
     /// `\n` (bytes after it are not consumed), `None` when all of `bytes` belong to the line.
     pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {

@@ -165,6 +165,10 @@ impl Shared {
     /// another one in progress waits for it (that one may itself be waiting behind a long
     /// write), instead of returning at once because it claimed the pending commits.
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        #[cfg(test)]
+        if self.flushing.try_lock().is_err() {
+            tests::flush_waits();
+        }
         let _one_at_a_time = lock(&self.flushing);
         if !self.unflushed.swap(false, Ordering::AcqRel) {
             return Ok(());
@@ -708,6 +712,24 @@ mod tests {
         }
     }
 
+    /// Told when a flush finds another one in progress and waits for it.
+    static FLUSH_WAITS: Mutex<Option<std::sync::mpsc::Sender<Flushing>>> = Mutex::new(None);
+
+    /// Called by `flush` when another flush holds the flush lock.
+    pub(super) fn flush_waits() {
+        if let Some(tell) = lock(&FLUSH_WAITS).as_ref() {
+            tell.send(Flushing::Waits).ok();
+        }
+    }
+
+    /// What the second flush of [`a_flush_returns_only_after_the_flush_in_progress_has_committed`]
+    /// did first.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Flushing {
+        Waits,
+        Returned,
+    }
+
     /// What an open in [`a_read_write_open_waits_for_an_abandoned_read_instead_of_refusing`]
     /// did, in order.
     #[derive(Debug)]
@@ -816,28 +838,27 @@ mod tests {
         while shared.unflushed.load(Ordering::Acquire) {
             std::thread::yield_now();
         }
-        // The first flush has claimed the pending commit and waits for the write lock.
-        let (started, running) = std::sync::mpsc::channel();
-        let (returned, answer) = std::sync::mpsc::channel();
+        // The first flush has claimed the pending commit and waits for the write lock. The
+        // second must wait for it rather than return.
+        let (tell, told) = std::sync::mpsc::channel();
+        *lock(&FLUSH_WAITS) = Some(tell.clone());
         let second = {
             let s = Arc::clone(&shared);
             std::thread::spawn(move || {
-                started.send(()).ok();
                 let r = s.flush();
-                returned.send(()).ok();
+                tell.send(Flushing::Returned).ok();
                 r
             })
         };
-        // Once the second flush is under way, it gets 300 ms to return early (it needs a few
-        // microseconds without the lock): a busy machine can only make this check pass
-        // without the lock, never fail with it.
-        running.recv().expect("the second flush starts");
-        let early = answer.recv_timeout(Duration::from_millis(300)).is_ok();
+        // The timeout only keeps the test from hanging.
+        let first_news = told.recv_timeout(Duration::from_mins(1));
+        *lock(&FLUSH_WAITS) = None;
         drop(long_write);
         first.join().expect("first flush").expect("first flush");
         second.join().expect("second flush").expect("second flush");
-        assert!(
-            !early,
+        assert_eq!(
+            first_news,
+            Ok(Flushing::Waits),
             "a flush returned while the flush holding the pending commits had not committed"
         );
     }

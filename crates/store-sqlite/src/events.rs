@@ -339,7 +339,7 @@ impl EventStore for SqliteStore {
     /// transaction (a few milliseconds), not behind the whole chunk. Each transaction stamps
     /// the watermarks of what it deletes before deleting it, so every commit point keeps the
     /// invariants; the result is the same as one transaction of `max_rows` (the test
-    /// `tests/pruning.rs` compares it with the reference store).
+    /// the workspace's `tests/tests/pruning_chunks.rs` compares it with the reference store).
     async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
         let mut total = 0usize;
         while total < max_rows {

@@ -1,12 +1,12 @@
 //! A pruning chunk larger than one pruning write transaction (store-sqlite splits chunks so
-//! that recordings wait for milliseconds) ends exactly as the reference store's chunk does.
+//! that recordings wait for milliseconds) ends exactly as the reference store's chunk does, on
+//! every durable backend. (Here, not in a store's own tests: no store depends on another.)
 
 use awareness_core::{
     ActorType, AwarenessStore, CursorFilter, EventKind, EventStore, NewEvent, PruneStep,
     SessionRef, Timestamp, WatcherKey,
 };
-use store_memory::MemoryStore;
-use store_sqlite::SqliteStore;
+use awareness_e2e::backends;
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 const DAY: i64 = Timestamp::DAY_MS;
@@ -42,13 +42,15 @@ async fn observe(store: &dyn AwarenessStore) -> String {
 
 #[tokio::test]
 async fn chunks_larger_than_one_transaction_match_the_reference() {
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = SqliteStore::open(dir.path().join("state.sqlite"))
-        .await
-        .unwrap();
-    let memory = MemoryStore::new();
-    fill(&sqlite).await;
-    fill(&memory).await;
+    let mut all = backends().await.into_iter();
+    let memory = all.next().expect("the memory backend first");
+    assert_eq!(memory.name, "memory");
+    let durable: Vec<_> = all.collect();
+    assert!(!durable.is_empty());
+    fill(&*memory.store).await;
+    for b in &durable {
+        fill(&*b.store).await;
+    }
     let later = T0.plus_ms(40 * DAY);
     let steps = [
         (
@@ -69,18 +71,21 @@ async fn chunks_larger_than_one_transaction_match_the_reference() {
         (PruneStep::Cursors { cutoff: later }, 1_000, 7),
     ];
     for (step, bound, expected) in steps {
-        let got = sqlite.prune_chunk(&step, bound).await.unwrap();
-        let want = memory.prune_chunk(&step, bound).await.unwrap();
-        assert_eq!(
-            (got, want),
-            (expected, expected),
-            "{step:?} bounded by {bound}"
-        );
-        assert_eq!(
-            observe(&sqlite).await,
-            observe(&memory).await,
-            "after {step:?}"
-        );
+        let want = memory.store.prune_chunk(&step, bound).await.unwrap();
+        assert_eq!(want, expected, "memory: {step:?} bounded by {bound}");
+        let reference = observe(&*memory.store).await;
+        for b in &durable {
+            let got = b.store.prune_chunk(&step, bound).await.unwrap();
+            assert_eq!(got, expected, "{}: {step:?} bounded by {bound}", b.name);
+            assert_eq!(
+                observe(&*b.store).await,
+                reference,
+                "{}: after {step:?}",
+                b.name
+            );
+        }
     }
-    sqlite.close().await;
+    for b in durable {
+        b.store.close().await;
+    }
 }

@@ -1,17 +1,67 @@
 //! Opening files: what is refused (and left untouched), what is shared, which schemas and modes
-//! a file reopens in. (What survives a reopen is the shared durable suite's, in
-//! `tests/conformance.rs`.)
+//! a file reopens in. The shared open suite (a directory, a missing directory, a file that is
+//! not a store and a truncated one refused and left untouched, an empty file becoming a new
+//! store) runs in each setup of the store; the checks below are redb's own. (What survives a
+//! reopen is the shared durable suite's, in `tests/conformance.rs`.)
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use awareness_core::testkit::{RawAccess, Subject};
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
-    SessionRef, StoreError, Timestamp, WatcherKey,
+    SessionRef, StoreError, Timestamp, WatcherKey, async_trait,
 };
 use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use store_redb::{Durability, RedbOptions, RedbStore};
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+struct Raw(Arc<RedbStore>);
+
+#[async_trait]
+impl RawAccess for Raw {
+    async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError> {
+        self.0.delete_event_row(sequence).await.map(drop)
+    }
+}
+
+/// Opens `path` read-write with `options` as a [`Subject`].
+async fn open_subject(path: PathBuf, options: RedbOptions) -> Result<Subject, StoreError> {
+    let store = Arc::new(RedbStore::open_with(path, options).await?);
+    Ok(Subject {
+        store: store.clone(),
+        upstream: store.clone(),
+        raw: Arc::new(Raw(store)),
+        guard: Box::new(()),
+    })
+}
+
+/// Stamps the shared open suite for one setup of the store: `$name` is the module, `$options`
+/// the [`RedbOptions`] each open uses (the setups of `tests/conformance.rs`: live readers and
+/// the bounded durability each change how a file is opened).
+macro_rules! open_setup {
+    ($name:ident, $options:expr) => {
+        mod $name {
+            use super::{PathBuf, RedbOptions, StoreError, Subject};
+
+            async fn open(path: PathBuf) -> Result<Subject, StoreError> {
+                let options: RedbOptions = $options;
+                super::open_subject(path, options).await
+            }
+
+            awareness_core::open_suite!(open);
+        }
+    };
+}
+
+open_setup!(immediate, RedbOptions::default());
+open_setup!(live_readers, RedbOptions::default().live_readers(true));
+open_setup!(
+    bounded,
+    RedbOptions::bounded(std::time::Duration::from_millis(50))
+);
 
 fn child() -> SessionRef {
     SessionRef::parse("agent:main:subagent:child", "main").unwrap()
@@ -122,27 +172,6 @@ async fn a_missing_file_without_create_is_refused_and_not_created() {
     let err = RedbStore::open_with(&path, no_create()).await.unwrap_err();
     assert_open_error(&err, &path, "no such file");
     assert!(!path.exists(), "nothing was created");
-    let err = RedbStore::open(dir.path().join("no-such-dir/state.redb"))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
-}
-
-#[tokio::test]
-async fn a_directory_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let err = RedbStore::open(dir.path()).await.unwrap_err();
-    assert_open_error(&err, dir.path(), "not a regular file");
-}
-
-#[tokio::test]
-async fn an_empty_file_becomes_a_new_store() {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    let store = RedbStore::open_with(file.path(), no_create())
-        .await
-        .unwrap();
-    let rec = store.record(human(&child()), T0).await.unwrap();
-    assert_eq!(rec.event.sequence, Sequence(1));
 }
 
 #[cfg(unix)]

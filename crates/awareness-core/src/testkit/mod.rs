@@ -18,9 +18,11 @@
 //! [`group_commit`].
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
-//! the checks of [`durable`]: reopening, two handles on one file, and a cancelled write. Those
-//! that can open a file read-only stamp [`read_only_suite!`](crate::read_only_suite), the checks
-//! of [`read_only`].
+//! the checks of [`durable`]: reopening, two handles on one file, and a cancelled write; and
+//! [`open_suite!`](crate::open_suite), the checks of [`open`]: what a read-write open refuses
+//! and leaves untouched (a directory, a missing directory, a file that is not a store, a
+//! truncated one), and an empty file becoming a new store. Those that can open a file read-only
+//! stamp [`read_only_suite!`](crate::read_only_suite), the checks of [`read_only`].
 
 use std::any::Any;
 use std::fmt::Write as _;
@@ -41,6 +43,7 @@ pub mod durable;
 pub mod group_commit;
 pub mod hooked;
 pub mod model;
+pub mod open;
 pub mod read_only;
 
 pub use proptest;
@@ -53,8 +56,8 @@ pub trait RawAccess: Send + Sync {
     async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError>;
 }
 
-/// The store factory of the file suites ([`durable`], [`read_only`]): an async function that
-/// opens the file it is given as a [`Subject`], such as
+/// The store factory of the file suites ([`durable`], [`read_only`], [`open`]): an async
+/// function that opens the file it is given as a [`Subject`], such as
 /// `async fn open(path: PathBuf) -> Result<Subject, StoreError>`.
 pub trait OpenFile: AsyncFn(PathBuf) -> Result<Subject, StoreError> {}
 
@@ -381,6 +384,36 @@ macro_rules! __read_only_tests {
                 $crate::testkit::block_on_threads(
                     $crate::testkit::read_only::$name($open, $open_read_only),
                 );
+            }
+        )*
+    };
+}
+
+/// Stamps one named `#[test]` per check of what a read-write open refuses and accepts ([`open`])
+/// for a store factory (`async fn(PathBuf) -> Result<Subject, StoreError>`: open the given file
+/// read-write with the store's default options, creating it when missing).
+#[macro_export]
+macro_rules! open_suite {
+    ($open:path) => {
+        $crate::__open_tests!(
+            $open;
+            a_directory_is_refused,
+            a_missing_directory_is_not_created,
+            a_file_that_is_not_a_store_is_refused_and_left_untouched,
+            a_truncated_file_is_refused_and_left_untouched,
+            an_empty_file_becomes_a_new_store,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __open_tests {
+    ($open:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testkit::block_on_threads($crate::testkit::open::$name($open));
             }
         )*
     };

@@ -1,0 +1,171 @@
+//! What a read-write open does with a path that holds no store yet, or no usable one, checked
+//! the same way on every durable store: a directory, a missing directory, a file that is not a
+//! store and a truncated store are refused with a [`StoreError::Open`] naming the path, and
+//! leave everything as it was (nothing created, nothing written); an empty file becomes a new
+//! store. store-memory has no file and does not run these.
+//!
+//! A store provides an async factory that opens the file it is given read-write with its
+//! default options (creating it when missing) and stamps the checks with
+//! [`crate::open_suite!`]:
+//!
+//! ```text
+//! async fn open(path: std::path::PathBuf)
+//!     -> Result<awareness_core::testkit::Subject, awareness_core::StoreError>
+//! { /* open the store on that file */ }
+//! awareness_core::open_suite!(open);
+//! ```
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::Path;
+
+use super::checks::{T0, child, human, log_only, r, rec};
+use super::durable::open;
+use super::{OpenFile, Scratch};
+use crate::error::StoreError;
+use crate::model::Sequence;
+use crate::store::AwarenessStoreExt as _;
+
+/// Every entry of `dir`, by name: a file's bytes, or `None` for a directory (and its entries,
+/// by their path under `dir`).
+fn contents(dir: &Path) -> BTreeMap<OsString, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("list the directory") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().expect("a name").to_owned();
+        if path.is_dir() {
+            for (inner, bytes) in contents(&path) {
+                let mut nested = name.clone();
+                nested.push("/");
+                nested.push(inner);
+                out.insert(nested, bytes);
+            }
+            out.insert(name, None);
+        } else {
+            out.insert(name, Some(std::fs::read(&path).expect("read a file")));
+        }
+    }
+    out
+}
+
+/// Opens `path` read-write through `f` and asserts that the open is refused with a
+/// [`StoreError::Open`] naming `path`, with a reason, in a message that names it too; and that
+/// everything in `dir` is byte for byte as it was before.
+async fn assert_refused(what: &str, f: &impl OpenFile, path: &Path, dir: &Scratch) {
+    let before = contents(dir.path());
+    let Err(err) = f(path.to_path_buf()).await else {
+        panic!("{what}: the open succeeded");
+    };
+    match &err {
+        StoreError::Open {
+            path: named,
+            reason,
+            ..
+        } => {
+            assert_eq!(named, path, "{what}: the refusal names the path");
+            assert!(!reason.is_empty(), "{what}: the refusal gives a reason");
+        }
+        other => panic!("{what}: expected StoreError::Open, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains(&path.display().to_string()),
+        "{what}: the message names the path: {text}"
+    );
+    let after = contents(dir.path());
+    assert!(
+        after == before,
+        "{what}: a refused open created, removed or wrote nothing: before {:?}, after {:?}",
+        sizes(&before),
+        sizes(&after)
+    );
+}
+
+/// The names and sizes of [`contents`] (`None` for a directory), for a message.
+fn sizes(contents: &BTreeMap<OsString, Option<Vec<u8>>>) -> Vec<(&OsString, Option<usize>)> {
+    contents
+        .iter()
+        .map(|(name, bytes)| (name, bytes.as_ref().map(Vec::len)))
+        .collect()
+}
+
+/// A directory where the file should be is refused, and left as it was (with what it holds).
+pub async fn a_directory_is_refused(f: impl OpenFile) {
+    let dir = Scratch::new("open");
+    let file = dir.file();
+    std::fs::create_dir(&file).expect("a directory at the store's path");
+    std::fs::write(file.join("inside"), b"somebody's file").expect("a file in it");
+    assert_refused("a directory", &f, &file, &dir).await;
+}
+
+/// A file in a directory that does not exist is refused, and the directory is not created.
+pub async fn a_missing_directory_is_not_created(f: impl OpenFile) {
+    let dir = Scratch::new("open");
+    let missing = dir.path().join("missing");
+    let file = missing.join("state");
+    assert_refused("a file in a missing directory", &f, &file, &dir).await;
+    assert!(!missing.exists(), "the missing directory was not created");
+}
+
+/// A file that is not a store (text, long enough to look like a header and to span pages) is
+/// refused and left byte for byte as it was, with nothing created beside it.
+pub async fn a_file_that_is_not_a_store_is_refused_and_left_untouched(f: impl OpenFile) {
+    let dir = Scratch::new("open");
+    let file = dir.file();
+    let text = "these are somebody's notes, not a database\n".repeat(2_000);
+    std::fs::write(&file, &text).expect("a text file");
+    assert_refused("a text file", &f, &file, &dir).await;
+}
+
+/// A store's file cut to half its length (a copy that stopped midway, a full disk) is refused
+/// and left byte for byte as it was, with nothing created beside it: an open must neither
+/// repair it nor start a new store over it.
+pub async fn a_truncated_file_is_refused_and_left_untouched(f: impl OpenFile) {
+    let dir = Scratch::new("open");
+    let file = dir.file();
+    let t = open(&f, &file).await;
+    let summary = "x".repeat(150);
+    for i in 0..500 {
+        let session = r(&format!("agent:main:subagent:s{}", i % 10), "main");
+        rec(&*t.store, log_only(&session, &summary), T0).await;
+    }
+    t.close().await;
+    let len = std::fs::metadata(&file).expect("metadata").len();
+    assert!(len >= 64 * 1024, "the store spans many pages: {len} bytes");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .and_then(|file| file.set_len(len / 2))
+        .expect("truncate the file");
+    assert_refused("a truncated store", &f, &file, &dir).await;
+}
+
+/// An empty file (created beforehand, as a deployment tool may) is opened as a new store: it
+/// records from sequence 1, and what it recorded is there after a reopen.
+pub async fn an_empty_file_becomes_a_new_store(f: impl OpenFile) {
+    let dir = Scratch::new("open");
+    let file = dir.file();
+    std::fs::write(&file, b"").expect("an empty file");
+    let kid = child();
+    let t = open(&f, &file).await;
+    assert_eq!(
+        t.store.log_stats().await.expect("stats").rows,
+        0,
+        "an empty file holds no events"
+    );
+    let first = rec(&*t.store, human(&kid), T0).await;
+    assert_eq!(first.event.sequence, Sequence(1), "a new store starts at 1");
+    t.close().await;
+    assert!(
+        std::fs::metadata(&file).expect("metadata").len() > 0,
+        "the store was written into the empty file"
+    );
+    let t = open(&f, &file).await;
+    assert_eq!(
+        t.store.state_version(&kid).await.expect("version"),
+        Sequence(1),
+        "the new store's event is there after a reopen"
+    );
+    let next = rec(&*t.store, human(&kid), T0).await;
+    assert_eq!(next.event.sequence, Sequence(2));
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use awareness_core::{
-    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
+    ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, Sequence,
     SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use store_sqlite::SqliteStore;
@@ -39,23 +39,69 @@ fn target(i: usize) -> SessionRef {
     SessionRef::parse(&format!("agent:main:subagent:t{i}"), "main").unwrap()
 }
 
-/// Everything the killed writers reported must be there, heads must equal the highest
-/// committed sequence of their ref, and every cursor must have moved with its event.
-async fn verify_after_crash(db: &Path, reported: &BTreeMap<u64, usize>) {
+/// One line of the torture writer: `<sequence> <target> <write transactions> <stored|hit>
+/// <dedupe key|->`, the event a recording returned (for a dedupe hit, the event stored first).
+struct Report {
+    sequence: u64,
+    target: usize,
+    write_transactions: u64,
+    hit: bool,
+    dedupe_key: Option<String>,
+}
+
+fn parse_report(line: &str) -> Report {
+    let bad = || panic!("bad report line {line:?}");
+    let parts: Vec<&str> = line.split(' ').collect();
+    let [sequence, target, txns, outcome, key] = parts.as_slice() else {
+        bad()
+    };
+    let hit = match *outcome {
+        "stored" => false,
+        "hit" => true,
+        _ => bad(),
+    };
+    let dedupe_key = (*key != "-").then(|| (*key).to_owned());
+    assert!(
+        !hit || dedupe_key.is_some(),
+        "a hit without a dedupe key: {line:?}"
+    );
+    Report {
+        sequence: sequence.parse().unwrap_or_else(|_| bad()),
+        target: target.parse().unwrap_or_else(|_| bad()),
+        write_transactions: txns.parse().unwrap_or_else(|_| bad()),
+        hit,
+        dedupe_key,
+    }
+}
+
+/// Everything the killed writers reported must be there (a dedupe hit's sequence too: it is
+/// the stored event's), with its target and dedupe key; heads must equal the highest committed
+/// sequence of their ref; every cursor must have moved with its event; and the sequence counter
+/// must not go back. `reported` maps each sequence to its target and dedupe key. Returns the
+/// sequence of the event recorded after the checks.
+async fn verify_after_crash(
+    db: &Path,
+    reported: &BTreeMap<u64, (usize, Option<String>)>,
+    round: usize,
+) -> u64 {
     let store = SqliteStore::open(db).await.expect("reopen after SIGKILL");
     let events = store
         .events_after(Sequence::ZERO, usize::MAX)
         .await
         .unwrap();
-    let present: BTreeMap<u64, &str> = events
-        .iter()
-        .map(|e| (e.sequence.get(), e.session_key.as_str()))
-        .collect();
-    for (seq, t) in reported {
+    let present: BTreeMap<u64, &Event> = events.iter().map(|e| (e.sequence.get(), &**e)).collect();
+    for (seq, (t, key)) in reported {
+        let e = present.get(seq).unwrap_or_else(|| {
+            panic!("round {round}: reported sequence {seq} is missing after the crash")
+        });
         assert_eq!(
-            present.get(seq).copied(),
-            Some(target(*t).session_key.as_str()),
-            "reported sequence {seq} is missing after the crash"
+            e.session_key,
+            target(*t).session_key,
+            "round {round}: reported sequence {seq} is on another target"
+        );
+        assert_eq!(
+            &e.dedupe_key, key,
+            "round {round}: reported sequence {seq} has another dedupe key"
         );
     }
     let watcher = WatcherKey::parse(WATCHER).unwrap();
@@ -69,40 +115,85 @@ async fn verify_after_crash(db: &Path, reported: &BTreeMap<u64, usize>) {
             .unwrap_or_default();
         let reported_max = reported
             .iter()
-            .filter(|(_, x)| **x == t)
+            .filter(|(_, (x, _))| *x == t)
             .map(|(s, _)| Sequence(*s))
             .max()
             .unwrap_or_default();
         let head = store.state_version(&r).await.unwrap();
         assert_eq!(
             head, committed_max,
-            "head of {r} is its highest committed sequence"
+            "round {round}: head of {r} is its highest committed sequence"
         );
         assert!(
             head >= reported_max,
-            "head of {r} covers every reported sequence"
+            "round {round}: head of {r} covers every reported sequence"
         );
-        if let Some(c) = store.cursor(&watcher, &r.session_key).await.unwrap() {
-            // Every event of the torture writer is material to the watcher: the cursor moved in
-            // the same transaction as the event, or neither happened.
-            assert_eq!(c.material, head, "cursor on {r} torn: {c:?}");
-            assert!(c.is_well_formed(), "{c:?}");
-            assert!(
-                c.notified == c.last_seen || present.contains_key(&c.notified.get()),
-                "the frozen watermark names a committed event: {c:?}"
-            );
-        }
+        // The writer committed its watches before it reported anything.
+        let c = store
+            .cursor(&watcher, &r.session_key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: the watcher's cursor on {r} is missing"));
+        // Every event of the torture writer is material to the watcher: the cursor moved in
+        // the same transaction as the event, or neither happened.
+        assert_eq!(c.material, head, "round {round}: cursor on {r} torn: {c:?}");
+        assert!(c.is_well_formed(), "round {round}: {c:?}");
+        assert!(
+            c.notified == c.last_seen || present.contains_key(&c.notified.get()),
+            "round {round}: the frozen watermark names a committed event: {c:?}"
+        );
     }
+    // The counter never goes back: the next sequence is above everything present and above
+    // every sequence a writer ever reported (nothing committed is lost on a process kill, so
+    // the second follows from the first; it is checked anyway).
+    let max_present = present.keys().next_back().copied().unwrap_or(0);
+    let handed_out = reported.keys().next_back().copied().unwrap_or(0);
+    let next = store
+        .record(
+            NewEvent::new(
+                target(0),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "human message after the crash",
+            ),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap()
+        .event
+        .sequence
+        .get();
+    assert!(
+        next > max_present,
+        "round {round}: sequence {next} reused (max present {max_present})"
+    );
+    assert!(
+        next > handed_out,
+        "round {round}: sequence {next} handed out again (writers reported up to {handed_out})"
+    );
     store.close().await;
+    next
 }
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
+    const KILLS: usize = 30;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("crash.sqlite");
     let rt = runtime();
-    let mut reported: BTreeMap<u64, usize> = BTreeMap::new();
-    for round in 0..30 {
+    // Every sequence reported, stored or as a dedupe hit, with its target and dedupe key.
+    let mut reported: BTreeMap<u64, (usize, Option<String>)> = BTreeMap::new();
+    // The sequences reported as stored (not as a dedupe hit).
+    let mut stored: BTreeSet<u64> = BTreeSet::new();
+    let mut hits_total = 0;
+    // Hits on an event stored by an earlier, killed writer, and the sequence below which
+    // every event was stored by one.
+    let mut hits_across = 0;
+    let mut earlier_writers = 0;
+    // Each writer's highest write-transaction count: its watches, recordings and
+    // acknowledgements.
+    let mut txns_total = 0;
+    for round in 0..KILLS {
         let mut child = Command::new(TORTURE)
             .args(["record", db.to_str().unwrap(), &TARGETS.to_string()])
             .stdout(Stdio::piped())
@@ -130,17 +221,57 @@ fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
         reader.join().unwrap();
         let mut lines: Vec<String> = first.into_iter().collect();
         lines.extend(rx.try_iter());
+        let mut txns = 0;
         for line in lines {
-            let (seq, t) = line.split_once(' ').expect("'<sequence> <target>'");
-            let seq: u64 = seq.parse().unwrap();
-            assert!(
-                reported.insert(seq, t.parse().unwrap()).is_none(),
-                "sequence {seq} reported twice"
-            );
+            let r = parse_report(&line);
+            txns = txns.max(r.write_transactions);
+            let entry = (r.target, r.dedupe_key);
+            if r.hit {
+                hits_total += 1;
+                if r.sequence < earlier_writers {
+                    hits_across += 1;
+                }
+                // The stored event of the key, reported before or not: the same event.
+                if let Some(earlier) = reported.insert(r.sequence, entry.clone()) {
+                    assert_eq!(
+                        earlier, entry,
+                        "round {round}: the hit on sequence {} names another event",
+                        r.sequence
+                    );
+                }
+            } else {
+                assert!(
+                    stored.insert(r.sequence),
+                    "round {round}: sequence {} reported stored twice",
+                    r.sequence
+                );
+                // A hit may have named it before (its line came first): the same event.
+                if let Some(earlier) = reported.insert(r.sequence, entry.clone()) {
+                    assert_eq!(
+                        earlier, entry,
+                        "round {round}: sequence {} reported as two events",
+                        r.sequence
+                    );
+                }
+            }
         }
-        rt.block_on(verify_after_crash(&db, &reported));
+        txns_total += txns;
+        earlier_writers = rt.block_on(verify_after_crash(&db, &reported, round));
     }
-    assert!(reported.len() >= 30);
+    let stored_total = stored.len();
+    let recordings = (stored_total + hits_total) as u64;
+    eprintln!(
+        "{KILLS} kills, {recordings} reported recordings ({stored_total} stored, {hits_total} dedupe hits, {hits_across} of them on an event of an earlier writer) in at most {txns_total} write transactions (recordings, acknowledgements, watches)"
+    );
+    assert!(stored_total >= KILLS);
+    assert!(
+        hits_across > 0,
+        "no dedupe hit on an event stored before a crash happened"
+    );
+    assert!(
+        txns_total < recordings,
+        "group commit never batched: {recordings} recordings took {txns_total} transactions"
+    );
 }
 
 #[test]

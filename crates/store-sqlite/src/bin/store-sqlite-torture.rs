@@ -3,13 +3,18 @@
 //! another user.
 //!
 //! ```text
-//! store-sqlite-torture record <db> <targets>        record forever, print "<sequence> <target>" per commit
+//! store-sqlite-torture record <db> <targets>        record forever from 4 tasks, print a line per recording
 //! store-sqlite-torture batch <db> <tag> <count>     record <count> events, print each sequence, exit 0
 //! store-sqlite-torture open <db>                    open once; exit 0, or print the error and exit 2
 //! ```
+//!
+//! `record` prints `<sequence> <target> <write transactions> <stored|hit> <dedupe key|->` after
+//! each recording returned: the returned event's sequence and target (for a dedupe hit, the
+//! event stored first), and the handle's write-transaction count read after it returned.
 
 use std::io::Write as _;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use awareness_core::{
     ActorType, CursorStore, EventKind, EventStore, NewEvent, SessionKey, SessionRef, Timestamp,
@@ -34,22 +39,72 @@ fn human(session: &SessionRef) -> NewEvent {
     .with_actor_id("user-1")
 }
 
+/// Concurrent recording tasks of `record`, so group commit puts several in one transaction.
+const RECORDERS: usize = 4;
+
 async fn record_forever(db: &str, targets: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let store = SqliteStore::open(db).await?;
+    let store = Arc::new(SqliteStore::open(db).await?);
     let watcher = WatcherKey::parse(WATCHER)?;
     for i in 0..targets {
         store.watch(&watcher, &target(i), Timestamp::now()).await?;
     }
-    let mut out = std::io::stdout().lock();
-    for i in 0usize.. {
-        let t = i % targets;
-        let rec = store.record(human(&target(t)), Timestamp::now()).await?;
-        writeln!(out, "{} {t}", rec.event.sequence)?;
-        out.flush()?;
-        if i % 7 == 3 {
-            let key = SessionKey::new(target(t).session_key.as_str())?;
+    let tasks: Vec<_> = (0..RECORDERS)
+        .map(|k| tokio::spawn(recorder(Arc::clone(&store), targets, k)))
+        .collect();
+    for t in tasks {
+        t.await?.map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    Ok(())
+}
+
+/// The dedupe key of call `n` of this process, on every tenth call: one of a few keys shared
+/// by every process (stored once, then a hit in every later process, across crashes); a new
+/// key; or the key of call `n - 10` again (a hit, often in the same group commit).
+fn dedupe_key(n: usize) -> Option<String> {
+    let pid = std::process::id();
+    match n % 30 {
+        9 => Some(format!("torture-shared-{}", (n / 30) % 4)),
+        19 => Some(format!("torture-{pid}-{n}")),
+        29 => Some(format!("torture-{pid}-{}", n - 10)),
+        _ => None,
+    }
+}
+
+/// One recording task: calls `k`, `k + RECORDERS`, ... of the process.
+async fn recorder(
+    store: Arc<SqliteStore>,
+    targets: usize,
+    k: usize,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let watcher = WatcherKey::parse(WATCHER)?;
+    let keys: Vec<SessionKey> = (0..targets).map(|i| target(i).session_key).collect();
+    for n in (k..).step_by(RECORDERS) {
+        let t = n % targets;
+        let mut e = human(&target(t));
+        let key = dedupe_key(n);
+        if let Some(key) = &key {
+            e = e.with_dedupe_key(key.clone());
+        }
+        let rec = store.record(e, Timestamp::now()).await?;
+        let returned = keys
+            .iter()
+            .position(|s| *s == rec.event.session_key)
+            .ok_or("the returned event is on no target")?;
+        let line = format!(
+            "{} {returned} {} {} {}\n",
+            rec.event.sequence,
+            store.write_transactions(),
+            if rec.deduplicated { "hit" } else { "stored" },
+            key.as_deref().unwrap_or("-"),
+        );
+        {
+            let mut out = std::io::stdout().lock();
+            out.write_all(line.as_bytes())?;
+            out.flush()?;
+        }
+        if n % 7 == 3 {
             store
-                .acknowledge(&watcher, &[key], Timestamp::now())
+                .acknowledge(&watcher, &keys[t..=t], Timestamp::now())
                 .await?;
         }
     }

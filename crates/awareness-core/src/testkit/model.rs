@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{Value, json};
 
 use super::Subject;
 use crate::model::{
@@ -23,6 +24,7 @@ use crate::protocol::{self, Notice};
 use crate::reconcile::{self, ChangesPage};
 use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
 use crate::store::AwarenessStoreExt;
+use crate::upstream::{self, LinkSpec, UpstreamLink};
 
 const KEYS: [&str; 4] = [
     "agent:main:main",
@@ -91,6 +93,10 @@ pub enum Op {
         max_rows: u64,
         /// Chunk size.
         chunk: usize,
+        /// Age limit of events (mostly hours, so the age step runs).
+        max_age_ms: i64,
+        /// Idle limit of cursors (mostly hours or seconds, so the idle-cursor step runs).
+        cursor_idle_ms: i64,
     },
     /// Session reset.
     Reset {
@@ -116,7 +122,71 @@ pub enum Op {
         /// Milliseconds.
         ms: i64,
     },
+    /// `cursors(filter)` with a random filter.
+    Cursors {
+        /// Watcher key index into `KEYS` (`global` matches nothing).
+        watcher: Option<usize>,
+        /// Target key index.
+        target: Option<usize>,
+        /// Only pending cursors.
+        pending: bool,
+    },
+    /// `cursor(watcher, target)`.
+    Cursor {
+        /// Watcher index.
+        watcher: usize,
+        /// Key index.
+        key: usize,
+    },
+    /// `refreeze(keys)`: quiet, missing and repeated keys among them.
+    Refreeze {
+        /// (watcher index, key index) pairs.
+        keys: Vec<(usize, usize)>,
+    },
+    /// `events_after(after, limit)`.
+    EventsAfter {
+        /// Reduced modulo (the last allocated sequence + 3), so it spans `0..=last + 2`.
+        after: u64,
+        /// The limit.
+        limit: usize,
+    },
+    /// `upsert_link` of a source from a small pool.
+    Adopt {
+        /// Session index.
+        session: usize,
+        /// Source index into `SOURCES`.
+        source: usize,
+        /// Starting marker.
+        marker: Option<u8>,
+    },
+    /// `set_marker` with the link's token (0), a stale one (1) or `now` (2).
+    SetMarker {
+        /// Session index.
+        session: usize,
+        /// Which token.
+        token: u8,
+        /// The marker.
+        marker: u8,
+    },
+    /// `mark_scanned`.
+    MarkScanned {
+        /// Session index.
+        session: usize,
+    },
+    /// `remove_link` without token, or with the link's (0) or a stale (1) one.
+    RemoveLink {
+        /// Session index.
+        session: usize,
+        /// Which token.
+        token: Option<u8>,
+    },
 }
+
+/// Upstream ops use the first sessions of the pool only, so that they meet the same links.
+const LINKED: usize = 3;
+
+/// Upstream sources: (thread, reference path).
+const SOURCES: [(&str, Option<&str>); 3] = [("t1", Some("/a")), ("t1", None), ("t2", Some("/b"))];
 
 fn record_strategy() -> impl Strategy<Value = Op> {
     let n = KEYS.len() * AGENTS.len();
@@ -151,13 +221,73 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (0..WATCHERS.len(), proptest::collection::vec(0..KEYS.len(), 0..3))
             .prop_map(|(watcher, keys)| Op::Ack { watcher, keys }),
         1 => any::<u8>().prop_map(|exists| Op::Sweep { exists }),
-        1 => (0u64..25, 1usize..6).prop_map(|(max_rows, chunk)| Op::Prune { max_rows, chunk }),
+        2 => (0u64..25, 1usize..6, age_ms(), idle_ms()).prop_map(
+            |(max_rows, chunk, max_age_ms, cursor_idle_ms)| Op::Prune { max_rows, chunk, max_age_ms, cursor_idle_ms }
+        ),
         1 => (0..KEYS.len()).prop_map(|key| Op::Reset { key }),
         1 => (0..n).prop_map(|session| Op::Delete { session }),
         2 => (0..n, 0u64..40, 0usize..8).prop_map(|(session, after, limit)| Op::Reconcile { session, after, limit }),
-        1 => prop_oneof![0i64..5_000, Just(Timestamp::HOUR_MS * 2), Just(Timestamp::DAY_MS * 11)]
+        2 => prop_oneof![0i64..5_000, Just(Timestamp::HOUR_MS * 2), Just(Timestamp::DAY_MS * 11)]
             .prop_map(|ms| Op::Advance { ms }),
+        2 => (
+            proptest::option::of(0..KEYS.len()),
+            proptest::option::of(0..KEYS.len()),
+            any::<bool>(),
+        )
+            .prop_map(|(watcher, target, pending)| Op::Cursors { watcher, target, pending }),
+        1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Cursor { watcher, key }),
+        2 => proptest::collection::vec((0..WATCHERS.len(), 0..KEYS.len()), 0..6)
+            .prop_map(|keys| Op::Refreeze { keys }),
+        2 => (
+            0u64..1_000,
+            prop_oneof![8 => 1usize..=5, 1 => Just(0usize), 1 => Just(usize::MAX / 2)],
+        )
+            .prop_map(|(after, limit)| Op::EventsAfter { after, limit }),
+        2 => (0..LINKED, 0..SOURCES.len(), proptest::option::of(0u8..3))
+            .prop_map(|(session, source, marker)| Op::Adopt { session, source, marker }),
+        1 => (0..LINKED, 0u8..3, 0u8..3)
+            .prop_map(|(session, token, marker)| Op::SetMarker { session, token, marker }),
+        1 => (0..LINKED).prop_map(|session| Op::MarkScanned { session }),
+        1 => (0..LINKED, proptest::option::of(0u8..2))
+            .prop_map(|(session, token)| Op::RemoveLink { session, token }),
     ]
+}
+
+/// An age limit: mostly 1 h to 48 h in whole hours (so an event's `occurredAt`, also in whole
+/// hours, can fall exactly on the cutoff), sometimes the default 30 days.
+fn age_ms() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => (1i64..=48).prop_map(|h| h * Timestamp::HOUR_MS),
+        1 => Just(RetentionPolicy::default().max_age_ms),
+    ]
+}
+
+/// An idle limit of cursors: hours as [`age_ms`] (often exactly one [`Op::Advance`] jump, so a
+/// cursor's `updated_at` can fall on the cutoff), or seconds (the clock mostly moves by
+/// seconds), sometimes the default.
+fn idle_ms() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        2 => (1i64..=48).prop_map(|h| h * Timestamp::HOUR_MS),
+        1 => Just(Timestamp::HOUR_MS * 2),
+        2 => (1i64..=5).prop_map(|s| s * 1_000),
+        1 => Just(RetentionPolicy::default().cursor_idle_ms),
+    ]
+}
+
+fn link_spec(r: SessionRef, source: usize, marker: Option<u8>) -> LinkSpec {
+    let (thread, path) = SOURCES[source];
+    let mut spec = LinkSpec::new(r, "claude-code", "local", thread, "local-jsonl");
+    if let Some(p) = path {
+        spec = spec.with_ref(json!({ "path": p }));
+    }
+    if let Some(m) = marker {
+        spec = spec.with_marker(marker_value(m));
+    }
+    spec
+}
+
+fn marker_value(m: u8) -> Value {
+    json!({ "offset": u32::from(m) * 10 })
 }
 
 fn session(i: usize) -> SessionRef {
@@ -177,6 +307,7 @@ pub struct Model {
     events: Vec<Arc<Event>>,
     heads: BTreeMap<SessionRef, Head>,
     cursors: BTreeMap<CursorKey, Cursor>,
+    links: BTreeMap<SessionRef, UpstreamLink>,
 }
 
 impl Model {
@@ -346,6 +477,7 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
 
 async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> {
     let store = &*subject.store;
+    let up = &*subject.upstream;
     let mut model = Model::default();
     let mut now = T0;
     for (step, op) in ops.iter().enumerate() {
@@ -518,11 +650,17 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
                 prop_assert_eq!(sorted(got), sorted(want), "{}", ctx);
             }
-            Op::Prune { max_rows, chunk } => {
+            Op::Prune {
+                max_rows,
+                chunk,
+                max_age_ms,
+                cursor_idle_ms,
+            } => {
                 let policy = RetentionPolicy {
+                    max_age_ms: *max_age_ms,
                     max_rows: *max_rows,
+                    cursor_idle_ms: *cursor_idle_ms,
                     chunk_rows: *chunk,
-                    ..RetentionPolicy::default()
                 };
                 let want = model.prune(&policy, now);
                 let got = store
@@ -546,6 +684,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 model.events.retain(|e| e.session_ref() != r);
                 model.heads.remove(&r);
                 model.cursors.retain(|_, c| !c.removed_by_delete(&r));
+                model.links.remove(&r);
                 store
                     .delete_session(&r)
                     .await
@@ -578,6 +717,184 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 );
             }
             Op::Advance { ms } => now = now.plus_ms(*ms),
+            Op::Cursors {
+                watcher: wi,
+                target: ti,
+                pending,
+            } => {
+                let filter = CursorFilter {
+                    watcher: wi.map(key),
+                    target: ti.map(key),
+                    pending_only: *pending,
+                };
+                // Ordered by watcher then target: the model's key order.
+                let want: Vec<Cursor> = model
+                    .cursors
+                    .values()
+                    .filter(|c| filter.matches(c))
+                    .cloned()
+                    .collect();
+                let got = store
+                    .cursors(&filter)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+            }
+            Op::Cursor {
+                watcher: wi,
+                key: ki,
+            } => {
+                let k = CursorKey {
+                    watcher: watcher(*wi),
+                    target: key(*ki),
+                };
+                let got = store
+                    .cursor(&k.watcher, &k.target)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got.as_ref(), model.cursors.get(&k), "{}", ctx);
+            }
+            Op::Refreeze { keys } => {
+                let mut keys: Vec<CursorKey> = keys
+                    .iter()
+                    .map(|(w, k)| CursorKey {
+                        watcher: watcher(*w),
+                        target: key(*k),
+                    })
+                    .collect();
+                // A repeated key in most calls.
+                if let Some(first) = keys.first().cloned() {
+                    keys.push(first);
+                }
+                let mut want = Vec::new();
+                // Once per distinct key; missing and quiet cursors give nothing.
+                let mut done = std::collections::BTreeSet::new();
+                for k in &keys {
+                    if done.insert(k.clone())
+                        && let Some(c) = model.cursors.get_mut(k)
+                        && let Some((nc, n)) = protocol::refreeze(c, now)
+                    {
+                        *c = nc;
+                        want.push(n);
+                    }
+                }
+                let got = store
+                    .refreeze(&keys, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(sorted(got), sorted(want), "{}", ctx);
+            }
+            Op::EventsAfter { after, limit } => {
+                let after = Sequence(after % (model.last + 3));
+                let want: Vec<Arc<Event>> = model
+                    .events
+                    .iter()
+                    .filter(|e| e.sequence > after)
+                    .take(*limit)
+                    .cloned()
+                    .collect();
+                let got = store
+                    .events_after(after, *limit)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{} (after {})", ctx, after);
+            }
+            Op::Adopt {
+                session: si,
+                source,
+                marker,
+            } => {
+                let r = session(*si);
+                let spec = link_spec(r.clone(), *source, *marker);
+                let plan = upstream::plan_upsert(model.links.get(&r), spec.clone(), now)
+                    .expect("pool specs are valid");
+                if plan.write {
+                    model.links.insert(r, plan.outcome.link.clone());
+                }
+                let got = up
+                    .upsert_link(spec, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, plan.outcome, "{}", ctx);
+            }
+            Op::SetMarker {
+                session: si,
+                token,
+                marker,
+            } => {
+                let r = session(*si);
+                let current = model.links.get(&r).map(|l| l.updated_at);
+                let expected = match (token, current) {
+                    (0, Some(t)) => t,
+                    (1, Some(t)) => t.minus_ms(1),
+                    _ => now,
+                };
+                let next = model.links.get(&r).and_then(|l| {
+                    upstream::plan_set_marker(l, expected, marker_value(*marker), now)
+                });
+                let want = next.is_some();
+                if let Some(l) = next {
+                    model.links.insert(r.clone(), l);
+                }
+                let got = up
+                    .set_marker(&r, expected, marker_value(*marker), now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+            }
+            Op::MarkScanned { session: si } => {
+                let r = session(*si);
+                let link = model.links.get_mut(&r);
+                let want = link.is_some();
+                if let Some(l) = link {
+                    l.last_scanned_at = Some(now);
+                }
+                let got = up
+                    .mark_scanned(&r, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+            }
+            Op::RemoveLink { session: si, token } => {
+                let r = session(*si);
+                let current = model.links.get(&r).map_or(now, |l| l.updated_at);
+                let expected = token.map(|t| current.minus_ms(i64::from(t)));
+                let want = model
+                    .links
+                    .get(&r)
+                    .is_some_and(|l| upstream::may_remove(l, expected));
+                if want {
+                    model.links.remove(&r);
+                }
+                let got = up
+                    .remove_link(&r, expected)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
+            }
+        }
+        if let Op::Adopt { session: si, .. }
+        | Op::SetMarker { session: si, .. }
+        | Op::MarkScanned { session: si }
+        | Op::RemoveLink { session: si, .. }
+        | Op::Delete { session: si } = op
+        {
+            let r = session(*si);
+            let got = up
+                .link(&r)
+                .await
+                .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+            prop_assert_eq!(got.as_ref(), model.links.get(&r), "link after {}", ctx);
+            let all = up
+                .links()
+                .await
+                .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+            prop_assert_eq!(
+                all,
+                model.links.values().cloned().collect::<Vec<_>>(),
+                "links after {}",
+                ctx
+            );
         }
         // Every observable after every step.
         let cursors = store
@@ -618,6 +935,15 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
         .await
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert_eq!(all, model.events.clone(), "whole log at the end");
+    let links = up
+        .links()
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(
+        links,
+        model.links.values().cloned().collect::<Vec<_>>(),
+        "links at the end"
+    );
     let by_agent = store
         .list_heads(Some(&AgentId::new("ops").expect("agent")))
         .await

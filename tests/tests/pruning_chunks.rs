@@ -3,8 +3,8 @@
 //! every durable backend. (Here, not in a store's own tests: no store depends on another.)
 
 use awareness_core::{
-    ActorType, AwarenessStore, CursorFilter, EventKind, EventStore, NewEvent, PruneStep,
-    SessionRef, Timestamp, WatcherKey,
+    ActorType, AwarenessStore, CursorFilter, EventKind, NewEvent, PruneStep, SessionRef, Timestamp,
+    WatcherKey,
 };
 use awareness_e2e::backends;
 

@@ -294,7 +294,7 @@ fn mixed(i: usize) -> NewEvent {
 
 /// Recordings that share write transactions answer, and leave the store, exactly as the same
 /// recordings made one transaction each in the order of the sequences they were given: 48
-/// recordings of [`mixed`] at once on a store with `group_commit(64)` and two watchers, then
+/// recordings of `mixed` at once on a store with `group_commit(64)` and two watchers, then
 /// the same events one by one on a second store with `group_commit(1)`, in that order (a dedupe
 /// hit, which leaves no sequence behind, replayed where a sequence is missing). Every answer
 /// (event, notices, hit or not) and the two stores' heads, cursors, events and pages are equal.

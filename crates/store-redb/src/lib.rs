@@ -43,8 +43,8 @@
 //!   the last interval (plus the time of that flush); what survives is always a consistent
 //!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
 //!   everything durable at once, and closing the last handle does too. A lost commit's
-//!   sequence numbers are never handed out again: the store reserves numbers 4,096 at a time
-//!   in a durable commit (one extra fsync per 4,096 numbers), and an open after a crash
+//!   sequence numbers are never handed out again: the store reserves numbers 2^20 at a time
+//!   in a durable commit (one per 1,048,576 numbers), and an open after a crash
 //!   continues above the reservation, leaving a gap where the lost numbers were. After a
 //!   crash, a head may read lower than a caller was told, until the session records again;
 //!   a caller whose `changesSince` is above the head is told `versionAhead`.

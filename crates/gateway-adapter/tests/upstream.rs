@@ -369,6 +369,49 @@ fn a_rebase_onto_a_line_longer_than_the_budget_reads_no_more_than_the_budget() {
     assert_eq!(turns(&jsonl::scan(&u.path, Some(&adopted), &[], BUDGET)), 1);
 }
 
+/// A last line that starts exactly one budget before the end is within reach of a rebase: it
+/// is classified when it ends, not skipped. (Found by a review: the look-back read the budget's
+/// bytes but not the newline just before them, and skipped this line.)
+#[test]
+fn a_rebase_keeps_a_last_line_that_starts_exactly_one_budget_back() {
+    const BUDGET: u64 = 256;
+    let mut t = Transcript::new();
+    t.human("old history");
+    let stale = jsonl::marker_at_end(&t.path).unwrap();
+    // A person's prompt being written: exactly BUDGET bytes so far, its end not yet written.
+    let row = user_row("00000000-0000-4000-8000-999999999999", json!("PAD")).to_string();
+    let open_part = row.split("PAD").next().unwrap().to_owned();
+    let pad = usize::try_from(BUDGET).unwrap() - open_part.len();
+    let start = std::fs::metadata(&t.path).unwrap().len();
+    t.raw(format!("{open_part}{}", "y".repeat(pad)).as_bytes());
+    assert_eq!(std::fs::metadata(&t.path).unwrap().len() - start, BUDGET);
+    let moved = JsonlMarker {
+        tail: Some("0000000000000000".into()),
+        ..stale
+    };
+    let out = jsonl::scan(&t.path, Some(&moved), &[], BUDGET);
+    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
+    let rebased = marker_of(&out);
+    assert_eq!(
+        rebased.offset, start,
+        "the rebase did not find the line's start"
+    );
+    let rest = row.split("PAD").nth(1).unwrap();
+    t.raw(format!("{rest}\n").as_bytes());
+    let mut read = 0;
+    let mut m = rebased;
+    // The line is longer than the budget: it is read over a few checks.
+    for _ in 0..4 {
+        let out = jsonl::scan(&t.path, Some(&m), &[], BUDGET);
+        read += turns(&out);
+        m = marker_of(&out);
+    }
+    assert_eq!(
+        read, 1,
+        "the prompt being written at the rebase was not counted"
+    );
+}
+
 // ----- the paired-node provider -------------------------------------------------------------------
 
 /// A thread on a paired node: items oldest first; pages are newest first, cursors are indexes.
@@ -1330,16 +1373,16 @@ async fn a_catalog_id_too_long_or_broken_for_its_summaries_is_refused_before_ado
             ..jsonl::adoption(session.clone(), &t.path, None).unwrap()
         };
         let err = w.awareness.try_adopt(spec).await.unwrap_err();
-        assert!(
-            matches!(
-                &err,
-                StoreError::InvalidInput(
-                    awareness_core::ValidationError::TooLong { what, .. }
-                        | awareness_core::ValidationError::ControlCharacter { what }
-                ) if what.starts_with("catalog id")
-            ),
-            "{catalog:?}: {err}"
-        );
+        let names_the_catalog_id = match &err {
+            StoreError::InvalidInput(awareness_core::ValidationError::CatalogIdTooLong {
+                ..
+            }) => true,
+            StoreError::InvalidInput(awareness_core::ValidationError::ControlCharacter {
+                what,
+            }) => what.starts_with("catalog id"),
+            _ => false,
+        };
+        assert!(names_the_catalog_id, "{catalog:?}: {err}");
         assert_eq!(w.store.link(&session).await.unwrap(), None, "{catalog:?}");
         assert!(w.store.links().await.unwrap().is_empty(), "{catalog:?}");
         assert_eq!(

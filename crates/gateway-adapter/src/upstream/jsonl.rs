@@ -5,12 +5,14 @@
 //! `std::fs` inside `spawn_blocking`, and classifies each complete line with
 //! [`super::transcript`]:
 //!
-//! - **whole lines only**: `offset` always sits at the start of a line; the bytes of a line not
+//! - **whole lines only**: `offset` sits at the start of a line; the bytes of a line not
 //!   complete yet (its end is not written, or the tick's budget ran out inside it) are kept as
 //!   the streaming reader's state in `partial`, and the next check resumes there. A line larger
 //!   than the budget, or of several MB, is classified by streaming through it over as many ticks
 //!   as it needs, never holding it, never skipping an unclassified byte, and never blocking the
-//!   marker;
+//!   marker. The one exception is a rebase (below) onto a last line that started more than one
+//!   budget before the file's end: that line is skipped to its end (`offset` is then the first
+//!   byte looked at, inside it), as everything before a rebase is;
 //! - **identity checked**: the marker remembers the file's device and inode, its size, and a
 //!   hash of the 64 bytes before the read position. A file replaced by another (a new inode),
 //!   shrunk (below its last size: an append-only transcript never shrinks), or rewritten under
@@ -70,7 +72,8 @@ pub struct JsonlMarker {
     /// 16 hex of the FNV-1a 64 of the (up to) 64 bytes before [`JsonlMarker::position`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<String>,
-    /// The streaming reader's state inside the line at `offset`, when part of it was read.
+    /// The streaming reader's state inside the line at `offset`, when part of it was read (or,
+    /// after a rebase onto a line that started before `offset`, [`LineScanner::skipping`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<LineScanner>,
 }
@@ -129,16 +132,22 @@ fn tail_of(file: &mut File, pos: u64) -> std::io::Result<String> {
     Ok(format!("{:016x}", upstream::fnv1a64(&buf)))
 }
 
-/// The start of the last line of a file of `size` bytes (its size when the last byte is `\n`),
-/// looking back at most `limit` bytes: `None` when the last line starts before them.
+/// The start of the last line of a file of `size` bytes (its size when the last byte is `\n`)
+/// when it lies within the last `limit` bytes; `None` when the last line starts before them.
 fn last_line_start(file: &mut File, size: u64, limit: u64) -> std::io::Result<Option<u64>> {
+    if size <= limit {
+        // The whole file is within reach: a line starts at 0 if none starts later.
+        return Ok(Some(last_newline_after(file, 0, size)?.unwrap_or(0)));
+    }
+    // A line starting at `size - limit` is within reach: the `\n` ending the line before it
+    // is one byte further back.
+    last_newline_after(file, size - limit - 1, size)
+}
+
+/// One past the last `\n` in `floor..size`, read backwards: the start of the line after it.
+fn last_newline_after(file: &mut File, floor: u64, size: u64) -> std::io::Result<Option<u64>> {
     let mut end = size;
     let mut buf = vec![0u8; CHUNK];
-    let floor = size.saturating_sub(limit);
-    if size == 0 {
-        return Ok(Some(0));
-    }
-    // The byte before `size` ends the last complete line when it is `\n`.
     while end > floor {
         let start = end.saturating_sub(CHUNK as u64).max(floor);
         let chunk = &mut buf[..(end - start) as usize];
@@ -149,7 +158,7 @@ fn last_line_start(file: &mut File, size: u64, limit: u64) -> std::io::Result<Op
         }
         end = start;
     }
-    Ok((floor == 0).then_some(0))
+    Ok(None)
 }
 
 /// The marker at the end of `file`, found reading back at most `limit` bytes (see

@@ -211,14 +211,13 @@ const CATALOG_IN_SUMMARIES: &str = "catalog id (quoted in one-line event summari
 
 /// Refuses a catalog id that would make one of the summaries of [`CATALOG_SUMMARY_PREFIXES`]
 /// invalid ([`validate::summary`]), as an error naming the catalog id: too long is
-/// [`ValidationError::TooLong`] (its `max` counts characters, which for an ASCII id are bytes),
-/// a line break (U+2028, U+2029) is [`ValidationError::ControlCharacter`].
+/// [`ValidationError::CatalogIdTooLong`] (in characters, as summaries are measured), a line
+/// break (U+2028, U+2029) is [`ValidationError::ControlCharacter`].
 fn validate_catalog_summaries(catalog_id: &str) -> Result<(), ValidationError> {
     for prefix in CATALOG_SUMMARY_PREFIXES {
         validate::summary(&format!("{prefix}{catalog_id}")).map_err(|e| match e {
-            ValidationError::SummaryTooLong { .. } => ValidationError::TooLong {
-                what: CATALOG_IN_SUMMARIES,
-                len: catalog_id.len(),
+            ValidationError::SummaryTooLong { .. } => ValidationError::CatalogIdTooLong {
+                chars: catalog_id.chars().count(),
                 max: MAX_CATALOG_ID_CHARS,
             },
             ValidationError::SummaryNotOneLine => ValidationError::ControlCharacter {
@@ -690,15 +689,15 @@ mod tests {
         assert_eq!(MAX_CATALOG_ID_CHARS, 179);
         assert_eq!(
             with_catalog(&"c".repeat(190)),
-            Err(ValidationError::TooLong {
-                what: "catalog id (quoted in one-line event summaries)",
-                len: 190,
+            Err(ValidationError::CatalogIdTooLong {
+                chars: 190,
                 max: 179,
             })
         );
-        let msg = with_catalog(&"c".repeat(190)).unwrap_err().to_string();
+        // Measured in characters, as the summaries are: 180 two-byte characters are 180.
+        let msg = with_catalog(&"\u{e9}".repeat(180)).unwrap_err().to_string();
         assert!(
-            msg.starts_with("catalog id") && msg.contains("summaries"),
+            msg.starts_with("catalog id is 180 characters") && msg.contains("summaries"),
             "{msg}"
         );
         for sep in ['\u{2028}', '\u{2029}'] {
@@ -723,7 +722,7 @@ mod tests {
         bad.catalog_id = "c".repeat(190);
         assert!(matches!(
             plan_upsert(None, bad, Timestamp(0)),
-            Err(ValidationError::TooLong { .. })
+            Err(ValidationError::CatalogIdTooLong { .. })
         ));
     }
 

@@ -48,6 +48,17 @@ pub enum ValidationError {
         /// Its length in characters.
         chars: usize,
     },
+    /// A link's catalog id is too long for the one-line event summaries quoted from it
+    /// (`crate::upstream::CATALOG_SUMMARY_PREFIXES`).
+    #[error(
+        "catalog id is {chars} characters long; at most {max} fit the one-line event summaries quoted from it"
+    )]
+    CatalogIdTooLong {
+        /// Its length in characters.
+        chars: usize,
+        /// The most that fit (`crate::upstream::MAX_CATALOG_ID_CHARS`).
+        max: usize,
+    },
     /// The summary is empty or blank.
     #[error("summary must not be blank")]
     SummaryBlank,

@@ -1,5 +1,6 @@
 //! store-redb runs the shared conformance suite, the durable suite (reopening, two handles on one
-//! file), the read-only suite and the model test, through `Arc<dyn ...>`, on a fresh file each,
+//! file), the open suite (what a read-write open refuses), the read-only suite and the model
+//! test, through `Arc<dyn ...>`, on a fresh file each,
 //! in both durability modes and with live readers (the model tests of the durable setups,
 //! with an fsync per commit, are the slowest of the run).
 
@@ -65,6 +66,7 @@ macro_rules! setup {
 
             awareness_core::conformance_suite!(subject);
             awareness_core::durable_suite!(open);
+            awareness_core::open_suite!(open);
             awareness_core::read_only_suite!(open, open_read_only);
             awareness_core::model_test!(subject);
         }

@@ -1,67 +1,19 @@
 //! Opening files: what is refused (and left untouched), what is shared, which schemas and modes
 //! a file reopens in. The shared open suite (a directory, a missing directory, a file that is
 //! not a store and a truncated one refused and left untouched, an empty file becoming a new
-//! store) runs in each setup of the store; the checks below are redb's own. (What survives a
-//! reopen is the shared durable suite's, in `tests/conformance.rs`.)
+//! store) runs in each setup of the store, in `tests/conformance.rs`; the checks below are
+//! redb's own. (What survives a reopen is the shared durable suite's, there too.)
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use awareness_core::testkit::{RawAccess, Subject};
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
-    SessionRef, StoreError, Timestamp, WatcherKey, async_trait,
+    SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use store_redb::{Durability, RedbOptions, RedbStore};
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
-
-struct Raw(Arc<RedbStore>);
-
-#[async_trait]
-impl RawAccess for Raw {
-    async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError> {
-        self.0.delete_event_row(sequence).await.map(drop)
-    }
-}
-
-/// Opens `path` read-write with `options` as a [`Subject`].
-async fn open_subject(path: PathBuf, options: RedbOptions) -> Result<Subject, StoreError> {
-    let store = Arc::new(RedbStore::open_with(path, options).await?);
-    Ok(Subject {
-        store: store.clone(),
-        upstream: store.clone(),
-        raw: Arc::new(Raw(store)),
-        guard: Box::new(()),
-    })
-}
-
-/// Stamps the shared open suite for one setup of the store: `$name` is the module, `$options`
-/// the [`RedbOptions`] each open uses (the setups of `tests/conformance.rs`: live readers and
-/// the bounded durability each change how a file is opened).
-macro_rules! open_setup {
-    ($name:ident, $options:expr) => {
-        mod $name {
-            use super::{PathBuf, RedbOptions, StoreError, Subject};
-
-            async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-                let options: RedbOptions = $options;
-                super::open_subject(path, options).await
-            }
-
-            awareness_core::open_suite!(open);
-        }
-    };
-}
-
-open_setup!(immediate, RedbOptions::default());
-open_setup!(live_readers, RedbOptions::default().live_readers(true));
-open_setup!(
-    bounded,
-    RedbOptions::bounded(std::time::Duration::from_millis(50))
-);
 
 fn child() -> SessionRef {
     SessionRef::parse("agent:main:subagent:child", "main").unwrap()

@@ -1,5 +1,6 @@
 //! store-sqlite runs the shared conformance suite, the durable suite (reopening, two handles on
-//! one file), the read-only suite and the model test, through `Arc<dyn ...>`, each on a fresh file in a temporary
+//! one file), the open suite (what a read-write open refuses), the read-only suite and the model
+//! test, through `Arc<dyn ...>`, each on a fresh file in a temporary
 //! directory.
 
 use std::path::PathBuf;
@@ -49,5 +50,6 @@ async fn subject() -> Subject {
 
 awareness_core::conformance_suite!(subject);
 awareness_core::durable_suite!(open);
+awareness_core::open_suite!(open);
 awareness_core::read_only_suite!(open, open_read_only);
 awareness_core::model_test!(subject);

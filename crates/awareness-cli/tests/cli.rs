@@ -219,11 +219,18 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
 /// dedupe hits spent sequences 24 to 47 without rows.
 #[test]
 fn tail_shows_the_last_twenty_events_across_gaps_in_the_sequence() {
+    for store in ["sqlite://t.db", "redb://t.redb"] {
+        tail_across_gaps_on(store);
+    }
+}
+
+/// `tail` on a new file of the backend `store` names, after dedupe hits left 24 numbers unused.
+fn tail_across_gaps_on(store: &str) {
     let dir = tempfile::tempdir().unwrap();
     let record = |dedupe: Option<&str>| {
         let mut args = vec![
             "--store",
-            "sqlite://t.db",
+            store,
             "--json",
             "record",
             "--session",
@@ -247,7 +254,7 @@ fn tail_shows_the_last_twenty_events_across_gaps_in_the_sequence() {
         assert_eq!(record(Some("same")), 23, "one row, 24 hits");
     }
     assert_eq!(record(None), 48);
-    let o = run_in(dir.path(), &["--store", "sqlite://t.db", "--json", "tail"]);
+    let o = run_in(dir.path(), &["--store", store, "--json", "tail"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let shown: Vec<u64> = stdout(&o)
         .lines()
@@ -258,7 +265,7 @@ fn tail_shows_the_last_twenty_events_across_gaps_in_the_sequence() {
         })
         .collect();
     let want: Vec<u64> = (5..=23).chain([48]).collect();
-    assert_eq!(shown, want);
+    assert_eq!(shown, want, "{store}");
 }
 
 #[test]

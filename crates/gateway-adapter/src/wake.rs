@@ -58,36 +58,66 @@ impl HeartbeatWake for CoalescingWake {
         }
         g.insert(session.clone(), false);
         drop(g);
-        (self.sink)(session, reason);
-        let state = Arc::clone(&self.state);
+        // The window's task is spawned before the sink runs, and its guard ends the window
+        // however the task ends (a panicking sink, an abort at shutdown): a window left open
+        // would swallow every later wake of the session.
+        let mut window = Window {
+            state: Arc::clone(&self.state),
+            session: session.clone(),
+            closed: false,
+        };
         let sink = Arc::clone(&self.sink);
-        let window = self.window;
-        let session = session.clone();
-        let reason = reason.to_owned();
+        let period = self.window;
+        let reason_owned = reason.to_owned();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(window).await;
-                let fire = {
-                    let mut g = state
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    match g.get_mut(&session) {
-                        Some(t) if *t => {
-                            *t = false;
-                            true
-                        }
-                        _ => {
-                            g.remove(&session);
-                            false
-                        }
-                    }
-                };
-                if !fire {
+                tokio::time::sleep(period).await;
+                if !window.take_trailing() {
                     break;
                 }
-                sink(&session, &reason);
+                sink(&window.session, &reason_owned);
             }
         });
+        (self.sink)(session, reason);
+    }
+}
+
+/// A session's open window; dropping it closes the window if it is still open.
+struct Window {
+    state: Arc<Mutex<HashMap<SessionKey, bool>>>,
+    session: SessionKey,
+    /// Closed by [`Window::take_trailing`]: the session's entry may be another window's now.
+    closed: bool,
+}
+
+impl Window {
+    /// At the window's end: whether a wake came inside it (then it is fired, and a new window
+    /// starts); otherwise the window closes, in the same lock as the check, so that a wake
+    /// coming right after starts a window of its own.
+    fn take_trailing(&mut self) -> bool {
+        let mut g = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(trailing) = g.get_mut(&self.session)
+            && std::mem::replace(trailing, false)
+        {
+            return true;
+        }
+        g.remove(&self.session);
+        self.closed = true;
+        false
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&self.session);
+        }
     }
 }
 
@@ -151,5 +181,26 @@ mod tests {
             3,
             "after the window a wake fires at once again"
         );
+    }
+    /// Bug: a sink that panicked on a session's first wake left its window open for good (the
+    /// task that closes it was spawned after the sink ran), and every later wake of the session
+    /// was swallowed as "inside the window".
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_sink_does_not_swallow_later_wakes() {
+        let rec = Arc::new(RecordingWake::new());
+        let sink_rec = Arc::clone(&rec);
+        let sink: WakeSink = Arc::new(move |s, r| {
+            sink_rec.wake(s, r);
+            assert!(sink_rec.count(s) > 1, "the heartbeat runner failed");
+        });
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            waker.wake(&main, "session-state");
+        }));
+        assert!(first.is_err(), "the sink panicked");
+        tokio::time::sleep(Duration::from_hours(1)).await;
+        waker.wake(&main, "session-state");
+        assert_eq!(rec.count(&main), 2, "the wake after the window fired");
     }
 }

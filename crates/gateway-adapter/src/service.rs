@@ -235,12 +235,37 @@ pub struct Awareness {
 /// every entry nobody holds any more, so the map never outgrows the turns in flight (an entry
 /// left by a turn cancelled while it waited goes at the next turn's end).
 #[derive(Debug, Default)]
+///
+/// The lock also holds what a turn whose caller gave up had taken ([`Carried`]), for the
+/// watcher's next turn.
 struct TurnLocks {
-    by_watcher: std::sync::Mutex<HashMap<SessionKey, Arc<tokio::sync::Mutex<()>>>>,
+    by_watcher: std::sync::Mutex<HashMap<SessionKey, TurnLock>>,
+}
+
+/// One watcher's turn lock, with what a cancelled turn left.
+type TurnLock = Arc<tokio::sync::Mutex<Carried>>;
+
+/// What a turn had taken when its caller gave up on it (dropped its future), handed to the
+/// watcher's next turn: the queue is drained at the turn's start and the notices acknowledged
+/// near its end, so dropping a turn in between would otherwise lose lines nobody read.
+#[derive(Debug, Default)]
+struct Carried {
+    /// Lines drained from the queue and not classified yet: the next turn classifies them with
+    /// the lines it drains.
+    unread: Vec<QueuedEntry>,
+    /// Lines the turn had settled on (their notices possibly acknowledged already): the next
+    /// turn returns them as they are, first.
+    read: Vec<QueuedEntry>,
+}
+
+impl Carried {
+    fn is_empty(&self) -> bool {
+        self.unread.is_empty() && self.read.is_empty()
+    }
 }
 
 impl TurnLocks {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Arc<tokio::sync::Mutex<()>>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, TurnLock>> {
         // Every critical section leaves the map consistent, even if a caller panicked.
         self.by_watcher
             .lock()
@@ -261,17 +286,37 @@ impl TurnLocks {
 /// A watcher's turn lock (see [`TurnLocks`]).
 struct TurnGuard<'a> {
     locks: &'a TurnLocks,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<Carried>>,
+}
+
+impl TurnGuard<'_> {
+    /// What the turn leaves to the next one should it be dropped now.
+    fn carried(&mut self) -> &mut Carried {
+        self.guard
+            .as_mut()
+            .expect("the lock is held until the guard drops")
+    }
 }
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
         // Clones are only taken under the map's lock, so an entry only the map holds has no
-        // turn holding or waiting for it.
-        self.locks
-            .map()
-            .retain(|_, lock| Arc::strong_count(lock) > 1);
+        // turn holding or waiting for it; it stays while it carries lines for the next turn.
+        self.locks.map().retain(|_, lock| {
+            Arc::strong_count(lock) > 1 || lock.try_lock().map_or(true, |c| !c.is_empty())
+        });
+    }
+}
+
+/// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
+/// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
+fn deliver_to(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &[Notice]) {
+    for n in notices {
+        let added = queue.enqueue(n.watcher.session_key(), queued(n));
+        if added && !n.watcher.session_key().is_subagent() {
+            wake.wake(n.watcher.session_key(), "session-state");
+        }
     }
 }
 
@@ -434,11 +479,41 @@ impl Awareness {
 
     // ----- recording and delivery -------------------------------------------------------------
 
-    /// Records an event and delivers its notices; the store's error is returned as it is.
+    /// Records an event and delivers its notices; the store's error is returned as it is. The
+    /// recording and its delivery run to their end even if the caller gives up on this future
+    /// (on a task of its own, which a dropped caller does not stop).
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
-        let recorded = self.store.record(event, self.clock.now()).await?;
-        self.deliver(&recorded.notices);
-        Ok(recorded)
+        let store = Arc::clone(&self.store);
+        let now = self.clock.now();
+        self.write_and_deliver(async move { store.record(event, now).await }, |r| {
+            r.notices.as_slice()
+        })
+        .await
+    }
+
+    /// Runs a store write that hands out notices, then delivers them, on a task of its own,
+    /// and waits for both. A caller that gives up (drops its future: a turn's timeout, an
+    /// aborted task) can therefore not separate a committed write from its delivery: a store
+    /// may commit a write whose caller is gone (a group commit does), and its notices would
+    /// then sit in the cursors, unqueued and with no wake.
+    async fn write_and_deliver<T, W>(
+        &self,
+        write: W,
+        notices: fn(&T) -> &[Notice],
+    ) -> Result<T, StoreError>
+    where
+        W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let queue = Arc::clone(&self.queue);
+        let wake = Arc::clone(&self.wake);
+        tokio::spawn(async move {
+            let written = write.await?;
+            deliver_to(&*queue, &*wake, notices(&written));
+            Ok(written)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::backend("the store write's task failed", e)))
     }
 
     /// Records an event, best effort: a failure is logged and yields `None`.
@@ -457,12 +532,7 @@ impl Awareness {
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
     /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
     pub fn deliver(&self, notices: &[Notice]) {
-        for n in notices {
-            let added = self.queue.enqueue(n.watcher.session_key(), queued(n));
-            if added && !n.watcher.session_key().is_subagent() {
-                self.wake.wake(n.watcher.session_key(), "session-state");
-            }
-        }
+        deliver_to(&*self.queue, &*self.wake, notices);
     }
 
     fn spawner(entry: Option<&SessionEntry>, session: &SessionKey) -> Option<WatcherKey> {
@@ -855,11 +925,17 @@ impl Awareness {
         if targets.is_empty() {
             return Vec::new();
         }
-        match self.store.acknowledge(&w, targets, self.clock.now()).await {
-            Ok(follow) => {
-                self.deliver(&follow);
-                follow
-            }
+        let store = Arc::clone(&self.store);
+        let targets = targets.to_vec();
+        let now = self.clock.now();
+        let acknowledged = self
+            .write_and_deliver(
+                async move { store.acknowledge(&w, &targets, now).await },
+                Vec::as_slice,
+            )
+            .await;
+        match acknowledged {
+            Ok(follow) => follow,
             Err(e) => {
                 warn!(watcher = %watcher, error = %e, "acknowledge failed; the notices stay pending");
                 Vec::new()
@@ -895,25 +971,53 @@ impl Awareness {
     /// When the cursors cannot be read, nothing is acknowledged and every drained line is
     /// returned. [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are
     /// not serialized with turns.
+    ///
+    /// A turn whose caller gives up (drops this future: a turn timeout, an aborted task) loses
+    /// nothing: the acknowledgement, once started, commits and delivers its follow-ups on a
+    /// task of its own, and what the turn had taken (the drained lines, or the lines it had
+    /// settled on) goes to the watcher's next turn, which returns it first. That is kept in
+    /// memory: a restart loses it, as it loses the queue, and notices the dropped turn had
+    /// already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
-        let _turn = self.turns.lock(watcher).await;
-        let drained = self.queue.drain(watcher);
+        let mut turn = self.turns.lock(watcher).await;
+        // What an earlier turn whose caller gave up had taken comes first.
+        let Carried { unread, read } = std::mem::take(turn.carried());
+        let mut drained = unread;
+        drained.extend(self.queue.drain(watcher));
         if !watcher.is_agent_qualified() {
-            // A bare key watches nothing: no cursor to read or acknowledge.
+            // A bare key watches nothing: no cursor to read or acknowledge (and nothing read
+            // is ever carried for it).
             return drained;
         }
+        // Should this turn be dropped while it reads the cursors, the next turn gets it all.
+        *turn.carried() = Carried {
+            unread: drained,
+            read,
+        };
         let current: Vec<Notice> = match self.pending_cursors(watcher).await {
             Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {
                 warn!(watcher = %watcher, error = %e, "cannot read the cursors to acknowledge; the notices stay pending");
-                return drained;
+                let Carried { unread, mut read } = std::mem::take(turn.carried());
+                read.extend(unread);
+                return read;
             }
         };
-        let mut read: Vec<QueuedEntry> = Vec::with_capacity(drained.len() + current.len());
-        let mut shown = vec![false; current.len()];
+        let Carried {
+            unread: drained,
+            mut read,
+        } = std::mem::take(turn.carried());
+        read.reserve(drained.len() + current.len());
+        // A notice an earlier (dropped) turn settled on is not shown twice, whether or not its
+        // acknowledgement committed.
+        let mut shown: Vec<bool> = current
+            .iter()
+            .map(|n| read.iter().any(|e| e.text == n.text()))
+            .collect();
         for e in drained {
             match protocol::classify_line(&e.text, e.context_key.as_deref(), &current) {
                 DrainedLine::Stale => continue,
+                DrainedLine::Current(i) if shown[i] => continue,
                 DrainedLine::Current(i) => shown[i] = true,
                 DrainedLine::Malformed(err) => {
                     warn!(watcher = %watcher, error = %err, "a malformed session-state entry acknowledges nothing");
@@ -927,7 +1031,11 @@ impl Awareness {
             read.push(line.clone());
         }
         let targets: Vec<SessionKey> = current.iter().map(|n| n.target.clone()).collect();
+        // Should this turn be dropped while it acknowledges (which then still commits and
+        // delivers its follow-ups, see `acknowledge`), the next turn shows what it read.
+        turn.carried().read.clone_from(&read);
         self.acknowledge(watcher, &targets).await;
+        turn.carried().read.clear();
         for line in &lines {
             self.queue.remove(watcher, line);
         }
@@ -992,12 +1100,19 @@ impl Awareness {
     /// notice re-delivered. Returns how many.
     pub async fn sweep(&self) -> usize {
         let dir = Arc::clone(&self.directory);
-        let exists = move |w: &WatcherKey| dir.exists(w.session_key());
-        match self.store.sweep(self.clock.now(), &exists).await {
-            Ok(notices) => {
-                self.deliver(&notices);
-                notices.len()
-            }
+        let store = Arc::clone(&self.store);
+        let now = self.clock.now();
+        let swept = self
+            .write_and_deliver(
+                async move {
+                    let exists = move |w: &WatcherKey| dir.exists(w.session_key());
+                    store.sweep(now, &exists).await
+                },
+                Vec::as_slice,
+            )
+            .await;
+        match swept {
+            Ok(notices) => notices.len(),
             Err(e) => {
                 warn!(error = %e, "start-up sweep failed");
                 0

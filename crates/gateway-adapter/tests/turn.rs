@@ -4,9 +4,11 @@
 //!
 //! Nothing here waits on time: the gate is a semaphore the test releases, and the tests run on
 //! tokio's single-threaded test runtime, so a spawned turn runs exactly as far as it can when
-//! the test yields.
+//! the test yields. The last tests gate other calls (before or after the store answers) and
+//! drop a turn or a recording there, as a gateway's timeout would.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
@@ -26,20 +28,34 @@ fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()
 }
 
-/// Holds each acknowledgement of the memory store at a gate: it reports that it started, then
-/// waits for a permit of `gate` before it commits.
+/// Holds each call `call` of the memory store at a gate, before it reaches the store (or,
+/// with `after`, once the store has answered): it reports that it got there, then waits for a
+/// permit of `permits`. Only while `armed`.
 struct Gate {
-    gate: Semaphore,
+    permits: Semaphore,
     entered: mpsc::UnboundedSender<()>,
+    call: Call,
+    after: bool,
+    armed: AtomicBool,
+}
+
+impl Gate {
+    async fn hold(&self, call: Call, after: bool) {
+        if call == self.call && after == self.after && self.armed.load(Ordering::SeqCst) {
+            let _ = self.entered.send(());
+            self.permits.acquire().await.expect("gate open").forget();
+        }
+    }
 }
 
 #[async_trait]
 impl Hook for Gate {
     async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
-        if call == Call::Acknowledge {
-            let _ = self.entered.send(());
-            self.gate.acquire().await.expect("gate open").forget();
-        }
+        self.hold(call, false).await;
+    }
+
+    async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
+        self.hold(call, true).await;
     }
 }
 
@@ -48,28 +64,40 @@ type GatedAck = Hooked<Gate>;
 struct World {
     store: Arc<GatedAck>,
     queue: Arc<InMemoryQueue>,
+    wake: Arc<RecordingWake>,
     svc: Arc<Awareness>,
     /// One message each time an acknowledgement reaches the store.
     entered: mpsc::UnboundedReceiver<()>,
 }
 
 impl World {
-    /// A manager that spawned a worker (its cursor seeded at sequence 1).
+    /// A manager that spawned a worker (its cursor seeded at sequence 1); each
+    /// acknowledgement waits at the gate before it reaches the store.
     async fn new() -> Self {
+        Self::gated(Call::Acknowledge, false).await
+    }
+
+    /// The same, with the gate on `call` (once the store answered, with `after`), armed once
+    /// the worker is spawned.
+    async fn gated(call: Call, after: bool) -> Self {
         let (tx, entered) = mpsc::unbounded_channel();
         let store = Arc::new(GatedAck {
             inner: Arc::new(MemoryStore::new()),
             hook: Gate {
-                gate: Semaphore::new(0),
+                permits: Semaphore::new(0),
                 entered: tx,
+                call,
+                after,
+                armed: AtomicBool::new(false),
             },
         });
         let queue = Arc::new(InMemoryQueue::new());
+        let wake = Arc::new(RecordingWake::new());
         let svc = Arc::new(
             Awareness::builder(
                 store.clone(),
                 queue.clone(),
-                Arc::new(RecordingWake::new()),
+                wake.clone(),
                 Arc::new(InMemoryDirectory::new()),
             )
             .build(),
@@ -77,9 +105,11 @@ impl World {
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
             .await
             .expect("seeded");
+        store.hook.armed.store(true, Ordering::SeqCst);
         Self {
             store,
             queue,
+            wake,
             svc,
             entered,
         }
@@ -87,13 +117,8 @@ impl World {
 
     /// A person types into the worker; returns the event's sequence.
     async fn human(&self) -> Sequence {
-        let mut msg = HumanMessage::new(k(CHILD));
-        msg.entry = Some(SessionEntry {
-            spawned_by: Some(k(MANAGER)),
-            ..SessionEntry::default()
-        });
         self.svc
-            .human_message(msg)
+            .human_message(human_message())
             .await
             .expect("recorded")
             .sequence
@@ -106,7 +131,10 @@ impl World {
     }
 
     fn open_gate(&self) {
-        self.store.hook.gate.add_permits(Semaphore::MAX_PERMITS / 2);
+        self.store
+            .hook
+            .permits
+            .add_permits(Semaphore::MAX_PERMITS / 2);
     }
 
     async fn cursor(&self) -> Cursor {
@@ -116,6 +144,16 @@ impl World {
             .unwrap()
             .expect("the manager watches the worker")
     }
+}
+
+/// A person's message in the worker, which the manager spawned.
+fn human_message() -> HumanMessage {
+    let mut msg = HumanMessage::new(k(CHILD));
+    msg.entry = Some(SessionEntry {
+        spawned_by: Some(k(MANAGER)),
+        ..SessionEntry::default()
+    });
+    msg
 }
 
 fn texts(lines: &[QueuedEntry]) -> Vec<String> {
@@ -138,7 +176,7 @@ async fn a_change_during_the_acknowledgement_is_not_read_twice() {
     let a = w.turn();
     w.entered.recv().await.expect("turn A acknowledges");
     let later = w.human().await; // lands while A's acknowledgement waits
-    w.store.hook.gate.add_permits(1);
+    w.store.hook.permits.add_permits(1);
     let read_a = a.await.unwrap();
     assert_eq!(texts(&read_a), vec![notice(Sequence(1))]);
     assert_eq!(
@@ -174,7 +212,7 @@ async fn concurrent_turns_of_one_watcher_read_each_notice_once_and_lose_none() {
         // Turn B runs as far as it can while A's acknowledgement waits.
         tokio::task::yield_now().await;
     }
-    w.store.hook.gate.add_permits(1); // A's acknowledgement (the first waiting) commits
+    w.store.hook.permits.add_permits(1); // A's acknowledgement (the first waiting) commits
     let read_a = a.await.unwrap();
     let second = w.human().await; // notice: changesSince 2
     w.open_gate();
@@ -232,4 +270,80 @@ async fn a_notice_delivered_after_its_acknowledgement_is_not_read_again() {
         "and it acknowledged nothing"
     );
     assert!(w.queue.peek(&k(MANAGER)).is_empty());
+}
+
+/// Lets the spawned tasks run as far as they can (the runtime has one thread).
+async fn settle() {
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Bug: a turn dropped (a gateway's turn timeout) once its acknowledgement had committed lost
+/// the notice for good: the queue was drained and the cursor acknowledged, and no turn ever
+/// showed it. The next turn now shows what the dropped one had read.
+#[tokio::test]
+async fn a_turn_dropped_after_its_acknowledgement_leaves_its_lines_to_the_next_turn() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    let first = w.human().await;
+    let a = w.turn();
+    w.entered
+        .recv()
+        .await
+        .expect("turn A's acknowledgement committed");
+    a.abort();
+    assert!(a.await.unwrap_err().is_cancelled());
+    w.open_gate();
+    settle().await;
+    let c = w.cursor().await;
+    assert_eq!(
+        c.last_seen, first,
+        "the dropped turn's acknowledgement committed"
+    );
+    let read = w.svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(
+        texts(&read),
+        vec![notice(Sequence(1))],
+        "the notice the dropped turn had read"
+    );
+    assert!(w.svc.drain_turn(&k(MANAGER)).await.is_empty(), "shown once");
+}
+
+/// Bug: a turn dropped while it read the cursors lost the other lines it had drained from the
+/// queue (the notices came back from the cursors, the rest did not).
+#[tokio::test]
+async fn a_turn_dropped_while_reading_the_cursors_loses_no_queued_line() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    w.human().await;
+    let other = QueuedEntry {
+        text: "Exec finished: cargo test".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let a = w.turn();
+    w.entered.recv().await.expect("turn A reads the cursors");
+    a.abort();
+    assert!(a.await.unwrap_err().is_cancelled());
+    w.open_gate();
+    let mut read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    read.sort();
+    let mut want = vec![notice(Sequence(1)), other.text];
+    want.sort();
+    assert_eq!(read, want);
+}
+
+/// Bug: a recording dropped once the store had committed it never queued its notice nor woke
+/// the manager: the change sat in the cursor until the manager took a turn for another reason.
+#[tokio::test]
+async fn a_recording_dropped_after_its_commit_still_delivers_and_wakes() {
+    let mut w = World::gated(Call::Record, true).await;
+    let svc = Arc::clone(&w.svc);
+    let recording = tokio::spawn(async move { svc.human_message(human_message()).await });
+    w.entered.recv().await.expect("the recording committed");
+    recording.abort();
+    assert!(recording.await.unwrap_err().is_cancelled());
+    w.open_gate();
+    settle().await;
+    assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
+    assert_eq!(w.wake.count(&k(MANAGER)), 1, "the manager was woken");
 }

@@ -71,7 +71,10 @@ fn head_row(h: &Head) -> Value {
 
 /// OpenClaw's answers, adjusted where DESIGN.md decides differently on purpose:
 /// - `watcher_store_path` and `provenance` are OpenClaw-only cursor columns (the fixtures README
-///   says to compare them only where a store keeps them; our cursors keep neither).
+///   says to compare them only where a store keeps them). Our cursor model has neither: the
+///   memory and redb stores do not store them, and store-sqlite keeps the values of rows
+///   OpenClaw wrote but gives its own new rows the columns' defaults (a NULL path, `explicit`),
+///   where OpenClaw writes the watcher agent's store path. So they are compared on no backend.
 fn normalize_expected(mut v: Value) -> Value {
     fn strip(row: &mut Value) {
         if let Some(o) = row.as_object_mut() {

@@ -460,6 +460,8 @@ async fn every_recorded_scenario_matches_openclaw_on_every_backend() {
         "the fixture folder holds the recorded scenarios"
     );
     let mut compared = 0;
+    let mut steps = 0;
+    let mut backends_run = 0;
     for (script, expected) in &scripts {
         let ops = read_jsonl(script);
         let answers = read_jsonl(expected);
@@ -469,10 +471,14 @@ async fn every_recorded_scenario_matches_openclaw_on_every_backend() {
             "{}: one answer per op",
             script.display()
         );
-        for backend in backends().await {
+        steps += ops.len();
+        let all = backends().await;
+        backends_run = all.len();
+        for backend in all {
             let mut r = Replayer::new(Arc::clone(&backend.store));
             for (i, (op, answer)) in ops.iter().zip(&answers).enumerate() {
                 assert_eq!(answer["i"].as_u64(), Some(i as u64 + 1));
+                assert_eq!(answer["op"], op["op"], "the answer is to this op");
                 let got = r.apply(op).await;
                 let want = normalize_expected(answer["result"].clone());
                 assert_eq!(
@@ -488,7 +494,13 @@ async fn every_recorded_scenario_matches_openclaw_on_every_backend() {
             }
         }
     }
-    assert!(compared > 100, "compared {compared} answers");
+    assert_eq!(backends_run, 3, "memory, sqlite and redb");
+    assert!(steps > 100, "{steps} recorded steps");
+    assert_eq!(
+        compared,
+        steps * backends_run,
+        "every step on every backend"
+    );
 }
 
 /// The operations that produced OpenClaw's fixture database, replayed through the adapter on

@@ -317,6 +317,18 @@ fn truncated_rewritten_replaced_and_deleted_files() {
     assert_eq!(scan(&t, &replaced), CheckOutcome::Missing);
 }
 
+/// A check of `t` with `budget` from `stale` made to look rewritten under its position (its
+/// tail hash no longer matches): it must rebase; returns the new marker.
+fn rebase(t: &Transcript, stale: JsonlMarker, budget: u64) -> JsonlMarker {
+    let moved = JsonlMarker {
+        tail: Some("0000000000000000".into()),
+        ..stale
+    };
+    let out = jsonl::scan(&t.path, Some(&moved), &[], budget);
+    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
+    marker_of(&out)
+}
+
 /// A rebase reads back from the end at most a check's budget, like a forward read: a last
 /// line of several MB without its end (or a file without any newline) is skipped to its end
 /// instead of being read back to its start. The turns typed after it still count.
@@ -335,14 +347,7 @@ fn a_rebase_onto_a_line_longer_than_the_budget_reads_no_more_than_the_budget() {
         .as_bytes(),
     );
     let size = std::fs::metadata(&t.path).unwrap().len();
-    // Rewritten under the marker: the check rebases.
-    let moved = JsonlMarker {
-        tail: Some("0000000000000000".into()),
-        ..stale
-    };
-    let out = jsonl::scan(&t.path, Some(&moved), &[], BUDGET);
-    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
-    let rebased = marker_of(&out);
+    let rebased = rebase(&t, stale, BUDGET);
     assert!(
         rebased.offset >= size - BUDGET,
         "the rebase looked back past its budget, to {} of {size}",
@@ -385,13 +390,7 @@ fn a_rebase_keeps_a_last_line_that_starts_exactly_one_budget_back() {
     let start = std::fs::metadata(&t.path).unwrap().len();
     t.raw(format!("{open_part}{}", "y".repeat(pad)).as_bytes());
     assert_eq!(std::fs::metadata(&t.path).unwrap().len() - start, BUDGET);
-    let moved = JsonlMarker {
-        tail: Some("0000000000000000".into()),
-        ..stale
-    };
-    let out = jsonl::scan(&t.path, Some(&moved), &[], BUDGET);
-    assert!(matches!(out, CheckOutcome::Rebased { .. }), "{out:?}");
-    let rebased = marker_of(&out);
+    let rebased = rebase(&t, stale, BUDGET);
     assert_eq!(
         rebased.offset, start,
         "the rebase did not find the line's start"

@@ -293,6 +293,14 @@ fn marker_value(m: u8) -> Value {
 fn session(i: usize) -> SessionRef {
     SessionRef::parse(KEYS[i / AGENTS.len()], AGENTS[i % AGENTS.len()]).expect("pool ref")
 }
+/// The cursor of watcher `wi` on key `ki`.
+fn cursor_key(wi: usize, ki: usize) -> CursorKey {
+    CursorKey {
+        watcher: watcher(wi),
+        target: key(ki),
+    }
+}
+
 fn watcher(i: usize) -> WatcherKey {
     WatcherKey::parse(WATCHERS[i]).expect("pool watcher")
 }
@@ -589,10 +597,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 watcher: wi,
                 key: ki,
             } => {
-                let k = CursorKey {
-                    watcher: watcher(*wi),
-                    target: key(*ki),
-                };
+                let k = cursor_key(*wi, *ki);
                 let want = model.cursors.remove(&k).is_some();
                 let got = store
                     .unwatch(&k.watcher, &k.target)
@@ -744,10 +749,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 watcher: wi,
                 key: ki,
             } => {
-                let k = CursorKey {
-                    watcher: watcher(*wi),
-                    target: key(*ki),
-                };
+                let k = cursor_key(*wi, *ki);
                 let got = store
                     .cursor(&k.watcher, &k.target)
                     .await

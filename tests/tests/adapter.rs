@@ -739,7 +739,7 @@ impl EventStore for Broken {
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         Err(broken())
     }
-    async fn prune_chunk(&self, _: &PruneStep, _: usize) -> Result<u64, StoreError> {
+    async fn prune_chunk(&self, _: &PruneStep, _: usize, _: Timestamp) -> Result<u64, StoreError> {
         Err(broken())
     }
     async fn delete_session(&self, _: &SessionRef) -> Result<(), StoreError> {

@@ -71,11 +71,11 @@ async fn chunks_larger_than_one_transaction_match_the_reference() {
         (PruneStep::Cursors { cutoff: later }, 1_000, 7),
     ];
     for (step, bound, expected) in steps {
-        let want = memory.store.prune_chunk(&step, bound).await.unwrap();
+        let want = memory.store.prune_chunk(&step, bound, later).await.unwrap();
         assert_eq!(want, expected, "memory: {step:?} bounded by {bound}");
         let reference = observe(&*memory.store).await;
         for b in &durable {
-            let got = b.store.prune_chunk(&step, bound).await.unwrap();
+            let got = b.store.prune_chunk(&step, bound, later).await.unwrap();
             assert_eq!(got, expected, "{}: {step:?} bounded by {bound}", b.name);
             assert_eq!(
                 observe(&*b.store).await,

@@ -514,6 +514,7 @@ async fn fixture_operations_reproduce_openclaw_reads_on_every_backend() {
     )
     .expect("json");
     let reads = expected["reads"].as_array().expect("reads");
+    let openclaw_heads = fixture_heads().await;
     for backend in backends().await {
         let mut r = Replayer::new(Arc::clone(&backend.store));
         let mut answers = Vec::new();
@@ -536,5 +537,34 @@ async fn fixture_operations_reproduce_openclaw_reads_on_every_backend() {
                 read["query"]
             );
         }
+        // Every head, clock included, is the one OpenClaw left in its file: a head whose
+        // watermark pruning raised carries the pruning's time.
+        assert_eq!(
+            backend.store.list_heads(None).await.expect("heads"),
+            openclaw_heads,
+            "{}: the heads OpenClaw's file holds",
+            backend.name
+        );
     }
+}
+
+/// The heads of OpenClaw's fixture database, read from a copy opened read-only.
+async fn fixture_heads() -> Vec<awareness_core::Head> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let copy = dir.path().join("state.sqlite");
+    std::fs::copy(openclaw_fixture_dir().join("state.sqlite"), &copy).expect("copy the fixture");
+    let store = gateway_adapter::open_store_with(
+        &format!("sqlite://{}", copy.display()),
+        gateway_adapter::OpenOptions {
+            read_only: true,
+            create_if_missing: false,
+            ..gateway_adapter::OpenOptions::default()
+        },
+    )
+    .await
+    .expect("open the fixture's copy read-only");
+    let heads = store.list_heads(None).await.expect("the fixture's heads");
+    store.close().await;
+    assert_eq!(heads.len(), 4, "the fixture holds four heads");
+    heads
 }

@@ -369,7 +369,7 @@ mod tests {
         assert_eq!(first.last_sequence, Sequence(3));
         assert_eq!(first.pruned_max_sequence, Sequence::ZERO);
         assert_eq!(first.updated_at, Timestamp(7));
-        let pruned = crate::retention::stamp(&first, Sequence(2));
+        let pruned = crate::retention::stamp(&first, Sequence(2), Timestamp(7));
         let next = head_after(
             Some(&pruned),
             &ev(EventKind::HumanDirectMessage, 9, None),

@@ -99,10 +99,17 @@ pub fn watermarks<'a>(
     out
 }
 
-/// Stamps a head's pruned watermark: only ever raised, never lowers the head.
-pub fn stamp(head: &Head, pruned: Sequence) -> Head {
+/// Stamps a head's pruned watermark at `now`: the watermark is only ever raised and the head
+/// never lowered; `updated_at` becomes `now` when the watermark rises (OpenClaw's heads show
+/// the time of the pruning that raised it: in its fixture, `agent:main:subagent:old`, recorded
+/// at 1800000000000, has `updated_at` 1802600000000, the time of the recording whose pruning
+/// deleted its event).
+pub fn stamp(head: &Head, pruned: Sequence, now: Timestamp) -> Head {
     let mut h = head.clone();
-    h.pruned_max_sequence = h.pruned_max_sequence.max(pruned);
+    if pruned > h.pruned_max_sequence {
+        h.pruned_max_sequence = pruned;
+        h.updated_at = now;
+    }
     h
 }
 
@@ -214,8 +221,11 @@ mod tests {
             pruned_max_sequence: Sequence(5),
             updated_at: Timestamp(0),
         };
-        assert_eq!(stamp(&h, Sequence(3)).pruned_max_sequence, Sequence(5));
-        assert_eq!(stamp(&h, Sequence(7)).pruned_max_sequence, Sequence(7));
-        assert_eq!(stamp(&h, Sequence(7)).last_sequence, Sequence(9));
+        let now = Timestamp(1_000);
+        assert_eq!(stamp(&h, Sequence(3), now), h, "not raised: unchanged");
+        let raised = stamp(&h, Sequence(7), now);
+        assert_eq!(raised.pruned_max_sequence, Sequence(7));
+        assert_eq!(raised.last_sequence, Sequence(9));
+        assert_eq!(raised.updated_at, now, "raised at `now`, as OpenClaw's");
     }
 }

@@ -65,8 +65,14 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// atomic (store-sqlite: at most 250 rows per transaction; store-redb: one transaction per
     /// chunk). Event steps stamp the pruned watermark of every affected head before deleting the
     /// rows it covers, in the same transaction, so a failure partway leaves every deleted row
-    /// covered by its head's watermark. They never create, delete or lower a head.
-    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError>;
+    /// covered by its head's watermark. They never create, delete or lower a head; a head whose
+    /// watermark they raise gets `updated_at = now`, as OpenClaw's does.
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError>;
 
     /// Deletes a session: its events, its head, and the cursors where it is the watcher or the
     /// target (of that agent). Another agent's same-named session is left alone.
@@ -191,7 +197,7 @@ pub trait AwarenessStoreExt: AwarenessStore {
         let chunk = policy.chunk_rows.max(1);
         for step in policy.steps(now) {
             loop {
-                let deleted = self.prune_chunk(&step, chunk).await?;
+                let deleted = self.prune_chunk(&step, chunk, now).await?;
                 report.add(&step, deleted);
                 if deleted < chunk as u64 {
                     break;

@@ -211,15 +211,15 @@ impl Inner {
         Some(ev)
     }
 
-    /// Stamps watermarks of existing heads, then deletes the victims.
-    fn prune_events(&mut self, victims: &[Sequence]) -> u64 {
+    /// Stamps watermarks of existing heads at `now`, then deletes the victims.
+    fn prune_events(&mut self, victims: &[Sequence], now: Timestamp) -> u64 {
         let refs: Vec<(SessionRef, Sequence)> = victims
             .iter()
             .filter_map(|s| self.events.get(s).map(|e| (e.session_ref(), *s)))
             .collect();
         for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
             if let Some(st) = self.sessions.get_mut(&r) {
-                st.head = retention::stamp(&st.head, s);
+                st.head = retention::stamp(&st.head, s, now);
             }
         }
         victims
@@ -346,7 +346,12 @@ impl EventStore for MemoryStore {
         })
     }
 
-    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
         let mut g = self.lock_after_blocked();
         Ok(match *step {
             PruneStep::Age { cutoff } => {
@@ -357,12 +362,12 @@ impl EventStore for MemoryStore {
                     .take(max_rows)
                     .map(|(s, _)| *s)
                     .collect();
-                g.prune_events(&victims)
+                g.prune_events(&victims, now)
             }
             PruneStep::RowCap { max_rows: keep } => {
                 let n = retention::row_cap_victims(g.events.len() as u64, keep, max_rows);
                 let victims: Vec<Sequence> = g.events.keys().take(n).copied().collect();
-                g.prune_events(&victims)
+                g.prune_events(&victims, now)
             }
             PruneStep::Cursors { cutoff } => {
                 let victims: Vec<CursorKey> = g

@@ -685,8 +685,13 @@ fn aged_events(
     Ok(out)
 }
 
-/// Stamps the watermarks of the victims' heads, then deletes the victims (one pruning chunk).
-fn prune_events(txn: &WriteTransaction, victims: &[u64]) -> Result<u64, StoreError> {
+/// Stamps the watermarks of the victims' heads at `now`, then deletes the victims (one pruning
+/// chunk).
+fn prune_events(
+    txn: &WriteTransaction,
+    victims: &[u64],
+    now: Timestamp,
+) -> Result<u64, StoreError> {
     if victims.is_empty() {
         return Ok(0);
     }
@@ -694,7 +699,7 @@ fn prune_events(txn: &WriteTransaction, victims: &[u64]) -> Result<u64, StoreErr
     let doomed = ev.doomed(victims)?;
     for (r, s) in retention::watermarks(doomed.iter().map(|d| (&d.session, Sequence(d.seq)))) {
         if let Some(h) = tables::read_head(&ev.by_ref, &r)? {
-            tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s))?;
+            tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s, now))?;
         }
     }
     ev.remove_many(&doomed)
@@ -705,11 +710,12 @@ fn prune_tx(
     step: PruneStep,
     max_rows: usize,
     aged: &[u64],
+    now: Timestamp,
 ) -> Result<u64, StoreError> {
     match step {
         // The victims were chosen in a read transaction (see `prune_chunk`); rows are immutable,
         // so a victim still present still qualifies.
-        PruneStep::Age { .. } => prune_events(txn, aged),
+        PruneStep::Age { .. } => prune_events(txn, aged, now),
         PruneStep::RowCap { max_rows: keep } => {
             let victims: Vec<u64> = {
                 let events = txn.open_table(EVENTS).ctx("prune: open events")?;
@@ -725,7 +731,7 @@ fn prune_tx(
                     .map(|item| item.map(|(k, _)| k.value()).ctx("prune: scan events"))
                     .collect::<Result<_, _>>()?
             };
-            prune_events(txn, &victims)
+            prune_events(txn, &victims, now)
         }
         PruneStep::Cursors { cutoff } => {
             let mut cur = CursorTables::open(txn)?;
@@ -898,7 +904,12 @@ impl EventStore for RedbStore {
         .await
     }
 
-    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
         // A read-only handle refuses even a chunk with nothing to delete.
         self.writer.refuse("prune")?;
         let step = *step;
@@ -922,7 +933,7 @@ impl EventStore for RedbStore {
             _ => Vec::new(),
         };
         self.write("prune", move |txn| {
-            let n = prune_tx(txn, step, max_rows, &aged)?;
+            let n = prune_tx(txn, step, max_rows, &aged, now)?;
             Ok((n, n > 0))
         })
         .await

@@ -416,7 +416,7 @@ async fn a_schema_1_file_is_migrated_and_loses_nothing() {
         }
         // Prune the oldest rows so that both heads carry a pruned watermark.
         let step = awareness_core::PruneStep::RowCap { max_rows: 10 };
-        assert_eq!(s.prune_chunk(&step, 100).await.unwrap(), 2);
+        assert_eq!(s.prune_chunk(&step, 100, T0).await.unwrap(), 2);
         (
             s.list_heads(None).await.unwrap(),
             s.changes_since(&child(), Sequence(0), 200).await.unwrap(),

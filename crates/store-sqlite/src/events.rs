@@ -340,13 +340,18 @@ impl EventStore for SqliteStore {
     /// the watermarks of what it deletes before deleting it, so every commit point keeps the
     /// invariants; the result is the same as one transaction of `max_rows` (the test
     /// the workspace's `tests/tests/pruning_chunks.rs` compares it with the reference store).
-    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
         let mut total = 0usize;
         while total < max_rows {
             let bound = (max_rows - total).min(PRUNE_TX_ROWS);
             let mut w = self.writer("prune").await?;
             self.count_write(PRUNE_WEIGHT - 1);
-            let res = prune_tx(&mut w.conn, step, bound).await;
+            let res = prune_tx(&mut w.conn, step, bound, now).await;
             let deleted = usize::try_from(w.finish(res).await?).unwrap_or(usize::MAX);
             drop(w);
             total = total.saturating_add(deleted);
@@ -386,6 +391,7 @@ async fn prune_tx(
     conn: &mut SqliteConnection,
     step: &PruneStep,
     max_rows: usize,
+    now: Timestamp,
 ) -> Result<u64, StoreError> {
     const WHAT: &str = "prune";
     let victims_row = match *step {
@@ -429,16 +435,17 @@ async fn prune_tx(
         .collect();
     // Watermarks are stamped before the rows go, in the same transaction; a ref without a head
     // gets none (pruning never creates a head).
-    let stamps: Vec<(&str, &str, i64)> =
+    let stamps: Vec<(&str, &str, i64, i64)> =
         retention::watermarks(victims.iter().map(|(s, r)| (r, *s)))
             .into_iter()
             .filter_map(|(r, pruned)| {
                 let head = heads.get(&r)?;
-                let stamped = retention::stamp(head, pruned);
+                let stamped = retention::stamp(head, pruned, now);
                 Some((
                     head.session.session_key.as_str(),
                     head.session.agent_id.as_str(),
                     int(stamped.pruned_max_sequence),
+                    stamped.updated_at.millis(),
                 ))
             })
             .collect();

@@ -416,10 +416,10 @@ SELECT
     WHERE (session_key, agent_id) IN (SELECT session_key, agent_id FROM v))"
 );
 
-/// Prune, last batch: stamps the watermarks `$1` (`[key, agent, pruned_max]`, computed by
-/// `retention::stamp`), deletes the sequences `$2`, answers how many went, commits.
+/// Prune, last batch: stamps the watermarks `$1` (`[key, agent, pruned_max, updated_at]`,
+/// computed by `retention::stamp`), deletes the sequences `$2`, answers how many went, commits.
 pub(crate) const PRUNE_DELETE_COMMIT: &str = "UPDATE session_state_heads
-SET pruned_max_sequence = w.value ->> 2
+SET pruned_max_sequence = w.value ->> 2, updated_at = w.value ->> 3
 FROM jsonb_each($1) AS w
 WHERE session_key = w.value ->> 0 AND agent_id = w.value ->> 1;
 DELETE FROM session_state_events WHERE sequence IN (SELECT value FROM jsonb_each($2));

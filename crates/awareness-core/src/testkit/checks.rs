@@ -378,8 +378,9 @@ pub async fn heads_survive_pruning(t: &Subject) {
     );
     assert_eq!(head.pruned_max_sequence, Sequence(3));
     assert_eq!(
-        head.updated_at, T0,
-        "pruning does not touch the head's clock"
+        head.updated_at,
+        T0.plus_ms(31 * DAY),
+        "the pruning that raised the watermark stamps the head's clock, as OpenClaw's does"
     );
 }
 
@@ -1336,6 +1337,42 @@ pub async fn prune_expires_idle_cursors(t: &Subject) {
     );
 }
 
+/// A head whose watermark a pruning chunk raises gets the chunk's time as `updated_at`, as
+/// OpenClaw's heads do (its fixture's `agent:main:subagent:old` shows the time of the pruning,
+/// not of its event); a head the chunk leaves alone keeps its time.
+pub async fn pruning_stamps_the_heads_it_raises_with_its_time(t: &Subject) {
+    let s = &*t.store;
+    let old = r("agent:main:subagent:old", "main");
+    let kept = child();
+    let first = rec(s, log_only(&old, "old news"), T0).await.event.sequence;
+    rec(s, log_only(&kept, "fresh"), T0.plus_ms(2 * DAY)).await;
+    let at = T0.plus_ms(31 * DAY);
+    let age = PruneStep::Age {
+        cutoff: T0.plus_ms(DAY),
+    };
+    assert_eq!(s.prune_chunk(&age, 100, at).await.unwrap(), 1);
+    let heads = s.heads(&[old.clone(), kept.clone()]).await.unwrap();
+    let head = |r: &SessionRef| {
+        heads
+            .iter()
+            .find(|h| h.session == *r)
+            .cloned()
+            .expect("the head stays")
+    };
+    let h = head(&old);
+    assert_eq!(
+        (h.last_sequence, h.pruned_max_sequence, h.updated_at),
+        (first, first, at),
+        "the pruned head: its watermark raised at the pruning's time"
+    );
+    let h = head(&kept);
+    assert_eq!(
+        (h.pruned_max_sequence, h.updated_at),
+        (Sequence::ZERO, T0.plus_ms(2 * DAY)),
+        "the head the chunk left alone"
+    );
+}
+
 pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
     let s = &*t.store;
     for _ in 0..25 {
@@ -1345,7 +1382,7 @@ pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
         cutoff: T0.plus_ms(1),
     };
     assert_eq!(
-        s.prune_chunk(&step, 10).await.unwrap(),
+        s.prune_chunk(&step, 10, T0.plus_ms(1)).await.unwrap(),
         10,
         "a chunk deletes at most its bound"
     );
@@ -1988,6 +2025,7 @@ pub async fn a_store_keeps_the_audit_invariants(t: &Subject) {
             cutoff: T0.plus_ms(DAY),
         },
         100,
+        T0.plus_ms(31 * DAY),
     )
     .await
     .expect("prune");

@@ -93,7 +93,7 @@ pub(crate) async fn fill(t: &Subject) -> String {
     let cutoff = T0.plus_ms(Timestamp::DAY_MS);
     let pruned = t
         .store
-        .prune_chunk(&PruneStep::Age { cutoff }, 100)
+        .prune_chunk(&PruneStep::Age { cutoff }, 100, cutoff)
         .await
         .expect("prune");
     assert_eq!(pruned, 2, "the two old events go");
@@ -274,7 +274,7 @@ pub async fn the_sequence_never_goes_back_across_reopens(f: impl OpenFile) {
         assert_eq!(next, top.next(), "after deleting the highest row by hand");
         let pruned = t
             .store
-            .prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 100)
+            .prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 100, T0)
             .await
             .expect("prune");
         assert_eq!(pruned, 2, "every retained row goes");

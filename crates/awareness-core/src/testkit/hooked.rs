@@ -127,8 +127,13 @@ impl<H: Hook> EventStore for Hooked<H> {
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         self.around(Call::LogStats, self.inner.log_stats()).await
     }
-    async fn prune_chunk(&self, step: &PruneStep, max_rows: usize) -> Result<u64, StoreError> {
-        let answer = self.inner.prune_chunk(step, max_rows);
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let answer = self.inner.prune_chunk(step, max_rows, now);
         self.around(Call::PruneChunk, answer).await
     }
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {

@@ -244,6 +244,7 @@ macro_rules! conformance_suite {
             prune_row_cap_keeps_newest_rows,
             prune_expires_idle_cursors,
             prune_runs_in_bounded_chunks,
+            pruning_stamps_the_heads_it_raises_with_its_time,
             invalid_summary_is_rejected_and_nothing_written,
             invalid_payload_is_rejected_and_nothing_written,
             invalid_ids_are_rejected_and_nothing_written,

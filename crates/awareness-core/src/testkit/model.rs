@@ -382,7 +382,7 @@ impl Model {
         let mut report = PruneReport::default();
         for step in policy.steps(now) {
             loop {
-                let n = self.prune_chunk(&step, policy.chunk_rows);
+                let n = self.prune_chunk(&step, policy.chunk_rows, now);
                 report.add(&step, n);
                 if n < policy.chunk_rows as u64 {
                     break;
@@ -392,7 +392,7 @@ impl Model {
         report
     }
 
-    fn prune_chunk(&mut self, step: &PruneStep, max: usize) -> u64 {
+    fn prune_chunk(&mut self, step: &PruneStep, max: usize, now: Timestamp) -> u64 {
         let victims: Vec<Sequence> = match *step {
             PruneStep::Age { cutoff } => self
                 .events
@@ -427,7 +427,7 @@ impl Model {
             .collect();
         for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
             if let Some(h) = self.heads.get_mut(&r) {
-                *h = retention::stamp(h, s);
+                *h = retention::stamp(h, s, now);
             }
         }
         self.events.retain(|e| !victims.contains(&e.sequence));

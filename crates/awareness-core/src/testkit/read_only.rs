@@ -127,7 +127,8 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
     );
     assert_refused(
         "prune_chunk",
-        s.prune_chunk(&PruneStep::Age { cutoff: LATER }, 100).await,
+        s.prune_chunk(&PruneStep::Age { cutoff: LATER }, 100, LATER)
+            .await,
         &file,
     );
     assert_refused("delete_session", s.delete_session(&old).await, &file);
@@ -157,7 +158,7 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
     let stranger = crate::testkit::checks::r("agent:main:nobody", "main");
     assert_refused(
         "prune_chunk with nothing old",
-        s.prune_chunk(&PruneStep::Age { cutoff: T0 }, 100).await,
+        s.prune_chunk(&PruneStep::Age { cutoff: T0 }, 100, T0).await,
         &file,
     );
     assert_refused(

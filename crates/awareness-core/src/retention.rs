@@ -100,7 +100,8 @@ pub fn watermarks<'a>(
 }
 
 /// Stamps a head's pruned watermark at `now`: the watermark is only ever raised and the head
-/// never lowered; `updated_at` becomes `now` when the watermark rises (OpenClaw's heads show
+/// never lowered; `updated_at` moves up to `now` when the watermark rises (never back: a
+/// recording between two chunks of one pass may be later than the pass; OpenClaw's heads show
 /// the time of the pruning that raised it: in its fixture, `agent:main:subagent:old`, recorded
 /// at 1800000000000, has `updated_at` 1802600000000, the time of the recording whose pruning
 /// deleted its event).
@@ -108,7 +109,7 @@ pub fn stamp(head: &Head, pruned: Sequence, now: Timestamp) -> Head {
     let mut h = head.clone();
     if pruned > h.pruned_max_sequence {
         h.pruned_max_sequence = pruned;
-        h.updated_at = now;
+        h.updated_at = h.updated_at.max(now);
     }
     h
 }
@@ -227,5 +228,14 @@ mod tests {
         assert_eq!(raised.pruned_max_sequence, Sequence(7));
         assert_eq!(raised.last_sequence, Sequence(9));
         assert_eq!(raised.updated_at, now, "raised at `now`, as OpenClaw's");
+        let recorded_later = Head {
+            updated_at: Timestamp(2_000),
+            ..h
+        };
+        assert_eq!(
+            stamp(&recorded_later, Sequence(7), now).updated_at,
+            Timestamp(2_000),
+            "a head's clock never goes back"
+        );
     }
 }

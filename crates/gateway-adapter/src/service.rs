@@ -272,6 +272,20 @@ impl TurnLocks {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Drops what a dropped turn of `watcher` left for the next one (its watches are gone),
+    /// unless a turn of it runs right now.
+    fn forget(&self, watcher: &SessionKey) {
+        let mut map = self.map();
+        if let Some(lock) = map.get(watcher)
+            && let Ok(mut carried) = lock.try_lock()
+        {
+            *carried = Carried::default();
+        }
+        map.retain(|_, lock| {
+            Arc::strong_count(lock) > 1 || lock.try_lock().map_or(true, |c| !c.is_empty())
+        });
+    }
+
     /// Waits until no other turn of `watcher` runs, and holds its lock until the guard drops.
     async fn lock(&self, watcher: &SessionKey) -> TurnGuard<'_> {
         let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
@@ -294,7 +308,7 @@ impl TurnGuard<'_> {
     fn carried(&mut self) -> &mut Carried {
         self.guard
             .as_mut()
-            .expect("the lock is held until the guard drops")
+            .expect("the lock is held until the guard drops, or lent out and given back")
     }
 }
 
@@ -317,6 +331,20 @@ fn deliver_to(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &
         if added && !n.watcher.session_key().is_subagent() {
             wake.wake(n.watcher.session_key(), "session-state");
         }
+    }
+}
+
+/// [`deliver_to`], after a write that committed: a panic while delivering (a wake sink that
+/// panics) is logged, not turned into the write's failure, which a caller could retry.
+fn deliver_logged(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &[Notice]) {
+    let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        deliver_to(queue, wake, notices);
+    }));
+    if delivered.is_err() {
+        warn!(
+            notices = notices.len(),
+            "delivering notices panicked; those not queued are recovered by the watcher's next turn"
+        );
     }
 }
 
@@ -509,7 +537,7 @@ impl Awareness {
         let wake = Arc::clone(&self.wake);
         tokio::spawn(async move {
             let written = write.await?;
-            deliver_to(&*queue, &*wake, notices(&written));
+            deliver_logged(&*queue, &*wake, notices(&written));
             Ok(written)
         })
         .await
@@ -975,9 +1003,10 @@ impl Awareness {
     /// A turn whose caller gives up (drops this future: a turn timeout, an aborted task) loses
     /// nothing: the acknowledgement, once started, commits and delivers its follow-ups on a
     /// task of its own, and what the turn had taken (the drained lines, or the lines it had
-    /// settled on) goes to the watcher's next turn, which returns it first. That is kept in
-    /// memory: a restart loses it, as it loses the queue, and notices the dropped turn had
-    /// already acknowledged are then gone.
+    /// settled on) goes to the watcher's next turn, which returns it first; the dropped turn's
+    /// acknowledgement holds the watcher's turn lock until it ends. A reset or delete of the
+    /// watcher drops it. That is kept in memory: a restart loses it, as it loses the queue, and
+    /// notices the dropped turn had already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
         let mut turn = self.turns.lock(watcher).await;
         // What an earlier turn whose caller gave up had taken comes first.
@@ -1031,15 +1060,60 @@ impl Awareness {
             read.push(line.clone());
         }
         let targets: Vec<SessionKey> = current.iter().map(|n| n.target.clone()).collect();
-        // Should this turn be dropped while it acknowledges (which then still commits and
-        // delivers its follow-ups, see `acknowledge`), the next turn shows what it read.
+        // Should this turn be dropped while it acknowledges, the acknowledgement still commits
+        // and delivers its follow-ups, and the next turn shows what this one read. The turn's
+        // lock goes with the acknowledgement and is released when it ends, not when the turn
+        // is dropped: the next turn must not read the cursors while it is in flight (see 1).
         turn.carried().read.clone_from(&read);
-        self.acknowledge(watcher, &targets).await;
+        let held = turn.guard.take().expect("the turn holds its lock");
+        let Some(held) = self.acknowledge_holding(watcher, targets, held).await else {
+            // The acknowledgement's task failed (it panicked): the lock was released with what
+            // this turn read, which the next turn shows.
+            return Vec::new();
+        };
+        turn.guard = Some(held);
         turn.carried().read.clear();
         for line in &lines {
             self.queue.remove(watcher, line);
         }
         read
+    }
+
+    /// [`Awareness::acknowledge`] for a turn, on a task that also holds the turn's lock
+    /// (`held`) until the acknowledgement has committed and its follow-ups are queued, and
+    /// gives the lock back; `None` if the task failed, and the lock with it.
+    async fn acknowledge_holding(
+        &self,
+        watcher: &SessionKey,
+        targets: Vec<SessionKey>,
+        held: tokio::sync::OwnedMutexGuard<Carried>,
+    ) -> Option<tokio::sync::OwnedMutexGuard<Carried>> {
+        let Ok(w) = WatcherKey::new(watcher.clone()) else {
+            return Some(held);
+        };
+        if targets.is_empty() {
+            return Some(held);
+        }
+        let store = Arc::clone(&self.store);
+        let queue = Arc::clone(&self.queue);
+        let wake = Arc::clone(&self.wake);
+        let now = self.clock.now();
+        let task = tokio::spawn(async move {
+            match store.acknowledge(&w, &targets, now).await {
+                Ok(follow) => deliver_logged(&*queue, &*wake, &follow),
+                Err(e) => {
+                    warn!(watcher = %w.session_key(), error = %e, "acknowledge failed; the notices stay pending");
+                }
+            }
+            held
+        });
+        match task.await {
+            Ok(held) => Some(held),
+            Err(e) => {
+                warn!(watcher = %watcher, error = %e, "the acknowledgement's task failed; the next turn shows what this one read");
+                None
+            }
+        }
     }
 
     /// The watcher's cursors with a pending notice.
@@ -1060,6 +1134,7 @@ impl Awareness {
 
     /// Session reset: its own watches go (its assumptions are gone); its history stays.
     pub async fn on_reset(&self, session: &SessionKey) {
+        self.turns.forget(session);
         if let Err(e) = self.store.reset_watcher(session).await {
             warn!(session_key = %session, error = %e, "reset: watches not removed");
         }
@@ -1067,6 +1142,7 @@ impl Awareness {
 
     /// Session deleted: its events, head, upstream link and cursors go.
     pub async fn on_delete(&self, session: &SessionRef) {
+        self.turns.forget(&session.session_key);
         if let Err(e) = self.store.delete_session(session).await {
             warn!(session_key = %session.session_key, error = %e, "delete: state not removed");
         }

@@ -15,8 +15,8 @@ use awareness_core::{
     AwarenessStore, Cursor, CursorStore, Sequence, SessionKey, WatcherKey, async_trait,
 };
 use gateway_adapter::{
-    Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, QueuedEntry, RecordingWake,
-    SessionEntry, SystemEventQueue,
+    Awareness, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue, QueuedEntry,
+    RecordingWake, SessionEntry, SystemEventQueue,
 };
 use store_memory::MemoryStore;
 use tokio::sync::{Semaphore, mpsc};
@@ -346,4 +346,84 @@ async fn a_recording_dropped_after_its_commit_still_delivers_and_wakes() {
     settle().await;
     assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
     assert_eq!(w.wake.count(&k(MANAGER)), 1, "the manager was woken");
+}
+
+/// Bug: a turn dropped while its acknowledgement was in flight released the watcher's turn
+/// lock at once, so the next turn read the cursors and acknowledged while that
+/// acknowledgement still ran, and acknowledged the follow-up it queued, which no turn showed.
+/// The dropped turn's acknowledgement now keeps the lock until it ends.
+#[tokio::test]
+async fn a_turn_after_a_dropped_one_waits_for_its_acknowledgement() {
+    let mut w = World::new().await;
+    let first = w.human().await; // notice: changesSince 1
+    let a = w.turn();
+    w.entered.recv().await.expect("turn A acknowledges");
+    let later = w.human().await; // lands while A's acknowledgement waits
+    a.abort();
+    assert!(a.await.unwrap_err().is_cancelled());
+    let b = w.turn();
+    settle().await;
+    w.store.hook.permits.add_permits(1); // the first acknowledgement to reach the gate commits
+    settle().await;
+    w.open_gate();
+    let read_b = texts(&b.await.unwrap());
+    let read_c = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    let mut read: Vec<String> = read_b.into_iter().chain(read_c).collect();
+    read.sort();
+    assert_eq!(
+        read,
+        vec![notice(Sequence(1)), notice(first)],
+        "each notice shown once, the follow-up of the dropped turn's acknowledgement included"
+    );
+    let c = w.cursor().await;
+    assert_eq!((c.last_seen, c.notified, c.material), (later, later, later));
+}
+
+/// What a dropped turn left for the next one goes with the watcher's watches when it is reset:
+/// the next turn does not show notices of watches that no longer exist.
+#[tokio::test]
+async fn a_reset_drops_what_a_dropped_turn_left() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let a = w.turn();
+    w.entered
+        .recv()
+        .await
+        .expect("turn A's acknowledgement committed");
+    a.abort();
+    assert!(a.await.unwrap_err().is_cancelled());
+    w.open_gate();
+    settle().await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        Vec::<String>::new()
+    );
+}
+
+/// A wake that panics after a recording committed (the gateway's heartbeat runner failing)
+/// does not make the recording look failed: the caller would record it again.
+#[tokio::test]
+async fn a_panicking_wake_does_not_fail_a_committed_recording() {
+    struct Panicking;
+    impl HeartbeatWake for Panicking {
+        fn wake(&self, _: &SessionKey, _: &str) {
+            panic!("the heartbeat runner failed");
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let svc = Awareness::builder(
+        store.clone(),
+        queue.clone(),
+        Arc::new(Panicking),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("seeded");
+    let recorded = svc.human_message(human_message()).await;
+    assert!(recorded.is_some(), "the committed recording is reported");
+    assert_eq!(texts(&queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
 }

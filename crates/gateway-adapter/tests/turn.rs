@@ -130,6 +130,16 @@ impl World {
         tokio::spawn(async move { svc.drain_turn(&k(MANAGER)).await })
     }
 
+    /// The manager's turn, on its own task, once it has reached the gate.
+    async fn turn_at_the_gate(&mut self) -> tokio::task::JoinHandle<Vec<QueuedEntry>> {
+        let turn = self.turn();
+        self.entered
+            .recv()
+            .await
+            .expect("the turn reaches the gate");
+        turn
+    }
+
     fn open_gate(&self) {
         self.store
             .hook
@@ -272,6 +282,12 @@ async fn a_notice_delivered_after_its_acknowledgement_is_not_read_again() {
     assert!(w.queue.peek(&k(MANAGER)).is_empty());
 }
 
+/// Drops a turn or a recording, as a gateway's timeout would.
+async fn dropped<T: std::fmt::Debug>(task: tokio::task::JoinHandle<T>) {
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+}
+
 /// Lets the spawned tasks run as far as they can (the runtime has one thread).
 async fn settle() {
     for _ in 0..16 {
@@ -286,13 +302,8 @@ async fn settle() {
 async fn a_turn_dropped_after_its_acknowledgement_leaves_its_lines_to_the_next_turn() {
     let mut w = World::gated(Call::Acknowledge, true).await;
     let first = w.human().await;
-    let a = w.turn();
-    w.entered
-        .recv()
-        .await
-        .expect("turn A's acknowledgement committed");
-    a.abort();
-    assert!(a.await.unwrap_err().is_cancelled());
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
     w.open_gate();
     settle().await;
     let c = w.cursor().await;
@@ -320,10 +331,8 @@ async fn a_turn_dropped_while_reading_the_cursors_loses_no_queued_line() {
         context_key: None,
     };
     assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
-    let a = w.turn();
-    w.entered.recv().await.expect("turn A reads the cursors");
-    a.abort();
-    assert!(a.await.unwrap_err().is_cancelled());
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
     w.open_gate();
     let mut read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
     read.sort();
@@ -340,8 +349,7 @@ async fn a_recording_dropped_after_its_commit_still_delivers_and_wakes() {
     let svc = Arc::clone(&w.svc);
     let recording = tokio::spawn(async move { svc.human_message(human_message()).await });
     w.entered.recv().await.expect("the recording committed");
-    recording.abort();
-    assert!(recording.await.unwrap_err().is_cancelled());
+    dropped(recording).await;
     w.open_gate();
     settle().await;
     assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
@@ -356,11 +364,9 @@ async fn a_recording_dropped_after_its_commit_still_delivers_and_wakes() {
 async fn a_turn_after_a_dropped_one_waits_for_its_acknowledgement() {
     let mut w = World::new().await;
     let first = w.human().await; // notice: changesSince 1
-    let a = w.turn();
-    w.entered.recv().await.expect("turn A acknowledges");
+    let a = w.turn_at_the_gate().await;
     let later = w.human().await; // lands while A's acknowledgement waits
-    a.abort();
-    assert!(a.await.unwrap_err().is_cancelled());
+    dropped(a).await;
     let b = w.turn();
     settle().await;
     w.store.hook.permits.add_permits(1); // the first acknowledgement to reach the gate commits
@@ -385,13 +391,8 @@ async fn a_turn_after_a_dropped_one_waits_for_its_acknowledgement() {
 async fn a_reset_drops_what_a_dropped_turn_left() {
     let mut w = World::gated(Call::Acknowledge, true).await;
     w.human().await;
-    let a = w.turn();
-    w.entered
-        .recv()
-        .await
-        .expect("turn A's acknowledgement committed");
-    a.abort();
-    assert!(a.await.unwrap_err().is_cancelled());
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
     w.open_gate();
     settle().await;
     w.svc.on_reset(&k(MANAGER)).await;

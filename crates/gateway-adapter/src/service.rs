@@ -281,9 +281,7 @@ impl TurnLocks {
         {
             *carried = Carried::default();
         }
-        map.retain(|_, lock| {
-            Arc::strong_count(lock) > 1 || lock.try_lock().map_or(true, |c| !c.is_empty())
-        });
+        keep_in_use(&mut map);
     }
 
     /// Waits until no other turn of `watcher` runs, and holds its lock until the guard drops.
@@ -315,12 +313,17 @@ impl TurnGuard<'_> {
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        // Clones are only taken under the map's lock, so an entry only the map holds has no
-        // turn holding or waiting for it; it stays while it carries lines for the next turn.
-        self.locks.map().retain(|_, lock| {
-            Arc::strong_count(lock) > 1 || lock.try_lock().map_or(true, |c| !c.is_empty())
-        });
+        keep_in_use(&mut self.locks.map());
     }
+}
+
+/// Drops the turn locks nobody uses. Clones are only taken under the map's lock, so an entry
+/// only the map holds has no turn holding or waiting for it; it stays while it carries lines
+/// for the next turn.
+fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
+    map.retain(|_, lock| {
+        Arc::strong_count(lock) > 1 || lock.try_lock().map_or(true, |c| !c.is_empty())
+    });
 }
 
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
@@ -513,35 +516,43 @@ impl Awareness {
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
-        self.write_and_deliver(async move { store.record(event, now).await }, |r| {
-            r.notices.as_slice()
-        })
-        .await
+        let written =
+            self.write_and_deliver((), async move { store.record(event, now).await }, |r| {
+                r.notices.as_slice()
+            });
+        let ((), recorded) = written
+            .await
+            .map_err(|e| StoreError::backend("the recording's task failed", e))?;
+        recorded
     }
 
     /// Runs a store write that hands out notices, then delivers them, on a task of its own,
-    /// and waits for both. A caller that gives up (drops its future: a turn's timeout, an
-    /// aborted task) can therefore not separate a committed write from its delivery: a store
-    /// may commit a write whose caller is gone (a group commit does), and its notices would
-    /// then sit in the cursors, unqueued and with no wake.
-    async fn write_and_deliver<T, W>(
+    /// and waits for both; `keep` (a turn's lock) is held by that task until both are done and
+    /// handed back with the write's result. A caller that gives up (drops its future: a turn's
+    /// timeout, an aborted task) can therefore not separate a committed write from its
+    /// delivery: a store may commit a write whose caller is gone (a group commit does), and its
+    /// notices would then sit in the cursors, unqueued and with no wake.
+    async fn write_and_deliver<K, T, W>(
         &self,
+        keep: K,
         write: W,
         notices: fn(&T) -> &[Notice],
-    ) -> Result<T, StoreError>
+    ) -> Result<(K, Result<T, StoreError>), tokio::task::JoinError>
     where
+        K: Send + 'static,
         W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
         let queue = Arc::clone(&self.queue);
         let wake = Arc::clone(&self.wake);
         tokio::spawn(async move {
-            let written = write.await?;
-            deliver_logged(&*queue, &*wake, notices(&written));
-            Ok(written)
+            let written = write.await;
+            if let Ok(w) = &written {
+                deliver_logged(&*queue, &*wake, notices(w));
+            }
+            (keep, written)
         })
         .await
-        .unwrap_or_else(|e| Err(StoreError::backend("the store write's task failed", e)))
     }
 
     /// Records an event, best effort: a failure is logged and yields `None`.
@@ -947,26 +958,46 @@ impl Awareness {
 
     /// Acknowledges the watcher's notices on `targets` and delivers the follow-ups.
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
+        self.acknowledge_holding(watcher, targets, ())
+            .await
+            .map(|((), follow)| follow)
+            .unwrap_or_default()
+    }
+
+    /// [`Awareness::acknowledge`], on a task that also holds `keep` (a turn's lock) until the
+    /// acknowledgement has committed and its follow-ups are queued, and gives it back with the
+    /// follow-ups; `None` if that task failed (panicked), and `keep` with it.
+    async fn acknowledge_holding<K: Send + 'static>(
+        &self,
+        watcher: &SessionKey,
+        targets: &[SessionKey],
+        keep: K,
+    ) -> Option<(K, Vec<Notice>)> {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
-            return Vec::new();
+            return Some((keep, Vec::new()));
         };
         if targets.is_empty() {
-            return Vec::new();
+            return Some((keep, Vec::new()));
         }
         let store = Arc::clone(&self.store);
         let targets = targets.to_vec();
         let now = self.clock.now();
         let acknowledged = self
             .write_and_deliver(
+                keep,
                 async move { store.acknowledge(&w, &targets, now).await },
                 Vec::as_slice,
             )
             .await;
         match acknowledged {
-            Ok(follow) => follow,
-            Err(e) => {
+            Ok((keep, Ok(follow))) => Some((keep, follow)),
+            Ok((keep, Err(e))) => {
                 warn!(watcher = %watcher, error = %e, "acknowledge failed; the notices stay pending");
-                Vec::new()
+                Some((keep, Vec::new()))
+            }
+            Err(e) => {
+                warn!(watcher = %watcher, error = %e, "the acknowledgement's task failed");
+                None
             }
         }
     }
@@ -1037,11 +1068,12 @@ impl Awareness {
             mut read,
         } = std::mem::take(turn.carried());
         read.reserve(drained.len() + current.len());
+        let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
         // A notice an earlier (dropped) turn settled on is not shown twice, whether or not its
         // acknowledgement committed.
-        let mut shown: Vec<bool> = current
+        let mut shown: Vec<bool> = lines
             .iter()
-            .map(|n| read.iter().any(|e| e.text == n.text()))
+            .map(|line| read.iter().any(|e| e.text == line.text))
             .collect();
         for e in drained {
             match protocol::classify_line(&e.text, e.context_key.as_deref(), &current) {
@@ -1055,7 +1087,6 @@ impl Awareness {
             }
             read.push(e);
         }
-        let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
         for (line, _) in lines.iter().zip(&shown).filter(|(_, shown)| !**shown) {
             read.push(line.clone());
         }
@@ -1066,7 +1097,7 @@ impl Awareness {
         // is dropped: the next turn must not read the cursors while it is in flight (see 1).
         turn.carried().read.clone_from(&read);
         let held = turn.guard.take().expect("the turn holds its lock");
-        let Some(held) = self.acknowledge_holding(watcher, targets, held).await else {
+        let Some((held, _)) = self.acknowledge_holding(watcher, &targets, held).await else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
             // this turn read, which the next turn shows.
             return Vec::new();
@@ -1077,43 +1108,6 @@ impl Awareness {
             self.queue.remove(watcher, line);
         }
         read
-    }
-
-    /// [`Awareness::acknowledge`] for a turn, on a task that also holds the turn's lock
-    /// (`held`) until the acknowledgement has committed and its follow-ups are queued, and
-    /// gives the lock back; `None` if the task failed, and the lock with it.
-    async fn acknowledge_holding(
-        &self,
-        watcher: &SessionKey,
-        targets: Vec<SessionKey>,
-        held: tokio::sync::OwnedMutexGuard<Carried>,
-    ) -> Option<tokio::sync::OwnedMutexGuard<Carried>> {
-        let Ok(w) = WatcherKey::new(watcher.clone()) else {
-            return Some(held);
-        };
-        if targets.is_empty() {
-            return Some(held);
-        }
-        let store = Arc::clone(&self.store);
-        let queue = Arc::clone(&self.queue);
-        let wake = Arc::clone(&self.wake);
-        let now = self.clock.now();
-        let task = tokio::spawn(async move {
-            match store.acknowledge(&w, &targets, now).await {
-                Ok(follow) => deliver_logged(&*queue, &*wake, &follow),
-                Err(e) => {
-                    warn!(watcher = %w.session_key(), error = %e, "acknowledge failed; the notices stay pending");
-                }
-            }
-            held
-        });
-        match task.await {
-            Ok(held) => Some(held),
-            Err(e) => {
-                warn!(watcher = %watcher, error = %e, "the acknowledgement's task failed; the next turn shows what this one read");
-                None
-            }
-        }
     }
 
     /// The watcher's cursors with a pending notice.
@@ -1180,13 +1174,16 @@ impl Awareness {
         let now = self.clock.now();
         let swept = self
             .write_and_deliver(
+                (),
                 async move {
                     let exists = move |w: &WatcherKey| dir.exists(w.session_key());
                     store.sweep(now, &exists).await
                 },
                 Vec::as_slice,
             )
-            .await;
+            .await
+            .map_err(|e| StoreError::backend("the sweep's task failed", e))
+            .and_then(|((), swept)| swept);
         match swept {
             Ok(notices) => notices.len(),
             Err(e) => {

@@ -25,6 +25,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
     SessionKey, SessionRef, StoreError, Timestamp, WatcherKey,
@@ -404,21 +405,7 @@ async fn verify(
     // The counter never goes back: the next sequence is above everything ever present, and
     // above every sequence a caller was given, even one whose commit the crash lost (the
     // bounded mode's loss must not hand its numbers out again).
-    let next = store
-        .record(log_only(WATCHED), Timestamp::now())
-        .await
-        .unwrap()
-        .event
-        .sequence
-        .get();
-    assert!(
-        next > max,
-        "round {round}: sequence {next} reused (max present {max})"
-    );
-    assert!(
-        next > handed_out,
-        "round {round}: sequence {next} handed out again after the crash lost it (callers were given up to {handed_out})"
-    );
+    assert_counter_resumes_above(&store, log_only(WATCHED), max, handed_out, round).await;
     max
 }
 

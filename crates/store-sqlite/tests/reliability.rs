@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, Sequence,
     SessionRef, StoreError, Timestamp, WatcherKey,
@@ -148,29 +149,19 @@ async fn verify_after_crash(
     // the second follows from the first; it is checked anyway).
     let max_present = present.keys().next_back().copied().unwrap_or(0);
     let handed_out = reported.keys().next_back().copied().unwrap_or(0);
-    let next = store
-        .record(
-            NewEvent::new(
-                target(0),
-                EventKind::HumanDirectMessage,
-                ActorType::Human,
-                "human message after the crash",
-            ),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap()
-        .event
-        .sequence
-        .get();
-    assert!(
-        next > max_present,
-        "round {round}: sequence {next} reused (max present {max_present})"
-    );
-    assert!(
-        next > handed_out,
-        "round {round}: sequence {next} handed out again (writers reported up to {handed_out})"
-    );
+    let next = assert_counter_resumes_above(
+        &store,
+        NewEvent::new(
+            target(0),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "human message after the crash",
+        ),
+        max_present,
+        handed_out,
+        round,
+    )
+    .await;
     store.close().await;
     next
 }

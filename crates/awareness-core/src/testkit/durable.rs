@@ -25,9 +25,9 @@ use std::path::Path;
 
 use super::checks::{T0, child, human, link_spec, log_only, r, rec, w};
 use super::{OpenFile, Scratch, Subject, observe, poll_once};
-use crate::model::{Sequence, SessionRef, Timestamp};
+use crate::model::{NewEvent, Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
-use crate::store::AwarenessStoreExt as _;
+use crate::store::{AwarenessStore, AwarenessStoreExt as _};
 
 const LATER: Timestamp = Timestamp(T0.0 + 2 * Timestamp::DAY_MS);
 
@@ -398,4 +398,33 @@ async fn b_records(b: &Subject, other: &SessionRef, polls: usize) {
         got.is_ok(),
         "a write cancelled after {polls} polls kept the file from another handle: {got:?}"
     );
+}
+
+/// For the stores' crash tests, after a kill and a reopen: records `event` and checks that it
+/// gets a sequence above every sequence the file holds (`present_max`) and above every sequence
+/// a caller was ever given (`handed_out`), lost or not: the counter never goes back, and no
+/// number is handed out twice. Returns the new sequence. `round` names the kill in messages.
+pub async fn assert_counter_resumes_above(
+    store: &dyn AwarenessStore,
+    event: NewEvent,
+    present_max: u64,
+    handed_out: u64,
+    round: usize,
+) -> u64 {
+    let next = store
+        .record(event, Timestamp::now())
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: recording after the reopen failed: {e}"))
+        .event
+        .sequence
+        .get();
+    assert!(
+        next > present_max,
+        "round {round}: sequence {next} reused (the file holds up to {present_max})"
+    );
+    assert!(
+        next > handed_out,
+        "round {round}: sequence {next} handed out again (callers were given up to {handed_out})"
+    );
+    next
 }

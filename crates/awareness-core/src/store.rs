@@ -66,7 +66,8 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// chunk). Event steps stamp the pruned watermark of every affected head before deleting the
     /// rows it covers, in the same transaction, so a failure partway leaves every deleted row
     /// covered by its head's watermark. They never create, delete or lower a head; a head whose
-    /// watermark they raise gets `updated_at = now`, as OpenClaw's does.
+    /// watermark they raise has its `updated_at` moved up to `now`, as OpenClaw's
+    /// ([`crate::retention::stamp`]).
     async fn prune_chunk(
         &self,
         step: &PruneStep,

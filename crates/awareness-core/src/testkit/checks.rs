@@ -1904,6 +1904,15 @@ pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) 
         u.upsert_link(huge, T0).await,
         Err(StoreError::InvalidInput(_))
     ));
+    // A catalog id too long for the summaries quoted from it (its events would all be refused).
+    let mut long = link_spec(&child(), "t1", 0);
+    long.catalog_id = "c".repeat(crate::upstream::MAX_CATALOG_ID_CHARS + 1);
+    assert!(matches!(
+        u.upsert_link(long, T0).await,
+        Err(StoreError::InvalidInput(
+            validate::ValidationError::CatalogIdTooLong { .. }
+        ))
+    ));
     assert!(u.links().await.unwrap().is_empty());
     assert_eq!(
         count(&*t.store).await,

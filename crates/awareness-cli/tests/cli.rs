@@ -24,6 +24,11 @@ fn stdout(o: &Output) -> String {
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+/// A usage error: exit code 2 and one line on stderr; `what` names the case.
+fn assert_usage(o: &Output, what: &str) {
+    assert_eq!(o.status.code(), Some(2), "{what}: {}", stderr(o));
+    assert_eq!(stderr(o).lines().count(), 1, "{what}: {}", stderr(o));
+}
 fn json(o: &Output) -> Value {
     assert!(
         o.status.success(),
@@ -445,27 +450,24 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         &["cursors", "--watcher", "global"][..],
     ] {
         let o = run_in(dir.path(), args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert_usage(&o, &format!("{args:?}"));
         assert!(!dir.path().join("awareness.db").exists());
     }
 
     // A wrong URL: usage.
     let o = run_in(dir.path(), &["--store", "postgres://x", "list"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert_usage(&o, "a wrong URL");
 
     // A duration the clock cannot reach: usage, before anything starts.
     let o = run_in(
         dir.path(),
         &["monitor", "--first-tick-secs", "18446744073709551615"],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_usage(&o, "a duration the clock cannot reach");
 
     // Bad flags: usage.
     let o = run_in(dir.path(), &["list", "--bogus"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert_usage(&o, "a bad flag");
     // A missing argument is named, and a missing command is said to be one.
     for (args, says) in [
         (&["status"][..], "<KEY>"),
@@ -474,17 +476,11 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         (&["status", "global", "--limit", "5"][..], "--changes-since"),
     ] {
         let o = run_in(dir.path(), args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
-        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert_usage(&o, &format!("{args:?}"));
         assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
     }
     let o = run_in(dir.path(), &["watch", "global", "agent:main:x"]);
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "a bare watcher is bad input: {}",
-        stderr(&o)
-    );
+    assert_usage(&o, "a bare watcher is bad input");
     let o = run_in(
         dir.path(),
         &[
@@ -497,7 +493,7 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
             "two\nlines",
         ],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_usage(&o, "a summary of two lines");
     assert!(
         !dir.path().join("awareness.db").exists(),
         "bad input to a write command creates no store"
@@ -526,8 +522,7 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
             dir.path(),
             &[&["--store", store.as_str()][..], args].concat(),
         );
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert_usage(&o, &format!("{args:?}"));
         assert!(
             std::fs::read(&file).unwrap() == before,
             "{args:?} changed the file"
@@ -547,7 +542,7 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
             "",
         ],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_usage(&o, "adopt with an empty catalog");
     assert!(
         !dir.path().join("adopted.redb").exists(),
         "adopt created its store"

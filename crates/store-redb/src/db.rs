@@ -67,15 +67,6 @@ impl Closed {
         *lock(&self.done)
     }
 
-    fn wait(&self) {
-        let g = lock(&self.done);
-        drop(
-            self.cv
-                .wait_while(g, |done| !*done)
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-    }
-
     /// Waits for the signal for at most `timeout`; returns whether it is set.
     fn wait_for(&self, timeout: Duration) -> bool {
         let g = lock(&self.done);
@@ -482,6 +473,21 @@ fn open_read_only(
     }
 }
 
+/// How long an open waits for the database of its file to close when no handle holds it any
+/// longer (its last handle is closing, or only an operation whose caller gave up still runs
+/// on it) before it is refused: a close takes milliseconds and an operation seconds at most,
+/// so a longer wait means something is stuck, and an error says so where a wait would hang.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+fn close_wait(canonical: &Path) -> Duration {
+    #[cfg(test)]
+    if let Some(bound) = tests::close_wait(canonical) {
+        return bound;
+    }
+    let _ = canonical;
+    CLOSE_WAIT
+}
+
 /// Opens (or shares) the database of `path`. Blocking: call inside `spawn_blocking`.
 ///
 /// A read-only open shares a database this process already has open, in either mode. A
@@ -492,7 +498,7 @@ fn open_read_only(
 ///
 /// A database no handle holds any longer (only an operation whose caller gave up still runs
 /// on it) is not held against a read-write open: the open waits for that operation to end and
-/// then opens the file anew. The returned [`Handle`] is counted with the file's slot locked,
+/// then opens the file anew, or is refused after [`CLOSE_WAIT`]. The returned [`Handle`] is counted with the file's slot locked,
 /// so that such an open can tell the two cases apart.
 pub(crate) fn open_shared(
     path: &Path,
@@ -536,7 +542,17 @@ pub(crate) fn open_shared(
         // gave up still runs: wait until the file lock is released.
         #[cfg(test)]
         tests::waiting_for_close(&canonical);
-        entry.closed.wait();
+        let bound = close_wait(&canonical);
+        if !entry.closed.wait_for(bound) {
+            return Err(open_error(
+                path,
+                format!(
+                    "still open in this process: an operation whose caller gave up has held it for over {} s; open again once it ends",
+                    bound.as_secs_f64()
+                ),
+                None,
+            ));
+        }
         *entry_of_file = None;
     }
     let db = if mode == Mode::ReadOnly {
@@ -698,6 +714,15 @@ mod tests {
         }
     }
 
+    /// A shorter [`super::CLOSE_WAIT`] for one file.
+    static CLOSE_WAIT_OF: Mutex<Option<(PathBuf, Duration)>> = Mutex::new(None);
+
+    pub(super) fn close_wait(canonical: &Path) -> Option<Duration> {
+        lock(&CLOSE_WAIT_OF)
+            .as_ref()
+            .and_then(|(path, bound)| (path == canonical).then_some(*bound))
+    }
+
     /// Told when an open of its file starts waiting for the file to close.
     static WAITING_FOR_CLOSE: Mutex<Option<(PathBuf, std::sync::mpsc::Sender<Opening>)>> =
         Mutex::new(None);
@@ -773,6 +798,53 @@ mod tests {
         assert!(
             matches!(then, Ok(Opening::Done(Ok(true)))),
             "the read-write open did not open the file read-write once the read ended: {then:?}"
+        );
+    }
+
+    /// An abandoned read that does not end (stuck) must not hang a read-write open of its file:
+    /// the open is refused after its bound, naming the file, and opens once the read has ended.
+    #[test]
+    fn a_read_write_open_behind_a_stuck_abandoned_read_is_refused_not_hung() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("state.redb");
+        drop(open_shared(&path, Mode::Create, 1 << 20, false).expect("create"));
+        let read_only = open_shared(&path, Mode::ReadOnly, 1 << 20, false).expect("read-only");
+        let abandoned_read = Arc::clone(read_only.shared());
+        drop(read_only);
+        let canonical = std::fs::canonicalize(&path).expect("canonical");
+        *lock(&CLOSE_WAIT_OF) = Some((canonical, Duration::from_millis(50)));
+        let (tell, told) = std::sync::mpsc::channel();
+        let opening = path.clone();
+        let opener = std::thread::spawn(move || {
+            tell.send(open_shared(&opening, Mode::Existing, 1 << 20, false).map(drop))
+                .ok();
+        });
+        // A bound, so that an open that waits forever fails the test instead of hanging it.
+        let refused = told.recv_timeout(Duration::from_secs(30));
+        *lock(&CLOSE_WAIT_OF) = None;
+        drop(abandoned_read);
+        opener.join().expect("the opener's thread");
+        let message = match refused.expect("the open hung behind the abandoned read") {
+            Err(awareness_core::StoreError::Open {
+                path: named,
+                reason,
+                ..
+            }) => {
+                assert_eq!(named, path, "the error names another path");
+                reason
+            }
+            Err(other) => panic!("refused with the wrong error: {other}"),
+            Ok(_) => panic!("opened read-write while a read still held the file read-only"),
+        };
+        assert!(
+            message.contains("caller gave up"),
+            "the reason does not say what holds the file: {message}"
+        );
+        let handle =
+            open_shared(&path, Mode::Existing, 1 << 20, false).expect("open once it ended");
+        assert!(
+            handle.shared().writable().is_some(),
+            "not opened read-write"
         );
     }
 

@@ -182,7 +182,9 @@
 //!
 //! In one process, a read-write open is refused while a read-only handle on its file lives.
 //! Once the last one is dropped, a read that its caller gave up may still be running on the
-//! read-only database: a read-write open then waits for it to end rather than refusing.
+//! read-only database: a read-write open then waits for it to end rather than refusing, for
+//! 10 s at most; a read still running after that is taken to be stuck, and the open is refused
+//! with [`StoreError::Open`] naming the file, where waiting longer would hang its caller.
 //!
 //! [redb]: https://docs.rs/redb
 

@@ -139,6 +139,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_chain_shows_every_cause_once() {
+        let busy = StoreError::Busy {
+            context: "record".into(),
+            source: "database is locked".into(),
+        };
+        assert_eq!(
+            ErrorChain(&busy).to_string(),
+            "store busy: record: database is locked"
+        );
+        // An open error whose reason quotes its source shows it once.
+        let open = StoreError::Open {
+            path: "/x/state.db".into(),
+            reason: "not a database (file is not a database)".into(),
+            source: Some("file is not a database".into()),
+        };
+        assert_eq!(ErrorChain(&open).to_string(), open.to_string());
+        let invalid: StoreError = ValidationError::SummaryBlank.into();
+        assert_eq!(ErrorChain(&invalid).to_string(), invalid.to_string());
+    }
+
+    #[test]
     fn retryable_only_when_busy() {
         let busy = StoreError::Busy {
             context: "record".into(),
@@ -174,5 +195,38 @@ mod tests {
             invalid.for_another_caller().to_string(),
             invalid.to_string()
         );
+    }
+}
+
+/// Displays an error with its whole chain of sources, `error: source: source of source`, for
+/// logs and command-line output: [`StoreError::Busy`] and [`StoreError::Backend`] print only
+/// what was being done, and the cause (a full disk, a lock) is in their
+/// [`source`](std::error::Error::source). A source whose text the message already holds (an
+/// open error that quotes its cause) is not printed twice.
+///
+/// ```
+/// use awareness_core::error::ErrorChain;
+/// use awareness_core::StoreError;
+///
+/// let e = StoreError::backend("read heads", std::io::Error::other("disk full"));
+/// assert_eq!(e.to_string(), "store backend error: read heads");
+/// assert_eq!(ErrorChain(&e).to_string(), "store backend error: read heads: disk full");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = self.0.to_string();
+        let mut next = self.0.source();
+        while let Some(source) = next {
+            let text = source.to_string();
+            if !text.is_empty() && !shown.contains(&text) {
+                shown.push_str(": ");
+                shown.push_str(&text);
+            }
+            next = source.source();
+        }
+        f.write_str(&shown)
     }
 }

@@ -183,8 +183,8 @@ async fn manager_gets_one_notice_for_twenty_human_messages_and_reconciles_them()
         assert_eq!(status.state_version, *sequences.last().unwrap());
         assert_eq!(
             json.as_object().unwrap().keys().collect::<Vec<_>>(),
-            ["stateChanges", "stateVersion"],
-            "an answer read from the store has OpenClaw's fields only"
+            ["stateVersion", "stateChanges"],
+            "an answer read from the store has OpenClaw's fields only, in its order"
         );
     }
 }

@@ -13,6 +13,11 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// `upstream:<sessionKey>:<16 hex>:<dedupeId>`), so an event about an accepted session is never
 /// refused for its own dedupe key.
 pub const MAX_DEDUPE_KEY_BYTES: usize = 4096;
+/// Deepest nesting of arrays and objects in a payload, an upstream reference or a marker (a
+/// payload object is level 1). The durable stores read JSON back with serde_json, which refuses
+/// more than 128 levels, and wrap a value in a few more (a page of events, a link): a value
+/// nested deeper than that would be written and then fail every read of it as corrupt.
+pub const MAX_JSON_DEPTH: usize = 64;
 /// How far back an event's `occurredAt` may lie.
 pub const MAX_EVENT_AGE_MS: i64 = Timestamp::DAY_MS;
 
@@ -74,6 +79,15 @@ pub enum ValidationError {
     /// The payload is not a JSON object.
     #[error("payload must be a JSON object")]
     PayloadNotObject,
+    /// A payload, an upstream reference or a marker nests arrays and objects deeper than
+    /// [`MAX_JSON_DEPTH`].
+    #[error("{what} nests arrays and objects {depth} levels deep; at most {MAX_JSON_DEPTH} are allowed")]
+    JsonTooDeep {
+        /// Which value.
+        what: &'static str,
+        /// Its depth.
+        depth: usize,
+    },
     /// A watcher key is not agent-qualified.
     #[error(
         "{key:?} is not an agent-qualified session key (agent:<agentId>:<rest>) and cannot watch"
@@ -184,13 +198,39 @@ pub fn summary(value: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// A payload of at most 4 KiB of compact JSON.
+/// A payload of at most 4 KiB of compact JSON, nested at most [`MAX_JSON_DEPTH`] levels deep.
 pub fn payload(value: &Payload) -> Result<(), ValidationError> {
+    // Depth first: serializing (to measure the size) recurses once per level.
+    let depth = 1 + value.values().map(json_depth).max().unwrap_or(0);
+    if depth > MAX_JSON_DEPTH {
+        return Err(ValidationError::JsonTooDeep {
+            what: "payload",
+            depth,
+        });
+    }
     let bytes = payload_json(value).len();
     if bytes > MAX_PAYLOAD_BYTES {
         return Err(ValidationError::PayloadTooLarge { bytes });
     }
     Ok(())
+}
+
+/// How deep `value` nests arrays and objects: 0 for a scalar, 1 for `[]` or `{"a": 1}`.
+/// Iterative, so a value nested deeper than the stack allows is measured, not overflowed.
+pub fn json_depth(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let mut deepest = 0;
+    let mut stack = vec![(value, 1)];
+    while let Some((v, level)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(level);
+        stack.extend(children.map(|c| (c, level + 1)));
+    }
+    deepest
 }
 
 /// Parses a JSON value into a payload, refusing anything but an object.

@@ -154,11 +154,13 @@ pub(crate) fn tricky_session() -> SessionRef {
 }
 
 /// A payload whose strings hold control characters and escape look-alikes, with numbers of
-/// every JSON kind.
+/// every JSON kind and a float only an exact parser reads back as written.
 pub(crate) fn tricky_payload() -> Payload {
     validate::payload_from_value(json!({
         "text": "line1\nline2\t\"q\" \\ \u{1} \u{7f} 😀 \\u0041 \\ud83d",
         "n": [1.5, -2e3, 12_345_678_901_234_i64, null, {"k": ""}],
+        // serde_json's default float parser reads this one back a unit off in the last place.
+        "f": 117.633_311_394_000_17,
     }))
     .unwrap()
 }
@@ -212,6 +214,101 @@ pub async fn text_fields_round_trip_exactly(t: &Subject) {
         *again.event, *got,
         "a dedupe hit reads back what was recorded"
     );
+}
+
+/// A JSON value nested `depth` levels deep (arrays and objects alternating).
+fn nested(depth: usize) -> serde_json::Value {
+    let mut v = json!("leaf");
+    for level in 0..depth {
+        v = if level % 2 == 0 {
+            serde_json::Value::Array(vec![v, json!(level)])
+        } else {
+            json!({"down": v})
+        };
+    }
+    v
+}
+
+pub async fn json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back(t: &Subject) {
+    // serde_json reads at most 128 levels back: a deeper payload or link, once written, would
+    // fail every read of its page or of the links as corrupt on a durable store.
+    let s = &*t.store;
+    let u = &*t.upstream;
+    let max = validate::MAX_JSON_DEPTH;
+    let payload = |depth: usize| {
+        let mut map = Payload::new();
+        map.insert("x".into(), nested(depth - 1));
+        map
+    };
+    let refused = s.record(human(&child()).with_payload(payload(max + 1)), T0).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::InvalidInput(validate::ValidationError::JsonTooDeep { what: "payload", depth })) if depth == max + 1
+        ),
+        "a payload {} levels deep: {refused:?}",
+        max + 1
+    );
+    let too_deep = s.record(human(&child()).with_payload(payload(200)), T0).await;
+    assert!(matches!(too_deep, Err(StoreError::InvalidInput(_))), "{too_deep:?}");
+    assert_eq!(count(s).await, 0, "a refused payload writes nothing");
+    let deepest = payload(max);
+    let got = rec(s, human(&child()).with_payload(deepest.clone()), T0).await.event;
+    let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+    assert_eq!(page.events[0].payload.as_ref(), Some(&deepest));
+    assert_eq!(*page.events[0], *got);
+    let tail = s.events_after(Sequence(0), 10).await.unwrap();
+    assert_eq!(tail[0].payload.as_ref(), Some(&deepest));
+
+    let spec = |reference: serde_json::Value| link_spec(&child(), "t1", 0).with_ref(reference);
+    let refused = u.upsert_link(spec(nested(max + 1)), T0).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::InvalidInput(validate::ValidationError::JsonTooDeep { what: "upstream ref", .. }))
+        ),
+        "{refused:?}"
+    );
+    assert!(u.links().await.unwrap().is_empty(), "a refused link is not stored");
+    u.upsert_link(spec(nested(max)), T0).await.unwrap();
+    let links = u.links().await.unwrap();
+    assert_eq!(links.len(), 1);
+    assert_eq!(links[0].upstream_ref.as_ref(), Some(&nested(max)));
+    let refused = u.set_marker(&child(), T0, nested(max + 1), T0.plus_ms(1)).await;
+    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+    u.set_marker(&child(), T0, nested(max), T0.plus_ms(1)).await.unwrap();
+    let link = u.link(&child()).await.unwrap().expect("the link");
+    assert_eq!(link.marker.as_ref(), Some(&nested(max)));
+}
+
+pub async fn payload_keys_keep_the_order_they_were_recorded_in(t: &Subject) {
+    // OpenClaw keeps a payload's keys in the order they were written (a JavaScript object), so a
+    // page is byte-compatible only if every backend does too, nested objects included.
+    let s = &*t.store;
+    let text = r#"{"zeta":1,"alpha":{"y":true,"b":null},"mid":[{"q":"x","a":2.5}],"beta":"b"}"#;
+    let value: serde_json::Value = serde_json::from_str(text).unwrap();
+    let payload = validate::payload_from_value(value).unwrap();
+    let order = |p: Option<&Payload>, what: &str| {
+        assert_eq!(
+            serde_json::to_string(p.expect("a payload")).unwrap(),
+            text,
+            "{what} reorders the payload's keys"
+        );
+    };
+    order(Some(&payload), "building the payload");
+    let e = human(&child())
+        .with_payload(payload)
+        .with_dedupe_key("ordered");
+    let got = rec(s, e.clone(), T0).await.event;
+    order(got.payload.as_ref(), "record");
+    let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
+    order(page.events[0].payload.as_ref(), "changes_since");
+    let tail = s.events_after(Sequence(0), 10).await.unwrap();
+    order(tail[0].payload.as_ref(), "events_after");
+    let again = rec(s, e, T0.plus_ms(1)).await;
+    assert!(again.deduplicated);
+    order(again.event.payload.as_ref(), "a dedupe hit");
 }
 
 pub async fn dedupe_returns_stored_event_and_moves_nothing(t: &Subject) {

@@ -192,6 +192,8 @@ macro_rules! conformance_suite {
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,
             record_returns_every_field,
             text_fields_round_trip_exactly,
+            payload_keys_keep_the_order_they_were_recorded_in,
+            json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back,
             dedupe_returns_stored_event_and_moves_nothing,
             dedupe_hit_consumes_a_sequence,
             dedupe_key_is_never_returned,

@@ -44,7 +44,8 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<ChangesPage, StoreError>;
 
-    /// The heads of the given refs that exist, in any order (one batch).
+    /// The heads of the given refs that exist, in any order (one batch); a ref listed more than
+    /// once has one head.
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError>;
 
     /// Every head, optionally of one agent, ordered by key then agent.

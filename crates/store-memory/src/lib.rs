@@ -305,8 +305,7 @@ impl EventStore for MemoryStore {
 
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         let g = self.lock();
-        Ok(sessions
-            .iter()
+        Ok(protocol::each_once(sessions)
             .filter_map(|r| g.sessions.get(r).map(|st| st.head.clone()))
             .collect())
     }

@@ -849,8 +849,8 @@ impl EventStore for RedbStore {
         self.read("heads", move |txn| {
             let index = txn.open_table(EVENTS_BY_REF).ctx("heads: open")?;
             let mut out = Vec::with_capacity(sessions.len());
-            for r in sessions {
-                if let Some(h) = tables::read_head(&index, &r)? {
+            for r in protocol::each_once(&sessions) {
+                if let Some(h) = tables::read_head(&index, r)? {
                     out.push(h);
                 }
             }

@@ -1685,6 +1685,17 @@ pub async fn heads_batch_returns_only_existing(t: &Subject) {
         assert_eq!(i % 2, 0);
         assert_eq!(h.last_sequence.get(), (i / 2 + 1) as u64);
     }
+    // A ref listed twice has one head, on every backend.
+    let twice = [refs[0].clone(), refs[2].clone(), refs[0].clone(), refs[1].clone()];
+    let mut got: Vec<String> = s
+        .heads(&twice)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.session.session_key.as_str().to_owned())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["agent:main:s0", "agent:main:s2"], "one head per ref listed");
 }
 
 // ----- upstream links (DESIGN.md section 8) ---------------------------------------------------

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Head, Sequence, SessionRef, Timestamp};
+use crate::validate::ValidationError;
 
 /// How much history a store keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +66,40 @@ pub enum PruneStep {
 }
 
 impl RetentionPolicy {
+    /// Refuses a policy that would delete everything: an age or idle limit of zero or less (its
+    /// cutoff is now or later, so a pass deletes every event or every cursor, and with them
+    /// every pending notice), a row cap of 0, or chunks of 0 rows.
+    /// [`crate::EventStore::prune`] checks it before deleting anything.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let refuse =
+            |field, value: i128, rule| Err(ValidationError::RetentionPolicy { field, value, rule });
+        if self.max_age_ms <= 0 {
+            return refuse(
+                "maxAgeMs",
+                self.max_age_ms.into(),
+                "it must be at least 1 ms",
+            );
+        }
+        if self.cursor_idle_ms <= 0 {
+            return refuse(
+                "cursorIdleMs",
+                self.cursor_idle_ms.into(),
+                "it must be at least 1 ms",
+            );
+        }
+        if self.max_rows == 0 {
+            return refuse(
+                "maxRows",
+                0,
+                "it must be at least 1 (u64::MAX keeps every event)",
+            );
+        }
+        if self.chunk_rows == 0 {
+            return refuse("chunkRows", 0, "it must be at least 1");
+        }
+        Ok(())
+    }
+
     /// The steps of one pruning pass at `now`, in order: by age, by row cap, idle cursors.
     pub fn steps(&self, now: Timestamp) -> [PruneStep; 3] {
         [

@@ -189,14 +189,17 @@ pub trait AwarenessStoreExt: AwarenessStore {
         })
     }
 
-    /// One pruning pass: every step of `policy`, each in chunks of `policy.chunk_rows`.
+    /// One pruning pass: every step of `policy`, each in chunks of `policy.chunk_rows`. A policy
+    /// that [`RetentionPolicy::validate`] refuses is refused with [`StoreError::InvalidInput`]
+    /// before anything is deleted.
     async fn prune(
         &self,
         policy: &RetentionPolicy,
         now: Timestamp,
     ) -> Result<PruneReport, StoreError> {
+        policy.validate()?;
         let mut report = PruneReport::default();
-        let chunk = policy.chunk_rows.max(1);
+        let chunk = policy.chunk_rows;
         for step in policy.steps(now) {
             loop {
                 let deleted = self.prune_chunk(&step, chunk, now).await?;

@@ -81,7 +81,9 @@ pub enum ValidationError {
     PayloadNotObject,
     /// A payload, an upstream reference or a marker nests arrays and objects deeper than
     /// [`MAX_JSON_DEPTH`].
-    #[error("{what} nests arrays and objects {depth} levels deep; at most {MAX_JSON_DEPTH} are allowed")]
+    #[error(
+        "{what} nests arrays and objects {depth} levels deep; at most {MAX_JSON_DEPTH} are allowed"
+    )]
     JsonTooDeep {
         /// Which value.
         what: &'static str,
@@ -133,6 +135,17 @@ pub enum ValidationError {
         value: String,
         /// What is wrong.
         reason: &'static str,
+    },
+    /// A retention policy that would delete what it is meant to keep (a cutoff at or after
+    /// now deletes every event or every cursor, with their pending notices).
+    #[error("retention policy: {field} is {value}; {rule}")]
+    RetentionPolicy {
+        /// The field (`maxAgeMs`, `maxRows`, `cursorIdleMs`, `chunkRows`).
+        field: &'static str,
+        /// Its value.
+        value: i128,
+        /// What it must be.
+        rule: &'static str,
     },
 }
 

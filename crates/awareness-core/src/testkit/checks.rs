@@ -240,7 +240,9 @@ pub async fn json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back
         map.insert("x".into(), nested(depth - 1));
         map
     };
-    let refused = s.record(human(&child()).with_payload(payload(max + 1)), T0).await;
+    let refused = s
+        .record(human(&child()).with_payload(payload(max + 1)), T0)
+        .await;
     assert!(
         matches!(
             refused,
@@ -249,11 +251,18 @@ pub async fn json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back
         "a payload {} levels deep: {refused:?}",
         max + 1
     );
-    let too_deep = s.record(human(&child()).with_payload(payload(200)), T0).await;
-    assert!(matches!(too_deep, Err(StoreError::InvalidInput(_))), "{too_deep:?}");
+    let too_deep = s
+        .record(human(&child()).with_payload(payload(200)), T0)
+        .await;
+    assert!(
+        matches!(too_deep, Err(StoreError::InvalidInput(_))),
+        "{too_deep:?}"
+    );
     assert_eq!(count(s).await, 0, "a refused payload writes nothing");
     let deepest = payload(max);
-    let got = rec(s, human(&child()).with_payload(deepest.clone()), T0).await.event;
+    let got = rec(s, human(&child()).with_payload(deepest.clone()), T0)
+        .await
+        .event;
     let page = s.changes_since(&child(), Sequence(0), 200).await.unwrap();
     assert_eq!(page.events.len(), 1);
     assert_eq!(page.events[0].payload.as_ref(), Some(&deepest));
@@ -266,18 +275,33 @@ pub async fn json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back
     assert!(
         matches!(
             refused,
-            Err(StoreError::InvalidInput(validate::ValidationError::JsonTooDeep { what: "upstream ref", .. }))
+            Err(StoreError::InvalidInput(
+                validate::ValidationError::JsonTooDeep {
+                    what: "upstream ref",
+                    ..
+                }
+            ))
         ),
         "{refused:?}"
     );
-    assert!(u.links().await.unwrap().is_empty(), "a refused link is not stored");
+    assert!(
+        u.links().await.unwrap().is_empty(),
+        "a refused link is not stored"
+    );
     u.upsert_link(spec(nested(max)), T0).await.unwrap();
     let links = u.links().await.unwrap();
     assert_eq!(links.len(), 1);
     assert_eq!(links[0].upstream_ref.as_ref(), Some(&nested(max)));
-    let refused = u.set_marker(&child(), T0, nested(max + 1), T0.plus_ms(1)).await;
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
-    u.set_marker(&child(), T0, nested(max), T0.plus_ms(1)).await.unwrap();
+    let refused = u
+        .set_marker(&child(), T0, nested(max + 1), T0.plus_ms(1))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::InvalidInput(_))),
+        "{refused:?}"
+    );
+    u.set_marker(&child(), T0, nested(max), T0.plus_ms(1))
+        .await
+        .unwrap();
     let link = u.link(&child()).await.unwrap().expect("the link");
     assert_eq!(link.marker.as_ref(), Some(&nested(max)));
 }
@@ -1434,6 +1458,68 @@ pub async fn prune_expires_idle_cursors(t: &Subject) {
     );
 }
 
+pub async fn an_invalid_retention_policy_is_refused_and_nothing_deleted(t: &Subject) {
+    // A limit of zero or less puts the cutoff at now or later: every event and every cursor
+    // (with its pending notice) would go.
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0.plus_ms(1)).await;
+    let now = T0.plus_ms(2);
+    let bad = [
+        (
+            "maxAgeMs",
+            RetentionPolicy {
+                max_age_ms: 0,
+                ..RetentionPolicy::default()
+            },
+        ),
+        (
+            "maxAgeMs",
+            RetentionPolicy {
+                max_age_ms: -DAY,
+                ..RetentionPolicy::default()
+            },
+        ),
+        (
+            "cursorIdleMs",
+            RetentionPolicy {
+                cursor_idle_ms: 0,
+                ..RetentionPolicy::default()
+            },
+        ),
+        (
+            "maxRows",
+            RetentionPolicy {
+                max_rows: 0,
+                ..RetentionPolicy::default()
+            },
+        ),
+        (
+            "chunkRows",
+            RetentionPolicy {
+                chunk_rows: 0,
+                ..RetentionPolicy::default()
+            },
+        ),
+    ];
+    for (field, policy) in bad {
+        let got = s.prune(&policy, now).await;
+        assert!(
+            matches!(
+                &got,
+                Err(StoreError::InvalidInput(validate::ValidationError::RetentionPolicy { field: f, .. })) if *f == field
+            ),
+            "{field}: {got:?}"
+        );
+    }
+    assert_eq!(count(s).await, 2, "a refused policy deletes no event");
+    let cursor = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
+    assert!(
+        cursor.is_some_and(|c| c.is_pending()),
+        "a refused policy deletes no cursor"
+    );
+}
+
 /// A head whose watermark a pruning chunk raises gets the chunk's time as `updated_at`, as
 /// OpenClaw's heads do (its fixture's `agent:main:subagent:old` shows the time of the pruning,
 /// not of its event); a head the chunk leaves alone keeps its time.
@@ -1686,7 +1772,12 @@ pub async fn heads_batch_returns_only_existing(t: &Subject) {
         assert_eq!(h.last_sequence.get(), (i / 2 + 1) as u64);
     }
     // A ref listed twice has one head, on every backend.
-    let twice = [refs[0].clone(), refs[2].clone(), refs[0].clone(), refs[1].clone()];
+    let twice = [
+        refs[0].clone(),
+        refs[2].clone(),
+        refs[0].clone(),
+        refs[1].clone(),
+    ];
     let mut got: Vec<String> = s
         .heads(&twice)
         .await
@@ -1695,7 +1786,11 @@ pub async fn heads_batch_returns_only_existing(t: &Subject) {
         .map(|h| h.session.session_key.as_str().to_owned())
         .collect();
     got.sort();
-    assert_eq!(got, ["agent:main:s0", "agent:main:s2"], "one head per ref listed");
+    assert_eq!(
+        got,
+        ["agent:main:s0", "agent:main:s2"],
+        "one head per ref listed"
+    );
 }
 
 // ----- upstream links (DESIGN.md section 8) ---------------------------------------------------

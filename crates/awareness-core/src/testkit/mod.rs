@@ -245,6 +245,7 @@ macro_rules! conformance_suite {
             prune_by_age_stamps_watermark_before_deleting,
             prune_row_cap_keeps_newest_rows,
             prune_expires_idle_cursors,
+            an_invalid_retention_policy_is_refused_and_nothing_deleted,
             prune_runs_in_bounded_chunks,
             pruning_stamps_the_heads_it_raises_with_its_time,
             invalid_summary_is_rejected_and_nothing_written,

@@ -81,9 +81,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError>;
 
     /// Closes the store through a shared handle, without blocking the runtime: when `self` is
-    /// the last handle, the backend's own close runs (SQLite moves its write-ahead log into the
-    /// file and removes it, so the file alone holds every commit; redb makes every commit
-    /// durable and releases its lock on the blocking pool). Otherwise it only drops this
+    /// the last handle, the backend's own close runs (SQLite checkpoints its write-ahead log into
+    /// the file and closes its connections, and the log file is removed when the last
+    /// connection of any process closes: while another process or handle has the file open,
+    /// the log stays beside it; redb makes every commit durable and releases its lock on the
+    /// blocking pool). Otherwise it only drops this
     /// handle, and the last one's drop closes the store. Failures are logged, as dropping
     /// would. The default drops the handle, which is all a store without a file needs.
     async fn close(self: Arc<Self>) {

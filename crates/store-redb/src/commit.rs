@@ -33,7 +33,7 @@
 //!   (their callers get a backend error) and lets the next call start a new drain.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -138,13 +138,26 @@ impl Drop for InFlight<'_> {
 /// Begins, commits and counts the write transactions of one handle; batches recordings.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    /// Commits use redb's `Durability::None` (the bounded-loss mode).
-    bounded: bool,
+    /// Commits use redb's `Durability::None` (the bounded-loss mode), until the handle that
+    /// runs the background flush is dropped ([`EndBounded`]).
+    bounded: Arc<AtomicBool>,
     max_events: usize,
     /// Every write is refused ([`crate::RedbOptions::read_only`]).
     read_only: bool,
     inbox: Arc<Inbox>,
     commits: AtomicU64,
+}
+
+/// Ends a writer's bounded mode when dropped: its later commits are durable. A store handle
+/// drops it before its background flush stops, so that a write whose caller gave up, which the
+/// writer's drain may commit after the handle is gone, is not left to a flush that no longer
+/// runs (another handle may keep the file open, and with it the commit non-durable, for good).
+pub(crate) struct EndBounded(Arc<AtomicBool>);
+
+impl Drop for EndBounded {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl Writer {
@@ -157,7 +170,7 @@ impl Writer {
         debug_assert!(max_events > 0, "checked at open");
         Self {
             shared,
-            bounded,
+            bounded: Arc::new(AtomicBool::new(bounded)),
             max_events,
             read_only,
             inbox: Arc::default(),
@@ -185,10 +198,22 @@ impl Writer {
         self.commits.load(Ordering::Relaxed)
     }
 
+    /// Whether commits are still left to the background flush.
+    fn bounded(&self) -> bool {
+        self.bounded.load(Ordering::Acquire)
+    }
+
+    /// What ends the bounded mode of this writer when dropped; see [`EndBounded`].
+    pub(crate) fn end_bounded_on_drop(&self) -> EndBounded {
+        EndBounded(Arc::clone(&self.bounded))
+    }
+
     /// Begins a write transaction with the handle's durability. Blocking.
     pub(crate) fn begin(&self, what: &str) -> Result<WriteTransaction, StoreError> {
         let mut txn = self.shared.for_write(what)?.begin_write().ctx(what)?;
-        if self.bounded {
+        // Read after redb's write lock is taken: a commit begun before the handle's last flush
+        // is made durable by it (the flush waits for the lock), one begun after is durable.
+        if self.bounded() {
             txn.set_durability(redb::Durability::None).ctx(what)?;
         }
         Ok(txn)
@@ -198,7 +223,7 @@ impl Writer {
     pub(crate) fn commit(&self, txn: WriteTransaction, what: &str) -> Result<(), StoreError> {
         txn.commit().ctx(what)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
-        if self.bounded {
+        if self.bounded() {
             self.shared.mark_unflushed();
         }
         Ok(())
@@ -207,7 +232,7 @@ impl Writer {
     /// With the bounded durability, keeps the reservation of sequences ahead of what `tables`
     /// allocated (see the `tables` module): `true` when the commit must be durable.
     fn reserve(&self, tables: &mut RecordTables<'_>) -> Result<bool, StoreError> {
-        if self.bounded {
+        if self.bounded() {
             tables.reserve_ahead()
         } else {
             Ok(false)
@@ -419,7 +444,7 @@ impl Drain {
                 // Only durable commits are worth waiting for: a `Durability::None` commit is
                 // cheap, and a second small batch costs less than the wait (measured: -27%).
                 let mut q = self.inbox.wait_while(q, STRAGGLER_WAIT, |q| {
-                    !w.bounded
+                    !w.bounded()
                         && matches!(q.jobs.front(), Some(Work::Record(_)))
                         && q.jobs.len() < q.in_flight.min(w.max_events)
                 });

@@ -151,6 +151,12 @@ impl Shared {
         self.unflushed.store(true, Ordering::Release);
     }
 
+    /// Whether a commit is waiting for a flush to be durable.
+    #[cfg(test)]
+    pub(crate) fn is_unflushed(&self) -> bool {
+        self.unflushed.load(Ordering::Acquire)
+    }
+
     /// Makes every non-durable commit durable with one empty durable commit (a no-op when there
     /// is none). Returns once every commit made before the call is durable: a flush that finds
     /// another one in progress waits for it (that one may itself be waiting behind a long

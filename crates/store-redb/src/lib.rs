@@ -27,6 +27,8 @@
 //! let status = store.session_status(&child, Some(Sequence(0)), None).await?;
 //! assert_eq!(status.state_version, rec.event.sequence);
 //! assert_eq!(status.state_changes.unwrap().events.len(), 1);
+//! // Closing makes every commit durable off the runtime's threads (a drop would wait here).
+//! store.close().await;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
@@ -206,7 +208,7 @@ use awareness_core::{
 };
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
 
-use crate::commit::Writer;
+use crate::commit::{EndBounded, Writer};
 use crate::db::{Ctx, Flusher, Shared};
 use crate::tables::{
     CURSORS, CURSORS_BY_TARGET, CursorTables, EVENTS, EVENTS_BY_REF, EventTables, HEAD_SEQ,
@@ -361,7 +363,9 @@ impl RedbOptions {
 /// Session state awareness on one redb file. Every redb call runs on tokio's blocking pool, so
 /// the store must be used inside a tokio runtime.
 pub struct RedbStore {
-    // Declared first so that it is stopped (after a last flush) before the database is released.
+    // Dropped first: commits the writer makes after the handle is gone are durable.
+    _end_bounded: EndBounded,
+    // Declared next so that it is stopped (after a last flush) before the database is released.
     _flusher: Option<Flusher>,
     /// Counts this handle on its file until it is dropped or closed.
     handle: db::Handle,
@@ -433,16 +437,18 @@ impl RedbStore {
             _ => None,
         };
         let bounded = matches!(options.durability, Durability::Bounded { .. });
+        let writer = Arc::new(Writer::new(
+            shared,
+            bounded,
+            // Never used by a read-only handle, which may carry any value.
+            options.group_commit.max(1),
+            options.read_only,
+        ));
         Ok(Self {
+            _end_bounded: writer.end_bounded_on_drop(),
             _flusher: flusher,
             handle,
-            writer: Arc::new(Writer::new(
-                shared,
-                bounded,
-                // Never used by a read-only handle, which may carry any value.
-                options.group_commit.max(1),
-                options.read_only,
-            )),
+            writer,
             durability: options.durability,
             group_commit: options.group_commit,
         })
@@ -509,6 +515,7 @@ impl RedbStore {
     /// [`RedbStore::close`]'s work. Blocking.
     fn close_blocking(self) {
         let RedbStore {
+            _end_bounded: end_bounded,
             _flusher: flusher,
             handle,
             writer,
@@ -530,6 +537,7 @@ impl RedbStore {
         // Stopped once that commit is done, so that its last flush makes it durable too
         // (stopped before it, the commit would wait for another handle's flush or for the
         // file to close).
+        drop(end_bounded);
         drop(flusher);
         drop(handle);
         db::release(shared);
@@ -1102,5 +1110,46 @@ impl CursorStore for RedbStore {
             Ok((n, n > 0))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write whose caller gave up is finished by the writer's drain, possibly after the handle
+    /// is dropped and its background flush stopped. While another handle keeps the file open,
+    /// nothing would flush that commit: it must be durable by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_after_a_bounded_handle_is_dropped_is_not_left_unflushed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("state.redb");
+        let bounded = RedbStore::open_with(&path, RedbOptions::bounded(Duration::from_secs(3600)))
+            .await
+            .expect("open bounded");
+        let reader = RedbStore::open_with(&path, RedbOptions::default().read_only(true))
+            .await
+            .expect("open read-only");
+        // What the drain of an abandoned write holds: the writer.
+        let writer = Arc::clone(&bounded.writer);
+        drop(bounded);
+        let writer = tokio::task::spawn_blocking(move || {
+            let txn = writer.begin("test")?;
+            txn.open_table(tables::META)
+                .ctx("test")?
+                .insert("test", 1)
+                .ctx("test")?;
+            writer.commit(txn, "test")?;
+            Ok::<_, StoreError>(writer)
+        })
+        .await
+        .expect("the commit's task")
+        .expect("commit");
+        assert!(
+            !writer.shared().is_unflushed(),
+            "a commit made after the bounded handle was dropped waits for a flush that no longer runs"
+        );
+        drop(writer);
+        drop(reader);
     }
 }

@@ -9,7 +9,11 @@
 //! `concurrent_records_each_get_their_own_event` and the model test hold either way).
 //!
 //! Failure: a batch that fails is rolled back and its events are recorded again one per
-//! transaction, so one event that cannot be written fails only its own caller.
+//! transaction, so one event that cannot be written fails only its own caller. A batch that
+//! fails because another connection holds the write lock (BUSY, retryable) is not: the lock
+//! failed, not an event, and each event alone would wait the whole busy timeout again, so every
+//! caller gets the error at once (and may retry). For the same reason, when an event recorded
+//! alone after a failed batch meets the lock, the events after it get that error at once.
 //!
 //! Cancellation: a caller that records alone runs its recording itself, as without group
 //! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
@@ -119,33 +123,62 @@ enum Outcome {
 
 /// Records `jobs` in one transaction on the locked, begun write connection and answers every
 /// caller. When the batch fails, it is rolled back and each event is recorded again in a
-/// transaction of its own, so an event that cannot be written fails only its own caller.
+/// transaction of its own, so an event that cannot be written fails only its own caller; unless
+/// the failure is the lock (retryable): then every caller still waiting gets it at once.
 pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) {
-    match run(&mut w.conn, &jobs, hints).await {
+    let e = match run(&mut w.conn, &jobs, hints).await {
         Ok(results) => {
             w.open_tx = false;
             for (job, rec) in jobs.into_iter().zip(results) {
                 // A caller that went away no longer wants its result; its event is committed.
                 drop(job.reply.send(Ok(rec)));
             }
+            return;
         }
-        Err(e) => {
-            tracing::debug!(error = %e, events = jobs.len(), "a group commit failed; recording its events one by one");
-            w.rollback().await;
-            for job in jobs {
-                w.open_tx = true;
-                let res = record_alone(
-                    &mut w.conn,
-                    hints,
-                    job.event,
-                    job.payload,
-                    &job.named,
-                    job.now,
-                )
-                .await;
-                drop(job.reply.send(w.finish(res).await));
-            }
+        Err(e) => e,
+    };
+    w.rollback().await;
+    if e.is_retryable() {
+        tracing::debug!(error = %e, events = jobs.len(), "a group commit met the lock; every caller gets the error");
+        fail_all(jobs, &e);
+        return;
+    }
+    tracing::debug!(error = %e, events = jobs.len(), "a group commit failed; recording its events one by one");
+    let mut jobs = jobs.into_iter();
+    let mut locked = None;
+    for job in jobs.by_ref() {
+        w.open_tx = true;
+        let res = record_alone(
+            &mut w.conn,
+            hints,
+            job.event,
+            job.payload,
+            &job.named,
+            job.now,
+        )
+        .await;
+        let res = w.finish(res).await;
+        // The lock again (another process took it meanwhile): the events left would each wait
+        // the whole busy timeout for it.
+        locked = res
+            .as_ref()
+            .err()
+            .filter(|e| e.is_retryable())
+            .map(StoreError::for_another_caller);
+        drop(job.reply.send(res));
+        if locked.is_some() {
+            break;
         }
+    }
+    if let Some(e) = locked {
+        fail_all(jobs, &e);
+    }
+}
+
+/// Answers every job with `e` (each caller a copy of its own).
+fn fail_all(jobs: impl IntoIterator<Item = Job>, e: &StoreError) {
+    for job in jobs {
+        drop(job.reply.send(Err(e.for_another_caller())));
     }
 }
 

@@ -171,3 +171,65 @@ async fn a_dedupe_hit_on_a_torn_row_fails_and_spends_one_sequence_watched_or_not
         last = next.event.sequence;
     }
 }
+
+/// Recordings that group while another connection holds the write lock all get a retryable
+/// error after about one busy timeout each batch, not one more busy timeout per event: the lock
+/// failed, not an event. Once the lock is released, recording works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    const BUSY: std::time::Duration = std::time::Duration::from_millis(250);
+    const CALLS: usize = 32;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new().busy_timeout(BUSY)).await;
+    store.record(event(0), T0).await.expect("record");
+    let mut holder = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("state.sqlite"))
+        .connect()
+        .await
+        .expect("raw connection");
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .expect("take the write lock");
+    let before = store.write_transactions();
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (1..=CALLS)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.record(event(i), T0).await })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let err = t
+            .await
+            .expect("join")
+            .expect_err("the write lock is held elsewhere");
+        assert!(err.is_retryable(), "call {i}: {err}");
+    }
+    let took = started.elapsed();
+    assert!(
+        store.write_transactions() - before < CALLS as u64,
+        "the recordings shared write transactions"
+    );
+    // A few busy timeouts (a caller alone, then a batch of the others, each waiting once);
+    // retrying a batch's events one by one took about 33.
+    assert!(
+        took < 10 * BUSY,
+        "{CALLS} recordings behind a held lock took {took:?} with a busy timeout of {BUSY:?}"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .expect("release the lock");
+    holder.close().await.expect("close");
+    store
+        .record(event(CALLS + 1), T0)
+        .await
+        .expect("record once the lock is released");
+    assert_eq!(
+        store.log_stats().await.expect("stats").rows,
+        2,
+        "nothing recorded while the lock was held"
+    );
+}

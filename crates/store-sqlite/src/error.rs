@@ -40,6 +40,11 @@ pub(crate) fn map(context: &str, e: sqlx::Error) -> StoreError {
     }
 }
 
+/// Whether the error is SQLite's BUSY or LOCKED: another connection holds a lock.
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(primary_code(e), Some(SQLITE_BUSY | SQLITE_LOCKED))
+}
+
 /// Whether the error says the file is no usable SQLite database at all.
 pub(crate) fn is_unusable_file(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(SQLITE_NOTADB | SQLITE_CORRUPT))

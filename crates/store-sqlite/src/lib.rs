@@ -29,7 +29,10 @@
 //!
 //! New files are created with mode 0600 (SQLite gives its `-wal` and `-shm` files the same
 //! mode). [`SqliteStore::open`] never creates a missing directory and never overwrites a file
-//! that is not an SQLite database.
+//! that is not an SQLite database. A new store is prepared under a name of its own beside the
+//! path and linked into place complete, so handles and processes that open a new path at the
+//! same moment all open one store, and an open that fails while preparing it leaves nothing
+//! behind.
 //!
 //! It also implements [`UpstreamStore`] on OpenClaw's `session_upstream_links`.
 //!
@@ -145,7 +148,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use crate::conn::{Hints, Query, Readers, WriteGuard, WriteSlot, Writer, batch_one, get};
 use crate::decode::int;
-use crate::open::{Companions, init_writer, prepare_file, remove_created};
+use crate::open::{Companions, init_writer, prepare_file};
 
 /// Write transactions between two background checkpoints (a recording made alone appends
 /// about seven WAL frames, so about 1,800 frames or 7 MiB of WAL; a group commit counts once
@@ -241,6 +244,29 @@ impl SqliteOptions {
     }
 }
 
+/// The options of every connection to `path`: the file must exist (a missing one is created
+/// by `open::prepare_file`), and journal_mode is set by hand after connecting (not as a connect
+/// option), so that the first statement that reads the file fails on a connection we own and can
+/// close before cleaning up after it.
+fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(false)
+        .read_only(options.read_only)
+        .busy_timeout(options.busy_timeout)
+        .synchronous(SqliteSynchronous::Normal)
+        // Our four tables have no foreign keys; leaving enforcement off guarantees that no
+        // statement of ours cascades into another table of an OpenClaw database.
+        .foreign_keys(false)
+        // A statement that writes many rows (a group commit's insert and head upsert, a
+        // pruning chunk) keeps a statement journal, which SQLite spills to a new temporary
+        // file past 64 KiB: group commits of 16 events created, wrote and deleted such files
+        // in /var/tmp (strace counted 1,293 in one short bench run). Kept in memory, a batch
+        // of 16 took 26-29% less time in two A/B runs (678-727 µs down to 504-514 µs).
+        // Connection-local: nothing in the database file changes.
+        .pragma("temp_store", "memory")
+}
+
 /// A session-awareness store in one SQLite file. Share it as `Arc<SqliteStore>` (or
 /// `Arc<dyn AwarenessStore>`); one handle serializes its own writes on one connection and reads
 /// on a few others.
@@ -298,38 +324,23 @@ impl SqliteStore {
                 source: None,
             });
         }
-        let created = prepare_file(&path, &options)?;
-        match Self::connect(&path, &options).await {
-            Ok(store) => Ok(store),
-            Err(e) => {
-                if created {
-                    remove_created(&path);
-                }
-                Err(e)
-            }
+        let base = connect_options(&path, &options);
+        // A store this open creates is complete before it appears at `path`, and is never
+        // removed afterwards, even if connecting to it below fails: another opener may be using
+        // it by then (see `open::create`).
+        let created = prepare_file(&path, &options, &base).await?;
+        let store = Self::connect(&path, &options, base).await?;
+        if created {
+            tracing::debug!(path = %path.display(), "created a new store");
         }
+        Ok(store)
     }
 
-    async fn connect(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
-        // journal_mode is set by hand after connecting (not as a connect option), so that the
-        // first statement that reads the file fails on a connection we own and can close before
-        // cleaning up after it.
-        let base = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(false)
-            .read_only(options.read_only)
-            .busy_timeout(options.busy_timeout)
-            .synchronous(SqliteSynchronous::Normal)
-            // Our four tables have no foreign keys; leaving enforcement off guarantees that no
-            // statement of ours cascades into another table of an OpenClaw database.
-            .foreign_keys(false)
-            // A statement that writes many rows (a group commit's insert and head upsert, a
-            // pruning chunk) keeps a statement journal, which SQLite spills to a new temporary
-            // file past 64 KiB: group commits of 16 events created, wrote and deleted such files
-            // in /var/tmp (strace counted 1,293 in one short bench run). Kept in memory, a batch
-            // of 16 took 26-29% less time in two A/B runs (678-727 µs down to 504-514 µs).
-            // Connection-local: nothing in the database file changes.
-            .pragma("temp_store", "memory");
+    async fn connect(
+        path: &Path,
+        options: &SqliteOptions,
+        base: SqliteConnectOptions,
+    ) -> Result<Self, StoreError> {
         let fail = |e: sqlx::Error| error::open(path, error::open_reason(&e), Some(Box::new(e)));
         let companions = Companions::before_open(path);
         let mut readers = Vec::with_capacity(options.readers);
@@ -343,7 +354,7 @@ impl SqliteStore {
                     return Err(fail(e));
                 }
             };
-            if let Err(e) = init_writer(&mut conn).await {
+            if let Err(e) = init_writer(&mut conn, options.busy_timeout).await {
                 drop(conn.close().await);
                 companions.remove_if_unusable(&e);
                 return Err(fail(e));
@@ -560,7 +571,7 @@ mod tests {
     use super::*;
 
     /// Every connection keeps statement journals and temporary tables in memory (see
-    /// `connect`), the writer above all.
+    /// `connect_options`), the writer above all.
     #[tokio::test]
     async fn temporary_files_stay_in_memory_on_every_connection() {
         /// `PRAGMA temp_store`'s answer for MEMORY.

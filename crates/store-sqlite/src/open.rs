@@ -1,15 +1,50 @@
-//! Opening: checking the path, creating a missing file with mode 0600, preparing the write
-//! connection, and leaving nothing behind when a damaged file is refused.
+//! Opening: checking the path, creating a missing store with mode 0600 where no other opener
+//! sees it before it is complete, preparing the write connection (also when other connections
+//! prepare theirs at the same moment), and leaving nothing behind when a damaged file is refused.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use awareness_core::{StoreError, Timestamp};
-use sqlx::SqliteConnection;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 
 use crate::{SqliteOptions, error, schema, sql};
 
 /// WAL mode (persistent in the file), then the schema.
-pub(crate) async fn init_writer(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+///
+/// Connections that open one file at the same moment (two handles, two processes) may all find
+/// it in rollback mode, and all switch it to WAL: each reads the header, then asks for the write
+/// lock to change it, and SQLite answers BUSY at once, without the busy timeout, to one that
+/// reads while another holds the write lock (waiting could deadlock: the holder may be waiting
+/// for that read to end). So a BUSY or LOCKED answer is tried again, after waiting (with the busy
+/// timeout) until no other connection holds the write lock, as long as less than the busy
+/// timeout has passed since the first try: the retry finds the switch (or the migration) made by
+/// the other connection and has nothing left to do. A lock still held after that is reported.
+pub(crate) async fn init_writer(
+    conn: &mut SqliteConnection,
+    busy_timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    let started = Instant::now();
+    loop {
+        let e = match init_once(conn).await {
+            Err(e) if error::is_busy(&e) && started.elapsed() < busy_timeout => e,
+            done => return done,
+        };
+        tracing::debug!(error = %e, "the file was locked while preparing the write connection; trying again");
+        if let Err(wait) = sqlx::raw_sql(sql::WAIT_FOR_WRITER)
+            .execute(&mut *conn)
+            .await
+        {
+            tracing::debug!(error = %wait, "waiting for the write lock");
+            return Err(e);
+        }
+    }
+}
+
+async fn init_once(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     sqlx::raw_sql(sql::WRITER_PRAGMAS)
         .execute(&mut *conn)
         .await?;
@@ -53,8 +88,13 @@ impl Companions {
     }
 }
 
-/// Checks the path and creates a missing file with mode 0600. Returns whether it created it.
-pub(crate) fn prepare_file(path: &Path, options: &SqliteOptions) -> Result<bool, StoreError> {
+/// Checks the path and, when the file is missing, creates a new store there with mode 0600
+/// (see [`create`]). Returns whether this open created it.
+pub(crate) async fn prepare_file(
+    path: &Path,
+    options: &SqliteOptions,
+    connect: &SqliteConnectOptions,
+) -> Result<bool, StoreError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(false),
         Ok(_) => Err(error::open(path, "it is not a regular file", None)),
@@ -66,10 +106,7 @@ pub(crate) fn prepare_file(path: &Path, options: &SqliteOptions) -> Result<bool,
                     Some(Box::new(e)),
                 ));
             }
-            let parent = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
+            let parent = parent(path);
             if !parent.is_dir() {
                 return Err(error::open(
                     path,
@@ -77,7 +114,7 @@ pub(crate) fn prepare_file(path: &Path, options: &SqliteOptions) -> Result<bool,
                     None,
                 ));
             }
-            create_private(path)
+            create(path, connect).await
         }
         Err(e) => Err(error::open(
             path,
@@ -87,49 +124,118 @@ pub(crate) fn prepare_file(path: &Path, options: &SqliteOptions) -> Result<bool,
     }
 }
 
-#[cfg(unix)]
-fn create_private(path: &Path) -> Result<bool, StoreError> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let res = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path);
-    created(path, res)
-}
-
-#[cfg(not(unix))]
-fn create_private(path: &Path) -> Result<bool, StoreError> {
-    let res = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path);
-    created(path, res)
-}
-
-fn created(path: &Path, res: std::io::Result<std::fs::File>) -> Result<bool, StoreError> {
-    match res {
-        Ok(_) => Ok(true),
-        // Another process created it in the meantime: open what is there.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(error::open(
-            path,
-            format!("cannot create it: {e}"),
-            Some(Box::new(e)),
-        )),
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
     }
 }
 
-/// Removes a file this open created (and SQLite's companions) after the open failed.
-pub(crate) fn remove_created(path: &Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.as_os_str().to_owned();
+/// Creates a new store at `path`, complete (WAL mode, the schema) before any other opener can
+/// see it, or answers `false` when something got there first (another opener's store, which
+/// the caller then opens; or anything else, which the caller's open then refuses, as it would
+/// have before).
+///
+/// Why this way: a failed open must not leave a new file behind, but it must not remove a file
+/// another opener may be using either, and of a file at `path` that can never be known. Two
+/// opens of a new path at once show it: one creates the file, the other finds it and opens it,
+/// and the creator, should its own preparation then fail, would remove a file the other is
+/// writing to (which then goes on writing into a deleted file); and no lock closes the gap,
+/// since the other may hold the file open before it takes any lock. So the store is prepared
+/// under a name of this open's own in the same directory, which no other opener knows: a
+/// failure there removes that file and its companions, and leaves nothing behind. Only a
+/// complete store is then linked at `path` (a hard link, which fails when anything is there
+/// already, so nothing is ever overwritten), and from then on it is never removed, whatever
+/// happens to this open afterwards (the store is complete, and others may be using it). The
+/// prepared name is removed either way. An open killed while preparing leaves that name (its
+/// process id in it) beside the store; nothing reads it.
+///
+/// On a file system without hard links, the file is created empty at `path` instead and the
+/// open prepares it there, as before; for the reason above, a failed open then leaves it (an
+/// empty file, which the next open makes a store, as it does any empty file).
+async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, StoreError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let cannot_create =
+        |e: std::io::Error| error::open(path, format!("cannot create it: {e}"), Some(Box::new(e)));
+    let staged = loop {
+        let mut name = path
+            .file_name()
+            .map_or_else(|| OsString::from("store"), ToOwned::to_owned);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        name.push(format!(".creating-{}-{n}", std::process::id()));
+        let staged = parent(path).join(name);
+        match create_private(&staged) {
+            Ok(_) => break staged,
+            // A name an earlier process with the same id left: take the next one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(cannot_create(e)),
+        }
+    };
+    if let Err(e) = prepare_staged(&staged, connect).await {
+        remove_staged(&staged);
+        return Err(error::open(path, error::open_reason(&e), Some(Box::new(e))));
+    }
+    let linked = std::fs::hard_link(&staged, path);
+    remove_staged(&staged);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot link the new store into place; creating it in place");
+            match create_private(path) {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(cannot_create(e)),
+            }
+        }
+    }
+}
+
+/// Writes the schema, then switches to WAL, in the file `staged` nobody else knows. In that
+/// order everything is in the file itself when the connection closes, and nothing in a `-wal`
+/// beside it (which keeps the staged name and is not linked).
+async fn prepare_staged(staged: &Path, connect: &SqliteConnectOptions) -> Result<(), sqlx::Error> {
+    let mut conn = connect.clone().filename(staged).connect().await?;
+    let prepared = async {
+        schema::migrate(&mut conn, Timestamp::now().millis()).await?;
+        sqlx::raw_sql(sql::WRITER_PRAGMAS)
+            .execute(&mut conn)
+            .await
+            .map(drop)
+    }
+    .await;
+    let closed = conn.close().await;
+    prepared.and(closed)
+}
+
+/// Removes the staged file and whatever SQLite created beside it.
+fn remove_staged(staged: &Path) {
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let mut p = staged.as_os_str().to_owned();
         p.push(suffix);
         let p = PathBuf::from(p);
         if let Err(e) = std::fs::remove_file(&p)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!(path = %p.display(), error = %e, "cannot remove a file a failed open created");
+            tracing::warn!(path = %p.display(), error = %e, "cannot remove a file an open staged");
         }
     }
+}
+
+#[cfg(unix)]
+fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
 }

@@ -163,6 +163,12 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET
 pub(crate) const WRITER_PRAGMAS: &str = "PRAGMA journal_mode = WAL; \
      PRAGMA wal_autocheckpoint = 40000; PRAGMA journal_size_limit = 67108864";
 
+/// Waits, with the busy timeout, until no other connection holds the write lock, and takes
+/// nothing: a statement that met the lock at once (SQLite answers BUSY without waiting when a
+/// connection that reads asks for the write lock another one holds) waits here before it is
+/// tried again (see `open::init_writer`).
+pub(crate) const WAIT_FOR_WRITER: &str = "BEGIN IMMEDIATE; ROLLBACK";
+
 /// Record in one batch, for an event whose cursor effects are none when its target has no
 /// cursor (binds as [`RECORD_BEGIN`]). The insert only happens when the target key has no
 /// cursor, which this transaction checks under the write lock; the row answers `changes()`,

@@ -6,6 +6,7 @@
 //! store-sqlite-torture record <db> <targets>        record forever from 4 tasks, print a line per recording
 //! store-sqlite-torture batch <db> <tag> <count>     record <count> events, print each sequence, exit 0
 //! store-sqlite-torture open <db>                    open once; exit 0, or print the error and exit 2
+//! store-sqlite-torture go-batch <db> <tag> <count>  read a line from stdin, then as batch
 //! ```
 //!
 //! `record` prints `<sequence> <target> <write transactions> <stored|hit> <dedupe key|->` after
@@ -135,6 +136,11 @@ fn main() -> ExitCode {
         match argv.as_slice() {
             ["record", db, targets] => record_forever(db, targets.parse()?).await,
             ["batch", db, tag, count] => batch(db, tag, count.parse()?).await,
+            ["go-batch", db, tag, count] => {
+                // Started beside another process, both wait for the word to open at once.
+                std::io::stdin().read_line(&mut String::new())?;
+                batch(db, tag, count.parse()?).await
+            }
             ["open", db] => match SqliteStore::open(db).await {
                 Ok(store) => {
                     store.close().await;
@@ -145,7 +151,7 @@ fn main() -> ExitCode {
                     std::process::exit(2);
                 }
             },
-            _ => Err("usage: store-sqlite-torture record|batch|open ...".into()),
+            _ => Err("usage: store-sqlite-torture record|batch|go-batch|open ...".into()),
         }
     });
     match result {

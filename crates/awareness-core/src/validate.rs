@@ -176,6 +176,13 @@ fn bounded_key(what: &'static str, value: &str, max: usize) -> Result<(), Valida
     Ok(())
 }
 
+/// Whether `c` breaks a summary's one line ([`summary`] refuses it): a control character, or a
+/// line or paragraph separator (U+2028, U+2029), which are not control characters but break
+/// the line for JavaScript and most renderers.
+pub fn breaks_summary(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
 /// One line of at most 200 characters, not blank, without control characters.
 pub fn summary(value: &str) -> Result<(), ValidationError> {
     // Summaries are almost always ASCII: then one pass over the bytes answers all three
@@ -190,11 +197,7 @@ pub fn summary(value: &str) -> Result<(), ValidationError> {
         )
     } else {
         (
-            // U+2028 and U+2029 are not control characters, but break the line for
-            // JavaScript and most renderers.
-            value
-                .chars()
-                .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}'),
+            value.chars().any(breaks_summary),
             value.chars().count(),
             value.trim().is_empty(),
         )
@@ -319,6 +322,7 @@ mod tests {
             value in "[ -~\t\n\u{7f}\u{3000}\u{2028}\u{2029}é]{0,210}"
         ) {
             let breaks = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+            proptest::prop_assert!(value.chars().all(|c| breaks(c) == breaks_summary(c)));
             let general = if value.chars().any(breaks) {
                 Err(ValidationError::SummaryNotOneLine)
             } else if value.chars().count() > MAX_SUMMARY_CHARS {

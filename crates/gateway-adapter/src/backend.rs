@@ -29,6 +29,11 @@ pub enum OpenError {
     /// The URL is not one of the accepted forms.
     #[error("unsupported store URL {0:?}: use sqlite:///path, redb:///path or memory:")]
     BadUrl(String),
+    /// [`repair_store`] was given `memory:`, which names no file: there is nothing to repair.
+    #[error(
+        "cannot repair store {0:?}: a memory store has no file to repair (repair takes sqlite:///path or redb:///path)"
+    )]
+    NothingToRepair(String),
     /// The backend exists but this build left out its cargo feature.
     #[error(
         "the {backend} backend is not compiled in: enable the gateway-adapter feature \"{backend}\""
@@ -179,12 +184,12 @@ pub enum Repair {
 /// it; a schema 1 file is also migrated, as any read-write open does); SQLite needs no
 /// repair and is only checked read-only. Nothing is created: a missing or empty file, or a
 /// file that is not a store of that backend, is refused with [`StoreError::Open`] and left as
-/// it was. `memory:` has no file and is a [`OpenError::BadUrl`].
+/// it was. `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
 pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     let (path, sqlite) = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(p) => (p, true),
         StoreUrl::Redb(p) => (p, false),
-        StoreUrl::Memory => return Err(OpenError::BadUrl(url.to_owned())),
+        StoreUrl::Memory => return Err(OpenError::NothingToRepair(url.to_owned())),
     };
     if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
         return Err(StoreError::Open {
@@ -232,6 +237,22 @@ mod tests {
         assert_eq!(StoreUrl::parse("memory:").unwrap(), StoreUrl::Memory);
         for bad in ["", "postgres://x", "sqlite:", "sqlite://", "/tmp/a.db"] {
             assert!(StoreUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Bug: repairing `memory:` was refused as an unsupported URL whose text listed `memory:`
+    /// among the supported ones.
+    #[tokio::test]
+    async fn repairing_a_memory_store_says_it_has_no_file() {
+        for url in ["memory:", "memory://"] {
+            let err = repair_store(url).await.unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "cannot repair store {url:?}: a memory store has no file to repair \
+                     (repair takes sqlite:///path or redb:///path)"
+                ),
+            );
         }
     }
 }

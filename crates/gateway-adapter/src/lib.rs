@@ -61,6 +61,7 @@
 
 pub mod backend;
 pub mod directory;
+mod fit;
 pub mod ports;
 pub mod queue;
 pub mod service;

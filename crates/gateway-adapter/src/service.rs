@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use awareness_core::error::ErrorChain;
+use awareness_core::validate::{MAX_DEDUPE_KEY_BYTES, MAX_KEY_BYTES};
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
     EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
@@ -14,6 +16,7 @@ use awareness_core::{
 use serde_json::json;
 use tracing::warn;
 
+use crate::fit::Fit;
 use crate::ports::{
     AllowAll, HeartbeatWake, QueuedEntry, SessionDirectory, SessionEntry, SystemEventQueue,
     VisibilityPolicy,
@@ -61,6 +64,15 @@ impl Clock for ManualClock {
         Timestamp(self.0.load(Ordering::SeqCst))
     }
 }
+
+/// The channel of a human message that names none.
+const UNKNOWN_CHANNEL: &str = "unknown";
+
+/// Why an [`Awareness`] built without [`AwarenessBuilder::upstream`] cannot adopt (the source
+/// of [`Awareness::try_adopt`]'s error, whose context already says it).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no upstream link store is configured")]
+struct NoUpstreamStore;
 
 /// The answer to a request the visibility policy refused. It says nothing about the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -186,7 +198,8 @@ pub struct StartupReport {
 /// Settings of the service.
 #[derive(Debug, Clone)]
 pub struct AwarenessConfig {
-    /// Retention.
+    /// Retention. A policy [`RetentionPolicy::validate`] refuses (a limit that would delete
+    /// everything) prunes nothing: every pass is refused and logged.
     pub retention: RetentionPolicy,
     /// How often background pruning runs (default hourly; at least every millisecond, a
     /// zero interval included).
@@ -214,7 +227,30 @@ impl Default for AwarenessConfig {
 /// Recording and reading are best effort: a store failure is logged with `tracing` and never
 /// fails the caller's turn (`session_status` answers "unavailable", see
 /// [`Awareness::session_status`]; `sessions_list` enrichment leaves the rows it could not read
-/// without `stateVersion`).
+/// without `stateVersion`). Failures are logged with their whole chain of causes
+/// ([`ErrorChain`]).
+///
+/// # Gateway metadata
+///
+/// A store refuses an event whose summary, payload, ids or dedupe key break the rules of
+/// DESIGN.md section 3 (a summary of at most 200 characters on one line without control
+/// characters, a payload of at most 4 KiB, ids of at most 1 KiB and a dedupe key of at most
+/// 4 KiB without control characters). The producers therefore fit what the gateway hands them
+/// (channel names, ids, owners), so that metadata never costs an event, and log each change
+/// with `tracing::warn`:
+///
+/// - display text in a summary (a channel, a catalog id, a goal summary): line breaks (U+2028,
+///   U+2029 too) and other control characters become spaces, and text too long for the
+///   summary is cut on a character boundary and ends with `…`;
+/// - an id or key (session, actor, run or operation id, owner, a caller's dedupe key): control
+///   characters become U+FFFD and a value too long is cut on a character boundary; a value
+///   changed either way ends with `#` and a hash of the original, so that two different values
+///   stay different (a dedupe key never merges two events) and one value is always changed
+///   alike (a retry still deduplicates). An empty optional id is left out, together with the
+///   dedupe key built from it;
+/// - a payload still too large once its parts fit is left out.
+///
+/// [`Awareness::record`] and [`Awareness::try_record`] store the event they are given as it is.
 pub struct Awareness {
     store: Arc<dyn AwarenessStore>,
     queue: Arc<dyn SystemEventQueue>,
@@ -562,7 +598,7 @@ impl Awareness {
         match self.try_record(event).await {
             Ok(r) => Some(r),
             Err(e) => {
-                warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
+                warn!(session_key = %key, %kind, error = %ErrorChain(&e), "session-state event not recorded");
                 None
             }
         }
@@ -585,6 +621,13 @@ impl Awareness {
 
     /// A human turn in a session: recorded only when the session has a spawner/parent or a
     /// watcher. Returns the stored event.
+    ///
+    /// The summary is `human message via <channel>` (`unknown` for a blank channel). The
+    /// gateway's metadata never costs the event ([gateway metadata](Awareness#gateway-metadata)):
+    /// line breaks and control characters in the channel become spaces and a channel too long
+    /// for the summary is shortened, ending with `…`; the actor, run and session ids and the
+    /// dedupe key are fitted as ids; an extra payload that makes the payload larger than 4 KiB
+    /// is left out (`{"turns": N}` stays).
     pub async fn human_message(&self, msg: HumanMessage) -> Option<Arc<Event>> {
         let entry = msg
             .entry
@@ -603,7 +646,7 @@ impl Awareness {
                 Ok(c) if c.is_empty() => return None,
                 Ok(_) => {}
                 Err(e) => {
-                    warn!(session_key = %msg.session, error = %e, "cannot tell whether the session is watched; not recording");
+                    warn!(session_key = %msg.session, error = %ErrorChain(&e), "cannot tell whether the session is watched; not recording");
                     return None;
                 }
             }
@@ -613,29 +656,52 @@ impl Awareness {
             .as_deref()
             .map(str::trim)
             .filter(|c| !c.is_empty())
-            .unwrap_or("unknown");
+            .unwrap_or(UNKNOWN_CHANNEL);
+        let fit = Fit::new(&msg.session, EventKind::HumanDirectMessage);
         let agent = self.agent_of(&msg.session, msg.agent_id.as_ref());
         let mut ev = NewEvent::new(
             SessionRef::new(msg.session.clone(), agent),
             EventKind::HumanDirectMessage,
             msg.actor_type,
-            format!("{}{channel}", upstream::HUMAN_MESSAGE_VIA),
+            fit.summary(
+                "channel",
+                upstream::HUMAN_MESSAGE_VIA,
+                channel,
+                UNKNOWN_CHANNEL,
+            ),
         );
-        ev.actor_id = msg.actor_id;
-        ev.session_id = entry.and_then(|e| e.session_id);
-        ev.run_id = msg.run_id;
-        ev.dedupe_key = msg.dedupe_key;
+        ev.actor_id = fit.id("actor id", msg.actor_id);
+        ev.session_id = fit.id("session id", entry.and_then(|e| e.session_id));
+        ev.run_id = fit.id("run id", msg.run_id);
+        ev.dedupe_key = fit.optional_key("dedupe key", msg.dedupe_key, MAX_DEDUPE_KEY_BYTES);
         ev.occurred_at = msg.occurred_at;
-        let mut payload = msg.payload.unwrap_or_default();
-        if msg.turns > 1 {
-            payload.insert("turns".into(), json!(msg.turns));
+        let turns = || {
+            let mut p = Payload::new();
+            if msg.turns > 1 {
+                p.insert("turns".into(), json!(msg.turns));
+            }
+            p
+        };
+        ev.payload = match msg.payload {
+            // The caller's extra payload goes when it does not fit; the burst's size stays.
+            Some(mut extra) => {
+                extra.extend(turns());
+                fit.payload("extra payload", extra)
+                    .or_else(|| Some(turns()))
+            }
+            None => Some(turns()),
         }
-        ev.payload = (!payload.is_empty()).then_some(payload);
+        .filter(|p| !p.is_empty());
         ev.watchers.extend(spawner);
         self.record(ev).await.map(|r| r.event)
     }
 
     /// The session's goal changed; its spawner is notified unless it made the change.
+    ///
+    /// `summary` (`goal created`, `goal updated`, ...) is display text: line breaks and
+    /// control characters become spaces, a summary longer than 200 characters is shortened,
+    /// ending with `…`, and a blank one is `goal changed`; the actor id and the entry's session
+    /// id are fitted as ids ([gateway metadata](Awareness#gateway-metadata)).
     pub async fn goal_changed(
         &self,
         session: &SessionKey,
@@ -645,20 +711,26 @@ impl Awareness {
         entry: Option<SessionEntry>,
     ) -> Option<Arc<Event>> {
         let entry = entry.or_else(|| self.directory.entry(session));
+        let fit = Fit::new(session, EventKind::GoalChanged);
         let mut ev = NewEvent::new(
             SessionRef::new(session.clone(), self.agent_of(session, agent)),
             EventKind::GoalChanged,
             actor.0,
-            summary,
+            fit.summary("goal summary", "", summary, "goal changed"),
         );
-        ev.actor_id = actor.1;
+        ev.actor_id = fit.id("actor id", actor.1);
         ev.watchers.extend(Self::spawner(entry.as_ref(), session));
-        ev.session_id = entry.and_then(|e| e.session_id);
+        ev.session_id = fit.id("session id", entry.and_then(|e| e.session_id));
         self.record(ev).await.map(|r| r.event)
     }
 
     /// A compaction, by any owner.
+    ///
+    /// The operation id, the session and run ids and the owner are fitted as ids
+    /// ([gateway metadata](Awareness#gateway-metadata)); an empty operation id gives no dedupe
+    /// key (`compacted:` alone would merge unrelated compactions into one event).
     pub async fn compacted(&self, c: Compaction) -> Option<Arc<Event>> {
+        let fit = Fit::new(&c.session, EventKind::Compacted);
         let mut ev = NewEvent::new(
             SessionRef::new(
                 c.session.clone(),
@@ -667,19 +739,28 @@ impl Awareness {
             EventKind::Compacted,
             ActorType::System,
             "session compacted",
-        )
-        .with_dedupe_key(format!("compacted:{}", c.operation_id));
-        ev.session_id = c.session_id;
-        ev.run_id = c.run_id;
+        );
+        ev.dedupe_key = fit
+            .id("operation id", Some(c.operation_id))
+            .map(|op| format!("compacted:{op}"));
+        ev.session_id = fit.id("session id", c.session_id);
+        ev.run_id = fit.id("run id", c.run_id);
         if let Some(owner) = c.owner {
             let mut p = Payload::new();
-            p.insert("owner".into(), json!(owner));
-            ev.payload = Some(p);
+            p.insert(
+                "owner".into(),
+                json!(fit.key("owner", &owner, MAX_KEY_BYTES)),
+            );
+            ev.payload = fit.payload("payload", p);
         }
         self.record(ev).await.map(|r| r.event)
     }
 
     /// A subagent was spawned: logs `child_spawned` on the child and seeds the requester's cursor.
+    ///
+    /// The run id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)), the same
+    /// way as by [`Awareness::subagent_ended`]; an empty one is left out, and so is then the
+    /// dedupe key (`child-spawned:` alone would merge unrelated spawns into one event).
     pub async fn subagent_spawned(
         &self,
         child: &SessionKey,
@@ -687,15 +768,16 @@ impl Awareness {
         requester: &SessionKey,
         run_id: &str,
     ) -> Option<Arc<Event>> {
+        let fit = Fit::new(child, EventKind::ChildSpawned);
         let mut ev = NewEvent::new(
             SessionRef::new(child.clone(), self.agent_of(child, agent)),
             EventKind::ChildSpawned,
             ActorType::Agent,
             "child session spawned",
         )
-        .with_actor_id(requester.as_str())
-        .with_run_id(run_id)
-        .with_dedupe_key(format!("child-spawned:{run_id}"));
+        .with_actor_id(requester.as_str());
+        ev.run_id = fit.id("run id", Some(run_id.to_owned()));
+        ev.dedupe_key = ev.run_id.as_ref().map(|r| format!("child-spawned:{r}"));
         if let Ok(w) = WatcherKey::new(requester.clone()) {
             ev.watchers.push(w);
         } else {
@@ -705,6 +787,10 @@ impl Awareness {
     }
 
     /// A subagent's run ended, with its exact outcome.
+    ///
+    /// The run id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)), the same
+    /// way as by [`Awareness::subagent_spawned`]; an empty one is left out, and so is then the
+    /// dedupe key (`run-terminal:` alone would merge unrelated runs into one event).
     pub async fn subagent_ended(
         &self,
         child: &SessionKey,
@@ -718,14 +804,15 @@ impl Awareness {
             RunOutcome::Timeout => (EventKind::RunFailed, "child run timed out"),
             RunOutcome::Cancelled => (EventKind::RunFailed, "child run cancelled"),
         };
+        let fit = Fit::new(child, kind);
         let mut ev = NewEvent::new(
             SessionRef::new(child.clone(), self.agent_of(child, agent)),
             kind,
             ActorType::System,
             summary,
-        )
-        .with_run_id(run_id)
-        .with_dedupe_key(format!("run-terminal:{run_id}"));
+        );
+        ev.run_id = fit.id("run id", Some(run_id.to_owned()));
+        ev.dedupe_key = ev.run_id.as_ref().map(|r| format!("run-terminal:{r}"));
         if outcome != RunOutcome::Ok {
             let mut p = Payload::new();
             p.insert("outcome".into(), json!(outcome.as_str()));
@@ -737,13 +824,19 @@ impl Awareness {
     /// Adopts a session from an external catalog: creates its upstream link (or refreshes it:
     /// the same source keeps its marker, a changed source is rebased onto the spec's marker),
     /// then records `adopted` (best effort, deduplicated per key). The link's store error is
-    /// returned as it is; without an upstream store ([`AwarenessBuilder::upstream`]) this is
-    /// a [`StoreError::Backend`].
+    /// returned as it is.
+    ///
+    /// An [`Awareness`] built without an upstream store ([`AwarenessBuilder::upstream`]) cannot
+    /// adopt: that set-up mistake is a [`StoreError::Backend`], not retryable, whose text names
+    /// it: `store backend error: adopt a session: no upstream link store is configured (build
+    /// the Awareness with .upstream(...))`.
     pub async fn try_adopt(&self, spec: LinkSpec) -> Result<UpsertOutcome, StoreError> {
         let Some(links) = &self.upstream else {
             return Err(StoreError::backend(
-                "adopt a session",
-                "no upstream link store is configured (AwarenessBuilder::upstream)",
+                format!(
+                    "adopt a session: {NoUpstreamStore} (build the Awareness with .upstream(...))"
+                ),
+                NoUpstreamStore,
             ));
         };
         let outcome = links.upsert_link(spec, self.clock.now()).await?;
@@ -758,48 +851,68 @@ impl Awareness {
         let key = spec.session.session_key.clone();
         self.try_adopt(spec)
             .await
-            .inspect_err(|e| warn!(session_key = %key, error = %e, "adoption not recorded"))
+            .inspect_err(
+                |e| warn!(session_key = %key, error = %ErrorChain(e), "adoption not recorded"),
+            )
             .ok()
     }
 
     /// A session was adopted from an external catalog.
+    ///
+    /// The summary is `adopted from <catalogId>`: line breaks and control characters in the
+    /// catalog id become spaces and one too long for the summary is shortened, ending with
+    /// `…`; in the payload, the catalog and host ids are fitted as ids
+    /// ([gateway metadata](Awareness#gateway-metadata)). [`Awareness::try_adopt`] only gets
+    /// here with ids its link store accepted, which need no fitting.
     pub async fn adopted(
         &self,
         session: &SessionRef,
         catalog_id: &str,
         host_id: &str,
     ) -> Option<Arc<Event>> {
+        let fit = Fit::new(&session.session_key, EventKind::Adopted);
         let mut p = Payload::new();
-        p.insert("catalogId".into(), json!(catalog_id));
-        p.insert("hostId".into(), json!(host_id));
-        let ev = NewEvent::new(
+        p.insert(
+            "catalogId".into(),
+            json!(fit.key("catalog id", catalog_id, MAX_KEY_BYTES)),
+        );
+        p.insert(
+            "hostId".into(),
+            json!(fit.key("host id", host_id, MAX_KEY_BYTES)),
+        );
+        let mut ev = NewEvent::new(
             session.clone(),
             EventKind::Adopted,
             ActorType::System,
-            format!("{}{catalog_id}", upstream::ADOPTED_FROM),
+            fit.summary("catalog id", upstream::ADOPTED_FROM, catalog_id, "unknown"),
         )
-        .with_payload(p)
         .with_dedupe_key(format!("adopted:{}", session.session_key));
+        ev.payload = fit.payload("payload", p);
         self.record(ev).await.map(|r| r.event)
     }
 
     /// A session was created.
+    ///
+    /// The session id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)); an
+    /// empty one is left out, and so is then the dedupe key (it would merge every incarnation
+    /// of the key into its first `created` event).
     pub async fn session_created(
         &self,
         session: &SessionRef,
         session_id: &str,
     ) -> Option<Arc<Event>> {
-        let ev = NewEvent::new(
+        let fit = Fit::new(&session.session_key, EventKind::Created);
+        let mut ev = NewEvent::new(
             session.clone(),
             EventKind::Created,
             ActorType::System,
             "session created",
-        )
-        .with_session_id(session_id)
-        .with_dedupe_key(format!(
-            "created:{}:{}:{session_id}",
-            session.agent_id, session.session_key
-        ));
+        );
+        ev.session_id = fit.id("session id", Some(session_id.to_owned()));
+        ev.dedupe_key = ev
+            .session_id
+            .as_ref()
+            .map(|id| format!("created:{}:{}:{id}", session.agent_id, session.session_key));
         self.record(ev).await.map(|r| r.event)
     }
 
@@ -843,7 +956,7 @@ impl Awareness {
         match self.store.session_status(&r, changes_since, limit).await {
             Ok(s) => Ok(s),
             Err(e) => {
-                warn!(session_key = %target, error = %e, "session_status: the store could not be read");
+                warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the store could not be read");
                 Ok(SessionStatus::unavailable(changes_since))
             }
         }
@@ -901,7 +1014,7 @@ impl Awareness {
                         .map(|h| (h.session, h.last_sequence)),
                 ),
                 Err(e) => {
-                    warn!(error = %e, refs = batch.len(), "sessions_list enrichment skipped a batch");
+                    warn!(error = %ErrorChain(&e), refs = batch.len(), "sessions_list enrichment skipped a batch");
                 }
             }
         }
@@ -932,7 +1045,7 @@ impl Awareness {
         match self.store.watch(&w, &r, self.clock.now()).await {
             Ok(_) => WatchOutcome { watched: true },
             Err(e) => {
-                warn!(watcher = %watcher, target = %target, error = %e, "watch not registered");
+                warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch not registered");
                 refused
             }
         }
@@ -944,7 +1057,7 @@ impl Awareness {
             return false;
         };
         self.store.unwatch(&w, target).await.unwrap_or_else(|e| {
-            warn!(watcher = %watcher, target = %target, error = %e, "unwatch failed");
+            warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "unwatch failed");
             false
         })
     }
@@ -992,11 +1105,11 @@ impl Awareness {
         match acknowledged {
             Ok((keep, Ok(follow))) => Some((keep, follow)),
             Ok((keep, Err(e))) => {
-                warn!(watcher = %watcher, error = %e, "acknowledge failed; the notices stay pending");
+                warn!(watcher = %watcher, error = %ErrorChain(&e), "acknowledge failed; the notices stay pending");
                 Some((keep, Vec::new()))
             }
             Err(e) => {
-                warn!(watcher = %watcher, error = %e, "the acknowledgement's task failed");
+                warn!(watcher = %watcher, error = %ErrorChain(&e), "the acknowledgement's task failed");
                 None
             }
         }
@@ -1057,7 +1170,7 @@ impl Awareness {
         let current: Vec<Notice> = match self.pending_cursors(watcher).await {
             Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {
-                warn!(watcher = %watcher, error = %e, "cannot read the cursors to acknowledge; the notices stay pending");
+                warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the cursors to acknowledge; the notices stay pending");
                 let Carried { unread, mut read } = std::mem::take(turn.carried());
                 read.extend(unread);
                 return read;
@@ -1081,7 +1194,7 @@ impl Awareness {
                 DrainedLine::Current(i) if shown[i] => continue,
                 DrainedLine::Current(i) => shown[i] = true,
                 DrainedLine::Malformed(err) => {
-                    warn!(watcher = %watcher, error = %err, "a malformed session-state entry acknowledges nothing");
+                    warn!(watcher = %watcher, error = %ErrorChain(&err), "a malformed session-state entry acknowledges nothing");
                 }
                 DrainedLine::Other => {}
             }
@@ -1130,7 +1243,7 @@ impl Awareness {
     pub async fn on_reset(&self, session: &SessionKey) {
         self.turns.forget(session);
         if let Err(e) = self.store.reset_watcher(session).await {
-            warn!(session_key = %session, error = %e, "reset: watches not removed");
+            warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
         }
     }
 
@@ -1138,7 +1251,7 @@ impl Awareness {
     pub async fn on_delete(&self, session: &SessionRef) {
         self.turns.forget(&session.session_key);
         if let Err(e) = self.store.delete_session(session).await {
-            warn!(session_key = %session.session_key, error = %e, "delete: state not removed");
+            warn!(session_key = %session.session_key, error = %ErrorChain(&e), "delete: state not removed");
         }
     }
 
@@ -1150,7 +1263,7 @@ impl Awareness {
             .await;
         let failed = result.is_err();
         let report = result.unwrap_or_else(|e| {
-            warn!(error = %e, "pruning failed; it runs again on the next tick");
+            warn!(error = %ErrorChain(&e), "pruning failed; it runs again on the next tick");
             PruneReport::default()
         });
         self.prune_passes.send_modify(|p| {
@@ -1187,7 +1300,7 @@ impl Awareness {
         match swept {
             Ok(notices) => notices.len(),
             Err(e) => {
-                warn!(error = %e, "start-up sweep failed");
+                warn!(error = %ErrorChain(&e), "start-up sweep failed");
                 0
             }
         }

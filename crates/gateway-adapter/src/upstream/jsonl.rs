@@ -35,6 +35,7 @@ use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use awareness_core::error::ErrorChain;
 use awareness_core::upstream::{self, TextFingerprint};
 use awareness_core::{LinkSpec, SessionRef, UpstreamLink, async_trait};
 use serde::{Deserialize, Serialize};
@@ -226,7 +227,7 @@ pub fn scan(
     match try_scan(path, marker, own, budget.max(1)) {
         Ok(outcome) => outcome,
         Err(e) if e.kind() == ErrorKind::NotFound => CheckOutcome::Missing,
-        Err(e) => CheckOutcome::Failed(format!("reading {}: {e}", path.display())),
+        Err(e) => CheckOutcome::Failed(format!("reading {}: {}", path.display(), ErrorChain(&e))),
     }
 }
 
@@ -419,7 +420,9 @@ impl UpstreamProvider for JsonlProvider {
             scan(&path, marker.as_ref(), &own, budget)
         })
         .await
-        .unwrap_or_else(|e| CheckOutcome::Failed(format!("the scan task failed: {e}")))
+        .unwrap_or_else(|e| {
+            CheckOutcome::Failed(format!("the scan task failed: {}", ErrorChain(&e)))
+        })
     }
 }
 

@@ -32,7 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use awareness_core::error::ErrorChain;
 use awareness_core::upstream::{self, UpstreamStore};
+use awareness_core::validate::MAX_KEY_BYTES;
 use awareness_core::{
     ActorType, CursorFilter, Event, EventKind, NewEvent, Payload, SessionRef, Timestamp,
     UpstreamLink,
@@ -41,6 +43,8 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
+
+use crate::fit::Fit;
 
 use super::{CheckOutcome, NoRuns, OwnPrompts, RecentPrompts, RunActivity, UpstreamProvider};
 use crate::service::{Awareness, HumanMessage};
@@ -317,7 +321,7 @@ impl MonitorTask {
         if let Err(e) = self.handle.await
             && e.is_panic()
         {
-            warn!(error = %e, "the upstream monitor task panicked");
+            warn!(error = %ErrorChain(&e), "the upstream monitor task panicked");
         }
     }
 
@@ -416,7 +420,7 @@ impl Inner {
         let links = match me.links.links().await {
             Ok(links) => links,
             Err(e) => {
-                warn!(error = %e, "upstream monitor: cannot list links; trying again next tick");
+                warn!(error = %ErrorChain(&e), "upstream monitor: cannot list links; trying again next tick");
                 me.emit(Detection::TickDone(report));
                 return report;
             }
@@ -459,7 +463,7 @@ impl Inner {
             if let Err(e) = done
                 && e.is_panic()
             {
-                warn!(error = %e, "upstream monitor: a check panicked");
+                warn!(error = %ErrorChain(&e), "upstream monitor: a check panicked");
             }
         }
         me.emit(Detection::TickDone(report));
@@ -475,6 +479,7 @@ impl Inner {
         match self.awareness.store().cursors(&filter).await {
             Ok(cursors) => Ok(cursors.iter().any(|c| c.target_agent == session.agent_id)),
             Err(e) => {
+                let e = ErrorChain(&e);
                 warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
                 Err(format!("cannot read its watchers: {e}"))
             }
@@ -503,7 +508,7 @@ impl Inner {
                 .mark_scanned(&session, self.awareness.now())
                 .await
         {
-            warn!(session_key = %session.session_key, error = %e, "upstream monitor: scan time not stored");
+            warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream monitor: scan time not stored");
         }
         match outcome {
             CheckOutcome::Unchanged { marker } => {
@@ -553,7 +558,7 @@ impl Inner {
                 false
             }
             Err(e) => {
-                warn!(session_key = %link.session.session_key, error = %e, "upstream marker not moved; the same rows are read again next tick");
+                warn!(session_key = %link.session.session_key, error = %ErrorChain(&e), "upstream marker not moved; the same rows are read again next tick");
                 false
             }
         }
@@ -611,16 +616,27 @@ impl Inner {
             });
             return;
         }
+        // A link store accepts only catalog ids that fit (`LinkSpec::validate`); one stored
+        // before that rule is fitted rather than failing every check until it is removed.
+        let fit = Fit::new(&session.session_key, EventKind::UpstreamMissing);
         let mut payload = Payload::new();
-        payload.insert("channel".into(), json!(link.catalog_id));
-        let event = NewEvent::new(
+        payload.insert(
+            "channel".into(),
+            json!(fit.key("catalog id", &link.catalog_id, MAX_KEY_BYTES)),
+        );
+        let mut event = NewEvent::new(
             session.clone(),
             EventKind::UpstreamMissing,
             ActorType::System,
-            format!("{}{}", upstream::UPSTREAM_MISSING_VIA, link.catalog_id),
+            fit.summary(
+                "catalog id",
+                upstream::UPSTREAM_MISSING_VIA,
+                &link.catalog_id,
+                "unknown",
+            ),
         )
-        .with_payload(payload)
         .with_dedupe_key(upstream::missing_dedupe_key(link));
+        event.payload = fit.payload("payload", payload);
         let Some(recorded) = self.awareness.record(event).await else {
             // Logged by the service; the count stays, so the next check records it again.
             self.emit(Detection::Failed {
@@ -636,7 +652,7 @@ impl Inner {
         {
             Ok(removed) => removed,
             Err(e) => {
-                warn!(session_key = %session.session_key, error = %e, "upstream link not removed; retried next tick");
+                warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream link not removed; retried next tick");
                 false
             }
         };

@@ -1,0 +1,271 @@
+//! What the adapter says when something fails: logs and operator texts carry the cause, and a
+//! set-up mistake names itself.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+use awareness_core::retention::PruneStep;
+use awareness_core::{
+    AgentId, ChangesPage, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
+    LinkSpec, LogStats, NewEvent, Notice, Recorded, Sequence, SessionKey, SessionRef, StoreError,
+    Timestamp, UpstreamStore, WatcherKey, async_trait,
+};
+use gateway_adapter::{
+    Awareness, CheckOutcome, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
+    RecordingWake, UpstreamMonitor, UpstreamProvider,
+};
+use store_memory::MemoryStore;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Metadata, Subscriber};
+
+/// The cause every failing call of [`Broken`] carries, only in its `source()`.
+const CAUSE: &str = "No space left on device";
+
+fn full_disk(context: &str) -> StoreError {
+    StoreError::backend(context, std::io::Error::other(CAUSE))
+}
+
+/// A store whose every call fails as a full disk does: `store backend error: <what>`, with the
+/// cause as its source.
+#[derive(Debug)]
+struct Broken;
+
+#[async_trait]
+impl EventStore for Broken {
+    async fn record(&self, _: NewEvent, _: Timestamp) -> Result<Recorded, StoreError> {
+        Err(full_disk("record"))
+    }
+    async fn changes_since(
+        &self,
+        _: &SessionRef,
+        _: Sequence,
+        _: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        Err(full_disk("read changes"))
+    }
+    async fn heads(&self, _: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        Err(full_disk("read heads"))
+    }
+    async fn list_heads(&self, _: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        Err(full_disk("list heads"))
+    }
+    async fn events_after(&self, _: Sequence, _: usize) -> Result<Vec<Arc<Event>>, StoreError> {
+        Err(full_disk("read events"))
+    }
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        Err(full_disk("log stats"))
+    }
+    async fn prune_chunk(&self, _: &PruneStep, _: usize, _: Timestamp) -> Result<u64, StoreError> {
+        Err(full_disk("prune"))
+    }
+    async fn delete_session(&self, _: &SessionRef) -> Result<(), StoreError> {
+        Err(full_disk("delete session"))
+    }
+}
+
+#[async_trait]
+impl CursorStore for Broken {
+    async fn watch(
+        &self,
+        _: &WatcherKey,
+        _: &SessionRef,
+        _: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        Err(full_disk("watch"))
+    }
+    async fn unwatch(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
+        Err(full_disk("unwatch"))
+    }
+    async fn acknowledge(
+        &self,
+        _: &WatcherKey,
+        _: &[SessionKey],
+        _: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        Err(full_disk("acknowledge"))
+    }
+    async fn cursor(&self, _: &WatcherKey, _: &SessionKey) -> Result<Option<Cursor>, StoreError> {
+        Err(full_disk("read cursor"))
+    }
+    async fn cursors(&self, _: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        Err(full_disk("read cursors"))
+    }
+    async fn refreeze(&self, _: &[CursorKey], _: Timestamp) -> Result<Vec<Notice>, StoreError> {
+        Err(full_disk("refreeze"))
+    }
+    async fn reset_watcher(&self, _: &SessionKey) -> Result<u64, StoreError> {
+        Err(full_disk("reset watcher"))
+    }
+}
+
+/// Keeps every log event as one line of its fields (`message=... error=...`).
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+impl Capture {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, "{}={value:?} ", field.name());
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        self.0.lock().unwrap().push(line.0);
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+fn k(key: &str) -> SessionKey {
+    SessionKey::new(key).unwrap()
+}
+
+fn service(store: Arc<Broken>) -> Awareness {
+    Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build()
+}
+
+/// The captured line whose message contains `message`.
+fn logged(lines: &[String], message: &str) -> String {
+    lines
+        .iter()
+        .find(|l| l.contains(message))
+        .unwrap_or_else(|| panic!("no log {message:?} in {lines:#?}"))
+        .clone()
+}
+
+/// Bug: `StoreError::Busy` and `StoreError::Backend` display only what was being done; the
+/// adapter logged `error = %e`, so a full disk was logged as `store backend error: record`.
+#[tokio::test]
+async fn store_failures_are_logged_with_their_cause() {
+    let capture = Capture::default();
+    let _logging = tracing::subscriber::set_default(capture.clone());
+    let svc = service(Arc::new(Broken));
+    let child = k("agent:main:subagent:worker");
+    let manager = k("agent:main:main");
+
+    assert!(
+        svc.subagent_spawned(&child, None, &manager, "run-1")
+            .await
+            .is_none()
+    );
+    let mut msg = HumanMessage::new(child.clone());
+    msg.channel = Some("telegram".into());
+    assert!(svc.human_message(msg).await.is_none());
+    assert!(svc.drain_turn(&manager).await.is_empty());
+    svc.on_reset(&manager).await;
+    svc.prune().await;
+
+    let lines = capture.lines();
+    for (message, context) in [
+        ("session-state event not recorded", "record"),
+        ("cannot tell whether the session is watched", "read cursors"),
+        ("cannot read the cursors to acknowledge", "read cursors"),
+        ("reset: watches not removed", "reset watcher"),
+        ("pruning failed", "prune"),
+    ] {
+        let line = logged(&lines, message);
+        assert!(
+            line.contains(&format!("error=store backend error: {context}: {CAUSE}")),
+            "{line}"
+        );
+    }
+}
+
+/// Answers every check with nothing new.
+struct Quiet;
+
+#[async_trait]
+impl UpstreamProvider for Quiet {
+    fn kind(&self) -> &'static str {
+        "quiet"
+    }
+    async fn check(&self, link: &awareness_core::UpstreamLink, _: &[String]) -> CheckOutcome {
+        CheckOutcome::Unchanged {
+            marker: link.marker.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// The same bug in a text for operators: the monitor's failure detection said `cannot read
+/// its watchers: store backend error: read cursors`, without the cause.
+#[tokio::test]
+async fn the_monitor_tells_operators_the_cause_of_a_store_failure() {
+    let links = Arc::new(MemoryStore::new());
+    let svc = Arc::new(service(Arc::new(Broken)));
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    links
+        .upsert_link(
+            LinkSpec::new(session.clone(), "remote", "h", "t", "quiet"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(svc, links)
+        .provider(Arc::new(Quiet))
+        .build();
+    let mut rx = monitor.subscribe();
+    monitor.tick().await;
+    let mut failures = Vec::new();
+    while let Ok(d) = rx.try_recv() {
+        if let Detection::Failed { session: s, error } = d {
+            assert_eq!(s, session);
+            failures.push(error);
+        }
+    }
+    assert_eq!(
+        failures,
+        [format!(
+            "cannot read its watchers: store backend error: read cursors: {CAUSE}"
+        )]
+    );
+}
+
+/// Bug: adopting without an upstream store was `store backend error: adopt a session`, the
+/// reason hidden in the error's source: it read as a failing backend, not a set-up mistake.
+#[tokio::test]
+async fn adopting_without_an_upstream_store_names_the_set_up_mistake() {
+    let store = Arc::new(MemoryStore::new());
+    let svc = Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let err = svc
+        .try_adopt(LinkSpec::new(session, "remote", "h", "t", "quiet"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "store backend error: adopt a session: no upstream link store is configured \
+         (build the Awareness with .upstream(...))"
+    );
+    assert!(!err.is_retryable());
+}

@@ -1,0 +1,490 @@
+//! Gateway metadata never costs a producer its event.
+//!
+//! Bug: the producers built summaries, payloads, ids and dedupe keys straight from what the
+//! gateway handed them (a channel name, a run id, an owner, ...). A channel of 190 characters or
+//! holding a line break made `human message via <channel>` an invalid summary, the store refused
+//! the whole event, the adapter logged a warning and returned `None`: the human intervention was
+//! never recorded and no watcher heard of it. Each test here gives a producer metadata that
+//! broke a rule and checks that its event is recorded, valid, and notifies as it should.
+
+use std::sync::Arc;
+
+use awareness_core::validate::{self, MAX_DEDUPE_KEY_BYTES, MAX_KEY_BYTES, MAX_SUMMARY_CHARS};
+use awareness_core::{
+    ActorType, CursorStore, Event, EventKind, EventStore, LinkSpec, Sequence, SessionKey,
+    SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink, UpstreamStore, WatcherKey,
+    async_trait,
+};
+use gateway_adapter::{
+    Awareness, CheckOutcome, Compaction, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
+    MonitorConfig, RecordingWake, RunOutcome, SessionEntry, SystemEventQueue, UpstreamMonitor,
+    UpstreamProvider,
+};
+use serde_json::{Value, json};
+use store_memory::MemoryStore;
+
+const MANAGER: &str = "agent:main:main";
+const CHILD: &str = "agent:main:subagent:worker";
+
+fn k(key: &str) -> SessionKey {
+    SessionKey::new(key).unwrap()
+}
+
+fn child() -> SessionRef {
+    SessionRef::parse(CHILD, "main").unwrap()
+}
+
+struct World {
+    store: Arc<MemoryStore>,
+    queue: Arc<InMemoryQueue>,
+    wake: Arc<RecordingWake>,
+    svc: Arc<Awareness>,
+}
+
+fn world() -> World {
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(RecordingWake::new());
+    let svc = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            wake.clone(),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .upstream(store.clone())
+        .build(),
+    );
+    World {
+        store,
+        queue,
+        wake,
+        svc,
+    }
+}
+
+impl World {
+    /// A world in which the manager spawned the worker, so a cursor of the manager watches it.
+    async fn watched() -> Self {
+        let w = world();
+        w.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .expect("seeded");
+        w
+    }
+
+    async fn events(&self, session: &SessionRef, kind: EventKind) -> Vec<Arc<Event>> {
+        self.store
+            .changes_since(session, Sequence::ZERO, 200)
+            .await
+            .unwrap()
+            .events
+            .into_iter()
+            .filter(|e| e.kind == kind)
+            .collect()
+    }
+
+    /// The one event of `kind` on the worker, which every rule accepts.
+    async fn only(&self, kind: EventKind) -> Arc<Event> {
+        let events = self.events(&child(), kind).await;
+        assert_eq!(events.len(), 1, "{kind}: {events:?}");
+        let e = events.into_iter().next().unwrap();
+        assert_valid(&e);
+        e
+    }
+
+    /// The manager was told once: one notice queued, one wake.
+    fn manager_notified(&self, what: &str) {
+        let queued = self.queue.peek(&k(MANAGER));
+        assert_eq!(queued.len(), 1, "{what}: {queued:?}");
+        assert!(
+            queued[0]
+                .text
+                .starts_with(&format!("Session \"{CHILD}\" changed")),
+            "{what}: {}",
+            queued[0].text
+        );
+        assert_eq!(self.wake.count(&k(MANAGER)), 1, "{what}");
+    }
+}
+
+/// Every rule a store checks, on a stored event.
+fn assert_valid(e: &Event) {
+    assert_eq!(validate::summary(&e.summary), Ok(()), "{:?}", e.summary);
+    if let Some(p) = &e.payload {
+        assert_eq!(validate::payload(p), Ok(()), "{p:?}");
+    }
+    for (what, v) in [
+        ("session id", &e.session_id),
+        ("actor id", &e.actor_id),
+        ("run id", &e.run_id),
+    ] {
+        if let Some(v) = v {
+            assert_eq!(validate::key(what, v), Ok(()), "{v:?}");
+        }
+    }
+}
+
+fn message(channel: &str) -> HumanMessage {
+    let mut msg = HumanMessage::new(k(CHILD));
+    msg.channel = Some(channel.to_owned());
+    msg
+}
+
+#[tokio::test]
+async fn a_long_or_broken_channel_still_records_the_human_message_and_notifies() {
+    let long = "c".repeat(190);
+    let cut = format!("human message via {}…", "c".repeat(MAX_SUMMARY_CHARS - 19));
+    let mut lost = Vec::new();
+    for (case, channel, shown) in [
+        ("190 characters", long.as_str(), cut.as_str()),
+        ("a newline", "tele\ngram", "human message via tele gram"),
+        ("U+2028", "tele\u{2028}gram", "human message via tele gram"),
+        (
+            "U+2029, NEL and DEL",
+            "tele\u{2029}\u{85}\u{7f}gram",
+            "human message via tele   gram",
+        ),
+        (
+            "only line breaks",
+            "\n\u{2028}",
+            "human message via unknown",
+        ),
+    ] {
+        let w = World::watched().await;
+        if w.svc.human_message(message(channel)).await.is_none() {
+            lost.push(case);
+            continue;
+        }
+        let e = w.only(EventKind::HumanDirectMessage).await;
+        assert!(e.summary.starts_with("human message via "), "{case}");
+        assert_eq!(e.summary, shown, "{case}");
+        w.manager_notified(case);
+    }
+    assert!(
+        lost.is_empty(),
+        "human messages lost, channel with: {lost:?}"
+    );
+}
+
+#[tokio::test]
+async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
+    let w = World::watched().await;
+    let dedupe = format!("k\n{}", "d".repeat(MAX_DEDUPE_KEY_BYTES));
+    let msg = || {
+        let mut msg = message("telegram");
+        msg.actor_id = Some("alice\n".into());
+        msg.run_id = Some("r".repeat(2 * MAX_KEY_BYTES));
+        msg.dedupe_key = Some(dedupe.clone());
+        msg.entry = Some(SessionEntry {
+            session_id: Some(String::new()),
+            ..SessionEntry::default()
+        });
+        msg.payload = Some(
+            json!({"note": "n".repeat(5000)})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        msg.turns = 3;
+        msg
+    };
+    let first = w.svc.human_message(msg()).await.expect("recorded");
+    let e = w.only(EventKind::HumanDirectMessage).await;
+    assert_eq!(e.summary, "human message via telegram");
+    assert_eq!(
+        e.payload,
+        Some(json!({"turns": 3}).as_object().unwrap().clone())
+    );
+    assert!(e.actor_id.as_deref().unwrap().starts_with("alice\u{fffd}#"));
+    assert!(e.run_id.as_deref().unwrap().len() <= MAX_KEY_BYTES);
+    assert_eq!(e.session_id, None, "an empty session id is left out");
+    w.manager_notified("ids");
+    // The fitted dedupe key is the same for the same key: a retry is still deduplicated.
+    let again = w.svc.human_message(msg()).await.expect("deduplicated");
+    assert_eq!(again.sequence, first.sequence);
+    assert_eq!(
+        w.events(&child(), EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_broken_goal_summary_or_actor_id_still_records_and_notifies() {
+    let entry = || SessionEntry {
+        spawned_by: Some(k(MANAGER)),
+        session_id: Some("s\u{0}1".into()),
+        ..SessionEntry::default()
+    };
+    let long = "g".repeat(250);
+    for (summary, shown) in [
+        ("goal\nupdated", "goal updated".to_owned()),
+        ("", "goal changed".to_owned()),
+        (&long, format!("{}…", "g".repeat(MAX_SUMMARY_CHARS - 1))),
+    ] {
+        let w = World::watched().await;
+        let recorded = w
+            .svc
+            .goal_changed(
+                &k(CHILD),
+                None,
+                summary,
+                (ActorType::Human, Some("\u{2028}bob\u{1b}".into())),
+                Some(entry()),
+            )
+            .await;
+        assert!(recorded.is_some(), "{summary:?}");
+        let e = w.only(EventKind::GoalChanged).await;
+        assert_eq!(e.summary, shown);
+        assert!(e.session_id.as_deref().unwrap().starts_with("s\u{fffd}1#"));
+        w.manager_notified(summary);
+    }
+}
+
+#[tokio::test]
+async fn a_broken_owner_or_operation_id_still_records_the_compaction() {
+    let w = World::watched().await;
+    let compaction = |operation_id: &str, owner: Option<String>| Compaction {
+        session: k(CHILD),
+        agent_id: None,
+        session_id: Some("s".repeat(MAX_KEY_BYTES + 1)),
+        run_id: Some("run\r".into()),
+        operation_id: operation_id.into(),
+        owner,
+    };
+    let first = w
+        .svc
+        .compacted(compaction("op\n1", Some("o".repeat(5000))))
+        .await
+        .expect("recorded");
+    let e = w.only(EventKind::Compacted).await;
+    let owner = e.payload.as_ref().unwrap()["owner"].as_str().unwrap();
+    assert!(
+        owner.len() <= MAX_KEY_BYTES && owner.starts_with("ooo"),
+        "{owner}"
+    );
+    // The same operation is deduplicated, another one (differing only in the broken
+    // character) is not.
+    let again = w.svc.compacted(compaction("op\n1", None)).await.unwrap();
+    assert_eq!(again.sequence, first.sequence);
+    let other = w.svc.compacted(compaction("op\t1", None)).await.unwrap();
+    assert_ne!(other.sequence, first.sequence);
+
+    // An empty operation id does not merge two sessions' compactions into one event.
+    let w = World::watched().await;
+    let a = w.svc.compacted(compaction("", None)).await.unwrap();
+    let other_child = k("agent:main:subagent:other");
+    let b = w
+        .svc
+        .compacted(Compaction {
+            session: other_child.clone(),
+            ..compaction("", None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(a.session_key, k(CHILD));
+    assert_eq!(
+        b.session_key, other_child,
+        "its own event, not the other one's"
+    );
+    assert_ne!(a.sequence, b.sequence);
+    assert_valid(&a);
+    assert_valid(&b);
+}
+
+#[tokio::test]
+async fn broken_run_ids_still_record_the_spawn_its_seed_and_the_outcome() {
+    let long = "r".repeat(2 * MAX_KEY_BYTES);
+    for run_id in ["run\n1", long.as_str(), ""] {
+        let w = world();
+        let spawned = w
+            .svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), run_id)
+            .await;
+        assert!(spawned.is_some(), "{run_id:?}: recorded");
+        let spawn = w.only(EventKind::ChildSpawned).await;
+        // The seed happened: a human message on the worker notifies the manager.
+        w.svc.human_message(message("telegram")).await.unwrap();
+        w.manager_notified(run_id);
+        let ended = w
+            .svc
+            .subagent_ended(&k(CHILD), None, run_id, RunOutcome::Timeout)
+            .await;
+        assert!(ended.is_some(), "{run_id:?}: outcome recorded");
+        let outcome = w.only(EventKind::RunFailed).await;
+        assert_eq!(outcome.run_id, spawn.run_id, "{run_id:?}: one run, one id");
+        assert_eq!(outcome.run_id.is_none(), run_id.is_empty());
+    }
+    // Two children spawned with an empty run id are two spawns, each seeding its cursor.
+    let w = world();
+    let other = k("agent:main:subagent:other");
+    let a = w
+        .svc
+        .subagent_spawned(&k(CHILD), None, &k(MANAGER), "")
+        .await;
+    let b = w.svc.subagent_spawned(&other, None, &k(MANAGER), "").await;
+    assert_eq!(a.unwrap().session_key, k(CHILD));
+    assert_eq!(b.unwrap().session_key, other);
+    let manager = WatcherKey::parse(MANAGER).unwrap();
+    assert!(w.store.cursor(&manager, &other).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_broken_catalog_or_host_id_still_records_the_adoption() {
+    for (catalog, host) in [
+        ("c".repeat(190), "h".to_owned()),
+        ("claude\ncode".to_owned(), "h\u{2028}".to_owned()),
+        ("claude-code".to_owned(), "\"".repeat(5000)),
+        // Two ids fitted to 1 KiB of quotes, which JSON doubles, still fit the payload.
+        ("\"".repeat(2000), "\"".repeat(2000)),
+    ] {
+        let w = world();
+        let recorded = w.svc.adopted(&child(), &catalog, &host).await;
+        assert!(recorded.is_some(), "{catalog:?} {host:?}");
+        let e = w.only(EventKind::Adopted).await;
+        assert!(e.summary.starts_with("adopted from "), "{}", e.summary);
+        let payload = e.payload.as_ref().expect("the payload is kept");
+        let host_id = payload["hostId"].as_str().unwrap();
+        assert_eq!(host_id == host, host.len() < 100, "{host_id:?}");
+    }
+    let w = world();
+    let e = w.svc.adopted(&child(), "claude\ncode", "h").await.unwrap();
+    assert_eq!(e.summary, "adopted from claude code");
+}
+
+#[tokio::test]
+async fn a_broken_session_id_still_records_the_creation() {
+    let long = "s".repeat(MAX_KEY_BYTES + 1);
+    for session_id in ["s\n1", long.as_str(), ""] {
+        let w = world();
+        let recorded = w.svc.session_created(&child(), session_id).await;
+        assert!(recorded.is_some(), "{session_id:?}");
+        let e = w.only(EventKind::Created).await;
+        assert_eq!(e.session_id.is_none(), session_id.is_empty());
+    }
+    // Without a session id, two incarnations are two events.
+    let w = world();
+    let a = w.svc.session_created(&child(), "").await.unwrap();
+    let b = w.svc.session_created(&child(), "").await.unwrap();
+    assert_ne!(a.sequence, b.sequence);
+}
+
+// ----- a link stored before catalog ids were checked against their summaries --------------------
+
+/// The memory store's links, but every link read back with `catalog_id` (as one stored before
+/// `LinkSpec::validate` refused catalog ids too long for their summaries would be).
+struct OldLinks {
+    inner: Arc<MemoryStore>,
+    catalog_id: String,
+}
+
+#[async_trait]
+impl UpstreamStore for OldLinks {
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        self.inner.upsert_link(spec, now).await
+    }
+    async fn link(&self, s: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        self.inner.link(s).await
+    }
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        let mut links = self.inner.links().await?;
+        for l in &mut links {
+            l.catalog_id.clone_from(&self.catalog_id);
+        }
+        Ok(links)
+    }
+    async fn set_marker(
+        &self,
+        s: &SessionRef,
+        expected: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.inner.set_marker(s, expected, marker, now).await
+    }
+    async fn mark_scanned(&self, s: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        self.inner.mark_scanned(s, now).await
+    }
+    async fn remove_link(&self, s: &SessionRef, e: Option<Timestamp>) -> Result<bool, StoreError> {
+        self.inner.remove_link(s, e).await
+    }
+}
+
+/// Answers every check with the outcome the test set.
+struct Scripted(std::sync::Mutex<CheckOutcome>);
+
+#[async_trait]
+impl UpstreamProvider for Scripted {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[tokio::test]
+async fn a_stored_catalog_id_too_long_for_its_summaries_still_records_the_monitor_events() {
+    let w = World::watched().await;
+    w.svc
+        .try_adopt(LinkSpec::new(child(), "remote", "h", "t", "scripted"))
+        .await
+        .unwrap();
+    let provider = Arc::new(Scripted(std::sync::Mutex::new(CheckOutcome::HumanTurns {
+        turns: 2,
+        dedupe_id: "turn-9".into(),
+        source_id: "h/t".into(),
+        marker: json!({"uuid": "turn-9"}),
+    })));
+    let monitor = UpstreamMonitor::builder(
+        w.svc.clone(),
+        Arc::new(OldLinks {
+            inner: w.store.clone(),
+            catalog_id: format!("{}\n", "c".repeat(190)),
+        }),
+    )
+    .provider(provider.clone())
+    .config(MonitorConfig {
+        missing_checks: 1,
+        ..MonitorConfig::default()
+    })
+    .build();
+    let mut rx = monitor.subscribe();
+
+    monitor.tick().await;
+    let human = w.only(EventKind::HumanDirectMessage).await;
+    assert!(
+        human.summary.starts_with("human message via ccc"),
+        "{}",
+        human.summary
+    );
+    assert_eq!(human.payload.as_ref().unwrap()["turns"], json!(2));
+    w.manager_notified("human turns");
+
+    *provider.0.lock().unwrap() = CheckOutcome::Missing;
+    monitor.tick().await;
+    let missing = w.only(EventKind::UpstreamMissing).await;
+    assert!(
+        missing.summary.starts_with("upstream missing via ccc"),
+        "{}",
+        missing.summary
+    );
+    let mut removed = None;
+    while let Ok(d) = rx.try_recv() {
+        if let Detection::UpstreamMissing { link_removed, .. } = d {
+            removed = Some(link_removed);
+        }
+    }
+    assert_eq!(
+        removed,
+        Some(true),
+        "the link goes once its event is recorded"
+    );
+}

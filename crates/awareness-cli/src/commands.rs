@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use awareness_core::audit;
+use awareness_core::error::ErrorChain;
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
     FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey, SessionRef,
@@ -61,7 +62,7 @@ fn invalid(e: &ValidationError) -> CliError {
 }
 
 fn store_err(what: &str, e: &StoreError) -> CliError {
-    CliError::failure(format!("{what}: {e}"))
+    CliError::failure(format!("{what}: {}", ErrorChain(e)))
 }
 
 fn key(s: &str) -> Result<SessionKey, CliError> {
@@ -136,7 +137,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         OpenError::Store(StoreError::NeedsRepair { .. }) => {
             CliError::failure(format!("{e} (`awareness repair` does that)"))
         }
-        other => CliError::failure(other.to_string()),
+        other => CliError::failure(ErrorChain(&other).to_string()),
     })
 }
 
@@ -271,7 +272,7 @@ enum Checked {
     Nothing,
     Watch(WatcherKey, SessionRef),
     Unwatch(WatcherKey, SessionKey),
-    Record(NewEvent),
+    Record(Box<NewEvent>),
     Ack(WatcherKey, Vec<SessionKey>),
     Read(Read),
 }
@@ -302,7 +303,7 @@ fn check_input(cli: &Cli) -> Result<Checked, CliError> {
             Checked::Watch(wk, SessionRef::new(t, agent))
         }
         Command::Unwatch { watcher: w, target } => Checked::Unwatch(watcher(w)?, key(target)?),
-        Command::Record(a) => Checked::Record(new_event(a)?),
+        Command::Record(a) => Checked::Record(Box::new(new_event(a)?)),
         Command::Ack {
             watcher: w,
             targets,
@@ -393,7 +394,7 @@ async fn on_store(
                 emit(out, &format!("removed the cursor of {w} on {t}\n"))?;
             }
         }
-        Checked::Record(ev) => record(store, ev, now, as_json, out).await?,
+        Checked::Record(ev) => record(store, *ev, now, as_json, out).await?,
         Checked::Ack(wk, targets) => {
             let follow = store
                 .acknowledge(&wk, &targets, now)
@@ -779,7 +780,7 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         .await
         .map_err(|e| match e {
             OpenError::BadUrl(_) => CliError::usage(e.to_string()),
-            other => CliError::failure(other.to_string()),
+            other => CliError::failure(ErrorChain(&other).to_string()),
         })?;
     let (repaired, events, text) = match done {
         gateway_adapter::Repair::Reopened { events } => (

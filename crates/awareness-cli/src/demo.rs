@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use awareness_core::error::ErrorChain;
 use awareness_core::{AwarenessStore, Sequence, SessionKey, Timestamp};
 use gateway_adapter::{
     Awareness, CoalescingWake, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
@@ -78,7 +79,7 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let store = open_store(&cli.store)
         .await
-        .map_err(|e| CliError::failure(e.to_string()))?;
+        .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?;
     // The one store handle outside the stages: the restart puts the reopened store here.
     let mut open = Some(store);
     let result = narrate(cli, &url, &mut open, out).await;
@@ -230,7 +231,7 @@ async fn narrate(
         *open = Some(
             open_store(&cli.store)
                 .await
-                .map_err(|e| CliError::failure(e.to_string()))?,
+                .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?,
         );
     }
     let s = stage(handle(open.as_ref())?, &dir, &clock);

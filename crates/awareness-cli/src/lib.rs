@@ -84,7 +84,7 @@ pub enum Command {
         #[arg(long)]
         changes_since: Option<u64>,
         /// At most this many events (1..=200; with `--changes-since`).
-        #[arg(long, requires = "changes_since")]
+        #[arg(long, requires = "changes_since", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=200))]
         limit: Option<usize>,
     },
     /// Sessions with their stateVersion.
@@ -163,13 +163,13 @@ pub enum Command {
     Monitor(upstream::MonitorArgs),
 }
 
-/// A failure with its exit code and one line for stderr.
+/// A failure with its exit code and one line for stderr (what [`run`] prints and returns).
 #[derive(Debug)]
-pub struct CliError {
+pub(crate) struct CliError {
     /// The exit code.
-    pub code: i32,
+    pub(crate) code: i32,
     /// The message.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl CliError {

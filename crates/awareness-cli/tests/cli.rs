@@ -448,6 +448,22 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         &["list", "--agent", ""][..],
         &["cursors", "--target", ""][..],
         &["cursors", "--watcher", "global"][..],
+        &[
+            "status",
+            "agent:main:x",
+            "--changes-since",
+            "0",
+            "--limit",
+            "0",
+        ][..],
+        &[
+            "status",
+            "agent:main:x",
+            "--changes-since",
+            "0",
+            "--limit",
+            "201",
+        ][..],
     ] {
         let o = run_in(dir.path(), args);
         assert_usage(&o, &format!("{args:?}"));

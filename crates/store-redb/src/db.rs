@@ -840,7 +840,7 @@ mod tests {
                 reason
             }
             Err(other) => panic!("refused with the wrong error: {other}"),
-            Ok(_) => panic!("opened read-write while a read still held the file read-only"),
+            Ok(()) => panic!("opened read-write while a read still held the file read-only"),
         };
         assert!(
             message.contains("caller gave up"),

@@ -1124,7 +1124,7 @@ mod tests {
     async fn a_commit_after_a_bounded_handle_is_dropped_is_not_left_unflushed() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("state.redb");
-        let bounded = RedbStore::open_with(&path, RedbOptions::bounded(Duration::from_secs(3600)))
+        let bounded = RedbStore::open_with(&path, RedbOptions::bounded(Duration::from_hours(1)))
             .await
             .expect("open bounded");
         let reader = RedbStore::open_with(&path, RedbOptions::default().read_only(true))

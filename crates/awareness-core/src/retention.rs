@@ -69,7 +69,7 @@ impl RetentionPolicy {
     /// Refuses a policy that would delete everything: an age or idle limit of zero or less (its
     /// cutoff is now or later, so a pass deletes every event or every cursor, and with them
     /// every pending notice), a row cap of 0, or chunks of 0 rows.
-    /// [`crate::EventStore::prune`] checks it before deleting anything.
+    /// [`crate::AwarenessStoreExt::prune`] checks it before deleting anything.
     pub fn validate(&self) -> Result<(), ValidationError> {
         let refuse =
             |field, value: i128, rule| Err(ValidationError::RetentionPolicy { field, value, rule });

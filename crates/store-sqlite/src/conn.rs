@@ -22,6 +22,8 @@ pub(crate) type Query = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
 pub(crate) struct Writer {
     pub(crate) conn: SqliteConnection,
     pub(crate) open_tx: bool,
+    /// The handle's count of write operations ([`crate::SqliteStore::write_transactions`]).
+    pub(crate) ops: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Writer {

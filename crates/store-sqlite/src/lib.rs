@@ -287,8 +287,9 @@ pub struct SqliteStore {
     next_job: std::sync::atomic::AtomicU64,
     /// Most recordings in one write transaction.
     group_commit: usize,
-    /// Write operations begun on the write connection since open.
-    write_ops: std::sync::atomic::AtomicU64,
+    /// Write operations begun on the write connection since open (shared with [`Writer`], whose
+    /// group commits count the recordings they retry alone).
+    write_ops: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -344,6 +345,7 @@ impl SqliteStore {
         let fail = |e: sqlx::Error| error::open(path, error::open_reason(&e), Some(Box::new(e)));
         let companions = Companions::before_open(path);
         let mut readers = Vec::with_capacity(options.readers);
+        let write_ops = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let writer = if options.read_only {
             None
         } else {
@@ -362,6 +364,7 @@ impl SqliteStore {
             Some(Arc::new(Mutex::new(Some(Writer {
                 conn,
                 open_tx: false,
+                ops: Arc::clone(&write_ops),
             }))))
         };
         for _ in 0..options.readers.max(1) {
@@ -410,7 +413,7 @@ impl SqliteStore {
             queue: group::Queue::default(),
             next_job: std::sync::atomic::AtomicU64::new(0),
             group_commit: options.group_commit,
-            write_ops: std::sync::atomic::AtomicU64::new(0),
+            write_ops,
         })
     }
 
@@ -517,7 +520,8 @@ impl SqliteStore {
     }
 
     /// Write operations this handle has begun on its write connection since it was opened: one
-    /// per recording made alone, one per group commit however many recordings it holds, one per
+    /// per recording made alone (a recording of a failed group commit retried alone included),
+    /// one per group commit however many recordings it holds, one per
     /// other write call (a pruning chunk counts each of its transactions). Shows how well group
     /// commit batches.
     pub fn write_transactions(&self) -> u64 {

@@ -193,7 +193,6 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
         .await
         .expect("take the write lock");
     let before = store.write_transactions();
-    let started = std::time::Instant::now();
     let tasks: Vec<_> = (1..=CALLS)
         .map(|i| {
             let store = Arc::clone(&store);
@@ -207,16 +206,13 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
             .expect_err("the write lock is held elsewhere");
         assert!(err.is_retryable(), "call {i}: {err}");
     }
-    let took = started.elapsed();
+    // A caller alone, then a batch of the others, each meeting the lock once; retrying a
+    // batch's events one by one began a write transaction for each (33 in all), each waiting
+    // the busy timeout again.
+    let began = store.write_transactions() - before;
     assert!(
-        store.write_transactions() - before < CALLS as u64,
-        "the recordings shared write transactions"
-    );
-    // A few busy timeouts (a caller alone, then a batch of the others, each waiting once);
-    // retrying a batch's events one by one took about 33.
-    assert!(
-        took < 10 * BUSY,
-        "{CALLS} recordings behind a held lock took {took:?} with a busy timeout of {BUSY:?}"
+        began < CALLS as u64 / 2,
+        "{CALLS} recordings behind a held lock began {began} write transactions"
     );
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut holder)

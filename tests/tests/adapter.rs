@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use awareness_core::testkit::failing::Failing;
 use awareness_core::{
-    ActorType, AgentId, AwarenessStore, ChangesPage, Cursor, CursorFilter, CursorKey, CursorStore,
-    Event, EventKind, EventStore, Head, LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence,
-    SessionKey, SessionRef, StoreError, Timestamp, WatcherKey, async_trait,
+    ActorType, AgentId, AwarenessStore, CursorFilter, Event, EventKind, NewEvent, Sequence,
+    SessionKey, SessionRef, Timestamp, WatcherKey,
 };
 use awareness_e2e::{Backend, backends};
 use gateway_adapter::{
@@ -706,85 +706,9 @@ async fn bare_key_sessions_are_logged_and_reconciled_but_never_notified() {
     }
 }
 
-/// A store whose every call fails, as a full disk or a lost database would.
-#[derive(Debug)]
-struct Broken;
-
-fn broken() -> StoreError {
-    StoreError::backend("disk on fire", std::io::Error::other("simulated failure"))
-}
-
-#[async_trait]
-impl EventStore for Broken {
-    async fn record(&self, _: NewEvent, _: Timestamp) -> Result<Recorded, StoreError> {
-        Err(broken())
-    }
-    async fn changes_since(
-        &self,
-        _: &SessionRef,
-        _: Sequence,
-        _: usize,
-    ) -> Result<ChangesPage, StoreError> {
-        Err(broken())
-    }
-    async fn heads(&self, _: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
-        Err(broken())
-    }
-    async fn list_heads(&self, _: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
-        Err(broken())
-    }
-    async fn events_after(&self, _: Sequence, _: usize) -> Result<Vec<Arc<Event>>, StoreError> {
-        Err(broken())
-    }
-    async fn log_stats(&self) -> Result<LogStats, StoreError> {
-        Err(broken())
-    }
-    async fn prune_chunk(&self, _: &PruneStep, _: usize, _: Timestamp) -> Result<u64, StoreError> {
-        Err(broken())
-    }
-    async fn delete_session(&self, _: &SessionRef) -> Result<(), StoreError> {
-        Err(broken())
-    }
-}
-
-#[async_trait]
-impl CursorStore for Broken {
-    async fn watch(
-        &self,
-        _: &WatcherKey,
-        _: &SessionRef,
-        _: Timestamp,
-    ) -> Result<Cursor, StoreError> {
-        Err(broken())
-    }
-    async fn unwatch(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
-        Err(broken())
-    }
-    async fn acknowledge(
-        &self,
-        _: &WatcherKey,
-        _: &[SessionKey],
-        _: Timestamp,
-    ) -> Result<Vec<Notice>, StoreError> {
-        Err(broken())
-    }
-    async fn cursor(&self, _: &WatcherKey, _: &SessionKey) -> Result<Option<Cursor>, StoreError> {
-        Err(broken())
-    }
-    async fn cursors(&self, _: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
-        Err(broken())
-    }
-    async fn refreeze(&self, _: &[CursorKey], _: Timestamp) -> Result<Vec<Notice>, StoreError> {
-        Err(broken())
-    }
-    async fn reset_watcher(&self, _: &SessionKey) -> Result<u64, StoreError> {
-        Err(broken())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_store_that_fails_every_call_never_fails_a_turn() {
-    let gw = Gateway::new(Arc::new(Broken));
+    let gw = Gateway::new(Arc::new(Failing::new("simulated failure")));
     gw.spawn_entry(CHILD, MANAGER);
     assert!(
         gw.svc

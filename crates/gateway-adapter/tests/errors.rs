@@ -4,12 +4,8 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use awareness_core::retention::PruneStep;
-use awareness_core::{
-    AgentId, ChangesPage, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
-    LinkSpec, LogStats, NewEvent, Notice, Recorded, Sequence, SessionKey, SessionRef, StoreError,
-    Timestamp, UpstreamStore, WatcherKey, async_trait,
-};
+use awareness_core::testkit::failing::Failing;
+use awareness_core::{LinkSpec, SessionKey, SessionRef, Timestamp, UpstreamStore, async_trait};
 use gateway_adapter::{
     Awareness, CheckOutcome, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
     RecordingWake, UpstreamMonitor, UpstreamProvider,
@@ -19,85 +15,8 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Metadata, Subscriber};
 
-/// The cause every failing call of [`Broken`] carries, only in its `source()`.
+/// The cause every failing call of the store carries, only in its `source()`: a full disk.
 const CAUSE: &str = "No space left on device";
-
-fn full_disk(context: &str) -> StoreError {
-    StoreError::backend(context, std::io::Error::other(CAUSE))
-}
-
-/// A store whose every call fails as a full disk does: `store backend error: <what>`, with the
-/// cause as its source.
-#[derive(Debug)]
-struct Broken;
-
-#[async_trait]
-impl EventStore for Broken {
-    async fn record(&self, _: NewEvent, _: Timestamp) -> Result<Recorded, StoreError> {
-        Err(full_disk("record"))
-    }
-    async fn changes_since(
-        &self,
-        _: &SessionRef,
-        _: Sequence,
-        _: usize,
-    ) -> Result<ChangesPage, StoreError> {
-        Err(full_disk("read changes"))
-    }
-    async fn heads(&self, _: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
-        Err(full_disk("read heads"))
-    }
-    async fn list_heads(&self, _: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
-        Err(full_disk("list heads"))
-    }
-    async fn events_after(&self, _: Sequence, _: usize) -> Result<Vec<Arc<Event>>, StoreError> {
-        Err(full_disk("read events"))
-    }
-    async fn log_stats(&self) -> Result<LogStats, StoreError> {
-        Err(full_disk("log stats"))
-    }
-    async fn prune_chunk(&self, _: &PruneStep, _: usize, _: Timestamp) -> Result<u64, StoreError> {
-        Err(full_disk("prune"))
-    }
-    async fn delete_session(&self, _: &SessionRef) -> Result<(), StoreError> {
-        Err(full_disk("delete session"))
-    }
-}
-
-#[async_trait]
-impl CursorStore for Broken {
-    async fn watch(
-        &self,
-        _: &WatcherKey,
-        _: &SessionRef,
-        _: Timestamp,
-    ) -> Result<Cursor, StoreError> {
-        Err(full_disk("watch"))
-    }
-    async fn unwatch(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
-        Err(full_disk("unwatch"))
-    }
-    async fn acknowledge(
-        &self,
-        _: &WatcherKey,
-        _: &[SessionKey],
-        _: Timestamp,
-    ) -> Result<Vec<Notice>, StoreError> {
-        Err(full_disk("acknowledge"))
-    }
-    async fn cursor(&self, _: &WatcherKey, _: &SessionKey) -> Result<Option<Cursor>, StoreError> {
-        Err(full_disk("read cursor"))
-    }
-    async fn cursors(&self, _: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
-        Err(full_disk("read cursors"))
-    }
-    async fn refreeze(&self, _: &[CursorKey], _: Timestamp) -> Result<Vec<Notice>, StoreError> {
-        Err(full_disk("refreeze"))
-    }
-    async fn reset_watcher(&self, _: &SessionKey) -> Result<u64, StoreError> {
-        Err(full_disk("reset watcher"))
-    }
-}
 
 /// Keeps every log event as one line of its fields (`message=... error=...`).
 #[derive(Clone, Default)]
@@ -139,7 +58,7 @@ fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()
 }
 
-fn service(store: Arc<Broken>) -> Awareness {
+fn service(store: Arc<Failing>) -> Awareness {
     Awareness::builder(
         store,
         Arc::new(InMemoryQueue::new()),
@@ -164,7 +83,7 @@ fn logged(lines: &[String], message: &str) -> String {
 async fn store_failures_are_logged_with_their_cause() {
     let capture = Capture::default();
     let _logging = tracing::subscriber::set_default(capture.clone());
-    let svc = service(Arc::new(Broken));
+    let svc = service(Arc::new(Failing::new(CAUSE)));
     let child = k("agent:main:subagent:worker");
     let manager = k("agent:main:main");
 
@@ -216,7 +135,7 @@ impl UpstreamProvider for Quiet {
 #[tokio::test]
 async fn the_monitor_tells_operators_the_cause_of_a_store_failure() {
     let links = Arc::new(MemoryStore::new());
-    let svc = Arc::new(service(Arc::new(Broken)));
+    let svc = Arc::new(service(Arc::new(Failing::new(CAUSE))));
     let session = SessionRef::parse("agent:main:worker", "main").unwrap();
     links
         .upsert_link(

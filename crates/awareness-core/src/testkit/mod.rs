@@ -40,6 +40,7 @@ use crate::upstream::UpstreamStore;
 
 pub mod checks;
 pub mod durable;
+pub mod failing;
 pub mod group_commit;
 pub mod hooked;
 pub mod model;

@@ -770,18 +770,24 @@ mod tests {
         Done(Result<bool, String>),
     }
 
+    /// A store file in `dir` whose last handle, read-only, is gone while a read its caller gave
+    /// up still runs on it: the database, which such a read holds (not a handle).
+    fn abandoned_read(dir: &tempfile::TempDir) -> (PathBuf, Arc<super::Shared>) {
+        let path = dir.path().join("state.redb");
+        drop(open_shared(&path, Mode::Create, 1 << 20, false).expect("create"));
+        let read_only = open_shared(&path, Mode::ReadOnly, 1 << 20, false).expect("read-only");
+        let abandoned_read = Arc::clone(read_only.shared());
+        drop(read_only);
+        (path, abandoned_read)
+    }
+
     /// Once the last read-only handle on a file is dropped, a read-write open must not be
     /// refused because a read its caller gave up still runs on the read-only database: it
     /// waits for that read to end, then opens the file read-write.
     #[test]
     fn a_read_write_open_waits_for_an_abandoned_read_instead_of_refusing() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("state.redb");
-        drop(open_shared(&path, Mode::Create, 1 << 20, false).expect("create"));
-        let read_only = open_shared(&path, Mode::ReadOnly, 1 << 20, false).expect("read-only");
-        // What an abandoned read holds: the database, not a handle.
-        let abandoned_read = Arc::clone(read_only.shared());
-        drop(read_only);
+        let (path, abandoned_read) = abandoned_read(&dir);
         let (tell, told) = std::sync::mpsc::channel();
         let canonical = std::fs::canonicalize(&path).expect("canonical");
         *lock(&WAITING_FOR_CLOSE) = Some((canonical, tell.clone()));
@@ -812,11 +818,7 @@ mod tests {
     #[test]
     fn a_read_write_open_behind_a_stuck_abandoned_read_is_refused_not_hung() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("state.redb");
-        drop(open_shared(&path, Mode::Create, 1 << 20, false).expect("create"));
-        let read_only = open_shared(&path, Mode::ReadOnly, 1 << 20, false).expect("read-only");
-        let abandoned_read = Arc::clone(read_only.shared());
-        drop(read_only);
+        let (path, abandoned_read) = abandoned_read(&dir);
         let canonical = std::fs::canonicalize(&path).expect("canonical");
         *lock(&CLOSE_WAIT_OF) = Some((canonical, Duration::from_millis(50)));
         let (tell, told) = std::sync::mpsc::channel();

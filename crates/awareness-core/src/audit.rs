@@ -14,6 +14,7 @@ use crate::store::AwarenessStore;
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Finding {
     /// Retained events of a session that has no head.
     EventsWithoutHead {

@@ -217,6 +217,7 @@ use crate::tables::{
 
 /// How commits reach the disk. See the crate documentation for the trade-off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Durability {
     /// Every commit is fsynced before it returns: nothing committed is ever lost.
     #[default]

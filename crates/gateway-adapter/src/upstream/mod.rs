@@ -86,6 +86,7 @@ pub use paired::{
 
 /// What a provider found in one check of a link's source.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum CheckOutcome {
     /// No human turn since the marker; `marker` is where the next check starts (it may have
     /// moved over rows that are not human turns).

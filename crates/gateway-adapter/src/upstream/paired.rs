@@ -98,6 +98,7 @@ pub struct PairedPage {
 
 /// Why a paired node did not answer with a page.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PairedError {
     /// The node says the thread does not exist (any more).
     #[error("thread not found")]

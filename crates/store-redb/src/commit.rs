@@ -148,6 +148,28 @@ pub(crate) struct Writer {
     commits: AtomicU64,
 }
 
+/// A write transaction of a [`Writer`], with the durability it was begun with.
+pub(crate) struct Txn {
+    txn: WriteTransaction,
+    /// Begun with `Durability::None` (the bounded mode): its commit is left to a flush.
+    bounded: bool,
+}
+
+impl std::ops::Deref for Txn {
+    type Target = WriteTransaction;
+
+    fn deref(&self) -> &WriteTransaction {
+        &self.txn
+    }
+}
+
+impl Txn {
+    /// Aborts it: nothing it wrote is kept.
+    pub(crate) fn abort(self) -> Result<(), redb::StorageError> {
+        self.txn.abort()
+    }
+}
+
 /// Ends a writer's bounded mode when dropped: its later commits are durable. A store handle
 /// drops it before its background flush stops, so that a write whose caller gave up, which the
 /// writer's drain may commit after the handle is gone, is not left to a flush that no longer
@@ -209,30 +231,33 @@ impl Writer {
     }
 
     /// Begins a write transaction with the handle's durability. Blocking.
-    pub(crate) fn begin(&self, what: &str) -> Result<WriteTransaction, StoreError> {
+    pub(crate) fn begin(&self, what: &str) -> Result<Txn, StoreError> {
         let mut txn = self.shared.for_write(what)?.begin_write().ctx(what)?;
-        // Read after redb's write lock is taken: a commit begun before the handle's last flush
-        // is made durable by it (the flush waits for the lock), one begun after is durable.
-        if self.bounded() {
+        // Decided once, after redb's write lock is taken, and kept for the whole transaction: one
+        // begun before the handle's last flush is made durable by it (that flush takes the lock
+        // after it), one begun after is durable itself.
+        let bounded = self.bounded();
+        if bounded {
             txn.set_durability(redb::Durability::None).ctx(what)?;
         }
-        Ok(txn)
+        Ok(Txn { txn, bounded })
     }
 
     /// Commits `txn` and counts it. Blocking.
-    pub(crate) fn commit(&self, txn: WriteTransaction, what: &str) -> Result<(), StoreError> {
-        txn.commit().ctx(what)?;
+    pub(crate) fn commit(&self, txn: Txn, what: &str) -> Result<(), StoreError> {
+        txn.txn.commit().ctx(what)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
-        if self.bounded() {
+        if txn.bounded {
             self.shared.mark_unflushed();
         }
         Ok(())
     }
 
-    /// With the bounded durability, keeps the reservation of sequences ahead of what `tables`
-    /// allocated (see the `tables` module): `true` when the commit must be durable.
-    fn reserve(&self, tables: &mut RecordTables<'_>) -> Result<bool, StoreError> {
-        if self.bounded() {
+    /// With the bounded durability (of the transaction `tables` belong to), keeps the
+    /// reservation of sequences ahead of what `tables` allocated (see the `tables` module):
+    /// `true` when the commit must be durable.
+    fn reserve(bounded: bool, tables: &mut RecordTables<'_>) -> Result<bool, StoreError> {
+        if bounded {
             tables.reserve_ahead()
         } else {
             Ok(false)
@@ -240,15 +265,12 @@ impl Writer {
     }
 
     /// Commits a recording's `txn`, durably when it raised the reservation. Blocking.
-    fn commit_reserving(
-        &self,
-        mut txn: WriteTransaction,
-        durable: bool,
-        what: &str,
-    ) -> Result<(), StoreError> {
+    fn commit_reserving(&self, mut txn: Txn, durable: bool, what: &str) -> Result<(), StoreError> {
         if durable {
             // Durable, this commit also makes every non-durable one before it durable.
-            txn.set_durability(redb::Durability::Immediate).ctx(what)?;
+            txn.txn
+                .set_durability(redb::Durability::Immediate)
+                .ctx(what)?;
         }
         self.commit(txn, what)
     }
@@ -342,7 +364,7 @@ impl Writer {
             let (rec, durable) = {
                 let mut tables = RecordTables::open(&txn)?;
                 let rec = crate::record_tx(&mut tables, event, now)?;
-                (rec, self.reserve(&mut tables)?)
+                (rec, Self::reserve(txn.bounded, &mut tables)?)
             };
             self.commit_reserving(txn, durable, "record")?;
             Ok(rec)
@@ -362,7 +384,7 @@ impl Writer {
                 // A copy: should a later event fail, each job is recorded again alone.
                 .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok((recorded, self.reserve(&mut tables)?))
+            Ok((recorded, Self::reserve(txn.bounded, &mut tables)?))
         });
         let (recorded, durable) = match recorded {
             Ok(recorded) => recorded,

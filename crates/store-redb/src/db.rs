@@ -181,6 +181,30 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// The last flush of a handle's background flusher: a durable commit even when none seems
+    /// pending, so that it waits for a write transaction in progress that began non-durable
+    /// (its handle was dropped meanwhile, and the flag that marks it comes with its commit)
+    /// and makes it durable too. Blocking.
+    pub(crate) fn flush_last(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = lock(&self.flushing);
+        let result = self
+            .for_write("last flush")
+            .and_then(|db| {
+                db.begin_write()
+                    .ctx("last flush: begin a durable transaction")
+            })
+            .and_then(|txn| {
+                self.unflushed.store(false, Ordering::Release);
+                txn.commit().ctx("last flush: durable commit")
+            });
+        if result.is_err() {
+            self.mark_unflushed();
+        }
+        result
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         if let Some(db) = self.db.take() {
@@ -663,7 +687,12 @@ impl Flusher {
                     let stopping = *g;
                     drop(g);
                     let Some(shared) = weak.upgrade() else { return };
-                    if let Err(e) = shared.flush() {
+                    let flushed = if stopping {
+                        shared.flush_last()
+                    } else {
+                        shared.flush()
+                    };
+                    if let Err(e) = flushed {
                         warn!(path = ?shared.path, error = %e, "periodic flush of non-durable commits failed; retrying at the next interval");
                     }
                     drop(shared);

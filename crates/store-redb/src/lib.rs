@@ -1153,4 +1153,39 @@ mod tests {
         drop(writer);
         drop(reader);
     }
+
+    /// A write transaction the drain began non-durable before the bounded handle was dropped
+    /// is made durable by the handle's last flush, which waits for it to commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bounded_handles_last_flush_waits_for_the_write_in_progress() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("state.redb");
+        let bounded = RedbStore::open_with(&path, RedbOptions::bounded(Duration::from_hours(1)))
+            .await
+            .expect("open bounded");
+        let reader = RedbStore::open_with(&path, RedbOptions::default().read_only(true))
+            .await
+            .expect("open read-only");
+        let writer = Arc::clone(&bounded.writer);
+        let txn = tokio::task::block_in_place(|| writer.begin("test")).expect("begin");
+        let dropping = std::thread::spawn(move || drop(bounded));
+        // Dropping flushes last: that flush must wait for the transaction in progress.
+        std::thread::sleep(Duration::from_millis(100));
+        let dropped_first = dropping.is_finished();
+        tokio::task::block_in_place(|| {
+            txn.open_table(tables::META)
+                .ctx("test")?
+                .insert("test", 1)
+                .ctx("test")?;
+            writer.commit(txn, "test")
+        })
+        .expect("commit");
+        dropping.join().expect("the dropping thread");
+        assert!(
+            !dropped_first,
+            "the handle's last flush did not wait for the write in progress, which stays non-durable"
+        );
+        drop(writer);
+        drop(reader);
+    }
 }

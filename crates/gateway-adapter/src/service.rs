@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use awareness_core::error::ErrorChain;
-use awareness_core::validate::{MAX_DEDUPE_KEY_BYTES, MAX_KEY_BYTES};
+use awareness_core::validate::MAX_DEDUPE_KEY_BYTES;
 use awareness_core::{
     ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
     EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
@@ -236,19 +236,20 @@ impl Default for AwarenessConfig {
 /// DESIGN.md section 3 (a summary of at most 200 characters on one line without control
 /// characters, a payload of at most 4 KiB, ids of at most 1 KiB and a dedupe key of at most
 /// 4 KiB without control characters). The producers therefore fit what the gateway hands them
-/// (channel names, ids, owners), so that metadata never costs an event, and log each change
+/// (channel names, ids), so that metadata never costs an event, and log each change
 /// with `tracing::warn`:
 ///
 /// - display text in a summary (a channel, a catalog id, a goal summary): line breaks (U+2028,
 ///   U+2029 too) and other control characters become spaces, and text too long for the
 ///   summary is cut on a character boundary and ends with `…`;
-/// - an id or key (session, actor, run or operation id, owner, a caller's dedupe key): control
+/// - an id or key (session, actor, run or operation id, a caller's dedupe key): control
 ///   characters become U+FFFD and a value too long is cut on a character boundary; a value
 ///   changed either way ends with `#` and a hash of the original, so that two different values
 ///   stay different (a dedupe key never merges two events) and one value is always changed
 ///   alike (a retry still deduplicates). An empty optional id is left out, together with the
 ///   dedupe key built from it;
-/// - a payload still too large once its parts fit is left out.
+/// - a payload value is kept as given (JSON escapes any character); a payload larger than
+///   4 KiB is left out.
 ///
 /// [`Awareness::record`] and [`Awareness::try_record`] store the event they are given as it is.
 pub struct Awareness {
@@ -726,9 +727,10 @@ impl Awareness {
 
     /// A compaction, by any owner.
     ///
-    /// The operation id, the session and run ids and the owner are fitted as ids
+    /// The operation id and the session and run ids are fitted as ids
     /// ([gateway metadata](Awareness#gateway-metadata)); an empty operation id gives no dedupe
-    /// key (`compacted:` alone would merge unrelated compactions into one event).
+    /// key (`compacted:` alone would merge unrelated compactions into one event). An owner too
+    /// large for the payload leaves the event without it.
     pub async fn compacted(&self, c: Compaction) -> Option<Arc<Event>> {
         let fit = Fit::new(&c.session, EventKind::Compacted);
         let mut ev = NewEvent::new(
@@ -747,10 +749,7 @@ impl Awareness {
         ev.run_id = fit.id("run id", c.run_id);
         if let Some(owner) = c.owner {
             let mut p = Payload::new();
-            p.insert(
-                "owner".into(),
-                json!(fit.key("owner", &owner, MAX_KEY_BYTES)),
-            );
+            p.insert("owner".into(), json!(owner));
             ev.payload = fit.payload("payload", p);
         }
         self.record(ev).await.map(|r| r.event)
@@ -861,9 +860,9 @@ impl Awareness {
     ///
     /// The summary is `adopted from <catalogId>`: line breaks and control characters in the
     /// catalog id become spaces and one too long for the summary is shortened, ending with
-    /// `…`; in the payload, the catalog and host ids are fitted as ids
-    /// ([gateway metadata](Awareness#gateway-metadata)). [`Awareness::try_adopt`] only gets
-    /// here with ids its link store accepted, which need no fitting.
+    /// `…` ([gateway metadata](Awareness#gateway-metadata)); the payload keeps both ids as
+    /// given, or is left out when they make it larger than 4 KiB. [`Awareness::try_adopt`] only
+    /// gets here with ids its link store accepted.
     pub async fn adopted(
         &self,
         session: &SessionRef,
@@ -872,14 +871,8 @@ impl Awareness {
     ) -> Option<Arc<Event>> {
         let fit = Fit::new(&session.session_key, EventKind::Adopted);
         let mut p = Payload::new();
-        p.insert(
-            "catalogId".into(),
-            json!(fit.key("catalog id", catalog_id, MAX_KEY_BYTES)),
-        );
-        p.insert(
-            "hostId".into(),
-            json!(fit.key("host id", host_id, MAX_KEY_BYTES)),
-        );
+        p.insert("catalogId".into(), json!(catalog_id));
+        p.insert("hostId".into(), json!(host_id));
         let mut ev = NewEvent::new(
             session.clone(),
             EventKind::Adopted,

@@ -577,7 +577,7 @@ pub(crate) fn open_shared(
             return Err(open_error(
                 path,
                 format!(
-                    "still open in this process: an operation whose caller gave up has held it for over {} s; open again once it ends",
+                    "still open in this process after {} s: its last handle is still closing, or an operation whose caller gave up still runs on it; open again once it ends",
                     bound.as_secs_f64()
                 ),
                 None,

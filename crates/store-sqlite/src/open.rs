@@ -2,7 +2,6 @@
 //! sees it before it is complete, preparing the write connection (also when other connections
 //! prepare theirs at the same moment), and leaving nothing behind when a damaged file is refused.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -147,8 +146,8 @@ fn parent(path: &Path) -> &Path {
 /// complete store is then linked at `path` (a hard link, which fails when anything is there
 /// already, so nothing is ever overwritten), and from then on it is never removed, whatever
 /// happens to this open afterwards (the store is complete, and others may be using it). The
-/// prepared name is removed either way. An open killed while preparing leaves that name (its
-/// process id in it) beside the store; nothing reads it.
+/// prepared name (`.awareness-new-<pid>-<n>`) is removed either way, also when the open is
+/// cancelled; a process killed while preparing leaves it beside the store, and nothing reads it.
 ///
 /// On a file system without hard links, the file is created empty at `path` instead and the
 /// open prepares it there, as before; for the reason above, a failed open then leaves it (an
@@ -157,26 +156,23 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let cannot_create =
         |e: std::io::Error| error::open(path, format!("cannot create it: {e}"), Some(Box::new(e)));
-    let staged = loop {
-        let mut name = path
-            .file_name()
-            .map_or_else(|| OsString::from("store"), ToOwned::to_owned);
+    let staged = Staged(loop {
+        // A short name of its own, whatever the length of the store's (SQLite adds `-journal`
+        // to it, and a file name has at most 255 bytes).
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        name.push(format!(".creating-{}-{n}", std::process::id()));
-        let staged = parent(path).join(name);
+        let staged = parent(path).join(format!(".awareness-new-{}-{n}", std::process::id()));
         match create_private(&staged) {
             Ok(_) => break staged,
             // A name an earlier process with the same id left: take the next one.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(cannot_create(e)),
         }
-    };
-    if let Err(e) = prepare_staged(&staged, connect).await {
-        remove_staged(&staged);
+    });
+    if let Err(e) = prepare_staged(&staged.0, connect).await {
         return Err(error::open(path, error::open_reason(&e), Some(Box::new(e))));
     }
-    let linked = std::fs::hard_link(&staged, path);
-    remove_staged(&staged);
+    let linked = std::fs::hard_link(&staged.0, path);
+    drop(staged);
     match linked {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
@@ -209,6 +205,16 @@ async fn prepare_staged(staged: &Path, connect: &SqliteConnectOptions) -> Result
 }
 
 /// Removes the staged file and whatever SQLite created beside it.
+/// The staged file of [`create`] and its companions, removed when dropped: when the store is
+/// linked into place, when preparing it fails, and when the open is cancelled meanwhile.
+struct Staged(PathBuf);
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        remove_staged(&self.0);
+    }
+}
+
 fn remove_staged(staged: &Path) {
     for suffix in ["", "-journal", "-wal", "-shm"] {
         let mut p = staged.as_os_str().to_owned();

@@ -162,3 +162,36 @@ async fn two_processes_opening_a_new_file_at_once_keep_what_each_recorded() {
         assert_eq!(names(dir.path()), ["new.sqlite"], "round {round}");
     }
 }
+
+/// An open of a new file cancelled at any point (a start-up timeout, an aborted task) leaves
+/// no file of its own behind: the directory holds the store, or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_cancelled_while_it_creates_the_store_leaves_no_staged_file() {
+    let mut cancelled_before_the_end = 0;
+    for round in 0..120u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.sqlite");
+        let opening = path.clone();
+        let open = tokio::spawn(async move { SqliteStore::open(&opening).await });
+        // From before the open starts to after it ends.
+        tokio::time::sleep(std::time::Duration::from_micros(round * 40)).await;
+        open.abort();
+        match open.await {
+            Ok(opened) => drop(opened.expect("open")),
+            Err(e) => {
+                assert!(e.is_cancelled(), "round {round}: {e}");
+                cancelled_before_the_end += 1;
+            }
+        }
+        let left = names(dir.path());
+        assert!(
+            left.iter().all(|n| n.starts_with("new.sqlite")),
+            "round {round}: the cancelled open left {left:?}"
+        );
+    }
+    // Otherwise the rounds checked nothing.
+    assert!(
+        cancelled_before_the_end > 0,
+        "no open was cancelled before it ended"
+    );
+}

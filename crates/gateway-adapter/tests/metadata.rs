@@ -345,7 +345,7 @@ async fn a_broken_catalog_or_host_id_still_records_the_adoption() {
         ("c".repeat(190), "h".to_owned()),
         ("claude\ncode".to_owned(), "h\u{2028}".to_owned()),
         ("claude-code".to_owned(), "\"".repeat(5000)),
-        // Two ids fitted to 1 KiB of quotes, which JSON doubles, still fit the payload.
+        // Two ids of 2,000 quotes, which JSON doubles: the payload is left out.
         ("\"".repeat(2000), "\"".repeat(2000)),
     ] {
         let w = world();

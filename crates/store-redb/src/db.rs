@@ -692,8 +692,14 @@ impl Flusher {
                     } else {
                         shared.flush()
                     };
-                    if let Err(e) = flushed {
-                        warn!(path = ?shared.path, error = %e, "periodic flush of non-durable commits failed; retrying at the next interval");
+                    match flushed {
+                        Ok(()) => {}
+                        Err(e) if stopping => {
+                            warn!(path = ?shared.path, error = %e, "last flush of a closing handle's non-durable commits failed; they become durable with the next durable commit or when the file closes");
+                        }
+                        Err(e) => {
+                            warn!(path = ?shared.path, error = %e, "periodic flush of non-durable commits failed; retrying at the next interval");
+                        }
                     }
                     drop(shared);
                     if stopping {

@@ -204,7 +204,6 @@ async fn prepare_staged(staged: &Path, connect: &SqliteConnectOptions) -> Result
     prepared.and(closed)
 }
 
-/// Removes the staged file and whatever SQLite created beside it.
 /// The staged file of [`create`] and its companions, removed when dropped: when the store is
 /// linked into place, when preparing it fails, and when the open is cancelled meanwhile.
 struct Staged(PathBuf);
@@ -215,8 +214,10 @@ impl Drop for Staged {
     }
 }
 
+/// Removes the staged file and whatever SQLite created beside it: the companions first and
+/// the file last, since the file (created exclusively) is what keeps its name this open's.
 fn remove_staged(staged: &Path) {
-    for suffix in ["", "-journal", "-wal", "-shm"] {
+    for suffix in ["-journal", "-wal", "-shm", ""] {
         let mut p = staged.as_os_str().to_owned();
         p.push(suffix);
         let p = PathBuf::from(p);

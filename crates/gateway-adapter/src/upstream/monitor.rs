@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use awareness_core::error::ErrorChain;
 use awareness_core::upstream::{self, UpstreamStore};
-use awareness_core::validate::MAX_KEY_BYTES;
 use awareness_core::{
     ActorType, CursorFilter, Event, EventKind, NewEvent, Payload, SessionRef, Timestamp,
     UpstreamLink,
@@ -617,13 +616,11 @@ impl Inner {
             return;
         }
         // A link store accepts only catalog ids that fit (`LinkSpec::validate`); one stored
-        // before that rule is fitted rather than failing every check until it is removed.
+        // before that rule is fitted into the summary rather than failing every check until
+        // it is removed. The payload keeps it as stored.
         let fit = Fit::new(&session.session_key, EventKind::UpstreamMissing);
         let mut payload = Payload::new();
-        payload.insert(
-            "channel".into(),
-            json!(fit.key("catalog id", &link.catalog_id, MAX_KEY_BYTES)),
-        );
+        payload.insert("channel".into(), json!(link.catalog_id));
         let mut event = NewEvent::new(
             session.clone(),
             EventKind::UpstreamMissing,

@@ -1118,12 +1118,9 @@ impl CursorStore for RedbStore {
 mod tests {
     use super::*;
 
-    /// A write whose caller gave up is finished by the writer's drain, possibly after the handle
-    /// is dropped and its background flush stopped. While another handle keeps the file open,
-    /// nothing would flush that commit: it must be durable by itself.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_commit_after_a_bounded_handle_is_dropped_is_not_left_unflushed() {
-        let dir = tempfile::tempdir().expect("dir");
+    /// A bounded handle whose background flush never fires on its own, and a read-only handle
+    /// on the same file, which keeps it open once the bounded one is gone.
+    async fn bounded_and_a_reader(dir: &tempfile::TempDir) -> (RedbStore, RedbStore) {
         let path = dir.path().join("state.redb");
         let bounded = RedbStore::open_with(&path, RedbOptions::bounded(Duration::from_hours(1)))
             .await
@@ -1131,6 +1128,16 @@ mod tests {
         let reader = RedbStore::open_with(&path, RedbOptions::default().read_only(true))
             .await
             .expect("open read-only");
+        (bounded, reader)
+    }
+
+    /// A write whose caller gave up is finished by the writer's drain, possibly after the handle
+    /// is dropped and its background flush stopped. While another handle keeps the file open,
+    /// nothing would flush that commit: it must be durable by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_after_a_bounded_handle_is_dropped_is_not_left_unflushed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (bounded, reader) = bounded_and_a_reader(&dir).await;
         // What the drain of an abandoned write holds: the writer.
         let writer = Arc::clone(&bounded.writer);
         drop(bounded);
@@ -1159,13 +1166,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bounded_handles_last_flush_waits_for_the_write_in_progress() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("state.redb");
-        let bounded = RedbStore::open_with(&path, RedbOptions::bounded(Duration::from_hours(1)))
-            .await
-            .expect("open bounded");
-        let reader = RedbStore::open_with(&path, RedbOptions::default().read_only(true))
-            .await
-            .expect("open read-only");
+        let (bounded, reader) = bounded_and_a_reader(&dir).await;
         let writer = Arc::clone(&bounded.writer);
         let txn = tokio::task::block_in_place(|| writer.begin("test")).expect("begin");
         let dropping = std::thread::spawn(move || drop(bounded));

@@ -305,7 +305,10 @@ impl EventStore for MemoryStore {
 
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         let g = self.lock();
-        Ok(protocol::each_once(sessions)
+        let mut seen = std::collections::HashSet::with_capacity(sessions.len());
+        Ok(sessions
+            .iter()
+            .filter(|r| seen.insert(*r))
             .filter_map(|r| g.sessions.get(r).map(|st| st.head.clone()))
             .collect())
     }

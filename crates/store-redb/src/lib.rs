@@ -186,7 +186,8 @@
 //! Once the last one is dropped, a read that its caller gave up may still be running on the
 //! read-only database: a read-write open then waits for it to end rather than refusing, for
 //! 10 s at most; a read still running after that is taken to be stuck, and the open is refused
-//! with [`StoreError::Open`] naming the file, where waiting longer would hang its caller.
+//! with [`StoreError::Open`] naming the file, where waiting longer would hang its caller. Any
+//! open waits the same way, with the same bound, for a last handle that is still closing.
 //!
 //! [redb]: https://docs.rs/redb
 
@@ -858,7 +859,8 @@ impl EventStore for RedbStore {
         self.read("heads", move |txn| {
             let index = txn.open_table(EVENTS_BY_REF).ctx("heads: open")?;
             let mut out = Vec::with_capacity(sessions.len());
-            for r in protocol::each_once(&sessions) {
+            let mut seen = std::collections::HashSet::with_capacity(sessions.len());
+            for r in sessions.iter().filter(|r| seen.insert(*r)) {
                 if let Some(h) = tables::read_head(&index, r)? {
                     out.push(h);
                 }

@@ -1,5 +1,5 @@
-//! Fitting gateway-provided metadata (a channel name, a run or session id, an owner, a caller's
-//! dedupe key or payload) into the event rules of DESIGN.md section 3, so that metadata can
+//! Fitting gateway-provided metadata (a channel name, a run or session id, a caller's dedupe key
+//! or payload) into the event rules of DESIGN.md section 3, so that metadata can
 //! never make a producer lose its event: a store refuses the whole event when one of its
 //! fields breaks a rule, and a best-effort producer would only log that.
 //!
@@ -11,7 +11,8 @@
 //!   ([`upstream::fnv1a64`]), so two different originals stay different (a dedupe key never
 //!   merges two events) and one original always gives the same value (a retry still
 //!   deduplicates, a `child_spawned` and its run's outcome still carry the same run id).
-//! - An empty optional id is dropped, and so is a payload still too large once its parts fit.
+//! - An empty optional id is dropped, and so is a payload the payload rules refuse (over 4 KiB,
+//!   or nested deeper than 64 levels); payload values themselves are kept as given.
 //!
 //! Each change is logged (`tracing::warn`) with the session key, the event kind and the field.
 

@@ -172,10 +172,12 @@ pub struct Compaction {
     pub session_id: Option<String>,
     /// Run id.
     pub run_id: Option<String>,
-    /// The compaction's operation id (the dedupe key is `compacted:<operationId>`).
+    /// The compaction's operation id (the dedupe key is `compacted:<operationId>`, the id
+    /// fitted as an id; none when it is empty).
     pub operation_id: String,
     /// Who compacted: `None` for the embedded runtime (no payload, as OpenClaw), else the owner
-    /// (a native harness), recorded as `{"owner": ...}`.
+    /// (a native harness), recorded as `{"owner": ...}` unless that payload breaks the payload
+    /// rules (over 4 KiB).
     pub owner: Option<String>,
 }
 
@@ -249,7 +251,7 @@ impl Default for AwarenessConfig {
 ///   alike (a retry still deduplicates). An empty optional id is left out, together with the
 ///   dedupe key built from it;
 /// - a payload value is kept as given (JSON escapes any character); a payload larger than
-///   4 KiB is left out.
+///   4 KiB, or nested deeper than 64 levels, is left out.
 ///
 /// [`Awareness::record`] and [`Awareness::try_record`] store the event they are given as it is.
 pub struct Awareness {
@@ -627,8 +629,8 @@ impl Awareness {
     /// gateway's metadata never costs the event ([gateway metadata](Awareness#gateway-metadata)):
     /// line breaks and control characters in the channel become spaces and a channel too long
     /// for the summary is shortened, ending with `…`; the actor, run and session ids and the
-    /// dedupe key are fitted as ids; an extra payload that makes the payload larger than 4 KiB
-    /// is left out (`{"turns": N}` stays).
+    /// dedupe key are fitted as ids; an extra payload that makes the payload break the payload
+    /// rules (over 4 KiB, or nested deeper than 64 levels) is left out (`{"turns": N}` stays).
     pub async fn human_message(&self, msg: HumanMessage) -> Option<Arc<Event>> {
         let entry = msg
             .entry

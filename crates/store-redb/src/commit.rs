@@ -1,7 +1,7 @@
 //! The write transactions of one handle, and group commit.
 //!
 //! Every write transaction of a [`crate::RedbStore`] begins and commits here, with the handle's
-//! durability, and is counted ([`crate::RedbStore::write_transactions`]).
+//! durability (durable once the handle is dropped, see [`EndBounded`]), and is counted ([`crate::RedbStore::write_transactions`]).
 //!
 //! Recording goes through a queue. A call validates its event, pushes a job (the event, `now`
 //! and a oneshot for its answer) and, when no drain is running, starts one on tokio's blocking

@@ -31,8 +31,9 @@
 //! mode). [`SqliteStore::open`] never creates a missing directory and never overwrites a file
 //! that is not an SQLite database. A new store is prepared under a name of its own beside the
 //! path and linked into place complete, so handles and processes that open a new path at the
-//! same moment all open one store, and an open that fails while preparing it leaves nothing
-//! behind.
+//! same moment all open one store, and an open that fails (or is cancelled) while preparing it
+//! leaves nothing behind (on a file system without hard links, an empty file at the path,
+//! which the next open makes a store).
 //!
 //! It also implements [`UpstreamStore`] on OpenClaw's `session_upstream_links`.
 //!

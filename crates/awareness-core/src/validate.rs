@@ -235,16 +235,21 @@ pub fn payload(value: &Payload) -> Result<(), ValidationError> {
 /// Iterative, so a value nested deeper than the stack allows is measured, not overflowed.
 pub fn json_depth(value: &serde_json::Value) -> usize {
     use serde_json::Value;
+    let nests = |v: &Value| matches!(v, Value::Array(_) | Value::Object(_));
+    // Most payload values are scalars: no stack for them (this runs on every recording).
+    if !nests(value) {
+        return 0;
+    }
     let mut deepest = 0;
     let mut stack = vec![(value, 1)];
     while let Some((v, level)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
         deepest = deepest.max(level);
-        stack.extend(children.map(|c| (c, level + 1)));
+        let below = |c: &&Value| nests(c);
+        match v {
+            Value::Array(items) => stack.extend(items.iter().filter(below).map(|c| (c, level + 1))),
+            Value::Object(map) => stack.extend(map.values().filter(below).map(|c| (c, level + 1))),
+            _ => {}
+        }
     }
     deepest
 }
@@ -278,6 +283,18 @@ pub fn clamp_occurred_at(occurred_at: Option<Timestamp>, now: Timestamp) -> Time
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn json_depth_counts_the_deepest_branch() {
+        assert_eq!(json_depth(&json!(1)), 0);
+        assert_eq!(json_depth(&json!([])), 1);
+        assert_eq!(json_depth(&json!({"a": 1, "b": "x"})), 1);
+        assert_eq!(
+            json_depth(&json!({"a": [1, {"b": [[]]}], "c": {"d": 2}})),
+            5
+        );
+        assert_eq!(json_depth(&json!([[1], [[2]], 3])), 3);
+    }
 
     #[test]
     fn summaries() {

@@ -1203,7 +1203,7 @@ impl Awareness {
         // and delivers its follow-ups, and the next turn shows what this one read. The turn's
         // lock goes with the acknowledgement and is released when it ends, not when the turn
         // is dropped: the next turn must not read the cursors while it is in flight (see 1).
-        turn.carried().read.clone_from(&read);
+        turn.carried().read = read;
         let held = turn.guard.take().expect("the turn holds its lock");
         let Some((held, _)) = self.acknowledge_holding(watcher, &targets, held).await else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
@@ -1211,7 +1211,7 @@ impl Awareness {
             return Vec::new();
         };
         turn.guard = Some(held);
-        turn.carried().read.clear();
+        let read = std::mem::take(&mut turn.carried().read);
         for line in &lines {
             self.queue.remove(watcher, line);
         }

@@ -43,6 +43,7 @@
 //! ```
 
 pub mod audit;
+pub mod dedupe;
 pub mod error;
 pub mod model;
 pub mod protocol;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use awareness_core::dedupe;
 use awareness_core::error::ErrorChain;
 use awareness_core::validate::MAX_DEDUPE_KEY_BYTES;
 use awareness_core::{
@@ -746,7 +747,7 @@ impl Awareness {
         );
         ev.dedupe_key = fit
             .id("operation id", Some(c.operation_id))
-            .map(|op| format!("compacted:{op}"));
+            .and_then(|op| dedupe::compacted(&op));
         ev.session_id = fit.id("session id", c.session_id);
         ev.run_id = fit.id("run id", c.run_id);
         if let Some(owner) = c.owner {
@@ -778,7 +779,7 @@ impl Awareness {
         )
         .with_actor_id(requester.as_str());
         ev.run_id = fit.id("run id", Some(run_id.to_owned()));
-        ev.dedupe_key = ev.run_id.as_ref().map(|r| format!("child-spawned:{r}"));
+        ev.dedupe_key = ev.run_id.as_deref().and_then(dedupe::child_spawned);
         if let Ok(w) = WatcherKey::new(requester.clone()) {
             ev.watchers.push(w);
         } else {
@@ -813,7 +814,7 @@ impl Awareness {
             summary,
         );
         ev.run_id = fit.id("run id", Some(run_id.to_owned()));
-        ev.dedupe_key = ev.run_id.as_ref().map(|r| format!("run-terminal:{r}"));
+        ev.dedupe_key = ev.run_id.as_deref().and_then(dedupe::run_terminal);
         if outcome != RunOutcome::Ok {
             let mut p = Payload::new();
             p.insert("outcome".into(), json!(outcome.as_str()));
@@ -881,7 +882,7 @@ impl Awareness {
             ActorType::System,
             fit.summary("catalog id", upstream::ADOPTED_FROM, catalog_id, "unknown"),
         )
-        .with_dedupe_key(format!("adopted:{}", session.session_key));
+        .with_dedupe_key(dedupe::adopted(&session.session_key));
         ev.payload = fit.payload("payload", p);
         self.record(ev).await.map(|r| r.event)
     }
@@ -906,8 +907,8 @@ impl Awareness {
         ev.session_id = fit.id("session id", Some(session_id.to_owned()));
         ev.dedupe_key = ev
             .session_id
-            .as_ref()
-            .map(|id| format!("created:{}:{}:{id}", session.agent_id, session.session_key));
+            .as_deref()
+            .and_then(|id| dedupe::created(session, id));
         self.record(ev).await.map(|r| r.event)
     }
 

@@ -63,7 +63,7 @@ pub(crate) fn spawn(child: &SessionRef, spawner: &str, run: &str) -> NewEvent {
     )
     .with_actor_id(spawner)
     .with_run_id(run)
-    .with_dedupe_key(format!("child-spawned:{run}"))
+    .with_dedupe_key(crate::dedupe::child_spawned(run).expect("a run id"))
     .with_watcher(w(spawner))
 }
 

@@ -240,3 +240,13 @@ pub trait AwarenessStoreExt: AwarenessStore {
 }
 
 impl<T: AwarenessStore + ?Sized> AwarenessStoreExt for T {}
+
+/// The refs of a [`EventStore::heads`] call, each once (its first occurrence), as that method
+/// promises. A single ref (what [`AwarenessStoreExt::session_status`] asks) builds no set.
+pub fn distinct_refs(sessions: &[SessionRef]) -> impl Iterator<Item = &SessionRef> {
+    let mut seen =
+        (sessions.len() > 1).then(|| std::collections::HashSet::with_capacity(sessions.len()));
+    sessions
+        .iter()
+        .filter(move |r| seen.as_mut().is_none_or(|seen| seen.insert(*r)))
+}

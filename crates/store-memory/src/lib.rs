@@ -305,10 +305,7 @@ impl EventStore for MemoryStore {
 
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         let g = self.lock();
-        let mut seen = std::collections::HashSet::with_capacity(sessions.len());
-        Ok(sessions
-            .iter()
-            .filter(|r| seen.insert(*r))
+        Ok(awareness_core::store::distinct_refs(sessions)
             .filter_map(|r| g.sessions.get(r).map(|st| st.head.clone()))
             .collect())
     }

@@ -859,8 +859,7 @@ impl EventStore for RedbStore {
         self.read("heads", move |txn| {
             let index = txn.open_table(EVENTS_BY_REF).ctx("heads: open")?;
             let mut out = Vec::with_capacity(sessions.len());
-            let mut seen = std::collections::HashSet::with_capacity(sessions.len());
-            for r in sessions.iter().filter(|r| seen.insert(*r)) {
+            for r in awareness_core::store::distinct_refs(&sessions) {
                 if let Some(h) = tables::read_head(&index, r)? {
                     out.push(h);
                 }

@@ -84,7 +84,7 @@ pub enum Command {
         #[arg(long)]
         changes_since: Option<u64>,
         /// At most this many events (1..=200; with `--changes-since`).
-        #[arg(long, requires = "changes_since", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=200))]
+        #[arg(long, requires = "changes_since", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=awareness_core::reconcile::MAX_PAGE_LIMIT as u64))]
         limit: Option<usize>,
     },
     /// Sessions with their stateVersion.

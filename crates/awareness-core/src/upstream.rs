@@ -189,6 +189,8 @@ pub const ADOPTED_FROM: &str = "adopted from ";
 pub const HUMAN_MESSAGE_VIA: &str = "human message via ";
 /// The summary of an `upstream_missing` event starts with this, then the catalog id.
 pub const UPSTREAM_MISSING_VIA: &str = "upstream missing via ";
+/// What these summaries say for a blank channel or catalog id.
+pub const UNKNOWN_CHANNEL: &str = "unknown";
 
 /// Longest catalog id, in characters, that fits every summary of [`CATALOG_SUMMARY_PREFIXES`]
 /// (the prefixes are ASCII, so their byte length is their length in characters).

@@ -66,9 +66,6 @@ impl Clock for ManualClock {
     }
 }
 
-/// The channel of a human message that names none.
-const UNKNOWN_CHANNEL: &str = "unknown";
-
 /// Why an [`Awareness`] built without [`AwarenessBuilder::upstream`] cannot adopt (the source
 /// of [`Awareness::try_adopt`]'s error, whose context already says it).
 #[derive(Debug, Clone, Copy, thiserror::Error)]
@@ -660,7 +657,7 @@ impl Awareness {
             .as_deref()
             .map(str::trim)
             .filter(|c| !c.is_empty())
-            .unwrap_or(UNKNOWN_CHANNEL);
+            .unwrap_or(upstream::UNKNOWN_CHANNEL);
         let fit = Fit::new(&msg.session, EventKind::HumanDirectMessage);
         let agent = self.agent_of(&msg.session, msg.agent_id.as_ref());
         let mut ev = NewEvent::new(
@@ -671,7 +668,7 @@ impl Awareness {
                 "channel",
                 upstream::HUMAN_MESSAGE_VIA,
                 channel,
-                UNKNOWN_CHANNEL,
+                upstream::UNKNOWN_CHANNEL,
             ),
         );
         ev.actor_id = fit.id("actor id", msg.actor_id);
@@ -880,7 +877,12 @@ impl Awareness {
             session.clone(),
             EventKind::Adopted,
             ActorType::System,
-            fit.summary("catalog id", upstream::ADOPTED_FROM, catalog_id, "unknown"),
+            fit.summary(
+                "catalog id",
+                upstream::ADOPTED_FROM,
+                catalog_id,
+                upstream::UNKNOWN_CHANNEL,
+            ),
         )
         .with_dedupe_key(dedupe::adopted(&session.session_key));
         ev.payload = fit.payload("payload", p);

@@ -629,7 +629,7 @@ impl Inner {
                 "catalog id",
                 upstream::UPSTREAM_MISSING_VIA,
                 &link.catalog_id,
-                "unknown",
+                upstream::UNKNOWN_CHANNEL,
             ),
         )
         .with_dedupe_key(upstream::missing_dedupe_key(link));

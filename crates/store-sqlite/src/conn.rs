@@ -27,6 +27,13 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    /// Marks a write operation begun on the connection (rolled back if it is interrupted) and
+    /// counts it ([`crate::SqliteStore::write_transactions`]).
+    pub(crate) fn begin(&mut self) {
+        self.open_tx = true;
+        self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub(crate) async fn rollback(&mut self) {
         if let Err(e) = sqlx::raw_sql(sql::ROLLBACK).execute(&mut self.conn).await {
             // "cannot rollback - no transaction is active" is the usual, harmless answer.

@@ -27,16 +27,18 @@ pub(crate) fn primary_code(e: &sqlx::Error) -> Option<i32> {
 /// A failure while `context` was being done: BUSY/LOCKED are retryable, CORRUPT/NOTADB are
 /// corruption, everything else is a backend error. The original error is kept as the source.
 pub(crate) fn map(context: &str, e: sqlx::Error) -> StoreError {
-    match primary_code(&e) {
-        Some(SQLITE_BUSY | SQLITE_LOCKED) => StoreError::Busy {
+    if is_busy(&e) {
+        StoreError::Busy {
             context: context.to_owned(),
             source: Box::new(e),
-        },
-        Some(SQLITE_CORRUPT | SQLITE_NOTADB) => StoreError::Corrupt {
+        }
+    } else if is_unusable_file(&e) {
+        StoreError::Corrupt {
             context: context.to_owned(),
             source: Some(Box::new(e)),
-        },
-        _ => StoreError::backend(context, e),
+        }
+    } else {
+        StoreError::backend(context, e)
     }
 }
 

@@ -147,8 +147,7 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
     let mut jobs = jobs.into_iter();
     let mut locked = None;
     for job in jobs.by_ref() {
-        w.open_tx = true;
-        w.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        w.begin();
         let res = record_alone(
             &mut w.conn,
             hints,

@@ -515,9 +515,8 @@ impl SqliteStore {
         if w.open_tx {
             w.rollback().await;
         }
-        w.open_tx = true;
+        w.begin();
         self.count_write(1);
-        self.write_ops.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Write operations this handle has begun on its write connection since it was opened: one

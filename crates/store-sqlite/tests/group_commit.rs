@@ -212,7 +212,7 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
     // one more (3), each waiting the busy timeout again.
     let began = store.write_transactions() - before;
     assert!(
-        began <= 2,
+        (1..=2).contains(&began),
         "{CALLS} recordings behind a held lock began {began} write transactions"
     );
     sqlx::raw_sql("ROLLBACK")

@@ -162,42 +162,34 @@ impl Shared {
     /// another one in progress waits for it (that one may itself be waiting behind a long
     /// write), instead of returning at once because it claimed the pending commits.
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        self.flush_with(false)
+    }
+
+    /// The last flush of a handle's background flusher: a durable commit even when none seems
+    /// pending, so that it waits for a write transaction in progress that began non-durable
+    /// (its handle was dropped meanwhile, and the flag that marks it comes with its commit)
+    /// and makes it durable too. Blocking.
+    pub(crate) fn flush_last(&self) -> Result<(), StoreError> {
+        self.flush_with(true)
+    }
+
+    fn flush_with(&self, last: bool) -> Result<(), StoreError> {
         #[cfg(test)]
         if self.flushing.try_lock().is_err() {
             tests::flush_waits();
         }
         let _one_at_a_time = lock(&self.flushing);
-        if !self.unflushed.swap(false, Ordering::AcqRel) {
+        #[cfg(test)]
+        if last {
+            tests::last_flush_begins(&self.path);
+        }
+        if !self.unflushed.swap(false, Ordering::AcqRel) && !last {
             return Ok(());
         }
         let result = self
             .for_write("flush")
             .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))
             .and_then(|txn| txn.commit().ctx("flush: durable commit"));
-        if result.is_err() {
-            self.mark_unflushed();
-        }
-        result
-    }
-}
-
-impl Shared {
-    /// The last flush of a handle's background flusher: a durable commit even when none seems
-    /// pending, so that it waits for a write transaction in progress that began non-durable
-    /// (its handle was dropped meanwhile, and the flag that marks it comes with its commit)
-    /// and makes it durable too. Blocking.
-    pub(crate) fn flush_last(&self) -> Result<(), StoreError> {
-        let _one_at_a_time = lock(&self.flushing);
-        let result = self
-            .for_write("last flush")
-            .and_then(|db| {
-                db.begin_write()
-                    .ctx("last flush: begin a durable transaction")
-            })
-            .and_then(|txn| {
-                self.unflushed.store(false, Ordering::Release);
-                txn.commit().ctx("last flush: durable commit")
-            });
         if result.is_err() {
             self.mark_unflushed();
         }
@@ -728,7 +720,7 @@ impl Drop for Flusher {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::{Path, PathBuf};
     use std::sync::atomic::Ordering;
     use std::sync::{Arc, Mutex};
@@ -775,6 +767,20 @@ mod tests {
             && path == canonical
         {
             tell.send(Opening::Waiting).ok();
+        }
+    }
+
+    /// Told when the last flush of a handle of this file begins (it holds the flush lock and
+    /// is about to take redb's write lock).
+    pub(crate) static LAST_FLUSH_BEGINS: Mutex<Option<(PathBuf, std::sync::mpsc::Sender<()>)>> =
+        Mutex::new(None);
+
+    pub(super) fn last_flush_begins(path: &Path) {
+        let waiting = lock(&LAST_FLUSH_BEGINS);
+        if let Some((p, tell)) = waiting.as_ref()
+            && p == path
+        {
+            tell.send(()).ok();
         }
     }
 

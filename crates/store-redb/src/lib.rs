@@ -1169,11 +1169,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let (bounded, reader) = bounded_and_a_reader(&dir).await;
         let writer = Arc::clone(&bounded.writer);
+        let (tell, told) = std::sync::mpsc::channel();
+        *db::lock(&db::tests::LAST_FLUSH_BEGINS) = Some((bounded.path().to_owned(), tell));
         let txn = tokio::task::block_in_place(|| writer.begin("test")).expect("begin");
         let dropping = std::thread::spawn(move || drop(bounded));
-        // Dropping flushes last: that flush must wait for the transaction in progress.
-        std::thread::sleep(Duration::from_millis(100));
-        let dropped_first = dropping.is_finished();
+        // Dropping flushes last (the timeout only keeps the test from hanging). Once that flush
+        // has begun, it cannot end before the transaction in progress does.
+        let began = told.recv_timeout(Duration::from_mins(1));
+        *db::lock(&db::tests::LAST_FLUSH_BEGINS) = None;
+        let dropped_first = began.is_err() || dropping.is_finished();
         tokio::task::block_in_place(|| {
             txn.open_table(tables::META)
                 .ctx("test")?

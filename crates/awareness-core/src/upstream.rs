@@ -236,10 +236,7 @@ fn validate_catalog_summaries(catalog_id: &str) -> Result<(), ValidationError> {
 /// [`crate::validate::MAX_JSON_DEPTH`].
 pub fn validate_json(what: &'static str, value: Option<&Value>) -> Result<(), ValidationError> {
     let Some(v) = value else { return Ok(()) };
-    let depth = crate::validate::json_depth(v);
-    if depth > crate::validate::MAX_JSON_DEPTH {
-        return Err(ValidationError::JsonTooDeep { what, depth });
-    }
+    crate::validate::within_depth(what, crate::validate::json_depth(v))?;
     let bytes = serde_json::to_string(v).map_or(usize::MAX, |s| s.len());
     if bytes > MAX_UPSTREAM_JSON_BYTES {
         return Err(ValidationError::UpstreamJsonTooLarge { what, bytes });

@@ -217,16 +217,21 @@ pub fn summary(value: &str) -> Result<(), ValidationError> {
 /// A payload of at most 4 KiB of compact JSON, nested at most [`MAX_JSON_DEPTH`] levels deep.
 pub fn payload(value: &Payload) -> Result<(), ValidationError> {
     // Depth first: serializing (to measure the size) recurses once per level.
-    let depth = 1 + value.values().map(json_depth).max().unwrap_or(0);
-    if depth > MAX_JSON_DEPTH {
-        return Err(ValidationError::JsonTooDeep {
-            what: "payload",
-            depth,
-        });
-    }
+    within_depth(
+        "payload",
+        1 + value.values().map(json_depth).max().unwrap_or(0),
+    )?;
     let bytes = payload_json(value).len();
     if bytes > MAX_PAYLOAD_BYTES {
         return Err(ValidationError::PayloadTooLarge { bytes });
+    }
+    Ok(())
+}
+
+/// Refuses `what`, nested `depth` levels deep, beyond [`MAX_JSON_DEPTH`].
+pub fn within_depth(what: &'static str, depth: usize) -> Result<(), ValidationError> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(ValidationError::JsonTooDeep { what, depth });
     }
     Ok(())
 }

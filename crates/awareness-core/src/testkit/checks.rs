@@ -2116,6 +2116,15 @@ pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) 
             validate::ValidationError::CatalogIdTooLong { .. }
         ))
     ));
+    // A line separator in it, which its summaries refuse.
+    let mut broken = link_spec(&child(), "t1", 0);
+    broken.catalog_id = "claude\u{2028}code".into();
+    assert!(matches!(
+        u.upsert_link(broken, T0).await,
+        Err(StoreError::InvalidInput(
+            validate::ValidationError::ControlCharacter { .. }
+        ))
+    ));
     assert!(u.links().await.unwrap().is_empty());
     assert_eq!(
         count(&*t.store).await,

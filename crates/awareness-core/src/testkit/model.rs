@@ -768,13 +768,8 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 prop_assert_eq!(got.as_ref(), model.cursors.get(&k), "{}", ctx);
             }
             Op::Refreeze { keys } => {
-                let mut keys: Vec<CursorKey> = keys
-                    .iter()
-                    .map(|(w, k)| CursorKey {
-                        watcher: watcher(*w),
-                        target: key(*k),
-                    })
-                    .collect();
+                let mut keys: Vec<CursorKey> =
+                    keys.iter().map(|(w, k)| cursor_key(*w, *k)).collect();
                 // A repeated key in most calls.
                 if let Some(first) = keys.first().cloned() {
                     keys.push(first);

@@ -2,6 +2,11 @@
 //! each of them succeeds, none of them removes the file another one uses, and what each one
 //! recorded is in the file afterwards. (Here, in a file of their own, so that no heavy test
 //! runs beside them: the opens must overlap on both cores to meet the race they check.)
+//!
+//! The open suite (`awareness_core::open_suite!`) checks the same contract on every file-backed
+//! store, with both opens polled by one task; these tests start them on two tasks behind a
+//! barrier, in two processes, and count the cancels that land while a new store is staged,
+//! which only store-sqlite does.
 
 use std::io::Write as _;
 use std::path::Path;

@@ -407,6 +407,8 @@ macro_rules! open_suite {
             a_file_that_is_not_a_store_is_refused_and_left_untouched,
             a_truncated_file_is_refused_and_left_untouched,
             an_empty_file_becomes_a_new_store,
+            two_opens_of_a_new_file_at_once_both_succeed_and_share_it,
+            an_open_cancelled_at_any_moment_leaves_a_path_that_opens,
         );
     };
 }

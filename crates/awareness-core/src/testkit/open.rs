@@ -2,7 +2,9 @@
 //! the same way on every durable store: a directory, a missing directory, a file that is not a
 //! store and a truncated store are refused with a [`StoreError::Open`] naming the path, and
 //! leave everything as it was (nothing created, nothing written); an empty file becomes a new
-//! store. store-memory has no file and does not run these.
+//! store; two opens of a new path at once both succeed and share one store; and an open
+//! cancelled at any moment leaves nothing but the store's own files, and a path that opens.
+//! store-memory has no file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given read-write with its
 //! default options (creating it when missing) and stamps the checks with
@@ -18,10 +20,11 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::checks::{T0, child, human, log_only, r, rec};
 use super::durable::open;
-use super::{OpenFile, Scratch};
+use super::{OpenFile, Scratch, poll_once};
 use crate::error::StoreError;
 use crate::model::Sequence;
 use crate::store::AwarenessStoreExt as _;
@@ -168,4 +171,110 @@ pub async fn an_empty_file_becomes_a_new_store(f: impl OpenFile) {
     );
     let next = rec(&*t.store, human(&kid), T0).await;
     assert_eq!(next.event.sequence, Sequence(2));
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = contents(dir)
+        .into_keys()
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Asserts that `dir` holds the store's file `state` and nothing else (no staged copy, no
+/// companion file left after every handle closed).
+fn assert_only_the_store(what: &str, dir: &Scratch) {
+    let left = names(dir.path());
+    assert_eq!(left, ["state"], "{what}: only the store's file is left");
+}
+
+/// Two opens of the same new path at once (two tasks of a gateway starting together) both
+/// succeed and share one store: what one records, the other reads, and it is in the file once
+/// both are closed, with nothing but the store's file left beside it. A store that creates a
+/// new file must not let the second open fail on, or remove, what the first is making.
+pub async fn two_opens_of_a_new_file_at_once_both_succeed_and_share_it(f: impl OpenFile) {
+    let kid = child();
+    for round in 0..40 {
+        let dir = Scratch::new("open");
+        let file = dir.file();
+        let (a, b) = tokio::join!(f(file.clone()), f(file.clone()));
+        let a = a.unwrap_or_else(|e| panic!("round {round}: the first open failed: {e}"));
+        let b = b.unwrap_or_else(|e| panic!("round {round}: the second open failed: {e}"));
+        // Record through each handle in turn, and read through the other.
+        let (first, second) = if round % 2 == 0 { (a, b) } else { (b, a) };
+        let recorded = rec(&*first.store, human(&kid), T0).await;
+        assert_eq!(
+            recorded.event.sequence,
+            Sequence(1),
+            "round {round}: one new store, starting at 1"
+        );
+        assert_eq!(
+            second.store.state_version(&kid).await.expect("version"),
+            Sequence(1),
+            "round {round}: the other handle reads the same store"
+        );
+        let next = rec(&*second.store, human(&kid), T0).await;
+        assert_eq!(next.event.sequence, Sequence(2), "round {round}");
+        first.close().await;
+        second.close().await;
+        let t = open(&f, &file).await;
+        assert_eq!(
+            t.store.state_version(&kid).await.expect("version"),
+            Sequence(2),
+            "round {round}: both handles' events are in the file"
+        );
+        t.close().await;
+        assert_only_the_store(&format!("round {round}"), &dir);
+    }
+}
+
+/// An open of a new path cancelled at any moment (a caller's timeout, a gateway shutting down
+/// while it starts) leaves the directory with nothing but the store's own files, and the path
+/// opens afterwards as a new, empty store: no staged copy is left, no half-made file refuses
+/// the next open, and work the cancelled open left running does not hold the file against it.
+pub async fn an_open_cancelled_at_any_moment_leaves_a_path_that_opens(f: impl OpenFile) {
+    let kid = child();
+    let mut cancelled = 0;
+    for round in 0..150u64 {
+        let dir = Scratch::new("open");
+        let file = dir.file();
+        // Polled until `budget` has passed, then dropped: from cancelled before its first
+        // poll to after it finished.
+        let budget = Duration::from_micros(round % 75 * 40);
+        let started = Instant::now();
+        {
+            let mut opening = std::pin::pin!(f(file.clone()));
+            loop {
+                if started.elapsed() >= budget {
+                    cancelled += 1;
+                    break;
+                }
+                if poll_once(opening.as_mut()).await {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        let left = names(dir.path());
+        assert!(
+            left.iter().all(|n| n.starts_with("state")),
+            "round {round}: the cancelled open left {left:?}"
+        );
+        let t = f(file.clone())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the open after a cancelled one: {e}"));
+        assert_eq!(
+            t.store.log_stats().await.expect("stats").rows,
+            0,
+            "round {round}: a new store holds no events"
+        );
+        let first = rec(&*t.store, human(&kid), T0).await;
+        assert_eq!(first.event.sequence, Sequence(1), "round {round}");
+        t.close().await;
+        assert_only_the_store(&format!("round {round}"), &dir);
+    }
+    // Otherwise the rounds checked only complete opens.
+    assert!(cancelled > 0, "no open was cancelled");
 }

@@ -208,6 +208,21 @@ impl PruneReport {
 mod tests {
     use super::*;
 
+    /// The defaults DESIGN.md section 6 names (30 days, 50,000 rows, cursors idle 30 days) and
+    /// the chunk the docs give; a changed default changes what every gateway keeps.
+    #[test]
+    fn the_default_policy_is_the_documented_one() {
+        assert_eq!(
+            RetentionPolicy::default(),
+            RetentionPolicy {
+                max_age_ms: 30 * 24 * 60 * 60 * 1_000,
+                max_rows: 50_000,
+                cursor_idle_ms: 30 * 24 * 60 * 60 * 1_000,
+                chunk_rows: 2_000,
+            }
+        );
+    }
+
     #[test]
     fn steps_and_caps() {
         let p = RetentionPolicy::default();

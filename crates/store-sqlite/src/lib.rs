@@ -574,31 +574,46 @@ impl SqliteStore {
 mod tests {
     use super::*;
 
-    /// Every connection keeps statement journals and temporary tables in memory (see
+    /// Every connection has the settings DESIGN.md section 6 names (WAL, `synchronous=NORMAL`,
+    /// `busy_timeout=5000`) and keeps statement journals and temporary tables in memory (see
     /// `connect_options`), the writer above all.
     #[tokio::test]
-    async fn temporary_files_stay_in_memory_on_every_connection() {
-        /// `PRAGMA temp_store`'s answer for MEMORY.
-        const MEMORY: &[i64] = &[2];
+    async fn every_connection_has_the_documented_settings() {
+        // fetch_all: fetch_one would leave the statement open (see `conn::batch`).
+        async fn settings(conn: &mut sqlx::SqliteConnection) -> Vec<String> {
+            let mut out = Vec::new();
+            for sql in [
+                "SELECT 'journal_mode=' || journal_mode FROM pragma_journal_mode",
+                "SELECT 'synchronous=' || synchronous FROM pragma_synchronous",
+                "SELECT 'busy_timeout=' || timeout FROM pragma_busy_timeout",
+                "SELECT 'temp_store=' || temp_store FROM pragma_temp_store",
+            ] {
+                let got: Vec<String> = sqlx::query_scalar(sql)
+                    .fetch_all(&mut *conn)
+                    .await
+                    .expect(sql);
+                out.extend(got);
+            }
+            out
+        }
+        // synchronous NORMAL is 1, temp_store MEMORY is 2.
+        const EXPECTED: [&str; 4] = [
+            "journal_mode=wal",
+            "synchronous=1",
+            "busy_timeout=5000",
+            "temp_store=2",
+        ];
         let dir = tempfile::tempdir().expect("temp dir");
         let store = SqliteStore::open(dir.path().join("t.db"))
             .await
             .expect("open");
-        // fetch_all: fetch_one would leave the statement open (see `conn::batch`).
-        let pragma = || sqlx::query_scalar::<_, i64>("PRAGMA temp_store");
         let mut w = store.writer("test").await.expect("writer");
         w.open_tx = false;
-        assert_eq!(
-            pragma().fetch_all(&mut w.conn).await.expect("writer"),
-            MEMORY
-        );
+        assert_eq!(settings(&mut w.conn).await, EXPECTED, "the writer");
         drop(w);
         for r in &*store.readers.conns {
             let mut conn = r.lock().await;
-            assert_eq!(
-                pragma().fetch_all(&mut *conn).await.expect("reader"),
-                MEMORY
-            );
+            assert_eq!(settings(&mut conn).await, EXPECTED, "a reader");
         }
         store.close().await;
     }

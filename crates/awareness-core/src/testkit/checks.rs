@@ -1121,6 +1121,47 @@ pub async fn named_watcher_without_cursor_starts_at_zero(t: &Subject) {
     assert_eq!(got.notices[0].last_seen, Sequence(0));
 }
 
+/// A producer that names one watcher twice, or names the event's own session, gets one cursor
+/// and one notice for that watcher, and none for the session itself: on a notifying event and
+/// on a seeding one.
+pub async fn a_watcher_named_twice_or_the_session_itself_counts_once_or_not_at_all(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&child(), "x"), T0).await;
+    let got = rec(
+        s,
+        human(&child())
+            .with_watcher(w(MANAGER))
+            .with_watcher(w(CHILD))
+            .with_watcher(w(MANAGER)),
+        T0,
+    )
+    .await;
+    let notified: Vec<&str> = got.notices.iter().map(|n| n.watcher.as_str()).collect();
+    assert_eq!(notified, [MANAGER], "one notice, for the manager only");
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((0, 2, 2)));
+    assert_eq!(
+        cursor3(s, CHILD, CHILD).await,
+        None,
+        "a session does not watch itself"
+    );
+    let kid = r("agent:main:subagent:c2", "main");
+    rec(
+        s,
+        spawn(&kid, MANAGER, "run-9")
+            .with_watcher(w("agent:main:subagent:c2"))
+            .with_watcher(w(MANAGER)),
+        T0,
+    )
+    .await;
+    let watchers: Vec<String> = all_cursors(s)
+        .await
+        .into_iter()
+        .filter(|c| c.target == kid.session_key)
+        .map(|c| c.watcher.as_str().to_owned())
+        .collect();
+    assert_eq!(watchers, [MANAGER], "one seeded cursor, the spawner's");
+}
+
 pub async fn notify_ignores_cursor_on_other_agents_session(t: &Subject) {
     let s = &*t.store;
     let main_global = r("global", "main");
@@ -1874,6 +1915,38 @@ pub async fn upstream_changed_source_rebases_marker(t: &Subject) {
         "the token moved forward"
     );
     assert_eq!(u.link(&child()).await.unwrap(), Some(moved.link));
+    // Each part of the source counts: a new catalog, host, kind or ref with the same thread
+    // is another source too.
+    type Change = fn(&mut crate::LinkSpec);
+    let changes: [(&str, Change); 4] = [
+        ("catalog", |s| s.catalog_id = "codex".into()),
+        ("host", |s| s.host_id = "node-2".into()),
+        ("kind", |s| s.upstream_kind = "remote-jsonl".into()),
+        ("ref", |s| {
+            s.upstream_ref = Some(json!({"path": "/elsewhere.jsonl"}))
+        }),
+    ];
+    for (i, (part, change)) in changes.into_iter().enumerate() {
+        let session = r(&format!("agent:main:subagent:source{i}"), "main");
+        u.upsert_link(link_spec(&session, "t1", 100), T0)
+            .await
+            .unwrap();
+        u.set_marker(&session, T0, json!({"offset": 500}), T0)
+            .await
+            .unwrap();
+        let mut spec = link_spec(&session, "t1", 7);
+        change(&mut spec);
+        let moved = u.upsert_link(spec, T0).await.unwrap();
+        assert!(
+            moved.rebased && !moved.created,
+            "another {part} is another source"
+        );
+        assert_eq!(
+            marker_of(t, &session).await,
+            Some(json!({"offset": 7})),
+            "another {part}: the marker starts again"
+        );
+    }
 }
 
 pub async fn upstream_marker_update_is_compare_and_set(t: &Subject) {

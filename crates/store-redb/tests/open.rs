@@ -164,8 +164,10 @@ async fn a_redb_file_of_another_application_is_refused() {
     assert_eq!(value, 7);
 }
 
-/// A damaged file whose sequence counter is at the end of `u64` refuses to record (a clear
-/// error, nothing written) instead of wrapping round to reuse sequence 0.
+/// A file whose sequence counter is near the end of `u64` (damaged, or hand-edited) records
+/// up to the last sequence an event can have (`u64::MAX - 1`: `u64::MAX` is the key of a ref's
+/// head in the reference index), and then refuses to record (a clear error, nothing written)
+/// instead of writing an event over its head or wrapping round to reuse sequence 0.
 #[tokio::test]
 async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -173,8 +175,10 @@ async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing() {
     let store = RedbStore::open(&path).await.unwrap();
     let first = store.record(human(&child()), T0).await.unwrap().event;
     store.close().await;
-    set_meta(&path, "last_sequence", u64::MAX);
+    set_meta(&path, "last_sequence", u64::MAX - 2);
     let store = RedbStore::open(&path).await.unwrap();
+    let last = store.record(human(&child()), T0).await.unwrap().event;
+    assert_eq!(last.sequence, Sequence(u64::MAX - 1), "the last sequence");
     for _ in 0..2 {
         let err = store.record(human(&child()), T0).await.unwrap_err();
         assert!(
@@ -188,13 +192,13 @@ async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing() {
         .unwrap();
     assert_eq!(
         page.events,
-        std::slice::from_ref(&first),
-        "nothing was written"
+        [first, last.clone()],
+        "both events read back, and nothing else was written"
     );
     let heads = store.heads(&[child()]).await.unwrap();
     assert_eq!(
-        heads[0].last_sequence, first.sequence,
-        "the head did not move"
+        heads[0].last_sequence, last.sequence,
+        "the head names the last event"
     );
     store.close().await;
 }

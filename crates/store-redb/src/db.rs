@@ -474,6 +474,7 @@ fn open_read_only(
     canonical: &Path,
     cache_size: usize,
 ) -> Result<ReadOnlyDatabase, StoreError> {
+    refuse_if_shorter_than_its_layout(path, canonical)?;
     let open = |mode| {
         Database::builder()
             .set_cache_size(cache_size)
@@ -492,6 +493,61 @@ fn open_read_only(
             open(ConcurrencyMode::ExclusiveWriter).map_err(|e| database_error(path, e))
         }
         Err(e) => Err(database_error(path, e)),
+    }
+}
+
+/// The length in bytes that the header of a redb file (file format 3, redb 4) gives its
+/// regions, or `None` when `header` is not one: the database header page, then each full
+/// region (its header pages and its data pages) and a trailing partial region. The counts are
+/// u32 little-endian from byte 12: page size, region header pages, region data pages, full
+/// regions, the trailing region's data pages.
+fn layout_len(header: &[u8]) -> Option<u64> {
+    const MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+    if header.get(..MAGIC.len())? != MAGIC {
+        return None;
+    }
+    let word = |at: usize| -> Option<u64> {
+        let bytes = header.get(at..at + 4)?.try_into().ok()?;
+        Some(u64::from(u32::from_le_bytes(bytes)))
+    };
+    let (page, region_header, region_data, full, trailing) =
+        (word(12)?, word(16)?, word(20)?, word(24)?, word(28)?);
+    let trailing_region = if trailing > 0 {
+        region_header + trailing
+    } else {
+        0
+    };
+    let pages = 1 + full * (region_header + region_data) + trailing_region;
+    pages.checked_mul(page)
+}
+
+/// Refuses a file shorter than the regions its header describes: cut short (a copy that
+/// stopped, a full disk). A read-write open finds this and refuses the file; redb's read-only
+/// open in `SingleWriter` mode does not look (a writer of another process may be resizing the
+/// file), and would open it, to fail on the first read that reaches a missing page. A file
+/// longer than its layout is left to redb (a writer may have grown it meanwhile).
+fn refuse_if_shorter_than_its_layout(path: &Path, canonical: &Path) -> Result<(), StoreError> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(canonical)
+        .map_err(|e| io_open_error(path, "cannot open the file", e))?;
+    let mut header = [0; 32];
+    let len = file
+        .metadata()
+        .map_err(|e| io_open_error(path, "cannot read the file's metadata", e))?
+        .len();
+    if file.read_exact(&mut header).is_err() {
+        // Too short for a header: redb refuses it with its own reason.
+        return Ok(());
+    }
+    match layout_len(&header) {
+        Some(expected) if len < expected => Err(open_error(
+            path,
+            format!(
+                "the file is {len} bytes, shorter than the {expected} its header describes: it was cut short (a copy that stopped, a full disk); a read-only open cannot repair it"
+            ),
+            None,
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -579,7 +635,15 @@ pub(crate) fn open_shared(
     }
     let db = if mode == Mode::ReadOnly {
         let db = open_read_only(path, &canonical, cache_size)?;
-        check_schema(&db, path)?;
+        // A file redb opened but cannot read is refused as one that cannot be opened.
+        check_schema(&db, path).map_err(|e| match e {
+            StoreError::Backend { .. } => open_error(
+                path,
+                format!("cannot read it: {}", awareness_core::error::ErrorChain(&e)),
+                None,
+            ),
+            other => other,
+        })?;
         Db::Read(db)
     } else {
         let concurrency = if live_readers {
@@ -820,6 +884,42 @@ pub(crate) mod tests {
         let abandoned_read = Arc::clone(read_only.shared());
         drop(read_only);
         (path, abandoned_read)
+    }
+
+    /// The length read from a redb file's header is the file's length, for a new file and for
+    /// one grown by many commits (several regions when the page cache is small); a file that is
+    /// not redb's has none.
+    #[test]
+    fn the_layout_length_of_a_redb_file_is_its_length() {
+        use super::{Database, layout_len};
+        const T: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.redb");
+        let header_and_len = |path: &Path| {
+            let bytes = std::fs::read(path).expect("read");
+            (layout_len(&bytes[..32]), bytes.len() as u64)
+        };
+        let db = Database::create(&path).expect("create");
+        drop(db);
+        let (layout, len) = header_and_len(&path);
+        assert_eq!(layout, Some(len), "a new file");
+        let db = Database::create(&path).expect("open");
+        let row = vec![7u8; 4_000];
+        for round in 0..20u64 {
+            let txn = db.begin_write().expect("write");
+            {
+                let mut t = txn.open_table(T).expect("table");
+                for i in 0..200 {
+                    t.insert(round * 200 + i, row.as_slice()).expect("insert");
+                }
+            }
+            txn.commit().expect("commit");
+        }
+        drop(db);
+        let (layout, len) = header_and_len(&path);
+        assert!(len > 8 << 20, "the file grew: {len} bytes");
+        assert_eq!(layout, Some(len), "a grown file");
+        assert_eq!(layout_len(b"SQLite format 3\0 and more bytes"), None);
     }
 
     /// Once the last read-only handle on a file is dropped, a read-write open must not be

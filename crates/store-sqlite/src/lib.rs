@@ -369,7 +369,21 @@ impl SqliteStore {
             }))))
         };
         for _ in 0..options.readers.max(1) {
-            readers.push(Mutex::new(base.connect().await.map_err(fail)?));
+            match base.connect().await {
+                Ok(conn) => readers.push(Mutex::new(conn)),
+                Err(e) => {
+                    // Closed before the companions are looked at: an open connection keeps
+                    // them (a read-only open of a damaged file fails here, on the pragmas).
+                    for r in readers {
+                        drop(r.into_inner().close().await);
+                    }
+                    if let Some(w) = writer.and_then(Arc::into_inner).and_then(Mutex::into_inner) {
+                        drop(w.conn.close().await);
+                    }
+                    companions.remove_if_unusable(&e);
+                    return Err(fail(e));
+                }
+            }
         }
         if writer.is_none() {
             let version = match schema::version(readers[0].get_mut()).await {

@@ -1917,16 +1917,7 @@ pub async fn upstream_changed_source_rebases_marker(t: &Subject) {
     assert_eq!(u.link(&child()).await.unwrap(), Some(moved.link));
     // Each part of the source counts: a new catalog, host, kind or ref with the same thread
     // is another source too.
-    type Change = fn(&mut crate::LinkSpec);
-    let changes: [(&str, Change); 4] = [
-        ("catalog", |s| s.catalog_id = "codex".into()),
-        ("host", |s| s.host_id = "node-2".into()),
-        ("kind", |s| s.upstream_kind = "remote-jsonl".into()),
-        ("ref", |s| {
-            s.upstream_ref = Some(json!({"path": "/elsewhere.jsonl"}))
-        }),
-    ];
-    for (i, (part, change)) in changes.into_iter().enumerate() {
+    for (i, part) in ["catalog", "host", "kind", "ref"].into_iter().enumerate() {
         let session = r(&format!("agent:main:subagent:source{i}"), "main");
         u.upsert_link(link_spec(&session, "t1", 100), T0)
             .await
@@ -1935,7 +1926,12 @@ pub async fn upstream_changed_source_rebases_marker(t: &Subject) {
             .await
             .unwrap();
         let mut spec = link_spec(&session, "t1", 7);
-        change(&mut spec);
+        match part {
+            "catalog" => spec.catalog_id = "codex".into(),
+            "host" => spec.host_id = "node-2".into(),
+            "kind" => spec.upstream_kind = "remote-jsonl".into(),
+            _ => spec.upstream_ref = Some(json!({"path": "/elsewhere.jsonl"})),
+        }
         let moved = u.upsert_link(spec, T0).await.unwrap();
         assert!(
             moved.rebased && !moved.created,

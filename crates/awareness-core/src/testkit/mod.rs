@@ -376,6 +376,8 @@ macro_rules! read_only_suite {
             a_read_only_handle_beside_a_read_write_one_sees_its_commits,
             a_read_only_open_creates_nothing,
             a_read_only_open_refuses_a_file_that_is_not_a_store,
+            a_read_only_open_refuses_a_truncated_store_and_changes_nothing,
+            a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file,
         );
     };
 }

@@ -31,7 +31,7 @@ use crate::store::AwarenessStoreExt as _;
 
 /// Every entry of `dir`, by name: a file's bytes, or `None` for a directory (and its entries,
 /// by their path under `dir`).
-fn contents(dir: &Path) -> BTreeMap<OsString, Option<Vec<u8>>> {
+pub(crate) fn contents(dir: &Path) -> BTreeMap<OsString, Option<Vec<u8>>> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir).expect("list the directory") {
         let path = entry.expect("a directory entry").path();
@@ -85,7 +85,9 @@ async fn assert_refused(what: &str, f: &impl OpenFile, path: &Path, dir: &Scratc
 }
 
 /// The names and sizes of [`contents`] (`None` for a directory), for a message.
-fn sizes(contents: &BTreeMap<OsString, Option<Vec<u8>>>) -> Vec<(&OsString, Option<usize>)> {
+pub(crate) fn sizes(
+    contents: &BTreeMap<OsString, Option<Vec<u8>>>,
+) -> Vec<(&OsString, Option<usize>)> {
     contents
         .iter()
         .map(|(name, bytes)| (name, bytes.as_ref().map(Vec::len)))

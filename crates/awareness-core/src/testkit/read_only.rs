@@ -24,6 +24,7 @@ use serde_json::json;
 
 use super::checks::{T0, human, link_spec, rec, w};
 use super::durable::{everything, fill, filled_refs, open};
+use super::open::{contents, sizes};
 use super::{OpenFile, Scratch};
 use crate::error::StoreError;
 use crate::model::{CursorKey, Sequence, Timestamp};
@@ -302,4 +303,94 @@ pub async fn a_read_only_open_creates_nothing(_f: impl OpenFile, ro: impl OpenFi
         0,
         "a read-only open wrote into an empty file"
     );
+}
+
+/// Every file of `dir` with its bytes, but SQLite's shared-memory index (`-shm`), which every
+/// reader of a WAL-mode file writes its read marks into and which holds no data.
+fn data_files(dir: &Path) -> std::collections::BTreeMap<std::ffi::OsString, Option<Vec<u8>>> {
+    let mut all = contents(dir);
+    all.retain(|name, _| !name.to_string_lossy().ends_with("-shm"));
+    all
+}
+
+/// A read-only open of a store's file cut to half its length is refused (an open error, or a
+/// request for repair), and leaves every file in the directory as it was: no repair, no file
+/// created beside it.
+pub async fn a_read_only_open_refuses_a_truncated_store_and_changes_nothing(
+    f: impl OpenFile,
+    ro: impl OpenFile,
+) {
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let t = open(&f, &file).await;
+    let summary = "x".repeat(150);
+    for i in 0..500 {
+        let session = super::checks::r(&format!("agent:main:subagent:s{}", i % 10), "main");
+        rec(&*t.store, super::checks::log_only(&session, &summary), T0).await;
+    }
+    t.close().await;
+    let len = std::fs::metadata(&file).expect("metadata").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .and_then(|file| file.set_len(len / 2))
+        .expect("truncate the file");
+    let before = contents(dir.path());
+    match ro(file.clone()).await {
+        Err(StoreError::Open { path, .. } | StoreError::NeedsRepair { path }) => {
+            assert_eq!(path.file_name(), file.file_name(), "the refusal names it");
+        }
+        Err(e) => panic!("a read-only open of a truncated store: expected an open error, got {e}"),
+        Ok(_) => panic!("a read-only open of a truncated store succeeded"),
+    }
+    let after = contents(dir.path());
+    assert!(
+        after == before,
+        "a refused read-only open created, removed or wrote nothing: before {:?}, after {:?}",
+        sizes(&before),
+        sizes(&after)
+    );
+}
+
+/// A read-only handle on the files of a writer that never closed (a gateway that crashed, as
+/// an operator's tool finds them: here a copy taken while the writer is open) either answers
+/// what the writer had committed or is refused as needing repair, and in both cases leaves
+/// every data file as it found it: it neither finishes the writer's work (moving a log into the
+/// file, removing it) nor repairs anything.
+pub async fn a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file(
+    f: impl OpenFile,
+    ro: impl OpenFile,
+) {
+    let live = Scratch::new("read-only");
+    let copy = Scratch::new("read-only");
+    let writer = open(&f, &live.file()).await;
+    let expected = fill(&writer).await;
+    for (name, bytes) in contents(live.path()) {
+        let bytes = bytes.expect("the store's directory holds files only");
+        std::fs::write(copy.path().join(name), bytes).expect("copy a file");
+    }
+    let file = copy.file();
+    let before = data_files(copy.path());
+    match ro(file.clone()).await {
+        Ok(t) => {
+            assert_eq!(
+                everything(&t, &filled_refs()).await,
+                expected,
+                "the read-only handle answers what the writer had committed"
+            );
+            t.close().await;
+        }
+        Err(StoreError::NeedsRepair { path }) => {
+            assert_eq!(path.file_name(), file.file_name(), "the refusal names it");
+        }
+        Err(e) => panic!("a read-only open of a file left open: {e}"),
+    }
+    let after = data_files(copy.path());
+    assert!(
+        after == before,
+        "the read-only handle changed the files it found: before {:?}, after {:?}",
+        sizes(&before),
+        sizes(&after)
+    );
+    writer.close().await;
 }

@@ -346,6 +346,7 @@ macro_rules! durable_suite {
             the_sequence_never_goes_back_across_reopens,
             two_handles_on_one_file_see_each_others_writes,
             a_cancelled_write_leaves_the_file_writable,
+            a_cancelled_prune_leaves_every_loss_behind_a_watermark,
         );
     };
 }

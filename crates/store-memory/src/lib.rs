@@ -128,6 +128,14 @@ impl MemoryStore {
         self.lock().remove_event(sequence).is_some()
     }
 
+    /// Deletes one session's head, and with it the session's index of its events, touching
+    /// nothing else: the events stay in the log (`events_after` lists them) and the cursors on
+    /// the session stay, as a store edited by hand could be left. Returns whether the head
+    /// existed. The durable stores' suites use their equivalent to check the audit.
+    pub fn delete_head_row(&self, session: &SessionRef) -> bool {
+        self.lock().sessions.remove(session).is_some()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-applied operation behind: every
         // operation computes its changes first and applies them without fallible steps.

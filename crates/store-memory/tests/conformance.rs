@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use awareness_core::testkit::{RawAccess, Subject};
-use awareness_core::{Sequence, StoreError, async_trait};
+use awareness_core::{Sequence, SessionRef, StoreError, async_trait};
 use store_memory::MemoryStore;
 
 struct Raw(Arc<MemoryStore>);
@@ -12,6 +12,11 @@ struct Raw(Arc<MemoryStore>);
 impl RawAccess for Raw {
     async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError> {
         self.0.delete_event_row(sequence);
+        Ok(())
+    }
+
+    async fn delete_head_row(&self, session: &SessionRef) -> Result<(), StoreError> {
+        self.0.delete_head_row(session);
         Ok(())
     }
 }

@@ -566,6 +566,18 @@ impl RedbStore {
         .await
     }
 
+    /// Deletes one session's head and nothing else (its events and the cursors on it stay), as
+    /// a hand edit could leave the file. Returns whether the head existed. The conformance suite
+    /// uses it to check what the audit reports.
+    pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("delete a head row", move |txn| {
+            let removed = tables::remove_head(&mut EventTables::open(txn)?.by_ref, &session)?;
+            Ok((removed, removed))
+        })
+        .await
+    }
+
     async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,

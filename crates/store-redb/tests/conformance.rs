@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::testkit::{RawAccess, Subject};
-use awareness_core::{Sequence, StoreError, async_trait};
+use awareness_core::{Sequence, SessionRef, StoreError, async_trait};
 use store_redb::{RedbOptions, RedbStore};
 
 struct Raw(Arc<RedbStore>);
@@ -17,6 +17,10 @@ struct Raw(Arc<RedbStore>);
 impl RawAccess for Raw {
     async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError> {
         self.0.delete_event_row(sequence).await.map(drop)
+    }
+
+    async fn delete_head_row(&self, session: &SessionRef) -> Result<(), StoreError> {
+        self.0.delete_head_row(session).await.map(drop)
     }
 }
 

@@ -142,7 +142,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use awareness_core::{Sequence, StoreError};
+use awareness_core::{Sequence, SessionRef, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
@@ -504,6 +504,26 @@ impl SqliteStore {
             )
             .await?;
             Ok(get::<i64>(&row, 0, "delete an event row")? > 0)
+        }
+        .await;
+        w.finish(res).await
+    }
+
+    /// Deletes one session's head row and nothing else (its events and the cursors on it
+    /// stay), as a hand edit could leave the file. Returns whether the row existed. The
+    /// conformance suite uses it to check what the audit reports.
+    pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let mut w = self.writer("delete a head row").await?;
+        let res = async {
+            let row = batch_one(
+                &mut w.conn,
+                sqlx::query(sql::DELETE_HEAD_ROW)
+                    .bind(session.session_key.as_str())
+                    .bind(session.agent_id.as_str()),
+                "delete a head row",
+            )
+            .await?;
+            Ok(get::<i64>(&row, 0, "delete a head row")? > 0)
         }
         .await;
         w.finish(res).await

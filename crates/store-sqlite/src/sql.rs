@@ -446,6 +446,12 @@ DELETE FROM session_state_events WHERE sequence = $1;
 SELECT changes();
 COMMIT";
 
+/// Deletes one head row (`SqliteStore::delete_head_row`).
+pub(crate) const DELETE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
+DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
 /// One upstream link as a JSON array, decoded by `decode::RawLink` (the two JSON columns come
 /// back as strings, parsed in Rust, so numbers such as `u64::MAX` keep every digit).
 macro_rules! link_json {

@@ -2283,6 +2283,38 @@ pub async fn auditing_a_live_store_reports_no_problem_a_write_between_reads_made
     assert_eq!((audit.heads, audit.cursors), (0, 1), "what it read");
 }
 
+/// A session whose head row is gone (a hand edit; another application's writer) keeps its
+/// events, and pruning them does not make a head for it: pruning raises the watermarks of the
+/// heads there are and never creates one.
+pub async fn pruning_never_creates_a_head(t: &Subject) {
+    let s = &*t.store;
+    let kept = r("agent:main:subagent:kept", "main");
+    rec(s, log_only(&child(), "old"), T0).await;
+    rec(s, log_only(&kept, "old"), T0).await;
+    t.raw
+        .delete_head_row(&child())
+        .await
+        .expect("delete a head row");
+    let report = s
+        .prune(&RetentionPolicy::default(), T0.plus_ms(31 * DAY))
+        .await
+        .expect("prune");
+    assert_eq!(report.events_by_age, 2, "both events were old: {report:?}");
+    assert_eq!(count(s).await, 0);
+    assert!(
+        s.heads(&[child()]).await.expect("heads").is_empty(),
+        "pruning made a head for a session that had none"
+    );
+    let heads = s.list_heads(None).await.expect("list heads");
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(heads[0].session, kept);
+    assert_eq!(
+        heads[0].pruned_max_sequence,
+        Sequence(2),
+        "the head there was"
+    );
+}
+
 /// After recordings (with a dedupe hit), watches, an acknowledgement, pruning by age and a
 /// deleted session, what the store holds breaks none of [`crate::audit`]'s invariants.
 pub async fn a_store_keeps_the_audit_invariants(t: &Subject) {

@@ -471,6 +471,47 @@ async fn assert_losses_behind_watermarks(
     assert!(audit.findings.is_empty(), "{what}: {:?}", audit.findings);
 }
 
+/// The audit of a store ([`crate::audit::audit_store`], which `awareness doctor` runs) reports
+/// what a lost head leaves: the session's retained events without a head, and a cursor that
+/// has seen them with no head to compare against. (store-memory keeps a session's events
+/// under its head, and cannot lose one without the other.)
+pub async fn the_audit_reports_events_and_cursors_left_without_a_head(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    rec(s, human(&child()), T0).await;
+    rec(s, human(&child()), T0).await;
+    s.watch(&w("agent:main:main"), &child(), T0)
+        .await
+        .expect("watch");
+    let cursor = s
+        .cursor(&w("agent:main:main"), &child().session_key)
+        .await
+        .expect("cursor")
+        .expect("the watch's cursor");
+    assert_eq!(
+        crate::audit::audit_store(s).await.expect("audit").findings,
+        [],
+        "a sound store"
+    );
+    t.raw
+        .delete_head_row(&child())
+        .await
+        .expect("delete a head row");
+    let findings = crate::audit::audit_store(s).await.expect("audit").findings;
+    assert!(
+        findings.contains(&crate::audit::Finding::EventsWithoutHead {
+            session: child(),
+            max: Sequence(2),
+        }),
+        "the events without a head: {findings:?}"
+    );
+    assert!(
+        findings.contains(&crate::audit::Finding::OrphanedCursor(cursor)),
+        "the cursor without a head: {findings:?}"
+    );
+}
+
 /// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
 async fn give_up_after<F: Future>(polls: usize, call: F) {
     let mut call = std::pin::pin!(call);

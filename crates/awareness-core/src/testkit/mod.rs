@@ -55,6 +55,9 @@ pub use proptest;
 pub trait RawAccess: Send + Sync {
     /// Deletes one event row by sequence, touching nothing else (no watermark, no head).
     async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError>;
+    /// Deletes one session's head row, touching nothing else (its events and the cursors on it
+    /// stay), as a hand edit or another application's writer could leave a file.
+    async fn delete_head_row(&self, session: &SessionRef) -> Result<(), StoreError>;
 }
 
 /// The store factory of the file suites ([`durable`], [`read_only`], [`open`]): an async
@@ -190,6 +193,7 @@ macro_rules! conformance_suite {
             record_assigns_increasing_sequences,
             session_status_never_names_an_event_its_page_left_out,
             a_store_keeps_the_audit_invariants,
+            pruning_never_creates_a_head,
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,
             record_returns_every_field,
             text_fields_round_trip_exactly,
@@ -347,6 +351,7 @@ macro_rules! durable_suite {
             two_handles_on_one_file_see_each_others_writes,
             a_cancelled_write_leaves_the_file_writable,
             a_cancelled_prune_leaves_every_loss_behind_a_watermark,
+            the_audit_reports_events_and_cursors_left_without_a_head,
         );
     };
 }

@@ -146,6 +146,8 @@ pub(crate) struct Writer {
     read_only: bool,
     inbox: Arc<Inbox>,
     commits: AtomicU64,
+    /// The most recordings one batch has held.
+    largest_batch: std::sync::atomic::AtomicUsize,
 }
 
 /// A write transaction of a [`Writer`], with the durability it was begun with.
@@ -197,6 +199,7 @@ impl Writer {
             read_only,
             inbox: Arc::default(),
             commits: AtomicU64::new(0),
+            largest_batch: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -218,6 +221,10 @@ impl Writer {
 
     pub(crate) fn write_transactions(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn largest_batch(&self) -> usize {
+        self.largest_batch.load(Ordering::Relaxed)
     }
 
     /// Whether commits are still left to the background flush.
@@ -473,7 +480,10 @@ impl Drain {
                 take(&mut q.jobs, w.max_events)
             };
             let outcome = match step {
-                Some(Step::Records(jobs)) => Outcome::Records(w.run(jobs)),
+                Some(Step::Records(jobs)) => {
+                    w.largest_batch.fetch_max(jobs.len(), Ordering::Relaxed);
+                    Outcome::Records(w.run(jobs))
+                }
                 Some(Step::Write(job)) => Outcome::Write(job(w)),
                 None => Outcome::Records(Vec::new()),
             };

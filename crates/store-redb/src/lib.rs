@@ -494,6 +494,13 @@ impl RedbStore {
         self.writer.write_transactions()
     }
 
+    /// The most recordings one write transaction of this handle has held since it was opened
+    /// (0 before the first recording): at most [`RedbOptions::group_commit`]. With
+    /// [`RedbStore::write_transactions`], shows how well group commit batches.
+    pub fn largest_batch(&self) -> usize {
+        self.writer.largest_batch()
+    }
+
     /// Closes this handle on the blocking pool, without blocking the async runtime's thread.
     /// If it is the last handle on its file in this process, the file is closed and its lock
     /// released when this returns, every commit made durable first (with

@@ -197,10 +197,11 @@ async fn open_grouped(
     max_events: usize,
 ) -> Result<Grouped, StoreError> {
     let store = Arc::new(RedbStore::open_with(path, options.group_commit(max_events)).await?);
-    let counted = Arc::clone(&store);
+    let (counted, measured) = (Arc::clone(&store), Arc::clone(&store));
     Ok(Grouped {
         store,
         write_transactions: Box::new(move || counted.write_transactions()),
+        largest_batch: Box::new(move || measured.largest_batch()),
     })
 }
 

@@ -193,6 +193,7 @@ impl EventStore for SqliteStore {
         let payload = event.payload.as_ref().map(decode::to_json);
         let writer = self.write_connection(WHAT)?;
         if self.group_commit <= 1 {
+            self.largest_batch.fetch_max(1, Ordering::Relaxed);
             let mut w = self.writer(WHAT).await?;
             let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
             return w.finish(res).await;
@@ -223,6 +224,7 @@ impl EventStore for SqliteStore {
                 w = WriteGuard::lock(writer) => w,
             };
             let mut jobs = self.queue.take(self.group_commit);
+            self.largest_batch.fetch_max(jobs.len(), Ordering::Relaxed);
             let mine = jobs.iter().any(|j| j.id == id);
             if mine || jobs.is_empty() {
                 // Either this caller holds its own event, or an earlier writer took it and

@@ -291,6 +291,8 @@ pub struct SqliteStore {
     /// Write operations begun on the write connection since open (shared with [`Writer`], whose
     /// group commits count the recordings they retry alone).
     write_ops: Arc<std::sync::atomic::AtomicU64>,
+    /// The most recordings one write transaction has held.
+    largest_batch: std::sync::atomic::AtomicUsize,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -429,6 +431,7 @@ impl SqliteStore {
             next_job: std::sync::atomic::AtomicU64::new(0),
             group_commit: options.group_commit,
             write_ops,
+            largest_batch: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -560,6 +563,13 @@ impl SqliteStore {
     /// commit batches.
     pub fn write_transactions(&self) -> u64 {
         self.write_ops.load(Ordering::Relaxed)
+    }
+
+    /// The most recordings one write transaction of this handle has held since it was opened
+    /// (0 before the first recording): at most [`SqliteOptions::group_commit`]. With
+    /// [`SqliteStore::write_transactions`], shows how well group commit batches.
+    pub fn largest_batch(&self) -> usize {
+        self.largest_batch.load(Ordering::Relaxed)
     }
 
     async fn reader(&self) -> MutexGuard<'_, SqliteConnection> {

@@ -28,10 +28,11 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
     let store = Arc::new(
         SqliteStore::open_with(path, SqliteOptions::new().group_commit(max_events)).await?,
     );
-    let counted = Arc::clone(&store);
+    let (counted, measured) = (Arc::clone(&store), Arc::clone(&store));
     Ok(Grouped {
         store,
         write_transactions: Box::new(move || counted.write_transactions()),
+        largest_batch: Box::new(move || measured.largest_batch()),
     })
 }
 

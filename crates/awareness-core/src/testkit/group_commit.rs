@@ -38,6 +38,8 @@ pub struct Grouped {
     pub store: Arc<dyn AwarenessStore>,
     /// The store's count of committed write transactions (`write_transactions()`).
     pub write_transactions: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The most recordings one of the store's write transactions has held (`largest_batch()`).
+    pub largest_batch: Box<dyn Fn() -> usize + Send + Sync>,
 }
 
 /// The clock every recording of these checks is made at.
@@ -373,12 +375,17 @@ pub async fn group_commit_of_one_commits_every_recording_alone(f: impl OpenGroup
 }
 
 /// No write transaction holds more than `group_commit` recordings: 32 at once with
-/// `group_commit(4)` take at least 8.
+/// `group_commit(4)` take at least 8, and the largest batch the store reports is at most 4.
 pub async fn a_batch_holds_at_most_group_commit_recordings(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 4).await;
     let txs = record_at_once(&g, 32).await;
     assert!(txs >= 8, "32 recordings in {txs} transactions of at most 4");
+    let largest = (g.largest_batch)();
+    assert!(
+        (1..=4).contains(&largest),
+        "the largest batch held {largest} recordings, with group_commit(4)"
+    );
 }
 
 /// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option, and

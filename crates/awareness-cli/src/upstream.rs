@@ -182,9 +182,9 @@ fn detection_json(d: &Detection) -> Value {
             catalog_id,
             turns,
             event,
-            marker_advanced,
+            marker,
         } => json!({"detection": "human", "session": session(s), "channel": catalog_id,
-            "turns": turns, "sequence": event.sequence, "markerAdvanced": marker_advanced}),
+            "turns": turns, "sequence": event.sequence, "markerAdvanced": marker.is_moved()}),
         Detection::Missing {
             session: s,
             consecutive,

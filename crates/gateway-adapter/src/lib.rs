@@ -53,13 +53,16 @@
 //! ```
 //!
 //! Shutting down: stop the upstream monitor ([`MonitorTask::stop`]), abort the pruning task and
-//! await its handle (which returns once the task has let go of the service), drop the
+//! await its handle (which returns once the task has let go of the service), wait for the store
+//! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording or an
+//! acknowledgement runs to its end on a task of its own, holding the store), drop the
 //! [`Awareness`], then close the store through its last handle with
 //! [`EventStore::close`](awareness_core::EventStore::close). A store still shared then is only
 //! dropped: SQLite's write-ahead log may stay beside the file, and redb's file closes once its
 //! last holder lets go.
 
 pub mod backend;
+pub mod config;
 pub mod directory;
 mod fit;
 pub mod ports;
@@ -72,6 +75,7 @@ pub use backend::{
     OpenError, OpenOptions, Repair, StoreUrl, open_full_store, open_full_store_with, open_store,
     open_store_with, repair_store,
 };
+pub use config::ConfigError;
 pub use directory::{InMemoryDirectory, SpawnTree};
 pub use ports::{
     AllowAll, HeartbeatWake, InputProvenance, QueuedEntry, SameAgent, SessionDirectory,
@@ -80,11 +84,12 @@ pub use ports::{
 pub use queue::InMemoryQueue;
 pub use service::{
     Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage, ManualClock,
-    NotVisible, PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome, render_status,
+    NotVisible, PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome, WatchRefusal,
+    render_status,
 };
 pub use upstream::{
-    CheckOutcome, Detection, JsonlProvider, MonitorConfig, MonitorTask, NoRuns, OwnPrompts,
-    PairedNodeClient, PairedNodeProvider, RecentPrompts, RunActivity, RunTracker, TickReport,
-    UpstreamMonitor, UpstreamProvider,
+    CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask, NoRuns,
+    OwnPrompts, PairedNodeClient, PairedNodeProvider, RecentPrompts, RunActivity, RunTracker,
+    TickReport, UpstreamMonitor, UpstreamProvider,
 };
 pub use wake::{CoalescingWake, DEFAULT_WAKE_WINDOW, RecordingWake, WakeSink};

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use awareness_core::SessionKey;
 
+use crate::config::ConfigError;
 use crate::ports::{QueuedEntry, SystemEventQueue};
 
 /// Per-session queues in memory.
@@ -28,11 +29,27 @@ impl InMemoryQueue {
 
     /// A queue that keeps at most `capacity` entries per session (session-state notices
     /// excepted, see the type's docs).
+    ///
+    /// # Panics
+    ///
+    /// On a capacity of 0, with the [`ConfigError`]'s text. A capacity that comes from a user
+    /// goes through [`InMemoryQueue::try_with_capacity`].
     pub fn with_capacity(capacity: usize) -> Self {
-        Self {
+        Self::try_with_capacity(capacity).unwrap_or_else(|e| panic!("invalid queue capacity: {e}"))
+    }
+
+    /// [`InMemoryQueue::with_capacity`], or a [`ConfigError`] for a capacity of 0 (a queue that
+    /// keeps no entry would still keep the newest one, and every session-state notice).
+    pub fn try_with_capacity(capacity: usize) -> Result<Self, ConfigError> {
+        crate::config::at_least_one(
+            "InMemoryQueue.capacity",
+            u64::try_from(capacity).unwrap_or(u64::MAX),
+            "it must be at least 1: it is how many entries a session's queue keeps",
+        )?;
+        Ok(Self {
             capacity: Some(capacity),
             queues: Mutex::default(),
-        }
+        })
     }
 
     /// Forgets every queue, as a process restart would.

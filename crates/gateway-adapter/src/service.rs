@@ -15,8 +15,9 @@ use awareness_core::{
     UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
 };
 use serde_json::json;
-use tracing::warn;
+use tracing::{debug, warn};
 
+use crate::config::{self, ConfigError};
 use crate::fit::Fit;
 use crate::ports::{
     AllowAll, HeartbeatWake, QueuedEntry, SessionDirectory, SessionEntry, SystemEventQueue,
@@ -179,11 +180,42 @@ pub struct Compaction {
     pub owner: Option<String>,
 }
 
-/// Result of a watch registration through `sessions_send`.
+/// Result of a watch registration through `sessions_send`. As JSON, `{"watched": true}`, or
+/// `{"watched": false, "refused": "<reason>"}` (the reason is ours; OpenClaw answers with
+/// `watched` alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct WatchOutcome {
     /// Whether a cursor now watches the target.
     pub watched: bool,
+    /// Why not, when `watched` is false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<WatchRefusal>,
+}
+
+/// Why [`Awareness::watch_after_send`] registered no watch. None of the reasons says anything
+/// about the target: a target the requester may not see is refused as `NotVisible` whether it
+/// exists or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum WatchRefusal {
+    /// The message was not dispatched: a watch is registered only after a successful send.
+    NotDispatched,
+    /// The watcher cannot watch: its key is not agent-qualified, or it is the target itself.
+    InvalidWatcher,
+    /// The visibility policy does not let the watcher see the target.
+    NotVisible,
+    /// The store failed (logged with its cause); asking again may succeed.
+    StoreFailed,
+}
+
+impl WatchOutcome {
+    fn refused(why: WatchRefusal) -> Self {
+        Self {
+            watched: false,
+            refused: Some(why),
+        }
+    }
 }
 
 /// What start-up did.
@@ -195,19 +227,53 @@ pub struct StartupReport {
     pub redelivered: usize,
 }
 
-/// Settings of the service.
+/// What [`Awareness::human_message`] did: the upstream monitor says why nothing was recorded.
+#[derive(Debug)]
+pub(crate) enum HumanRecorded {
+    /// Recorded (for a dedupe hit, the event stored first).
+    Event(Arc<Event>),
+    /// Not recorded: the session has no spawner, parent or watcher.
+    Unwatched,
+    /// Not recorded: the store failed (the error, with its causes).
+    Failed(String),
+}
+
+/// Settings of the service ([`AwarenessConfig::validate`] says what is accepted).
 #[derive(Debug, Clone)]
 pub struct AwarenessConfig {
-    /// Retention. A policy [`RetentionPolicy::validate`] refuses (a limit that would delete
-    /// everything) prunes nothing: every pass is refused and logged.
+    /// Retention; a policy [`RetentionPolicy::validate`] refuses (a limit that would delete
+    /// everything) is refused when the service is built.
     pub retention: RetentionPolicy,
-    /// How often background pruning runs (default hourly; at least every millisecond, a
-    /// zero interval included).
+    /// How often background pruning runs (default hourly; at least 1 ms).
     pub prune_interval: Duration,
-    /// Refs per `heads` call when enriching `sessions_list` (default 500).
+    /// Refs per `heads` call when enriching `sessions_list` (default 500; at least 1).
     pub list_batch: usize,
     /// The agent of a bare key when the caller names none (default `main`).
     pub default_agent: AgentId,
+}
+
+impl AwarenessConfig {
+    /// Refuses settings the service cannot work with: a retention policy
+    /// [`RetentionPolicy::validate`] refuses (pruning would refuse every pass, so it would
+    /// never run), a `prune_interval` below 1 ms (passes back to back) and a `list_batch` of 0.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.retention
+            .validate()
+            .map_err(|source| ConfigError::Retention {
+                field: "AwarenessConfig.retention",
+                source,
+            })?;
+        config::at_least_1ms(
+            "AwarenessConfig.prune_interval",
+            self.prune_interval,
+            "it must be at least 1 ms: a shorter interval runs pruning passes back to back",
+        )?;
+        config::at_least_one(
+            "AwarenessConfig.list_batch",
+            u64::try_from(self.list_batch).unwrap_or(u64::MAX),
+            "it must be at least 1: it is how many sessions one heads call reads",
+        )
+    }
 }
 
 impl Default for AwarenessConfig {
@@ -263,6 +329,48 @@ pub struct Awareness {
     prune_passes: tokio::sync::watch::Sender<PrunePass>,
     upstream: Option<Arc<dyn UpstreamStore>>,
     turns: TurnLocks,
+    writes: tokio::sync::watch::Sender<InFlight>,
+}
+
+/// The store writes running on tasks of their own ([`Awareness::write_and_deliver`]),
+/// numbered in the order they started, so that [`Awareness::wait_for_writes`] can wait for
+/// those started before it and no others.
+#[derive(Debug, Default)]
+struct InFlight {
+    /// The number of the next write.
+    next: u64,
+    /// The writes not ended yet.
+    running: std::collections::BTreeSet<u64>,
+}
+
+/// One write's place in [`InFlight`]; its task holds it and gives it back when the task's
+/// future is dropped (the write and its delivery ended, or the runtime dropped the task).
+struct Writing {
+    writes: tokio::sync::watch::Sender<InFlight>,
+    id: u64,
+}
+
+impl Writing {
+    fn start(writes: &tokio::sync::watch::Sender<InFlight>) -> Self {
+        let mut id = 0;
+        writes.send_modify(|w| {
+            id = w.next;
+            w.next += 1;
+            w.running.insert(id);
+        });
+        Self {
+            writes: writes.clone(),
+            id,
+        }
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.writes.send_modify(|w| {
+            w.running.remove(&self.id);
+        });
+    }
 }
 
 /// One async lock per watcher session whose turn is in progress or waiting, so that the turns
@@ -443,7 +551,8 @@ impl AwarenessBuilder {
         self
     }
 
-    /// Sets the configuration.
+    /// Sets the configuration (checked by [`AwarenessBuilder::try_build`] and
+    /// [`AwarenessBuilder::build`]).
     #[must_use]
     pub fn config(mut self, config: AwarenessConfig) -> Self {
         self.config = config;
@@ -451,8 +560,20 @@ impl AwarenessBuilder {
     }
 
     /// The service.
+    ///
+    /// # Panics
+    ///
+    /// On settings [`AwarenessConfig::validate`] refuses, with the [`ConfigError`]'s text.
+    /// Settings that come from a user go through [`AwarenessBuilder::try_build`].
     pub fn build(self) -> Awareness {
-        Awareness {
+        self.try_build()
+            .unwrap_or_else(|e| panic!("invalid awareness configuration: {e}"))
+    }
+
+    /// The service, or the [`ConfigError`] of settings [`AwarenessConfig::validate`] refuses.
+    pub fn try_build(self) -> Result<Awareness, ConfigError> {
+        self.config.validate()?;
+        Ok(Awareness {
             store: self.store,
             queue: self.queue,
             wake: self.wake,
@@ -463,7 +584,8 @@ impl AwarenessBuilder {
             prune_passes: tokio::sync::watch::Sender::new(PrunePass::default()),
             upstream: self.upstream,
             turns: TurnLocks::default(),
-        }
+            writes: tokio::sync::watch::Sender::new(InFlight::default()),
+        })
     }
 }
 
@@ -568,7 +690,8 @@ impl Awareness {
     /// handed back with the write's result. A caller that gives up (drops its future: a turn's
     /// timeout, an aborted task) can therefore not separate a committed write from its
     /// delivery: a store may commit a write whose caller is gone (a group commit does), and its
-    /// notices would then sit in the cursors, unqueued and with no wake.
+    /// notices would then sit in the cursors, unqueued and with no wake. The task is counted in
+    /// `writes` until it ends, for [`Awareness::wait_for_writes`].
     async fn write_and_deliver<K, T, W>(
         &self,
         keep: K,
@@ -582,7 +705,11 @@ impl Awareness {
     {
         let queue = Arc::clone(&self.queue);
         let wake = Arc::clone(&self.wake);
+        let writing = Writing::start(&self.writes);
         tokio::spawn(async move {
+            // Bound first, so dropped last: once the write is no longer counted, it holds
+            // nothing (the write future, with its store handle, is dropped when it is done).
+            let _writing = writing;
             let written = write.await;
             if let Ok(w) = &written {
                 deliver_logged(&*queue, &*wake, notices(w));
@@ -590,6 +717,24 @@ impl Awareness {
             (keep, written)
         })
         .await
+    }
+
+    /// Waits until every store write this service had started when called has ended,
+    /// including those whose caller gave up on them: a recording, an acknowledgement or a sweep
+    /// runs to its end on a task of its own (see [`Awareness::try_record`]), holding the store
+    /// until then. Writes started after the call are not waited for. A write that never ends
+    /// (a store that hangs) makes this wait for good.
+    ///
+    /// Shutting down calls it before dropping the service, so that closing the store reaches
+    /// its last handle (see the crate docs); [`crate::MonitorTask::stop`] calls it for the
+    /// checks it abandons.
+    pub async fn wait_for_writes(&self) {
+        let mark = self.writes.borrow().next;
+        let mut writes = self.writes.subscribe();
+        // The sender lives as long as `self`: only the condition ends the wait.
+        let _ = writes
+            .wait_for(|w| w.running.first().is_none_or(|first| *first >= mark))
+            .await;
     }
 
     /// Records an event, best effort: a failure is logged and yields `None`.
@@ -630,6 +775,15 @@ impl Awareness {
     /// dedupe key are fitted as ids; an extra payload that makes the payload break the payload
     /// rules (over 4 KiB, or nested deeper than 64 levels) is left out (`{"turns": N}` stays).
     pub async fn human_message(&self, msg: HumanMessage) -> Option<Arc<Event>> {
+        match self.human_message_recorded(msg).await {
+            HumanRecorded::Event(event) => Some(event),
+            HumanRecorded::Unwatched | HumanRecorded::Failed(_) => None,
+        }
+    }
+
+    /// [`Awareness::human_message`], saying why nothing was recorded (each case is logged
+    /// here: a store failure with `warn!`, a session nothing watches with `debug!`).
+    pub(crate) async fn human_message_recorded(&self, msg: HumanMessage) -> HumanRecorded {
         let entry = msg
             .entry
             .clone()
@@ -644,11 +798,17 @@ impl Awareness {
                 })
                 .await;
             match watched {
-                Ok(c) if c.is_empty() => return None,
+                Ok(c) if c.is_empty() => {
+                    debug!(session_key = %msg.session, "human message not recorded: the session has no spawner, parent or watcher");
+                    return HumanRecorded::Unwatched;
+                }
                 Ok(_) => {}
                 Err(e) => {
-                    warn!(session_key = %msg.session, error = %ErrorChain(&e), "cannot tell whether the session is watched; not recording");
-                    return None;
+                    let e = ErrorChain(&e);
+                    warn!(session_key = %msg.session, error = %e, "cannot tell whether the session is watched; not recording");
+                    return HumanRecorded::Failed(format!(
+                        "cannot tell whether the session is watched: {e}"
+                    ));
                 }
             }
         }
@@ -694,7 +854,14 @@ impl Awareness {
         }
         .filter(|p| !p.is_empty());
         ev.watchers.extend(spawner);
-        self.record(ev).await.map(|r| r.event)
+        match self.try_record(ev).await {
+            Ok(r) => HumanRecorded::Event(r.event),
+            Err(e) => {
+                let e = ErrorChain(&e).to_string();
+                warn!(session_key = %msg.session, kind = %EventKind::HumanDirectMessage, error = %e, "session-state event not recorded");
+                HumanRecorded::Failed(e)
+            }
+        }
     }
 
     /// The session's goal changed; its spawner is notified unless it made the change.
@@ -756,6 +923,8 @@ impl Awareness {
     }
 
     /// A subagent was spawned: logs `child_spawned` on the child and seeds the requester's cursor.
+    /// An ACP child (DESIGN.md section 4 seeds its spawner's cursor too) goes through here as
+    /// well: the gateway calls this when it starts one, with the ACP run's id.
     ///
     /// The run id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)), the same
     /// way as by [`Awareness::subagent_ended`]; an empty one is left out, and so is then the
@@ -1003,7 +1172,8 @@ impl Awareness {
             .cloned()
             .collect();
         let mut out = HashMap::new();
-        for batch in visible.chunks(self.config.list_batch.max(1)) {
+        // At least 1: checked when the service was built.
+        for batch in visible.chunks(self.config.list_batch) {
             match self.store.heads(batch).await {
                 Ok(heads) => out.extend(
                     heads
@@ -1020,8 +1190,8 @@ impl Awareness {
     }
 
     /// `sessions_send` with `watch: true`: registers the watch only when the dispatch succeeded;
-    /// refused (`watched: false`) for a bare watcher, a self-watch or a target the requester
-    /// cannot see.
+    /// refused (`watched: false`, with a [`WatchRefusal`]) for a failed dispatch, a bare
+    /// watcher, a self-watch, a target the requester cannot see, or a store failure.
     pub async fn watch_after_send(
         &self,
         watcher: &SessionKey,
@@ -1029,22 +1199,24 @@ impl Awareness {
         target_agent: Option<&AgentId>,
         dispatched: bool,
     ) -> WatchOutcome {
-        let refused = WatchOutcome { watched: false };
         if !dispatched {
-            return refused;
+            return WatchOutcome::refused(WatchRefusal::NotDispatched);
         }
         let Ok(w) = protocol::check_watch(watcher, target) else {
-            return refused;
+            return WatchOutcome::refused(WatchRefusal::InvalidWatcher);
         };
         let r = self.target_ref(watcher, target, target_agent);
         if !self.visibility.can_see(&self.requester_ref(watcher), &r) {
-            return refused;
+            return WatchOutcome::refused(WatchRefusal::NotVisible);
         }
         match self.store.watch(&w, &r, self.clock.now()).await {
-            Ok(_) => WatchOutcome { watched: true },
+            Ok(_) => WatchOutcome {
+                watched: true,
+                refused: None,
+            },
             Err(e) => {
                 warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch not registered");
-                refused
+                WatchOutcome::refused(WatchRefusal::StoreFailed)
             }
         }
     }
@@ -1320,8 +1492,8 @@ impl Awareness {
     pub fn spawn_pruning(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let period = me.config.prune_interval.max(Duration::from_millis(1));
-            let mut tick = tokio::time::interval(period);
+            // At least 1 ms: checked when the service was built.
+            let mut tick = tokio::time::interval(me.config.prune_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await; // the first tick is immediate; start-up already pruned
             loop {

@@ -98,10 +98,18 @@ async fn store_failures_are_logged_with_their_cause() {
     assert!(svc.drain_turn(&manager).await.is_empty());
     svc.on_reset(&manager).await;
     svc.prune().await;
+    assert_eq!(
+        svc.watch_after_send(&manager, &child, None, true)
+            .await
+            .refused,
+        Some(gateway_adapter::WatchRefusal::StoreFailed),
+        "a watch the store failed to register says so"
+    );
 
     let lines = capture.lines();
     for (message, context) in [
         ("session-state event not recorded", "record"),
+        ("watch not registered", "watch"),
         ("cannot tell whether the session is watched", "read cursors"),
         ("cannot read the cursors to acknowledge", "read cursors"),
         ("reset: watches not removed", "reset watcher"),
@@ -187,4 +195,24 @@ async fn adopting_without_an_upstream_store_names_the_set_up_mistake() {
          (build the Awareness with .upstream(...))"
     );
     assert!(!err.is_retryable());
+}
+
+/// A human message in a session nothing watches (no spawner, parent or watcher) is not
+/// recorded, and says so in the log (at debug level: it is the common case, not a failure).
+#[tokio::test]
+async fn an_unrecorded_human_message_in_an_unwatched_session_is_logged() {
+    let capture = Capture::default();
+    let _logging = tracing::subscriber::set_default(capture.clone());
+    let svc = Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    let msg = HumanMessage::new(k("agent:main:alone"));
+    assert!(svc.human_message(msg).await.is_none());
+    let line = logged(&capture.lines(), "human message not recorded");
+    assert!(line.contains("no spawner, parent or watcher"), "{line}");
+    assert!(line.contains("session_key=agent:main:alone"), "{line}");
 }

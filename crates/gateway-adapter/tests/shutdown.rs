@@ -1,14 +1,25 @@
 //! The shutdown the crate docs describe: once the monitor is stopped, the pruning task aborted
-//! and awaited, and the service dropped, closing the store through its last handle leaves a
-//! file that holds every commit on its own.
+//! and awaited, the service's writes waited for and the service dropped, closing the store
+//! through its last handle leaves a file that holds every commit on its own; and a monitor
+//! stopped while one of its checks is inside a recording lets go of the store only once that
+//! recording has ended.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use awareness_core::{AwarenessStoreExt as _, SessionKey, SessionRef};
-use gateway_adapter::upstream::{JsonlProvider, UpstreamMonitor};
-use gateway_adapter::{
-    Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, RecordingWake, open_full_store,
+use awareness_core::testkit::hooked::{Call, Hook, Hooked};
+use awareness_core::{
+    AwarenessStore, AwarenessStoreExt as _, CursorStore as _, LinkSpec, SessionKey, SessionRef,
+    UpstreamLink, WatcherKey, async_trait,
 };
+use gateway_adapter::upstream::{CheckOutcome, JsonlProvider, UpstreamMonitor, UpstreamProvider};
+use gateway_adapter::{
+    Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, MonitorConfig, RecordingWake,
+    open_full_store,
+};
+use store_memory::MemoryStore;
+use tokio::sync::{Semaphore, mpsc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
@@ -47,6 +58,7 @@ async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
     drop(monitor);
     pruning.abort();
     let _ = pruning.await;
+    awareness.wait_for_writes().await;
     drop(awareness);
     assert_eq!(
         Arc::strong_count(&store),
@@ -65,5 +77,114 @@ async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
         alone.state_version(&r).await.unwrap(),
         event.sequence,
         "the file alone holds the recording"
+    );
+}
+
+/// Holds every recording, once armed, until the test closes `gate`; says when one got there.
+struct RecordGate {
+    armed: AtomicBool,
+    entered: mpsc::UnboundedSender<()>,
+    gate: Semaphore,
+}
+
+#[async_trait]
+impl Hook for RecordGate {
+    async fn before(&self, call: Call, _: &dyn AwarenessStore) {
+        if call == Call::Record && self.armed.load(Ordering::SeqCst) {
+            let _ = self.entered.send(());
+            // Closed by the test: the gate is open.
+            let _ = self.gate.acquire().await;
+        }
+    }
+}
+
+/// Finds one human turn at every check.
+struct OneTurn;
+
+#[async_trait]
+impl UpstreamProvider for OneTurn {
+    fn kind(&self) -> &'static str {
+        "one-turn"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        CheckOutcome::HumanTurns {
+            turns: 1,
+            dedupe_id: "turn-1".into(),
+            source_id: "node/thread".into(),
+            marker: serde_json::json!({"after": "turn-1"}),
+        }
+    }
+}
+
+/// Bug: a check aborted by `stop` while inside a recording left the recording running on a
+/// task of its own, holding the store after `stop` returned, so that closing the store did not
+/// reach its last handle.
+// One thread and tokio's paused clock: the sleep below returns once every other task waits,
+// so `stop` has either returned by then or is waiting for the recording.
+#[tokio::test(start_paused = true)]
+async fn a_monitor_stopped_inside_a_recording_lets_go_of_the_store_once_stop_returns() {
+    let links = Arc::new(MemoryStore::new());
+    let (entered, mut recording) = mpsc::unbounded_channel();
+    let store = Arc::new(Hooked {
+        inner: links.clone(),
+        hook: RecordGate {
+            armed: AtomicBool::new(false),
+            entered,
+            gate: Semaphore::new(0),
+        },
+    });
+    let awareness = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .upstream(links.clone())
+        .build(),
+    );
+    let session = SessionRef::parse("agent:main:remote", "main").unwrap();
+    awareness
+        .try_adopt(LinkSpec::new(
+            session.clone(),
+            "remote",
+            "node",
+            "thread",
+            "one-turn",
+        ))
+        .await
+        .unwrap();
+    links
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session,
+            awareness.now(),
+        )
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(awareness, links)
+        .provider(Arc::new(OneTurn))
+        .config(MonitorConfig {
+            first_tick: Duration::ZERO,
+            ..MonitorConfig::default()
+        })
+        .build();
+    store.hook.armed.store(true, Ordering::SeqCst);
+    let task = monitor.spawn();
+    recording
+        .recv()
+        .await
+        .expect("the check is inside its recording");
+
+    let stopping = tokio::spawn(task.stop());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.hook.gate.close();
+    stopping.await.expect("stop");
+    drop(monitor);
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "the recording of the stopped check still holds the store"
     );
 }

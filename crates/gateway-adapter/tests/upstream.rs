@@ -23,8 +23,9 @@ use awareness_core::{
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
 use gateway_adapter::upstream::paired::{PAGE_ITEMS, PairedMarker};
 use gateway_adapter::upstream::{
-    CheckOutcome, Detection, JsonlProvider, PairedError, PairedItem, PairedNodeClient,
-    PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor, UpstreamProvider,
+    CheckOutcome, Detection, JsonlProvider, MarkerMove, OwnPrompts as _, PairedError, PairedItem,
+    PairedNodeClient, PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor,
+    UpstreamProvider,
 };
 use gateway_adapter::{
     Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake, SystemEventQueue,
@@ -491,6 +492,47 @@ fn a_transcript_replaced_by_a_fifo_is_refused_without_blocking() {
     );
 }
 
+/// Bug: adopting a FIFO blocked for good (its open waits for a writer), while a check already
+/// refused one. Adoption refuses it, naming it, before opening it.
+#[cfg(target_os = "linux")]
+#[test]
+fn adopting_a_fifo_is_refused_without_blocking() {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fifo.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let (done, outcome) = std::sync::mpsc::channel();
+    let fifo = path.clone();
+    let adopter = std::thread::spawn(move || {
+        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+        done.send(jsonl::adoption(session, &fifo, None).map(|spec| spec.thread_id))
+            .ok();
+    });
+    // The timeout only keeps the test from hanging when the adoption blocks in its open.
+    let got = outcome.recv_timeout(Duration::from_mins(1));
+    // An adoption blocked in its open is let go by a writer (O_NONBLOCK: 0o4000 on Linux);
+    // with no reader waiting, this open fails, which is all right.
+    drop(
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(0o4000)
+            .open(&path),
+    );
+    adopter.join().expect("the adoption thread");
+    let got = got.expect("the adoption answered without a writer");
+    let e = got.expect_err("a FIFO is no transcript");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    let named = std::fs::canonicalize(&path).unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!("{} is not a regular file", named.display())
+    );
+}
+
 fn paired_link(marker: Option<Value>) -> UpstreamLink {
     let session = SessionRef::parse("agent:main:main", "main").unwrap();
     let mut spec = LinkSpec::new(
@@ -721,7 +763,7 @@ async fn monitor_records_one_event_per_burst_on_its_schedule() {
         Detection::HumanTurns {
             event,
             turns,
-            marker_advanced: true,
+            marker: MarkerMove::Moved,
             ..
         } => Some((event.clone(), *turns)),
         _ => None,
@@ -1151,6 +1193,101 @@ async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
     assert!(fresh.created);
 }
 
+/// Bug: the prompts kept for self-echo were forgotten only when the gateway said so, not when
+/// the monitor removed a link whose source stayed gone, so they stayed for every session ever
+/// adopted.
+#[tokio::test]
+async fn removing_a_link_forgets_its_own_prompts() {
+    let w = world();
+    let t = Transcript::new();
+    let gone = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let other = Transcript::new();
+    let kept = w
+        .adopt(&other, "agent:main:other", "main", "agent:main:main")
+        .await;
+    let prompts = Arc::new(RecentPrompts::new());
+    prompts.record(&gone, "run the tests");
+    prompts.record(&kept, "fix the build");
+    let monitor = w
+        .monitor()
+        .own_prompts(prompts.clone())
+        .config(gateway_adapter::MonitorConfig {
+            missing_checks: 1,
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    let mut rx = monitor.subscribe();
+    std::fs::remove_file(&t.path).unwrap();
+    monitor.tick().await;
+    assert!(
+        published(&mut rx).iter().any(|d| matches!(
+            d,
+            Detection::UpstreamMissing {
+                link_removed: true,
+                ..
+            }
+        )),
+        "the link is removed"
+    );
+    assert_eq!(
+        prompts.recent(&gone),
+        Vec::<String>::new(),
+        "the removed link's prompts are forgotten"
+    );
+    assert_eq!(prompts.recent(&kept), vec!["fix the build".to_owned()]);
+}
+
+/// Finds one human turn, after removing every watch of the session it checks (as a watcher
+/// that unwatches while the check runs).
+struct UnwatchDuringCheck(Arc<MemoryStore>);
+
+#[async_trait]
+impl UpstreamProvider for UnwatchDuringCheck {
+    fn kind(&self) -> &'static str {
+        "unwatch"
+    }
+
+    async fn check(&self, link: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        self.0
+            .unwatch(&watcher, &link.session.session_key)
+            .await
+            .unwrap();
+        CheckOutcome::HumanTurns {
+            turns: 1,
+            dedupe_id: "turn-1".into(),
+            source_id: "h/t".into(),
+            marker: json!({"after": "turn-1"}),
+        }
+    }
+}
+
+/// Bug: human turns found in a session whose watch went during the check were not recorded,
+/// and the monitor published only "the human turns were not recorded", relying on a log of the
+/// service that was never written (an unwatched session is not a failure there).
+#[tokio::test]
+async fn turns_not_recorded_because_nothing_watches_any_more_say_so() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "unwatch").await;
+    let monitor = UpstreamMonitor::builder(w.awareness.clone(), w.store.clone())
+        .provider(Arc::new(UnwatchDuringCheck(w.store.clone())))
+        .build();
+    let mut rx = monitor.subscribe();
+    monitor.tick().await;
+    let failed: Vec<String> = published(&mut rx)
+        .iter()
+        .filter(|d| matches!(d, Detection::Failed { .. }))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        failed[0].contains("nothing watches the session any more"),
+        "{failed:?}"
+    );
+}
+
 /// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
 fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
     let flaky = Arc::new(Flaky {
@@ -1225,32 +1362,27 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
     let mut rx = monitor.subscribe();
     monitor.tick().await;
     let first = next(&mut rx, |d| match d {
-        Detection::HumanTurns {
-            event,
-            marker_advanced,
-            ..
-        } => Some((event.sequence, *marker_advanced)),
+        Detection::HumanTurns { event, marker, .. } => Some((event.sequence, marker.clone())),
         _ => None,
     })
     .await;
-    assert!(!first.1);
+    assert!(
+        matches!(&first.1, MarkerMove::Failed(why) if why.contains("disk full")),
+        "{first:?}"
+    );
     assert_eq!(
         w.store.link(&session).await.unwrap().unwrap().marker,
         before.marker
     );
     monitor.tick().await;
     let second = next(&mut rx, |d| match d {
-        Detection::HumanTurns {
-            event,
-            marker_advanced,
-            ..
-        } => Some((event.sequence, *marker_advanced)),
+        Detection::HumanTurns { event, marker, .. } => Some((event.sequence, marker.clone())),
         _ => None,
     })
     .await;
     assert_eq!(
         second,
-        (first.0, true),
+        (first.0, MarkerMove::Moved),
         "the same event, and now the marker moved"
     );
     assert_eq!(
@@ -1274,13 +1406,11 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
     t.human("third");
     monitor.tick().await;
     let advanced = next(&mut rx, |d| match d {
-        Detection::HumanTurns {
-            marker_advanced, ..
-        } => Some(*marker_advanced),
+        Detection::HumanTurns { marker, .. } => Some(marker.clone()),
         _ => None,
     })
     .await;
-    assert!(!advanced);
+    assert_eq!(advanced, MarkerMove::LinkChanged);
     let link = w.store.link(&session).await.unwrap().unwrap();
     assert_eq!(
         jsonl::path_of(&link).unwrap(),
@@ -1290,6 +1420,93 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
         link.marker,
         Some(jsonl::marker_at_end(&other.path).unwrap().to_value()),
         "the new source keeps its own marker"
+    );
+}
+
+/// The detections published so far.
+fn published(rx: &mut broadcast::Receiver<Detection>) -> Vec<Detection> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+/// Bug: a marker move the store failed was published as "the link changed meanwhile; marker
+/// kept" after human turns, and not at all after an unchanged or a rebased check (a rebase was
+/// even published though its marker was not stored).
+#[tokio::test(start_paused = true)]
+async fn a_failed_marker_move_is_published_with_its_cause() {
+    let w = world();
+    let mut t = Transcript::new();
+    w.adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let flaky = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(0),
+    });
+    let monitor = UpstreamMonitor::builder(w.awareness.clone(), flaky.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    let texts = |ds: &[Detection]| ds.iter().map(ToString::to_string).collect::<Vec<_>>();
+
+    // Human turns: the event is stored, the marker is not.
+    t.human("first");
+    flaky.fail_moves.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    let human: Vec<String> = published(&mut rx)
+        .iter()
+        .filter(|d| matches!(d, Detection::HumanTurns { .. }))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(human.len(), 1, "{human:?}");
+    assert!(
+        human[0].contains("marker not moved") && human[0].contains("disk full"),
+        "{human:?}"
+    );
+    assert!(!human[0].contains("link changed"), "{human:?}");
+    monitor.tick().await; // the marker moves now (the record is a dedupe hit)
+    published(&mut rx);
+
+    // Rows that are no human turns: the marker should move past them, and does not.
+    t.model_turn();
+    flaky.fail_moves.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    let ds = published(&mut rx);
+    let failed: Vec<&Detection> = ds
+        .iter()
+        .filter(|d| matches!(d, Detection::Failed { .. }))
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", texts(&ds));
+    assert!(
+        failed[0].to_string().contains("disk full"),
+        "{:?}",
+        texts(&ds)
+    );
+
+    // A truncated transcript: the rebase is not stored, so it is a failure, not a rebase.
+    File::create(&t.path).unwrap();
+    flaky.fail_moves.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    let ds = published(&mut rx);
+    assert!(
+        !ds.iter().any(|d| matches!(d, Detection::Rebased { .. })),
+        "{:?}",
+        texts(&ds)
+    );
+    let failed: Vec<String> = ds
+        .iter()
+        .filter(|d| matches!(d, Detection::Failed { .. }))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", texts(&ds));
+    assert!(
+        failed[0].contains("replaced or truncated") && failed[0].contains("disk full"),
+        "{failed:?}"
+    );
+    // With the store working again, the next tick rebases.
+    monitor.tick().await;
+    assert!(
+        published(&mut rx)
+            .iter()
+            .any(|d| matches!(d, Detection::Rebased { .. }))
     );
 }
 

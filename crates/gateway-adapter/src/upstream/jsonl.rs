@@ -44,6 +44,7 @@ use tracing::debug;
 
 use super::transcript::{LineEnd, LineScanner, classify};
 use super::{CheckOutcome, UpstreamProvider};
+use crate::config::ConfigError;
 
 /// The `upstream_kind` of a local JSONL transcript.
 pub const LOCAL_JSONL: &str = "local-jsonl";
@@ -188,13 +189,33 @@ fn marker_at_end_of(file: &mut File, limit: u64) -> std::io::Result<JsonlMarker>
 /// right now does. It reads back at most [`MAX_BYTES_PER_TICK`] from the end: a last line that
 /// started before them (an unfinished line of several MB, or a file without any newline) is
 /// skipped to its end, not classified. Blocking.
+///
+/// A path that is not a regular file (a FIFO, whose open would block until a writer came, a
+/// directory, a device) is refused before it is opened, with an
+/// [`ErrorKind::InvalidInput`] error naming it.
 pub fn marker_at_end(path: &Path) -> std::io::Result<JsonlMarker> {
-    marker_at_end_of(&mut File::open(path)?, MAX_BYTES_PER_TICK)
+    let not_a_file = || {
+        std::io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        )
+    };
+    // Before opening: opening a FIFO for reading blocks until a writer comes.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_a_file());
+    }
+    let mut file = File::open(path)?;
+    // Replaced between the two looks: still refused, if only once opened.
+    if !file.metadata()?.is_file() {
+        return Err(not_a_file());
+    }
+    marker_at_end_of(&mut file, MAX_BYTES_PER_TICK)
 }
 
 /// What [`crate::Awareness::adopt`] needs to adopt a transcript for `session`: catalog
 /// `claude-code`, host `local`, the file's stem as the thread (unless given), the absolute path
-/// as reference and [`marker_at_end`] as the marker. Blocking.
+/// as reference and [`marker_at_end`] as the marker. Blocking; a path that is not a regular
+/// file is refused without being opened ([`marker_at_end`]).
 pub fn adoption(
     session: SessionRef,
     path: &Path,
@@ -387,11 +408,27 @@ impl JsonlProvider {
         }
     }
 
-    /// At most `bytes` a check (at least 1).
+    /// At most `bytes` a check.
+    ///
+    /// # Panics
+    ///
+    /// On a budget of 0 (a check could read nothing), with the [`ConfigError`]'s text. A
+    /// budget that comes from a user goes through [`JsonlProvider::try_with_budget`].
     #[must_use]
-    pub fn with_budget(mut self, bytes: u64) -> Self {
-        self.budget = bytes.max(1);
-        self
+    pub fn with_budget(self, bytes: u64) -> Self {
+        self.try_with_budget(bytes)
+            .unwrap_or_else(|e| panic!("invalid JSONL provider budget: {e}"))
+    }
+
+    /// At most `bytes` a check, or a [`ConfigError`] for a budget of 0.
+    pub fn try_with_budget(mut self, bytes: u64) -> Result<Self, ConfigError> {
+        crate::config::at_least_one(
+            "JsonlProvider.budget",
+            bytes,
+            "it must be at least 1 byte: a check reads at most this many bytes",
+        )?;
+        self.budget = bytes;
+        Ok(self)
     }
 }
 

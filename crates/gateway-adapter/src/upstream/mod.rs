@@ -78,7 +78,7 @@ use serde_json::Value;
 
 pub use jsonl::{JsonlMarker, JsonlProvider, LOCAL_JSONL};
 pub use monitor::{
-    Detection, MonitorBuilder, MonitorConfig, MonitorTask, TickReport, UpstreamMonitor,
+    Detection, MarkerMove, MonitorBuilder, MonitorConfig, MonitorTask, TickReport, UpstreamMonitor,
 };
 pub use paired::{
     PAIRED_NODE, PairedError, PairedItem, PairedNodeClient, PairedNodeProvider, PairedPage,
@@ -198,10 +198,19 @@ impl RunActivity for RunTracker {
 pub trait OwnPrompts: Send + Sync {
     /// The session's most recent own prompts, oldest first (the monitor uses the last 10).
     fn recent(&self, session: &SessionRef) -> Vec<String>;
+
+    /// The monitor removed the session's upstream link (its source stayed gone): its prompts
+    /// are not needed any more (adopting it again starts from the source's end). The default
+    /// keeps them.
+    fn forget(&self, session: &SessionRef) {
+        let _ = session;
+    }
 }
 
 /// Remembers the last 10 prompts of each session in memory: call [`RecentPrompts::record`]
-/// whenever the gateway sends a prompt into an adopted session.
+/// whenever the gateway sends a prompt into an adopted session, and
+/// [`RecentPrompts::forget`] when the session is deleted; the monitor forgets a session whose
+/// link it removes.
 #[derive(Debug, Default)]
 pub struct RecentPrompts {
     by_session: Mutex<HashMap<SessionRef, VecDeque<String>>>,
@@ -235,6 +244,10 @@ impl OwnPrompts for RecentPrompts {
             .get(session)
             .map(|q| q.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    fn forget(&self, session: &SessionRef) {
+        RecentPrompts::forget(self, session);
     }
 }
 

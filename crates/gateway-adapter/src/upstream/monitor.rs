@@ -20,7 +20,8 @@
 //!    again) ends with a new turn and is recorded as a new event, never skipped;
 //! 5. counts, per link, consecutive checks that found the source gone: at the third it records
 //!    one `upstream_missing` (`upstream missing via <catalogId>`, `{"channel": "<catalogId>"}`)
-//!    and removes the link (only if it has not changed meanwhile). A check that fails neither
+//!    and removes the link (only if it has not changed meanwhile), and tells the own-prompts
+//!    port to forget the session ([`super::OwnPrompts::forget`]). A check that fails neither
 //!    counts nor resets.
 //!
 //! Every link is monitored on its own, so several agents adopting one external thread are each
@@ -43,15 +44,16 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
+use crate::config::{self, ConfigError};
 use crate::fit::Fit;
 
 use super::{CheckOutcome, NoRuns, OwnPrompts, RecentPrompts, RunActivity, UpstreamProvider};
-use crate::service::{Awareness, HumanMessage};
+use crate::service::{Awareness, HumanMessage, HumanRecorded};
 
 /// Far enough to mean never: a first tick beyond what the clock can reach waits this long.
 const FOREVER: Duration = Duration::from_hours(100 * 365 * 24);
 
-/// When and how long the monitor checks.
+/// When and how long the monitor checks ([`MonitorConfig::validate`] says what is accepted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MonitorConfig {
     /// Delay before the first tick (default 15 s).
@@ -62,6 +64,31 @@ pub struct MonitorConfig {
     pub provider_timeout: Duration,
     /// Consecutive `missing` checks before `upstream_missing` (default 3).
     pub missing_checks: u32,
+}
+
+impl MonitorConfig {
+    /// Refuses timing the monitor cannot run on: an `interval` below 1 ms (the ticks would
+    /// run back to back), a `provider_timeout` below 1 ms (every check would time out) and a
+    /// `missing_checks` of 0. Any `first_tick` is accepted (one beyond what the clock can
+    /// reach means never).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        config::at_least_1ms(
+            "MonitorConfig.interval",
+            self.interval,
+            "it must be at least 1 ms: a shorter interval runs the ticks back to back",
+        )?;
+        config::at_least_1ms(
+            "MonitorConfig.provider_timeout",
+            self.provider_timeout,
+            "it must be at least 1 ms: a shorter timeout fails every check as timed out",
+        )?;
+        config::at_least_one(
+            "MonitorConfig.missing_checks",
+            self.missing_checks.into(),
+            "it must be at least 1: it counts the checks that find the source gone before \
+             upstream_missing is recorded",
+        )
+    }
 }
 
 impl Default for MonitorConfig {
@@ -92,6 +119,39 @@ pub struct TickReport {
     pub no_provider: usize,
 }
 
+/// What became of a link's marker once a check's result was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerMove {
+    /// The marker moved past the rows read.
+    Moved,
+    /// The link changed during the check (it was adopted again, or removed): the marker was
+    /// left as the link now has it.
+    LinkChanged,
+    /// The store failed to move the marker (the error, with its causes): the next check reads
+    /// the same rows again.
+    Failed(String),
+}
+
+impl MarkerMove {
+    /// Whether the marker moved.
+    pub fn is_moved(&self) -> bool {
+        matches!(self, MarkerMove::Moved)
+    }
+}
+
+impl fmt::Display for MarkerMove {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MarkerMove::Moved => f.write_str("marker moved"),
+            MarkerMove::LinkChanged => f.write_str("the link changed meanwhile; marker kept"),
+            MarkerMove::Failed(error) => write!(
+                f,
+                "marker not moved: {error}; the same rows are read again next tick"
+            ),
+        }
+    }
+}
+
 /// Something the monitor found or did, published to [`UpstreamMonitor::subscribe`]rs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Detection {
@@ -105,8 +165,10 @@ pub enum Detection {
         turns: u32,
         /// The stored event (for a dedupe hit, the one stored first).
         event: Arc<Event>,
-        /// Whether the marker moved past them (false when the link changed during the scan).
-        marker_advanced: bool,
+        /// What became of the marker: moved past the turns, kept because the link changed
+        /// during the scan, or not moved because the store failed (the same rows are then read
+        /// again next tick, and the event's dedupe key makes recording them again a no-op).
+        marker: MarkerMove,
     },
     /// The source was not found (`consecutive` checks in a row so far).
     Missing {
@@ -127,7 +189,9 @@ pub enum Detection {
         link_removed: bool,
     },
     /// The source was replaced or truncated, or the link had no marker: the marker moved to
-    /// the source's current end.
+    /// the source's current end. Published only once that marker is stored: when the link
+    /// changed during the scan nothing is published (the link's new marker stays), and when
+    /// the store fails to move it the detection is [`Detection::Failed`].
     Rebased {
         /// The adopted session.
         session: SessionRef,
@@ -137,7 +201,8 @@ pub enum Detection {
         /// The adopted session.
         session: SessionRef,
     },
-    /// A check failed or timed out, or its result could not be stored; retried next tick.
+    /// A check failed or timed out, or its result could not be stored (the marker of an
+    /// unchanged or rebased source included); retried next tick.
     Failed {
         /// The adopted session.
         session: SessionRef,
@@ -156,15 +221,15 @@ impl fmt::Display for Detection {
                 catalog_id,
                 turns,
                 event,
-                marker_advanced,
+                marker,
             } => {
                 write!(
                     f,
                     "human: {session}: {turns} turn(s) via {catalog_id}, event #{}",
                     event.sequence
                 )?;
-                if !marker_advanced {
-                    f.write_str(" (the link changed meanwhile; marker kept)")?;
+                if !marker.is_moved() {
+                    write!(f, " ({marker})")?;
                 }
                 Ok(())
             }
@@ -241,7 +306,7 @@ impl MonitorBuilder {
         self
     }
 
-    /// Sets the timing.
+    /// Sets the timing (checked by [`MonitorBuilder::try_build`] and [`MonitorBuilder::build`]).
     #[must_use]
     pub fn config(mut self, config: MonitorConfig) -> Self {
         self.config = config;
@@ -249,10 +314,12 @@ impl MonitorBuilder {
     }
 
     /// The monitor (not running yet: see [`UpstreamMonitor::spawn`] and
-    /// [`UpstreamMonitor::tick`]).
-    pub fn build(self) -> UpstreamMonitor {
+    /// [`UpstreamMonitor::tick`]), or the [`ConfigError`] of a timing
+    /// [`MonitorConfig::validate`] refuses.
+    pub fn try_build(self) -> Result<UpstreamMonitor, ConfigError> {
+        self.config.validate()?;
         let (events, _) = broadcast::channel(1024);
-        UpstreamMonitor {
+        Ok(UpstreamMonitor {
             inner: Arc::new(Inner {
                 awareness: self.awareness,
                 links: self.links,
@@ -265,7 +332,20 @@ impl MonitorBuilder {
                 ticks: AtomicU64::new(0),
                 one_tick: tokio::sync::Mutex::new(()),
             }),
-        }
+        })
+    }
+
+    /// The monitor (not running yet: see [`UpstreamMonitor::spawn`] and
+    /// [`UpstreamMonitor::tick`]).
+    ///
+    /// # Panics
+    ///
+    /// On a timing [`MonitorConfig::validate`] refuses (a zero interval, timeout or count),
+    /// with the [`ConfigError`]'s text. Timing that comes from a user goes through
+    /// [`MonitorBuilder::try_build`].
+    pub fn build(self) -> UpstreamMonitor {
+        self.try_build()
+            .unwrap_or_else(|e| panic!("invalid upstream monitor configuration: {e}"))
     }
 }
 
@@ -313,8 +393,11 @@ impl MonitorTask {
     /// Stops the task (a tick in progress is abandoned: every store write is atomic and the
     /// marker moves only after its event, so the next run reads again from the stored marker;
     /// see the module docs for why that neither records a burst twice nor skips a turn typed
-    /// meanwhile) and waits for it to end, the checks of an abandoned tick included: once this
-    /// returns, the task holds nothing of the monitor or its store.
+    /// meanwhile) and waits for it to end, the checks of an abandoned tick included, and then
+    /// for the store writes the service had started by then ([`Awareness::wait_for_writes`]: a
+    /// recording an abandoned check had started runs to its end on a task of its own). Once
+    /// this returns, neither the task nor a write it started holds anything of the monitor or
+    /// its store. A store write that never ends makes this wait for good.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.handle.await
@@ -370,8 +453,8 @@ impl UpstreamMonitor {
             let start = now
                 .checked_add(inner.config.first_tick)
                 .unwrap_or_else(|| now + FOREVER);
-            let period = inner.config.interval.max(Duration::from_millis(1));
-            let mut ticks = tokio::time::interval_at(start, period);
+            // At least 1 ms: checked when the monitor was built.
+            let mut ticks = tokio::time::interval_at(start, inner.config.interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // Outlives each tick, so that the checks of a tick abandoned by `stop` are not
             // only aborted but waited for below.
@@ -392,6 +475,9 @@ impl UpstreamMonitor {
             // task is dropped, on whichever thread runs it next: wait for that, so that nothing
             // of the monitor holds the store once `stop` returns.
             checks.shutdown().await;
+            // A recording an aborted check had started runs on to its end on a task of its
+            // own, holding the store: wait for it too.
+            inner.awareness.wait_for_writes().await;
             debug!("upstream monitor stopped");
         });
         MonitorTask { stop, handle }
@@ -512,14 +598,30 @@ impl Inner {
         match outcome {
             CheckOutcome::Unchanged { marker } => {
                 self.found(&session);
-                if link.marker.as_ref() != Some(&marker) {
-                    self.advance(&link, marker).await;
+                if link.marker.as_ref() != Some(&marker)
+                    && let MarkerMove::Failed(error) = self.advance(&link, marker).await
+                {
+                    self.emit(Detection::Failed {
+                        session,
+                        error: format!(
+                            "the marker was not moved past the rows read: {error}; they are read again next tick"
+                        ),
+                    });
                 }
             }
             CheckOutcome::Rebased { marker } => {
                 self.found(&session);
-                self.advance(&link, marker).await;
-                self.emit(Detection::Rebased { session });
+                match self.advance(&link, marker).await {
+                    MarkerMove::Moved => self.emit(Detection::Rebased { session }),
+                    // The link was adopted again or removed: its new state stands.
+                    MarkerMove::LinkChanged => {}
+                    MarkerMove::Failed(error) => self.emit(Detection::Failed {
+                        session,
+                        error: format!(
+                            "the source was replaced or truncated, but its new marker was not stored: {error}; retried next tick"
+                        ),
+                    }),
+                }
             }
             CheckOutcome::HumanTurns {
                 turns,
@@ -543,22 +645,24 @@ impl Inner {
         self.missing_counts().remove(session);
     }
 
-    /// Moves the marker if the link is still the one the tick read.
-    async fn advance(&self, link: &UpstreamLink, marker: Value) -> bool {
+    /// Moves the marker if the link is still the one the tick read, and says what became of it
+    /// (a store failure is logged here).
+    async fn advance(&self, link: &UpstreamLink, marker: Value) -> MarkerMove {
         let now = self.awareness.now();
         match self
             .links
             .set_marker(&link.session, link.updated_at, marker, now)
             .await
         {
-            Ok(true) => true,
+            Ok(true) => MarkerMove::Moved,
             Ok(false) => {
                 debug!(session_key = %link.session.session_key, "the link changed during the scan; its marker stays");
-                false
+                MarkerMove::LinkChanged
             }
             Err(e) => {
-                warn!(session_key = %link.session.session_key, error = %ErrorChain(&e), "upstream marker not moved; the same rows are read again next tick");
-                false
+                let error = ErrorChain(&e).to_string();
+                warn!(session_key = %link.session.session_key, error = %error, "upstream marker not moved; the same rows are read again next tick");
+                MarkerMove::Failed(error)
             }
         }
     }
@@ -577,21 +681,36 @@ impl Inner {
         msg.channel = Some(link.catalog_id.clone());
         msg.dedupe_key = Some(upstream::human_dedupe_key(link, source_id, dedupe_id));
         msg.turns = turns;
-        let Some(event) = self.awareness.human_message(msg).await else {
-            // Logged by the service; the marker stays, so the turns are read again next tick.
-            self.emit(Detection::Failed {
-                session,
-                error: "the human turns were not recorded; the marker stays".into(),
-            });
-            return;
+        // Logged by the service either way; the marker stays.
+        let event = match self.awareness.human_message_recorded(msg).await {
+            HumanRecorded::Event(event) => event,
+            HumanRecorded::Unwatched => {
+                self.emit(Detection::Failed {
+                    session,
+                    error: "the human turns were not recorded: nothing watches the session any \
+                            more (its watch went during the check); the marker stays"
+                        .into(),
+                });
+                return;
+            }
+            HumanRecorded::Failed(error) => {
+                self.emit(Detection::Failed {
+                    session,
+                    error: format!(
+                        "the human turns were not recorded: {error}; the marker stays, so they \
+                         are read again next tick"
+                    ),
+                });
+                return;
+            }
         };
-        let marker_advanced = self.advance(link, marker).await;
+        let marker = self.advance(link, marker).await;
         self.emit(Detection::HumanTurns {
             session,
             catalog_id: link.catalog_id.clone(),
             turns,
             event,
-            marker_advanced,
+            marker,
         });
     }
 
@@ -608,7 +727,7 @@ impl Inner {
             entry.1 += 1;
             entry.1
         };
-        if consecutive < self.config.missing_checks.max(1) {
+        if consecutive < self.config.missing_checks {
             self.emit(Detection::Missing {
                 session,
                 consecutive,
@@ -655,6 +774,7 @@ impl Inner {
         };
         if link_removed {
             self.found(&session);
+            self.prompts.forget(&session);
         }
         self.emit(Detection::UpstreamMissing {
             session,

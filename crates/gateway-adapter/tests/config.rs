@@ -1,0 +1,218 @@
+//! Settings that cannot work are refused before anything starts, each with an error naming the
+//! setting; the defaults pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use awareness_core::RetentionPolicy;
+use awareness_core::error::ErrorChain;
+use gateway_adapter::upstream::{JsonlProvider, MonitorConfig, UpstreamMonitor};
+use gateway_adapter::{
+    Awareness, AwarenessBuilder, AwarenessConfig, ConfigError, InMemoryDirectory, InMemoryQueue,
+    RecordingWake,
+};
+use store_memory::MemoryStore;
+
+fn builder() -> AwarenessBuilder {
+    Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+}
+
+fn awareness() -> Arc<Awareness> {
+    Arc::new(builder().build())
+}
+
+/// The error's setting and its whole text.
+fn named(e: &ConfigError) -> (&'static str, String) {
+    (e.field(), ErrorChain(e).to_string())
+}
+
+#[test]
+fn the_defaults_and_any_first_tick_pass() {
+    MonitorConfig::default().validate().expect("default timing");
+    AwarenessConfig::default()
+        .validate()
+        .expect("default settings");
+    for first_tick in [Duration::ZERO, Duration::MAX] {
+        MonitorConfig {
+            first_tick,
+            ..MonitorConfig::default()
+        }
+        .validate()
+        .expect("any first tick");
+    }
+    let tight = MonitorConfig {
+        interval: Duration::from_millis(1),
+        provider_timeout: Duration::from_millis(1),
+        missing_checks: 1,
+        ..MonitorConfig::default()
+    };
+    tight.validate().expect("the least accepted timing");
+    assert!(builder().try_build().is_ok());
+    assert!(JsonlProvider::new().try_with_budget(1).is_ok());
+    assert!(InMemoryQueue::try_with_capacity(1).is_ok());
+}
+
+#[test]
+fn refused_monitor_timing_names_its_field() {
+    let cases = [
+        (
+            MonitorConfig {
+                interval: Duration::ZERO,
+                ..MonitorConfig::default()
+            },
+            "MonitorConfig.interval",
+            "back to back",
+        ),
+        (
+            MonitorConfig {
+                interval: Duration::from_micros(999),
+                ..MonitorConfig::default()
+            },
+            "MonitorConfig.interval",
+            "at least 1 ms",
+        ),
+        (
+            MonitorConfig {
+                provider_timeout: Duration::ZERO,
+                ..MonitorConfig::default()
+            },
+            "MonitorConfig.provider_timeout",
+            "timed out",
+        ),
+        (
+            MonitorConfig {
+                missing_checks: 0,
+                ..MonitorConfig::default()
+            },
+            "MonitorConfig.missing_checks",
+            "at least 1",
+        ),
+    ];
+    let store = Arc::new(MemoryStore::new());
+    for (config, field, why) in cases {
+        let e = config.validate().expect_err(field);
+        let (got, text) = named(&e);
+        assert_eq!(got, field, "{text}");
+        assert!(
+            text.starts_with(field) && text.contains(why),
+            "{field}: {text}"
+        );
+        let built = UpstreamMonitor::builder(awareness(), store.clone())
+            .config(config)
+            .try_build();
+        assert_eq!(
+            built.map(|_| ()).unwrap_err(),
+            e,
+            "try_build refuses it too"
+        );
+    }
+}
+
+#[test]
+fn refused_service_settings_name_their_field() {
+    let cases = [
+        (
+            AwarenessConfig {
+                retention: RetentionPolicy {
+                    max_age_ms: 0,
+                    ..RetentionPolicy::default()
+                },
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.retention",
+            "maxAgeMs is 0",
+        ),
+        (
+            AwarenessConfig {
+                retention: RetentionPolicy {
+                    max_rows: 0,
+                    ..RetentionPolicy::default()
+                },
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.retention",
+            "maxRows is 0",
+        ),
+        (
+            AwarenessConfig {
+                prune_interval: Duration::ZERO,
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.prune_interval",
+            "back to back",
+        ),
+        (
+            AwarenessConfig {
+                list_batch: 0,
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.list_batch",
+            "at least 1",
+        ),
+    ];
+    for (config, field, why) in cases {
+        let e = config.validate().expect_err(field);
+        let (got, text) = named(&e);
+        assert_eq!(got, field, "{text}");
+        assert!(
+            text.starts_with(field) && text.contains(why),
+            "{field}: {text}"
+        );
+        let built = builder().config(config).try_build();
+        assert_eq!(
+            built.map(|_| ()).unwrap_err(),
+            e,
+            "try_build refuses it too"
+        );
+    }
+}
+
+#[test]
+fn a_zero_budget_or_capacity_names_its_setting() {
+    let e = JsonlProvider::new().try_with_budget(0).unwrap_err();
+    assert_eq!(e.field(), "JsonlProvider.budget", "{e}");
+    let e = InMemoryQueue::try_with_capacity(0).unwrap_err();
+    assert_eq!(e.field(), "InMemoryQueue.capacity", "{e}");
+}
+
+#[test]
+#[should_panic(expected = "AwarenessConfig.retention: retention policy: cursorIdleMs is 0")]
+fn the_infallible_service_builder_panics_on_a_refused_setting() {
+    let _ = builder()
+        .config(AwarenessConfig {
+            retention: RetentionPolicy {
+                cursor_idle_ms: 0,
+                ..RetentionPolicy::default()
+            },
+            ..AwarenessConfig::default()
+        })
+        .build();
+}
+
+#[test]
+#[should_panic(expected = "MonitorConfig.interval is 0ns")]
+fn the_infallible_monitor_builder_panics_on_a_refused_setting() {
+    let _ = UpstreamMonitor::builder(awareness(), Arc::new(MemoryStore::new()))
+        .config(MonitorConfig {
+            interval: Duration::ZERO,
+            ..MonitorConfig::default()
+        })
+        .build();
+}
+
+#[test]
+#[should_panic(expected = "InMemoryQueue.capacity is 0")]
+fn a_zero_capacity_queue_panics() {
+    let _ = InMemoryQueue::with_capacity(0);
+}
+
+#[test]
+#[should_panic(expected = "JsonlProvider.budget is 0")]
+fn a_zero_budget_provider_panics() {
+    let _ = JsonlProvider::new().with_budget(0);
+}

@@ -85,17 +85,39 @@ pub(crate) fn agent_for(
     AgentId::new(a).map_err(|e| invalid(&e))
 }
 
-/// Whether a command only reads (it must never create a file).
-fn read_only(c: &Command) -> bool {
-    matches!(
-        c,
+/// What a command may do to its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Only reads: opens the store read-only, never creates a file and never writes to one.
+    Read,
+    /// Writes to a store that must exist: a missing file is refused, and none is created.
+    Write,
+    /// Puts something new into the store (`record`, `watch`, `adopt`, `demo`): a missing file
+    /// is created.
+    Create,
+}
+
+/// What `c` may do to its store. Only the commands that put something new into a store create
+/// a missing file: the others, on a mistyped path, would report that an empty store holds
+/// nothing to do.
+fn access(c: &Command) -> Access {
+    match c {
         Command::Status { .. }
-            | Command::List { .. }
-            | Command::Cursors { .. }
-            | Command::Tail { .. }
-            | Command::Doctor
-            | Command::Prune { dry_run: true }
-    )
+        | Command::List { .. }
+        | Command::Cursors { .. }
+        | Command::Tail { .. }
+        | Command::Doctor
+        | Command::Prune { dry_run: true } => Access::Read,
+        Command::Record(_) | Command::Watch { .. } | Command::Adopt(_) | Command::Demo => {
+            Access::Create
+        }
+        Command::Unwatch { .. }
+        | Command::Ack { .. }
+        | Command::Sweep
+        | Command::Prune { dry_run: false }
+        | Command::Monitor(_)
+        | Command::Repair => Access::Write,
+    }
 }
 
 async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
@@ -103,14 +125,15 @@ async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
     Ok(store)
 }
 
-/// Opens the store with its upstream links (`adopt`, `monitor`); a read command opens it
-/// read-only: it never creates the file, and never writes to it (not even a migration).
-/// `monitor`, which keeps the file open, lets read commands in meanwhile (redb's live
-/// readers; SQLite always does).
+/// Opens the store with its upstream links. A read command opens it read-only: it never
+/// creates the file, and never writes to it (not even a migration). Only `record`, `watch`,
+/// `adopt` and `demo` create a missing file; every other command refuses it with a failure
+/// naming the path. `monitor`, which keeps the file open, lets read commands in meanwhile
+/// (redb's live readers; SQLite always does).
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
-    let only_reads = read_only(&cli.command);
-    let create = !only_reads;
+    let access = access(&cli.command);
+    let create = access == Access::Create;
     if !create {
         let path = match &url {
             StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
@@ -118,7 +141,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         };
         if let Some(p) = path.filter(|p| !p.exists()) {
             return Err(CliError::failure(format!(
-                "no store at {} (a read command never creates one)",
+                "no store at {} (only record, watch, adopt and demo create one)",
                 p.display()
             )));
         }
@@ -126,8 +149,9 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
     open_full_store_with(
         &cli.store,
         OpenOptions {
+            // Also refused by the open itself when the file goes between the check and it.
             create_if_missing: create,
-            read_only: only_reads,
+            read_only: access == Access::Read,
             live_readers: matches!(cli.command, Command::Monitor(_)),
         },
     )
@@ -611,22 +635,49 @@ async fn record(
     }
 }
 
-/// Reads the whole log in pages.
-async fn all_events(store: &dyn AwarenessStore) -> Result<Vec<Arc<Event>>, CliError> {
-    let mut all = Vec::new();
+/// How many events one read of the log asks for while `prune --dry-run` counts it: the largest
+/// page a reconcile returns, so that counting holds one page of events at a time.
+const PRUNE_PAGE: usize = awareness_core::reconcile::MAX_PAGE_LIMIT;
+
+/// What a pruning pass at `now` would delete, counted without deleting anything: the log is
+/// read a page at a time and only counted ([`retention::preview`] counts each page's events
+/// older than the cutoff; [`retention::row_cap_victims`] gives what the row cap takes of the
+/// rest), so a dry run holds one page of events however long the log is.
+async fn would_prune(
+    store: &dyn AwarenessStore,
+    policy: &RetentionPolicy,
+    now: Timestamp,
+) -> Result<retention::PruneReport, CliError> {
+    let none = std::iter::empty::<Timestamp>;
+    let (mut rows, mut by_age) = (0u64, 0u64);
     let mut after = Sequence::ZERO;
     loop {
         let page = store
-            .events_after(after, 5_000)
+            .events_after(after, PRUNE_PAGE)
             .await
             .map_err(|e| store_err("read events", &e))?;
         let Some(last) = page.last() else { break };
         after = last.sequence;
-        all.extend(page);
+        rows += page.len() as u64;
+        by_age += retention::preview(policy, now, page.iter().map(|e| e.occurred_at), none())
+            .events_by_age;
     }
-    Ok(all)
+    let cursors = store
+        .cursors(&CursorFilter::default())
+        .await
+        .map_err(|e| store_err("read cursors", &e))?;
+    let idle = retention::preview(policy, now, none(), cursors.iter().map(|c| c.updated_at));
+    let by_cap = retention::row_cap_victims(rows - by_age, policy.max_rows, usize::MAX);
+    Ok(retention::PruneReport {
+        events_by_age: by_age,
+        events_by_cap: by_cap as u64,
+        cursors: idle.cursors,
+        chunks: 0,
+    })
 }
 
+/// `prune`: with `dry_run`, what a pass would delete ([`would_prune`]); else one pass, which
+/// reports what it deleted (it previews nothing).
 async fn prune(
     store: &dyn AwarenessStore,
     dry_run: bool,
@@ -635,34 +686,22 @@ async fn prune(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let policy = RetentionPolicy::default();
-    let events = all_events(store).await?;
-    let cursors = store
-        .cursors(&CursorFilter::default())
-        .await
-        .map_err(|e| store_err("read cursors", &e))?;
-    let would = retention::preview(
-        &policy,
-        now,
-        events.iter().map(|e| e.occurred_at),
-        cursors.iter().map(|c| c.updated_at),
-    );
-    let (by_age, by_cap, idle_cursors) = (would.events_by_age, would.events_by_cap, would.cursors);
-    let (cutoff, idle_cutoff, max_rows) = (
-        now.minus_ms(policy.max_age_ms),
-        now.minus_ms(policy.cursor_idle_ms),
-        policy.max_rows,
-    );
-    let plan = json!({"eventsByAge": by_age, "eventsByCap": by_cap, "cursors": idle_cursors});
     if dry_run {
+        let would = would_prune(store, &policy, now).await?;
+        let (by_age, by_cap, idle_cursors) =
+            (would.events_by_age, would.events_by_cap, would.cursors);
         return if as_json {
+            let plan =
+                json!({"eventsByAge": by_age, "eventsByCap": by_cap, "cursors": idle_cursors});
             emit_json(out, &json!({"dryRun": true, "wouldDelete": plan}))
         } else {
             emit(
                 out,
                 &format!(
-                    "would delete {by_age} event(s) older than {} , {by_cap} beyond the {max_rows}-row cap, {idle_cursors} cursor(s) idle since {}\n",
-                    time(cutoff),
-                    time(idle_cutoff)
+                    "would delete {by_age} event(s) older than {} , {by_cap} beyond the {}-row cap, {idle_cursors} cursor(s) idle since {}\n",
+                    time(now.minus_ms(policy.max_age_ms)),
+                    policy.max_rows,
+                    time(now.minus_ms(policy.cursor_idle_ms))
                 ),
             )
         };
@@ -672,10 +711,7 @@ async fn prune(
         .await
         .map_err(|e| store_err("prune", &e))?;
     if as_json {
-        emit_json(
-            out,
-            &json!({"dryRun": false, "plan": plan, "deleted": report}),
-        )
+        emit_json(out, &json!({"dryRun": false, "deleted": report}))
     } else {
         emit(
             out,
@@ -724,6 +760,13 @@ async fn tail(
     as_json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
+    // Installed before the first read, and kept across the loop: a Ctrl-C that comes while a
+    // page is read or printed stops it at the next wait instead of being lost.
+    let mut stop = if follow {
+        Some(Box::pin(crate::upstream::interrupted()?))
+    } else {
+        None
+    };
     let mut after = match after {
         Some(a) => Sequence(a),
         None => before_the_last(store, TAIL_LAST).await?,
@@ -761,11 +804,11 @@ async fn tail(
                 continue;
             }
         }
-        if !follow {
+        let Some(stop) = stop.as_mut() else {
             return Ok(());
-        }
+        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = stop.as_mut() => return Ok(()),
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
@@ -848,4 +891,292 @@ async fn doctor(
         emit(out, &text)?;
     }
     Ok(if problems.is_empty() { 0 } else { EXIT_FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use awareness_core::model::{CursorKey, LogStats};
+    use awareness_core::reconcile::{ChangesPage, MAX_PAGE_LIMIT};
+    use awareness_core::{CursorStore, EventStore, PruneStep, Recorded, async_trait};
+
+    use super::*;
+
+    /// What runs before each `events_after` of a [`Paged`] store reaches its inner store.
+    #[async_trait]
+    trait BeforeRead: Send + Sync {
+        /// `read` counts the calls from 0.
+        async fn before_read(&self, read: usize);
+    }
+
+    #[async_trait]
+    impl BeforeRead for () {
+        async fn before_read(&self, _: usize) {}
+    }
+
+    /// A store that forwards every call to `inner` and keeps, for `events_after`, how many calls
+    /// were made and the most events one call asked for and returned; `hook` runs before each.
+    struct Paged<H> {
+        inner: Arc<dyn AwarenessStore>,
+        hook: H,
+        reads: AtomicUsize,
+        largest_limit: AtomicUsize,
+        largest_page: AtomicUsize,
+    }
+
+    impl<H> std::fmt::Debug for Paged<H> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Paged").finish_non_exhaustive()
+        }
+    }
+
+    impl<H> Paged<H> {
+        fn new(inner: Arc<dyn AwarenessStore>, hook: H) -> Self {
+            Self {
+                inner,
+                hook,
+                reads: AtomicUsize::new(0),
+                largest_limit: AtomicUsize::new(0),
+                largest_page: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl<H: BeforeRead> EventStore for Paged<H> {
+        async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+            self.inner.record(event, now).await
+        }
+        async fn changes_since(
+            &self,
+            session: &SessionRef,
+            after: Sequence,
+            limit: usize,
+        ) -> Result<ChangesPage, StoreError> {
+            self.inner.changes_since(session, after, limit).await
+        }
+        async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+            self.inner.heads(sessions).await
+        }
+        async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+            self.inner.list_heads(agent).await
+        }
+        async fn events_after(
+            &self,
+            after: Sequence,
+            limit: usize,
+        ) -> Result<Vec<Arc<Event>>, StoreError> {
+            let read = self.reads.fetch_add(1, Ordering::SeqCst);
+            self.hook.before_read(read).await;
+            self.largest_limit.fetch_max(limit, Ordering::Relaxed);
+            let page = self.inner.events_after(after, limit).await?;
+            self.largest_page.fetch_max(page.len(), Ordering::Relaxed);
+            Ok(page)
+        }
+        async fn log_stats(&self) -> Result<LogStats, StoreError> {
+            self.inner.log_stats().await
+        }
+        async fn prune_chunk(
+            &self,
+            step: &PruneStep,
+            max_rows: usize,
+            now: Timestamp,
+        ) -> Result<u64, StoreError> {
+            self.inner.prune_chunk(step, max_rows, now).await
+        }
+        async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+            self.inner.delete_session(session).await
+        }
+    }
+
+    #[async_trait]
+    impl<H: BeforeRead> CursorStore for Paged<H> {
+        async fn watch(
+            &self,
+            watcher: &WatcherKey,
+            target: &SessionRef,
+            now: Timestamp,
+        ) -> Result<Cursor, StoreError> {
+            self.inner.watch(watcher, target, now).await
+        }
+        async fn unwatch(
+            &self,
+            watcher: &WatcherKey,
+            target: &SessionKey,
+        ) -> Result<bool, StoreError> {
+            self.inner.unwatch(watcher, target).await
+        }
+        async fn acknowledge(
+            &self,
+            watcher: &WatcherKey,
+            targets: &[SessionKey],
+            now: Timestamp,
+        ) -> Result<Vec<Notice>, StoreError> {
+            self.inner.acknowledge(watcher, targets, now).await
+        }
+        async fn cursor(
+            &self,
+            watcher: &WatcherKey,
+            target: &SessionKey,
+        ) -> Result<Option<Cursor>, StoreError> {
+            self.inner.cursor(watcher, target).await
+        }
+        async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+            self.inner.cursors(filter).await
+        }
+        async fn refreeze(
+            &self,
+            keys: &[CursorKey],
+            now: Timestamp,
+        ) -> Result<Vec<Notice>, StoreError> {
+            self.inner.refreeze(keys, now).await
+        }
+        async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+            self.inner.reset_watcher(watcher).await
+        }
+    }
+
+    fn parsed(out: &[u8]) -> Value {
+        serde_json::from_slice(out)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
+    }
+
+    /// `prune --dry-run` on a log of more than two pages counts it a page at a time (it read the
+    /// whole log into memory, asking for 5,000 events a read), and counts what it counted
+    /// before; a real `prune` reads no event at all to preview (it read the whole log too).
+    #[tokio::test]
+    async fn prune_reads_the_log_a_page_at_a_time_and_only_for_a_dry_run() {
+        let store = gateway_adapter::open_store("memory:").await.unwrap();
+        let now = Timestamp::now();
+        let long_ago = now.minus_ms(40 * Timestamp::DAY_MS);
+        let busy = SessionRef::parse("agent:main:subagent:busy", "main").unwrap();
+        for i in 0..450 {
+            let at = if i < 300 { long_ago } else { now };
+            let e = NewEvent::new(
+                busy.clone(),
+                EventKind::GoalChanged,
+                ActorType::System,
+                "goal updated",
+            );
+            store.record(e, at).await.unwrap();
+        }
+        // One cursor idle for 40 days, on a target nothing recorded to since.
+        let idle = SessionRef::parse("agent:main:subagent:quiet", "main").unwrap();
+        let manager = WatcherKey::parse("agent:main:main").unwrap();
+        store.watch(&manager, &idle, long_ago).await.unwrap();
+        // What the dry run counted before: the retention preview of the whole log at once.
+        let mut all = Vec::new();
+        let mut after = Sequence::ZERO;
+        while let Some(last) = store
+            .events_after(after, 1_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .inspect(|e| all.push(e.occurred_at))
+            .last()
+        {
+            after = last.sequence;
+        }
+        assert_eq!(all.len(), 450);
+        let cursors = store.cursors(&CursorFilter::default()).await.unwrap();
+        let whole = retention::preview(
+            &RetentionPolicy::default(),
+            now,
+            all,
+            cursors.iter().map(|c| c.updated_at),
+        );
+        assert_eq!((whole.events_by_age, whole.cursors), (300, 1));
+
+        let paged = Paged::new(store.clone(), ());
+        let mut out = Vec::new();
+        prune(&paged, true, now, true, &mut out).await.unwrap();
+        let dry = parsed(&out);
+        assert_eq!(
+            dry["wouldDelete"],
+            json!({"eventsByAge": whole.events_by_age, "eventsByCap": whole.events_by_cap,
+                "cursors": whole.cursors})
+        );
+        let (limit, page) = (
+            paged.largest_limit.load(Ordering::Relaxed),
+            paged.largest_page.load(Ordering::Relaxed),
+        );
+        assert!(
+            limit <= MAX_PAGE_LIMIT && page <= MAX_PAGE_LIMIT,
+            "the dry run asked for {limit} events in one read and held {page}"
+        );
+
+        let paged = Paged::new(store, ());
+        let mut out = Vec::new();
+        prune(&paged, false, now, true, &mut out).await.unwrap();
+        let done = parsed(&out);
+        assert_eq!(done["deleted"]["eventsByAge"], 300, "{done}");
+        assert_eq!(done["deleted"]["cursors"], 1, "{done}");
+        assert_eq!(
+            paged.reads.load(Ordering::SeqCst),
+            0,
+            "a real prune read the log to preview it"
+        );
+    }
+
+    /// Sends SIGINT to this process at the second `events_after` of `tail --follow` (after it
+    /// has waited once, the first page being short), outside its wait, and returns only once the
+    /// runtime has handled the signal.
+    #[cfg(unix)]
+    struct InterruptOnSecondRead {
+        heard: std::sync::Mutex<Option<tokio::signal::unix::Signal>>,
+    }
+
+    #[cfg(unix)]
+    #[async_trait]
+    impl BeforeRead for InterruptOnSecondRead {
+        async fn before_read(&self, read: usize) {
+            if read != 1 {
+                return;
+            }
+            let heard = self.heard.lock().unwrap().take();
+            let mut heard = heard.expect("one interrupt");
+            let sent = std::process::Command::new("kill")
+                .args(["-INT", &std::process::id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+            // Handled: every listener registered by now has been told, and none other will be.
+            heard.recv().await;
+        }
+    }
+
+    /// `tail --follow` stops on a Ctrl-C that comes while it reads a page, not only on one that
+    /// comes while it waits: it listened only during the wait, with a new listener each time,
+    /// so a signal handled between two waits was lost and it ran on.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn tail_follow_stops_on_a_ctrl_c_that_comes_while_it_reads() {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Listening before the signal is sent also keeps SIGINT from ending the test process.
+        let heard = signal(SignalKind::interrupt()).unwrap();
+        let store = Paged::new(
+            gateway_adapter::open_store("memory:").await.unwrap(),
+            InterruptOnSecondRead {
+                heard: std::sync::Mutex::new(Some(heard)),
+            },
+        );
+        let mut out = Vec::new();
+        // A hang guard, not a measure: tail returns at its next wait, in half a second.
+        let tailed = tokio::time::timeout(
+            Duration::from_mins(1),
+            tail(&store, true, Some(0), true, &mut out),
+        )
+        .await;
+        let reads = store.reads.load(Ordering::SeqCst);
+        assert!(
+            tailed.is_ok(),
+            "tail --follow ran on after a Ctrl-C that came during a read ({reads} reads)"
+        );
+        tailed.unwrap().unwrap();
+        assert_eq!(
+            reads, 2,
+            "it stopped at the wait after the interrupted read"
+        );
+    }
 }

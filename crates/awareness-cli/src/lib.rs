@@ -9,10 +9,15 @@
 //!
 //! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
 //! a store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database
-//! it reads). Every command checks its input before it opens its store, so bad input is a usage
-//! error whether or not the store exists, and it creates or migrates nothing. Errors are one line on stderr: exit code 2 for usage errors (bad flags,
-//! a bad store URL, bad input), 1 for failures (a missing file, an unknown session, a problem
-//! `doctor` found).
+//! it reads). Only `record`, `watch`, `adopt` and `demo` create a missing store; every other
+//! command refuses one with a failure naming the path, and creates nothing. Every command
+//! checks its input before it opens its store, so bad input is a usage error whether or not the
+//! store exists, and it creates or migrates nothing. Errors are one line on stderr: exit code 2
+//! for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a missing file, an
+//! unknown session, a problem `doctor` found).
+//!
+//! The binary shows the warnings the libraries log on stderr, through [`log::Logger`]
+//! (`AWARENESS_LOG` sets the level).
 //!
 //! The same entry point the binary uses can be driven from code:
 //!
@@ -33,6 +38,7 @@
 
 mod commands;
 mod demo;
+pub mod log;
 mod table;
 mod upstream;
 

@@ -2,10 +2,25 @@
 
 #[tokio::main]
 async fn main() {
-    let mut out = std::io::stdout().lock();
-    let mut err = std::io::stderr().lock();
-    let code = awareness_cli::run(std::env::args_os(), &mut out, &mut err).await;
-    drop(out);
-    drop(err);
+    // The libraries' warnings (best-effort failures they carry on after) go to stderr.
+    let level = match awareness_cli::log::level_from(
+        std::env::var_os(awareness_cli::log::LOG_ENV).as_deref(),
+    ) {
+        Ok(level) => level,
+        Err(e) => {
+            eprintln!("awareness: {e}");
+            std::process::exit(awareness_cli::EXIT_USAGE);
+        }
+    };
+    awareness_cli::log::install(level);
+    // Unlocked handles, which lock per write. With stderr locked for the whole run, a warning
+    // logged on another thread (the monitor's task) would wait for the run to end, and the run
+    // would wait for that thread: neither would.
+    let code = awareness_cli::run(
+        std::env::args_os(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )
+    .await;
     std::process::exit(code);
 }

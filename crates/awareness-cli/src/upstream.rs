@@ -10,7 +10,7 @@ use std::time::Duration;
 use awareness_core::{FullStore, LinkSpec, SessionKey, SessionRef, WatcherKey};
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker};
 use gateway_adapter::upstream::{Detection, JsonlProvider, MonitorConfig, UpstreamMonitor};
-use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake};
+use gateway_adapter::{Awareness, HeartbeatWake, InMemoryDirectory, QueuedEntry, SystemEventQueue};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -69,13 +69,48 @@ fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
         .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
 }
 
+/// The delivery ports of the service `adopt` and `monitor` run: a queue and a wake that keep
+/// nothing. Their notices are durable in the store's cursors, and the gateway delivers them on
+/// its own turns; nothing in this process drains a queue or answers a wake, so ports that kept
+/// them (an in-memory queue, a wake that records every call) would only grow for as long as
+/// `monitor` runs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Discard;
+
+// Stateless by construction: it has nowhere to keep what it is given.
+const _: () = assert!(std::mem::size_of::<Discard>() == 0);
+
+impl SystemEventQueue for Discard {
+    /// Keeps nothing, so nothing is added (and no wake follows).
+    fn enqueue(&self, _: &SessionKey, _: QueuedEntry) -> bool {
+        false
+    }
+
+    fn drain(&self, _: &SessionKey) -> Vec<QueuedEntry> {
+        Vec::new()
+    }
+
+    fn peek(&self, _: &SessionKey) -> Vec<QueuedEntry> {
+        Vec::new()
+    }
+}
+
+impl HeartbeatWake for Discard {
+    fn wake(&self, _: &SessionKey, _: &str) {}
+}
+
+/// The queue and the wake of [`service`] (see [`Discard`]).
+fn delivery() -> (Arc<dyn SystemEventQueue>, Arc<dyn HeartbeatWake>) {
+    (Arc::new(Discard), Arc::new(Discard))
+}
+
 fn service(store: &Arc<dyn FullStore>) -> Arc<Awareness> {
-    // Notices are durable in the store's cursors; the gateway delivers them on its own turns.
+    let (queue, wake) = delivery();
     Arc::new(
         Awareness::builder(
             store.clone(),
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(RecordingWake::new()),
+            queue,
+            wake,
             Arc::new(InMemoryDirectory::new()),
         )
         .upstream(store.clone())
@@ -208,9 +243,21 @@ fn detection_json(d: &Detection) -> Value {
     }
 }
 
+/// The line `monitor` prints when its output fell behind and the monitor's channel dropped
+/// `missed` detections: with `--json` a JSON object like every other line
+/// (`{"detection":"lagged","missed":N}`), else a note in words.
+fn lagged_line(missed: u64, as_json: bool) -> String {
+    if as_json {
+        format!("{}\n", json!({"detection": "lagged", "missed": missed}))
+    } else {
+        format!("({missed} detection(s) not shown: output too slow)\n")
+    }
+}
+
 /// Resolves when the process is asked to stop (Ctrl-C). The handler is installed before this
-/// returns, so a signal that arrives from then on is never lost.
-fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
+/// returns, so a signal that arrives from then on is never lost, even while the caller is not
+/// polling the future (`monitor` and `tail --follow` create it once, before their loop).
+pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
     #[cfg(unix)]
     {
         let mut sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
@@ -283,7 +330,7 @@ async fn monitor_links(
             Ok(Detection::TickDone(_)) if !args.verbose => continue,
             Ok(d) if cli.json => format!("{}\n", detection_json(&d)),
             Ok(d) => format!("{d}\n"),
-            Err(RecvError::Lagged(n)) => format!("({n} detection(s) not shown: output too slow)\n"),
+            Err(RecvError::Lagged(n)) => lagged_line(n, cli.json),
             Err(RecvError::Closed) => break Ok(()),
         };
         if let Err(e) = emit(out, &line) {
@@ -296,4 +343,69 @@ async fn monitor_links(
         emit(out, "monitor stopped\n")?;
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use awareness_core::{AgentId, Notice, Sequence};
+
+    /// With `--json`, the line for detections the output fell behind on is JSON too, so a
+    /// reader can parse every line; without it, it stays a note in words.
+    #[test]
+    fn a_lagged_line_is_json_in_json_mode() {
+        let line = lagged_line(7, true);
+        assert!(
+            line.ends_with('\n') && line.lines().count() == 1,
+            "{line:?}"
+        );
+        let v: Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(v, json!({"detection": "lagged", "missed": 7}));
+        assert_eq!(
+            lagged_line(7, false),
+            "(7 detection(s) not shown: output too slow)\n"
+        );
+    }
+
+    /// The service of `adopt` and `monitor` keeps none of the notices it delivers: after
+    /// thousands of distinct notices (each a new line, as every acknowledgement by the gateway
+    /// makes the next one), its queue holds nothing. The wake keeps nothing either, by
+    /// construction (a type without fields), which the trait gives no way to observe.
+    #[tokio::test]
+    async fn delivered_notices_are_not_retained() {
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let (queue, wake) = delivery();
+        let svc = Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            wake,
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .build();
+        let watchers: Vec<WatcherKey> = (0..4)
+            .map(|i| WatcherKey::parse(&format!("agent:main:w{i}")).unwrap())
+            .collect();
+        let target = SessionKey::new("agent:main:worker").unwrap();
+        for last_seen in 0..1_000 {
+            let notices: Vec<Notice> = watchers
+                .iter()
+                .map(|w| Notice {
+                    watcher: w.clone(),
+                    target: target.clone(),
+                    target_agent: AgentId::new("main").unwrap(),
+                    last_seen: Sequence(last_seen),
+                })
+                .collect();
+            svc.deliver(&notices);
+        }
+        for w in &watchers {
+            let kept = queue.peek(w.session_key());
+            assert!(
+                kept.is_empty(),
+                "the queue kept {} line(s) for {w}",
+                kept.len()
+            );
+        }
+    }
 }

@@ -6,8 +6,11 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The binary, with its log at the default level whatever the environment says.
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_awareness"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_awareness"));
+    c.env_remove("AWARENESS_LOG");
+    c
 }
 
 fn run_in(dir: &Path, args: &[&str]) -> Output {
@@ -423,6 +426,143 @@ fn doctor_reports_a_cursor_pointing_past_its_head() {
     let j = run_in(dir.path(), &["--store", &store, "--json", "doctor"]);
     let v: Value = serde_json::from_slice(&j.stdout).unwrap();
     assert_eq!(v["ok"], false);
+}
+
+/// Runs `awareness` in `dir` like [`run_in`]; `None` when it had not exited after a minute
+/// (it is then killed): a command that should refuse at once but runs on must not hang the test.
+fn run_guarded(dir: &Path, args: &[&str]) -> Option<Output> {
+    let child = bin()
+        .current_dir(dir)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run awareness");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let exited = rx.recv_timeout(std::time::Duration::from_mins(1)).ok();
+    if exited.is_none() {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    waiter.join().unwrap();
+    exited.map(|o| o.expect("wait for awareness"))
+}
+
+/// Only `record`, `watch`, `adopt` and `demo` create a missing store. The other write commands,
+/// given a mistyped path, created an empty store there and reported success on it ("no
+/// notices", "deleted 0", a monitor of 0 sessions that ran until Ctrl-C): each now fails with
+/// exit 1 and one line naming the path, and creates nothing, on each backend.
+#[test]
+fn write_commands_that_add_nothing_refuse_a_missing_store() {
+    let mut wrong = Vec::new();
+    for scheme in ["sqlite", "redb"] {
+        for args in [
+            &["unwatch", "agent:main:main", "agent:main:subagent:c1"][..],
+            &["ack", "agent:main:main", "agent:main:subagent:c1"][..],
+            &["sweep"][..],
+            &["prune"][..],
+            &["--json", "prune"][..],
+            &["monitor", "--first-tick-secs", "0"][..],
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = format!("{scheme}://nope.db");
+            let what = format!("{store} {args:?}");
+            match run_guarded(
+                dir.path(),
+                &[&["--store", store.as_str()][..], args].concat(),
+            ) {
+                None => wrong.push(format!("{what}: still running after a minute")),
+                Some(o) => {
+                    let err = stderr(&o);
+                    if o.status.code() != Some(1)
+                        || err.lines().count() != 1
+                        || !err.contains("no store at nope.db")
+                    {
+                        wrong.push(format!(
+                            "{what}: exit {:?}, stdout {:?}, stderr {err:?}",
+                            o.status.code(),
+                            stdout(&o)
+                        ));
+                    }
+                }
+            }
+            let left: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            if !left.is_empty() {
+                wrong.push(format!("{what}: created {left:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A warning the libraries log reaches stderr: here store-sqlite's, for a cursor row whose
+/// watcher key is not agent-qualified (a row neither we nor OpenClaw write, which it ignores).
+/// Without a subscriber, the binary dropped every such line. `AWARENESS_LOG=off` silences it;
+/// a value that names no level is a usage error.
+#[test]
+fn a_library_warning_reaches_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let store = format!("sqlite://{}", path.display());
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "watch",
+            "agent:main:main",
+            "agent:main:subagent:c1",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use sqlx::Connection as _;
+        let mut c = sqlx::SqliteConnection::connect(&store).await.unwrap();
+        sqlx::query("UPDATE session_watch_cursors SET watcher_session_key = 'global'")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+    });
+    let o = run_in(dir.path(), &["--store", &store, "--json", "cursors"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o), serde_json::json!([]), "the bad row is ignored");
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "one warning on stderr: {err:?}");
+    assert!(
+        err.starts_with("awareness: WARN ")
+            && err.contains("ignoring a watch cursor whose watcher key is not agent-qualified")
+            && err.contains("watcher=global"),
+        "{err}"
+    );
+    let o = bin()
+        .current_dir(dir.path())
+        .args(["--store", &store, "cursors"])
+        .env("AWARENESS_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    let o = bin()
+        .current_dir(dir.path())
+        .args(["--store", &store, "cursors"])
+        .env("AWARENESS_LOG", "loud")
+        .output()
+        .unwrap();
+    assert_usage(&o, "AWARENESS_LOG=loud");
+    assert!(stderr(&o).contains("AWARENESS_LOG"), "{}", stderr(&o));
 }
 
 #[test]

@@ -10,8 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+/// The binary, with its log at the default level whatever the environment says.
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_awareness"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_awareness"));
+    c.env_remove("AWARENESS_LOG");
+    c
 }
 
 fn run(args: &[&str]) -> Output {
@@ -236,6 +239,93 @@ fn adopt_then_monitor_on(scheme: &str) {
     let o = run(&["--store", &store, "--json", "cursors", "--pending"]);
     let pending: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(pending.as_array().unwrap().len(), 1, "{pending}");
+}
+
+/// Kills the child on drop unless it has exited (a test that fails midway leaves no process).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// The lines of a reader, read on a thread of their own (which ends at EOF).
+fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// A warning the library logs from the monitor's own task (a worker thread) reaches stderr, and
+/// the monitor goes on: here a check that fails because the transcript became a directory. The
+/// binary had no subscriber, so the warning went nowhere; and it held stderr locked for the
+/// whole run, so a subscriber writing from another thread would have blocked the monitor's
+/// task for good (the detection never printed, Ctrl-C never ending it).
+#[test]
+fn a_check_that_fails_in_the_monitor_task_warns_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        transcript.to_str().unwrap(),
+        "--watcher",
+        "agent:main:main",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::remove_file(&transcript).unwrap();
+    std::fs::create_dir(&transcript).unwrap();
+
+    let mut child = KillOnDrop(
+        bin()
+            .args([
+                "--store",
+                &store,
+                "monitor",
+                "--first-tick-secs",
+                "0",
+                "--interval-secs",
+                "1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = lines_of(child.0.stdout.take().unwrap());
+    let err = lines_of(child.0.stderr.take().unwrap());
+    wait_for(&out, "failed: agent:main:worker (agent main): reading ");
+    let warned = wait_for(&err, "upstream check failed");
+    let line = warned.last().unwrap();
+    assert!(
+        line.starts_with("awareness: WARN gateway_adapter::upstream::monitor: ")
+            && line.contains("session_key=agent:main:worker"),
+        "{warned:?}"
+    );
+    let killed = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_for(&out, "monitor stopped");
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]

@@ -497,13 +497,16 @@ fn open_read_only(
 }
 
 /// The length in bytes that the header of a redb file (file format 3, redb 4) gives its
-/// regions, or `None` when `header` is not one: the database header page, then each full
-/// region (its header pages and its data pages) and a trailing partial region. The counts are
-/// u32 little-endian from byte 12: page size, region header pages, region data pages, full
-/// regions, the trailing region's data pages.
+/// regions, or `None` when `header` is not one, or not one whose counts redb trusts: the
+/// database header page, then each full region (its header pages and its data pages) and a
+/// trailing partial region. The counts are u32 little-endian from byte 12: page size, region
+/// header pages, region data pages, full regions, the trailing region's data pages. redb
+/// rebuilds them from the file's length when the file was not closed cleanly (the god byte,
+/// byte 9, has its recovery bit), since they may then be torn: `None` for such a file too.
 fn layout_len(header: &[u8]) -> Option<u64> {
     const MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
-    if header.get(..MAGIC.len())? != MAGIC {
+    const RECOVERY_REQUIRED: u8 = 2;
+    if header.get(..MAGIC.len())? != MAGIC || header.get(9)? & RECOVERY_REQUIRED != 0 {
         return None;
     }
     let word = |at: usize| -> Option<u64> {
@@ -513,19 +516,24 @@ fn layout_len(header: &[u8]) -> Option<u64> {
     let (page, region_header, region_data, full, trailing) =
         (word(12)?, word(16)?, word(20)?, word(24)?, word(28)?);
     let trailing_region = if trailing > 0 {
-        region_header + trailing
+        region_header.checked_add(trailing)?
     } else {
         0
     };
-    let pages = 1 + full * (region_header + region_data) + trailing_region;
-    pages.checked_mul(page)
+    full.checked_mul(region_header.checked_add(region_data)?)?
+        .checked_add(trailing_region)?
+        .checked_add(1)?
+        .checked_mul(page)
 }
 
 /// Refuses a file shorter than the regions its header describes: cut short (a copy that
 /// stopped, a full disk). A read-write open finds this and refuses the file; redb's read-only
 /// open in `SingleWriter` mode does not look (a writer of another process may be resizing the
 /// file), and would open it, to fail on the first read that reaches a missing page. A file
-/// longer than its layout is left to redb (a writer may have grown it meanwhile).
+/// longer than its layout is left to redb (a writer may have grown it meanwhile), and so is
+/// one its writer did not close (redb asks for a repair). The header is read without redb's
+/// lock: a writer of another process shrinking the file at that moment could make a sound
+/// file look short, and the open is refused; opening again then succeeds.
 fn refuse_if_shorter_than_its_layout(path: &Path, canonical: &Path) -> Result<(), StoreError> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(canonical)
@@ -887,8 +895,8 @@ pub(crate) mod tests {
     }
 
     /// The length read from a redb file's header is the file's length, for a new file and for
-    /// one grown by many commits (several regions when the page cache is small); a file that is
-    /// not redb's has none.
+    /// one grown by many commits, and what redb's layout gives for headers of several regions;
+    /// a file that is not redb's, one not closed cleanly and counts that overflow have none.
     #[test]
     fn the_layout_length_of_a_redb_file_is_its_length() {
         use super::{Database, layout_len};
@@ -920,6 +928,31 @@ pub(crate) mod tests {
         assert!(len > 8 << 20, "the file grew: {len} bytes");
         assert_eq!(layout, Some(len), "a grown file");
         assert_eq!(layout_len(b"SQLite format 3\0 and more bytes"), None);
+        // Files of several regions (4 GiB each by default) are built by hand: the header page,
+        // then each region's header and data pages.
+        let header = |god: u8, counts: [u32; 5]| {
+            let mut h = [0u8; 32];
+            h[..9].copy_from_slice(&[b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A]);
+            h[9] = god;
+            for (i, c) in counts.iter().enumerate() {
+                h[12 + 4 * i..16 + 4 * i].copy_from_slice(&c.to_le_bytes());
+            }
+            h
+        };
+        // Page 4096, 2 header pages and 100 data pages a region, 3 full regions, a trailing
+        // region of 7 data pages: 1 + 3 * 102 + (2 + 7) = 316 pages.
+        assert_eq!(
+            layout_len(&header(0, [4096, 2, 100, 3, 7])),
+            Some(316 * 4096)
+        );
+        // Without a trailing region: 1 + 3 * 102 pages.
+        assert_eq!(
+            layout_len(&header(1, [4096, 2, 100, 3, 0])),
+            Some(307 * 4096)
+        );
+        // Counts of a file not closed cleanly are not trusted, nor counts that overflow.
+        assert_eq!(layout_len(&header(2, [4096, 2, 100, 3, 7])), None);
+        assert_eq!(layout_len(&header(0, [u32::MAX; 5])), None);
     }
 
     /// Once the last read-only handle on a file is dropped, a read-write open must not be

@@ -245,6 +245,26 @@ impl SqliteOptions {
     }
 }
 
+/// Closes the connections of an open that failed, then, when the failure `e` says the file is
+/// no usable database, removes the companion files the open created (an open connection would
+/// keep them): a refused open leaves nothing behind.
+async fn abandon(
+    readers: Vec<Mutex<SqliteConnection>>,
+    writer: Option<SqliteConnection>,
+    companions: &Companions,
+    e: Option<&sqlx::Error>,
+) {
+    for r in readers {
+        drop(r.into_inner().close().await);
+    }
+    if let Some(w) = writer {
+        drop(w.close().await);
+    }
+    if let Some(e) = e {
+        companions.remove_if_unusable(e);
+    }
+}
+
 /// The options of every connection to `path`: the file must exist (a missing one is created
 /// by `open::prepare_file`), and journal_mode is set by hand after connecting (not as a connect
 /// option), so that the first statement that reads the file fails on a connection we own and can
@@ -266,6 +286,10 @@ fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions
         // of 16 took 26-29% less time in two A/B runs (678-727 µs down to 504-514 µs).
         // Connection-local: nothing in the database file changes.
         .pragma("temp_store", "memory")
+        // sqlx logs every statement at DEBUG and one slower than a second at WARN, with its
+        // SQL over several lines; the store reports its own failures, and a statement that
+        // waits for another connection's lock is slow by design (the busy timeout).
+        .disable_statement_logging()
 }
 
 /// A session-awareness store in one SQLite file. Share it as `Arc<SqliteStore>` (or
@@ -355,13 +379,12 @@ impl SqliteStore {
             let mut conn = match base.connect().await {
                 Ok(conn) => conn,
                 Err(e) => {
-                    companions.remove_if_unusable(&e);
+                    abandon(Vec::new(), None, &companions, Some(&e)).await;
                     return Err(fail(e));
                 }
             };
             if let Err(e) = init_writer(&mut conn, options.busy_timeout).await {
-                drop(conn.close().await);
-                companions.remove_if_unusable(&e);
+                abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
                 return Err(fail(e));
             }
             Some(Arc::new(Mutex::new(Some(Writer {
@@ -374,15 +397,12 @@ impl SqliteStore {
             match base.connect().await {
                 Ok(conn) => readers.push(Mutex::new(conn)),
                 Err(e) => {
-                    // Closed before the companions are looked at: an open connection keeps
-                    // them (a read-only open of a damaged file fails here, on the pragmas).
-                    for r in readers {
-                        drop(r.into_inner().close().await);
-                    }
-                    if let Some(w) = writer.and_then(Arc::into_inner).and_then(Mutex::into_inner) {
-                        drop(w.conn.close().await);
-                    }
-                    companions.remove_if_unusable(&e);
+                    // A read-only open of a damaged file fails here, on the pragmas.
+                    let writer = writer
+                        .and_then(Arc::into_inner)
+                        .and_then(Mutex::into_inner)
+                        .map(|w| w.conn);
+                    abandon(readers, writer, &companions, Some(&e)).await;
                     return Err(fail(e));
                 }
             }
@@ -391,10 +411,7 @@ impl SqliteStore {
             let version = match schema::version(readers[0].get_mut()).await {
                 Ok(v) => v,
                 Err(e) => {
-                    for r in readers {
-                        drop(r.into_inner().close().await);
-                    }
-                    companions.remove_if_unusable(&e);
+                    abandon(readers, None, &companions, Some(&e)).await;
                     return Err(fail(e));
                 }
             };
@@ -408,9 +425,7 @@ impl SqliteStore {
                         Ok(Err(reason)) => reason,
                         Err(e) => format!("cannot read its schema: {e}"),
                     };
-                    for r in readers {
-                        drop(r.into_inner().close().await);
-                    }
+                    abandon(readers, None, &companions, None).await;
                     return Err(error::open(path, reason, None));
                 }
             }

@@ -640,16 +640,14 @@ async fn record(
 const PRUNE_PAGE: usize = awareness_core::reconcile::MAX_PAGE_LIMIT;
 
 /// What a pruning pass at `now` would delete, counted without deleting anything: the log is
-/// read a page at a time and only counted ([`retention::preview`] counts each page's events
-/// older than the cutoff; [`retention::row_cap_victims`] gives what the row cap takes of the
-/// rest), so a dry run holds one page of events however long the log is.
+/// read a page at a time into a [`retention::Preview`], so a dry run holds one page of events
+/// however long the log is.
 async fn would_prune(
     store: &dyn AwarenessStore,
     policy: &RetentionPolicy,
     now: Timestamp,
 ) -> Result<retention::PruneReport, CliError> {
-    let none = std::iter::empty::<Timestamp>;
-    let (mut rows, mut by_age) = (0u64, 0u64);
+    let mut would = retention::Preview::new(policy, now);
     let mut after = Sequence::ZERO;
     loop {
         let page = store
@@ -658,22 +656,14 @@ async fn would_prune(
             .map_err(|e| store_err("read events", &e))?;
         let Some(last) = page.last() else { break };
         after = last.sequence;
-        rows += page.len() as u64;
-        by_age += retention::preview(policy, now, page.iter().map(|e| e.occurred_at), none())
-            .events_by_age;
+        would.events(page.iter().map(|e| e.occurred_at));
     }
     let cursors = store
         .cursors(&CursorFilter::default())
         .await
         .map_err(|e| store_err("read cursors", &e))?;
-    let idle = retention::preview(policy, now, none(), cursors.iter().map(|c| c.updated_at));
-    let by_cap = retention::row_cap_victims(rows - by_age, policy.max_rows, usize::MAX);
-    Ok(retention::PruneReport {
-        events_by_age: by_age,
-        events_by_cap: by_cap as u64,
-        cursors: idle.cursors,
-        chunks: 0,
-    })
+    would.cursors(cursors.iter().map(|c| c.updated_at));
+    Ok(would.report())
 }
 
 /// `prune`: with `dry_run`, what a pass would delete ([`would_prune`]); else one pass, which
@@ -1079,6 +1069,7 @@ mod tests {
             after = last.sequence;
         }
         assert_eq!(all.len(), 450);
+        let all_times = all.clone();
         let cursors = store.cursors(&CursorFilter::default()).await.unwrap();
         let whole = retention::preview(
             &RetentionPolicy::default(),
@@ -1104,6 +1095,24 @@ mod tests {
         assert!(
             limit <= MAX_PAGE_LIMIT && page <= MAX_PAGE_LIMIT,
             "the dry run asked for {limit} events in one read and held {page}"
+        );
+
+        // With a row cap the log is over, the cap counts the younger events of every page.
+        let capped = RetentionPolicy {
+            max_rows: 100,
+            ..RetentionPolicy::default()
+        };
+        let would = would_prune(&*store, &capped, now).await.unwrap();
+        let whole_capped = retention::preview(
+            &capped,
+            now,
+            all_times.iter().copied(),
+            cursors.iter().map(|c| c.updated_at),
+        );
+        assert_eq!(would, whole_capped);
+        assert_eq!(
+            would.events_by_cap, 50,
+            "150 younger events over a cap of 100"
         );
 
         let paged = Paged::new(store, ());

@@ -100,6 +100,23 @@ pub fn install(max: LevelFilter) -> bool {
     tracing::subscriber::set_global_default(Logger::new(max, Box::new(std::io::stderr()))).is_ok()
 }
 
+/// `text` with each line break and other control character written as an escape (`\n`,
+/// `\u{1b}`), so that it stays one line.
+fn one_line(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| match c {
+            '\n' => "\\n".to_owned(),
+            '\r' => "\\r".to_owned(),
+            '\t' => "\\t".to_owned(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
 /// Collects an event's fields: the message apart, the others as ` name=value`.
 #[derive(Default)]
 struct Line {
@@ -159,11 +176,14 @@ impl Subscriber for Logger {
             Level::TRACE => "TRACE",
         };
         let text = format!(
-            "awareness: {level} {}: {}{}\n",
+            "awareness: {level} {}: {}{}",
             meta.target(),
             line.message,
             line.fields
         );
+        // One line per event, whatever a message or a value holds (a path, an SQL text).
+        let mut text = one_line(&text);
+        text.push('\n');
         let mut out = self.out.lock().unwrap_or_else(PoisonError::into_inner);
         // A log line that cannot be written is dropped: there is nowhere else to say so.
         let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
@@ -192,6 +212,22 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// A message or a value over several lines is written as one line, its breaks escaped.
+    #[test]
+    fn an_event_over_several_lines_is_written_as_one() {
+        let written = Shared::default();
+        let logger = Logger::new(LevelFilter::WARN, Box::new(written.clone()));
+        tracing::subscriber::with_default(logger, || {
+            tracing::warn!(statement = "\n\nSELECT 1\n", "slow\nstatement");
+        });
+        let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        assert!(
+            text.contains("slow\\nstatement statement=\\n\\nSELECT 1\\n"),
+            "{text:?}"
+        );
     }
 
     /// A `warn!` reaches the writer as one line with its fields; below the level, nothing does.

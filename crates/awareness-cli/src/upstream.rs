@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use awareness_core::{FullStore, LinkSpec, SessionKey, SessionRef, WatcherKey};
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker};
-use gateway_adapter::upstream::{Detection, JsonlProvider, MonitorConfig, UpstreamMonitor};
+use gateway_adapter::upstream::{
+    Detection, JsonlProvider, MarkerMove, MonitorConfig, UpstreamMonitor,
+};
 use gateway_adapter::{Awareness, HeartbeatWake, InMemoryDirectory, QueuedEntry, SystemEventQueue};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
@@ -218,8 +220,18 @@ fn detection_json(d: &Detection) -> Value {
             turns,
             event,
             marker,
-        } => json!({"detection": "human", "session": session(s), "channel": catalog_id,
-            "turns": turns, "sequence": event.sequence, "markerAdvanced": marker.is_moved()}),
+        } => {
+            let mut d = json!({"detection": "human", "session": session(s),
+                "channel": catalog_id, "turns": turns, "sequence": event.sequence,
+                "markerAdvanced": marker.is_moved()});
+            // Why the marker stayed: the link changed, or the store failed (with its cause).
+            match marker {
+                MarkerMove::Moved => {}
+                MarkerMove::LinkChanged => d["markerKept"] = json!("linkChanged"),
+                MarkerMove::Failed(error) => d["markerKept"] = json!({"failed": error}),
+            }
+            d
+        }
         Detection::Missing {
             session: s,
             consecutive,
@@ -298,14 +310,16 @@ async fn monitor_links(
         .map_err(|e| CliError::failure(format!("monitor: {e}")))?;
     let config = MonitorConfig {
         first_tick: Duration::from_secs(args.first_tick_secs),
-        interval: Duration::from_secs(args.interval_secs.max(1)),
-        provider_timeout: Duration::from_secs(args.timeout_secs.max(1)),
+        interval: Duration::from_secs(args.interval_secs),
+        provider_timeout: Duration::from_secs(args.timeout_secs),
         ..MonitorConfig::default()
     };
+    // The flags' ranges keep these valid; the check stays the monitor's own.
     let monitor = UpstreamMonitor::builder(service(store), store.clone())
         .provider(Arc::new(JsonlProvider::new()))
         .config(config)
-        .build();
+        .try_build()
+        .map_err(|e| CliError::usage(format!("monitor: {e}")))?;
     let mut rx = monitor.subscribe();
     let task = monitor.spawn();
     if !cli.json {
@@ -349,6 +363,40 @@ async fn monitor_links(
 mod tests {
     use super::*;
     use awareness_core::{AgentId, Notice, Sequence};
+
+    /// A human-turns detection whose marker stayed says why in JSON: the link changed, or the
+    /// store failed, with its cause; one whose marker moved has no such field.
+    #[test]
+    fn a_kept_marker_says_why_in_json() {
+        use awareness_core::{ActorType, EventKind, NewEvent, SessionRef, Timestamp};
+        let s = SessionRef::parse("agent:main:worker", "main").expect("ref");
+        let event = std::sync::Arc::new(
+            NewEvent::new(
+                s.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "x",
+            )
+            .into_event(Sequence(3), Timestamp(1_800_000_000_000)),
+        );
+        let human = |marker| {
+            detection_json(&Detection::HumanTurns {
+                session: s.clone(),
+                catalog_id: "claude-code".into(),
+                turns: 2,
+                event: event.clone(),
+                marker,
+            })
+        };
+        let moved = human(MarkerMove::Moved);
+        assert_eq!(moved["markerAdvanced"], json!(true));
+        assert!(moved.get("markerKept").is_none(), "{moved}");
+        let changed = human(MarkerMove::LinkChanged);
+        assert_eq!(changed["markerAdvanced"], json!(false));
+        assert_eq!(changed["markerKept"], json!("linkChanged"));
+        let failed = human(MarkerMove::Failed("disk full".into()));
+        assert_eq!(failed["markerKept"], json!({"failed": "disk full"}));
+    }
 
     /// With `--json`, the line for detections the output fell behind on is JSON too, so a
     /// reader can parse every line; without it, it stays a note in words.

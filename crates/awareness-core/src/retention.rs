@@ -151,30 +151,79 @@ pub fn stamp(head: &Head, pruned: Sequence, now: Timestamp) -> Head {
 
 /// What a pruning pass at `now` would delete, from the retained events' `occurredAt` and the
 /// cursors' `updated_at`, without deleting anything (an operator's dry run). The counts equal the
-/// [`PruneReport`] of the pass (chunks aside).
+/// [`PruneReport`] of the pass (chunks aside). [`Preview`] counts the same a piece at a time.
 pub fn preview(
     policy: &RetentionPolicy,
     now: Timestamp,
     event_times: impl IntoIterator<Item = Timestamp>,
     cursor_times: impl IntoIterator<Item = Timestamp>,
 ) -> PruneReport {
-    let mut report = PruneReport::default();
-    let [age, cap, idle] = policy.steps(now);
-    let (mut rows, mut old) = (0u64, 0u64);
-    if let PruneStep::Age { cutoff } = age {
-        for t in event_times {
-            rows += 1;
-            old += u64::from(t < cutoff);
+    let mut p = Preview::new(policy, now);
+    p.events(event_times);
+    p.cursors(cursor_times);
+    p.report()
+}
+
+/// [`preview`], fed in as many pieces as wanted (a page of events at a time), so that a dry
+/// run over a long log holds one page, not the log.
+#[derive(Debug, Clone)]
+pub struct Preview {
+    age_cutoff: Timestamp,
+    max_rows: u64,
+    idle_cutoff: Timestamp,
+    rows: u64,
+    old: u64,
+    idle: u64,
+}
+
+impl Preview {
+    /// Counts for a pass of `policy` at `now`, nothing counted yet.
+    pub fn new(policy: &RetentionPolicy, now: Timestamp) -> Self {
+        let [age, cap, idle] = policy.steps(now);
+        let (
+            PruneStep::Age { cutoff: age_cutoff },
+            PruneStep::RowCap { max_rows },
+            PruneStep::Cursors {
+                cutoff: idle_cutoff,
+            },
+        ) = (age, cap, idle)
+        else {
+            unreachable!(
+                "RetentionPolicy::steps gives the age, row-cap and cursor steps in this order"
+            )
+        };
+        Self {
+            age_cutoff,
+            max_rows,
+            idle_cutoff,
+            rows: 0,
+            old: 0,
+            idle: 0,
         }
     }
-    report.events_by_age = old;
-    if let PruneStep::RowCap { max_rows } = cap {
-        report.events_by_cap = (rows - old).saturating_sub(max_rows);
+
+    /// Counts retained events, by their `occurredAt`.
+    pub fn events(&mut self, times: impl IntoIterator<Item = Timestamp>) {
+        for t in times {
+            self.rows += 1;
+            self.old += u64::from(t < self.age_cutoff);
+        }
     }
-    if let PruneStep::Cursors { cutoff } = idle {
-        report.cursors = cursor_times.into_iter().filter(|t| *t < cutoff).count() as u64;
+
+    /// Counts cursors, by their `updated_at`.
+    pub fn cursors(&mut self, times: impl IntoIterator<Item = Timestamp>) {
+        self.idle += times.into_iter().filter(|t| *t < self.idle_cutoff).count() as u64;
     }
-    report
+
+    /// What the pass would delete, from everything counted so far (chunks: 0).
+    pub fn report(&self) -> PruneReport {
+        PruneReport {
+            events_by_age: self.old,
+            events_by_cap: (self.rows - self.old).saturating_sub(self.max_rows),
+            cursors: self.idle,
+            chunks: 0,
+        }
+    }
 }
 
 /// What one pruning pass deleted.
@@ -236,6 +285,32 @@ mod tests {
         assert_eq!(row_cap_victims(60_000, 50_000, 2_000), 2_000);
         assert_eq!(row_cap_victims(50_500, 50_000, 2_000), 500);
         assert_eq!(row_cap_victims(10, 50_000, 2_000), 0);
+    }
+
+    /// Counted a piece at a time, a preview gives what one call gives.
+    #[test]
+    fn a_preview_in_pieces_counts_what_one_call_counts() {
+        let p = RetentionPolicy {
+            max_rows: 3,
+            ..RetentionPolicy::default()
+        };
+        let now = Timestamp(40 * Timestamp::DAY_MS);
+        let times: Vec<Timestamp> = (0..11)
+            .map(|d| Timestamp(d * 4 * Timestamp::DAY_MS))
+            .collect();
+        let whole = preview(&p, now, times.iter().copied(), times.iter().copied());
+        let mut pieces = Preview::new(&p, now);
+        for chunk in times.chunks(4) {
+            pieces.events(chunk.iter().copied());
+        }
+        pieces.cursors(times[..5].iter().copied());
+        pieces.cursors(times[5..].iter().copied());
+        assert_eq!(pieces.report(), whole);
+        assert_eq!(
+            (whole.events_by_age, whole.events_by_cap, whole.cursors),
+            (3, 5, 3),
+            "3 events older than 30 days, 8 younger of which 3 stay, 3 idle cursors"
+        );
     }
 
     #[test]

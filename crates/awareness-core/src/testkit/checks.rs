@@ -1379,6 +1379,15 @@ pub async fn sweep_refreezes_and_redelivers(t: &Subject) {
         (Sequence(1), Sequence(3), Sequence(3))
     );
     assert_eq!(c.updated_at, T0.plus_ms(100));
+    // Another start-up re-delivers the same notice and leaves the frozen cursor as it was,
+    // its time included (a cursor's time is what its idle expiry counts from).
+    let again = s.sweep(T0.plus_ms(200), &|_| true).await.unwrap();
+    assert_eq!(again, notices, "the same notice again");
+    assert_eq!(
+        s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap(),
+        c,
+        "a frozen cursor is left as it was"
+    );
     let follow = s.acknowledge(&w(MANAGER), &[k(CHILD)], T0).await.unwrap();
     assert!(
         follow.is_empty(),

@@ -47,8 +47,9 @@ pub enum Op {
         kind: usize,
         /// 0 human, 1 system, 2.. an agent whose id is a watcher key.
         actor: usize,
-        /// A watcher the producer names.
-        named: Option<usize>,
+        /// The watchers the producer names: none, one, or two (the same one twice, or the
+        /// event's own session, at times).
+        named: Vec<usize>,
         /// A dedupe key from a small pool.
         dedupe: Option<u8>,
         /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
@@ -194,7 +195,7 @@ fn record_strategy() -> impl Strategy<Value = Op> {
         0..n,
         0..EventKind::ALL.len(),
         0..2 + WATCHERS.len(),
-        proptest::option::of(0..WATCHERS.len()),
+        proptest::collection::vec(0..WATCHERS.len(), 0..3),
         proptest::option::weighted(0.3, 0u8..4),
         proptest::option::weighted(0.2, -48i64..4),
     )
@@ -477,9 +478,7 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
     e.actor_id = actor_id;
     e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
     e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));
-    if let Some(n) = named {
-        e.watchers.push(watcher(*n));
-    }
+    e.watchers.extend(named.iter().map(|n| watcher(*n)));
     e
 }
 

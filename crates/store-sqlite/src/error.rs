@@ -69,6 +69,22 @@ pub(crate) fn open_reason(e: &sqlx::Error) -> String {
     format!("{what} ({e})")
 }
 
+/// The error of an open of `path` that failed on `e`: [`StoreError::Busy`] when another
+/// connection held the lock the open needed (a migration's) for longer than the busy timeout,
+/// which a later open may not meet; else [`StoreError::Open`], with [`open_reason`].
+pub(crate) fn failed_open(path: &Path, e: sqlx::Error) -> StoreError {
+    if is_busy(&e) {
+        return StoreError::Busy {
+            context: format!(
+                "open {}: another connection held the database's lock longer than the busy timeout",
+                path.display()
+            ),
+            source: Box::new(e),
+        };
+    }
+    open(path, open_reason(&e), Some(Box::new(e)))
+}
+
 /// A [`StoreError::Open`] for `path`.
 pub(crate) fn open(
     path: &Path,

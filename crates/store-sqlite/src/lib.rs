@@ -333,7 +333,9 @@ impl SqliteStore {
     /// Opens (or creates, mode 0600) the store at `path` with the default [`SqliteOptions`], and
     /// brings its schema up to date. The directory must exist. An existing file that is not an
     /// SQLite database, a truncated one, or one in a place without the needed permissions gives
-    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then.
+    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then. A file whose
+    /// schema this open must bring up to date while another connection holds its write lock for
+    /// longer than the busy timeout gives [`StoreError::Busy`] (retryable) naming the path.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, SqliteOptions::default()).await
     }
@@ -369,7 +371,7 @@ impl SqliteStore {
         options: &SqliteOptions,
         base: SqliteConnectOptions,
     ) -> Result<Self, StoreError> {
-        let fail = |e: sqlx::Error| error::open(path, error::open_reason(&e), Some(Box::new(e)));
+        let fail = |e: sqlx::Error| error::failed_open(path, e);
         let companions = Companions::before_open(path);
         let mut readers = Vec::with_capacity(options.readers);
         let write_ops = Arc::new(std::sync::atomic::AtomicU64::new(0));

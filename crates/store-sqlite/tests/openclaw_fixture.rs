@@ -429,3 +429,35 @@ async fn a_fresh_database_has_openclaws_schema_text() {
     let theirs = ddl(fixture).await;
     assert_eq!(mine, theirs);
 }
+
+/// An open that must bring OpenClaw's file up to our schema while another connection holds
+/// the file's write lock past the busy timeout is refused as busy (retryable, naming the file),
+/// not as a file that cannot be opened; once the lock is let go, the same open succeeds.
+#[tokio::test]
+async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let mut holder = raw(&path).await;
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .expect("take the write lock");
+    let options = || SqliteOptions::new().busy_timeout(std::time::Duration::from_millis(200));
+    let err = SqliteStore::open_with(&path, options())
+        .await
+        .expect_err("the migration cannot take the lock");
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "the error names the file: {err}"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .expect("let the lock go");
+    holder.close().await.expect("close");
+    let store = SqliteStore::open_with(&path, options())
+        .await
+        .expect("the open succeeds once the lock is free");
+    store.close().await;
+}

@@ -66,7 +66,8 @@ pub struct Cli {
     /// The store: sqlite:///path (default: ./awareness.db), redb:///path or memory:.
     #[arg(long, global = true, default_value = DEFAULT_STORE)]
     pub store: String,
-    /// Print JSON instead of a table (read commands).
+    /// Print JSON instead of text (every command that prints a result; `monitor` prints one
+    /// JSON object per line).
     #[arg(long, global = true)]
     pub json: bool,
     /// What to do.

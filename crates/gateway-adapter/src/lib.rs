@@ -54,8 +54,8 @@
 //!
 //! Shutting down: stop the upstream monitor ([`MonitorTask::stop`]), abort the pruning task and
 //! await its handle (which returns once the task has let go of the service), wait for the store
-//! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording or an
-//! acknowledgement runs to its end on a task of its own, holding the store), drop the
+//! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording, an
+//! acknowledgement or a sweep runs to its end on a task of its own, holding the store), drop the
 //! [`Awareness`], then close the store through its last handle with
 //! [`EventStore::close`](awareness_core::EventStore::close). A store still shared then is only
 //! dropped: SQLite's write-ahead log may stay beside the file, and redb's file closes once its

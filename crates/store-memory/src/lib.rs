@@ -131,7 +131,7 @@ impl MemoryStore {
     /// Deletes one session's head, and with it the session's index of its events, touching
     /// nothing else: the events stay in the log (`events_after` lists them) and the cursors on
     /// the session stay, as a store edited by hand could be left. Returns whether the head
-    /// existed. The durable stores' suites use their equivalent to check the audit.
+    /// existed. The conformance suite uses it to check that pruning never creates a head.
     pub fn delete_head_row(&self, session: &SessionRef) -> bool {
         self.lock().sessions.remove(session).is_some()
     }

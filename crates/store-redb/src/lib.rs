@@ -575,7 +575,8 @@ impl RedbStore {
 
     /// Deletes one session's head and nothing else (its events and the cursors on it stay), as
     /// a hand edit could leave the file. Returns whether the head existed. The conformance suite
-    /// uses it to check what the audit reports.
+    /// uses it to check that pruning never creates a head, and the durable suite to check what
+    /// the audit reports.
     pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         let session = session.clone();
         self.write("delete a head row", move |txn| {

@@ -8,9 +8,10 @@
 //! - **On-disk compatible with OpenClaw.** The four tables (`session_state_events`,
 //!   `session_state_heads`, `session_watch_cursors`, `session_upstream_links`) are OpenClaw's,
 //!   with the same names, columns, types and keys, so a state database OpenClaw wrote opens and
-//!   reads correctly. Our additions are two nullable columns: `session_watch_cursors.target_agent_id`
-//!   and `session_state_events.fields_json` (below); every other table of such a database, and
-//!   its `user_version`, are never touched.
+//!   reads correctly. Our additions are two nullable columns (`session_watch_cursors.target_agent_id`
+//!   and `session_state_events.fields_json`, below) and one table of our own,
+//!   `awareness_schema_migrations` (decision 0012); OpenClaw's other tables, and the file's
+//!   `user_version`, are never touched.
 //! - **Atomic.** Recording is one `BEGIN IMMEDIATE` transaction: the event insert (a dedupe hit
 //!   returns the stored row and still spends one sequence, as OpenClaw's AUTOINCREMENT does),
 //!   the head move and every cursor move. Acknowledge, sweep and delete are one transaction
@@ -531,7 +532,8 @@ impl SqliteStore {
 
     /// Deletes one session's head row and nothing else (its events and the cursors on it
     /// stay), as a hand edit could leave the file. Returns whether the row existed. The
-    /// conformance suite uses it to check what the audit reports.
+    /// conformance suite uses it to check that pruning never creates a head, and the durable
+    /// suite to check what the audit reports.
     pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         let mut w = self.writer("delete a head row").await?;
         let res = async {

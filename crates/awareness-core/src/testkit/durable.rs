@@ -2,8 +2,9 @@
 //! durable ones): everything committed survives closing and reopening the store, a store
 //! closed through its last handle leaves every commit in its one file, the store-wide
 //! sequence never goes back across reopens, two handles on one file see each other's writes,
-//! and a write cancelled midway leaves the file to the others at once. store-memory has no
-//! file and does not run these.
+//! a write cancelled midway leaves the file to the others at once, pruning cancelled midway
+//! leaves every loss behind a watermark, and the audit reports the events and cursors a lost
+//! head leaves. store-memory has no file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given (creating it when missing)
 //! and stamps the checks with [`crate::durable_suite!`]:

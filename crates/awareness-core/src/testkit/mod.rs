@@ -18,10 +18,11 @@
 //! [`group_commit`].
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
-//! the checks of [`durable`]: reopening, two handles on one file, and a cancelled write; and
-//! [`open_suite!`](crate::open_suite), the checks of [`open`]: what a read-write open refuses
-//! and leaves untouched (a directory, a missing directory, a file that is not a store, a
-//! truncated one), and an empty file becoming a new store. Those that can open a file read-only
+//! the checks of [`durable`]: reopening, two handles on one file, a cancelled write, a cancelled
+//! pruning pass, and the audit of a lost head; and [`open_suite!`](crate::open_suite), the
+//! checks of [`open`]: what a read-write open refuses and leaves untouched (a directory, a
+//! missing directory, a file that is not a store, a truncated one), an empty file becoming a
+//! new store, two opens of a new file at once, and an open cancelled at any moment. Those that can open a file read-only
 //! stamp [`read_only_suite!`](crate::read_only_suite), the checks of [`read_only`].
 
 use std::any::Any;

@@ -887,143 +887,39 @@ async fn doctor(
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use awareness_core::model::{CursorKey, LogStats};
-    use awareness_core::reconcile::{ChangesPage, MAX_PAGE_LIMIT};
-    use awareness_core::{CursorStore, EventStore, PruneStep, Recorded, async_trait};
+    use awareness_core::async_trait;
+    use awareness_core::reconcile::MAX_PAGE_LIMIT;
+    use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 
     use super::*;
 
-    /// What runs before each `events_after` of a [`Paged`] store reaches its inner store.
-    #[async_trait]
-    trait BeforeRead: Send + Sync {
-        /// `read` counts the calls from 0.
-        async fn before_read(&self, read: usize);
-    }
-
-    #[async_trait]
-    impl BeforeRead for () {
-        async fn before_read(&self, _: usize) {}
-    }
-
-    /// A store that forwards every call to `inner` and keeps, for `events_after`, how many calls
-    /// were made and the most events one call asked for and returned; `hook` runs before each.
-    struct Paged<H> {
-        inner: Arc<dyn AwarenessStore>,
-        hook: H,
-        reads: AtomicUsize,
+    /// Counts a store's `events_after` calls and keeps the most events one call asked for and
+    /// returned (a [`Hook`] of the testkit's [`Hooked`] store).
+    #[derive(Default)]
+    struct Reads {
+        count: AtomicUsize,
         largest_limit: AtomicUsize,
         largest_page: AtomicUsize,
     }
 
-    impl<H> std::fmt::Debug for Paged<H> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("Paged").finish_non_exhaustive()
-        }
-    }
-
-    impl<H> Paged<H> {
-        fn new(inner: Arc<dyn AwarenessStore>, hook: H) -> Self {
-            Self {
-                inner,
-                hook,
-                reads: AtomicUsize::new(0),
-                largest_limit: AtomicUsize::new(0),
-                largest_page: AtomicUsize::new(0),
+    #[async_trait]
+    impl Hook for Reads {
+        async fn before(&self, call: Call, _: &dyn AwarenessStore) {
+            if call == Call::EventsAfter {
+                self.count.fetch_add(1, Ordering::SeqCst);
             }
         }
-    }
-
-    #[async_trait]
-    impl<H: BeforeRead> EventStore for Paged<H> {
-        async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
-            self.inner.record(event, now).await
-        }
-        async fn changes_since(
-            &self,
-            session: &SessionRef,
-            after: Sequence,
-            limit: usize,
-        ) -> Result<ChangesPage, StoreError> {
-            self.inner.changes_since(session, after, limit).await
-        }
-        async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
-            self.inner.heads(sessions).await
-        }
-        async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
-            self.inner.list_heads(agent).await
-        }
-        async fn events_after(
-            &self,
-            after: Sequence,
-            limit: usize,
-        ) -> Result<Vec<Arc<Event>>, StoreError> {
-            let read = self.reads.fetch_add(1, Ordering::SeqCst);
-            self.hook.before_read(read).await;
+        fn events_read(&self, limit: usize, returned: usize) {
             self.largest_limit.fetch_max(limit, Ordering::Relaxed);
-            let page = self.inner.events_after(after, limit).await?;
-            self.largest_page.fetch_max(page.len(), Ordering::Relaxed);
-            Ok(page)
-        }
-        async fn log_stats(&self) -> Result<LogStats, StoreError> {
-            self.inner.log_stats().await
-        }
-        async fn prune_chunk(
-            &self,
-            step: &PruneStep,
-            max_rows: usize,
-            now: Timestamp,
-        ) -> Result<u64, StoreError> {
-            self.inner.prune_chunk(step, max_rows, now).await
-        }
-        async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
-            self.inner.delete_session(session).await
+            self.largest_page.fetch_max(returned, Ordering::Relaxed);
         }
     }
 
-    #[async_trait]
-    impl<H: BeforeRead> CursorStore for Paged<H> {
-        async fn watch(
-            &self,
-            watcher: &WatcherKey,
-            target: &SessionRef,
-            now: Timestamp,
-        ) -> Result<Cursor, StoreError> {
-            self.inner.watch(watcher, target, now).await
-        }
-        async fn unwatch(
-            &self,
-            watcher: &WatcherKey,
-            target: &SessionKey,
-        ) -> Result<bool, StoreError> {
-            self.inner.unwatch(watcher, target).await
-        }
-        async fn acknowledge(
-            &self,
-            watcher: &WatcherKey,
-            targets: &[SessionKey],
-            now: Timestamp,
-        ) -> Result<Vec<Notice>, StoreError> {
-            self.inner.acknowledge(watcher, targets, now).await
-        }
-        async fn cursor(
-            &self,
-            watcher: &WatcherKey,
-            target: &SessionKey,
-        ) -> Result<Option<Cursor>, StoreError> {
-            self.inner.cursor(watcher, target).await
-        }
-        async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
-            self.inner.cursors(filter).await
-        }
-        async fn refreeze(
-            &self,
-            keys: &[CursorKey],
-            now: Timestamp,
-        ) -> Result<Vec<Notice>, StoreError> {
-            self.inner.refreeze(keys, now).await
-        }
-        async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
-            self.inner.reset_watcher(watcher).await
+    /// `store` behind a [`Reads`] hook.
+    fn counted(store: Arc<dyn AwarenessStore>) -> Hooked<Reads> {
+        Hooked {
+            inner: store,
+            hook: Reads::default(),
         }
     }
 
@@ -1079,7 +975,7 @@ mod tests {
         );
         assert_eq!((whole.events_by_age, whole.cursors), (300, 1));
 
-        let paged = Paged::new(store.clone(), ());
+        let paged = counted(store.clone());
         let mut out = Vec::new();
         prune(&paged, true, now, true, &mut out).await.unwrap();
         let dry = parsed(&out);
@@ -1089,8 +985,8 @@ mod tests {
                 "cursors": whole.cursors})
         );
         let (limit, page) = (
-            paged.largest_limit.load(Ordering::Relaxed),
-            paged.largest_page.load(Ordering::Relaxed),
+            paged.hook.largest_limit.load(Ordering::Relaxed),
+            paged.hook.largest_page.load(Ordering::Relaxed),
         );
         assert!(
             limit <= MAX_PAGE_LIMIT && page <= MAX_PAGE_LIMIT,
@@ -1115,14 +1011,14 @@ mod tests {
             "150 younger events over a cap of 100"
         );
 
-        let paged = Paged::new(store, ());
+        let paged = counted(store);
         let mut out = Vec::new();
         prune(&paged, false, now, true, &mut out).await.unwrap();
         let done = parsed(&out);
         assert_eq!(done["deleted"]["eventsByAge"], 300, "{done}");
         assert_eq!(done["deleted"]["cursors"], 1, "{done}");
         assert_eq!(
-            paged.reads.load(Ordering::SeqCst),
+            paged.hook.count.load(Ordering::SeqCst),
             0,
             "a real prune read the log to preview it"
         );
@@ -1133,14 +1029,16 @@ mod tests {
     /// runtime has handled the signal.
     #[cfg(unix)]
     struct InterruptOnSecondRead {
+        reads: Reads,
         heard: std::sync::Mutex<Option<tokio::signal::unix::Signal>>,
     }
 
     #[cfg(unix)]
     #[async_trait]
-    impl BeforeRead for InterruptOnSecondRead {
-        async fn before_read(&self, read: usize) {
-            if read != 1 {
+    impl Hook for InterruptOnSecondRead {
+        async fn before(&self, call: Call, store: &dyn AwarenessStore) {
+            self.reads.before(call, store).await;
+            if call != Call::EventsAfter || self.reads.count.load(Ordering::SeqCst) != 2 {
                 return;
             }
             let heard = self.heard.lock().unwrap().take();
@@ -1164,12 +1062,13 @@ mod tests {
         use tokio::signal::unix::{SignalKind, signal};
         // Listening before the signal is sent also keeps SIGINT from ending the test process.
         let heard = signal(SignalKind::interrupt()).unwrap();
-        let store = Paged::new(
-            gateway_adapter::open_store("memory:").await.unwrap(),
-            InterruptOnSecondRead {
+        let store = Hooked {
+            inner: gateway_adapter::open_store("memory:").await.unwrap(),
+            hook: InterruptOnSecondRead {
+                reads: Reads::default(),
                 heard: std::sync::Mutex::new(Some(heard)),
             },
-        );
+        };
         let mut out = Vec::new();
         // A hang guard, not a measure: tail returns at its next wait, in half a second.
         let tailed = tokio::time::timeout(
@@ -1177,7 +1076,7 @@ mod tests {
             tail(&store, true, Some(0), true, &mut out),
         )
         .await;
-        let reads = store.reads.load(Ordering::SeqCst);
+        let reads = store.hook.reads.count.load(Ordering::SeqCst);
         assert!(
             tailed.is_ok(),
             "tail --follow ran on after a Ctrl-C that came during a read ({reads} reads)"

@@ -63,6 +63,11 @@ pub trait Hook: Send + Sync {
     async fn after(&self, call: Call, store: &dyn AwarenessStore) {
         let _ = (call, store);
     }
+    /// Runs when [`EventStore::events_after`] answered with events: the `limit` it was called
+    /// with and how many events it `returned`, for checks on how a caller pages through the log.
+    fn events_read(&self, limit: usize, returned: usize) {
+        let _ = (limit, returned);
+    }
 }
 
 /// A store that forwards every call to `inner`, running `hook` before and after it.
@@ -122,7 +127,9 @@ impl<H: Hook> EventStore for Hooked<H> {
         limit: usize,
     ) -> Result<Vec<Arc<Event>>, StoreError> {
         let answer = self.inner.events_after(after, limit);
-        self.around(Call::EventsAfter, answer).await
+        let events = self.around(Call::EventsAfter, answer).await?;
+        self.hook.events_read(limit, events.len());
+        Ok(events)
     }
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         self.around(Call::LogStats, self.inner.log_stats()).await

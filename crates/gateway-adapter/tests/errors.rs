@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use awareness_core::testkit::failing::Failing;
-use awareness_core::{LinkSpec, SessionKey, SessionRef, Timestamp, UpstreamStore, async_trait};
+use awareness_core::{LinkSpec, SessionRef, Timestamp, UpstreamStore, async_trait};
 use gateway_adapter::{
     Awareness, CheckOutcome, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
     RecordingWake, UpstreamMonitor, UpstreamProvider,
@@ -54,9 +54,8 @@ impl Subscriber for Capture {
     fn exit(&self, _: &Id) {}
 }
 
-fn k(key: &str) -> SessionKey {
-    SessionKey::new(key).unwrap()
-}
+mod common;
+use common::k;
 
 fn service(store: Arc<Failing>) -> Awareness {
     Awareness::builder(

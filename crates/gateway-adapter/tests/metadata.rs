@@ -11,56 +11,24 @@ use std::sync::Arc;
 
 use awareness_core::validate::{self, MAX_DEDUPE_KEY_BYTES, MAX_KEY_BYTES, MAX_SUMMARY_CHARS};
 use awareness_core::{
-    ActorType, CursorStore, Event, EventKind, EventStore, LinkSpec, Sequence, SessionKey,
-    SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink, UpstreamStore, WatcherKey,
-    async_trait,
+    ActorType, CursorStore, Event, EventKind, EventStore, LinkSpec, Sequence, SessionRef,
+    StoreError, Timestamp, UpsertOutcome, UpstreamLink, UpstreamStore, WatcherKey, async_trait,
 };
 use gateway_adapter::{
-    Awareness, CheckOutcome, Compaction, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
-    MonitorConfig, RecordingWake, RunOutcome, SessionEntry, SystemEventQueue, UpstreamMonitor,
-    UpstreamProvider,
+    CheckOutcome, Compaction, Detection, HumanMessage, MonitorConfig, RunOutcome, SessionEntry,
+    SystemEventQueue, UpstreamMonitor, UpstreamProvider,
 };
 use serde_json::{Value, json};
 use store_memory::MemoryStore;
 
+mod common;
+use common::{World, k, world};
+
 const MANAGER: &str = "agent:main:main";
 const CHILD: &str = "agent:main:subagent:worker";
 
-fn k(key: &str) -> SessionKey {
-    SessionKey::new(key).unwrap()
-}
-
 fn child() -> SessionRef {
     SessionRef::parse(CHILD, "main").unwrap()
-}
-
-struct World {
-    store: Arc<MemoryStore>,
-    queue: Arc<InMemoryQueue>,
-    wake: Arc<RecordingWake>,
-    svc: Arc<Awareness>,
-}
-
-fn world() -> World {
-    let store = Arc::new(MemoryStore::new());
-    let queue = Arc::new(InMemoryQueue::new());
-    let wake = Arc::new(RecordingWake::new());
-    let svc = Arc::new(
-        Awareness::builder(
-            store.clone(),
-            queue.clone(),
-            wake.clone(),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .upstream(store.clone())
-        .build(),
-    );
-    World {
-        store,
-        queue,
-        wake,
-        svc,
-    }
 }
 
 impl World {

@@ -24,9 +24,8 @@ use tokio::sync::{Semaphore, mpsc};
 const MANAGER: &str = "agent:main:main";
 const CHILD: &str = "agent:main:subagent:worker";
 
-fn k(key: &str) -> SessionKey {
-    SessionKey::new(key).unwrap()
-}
+mod common;
+use common::k;
 
 /// Holds each call `call` of the memory store at a gate, before it reaches the store (or,
 /// with `after`, once the store has answered): it reports that it got there, then waits for a

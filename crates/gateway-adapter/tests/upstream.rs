@@ -33,6 +33,9 @@ use gateway_adapter::{
 use serde_json::{Value, json};
 use store_memory::MemoryStore;
 use tokio::sync::broadcast;
+
+mod common;
+use common::{World, world};
 use tokio::time::Instant;
 
 // ----- transcripts -------------------------------------------------------------------------------
@@ -628,38 +631,12 @@ async fn paired_node_pages_back_to_the_marker() {
 
 // ----- the monitor ---------------------------------------------------------------------------------
 
-struct World {
-    store: Arc<MemoryStore>,
-    awareness: Arc<Awareness>,
-    queue: Arc<InMemoryQueue>,
-}
-
-fn world() -> World {
-    let store = Arc::new(MemoryStore::new());
-    let queue = Arc::new(InMemoryQueue::new());
-    let awareness = Arc::new(
-        Awareness::builder(
-            store.clone(),
-            queue.clone(),
-            Arc::new(RecordingWake::new()),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .upstream(store.clone())
-        .build(),
-    );
-    World {
-        store,
-        awareness,
-        queue,
-    }
-}
-
 impl World {
     /// Adopts the transcript for `key` (agent `agent`) and lets `watcher` watch the session.
     async fn adopt(&self, t: &Transcript, key: &str, agent: &str, watcher: &str) -> SessionRef {
         let session = SessionRef::parse(key, agent).unwrap();
         let spec = jsonl::adoption(session.clone(), &t.path, None).unwrap();
-        let out = self.awareness.try_adopt(spec).await.unwrap();
+        let out = self.svc.try_adopt(spec).await.unwrap();
         assert!(out.created);
         self.store
             .watch(
@@ -676,7 +653,7 @@ impl World {
     /// agent:main:main.
     async fn adopt_remote(&self, key: &str, kind: &str) -> SessionRef {
         let r = SessionRef::parse(key, "main").unwrap();
-        self.awareness
+        self.svc
             .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", kind))
             .await
             .unwrap();
@@ -692,7 +669,7 @@ impl World {
     }
 
     fn monitor(&self) -> gateway_adapter::upstream::MonitorBuilder {
-        UpstreamMonitor::builder(self.awareness.clone(), self.store.clone())
+        UpstreamMonitor::builder(self.svc.clone(), self.store.clone())
             .provider(Arc::new(JsonlProvider::new()))
     }
 
@@ -847,7 +824,7 @@ async fn own_prompts_runs_and_unwatched_links() {
         .adopt(&t, "agent:main:worker", "main", "agent:main:main")
         .await;
     let unwatched = SessionRef::parse("agent:main:lonely", "main").unwrap();
-    w.awareness
+    w.svc
         .try_adopt(jsonl::adoption(unwatched.clone(), &t.path, None).unwrap())
         .await
         .unwrap();
@@ -1047,7 +1024,9 @@ async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
     let w = world();
     w.adopt_remote("agent:main:remote", "begun").await;
     let World {
-        store, awareness, ..
+        store,
+        svc: awareness,
+        ..
     } = w;
     let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
     let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
@@ -1186,7 +1165,7 @@ async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
     // Continuing the session from the catalog again creates a fresh link.
     File::create(&t.path).unwrap();
     let fresh = w
-        .awareness
+        .svc
         .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
         .await
         .unwrap();
@@ -1271,7 +1250,7 @@ impl UpstreamProvider for UnwatchDuringCheck {
 async fn turns_not_recorded_because_nothing_watches_any_more_say_so() {
     let w = world();
     w.adopt_remote("agent:main:remote", "unwatch").await;
-    let monitor = UpstreamMonitor::builder(w.awareness.clone(), w.store.clone())
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(Arc::new(UnwatchDuringCheck(w.store.clone())))
         .build();
     let mut rx = monitor.subscribe();
@@ -1294,7 +1273,7 @@ fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(1),
     });
-    UpstreamMonitor::builder(w.awareness.clone(), flaky)
+    UpstreamMonitor::builder(w.svc.clone(), flaky)
         .provider(Arc::new(JsonlProvider::new()))
         .build()
 }
@@ -1399,7 +1378,7 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
         store: w.store.clone(),
         to: jsonl::adoption(session.clone(), &other.path, None).unwrap(),
     });
-    let monitor = UpstreamMonitor::builder(w.awareness.clone(), w.store.clone())
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(swap)
         .build();
     let mut rx = monitor.subscribe();
@@ -1441,7 +1420,7 @@ async fn a_failed_marker_move_is_published_with_its_cause() {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(0),
     });
-    let monitor = UpstreamMonitor::builder(w.awareness.clone(), flaky.clone())
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
         .build();
     let mut rx = monitor.subscribe();
@@ -1540,7 +1519,7 @@ async fn adopting_again_keeps_or_rebases_the_marker() {
     let mut t = Transcript::new();
     let session = SessionRef::parse("agent:main:worker", "main").unwrap();
     let first = w
-        .awareness
+        .svc
         .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
         .await
         .unwrap();
@@ -1548,7 +1527,7 @@ async fn adopting_again_keeps_or_rebases_the_marker() {
     // Adopting the same file again (its marker spec is now past the new line) keeps the old
     // marker, so the line is still counted.
     let again = w
-        .awareness
+        .svc
         .adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
         .await
         .unwrap();
@@ -1561,7 +1540,7 @@ async fn adopting_again_keeps_or_rebases_the_marker() {
     );
     // Another thread id for the same file is another source: rebased.
     let moved = w
-        .awareness
+        .svc
         .adopt(jsonl::adoption(session.clone(), &t.path, Some("renamed")).unwrap())
         .await
         .unwrap();
@@ -1595,7 +1574,7 @@ async fn a_catalog_id_too_long_or_broken_for_its_summaries_is_refused_before_ado
             catalog_id: catalog.clone(),
             ..jsonl::adoption(session.clone(), &t.path, None).unwrap()
         };
-        let err = w.awareness.try_adopt(spec).await.unwrap_err();
+        let err = w.svc.try_adopt(spec).await.unwrap_err();
         let names_the_catalog_id = match &err {
             StoreError::InvalidInput(awareness_core::ValidationError::CatalogIdTooLong {
                 ..
@@ -1620,7 +1599,7 @@ async fn a_catalog_id_too_long_or_broken_for_its_summaries_is_refused_before_ado
         catalog_id: fits.clone(),
         ..jsonl::adoption(session.clone(), &t.path, None).unwrap()
     };
-    assert!(w.awareness.try_adopt(spec).await.unwrap().created);
+    assert!(w.svc.try_adopt(spec).await.unwrap().created);
     let adopted = w.events(&session, EventKind::Adopted).await;
     assert_eq!(adopted.len(), 1);
     assert_eq!(adopted[0].summary, format!("adopted from {fits}"));
@@ -1648,7 +1627,7 @@ async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
             .len(),
         1
     );
-    assert_eq!(w.awareness.drain_turn(&manager).await.len(), 1);
+    assert_eq!(w.svc.drain_turn(&manager).await.len(), 1);
 
     t.human("second"); // typed before the next tick
     monitor.tick().await;

@@ -1,0 +1,46 @@
+//! The service over a memory store that several of this crate's integration tests build the
+//! same way. (Each test file that uses it declares `mod common;`; not every file uses every
+//! item.)
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use awareness_core::SessionKey;
+use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake};
+use store_memory::MemoryStore;
+
+/// A session key from a string the test knows is valid.
+pub fn k(key: &str) -> SessionKey {
+    SessionKey::new(key).unwrap()
+}
+
+/// A service over a memory store that also keeps its upstream links, with a queue and a wake
+/// the test reads.
+pub struct World {
+    pub store: Arc<MemoryStore>,
+    pub queue: Arc<InMemoryQueue>,
+    pub wake: Arc<RecordingWake>,
+    pub svc: Arc<Awareness>,
+}
+
+pub fn world() -> World {
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(RecordingWake::new());
+    let svc = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            wake.clone(),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .upstream(store.clone())
+        .build(),
+    );
+    World {
+        store,
+        queue,
+        wake,
+        svc,
+    }
+}

@@ -689,9 +689,9 @@ async fn prune(
                 out,
                 &format!(
                     "would delete {by_age} event(s) older than {} , {by_cap} beyond the {}-row cap, {idle_cursors} cursor(s) idle since {}\n",
-                    time(now.minus_ms(policy.max_age_ms)),
+                    time(policy.age_cutoff(now)),
                     policy.max_rows,
-                    time(now.minus_ms(policy.cursor_idle_ms))
+                    time(policy.idle_cutoff(now))
                 ),
             )
         };

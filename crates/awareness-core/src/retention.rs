@@ -104,15 +104,25 @@ impl RetentionPolicy {
     pub fn steps(&self, now: Timestamp) -> [PruneStep; 3] {
         [
             PruneStep::Age {
-                cutoff: now.minus_ms(self.max_age_ms),
+                cutoff: self.age_cutoff(now),
             },
             PruneStep::RowCap {
                 max_rows: self.max_rows,
             },
             PruneStep::Cursors {
-                cutoff: now.minus_ms(self.cursor_idle_ms),
+                cutoff: self.idle_cutoff(now),
             },
         ]
+    }
+
+    /// A pass at `now` deletes the events whose `occurredAt` is before this.
+    pub fn age_cutoff(&self, now: Timestamp) -> Timestamp {
+        now.minus_ms(self.max_age_ms)
+    }
+
+    /// A pass at `now` deletes the cursors last updated before this.
+    pub fn idle_cutoff(&self, now: Timestamp) -> Timestamp {
+        now.minus_ms(self.cursor_idle_ms)
     }
 }
 
@@ -179,23 +189,10 @@ pub struct Preview {
 impl Preview {
     /// Counts for a pass of `policy` at `now`, nothing counted yet.
     pub fn new(policy: &RetentionPolicy, now: Timestamp) -> Self {
-        let [age, cap, idle] = policy.steps(now);
-        let (
-            PruneStep::Age { cutoff: age_cutoff },
-            PruneStep::RowCap { max_rows },
-            PruneStep::Cursors {
-                cutoff: idle_cutoff,
-            },
-        ) = (age, cap, idle)
-        else {
-            unreachable!(
-                "RetentionPolicy::steps gives the age, row-cap and cursor steps in this order"
-            )
-        };
         Self {
-            age_cutoff,
-            max_rows,
-            idle_cutoff,
+            age_cutoff: policy.age_cutoff(now),
+            max_rows: policy.max_rows,
+            idle_cutoff: policy.idle_cutoff(now),
             rows: 0,
             old: 0,
             idle: 0,

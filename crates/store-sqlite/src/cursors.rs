@@ -78,17 +78,10 @@ impl CursorStore for SqliteStore {
     }
 
     async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
-        const WHAT: &str = "unwatch";
-        let mut w = self.writer(WHAT).await?;
-        let res = async {
-            let q = sqlx::query(sql::UNWATCH)
-                .bind(watcher.as_str().to_owned())
-                .bind(target.as_str().to_owned());
-            let row = batch_one(&mut w.conn, q, WHAT).await?;
-            Ok(get::<i64>(&row, 0, WHAT)? > 0)
-        }
-        .await;
-        w.finish(res).await
+        let q = sqlx::query(sql::UNWATCH)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        self.write_changed("unwatch", q).await
     }
 
     async fn acknowledge(

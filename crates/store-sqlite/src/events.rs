@@ -193,7 +193,10 @@ impl EventStore for SqliteStore {
         let payload = event.payload.as_ref().map(decode::to_json);
         let writer = self.write_connection(WHAT)?;
         if self.group_commit <= 1 {
-            self.largest_batch.fetch_max(1, Ordering::Relaxed);
+            // Every transaction holds one recording: a read once the first has been counted.
+            if self.largest_batch.load(Ordering::Relaxed) == 0 {
+                self.largest_batch.store(1, Ordering::Relaxed);
+            }
             let mut w = self.writer(WHAT).await?;
             let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
             return w.finish(res).await;

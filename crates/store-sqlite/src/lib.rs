@@ -516,18 +516,8 @@ impl SqliteStore {
     /// repairing a store by hand would. Returns whether the row existed. The conformance suite
     /// uses it to prove that history gaps come only from pruning.
     pub async fn delete_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
-        let mut w = self.writer("delete an event row").await?;
-        let res = async {
-            let row = batch_one(
-                &mut w.conn,
-                sqlx::query(sql::DELETE_EVENT_ROW).bind(int(sequence)),
-                "delete an event row",
-            )
-            .await?;
-            Ok(get::<i64>(&row, 0, "delete an event row")? > 0)
-        }
-        .await;
-        w.finish(res).await
+        let q = sqlx::query(sql::DELETE_EVENT_ROW).bind(int(sequence));
+        self.write_changed("delete an event row", q).await
     }
 
     /// Deletes one session's head row and nothing else (its events and the cursors on it
@@ -535,17 +525,19 @@ impl SqliteStore {
     /// conformance suite uses it to check that pruning never creates a head, and the durable
     /// suite to check what the audit reports.
     pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
-        let mut w = self.writer("delete a head row").await?;
+        let q = sqlx::query(sql::DELETE_HEAD_ROW)
+            .bind(session.session_key.as_str().to_owned())
+            .bind(session.agent_id.as_str().to_owned());
+        self.write_changed("delete a head row", q).await
+    }
+
+    /// Runs `q` (a transaction whose last statement selects `changes()`) on the write
+    /// connection; answers whether it changed a row.
+    pub(crate) async fn write_changed(&self, what: &str, q: Query) -> Result<bool, StoreError> {
+        let mut w = self.writer(what).await?;
         let res = async {
-            let row = batch_one(
-                &mut w.conn,
-                sqlx::query(sql::DELETE_HEAD_ROW)
-                    .bind(session.session_key.as_str())
-                    .bind(session.agent_id.as_str()),
-                "delete a head row",
-            )
-            .await?;
-            Ok(get::<i64>(&row, 0, "delete a head row")? > 0)
+            let row = batch_one(&mut w.conn, q, what).await?;
+            Ok(get::<i64>(&row, 0, what)? > 0)
         }
         .await;
         w.finish(res).await

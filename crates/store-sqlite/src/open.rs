@@ -169,7 +169,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
         }
     });
     if let Err(e) = prepare_staged(&staged.0, connect).await {
-        return Err(error::open(path, error::open_reason(&e), Some(Box::new(e))));
+        return Err(error::failed_open(path, e));
     }
     let linked = std::fs::hard_link(&staged.0, path);
     drop(staged);

@@ -474,8 +474,9 @@ async fn assert_losses_behind_watermarks(
 
 /// The audit of a store ([`crate::audit::audit_store`], which `awareness doctor` runs) reports
 /// what a lost head leaves: the session's retained events without a head, and a cursor that
-/// has seen them with no head to compare against. (store-memory keeps a session's events
-/// under its head, and cannot lose one without the other.)
+/// has seen them with no head to compare against. (store-memory reads a session's page
+/// through its head, so a head deleted by hand takes the page with it, and the audit's re-read
+/// of the page finds nothing: it keeps no file a hand edit could leave that way.)
 pub async fn the_audit_reports_events_and_cursors_left_without_a_head(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;

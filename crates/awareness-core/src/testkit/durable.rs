@@ -398,17 +398,41 @@ pub async fn a_cancelled_prune_leaves_every_loss_behind_a_watermark(f: impl Open
         let got = rec(&*t.store, log_only(&refs[at], "x"), T0).await;
         recorded[at].push(got.event.sequence.get());
     }
+    // Rounds whose pass was dropped while under way after it had deleted something: the case
+    // checked.
+    let mut cut_short_with_losses = 0;
     for round in 0..30u64 {
         let policy = crate::RetentionPolicy {
             max_rows: 700 - 20 * (round + 1),
             chunk_rows: 3,
             ..crate::RetentionPolicy::default()
         };
-        let polls = 1 + usize::try_from(round % 6).expect("small");
-        give_up_after(polls, t.store.prune(&policy, T0)).await;
+        let before = t.store.log_stats().await.expect("stats").rows;
+        // Polled until `budget` has passed, then dropped: from after its first poll to after
+        // it finished.
+        let budget = std::time::Duration::from_micros(round % 10 * 300);
+        let started = std::time::Instant::now();
+        let mut cut_short = false;
+        {
+            let mut pass = std::pin::pin!(t.store.prune(&policy, T0));
+            while !poll_once(pass.as_mut()).await {
+                if started.elapsed() >= budget {
+                    cut_short = true;
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
         assert_losses_behind_watermarks(&*t.store, &refs, &recorded, &format!("round {round}"))
             .await;
+        let after = t.store.log_stats().await.expect("stats").rows;
+        cut_short_with_losses += usize::from(cut_short && after < before);
     }
+    // Otherwise the rounds checked only passes that ran to their end, or deleted nothing.
+    assert!(
+        cut_short_with_losses > 0,
+        "no pass was dropped midway after deleting something"
+    );
     // Every row cap asked for is reached once a pass runs to its end.
     let policy = crate::RetentionPolicy {
         max_rows: 100,

@@ -210,13 +210,19 @@ async fn settled_names(dir: &Path, done: impl Fn(&[String]) -> bool) -> Vec<Stri
 /// Two opens of the same new path at once (two tasks of a gateway starting together) both
 /// succeed and share one store: what one records, the other reads, and it is in the file once
 /// both are closed, with nothing but the store's file left beside it. A store that creates a
-/// new file must not let the second open fail on, or remove, what the first is making.
-pub async fn two_opens_of_a_new_file_at_once_both_succeed_and_share_it(f: impl OpenFile) {
+/// new file must not let the second open fail on, or remove, what the first is making. Every
+/// other round the path holds an empty file (as a deployment tool may create), which both opens
+/// make a store at once. The two opens start together on two threads, behind a barrier, so
+/// that they overlap on both cores (awaited on one task, they overlapped in few rounds).
+pub async fn two_opens_of_a_new_file_at_once_both_succeed_and_share_it(f: impl OpenFile + Sync) {
     let kid = child();
-    for round in 0..40 {
+    for round in 0..100 {
         let dir = Scratch::new("open");
         let file = dir.file();
-        let (a, b) = tokio::join!(f(file.clone()), f(file.clone()));
+        if round % 2 == 1 {
+            std::fs::write(&file, b"").expect("an empty file");
+        }
+        let (a, b) = open_twice_at_once(&f, &file);
         let a = a.unwrap_or_else(|e| panic!("round {round}: the first open failed: {e}"));
         let b = b.unwrap_or_else(|e| panic!("round {round}: the second open failed: {e}"));
         // Record through each handle in turn, and read through the other.
@@ -245,6 +251,33 @@ pub async fn two_opens_of_a_new_file_at_once_both_succeed_and_share_it(f: impl O
         t.close().await;
         assert_only_the_store(&format!("round {round}"), &dir);
     }
+}
+
+/// Opens `file` through `f` on two threads released together by a barrier, each driving its
+/// open on the current (multi-thread) runtime.
+fn open_twice_at_once(
+    f: &(impl OpenFile + Sync),
+    file: &Path,
+) -> (
+    Result<super::Subject, StoreError>,
+    Result<super::Subject, StoreError>,
+) {
+    let runtime = tokio::runtime::Handle::current();
+    let start = std::sync::Barrier::new(2);
+    let one = || {
+        start.wait();
+        runtime.block_on(f(file.to_path_buf()))
+    };
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            let a = s.spawn(one);
+            let b = s.spawn(one);
+            (
+                a.join().expect("the first open's thread"),
+                b.join().expect("the second open's thread"),
+            )
+        })
+    })
 }
 
 /// An open of a new path cancelled at any moment (a caller's timeout, a gateway shutting down

@@ -193,6 +193,10 @@ impl Shared {
         if result.is_err() {
             self.mark_unflushed();
         }
+        #[cfg(test)]
+        if last && result.is_ok() {
+            tests::last_flush_committed(&self.path);
+        }
         result
     }
 }
@@ -849,6 +853,19 @@ pub(crate) mod tests {
 
     pub(super) fn last_flush_begins(path: &Path) {
         let waiting = lock(&LAST_FLUSH_BEGINS);
+        if let Some((p, tell)) = waiting.as_ref()
+            && p == path
+        {
+            tell.send(()).ok();
+        }
+    }
+
+    /// Told when the last flush of a handle on a file has made a durable commit.
+    pub(crate) static LAST_FLUSH_COMMITTED: Mutex<Option<(PathBuf, std::sync::mpsc::Sender<()>)>> =
+        Mutex::new(None);
+
+    pub(super) fn last_flush_committed(path: &Path) {
+        let waiting = lock(&LAST_FLUSH_COMMITTED);
         if let Some((p, tell)) = waiting.as_ref()
             && p == path
         {

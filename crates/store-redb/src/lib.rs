@@ -1191,6 +1191,9 @@ mod tests {
         let writer = Arc::clone(&bounded.writer);
         let (tell, told) = std::sync::mpsc::channel();
         *db::lock(&db::tests::LAST_FLUSH_BEGINS) = Some((bounded.path().to_owned(), tell));
+        let (tell_committed, committed) = std::sync::mpsc::channel();
+        *db::lock(&db::tests::LAST_FLUSH_COMMITTED) =
+            Some((bounded.path().to_owned(), tell_committed));
         let txn = tokio::task::block_in_place(|| writer.begin("test")).expect("begin");
         let dropping = std::thread::spawn(move || drop(bounded));
         // Dropping flushes last (the timeout only keeps the test from hanging). Once that flush
@@ -1207,9 +1210,16 @@ mod tests {
         })
         .expect("commit");
         dropping.join().expect("the dropping thread");
+        *db::lock(&db::tests::LAST_FLUSH_COMMITTED) = None;
         assert!(
             !dropped_first,
             "the handle's last flush did not wait for the write in progress, which stays non-durable"
+        );
+        // Decisive whatever the timing: the last flush made a durable commit, which redb could
+        // only begin once the write in progress had committed.
+        assert!(
+            committed.try_recv().is_ok(),
+            "the handle's last flush made no durable commit after the write in progress"
         );
         drop(writer);
         drop(reader);

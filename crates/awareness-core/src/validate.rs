@@ -170,10 +170,105 @@ fn bounded_key(what: &'static str, value: &str, max: usize) -> Result<(), Valida
             max,
         });
     }
-    if value.chars().any(char::is_control) {
+    if value.chars().any(breaks_key) {
         return Err(ValidationError::ControlCharacter { what });
     }
     Ok(())
+}
+
+/// Whether the key rules ([`key`], [`dedupe_key`]) refuse `c`: a control character.
+pub fn breaks_key(c: char) -> bool {
+    c.is_control()
+}
+
+/// What ends text that [`fit_summary`] or [`fit_key`] cut.
+pub const ELLIPSIS: char = '…';
+
+/// `text`, cut to at most `max` characters: its first `max - 1` characters (less trailing
+/// whitespace) and [`ELLIPSIS`]. Unchanged when it fits.
+fn shorten(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.chars().count() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let Some(keep) = max.checked_sub(1) else {
+        return std::borrow::Cow::Borrowed("");
+    };
+    let end = text.char_indices().nth(keep).map_or(text.len(), |(i, _)| i);
+    let mut out = text[..end].trim_end().to_owned();
+    out.push(ELLIPSIS);
+    std::borrow::Cow::Owned(out)
+}
+
+/// `prefix` then `text` (display text a gateway supplied, such as a channel name) as a valid
+/// [`summary`], and whether `text` had to be changed for it: `text` is trimmed (`fallback` when
+/// nothing is left); when the result breaks the summary rules, each character that breaks the
+/// line ([`breaks_summary`]) becomes a space, the text is trimmed again and cut to the room the
+/// prefix leaves, ending with [`ELLIPSIS`]. `prefix` and `fallback` are a producer's constants:
+/// one short line each. Every producer of a summary from such text uses this, so the same text
+/// always gives the same summary.
+pub fn fit_summary(prefix: &str, text: &str, fallback: &str) -> (String, bool) {
+    let trimmed = text.trim();
+    let shown = if trimmed.is_empty() {
+        fallback
+    } else {
+        trimmed
+    };
+    let whole = format!("{prefix}{shown}");
+    if summary(&whole).is_ok() {
+        return (whole, false);
+    }
+    let cleaned: String = shown
+        .chars()
+        .map(|c| if breaks_summary(c) { ' ' } else { c })
+        .collect();
+    let cleaned = cleaned.trim();
+    let shown = if cleaned.is_empty() {
+        fallback
+    } else {
+        cleaned
+    };
+    let room = MAX_SUMMARY_CHARS.saturating_sub(prefix.chars().count());
+    let fitted = format!("{prefix}{}", shorten(shown, room));
+    debug_assert!(
+        summary(&fitted).is_ok(),
+        "a fitted summary is valid: {fitted:?}"
+    );
+    (fitted, true)
+}
+
+/// `value` (an id or a key a gateway supplied) as a key of at most `max` bytes that the key
+/// rules accept: unchanged (borrowed) when it is one; else each character that breaks them
+/// ([`breaks_key`]) becomes U+FFFD, the value is cut to fit on a character boundary, and `#`
+/// with the FNV-1a 64 hash of the original ([`crate::upstream::fnv1a64`]) is appended
+/// (`…#<hash>` when it was cut). So two different originals stay different (a dedupe key never
+/// merges two events) and one original always gives the same value (a retry still
+/// deduplicates). An empty value stays empty.
+pub fn fit_key(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if value.len() <= max && !value.chars().any(breaks_key) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let hash = format!("#{:016x}", crate::upstream::fnv1a64(value.as_bytes()));
+    let cleaned: String = value
+        .chars()
+        .map(|c| {
+            if breaks_key(c) {
+                char::REPLACEMENT_CHARACTER
+            } else {
+                c
+            }
+        })
+        .collect();
+    let fitted = if cleaned.len() + hash.len() <= max {
+        cleaned + &hash
+    } else {
+        let room = max.saturating_sub(hash.len() + ELLIPSIS.len_utf8());
+        let mut end = room.min(cleaned.len());
+        while !cleaned.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}{ELLIPSIS}{hash}", &cleaned[..end])
+    };
+    std::borrow::Cow::Owned(fitted)
 }
 
 /// Whether `c` breaks a summary's one line ([`summary`] refuses it): a control character, or a
@@ -287,6 +382,62 @@ pub fn clamp_occurred_at(occurred_at: Option<Timestamp>, now: Timestamp) -> Time
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summaries_fit_and_stay_informative() {
+        let fit = |prefix: &str, text: &str, fallback: &str| fit_summary(prefix, text, fallback).0;
+        assert_eq!(
+            fit_summary("via ", "telegram", "x"),
+            ("via telegram".into(), false)
+        );
+        assert_eq!(
+            fit_summary("via ", " telegram ", "x"),
+            ("via telegram".into(), false)
+        );
+        assert_eq!(
+            fit_summary("via ", "tele\ngram", "x"),
+            ("via tele gram".into(), true)
+        );
+        assert_eq!(
+            fit("via ", "\u{2028}tele\u{2029}gram\u{85}", "x"),
+            "via tele gram"
+        );
+        assert_eq!(fit("via ", "\n\t", "unknown"), "via unknown");
+        assert_eq!(fit("via ", "  ", "unknown"), "via unknown");
+        assert_eq!(fit("", "", "goal changed"), "goal changed");
+        let long = fit("via ", &"é".repeat(300), "x");
+        assert_eq!(long.chars().count(), MAX_SUMMARY_CHARS);
+        assert!(long.ends_with("é…"), "{long}");
+        assert_eq!(summary(&long), Ok(()));
+        // Whitespace before the cut is not kept in front of the ellipsis.
+        let spaced = fit("", &format!("{} {}", "a".repeat(198), "b".repeat(9)), "x");
+        assert_eq!(spaced, format!("{}…", "a".repeat(198)));
+    }
+
+    #[test]
+    fn keys_fit_and_stay_distinct() {
+        assert!(matches!(
+            fit_key("run-1", MAX_KEY_BYTES),
+            std::borrow::Cow::Borrowed("run-1")
+        ));
+        let a = fit_key("run\n1", MAX_KEY_BYTES);
+        let b = fit_key("run\t1", MAX_KEY_BYTES);
+        assert!(a.starts_with("run\u{fffd}1#"), "{a}");
+        assert_ne!(a, b, "two originals stay two keys");
+        assert_eq!(a, fit_key("run\n1", MAX_KEY_BYTES), "deterministic");
+        assert_eq!(key("run id", &a), Ok(()));
+        for long in [
+            "r".repeat(5000),
+            "é".repeat(3000),
+            format!("{}\n", "r".repeat(MAX_KEY_BYTES)),
+        ] {
+            let fitted = fit_key(&long, MAX_KEY_BYTES);
+            assert!(fitted.len() <= MAX_KEY_BYTES, "{}", fitted.len());
+            assert!(fitted.len() > MAX_KEY_BYTES - 24, "{}", fitted.len());
+            assert!(fitted.contains("…#"), "{fitted}");
+            assert_eq!(key("run id", &fitted), Ok(()));
+        }
+    }
     use serde_json::json;
 
     #[test]

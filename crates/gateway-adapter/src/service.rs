@@ -812,12 +812,7 @@ impl Awareness {
                 }
             }
         }
-        let channel = msg
-            .channel
-            .as_deref()
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .unwrap_or(upstream::UNKNOWN_CHANNEL);
+        let channel = msg.channel.as_deref().unwrap_or("");
         let fit = Fit::new(&msg.session, EventKind::HumanDirectMessage);
         let agent = self.agent_of(&msg.session, msg.agent_id.as_ref());
         let mut ev = NewEvent::new(

@@ -739,15 +739,18 @@ impl Awareness {
 
     /// Records an event, best effort: a failure is logged and yields `None`.
     pub async fn record(&self, event: NewEvent) -> Option<Recorded> {
+        self.record_logged(event).await.ok()
+    }
+
+    /// [`Awareness::try_record`], logging a failure (`warn!`) and answering it with its causes.
+    async fn record_logged(&self, event: NewEvent) -> Result<Recorded, String> {
         let key = event.session.session_key.clone();
         let kind = event.kind;
-        match self.try_record(event).await {
-            Ok(r) => Some(r),
-            Err(e) => {
-                warn!(session_key = %key, %kind, error = %ErrorChain(&e), "session-state event not recorded");
-                None
-            }
-        }
+        self.try_record(event).await.map_err(|e| {
+            let e = ErrorChain(&e).to_string();
+            warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
+            e
+        })
     }
 
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
@@ -849,13 +852,9 @@ impl Awareness {
         }
         .filter(|p| !p.is_empty());
         ev.watchers.extend(spawner);
-        match self.try_record(ev).await {
+        match self.record_logged(ev).await {
             Ok(r) => HumanRecorded::Event(r.event),
-            Err(e) => {
-                let e = ErrorChain(&e).to_string();
-                warn!(session_key = %msg.session, kind = %EventKind::HumanDirectMessage, error = %e, "session-state event not recorded");
-                HumanRecorded::Failed(e)
-            }
+            Err(e) => HumanRecorded::Failed(e),
         }
     }
 
@@ -1236,7 +1235,7 @@ impl Awareness {
 
     /// Acknowledges the watcher's notices on `targets` and delivers the follow-ups.
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
-        self.acknowledge_holding(watcher, targets, ())
+        self.acknowledge_holding(watcher, targets.to_vec(), ())
             .await
             .map(|((), follow)| follow)
             .unwrap_or_default()
@@ -1248,7 +1247,7 @@ impl Awareness {
     async fn acknowledge_holding<K: Send + 'static>(
         &self,
         watcher: &SessionKey,
-        targets: &[SessionKey],
+        targets: Vec<SessionKey>,
         keep: K,
     ) -> Option<(K, Vec<Notice>)> {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
@@ -1258,7 +1257,6 @@ impl Awareness {
             return Some((keep, Vec::new()));
         }
         let store = Arc::clone(&self.store);
-        let targets = targets.to_vec();
         let now = self.clock.now();
         let acknowledged = self
             .write_and_deliver(
@@ -1375,7 +1373,7 @@ impl Awareness {
         // is dropped: the next turn must not read the cursors while it is in flight (see 1).
         turn.carried().read = read;
         let held = turn.guard.take().expect("the turn holds its lock");
-        let Some((held, _)) = self.acknowledge_holding(watcher, &targets, held).await else {
+        let Some((held, _)) = self.acknowledge_holding(watcher, targets, held).await else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
             // this turn read, which the next turn shows.
             return Vec::new();

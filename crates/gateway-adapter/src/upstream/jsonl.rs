@@ -194,22 +194,32 @@ fn marker_at_end_of(file: &mut File, limit: u64) -> std::io::Result<JsonlMarker>
 /// directory, a device) is refused before it is opened, with an
 /// [`ErrorKind::InvalidInput`] error naming it.
 pub fn marker_at_end(path: &Path) -> std::io::Result<JsonlMarker> {
+    let (mut file, _) = open_regular(path)?;
+    marker_at_end_of(&mut file, MAX_BYTES_PER_TICK)
+}
+
+/// Opens `path` for reading if it is a regular file, with its metadata; anything else (a FIFO,
+/// a directory, a device) is an [`ErrorKind::InvalidInput`] error naming it. It is looked at
+/// before it is opened (opening a FIFO for reading blocks until a writer comes), and again once
+/// opened (it may have been replaced between the two).
+fn open_regular(path: &Path) -> std::io::Result<(File, std::fs::Metadata)> {
     let not_a_file = || {
         std::io::Error::new(
             ErrorKind::InvalidInput,
             format!("{} is not a regular file", path.display()),
         )
     };
-    // Before opening: opening a FIFO for reading blocks until a writer comes.
     if !std::fs::metadata(path)?.is_file() {
         return Err(not_a_file());
     }
-    let mut file = File::open(path)?;
-    // Replaced between the two looks: still refused, if only once opened.
-    if !file.metadata()?.is_file() {
+    #[cfg(test)]
+    tests::while_reading(path);
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
         return Err(not_a_file());
     }
-    marker_at_end_of(&mut file, MAX_BYTES_PER_TICK)
+    Ok((file, meta))
 }
 
 /// What [`crate::Awareness::adopt`] needs to adopt a transcript for `session`: catalog
@@ -258,18 +268,7 @@ fn try_scan(
     own: &[TextFingerprint],
     budget: u64,
 ) -> std::io::Result<CheckOutcome> {
-    let not_a_file = || std::io::Error::new(ErrorKind::InvalidInput, "not a regular file");
-    // Before opening: opening a FIFO for reading blocks until a writer comes.
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(not_a_file());
-    }
-    #[cfg(test)]
-    tests::while_reading(path);
-    let mut file = File::open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(not_a_file());
-    }
+    let (mut file, meta) = open_regular(path)?;
     let ((dev, ino), size) = (identity(&meta), meta.len());
     let why_rebase = match marker {
         None => Some("no usable marker"),
@@ -477,7 +476,7 @@ mod tests {
     type Hook = (PathBuf, Box<dyn FnOnce() + Send>);
     static WHILE_READING: Mutex<Option<Hook>> = Mutex::new(None);
 
-    /// Called by a scan before it opens `path`: runs the hook set for this path.
+    /// Called between the look at `path` and its opening: runs the hook set for this path.
     pub(super) fn while_reading(path: &Path) {
         let hook = {
             let mut hook = WHILE_READING.lock().unwrap_or_else(PoisonError::into_inner);

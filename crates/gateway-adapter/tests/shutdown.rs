@@ -14,12 +14,11 @@ use awareness_core::{
     UpstreamLink, WatcherKey, async_trait,
 };
 use gateway_adapter::upstream::{CheckOutcome, JsonlProvider, UpstreamMonitor, UpstreamProvider};
-use gateway_adapter::{
-    Awareness, HumanMessage, InMemoryDirectory, InMemoryQueue, MonitorConfig, RecordingWake,
-    open_full_store,
-};
+use gateway_adapter::{HumanMessage, MonitorConfig, open_full_store};
 use store_memory::MemoryStore;
 use tokio::sync::{Semaphore, mpsc};
+
+mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
@@ -27,16 +26,7 @@ async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
     let file = dir.path().join("state.sqlite");
     let url = format!("sqlite://{}", file.display());
     let store = open_full_store(&url).await.unwrap();
-    let awareness = Arc::new(
-        Awareness::builder(
-            store.clone(),
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(RecordingWake::new()),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .upstream(store.clone())
-        .build(),
-    );
+    let (awareness, _, _) = common::service(store.clone(), Some(store.clone()));
     let pruning = awareness.spawn_pruning();
     let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -134,16 +124,7 @@ async fn a_monitor_stopped_inside_a_recording_lets_go_of_the_store_once_stop_ret
             gate: Semaphore::new(0),
         },
     });
-    let awareness = Arc::new(
-        Awareness::builder(
-            store.clone(),
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(RecordingWake::new()),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .upstream(links.clone())
-        .build(),
-    );
+    let (awareness, _, _) = common::service(store.clone(), Some(links.clone()));
     let session = SessionRef::parse("agent:main:remote", "main").unwrap();
     awareness
         .try_adopt(LinkSpec::new(

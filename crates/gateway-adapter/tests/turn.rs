@@ -90,17 +90,7 @@ impl World {
                 armed: AtomicBool::new(false),
             },
         });
-        let queue = Arc::new(InMemoryQueue::new());
-        let wake = Arc::new(RecordingWake::new());
-        let svc = Arc::new(
-            Awareness::builder(
-                store.clone(),
-                queue.clone(),
-                wake.clone(),
-                Arc::new(InMemoryDirectory::new()),
-            )
-            .build(),
-        );
+        let (svc, queue, wake) = common::service(store.clone(), None);
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
             .await
             .expect("seeded");

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use awareness_core::SessionKey;
+use awareness_core::{AwarenessStore, SessionKey, UpstreamStore};
 use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake};
 use store_memory::MemoryStore;
 
@@ -25,22 +25,31 @@ pub struct World {
 
 pub fn world() -> World {
     let store = Arc::new(MemoryStore::new());
-    let queue = Arc::new(InMemoryQueue::new());
-    let wake = Arc::new(RecordingWake::new());
-    let svc = Arc::new(
-        Awareness::builder(
-            store.clone(),
-            queue.clone(),
-            wake.clone(),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .upstream(store.clone())
-        .build(),
-    );
+    let (svc, queue, wake) = service(store.clone(), Some(store.clone()));
     World {
         store,
         queue,
         wake,
         svc,
     }
+}
+
+/// A service over `store` (and `links`, its upstream links, when given) with an empty
+/// directory, and the queue and wake the test reads.
+pub fn service(
+    store: Arc<dyn AwarenessStore>,
+    links: Option<Arc<dyn UpstreamStore>>,
+) -> (Arc<Awareness>, Arc<InMemoryQueue>, Arc<RecordingWake>) {
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(RecordingWake::new());
+    let mut builder = Awareness::builder(
+        store,
+        queue.clone(),
+        wake.clone(),
+        Arc::new(InMemoryDirectory::new()),
+    );
+    if let Some(links) = links {
+        builder = builder.upstream(links);
+    }
+    (Arc::new(builder.build()), queue, wake)
 }

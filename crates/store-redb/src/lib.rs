@@ -586,6 +586,18 @@ impl RedbStore {
         .await
     }
 
+    /// Overwrites one event row, and its copy in the per-session index, with bytes that do not
+    /// decode, as a torn write could leave them; its dedupe key stays taken and its head stays.
+    /// Returns whether the row existed. The durable suite uses it to check what a recording
+    /// does on meeting such a row.
+    pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        self.write("damage an event row", move |txn| {
+            let damaged = EventTables::open(txn)?.damage(sequence.get())?;
+            Ok((damaged, damaged))
+        })
+        .await
+    }
+
     async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,

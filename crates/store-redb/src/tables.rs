@@ -398,6 +398,25 @@ impl<'t> EventTables<'t> {
         }
     }
 
+    /// Overwrites the row of `seq` and its copy in `events_by_ref` with bytes that do not
+    /// decode (`RedbStore::damage_event_row`); touches no index entry or head. Returns whether
+    /// the row existed.
+    pub(crate) fn damage(&mut self, seq: u64) -> Result<bool, StoreError> {
+        const TORN: &[u8] = b"torn";
+        let (agent, key) = match self.events.get(seq).ctx("read an event")? {
+            Some(row) => {
+                let m = codec::meta(seq, row.value())?;
+                (m.agent_id.to_owned(), m.session_key.to_owned())
+            }
+            None => return Ok(false),
+        };
+        self.by_ref
+            .insert((agent.as_str(), key.as_str(), seq), TORN)
+            .ctx("damage an event")?;
+        self.events.insert(seq, TORN).ctx("damage an event")?;
+        Ok(true)
+    }
+
     /// Deletes one event row with its index entries (and frees its dedupe key); touches no
     /// head. Returns whether the row existed.
     pub(crate) fn remove(&mut self, seq: u64) -> Result<bool, StoreError> {

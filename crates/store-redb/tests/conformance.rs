@@ -22,6 +22,10 @@ impl RawAccess for Raw {
     async fn delete_head_row(&self, session: &SessionRef) -> Result<(), StoreError> {
         self.0.delete_head_row(session).await.map(drop)
     }
+
+    async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        self.0.damage_event_row(sequence).await
+    }
 }
 
 /// Opens `path` with `options` as a [`Subject`] (the durable suite opens the same file more than

@@ -531,6 +531,16 @@ impl SqliteStore {
         self.write_changed("delete a head row", q).await
     }
 
+    /// Overwrites one event row so that it no longer reads as an event (its kind becomes one
+    /// no version knows, and its `fields_json` is cleared so reads fall back to the columns),
+    /// as a torn write or another writer could leave it; its dedupe key stays taken and its
+    /// head stays. Returns whether the row existed. The durable suite uses it to check what a
+    /// recording does on meeting such a row.
+    pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::DAMAGE_EVENT_ROW).bind(int(sequence));
+        self.write_changed("damage an event row", q).await
+    }
+
     /// Runs `q` (a transaction whose last statement selects `changes()`) on the write
     /// connection; answers whether it changed a row.
     pub(crate) async fn write_changed(&self, what: &str, q: Query) -> Result<bool, StoreError> {

@@ -446,6 +446,12 @@ DELETE FROM session_state_events WHERE sequence = $1;
 SELECT changes();
 COMMIT";
 
+/// Makes one event row unreadable (`SqliteStore::damage_event_row`).
+pub(crate) const DAMAGE_EVENT_ROW: &str = "BEGIN IMMEDIATE;
+UPDATE session_state_events SET kind = 'no-such-kind', fields_json = NULL WHERE sequence = $1;
+SELECT changes();
+COMMIT";
+
 /// Deletes one head row (`SqliteStore::delete_head_row`).
 pub(crate) const DELETE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;

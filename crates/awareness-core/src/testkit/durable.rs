@@ -3,8 +3,9 @@
 //! closed through its last handle leaves every commit in its one file, the store-wide
 //! sequence never goes back across reopens, two handles on one file see each other's writes,
 //! a write cancelled midway leaves the file to the others at once, pruning cancelled midway
-//! leaves every loss behind a watermark, and the audit reports the events and cursors a lost
-//! head leaves. store-memory has no file and does not run these.
+//! leaves every loss behind a watermark, the audit reports the events and cursors a lost head
+//! leaves, and a row that can no longer be read fails only the recording that meets it.
+//! store-memory has no file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given (creating it when missing)
 //! and stamps the checks with [`crate::durable_suite!`]:
@@ -536,6 +537,118 @@ pub async fn the_audit_reports_events_and_cursors_left_without_a_head(f: impl Op
         findings.contains(&crate::audit::Finding::OrphanedCursor(cursor)),
         "the cursor without a head: {findings:?}"
     );
+}
+
+/// A dedupe hit on an event row the store cannot read (a torn write, a hand edit) fails its
+/// caller with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and changes nothing the
+/// store answers: no event is added, no head or cursor moves; the session then records on.
+/// Checked on an unwatched session and on a watched one, which a store may record by different
+/// paths. Whether the failed call used up a sequence number is the store's own (after it, a
+/// recording gets a higher number than any before, which is what the contract asks).
+pub async fn a_dedupe_hit_on_an_unreadable_row_fails_and_changes_nothing(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let manager = w("agent:main:main");
+    for (i, watched) in [false, true].into_iter().enumerate() {
+        let session = r(&format!("agent:main:subagent:torn{i}"), "main");
+        if watched {
+            s.watch(&manager, &session, T0).await.expect("watch");
+        }
+        let key = format!("torn-{i}");
+        let damaged = rec(s, human(&session).with_dedupe_key(&key), T0)
+            .await
+            .event
+            .sequence;
+        let last = rec(s, human(&session), T0).await.event.sequence;
+        assert!(
+            t.raw.damage_event_row(damaged).await.expect("damage a row"),
+            "the store has a row to damage"
+        );
+        let answers = async || {
+            (
+                s.list_heads(None).await.expect("heads"),
+                s.cursors(&crate::CursorFilter::default())
+                    .await
+                    .expect("cursors"),
+                s.events_after(damaged, 100).await.expect("events"),
+            )
+        };
+        let before = answers().await;
+        let err = s
+            .record(human(&session).with_dedupe_key(&key), T0)
+            .await
+            .expect_err("a dedupe hit on an unreadable row");
+        assert!(
+            matches!(err, crate::StoreError::Corrupt { .. }),
+            "watched {watched}: {err}"
+        );
+        assert_eq!(
+            answers().await,
+            before,
+            "watched {watched}: the failed recording changed what the store answers"
+        );
+        let next = rec(s, human(&session), T0).await.event.sequence;
+        assert!(next > last, "watched {watched}: {next} after {last}");
+        let head = s
+            .heads(std::slice::from_ref(&session))
+            .await
+            .expect("heads");
+        assert_eq!(
+            head.iter().map(|h| h.last_sequence).collect::<Vec<_>>(),
+            [next],
+            "watched {watched}: the head after the failed call"
+        );
+    }
+}
+
+/// Sixteen recordings made at once, one of them a dedupe hit on a row the store cannot read,
+/// ten rounds: only that caller fails, with `Corrupt`, and every other gets its own event (a
+/// store that batches concurrent recordings must not fail a whole batch for one event).
+pub async fn an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller(
+    f: impl OpenFile,
+) {
+    const CALLS: usize = 16;
+    const FAILING: usize = 7;
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let damaged = rec(&*t.store, human(&child()).with_dedupe_key("torn"), T0)
+        .await
+        .event
+        .sequence;
+    assert!(
+        t.raw.damage_event_row(damaged).await.expect("damage a row"),
+        "the store has a row to damage"
+    );
+    for round in 0..10 {
+        let calls: Vec<_> = (0..CALLS)
+            .map(|i| {
+                let store = std::sync::Arc::clone(&t.store);
+                let session = r(&format!("agent:main:subagent:s{}", i % 4), "main");
+                let e = if i == FAILING {
+                    human(&child()).with_dedupe_key("torn")
+                } else {
+                    log_only(&session, &format!("round {round} call {i}"))
+                };
+                tokio::spawn(async move { store.record(e, T0).await })
+            })
+            .collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            let got = call.await.expect("join");
+            if i == FAILING {
+                let err = got.expect_err("the unreadable row's caller fails");
+                assert!(
+                    matches!(err, crate::StoreError::Corrupt { .. }),
+                    "round {round}: {err}"
+                );
+            } else {
+                let got =
+                    got.unwrap_or_else(|e| panic!("round {round}: call {i} failed with it: {e}"));
+                assert_eq!(got.event.summary, format!("round {round} call {i}"));
+                assert!(!got.deduplicated, "round {round}: call {i}");
+            }
+        }
+    }
 }
 
 /// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.

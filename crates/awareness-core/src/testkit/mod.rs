@@ -59,6 +59,12 @@ pub trait RawAccess: Send + Sync {
     /// Deletes one session's head row, touching nothing else (its events and the cursors on it
     /// stay), as a hand edit or another application's writer could leave a file.
     async fn delete_head_row(&self, session: &SessionRef) -> Result<(), StoreError>;
+    /// Overwrites one event row so that the store can no longer read it, as a torn write or a
+    /// hand edit could leave it, touching nothing else (its dedupe key stays taken, its head
+    /// stays). Returns whether the store could: `false` from a store that keeps values rather
+    /// than bytes (store-memory), which does not run the checks that need it (the durable
+    /// suite's).
+    async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError>;
 }
 
 /// The store factory of the file suites ([`durable`], [`read_only`], [`open`]): an async
@@ -353,6 +359,8 @@ macro_rules! durable_suite {
             a_cancelled_write_leaves_the_file_writable,
             a_cancelled_prune_leaves_every_loss_behind_a_watermark,
             the_audit_reports_events_and_cursors_left_without_a_head,
+            a_dedupe_hit_on_an_unreadable_row_fails_and_changes_nothing,
+            an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
         );
     };
 }

@@ -276,22 +276,34 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
         dedupe_key,
     ) = raw;
     let bad = |why: String| StoreError::corrupt(format!("event {seq}: {why}"));
-    let payload = match payload {
+    // Read as OpenClaw reads a row (`rowToSessionStateEvent`): an empty optional text is
+    // absent, and a payload that is not a JSON object is left out instead of failing the row
+    // and with it every page that holds it. The store's own rows have neither (validation
+    // refuses both); rows another writer left may.
+    let present = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let payload = match payload.filter(|t| !t.is_empty()) {
         None => None,
-        Some(text) => Some(
-            serde_json::from_str::<Payload>(&text)
-                .map_err(|e| bad(format!("payload_json is not a JSON object: {e}")))?,
-        ),
+        Some(text) => match serde_json::from_str::<Payload>(&text) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(
+                    sequence = seq,
+                    error = %e,
+                    "an event's payload_json is not a JSON object this store can read; the event is read without it, as OpenClaw reads it"
+                );
+                None
+            }
+        },
     };
     Ok(Event {
         sequence: sequence("event", seq)?,
         session_key: r.session_key,
-        session_id,
+        session_id: present(session_id),
         agent_id: r.agent_id,
         kind: EventKind::parse(&kind).map_err(|e| bad(e.to_string()))?,
         actor_type: ActorType::parse(&actor_type).map_err(|e| bad(e.to_string()))?,
-        actor_id,
-        run_id,
+        actor_id: present(actor_id),
+        run_id: present(run_id),
         occurred_at: Timestamp(occurred_at),
         summary,
         payload,

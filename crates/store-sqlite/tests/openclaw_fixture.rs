@@ -14,6 +14,9 @@ use serde_json::{Value, json};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _, SqliteConnection};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
+/// The clock of the rows these tests write.
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
 /// The tables that are ours to write (OpenClaw's four, and our migration record).
 const OURS: [&str; 6] = [
     "session_state_events",
@@ -460,4 +463,79 @@ async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later
         .await
         .expect("the open succeeds once the lock is free");
     store.close().await;
+}
+
+/// Rows another writer of the file left (OpenClaw binds `input.runId ?? null`, so an empty id
+/// is stored as `''`; a payload is whatever text was bound) read as OpenClaw reads them: an
+/// empty session, actor or run id is absent, and a `payload_json` that is empty or not a JSON
+/// object is left out, the event kept, instead of failing the whole page.
+#[tokio::test]
+async fn rows_another_writer_left_read_as_openclaw_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:foreign", "main").unwrap();
+    let payloads = [
+        Some(""),
+        Some("null"),
+        Some("[1,2]"),
+        Some("\"text\""),
+        Some("not json"),
+        Some("{\"turns\":2}"),
+        None,
+    ];
+    let mut raw = raw(&path).await;
+    let mut last = 0;
+    for payload in payloads {
+        last = sqlx::query(
+            "INSERT INTO session_state_events (session_key, session_id, agent_id, kind, \
+             actor_type, actor_id, run_id, occurred_at, summary, payload_json) \
+             VALUES (?, '', 'main', 'human_direct_message', 'human', '', '', ?, 'human message \
+             via telegram', ?) RETURNING sequence",
+        )
+        .bind(session.session_key.as_str())
+        .bind(T0.millis())
+        .bind(payload)
+        .fetch_one(&mut raw)
+        .await
+        .expect("insert a row")
+        .get::<i64, _>(0);
+    }
+    sqlx::query(
+        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, updated_at) \
+         VALUES (?, 'main', ?, ?)",
+    )
+    .bind(session.session_key.as_str())
+    .bind(last)
+    .bind(T0.millis())
+    .execute(&mut raw)
+    .await
+    .expect("insert the head");
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("the page");
+    let first = last - i64::try_from(payloads.len()).unwrap() + 1;
+    let expected: Vec<Value> = (first..=last)
+        .map(|seq| {
+            let mut e = json!({
+                "sequence": seq,
+                "sessionKey": "agent:main:subagent:foreign",
+                "agentId": "main",
+                "kind": "human_direct_message",
+                "actorType": "human",
+                "occurredAt": T0.millis(),
+                "summary": "human message via telegram",
+            });
+            if seq == last - 1 {
+                e["payload"] = json!({"turns": 2});
+            }
+            e
+        })
+        .collect();
+    assert_eq!(
+        serde_json::to_value(&page.events).unwrap(),
+        Value::Array(expected)
+    );
+    assert!(!page.truncated && !page.history_gap, "{page:?}");
 }

@@ -411,26 +411,18 @@ impl SqliteStore {
             }
         }
         if writer.is_none() {
-            let version = match schema::version(readers[0].get_mut()).await {
-                Ok(v) => v,
-                Err(e) => {
-                    abandon(readers, None, &companions, Some(&e)).await;
-                    return Err(fail(e));
-                }
-            };
-            if version < schema::LATEST {
-                // Behind our schema (an OpenClaw database, say): read it as it is, our
-                // additive columns as NULL, and write nothing.
-                for r in &mut readers {
-                    let shadowed = schema::shadow_missing_columns(r.get_mut()).await;
-                    let reason = match shadowed {
-                        Ok(Ok(())) => continue,
-                        Ok(Err(reason)) => reason,
-                        Err(e) => format!("cannot read its schema: {e}"),
-                    };
-                    abandon(readers, None, &companions, None).await;
-                    return Err(error::open(path, reason, None));
-                }
+            // Whatever our migrations table records (a column it lists may have been dropped
+            // since), each missing additive column is read as NULL: an OpenClaw database, or
+            // one behind our schema, is read as it is, and nothing is written.
+            for r in &mut readers {
+                let shadowed = schema::shadow_missing_columns(r.get_mut()).await;
+                let reason = match shadowed {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(reason)) => reason,
+                    Err(e) => format!("cannot read its schema: {e}"),
+                };
+                abandon(readers, None, &companions, None).await;
+                return Err(error::open(path, reason, None));
             }
         }
         tracing::debug!(path = %path.display(), read_only = options.read_only, "opened store");

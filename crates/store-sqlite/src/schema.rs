@@ -162,10 +162,34 @@ async fn has_column(
     Ok(n > 0)
 }
 
+/// Whether the file has everything the store reads and writes: our migrations recorded up to
+/// [`LATEST`], and each additive column really there. The record alone is not trusted: a
+/// table rebuilt by another writer of the file (OpenClaw changes a table's keys that way) or
+/// a column dropped by hand leaves the record saying 3 without the column, and every write
+/// would then fail with "no such column".
+async fn complete(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    if version(conn).await? < LATEST {
+        return Ok(false);
+    }
+    for m in &MIGRATIONS {
+        if let Step::AddColumn { table, column, .. } = m.step
+            && !has_column(conn, table, column).await?
+        {
+            tracing::warn!(
+                table,
+                column,
+                "the file records our migrations but lacks one of their columns; adding it again"
+            );
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Brings the schema up to [`LATEST`] in one `BEGIN IMMEDIATE` transaction. Cheap when nothing
-/// is missing (two reads, no write lock).
+/// is missing (four reads, no write lock).
 pub(crate) async fn migrate(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), sqlx::Error> {
-    if version(conn).await? >= LATEST {
+    if complete(conn).await? {
         return Ok(());
     }
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await?;
@@ -240,9 +264,11 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
     )
     .execute(&mut *conn)
     .await?;
-    // Re-read under the write lock: another process may have migrated meanwhile.
+    // Re-read under the write lock: another process may have migrated meanwhile. Every step
+    // runs again (each is idempotent, and one recorded may have been undone since: see
+    // `complete`); only the versions not recorded yet are recorded.
     let current = applied(conn).await?;
-    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+    for m in &MIGRATIONS {
         match m.step {
             Step::Sql(sql) => {
                 sqlx::raw_sql(sql).execute(&mut *conn).await?;
@@ -259,6 +285,9 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
                         .await?;
                 }
             }
+        }
+        if m.version <= current {
+            continue;
         }
         sqlx::query(
             "INSERT INTO awareness_schema_migrations (version, description, applied_at) \

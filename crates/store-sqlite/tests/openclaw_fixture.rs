@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorFilter, CursorStore, EventKind, EventStore, NewEvent,
@@ -538,4 +539,84 @@ async fn rows_another_writer_left_read_as_openclaw_reads_them() {
         Value::Array(expected)
     );
     assert!(!page.truncated && !page.history_gap, "{page:?}");
+}
+
+/// Our migrations table is not trusted alone: when a column it records is gone (another
+/// writer rebuilt the table, or an operator dropped it), a read-only open reads the file as
+/// it is and a read-write open adds the column again, records nothing twice, and records on.
+#[tokio::test]
+async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let session = SessionRef::parse("agent:main:subagent:rebuilt", "main").unwrap();
+    let watcher = WatcherKey::parse("agent:main:main").unwrap();
+    let first = {
+        let store = SqliteStore::open(&path).await.expect("open");
+        store.watch(&watcher, &session, T0).await.expect("watch");
+        let rec = store
+            .record(
+                NewEvent::new(
+                    session.clone(),
+                    EventKind::HumanDirectMessage,
+                    ActorType::Human,
+                    "human message via telegram",
+                ),
+                T0,
+            )
+            .await
+            .expect("record");
+        store.close().await;
+        rec.event
+    };
+    let mut raw = raw(&path).await;
+    for sql in [
+        "ALTER TABLE session_state_events DROP COLUMN fields_json",
+        "ALTER TABLE session_watch_cursors DROP COLUMN target_agent_id",
+    ] {
+        sqlx::raw_sql(sql).execute(&mut raw).await.expect(sql);
+    }
+    raw.close().await.expect("close");
+
+    let read_only = SqliteStore::open_with(&path, SqliteOptions::new().read_only(true))
+        .await
+        .expect("open read-only");
+    let page = read_only
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("a read-only page without the column");
+    assert_eq!(page.events, [Arc::clone(&first)]);
+    read_only.close().await;
+
+    let store = SqliteStore::open(&path).await.expect("open read-write");
+    let next = store
+        .record(
+            NewEvent::new(
+                session.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "human message via telegram",
+            ),
+            T0,
+        )
+        .await
+        .expect("record after the column was lost");
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("page");
+    assert_eq!(page.events, [first, Arc::clone(&next.event)]);
+    let cursor = store
+        .cursor(&watcher, &session.session_key)
+        .await
+        .expect("cursor")
+        .expect("the watch's cursor");
+    assert_eq!(cursor.material, next.event.sequence);
+    store.close().await;
+    let mut raw = self::raw(&path).await;
+    let migrations: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM awareness_schema_migrations ORDER BY version")
+            .fetch_all(&mut raw)
+            .await
+            .unwrap();
+    assert_eq!(migrations, [1, 2, 3], "each migration recorded once");
 }

@@ -182,6 +182,40 @@ mod tests {
             "after the window a wake fires at once again"
         );
     }
+
+    /// DESIGN.md "Delivery": wakes coalesce in a 20 s window by default. A wake 5 s after the
+    /// first is held to the window's end, 20 s after the first; the wake that goes out then
+    /// opens a window of its own, and a wake after that one closed goes out at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_default_window_is_twenty_seconds() {
+        let rec = Arc::new(RecordingWake::new());
+        let sink_rec = Arc::clone(&rec);
+        let sink: WakeSink = Arc::new(move |s, r| sink_rec.wake(s, r));
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let start = tokio::time::Instant::now();
+        let at = |secs: u64, millis: u64| {
+            start + Duration::from_secs(secs) + Duration::from_millis(millis)
+        };
+        waker.wake(&main, "session-state");
+        assert_eq!(rec.count(&main), 1, "the first wake fires at once");
+        tokio::time::sleep_until(at(5, 0)).await;
+        waker.wake(&main, "session-state");
+        assert_eq!(rec.count(&main), 1, "5 s later: coalesced");
+        tokio::time::sleep_until(at(19, 999)).await;
+        assert_eq!(rec.count(&main), 1, "held until the window ends");
+        tokio::time::sleep_until(at(20, 1)).await;
+        assert_eq!(rec.count(&main), 2, "one heartbeat at the window's end");
+        tokio::time::sleep_until(at(40, 1)).await;
+        assert_eq!(rec.count(&main), 2, "nothing came in the second window");
+        waker.wake(&main, "session-state");
+        assert_eq!(
+            rec.count(&main),
+            3,
+            "a wake after the window goes out at once"
+        );
+    }
+
     /// Bug: a sink that panicked on a session's first wake left its window open for good (the
     /// task that closes it was spawned after the sink ran), and every later wake of the session
     /// was swallowed as "inside the window".

@@ -1,8 +1,7 @@
 //! What the adapter says when something fails: logs and operator texts carry the cause, and a
 //! set-up mistake names itself.
 
-use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use awareness_core::testkit::failing::Failing;
 use awareness_core::{LinkSpec, SessionRef, Timestamp, UpstreamStore, async_trait};
@@ -11,51 +10,12 @@ use gateway_adapter::{
     RecordingWake, UpstreamMonitor, UpstreamProvider,
 };
 use store_memory::MemoryStore;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Metadata, Subscriber};
 
 /// The cause every failing call of the store carries, only in its `source()`: a full disk.
 const CAUSE: &str = "No space left on device";
 
-/// Keeps every log event as one line of its fields (`message=... error=...`).
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<String>>>);
-
-impl Capture {
-    fn lines(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-struct Line(String);
-
-impl Visit for Line {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, "{}={value:?} ", field.name());
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = Line(String::new());
-        event.record(&mut line);
-        self.0.lock().unwrap().push(line.0);
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
 mod common;
-use common::k;
+use common::{Capture, k};
 
 fn service(store: Arc<Failing>) -> Awareness {
     Awareness::builder(

@@ -417,3 +417,66 @@ async fn a_panicking_wake_does_not_fail_a_committed_recording() {
     assert!(recorded.is_some(), "the committed recording is reported");
     assert_eq!(texts(&queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
 }
+
+/// Decision 0003 and DESIGN.md "Delivery": decoding a context key is strict, so a line queued
+/// under a broken `session-state:` key is no notice. The turn reads it as it was queued (it is
+/// not left out as a stale notice), it acknowledges no cursor, and it does not stand in for the
+/// notice whose text it carries: that notice is shown too.
+#[tokio::test]
+async fn a_line_under_a_malformed_session_state_key_is_read_and_acknowledges_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, queue, _) = common::service(store.clone(), None);
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("seeded");
+    let cursor = async || {
+        store
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .expect("the manager watches the worker")
+    };
+    let seeded = cursor().await;
+    let good = awareness_core::protocol::context_key(&k(CHILD));
+    let hex = good.strip_prefix("session-state:").unwrap();
+    let line = |text: &str, key: String| QueuedEntry {
+        text: text.to_owned(),
+        context_key: Some(key),
+    };
+    let broken = vec![
+        // The worker's key in uppercase hex, carrying the text of its notice.
+        line(
+            &notice(Sequence(1)),
+            format!("session-state:{}", hex.to_uppercase()),
+        ),
+        line("an odd number of digits", format!("session-state:{hex}6")),
+        line("not UTF-8", "session-state:ff".into()),
+        line("no target", "session-state:".into()),
+    ];
+    for e in &broken {
+        assert!(queue.enqueue(&k(MANAGER), e.clone()));
+    }
+    assert_eq!(
+        svc.drain_turn(&k(MANAGER)).await,
+        broken,
+        "every line under a broken key is read, as it was queued"
+    );
+    assert_eq!(cursor().await, seeded, "and no cursor moved");
+    assert!(svc.drain_turn(&k(MANAGER)).await.is_empty(), "read once");
+
+    // A pending notice lost from the queue, with only a broken copy of its text queued: the turn
+    // reads both, and the acknowledgement is the real notice's.
+    let first = svc
+        .human_message(human_message())
+        .await
+        .expect("recorded")
+        .sequence;
+    queue.clear();
+    assert!(queue.enqueue(&k(MANAGER), broken[0].clone()));
+    assert_eq!(
+        svc.drain_turn(&k(MANAGER)).await,
+        vec![broken[0].clone(), line(&notice(Sequence(1)), good)]
+    );
+    let c = cursor().await;
+    assert_eq!((c.last_seen, c.notified, c.material), (first, first, first));
+}

@@ -1685,3 +1685,389 @@ async fn paired_bursts_are_named_by_their_last_human_turn() {
         "a burst that grew is a new event"
     );
 }
+
+// ----- review: behaviours DESIGN.md states that no test caught breaking ----------------------------
+
+/// One tick, and what it published.
+async fn tick_published(
+    monitor: &UpstreamMonitor,
+    rx: &mut broadcast::Receiver<Detection>,
+) -> Vec<Detection> {
+    monitor.tick().await;
+    published(rx)
+}
+
+/// The transcript moved away (its source is gone) for two ticks: what they published about it
+/// (`missing N`: the N-th consecutive check that found it gone; `upstream_missing`).
+async fn missing_twice(
+    t: &Transcript,
+    monitor: &UpstreamMonitor,
+    rx: &mut broadcast::Receiver<Detection>,
+) -> Vec<String> {
+    std::fs::rename(&t.path, t.path.with_extension("away")).unwrap();
+    let mut found = Vec::new();
+    for _ in 0..2 {
+        for d in tick_published(monitor, rx).await {
+            match d {
+                Detection::Missing { consecutive, .. } => {
+                    found.push(format!("missing {consecutive}"));
+                }
+                Detection::UpstreamMissing { .. } => found.push("upstream_missing".into()),
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+fn come_back(t: &Transcript) {
+    std::fs::rename(t.path.with_extension("away"), &t.path).unwrap();
+}
+
+/// DESIGN.md section 8: `upstream_missing` needs a source gone on 3 **consecutive** checks. A
+/// check that finds the source again restarts the count, whatever it found: nothing new,
+/// human turns, or a truncated file. The marker moves of the last two fail, so that the link
+/// never changes (`updated_at` stays) and only the finding itself can restart the count.
+#[tokio::test(start_paused = true)]
+async fn a_source_found_again_restarts_the_count_of_missing_checks() {
+    let w = world();
+    let mut t = Transcript::new();
+    t.human("history, so that the file can shrink below the marker");
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let adopted = w.store.link(&session).await.unwrap().unwrap();
+    let flaky = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(0),
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    let texts = |ds: &[Detection]| ds.iter().map(ToString::to_string).collect::<Vec<_>>();
+
+    let twice = ["missing 1", "missing 2"];
+    assert_eq!(missing_twice(&t, &monitor, &mut rx).await, twice);
+    // Back, with nothing new: the marker stays where it was.
+    come_back(&t);
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert!(
+        !ds.iter()
+            .any(|d| matches!(d, Detection::Missing { .. } | Detection::Failed { .. })),
+        "{:?}",
+        texts(&ds)
+    );
+    assert_eq!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        adopted.marker
+    );
+    assert_eq!(
+        missing_twice(&t, &monitor, &mut rx).await,
+        twice,
+        "found unchanged: the count starts again"
+    );
+
+    // Back with a person's turn; the event is stored, the marker move fails.
+    come_back(&t);
+    t.human("typed while the transcript was back");
+    flaky.fail_moves.store(1, Ordering::SeqCst);
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert!(
+        ds.iter().any(|d| matches!(
+            d,
+            Detection::HumanTurns {
+                marker: MarkerMove::Failed(_),
+                ..
+            }
+        )),
+        "{:?}",
+        texts(&ds)
+    );
+    assert_eq!(
+        missing_twice(&t, &monitor, &mut rx).await,
+        twice,
+        "found with human turns: the count starts again"
+    );
+
+    // Back truncated: a rebase, whose marker move fails.
+    come_back(&t);
+    File::create(&t.path).unwrap();
+    flaky.fail_moves.store(1, Ordering::SeqCst);
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert!(
+        ds.iter().any(
+            |d| matches!(d, Detection::Failed { error, .. } if error.contains("replaced or truncated"))
+        ),
+        "{:?}",
+        texts(&ds)
+    );
+    assert_eq!(
+        missing_twice(&t, &monitor, &mut rx).await,
+        twice,
+        "found rebased: the count starts again"
+    );
+
+    // Nothing recorded so far, and the link is the one adopted.
+    assert!(
+        w.events(&session, EventKind::UpstreamMissing)
+            .await
+            .is_empty()
+    );
+    let link = w.store.link(&session).await.unwrap().unwrap();
+    assert_eq!(
+        link.updated_at, adopted.updated_at,
+        "the link never changed"
+    );
+    // The third consecutive miss records it and removes the link.
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert!(
+        ds.iter().any(|d| matches!(
+            d,
+            Detection::UpstreamMissing {
+                link_removed: true,
+                ..
+            }
+        )),
+        "{:?}",
+        texts(&ds)
+    );
+    assert_eq!(
+        w.events(&session, EventKind::UpstreamMissing).await.len(),
+        1
+    );
+    assert_eq!(w.store.link(&session).await.unwrap(), None);
+}
+
+/// DESIGN.md section 8, through the provider the monitor runs: one check reads at most
+/// 1 MiB of a transcript (its marker's position moves by at most that much, its offset stays
+/// at a line start), and the next check goes on from there.
+#[tokio::test(start_paused = true)]
+async fn the_monitor_reads_at_most_one_mib_a_tick_and_goes_on_next_tick() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let monitor = w.monitor().build();
+    let stored = async || {
+        let link = w.store.link(&session).await.unwrap().unwrap();
+        JsonlMarker::from_value(&link.marker.unwrap()).unwrap()
+    };
+    let start = stored().await;
+    // Twelve tool results of 200 KiB (the usual big lines), then a person's prompt.
+    for i in 0..12 {
+        t.line(&user_row(
+            &format!("tool-{i}"),
+            json!([{"type": "tool_result", "tool_use_id": "t", "content": "x".repeat(200 << 10)}]),
+        ));
+    }
+    let prompt = t.human("so, what failed?");
+    let bytes = std::fs::read(&t.path).unwrap();
+    let size = bytes.len() as u64;
+    assert!(size - start.position() > 2 * MAX_BYTES_PER_TICK);
+
+    let mut at = start;
+    let mut ticks = 0;
+    while at.position() < size {
+        ticks += 1;
+        assert!(ticks <= 10, "no end after {ticks} ticks");
+        monitor.tick().await;
+        let next = stored().await;
+        assert!(next.position() > at.position(), "tick {ticks} read nothing");
+        assert!(
+            next.position() - at.position() <= MAX_BYTES_PER_TICK,
+            "tick {ticks} read {} bytes, more than one tick's {MAX_BYTES_PER_TICK}",
+            next.position() - at.position()
+        );
+        let offset = usize::try_from(next.offset).unwrap();
+        assert_eq!(
+            bytes[offset - 1],
+            b'\n',
+            "tick {ticks}: the offset is not at a line start"
+        );
+        at = next;
+    }
+    assert!(ticks >= 3, "{ticks} ticks for {size} bytes");
+    let events = w.events(&session, EventKind::HumanDirectMessage).await;
+    assert_eq!(events.len(), 1, "the prompt, once; no tool result");
+    let link = w.store.link(&session).await.unwrap().unwrap();
+    assert_eq!(
+        events[0].dedupe_key.as_deref(),
+        Some(upstream::human_dedupe_key(&link, &t.path.display().to_string(), &prompt).as_str())
+    );
+}
+
+/// A provider that counts its checks in flight and holds each one until the test lets it go.
+struct Held {
+    in_flight: AtomicUsize,
+    most: AtomicUsize,
+    began: AtomicUsize,
+    go: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl UpstreamProvider for Held {
+    fn kind(&self) -> &'static str {
+        "held"
+    }
+
+    async fn check(&self, link: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        self.began.fetch_add(1, Ordering::SeqCst);
+        self.go.acquire().await.expect("the gate is open").forget();
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        CheckOutcome::Unchanged {
+            marker: link.marker.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Lets the spawned tasks run as far as they can (the test runtime has one thread).
+async fn settle() {
+    for _ in 0..32 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// DESIGN.md section 8: one tick at a time. A tick asked for while another one's check is
+/// still running waits for that tick to end before it checks anything.
+#[tokio::test(start_paused = true)]
+async fn a_tick_waits_for_the_tick_in_progress() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "held").await;
+    let held = Arc::new(Held {
+        in_flight: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+        began: AtomicUsize::new(0),
+        go: tokio::sync::Semaphore::new(0),
+    });
+    let monitor = w.monitor().provider(held.clone()).build();
+    let tick = || {
+        let monitor = monitor.clone();
+        tokio::spawn(async move { monitor.tick().await })
+    };
+    let first = tick();
+    settle().await;
+    assert_eq!(
+        held.began.load(Ordering::SeqCst),
+        1,
+        "the first tick checks"
+    );
+    let second = tick();
+    settle().await;
+    assert_eq!(
+        (
+            held.began.load(Ordering::SeqCst),
+            held.most.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "the second tick checked while the first one's check ran"
+    );
+    held.go.add_permits(2);
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!((first.tick, first.checked), (1, 1));
+    assert_eq!((second.tick, second.checked), (2, 1));
+    assert_eq!(held.began.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        held.most.load(Ordering::SeqCst),
+        1,
+        "never two checks at once"
+    );
+}
+
+/// Pins the paging bound of the paired-node provider (`MAX_PAGES` pages of `PAGE_ITEMS`, see
+/// docs/decisions/0004): a burst longer than that is counted only within the bound (its
+/// newest items), the marker moves to the newest item, so the older turns of the burst are
+/// never counted, and a warning says so. When the items within the bound hold no human turn,
+/// nothing is recorded at all, yet the marker moves.
+#[tokio::test]
+async fn a_paired_burst_longer_than_the_paging_bound_counts_only_its_newest_items() {
+    let capture = common::Capture::default();
+    let _logging = tracing::subscriber::set_default(capture.clone());
+    let bound = gateway_adapter::upstream::paired::MAX_PAGES * PAGE_ITEMS;
+    let node = Arc::new(FakeNode::default());
+    {
+        let mut items = node.items.lock().unwrap();
+        items.push(PairedItem::user("i0", "read before"));
+        // The burst: 100 turns beyond the bound, then `bound` items, every other one a turn.
+        for i in 0..100 {
+            items.push(PairedItem::user(
+                format!("old{i}"),
+                format!("early turn {i}"),
+            ));
+        }
+        for i in 0..bound {
+            items.push(if i % 2 == 0 {
+                PairedItem::user(format!("new{i}"), format!("turn {i}"))
+            } else {
+                PairedItem::with_role(format!("new{i}"), "assistant", "ok")
+            });
+        }
+    }
+    let provider = PairedNodeProvider::new(node.clone());
+    let out = provider
+        .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+        .await;
+    let newest = json!({"uuid": format!("new{}", bound - 1)});
+    assert_eq!(
+        out,
+        CheckOutcome::HumanTurns {
+            turns: u32::try_from(bound / 2).unwrap(),
+            dedupe_id: format!("new{}", bound - 2),
+            source_id: "node-2/thread-9".into(),
+            marker: newest.clone(),
+        },
+        "the turns within the bound, the marker at the newest item"
+    );
+    assert_eq!(
+        node.calls.load(Ordering::SeqCst),
+        gateway_adapter::upstream::paired::MAX_PAGES
+    );
+    let warned: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("further back than the paging bound"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{:#?}", capture.lines());
+    assert!(
+        warned[0].contains(&format!("items={bound}"))
+            && warned[0].contains("session_key=agent:main:main"),
+        "{}",
+        warned[0]
+    );
+    // From the new marker, the 100 older turns are never read.
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(newest.clone())), &[])
+            .await,
+        CheckOutcome::Unchanged { marker: newest }
+    );
+
+    // Within the bound only replies: nothing is recorded, and the marker still moves.
+    let node = Arc::new(FakeNode::default());
+    {
+        let mut items = node.items.lock().unwrap();
+        items.push(PairedItem::user("i0", "read before"));
+        for i in 0..10 {
+            items.push(PairedItem::user(
+                format!("old{i}"),
+                format!("early turn {i}"),
+            ));
+        }
+        for i in 0..bound {
+            items.push(PairedItem::with_role(format!("new{i}"), "assistant", "ok"));
+        }
+    }
+    let provider = PairedNodeProvider::new(node);
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": format!("new{}", bound - 1)})
+        },
+        "the 10 turns before the bound are lost"
+    );
+}

@@ -1,13 +1,17 @@
 //! The service over a memory store that several of this crate's integration tests build the
-//! same way. (Each test file that uses it declares `mod common;`; not every file uses every
-//! item.)
+//! same way, and a log capture. (Each test file that uses it declares `mod common;`; not every
+//! file uses every item.)
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
 
 use awareness_core::{AwarenessStore, SessionKey, UpstreamStore};
 use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake};
 use store_memory::MemoryStore;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Metadata, Subscriber};
 
 /// A session key from a string the test knows is valid.
 pub fn k(key: &str) -> SessionKey {
@@ -52,4 +56,41 @@ pub fn service(
         builder = builder.upstream(links);
     }
     (Arc::new(builder.build()), queue, wake)
+}
+
+/// Keeps every log event as one line of its fields (`message=... error=...`). Install it for
+/// the test's thread with `tracing::subscriber::set_default(capture.clone())`.
+#[derive(Clone, Default)]
+pub struct Capture(Arc<Mutex<Vec<String>>>);
+
+impl Capture {
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, "{}={value:?} ", field.name());
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        self.0.lock().unwrap().push(line.0);
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
 }

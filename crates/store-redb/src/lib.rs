@@ -363,7 +363,8 @@ impl RedbOptions {
 }
 
 /// Session state awareness on one redb file. Every redb call runs on tokio's blocking pool, so
-/// the store must be used inside a tokio runtime.
+/// the store must be used inside a tokio runtime: a call made outside one fails at once with
+/// [`StoreError::Backend`] saying so, and leaves the handle as it was.
 pub struct RedbStore {
     // Dropped first: commits the writer makes after the handle is gone are durable.
     _end_bounded: EndBounded,
@@ -388,12 +389,27 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
+/// The Tokio runtime the caller runs in, where every redb call is handed to the blocking pool;
+/// outside one, a clear error instead of `spawn_blocking`'s panic (which, in a recording,
+/// would also leave the writer's queue counting a call in flight for good).
+pub(crate) fn runtime(what: &str) -> Result<tokio::runtime::Handle, StoreError> {
+    tokio::runtime::Handle::try_current().map_err(|e| {
+        StoreError::backend(
+            format!(
+                "{what}: called outside a Tokio runtime (store-redb runs every redb call on Tokio's blocking pool)"
+            ),
+            e,
+        )
+    })
+}
+
 async fn blocking<T, F>(what: &'static str, f: F) -> Result<T, StoreError>
 where
     F: FnOnce() -> Result<T, StoreError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f)
+    runtime(what)?
+        .spawn_blocking(f)
         .await
         .map_err(|e| StoreError::backend(format!("{what}: blocking task failed"), e))?
 }
@@ -407,7 +423,10 @@ impl RedbStore {
     /// Opens the store at `path` with `options`. Opening a file this process already has open
     /// shares its database; a file open in another process, a file that is not a redb database
     /// of this store, or a missing file with `create_if_missing` off is a [`StoreError::Open`]
-    /// naming the file, and the file is left as it was.
+    /// naming the file, and the file is left as it was. Every error of an open names the file:
+    /// one found once redb has opened it keeps its meaning (a damaged file is
+    /// [`StoreError::Corrupt`], its context naming the file), and any other failure is a
+    /// [`StoreError::Open`].
     pub async fn open_with(
         path: impl AsRef<Path>,
         options: RedbOptions,
@@ -430,12 +449,23 @@ impl RedbStore {
         };
         let cache = options.cache_size;
         let live = options.live_readers;
-        let handle = blocking("open", move || db::open_shared(&path, mode, cache, live)).await?;
+        let opening = path.clone();
+        // Every error of the open names the file: `open_shared`'s do, and so do these.
+        let handle = runtime("open")
+            .map_err(|e| db::naming_the_file(&path, e))?
+            .spawn_blocking(move || db::open_shared(&opening, mode, cache, live))
+            .await
+            .map_err(|e| StoreError::Open {
+                path: path.clone(),
+                reason: format!("the blocking task opening it failed: {e}"),
+                source: Some(Box::new(e)),
+            })??;
         let shared = Arc::clone(handle.shared());
         let flusher = match options.durability {
-            Durability::Bounded { flush_interval } if !options.read_only => {
-                Some(Flusher::start(&shared, flush_interval)?)
-            }
+            Durability::Bounded { flush_interval } if !options.read_only => Some(
+                Flusher::start(&shared, flush_interval)
+                    .map_err(|e| db::naming_the_file(&path, e))?,
+            ),
             _ => None,
         };
         let bounded = matches!(options.durability, Durability::Bounded { .. });
@@ -566,8 +596,11 @@ impl RedbStore {
     /// counter stays), as an operator repairing a store by hand would. Returns whether the row
     /// existed. The conformance suite uses it to prove that history gaps come only from pruning.
     pub async fn delete_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        let shared = Arc::clone(self.shared());
         self.write("delete an event row", move |txn| {
-            let removed = EventTables::open(txn)?.remove(sequence.get())?;
+            let mut ev = EventTables::open(txn)?;
+            let removed = ev.remove(sequence.get())?;
+            warn_unreadable(shared.path(), "delete an event row", &ev.unreadable);
             Ok((removed, removed))
         })
         .await
@@ -708,11 +741,14 @@ pub(crate) fn record_tx(
     })
 }
 
-/// The lowest sequences (at most `max_rows`) of events older than `cutoff`.
+/// The lowest sequences (at most `max_rows`) of events older than `cutoff`. A row whose age
+/// cannot be read (a damaged file) is skipped with a warning, and the scan goes on: such a row
+/// stays until the row cap deletes it in its sequence turn, or its session is deleted.
 fn aged_events(
     txn: &ReadTransaction,
     cutoff: Timestamp,
     max_rows: usize,
+    path: &Path,
 ) -> Result<Vec<u64>, StoreError> {
     let events = txn.open_table(EVENTS).ctx("prune: open events")?;
     let mut out = Vec::new();
@@ -722,31 +758,70 @@ fn aged_events(
         }
         let (k, v) = item.ctx("prune: scan events")?;
         let seq = k.value();
-        if codec::occurred_at(seq, v.value())? < cutoff.millis() {
-            out.push(seq);
+        match codec::occurred_at(seq, v.value()) {
+            Ok(at) if at < cutoff.millis() => out.push(seq),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                path = %path.display(),
+                sequence = seq,
+                error = %e,
+                "prune: an event row whose age cannot be read is kept by the age step; the row cap deletes it in its turn"
+            ),
         }
     }
     Ok(out)
 }
 
+/// Logs the rows a write transaction deleted although they cannot be decoded
+/// ([`EventTables::unreadable`]; none on a sound file).
+fn warn_unreadable(path: &Path, what: &str, rows: &[tables::UnreadableRow]) {
+    for row in rows {
+        if row.refs.is_empty() {
+            tracing::warn!(
+                path = %path.display(),
+                sequence = row.seq,
+                error = %row.error,
+                "{what}: deleting an event row that cannot be decoded and that no index entry names (no head's watermark to stamp)"
+            );
+        } else {
+            tracing::warn!(
+                path = %path.display(),
+                sequence = row.seq,
+                refs = ?row.refs,
+                error = %row.error,
+                "{what}: deleting an event row that cannot be decoded, with its index entry"
+            );
+        }
+    }
+}
+
 /// Stamps the watermarks of the victims' heads at `now`, then deletes the victims (one pruning
-/// chunk).
+/// chunk). A victim that cannot be decoded is deleted in its turn like the others, under the
+/// watermark of the session its index entry names.
 fn prune_events(
     txn: &WriteTransaction,
     victims: &[u64],
     now: Timestamp,
+    path: &Path,
 ) -> Result<u64, StoreError> {
     if victims.is_empty() {
         return Ok(0);
     }
     let mut ev = EventTables::open(txn)?;
     let doomed = ev.doomed(victims)?;
-    for (r, s) in retention::watermarks(doomed.iter().map(|d| (&d.session, Sequence(d.seq)))) {
+    let stamps = retention::watermarks(
+        doomed
+            .iter()
+            .filter_map(|d| Some((d.session.as_ref()?, Sequence(d.seq)))),
+    );
+    for (r, s) in stamps {
         if let Some(h) = tables::read_head(&ev.by_ref, &r)? {
             tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s, now))?;
         }
     }
-    ev.remove_many(&doomed)
+    let deleted = ev.remove_many(&doomed)?;
+    warn_unreadable(path, "prune", &ev.unreadable);
+    Ok(deleted)
 }
 
 fn prune_tx(
@@ -755,11 +830,12 @@ fn prune_tx(
     max_rows: usize,
     aged: &[u64],
     now: Timestamp,
+    path: &Path,
 ) -> Result<u64, StoreError> {
     match step {
         // The victims were chosen in a read transaction (see `prune_chunk`); rows are immutable,
         // so a victim still present still qualifies.
-        PruneStep::Age { .. } => prune_events(txn, aged, now),
+        PruneStep::Age { .. } => prune_events(txn, aged, now, path),
         PruneStep::RowCap { max_rows: keep } => {
             let victims: Vec<u64> = {
                 let events = txn.open_table(EVENTS).ctx("prune: open events")?;
@@ -775,7 +851,7 @@ fn prune_tx(
                     .map(|item| item.map(|(k, _)| k.value()).ctx("prune: scan events"))
                     .collect::<Result<_, _>>()?
             };
-            prune_events(txn, &victims, now)
+            prune_events(txn, &victims, now, path)
         }
         PruneStep::Cursors { cutoff } => {
             let mut cur = CursorTables::open(txn)?;
@@ -801,12 +877,17 @@ fn prune_tx(
     }
 }
 
-fn delete_session_tx(txn: &WriteTransaction, session: &SessionRef) -> Result<bool, StoreError> {
+fn delete_session_tx(
+    txn: &WriteTransaction,
+    session: &SessionRef,
+    path: &Path,
+) -> Result<bool, StoreError> {
     let mut wrote = false;
     let mut ev = EventTables::open(txn)?;
     for s in ev.sequences_of(session)? {
         wrote |= ev.remove(s)?;
     }
+    warn_unreadable(path, "delete a session", &ev.unreadable);
     wrote |= tables::remove_head(&mut ev.by_ref, session)?;
     let (key, agent) = (session.session_key.as_str(), session.agent_id.as_str());
     wrote |= txn
@@ -957,6 +1038,8 @@ impl EventStore for RedbStore {
         // A read-only handle refuses even a chunk with nothing to delete.
         self.writer.refuse("prune")?;
         let step = *step;
+        // The file's path, for the warnings about rows that cannot be decoded.
+        let shared = Arc::clone(self.shared());
         let aged = match step {
             // Finding old rows scans the log in sequence order (old rows are the low sequences,
             // so a chunk usually stops after about its own size; a pass with nothing to delete
@@ -964,9 +1047,10 @@ impl EventStore for RedbStore {
             // write transaction then only deletes. Sequences only grow, so no row older than a
             // candidate can appear after the snapshot: the chunk is still the lowest sequences.
             PruneStep::Age { cutoff } => {
+                let shared = Arc::clone(&shared);
                 let aged = self
                     .read("prune: find old events", move |txn| {
-                        aged_events(txn, cutoff, max_rows)
+                        aged_events(txn, cutoff, max_rows, shared.path())
                     })
                     .await?;
                 if aged.is_empty() {
@@ -977,7 +1061,7 @@ impl EventStore for RedbStore {
             _ => Vec::new(),
         };
         self.write("prune", move |txn| {
-            let n = prune_tx(txn, step, max_rows, &aged, now)?;
+            let n = prune_tx(txn, step, max_rows, &aged, now, shared.path())?;
             Ok((n, n > 0))
         })
         .await
@@ -985,8 +1069,9 @@ impl EventStore for RedbStore {
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
         let session = session.clone();
+        let shared = Arc::clone(self.shared());
         self.write("delete_session", move |txn| {
-            Ok(((), delete_session_tx(txn, &session)?))
+            Ok(((), delete_session_tx(txn, &session, shared.path())?))
         })
         .await
     }
@@ -1150,6 +1235,140 @@ impl CursorStore for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use awareness_core::{ActorType, EventKind};
+
+    const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+    fn session(key: &str) -> SessionRef {
+        SessionRef::parse(key, "main").expect("a session ref")
+    }
+
+    fn event(at: &SessionRef, dedupe_key: Option<&str>) -> NewEvent {
+        let e = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
+        match dedupe_key {
+            Some(k) => e.with_dedupe_key(k),
+            None => e,
+        }
+    }
+
+    /// The dedupe index (key, sequence), and the sequences of `at` in the reference index
+    /// (its head's `u64::MAX` included), as the file holds them.
+    async fn raw_indexes(store: &RedbStore, at: &SessionRef) -> (Vec<(String, u64)>, Vec<u64>) {
+        let at = at.clone();
+        store
+            .read("test", move |txn| {
+                let dedupe = txn.open_table(tables::DEDUPE).ctx("test")?;
+                let mut keys = Vec::new();
+                for item in dedupe.iter().ctx("test")? {
+                    let (k, v) = item.ctx("test")?;
+                    keys.push((k.value().to_owned(), v.value()));
+                }
+                let index = txn.open_table(EVENTS_BY_REF).ctx("test")?;
+                let (a, k) = (at.agent_id.as_str(), at.session_key.as_str());
+                let mut seqs = Vec::new();
+                for item in index.range((a, k, 0)..=(a, k, HEAD_SEQ)).ctx("test")? {
+                    seqs.push(item.ctx("test")?.0.value().2);
+                }
+                Ok((keys, seqs))
+            })
+            .await
+            .expect("read the indexes")
+    }
+
+    /// The row cap deletes rows it cannot decode in their turn with their index entries, frees
+    /// the dedupe keys that point at them (found by a scan, since the rows cannot tell them)
+    /// and no other, and stamps their session's watermark over them.
+    #[tokio::test]
+    async fn the_row_cap_deletes_unreadable_rows_with_their_index_entries_and_dedupe_keys() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = RedbStore::open(dir.path().join("state.redb"))
+            .await
+            .expect("open");
+        let (child, other) = (session("agent:main:child"), session("agent:main:other"));
+        for k in ["k1", "k2", "k3"] {
+            store
+                .record(event(&child, Some(k)), T0)
+                .await
+                .expect("record");
+        }
+        store
+            .record(event(&other, Some("k4")), T0)
+            .await
+            .expect("record");
+        for seq in [1, 3] {
+            assert!(store.damage_event_row(Sequence(seq)).await.expect("damage"));
+        }
+        let step = PruneStep::RowCap { max_rows: 1 };
+        assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 3);
+        let (keys, child_seqs) = raw_indexes(&store, &child).await;
+        assert_eq!(keys, [("k4".to_owned(), 4)], "the dedupe index");
+        assert_eq!(
+            child_seqs,
+            [HEAD_SEQ],
+            "the child's index entries: its head alone"
+        );
+        let head = store
+            .heads(std::slice::from_ref(&child))
+            .await
+            .expect("heads");
+        assert_eq!(head[0].pruned_max_sequence, Sequence(3));
+        assert_eq!(head[0].last_sequence, Sequence(3));
+        let again = store
+            .record(event(&child, Some("k1")), T0)
+            .await
+            .expect("record");
+        assert!(!again.deduplicated, "k1 was freed");
+        assert_eq!(again.event.sequence, Sequence(5));
+        store.close().await;
+    }
+
+    /// A row that cannot be decoded and that no index entry names (doubly damaged) is still
+    /// deleted by the row cap, with no head to stamp; deleting the highest row that cannot be
+    /// decoded by hand does not take the sequence counter back.
+    #[tokio::test]
+    async fn an_unreadable_row_no_index_entry_names_is_pruned_and_the_counter_stays() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = RedbStore::open(dir.path().join("state.redb"))
+            .await
+            .expect("open");
+        let child = session("agent:main:child");
+        for _ in 0..3 {
+            store.record(event(&child, None), T0).await.expect("record");
+        }
+        assert!(store.damage_event_row(Sequence(1)).await.expect("damage"));
+        let (a, k) = (child.agent_id.clone(), child.session_key.clone());
+        store
+            .write("test", move |txn| {
+                let mut index = txn.open_table(EVENTS_BY_REF).ctx("test")?;
+                index.remove((a.as_str(), k.as_str(), 1)).ctx("test")?;
+                Ok(((), true))
+            })
+            .await
+            .expect("remove the index entry");
+        let step = PruneStep::RowCap { max_rows: 2 };
+        assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 1);
+        let head = store
+            .heads(std::slice::from_ref(&child))
+            .await
+            .expect("heads");
+        assert_eq!(
+            head[0].pruned_max_sequence,
+            Sequence::ZERO,
+            "nothing named it"
+        );
+        assert!(store.damage_event_row(Sequence(3)).await.expect("damage"));
+        assert!(
+            store
+                .delete_event_row(Sequence(3))
+                .await
+                .expect("delete the row")
+        );
+        let (_, child_seqs) = raw_indexes(&store, &child).await;
+        assert_eq!(child_seqs, [2, HEAD_SEQ]);
+        let next = store.record(event(&child, None), T0).await.expect("record");
+        assert_eq!(next.event.sequence, Sequence(4), "the counter went back");
+        store.close().await;
+    }
 
     /// A bounded handle whose background flush never fires on its own, and a read-only handle
     /// on the same file, which keeps it open once the bounded one is gone.

@@ -41,6 +41,16 @@
 //! Pruning by age scans `events` in sequence order on a read snapshot and reads `occurredAt` at a
 //! fixed offset of the row, without decoding it: old rows are the low sequences, so a chunk stops
 //! after about its own size; an index on time would cost every record one more insert.
+//!
+//! A row that cannot be decoded (a torn write, a hand edit) stops neither pruning nor the
+//! deletion of its session: the row cap deletes it in its sequence turn, under the watermark of
+//! the session that its entry in `events_by_ref` names (the entry's key needs no decoding),
+//! and its dedupe key, unknown, is freed by finding the entries that point at its sequence;
+//! deleting its session (or the row) removes it the same way. Both lookups are scans of a whole
+//! table, made only once a decode has failed: a sound row costs what it did. The age step,
+//! which cannot read such a row's age, keeps it (with a warning) and goes on with the others.
+
+use std::collections::HashSet;
 
 use awareness_core::{
     AgentId, Cursor, Event, Head, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
@@ -255,9 +265,36 @@ pub(crate) fn cursor_of(
 
 /// An event row about to be deleted.
 pub(crate) struct Doomed {
-    pub session: SessionRef,
+    /// Its ref. `None` only for a row that cannot be decoded and that no entry of the reference
+    /// index names: there is no head to stamp over it (and no reconcile page ever showed it).
+    pub session: Option<SessionRef>,
     pub seq: u64,
     pub dedupe_key: Option<String>,
+    /// The row cannot be decoded: its dedupe key is unknown, and freeing it takes a scan of the
+    /// dedupe index ([`EventTables::remove_many`]).
+    pub unreadable: bool,
+}
+
+/// An event row that cannot be decoded (a torn write, a hand edit), which a transaction is
+/// deleting all the same, so that one damaged row stops neither pruning nor the deletion of its
+/// session. Kept in [`EventTables::unreadable`] for the caller to log with the file's path.
+pub(crate) struct UnreadableRow {
+    pub seq: u64,
+    /// The refs, as (agent, key), of the index entries under its sequence: its session, found
+    /// from the index's keys, which need no decoding. Empty when no entry names it.
+    pub refs: Vec<(String, String)>,
+    /// Why it cannot be decoded.
+    pub error: StoreError,
+}
+
+/// Where a doomed row's entry sits in the reference index (a row no entry names first).
+fn index_order(d: &Doomed) -> (Option<(&str, &str)>, u64) {
+    (
+        d.session
+            .as_ref()
+            .map(|s| (s.agent_id.as_str(), s.session_key.as_str())),
+        d.seq,
+    )
 }
 
 /// A table opened on first use: a transaction that does not need it does not pay for opening it.
@@ -289,6 +326,8 @@ pub(crate) struct EventTables<'t> {
     dedupe: Lazy<'t, &'static str, u64>,
     /// The counter, once read in this transaction (only this struct moves it).
     counter: Option<u64>,
+    /// The rows that cannot be decoded which this transaction deletes (empty on a sound file).
+    pub unreadable: Vec<UnreadableRow>,
 }
 
 impl<'t> EventTables<'t> {
@@ -302,6 +341,7 @@ impl<'t> EventTables<'t> {
                 .ctx("open the events_by_ref table")?,
             dedupe: Lazy::new(DEDUPE),
             counter: None,
+            unreadable: Vec::new(),
         })
     }
 
@@ -418,7 +458,8 @@ impl<'t> EventTables<'t> {
     }
 
     /// Deletes one event row with its index entries (and frees its dedupe key); touches no
-    /// head. Returns whether the row existed.
+    /// head. Returns whether the row existed. A row that cannot be decoded is deleted too (see
+    /// [`EventTables::unreadable`]).
     pub(crate) fn remove(&mut self, seq: u64) -> Result<bool, StoreError> {
         if seq == self.last_event()? {
             // The counter must not go back with the highest row.
@@ -430,49 +471,123 @@ impl<'t> EventTables<'t> {
         let Some(row) = self.events.remove(seq).ctx("delete an event")? else {
             return Ok(false);
         };
-        let m = codec::meta(seq, row.value())?;
-        self.by_ref
-            .remove((m.agent_id, m.session_key, seq))
-            .ctx("delete an event")?;
-        if let Some(k) = m.dedupe_key {
-            let dedupe = self.dedupe.get(self.txn)?;
-            let points_here = dedupe
-                .get(k)
-                .ctx("delete an event")?
-                .is_some_and(|g| g.value() == seq);
-            if points_here {
-                dedupe.remove(k).ctx("delete an event")?;
+        let error = match codec::meta(seq, row.value()) {
+            Ok(m) => {
+                self.by_ref
+                    .remove((m.agent_id, m.session_key, seq))
+                    .ctx("delete an event")?;
+                if let Some(k) = m.dedupe_key {
+                    let dedupe = self.dedupe.get(self.txn)?;
+                    let points_here = dedupe
+                        .get(k)
+                        .ctx("delete an event")?
+                        .is_some_and(|g| g.value() == seq);
+                    if points_here {
+                        dedupe.remove(k).ctx("delete an event")?;
+                    }
+                }
+                return Ok(true);
             }
+            Err(e) => e,
+        };
+        drop(row);
+        // The row cannot be decoded, so neither its ref nor its dedupe key is known: both are
+        // found by scans (see `index_entries_of`), on this damaged path only.
+        let seqs = HashSet::from([seq]);
+        let refs = self.index_entries_of(&seqs)?;
+        for (a, k, s) in &refs {
+            self.by_ref
+                .remove((a.as_str(), k.as_str(), *s))
+                .ctx("delete an unreadable event")?;
         }
+        self.free_dedupe_of(&seqs)?;
+        self.unreadable.push(UnreadableRow {
+            seq,
+            refs: refs.into_iter().map(|(a, k, _)| (a, k)).collect(),
+            error,
+        });
         Ok(true)
     }
 
-    /// Reads what deleting `seqs` needs to know (missing rows are skipped), sorted by ref then
-    /// sequence: the order of the reference index.
-    pub(crate) fn doomed(&self, seqs: &[u64]) -> Result<Vec<Doomed>, StoreError> {
-        let mut out = Vec::with_capacity(seqs.len());
-        for &seq in seqs {
-            if let Some(row) = self.events.get(seq).ctx("read an event")? {
-                let m = codec::meta(seq, row.value())?;
-                out.push(Doomed {
-                    session: session_ref(m.session_key, m.agent_id)?,
-                    seq,
-                    dedupe_key: m.dedupe_key.map(str::to_owned),
-                });
+    /// The entries of the reference index, as (agent, key, sequence), whose sequence is one of
+    /// `seqs`. Only for rows that cannot be decoded, whose ref is then known only from the
+    /// index's keys (which need no decoding): it scans the whole index (50,000 entries and the
+    /// heads at the default row cap), which is acceptable on this path, taken only on a damaged
+    /// file; a sound row's ref is read from the row itself. A head (under [`HEAD_SEQ`]) is never
+    /// taken for an event's entry.
+    fn index_entries_of(
+        &self,
+        seqs: &HashSet<u64>,
+    ) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self
+            .by_ref
+            .iter()
+            .ctx("find the index entry of an unreadable event")?
+        {
+            let (key, _) = item.ctx("find the index entry of an unreadable event")?;
+            let (a, k, seq) = key.value();
+            if seq != HEAD_SEQ && seqs.contains(&seq) {
+                out.push((a.to_owned(), k.to_owned(), seq));
             }
         }
-        out.sort_unstable_by(|a, b| {
-            (
-                a.session.agent_id.as_str(),
-                a.session.session_key.as_str(),
-                a.seq,
-            )
-                .cmp(&(
-                    b.session.agent_id.as_str(),
-                    b.session.session_key.as_str(),
-                    b.seq,
-                ))
-        });
+        Ok(out)
+    }
+
+    /// Frees the dedupe keys that point at `seqs`, rows that cannot be decoded and whose keys
+    /// are therefore unknown: a scan of the whole dedupe index, on this damaged path only.
+    fn free_dedupe_of(&mut self, seqs: &HashSet<u64>) -> Result<(), StoreError> {
+        self.dedupe()?
+            .retain(|_, seq| !seqs.contains(&seq))
+            .ctx("free the dedupe key of an unreadable event")
+    }
+
+    /// Reads what deleting `seqs` needs to know (missing rows are skipped), sorted by ref then
+    /// sequence: the order of the reference index. A row that cannot be decoded is doomed all
+    /// the same, with the ref of the index entry under its sequence (one scan of the index for
+    /// all such rows; see [`EventTables::unreadable`]).
+    pub(crate) fn doomed(&mut self, seqs: &[u64]) -> Result<Vec<Doomed>, StoreError> {
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut unreadable = Vec::new();
+        for &seq in seqs {
+            if let Some(row) = self.events.get(seq).ctx("read an event")? {
+                match codec::meta(seq, row.value()) {
+                    Ok(m) => out.push(Doomed {
+                        session: Some(session_ref(m.session_key, m.agent_id)?),
+                        seq,
+                        dedupe_key: m.dedupe_key.map(str::to_owned),
+                        unreadable: false,
+                    }),
+                    Err(e) => unreadable.push((seq, e)),
+                }
+            }
+        }
+        if !unreadable.is_empty() {
+            let seqs: HashSet<u64> = unreadable.iter().map(|(seq, _)| *seq).collect();
+            let entries = self.index_entries_of(&seqs)?;
+            for (seq, error) in unreadable {
+                let mut refs = Vec::new();
+                for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
+                    out.push(Doomed {
+                        session: Some(session_ref(k, a)?),
+                        seq,
+                        dedupe_key: None,
+                        unreadable: true,
+                    });
+                    refs.push((a.clone(), k.clone()));
+                }
+                if refs.is_empty() {
+                    out.push(Doomed {
+                        session: None,
+                        seq,
+                        dedupe_key: None,
+                        unreadable: true,
+                    });
+                }
+                self.unreadable.push(UnreadableRow { seq, refs, error });
+            }
+        }
+        out.sort_unstable_by(|a, b| index_order(a).cmp(&index_order(b)));
         Ok(out)
     }
 
@@ -492,13 +607,16 @@ impl<'t> EventTables<'t> {
                 .insert(LAST_SEQUENCE, keep)
                 .ctx("keep the sequence counter")?;
         }
-        let set: std::collections::HashSet<u64> = doomed.iter().map(|d| d.seq).collect();
+        // A row that cannot be decoded may be doomed once per index entry naming it.
+        let set: HashSet<u64> = doomed.iter().map(|d| d.seq).collect();
         self.events
             .retain_in(min..=max, |seq, _| !set.contains(&seq))
             .ctx("delete events")?;
         for d in doomed {
-            let (a, k) = (d.session.agent_id.as_str(), d.session.session_key.as_str());
-            self.by_ref.remove((a, k, d.seq)).ctx("delete events")?;
+            if let Some(s) = &d.session {
+                let (a, k) = (s.agent_id.as_str(), s.session_key.as_str());
+                self.by_ref.remove((a, k, d.seq)).ctx("delete events")?;
+            }
         }
         for d in doomed {
             if let Some(k) = &d.dedupe_key {
@@ -512,7 +630,15 @@ impl<'t> EventTables<'t> {
                 }
             }
         }
-        Ok(doomed.len() as u64)
+        let unreadable: HashSet<u64> = doomed
+            .iter()
+            .filter(|d| d.unreadable)
+            .map(|d| d.seq)
+            .collect();
+        if !unreadable.is_empty() {
+            self.free_dedupe_of(&unreadable)?;
+        }
+        Ok(set.len() as u64)
     }
 
     /// The retained sequences of one ref, ascending.

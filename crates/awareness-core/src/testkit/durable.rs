@@ -651,6 +651,86 @@ pub async fn an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its
     }
 }
 
+/// A row the store cannot read stops neither pruning nor the deletion of its session: the row
+/// cap deletes it in its turn, with the rows around it, and stamps its session's watermark
+/// over it; deleting its session removes it; and a pass that ages out every row it can read
+/// succeeds. (Whether the age step can tell such a row's age is the store's own: it may keep
+/// it until the cap reaches it.) Otherwise one damaged row would end retention for good, and
+/// the file would grow without bound.
+pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let doomed = r("agent:main:subagent:doomed", "main");
+    let mut seqs = Vec::new();
+    for i in 0..12 {
+        let at = if i % 3 == 0 { &doomed } else { &child() };
+        seqs.push((
+            at.clone(),
+            rec(s, log_only(at, "x"), T0).await.event.sequence,
+        ));
+    }
+    // The child's second event (sequence 2), which the row cap deletes first but one.
+    let (_, damaged) = seqs[1].clone();
+    assert!(
+        t.raw.damage_event_row(damaged).await.expect("damage a row"),
+        "the store has a row to damage"
+    );
+    let policy = crate::RetentionPolicy {
+        max_rows: 8,
+        chunk_rows: 3,
+        ..crate::RetentionPolicy::default()
+    };
+    let report = s
+        .prune(&policy, T0)
+        .await
+        .expect("a pass over an unreadable row");
+    assert_eq!(report.events_by_cap, 4, "{report:?}");
+    let left: Vec<Sequence> = s
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect("the log, its unreadable row gone")
+        .iter()
+        .map(|e| e.sequence)
+        .collect();
+    assert_eq!(left, seqs[4..].iter().map(|(_, q)| *q).collect::<Vec<_>>());
+    let child_head = s.heads(&[child()]).await.expect("heads");
+    assert!(
+        child_head[0].pruned_max_sequence >= damaged,
+        "the watermark covers the unreadable row: {child_head:?}"
+    );
+    // An unreadable row of a session being deleted goes with it.
+    let (_, on_doomed) = seqs[6].clone();
+    assert!(
+        t.raw
+            .damage_event_row(on_doomed)
+            .await
+            .expect("damage a row")
+    );
+    s.delete_session(&doomed)
+        .await
+        .expect("delete a session holding an unreadable row");
+    let left = s.events_after(Sequence::ZERO, 100).await.expect("the log");
+    assert!(
+        left.iter().all(|e| e.session_ref() != doomed),
+        "the deleted session's rows: {left:?}"
+    );
+    assert_eq!(s.log_stats().await.expect("stats").rows, left.len() as u64);
+    // A pass that ages out every row still succeeds over an unreadable one.
+    let (_, last) = seqs[11].clone();
+    assert!(t.raw.damage_event_row(last).await.expect("damage a row"));
+    s.prune(
+        &crate::RetentionPolicy::default(),
+        Timestamp(LATER.0 + 31 * Timestamp::DAY_MS),
+    )
+    .await
+    .expect("an age pass over an unreadable row");
+    assert!(
+        s.log_stats().await.expect("stats").rows <= 1,
+        "only the unreadable row may outlive its age"
+    );
+}
+
 /// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
 async fn give_up_after<F: Future>(polls: usize, call: F) {
     let mut call = std::pin::pin!(call);

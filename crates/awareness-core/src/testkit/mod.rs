@@ -361,6 +361,7 @@ macro_rules! durable_suite {
             the_audit_reports_events_and_cursors_left_without_a_head,
             a_dedupe_hit_on_an_unreadable_row_fails_and_changes_nothing,
             an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
+            an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
         );
     };
 }

@@ -33,6 +33,7 @@
 //!   (their callers get a backend error) and lets the next call start a new drain.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -103,11 +104,13 @@ const LINGER: Duration = Duration::from_millis(10);
 
 /// A writer's queue and its signal, shared with the drain, which holds the writer itself only
 /// while it records.
-#[derive(Default)]
 struct Inbox {
     queue: Mutex<Queue>,
     /// Signalled when a job is queued or an in-flight call returns.
     arrivals: Condvar,
+    /// The file, for the warning of a drain that stops with jobs queued (the writer may be
+    /// gone by then).
+    path: PathBuf,
 }
 
 impl Inbox {
@@ -193,13 +196,17 @@ impl Writer {
     ) -> Self {
         debug_assert!(max_events > 0, "checked at open");
         Self {
-            shared,
             bounded: Arc::new(AtomicBool::new(bounded)),
             max_events,
             read_only,
-            inbox: Arc::default(),
+            inbox: Arc::new(Inbox {
+                queue: Mutex::default(),
+                arrivals: Condvar::new(),
+                path: shared.path().to_owned(),
+            }),
             commits: AtomicU64::new(0),
             largest_batch: std::sync::atomic::AtomicUsize::new(0),
+            shared,
         }
     }
 
@@ -291,7 +298,7 @@ impl Writer {
     ) -> Result<Recorded, StoreError> {
         self.refuse("record")?;
         let (reply, answer) = oneshot::channel();
-        self.submit(Work::Record(Job { event, now, reply }));
+        self.submit("record", Work::Record(Job { event, now, reply }))?;
         let _in_flight = InFlight(self);
         answer.await.map_err(|e| {
             StoreError::backend(
@@ -317,10 +324,13 @@ impl Writer {
     {
         self.refuse(what)?;
         let (reply, answer) = oneshot::channel();
-        self.submit(Work::Write(Box::new(move |w: &Writer| {
-            let result = f(w);
-            Box::new(move || drop(reply.send(result))) as SendAnswer
-        })));
+        self.submit(
+            what,
+            Work::Write(Box::new(move |w: &Writer| {
+                let result = f(w);
+                Box::new(move || drop(reply.send(result))) as SendAnswer
+            })),
+        )?;
         answer.await.map_err(|e| {
             StoreError::backend(
                 format!("{what}: the writer stopped before answering (it panicked, or the runtime is shutting down)"),
@@ -330,8 +340,12 @@ impl Writer {
     }
 
     /// Queues `work` (a recording counts as in flight until its call returns) and starts a
-    /// drain when none is running.
-    fn submit(self: &Arc<Self>, work: Work) {
+    /// drain when none is running. Outside a Tokio runtime, refuses it before queueing or
+    /// counting anything: `spawn_blocking` would panic there, after a recording was counted
+    /// in flight, for good (its call never returns), and every later lone recording of a
+    /// durable handle would wait [`STRAGGLER_WAIT`] for it.
+    fn submit(self: &Arc<Self>, what: &str, work: Work) -> Result<(), StoreError> {
+        let runtime = crate::runtime(what)?;
         let start = {
             let mut q = lock(&self.inbox.queue);
             if matches!(work, Work::Record(_)) {
@@ -349,9 +363,11 @@ impl Writer {
                 ended: false,
             };
             // Detached: the caller awaits its answer, not the drain, so cancelling it cancels
-            // nobody's commit.
-            drop(tokio::task::spawn_blocking(move || drain.run()));
+            // nobody's commit. (A runtime shutting down drops the drain unrun: its `Drop` fails
+            // the queued jobs and clears `draining`.)
+            drop(runtime.spawn_blocking(move || drain.run()));
         }
+        Ok(())
     }
 
     /// Records a batch: in one write transaction when it holds several jobs.
@@ -396,7 +412,7 @@ impl Writer {
         let (recorded, durable) = match recorded {
             Ok(recorded) => recorded,
             Err(e) => {
-                tracing::debug!(error = %e, "an event failed in a group commit; recording the batch one by one");
+                tracing::debug!(path = %self.shared.path().display(), error = %e, "an event failed in a group commit; recording the batch one by one");
                 drop(txn);
                 return jobs.into_iter().map(|job| self.run_one(job)).collect();
             }
@@ -539,11 +555,59 @@ impl Drop for Drain {
         };
         if !orphans.is_empty() {
             tracing::warn!(
+                path = %self.inbox.path.display(),
                 jobs = orphans.len(),
                 "the store-redb writer stopped with writes queued; they fail"
             );
         }
         // Dropping the jobs drops their senders: each caller gets an error.
         drop(orphans);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Waker};
+
+    use awareness_core::{ActorType, EventKind, EventStore, NewEvent, SessionRef, Timestamp};
+
+    use crate::db::lock;
+
+    /// A recording polled outside a Tokio runtime leaves the writer's queue as it found it:
+    /// nothing queued, no drain marked as running, no call counted in flight. (A call counted
+    /// in flight that never returns would make every later lone recording of a durable handle
+    /// wait for it, `STRAGGLER_WAIT` each time.)
+    #[test]
+    fn a_recording_outside_a_runtime_leaves_the_queue_as_it_was() {
+        let dir = tempfile::tempdir().expect("dir");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let store = runtime
+            .block_on(crate::RedbStore::open(dir.path().join("state.redb")))
+            .expect("open");
+        let event = NewEvent::new(
+            SessionRef::parse("agent:main:child", "main").expect("ref"),
+            EventKind::Compacted,
+            ActorType::System,
+            "x",
+        );
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store
+                .record(event, Timestamp(1_800_000_000_000))
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_ready()
+        }));
+        {
+            let q = lock(&store.writer.inbox.queue);
+            assert_eq!(
+                (q.jobs.len(), q.draining, q.in_flight),
+                (0, false, 0),
+                "(queued, draining, in flight)"
+            );
+        }
+        assert_eq!(polled.ok(), Some(true), "answered at once, without a panic");
+        runtime.block_on(store.close());
     }
 }

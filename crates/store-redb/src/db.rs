@@ -281,6 +281,36 @@ fn open_error(path: &Path, reason: impl Into<String>, source: Option<redb::Error
     }
 }
 
+/// Names the file in the error of an open that failed after redb opened the file, where the
+/// error carries only what was being done. A damaged file stays [`StoreError::Corrupt`] and a
+/// busy one [`StoreError::Busy`], the file named in their context (as store-sqlite names it in
+/// a busy open); any other failure (an I/O error, a task or a thread that failed) is a
+/// [`StoreError::Open`] naming the file, with the failure's chain as the reason and the
+/// original error as the source; an error that names the file already is returned as it is.
+pub(crate) fn naming_the_file(path: &Path, e: StoreError) -> StoreError {
+    let named = |context: String| format!("open {}: {context}", path.display());
+    match e {
+        StoreError::Corrupt { context, source } => StoreError::Corrupt {
+            context: named(context),
+            source,
+        },
+        StoreError::Busy { context, source } => StoreError::Busy {
+            context: named(context),
+            source,
+        },
+        StoreError::Backend { context, source } => StoreError::Open {
+            path: path.to_owned(),
+            reason: format!(
+                "{}: {}",
+                context.strip_prefix("open: ").unwrap_or(&context),
+                awareness_core::error::ErrorChain(&*source)
+            ),
+            source: Some(source),
+        },
+        named_already => named_already,
+    }
+}
+
 fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
     StoreError::Open {
         path: path.to_owned(),
@@ -385,7 +415,7 @@ fn stored_version<T: ReadableTable<&'static str, u64>>(
 
 /// Creates the tables of a new file, or checks that an existing file is one of ours.
 fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
-    let txn = db.begin_write().ctx("open: begin")?;
+    let txn = db.begin_write().ctx("open: begin a write")?;
     let version = stored_version(txn.open_table(META), path)?;
     match version {
         Some(SCHEMA_VERSION) => {
@@ -647,15 +677,9 @@ pub(crate) fn open_shared(
     }
     let db = if mode == Mode::ReadOnly {
         let db = open_read_only(path, &canonical, cache_size)?;
-        // A file redb opened but cannot read is refused as one that cannot be opened.
-        check_schema(&db, path).map_err(|e| match e {
-            StoreError::Backend { .. } => open_error(
-                path,
-                format!("cannot read it: {}", awareness_core::error::ErrorChain(&e)),
-                None,
-            ),
-            other => other,
-        })?;
+        // A file redb opened but cannot read is refused as one that cannot be opened (a
+        // damaged one as Corrupt), naming it.
+        check_schema(&db, path).map_err(|e| naming_the_file(path, e))?;
         Db::Read(db)
     } else {
         let concurrency = if live_readers {
@@ -668,7 +692,7 @@ pub(crate) fn open_shared(
             .set_concurrency_mode(concurrency)
             .create(&canonical)
             .map_err(|e| database_error(path, e))?;
-        init_schema(&db, path)?;
+        init_schema(&db, path).map_err(|e| naming_the_file(path, e))?;
         Db::Write(db)
     };
     let closed = Arc::new(Closed::default());
@@ -736,6 +760,8 @@ pub(crate) fn release(shared: Arc<Shared>) {
 pub(crate) struct Flusher {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
+    /// The file, for the warning should the thread panic.
+    path: PathBuf,
 }
 
 impl Flusher {
@@ -779,6 +805,7 @@ impl Flusher {
         Ok(Self {
             stop,
             thread: Some(thread),
+            path: shared.path.clone(),
         })
     }
 }
@@ -790,7 +817,7 @@ impl Drop for Flusher {
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
-            warn!("the store-redb flush thread panicked");
+            warn!(path = ?self.path, "the store-redb flush thread panicked");
         }
     }
 }
@@ -898,6 +925,46 @@ pub(crate) mod tests {
         Waiting,
         /// Its result: whether the database it got is writable.
         Done(Result<bool, String>),
+    }
+
+    /// An error of an open found once redb opened the file names the file and keeps its
+    /// meaning; one that names it already is left as it is.
+    #[test]
+    fn an_open_error_after_redb_opened_the_file_names_it() {
+        use awareness_core::StoreError;
+        let path = Path::new("/somewhere/state.redb");
+        let named = |e| super::naming_the_file(path, e);
+        match named(StoreError::corrupt("migrate: open heads: a bad type")) {
+            StoreError::Corrupt { context, .. } => assert_eq!(
+                context,
+                "open /somewhere/state.redb: migrate: open heads: a bad type"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let busy = named(StoreError::Busy {
+            context: "open: begin a write".into(),
+            source: "locked".into(),
+        });
+        assert!(busy.is_retryable());
+        assert!(busy.to_string().contains("/somewhere/state.redb"), "{busy}");
+        match named(StoreError::backend(
+            "open: create the tables",
+            std::io::Error::other("disk full"),
+        )) {
+            StoreError::Open {
+                path: p,
+                reason,
+                source,
+            } => {
+                assert_eq!(p, path);
+                assert_eq!(reason, "create the tables: disk full");
+                assert_eq!(source.map(|s| s.to_string()).as_deref(), Some("disk full"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let open = super::open_error(path, "already open in another process", None);
+        let text = open.to_string();
+        assert_eq!(named(open).to_string(), text, "named once");
     }
 
     /// A store file in `dir` whose last handle, read-only, is gone while a read its caller gave

@@ -297,6 +297,64 @@ fn a_drain_that_never_runs_fails_its_caller_and_the_store_goes_on() {
     });
 }
 
+/// A recording or another write called outside a Tokio runtime (polled by hand, with no
+/// runtime entered) fails at once with an error saying so, instead of panicking, and leaves
+/// nothing queued: the next calls on the handle, inside a runtime, are answered (the bound
+/// keeps a handle wedged by a job left queued with no drain from hanging the test). What the
+/// writer's queue counts is checked in `commit.rs`.
+#[test]
+fn a_write_outside_a_runtime_fails_and_does_not_wedge_the_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedbStore::open(dir.path().join("state.redb")))
+        .unwrap();
+    let watcher = WatcherKey::parse("agent:main:main").unwrap();
+    // A panic is caught, so that what it leaves behind is checked too.
+    let outside = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut cx = Context::from_waker(Waker::noop());
+        let recorded = store.record(event(0), T0).as_mut().poll(&mut cx);
+        let watched = store
+            .watch(&watcher, &session(0), T0)
+            .as_mut()
+            .poll(&mut cx);
+        (recorded, watched)
+    }));
+    runtime.block_on(async {
+        // The bound only keeps a wedged handle from hanging the test.
+        let later = std::time::Duration::from_secs(30);
+        let rec = tokio::time::timeout(later, store.record(event(1), T0))
+            .await
+            .expect("a recording inside a runtime, after one outside, was never answered")
+            .unwrap();
+        assert_eq!(
+            rec.event.sequence,
+            Sequence(1),
+            "nothing was recorded outside"
+        );
+        tokio::time::timeout(later, store.watch(&watcher, &session(0), T0))
+            .await
+            .expect("a write inside a runtime, after one outside, was never answered")
+            .unwrap();
+    });
+    let (recorded, watched) = outside.expect("a call outside a runtime panicked");
+    for (what, got) in [
+        ("record", recorded.map(|r| r.map(drop))),
+        ("watch", watched.map(|r| r.map(drop))),
+    ] {
+        match got {
+            Poll::Ready(Err(StoreError::Backend { context, .. })) => assert!(
+                context.contains("outside a Tokio runtime"),
+                "{what}: {context}"
+            ),
+            other => panic!("{what} outside a runtime: {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn an_event_that_fails_in_a_batch_fails_only_its_own_caller() {
     const EVENTS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("events");

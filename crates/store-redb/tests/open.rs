@@ -565,3 +565,43 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
         .read_only(true);
     RedbStore::open_with(&path, ignoring).await.unwrap();
 }
+
+/// An open that fails after redb has opened the file (here migrating a schema 1 file whose
+/// `heads` table is not of the type schema 1 wrote: a damaged file) names the file in its
+/// message, keeps its meaning (`Corrupt`), and leaves the file at schema 1.
+#[tokio::test]
+async fn an_open_failing_after_redb_opened_the_file_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let s = RedbStore::open(&path).await.unwrap();
+    s.record(human(&child()), T0).await.unwrap();
+    s.close().await;
+    {
+        const HEADS: redb::TableDefinition<(&str, &str), &[u8]> =
+            redb::TableDefinition::new("heads");
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(HEADS)
+            .unwrap()
+            .insert(("agent:main:subagent:child", "main"), b"torn".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    set_meta(&path, "schema_version", 1);
+    let err = RedbStore::open(&path).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Corrupt { .. }),
+        "a damaged file is Corrupt: {err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&*path.to_string_lossy()),
+        "the message names the file: {text}"
+    );
+    let db = redb::Database::open(&path).unwrap();
+    assert_eq!(
+        schema_version(&db.begin_read().unwrap()),
+        1,
+        "nothing migrated"
+    );
+}

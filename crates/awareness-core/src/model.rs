@@ -309,8 +309,13 @@ pub enum KindClass {
 }
 
 /// The kind of a state-change event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+///
+/// The nine kinds of DESIGN.md section 3, and [`EventKind::Other`]: a kind this version does
+/// not know, read from a row another writer of the file left (a later OpenClaw adds kinds). It
+/// is returned with its spelling, as OpenClaw returns an event, instead of failing every page
+/// that holds it; it counts as log-only here, and it cannot be recorded
+/// ([`NewEvent::validate`] refuses it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum EventKind {
     /// A human turn in a watched session.
     HumanDirectMessage,
@@ -330,6 +335,9 @@ pub enum EventKind {
     Adopted,
     /// The session was created.
     Created,
+    /// A kind this version does not know, with its stored spelling (never one of the nine).
+    /// Only stores reading another writer's rows build it ([`EventKind::from_stored`]).
+    Other(String),
 }
 
 impl EventKind {
@@ -347,7 +355,7 @@ impl EventKind {
     ];
 
     /// The stored spelling (`human_direct_message`, ...).
-    pub const fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             EventKind::HumanDirectMessage => "human_direct_message",
             EventKind::GoalChanged => "goal_changed",
@@ -358,10 +366,12 @@ impl EventKind {
             EventKind::Compacted => "compacted",
             EventKind::Adopted => "adopted",
             EventKind::Created => "created",
+            EventKind::Other(spelling) => spelling,
         }
     }
 
-    /// Parses the stored spelling.
+    /// Parses the spelling of one of the nine kinds; any other is refused (what a producer
+    /// may record).
     pub fn parse(value: &str) -> Result<Self, ValidationError> {
         Self::ALL
             .into_iter()
@@ -371,8 +381,20 @@ impl EventKind {
             })
     }
 
-    /// The notify / log-only / seed table of DESIGN.md section 3.
-    pub const fn class(self) -> KindClass {
+    /// The kind a stored row spells: one of the nine, else [`EventKind::Other`] (what a store
+    /// reads).
+    pub fn from_stored(value: &str) -> Self {
+        Self::parse(value).unwrap_or_else(|_| EventKind::Other(value.to_owned()))
+    }
+
+    /// Whether it is one of the nine kinds this version knows.
+    pub fn is_known(&self) -> bool {
+        !matches!(self, EventKind::Other(_))
+    }
+
+    /// The notify / log-only / seed table of DESIGN.md section 3; a kind this version does not
+    /// know is log-only (a store never records one, so it only ever meets it on a read).
+    pub fn class(&self) -> KindClass {
         match self {
             EventKind::HumanDirectMessage | EventKind::GoalChanged | EventKind::UpstreamMissing => {
                 KindClass::Notify
@@ -382,7 +404,8 @@ impl EventKind {
             | EventKind::RunFailed
             | EventKind::Compacted
             | EventKind::Adopted
-            | EventKind::Created => KindClass::LogOnly,
+            | EventKind::Created
+            | EventKind::Other(_) => KindClass::LogOnly,
         }
     }
 }
@@ -390,6 +413,21 @@ impl EventKind {
 impl fmt::Display for EventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Any string: a kind this version does not know becomes [`EventKind::Other`], which
+/// [`NewEvent::validate`] refuses to record.
+impl<'de> Deserialize<'de> for EventKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let spelling = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(EventKind::from_stored(&spelling))
     }
 }
 
@@ -541,6 +579,11 @@ impl NewEvent {
 
     /// Checks every rule of DESIGN.md section 3; stores call this before writing anything.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if let EventKind::Other(value) = &self.kind {
+            return Err(ValidationError::UnknownKind {
+                value: value.clone(),
+            });
+        }
         validate::summary(&self.summary)?;
         if let Some(p) = &self.payload {
             validate::payload(p)?;
@@ -793,13 +836,50 @@ mod tests {
         );
     }
 
+    /// A kind this version does not know is read with its spelling, written back as it was,
+    /// log-only, and refused when recorded.
+    #[test]
+    fn a_kind_this_version_does_not_know_is_read_but_never_recorded() {
+        let k = EventKind::from_stored("session_reset");
+        assert_eq!(k, EventKind::Other("session_reset".into()));
+        assert!(!k.is_known());
+        assert_eq!(k.as_str(), "session_reset");
+        assert_eq!(k.class(), KindClass::LogOnly);
+        assert_eq!(serde_json::to_value(&k).unwrap(), "session_reset");
+        assert_eq!(
+            serde_json::from_value::<EventKind>("session_reset".into()).unwrap(),
+            k
+        );
+        assert!(matches!(
+            EventKind::parse("session_reset"),
+            Err(ValidationError::UnknownKind { .. })
+        ));
+        let e = NewEvent::new(
+            SessionRef::parse("agent:main:main", "main").unwrap(),
+            k,
+            ActorType::System,
+            "x",
+        );
+        assert_eq!(
+            e.validate(),
+            Err(ValidationError::UnknownKind {
+                value: "session_reset".into()
+            })
+        );
+    }
+
     #[test]
     fn kind_table() {
         for k in EventKind::ALL {
             assert_eq!(EventKind::parse(k.as_str()).unwrap(), k);
             assert_eq!(
-                serde_json::to_value(k).unwrap(),
+                serde_json::to_value(&k).unwrap(),
                 serde_json::Value::String(k.as_str().into())
+            );
+            assert_eq!(EventKind::from_stored(k.as_str()), k, "a known spelling");
+            assert_eq!(
+                serde_json::from_value::<EventKind>(k.as_str().into()).unwrap(),
+                k
             );
         }
         assert_eq!(EventKind::HumanDirectMessage.class(), KindClass::Notify);

@@ -20,7 +20,7 @@ use awareness_core::{EventKind, Payload, SessionKey};
 use tracing::warn;
 
 /// Fits the metadata of one event about `session`, logging what it changes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Fit<'a> {
     session: &'a SessionKey,
     kind: EventKind,

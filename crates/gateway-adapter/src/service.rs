@@ -745,7 +745,7 @@ impl Awareness {
     /// [`Awareness::try_record`], logging a failure (`warn!`) and answering it with its causes.
     async fn record_logged(&self, event: NewEvent) -> Result<Recorded, String> {
         let key = event.session.session_key.clone();
-        let kind = event.kind;
+        let kind = event.kind.clone();
         self.try_record(event).await.map_err(|e| {
             let e = ErrorChain(&e).to_string();
             warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
@@ -966,7 +966,7 @@ impl Awareness {
             RunOutcome::Timeout => (EventKind::RunFailed, "child run timed out"),
             RunOutcome::Cancelled => (EventKind::RunFailed, "child run cancelled"),
         };
-        let fit = Fit::new(child, kind);
+        let fit = Fit::new(child, kind.clone());
         let mut ev = NewEvent::new(
             SessionRef::new(child.clone(), self.agent_of(child, agent)),
             kind,

@@ -55,7 +55,7 @@ impl World {
 
     /// The one event of `kind` on the worker, which every rule accepts.
     async fn only(&self, kind: EventKind) -> Arc<Event> {
-        let events = self.events(&child(), kind).await;
+        let events = self.events(&child(), kind.clone()).await;
         assert_eq!(events.len(), 1, "{kind}: {events:?}");
         let e = events.into_iter().next().unwrap();
         assert_valid(&e);

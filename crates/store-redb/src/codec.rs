@@ -26,8 +26,10 @@ const HAS_RUN_ID: u8 = 1 << 2;
 const HAS_PAYLOAD: u8 = 1 << 3;
 const HAS_DEDUPE: u8 = 1 << 4;
 
-fn kind_code(kind: EventKind) -> u8 {
-    match kind {
+/// The code of one of the nine kinds; `None` for [`EventKind::Other`], which validation keeps
+/// from ever being recorded (store-redb holds only what it recorded).
+fn kind_code(kind: &EventKind) -> Option<u8> {
+    Some(match kind {
         EventKind::HumanDirectMessage => 1,
         EventKind::GoalChanged => 2,
         EventKind::UpstreamMissing => 3,
@@ -37,11 +39,14 @@ fn kind_code(kind: EventKind) -> u8 {
         EventKind::Compacted => 7,
         EventKind::Adopted => 8,
         EventKind::Created => 9,
-    }
+        EventKind::Other(_) => return None,
+    })
 }
 
 fn kind_of(code: u8) -> Option<EventKind> {
-    EventKind::ALL.into_iter().find(|k| kind_code(*k) == code)
+    EventKind::ALL
+        .into_iter()
+        .find(|k| kind_code(k) == Some(code))
 }
 
 fn actor_code(actor: ActorType) -> u8 {
@@ -65,6 +70,11 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// Encodes an event row.
 pub(crate) fn encode(e: &Event) -> Result<Vec<u8>, StoreError> {
+    let kind = kind_code(&e.kind).ok_or_else(|| {
+        StoreError::from(awareness_core::ValidationError::UnknownKind {
+            value: e.kind.as_str().to_owned(),
+        })
+    })?;
     let payload = e
         .payload
         .as_ref()
@@ -90,7 +100,7 @@ pub(crate) fn encode(e: &Event) -> Result<Vec<u8>, StoreError> {
             + e.summary.len()
             + payload.as_ref().map_or(0, String::len),
     );
-    out.extend_from_slice(&[VERSION, kind_code(e.kind), actor_code(e.actor_type), flags]);
+    out.extend_from_slice(&[VERSION, kind, actor_code(e.actor_type), flags]);
     out.extend_from_slice(&e.occurred_at.millis().to_le_bytes());
     put_str(&mut out, e.session_key.as_str());
     put_str(&mut out, e.agent_id.as_str());
@@ -335,8 +345,9 @@ mod tests {
     #[test]
     fn kind_and_actor_codes_are_distinct_and_decodable() {
         for k in EventKind::ALL {
-            assert_eq!(kind_of(kind_code(k)), Some(k));
+            assert_eq!(kind_code(&k).and_then(kind_of), Some(k));
         }
+        assert_eq!(kind_code(&EventKind::from_stored("session_reset")), None);
         for a in ActorType::ALL {
             assert_eq!(actor_of(actor_code(a)), Some(a));
         }

@@ -277,9 +277,10 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
     ) = raw;
     let bad = |why: String| StoreError::corrupt(format!("event {seq}: {why}"));
     // Read as OpenClaw reads a row (`rowToSessionStateEvent`): an empty optional text is
-    // absent, and a payload that is not a JSON object is left out instead of failing the row
-    // and with it every page that holds it. The store's own rows have neither (validation
-    // refuses both); rows another writer left may.
+    // absent, a payload that is not a JSON object is left out instead of failing the row and
+    // with it every page that holds it, and a kind this version does not know is returned as
+    // it is spelled (`EventKind::Other`). The store's own rows have none of these (validation
+    // refuses all three); rows another writer left may. An actor type stays strict.
     let present = |v: Option<String>| v.filter(|s| !s.is_empty());
     let payload = match payload.filter(|t| !t.is_empty()) {
         None => None,
@@ -300,7 +301,7 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
         session_key: r.session_key,
         session_id: present(session_id),
         agent_id: r.agent_id,
-        kind: EventKind::parse(&kind).map_err(|e| bad(e.to_string()))?,
+        kind: EventKind::from_stored(&kind),
         actor_type: ActorType::parse(&actor_type).map_err(|e| bad(e.to_string()))?,
         actor_id: present(actor_id),
         run_id: present(run_id),

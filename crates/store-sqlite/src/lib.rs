@@ -523,8 +523,8 @@ impl SqliteStore {
         self.write_changed("delete a head row", q).await
     }
 
-    /// Overwrites one event row so that it no longer reads as an event (its kind becomes one
-    /// no version knows, and its `fields_json` is cleared so reads fall back to the columns),
+    /// Overwrites one event row so that it no longer reads as an event (its actor type becomes
+    /// one no version knows, and its `fields_json` is cleared so reads fall back to the columns),
     /// as a torn write or another writer could leave it; its dedupe key stays taken and its
     /// head stays. Returns whether the row existed. The durable suite uses it to check what a
     /// recording does on meeting such a row.

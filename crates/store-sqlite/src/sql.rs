@@ -448,7 +448,7 @@ COMMIT";
 
 /// Makes one event row unreadable (`SqliteStore::damage_event_row`).
 pub(crate) const DAMAGE_EVENT_ROW: &str = "BEGIN IMMEDIATE;
-UPDATE session_state_events SET kind = 'no-such-kind', fields_json = NULL WHERE sequence = $1;
+UPDATE session_state_events SET actor_type = 'no-such-actor', fields_json = NULL WHERE sequence = $1;
 SELECT changes();
 COMMIT";
 

@@ -92,7 +92,8 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
     );
 }
 
-/// Writes, behind the store's back, a torn row (an unknown kind) under the dedupe key "torn".
+/// Writes, behind the store's back, a torn row (an unknown actor type) under the dedupe key
+/// "torn".
 async fn insert_torn_row(path: &std::path::Path) {
     use sqlx::{ConnectOptions as _, Connection as _};
     let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
@@ -102,8 +103,8 @@ async fn insert_torn_row(path: &std::path::Path) {
         .expect("raw connection");
     sqlx::query(
         "INSERT INTO session_state_events (dedupe_key, session_key, agent_id, kind, actor_type,
-           occurred_at, summary) VALUES ('torn', 'agent:main:subagent:s0', 'main', 'no-such-kind',
-           'human', 0, 'torn')",
+           occurred_at, summary) VALUES ('torn', 'agent:main:subagent:s0', 'main', 'created',
+           'no-such-actor', 0, 'torn')",
     )
     .execute(&mut raw)
     .await

@@ -620,3 +620,69 @@ async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
             .unwrap();
     assert_eq!(migrations, [1, 2, 3], "each migration recorded once");
 }
+
+/// A row of a kind this version does not know (a later OpenClaw adds kinds) reads with its
+/// spelling, as OpenClaw reads it, in the session's page and in the log, instead of failing
+/// every read that holds it; the session records on.
+#[tokio::test]
+async fn a_kind_this_version_does_not_know_reads_with_its_spelling() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:later", "main").unwrap();
+    let mut raw = raw(&path).await;
+    let seq: i64 = sqlx::query_scalar(
+        "INSERT INTO session_state_events (session_key, agent_id, kind, actor_type, occurred_at, \
+         summary) VALUES (?, 'main', 'session_reset', 'system', ?, 'session reset') \
+         RETURNING sequence",
+    )
+    .bind(session.session_key.as_str())
+    .bind(T0.millis())
+    .fetch_one(&mut raw)
+    .await
+    .expect("insert a row");
+    sqlx::query(
+        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, updated_at) \
+         VALUES (?, 'main', ?, ?)",
+    )
+    .bind(session.session_key.as_str())
+    .bind(seq)
+    .bind(T0.millis())
+    .execute(&mut raw)
+    .await
+    .expect("insert the head");
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("the page");
+    assert_eq!(
+        serde_json::to_value(&page.events).unwrap(),
+        json!([{
+            "sequence": seq,
+            "sessionKey": "agent:main:subagent:later",
+            "agentId": "main",
+            "kind": "session_reset",
+            "actorType": "system",
+            "occurredAt": T0.millis(),
+            "summary": "session reset",
+        }])
+    );
+    let log = store
+        .events_after(Sequence(u64::try_from(seq).unwrap() - 1), 10)
+        .await
+        .expect("the log");
+    assert_eq!(log[0].kind, EventKind::from_stored("session_reset"));
+    let next = store
+        .record(
+            NewEvent::new(
+                session.clone(),
+                EventKind::Created,
+                ActorType::System,
+                "session created",
+            ),
+            T0,
+        )
+        .await
+        .expect("record after it");
+    assert_eq!(next.event.sequence.get(), u64::try_from(seq).unwrap() + 1);
+}

@@ -1070,7 +1070,7 @@ pub async fn log_only_kinds_move_the_head_only(t: &Subject) {
     ] {
         let got = rec(
             s,
-            NewEvent::new(child(), kind, ActorType::System, "x").with_watcher(w(PEER)),
+            NewEvent::new(child(), kind.clone(), ActorType::System, "x").with_watcher(w(PEER)),
             T0,
         )
         .await;
@@ -1689,6 +1689,13 @@ pub async fn invalid_ids_are_rejected_and_nothing_written(t: &Subject) {
         human(&child()).with_dedupe_key(""),
         human(&child()).with_actor_id("bad\u{1}id"),
         human(&child()).with_run_id(""),
+        // A kind this version does not know is only ever read, never recorded.
+        NewEvent::new(
+            child(),
+            EventKind::from_stored("session_reset"),
+            ActorType::System,
+            "x",
+        ),
     ] {
         assert!(matches!(
             s.record(e, T0).await,

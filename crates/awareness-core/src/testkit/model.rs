@@ -452,7 +452,7 @@ fn sorted(mut v: Vec<Notice>) -> Vec<Notice> {
 }
 
 fn kind_actor(kind: usize, actor: usize) -> (EventKind, ActorType, Option<String>) {
-    let kind = EventKind::ALL[kind];
+    let kind = EventKind::ALL[kind].clone();
     match actor {
         0 => (kind, ActorType::Human, Some("user-1".into())),
         1 => (kind, ActorType::System, None),
@@ -474,7 +474,8 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
         unreachable!("only Op::Record describes an event")
     };
     let (kind, actor_type, actor_id) = kind_actor(*kind, *actor);
-    let mut e = NewEvent::new(session(*si), kind, actor_type, format!("{kind} at {tag}"));
+    let summary = format!("{kind} at {tag}");
+    let mut e = NewEvent::new(session(*si), kind, actor_type, summary);
     e.actor_id = actor_id;
     e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
     e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));

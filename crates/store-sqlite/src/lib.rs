@@ -11,7 +11,9 @@
 //!   reads correctly. Our additions are two nullable columns (`session_watch_cursors.target_agent_id`
 //!   and `session_state_events.fields_json`, below) and one table of our own,
 //!   `awareness_schema_migrations` (decision 0012); OpenClaw's other tables, and the file's
-//!   `user_version`, are never touched.
+//!   `user_version`, are never touched. Rows OpenClaw wrote read as OpenClaw reads them, a kind
+//!   this version does not know, an empty id or a payload that is not a JSON object included
+//!   (decision 0013).
 //! - **Atomic.** Recording is one `BEGIN IMMEDIATE` transaction: the event insert (a dedupe hit
 //!   returns the stored row and still spends one sequence, as OpenClaw's AUTOINCREMENT does),
 //!   the head move and every cursor move. Acknowledge, sweep and delete are one transaction

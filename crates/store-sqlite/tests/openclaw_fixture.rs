@@ -466,6 +466,31 @@ async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later
     store.close().await;
 }
 
+/// Writes `session`'s head at `last` behind the store's back, as OpenClaw's writer does with
+/// its rows, then reads the session's whole page through the store.
+async fn page_after_head(
+    store: &SqliteStore,
+    raw: &mut SqliteConnection,
+    session: &SessionRef,
+    last: i64,
+) -> awareness_core::ChangesPage {
+    sqlx::query(
+        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, updated_at) \
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(session.session_key.as_str())
+    .bind(session.agent_id.as_str())
+    .bind(last)
+    .bind(T0.millis())
+    .execute(&mut *raw)
+    .await
+    .expect("insert the head");
+    store
+        .changes_since(session, Sequence::ZERO, 200)
+        .await
+        .expect("the page")
+}
+
 /// Rows another writer of the file left (OpenClaw binds `input.runId ?? null`, so an empty id
 /// is stored as `''`; a payload is whatever text was bound) read as OpenClaw reads them: an
 /// empty session, actor or run id is absent, and a `payload_json` that is empty or not a JSON
@@ -502,20 +527,7 @@ async fn rows_another_writer_left_read_as_openclaw_reads_them() {
         .expect("insert a row")
         .get::<i64, _>(0);
     }
-    sqlx::query(
-        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, updated_at) \
-         VALUES (?, 'main', ?, ?)",
-    )
-    .bind(session.session_key.as_str())
-    .bind(last)
-    .bind(T0.millis())
-    .execute(&mut raw)
-    .await
-    .expect("insert the head");
-    let page = store
-        .changes_since(&session, Sequence::ZERO, 200)
-        .await
-        .expect("the page");
+    let page = page_after_head(&store, &mut raw, &session, last).await;
     let first = last - i64::try_from(payloads.len()).unwrap() + 1;
     let expected: Vec<Value> = (first..=last)
         .map(|seq| {
@@ -641,20 +653,7 @@ async fn a_kind_this_version_does_not_know_reads_with_its_spelling() {
     .fetch_one(&mut raw)
     .await
     .expect("insert a row");
-    sqlx::query(
-        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, updated_at) \
-         VALUES (?, 'main', ?, ?)",
-    )
-    .bind(session.session_key.as_str())
-    .bind(seq)
-    .bind(T0.millis())
-    .execute(&mut raw)
-    .await
-    .expect("insert the head");
-    let page = store
-        .changes_since(&session, Sequence::ZERO, 200)
-        .await
-        .expect("the page");
+    let page = page_after_head(&store, &mut raw, &session, seq).await;
     assert_eq!(
         serde_json::to_value(&page.events).unwrap(),
         json!([{

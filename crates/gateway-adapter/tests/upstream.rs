@@ -21,7 +21,7 @@ use awareness_core::{
     async_trait,
 };
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
-use gateway_adapter::upstream::paired::{PAGE_ITEMS, PairedMarker};
+use gateway_adapter::upstream::paired::{MAX_PAGES, PAGE_ITEMS, PairedMarker};
 use gateway_adapter::upstream::{
     CheckOutcome, Detection, JsonlProvider, MarkerMove, OwnPrompts as _, PairedError, PairedItem,
     PairedNodeClient, PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor,
@@ -578,6 +578,7 @@ async fn paired_node_pages_back_to_the_marker() {
     let link = paired_link(Some(
         PairedMarker {
             uuid: Some("i9".into()),
+            resume: None,
         }
         .to_value(),
     ));
@@ -1977,54 +1978,64 @@ async fn a_tick_waits_for_the_tick_in_progress() {
     );
 }
 
-/// Pins the paging bound of the paired-node provider (`MAX_PAGES` pages of `PAGE_ITEMS`, see
-/// docs/decisions/0004): a burst longer than that is counted only within the bound (its
-/// newest items), the marker moves to the newest item, so the older turns of the burst are
-/// never counted, and a warning says so. When the items within the bound hold no human turn,
-/// nothing is recorded at all, yet the marker moves.
-#[tokio::test]
-async fn a_paired_burst_longer_than_the_paging_bound_counts_only_its_newest_items() {
-    let capture = common::Capture::default();
-    let _logging = tracing::subscriber::set_default(capture.clone());
-    let bound = gateway_adapter::upstream::paired::MAX_PAGES * PAGE_ITEMS;
+// ----- the paging bound of the paired-node provider, resumed over checks ---------------------------
+
+/// A paired thread: `i0` (the marker), then `early` human turns (`old0`, ...), then one bound
+/// of items (`new0`, ...): every other one a turn when `turns_within`, else only replies.
+fn burst_node(early: usize, turns_within: bool) -> Arc<FakeNode> {
+    let bound = MAX_PAGES * PAGE_ITEMS;
     let node = Arc::new(FakeNode::default());
     {
         let mut items = node.items.lock().unwrap();
         items.push(PairedItem::user("i0", "read before"));
-        // The burst: 100 turns beyond the bound, then `bound` items, every other one a turn.
-        for i in 0..100 {
+        for i in 0..early {
             items.push(PairedItem::user(
                 format!("old{i}"),
                 format!("early turn {i}"),
             ));
         }
         for i in 0..bound {
-            items.push(if i % 2 == 0 {
+            items.push(if turns_within && i % 2 == 0 {
                 PairedItem::user(format!("new{i}"), format!("turn {i}"))
             } else {
                 PairedItem::with_role(format!("new{i}"), "assistant", "ok")
             });
         }
     }
+    node
+}
+
+fn human_turns(turns: usize, dedupe_id: &str, marker: Value) -> CheckOutcome {
+    CheckOutcome::HumanTurns {
+        turns: u32::try_from(turns).unwrap(),
+        dedupe_id: dedupe_id.into(),
+        source_id: "node-2/thread-9".into(),
+        marker,
+    }
+}
+
+/// Bug: paging back stopped at the bound (`MAX_PAGES` pages of `PAGE_ITEMS`, see
+/// docs/decisions/0004) and moved the marker to the newest item, so the older turns of a
+/// burst longer than the bound were never counted. The first check counts the turns within
+/// the bound and stores where it stopped; the next one goes on from there to the marker.
+#[tokio::test]
+async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_checks() {
+    let capture = common::Capture::default();
+    let _logging = tracing::subscriber::set_default(capture.clone());
+    let bound = MAX_PAGES * PAGE_ITEMS;
+    let node = burst_node(100, true);
     let provider = PairedNodeProvider::new(node.clone());
-    let out = provider
-        .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
-        .await;
-    let newest = json!({"uuid": format!("new{}", bound - 1)});
+    let top = format!("new{}", bound - 1);
+    // The fake node's cursors are indexes: the next older page ends after `i0` and `old*`.
+    let resume = json!({"uuid": "i0", "resume": {"before": "101", "top": top}});
     assert_eq!(
-        out,
-        CheckOutcome::HumanTurns {
-            turns: u32::try_from(bound / 2).unwrap(),
-            dedupe_id: format!("new{}", bound - 2),
-            source_id: "node-2/thread-9".into(),
-            marker: newest.clone(),
-        },
-        "the turns within the bound, the marker at the newest item"
+        provider
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await,
+        human_turns(bound / 2, &format!("new{}", bound - 2), resume.clone()),
+        "the turns within the bound, and where to go on from"
     );
-    assert_eq!(
-        node.calls.load(Ordering::SeqCst),
-        gateway_adapter::upstream::paired::MAX_PAGES
-    );
+    assert_eq!(node.calls.load(Ordering::SeqCst), MAX_PAGES);
     let warned: Vec<String> = capture
         .lines()
         .into_iter()
@@ -2033,41 +2044,306 @@ async fn a_paired_burst_longer_than_the_paging_bound_counts_only_its_newest_item
     assert_eq!(warned.len(), 1, "{:#?}", capture.lines());
     assert!(
         warned[0].contains(&format!("items={bound}"))
-            && warned[0].contains("session_key=agent:main:main"),
+            && warned[0].contains("session_key=agent:main:main")
+            && warned[0].contains("next check"),
         "{}",
         warned[0]
     );
-    // From the new marker, the 100 older turns are never read.
+
+    let newest = json!({"uuid": top});
+    assert_eq!(
+        provider.check(&paired_link(Some(resume)), &[]).await,
+        human_turns(100, "old99", newest.clone()),
+        "the older turns, named by their own last turn; the marker at the burst's newest item"
+    );
+    assert_eq!(
+        node.calls.load(Ordering::SeqCst),
+        MAX_PAGES + 3,
+        "from the stored cursor down to the marker: 101 items, three pages"
+    );
     assert_eq!(
         provider
             .check(&paired_link(Some(newest.clone())), &[])
             .await,
-        CheckOutcome::Unchanged { marker: newest }
+        CheckOutcome::Unchanged { marker: newest },
+        "nothing is left, nothing is counted twice"
     );
+}
 
-    // Within the bound only replies: nothing is recorded, and the marker still moves.
-    let node = Arc::new(FakeNode::default());
-    {
-        let mut items = node.items.lock().unwrap();
-        items.push(PairedItem::user("i0", "read before"));
-        for i in 0..10 {
-            items.push(PairedItem::user(
-                format!("old{i}"),
-                format!("early turn {i}"),
-            ));
-        }
-        for i in 0..bound {
-            items.push(PairedItem::with_role(format!("new{i}"), "assistant", "ok"));
-        }
-    }
-    let provider = PairedNodeProvider::new(node);
+/// Bug: when the items within the paging bound held no human turn (a long run of replies
+/// after the person typed), the marker moved past the turns without recording them, and no
+/// watcher was ever told. The first check stores where it stopped; the second records them.
+#[tokio::test]
+async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded_next_tick() {
+    let bound = MAX_PAGES * PAGE_ITEMS;
+    let top = format!("new{}", bound - 1);
+    let resume = json!({"uuid": "i0", "resume": {"before": "11", "top": top}});
+    let provider = PairedNodeProvider::new(burst_node(10, false));
     assert_eq!(
         provider
             .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
             .await,
         CheckOutcome::Unchanged {
-            marker: json!({"uuid": format!("new{}", bound - 1)})
+            marker: resume.clone()
         },
-        "the 10 turns before the bound are lost"
+        "nothing to record within the bound, but the place to go on from"
     );
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(resume.clone())), &[])
+            .await,
+        human_turns(10, "old9", json!({"uuid": top}))
+    );
+
+    // Through the monitor: the watcher is told on the second tick.
+    let w = world();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let mut spec = LinkSpec::new(
+        session.clone(),
+        "openclaw-node",
+        "node-2",
+        "thread-9",
+        "paired-node",
+    );
+    spec.marker = Some(json!({"uuid": "i0"}));
+    w.svc.try_adopt(spec).await.unwrap();
+    let watcher = WatcherKey::parse("agent:main:main").unwrap();
+    w.store
+        .watch(&watcher, &session, Timestamp::now())
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(PairedNodeProvider::new(burst_node(10, false))))
+        .build();
+    let marker = async || w.store.link(&session).await.unwrap().unwrap().marker;
+    monitor.tick().await;
+    assert!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .is_empty()
+    );
+    assert_eq!(marker().await, Some(resume));
+    monitor.tick().await;
+    let events = w.events(&session, EventKind::HumanDirectMessage).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].payload.as_ref().unwrap()["turns"], json!(10));
+    assert_eq!(marker().await, Some(json!({"uuid": top})));
+    let told = w.queue.peek(watcher.session_key());
+    assert_eq!(told.len(), 1, "{told:?}");
+    monitor.tick().await;
+    assert_eq!(
+        w.events(&session, EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        1
+    );
+}
+
+/// A marker stored before resume points existed (`{"uuid": ...}`) reads as before, and a
+/// check that has nothing to resume writes it back in the same form.
+#[tokio::test]
+async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_alike() {
+    let node = Arc::new(FakeNode::default());
+    node.items.lock().unwrap().extend([
+        PairedItem::user("x", "old"),
+        PairedItem::user("y", "typed"),
+        PairedItem::with_role("z", "assistant", "ok"),
+    ]);
+    let provider = PairedNodeProvider::new(node);
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "x"}))), &[])
+            .await,
+        human_turns(1, "y", json!({"uuid": "z"}))
+    );
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "z"}))), &[])
+            .await,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": "z"})
+        }
+    );
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": null}))), &[])
+            .await,
+        human_turns(2, "y", json!({"uuid": "z"}))
+    );
+    for stored in [
+        json!({"uuid": "x"}),
+        json!({"uuid": null}),
+        json!({"uuid": "x", "resume": {"before": "7", "top": "z"}}),
+        json!({"uuid": null, "resume": {"before": "7"}}),
+    ] {
+        let read = PairedMarker::from_value(&stored).expect("a paired marker");
+        assert_eq!(read.to_value(), stored);
+    }
+}
+
+/// A resumed check ends where the thread ends when its marker item is gone (the thread was
+/// rewritten: rebased to the item that was newest when the bound was hit, counting nothing),
+/// or, for a thread that was empty when adopted, counts down to the thread's start.
+#[tokio::test]
+async fn a_resumed_check_rebases_to_its_top_when_the_marker_item_vanished() {
+    let node = Arc::new(FakeNode::default());
+    node.items
+        .lock()
+        .unwrap()
+        .extend((0..10).map(|i| PairedItem::user(format!("n{i}"), format!("rewritten {i}"))));
+    let provider = PairedNodeProvider::new(node.clone());
+    let gone = json!({"uuid": "gone", "resume": {"before": "6", "top": "n7"}});
+    assert_eq!(
+        provider.check(&paired_link(Some(gone)), &[]).await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": "n7"})
+        }
+    );
+    assert_eq!(node.calls.load(Ordering::SeqCst), 1);
+    // Items newer than the top are read by the next check, as after any check.
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "n7"}))), &[])
+            .await,
+        human_turns(2, "n9", json!({"uuid": "n9"}))
+    );
+    // Empty when adopted: everything older than the stored cursor counts.
+    let empty_then = json!({"uuid": null, "resume": {"before": "6", "top": "n7"}});
+    assert_eq!(
+        provider.check(&paired_link(Some(empty_then)), &[]).await,
+        human_turns(6, "n5", json!({"uuid": "n7"}))
+    );
+}
+
+/// A burst takes as many checks as it needs: a check that hits the bound again keeps the
+/// marker and the top and moves the cursor on; items added meanwhile wait for the check after.
+#[tokio::test]
+async fn a_paired_burst_is_read_in_as_many_checks_as_it_takes() {
+    let node = Arc::new(FakeNode::default());
+    {
+        let mut items = node.items.lock().unwrap();
+        items.push(PairedItem::user("i0", "read before"));
+        items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
+    }
+    let provider = PairedNodeProvider::new(node.clone()).with_max_pages(1);
+    let first = json!({"uuid": "i0", "resume": {"before": "71", "top": "t119"}});
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await,
+        human_turns(50, "t119", first.clone())
+    );
+    node.items
+        .lock()
+        .unwrap()
+        .push(PairedItem::user("t120", "typed meanwhile"));
+    let second = json!({"uuid": "i0", "resume": {"before": "21", "top": "t119"}});
+    assert_eq!(
+        provider.check(&paired_link(Some(first)), &[]).await,
+        human_turns(50, "t69", second.clone())
+    );
+    assert_eq!(
+        provider.check(&paired_link(Some(second)), &[]).await,
+        human_turns(20, "t19", json!({"uuid": "t119"}))
+    );
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "t119"}))), &[])
+            .await,
+        human_turns(1, "t120", json!({"uuid": "t120"}))
+    );
+}
+
+/// Answers the newest page of `node`, and `error` for every older page.
+struct NoOlderPages {
+    node: Arc<FakeNode>,
+    error: PairedError,
+}
+
+#[async_trait]
+impl PairedNodeClient for NoOlderPages {
+    async fn newest(
+        &self,
+        host_id: &str,
+        thread_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<PairedPage, PairedError> {
+        if before.is_some() {
+            return Err(self.error.clone());
+        }
+        self.node.newest(host_id, thread_id, before, limit).await
+    }
+}
+
+/// Answers every page with the same item and the same older cursor.
+struct StuckCursor;
+
+#[async_trait]
+impl PairedNodeClient for StuckCursor {
+    async fn newest(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<PairedPage, PairedError> {
+        Ok(PairedPage {
+            items: vec![PairedItem::user("again", "the same turn")],
+            older: Some("again".into()),
+        })
+    }
+}
+
+/// A check that fails midway concludes nothing (the monitor keeps the marker, resume point
+/// and all); a stored cursor the node no longer knows, on a thread it still has, rebases to
+/// the top; a node that answers the cursor it was asked with fails instead of counting the
+/// same items again.
+#[tokio::test]
+async fn a_resumed_check_that_fails_or_is_refused_its_cursor() {
+    let node = Arc::new(FakeNode::default());
+    node.items
+        .lock()
+        .unwrap()
+        .extend((0..60).map(|i| PairedItem::user(format!("n{i}"), format!("turn {i}"))));
+    let resume = json!({"uuid": "n0", "resume": {"before": "6", "top": "n7"}});
+    let unavailable = PairedNodeProvider::new(Arc::new(NoOlderPages {
+        node: node.clone(),
+        error: PairedError::Unavailable("link down".into()),
+    }));
+    assert_eq!(
+        unavailable
+            .check(&paired_link(Some(resume.clone())), &[])
+            .await,
+        CheckOutcome::Failed("link down".into())
+    );
+    assert_eq!(
+        unavailable
+            .check(&paired_link(Some(json!({"uuid": "n0"}))), &[])
+            .await,
+        CheckOutcome::Failed("link down".into()),
+        "the second page failed: nothing concluded from the first"
+    );
+    let refused = PairedNodeProvider::new(Arc::new(NoOlderPages {
+        node: node.clone(),
+        error: PairedError::NotFound,
+    }));
+    assert_eq!(
+        refused.check(&paired_link(Some(resume.clone())), &[]).await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": "n7"})
+        }
+    );
+    node.gone.store(true, Ordering::SeqCst);
+    assert_eq!(
+        refused.check(&paired_link(Some(resume)), &[]).await,
+        CheckOutcome::Missing,
+        "the thread itself is gone"
+    );
+    assert!(matches!(
+        PairedNodeProvider::new(Arc::new(StuckCursor))
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await,
+        CheckOutcome::Failed(why) if why.contains("cursor")
+    ));
 }

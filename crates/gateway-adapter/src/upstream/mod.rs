@@ -81,7 +81,8 @@ pub use monitor::{
     Detection, MarkerMove, MonitorBuilder, MonitorConfig, MonitorTask, TickReport, UpstreamMonitor,
 };
 pub use paired::{
-    PAIRED_NODE, PairedError, PairedItem, PairedNodeClient, PairedNodeProvider, PairedPage,
+    PAIRED_NODE, PairedError, PairedItem, PairedMarker, PairedNodeClient, PairedNodeProvider,
+    PairedPage, Resume,
 };
 
 /// What a provider found in one check of a link's source.

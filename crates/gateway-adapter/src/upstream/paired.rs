@@ -6,9 +6,29 @@
 //! `{"uuid": null}` for a thread that was empty when adopted). A check reads the newest items,
 //! 50 at a time, and **pages back until it reaches the marker**, so a burst larger than one
 //! window is counted whole (OpenClaw v1 read only the newest 50, DESIGN.md section 9 item 5).
-//! Paging stops after [`MAX_PAGES`] pages as a safety bound; past it the turns read are
-//! recorded and the older rest of such a burst is not (logged).
+//!
+//! One check reads at most [`MAX_PAGES`] pages. A check that stops there without reaching the
+//! marker records the human turns it read and keeps the marker where it was, adding a
+//! [`Resume`] point: the node's cursor of the next older page, and the item that was newest
+//! when the bound was first hit (`{"uuid": "<id>", "resume": {"before": "<cursor>", "top":
+//! "<id>"}}`, logged). The next check reads on from that cursor, not from the newest item,
+//! and records the human turns of that older segment as their own event (named by the
+//! segment's newest human turn, so it is never taken for the first). Once it reaches the
+//! marker, the marker moves to `top` without a resume point, and the check after reads what
+//! was added since. A check that hits the bound again moves only the cursor on. So a burst of
+//! any length is counted whole, 2,500 items a check, and each segment is recorded once.
+//!
+//! When a resumed check reaches the thread's start without meeting the marker's item (the
+//! thread was rewritten), or the node no longer knows the stored cursor of a thread it still
+//! has, the marker is rebased to `top` and nothing older is counted, as for any rewritten
+//! thread. A check that fails midway (the node errs) concludes nothing, so the marker, resume
+//! point included, stays as it was. Markers stored before resume points existed read as before
+//! and are written back in the same form while nothing needs resuming. A thread longer than
+//! the bound that was rewritten under its marker looks like a long burst until the reading
+//! reaches its start, so its turns are recorded segment by segment until then
+//! (docs/decisions/0004).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use awareness_core::upstream::{self, NormalizedText, TextFingerprint};
@@ -127,9 +147,31 @@ pub trait PairedNodeClient: Send + Sync {
 pub struct PairedMarker {
     /// The newest item seen; `None` when the thread was empty.
     pub uuid: Option<String>,
+    /// Where a check that hit the paging bound stopped, when one did: the next check reads on
+    /// from there down to `uuid`. Stored only when present, so a marker without one keeps the
+    /// form markers had before (`{"uuid": ...}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// Where paging back stopped at the bound of a check, with items older still to be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    /// The node's cursor of the next older page to read (a page's `older`).
+    pub before: String,
+    /// The newest item when the bound was first hit, where the marker moves once the reading
+    /// reaches `uuid`. `None` only when nothing was read before the bound (a node answering
+    /// empty pages); the marker then stays at `uuid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top: Option<String>,
 }
 
 impl PairedMarker {
+    /// The marker at `uuid`, with nothing to resume.
+    pub fn at(uuid: Option<String>) -> Self {
+        Self { uuid, resume: None }
+    }
+
     /// As stored in the link.
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
@@ -139,6 +181,22 @@ impl PairedMarker {
     pub fn from_value(value: &Value) -> Option<Self> {
         serde_json::from_value(value.clone()).ok()
     }
+}
+
+/// The items one read back found, newest first, and where it stopped.
+struct Segment {
+    /// The items newer than the marker's item (and older than the cursor it started from).
+    items: Vec<PairedItem>,
+    end: End,
+}
+
+enum End {
+    /// At the marker's item.
+    Marker,
+    /// At the thread's start, without meeting the marker's item.
+    Start,
+    /// At the paging bound: the cursor of the next older page.
+    Bound(String),
 }
 
 /// Reads threads on paired nodes (links of kind [`PAIRED_NODE`]).
@@ -189,6 +247,52 @@ impl PairedNodeProvider {
             })
     }
 
+    /// Pages back from `before` (the newest item when `None`) until the item `uuid`, the
+    /// thread's start or the paging bound. A node that gives an older cursor it already gave
+    /// in this read fails the check, so a read never goes round in a circle.
+    async fn read_back(
+        &self,
+        link: &UpstreamLink,
+        uuid: Option<&str>,
+        mut before: Option<String>,
+    ) -> Result<Segment, CheckOutcome> {
+        let mut items = Vec::new();
+        let mut cursors: HashSet<String> = before.iter().cloned().collect();
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            let page = self.page(link, before.as_deref(), self.page_items).await?;
+            for item in page.items {
+                if uuid == Some(item.id.as_str()) {
+                    return Ok(Segment {
+                        items,
+                        end: End::Marker,
+                    });
+                }
+                items.push(item);
+            }
+            let Some(cursor) = page.older else {
+                return Ok(Segment {
+                    items,
+                    end: End::Start,
+                });
+            };
+            if !cursors.insert(cursor.clone()) {
+                return Err(CheckOutcome::Failed(format!(
+                    "the paired node gave the older cursor {cursor:?} twice while paging back; \
+                     nothing is counted"
+                )));
+            }
+            if pages >= self.max_pages {
+                return Ok(Segment {
+                    items,
+                    end: End::Bound(cursor),
+                });
+            }
+            before = Some(cursor);
+        }
+    }
+
     async fn check_inner(
         &self,
         link: &UpstreamLink,
@@ -199,66 +303,127 @@ impl PairedNodeProvider {
             let page = self.page(link, None, 1).await?;
             let uuid = page.items.first().map(|i| i.id.clone());
             return Ok(CheckOutcome::Rebased {
-                marker: PairedMarker { uuid }.to_value(),
+                marker: PairedMarker::at(uuid).to_value(),
             });
         };
-        // Items newer than the marker, newest first.
-        let mut newer: Vec<PairedItem> = Vec::new();
-        let mut before: Option<String> = None;
-        let mut found = false;
-        let mut exhausted = false;
-        for pages in 1..=self.max_pages {
-            let page = self.page(link, before.as_deref(), self.page_items).await?;
-            for item in page.items {
-                if marker.uuid.as_deref() == Some(item.id.as_str()) {
-                    found = true;
-                    break;
+        match marker.resume {
+            None => self.check_newest(link, own, marker.uuid).await,
+            Some(resume) => self.check_resumed(link, own, marker.uuid, resume).await,
+        }
+    }
+
+    /// Reads from the newest item back to the marker's item `uuid`.
+    async fn check_newest(
+        &self,
+        link: &UpstreamLink,
+        own: &[TextFingerprint],
+        uuid: Option<String>,
+    ) -> Result<CheckOutcome, CheckOutcome> {
+        let read = self.read_back(link, uuid.as_deref(), None).await?;
+        let top = read.items.first().map(|i| i.id.clone());
+        Ok(match read.end {
+            End::Start if uuid.is_some() => {
+                // The marker's item no longer exists (the thread was rewritten): start over from
+                // its newest item without counting what cannot be told apart from old history.
+                CheckOutcome::Rebased {
+                    marker: PairedMarker::at(top).to_value(),
                 }
-                newer.push(item);
             }
-            if found {
-                break;
+            End::Bound(before) => {
+                bound_hit(link, own, &read.items, uuid, Resume { before, top }, false)
             }
-            let Some(cursor) = page.older else {
-                exhausted = true;
-                break;
-            };
-            before = Some(cursor);
-            if pages == self.max_pages {
-                warn!(session_key = %link.session.session_key, host = %link.host_id,
-                    thread = %link.thread_id, items = newer.len(),
-                    "paired node: the marker is further back than the paging bound; counting the items read");
-            }
-        }
-        if exhausted && !found && marker.uuid.is_some() {
-            // The marker's item no longer exists (the thread was rewritten): start over from its
-            // newest item without counting what cannot be told apart from old history.
-            let uuid = newer.first().map(|i| i.id.clone());
-            return Ok(CheckOutcome::Rebased {
-                marker: PairedMarker { uuid }.to_value(),
-            });
-        }
-        let Some(newest) = newer.first().map(|i| i.id.clone()) else {
-            return Ok(CheckOutcome::Unchanged {
-                marker: marker.to_value(),
-            });
-        };
-        let next = PairedMarker { uuid: Some(newest) }.to_value();
-        let human: Vec<&PairedItem> = newer
-            .iter()
-            .rev()
-            .filter(|i| i.verdict(own).is_ok())
-            .collect();
-        // The burst is named by its last (newest) human turn, see `CheckOutcome::HumanTurns`.
-        Ok(match human.last() {
-            Some(last) => CheckOutcome::HumanTurns {
-                turns: u32::try_from(human.len()).unwrap_or(u32::MAX),
-                dedupe_id: last.id.clone(),
-                source_id: format!("{}/{}", link.host_id, link.thread_id),
-                marker: next,
+            End::Marker | End::Start => match top {
+                Some(newest) => counted(link, own, &read.items, &PairedMarker::at(Some(newest))),
+                None => CheckOutcome::Unchanged {
+                    marker: PairedMarker::at(uuid).to_value(),
+                },
             },
-            None => CheckOutcome::Unchanged { marker: next },
         })
+    }
+
+    /// Reads on from where an earlier check stopped at the paging bound, back to the marker's
+    /// item `uuid`; items newer than `resume.top` wait for the check after.
+    async fn check_resumed(
+        &self,
+        link: &UpstreamLink,
+        own: &[TextFingerprint],
+        uuid: Option<String>,
+        resume: Resume,
+    ) -> Result<CheckOutcome, CheckOutcome> {
+        let Resume { before, top } = resume;
+        // Where the marker moves once the segment is read (or given up).
+        let done = PairedMarker::at(top.clone().or_else(|| uuid.clone()));
+        let read = match self
+            .read_back(link, uuid.as_deref(), Some(before.clone()))
+            .await
+        {
+            Err(CheckOutcome::Missing) => {
+                // The node may no longer know the stored cursor: if the thread is still there,
+                // give up the rest of the segment rather than count the thread as gone.
+                self.page(link, None, 1).await?;
+                warn!(session_key = %link.session.session_key, host = %link.host_id,
+                    thread = %link.thread_id, cursor = %before,
+                    "paired node: the thread no longer knows where the last check stopped; rebased, the items older than that are not counted");
+                return Ok(CheckOutcome::Rebased {
+                    marker: done.to_value(),
+                });
+            }
+            read => read?,
+        };
+        Ok(match read.end {
+            End::Start if uuid.is_some() => {
+                // The marker's item vanished meanwhile (the thread was rewritten).
+                CheckOutcome::Rebased {
+                    marker: done.to_value(),
+                }
+            }
+            End::Bound(before) => {
+                bound_hit(link, own, &read.items, uuid, Resume { before, top }, true)
+            }
+            End::Marker | End::Start => counted(link, own, &read.items, &done),
+        })
+    }
+}
+
+/// A read stopped at the paging bound: the human turns among `items`, and the marker kept at
+/// `uuid` with the place to read on from (logged).
+fn bound_hit(
+    link: &UpstreamLink,
+    own: &[TextFingerprint],
+    items: &[PairedItem],
+    uuid: Option<String>,
+    resume: Resume,
+    resumed: bool,
+) -> CheckOutcome {
+    warn!(session_key = %link.session.session_key, host = %link.host_id,
+        thread = %link.thread_id, items = items.len(), resumed,
+        "paired node: the marker is further back than the paging bound; counting the items read, and reading on from there next check");
+    let next = PairedMarker {
+        uuid,
+        resume: Some(resume),
+    };
+    counted(link, own, items, &next)
+}
+
+/// The human turns among `items` (newest first), with `next` as the marker after them.
+fn counted(
+    link: &UpstreamLink,
+    own: &[TextFingerprint],
+    items: &[PairedItem],
+    next: &PairedMarker,
+) -> CheckOutcome {
+    let marker = next.to_value();
+    let mut human = items.iter().filter(|i| i.verdict(own).is_ok());
+    // The burst is named by its last (newest) human turn, see `CheckOutcome::HumanTurns`.
+    let Some(last) = human.next() else {
+        return CheckOutcome::Unchanged { marker };
+    };
+    let turns = 1 + human.count();
+    CheckOutcome::HumanTurns {
+        turns: u32::try_from(turns).unwrap_or(u32::MAX),
+        dedupe_id: last.id.clone(),
+        source_id: format!("{}/{}", link.host_id, link.thread_id),
+        marker,
     }
 }
 

@@ -288,7 +288,11 @@ fn open_error(path: &Path, reason: impl Into<String>, source: Option<redb::Error
 /// [`StoreError::Open`] naming the file, with the failure's chain as the reason and the
 /// original error as the source; an error that names the file already is returned as it is.
 pub(crate) fn naming_the_file(path: &Path, e: StoreError) -> StoreError {
-    let named = |context: String| format!("open {}: {context}", path.display());
+    // "open <path>: <what>", without a second "open: " where the context starts with one.
+    let named = |context: String| {
+        let what = context.strip_prefix("open: ").unwrap_or(&context);
+        format!("open {}: {what}", path.display())
+    };
     match e {
         StoreError::Corrupt { context, source } => StoreError::Corrupt {
             context: named(context),

@@ -884,9 +884,8 @@ fn delete_session_tx(
 ) -> Result<bool, StoreError> {
     let mut wrote = false;
     let mut ev = EventTables::open(txn)?;
-    for s in ev.sequences_of(session)? {
-        wrote |= ev.remove(s)?;
-    }
+    let seqs = ev.sequences_of(session)?;
+    wrote |= ev.remove_of_session(session, &seqs)?;
     warn_unreadable(path, "delete a session", &ev.unreadable);
     wrote |= tables::remove_head(&mut ev.by_ref, session)?;
     let (key, agent) = (session.session_key.as_str(), session.agent_id.as_str());
@@ -1319,6 +1318,91 @@ mod tests {
             .expect("record");
         assert!(!again.deduplicated, "k1 was freed");
         assert_eq!(again.event.sequence, Sequence(5));
+        store.close().await;
+    }
+
+    /// A row whose bytes decode but whose stored session key does not parse (a control
+    /// character where a byte of the key flipped) cannot be read; the row cap deletes it with
+    /// the index entry its sequence has (the index's key, not the row's, names it) under that
+    /// session's watermark, and deleting a session removes several such rows with their dedupe
+    /// keys.
+    #[tokio::test]
+    async fn rows_with_damaged_key_bytes_are_pruned_and_deleted_with_their_entries() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = RedbStore::open(dir.path().join("state.redb"))
+            .await
+            .expect("open");
+        let (child, other) = (session("agent:main:child"), session("agent:main:other"));
+        for k in ["k1", "k2", "k3"] {
+            store
+                .record(event(&child, Some(k)), T0)
+                .await
+                .expect("record");
+        }
+        for k in ["k4", "k5", "k6"] {
+            store
+                .record(event(&other, Some(k)), T0)
+                .await
+                .expect("record");
+        }
+        // Flip the last byte of the stored session key of rows 1, 4 and 5 (in `events` only:
+        // the index keeps its key) into a control character.
+        store
+            .write("test", |txn| {
+                let mut events = txn.open_table(EVENTS).ctx("test")?;
+                for seq in [1u64, 4, 5] {
+                    let mut row = events
+                        .get(seq)
+                        .ctx("test")?
+                        .expect("a row")
+                        .value()
+                        .to_vec();
+                    let m = codec::meta(seq, &row).expect("sound before");
+                    let key = m.session_key.to_owned();
+                    let at = row
+                        .windows(key.len())
+                        .position(|w| w == key.as_bytes())
+                        .expect("the key's bytes");
+                    row[at + key.len() - 1] = 1;
+                    events.insert(seq, row.as_slice()).ctx("test")?;
+                }
+                Ok(((), true))
+            })
+            .await
+            .expect("damage the keys");
+        assert!(matches!(
+            store.events_after(Sequence::ZERO, 10).await,
+            Err(StoreError::Corrupt { .. })
+        ));
+        let step = PruneStep::RowCap { max_rows: 5 };
+        assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 1);
+        let (keys, child_seqs) = raw_indexes(&store, &child).await;
+        assert_eq!(child_seqs, [2, 3, HEAD_SEQ], "the child's index entries");
+        assert!(!keys.iter().any(|(k, _)| k == "k1"), "k1 freed: {keys:?}");
+        let head = store
+            .heads(std::slice::from_ref(&child))
+            .await
+            .expect("heads");
+        assert_eq!(head[0].pruned_max_sequence, Sequence(1));
+        store
+            .delete_session(&other)
+            .await
+            .expect("delete a session holding two such rows");
+        let (keys, other_seqs) = raw_indexes(&store, &other).await;
+        assert!(other_seqs.is_empty(), "{other_seqs:?}");
+        assert_eq!(
+            keys,
+            [("k2".to_owned(), 2), ("k3".to_owned(), 3)],
+            "the dedupe index"
+        );
+        let left: Vec<u64> = store
+            .events_after(Sequence::ZERO, 10)
+            .await
+            .expect("the log, sound again")
+            .iter()
+            .map(|e| e.sequence.get())
+            .collect();
+        assert_eq!(left, [2, 3]);
         store.close().await;
     }
 

@@ -265,9 +265,13 @@ pub(crate) fn cursor_of(
 
 /// An event row about to be deleted.
 pub(crate) struct Doomed {
-    /// Its ref. `None` only for a row that cannot be decoded and that no entry of the reference
-    /// index names: there is no head to stamp over it (and no reconcile page ever showed it).
+    /// Its ref, whose head's watermark is stamped over it. `None` for a row no entry of the
+    /// reference index names, or whose entry names no valid ref (a damaged key): there is no
+    /// head to stamp over it (and no reconcile page ever showed it).
     pub session: Option<SessionRef>,
+    /// Its entry in the reference index, as (agent, key), removed with it: `None` only when no
+    /// entry names it.
+    pub entry: Option<(String, String)>,
     pub seq: u64,
     pub dedupe_key: Option<String>,
     /// The row cannot be decoded: its dedupe key is unknown, and freeing it takes a scan of the
@@ -290,9 +294,7 @@ pub(crate) struct UnreadableRow {
 /// Where a doomed row's entry sits in the reference index (a row no entry names first).
 fn index_order(d: &Doomed) -> (Option<(&str, &str)>, u64) {
     (
-        d.session
-            .as_ref()
-            .map(|s| (s.agent_id.as_str(), s.session_key.as_str())),
+        d.entry.as_ref().map(|(a, k)| (a.as_str(), k.as_str())),
         d.seq,
     )
 }
@@ -471,7 +473,13 @@ impl<'t> EventTables<'t> {
         let Some(row) = self.events.remove(seq).ctx("delete an event")? else {
             return Ok(false);
         };
-        let error = match codec::meta(seq, row.value()) {
+        // A ref that does not parse (damaged key bytes) makes the row unreadable too: the
+        // index's key, not the row's, names its entry then.
+        let meta = codec::meta(seq, row.value()).and_then(|m| {
+            session_ref(m.session_key, m.agent_id)?;
+            Ok(m)
+        });
+        let error = match meta {
             Ok(m) => {
                 self.by_ref
                     .remove((m.agent_id, m.session_key, seq))
@@ -507,6 +515,65 @@ impl<'t> EventTables<'t> {
             error,
         });
         Ok(true)
+    }
+
+    /// Deletes the rows `seqs` of `session` (its retained sequences) with their index entries
+    /// and dedupe keys; touches no head. Returns whether any row existed. The ref is known, so a
+    /// row that cannot be decoded costs no scan of the index, and the dedupe keys of all such
+    /// rows are freed by one scan of the dedupe index at the end.
+    pub(crate) fn remove_of_session(
+        &mut self,
+        session: &SessionRef,
+        seqs: &[u64],
+    ) -> Result<bool, StoreError> {
+        let (a, k) = (session.agent_id.as_str(), session.session_key.as_str());
+        let mut removed = false;
+        let mut unreadable = HashSet::new();
+        for &seq in seqs {
+            if seq == self.last_event()? {
+                // The counter must not go back with the highest row.
+                let keep = self.stored_counter()?.max(seq);
+                self.meta
+                    .insert(LAST_SEQUENCE, keep)
+                    .ctx("keep the sequence counter")?;
+            }
+            removed |= self
+                .by_ref
+                .remove((a, k, seq))
+                .ctx("delete an event")?
+                .is_some();
+            let Some(row) = self.events.remove(seq).ctx("delete an event")? else {
+                continue;
+            };
+            removed = true;
+            let dedupe_key = match codec::meta(seq, row.value()) {
+                Ok(m) => m.dedupe_key.map(str::to_owned),
+                Err(error) => {
+                    unreadable.insert(seq);
+                    self.unreadable.push(UnreadableRow {
+                        seq,
+                        refs: vec![(a.to_owned(), k.to_owned())],
+                        error,
+                    });
+                    continue;
+                }
+            };
+            drop(row);
+            if let Some(key) = dedupe_key {
+                let dedupe = self.dedupe()?;
+                let points_here = dedupe
+                    .get(key.as_str())
+                    .ctx("delete an event")?
+                    .is_some_and(|g| g.value() == seq);
+                if points_here {
+                    dedupe.remove(key.as_str()).ctx("delete an event")?;
+                }
+            }
+        }
+        if !unreadable.is_empty() {
+            self.free_dedupe_of(&unreadable)?;
+        }
+        Ok(removed)
     }
 
     /// The entries of the reference index, as (agent, key, sequence), whose sequence is one of
@@ -552,12 +619,18 @@ impl<'t> EventTables<'t> {
         for &seq in seqs {
             if let Some(row) = self.events.get(seq).ctx("read an event")? {
                 match codec::meta(seq, row.value()) {
-                    Ok(m) => out.push(Doomed {
-                        session: Some(session_ref(m.session_key, m.agent_id)?),
-                        seq,
-                        dedupe_key: m.dedupe_key.map(str::to_owned),
-                        unreadable: false,
-                    }),
+                    Ok(m) => match session_ref(m.session_key, m.agent_id) {
+                        Ok(session) => out.push(Doomed {
+                            entry: Some((m.agent_id.to_owned(), m.session_key.to_owned())),
+                            session: Some(session),
+                            seq,
+                            dedupe_key: m.dedupe_key.map(str::to_owned),
+                            unreadable: false,
+                        }),
+                        // A ref that does not parse (damaged key bytes in the row): the row
+                        // cannot be read, and the index's key is the one to trust.
+                        Err(e) => unreadable.push((seq, e)),
+                    },
                     Err(e) => unreadable.push((seq, e)),
                 }
             }
@@ -569,7 +642,8 @@ impl<'t> EventTables<'t> {
                 let mut refs = Vec::new();
                 for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
                     out.push(Doomed {
-                        session: Some(session_ref(k, a)?),
+                        session: session_ref(k, a).ok(),
+                        entry: Some((a.clone(), k.clone())),
                         seq,
                         dedupe_key: None,
                         unreadable: true,
@@ -579,6 +653,7 @@ impl<'t> EventTables<'t> {
                 if refs.is_empty() {
                     out.push(Doomed {
                         session: None,
+                        entry: None,
                         seq,
                         dedupe_key: None,
                         unreadable: true,
@@ -613,9 +688,10 @@ impl<'t> EventTables<'t> {
             .retain_in(min..=max, |seq, _| !set.contains(&seq))
             .ctx("delete events")?;
         for d in doomed {
-            if let Some(s) = &d.session {
-                let (a, k) = (s.agent_id.as_str(), s.session_key.as_str());
-                self.by_ref.remove((a, k, d.seq)).ctx("delete events")?;
+            if let Some((a, k)) = &d.entry {
+                self.by_ref
+                    .remove((a.as_str(), k.as_str(), d.seq))
+                    .ctx("delete events")?;
             }
         }
         for d in doomed {

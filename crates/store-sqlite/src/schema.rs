@@ -264,12 +264,15 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
     )
     .execute(&mut *conn)
     .await?;
-    // Re-read under the write lock: another process may have migrated meanwhile. Every step
-    // runs again (each is idempotent, and one recorded may have been undone since: see
-    // `complete`); only the versions not recorded yet are recorded.
+    // Re-read under the write lock: another process may have migrated meanwhile. The steps
+    // not recorded yet run; of those recorded, only the added columns run again (a column can
+    // be lost while the record stays: see `complete`). A recorded `Sql` step does not: the
+    // file's tables and indexes are OpenClaw's once it has them, and one OpenClaw dropped or
+    // renamed since is not ours to bring back.
     let current = applied(conn).await?;
     for m in &MIGRATIONS {
         match m.step {
+            Step::Sql(_) if m.version <= current => {}
             Step::Sql(sql) => {
                 sqlx::raw_sql(sql).execute(&mut *conn).await?;
             }

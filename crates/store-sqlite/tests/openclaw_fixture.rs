@@ -555,7 +555,8 @@ async fn rows_another_writer_left_read_as_openclaw_reads_them() {
 
 /// Our migrations table is not trusted alone: when a column it records is gone (another
 /// writer rebuilt the table, or an operator dropped it), a read-only open reads the file as
-/// it is and a read-write open adds the column again, records nothing twice, and records on.
+/// it is and a read-write open adds the column again, records nothing twice, touches none of
+/// OpenClaw's tables and indexes, and records on.
 #[tokio::test]
 async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
     let dir = tempfile::tempdir().unwrap();
@@ -584,6 +585,8 @@ async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
     for sql in [
         "ALTER TABLE session_state_events DROP COLUMN fields_json",
         "ALTER TABLE session_watch_cursors DROP COLUMN target_agent_id",
+        // As if OpenClaw had rebuilt the table without one of its indexes: not ours to restore.
+        "DROP INDEX idx_session_state_events_time",
     ] {
         sqlx::raw_sql(sql).execute(&mut raw).await.expect(sql);
     }
@@ -631,6 +634,16 @@ async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
             .await
             .unwrap();
     assert_eq!(migrations, [1, 2, 3], "each migration recorded once");
+    let index: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE name = 'idx_session_state_events_time'",
+    )
+    .fetch_one(&mut raw)
+    .await
+    .unwrap();
+    assert_eq!(
+        index, 0,
+        "OpenClaw's tables and indexes are not created again"
+    );
 }
 
 /// A row of a kind this version does not know (a later OpenClaw adds kinds) reads with its

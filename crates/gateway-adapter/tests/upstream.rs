@@ -2053,7 +2053,7 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
     let newest = json!({"uuid": top});
     assert_eq!(
         provider.check(&paired_link(Some(resume)), &[]).await,
-        human_turns(100, "old99", newest.clone()),
+        human_turns(100, "old99@101", newest.clone()),
         "the older turns, named by their own last turn; the marker at the burst's newest item"
     );
     assert_eq!(
@@ -2092,7 +2092,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
         provider
             .check(&paired_link(Some(resume.clone())), &[])
             .await,
-        human_turns(10, "old9", json!({"uuid": top}))
+        human_turns(10, "old9@11", json!({"uuid": top}))
     );
 
     // Through the monitor: the watcher is told on the second tick.
@@ -2211,7 +2211,7 @@ async fn a_resumed_check_rebases_to_its_top_when_the_marker_item_vanished() {
     let empty_then = json!({"uuid": null, "resume": {"before": "6", "top": "n7"}});
     assert_eq!(
         provider.check(&paired_link(Some(empty_then)), &[]).await,
-        human_turns(6, "n5", json!({"uuid": "n7"}))
+        human_turns(6, "n5@6", json!({"uuid": "n7"}))
     );
 }
 
@@ -2240,11 +2240,11 @@ async fn a_paired_burst_is_read_in_as_many_checks_as_it_takes() {
     let second = json!({"uuid": "i0", "resume": {"before": "21", "top": "t119"}});
     assert_eq!(
         provider.check(&paired_link(Some(first)), &[]).await,
-        human_turns(50, "t69", second.clone())
+        human_turns(50, "t69@71", second.clone())
     );
     assert_eq!(
         provider.check(&paired_link(Some(second)), &[]).await,
-        human_turns(20, "t19", json!({"uuid": "t119"}))
+        human_turns(20, "t19@21", json!({"uuid": "t119"}))
     );
     assert_eq!(
         provider
@@ -2346,4 +2346,54 @@ async fn a_resumed_check_that_fails_or_is_refused_its_cursor() {
             .await,
         CheckOutcome::Failed(why) if why.contains("cursor")
     ));
+}
+
+/// Bug (found in review): a resumed segment was named by its newest human turn alone. When the
+/// marker of the check that hit the bound was not stored (a failed write, a stopped task), the
+/// check was made again from the newest items, whose window had moved on by one item; the
+/// resumed read then ended at the same turn, took its name, and its older turns were recorded
+/// as a duplicate of the first event: never reported. A resumed segment is also named by the
+/// cursor it started from.
+#[tokio::test]
+async fn a_resumed_segment_is_not_taken_for_the_segment_of_a_check_made_again() {
+    let node = Arc::new(FakeNode::default());
+    {
+        let mut items = node.items.lock().unwrap();
+        items.push(PairedItem::user("i0", "read before"));
+        items.extend((0..10).map(|i| PairedItem::user(format!("old{i}"), format!("turn {i}"))));
+        items.push(PairedItem::user("h", "the last turn"));
+        items.extend(
+            (0..MAX_PAGES * PAGE_ITEMS - 1)
+                .map(|i| PairedItem::with_role(format!("r{i}"), "assistant", "ok")),
+        );
+    }
+    let provider = PairedNodeProvider::new(node.clone());
+    let before = paired_link(Some(json!({"uuid": "i0"})));
+    let CheckOutcome::HumanTurns {
+        turns: 1,
+        dedupe_id: first,
+        ..
+    } = provider.check(&before, &[]).await
+    else {
+        panic!("the first check counts the one turn within the bound");
+    };
+    // Its marker is not stored; one more reply comes; the check is made again.
+    node.items
+        .lock()
+        .unwrap()
+        .push(PairedItem::with_role("late", "assistant", "ok"));
+    let CheckOutcome::Unchanged { marker } = provider.check(&before, &[]).await else {
+        panic!("no turn within the moved window");
+    };
+    let CheckOutcome::HumanTurns {
+        turns, dedupe_id, ..
+    } = provider.check(&paired_link(Some(marker)), &[]).await
+    else {
+        panic!("the resumed read counts the turns left");
+    };
+    assert_eq!(turns, 11);
+    assert_ne!(
+        dedupe_id, first,
+        "the older turns would be recorded as a duplicate of the first event"
+    );
 }

@@ -120,7 +120,8 @@ pub struct PairedPage {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PairedError {
-    /// The node says the thread does not exist (any more).
+    /// The node says the thread does not exist (any more), or does not know the cursor
+    /// `before` it was asked from.
     #[error("thread not found")]
     NotFound,
     /// The node could not be asked or failed.
@@ -132,7 +133,11 @@ pub enum PairedError {
 #[async_trait]
 pub trait PairedNodeClient: Send + Sync {
     /// Up to `limit` items of `thread_id` on `host_id`, newest first, older than the cursor
-    /// `before` when given.
+    /// `before` when given. A cursor the node no longer knows (it restarted, say) must be
+    /// answered with [`PairedError::NotFound`], not `Unavailable`: a check that stopped at the
+    /// paging bound stores one and reads on from it, and gives it up only on `NotFound` (the
+    /// thread still answering its newest page); `Unavailable` is taken as passing, so the check
+    /// would fail on every tick.
     async fn newest(
         &self,
         host_id: &str,
@@ -330,10 +335,16 @@ impl PairedNodeProvider {
                 }
             }
             End::Bound(before) => {
-                bound_hit(link, own, &read.items, uuid, Resume { before, top }, false)
+                bound_hit(link, own, &read.items, uuid, Resume { before, top }, None)
             }
             End::Marker | End::Start => match top {
-                Some(newest) => counted(link, own, &read.items, &PairedMarker::at(Some(newest))),
+                Some(newest) => counted(
+                    link,
+                    own,
+                    &read.items,
+                    &PairedMarker::at(Some(newest)),
+                    None,
+                ),
                 None => CheckOutcome::Unchanged {
                     marker: PairedMarker::at(uuid).to_value(),
                 },
@@ -377,40 +388,53 @@ impl PairedNodeProvider {
                     marker: done.to_value(),
                 }
             }
-            End::Bound(before) => {
-                bound_hit(link, own, &read.items, uuid, Resume { before, top }, true)
-            }
-            End::Marker | End::Start => counted(link, own, &read.items, &done),
+            End::Bound(next) => bound_hit(
+                link,
+                own,
+                &read.items,
+                uuid,
+                Resume { before: next, top },
+                Some(&before),
+            ),
+            End::Marker | End::Start => counted(link, own, &read.items, &done, Some(&before)),
         })
     }
 }
 
 /// A read stopped at the paging bound: the human turns among `items`, and the marker kept at
-/// `uuid` with the place to read on from (logged).
+/// `uuid` with the place to read on from (logged). `from` as for [`counted`].
 fn bound_hit(
     link: &UpstreamLink,
     own: &[TextFingerprint],
     items: &[PairedItem],
     uuid: Option<String>,
     resume: Resume,
-    resumed: bool,
+    from: Option<&str>,
 ) -> CheckOutcome {
     warn!(session_key = %link.session.session_key, host = %link.host_id,
-        thread = %link.thread_id, items = items.len(), resumed,
+        thread = %link.thread_id, items = items.len(), resumed = from.is_some(),
         "paired node: the marker is further back than the paging bound; counting the items read, and reading on from there next check");
     let next = PairedMarker {
         uuid,
         resume: Some(resume),
     };
-    counted(link, own, items, &next)
+    counted(link, own, items, &next, from)
 }
 
-/// The human turns among `items` (newest first), with `next` as the marker after them.
+/// The human turns among `items` (newest first), with `next` as the marker after them. `from`
+/// is the stored cursor a resumed read started from (`None` for a read from the newest item).
+/// A resumed segment is named by its newest human turn and that cursor: should the marker of
+/// the check before it not have been stored (a failed write, a stopped task), that check is
+/// made again from the newest items, whose window may have moved on, and its segment could
+/// end at the same turn; named alike, the older segment would be taken for a duplicate of it
+/// and its turns never reported. A retry of a resumed check starts from the same cursor and is
+/// named alike, so it is recorded once.
 fn counted(
     link: &UpstreamLink,
     own: &[TextFingerprint],
     items: &[PairedItem],
     next: &PairedMarker,
+    from: Option<&str>,
 ) -> CheckOutcome {
     let marker = next.to_value();
     let mut human = items.iter().filter(|i| i.verdict(own).is_ok());
@@ -421,7 +445,10 @@ fn counted(
     let turns = 1 + human.count();
     CheckOutcome::HumanTurns {
         turns: u32::try_from(turns).unwrap_or(u32::MAX),
-        dedupe_id: last.id.clone(),
+        dedupe_id: match from {
+            None => last.id.clone(),
+            Some(cursor) => format!("{}@{cursor}", last.id),
+        },
         source_id: format!("{}/{}", link.host_id, link.thread_id),
         marker,
     }

@@ -417,15 +417,19 @@ pub(crate) fn heads(text: &str) -> Result<Vec<Head>, StoreError> {
         .map(|RawHead(key, agent, last, pruned, updated_at)| {
             let r = session_ref(&key, &agent)
                 .map_err(|e| StoreError::corrupt(format!("head ({key:?}, {agent:?}): {e}")))?;
-            let what = || format!("head {r}");
-            Ok(Head {
-                last_sequence: sequence_of(last, what)?,
-                pruned_max_sequence: sequence_of(pruned, what)?,
-                session: r,
-                updated_at: Timestamp(updated_at),
-            })
+            head(r, last, pruned, updated_at)
         })
         .collect()
+}
+
+fn head(r: SessionRef, last: i64, pruned: i64, updated_at: i64) -> Result<Head, StoreError> {
+    let what = || format!("head {r}");
+    Ok(Head {
+        last_sequence: sequence_of(last, what)?,
+        pruned_max_sequence: sequence_of(pruned, what)?,
+        session: r,
+        updated_at: Timestamp(updated_at),
+    })
 }
 
 /// `[last_sequence, pruned_max_sequence, updated_at]` of a known ref.
@@ -440,14 +444,41 @@ pub(crate) fn head_of(session: &SessionRef, text: &str) -> Result<Head, StoreErr
     })
 }
 
-/// Pruning victims: `[sequence, key, agent]`.
-pub(crate) fn victims(text: &str) -> Result<Vec<(Sequence, SessionRef)>, StoreError> {
+/// Pruning victims: `[sequence, key, agent]`, each with its ref; `None` for a row whose
+/// session key or agent this store cannot read (another writer's row: empty, over 1 KiB, a
+/// control character). Such a row is pruned in its turn all the same, with no watermark
+/// stamped over it (logged): failing instead would fail every pruning pass from then on, and
+/// retention would end for good.
+pub(crate) fn victims(text: &str) -> Result<Vec<(Sequence, Option<SessionRef>)>, StoreError> {
     let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", text)?;
     raws.into_iter()
         .map(|(seq, key, agent)| {
-            let r = session_ref(&key, &agent)
-                .map_err(|e| StoreError::corrupt(format!("event {seq}: {e}")))?;
+            let r = match session_ref(&key, &agent) {
+                Ok(r) => Some(r),
+                Err(error) => {
+                    tracing::warn!(
+                        sequence = seq,
+                        session_key = ?key,
+                        agent = ?agent,
+                        error,
+                        "pruning deletes an event whose session this store cannot read; no watermark is stamped over it"
+                    );
+                    None
+                }
+            };
             Ok((sequence("event", seq)?, r))
+        })
+        .collect()
+}
+
+/// The heads of pruning victims' refs ([`heads`]), leaving out a head whose ref this store
+/// cannot read: its events are pruned without a stamp (see [`victims`]).
+pub(crate) fn victim_heads(text: &str) -> Result<Vec<Head>, StoreError> {
+    let raws = rows("heads", text, head_fields)?;
+    raws.into_iter()
+        .filter_map(|RawHead(key, agent, last, pruned, updated_at)| {
+            let r = session_ref(&key, &agent).ok()?;
+            Some(head(r, last, pruned, updated_at))
         })
         .collect()
 }

@@ -436,14 +436,14 @@ async fn prune_tx(
         batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
         return Ok(0);
     }
-    let heads: BTreeMap<SessionRef, Head> = decode::heads(get(&victims_row, 1, WHAT)?)?
+    let heads: BTreeMap<SessionRef, Head> = decode::victim_heads(get(&victims_row, 1, WHAT)?)?
         .into_iter()
         .map(|h| (h.session.clone(), h))
         .collect();
     // Watermarks are stamped before the rows go, in the same transaction; a ref without a head
     // gets none (pruning never creates a head).
     let stamps: Vec<(&str, &str, i64, i64)> =
-        retention::watermarks(victims.iter().map(|(s, r)| (r, *s)))
+        retention::watermarks(victims.iter().filter_map(|(s, r)| Some((r.as_ref()?, *s))))
             .into_iter()
             .filter_map(|(r, pruned)| {
                 let head = heads.get(&r)?;

@@ -698,3 +698,62 @@ async fn a_kind_this_version_does_not_know_reads_with_its_spelling() {
         .expect("record after it");
     assert_eq!(next.event.sequence.get(), u64::try_from(seq).unwrap() + 1);
 }
+
+/// A row another writer left under a session key this store cannot read (here a control
+/// character) does not end retention: the row cap deletes it in its turn with no watermark
+/// stamped over it, and the rows after it stay readable. Before, every pruning pass failed at
+/// it with `Corrupt`, for good.
+#[tokio::test]
+async fn a_row_under_a_session_key_this_store_cannot_read_is_pruned_in_its_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let mut raw = raw(&path).await;
+    sqlx::query(
+        "INSERT INTO session_state_events (session_key, agent_id, kind, actor_type, occurred_at, \
+         summary) VALUES ('agent:main:bad' || char(1), 'main', 'created', 'system', ?, 'x')",
+    )
+    .bind(T0.millis())
+    .execute(&mut raw)
+    .await
+    .expect("insert the row");
+    sqlx::query(
+        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, updated_at) \
+         VALUES ('agent:main:bad' || char(1), 'main', 1, ?)",
+    )
+    .bind(T0.millis())
+    .execute(&mut raw)
+    .await
+    .expect("insert its head");
+    let session = SessionRef::parse("agent:main:subagent:fine", "main").unwrap();
+    for _ in 0..3 {
+        store
+            .record(
+                NewEvent::new(
+                    session.clone(),
+                    EventKind::Created,
+                    ActorType::System,
+                    "session created",
+                ),
+                T0,
+            )
+            .await
+            .expect("record");
+    }
+    let policy = awareness_core::RetentionPolicy {
+        max_rows: 3,
+        ..awareness_core::RetentionPolicy::default()
+    };
+    let report = store.prune(&policy, T0).await.expect("a pass over the row");
+    assert_eq!(report.events_by_cap, 1);
+    let left: Vec<u64> = store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .expect("the log")
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect();
+    assert_eq!(left, [2, 3, 4]);
+    let head = store.heads(&[session]).await.expect("heads");
+    assert_eq!(head[0].pruned_max_sequence, Sequence::ZERO);
+}

@@ -284,6 +284,39 @@ mod tests {
         assert_eq!(row_cap_victims(10, 50_000, 2_000), 0);
     }
 
+    /// Each limit cuts at its own cutoff (a policy keeping events a day and cursors thirty days
+    /// must not expire cursors after a day), and a preview counts only what is strictly older
+    /// than its cutoff, as a pass deletes: what sits on it stays.
+    #[test]
+    fn each_limit_cuts_at_its_own_cutoff_and_keeps_what_is_on_it() {
+        let p = RetentionPolicy {
+            max_age_ms: Timestamp::DAY_MS,
+            cursor_idle_ms: 30 * Timestamp::DAY_MS,
+            ..RetentionPolicy::default()
+        };
+        let now = Timestamp(40 * Timestamp::DAY_MS);
+        assert_eq!(
+            p.steps(now),
+            [
+                PruneStep::Age {
+                    cutoff: Timestamp(39 * Timestamp::DAY_MS)
+                },
+                PruneStep::RowCap { max_rows: 50_000 },
+                PruneStep::Cursors {
+                    cutoff: Timestamp(10 * Timestamp::DAY_MS)
+                },
+            ]
+        );
+        let (age, idle) = (p.age_cutoff(now), p.idle_cutoff(now));
+        let r = preview(
+            &p,
+            now,
+            [age, age.minus_ms(1)],
+            [idle, idle.minus_ms(1), Timestamp(38 * Timestamp::DAY_MS)],
+        );
+        assert_eq!((r.events_by_age, r.cursors), (1, 1));
+    }
+
     /// Counted a piece at a time, a preview gives what one call gives.
     #[test]
     fn a_preview_in_pieces_counts_what_one_call_counts() {

@@ -1121,6 +1121,36 @@ pub async fn named_watcher_without_cursor_starts_at_zero(t: &Subject) {
     assert_eq!(got.notices[0].last_seen, Sequence(0));
 }
 
+/// A producer naming a watcher whose cursor points at another agent's session of the same key
+/// re-points that cursor at the event's session from scratch: the watcher is told, and the
+/// cursor follows (decision 0008), rather than the named watcher being skipped as one already
+/// watching.
+pub async fn a_named_watcher_on_another_agents_session_of_the_key_is_re_pointed(t: &Subject) {
+    let s = &*t.store;
+    let ops = r("global", "ops");
+    let main = r("global", "main");
+    s.watch(&w(PEER), &ops, T0).await.unwrap();
+    rec(s, log_only(&main, "x"), T0).await;
+    let got = rec(s, human(&main).with_watcher(w(PEER)), T0.plus_ms(5)).await;
+    let notified: Vec<(&str, &str)> = got
+        .notices
+        .iter()
+        .map(|n| (n.watcher.as_str(), n.target.as_str()))
+        .collect();
+    assert_eq!(notified, [(PEER, "global")], "the named watcher is told");
+    let cursor = s
+        .cursor(&w(PEER), &k("global"))
+        .await
+        .unwrap()
+        .expect("the cursor");
+    assert_eq!(cursor.target_agent, main.agent_id, "the cursor follows");
+    assert_eq!(
+        (cursor.last_seen, cursor.notified, cursor.material),
+        (Sequence(0), Sequence(2), Sequence(2)),
+        "from scratch"
+    );
+}
+
 /// A producer that names one watcher twice, or names the event's own session, gets one cursor
 /// and one notice for that watcher, and none for the session itself: on a notifying event and
 /// on a seeding one.
@@ -1689,6 +1719,8 @@ pub async fn invalid_ids_are_rejected_and_nothing_written(t: &Subject) {
         human(&child()).with_dedupe_key(""),
         human(&child()).with_actor_id("bad\u{1}id"),
         human(&child()).with_run_id(""),
+        human(&child()).with_session_id(""),
+        human(&child()).with_session_id("bad\u{1}id"),
         // A kind this version does not know is only ever read, never recorded.
         NewEvent::new(
             child(),

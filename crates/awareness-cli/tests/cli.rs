@@ -791,3 +791,299 @@ fn doctor_beside_a_live_writer_finds_no_false_problems() {
         }
     }
 }
+
+/// Records `events` (each a session key of agent main, and the clock it is recorded at) on a
+/// new store at `url` through the library, and closes it, so that the binary opens it next.
+fn record_through_library(url: &str, events: &[(&str, awareness_core::Timestamp)]) {
+    use awareness_core::{ActorType, EventKind, NewEvent, SessionRef};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = gateway_adapter::open_store(url).await.unwrap();
+        for (i, (key, at)) in events.iter().enumerate() {
+            let e = NewEvent::new(
+                SessionRef::parse(key, "main").unwrap(),
+                EventKind::GoalChanged,
+                ActorType::System,
+                format!("goal {i}"),
+            );
+            store.record(e, *at).await.unwrap();
+        }
+        store.close().await;
+    });
+}
+
+/// `tail --after` reads the log 500 events a read and reads on while a read comes back full:
+/// with 501 events it prints all 501, in sequence order, on each backend, and a text table has
+/// its header once. Had it stopped at a full page, it would have printed 500.
+#[test]
+fn tail_after_prints_every_event_past_a_full_page() {
+    for scheme in ["sqlite", "redb"] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("{scheme}://{}", dir.path().join("state.db").display());
+        let now = awareness_core::Timestamp::now();
+        let events: Vec<(&str, _)> = (0..501)
+            .map(|i| {
+                let key = if i % 2 == 0 {
+                    "agent:main:subagent:a"
+                } else {
+                    "agent:main:subagent:b"
+                };
+                (key, now)
+            })
+            .collect();
+        record_through_library(&url, &events);
+
+        let o = run_in(
+            dir.path(),
+            &["--store", &url, "--json", "tail", "--after", "0"],
+        );
+        assert!(o.status.success(), "{scheme}: {}", stderr(&o));
+        let shown: Vec<(u64, String)> = stdout(&o)
+            .lines()
+            .map(|l| {
+                let e: Value = serde_json::from_str(l).unwrap();
+                (
+                    e["sequence"].as_u64().unwrap(),
+                    e["summary"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        let want: Vec<(u64, String)> = (1..=501).map(|s| (s, format!("goal {}", s - 1))).collect();
+        assert_eq!(
+            shown.len(),
+            501,
+            "{scheme}: tail printed {} events",
+            shown.len()
+        );
+        assert_eq!(shown, want, "{scheme}");
+
+        let o = run_in(dir.path(), &["--store", &url, "tail", "--after", "0"]);
+        assert!(o.status.success(), "{scheme}: {}", stderr(&o));
+        let text = stdout(&o);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + 501, "{scheme}: a header and 501 rows");
+        assert!(lines[0].starts_with("SEQ"), "{scheme}: {}", lines[0]);
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with("SEQ")).count(),
+            1,
+            "{scheme}: the header once"
+        );
+        assert!(
+            lines[501].starts_with("501 ") && lines[501].ends_with("goal 500"),
+            "{scheme}: {}",
+            lines[501]
+        );
+    }
+}
+
+/// `watch` of a target key that names no agent (`global`) watches the watcher's agent's
+/// session of that key: `agent:ops:main` watching `global` watches ops' `global`, and a change
+/// there notifies it while a change to main's `global` does not. A target key that names its
+/// agent keeps it.
+#[test]
+fn watch_of_a_bare_key_watches_the_watchers_agents_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = ["--store", "sqlite://w.db"];
+    let run = |args: &[&str]| run_in(dir.path(), &[&s[..], args].concat());
+
+    let w = json(&run(&["--json", "watch", "agent:ops:main", "global"]));
+    assert_eq!(w["watcher"], "agent:ops:main", "{w}");
+    assert_eq!(w["target"], "global", "{w}");
+    assert_eq!(w["targetAgent"], "ops", "{w}");
+    let table = stdout(&run(&["cursors"]));
+    assert!(
+        table.contains("agent:ops:main  global  ops"),
+        "the cursor is on ops' global:\n{table}"
+    );
+
+    let record = |agent: &str| {
+        json(&run(&[
+            "--json",
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            agent,
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ]))
+    };
+    let main = record("main");
+    assert_eq!(main["event"]["agentId"], "main", "{main}");
+    assert_eq!(
+        main["notices"],
+        serde_json::json!([]),
+        "main's global is not watched"
+    );
+    let ops = record("ops");
+    assert_eq!(ops["event"]["agentId"], "ops", "{ops}");
+    let notices = ops["notices"].as_array().unwrap();
+    assert_eq!(notices.len(), 1, "ops' global is watched: {ops}");
+    assert_eq!(notices[0]["watcher"], "agent:ops:main", "{ops}");
+
+    let w = json(&run(&[
+        "--json",
+        "watch",
+        "agent:ops:main",
+        "agent:main:subagent:c1",
+    ]));
+    assert_eq!(w["targetAgent"], "main", "the key's own agent: {w}");
+}
+
+/// `--help` and `--version` are answers, not errors: exit 0, the text on stdout, nothing on
+/// stderr, and no store is opened or created.
+#[test]
+fn help_and_version_exit_zero_and_print_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["--help"][..], &["-h"][..], &["status", "--help"][..]] {
+        let o = run_in(dir.path(), args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{args:?}");
+        assert!(
+            stdout(&o).contains("Usage: awareness"),
+            "{args:?}: {}",
+            stdout(&o)
+        );
+    }
+    let help = stdout(&run_in(dir.path(), &["--help"]));
+    for needle in [
+        "Session state awareness: demo and operator tools",
+        "status",
+        "tail",
+        "--store",
+        "--json",
+    ] {
+        assert!(help.contains(needle), "missing {needle:?} in:\n{help}");
+    }
+    for flag in ["--version", "-V"] {
+        let o = run_in(dir.path(), &[flag]);
+        assert_eq!(o.status.code(), Some(0), "{flag}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{flag}");
+        assert_eq!(
+            stdout(&o),
+            format!("awareness {}\n", env!("CARGO_PKG_VERSION")),
+            "{flag}"
+        );
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "help and version create nothing"
+    );
+}
+
+/// `record --json` says whether the event was a dedupe hit: the first record of a key is not
+/// (`deduplicated` false), the second is (true) and answers with the first's event, whatever
+/// it was asked to record; another key is not. The text answer says so too.
+#[test]
+fn record_json_reports_a_dedupe_hit() {
+    for store in ["sqlite://d.db", "redb://d.redb"] {
+        let dir = tempfile::tempdir().unwrap();
+        let record = |key: &str, summary: &str, as_json: bool| {
+            let mut args = vec!["--store", store];
+            if as_json {
+                args.push("--json");
+            }
+            args.extend([
+                "record",
+                "--session",
+                "agent:main:subagent:c1",
+                "--kind",
+                "goal_changed",
+                "--summary",
+                summary,
+                "--dedupe-key",
+                key,
+            ]);
+            run_in(dir.path(), &args)
+        };
+        let first = json(&record("k1", "goal updated", true));
+        assert_eq!(first["deduplicated"], false, "{store}: {first}");
+        assert_eq!(first["event"]["sequence"], 1, "{store}: {first}");
+        let second = json(&record("k1", "goal updated again", true));
+        assert_eq!(second["deduplicated"], true, "{store}: {second}");
+        assert_eq!(second["event"], first["event"], "{store}: the stored event");
+        let other = json(&record("k2", "another goal", true));
+        assert_eq!(other["deduplicated"], false, "{store}: {other}");
+        assert_eq!(other["event"]["sequence"], 3, "{store}: {other}");
+
+        let o = record("k1", "goal updated", false);
+        assert!(o.status.success(), "{store}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains("(dedupe hit: the stored event, nothing moved)"),
+            "{store}: {}",
+            stdout(&o)
+        );
+        let o = record("k3", "a third goal", false);
+        assert!(o.status.success(), "{store}: {}", stderr(&o));
+        assert!(
+            !stdout(&o).contains("dedupe hit"),
+            "{store}: {}",
+            stdout(&o)
+        );
+    }
+}
+
+/// Text `status --changes-since` prints the page's flags each under its own name: on a session
+/// pruned below its head, a read from 0 has a history gap and is not truncated, and a read
+/// from past the pruned part cut by `--limit` is truncated with no gap, as `--json` says.
+#[test]
+fn text_status_prints_the_history_gap_and_truncated_apart() {
+    for scheme in ["sqlite", "redb"] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("{scheme}://{}", dir.path().join("state.db").display());
+        let key = "agent:main:subagent:c1";
+        let now = awareness_core::Timestamp::now();
+        let long_ago = now.minus_ms(40 * awareness_core::Timestamp::DAY_MS);
+        // Two events past the 30 days `prune` keeps, then two recent ones.
+        record_through_library(
+            &url,
+            &[(key, long_ago), (key, long_ago), (key, now), (key, now)],
+        );
+        let pruned = json(&run_in(dir.path(), &["--store", &url, "--json", "prune"]));
+        assert_eq!(pruned["deleted"]["eventsByAge"], 2, "{scheme}: {pruned}");
+
+        let status = |extra: &[&str], as_json: bool| {
+            let mut args = vec!["--store", url.as_str()];
+            if as_json {
+                args.push("--json");
+            }
+            args.extend(["status", key]);
+            args.extend(extra);
+            let o = run_in(dir.path(), &args);
+            assert!(o.status.success(), "{scheme} {extra:?}: {}", stderr(&o));
+            o
+        };
+        for (extra, want) in [
+            (
+                &["--changes-since", "0"][..],
+                "changes since 0: 2 event(s), truncated false, earliestAvailableSequence 3, historyGap true",
+            ),
+            (
+                &["--changes-since", "2", "--limit", "1"][..],
+                "changes since 2: 1 event(s), truncated true, earliestAvailableSequence 3, historyGap false",
+            ),
+        ] {
+            let page = json(&status(extra, true))["stateChanges"].clone();
+            let truncated = want.contains("truncated true");
+            let gap = want.contains("historyGap true");
+            assert_eq!(page["truncated"], truncated, "{scheme} {extra:?}: {page}");
+            assert_eq!(page["historyGap"], gap, "{scheme} {extra:?}: {page}");
+            let text = stdout(&status(extra, false));
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(
+                lines[0].starts_with(&format!(
+                    "{key} (agent main): stateVersion 4, pruned up to 2, updated "
+                )),
+                "{scheme} {extra:?}:\n{text}"
+            );
+            assert_eq!(lines[1], want, "{scheme} {extra:?}:\n{text}");
+        }
+    }
+}

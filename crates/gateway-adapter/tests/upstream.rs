@@ -28,7 +28,7 @@ use gateway_adapter::upstream::{
     UpstreamProvider,
 };
 use gateway_adapter::{
-    Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake, SystemEventQueue,
+    Awareness, InMemoryDirectory, InMemoryQueue, ManualClock, RecordingWake, SystemEventQueue,
 };
 use serde_json::{Value, json};
 use store_memory::MemoryStore;
@@ -1171,6 +1171,106 @@ async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
         .await
         .unwrap();
     assert!(fresh.created);
+}
+
+/// The `upstream_missing` dedupe key names the link it was recorded for (its `created_at`):
+/// a session adopted again after its source went missing is reported missing again when the
+/// new source goes too, and its watcher is told again. (Found by a review: with a key made of
+/// the session and the source alone, the second event is taken for a retry of the first:
+/// nothing is recorded and the watcher is not told.)
+#[tokio::test(start_paused = true)]
+async fn a_session_adopted_again_is_reported_upstream_missing_again() {
+    // The service's clock is moved on by hand with the paused time, so the two links are
+    // created at distinct milliseconds however fast the test runs.
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(RecordingWake::new());
+    let svc = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            wake.clone(),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .upstream(store.clone())
+        .clock(clock.clone())
+        .build(),
+    );
+    let w = World {
+        store,
+        queue,
+        wake,
+        svc,
+    };
+    let watcher = SessionKey::new("agent:main:main").unwrap();
+    let t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    let task = monitor.spawn();
+    let mut links = Vec::new();
+    let mut events = Vec::new();
+    for round in 1..=2 {
+        links.push(w.store.link(&session).await.unwrap().expect("a link"));
+        std::fs::remove_file(&t.path).unwrap();
+        // The three checks take 2 min 15 s.
+        clock.advance(135_000);
+        for n in 1..=2 {
+            let c = next(&mut rx, |d| match d {
+                Detection::Missing { consecutive, .. } => Some(*consecutive),
+                _ => None,
+            })
+            .await;
+            assert_eq!(c, n, "round {round}");
+        }
+        let (event, removed) = next(&mut rx, |d| match d {
+            Detection::UpstreamMissing {
+                event,
+                link_removed,
+                ..
+            } => Some((event.clone(), *link_removed)),
+            _ => None,
+        })
+        .await;
+        assert!(removed, "round {round}: the link is removed");
+        assert!(w.store.link(&session).await.unwrap().is_none());
+        let recorded = w.events(&session, EventKind::UpstreamMissing).await;
+        assert_eq!(
+            recorded.len(),
+            round,
+            "round {round}: one upstream_missing per link, none taken for a retry of \
+             another's: {recorded:#?}"
+        );
+        assert_eq!(recorded.last().unwrap().sequence, event.sequence);
+        // The watcher is told (and acknowledges, so that the next notice is seen).
+        let told = w.svc.drain_turn(&watcher).await;
+        assert!(
+            told.len() == 1 && told[0].text.contains("\"agent:main:worker\" changed"),
+            "round {round}: the watcher is told: {told:#?}"
+        );
+        events.push(event);
+        if round == 1 {
+            // Continuing the session from the catalog again creates a fresh link.
+            File::create(&t.path).unwrap();
+            let fresh = w
+                .svc
+                .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+                .await
+                .unwrap();
+            assert!(fresh.created);
+            assert!(
+                w.queue.peek(&watcher).is_empty(),
+                "nothing queued: a notice next round is the new event's"
+            );
+        }
+    }
+    task.stop().await;
+    assert_ne!(links[0].created_at, links[1].created_at, "two links");
+    assert_ne!(events[0].sequence, events[1].sequence, "two events");
+    assert_ne!(events[0].dedupe_key, events[1].dedupe_key);
 }
 
 /// Bug: the prompts kept for self-echo were forgotten only when the gateway said so, not when

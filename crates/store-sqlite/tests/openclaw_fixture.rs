@@ -466,6 +466,26 @@ async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later
     store.close().await;
 }
 
+/// A person's message on `session`.
+fn human(session: &SessionRef) -> NewEvent {
+    NewEvent::new(
+        session.clone(),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        "human message via telegram",
+    )
+}
+
+/// `session` created.
+fn created(session: &SessionRef) -> NewEvent {
+    NewEvent::new(
+        session.clone(),
+        EventKind::Created,
+        ActorType::System,
+        "session created",
+    )
+}
+
 /// Writes `session`'s head at `last` behind the store's back, as OpenClaw's writer does with
 /// its rows, then reads the session's whole page through the store.
 async fn page_after_head(
@@ -566,18 +586,7 @@ async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
     let first = {
         let store = SqliteStore::open(&path).await.expect("open");
         store.watch(&watcher, &session, T0).await.expect("watch");
-        let rec = store
-            .record(
-                NewEvent::new(
-                    session.clone(),
-                    EventKind::HumanDirectMessage,
-                    ActorType::Human,
-                    "human message via telegram",
-                ),
-                T0,
-            )
-            .await
-            .expect("record");
+        let rec = store.record(human(&session), T0).await.expect("record");
         store.close().await;
         rec.event
     };
@@ -604,15 +613,7 @@ async fn a_column_our_migrations_record_but_the_file_lost_is_added_again() {
 
     let store = SqliteStore::open(&path).await.expect("open read-write");
     let next = store
-        .record(
-            NewEvent::new(
-                session.clone(),
-                EventKind::HumanDirectMessage,
-                ActorType::Human,
-                "human message via telegram",
-            ),
-            T0,
-        )
+        .record(human(&session), T0)
         .await
         .expect("record after the column was lost");
     let page = store
@@ -685,15 +686,7 @@ async fn a_kind_this_version_does_not_know_reads_with_its_spelling() {
         .expect("the log");
     assert_eq!(log[0].kind, EventKind::from_stored("session_reset"));
     let next = store
-        .record(
-            NewEvent::new(
-                session.clone(),
-                EventKind::Created,
-                ActorType::System,
-                "session created",
-            ),
-            T0,
-        )
+        .record(created(&session), T0)
         .await
         .expect("record after it");
     assert_eq!(next.event.sequence.get(), u64::try_from(seq).unwrap() + 1);
@@ -727,18 +720,7 @@ async fn a_row_under_a_session_key_this_store_cannot_read_is_pruned_in_its_turn(
     .expect("insert its head");
     let session = SessionRef::parse("agent:main:subagent:fine", "main").unwrap();
     for _ in 0..3 {
-        store
-            .record(
-                NewEvent::new(
-                    session.clone(),
-                    EventKind::Created,
-                    ActorType::System,
-                    "session created",
-                ),
-                T0,
-            )
-            .await
-            .expect("record");
+        store.record(created(&session), T0).await.expect("record");
     }
     let policy = awareness_core::RetentionPolicy {
         max_rows: 3,

@@ -1252,6 +1252,15 @@ mod tests {
 
     /// The dedupe index (key, sequence), and the sequences of `at` in the reference index
     /// (its head's `u64::MAX` included), as the file holds them.
+    /// A new store in a directory of its own (dropped with it).
+    async fn fresh() -> (tempfile::TempDir, RedbStore) {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = RedbStore::open(dir.path().join("state.redb"))
+            .await
+            .expect("open");
+        (dir, store)
+    }
+
     async fn raw_indexes(store: &RedbStore, at: &SessionRef) -> (Vec<(String, u64)>, Vec<u64>) {
         let at = at.clone();
         store
@@ -1279,10 +1288,7 @@ mod tests {
     /// and no other, and stamps their session's watermark over them.
     #[tokio::test]
     async fn the_row_cap_deletes_unreadable_rows_with_their_index_entries_and_dedupe_keys() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = RedbStore::open(dir.path().join("state.redb"))
-            .await
-            .expect("open");
+        let (_dir, store) = fresh().await;
         let (child, other) = (session("agent:main:child"), session("agent:main:other"));
         for k in ["k1", "k2", "k3"] {
             store
@@ -1328,10 +1334,7 @@ mod tests {
     /// keys.
     #[tokio::test]
     async fn rows_with_damaged_key_bytes_are_pruned_and_deleted_with_their_entries() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = RedbStore::open(dir.path().join("state.redb"))
-            .await
-            .expect("open");
+        let (_dir, store) = fresh().await;
         let (child, other) = (session("agent:main:child"), session("agent:main:other"));
         for k in ["k1", "k2", "k3"] {
             store
@@ -1411,10 +1414,7 @@ mod tests {
     /// decoded by hand does not take the sequence counter back.
     #[tokio::test]
     async fn an_unreadable_row_no_index_entry_names_is_pruned_and_the_counter_stays() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = RedbStore::open(dir.path().join("state.redb"))
-            .await
-            .expect("open");
+        let (_dir, store) = fresh().await;
         let child = session("agent:main:child");
         for _ in 0..3 {
             store.record(event(&child, None), T0).await.expect("record");

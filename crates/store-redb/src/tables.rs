@@ -463,13 +463,7 @@ impl<'t> EventTables<'t> {
     /// head. Returns whether the row existed. A row that cannot be decoded is deleted too (see
     /// [`EventTables::unreadable`]).
     pub(crate) fn remove(&mut self, seq: u64) -> Result<bool, StoreError> {
-        if seq == self.last_event()? {
-            // The counter must not go back with the highest row.
-            let keep = self.stored_counter()?.max(seq);
-            self.meta
-                .insert(LAST_SEQUENCE, keep)
-                .ctx("keep the sequence counter")?;
-        }
+        self.keep_counter_past(seq)?;
         let Some(row) = self.events.remove(seq).ctx("delete an event")? else {
             return Ok(false);
         };
@@ -484,15 +478,10 @@ impl<'t> EventTables<'t> {
                 self.by_ref
                     .remove((m.agent_id, m.session_key, seq))
                     .ctx("delete an event")?;
-                if let Some(k) = m.dedupe_key {
-                    let dedupe = self.dedupe.get(self.txn)?;
-                    let points_here = dedupe
-                        .get(k)
-                        .ctx("delete an event")?
-                        .is_some_and(|g| g.value() == seq);
-                    if points_here {
-                        dedupe.remove(k).ctx("delete an event")?;
-                    }
+                let key = m.dedupe_key.map(str::to_owned);
+                drop(row);
+                if let Some(k) = key {
+                    self.free_dedupe_key(&k, seq)?;
                 }
                 return Ok(true);
             }
@@ -530,13 +519,7 @@ impl<'t> EventTables<'t> {
         let mut removed = false;
         let mut unreadable = HashSet::new();
         for &seq in seqs {
-            if seq == self.last_event()? {
-                // The counter must not go back with the highest row.
-                let keep = self.stored_counter()?.max(seq);
-                self.meta
-                    .insert(LAST_SEQUENCE, keep)
-                    .ctx("keep the sequence counter")?;
-            }
+            self.keep_counter_past(seq)?;
             removed |= self
                 .by_ref
                 .remove((a, k, seq))
@@ -560,14 +543,7 @@ impl<'t> EventTables<'t> {
             };
             drop(row);
             if let Some(key) = dedupe_key {
-                let dedupe = self.dedupe()?;
-                let points_here = dedupe
-                    .get(key.as_str())
-                    .ctx("delete an event")?
-                    .is_some_and(|g| g.value() == seq);
-                if points_here {
-                    dedupe.remove(key.as_str()).ctx("delete an event")?;
-                }
+                self.free_dedupe_key(key.as_str(), seq)?;
             }
         }
         if !unreadable.is_empty() {
@@ -599,6 +575,31 @@ impl<'t> EventTables<'t> {
             }
         }
         Ok(out)
+    }
+
+    /// Keeps the sequence counter at or above `seq` when `seq` is the highest row, which is
+    /// about to be deleted: the counter never goes back with it.
+    fn keep_counter_past(&mut self, seq: u64) -> Result<(), StoreError> {
+        if seq == self.last_event()? {
+            let keep = self.stored_counter()?.max(seq);
+            self.meta
+                .insert(LAST_SEQUENCE, keep)
+                .ctx("keep the sequence counter")?;
+        }
+        Ok(())
+    }
+
+    /// Frees the dedupe key `key` of the deleted row `seq`, if it still points at that row.
+    fn free_dedupe_key(&mut self, key: &str, seq: u64) -> Result<(), StoreError> {
+        let dedupe = self.dedupe()?;
+        let points_here = dedupe
+            .get(key)
+            .ctx("delete an event")?
+            .is_some_and(|g| g.value() == seq);
+        if points_here {
+            dedupe.remove(key).ctx("delete an event")?;
+        }
+        Ok(())
     }
 
     /// Frees the dedupe keys that point at `seqs`, rows that cannot be decoded and whose keys
@@ -675,13 +676,7 @@ impl<'t> EventTables<'t> {
             return Ok(0);
         };
         let min = doomed.iter().map(|d| d.seq).min().unwrap_or(max);
-        if max == self.last_event()? {
-            // The counter must not go back with the highest row.
-            let keep = self.stored_counter()?.max(max);
-            self.meta
-                .insert(LAST_SEQUENCE, keep)
-                .ctx("keep the sequence counter")?;
-        }
+        self.keep_counter_past(max)?;
         // A row that cannot be decoded may be doomed once per index entry naming it.
         let set: HashSet<u64> = doomed.iter().map(|d| d.seq).collect();
         self.events
@@ -696,14 +691,7 @@ impl<'t> EventTables<'t> {
         }
         for d in doomed {
             if let Some(k) = &d.dedupe_key {
-                let dedupe = self.dedupe()?;
-                let points_here = dedupe
-                    .get(k.as_str())
-                    .ctx("delete an event")?
-                    .is_some_and(|g| g.value() == d.seq);
-                if points_here {
-                    dedupe.remove(k.as_str()).ctx("delete an event")?;
-                }
+                self.free_dedupe_key(k.as_str(), d.seq)?;
             }
         }
         let unreadable: HashSet<u64> = doomed

@@ -340,22 +340,29 @@ impl Writer {
     }
 
     /// Queues `work` (a recording counts as in flight until its call returns) and starts a
-    /// drain when none is running. Outside a Tokio runtime, refuses it before queueing or
-    /// counting anything: `spawn_blocking` would panic there, after a recording was counted
-    /// in flight, for good (its call never returns), and every later lone recording of a
-    /// durable handle would wait [`STRAGGLER_WAIT`] for it.
+    /// drain when none is running. A call that must start the drain outside a Tokio runtime is
+    /// refused before queueing or counting anything: `spawn_blocking` would panic there, after
+    /// a recording was counted in flight, for good (its call never returns), and every later
+    /// lone recording of a durable handle would wait [`STRAGGLER_WAIT`] for it.
     fn submit(self: &Arc<Self>, what: &str, work: Work) -> Result<(), StoreError> {
-        let runtime = crate::runtime(what)?;
         let start = {
             let mut q = lock(&self.inbox.queue);
+            // Only a call that must start the drain needs the runtime: a drain already running
+            // takes the job (and a recording, the hot path, pays no lookup for it).
+            let start = if q.draining {
+                None
+            } else {
+                Some(crate::runtime(what)?)
+            };
             if matches!(work, Work::Record(_)) {
                 q.in_flight += 1;
             }
             q.jobs.push_back(work);
-            !std::mem::replace(&mut q.draining, true)
+            q.draining = true;
+            start
         };
         self.inbox.arrivals.notify_all();
-        if start {
+        if let Some(runtime) = start {
             let drain = Drain {
                 writer: Some(Arc::clone(self)),
                 weak: Arc::downgrade(self),

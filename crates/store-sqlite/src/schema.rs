@@ -171,19 +171,30 @@ async fn complete(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
     if version(conn).await? < LATEST {
         return Ok(false);
     }
+    let missing = missing_columns(conn).await?;
+    for (table, column) in &missing {
+        tracing::warn!(
+            table,
+            column,
+            "the file records our migrations but lacks one of their columns; adding it again"
+        );
+    }
+    Ok(missing.is_empty())
+}
+
+/// Our additive columns the file's tables lack, as (table, column), in migration order.
+async fn missing_columns(
+    conn: &mut SqliteConnection,
+) -> Result<Vec<(&'static str, &'static str)>, sqlx::Error> {
+    let mut missing = Vec::new();
     for m in &MIGRATIONS {
         if let Step::AddColumn { table, column, .. } = m.step
             && !has_column(conn, table, column).await?
         {
-            tracing::warn!(
-                table,
-                column,
-                "the file records our migrations but lacks one of their columns; adding it again"
-            );
-            return Ok(false);
+            missing.push((table, column));
         }
     }
-    Ok(true)
+    Ok(missing)
 }
 
 /// Brings the schema up to [`LATEST`] in one `BEGIN IMMEDIATE` transaction. Cheap when nothing
@@ -230,15 +241,10 @@ pub(crate) async fn shadow_missing_columns(
     }
     // The missing additive columns, by table, in migration order.
     let mut missing: Vec<(&str, Vec<&str>)> = Vec::new();
-    for m in &MIGRATIONS {
-        let Step::AddColumn { table, column, .. } = m.step else {
-            continue;
-        };
-        if !has_column(conn, table, column).await? {
-            match missing.iter_mut().find(|(t, _)| *t == table) {
-                Some((_, columns)) => columns.push(column),
-                None => missing.push((table, vec![column])),
-            }
+    for (table, column) in missing_columns(conn).await? {
+        match missing.iter_mut().find(|(t, _)| *t == table) {
+            Some((_, columns)) => columns.push(column),
+            None => missing.push((table, vec![column])),
         }
     }
     for (table, columns) in missing {

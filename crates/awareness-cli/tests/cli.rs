@@ -21,6 +21,24 @@ fn run_in(dir: &Path, args: &[&str]) -> Output {
         .expect("run awareness")
 }
 
+/// Runs one SQL statement on the SQLite store at `url` behind the CLI's back, as a bad tool
+/// or a hand edit would.
+fn edit_by_hand(url: &str, statement: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use sqlx::Connection as _;
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+    });
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -403,19 +421,11 @@ fn doctor_reports_a_cursor_pointing_past_its_head() {
     let store = fixture_copy(dir.path());
     let path = dir.path().join("state.sqlite");
     // Break the copy by hand, as a bad tool would.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        use sqlx::Connection as _;
-        let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
-        sqlx::query("UPDATE session_watch_cursors SET material_sequence = 99 WHERE watcher_session_key = 'agent:ops:main'")
-            .execute(&mut c)
-            .await
-            .unwrap();
-        c.close().await.unwrap();
-    });
+    edit_by_hand(
+        &format!("sqlite://{}", path.display()),
+        "UPDATE session_watch_cursors SET material_sequence = 99 \
+         WHERE watcher_session_key = 'agent:ops:main'",
+    );
     let o = run_in(dir.path(), &["--store", &store, "doctor"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(
@@ -523,19 +533,10 @@ fn a_library_warning_reaches_stderr() {
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        use sqlx::Connection as _;
-        let mut c = sqlx::SqliteConnection::connect(&store).await.unwrap();
-        sqlx::query("UPDATE session_watch_cursors SET watcher_session_key = 'global'")
-            .execute(&mut c)
-            .await
-            .unwrap();
-        c.close().await.unwrap();
-    });
+    edit_by_hand(
+        &store,
+        "UPDATE session_watch_cursors SET watcher_session_key = 'global'",
+    );
     let o = run_in(dir.path(), &["--store", &store, "--json", "cursors"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(json(&o), serde_json::json!([]), "the bad row is ignored");
@@ -547,20 +548,18 @@ fn a_library_warning_reaches_stderr() {
             && err.contains("watcher=global"),
         "{err}"
     );
-    let o = bin()
-        .current_dir(dir.path())
-        .args(["--store", &store, "cursors"])
-        .env("AWARENESS_LOG", "off")
-        .output()
-        .unwrap();
+    let cursors_with = |level: &str| {
+        bin()
+            .current_dir(dir.path())
+            .args(["--store", &store, "cursors"])
+            .env("AWARENESS_LOG", level)
+            .output()
+            .unwrap()
+    };
+    let o = cursors_with("off");
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o), "");
-    let o = bin()
-        .current_dir(dir.path())
-        .args(["--store", &store, "cursors"])
-        .env("AWARENESS_LOG", "loud")
-        .output()
-        .unwrap();
+    let o = cursors_with("loud");
     assert_usage(&o, "AWARENESS_LOG=loud");
     assert!(stderr(&o).contains("AWARENESS_LOG"), "{}", stderr(&o));
 }

@@ -674,6 +674,13 @@ impl World {
             .provider(Arc::new(JsonlProvider::new()))
     }
 
+    /// How many `human_direct_message` events `session` holds.
+    async fn human_events(&self, session: &SessionRef) -> usize {
+        self.events(session, EventKind::HumanDirectMessage)
+            .await
+            .len()
+    }
+
     async fn events(
         &self,
         session: &SessionRef,
@@ -791,12 +798,7 @@ async fn monitor_records_one_event_per_burst_on_its_schedule() {
         Duration::from_secs(75),
         "then every 60 s"
     );
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(w.human_events(&session).await, 1);
 
     // A single turn: no payload.
     t.human("one more thing");
@@ -806,12 +808,7 @@ async fn monitor_records_one_event_per_burst_on_its_schedule() {
     })
     .await;
     assert_eq!(event.payload, None);
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        2
-    );
+    assert_eq!(w.human_events(&session).await, 2);
     let link = w.store.link(&session).await.unwrap().unwrap();
     assert!(link.last_scanned_at.is_some());
     task.stop().await;
@@ -994,12 +991,7 @@ async fn a_hanging_or_failing_provider_never_stops_the_others() {
     })
     .await;
     assert_eq!(n, session);
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        2
-    );
+    assert_eq!(w.human_events(&session).await, 2);
     task.stop().await;
 }
 
@@ -1465,12 +1457,7 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
         (first.0, MarkerMove::Moved),
         "the same event, and now the marker moved"
     );
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(w.human_events(&session).await, 1);
 
     // The session is adopted from another transcript while a check is in flight: the event
     // is recorded, but the stale marker never overwrites the new link's.
@@ -1722,12 +1709,7 @@ async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
 
     t.human("first");
     monitor.tick().await; // recorded; the marker move fails
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(w.human_events(&session).await, 1);
     assert_eq!(w.svc.drain_turn(&manager).await.len(), 1);
 
     t.human("second"); // typed before the next tick
@@ -1748,12 +1730,7 @@ async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
 
     // The marker is now past both turns: reading again records nothing.
     monitor.tick().await;
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        2
-    );
+    assert_eq!(w.human_events(&session).await, 2);
 }
 
 #[tokio::test]
@@ -2231,12 +2208,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
     let told = w.queue.peek(watcher.session_key());
     assert_eq!(told.len(), 1, "{told:?}");
     monitor.tick().await;
-    assert_eq!(
-        w.events(&session, EventKind::HumanDirectMessage)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(w.human_events(&session).await, 1);
 }
 
 /// A marker stored before resume points existed (`{"uuid": ...}`) reads as before, and a

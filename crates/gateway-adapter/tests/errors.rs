@@ -41,7 +41,7 @@ fn logged(lines: &[String], message: &str) -> String {
 #[tokio::test]
 async fn store_failures_are_logged_with_their_cause() {
     let capture = Capture::default();
-    let _logging = tracing::subscriber::set_default(capture.clone());
+    let _logging = capture.install();
     let svc = service(Arc::new(Failing::new(CAUSE)));
     let child = k("agent:main:subagent:worker");
     let manager = k("agent:main:main");
@@ -161,7 +161,7 @@ async fn adopting_without_an_upstream_store_names_the_set_up_mistake() {
 #[tokio::test]
 async fn an_unrecorded_human_message_in_an_unwatched_session_is_logged() {
     let capture = Capture::default();
-    let _logging = tracing::subscriber::set_default(capture.clone());
+    let _logging = capture.install();
     let svc = Awareness::builder(
         Arc::new(MemoryStore::new()),
         Arc::new(InMemoryQueue::new()),

@@ -2098,7 +2098,7 @@ fn human_turns(turns: usize, dedupe_id: &str, marker: Value) -> CheckOutcome {
 #[tokio::test]
 async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_checks() {
     let capture = common::Capture::default();
-    let _logging = tracing::subscriber::set_default(capture.clone());
+    let _logging = capture.install();
     let bound = MAX_PAGES * PAGE_ITEMS;
     let node = burst_node(100, true);
     let provider = PairedNodeProvider::new(node.clone());

@@ -59,7 +59,7 @@ pub fn service(
 }
 
 /// Keeps every log event as one line of its fields (`message=... error=...`). Install it for
-/// the test's thread with `tracing::subscriber::set_default(capture.clone())`.
+/// the test's thread with [`Capture::install`].
 #[derive(Clone, Default)]
 pub struct Capture(Arc<Mutex<Vec<String>>>);
 
@@ -67,6 +67,41 @@ impl Capture {
     pub fn lines(&self) -> Vec<String> {
         self.0.lock().unwrap().clone()
     }
+
+    /// Makes this the subscriber of the test's thread until the guard is dropped.
+    ///
+    /// `tracing` caches, per log call site, whether any subscriber wants it. A call site first
+    /// reached by another test's thread while this thread's subscriber was being installed
+    /// could be cached as wanted by nobody, and this test then saw none of its lines (seen
+    /// under load: "left: 0, right: 1"). So a process-wide subscriber that wants every call
+    /// site and keeps nothing is installed first, once: no call site is ever cached as unwanted.
+    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        static GLOBAL: std::sync::Once = std::sync::Once::new();
+        GLOBAL.call_once(|| {
+            // Another global subscriber set first would do as well.
+            let _ = tracing::subscriber::set_global_default(Discard);
+        });
+        let guard = tracing::subscriber::set_default(self.clone());
+        tracing::callsite::rebuild_interest_cache();
+        guard
+    }
+}
+
+/// Wants every event and keeps none.
+struct Discard;
+
+impl Subscriber for Discard {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
 }
 
 struct Line(String);

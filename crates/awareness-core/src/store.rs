@@ -91,6 +91,23 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     async fn close(self: Arc<Self>) {
         drop(self);
     }
+
+    /// Whether another writer has committed to this store: an opaque number that stays the
+    /// same while only this handle writes and changes once a commit by any other writer of the
+    /// same file (another process, or another handle of this one) is visible to this handle.
+    /// Compare two answers; the value means nothing else.
+    ///
+    /// It is the hint behind the push of DESIGN.md section 9.1: a gateway that shares its store
+    /// with other processes polls it, and when it changes, reads the pending cursors of the
+    /// watchers it owns, since another process may have handed out notices it never saw. A
+    /// hint only: reading the cursors is what is exact.
+    ///
+    /// `None` when nothing but this handle can write: the default, for a store in memory, and
+    /// for store-redb, whose file one process at a time opens for writing and whose handles in
+    /// one process share one database.
+    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// Watch cursors.

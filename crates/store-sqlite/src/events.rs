@@ -330,6 +330,10 @@ impl EventStore for SqliteStore {
         decode::events(get(&row, 0, WHAT)?)
     }
 
+    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
+        self.data_version().await.map(Some)
+    }
+
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         const WHAT: &str = "read log stats";
         let row = self.read_one(sqlx::query(sql::LOG_STATS), WHAT).await?;

@@ -627,6 +627,30 @@ impl SqliteStore {
         let mut conn = self.reader().await;
         batch_one(&mut conn, q, what).await
     }
+
+    /// `PRAGMA data_version` of one fixed connection of this handle: SQLite changes it when a
+    /// commit by any other connection to the file becomes visible to that one. The write
+    /// connection's (a read-only handle's first reader's) is taken, since the value of one
+    /// connection means nothing to another; this handle's own commits are all made on the write
+    /// connection, so they never change it, and its checkpoints commit nothing.
+    pub(crate) async fn data_version(&self) -> Result<u64, StoreError> {
+        const WHAT: &str = "read the data version";
+        let q = sqlx::query(sql::DATA_VERSION);
+        let row = match &self.writer {
+            Some(slot) => {
+                let mut slot = slot.lock().await;
+                let Some(w) = slot.as_mut() else {
+                    return Err(StoreError::backend(WHAT, "the store is closed"));
+                };
+                batch_one(&mut w.conn, q, WHAT).await?
+            }
+            None => {
+                let mut conn = self.readers.conns[0].lock().await;
+                batch_one(&mut conn, q, WHAT).await?
+            }
+        };
+        Ok(get::<i64>(&row, 0, WHAT)? as u64)
+    }
 }
 
 #[cfg(test)]

@@ -310,6 +310,9 @@ pub(crate) const EVENTS_AFTER: &str = concat!(
     )
 );
 
+/// The connection's data version: changes when another connection's commit becomes visible.
+pub(crate) const DATA_VERSION: &str = "PRAGMA data_version";
+
 /// Rows, smallest and largest retained sequence.
 pub(crate) const LOG_STATS: &str = "SELECT count(*), coalesce(min(sequence), 0), \
      coalesce(max(sequence), 0) FROM session_state_events";

@@ -1905,6 +1905,61 @@ async fn marker_of(t: &Subject, session: &SessionRef) -> Option<serde_json::Valu
         .marker
 }
 
+/// A handle's own writes, of every kind, are never commits of another writer
+/// ([`crate::EventStore::foreign_commits`]): a gateway alone on its store is never sent to look
+/// for notices it handed out itself. 300 recordings take store-sqlite past a background
+/// checkpoint of its write-ahead log (every 256 writes), which commits nothing.
+pub async fn a_handles_own_writes_are_never_foreign_commits(t: &Subject) {
+    let s = &*t.store;
+    let foreign = async || s.foreign_commits().await.expect("foreign_commits");
+    let before = foreign().await;
+    assert_eq!(foreign().await, before, "nothing was written in between");
+    let manager = w(MANAGER);
+    let kid = child();
+    rec(s, spawn(&kid, MANAGER, "run-1"), T0).await;
+    assert!(rec(s, spawn(&kid, MANAGER, "run-1"), T0).await.deduplicated);
+    s.watch(&w(PEER), &kid, T0).await.expect("watch");
+    for i in 0..300 {
+        let session = if i % 3 == 0 {
+            kid.clone()
+        } else {
+            r(&format!("agent:main:solo{}", i % 7), "main")
+        };
+        rec(s, human(&session), T0).await;
+    }
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let store = std::sync::Arc::clone(&t.store);
+            tokio::spawn(async move { store.record(human(&child()), T0).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("join").expect("record");
+    }
+    s.acknowledge(&manager, std::slice::from_ref(&kid.session_key), T0)
+        .await
+        .expect("acknowledge");
+    rec(s, human(&kid), T0).await;
+    s.sweep(T0, &|_| true).await.expect("sweep");
+    assert!(
+        s.unwatch(&w(PEER), &kid.session_key)
+            .await
+            .expect("unwatch")
+    );
+    s.prune_chunk(&PruneStep::RowCap { max_rows: 100 }, 50, T0)
+        .await
+        .expect("prune");
+    s.delete_session(&r("agent:main:solo1", "main"))
+        .await
+        .expect("delete");
+    s.reset_watcher(manager.session_key()).await.expect("reset");
+    assert_eq!(
+        foreign().await,
+        before,
+        "this handle's own writes changed its answer"
+    );
+}
+
 pub async fn upstream_upsert_creates_then_same_source_keeps_marker(t: &Subject) {
     let u = &*t.upstream;
     assert!(u.link(&child()).await.unwrap().is_none());

@@ -1,7 +1,8 @@
 //! What a file keeps, checked the same way on every store that keeps its state in one (the
 //! durable ones): everything committed survives closing and reopening the store, a store
 //! closed through its last handle leaves every commit in its one file, the store-wide
-//! sequence never goes back across reopens, two handles on one file see each other's writes,
+//! sequence never goes back across reopens, two handles on one file see each other's writes
+//! (and, where they are two writers, each other's commits as foreign ones),
 //! a write cancelled midway leaves the file to the others at once, pruning cancelled midway
 //! leaves every loss behind a watermark, the audit reports the events and cursors a lost head
 //! leaves, and a row that can no longer be read fails only the recording that meets it.
@@ -285,6 +286,52 @@ pub async fn the_sequence_never_goes_back_across_reopens(f: impl OpenFile) {
     assert_eq!(t.store.log_stats().await.expect("stats").rows, 0);
     let next = rec(&*t.store, human(&kid), T0).await.event.sequence;
     assert_eq!(next, Sequence(7), "after pruning the whole log");
+}
+
+/// Two handles on one file are two writers when the store says so
+/// ([`crate::EventStore::foreign_commits`] answers a number): each one's commits change what the
+/// other answers, and leave its own answer alone. A store that answers `None` (its handles
+/// share one writer) answers it on both.
+pub async fn each_handle_sees_the_other_handles_commits_as_foreign(f: impl OpenFile) {
+    let (_dir, a, b) = two_handles(&f).await;
+    let foreign = async |t: &Subject| t.store.foreign_commits().await.expect("foreign_commits");
+    let kid = child();
+    let manager = w("agent:main:main");
+    let (a0, b0) = (foreign(&a).await, foreign(&b).await);
+    assert_eq!(
+        a0.is_some(),
+        b0.is_some(),
+        "two handles of one store answer alike"
+    );
+    if a0.is_none() {
+        rec(&*a.store, human(&kid), T0).await;
+        assert_eq!((foreign(&a).await, foreign(&b).await), (None, None));
+        return;
+    }
+    rec(&*a.store, human(&kid), T0).await;
+    let b1 = foreign(&b).await;
+    assert_ne!(b1, b0, "`b` is told of the recording `a` committed");
+    assert_eq!(
+        foreign(&a).await,
+        a0,
+        "`a` is not told of its own recording"
+    );
+    assert_eq!(foreign(&b).await, b1, "nothing was committed since");
+    b.store.watch(&manager, &kid, T0).await.expect("watch");
+    let a1 = foreign(&a).await;
+    assert_ne!(a1, a0, "`a` is told of the watch `b` committed");
+    let told = rec(&*a.store, human(&kid), T0).await;
+    assert_eq!(
+        told.notices.len(),
+        1,
+        "the recording of `a` hands out a notice"
+    );
+    assert_eq!(foreign(&a).await, a1);
+    assert_ne!(
+        foreign(&b).await,
+        b1,
+        "`b`, whose gateway owns the watcher, is told a notice may be waiting"
+    );
 }
 
 /// Two handles on one file behave as two gateway processes: what one writes (a watch, an

@@ -222,8 +222,24 @@ pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits(
         reader.store.state_version(&kid).await.expect("version"),
         Sequence(1)
     );
+    let foreign = async || {
+        reader
+            .store
+            .foreign_commits()
+            .await
+            .expect("foreign_commits")
+    };
+    let before = foreign().await;
+    assert_eq!(foreign().await, before, "nothing was committed in between");
     rec(&*rw.store, human(&kid), T0).await;
     rec(&*rw.store, human(&peer), T0).await;
+    if before.is_some() {
+        assert_ne!(
+            foreign().await,
+            before,
+            "every commit is another writer's to a read-only handle"
+        );
+    }
     assert_eq!(
         reader.store.state_version(&kid).await.expect("version"),
         Sequence(2),

@@ -13,7 +13,9 @@
 //! The [`Awareness`] service holds the producers (human message, goal change, compaction,
 //! spawn, run outcome, adoption with its upstream link, creation), the tools (`session_status`, `sessions_list`
 //! enrichment, `sessions_send` watch), delivery, the turn ([`Awareness::drain_turn`] acknowledges
-//! exactly what it drained), lifecycle hooks, the start-up sweep and background pruning. The
+//! exactly what it drained), lifecycle hooks, the start-up sweep, background pruning and the
+//! pick-up of notices another gateway process handed out on a shared store
+//! ([`Awareness::spawn_pickup`]). The
 //! [`upstream`] module monitors adopted sessions for human activity typed straight into their
 //! upstream thread (a Claude Code transcript, a paired node's thread). The backend is chosen at
 //! run time with [`open_store`] or [`open_full_store`] (`sqlite:///path`, `redb:///path`,
@@ -52,8 +54,8 @@
 //! # }).unwrap();
 //! ```
 //!
-//! Shutting down: stop the upstream monitor ([`MonitorTask::stop`]), abort the pruning task and
-//! await its handle (which returns once the task has let go of the service), wait for the store
+//! Shutting down: stop the upstream monitor ([`MonitorTask::stop`]), abort the pruning and
+//! pick-up tasks and await their handles (which returns once the task has let go of the service), wait for the store
 //! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording, an
 //! acknowledgement or a sweep runs to its end on a task of its own, holding the store), drop the
 //! [`Awareness`], then close the store through its last handle with

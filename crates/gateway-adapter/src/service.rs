@@ -250,12 +250,17 @@ pub struct AwarenessConfig {
     pub list_batch: usize,
     /// The agent of a bare key when the caller names none (default `main`).
     pub default_agent: AgentId,
+    /// How often [`Awareness::spawn_pickup`] asks the store whether another writer committed
+    /// (default 1 s; at least 1 ms): the most a notice another gateway process hands out to a
+    /// watcher of this one waits before it is queued here and its session woken.
+    pub pickup_interval: Duration,
 }
 
 impl AwarenessConfig {
     /// Refuses settings the service cannot work with: a retention policy
     /// [`RetentionPolicy::validate`] refuses (pruning would refuse every pass, so it would
-    /// never run), a `prune_interval` below 1 ms (passes back to back) and a `list_batch` of 0.
+    /// never run), a `prune_interval` or `pickup_interval` below 1 ms (passes or questions back
+    /// to back) and a `list_batch` of 0.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.retention
             .validate()
@@ -267,6 +272,11 @@ impl AwarenessConfig {
             "AwarenessConfig.prune_interval",
             self.prune_interval,
             "it must be at least 1 ms: a shorter interval runs pruning passes back to back",
+        )?;
+        config::at_least_1ms(
+            "AwarenessConfig.pickup_interval",
+            self.pickup_interval,
+            "it must be at least 1 ms: a shorter interval asks the store back to back",
         )?;
         config::at_least_one(
             "AwarenessConfig.list_batch",
@@ -283,6 +293,7 @@ impl Default for AwarenessConfig {
             prune_interval: Duration::from_hours(1),
             list_batch: 500,
             default_agent: AgentId::new("main").expect("valid agent id"),
+            pickup_interval: Duration::from_secs(1),
         }
     }
 }
@@ -429,6 +440,15 @@ impl TurnLocks {
         keep_in_use(&mut map);
     }
 
+    /// The lock of `watcher` when no turn of it runs or waits, held until the guard drops.
+    fn try_lock(&self, watcher: &SessionKey) -> Option<TurnGuard<'_>> {
+        let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
+        let guard = lock.try_lock_owned().ok();
+        // Dropped at once when it was taken: removes the entry this call may have added.
+        let guard = TurnGuard { locks: self, guard };
+        guard.guard.is_some().then_some(guard)
+    }
+
     /// Waits until no other turn of `watcher` runs, and holds its lock until the guard drops.
     async fn lock(&self, watcher: &SessionKey) -> TurnGuard<'_> {
         let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
@@ -473,13 +493,18 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
 /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
-fn deliver_to(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &[Notice]) {
+/// Returns how many lines the queues gained.
+fn deliver_to(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &[Notice]) -> usize {
+    let mut added = 0;
     for n in notices {
-        let added = queue.enqueue(n.watcher.session_key(), queued(n));
-        if added && !n.watcher.session_key().is_subagent() {
-            wake.wake(n.watcher.session_key(), "session-state");
+        if queue.enqueue(n.watcher.session_key(), queued(n)) {
+            added += 1;
+            if !n.watcher.session_key().is_subagent() {
+                wake.wake(n.watcher.session_key(), "session-state");
+            }
         }
     }
+    added
 }
 
 /// [`deliver_to`], after a write that committed: a panic while delivering (a wake sink that
@@ -1492,6 +1517,108 @@ impl Awareness {
             loop {
                 tick.tick().await;
                 me.prune().await;
+            }
+        })
+    }
+
+    /// Queues the pending notices of this gateway's watchers that their queues do not hold,
+    /// waking each main session whose queue gained a line: notices another process sharing the
+    /// store handed out (DESIGN.md section 9.1), and notices lost from the queue since. Returns
+    /// how many lines were queued.
+    ///
+    /// It reads every pending cursor of the store once and writes nothing. A watcher is this
+    /// gateway's when its directory knows it ([`SessionDirectory::exists`]); another gateway's
+    /// watchers are left to that gateway. A watcher with a turn running or waiting is left to
+    /// that turn, which reads its cursors itself; for any other, its pending cursors are read
+    /// again while its turn lock is held, so a notice a turn acknowledged meanwhile is not
+    /// queued again. A line already queued is not queued twice and wakes nobody. Best effort: a
+    /// failed read is logged and queues nothing.
+    ///
+    /// [`Awareness::spawn_pickup`] calls it whenever another writer has committed to the store.
+    pub async fn pick_up(&self) -> usize {
+        let pending = match self
+            .store
+            .cursors(&CursorFilter {
+                pending_only: true,
+                ..CursorFilter::default()
+            })
+            .await
+        {
+            Ok(pending) => pending,
+            Err(e) => {
+                warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");
+                return 0;
+            }
+        };
+        // The store lists them by watcher: one directory lookup and one look at the queue per
+        // watcher.
+        let mut watchers: Vec<&SessionKey> = Vec::new();
+        for group in pending.chunk_by(|a, b| a.watcher == b.watcher) {
+            let watcher = group[0].watcher.session_key();
+            if !self.directory.exists(watcher) {
+                continue;
+            }
+            let queued_now: std::collections::HashSet<QueuedEntry> =
+                self.queue.peek(watcher).into_iter().collect();
+            if group
+                .iter()
+                .any(|c| !queued_now.contains(&queued(&Notice::of(c))))
+            {
+                watchers.push(watcher);
+            }
+        }
+        let mut added = 0;
+        for watcher in watchers {
+            let Some(_turn) = self.turns.try_lock(watcher) else {
+                continue;
+            };
+            match self.pending_cursors(watcher).await {
+                Ok(cursors) => {
+                    let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
+                    added += deliver_to(&*self.queue, &*self.wake, &notices);
+                }
+                Err(e) => {
+                    warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the watcher's cursors to pick up its notices");
+                }
+            }
+        }
+        added
+    }
+
+    /// Runs [`Awareness::pick_up`] on a background task whenever another writer has committed
+    /// to the store ([`awareness_core::EventStore::foreign_commits`], asked every
+    /// [`AwarenessConfig::pickup_interval`]), and once at its first question: with a store that
+    /// several gateway processes share, a notice one of them hands out to a watcher of this one
+    /// is queued here and its session woken within an interval, instead of waiting for a turn
+    /// the session takes for another reason.
+    ///
+    /// With a store that has no other writer (its answer is `None`: store-memory, store-redb)
+    /// the task ends at its first question. A failed question is logged and asked again at the
+    /// next interval. To stop it, abort the handle and await it, as for
+    /// [`Awareness::spawn_pruning`].
+    pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            // At least 1 ms: checked when the service was built.
+            let mut tick = tokio::time::interval(me.config.pickup_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut seen = None;
+            loop {
+                tick.tick().await;
+                match me.store.foreign_commits().await {
+                    Ok(None) => {
+                        debug!("the store has no other writer: nothing to pick up");
+                        return;
+                    }
+                    Ok(Some(now)) if seen != Some(now) => {
+                        seen = Some(now);
+                        me.pick_up().await;
+                    }
+                    Ok(Some(_)) => {}
+                    Err(e) => {
+                        warn!(error = %ErrorChain(&e), "cannot ask the store whether another writer committed");
+                    }
+                }
             }
         })
     }

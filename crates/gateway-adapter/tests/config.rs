@@ -148,6 +148,14 @@ fn refused_service_settings_name_their_field() {
         ),
         (
             AwarenessConfig {
+                pickup_interval: Duration::from_micros(999),
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.pickup_interval",
+            "back to back",
+        ),
+        (
+            AwarenessConfig {
                 list_batch: 0,
                 ..AwarenessConfig::default()
             },

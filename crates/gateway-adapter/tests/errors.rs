@@ -42,7 +42,7 @@ fn logged(lines: &[String], message: &str) -> String {
 async fn store_failures_are_logged_with_their_cause() {
     let capture = Capture::default();
     let _logging = capture.install();
-    let svc = service(Arc::new(Failing::new(CAUSE)));
+    let svc = Arc::new(service(Arc::new(Failing::new(CAUSE))));
     let child = k("agent:main:subagent:worker");
     let manager = k("agent:main:main");
 
@@ -64,6 +64,24 @@ async fn store_failures_are_logged_with_their_cause() {
         Some(gateway_adapter::WatchRefusal::StoreFailed),
         "a watch the store failed to register says so"
     );
+    assert_eq!(svc.pick_up().await, 0);
+    let pickup = svc.spawn_pickup();
+    // The task asks at once (its first tick) and fails; it then waits for its next tick.
+    for _ in 0..1_000 {
+        if capture
+            .lines()
+            .iter()
+            .any(|l| l.contains("whether another writer committed"))
+        {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    pickup.abort();
+    assert!(
+        pickup.await.expect_err("aborted").is_cancelled(),
+        "a failed question does not end the task"
+    );
 
     let lines = capture.lines();
     for (message, context) in [
@@ -73,6 +91,14 @@ async fn store_failures_are_logged_with_their_cause() {
         ("cannot read the cursors to acknowledge", "read cursors"),
         ("reset: watches not removed", "reset watcher"),
         ("pruning failed", "prune"),
+        (
+            "cannot read the pending cursors to pick up notices",
+            "read cursors",
+        ),
+        (
+            "cannot ask the store whether another writer committed",
+            "ask whether another writer committed",
+        ),
     ] {
         let line = logged(&lines, message);
         assert!(

@@ -28,6 +28,7 @@ async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
     let store = open_full_store(&url).await.unwrap();
     let (awareness, _, _) = common::service(store.clone(), Some(store.clone()));
     let pruning = awareness.spawn_pruning();
+    let pickup = awareness.spawn_pickup();
     let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
         .provider(Arc::new(JsonlProvider::new()))
         .build();
@@ -48,6 +49,8 @@ async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
     drop(monitor);
     pruning.abort();
     let _ = pruning.await;
+    pickup.abort();
+    let _ = pickup.await;
     awareness.wait_for_writes().await;
     drop(awareness);
     assert_eq!(

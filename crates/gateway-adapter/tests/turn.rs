@@ -90,7 +90,10 @@ impl World {
                 armed: AtomicBool::new(false),
             },
         });
-        let (svc, queue, wake) = common::service(store.clone(), None);
+        // The gateway owns the manager (for the pick-ups).
+        let directory = Arc::new(InMemoryDirectory::new());
+        directory.upsert(k(MANAGER), SessionEntry::default());
+        let (svc, queue, wake) = common::service_in(store.clone(), None, directory);
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
             .await
             .expect("seeded");
@@ -161,6 +164,57 @@ fn texts(lines: &[QueuedEntry]) -> Vec<String> {
 
 fn notice(since: Sequence) -> String {
     awareness_core::protocol::notice_text(&k(CHILD), since)
+}
+
+/// A pick-up ([`Awareness::pick_up`]) leaves a watcher whose turn is running to that turn: the
+/// turn has drained the queue and reads the cursors itself, and a line queued now would be a
+/// copy of what it reads.
+#[tokio::test]
+async fn a_pick_up_leaves_a_watcher_whose_turn_runs_to_that_turn() {
+    let mut w = World::new().await;
+    let first = w.human().await;
+    let turn = w.turn_at_the_gate().await;
+    assert!(w.queue.peek(&k(MANAGER)).is_empty(), "the turn drained it");
+    assert_eq!(w.svc.pick_up().await, 0);
+    assert!(
+        w.queue.peek(&k(MANAGER)).is_empty(),
+        "nothing queued beside the turn"
+    );
+    w.open_gate();
+    assert_eq!(texts(&turn.await.unwrap()), vec![notice(Sequence(1))]);
+    let c = w.cursor().await;
+    assert_eq!((c.last_seen, c.notified), (first, first));
+    assert_eq!(w.svc.pick_up().await, 0, "nothing is pending");
+}
+
+/// A pick-up reads a watcher's cursors again once it holds the watcher's turn lock: a turn that
+/// acknowledged the notice after the pick-up's first read is not followed by a copy of it.
+#[tokio::test]
+async fn a_pick_up_does_not_queue_a_notice_a_turn_acknowledged_meanwhile() {
+    let mut w = World::gated(Call::Cursors, true).await;
+    w.store.hook.armed.store(false, Ordering::SeqCst);
+    w.human().await;
+    let lost = w.queue.drain(&k(MANAGER));
+    assert_eq!(texts(&lost), vec![notice(Sequence(1))], "the queue lost it");
+
+    w.store.hook.armed.store(true, Ordering::SeqCst);
+    let svc = Arc::clone(&w.svc);
+    let pick_up = tokio::spawn(async move { svc.pick_up().await });
+    w.entered
+        .recv()
+        .await
+        .expect("the pick-up has read the pending cursors");
+    w.store.hook.armed.store(false, Ordering::SeqCst);
+    let read = w.svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(texts(&read), vec![notice(Sequence(1))], "the turn reads it");
+
+    w.open_gate();
+    assert_eq!(pick_up.await.unwrap(), 0);
+    assert!(
+        w.queue.peek(&k(MANAGER)).is_empty(),
+        "no copy of the acknowledged notice"
+    );
+    assert_eq!(w.wake.count(&k(MANAGER)), 1, "woken once, by the recording");
 }
 
 /// Bug: a change on the target while the turn's acknowledgement was in flight pushed the

@@ -66,6 +66,9 @@ impl EventStore for Failing {
     async fn delete_session(&self, _: &SessionRef) -> Result<(), StoreError> {
         Err(self.error("delete session"))
     }
+    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
+        Err(self.error("ask whether another writer committed"))
+    }
 }
 
 #[async_trait]

@@ -50,6 +50,8 @@ pub enum Call {
     Refreeze,
     /// [`CursorStore::reset_watcher`].
     ResetWatcher,
+    /// [`EventStore::foreign_commits`].
+    ForeignCommits,
 }
 
 /// What a [`Hooked`] store does around each call; both default to nothing.
@@ -146,6 +148,10 @@ impl<H: Hook> EventStore for Hooked<H> {
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
         let answer = self.inner.delete_session(session);
         self.around(Call::DeleteSession, answer).await
+    }
+    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
+        self.around(Call::ForeignCommits, self.inner.foreign_commits())
+            .await
     }
     async fn close(self: Arc<Self>) {
         // Closes the inner store too when this wrapper held its last handle.

@@ -44,14 +44,18 @@ pub fn service(
     store: Arc<dyn AwarenessStore>,
     links: Option<Arc<dyn UpstreamStore>>,
 ) -> (Arc<Awareness>, Arc<InMemoryQueue>, Arc<RecordingWake>) {
+    service_in(store, links, Arc::new(InMemoryDirectory::new()))
+}
+
+/// [`service`] with the gateway's sessions in `directory`.
+pub fn service_in(
+    store: Arc<dyn AwarenessStore>,
+    links: Option<Arc<dyn UpstreamStore>>,
+    directory: Arc<InMemoryDirectory>,
+) -> (Arc<Awareness>, Arc<InMemoryQueue>, Arc<RecordingWake>) {
     let queue = Arc::new(InMemoryQueue::new());
     let wake = Arc::new(RecordingWake::new());
-    let mut builder = Awareness::builder(
-        store,
-        queue.clone(),
-        wake.clone(),
-        Arc::new(InMemoryDirectory::new()),
-    );
+    let mut builder = Awareness::builder(store, queue.clone(), wake.clone(), directory);
     if let Some(links) = links {
         builder = builder.upstream(links);
     }

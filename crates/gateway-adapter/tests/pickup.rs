@@ -1,0 +1,220 @@
+//! Notices handed out by another writer of the store reach this gateway's watchers
+//! ([`Awareness::pick_up`], [`Awareness::spawn_pickup`]; DESIGN.md section 9.1).
+//!
+//! "Another writer" is played by writing to the store directly, past the service: the cursor
+//! becomes pending and the service's queue never hears of it, exactly as when another gateway
+//! process records on a file this one shares. The last test shares a real SQLite file between
+//! two handles, whose connections see each other as SQLite sees two processes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use awareness_core::{
+    ActorType, AwarenessStore, CursorStore as _, EventKind, EventStore as _, NewEvent, SessionKey,
+    SessionRef, Timestamp, WatcherKey,
+};
+use gateway_adapter::{
+    Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, SessionEntry,
+    SystemEventQueue,
+};
+use store_memory::MemoryStore;
+use tokio::sync::mpsc;
+
+mod common;
+use common::k;
+
+const MANAGER: &str = "agent:main:main";
+const NESTED: &str = "agent:main:subagent:planner";
+const ELSEWHERE: &str = "agent:ops:main";
+const CHILD: &str = "agent:main:subagent:worker";
+
+fn child() -> SessionRef {
+    SessionRef::parse(CHILD, "main").unwrap()
+}
+
+fn human(session: &SessionRef) -> NewEvent {
+    NewEvent::new(
+        session.clone(),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        "human message via telegram",
+    )
+}
+
+/// A directory that knows `sessions` (this gateway's) and no others.
+fn directory(sessions: &[&str]) -> Arc<InMemoryDirectory> {
+    let dir = Arc::new(InMemoryDirectory::new());
+    for s in sessions {
+        dir.upsert(k(s), SessionEntry::default());
+    }
+    dir
+}
+
+/// Another writer watches the child for `watchers` and records a human turn on it: every
+/// watcher's cursor is pending, and no queue of this gateway was told.
+async fn written_elsewhere(store: &dyn AwarenessStore, watchers: &[&str]) {
+    for w in watchers {
+        store
+            .watch(&WatcherKey::parse(w).unwrap(), &child(), Timestamp::now())
+            .await
+            .expect("watch");
+    }
+    let recorded = store
+        .record(human(&child()), Timestamp::now())
+        .await
+        .expect("record");
+    assert_eq!(recorded.notices.len(), watchers.len());
+}
+
+/// Texts queued for `session`.
+fn texts(queue: &InMemoryQueue, session: &str) -> Vec<String> {
+    queue
+        .peek(&k(session))
+        .into_iter()
+        .map(|e| e.text)
+        .collect()
+}
+
+/// Only the watchers this gateway's directory knows are queued a notice, and only main
+/// sessions are woken (a nested subagent reads it on its next turn); another gateway's watcher
+/// is left to that gateway. A second pick-up queues nothing and wakes nobody: the lines are
+/// already there.
+#[tokio::test]
+async fn pick_up_queues_the_notices_of_this_gateways_watchers_once() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER, NESTED]));
+    written_elsewhere(&*store, &[MANAGER, NESTED, ELSEWHERE]).await;
+
+    assert_eq!(svc.pick_up().await, 2);
+    for watcher in [MANAGER, NESTED] {
+        let lines = texts(&queue, watcher);
+        assert_eq!(lines.len(), 1, "{watcher}: {lines:?}");
+        assert!(lines[0].contains(CHILD), "{}", lines[0]);
+    }
+    assert!(texts(&queue, ELSEWHERE).is_empty(), "not this gateway's");
+    assert_eq!(wake.all(), [k(MANAGER)], "only the main session is woken");
+
+    assert_eq!(svc.pick_up().await, 0);
+    assert_eq!(wake.all(), [k(MANAGER)], "no second wake");
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+
+    // The manager's turn reads the notice and acknowledges it: nothing is pending any more.
+    let read = svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(read.len(), 1);
+    assert_eq!(svc.pick_up().await, 0);
+    assert!(texts(&queue, MANAGER).is_empty());
+}
+
+/// A notice the gateway's queue lost (another component drained it without a turn) is queued
+/// again and its session woken by the next pick-up, without waiting for a restart or a turn
+/// (DESIGN.md section 9, item 7).
+#[tokio::test]
+async fn pick_up_queues_again_a_notice_the_queue_lost() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("spawned");
+    let mut msg = gateway_adapter::HumanMessage::new(k(CHILD));
+    msg.channel = Some("telegram".into());
+    svc.human_message(msg).await.expect("recorded");
+    assert_eq!(wake.count(&k(MANAGER)), 1, "delivered by this gateway");
+    let lost = queue.drain(&k(MANAGER));
+    assert_eq!(lost.len(), 1);
+
+    assert_eq!(svc.pick_up().await, 1);
+    assert_eq!(queue.peek(&k(MANAGER)), lost, "the same line again");
+    assert_eq!(wake.count(&k(MANAGER)), 2);
+}
+
+/// With a store that has no other writer, the pick-up task ends at its first question.
+#[tokio::test]
+async fn the_pickup_task_ends_on_a_store_without_another_writer() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, _queue, _wake) = common::service_in(store, None, directory(&[MANAGER]));
+    tokio::time::timeout(Duration::from_secs(60), svc.spawn_pickup())
+        .await
+        .expect("the task ends by itself")
+        .expect("the task ends without panicking");
+}
+
+/// Sends every wake to a channel, so that a test waits for one instead of for time.
+struct WakeChannel(mpsc::UnboundedSender<SessionKey>);
+
+impl HeartbeatWake for WakeChannel {
+    fn wake(&self, session: &SessionKey, _reason: &str) {
+        let _ = self.0.send(session.clone());
+    }
+}
+
+/// Two handles on one SQLite file, as two gateway processes have: the one this gateway uses
+/// and another writer's. The other writer watches the child for the manager, which this
+/// gateway owns, and records on it; the pick-up task, asking every 10 ms, wakes the manager
+/// with the notice queued, and the manager's turn acknowledges it in the shared file. A later
+/// notice of the other writer wakes the manager again.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let ours = Arc::new(
+        store_sqlite::SqliteStore::open(&path)
+            .await
+            .expect("open ours"),
+    );
+    let theirs = store_sqlite::SqliteStore::open(&path)
+        .await
+        .expect("open theirs");
+    let queue = Arc::new(InMemoryQueue::new());
+    let (tx, mut woken) = mpsc::unbounded_channel();
+    let svc = Arc::new(
+        Awareness::builder(
+            ours,
+            queue.clone(),
+            Arc::new(WakeChannel(tx)),
+            directory(&[MANAGER]),
+        )
+        .config(AwarenessConfig {
+            pickup_interval: Duration::from_millis(10),
+            ..AwarenessConfig::default()
+        })
+        .build(),
+    );
+    let pickup = svc.spawn_pickup();
+    let next_wake = async |woken: &mut mpsc::UnboundedReceiver<SessionKey>| {
+        tokio::time::timeout(Duration::from_secs(60), woken.recv())
+            .await
+            .expect("a wake comes")
+            .expect("the wake channel is open")
+    };
+
+    written_elsewhere(&theirs, &[MANAGER]).await;
+    assert_eq!(next_wake(&mut woken).await, k(MANAGER));
+    let lines = texts(&queue, MANAGER);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains(CHILD), "{}", lines[0]);
+
+    let read = svc.drain_turn(&k(MANAGER)).await;
+    assert_eq!(read.len(), 1);
+    let cursor = theirs
+        .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+        .await
+        .expect("cursor")
+        .expect("the cursor the other writer made");
+    assert_eq!(
+        cursor.last_seen, cursor.notified,
+        "the other writer sees the notice acknowledged"
+    );
+
+    // A second notice by the other writer, after the acknowledgement: woken again.
+    theirs
+        .record(human(&child()), Timestamp::now())
+        .await
+        .expect("record");
+    assert_eq!(next_wake(&mut woken).await, k(MANAGER));
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert_eq!(svc.pick_up().await, 0, "the line is queued already");
+
+    pickup.abort();
+    let _ = pickup.await;
+}

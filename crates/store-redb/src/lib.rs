@@ -1181,7 +1181,12 @@ impl CursorStore for RedbStore {
                     if filter.watcher.as_ref().is_some_and(|x| x.as_str() != w) {
                         break;
                     }
-                    out.push(tables::cursor_of(w, t, v.value())?);
+                    let v = v.value();
+                    // Not pending (`Cursor::is_pending`): left out before its keys are parsed.
+                    if filter.pending_only && v.3 <= v.1 {
+                        continue;
+                    }
+                    out.push(tables::cursor_of(w, t, v)?);
                 }
             }
             out.retain(|c| filter.matches(c));

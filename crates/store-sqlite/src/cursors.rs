@@ -137,9 +137,12 @@ impl CursorStore for SqliteStore {
         const WHAT: &str = "list cursors";
         let q = sqlx::query(sql::CURSORS)
             .bind(filter.watcher.as_ref().map(|k| k.as_str().to_owned()))
-            .bind(filter.target.as_ref().map(|k| k.as_str().to_owned()));
+            .bind(filter.target.as_ref().map(|k| k.as_str().to_owned()))
+            .bind(filter.pending_only);
         let row = self.read_one(q, WHAT).await?;
         let mut all = decode::cursors(get(&row, 0, WHAT)?)?;
+        // The statement leaves out what is not pending (building rows is the cost); the rule
+        // is core's, applied here again.
         all.retain(|c| filter.matches(c));
         Ok(all)
     }

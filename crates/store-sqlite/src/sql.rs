@@ -342,12 +342,15 @@ pub(crate) const CURSOR: &str = concat!(
     " FROM session_watch_cursors WHERE watcher_session_key = $1 AND target_session_key = $2"
 );
 
-/// Cursors of watcher `$1` and/or target `$2` (NULL: any), by watcher then target.
+/// Cursors of watcher `$1` and/or target `$2` (NULL: any), by watcher then target; with `$3`
+/// only the pending ones (`Cursor::is_pending`: material past last seen), so that the sweep and
+/// the pick-up of notices do not build every cursor of the store to keep a tenth of them.
 pub(crate) const CURSORS: &str = concat!(
     "SELECT json_group_array(",
     cursor_json!(),
     " ORDER BY watcher_session_key, target_session_key) FROM session_watch_cursors
-WHERE ($1 IS NULL OR watcher_session_key = $1) AND ($2 IS NULL OR target_session_key = $2)"
+WHERE ($1 IS NULL OR watcher_session_key = $1) AND ($2 IS NULL OR target_session_key = $2)
+  AND ($3 = 0 OR material_sequence > last_seen_sequence)"
 );
 
 /// Acknowledge, first batch: the cursors of watcher `$1` on the targets in `$2` (JSON array).

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 use awareness_benches::{
     Backend, Dataset, T0, add_watchers, dataset_session, group_commit_specs, head, human,
     load_dataset, loaded, loaded_backends, poll_ready, runtime, save_result, test_mode, wanted,
+    watcher,
 };
 use awareness_core::{AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence};
 use criterion::{
     BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
     criterion_main,
 };
+use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake, SessionEntry};
 use tokio::runtime::Runtime;
 
 /// Runs one store call: memory is polled directly, durable stores on the runtime.
@@ -252,6 +254,53 @@ fn sweep(c: &mut Criterion) {
                 let notices = run(&rt, b, store.sweep(T0, &exists)).expect("sweep");
                 assert_eq!(notices.len(), watchers * pending_targets);
                 notices
+            });
+        });
+    }
+    g.finish();
+}
+
+/// A pick-up of the notices another writer handed out ([`Awareness::pick_up`]) on the sweep's
+/// data set, every notice already queued: what a gateway pays each time another process
+/// sharing its store commits (it reads every pending cursor once and looks at each watcher's
+/// queue once, queuing nothing).
+fn pickup(c: &mut Criterion) {
+    let rt = runtime();
+    let data = Dataset::cursors();
+    let Dataset::Cursors {
+        watchers,
+        pending_targets,
+        ..
+    } = data
+    else {
+        unreachable!("the cursors data set")
+    };
+    let backends = rt.block_on(loaded_backends(data));
+    let mut g = c.benchmark_group("pickup");
+    g.sample_size(10);
+    for b in &backends {
+        let directory = Arc::new(InMemoryDirectory::new());
+        for i in 0..watchers {
+            directory.upsert(watcher(i).session_key().clone(), SessionEntry::default());
+        }
+        let svc = Awareness::builder(
+            Arc::clone(&b.store),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            directory,
+        )
+        .build();
+        let first = run(&rt, b, svc.pick_up());
+        assert_eq!(
+            first,
+            watchers * pending_targets,
+            "the first pick-up queues them all"
+        );
+        g.bench_function(BenchmarkId::new("100k_cursors", b.name), |bench| {
+            bench.iter(|| {
+                let queued = run(&rt, b, svc.pick_up());
+                assert_eq!(queued, 0, "every notice is queued already");
+                queued
             });
         });
     }
@@ -565,6 +614,7 @@ criterion_group!(
     sessions_list,
     acknowledge,
     sweep,
+    pickup,
     prune,
     record_concurrent
 );

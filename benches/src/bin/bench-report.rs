@@ -38,6 +38,7 @@ const ROWS: &[&str] = &[
     "sessions_list/500_refs",
     "acknowledge",
     "sweep/100k_cursors",
+    "pickup/100k_cursors",
     "prune/60k_to_50k",
 ];
 

@@ -86,7 +86,7 @@ async fn a_notice_the_command_hands_out_wakes_the_gateways_session() {
     .expect("the command ran");
 
     let manager = SessionKey::new(MANAGER).unwrap();
-    let who = tokio::time::timeout(Duration::from_secs(60), woken.recv())
+    let who = tokio::time::timeout(Duration::from_mins(1), woken.recv())
         .await
         .expect("the gateway wakes its session")
         .expect("the wake channel is open");

@@ -132,7 +132,7 @@ async fn pick_up_queues_again_a_notice_the_queue_lost() {
 async fn the_pickup_task_ends_on_a_store_without_another_writer() {
     let store = Arc::new(MemoryStore::new());
     let (svc, _queue, _wake) = common::service_in(store, None, directory(&[MANAGER]));
-    tokio::time::timeout(Duration::from_secs(60), svc.spawn_pickup())
+    tokio::time::timeout(Duration::from_mins(1), svc.spawn_pickup())
         .await
         .expect("the task ends by itself")
         .expect("the task ends without panicking");
@@ -182,7 +182,7 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
     );
     let pickup = svc.spawn_pickup();
     let next_wake = async |woken: &mut mpsc::UnboundedReceiver<SessionKey>| {
-        tokio::time::timeout(Duration::from_secs(60), woken.recv())
+        tokio::time::timeout(Duration::from_mins(1), woken.recv())
             .await
             .expect("a wake comes")
             .expect("the wake channel is open")

@@ -636,18 +636,15 @@ impl SqliteStore {
     pub(crate) async fn data_version(&self) -> Result<u64, StoreError> {
         const WHAT: &str = "read the data version";
         let q = sqlx::query(sql::DATA_VERSION);
-        let row = match &self.writer {
-            Some(slot) => {
-                let mut slot = slot.lock().await;
-                let Some(w) = slot.as_mut() else {
-                    return Err(StoreError::backend(WHAT, "the store is closed"));
-                };
-                batch_one(&mut w.conn, q, WHAT).await?
-            }
-            None => {
-                let mut conn = self.readers.conns[0].lock().await;
-                batch_one(&mut conn, q, WHAT).await?
-            }
+        let row = if let Some(slot) = &self.writer {
+            let mut slot = slot.lock().await;
+            let Some(w) = slot.as_mut() else {
+                return Err(StoreError::backend(WHAT, "the store is closed"));
+            };
+            batch_one(&mut w.conn, q, WHAT).await?
+        } else {
+            let mut conn = self.readers.conns[0].lock().await;
+            batch_one(&mut conn, q, WHAT).await?
         };
         Ok(get::<i64>(&row, 0, WHAT)? as u64)
     }

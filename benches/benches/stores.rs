@@ -230,10 +230,9 @@ fn acknowledge(c: &mut Criterion) {
     g.finish();
 }
 
-/// `sweep/100k_cursors`: the start-up sweep (every pending cursor re-frozen and its notice
-/// returned) over 100,000 cursors of which 10,000 are pending.
-fn sweep(c: &mut Criterion) {
-    let rt = runtime();
+/// The backends loaded with the sweep's data set ([`Dataset::cursors`]), with its numbers of
+/// watchers and of targets pending for each.
+fn cursor_backends(rt: &Runtime) -> (usize, usize, Vec<Backend>) {
     let data = Dataset::cursors();
     let Dataset::Cursors {
         watchers,
@@ -243,7 +242,18 @@ fn sweep(c: &mut Criterion) {
     else {
         unreachable!("the cursors data set")
     };
-    let backends = rt.block_on(loaded_backends(data));
+    (
+        watchers,
+        pending_targets,
+        rt.block_on(loaded_backends(data)),
+    )
+}
+
+/// `sweep/100k_cursors`: the start-up sweep (every pending cursor re-frozen and its notice
+/// returned) over 100,000 cursors of which 10,000 are pending.
+fn sweep(c: &mut Criterion) {
+    let rt = runtime();
+    let (watchers, pending_targets, backends) = cursor_backends(&rt);
     let mut g = c.benchmark_group("sweep");
     g.sample_size(10);
     let exists = |_: &awareness_core::WatcherKey| true;
@@ -266,16 +276,7 @@ fn sweep(c: &mut Criterion) {
 /// queue once, queuing nothing).
 fn pickup(c: &mut Criterion) {
     let rt = runtime();
-    let data = Dataset::cursors();
-    let Dataset::Cursors {
-        watchers,
-        pending_targets,
-        ..
-    } = data
-    else {
-        unreachable!("the cursors data set")
-    };
-    let backends = rt.block_on(loaded_backends(data));
+    let (watchers, pending_targets, backends) = cursor_backends(&rt);
     let mut g = c.benchmark_group("pickup");
     g.sample_size(10);
     for b in &backends {

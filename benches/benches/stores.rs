@@ -291,7 +291,7 @@ fn pickup(c: &mut Criterion) {
             directory,
         )
         .build();
-        let first = run(&rt, b, svc.pick_up());
+        let first = run(&rt, b, svc.pick_up()).queued;
         assert_eq!(
             first,
             watchers * pending_targets,
@@ -299,7 +299,7 @@ fn pickup(c: &mut Criterion) {
         );
         g.bench_function(BenchmarkId::new("100k_cursors", b.name), |bench| {
             bench.iter(|| {
-                let queued = run(&rt, b, svc.pick_up());
+                let queued = run(&rt, b, svc.pick_up()).queued;
                 assert_eq!(queued, 0, "every notice is queued already");
                 queued
             });

@@ -254,6 +254,13 @@ pub struct AwarenessConfig {
     /// (default 1 s; at least 1 ms): the most a notice another gateway process hands out to a
     /// watcher of this one waits before it is queued here and its session woken.
     pub pickup_interval: Duration,
+    /// Delivers a notice only to a watcher the directory knows ([`SessionDirectory::exists`]),
+    /// as DESIGN.md section 9.1 asks of gateways sharing a store: turn it on when several
+    /// gateway processes share one, so that the notices one hands out to another's sessions
+    /// are left to that one's pick-up ([`Awareness::spawn_pickup`]) instead of filling a queue
+    /// nobody here drains. Off by default: a gateway alone on its store delivers every notice
+    /// its writes hand out, whether or not its directory knows the watcher yet.
+    pub owned_watchers_only: bool,
 }
 
 impl AwarenessConfig {
@@ -294,6 +301,7 @@ impl Default for AwarenessConfig {
             list_batch: 500,
             default_agent: AgentId::new("main").expect("valid agent id"),
             pickup_interval: Duration::from_secs(1),
+            owned_watchers_only: false,
         }
     }
 }
@@ -492,11 +500,20 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 }
 
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
-/// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
-/// Returns how many lines the queues gained.
-fn deliver_to(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &[Notice]) -> usize {
+/// is woken at once (the waker coalesces), a nested subagent sees it on its next turn. With
+/// `owned`, a watcher that directory does not know is left out (another gateway's:
+/// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained.
+fn deliver_to(
+    queue: &dyn SystemEventQueue,
+    wake: &dyn HeartbeatWake,
+    owned: Option<&dyn SessionDirectory>,
+    notices: &[Notice],
+) -> usize {
     let mut added = 0;
     for n in notices {
+        if owned.is_some_and(|dir| !dir.exists(n.watcher.session_key())) {
+            continue;
+        }
         if queue.enqueue(n.watcher.session_key(), queued(n)) {
             added += 1;
             if !n.watcher.session_key().is_subagent() {
@@ -509,9 +526,14 @@ fn deliver_to(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &
 
 /// [`deliver_to`], after a write that committed: a panic while delivering (a wake sink that
 /// panics) is logged, not turned into the write's failure, which a caller could retry.
-fn deliver_logged(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, notices: &[Notice]) {
+fn deliver_logged(
+    queue: &dyn SystemEventQueue,
+    wake: &dyn HeartbeatWake,
+    owned: Option<&dyn SessionDirectory>,
+    notices: &[Notice],
+) {
     let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        deliver_to(queue, wake, notices);
+        deliver_to(queue, wake, owned, notices);
     }));
     if delivered.is_err() {
         warn!(
@@ -730,6 +752,7 @@ impl Awareness {
     {
         let queue = Arc::clone(&self.queue);
         let wake = Arc::clone(&self.wake);
+        let owned = self.owned();
         let writing = Writing::start(&self.writes);
         tokio::spawn(async move {
             // Bound first, so dropped last: once the write is no longer counted, it holds
@@ -737,7 +760,7 @@ impl Awareness {
             let _writing = writing;
             let written = write.await;
             if let Ok(w) = &written {
-                deliver_logged(&*queue, &*wake, notices(w));
+                deliver_logged(&*queue, &*wake, owned.as_deref(), notices(w));
             }
             (keep, written)
         })
@@ -779,9 +802,18 @@ impl Awareness {
     }
 
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
-    /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn.
+    /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn. With
+    /// [`AwarenessConfig::owned_watchers_only`], a watcher the directory does not know is left
+    /// out.
     pub fn deliver(&self, notices: &[Notice]) {
-        deliver_to(&*self.queue, &*self.wake, notices);
+        deliver_to(&*self.queue, &*self.wake, self.owned().as_deref(), notices);
+    }
+
+    /// The directory deliveries are limited to, when [`AwarenessConfig::owned_watchers_only`].
+    fn owned(&self) -> Option<Arc<dyn SessionDirectory>> {
+        self.config
+            .owned_watchers_only
+            .then(|| Arc::clone(&self.directory))
     }
 
     fn spawner(entry: Option<&SessionEntry>, session: &SessionKey) -> Option<WatcherKey> {
@@ -1523,19 +1555,22 @@ impl Awareness {
 
     /// Queues the pending notices of this gateway's watchers that their queues do not hold,
     /// waking each main session whose queue gained a line: notices another process sharing the
-    /// store handed out (DESIGN.md section 9.1), and notices lost from the queue since. Returns
-    /// how many lines were queued.
+    /// store handed out (DESIGN.md section 9.1), and notices lost from the queue since.
     ///
     /// It reads every pending cursor of the store once and writes nothing. A watcher is this
     /// gateway's when its directory knows it ([`SessionDirectory::exists`]); another gateway's
-    /// watchers are left to that gateway. A watcher with a turn running or waiting is left to
-    /// that turn, which reads its cursors itself; for any other, its pending cursors are read
-    /// again while its turn lock is held, so a notice a turn acknowledged meanwhile is not
+    /// watchers are left to that gateway. A watcher with a turn running or waiting is skipped:
+    /// a waiting turn reads its cursors itself, but a running one may have read them before the
+    /// notice came, so the pick-up is not complete ([`PickUp::complete`]) and
+    /// [`Awareness::spawn_pickup`] tries again. For any other watcher its pending cursors are
+    /// read again while its turn lock is held, so a notice a turn acknowledged meanwhile is not
     /// queued again. A line already queued is not queued twice and wakes nobody. Best effort: a
-    /// failed read is logged and queues nothing.
-    ///
-    /// [`Awareness::spawn_pickup`] calls it whenever another writer has committed to the store.
-    pub async fn pick_up(&self) -> usize {
+    /// failed read is logged, queues nothing, and leaves the pick-up not complete.
+    pub async fn pick_up(&self) -> PickUp {
+        let incomplete = PickUp {
+            queued: 0,
+            complete: false,
+        };
         let pending = match self
             .store
             .cursors(&CursorFilter {
@@ -1547,7 +1582,7 @@ impl Awareness {
             Ok(pending) => pending,
             Err(e) => {
                 warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");
-                return 0;
+                return incomplete;
             }
         };
         // The store lists them by watcher: one directory lookup and one look at the queue per
@@ -1567,22 +1602,27 @@ impl Awareness {
                 watchers.push(watcher);
             }
         }
-        let mut added = 0;
+        let mut done = PickUp {
+            queued: 0,
+            complete: true,
+        };
         for watcher in watchers {
             let Some(_turn) = self.turns.try_lock(watcher) else {
+                done.complete = false;
                 continue;
             };
             match self.pending_cursors(watcher).await {
                 Ok(cursors) => {
                     let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
-                    added += deliver_to(&*self.queue, &*self.wake, &notices);
+                    done.queued += deliver_to(&*self.queue, &*self.wake, None, &notices);
                 }
                 Err(e) => {
                     warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the watcher's cursors to pick up its notices");
+                    done.complete = false;
                 }
             }
         }
-        added
+        done
     }
 
     /// Runs [`Awareness::pick_up`] on a background task whenever another writer has committed
@@ -1592,17 +1632,21 @@ impl Awareness {
     /// is queued here and its session woken within an interval, instead of waiting for a turn
     /// the session takes for another reason.
     ///
+    /// A pick-up that was not complete (a watcher's turn was running, a read failed) is made
+    /// again at the next interval whether or not another commit came, then after 2, 4, ... up
+    /// to 64 intervals while it stays incomplete (a row that cannot be read fails every one).
     /// With a store that has no other writer (its answer is `None`: store-memory, store-redb)
-    /// the task ends at its first question. A failed question is logged and asked again at the
-    /// next interval. To stop it, abort the handle and await it, as for
-    /// [`Awareness::spawn_pruning`].
+    /// the task ends at its first question. A failed question is logged (`warn!` the first
+    /// time, `debug!` while it keeps failing) and asked again at the next interval. To stop the
+    /// task, abort the handle and await it, as for [`Awareness::spawn_pruning`].
     pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             // At least 1 ms: checked when the service was built.
             let mut tick = tokio::time::interval(me.config.pickup_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut seen = None;
+            let mut schedule = PickupSchedule::default();
+            let mut failing = false;
             loop {
                 tick.tick().await;
                 match me.store.foreign_commits().await {
@@ -1610,17 +1654,85 @@ impl Awareness {
                         debug!("the store has no other writer: nothing to pick up");
                         return;
                     }
-                    Ok(Some(now)) if seen != Some(now) => {
-                        seen = Some(now);
-                        me.pick_up().await;
+                    Ok(Some(answer)) => {
+                        failing = false;
+                        if schedule.due(answer) {
+                            let done = me.pick_up().await;
+                            schedule.picked_up(answer, done.complete);
+                        }
                     }
-                    Ok(Some(_)) => {}
+                    Err(e) if failing => {
+                        debug!(error = %ErrorChain(&e), "still cannot ask the store whether another writer committed");
+                    }
                     Err(e) => {
+                        failing = true;
                         warn!(error = %ErrorChain(&e), "cannot ask the store whether another writer committed");
                     }
                 }
             }
         })
+    }
+}
+
+/// What [`Awareness::pick_up`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PickUp {
+    /// Lines the queues gained.
+    pub queued: usize,
+    /// Whether every pending notice of this gateway's watchers was looked at: `false` when a
+    /// watcher was skipped for its running turn or a read failed.
+    pub complete: bool,
+}
+
+/// When [`Awareness::spawn_pickup`] picks up: when the store's answer changed since the last
+/// complete pick-up, and after an incomplete one at the next question, then backing off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PickupSchedule {
+    /// The answer of the last complete pick-up.
+    seen: Option<u64>,
+    /// Questions to let pass before trying an incomplete pick-up again.
+    wait: u32,
+    /// What `wait` becomes after the next incomplete pick-up.
+    backoff: u32,
+}
+
+impl Default for PickupSchedule {
+    fn default() -> Self {
+        Self {
+            seen: None,
+            wait: 0,
+            backoff: 1,
+        }
+    }
+}
+
+impl PickupSchedule {
+    /// Most questions let pass between two incomplete pick-ups.
+    const MAX_WAIT: u32 = 63;
+
+    /// Whether to pick up now, the store having answered `answer`.
+    fn due(&mut self, answer: u64) -> bool {
+        if self.seen == Some(answer) {
+            return false;
+        }
+        if self.wait > 0 {
+            self.wait -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Records a pick-up made at `answer`.
+    fn picked_up(&mut self, answer: u64, complete: bool) {
+        if complete {
+            *self = Self {
+                seen: Some(answer),
+                ..Self::default()
+            };
+        } else {
+            self.wait = self.backoff - 1;
+            self.backoff = (self.backoff * 2).min(Self::MAX_WAIT + 1);
+        }
     }
 }
 
@@ -1687,6 +1799,36 @@ fn render_page(out: &mut String, after: Sequence, page: &ChangesPage) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A changed answer is picked up once; an incomplete pick-up is made again at the next
+    /// question even when the answer stays, then after 1, 3, 7, ... skipped questions, at most
+    /// 63; a complete one ends the retries and starts the back-off over.
+    #[test]
+    fn the_pickup_schedule_retries_an_incomplete_pick_up_and_backs_off() {
+        let mut s = PickupSchedule::default();
+        assert!(s.due(5), "the first answer");
+        s.picked_up(5, true);
+        assert!(!s.due(5), "nothing new");
+        assert!(s.due(6), "another writer committed");
+        s.picked_up(6, false);
+        assert!(s.due(6), "incomplete: again at the next question");
+        // Each incomplete pick-up doubles the questions between tries, up to 64.
+        let mut gaps = Vec::new();
+        for _ in 0..9 {
+            s.picked_up(6, false);
+            let mut skipped = 0;
+            while !s.due(6) {
+                skipped += 1;
+            }
+            gaps.push(skipped);
+        }
+        assert_eq!(gaps, [1, 3, 7, 15, 31, 63, 63, 63, 63]);
+        s.picked_up(6, true);
+        assert!(!s.due(6));
+        assert!(s.due(7));
+        s.picked_up(7, false);
+        assert!(s.due(7), "the back-off started over");
+    }
 
     #[tokio::test]
     async fn turn_locks_keep_no_entry_once_no_turn_holds_or_waits() {

@@ -64,7 +64,14 @@ async fn store_failures_are_logged_with_their_cause() {
         Some(gateway_adapter::WatchRefusal::StoreFailed),
         "a watch the store failed to register says so"
     );
-    assert_eq!(svc.pick_up().await, 0);
+    assert_eq!(
+        svc.pick_up().await,
+        gateway_adapter::PickUp {
+            queued: 0,
+            complete: false
+        },
+        "a failed read leaves the pick-up to be made again"
+    );
     let pickup = svc.spawn_pickup();
     // The task asks at once (its first tick) and fails; it then waits for its next tick.
     for _ in 0..1_000 {

@@ -14,8 +14,8 @@ use awareness_core::{
     SessionRef, Timestamp, WatcherKey,
 };
 use gateway_adapter::{
-    Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, SessionEntry,
-    SystemEventQueue,
+    Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, PickUp,
+    SessionEntry, SystemEventQueue,
 };
 use store_memory::MemoryStore;
 use tokio::sync::mpsc;
@@ -85,7 +85,13 @@ async fn pick_up_queues_the_notices_of_this_gateways_watchers_once() {
     let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER, NESTED]));
     written_elsewhere(&*store, &[MANAGER, NESTED, ELSEWHERE]).await;
 
-    assert_eq!(svc.pick_up().await, 2);
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 2,
+            complete: true
+        }
+    );
     for watcher in [MANAGER, NESTED] {
         let lines = texts(&queue, watcher);
         assert_eq!(lines.len(), 1, "{watcher}: {lines:?}");
@@ -94,14 +100,14 @@ async fn pick_up_queues_the_notices_of_this_gateways_watchers_once() {
     assert!(texts(&queue, ELSEWHERE).is_empty(), "not this gateway's");
     assert_eq!(wake.all(), [k(MANAGER)], "only the main session is woken");
 
-    assert_eq!(svc.pick_up().await, 0);
+    assert_eq!(svc.pick_up().await.queued, 0);
     assert_eq!(wake.all(), [k(MANAGER)], "no second wake");
     assert_eq!(texts(&queue, MANAGER).len(), 1);
 
     // The manager's turn reads the notice and acknowledges it: nothing is pending any more.
     let read = svc.drain_turn(&k(MANAGER)).await;
     assert_eq!(read.len(), 1);
-    assert_eq!(svc.pick_up().await, 0);
+    assert_eq!(svc.pick_up().await.queued, 0);
     assert!(texts(&queue, MANAGER).is_empty());
 }
 
@@ -122,9 +128,52 @@ async fn pick_up_queues_again_a_notice_the_queue_lost() {
     let lost = queue.drain(&k(MANAGER));
     assert_eq!(lost.len(), 1);
 
-    assert_eq!(svc.pick_up().await, 1);
+    assert_eq!(svc.pick_up().await.queued, 1);
     assert_eq!(queue.peek(&k(MANAGER)), lost, "the same line again");
     assert_eq!(wake.count(&k(MANAGER)), 2);
+}
+
+/// With `owned_watchers_only`, what this gateway's own recordings hand out reaches only the
+/// watchers its directory knows; another gateway's watcher is left to that gateway's pick-up
+/// (DESIGN.md section 9.1). By default a gateway delivers to every watcher.
+#[tokio::test]
+async fn owned_watchers_only_leaves_another_gateways_watchers_out_of_delivery() {
+    for owned_only in [false, true] {
+        let store = Arc::new(MemoryStore::new());
+        let queue = Arc::new(InMemoryQueue::new());
+        let wake = Arc::new(gateway_adapter::RecordingWake::new());
+        let svc = Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            wake.clone(),
+            directory(&[MANAGER, CHILD]),
+        )
+        .config(AwarenessConfig {
+            owned_watchers_only: owned_only,
+            ..AwarenessConfig::default()
+        })
+        .build();
+        for w in [MANAGER, ELSEWHERE] {
+            store
+                .watch(&WatcherKey::parse(w).unwrap(), &child(), Timestamp::now())
+                .await
+                .expect("watch");
+        }
+        let mut msg = gateway_adapter::HumanMessage::new(k(CHILD));
+        msg.channel = Some("telegram".into());
+        svc.human_message(msg).await.expect("recorded");
+        assert_eq!(texts(&queue, MANAGER).len(), 1, "owned only: {owned_only}");
+        assert_eq!(
+            texts(&queue, ELSEWHERE).len(),
+            usize::from(!owned_only),
+            "owned only: {owned_only}"
+        );
+        assert_eq!(
+            wake.count(&k(ELSEWHERE)),
+            usize::from(!owned_only),
+            "owned only: {owned_only}"
+        );
+    }
 }
 
 /// With a store that has no other writer, the pick-up task ends at its first question.
@@ -213,7 +262,7 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
         .expect("record");
     assert_eq!(next_wake(&mut woken).await, k(MANAGER));
     assert_eq!(texts(&queue, MANAGER).len(), 1);
-    assert_eq!(svc.pick_up().await, 0, "the line is queued already");
+    assert_eq!(svc.pick_up().await.queued, 0, "the line is queued already");
 
     pickup.abort();
     let _ = pickup.await;

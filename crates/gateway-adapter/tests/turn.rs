@@ -15,7 +15,7 @@ use awareness_core::{
     AwarenessStore, Cursor, CursorStore, Sequence, SessionKey, WatcherKey, async_trait,
 };
 use gateway_adapter::{
-    Awareness, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue, QueuedEntry,
+    Awareness, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue, PickUp, QueuedEntry,
     RecordingWake, SessionEntry, SystemEventQueue,
 };
 use store_memory::MemoryStore;
@@ -175,7 +175,14 @@ async fn a_pick_up_leaves_a_watcher_whose_turn_runs_to_that_turn() {
     let first = w.human().await;
     let turn = w.turn_at_the_gate().await;
     assert!(w.queue.peek(&k(MANAGER)).is_empty(), "the turn drained it");
-    assert_eq!(w.svc.pick_up().await, 0);
+    assert_eq!(
+        w.svc.pick_up().await,
+        PickUp {
+            queued: 0,
+            complete: false
+        },
+        "skipped for its turn, to be tried again"
+    );
     assert!(
         w.queue.peek(&k(MANAGER)).is_empty(),
         "nothing queued beside the turn"
@@ -184,7 +191,14 @@ async fn a_pick_up_leaves_a_watcher_whose_turn_runs_to_that_turn() {
     assert_eq!(texts(&turn.await.unwrap()), vec![notice(Sequence(1))]);
     let c = w.cursor().await;
     assert_eq!((c.last_seen, c.notified), (first, first));
-    assert_eq!(w.svc.pick_up().await, 0, "nothing is pending");
+    assert_eq!(
+        w.svc.pick_up().await,
+        PickUp {
+            queued: 0,
+            complete: true
+        },
+        "nothing is pending"
+    );
 }
 
 /// A pick-up reads a watcher's cursors again once it holds the watcher's turn lock: a turn that
@@ -209,7 +223,13 @@ async fn a_pick_up_does_not_queue_a_notice_a_turn_acknowledged_meanwhile() {
     assert_eq!(texts(&read), vec![notice(Sequence(1))], "the turn reads it");
 
     w.open_gate();
-    assert_eq!(pick_up.await.unwrap(), 0);
+    assert_eq!(
+        pick_up.await.unwrap(),
+        PickUp {
+            queued: 0,
+            complete: true
+        }
+    );
     assert!(
         w.queue.peek(&k(MANAGER)).is_empty(),
         "no copy of the acknowledged notice"

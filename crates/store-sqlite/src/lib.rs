@@ -629,10 +629,12 @@ impl SqliteStore {
     }
 
     /// `PRAGMA data_version` of one fixed connection of this handle: SQLite changes it when a
-    /// commit by any other connection to the file becomes visible to that one. The write
-    /// connection's (a read-only handle's first reader's) is taken, since the value of one
-    /// connection means nothing to another; this handle's own commits are all made on the write
-    /// connection, so they never change it, and its checkpoints commit nothing.
+    /// commit by any other connection to the file becomes visible to that one (and when another
+    /// process's RESTART or TRUNCATE checkpoint starts the WAL over: a question too many, never
+    /// one too few). The write connection's (a read-only handle's first reader's) is taken,
+    /// since the value of one connection means nothing to another; this handle's own commits
+    /// are all made on the write connection, so they never change it, and its own checkpoints
+    /// are PASSIVE ones on its readers.
     pub(crate) async fn data_version(&self) -> Result<u64, StoreError> {
         const WHAT: &str = "read the data version";
         let q = sqlx::query(sql::DATA_VERSION);
@@ -641,6 +643,10 @@ impl SqliteStore {
             let Some(w) = slot.as_mut() else {
                 return Err(StoreError::backend(WHAT, "the store is closed"));
             };
+            if w.open_tx {
+                // What an interrupted write left open goes first, as before any write.
+                w.rollback().await;
+            }
             batch_one(&mut w.conn, q, WHAT).await?
         } else {
             let mut conn = self.readers.conns[0].lock().await;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use awareness_core::error::ErrorChain;
 use awareness_core::{AwarenessStore, Sequence, SessionKey, Timestamp};
 use gateway_adapter::{
-    Awareness, CoalescingWake, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
-    ManualClock, RecordingWake, RunOutcome, SessionEntry, StoreUrl, SystemEventQueue, WakeSink,
-    open_store,
+    Awareness, AwarenessConfig, CoalescingWake, HeartbeatWake, HumanMessage, InMemoryDirectory,
+    InMemoryQueue, ManualClock, RecordingWake, RunOutcome, SessionEntry, StoreUrl,
+    SystemEventQueue, WakeSink, open_store,
 };
 
 use crate::table::render;
@@ -298,6 +298,12 @@ async fn narrate(
         n.detail(&format!("  {}", q.text))?;
     }
 
+    n.at(
+        40,
+        &format!("another gateway process on the same file records a human turn in {research}"),
+    )?;
+    another_gateway(cli, &s, &manager, &research, &clock, &mut n).await?;
+
     n.line("")?;
     n.line(&format!(
         "final session_status of {research} (changesSince 0):"
@@ -322,6 +328,71 @@ async fn narrate(
         ))?;
     }
     Ok(0)
+}
+
+/// The act of a second gateway process sharing the store (DESIGN.md section 9.1): it records
+/// a change on `research`, delivers nothing for `manager`, which it does not own, and this
+/// gateway's pick-up queues the notice and wakes the manager. A store with one writer (redb,
+/// memory) says so instead.
+async fn another_gateway(
+    cli: &Cli,
+    s: &Stage,
+    manager: &SessionKey,
+    research: &SessionKey,
+    clock: &Arc<ManualClock>,
+    n: &mut Narrator<'_>,
+) -> Result<(), CliError> {
+    let before = s.svc.store().foreign_commits().await.ok().flatten();
+    if before.is_none() {
+        n.detail("skipped: this store has one writer, so no other process records on it")?;
+        return Ok(());
+    }
+    // Its own handle on the file, as another process has; it owns none of these sessions.
+    let theirs = open_store(&cli.store)
+        .await
+        .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?;
+    let other = Awareness::builder(
+        Arc::clone(&theirs),
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .clock(clock.clone())
+    .config(AwarenessConfig {
+        owned_watchers_only: true,
+        ..AwarenessConfig::default()
+    })
+    .build();
+    let mut m = HumanMessage::new(research.clone());
+    m.channel = Some("whatsapp".into());
+    m.entry = Some(SessionEntry {
+        spawned_by: Some(manager.clone()),
+        ..SessionEntry::default()
+    });
+    let recorded = other.human_message(m).await;
+    drop(other);
+    theirs.close().await;
+    n.detail(&format!(
+        "recorded there as {}; that process queues nothing for the manager, which it does not own",
+        recorded.map_or_else(|| "nothing".to_owned(), |e| format!("#{}", e.sequence))
+    ))?;
+    let after = s.svc.store().foreign_commits().await.ok().flatten();
+    n.detail(&format!(
+        "this gateway asks the file whether another writer committed: {}",
+        if after == before { "no" } else { "yes" }
+    ))?;
+    let queued_before = s.queue.peek(manager);
+    let picked = s.svc.pick_up().await;
+    n.detail(&format!(
+        "its pick-up queues {} line(s) for the manager and asks to wake it:",
+        picked.queued
+    ))?;
+    for q in s.queue.peek(manager) {
+        if !queued_before.contains(&q) {
+            n.detail(&format!("  {}", q.text))?;
+        }
+    }
+    Ok(())
 }
 
 /// The `changesSince` of the first queued notice (what the manager reads).

@@ -92,6 +92,8 @@ fn demo_runs_and_leaves_the_database_behind() {
         "sweep re-delivered 1 notice(s)",
         "child run timed out",
         "watched: true",
+        "another writer committed: yes",
+        "its pick-up queues 1 line(s) for the manager and asks to wake it:",
         "\"stateVersion\"",
         "the database is left at",
     ] {

@@ -398,12 +398,15 @@ impl Drop for Writing {
 /// An entry lives only while a turn holds it or waits for it: dropping a [`TurnGuard`] removes
 /// every entry nobody holds any more, so the map never outgrows the turns in flight (an entry
 /// left by a turn cancelled while it waited goes at the next turn's end).
-#[derive(Debug, Default)]
 ///
 /// The lock also holds what a turn whose caller gave up had taken ([`Carried`]), for the
 /// watcher's next turn.
+#[derive(Debug, Default)]
 struct TurnLocks {
     by_watcher: std::sync::Mutex<HashMap<SessionKey, TurnLock>>,
+    /// Watchers reset while their lock was held (by a turn, or a pick-up for a moment): what
+    /// a dropped turn left is dropped when the lock is next taken.
+    forgotten: std::sync::Mutex<std::collections::HashSet<SessionKey>>,
 }
 
 /// One watcher's turn lock, with what a cancelled turn left.
@@ -436,35 +439,64 @@ impl TurnLocks {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Drops what a dropped turn of `watcher` left for the next one (its watches are gone),
-    /// unless a turn of it runs right now.
+    /// Drops what a dropped turn of `watcher` left for the next one (its watches are gone): at
+    /// once, or, while a turn or a pick-up holds the lock, when the lock is next taken.
     fn forget(&self, watcher: &SessionKey) {
         let mut map = self.map();
-        if let Some(lock) = map.get(watcher)
-            && let Ok(mut carried) = lock.try_lock()
-        {
-            *carried = Carried::default();
+        if let Some(lock) = map.get(watcher) {
+            match lock.try_lock() {
+                Ok(mut carried) => *carried = Carried::default(),
+                Err(_) => {
+                    self.forgotten().insert(watcher.clone());
+                }
+            }
         }
         keep_in_use(&mut map);
+    }
+
+    fn forgotten(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<SessionKey>> {
+        self.forgotten
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The guard of a lock just taken; what a dropped turn left goes if the watcher was reset
+    /// while another held the lock.
+    fn taken(
+        &self,
+        watcher: &SessionKey,
+        mut guard: tokio::sync::OwnedMutexGuard<Carried>,
+    ) -> TurnGuard<'_> {
+        if self.forgotten().remove(watcher) {
+            *guard = Carried::default();
+        }
+        TurnGuard {
+            locks: self,
+            guard: Some(guard),
+        }
     }
 
     /// The lock of `watcher` when no turn of it runs or waits, held until the guard drops.
     fn try_lock(&self, watcher: &SessionKey) -> Option<TurnGuard<'_>> {
         let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
-        let guard = lock.try_lock_owned().ok();
-        // Dropped at once when it was taken: removes the entry this call may have added.
-        let guard = TurnGuard { locks: self, guard };
-        guard.guard.is_some().then_some(guard)
+        match lock.try_lock_owned() {
+            Ok(guard) => Some(self.taken(watcher, guard)),
+            Err(_) => {
+                // Removes the entry this call may have added.
+                drop(TurnGuard {
+                    locks: self,
+                    guard: None,
+                });
+                None
+            }
+        }
     }
 
     /// Waits until no other turn of `watcher` runs, and holds its lock until the guard drops.
     async fn lock(&self, watcher: &SessionKey) -> TurnGuard<'_> {
         let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
         let guard = lock.lock_owned().await;
-        TurnGuard {
-            locks: self,
-            guard: Some(guard),
-        }
+        self.taken(watcher, guard)
     }
 }
 
@@ -486,7 +518,12 @@ impl TurnGuard<'_> {
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        keep_in_use(&mut self.locks.map());
+        let mut map = self.locks.map();
+        keep_in_use(&mut map);
+        // A reset watcher whose entry is gone left nothing to drop.
+        self.locks
+            .forgotten()
+            .retain(|watcher| map.contains_key(watcher));
     }
 }
 
@@ -1799,6 +1836,37 @@ fn render_page(out: &mut String, after: Sequence, page: &ChangesPage) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reset while the watcher's lock is held (a pick-up holds it for one cursor read) drops
+    /// what a dropped turn left once the lock is taken again.
+    #[tokio::test]
+    async fn a_reset_while_the_lock_is_held_drops_what_a_dropped_turn_left() {
+        let locks = TurnLocks::default();
+        let a = SessionKey::new("agent:main:main").unwrap();
+        let line = QueuedEntry {
+            text: "a notice".into(),
+            context_key: None,
+        };
+        let mut dropped_turn = locks.lock(&a).await;
+        dropped_turn.carried().read.push(line.clone());
+        drop(dropped_turn);
+        let held = locks.try_lock(&a).expect("nobody holds it");
+        assert_eq!(held.guard.as_ref().map(|c| c.read.len()), Some(1));
+        locks.forget(&a);
+        drop(held);
+        let mut next = locks.lock(&a).await;
+        assert!(next.carried().is_empty(), "the reset dropped it");
+        drop(next);
+        assert!(locks.map().is_empty() && locks.forgotten().is_empty());
+
+        // Without a reset, the next turn gets it.
+        let mut dropped_turn = locks.lock(&a).await;
+        dropped_turn.carried().read.push(line.clone());
+        drop(dropped_turn);
+        let held = locks.try_lock(&a).expect("nobody holds it");
+        drop(held);
+        assert_eq!(locks.lock(&a).await.carried().read, [line]);
+    }
 
     /// A changed answer is picked up once; an incomplete pick-up is made again at the next
     /// question even when the answer stays, then after 1, 3, 7, ... skipped questions, at most

@@ -444,11 +444,10 @@ impl TurnLocks {
     fn forget(&self, watcher: &SessionKey) {
         let mut map = self.map();
         if let Some(lock) = map.get(watcher) {
-            match lock.try_lock() {
-                Ok(mut carried) => *carried = Carried::default(),
-                Err(_) => {
-                    self.forgotten().insert(watcher.clone());
-                }
+            if let Ok(mut carried) = lock.try_lock() {
+                *carried = Carried::default();
+            } else {
+                self.forgotten().insert(watcher.clone());
             }
         }
         keep_in_use(&mut map);
@@ -479,16 +478,15 @@ impl TurnLocks {
     /// The lock of `watcher` when no turn of it runs or waits, held until the guard drops.
     fn try_lock(&self, watcher: &SessionKey) -> Option<TurnGuard<'_>> {
         let lock = Arc::clone(self.map().entry(watcher.clone()).or_default());
-        match lock.try_lock_owned() {
-            Ok(guard) => Some(self.taken(watcher, guard)),
-            Err(_) => {
-                // Removes the entry this call may have added.
-                drop(TurnGuard {
-                    locks: self,
-                    guard: None,
-                });
-                None
-            }
+        if let Ok(guard) = lock.try_lock_owned() {
+            Some(self.taken(watcher, guard))
+        } else {
+            // Removes the entry this call may have added.
+            drop(TurnGuard {
+                locks: self,
+                guard: None,
+            });
+            None
         }
     }
 

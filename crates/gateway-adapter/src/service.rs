@@ -251,8 +251,9 @@ pub struct AwarenessConfig {
     /// The agent of a bare key when the caller names none (default `main`).
     pub default_agent: AgentId,
     /// How often [`Awareness::spawn_pickup`] asks the store whether another writer committed
-    /// (default 1 s; at least 1 ms): the most a notice another gateway process hands out to a
-    /// watcher of this one waits before it is queued here and its session woken.
+    /// (default 1 s; at least 1 ms): how long a notice another gateway process hands out to a
+    /// watcher of this one waits before it is queued here and its session woken, unless the
+    /// pick-up cannot complete (see [`Awareness::spawn_pickup`]).
     pub pickup_interval: Duration,
     /// Delivers a notice only to a watcher the directory knows ([`SessionDirectory::exists`]),
     /// as DESIGN.md section 9.1 asks of gateways sharing a store: turn it on when several
@@ -466,9 +467,13 @@ impl TurnLocks {
         watcher: &SessionKey,
         mut guard: tokio::sync::OwnedMutexGuard<Carried>,
     ) -> TurnGuard<'_> {
+        // The map first, as `forget` takes them: a reset that found the lock held has marked
+        // the watcher by the time this sees the map.
+        let map = self.map();
         if self.forgotten().remove(watcher) {
             *guard = Carried::default();
         }
+        drop(map);
         TurnGuard {
             locks: self,
             guard: Some(guard),
@@ -481,7 +486,8 @@ impl TurnLocks {
         if let Ok(guard) = lock.try_lock_owned() {
             Some(self.taken(watcher, guard))
         } else {
-            // Removes the entry this call may have added.
+            // `try_lock_owned` consumed this call's handle on the lock; this removes the entry
+            // if nobody else holds it (none does: another holds the lock).
             drop(TurnGuard {
                 locks: self,
                 guard: None,
@@ -757,10 +763,12 @@ impl Awareness {
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
-        let written =
-            self.write_and_deliver((), async move { store.record(event, now).await }, |r| {
-                r.notices.as_slice()
-            });
+        let written = self.write_and_deliver(
+            (),
+            async move { store.record(event, now).await },
+            |r| r.notices.as_slice(),
+            self.owned(),
+        );
         let ((), recorded) = written
             .await
             .map_err(|e| StoreError::backend("the recording's task failed", e))?;
@@ -779,6 +787,7 @@ impl Awareness {
         keep: K,
         write: W,
         notices: fn(&T) -> &[Notice],
+        owned: Option<Arc<dyn SessionDirectory>>,
     ) -> Result<(K, Result<T, StoreError>), tokio::task::JoinError>
     where
         K: Send + 'static,
@@ -787,7 +796,6 @@ impl Awareness {
     {
         let queue = Arc::clone(&self.queue);
         let wake = Arc::clone(&self.wake);
-        let owned = self.owned();
         let writing = Writing::start(&self.writes);
         tokio::spawn(async move {
             // Bound first, so dropped last: once the write is no longer counted, it holds
@@ -1355,6 +1363,8 @@ impl Awareness {
                 keep,
                 async move { store.acknowledge(&w, &targets, now).await },
                 Vec::as_slice,
+                // The follow-ups go to the watcher taking its turn here: this gateway's.
+                None,
             )
             .await;
         match acknowledged {
@@ -1548,6 +1558,8 @@ impl Awareness {
                     store.sweep(now, &exists).await
                 },
                 Vec::as_slice,
+                // The sweep re-notifies only watchers the directory knows.
+                None,
             )
             .await
             .map_err(|e| StoreError::backend("the sweep's task failed", e))
@@ -1592,7 +1604,8 @@ impl Awareness {
     /// waking each main session whose queue gained a line: notices another process sharing the
     /// store handed out (DESIGN.md section 9.1), and notices lost from the queue since.
     ///
-    /// It reads every pending cursor of the store once and writes nothing. A watcher is this
+    /// It reads every pending cursor of the store once, then again the pending cursors of each
+    /// watcher it has something to queue for, and writes nothing. A watcher is this
     /// gateway's when its directory knows it ([`SessionDirectory::exists`]); another gateway's
     /// watchers are left to that gateway. A watcher with a turn running or waiting is skipped:
     /// a waiting turn reads its cursors itself, but a running one may have read them before the
@@ -1668,8 +1681,9 @@ impl Awareness {
     /// the session takes for another reason.
     ///
     /// A pick-up that was not complete (a watcher's turn was running, a read failed) is made
-    /// again at the next interval whether or not another commit came, then after 2, 4, ... up
-    /// to 64 intervals while it stays incomplete (a row that cannot be read fails every one).
+    /// again at the next interval even if no other commit came, then, while nothing new is
+    /// committed and it stays incomplete (a row that cannot be read fails every one), after 2,
+    /// 4, ... up to 64 intervals; a new commit is picked up at its next question in any case.
     /// With a store that has no other writer (its answer is `None`: store-memory, store-redb)
     /// the task ends at its first question. A failed question is logged (`warn!` the first
     /// time, `debug!` while it keeps failing) and asked again at the next interval. To stop the
@@ -1710,7 +1724,7 @@ impl Awareness {
 }
 
 /// What [`Awareness::pick_up`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PickUp {
     /// Lines the queues gained.
     pub queued: usize,
@@ -1719,12 +1733,15 @@ pub struct PickUp {
     pub complete: bool,
 }
 
-/// When [`Awareness::spawn_pickup`] picks up: when the store's answer changed since the last
-/// complete pick-up, and after an incomplete one at the next question, then backing off.
+/// When [`Awareness::spawn_pickup`] picks up: at once when the store's answer is new (another
+/// writer committed since the last pick-up), and when a pick-up at the same answer was not
+/// complete, at the next question, then backing off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PickupSchedule {
     /// The answer of the last complete pick-up.
     seen: Option<u64>,
+    /// The answer of the last pick-up.
+    tried: Option<u64>,
     /// Questions to let pass before trying an incomplete pick-up again.
     wait: u32,
     /// What `wait` becomes after the next incomplete pick-up.
@@ -1735,6 +1752,7 @@ impl Default for PickupSchedule {
     fn default() -> Self {
         Self {
             seen: None,
+            tried: None,
             wait: 0,
             backoff: 1,
         }
@@ -1750,6 +1768,9 @@ impl PickupSchedule {
         if self.seen == Some(answer) {
             return false;
         }
+        if self.tried != Some(answer) {
+            return true;
+        }
         if self.wait > 0 {
             self.wait -= 1;
             return false;
@@ -1762,9 +1783,11 @@ impl PickupSchedule {
         if complete {
             *self = Self {
                 seen: Some(answer),
+                tried: Some(answer),
                 ..Self::default()
             };
         } else {
+            self.tried = Some(answer);
             self.wait = self.backoff - 1;
             self.backoff = (self.backoff * 2).min(Self::MAX_WAIT + 1);
         }
@@ -1889,6 +1912,11 @@ mod tests {
             gaps.push(skipped);
         }
         assert_eq!(gaps, [1, 3, 7, 15, 31, 63, 63, 63, 63]);
+        s.picked_up(6, false);
+        assert!(!s.due(6), "backing off");
+        assert!(s.due(8), "a new commit is not held up by the back-off");
+        s.picked_up(8, false);
+        assert!(!s.due(8), "still backing off at that answer");
         s.picked_up(6, true);
         assert!(!s.due(6));
         assert!(s.due(7));

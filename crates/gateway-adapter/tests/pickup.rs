@@ -176,6 +176,37 @@ async fn owned_watchers_only_leaves_another_gateways_watchers_out_of_delivery() 
     }
 }
 
+/// `owned_watchers_only` leaves out only what recordings hand out: an acknowledgement's
+/// follow-up goes to the watcher acknowledging, whether or not the directory knows it yet.
+#[tokio::test]
+async fn an_acknowledgements_follow_up_reaches_its_watcher_with_owned_watchers_only() {
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let svc = Awareness::builder(
+        store.clone(),
+        queue.clone(),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        directory(&[]),
+    )
+    .config(AwarenessConfig {
+        owned_watchers_only: true,
+        ..AwarenessConfig::default()
+    })
+    .build();
+    written_elsewhere(&*store, &[MANAGER]).await;
+    store
+        .record(human(&child()), Timestamp::now())
+        .await
+        .expect("a second change while the notice is out");
+    let follow = svc.acknowledge(&k(MANAGER), &[k(CHILD)]).await;
+    assert_eq!(follow.len(), 1, "one follow-up for the second change");
+    assert_eq!(
+        queue.peek(&k(MANAGER)).len(),
+        1,
+        "queued for the watcher that acknowledged"
+    );
+}
+
 /// With a store that has no other writer, the pick-up task ends at its first question.
 #[tokio::test]
 async fn the_pickup_task_ends_on_a_store_without_another_writer() {

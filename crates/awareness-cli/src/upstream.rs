@@ -443,6 +443,7 @@ mod tests {
                     target: target.clone(),
                     target_agent: AgentId::new("main").unwrap(),
                     last_seen: Sequence(last_seen),
+                    queue_only: false,
                 })
                 .collect();
             svc.deliver(&notices);

@@ -60,7 +60,8 @@ pub use async_trait::async_trait;
 pub use error::{BoxError, StoreError};
 pub use model::{
     ActorType, AgentId, Cursor, CursorFilter, CursorKey, Event, EventKind, Head, KindClass,
-    LogStats, NewEvent, Payload, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+    LogStats, NewEvent, Payload, Sequence, SessionKey, SessionRef, Timestamp, WatchProvenance,
+    WatcherKey,
 };
 pub use protocol::Notice;
 pub use reconcile::{ChangesPage, SessionStatus};

@@ -697,10 +697,55 @@ pub struct Cursor {
     pub material: Sequence,
     /// Local clock of the last change.
     pub updated_at: Timestamp,
+    /// How the watch came to be (OpenClaw's `provenance` column). Every cursor this workspace
+    /// makes is explicit; an ambient one is read from a file OpenClaw wrote, and its notices
+    /// are queued without a wake ([`crate::Notice::queue_only`]). Left out of the JSON when
+    /// explicit.
+    #[serde(default, skip_serializing_if = "WatchProvenance::is_explicit")]
+    pub provenance: WatchProvenance,
+}
+
+/// How a watch came to be, as OpenClaw's `session_watch_cursors.provenance` says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WatchProvenance {
+    /// A spawn or an explicit watch (`sessions_send` with `watch: true`): its notices wake the
+    /// watcher.
+    #[default]
+    Explicit,
+    /// OpenClaw's ambient watch of the sessions of a group conversation: its notices are queued
+    /// for the watcher's next turn, without a wake. An explicit watch or a spawn on the same
+    /// target makes it explicit.
+    AmbientGroup,
+}
+
+impl WatchProvenance {
+    /// The stored spelling (`explicit`, `ambient-group`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Explicit => "explicit",
+            Self::AmbientGroup => "ambient-group",
+        }
+    }
+
+    /// The provenance a stored spelling names; `None` for any other text.
+    pub fn from_stored(value: &str) -> Option<Self> {
+        match value {
+            "explicit" => Some(Self::Explicit),
+            "ambient-group" => Some(Self::AmbientGroup),
+            _ => None,
+        }
+    }
+
+    /// Whether it is [`WatchProvenance::Explicit`].
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+    pub fn is_explicit(&self) -> bool {
+        *self == Self::Explicit
+    }
 }
 
 impl Cursor {
-    /// A cursor with all three sequences at `at`.
+    /// An explicit cursor with all three sequences at `at`.
     pub fn at(watcher: WatcherKey, target: SessionRef, at: Sequence, now: Timestamp) -> Self {
         Self {
             watcher,
@@ -710,6 +755,7 @@ impl Cursor {
             notified: at,
             material: at,
             updated_at: now,
+            provenance: WatchProvenance::Explicit,
         }
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{
     AgentId, Cursor, Event, Head, KindClass, Sequence, SessionKey, SessionRef, Timestamp,
-    WatcherKey,
+    WatchProvenance, WatcherKey,
 };
 use crate::validate::ValidationError;
 
@@ -28,6 +28,11 @@ pub struct Notice {
     pub target_agent: AgentId,
     /// The sequence to reconcile from (`changesSince`).
     pub last_seen: Sequence,
+    /// Queue it for the watcher's next turn without waking the watcher: the notice of an
+    /// ambient cursor ([`WatchProvenance::AmbientGroup`]), as OpenClaw delivers it. Left out
+    /// of the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queue_only: bool,
 }
 
 impl Notice {
@@ -38,6 +43,7 @@ impl Notice {
             target: cursor.target.clone(),
             target_agent: cursor.target_agent.clone(),
             last_seen: cursor.last_seen,
+            queue_only: cursor.provenance == WatchProvenance::AmbientGroup,
         }
     }
 
@@ -156,7 +162,8 @@ pub fn check_watch(
 }
 
 /// Seeding by a spawn at `seq`: a new cursor at `seq`, or the existing one left alone when it
-/// holds a pending notice. Returns the cursor to write, `None` to write nothing.
+/// holds a pending notice (made explicit, as a spawn makes every watch, when it was ambient).
+/// Returns the cursor to write, `None` to write nothing.
 pub fn seed(
     existing: Option<&Cursor>,
     watcher: &WatcherKey,
@@ -165,13 +172,23 @@ pub fn seed(
     now: Timestamp,
 ) -> Option<Cursor> {
     match existing {
-        Some(c) if c.is_pending() => None,
+        Some(c) if c.is_pending() => explicit(c),
         _ => Some(Cursor::at(watcher.clone(), target.clone(), seq, now)),
     }
 }
 
-/// An explicit watch: keeps an existing cursor on the same ref (and its pending state) or
-/// starts at `head`. Returns the cursor in effect and whether it must be written.
+/// `cursor` made explicit, when it was not: what to write for a spawn or an explicit watch
+/// that otherwise leaves it as it is (OpenClaw's `registerWatch` does the same).
+fn explicit(cursor: &Cursor) -> Option<Cursor> {
+    (cursor.provenance != WatchProvenance::Explicit).then(|| Cursor {
+        provenance: WatchProvenance::Explicit,
+        ..cursor.clone()
+    })
+}
+
+/// An explicit watch: keeps an existing cursor on the same ref (and its pending state; an
+/// ambient one is made explicit) or starts at `head`. Returns the cursor in effect and whether
+/// it must be written.
 ///
 /// A cursor is keyed by watcher and target key, so `existing` may point at another agent's
 /// session of the same key: watching this one re-points it here from the head, as a named
@@ -185,7 +202,10 @@ pub fn watch(
     now: Timestamp,
 ) -> (Cursor, bool) {
     match existing {
-        Some(c) if c.target_agent == target.agent_id => (c.clone(), false),
+        Some(c) if c.target_agent == target.agent_id => match explicit(c) {
+            Some(upgraded) => (upgraded, true),
+            None => (c.clone(), false),
+        },
         _ => (Cursor::at(watcher.clone(), target.clone(), head, now), true),
     }
 }
@@ -349,6 +369,94 @@ mod tests {
         let mut e = NewEvent::new(r("agent:main:subagent:c1"), kind, ActorType::Human, "x");
         e.actor_id = actor.map(str::to_owned);
         e.into_event(Sequence(seq), Timestamp(5))
+    }
+
+    /// An ambient cursor (OpenClaw's) hands out queue-only notices, keeps its provenance
+    /// through material events and acknowledgements, and is made explicit by an explicit watch
+    /// or a spawn, whose pending notice stays; an explicit cursor is left alone by both.
+    #[test]
+    fn an_ambient_cursor_is_queue_only_until_a_watch_or_a_spawn_makes_it_explicit() {
+        let target = r("agent:main:subagent:c1");
+        let mut ambient = Cursor::at(
+            w("agent:main:main"),
+            target.clone(),
+            Sequence(1),
+            Timestamp(0),
+        );
+        ambient.provenance = WatchProvenance::AmbientGroup;
+        let moved = material(ambient.clone(), Sequence(2), Timestamp(1));
+        assert_eq!(moved.provenance, WatchProvenance::AmbientGroup);
+        assert!(Notice::of(&moved).queue_only);
+        let (acked, none) = acknowledge(
+            &material(moved.clone(), Sequence(3), Timestamp(2)),
+            Timestamp(3),
+        );
+        let follow = none.expect("a follow-up for the change after the notice");
+        assert!(follow.queue_only);
+        assert_eq!(
+            acked.expect("written").provenance,
+            WatchProvenance::AmbientGroup
+        );
+
+        let (watched, write) = watch(
+            Some(&moved),
+            &moved.watcher,
+            &target,
+            Sequence(9),
+            Timestamp(4),
+        );
+        assert!(write, "the upgrade is written");
+        assert_eq!(watched.provenance, WatchProvenance::Explicit);
+        assert_eq!(
+            (watched.last_seen, watched.notified, watched.material),
+            (moved.last_seen, moved.notified, moved.material),
+            "the pending notice stays"
+        );
+        assert!(!Notice::of(&watched).queue_only);
+        // The JSON says so only when it is not explicit, so that it is unchanged otherwise.
+        assert_eq!(json(&moved)["provenance"], "ambient-group");
+        assert_eq!(json(&Notice::of(&moved))["queueOnly"], true);
+        assert!(json(&watched).get("provenance").is_none());
+        assert!(json(&Notice::of(&watched)).get("queueOnly").is_none());
+        let seeded = seed(
+            Some(&moved),
+            &moved.watcher,
+            &target,
+            Sequence(9),
+            Timestamp(4),
+        )
+        .expect("the upgrade is written");
+        assert_eq!(seeded.provenance, WatchProvenance::Explicit);
+        assert_eq!(seeded.notified, moved.notified, "the pending notice stays");
+
+        let explicit_pending = Cursor {
+            provenance: WatchProvenance::Explicit,
+            ..moved
+        };
+        assert_eq!(
+            watch(
+                Some(&explicit_pending),
+                &explicit_pending.watcher,
+                &target,
+                Sequence(9),
+                Timestamp(4)
+            ),
+            (explicit_pending.clone(), false)
+        );
+        assert_eq!(
+            seed(
+                Some(&explicit_pending),
+                &explicit_pending.watcher,
+                &target,
+                Sequence(9),
+                Timestamp(4)
+            ),
+            None
+        );
+    }
+
+    fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+        serde_json::to_value(v).expect("serializes")
     }
 
     #[test]

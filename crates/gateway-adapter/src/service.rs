@@ -541,7 +541,8 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 }
 
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
-/// is woken at once (the waker coalesces), a nested subagent sees it on its next turn. With
+/// is woken at once (the waker coalesces) unless the notice is queue-only (an ambient watch's,
+/// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With
 /// `owned`, a watcher that directory does not know is left out (another gateway's:
 /// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained.
 fn deliver_to(
@@ -557,7 +558,7 @@ fn deliver_to(
         }
         if queue.enqueue(n.watcher.session_key(), queued(n)) {
             added += 1;
-            if !n.watcher.session_key().is_subagent() {
+            if !n.queue_only && !n.watcher.session_key().is_subagent() {
                 wake.wake(n.watcher.session_key(), "session-state");
             }
         }

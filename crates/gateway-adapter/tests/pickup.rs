@@ -207,6 +207,29 @@ async fn an_acknowledgements_follow_up_reaches_its_watcher_with_owned_watchers_o
     );
 }
 
+/// A queue-only notice (an ambient cursor's, which only OpenClaw makes) is queued for the
+/// watcher's next turn without waking it, as OpenClaw delivers it; another is woken as always.
+#[tokio::test]
+async fn a_queue_only_notice_is_queued_without_a_wake() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, queue, wake) = common::service_in(store, None, directory(&[MANAGER, ELSEWHERE]));
+    let notice = |watcher: &str, queue_only: bool| awareness_core::Notice {
+        watcher: WatcherKey::parse(watcher).unwrap(),
+        target: k(CHILD),
+        target_agent: child().agent_id,
+        last_seen: awareness_core::Sequence(4),
+        queue_only,
+    };
+    svc.deliver(&[notice(MANAGER, true), notice(ELSEWHERE, false)]);
+    assert_eq!(texts(&queue, MANAGER).len(), 1, "queued");
+    assert_eq!(texts(&queue, ELSEWHERE).len(), 1);
+    assert_eq!(
+        wake.all(),
+        [k(ELSEWHERE)],
+        "only the explicit watcher is woken"
+    );
+}
+
 /// With a store that has no other writer, the pick-up task ends at its first question.
 #[tokio::test]
 async fn the_pickup_task_ends_on_a_store_without_another_writer() {

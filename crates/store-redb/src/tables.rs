@@ -260,6 +260,9 @@ pub(crate) fn cursor_of(
         notified: Sequence(v.2),
         material: Sequence(v.3),
         updated_at: Timestamp(v.4),
+        // Only OpenClaw makes ambient cursors, and only in its SQLite file: every cursor a redb
+        // store holds is explicit.
+        provenance: awareness_core::WatchProvenance::Explicit,
     })
 }
 

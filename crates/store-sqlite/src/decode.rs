@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use awareness_core::{
     ActorType, AgentId, Cursor, Event, EventKind, Head, Payload, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, UpstreamLink, WatcherKey,
+    StoreError, Timestamp, UpstreamLink, WatchProvenance, WatcherKey,
 };
 use serde::Deserialize;
 
@@ -48,7 +48,8 @@ struct RawFields<'a>(
     Option<String>,
 );
 
-/// `json_array(watcher, target, target_agent_id, last_seen, notified, material, updated_at)`.
+/// `json_array(watcher, target, target_agent_id, last_seen, notified, material, updated_at,
+/// provenance)`.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(Debug, PartialEq))]
 struct RawCursor<'a>(
@@ -59,6 +60,7 @@ struct RawCursor<'a>(
     i64,
     i64,
     i64,
+    #[serde(borrow)] Cow<'a, str>,
 );
 
 /// `json_array(session_key, agent_id, last_sequence, pruned_max_sequence, updated_at)`.
@@ -187,6 +189,7 @@ fn cursor_fields<'a>(r: &mut Reader<'a>) -> Option<RawCursor<'a>> {
         r.comma()?.int()?,
         r.comma()?.int()?,
         r.comma()?.int()?,
+        r.comma()?.str()?,
     ))
 }
 
@@ -363,7 +366,16 @@ pub(crate) fn events(text: &str) -> Result<Vec<Arc<Event>>, StoreError> {
 }
 
 fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
-    let RawCursor(watcher, target, target_agent, last_seen, notified, material, updated_at) = raw;
+    let RawCursor(
+        watcher,
+        target,
+        target_agent,
+        last_seen,
+        notified,
+        material,
+        updated_at,
+        provenance,
+    ) = raw;
     let where_ = || format!("cursor ({watcher:?}, {target:?})");
     let Ok(watcher_key) = WatcherKey::parse(&watcher) else {
         // Only agent-qualified keys can watch (DESIGN.md section 2). A row that breaks this was
@@ -384,6 +396,9 @@ fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
         // A row OpenClaw wrote: it has no target agent column.
         None => Cursor::default_target_agent(&watcher_key, &target_key),
     };
+    // The column's CHECK allows only these two.
+    let provenance = WatchProvenance::from_stored(&provenance)
+        .ok_or_else(|| StoreError::corrupt(format!("{}: provenance {provenance:?}", where_())))?;
     Ok(Some(Cursor {
         last_seen: sequence_of(last_seen, where_)?,
         notified: sequence_of(notified, where_)?,
@@ -392,6 +407,7 @@ fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
         target: target_key,
         target_agent,
         updated_at: Timestamp(updated_at),
+        provenance,
     }))
 }
 
@@ -483,9 +499,13 @@ pub(crate) fn victim_heads(text: &str) -> Result<Vec<Head>, StoreError> {
         .collect()
 }
 
+/// One cursor as the upsert reads it: `[watcher, target, target_agent, last_seen, notified,
+/// material, updated_at, provenance]`.
+type CursorRow<'a> = (&'a str, &'a str, &'a str, i64, i64, i64, i64, &'a str);
+
 /// The JSON the cursor upsert reads.
 pub(crate) fn cursors_json(cursors: &[Cursor]) -> String {
-    let rows: Vec<(&str, &str, &str, i64, i64, i64, i64)> = cursors
+    let rows: Vec<CursorRow<'_>> = cursors
         .iter()
         .map(|c| {
             (
@@ -496,6 +516,7 @@ pub(crate) fn cursors_json(cursors: &[Cursor]) -> String {
                 int(c.notified),
                 int(c.material),
                 c.updated_at.millis(),
+                c.provenance.as_str(),
             )
         })
         .collect();
@@ -648,14 +669,15 @@ mod tests {
                 "FROM json_each($1) ORDER BY key"
             )
         );
-        const Q7: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
-            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6)) FROM json_each($1)";
+        const Q8: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
+            value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7)) \
+            FROM json_each($1)";
         const Q5: &str = "SELECT json_group_array(json_array(value ->> 0, value ->> 1, \
             value ->> 2, value ->> 3, value ->> 4)) FROM json_each($1)";
         let q = match rows.first().map_or(5, Vec::len) {
             12 => Q12,
             9 => Q9,
-            7 => Q7,
+            8 => Q8,
             _ => Q5,
         };
         sqlx::query(q)
@@ -694,10 +716,12 @@ mod tests {
             text(),
             proptest::option::of(text()),
             proptest::collection::vec(any::<i64>(), 4),
+            text(),
         )
-            .prop_map(|(w, t, a, ints)| {
+            .prop_map(|(w, t, a, ints, p)| {
                 let mut v: Vec<serde_json::Value> = vec![w.into(), t.into(), a.into()];
                 v.extend(ints.into_iter().map(serde_json::Value::from));
+                v.push(p.into());
                 v
             })
     }

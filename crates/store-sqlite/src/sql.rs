@@ -92,7 +92,7 @@ pub(crate) use fields_json;
 macro_rules! cursor_json {
     () => {
         "json_array(watcher_session_key, target_session_key, target_agent_id, \
-         last_seen_sequence, notified_sequence, material_sequence, updated_at)"
+         last_seen_sequence, notified_sequence, material_sequence, updated_at, provenance)"
     };
 }
 
@@ -104,15 +104,16 @@ macro_rules! head_json {
 }
 
 /// Upserts the cursors of the JSON array bound to the placeholder `$p` (`[watcher, target,
-/// target_agent, last_seen, notified, material, updated_at]` each); `watcher_store_path` and
-/// `provenance` keep their stored values (new rows: NULL and 'explicit').
+/// target_agent, last_seen, notified, material, updated_at, provenance]` each);
+/// `watcher_store_path` keeps its stored value (new rows: NULL).
 macro_rules! upsert_cursors {
     ($p:literal) => {
         concat!(
             "INSERT INTO session_watch_cursors (
   watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
-  notified_sequence, material_sequence, updated_at)
-SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6
+  notified_sequence, material_sequence, updated_at, provenance)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6,
+  value ->> 7
 FROM jsonb_each(",
             $p,
             ") WHERE true
@@ -121,7 +122,8 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
   last_seen_sequence = excluded.last_seen_sequence,
   notified_sequence = excluded.notified_sequence,
   material_sequence = excluded.material_sequence,
-  updated_at = excluded.updated_at;"
+  updated_at = excluded.updated_at,
+  provenance = excluded.provenance;"
         )
     };
 }
@@ -260,8 +262,8 @@ pub(crate) const COMMIT: &str = "COMMIT";
 pub(crate) const ROLLBACK: &str = "ROLLBACK";
 
 /// Upserts the cursors `$1` (a JSON array of `[watcher, target, target_agent, last_seen,
-/// notified, material, updated_at]`) and commits. `watcher_store_path` and `provenance` keep
-/// their stored values (new rows: NULL and 'explicit').
+/// notified, material, updated_at, provenance]`) and commits. `watcher_store_path` keeps its
+/// stored value (new rows: NULL).
 pub(crate) const UPSERT_CURSORS_COMMIT: &str = concat!(upsert_cursors!("$1"), "\nCOMMIT");
 
 /// The reconcile page in one row: the head, the smallest retained sequence, and up to `$4`

@@ -739,3 +739,86 @@ async fn a_row_under_a_session_key_this_store_cannot_read_is_pruned_in_its_turn(
     let head = store.heads(&[session]).await.expect("heads");
     assert_eq!(head[0].pruned_max_sequence, Sequence::ZERO);
 }
+
+/// A cursor OpenClaw marked `ambient-group` (its ambient watch of a group's sessions) reads as
+/// such, hands out queue-only notices (a recording's and an acknowledgement's follow-up) and
+/// keeps its provenance through our updates, until an explicit watch makes it explicit in the
+/// file, its pending notice kept; the other cursor, explicit, is never queue-only.
+#[tokio::test]
+async fn an_ambient_cursor_openclaw_wrote_is_queue_only_until_watched_explicitly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let child = SessionRef::parse("agent:main:subagent:child", "main").unwrap();
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    let peer = WatcherKey::parse("agent:ops:main").unwrap();
+    let mut raw = raw(&path).await;
+    sqlx::query("UPDATE session_watch_cursors SET provenance = 'ambient-group' WHERE watcher_session_key = $1")
+        .bind(manager.as_str())
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    let stored = async |raw: &mut SqliteConnection| -> String {
+        sqlx::query_scalar(
+            "SELECT provenance FROM session_watch_cursors WHERE watcher_session_key = $1",
+        )
+        .bind(manager.as_str())
+        .fetch_one(raw)
+        .await
+        .unwrap()
+    };
+    let store = SqliteStore::open(&path).await.expect("open");
+    let now = Timestamp(1_802_600_200_000);
+    let c = store
+        .cursor(&manager, &child.session_key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.provenance, awareness_core::WatchProvenance::AmbientGroup);
+
+    let rec = store.record(human(&child), now).await.unwrap();
+    let queue_only: Vec<(String, bool)> = rec
+        .notices
+        .iter()
+        .map(|n| (n.watcher.as_str().to_owned(), n.queue_only))
+        .collect();
+    assert_eq!(
+        queue_only,
+        [
+            (manager.as_str().to_owned(), true),
+            (peer.as_str().to_owned(), false)
+        ]
+    );
+    assert_eq!(
+        stored(&mut raw).await,
+        "ambient-group",
+        "kept through the move"
+    );
+    let follow = store
+        .acknowledge(&manager, std::slice::from_ref(&child.session_key), now)
+        .await
+        .unwrap();
+    assert_eq!(follow.len(), 1);
+    assert!(follow[0].queue_only, "the follow-up of an ambient cursor");
+    store.record(human(&child), now).await.unwrap();
+    let pending = store
+        .cursor(&manager, &child.session_key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(pending.is_pending());
+
+    let watched = store.watch(&manager, &child, now).await.unwrap();
+    assert_eq!(
+        watched.provenance,
+        awareness_core::WatchProvenance::Explicit
+    );
+    assert_eq!(
+        (watched.last_seen, watched.notified, watched.material),
+        (pending.last_seen, pending.notified, pending.material),
+        "the pending notice stays"
+    );
+    assert_eq!(stored(&mut raw).await, "explicit", "written to the file");
+    let rec = store.record(human(&child), now).await.unwrap();
+    assert!(rec.notices.iter().all(|n| !n.queue_only));
+    store.close().await;
+}

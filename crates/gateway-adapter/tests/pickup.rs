@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use awareness_core::testkit::checks::human;
 use awareness_core::{
-    ActorType, AwarenessStore, CursorStore as _, EventKind, EventStore as _, NewEvent, SessionKey,
-    SessionRef, Timestamp, WatcherKey,
+    AwarenessStore, CursorStore as _, EventStore as _, SessionKey, SessionRef, Timestamp,
+    WatcherKey,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, PickUp,
@@ -30,15 +31,6 @@ const CHILD: &str = "agent:main:subagent:worker";
 
 fn child() -> SessionRef {
     SessionRef::parse(CHILD, "main").unwrap()
-}
-
-fn human(session: &SessionRef) -> NewEvent {
-    NewEvent::new(
-        session.clone(),
-        EventKind::HumanDirectMessage,
-        ActorType::Human,
-        "human message via telegram",
-    )
 }
 
 /// A directory that knows `sessions` (this gateway's) and no others.

@@ -432,6 +432,15 @@ struct FakeNode {
     gone: std::sync::atomic::AtomicBool,
 }
 
+impl FakeNode {
+    /// A node whose thread holds `items`, oldest first.
+    fn holding(items: impl IntoIterator<Item = PairedItem>) -> Arc<Self> {
+        let node = Arc::new(Self::default());
+        node.items.lock().unwrap().extend(items);
+        node
+    }
+}
+
 #[async_trait]
 impl PairedNodeClient for FakeNode {
     async fn newest(
@@ -554,25 +563,23 @@ fn paired_link(marker: Option<Value>) -> UpstreamLink {
 
 #[tokio::test]
 async fn paired_node_pages_back_to_the_marker() {
-    let node = Arc::new(FakeNode::default());
-    {
-        let mut items = node.items.lock().unwrap();
-        for i in 0..10 {
-            items.push(PairedItem::user(format!("i{i}"), format!("old {i}")));
-        }
-        // A burst of 60 human turns and 60 replies: 120 items, more than two windows.
-        for i in 10..130 {
-            items.push(if i % 2 == 0 {
-                PairedItem::user(format!("i{i}"), format!("typed on the node {i}"))
-            } else {
-                PairedItem::with_role(format!("i{i}"), "assistant", "ok")
-            });
-        }
-        let mut inter = PairedItem::user("i130", "[Inter-session message] from agent:ops:main");
-        inter.inter_session = true;
-        items.push(inter);
-        items.push(PairedItem::user("i131", "echo of my own prompt"));
+    let mut items = Vec::new();
+    for i in 0..10 {
+        items.push(PairedItem::user(format!("i{i}"), format!("old {i}")));
     }
+    // A burst of 60 human turns and 60 replies: 120 items, more than two windows.
+    for i in 10..130 {
+        items.push(if i % 2 == 0 {
+            PairedItem::user(format!("i{i}"), format!("typed on the node {i}"))
+        } else {
+            PairedItem::with_role(format!("i{i}"), "assistant", "ok")
+        });
+    }
+    let mut inter = PairedItem::user("i130", "[Inter-session message] from agent:ops:main");
+    inter.inter_session = true;
+    items.push(inter);
+    items.push(PairedItem::user("i131", "echo of my own prompt"));
+    let node = FakeNode::holding(items);
     let provider = PairedNodeProvider::new(node.clone());
     let own = vec!["echo of my   own prompt".to_owned()];
     let link = paired_link(Some(
@@ -1735,8 +1742,7 @@ async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
 
 #[tokio::test]
 async fn paired_bursts_are_named_by_their_last_human_turn() {
-    let node = Arc::new(FakeNode::default());
-    node.items.lock().unwrap().extend([
+    let node = FakeNode::holding([
         PairedItem::user("i0", "old"),
         PairedItem::user("i1", "first"),
         PairedItem::with_role("i2", "assistant", "ok"),
@@ -2061,25 +2067,22 @@ async fn a_tick_waits_for_the_tick_in_progress() {
 /// of items (`new0`, ...): every other one a turn when `turns_within`, else only replies.
 fn burst_node(early: usize, turns_within: bool) -> Arc<FakeNode> {
     let bound = MAX_PAGES * PAGE_ITEMS;
-    let node = Arc::new(FakeNode::default());
-    {
-        let mut items = node.items.lock().unwrap();
-        items.push(PairedItem::user("i0", "read before"));
-        for i in 0..early {
-            items.push(PairedItem::user(
-                format!("old{i}"),
-                format!("early turn {i}"),
-            ));
-        }
-        for i in 0..bound {
-            items.push(if turns_within && i % 2 == 0 {
-                PairedItem::user(format!("new{i}"), format!("turn {i}"))
-            } else {
-                PairedItem::with_role(format!("new{i}"), "assistant", "ok")
-            });
-        }
+    let mut items = Vec::new();
+    items.push(PairedItem::user("i0", "read before"));
+    for i in 0..early {
+        items.push(PairedItem::user(
+            format!("old{i}"),
+            format!("early turn {i}"),
+        ));
     }
-    node
+    for i in 0..bound {
+        items.push(if turns_within && i % 2 == 0 {
+            PairedItem::user(format!("new{i}"), format!("turn {i}"))
+        } else {
+            PairedItem::with_role(format!("new{i}"), "assistant", "ok")
+        });
+    }
+    FakeNode::holding(items)
 }
 
 fn human_turns(turns: usize, dedupe_id: &str, marker: Value) -> CheckOutcome {
@@ -2215,8 +2218,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
 /// check that has nothing to resume writes it back in the same form.
 #[tokio::test]
 async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_alike() {
-    let node = Arc::new(FakeNode::default());
-    node.items.lock().unwrap().extend([
+    let node = FakeNode::holding([
         PairedItem::user("x", "old"),
         PairedItem::user("y", "typed"),
         PairedItem::with_role("z", "assistant", "ok"),
@@ -2258,11 +2260,9 @@ async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_a
 /// or, for a thread that was empty when adopted, counts down to the thread's start.
 #[tokio::test]
 async fn a_resumed_check_rebases_to_its_top_when_the_marker_item_vanished() {
-    let node = Arc::new(FakeNode::default());
-    node.items
-        .lock()
-        .unwrap()
-        .extend((0..10).map(|i| PairedItem::user(format!("n{i}"), format!("rewritten {i}"))));
+    let node = FakeNode::holding(
+        (0..10).map(|i| PairedItem::user(format!("n{i}"), format!("rewritten {i}"))),
+    );
     let provider = PairedNodeProvider::new(node.clone());
     let gone = json!({"uuid": "gone", "resume": {"before": "6", "top": "n7"}});
     assert_eq!(
@@ -2291,12 +2291,10 @@ async fn a_resumed_check_rebases_to_its_top_when_the_marker_item_vanished() {
 /// marker and the top and moves the cursor on; items added meanwhile wait for the check after.
 #[tokio::test]
 async fn a_paired_burst_is_read_in_as_many_checks_as_it_takes() {
-    let node = Arc::new(FakeNode::default());
-    {
-        let mut items = node.items.lock().unwrap();
-        items.push(PairedItem::user("i0", "read before"));
-        items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
-    }
+    let mut items = Vec::new();
+    items.push(PairedItem::user("i0", "read before"));
+    items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
+    let node = FakeNode::holding(items);
     let provider = PairedNodeProvider::new(node.clone()).with_max_pages(1);
     let first = json!({"uuid": "i0", "resume": {"before": "71", "top": "t119"}});
     assert_eq!(
@@ -2373,11 +2371,8 @@ impl PairedNodeClient for StuckCursor {
 /// same items again.
 #[tokio::test]
 async fn a_resumed_check_that_fails_or_is_refused_its_cursor() {
-    let node = Arc::new(FakeNode::default());
-    node.items
-        .lock()
-        .unwrap()
-        .extend((0..60).map(|i| PairedItem::user(format!("n{i}"), format!("turn {i}"))));
+    let node =
+        FakeNode::holding((0..60).map(|i| PairedItem::user(format!("n{i}"), format!("turn {i}"))));
     let resume = json!({"uuid": "n0", "resume": {"before": "6", "top": "n7"}});
     let unavailable = PairedNodeProvider::new(Arc::new(NoOlderPages {
         node: node.clone(),
@@ -2428,17 +2423,15 @@ async fn a_resumed_check_that_fails_or_is_refused_its_cursor() {
 /// cursor it started from.
 #[tokio::test]
 async fn a_resumed_segment_is_not_taken_for_the_segment_of_a_check_made_again() {
-    let node = Arc::new(FakeNode::default());
-    {
-        let mut items = node.items.lock().unwrap();
-        items.push(PairedItem::user("i0", "read before"));
-        items.extend((0..10).map(|i| PairedItem::user(format!("old{i}"), format!("turn {i}"))));
-        items.push(PairedItem::user("h", "the last turn"));
-        items.extend(
-            (0..MAX_PAGES * PAGE_ITEMS - 1)
-                .map(|i| PairedItem::with_role(format!("r{i}"), "assistant", "ok")),
-        );
-    }
+    let mut items = Vec::new();
+    items.push(PairedItem::user("i0", "read before"));
+    items.extend((0..10).map(|i| PairedItem::user(format!("old{i}"), format!("turn {i}"))));
+    items.push(PairedItem::user("h", "the last turn"));
+    items.extend(
+        (0..MAX_PAGES * PAGE_ITEMS - 1)
+            .map(|i| PairedItem::with_role(format!("r{i}"), "assistant", "ok")),
+    );
+    let node = FakeNode::holding(items);
     let provider = PairedNodeProvider::new(node.clone());
     let before = paired_link(Some(json!({"uuid": "i0"})));
     let CheckOutcome::HumanTurns {

@@ -1258,6 +1258,13 @@ mod tests {
     /// The dedupe index (key, sequence), and the sequences of `at` in the reference index
     /// (its head's `u64::MAX` included), as the file holds them.
     /// A new store in a directory of its own (dropped with it).
+    /// Records one event on `at` for each dedupe key, in order.
+    async fn record_keyed(store: &RedbStore, at: &SessionRef, keys: &[&str]) {
+        for k in keys {
+            store.record(event(at, Some(k)), T0).await.expect("record");
+        }
+    }
+
     async fn fresh() -> (tempfile::TempDir, RedbStore) {
         let dir = tempfile::tempdir().expect("dir");
         let store = RedbStore::open(dir.path().join("state.redb"))
@@ -1295,16 +1302,8 @@ mod tests {
     async fn the_row_cap_deletes_unreadable_rows_with_their_index_entries_and_dedupe_keys() {
         let (_dir, store) = fresh().await;
         let (child, other) = (session("agent:main:child"), session("agent:main:other"));
-        for k in ["k1", "k2", "k3"] {
-            store
-                .record(event(&child, Some(k)), T0)
-                .await
-                .expect("record");
-        }
-        store
-            .record(event(&other, Some("k4")), T0)
-            .await
-            .expect("record");
+        record_keyed(&store, &child, &["k1", "k2", "k3"]).await;
+        record_keyed(&store, &other, &["k4"]).await;
         for seq in [1, 3] {
             assert!(store.damage_event_row(Sequence(seq)).await.expect("damage"));
         }
@@ -1341,18 +1340,8 @@ mod tests {
     async fn rows_with_damaged_key_bytes_are_pruned_and_deleted_with_their_entries() {
         let (_dir, store) = fresh().await;
         let (child, other) = (session("agent:main:child"), session("agent:main:other"));
-        for k in ["k1", "k2", "k3"] {
-            store
-                .record(event(&child, Some(k)), T0)
-                .await
-                .expect("record");
-        }
-        for k in ["k4", "k5", "k6"] {
-            store
-                .record(event(&other, Some(k)), T0)
-                .await
-                .expect("record");
-        }
+        record_keyed(&store, &child, &["k1", "k2", "k3"]).await;
+        record_keyed(&store, &other, &["k4", "k5", "k6"]).await;
         // Flip the last byte of the stored session key of rows 1, 4 and 5 (in `events` only:
         // the index keeps its key) into a control character.
         store

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use awareness_core::testkit::checks::human;
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorFilter, CursorStore, EventKind, EventStore, NewEvent,
     Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
@@ -464,16 +465,6 @@ async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later
         .await
         .expect("the open succeeds once the lock is free");
     store.close().await;
-}
-
-/// A person's message on `session`.
-fn human(session: &SessionRef) -> NewEvent {
-    NewEvent::new(
-        session.clone(),
-        EventKind::HumanDirectMessage,
-        ActorType::Human,
-        "human message via telegram",
-    )
 }
 
 /// `session` created.

@@ -37,7 +37,9 @@ pub(crate) fn w(key: &str) -> WatcherKey {
 fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()
 }
-pub(crate) fn human(session: &SessionRef) -> NewEvent {
+/// A person's message typed into `session` (a notify-eligible event by `user-1`), for the
+/// checks and for a store's or a gateway's own tests.
+pub fn human(session: &SessionRef) -> NewEvent {
     NewEvent::new(
         session.clone(),
         EventKind::HumanDirectMessage,

@@ -787,7 +787,13 @@ impl Cursor {
 
     /// A notice is pending when something material happened after `last_seen`.
     pub fn is_pending(&self) -> bool {
-        self.material > self.last_seen
+        Self::pending(self.last_seen, self.material)
+    }
+
+    /// [`Cursor::is_pending`] of a cursor with these sequences, for a store that filters rows
+    /// before building cursors of them.
+    pub fn pending(last_seen: Sequence, material: Sequence) -> bool {
+        material > last_seen
     }
 
     /// The target agent to assume for a cursor row that does not store one (a row written by

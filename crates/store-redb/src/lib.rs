@@ -1182,8 +1182,8 @@ impl CursorStore for RedbStore {
                         break;
                     }
                     let v = v.value();
-                    // Not pending (`Cursor::is_pending`): left out before its keys are parsed.
-                    if filter.pending_only && v.3 <= v.1 {
+                    // Not pending: left out before its keys are parsed.
+                    if filter.pending_only && !Cursor::pending(Sequence(v.1), Sequence(v.3)) {
                         continue;
                     }
                     out.push(tables::cursor_of(w, t, v)?);

@@ -440,6 +440,42 @@ fn doctor_reports_a_cursor_pointing_past_its_head() {
     assert_eq!(v["ok"], false);
 }
 
+/// A cursor row that cannot be read (a negative sequence, which no writer stores) is left out of
+/// `cursors`, which lists the others, and `doctor` names it.
+#[test]
+fn doctor_names_a_cursor_row_that_cannot_be_read_and_cursors_lists_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let path = dir.path().join("state.sqlite");
+    let all = json(&run_in(dir.path(), &["--store", &store, "--json", "cursors"]));
+    let all = all.as_array().unwrap().len();
+    edit_by_hand(
+        &format!("sqlite://{}", path.display()),
+        "UPDATE session_watch_cursors SET last_seen_sequence = -5 \
+         WHERE watcher_session_key = 'agent:ops:main'",
+    );
+    let listed = run_in(dir.path(), &["--store", &store, "--json", "cursors"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let listed = listed.as_array().unwrap();
+    assert!(
+        !listed.is_empty() && listed.len() < all,
+        "{} of {all} listed",
+        listed.len()
+    );
+    assert!(
+        listed.iter().all(|c| c["watcher"] != "agent:ops:main"),
+        "{listed:?}"
+    );
+    let o = run_in(dir.path(), &["--store", &store, "doctor"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("\"agent:ops:main\"") && stdout(&o).contains("cannot be read"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// Runs `awareness` in `dir` like [`run_in`]; `None` when it had not exited after a minute
 /// (it is then killed): a command that should refuse at once but runs on must not hang the test.
 fn run_guarded(dir: &Path, args: &[&str]) -> Option<Output> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::error::StoreError;
 use crate::model::{Cursor, CursorFilter, Event, Head, Sequence, SessionRef};
-use crate::store::AwarenessStore;
+use crate::store::{AwarenessStore, UnreadableCursor};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +52,9 @@ pub enum Finding {
     },
     /// A cursor that has seen an event of a target that has no head.
     OrphanedCursor(Cursor),
+    /// A cursor row the store holds but cannot read, which every other read leaves out
+    /// ([`crate::CursorStore::unreadable_cursors`]).
+    UnreadableCursor(UnreadableCursor),
 }
 
 fn name(c: &Cursor) -> String {
@@ -92,6 +95,7 @@ impl fmt::Display for Finding {
                 cursor.material
             ),
             Self::OrphanedCursor(c) => write!(f, "{} is orphaned: its target has no head", name(c)),
+            Self::UnreadableCursor(u) => u.fmt(f),
         }
     }
 }
@@ -160,7 +164,8 @@ pub struct StoreAudit {
 
 /// Audits a store that may be live (a gateway recording meanwhile): reads the cursors, then
 /// the retained events, then the heads (which only grow, so they cover what was read before
-/// them), and runs [`audit`]. A finding that a deletion between the reads could fake
+/// them), and runs [`audit`], then adds the cursor rows the store cannot read
+/// ([`Finding::UnreadableCursor`]). A finding that a deletion between the reads could fake
 /// ([`Finding::EventsWithoutHead`], [`Finding::OrphanedCursor`]) is kept only if [`audit`]
 /// still finds it in a fresh read of that session or cursor.
 pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, StoreError> {
@@ -181,6 +186,13 @@ pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, Store
             findings.push(finding);
         }
     }
+    findings.extend(
+        store
+            .unreadable_cursors()
+            .await?
+            .into_iter()
+            .map(Finding::UnreadableCursor),
+    );
     Ok(StoreAudit {
         findings,
         heads: heads.len(),

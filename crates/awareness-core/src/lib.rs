@@ -66,6 +66,8 @@ pub use model::{
 pub use protocol::Notice;
 pub use reconcile::{ChangesPage, SessionStatus};
 pub use retention::{PruneReport, PruneStep, RetentionPolicy};
-pub use store::{AwarenessStore, AwarenessStoreExt, CursorStore, EventStore, Recorded};
+pub use store::{
+    AwarenessStore, AwarenessStoreExt, CursorStore, EventStore, Recorded, UnreadableCursor,
+};
 pub use upstream::{FullStore, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 pub use validate::ValidationError;

@@ -113,6 +113,15 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 /// Watch cursors.
 ///
 /// Every method is atomic.
+///
+/// A cursor row a durable store can no longer read (a torn write, a hand edit, a row another
+/// writer of the file left) is left out, with a warning naming it, of every method that reads
+/// many cursors ([`cursors`](Self::cursors), [`acknowledge`](Self::acknowledge),
+/// [`refreeze`](Self::refreeze), and a recording's moves of the cursors on its target), so
+/// that one damaged row stops none of them. The row stays as it is: [`cursor`](Self::cursor)
+/// and [`watch`](Self::watch) on its key fail with [`StoreError::Corrupt`] and change nothing,
+/// and [`unwatch`](Self::unwatch) or [`reset_watcher`](Self::reset_watcher) remove it
+/// (docs/decisions/0016).
 #[async_trait]
 pub trait CursorStore: Send + Sync {
     /// Explicit watch (see [`crate::protocol::watch`]). With no cursor on the target key, a new
@@ -159,6 +168,34 @@ pub trait CursorStore: Send + Sync {
 
     /// Session reset: deletes the cursors where `watcher` is the watcher; returns how many.
     async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError>;
+
+    /// The cursor rows this store holds but cannot read, which every other read leaves out
+    /// (see the trait's docs), for an operator's audit ([`crate::audit::audit_store`]). A
+    /// store that keeps values rather than bytes has none: the provided method answers so.
+    async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A cursor row a store holds but cannot read ([`CursorStore::unreadable_cursors`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableCursor {
+    /// The row's watcher key, as stored.
+    pub watcher: String,
+    /// The row's target key, as stored.
+    pub target: String,
+    /// Why it cannot be read.
+    pub reason: String,
+}
+
+impl std::fmt::Display for UnreadableCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cursor {:?} -> {:?} cannot be read: {}",
+            self.watcher, self.target, self.reason
+        )
+    }
 }
 
 /// A backend that holds both the log and the cursors (every store of this workspace).

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use awareness_core::testkit::{RawAccess, Subject};
-use awareness_core::{Sequence, SessionRef, StoreError, async_trait};
+use awareness_core::{Sequence, SessionKey, SessionRef, StoreError, WatcherKey, async_trait};
 use store_memory::MemoryStore;
 
 struct Raw(Arc<MemoryStore>);
@@ -22,6 +22,11 @@ impl RawAccess for Raw {
 
     async fn damage_event_row(&self, _: Sequence) -> Result<bool, StoreError> {
         // The store keeps events as values: there are no bytes a torn write could leave.
+        Ok(false)
+    }
+
+    async fn damage_cursor_row(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
+        // Cursors too are kept as values.
         Ok(false)
     }
 }

@@ -205,7 +205,7 @@ use awareness_core::reconcile::ChangesPage;
 use awareness_core::{
     AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head, LogStats,
     NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
-    WatcherKey, async_trait, protocol, reconcile, retention,
+    UnreadableCursor, WatcherKey, async_trait, protocol, reconcile, retention,
 };
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
 
@@ -626,6 +626,23 @@ impl RedbStore {
     pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         self.write("damage an event row", move |txn| {
             let damaged = EventTables::open(txn)?.damage(sequence.get())?;
+            Ok((damaged, damaged))
+        })
+        .await
+    }
+
+    /// Overwrites one cursor row so that it no longer reads as a cursor (its target agent
+    /// becomes empty, which no agent id may be), as a torn write or a hand edit could leave it;
+    /// its sequences and its entry in the by-target index stay. Returns whether the row existed.
+    /// The durable suite uses it to check that such a row stops nothing that reads many cursors.
+    pub async fn damage_cursor_row(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let (watcher, target) = (watcher.clone(), target.clone());
+        self.write("damage a cursor row", move |txn| {
+            let damaged = CursorTables::open(txn)?.damage(watcher.as_str(), target.as_str())?;
             Ok((damaged, damaged))
         })
         .await
@@ -1123,7 +1140,7 @@ impl CursorStore for RedbStore {
             let mut notices = Vec::new();
             let mut wrote = false;
             for t in protocol::each_once(&targets) {
-                let Some(c) = cur.get(watcher.as_str(), t.as_str())? else {
+                let Some(c) = cur.get_readable(watcher.as_str(), t.as_str())? else {
                     continue;
                 };
                 let (write, follow) = protocol::acknowledge(&c, now);
@@ -1170,7 +1187,7 @@ impl CursorStore for RedbStore {
                     .ctx("cursors: open the target index")?;
                 for w in tables::watchers_of(&by_target, t.as_str())? {
                     if let Some(v) = cursors.get((w.as_str(), t.as_str())).ctx("cursors")? {
-                        out.push(tables::cursor_of(&w, t.as_str(), v.value())?);
+                        out.extend(tables::readable_cursor(&w, t.as_str(), v.value()));
                     }
                 }
             } else {
@@ -1186,10 +1203,30 @@ impl CursorStore for RedbStore {
                     if filter.pending_only && !Cursor::pending(Sequence(v.1), Sequence(v.3)) {
                         continue;
                     }
-                    out.push(tables::cursor_of(w, t, v)?);
+                    out.extend(tables::readable_cursor(w, t, v));
                 }
             }
             out.retain(|c| filter.matches(c));
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
+        self.read("unreadable_cursors", move |txn| {
+            let cursors = txn.open_table(CURSORS).ctx("cursors: open")?;
+            let mut out = Vec::new();
+            for item in cursors.iter().ctx("cursors")? {
+                let (k, v) = item.ctx("cursors")?;
+                let (w, t) = k.value();
+                if let Err(e) = tables::cursor_of(w, t, v.value()) {
+                    out.push(UnreadableCursor {
+                        watcher: w.to_owned(),
+                        target: t.to_owned(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
             Ok(out)
         })
         .await
@@ -1206,7 +1243,7 @@ impl CursorStore for RedbStore {
             let mut notices = Vec::new();
             let mut wrote = false;
             for k in protocol::each_once(&keys) {
-                let Some(c) = cur.get(k.watcher.as_str(), k.target.as_str())? else {
+                let Some(c) = cur.get_readable(k.watcher.as_str(), k.target.as_str())? else {
                     continue;
                 };
                 if let Some((c, n)) = protocol::refreeze(&c, now) {

@@ -252,10 +252,16 @@ pub(crate) fn cursor_of(
     target: &str,
     v: (&str, u64, u64, u64, i64),
 ) -> Result<Cursor, StoreError> {
+    let bad = |field: &str, e: awareness_core::ValidationError| {
+        corrupt(
+            &format!("cursor ({watcher:?}, {target:?}): stored {field}"),
+            e,
+        )
+    };
     Ok(Cursor {
-        watcher: WatcherKey::parse(watcher).map_err(|e| corrupt("stored cursor watcher", e))?,
-        target: SessionKey::new(target).map_err(|e| corrupt("stored cursor target", e))?,
-        target_agent: AgentId::new(v.0).map_err(|e| corrupt("stored cursor agent", e))?,
+        watcher: WatcherKey::parse(watcher).map_err(|e| bad("watcher", e))?,
+        target: SessionKey::new(target).map_err(|e| bad("target", e))?,
+        target_agent: AgentId::new(v.0).map_err(|e| bad("agent", e))?,
         last_seen: Sequence(v.1),
         notified: Sequence(v.2),
         material: Sequence(v.3),
@@ -264,6 +270,27 @@ pub(crate) fn cursor_of(
         // store holds is explicit.
         provenance: awareness_core::WatchProvenance::Explicit,
     })
+}
+
+/// A stored cursor as every read of many cursors takes it (a listing, a recording's moves, an
+/// acknowledgement, a re-freeze): `None`, with a warning naming it, for a row that cannot be
+/// read, which is left as it is so that one damaged row stops none of them
+/// (docs/decisions/0016). Reading that one cursor ([`cursor_of`]) still fails.
+pub(crate) fn readable_cursor(
+    watcher: &str,
+    target: &str,
+    v: (&str, u64, u64, u64, i64),
+) -> Option<Cursor> {
+    cursor_of(watcher, target, v)
+        .inspect_err(|e| {
+            tracing::warn!(
+                watcher,
+                target,
+                error = %e,
+                "ignoring a watch cursor that cannot be read"
+            );
+        })
+        .ok()
 }
 
 /// An event row about to be deleted.
@@ -761,6 +788,39 @@ impl<'t> CursorTables<'t> {
         }
     }
 
+    /// One cursor as [`readable_cursor`] takes it: `None` for a row that cannot be read.
+    pub(crate) fn get_readable(
+        &mut self,
+        watcher: &str,
+        target: &str,
+    ) -> Result<Option<Cursor>, StoreError> {
+        Ok(self
+            .cursors()?
+            .get((watcher, target))
+            .ctx("read a cursor")?
+            .and_then(|v| readable_cursor(watcher, target, v.value())))
+    }
+
+    /// Empties one cursor row's target agent (`RedbStore::damage_cursor_row`); `false` when
+    /// there is no such row.
+    pub(crate) fn damage(&mut self, watcher: &str, target: &str) -> Result<bool, StoreError> {
+        let table = self.cursors()?;
+        let Some(v) = table
+            .get((watcher, target))
+            .ctx("damage a cursor")?
+            .map(|v| {
+                let (_, last, notified, material, at) = v.value();
+                (last, notified, material, at)
+            })
+        else {
+            return Ok(false);
+        };
+        table
+            .insert((watcher, target), ("", v.0, v.1, v.2, v.3))
+            .ctx("damage a cursor")?;
+        Ok(true)
+    }
+
     pub(crate) fn put(&mut self, c: &Cursor) -> Result<(), StoreError> {
         let (w, t) = (c.watcher.as_str(), c.target.as_str());
         let existed = self
@@ -796,11 +856,12 @@ impl<'t> CursorTables<'t> {
         Ok(existed)
     }
 
-    /// Every cursor whose target key is `target` (of any agent), ordered by watcher.
+    /// Every cursor whose target key is `target` (of any agent), ordered by watcher; a row that
+    /// cannot be read is left out with a warning ([`readable_cursor`]).
     pub(crate) fn on_target(&mut self, target: &str) -> Result<Vec<Cursor>, StoreError> {
         let mut out = Vec::new();
         for w in watchers_of(&self.by_target, target)? {
-            if let Some(c) = self.get(&w, target)? {
+            if let Some(c) = self.get_readable(&w, target)? {
                 out.push(c);
             }
         }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::testkit::{RawAccess, Subject};
-use awareness_core::{Sequence, SessionRef, StoreError, async_trait};
+use awareness_core::{Sequence, SessionKey, SessionRef, StoreError, WatcherKey, async_trait};
 use store_redb::{RedbOptions, RedbStore};
 
 struct Raw(Arc<RedbStore>);
@@ -25,6 +25,14 @@ impl RawAccess for Raw {
 
     async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         self.0.damage_event_row(sequence).await
+    }
+
+    async fn damage_cursor_row(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        self.0.damage_cursor_row(watcher, target).await
     }
 }
 

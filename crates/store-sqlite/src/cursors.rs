@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use awareness_core::{
     Cursor, CursorFilter, CursorKey, CursorStore, Notice, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, WatcherKey, async_trait, protocol,
+    StoreError, Timestamp, UnreadableCursor, WatcherKey, async_trait, protocol,
 };
 
 use crate::conn::{batch, batch_one, get, persist_cursors};
@@ -145,6 +145,16 @@ impl CursorStore for SqliteStore {
         // is core's, applied here again.
         all.retain(|c| filter.matches(c));
         Ok(all)
+    }
+
+    async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
+        const WHAT: &str = "list unreadable cursors";
+        let q = sqlx::query(sql::CURSORS)
+            .bind(None::<String>)
+            .bind(None::<String>)
+            .bind(false);
+        let row = self.read_one(q, WHAT).await?;
+        decode::unreadable_cursors(get(&row, 0, WHAT)?)
     }
 
     async fn refreeze(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use awareness_core::{
     ActorType, AgentId, Cursor, Event, EventKind, Head, Payload, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, UpstreamLink, WatchProvenance, WatcherKey,
+    StoreError, Timestamp, UnreadableCursor, UpstreamLink, WatchProvenance, WatcherKey,
 };
 use serde::Deserialize;
 
@@ -411,12 +411,40 @@ fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
     }))
 }
 
-/// A JSON array of cursors (rows with a bare watcher key are skipped with a warning).
+/// A JSON array of cursors, as every read of many cursors gets them (a listing, a recording's
+/// moves, an acknowledgement, a re-freeze): a row that cannot be read as a cursor is skipped
+/// with a warning naming it, left in the file as it is, so that one damaged row (a torn write,
+/// a hand edit, another writer's) stops none of them (docs/decisions/0016). Rows with a bare
+/// watcher key are skipped the same way. Reading that one cursor ([`one_cursor`]) still fails.
 pub(crate) fn cursors(text: &str) -> Result<Vec<Cursor>, StoreError> {
     let raws = rows("cursors", text, cursor_fields)?;
     let mut out = Vec::with_capacity(raws.len());
     for raw in raws {
-        out.extend(cursor(raw)?);
+        match cursor(raw) {
+            Ok(c) => out.extend(c),
+            Err(e) => tracing::warn!(error = %e, "ignoring a watch cursor that cannot be read"),
+        }
+    }
+    Ok(out)
+}
+
+/// The rows of a JSON array of cursors that [`cursors`] skips, with why: those that cannot be
+/// read, and those whose watcher key is not agent-qualified.
+pub(crate) fn unreadable_cursors(text: &str) -> Result<Vec<UnreadableCursor>, StoreError> {
+    let raws = rows("cursors", text, cursor_fields)?;
+    let mut out = Vec::new();
+    for raw in raws {
+        let (watcher, target) = (raw.0.to_string(), raw.1.to_string());
+        let reason = match cursor(raw) {
+            Ok(Some(_)) => continue,
+            Ok(None) => "the watcher key is not agent-qualified".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        out.push(UnreadableCursor {
+            watcher,
+            target,
+            reason,
+        });
     }
     Ok(out)
 }

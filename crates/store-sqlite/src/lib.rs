@@ -145,7 +145,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use awareness_core::{Sequence, SessionRef, StoreError};
+use awareness_core::{Sequence, SessionKey, SessionRef, StoreError, WatcherKey};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
@@ -533,6 +533,21 @@ impl SqliteStore {
     pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         let q = sqlx::query(sql::DAMAGE_EVENT_ROW).bind(int(sequence));
         self.write_changed("damage an event row", q).await
+    }
+
+    /// Overwrites one cursor row so that it no longer reads as a cursor (its target agent
+    /// becomes empty, which no agent id may be), as a torn write or another writer could leave
+    /// it. Returns whether the row existed. The durable suite uses it to check that such a row
+    /// stops nothing that reads many cursors.
+    pub async fn damage_cursor_row(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::DAMAGE_CURSOR_ROW)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        self.write_changed("damage a cursor row", q).await
     }
 
     /// Runs `q` (a transaction whose last statement selects `changes()`) on the write

@@ -460,6 +460,13 @@ UPDATE session_state_events SET actor_type = 'no-such-actor', fields_json = NULL
 SELECT changes();
 COMMIT";
 
+/// Overwrites one cursor row's target agent with an empty one, which no agent id may be
+/// (`SqliteStore::damage_cursor_row`).
+pub(crate) const DAMAGE_CURSOR_ROW: &str = "BEGIN IMMEDIATE;
+UPDATE session_watch_cursors SET target_agent_id = '' WHERE watcher_session_key = $1 AND target_session_key = $2;
+SELECT changes();
+COMMIT";
+
 /// Deletes one head row (`SqliteStore::delete_head_row`).
 pub(crate) const DELETE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;

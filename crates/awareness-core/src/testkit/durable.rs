@@ -5,7 +5,8 @@
 //! (and, where they are two writers, each other's commits as foreign ones),
 //! a write cancelled midway leaves the file to the others at once, pruning cancelled midway
 //! leaves every loss behind a watermark, the audit reports the events and cursors a lost head
-//! leaves, and a row that can no longer be read fails only the recording that meets it.
+//! leaves, an event row that can no longer be read fails only the recording that meets it, and
+//! a cursor row that can no longer be read is left out of what reads many cursors.
 //! store-memory has no file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given (creating it when missing)
@@ -779,6 +780,189 @@ pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f:
 }
 
 /// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
+/// A cursor row the store can no longer read (a torn write, a hand edit, another writer's row)
+/// is left out, with a warning, of everything that reads many cursors, and stops none of it: a
+/// recording on its target moves the other watchers' cursors, listings and the start-up sweep
+/// answer every other cursor, and an acknowledgement naming its target acknowledges the others.
+/// Only what asks for that one cursor is told: reading it, or watching its target again from
+/// its watcher, fails with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and changes
+/// nothing. The row stays as it is until its watcher unwatches the target or is reset.
+pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl OpenFile) {
+    use crate::{CursorFilter, StoreError};
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (manager, other) = (w("agent:main:main"), w("agent:main:subagent:peer"));
+    let (first, second) = (
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+    );
+    for (watcher, target) in [(&manager, &first), (&manager, &second), (&other, &first)] {
+        s.watch(watcher, target, T0).await.expect("watch");
+    }
+    let told = rec(s, human(&first), T0).await;
+    assert_eq!(
+        told.notices.len(),
+        2,
+        "both watchers of the first target are told"
+    );
+    let second_seen = rec(s, human(&second), T0).await.event.sequence;
+    assert!(
+        t.raw
+            .damage_cursor_row(&manager, &first.session_key)
+            .await
+            .expect("damage a cursor row"),
+        "the store has a cursor row to damage"
+    );
+    let pairs = |cursors: Vec<crate::Cursor>| -> Vec<(String, String)> {
+        cursors
+            .into_iter()
+            .map(|c| (c.watcher.to_string(), c.target.to_string()))
+            .collect()
+    };
+    let others = vec![
+        (manager.to_string(), second.session_key.to_string()),
+        (other.to_string(), first.session_key.to_string()),
+    ];
+    let listed = s.cursors(&CursorFilter::default()).await;
+    assert_eq!(
+        pairs(listed.expect("listing every cursor")),
+        others,
+        "every cursor but the damaged one"
+    );
+    let pending = s
+        .cursors(&CursorFilter {
+            pending_only: true,
+            ..CursorFilter::default()
+        })
+        .await;
+    assert_eq!(pairs(pending.expect("pending cursors")), others);
+    let on_target = s
+        .cursors(&CursorFilter {
+            target: Some(first.session_key.clone()),
+            ..CursorFilter::default()
+        })
+        .await;
+    assert_eq!(
+        pairs(on_target.expect("cursors on a")),
+        [(other.to_string(), first.session_key.to_string())]
+    );
+
+    // The point reads name it, and so does the audit.
+    let unreadable = s.unreadable_cursors().await.expect("unreadable cursors");
+    assert_eq!(
+        unreadable
+            .iter()
+            .map(|u| (u.watcher.as_str(), u.target.as_str()))
+            .collect::<Vec<_>>(),
+        [(manager.as_str(), first.session_key.as_str())],
+        "{unreadable:?}"
+    );
+    let audit = crate::audit::audit_store(s).await.expect("the audit");
+    assert!(
+        audit
+            .findings
+            .contains(&crate::audit::Finding::UnreadableCursor(
+                unreadable[0].clone()
+            )),
+        "{:?}",
+        audit.findings
+    );
+    let err = s
+        .cursor(&manager, &first.session_key)
+        .await
+        .expect_err("reading the damaged cursor");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    let before = s.cursors(&CursorFilter::default()).await.expect("cursors");
+    let err = s
+        .watch(&manager, &first, T0)
+        .await
+        .expect_err("watching over the damaged cursor");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert_eq!(
+        s.cursors(&CursorFilter::default()).await.expect("cursors"),
+        before,
+        "the refused watch changed nothing"
+    );
+
+    // The start-up sweep re-delivers every other pending notice.
+    let mut swept: Vec<(String, String)> = s
+        .sweep(LATER, &|_| true)
+        .await
+        .expect("the sweep")
+        .into_iter()
+        .map(|n| (n.watcher.to_string(), n.target.to_string()))
+        .collect();
+    swept.sort();
+    assert_eq!(swept, others, "the sweep's notices");
+
+    // A recording on its target moves the other watcher's cursor.
+    let again = rec(s, human(&first), LATER).await.event.sequence;
+    let peer = s
+        .cursor(&other, &first.session_key)
+        .await
+        .expect("the other watcher's cursor")
+        .expect("it exists");
+    assert_eq!(peer.material, again, "the other watcher's cursor moved");
+
+    // An acknowledgement naming both targets acknowledges the readable one.
+    let follow = s
+        .acknowledge(
+            &manager,
+            &[first.session_key.clone(), second.session_key.clone()],
+            LATER,
+        )
+        .await
+        .expect("an acknowledgement naming the damaged cursor's target");
+    assert!(follow.is_empty(), "nothing new on b: {follow:?}");
+    let second_cursor = s
+        .cursor(&manager, &second.session_key)
+        .await
+        .expect("read")
+        .expect("the cursor on b");
+    assert_eq!(second_cursor.last_seen, second_seen, "b acknowledged");
+    assert!(
+        matches!(
+            s.cursor(&manager, &first.session_key).await,
+            Err(StoreError::Corrupt { .. })
+        ),
+        "nothing rewrote the damaged row"
+    );
+
+    // Unwatching removes it; a reset removes another.
+    assert!(
+        s.unwatch(&manager, &first.session_key)
+            .await
+            .expect("unwatch"),
+        "the damaged row was there to remove"
+    );
+    assert_eq!(
+        s.cursor(&manager, &first.session_key).await.expect("read"),
+        None
+    );
+    assert_eq!(
+        s.unreadable_cursors().await.expect("unreadable cursors"),
+        [],
+        "nothing unreadable left"
+    );
+    assert!(
+        t.raw
+            .damage_cursor_row(&other, &first.session_key)
+            .await
+            .expect("damage a cursor row"),
+        "the store has a cursor row to damage"
+    );
+    assert_eq!(
+        s.reset_watcher(other.session_key()).await.expect("reset"),
+        1,
+        "the reset counts the damaged row it removed"
+    );
+    assert_eq!(
+        pairs(s.cursors(&CursorFilter::default()).await.expect("cursors")),
+        [(manager.to_string(), second.session_key.to_string())]
+    );
+}
+
 async fn give_up_after<F: Future>(polls: usize, call: F) {
     let mut call = std::pin::pin!(call);
     for _ in 0..polls {

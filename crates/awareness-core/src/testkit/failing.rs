@@ -104,4 +104,7 @@ impl CursorStore for Failing {
     async fn reset_watcher(&self, _: &SessionKey) -> Result<u64, StoreError> {
         Err(self.error("reset watcher"))
     }
+    async fn unreadable_cursors(&self) -> Result<Vec<crate::UnreadableCursor>, StoreError> {
+        Err(self.error("list unreadable cursors"))
+    }
 }

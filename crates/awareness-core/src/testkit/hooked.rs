@@ -52,6 +52,8 @@ pub enum Call {
     ResetWatcher,
     /// [`EventStore::foreign_commits`].
     ForeignCommits,
+    /// [`CursorStore::unreadable_cursors`].
+    UnreadableCursors,
 }
 
 /// What a [`Hooked`] store does around each call; both default to nothing.
@@ -207,5 +209,9 @@ impl<H: Hook> CursorStore for Hooked<H> {
     async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
         let answer = self.inner.reset_watcher(watcher);
         self.around(Call::ResetWatcher, answer).await
+    }
+    async fn unreadable_cursors(&self) -> Result<Vec<crate::UnreadableCursor>, StoreError> {
+        let answer = self.inner.unreadable_cursors();
+        self.around(Call::UnreadableCursors, answer).await
     }
 }

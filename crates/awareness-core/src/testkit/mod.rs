@@ -19,7 +19,7 @@
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
 //! the checks of [`durable`]: reopening, two handles on one file, a cancelled write, a cancelled
-//! pruning pass, and the audit of a lost head; and [`open_suite!`](crate::open_suite), the
+//! pruning pass, the audit of a lost head, and rows that can no longer be read; and [`open_suite!`](crate::open_suite), the
 //! checks of [`open`]: what a read-write open refuses and leaves untouched (a directory, a
 //! missing directory, a file that is not a store, a truncated one), an empty file becoming a
 //! new store, two opens of a new file at once, and an open cancelled at any moment. Those that can open a file read-only
@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 
 use crate::error::StoreError;
-use crate::model::{CursorFilter, Sequence, SessionRef};
+use crate::model::{CursorFilter, Sequence, SessionKey, SessionRef, WatcherKey};
 use crate::store::AwarenessStore;
 use crate::upstream::UpstreamStore;
 
@@ -65,6 +65,15 @@ pub trait RawAccess: Send + Sync {
     /// than bytes (store-memory), which does not run the checks that need it (the durable
     /// suite's).
     async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError>;
+    /// Overwrites one cursor row so that the store can no longer read it (its target agent
+    /// becomes empty, which no key may be), as a torn write or a hand edit could leave it,
+    /// touching nothing else (its sequences, its place in every index). Returns whether the
+    /// row existed; `false` from a store that keeps values rather than bytes (store-memory).
+    async fn damage_cursor_row(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError>;
 }
 
 /// The store factory of the file suites ([`durable`], [`read_only`], [`open`]): an async
@@ -365,6 +374,7 @@ macro_rules! durable_suite {
             a_dedupe_hit_on_an_unreadable_row_fails_and_changes_nothing,
             an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
+            an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
         );
     };
 }

@@ -680,15 +680,31 @@ async fn prune(
         let would = would_prune(store, &policy, now).await?;
         let (by_age, by_cap, idle_cursors) =
             (would.events_by_age, would.events_by_cap, would.cursors);
+        // Rows the preview cannot read: the pass deletes those that are idle (decision 0016).
+        let unreadable = store
+            .unreadable_cursors()
+            .await
+            .map_err(|e| store_err("read cursors", &e))?
+            .len();
         return if as_json {
             let plan =
                 json!({"eventsByAge": by_age, "eventsByCap": by_cap, "cursors": idle_cursors});
-            emit_json(out, &json!({"dryRun": true, "wouldDelete": plan}))
+            emit_json(
+                out,
+                &json!({"dryRun": true, "wouldDelete": plan, "unreadableCursors": unreadable}),
+            )
         } else {
+            let also = if unreadable > 0 {
+                format!(
+                    "; {unreadable} cursor row(s) that cannot be read are not counted (deleted if idle)"
+                )
+            } else {
+                String::new()
+            };
             emit(
                 out,
                 &format!(
-                    "would delete {by_age} event(s) older than {} , {by_cap} beyond the {}-row cap, {idle_cursors} cursor(s) idle since {}\n",
+                    "would delete {by_age} event(s) older than {} , {by_cap} beyond the {}-row cap, {idle_cursors} cursor(s) idle since {}{also}\n",
                     time(policy.age_cutoff(now)),
                     policy.max_rows,
                     time(policy.idle_cutoff(now))

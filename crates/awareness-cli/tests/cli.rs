@@ -447,7 +447,10 @@ fn doctor_names_a_cursor_row_that_cannot_be_read_and_cursors_lists_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let store = fixture_copy(dir.path());
     let path = dir.path().join("state.sqlite");
-    let all = json(&run_in(dir.path(), &["--store", &store, "--json", "cursors"]));
+    let all = json(&run_in(
+        dir.path(),
+        &["--store", &store, "--json", "cursors"],
+    ));
     let all = all.as_array().unwrap().len();
     edit_by_hand(
         &format!("sqlite://{}", path.display()),
@@ -474,6 +477,12 @@ fn doctor_names_a_cursor_row_that_cannot_be_read_and_cursors_lists_the_rest() {
         "{}",
         stdout(&o)
     );
+    // A dry run of pruning, which previews from readable rows, says what it could not count.
+    let dry = json(&run_in(
+        dir.path(),
+        &["--store", &store, "--json", "prune", "--dry-run"],
+    ));
+    assert_eq!(dry["unreadableCursors"], 1, "{dry}");
 }
 
 /// Runs `awareness` in `dir` like [`run_in`]; `None` when it had not exited after a minute
@@ -582,7 +591,8 @@ fn a_library_warning_reaches_stderr() {
     assert_eq!(err.lines().count(), 1, "one warning on stderr: {err:?}");
     assert!(
         err.starts_with("awareness: WARN ")
-            && err.contains("ignoring a watch cursor whose watcher key is not agent-qualified")
+            && err.contains("ignoring a watch cursor that cannot be read")
+            && err.contains("the watcher key is not agent-qualified")
             && err.contains("watcher=global"),
         "{err}"
     );

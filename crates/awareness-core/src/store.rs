@@ -118,10 +118,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 /// writer of the file left) is left out, with a warning naming it, of every method that reads
 /// many cursors ([`cursors`](Self::cursors), [`acknowledge`](Self::acknowledge),
 /// [`refreeze`](Self::refreeze), and a recording's moves of the cursors on its target), so
-/// that one damaged row stops none of them. The row stays as it is: [`cursor`](Self::cursor)
-/// and [`watch`](Self::watch) on its key fail with [`StoreError::Corrupt`] and change nothing,
-/// and [`unwatch`](Self::unwatch) or [`reset_watcher`](Self::reset_watcher) remove it
-/// (docs/decisions/0016).
+/// that one damaged row stops none of them, and none of them rewrites it.
+/// [`cursor`](Self::cursor) on its key fails with [`StoreError::Corrupt`];
+/// [`unreadable_cursors`](Self::unreadable_cursors) lists it. A write that names that cursor
+/// ([`watch`](Self::watch), a recording naming its watcher) treats the row as absent and
+/// writes a new cursor over it; [`unwatch`](Self::unwatch),
+/// [`reset_watcher`](Self::reset_watcher) and [`EventStore::delete_session`] of its target key
+/// (whatever its agent) remove it (docs/decisions/0016).
 #[async_trait]
 pub trait CursorStore: Send + Sync {
     /// Explicit watch (see [`crate::protocol::watch`]). With no cursor on the target key, a new

@@ -1683,7 +1683,7 @@ impl Awareness {
     ///
     /// A pick-up that was not complete (a watcher's turn was running, a read failed) is made
     /// again at the next interval even if no other commit came, then, while nothing new is
-    /// committed and it stays incomplete (a row that cannot be read fails every one), after 2,
+    /// committed and it stays incomplete (a read that keeps failing fails every one), after 2,
     /// 4, ... up to 64 intervals; a new commit is picked up at its next question in any case.
     /// With a store that has no other writer (its answer is `None`: store-memory, store-redb)
     /// the task ends at its first question. A failed question is logged (`warn!` the first

@@ -916,9 +916,17 @@ fn delete_session_tx(
     for t in cur.targets_of(key)? {
         wrote |= cur.remove(key, &t)?;
     }
-    for c in cur.on_target(key)? {
-        if c.removed_by_delete(session) {
-            wrote |= cur.remove(c.watcher.as_str(), key)?;
+    // A row on the key that cannot be read goes too: its agent is unknown, and it could only be
+    // left behind for good (decision 0016).
+    for w in tables::watchers_of(&cur.by_target, key)? {
+        let doomed = match cur.get(&w, key) {
+            Ok(Some(c)) => c.removed_by_delete(session),
+            Ok(None) => false,
+            Err(StoreError::Corrupt { .. }) => true,
+            Err(e) => return Err(e),
+        };
+        if doomed {
+            wrote |= cur.remove(&w, key)?;
         }
     }
     Ok(wrote)
@@ -1105,7 +1113,14 @@ impl CursorStore for RedbStore {
         let (watcher, target) = (watcher.clone(), target.clone());
         self.write("watch", move |txn| {
             let mut cur = CursorTables::open(txn)?;
-            let existing = cur.get(watcher.as_str(), target.session_key.as_str())?;
+            // A row that cannot be read is watched over as if there were none (decision 0016).
+            let existing = match cur.get(watcher.as_str(), target.session_key.as_str()) {
+                Err(e @ StoreError::Corrupt { .. }) => {
+                    tracing::warn!(error = %e, "replacing a watch cursor that cannot be read");
+                    None
+                }
+                other => other?,
+            };
             let head = {
                 let index = txn.open_table(EVENTS_BY_REF).ctx("watch: open heads")?;
                 tables::read_head(&index, &target)?.map_or(Sequence::ZERO, |h| h.last_sequence)

@@ -57,7 +57,14 @@ impl CursorStore for SqliteStore {
                 .bind(target.agent_id.as_str().to_owned());
             let row = batch_one(&mut w.conn, q, WHAT).await?;
             let existing: Option<&str> = get(&row, 0, WHAT)?;
-            let existing = existing.map(decode::one_cursor).transpose()?.flatten();
+            // A row that cannot be read is watched over as if there were none (decision 0016).
+            let existing = existing.and_then(|text| {
+                decode::one_cursor(text)
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, "replacing a watch cursor that cannot be read");
+                    })
+                    .ok()
+            });
             let head: Option<i64> = get(&row, 1, WHAT)?;
             let head = head
                 .map(|h| decode::sequence(WHAT, h))
@@ -128,7 +135,7 @@ impl CursorStore for SqliteStore {
         let mut conn = self.reader().await;
         let rows = batch(&mut conn, q, WHAT).await?;
         match rows.first() {
-            Some(row) => decode::one_cursor(get(row, 0, WHAT)?),
+            Some(row) => decode::one_cursor(get(row, 0, WHAT)?).map(Some),
             None => Ok(None),
         }
     }
@@ -154,7 +161,7 @@ impl CursorStore for SqliteStore {
             .bind(None::<String>)
             .bind(false);
         let row = self.read_one(q, WHAT).await?;
-        decode::unreadable_cursors(get(&row, 0, WHAT)?)
+        Ok(decode::CursorRows::read(get(&row, 0, WHAT)?)?.unreadable)
     }
 
     async fn refreeze(

@@ -1,6 +1,7 @@
 //! Turning the JSON values the statements build back into core types, and core types into the
 //! JSON the write statements read. Anything a stored row cannot be is a
-//! [`StoreError::Corrupt`] naming the row.
+//! [`StoreError::Corrupt`] naming the row, except in a list of cursors, where such a row is
+//! set apart ([`CursorRows`], docs/decisions/0016).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -365,7 +366,7 @@ pub(crate) fn events(text: &str) -> Result<Vec<Arc<Event>>, StoreError> {
     Ok(out)
 }
 
-fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
+fn cursor(raw: &RawCursor<'_>) -> Result<Cursor, StoreError> {
     let RawCursor(
         watcher,
         target,
@@ -377,81 +378,93 @@ fn cursor(raw: RawCursor<'_>) -> Result<Option<Cursor>, StoreError> {
         provenance,
     ) = raw;
     let where_ = || format!("cursor ({watcher:?}, {target:?})");
-    let Ok(watcher_key) = WatcherKey::parse(&watcher) else {
-        // Only agent-qualified keys can watch (DESIGN.md section 2). A row that breaks this was
-        // not written by us or by OpenClaw's own checks; it is left in the file untouched and
-        // ignored, so one bad row cannot stop recording on its target.
-        tracing::warn!(
-            watcher = %watcher,
-            target = %target,
-            "ignoring a watch cursor whose watcher key is not agent-qualified"
-        );
-        return Ok(None);
-    };
-    let target_key = SessionKey::new(&*target)
+    // Only agent-qualified keys can watch (DESIGN.md section 2). A row that breaks this was not
+    // written by us or by OpenClaw's own checks.
+    let watcher_key = WatcherKey::parse(watcher).map_err(|_| {
+        StoreError::corrupt(format!(
+            "{}: the watcher key is not agent-qualified",
+            where_()
+        ))
+    })?;
+    let target_key = SessionKey::new(&**target)
         .map_err(|e| StoreError::corrupt(format!("{}: target key: {e}", where_())))?;
     let target_agent = match target_agent {
-        Some(a) => AgentId::new(&*a)
+        Some(a) => AgentId::new(&**a)
             .map_err(|e| StoreError::corrupt(format!("{}: target agent: {e}", where_())))?,
         // A row OpenClaw wrote: it has no target agent column.
         None => Cursor::default_target_agent(&watcher_key, &target_key),
     };
     // The column's CHECK allows only these two.
-    let provenance = WatchProvenance::from_stored(&provenance)
+    let provenance = WatchProvenance::from_stored(provenance)
         .ok_or_else(|| StoreError::corrupt(format!("{}: provenance {provenance:?}", where_())))?;
-    Ok(Some(Cursor {
-        last_seen: sequence_of(last_seen, where_)?,
-        notified: sequence_of(notified, where_)?,
-        material: sequence_of(material, where_)?,
+    Ok(Cursor {
+        last_seen: sequence_of(*last_seen, where_)?,
+        notified: sequence_of(*notified, where_)?,
+        material: sequence_of(*material, where_)?,
         watcher: watcher_key,
         target: target_key,
         target_agent,
-        updated_at: Timestamp(updated_at),
+        updated_at: Timestamp(*updated_at),
         provenance,
-    }))
+    })
 }
 
-/// A JSON array of cursors, as every read of many cursors gets them (a listing, a recording's
-/// moves, an acknowledgement, a re-freeze): a row that cannot be read as a cursor is skipped
-/// with a warning naming it, left in the file as it is, so that one damaged row (a torn write,
-/// a hand edit, another writer's) stops none of them (docs/decisions/0016). Rows with a bare
-/// watcher key are skipped the same way. Reading that one cursor ([`one_cursor`]) still fails.
-pub(crate) fn cursors(text: &str) -> Result<Vec<Cursor>, StoreError> {
-    let raws = rows("cursors", text, cursor_fields)?;
-    let mut out = Vec::with_capacity(raws.len());
-    for raw in raws {
-        match cursor(raw) {
-            Ok(c) => out.extend(c),
-            Err(e) => tracing::warn!(error = %e, "ignoring a watch cursor that cannot be read"),
-        }
-    }
-    Ok(out)
+/// The rows of a JSON array of cursors: those that read as cursors, and those that cannot (a
+/// torn write, a hand edit, another writer's row, a watcher key that is not agent-qualified),
+/// set apart with why, so that one damaged row stops no read of many cursors
+/// (docs/decisions/0016).
+pub(crate) struct CursorRows {
+    /// The rows read as cursors, in the array's order.
+    pub readable: Vec<Cursor>,
+    /// The rows that cannot be read.
+    pub unreadable: Vec<UnreadableCursor>,
 }
 
-/// The rows of a JSON array of cursors that [`cursors`] skips, with why: those that cannot be
-/// read, and those whose watcher key is not agent-qualified.
-pub(crate) fn unreadable_cursors(text: &str) -> Result<Vec<UnreadableCursor>, StoreError> {
-    let raws = rows("cursors", text, cursor_fields)?;
-    let mut out = Vec::new();
-    for raw in raws {
-        let (watcher, target) = (raw.0.to_string(), raw.1.to_string());
-        let reason = match cursor(raw) {
-            Ok(Some(_)) => continue,
-            Ok(None) => "the watcher key is not agent-qualified".to_owned(),
-            Err(e) => e.to_string(),
+impl CursorRows {
+    /// Reads a JSON array of cursors.
+    pub(crate) fn read(text: &str) -> Result<Self, StoreError> {
+        let raws = rows("cursors", text, cursor_fields)?;
+        let mut out = Self {
+            readable: Vec::with_capacity(raws.len()),
+            unreadable: Vec::new(),
         };
-        out.push(UnreadableCursor {
-            watcher,
-            target,
-            reason,
-        });
+        for raw in raws {
+            match cursor(&raw) {
+                Ok(c) => out.readable.push(c),
+                Err(e) => out.unreadable.push(UnreadableCursor {
+                    watcher: raw.0.into_owned(),
+                    target: raw.1.into_owned(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        Ok(out)
     }
-    Ok(out)
+
+    /// The readable cursors, each unreadable row logged (`warn!`) as left out.
+    pub(crate) fn warned(self) -> Vec<Cursor> {
+        for u in &self.unreadable {
+            tracing::warn!(
+                watcher = %u.watcher,
+                target = %u.target,
+                reason = %u.reason,
+                "ignoring a watch cursor that cannot be read"
+            );
+        }
+        self.readable
+    }
+}
+
+/// A JSON array of cursors, as a listing, an acknowledgement and a re-freeze take them: a row
+/// that cannot be read is left out with a warning naming it ([`CursorRows::warned`]). Reading
+/// that one cursor ([`one_cursor`]) still fails.
+pub(crate) fn cursors(text: &str) -> Result<Vec<Cursor>, StoreError> {
+    Ok(CursorRows::read(text)?.warned())
 }
 
 /// One cursor (`cursor_json!`).
-pub(crate) fn one_cursor(text: &str) -> Result<Option<Cursor>, StoreError> {
-    cursor(json("cursor", text)?)
+pub(crate) fn one_cursor(text: &str) -> Result<Cursor, StoreError> {
+    cursor(&json("cursor", text)?)
 }
 
 /// A JSON array of heads.

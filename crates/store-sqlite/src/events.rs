@@ -120,10 +120,13 @@ async fn record_two_batches(
     }
     event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
     let existing: Option<&str> = get(&row, 3, WHAT)?;
-    let existing = decode::cursors(existing.unwrap_or("[]"))?;
+    let rows = decode::CursorRows::read(existing.unwrap_or("[]"))?;
+    // A row that cannot be read stays watched (its row is there), for the hint.
+    let damaged = !rows.unreadable.is_empty();
+    let existing = rows.warned();
     let effects = protocol::on_event(&event, named, &existing, now);
     persist_cursors(conn, &effects.upserts, WHAT).await?;
-    let watched = !existing.is_empty() || !effects.upserts.is_empty();
+    let watched = damaged || !existing.is_empty() || !effects.upserts.is_empty();
     Ok((
         Recorded {
             event: Arc::new(event),
@@ -380,11 +383,20 @@ impl EventStore for SqliteStore {
             let key = session.session_key.as_str().to_owned();
             let q = sqlx::query(sql::DELETE_SESSION_BEGIN).bind(key.clone());
             let row = batch_one(&mut w.conn, q, WHAT).await?;
-            let on_target = decode::cursors(get(&row, 0, WHAT)?)?;
+            let on_target = decode::CursorRows::read(get(&row, 0, WHAT)?)?;
+            // A row on the key that cannot be read goes too: its agent is unknown, and it could
+            // only be left behind for good (decision 0016).
             let doomed: Vec<(&str, &str)> = on_target
+                .readable
                 .iter()
                 .filter(|c| c.target_agent == session.agent_id)
                 .map(|c| (c.watcher.as_str(), c.target.as_str()))
+                .chain(
+                    on_target
+                        .unreadable
+                        .iter()
+                        .map(|u| (u.watcher.as_str(), u.target.as_str())),
+                )
                 .collect();
             let q = sqlx::query(sql::DELETE_SESSION_COMMIT)
                 .bind(key)

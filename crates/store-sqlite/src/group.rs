@@ -23,7 +23,7 @@
 //! own event is not in the batch it took (the queue held `group_commit` older ones) waits for
 //! the write connection again, so it never waits for an answer nobody is going to give.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use awareness_core::{
@@ -215,7 +215,10 @@ async fn run(
     let after = batch_one(conn, q, WHAT).await?;
     let after = &after;
     let mut on_key: HashMap<SessionKey, Vec<Cursor>> = HashMap::new();
-    for c in decode::cursors(get(after, 3, WHAT)?)? {
+    let rows = decode::CursorRows::read(get(after, 3, WHAT)?)?;
+    // Keys with a row that cannot be read stay watched, for the hint.
+    let damaged: HashSet<String> = rows.unreadable.iter().map(|u| u.target.clone()).collect();
+    for c in rows.warned() {
         on_key.entry(c.target.clone()).or_default().push(c);
     }
     let top: i64 = get(after, 0, WHAT)?;
@@ -319,7 +322,7 @@ async fn run(
         .collect::<Result<Vec<_>, StoreError>>()?;
     batch(conn, q, WHAT).await?;
     for (key, cursors) in &on_key {
-        hints.set_watched(key, !cursors.is_empty());
+        hints.set_watched(key, !cursors.is_empty() || damaged.contains(key.as_str()));
     }
     Ok(answers)
 }

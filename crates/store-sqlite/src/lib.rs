@@ -91,8 +91,9 @@
 //!   `migrate!` needs the `macros` feature, and a column must only be added when missing):
 //!   opening an up-to-date file costs two reads and no write lock.
 //! - A cursor row OpenClaw wrote has no target agent; [`awareness_core::Cursor::default_target_agent`]
-//!   supplies it. A cursor row whose watcher key is not agent-qualified is ignored with a
-//!   `warn!` and left in the file, so one bad row cannot stop recording on its target.
+//!   supplies it. A cursor row that cannot be read (its watcher key is not agent-qualified, a
+//!   sequence is negative, ...) is left out of every read of many cursors with a `warn!` and
+//!   left in the file, so one bad row cannot stop recording on its target (decision 0016).
 //! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
 //! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
 //!   cascade into another table of an OpenClaw database.

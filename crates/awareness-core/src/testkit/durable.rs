@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::path::Path;
 
-use super::checks::{T0, child, human, link_spec, log_only, r, rec, w};
+use super::checks::{T0, child, human, link_spec, log_only, r, rec, spawn, w};
 use super::{OpenFile, Scratch, Subject, observe, poll_once};
 use crate::model::{NewEvent, Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
@@ -779,14 +779,15 @@ pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f:
     );
 }
 
-/// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
 /// A cursor row the store can no longer read (a torn write, a hand edit, another writer's row)
 /// is left out, with a warning, of everything that reads many cursors, and stops none of it: a
-/// recording on its target moves the other watchers' cursors, listings and the start-up sweep
-/// answer every other cursor, and an acknowledgement naming its target acknowledges the others.
-/// Only what asks for that one cursor is told: reading it, or watching its target again from
-/// its watcher, fails with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and changes
-/// nothing. The row stays as it is until its watcher unwatches the target or is reset.
+/// recording on its target (alone or among concurrent ones) moves the other watchers' cursors,
+/// listings and the start-up sweep answer every other cursor, and an acknowledgement naming its
+/// target acknowledges the others; none of them rewrites it. Reading that one cursor fails with
+/// [`StoreError::Corrupt`](crate::StoreError::Corrupt), and
+/// [`unreadable_cursors`](crate::CursorStore::unreadable_cursors) and the audit name it. A
+/// write that names that cursor (a watch, a recording naming its watcher) writes a new cursor
+/// over it; an unwatch, a reset of its watcher or a deletion of its target removes it.
 pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl OpenFile) {
     use crate::{CursorFilter, StoreError};
     let dir = Scratch::new("durable");
@@ -807,13 +808,16 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         "both watchers of the first target are told"
     );
     let second_seen = rec(s, human(&second), T0).await.event.sequence;
-    assert!(
-        t.raw
-            .damage_cursor_row(&manager, &first.session_key)
-            .await
-            .expect("damage a cursor row"),
-        "the store has a cursor row to damage"
-    );
+    let damage = async |watcher: &crate::WatcherKey, target: &SessionRef| {
+        assert!(
+            t.raw
+                .damage_cursor_row(watcher, &target.session_key)
+                .await
+                .expect("damage a cursor row"),
+            "the store has a cursor row to damage"
+        );
+    };
+    damage(&manager, &first).await;
     let pairs = |cursors: Vec<crate::Cursor>| -> Vec<(String, String)> {
         cursors
             .into_iter()
@@ -844,11 +848,16 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         })
         .await;
     assert_eq!(
-        pairs(on_target.expect("cursors on a")),
+        pairs(on_target.expect("cursors on the first target")),
         [(other.to_string(), first.session_key.to_string())]
     );
 
-    // The point reads name it, and so does the audit.
+    // The point read names it, and so do the store's list of such rows and the audit.
+    let err = s
+        .cursor(&manager, &first.session_key)
+        .await
+        .expect_err("reading the damaged cursor");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
     let unreadable = s.unreadable_cursors().await.expect("unreadable cursors");
     assert_eq!(
         unreadable
@@ -868,22 +877,6 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         "{:?}",
         audit.findings
     );
-    let err = s
-        .cursor(&manager, &first.session_key)
-        .await
-        .expect_err("reading the damaged cursor");
-    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
-    let before = s.cursors(&CursorFilter::default()).await.expect("cursors");
-    let err = s
-        .watch(&manager, &first, T0)
-        .await
-        .expect_err("watching over the damaged cursor");
-    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
-    assert_eq!(
-        s.cursors(&CursorFilter::default()).await.expect("cursors"),
-        before,
-        "the refused watch changed nothing"
-    );
 
     // The start-up sweep re-delivers every other pending notice.
     let mut swept: Vec<(String, String)> = s
@@ -896,14 +889,37 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
     swept.sort();
     assert_eq!(swept, others, "the sweep's notices");
 
-    // A recording on its target moves the other watcher's cursor.
+    // Recordings on its target, one and then sixteen at once (a store may batch those), move the
+    // other watcher's cursor.
     let again = rec(s, human(&first), LATER).await.event.sequence;
-    let peer = s
-        .cursor(&other, &first.session_key)
-        .await
-        .expect("the other watcher's cursor")
-        .expect("it exists");
-    assert_eq!(peer.material, again, "the other watcher's cursor moved");
+    let peer = async || {
+        s.cursor(&other, &first.session_key)
+            .await
+            .expect("the other watcher's cursor")
+            .expect("it exists")
+    };
+    assert_eq!(
+        peer().await.material,
+        again,
+        "the other watcher's cursor moved"
+    );
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let store = std::sync::Arc::clone(&t.store);
+            let e = human(&first);
+            tokio::spawn(async move { store.record(e, LATER).await })
+        })
+        .collect();
+    let mut last = again;
+    for call in calls {
+        let got = call.await.expect("join").expect("a concurrent recording");
+        last = last.max(got.event.sequence);
+    }
+    assert_eq!(
+        peer().await.material,
+        last,
+        "moved by the concurrent recordings"
+    );
 
     // An acknowledgement naming both targets acknowledges the readable one.
     let follow = s
@@ -914,22 +930,55 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         )
         .await
         .expect("an acknowledgement naming the damaged cursor's target");
-    assert!(follow.is_empty(), "nothing new on b: {follow:?}");
+    assert!(
+        follow.is_empty(),
+        "nothing new on the second target: {follow:?}"
+    );
     let second_cursor = s
         .cursor(&manager, &second.session_key)
         .await
         .expect("read")
-        .expect("the cursor on b");
-    assert_eq!(second_cursor.last_seen, second_seen, "b acknowledged");
-    assert!(
-        matches!(
-            s.cursor(&manager, &first.session_key).await,
-            Err(StoreError::Corrupt { .. })
-        ),
+        .expect("the cursor on the second target");
+    assert_eq!(
+        second_cursor.last_seen, second_seen,
+        "the second target acknowledged"
+    );
+    assert_eq!(
+        s.unreadable_cursors().await.expect("unreadable cursors"),
+        unreadable,
         "nothing rewrote the damaged row"
     );
 
-    // Unwatching removes it; a reset removes another.
+    // A watch from its watcher writes a new cursor over it, at the target's head.
+    let fresh = s
+        .watch(&manager, &first, LATER)
+        .await
+        .expect("a watch over it");
+    assert_eq!((fresh.last_seen, fresh.material), (last, last), "{fresh:?}");
+    assert_eq!(
+        s.cursor(&manager, &first.session_key).await.expect("read"),
+        Some(fresh)
+    );
+    assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
+
+    // So does a recording that names its watcher.
+    damage(&manager, &first).await;
+    let spawned = rec(
+        s,
+        spawn(&first, manager.as_str(), "run-over-a-damaged-row"),
+        LATER,
+    )
+    .await;
+    let seeded = s
+        .cursor(&manager, &first.session_key)
+        .await
+        .expect("the seeded cursor reads")
+        .expect("a cursor");
+    assert_eq!(seeded.last_seen, spawned.event.sequence, "{seeded:?}");
+    assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
+
+    // Unwatching removes it.
+    damage(&manager, &first).await;
     assert!(
         s.unwatch(&manager, &first.session_key)
             .await
@@ -940,29 +989,31 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         s.cursor(&manager, &first.session_key).await.expect("read"),
         None
     );
-    assert_eq!(
-        s.unreadable_cursors().await.expect("unreadable cursors"),
-        [],
-        "nothing unreadable left"
-    );
-    assert!(
-        t.raw
-            .damage_cursor_row(&other, &first.session_key)
-            .await
-            .expect("damage a cursor row"),
-        "the store has a cursor row to damage"
-    );
-    assert_eq!(
-        s.reset_watcher(other.session_key()).await.expect("reset"),
-        1,
-        "the reset counts the damaged row it removed"
-    );
+
+    // Deleting its target removes it, whatever agent it was for.
+    damage(&other, &first).await;
+    s.delete_session(&first).await.expect("delete the target");
+    assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
     assert_eq!(
         pairs(s.cursors(&CursorFilter::default()).await.expect("cursors")),
         [(manager.to_string(), second.session_key.to_string())]
     );
+
+    // A reset of its watcher removes it, and counts it.
+    damage(&manager, &second).await;
+    assert_eq!(
+        s.reset_watcher(manager.session_key()).await.expect("reset"),
+        1,
+        "the reset counts the damaged row it removed"
+    );
+    assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
+    assert_eq!(
+        s.cursors(&CursorFilter::default()).await.expect("cursors"),
+        []
+    );
 }
 
+/// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
 async fn give_up_after<F: Future>(polls: usize, call: F) {
     let mut call = std::pin::pin!(call);
     for _ in 0..polls {

@@ -142,10 +142,16 @@ impl CursorStore for SqliteStore {
 
     async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
         const WHAT: &str = "list cursors";
-        let q = sqlx::query(sql::CURSORS)
-            .bind(filter.watcher.as_ref().map(|k| k.as_str().to_owned()))
-            .bind(filter.target.as_ref().map(|k| k.as_str().to_owned()))
-            .bind(filter.pending_only);
+        let owned = |k: &SessionKey| k.as_str().to_owned();
+        let q = match (&filter.watcher, &filter.target) {
+            (None, None) => sqlx::query(sql::CURSORS),
+            (Some(w), None) => sqlx::query(sql::CURSORS_OF_WATCHER).bind(owned(w)),
+            (None, Some(t)) => sqlx::query(sql::CURSORS_ON_TARGET).bind(owned(t)),
+            (Some(w), Some(t)) => sqlx::query(sql::CURSORS_OF_PAIR)
+                .bind(owned(w))
+                .bind(owned(t)),
+        }
+        .bind(filter.pending_only);
         let row = self.read_one(q, WHAT).await?;
         let mut all = decode::cursors(get(&row, 0, WHAT)?)?;
         // The statement leaves out what is not pending (building rows is the cost); the rule
@@ -156,10 +162,7 @@ impl CursorStore for SqliteStore {
 
     async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
         const WHAT: &str = "list unreadable cursors";
-        let q = sqlx::query(sql::CURSORS)
-            .bind(None::<String>)
-            .bind(None::<String>)
-            .bind(false);
+        let q = sqlx::query(sql::CURSORS).bind(false);
         let row = self.read_one(q, WHAT).await?;
         Ok(decode::CursorRows::read(get(&row, 0, WHAT)?)?.unreadable)
     }

@@ -344,16 +344,36 @@ pub(crate) const CURSOR: &str = concat!(
     " FROM session_watch_cursors WHERE watcher_session_key = $1 AND target_session_key = $2"
 );
 
-/// Cursors of watcher `$1` and/or target `$2` (NULL: any), by watcher then target; with `$3`
-/// only the pending ones (`Cursor::is_pending`: material past last seen), so that the sweep and
-/// the pick-up of notices do not build every cursor of the store to keep a tenth of them.
-pub(crate) const CURSORS: &str = concat!(
-    "SELECT json_group_array(",
-    cursor_json!(),
-    " ORDER BY watcher_session_key, target_session_key) FROM session_watch_cursors
-WHERE ($1 IS NULL OR watcher_session_key = $1) AND ($2 IS NULL OR target_session_key = $2)
-  AND ($3 = 0 OR material_sequence > last_seen_sequence)"
-);
+/// A listing of cursors by watcher then target, whose rows pass `$where` and, with `$pending`
+/// set, are pending (`Cursor::is_pending`: material past last seen), so that the sweep and the
+/// pick-up of notices do not build every cursor of the store to keep a tenth of them. One
+/// statement per filter shape: with `($1 IS NULL OR watcher_session_key = $1)` SQLite plans
+/// a scan of the whole table even when `$1` is given, so a turn, which lists its watcher's
+/// cursors, would read every cursor of the store.
+macro_rules! cursors_where {
+    ($where:literal, $pending:literal) => {
+        concat!(
+            "SELECT json_group_array(",
+            cursor_json!(),
+            " ORDER BY watcher_session_key, target_session_key) FROM session_watch_cursors
+WHERE ",
+            $where,
+            " AND (",
+            $pending,
+            " = 0 OR material_sequence > last_seen_sequence)"
+        )
+    };
+}
+
+/// Every cursor; `$1`: pending only.
+pub(crate) const CURSORS: &str = cursors_where!("1", "$1");
+/// The cursors of watcher `$1` (the primary key's prefix); `$2`: pending only.
+pub(crate) const CURSORS_OF_WATCHER: &str = cursors_where!("watcher_session_key = $1", "$2");
+/// The cursors on target key `$1` (its index); `$2`: pending only.
+pub(crate) const CURSORS_ON_TARGET: &str = cursors_where!("target_session_key = $1", "$2");
+/// The cursor of watcher `$1` on target key `$2`, as a list; `$3`: pending only.
+pub(crate) const CURSORS_OF_PAIR: &str =
+    cursors_where!("watcher_session_key = $1 AND target_session_key = $2", "$3");
 
 /// Acknowledge, first batch: the cursors of watcher `$1` on the targets in `$2` (JSON array).
 pub(crate) const ACK_BEGIN: &str = concat!(
@@ -557,6 +577,59 @@ mod tests {
             checked >= 6,
             "found only {checked} LIMITs: the scan is broken"
         );
+    }
+
+    /// A listing of one watcher's cursors (what every turn asks), of one target's, or of one
+    /// pair searches an index: a scan would read every cursor of the store for each of them.
+    #[test]
+    fn filtered_cursor_listings_search_an_index() {
+        use sqlx::Connection as _;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+                .await
+                .unwrap();
+            sqlx::raw_sql(crate::schema::OPENCLAW_TABLES)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            sqlx::raw_sql("ALTER TABLE session_watch_cursors ADD COLUMN target_agent_id TEXT")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            for (name, statement, binds) in [
+                ("one watcher's", super::CURSORS_OF_WATCHER, 2),
+                ("one target's", super::CURSORS_ON_TARGET, 2),
+                ("one pair's", super::CURSORS_OF_PAIR, 3),
+            ] {
+                let explain = format!("EXPLAIN QUERY PLAN {statement}");
+                // The statement is one of this module's constants.
+                let mut q =
+                    sqlx::query_as::<_, (i64, i64, i64, String)>(sqlx::AssertSqlSafe(explain));
+                for _ in 1..binds {
+                    q = q.bind("agent:main:main");
+                }
+                let plan: Vec<String> = q
+                    .bind(true)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|row| row.3)
+                    .collect();
+                assert!(
+                    plan.iter()
+                        .any(|step| step.starts_with("SEARCH session_watch_cursors USING")),
+                    "{name} cursors: {plan:?}"
+                );
+                assert!(
+                    !plan.iter().any(|step| step.starts_with("SCAN")),
+                    "{name} cursors: {plan:?}"
+                );
+            }
+        });
     }
 
     /// Lists sent in are walked with `jsonb_each` (see the module docs), which the statements

@@ -21,7 +21,9 @@ use criterion::{
     BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
     criterion_main,
 };
-use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake, SessionEntry};
+use gateway_adapter::{
+    Awareness, InMemoryDirectory, InMemoryQueue, ManualClock, RecordingWake, SessionEntry,
+};
 use tokio::runtime::Runtime;
 
 /// Runs one store call: memory is polled directly, durable stores on the runtime.
@@ -230,6 +232,61 @@ fn acknowledge(c: &mut Criterion) {
     g.finish();
 }
 
+/// `turn/{0,1,10}_notices`: what a watcher's turn pays before it acts
+/// ([`Awareness::drain_turn`]: drain its queue, read its pending cursors, acknowledge the
+/// notices it read, drop their queued copies), with nothing pending, one notice and ten (the
+/// recordings that hand them out, through the same service, run in the un-measured set-up).
+fn turn(c: &mut Criterion) {
+    const TARGETS: usize = 10;
+    let rt = runtime();
+    let data = Dataset::standard();
+    let backends = rt.block_on(loaded_backends(data));
+    let taker = awareness_core::WatcherKey::parse("agent:main:turn-taker").expect("watcher");
+    let targets: Vec<_> = (0..TARGETS).map(|i| dataset_session(29 + 7 * i)).collect();
+    let mut g = c.benchmark_group("turn");
+    for b in &backends {
+        let store: &dyn AwarenessStore = &*b.store;
+        for t in &targets {
+            rt.block_on(store.watch(&taker, t, T0)).expect("watch");
+        }
+        // The data set's clock: on the machine's, the row cap's pruning (run at T0) would find
+        // the taker's cursors idle and delete them.
+        let svc = Awareness::builder(
+            Arc::clone(&b.store),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .clock(Arc::new(ManualClock::new(T0)))
+        .build();
+        // Whatever the loading left pending for the taker is read and acknowledged first.
+        rt.block_on(svc.drain_turn(taker.session_key()));
+        let capped = Capped::new(data);
+        for notices in [0, 1, TARGETS] {
+            let id = BenchmarkId::new(format!("{notices}_notices"), b.name);
+            g.bench_function(id, |bench| {
+                bench.iter_batched(
+                    || {
+                        capped.before(&rt, b, notices);
+                        for t in &targets[..notices] {
+                            let got = rt.block_on(svc.try_record(human(t))).expect("record");
+                            assert_eq!(got.notices.len(), 1, "the taker is told");
+                        }
+                    },
+                    |()| {
+                        let read = rt.block_on(svc.drain_turn(taker.session_key()));
+                        assert_eq!(read.len(), notices, "one line per notice");
+                        read
+                    },
+                    // Every turn needs its own notices.
+                    BatchSize::PerIteration,
+                );
+            });
+        }
+    }
+    g.finish();
+}
+
 /// The backends loaded with the sweep's data set ([`Dataset::cursors`]), with its numbers of
 /// watchers and of targets pending for each.
 fn cursor_backends(rt: &Runtime) -> (usize, usize, Vec<Backend>) {
@@ -266,6 +323,44 @@ fn sweep(c: &mut Criterion) {
                 notices
             });
         });
+    }
+    g.finish();
+}
+
+/// `turn/0_notices_100k_cursors`: the turn of a watcher with 1,000 cursors and nothing pending,
+/// in a store of 100,000 cursors (the sweep's data set, the watcher's 100 pending notices
+/// acknowledged by a turn first): what a watcher pays before acting when nothing changed, in a
+/// store much larger than its own cursors.
+fn turn_among_cursors(c: &mut Criterion) {
+    let rt = runtime();
+    let (_, pending_targets, backends) = cursor_backends(&rt);
+    let taker = watcher(0);
+    let mut g = c.benchmark_group("turn");
+    for b in &backends {
+        let svc = Awareness::builder(
+            Arc::clone(&b.store),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .clock(Arc::new(ManualClock::new(T0)))
+        .build();
+        let first = rt.block_on(svc.drain_turn(taker.session_key()));
+        assert_eq!(
+            first.len(),
+            pending_targets,
+            "the first turn reads them all"
+        );
+        g.bench_function(
+            BenchmarkId::new("0_notices_100k_cursors", b.name),
+            |bench| {
+                bench.iter(|| {
+                    let read = rt.block_on(svc.drain_turn(taker.session_key()));
+                    assert!(read.is_empty(), "nothing pending");
+                    read
+                });
+            },
+        );
     }
     g.finish();
 }
@@ -614,6 +709,8 @@ criterion_group!(
     reconcile,
     sessions_list,
     acknowledge,
+    turn,
+    turn_among_cursors,
     sweep,
     pickup,
     prune,

@@ -105,6 +105,9 @@ struct Inner {
     dedupe: FastMap<String, Sequence>,
     cursors: BTreeMap<CursorKey, Cursor>,
     by_target: FastMap<SessionKey, BTreeSet<WatcherKey>>,
+    /// The keys of each watcher's cursors (a turn lists its watcher's cursors: without this it
+    /// would look at every cursor of the store).
+    by_watcher: FastMap<SessionKey, BTreeSet<CursorKey>>,
     /// Upstream links of adopted sessions, by ref (see `upstream.rs`).
     links: BTreeMap<SessionRef, awareness_core::UpstreamLink>,
 }
@@ -177,11 +180,18 @@ impl Inner {
     }
 
     fn put_cursor(&mut self, c: Cursor) {
-        self.by_target
-            .entry(c.target.clone())
-            .or_default()
-            .insert(c.watcher.clone());
-        self.cursors.insert(c.key(), c);
+        let key = c.key();
+        // An update leaves the indexes as they are.
+        if self.cursors.insert(key.clone(), c).is_none() {
+            self.by_target
+                .entry(key.target.clone())
+                .or_default()
+                .insert(key.watcher.clone());
+            self.by_watcher
+                .entry(key.watcher.session_key().clone())
+                .or_default()
+                .insert(key);
+        }
     }
 
     fn remove_cursor(&mut self, key: &CursorKey) -> bool {
@@ -194,7 +204,23 @@ impl Inner {
                 self.by_target.remove(&key.target);
             }
         }
+        let watcher = key.watcher.session_key();
+        if let Some(set) = self.by_watcher.get_mut(watcher) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_watcher.remove(watcher);
+            }
+        }
         true
+    }
+
+    /// The cursors of `watcher`, by target.
+    fn cursors_of(&self, watcher: &SessionKey) -> impl Iterator<Item = &Cursor> {
+        self.by_watcher
+            .get(watcher)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.cursors.get(k))
     }
 
     fn cursors_on(&self, target: &SessionKey) -> Vec<Cursor> {
@@ -470,13 +496,20 @@ impl CursorStore for MemoryStore {
     }
 
     async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
-        Ok(self
-            .lock()
-            .cursors
-            .values()
-            .filter(|c| filter.matches(c))
-            .cloned()
-            .collect())
+        let g = self.lock();
+        // Each index gives its cursors in the listing's order (by watcher, then target).
+        let all: Box<dyn Iterator<Item = &Cursor>> = match (&filter.watcher, &filter.target) {
+            (Some(w), _) => Box::new(g.cursors_of(w)),
+            (None, Some(t)) => Box::new(
+                g.by_target
+                    .get(t)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|w| g.cursors.get(&Inner::key(w, t))),
+            ),
+            (None, None) => Box::new(g.cursors.values()),
+        };
+        Ok(all.filter(|c| filter.matches(c)).cloned().collect())
     }
 
     async fn refreeze(
@@ -499,9 +532,10 @@ impl CursorStore for MemoryStore {
     async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
         let mut g = self.lock();
         let doomed: Vec<CursorKey> = g
-            .cursors
-            .keys()
-            .filter(|k| k.watcher.session_key() == watcher)
+            .by_watcher
+            .get(watcher)
+            .into_iter()
+            .flatten()
             .cloned()
             .collect();
         Ok(doomed.iter().filter(|k| g.remove_cursor(k)).count() as u64)

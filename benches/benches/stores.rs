@@ -232,6 +232,19 @@ fn acknowledge(c: &mut Criterion) {
     g.finish();
 }
 
+/// The service a `turn/` bench takes turns through, on the data set's clock: on the machine's,
+/// the row cap's pruning (run at T0) would find the taker's cursors idle and delete them.
+fn turn_service(b: &Backend) -> Awareness {
+    Awareness::builder(
+        Arc::clone(&b.store),
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .clock(Arc::new(ManualClock::new(T0)))
+    .build()
+}
+
 /// `turn/{0,1,10}_notices`: what a watcher's turn pays before it acts
 /// ([`Awareness::drain_turn`]: drain its queue, read its pending cursors, acknowledge the
 /// notices it read, drop their queued copies), with nothing pending, one notice and ten (the
@@ -252,16 +265,7 @@ fn turn(c: &mut Criterion) {
         for t in &targets {
             rt.block_on(store.watch(&taker, t, T0)).expect("watch");
         }
-        // The data set's clock: on the machine's, the row cap's pruning (run at T0) would find
-        // the taker's cursors idle and delete them.
-        let svc = Awareness::builder(
-            Arc::clone(&b.store),
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(RecordingWake::new()),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .clock(Arc::new(ManualClock::new(T0)))
-        .build();
+        let svc = turn_service(b);
         // Whatever the loading left pending for the taker is read and acknowledged first.
         rt.block_on(svc.drain_turn(taker.session_key()));
         let capped = Capped::new(data);
@@ -348,14 +352,7 @@ fn turn_among_cursors(c: &mut Criterion) {
     let taker = watcher(0);
     let mut g = c.benchmark_group("turn");
     for b in &backends {
-        let svc = Awareness::builder(
-            Arc::clone(&b.store),
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(RecordingWake::new()),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .clock(Arc::new(ManualClock::new(T0)))
-        .build();
+        let svc = turn_service(b);
         let first = rt.block_on(svc.drain_turn(taker.session_key()));
         assert_eq!(
             first.len(),

@@ -787,7 +787,8 @@ pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f:
 /// [`StoreError::Corrupt`](crate::StoreError::Corrupt), and
 /// [`unreadable_cursors`](crate::CursorStore::unreadable_cursors) and the audit name it. A
 /// write that names that cursor (a watch, a recording naming its watcher) writes a new cursor
-/// over it; an unwatch, a reset of its watcher or a deletion of its target removes it.
+/// over it; an unwatch, a reset of its watcher, a deletion of its target or a pruning pass
+/// (once it is idle) removes it.
 pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl OpenFile) {
     use crate::{CursorFilter, StoreError};
     let dir = Scratch::new("durable");
@@ -876,6 +877,43 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
             )),
         "{:?}",
         audit.findings
+    );
+
+    // So does the listing of its watcher's cursors, which every turn asks for.
+    let of_watcher = s
+        .cursors(&CursorFilter {
+            watcher: Some(manager.session_key().clone()),
+            ..CursorFilter::default()
+        })
+        .await;
+    assert_eq!(
+        pairs(of_watcher.expect("the watcher's cursors")),
+        [(manager.to_string(), second.session_key.to_string())]
+    );
+
+    // A re-freeze naming it re-freezes the others it names.
+    let refrozen = s
+        .refreeze(
+            &[
+                crate::CursorKey {
+                    watcher: manager.clone(),
+                    target: first.session_key.clone(),
+                },
+                crate::CursorKey {
+                    watcher: other.clone(),
+                    target: first.session_key.clone(),
+                },
+            ],
+            LATER,
+        )
+        .await
+        .expect("a re-freeze naming the damaged cursor");
+    assert_eq!(
+        refrozen
+            .iter()
+            .map(|n| (n.watcher.to_string(), n.target.to_string()))
+            .collect::<Vec<_>>(),
+        [(other.to_string(), first.session_key.to_string())]
     );
 
     // The start-up sweep re-delivers every other pending notice.
@@ -999,7 +1037,24 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         [(manager.to_string(), second.session_key.to_string())]
     );
 
+    // A pruning pass deletes it once it is idle, as it deletes any idle cursor.
+    damage(&manager, &second).await;
+    let idle = PruneStep::Cursors {
+        cutoff: Timestamp(LATER.0 + 1),
+    };
+    assert_eq!(
+        s.prune_chunk(&idle, 100, LATER).await.expect("prune"),
+        1,
+        "the idle damaged row deleted"
+    );
+    assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
+    assert_eq!(
+        s.cursors(&CursorFilter::default()).await.expect("cursors"),
+        []
+    );
+
     // A reset of its watcher removes it, and counts it.
+    s.watch(&manager, &second, LATER).await.expect("watch");
     damage(&manager, &second).await;
     assert_eq!(
         s.reset_watcher(manager.session_key()).await.expect("reset"),

@@ -102,9 +102,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// watchers it owns, since another process may have handed out notices it never saw. A
     /// hint only: reading the cursors is what is exact.
     ///
-    /// `None` when nothing but this handle can write: the default, for a store in memory, and
-    /// for store-redb, whose file one process at a time opens for writing and whose handles in
-    /// one process share one database.
+    /// `None` from a store that does not tell: the default, for a store in memory, and
+    /// store-redb, whose file one process at a time opens for writing and whose handles in one
+    /// process share one database, so that a gateway (which writes) is its file's only writer.
+    /// A read-only redb handle beside a writer in another process answers `None` too, though
+    /// it sees that writer's commits.
     async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
         Ok(None)
     }

@@ -676,6 +676,61 @@ impl SqliteStore {
 mod tests {
     use super::*;
 
+    /// The store's own background checkpoint (the pass [`SqliteStore::count_write`] starts every
+    /// [`CHECKPOINT_EVERY`] writes, run here directly so that it surely ran, its last pass under
+    /// the write connection included) is not another writer's commit: `foreign_commits` keeps
+    /// its answer across it, and the next recording starts the WAL over without changing it.
+    #[tokio::test]
+    async fn the_stores_own_checkpoint_is_no_foreign_commit() {
+        use awareness_core::{ActorType, EventKind, EventStore as _, NewEvent, Timestamp};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let session = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+        let record = async || {
+            let e = NewEvent::new(
+                session.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "a message",
+            );
+            store.record(e, Timestamp(1)).await.expect("record");
+        };
+        for _ in 0..20 {
+            record().await;
+        }
+        let before = store.foreign_commits().await.expect("foreign commits");
+        assert!(before.is_some(), "store-sqlite answers");
+        store
+            .readers
+            .checkpoint(&store.path, store.writer.as_deref())
+            .await;
+        assert_eq!(
+            store.foreign_commits().await.expect("foreign commits"),
+            before
+        );
+        record().await;
+        assert_eq!(
+            store.foreign_commits().await.expect("foreign commits"),
+            before
+        );
+        // The checkpoint ran: the WAL started over, and holds the last recording's frames only
+        // (twenty-one recordings would have appended well over a hundred).
+        let mut conn = sqlx::SqliteConnection::connect(&format!(
+            "sqlite://{}",
+            dir.path().join("t.db").display()
+        ))
+        .await
+        .expect("another connection");
+        let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&mut conn)
+            .await
+            .expect("the WAL's frames");
+        assert!((1..=20).contains(&frames), "{frames} frames in the WAL");
+        store.close().await;
+    }
+
     /// Every connection has the settings DESIGN.md section 6 names (WAL, `synchronous=NORMAL`,
     /// `busy_timeout=5000`) and keeps statement journals and temporary tables in memory (see
     /// `connect_options`), the writer above all.

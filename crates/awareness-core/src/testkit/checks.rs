@@ -1909,12 +1909,18 @@ async fn marker_of(t: &Subject, session: &SessionRef) -> Option<serde_json::Valu
 
 /// A handle's own writes, of every kind, are never commits of another writer
 /// ([`crate::EventStore::foreign_commits`]): a gateway alone on its store is never sent to look
-/// for notices it handed out itself. 300 recordings take store-sqlite past a background
-/// checkpoint of its write-ahead log (every 256 writes), which commits nothing.
+/// for notices it handed out itself. The recordings are enough for store-sqlite to start a
+/// background checkpoint of its write-ahead log (every 256 writes), though nothing here waits
+/// for it (store-sqlite runs that pass directly in a unit test of its own). A store that
+/// answers `None` (one writer: store-memory, store-redb) has nothing to compare, and the check
+/// ends at its first answer.
 pub async fn a_handles_own_writes_are_never_foreign_commits(t: &Subject) {
     let s = &*t.store;
     let foreign = async || s.foreign_commits().await.expect("foreign_commits");
     let before = foreign().await;
+    if before.is_none() {
+        return;
+    }
     assert_eq!(foreign().await, before, "nothing was written in between");
     let manager = w(MANAGER);
     let kid = child();

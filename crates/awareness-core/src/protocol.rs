@@ -372,7 +372,7 @@ mod tests {
     }
 
     /// An ambient cursor (OpenClaw's) hands out queue-only notices, keeps its provenance
-    /// through material events and acknowledgements, and is made explicit by an explicit watch
+    /// through material events, acknowledgements and re-freezes, and is made explicit by an explicit watch
     /// or a spawn, whose pending notice stays; an explicit cursor is left alone by both.
     #[test]
     fn an_ambient_cursor_is_queue_only_until_a_watch_or_a_spawn_makes_it_explicit() {
@@ -397,6 +397,10 @@ mod tests {
             acked.expect("written").provenance,
             WatchProvenance::AmbientGroup
         );
+        // The start-up sweep and a pick-up re-freeze it: still queue-only.
+        let (refrozen, notice) = refreeze(&moved, Timestamp(3)).expect("pending");
+        assert_eq!(refrozen.provenance, WatchProvenance::AmbientGroup);
+        assert!(notice.queue_only);
 
         let (watched, write) = watch(
             Some(&moved),

@@ -1307,9 +1307,6 @@ mod tests {
         }
     }
 
-    /// The dedupe index (key, sequence), and the sequences of `at` in the reference index
-    /// (its head's `u64::MAX` included), as the file holds them.
-    /// A new store in a directory of its own (dropped with it).
     /// Records one event on `at` for each dedupe key, in order.
     async fn record_keyed(store: &RedbStore, at: &SessionRef, keys: &[&str]) {
         for k in keys {
@@ -1317,6 +1314,7 @@ mod tests {
         }
     }
 
+    /// A new store in a directory of its own (dropped with it).
     async fn fresh() -> (tempfile::TempDir, RedbStore) {
         let dir = tempfile::tempdir().expect("dir");
         let store = RedbStore::open(dir.path().join("state.redb"))
@@ -1325,6 +1323,8 @@ mod tests {
         (dir, store)
     }
 
+    /// The dedupe index (key, sequence), and the sequences of `at` in the reference index
+    /// (its head's `u64::MAX` included), as the file holds them.
     async fn raw_indexes(store: &RedbStore, at: &SessionRef) -> (Vec<(String, u64)>, Vec<u64>) {
         let at = at.clone();
         store

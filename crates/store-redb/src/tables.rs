@@ -822,6 +822,13 @@ impl<'t> CursorTables<'t> {
     }
 
     pub(crate) fn put(&mut self, c: &Cursor) -> Result<(), StoreError> {
+        // The row has no room for the provenance: only OpenClaw makes ambient cursors, and only
+        // in its SQLite file (decision 0015), so nothing this store reads or computes is one.
+        debug_assert_eq!(
+            c.provenance,
+            awareness_core::WatchProvenance::Explicit,
+            "store-redb holds explicit cursors only"
+        );
         let (w, t) = (c.watcher.as_str(), c.target.as_str());
         let existed = self
             .cursors()?

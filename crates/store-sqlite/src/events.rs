@@ -389,7 +389,7 @@ impl EventStore for SqliteStore {
             let doomed: Vec<(&str, &str)> = on_target
                 .readable
                 .iter()
-                .filter(|c| c.target_agent == session.agent_id)
+                .filter(|c| c.removed_by_delete(session))
                 .map(|c| (c.watcher.as_str(), c.target.as_str()))
                 .chain(
                     on_target

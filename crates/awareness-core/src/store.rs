@@ -273,22 +273,43 @@ pub trait AwarenessStoreExt: AwarenessStore {
         Ok(report)
     }
 
-    /// Start-up sweep: re-freezes every pending cursor whose watcher `exists` and returns the
-    /// notices to re-deliver.
-    async fn sweep(
+    /// Every pending cursor whose watcher `exists` (a gateway's own: its directory knows it),
+    /// ordered by watcher then target: what the start-up sweep re-freezes and what a gateway
+    /// picks up after another writer's commit. `exists` is asked once per watcher.
+    async fn pending_of(
         &self,
-        now: Timestamp,
         exists: &(dyn for<'w> Fn(&'w WatcherKey) -> bool + Send + Sync),
-    ) -> Result<Vec<Notice>, StoreError> {
-        let pending = self
+    ) -> Result<Vec<Cursor>, StoreError> {
+        let mut pending = self
             .cursors(&CursorFilter {
                 pending_only: true,
                 ..CursorFilter::default()
             })
             .await?;
-        let keys: Vec<CursorKey> = pending
+        // Listed by watcher: `exists` is asked once per watcher.
+        let mut last: Option<(WatcherKey, bool)> = None;
+        pending.retain(|c| match &last {
+            Some((w, known)) if *w == c.watcher => *known,
+            _ => {
+                let known = exists(&c.watcher);
+                last = Some((c.watcher.clone(), known));
+                known
+            }
+        });
+        Ok(pending)
+    }
+
+    /// Start-up sweep: re-freezes every pending cursor whose watcher `exists`
+    /// ([`AwarenessStoreExt::pending_of`]) and returns the notices to re-deliver.
+    async fn sweep(
+        &self,
+        now: Timestamp,
+        exists: &(dyn for<'w> Fn(&'w WatcherKey) -> bool + Send + Sync),
+    ) -> Result<Vec<Notice>, StoreError> {
+        let keys: Vec<CursorKey> = self
+            .pending_of(exists)
+            .await?
             .iter()
-            .filter(|c| exists(&c.watcher))
             .map(Cursor::key)
             .collect();
         if keys.is_empty() {

@@ -1620,28 +1620,19 @@ impl Awareness {
             queued: 0,
             complete: false,
         };
-        let pending = match self
-            .store
-            .cursors(&CursorFilter {
-                pending_only: true,
-                ..CursorFilter::default()
-            })
-            .await
-        {
+        let dir = &self.directory;
+        let owned = |w: &WatcherKey| dir.exists(w.session_key());
+        let pending = match self.store.pending_of(&owned).await {
             Ok(pending) => pending,
             Err(e) => {
                 warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");
                 return incomplete;
             }
         };
-        // The store lists them by watcher: one directory lookup and one look at the queue per
-        // watcher.
+        // The store lists them by watcher: one look at the queue per watcher.
         let mut watchers: Vec<&SessionKey> = Vec::new();
         for group in pending.chunk_by(|a, b| a.watcher == b.watcher) {
             let watcher = group[0].watcher.session_key();
-            if !self.directory.exists(watcher) {
-                continue;
-            }
             let queued_now: std::collections::HashSet<QueuedEntry> =
                 self.queue.peek(watcher).into_iter().collect();
             if group

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use awareness_core::testkit::checks::human;
 use awareness_core::{
-    AwarenessStore, CursorStore as _, EventStore as _, SessionKey, SessionRef, Timestamp,
-    WatcherKey,
+    AwarenessStore, CursorFilter, CursorStore as _, EventStore as _, SessionKey, SessionRef,
+    Timestamp, WatcherKey,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, PickUp,
@@ -99,8 +99,17 @@ async fn pick_up_queues_the_notices_of_this_gateways_watchers_once() {
     // The manager's turn reads the notice and acknowledges it: nothing is pending any more.
     let read = svc.drain_turn(&k(MANAGER)).await;
     assert_eq!(read.len(), 1);
+    let pending = svc
+        .store()
+        .cursors(&CursorFilter {
+            watcher: Some(k(MANAGER)),
+            pending_only: true,
+            ..CursorFilter::default()
+        })
+        .await
+        .expect("cursors");
+    assert!(pending.is_empty(), "acknowledged in the store: {pending:?}");
     assert_eq!(svc.pick_up().await.queued, 0);
-    assert!(texts(&queue, MANAGER).is_empty());
 }
 
 /// A notice the gateway's queue lost (another component drained it without a turn) is queued

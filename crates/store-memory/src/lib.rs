@@ -498,18 +498,16 @@ impl CursorStore for MemoryStore {
     async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
         let g = self.lock();
         // Each index gives its cursors in the listing's order (by watcher, then target).
-        let all: Box<dyn Iterator<Item = &Cursor>> = match (&filter.watcher, &filter.target) {
-            (Some(w), _) => Box::new(g.cursors_of(w)),
-            (None, Some(t)) => Box::new(
-                g.by_target
-                    .get(t)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|w| g.cursors.get(&Inner::key(w, t))),
-            ),
-            (None, None) => Box::new(g.cursors.values()),
-        };
-        Ok(all.filter(|c| filter.matches(c)).cloned().collect())
+        let keep = |c: &&Cursor| filter.matches(c);
+        Ok(match (&filter.watcher, &filter.target) {
+            (Some(w), _) => g.cursors_of(w).filter(keep).cloned().collect(),
+            (None, Some(t)) => {
+                let mut on = g.cursors_on(t);
+                on.retain(|c| filter.matches(c));
+                on
+            }
+            (None, None) => g.cursors.values().filter(keep).cloned().collect(),
+        })
     }
 
     async fn refreeze(

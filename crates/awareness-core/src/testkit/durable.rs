@@ -819,38 +819,40 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         );
     };
     damage(&manager, &first).await;
-    let pairs = |cursors: Vec<crate::Cursor>| -> Vec<(String, String)> {
-        cursors
+    // Every listing, whatever its filter, leaves it out.
+    let listed = async |watcher: Option<&crate::WatcherKey>,
+                        target: Option<&SessionRef>,
+                        pending_only: bool| {
+        let filter = CursorFilter {
+            watcher: watcher.map(|w| w.session_key().clone()),
+            target: target.map(|t| t.session_key.clone()),
+            pending_only,
+        };
+        s.cursors(&filter)
+            .await
+            .unwrap_or_else(|e| panic!("{filter:?}: {e}"))
             .into_iter()
             .map(|c| (c.watcher.to_string(), c.target.to_string()))
-            .collect()
+            .collect::<Vec<_>>()
     };
     let others = vec![
         (manager.to_string(), second.session_key.to_string()),
         (other.to_string(), first.session_key.to_string()),
     ];
-    let listed = s.cursors(&CursorFilter::default()).await;
     assert_eq!(
-        pairs(listed.expect("listing every cursor")),
+        listed(None, None, false).await,
         others,
         "every cursor but the damaged one"
     );
-    let pending = s
-        .cursors(&CursorFilter {
-            pending_only: true,
-            ..CursorFilter::default()
-        })
-        .await;
-    assert_eq!(pairs(pending.expect("pending cursors")), others);
-    let on_target = s
-        .cursors(&CursorFilter {
-            target: Some(first.session_key.clone()),
-            ..CursorFilter::default()
-        })
-        .await;
+    assert_eq!(listed(None, None, true).await, others, "the pending ones");
     assert_eq!(
-        pairs(on_target.expect("cursors on the first target")),
+        listed(None, Some(&first), false).await,
         [(other.to_string(), first.session_key.to_string())]
+    );
+    // Its watcher's, which every turn asks for.
+    assert_eq!(
+        listed(Some(&manager), None, false).await,
+        [(manager.to_string(), second.session_key.to_string())]
     );
 
     // The point read names it, and so do the store's list of such rows and the audit.
@@ -877,18 +879,6 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
             )),
         "{:?}",
         audit.findings
-    );
-
-    // So does the listing of its watcher's cursors, which every turn asks for.
-    let of_watcher = s
-        .cursors(&CursorFilter {
-            watcher: Some(manager.session_key().clone()),
-            ..CursorFilter::default()
-        })
-        .await;
-    assert_eq!(
-        pairs(of_watcher.expect("the watcher's cursors")),
-        [(manager.to_string(), second.session_key.to_string())]
     );
 
     // A re-freeze naming it re-freezes the others it names.
@@ -1033,7 +1023,7 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
     s.delete_session(&first).await.expect("delete the target");
     assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
     assert_eq!(
-        pairs(s.cursors(&CursorFilter::default()).await.expect("cursors")),
+        listed(None, None, false).await,
         [(manager.to_string(), second.session_key.to_string())]
     );
 

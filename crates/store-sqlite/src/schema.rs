@@ -18,7 +18,7 @@ pub(crate) const LATEST: i64 = 3;
 /// OpenClaw's four tables and their indexes, verbatim apart from `IF NOT EXISTS` (which SQLite
 /// drops from the text it stores in `sqlite_master`, so a database we create carries exactly
 /// OpenClaw's schema text).
-pub(crate) const OPENCLAW_TABLES: &str = r#"CREATE TABLE IF NOT EXISTS session_state_events (
+const OPENCLAW_TABLES: &str = r#"CREATE TABLE IF NOT EXISTS session_state_events (
   sequence INTEGER PRIMARY KEY AUTOINCREMENT,
   dedupe_key TEXT UNIQUE,
   session_key TEXT NOT NULL,

@@ -591,14 +591,9 @@ mod tests {
             let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
                 .await
                 .unwrap();
-            sqlx::raw_sql(crate::schema::OPENCLAW_TABLES)
-                .execute(&mut conn)
-                .await
-                .unwrap();
-            sqlx::raw_sql("ALTER TABLE session_watch_cursors ADD COLUMN target_agent_id TEXT")
-                .execute(&mut conn)
-                .await
-                .unwrap();
+            // The schema a new file gets, through the migration runner itself, so an index a
+            // later migration adds is in the plans too.
+            crate::schema::migrate(&mut conn, 0).await.unwrap();
             for (name, statement, binds) in [
                 ("one watcher's", super::CURSORS_OF_WATCHER, 2),
                 ("one target's", super::CURSORS_ON_TARGET, 2),

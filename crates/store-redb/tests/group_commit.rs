@@ -4,7 +4,8 @@
 //! The exact-count tests make the batching deterministic: the runtime has one blocking thread,
 //! held busy while every recording is polled once (which queues its event), so the drain starts
 //! only once all of them wait. The checks every batching store shares (concurrent callers
-//! share transactions, `group_commit(1)`, the batch bound, `0` refused) run from
+//! share transactions, `group_commit(1)`, the batch bound, `0` refused, a cursor row that
+//! cannot be read failing no batch) run from
 //! `awareness_core::group_commit_suite!`, in both durability modes and with live readers.
 
 use std::future::Future;
@@ -197,11 +198,15 @@ async fn open_grouped(
     max_events: usize,
 ) -> Result<Grouped, StoreError> {
     let store = Arc::new(RedbStore::open_with(path, options.group_commit(max_events)).await?);
-    let (counted, measured) = (Arc::clone(&store), Arc::clone(&store));
+    let (counted, measured, raw) = (Arc::clone(&store), Arc::clone(&store), Arc::clone(&store));
     Ok(Grouped {
         store,
         write_transactions: Box::new(move || counted.write_transactions()),
         largest_batch: Box::new(move || measured.largest_batch()),
+        damage_cursor_row: Box::new(move |watcher, target| {
+            let raw = Arc::clone(&raw);
+            Box::pin(async move { raw.damage_cursor_row(&watcher, &target).await })
+        }),
     })
 }
 

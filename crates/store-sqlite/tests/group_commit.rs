@@ -1,6 +1,7 @@
 //! Group commit: the shared checks (`awareness_core::group_commit_suite!`: concurrent
 //! recordings share write transactions, each caller gets its own event, `group_commit(1)` turns
-//! it off, a batch holds at most `group_commit`, `0` is refused), and what store-sqlite does of
+//! it off, a batch holds at most `group_commit`, `0` is refused, a cursor row that cannot be
+//! read fails no batch), and what store-sqlite does of
 //! its own: an event whose caller gave up while it waited in the queue is never committed, a
 //! dedupe hit on a row torn behind the store's back spends one sequence on both of its paths,
 //! and a batch that meets another connection's lock fails at once. (That an event
@@ -31,11 +32,15 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
     let store = Arc::new(
         SqliteStore::open_with(path, SqliteOptions::new().group_commit(max_events)).await?,
     );
-    let (counted, measured) = (Arc::clone(&store), Arc::clone(&store));
+    let (counted, measured, raw) = (Arc::clone(&store), Arc::clone(&store), Arc::clone(&store));
     Ok(Grouped {
         store,
         write_transactions: Box::new(move || counted.write_transactions()),
         largest_batch: Box::new(move || measured.largest_batch()),
+        damage_cursor_row: Box::new(move |watcher, target| {
+            let raw = Arc::clone(&raw);
+            Box::pin(async move { raw.damage_cursor_row(&watcher, &target).await })
+        }),
     })
 }
 

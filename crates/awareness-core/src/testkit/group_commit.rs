@@ -17,12 +17,16 @@
 //! recordings, none larger than `group_commit`, and `0` refused at open.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{Scratch, observe, poll_once};
 use crate::error::StoreError;
-use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
+use crate::model::{
+    ActorType, EventKind, NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _, Recorded};
 
 /// The store factory of these checks: an async function that opens the file it is given with
@@ -40,7 +44,12 @@ pub struct Grouped {
     pub write_transactions: Box<dyn Fn() -> u64 + Send + Sync>,
     /// The most recordings one of the store's write transactions has held (`largest_batch()`).
     pub largest_batch: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Damages one cursor row of the store as [`super::RawAccess::damage_cursor_row`] does.
+    pub damage_cursor_row: Box<dyn Fn(WatcherKey, SessionKey) -> Damaging + Send + Sync>,
 }
+
+/// The future of [`Grouped::damage_cursor_row`]: whether the row existed.
+pub type Damaging = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
 
 /// The clock every recording of these checks is made at.
 pub const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -128,6 +137,70 @@ pub async fn concurrent_recordings_share_write_transactions(f: impl OpenGrouped)
         cursor.material,
         g.store.state_version(&session(0)).await.expect("head"),
         "the cursor saw the last event on its target"
+    );
+}
+
+/// A cursor row the store cannot read (decision 0016) fails no batch on its target: 64
+/// concurrent recordings there still share write transactions, the readable watcher's cursor
+/// sees the last event, and the damaged row stays as it was, listed as unreadable. (A batch
+/// that failed on the row would still answer every caller, its events recorded again one per
+/// transaction: only the count of write transactions, then at least one per recording, shows
+/// it.)
+pub async fn a_batch_on_a_target_with_an_unreadable_cursor_row_commits(f: impl OpenGrouped) {
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 64).await;
+    let target = session(0);
+    let reader = WatcherKey::parse("agent:main:subagent:reader").expect("watcher");
+    let damaged = WatcherKey::parse("agent:main:subagent:damaged").expect("watcher");
+    for w in [&reader, &damaged] {
+        g.store.watch(w, &target, T0).await.expect("watch");
+    }
+    assert!(
+        (g.damage_cursor_row)(damaged.clone(), target.session_key.clone())
+            .await
+            .expect("damage the row"),
+        "the damaged watcher's row exists"
+    );
+    let before = (g.write_transactions)();
+    let on_target = (0..64).map(|i| {
+        let e = NewEvent::new(
+            target.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            format!("message {i}"),
+        );
+        (e, T0)
+    });
+    let answers = record_concurrently(&g.store, on_target).await;
+    let txs = (g.write_transactions)() - before;
+    assert!(
+        txs < 64,
+        "64 concurrent recordings on a target with an unreadable cursor row took {txs} write \
+         transactions: a batch failed on the row, or none were grouped"
+    );
+    let last = answers
+        .iter()
+        .map(|r| r.event.sequence)
+        .max()
+        .expect("answers");
+    let cursor = g
+        .store
+        .cursor(&reader, &target.session_key)
+        .await
+        .expect("the readable cursor")
+        .expect("exists");
+    assert_eq!(
+        cursor.material, last,
+        "the readable watcher saw the last event"
+    );
+    let unreadable = g.store.unreadable_cursors().await.expect("unreadable");
+    assert_eq!(
+        unreadable
+            .iter()
+            .map(|u| (u.watcher.as_str(), u.target.as_str()))
+            .collect::<Vec<_>>(),
+        [(damaged.as_str(), target.session_key.as_str())],
+        "the damaged row stays as it was"
     );
 }
 

@@ -334,6 +334,7 @@ macro_rules! group_commit_suite {
             a_batch_holds_at_most_group_commit_recordings,
             a_group_commit_of_zero_is_refused_at_open,
             cancelled_recordings_hold_up_no_later_one,
+            a_batch_on_a_target_with_an_unreadable_cursor_row_commits,
         );
     };
 }

@@ -72,19 +72,28 @@ impl SpawnTree {
         Self { directory }
     }
 
-    fn is_ancestor(&self, ancestor: &SessionKey, of: &SessionKey) -> bool {
-        let mut cur = of.clone();
+    /// Whether `ancestor` spawned `of`, directly or through sessions it spawned. The directory
+    /// knows sessions by key alone; a key up the chain that names no agent (`global`, `main`)
+    /// is taken as the session of that name of the agent below it, so the chain never reaches
+    /// another agent's bare session (under `session.scope = "global"` each agent has its own
+    /// `global`) unless a key on the way names that agent.
+    fn is_ancestor(&self, ancestor: &SessionRef, of: &SessionRef) -> bool {
+        let mut key = of.session_key.clone();
+        let mut agent = of.agent_id.as_str().to_owned();
         for _ in 0..MAX_DEPTH {
-            let Some(e) = self.directory.entry(&cur) else {
+            let Some(e) = self.directory.entry(&key) else {
                 return false;
             };
             let Some(up) = e.spawned_by.or(e.parent_session_key) else {
                 return false;
             };
-            if &up == ancestor {
+            if let Some(named) = up.agent_id() {
+                named.clone_into(&mut agent);
+            }
+            if up == ancestor.session_key && agent == ancestor.agent_id.as_str() {
                 return true;
             }
-            cur = up;
+            key = up;
         }
         false
     }
@@ -96,12 +105,12 @@ impl VisibilityPolicy for SpawnTree {
         if requester == target {
             return true;
         }
-        let (requester, t) = (&requester.session_key, &target.session_key);
-        // The target's agent must be the one its key names (a bare key belongs to no tree).
+        // The target's agent must be the one its key names.
+        let t = &target.session_key;
         if t.agent_id().is_some_and(|a| a != target.agent_id.as_str()) {
             return false;
         }
-        self.is_ancestor(requester, t) || self.is_ancestor(t, requester)
+        self.is_ancestor(requester, target) || self.is_ancestor(target, requester)
     }
 }
 
@@ -145,5 +154,39 @@ mod tests {
         assert!(!p.can_see(&main, &r("agent:main:main", "ops")));
         assert!(p.can_see(&r("global", "main"), &r("global", "main")));
         assert!(!p.can_see(&r("global", "main"), &r("global", "ops")));
+    }
+
+    /// Under `session.scope = "global"` each agent has its own `global`, and a directory entry
+    /// names its spawner by key alone: a child of main's `global` is in main's `global` tree,
+    /// not in another agent's.
+    #[test]
+    fn a_bare_spawner_is_the_childs_agents_session() {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let k = |s: &str| SessionKey::new(s).unwrap();
+        let child = |spawner: &str| SessionEntry {
+            spawned_by: Some(k(spawner)),
+            ..SessionEntry::default()
+        };
+        dir.upsert(k("agent:main:subagent:x"), child("global"));
+        dir.upsert(
+            k("agent:main:subagent:x:subagent:y"),
+            child("agent:main:subagent:x"),
+        );
+        // A spawn into another agent: its key names the spawner's agent.
+        dir.upsert(k("agent:ops:subagent:z"), child("agent:main:subagent:x"));
+        let p = SpawnTree::new(dir);
+        let r = |s: &str, a: &str| SessionRef::parse(s, a).unwrap();
+        let (main_global, ops_global) = (r("global", "main"), r("global", "ops"));
+        let (x, y, z) = (
+            r("agent:main:subagent:x", "main"),
+            r("agent:main:subagent:x:subagent:y", "main"),
+            r("agent:ops:subagent:z", "ops"),
+        );
+        for descendant in [&x, &y, &z] {
+            assert!(p.can_see(&main_global, descendant), "{descendant:?}");
+            assert!(p.can_see(descendant, &main_global), "{descendant:?}");
+            assert!(!p.can_see(&ops_global, descendant), "{descendant:?}");
+            assert!(!p.can_see(descendant, &ops_global), "{descendant:?}");
+        }
     }
 }

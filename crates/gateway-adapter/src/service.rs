@@ -396,9 +396,11 @@ impl Drop for Writing {
 /// One async lock per watcher session whose turn is in progress or waiting, so that the turns
 /// of one watcher ([`Awareness::drain_turn`]) run one at a time.
 ///
-/// An entry lives only while a turn holds it or waits for it: dropping a [`TurnGuard`] removes
-/// every entry nobody holds any more, so the map never outgrows the turns in flight (an entry
-/// left by a turn cancelled while it waited goes at the next turn's end).
+/// An entry lives while a turn holds it or waits for it, or while it carries lines for the
+/// watcher's next turn: dropping a [`TurnGuard`] removes every other entry, so the map holds
+/// the turns in flight plus one entry per watcher whose dropped turn left lines that no turn,
+/// reset or deletion of it has taken since (an entry left by a turn cancelled while it waited
+/// goes at the next turn's end).
 ///
 /// The lock also holds what a turn whose caller gave up had taken ([`Carried`]), for the
 /// watcher's next turn.
@@ -566,16 +568,18 @@ fn deliver_to(
     added
 }
 
-/// [`deliver_to`], after a write that committed: a panic while delivering (a wake sink that
-/// panics) is logged, not turned into the write's failure, which a caller could retry.
+/// [`deliver_to`], after a write that committed or on a background task: a panic while
+/// delivering (a wake sink that panics) is logged, not turned into the write's failure, which a
+/// caller could retry, nor into the end of the task. Answers the lines queued, or `None` when
+/// delivering panicked.
 fn deliver_logged(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,
     owned: Option<&dyn SessionDirectory>,
     notices: &[Notice],
-) {
+) -> Option<usize> {
     let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        deliver_to(queue, wake, owned, notices);
+        deliver_to(queue, wake, owned, notices)
     }));
     if delivered.is_err() {
         warn!(
@@ -583,6 +587,7 @@ fn deliver_logged(
             "delivering notices panicked; those not queued are recovered by the watcher's next turn"
         );
     }
+    delivered.ok()
 }
 
 /// The latest pruning pass, observable with [`Awareness::subscribe_pruning`].
@@ -1654,7 +1659,11 @@ impl Awareness {
             match self.pending_cursors(watcher).await {
                 Ok(cursors) => {
                     let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
-                    done.queued += deliver_to(&*self.queue, &*self.wake, None, &notices);
+                    match deliver_logged(&*self.queue, &*self.wake, None, &notices) {
+                        Some(queued) => done.queued += queued,
+                        // Some lines may be missing: the next pick-up queues them.
+                        None => done.complete = false,
+                    }
                 }
                 Err(e) => {
                     warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the watcher's cursors to pick up its notices");
@@ -1779,6 +1788,10 @@ impl PickupSchedule {
                 ..Self::default()
             };
         } else {
+            if self.tried != Some(answer) {
+                // Something new was committed: the retries start over from the next question.
+                self.backoff = 1;
+            }
             self.tried = Some(answer);
             self.wait = self.backoff - 1;
             self.backoff = (self.backoff * 2).min(Self::MAX_WAIT + 1);
@@ -1883,7 +1896,7 @@ mod tests {
 
     /// A changed answer is picked up once; an incomplete pick-up is made again at the next
     /// question even when the answer stays, then after 1, 3, 7, ... skipped questions, at most
-    /// 63; a complete one ends the retries and starts the back-off over.
+    /// 63; a complete one ends the retries, and a new answer starts the back-off over.
     #[test]
     fn the_pickup_schedule_retries_an_incomplete_pick_up_and_backs_off() {
         let mut s = PickupSchedule::default();
@@ -1908,7 +1921,10 @@ mod tests {
         assert!(!s.due(6), "backing off");
         assert!(s.due(8), "a new commit is not held up by the back-off");
         s.picked_up(8, false);
-        assert!(!s.due(8), "still backing off at that answer");
+        assert!(s.due(8), "a new commit starts the back-off over");
+        s.picked_up(8, false);
+        assert!(!s.due(8), "then it backs off again");
+        assert!(s.due(8));
         s.picked_up(6, true);
         assert!(!s.due(6));
         assert!(s.due(7));

@@ -134,6 +134,63 @@ async fn pick_up_queues_again_a_notice_the_queue_lost() {
     assert_eq!(wake.count(&k(MANAGER)), 2);
 }
 
+/// A wake sink that panics (the gateway's heartbeat runner failing) does not end the pick-up,
+/// which would take the pick-up task down with it, unlogged: the line is queued before the
+/// wake, the pick-up says it is not complete (so the task tries again), and the session's next
+/// turn reads the line.
+#[tokio::test]
+async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
+    struct PanicsOnce(
+        std::sync::atomic::AtomicBool,
+        gateway_adapter::RecordingWake,
+    );
+    impl HeartbeatWake for PanicsOnce {
+        fn wake(&self, session: &SessionKey, reason: &str) {
+            if !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("the heartbeat runner failed");
+            }
+            self.1.wake(session, reason);
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(PanicsOnce(
+        std::sync::atomic::AtomicBool::new(false),
+        gateway_adapter::RecordingWake::new(),
+    ));
+    let svc = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            wake.clone(),
+            directory(&[MANAGER]),
+        )
+        .build(),
+    );
+    written_elsewhere(&*store, &[MANAGER]).await;
+
+    let first = tokio::spawn({
+        let svc = Arc::clone(&svc);
+        async move { svc.pick_up().await }
+    })
+    .await
+    .expect("the pick-up survives a panicking wake");
+    assert!(!first.complete, "{first:?}");
+    assert_eq!(texts(&queue, MANAGER).len(), 1, "queued before the wake");
+    assert_eq!(wake.1.count(&k(MANAGER)), 0);
+
+    // The line is queued: the next pick-up has nothing to add and wakes nobody; the session's
+    // next turn reads it.
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 0,
+            complete: true
+        }
+    );
+    assert_eq!(svc.drain_turn(&k(MANAGER)).await.len(), 1);
+}
+
 /// With `owned_watchers_only`, what this gateway's own recordings hand out reaches only the
 /// watchers its directory knows; another gateway's watcher is left to that gateway's pick-up
 /// (DESIGN.md section 9.1). By default a gateway delivers to every watcher.

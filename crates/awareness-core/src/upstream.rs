@@ -75,10 +75,21 @@ pub struct UpstreamLink {
     /// Which provider reads the source (`local-jsonl`, `paired-node`).
     pub upstream_kind: String,
     /// Where the provider finds the source (a file path, ...), as the provider defines it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// JSON `null` is a value like any other (`Some(Value::Null)`), kept apart from no
+    /// reference (`None`, the field left out).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub upstream_ref: Option<Value>,
-    /// How far the source has been read, as the provider defines it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// How far the source has been read, as the provider defines it; `null` is kept apart
+    /// from no marker, as for [`UpstreamLink::upstream_ref`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub marker: Option<Value>,
     /// When the monitor last scanned the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +98,12 @@ pub struct UpstreamLink {
     pub created_at: Timestamp,
     /// When the source or the marker last changed; compare-and-set token of marker updates.
     pub updated_at: Timestamp,
+}
+
+/// Reads a JSON value that is present as `Some`, `null` included (serde's `Option` would read
+/// `null` as `None`); an absent field is `None` through `default`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 impl UpstreamLink {

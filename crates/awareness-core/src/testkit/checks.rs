@@ -5,7 +5,7 @@
 // Short names keep the checks readable: `t` the subject, `s` its store, `k`/`w`/`r` key builders.
 #![allow(clippy::many_single_char_names)]
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::Subject;
 use crate::model::{
@@ -2270,6 +2270,30 @@ pub async fn upstream_links_ordered_and_json_round_trips(t: &Subject) {
         .unwrap();
     let got = u.link(&bare).await.unwrap().unwrap();
     assert_eq!((got.upstream_ref, got.marker), (None, None));
+
+    // A reference and a marker that are JSON null are kept as null, not read back as absent:
+    // adopting again from the same spec is then a same-source refresh, not a rebase.
+    let nulls = r("agent:main:nulls", "main");
+    let spec = || {
+        crate::LinkSpec::new(nulls.clone(), "c", "h", "t", "k")
+            .with_ref(Value::Null)
+            .with_marker(Value::Null)
+    };
+    u.upsert_link(spec(), T0).await.unwrap();
+    let got = u.link(&nulls).await.unwrap().unwrap();
+    assert_eq!(
+        (got.upstream_ref, got.marker),
+        (Some(Value::Null), Some(Value::Null))
+    );
+    let again = u.upsert_link(spec(), T0.plus_ms(5)).await.unwrap();
+    assert!(!again.created && !again.rebased, "{again:?}");
+    assert_eq!(again.link.updated_at, T0, "a refresh keeps the token");
+    assert!(
+        u.set_marker(&nulls, T0, Value::Null, T0.plus_ms(10))
+            .await
+            .unwrap()
+    );
+    assert_eq!(marker_of(t, &nulls).await, Some(Value::Null));
 }
 
 pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) {

@@ -1261,9 +1261,12 @@ impl CursorStore for RedbStore {
                 let Some(c) = cur.get_readable(k.watcher.as_str(), k.target.as_str())? else {
                     continue;
                 };
-                if let Some((c, n)) = protocol::refreeze(&c, now) {
-                    cur.put(&c)?;
-                    wrote = true;
+                if let Some((frozen, n)) = protocol::refreeze(&c, now) {
+                    // A cursor already frozen is re-delivered and left as it is (decision 0002).
+                    if frozen != c {
+                        cur.put(&frozen)?;
+                        wrote = true;
+                    }
                     notices.push(n);
                 }
             }
@@ -1321,6 +1324,35 @@ mod tests {
             .await
             .expect("open");
         (dir, store)
+    }
+
+    /// Re-freezing a cursor already frozen at its notice (a second start-up sweep) re-delivers
+    /// the notice and commits nothing (decision 0002): no fsync, no write transaction counted.
+    #[tokio::test]
+    async fn a_refreeze_of_a_frozen_cursor_commits_nothing() {
+        let (_dir, store) = fresh().await;
+        let target = session("agent:main:subagent:child");
+        let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+        store.watch(&watcher, &target, T0).await.expect("watch");
+        let human = NewEvent::new(
+            target.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "typed into the child",
+        );
+        let told = store.record(human, T0).await.expect("record");
+        assert_eq!(told.notices.len(), 1);
+        let key = CursorKey {
+            watcher,
+            target: target.session_key.clone(),
+        };
+        let before = store.write_transactions();
+        let again = store
+            .refreeze(std::slice::from_ref(&key), T0.plus_ms(1))
+            .await
+            .expect("refreeze");
+        assert_eq!(again, told.notices, "re-delivered");
+        assert_eq!(store.write_transactions(), before, "nothing committed");
     }
 
     /// The dedupe index (key, sequence), and the sequences of `at` in the reference index

@@ -190,7 +190,9 @@ impl CursorStore for SqliteStore {
                 loaded,
                 protocol::each_once(keys).map(|k| (&k.watcher, &k.target)),
                 |c| match protocol::refreeze(c, now) {
-                    Some((c, n)) => (Some(c), Some(n)),
+                    // A cursor already frozen is re-delivered and left as it is (decision
+                    // 0002): rewriting the same row would still be a commit other handles see.
+                    Some((frozen, n)) => ((frozen != *c).then_some(frozen), Some(n)),
                     None => (None, None),
                 },
             );

@@ -29,7 +29,7 @@ use std::path::Path;
 
 use super::checks::{T0, child, human, link_spec, log_only, r, rec, spawn, w};
 use super::{OpenFile, Scratch, Subject, observe, poll_once};
-use crate::model::{NewEvent, Sequence, SessionRef, Timestamp};
+use crate::model::{CursorKey, NewEvent, Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
 use crate::store::{AwarenessStore, AwarenessStoreExt as _};
 
@@ -328,10 +328,28 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(f: impl OpenF
         "the recording of `a` hands out a notice"
     );
     assert_eq!(foreign(&a).await, a1);
+    let b2 = foreign(&b).await;
     assert_ne!(
-        foreign(&b).await,
-        b1,
+        b2, b1,
         "`b`, whose gateway owns the watcher, is told a notice may be waiting"
+    );
+    // The cursor is frozen at the notice just handed out: re-freezing it (a start-up sweep)
+    // re-delivers the notice and writes nothing (decision 0002), so no other writer is sent to
+    // look for notices.
+    let key = CursorKey {
+        watcher: manager.clone(),
+        target: kid.session_key.clone(),
+    };
+    let again = a
+        .store
+        .refreeze(std::slice::from_ref(&key), T0.plus_ms(1))
+        .await
+        .expect("refreeze");
+    assert_eq!(again, told.notices, "the notice is re-delivered");
+    assert_eq!(
+        foreign(&b).await,
+        b2,
+        "a re-freeze of a frozen cursor committed a write"
     );
 }
 

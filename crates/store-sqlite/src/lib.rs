@@ -389,6 +389,18 @@ impl SqliteStore {
                     return Err(fail(e));
                 }
             };
+            // A file a later version wrote is refused before anything is written to it.
+            match schema::too_new(&mut conn).await {
+                Ok(None) => {}
+                Ok(Some(reason)) => {
+                    abandon(Vec::new(), Some(conn), &companions, None).await;
+                    return Err(error::open(path, reason, None));
+                }
+                Err(e) => {
+                    abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
+                    return Err(fail(e));
+                }
+            }
             if let Err(e) = init_writer(&mut conn, options.busy_timeout).await {
                 abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
                 return Err(fail(e));
@@ -417,8 +429,13 @@ impl SqliteStore {
             // Whatever our migrations table records (a column it lists may have been dropped
             // since), each missing additive column is read as NULL: an OpenClaw database, or
             // one behind our schema, is read as it is, and nothing is written.
+            // A file a later version wrote is refused, as by a read-write open.
             for r in &mut readers {
-                let shadowed = schema::shadow_missing_columns(r.get_mut()).await;
+                let shadowed = match schema::too_new(r.get_mut()).await {
+                    Ok(None) => schema::shadow_missing_columns(r.get_mut()).await,
+                    Ok(Some(reason)) => Ok(Err(reason)),
+                    Err(e) => Err(e),
+                };
                 let reason = match shadowed {
                     Ok(Ok(())) => continue,
                     Ok(Err(reason)) => reason,

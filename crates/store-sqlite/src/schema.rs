@@ -128,6 +128,20 @@ pub(crate) async fn version(conn: &mut SqliteConnection) -> Result<i64, sqlx::Er
     applied(conn).await
 }
 
+/// Why the file must not be opened by this version of the crate: its migrations table records
+/// a version above [`LATEST`], so a later version wrote it and may keep its rows in a way this
+/// one would misread (`fields_json`, which reads trust over the columns, among them) or
+/// overwrite. `None` for a file of [`LATEST`] or older, OpenClaw's included.
+pub(crate) async fn too_new(conn: &mut SqliteConnection) -> Result<Option<String>, sqlx::Error> {
+    let v = version(conn).await?;
+    Ok((v > LATEST).then(|| {
+        format!(
+            "its schema is version {v}, newer than the version {LATEST} this store-sqlite \
+             knows: open it with the version that wrote it"
+        )
+    }))
+}
+
 /// The highest migration recorded in the migrations table, which must exist.
 async fn applied(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM awareness_schema_migrations")

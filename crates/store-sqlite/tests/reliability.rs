@@ -16,7 +16,7 @@ use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, Sequence,
     SessionRef, StoreError, Timestamp, WatcherKey,
 };
-use store_sqlite::SqliteStore;
+use store_sqlite::{SqliteOptions, SqliteStore};
 
 const TORTURE: &str = env!("CARGO_BIN_EXE_store-sqlite-torture");
 const WATCHER: &str = "agent:main:torture-watcher";
@@ -438,6 +438,54 @@ async fn a_truncated_database_is_refused_and_left_alone() {
         before,
         "nothing created or overwritten"
     );
+}
+
+/// A file whose migrations table records a version this crate does not know (a later version
+/// wrote it) is refused by a read-write and a read-only open alike, and left as it was: a later
+/// version may keep rows in a way this one would misread or overwrite (store-redb refuses a
+/// newer schema the same way, decision 0006).
+#[tokio::test]
+async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .record(
+            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    store.close().await;
+    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO awareness_schema_migrations VALUES (99, 'a later version', 0);
+         PRAGMA wal_checkpoint(TRUNCATE);",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    raw.close().await.unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.expect_err("a newer schema");
+    assert_open_error(&err, &path, "schema is version 99");
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "nothing created or overwritten"
+    );
+    // A read-only connection leaves SQLite's empty `-wal` and `-shm` behind (it may not remove
+    // them: the version that wrote the file may be using it); the file itself is as it was.
+    let err = SqliteStore::open_with(&path, SqliteOptions::new().read_only(true))
+        .await
+        .expect_err("a newer schema, read-only");
+    assert_open_error(&err, &path, "schema is version 99");
+    assert_eq!(listing(dir.path())[&path], before[&path], "read-only");
 }
 
 #[tokio::test]

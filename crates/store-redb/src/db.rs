@@ -12,7 +12,7 @@ use std::time::Duration;
 use awareness_core::StoreError;
 use redb::{
     ConcurrencyMode, Database, DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
-    ReadableTable, TableHandle,
+    ReadableTable, ReadableTableMetadata, TableHandle,
 };
 use tracing::warn;
 
@@ -442,12 +442,23 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
         }
         Some(v) => Err(unsupported_schema(path, v)),
         None => {
-            let foreign: Vec<String> = txn
+            let mut foreign: Vec<String> = txn
                 .list_tables()
                 .ctx("open: list tables")?
                 .map(|t| t.name().to_owned())
                 .filter(|n| n != META.name())
                 .collect();
+            // `stored_version` opened (so created) the meta table if it was missing. One that
+            // holds keys but no schema version is another application's: a new store of ours
+            // writes its tables and its schema version in one transaction.
+            let meta_rows = txn
+                .open_table(META)
+                .ctx("open: the meta table")?
+                .len()
+                .ctx("open: read the meta table")?;
+            if meta_rows > 0 {
+                foreign.insert(0, META.name().to_owned());
+            }
             if !foreign.is_empty() {
                 // Dropping the transaction aborts it: the other application's file is untouched.
                 return Err(open_error(

@@ -164,6 +164,27 @@ async fn a_redb_file_of_another_application_is_refused() {
     assert_eq!(value, 7);
 }
 
+/// Another application's redb file whose only table is called `meta`, like ours, but holds no
+/// schema version of ours, is refused and left as it was: it is not a new store to create
+/// tables in, nor is its `last_sequence` ours to reset.
+#[tokio::test]
+async fn a_redb_file_whose_only_table_is_another_meta_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.redb");
+    drop(redb::Database::create(&path).unwrap());
+    set_meta(&path, "last_sequence", 5);
+    let err = RedbStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "another application");
+    let db = redb::Database::open(&path).unwrap();
+    let txn = db.begin_read().unwrap();
+    assert_eq!(table_names(&txn), ["meta"], "none of our tables was added");
+    let meta = txn
+        .open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+        .unwrap();
+    assert_eq!(meta.get("last_sequence").unwrap().unwrap().value(), 5);
+    assert!(meta.get("schema_version").unwrap().is_none());
+}
+
 /// A file whose sequence counter is near the end of `u64` (damaged, or hand-edited) records
 /// up to the last sequence an event can have (`u64::MAX - 1`: `u64::MAX` is the key of a ref's
 /// head in the reference index), and then refuses to record (a clear error, nothing written)

@@ -144,7 +144,7 @@ fn answered(
     got.unwrap_or_else(|_| {
         Err(StoreError::backend(
             "record an event",
-            "the group commit holding this event stopped before answering (its runtime shut down)",
+            "the group commit holding this event stopped before answering (its task panicked, or its runtime shut down)",
         ))
     })
 }
@@ -229,6 +229,12 @@ impl EventStore for SqliteStore {
                 }
                 w = WriteGuard::lock(writer) => w,
             };
+            // What an interrupted operation left open is rolled back before other callers'
+            // events are taken from the queue: from the take until the batch's task is spawned
+            // there is no await, so cancelling this call cannot drop their events.
+            if w.open_tx {
+                w.rollback().await;
+            }
             let mut jobs = self.queue.take(self.group_commit);
             self.largest_batch.fetch_max(jobs.len(), Ordering::Relaxed);
             let mine = jobs.iter().any(|j| j.id == id);
@@ -241,6 +247,7 @@ impl EventStore for SqliteStore {
                 drop(w);
                 return answered(answer.await);
             }
+            // Does not wait: nothing is left open (see above).
             self.begin_write(&mut w).await;
             if jobs.len() == 1 && mine {
                 // Alone: record as without group commit (a cancellation cancels only this call).
@@ -360,6 +367,8 @@ impl EventStore for SqliteStore {
         max_rows: usize,
         now: Timestamp,
     ) -> Result<u64, StoreError> {
+        // Refused on a read-only handle even when asked for no rows, like every write.
+        self.write_connection("prune")?;
         let mut total = 0usize;
         while total < max_rows {
             let bound = (max_rows - total).min(PRUNE_TX_ROWS);

@@ -163,6 +163,12 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
         &file,
     );
     assert_refused(
+        "prune_chunk of no rows",
+        s.prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 0, T0)
+            .await,
+        &file,
+    );
+    assert_refused(
         "acknowledge nothing",
         s.acknowledge(&manager, &[], LATER).await,
         &file,

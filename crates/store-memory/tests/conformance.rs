@@ -29,6 +29,11 @@ impl RawAccess for Raw {
         // Cursors too are kept as values.
         Ok(false)
     }
+
+    async fn damage_link_row(&self, _: &SessionRef) -> Result<bool, StoreError> {
+        // And links.
+        Ok(false)
+    }
 }
 
 async fn subject() -> Subject {

@@ -648,6 +648,28 @@ impl RedbStore {
         .await
     }
 
+    /// Overwrites one upstream link entry so that it no longer reads as a link (its value
+    /// becomes bytes that are not JSON), as a torn write or a hand edit could leave it. Returns
+    /// whether the entry existed. The durable suite uses it to check that such an entry stops
+    /// no other link's monitoring.
+    pub async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("damage an upstream link", move |txn| {
+            let key = (session.session_key.as_str(), session.agent_id.as_str());
+            let mut table = txn
+                .open_table(tables::UPSTREAM_LINKS)
+                .ctx("open the upstream links")?;
+            let existed = table.get(key).ctx("read an upstream link")?.is_some();
+            if existed {
+                table
+                    .insert(key, b"{torn".as_slice())
+                    .ctx("damage an upstream link")?;
+            }
+            Ok((existed, existed))
+        })
+        .await
+    }
+
     async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,

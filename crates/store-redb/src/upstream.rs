@@ -6,6 +6,11 @@
 //! Each write is one write transaction: read the ref's link, let `awareness_core::upstream`
 //! decide (same-source refresh, rebase, compare-and-set, conditional removal), write what it
 //! decided. A transaction that decided to write nothing is aborted (no fsync).
+//!
+//! An entry that cannot be read as a link (decision 0017) is left out of
+//! [`UpstreamStore::links`] with a warning, fails a read, a marker update or a scan stamp of
+//! its ref with `Corrupt`, is written over by an adoption of its ref, and is removed by an
+//! unconditional removal.
 
 use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 use awareness_core::{SessionRef, StoreError, Timestamp, async_trait};
@@ -34,14 +39,23 @@ fn encode(link: &UpstreamLink) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(link).map_err(|e| StoreError::backend("encode an upstream link", e))
 }
 
-/// The ref's link, read inside a write transaction.
-fn get(txn: &WriteTransaction, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+/// The ref's link, read inside a write transaction: `None` without an entry, the entry's own
+/// error when it cannot be read as a link.
+fn found(
+    txn: &WriteTransaction,
+    session: &SessionRef,
+) -> Result<Option<Result<UpstreamLink, StoreError>>, StoreError> {
     let (k, a) = (session.session_key.as_str(), session.agent_id.as_str());
     let table = txn
         .open_table(UPSTREAM_LINKS)
         .ctx("open the upstream links")?;
     let found = table.get((k, a)).ctx("read an upstream link")?;
-    found.map(|v| decode(k, a, v.value())).transpose()
+    Ok(found.map(|v| decode(k, a, v.value())))
+}
+
+/// The ref's link, read inside a write transaction; an entry that cannot be read fails.
+fn get(txn: &WriteTransaction, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+    found(txn, session)?.transpose()
 }
 
 fn put(txn: &WriteTransaction, link: &UpstreamLink) -> Result<(), StoreError> {
@@ -68,7 +82,13 @@ impl UpstreamStore for RedbStore {
     ) -> Result<UpsertOutcome, StoreError> {
         spec.validate()?;
         self.write("adopt a session (upstream link)", move |txn| {
-            let existing = get(txn, &spec.session)?;
+            let existing = found(txn, &spec.session)?.and_then(|found| {
+                found
+                    .inspect_err(|e| {
+                        tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
+                    })
+                    .ok()
+            });
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
                 put(txn, &plan.outcome.link)?;
@@ -101,7 +121,12 @@ impl UpstreamStore for RedbStore {
             for item in table.iter().ctx("list upstream links")? {
                 let (key, value) = item.ctx("list upstream links")?;
                 let (k, a) = key.value();
-                out.push(decode(k, a, value.value())?);
+                match decode(k, a, value.value()) {
+                    Ok(link) => out.push(link),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ignoring an upstream link that cannot be read");
+                    }
+                }
             }
             Ok(out)
         })
@@ -149,8 +174,13 @@ impl UpstreamStore for RedbStore {
     ) -> Result<bool, StoreError> {
         let session = session.clone();
         self.write("remove an upstream link", move |txn| {
-            let remove =
-                get(txn, &session)?.is_some_and(|l| upstream::may_remove(&l, expected_updated_at));
+            let remove = match found(txn, &session)? {
+                None => false,
+                Some(Ok(link)) => upstream::may_remove(&link, expected_updated_at),
+                // Nothing to compare a token with; without one, the entry goes.
+                Some(Err(e)) if expected_updated_at.is_some() => return Err(e),
+                Some(Err(_)) => true,
+            };
             if remove {
                 txn.open_table(UPSTREAM_LINKS)
                     .ctx("open the upstream links")?

@@ -34,6 +34,10 @@ impl RawAccess for Raw {
     ) -> Result<bool, StoreError> {
         self.0.damage_cursor_row(watcher, target).await
     }
+
+    async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.0.damage_link_row(session).await
+    }
 }
 
 /// Opens `path` with `options` as a [`Subject`] (the durable suite opens the same file more than

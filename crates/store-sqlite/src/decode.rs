@@ -661,9 +661,10 @@ pub(crate) fn one_link(text: &str) -> Result<UpstreamLink, StoreError> {
 }
 
 /// A JSON array of links.
-pub(crate) fn links(text: &str) -> Result<Vec<UpstreamLink>, StoreError> {
+/// A JSON array of links: each one, or the error of a row that cannot be read as a link.
+pub(crate) fn links(text: &str) -> Result<Vec<Result<UpstreamLink, StoreError>>, StoreError> {
     let raws: Vec<RawLink<'_>> = json("upstream links", text)?;
-    raws.into_iter().map(link).collect()
+    Ok(raws.into_iter().map(link).collect())
 }
 
 #[cfg(test)]

@@ -568,6 +568,17 @@ impl SqliteStore {
         self.write_changed("damage a cursor row", q).await
     }
 
+    /// Overwrites one upstream link row so that it no longer reads as a link (its marker
+    /// becomes text that is not JSON), as a torn write or another writer could leave it.
+    /// Returns whether the row existed. The durable suite uses it to check that such a row
+    /// stops no other link's monitoring.
+    pub async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::DAMAGE_LINK_ROW)
+            .bind(session.session_key.as_str().to_owned())
+            .bind(session.agent_id.as_str().to_owned());
+        self.write_changed("damage an upstream link row", q).await
+    }
+
     /// Runs `q` (a transaction whose last statement selects `changes()`) on the write
     /// connection; answers whether it changed a row.
     pub(crate) async fn write_changed(&self, what: &str, q: Query) -> Result<bool, StoreError> {

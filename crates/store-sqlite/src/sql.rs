@@ -487,6 +487,13 @@ UPDATE session_watch_cursors SET target_agent_id = '' WHERE watcher_session_key 
 SELECT changes();
 COMMIT";
 
+/// Overwrites one upstream link row's marker with text that is not JSON
+/// (`SqliteStore::damage_link_row`).
+pub(crate) const DAMAGE_LINK_ROW: &str = "BEGIN IMMEDIATE;
+UPDATE session_upstream_links SET last_marker_json = '{torn' WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
 /// Deletes one head row (`SqliteStore::delete_head_row`).
 pub(crate) const DELETE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;

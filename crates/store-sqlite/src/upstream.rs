@@ -2,6 +2,10 @@
 //! `session_upstream_links`. Every decision (same-source refresh, rebase, compare-and-set of
 //! the marker, conditional removal) is `awareness_core::upstream`'s; each write reads the link
 //! and writes what core decided in one `BEGIN IMMEDIATE` transaction.
+//!
+//! A row that cannot be read as a link (decision 0017) is left out of [`UpstreamStore::links`]
+//! with a warning, fails a read or a marker update of its ref with `Corrupt`, is written over
+//! by an adoption of its ref, and is removed by an unconditional removal.
 
 use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 use awareness_core::{SessionRef, StoreError, Timestamp, async_trait};
@@ -11,18 +15,19 @@ use sqlx::SqliteConnection;
 use crate::conn::{batch, batch_one, get};
 use crate::{SqliteStore, decode, sql};
 
-/// The current link of `session`, read inside the write transaction (begins it).
+/// The current link of `session`, read inside the write transaction (begins it): `None`
+/// without a row, the row's own error when it cannot be read as a link.
 async fn begin_with_link(
     conn: &mut SqliteConnection,
     session: &SessionRef,
     what: &str,
-) -> Result<Option<UpstreamLink>, StoreError> {
+) -> Result<Option<Result<UpstreamLink, StoreError>>, StoreError> {
     let q = sqlx::query(sql::LINK_BEGIN)
         .bind(session.session_key.as_str())
         .bind(session.agent_id.as_str());
     let row = batch_one(conn, q, what).await?;
     let text: Option<&str> = get(&row, 0, what)?;
-    text.map(decode::one_link).transpose()
+    Ok(text.map(decode::one_link))
 }
 
 /// Writes `link` whole and commits.
@@ -62,7 +67,15 @@ impl UpstreamStore for SqliteStore {
         spec.validate()?;
         let mut w = self.writer(WHAT).await?;
         let res = async {
-            let existing = begin_with_link(&mut w.conn, &spec.session, WHAT).await?;
+            let existing = begin_with_link(&mut w.conn, &spec.session, WHAT)
+                .await?
+                .and_then(|found| {
+                    found
+                        .inspect_err(|e| {
+                            tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
+                        })
+                        .ok()
+                });
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
                 put_link_commit(&mut w.conn, &plan.outcome.link, WHAT).await?;
@@ -91,7 +104,16 @@ impl UpstreamStore for SqliteStore {
     async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
         const WHAT: &str = "list upstream links";
         let row = self.read_one(sqlx::query(sql::LINKS), WHAT).await?;
-        decode::links(get(&row, 0, WHAT)?)
+        Ok(decode::links(get(&row, 0, WHAT)?)?
+            .into_iter()
+            .filter_map(|found| {
+                found
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, "ignoring an upstream link that cannot be read");
+                    })
+                    .ok()
+            })
+            .collect())
     }
 
     async fn set_marker(
@@ -107,6 +129,7 @@ impl UpstreamStore for SqliteStore {
         let res = async {
             let next = begin_with_link(&mut w.conn, session, WHAT)
                 .await?
+                .transpose()?
                 .and_then(|link| {
                     upstream::plan_set_marker(&link, expected_updated_at, marker, now)
                 });
@@ -144,10 +167,13 @@ impl UpstreamStore for SqliteStore {
         const WHAT: &str = "remove an upstream link";
         let mut w = self.writer(WHAT).await?;
         let res = async {
-            let existing = begin_with_link(&mut w.conn, session, WHAT).await?;
-            let remove = existing
-                .as_ref()
-                .is_some_and(|link| upstream::may_remove(link, expected_updated_at));
+            let remove = match begin_with_link(&mut w.conn, session, WHAT).await? {
+                None => false,
+                Some(Ok(link)) => upstream::may_remove(&link, expected_updated_at),
+                // Nothing to compare a token with; without one, the row goes.
+                Some(Err(e)) if expected_updated_at.is_some() => return Err(e),
+                Some(Err(_)) => true,
+            };
             let q = if remove {
                 sqlx::query(sql::DELETE_LINK_COMMIT)
                     .bind(session.session_key.as_str())

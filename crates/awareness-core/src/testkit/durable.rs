@@ -32,6 +32,7 @@ use super::{OpenFile, Scratch, Subject, observe, poll_once};
 use crate::model::{CursorKey, NewEvent, Sequence, SessionRef, Timestamp};
 use crate::retention::PruneStep;
 use crate::store::{AwarenessStore, AwarenessStoreExt as _};
+use serde_json::json;
 
 const LATER: Timestamp = Timestamp(T0.0 + 2 * Timestamp::DAY_MS);
 
@@ -795,6 +796,102 @@ pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f:
         s.log_stats().await.expect("stats").rows <= 1,
         "only the unreadable row may outlive its age"
     );
+}
+
+/// An upstream link row the store cannot read (decision 0017) stops no other link: the listing
+/// the monitor reads at every tick leaves it out and lists the others, whose markers still
+/// move. A read of its ref, a marker update and a removal conditioned on its token fail with
+/// `Corrupt` and leave it; an adoption of its ref writes a new link over it; an unconditional
+/// removal removes it, and so does a deletion of its session.
+pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl OpenFile) {
+    use crate::StoreError;
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let u = &*t.upstream;
+    let (a, b, c) = (
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+        r("agent:main:subagent:c", "main"),
+    );
+    for (i, session) in [&a, &b, &c].into_iter().enumerate() {
+        u.upsert_link(link_spec(session, &format!("t{i}"), 10), T0)
+            .await
+            .expect("adopt");
+    }
+    let damage = async |session: &SessionRef| {
+        assert!(
+            t.raw
+                .damage_link_row(session)
+                .await
+                .expect("damage a link row"),
+            "the store has a link row to damage"
+        );
+    };
+    let listed = async || -> Vec<SessionRef> {
+        u.links()
+            .await
+            .expect("the listing leaves the unreadable row out")
+            .into_iter()
+            .map(|l| l.session)
+            .collect()
+    };
+    let corrupt = |what: &str, res: Result<(), StoreError>| {
+        assert!(
+            matches!(res, Err(StoreError::Corrupt { .. })),
+            "{what}: {res:?}"
+        );
+    };
+    damage(&b).await;
+    assert_eq!(listed().await, [a.clone(), c.clone()]);
+    corrupt("link", u.link(&b).await.map(drop));
+    corrupt(
+        "set_marker",
+        u.set_marker(&b, T0, json!({"offset": 11}), T0.plus_ms(1))
+            .await
+            .map(drop),
+    );
+    corrupt(
+        "remove_link with a token",
+        u.remove_link(&b, Some(T0)).await.map(drop),
+    );
+    assert_eq!(
+        listed().await,
+        [a.clone(), c.clone()],
+        "the row stays as it was"
+    );
+    assert!(
+        u.set_marker(&a, T0, json!({"offset": 12}), T0.plus_ms(1))
+            .await
+            .expect("another link's marker moves"),
+    );
+
+    let again = u
+        .upsert_link(link_spec(&b, "t1", 20), T0.plus_ms(2))
+        .await
+        .expect("adopting again writes over the row");
+    assert!(
+        again.created,
+        "nothing of the unreadable link is kept: {again:?}"
+    );
+    assert_eq!(u.link(&b).await.expect("link"), Some(again.link));
+    assert_eq!(listed().await, [a.clone(), b.clone(), c.clone()]);
+
+    damage(&b).await;
+    assert!(
+        u.remove_link(&b, None)
+            .await
+            .expect("remove without a token"),
+        "removed"
+    );
+    damage(&c).await;
+    t.store
+        .delete_session(&c)
+        .await
+        .expect("delete the session");
+    assert_eq!(listed().await, [a.clone()]);
+    for gone in [&b, &c] {
+        assert_eq!(u.link(gone).await.expect("link"), None, "{gone:?}");
+    }
 }
 
 /// A cursor row the store can no longer read (a torn write, a hand edit, another writer's row)

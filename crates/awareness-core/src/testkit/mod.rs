@@ -74,6 +74,11 @@ pub trait RawAccess: Send + Sync {
         watcher: &WatcherKey,
         target: &SessionKey,
     ) -> Result<bool, StoreError>;
+    /// Overwrites the upstream link row of `session` so that the store can no longer read it
+    /// (its marker becomes text that is not JSON), as a torn write or a hand edit could leave
+    /// it. Returns whether the row existed; `false` from a store that keeps values rather than
+    /// bytes (store-memory).
+    async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError>;
 }
 
 /// The store factory of the file suites ([`durable`], [`read_only`], [`open`]): an async
@@ -376,6 +381,7 @@ macro_rules! durable_suite {
             an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
             an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
+            an_unreadable_link_row_is_left_out_and_stops_no_other_link,
         );
     };
 }

@@ -114,7 +114,9 @@ struct Inner {
 
 #[derive(Debug)]
 struct RefState {
-    head: Head,
+    /// `None` only once [`MemoryStore::delete_head_row`] took it: the events stay, as in a
+    /// durable store whose head row was deleted by hand.
+    head: Option<Head>,
     events: BTreeMap<Sequence, Arc<Event>>,
 }
 
@@ -131,12 +133,16 @@ impl MemoryStore {
         self.lock().remove_event(sequence).is_some()
     }
 
-    /// Deletes one session's head, and with it the session's index of its events, touching
-    /// nothing else: the events stay in the log (`events_after` lists them) and the cursors on
-    /// the session stay, as a store edited by hand could be left. Returns whether the head
-    /// existed. The conformance suite uses it to check that pruning never creates a head.
+    /// Deletes one session's head, touching nothing else: its events stay (a page of its
+    /// changes lists them, deleting the session deletes them) and the cursors on the session
+    /// stay, as a durable store whose head row was deleted by hand is left. Returns whether the
+    /// head existed. The conformance suite uses it to check that pruning never creates a head.
     pub fn delete_head_row(&self, session: &SessionRef) -> bool {
-        self.lock().sessions.remove(session).is_some()
+        self.lock()
+            .sessions
+            .get_mut(session)
+            .and_then(|st| st.head.take())
+            .is_some()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -252,8 +258,9 @@ impl Inner {
             .filter_map(|s| self.events.get(s).map(|e| (e.session_ref(), *s)))
             .collect();
         for (r, s) in retention::watermarks(refs.iter().map(|(r, s)| (r, *s))) {
-            if let Some(st) = self.sessions.get_mut(&r) {
-                st.head = retention::stamp(&st.head, s, now);
+            // Pruning raises the heads there are and never creates one.
+            if let Some(head) = self.sessions.get_mut(&r).and_then(|st| st.head.as_mut()) {
+                *head = retention::stamp(head, s, now);
             }
         }
         victims
@@ -291,11 +298,11 @@ impl EventStore for MemoryStore {
         let st = match g.sessions.entry(r) {
             Entry::Occupied(o) => {
                 let st = o.into_mut();
-                st.head = protocol::head_after(Some(&st.head), &stored, now);
+                st.head = Some(protocol::head_after(st.head.as_ref(), &stored, now));
                 st
             }
             Entry::Vacant(v) => v.insert(RefState {
-                head: protocol::head_after(None, &stored, now),
+                head: Some(protocol::head_after(None, &stored, now)),
                 events: BTreeMap::new(),
             }),
         };
@@ -330,7 +337,7 @@ impl EventStore for MemoryStore {
         let min = st.events.keys().next().copied();
         Ok(reconcile::build_page(
             after,
-            Some(&st.head),
+            st.head.as_ref(),
             min,
             fetched,
             limit,
@@ -340,7 +347,7 @@ impl EventStore for MemoryStore {
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         let g = self.lock();
         Ok(awareness_core::store::distinct_refs(sessions)
-            .filter_map(|r| g.sessions.get(r).map(|st| st.head.clone()))
+            .filter_map(|r| g.sessions.get(r).and_then(|st| st.head.clone()))
             .collect())
     }
 
@@ -349,7 +356,7 @@ impl EventStore for MemoryStore {
         let mut out: Vec<Head> = g
             .sessions
             .values()
-            .map(|st| &st.head)
+            .filter_map(|st| st.head.as_ref())
             .filter(|h| agent.is_none_or(|a| *a == h.session.agent_id))
             .cloned()
             .collect();
@@ -450,7 +457,8 @@ impl CursorStore for MemoryStore {
         let head = g
             .sessions
             .get(target)
-            .map_or(Sequence::ZERO, |st| st.head.last_sequence);
+            .and_then(|st| st.head.as_ref())
+            .map_or(Sequence::ZERO, |h| h.last_sequence);
         let (cursor, write) = protocol::watch(g.cursors.get(&key), watcher, target, head, now);
         if write {
             g.put_cursor(cursor.clone());

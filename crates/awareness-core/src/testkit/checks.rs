@@ -2450,6 +2450,46 @@ pub async fn pruning_never_creates_a_head(t: &Subject) {
     );
 }
 
+/// A session whose head row is gone (a hand edit; another application's writer) keeps its
+/// events: a page of its changes still lists them, a new recording makes it a head again and
+/// pages the old events with the new one, and deleting the session deletes them all.
+pub async fn a_session_without_its_head_keeps_its_events(t: &Subject) {
+    let s = &*t.store;
+    let summaries = async || -> Vec<String> {
+        s.changes_since(&child(), Sequence::ZERO, 200)
+            .await
+            .expect("changes_since")
+            .events
+            .iter()
+            .map(|e| e.summary.clone())
+            .collect()
+    };
+    rec(s, log_only(&child(), "first"), T0).await;
+    rec(s, log_only(&child(), "second"), T0).await;
+    t.raw
+        .delete_head_row(&child())
+        .await
+        .expect("delete a head row");
+    assert!(s.heads(&[child()]).await.expect("heads").is_empty());
+    assert_eq!(summaries().await, ["first", "second"], "the events stay");
+    let third = rec(s, log_only(&child(), "third"), T0).await.event.sequence;
+    assert_eq!(
+        s.state_version(&child()).await.expect("state_version"),
+        third,
+        "a head again"
+    );
+    assert_eq!(summaries().await, ["first", "second", "third"]);
+    t.raw
+        .delete_head_row(&child())
+        .await
+        .expect("delete a head row");
+    s.delete_session(&child())
+        .await
+        .expect("delete the session");
+    assert!(summaries().await.is_empty(), "deleted with the session");
+    assert_eq!(count(s).await, 0, "nothing of it is left in the log");
+}
+
 /// After recordings (with a dedupe hit), watches, an acknowledgement, pruning by age and a
 /// deleted session, what the store holds breaks none of [`crate::audit`]'s invariants.
 pub async fn a_store_keeps_the_audit_invariants(t: &Subject) {

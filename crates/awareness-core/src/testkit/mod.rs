@@ -215,6 +215,7 @@ macro_rules! conformance_suite {
             session_status_never_names_an_event_its_page_left_out,
             a_store_keeps_the_audit_invariants,
             pruning_never_creates_a_head,
+            a_session_without_its_head_keeps_its_events,
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,
             record_returns_every_field,
             text_fields_round_trip_exactly,

@@ -174,19 +174,19 @@ mod tests {
         );
         // A spawn into another agent: its key names the spawner's agent.
         dir.upsert(k("agent:ops:subagent:z"), child("agent:main:subagent:x"));
-        let p = SpawnTree::new(dir);
+        let policy = SpawnTree::new(dir);
         let r = |s: &str, a: &str| SessionRef::parse(s, a).unwrap();
         let (main_global, ops_global) = (r("global", "main"), r("global", "ops"));
-        let (x, y, z) = (
+        let (spawned, nested, elsewhere) = (
             r("agent:main:subagent:x", "main"),
             r("agent:main:subagent:x:subagent:y", "main"),
             r("agent:ops:subagent:z", "ops"),
         );
-        for descendant in [&x, &y, &z] {
-            assert!(p.can_see(&main_global, descendant), "{descendant:?}");
-            assert!(p.can_see(descendant, &main_global), "{descendant:?}");
-            assert!(!p.can_see(&ops_global, descendant), "{descendant:?}");
-            assert!(!p.can_see(descendant, &ops_global), "{descendant:?}");
+        for descendant in [&spawned, &nested, &elsewhere] {
+            assert!(policy.can_see(&main_global, descendant), "{descendant:?}");
+            assert!(policy.can_see(descendant, &main_global), "{descendant:?}");
+            assert!(!policy.can_see(&ops_global, descendant), "{descendant:?}");
+            assert!(!policy.can_see(descendant, &ops_global), "{descendant:?}");
         }
     }
 }

@@ -146,9 +146,10 @@ async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
     );
     impl HeartbeatWake for PanicsOnce {
         fn wake(&self, session: &SessionKey, reason: &str) {
-            if !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                panic!("the heartbeat runner failed");
-            }
+            assert!(
+                self.0.swap(true, std::sync::atomic::Ordering::SeqCst),
+                "the heartbeat runner failed"
+            );
             self.1.wake(session, reason);
         }
     }

@@ -808,12 +808,12 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let u = &*t.upstream;
-    let (a, b, c) = (
+    let (kept, torn, gone) = (
         r("agent:main:subagent:a", "main"),
         r("agent:main:subagent:b", "main"),
         r("agent:main:subagent:c", "main"),
     );
-    for (i, session) in [&a, &b, &c].into_iter().enumerate() {
+    for (i, session) in [&kept, &torn, &gone].into_iter().enumerate() {
         u.upsert_link(link_spec(session, &format!("t{i}"), 10), T0)
             .await
             .expect("adopt");
@@ -841,56 +841,56 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
             "{what}: {res:?}"
         );
     };
-    damage(&b).await;
-    assert_eq!(listed().await, [a.clone(), c.clone()]);
-    corrupt("link", u.link(&b).await.map(drop));
+    damage(&torn).await;
+    assert_eq!(listed().await, [kept.clone(), gone.clone()]);
+    corrupt("link", u.link(&torn).await.map(drop));
     corrupt(
         "set_marker",
-        u.set_marker(&b, T0, json!({"offset": 11}), T0.plus_ms(1))
+        u.set_marker(&torn, T0, json!({"offset": 11}), T0.plus_ms(1))
             .await
             .map(drop),
     );
     corrupt(
         "remove_link with a token",
-        u.remove_link(&b, Some(T0)).await.map(drop),
+        u.remove_link(&torn, Some(T0)).await.map(drop),
     );
     assert_eq!(
         listed().await,
-        [a.clone(), c.clone()],
+        [kept.clone(), gone.clone()],
         "the row stays as it was"
     );
     assert!(
-        u.set_marker(&a, T0, json!({"offset": 12}), T0.plus_ms(1))
+        u.set_marker(&kept, T0, json!({"offset": 12}), T0.plus_ms(1))
             .await
             .expect("another link's marker moves"),
     );
 
     let again = u
-        .upsert_link(link_spec(&b, "t1", 20), T0.plus_ms(2))
+        .upsert_link(link_spec(&torn, "t1", 20), T0.plus_ms(2))
         .await
         .expect("adopting again writes over the row");
     assert!(
         again.created,
         "nothing of the unreadable link is kept: {again:?}"
     );
-    assert_eq!(u.link(&b).await.expect("link"), Some(again.link));
-    assert_eq!(listed().await, [a.clone(), b.clone(), c.clone()]);
+    assert_eq!(u.link(&torn).await.expect("link"), Some(again.link));
+    assert_eq!(listed().await, [kept.clone(), torn.clone(), gone.clone()]);
 
-    damage(&b).await;
+    damage(&torn).await;
     assert!(
-        u.remove_link(&b, None)
+        u.remove_link(&torn, None)
             .await
             .expect("remove without a token"),
         "removed"
     );
-    damage(&c).await;
+    damage(&gone).await;
     t.store
-        .delete_session(&c)
+        .delete_session(&gone)
         .await
         .expect("delete the session");
-    assert_eq!(listed().await, [a.clone()]);
-    for gone in [&b, &c] {
-        assert_eq!(u.link(gone).await.expect("link"), None, "{gone:?}");
+    assert_eq!(listed().await, std::slice::from_ref(&kept));
+    for removed in [&torn, &gone] {
+        assert_eq!(u.link(removed).await.expect("link"), None, "{removed:?}");
     }
 }
 

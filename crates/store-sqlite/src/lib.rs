@@ -616,7 +616,9 @@ impl SqliteStore {
     }
 
     /// Write operations this handle has begun on its write connection since it was opened: one
-    /// per recording made alone (a recording of a failed group commit retried alone included),
+    /// per recording made alone (a recording of a failed group commit retried alone included;
+    /// one whose one-batch attempt found its target watched after all commits an empty
+    /// transaction before its two batches, and is still counted once),
     /// one per group commit however many recordings it holds, one per
     /// other write call (a pruning chunk counts each of its transactions). Shows how well group
     /// commit batches.

@@ -660,7 +660,6 @@ pub(crate) fn one_link(text: &str) -> Result<UpstreamLink, StoreError> {
     link(json("upstream link", text)?)
 }
 
-/// A JSON array of links.
 /// A JSON array of links: each one, or the error of a row that cannot be read as a link.
 pub(crate) fn links(text: &str) -> Result<Vec<Result<UpstreamLink, StoreError>>, StoreError> {
     let raws: Vec<RawLink<'_>> = json("upstream links", text)?;

@@ -336,8 +336,9 @@ impl fmt::Debug for SqliteStore {
 impl SqliteStore {
     /// Opens (or creates, mode 0600) the store at `path` with the default [`SqliteOptions`], and
     /// brings its schema up to date. The directory must exist. An existing file that is not an
-    /// SQLite database, a truncated one, or one in a place without the needed permissions gives
-    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then. A file whose
+    /// SQLite database, a truncated one, one in a place without the needed permissions, or one a
+    /// later version of this crate migrated (decision 0012) gives [`StoreError::Open`] naming
+    /// the path; nothing is created or overwritten then. A file whose
     /// schema this open must bring up to date while another connection holds its write lock for
     /// longer than the busy timeout gives [`StoreError::Busy`] (retryable) naming the path.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {

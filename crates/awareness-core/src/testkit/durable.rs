@@ -335,8 +335,10 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(f: impl OpenF
         "`b`, whose gateway owns the watcher, is told a notice may be waiting"
     );
     // The cursor is frozen at the notice just handed out: re-freezing it (a start-up sweep)
-    // re-delivers the notice and writes nothing (decision 0002), so no other writer is sent to
-    // look for notices.
+    // re-delivers the notice and changes nothing (decision 0002), so no other writer is sent to
+    // look for notices. (SQLite leaves a page clean when a row is rewritten with the same
+    // bytes, so this guards against a re-freeze that changes the row, such as one moving
+    // `updated_at`; store-redb, which answers `None`, counts its commits in a test of its own.)
     let key = CursorKey {
         watcher: manager.clone(),
         target: kid.session_key.clone(),
@@ -857,7 +859,11 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
     assert_eq!(
         listed().await,
         [kept.clone(), gone.clone()],
-        "the row stays as it was"
+        "the others stay listed"
+    );
+    corrupt(
+        "link, after the refusals: the row stays as it was",
+        u.link(&torn).await.map(drop),
     );
     assert!(
         u.set_marker(&kept, T0, json!({"offset": 12}), T0.plus_ms(1))

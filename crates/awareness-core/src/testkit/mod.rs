@@ -75,8 +75,9 @@ pub trait RawAccess: Send + Sync {
         target: &SessionKey,
     ) -> Result<bool, StoreError>;
     /// Overwrites the upstream link row of `session` so that the store can no longer read it
-    /// (its marker becomes text that is not JSON), as a torn write or a hand edit could leave
-    /// it. Returns whether the row existed; `false` from a store that keeps values rather than
+    /// as a link (text that is not JSON where JSON is kept: the marker's column, or the whole
+    /// value of a store that keeps a link as one JSON value), as a torn write or a hand edit
+    /// could leave it. Returns whether the row existed; `false` from a store that keeps values rather than
     /// bytes (store-memory).
     async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError>;
 }

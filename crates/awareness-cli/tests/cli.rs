@@ -560,6 +560,62 @@ fn write_commands_that_add_nothing_refuse_a_missing_store() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// The same commands, given an existing file that is no store (an empty file; another
+/// application's SQLite database), made it one (OpenClaw's tables, our migrations table, WAL)
+/// and reported success on it. Each now fails with exit 1 naming the file, which is left as it
+/// was, on each backend.
+#[test]
+fn write_commands_that_add_nothing_refuse_a_file_that_is_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs.db");
+    edit_by_hand(
+        &format!("sqlite://{}?mode=rwc", theirs.display()),
+        "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
+    );
+    let mut wrong = Vec::new();
+    for (scheme, file) in [
+        ("sqlite", "empty.db"),
+        ("redb", "empty.redb"),
+        ("sqlite", "theirs.db"),
+    ] {
+        let path = dir.path().join(file);
+        if !path.exists() {
+            std::fs::write(&path, b"").unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        for args in [
+            &["unwatch", "agent:main:main", "agent:main:subagent:c1"][..],
+            &["ack", "agent:main:main", "agent:main:subagent:c1"][..],
+            &["sweep"][..],
+            &["prune"][..],
+        ] {
+            let store = format!("{scheme}://{}", path.display());
+            let o = run_in(
+                dir.path(),
+                &[&["--store", store.as_str()][..], args].concat(),
+            );
+            let err = stderr(&o);
+            if o.status.code() != Some(1) || !err.contains(file) {
+                wrong.push(format!(
+                    "{store} {args:?}: exit {:?}, stdout {:?}, stderr {err:?}",
+                    o.status.code(),
+                    stdout(&o)
+                ));
+            }
+        }
+        if std::fs::read(&path).unwrap() != before {
+            wrong.push(format!("{file}: changed"));
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !["empty.db", "empty.redb", "theirs.db"].contains(&n.as_str()))
+        .collect();
+    assert!(left.is_empty(), "created {left:?}");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// A warning the libraries log reaches stderr: here store-sqlite's, for a cursor row whose
 /// watcher key is not agent-qualified (a row neither we nor OpenClaw write, which it ignores).
 /// Without a subscriber, the binary dropped every such line. `AWARENESS_LOG=off` silences it;

@@ -73,7 +73,9 @@ impl StoreUrl {
 /// Options of [`open_store`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenOptions {
-    /// Create the file when missing (a read-only tool passes `false`).
+    /// Create the store when missing (a read-only tool passes `false`). Off, the open creates
+    /// no store at all: a missing file, an empty one, or another application's database is
+    /// refused, and left without our tables.
     pub create_if_missing: bool,
     /// Only read: no store is created (SQLite may add its `-wal` and `-shm` files beside one)
     /// and nothing in the file is written, not even a migration; every write fails with

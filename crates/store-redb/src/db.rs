@@ -364,14 +364,20 @@ pub(crate) enum Mode {
 fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {
-            if m.len() == 0 && mode == Mode::ReadOnly {
-                return Err(open_error(
-                    path,
-                    "an empty file, not yet a store, and a read-only open creates nothing",
-                    None,
-                ));
+            let refused = match mode {
+                _ if m.len() > 0 => None,
+                Mode::Create => None,
+                Mode::Existing => {
+                    Some("an empty file, not yet a store, and create_if_missing is off")
+                }
+                Mode::ReadOnly => {
+                    Some("an empty file, not yet a store, and a read-only open creates nothing")
+                }
+            };
+            match refused {
+                Some(reason) => Err(open_error(path, reason, None)),
+                None => Ok(()),
             }
-            Ok(())
         }
         Ok(_) => Err(open_error(path, "not a regular file", None)),
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -418,7 +424,7 @@ fn stored_version<T: ReadableTable<&'static str, u64>>(
 }
 
 /// Creates the tables of a new file, or checks that an existing file is one of ours.
-fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
+fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError> {
     let txn = db.begin_write().ctx("open: begin a write")?;
     let version = stored_version(txn.open_table(META), path)?;
     match version {
@@ -466,6 +472,14 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
                     format!(
                         "a redb database of another application (tables {foreign:?}), not a session-awareness store"
                     ),
+                    None,
+                ));
+            }
+            if mode != Mode::Create {
+                // A redb database holding no table yet: this open may create no store.
+                return Err(open_error(
+                    path,
+                    "a redb database without this store's tables, and create_if_missing is off",
                     None,
                 ));
             }
@@ -707,7 +721,7 @@ pub(crate) fn open_shared(
             .set_concurrency_mode(concurrency)
             .create(&canonical)
             .map_err(|e| database_error(path, e))?;
-        init_schema(&db, path).map_err(|e| naming_the_file(path, e))?;
+        init_schema(&db, path, mode).map_err(|e| naming_the_file(path, e))?;
         Db::Write(db)
     };
     let closed = Arc::new(Closed::default());

@@ -236,8 +236,9 @@ pub enum Durability {
 pub struct RedbOptions {
     /// How commits reach the disk (default [`Durability::Immediate`]).
     pub durability: Durability,
-    /// Create the file when it does not exist (default `true`). When `false`, a missing file is
-    /// an error and nothing is created.
+    /// Create the file when it does not exist (default `true`). When `false`, the open creates
+    /// no store at all: a missing file, an empty one, or a redb database without this store's
+    /// tables is a [`StoreError::Open`], and no table is created in it.
     pub create_if_missing: bool,
     /// Open the file read-only (default `false`): every write returns
     /// [`StoreError::ReadOnly`], nothing is created, migrated or written, and

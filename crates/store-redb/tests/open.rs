@@ -164,6 +164,40 @@ async fn a_redb_file_of_another_application_is_refused() {
     assert_eq!(value, 7);
 }
 
+/// With `create_if_missing` off an open creates no store at all: an empty file and a redb
+/// database holding no table yet are refused and left as they were (a mistyped path must not
+/// turn them into stores); a store opens as always.
+#[tokio::test]
+async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.redb");
+    std::fs::write(&empty, b"").unwrap();
+    let bare = dir.path().join("bare.redb");
+    drop(redb::Database::create(&bare).unwrap());
+    let ours = dir.path().join("state.redb");
+    RedbStore::open(&ours).await.unwrap().close().await;
+    let existing = RedbOptions {
+        create_if_missing: false,
+        ..RedbOptions::default()
+    };
+    for path in [&empty, &bare] {
+        let err = RedbStore::open_with(path, existing.clone())
+            .await
+            .expect_err("no store yet");
+        assert_open_error(&err, path, "create_if_missing is off");
+    }
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "still empty");
+    // redb itself may rewrite its header when it opens a file read-write; no table is added.
+    let db = redb::Database::open(&bare).unwrap();
+    assert_eq!(table_names(&db.begin_read().unwrap()), Vec::<String>::new());
+    drop(db);
+    RedbStore::open_with(&ours, existing)
+        .await
+        .expect("a store opens")
+        .close()
+        .await;
+}
+
 /// Another application's redb file whose only table is called `meta`, like ours, but holds no
 /// schema version of ours, is refused and left as it was: it is not a new store to create
 /// tables in, nor is its `last_sequence` ours to reset.

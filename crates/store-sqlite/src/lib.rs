@@ -213,8 +213,10 @@ impl SqliteOptions {
         self
     }
 
-    /// Whether a missing file is created (mode 0600; its directory must exist). Default `true`;
-    /// commands that only read should pass `false`.
+    /// Whether a missing file is created (mode 0600; its directory must exist). Default `true`.
+    /// Off, the open creates no store at all: an existing file that is not yet one (an empty
+    /// file, another application's SQLite database) is refused with [`StoreError::Open`] and
+    /// left as it was, while an OpenClaw database is opened (and gains our columns, as always).
     #[must_use]
     pub fn create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
@@ -390,8 +392,16 @@ impl SqliteStore {
                     return Err(fail(e));
                 }
             };
-            // A file a later version wrote is refused before anything is written to it.
-            match schema::too_new(&mut conn).await {
+            // A file a later version wrote is refused before anything is written to it, and so
+            // is one that is no state database yet when this open may create none (an empty
+            // file, another application's database: a mistyped path).
+            let refused = match schema::too_new(&mut conn).await {
+                Ok(None) if !options.create_if_missing => schema::not_a_state_database(&mut conn)
+                    .await
+                    .map(|r| r.map(|r| format!("{r}, and create_if_missing is off"))),
+                other => other,
+            };
+            match refused {
                 Ok(None) => {}
                 Ok(Some(reason)) => {
                     abandon(Vec::new(), Some(conn), &companions, None).await;

@@ -229,6 +229,21 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, now_ms: i64) -> Result<
     ended.map(|_| ())
 }
 
+/// Why the file is no OpenClaw or session-awareness state database (one of OpenClaw's four
+/// tables is missing: an empty file, another application's database), or `None`.
+pub(crate) async fn not_a_state_database(
+    conn: &mut SqliteConnection,
+) -> Result<Option<String>, sqlx::Error> {
+    for table in OPENCLAW_TABLE_NAMES {
+        if !has_table(conn, table).await? {
+            return Ok(Some(format!(
+                "not an OpenClaw or session-awareness state database (no table {table})"
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// OpenClaw's four tables, which a database must hold to be read without migrating it.
 const OPENCLAW_TABLE_NAMES: [&str; 4] = [
     "session_state_events",
@@ -246,12 +261,8 @@ const OPENCLAW_TABLE_NAMES: [&str; 4] = [
 pub(crate) async fn shadow_missing_columns(
     conn: &mut SqliteConnection,
 ) -> Result<Result<(), String>, sqlx::Error> {
-    for table in OPENCLAW_TABLE_NAMES {
-        if !has_table(conn, table).await? {
-            return Ok(Err(format!(
-                "not an OpenClaw or session-awareness state database (no table {table})"
-            )));
-        }
+    if let Some(reason) = not_a_state_database(conn).await? {
+        return Ok(Err(reason));
     }
     // The missing additive columns, by table, in migration order.
     let mut missing: Vec<(&str, Vec<&str>)> = Vec::new();

@@ -488,6 +488,48 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
     assert_eq!(listing(dir.path())[&path], before[&path], "read-only");
 }
 
+/// With `create_if_missing(false)` an open creates no store at all: an empty file and another
+/// application's SQLite database are refused and left as they were (a mistyped path must not
+/// turn them into stores); a store, OpenClaw's included, opens as always.
+#[tokio::test]
+async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let theirs = dir.path().join("theirs.db");
+    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&theirs)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::raw_sql("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');")
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    raw.close().await.unwrap();
+    let ours = dir.path().join("state.sqlite");
+    SqliteStore::open(&ours).await.unwrap().close().await;
+    let before = listing(dir.path());
+    for path in [&empty, &theirs] {
+        let err = SqliteStore::open_with(path, SqliteOptions::new().create_if_missing(false))
+            .await
+            .expect_err("no store yet");
+        assert_open_error(&err, path, "create_if_missing is off");
+    }
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "nothing created or overwritten"
+    );
+    SqliteStore::open_with(&ours, SqliteOptions::new().create_if_missing(false))
+        .await
+        .expect("a store opens")
+        .close()
+        .await;
+}
+
 #[tokio::test]
 async fn a_missing_directory_is_not_created() {
     let dir = tempfile::tempdir().unwrap();

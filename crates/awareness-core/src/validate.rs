@@ -41,8 +41,8 @@ pub enum ValidationError {
         /// The most allowed ([`MAX_KEY_BYTES`], or [`MAX_DEDUPE_KEY_BYTES`] for a dedupe key).
         max: usize,
     },
-    /// A key or id contains a control character.
-    #[error("{what} contains a control character")]
+    /// A key or id contains a character that breaks a line ([`breaks_key`]).
+    #[error("{what} contains a control character or a line separator")]
     ControlCharacter {
         /// Which field.
         what: &'static str,
@@ -176,9 +176,11 @@ fn bounded_key(what: &'static str, value: &str, max: usize) -> Result<(), Valida
     Ok(())
 }
 
-/// Whether the key rules ([`key`], [`dedupe_key`]) refuse `c`: a control character.
+/// Whether the key rules ([`key`], [`dedupe_key`]) refuse `c`: what breaks a summary's one
+/// line ([`breaks_summary`]), since a key is written into notice texts, which are one line
+/// (DESIGN.md section 4).
 pub fn breaks_key(c: char) -> bool {
-    c.is_control()
+    breaks_summary(c)
 }
 
 /// What ends text that [`fit_summary`] or [`fit_key`] cut.
@@ -382,6 +384,22 @@ pub fn clamp_occurred_at(occurred_at: Option<Timestamp>, now: Timestamp) -> Time
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key goes into the one-line notice text as it is: a line or paragraph separator,
+    /// which is no control character, is refused like one.
+    #[test]
+    fn keys_refuse_what_breaks_a_line() {
+        for bad in ["agent:main:a\u{2028}b", "agent:main:a\u{2029}b", "agent:main:a\nb"] {
+            assert!(
+                matches!(
+                    crate::SessionKey::new(bad),
+                    Err(ValidationError::ControlCharacter { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(crate::AgentId::new(&bad[11..]).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn summaries_fit_and_stay_informative() {

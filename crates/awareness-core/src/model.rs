@@ -217,6 +217,13 @@ pub struct SessionRef {
 }
 
 impl SessionRef {
+    /// Whether this ref is the session that watches under its key: the key is agent-qualified
+    /// and names this ref's agent. Deleting it deletes the cursors its key watches with
+    /// ([`Cursor::removed_by_delete`]); deleting the same key under another agent does not.
+    pub fn is_watcher(&self) -> bool {
+        self.session_key.agent_id() == Some(self.agent_id.as_str())
+    }
+
     /// Builds a ref from validated parts.
     pub fn new(session_key: SessionKey, agent_id: AgentId) -> Self {
         Self {
@@ -778,10 +785,13 @@ impl Cursor {
         self.last_seen <= self.notified && self.notified <= self.material
     }
 
-    /// Whether deleting `session` removes this cursor (DESIGN.md section 6): the deleted session is
-    /// its watcher, or its target of that agent. Another agent's same-named target stays.
+    /// Whether deleting `session` removes this cursor (DESIGN.md section 6: "cursors where S is
+    /// watcher or target (of that agent)"): the deleted session is its watcher (whose key names
+    /// its agent), or its target of that agent. Another agent's same-named target stays, and so
+    /// does the watcher's cursor when the deleted ref names the watcher's key under another
+    /// agent.
     pub fn removed_by_delete(&self, session: &SessionRef) -> bool {
-        self.watcher.session_key() == &session.session_key
+        (session.is_watcher() && self.watcher.session_key() == &session.session_key)
             || (self.target == session.session_key && self.target_agent == session.agent_id)
     }
 

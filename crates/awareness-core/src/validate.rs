@@ -389,7 +389,11 @@ mod tests {
     /// which is no control character, is refused like one.
     #[test]
     fn keys_refuse_what_breaks_a_line() {
-        for bad in ["agent:main:a\u{2028}b", "agent:main:a\u{2029}b", "agent:main:a\nb"] {
+        for bad in [
+            "agent:main:a\u{2028}b",
+            "agent:main:a\u{2029}b",
+            "agent:main:a\nb",
+        ] {
             assert!(
                 matches!(
                     crate::SessionKey::new(bad),

@@ -936,8 +936,10 @@ fn delete_session_tx(
         .ctx("delete: the upstream link")?
         .is_some();
     let mut cur = CursorTables::open(txn)?;
-    for t in cur.targets_of(key)? {
-        wrote |= cur.remove(key, &t)?;
+    if session.is_watcher() {
+        for t in cur.targets_of(key)? {
+            wrote |= cur.remove(key, &t)?;
+        }
     }
     // A row on the key that cannot be read goes too: its agent is unknown, and it could only be
     // left behind for good (decision 0016).

@@ -410,7 +410,8 @@ impl EventStore for SqliteStore {
             let q = sqlx::query(sql::DELETE_SESSION_COMMIT)
                 .bind(key)
                 .bind(session.agent_id.as_str().to_owned())
-                .bind(decode::to_json(&doomed));
+                .bind(decode::to_json(&doomed))
+                .bind(i64::from(session.is_watcher()));
             batch(&mut w.conn, q, WHAT).await.map(drop)
         }
         .await;

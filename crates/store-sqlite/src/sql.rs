@@ -410,12 +410,13 @@ SELECT json_group_array(",
 );
 
 /// Delete, second batch: the ref's (`$1`, `$2`) events, head and upstream link, the cursors it
-/// owns as watcher, the cursors on it listed in `$3` (`[watcher, target]` pairs); commits.
+/// owns as watcher when `$4` is 1 (core's `SessionRef::is_watcher`), the cursors on it listed in
+/// `$3` (`[watcher, target]` pairs); commits.
 pub(crate) const DELETE_SESSION_COMMIT: &str = "DELETE FROM session_state_events
   WHERE session_key = $1 AND agent_id = $2;
 DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;
 DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2;
-DELETE FROM session_watch_cursors WHERE watcher_session_key = $1;
+DELETE FROM session_watch_cursors WHERE watcher_session_key = $1 AND $4 = 1;
 DELETE FROM session_watch_cursors WHERE (watcher_session_key, target_session_key) IN
   (SELECT value ->> 0, value ->> 1 FROM jsonb_each($3));
 COMMIT";

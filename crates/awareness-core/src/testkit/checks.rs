@@ -1386,6 +1386,13 @@ pub async fn delete_removes_ref_and_leaves_other_agent_alone(t: &Subject) {
             .is_some(),
         "ops' global is another session"
     );
+    // A ref that names the watcher's key under another agent is another session: deleting it
+    // leaves the watcher's cursors.
+    s.delete_session(&r(CHILD, "ops")).await.unwrap();
+    assert!(
+        s.cursor(&w(CHILD), &k(PEER)).await.unwrap().is_some(),
+        "the watcher's key under another agent is not the watcher"
+    );
     s.delete_session(&child()).await.unwrap();
     assert!(
         s.cursor(&w(CHILD), &k(PEER)).await.unwrap().is_none(),

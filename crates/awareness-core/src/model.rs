@@ -607,6 +607,13 @@ impl NewEvent {
         if let Some(k) = &self.dedupe_key {
             validate::dedupe_key(k)?;
         }
+        let named = crate::protocol::each_once(&self.watchers).count();
+        if named > validate::MAX_NAMED_WATCHERS {
+            return Err(ValidationError::TooManyWatchers {
+                count: named,
+                max: validate::MAX_NAMED_WATCHERS,
+            });
+        }
         Ok(())
     }
 

@@ -346,12 +346,9 @@ pub fn on_event(
     out
 }
 
+/// The named watchers, each once, in the order first named.
 fn dedup(named: &[WatcherKey]) -> impl Iterator<Item = &WatcherKey> {
-    named
-        .iter()
-        .enumerate()
-        .filter(move |(i, w)| !named[..*i].contains(w))
-        .map(|(_, w)| w)
+    each_once(named)
 }
 
 #[cfg(test)]

@@ -18,6 +18,10 @@ pub const MAX_DEDUPE_KEY_BYTES: usize = 4096;
 /// more than 128 levels, and wrap a value in a few more (a page of events, a link): a value
 /// nested deeper than that would be written and then fail every read of it as corrupt.
 pub const MAX_JSON_DEPTH: usize = 64;
+/// The most watchers one event may name ([`crate::NewEvent::with_watcher`]): a spawn names its
+/// spawner, a send its sender. Each one named is a cursor written in the recording's
+/// transaction, so the count is bounded.
+pub const MAX_NAMED_WATCHERS: usize = 64;
 /// How far back an event's `occurredAt` may lie.
 pub const MAX_EVENT_AGE_MS: i64 = Timestamp::DAY_MS;
 
@@ -39,6 +43,15 @@ pub enum ValidationError {
         /// Its length.
         len: usize,
         /// The most allowed ([`MAX_KEY_BYTES`], or [`MAX_DEDUPE_KEY_BYTES`] for a dedupe key).
+        max: usize,
+    },
+    /// The event names more watchers than [`MAX_NAMED_WATCHERS`] (a watcher named twice
+    /// counts once).
+    #[error("the event names {count} watchers; at most {max} are allowed")]
+    TooManyWatchers {
+        /// How many distinct watchers it names.
+        count: usize,
+        /// [`MAX_NAMED_WATCHERS`].
         max: usize,
     },
     /// A key or id contains a character that breaks a line ([`breaks_key`]).

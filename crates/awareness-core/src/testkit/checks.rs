@@ -1746,6 +1746,28 @@ pub async fn invalid_ids_are_rejected_and_nothing_written(t: &Subject) {
     assert_eq!(count(s).await, 0);
     assert!(SessionRef::parse("", "main").is_err());
     assert!(SessionRef::parse("x", "").is_err());
+
+    // One watcher more than the limit is refused, and writes no cursor; a watcher named twice
+    // counts once, so the limit itself, named twice over, records.
+    let named = |n: usize, times: usize| {
+        (0..n * times).fold(human(&child()), |e, i| {
+            e.with_watcher(w(&format!("agent:main:subagent:w{}", i % n)))
+        })
+    };
+    let max = crate::validate::MAX_NAMED_WATCHERS;
+    assert!(matches!(
+        s.record(named(max + 1, 1), T0).await,
+        Err(StoreError::InvalidInput(validate::ValidationError::TooManyWatchers { count, .. }))
+            if count == max + 1
+    ));
+    assert_eq!(count(s).await, 0);
+    assert!(all_cursors(s).await.is_empty());
+    rec(s, named(max, 2), T0).await;
+    assert_eq!(
+        all_cursors(s).await.len(),
+        max,
+        "one cursor per watcher named"
+    );
 }
 
 pub async fn cursors_filter_and_order(t: &Subject) {

@@ -224,8 +224,9 @@ pub trait AwarenessStoreExt: AwarenessStore {
     ///
     /// The version and the page are two reads, and a recording may land between them. The
     /// version is read first and raised to the page's last event, so it never names an event
-    /// the page left out: a caller that resumes from it may see an event again (when the page
-    /// is truncated, it asks again anyway), but never misses one.
+    /// recorded after the page was read: a caller that resumes from it may see an event again
+    /// (a truncated page's version is above its last event, and the caller asks again), but
+    /// never misses one.
     async fn session_status(
         &self,
         session: &SessionRef,

@@ -186,9 +186,16 @@ fn explicit(cursor: &Cursor) -> Option<Cursor> {
     })
 }
 
+/// How old a cursor's `updated_at` must be for a repeated [`watch`] to refresh it: a day. Idle
+/// pruning deletes cursors not updated for 30 days by default, so a watch confirmed again
+/// keeps its cursor, while a watch asked with every status call writes at most once a day
+/// (docs/decisions/0018).
+pub const WATCH_REFRESH_MS: i64 = Timestamp::DAY_MS;
+
 /// An explicit watch: keeps an existing cursor on the same ref (and its pending state; an
 /// ambient one is made explicit) or starts at `head`. Returns the cursor in effect and whether
-/// it must be written.
+/// it must be written. A kept cursor not updated for [`WATCH_REFRESH_MS`] gets `updated_at :=
+/// now`, and nothing else changes.
 ///
 /// A cursor is keyed by watcher and target key, so `existing` may point at another agent's
 /// session of the same key: watching this one re-points it here from the head, as a named
@@ -204,6 +211,11 @@ pub fn watch(
     match existing {
         Some(c) if c.target_agent == target.agent_id => match explicit(c) {
             Some(upgraded) => (upgraded, true),
+            None if now.millis().saturating_sub(c.updated_at.millis()) >= WATCH_REFRESH_MS => {
+                let mut refreshed = c.clone();
+                refreshed.updated_at = now;
+                (refreshed, true)
+            }
             None => (c.clone(), false),
         },
         _ => (Cursor::at(watcher.clone(), target.clone(), head, now), true),

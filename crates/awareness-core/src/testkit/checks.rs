@@ -1279,6 +1279,25 @@ pub async fn watching_again_keeps_pending_state(t: &Subject) {
     );
     assert_eq!(again.updated_at, T0, "the existing cursor is kept as it is");
     assert_eq!(cursor3(s, PEER, "agent:main:work").await, Some((0, 1, 1)));
+
+    // A day later the same watch refreshes `updated_at` (and nothing else), so idle pruning
+    // (30 days without an update) keeps a watch confirmed 29 days after it began.
+    let day = crate::protocol::WATCH_REFRESH_MS;
+    let later = T0.plus_ms(29 * day);
+    let confirmed = s.watch(&w(PEER), &work, later).await.unwrap();
+    assert_eq!(confirmed.updated_at, later);
+    assert_eq!(
+        (confirmed.last_seen, confirmed.notified, confirmed.material),
+        (Sequence(0), Sequence(1), Sequence(1))
+    );
+    s.prune(&RetentionPolicy::default(), T0.plus_ms(30 * day + 1))
+        .await
+        .expect("prune");
+    assert_eq!(
+        cursor3(s, PEER, "agent:main:work").await,
+        Some((0, 1, 1)),
+        "the confirmed watch outlives idle pruning"
+    );
 }
 
 /// A cursor is keyed by watcher and target key; watching another agent's session of the same

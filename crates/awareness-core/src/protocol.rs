@@ -162,8 +162,10 @@ pub fn check_watch(
 }
 
 /// Seeding by a spawn at `seq`: a new cursor at `seq`, or the existing one left alone when it
-/// holds a pending notice (made explicit, as a spawn makes every watch, when it was ambient).
-/// Returns the cursor to write, `None` to write nothing.
+/// holds a pending notice on that target (made explicit, as a spawn makes every watch, when it
+/// was ambient). A pending cursor on another agent's session of the same key is no cursor on
+/// that target: it is re-pointed here at `seq`, as [`watch`] and [`on_event`] re-point one
+/// (docs/decisions/0008). Returns the cursor to write, `None` to write nothing.
 pub fn seed(
     existing: Option<&Cursor>,
     watcher: &WatcherKey,
@@ -172,7 +174,7 @@ pub fn seed(
     now: Timestamp,
 ) -> Option<Cursor> {
     match existing {
-        Some(c) if c.is_pending() => explicit(c),
+        Some(c) if c.is_pending() && c.target_agent == target.agent_id => explicit(c),
         _ => Some(Cursor::at(watcher.clone(), target.clone(), seq, now)),
     }
 }

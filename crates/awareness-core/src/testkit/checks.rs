@@ -1300,6 +1300,47 @@ pub async fn watching_again_keeps_pending_state(t: &Subject) {
     );
 }
 
+/// A spawn seeds its spawner's cursor on the child even when the spawner's cursor on that key
+/// holds a pending notice of another agent's session of the same key: that cursor is re-pointed
+/// to the child (decision 0008), whose changes then notify the spawner.
+pub async fn a_spawn_moves_a_pending_cursor_on_another_agents_session_of_the_key(t: &Subject) {
+    let s = &*t.store;
+    let (ops, main) = (r("global", "ops"), r("global", "main"));
+    s.watch(&w(MANAGER), &ops, T0).await.unwrap();
+    rec(s, human(&ops), T0).await;
+    assert_eq!(
+        cursor3(s, MANAGER, "global").await,
+        Some((0, 1, 1)),
+        "pending"
+    );
+    let seeded = rec(s, spawn(&main, MANAGER, "run-g"), T0)
+        .await
+        .event
+        .sequence;
+    let cursor = s
+        .cursor(&w(MANAGER), &k("global"))
+        .await
+        .unwrap()
+        .expect("the spawner's cursor");
+    assert_eq!(
+        cursor.target_agent, main.agent_id,
+        "re-pointed to the child"
+    );
+    assert_eq!(
+        (cursor.last_seen, cursor.notified, cursor.material),
+        (seeded, seeded, seeded)
+    );
+    let told = rec(s, human(&main), T0).await;
+    assert_eq!(
+        told.notices
+            .iter()
+            .map(|n| n.watcher.as_str())
+            .collect::<Vec<_>>(),
+        [MANAGER],
+        "the spawner is told of its child's change"
+    );
+}
+
 /// A cursor is keyed by watcher and target key; watching another agent's session of the same
 /// key moves the cursor there, starting at that session's head, and its changes notify.
 pub async fn watching_another_agents_session_of_the_same_key_moves_the_cursor(t: &Subject) {

@@ -266,6 +266,7 @@ macro_rules! conformance_suite {
             watch_refused_for_self_and_bare_keys,
             watching_again_keeps_pending_state,
             watching_another_agents_session_of_the_same_key_moves_the_cursor,
+            a_spawn_moves_a_pending_cursor_on_another_agents_session_of_the_key,
             unwatch_removes_cursor_and_stops_notices,
             reset_removes_own_watches_and_keeps_history,
             delete_removes_ref_and_leaves_other_agent_alone,

@@ -420,6 +420,24 @@ async fn on_store(
         }
         Checked::Record(ev) => record(store, *ev, now, as_json, out).await?,
         Checked::Ack(wk, targets) => {
+            // A target the watcher has no cursor on is a mistake (a typo, a session it never
+            // watched), as for `unwatch`: refused before anything is acknowledged.
+            let watched = store
+                .cursors(&awareness_core::CursorFilter {
+                    watcher: Some(wk.session_key().clone()),
+                    ..awareness_core::CursorFilter::default()
+                })
+                .await
+                .map_err(|e| store_err("ack", &e))?;
+            if let Some(t) = targets
+                .iter()
+                .find(|t| !watched.iter().any(|c| &c.target == *t))
+            {
+                return Err(CliError::failure(format!(
+                    "no cursor of {} on {t}",
+                    wk.as_str()
+                )));
+            }
             let follow = store
                 .acknowledge(&wk, &targets, now)
                 .await

@@ -359,6 +359,23 @@ fn operator_commands_on(store: &str) {
         1,
         "the pending notice is re-delivered"
     );
+    // A target the watcher has no cursor on (a typo) fails, as `unwatch` does, and nothing
+    // is acknowledged, not even the target it does watch.
+    let typo = run(&["ack", "agent:main:main", child, "agent:main:subagent:typo"]);
+    assert_eq!(typo.status.code(), Some(1), "{}", stderr(&typo));
+    assert!(
+        stderr(&typo).contains("no cursor of agent:main:main on agent:main:subagent:typo"),
+        "{}",
+        stderr(&typo)
+    );
+    assert_eq!(
+        json(&run(&["--json", "cursors", "--pending"]))
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "still pending"
+    );
     let ack = json(&run(&["--json", "ack", "agent:main:main", child]));
     assert!(ack.as_array().unwrap().is_empty());
     assert!(

@@ -139,7 +139,9 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
             StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
             StoreUrl::Memory => None,
         };
-        if let Some(p) = path.filter(|p| !p.exists()) {
+        // Only a file known to be missing is refused here: one that cannot be looked at
+        // (permission denied) is left to the open, whose error says why.
+        if let Some(p) = path.filter(|p| matches!(p.try_exists(), Ok(false))) {
             return Err(CliError::failure(format!(
                 "no store at {} (only record, watch, adopt and demo create one)",
                 p.display()

@@ -633,6 +633,54 @@ fn write_commands_that_add_nothing_refuse_a_file_that_is_no_store() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// A store the user may not look at is reported as such, naming the file, not as missing
+/// ("no store at ..."), which would send them looking for a typo.
+#[test]
+fn a_store_the_user_may_not_read_is_not_called_missing() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let outer = tempfile::tempdir().unwrap();
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(outer.path(), 0o755);
+    // A copy of the binary an unprivileged user may run, wherever the build lives.
+    let bin_dir = outer.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let exe = bin_dir.join("awareness");
+    std::fs::copy(env!("CARGO_BIN_EXE_awareness"), &exe).unwrap();
+    mode(&exe, 0o755);
+    let locked = outer.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let store = format!("sqlite://{}", locked.join("state.db").display());
+    let made = run_in(
+        outer.path(),
+        &[
+            "--store",
+            &store,
+            "watch",
+            "agent:main:main",
+            "agent:main:subagent:c1",
+        ],
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    mode(&locked, 0o000);
+    let mut cmd = Command::new(&exe);
+    cmd.env_remove("AWARENESS_LOG")
+        .current_dir(outer.path())
+        .args(["--store", &store, "list"]);
+    // Root reads anything: as root (the owner of what it creates), the child runs as nobody.
+    if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&exe).unwrap()) == 0 {
+        cmd.uid(65_534).gid(65_534);
+    }
+    let o = cmd.output().expect("run awareness");
+    mode(&locked, 0o755);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("no store at"), "{err}");
+    assert!(err.contains("state.db"), "names the file: {err}");
+}
+
 /// A warning the libraries log reaches stderr: here store-sqlite's, for a cursor row whose
 /// watcher key is not agent-qualified (a row neither we nor OpenClaw write, which it ignores).
 /// Without a subscriber, the binary dropped every such line. `AWARENESS_LOG=off` silences it;

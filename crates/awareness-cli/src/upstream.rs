@@ -334,25 +334,45 @@ async fn monitor_links(
             ),
         )?;
     }
+    let line_of = |d: Result<Detection, RecvError>| match d {
+        Ok(Detection::TickDone(_)) if !args.verbose => None,
+        Ok(d) if cli.json => Some(format!("{}\n", detection_json(&d))),
+        Ok(d) => Some(format!("{d}\n")),
+        Err(RecvError::Lagged(n)) => Some(lagged_line(n, cli.json)),
+        Err(RecvError::Closed) => None,
+    };
     tokio::pin!(stop);
     let result = loop {
         let d = tokio::select! {
             () = &mut stop => break Ok(()),
             d = rx.recv() => d,
         };
-        let line = match d {
-            Ok(Detection::TickDone(_)) if !args.verbose => continue,
-            Ok(d) if cli.json => format!("{}\n", detection_json(&d)),
-            Ok(d) => format!("{d}\n"),
-            Err(RecvError::Lagged(n)) => lagged_line(n, cli.json),
-            Err(RecvError::Closed) => break Ok(()),
-        };
-        if let Err(e) = emit(out, &line) {
+        if matches!(d, Err(RecvError::Closed)) {
+            break Ok(());
+        }
+        if let Some(line) = line_of(d)
+            && let Err(e) = emit(out, &line)
+        {
             break Err(e);
         }
     };
     task.stop().await;
     result?;
+    // What the monitor reported before it stopped (a detection already sent when the stop
+    // came, or one of the writes the stop waited for) is printed too: each is a change
+    // already recorded in the store.
+    loop {
+        let d = match rx.try_recv() {
+            Ok(d) => Ok(d),
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+                Err(RecvError::Lagged(n))
+            }
+            Err(_) => break,
+        };
+        if let Some(line) = line_of(d) {
+            emit(out, &line)?;
+        }
+    }
     if !cli.json {
         emit(out, "monitor stopped\n")?;
     }

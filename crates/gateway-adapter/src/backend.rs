@@ -27,7 +27,9 @@ pub enum StoreUrl {
 #[non_exhaustive]
 pub enum OpenError {
     /// The URL is not one of the accepted forms.
-    #[error("unsupported store URL {0:?}: use sqlite:///path, redb:///path or memory:")]
+    #[error(
+        "unsupported store URL {0:?}: use sqlite:///path, redb:///path or memory: (no query or fragment; write % ? # in a file name as %25 %3F %23)"
+    )]
     BadUrl(String),
     /// [`repair_store`] was given `memory:`, which names no file: there is nothing to repair.
     #[error(
@@ -49,13 +51,18 @@ pub enum OpenError {
 
 impl StoreUrl {
     /// Parses `sqlite:///abs`, `sqlite://rel`, `sqlite:rel`, the same for `redb`, and `memory:`.
+    /// The path is percent-decoded, as in a URL (`my%20state.db` is `my state.db`); a query or
+    /// a fragment (`?mode=rwc`, which sqlx's own URLs take) is refused rather than taken as part
+    /// of the file name, and so is a `%` that starts no escape or an escape that decodes to
+    /// no UTF-8 text.
     pub fn parse(url: &str) -> Result<Self, OpenError> {
+        let bad = || OpenError::BadUrl(url.to_owned());
         let path = |rest: &str| -> Result<PathBuf, OpenError> {
             let p = rest.strip_prefix("//").unwrap_or(rest);
-            if p.is_empty() {
-                return Err(OpenError::BadUrl(url.to_owned()));
+            if p.is_empty() || p.contains(['?', '#']) {
+                return Err(bad());
             }
-            Ok(PathBuf::from(p))
+            percent_decode(p).map(PathBuf::from).ok_or_else(bad)
         };
         if let Some(rest) = url.strip_prefix("sqlite:") {
             return Ok(StoreUrl::Sqlite(path(rest)?));
@@ -218,9 +225,61 @@ pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     })
 }
 
+/// `text` with each `%XX` escape replaced by its byte; `None` for a `%` that starts no escape
+/// of two hex digits, or bytes that are not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return Some(text.to_owned());
+    }
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A URL's path is percent-decoded; a query or fragment, or a broken escape, is refused
+    /// instead of becoming part of a file name (`sqlite:///tmp/x.db?mode=rwc` created a file
+    /// named `x.db?mode=rwc`).
+    #[test]
+    fn url_paths_are_percent_decoded_and_queries_refused() {
+        assert_eq!(
+            StoreUrl::parse("sqlite:///tmp/my%20state.db").unwrap(),
+            StoreUrl::Sqlite("/tmp/my state.db".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("redb:///tmp/100%25%3F%23.redb").unwrap(),
+            StoreUrl::Redb("/tmp/100%?#.redb".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("sqlite:///tmp/caf%C3%A9.db").unwrap(),
+            StoreUrl::Sqlite("/tmp/caf\u{e9}.db".into())
+        );
+        for bad in [
+            "sqlite:///tmp/x.db?mode=rwc",
+            "redb:///tmp/x.redb#top",
+            "sqlite:///tmp/50%.db",
+            "sqlite:///tmp/%zz.db",
+            "sqlite:///tmp/%FF.db",
+        ] {
+            assert!(
+                matches!(StoreUrl::parse(bad), Err(OpenError::BadUrl(_))),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn urls() {

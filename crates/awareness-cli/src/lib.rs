@@ -67,7 +67,7 @@ pub struct Cli {
     #[arg(long, global = true, default_value = DEFAULT_STORE)]
     pub store: String,
     /// Print JSON instead of text (every command that prints a result; `monitor` prints one
-    /// JSON object per line).
+    /// JSON object per line; `demo`, a narration, prints text either way).
     #[arg(long, global = true)]
     pub json: bool,
     /// What to do.

@@ -35,11 +35,19 @@ impl Writer {
     }
 
     pub(crate) async fn rollback(&mut self) {
-        if let Err(e) = sqlx::raw_sql(sql::ROLLBACK).execute(&mut self.conn).await {
-            // "cannot rollback - no transaction is active" is the usual, harmless answer.
-            tracing::debug!(error = %e, "rollback after an interrupted write");
+        match sqlx::raw_sql(sql::ROLLBACK).execute(&mut self.conn).await {
+            Ok(_) => self.open_tx = false,
+            // The usual, harmless answer: the operation had ended its transaction.
+            Err(e) if e.to_string().contains("no transaction is active") => {
+                tracing::debug!(error = %e, "rollback after an interrupted write");
+                self.open_tx = false;
+            }
+            // A transaction may still be open, holding SQLite's write lock: the next writer
+            // rolls back again before it begins (`open_tx` stays set).
+            Err(e) => {
+                tracing::warn!(error = %e, "rollback after an interrupted write failed; trying again before the next write");
+            }
         }
-        self.open_tx = false;
     }
 
     /// Ends an operation: a failure rolls back what it began.

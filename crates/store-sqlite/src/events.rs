@@ -247,8 +247,9 @@ impl EventStore for SqliteStore {
                 drop(w);
                 return answered(answer.await);
             }
-            // Does not wait: nothing is left open (see above).
-            self.begin_write(&mut w).await;
+            // No await from the take until the batch's task is spawned (see above).
+            w.begin();
+            self.count_write(1);
             if jobs.len() == 1 && mine {
                 // Alone: record as without group commit (a cancellation cancels only this call).
                 let Some(Job {

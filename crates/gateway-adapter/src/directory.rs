@@ -76,7 +76,10 @@ impl SpawnTree {
     /// knows sessions by key alone; a key up the chain that names no agent (`global`, `main`)
     /// is taken as the session of that name of the agent below it, so the chain never reaches
     /// another agent's bare session (under `session.scope = "global"` each agent has its own
-    /// `global`) unless a key on the way names that agent.
+    /// `global`) unless a key on the way names that agent. The directory cannot say whose bare
+    /// session spawned a child into another agent (main's `global` spawning
+    /// `agent:ops:subagent:z`): such a child is placed under its own agent's bare session, so
+    /// the spawner is refused what it spawned, rather than another agent's session being shown.
     fn is_ancestor(&self, ancestor: &SessionRef, of: &SessionRef) -> bool {
         let mut key = of.session_key.clone();
         let mut agent = of.agent_id.as_str().to_owned();

@@ -211,15 +211,19 @@ pub fn watch(
     now: Timestamp,
 ) -> (Cursor, bool) {
     match existing {
-        Some(c) if c.target_agent == target.agent_id => match explicit(c) {
-            Some(upgraded) => (upgraded, true),
-            None if now.millis().saturating_sub(c.updated_at.millis()) >= WATCH_REFRESH_MS => {
-                let mut refreshed = c.clone();
-                refreshed.updated_at = now;
-                (refreshed, true)
+        Some(c) if c.target_agent == target.agent_id => {
+            let stale = now.millis().saturating_sub(c.updated_at.millis()) >= WATCH_REFRESH_MS;
+            match (explicit(c), stale) {
+                (None, false) => (c.clone(), false),
+                (upgraded, _) => {
+                    let mut kept = upgraded.unwrap_or_else(|| c.clone());
+                    if stale {
+                        kept.updated_at = now;
+                    }
+                    (kept, true)
+                }
             }
-            None => (c.clone(), false),
-        },
+        }
         _ => (Cursor::at(watcher.clone(), target.clone(), head, now), true),
     }
 }
@@ -428,6 +432,17 @@ mod tests {
             "the pending notice stays"
         );
         assert!(!Notice::of(&watched).queue_only);
+        assert_eq!(
+            watched.updated_at, moved.updated_at,
+            "updated within a day: kept"
+        );
+        // An upgrade of a cursor not updated for a day refreshes it too (decision 0018).
+        let later = moved.updated_at.plus_ms(WATCH_REFRESH_MS);
+        let (upgraded, _) = watch(Some(&moved), &moved.watcher, &target, Sequence(9), later);
+        assert_eq!(
+            (upgraded.provenance, upgraded.updated_at),
+            (WatchProvenance::Explicit, later)
+        );
         // The JSON says so only when it is not explicit, so that it is unchanged otherwise.
         assert_eq!(json(&moved)["provenance"], "ambient-group");
         assert_eq!(json(&Notice::of(&moved))["queueOnly"], true);

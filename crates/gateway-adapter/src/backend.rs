@@ -235,8 +235,10 @@ fn percent_decode(text: &str) -> Option<String> {
     let mut rest = text.as_bytes();
     while let Some((&b, tail)) = rest.split_first() {
         if b == b'%' {
-            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
-            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = tail
+                .get(..2)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+            bytes.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             rest = &tail[2..];
         } else {
             bytes.push(b);
@@ -273,6 +275,7 @@ mod tests {
             "sqlite:///tmp/50%.db",
             "sqlite:///tmp/%zz.db",
             "sqlite:///tmp/%FF.db",
+            "sqlite:///tmp/a%+1.db",
         ] {
             assert!(
                 matches!(StoreUrl::parse(bad), Err(OpenError::BadUrl(_))),

@@ -285,7 +285,12 @@ fn targets(r: &BTreeMap<String, Measured>) -> Vec<Target> {
         let ratio = m.median_ns / s.median_ns;
         out.push(Target {
             what: "redb reconcile/200 / sqlite reconcile/200".into(),
-            measured: format!("{} / {}{}", time(m.median_ns), time(s.median_ns), apart(m, s)),
+            measured: format!(
+                "{} / {}{}",
+                time(m.median_ns),
+                time(s.median_ns),
+                apart(m, s)
+            ),
             bound: "< 1x".into(),
             ratio,
             met: ratio < 1.0,

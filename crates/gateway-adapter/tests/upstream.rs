@@ -130,6 +130,31 @@ fn turns(outcome: &CheckOutcome) -> u32 {
 
 // ----- the local JSONL provider ------------------------------------------------------------------
 
+/// A marker that says only where to read from (`{"offset": N}`, a byte offset as DESIGN.md
+/// section 8 names it, as another reader of the link may write it) is resumed from, not
+/// thrown away; and a device number that changed (a reboot, a remount) with the same inode is
+/// the same file. Either was rebased to the end, losing the turns typed since.
+#[test]
+fn a_bare_offset_marker_and_a_changed_device_resume_where_they_were() {
+    let mut t = Transcript::new();
+    t.human("before");
+    let at_end = jsonl::marker_at_end(&t.path).unwrap();
+    t.human("typed while the gateway was down");
+    let bare = JsonlMarker::from_value(&json!({"offset": at_end.offset}))
+        .expect("a bare offset is a marker");
+    assert_eq!(turns(&scan(&t, &bare)), 1);
+    let mut moved = at_end.clone();
+    moved.dev ^= 1;
+    assert_eq!(turns(&scan(&t, &moved)), 1);
+    // Another inode is still another file.
+    let mut other = at_end;
+    other.ino ^= 1;
+    assert!(
+        matches!(scan(&t, &other), CheckOutcome::Rebased { .. }),
+        "a replaced file is rebased"
+    );
+}
+
 #[test]
 fn history_before_adoption_never_counts_and_appends_do() {
     let mut t = Transcript::new();

@@ -1537,6 +1537,7 @@ pub async fn prune_by_age_stamps_watermark_before_deleting(t: &Subject) {
     assert_eq!(report.events_by_age, 2, "only events older than 30 days go");
     assert_eq!(seqs(s, &child(), 0).await, vec![3]);
     let heads = s.heads(&[child(), other.clone()]).await.unwrap();
+    assert_eq!(heads.len(), 2, "both heads stay: {heads:?}");
     for h in heads {
         let want = if h.session == child() { (3, 1) } else { (2, 2) };
         assert_eq!(

@@ -937,6 +937,9 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
             .await
             .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
         prop_assert_eq!(stats, model.stats(), "log after {}", ctx);
+        // The whole log too, so an event stored wrong and pruned or deleted before any read
+        // step asked for it does not slip by.
+        prop_assert_eq!(&events, &model.events, "log after {}", ctx);
     }
     let all = store
         .events_after(Sequence::ZERO, usize::MAX / 2)

@@ -65,11 +65,18 @@ pub struct JsonlMarker {
     /// started before the bytes it looked at, the first byte looked at (the line is then
     /// skipped to its end: `partial` is [`LineScanner::skipping`]).
     pub offset: u64,
-    /// The file's device.
+    /// The file's device, kept for the fallback dedupe id of a turn without a uuid; not
+    /// compared: a device number can change across a reboot or a remount while the file
+    /// stays. 0 when the marker did not say (a bare `{"offset": N}`, as another reader of the
+    /// link may have written it).
+    #[serde(default)]
     pub dev: u64,
-    /// The file's inode.
+    /// The file's inode: another one means the file was replaced. 0 when the marker did not
+    /// say (then only the size and the tail are checked).
+    #[serde(default)]
     pub ino: u64,
-    /// The file's size when last checked.
+    /// The file's size when last checked (0 when the marker did not say).
+    #[serde(default)]
     pub size: u64,
     /// 16 hex of the FNV-1a 64 of the (up to) 64 bytes before [`JsonlMarker::position`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,7 +279,7 @@ fn try_scan(
     let ((dev, ino), size) = (identity(&meta), meta.len());
     let why_rebase = match marker {
         None => Some("no usable marker"),
-        Some(m) if (m.dev, m.ino) != (dev, ino) => Some("the file was replaced"),
+        Some(m) if m.ino != 0 && m.ino != ino => Some("the file was replaced"),
         Some(m) if size < m.position() || size < m.size => Some("the file shrank"),
         Some(m) => match &m.tail {
             Some(t) if *t != tail_of(&mut file, m.position())? => {

@@ -1840,6 +1840,76 @@ pub async fn invalid_ids_are_rejected_and_nothing_written(t: &Subject) {
     );
 }
 
+/// Inputs at the limits record and read back exactly, on every store: a session key, an agent
+/// id and a watcher key of 1 KiB, a dedupe key of 4 KiB, a payload of 4 KiB and a summary of
+/// 200 characters of two bytes each; through a page, the log, a dedupe hit, the cursor and the
+/// notice.
+pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
+    use crate::validate::{MAX_DEDUPE_KEY_BYTES, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES};
+    let s = &*t.store;
+    let pad = |prefix: &str, c: char| {
+        format!(
+            "{prefix}{}",
+            c.to_string().repeat(MAX_KEY_BYTES - prefix.len())
+        )
+    };
+    let long_key = r(&pad("agent:main:subagent:", 'k'), "main");
+    let long_agent = r("global", &pad("", 'a'));
+    let watcher = w(&pad("agent:main:", 'w'));
+    assert_eq!(long_key.session_key.as_str().len(), MAX_KEY_BYTES);
+    assert_eq!(long_agent.agent_id.as_str().len(), MAX_KEY_BYTES);
+    assert_eq!(watcher.as_str().len(), MAX_KEY_BYTES);
+    // `{"p":"..."}`: 8 bytes around the text.
+    let payload = crate::validate::payload_from_value(json!({
+        "p": "x".repeat(MAX_PAYLOAD_BYTES - 8)
+    }))
+    .expect("a payload object");
+    assert_eq!(
+        crate::validate::payload_json(&payload).len(),
+        MAX_PAYLOAD_BYTES
+    );
+    let summary = "\u{e9}".repeat(crate::validate::MAX_SUMMARY_CHARS);
+    let dedupe = "d".repeat(MAX_DEDUPE_KEY_BYTES);
+
+    s.watch(&watcher, &long_key, T0).await.expect("watch");
+    let mut e = human(&long_key)
+        .with_payload(payload)
+        .with_dedupe_key(&dedupe);
+    e.summary.clone_from(&summary);
+    let got = rec(s, e.clone(), T0).await;
+    assert_eq!(got.event.summary, summary);
+    assert_eq!(got.event.dedupe_key.as_deref(), Some(dedupe.as_str()));
+    assert_eq!(got.notices.len(), 1, "the long watcher is told");
+    assert_eq!(&got.notices[0].watcher, &watcher);
+    let page = s
+        .changes_since(&long_key, Sequence::ZERO, 200)
+        .await
+        .expect("page");
+    assert_eq!(page.events, [got.event.clone()], "the page");
+    let log = s.events_after(Sequence::ZERO, 10).await.expect("log");
+    assert_eq!(log, [got.event.clone()], "the log");
+    let hit = rec(s, e, T0).await;
+    assert!(hit.deduplicated);
+    assert_eq!(hit.event, got.event, "the dedupe hit");
+    let cursor = s
+        .cursor(&watcher, &long_key.session_key)
+        .await
+        .expect("cursor")
+        .expect("the long watcher's cursor");
+    assert_eq!(cursor.material, got.event.sequence);
+
+    let on_long_agent = rec(s, human(&long_agent), T0).await;
+    let page = s
+        .changes_since(&long_agent, Sequence::ZERO, 200)
+        .await
+        .expect("page");
+    assert_eq!(page.events, [on_long_agent.event.clone()]);
+    assert_eq!(
+        version(s, &long_agent).await,
+        on_long_agent.event.sequence.get()
+    );
+}
+
 pub async fn cursors_filter_and_order(t: &Subject) {
     let s = &*t.store;
     let c2 = r("agent:main:subagent:c2", "main");

@@ -217,6 +217,7 @@ macro_rules! conformance_suite {
             a_store_keeps_the_audit_invariants,
             pruning_never_creates_a_head,
             a_session_without_its_head_keeps_its_events,
+            inputs_at_the_limits_read_back_exactly,
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,
             record_returns_every_field,
             text_fields_round_trip_exactly,

@@ -1885,9 +1885,9 @@ pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
         .changes_since(&long_key, Sequence::ZERO, 200)
         .await
         .expect("page");
-    assert_eq!(page.events, [got.event.clone()], "the page");
+    assert_eq!(page.events, std::slice::from_ref(&got.event), "the page");
     let log = s.events_after(Sequence::ZERO, 10).await.expect("log");
-    assert_eq!(log, [got.event.clone()], "the log");
+    assert_eq!(log, std::slice::from_ref(&got.event), "the log");
     let hit = rec(s, e, T0).await;
     assert!(hit.deduplicated);
     assert_eq!(hit.event, got.event, "the dedupe hit");
@@ -1903,7 +1903,7 @@ pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
         .changes_since(&long_agent, Sequence::ZERO, 200)
         .await
         .expect("page");
-    assert_eq!(page.events, [on_long_agent.event.clone()]);
+    assert_eq!(page.events, std::slice::from_ref(&on_long_agent.event));
     assert_eq!(
         version(s, &long_agent).await,
         on_long_agent.event.sequence.get()

@@ -239,6 +239,10 @@ fn drop_reservation(db: &Database, path: &Path) {
 struct Entry {
     shared: Weak<Shared>,
     closed: Arc<Closed>,
+    /// The file's device and inode when it was opened: a file at the same path with others
+    /// is another file (the first one deleted or renamed away), whose opens share nothing
+    /// with this entry's.
+    identity: (u64, u64),
 }
 
 impl Entry {
@@ -637,6 +641,22 @@ fn close_wait(canonical: &Path) -> Duration {
     CLOSE_WAIT
 }
 
+/// The device and inode of `canonical` (zeros where the platform has none: the path alone then
+/// names the file).
+fn file_identity(canonical: &Path) -> std::io::Result<(u64, u64)> {
+    let meta = std::fs::metadata(canonical)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        Ok((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        Ok((0, 0))
+    }
+}
+
 /// Opens (or shares) the database of `path`. Blocking: call inside `spawn_blocking`.
 ///
 /// A read-only open shares a database this process already has open, in either mode. A
@@ -658,11 +678,15 @@ pub(crate) fn open_shared(
     ensure_file(path, mode)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
+    let identity = file_identity(&canonical)
+        .map_err(|e| io_open_error(path, "cannot read the file's metadata", e))?;
     let slot = slot(&canonical);
     let mut entry_of_file = lock(&slot);
     #[cfg(test)]
     tests::while_opening(&canonical);
-    if let Some(entry) = entry_of_file.as_ref() {
+    // An entry of another file at this path (the one it had was deleted or renamed away while
+    // open) is neither shared nor waited for: its handles keep their own file.
+    if let Some(entry) = entry_of_file.as_ref().filter(|e| e.identity == identity) {
         if let Some(shared) = entry.shared.upgrade() {
             let refused = if mode == Mode::ReadOnly {
                 None
@@ -737,6 +761,7 @@ pub(crate) fn open_shared(
     *entry_of_file = Some(Entry {
         shared: Arc::downgrade(&shared),
         closed,
+        identity,
     });
     Ok(Handle::new(&shared))
 }

@@ -198,6 +198,35 @@ async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
         .await;
 }
 
+/// A store file deleted while a handle holds it, and a new store created at its path in the
+/// same process, are two files: the new handle writes the new file (it shared the deleted
+/// one's database before, whose writes vanished with it), and the old handle keeps its own.
+#[tokio::test]
+async fn a_new_file_at_a_deleted_stores_path_is_another_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let old = RedbStore::open(&path).await.unwrap();
+    old.record(human(&child()), T0).await.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let new = RedbStore::open(&path).await.unwrap();
+    assert!(
+        new.events_after(Sequence::ZERO, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a new, empty store"
+    );
+    let kept = new.record(human(&child()), T0).await.unwrap().event;
+    assert_eq!(old.events_after(Sequence::ZERO, 10).await.unwrap().len(), 1);
+    old.close().await;
+    new.close().await;
+    let reopened = RedbStore::open(&path).await.unwrap();
+    let log = reopened.events_after(Sequence::ZERO, 10).await.unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].sequence, kept.sequence);
+    reopened.close().await;
+}
+
 /// Another application's redb file whose only table is called `meta`, like ours, but holds no
 /// schema version of ours, is refused and left as it was: it is not a new store to create
 /// tables in, nor is its `last_sequence` ours to reset.

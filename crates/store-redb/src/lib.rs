@@ -1086,6 +1086,39 @@ impl EventStore for RedbStore {
     ) -> Result<u64, StoreError> {
         // A read-only handle refuses even a chunk with nothing to delete.
         self.writer.refuse("prune")?;
+        // A chunk larger than one transaction may hold (a policy's `chunk_rows` is the
+        // operator's) is several transactions, so that a recording never waits behind more
+        // than one of them.
+        let mut total = 0;
+        while total < max_rows {
+            let bound = (max_rows - total).min(PRUNE_TX_ROWS);
+            let deleted = self.prune_tx_of(step, bound, now).await?;
+            total += usize::try_from(deleted).unwrap_or(usize::MAX);
+            if usize::try_from(deleted).unwrap_or(usize::MAX) < bound {
+                break;
+            }
+        }
+        Ok(u64::try_from(total).unwrap_or(u64::MAX))
+    }
+
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        let session = session.clone();
+        let shared = Arc::clone(self.shared());
+        self.write("delete_session", move |txn| {
+            Ok(((), delete_session_tx(txn, &session, shared.path())?))
+        })
+        .await
+    }
+}
+
+impl RedbStore {
+    /// One pruning transaction of [`EventStore::prune_chunk`]: at most `max_rows` rows.
+    async fn prune_tx_of(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
         let step = *step;
         // The file's path, for the warnings about rows that cannot be decoded.
         let shared = Arc::clone(self.shared());
@@ -1112,15 +1145,6 @@ impl EventStore for RedbStore {
         self.write("prune", move |txn| {
             let n = prune_tx(txn, step, max_rows, &aged, now, shared.path())?;
             Ok((n, n > 0))
-        })
-        .await
-    }
-
-    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
-        let session = session.clone();
-        let shared = Arc::clone(self.shared());
-        self.write("delete_session", move |txn| {
-            Ok(((), delete_session_tx(txn, &session, shared.path())?))
         })
         .await
     }
@@ -1316,6 +1340,10 @@ impl CursorStore for RedbStore {
     }
 }
 
+/// The most rows one pruning transaction deletes: the default chunk (2,000), so a policy's
+/// larger `chunk_rows` is split rather than held in one transaction.
+const PRUNE_TX_ROWS: usize = 2_000;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1349,6 +1377,25 @@ mod tests {
             .await
             .expect("open");
         (dir, store)
+    }
+
+    /// A pruning chunk larger than [`PRUNE_TX_ROWS`] is split into transactions of at most that
+    /// many rows, so a recording never waits behind a whole large chunk.
+    #[tokio::test]
+    async fn a_large_pruning_chunk_is_split_into_transactions() {
+        let (_dir, store) = fresh().await;
+        let at = session("agent:main:subagent:child");
+        for _ in 0..(PRUNE_TX_ROWS + 5) {
+            store.record(event(&at, None), T0).await.expect("record");
+        }
+        let before = store.write_transactions();
+        let deleted = store
+            .prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 10 * PRUNE_TX_ROWS, T0)
+            .await
+            .expect("prune");
+        assert_eq!(deleted, u64::try_from(PRUNE_TX_ROWS + 5).unwrap());
+        assert_eq!(store.write_transactions() - before, 2, "two transactions");
+        assert_eq!(store.log_stats().await.expect("stats").rows, 0);
     }
 
     /// Re-freezing a cursor already frozen at its notice (a second start-up sweep) re-delivers

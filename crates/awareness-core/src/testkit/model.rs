@@ -54,6 +54,9 @@ pub enum Op {
         dedupe: Option<u8>,
         /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
         offset_hours: Option<i64>,
+        /// What else it carries, as bits: 1 a payload (nested, with escapes, non-ASCII text and
+        /// a float), 2 a session id, 4 a run id.
+        extras: u8,
     },
     /// Several recordings at once (each an [`Op::Record`]), each on its own task: a store may
     /// group them into one write transaction. The model replays them in the order the store
@@ -198,15 +201,17 @@ fn record_strategy() -> impl Strategy<Value = Op> {
         proptest::collection::vec(0..WATCHERS.len(), 0..3),
         proptest::option::weighted(0.3, 0u8..4),
         proptest::option::weighted(0.2, -48i64..4),
+        0u8..8,
     )
         .prop_map(
-            |(session, kind, actor, named, dedupe, offset_hours)| Op::Record {
+            |(session, kind, actor, named, dedupe, offset_hours, extras)| Op::Record {
                 session,
                 kind,
                 actor,
                 named,
                 dedupe,
                 offset_hours,
+                extras,
             },
         )
 }
@@ -469,6 +474,7 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
         named,
         dedupe,
         offset_hours,
+        extras,
     } = op
     else {
         unreachable!("only Op::Record describes an event")
@@ -480,6 +486,21 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
     e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
     e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));
     e.watchers.extend(named.iter().map(|n| watcher(*n)));
+    if extras & 1 != 0 {
+        let payload = serde_json::json!({
+            "tag": tag,
+            "text": "caf\u{e9} \"quoted\"\nline \u{1F600}",
+            "nested": {"list": [1, {"k": null}, -2.5], "empty": {}},
+            "big": u64::MAX,
+        });
+        e.payload = Some(crate::validate::payload_from_value(payload).expect("an object"));
+    }
+    if extras & 2 != 0 {
+        e.session_id = Some(format!("sid-{si}"));
+    }
+    if extras & 4 != 0 {
+        e.run_id = Some(format!("run-{tag}"));
+    }
     e
 }
 

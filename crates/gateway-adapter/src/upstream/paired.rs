@@ -190,9 +190,17 @@ impl PairedMarker {
 
 /// The items one read back found, newest first, and where it stopped.
 struct Segment {
-    /// The items newer than the marker's item (and older than the cursor it started from).
-    items: Vec<PairedItem>,
+    /// The items newer than the marker's item (and older than the cursor it started from),
+    /// judged as each page came: their texts are not kept, so a read of many long items holds
+    /// one page of text at a time.
+    items: Vec<Judged>,
     end: End,
+}
+
+/// An item of a [`Segment`]: its id, and whether it is a human turn ([`PairedItem::verdict`]).
+struct Judged {
+    id: String,
+    human: bool,
 }
 
 enum End {
@@ -258,6 +266,7 @@ impl PairedNodeProvider {
     async fn read_back(
         &self,
         link: &UpstreamLink,
+        own: &[TextFingerprint],
         uuid: Option<&str>,
         mut before: Option<String>,
     ) -> Result<Segment, CheckOutcome> {
@@ -274,7 +283,8 @@ impl PairedNodeProvider {
                         end: End::Marker,
                     });
                 }
-                items.push(item);
+                let human = item.verdict(own).is_ok();
+                items.push(Judged { id: item.id, human });
             }
             let Some(cursor) = page.older else {
                 return Ok(Segment {
@@ -324,7 +334,7 @@ impl PairedNodeProvider {
         own: &[TextFingerprint],
         uuid: Option<String>,
     ) -> Result<CheckOutcome, CheckOutcome> {
-        let read = self.read_back(link, uuid.as_deref(), None).await?;
+        let read = self.read_back(link, own, uuid.as_deref(), None).await?;
         let top = read.items.first().map(|i| i.id.clone());
         Ok(match read.end {
             End::Start if uuid.is_some() => {
@@ -334,17 +344,9 @@ impl PairedNodeProvider {
                     marker: PairedMarker::at(top).to_value(),
                 }
             }
-            End::Bound(before) => {
-                bound_hit(link, own, &read.items, uuid, Resume { before, top }, None)
-            }
+            End::Bound(before) => bound_hit(link, &read.items, uuid, Resume { before, top }, None),
             End::Marker | End::Start => match top {
-                Some(newest) => counted(
-                    link,
-                    own,
-                    &read.items,
-                    &PairedMarker::at(Some(newest)),
-                    None,
-                ),
+                Some(newest) => counted(link, &read.items, &PairedMarker::at(Some(newest)), None),
                 None => CheckOutcome::Unchanged {
                     marker: PairedMarker::at(uuid).to_value(),
                 },
@@ -365,7 +367,7 @@ impl PairedNodeProvider {
         // Where the marker moves once the segment is read (or given up).
         let done = PairedMarker::at(top.clone().or_else(|| uuid.clone()));
         let read = match self
-            .read_back(link, uuid.as_deref(), Some(before.clone()))
+            .read_back(link, own, uuid.as_deref(), Some(before.clone()))
             .await
         {
             Err(CheckOutcome::Missing) => {
@@ -390,13 +392,12 @@ impl PairedNodeProvider {
             }
             End::Bound(next) => bound_hit(
                 link,
-                own,
                 &read.items,
                 uuid,
                 Resume { before: next, top },
                 Some(&before),
             ),
-            End::Marker | End::Start => counted(link, own, &read.items, &done, Some(&before)),
+            End::Marker | End::Start => counted(link, &read.items, &done, Some(&before)),
         })
     }
 }
@@ -405,8 +406,7 @@ impl PairedNodeProvider {
 /// `uuid` with the place to read on from (logged). `from` as for [`counted`].
 fn bound_hit(
     link: &UpstreamLink,
-    own: &[TextFingerprint],
-    items: &[PairedItem],
+    items: &[Judged],
     uuid: Option<String>,
     resume: Resume,
     from: Option<&str>,
@@ -418,7 +418,7 @@ fn bound_hit(
         uuid,
         resume: Some(resume),
     };
-    counted(link, own, items, &next, from)
+    counted(link, items, &next, from)
 }
 
 /// The human turns among `items` (newest first), with `next` as the marker after them. `from`
@@ -431,13 +431,12 @@ fn bound_hit(
 /// named alike, so it is recorded once.
 fn counted(
     link: &UpstreamLink,
-    own: &[TextFingerprint],
-    items: &[PairedItem],
+    items: &[Judged],
     next: &PairedMarker,
     from: Option<&str>,
 ) -> CheckOutcome {
     let marker = next.to_value();
-    let mut human = items.iter().filter(|i| i.verdict(own).is_ok());
+    let mut human = items.iter().filter(|i| i.human);
     // The burst is named by its last (newest) human turn, see `CheckOutcome::HumanTurns`.
     let Some(last) = human.next() else {
         return CheckOutcome::Unchanged { marker };

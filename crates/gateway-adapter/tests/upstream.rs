@@ -2349,6 +2349,44 @@ async fn a_paired_burst_is_read_in_as_many_checks_as_it_takes() {
     );
 }
 
+/// `node`'s pages, with cursors of 20,000 bytes: too long to keep in a marker.
+struct LongCursors(Arc<FakeNode>);
+
+#[async_trait]
+impl PairedNodeClient for LongCursors {
+    async fn newest(
+        &self,
+        host_id: &str,
+        thread_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<PairedPage, PairedError> {
+        let before = before.map(|b| b.split(':').next().unwrap_or(b).to_owned());
+        let mut page = self
+            .0
+            .newest(host_id, thread_id, before.as_deref(), limit)
+            .await?;
+        page.older = page.older.map(|o| format!("{o}:{}", "x".repeat(20_000)));
+        Ok(page)
+    }
+}
+
+/// A burst past the paging bound on a node whose cursors are too long for a marker: the turns
+/// read are counted and the marker moves to the newest item (the older turns are given up),
+/// where a marker keeping the cursor would be refused by the store at every check and the link
+/// would never move.
+#[tokio::test]
+async fn a_paging_cursor_too_long_for_a_marker_gives_up_the_older_items() {
+    let mut items = vec![PairedItem::user("i0", "read before")];
+    items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
+    let node = FakeNode::holding(items);
+    let provider = PairedNodeProvider::new(Arc::new(LongCursors(node))).with_max_pages(1);
+    let out = provider
+        .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+        .await;
+    assert_eq!(out, human_turns(50, "t119", json!({"uuid": "t119"})));
+}
+
 /// Answers the newest page of `node`, and `error` for every older page.
 struct NoOlderPages {
     node: Arc<FakeNode>,

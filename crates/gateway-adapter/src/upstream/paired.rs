@@ -414,10 +414,20 @@ fn bound_hit(
     warn!(session_key = %link.session.session_key, host = %link.host_id,
         thread = %link.thread_id, items = items.len(), resumed = from.is_some(),
         "paired node: the marker is further back than the paging bound; counting the items read, and reading on from there next check");
-    let next = PairedMarker {
+    let top = resume.top.clone();
+    let mut next = PairedMarker {
         uuid,
         resume: Some(resume),
     };
+    if upstream::validate_json("marker", Some(&next.to_value())).is_err() {
+        // The node's cursor (or an id) is too long for a marker the store accepts: stored, it
+        // would be refused at every check and the link would never move. The items older
+        // than the bound are given up instead, and the marker moves to the newest item.
+        warn!(session_key = %link.session.session_key, host = %link.host_id,
+            thread = %link.thread_id,
+            "paired node: its paging cursor is too long to keep in the marker; the items older than the paging bound are not counted");
+        next = PairedMarker::at(top.or(next.uuid));
+    }
     counted(link, items, &next, from)
 }
 

@@ -678,15 +678,21 @@ pub(crate) fn open_shared(
     ensure_file(path, mode)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
-    let identity = file_identity(&canonical)
-        .map_err(|e| io_open_error(path, "cannot read the file's metadata", e))?;
     let slot = slot(&canonical);
     let mut entry_of_file = lock(&slot);
     #[cfg(test)]
     tests::while_opening(&canonical);
+    let identity = || {
+        file_identity(&canonical)
+            .map_err(|e| io_open_error(path, "cannot read the file's metadata", e))
+    };
+    let identity_now = identity()?;
     // An entry of another file at this path (the one it had was deleted or renamed away while
     // open) is neither shared nor waited for: its handles keep their own file.
-    if let Some(entry) = entry_of_file.as_ref().filter(|e| e.identity == identity) {
+    if let Some(entry) = entry_of_file
+        .as_ref()
+        .filter(|e| e.identity == identity_now)
+    {
         if let Some(shared) = entry.shared.upgrade() {
             let refused = if mode == Mode::ReadOnly {
                 None
@@ -758,6 +764,8 @@ pub(crate) fn open_shared(
         closed: Arc::clone(&closed),
         handles: AtomicUsize::new(0),
     });
+    // The file redb opened (read again: it may have been swapped since the look above).
+    let identity = identity()?;
     *entry_of_file = Some(Entry {
         shared: Arc::downgrade(&shared),
         closed,

@@ -160,10 +160,11 @@
 //! highest event, so a record writes three rows: the event, its index entry and the head). A
 //! recording opens four tables: the dedupe index only for an event with a dedupe key, the
 //! cursors only when the session is watched or a watcher is named. Recording, acknowledging,
-//! re-freezing and each pruning chunk are single write transactions. Pruning by
-//! age finds its victims by scanning the events in sequence order on a read snapshot (old rows
-//! are the low sequences, so the scan stops at a full chunk), then deletes them in one write
-//! transaction; no recording waits for the scan.
+//! re-freezing are single write transactions, and so is each pruning chunk of at most 2,000
+//! rows (the default; a larger chunk is split into transactions of 2,000). Pruning by age finds
+//! the victims of each transaction by scanning the events in sequence order on a read snapshot
+//! (old rows are the low sequences, so the scan stops at a full transaction), then deletes them
+//! in one write transaction; no recording waits for the scan.
 //!
 //! ## Processes
 //!

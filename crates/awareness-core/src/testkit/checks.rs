@@ -1898,7 +1898,35 @@ pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
         .expect("the long watcher's cursor");
     assert_eq!(cursor.material, got.event.sequence);
 
+    assert_eq!(
+        (cursor.watcher.as_str(), cursor.target.as_str()),
+        (watcher.as_str(), long_key.session_key.as_str())
+    );
+    let listed = s
+        .cursors(&CursorFilter {
+            watcher: Some(watcher.session_key().clone()),
+            pending_only: true,
+            ..CursorFilter::default()
+        })
+        .await
+        .expect("cursors");
+    assert_eq!(listed, [cursor], "listed as read");
+    assert_eq!(
+        crate::Notice::of(&listed[0]),
+        got.notices[0],
+        "the notice the stored cursor gives is the one handed out"
+    );
+
+    // The long agent, as a ref's and as a cursor's target agent.
+    s.watch(&watcher, &long_agent, T0).await.expect("watch");
     let on_long_agent = rec(s, human(&long_agent), T0).await;
+    let cursor = s
+        .cursor(&watcher, &long_agent.session_key)
+        .await
+        .expect("cursor")
+        .expect("the watch on the long agent's session");
+    assert_eq!(cursor.target_agent, long_agent.agent_id);
+    assert_eq!(cursor.material, on_long_agent.event.sequence);
     let page = s
         .changes_since(&long_agent, Sequence::ZERO, 200)
         .await

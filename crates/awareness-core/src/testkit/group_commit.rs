@@ -259,7 +259,7 @@ pub async fn concurrent_recordings_leave_each_head_at_its_last_event(f: impl Ope
             }
         }
         // Thirteen recordings of each round have a key; after the first round each is a hit
-        // on an event of that round.
+        // on an event the first round stored.
         assert!(
             !hits.is_empty() && (round == 0 || hits.len() == 13),
             "round {round}: {} dedupe hits",

@@ -65,14 +65,16 @@ pub struct JsonlMarker {
     /// started before the bytes it looked at, the first byte looked at (the line is then
     /// skipped to its end: `partial` is [`LineScanner::skipping`]).
     pub offset: u64,
-    /// The file's device, kept for the fallback dedupe id of a turn without a uuid; not
-    /// compared: a device number can change across a reboot or a remount while the file
-    /// stays. 0 when the marker did not say (a bare `{"offset": N}`, as another reader of the
-    /// link may have written it).
+    /// The file's device when the marker was written: the fallback dedupe id of a turn without
+    /// a uuid read from this marker names it (so a re-read of the same lines gives the same
+    /// ids even if the device number changed meanwhile). Not compared: a device number can
+    /// change across a reboot or a remount while the file stays. 0 when the marker did not
+    /// say (a bare `{"offset": N}`, as another reader of the link may have written it).
     #[serde(default)]
     pub dev: u64,
     /// The file's inode: another one means the file was replaced. 0 when the marker did not
-    /// say (then only the size and the tail are checked).
+    /// say: a bare offset is then only checked against the file's size (a replaced file as
+    /// long is read from it, once: the next marker carries the identity and the tail).
     #[serde(default)]
     pub ino: u64,
     /// The file's size when last checked (0 when the marker did not say).
@@ -302,6 +304,9 @@ fn try_scan(
         }
     };
     let start = last.position();
+    // The device the fallback ids name: the marker's, so that the same lines read again from
+    // the same marker are named alike.
+    let id_dev = if last.dev == 0 { dev } else { last.dev };
     let mut scanner = last.partial.clone().unwrap_or_default();
     let mut line_start = last.offset;
     let mut at = start;
@@ -330,7 +335,7 @@ fn try_scan(
                     LineEnd::Row(f) => f.uuid.clone().filter(|u| !u.is_empty()),
                     _ => None,
                 };
-                last_id = Some(uuid.unwrap_or_else(|| format!("{dev}:{ino}:{line_start}")));
+                last_id = Some(uuid.unwrap_or_else(|| format!("{id_dev}:{ino}:{line_start}")));
             }
             done += newline + 1;
             line_start = at + done as u64;

@@ -1,6 +1,8 @@
-//! A pruning chunk larger than one pruning write transaction (store-sqlite splits chunks so
-//! that recordings wait for milliseconds) ends exactly as the reference store's chunk does, on
-//! every durable backend. (Here, not in a store's own tests: no store depends on another.)
+//! A pruning chunk larger than one pruning write transaction (store-sqlite splits chunks into
+//! transactions of 250 rows, store-redb into transactions of 2,000, so that recordings wait
+//! for milliseconds) ends exactly as the reference store's chunk does, on every durable
+//! backend, by age and by the row cap. (Here, not in a store's own tests: no store depends on
+//! another.)
 
 use awareness_core::{
     ActorType, AwarenessStore, CursorFilter, EventKind, NewEvent, PruneStep, SessionRef, Timestamp,
@@ -13,14 +15,14 @@ const DAY: i64 = Timestamp::DAY_MS;
 
 async fn fill(store: &dyn AwarenessStore) {
     let watcher = WatcherKey::parse("agent:main:main").unwrap();
-    for i in 0..1_300u32 {
+    for i in 0..4_600u32 {
         let session =
             SessionRef::parse(&format!("agent:main:subagent:s{}", i % 7), "main").unwrap();
         if i < 7 {
             store.watch(&watcher, &session, T0).await.unwrap();
         }
-        // The first 900 are 40 days old by the time of the pruning below.
-        let at = if i < 900 { T0 } else { T0.plus_ms(20 * DAY) };
+        // The first 3,200 are 40 days old by the time of the pruning below.
+        let at = if i < 3_200 { T0 } else { T0.plus_ms(20 * DAY) };
         let e = NewEvent::new(
             session,
             EventKind::HumanDirectMessage,
@@ -57,17 +59,17 @@ async fn chunks_larger_than_one_transaction_match_the_reference() {
             PruneStep::Age {
                 cutoff: later.minus_ms(30 * DAY),
             },
-            620,
-            620,
+            2_500,
+            2_500,
         ),
         (
             PruneStep::Age {
                 cutoff: later.minus_ms(30 * DAY),
             },
-            620,
-            280,
+            2_500,
+            700,
         ),
-        (PruneStep::RowCap { max_rows: 100 }, 555, 300),
+        (PruneStep::RowCap { max_rows: 100 }, 1_250, 1_250),
         (PruneStep::Cursors { cutoff: later }, 1_000, 7),
     ];
     for (step, bound, expected) in steps {

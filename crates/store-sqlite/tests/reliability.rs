@@ -373,6 +373,19 @@ fn listing(dir: &Path) -> BTreeMap<PathBuf, (usize, u64)> {
         .collect()
 }
 
+/// A new store at `path` holding one event.
+async fn store_with_one_event(path: &Path) -> SqliteStore {
+    let store = SqliteStore::open(path).await.unwrap();
+    store
+        .record(
+            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    store
+}
+
 fn assert_open_error(err: &StoreError, path: &Path, reason: &str) {
     match err {
         StoreError::Open {
@@ -449,14 +462,7 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
     use sqlx::{ConnectOptions as _, Connection as _};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.sqlite");
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .record(
-            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let store = store_with_one_event(&path).await;
     store.close().await;
     let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(&path)
@@ -549,14 +555,7 @@ async fn new_files_are_private() {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.sqlite");
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .record(
-            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let store = store_with_one_event(&path).await;
     for suffix in ["", "-wal", "-shm"] {
         let p = PathBuf::from(format!("{}{suffix}", path.display()));
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
@@ -606,14 +605,7 @@ async fn a_directory_without_write_permission_gives_a_clear_error() {
 
     // An existing database in the directory, owned by the user who opens it.
     let existing = locked.join("existing.sqlite");
-    let store = SqliteStore::open(&existing).await.unwrap();
-    store
-        .record(
-            NewEvent::new(target(0), EventKind::Created, ActorType::System, "x"),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let store = store_with_one_event(&existing).await;
     store.close().await;
     if is_root() {
         std::os::unix::fs::chown(&existing, Some(65_534), Some(65_534)).unwrap();

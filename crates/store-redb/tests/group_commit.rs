@@ -190,6 +190,8 @@ fn the_default_batch_is_documented() {
     assert_eq!(DEFAULT_GROUP_COMMIT, 64);
 }
 
+awareness_core::raw_access_forwarding!(RedbStore);
+
 /// Opens `path` with `options` and `group_commit(max_events)` for the shared group-commit
 /// checks.
 async fn open_grouped(
@@ -203,10 +205,7 @@ async fn open_grouped(
         store,
         write_transactions: Box::new(move || counted.write_transactions()),
         largest_batch: Box::new(move || measured.largest_batch()),
-        damage_cursor_row: Box::new(move |watcher, target| {
-            let raw = Arc::clone(&raw);
-            Box::pin(async move { raw.damage_cursor_row(&watcher, &target).await })
-        }),
+        raw: Arc::new(Raw(raw)),
     })
 }
 

@@ -6,38 +6,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::testkit::{RawAccess, Subject};
-use awareness_core::{Sequence, SessionKey, SessionRef, StoreError, WatcherKey, async_trait};
+use awareness_core::StoreError;
+use awareness_core::testkit::Subject;
 use store_sqlite::{SqliteOptions, SqliteStore};
 
-struct Raw(Arc<SqliteStore>);
-
-#[async_trait]
-impl RawAccess for Raw {
-    async fn delete_event_row(&self, sequence: Sequence) -> Result<(), StoreError> {
-        self.0.delete_event_row(sequence).await.map(drop)
-    }
-
-    async fn delete_head_row(&self, session: &SessionRef) -> Result<(), StoreError> {
-        self.0.delete_head_row(session).await.map(drop)
-    }
-
-    async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
-        self.0.damage_event_row(sequence).await
-    }
-
-    async fn damage_cursor_row(
-        &self,
-        watcher: &WatcherKey,
-        target: &SessionKey,
-    ) -> Result<bool, StoreError> {
-        self.0.damage_cursor_row(watcher, target).await
-    }
-
-    async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
-        self.0.damage_link_row(session).await
-    }
-}
+awareness_core::raw_access_forwarding!(SqliteStore);
 
 /// Opens `path` as a [`Subject`] (the durable suite opens the same file more than once).
 async fn open(path: PathBuf) -> Result<Subject, StoreError> {

@@ -27,6 +27,8 @@ async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStor
     )
 }
 
+awareness_core::raw_access_forwarding!(SqliteStore);
+
 /// Opens `path` with `group_commit(max_events)` for the shared group-commit checks.
 async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, StoreError> {
     let store = Arc::new(
@@ -37,10 +39,7 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
         store,
         write_transactions: Box::new(move || counted.write_transactions()),
         largest_batch: Box::new(move || measured.largest_batch()),
-        damage_cursor_row: Box::new(move |watcher, target| {
-            let raw = Arc::clone(&raw);
-            Box::pin(async move { raw.damage_cursor_row(&watcher, &target).await })
-        }),
+        raw: Arc::new(Raw(raw)),
     })
 }
 

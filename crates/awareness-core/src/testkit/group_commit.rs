@@ -17,16 +17,12 @@
 //! recordings, none larger than `group_commit`, and `0` refused at open.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{Scratch, observe, poll_once};
 use crate::error::StoreError;
-use crate::model::{
-    ActorType, EventKind, NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
-};
+use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _, Recorded};
 
 /// The store factory of these checks: an async function that opens the file it is given with
@@ -44,12 +40,9 @@ pub struct Grouped {
     pub write_transactions: Box<dyn Fn() -> u64 + Send + Sync>,
     /// The most recordings one of the store's write transactions has held (`largest_batch()`).
     pub largest_batch: Box<dyn Fn() -> usize + Send + Sync>,
-    /// Damages one cursor row of the store as [`super::RawAccess::damage_cursor_row`] does.
-    pub damage_cursor_row: Box<dyn Fn(WatcherKey, SessionKey) -> Damaging + Send + Sync>,
+    /// Raw row access to the same store, for the checks that damage a row.
+    pub raw: Arc<dyn super::RawAccess>,
 }
-
-/// The future of [`Grouped::damage_cursor_row`]: whether the row existed.
-pub type Damaging = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
 
 /// The clock every recording of these checks is made at.
 pub const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -156,7 +149,8 @@ pub async fn a_batch_on_a_target_with_an_unreadable_cursor_row_commits(f: impl O
         g.store.watch(w, &target, T0).await.expect("watch");
     }
     assert!(
-        (g.damage_cursor_row)(damaged.clone(), target.session_key.clone())
+        g.raw
+            .damage_cursor_row(&damaged, &target.session_key)
             .await
             .expect("damage the row"),
         "the damaged watcher's row exists"

@@ -327,6 +327,57 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
+/// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
+/// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
+/// `damage_cursor_row`, `damage_link_row`, each async and answering `Result<bool, _>`), as the
+/// durable stores have: one forwarding for every suite a store runs.
+#[macro_export]
+macro_rules! raw_access_forwarding {
+    ($store:ty) => {
+        /// [`RawAccess`]($crate::testkit::RawAccess) through the store's own row helpers.
+        struct Raw(::std::sync::Arc<$store>);
+
+        #[$crate::async_trait]
+        impl $crate::testkit::RawAccess for Raw {
+            async fn delete_event_row(
+                &self,
+                sequence: $crate::Sequence,
+            ) -> ::std::result::Result<(), $crate::StoreError> {
+                self.0.delete_event_row(sequence).await.map(drop)
+            }
+
+            async fn delete_head_row(
+                &self,
+                session: &$crate::SessionRef,
+            ) -> ::std::result::Result<(), $crate::StoreError> {
+                self.0.delete_head_row(session).await.map(drop)
+            }
+
+            async fn damage_event_row(
+                &self,
+                sequence: $crate::Sequence,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.damage_event_row(sequence).await
+            }
+
+            async fn damage_cursor_row(
+                &self,
+                watcher: &$crate::WatcherKey,
+                target: &$crate::SessionKey,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.damage_cursor_row(watcher, target).await
+            }
+
+            async fn damage_link_row(
+                &self,
+                session: &$crate::SessionRef,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.damage_link_row(session).await
+            }
+        }
+    };
+}
+
 /// Stamps one named `#[test]` per group-commit check ([`group_commit`]) for a store factory
 /// (`async fn(PathBuf, usize) -> Result<group_commit::Grouped, StoreError>`: open the given
 /// file with that `group_commit`).

@@ -270,18 +270,20 @@ pub fn each_once<T: Ord>(list: &[T]) -> impl Iterator<Item = &T> {
 }
 
 /// Start-up re-freeze of a pending cursor: `notified := material`, and its notice re-delivered.
-/// Returns `None` when the cursor is not pending.
-pub fn refreeze(cursor: &Cursor, now: Timestamp) -> Option<(Cursor, Notice)> {
+/// Returns `None` when the cursor is not pending; else the cursor to write, `None` when it is
+/// frozen at its notice already (nothing to write, decision 0002), and the notice.
+pub fn refreeze(cursor: &Cursor, now: Timestamp) -> Option<(Option<Cursor>, Notice)> {
     if !cursor.is_pending() {
         return None;
     }
-    let mut c = cursor.clone();
-    if c.notified != c.material {
-        c.notified = c.material;
-        c.updated_at = now;
+    if cursor.notified == cursor.material {
+        return Some((None, Notice::of(cursor)));
     }
+    let mut c = cursor.clone();
+    c.notified = c.material;
+    c.updated_at = now;
     let notice = Notice::of(&c);
-    Some((c, notice))
+    Some((Some(c), notice))
 }
 
 /// What recording an event does to cursors.
@@ -413,8 +415,15 @@ mod tests {
             WatchProvenance::AmbientGroup
         );
         // The start-up sweep and a pick-up re-freeze it: still queue-only.
-        let (refrozen, notice) = refreeze(&moved, Timestamp(3)).expect("pending");
-        assert_eq!(refrozen.provenance, WatchProvenance::AmbientGroup);
+        let (refrozen, notice) = refreeze(
+            &material(moved.clone(), Sequence(3), Timestamp(2)),
+            Timestamp(3),
+        )
+        .expect("pending");
+        assert_eq!(
+            refrozen.expect("moved: written").provenance,
+            WatchProvenance::AmbientGroup
+        );
         assert!(notice.queue_only);
 
         let (watched, write) = watch(
@@ -735,12 +744,19 @@ mod tests {
             Timestamp(0),
         );
         assert!(refreeze(&c, Timestamp(1)).is_none());
-        let mut p = material(c, Sequence(3), Timestamp(0));
+        let frozen = material(c, Sequence(3), Timestamp(0));
+        // Frozen at its notice already: re-delivered, nothing to write (decision 0002).
+        assert_eq!(
+            refreeze(&frozen, Timestamp(2)),
+            Some((None, Notice::of(&frozen)))
+        );
+        let mut p = frozen;
         p.material = Sequence(7);
         let (c, n) = refreeze(&p, Timestamp(2)).unwrap();
+        let c = c.expect("moved: written");
         assert_eq!(
-            (c.last_seen, c.notified, c.material),
-            (Sequence(1), Sequence(7), Sequence(7))
+            (c.last_seen, c.notified, c.material, c.updated_at),
+            (Sequence(1), Sequence(7), Sequence(7), Timestamp(2))
         );
         assert_eq!(n.last_seen, Sequence(1));
     }

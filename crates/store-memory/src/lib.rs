@@ -527,9 +527,8 @@ impl CursorStore for MemoryStore {
         let mut notices = Vec::new();
         for k in protocol::each_once(keys) {
             let Some(c) = g.cursors.get(k) else { continue };
-            if let Some((frozen, n)) = protocol::refreeze(c, now) {
-                // A cursor already frozen is left as it is (decision 0002), as on disk.
-                if frozen != *c {
+            if let Some((write, n)) = protocol::refreeze(c, now) {
+                if let Some(frozen) = write {
                     g.put_cursor(frozen);
                 }
                 notices.push(n);

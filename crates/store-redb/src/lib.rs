@@ -1311,9 +1311,8 @@ impl CursorStore for RedbStore {
                 let Some(c) = cur.get_readable(k.watcher.as_str(), k.target.as_str())? else {
                     continue;
                 };
-                if let Some((frozen, n)) = protocol::refreeze(&c, now) {
-                    // A cursor already frozen is re-delivered and left as it is (decision 0002).
-                    if frozen != c {
+                if let Some((write, n)) = protocol::refreeze(&c, now) {
+                    if let Some(frozen) = write {
                         cur.put(&frozen)?;
                         wrote = true;
                     }

@@ -190,9 +190,7 @@ impl CursorStore for SqliteStore {
                 loaded,
                 protocol::each_once(keys).map(|k| (&k.watcher, &k.target)),
                 |c| match protocol::refreeze(c, now) {
-                    // A cursor already frozen is re-delivered and left as it is (decision
-                    // 0002): rewriting the same row would still be a commit other handles see.
-                    Some((frozen, n)) => ((frozen != *c).then_some(frozen), Some(n)),
+                    Some((write, n)) => (write, Some(n)),
                     None => (None, None),
                 },
             );

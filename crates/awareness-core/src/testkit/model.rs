@@ -666,7 +666,9 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     if alive(&c.watcher)
                         && let Some((nc, n)) = protocol::refreeze(c, now)
                     {
-                        *c = nc;
+                        if let Some(nc) = nc {
+                            *c = nc;
+                        }
                         want.push(n);
                     }
                 }
@@ -803,7 +805,9 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                         && let Some(c) = model.cursors.get_mut(k)
                         && let Some((nc, n)) = protocol::refreeze(c, now)
                     {
-                        *c = nc;
+                        if let Some(nc) = nc {
+                            *c = nc;
+                        }
                         want.push(n);
                     }
                 }

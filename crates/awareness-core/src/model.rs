@@ -607,7 +607,13 @@ impl NewEvent {
         if let Some(k) = &self.dedupe_key {
             validate::dedupe_key(k)?;
         }
-        let named = crate::protocol::each_once(&self.watchers).count();
+        // Distinct watchers are counted only when there are more names than the limit (a
+        // recording names one or two).
+        let named = if self.watchers.len() > validate::MAX_NAMED_WATCHERS {
+            crate::protocol::each_once(&self.watchers).count()
+        } else {
+            self.watchers.len()
+        };
         if named > validate::MAX_NAMED_WATCHERS {
             return Err(ValidationError::TooManyWatchers {
                 count: named,

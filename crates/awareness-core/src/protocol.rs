@@ -325,7 +325,7 @@ pub fn on_event(
     match event.kind.class() {
         KindClass::LogOnly => {}
         KindClass::Seed => {
-            for w in dedup(named) {
+            for w in each_once(named) {
                 if w.session_key() == &event.session_key {
                     continue;
                 }
@@ -341,7 +341,7 @@ pub fn on_event(
                 .collect();
             watchers.sort_by(|a, b| a.watcher.cmp(&b.watcher));
             let mut fresh = Vec::new();
-            for w in dedup(named) {
+            for w in each_once(named) {
                 if w.session_key() == &event.session_key {
                     continue;
                 }
@@ -364,11 +364,6 @@ pub fn on_event(
         }
     }
     out
-}
-
-/// The named watchers, each once, in the order first named.
-fn dedup(named: &[WatcherKey]) -> impl Iterator<Item = &WatcherKey> {
-    each_once(named)
 }
 
 #[cfg(test)]

@@ -374,6 +374,22 @@ pub fn may_remove(link: &UpstreamLink, expected: Option<Timestamp>) -> bool {
     expected.is_none_or(|t| t == link.updated_at)
 }
 
+/// Whether [`UpstreamStore::remove_link`] with `expected` removes the row a store `found` for
+/// the ref: none, a link ([`may_remove`]), or a row it cannot read (decision 0017), which goes
+/// without a token and fails the call, with the row's own error, with one (there is nothing to
+/// compare the token with).
+pub fn may_remove_found(
+    found: Option<Result<UpstreamLink, StoreError>>,
+    expected: Option<Timestamp>,
+) -> Result<bool, StoreError> {
+    match found {
+        None => Ok(false),
+        Some(Ok(link)) => Ok(may_remove(&link, expected)),
+        Some(Err(e)) if expected.is_some() => Err(e),
+        Some(Err(_)) => Ok(true),
+    }
+}
+
 /// 64-bit FNV-1a, streaming. Stable across platforms and releases (it is part of dedupe keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -696,6 +712,32 @@ mod tests {
             plan_upsert(None, huge, Timestamp(0)),
             Err(ValidationError::UpstreamJsonTooLarge { what: "marker", .. })
         ));
+    }
+
+    /// A row a store cannot read is removed without a token and fails a removal with one
+    /// (decision 0017); a readable link follows `may_remove`; no row is not removed.
+    #[test]
+    fn removal_of_a_row_found() {
+        let link = plan_upsert(None, spec(), Timestamp(100))
+            .expect("a valid spec")
+            .outcome
+            .link;
+        let torn = || Some(Err(StoreError::corrupt("torn")));
+        assert_eq!(may_remove_found(None, None).ok(), Some(false));
+        assert_eq!(may_remove_found(torn(), None).ok(), Some(true));
+        assert!(matches!(
+            may_remove_found(torn(), Some(Timestamp(0))),
+            Err(StoreError::Corrupt { .. })
+        ));
+        let stale = Some(link.updated_at.plus_ms(1));
+        assert_eq!(
+            may_remove_found(Some(Ok(link.clone())), stale).ok(),
+            Some(false)
+        );
+        assert_eq!(
+            may_remove_found(Some(Ok(link.clone())), Some(link.updated_at)).ok(),
+            Some(true)
+        );
     }
 
     /// Bug: the catalog id was only checked as a key (1 KiB), so a link was stored whose

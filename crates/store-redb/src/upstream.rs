@@ -174,13 +174,7 @@ impl UpstreamStore for RedbStore {
     ) -> Result<bool, StoreError> {
         let session = session.clone();
         self.write("remove an upstream link", move |txn| {
-            let remove = match found(txn, &session)? {
-                None => false,
-                Some(Ok(link)) => upstream::may_remove(&link, expected_updated_at),
-                // Nothing to compare a token with; without one, the entry goes.
-                Some(Err(e)) if expected_updated_at.is_some() => return Err(e),
-                Some(Err(_)) => true,
-            };
+            let remove = upstream::may_remove_found(found(txn, &session)?, expected_updated_at)?;
             if remove {
                 txn.open_table(UPSTREAM_LINKS)
                     .ctx("open the upstream links")?

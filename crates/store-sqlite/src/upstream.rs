@@ -167,13 +167,8 @@ impl UpstreamStore for SqliteStore {
         const WHAT: &str = "remove an upstream link";
         let mut w = self.writer(WHAT).await?;
         let res = async {
-            let remove = match begin_with_link(&mut w.conn, session, WHAT).await? {
-                None => false,
-                Some(Ok(link)) => upstream::may_remove(&link, expected_updated_at),
-                // Nothing to compare a token with; without one, the row goes.
-                Some(Err(e)) if expected_updated_at.is_some() => return Err(e),
-                Some(Err(_)) => true,
-            };
+            let found = begin_with_link(&mut w.conn, session, WHAT).await?;
+            let remove = upstream::may_remove_found(found, expected_updated_at)?;
             let q = if remove {
                 sqlx::query(sql::DELETE_LINK_COMMIT)
                     .bind(session.session_key.as_str())

@@ -250,6 +250,35 @@ impl PruneReport {
     }
 }
 
+/// Runs one pruning chunk of at most `max_rows` rows as write transactions of at most `per_tx`
+/// rows each ([`crate::EventStore::prune_chunk`]: a backend splits a chunk so that a recording
+/// never waits behind more than one transaction). `one_tx(bound)` deletes at most `bound` rows
+/// in one transaction and answers how many it deleted; the chunk ends at `max_rows` rows, or
+/// after a transaction that deleted fewer than its bound (the step has nothing more to
+/// delete). Answers the rows deleted.
+pub async fn in_transactions<F, Fut>(
+    max_rows: usize,
+    per_tx: usize,
+    mut one_tx: F,
+) -> Result<u64, crate::StoreError>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, crate::StoreError>>,
+{
+    let mut total = 0u64;
+    let mut left = max_rows;
+    while left > 0 {
+        let bound = left.min(per_tx.max(1));
+        let deleted = one_tx(bound).await?;
+        total = total.saturating_add(deleted);
+        if deleted < bound as u64 {
+            break;
+        }
+        left -= bound;
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

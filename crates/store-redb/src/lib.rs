@@ -1090,16 +1090,10 @@ impl EventStore for RedbStore {
         // A chunk larger than one transaction may hold (a policy's `chunk_rows` is the
         // operator's) is several transactions, so that a recording never waits behind more
         // than one of them.
-        let mut total = 0;
-        while total < max_rows {
-            let bound = (max_rows - total).min(PRUNE_TX_ROWS);
-            let deleted = self.prune_tx_of(step, bound, now).await?;
-            total += usize::try_from(deleted).unwrap_or(usize::MAX);
-            if usize::try_from(deleted).unwrap_or(usize::MAX) < bound {
-                break;
-            }
-        }
-        Ok(u64::try_from(total).unwrap_or(u64::MAX))
+        retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| {
+            self.prune_tx_of(step, bound, now)
+        })
+        .await
     }
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {

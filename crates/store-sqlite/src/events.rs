@@ -370,20 +370,13 @@ impl EventStore for SqliteStore {
     ) -> Result<u64, StoreError> {
         // Refused on a read-only handle even when asked for no rows, like every write.
         self.write_connection("prune")?;
-        let mut total = 0usize;
-        while total < max_rows {
-            let bound = (max_rows - total).min(PRUNE_TX_ROWS);
+        retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| async move {
             let mut w = self.writer("prune").await?;
             self.count_write(PRUNE_WEIGHT - 1);
             let res = prune_tx(&mut w.conn, step, bound, now).await;
-            let deleted = usize::try_from(w.finish(res).await?).unwrap_or(usize::MAX);
-            drop(w);
-            total = total.saturating_add(deleted);
-            if deleted < bound {
-                break;
-            }
-        }
-        Ok(total as u64)
+            w.finish(res).await
+        })
+        .await
     }
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {

@@ -1419,6 +1419,12 @@ mod tests {
             .expect("refreeze");
         assert_eq!(again, told.notices, "re-delivered");
         assert_eq!(store.write_transactions(), before, "nothing committed");
+        // Nor does watching it again within a day (decision 0018).
+        store
+            .watch(&key.watcher, &target, T0.plus_ms(2))
+            .await
+            .expect("watch again");
+        assert_eq!(store.write_transactions(), before, "a watch within a day");
     }
 
     /// The dedupe index (key, sequence), and the sequences of `at` in the reference index

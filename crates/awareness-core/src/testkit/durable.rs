@@ -354,6 +354,17 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(f: impl OpenF
         b2,
         "a re-freeze of a frozen cursor committed a write"
     );
+    // Nor does watching it again within a day (decision 0018: `updated_at` is refreshed only
+    // after a day).
+    a.store
+        .watch(&manager, &kid, T0.plus_ms(2))
+        .await
+        .expect("watch again");
+    assert_eq!(
+        foreign(&b).await,
+        b2,
+        "a repeated watch within a day committed a write"
+    );
 }
 
 /// Two handles on one file behave as two gateway processes: what one writes (a watch, an

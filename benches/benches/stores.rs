@@ -16,7 +16,9 @@ use awareness_benches::{
     load_dataset, loaded, loaded_backends, poll_ready, runtime, save_result, test_mode, wanted,
     watcher,
 };
-use awareness_core::{AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence};
+use awareness_core::{
+    AckTarget, AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence,
+};
 use criterion::{
     BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
     criterion_main,
@@ -219,7 +221,11 @@ fn acknowledge(c: &mut Criterion) {
                     let follow_up = run(
                         &rt,
                         b,
-                        store.acknowledge(&watcher, std::slice::from_ref(&target.session_key), T0),
+                        store.acknowledge(
+                            &watcher,
+                            &[AckTarget::any(target.session_key.clone())],
+                            T0,
+                        ),
                     )
                     .expect("acknowledge");
                     assert!(follow_up.is_empty());

@@ -8,9 +8,9 @@ use std::time::Duration;
 use awareness_core::audit;
 use awareness_core::error::ErrorChain;
 use awareness_core::{
-    ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event, EventKind,
-    FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
+    AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event,
+    EventKind, FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey,
+    SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
 };
 use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_full_store_with};
 use serde_json::{Value, json};
@@ -440,6 +440,8 @@ async fn on_store(
                     wk.as_str()
                 )));
             }
+            // An operator acknowledges whatever notice each cursor shows.
+            let targets: Vec<AckTarget> = targets.into_iter().map(AckTarget::any).collect();
             let follow = store
                 .acknowledge(&wk, &targets, now)
                 .await

@@ -258,6 +258,67 @@ pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<N
     (Some(c), follow_up)
 }
 
+/// One target of an acknowledgement ([`crate::CursorStore::acknowledge`]): the target key and,
+/// for a watcher's turn, the notice it read.
+///
+/// A turn reads its cursors, shows their notices, then acknowledges. Between the read and the
+/// acknowledgement the watcher may be reset and watch the target again (a spawn, a recording
+/// that names it), with a new notice pending that the turn never showed. An acknowledgement
+/// that names the notice it read ([`AckTarget::read`]) applies only while the cursor still
+/// shows that notice (the same `last_seen`, which the notice's text names), so the new one
+/// stays pending. One that names no notice ([`AckTarget::any`], an operator's `ack`)
+/// acknowledges whatever is pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckTarget {
+    /// The target whose notice is acknowledged.
+    pub target: SessionKey,
+    /// The `last_seen` of the notice that was read; `None` for whatever notice is pending.
+    pub read: Option<Sequence>,
+}
+
+impl AckTarget {
+    /// Acknowledges the target's pending notice, whichever it is.
+    pub fn any(target: SessionKey) -> Self {
+        Self { target, read: None }
+    }
+
+    /// Acknowledges `notice` only: nothing when the cursor on its target shows another.
+    pub fn read(notice: &Notice) -> Self {
+        Self {
+            target: notice.target.clone(),
+            read: Some(notice.last_seen),
+        }
+    }
+
+    /// Whether this acknowledgement applies to `cursor` (a cursor on its target).
+    pub fn applies_to(&self, cursor: &Cursor) -> bool {
+        self.read.is_none_or(|seen| seen == cursor.last_seen)
+    }
+
+    /// [`acknowledge`] when this acknowledgement applies to `cursor`; else nothing to write and
+    /// no follow-up.
+    pub fn apply(&self, cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<Notice>) {
+        if self.applies_to(cursor) {
+            acknowledge(cursor, now)
+        } else {
+            (None, None)
+        }
+    }
+
+    /// The targets of `list` in order, each target once (its first entry): what an
+    /// acknowledgement applies its rule to, for the reason [`each_once`] gives.
+    pub fn each_once(list: &[AckTarget]) -> impl Iterator<Item = &AckTarget> {
+        let mut seen = std::collections::BTreeSet::new();
+        list.iter().filter(move |a| seen.insert(&a.target))
+    }
+}
+
+impl From<SessionKey> for AckTarget {
+    fn from(target: SessionKey) -> Self {
+        Self::any(target)
+    }
+}
+
 /// The items of `list` in order, each once (its first occurrence): what an
 /// [`acknowledge`](crate::CursorStore::acknowledge) or a
 /// [`refreeze`](crate::CursorStore::refreeze) call applies its rule to. A target listed twice

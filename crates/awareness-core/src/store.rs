@@ -9,7 +9,7 @@ use crate::model::{
     AgentId, Cursor, CursorFilter, CursorKey, Event, Head, LogStats, NewEvent, Sequence,
     SessionKey, SessionRef, Timestamp, WatcherKey,
 };
-use crate::protocol::Notice;
+use crate::protocol::{AckTarget, Notice};
 use crate::reconcile::{self, ChangesPage, SessionStatus};
 use crate::retention::{PruneReport, PruneStep, RetentionPolicy};
 
@@ -145,13 +145,16 @@ pub trait CursorStore: Send + Sync {
     /// Removes a cursor; `true` when one existed.
     async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError>;
 
-    /// Acknowledges the watcher's notices on `targets` (see [`crate::protocol::acknowledge`]);
-    /// returns the follow-up notices. Unknown targets are ignored; a target listed more than
-    /// once is acknowledged once ([`crate::protocol::each_once`]).
+    /// Acknowledges the watcher's notices on `targets` (see [`crate::protocol::acknowledge`]),
+    /// in one transaction; returns the follow-up notices. A target whose
+    /// [`AckTarget::read`] names a notice other than the one its
+    /// cursor shows is left as it is ([`AckTarget::apply`]). Unknown
+    /// targets are ignored; a target listed more than once is acknowledged once, as its first
+    /// entry says ([`AckTarget::each_once`]).
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
-        targets: &[SessionKey],
+        targets: &[AckTarget],
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError>;
 

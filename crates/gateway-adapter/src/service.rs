@@ -9,8 +9,8 @@ use awareness_core::dedupe;
 use awareness_core::error::ErrorChain;
 use awareness_core::validate::MAX_DEDUPE_KEY_BYTES;
 use awareness_core::{
-    ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter, Event,
-    EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
+    AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter,
+    Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
     Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, UpsertOutcome,
     UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
 };
@@ -1339,9 +1339,11 @@ impl Awareness {
         self.queue.drain(watcher)
     }
 
-    /// Acknowledges the watcher's notices on `targets` and delivers the follow-ups.
+    /// Acknowledges the watcher's notices on `targets`, whichever notice each shows
+    /// ([`AckTarget::any`]), and delivers the follow-ups.
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
-        self.acknowledge_holding(watcher, targets.to_vec(), ())
+        let targets = targets.iter().cloned().map(AckTarget::any).collect();
+        self.acknowledge_holding(watcher, targets, ())
             .await
             .map(|((), follow)| follow)
             .unwrap_or_default()
@@ -1353,7 +1355,7 @@ impl Awareness {
     async fn acknowledge_holding<K: Send + 'static>(
         &self,
         watcher: &SessionKey,
-        targets: Vec<SessionKey>,
+        targets: Vec<AckTarget>,
         keep: K,
     ) -> Option<(K, Vec<Notice>)> {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
@@ -1403,9 +1405,11 @@ impl Awareness {
     ///    whose cursor is gone), plus the current notice of every pending cursor that was not
     ///    queued: a notice lost from memory comes back now rather than after a restart. So the
     ///    watcher is told each notice once.
-    /// 4. It acknowledges exactly the pending cursors whose notices it read. Their notice text
-    ///    names `last_seen`, which only an acknowledgement moves, so a recording between the
-    ///    reads cannot make the turn acknowledge a notice it did not read.
+    /// 4. It acknowledges exactly the notices it read ([`AckTarget::read`]): each only while
+    ///    its cursor still shows it (the same `last_seen`, which only an acknowledgement
+    ///    moves). A recording between the reads, or a reset of the watcher followed by a new
+    ///    watch and a change, cannot make the turn acknowledge a notice it did not read
+    ///    (docs/decisions/0019).
     /// 5. After the acknowledgement (which queues the follow-ups), a copy of a notice the turn
     ///    read that was queued meanwhile is removed ([`SystemEventQueue::remove`]): a change on
     ///    the target while the turn ran hands out the same text again. A copy delivered after
@@ -1474,7 +1478,9 @@ impl Awareness {
         for (line, _) in lines.iter().zip(&shown).filter(|(_, shown)| !**shown) {
             read.push(line.clone());
         }
-        let targets: Vec<SessionKey> = current.iter().map(|n| n.target.clone()).collect();
+        // Each notice the turn read, and only while its cursor still shows it: a watcher reset
+        // and watching the target again meanwhile has a new notice that this turn never showed.
+        let targets: Vec<AckTarget> = current.iter().map(AckTarget::read).collect();
         // Should this turn be dropped while it acknowledges, the acknowledgement still commits
         // and delivers its follow-ups, and the next turn shows what this one read. The turn's
         // lock goes with the acknowledgement and is released when it ends, not when the turn

@@ -448,6 +448,44 @@ async fn a_turn_after_a_dropped_one_waits_for_its_acknowledgement() {
     assert_eq!((c.last_seen, c.notified, c.material), (later, later, later));
 }
 
+/// Bug: a turn acknowledged whatever notice its cursor showed when the acknowledgement
+/// committed. The manager was reset and spawned the worker again while its turn's
+/// acknowledgement waited, and the worker changed: the turn's acknowledgement consumed that new
+/// notice, which no turn had read, and the next turn dropped its queued line as stale.
+#[tokio::test]
+async fn a_notice_that_came_after_a_reset_during_the_turn_stays_for_the_next_turn() {
+    let mut w = World::new().await;
+    w.human().await;
+    let a = w.turn_at_the_gate().await; // it read "changesSince 1"
+    w.svc.on_reset(&k(MANAGER)).await;
+    w.svc
+        .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-2")
+        .await
+        .expect("seeded again");
+    let seeded = w.cursor().await.last_seen;
+    let changed = w.human().await;
+    assert_eq!(
+        texts(&w.queue.peek(&k(MANAGER))),
+        vec![notice(seeded)],
+        "the new notice is queued behind the turn"
+    );
+    w.open_gate();
+    assert_eq!(texts(&a.await.unwrap()), vec![notice(Sequence(1))]);
+    let c = w.cursor().await;
+    assert_eq!(
+        (c.last_seen, c.notified, c.material),
+        (seeded, changed, changed),
+        "the notice the turn did not read is still pending"
+    );
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(seeded)],
+        "and the next turn reads it"
+    );
+    let c = w.cursor().await;
+    assert_eq!((c.last_seen, c.notified), (changed, changed));
+}
+
 /// What a dropped turn left for the next one goes with the watcher's watches when it is reset:
 /// the next turn does not show notices of watches that no longer exist.
 #[tokio::test]

@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 
 use awareness_core::reconcile::ChangesPage;
 use awareness_core::{
-    AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head, LogStats,
-    NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
-    WatcherKey, async_trait, protocol, reconcile, retention,
+    AckTarget, AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
+    LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError,
+    Timestamp, WatcherKey, async_trait, protocol, reconcile, retention,
 };
 
 /// The in-memory store. Cheap to clone handles are made with `Arc<MemoryStore>`.
@@ -473,16 +473,16 @@ impl CursorStore for MemoryStore {
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
-        targets: &[SessionKey],
+        targets: &[AckTarget],
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         let mut g = self.lock();
         let mut notices = Vec::new();
-        for t in protocol::each_once(targets) {
-            let Some(c) = g.cursors.get(&Inner::key(watcher, t)) else {
+        for t in AckTarget::each_once(targets) {
+            let Some(c) = g.cursors.get(&Inner::key(watcher, &t.target)) else {
                 continue;
             };
-            let (write, follow) = protocol::acknowledge(c, now);
+            let (write, follow) = t.apply(c, now);
             if let Some(c) = write {
                 g.put_cursor(c);
             }

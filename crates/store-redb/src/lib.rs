@@ -204,9 +204,9 @@ use std::time::Duration;
 
 use awareness_core::reconcile::ChangesPage;
 use awareness_core::{
-    AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head, LogStats,
-    NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
-    UnreadableCursor, WatcherKey, async_trait, protocol, reconcile, retention,
+    AckTarget, AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
+    LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError,
+    Timestamp, UnreadableCursor, WatcherKey, async_trait, protocol, reconcile, retention,
 };
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
 
@@ -1190,7 +1190,7 @@ impl CursorStore for RedbStore {
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
-        targets: &[SessionKey],
+        targets: &[AckTarget],
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         let (watcher, targets) = (watcher.clone(), targets.to_vec());
@@ -1198,11 +1198,11 @@ impl CursorStore for RedbStore {
             let mut cur = CursorTables::open(txn)?;
             let mut notices = Vec::new();
             let mut wrote = false;
-            for t in protocol::each_once(&targets) {
-                let Some(c) = cur.get_readable(watcher.as_str(), t.as_str())? else {
+            for t in AckTarget::each_once(&targets) {
+                let Some(c) = cur.get_readable(watcher.as_str(), t.target.as_str())? else {
                     continue;
                 };
-                let (write, follow) = protocol::acknowledge(&c, now);
+                let (write, follow) = t.apply(&c, now);
                 if let Some(c) = write {
                     cur.put(&c)?;
                     wrote = true;

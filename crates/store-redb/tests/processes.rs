@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::{
-    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
-    SessionKey, SessionRef, StoreError, Timestamp, WatcherKey,
+    AckTarget, ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent,
+    Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use store_redb::{RedbOptions, RedbStore};
 
@@ -115,7 +115,9 @@ async fn child_record(path: &Path, interval_ms: Option<u64>, live_readers: bool)
 
 /// One recording task of the child: calls `k`, `k + RECORDERS`, ...
 async fn recorder(store: std::sync::Arc<RedbStore>, k: u64) {
-    let targets: Vec<SessionKey> = (0..WATCHED).map(|i| target(i).session_key).collect();
+    let targets: Vec<AckTarget> = (0..WATCHED)
+        .map(|i| AckTarget::any(target(i).session_key))
+        .collect();
     for n in (k..).step_by(RECORDERS as usize) {
         let t = (n % (WATCHED as u64 + 1)) as usize;
         let mut e = if t < WATCHED {

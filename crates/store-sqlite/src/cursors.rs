@@ -3,33 +3,33 @@
 use std::collections::BTreeMap;
 
 use awareness_core::{
-    Cursor, CursorFilter, CursorKey, CursorStore, Notice, Sequence, SessionKey, SessionRef,
-    StoreError, Timestamp, UnreadableCursor, WatcherKey, async_trait, protocol,
+    AckTarget, Cursor, CursorFilter, CursorKey, CursorStore, Notice, Sequence, SessionKey,
+    SessionRef, StoreError, Timestamp, UnreadableCursor, WatcherKey, async_trait, protocol,
 };
 
 use crate::conn::{batch, batch_one, get, persist_cursors};
 use crate::decode::{self};
 use crate::{SqliteStore, sql};
 
-/// Applies `decide` to each listed target's cursor in order and collects what to write. The
-/// callers list each key once ([`protocol::each_once`]); a key listed again would see the
-/// cursor the previous step wrote.
-fn apply_in_order<'k>(
+/// Applies `decide` to each listed target's cursor in order, with what the list says of that
+/// key, and collects what to write. The callers list each key once ([`protocol::each_once`]);
+/// a key listed again would see the cursor the previous step wrote.
+fn apply_in_order<'k, X>(
     loaded: Vec<Cursor>,
-    keys: impl IntoIterator<Item = (&'k WatcherKey, &'k SessionKey)>,
-    mut decide: impl FnMut(&Cursor) -> (Option<Cursor>, Option<Notice>),
+    keys: impl IntoIterator<Item = (&'k WatcherKey, &'k SessionKey, X)>,
+    mut decide: impl FnMut(&Cursor, X) -> (Option<Cursor>, Option<Notice>),
 ) -> (Vec<Cursor>, Vec<Notice>) {
     let mut current: BTreeMap<CursorKey, Cursor> =
         loaded.into_iter().map(|c| (c.key(), c)).collect();
     let mut written: BTreeMap<CursorKey, Cursor> = BTreeMap::new();
     let mut notices = Vec::new();
-    for (w, t) in keys {
+    for (w, t, x) in keys {
         let key = CursorKey {
             watcher: w.clone(),
             target: t.clone(),
         };
         let Some(c) = current.get(&key) else { continue };
-        let (write, notice) = decide(c);
+        let (write, notice) = decide(c, x);
         if let Some(c) = write {
             current.insert(key.clone(), c.clone());
             written.insert(key, c);
@@ -94,7 +94,7 @@ impl CursorStore for SqliteStore {
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
-        targets: &[SessionKey],
+        targets: &[AckTarget],
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         const WHAT: &str = "acknowledge";
@@ -103,7 +103,7 @@ impl CursorStore for SqliteStore {
         if targets.is_empty() {
             return Ok(Vec::new());
         }
-        let names: Vec<&str> = targets.iter().map(SessionKey::as_str).collect();
+        let names: Vec<&str> = targets.iter().map(|t| t.target.as_str()).collect();
         let mut w = self.writer(WHAT).await?;
         let res = async {
             let q = sqlx::query(sql::ACK_BEGIN)
@@ -113,8 +113,8 @@ impl CursorStore for SqliteStore {
             let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
             let (writes, notices) = apply_in_order(
                 loaded,
-                protocol::each_once(targets).map(|t| (watcher, t)),
-                |c| protocol::acknowledge(c, now),
+                AckTarget::each_once(targets).map(|t| (watcher, &t.target, t)),
+                |c, t| t.apply(c, now),
             );
             persist_cursors(&mut w.conn, &writes, WHAT).await?;
             Ok(notices)
@@ -188,8 +188,8 @@ impl CursorStore for SqliteStore {
             let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
             let (writes, notices) = apply_in_order(
                 loaded,
-                protocol::each_once(keys).map(|k| (&k.watcher, &k.target)),
-                |c| match protocol::refreeze(c, now) {
+                protocol::each_once(keys).map(|k| (&k.watcher, &k.target, ())),
+                |c, ()| match protocol::refreeze(c, now) {
                     Some((write, n)) => (write, Some(n)),
                     None => (None, None),
                 },

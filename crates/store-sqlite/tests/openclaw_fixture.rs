@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use awareness_core::testkit::checks::human;
 use awareness_core::{
-    ActorType, AwarenessStoreExt, CursorFilter, CursorStore, EventKind, EventStore, NewEvent,
-    Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
+    AckTarget, ActorType, AwarenessStoreExt, CursorFilter, CursorStore, EventKind, EventStore,
+    NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
 };
 use serde_json::{Value, json};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _, SqliteConnection};
@@ -251,7 +251,9 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     let follow = store
         .acknowledge(
             &manager,
-            &[SessionKey::new(child.session_key.as_str()).unwrap()],
+            &[AckTarget::any(
+                SessionKey::new(child.session_key.as_str()).unwrap(),
+            )],
             now,
         )
         .await
@@ -785,7 +787,7 @@ async fn an_ambient_cursor_openclaw_wrote_is_queue_only_until_watched_explicitly
         "kept through the move"
     );
     let follow = store
-        .acknowledge(&manager, std::slice::from_ref(&child.session_key), now)
+        .acknowledge(&manager, &[AckTarget::any(child.session_key.clone())], now)
         .await
         .unwrap();
     assert_eq!(follow.len(), 1);

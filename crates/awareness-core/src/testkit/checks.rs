@@ -12,7 +12,7 @@ use crate::model::{
     ActorType, AgentId, CursorFilter, CursorKey, EventKind, NewEvent, Payload, Sequence,
     SessionKey, SessionRef, Timestamp, WatcherKey,
 };
-use crate::protocol;
+use crate::protocol::{self, AckTarget};
 use crate::retention::{PruneStep, RetentionPolicy};
 use crate::store::{AwarenessStore, AwarenessStoreExt, Recorded};
 use crate::{StoreError, validate};
@@ -36,6 +36,10 @@ pub(crate) fn w(key: &str) -> WatcherKey {
 }
 fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()
+}
+/// An acknowledgement of whatever notice is pending on `key`.
+fn any(key: &str) -> AckTarget {
+    AckTarget::any(k(key))
 }
 /// A person's message typed into `session` (a notify-eligible event by `user-1`), for the
 /// checks and for a store's or a gateway's own tests.
@@ -932,7 +936,7 @@ pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject)
     rec(s, human(&child()), T0).await; // 2: notice changesSince 1
     rec(s, human(&child()), T0).await; // 3: arrives before the ack
     let follow = s
-        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(1_000))
+        .acknowledge(&w(MANAGER), &[any(CHILD)], T0.plus_ms(1_000))
         .await
         .unwrap();
     assert_eq!(follow.len(), 1, "exactly one follow-up");
@@ -952,7 +956,7 @@ pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject)
     );
     assert_eq!(c.updated_at, T0.plus_ms(1_000));
     let again = s
-        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(2_000))
+        .acknowledge(&w(MANAGER), &[any(CHILD)], T0.plus_ms(2_000))
         .await
         .unwrap();
     assert!(again.is_empty(), "nothing new: no follow-up");
@@ -965,7 +969,7 @@ pub async fn acknowledging_a_target_twice_in_one_call_acknowledges_it_once(t: &S
     rec(s, human(&child()), T0).await; // 2: notice changesSince 1
     rec(s, human(&child()), T0).await; // 3: arrives before the ack
     let follow = s
-        .acknowledge(&w(MANAGER), &[k(CHILD), k(CHILD)], T0.plus_ms(1_000))
+        .acknowledge(&w(MANAGER), &[any(CHILD), any(CHILD)], T0.plus_ms(1_000))
         .await
         .unwrap();
     assert_eq!(
@@ -979,11 +983,57 @@ pub async fn acknowledging_a_target_twice_in_one_call_acknowledges_it_once(t: &S
         "the follow-up stays pending until a turn reads it"
     );
     let next = s
-        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(2_000))
+        .acknowledge(&w(MANAGER), &[any(CHILD)], T0.plus_ms(2_000))
         .await
         .unwrap();
     assert!(next.is_empty());
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 3, 3)));
+}
+
+/// A turn read the notice `changesSince 1`; before its acknowledgement the watcher was reset
+/// and watched the target again, and a new notice (`changesSince 2`) is pending that the turn
+/// never showed. The acknowledgement of what the turn read leaves that one pending.
+pub async fn an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing(t: &Subject) {
+    let s = &*t.store;
+    rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    rec(s, human(&child()), T0).await; // 2: notice changesSince 1
+    let read = protocol::Notice::of(&s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap());
+    assert_eq!(read.last_seen, Sequence(1));
+    s.reset_watcher(&k(MANAGER)).await.unwrap();
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap(); // at the head, 2
+    rec(s, human(&child()), T0).await; // 3: notice changesSince 2
+    let before = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
+    let out = s
+        .acknowledge(&w(MANAGER), &[AckTarget::read(&read)], T0.plus_ms(1_000))
+        .await
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(
+        s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
+        before,
+        "the notice nobody read stays pending, and not even updated_at moves"
+    );
+    // Listed twice, the target is acknowledged as its first entry says.
+    s.acknowledge(
+        &w(MANAGER),
+        &[AckTarget::read(&read), any(CHILD)],
+        T0.plus_ms(1_000),
+    )
+    .await
+    .unwrap();
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((2, 3, 3)));
+    // The notice the cursor shows is acknowledged, with its follow-up.
+    rec(s, human(&child()), T0).await; // 4: after the notice was frozen at 3
+    let shown = protocol::Notice::of(before.as_ref().unwrap());
+    let follow = s
+        .acknowledge(&w(MANAGER), &[AckTarget::read(&shown)], T0.plus_ms(2_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        follow.iter().map(|n| n.last_seen).collect::<Vec<_>>(),
+        [Sequence(3)]
+    );
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 4, 4)));
 }
 
 pub async fn refreezing_a_key_twice_in_one_call_redelivers_once(t: &Subject) {
@@ -1012,7 +1062,7 @@ pub async fn acknowledge_without_pending_changes_nothing(t: &Subject) {
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
     let before = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
     let out = s
-        .acknowledge(&w(MANAGER), &[k(CHILD)], T0.plus_ms(50))
+        .acknowledge(&w(MANAGER), &[any(CHILD)], T0.plus_ms(50))
         .await
         .unwrap();
     assert!(out.is_empty());
@@ -1028,7 +1078,7 @@ pub async fn acknowledge_ignores_unknown_targets(t: &Subject) {
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
     rec(s, human(&child()), T0).await;
     let out = s
-        .acknowledge(&w(MANAGER), &[k("agent:main:subagent:unknown")], T0)
+        .acknowledge(&w(MANAGER), &[any("agent:main:subagent:unknown")], T0)
         .await
         .unwrap();
     assert!(out.is_empty());
@@ -1037,7 +1087,7 @@ pub async fn acknowledge_ignores_unknown_targets(t: &Subject) {
         Some((1, 2, 2)),
         "an unrelated cursor is untouched"
     );
-    let out = s.acknowledge(&w(PEER), &[k(CHILD)], T0).await.unwrap();
+    let out = s.acknowledge(&w(PEER), &[any(CHILD)], T0).await.unwrap();
     assert!(
         out.is_empty(),
         "another watcher's ack does not touch this cursor"
@@ -1496,7 +1546,7 @@ pub async fn sweep_refreezes_and_redelivers(t: &Subject) {
         c,
         "a frozen cursor is left as it was"
     );
-    let follow = s.acknowledge(&w(MANAGER), &[k(CHILD)], T0).await.unwrap();
+    let follow = s.acknowledge(&w(MANAGER), &[any(CHILD)], T0).await.unwrap();
     assert!(
         follow.is_empty(),
         "after a sweep the ack covers everything up to material"
@@ -2141,7 +2191,7 @@ pub async fn a_handles_own_writes_are_never_foreign_commits(t: &Subject) {
     for task in tasks {
         task.await.expect("join").expect("record");
     }
-    s.acknowledge(&manager, std::slice::from_ref(&kid.session_key), T0)
+    s.acknowledge(&manager, &[AckTarget::any(kid.session_key.clone())], T0)
         .await
         .expect("acknowledge");
     rec(s, human(&kid), T0).await;
@@ -2708,7 +2758,7 @@ pub async fn a_store_keeps_the_audit_invariants(t: &Subject) {
     rec(s, human(&kid).with_dedupe_key("once"), T0.plus_ms(2 * DAY)).await;
     s.acknowledge(
         &manager,
-        std::slice::from_ref(&kid.session_key),
+        &[AckTarget::any(kid.session_key.clone())],
         T0.plus_ms(2 * DAY),
     )
     .await

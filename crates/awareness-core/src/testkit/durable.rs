@@ -30,6 +30,7 @@ use std::path::Path;
 use super::checks::{T0, child, human, link_spec, log_only, r, rec, spawn, w};
 use super::{OpenFile, Scratch, Subject, observe, poll_once};
 use crate::model::{CursorKey, NewEvent, Sequence, SessionRef, Timestamp};
+use crate::protocol::AckTarget;
 use crate::retention::PruneStep;
 use crate::store::{AwarenessStore, AwarenessStoreExt as _};
 use serde_json::json;
@@ -85,7 +86,7 @@ pub(crate) async fn fill(t: &Subject) -> String {
     assert!(hit.deduplicated && hit.event == first.event);
     rec(&*t.store, human(&peer), LATER).await; // 8
     t.store
-        .acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
+        .acknowledge(&manager, &[AckTarget::any(kid.session_key.clone())], LATER)
         .await
         .expect("acknowledge");
     let pending = rec(&*t.store, human(&kid), LATER).await; // 9
@@ -1085,7 +1086,10 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
     let follow = s
         .acknowledge(
             &manager,
-            &[first.session_key.clone(), second.session_key.clone()],
+            &[
+                AckTarget::any(first.session_key.clone()),
+                AckTarget::any(second.session_key.clone()),
+            ],
             LATER,
         )
         .await

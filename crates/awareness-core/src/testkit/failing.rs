@@ -10,7 +10,7 @@ use crate::model::{
     AgentId, Cursor, CursorFilter, CursorKey, Event, Head, LogStats, NewEvent, Sequence,
     SessionKey, SessionRef, Timestamp, WatcherKey,
 };
-use crate::protocol::Notice;
+use crate::protocol::{AckTarget, Notice};
 use crate::reconcile::ChangesPage;
 use crate::retention::PruneStep;
 use crate::store::{CursorStore, EventStore, Recorded};
@@ -87,7 +87,7 @@ impl CursorStore for Failing {
     async fn acknowledge(
         &self,
         _: &WatcherKey,
-        _: &[SessionKey],
+        _: &[AckTarget],
         _: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         Err(self.error("acknowledge"))

@@ -11,7 +11,7 @@ use crate::model::{
     AgentId, Cursor, CursorFilter, CursorKey, Event, Head, LogStats, NewEvent, Sequence,
     SessionKey, SessionRef, Timestamp, WatcherKey,
 };
-use crate::protocol::Notice;
+use crate::protocol::{AckTarget, Notice};
 use crate::reconcile::ChangesPage;
 use crate::retention::PruneStep;
 use crate::store::{AwarenessStore, CursorStore, EventStore, Recorded};
@@ -181,7 +181,7 @@ impl<H: Hook> CursorStore for Hooked<H> {
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
-        targets: &[SessionKey],
+        targets: &[AckTarget],
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         let answer = self.inner.acknowledge(watcher, targets, now);

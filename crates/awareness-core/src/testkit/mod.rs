@@ -252,6 +252,7 @@ macro_rules! conformance_suite {
             acknowledge_without_pending_changes_nothing,
             acknowledge_ignores_unknown_targets,
             acknowledging_a_target_twice_in_one_call_acknowledges_it_once,
+            an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing,
             refreezing_a_key_twice_in_one_call_redelivers_once,
             self_caused_events_never_notify,
             log_only_kinds_move_the_head_only,

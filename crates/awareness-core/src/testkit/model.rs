@@ -20,7 +20,7 @@ use crate::model::{
     ActorType, AgentId, Cursor, CursorFilter, CursorKey, Event, EventKind, Head, LogStats,
     NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
 };
-use crate::protocol::{self, Notice};
+use crate::protocol::{self, AckTarget, Notice};
 use crate::reconcile::{self, ChangesPage};
 use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
 use crate::store::AwarenessStoreExt;
@@ -83,8 +83,9 @@ pub enum Op {
     Ack {
         /// Watcher index.
         watcher: usize,
-        /// Key indexes.
-        keys: Vec<usize>,
+        /// Key indexes, each with the notice acknowledged: whichever is pending (0), the one
+        /// the cursor shows (1), or another one (2).
+        keys: Vec<(usize, u8)>,
     },
     /// Start-up sweep; watchers whose bit is set exist.
     Sweep {
@@ -224,7 +225,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|records| Op::Concurrent { records }),
         2 => (0..WATCHERS.len(), 0..n).prop_map(|(watcher, session)| Op::Watch { watcher, session }),
         1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Unwatch { watcher, key }),
-        2 => (0..WATCHERS.len(), proptest::collection::vec(0..KEYS.len(), 0..3))
+        2 => (0..WATCHERS.len(), proptest::collection::vec((0..KEYS.len(), 0u8..3), 0..3))
             .prop_map(|(watcher, keys)| Op::Ack { watcher, keys }),
         1 => any::<u8>().prop_map(|exists| Op::Sweep { exists }),
         2 => (0u64..25, 1usize..6, age_ms(), idle_ms()).prop_map(
@@ -628,20 +629,42 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
             }
             Op::Ack { watcher: wi, keys } => {
                 let w = watcher(*wi);
-                let targets: Vec<SessionKey> = keys.iter().map(|k| key(*k)).collect();
+                // The notice each entry names, from the cursors before the call.
+                let targets: Vec<AckTarget> = keys
+                    .iter()
+                    .map(|(ki, read)| {
+                        let shown = model
+                            .cursors
+                            .get(&cursor_key(*wi, *ki))
+                            .map_or(Sequence::ZERO, |c| c.last_seen);
+                        AckTarget {
+                            target: key(*ki),
+                            read: match read {
+                                0 => None,
+                                1 => Some(shown),
+                                _ => Some(Sequence(shown.0 + 1)),
+                            },
+                        }
+                    })
+                    .collect();
                 let mut want = Vec::new();
-                // One acknowledgement per target, however often it is listed.
+                // One acknowledgement per target, as its first entry says, however often it
+                // is listed.
                 let mut done = std::collections::BTreeSet::new();
                 for t in &targets {
                     let k = CursorKey {
                         watcher: w.clone(),
-                        target: t.clone(),
+                        target: t.target.clone(),
                     };
                     if !done.insert(k.clone()) {
                         continue;
                     }
                     if let Some(c) = model.cursors.get(&k) {
-                        let (write, follow) = protocol::acknowledge(c, now);
+                        let (write, follow) = if t.read.is_none_or(|r| r == c.last_seen) {
+                            protocol::acknowledge(c, now)
+                        } else {
+                            (None, None)
+                        };
                         if let Some(c) = write {
                             model.cursors.insert(k, c);
                         }

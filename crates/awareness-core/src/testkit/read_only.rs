@@ -28,6 +28,7 @@ use super::open::{contents, sizes};
 use super::{OpenFile, Scratch};
 use crate::error::StoreError;
 use crate::model::{CursorKey, Sequence, Timestamp};
+use crate::protocol::AckTarget;
 use crate::retention::PruneStep;
 use crate::store::AwarenessStoreExt as _;
 
@@ -112,7 +113,7 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
     );
     assert_refused(
         "acknowledge",
-        s.acknowledge(&manager, std::slice::from_ref(&kid.session_key), LATER)
+        s.acknowledge(&manager, &[AckTarget::any(kid.session_key.clone())], LATER)
             .await,
         &file,
     );

@@ -18,8 +18,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use awareness_core::{
-    ActorType, CursorStore, EventKind, EventStore, NewEvent, SessionKey, SessionRef, Timestamp,
-    WatcherKey,
+    AckTarget, ActorType, CursorStore, EventKind, EventStore, NewEvent, SessionKey, SessionRef,
+    Timestamp, WatcherKey,
 };
 use store_sqlite::SqliteStore;
 
@@ -105,7 +105,11 @@ async fn recorder(
         }
         if n % 7 == 3 {
             store
-                .acknowledge(&watcher, &keys[t..=t], Timestamp::now())
+                .acknowledge(
+                    &watcher,
+                    &[AckTarget::any(keys[t].clone())],
+                    Timestamp::now(),
+                )
                 .await?;
         }
     }

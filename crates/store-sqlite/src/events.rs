@@ -206,7 +206,17 @@ impl EventStore for SqliteStore {
         }
         // Group commit: queue the event, then either another writer records it with its batch
         // (the reply comes first), or this caller gets the write connection and records what
-        // the queue holds.
+        // the queue holds. A batch runs on a task of its own, spawned on the caller's Tokio
+        // runtime: outside one, a clear error now, before anything is queued, instead of a
+        // panic at the spawn, which would drop the events of the batch it took.
+        let rt = tokio::runtime::Handle::try_current().map_err(|e| {
+            StoreError::backend(
+                format!(
+                    "{WHAT}: called outside a Tokio runtime (store-sqlite commits a batch of recordings on a Tokio task)"
+                ),
+                e,
+            )
+        })?;
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         self.queue.push(Job {
@@ -268,7 +278,7 @@ impl EventStore for SqliteStore {
             // A batch holding other callers' events runs on its own task, so that cancelling
             // this call cancels nobody's commit.
             let hints = Arc::clone(&self.hints);
-            tokio::spawn(async move { group::record_batch(&mut w, jobs, &hints).await });
+            rt.spawn(async move { group::record_batch(&mut w, jobs, &hints).await });
             if mine {
                 return answered(answer.await);
             }

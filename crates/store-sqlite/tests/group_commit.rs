@@ -204,3 +204,47 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
         "nothing recorded while the lock was held"
     );
 }
+
+/// A recording with group commit on, polled outside a Tokio runtime (by hand, no runtime
+/// entered), fails at once with an error saying so, where it would have queued its event and
+/// spawned a batch's task there (a panic that drops the batch's events); it leaves nothing
+/// queued, so the next recording, inside a runtime, is answered with the first sequence.
+#[test]
+fn a_grouped_recording_outside_a_runtime_fails_and_queues_nothing() {
+    use std::task::{Context, Poll, Waker};
+    let dir = tempfile::tempdir().expect("dir");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = runtime.block_on(open(&dir, SqliteOptions::new().group_commit(16)));
+    let outside = {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut call = Box::pin(store.record(event(0), T0));
+        call.as_mut().poll(&mut cx)
+    };
+    match outside {
+        Poll::Ready(Err(StoreError::Backend { context, .. })) => {
+            assert!(context.contains("outside a Tokio runtime"), "{context}");
+        }
+        other => panic!("a recording outside a runtime: {other:?}"),
+    }
+    runtime.block_on(async {
+        let later = std::time::Duration::from_secs(30);
+        let rec = tokio::time::timeout(later, store.record(event(1), T0))
+            .await
+            .expect("a recording inside a runtime, after one outside, was never answered")
+            .expect("record");
+        assert_eq!(
+            rec.event.sequence,
+            Sequence(1),
+            "nothing was recorded outside"
+        );
+        assert_eq!(
+            store.largest_batch(),
+            1,
+            "the batch held this recording alone"
+        );
+    });
+}

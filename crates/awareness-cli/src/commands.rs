@@ -423,22 +423,20 @@ async fn on_store(
         Checked::Record(ev) => record(store, *ev, now, as_json, out).await?,
         Checked::Ack(wk, targets) => {
             // A target the watcher has no cursor on is a mistake (a typo, a session it never
-            // watched), as for `unwatch`: refused before anything is acknowledged.
-            let watched = store
-                .cursors(&awareness_core::CursorFilter {
-                    watcher: Some(wk.session_key().clone()),
-                    ..awareness_core::CursorFilter::default()
-                })
-                .await
-                .map_err(|e| store_err("ack", &e))?;
-            if let Some(t) = targets
-                .iter()
-                .find(|t| !watched.iter().any(|c| &c.target == *t))
-            {
-                return Err(CliError::failure(format!(
-                    "no cursor of {} on {t}",
-                    wk.as_str()
-                )));
+            // watched), as for `unwatch`, and one whose cursor row cannot be read is left as it
+            // is by an acknowledgement: both refused, with what was found, before anything is
+            // acknowledged.
+            for t in &targets {
+                let found = store
+                    .cursor(&wk, t)
+                    .await
+                    .map_err(|e| store_err("ack", &e))?;
+                if found.is_none() {
+                    return Err(CliError::failure(format!(
+                        "no cursor of {} on {t}",
+                        wk.as_str()
+                    )));
+                }
             }
             // An operator acknowledges whatever notice each cursor shows.
             let targets: Vec<AckTarget> = targets.into_iter().map(AckTarget::any).collect();

@@ -468,7 +468,13 @@ fn doctor_names_a_cursor_row_that_cannot_be_read_and_cursors_lists_the_rest() {
         dir.path(),
         &["--store", &store, "--json", "cursors"],
     ));
-    let all = all.as_array().unwrap().len();
+    let all = all.as_array().unwrap();
+    let damaged: Vec<String> = all
+        .iter()
+        .filter(|c| c["watcher"] == "agent:ops:main")
+        .map(|c| c["target"].as_str().unwrap().to_owned())
+        .collect();
+    let all = all.len();
     edit_by_hand(
         &format!("sqlite://{}", path.display()),
         "UPDATE session_watch_cursors SET last_seen_sequence = -5 \
@@ -500,6 +506,18 @@ fn doctor_names_a_cursor_row_that_cannot_be_read_and_cursors_lists_the_rest() {
         &["--store", &store, "--json", "prune", "--dry-run"],
     ));
     assert_eq!(dry["unreadableCursors"], 1, "{dry}");
+    // `ack` of that cursor says what is wrong with its row (not that there is none).
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    let ack = run_in(
+        dir.path(),
+        &["--store", &store, "ack", "agent:ops:main", &damaged[0]],
+    );
+    assert_eq!(ack.status.code(), Some(1), "{}", stdout(&ack));
+    assert!(
+        stderr(&ack).contains("corrupt store") && !stderr(&ack).contains("no cursor"),
+        "{}",
+        stderr(&ack)
+    );
 }
 
 /// Runs `awareness` in `dir` like [`run_in`]; `None` when it had not exited after a minute

@@ -55,6 +55,14 @@ pub enum Finding {
     /// A cursor row the store holds but cannot read, which every other read leaves out
     /// ([`crate::CursorStore::unreadable_cursors`]).
     UnreadableCursor(UnreadableCursor),
+    /// A head row the store holds but cannot read, which listings leave out
+    /// (docs/decisions/0020), found through its session's retained events.
+    UnreadableHead {
+        /// The session.
+        session: SessionRef,
+        /// Why it cannot be read.
+        reason: String,
+    },
 }
 
 fn name(c: &Cursor) -> String {
@@ -96,6 +104,9 @@ impl fmt::Display for Finding {
             ),
             Self::OrphanedCursor(c) => write!(f, "{} is orphaned: its target has no head", name(c)),
             Self::UnreadableCursor(u) => u.fmt(f),
+            Self::UnreadableHead { session, reason } => {
+                write!(f, "head of {session} cannot be read: {reason}")
+            }
         }
     }
 }
@@ -167,7 +178,8 @@ pub struct StoreAudit {
 /// them), and runs [`audit`], then adds the cursor rows the store cannot read
 /// ([`Finding::UnreadableCursor`]). A finding that a deletion between the reads could fake
 /// ([`Finding::EventsWithoutHead`], [`Finding::OrphanedCursor`]) is kept only if [`audit`]
-/// still finds it in a fresh read of that session or cursor.
+/// still finds it in a fresh read of that session or cursor; events whose head the listing
+/// left out because it cannot be read are reported as [`Finding::UnreadableHead`].
 pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, StoreError> {
     const PAGE: usize = 5_000;
     let cursors = store.cursors(&CursorFilter::default()).await?;
@@ -182,7 +194,10 @@ pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, Store
     let heads = store.list_heads(None).await?;
     let mut findings = Vec::new();
     for finding in audit(&heads, &events, &cursors) {
-        if still_found(store, &finding).await? {
+        if let Some(finding) = still_found(store, finding).await?
+            && !findings.contains(&finding)
+        {
+            // (An unreadable head is found through its events and each cursor on it.)
             findings.push(finding);
         }
     }
@@ -200,27 +215,50 @@ pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, Store
     })
 }
 
-/// Whether `finding` holds in a fresh read of its session or cursor (events or the cursor
-/// first, then the head, as [`audit_store`] reads).
-async fn still_found(store: &dyn AwarenessStore, finding: &Finding) -> Result<bool, StoreError> {
-    let fresh = match finding {
+/// `finding` if it holds in a fresh read of its session or cursor (events or the cursor
+/// first, then the head, as [`audit_store`] reads), or what that read found instead: a head
+/// that cannot be read.
+async fn still_found(
+    store: &dyn AwarenessStore,
+    finding: Finding,
+) -> Result<Option<Finding>, StoreError> {
+    let fresh = match &finding {
         Finding::EventsWithoutHead { session, .. } => {
+            // A head that cannot be read (which a page of the session's events reads too).
+            if let Err(StoreError::Corrupt { context, .. }) =
+                store.heads(std::slice::from_ref(session)).await
+            {
+                return Ok(Some(unreadable_head(session, context)));
+            }
             let page = store.changes_since(session, Sequence::ZERO, 1).await?;
             let heads = store.heads(std::slice::from_ref(session)).await?;
             audit(&heads, &page.events, &[])
         }
         Finding::OrphanedCursor(c) => {
             let Some(now) = store.cursor(&c.watcher, &c.target).await? else {
-                return Ok(false);
+                return Ok(None);
             };
-            let heads = store.heads(&[now.target_ref()]).await?;
-            audit(&heads, &[], &[now])
+            let session = now.target_ref();
+            match store.heads(std::slice::from_ref(&session)).await {
+                Err(StoreError::Corrupt { context, .. }) => {
+                    return Ok(Some(unreadable_head(&session, context)));
+                }
+                heads => audit(&heads?, &[], &[now]),
+            }
         }
-        _ => return Ok(true),
+        _ => return Ok(Some(finding)),
     };
-    Ok(fresh
+    let holds = fresh
         .iter()
-        .any(|f| std::mem::discriminant(f) == std::mem::discriminant(finding)))
+        .any(|f| std::mem::discriminant(f) == std::mem::discriminant(&finding));
+    Ok(holds.then_some(finding))
+}
+
+fn unreadable_head(session: &SessionRef, reason: String) -> Finding {
+    Finding::UnreadableHead {
+        session: session.clone(),
+        reason,
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,11 @@ impl RawAccess for Raw {
         // And links.
         Ok(false)
     }
+
+    async fn damage_head_row(&self, _: &SessionRef) -> Result<bool, StoreError> {
+        // And heads.
+        Ok(false)
+    }
 }
 
 async fn subject() -> Subject {

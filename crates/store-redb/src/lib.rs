@@ -672,6 +672,32 @@ impl RedbStore {
         .await
     }
 
+    /// Overwrites one head entry so that it no longer reads as a head (bytes of the wrong
+    /// length), as a torn write or a hand edit could leave it; the session's events stay.
+    /// Returns whether the entry existed. The durable suite uses it to check that such an
+    /// entry stops no listing of the other heads.
+    pub async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("damage a head", move |txn| {
+            let key = (
+                session.agent_id.as_str(),
+                session.session_key.as_str(),
+                tables::HEAD_SEQ,
+            );
+            let mut by_ref = txn
+                .open_table(tables::EVENTS_BY_REF)
+                .ctx("open the reference index")?;
+            let existed = by_ref.get(key).ctx("read a head")?.is_some();
+            if existed {
+                by_ref
+                    .insert(key, b"torn".as_slice())
+                    .ctx("damage a head")?;
+            }
+            Ok((existed, existed))
+        })
+        .await
+    }
+
     async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,

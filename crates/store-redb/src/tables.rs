@@ -210,9 +210,18 @@ pub(crate) fn list_heads(
         if agent.is_some_and(|x| x != a) {
             break;
         }
-        let session = session_ref(k, a)?;
-        if let Some(h) = read_head(by_ref, &session)? {
-            out.push(h);
+        // A head that cannot be read (a ref this store refuses, bytes that are no head) is left
+        // out with a warning, so that one damaged entry stops no listing of the others
+        // (docs/decisions/0020); reading that head by its ref still fails.
+        match session_ref(k, a).and_then(|session| read_head(by_ref, &session)) {
+            Ok(Some(h)) => out.push(h),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                session_key = ?k,
+                agent = ?a,
+                reason = %e,
+                "ignoring a head that cannot be read"
+            ),
         }
         from = (a.to_owned(), format!("{k}\0"));
     }

@@ -467,16 +467,37 @@ pub(crate) fn one_cursor(text: &str) -> Result<Cursor, StoreError> {
     cursor(&json("cursor", text)?)
 }
 
-/// A JSON array of heads.
+/// A JSON array of heads of the refs asked for: a row that cannot be read fails the call.
 pub(crate) fn heads(text: &str) -> Result<Vec<Head>, StoreError> {
+    head_rows(text)?.into_iter().collect()
+}
+
+/// A JSON array of heads, as a listing takes them: a row that cannot be read (a key or agent
+/// this store refuses, a negative sequence) is left out with a warning naming it, so that one
+/// damaged row stops no listing of the others (docs/decisions/0020). Reading that one head by
+/// its ref ([`heads`]) still fails.
+pub(crate) fn listed_heads(text: &str) -> Result<Vec<Head>, StoreError> {
+    let mut out = Vec::new();
+    for read in head_rows(text)? {
+        match read {
+            Ok(h) => out.push(h),
+            Err(e) => tracing::warn!(reason = %e, "ignoring a head row that cannot be read"),
+        }
+    }
+    Ok(out)
+}
+
+/// Each row of a JSON array of heads, read or why not.
+fn head_rows(text: &str) -> Result<Vec<Result<Head, StoreError>>, StoreError> {
     let raws = rows("heads", text, head_fields)?;
-    raws.into_iter()
+    Ok(raws
+        .into_iter()
         .map(|RawHead(key, agent, last, pruned, updated_at)| {
             let r = session_ref(&key, &agent)
                 .map_err(|e| StoreError::corrupt(format!("head ({key:?}, {agent:?}): {e}")))?;
             head(r, last, pruned, updated_at)
         })
-        .collect()
+        .collect())
 }
 
 fn head(r: SessionRef, last: i64, pruned: i64, updated_at: i64) -> Result<Head, StoreError> {

@@ -335,7 +335,7 @@ impl EventStore for SqliteStore {
         const WHAT: &str = "list heads";
         let q = sqlx::query(sql::LIST_HEADS).bind(agent.map(|a| a.as_str().to_owned()));
         let row = self.read_one(q, WHAT).await?;
-        decode::heads(get(&row, 0, WHAT)?)
+        decode::listed_heads(get(&row, 0, WHAT)?)
     }
 
     async fn events_after(

@@ -590,6 +590,17 @@ impl SqliteStore {
         self.write_changed("damage an upstream link row", q).await
     }
 
+    /// Overwrites one head row so that it can no longer be read (a negative last sequence,
+    /// which no writer stores), as a torn write or another writer could leave it. Returns
+    /// whether the row existed. The durable suite uses it to check that such a row stops no
+    /// listing of the other heads.
+    pub async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::DAMAGE_HEAD_ROW)
+            .bind(session.session_key.as_str().to_owned())
+            .bind(session.agent_id.as_str().to_owned());
+        self.write_changed("damage a head row", q).await
+    }
+
     /// Runs `q` (a transaction whose last statement selects `changes()`) on the write
     /// connection; answers whether it changed a row.
     pub(crate) async fn write_changed(&self, what: &str, q: Query) -> Result<bool, StoreError> {

@@ -495,6 +495,13 @@ UPDATE session_upstream_links SET last_marker_json = '{torn' WHERE session_key =
 SELECT changes();
 COMMIT";
 
+/// Overwrites one head row's last sequence with a negative one, which no writer stores
+/// (`SqliteStore::damage_head_row`).
+pub(crate) const DAMAGE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
+UPDATE session_state_heads SET last_sequence = -5 WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
 /// Deletes one head row (`SqliteStore::delete_head_row`).
 pub(crate) const DELETE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;

@@ -912,6 +912,57 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
     }
 }
 
+/// A head row the store cannot read (a torn write, a hand edit, another writer's row) is left
+/// out of listing the heads (decision 0020), which lists the others, per agent too; reading
+/// that head by its ref fails with `Corrupt`, and the audit names it once (through its events
+/// and through the cursor on it).
+pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile) {
+    use crate::StoreError;
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (kept, torn, other) = (
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+        r("agent:ops:subagent:c", "ops"),
+    );
+    for session in [&kept, &torn, &other] {
+        rec(s, human(session), T0).await;
+    }
+    s.watch(&w("agent:main:main"), &torn, T0)
+        .await
+        .expect("watch");
+    assert!(
+        t.raw
+            .damage_head_row(&torn)
+            .await
+            .expect("damage a head row"),
+        "the store has a head row to damage"
+    );
+    let listed = async |agent: Option<&str>| -> Vec<SessionRef> {
+        let agent = agent.map(|a| crate::model::AgentId::new(a).expect("agent"));
+        s.list_heads(agent.as_ref())
+            .await
+            .expect("the listing leaves the unreadable row out")
+            .into_iter()
+            .map(|h| h.session)
+            .collect()
+    };
+    assert_eq!(listed(None).await, [kept.clone(), other.clone()]);
+    assert_eq!(listed(Some("main")).await, std::slice::from_ref(&kept));
+    let read = s.heads(std::slice::from_ref(&torn)).await;
+    assert!(
+        matches!(read, Err(StoreError::Corrupt { .. })),
+        "reading that head: {read:?}"
+    );
+    let findings = crate::audit::audit_store(s).await.expect("audit").findings;
+    let named: Vec<_> = findings
+        .iter()
+        .filter(|f| matches!(f, crate::audit::Finding::UnreadableHead { session, .. } if *session == torn))
+        .collect();
+    assert_eq!(named.len(), 1, "{findings:?}");
+}
+
 /// A cursor row the store can no longer read (a torn write, a hand edit, another writer's row)
 /// is left out, with a warning, of everything that reads many cursors, and stops none of it: a
 /// recording on its target (alone or among concurrent ones) moves the other watchers' cursors,

@@ -63,7 +63,7 @@ pub use model::{
     LogStats, NewEvent, Payload, Sequence, SessionKey, SessionRef, Timestamp, WatchProvenance,
     WatcherKey,
 };
-pub use protocol::{AckTarget, Notice};
+pub use protocol::{AckTarget, Notice, ReadNotice};
 pub use reconcile::{ChangesPage, SessionStatus};
 pub use retention::{PruneReport, PruneStep, RetentionPolicy};
 pub use store::{

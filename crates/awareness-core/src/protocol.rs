@@ -262,18 +262,28 @@ pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<N
 /// for a watcher's turn, the notice it read.
 ///
 /// A turn reads its cursors, shows their notices, then acknowledges. Between the read and the
-/// acknowledgement the watcher may be reset and watch the target again (a spawn, a recording
-/// that names it), with a new notice pending that the turn never showed. An acknowledgement
-/// that names the notice it read ([`AckTarget::read`]) applies only while the cursor still
-/// shows that notice (the same `last_seen`, which the notice's text names), so the new one
-/// stays pending. One that names no notice ([`AckTarget::any`], an operator's `ack`)
-/// acknowledges whatever is pending.
+/// acknowledgement the cursor may be replaced: the watcher reset and watching the target again
+/// (a spawn, a watch, a recording that names it), or the cursor re-pointed to another agent's
+/// session of the key (decision 0008), with a new notice pending that the turn never showed.
+/// An acknowledgement that names the notice it read ([`AckTarget::read`]) applies only while
+/// the cursor still shows that notice: the same target agent and the same `last_seen` (which
+/// the notice's text names), so the new one stays pending. One that names no notice
+/// ([`AckTarget::any`], an operator's `ack`) acknowledges whatever is pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AckTarget {
     /// The target whose notice is acknowledged.
     pub target: SessionKey,
-    /// The `last_seen` of the notice that was read; `None` for whatever notice is pending.
-    pub read: Option<Sequence>,
+    /// The notice that was read; `None` for whatever notice is pending.
+    pub read: Option<ReadNotice>,
+}
+
+/// What an [`AckTarget`] names of the notice that was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadNotice {
+    /// The agent of the session the notice was about.
+    pub target_agent: AgentId,
+    /// The sequence the notice said to reconcile from.
+    pub last_seen: Sequence,
 }
 
 impl AckTarget {
@@ -286,13 +296,18 @@ impl AckTarget {
     pub fn read(notice: &Notice) -> Self {
         Self {
             target: notice.target.clone(),
-            read: Some(notice.last_seen),
+            read: Some(ReadNotice {
+                target_agent: notice.target_agent.clone(),
+                last_seen: notice.last_seen,
+            }),
         }
     }
 
     /// Whether this acknowledgement applies to `cursor` (a cursor on its target).
     pub fn applies_to(&self, cursor: &Cursor) -> bool {
-        self.read.is_none_or(|seen| seen == cursor.last_seen)
+        self.read.as_ref().is_none_or(|read| {
+            read.target_agent == cursor.target_agent && read.last_seen == cursor.last_seen
+        })
     }
 
     /// [`acknowledge`] when this acknowledgement applies to `cursor`; else nothing to write and
@@ -319,9 +334,9 @@ impl From<SessionKey> for AckTarget {
     }
 }
 
-/// The items of `list` in order, each once (its first occurrence): what an
-/// [`acknowledge`](crate::CursorStore::acknowledge) or a
-/// [`refreeze`](crate::CursorStore::refreeze) call applies its rule to. A target listed twice
+/// The items of `list` in order, each once (its first occurrence): what a
+/// [`refreeze`](crate::CursorStore::refreeze) call applies its rule to, and, by target, an
+/// [`acknowledge`](crate::CursorStore::acknowledge) call ([`AckTarget::each_once`]). A target listed twice
 /// in one acknowledgement was read once; applying [`acknowledge`] to it a second time would
 /// acknowledge the follow-up notice the first pass just handed out, before anybody read it,
 /// and the change behind that notice would never reach the watcher.

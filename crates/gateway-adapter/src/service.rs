@@ -1406,10 +1406,11 @@ impl Awareness {
     ///    queued: a notice lost from memory comes back now rather than after a restart. So the
     ///    watcher is told each notice once.
     /// 4. It acknowledges exactly the notices it read ([`AckTarget::read`]): each only while
-    ///    its cursor still shows it (the same `last_seen`, which only an acknowledgement
-    ///    moves). A recording between the reads, or a reset of the watcher followed by a new
-    ///    watch and a change, cannot make the turn acknowledge a notice it did not read
-    ///    (docs/decisions/0019).
+    ///    its cursor still shows it (the same target agent and `last_seen`). A recording
+    ///    between the reads cannot make the turn acknowledge a notice it did not read; nor can a
+    ///    reset of the watcher followed by a new watch and a change, nor a re-pointing of the
+    ///    cursor to another agent's session, except where the new notice has the same text as
+    ///    the one read and the turn's reconcile covers it (docs/decisions/0019).
     /// 5. After the acknowledgement (which queues the follow-ups), a copy of a notice the turn
     ///    read that was queued meanwhile is removed ([`SystemEventQueue::remove`]): a change on
     ///    the target while the turn ran hands out the same text again. A copy delivered after

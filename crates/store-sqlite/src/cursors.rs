@@ -12,8 +12,8 @@ use crate::decode::{self};
 use crate::{SqliteStore, sql};
 
 /// Applies `decide` to each listed target's cursor in order, with what the list says of that
-/// key, and collects what to write. The callers list each key once ([`protocol::each_once`]);
-/// a key listed again would see the cursor the previous step wrote.
+/// key, and collects what to write. The callers list each key once ([`protocol::each_once`],
+/// [`AckTarget::each_once`]); a key listed again would see the cursor the previous step wrote.
 fn apply_in_order<'k, X>(
     loaded: Vec<Cursor>,
     keys: impl IntoIterator<Item = (&'k WatcherKey, &'k SessionKey, X)>,

@@ -992,7 +992,9 @@ pub async fn acknowledging_a_target_twice_in_one_call_acknowledges_it_once(t: &S
 
 /// A turn read the notice `changesSince 1`; before its acknowledgement the watcher was reset
 /// and watched the target again, and a new notice (`changesSince 2`) is pending that the turn
-/// never showed. The acknowledgement of what the turn read leaves that one pending.
+/// never showed. The acknowledgement of what the turn read leaves that one pending. So it does
+/// when the cursor was re-pointed to another agent's session of the key, from the same
+/// `last_seen` (0, where a named watcher's cursor starts).
 pub async fn an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
@@ -1034,6 +1036,24 @@ pub async fn an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing(t: &
         [Sequence(3)]
     );
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((3, 4, 4)));
+
+    let (main, ops) = (r("global", "main"), r("global", "ops"));
+    rec(s, human(&main).with_watcher(w(PEER)), T0).await;
+    let read = protocol::Notice::of(&s.cursor(&w(PEER), &k("global")).await.unwrap().unwrap());
+    assert_eq!(
+        (read.last_seen, read.target_agent.as_str()),
+        (Sequence(0), "main")
+    );
+    rec(s, human(&ops).with_watcher(w(PEER)), T0).await; // re-pointed, from 0
+    let before = s.cursor(&w(PEER), &k("global")).await.unwrap();
+    let out = s
+        .acknowledge(&w(PEER), &[AckTarget::read(&read)], T0.plus_ms(3_000))
+        .await
+        .unwrap();
+    assert!(out.is_empty());
+    let after = s.cursor(&w(PEER), &k("global")).await.unwrap();
+    assert_eq!(after, before, "ops's notice stays pending");
+    assert_eq!(after.map(|c| c.target_agent), Some(ops.agent_id));
 }
 
 pub async fn refreezing_a_key_twice_in_one_call_redelivers_once(t: &Subject) {

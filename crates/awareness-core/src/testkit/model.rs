@@ -20,7 +20,7 @@ use crate::model::{
     ActorType, AgentId, Cursor, CursorFilter, CursorKey, Event, EventKind, Head, LogStats,
     NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
 };
-use crate::protocol::{self, AckTarget, Notice};
+use crate::protocol::{self, AckTarget, Notice, ReadNotice};
 use crate::reconcile::{self, ChangesPage};
 use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
 use crate::store::AwarenessStoreExt;
@@ -84,7 +84,7 @@ pub enum Op {
         /// Watcher index.
         watcher: usize,
         /// Key indexes, each with the notice acknowledged: whichever is pending (0), the one
-        /// the cursor shows (1), or another one (2).
+        /// the cursor shows (1), or another one: the next `last_seen` (2), another agent (3).
         keys: Vec<(usize, u8)>,
     },
     /// Start-up sweep; watchers whose bit is set exist.
@@ -225,7 +225,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|records| Op::Concurrent { records }),
         2 => (0..WATCHERS.len(), 0..n).prop_map(|(watcher, session)| Op::Watch { watcher, session }),
         1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Unwatch { watcher, key }),
-        2 => (0..WATCHERS.len(), proptest::collection::vec((0..KEYS.len(), 0u8..3), 0..3))
+        2 => (0..WATCHERS.len(), proptest::collection::vec((0..KEYS.len(), 0u8..4), 0..3))
             .prop_map(|(watcher, keys)| Op::Ack { watcher, keys }),
         1 => any::<u8>().prop_map(|exists| Op::Sweep { exists }),
         2 => (0u64..25, 1usize..6, age_ms(), idle_ms()).prop_map(
@@ -633,17 +633,29 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 let targets: Vec<AckTarget> = keys
                     .iter()
                     .map(|(ki, read)| {
-                        let shown = model
-                            .cursors
-                            .get(&cursor_key(*wi, *ki))
-                            .map_or(Sequence::ZERO, |c| c.last_seen);
+                        let (agent, seen) = model.cursors.get(&cursor_key(*wi, *ki)).map_or(
+                            (AgentId::new(AGENTS[0]).expect("agent"), Sequence::ZERO),
+                            |c| (c.target_agent.clone(), c.last_seen),
+                        );
+                        let other = AGENTS
+                            .iter()
+                            .find(|a| **a != agent.as_str())
+                            .map(|a| AgentId::new(*a).expect("agent"))
+                            .expect("two agents");
+                        let (target_agent, last_seen) = match read {
+                            0 => {
+                                return AckTarget::any(key(*ki));
+                            }
+                            1 => (agent, seen),
+                            2 => (agent, Sequence(seen.0 + 1)),
+                            _ => (other, seen),
+                        };
                         AckTarget {
                             target: key(*ki),
-                            read: match read {
-                                0 => None,
-                                1 => Some(shown),
-                                _ => Some(Sequence(shown.0 + 1)),
-                            },
+                            read: Some(ReadNotice {
+                                target_agent,
+                                last_seen,
+                            }),
                         }
                     })
                     .collect();
@@ -660,7 +672,10 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                         continue;
                     }
                     if let Some(c) = model.cursors.get(&k) {
-                        let (write, follow) = if t.read.is_none_or(|r| r == c.last_seen) {
+                        let shows = |r: &ReadNotice| {
+                            r.target_agent == c.target_agent && r.last_seen == c.last_seen
+                        };
+                        let (write, follow) = if t.read.as_ref().is_none_or(shows) {
                             protocol::acknowledge(c, now)
                         } else {
                             (None, None)

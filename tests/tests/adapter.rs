@@ -854,3 +854,59 @@ async fn background_pruning_runs_hourly_off_the_recording_path() {
         handle.abort();
     }
 }
+
+/// A head row that cannot be read (a torn write, a hand edit; decision 0020) costs the
+/// `sessions_list` versions only its own session's, on each durable store: the batch of heads
+/// it fails is read again one ref at a time.
+#[tokio::test]
+async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
+    for b in backends().await {
+        let g = Gateway::new(Arc::clone(&b.store));
+        let keys = [
+            "agent:main:subagent:a",
+            "agent:main:subagent:b",
+            "agent:main:subagent:c",
+        ];
+        let refs: Vec<SessionRef> = keys
+            .iter()
+            .map(|key| SessionRef::parse(key, "main").unwrap())
+            .collect();
+        for r in &refs {
+            let typed = NewEvent::new(
+                r.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "typed",
+            );
+            b.store.record(typed, T0).await.expect("recorded");
+        }
+        let torn = &refs[1];
+        // A second handle on the same file damages the row, as another writer could.
+        let damaged = match b.name {
+            "sqlite" => store_sqlite::SqliteStore::open(b.dir.path().join("state.db"))
+                .await
+                .expect("a second handle")
+                .damage_head_row(torn)
+                .await
+                .expect("damage"),
+            "redb" => store_redb::RedbStore::open(b.dir.path().join("state.redb"))
+                .await
+                .expect("a second handle")
+                .damage_head_row(torn)
+                .await
+                .expect("damage"),
+            _ => continue, // store-memory keeps values: nothing to tear
+        };
+        assert!(damaged, "{}: the head row existed", b.name);
+        let me = SessionRef::parse(MANAGER, "main").unwrap();
+        let versions = g.svc.state_versions_as(&me, &refs).await;
+        let mut listed: Vec<&str> = versions.keys().map(|r| r.session_key.as_str()).collect();
+        listed.sort_unstable();
+        assert_eq!(
+            listed,
+            ["agent:main:subagent:a", "agent:main:subagent:c"],
+            "{}",
+            b.name
+        );
+    }
+}

@@ -56,7 +56,8 @@ pub enum Finding {
     /// ([`crate::CursorStore::unreadable_cursors`]).
     UnreadableCursor(UnreadableCursor),
     /// A head row the store holds but cannot read, which listings leave out
-    /// (docs/decisions/0020), found through its session's retained events.
+    /// (docs/decisions/0020), found through its session's retained events or a cursor that
+    /// has seen an event of it.
     UnreadableHead {
         /// The session.
         session: SessionRef,
@@ -193,11 +194,15 @@ pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, Store
     }
     let heads = store.list_heads(None).await?;
     let mut findings = Vec::new();
+    let mut unreadable = std::collections::HashSet::new();
     for finding in audit(&heads, &events, &cursors) {
+        // An unreadable head is found through its events and each cursor on it: named once.
         if let Some(finding) = still_found(store, finding).await?
-            && !findings.contains(&finding)
+            && match &finding {
+                Finding::UnreadableHead { session, .. } => unreadable.insert(session.clone()),
+                _ => true,
+            }
         {
-            // (An unreadable head is found through its events and each cursor on it.)
             findings.push(finding);
         }
     }

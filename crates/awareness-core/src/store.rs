@@ -45,10 +45,12 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     ) -> Result<ChangesPage, StoreError>;
 
     /// The heads of the given refs that exist, in any order (one batch); a ref listed more than
-    /// once has one head.
+    /// once has one head. A head row that cannot be read fails the call with
+    /// [`StoreError::Corrupt`].
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError>;
 
-    /// Every head, optionally of one agent, ordered by key then agent.
+    /// Every head, optionally of one agent, ordered by key then agent. A head row that cannot be
+    /// read is left out, with a warning naming it (docs/decisions/0020).
     async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError>;
 
     /// Retained events of every session with `sequence > after`, ascending, at most `limit`.

@@ -1272,15 +1272,30 @@ impl Awareness {
             .cloned()
             .collect();
         let mut out = HashMap::new();
+        let mut versions = |heads: Vec<awareness_core::Head>| {
+            out.extend(
+                heads
+                    .into_iter()
+                    .filter(|h| h.last_sequence > Sequence::ZERO)
+                    .map(|h| (h.session, h.last_sequence)),
+            );
+        };
         // At least 1: checked when the service was built.
         for batch in visible.chunks(self.config.list_batch) {
             match self.store.heads(batch).await {
-                Ok(heads) => out.extend(
-                    heads
-                        .into_iter()
-                        .filter(|h| h.last_sequence > Sequence::ZERO)
-                        .map(|h| (h.session, h.last_sequence)),
-                ),
+                Ok(heads) => versions(heads),
+                Err(StoreError::Corrupt { .. }) if batch.len() > 1 => {
+                    // A head that cannot be read fails its batch: the batch's refs are read one
+                    // at a time, so that it hides only its own session (decision 0020).
+                    for r in batch {
+                        match self.store.heads(std::slice::from_ref(r)).await {
+                            Ok(heads) => versions(heads),
+                            Err(e) => {
+                                warn!(session = %r, error = %ErrorChain(&e), "sessions_list enrichment skipped a session");
+                            }
+                        }
+                    }
+                }
                 Err(e) => {
                     warn!(error = %ErrorChain(&e), refs = batch.len(), "sessions_list enrichment skipped a batch");
                 }

@@ -216,12 +216,13 @@ pub(crate) fn list_heads(
         match session_ref(k, a).and_then(|session| read_head(by_ref, &session)) {
             Ok(Some(h)) => out.push(h),
             Ok(None) => {}
-            Err(e) => tracing::warn!(
+            Err(e @ StoreError::Corrupt { .. }) => tracing::warn!(
                 session_key = ?k,
                 agent = ?a,
                 reason = %e,
                 "ignoring a head that cannot be read"
             ),
+            Err(e) => return Err(e),
         }
         from = (a.to_owned(), format!("{k}\0"));
     }

@@ -1046,6 +1046,11 @@ pub async fn an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing(t: &
     );
     rec(s, human(&ops).with_watcher(w(PEER)), T0).await; // re-pointed, from 0
     let before = s.cursor(&w(PEER), &k("global")).await.unwrap();
+    assert_eq!(
+        before.as_ref().map(|c| c.last_seen),
+        Some(Sequence(0)),
+        "the same last_seen: only the agent tells the notices apart"
+    );
     let out = s
         .acknowledge(&w(PEER), &[AckTarget::read(&read)], T0.plus_ms(3_000))
         .await

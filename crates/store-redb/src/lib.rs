@@ -882,8 +882,19 @@ fn prune_events(
             .filter_map(|d| Some((d.session.as_ref()?, Sequence(d.seq)))),
     );
     for (r, s) in stamps {
-        if let Some(h) = tables::read_head(&ev.by_ref, &r)? {
-            tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s, now))?;
+        match tables::read_head(&ev.by_ref, &r) {
+            Ok(Some(h)) => tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s, now))?,
+            Ok(None) => {}
+            // A head that cannot be read (decision 0020) gets no stamp and its events go all
+            // the same: reading that head fails, so no caller is told its history is whole,
+            // and failing instead would fail every pruning pass from then on.
+            Err(e @ StoreError::Corrupt { .. }) => tracing::warn!(
+                path = %path.display(),
+                session = %r,
+                reason = %e,
+                "pruning deletes events of a session whose head cannot be read; no watermark is stamped"
+            ),
+            Err(e) => return Err(e),
         }
     }
     let deleted = ev.remove_many(&doomed)?;

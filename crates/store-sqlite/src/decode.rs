@@ -550,15 +550,26 @@ pub(crate) fn victims(text: &str) -> Result<Vec<(Sequence, Option<SessionRef>)>,
 }
 
 /// The heads of pruning victims' refs ([`heads`]), leaving out a head whose ref this store
-/// cannot read: its events are pruned without a stamp (see [`victims`]).
+/// cannot read: its events are pruned without a stamp (see [`victims`]). So are the events of
+/// a head row that cannot be read (decision 0020), with a warning naming it: reading that head
+/// fails, so no caller is told its history is whole, and failing instead would fail every
+/// pruning pass from then on.
 pub(crate) fn victim_heads(text: &str) -> Result<Vec<Head>, StoreError> {
     let raws = rows("heads", text, head_fields)?;
-    raws.into_iter()
+    Ok(raws
+        .into_iter()
         .filter_map(|RawHead(key, agent, last, pruned, updated_at)| {
             let r = session_ref(&key, &agent).ok()?;
-            Some(head(r, last, pruned, updated_at))
+            head(r, last, pruned, updated_at)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        reason = %e,
+                        "pruning deletes events of a session whose head cannot be read; no watermark is stamped"
+                    );
+                })
+                .ok()
         })
-        .collect()
+        .collect())
 }
 
 /// One cursor as the upsert reads it: `[watcher, target, target_agent, last_seen, notified,

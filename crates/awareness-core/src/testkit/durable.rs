@@ -915,7 +915,8 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
 /// A head row the store cannot read (a torn write, a hand edit, another writer's row) is left
 /// out of listing the heads (decision 0020), which lists the others, per agent too; reading
 /// that head by its ref fails with `Corrupt`, and the audit names it once (through its events
-/// and through the cursor on it).
+/// and through the cursor on it). Pruning deletes its session's events in their turn, with no
+/// watermark stamped over it.
 pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile) {
     use crate::StoreError;
     let dir = Scratch::new("durable");
@@ -961,6 +962,35 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
         .filter(|f| matches!(f, crate::audit::Finding::UnreadableHead { session, .. } if *session == torn))
         .collect();
     assert_eq!(named.len(), 1, "{findings:?}");
+    // Nor does it stop pruning: a pass of the row cap deletes its events with the others', and
+    // leaves the row as it was.
+    let policy = crate::RetentionPolicy {
+        max_rows: 1,
+        ..crate::RetentionPolicy::default()
+    };
+    let report = s
+        .prune(&policy, T0)
+        .await
+        .expect("a pass over an unreadable head");
+    assert_eq!(report.events_by_cap, 2, "{report:?}");
+    let left: Vec<SessionRef> = s
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect("the log")
+        .iter()
+        .map(|e| e.session_ref())
+        .collect();
+    assert_eq!(left, std::slice::from_ref(&other));
+    let read = s.heads(std::slice::from_ref(&torn)).await;
+    assert!(
+        matches!(read, Err(StoreError::Corrupt { .. })),
+        "the head is left as it was: {read:?}"
+    );
+    assert_eq!(
+        s.heads(std::slice::from_ref(&kept)).await.expect("heads")[0].pruned_max_sequence,
+        Sequence(1),
+        "the readable head is stamped"
+    );
 }
 
 /// A cursor row the store can no longer read (a torn write, a hand edit, another writer's row)

@@ -729,8 +729,9 @@ pub struct Cursor {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WatchProvenance {
-    /// A spawn or an explicit watch (`sessions_send` with `watch: true`): its notices wake the
-    /// watcher.
+    /// A spawn or an explicit watch (`sessions_send` with `watch: true`): its notices wake a
+    /// main-session watcher (a nested subagent watcher is never woken, and a line already
+    /// queued wakes nobody again).
     #[default]
     Explicit,
     /// OpenClaw's ambient watch of the sessions of a group conversation: its notices are queued

@@ -38,7 +38,8 @@ pub struct ChangesPage {
 
 /// `session_status`: always the version, the page when `changesSince` was asked. Fields may
 /// be added (as `unavailable` was), so outside this crate it is built only by
-/// [`crate::AwarenessStoreExt::session_status`] and [`SessionStatus::unavailable`].
+/// [`crate::AwarenessStoreExt::session_status`], [`SessionStatus::unavailable`] and
+/// deserializing its JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]

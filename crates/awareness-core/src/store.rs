@@ -231,7 +231,9 @@ pub trait AwarenessStoreExt: AwarenessStore {
     /// version is read first and raised to the page's last event, so it never names an event
     /// recorded after the page was read: a caller that resumes from it may see an event again
     /// (a truncated page's version is above its last event, and the caller asks again), but
-    /// never misses one.
+    /// never misses one. A page that found `N` within the head it read (not `versionAhead`)
+    /// raises the version to `N` too, so that `versionAhead` is set exactly when `N` is above
+    /// the version answered, also when `N` is an event recorded between the reads.
     async fn session_status(
         &self,
         session: &SessionRef,
@@ -246,8 +248,13 @@ pub trait AwarenessStoreExt: AwarenessStore {
             ),
             None => None,
         };
-        if let Some(last) = state_changes.as_ref().and_then(|page| page.events.last()) {
-            state_version = state_version.max(last.sequence);
+        if let Some(page) = &state_changes {
+            if let Some(last) = page.events.last() {
+                state_version = state_version.max(last.sequence);
+            }
+            if let Some(after) = changes_since.filter(|_| !page.version_ahead) {
+                state_version = state_version.max(after);
+            }
         }
         Ok(SessionStatus {
             state_version,

@@ -162,7 +162,8 @@ pub enum ValidationError {
     },
 }
 
-/// A non-empty key or id without control characters, at most 1 KiB.
+/// A non-empty key or id without control characters or line separators (U+2028, U+2029), at
+/// most 1 KiB.
 pub fn key(what: &'static str, value: &str) -> Result<(), ValidationError> {
     bounded_key(what, value, MAX_KEY_BYTES)
 }
@@ -295,7 +296,8 @@ pub fn breaks_summary(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
-/// One line of at most 200 characters, not blank, without control characters.
+/// One line of at most 200 characters (Unicode scalar values), not blank, without control
+/// characters or line separators ([`breaks_summary`]).
 pub fn summary(value: &str) -> Result<(), ValidationError> {
     // Summaries are almost always ASCII: then one pass over the bytes answers all three
     // questions (an ASCII whitespace other than the space is a control character, so only

@@ -2625,15 +2625,33 @@ impl super::hooked::Hook for TypesAfterReads {
 
 /// `session_status` reads the version and the page in two calls. Whatever lands between them,
 /// every event after `N` up to the reported version is in the page (or the page says it is
-/// truncated), and the version is at least the page's last event, for a full page and for a
-/// page cut short by the limit.
+/// truncated), the version is at least the page's last event, for a full page and for a page
+/// cut short by the limit, and `versionAhead` says whether `N` is above the reported version,
+/// also when `N` is the event that landed between the reads.
 pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) {
     let busy = super::hooked::Hooked {
         inner: t.store.clone(),
         hook: TypesAfterReads,
     };
     rec(&busy, human(&child()), T0).await;
-    for (after, limit) in [(0, None), (1, None), (0, Some(1)), (2, Some(2))] {
+    for (after, limit) in [
+        (0, None),
+        (1, None),
+        (0, Some(1)),
+        (2, Some(2)),
+        (u64::MAX, None),
+    ] {
+        // Last: the sequence of the recording that lands after the version's read.
+        let after = if after == u64::MAX {
+            t.store
+                .state_version(&child())
+                .await
+                .expect("version")
+                .get()
+                + 1
+        } else {
+            after
+        };
         let status = busy
             .session_status(&child(), Some(Sequence(after)), limit)
             .await
@@ -2654,6 +2672,11 @@ pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) 
                 "after {after}: version {version} but the page holds {seen:?}, not truncated"
             );
         }
+        assert_eq!(
+            page.version_ahead,
+            after > version,
+            "after {after}: version {version}"
+        );
     }
 }
 

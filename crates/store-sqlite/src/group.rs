@@ -147,6 +147,11 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
     let mut jobs = jobs.into_iter();
     let mut locked = None;
     for job in jobs.by_ref() {
+        // A ROLLBACK that failed (the batch's, or the previous event's) left the transaction
+        // open: it is tried again first, or this event's BEGIN would fail for nothing of its own.
+        if w.open_tx {
+            w.rollback().await;
+        }
         w.begin();
         let res = record_alone(
             &mut w.conn,

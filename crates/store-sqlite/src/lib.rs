@@ -680,14 +680,17 @@ impl SqliteStore {
         let writer = self.writer.clone();
         let flag = Arc::clone(&self.checkpointing);
         let path = self.path.clone();
-        let task = rt.spawn(async move {
-            readers.checkpoint(&path, writer.as_deref()).await;
-            flag.store(false, Ordering::Release);
-        });
-        *self
+        // Spawned and stored under one lock: a task spawned and stored in two steps could
+        // finish, and a later one be spawned and stored, in between, and this one's handle
+        // would then replace the later one's, which `close` would not wait for.
+        let mut slot = self
             .checkpoint_task
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(rt.spawn(async move {
+            readers.checkpoint(&path, writer.as_deref()).await;
+            flag.store(false, Ordering::Release);
+        }));
     }
 
     /// Runs a one-row read on a reader connection.

@@ -421,7 +421,20 @@ impl Writer {
             Err(e) => {
                 tracing::debug!(path = %self.shared.path().display(), error = %e, "an event failed in a group commit; recording the batch one by one");
                 drop(txn);
-                return jobs.into_iter().map(|job| self.run_one(job)).collect();
+                // A panic while recording one of them (redb meeting the damage that failed the
+                // batch, say) fails only that job: unwinding out of here would drop the answers
+                // of those already committed, and they would be told they failed.
+                return jobs
+                    .into_iter()
+                    .filter_map(|job| {
+                        let one = std::panic::AssertUnwindSafe(|| self.run_one(job));
+                        std::panic::catch_unwind(one)
+                            .inspect_err(|_| {
+                                tracing::error!(path = %self.shared.path().display(), "recording an event of a failed group commit panicked; its caller is told it failed");
+                            })
+                            .ok()
+                    })
+                    .collect();
             }
         };
         match self.commit_reserving(txn, durable, "record") {

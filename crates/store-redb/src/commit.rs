@@ -258,12 +258,32 @@ impl Writer {
     }
 
     /// Commits `txn` and counts it. Blocking.
-    pub(crate) fn commit(&self, txn: Txn, what: &str) -> Result<(), StoreError> {
-        txn.txn.commit().ctx(what)?;
-        self.commits.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn commit(&self, mut txn: Txn, what: &str) -> Result<(), StoreError> {
+        // A flush waiting for redb's write lock (which this drain takes again and again) is
+        // made by this commit instead: durable, it makes every commit before it durable.
+        let stands_in = txn.bounded && self.shared.take_flush_due();
+        if stands_in {
+            if let Err(e) = txn.txn.set_durability(redb::Durability::Immediate) {
+                self.shared.flush_still_due();
+                return Err(e).ctx(what);
+            }
+            txn.bounded = false;
+        }
+        // Marked before the commit, while this transaction holds redb's write lock: a flush
+        // that finds the mark then waits for the lock, and its durable commit covers this one.
+        // Marked after, a flush between the commit and the mark would find none and leave this
+        // commit to the next interval (a crash then losing two intervals). A commit that fails
+        // leaves a mark for nothing: one durable commit too many.
         if txn.bounded {
             self.shared.mark_unflushed();
         }
+        if let Err(e) = txn.txn.commit() {
+            if stands_in {
+                self.shared.flush_still_due();
+            }
+            return Err(e).ctx(what);
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -285,6 +305,7 @@ impl Writer {
             txn.txn
                 .set_durability(redb::Durability::Immediate)
                 .ctx(what)?;
+            txn.bounded = false;
         }
         self.commit(txn, what)
     }

@@ -41,7 +41,9 @@
 //!   nothing committed is ever lost, not by a crash and not by a power cut.
 //! - [`Durability::Bounded`]: commits use redb's `Durability::None` (atomic and visible at once,
 //!   but not written to disk), and a background thread makes them durable with one empty durable
-//!   commit every `flush_interval` when anything is pending. A crash loses at most the commits of
+//!   commit every `flush_interval` when anything is pending. While that flush waits for redb's
+//!   write lock, the next commit of a recording or another write is made durable in its stead,
+//!   so a busy writer cannot keep it waiting. A crash loses at most the commits of
 //!   the last interval (plus the time of that flush); what survives is always a consistent
 //!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
 //!   everything durable at once, and closing the last handle does too. A lost commit's
@@ -1652,6 +1654,42 @@ mod tests {
             .await
             .expect("open read-only");
         (bounded, reader)
+    }
+
+    /// A flush that waits for redb's write lock is made by the drain's next commit, durable in
+    /// its stead: a busy drain takes the lock again and again, and the flusher could wait for
+    /// several intervals while the commits behind it stayed at risk.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_stands_in_for_a_flush_that_waits_for_the_lock() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (bounded, reader) = bounded_and_a_reader(&dir).await;
+        let at = session("agent:main:subagent:child");
+        // The first commit reserves sequences ahead, durably; the second is not durable.
+        for _ in 0..2 {
+            bounded.record(event(&at, None), T0).await.expect("record");
+        }
+        let shared = Arc::clone(bounded.writer.shared());
+        assert!(
+            shared.is_unflushed(),
+            "a non-durable commit waits for a flush"
+        );
+        shared.ask_flush();
+        bounded.record(event(&at, None), T0).await.expect("record");
+        assert!(
+            !shared.is_flush_due(),
+            "the recording's commit made the flush"
+        );
+        assert!(
+            !shared.is_unflushed(),
+            "a durable commit leaves nothing to flush, not even itself"
+        );
+        bounded.record(event(&at, None), T0).await.expect("record");
+        assert!(
+            shared.is_unflushed(),
+            "the next commit is not durable again"
+        );
+        drop(bounded);
+        drop(reader);
     }
 
     /// A write whose caller gave up is finished by the writer's drain, possibly after the handle

@@ -260,13 +260,17 @@ impl Writer {
     /// Commits `txn` and counts it. Blocking.
     pub(crate) fn commit(&self, mut txn: Txn, what: &str) -> Result<(), StoreError> {
         // A flush waiting for redb's write lock (which this drain takes again and again) is
-        // made by this commit instead: durable, it makes every commit before it durable.
-        let stands_in = txn.bounded && self.shared.take_flush_due();
-        if stands_in {
-            if let Err(e) = txn.txn.set_durability(redb::Durability::Immediate) {
-                self.shared.flush_still_due();
-                return Err(e).ctx(what);
-            }
+        // made by this commit instead: durable, it makes every commit before it durable. It is
+        // reported to the flush only once committed; a failure leaves the flush to commit.
+        let stands_in = if txn.bounded {
+            self.shared.flush_to_stand_in_for()
+        } else {
+            None
+        };
+        if stands_in.is_some() {
+            txn.txn
+                .set_durability(redb::Durability::Immediate)
+                .ctx(what)?;
             txn.bounded = false;
         }
         // Marked before the commit, while this transaction holds redb's write lock: a flush
@@ -277,11 +281,9 @@ impl Writer {
         if txn.bounded {
             self.shared.mark_unflushed();
         }
-        if let Err(e) = txn.txn.commit() {
-            if stands_in {
-                self.shared.flush_still_due();
-            }
-            return Err(e).ctx(what);
+        txn.txn.commit().ctx(what)?;
+        if let Some(number) = stands_in {
+            self.shared.flush_stood_in(number);
         }
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())

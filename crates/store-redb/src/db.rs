@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -92,12 +92,20 @@ pub(crate) struct Shared {
     path: PathBuf,
     /// A commit with `Durability::None` happened since the last durable commit.
     unflushed: AtomicBool,
-    /// A flush waits for redb's write lock: the next commit of the writer's drain is made
-    /// durable in its stead ([`Shared::take_flush_due`]). A busy drain takes the lock again
-    /// microseconds after each commit, and redb's lock is not fair: measured under 16
-    /// recording tasks, the flusher waited up to 161 ms for it (a 50 ms interval), and the
-    /// commits of that wait were at risk beyond the promised interval.
-    flush_due: AtomicBool,
+    /// The number of the flush waiting for redb's write lock (0: none): the next commit of a
+    /// writer is made durable in its stead ([`Shared::flush_to_stand_in_for`]). A busy drain
+    /// takes the lock again microseconds after each commit, and redb's lock is not fair:
+    /// measured under 16 recording tasks, the flusher waited up to 161 ms for it (a 50 ms
+    /// interval), and the commits of that wait were at risk beyond the promised interval. The
+    /// flush still waits for the lock before it returns (to abort an empty transaction).
+    flush_asked: AtomicU64,
+    /// The last number given to a flush.
+    flush_numbers: AtomicU64,
+    /// The highest flush number a durable commit has stood in for, once it committed.
+    flush_made: AtomicU64,
+    /// Flushes that found a commit had stood in for them (tests).
+    #[cfg(test)]
+    stood_in: AtomicU64,
     /// Held by a flush from claiming the pending commits until its durable commit is done, so
     /// that a second flush cannot find nothing pending and return before the first is durable.
     flushing: Mutex<()>,
@@ -157,31 +165,39 @@ impl Shared {
         self.unflushed.store(true, Ordering::Release);
     }
 
-    /// Whether a flush waits for redb's write lock, which a commit made durable now makes for
-    /// it; taking it tells the flush so. A caller whose durable commit then fails gives it
-    /// back ([`Shared::flush_still_due`]).
-    pub(crate) fn take_flush_due(&self) -> bool {
-        self.flush_due.swap(false, Ordering::AcqRel)
+    /// The number of a flush waiting for redb's write lock that no commit has stood in for
+    /// yet, if any: a commit holding the lock (commits take it one at a time) that is made
+    /// durable then reports it with [`Shared::flush_stood_in`], once it has committed.
+    pub(crate) fn flush_to_stand_in_for(&self) -> Option<u64> {
+        let asked = self.flush_asked.load(Ordering::Acquire);
+        (asked > self.flush_made.load(Ordering::Acquire)).then_some(asked)
     }
 
-    /// Gives back a flush taken with [`Shared::take_flush_due`] whose durable commit failed:
-    /// the flush commits itself once it has the lock.
-    pub(crate) fn flush_still_due(&self) {
-        self.flush_due.store(true, Ordering::Release);
+    /// A durable commit that stood in for flush `number` has committed. (One that failed
+    /// reports nothing, and the flush commits itself.)
+    pub(crate) fn flush_stood_in(&self, number: u64) {
+        self.flush_made.fetch_max(number, Ordering::AcqRel);
     }
 
     /// Does what a flush does before it waits for the write lock (claims the pending commits,
-    /// asks for a stand-in), for the tests of the drain's stand-in.
+    /// asks for a stand-in), for the tests of the stand-in.
     #[cfg(test)]
     pub(crate) fn ask_flush(&self) {
         self.unflushed.store(false, Ordering::Release);
-        self.flush_due.store(true, Ordering::Release);
+        let number = self.flush_numbers.fetch_add(1, Ordering::AcqRel) + 1;
+        self.flush_asked.store(number, Ordering::Release);
     }
 
-    /// Whether a flush is still due.
+    /// Whether a flush still waits for a stand-in.
     #[cfg(test)]
     pub(crate) fn is_flush_due(&self) -> bool {
-        self.flush_due.load(Ordering::Acquire)
+        self.flush_to_stand_in_for().is_some()
+    }
+
+    /// How many flushes found a commit had stood in for them.
+    #[cfg(test)]
+    pub(crate) fn flushes_stood_in(&self) -> u64 {
+        self.stood_in.load(Ordering::Acquire)
     }
 
     /// Whether a commit is waiting for a flush to be durable.
@@ -219,22 +235,25 @@ impl Shared {
         if !self.unflushed.swap(false, Ordering::AcqRel) && !last {
             return Ok(());
         }
-        // While this waits for the write lock, the drain's next commit is made durable in its
-        // stead; then there is nothing left to commit here (except for a last flush, which
-        // also waits for a transaction in progress that began non-durable).
-        self.flush_due.store(true, Ordering::Release);
+        // While this waits for the write lock, a writer's next commit is made durable in its
+        // stead; once that has committed there is nothing left to commit here (except for a
+        // last flush, which also waits for a transaction in progress that began non-durable).
+        let number = self.flush_numbers.fetch_add(1, Ordering::AcqRel) + 1;
+        self.flush_asked.store(number, Ordering::Release);
         let result = self
             .for_write("flush")
             .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))
             .and_then(|txn| {
-                if self.take_flush_due() || last {
+                if last || self.flush_made.load(Ordering::Acquire) < number {
                     txn.commit().ctx("flush: durable commit")
                 } else {
-                    // A commit made durable in this flush's stead: nothing to write.
+                    #[cfg(test)]
+                    self.stood_in.fetch_add(1, Ordering::AcqRel);
+                    // A durable commit stood in for this flush: nothing to write.
                     txn.abort().ctx("flush: abort the empty transaction")
                 }
             });
-        self.flush_due.store(false, Ordering::Release);
+        self.flush_asked.store(0, Ordering::Release);
         if result.is_err() {
             self.mark_unflushed();
         }
@@ -804,7 +823,11 @@ pub(crate) fn open_shared(
         db: Some(db),
         path: canonical.clone(),
         unflushed: AtomicBool::new(false),
-        flush_due: AtomicBool::new(false),
+        flush_asked: AtomicU64::new(0),
+        flush_numbers: AtomicU64::new(0),
+        flush_made: AtomicU64::new(0),
+        #[cfg(test)]
+        stood_in: AtomicU64::new(0),
         flushing: Mutex::new(()),
         live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),
@@ -880,14 +903,19 @@ impl Flusher {
         let thread = std::thread::Builder::new()
             .name("store-redb-flush".into())
             .spawn(move || {
+                // Each interval is timed from when the last flush began (asked for its
+                // stand-in), not from when it returned: it may wait for the write lock long
+                // after a commit stood in for it.
+                let mut wait = interval;
                 loop {
                     let g = lock(&signal.0);
                     let (g, _) = signal
                         .1
-                        .wait_timeout_while(g, interval, |stopping| !*stopping)
+                        .wait_timeout_while(g, wait, |stopping| !*stopping)
                         .unwrap_or_else(PoisonError::into_inner);
                     let stopping = *g;
                     drop(g);
+                    let began = std::time::Instant::now();
                     let Some(shared) = weak.upgrade() else { return };
                     let flushed = if stopping {
                         shared.flush_last()
@@ -907,6 +935,7 @@ impl Flusher {
                     if stopping {
                         return;
                     }
+                    wait = interval.saturating_sub(began.elapsed());
                 }
             })
             .map_err(|e| StoreError::backend("start the flush thread", e))?;

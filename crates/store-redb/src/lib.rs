@@ -42,8 +42,9 @@
 //! - [`Durability::Bounded`]: commits use redb's `Durability::None` (atomic and visible at once,
 //!   but not written to disk), and a background thread makes them durable with one empty durable
 //!   commit every `flush_interval` when anything is pending. While that flush waits for redb's
-//!   write lock, the next commit of a recording or another write is made durable in its stead,
-//!   so a busy writer cannot keep it waiting. A crash loses at most the commits of
+//!   write lock (which a busy writer takes again and again), the next commit of a recording or
+//!   another write is made durable in its stead, and the interval is timed from when the flush
+//!   began. A crash loses at most the commits of
 //!   the last interval (plus the time of that flush); what survives is always a consistent
 //!   prefix of the commits, so heads, events and cursors still agree. [`RedbStore::flush`] makes
 //!   everything durable at once, and closing the last handle does too. A lost commit's
@@ -884,19 +885,19 @@ fn prune_events(
             .filter_map(|d| Some((d.session.as_ref()?, Sequence(d.seq)))),
     );
     for (r, s) in stamps {
-        match tables::read_head(&ev.by_ref, &r) {
-            Ok(Some(h)) => tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s, now))?,
-            Ok(None) => {}
-            // A head that cannot be read (decision 0020) gets no stamp and its events go all
+        match tables::head_entry(&ev.by_ref, &r)? {
+            Some(Ok(h)) => tables::put_head(&mut ev.by_ref, &retention::stamp(&h, s, now))?,
+            None => {}
+            // A head entry that is no head (decision 0020) gets no stamp and its events go all
             // the same: reading that head fails, so no caller is told its history is whole,
-            // and failing instead would fail every pruning pass from then on.
-            Err(e @ StoreError::Corrupt { .. }) => tracing::warn!(
+            // and failing instead would fail every pruning pass from then on. (A read that
+            // redb itself fails fails the pass.)
+            Some(Err(e)) => tracing::warn!(
                 path = %path.display(),
                 session = %r,
                 reason = %e,
                 "pruning deletes events of a session whose head cannot be read; no watermark is stamped"
             ),
-            Err(e) => return Err(e),
         }
     }
     let deleted = ev.remove_many(&doomed)?;
@@ -1688,6 +1689,48 @@ mod tests {
             shared.is_unflushed(),
             "the next commit is not durable again"
         );
+        drop(bounded);
+        drop(reader);
+    }
+
+    /// A flush that waits for the write lock behind a writer's transaction returns once that
+    /// transaction's commit, made durable in its stead, has committed, and writes nothing of
+    /// its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flush_behind_a_write_returns_once_that_write_committed_durably() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (bounded, reader) = bounded_and_a_reader(&dir).await;
+        let at = session("agent:main:subagent:child");
+        for _ in 0..2 {
+            bounded.record(event(&at, None), T0).await.expect("record");
+        }
+        let writer = Arc::clone(&bounded.writer);
+        let shared = Arc::clone(writer.shared());
+        assert!(shared.is_unflushed());
+        let txn = tokio::task::block_in_place(|| writer.begin("test")).expect("begin");
+        let flushing = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || shared.flush())
+        };
+        while !shared.is_flush_due() {
+            std::thread::yield_now();
+        }
+        assert!(
+            !flushing.is_finished(),
+            "the flush waits for the write lock"
+        );
+        tokio::task::block_in_place(|| {
+            txn.open_table(tables::META)
+                .ctx("test")?
+                .insert("test", 1)
+                .ctx("test")?;
+            writer.commit(txn, "test")
+        })
+        .expect("commit");
+        flushing.join().expect("the flush's thread").expect("flush");
+        assert_eq!(shared.flushes_stood_in(), 1, "the commit stood in for it");
+        assert!(!shared.is_unflushed() && !shared.is_flush_due());
+        drop(writer);
         drop(bounded);
         drop(reader);
     }

@@ -148,15 +148,25 @@ pub(crate) fn read_head(
     by_ref: &impl ReadableTable<(&'static str, &'static str, u64), &'static [u8]>,
     session: &SessionRef,
 ) -> Result<Option<Head>, StoreError> {
+    head_entry(by_ref, session)?.transpose()
+}
+
+/// The head entry of `session`, read but not yet trusted: `Err` when redb cannot read the
+/// table (its I/O or its own corruption, which fail the caller), `Some(Err)` when the entry
+/// is no head (which a listing and pruning pass over, decision 0020).
+pub(crate) fn head_entry(
+    by_ref: &impl ReadableTable<(&'static str, &'static str, u64), &'static [u8]>,
+    session: &SessionRef,
+) -> Result<Option<Result<Head, StoreError>>, StoreError> {
     let key = (
         session.agent_id.as_str(),
         session.session_key.as_str(),
         HEAD_SEQ,
     );
-    match by_ref.get(key).ctx("read a head")? {
-        Some(row) => decode_head(session.clone(), row.value()).map(Some),
-        None => Ok(None),
-    }
+    Ok(by_ref
+        .get(key)
+        .ctx("read a head")?
+        .map(|row| decode_head(session.clone(), row.value())))
 }
 
 /// Writes a head into the reference index.
@@ -213,16 +223,19 @@ pub(crate) fn list_heads(
         // A head that cannot be read (a ref this store refuses, bytes that are no head) is left
         // out with a warning, so that one damaged entry stops no listing of the others
         // (docs/decisions/0020); reading that head by its ref still fails.
-        match session_ref(k, a).and_then(|session| read_head(by_ref, &session)) {
-            Ok(Some(h)) => out.push(h),
-            Ok(None) => {}
-            Err(e @ StoreError::Corrupt { .. }) => tracing::warn!(
+        let entry = match session_ref(k, a) {
+            Ok(session) => head_entry(by_ref, &session)?,
+            Err(e) => Some(Err(e)),
+        };
+        match entry {
+            Some(Ok(h)) => out.push(h),
+            None => {}
+            Some(Err(e)) => tracing::warn!(
                 session_key = ?k,
                 agent = ?a,
                 reason = %e,
                 "ignoring a head that cannot be read"
             ),
-            Err(e) => return Err(e),
         }
         from = (a.to_owned(), format!("{k}\0"));
     }

@@ -1713,6 +1713,7 @@ mod tests {
             std::thread::spawn(move || shared.flush())
         };
         while !shared.is_flush_due() {
+            assert!(!flushing.is_finished(), "the flush ended without asking");
             std::thread::yield_now();
         }
         assert!(

@@ -261,7 +261,8 @@ impl Writer {
     pub(crate) fn commit(&self, mut txn: Txn, what: &str) -> Result<(), StoreError> {
         // A flush waiting for redb's write lock (which this drain takes again and again) is
         // made by this commit instead: durable, it makes every commit before it durable. It is
-        // reported to the flush only once committed; a failure leaves the flush to commit.
+        // reported to the flush as served only once committed; a failure (or a panic) leaves
+        // the flush to commit.
         let stands_in = if txn.bounded {
             self.shared.flush_to_stand_in_for()
         } else {
@@ -281,10 +282,18 @@ impl Writer {
         if txn.bounded {
             self.shared.mark_unflushed();
         }
-        txn.txn.commit().ctx(what)?;
         if let Some(number) = stands_in {
-            self.shared.flush_stood_in(number);
+            self.shared.stand_in_begins(number);
         }
+        let committed = txn.txn.commit();
+        if let Some(number) = stands_in {
+            if committed.is_ok() {
+                self.shared.flush_stood_in(number);
+            } else {
+                self.shared.stand_in_failed(number);
+            }
+        }
+        committed.ctx(what)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -103,6 +103,10 @@ pub(crate) struct Shared {
     flush_numbers: AtomicU64,
     /// The highest flush number a durable commit has stood in for, once it committed.
     flush_made: AtomicU64,
+    /// The flush number a durable commit is standing in for, from just before its commit until
+    /// it says how that went: redb lets go of its lock inside the commit, so the flush may
+    /// have the lock before the stand-in has reported.
+    flush_pending: AtomicU64,
     /// Flushes that found a commit had stood in for them (tests).
     #[cfg(test)]
     stood_in: AtomicU64,
@@ -173,10 +177,37 @@ impl Shared {
         (asked > self.flush_made.load(Ordering::Acquire)).then_some(asked)
     }
 
-    /// A durable commit that stood in for flush `number` has committed. (One that failed
-    /// reports nothing, and the flush commits itself.)
+    /// A commit made durable for flush `number` is about to commit.
+    pub(crate) fn stand_in_begins(&self, number: u64) {
+        self.flush_pending.store(number, Ordering::Release);
+    }
+
+    /// A durable commit that stood in for flush `number` has committed.
     pub(crate) fn flush_stood_in(&self, number: u64) {
         self.flush_made.fetch_max(number, Ordering::AcqRel);
+    }
+
+    /// A durable commit that stood in for flush `number` failed: the flush commits itself.
+    pub(crate) fn stand_in_failed(&self, number: u64) {
+        let _ = self
+            .flush_pending
+            .compare_exchange(number, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Whether a commit stood in for flush `number`. Called with redb's write lock, so a
+    /// stand-in has finished its commit; should it not have reported yet (it has only just
+    /// let go of the lock), its report is waited for, a second at most (a stand-in that
+    /// panicked never reports: the flush then commits itself).
+    fn stood_in_for(&self, number: u64) -> bool {
+        let served = || self.flush_made.load(Ordering::Acquire) >= number;
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while !served()
+            && self.flush_pending.load(Ordering::Acquire) == number
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+        served()
     }
 
     /// Does what a flush does before it waits for the write lock (claims the pending commits,
@@ -244,7 +275,7 @@ impl Shared {
             .for_write("flush")
             .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))
             .and_then(|txn| {
-                if last || self.flush_made.load(Ordering::Acquire) < number {
+                if last || !self.stood_in_for(number) {
                     txn.commit().ctx("flush: durable commit")
                 } else {
                     #[cfg(test)]
@@ -826,6 +857,7 @@ pub(crate) fn open_shared(
         flush_asked: AtomicU64::new(0),
         flush_numbers: AtomicU64::new(0),
         flush_made: AtomicU64::new(0),
+        flush_pending: AtomicU64::new(0),
         #[cfg(test)]
         stood_in: AtomicU64::new(0),
         flushing: Mutex::new(()),

@@ -661,15 +661,7 @@ impl RedbStore {
         let session = session.clone();
         self.write("damage an upstream link", move |txn| {
             let key = (session.session_key.as_str(), session.agent_id.as_str());
-            let mut table = txn
-                .open_table(tables::UPSTREAM_LINKS)
-                .ctx("open the upstream links")?;
-            let existed = table.get(key).ctx("read an upstream link")?.is_some();
-            if existed {
-                table
-                    .insert(key, b"{torn".as_slice())
-                    .ctx("damage an upstream link")?;
-            }
+            let existed = overwrite_entry(txn, tables::UPSTREAM_LINKS, &key, b"{torn")?;
             Ok((existed, existed))
         })
         .await
@@ -687,15 +679,7 @@ impl RedbStore {
                 session.session_key.as_str(),
                 tables::HEAD_SEQ,
             );
-            let mut by_ref = txn
-                .open_table(tables::EVENTS_BY_REF)
-                .ctx("open the reference index")?;
-            let existed = by_ref.get(key).ctx("read a head")?.is_some();
-            if existed {
-                by_ref
-                    .insert(key, b"torn".as_slice())
-                    .ctx("damage a head")?;
-            }
+            let existed = overwrite_entry(txn, tables::EVENTS_BY_REF, &key, b"torn")?;
             Ok((existed, existed))
         })
         .await
@@ -863,6 +847,22 @@ fn warn_unreadable(path: &Path, what: &str, rows: &[tables::UnreadableRow]) {
             );
         }
     }
+}
+
+/// Overwrites the entry of `table` at `key` with `bytes` when there is one (the row helpers
+/// that damage a row for the durable suite); whether there was.
+fn overwrite_entry<K: redb::Key + 'static>(
+    txn: &WriteTransaction,
+    table: redb::TableDefinition<'_, K, &'static [u8]>,
+    key: &K::SelfType<'_>,
+    bytes: &[u8],
+) -> Result<bool, StoreError> {
+    let mut table = txn.open_table(table).ctx("damage a row: open its table")?;
+    let existed = table.get(key).ctx("damage a row: read it")?.is_some();
+    if existed {
+        table.insert(key, bytes).ctx("damage a row")?;
+    }
+    Ok(existed)
 }
 
 /// Stamps the watermarks of the victims' heads at `now`, then deletes the victims (one pruning

@@ -458,6 +458,45 @@ pub async fn a_batch_holds_at_most_group_commit_recordings(f: impl OpenGrouped) 
     );
 }
 
+/// A recording polled outside a Tokio runtime (by hand, on a thread that entered none) fails
+/// at once with an error saying so, where it would have queued its event for a batch it could
+/// not commit; it leaves nothing queued, so the next recording, inside a runtime, is answered,
+/// with the first sequence and alone in its batch.
+pub async fn a_recording_outside_a_runtime_fails_and_queues_nothing(f: impl OpenGrouped) {
+    use std::task::{Context, Poll, Waker};
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 16).await;
+    let store = Arc::clone(&g.store);
+    let outside = std::thread::spawn(move || {
+        let mut call = store.record(event(0), T0);
+        match call.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Err(StoreError::Backend { context, .. })) => Ok(context),
+            other => Err(format!("{:?}", other.map(|r| r.map(drop)))),
+        }
+    })
+    .join()
+    .expect("the thread outside a runtime");
+    match outside {
+        Ok(context) => assert!(context.contains("outside a Tokio runtime"), "{context}"),
+        Err(other) => panic!("a recording outside a runtime: {other}"),
+    }
+    let later = std::time::Duration::from_secs(30);
+    let rec = tokio::time::timeout(later, g.store.record(event(1), T0))
+        .await
+        .expect("a recording inside a runtime, after one outside, was never answered")
+        .expect("record");
+    assert_eq!(
+        rec.event.sequence,
+        Sequence(1),
+        "nothing was recorded outside"
+    );
+    assert_eq!(
+        (g.largest_batch)(),
+        1,
+        "the batch held this recording alone"
+    );
+}
+
 /// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option, and
 /// nothing is created.
 pub async fn a_group_commit_of_zero_is_refused_at_open(f: impl OpenGrouped) {

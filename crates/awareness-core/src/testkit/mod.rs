@@ -409,6 +409,7 @@ macro_rules! group_commit_suite {
             a_group_commit_of_zero_is_refused_at_open,
             cancelled_recordings_hold_up_no_later_one,
             a_batch_on_a_target_with_an_unreadable_cursor_row_commits,
+            a_recording_outside_a_runtime_fails_and_queues_nothing,
         );
     };
 }

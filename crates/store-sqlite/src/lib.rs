@@ -548,10 +548,8 @@ impl SqliteStore {
     /// conformance suite uses it to check that pruning never creates a head, and the durable
     /// suite to check what the audit reports.
     pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
-        let q = sqlx::query(sql::DELETE_HEAD_ROW)
-            .bind(session.session_key.as_str().to_owned())
-            .bind(session.agent_id.as_str().to_owned());
-        self.write_changed("delete a head row", q).await
+        self.edit_session_row(sql::DELETE_HEAD_ROW, session, "delete a head row")
+            .await
     }
 
     /// Overwrites one event row so that it no longer reads as an event (its actor type becomes
@@ -584,10 +582,8 @@ impl SqliteStore {
     /// Returns whether the row existed. The durable suite uses it to check that such a row
     /// stops no other link's monitoring.
     pub async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
-        let q = sqlx::query(sql::DAMAGE_LINK_ROW)
-            .bind(session.session_key.as_str().to_owned())
-            .bind(session.agent_id.as_str().to_owned());
-        self.write_changed("damage an upstream link row", q).await
+        self.edit_session_row(sql::DAMAGE_LINK_ROW, session, "damage an upstream link row")
+            .await
     }
 
     /// Overwrites one head row so that it can no longer be read (a negative last sequence,
@@ -595,10 +591,22 @@ impl SqliteStore {
     /// whether the row existed. The durable suite uses it to check that such a row stops no
     /// listing of the other heads.
     pub async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
-        let q = sqlx::query(sql::DAMAGE_HEAD_ROW)
+        self.edit_session_row(sql::DAMAGE_HEAD_ROW, session, "damage a head row")
+            .await
+    }
+
+    /// Runs `statements` (a row helper's transaction, `$1` the session key and `$2` its agent,
+    /// ending with `SELECT changes()`); answers whether it changed a row.
+    async fn edit_session_row(
+        &self,
+        statements: &'static str,
+        session: &SessionRef,
+        what: &str,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(statements)
             .bind(session.session_key.as_str().to_owned())
             .bind(session.agent_id.as_str().to_owned());
-        self.write_changed("damage a head row", q).await
+        self.write_changed(what, q).await
     }
 
     /// Runs `q` (a transaction whose last statement selects `changes()`) on the write

@@ -374,6 +374,19 @@ pub fn may_remove(link: &UpstreamLink, expected: Option<Timestamp>) -> bool {
     expected.is_none_or(|t| t == link.updated_at)
 }
 
+/// The link an adoption decides over ([`plan_upsert`]), from the row a store `found` for the
+/// ref: a row it cannot read (decision 0017) counts as none and is written over; its error
+/// comes back beside, for the store to log.
+pub fn adopting_over(
+    found: Option<Result<UpstreamLink, StoreError>>,
+) -> (Option<UpstreamLink>, Option<StoreError>) {
+    match found {
+        None => (None, None),
+        Some(Ok(link)) => (Some(link), None),
+        Some(Err(e)) => (None, Some(e)),
+    }
+}
+
 /// Whether [`UpstreamStore::remove_link`] with `expected` removes the row a store `found` for
 /// the ref: none, a link ([`may_remove`]), or a row it cannot read (decision 0017), which goes
 /// without a token and fails the call, with the row's own error, with one (there is nothing to
@@ -738,6 +751,21 @@ mod tests {
             may_remove_found(Some(Ok(link.clone())), Some(link.updated_at)).ok(),
             Some(true)
         );
+    }
+
+    /// An adoption decides over a readable link, and over none when the row cannot be read
+    /// (decision 0017), whose error comes back for the store to log.
+    #[test]
+    fn adoption_over_a_row_found() {
+        let link = plan_upsert(None, spec(), Timestamp(100))
+            .expect("a valid spec")
+            .outcome
+            .link;
+        assert!(matches!(adopting_over(None), (None, None)));
+        assert_eq!(adopting_over(Some(Ok(link.clone()))).0, Some(link));
+        let (over, error) = adopting_over(Some(Err(StoreError::corrupt("torn"))));
+        assert_eq!(over, None);
+        assert!(matches!(error, Some(StoreError::Corrupt { .. })));
     }
 
     /// Bug: the catalog id was only checked as a key (1 KiB), so a link was stored whose

@@ -82,13 +82,10 @@ impl UpstreamStore for RedbStore {
     ) -> Result<UpsertOutcome, StoreError> {
         spec.validate()?;
         self.write("adopt a session (upstream link)", move |txn| {
-            let existing = found(txn, &spec.session)?.and_then(|found| {
-                found
-                    .inspect_err(|e| {
-                        tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
-                    })
-                    .ok()
-            });
+            let (existing, unreadable) = upstream::adopting_over(found(txn, &spec.session)?);
+            if let Some(e) = unreadable {
+                tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
+            }
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
                 put(txn, &plan.outcome.link)?;

@@ -67,15 +67,11 @@ impl UpstreamStore for SqliteStore {
         spec.validate()?;
         let mut w = self.writer(WHAT).await?;
         let res = async {
-            let existing = begin_with_link(&mut w.conn, &spec.session, WHAT)
-                .await?
-                .and_then(|found| {
-                    found
-                        .inspect_err(|e| {
-                            tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
-                        })
-                        .ok()
-                });
+            let found = begin_with_link(&mut w.conn, &spec.session, WHAT).await?;
+            let (existing, unreadable) = upstream::adopting_over(found);
+            if let Some(e) = unreadable {
+                tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
+            }
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
                 put_link_commit(&mut w.conn, &plan.outcome.link, WHAT).await?;

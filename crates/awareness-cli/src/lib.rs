@@ -163,7 +163,8 @@ pub enum Command {
     /// until then; a schema 1 file is migrated too); SQLite needs no repair and is only checked.
     Repair,
     /// Adopt a Claude Code transcript (a JSONL file) for a session: link it from its current
-    /// end, so that only what is typed into it from now on counts, and record `adopted`.
+    /// end, so that only what is typed into it from now on counts, and record `adopted` (exit 1
+    /// when that event could not be recorded: the link is kept, and adopting again records it).
     Adopt(upstream::AdoptArgs),
     /// Check adopted sessions that something watches for human turns typed straight into
     /// their transcript, printing each detection, until Ctrl-C.

@@ -166,13 +166,27 @@ async fn adopt_into(
         .try_adopt(spec)
         .await
         .map_err(|e| CliError::failure(format!("adopt: {e}")))?;
+    let link = &adopted.link;
+    // `try_adopt` records `adopted` best effort, as a gateway must. The command says whether
+    // it did: a second recording is a dedupe hit (one `adopted` per key) that hands back the
+    // stored event, or records it now if the first attempt failed. Still none: the link is in
+    // place without its event, and running `adopt` again is what mends it.
+    let Some(event) = svc
+        .adopted(&link.session, &link.catalog_id, &link.host_id)
+        .await
+    else {
+        return Err(CliError::failure(format!(
+            "adopt: the link of {} is in place, but its `adopted` event could not be \
+             recorded (the warning above says why); run `adopt` again to record it",
+            link.session
+        )));
+    };
     if let Some(w) = watcher {
         store
             .watch(w, session, svc.now())
             .await
             .map_err(|e| CliError::failure(format!("watch: {e}")))?;
     }
-    let link = &adopted.link;
     let from = link
         .marker
         .as_ref()
@@ -183,6 +197,7 @@ async fn adopt_into(
             "link": link,
             "created": adopted.created,
             "rebased": adopted.rebased,
+            "adoptedSequence": event.sequence,
             "watcher": watcher,
         }))
         .unwrap_or_default();

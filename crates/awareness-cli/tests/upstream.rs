@@ -358,6 +358,84 @@ fn adopt_refuses_a_missing_file_and_a_bare_watcher() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
+/// Runs `sql` on the SQLite file at `path` behind the CLI's back.
+fn edit_by_hand(path: &Path, sql: &str) {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use sqlx::Connection as _;
+        let url = format!("sqlite://{}", path.display());
+        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+    });
+}
+
+/// `adopt` records `adopted` best effort through the library, and says when it could not: the
+/// link is in place, the command exits 1 naming the event, and adopting again, once the store
+/// takes writes of it, records it once. It exited 0 with the event missing.
+#[test]
+fn adopt_fails_when_its_adopted_event_is_not_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let store = format!("sqlite://{}", db.display());
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    let adopt = [
+        "--store",
+        &store,
+        "--json",
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        transcript.to_str().unwrap(),
+    ];
+    // Creates the store (an unrelated event), then refuses every `adopted` row.
+    let o = run(&[
+        "--store",
+        &store,
+        "record",
+        "--session",
+        "agent:main:other",
+        "--kind",
+        "created",
+        "--actor-type",
+        "system",
+        "--summary",
+        "session created",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    edit_by_hand(
+        &db,
+        "CREATE TRIGGER refuse_adopted BEFORE INSERT ON session_state_events \
+         WHEN NEW.kind = 'adopted' BEGIN SELECT RAISE(ABORT, 'adopted refused by the test'); END;",
+    );
+    let o = run(&adopt);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("adopted refused by the test")
+            && err.contains("the link of agent:main:worker (agent main) is in place")
+            && err.contains("run `adopt` again"),
+        "{err}"
+    );
+    let status = ["--store", &store, "--json", "status", "agent:main:worker"];
+    let o = run(&status);
+    assert!(text(&o).contains("unknown session"), "{}", text(&o));
+
+    edit_by_hand(&db, "DROP TRIGGER refuse_adopted;");
+    for _ in 0..2 {
+        let o = run(&adopt);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["created"], json!(false), "{v}");
+        assert_eq!(v["adoptedSequence"], json!(2), "{v}");
+    }
+    let v: Value = serde_json::from_slice(&run(&status).stdout).unwrap();
+    assert_eq!(v["stateVersion"], json!(2), "{v}");
+}
+
 /// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")
 /// until `repair` opens it read-write once; SQLite needs no repair, and `repair` leaves its
 /// store answering the same. The writer killed here is `monitor`, which keeps the file open.

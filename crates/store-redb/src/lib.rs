@@ -1527,23 +1527,27 @@ mod tests {
         store.close().await;
     }
 
-    /// A row whose bytes decode but whose stored session key does not parse (a control
-    /// character where a byte of the key flipped) cannot be read; the row cap deletes it with
-    /// the index entry its sequence has (the index's key, not the row's, names it) under that
-    /// session's watermark, and deleting a session removes several such rows with their dedupe
-    /// keys.
+    /// A row whose bytes decode but whose stored session key was damaged, in `events` only (the
+    /// index keeps its key), cannot be read by its own ref: the row cap deletes it with the
+    /// index entry its sequence has (the index's key, not the row's, names it) under that
+    /// session's watermark, deleting a session removes several such rows with their dedupe
+    /// keys, and so does deleting one by hand. The damage is either a byte that no key may hold
+    /// (a control character, so the ref does not parse) or one that makes another valid key
+    /// ("child" read as "chile"): trusting that one left the real entry, still read by
+    /// `changes_since`, and put the watermark on no head or another session's.
     #[tokio::test]
     async fn rows_with_damaged_key_bytes_are_pruned_and_deleted_with_their_entries() {
-        let (_dir, store) = fresh().await;
-        let (child, other) = (session("agent:main:child"), session("agent:main:other"));
-        record_keyed(&store, &child, &["k1", "k2", "k3"]).await;
-        record_keyed(&store, &other, &["k4", "k5", "k6"]).await;
-        // Flip the last byte of the stored session key of rows 1, 4 and 5 (in `events` only:
-        // the index keeps its key) into a control character.
+        for byte in [1u8, b'e'] {
+            rows_with_a_damaged_key_byte_are_deleted_with_their_entries(byte).await;
+        }
+    }
+
+    /// Writes `byte` over the last byte of the stored session key of the event rows `seqs`.
+    async fn damage_key_byte(store: &RedbStore, seqs: &'static [u64], byte: u8) {
         store
-            .write("test", |txn| {
+            .write("test", move |txn| {
                 let mut events = txn.open_table(EVENTS).ctx("test")?;
-                for seq in [1u64, 4, 5] {
+                for &seq in seqs {
                     let mut row = events
                         .get(seq)
                         .ctx("test")?
@@ -1556,17 +1560,27 @@ mod tests {
                         .windows(key.len())
                         .position(|w| w == key.as_bytes())
                         .expect("the key's bytes");
-                    row[at + key.len() - 1] = 1;
+                    row[at + key.len() - 1] = byte;
                     events.insert(seq, row.as_slice()).ctx("test")?;
                 }
                 Ok(((), true))
             })
             .await
             .expect("damage the keys");
-        assert!(matches!(
-            store.events_after(Sequence::ZERO, 10).await,
-            Err(StoreError::Corrupt { .. })
-        ));
+    }
+
+    async fn rows_with_a_damaged_key_byte_are_deleted_with_their_entries(byte: u8) {
+        let (_dir, store) = fresh().await;
+        let (child, other) = (session("agent:main:child"), session("agent:main:other"));
+        record_keyed(&store, &child, &["k1", "k2", "k3"]).await;
+        record_keyed(&store, &other, &["k4", "k5", "k6"]).await;
+        damage_key_byte(&store, &[1, 4, 5], byte).await;
+        if byte == 1 {
+            assert!(matches!(
+                store.events_after(Sequence::ZERO, 10).await,
+                Err(StoreError::Corrupt { .. })
+            ));
+        }
         let step = PruneStep::RowCap { max_rows: 5 };
         assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 1);
         let (keys, child_seqs) = raw_indexes(&store, &child).await;
@@ -1577,6 +1591,12 @@ mod tests {
             .await
             .expect("heads");
         assert_eq!(head[0].pruned_max_sequence, Sequence(1));
+        let page = store
+            .changes_since(&child, Sequence::ZERO, 10)
+            .await
+            .expect("the child's changes");
+        let seqs: Vec<u64> = page.events.iter().map(|e| e.sequence.get()).collect();
+        assert_eq!(seqs, [2, 3], "the child's changes");
         store
             .delete_session(&other)
             .await
@@ -1596,6 +1616,11 @@ mod tests {
             .map(|e| e.sequence.get())
             .collect();
         assert_eq!(left, [2, 3]);
+        damage_key_byte(&store, &[3], byte).await;
+        assert!(store.delete_event_row(Sequence(3)).await.expect("delete"));
+        let (keys, child_seqs) = raw_indexes(&store, &child).await;
+        assert_eq!(child_seqs, [2, HEAD_SEQ], "a row deleted by hand");
+        assert_eq!(keys, [("k2".to_owned(), 2)], "k3 freed");
         store.close().await;
     }
 

@@ -344,6 +344,15 @@ pub(crate) struct UnreadableRow {
     pub error: StoreError,
 }
 
+/// Why a row that decodes is handled as one that cannot be read: no entry of the session it
+/// names holds it in the reference index, so its stored ref is not the one the log answers by.
+fn not_indexed(seq: u64, key: &str, agent: &str) -> StoreError {
+    StoreError::corrupt(format!(
+        "event row {seq}: names session {key} (agent {agent}), whose reference index has no \
+         entry for it"
+    ))
+}
+
 /// Where a doomed row's entry sits in the reference index (a row no entry names first).
 fn index_order(d: &Doomed) -> (Option<(&str, &str)>, u64) {
     (
@@ -528,15 +537,22 @@ impl<'t> EventTables<'t> {
         });
         let error = match meta {
             Ok(m) => {
-                self.by_ref
+                let indexed = self
+                    .by_ref
                     .remove((m.agent_id, m.session_key, seq))
-                    .ctx("delete an event")?;
-                let key = m.dedupe_key.map(str::to_owned);
-                drop(row);
-                if let Some(k) = key {
-                    self.free_dedupe_key(&k, seq)?;
+                    .ctx("delete an event")?
+                    .is_some();
+                if indexed {
+                    let key = m.dedupe_key.map(str::to_owned);
+                    drop(row);
+                    if let Some(k) = key {
+                        self.free_dedupe_key(&k, seq)?;
+                    }
+                    return Ok(true);
                 }
-                return Ok(true);
+                // The row names a session whose index has no entry for it (its key bytes were
+                // edited into another valid key): the index's key is the one to trust.
+                not_indexed(seq, m.session_key, m.agent_id)
             }
             Err(e) => e,
         };
@@ -674,13 +690,28 @@ impl<'t> EventTables<'t> {
             if let Some(row) = self.events.get(seq).ctx("read an event")? {
                 match codec::meta(seq, row.value()) {
                     Ok(m) => match session_ref(m.session_key, m.agent_id) {
-                        Ok(session) => out.push(Doomed {
-                            entry: Some((m.agent_id.to_owned(), m.session_key.to_owned())),
-                            session: Some(session),
-                            seq,
-                            dedupe_key: m.dedupe_key.map(str::to_owned),
-                            unreadable: false,
-                        }),
+                        // Its own session's index holds it: the common case, one lookup.
+                        Ok(session)
+                            if self
+                                .by_ref
+                                .get((m.agent_id, m.session_key, seq))
+                                .ctx("read an event's index entry")?
+                                .is_some() =>
+                        {
+                            out.push(Doomed {
+                                entry: Some((m.agent_id.to_owned(), m.session_key.to_owned())),
+                                session: Some(session),
+                                seq,
+                                dedupe_key: m.dedupe_key.map(str::to_owned),
+                                unreadable: false,
+                            });
+                        }
+                        // Key bytes edited into another valid key: deleted by the row's own
+                        // ref, the real index entry would stay, still read by `changes_since`,
+                        // and the watermark would go on another session's head.
+                        Ok(_) => {
+                            unreadable.push((seq, not_indexed(seq, m.session_key, m.agent_id)))
+                        }
                         // A ref that does not parse (damaged key bytes in the row): the row
                         // cannot be read, and the index's key is the one to trust.
                         Err(e) => unreadable.push((seq, e)),

@@ -25,6 +25,8 @@ const HAS_ACTOR_ID: u8 = 1 << 1;
 const HAS_RUN_ID: u8 = 1 << 2;
 const HAS_PAYLOAD: u8 = 1 << 3;
 const HAS_DEDUPE: u8 = 1 << 4;
+/// Every presence flag this format knows; a row with another bit set is not one of its rows.
+const KNOWN_FLAGS: u8 = HAS_SESSION_ID | HAS_ACTOR_ID | HAS_RUN_ID | HAS_PAYLOAD | HAS_DEDUPE;
 
 /// The code of one of the nine kinds; `None` for [`EventKind::Other`], which validation keeps
 /// from ever being recorded (store-redb holds only what it recorded).
@@ -208,6 +210,9 @@ fn parse(seq: u64, data: &[u8]) -> Result<Raw<'_>, StoreError> {
         return Err(r.corrupt(&format!("unknown row format {}", data[0])));
     }
     let flags = data[3];
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(r.corrupt(&format!("unknown presence flags {flags:#04x}")));
+    }
     let occurred_at = i64::from_le_bytes(data[4..12].try_into().expect("eight bytes"));
     let session_key = r.bytes()?;
     let agent_id = r.bytes()?;
@@ -388,6 +393,13 @@ mod tests {
             assert!(err.to_string().contains("not UTF-8"), "{err}");
         }
         assert!(matches!(meta(7, &bad_key), Err(StoreError::Corrupt { .. })));
+        // A presence flag the format does not know: read as clear, it decoded as a sound row.
+        for bit in 5..8 {
+            let mut flagged = bytes.clone();
+            flagged[3] |= 1 << bit;
+            let err = decode(7, &flagged, None).unwrap_err();
+            assert!(err.to_string().contains("unknown presence flags"), "{err}");
+        }
         let mut extra = bytes;
         extra.push(0);
         assert!(

@@ -930,6 +930,64 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
     assert_eq!(version(s, &on(0)).await, last.event.sequence.get());
 }
 
+/// Recordings racing the other writes of the same cursor: acknowledgements, re-freezes and a
+/// repeated watch. Each is atomic and reads the cursor inside its own write, so after every
+/// round the cursor's `material` is the head (no recording lost to a write of old values) and
+/// `last_seen <= notified <= material`; two acknowledgements then leave it at the head. A
+/// store that read the cursor outside its write transaction would write stale values back.
+pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
+    const ROUNDS: usize = 20;
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    let key = CursorKey {
+        watcher: w(MANAGER),
+        target: k(CHILD),
+    };
+    for round in 0..ROUNDS {
+        let mut tasks: Vec<tokio::task::JoinHandle<Result<(), StoreError>>> = Vec::new();
+        for i in 0..19 {
+            let store = std::sync::Arc::clone(&t.store);
+            let key = key.clone();
+            tasks.push(tokio::spawn(async move {
+                match i {
+                    0..8 => store.record(human(&child()), T0).await.map(drop),
+                    8..16 => store
+                        .acknowledge(&w(MANAGER), &[any(CHILD)], T0)
+                        .await
+                        .map(drop),
+                    16..18 => store.refreeze(&[key], T0).await.map(drop),
+                    _ => store.watch(&w(MANAGER), &child(), T0).await.map(drop),
+                }
+            }));
+        }
+        for task in tasks {
+            task.await
+                .expect("join")
+                .expect("a cursor write or a recording");
+        }
+        let head = version(s, &child()).await;
+        assert_eq!(
+            head,
+            8 * (round as u64 + 1),
+            "round {round}: every recording"
+        );
+        let (last_seen, notified, material) = cursor3(s, MANAGER, CHILD).await.expect("cursor");
+        assert_eq!(
+            material, head,
+            "round {round}: no recording lost to a stale write"
+        );
+        assert!(
+            last_seen <= notified && notified <= material,
+            "round {round}: ({last_seen}, {notified}, {material})"
+        );
+    }
+    for _ in 0..2 {
+        s.acknowledge(&w(MANAGER), &[any(CHILD)], T0).await.unwrap();
+    }
+    let head = version(s, &child()).await;
+    assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((head, head, head)));
+}
+
 pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

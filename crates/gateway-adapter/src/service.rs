@@ -1532,19 +1532,28 @@ impl Awareness {
 
     // ----- lifecycle ----------------------------------------------------------------------------
 
-    /// Session reset: its own watches go (its assumptions are gone); its history stays.
+    /// Session reset: its own watches go (its assumptions are gone); its history stays. What a
+    /// dropped turn of it left for the next one goes with its watches, once they are gone: a
+    /// reset the store failed keeps both.
     pub async fn on_reset(&self, session: &SessionKey) {
-        self.turns.forget(session);
-        if let Err(e) = self.store.reset_watcher(session).await {
-            warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
+        match self.store.reset_watcher(session).await {
+            Ok(_) => self.turns.forget(session),
+            Err(e) => {
+                warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
+            }
         }
     }
 
-    /// Session deleted: its events, head, upstream link and cursors go.
+    /// Session deleted: its events, head, upstream link and cursors go. What a dropped turn of
+    /// its key left for the next one goes only with its watches: when the ref is the session
+    /// that watches under its key ([`SessionRef::is_watcher`]) and the store deleted it.
     pub async fn on_delete(&self, session: &SessionRef) {
-        self.turns.forget(&session.session_key);
-        if let Err(e) = self.store.delete_session(session).await {
-            warn!(session_key = %session.session_key, error = %ErrorChain(&e), "delete: state not removed");
+        match self.store.delete_session(session).await {
+            Ok(()) if session.is_watcher() => self.turns.forget(&session.session_key),
+            Ok(()) => {}
+            Err(e) => {
+                warn!(session_key = %session.session_key, error = %ErrorChain(&e), "delete: state not removed");
+            }
         }
     }
 

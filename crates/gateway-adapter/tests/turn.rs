@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
-    AwarenessStore, Cursor, CursorStore, Sequence, SessionKey, WatcherKey, async_trait,
+    AwarenessStore, Cursor, CursorStore, Sequence, SessionKey, SessionRef, StoreError, WatcherKey,
+    async_trait,
 };
 use gateway_adapter::{
     Awareness, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue, PickUp, QueuedEntry,
@@ -36,6 +37,8 @@ struct Gate {
     call: Call,
     after: bool,
     armed: AtomicBool,
+    /// Fails every reset of a watcher while set (a disk that refuses writes).
+    refuse_resets: AtomicBool,
 }
 
 impl Gate {
@@ -55,6 +58,12 @@ impl Hook for Gate {
 
     async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
         self.hold(call, true).await;
+    }
+
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        (call == Call::ResetWatcher && self.refuse_resets.load(Ordering::SeqCst)).then(|| {
+            StoreError::backend("reset a watcher", std::io::Error::other("disk I/O error"))
+        })
     }
 }
 
@@ -88,6 +97,7 @@ impl World {
                 call,
                 after,
                 armed: AtomicBool::new(false),
+                refuse_resets: AtomicBool::new(false),
             },
         });
         // The gateway owns the manager (for the pick-ups).
@@ -500,6 +510,48 @@ async fn a_reset_drops_what_a_dropped_turn_left() {
     assert_eq!(
         texts(&w.svc.drain_turn(&k(MANAGER)).await),
         Vec::<String>::new()
+    );
+}
+
+/// What a dropped turn left stays while the watches it is about stay: deleting the manager's
+/// key under another agent (whose cursors are not the manager's) and a reset the store fails
+/// keep it for the next turn. Both dropped it, and those notices had been acknowledged.
+#[tokio::test]
+async fn what_a_dropped_turn_left_stays_while_its_watches_stay() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    w.open_gate();
+    settle().await;
+    w.svc
+        .on_delete(&SessionRef::parse(MANAGER, "ops").unwrap())
+        .await;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "another agent's session of the key was deleted"
+    );
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    w.open_gate();
+    settle().await;
+    w.store.hook.refuse_resets.store(true, Ordering::SeqCst);
+    w.svc.on_reset(&k(MANAGER)).await;
+    assert!(
+        w.store
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .is_some(),
+        "the failed reset kept the watch"
+    );
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the reset failed"
     );
 }
 

@@ -72,6 +72,13 @@ pub trait Hook: Send + Sync {
     fn events_read(&self, limit: usize, returned: usize) {
         let _ = (limit, returned);
     }
+    /// Asked once [`Hook::before`] has run: an error here answers the call instead of the
+    /// store, which is then not called (a store failing at that point); [`Hook::after`] still
+    /// runs.
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        let _ = call;
+        None
+    }
 }
 
 /// A store that forwards every call to `inner`, running `hook` before and after it.
@@ -91,13 +98,17 @@ impl<H> std::fmt::Debug for Hooked<H> {
 }
 
 impl<H: Hook> Hooked<H> {
-    /// Runs `call` on the inner store between the hook's two halves.
-    async fn around<T, F>(&self, call: Call, answer: F) -> T
+    /// Runs `call` on the inner store between the hook's two halves, unless the hook refuses
+    /// it.
+    async fn around<T, F>(&self, call: Call, answer: F) -> Result<T, StoreError>
     where
-        F: Future<Output = T> + Send,
+        F: Future<Output = Result<T, StoreError>> + Send,
     {
         self.hook.before(call, &*self.inner).await;
-        let out = answer.await;
+        let out = match self.hook.refuse(call) {
+            Some(e) => Err(e),
+            None => answer.await,
+        };
         self.hook.after(call, &*self.inner).await;
         out
     }

@@ -560,6 +560,72 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
     }
 }
 
+/// A watcher that follows another agent's session of a bare key (decision 0008) is told
+/// `session_status sessionKey "global" changesSince N`: the notice cannot name the agent. Its
+/// reconcile without an agent reads the session its cursor follows; it read the requester's
+/// own agent's `global`, and so missed the change it was told of. With no cursor on the key,
+/// the requester's agent's session is read, as before.
+#[tokio::test(start_paused = true)]
+async fn a_notice_about_another_agents_bare_session_reconciles_that_session() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        let ops = AgentId::new("ops").unwrap();
+        gw.svc
+            .session_created(&SessionRef::parse("global", "main").unwrap(), "s-main")
+            .await
+            .expect("logged");
+        assert!(
+            gw.svc
+                .watch_after_send(&k(MANAGER), &k("global"), Some(&ops), true)
+                .await
+                .watched,
+            "{}",
+            b.name
+        );
+        let mut m = HumanMessage::new(k("global"));
+        m.agent_id = Some(ops.clone());
+        m.channel = Some("telegram".into());
+        let ev = gw
+            .svc
+            .human_message(m)
+            .await
+            .expect("recorded: it is watched");
+        let lines = gw.svc.drain_turn(&k(MANAGER)).await;
+        // Watched at its head, 0: ops's `global` had no event yet (main's has one).
+        let since = Sequence(0);
+        assert_eq!(
+            lines.iter().map(|l| l.text.clone()).collect::<Vec<_>>(),
+            [awareness_core::protocol::notice_text(&k("global"), since)],
+            "{}",
+            b.name
+        );
+        let status = gw
+            .svc
+            .session_status(&k(MANAGER), &k("global"), None, Some(since), None)
+            .await
+            .expect("visible");
+        assert_eq!(status.state_version, ev.sequence, "{}", b.name);
+        assert_eq!(
+            agents_of_page(status),
+            ["ops"],
+            "{}: the change told of",
+            b.name
+        );
+        let unwatched = gw
+            .svc
+            .session_status(
+                &k("agent:main:peer"),
+                &k("global"),
+                None,
+                Some(Sequence(0)),
+                None,
+            )
+            .await
+            .expect("visible");
+        assert_eq!(agents_of_page(unwatched), ["main"], "{}", b.name);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn visibility_policy_guards_every_read_and_watch() {
     const OPS: &str = "agent:ops:main";

@@ -1206,8 +1206,10 @@ impl Awareness {
     }
 
     /// [`Awareness::session_status`] for a requester whose agent the gateway names: the
-    /// visibility policy compares that ref, and a bare target without a named agent is the
-    /// requester's agent's.
+    /// visibility policy compares that ref. A bare target without a named agent is the session
+    /// the requester's cursor on that key follows, when it has one (the notice names the key
+    /// alone, and the requester may watch another agent's session of it, decision 0008), else
+    /// the requester's agent's.
     pub async fn session_status_as(
         &self,
         requester: &SessionRef,
@@ -1216,7 +1218,11 @@ impl Awareness {
         changes_since: Option<Sequence>,
         limit: Option<usize>,
     ) -> Result<SessionStatus, NotVisible> {
-        let r = Self::target_of(requester, target, target_agent);
+        let watched = match target_agent {
+            None if target.agent_id().is_none() => self.watched_agent(requester, target).await,
+            _ => None,
+        };
+        let r = Self::target_of(requester, target, target_agent.or(watched.as_ref()));
         if !self.visibility.can_see(requester, &r) {
             return Err(NotVisible);
         }
@@ -1225,6 +1231,19 @@ impl Awareness {
             Err(e) => {
                 warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the store could not be read");
                 Ok(SessionStatus::unavailable(changes_since))
+            }
+        }
+    }
+
+    /// The agent whose session of the bare key `target` the requester's cursor follows, if the
+    /// requester watches it. A cursor that cannot be read is logged and counts as none.
+    async fn watched_agent(&self, requester: &SessionRef, target: &SessionKey) -> Option<AgentId> {
+        let watcher = WatcherKey::parse(requester.session_key.as_str()).ok()?;
+        match self.store.cursor(&watcher, target).await {
+            Ok(cursor) => cursor.map(|c| c.target_agent),
+            Err(e) => {
+                warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the requester's cursor could not be read");
+                None
             }
         }
     }

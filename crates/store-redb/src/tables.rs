@@ -710,7 +710,7 @@ impl<'t> EventTables<'t> {
                         // ref, the real index entry would stay, still read by `changes_since`,
                         // and the watermark would go on another session's head.
                         Ok(_) => {
-                            unreadable.push((seq, not_indexed(seq, m.session_key, m.agent_id)))
+                            unreadable.push((seq, not_indexed(seq, m.session_key, m.agent_id)));
                         }
                         // A ref that does not parse (damaged key bytes in the row): the row
                         // cannot be read, and the index's key is the one to trust.

@@ -2430,7 +2430,7 @@ impl PairedNodeClient for StuckCursor {
 
 /// A check that fails midway concludes nothing (the monitor keeps the marker, resume point
 /// and all); a stored cursor the node no longer knows, on a thread it still has, rebases to
-/// the top; a node that answers the cursor it was asked with fails instead of counting the
+/// the top, and one it gave in the same check fails the check; a node that answers the cursor it was asked with fails instead of counting the
 /// same items again.
 #[tokio::test]
 async fn a_resumed_check_that_fails_or_is_refused_its_cursor() {
@@ -2464,6 +2464,12 @@ async fn a_resumed_check_that_fails_or_is_refused_its_cursor() {
             marker: json!({"uuid": "n7"})
         }
     );
+    // Bug: a cursor the node gave in the same check and then refused (it restarted midway)
+    // counted as the thread gone; three such checks removed the link of a live thread.
+    assert!(matches!(
+        refused.check(&paired_link(Some(json!({"uuid": "n0"}))), &[]).await,
+        CheckOutcome::Failed(why) if why.contains("no longer knows the older cursor")
+    ));
     node.gone.store(true, Ordering::SeqCst);
     assert_eq!(
         refused.check(&paired_link(Some(resume)), &[]).await,

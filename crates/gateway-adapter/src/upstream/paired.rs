@@ -275,7 +275,19 @@ impl PairedNodeProvider {
         let mut pages = 0;
         loop {
             pages += 1;
-            let page = self.page(link, before.as_deref(), self.page_items).await?;
+            let page = match self.page(link, before.as_deref(), self.page_items).await {
+                // A cursor the node gave in this very read and no longer knows (it restarted
+                // mid-check) says nothing of the thread, whose newest page it just answered:
+                // the check fails and is made again, instead of counting towards `Missing`.
+                Err(CheckOutcome::Missing) if pages > 1 => {
+                    return Err(CheckOutcome::Failed(format!(
+                        "the paired node no longer knows the older cursor {:?} it gave while \
+                         paging back; nothing is counted",
+                        before.unwrap_or_default()
+                    )));
+                }
+                page => page?,
+            };
             for item in page.items {
                 if uuid == Some(item.id.as_str()) {
                     return Ok(Segment {

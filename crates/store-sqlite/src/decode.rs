@@ -522,31 +522,41 @@ pub(crate) fn head_of(session: &SessionRef, text: &str) -> Result<Head, StoreErr
     })
 }
 
-/// Pruning victims: `[sequence, key, agent]`, each with its ref; `None` for a row whose
-/// session key or agent this store cannot read (another writer's row: empty, over 1 KiB, a
-/// control character). Such a row is pruned in its turn all the same, with no watermark
-/// stamped over it (logged): failing instead would fail every pruning pass from then on, and
-/// retention would end for good.
-pub(crate) fn victims(text: &str) -> Result<Vec<(Sequence, Option<SessionRef>)>, StoreError> {
+/// A pruning victim: its stored sequence, and the ref and sequence a watermark is stamped with
+/// (`None` for a row this store cannot read).
+pub(crate) type Victim = (i64, Option<(SessionRef, Sequence)>);
+
+/// Pruning victims: `[sequence, key, agent]`, each with its stored sequence and, to stamp a
+/// watermark with, its ref and sequence; `None` for a row whose session key or agent this
+/// store cannot read (another writer's row: empty, over 1 KiB, a control character), or whose
+/// sequence is negative (a row inserted by hand: this store never numbers one so). Such a row
+/// is pruned in its turn all the same, by its stored sequence, with no watermark stamped over
+/// it (logged): failing instead would fail every pruning pass from then on, and retention would
+/// end for good.
+pub(crate) fn victims(text: &str) -> Result<Vec<Victim>, StoreError> {
     let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", text)?;
-    raws.into_iter()
+    Ok(raws
+        .into_iter()
         .map(|(seq, key, agent)| {
-            let r = match session_ref(&key, &agent) {
-                Ok(r) => Some(r),
+            let stamp = session_ref(&key, &agent).and_then(|r| match u64::try_from(seq) {
+                Ok(s) => Ok((r, Sequence(s))),
+                Err(_) => Err(format!("negative sequence {seq}")),
+            });
+            match stamp {
+                Ok(stamp) => (seq, Some(stamp)),
                 Err(error) => {
                     tracing::warn!(
                         sequence = seq,
                         session_key = ?key,
                         agent = ?agent,
                         error,
-                        "pruning deletes an event whose session this store cannot read; no watermark is stamped over it"
+                        "pruning deletes an event this store cannot read; no watermark is stamped over it"
                     );
-                    None
+                    (seq, None)
                 }
-            };
-            Ok((sequence("event", seq)?, r))
+            }
         })
-        .collect()
+        .collect())
 }
 
 /// The heads of pruning victims' refs ([`heads`]), leaving out a head whose ref this store

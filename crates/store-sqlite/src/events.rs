@@ -473,20 +473,23 @@ async fn prune_tx(
     // Watermarks are stamped before the rows go, in the same transaction; a ref without a head
     // gets none (pruning never creates a head).
     let stamps: Vec<(&str, &str, i64, i64)> =
-        retention::watermarks(victims.iter().filter_map(|(s, r)| Some((r.as_ref()?, *s))))
-            .into_iter()
-            .filter_map(|(r, pruned)| {
-                let head = heads.get(&r)?;
-                let stamped = retention::stamp(head, pruned, now);
-                Some((
-                    head.session.session_key.as_str(),
-                    head.session.agent_id.as_str(),
-                    int(stamped.pruned_max_sequence),
-                    stamped.updated_at.millis(),
-                ))
-            })
-            .collect();
-    let seqs: Vec<i64> = victims.iter().map(|(s, _)| int(*s)).collect();
+        retention::watermarks(victims.iter().filter_map(|(_, stamp)| {
+            let (r, s) = stamp.as_ref()?;
+            Some((r, *s))
+        }))
+        .into_iter()
+        .filter_map(|(r, pruned)| {
+            let head = heads.get(&r)?;
+            let stamped = retention::stamp(head, pruned, now);
+            Some((
+                head.session.session_key.as_str(),
+                head.session.agent_id.as_str(),
+                int(stamped.pruned_max_sequence),
+                stamped.updated_at.millis(),
+            ))
+        })
+        .collect();
+    let seqs: Vec<i64> = victims.iter().map(|(s, _)| *s).collect();
     let q = sqlx::query(sql::PRUNE_DELETE_COMMIT)
         .bind(decode::to_json(&stamps))
         .bind(decode::to_json(&seqs));

@@ -733,6 +733,57 @@ async fn a_row_under_a_session_key_this_store_cannot_read_is_pruned_in_its_turn(
     assert_eq!(head[0].pruned_max_sequence, Sequence::ZERO);
 }
 
+/// A row inserted by hand with a negative sequence (SQLite's AUTOINCREMENT key takes one;
+/// this store never numbers a row so) does not end retention either: both pruning steps pick
+/// it first, by sequence, and it went `Corrupt` on every pass. It is deleted by its stored
+/// sequence with no watermark stamped over it, after which the log reads whole again.
+#[tokio::test]
+async fn a_row_with_a_negative_sequence_is_pruned_in_its_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:fine", "main").unwrap();
+    for _ in 0..3 {
+        store.record(created(&session), T0).await.expect("record");
+    }
+    let mut raw = raw(&path).await;
+    sqlx::query(
+        "INSERT INTO session_state_events (sequence, session_key, agent_id, kind, actor_type, \
+         occurred_at, summary) VALUES (-1, 'agent:main:subagent:fine', 'main', 'created', \
+         'system', ?, 'x')",
+    )
+    .bind(T0.millis())
+    .execute(&mut raw)
+    .await
+    .expect("insert the row");
+    let policy = awareness_core::RetentionPolicy {
+        max_rows: 3,
+        ..awareness_core::RetentionPolicy::default()
+    };
+    let report = store.prune(&policy, T0).await.expect("a pass over the row");
+    assert_eq!(report.events_by_cap, 1);
+    let left: Vec<u64> = store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .expect("the log")
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect();
+    assert_eq!(left, [1, 2, 3]);
+    assert_eq!(store.log_stats().await.expect("stats").rows, 3);
+    let head = store
+        .heads(std::slice::from_ref(&session))
+        .await
+        .expect("heads");
+    assert_eq!(head[0].pruned_max_sequence, Sequence::ZERO);
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 10)
+        .await
+        .expect("its page reads again");
+    assert!(!page.history_gap);
+    assert_eq!(page.events.len(), 3);
+}
+
 /// A cursor OpenClaw marked `ambient-group` (its ambient watch of a group's sessions) reads as
 /// such, hands out queue-only notices (a recording's and an acknowledgement's follow-up) and
 /// keeps its provenance through our updates, until an explicit watch makes it explicit in the

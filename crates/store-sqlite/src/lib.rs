@@ -412,9 +412,25 @@ impl SqliteStore {
                     return Err(fail(e));
                 }
             }
-            if let Err(e) = init_writer(&mut conn, options.busy_timeout).await {
-                abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
-                return Err(fail(e));
+            // The schema is checked again once settled: a later version may have migrated the
+            // file between the check above and `migrate` (two versions starting at once), and
+            // `migrate` takes a newer schema with our columns for a complete one. Such a file
+            // is refused as the check above refuses it (no test: it needs another process to
+            // migrate between two statements of this open).
+            let settled = match init_writer(&mut conn, options.busy_timeout).await {
+                Ok(()) => schema::too_new(&mut conn).await,
+                Err(e) => Err(e),
+            };
+            match settled {
+                Ok(None) => {}
+                Ok(Some(reason)) => {
+                    abandon(Vec::new(), Some(conn), &companions, None).await;
+                    return Err(error::open(path, reason, None));
+                }
+                Err(e) => {
+                    abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
+                    return Err(fail(e));
+                }
             }
             Some(Arc::new(Mutex::new(Some(Writer {
                 conn,

@@ -2071,6 +2071,160 @@ pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
         version(s, &long_agent).await,
         on_long_agent.event.sequence.get()
     );
+
+    // Ids at their limit, and an empty payload object, read back exactly; one byte over an
+    // id's or a dedupe key's limit is refused, writes nothing and spends no sequence.
+    let id = "i".repeat(MAX_KEY_BYTES);
+    let mut e = human(&child())
+        .with_session_id(&id)
+        .with_actor_id(&id)
+        .with_run_id(&id)
+        .with_payload(Payload::new());
+    e.summary = "ids at their limit".into();
+    let got = rec(s, e, T0).await;
+    let page = s
+        .changes_since(&child(), Sequence::ZERO, 200)
+        .await
+        .expect("page");
+    assert_eq!(
+        page.events,
+        std::slice::from_ref(&got.event),
+        "ids at their limit"
+    );
+    let stored = &page.events[0];
+    assert_eq!(
+        (
+            stored.session_id.as_deref(),
+            stored.actor_id.as_deref(),
+            stored.run_id.as_deref()
+        ),
+        (Some(id.as_str()), Some(id.as_str()), Some(id.as_str()))
+    );
+    assert_eq!(
+        stored.payload,
+        Some(Payload::new()),
+        "an empty payload stays one"
+    );
+    let over = "i".repeat(MAX_KEY_BYTES + 1);
+    for e in [
+        human(&child()).with_session_id(&over),
+        human(&child()).with_actor_id(&over),
+        human(&child()).with_run_id(&over),
+        human(&child()).with_dedupe_key("d".repeat(MAX_DEDUPE_KEY_BYTES + 1)),
+    ] {
+        assert!(matches!(
+            s.record(e, T0).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+    let next = rec(s, human(&child()), T0).await;
+    assert_eq!(
+        next.event.sequence.get(),
+        got.event.sequence.get() + 1,
+        "the refused recordings spent no sequence"
+    );
+}
+
+/// Keys one of which is a proper prefix of another (`…:c1` and `…:c10`, `…:t1` and `…:t10`)
+/// are separate watchers and sessions: a reset, an unwatch, an acknowledgement and a delete of
+/// one leave the other's cursors, heads and events exactly as they were, and the listings hold
+/// each once, in order. A prefix scan, a `LIKE 'k%'` or a concatenated key would reach both.
+pub async fn keys_that_prefix_each_other_stay_apart(t: &Subject) {
+    const C1: &str = "agent:main:subagent:c1";
+    const C10: &str = "agent:main:subagent:c10";
+    const T1: &str = "agent:main:t1";
+    const T10: &str = "agent:main:t10";
+    let s = &*t.store;
+    for watcher in [C1, C10] {
+        for target in [T1, T10] {
+            s.watch(&w(watcher), &r(target, "main"), T0).await.unwrap();
+        }
+    }
+    for target in [T1, T10] {
+        rec(s, human(&r(target, "main")), T0).await;
+    }
+    let heads = s.list_heads(None).await.expect("heads");
+    let listed: Vec<&str> = heads
+        .iter()
+        .map(|h| h.session.session_key.as_str())
+        .collect();
+    assert_eq!(listed, [T1, T10], "each session listed once, in order");
+    let before = all_cursors(s).await;
+    assert_eq!(before.len(), 4);
+    let without = |gone: &dyn Fn(&crate::Cursor) -> bool| -> Vec<crate::Cursor> {
+        before.iter().filter(|c| !gone(c)).cloned().collect()
+    };
+
+    assert_eq!(s.reset_watcher(&k(C1)).await.unwrap(), 2);
+    assert_eq!(
+        all_cursors(s).await,
+        without(&|c| c.watcher.as_str() == C1),
+        "a reset of {C1}"
+    );
+    assert!(s.unwatch(&w(C10), &k(T1)).await.unwrap());
+    assert_eq!(
+        cursor3(s, C10, T10).await,
+        Some((0, 2, 2)),
+        "the unwatch left {T10}"
+    );
+    assert!(s.cursor(&w(C10), &k(T1)).await.unwrap().is_none());
+    s.acknowledge(&w(C10), &[any(T10)], T0).await.unwrap();
+    assert_eq!(cursor3(s, C10, T10).await, Some((2, 2, 2)));
+    rec(s, human(&r(T1, "main")), T0).await; // 3, on t1 only
+    assert_eq!(
+        cursor3(s, C10, T10).await,
+        Some((2, 2, 2)),
+        "t1's change is not t10's"
+    );
+    s.delete_session(&r(T1, "main")).await.unwrap();
+    assert_eq!(seqs(s, &r(T10, "main"), 0).await, [2], "t10's events");
+    assert_eq!(version(s, &r(T10, "main")).await, 2);
+    let heads = s.list_heads(None).await.expect("heads");
+    let listed: Vec<&str> = heads
+        .iter()
+        .map(|h| h.session.session_key.as_str())
+        .collect();
+    assert_eq!(listed, [T10]);
+    let by_target = s
+        .cursors(&CursorFilter {
+            target: Some(k(T10)),
+            ..CursorFilter::default()
+        })
+        .await
+        .unwrap();
+    let watchers: Vec<&str> = by_target.iter().map(|c| c.watcher.as_str()).collect();
+    assert_eq!(watchers, [C10]);
+}
+
+/// A caller's `changesSince` at or beyond 2^63 (a value no SQL integer holds) is past the head:
+/// no events, `versionAhead`, nothing truncated; the log after such a sequence is empty. A store
+/// that bound it `as i64` wrapped it below zero and answered the whole history as a delta.
+pub async fn a_changes_since_beyond_any_stored_sequence_is_ahead(t: &Subject) {
+    let s = &*t.store;
+    for _ in 0..3 {
+        rec(s, human(&child()), T0).await;
+    }
+    for after in [1u64 << 63, (1u64 << 63) + 1, u64::MAX - 1, u64::MAX] {
+        let page = s
+            .changes_since(&child(), Sequence(after), 200)
+            .await
+            .expect("page");
+        assert!(page.events.is_empty(), "after {after}: {:?}", page.events);
+        assert!(page.version_ahead, "after {after}");
+        assert!(!page.truncated, "after {after}");
+        let status = s
+            .session_status(&child(), Some(Sequence(after)), None)
+            .await
+            .expect("status");
+        assert_eq!(status.state_version, Sequence(3), "after {after}");
+        assert!(
+            s.events_after(Sequence(after), 10)
+                .await
+                .expect("log")
+                .is_empty(),
+            "the log after {after}"
+        );
+    }
 }
 
 pub async fn cursors_filter_and_order(t: &Subject) {

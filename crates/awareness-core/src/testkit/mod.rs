@@ -223,6 +223,8 @@ macro_rules! conformance_suite {
             pruning_never_creates_a_head,
             a_session_without_its_head_keeps_its_events,
             inputs_at_the_limits_read_back_exactly,
+            keys_that_prefix_each_other_stay_apart,
+            a_changes_since_beyond_any_stored_sequence_is_ahead,
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,
             record_returns_every_field,
             text_fields_round_trip_exactly,

@@ -61,7 +61,7 @@ fn invalid(e: &ValidationError) -> CliError {
     CliError::usage(e.to_string())
 }
 
-fn store_err(what: &str, e: &StoreError) -> CliError {
+pub(crate) fn store_err(what: &str, e: &StoreError) -> CliError {
     CliError::failure(format!("{what}: {}", ErrorChain(e)))
 }
 

@@ -16,6 +16,7 @@ use gateway_adapter::{Awareness, HeartbeatWake, InMemoryDirectory, QueuedEntry, 
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::commands::store_err;
 use crate::{Cli, CliError};
 
 /// Flags of `awareness adopt`.
@@ -162,19 +163,15 @@ async fn adopt_into(
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let svc = service(store);
-    let adopted = svc
-        .try_adopt(spec)
+    let adoption = svc
+        .try_adopt_recorded(spec)
         .await
-        .map_err(|e| CliError::failure(format!("adopt: {e}")))?;
+        .map_err(|e| store_err("adopt", &e))?;
+    let adopted = &adoption.outcome;
     let link = &adopted.link;
-    // `try_adopt` records `adopted` best effort, as a gateway must. The command says whether
-    // it did: a second recording is a dedupe hit (one `adopted` per key) that hands back the
-    // stored event, or records it now if the first attempt failed. Still none: the link is in
-    // place without its event, and running `adopt` again is what mends it.
-    let Some(event) = svc
-        .adopted(&link.session, &link.catalog_id, &link.host_id)
-        .await
-    else {
+    // `adopted` is recorded best effort, as a gateway must; the command says whether it was.
+    // None: the link is in place without its event, and running `adopt` again records it.
+    let Some(event) = &adoption.event else {
         return Err(CliError::failure(format!(
             "adopt: the link of {} is in place, but its `adopted` event could not be \
              recorded (the warning above says why); run `adopt` again to record it",
@@ -185,7 +182,7 @@ async fn adopt_into(
         store
             .watch(w, session, svc.now())
             .await
-            .map_err(|e| CliError::failure(format!("watch: {e}")))?;
+            .map_err(|e| store_err("watch", &e))?;
     }
     let from = link
         .marker
@@ -319,10 +316,7 @@ async fn monitor_links(
     stop: impl Future<Output = ()>,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
-    let links = store
-        .links()
-        .await
-        .map_err(|e| CliError::failure(format!("monitor: {e}")))?;
+    let links = store.links().await.map_err(|e| store_err("monitor", &e))?;
     let config = MonitorConfig {
         first_tick: Duration::from_secs(args.first_tick_secs),
         interval: Duration::from_secs(args.interval_secs),

@@ -434,6 +434,47 @@ fn adopt_fails_when_its_adopted_event_is_not_recorded() {
     }
     let v: Value = serde_json::from_slice(&run(&status).stdout).unwrap();
     assert_eq!(v["stateVersion"], json!(2), "{v}");
+    // One recording per adoption: the first stored 2, the second was a dedupe hit that spent
+    // 3 (DESIGN.md: a hit spends a sequence). Asking for the event by recording it a second
+    // time spent two more.
+    let o = run(&[
+        "--store",
+        &store,
+        "--json",
+        "record",
+        "--session",
+        "agent:main:other",
+        "--kind",
+        "created",
+        "--actor-type",
+        "system",
+        "--summary",
+        "session created",
+    ]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(v["event"]["sequence"], json!(4), "{v}");
+
+    // A store error says its cause, as every other command's does: it said only
+    // "store backend error: adopt a session (upstream link)".
+    edit_by_hand(
+        &db,
+        "CREATE TRIGGER refuse_links BEFORE INSERT ON session_upstream_links \
+         BEGIN SELECT RAISE(ABORT, 'links refused by the test'); END;",
+    );
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:second",
+        "--file",
+        transcript.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("links refused by the test"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")

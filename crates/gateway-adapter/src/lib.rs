@@ -85,9 +85,9 @@ pub use ports::{
 };
 pub use queue::InMemoryQueue;
 pub use service::{
-    Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage, ManualClock,
-    NotVisible, PickUp, PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome,
-    WatchRefusal, render_status,
+    Adoption, Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage,
+    ManualClock, NotVisible, PickUp, PrunePass, RunOutcome, StartupReport, SystemClock,
+    WatchOutcome, WatchRefusal, render_status,
 };
 pub use upstream::{
     CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask, NoRuns,

@@ -114,6 +114,17 @@ impl RunOutcome {
     }
 }
 
+/// What [`Awareness::try_adopt_recorded`] did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Adoption {
+    /// The link's upsert: the link in effect, and whether it was created or rebased.
+    pub outcome: UpsertOutcome,
+    /// The `adopted` event (the one stored first, for a key adopted before); `None` when it
+    /// could not be recorded.
+    pub event: Option<Arc<Event>>,
+}
+
 /// A human (or, by provenance, an agent or system) turn in a session.
 #[derive(Debug, Clone)]
 pub struct HumanMessage {
@@ -1099,6 +1110,13 @@ impl Awareness {
     /// it: `store backend error: adopt a session: no upstream link store is configured (build
     /// the Awareness with .upstream(...))`.
     pub async fn try_adopt(&self, spec: LinkSpec) -> Result<UpsertOutcome, StoreError> {
+        self.try_adopt_recorded(spec).await.map(|a| a.outcome)
+    }
+
+    /// [`Awareness::try_adopt`], answering the `adopted` event too: `None` when recording it
+    /// failed (logged), the link being in place all the same. For a caller that must say so,
+    /// as `awareness adopt` does; adopting again records it (once per key).
+    pub async fn try_adopt_recorded(&self, spec: LinkSpec) -> Result<Adoption, StoreError> {
         let Some(links) = &self.upstream else {
             return Err(StoreError::backend(
                 format!(
@@ -1109,9 +1127,10 @@ impl Awareness {
         };
         let outcome = links.upsert_link(spec, self.clock.now()).await?;
         let link = &outcome.link;
-        self.adopted(&link.session, &link.catalog_id, &link.host_id)
+        let event = self
+            .adopted(&link.session, &link.catalog_id, &link.host_id)
             .await;
-        Ok(outcome)
+        Ok(Adoption { outcome, event })
     }
 
     /// [`Awareness::try_adopt`], best effort: a failure is logged and yields `None`.

@@ -1228,7 +1228,8 @@ impl Awareness {
     /// visibility policy compares that ref. A bare target without a named agent is the session
     /// the requester's cursor on that key follows, when it has one (the notice names the key
     /// alone, and the requester may watch another agent's session of it, decision 0008), else
-    /// the requester's agent's.
+    /// the requester's agent's; when that cursor cannot be read, the answer is
+    /// [`SessionStatus::unavailable()`].
     pub async fn session_status_as(
         &self,
         requester: &SessionRef,
@@ -1238,7 +1239,14 @@ impl Awareness {
         limit: Option<usize>,
     ) -> Result<SessionStatus, NotVisible> {
         let watched = match target_agent {
-            None if target.agent_id().is_none() => self.watched_agent(requester, target).await,
+            None if target.agent_id().is_none() => {
+                match self.watched_agent(requester, target).await {
+                    Ok(agent) => agent,
+                    // Which session is meant cannot be known: nothing is read for the
+                    // requester's own, which may be the wrong one (decision 0010).
+                    Err(()) => return Ok(SessionStatus::unavailable(changes_since)),
+                }
+            }
             _ => None,
         };
         let r = Self::target_of(requester, target, target_agent.or(watched.as_ref()));
@@ -1255,14 +1263,20 @@ impl Awareness {
     }
 
     /// The agent whose session of the bare key `target` the requester's cursor follows, if the
-    /// requester watches it. A cursor that cannot be read is logged and counts as none.
-    async fn watched_agent(&self, requester: &SessionRef, target: &SessionKey) -> Option<AgentId> {
-        let watcher = WatcherKey::parse(requester.session_key.as_str()).ok()?;
+    /// requester watches it; `Err` (logged) when that cursor cannot be read.
+    async fn watched_agent(
+        &self,
+        requester: &SessionRef,
+        target: &SessionKey,
+    ) -> Result<Option<AgentId>, ()> {
+        let Ok(watcher) = WatcherKey::parse(requester.session_key.as_str()) else {
+            return Ok(None);
+        };
         match self.store.cursor(&watcher, target).await {
-            Ok(cursor) => cursor.map(|c| c.target_agent),
+            Ok(cursor) => Ok(cursor.map(|c| c.target_agent)),
             Err(e) => {
-                warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the requester's cursor could not be read");
-                None
+                warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the requester's cursor on the key could not be read");
+                Err(())
             }
         }
     }

@@ -4,7 +4,11 @@
 use std::sync::Arc;
 
 use awareness_core::testkit::failing::Failing;
-use awareness_core::{LinkSpec, SessionRef, Timestamp, UpstreamStore, async_trait};
+use awareness_core::testkit::hooked::{Call, Hook, Hooked};
+use awareness_core::{
+    AgentId, CursorStore, LinkSpec, Sequence, SessionRef, StoreError, Timestamp, UpstreamStore,
+    WatcherKey, async_trait,
+};
 use gateway_adapter::{
     Awareness, CheckOutcome, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
     RecordingWake, UpstreamMonitor, UpstreamProvider,
@@ -187,6 +191,75 @@ async fn adopting_without_an_upstream_store_names_the_set_up_mistake() {
          (build the Awareness with .upstream(...))"
     );
     assert!(!err.is_retryable());
+}
+
+/// Fails every read of one cursor with a full disk.
+struct CursorReadsFail;
+
+impl Hook for CursorReadsFail {
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        (call == Call::Cursor)
+            .then(|| StoreError::backend("read a cursor", std::io::Error::other(CAUSE)))
+    }
+}
+
+/// A reconcile of a bare key without an agent reads the session the requester's cursor on the
+/// key follows; when that cursor cannot be read, which session is meant is unknown, and the
+/// answer is `unavailable` (logged), not the requester's own agent's session, which may be the
+/// wrong one.
+#[tokio::test]
+async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let inner = Arc::new(MemoryStore::new());
+    let ops = AgentId::new("ops").unwrap();
+    inner
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &SessionRef::parse("global", "ops").unwrap(),
+            Timestamp(0),
+        )
+        .await
+        .unwrap();
+    let store = Arc::new(Hooked {
+        inner,
+        hook: CursorReadsFail,
+    });
+    let svc = Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    let mut msg = HumanMessage::new(k("global"));
+    msg.agent_id = Some(ops.clone());
+    assert!(svc.human_message(msg).await.is_some(), "recorded");
+    let status = svc
+        .session_status(
+            &k("agent:main:main"),
+            &k("global"),
+            None,
+            Some(Sequence(0)),
+            None,
+        )
+        .await
+        .expect("visible");
+    assert!(status.unavailable, "{status:?}");
+    let line = logged(&capture.lines(), "session_status: the requester's cursor");
+    assert!(line.contains(CAUSE), "{line}");
+    let named = svc
+        .session_status(
+            &k("agent:main:main"),
+            &k("global"),
+            Some(&ops),
+            Some(Sequence(0)),
+            None,
+        )
+        .await
+        .expect("visible");
+    assert!(!named.unavailable, "the agent named: no cursor read");
+    assert_eq!(named.state_version, Sequence(1));
 }
 
 /// A human message in a session nothing watches (no spawner, parent or watcher) is not

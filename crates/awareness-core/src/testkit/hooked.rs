@@ -56,7 +56,8 @@ pub enum Call {
     UnreadableCursors,
 }
 
-/// What a [`Hooked`] store does around each call; both default to nothing.
+/// What a [`Hooked`] store does around each call; every method defaults to nothing (no call
+/// refused).
 #[async_trait]
 pub trait Hook: Send + Sync {
     /// Runs before the call reaches the store.

@@ -835,7 +835,7 @@ fn warn_unreadable(path: &Path, what: &str, rows: &[tables::UnreadableRow]) {
                 path = %path.display(),
                 sequence = row.seq,
                 error = %row.error,
-                "{what}: deleting an event row that cannot be decoded and that no index entry names (no head's watermark to stamp)"
+                "{what}: deleting an event row that cannot be read and that no index entry names (no head's watermark to stamp)"
             );
         } else {
             tracing::warn!(
@@ -843,7 +843,7 @@ fn warn_unreadable(path: &Path, what: &str, rows: &[tables::UnreadableRow]) {
                 sequence = row.seq,
                 refs = ?row.refs,
                 error = %row.error,
-                "{what}: deleting an event row that cannot be decoded, with its index entry"
+                "{what}: deleting an event row that cannot be read, with the index entry that names it"
             );
         }
     }
@@ -878,7 +878,10 @@ fn prune_events(
         return Ok(0);
     }
     let mut ev = EventTables::open(txn)?;
-    let doomed = ev.doomed(victims)?;
+    let mut doomed = ev.doomed(victims)?;
+    // Deleted first, in the same transaction: the deletion finds the rows their own session's
+    // index does not hold, whose watermark goes on the session whose index does.
+    let deleted = ev.remove_many(&mut doomed)?;
     let stamps = retention::watermarks(
         doomed
             .iter()
@@ -900,7 +903,6 @@ fn prune_events(
             ),
         }
     }
-    let deleted = ev.remove_many(&doomed)?;
     warn_unreadable(path, "prune", &ev.unreadable);
     Ok(deleted)
 }

@@ -47,8 +47,11 @@
 //! the session that its entry in `events_by_ref` names (the entry's key needs no decoding),
 //! and its dedupe key, unknown, is freed by finding the entries that point at its sequence;
 //! deleting its session (or the row) removes it the same way. Both lookups are scans of a whole
-//! table, made only once a decode has failed: a sound row costs what it did. The age step,
-//! which cannot read such a row's age, keeps it (with a warning) and goes on with the others.
+//! table, made only once a decode has failed: a sound row costs what it did. A row that decodes
+//! but names a session whose index does not hold it (key bytes edited into another valid key)
+//! is found when its entry is removed, at no cost to sound rows, and is then handled the same
+//! way. The age step, which cannot read such a row's age, keeps it (with a warning) and goes on
+//! with the others.
 
 use std::collections::HashSet;
 
@@ -346,7 +349,7 @@ pub(crate) struct UnreadableRow {
 
 /// Why a row that decodes is handled as one that cannot be read: no entry of the session it
 /// names holds it in the reference index, so its stored ref is not the one the log answers by.
-fn not_indexed(seq: u64, key: &str, agent: &str) -> StoreError {
+fn not_indexed_error(seq: u64, key: &str, agent: &str) -> StoreError {
     StoreError::corrupt(format!(
         "event row {seq}: names session {key} (agent {agent}), whose reference index has no \
          entry for it"
@@ -552,7 +555,7 @@ impl<'t> EventTables<'t> {
                 }
                 // The row names a session whose index has no entry for it (its key bytes were
                 // edited into another valid key): the index's key is the one to trust.
-                not_indexed(seq, m.session_key, m.agent_id)
+                not_indexed_error(seq, m.session_key, m.agent_id)
             }
             Err(e) => e,
         };
@@ -625,7 +628,8 @@ impl<'t> EventTables<'t> {
     /// `seqs`. Only for rows that cannot be decoded, whose ref is then known only from the
     /// index's keys (which need no decoding): it scans the whole index (50,000 entries and the
     /// heads at the default row cap), which is acceptable on this path, taken only on a damaged
-    /// file; a sound row's ref is read from the row itself. A head (under [`HEAD_SEQ`]) is never
+    /// file; a sound row's ref is read from the row itself (and checked when its entry is
+    /// removed). A head (under [`HEAD_SEQ`]) is never
     /// taken for an event's entry.
     fn index_entries_of(
         &self,
@@ -671,6 +675,39 @@ impl<'t> EventTables<'t> {
         Ok(())
     }
 
+    /// The rows of `not_indexed` were deleted by a ref whose index does not hold them: their
+    /// doomed entries are replaced by the index entries that do name their sequences, which
+    /// are removed (one scan of the index, on this damaged path only).
+    fn reindex_doomed(
+        &mut self,
+        doomed: &mut Vec<Doomed>,
+        not_indexed: Vec<(u64, StoreError)>,
+    ) -> Result<(), StoreError> {
+        let seqs: HashSet<u64> = not_indexed.iter().map(|(seq, _)| *seq).collect();
+        let entries = self.index_entries_of(&seqs)?;
+        for (a, k, seq) in &entries {
+            self.by_ref
+                .remove((a.as_str(), k.as_str(), *seq))
+                .ctx("delete an event that its session's index does not hold")?;
+        }
+        doomed.retain(|d| !seqs.contains(&d.seq));
+        for (seq, error) in not_indexed {
+            let mut refs = Vec::new();
+            for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
+                doomed.push(Doomed {
+                    session: session_ref(k, a).ok(),
+                    entry: Some((a.clone(), k.clone())),
+                    seq,
+                    dedupe_key: None,
+                    unreadable: true,
+                });
+                refs.push((a.clone(), k.clone()));
+            }
+            self.unreadable.push(UnreadableRow { seq, refs, error });
+        }
+        Ok(())
+    }
+
     /// Frees the dedupe keys that point at `seqs`, rows that cannot be decoded and whose keys
     /// are therefore unknown: a scan of the whole dedupe index, on this damaged path only.
     fn free_dedupe_of(&mut self, seqs: &HashSet<u64>) -> Result<(), StoreError> {
@@ -690,28 +727,16 @@ impl<'t> EventTables<'t> {
             if let Some(row) = self.events.get(seq).ctx("read an event")? {
                 match codec::meta(seq, row.value()) {
                     Ok(m) => match session_ref(m.session_key, m.agent_id) {
-                        // Its own session's index holds it: the common case, one lookup.
-                        Ok(session)
-                            if self
-                                .by_ref
-                                .get((m.agent_id, m.session_key, seq))
-                                .ctx("read an event's index entry")?
-                                .is_some() =>
-                        {
-                            out.push(Doomed {
-                                entry: Some((m.agent_id.to_owned(), m.session_key.to_owned())),
-                                session: Some(session),
-                                seq,
-                                dedupe_key: m.dedupe_key.map(str::to_owned),
-                                unreadable: false,
-                            });
-                        }
-                        // Key bytes edited into another valid key: deleted by the row's own
-                        // ref, the real index entry would stay, still read by `changes_since`,
-                        // and the watermark would go on another session's head.
-                        Ok(_) => {
-                            unreadable.push((seq, not_indexed(seq, m.session_key, m.agent_id)));
-                        }
+                        // Trusted as the row says; a row its own session's index does not
+                        // hold (key bytes edited into another valid key) is found when its
+                        // entry is removed ([`EventTables::remove_many`]).
+                        Ok(session) => out.push(Doomed {
+                            entry: Some((m.agent_id.to_owned(), m.session_key.to_owned())),
+                            session: Some(session),
+                            seq,
+                            dedupe_key: m.dedupe_key.map(str::to_owned),
+                            unreadable: false,
+                        }),
                         // A ref that does not parse (damaged key bytes in the row): the row
                         // cannot be read, and the index's key is the one to trust.
                         Err(e) => unreadable.push((seq, e)),
@@ -755,7 +780,13 @@ impl<'t> EventTables<'t> {
     /// head. The events go in one bulk pass over their sequence range (redb rebuilds each page
     /// once, not once per row); the index entries one by one in index order, so neighbours share
     /// pages. Returns how many rows were deleted.
-    pub(crate) fn remove_many(&mut self, doomed: &[Doomed]) -> Result<u64, StoreError> {
+    ///
+    /// A row taken as sound whose own session's index does not hold it (its key bytes were
+    /// edited into another valid key) is handled as one that cannot be read: the entries that
+    /// do name its sequence are removed, its doomed entries replaced by theirs, and it is
+    /// listed in [`EventTables::unreadable`]. So `doomed` is what was really deleted, for the
+    /// caller to stamp the watermarks of, once this returns.
+    pub(crate) fn remove_many(&mut self, doomed: &mut Vec<Doomed>) -> Result<u64, StoreError> {
         let Some(max) = doomed.iter().map(|d| d.seq).max() else {
             return Ok(0);
         };
@@ -766,17 +797,26 @@ impl<'t> EventTables<'t> {
         self.events
             .retain_in(min..=max, |seq, _| !set.contains(&seq))
             .ctx("delete events")?;
-        for d in doomed {
+        let mut not_indexed = Vec::new();
+        for d in doomed.iter() {
             if let Some((a, k)) = &d.entry {
-                self.by_ref
+                let indexed = self
+                    .by_ref
                     .remove((a.as_str(), k.as_str(), d.seq))
-                    .ctx("delete events")?;
+                    .ctx("delete events")?
+                    .is_some();
+                if !indexed && !d.unreadable {
+                    not_indexed.push((d.seq, not_indexed_error(d.seq, k, a)));
+                }
             }
         }
-        for d in doomed {
+        for d in doomed.iter() {
             if let Some(k) = &d.dedupe_key {
                 self.free_dedupe_key(k.as_str(), d.seq)?;
             }
+        }
+        if !not_indexed.is_empty() {
+            self.reindex_doomed(doomed, not_indexed)?;
         }
         let unreadable: HashSet<u64> = doomed
             .iter()

@@ -413,10 +413,9 @@ impl SqliteStore {
                 }
             }
             // The schema is checked again once settled: a later version may have migrated the
-            // file between the check above and `migrate` (two versions starting at once), and
-            // `migrate` takes a newer schema with our columns for a complete one. Such a file
-            // is refused as the check above refuses it (no test: it needs another process to
-            // migrate between two statements of this open).
+            // file between the check above and `migrate` (two versions starting at once).
+            // `migrate` writes nothing into such a file (`schema::tests`), which is refused here
+            // as the check above refuses it.
             let settled = match init_writer(&mut conn, options.busy_timeout).await {
                 Ok(()) => schema::too_new(&mut conn).await,
                 Err(e) => Err(e),

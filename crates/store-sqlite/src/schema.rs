@@ -182,8 +182,11 @@ async fn has_column(
 /// a column dropped by hand leaves the record saying 3 without the column, and every write
 /// would then fail with "no such column".
 async fn complete(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
-    if version(conn).await? < LATEST {
-        return Ok(false);
+    match version(conn).await? {
+        v if v < LATEST => return Ok(false),
+        // A later version's schema is not ours to mend: the open refuses it (`too_new`).
+        v if v > LATEST => return Ok(true),
+        _ => {}
     }
     let missing = missing_columns(conn).await?;
     for (table, column) in &missing {
@@ -301,6 +304,11 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
     // file's tables and indexes are OpenClaw's once it has them, and one OpenClaw dropped or
     // renamed since is not ours to bring back.
     let current = applied(conn).await?;
+    if current > LATEST {
+        // A later version migrated the file since `complete` looked: nothing is written to
+        // it, and the open refuses it once this returns (`too_new`).
+        return Ok(());
+    }
     for m in &MIGRATIONS {
         match m.step {
             Step::Sql(_) if m.version <= current => {}
@@ -339,4 +347,49 @@ async fn apply_missing(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), s
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection as _;
+
+    use super::*;
+
+    /// A file a later version migrated (its record above [`LATEST`]) is never written to by
+    /// `migrate`, even when it lacks one of our additive columns: the open refuses it once the
+    /// schema is settled (decision 0012). It added the column back and committed, when another
+    /// process migrated the file between the open's first check and `migrate`.
+    #[tokio::test]
+    async fn migrate_writes_nothing_into_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("s.sqlite").display()
+        );
+        let mut conn = SqliteConnection::connect(&url).await.unwrap();
+        migrate(&mut conn, 1).await.expect("a new file");
+        assert!(
+            has_column(&mut conn, "session_state_events", "fields_json")
+                .await
+                .unwrap()
+        );
+        sqlx::raw_sql(
+            "INSERT INTO awareness_schema_migrations (version, description, applied_at) \
+             VALUES (4, 'a later version', 2); \
+             ALTER TABLE session_state_events DROP COLUMN fields_json;",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        migrate(&mut conn, 3).await.expect("nothing to do");
+        assert!(
+            !has_column(&mut conn, "session_state_events", "fields_json")
+                .await
+                .unwrap(),
+            "the newer schema was changed"
+        );
+        assert_eq!(applied(&mut conn).await.unwrap(), 4);
+        assert!(too_new(&mut conn).await.unwrap().is_some());
+        conn.close().await.unwrap();
+    }
 }

@@ -570,6 +570,27 @@ fn adopting_a_fifo_is_refused_without_blocking() {
     );
 }
 
+/// Bug: a transcript path that is not UTF-8 (a Latin-1 directory name) panicked in the
+/// adoption, where the link's reference is built as JSON. It is refused, naming the path.
+#[cfg(unix)]
+#[test]
+fn adopting_a_path_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.jsonl"));
+    File::create(&path).unwrap();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let e = jsonl::adoption(session, &path, None).expect_err("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("is not a UTF-8 path, which a link cannot store"),
+        "{e}"
+    );
+}
+
 fn paired_link(marker: Option<Value>) -> UpstreamLink {
     let session = SessionRef::parse("agent:main:main", "main").unwrap();
     let mut spec = LinkSpec::new(

@@ -106,9 +106,11 @@ impl JsonlMarker {
     }
 }
 
-/// The reference of a transcript link: `{"path": "<path>"}`.
+/// The reference of a transcript link: `{"path": "<path>"}`. A link stores its reference as
+/// JSON text, so a path that is not UTF-8 is written lossily (its bad bytes as U+FFFD), naming
+/// another file; [`adoption`] refuses such a path.
 pub fn jsonl_ref(path: &Path) -> Value {
-    json!({ "path": path })
+    json!({ "path": path.to_string_lossy() })
 }
 
 /// The transcript a link names.
@@ -234,13 +236,23 @@ fn open_regular(path: &Path) -> std::io::Result<(File, std::fs::Metadata)> {
 /// What [`crate::Awareness::adopt`] needs to adopt a transcript for `session`: catalog
 /// `claude-code`, host `local`, the file's stem as the thread (unless given), the absolute path
 /// as reference and [`marker_at_end`] as the marker. Blocking; a path that is not a regular
-/// file is refused without being opened ([`marker_at_end`]).
+/// file is refused without being opened ([`marker_at_end`]), and so is one that is not UTF-8
+/// (`InvalidInput`): the link stores it as JSON text.
 pub fn adoption(
     session: SessionRef,
     path: &Path,
     thread_id: Option<&str>,
 ) -> std::io::Result<LinkSpec> {
     let path = std::fs::canonicalize(path)?;
+    if path.to_str().is_none() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a UTF-8 path, which a link cannot store",
+                path.display()
+            ),
+        ));
+    }
     let marker = marker_at_end(&path)?;
     let thread = match thread_id {
         Some(t) => t.to_owned(),

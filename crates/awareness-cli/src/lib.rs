@@ -167,7 +167,7 @@ pub enum Command {
     /// when that event could not be recorded: the link is kept, and adopting again records it).
     Adopt(upstream::AdoptArgs),
     /// Check adopted sessions that something watches for human turns typed straight into
-    /// their transcript, printing each detection, until Ctrl-C.
+    /// their transcript, printing each detection, until Ctrl-C (or SIGTERM, SIGHUP).
     Monitor(upstream::MonitorArgs),
 }
 

@@ -278,16 +278,28 @@ fn lagged_line(missed: u64, as_json: bool) -> String {
     }
 }
 
-/// Resolves when the process is asked to stop (Ctrl-C). The handler is installed before this
-/// returns, so a signal that arrives from then on is never lost, even while the caller is not
-/// polling the future (`monitor` and `tail --follow` create it once, before their loop).
+/// Resolves when the process is asked to stop: Ctrl-C (SIGINT), and on Unix also SIGTERM (a
+/// service manager, `kill`, `timeout`) and SIGHUP (its terminal closed), so that the command
+/// still closes its store cleanly (a redb file left open would need `awareness repair` before
+/// read commands take it). The handlers are installed before this returns, so a signal that
+/// arrives from then on is never lost, even while the caller is not polling the future
+/// (`monitor` and `tail --follow` create it once, before their loop).
 pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
     #[cfg(unix)]
     {
-        let mut sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .map_err(|e| CliError::failure(format!("cannot handle Ctrl-C: {e}")))?;
+        use tokio::signal::unix::{SignalKind, signal};
+        let handle = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| CliError::failure(format!("cannot handle {name}: {e}")))
+        };
+        let mut int = handle(SignalKind::interrupt(), "Ctrl-C")?;
+        let mut term = handle(SignalKind::terminate(), "SIGTERM")?;
+        let mut hup = handle(SignalKind::hangup(), "SIGHUP")?;
         Ok(async move {
-            sig.recv().await;
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+                _ = hup.recv() => {}
+            }
         })
     }
     #[cfg(not(unix))]

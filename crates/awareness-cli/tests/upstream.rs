@@ -477,6 +477,55 @@ fn adopt_fails_when_its_adopted_event_is_not_recorded() {
     );
 }
 
+/// SIGTERM (a service manager, `kill`, `timeout`) and SIGHUP (a closed terminal) stop `monitor`
+/// as Ctrl-C does: it closes its store, so a redb file needs no `repair` before read commands
+/// take it. Both killed the process with the file left open.
+#[test]
+fn monitor_stops_cleanly_on_sigterm_and_sighup() {
+    for signal in ["-TERM", "-HUP"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("redb://{}", dir.path().join("state.redb").display());
+        let o = run(&[
+            "--store",
+            &store,
+            "record",
+            "--session",
+            "agent:main:worker",
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let Reading {
+            mut child,
+            lines: (lines, reader),
+        } = bin()
+            .args(["--store", &store, "monitor"])
+            .stderr(Stdio::null())
+            .spawn_reading()
+            .unwrap();
+        wait_for(&lines, "monitoring 0 adopted session(s)");
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        wait_for(&lines, "monitor stopped");
+        let status = child.wait().unwrap();
+        reader.join().unwrap();
+        assert!(status.success(), "{signal}: {status:?}");
+        let o = run(&["--store", &store, "--json", "status", "agent:main:worker"]);
+        assert!(
+            o.status.success(),
+            "{signal}: no repair needed: {}",
+            text(&o)
+        );
+    }
+}
+
 /// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")
 /// until `repair` opens it read-write once; SQLite needs no repair, and `repair` leaves its
 /// store answering the same. The writer killed here is `monitor`, which keeps the file open.

@@ -128,8 +128,10 @@ async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
 /// Opens the store with its upstream links. A read command opens it read-only: it never
 /// creates the file, and never writes to it (not even a migration). Only `record`, `watch`,
 /// `adopt` and `demo` create a missing file; every other command refuses it with a failure
-/// naming the path. `monitor`, which keeps the file open, lets read commands in meanwhile
-/// (redb's live readers; SQLite always does).
+/// naming the path. Every command that writes lets read commands in while it has the file
+/// open, and opens beside a read command that has it open (`tail --follow`): redb's live
+/// readers, whose two-phase commit costs a one-shot command nothing it would notice; SQLite
+/// always does.
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let access = access(&cli.command);
@@ -154,7 +156,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
             // Also refused by the open itself when the file goes between the check and it.
             create_if_missing: create,
             read_only: access == Access::Read,
-            live_readers: matches!(cli.command, Command::Monitor(_)),
+            live_readers: access != Access::Read,
         },
     )
     .await

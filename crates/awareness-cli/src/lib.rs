@@ -66,8 +66,9 @@ pub struct Cli {
     /// The store: sqlite:///path (default: ./awareness.db), redb:///path or memory:.
     #[arg(long, global = true, default_value = DEFAULT_STORE)]
     pub store: String,
-    /// Print JSON instead of text (every command that prints a result; `monitor` prints one
-    /// JSON object per line; `demo`, a narration, prints text either way).
+    /// Print JSON instead of text (every command that prints a result; `monitor` and `tail`
+    /// print one JSON object per line, per detection or event, and nothing when there is none;
+    /// `demo`, a narration, prints text either way).
     #[arg(long, global = true)]
     pub json: bool,
     /// What to do.
@@ -147,9 +148,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Print events as they land.
+    /// Print events as they land (with `--json`, one event object per line).
     Tail {
-        /// Keep printing new events until Ctrl-C.
+        /// Keep printing new events until Ctrl-C (or SIGTERM, SIGHUP).
         #[arg(long)]
         follow: bool,
         /// Start after this sequence (default: the last 20 events).

@@ -526,6 +526,51 @@ fn monitor_stops_cleanly_on_sigterm_and_sighup() {
     }
 }
 
+/// On redb, a write command opens beside `tail --follow`, which keeps the file open
+/// read-only, and the tail prints what it recorded: every command that writes opens with live
+/// readers. `record` was refused ("already open in another process") while a tail ran.
+#[test]
+fn a_write_command_runs_beside_tail_follow_on_redb() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("redb://{}", dir.path().join("state.redb").display());
+    let record = |summary: &str| {
+        run(&[
+            "--store",
+            &store,
+            "record",
+            "--session",
+            "agent:main:worker",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            summary,
+        ])
+    };
+    let o = record("goal one");
+    assert!(o.status.success(), "{}", text(&o));
+    let Reading {
+        mut child,
+        lines: (lines, reader),
+    } = bin()
+        .args(["--store", &store, "--json", "tail", "--follow"])
+        .stderr(Stdio::null())
+        .spawn_reading()
+        .unwrap();
+    wait_for(&lines, "goal one");
+    let o = record("goal two");
+    assert!(o.status.success(), "beside the tail: {}", text(&o));
+    let seen = wait_for(&lines, "goal two");
+    let v: Value = serde_json::from_str(seen.last().unwrap()).unwrap();
+    assert_eq!(v["sequence"], json!(2), "{v}");
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+}
+
 /// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")
 /// until `repair` opens it read-write once; SQLite needs no repair, and `repair` leaves its
 /// store answering the same. The writer killed here is `monitor`, which keeps the file open.

@@ -123,6 +123,9 @@ fn service(store: &Arc<dyn FullStore>) -> Arc<Awareness> {
 
 /// `awareness adopt KEY --file PATH`.
 pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i32, CliError> {
+    // Every argument is checked before the transcript is read: a bad store URL is a usage
+    // error, even when the file is missing too.
+    gateway_adapter::StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let key = SessionKey::new(&args.key).map_err(|e| CliError::usage(e.to_string()))?;
     let agent = crate::commands::agent_for(&key, args.agent.as_deref(), None)?;
     let session = SessionRef::new(key.clone(), agent);

@@ -885,6 +885,18 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         ],
     );
     assert_usage(&o, "adopt with an empty catalog");
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            "postgres://x",
+            "adopt",
+            "agent:main:x",
+            "--file",
+            "missing.jsonl",
+        ],
+    );
+    assert_usage(&o, "adopt with a bad store URL and a missing file");
     assert!(
         !dir.path().join("adopted.redb").exists(),
         "adopt created its store"

@@ -2196,6 +2196,71 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
     );
 }
 
+/// A node that answers each page after a second.
+struct SlowNode(Arc<FakeNode>);
+
+#[async_trait]
+impl PairedNodeClient for SlowNode {
+    async fn newest(
+        &self,
+        host_id: &str,
+        thread_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<PairedPage, PairedError> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.newest(host_id, thread_id, before, limit).await
+    }
+}
+
+/// Bug: paging back stopped only at `MAX_PAGES`. On a node answering a page a second, a
+/// burst of 50 pages outlasted the monitor's 45 s check timeout, and a check that times out
+/// stores nothing: every tick read the same pages again and timed out, and the link never
+/// moved. Paging stops after `PAGING_TIME` as at the page bound, with what it read and a
+/// resume point, and the checks after count the rest, each turn once.
+#[tokio::test(start_paused = true)]
+async fn a_slow_node_is_read_back_within_the_paging_time_and_counted_whole() {
+    let bound = MAX_PAGES * PAGE_ITEMS;
+    let node = burst_node(0, true);
+    let provider = PairedNodeProvider::new(Arc::new(SlowNode(node.clone())));
+    let mut marker = json!({"uuid": "i0"});
+    let mut turns = 0;
+    let mut checks = 0;
+    loop {
+        let started = tokio::time::Instant::now();
+        let out = provider
+            .check(&paired_link(Some(marker.clone())), &[])
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(45),
+            "check {checks} took {:?}",
+            started.elapsed()
+        );
+        checks += 1;
+        marker = match out {
+            CheckOutcome::HumanTurns {
+                turns: n, marker, ..
+            } => {
+                turns += n;
+                marker
+            }
+            CheckOutcome::Unchanged { .. } => break,
+            other => panic!("check {checks}: {other:?}"),
+        };
+        assert!(checks < 10, "the checks never reach the marker");
+    }
+    assert_eq!(turns as usize, bound / 2, "every turn of the burst, once");
+    assert!(
+        checks >= 3,
+        "the paging time split the burst: {checks} checks"
+    );
+    assert!(
+        node.calls.load(Ordering::SeqCst) <= MAX_PAGES + 3 * checks,
+        "no page read again and again: {} calls",
+        node.calls.load(Ordering::SeqCst)
+    );
+}
+
 /// Bug: when the items within the paging bound held no human turn (a long run of replies
 /// after the person typed), the marker moved past the turns without recording them, and no
 /// watcher was ever told. The first check stores where it stopped; the second records them.

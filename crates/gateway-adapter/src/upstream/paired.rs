@@ -7,7 +7,8 @@
 //! 50 at a time, and **pages back until it reaches the marker**, so a burst larger than one
 //! window is counted whole (OpenClaw v1 read only the newest 50, DESIGN.md section 9 item 5).
 //!
-//! One check reads at most [`MAX_PAGES`] pages. A check that stops there without reaching the
+//! One check reads at most [`MAX_PAGES`] pages, for at most [`PAGING_TIME`] (a slow node). A
+//! check that stops there without reaching the
 //! marker records the human turns it read and keeps the marker where it was, adding a
 //! [`Resume`] point: the node's cursor of the next older page, and the item that was newest
 //! when the bound was first hit (`{"uuid": "<id>", "resume": {"before": "<cursor>", "top":
@@ -48,6 +49,12 @@ pub const PAGE_ITEMS: usize = 50;
 
 /// Pages read in one check at most (2,500 items).
 pub const MAX_PAGES: usize = 50;
+
+/// How long one check pages back at most before it stops as at [`MAX_PAGES`]: two thirds of
+/// the monitor's default check timeout (`MonitorConfig::provider_timeout`, 45 s), so that a slow
+/// node's check ends with what it read, and a resume point, instead of timing out with nothing
+/// and starting over from the newest item at every tick.
+pub const PAGING_TIME: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One item of a paired node's thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,6 +224,7 @@ pub struct PairedNodeProvider {
     client: Arc<dyn PairedNodeClient>,
     page_items: usize,
     max_pages: usize,
+    paging_time: std::time::Duration,
 }
 
 impl std::fmt::Debug for PairedNodeProvider {
@@ -224,18 +232,29 @@ impl std::fmt::Debug for PairedNodeProvider {
         f.debug_struct("PairedNodeProvider")
             .field("page_items", &self.page_items)
             .field("max_pages", &self.max_pages)
+            .field("paging_time", &self.paging_time)
             .finish_non_exhaustive()
     }
 }
 
 impl PairedNodeProvider {
-    /// Pages of [`PAGE_ITEMS`], at most [`MAX_PAGES`] a check.
+    /// Pages of [`PAGE_ITEMS`], at most [`MAX_PAGES`] a check and for at most
+    /// [`PAGING_TIME`].
     pub fn new(client: Arc<dyn PairedNodeClient>) -> Self {
         Self {
             client,
             page_items: PAGE_ITEMS,
             max_pages: MAX_PAGES,
+            paging_time: PAGING_TIME,
         }
+    }
+
+    /// Pages back for at most `time` a check (its first page is always read): keep it below
+    /// the monitor's `provider_timeout`, or a check of a slow node times out with nothing.
+    #[must_use]
+    pub fn with_paging_time(mut self, time: std::time::Duration) -> Self {
+        self.paging_time = time;
+        self
     }
 
     /// At most `pages` pages a check (at least 1).
@@ -273,6 +292,7 @@ impl PairedNodeProvider {
         let mut items = Vec::new();
         let mut cursors: HashSet<String> = before.iter().cloned().collect();
         let mut pages = 0;
+        let started = tokio::time::Instant::now();
         loop {
             pages += 1;
             let page = match self.page(link, before.as_deref(), self.page_items).await {
@@ -310,7 +330,7 @@ impl PairedNodeProvider {
                      nothing is counted"
                 )));
             }
-            if pages >= self.max_pages {
+            if pages >= self.max_pages || started.elapsed() >= self.paging_time {
                 return Ok(Segment {
                     items,
                     end: End::Bound(cursor),

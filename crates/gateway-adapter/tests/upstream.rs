@@ -155,6 +155,24 @@ fn a_bare_offset_marker_and_a_changed_device_resume_where_they_were() {
     );
 }
 
+/// A transcript that starts with a UTF-8 byte order mark (a writer on Windows), adopted while
+/// empty: its first row counts. The mark made that row malformed, its turn never counted.
+#[test]
+fn a_byte_order_mark_at_the_start_hides_no_turn() {
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    assert_eq!(m.offset, 0);
+    t.raw("\u{feff}".as_bytes());
+    t.human("typed into a file that starts with a BOM");
+    t.human("and again");
+    let out = scan(&t, &m);
+    assert_eq!(turns(&out), 2, "{out:?}");
+    assert_eq!(
+        marker_of(&out).position(),
+        std::fs::metadata(&t.path).unwrap().len()
+    );
+}
+
 #[test]
 fn history_before_adoption_never_counts_and_appends_do() {
     let mut t = Transcript::new();

@@ -106,6 +106,18 @@ impl JsonlMarker {
     }
 }
 
+/// A UTF-8 byte order mark at the start of the file (a writer on Windows) is read as the
+/// whitespace it stands for (RFC 8259 lets a reader ignore it): a row is an object, and the
+/// mark made the first one malformed, its human turn never counted. A read from the start that
+/// gets fewer than its three bytes leaves them (the file is being written; so is that row).
+fn blank_byte_order_mark(start: &mut [u8]) {
+    if let Some(mark) = start.get_mut(..3)
+        && mark == b"\xEF\xBB\xBF"
+    {
+        mark.copy_from_slice(b"   ");
+    }
+}
+
 /// The reference of a transcript link: `{"path": "<path>"}`. A link stores its reference as
 /// JSON text, so a path that is not UTF-8 is written lossily (its bad bytes as U+FFFD), naming
 /// another file; [`adoption`] refuses such a path.
@@ -333,6 +345,9 @@ fn try_scan(
         let got = file.read(&mut buf[..want])?;
         if got == 0 {
             break;
+        }
+        if at == 0 {
+            blank_byte_order_mark(&mut buf[..got]);
         }
         // `done`: bytes of this chunk consumed so far.
         let mut done = 0;

@@ -865,9 +865,11 @@ fn overwrite_entry<K: redb::Key + 'static>(
     Ok(existed)
 }
 
-/// Stamps the watermarks of the victims' heads at `now`, then deletes the victims (one pruning
-/// chunk). A victim that cannot be decoded is deleted in its turn like the others, under the
-/// watermark of the session its index entry names.
+/// Deletes the victims, then stamps the watermarks of their heads at `now`, in one write
+/// transaction (one pruning chunk), so no reader sees the one without the other. A victim that
+/// cannot be read (its bytes do not decode, or the index of the session it names does not hold
+/// it) is deleted in its turn like the others, under the watermark of the session whose index
+/// entry names it.
 fn prune_events(
     txn: &WriteTransaction,
     victims: &[u64],

@@ -330,8 +330,9 @@ pub(crate) struct Doomed {
     pub entry: Option<(String, String)>,
     pub seq: u64,
     pub dedupe_key: Option<String>,
-    /// The row cannot be decoded: its dedupe key is unknown, and freeing it takes a scan of the
-    /// dedupe index ([`EventTables::remove_many`]).
+    /// The row cannot be read (its bytes do not decode, or its own session's index does not
+    /// hold it): its dedupe key is not trusted, and freeing it takes a scan of the dedupe index
+    /// ([`EventTables::remove_many`]).
     pub unreadable: bool,
 }
 

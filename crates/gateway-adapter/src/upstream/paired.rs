@@ -249,8 +249,9 @@ impl PairedNodeProvider {
         }
     }
 
-    /// Pages back for at most `time` a check (its first page is always read): keep it below
-    /// the monitor's `provider_timeout`, or a check of a slow node times out with nothing.
+    /// Pages back for at most `time` a check (its first page is always read; a later one is
+    /// given up at that time): keep it below the monitor's `provider_timeout` less one page's
+    /// time, or a check of a slow node times out with nothing.
     #[must_use]
     pub fn with_paging_time(mut self, time: std::time::Duration) -> Self {
         self.paging_time = time;
@@ -292,10 +293,27 @@ impl PairedNodeProvider {
         let mut items = Vec::new();
         let mut cursors: HashSet<String> = before.iter().cloned().collect();
         let mut pages = 0;
-        let started = tokio::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + self.paging_time;
         loop {
             pages += 1;
-            let page = match self.page(link, before.as_deref(), self.page_items).await {
+            let answer = self.page(link, before.as_deref(), self.page_items);
+            // The first page is always read (the monitor's timeout bounds it); a later one is
+            // given up at the deadline, mid-page, and the check ends as at the page bound,
+            // resuming from the cursor it was reading.
+            let answer = if pages == 1 {
+                answer.await
+            } else {
+                match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        return Ok(Segment {
+                            items,
+                            end: End::Bound(before.unwrap_or_default()),
+                        });
+                    }
+                }
+            };
+            let page = match answer {
                 // A cursor the node gave in this very read and no longer knows (it restarted
                 // mid-check) says nothing of the thread, whose newest page it just answered:
                 // the check fails and is made again, instead of counting towards `Missing`.
@@ -330,7 +348,7 @@ impl PairedNodeProvider {
                      nothing is counted"
                 )));
             }
-            if pages >= self.max_pages || started.elapsed() >= self.paging_time {
+            if pages >= self.max_pages || tokio::time::Instant::now() >= deadline {
                 return Ok(Segment {
                     items,
                     end: End::Bound(cursor),

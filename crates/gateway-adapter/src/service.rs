@@ -1228,8 +1228,8 @@ impl Awareness {
     /// visibility policy compares that ref. A bare target without a named agent is the session
     /// the requester's cursor on that key follows, when it has one (the notice names the key
     /// alone, and the requester may watch another agent's session of it, decision 0008), else
-    /// the requester's agent's; when that cursor cannot be read, the answer is
-    /// [`SessionStatus::unavailable()`].
+    /// the requester's agent's; when reading that cursor fails, the answer is
+    /// [`SessionStatus::unavailable()`] (a damaged cursor row counts as none, decision 0016).
     pub async fn session_status_as(
         &self,
         requester: &SessionRef,
@@ -1274,6 +1274,12 @@ impl Awareness {
         };
         match self.store.cursor(&watcher, target).await {
             Ok(cursor) => Ok(cursor.map(|c| c.target_agent)),
+            // A damaged row reads so at every call (decision 0016): it counts as no cursor, as
+            // a watch over it does, rather than make every reconcile of the key unavailable.
+            Err(e @ StoreError::Corrupt { .. }) => {
+                warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the requester's cursor on the key cannot be read; the requester's agent's session is read");
+                Ok(None)
+            }
             Err(e) => {
                 warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the requester's cursor on the key could not be read");
                 Err(())

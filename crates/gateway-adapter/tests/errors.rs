@@ -193,22 +193,30 @@ async fn adopting_without_an_upstream_store_names_the_set_up_mistake() {
     assert!(!err.is_retryable());
 }
 
-/// Fails every read of one cursor with a full disk.
-struct CursorReadsFail;
+/// Fails every read of one cursor with the error it makes: a full disk, or a damaged row.
+struct CursorReadsFail(fn() -> StoreError);
 
 impl Hook for CursorReadsFail {
     fn refuse(&self, call: Call) -> Option<StoreError> {
-        (call == Call::Cursor)
-            .then(|| StoreError::backend("read a cursor", std::io::Error::other(CAUSE)))
+        (call == Call::Cursor).then(self.0)
     }
 }
 
 /// A reconcile of a bare key without an agent reads the session the requester's cursor on the
 /// key follows; when that cursor cannot be read, which session is meant is unknown, and the
 /// answer is `unavailable` (logged), not the requester's own agent's session, which may be the
-/// wrong one.
+/// wrong one. A damaged cursor row, which reads so at every call (decision 0016), counts as no
+/// cursor instead: the requester's own agent's session is read.
 #[tokio::test]
 async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
+    let full_disk = || StoreError::backend("read a cursor", std::io::Error::other(CAUSE));
+    let damaged = || StoreError::corrupt("cursor row: torn");
+    for (error, unavailable) in [(full_disk as fn() -> StoreError, true), (damaged, false)] {
+        bare_key_whose_watch_fails(error, unavailable).await;
+    }
+}
+
+async fn bare_key_whose_watch_fails(error: fn() -> StoreError, unavailable: bool) {
     let capture = Capture::default();
     let _logging = capture.install();
     let inner = Arc::new(MemoryStore::new());
@@ -223,7 +231,7 @@ async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
         .unwrap();
     let store = Arc::new(Hooked {
         inner,
-        hook: CursorReadsFail,
+        hook: CursorReadsFail(error),
     });
     let svc = Awareness::builder(
         store,
@@ -245,9 +253,19 @@ async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
         )
         .await
         .expect("visible");
-    assert!(status.unavailable, "{status:?}");
+    assert_eq!(status.unavailable, unavailable, "{status:?}");
+    if !unavailable {
+        assert_eq!(
+            status.state_version,
+            Sequence(0),
+            "main's global, which has no event"
+        );
+    }
     let line = logged(&capture.lines(), "session_status: the requester's cursor");
-    assert!(line.contains(CAUSE), "{line}");
+    assert!(
+        line.contains(if unavailable { CAUSE } else { "torn" }),
+        "{line}"
+    );
     let named = svc
         .session_status(
             &k("agent:main:main"),

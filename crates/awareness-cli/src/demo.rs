@@ -8,8 +8,8 @@ use awareness_core::error::ErrorChain;
 use awareness_core::{AwarenessStore, Sequence, SessionKey, Timestamp};
 use gateway_adapter::{
     Awareness, AwarenessConfig, CoalescingWake, HeartbeatWake, HumanMessage, InMemoryDirectory,
-    InMemoryQueue, ManualClock, RecordingWake, RunOutcome, SessionEntry, StoreUrl,
-    SystemEventQueue, WakeSink, open_store,
+    InMemoryQueue, ManualClock, OpenError, OpenOptions, RecordingWake, RunOutcome, SessionEntry,
+    StoreUrl, SystemEventQueue, WakeSink, open_store_with,
 };
 
 use crate::table::render;
@@ -70,6 +70,19 @@ fn k(s: &str) -> SessionKey {
     SessionKey::new(s).expect("demo keys are valid")
 }
 
+/// Opens the demo's store as every CLI command that writes does: on redb with live readers,
+/// so that read commands (`tail --follow`) run beside it and it runs beside them.
+async fn open_demo_store(url: &str) -> Result<Arc<dyn AwarenessStore>, OpenError> {
+    open_store_with(
+        url,
+        OpenOptions {
+            live_readers: true,
+            ..OpenOptions::default()
+        },
+    )
+    .await
+}
+
 /// Runs the demo; returns the exit code.
 ///
 /// The store is closed before this returns, an early error's return included (output that
@@ -77,7 +90,7 @@ fn k(s: &str) -> SessionKey {
 /// SQLite's log by a process that exits at once.
 pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
-    let store = open_store(&cli.store)
+    let store = open_demo_store(&cli.store)
         .await
         .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?;
     // The one store handle outside the stages: the restart puts the reopened store here.
@@ -229,7 +242,7 @@ async fn narrate(
             store.close().await;
         }
         *open = Some(
-            open_store(&cli.store)
+            open_demo_store(&cli.store)
                 .await
                 .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?,
         );
@@ -348,7 +361,7 @@ async fn another_gateway(
         return Ok(());
     }
     // Its own handle on the file, as another process has; it owns none of these sessions.
-    let theirs = open_store(&cli.store)
+    let theirs = open_demo_store(&cli.store)
         .await
         .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?;
     let other = Awareness::builder(

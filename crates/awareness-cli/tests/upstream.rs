@@ -526,9 +526,9 @@ fn monitor_stops_cleanly_on_sigterm_and_sighup() {
     }
 }
 
-/// On redb, a write command opens beside `tail --follow`, which keeps the file open
-/// read-only, and the tail prints what it recorded: every command that writes opens with live
-/// readers. `record` was refused ("already open in another process") while a tail ran.
+/// On redb, a write command (`record`, the demo) opens beside `tail --follow`, which keeps the
+/// file open read-only, and the tail prints what it recorded: every command that writes opens
+/// with live readers. Both were refused ("already open in another process") while a tail ran.
 #[test]
 fn a_write_command_runs_beside_tail_follow_on_redb() {
     let dir = tempfile::tempdir().unwrap();
@@ -562,6 +562,8 @@ fn a_write_command_runs_beside_tail_follow_on_redb() {
     let seen = wait_for(&lines, "goal two");
     let v: Value = serde_json::from_str(seen.last().unwrap()).unwrap();
     assert_eq!(v["sequence"], json!(2), "{v}");
+    let o = run(&["--store", &store, "demo"]);
+    assert!(o.status.success(), "demo beside the tail: {}", text(&o));
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

@@ -382,6 +382,14 @@ mod tests {
         .await
         .unwrap();
         migrate(&mut conn, 3).await.expect("nothing to do");
+        // The race itself: `complete` found the file ours, and another process migrated it
+        // before `migrate` took the write lock.
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        apply_missing(&mut conn, 4).await.expect("nothing to apply");
+        sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap();
         assert!(
             !has_column(&mut conn, "session_state_events", "fields_json")
                 .await

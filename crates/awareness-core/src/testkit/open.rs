@@ -177,10 +177,24 @@ pub async fn an_empty_file_becomes_a_new_store(f: impl OpenFile) {
 
 /// The names in `dir`, sorted.
 fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = contents(dir)
-        .into_keys()
-        .map(|n| n.to_string_lossy().into_owned())
-        .collect();
+    // Names only, no bytes: a file a background task removes (a cancelled open's staged copy,
+    // a companion file at close) may go between the listing and a read, which then failed the
+    // check while the directory was still settling.
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("list the directory") {
+            let path = entry.expect("a directory entry").path();
+            let name = format!(
+                "{prefix}{}",
+                path.file_name().expect("a name").to_string_lossy()
+            );
+            if path.is_dir() {
+                walk(&path, &format!("{name}/"), out);
+            }
+            out.push(name);
+        }
+    }
+    let mut names = Vec::new();
+    walk(dir, "", &mut names);
     names.sort();
     names
 }

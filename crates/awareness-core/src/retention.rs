@@ -23,7 +23,9 @@ pub struct RetentionPolicy {
     pub max_age_ms: i64,
     /// At most this many events are kept store-wide (the oldest go first). Default 50,000.
     pub max_rows: u64,
-    /// Cursors not updated for this long are deleted. Default 30 days.
+    /// Cursors not updated for this long are deleted. Default 30 days. A repeated watch
+    /// refreshes a cursor at most once a day ([`crate::protocol::WATCH_REFRESH_MS`]): below a
+    /// day or so, a watch confirmed often may still go as idle (docs/decisions/0018).
     pub cursor_idle_ms: i64,
     /// At most this many rows are deleted by one [`crate::EventStore::prune_chunk`] call.
     /// A backend may split a chunk into smaller write transactions, each atomic (store-sqlite:

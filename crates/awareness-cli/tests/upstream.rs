@@ -477,6 +477,32 @@ fn adopt_fails_when_its_adopted_event_is_not_recorded() {
     );
 }
 
+/// `monitor` running on `store` (no link adopted), once `record` created the store with one
+/// human message in `agent:main:worker`.
+fn monitor_after_one_event(store: &str) -> Reading {
+    let o = run(&[
+        "--store",
+        store,
+        "record",
+        "--session",
+        "agent:main:worker",
+        "--kind",
+        "human_direct_message",
+        "--actor-type",
+        "human",
+        "--summary",
+        "human message via cli",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let monitor = bin()
+        .args(["--store", store, "monitor"])
+        .stderr(Stdio::null())
+        .spawn_reading()
+        .unwrap();
+    wait_for(&monitor.lines.0, "monitoring 0 adopted session(s)");
+    monitor
+}
+
 /// SIGTERM (a service manager, `kill`, `timeout`) and SIGHUP (a closed terminal) stop `monitor`
 /// as Ctrl-C does: it closes its store, so a redb file needs no `repair` before read commands
 /// take it. Both killed the process with the file left open.
@@ -485,29 +511,10 @@ fn monitor_stops_cleanly_on_sigterm_and_sighup() {
     for signal in ["-TERM", "-HUP"] {
         let dir = tempfile::tempdir().unwrap();
         let store = format!("redb://{}", dir.path().join("state.redb").display());
-        let o = run(&[
-            "--store",
-            &store,
-            "record",
-            "--session",
-            "agent:main:worker",
-            "--kind",
-            "human_direct_message",
-            "--actor-type",
-            "human",
-            "--summary",
-            "human message via cli",
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
         let Reading {
             mut child,
             lines: (lines, reader),
-        } = bin()
-            .args(["--store", &store, "monitor"])
-            .stderr(Stdio::null())
-            .spawn_reading()
-            .unwrap();
-        wait_for(&lines, "monitoring 0 adopted session(s)");
+        } = monitor_after_one_event(&store);
         let sent = Command::new("kill")
             .args([signal, &child.id().to_string()])
             .status()
@@ -581,29 +588,10 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
     for scheme in ["redb", "sqlite"] {
         let dir = tempfile::tempdir().unwrap();
         let store = format!("{scheme}://{}", dir.path().join("state.db").display());
-        let o = run(&[
-            "--store",
-            &store,
-            "record",
-            "--session",
-            "agent:main:worker",
-            "--kind",
-            "human_direct_message",
-            "--actor-type",
-            "human",
-            "--summary",
-            "human message via cli",
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
         let Reading {
             mut child,
-            lines: (lines, reader),
-        } = bin()
-            .args(["--store", &store, "monitor"])
-            .stderr(Stdio::null())
-            .spawn_reading()
-            .unwrap();
-        wait_for(&lines, "monitoring 0 adopted session(s)");
+            lines: (_, reader),
+        } = monitor_after_one_event(&store);
         child.kill().expect("SIGKILL the monitor");
         child.wait().unwrap();
         reader.join().unwrap();

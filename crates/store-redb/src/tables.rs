@@ -693,20 +693,35 @@ impl<'t> EventTables<'t> {
         }
         doomed.retain(|d| !seqs.contains(&d.seq));
         for (seq, error) in not_indexed {
-            let mut refs = Vec::new();
-            for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
-                doomed.push(Doomed {
-                    session: session_ref(k, a).ok(),
-                    entry: Some((a.clone(), k.clone())),
-                    seq,
-                    dedupe_key: None,
-                    unreadable: true,
-                });
-                refs.push((a.clone(), k.clone()));
-            }
-            self.unreadable.push(UnreadableRow { seq, refs, error });
+            self.doom_by_index(doomed, &entries, seq, error);
         }
         Ok(())
+    }
+
+    /// Dooms the row `seq`, which cannot be read, once per entry of `entries` (the reference
+    /// index's entries under its sequence) and lists it in [`EventTables::unreadable`]; answers
+    /// whether any entry names it.
+    fn doom_by_index(
+        &mut self,
+        doomed: &mut Vec<Doomed>,
+        entries: &[(String, String, u64)],
+        seq: u64,
+        error: StoreError,
+    ) -> bool {
+        let mut refs = Vec::new();
+        for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
+            doomed.push(Doomed {
+                session: session_ref(k, a).ok(),
+                entry: Some((a.clone(), k.clone())),
+                seq,
+                dedupe_key: None,
+                unreadable: true,
+            });
+            refs.push((a.clone(), k.clone()));
+        }
+        let named = !refs.is_empty();
+        self.unreadable.push(UnreadableRow { seq, refs, error });
+        named
     }
 
     /// Frees the dedupe keys that point at `seqs`, rows that cannot be decoded and whose keys
@@ -750,18 +765,7 @@ impl<'t> EventTables<'t> {
             let seqs: HashSet<u64> = unreadable.iter().map(|(seq, _)| *seq).collect();
             let entries = self.index_entries_of(&seqs)?;
             for (seq, error) in unreadable {
-                let mut refs = Vec::new();
-                for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
-                    out.push(Doomed {
-                        session: session_ref(k, a).ok(),
-                        entry: Some((a.clone(), k.clone())),
-                        seq,
-                        dedupe_key: None,
-                        unreadable: true,
-                    });
-                    refs.push((a.clone(), k.clone()));
-                }
-                if refs.is_empty() {
+                if !self.doom_by_index(&mut out, &entries, seq, error) {
                     out.push(Doomed {
                         session: None,
                         entry: None,
@@ -770,7 +774,6 @@ impl<'t> EventTables<'t> {
                         unreadable: true,
                     });
                 }
-                self.unreadable.push(UnreadableRow { seq, refs, error });
             }
         }
         out.sort_unstable_by(|a, b| index_order(a).cmp(&index_order(b)));

@@ -395,32 +395,25 @@ impl SqliteStore {
             // A file a later version wrote is refused before anything is written to it, and so
             // is one that is no state database yet when this open may create none (an empty
             // file, another application's database: a mistyped path).
-            let refused = match schema::too_new(&mut conn).await {
-                Ok(None) if !options.create_if_missing => schema::not_a_state_database(&mut conn)
-                    .await
-                    .map(|r| r.map(|r| format!("{r}, and create_if_missing is off"))),
-                other => other,
-            };
-            match refused {
-                Ok(None) => {}
-                Ok(Some(reason)) => {
-                    abandon(Vec::new(), Some(conn), &companions, None).await;
-                    return Err(error::open(path, reason, None));
+            let refused = async {
+                let refused = match schema::too_new(&mut conn).await? {
+                    None if !options.create_if_missing => schema::not_a_state_database(&mut conn)
+                        .await?
+                        .map(|r| format!("{r}, and create_if_missing is off")),
+                    other => other,
+                };
+                if refused.is_some() {
+                    return Ok(refused);
                 }
-                Err(e) => {
-                    abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
-                    return Err(fail(e));
-                }
+                init_writer(&mut conn, options.busy_timeout).await?;
+                // The schema is checked again once settled: a later version may have migrated
+                // the file between the check above and `migrate` (two versions starting at
+                // once). `migrate` writes nothing into such a file (`schema::tests`), which is
+                // refused here as the check above refuses it.
+                schema::too_new(&mut conn).await
             }
-            // The schema is checked again once settled: a later version may have migrated the
-            // file between the check above and `migrate` (two versions starting at once).
-            // `migrate` writes nothing into such a file (`schema::tests`), which is refused here
-            // as the check above refuses it.
-            let settled = match init_writer(&mut conn, options.busy_timeout).await {
-                Ok(()) => schema::too_new(&mut conn).await,
-                Err(e) => Err(e),
-            };
-            match settled {
+            .await;
+            match refused {
                 Ok(None) => {}
                 Ok(Some(reason)) => {
                     abandon(Vec::new(), Some(conn), &companions, None).await;

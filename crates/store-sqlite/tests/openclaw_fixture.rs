@@ -685,6 +685,24 @@ async fn a_kind_this_version_does_not_know_reads_with_its_spelling() {
     assert_eq!(next.event.sequence.get(), u64::try_from(seq).unwrap() + 1);
 }
 
+/// One pruning pass down to 3 rows, over a store holding 4 (one of them a row this store cannot
+/// read): it deletes one row by the cap, and the sequences left are answered.
+async fn prune_to_three_rows(store: &SqliteStore) -> Vec<u64> {
+    let policy = awareness_core::RetentionPolicy {
+        max_rows: 3,
+        ..awareness_core::RetentionPolicy::default()
+    };
+    let report = store.prune(&policy, T0).await.expect("a pass over the row");
+    assert_eq!(report.events_by_cap, 1);
+    store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .expect("the log")
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect()
+}
+
 /// A row another writer left under a session key this store cannot read (here a control
 /// character) does not end retention: the row cap deletes it in its turn with no watermark
 /// stamped over it, and the rows after it stay readable. Before, every pruning pass failed at
@@ -715,19 +733,7 @@ async fn a_row_under_a_session_key_this_store_cannot_read_is_pruned_in_its_turn(
     for _ in 0..3 {
         store.record(created(&session), T0).await.expect("record");
     }
-    let policy = awareness_core::RetentionPolicy {
-        max_rows: 3,
-        ..awareness_core::RetentionPolicy::default()
-    };
-    let report = store.prune(&policy, T0).await.expect("a pass over the row");
-    assert_eq!(report.events_by_cap, 1);
-    let left: Vec<u64> = store
-        .events_after(Sequence::ZERO, 10)
-        .await
-        .expect("the log")
-        .iter()
-        .map(|e| e.sequence.get())
-        .collect();
+    let left = prune_to_three_rows(&store).await;
     assert_eq!(left, [2, 3, 4]);
     let head = store.heads(&[session]).await.expect("heads");
     assert_eq!(head[0].pruned_max_sequence, Sequence::ZERO);
@@ -756,19 +762,7 @@ async fn a_row_with_a_negative_sequence_is_pruned_in_its_turn() {
     .execute(&mut raw)
     .await
     .expect("insert the row");
-    let policy = awareness_core::RetentionPolicy {
-        max_rows: 3,
-        ..awareness_core::RetentionPolicy::default()
-    };
-    let report = store.prune(&policy, T0).await.expect("a pass over the row");
-    assert_eq!(report.events_by_cap, 1);
-    let left: Vec<u64> = store
-        .events_after(Sequence::ZERO, 10)
-        .await
-        .expect("the log")
-        .iter()
-        .map(|e| e.sequence.get())
-        .collect();
+    let left = prune_to_three_rows(&store).await;
     assert_eq!(left, [1, 2, 3]);
     assert_eq!(store.log_stats().await.expect("stats").rows, 3);
     let head = store

@@ -117,6 +117,18 @@ impl World {
         }
     }
 
+    /// A manager whose turn was dropped once its acknowledgement committed, leaving what it
+    /// read (a person's message in the worker) to the next turn; the gate is open.
+    async fn with_a_dropped_turn() -> Self {
+        let mut w = Self::gated(Call::Acknowledge, true).await;
+        w.human().await;
+        let a = w.turn_at_the_gate().await;
+        dropped(a).await;
+        w.open_gate();
+        settle().await;
+        w
+    }
+
     /// A person types into the worker; returns the event's sequence.
     async fn human(&self) -> Sequence {
         self.svc
@@ -500,12 +512,7 @@ async fn a_notice_that_came_after_a_reset_during_the_turn_stays_for_the_next_tur
 /// the next turn does not show notices of watches that no longer exist.
 #[tokio::test]
 async fn a_reset_drops_what_a_dropped_turn_left() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
-    w.open_gate();
-    settle().await;
+    let w = World::with_a_dropped_turn().await;
     w.svc.on_reset(&k(MANAGER)).await;
     assert_eq!(
         texts(&w.svc.drain_turn(&k(MANAGER)).await),
@@ -518,12 +525,7 @@ async fn a_reset_drops_what_a_dropped_turn_left() {
 /// keep it for the next turn. Both dropped it, and those notices had been acknowledged.
 #[tokio::test]
 async fn what_a_dropped_turn_left_stays_while_its_watches_stay() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
-    w.open_gate();
-    settle().await;
+    let w = World::with_a_dropped_turn().await;
     w.svc
         .on_delete(&SessionRef::parse(MANAGER, "ops").unwrap())
         .await;
@@ -532,12 +534,7 @@ async fn what_a_dropped_turn_left_stays_while_its_watches_stay() {
         vec![notice(Sequence(1))],
         "another agent's session of the key was deleted"
     );
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
-    w.open_gate();
-    settle().await;
+    let w = World::with_a_dropped_turn().await;
     w.store.hook.refuse_resets.store(true, Ordering::SeqCst);
     w.svc.on_reset(&k(MANAGER)).await;
     assert!(

@@ -21,7 +21,6 @@ use awareness_core::{
 };
 use criterion::{
     BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
-    criterion_main,
 };
 use gateway_adapter::{
     Awareness, InMemoryDirectory, InMemoryQueue, ManualClock, RecordingWake, SessionEntry,
@@ -736,4 +735,9 @@ criterion_group!(
     prune,
     record_concurrent
 );
-criterion_main!(benches);
+// `criterion_main!`, and then the loaded templates go (a static is never dropped).
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    awareness_benches::remove_templates();
+}

@@ -330,6 +330,16 @@ fn templates() -> &'static Templates {
     TEMPLATES.get_or_init(Mutex::default)
 }
 
+/// Removes the loaded files kept for the run. A static is never dropped, so without this each
+/// run left its templates (up to 70 MB a file) in the temporary directory: the bench's `main`
+/// calls it once every group has run.
+pub fn remove_templates() {
+    templates()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+}
+
 async fn open_loaded(spec: &Spec, data: Dataset) -> Backend {
     if matches!(spec.kind, Kind::Memory) {
         let b = open_empty(spec).await;

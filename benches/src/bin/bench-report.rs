@@ -80,6 +80,19 @@ fn main() {
     let results = read_criterion(&target.join("criterion"));
     let scale = read_by_backend(&target.join("awareness-scale"));
     let prune = read_by_backend(&target.join("awareness-prune"));
+    // Nothing measured where it looked (criterion writes under the target directory cargo
+    // names, or `./target` of where the bench binary ran): the table is left as it is, not
+    // replaced by an empty one.
+    if results.is_empty() {
+        eprintln!(
+            "bench-report: no criterion results under {}; {} left unchanged (run the suite with \
+             `cargo bench -p awareness-benches --bench stores`, or set CARGO_TARGET_DIR to where \
+             it wrote)",
+            target.join("criterion").display(),
+            readme.display()
+        );
+        std::process::exit(1);
+    }
     let body = render(&results, &scale, &prune);
     let text = std::fs::read_to_string(&readme)
         .unwrap_or_else(|e| panic!("read {}: {e}", readme.display()));

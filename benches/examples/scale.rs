@@ -38,13 +38,16 @@ struct Args {
     prune_every: Duration,
     prune_every_events: usize,
     sample_every: usize,
+    /// The row cap pruning keeps the log to (the default policy's unless given).
+    max_rows: u64,
     save: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: scale --backend memory|sqlite|sqlite-1tx|redb|redb-1tx|redb-bounded [--events N] [--sessions N] \
-         [--tasks N] [--prune-every-ms N] [--prune-every-events N] [--sample-every N] [--no-save]"
+         [--tasks N] [--prune-every-ms N] [--prune-every-events N] [--sample-every N] \
+         [--max-rows N] [--no-save]"
     );
     std::process::exit(2)
 }
@@ -58,6 +61,7 @@ fn parse_args() -> Args {
         prune_every: Duration::from_secs(1),
         prune_every_events: 10_000,
         sample_every: 100_000,
+        max_rows: RetentionPolicy::default().max_rows,
         save: true,
     };
     let mut it = std::env::args().skip(1);
@@ -72,6 +76,7 @@ fn parse_args() -> Args {
             "--prune-every-ms" => args.prune_every = Duration::from_millis(number() as u64),
             "--prune-every-events" => args.prune_every_events = number().max(1),
             "--sample-every" => args.sample_every = number().max(1),
+            "--max-rows" => args.max_rows = number().max(1) as u64,
             "--no-save" => args.save = false,
             _ => usage(),
         }
@@ -191,8 +196,12 @@ fn main() {
         args.prune_every_events
     );
 
+    let policy = RetentionPolicy {
+        max_rows: args.max_rows,
+        ..RetentionPolicy::default()
+    };
     let recorded = Arc::new(AtomicUsize::new(0));
-    let (elapsed, prune_passes, pruned) = rt.block_on(async {
+    let (elapsed, mut prune_passes, mut pruned) = rt.block_on(async {
         let done = Arc::new(AtomicBool::new(false));
         let pruner = {
             let (store, done, recorded) =
@@ -208,10 +217,7 @@ fn main() {
                         continue;
                     }
                     (last_at, last_count) = (Instant::now(), count);
-                    let report = store
-                        .prune(&RetentionPolicy::default(), now())
-                        .await
-                        .expect("prune");
+                    let report = store.prune(&policy, now()).await.expect("prune");
                     passes += 1;
                     rows += report.events_by_cap + report.events_by_age;
                 }
@@ -264,6 +270,28 @@ fn main() {
         let (passes, rows) = pruner.await.expect("the pruning task panicked");
         (elapsed, passes, rows)
     });
+
+    // The row cap held: one last pass, and the log keeps exactly what the cap says (no event is
+    // old enough for the age step), every other row deleted by a pass. A run whose events
+    // exceed the cap checks it: CI's small runs pass a small `--max-rows`.
+    let last = rt
+        .block_on(store.prune(&policy, now()))
+        .expect("the last pass");
+    pruned += last.events_by_cap + last.events_by_age;
+    prune_passes += 1;
+    let retained = rt.block_on(store.log_stats()).expect("log stats").rows;
+    assert_eq!(
+        retained,
+        (args.events as u64).min(args.max_rows),
+        "the row cap of {} kept {retained} of {} events",
+        args.max_rows,
+        args.events
+    );
+    assert_eq!(
+        pruned + retained,
+        args.events as u64,
+        "every event is retained or was pruned"
+    );
 
     // One reconcile at the end: a session gets 200 events, then its page is read (the median of
     // 11 reads, the first of which warms the cache).

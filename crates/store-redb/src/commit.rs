@@ -286,6 +286,9 @@ impl Writer {
             self.shared.stand_in_begins(number);
         }
         let committed = txn.txn.commit();
+        if committed.is_err() {
+            self.shared.commit_failed();
+        }
         if let Some(number) = stands_in {
             if committed.is_ok() {
                 self.shared.flush_stood_in(number);

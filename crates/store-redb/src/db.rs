@@ -118,6 +118,10 @@ pub(crate) struct Shared {
     closed: Arc<Closed>,
     /// The [`crate::RedbStore`]s open on this file (see [`Handle`]).
     handles: AtomicUsize,
+    /// A commit failed. redb then refuses every write transaction on this database until it is
+    /// closed and opened again (`PreviousIo`, or an allocator state "discarded", which reads as
+    /// corruption of a sound file): writes say so instead, and a new open does not share it.
+    write_failed: AtomicBool,
 }
 
 impl Shared {
@@ -140,9 +144,32 @@ impl Shared {
         self.live_readers
     }
 
-    /// The database, for a write: [`StoreError::ReadOnly`] when the file is open read-only.
+    /// The database, for a write: [`StoreError::ReadOnly`] when the file is open read-only,
+    /// and a [`StoreError::Backend`] saying so once a commit failed ([`Shared::commit_failed`]).
     pub(crate) fn for_write(&self, what: &str) -> Result<&Database, StoreError> {
-        self.writable().ok_or_else(|| self.read_only(what))
+        let db = self.writable().ok_or_else(|| self.read_only(what))?;
+        if self.write_failed.load(Ordering::Acquire) {
+            return Err(StoreError::backend(
+                what.to_owned(),
+                format!(
+                    "a commit on {} failed earlier, and redb refuses every write until the \
+                     database is reopened: close every handle on it in this process, then open \
+                     it again",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(db)
+    }
+
+    /// Records that a commit failed (see [`Shared::write_failed`]).
+    pub(crate) fn commit_failed(&self) {
+        self.write_failed.store(true, Ordering::Release);
+    }
+
+    /// Whether a commit failed on this database.
+    fn needs_reopen(&self) -> bool {
+        self.write_failed.load(Ordering::Acquire)
     }
 
     /// The refusal of a write on a read-only handle.
@@ -276,7 +303,9 @@ impl Shared {
             .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))
             .and_then(|txn| {
                 if last || !self.stood_in_for(number) {
-                    txn.commit().ctx("flush: durable commit")
+                    txn.commit()
+                        .inspect_err(|_| self.commit_failed())
+                        .ctx("flush: durable commit")
                 } else {
                     #[cfg(test)]
                     self.stood_in.fetch_add(1, Ordering::AcqRel);
@@ -796,6 +825,11 @@ pub(crate) fn open_shared(
                     "open read-only in this process: a read-write handle needs every read-only handle on the file closed first"
                         .to_owned(),
                 )
+            } else if shared.needs_reopen() {
+                Some(
+                    "a commit failed on it in this process, and redb refuses every write until it is reopened: close every handle on it first"
+                        .to_owned(),
+                )
             } else if shared.live_readers != live_readers {
                 Some(format!(
                     "open in this process with live_readers {}: every read-write handle on a file must agree",
@@ -864,6 +898,7 @@ pub(crate) fn open_shared(
         live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),
         handles: AtomicUsize::new(0),
+        write_failed: AtomicBool::new(false),
     });
     // The file redb opened (read again: it may have been swapped since the look above).
     let identity = identity()?;

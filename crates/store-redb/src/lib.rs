@@ -1673,6 +1673,41 @@ mod tests {
         store.close().await;
     }
 
+    /// After a failed commit redb refuses every write on that database until it is reopened:
+    /// writes then say so (redb's own error read as corruption of a sound file), a second open
+    /// in this process is refused with the reason instead of sharing the database that cannot
+    /// write, and once every handle is closed an open gets a fresh one that writes. (The commit
+    /// failure itself, a full disk, is stood in for by marking it.)
+    #[tokio::test]
+    async fn after_a_failed_commit_a_new_open_gets_a_database_that_writes() {
+        let (dir, store) = fresh().await;
+        let child = session("agent:main:child");
+        store.record(event(&child, None), T0).await.expect("record");
+        store.shared().commit_failed();
+        let err = store.record(event(&child, None), T0).await.unwrap_err();
+        assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+        let chain = awareness_core::error::ErrorChain(&err).to_string();
+        assert!(
+            chain.contains("refuses every write until the database is reopened"),
+            "{chain}"
+        );
+        let path = dir.path().join("state.redb");
+        match RedbStore::open(&path).await {
+            Err(StoreError::Open { reason, .. }) => {
+                assert!(reason.contains("a commit failed on it"), "{reason}");
+            }
+            other => panic!("shared a database that cannot write: {other:?}"),
+        }
+        store.close().await;
+        let again = RedbStore::open(&path).await.expect("reopen");
+        let rec = again
+            .record(event(&child, None), T0)
+            .await
+            .expect("a write");
+        assert_eq!(rec.event.sequence, Sequence(2));
+        again.close().await;
+    }
+
     /// The age step's chunk is topped up when rows it chose were deleted before its write
     /// (a session deleted meanwhile): answering fewer rows than its bound ended the step, and
     /// the other old rows waited for the next pass, an hour later. A round that chose fewer

@@ -29,8 +29,15 @@ const OURS: [&str; 6] = [
     "sqlite_sequence",
 ];
 
+/// The fixture folder: under `$AWARENESS_SHARED_DIR` (as the e2e tests read it), else under
+/// `../shared` beside the checkout.
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/openclaw-2026.9.6")
+    std::env::var_os("AWARENESS_SHARED_DIR")
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+            PathBuf::from,
+        )
+        .join("fixtures/openclaw-2026.9.6")
 }
 
 /// A writable copy of the fixture database in `dir`.

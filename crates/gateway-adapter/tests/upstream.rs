@@ -171,6 +171,14 @@ fn a_byte_order_mark_at_the_start_hides_no_turn() {
         marker_of(&out).position(),
         std::fs::metadata(&t.path).unwrap().len()
     );
+    // The mark written in two parts, each read by its own scan.
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.raw(b"\xEF");
+    let m = marker_of(&scan(&t, &m));
+    t.raw(b"\xBB\xBF");
+    t.human("typed after a mark written in two parts");
+    assert_eq!(turns(&scan(&t, &m)), 1);
 }
 
 #[test]

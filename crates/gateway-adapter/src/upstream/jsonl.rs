@@ -108,13 +108,18 @@ impl JsonlMarker {
 
 /// A UTF-8 byte order mark at the start of the file (a writer on Windows) is read as the
 /// whitespace it stands for (RFC 8259 lets a reader ignore it): a row is an object, and the
-/// mark made the first one malformed, its human turn never counted. A read from the start that
-/// gets fewer than its three bytes leaves them (the file is being written; so is that row).
-fn blank_byte_order_mark(start: &mut [u8]) {
-    if let Some(mark) = start.get_mut(..3)
-        && mark == b"\xEF\xBB\xBF"
-    {
-        mark.copy_from_slice(b"   ");
+/// mark made the first one malformed, its human turn never counted. `chunk` was read from file
+/// position `at`; each of the file's first three bytes in it that is the mark's byte at that
+/// position is blanked, so a mark read over two scans (a file holding part of it so far) is
+/// blanked too. A row cannot start with those bytes: nothing else is changed.
+fn blank_byte_order_mark(at: u64, chunk: &mut [u8]) {
+    const MARK: [u8; 3] = [0xEF, 0xBB, 0xBF];
+    for (position, mark) in MARK.iter().enumerate().skip(at as usize) {
+        if let Some(byte) = chunk.get_mut(position - at as usize)
+            && byte == mark
+        {
+            *byte = b' ';
+        }
     }
 }
 
@@ -346,8 +351,8 @@ fn try_scan(
         if got == 0 {
             break;
         }
-        if at == 0 {
-            blank_byte_order_mark(&mut buf[..got]);
+        if at < 3 {
+            blank_byte_order_mark(at, &mut buf[..got]);
         }
         // `done`: bytes of this chunk consumed so far.
         let mut done = 0;

@@ -1275,7 +1275,8 @@ impl Awareness {
         match self.store.cursor(&watcher, target).await {
             Ok(cursor) => Ok(cursor.map(|c| c.target_agent)),
             // A damaged row reads so at every call (decision 0016): it counts as no cursor, as
-            // a watch over it does, rather than make every reconcile of the key unavailable.
+            // a watch over it does, rather than make every reconcile of the key unavailable
+            // (decision 0008, its last note).
             Err(e @ StoreError::Corrupt { .. }) => {
                 warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the requester's cursor on the key cannot be read; the requester's agent's session is read");
                 Ok(None)

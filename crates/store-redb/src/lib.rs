@@ -426,7 +426,9 @@ impl RedbStore {
     }
 
     /// Opens the store at `path` with `options`. Opening a file this process already has open
-    /// shares its database; a file open in another process, a file that is not a redb database
+    /// shares its database, unless a commit failed on it (redb then writes nothing more until
+    /// it is reopened): that open is refused while other handles keep it open, and waits for
+    /// it to close otherwise. A file open in another process, a file that is not a redb database
     /// of this store, or a missing file with `create_if_missing` off is a [`StoreError::Open`]
     /// naming the file, and the file is left as it was. Every error of an open names the file:
     /// one found once redb has opened it keeps its meaning (a damaged file is

@@ -249,9 +249,9 @@ impl PairedNodeProvider {
         }
     }
 
-    /// Pages back for at most `time` a check (its first page is always read; a later one is
-    /// given up at that time): keep it below the monitor's `provider_timeout` less one page's
-    /// time, or a check of a slow node times out with nothing.
+    /// Pages back for at most `time` a check (its first page is always read, however long it
+    /// takes; a later one is given up at that time): keep it below the monitor's
+    /// `provider_timeout`, or a check of a slow node times out with nothing.
     #[must_use]
     pub fn with_paging_time(mut self, time: std::time::Duration) -> Self {
         self.paging_time = time;

@@ -241,6 +241,37 @@ async fn child_close(path: &Path) {
     wait_for_stdin_eof();
 }
 
+/// Records events with 4 KiB payloads until one fails (the parent runs this under a file-size
+/// limit, so a commit fails writing the file), then reports what the next write and a second
+/// open of the file in this process answer: `failed <error>`, `next <error>`, `second <result>`.
+async fn child_fill(path: &Path) {
+    let store = RedbStore::open(path).await.expect("child: open");
+    let big = || {
+        let mut p = awareness_core::Payload::new();
+        p.insert("text".into(), serde_json::json!("x".repeat(4_000)));
+        NewEvent::new(target(0), EventKind::Compacted, ActorType::System, "filled").with_payload(p)
+    };
+    let chain = |e: &StoreError| awareness_core::error::ErrorChain(e).to_string();
+    let mut recorded = 0u64;
+    let failed = loop {
+        match store.record(big(), now()).await {
+            Ok(_) => recorded += 1,
+            Err(e) => break e,
+        }
+        assert!(recorded < 1_000_000, "child: the file-size limit never bit");
+    };
+    say(&format!("failed after {recorded}: {}", chain(&failed)));
+    let next = store
+        .record(log_only(0), now())
+        .await
+        .expect_err("child: a write after it");
+    say(&format!("next {}", chain(&next)));
+    match RedbStore::open(path).await {
+        Ok(_) => say("second shared"),
+        Err(e) => say(&format!("second refused {}", chain(&e))),
+    }
+}
+
 fn log_only(i: usize) -> NewEvent {
     NewEvent::new(
         target(i),
@@ -264,6 +295,7 @@ fn run_child(mode: &str) {
         "hold_read_only" => rt.block_on(child_hold(&path, read_only())),
         "flush" => rt.block_on(child_flush(&path)),
         "close" => rt.block_on(child_close(&path)),
+        "fill" => rt.block_on(child_fill(&path)),
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -778,6 +810,42 @@ fn bounded_close_makes_everything_durable() {
     });
 }
 
+/// A commit that fails writing the file (here a file-size limit, as a full disk would) leaves
+/// redb refusing every write until the database is reopened: the next write says so, and a
+/// second open in the process is refused with that reason instead of sharing a database that
+/// cannot write. Before, the write answered redb's own error (an I/O error, or "corrupt") and
+/// the open shared the database.
+fn a_failed_commit_is_named_and_its_database_not_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.redb");
+    // 8 MiB (`ulimit -f` counts 1 KiB blocks in bash, 512 B in dash: 4 MiB there), and
+    // SIGXFSZ ignored, so that a write past it fails with EFBIG instead of killing the child.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 8192 && exec \"$0\"")
+        .arg(std::env::current_exe().unwrap())
+        .env(CHILD, "fill")
+        .env(PATH, &path)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}: {text}", out.status);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    eprintln!("  {}", lines.join("\n  "));
+    assert!(lines[0].starts_with("failed after "), "{text}");
+    assert!(
+        lines[1].starts_with("next ")
+            && lines[1].contains("refuses every write until the database is reopened"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("second refused") && lines[2].contains("a commit failed on it"),
+        "{text}"
+    );
+}
+
 fn main() {
     if let Ok(mode) = std::env::var(CHILD) {
         run_child(&mode);
@@ -787,7 +855,11 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let tests: [(&str, fn()); 9] = [
+    let tests: [(&str, fn()); 10] = [
+        (
+            "a_failed_commit_is_named_and_its_database_not_shared",
+            a_failed_commit_is_named_and_its_database_not_shared,
+        ),
         (
             "file_open_in_another_process_is_refused_not_waited_for",
             file_open_in_another_process_is_refused_not_waited_for,

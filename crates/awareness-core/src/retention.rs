@@ -254,10 +254,15 @@ impl PruneReport {
 
 /// Runs one pruning chunk of at most `max_rows` rows as write transactions of at most `per_tx`
 /// rows each ([`crate::EventStore::prune_chunk`]: a backend splits a chunk so that a recording
-/// never waits behind more than one transaction). `one_tx(bound)` deletes at most `bound` rows
-/// in one transaction and answers how many it deleted; the chunk ends at `max_rows` rows, or
-/// after a transaction that deleted fewer than its bound (the step has nothing more to
-/// delete). Answers the rows deleted.
+/// never waits behind more than one transaction). `one_tx(bound)` chooses at most `bound` rows
+/// and deletes those still there in one transaction, answering (chosen, deleted); a backend that
+/// chooses inside the transaction answers the same number twice. The chunk ends at `max_rows`
+/// rows deleted, or after a transaction that chose fewer than its bound (the step has nothing
+/// more to delete). A transaction that chose its bound but deleted fewer (rows deleted between
+/// the choice and the write, by a backend that chooses on a read snapshot) is followed by more
+/// for the rest: a chunk answering fewer than `max_rows` ends its step
+/// ([`crate::AwarenessStoreExt::prune`]), and the step's other rows would wait for the next
+/// pass. Answers the rows deleted.
 pub async fn in_transactions<F, Fut>(
     max_rows: usize,
     per_tx: usize,
@@ -265,18 +270,18 @@ pub async fn in_transactions<F, Fut>(
 ) -> Result<u64, crate::StoreError>
 where
     F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<u64, crate::StoreError>>,
+    Fut: std::future::Future<Output = Result<(usize, u64), crate::StoreError>>,
 {
     let mut total = 0u64;
     let mut left = max_rows;
     while left > 0 {
         let bound = left.min(per_tx.max(1));
-        let deleted = one_tx(bound).await?;
+        let (chosen, deleted) = one_tx(bound).await?;
         total = total.saturating_add(deleted);
-        if deleted < bound as u64 {
+        if chosen < bound {
             break;
         }
-        left -= bound;
+        left -= usize::try_from(deleted).map_or(bound, |d| d.min(bound));
     }
     Ok(total)
 }
@@ -284,6 +289,42 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The transactions of a chunk, as scripted (chosen, deleted) answers: what each was asked
+    /// for, and the total. Rows chosen but deleted meanwhile are made up by more transactions;
+    /// a transaction that chose fewer than its bound ends the chunk.
+    #[test]
+    fn a_chunk_makes_up_rows_deleted_between_the_choice_and_the_write() {
+        fn run(per_tx: usize, answers: &[(usize, u64)]) -> (u64, Vec<usize>) {
+            let mut asked = Vec::new();
+            let mut answers = answers.iter().copied();
+            let total = futures_lite_block_on(in_transactions(4, per_tx, |bound| {
+                asked.push(bound);
+                let answer = answers.next().expect("no transaction beyond the script");
+                std::future::ready(Ok(answer))
+            }))
+            .expect("transactions");
+            (total, asked)
+        }
+        assert_eq!(run(4, &[(4, 3), (1, 1)]), (4, vec![4, 1]));
+        assert_eq!(run(4, &[(4, 0), (4, 4)]), (4, vec![4, 4]));
+        assert_eq!(run(4, &[(4, 2), (2, 1), (0, 0)]), (3, vec![4, 2, 1]));
+        assert_eq!(run(4, &[(4, 4)]), (4, vec![4]));
+        assert_eq!(run(4, &[(3, 3)]), (3, vec![4]));
+        assert_eq!(run(4, &[(0, 0)]), (0, vec![4]));
+        assert_eq!(run(3, &[(3, 3), (1, 1)]), (4, vec![3, 1]));
+        assert_eq!(run(3, &[(2, 2)]), (2, vec![3]));
+    }
+
+    /// Polls a future that never waits (each transaction here is `ready`) to its end.
+    fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(out) => out,
+            std::task::Poll::Pending => panic!("a scripted transaction waited"),
+        }
+    }
 
     /// The defaults DESIGN.md section 6 names (30 days, 50,000 rows, cursors idle 30 days) and
     /// the chunk the docs give; a changed default changes what every gateway keeps.

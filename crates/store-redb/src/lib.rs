@@ -1159,27 +1159,26 @@ impl RedbStore {
         step: &PruneStep,
         max_rows: usize,
         now: Timestamp,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(usize, u64), StoreError> {
         let step = *step;
-        // The file's path, for the warnings about rows that cannot be decoded.
-        let shared = Arc::clone(self.shared());
-        match step {
-            // Finding old rows scans the log in sequence order (old rows are the low sequences,
-            // so a chunk usually stops after about its own size; a pass with nothing to delete
-            // reads every row). It runs on a read snapshot, so recording never waits for it; the
-            // write transaction then only deletes. Sequences only grow, so no row older than a
-            // candidate can appear after the snapshot: the chunk is still the lowest sequences.
-            PruneStep::Age { cutoff } => {
-                topped_up(max_rows, |want| self.age_round(cutoff, want, now)).await
-            }
-            _ => {
-                self.write("prune", move |txn| {
-                    let n = prune_tx(txn, step, max_rows, &[], now, shared.path())?;
-                    Ok((n, n > 0))
-                })
-                .await
-            }
+        // Finding old rows scans the log in sequence order (old rows are the low sequences, so a
+        // chunk usually stops after about its own size; a pass with nothing to delete reads every
+        // row). It runs on a read snapshot, so recording never waits for it; the write
+        // transaction then only deletes. Sequences only grow, so no row older than a candidate
+        // can appear after the snapshot: the chunk is still the lowest sequences.
+        if let PruneStep::Age { cutoff } = step {
+            return self.age_round(cutoff, max_rows, now).await;
         }
+        // The row cap and the idle cursors choose inside the write transaction. The file's path
+        // is for the warnings about rows that cannot be decoded.
+        let shared = Arc::clone(self.shared());
+        let deleted = self
+            .write("prune", move |txn| {
+                let n = prune_tx(txn, step, max_rows, &[], now, shared.path())?;
+                Ok((n, n > 0))
+            })
+            .await?;
+        Ok((usize::try_from(deleted).unwrap_or(usize::MAX), deleted))
     }
 
     /// One round of the age step: chooses up to `want` old rows on a read snapshot, then
@@ -1209,30 +1208,6 @@ impl RedbStore {
             })
             .await?;
         Ok((chosen, deleted))
-    }
-}
-
-/// Deletes up to `max_rows` rows with `round(want)`, which chooses up to `want` victims and
-/// deletes those still there, answering (chosen, deleted). A round that chose its full `want`
-/// but deleted fewer (rows deleted between the choice and the write: a session deleted
-/// meanwhile) is followed by another for the rest: answering fewer than `max_rows` ends the
-/// step (`in_transactions`, `prune`), and its other old rows would wait for the next pass.
-async fn topped_up<F, Fut>(max_rows: usize, mut round: F) -> Result<u64, StoreError>
-where
-    F: FnMut(usize) -> Fut,
-    Fut: Future<Output = Result<(usize, u64), StoreError>>,
-{
-    let mut total = 0u64;
-    loop {
-        let want = max_rows.saturating_sub(usize::try_from(total).unwrap_or(usize::MAX));
-        if want == 0 {
-            return Ok(total);
-        }
-        let (chosen, deleted) = round(want).await?;
-        total = total.saturating_add(deleted);
-        if chosen < want || deleted == chosen as u64 {
-            return Ok(total);
-        }
     }
 }
 
@@ -1708,32 +1683,6 @@ mod tests {
             .expect("a write");
         assert_eq!(rec.event.sequence, Sequence(2));
         again.close().await;
-    }
-
-    /// The age step's chunk is topped up when rows it chose were deleted before its write
-    /// (a session deleted meanwhile): answering fewer rows than its bound ended the step, and
-    /// the other old rows waited for the next pass, an hour later. A round that chose fewer
-    /// than it wanted, or deleted all it chose, ends the chunk.
-    #[tokio::test]
-    async fn an_age_chunk_whose_victims_were_deleted_meanwhile_is_topped_up() {
-        async fn run(answers: &[(usize, u64)]) -> (u64, Vec<usize>) {
-            let mut asked = Vec::new();
-            let mut answers = answers.iter().copied();
-            let total = topped_up(4, |want| {
-                asked.push(want);
-                let answer = answers.next().expect("no round beyond the script");
-                async move { Ok(answer) }
-            })
-            .await
-            .expect("rounds");
-            (total, asked)
-        }
-        assert_eq!(run(&[(4, 3), (1, 1)]).await, (4, vec![4, 1]));
-        assert_eq!(run(&[(4, 0), (4, 4)]).await, (4, vec![4, 4]));
-        assert_eq!(run(&[(4, 2), (2, 1), (0, 0)]).await, (3, vec![4, 2, 1]));
-        assert_eq!(run(&[(4, 4)]).await, (4, vec![4]));
-        assert_eq!(run(&[(3, 3)]).await, (3, vec![4]));
-        assert_eq!(run(&[(0, 0)]).await, (0, vec![4]));
     }
 
     /// A row that cannot be decoded and that no index entry names (doubly damaged) is still

@@ -384,7 +384,9 @@ impl EventStore for SqliteStore {
             let mut w = self.writer("prune").await?;
             self.count_write(PRUNE_WEIGHT - 1);
             let res = prune_tx(&mut w.conn, step, bound, now).await;
-            w.finish(res).await
+            // Victims are chosen inside the transaction: every one chosen is deleted.
+            let deleted = w.finish(res).await?;
+            Ok((usize::try_from(deleted).unwrap_or(usize::MAX), deleted))
         })
         .await
     }

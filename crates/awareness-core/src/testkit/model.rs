@@ -664,26 +664,15 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     })
                     .collect();
                 let mut want = Vec::new();
-                // One acknowledgement per target, as its first entry says, however often it
-                // is listed.
-                let mut done = std::collections::BTreeSet::new();
-                for t in &targets {
+                // Core's rules, as every store applies them: one acknowledgement per target,
+                // as its first entry says, and only of the notice it read.
+                for t in AckTarget::each_once(&targets) {
                     let k = CursorKey {
                         watcher: w.clone(),
                         target: t.target.clone(),
                     };
-                    if !done.insert(k.clone()) {
-                        continue;
-                    }
                     if let Some(c) = model.cursors.get(&k) {
-                        let shows = |r: &ReadNotice| {
-                            r.target_agent == c.target_agent && r.last_seen == c.last_seen
-                        };
-                        let (write, follow) = if t.read.as_ref().is_none_or(shows) {
-                            protocol::acknowledge(c, now)
-                        } else {
-                            (None, None)
-                        };
+                        let (write, follow) = t.apply(c, now);
                         if let Some(c) = write {
                             model.cursors.insert(k, c);
                         }

@@ -242,8 +242,15 @@ impl Shared {
     #[cfg(test)]
     pub(crate) fn ask_flush(&self) {
         self.unflushed.store(false, Ordering::Release);
+        self.ask_for_stand_in();
+    }
+
+    /// Publishes a new flush number for a writer's next commit to stand in for (see
+    /// [`Shared::flush_asked`]); answers it.
+    fn ask_for_stand_in(&self) -> u64 {
         let number = self.flush_numbers.fetch_add(1, Ordering::AcqRel) + 1;
         self.flush_asked.store(number, Ordering::Release);
+        number
     }
 
     /// Whether a flush still waits for a stand-in.
@@ -296,8 +303,7 @@ impl Shared {
         // While this waits for the write lock, a writer's next commit is made durable in its
         // stead; once that has committed there is nothing left to commit here (except for a
         // last flush, which also waits for a transaction in progress that began non-durable).
-        let number = self.flush_numbers.fetch_add(1, Ordering::AcqRel) + 1;
-        self.flush_asked.store(number, Ordering::Release);
+        let number = self.ask_for_stand_in();
         let result = self
             .for_write("flush")
             .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))

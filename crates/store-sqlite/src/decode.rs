@@ -538,9 +538,9 @@ pub(crate) fn victims(text: &str) -> Result<Vec<Victim>, StoreError> {
     Ok(raws
         .into_iter()
         .map(|(seq, key, agent)| {
-            let stamp = session_ref(&key, &agent).and_then(|r| match u64::try_from(seq) {
-                Ok(s) => Ok((r, Sequence(s))),
-                Err(_) => Err(format!("negative sequence {seq}")),
+            let stamp = session_ref(&key, &agent).and_then(|r| {
+                let s = sequence("pruning victim", seq).map_err(|e| e.to_string())?;
+                Ok((r, s))
             });
             match stamp {
                 Ok(stamp) => (seq, Some(stamp)),

@@ -950,12 +950,7 @@ async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
             .map(|key| SessionRef::parse(key, "main").unwrap())
             .collect();
         for r in &refs {
-            let typed = NewEvent::new(
-                r.clone(),
-                EventKind::HumanDirectMessage,
-                ActorType::Human,
-                "typed",
-            );
+            let typed = awareness_core::testkit::checks::human(r);
             b.store.record(typed, T0).await.expect("recorded");
         }
         let torn = &refs[1];

@@ -120,7 +120,9 @@ fn access(c: &Command) -> Access {
     }
 }
 
-async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
+/// [`open_full`], as the store alone (the demo opens its store so too: with live readers on
+/// redb, as every command that writes).
+pub(crate) async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError> {
     let store: Arc<dyn AwarenessStore> = open_full(cli).await?;
     Ok(store)
 }

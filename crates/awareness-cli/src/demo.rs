@@ -4,12 +4,11 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use awareness_core::error::ErrorChain;
 use awareness_core::{AwarenessStore, Sequence, SessionKey, Timestamp};
 use gateway_adapter::{
     Awareness, AwarenessConfig, CoalescingWake, HeartbeatWake, HumanMessage, InMemoryDirectory,
-    InMemoryQueue, ManualClock, OpenError, OpenOptions, RecordingWake, RunOutcome, SessionEntry,
-    StoreUrl, SystemEventQueue, WakeSink, open_store_with,
+    InMemoryQueue, ManualClock, RecordingWake, RunOutcome, SessionEntry, StoreUrl,
+    SystemEventQueue, WakeSink,
 };
 
 use crate::table::render;
@@ -70,19 +69,6 @@ fn k(s: &str) -> SessionKey {
     SessionKey::new(s).expect("demo keys are valid")
 }
 
-/// Opens the demo's store as every CLI command that writes does: on redb with live readers,
-/// so that read commands (`tail --follow`) run beside it and it runs beside them.
-async fn open_demo_store(url: &str) -> Result<Arc<dyn AwarenessStore>, OpenError> {
-    open_store_with(
-        url,
-        OpenOptions {
-            live_readers: true,
-            ..OpenOptions::default()
-        },
-    )
-    .await
-}
-
 /// Runs the demo; returns the exit code.
 ///
 /// The store is closed before this returns, an early error's return included (output that
@@ -90,9 +76,7 @@ async fn open_demo_store(url: &str) -> Result<Arc<dyn AwarenessStore>, OpenError
 /// SQLite's log by a process that exits at once.
 pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
-    let store = open_demo_store(&cli.store)
-        .await
-        .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?;
+    let store = crate::commands::open(cli).await?;
     // The one store handle outside the stages: the restart puts the reopened store here.
     let mut open = Some(store);
     let result = narrate(cli, &url, &mut open, out).await;
@@ -241,11 +225,7 @@ async fn narrate(
         if let Some(store) = open.take() {
             store.close().await;
         }
-        *open = Some(
-            open_demo_store(&cli.store)
-                .await
-                .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?,
-        );
+        *open = Some(crate::commands::open(cli).await?);
     }
     let s = stage(handle(open.as_ref())?, &dir, &clock);
     n.detail(&format!(
@@ -361,9 +341,7 @@ async fn another_gateway(
         return Ok(());
     }
     // Its own handle on the file, as another process has; it owns none of these sessions.
-    let theirs = open_demo_store(&cli.store)
-        .await
-        .map_err(|e| CliError::failure(ErrorChain(&e).to_string()))?;
+    let theirs = crate::commands::open(cli).await?;
     let other = Awareness::builder(
         Arc::clone(&theirs),
         Arc::new(InMemoryQueue::new()),

@@ -626,6 +626,60 @@ async fn a_notice_about_another_agents_bare_session_reconciles_that_session() {
     }
 }
 
+/// A damaged cursor row reads as `Corrupt` at every read (decision 0016). A bare-key reconcile
+/// without an agent then counts it as no cursor and reads the requester's own agent's session,
+/// on each durable store, rather than answering `unavailable` for good (decision 0008).
+#[tokio::test(start_paused = true)]
+async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        let ops = AgentId::new("ops").unwrap();
+        gw.svc
+            .session_created(&SessionRef::parse("global", "main").unwrap(), "s-main")
+            .await
+            .expect("logged");
+        assert!(
+            gw.svc
+                .watch_after_send(&k(MANAGER), &k("global"), Some(&ops), true)
+                .await
+                .watched
+        );
+        let manager = WatcherKey::parse(MANAGER).unwrap();
+        // A second handle on the same file damages the row, as another writer could.
+        let damaged = match b.name {
+            "sqlite" => store_sqlite::SqliteStore::open(b.dir.path().join("state.db"))
+                .await
+                .expect("a second handle")
+                .damage_cursor_row(&manager, &k("global"))
+                .await
+                .expect("damage"),
+            "redb" => store_redb::RedbStore::open(b.dir.path().join("state.redb"))
+                .await
+                .expect("a second handle")
+                .damage_cursor_row(&manager, &k("global"))
+                .await
+                .expect("damage"),
+            _ => continue, // store-memory keeps values: nothing to tear
+        };
+        assert!(damaged, "{}: the cursor row existed", b.name);
+        assert!(
+            matches!(
+                b.store.cursor(&manager, &k("global")).await,
+                Err(awareness_core::StoreError::Corrupt { .. })
+            ),
+            "{}: the row reads as damaged",
+            b.name
+        );
+        let status = gw
+            .svc
+            .session_status(&k(MANAGER), &k("global"), None, Some(Sequence(0)), None)
+            .await
+            .expect("visible");
+        assert!(!status.unavailable, "{}: {status:?}", b.name);
+        assert_eq!(agents_of_page(status), ["main"], "{}", b.name);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn visibility_policy_guards_every_read_and_watch() {
     const OPS: &str = "agent:ops:main";

@@ -77,6 +77,29 @@ impl SessionStatus {
     }
 }
 
+/// The `session_status` answer from its two reads: the version read first, then, when
+/// `changesSince` was asked, the page after it (`(after, page)`). A recording may land between
+/// the reads, so the version is raised to the page's last event (it never names an event
+/// recorded after the page was read) and, when the page found `after` within the head it read
+/// (not `versionAhead`), to `after` too: `versionAhead` is then set exactly when `after` is above
+/// the version answered.
+pub fn status(state_version: Sequence, page: Option<(Sequence, ChangesPage)>) -> SessionStatus {
+    let mut state_version = state_version;
+    if let Some((after, page)) = &page {
+        if let Some(last) = page.events.last() {
+            state_version = state_version.max(last.sequence);
+        }
+        if !page.version_ahead {
+            state_version = state_version.max(*after);
+        }
+    }
+    SessionStatus {
+        state_version,
+        state_changes: page.map(|(_, page)| page),
+        unavailable: false,
+    }
+}
+
 /// The `earliestAvailableSequence` rule.
 pub fn earliest_available(min_retained: Option<Sequence>, head: Sequence) -> Sequence {
     match min_retained {

@@ -240,27 +240,16 @@ pub trait AwarenessStoreExt: AwarenessStore {
         changes_since: Option<Sequence>,
         limit: Option<usize>,
     ) -> Result<SessionStatus, StoreError> {
-        let mut state_version = self.state_version(session).await?;
-        let state_changes = match changes_since {
-            Some(after) => Some(
+        let state_version = self.state_version(session).await?;
+        let page = match changes_since {
+            Some(after) => Some((
+                after,
                 self.changes_since(session, after, reconcile::clamp_limit(limit))
                     .await?,
-            ),
+            )),
             None => None,
         };
-        if let Some(page) = &state_changes {
-            if let Some(last) = page.events.last() {
-                state_version = state_version.max(last.sequence);
-            }
-            if let Some(after) = changes_since.filter(|_| !page.version_ahead) {
-                state_version = state_version.max(after);
-            }
-        }
-        Ok(SessionStatus {
-            state_version,
-            state_changes,
-            unavailable: false,
-        })
+        Ok(reconcile::status(state_version, page))
     }
 
     /// One pruning pass: every step of `policy`, each in chunks of `policy.chunk_rows`. A policy

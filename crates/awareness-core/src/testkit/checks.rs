@@ -1101,18 +1101,18 @@ pub async fn an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing(t: &
     rec(s, human(&ops).with_watcher(w(PEER)), T0).await; // re-pointed, from 0
     let before = s.cursor(&w(PEER), &k("global")).await.unwrap();
     assert_eq!(
-        before.as_ref().map(|c| c.last_seen),
-        Some(Sequence(0)),
+        before.as_ref().map(|c| (c.last_seen, &c.target_agent)),
+        Some((Sequence(0), &ops.agent_id)),
         "the same last_seen: only the agent tells the notices apart"
     );
-    let out = s
-        .acknowledge(&w(PEER), &[AckTarget::read(&read)], T0.plus_ms(3_000))
-        .await
-        .unwrap();
-    assert!(out.is_empty());
-    let after = s.cursor(&w(PEER), &k("global")).await.unwrap();
-    assert_eq!(after, before, "ops's notice stays pending");
-    assert_eq!(after.map(|c| c.target_agent), Some(ops.agent_id));
+    acknowledges_nothing_of(
+        s,
+        PEER,
+        "global",
+        &[AckTarget::read(&read)],
+        "ops's notice stays pending",
+    )
+    .await;
 }
 
 pub async fn refreezing_a_key_twice_in_one_call_redelivers_once(t: &Subject) {
@@ -1139,14 +1139,26 @@ pub async fn refreezing_a_key_twice_in_one_call_redelivers_once(t: &Subject) {
 /// Acknowledges `targets` for the manager, later, and checks that this hands out no follow-up
 /// and leaves its cursor on the child exactly as it was.
 async fn acknowledges_nothing(s: &dyn AwarenessStore, targets: &[AckTarget], why: &str) {
-    let before = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
+    acknowledges_nothing_of(s, MANAGER, CHILD, targets, why).await;
+}
+
+/// `watcher`'s acknowledgement of `targets` hands out nothing and leaves its cursor on
+/// `target` exactly as it was.
+async fn acknowledges_nothing_of(
+    s: &dyn AwarenessStore,
+    watcher: &str,
+    target: &str,
+    targets: &[AckTarget],
+    why: &str,
+) {
+    let before = s.cursor(&w(watcher), &k(target)).await.unwrap();
     let out = s
-        .acknowledge(&w(MANAGER), targets, T0.plus_ms(1_000))
+        .acknowledge(&w(watcher), targets, T0.plus_ms(1_000))
         .await
         .unwrap();
     assert!(out.is_empty(), "{why}: {out:?}");
     assert_eq!(
-        s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
+        s.cursor(&w(watcher), &k(target)).await.unwrap(),
         before,
         "{why}"
     );

@@ -560,6 +560,26 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
     }
 }
 
+/// A gateway on `b` whose manager watches agent ops's `global` (decision 0008), while agent
+/// main's `global` holds one event; and ops's id.
+async fn watching_ops_global(b: &Backend) -> (Gateway, AgentId) {
+    let gw = Gateway::new(Arc::clone(&b.store));
+    let ops = AgentId::new("ops").unwrap();
+    gw.svc
+        .session_created(&SessionRef::parse("global", "main").unwrap(), "s-main")
+        .await
+        .expect("logged");
+    assert!(
+        gw.svc
+            .watch_after_send(&k(MANAGER), &k("global"), Some(&ops), true)
+            .await
+            .watched,
+        "{}",
+        b.name
+    );
+    (gw, ops)
+}
+
 /// A watcher that follows another agent's session of a bare key (decision 0008) is told
 /// `session_status sessionKey "global" changesSince N`: the notice cannot name the agent. Its
 /// reconcile without an agent reads the session its cursor follows; it read the requester's
@@ -568,20 +588,7 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
 #[tokio::test(start_paused = true)]
 async fn a_notice_about_another_agents_bare_session_reconciles_that_session() {
     for b in backends().await {
-        let gw = Gateway::new(Arc::clone(&b.store));
-        let ops = AgentId::new("ops").unwrap();
-        gw.svc
-            .session_created(&SessionRef::parse("global", "main").unwrap(), "s-main")
-            .await
-            .expect("logged");
-        assert!(
-            gw.svc
-                .watch_after_send(&k(MANAGER), &k("global"), Some(&ops), true)
-                .await
-                .watched,
-            "{}",
-            b.name
-        );
+        let (gw, ops) = watching_ops_global(&b).await;
         let mut m = HumanMessage::new(k("global"));
         m.agent_id = Some(ops.clone());
         m.channel = Some("telegram".into());
@@ -632,18 +639,7 @@ async fn a_notice_about_another_agents_bare_session_reconciles_that_session() {
 #[tokio::test(start_paused = true)]
 async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session() {
     for b in backends().await {
-        let gw = Gateway::new(Arc::clone(&b.store));
-        let ops = AgentId::new("ops").unwrap();
-        gw.svc
-            .session_created(&SessionRef::parse("global", "main").unwrap(), "s-main")
-            .await
-            .expect("logged");
-        assert!(
-            gw.svc
-                .watch_after_send(&k(MANAGER), &k("global"), Some(&ops), true)
-                .await
-                .watched
-        );
+        let (gw, _) = watching_ops_global(&b).await;
         let manager = WatcherKey::parse(MANAGER).unwrap();
         // A second handle on the same file damages the row, as another writer could.
         let damaged = match b.name {

@@ -89,7 +89,8 @@
 //!
 //! - Migrations are a tiny runner keyed on our own table `awareness_schema_migrations` (sqlx's
 //!   `migrate!` needs the `macros` feature, and a column must only be added when missing):
-//!   opening an up-to-date file costs two reads and no write lock.
+//!   opening an up-to-date file costs a few reads (the schema version, the additive columns) and
+//!   no write lock.
 //! - A cursor row OpenClaw wrote has no target agent; [`awareness_core::Cursor::default_target_agent`]
 //!   supplies it. A cursor row that cannot be read (its watcher key is not agent-qualified, a
 //!   sequence is negative, ...) is left out of every read of many cursors with a `warn!` and

@@ -1711,53 +1711,61 @@ impl Awareness {
     /// queued again. A line already queued is not queued twice and wakes nobody. Best effort: a
     /// failed read is logged, queues nothing, and leaves the pick-up not complete.
     pub async fn pick_up(&self) -> PickUp {
-        let incomplete = PickUp {
-            queued: 0,
-            complete: false,
-        };
-        let dir = &self.directory;
-        let owned = |w: &WatcherKey| dir.exists(w.session_key());
-        let pending = match self.store.pending_of(&owned).await {
-            Ok(pending) => pending,
-            Err(e) => {
-                warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");
-                return incomplete;
+        self.pick_up_among(None).await.into()
+    }
+
+    /// [`Awareness::pick_up`], over the watchers `only` names when given (their pending
+    /// cursors read, without the read of every pending cursor of the store).
+    async fn pick_up_among(&self, only: Option<Vec<SessionKey>>) -> Attempt {
+        let mut done = Attempt::default();
+        let watchers = if let Some(watchers) = only {
+            watchers
+        } else {
+            let dir = &self.directory;
+            let owned = |w: &WatcherKey| dir.exists(w.session_key());
+            let pending = match self.store.pending_of(&owned).await {
+                Ok(pending) => pending,
+                Err(e) => {
+                    warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");
+                    done.failed = true;
+                    return done;
+                }
+            };
+            // The store lists them by watcher: one look at the queue per watcher.
+            let mut watchers = Vec::new();
+            for group in pending.chunk_by(|a, b| a.watcher == b.watcher) {
+                let watcher = group[0].watcher.session_key();
+                let queued_now: std::collections::HashSet<QueuedEntry> =
+                    self.queue.peek(watcher).into_iter().collect();
+                if group
+                    .iter()
+                    .any(|c| !queued_now.contains(&queued(&Notice::of(c))))
+                {
+                    watchers.push(watcher.clone());
+                }
             }
-        };
-        // The store lists them by watcher: one look at the queue per watcher.
-        let mut watchers: Vec<&SessionKey> = Vec::new();
-        for group in pending.chunk_by(|a, b| a.watcher == b.watcher) {
-            let watcher = group[0].watcher.session_key();
-            let queued_now: std::collections::HashSet<QueuedEntry> =
-                self.queue.peek(watcher).into_iter().collect();
-            if group
-                .iter()
-                .any(|c| !queued_now.contains(&queued(&Notice::of(c))))
-            {
-                watchers.push(watcher);
-            }
-        }
-        let mut done = PickUp {
-            queued: 0,
-            complete: true,
+            watchers
         };
         for watcher in watchers {
-            let Some(_turn) = self.turns.try_lock(watcher) else {
-                done.complete = false;
+            let Some(_turn) = self.turns.try_lock(&watcher) else {
+                done.busy.push(watcher);
                 continue;
             };
-            match self.pending_cursors(watcher).await {
+            match self.pending_cursors(&watcher).await {
                 Ok(cursors) => {
                     let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
-                    match deliver_logged(&*self.queue, &*self.wake, None, &notices) {
+                    // The directory again: a watcher deleted since the first read is no longer
+                    // this gateway's to wake.
+                    let dir = Some(&*self.directory);
+                    match deliver_logged(&*self.queue, &*self.wake, dir, &notices) {
                         Some(queued) => done.queued += queued,
                         // Some lines may be missing: the next pick-up queues them.
-                        None => done.complete = false,
+                        None => done.failed = true,
                     }
                 }
                 Err(e) => {
                     warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the watcher's cursors to pick up its notices");
-                    done.complete = false;
+                    done.failed = true;
                 }
             }
         }
@@ -1771,14 +1779,19 @@ impl Awareness {
     /// is queued here and its session woken within an interval, instead of waiting for a turn
     /// the session takes for another reason.
     ///
-    /// A pick-up that was not complete (a watcher's turn was running, a read failed) is made
-    /// again at the next interval even if no other commit came, then, while nothing new is
-    /// committed and it stays incomplete (a read that keeps failing fails every one), after 2,
-    /// 4, ... up to 64 intervals; a new commit is picked up at its next question in any case.
-    /// With a store that has no other writer (its answer is `None`: store-memory, store-redb)
-    /// the task ends at its first question. A failed question is logged (`warn!` the first
-    /// time, `debug!` while it keeps failing) and asked again at the next interval. To stop the
-    /// task, abort the handle and await it, as for [`Awareness::spawn_pruning`].
+    /// A watcher skipped because its turn was running is looked at again at every interval
+    /// until its turn has ended (its pending cursors only), even if no other commit came: a
+    /// main session takes no turn until it is woken. A pick-up in which a read failed (or
+    /// delivering panicked, or the pick-up itself) is made again at the next interval, then,
+    /// while nothing new is committed and it keeps failing, after 2, 4, ... up to 64 intervals;
+    /// a new commit is picked up at its next question in any case, and so is the first answer
+    /// after questions that failed (a store's answers need not compare across a lost
+    /// connection). With a store that has no other writer (its answer is `None`: store-memory,
+    /// store-redb) the task ends at its first question. A failed question is logged (`warn!`
+    /// the first time, `debug!` while it keeps failing) and asked again at the next interval.
+    /// The first time another writer is seen to commit while
+    /// [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so. To stop the task,
+    /// abort the handle and await it, as for [`Awareness::spawn_pruning`].
     pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -1787,6 +1800,8 @@ impl Awareness {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut schedule = PickupSchedule::default();
             let mut failing = false;
+            let mut first_answer = None;
+            let mut shared_said = me.config.owned_watchers_only;
             loop {
                 tick.tick().await;
                 match me.store.foreign_commits().await {
@@ -1796,21 +1811,99 @@ impl Awareness {
                     }
                     Ok(Some(answer)) => {
                         failing = false;
-                        if schedule.due(answer) {
-                            let done = me.pick_up().await;
-                            schedule.picked_up(answer, done.complete);
+                        if !shared_said && *first_answer.get_or_insert(answer) != answer {
+                            shared_said = true;
+                            warn!(
+                                "another writer commits to this store while owned_watchers_only is off: \
+                                 this gateway queues the notices its recordings hand out to the other \
+                                 writer's watchers too, in queues nobody here drains"
+                            );
                         }
-                    }
-                    Err(e) if failing => {
-                        debug!(error = %ErrorChain(&e), "still cannot ask the store whether another writer committed");
+                        let only = match schedule.due(answer) {
+                            Due::Nothing => continue,
+                            Due::All => None,
+                            Due::Busy(watchers) => Some(watchers),
+                        };
+                        let whole = only.is_none();
+                        let attempt = me.pick_up_guarded(only).await;
+                        schedule.picked_up(answer, whole, attempt);
                     }
                     Err(e) => {
-                        failing = true;
-                        warn!(error = %ErrorChain(&e), "cannot ask the store whether another writer committed");
+                        schedule.forget_answers();
+                        if failing {
+                            debug!(error = %ErrorChain(&e), "still cannot ask the store whether another writer committed");
+                        } else {
+                            failing = true;
+                            warn!(error = %ErrorChain(&e), "cannot ask the store whether another writer committed");
+                        }
                     }
                 }
             }
         })
+    }
+
+    /// [`Awareness::pick_up_among`], a panic in it (a port that panics) logged and counted as
+    /// a failed pick-up instead of ending the pick-up task. It runs in the task's own future,
+    /// so aborting the task stops it too.
+    async fn pick_up_guarded(&self, only: Option<Vec<SessionKey>>) -> Attempt {
+        match (CatchUnwind(Box::pin(self.pick_up_among(only)))).await {
+            Ok(attempt) => attempt,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("(no message)");
+                warn!(
+                    panic = message,
+                    "a pick-up of notices panicked; it is made again"
+                );
+                Attempt {
+                    failed: true,
+                    ..Attempt::default()
+                }
+            }
+        }
+    }
+}
+
+/// A future that answers the panic of the one it wraps, if it panics, instead of unwinding
+/// into its caller.
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(out)) => std::task::Poll::Ready(Ok(out)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// What one pick-up did, with what the pick-up task needs to plan the next.
+#[derive(Debug, Default)]
+struct Attempt {
+    /// Lines the queues gained.
+    queued: usize,
+    /// Watchers skipped because their turn was running.
+    busy: Vec<SessionKey>,
+    /// Whether a read failed or delivering panicked.
+    failed: bool,
+}
+
+impl From<Attempt> for PickUp {
+    fn from(a: Attempt) -> Self {
+        PickUp {
+            queued: a.queued,
+            complete: a.busy.is_empty() && !a.failed,
+        }
     }
 }
 
@@ -1824,19 +1917,33 @@ pub struct PickUp {
     pub complete: bool,
 }
 
-/// When [`Awareness::spawn_pickup`] picks up: at once when the store's answer is new (another
-/// writer committed since the last pick-up), and when a pick-up at the same answer was not
-/// complete, at the next question, then backing off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// When [`Awareness::spawn_pickup`] picks up: every pending cursor at once when the store's
+/// answer is new (another writer committed since the last pick-up), and when a pick-up at the
+/// same answer failed, at the next question, then backing off; the watchers a pick-up skipped
+/// for their running turn at every question until they are looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct PickupSchedule {
-    /// The answer of the last complete pick-up.
+    /// The answer of the last whole pick-up that did not fail.
     seen: Option<u64>,
     /// The answer of the last pick-up.
     tried: Option<u64>,
-    /// Questions to let pass before trying an incomplete pick-up again.
+    /// Questions to let pass before trying a failed pick-up again.
     wait: u32,
-    /// What `wait` becomes after the next incomplete pick-up.
+    /// What `wait` becomes after the next failed pick-up.
     backoff: u32,
+    /// Watchers skipped for their running turn, to look at again.
+    busy: Vec<SessionKey>,
+}
+
+/// What the pick-up task does at a question.
+#[derive(Debug, PartialEq, Eq)]
+enum Due {
+    /// Nothing.
+    Nothing,
+    /// A pick-up over every pending cursor.
+    All,
+    /// A pick-up of these watchers only.
+    Busy(Vec<SessionKey>),
 }
 
 impl Default for PickupSchedule {
@@ -1846,46 +1953,66 @@ impl Default for PickupSchedule {
             tried: None,
             wait: 0,
             backoff: 1,
+            busy: Vec::new(),
         }
     }
 }
 
 impl PickupSchedule {
-    /// Most questions let pass between two incomplete pick-ups.
+    /// Most questions let pass between two failed pick-ups.
     const MAX_WAIT: u32 = 63;
 
-    /// Whether to pick up now, the store having answered `answer`.
-    fn due(&mut self, answer: u64) -> bool {
-        if self.seen == Some(answer) {
-            return false;
-        }
-        if self.tried != Some(answer) {
-            return true;
-        }
-        if self.wait > 0 {
+    /// What to pick up now, the store having answered `answer`.
+    fn due(&mut self, answer: u64) -> Due {
+        let all = if self.seen == Some(answer) {
+            false
+        } else if self.tried != Some(answer) {
+            true
+        } else if self.wait > 0 {
             self.wait -= 1;
-            return false;
+            false
+        } else {
+            true
+        };
+        if all {
+            Due::All
+        } else if self.busy.is_empty() {
+            Due::Nothing
+        } else {
+            Due::Busy(std::mem::take(&mut self.busy))
         }
-        true
     }
 
-    /// Records a pick-up made at `answer`.
-    fn picked_up(&mut self, answer: u64, complete: bool) {
-        if complete {
-            *self = Self {
-                seen: Some(answer),
-                tried: Some(answer),
-                ..Self::default()
-            };
-        } else {
-            if self.tried != Some(answer) {
-                // Something new was committed: the retries start over from the next question.
+    /// Records a pick-up made at `answer`, over every pending cursor when `whole`.
+    fn picked_up(&mut self, answer: u64, whole: bool, attempt: Attempt) {
+        self.busy = attempt.busy;
+        if !attempt.failed {
+            if whole {
+                self.seen = Some(answer);
+                self.tried = Some(answer);
+                self.wait = 0;
                 self.backoff = 1;
             }
-            self.tried = Some(answer);
-            self.wait = self.backoff - 1;
-            self.backoff = (self.backoff * 2).min(Self::MAX_WAIT + 1);
+            return;
         }
+        if self.tried != Some(answer) || self.seen == Some(answer) {
+            // Something new was committed, or this is the first failure since a whole pick-up
+            // at this answer: the retries start over from the next question.
+            self.backoff = 1;
+        }
+        self.seen = None;
+        self.tried = Some(answer);
+        self.wait = self.backoff - 1;
+        self.backoff = (self.backoff * 2).min(Self::MAX_WAIT + 1);
+    }
+
+    /// Makes the next answer, whatever it is, due for a whole pick-up: a question failed, and
+    /// the store's next answer may not compare with the ones before.
+    fn forget_answers(&mut self) {
+        self.seen = None;
+        self.tried = None;
+        self.wait = 0;
+        self.backoff = 1;
     }
 }
 
@@ -1984,42 +2111,94 @@ mod tests {
         assert_eq!(locks.lock(&a).await.carried().read, [line]);
     }
 
-    /// A changed answer is picked up once; an incomplete pick-up is made again at the next
-    /// question even when the answer stays, then after 1, 3, 7, ... skipped questions, at most
-    /// 63; a complete one ends the retries, and a new answer starts the back-off over.
+    fn attempt(failed: bool, busy: &[&SessionKey]) -> Attempt {
+        Attempt {
+            queued: 0,
+            busy: busy.iter().map(|k| (*k).clone()).collect(),
+            failed,
+        }
+    }
+
+    /// A changed answer is picked up once; a failed pick-up is made again at the next question
+    /// even when the answer stays, then after 1, 3, 7, ... skipped questions, at most 63; one
+    /// that did not fail ends the retries, and a new answer starts the back-off over.
     #[test]
-    fn the_pickup_schedule_retries_an_incomplete_pick_up_and_backs_off() {
+    fn the_pickup_schedule_retries_a_failed_pick_up_and_backs_off() {
         let mut s = PickupSchedule::default();
-        assert!(s.due(5), "the first answer");
-        s.picked_up(5, true);
-        assert!(!s.due(5), "nothing new");
-        assert!(s.due(6), "another writer committed");
-        s.picked_up(6, false);
-        assert!(s.due(6), "incomplete: again at the next question");
-        // Each incomplete pick-up doubles the questions between tries, up to 64.
+        let ok = || attempt(false, &[]);
+        let failed = || attempt(true, &[]);
+        assert_eq!(s.due(5), Due::All, "the first answer");
+        s.picked_up(5, true, ok());
+        assert_eq!(s.due(5), Due::Nothing, "nothing new");
+        assert_eq!(s.due(6), Due::All, "another writer committed");
+        s.picked_up(6, true, failed());
+        assert_eq!(s.due(6), Due::All, "failed: again at the next question");
+        // Each failed pick-up doubles the questions between tries, up to 64.
         let mut gaps = Vec::new();
         for _ in 0..9 {
-            s.picked_up(6, false);
+            s.picked_up(6, true, failed());
             let mut skipped = 0;
-            while !s.due(6) {
+            while s.due(6) != Due::All {
                 skipped += 1;
             }
             gaps.push(skipped);
         }
         assert_eq!(gaps, [1, 3, 7, 15, 31, 63, 63, 63, 63]);
-        s.picked_up(6, false);
-        assert!(!s.due(6), "backing off");
-        assert!(s.due(8), "a new commit is not held up by the back-off");
-        s.picked_up(8, false);
-        assert!(s.due(8), "a new commit starts the back-off over");
-        s.picked_up(8, false);
-        assert!(!s.due(8), "then it backs off again");
-        assert!(s.due(8));
-        s.picked_up(6, true);
-        assert!(!s.due(6));
-        assert!(s.due(7));
-        s.picked_up(7, false);
-        assert!(s.due(7), "the back-off started over");
+        s.picked_up(6, true, failed());
+        assert_eq!(s.due(6), Due::Nothing, "backing off");
+        assert_eq!(
+            s.due(8),
+            Due::All,
+            "a new commit is not held up by the back-off"
+        );
+        s.picked_up(8, true, failed());
+        assert_eq!(s.due(8), Due::All, "a new commit starts the back-off over");
+        s.picked_up(8, true, failed());
+        assert_eq!(s.due(8), Due::Nothing, "then it backs off again");
+        assert_eq!(s.due(8), Due::All);
+        s.picked_up(6, true, ok());
+        assert_eq!(s.due(6), Due::Nothing);
+        assert_eq!(s.due(7), Due::All);
+        s.picked_up(7, true, failed());
+        assert_eq!(s.due(7), Due::All, "the back-off started over");
+    }
+
+    /// A watcher skipped for its running turn is looked at alone at every question, with no
+    /// back-off, until a pick-up looks at it; a whole pick-up still comes with a new answer,
+    /// and a failed look at the skipped watchers makes a whole pick-up due at once. After a
+    /// question failed, the next answer is picked up whole even if it is the last one seen.
+    #[test]
+    fn the_pickup_schedule_looks_again_at_each_question_at_a_watcher_skipped_for_its_turn() {
+        let w = SessionKey::new("agent:main:main").unwrap();
+        let v = SessionKey::new("agent:ops:main").unwrap();
+        let mut s = PickupSchedule::default();
+        assert_eq!(s.due(5), Due::All);
+        s.picked_up(5, true, attempt(false, &[&w, &v]));
+        for _ in 0..100 {
+            assert_eq!(s.due(5), Due::Busy(vec![w.clone(), v.clone()]));
+            s.picked_up(5, false, attempt(false, &[&w, &v]));
+        }
+        assert_eq!(s.due(5), Due::Busy(vec![w.clone(), v.clone()]));
+        s.picked_up(5, false, attempt(false, &[&v]));
+        assert_eq!(s.due(6), Due::All, "a new commit: every pending cursor");
+        s.picked_up(6, true, attempt(false, &[&v]));
+        assert_eq!(s.due(6), Due::Busy(vec![v.clone()]));
+        s.picked_up(6, false, attempt(false, &[]));
+        assert_eq!(s.due(6), Due::Nothing, "every watcher looked at");
+
+        s.picked_up(6, true, attempt(false, &[&w]));
+        assert_eq!(s.due(6), Due::Busy(vec![w.clone()]));
+        s.picked_up(6, false, attempt(true, &[]));
+        assert_eq!(
+            s.due(6),
+            Due::All,
+            "its read failed: every pending cursor again"
+        );
+
+        s.picked_up(6, true, attempt(false, &[]));
+        assert_eq!(s.due(6), Due::Nothing);
+        s.forget_answers();
+        assert_eq!(s.due(6), Due::All, "after a failed question");
     }
 
     #[tokio::test]

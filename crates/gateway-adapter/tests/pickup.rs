@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use awareness_core::testkit::checks::human;
+use awareness_core::testkit::hooked::{Hook, Hooked};
 use awareness_core::{
     AwarenessStore, CursorFilter, CursorStore as _, EventStore as _, SessionKey, SessionRef,
     Timestamp, WatcherKey,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, PickUp,
-    SessionEntry, SystemEventQueue,
+    SessionDirectory, SessionEntry, SystemEventQueue,
 };
 use store_memory::MemoryStore;
 use tokio::sync::mpsc;
@@ -379,4 +380,130 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
 
     pickup.abort();
     let _ = pickup.await;
+}
+
+/// A memory store played as one that other processes share: its answer to
+/// `foreign_commits` is `answer`, which the test moves to play another writer's commit.
+struct Shared {
+    answer: std::sync::atomic::AtomicU64,
+}
+
+#[awareness_core::async_trait]
+impl Hook for Shared {
+    fn foreign_commits(&self) -> Option<u64> {
+        Some(self.answer.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+fn shared_store() -> Arc<Hooked<Shared>> {
+    Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: Shared {
+            answer: std::sync::atomic::AtomicU64::new(1),
+        },
+    })
+}
+
+/// A pick-up that panics (here the gateway's session directory, the first time it is asked)
+/// does not end the pick-up task: the panic is logged and the notice is picked up at a later
+/// question, with no other commit since.
+#[tokio::test(start_paused = true)]
+async fn the_pickup_task_outlives_a_pick_up_that_panics() {
+    struct PanicsOnce(std::sync::atomic::AtomicBool, Arc<InMemoryDirectory>);
+    impl SessionDirectory for PanicsOnce {
+        fn exists(&self, session: &SessionKey) -> bool {
+            assert!(
+                self.0.swap(true, std::sync::atomic::Ordering::SeqCst),
+                "the session index failed"
+            );
+            self.1.exists(session)
+        }
+        fn entry(&self, session: &SessionKey) -> Option<SessionEntry> {
+            self.1.entry(session)
+        }
+    }
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let store = shared_store();
+    written_elsewhere(&*store.inner, &[MANAGER]).await;
+    let queue = Arc::new(InMemoryQueue::new());
+    let (tx, mut woken) = mpsc::unbounded_channel();
+    let svc = Arc::new(
+        Awareness::builder(
+            store,
+            queue.clone(),
+            Arc::new(WakeChannel(tx)),
+            Arc::new(PanicsOnce(
+                std::sync::atomic::AtomicBool::new(false),
+                directory(&[MANAGER]),
+            )),
+        )
+        .build(),
+    );
+    let pickup = svc.spawn_pickup();
+    let first = tokio::time::timeout(Duration::from_mins(10), woken.recv())
+        .await
+        .expect("woken while the task lives");
+    assert_eq!(first, Some(k(MANAGER)));
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert!(!pickup.is_finished());
+    assert!(
+        capture
+            .lines()
+            .iter()
+            .any(|l| l.contains("a pick-up of notices panicked")),
+        "{:?}",
+        capture.lines()
+    );
+    pickup.abort();
+    let _ = pickup.await;
+}
+
+/// A gateway that sees another writer commit to its store while `owned_watchers_only` is off
+/// says so once: its recordings then fill queues of the other writer's watchers that nobody
+/// here drains. With it on, or with no other writer, nothing is said.
+#[tokio::test(start_paused = true)]
+async fn another_writer_seen_with_owned_watchers_only_off_is_said_once() {
+    for owned_only in [false, true] {
+        let capture = common::Capture::default();
+        let _logs = capture.install();
+        let store = shared_store();
+        let svc = Arc::new(
+            Awareness::builder(
+                store.clone(),
+                Arc::new(InMemoryQueue::new()),
+                Arc::new(gateway_adapter::RecordingWake::new()),
+                directory(&[MANAGER]),
+            )
+            .config(AwarenessConfig {
+                owned_watchers_only: owned_only,
+                ..AwarenessConfig::default()
+            })
+            .build(),
+        );
+        let pickup = svc.spawn_pickup();
+        let said = || {
+            capture
+                .lines()
+                .iter()
+                .filter(|l| l.contains("owned_watchers_only is off"))
+                .count()
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(said(), 0, "no other writer yet");
+        for answer in 2..5 {
+            store
+                .hook
+                .answer
+                .store(answer, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        assert_eq!(
+            said(),
+            usize::from(!owned_only),
+            "owned_watchers_only {owned_only}"
+        );
+        pickup.abort();
+        let _ = pickup.await;
+    }
 }

@@ -39,10 +39,16 @@ struct Gate {
     armed: AtomicBool,
     /// Fails every reset of a watcher while set (a disk that refuses writes).
     refuse_resets: AtomicBool,
+    /// One message each time the store is asked whether another writer committed (it answers
+    /// that another writer did, once, before the first question).
+    questions: mpsc::UnboundedSender<()>,
 }
 
 impl Gate {
     async fn hold(&self, call: Call, after: bool) {
+        if call == Call::ForeignCommits && after {
+            let _ = self.questions.send(());
+        }
         if call == self.call && after == self.after && self.armed.load(Ordering::SeqCst) {
             let _ = self.entered.send(());
             self.permits.acquire().await.expect("gate open").forget();
@@ -65,6 +71,10 @@ impl Hook for Gate {
             StoreError::backend("reset a watcher", std::io::Error::other("disk I/O error"))
         })
     }
+
+    fn foreign_commits(&self) -> Option<u64> {
+        Some(1)
+    }
 }
 
 type GatedAck = Hooked<Gate>;
@@ -76,6 +86,8 @@ struct World {
     svc: Arc<Awareness>,
     /// One message each time an acknowledgement reaches the store.
     entered: mpsc::UnboundedReceiver<()>,
+    /// One message each time the store answered whether another writer committed.
+    questions: mpsc::UnboundedReceiver<()>,
 }
 
 impl World {
@@ -89,6 +101,7 @@ impl World {
     /// the worker is spawned.
     async fn gated(call: Call, after: bool) -> Self {
         let (tx, entered) = mpsc::unbounded_channel();
+        let (asked, questions) = mpsc::unbounded_channel();
         let store = Arc::new(GatedAck {
             inner: Arc::new(MemoryStore::new()),
             hook: Gate {
@@ -98,6 +111,7 @@ impl World {
                 after,
                 armed: AtomicBool::new(false),
                 refuse_resets: AtomicBool::new(false),
+                questions: asked,
             },
         });
         // The gateway owns the manager (for the pick-ups).
@@ -114,6 +128,7 @@ impl World {
             wake,
             svc,
             entered,
+            questions,
         }
     }
 
@@ -221,6 +236,54 @@ async fn a_pick_up_leaves_a_watcher_whose_turn_runs_to_that_turn() {
         },
         "nothing is pending"
     );
+}
+
+/// A notice another writer hands out after a running turn read the cursors (so the turn does
+/// not see it) reaches the watcher at the pick-up task's next question once the turn ends,
+/// however long the turn ran, even with no other commit since: a main session takes no turn
+/// until it is woken. The pick-ups that found the turn running do not back off.
+#[tokio::test(start_paused = true)]
+async fn a_notice_a_running_turn_missed_is_picked_up_at_the_next_question_after_it() {
+    let mut w = World::gated(Call::Cursors, true).await;
+    let turn = w.turn_at_the_gate().await;
+    w.store.hook.armed.store(false, Ordering::SeqCst);
+    // Another writer: past the service, so no queue hears of it.
+    w.store
+        .inner
+        .record(
+            awareness_core::testkit::checks::human(&SessionRef::parse(CHILD, "main").unwrap()),
+            awareness_core::Timestamp::now(),
+        )
+        .await
+        .expect("recorded elsewhere");
+    let pickup = w.svc.spawn_pickup();
+    // The turn runs for 40 questions, each pick-up finding it running.
+    for _ in 0..40 {
+        w.questions.recv().await.expect("asked");
+    }
+    while w.questions.try_recv().is_ok() {}
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        0,
+        "nothing delivered beside the turn"
+    );
+    w.open_gate();
+    assert!(
+        turn.await.unwrap().is_empty(),
+        "the turn read nothing pending"
+    );
+    let mut questions = 0;
+    while w.wake.count(&k(MANAGER)) == 0 {
+        w.questions.recv().await.expect("asked");
+        questions += 1;
+        assert!(
+            questions <= 2,
+            "no wake by the second question after the turn ended"
+        );
+    }
+    assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
+    pickup.abort();
+    let _ = pickup.await;
 }
 
 /// A pick-up reads a watcher's cursors again once it holds the watcher's turn lock: a turn that

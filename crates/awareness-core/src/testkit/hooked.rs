@@ -80,6 +80,12 @@ pub trait Hook: Send + Sync {
         let _ = call;
         None
     }
+    /// Answers [`EventStore::foreign_commits`] in place of the store when `Some` (unless
+    /// [`Hook::refuse`] refuses it): a hook playing the other writers of a store that several
+    /// processes share.
+    fn foreign_commits(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A store that forwards every call to `inner`, running `hook` before and after it.
@@ -164,8 +170,16 @@ impl<H: Hook> EventStore for Hooked<H> {
         self.around(Call::DeleteSession, answer).await
     }
     async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
-        self.around(Call::ForeignCommits, self.inner.foreign_commits())
-            .await
+        match self.hook.foreign_commits() {
+            Some(answer) => {
+                self.around(Call::ForeignCommits, async move { Ok(Some(answer)) })
+                    .await
+            }
+            None => {
+                self.around(Call::ForeignCommits, self.inner.foreign_commits())
+                    .await
+            }
+        }
     }
     async fn close(self: Arc<Self>) {
         // Closes the inner store too when this wrapper held its last handle.

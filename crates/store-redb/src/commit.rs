@@ -246,7 +246,7 @@ impl Writer {
 
     /// Begins a write transaction with the handle's durability. Blocking.
     pub(crate) fn begin(&self, what: &str) -> Result<Txn, StoreError> {
-        let mut txn = self.shared.for_write(what)?.begin_write().ctx(what)?;
+        let mut txn = self.shared.begin_write(what)?;
         // Decided once, after redb's write lock is taken, and kept for the whole transaction: one
         // begun before the handle's last flush is made durable by it (that flush takes the lock
         // after it), one begun after is durable itself.
@@ -434,6 +434,9 @@ impl Writer {
             self.commit_reserving(txn, durable, "record")?;
             Ok(rec)
         });
+        if result.is_err() {
+            self.shared.check_after_failure();
+        }
         (reply, result)
     }
 

@@ -14,7 +14,7 @@ use redb::{
     ConcurrencyMode, Database, DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
     ReadableTable, ReadableTableMetadata, TableHandle,
 };
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::tables::{self, LAST_SEQUENCE, META, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
 
@@ -27,6 +27,15 @@ impl<T, E: Into<redb::Error>> Ctx<T> for Result<T, E> {
     fn ctx(self, what: &str) -> Result<T, StoreError> {
         self.map_err(|e| from_redb(what, e.into()))
     }
+}
+
+/// Whether redb refused a write transaction for an I/O failure it met earlier, which it keeps
+/// refusing every write for until the database is reopened.
+fn latched(e: &redb::TransactionError) -> bool {
+    matches!(
+        e,
+        redb::TransactionError::Storage(redb::StorageError::PreviousIo | redb::StorageError::Io(_))
+    )
 }
 
 fn from_redb(what: &str, e: redb::Error) -> StoreError {
@@ -118,7 +127,8 @@ pub(crate) struct Shared {
     closed: Arc<Closed>,
     /// The [`crate::RedbStore`]s open on this file (see [`Handle`]).
     handles: AtomicUsize,
-    /// A commit failed. redb then refuses every write transaction on this database until it is
+    /// A commit failed, or redb met an I/O failure inside a write transaction (growing the
+    /// file, say). redb then refuses every write transaction on this database until it is
     /// closed and opened again (`PreviousIo`, or an allocator state "discarded", which reads as
     /// corruption of a sound file): writes say so instead, and a new open does not share it.
     write_failed: AtomicBool,
@@ -145,16 +155,17 @@ impl Shared {
     }
 
     /// The database, for a write: [`StoreError::ReadOnly`] when the file is open read-only,
-    /// and a [`StoreError::Backend`] saying so once a commit failed ([`Shared::commit_failed`]).
+    /// and a [`StoreError::Backend`] saying so once a write failed with an I/O error
+    /// ([`Shared::commit_failed`]).
     pub(crate) fn for_write(&self, what: &str) -> Result<&Database, StoreError> {
         let db = self.writable().ok_or_else(|| self.read_only(what))?;
         if self.write_failed.load(Ordering::Acquire) {
             return Err(StoreError::backend(
                 what.to_owned(),
                 format!(
-                    "a commit on {} failed earlier, and redb refuses every write until the \
-                     database is reopened: close every handle on it in this process, then open \
-                     it again",
+                    "a write on {} failed earlier with an I/O error, and redb refuses every \
+                     write until the database is reopened: close every handle on it in this \
+                     process, then open it again",
                     self.path.display()
                 ),
             ));
@@ -162,14 +173,47 @@ impl Shared {
         Ok(db)
     }
 
-    /// Records that a commit failed (see [`Shared::write_failed`]).
+    /// Records that a commit failed, or that redb met an I/O failure in a write (see
+    /// [`Shared::write_failed`]).
     pub(crate) fn commit_failed(&self) {
         self.write_failed.store(true, Ordering::Release);
     }
 
-    /// Whether a commit failed on this database.
-    fn needs_reopen(&self) -> bool {
+    /// Whether a write failed on this database with an I/O error ([`Shared::write_failed`]).
+    pub(crate) fn needs_reopen(&self) -> bool {
         self.write_failed.load(Ordering::Acquire)
+    }
+
+    /// Begins a write transaction ([`Shared::for_write`]). When redb refuses it for an I/O
+    /// failure it met earlier (one inside a write transaction that was then dropped), that is
+    /// recorded as a failed commit would be, and the refusal says to reopen. Blocking.
+    pub(crate) fn begin_write(&self, what: &str) -> Result<redb::WriteTransaction, StoreError> {
+        match self.for_write(what)?.begin_write() {
+            Ok(txn) => Ok(txn),
+            Err(e) if latched(&e) => {
+                self.commit_failed();
+                // Refused now, saying to reopen.
+                self.for_write(what).and_then(|_| Err(e).ctx(what))
+            }
+            Err(e) => Err(e).ctx(what),
+        }
+    }
+
+    /// After a write failed: records whether redb has latched an I/O failure (it then refuses
+    /// every write transaction), so that the next write says to reopen and a new open in this
+    /// process does not share the database. Costs one write transaction begun and aborted, on
+    /// a failure path only. Blocking.
+    pub(crate) fn check_after_failure(&self) {
+        if self.needs_reopen() {
+            return;
+        }
+        if let Some(db) = self.writable() {
+            match db.begin_write() {
+                Ok(txn) => drop(txn.abort()),
+                Err(e) if latched(&e) => self.commit_failed(),
+                Err(_) => {}
+            }
+        }
     }
 
     /// The refusal of a write on a read-only handle.
@@ -305,8 +349,7 @@ impl Shared {
         // last flush, which also waits for a transaction in progress that began non-durable).
         let number = self.ask_for_stand_in();
         let result = self
-            .for_write("flush")
-            .and_then(|db| db.begin_write().ctx("flush: begin a durable transaction"))
+            .begin_write("flush: begin a durable transaction")
             .and_then(|txn| {
                 if last || !self.stood_in_for(number) {
                     txn.commit()
@@ -824,16 +867,16 @@ pub(crate) fn open_shared(
         .filter(|e| e.identity == identity_now)
     {
         if let Some(shared) = entry.shared.upgrade() {
-            let refused = if mode == Mode::ReadOnly {
+            let refused = if shared.needs_reopen() {
+                Some(
+                    "a write failed on it in this process with an I/O error, and redb refuses every write until it is reopened: close every handle on it first"
+                        .to_owned(),
+                )
+            } else if mode == Mode::ReadOnly {
                 None
             } else if shared.writable().is_none() {
                 Some(
                     "open read-only in this process: a read-write handle needs every read-only handle on the file closed first"
-                        .to_owned(),
-                )
-            } else if shared.needs_reopen() {
-                Some(
-                    "a commit failed on it in this process, and redb refuses every write until it is reopened: close every handle on it first"
                         .to_owned(),
                 )
             } else if shared.live_readers != live_readers {
@@ -980,6 +1023,7 @@ impl Flusher {
                 // stand-in), not from when it returned: it may wait for the write lock long
                 // after a commit stood in for it.
                 let mut wait = interval;
+                let mut said_unwritable = false;
                 loop {
                     let g = lock(&signal.0);
                     let (g, _) = signal
@@ -997,6 +1041,13 @@ impl Flusher {
                     };
                     match flushed {
                         Ok(()) => {}
+                        // Nothing can be made durable until the file is reopened: said once,
+                        // not at every interval.
+                        Err(_) if shared.needs_reopen() && said_unwritable => {}
+                        Err(e) if shared.needs_reopen() => {
+                            said_unwritable = true;
+                            error!(path = ?shared.path, error = %e, "a write failed on this file with an I/O error: the non-durable commits since the last flush cannot be made durable, and are lost when the process stops; close every handle on it and open it again");
+                        }
                         Err(e) if stopping => {
                             warn!(path = ?shared.path, error = %e, "last flush of a closing handle's non-durable commits failed; they become durable with the next durable commit or when the file closes");
                         }

@@ -426,9 +426,9 @@ impl RedbStore {
     }
 
     /// Opens the store at `path` with `options`. Opening a file this process already has open
-    /// shares its database, unless a commit failed on it (redb then writes nothing more until
-    /// it is reopened): that open is refused while other handles keep it open, and waits for
-    /// it to close otherwise. A file open in another process, a file that is not a redb database
+    /// shares its database, unless a write failed on it with an I/O error (redb then writes
+    /// nothing more until it is reopened): that open, read-only or not, is refused while other
+    /// handles keep it open, and waits for it to close otherwise. A file open in another process, a file that is not a redb database
     /// of this store, or a missing file with `create_if_missing` off is a [`StoreError::Open`]
     /// naming the file, and the file is left as it was. Every error of an open names the file:
     /// one found once redb has opened it keeps its meaning (a damaged file is
@@ -712,13 +712,18 @@ impl RedbStore {
             .write(what, move |writer| {
                 let txn = writer.begin(what)?;
                 // On error the transaction is dropped, which aborts it: nothing is written.
-                let (out, wrote) = f(&txn)?;
-                if wrote {
-                    writer.commit(txn, what)?;
-                } else {
-                    txn.abort().ctx(what)?;
+                let written = f(&txn).and_then(|(out, wrote)| {
+                    if wrote {
+                        writer.commit(txn, what)?;
+                    } else {
+                        txn.abort().ctx(what)?;
+                    }
+                    Ok(out)
+                });
+                if written.is_err() {
+                    writer.shared().check_after_failure();
                 }
-                Ok(out)
+                written
             })
             .await
     }
@@ -1007,7 +1012,9 @@ fn delete_session_tx(
 #[async_trait]
 impl EventStore for RedbStore {
     async fn close(self: Arc<Self>) {
-        if let Ok(store) = Arc::try_unwrap(self) {
+        // Of handles closed at once, exactly one gets the store (`try_unwrap` could fail for
+        // each, leaving the close to a drop that blocks the runtime).
+        if let Some(store) = Arc::into_inner(self) {
             RedbStore::close(store).await;
         }
     }
@@ -1671,7 +1678,7 @@ mod tests {
         let path = dir.path().join("state.redb");
         match RedbStore::open(&path).await {
             Err(StoreError::Open { reason, .. }) => {
-                assert!(reason.contains("a commit failed on it"), "{reason}");
+                assert!(reason.contains("a write failed on it"), "{reason}");
             }
             other => panic!("shared a database that cannot write: {other:?}"),
         }

@@ -244,8 +244,10 @@ async fn child_close(path: &Path) {
 /// Records events with 4 KiB payloads until one fails (the parent runs this under a file-size
 /// limit, so a commit fails writing the file), then reports what the next write and a second
 /// open of the file in this process answer: `failed <error>`, `next <error>`, `second <result>`.
-async fn child_fill(path: &Path) {
-    let store = RedbStore::open(path).await.expect("child: open");
+async fn child_fill(path: &Path, interval: Option<u64>) {
+    let store = RedbStore::open_with(path, options(interval))
+        .await
+        .expect("child: open");
     let big = || {
         let mut p = awareness_core::Payload::new();
         p.insert("text".into(), serde_json::json!("x".repeat(4_000)));
@@ -261,14 +263,19 @@ async fn child_fill(path: &Path) {
         assert!(recorded < 1_000_000, "child: the file-size limit never bit");
     };
     say(&format!("failed after {recorded}: {}", chain(&failed)));
+    // Opened before any other write: the failure itself must be what refuses it.
+    match RedbStore::open_with(path, options(interval)).await {
+        Ok(_) => say("second shared"),
+        Err(e) => say(&format!("second refused {}", chain(&e))),
+    }
     let next = store
         .record(log_only(0), now())
         .await
         .expect_err("child: a write after it");
     say(&format!("next {}", chain(&next)));
-    match RedbStore::open(path).await {
-        Ok(_) => say("second shared"),
-        Err(e) => say(&format!("second refused {}", chain(&e))),
+    match RedbStore::open_with(path, read_only()).await {
+        Ok(_) => say("read-only shared"),
+        Err(e) => say(&format!("read-only refused {}", chain(&e))),
     }
 }
 
@@ -295,7 +302,7 @@ fn run_child(mode: &str) {
         "hold_read_only" => rt.block_on(child_hold(&path, read_only())),
         "flush" => rt.block_on(child_flush(&path)),
         "close" => rt.block_on(child_close(&path)),
-        "fill" => rt.block_on(child_fill(&path)),
+        "fill" => rt.block_on(child_fill(&path, interval)),
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -816,34 +823,48 @@ fn bounded_close_makes_everything_durable() {
 /// cannot write. Before, the write answered redb's own error (an I/O error, or "corrupt") and
 /// the open shared the database.
 fn a_failed_commit_is_named_and_its_database_not_shared() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("full.redb");
-    // 8 MiB (`ulimit -f` counts 1 KiB blocks in bash, 512 B in dash: 4 MiB there), and
-    // SIGXFSZ ignored, so that a write past it fails with EFBIG instead of killing the child.
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("trap '' XFSZ; ulimit -f 8192 && exec \"$0\"")
-        .arg(std::env::current_exe().unwrap())
-        .env(CHILD, "fill")
-        .env(PATH, &path)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{:?}: {text}", out.status);
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
-    eprintln!("  {}", lines.join("\n  "));
-    assert!(lines[0].starts_with("failed after "), "{text}");
-    assert!(
-        lines[1].starts_with("next ")
-            && lines[1].contains("refuses every write until the database is reopened"),
-        "{text}"
-    );
-    assert!(
-        lines[2].starts_with("second refused") && lines[2].contains("a commit failed on it"),
-        "{text}"
-    );
+    // The bounded mode's flush interval outlasts the test: no flush may be what notices the
+    // failure (its next transaction would), the failing write itself must.
+    for interval in [None, Some(600_000)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("full.redb");
+        // 8 MiB (`ulimit -f` counts 1 KiB blocks in bash, 512 B in dash: 4 MiB there), and
+        // SIGXFSZ ignored, so that a write past it fails with EFBIG instead of killing the
+        // child.
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("trap '' XFSZ; ulimit -f 8192 && exec \"$0\"")
+            .arg(std::env::current_exe().unwrap())
+            .env(CHILD, "fill")
+            .env(PATH, &path)
+            .stderr(Stdio::inherit());
+        if let Some(ms) = interval {
+            cmd.env(INTERVAL_MS, ms.to_string());
+        }
+        let out = cmd.output().expect("run the child");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{interval:?}: {:?}: {text}",
+            out.status
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{interval:?}: {text}");
+        eprintln!("  {interval:?}:\n  {}", lines.join("\n  "));
+        assert!(lines[0].starts_with("failed after "), "{text}");
+        assert!(
+            lines[2].starts_with("next ")
+                && lines[2].contains("refuses every write until the database is reopened"),
+            "{interval:?}: {text}"
+        );
+        for (line, open) in [(lines[1], "second"), (lines[3], "read-only")] {
+            assert!(
+                line.starts_with(&format!("{open} refused"))
+                    && line.contains("a write failed on it"),
+                "{interval:?}: {text}"
+            );
+        }
+    }
 }
 
 fn main() {

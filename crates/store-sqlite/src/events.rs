@@ -183,7 +183,9 @@ pub(crate) async fn record_alone(
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn close(self: Arc<Self>) {
-        if let Ok(store) = Arc::try_unwrap(self) {
+        // Of handles closed at once, exactly one gets the store (`try_unwrap` could fail for
+        // each, leaving the close to a drop on the runtime).
+        if let Some(store) = Arc::into_inner(self) {
             SqliteStore::close(store).await;
         }
     }

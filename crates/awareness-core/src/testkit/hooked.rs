@@ -183,7 +183,7 @@ impl<H: Hook> EventStore for Hooked<H> {
     }
     async fn close(self: Arc<Self>) {
         // Closes the inner store too when this wrapper held its last handle.
-        if let Ok(hooked) = Arc::try_unwrap(self) {
+        if let Some(hooked) = Arc::into_inner(self) {
             hooked.inner.close().await;
         }
     }

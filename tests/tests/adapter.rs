@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use awareness_core::testkit::failing::Failing;
 use awareness_core::{
-    ActorType, AgentId, AwarenessStore, CursorFilter, Event, EventKind, NewEvent, Sequence,
-    SessionKey, SessionRef, Timestamp, WatcherKey,
+    ActorType, AgentId, AwarenessStore, AwarenessStoreExt as _, CursorFilter, Event, EventKind,
+    NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
 };
 use awareness_e2e::{Backend, backends};
 use gateway_adapter::{
@@ -483,10 +483,196 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
     }
 }
 
+/// Under `SpawnTree` a spawner watches what it spawned even when the spawn is reported before
+/// the directory holds the child, and a turn whose entry the caller passes (the directory
+/// does not know the session yet) notifies the spawner that entry names.
+#[tokio::test(start_paused = true)]
+async fn a_spawn_tree_spawner_watches_its_child_before_the_directory_knows_it() {
+    for b in backends().await {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let gw = Gateway::with_parts(
+            Arc::clone(&b.store),
+            Arc::new(SpawnTree::new(dir.clone())),
+            dir,
+            Arc::new(ManualClock::new(T0)),
+        );
+        gw.svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .expect("the spawn is logged");
+        let manager = WatcherKey::parse(MANAGER).unwrap();
+        assert!(
+            b.store.cursor(&manager, &k(CHILD)).await.unwrap().is_some(),
+            "{}: seeded",
+            b.name
+        );
+        gw.svc.unwatch(&k(MANAGER), &k(CHILD)).await;
+        let mut msg = HumanMessage::new(k(CHILD));
+        msg.entry = Some(SessionEntry {
+            spawned_by: Some(k(MANAGER)),
+            ..SessionEntry::default()
+        });
+        assert!(gw.svc.human_message(msg).await.is_some(), "{}", b.name);
+        assert_eq!(
+            gw.queue.peek(&k(MANAGER)).len(),
+            1,
+            "{}: the spawner the entry names is told",
+            b.name
+        );
+    }
+}
+
+/// A run ends once: a second terminal outcome of the same run (a timeout reported after the
+/// completion, say) is the stored event again, spending a sequence as every dedupe hit does
+/// and moving no head; a spawn reported twice is one `child_spawned`, and the second report
+/// leaves the spawner's cursor (with its pending notice) as it was.
+#[tokio::test(start_paused = true)]
+async fn a_run_ends_once_and_a_spawn_reported_twice_is_one_spawn() {
+    for b in backends().await {
+        let gw = Gateway::new(Arc::clone(&b.store));
+        gw.spawn_child().await;
+        let child = SessionRef::parse(CHILD, "main").unwrap();
+        let first = gw
+            .svc
+            .subagent_ended(&k(CHILD), None, "run-1", RunOutcome::Ok)
+            .await
+            .expect("logged");
+        let again = gw
+            .svc
+            .subagent_ended(&k(CHILD), None, "run-1", RunOutcome::Timeout)
+            .await
+            .expect("the stored event");
+        assert_eq!(again, first, "{}: the first outcome stands", b.name);
+        assert_eq!(
+            b.store.state_version(&child).await.unwrap(),
+            first.sequence,
+            "{}: a dedupe hit moves no head",
+            b.name
+        );
+
+        gw.human(CHILD).await.expect("recorded");
+        let manager = WatcherKey::parse(MANAGER).unwrap();
+        let pending = b.store.cursor(&manager, &k(CHILD)).await.unwrap();
+        let spawned_again = gw
+            .svc
+            .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+            .await
+            .expect("the stored event");
+        assert_eq!(spawned_again.kind, EventKind::ChildSpawned);
+        assert!(
+            spawned_again.sequence < first.sequence,
+            "{}: the first spawn's event",
+            b.name
+        );
+        assert_eq!(
+            b.store.cursor(&manager, &k(CHILD)).await.unwrap(),
+            pending,
+            "{}: the cursor and its notice are left alone",
+            b.name
+        );
+        let next = gw
+            .svc
+            .subagent_ended(&k(CHILD), None, "run-2", RunOutcome::Ok)
+            .await
+            .expect("logged");
+        assert_eq!(
+            next.sequence.0,
+            b.store.state_version(&child).await.unwrap().0,
+            "{}",
+            b.name
+        );
+        let log = b
+            .store
+            .changes_since(&child, Sequence(0), 200)
+            .await
+            .unwrap();
+        let kinds: Vec<&EventKind> = log.events.iter().map(|e| &e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                &EventKind::ChildSpawned,
+                &EventKind::RunCompleted,
+                &EventKind::HumanDirectMessage,
+                &EventKind::RunCompleted
+            ],
+            "{}: one row per spawn and per run",
+            b.name
+        );
+        assert_eq!(
+            next.sequence.0 - log.events[2].sequence.0,
+            2,
+            "{}: the repeated spawn spent one sequence",
+            b.name
+        );
+    }
+}
+
 /// The agent of each event on the page of `status`.
 fn agents_of_page(status: awareness_core::SessionStatus) -> Vec<String> {
     let page = status.state_changes.expect("a page");
     page.events.iter().map(|e| e.agent_id.to_string()).collect()
+}
+
+/// A watch the gateway registers for a session asks the visibility policy as an explicit watch
+/// does (DESIGN.md section 5): a spawner that may not see its child (here another agent's,
+/// under `SameAgent`) is not seeded by the spawn and is not the directory's named watcher of
+/// the child's human messages, so it gets no cursor and no notice and learns nothing of the
+/// child (whose human turn, with nothing watching it, is not recorded); a child of its own
+/// agent is watched as before.
+#[tokio::test(start_paused = true)]
+async fn a_watch_the_gateway_registers_asks_the_visibility_policy() {
+    const THEIRS: &str = "agent:ops:subagent:z";
+    for b in backends().await {
+        let gw = Gateway::with_policy(Arc::clone(&b.store), Arc::new(SameAgent));
+        gw.spawn_entry(THEIRS, MANAGER);
+        gw.svc
+            .subagent_spawned(&k(THEIRS), None, &k(MANAGER), "run-z")
+            .await
+            .expect("the spawn is logged");
+        gw.spawn_child().await;
+        let manager = WatcherKey::parse(MANAGER).unwrap();
+        assert_eq!(
+            b.store.cursor(&manager, &k(THEIRS)).await.unwrap(),
+            None,
+            "{}: no cursor on a child the manager may not see",
+            b.name
+        );
+        assert!(
+            b.store.cursor(&manager, &k(CHILD)).await.unwrap().is_some(),
+            "{}: its own agent's child is watched",
+            b.name
+        );
+        for (child, recorded) in [(THEIRS, false), (CHILD, true)] {
+            let mut msg = HumanMessage::new(k(child));
+            msg.channel = Some("telegram".into());
+            assert_eq!(
+                gw.svc.human_message(msg).await.is_some(),
+                recorded,
+                "{}: {child}",
+                b.name
+            );
+        }
+        let lines: Vec<String> = gw
+            .queue
+            .peek(&k(MANAGER))
+            .into_iter()
+            .map(|e| e.text)
+            .collect();
+        assert_eq!(lines.len(), 1, "{}: {lines:?}", b.name);
+        assert!(lines[0].contains(CHILD), "{}: {lines:?}", b.name);
+        assert!(
+            b.store
+                .cursors(&CursorFilter {
+                    target: Some(k(THEIRS)),
+                    ..CursorFilter::default()
+                })
+                .await
+                .unwrap()
+                .is_empty(),
+            "{}: nothing watches the other agent's child",
+            b.name
+        );
+    }
 }
 
 /// Under global scope every agent has its own `global`: a bare requester named `global` reads

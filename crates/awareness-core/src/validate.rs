@@ -19,7 +19,7 @@ pub const MAX_DEDUPE_KEY_BYTES: usize = 4096;
 /// nested deeper than that would be written and then fail every read of it as corrupt.
 pub const MAX_JSON_DEPTH: usize = 64;
 /// The most watchers one event may name ([`crate::NewEvent::with_watcher`]): a spawn names its
-/// spawner, a send its sender. Each one named is a cursor written in the recording's
+/// spawner, a session's turn its spawner or parent. Each one named is a cursor written in the recording's
 /// transaction, so the count is bounded.
 pub const MAX_NAMED_WATCHERS: usize = 64;
 /// How far back an event's `occurredAt` may lie.

@@ -103,6 +103,11 @@ impl SpawnTree {
 }
 
 impl VisibilityPolicy for SpawnTree {
+    /// A spawner sees what it spawned: the spawn tree is what this policy shows.
+    fn can_watch_spawned(&self, _spawner: &SessionRef, _child: &SessionRef) -> bool {
+        true
+    }
+
     fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool {
         // Itself: the same key of the same agent (another agent's `global` is not).
         if requester == target {

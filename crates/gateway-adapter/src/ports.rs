@@ -83,6 +83,15 @@ pub trait SessionDirectory: Send + Sync {
 pub trait VisibilityPolicy: Send + Sync {
     /// Whether the requester may read, list or watch the target.
     fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool;
+
+    /// Whether the gateway may make `spawner` a watcher of `child` because it spawned it or is
+    /// its parent: the spawner's cursor a `child_spawned` seeds, and the spawner or parent a
+    /// session's entry names, which its turns notify. The relationship may not be in the
+    /// directory yet (the spawn is reported first, or the caller passes the entry). The
+    /// default asks [`VisibilityPolicy::can_see`].
+    fn can_watch_spawned(&self, spawner: &SessionRef, child: &SessionRef) -> bool {
+        self.can_see(spawner, child)
+    }
 }
 
 /// A policy that lets everyone see everything.

@@ -126,6 +126,11 @@ pub struct Adoption {
 }
 
 /// A human (or, by provenance, an agent or system) turn in a session.
+///
+/// It notifies the session's watchers, so a turn the gateway makes itself to deliver a notice
+/// (a heartbeat wake, a system-event turn) is not one to record: two main sessions watching
+/// each other would otherwise wake each other for good, each wake turn a change the other is
+/// told of.
 #[derive(Debug, Clone)]
 pub struct HumanMessage {
     /// The session the message went into.
@@ -142,7 +147,9 @@ pub struct HumanMessage {
     pub entry: Option<SessionEntry>,
     /// The run, when any.
     pub run_id: Option<String>,
-    /// Idempotency key.
+    /// Idempotency key. Dedupe keys are store-wide: a second event with the key, in any
+    /// session, returns the first one and records nothing, so a key made of a channel's
+    /// message id (unique within one chat only) must also name the session.
     pub dedupe_key: Option<String>,
     /// Extra payload.
     pub payload: Option<Payload>,
@@ -777,6 +784,10 @@ impl Awareness {
     /// Records an event and delivers its notices; the store's error is returned as it is. The
     /// recording and its delivery run to their end even if the caller gives up on this future
     /// (on a task of its own, which a dropped caller does not stop).
+    ///
+    /// The watchers the event names ([`NewEvent::watchers`]) are registered as given; the
+    /// producers of this service name a spawner only once the visibility policy let it watch
+    /// the session ([`VisibilityPolicy::can_watch_spawned`]).
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
@@ -876,13 +887,32 @@ impl Awareness {
             .then(|| Arc::clone(&self.directory))
     }
 
-    fn spawner(entry: Option<&SessionEntry>, session: &SessionKey) -> Option<WatcherKey> {
+    /// The spawner (or parent) `entry` names for `session`, when the visibility policy lets it
+    /// watch the session ([`Awareness::spawner_may_watch`]).
+    fn spawner(&self, entry: Option<&SessionEntry>, session: &SessionRef) -> Option<WatcherKey> {
         let e = entry?;
         let up = e.spawned_by.as_ref().or(e.parent_session_key.as_ref())?;
-        if up == session {
+        if *up == session.session_key {
             return None;
         }
-        WatcherKey::new(up.clone()).ok()
+        WatcherKey::new(up.clone())
+            .ok()
+            .filter(|w| self.spawner_may_watch(w, session))
+    }
+
+    /// Whether the gateway may make `spawner` a watcher of `child` (a seed by the spawn, the
+    /// spawner a session's entry names): a watch registration, so the visibility policy is
+    /// asked first ([`VisibilityPolicy::can_watch_spawned`]), as for an explicit watch
+    /// (DESIGN.md section 5). A spawner refused gets no cursor and no notice, and so learns
+    /// nothing of the session, not even its sequences; the refusal is logged (`debug!`).
+    fn spawner_may_watch(&self, spawner: &WatcherKey, child: &SessionRef) -> bool {
+        let allowed = self
+            .visibility
+            .can_watch_spawned(&self.requester_ref(spawner.session_key()), child);
+        if !allowed {
+            debug!(watcher = %spawner, session_key = %child.session_key, agent_id = %child.agent_id, "the visibility policy does not let the spawner watch the session: no watch registered for it");
+        }
+        allowed
     }
 
     /// A human turn in a session: recorded only when the session has a spawner/parent or a
@@ -908,7 +938,11 @@ impl Awareness {
             .entry
             .clone()
             .or_else(|| self.directory.entry(&msg.session));
-        let spawner = Self::spawner(entry.as_ref(), &msg.session);
+        let target = SessionRef::new(
+            msg.session.clone(),
+            self.agent_of(&msg.session, msg.agent_id.as_ref()),
+        );
+        let spawner = self.spawner(entry.as_ref(), &target);
         if spawner.is_none() {
             let watched = self
                 .store
@@ -934,9 +968,8 @@ impl Awareness {
         }
         let channel = msg.channel.as_deref().unwrap_or("");
         let fit = Fit::new(&msg.session, EventKind::HumanDirectMessage);
-        let agent = self.agent_of(&msg.session, msg.agent_id.as_ref());
         let mut ev = NewEvent::new(
-            SessionRef::new(msg.session.clone(), agent),
+            target,
             EventKind::HumanDirectMessage,
             msg.actor_type,
             fit.summary(
@@ -998,7 +1031,8 @@ impl Awareness {
             fit.summary("goal summary", "", summary, "goal changed"),
         );
         ev.actor_id = fit.id("actor id", actor.1);
-        ev.watchers.extend(Self::spawner(entry.as_ref(), session));
+        ev.watchers
+            .extend(self.spawner(entry.as_ref(), &ev.session));
         ev.session_id = fit.id("session id", entry.and_then(|e| e.session_id));
         self.record(ev).await.map(|r| r.event)
     }
@@ -1058,7 +1092,9 @@ impl Awareness {
         ev.run_id = fit.id("run id", Some(run_id.to_owned()));
         ev.dedupe_key = ev.run_id.as_deref().and_then(dedupe::child_spawned);
         if let Ok(w) = WatcherKey::new(requester.clone()) {
-            ev.watchers.push(w);
+            if self.spawner_may_watch(&w, &ev.session) {
+                ev.watchers.push(w);
+            }
         } else {
             warn!(requester = %requester, "a bare requester cannot watch its child");
         }
@@ -1815,8 +1851,8 @@ impl Awareness {
                             shared_said = true;
                             warn!(
                                 "another writer commits to this store while owned_watchers_only is off: \
-                                 this gateway queues the notices its recordings hand out to the other \
-                                 writer's watchers too, in queues nobody here drains"
+                                 if it is another gateway, this one queues the notices its recordings \
+                                 hand out to that gateway's watchers too, in queues nobody here drains"
                             );
                         }
                         let only = match schedule.due(answer) {
@@ -1830,6 +1866,7 @@ impl Awareness {
                     }
                     Err(e) => {
                         schedule.forget_answers();
+                        first_answer = None;
                         if failing {
                             debug!(error = %ErrorChain(&e), "still cannot ask the store whether another writer committed");
                         } else {

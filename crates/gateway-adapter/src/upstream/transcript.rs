@@ -3,9 +3,12 @@
 //!
 //! A transcript is append-only JSON lines, split on `\n` only. Each line is one JSON object: a
 //! `user` or `assistant` row (`message.role`, `message.content` as a string or an array of
-//! parts, `uuid`, `timestamp`, flags such as `isSidechain` or `isMeta`), an `attachment` row
-//! (`attachment.type == "queued_command"` holds what the person typed while a turn was running),
-//! or bookkeeping (`summary`, `system`, `queue-operation`, ...).
+//! parts, `uuid`, `timestamp`, flags such as `isSidechain` or `isMeta`, and on recent versions
+//! `origin.kind` saying who wrote a `user` row), an `attachment` row (`attachment.type ==
+//! "queued_command"` holds what the person typed while a turn was running), a `system` row
+//! (`subtype == "local_command"`: recent versions write a slash command the person ran there,
+//! as top-level `content`, where older ones wrote a `user` row), or bookkeeping (`summary`,
+//! other `system` rows, `queue-operation`, ...).
 //!
 //! [`LineScanner`] is a byte-level JSON tokenizer that keeps only the [`RowFacts`] the rules
 //! need: a few short strings, flags, whether the content holds a tool result, and the
@@ -23,6 +26,7 @@
 //! | `isSidechain` (a subagent's row) | [`SkipReason::Sidechain`] |
 //! | `isMeta`, `isCompactSummary`, `isVisibleInTranscriptOnly` | skipped |
 //! | content holding a `tool_result` part | [`SkipReason::ToolResult`] |
+//! | `origin.kind` `task-notification` / `peer` (another Claude session) | [`SkipReason::TaskNotification`] / [`SkipReason::InterSession`] |
 //! | text starting `[Inter-session message]` | [`SkipReason::InterSession`] |
 //! | text starting `Continue this conversation using the OpenClaw transcript below` | [`SkipReason::Replay`] |
 //! | text starting `<task-notification` | [`SkipReason::TaskNotification`] |
@@ -30,6 +34,7 @@
 //! | text equal, normalized, to one of the session's 10 latest own prompts | [`SkipReason::SelfEcho`] |
 //! | any other `user` row with text or a non-text part (an image) | a human turn |
 //! | `queued_command` attachment, `origin.kind == "human"`, mode `prompt`/`bash`, same text rules | a human turn |
+//! | `system` row, `subtype == "local_command"`, not a sidechain or meta row, whose text is a slash command (by the same text rules) | a human turn; any other `system` row is [`SkipReason::NotConversation`] |
 //!
 //! A slash command (`<command-name>`), a `[Request interrupted by user]` marker and a `!` shell
 //! command (`<bash-input>`) are human turns and count once each: the rows Claude Code writes
@@ -69,6 +74,7 @@ enum Key {
     Origin,
     Kind,
     Prompt,
+    Subtype,
     Other,
 }
 
@@ -90,6 +96,7 @@ impl Key {
             "origin" => Key::Origin,
             "kind" => Key::Kind,
             "prompt" => Key::Prompt,
+            "subtype" => Key::Subtype,
             _ => Key::Other,
         }
     }
@@ -129,6 +136,8 @@ enum Sink {
     CommandMode,
     OriginKind,
     PromptText,
+    Subtype,
+    RowOriginKind,
 }
 
 impl Sink {
@@ -143,7 +152,11 @@ impl Sink {
             [Obj(Some(K::IsCompactSummary))] => Sink::Flag(Flag::CompactSummary),
             [Obj(Some(K::IsVisibleInTranscriptOnly))] => Sink::Flag(Flag::TranscriptOnly),
             [Obj(Some(K::Message)), Obj(Some(K::Role))] => Sink::Role,
-            [Obj(Some(K::Message)), Obj(Some(K::Content))]
+            [Obj(Some(K::Subtype))] => Sink::Subtype,
+            [Obj(Some(K::Origin)), Obj(Some(K::Kind))] => Sink::RowOriginKind,
+            // A `system` row's text is its top-level `content` (a string).
+            [Obj(Some(K::Content))]
+            | [Obj(Some(K::Message)), Obj(Some(K::Content))]
             | [Obj(Some(K::Message)), Obj(Some(K::Content)), Item]
             | [
                 Obj(Some(K::Message)),
@@ -201,7 +214,8 @@ pub struct RowFacts {
     pub is_compact_summary: bool,
     /// `isVisibleInTranscriptOnly`.
     pub is_visible_in_transcript_only: bool,
-    /// The text of `message.content` (a string, or the text parts of an array).
+    /// The text of `message.content` (a string, or the text parts of an array), or of a
+    /// `system` row's `content`.
     pub content: NormalizedText,
     /// `message.content` holds a `tool_result` part.
     pub has_tool_result: bool,
@@ -217,6 +231,12 @@ pub struct RowFacts {
     pub attachment_is_meta: bool,
     /// The text of `attachment.prompt`.
     pub prompt: NormalizedText,
+    /// `subtype` (a `system` row's).
+    #[serde(default)]
+    pub subtype: Option<String>,
+    /// `origin.kind` (a `user` row's: `human`, `task-notification`, `peer`, ...).
+    #[serde(default)]
+    pub row_origin_kind: Option<String>,
 }
 
 impl RowFacts {
@@ -746,6 +766,8 @@ impl LineScanner {
             Sink::AttachmentType => f.attachment_type = Some(value),
             Sink::CommandMode => f.command_mode = Some(value),
             Sink::OriginKind => f.origin_kind = Some(value),
+            Sink::Subtype => f.subtype = Some(value),
+            Sink::RowOriginKind => f.row_origin_kind = Some(value),
             Sink::Ignore | Sink::Flag(_) | Sink::ContentText | Sink::PromptText => {}
         }
         self.value_done();
@@ -887,7 +909,27 @@ pub fn classify(end: &LineEnd, own: &[TextFingerprint]) -> Verdict {
             if f.has_tool_result {
                 return Err(SkipReason::ToolResult);
             }
+            // Who wrote the row, where the version says so: a background task's notification
+            // or another Claude session's message, whatever its text.
+            match f.row_origin_kind.as_deref() {
+                Some("task-notification") => return Err(SkipReason::TaskNotification),
+                Some("peer") => return Err(SkipReason::InterSession),
+                _ => {}
+            }
             text_verdict(&f.content, f.has_non_text_part, own)
+        }
+        Some("system") if f.subtype.as_deref() == Some("local_command") => {
+            if f.is_sidechain {
+                return Err(SkipReason::Sidechain);
+            }
+            if f.is_meta {
+                return Err(SkipReason::Meta);
+            }
+            // A slash command the person ran; the same row type holds its captured output.
+            match text_verdict(&f.content, false, own)? {
+                HumanKind::SlashCommand => Ok(HumanKind::SlashCommand),
+                _ => Err(SkipReason::NotConversation),
+            }
         }
         Some("assistant") => Err(SkipReason::Assistant),
         Some("attachment") if f.attachment_type.as_deref() == Some("queued_command") => {
@@ -1023,6 +1065,79 @@ mod tests {
         let mut parts = queued.clone();
         parts["attachment"]["prompt"] = json!([{"type": "text", "text": "use v2"}]);
         assert_eq!(verdict(&parts), Ok(HumanKind::Queued));
+    }
+
+    /// Rows of recent Claude Code versions: a slash command the person ran is a `system` row
+    /// (`subtype: local_command`, top-level `content`), beside its captured output in the same
+    /// row type; a `user` row's `origin.kind` says a background task or another Claude session
+    /// wrote it, whatever its text.
+    #[test]
+    fn rows_of_recent_versions() {
+        let system = |content: &str| {
+            json!({
+                "parentUuid": "5b7e0c7e-3f7a-4c43-9a8e-2f1d6b3a9c10",
+                "isSidechain": false,
+                "type": "system",
+                "subtype": "local_command",
+                "content": content,
+                "level": "info",
+                "timestamp": "2026-11-30T10:15:30.123Z",
+                "uuid": "c1d2e3f4-a5b6-4c7d-8e9f-0a1b2c3d4e5f",
+                "isMeta": false
+            })
+        };
+        let command = system(
+            "<command-name>/model</command-name>\n            <command-message>model</command-message>\n            <command-args>opus</command-args>",
+        );
+        assert_eq!(verdict(&command), Ok(HumanKind::SlashCommand));
+        assert_eq!(
+            verdict(&system(
+                "<local-command-stdout>Set model to opus</local-command-stdout>"
+            )),
+            Err(SkipReason::CommandOutput)
+        );
+        assert_eq!(
+            verdict(&with(command.clone(), "isSidechain", json!(true))),
+            Err(SkipReason::Sidechain)
+        );
+        assert_eq!(
+            verdict(&with(command.clone(), "isMeta", json!(true))),
+            Err(SkipReason::Meta)
+        );
+        assert_eq!(
+            verdict(&with(command.clone(), "subtype", json!("informational"))),
+            Err(SkipReason::NotConversation)
+        );
+        assert_eq!(
+            verdict(&system("Conversation compacted")),
+            Err(SkipReason::NotConversation),
+            "only a slash command counts"
+        );
+
+        let from =
+            |kind: &str, text: &str| with(user(json!(text)), "origin", json!({"kind": kind}));
+        assert_eq!(
+            verdict(&from("task-notification", "a background command finished")),
+            Err(SkipReason::TaskNotification)
+        );
+        assert_eq!(
+            verdict(&from(
+                "peer",
+                "Another Claude session sent a message: please rebase"
+            )),
+            Err(SkipReason::InterSession)
+        );
+        assert_eq!(
+            verdict(&from("human", "please also cover the error path")),
+            Ok(HumanKind::Prompt)
+        );
+        // `attachment.origin` is the queued command's, not the row's.
+        let queued_origin = with(
+            user(json!("and the docs")),
+            "attachment",
+            json!({"origin": {"kind": "task-notification"}}),
+        );
+        assert_eq!(verdict(&queued_origin), Ok(HumanKind::Prompt));
     }
 
     #[test]

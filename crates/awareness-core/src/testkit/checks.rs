@@ -2161,6 +2161,52 @@ pub async fn keys_that_prefix_each_other_stay_apart(t: &Subject) {
         .map(|h| h.session.session_key.as_str())
         .collect();
     assert_eq!(listed, [T1, T10], "each session listed once, in order");
+    assert_eq!(seqs(s, &r(T1, "main"), 0).await, [1], "{T1}'s events alone");
+    assert_eq!(version(s, &r(T1, "main")).await, 1);
+    let heads = s
+        .heads(&[r(T1, "main"), r("agent:main:t", "main")])
+        .await
+        .expect("heads");
+    let asked: Vec<(&str, u64)> = heads
+        .iter()
+        .map(|h| (h.session.session_key.as_str(), h.last_sequence.get()))
+        .collect();
+    assert_eq!(
+        asked,
+        [(T1, 1)],
+        "the heads of the refs asked, and no other"
+    );
+    let of = |filter: CursorFilter| async move {
+        let mut pairs: Vec<(String, String)> = s
+            .cursors(&filter)
+            .await
+            .expect("cursors")
+            .iter()
+            .map(|c| (c.watcher.as_str().to_owned(), c.target.as_str().to_owned()))
+            .collect();
+        pairs.sort();
+        pairs
+    };
+    let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        of(CursorFilter {
+            watcher: Some(k(C1)),
+            ..CursorFilter::default()
+        })
+        .await,
+        [pair(C1, T1), pair(C1, T10)],
+        "{C1}'s cursors alone"
+    );
+    assert_eq!(
+        of(CursorFilter {
+            target: Some(k(T1)),
+            pending_only: true,
+            ..CursorFilter::default()
+        })
+        .await,
+        [pair(C1, T1), pair(C10, T1)],
+        "the cursors on {T1} alone"
+    );
     let before = all_cursors(s).await;
     assert_eq!(before.len(), 4);
     let without = |gone: &dyn Fn(&crate::Cursor) -> bool| -> Vec<crate::Cursor> {
@@ -2311,6 +2357,95 @@ pub async fn list_heads_by_agent(t: &Subject) {
         .unwrap();
     assert_eq!(ops.len(), 1);
     assert_eq!(ops[0].last_sequence, Sequence(1));
+    // An agent that sorts before another one's, and agents with no session, around both.
+    let main: Vec<(String, u64)> = s
+        .list_heads(Some(&AgentId::new("main").unwrap()))
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| {
+            assert_eq!(h.session.agent_id.as_str(), "main");
+            (
+                h.session.session_key.as_str().to_owned(),
+                h.last_sequence.get(),
+            )
+        })
+        .collect();
+    assert_eq!(main, [(CHILD.to_owned(), 3), ("global".to_owned(), 2)]);
+    for none in ["a", "mai", "main2", "op", "zz"] {
+        assert!(
+            s.list_heads(Some(&AgentId::new(none).unwrap()))
+                .await
+                .unwrap()
+                .is_empty(),
+            "agent {none}"
+        );
+    }
+}
+
+/// A batch of refs that share keys and agents crosswise (`global` of two agents, another key
+/// of one of them) answers the heads of exactly the pairs asked: a store that filtered keys
+/// and agents apart (`key IN (..) AND agent IN (..)`) would add the pairs nobody asked for.
+pub async fn heads_of_refs_crossing_keys_and_agents_are_exact(t: &Subject) {
+    let s = &*t.store;
+    rec(s, log_only(&r("global", "main"), "x"), T0).await; // 1
+    rec(s, log_only(&r("global", "ops"), "x"), T0).await; // 2
+    rec(s, log_only(&r("agent:ops:main", "ops"), "x"), T0).await; // 3
+    rec(s, log_only(&r("agent:ops:main", "main"), "x"), T0).await; // 4
+    let asked = [
+        r("global", "main"),
+        r("agent:ops:main", "ops"),
+        r("global", "qa"),
+    ];
+    let mut got: Vec<(String, String, u64)> = s
+        .heads(&asked)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h.session.session_key.as_str().to_owned(),
+                h.session.agent_id.as_str().to_owned(),
+                h.last_sequence.get(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("agent:ops:main".to_owned(), "ops".to_owned(), 3),
+            ("global".to_owned(), "main".to_owned(), 1),
+        ]
+    );
+}
+
+/// An event the rules refuse is refused even when its dedupe key is stored already: the
+/// refusal comes before the dedupe lookup, so the caller learns its input is bad instead of
+/// getting the stored event back, and nothing is written or spent.
+pub async fn an_invalid_event_under_a_stored_dedupe_key_is_refused(t: &Subject) {
+    let s = &*t.store;
+    let first = rec(s, human(&child()).with_dedupe_key("d-1"), T0).await;
+    let mut huge = validate::payload_from_value(json!({"x": "a"})).unwrap();
+    huge.insert("x".into(), json!("a".repeat(5000)));
+    for bad in [
+        human(&child()).with_dedupe_key("d-1").with_payload(huge),
+        human(&child())
+            .with_dedupe_key("d-1")
+            .with_actor_id("bad\u{1}id"),
+    ] {
+        assert!(matches!(
+            s.record(bad, T0).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+    assert_eq!(count(s).await, 1);
+    let next = rec(s, human(&child()), T0).await;
+    assert_eq!(
+        next.event.sequence.get(),
+        first.event.sequence.get() + 1,
+        "the refused recordings spent no sequence"
+    );
 }
 
 pub async fn events_after_and_log_stats(t: &Subject) {

@@ -294,6 +294,8 @@ macro_rules! conformance_suite {
             invalid_ids_are_rejected_and_nothing_written,
             cursors_filter_and_order,
             list_heads_by_agent,
+            heads_of_refs_crossing_keys_and_agents_are_exact,
+            an_invalid_event_under_a_stored_dedupe_key_is_refused,
             events_after_and_log_stats,
             heads_batch_returns_only_existing,
             a_handles_own_writes_are_never_foreign_commits,

@@ -988,6 +988,101 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((head, head, head)));
 }
 
+/// Pruning passes racing recordings on the sessions they prune: every head ends at the last
+/// event recorded on it (a pass never writes back a head it read before a recording moved it),
+/// each watermark stays at or below its head, the row cap holds once the last pass ran alone,
+/// and what the store holds breaks none of the audit's invariants. No other check runs pruning
+/// beside recording.
+pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
+    const ROUNDS: usize = 8;
+    const SESSIONS: usize = 3;
+    let s = &*t.store;
+    let refs: Vec<SessionRef> = (0..SESSIONS)
+        .map(|i| r(&format!("agent:main:p{i}"), "main"))
+        .collect();
+    let policy = RetentionPolicy {
+        max_rows: 12,
+        chunk_rows: 3,
+        ..RetentionPolicy::default()
+    };
+    let mut last = [0u64; SESSIONS];
+    for round in 0..ROUNDS {
+        let recorder = {
+            let store = std::sync::Arc::clone(&t.store);
+            let refs = refs.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for i in 0..24 {
+                    let rec = store.record(log_only(&refs[i % SESSIONS], "x"), T0).await?;
+                    got.push((i % SESSIONS, rec.event.sequence.get()));
+                    tokio::task::yield_now().await;
+                }
+                Ok::<_, StoreError>(got)
+            })
+        };
+        let pruner = {
+            let store = std::sync::Arc::clone(&t.store);
+            tokio::spawn(async move {
+                for _ in 0..4 {
+                    store.prune(&policy, T0).await?;
+                    tokio::task::yield_now().await;
+                }
+                Ok::<_, StoreError>(())
+            })
+        };
+        for (i, seq) in recorder.await.expect("join").expect("record") {
+            last[i] = last[i].max(seq);
+        }
+        pruner.await.expect("join").expect("prune");
+        let heads = s.heads(&refs).await.expect("heads");
+        for (i, r) in refs.iter().enumerate() {
+            let h = heads
+                .iter()
+                .find(|h| h.session == *r)
+                .unwrap_or_else(|| panic!("round {round}: {r:?} has a head"));
+            assert_eq!(
+                h.last_sequence.get(),
+                last[i],
+                "round {round}: the head of {r:?} is its last event"
+            );
+            assert!(
+                h.pruned_max_sequence <= h.last_sequence,
+                "round {round}: {h:?}"
+            );
+        }
+    }
+    s.prune(&policy, T0).await.expect("the last pass, alone");
+    assert_eq!(s.log_stats().await.expect("stats").rows, 12);
+    let heads = s.list_heads(None).await.expect("heads");
+    let events = s.events_after(Sequence::ZERO, 1_000).await.expect("events");
+    let cursors = s.cursors(&CursorFilter::default()).await.expect("cursors");
+    let found = crate::audit::audit(&heads, &events, &cursors);
+    assert!(found.is_empty(), "broken invariants: {found:#?}");
+}
+
+/// A pruning pass whose clock is behind a head's (the head was moved by a recording on another
+/// process, or a clock stepped back) stamps its watermark without moving its clock back:
+/// bookkeeping times only go forward.
+pub async fn a_prune_behind_a_heads_clock_leaves_the_clock(t: &Subject) {
+    let s = &*t.store;
+    let later = T0.plus_ms(60_000);
+    for _ in 0..30 {
+        rec(s, log_only(&child(), "x"), later).await;
+    }
+    let policy = RetentionPolicy {
+        max_rows: 10,
+        chunk_rows: 7,
+        ..RetentionPolicy::default()
+    };
+    let report = s.prune(&policy, T0).await.unwrap();
+    assert_eq!(report.events_by_cap, 20);
+    let h = s.heads(&[child()]).await.unwrap().remove(0);
+    assert_eq!(
+        (h.last_sequence, h.pruned_max_sequence, h.updated_at),
+        (Sequence(30), Sequence(20), later)
+    );
+}
+
 pub async fn acknowledge_with_interleaved_event_reopens_exactly_one(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

@@ -295,6 +295,8 @@ macro_rules! conformance_suite {
             cursors_filter_and_order,
             list_heads_by_agent,
             heads_of_refs_crossing_keys_and_agents_are_exact,
+            pruning_racing_recordings_lowers_no_head,
+            a_prune_behind_a_heads_clock_leaves_the_clock,
             an_invalid_event_under_a_stored_dedupe_key_is_refused,
             events_after_and_log_stats,
             heads_batch_returns_only_existing,

@@ -1439,6 +1439,93 @@ async fn turns_not_recorded_because_nothing_watches_any_more_say_so() {
     );
 }
 
+/// Finds one human turn; on its first check, the gateway starts a run in the session, or sends
+/// it a prompt, while the check reads.
+struct GatewayActsDuringCheck {
+    runs: Arc<RunTracker>,
+    prompts: Arc<RecentPrompts>,
+    prompt: bool,
+    checks: AtomicUsize,
+}
+
+#[async_trait]
+impl UpstreamProvider for GatewayActsDuringCheck {
+    fn kind(&self) -> &'static str {
+        "acts"
+    }
+
+    async fn check(&self, link: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        if self.checks.fetch_add(1, Ordering::SeqCst) == 0 {
+            if self.prompt {
+                self.prompts.record(&link.session, "deploy the fix");
+            } else {
+                self.runs.started(&link.session);
+            }
+        }
+        CheckOutcome::HumanTurns {
+            turns: 1,
+            dedupe_id: "turn-1".into(),
+            source_id: "h/t".into(),
+            marker: json!({"after": "turn-1"}),
+        }
+    }
+}
+
+/// Bug: the monitor took the session's run state and own prompts before its check read, so a
+/// prompt the gateway sent while the check read (its row judged against a list without it)
+/// was recorded as a person's turn. Now such a check records nothing and keeps the marker
+/// (`Deferred`); a later tick, once no run is active, reads the rows again.
+#[tokio::test(start_paused = true)]
+async fn human_turns_read_while_the_gateway_acted_are_read_again_later() {
+    for prompt in [false, true] {
+        let w = world();
+        let session = w.adopt_remote("agent:main:remote", "acts").await;
+        let runs = Arc::new(RunTracker::new());
+        let prompts = Arc::new(RecentPrompts::new());
+        let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+            .provider(Arc::new(GatewayActsDuringCheck {
+                runs: runs.clone(),
+                prompts: prompts.clone(),
+                prompt,
+                checks: AtomicUsize::new(0),
+            }))
+            .run_activity(runs.clone())
+            .own_prompts(prompts.clone())
+            .build();
+        let mut rx = monitor.subscribe();
+        monitor.tick().await;
+        assert_eq!(
+            next(&mut rx, |d| match d {
+                Detection::Deferred { session } => Some(session.clone()),
+                _ => None,
+            })
+            .await,
+            session,
+            "prompt {prompt}"
+        );
+        assert!(
+            w.events(&session, EventKind::HumanDirectMessage)
+                .await
+                .is_empty(),
+            "prompt {prompt}: nothing recorded"
+        );
+        assert_eq!(
+            w.store.link(&session).await.unwrap().unwrap().marker,
+            None,
+            "prompt {prompt}: the marker stays"
+        );
+        runs.finished(&session);
+        monitor.tick().await;
+        assert_eq!(
+            w.events(&session, EventKind::HumanDirectMessage)
+                .await
+                .len(),
+            1,
+            "prompt {prompt}: read again and recorded"
+        );
+    }
+}
+
 /// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
 fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
     let flaky = Arc::new(Flaky {

@@ -196,7 +196,9 @@ pub enum Detection {
         /// The adopted session.
         session: SessionRef,
     },
-    /// A run is active in the session: its scan waits for a later tick.
+    /// A run is active in the session: its scan waits for a later tick. Also published when a
+    /// run began, or the gateway sent the session a prompt, while its check read: the human
+    /// turns it found are not recorded, and are read again later.
     Deferred {
         /// The adopted session.
         session: SessionRef,
@@ -622,6 +624,17 @@ impl Inner {
                         ),
                     }),
                 }
+            }
+            CheckOutcome::HumanTurns { .. }
+                if self.runs.is_active(&session) || self.prompts.recent(&session) != own =>
+            {
+                // A run began, or the gateway sent a prompt, while the check read: the rows
+                // were judged against own prompts that may not hold that prompt yet. Nothing
+                // is recorded and the marker stays; a later tick reads them again, once no run
+                // is active, against the prompts of then.
+                self.found(&session);
+                debug!(session_key = %session.session_key, "a run or an own prompt came during the check; its human turns are read again later");
+                self.emit(Detection::Deferred { session });
             }
             CheckOutcome::HumanTurns {
                 turns,

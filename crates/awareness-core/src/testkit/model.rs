@@ -16,6 +16,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Value, json};
 
 use super::Subject;
+use crate::error::StoreError;
 use crate::model::{
     ActorType, AgentId, Cursor, CursorFilter, CursorKey, Event, EventKind, Head, LogStats,
     NewEvent, Sequence, SessionKey, SessionRef, Timestamp, WatcherKey,
@@ -26,11 +27,13 @@ use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
 use crate::store::AwarenessStoreExt;
 use crate::upstream::{self, LinkSpec, UpstreamLink};
 
-const KEYS: [&str; 4] = [
+/// Session keys; the last differs from the first in case only (keys compare byte for byte).
+const KEYS: [&str; 5] = [
     "agent:main:main",
     "agent:main:subagent:a",
     "agent:ops:main",
     "global",
+    "agent:main:Main",
 ];
 const AGENTS: [&str; 2] = ["main", "ops"];
 const WATCHERS: [&str; 3] = ["agent:main:main", "agent:main:subagent:a", "agent:ops:main"];
@@ -55,7 +58,8 @@ pub enum Op {
         /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
         offset_hours: Option<i64>,
         /// What else it carries, as bits: 1 a payload (nested, with escapes, non-ASCII text and
-        /// a float), 2 a session id, 4 a run id.
+        /// a float), 2 a session id, 4 a run id, 8 something invalid (see [`spoil`]): the store
+        /// must refuse it and change nothing.
         extras: u8,
     },
     /// Several recordings at once (each an [`Op::Record`]), each on its own task: a store may
@@ -122,7 +126,7 @@ pub enum Op {
         /// Requested limit.
         limit: usize,
     },
-    /// Move the clock forward.
+    /// Move the clock, mostly forward, at times back.
     Advance {
         /// Milliseconds.
         ms: i64,
@@ -202,7 +206,7 @@ fn record_strategy() -> impl Strategy<Value = Op> {
         proptest::collection::vec(0..WATCHERS.len(), 0..3),
         proptest::option::weighted(0.3, 0u8..4),
         proptest::option::weighted(0.2, -48i64..4),
-        0u8..8,
+        prop_oneof![9 => 0u8..8, 1 => 8u8..16],
     )
         .prop_map(
             |(session, kind, actor, named, dedupe, offset_hours, extras)| Op::Record {
@@ -234,7 +238,13 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0..KEYS.len()).prop_map(|key| Op::Reset { key }),
         1 => (0..n).prop_map(|session| Op::Delete { session }),
         2 => (0..n, 0u64..40, 0usize..8).prop_map(|(session, after, limit)| Op::Reconcile { session, after, limit }),
-        2 => prop_oneof![0i64..5_000, Just(Timestamp::HOUR_MS * 2), Just(Timestamp::DAY_MS * 11)]
+        2 => prop_oneof![
+            4 => 0i64..5_000,
+            2 => Just(Timestamp::HOUR_MS * 2),
+            2 => Just(Timestamp::DAY_MS * 11),
+            // The wall clock stepping back (NTP): stamps may go back, sequences never do.
+            1 => prop_oneof![-5_000i64..0, Just(-Timestamp::HOUR_MS * 3)],
+        ]
             .prop_map(|ms| Op::Advance { ms }),
         2 => (
             proptest::option::of(0..KEYS.len()),
@@ -502,7 +512,36 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
     if extras & 4 != 0 {
         e.run_id = Some(format!("run-{tag}"));
     }
+    if extras & 8 != 0 {
+        spoil(&mut e, *si + *actor);
+    }
     e
+}
+
+/// Makes `e` invalid in one of several ways, chosen by `how`; its dedupe key, if any, stays
+/// one of the pool's (a refusal must come before the dedupe lookup).
+fn spoil(e: &mut NewEvent, how: usize) {
+    match how % 6 {
+        0 => e.summary = "x".repeat(crate::validate::MAX_SUMMARY_CHARS + 1),
+        1 => e.summary = String::new(),
+        2 => e.actor_id = Some("line\nbreak".into()),
+        3 => e.run_id = Some(String::new()),
+        4 => {
+            let mut deep = json!(1);
+            for _ in 0..=crate::validate::MAX_JSON_DEPTH {
+                deep = json!({ "d": deep });
+            }
+            let Value::Object(deep) = deep else {
+                unreachable!("an object")
+            };
+            e.payload = Some(deep);
+        }
+        _ => {
+            e.watchers = (0..=crate::validate::MAX_NAMED_WATCHERS)
+                .map(|i| WatcherKey::parse(&format!("agent:main:w{i}")).expect("a watcher key"))
+                .collect();
+        }
+    }
 }
 
 async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -516,11 +555,19 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
             Op::Record { .. } => {
                 let e = new_event(op, &step.to_string(), now);
                 let want = model.record(e.clone(), now);
-                let got = store
-                    .record(e, now)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-                let (ev, dedup, notices) = want.expect("pool events are valid");
+                let got = store.record(e, now).await;
+                let Some((ev, dedup, notices)) = want else {
+                    // Refused before anything is written; the next steps check that nothing
+                    // changed and no sequence was spent.
+                    prop_assert!(
+                        matches!(got, Err(StoreError::InvalidInput(_))),
+                        "{}: an invalid event is refused as invalid input, got {:?}",
+                        ctx,
+                        got.map(|r| r.event.sequence)
+                    );
+                    continue;
+                };
+                let got = got.map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
                 prop_assert_eq!(&*got.event, &*ev, "{}", ctx);
                 prop_assert_eq!(got.deduplicated, dedup, "{}", ctx);
                 prop_assert_eq!(sorted(got.notices), sorted(notices), "{}", ctx);
@@ -539,13 +586,33 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     })
                     .collect();
                 let mut got = Vec::with_capacity(tasks.len());
-                for t in tasks {
-                    let rec = t
+                // The calls made with an invalid event, refused without spending a sequence.
+                let mut refused = Vec::new();
+                for (i, t) in tasks.into_iter().enumerate() {
+                    let answer = t
                         .await
-                        .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?
-                        .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-                    got.push(rec);
+                        .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?;
+                    if events[i].validate().is_err() {
+                        prop_assert!(
+                            matches!(answer, Err(StoreError::InvalidInput(_))),
+                            "{}: call {} is invalid and refused as such, got {:?}",
+                            ctx,
+                            i,
+                            answer.map(|r| r.event.sequence)
+                        );
+                        refused.push(i);
+                        continue;
+                    }
+                    got.push(
+                        answer.map_err(|e| TestCaseError::fail(format!("{ctx}: call {i}: {e}")))?,
+                    );
                 }
+                let events: Vec<NewEvent> = events
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !refused.contains(i))
+                    .map(|(_, e)| e)
+                    .collect();
                 // Every call spends one sequence; the stored ones, in sequence order, are the
                 // order the store applied them in, which the model replays.
                 let base = model.last;

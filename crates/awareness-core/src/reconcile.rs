@@ -82,14 +82,19 @@ impl SessionStatus {
 /// the reads, so the version is raised to the page's last event (it never names an event
 /// recorded after the page was read) and, when the page found `after` within the head it read
 /// (not `versionAhead`), to `after` too: `versionAhead` is then set exactly when `after` is above
-/// the version answered.
+/// the version answered. When the page found its head below `after` (`versionAhead`), the
+/// version is kept below `after` as well: a version above it was read before the session
+/// shrank (a delete between the reads), and would contradict the page.
 pub fn status(state_version: Sequence, page: Option<(Sequence, ChangesPage)>) -> SessionStatus {
     let mut state_version = state_version;
     if let Some((after, page)) = &page {
         if let Some(last) = page.events.last() {
             state_version = state_version.max(last.sequence);
         }
-        if !page.version_ahead {
+        if page.version_ahead {
+            // `after` is above the page's head, so at least 1.
+            state_version = state_version.min(Sequence(after.get().saturating_sub(1)));
+        } else {
             state_version = state_version.max(*after);
         }
     }
@@ -154,6 +159,23 @@ mod tests {
         assert_eq!(clamp_limit(Some(0)), 1);
         assert_eq!(clamp_limit(Some(5)), 5);
         assert_eq!(clamp_limit(Some(10_000)), 200);
+    }
+
+    /// A version read before the session was deleted (10), beside a page that found no head
+    /// (`versionAhead` for `N` = 5): the answer does not claim a version at or above `N`.
+    #[test]
+    fn a_version_from_before_a_delete_is_kept_below_a_version_ahead_n() {
+        let page = build_page(Sequence(5), None, None, Vec::new(), 200);
+        assert!(page.version_ahead);
+        let s = status(Sequence(10), Some((Sequence(5), page)));
+        assert_eq!(s.state_version, Sequence(4));
+        assert!(s.state_changes.expect("page").version_ahead);
+        let page = build_page(Sequence(5), Some(&head(3, 0)), None, Vec::new(), 200);
+        assert_eq!(
+            status(Sequence(3), Some((Sequence(5), page))).state_version,
+            Sequence(3),
+            "a version already below N stays"
+        );
     }
 
     #[test]

@@ -233,14 +233,17 @@ pub trait AwarenessStoreExt: AwarenessStore {
     /// (a truncated page's version is above its last event, and the caller asks again), but
     /// never misses one. A page that found `N` within the head it read (not `versionAhead`)
     /// raises the version to `N` too, so that `versionAhead` is set exactly when `N` is above
-    /// the version answered, also when `N` is an event recorded between the reads.
+    /// the version answered, also when `N` is an event recorded between the reads. A session
+    /// deleted (or reset) between the reads leaves a page that found no head near `N` beside a
+    /// version read before: the version is then read again, so that the answer describes the
+    /// session after the delete.
     async fn session_status(
         &self,
         session: &SessionRef,
         changes_since: Option<Sequence>,
         limit: Option<usize>,
     ) -> Result<SessionStatus, StoreError> {
-        let state_version = self.state_version(session).await?;
+        let mut state_version = self.state_version(session).await?;
         let page = match changes_since {
             Some(after) => Some((
                 after,
@@ -249,6 +252,14 @@ pub trait AwarenessStoreExt: AwarenessStore {
             )),
             None => None,
         };
+        if let Some((after, p)) = &page
+            && p.version_ahead
+            && *after <= state_version
+        {
+            // The head the page read is below the version read first: the session shrank
+            // between the reads.
+            state_version = self.state_version(session).await?;
+        }
         Ok(reconcile::status(state_version, page))
     }
 

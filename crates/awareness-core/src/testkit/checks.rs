@@ -3136,6 +3136,49 @@ pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) 
     }
 }
 
+/// Deletes the child once, right after the first read of heads.
+#[derive(Default)]
+struct DeletesAfterTheVersion(std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl super::hooked::Hook for DeletesAfterTheVersion {
+    async fn after(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
+        if matches!(call, super::hooked::Call::Heads)
+            && !self.0.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            store.delete_session(&child()).await.expect("delete");
+        }
+    }
+}
+
+/// A session deleted between `session_status`'s two reads: the version read first (3) is
+/// gone, and the page finds no head under `N` = 2 (`versionAhead`). The answer describes the
+/// session after the delete: version 0, and `versionAhead` agreeing with it.
+pub async fn session_status_across_a_delete_between_its_reads_agrees_with_itself(t: &Subject) {
+    let racing = super::hooked::Hooked {
+        inner: t.store.clone(),
+        hook: DeletesAfterTheVersion::default(),
+    };
+    for _ in 0..3 {
+        rec(t.store.as_ref(), human(&child()), T0).await;
+    }
+    let status = racing
+        .session_status(&child(), Some(Sequence(2)), None)
+        .await
+        .expect("session_status");
+    let page = status.state_changes.expect("page");
+    assert!(page.events.is_empty(), "{:?}", page.events);
+    assert!(
+        page.version_ahead,
+        "N = 2 is above a deleted session's head"
+    );
+    assert_eq!(
+        status.state_version,
+        Sequence::ZERO,
+        "the version of the session after the delete, not the one read before it"
+    );
+}
+
 /// Deletes the child and watches it again (a cursor that has seen nothing) just before the
 /// heads are listed.
 struct DeletesBeforeHeads;

@@ -139,6 +139,17 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
         awareness_core::protocol::check_watch(w.session_key(), &key)
             .map_err(|e| CliError::usage(e.to_string()))?;
     }
+    // The flags the transcript does not decide, checked before it is read: a source found
+    // in the file (its thread, when no --thread) stands in for what it would give.
+    LinkSpec::new(
+        session.clone(),
+        args.catalog.clone(),
+        args.host.clone(),
+        args.thread.clone().unwrap_or_else(|| "thread".to_owned()),
+        "local-jsonl",
+    )
+    .validate()
+    .map_err(|e| CliError::usage(format!("adopt: {e}")))?;
     let spec = jsonl::adoption(session.clone(), &args.file, args.thread.as_deref())
         .map_err(|e| CliError::failure(format!("cannot read {}: {e}", args.file.display())))?;
     let spec = LinkSpec {

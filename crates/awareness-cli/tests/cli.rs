@@ -885,6 +885,25 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         ],
     );
     assert_usage(&o, "adopt with an empty catalog");
+    for flag in ["--catalog", "--host", "--thread"] {
+        let o = run_in(
+            dir.path(),
+            &[
+                "--store",
+                "redb://adopted.redb",
+                "adopt",
+                "agent:main:x",
+                "--file",
+                "missing.jsonl",
+                flag,
+                "",
+            ],
+        );
+        assert_usage(
+            &o,
+            &format!("adopt with an empty {flag} and a missing file"),
+        );
+    }
     let o = run_in(
         dir.path(),
         &[

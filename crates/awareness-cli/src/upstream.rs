@@ -186,9 +186,12 @@ async fn adopt_into(
     // `adopted` is recorded best effort, as a gateway must; the command says whether it was.
     // None: the link is in place without its event, and running `adopt` again records it.
     let Some(event) = &adoption.event else {
+        let unwatched = watcher.map_or(String::new(), |w| {
+            format!(", and {w} does not watch it yet")
+        });
         return Err(CliError::failure(format!(
             "adopt: the link of {} is in place, but its `adopted` event could not be \
-             recorded (the warning above says why); run `adopt` again to record it",
+             recorded (the warning above says why){unwatched}; run `adopt` again to record it",
             link.session
         )));
     };

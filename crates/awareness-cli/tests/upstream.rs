@@ -420,6 +420,14 @@ fn adopt_fails_when_its_adopted_event_is_not_recorded() {
             && err.contains("run `adopt` again"),
         "{err}"
     );
+    // With a watcher, the refusal also says that the watch was not made.
+    let o = run(&[&adopt[..], &["--watcher", "agent:main:main"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("and agent:main:main does not watch it yet; run `adopt` again"),
+        "{err}"
+    );
     let status = ["--store", &store, "--json", "status", "agent:main:worker"];
     let o = run(&status);
     assert!(text(&o).contains("unknown session"), "{}", text(&o));

@@ -58,7 +58,7 @@ pub enum Op {
         /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
         offset_hours: Option<i64>,
         /// What else it carries, as bits: 1 a payload (nested, with escapes, non-ASCII text and
-        /// a float), 2 a session id, 4 a run id, 8 something invalid (see [`spoil`]): the store
+        /// a float), 2 a session id, 4 a run id, 8 something invalid (one of six ways): the store
         /// must refuse it and change nothing.
         extras: u8,
     },

@@ -871,21 +871,14 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         );
     }
     std::fs::write(dir.path().join("t.jsonl"), "{}\n").unwrap();
-    let o = run_in(
-        dir.path(),
-        &[
-            "--store",
-            "redb://adopted.redb",
-            "adopt",
-            "agent:main:x",
-            "--file",
-            "t.jsonl",
-            "--catalog",
-            "",
-        ],
-    );
-    assert_usage(&o, "adopt with an empty catalog");
-    for flag in ["--catalog", "--host", "--thread"] {
+    // An empty flag the transcript does not decide is a usage error, whether the file is
+    // there or missing (the flags are checked before it is read).
+    for (file, flag) in [
+        ("t.jsonl", "--catalog"),
+        ("missing.jsonl", "--catalog"),
+        ("missing.jsonl", "--host"),
+        ("missing.jsonl", "--thread"),
+    ] {
         let o = run_in(
             dir.path(),
             &[
@@ -894,15 +887,12 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
                 "adopt",
                 "agent:main:x",
                 "--file",
-                "missing.jsonl",
+                file,
                 flag,
                 "",
             ],
         );
-        assert_usage(
-            &o,
-            &format!("adopt with an empty {flag} and a missing file"),
-        );
+        assert_usage(&o, &format!("adopt {file} with an empty {flag}"));
     }
     let o = run_in(
         dir.path(),

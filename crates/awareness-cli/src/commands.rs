@@ -258,13 +258,17 @@ const CURSOR_HEADERS: [&str; 8] = [
     "UPDATED",
 ];
 
+/// Notices as JSON, the same shape wherever a command lists them (`record`, `ack`, `sweep`).
+fn notices_json(notices: &[Notice]) -> Value {
+    notices
+        .iter()
+        .map(|n| json!({"watcher": n.watcher, "target": n.target, "contextKey": n.context_key(), "text": n.text()}))
+        .collect()
+}
+
 fn notices_out(out: &mut dyn Write, json_mode: bool, notices: &[Notice]) -> Result<(), CliError> {
     if json_mode {
-        let v: Vec<Value> = notices
-            .iter()
-            .map(|n| json!({"watcher": n.watcher, "target": n.target, "contextKey": n.context_key(), "text": n.text()}))
-            .collect();
-        return emit_json(out, &json!(v));
+        return emit_json(out, &notices_json(notices));
     }
     if notices.is_empty() {
         return emit(out, "no notices\n");
@@ -635,11 +639,7 @@ async fn record(
         .await
         .map_err(|e| store_err("record", &e))?;
     if as_json {
-        let notices: Vec<Value> = rec
-            .notices
-            .iter()
-            .map(|n| json!({"watcher": n.watcher, "text": n.text()}))
-            .collect();
+        let notices = notices_json(&rec.notices);
         emit_json(
             out,
             &json!({"event": &*rec.event, "deduplicated": rec.deduplicated, "notices": notices}),

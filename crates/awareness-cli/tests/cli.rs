@@ -329,6 +329,17 @@ fn operator_commands_on(store: &str) {
     assert_eq!(rec["event"]["sequence"], 1);
     assert_eq!(rec["event"]["payload"]["turns"], 2);
     assert_eq!(rec["notices"].as_array().unwrap().len(), 1);
+    // The shape `ack` and `sweep` list notices in.
+    let notice = &rec["notices"][0];
+    assert_eq!(notice["watcher"], "agent:main:main");
+    assert_eq!(notice["target"], child);
+    assert!(
+        notice["contextKey"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("session-state:")),
+        "{notice}"
+    );
+    assert!(notice["text"].is_string(), "{notice}");
     // A write command closes its store before it exits: the file alone, copied without
     // SQLite's write-ahead log, holds what it wrote.
     let name = store.split_once("://").unwrap().1;

@@ -146,7 +146,7 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
         args.catalog.clone(),
         args.host.clone(),
         args.thread.clone().unwrap_or_else(|| "thread".to_owned()),
-        "local-jsonl",
+        jsonl::LOCAL_JSONL,
     )
     .validate()
     .map_err(|e| CliError::usage(format!("adopt: {e}")))?;

@@ -1493,7 +1493,12 @@ async fn human_turns_read_while_the_gateway_acted_are_read_again_later() {
             .own_prompts(prompts.clone())
             .build();
         let mut rx = monitor.subscribe();
-        monitor.tick().await;
+        let report = monitor.tick().await;
+        assert_eq!(
+            (report.checked, report.deferred),
+            (0, 1),
+            "prompt {prompt}: the tick counts the check as deferred"
+        );
         assert_eq!(
             next(&mut rx, |d| match d {
                 Detection::Deferred { session } => Some(session.clone()),
@@ -1515,7 +1520,8 @@ async fn human_turns_read_while_the_gateway_acted_are_read_again_later() {
             "prompt {prompt}: the marker stays"
         );
         runs.finished(&session);
-        monitor.tick().await;
+        let report = monitor.tick().await;
+        assert_eq!((report.checked, report.deferred), (1, 0), "prompt {prompt}");
         assert_eq!(
             w.events(&session, EventKind::HumanDirectMessage)
                 .await

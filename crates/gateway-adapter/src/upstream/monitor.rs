@@ -109,11 +109,13 @@ pub struct TickReport {
     pub tick: u64,
     /// Links in the store.
     pub links: usize,
-    /// Links checked by a provider.
+    /// Links checked by a provider whose result was taken (not deferred).
     pub checked: usize,
     /// Links nothing watches (not checked).
     pub unwatched: usize,
-    /// Links deferred because a run is active in their session.
+    /// Links deferred because a run is active in their session, before their check, or
+    /// because a run began or the gateway sent a prompt while their check read
+    /// ([`Detection::Deferred`]).
     pub deferred: usize,
     /// Links of a kind no provider of this monitor reads.
     pub no_provider: usize,
@@ -498,7 +500,7 @@ impl Inner {
 
     /// One tick, its checks spawned on `checks` (empty on entry, empty again when the tick
     /// ends; a tick abandoned midway leaves the caller to end them).
-    async fn tick(me: &Arc<Inner>, checks: &mut JoinSet<()>) -> TickReport {
+    async fn tick(me: &Arc<Inner>, checks: &mut JoinSet<bool>) -> TickReport {
         let _one = me.one_tick.lock().await;
         let mut report = TickReport {
             tick: me.ticks.fetch_add(1, Ordering::Relaxed) + 1,
@@ -547,10 +549,15 @@ impl Inner {
             checks.spawn(async move { me.check(provider, link, own).await });
         }
         while let Some(done) = checks.join_next().await {
-            if let Err(e) = done
-                && e.is_panic()
-            {
-                warn!(error = %ErrorChain(&e), "upstream monitor: a check panicked");
+            match done {
+                Ok(true) => {
+                    report.checked -= 1;
+                    report.deferred += 1;
+                }
+                Err(e) if e.is_panic() => {
+                    warn!(error = %ErrorChain(&e), "upstream monitor: a check panicked");
+                }
+                Ok(false) | Err(_) => {}
             }
         }
         me.emit(Detection::TickDone(report));
@@ -573,12 +580,14 @@ impl Inner {
         }
     }
 
+    /// Checks one link and acts on the result; answers whether the result was deferred (a
+    /// run or an own prompt came during the check).
     async fn check(
         &self,
         provider: Arc<dyn UpstreamProvider>,
         link: UpstreamLink,
         own: Vec<String>,
-    ) {
+    ) -> bool {
         let limit = self.config.provider_timeout;
         let outcome = tokio::time::timeout(limit, provider.check(&link, &own))
             .await
@@ -635,6 +644,7 @@ impl Inner {
                 self.found(&session);
                 debug!(session_key = %session.session_key, "a run or an own prompt came during the check; its human turns are read again later");
                 self.emit(Detection::Deferred { session });
+                return true;
             }
             CheckOutcome::HumanTurns {
                 turns,
@@ -652,6 +662,7 @@ impl Inner {
                 self.emit(Detection::Failed { session, error });
             }
         }
+        false
     }
 
     fn found(&self, session: &SessionRef) {

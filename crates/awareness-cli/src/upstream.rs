@@ -301,22 +301,59 @@ fn lagged_line(missed: u64, as_json: bool) -> String {
 /// read commands take it). The handlers are installed before this returns, so a signal that
 /// arrives from then on is never lost, even while the caller is not polling the future
 /// (`monitor` and `tail --follow` create it once, before their loop).
+///
+/// A signal the process was started with set to be ignored stays ignored, as the parent asked:
+/// `nohup awareness monitor` outlives its terminal, and a job a script started in the
+/// background is not stopped by the Ctrl-C meant for the script. (Installing a handler would
+/// replace the inherited `SIG_IGN`.) Where the inherited set cannot be read (no `/proc`), every
+/// handler is installed.
+///
+/// Once it has resolved, the same signals stay heard: a second one, while the command closes
+/// its store, ends the process at once (exit code 130), for a close that does not finish.
 pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let handle = |kind: SignalKind, name: &str| {
-            signal(kind).map_err(|e| CliError::failure(format!("cannot handle {name}: {e}")))
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        let ignored = ignored_at_start();
+        let handle = |kind: SignalKind, name: &str| -> Result<Option<Signal>, CliError> {
+            if ignored.is_some_and(|set| set.contains(kind.as_raw_value())) {
+                return Ok(None);
+            }
+            signal(kind)
+                .map(Some)
+                .map_err(|e| CliError::failure(format!("cannot handle {name}: {e}")))
         };
         let mut int = handle(SignalKind::interrupt(), "Ctrl-C")?;
         let mut term = handle(SignalKind::terminate(), "SIGTERM")?;
         let mut hup = handle(SignalKind::hangup(), "SIGHUP")?;
         Ok(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-                _ = hup.recv() => {}
+            /// The next delivery of a handled signal; never, for one left ignored.
+            async fn next(signal: &mut Option<Signal>) {
+                match signal {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
             }
+            tokio::select! {
+                () = next(&mut int) => {}
+                () = next(&mut term) => {}
+                () = next(&mut hup) => {}
+            }
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = next(&mut int) => {}
+                    () = next(&mut term) => {}
+                    () = next(&mut hup) => {}
+                }
+                // Not eprintln!, which panics (and so never exits) when stderr is a closed pipe.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "awareness: stopped again: exiting without waiting for the store to close"
+                );
+                std::process::exit(130);
+            });
         })
     }
     #[cfg(not(unix))]
@@ -324,6 +361,42 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         Ok(async {
             let _ = tokio::signal::ctrl_c().await;
         })
+    }
+}
+
+/// The signals this process was started with set to be ignored, from `/proc/self/status`;
+/// `None` where that cannot be read. Read before any handler is installed (a handler replaces
+/// the inherited disposition, and the line then no longer shows it).
+#[cfg(unix)]
+fn ignored_at_start() -> Option<SignalSet> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    SignalSet::from_status(&status)
+}
+
+/// A set of signal numbers 1 to 64, as `/proc/<pid>/status` prints it (bit `n - 1` for signal
+/// `n`).
+#[cfg(unix)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SignalSet(u64);
+
+#[cfg(unix)]
+impl SignalSet {
+    /// The `SigIgn:` line of a `/proc/<pid>/status` text; `None` when there is none, or it is
+    /// not 16 hex digits or fewer.
+    fn from_status(status: &str) -> Option<SignalSet> {
+        let hex = status
+            .lines()
+            .find_map(|line| line.strip_prefix("SigIgn:"))?
+            .trim();
+        if hex.is_empty() || hex.len() > 16 {
+            return None;
+        }
+        u64::from_str_radix(hex, 16).ok().map(SignalSet)
+    }
+
+    /// Whether signal number `signo` is in the set.
+    fn contains(self, signo: i32) -> bool {
+        (1..=64).contains(&signo) && self.0 & (1 << (signo - 1)) != 0
     }
 }
 
@@ -421,6 +494,32 @@ async fn monitor_links(
 mod tests {
     use super::*;
     use awareness_core::{AgentId, Notice, Sequence};
+
+    /// The ignored set is read from the `SigIgn:` line alone, bit `n - 1` for signal `n`; a
+    /// line missing or unreadable gives no set (every handler is then installed).
+    #[cfg(unix)]
+    #[test]
+    fn the_inherited_ignored_signals_are_read_from_sig_ign() {
+        let status = "Name:\tawareness\nSigPnd:\t0000000000000002\nSigBlk:\t0000000000000001\n\
+                      SigIgn:\t0000000000000001\nSigCgt:\t0000000000000002\n";
+        let set = SignalSet::from_status(status).expect("a SigIgn line");
+        assert!(set.contains(1), "SIGHUP is bit 0");
+        assert!(!set.contains(2), "SigPnd and SigCgt are other lines");
+        let both = SignalSet::from_status("SigIgn:\t0000000000000003\n").unwrap();
+        assert!(both.contains(1) && both.contains(2) && !both.contains(15));
+        let top = SignalSet::from_status("SigIgn: 8000000000000000").unwrap();
+        assert!(top.contains(64) && !top.contains(63));
+        assert!(!top.contains(0) && !top.contains(65) && !top.contains(-1));
+        for bad in [
+            "",
+            "SigCgt:\t0000000000000001",
+            "SigIgn:\t",
+            "SigIgn:\tzz",
+            "SigIgn:\t10000000000000000",
+        ] {
+            assert_eq!(SignalSet::from_status(bad), None, "{bad:?}");
+        }
+    }
 
     /// A human-turns detection whose marker stayed says why in JSON: the link changed, or the
     /// store failed, with its cause; one whose marker moved has no such field.

@@ -10,9 +10,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// The binary, with its log at the default level whatever the environment says.
+/// The binary, with its log at the default level whatever the environment says, started
+/// through `env` with SIGHUP, SIGINT and SIGTERM at their default action: the tests stop it
+/// with them, and it leaves a signal it inherited as ignored ignored (a test runner started in
+/// the background, or under `nohup`, passes those on).
 fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_awareness"));
+    started_with("--default-signal=HUP,INT,TERM")
+}
+
+/// The binary started through `env` with `signals` (an `env` option that sets dispositions).
+fn started_with(signals: &str) -> Command {
+    let mut c = Command::new("env");
+    c.arg(signals).arg(env!("CARGO_BIN_EXE_awareness"));
     c.env_remove("AWARENESS_LOG");
     c
 }
@@ -488,6 +497,18 @@ fn adopt_fails_when_its_adopted_event_is_not_recorded() {
 /// `monitor` running on `store` (no link adopted), once `record` created the store with one
 /// human message in `agent:main:worker`.
 fn monitor_after_one_event(store: &str) -> Reading {
+    one_event(store);
+    let monitor = bin()
+        .args(["--store", store, "monitor"])
+        .stderr(Stdio::null())
+        .spawn_reading()
+        .unwrap();
+    wait_for(&monitor.lines.0, "monitoring 0 adopted session(s)");
+    monitor
+}
+
+/// `record` creates `store` with one human message in `agent:main:worker`.
+fn one_event(store: &str) {
     let o = run(&[
         "--store",
         store,
@@ -502,13 +523,6 @@ fn monitor_after_one_event(store: &str) -> Reading {
         "human message via cli",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let monitor = bin()
-        .args(["--store", store, "monitor"])
-        .stderr(Stdio::null())
-        .spawn_reading()
-        .unwrap();
-    wait_for(&monitor.lines.0, "monitoring 0 adopted session(s)");
-    monitor
 }
 
 /// SIGTERM (a service manager, `kill`, `timeout`) and SIGHUP (a closed terminal) stop `monitor`
@@ -538,6 +552,82 @@ fn monitor_stops_cleanly_on_sigterm_and_sighup() {
             "{signal}: no repair needed: {}",
             text(&o)
         );
+    }
+}
+
+/// The signals of `/proc/<pid>/status` line `name` (`SigIgn`, `SigCgt`) as a bit set, bit
+/// `n - 1` for signal `n`.
+#[cfg(target_os = "linux")]
+fn signal_line(pid: u32, name: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} line in {status}"));
+    u64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
+/// `monitor` and `tail --follow` started with SIGHUP and SIGINT ignored (`nohup`, or a job a
+/// script put in the background) leave them ignored, and SIGTERM still stops them cleanly.
+/// They installed their handlers over the inherited `SIG_IGN`, so `nohup awareness monitor`
+/// stopped when its terminal closed.
+#[cfg(target_os = "linux")]
+#[test]
+fn signals_ignored_at_start_stay_ignored() {
+    const HUP: u64 = 1;
+    const INT: u64 = 1 << 1;
+    const TERM: u64 = 1 << 14;
+    for command in ["monitor", "tail"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("redb://{}", dir.path().join("state.redb").display());
+        one_event(&store);
+        let mut started = started_with("--ignore-signal=HUP,INT");
+        started.args(["--store", &store]);
+        match command {
+            "monitor" => started.arg("monitor"),
+            _ => started.args(["--json", "tail", "--follow"]),
+        };
+        let Reading {
+            child,
+            lines: (lines, reader),
+        } = started.stderr(Stdio::null()).spawn_reading().unwrap();
+        let mut child = KillOnDrop(child);
+        let ready = match command {
+            "monitor" => "monitoring 0 adopted session(s)",
+            _ => "human message via cli",
+        };
+        wait_for(&lines, ready);
+        let pid = child.0.id();
+        // The handlers are installed before the first line is printed.
+        let (ignored, caught) = (signal_line(pid, "SigIgn"), signal_line(pid, "SigCgt"));
+        assert_eq!(
+            ignored & (HUP | INT),
+            HUP | INT,
+            "{command}: ignored {ignored:x}"
+        );
+        assert_eq!(caught & (HUP | INT), 0, "{command}: handles {caught:x}");
+        assert_eq!(caught & TERM, TERM, "{command}: handles {caught:x}");
+        for signal in ["-HUP", "-INT", "-TERM"] {
+            let sent = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+        }
+        let status = child.0.wait().unwrap();
+        reader.join().unwrap();
+        assert!(
+            status.success(),
+            "{command}: SIGTERM stops it cleanly: {status:?}"
+        );
+        if command == "monitor" {
+            let rest: Vec<String> = lines.try_iter().collect();
+            assert_eq!(
+                rest.last().map(String::as_str),
+                Some("monitor stopped"),
+                "{rest:?}"
+            );
+        }
     }
 }
 

@@ -35,6 +35,11 @@ impl RawAccess for Raw {
         Ok(false)
     }
 
+    async fn spoil_link_text(&self, _: &SessionRef) -> Result<bool, StoreError> {
+        // Their text is a Rust string, always UTF-8.
+        Ok(false)
+    }
+
     async fn damage_head_row(&self, _: &SessionRef) -> Result<bool, StoreError> {
         // And heads.
         Ok(false)

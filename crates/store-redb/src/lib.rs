@@ -669,6 +669,39 @@ impl RedbStore {
         .await
     }
 
+    /// Overwrites the thread id in one upstream link entry with bytes that are not UTF-8 (the
+    /// entry is the link's JSON), as a hand edit by a tool that does not check could leave it.
+    /// Returns whether the entry existed. The durable suite uses it to check that such an
+    /// entry is unreadable alone.
+    pub async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        const FIELD: &[u8] = b"\"threadId\":\"";
+        let session = session.clone();
+        self.write("spoil an upstream link's text", move |txn| {
+            let key = (session.session_key.as_str(), session.agent_id.as_str());
+            let mut table = txn
+                .open_table(tables::UPSTREAM_LINKS)
+                .ctx("spoil a link: open its table")?;
+            let Some(old) = table
+                .get(&key)
+                .ctx("spoil a link: read it")?
+                .map(|v| v.value().to_vec())
+            else {
+                return Ok((false, false));
+            };
+            let at = old
+                .windows(FIELD.len())
+                .position(|w| w == FIELD)
+                .ok_or_else(|| StoreError::corrupt("spoil a link: no threadId in its JSON"))?
+                + FIELD.len();
+            let mut spoiled = old[..at].to_vec();
+            spoiled.push(0xFF);
+            spoiled.extend_from_slice(&old[at..]);
+            table.insert(&key, spoiled.as_slice()).ctx("spoil a link")?;
+            Ok((true, true))
+        })
+        .await
+    }
+
     /// Overwrites one head entry so that it no longer reads as a head (bytes of the wrong
     /// length), as a torn write or a hand edit could leave it; the session's events stay.
     /// Returns whether the entry existed. The durable suite uses it to check that such an

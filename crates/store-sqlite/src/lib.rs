@@ -595,6 +595,19 @@ impl SqliteStore {
             .await
     }
 
+    /// Overwrites one upstream link row's thread id with text that is not UTF-8 (SQLite stores
+    /// such bytes as they are), as a hand edit by a tool that does not check could leave it.
+    /// Returns whether the row existed. The durable suite uses it to check that such a row is
+    /// unreadable alone.
+    pub async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.edit_session_row(
+            sql::SPOIL_LINK_TEXT,
+            session,
+            "spoil an upstream link's text",
+        )
+        .await
+    }
+
     /// Overwrites one head row so that it can no longer be read (a negative last sequence,
     /// which no writer stores), as a torn write or another writer could leave it. Returns
     /// whether the row existed. The durable suite uses it to check that such a row stops no

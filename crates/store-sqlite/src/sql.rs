@@ -495,6 +495,14 @@ UPDATE session_upstream_links SET last_marker_json = '{torn' WHERE session_key =
 SELECT changes();
 COMMIT";
 
+/// Overwrites one link row's thread id with text that is not UTF-8 (`"t"`, the byte 0xFF, `"x"`)
+/// (`SqliteStore::spoil_link_text`).
+pub(crate) const SPOIL_LINK_TEXT: &str = "BEGIN IMMEDIATE;
+UPDATE session_upstream_links SET thread_id = CAST(X'74FF78' AS TEXT)
+  WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
 /// Overwrites one head row's last sequence with a negative one, which no writer stores
 /// (`SqliteStore::damage_head_row`).
 pub(crate) const DAMAGE_HEAD_ROW: &str = "BEGIN IMMEDIATE;
@@ -537,6 +545,14 @@ pub(crate) const LINKS: &str = concat!(
     "SELECT json_group_array(",
     link_json!(),
     " ORDER BY session_key, agent_id) FROM session_upstream_links"
+);
+
+/// Every link, one row each, by key then agent: its key, its agent and `link_json!`. Read only
+/// when [`LINKS`] holds text that is not UTF-8 (a hand edit), to tell the rows apart.
+pub(crate) const LINKS_EACH: &str = concat!(
+    "SELECT session_key, agent_id, ",
+    link_json!(),
+    " FROM session_upstream_links ORDER BY session_key, agent_id"
 );
 
 /// Writes the whole link decided by `awareness_core::upstream` and commits. Binds: `$1` key,

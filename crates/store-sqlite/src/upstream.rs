@@ -3,9 +3,10 @@
 //! the marker, conditional removal) is `awareness_core::upstream`'s; each write reads the link
 //! and writes what core decided in one `BEGIN IMMEDIATE` transaction.
 //!
-//! A row that cannot be read as a link (decision 0017) is left out of [`UpstreamStore::links`]
-//! with a warning, fails a read or a marker update of its ref with `Corrupt`, is written over
-//! by an adoption of its ref, and is removed by an unconditional removal.
+//! A row that cannot be read as a link (decision 0017), text that is not UTF-8 among them, is
+//! left out of [`UpstreamStore::links`] with a warning, fails a read or a marker update of its
+//! ref with `Corrupt`, is written over by an adoption of its ref, and is removed by an
+//! unconditional removal.
 
 use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 use awareness_core::{SessionRef, StoreError, Timestamp, async_trait};
@@ -26,8 +27,16 @@ async fn begin_with_link(
         .bind(session.session_key.as_str())
         .bind(session.agent_id.as_str());
     let row = batch_one(conn, q, what).await?;
-    let text: Option<&str> = get(&row, 0, what)?;
-    Ok(text.map(decode::one_link))
+    let text: Option<&[u8]> = get(&row, 0, what)?;
+    Ok(text.map(link_of))
+}
+
+/// One link from the bytes of its `link_json!` (SQLite hands back text that is not UTF-8 as it
+/// is, and such a row is unreadable, not a failed read).
+fn link_of(bytes: &[u8]) -> Result<UpstreamLink, StoreError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| StoreError::corrupt(format!("upstream link: text that is not UTF-8 ({e})")))?;
+    decode::one_link(text)
 }
 
 /// Writes `link` whole and commits.
@@ -92,7 +101,7 @@ impl UpstreamStore for SqliteStore {
         let mut conn = self.reader().await;
         let rows = batch(&mut conn, q, WHAT).await?;
         match rows.first() {
-            Some(row) => decode::one_link(get(row, 0, WHAT)?).map(Some),
+            Some(row) => link_of(get(row, 0, WHAT)?).map(Some),
             None => Ok(None),
         }
     }
@@ -100,7 +109,31 @@ impl UpstreamStore for SqliteStore {
     async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
         const WHAT: &str = "list upstream links";
         let row = self.read_one(sqlx::query(sql::LINKS), WHAT).await?;
-        Ok(decode::links(get(&row, 0, WHAT)?)?
+        let all: &[u8] = get(&row, 0, WHAT)?;
+        let found = if let Ok(text) = std::str::from_utf8(all) {
+            decode::links(text)?
+        } else {
+            // A row holds text that is not UTF-8, which SQLite copies into the array as it is:
+            // the rows one by one, so that only that row is unreadable.
+            let mut conn = self.reader().await;
+            batch(&mut conn, sqlx::query(sql::LINKS_EACH), WHAT)
+                .await?
+                .iter()
+                .map(|row| {
+                    let (key, agent, link): (&[u8], &[u8], &[u8]) =
+                        (get(row, 0, WHAT)?, get(row, 1, WHAT)?, get(row, 2, WHAT)?);
+                    match std::str::from_utf8(link) {
+                        Ok(text) => decode::one_link(text),
+                        Err(e) => Err(StoreError::corrupt(format!(
+                            "upstream link ({:?}, {:?}): text that is not UTF-8 ({e})",
+                            String::from_utf8_lossy(key),
+                            String::from_utf8_lossy(agent)
+                        ))),
+                    }
+                })
+                .collect()
+        };
+        Ok(found
             .into_iter()
             .filter_map(|found| {
                 found

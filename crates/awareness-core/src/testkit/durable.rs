@@ -912,6 +912,60 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
     }
 }
 
+/// A link row whose text is not UTF-8 (a hand edit by a tool that does not check) is unreadable
+/// alone (decision 0017): the listing leaves it out and lists the others, a read of its ref
+/// fails with `Corrupt`, and an adoption of its ref writes a new link over it. A store that
+/// reads every link in one piece of text failed the whole listing, so the monitor checked no
+/// link at all.
+pub async fn a_link_row_with_text_that_is_not_utf8_is_left_out(f: impl OpenFile) {
+    use crate::StoreError;
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let u = &*t.upstream;
+    let sessions = [
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+        r("agent:main:subagent:c", "main"),
+    ];
+    for (i, session) in sessions.iter().enumerate() {
+        u.upsert_link(link_spec(session, &format!("t{i}"), 10), T0)
+            .await
+            .expect("adopt");
+    }
+    let spoiled = &sessions[1];
+    if !t
+        .raw
+        .spoil_link_text(spoiled)
+        .await
+        .expect("spoil a link's text")
+    {
+        return; // Links are kept as values (store-memory): their text is always UTF-8.
+    }
+    let listed = async || -> Vec<SessionRef> {
+        u.links()
+            .await
+            .expect("the listing leaves the unreadable row out")
+            .into_iter()
+            .map(|l| l.session)
+            .collect()
+    };
+    assert_eq!(listed().await, [sessions[0].clone(), sessions[2].clone()]);
+    let read = u.link(spoiled).await;
+    assert!(
+        matches!(read, Err(StoreError::Corrupt { .. })),
+        "reading the spoiled link: {read:?}"
+    );
+    let again = u
+        .upsert_link(link_spec(spoiled, "t1", 20), T0.plus_ms(1))
+        .await
+        .expect("adopting again writes over the row");
+    assert!(
+        again.created,
+        "nothing of the unreadable link is kept: {again:?}"
+    );
+    assert_eq!(listed().await, sessions);
+}
+
 /// A head row the store cannot read (a torn write, a hand edit, another writer's row) is left
 /// out of listing the heads (decision 0020), which lists the others, per agent too; reading
 /// that head by its ref fails with `Corrupt`, and the audit names it once (through its events

@@ -80,6 +80,11 @@ pub trait RawAccess: Send + Sync {
     /// could leave it. Returns whether the row existed; `false` from a store that keeps values rather than
     /// bytes (store-memory).
     async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError>;
+    /// Overwrites the thread id of the upstream link row of `session` with bytes that are not
+    /// UTF-8 (a hand edit by a tool that does not check), touching nothing else. Returns
+    /// whether the row existed; `false` from a store that keeps values rather than bytes
+    /// (store-memory).
+    async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError>;
     /// Overwrites the head row of `session` so that the store can no longer read it (a
     /// negative sequence, or bytes that are no head), as a torn write or a hand edit could
     /// leave it, touching nothing else (its events stay). Returns whether the row existed;
@@ -343,7 +348,8 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
 
 /// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
 /// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
-/// `damage_cursor_row`, `damage_link_row`, `damage_head_row`, each async and answering
+/// `damage_cursor_row`, `damage_link_row`, `spoil_link_text`, `damage_head_row`, each async
+/// and answering
 /// `Result<bool, _>`), as the
 /// durable stores have: one forwarding for every suite a store runs.
 #[macro_export]
@@ -388,6 +394,13 @@ macro_rules! raw_access_forwarding {
                 session: &$crate::SessionRef,
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.damage_link_row(session).await
+            }
+
+            async fn spoil_link_text(
+                &self,
+                session: &$crate::SessionRef,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_link_text(session).await
             }
 
             async fn damage_head_row(
@@ -460,6 +473,7 @@ macro_rules! durable_suite {
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
             an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
             an_unreadable_link_row_is_left_out_and_stops_no_other_link,
+            a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,
         );
     };

@@ -2,8 +2,15 @@
 
 use awareness_core::Timestamp;
 
-/// Renders rows under headers, each column as wide as its widest cell, two spaces apart.
+/// Renders rows under headers, each column as wide as its widest cell, two spaces apart. A
+/// cell's control characters and line separators print as spaces: a row another writer left,
+/// or a hand edit, can hold a line break that would forge a row, or a terminal escape.
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let cleaned: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| one_line(cell)).collect())
+        .collect();
+    let rows = cleaned.as_slice();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -32,6 +39,20 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// `cell` with what would break its line or drive the terminal (a control character, a line
+/// separator) as a space.
+fn one_line(cell: &str) -> String {
+    cell.chars()
+        .map(|c| {
+            if awareness_core::validate::breaks_summary(c) {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// `YYYY-MM-DD HH:MM:SS.mmmZ` in UTC ([`Timestamp::utc`]).
 pub fn time(t: Timestamp) -> String {
     t.utc()
@@ -56,5 +77,15 @@ mod tests {
             ],
         );
         assert_eq!(t, "a     bb\nlong  x\ns     yy\n");
+    }
+
+    /// A cell holding a line break or a terminal escape stays on its row, as spaces.
+    #[test]
+    fn cells_keep_to_their_row() {
+        let t = render(
+            &["a", "b"],
+            &[vec!["x\n1  forged".into(), "\u{1b}[2Jy\u{2028}z".into()]],
+        );
+        assert_eq!(t, "a            b\nx 1  forged   [2Jy z\n");
     }
 }

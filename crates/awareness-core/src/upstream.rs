@@ -633,6 +633,12 @@ pub trait UpstreamStore: Send + Sync {
 
     /// Stamps `last_scanned_at`. It does **not** move `updated_at`, so it never breaks a marker
     /// update in flight. `false` when the link is gone.
+    ///
+    /// It takes no token: a link re-adopted between the caller's read and the stamp is stamped
+    /// too (the field is informational; no decision reads it). On a row that cannot be read as
+    /// a link (decision 0017) a store may fail with [`StoreError::Corrupt`] (store-redb, which
+    /// reads the link to stamp it) or stamp the column and leave the row as unreadable as it
+    /// was (store-sqlite); the monitor stamps only links it listed, so it never meets one.
     async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError>;
 
     /// Removes the ref's link; with `expected_updated_at`, only when the link has not changed

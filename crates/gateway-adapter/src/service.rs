@@ -564,7 +564,8 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 /// is woken at once (the waker coalesces) unless the notice is queue-only (an ambient watch's,
 /// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With
 /// `owned`, a watcher that directory does not know is left out (another gateway's:
-/// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained.
+/// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained. A wake
+/// that panics takes its line back out of the queue and panics on ([`deliver_logged`]).
 fn deliver_to(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,
@@ -577,10 +578,20 @@ fn deliver_to(
             continue;
         }
         if queue.enqueue(n.watcher.session_key(), queued(n)) {
-            added += 1;
             if !n.queue_only && !n.watcher.session_key().is_subagent() {
-                wake.wake(n.watcher.session_key(), "session-state");
+                let watcher = n.watcher.session_key();
+                let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    wake.wake(watcher, "session-state");
+                }));
+                if let Err(panic) = woken {
+                    // A line queued without its wake would look delivered to every pick-up,
+                    // and a main session takes no turn unless woken: take it back, so that the
+                    // next pick-up queues it again and wakes the session.
+                    queue.remove(watcher, &queued(n));
+                    std::panic::resume_unwind(panic);
+                }
             }
+            added += 1;
         }
     }
     added
@@ -589,7 +600,9 @@ fn deliver_to(
 /// [`deliver_to`], after a write that committed or on a background task: a panic while
 /// delivering (a wake sink that panics) is logged, not turned into the write's failure, which a
 /// caller could retry, nor into the end of the task. Answers the lines queued, or `None` when
-/// delivering panicked.
+/// delivering panicked. The line whose wake panicked is taken back out of the queue (where the
+/// queue can remove a line), so the next pick-up delivers it again and the watcher's next turn
+/// reads it from its cursor in any case.
 fn deliver_logged(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,

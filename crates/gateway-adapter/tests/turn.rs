@@ -608,7 +608,9 @@ async fn what_a_dropped_turn_left_stays_while_its_watches_stay() {
 }
 
 /// A wake that panics after a recording committed (the gateway's heartbeat runner failing)
-/// does not make the recording look failed: the caller would record it again.
+/// does not make the recording look failed: the caller would record it again. The line is
+/// taken back out of the queue (a pick-up would otherwise take it for delivered, woken), and
+/// the watcher's next turn reads the notice from its cursor.
 #[tokio::test]
 async fn a_panicking_wake_does_not_fail_a_committed_recording() {
     struct Panicking;
@@ -631,7 +633,11 @@ async fn a_panicking_wake_does_not_fail_a_committed_recording() {
         .expect("seeded");
     let recorded = svc.human_message(human_message()).await;
     assert!(recorded.is_some(), "the committed recording is reported");
-    assert_eq!(texts(&queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
+    assert!(queue.peek(&k(MANAGER)).is_empty(), "taken back");
+    assert_eq!(
+        texts(&svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))]
+    );
 }
 
 /// Decision 0003 and DESIGN.md "Delivery": decoding a context key is strict, so a line queued

@@ -383,6 +383,20 @@ pub fn head_after(previous: Option<&Head>, event: &Event, now: Timestamp) -> Hea
     }
 }
 
+/// The head of an event's ref once the event is recorded over a head row the store cannot read
+/// (decision 0020): its sequence, the store's clock `now`, and a pruned watermark just below the
+/// event. What the ref held before is unknown (events of it may have been pruned while the row
+/// was unreadable, and its old watermark is lost with it), so a reconcile from any earlier
+/// version is told of a history gap instead of being handed a history that looks whole.
+pub fn head_over_unreadable(event: &Event, now: Timestamp) -> Head {
+    Head {
+        session: event.session_ref(),
+        last_sequence: event.sequence,
+        pruned_max_sequence: Sequence(event.sequence.0.saturating_sub(1)),
+        updated_at: now,
+    }
+}
+
 /// The cursor effects of a freshly recorded (not deduplicated) event.
 ///
 /// `existing` must hold every cursor whose target key is the event's key (of any agent); the

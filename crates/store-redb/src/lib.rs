@@ -822,8 +822,16 @@ pub(crate) fn record_tx(
     let existing = t.cur.on_target(stored.session_key.as_str())?;
     let effects = protocol::on_event(&stored, &named, &existing, now);
     t.ev.insert(&stored)?;
-    let previous = tables::read_head(&t.ev.by_ref, &stored.session_ref())?;
-    let head = protocol::head_after(previous.as_ref(), &stored, now);
+    let head = match tables::head_entry(&t.ev.by_ref, &stored.session_ref())? {
+        None => protocol::head_after(None, &stored, now),
+        Some(Ok(previous)) => protocol::head_after(Some(&previous), &stored, now),
+        // A damaged entry stops no recording on its session (decision 0020): the new head
+        // says that what came before it is of unknown history.
+        Some(Err(e)) => {
+            tracing::warn!(session = %stored.session_ref(), error = %e, "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
+            protocol::head_over_unreadable(&stored, now)
+        }
+    };
     tables::put_head(&mut t.ev.by_ref, &head)?;
     for c in &effects.upserts {
         t.cur.put(c)?;

@@ -128,6 +128,21 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
     };
 }
 
+/// What a recording sets on the head row its event moves (`ON CONFLICT ... DO UPDATE SET`):
+/// the last sequence and the time, keeping the pruned watermark, except over a row this store
+/// cannot read (a negative sequence), whose watermark becomes just below the event, as
+/// `awareness_core::protocol::head_over_unreadable` decides (decision 0020): what came before
+/// is of unknown history. SQLite evaluates every expression of the `SET` against the row as it
+/// was. The durable suite checks this rule (`an_unreadable_head_row_is_left_out_of_the_listings`);
+/// the model test cannot, having no damaged rows.
+macro_rules! head_moved {
+    () => {
+        "last_sequence = excluded.last_sequence, updated_at = excluded.updated_at,
+  pruned_max_sequence = CASE WHEN last_sequence < 0 OR pruned_max_sequence < 0
+    THEN excluded.last_sequence - 1 ELSE pruned_max_sequence END"
+    };
+}
+
 /// Record, first batch. Binds: `$1` dedupe key, `$2` session key, `$3` session id, `$4` agent,
 /// `$5` kind, `$6` actor type, `$7` actor id, `$8` run id, `$9` occurred at (clamped by core),
 /// `$10` summary, `$11` payload JSON, `$12` now, `$13` the event's fields as JSON
@@ -155,8 +170,8 @@ SELECT changes(), last_insert_rowid(),
 INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_max_sequence,
   updated_at)
 SELECT $2, $4, last_insert_rowid(), 0, $12 WHERE changes() > 0
-ON CONFLICT (session_key, agent_id) DO UPDATE SET
-  last_sequence = excluded.last_sequence, updated_at = excluded.updated_at"
+ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
+    head_moved!()
 );
 
 /// Set on the write connection: WAL (persistent in the file); as a safety net only, a large
@@ -192,8 +207,9 @@ SELECT changes(), last_insert_rowid(),
 INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_max_sequence,
   updated_at)
 SELECT $2, $4, last_insert_rowid(), 0, $12 WHERE changes() > 0
-ON CONFLICT (session_key, agent_id) DO UPDATE SET
-  last_sequence = excluded.last_sequence, updated_at = excluded.updated_at;
+ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
+    head_moved!(),
+    ";
 COMMIT"
 );
 
@@ -235,12 +251,15 @@ FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events'
 /// inserted sequences); the pruned watermark keeps its stored value.
 macro_rules! move_heads {
     () => {
-        "INSERT INTO session_state_heads (session_key,
+        concat!(
+            "INSERT INTO session_state_heads (session_key,
   agent_id, last_sequence, pruned_max_sequence, updated_at)
 SELECT value ->> 0, value ->> 1, value ->> 2, 0, value ->> 3 FROM jsonb_each($1) WHERE true
-ON CONFLICT (session_key, agent_id) DO UPDATE SET
-  last_sequence = excluded.last_sequence, updated_at = excluded.updated_at;
+ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
+            head_moved!(),
+            ";
 "
+        )
     };
 }
 

@@ -1045,6 +1045,97 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
         Sequence(1),
         "the readable head is stamped"
     );
+    // A recording on the session writes a head again, which must not hide what was pruned.
+    let next = rec(s, human(&torn), T0).await.event.sequence;
+    let page = s
+        .changes_since(&torn, Sequence::ZERO, 200)
+        .await
+        .expect("the session's changes once it is recorded on again");
+    assert_eq!(
+        page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        [next]
+    );
+    assert!(
+        page.history_gap,
+        "its first event was pruned under the damaged head: {page:?}"
+    );
+}
+
+/// A recording on a session whose head row the store cannot read succeeds and writes a readable
+/// head at its event, with a pruned watermark just below it
+/// ([`head_over_unreadable`](crate::protocol::head_over_unreadable), decision 0020): what came
+/// before is of unknown history (events may have been pruned under the damaged row, its old
+/// watermark is lost), so a reconcile from an earlier version reports a history gap, and one
+/// from just below the event does not. Checked for a watched session, an unwatched one, and one
+/// recorded among concurrent recordings (which a store may commit as a group). One store
+/// refused every recording on the session; the other kept a watermark that hid what pruning
+/// had deleted.
+pub async fn a_recording_over_an_unreadable_head_reports_a_history_gap(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (watched, alone, grouped) = (
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+        r("agent:main:subagent:c", "main"),
+    );
+    s.watch(&w("agent:main:main"), &watched, T0)
+        .await
+        .expect("watch");
+    let mut first = Vec::new();
+    for session in [&watched, &alone, &grouped] {
+        first.push(rec(s, human(session), T0).await.event.sequence);
+        if !t.raw.damage_head_row(session).await.expect("damage a head") {
+            return; // Heads are kept as values (store-memory): none can be damaged.
+        }
+    }
+    let check = async |session: &SessionRef, first: Sequence, last: Sequence| {
+        let head = s
+            .heads(std::slice::from_ref(session))
+            .await
+            .unwrap_or_else(|e| panic!("{session}: the head is readable again: {e}"));
+        assert_eq!(head.len(), 1, "{session}");
+        assert_eq!(head[0].last_sequence, last, "{session}");
+        assert_eq!(head[0].pruned_max_sequence, Sequence(last.0 - 1), "{session}");
+        let page = s
+            .changes_since(session, Sequence::ZERO, 200)
+            .await
+            .expect("changes");
+        assert!(page.history_gap, "{session}: from 0: {page:?}");
+        assert_eq!(
+            page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [first, last],
+            "{session}"
+        );
+        let page = s
+            .changes_since(session, Sequence(last.0 - 1), 200)
+            .await
+            .expect("changes");
+        assert!(!page.history_gap, "{session}: from just below: {page:?}");
+    };
+    for (i, session) in [&watched, &alone].into_iter().enumerate() {
+        let last = rec(s, human(session), T0).await.event.sequence;
+        check(session, first[i], last).await;
+    }
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let store = std::sync::Arc::clone(&t.store);
+            let session = if i == 5 {
+                grouped.clone()
+            } else {
+                r(&format!("agent:main:subagent:s{}", i % 4), "main")
+            };
+            tokio::spawn(async move { store.record(log_only(&session, "e"), T0).await })
+        })
+        .collect();
+    let mut last = None;
+    for (i, call) in calls.into_iter().enumerate() {
+        let got = call.await.expect("join").expect("every recording succeeds");
+        if i == 5 {
+            last = Some(got.event.sequence);
+        }
+    }
+    check(&grouped, first[2], last.expect("recorded")).await;
 }
 
 /// A cursor row the store can no longer read (a torn write, a hand edit, another writer's row)

@@ -475,6 +475,7 @@ macro_rules! durable_suite {
             an_unreadable_link_row_is_left_out_and_stops_no_other_link,
             a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,
+            a_recording_over_an_unreadable_head_reports_a_history_gap,
         );
     };
 }

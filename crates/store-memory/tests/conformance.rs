@@ -40,6 +40,19 @@ impl RawAccess for Raw {
         Ok(false)
     }
 
+    async fn spoil_cursor_text(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
+        // As is every text this store keeps.
+        Ok(false)
+    }
+
+    async fn spoil_head_text(&self, _: &SessionRef) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn spoil_event_text(&self, _: Sequence) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     async fn damage_head_row(&self, _: &SessionRef) -> Result<bool, StoreError> {
         // And heads.
         Ok(false)

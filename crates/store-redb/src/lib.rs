@@ -702,6 +702,41 @@ impl RedbStore {
         .await
     }
 
+    /// Answers `false`: cursors are kept in redb's own string type, which cannot hold text that
+    /// is not UTF-8 (redb checks it when it reads). For the durable suite.
+    #[allow(
+        clippy::unused_async,
+        reason = "async like every row helper the testkit's forwarding awaits"
+    )]
+    pub async fn spoil_cursor_text(
+        &self,
+        _: &WatcherKey,
+        _: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Answers `false`: a head's key is redb's own string type, as for
+    /// [`RedbStore::spoil_cursor_text`]. For the durable suite.
+    #[allow(
+        clippy::unused_async,
+        reason = "async like every row helper the testkit's forwarding awaits"
+    )]
+    pub async fn spoil_head_text(&self, _: &SessionRef) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Puts a byte that is not UTF-8 into one event row's session key (the row is this store's
+    /// own encoding, which keeps strings as bytes), as a hand edit or a flipped bit could leave
+    /// it. Returns whether the row existed. For the durable suite.
+    pub async fn spoil_event_text(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        self.write("spoil an event's text", move |txn| {
+            let spoiled = EventTables::open(txn)?.spoil_key(sequence.get())?;
+            Ok((spoiled, spoiled))
+        })
+        .await
+    }
+
     /// Overwrites one head entry so that it no longer reads as a head (bytes of the wrong
     /// length), as a torn write or a hand edit could leave it; the session's events stay.
     /// Returns whether the entry existed. The durable suite uses it to check that such an

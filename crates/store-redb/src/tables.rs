@@ -525,6 +525,40 @@ impl<'t> EventTables<'t> {
         Ok(true)
     }
 
+    /// Replaces the first byte of the session key inside the row of `seq` (and its copy in
+    /// `events_by_ref`) with 0xFF, so the key is no longer UTF-8 (`RedbStore::spoil_event_text`);
+    /// touches no index entry or head. Returns whether the row existed.
+    pub(crate) fn spoil_key(&mut self, seq: u64) -> Result<bool, StoreError> {
+        let Some((agent, key, mut row)) = self
+            .events
+            .get(seq)
+            .ctx("read an event")?
+            .map(|row| -> Result<_, StoreError> {
+                let m = codec::meta(seq, row.value())?;
+                Ok((
+                    m.agent_id.to_owned(),
+                    m.session_key.to_owned(),
+                    row.value().to_vec(),
+                ))
+            })
+            .transpose()?
+        else {
+            return Ok(false);
+        };
+        let at = row
+            .windows(key.len())
+            .position(|w| w == key.as_bytes())
+            .ok_or_else(|| StoreError::corrupt("spoil an event: its key is not in its row"))?;
+        row[at] = 0xFF;
+        self.by_ref
+            .insert((agent.as_str(), key.as_str(), seq), row.as_slice())
+            .ctx("spoil an event")?;
+        self.events
+            .insert(seq, row.as_slice())
+            .ctx("spoil an event")?;
+        Ok(true)
+    }
+
     /// Deletes one event row with its index entries (and frees its dedupe key); touches no
     /// head. Returns whether the row existed. A row that cannot be decoded is deleted too (see
     /// [`EventTables::unreadable`]).

@@ -56,7 +56,7 @@ impl CursorStore for SqliteStore {
                 .bind(target.session_key.as_str().to_owned())
                 .bind(target.agent_id.as_str().to_owned());
             let row = batch_one(&mut w.conn, q, WHAT).await?;
-            let existing: Option<&str> = get(&row, 0, WHAT)?;
+            let existing: Option<&[u8]> = get(&row, 0, WHAT)?;
             // A row that cannot be read is watched over as if there were none (decision 0016).
             let existing = existing.and_then(|text| {
                 decode::one_cursor(text)

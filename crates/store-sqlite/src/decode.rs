@@ -75,6 +75,31 @@ struct RawHead<'a>(
     i64,
 );
 
+/// A many-row JSON text as SQLite handed it back: as it is when it is UTF-8, and `false`; else
+/// (a row holds text that is not UTF-8: SQLite stores such bytes as they are, and copies them
+/// into the JSON it builds) with each bad sequence read as U+FFFD, and `true`. The caller then
+/// counts a row holding U+FFFD as unreadable ([`spoiled`]), so that one such row is set apart
+/// like any other unreadable row instead of failing the whole read.
+pub(crate) fn lossy_text(bytes: &[u8]) -> (Cow<'_, str>, bool) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (Cow::Borrowed(text), false),
+        Err(_) => (String::from_utf8_lossy(bytes), true),
+    }
+}
+
+/// Whether a row of a [`lossy_text`] that was not UTF-8 (`lossy`) holds a replaced sequence in
+/// one of its text `fields`. (A U+FFFD stored as such in a row of the same read counts too: a
+/// rare false alarm on a read that already holds a damaged row.)
+fn spoiled(lossy: bool, fields: &[&str]) -> bool {
+    lossy
+        && fields
+            .iter()
+            .any(|f| f.contains(char::REPLACEMENT_CHARACTER))
+}
+
+/// The reason given for a row [`spoiled`] says is unreadable.
+const NOT_UTF8: &str = "text that is not UTF-8";
+
 fn json<'a, T: Deserialize<'a>>(what: &str, text: &'a str) -> Result<T, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
         context: format!("{what}: unreadable row set"),
@@ -421,15 +446,27 @@ pub(crate) struct CursorRows {
 }
 
 impl CursorRows {
-    /// Reads a JSON array of cursors.
-    pub(crate) fn read(text: &str) -> Result<Self, StoreError> {
-        let raws = rows("cursors", text, cursor_fields)?;
+    /// Reads a JSON array of cursors (bytes, which may not all be UTF-8: [`lossy_text`]).
+    pub(crate) fn read(bytes: &[u8]) -> Result<Self, StoreError> {
+        let (text, lossy) = lossy_text(bytes);
+        let raws = rows("cursors", &text, cursor_fields)?;
         let mut out = Self {
             readable: Vec::with_capacity(raws.len()),
             unreadable: Vec::new(),
         };
         for raw in raws {
-            match cursor(&raw) {
+            let fields = [
+                &*raw.0,
+                &*raw.1,
+                raw.2.as_deref().unwrap_or_default(),
+                &*raw.7,
+            ];
+            let read = if spoiled(lossy, &fields) {
+                Err(StoreError::corrupt(NOT_UTF8))
+            } else {
+                cursor(&raw)
+            };
+            match read {
                 Ok(c) => out.readable.push(c),
                 Err(e) => out.unreadable.push(UnreadableCursor {
                     watcher: raw.0.into_owned(),
@@ -458,27 +495,29 @@ impl CursorRows {
 /// A JSON array of cursors, as a listing, an acknowledgement and a re-freeze take them: a row
 /// that cannot be read is left out with a warning naming it ([`CursorRows::warned`]). Reading
 /// that one cursor ([`one_cursor`]) still fails.
-pub(crate) fn cursors(text: &str) -> Result<Vec<Cursor>, StoreError> {
-    Ok(CursorRows::read(text)?.warned())
+pub(crate) fn cursors(bytes: &[u8]) -> Result<Vec<Cursor>, StoreError> {
+    Ok(CursorRows::read(bytes)?.warned())
 }
 
 /// One cursor (`cursor_json!`).
-pub(crate) fn one_cursor(text: &str) -> Result<Cursor, StoreError> {
+pub(crate) fn one_cursor(bytes: &[u8]) -> Result<Cursor, StoreError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| StoreError::corrupt(format!("cursor: {NOT_UTF8} ({e})")))?;
     cursor(&json("cursor", text)?)
 }
 
 /// A JSON array of heads of the refs asked for: a row that cannot be read fails the call.
-pub(crate) fn heads(text: &str) -> Result<Vec<Head>, StoreError> {
-    head_rows(text)?.into_iter().collect()
+pub(crate) fn heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
+    head_rows(bytes)?.into_iter().collect()
 }
 
 /// A JSON array of heads, as a listing takes them: a row that cannot be read (a key or agent
 /// this store refuses, a negative sequence) is left out with a warning naming it, so that one
 /// damaged row stops no listing of the others (docs/decisions/0020). Reading that one head by
 /// its ref ([`heads`]) still fails.
-pub(crate) fn listed_heads(text: &str) -> Result<Vec<Head>, StoreError> {
+pub(crate) fn listed_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
     let mut out = Vec::new();
-    for read in head_rows(text)? {
+    for read in head_rows(bytes)? {
         match read {
             Ok(h) => out.push(h),
             Err(e) => tracing::warn!(reason = %e, "ignoring a head row that cannot be read"),
@@ -487,12 +526,19 @@ pub(crate) fn listed_heads(text: &str) -> Result<Vec<Head>, StoreError> {
     Ok(out)
 }
 
-/// Each row of a JSON array of heads, read or why not.
-fn head_rows(text: &str) -> Result<Vec<Result<Head, StoreError>>, StoreError> {
-    let raws = rows("heads", text, head_fields)?;
+/// Each row of a JSON array of heads (bytes, which may not all be UTF-8: [`lossy_text`]), read
+/// or why not.
+fn head_rows(bytes: &[u8]) -> Result<Vec<Result<Head, StoreError>>, StoreError> {
+    let (text, lossy) = lossy_text(bytes);
+    let raws = rows("heads", &text, head_fields)?;
     Ok(raws
         .into_iter()
         .map(|RawHead(key, agent, last, pruned, updated_at)| {
+            if spoiled(lossy, &[&key, &agent]) {
+                return Err(StoreError::corrupt(format!(
+                    "head ({key:?}, {agent:?}): {NOT_UTF8}"
+                )));
+            }
             let r = session_ref(&key, &agent)
                 .map_err(|e| StoreError::corrupt(format!("head ({key:?}, {agent:?}): {e}")))?;
             head(r, last, pruned, updated_at)
@@ -533,12 +579,18 @@ pub(crate) type Victim = (i64, Option<(SessionRef, Sequence)>);
 /// is pruned in its turn all the same, by its stored sequence, with no watermark stamped over
 /// it (logged): failing instead would fail every pruning pass from then on, and retention would
 /// end for good.
-pub(crate) fn victims(text: &str) -> Result<Vec<Victim>, StoreError> {
-    let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", text)?;
+pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
+    let (text, lossy) = lossy_text(bytes);
+    let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", &text)?;
     Ok(raws
         .into_iter()
         .map(|(seq, key, agent)| {
-            let stamp = session_ref(&key, &agent).and_then(|r| {
+            let stamp = if spoiled(lossy, &[&key, &agent]) {
+                Err(NOT_UTF8.to_owned())
+            } else {
+                session_ref(&key, &agent)
+            };
+            let stamp = stamp.and_then(|r| {
                 let s = sequence("pruning victim", seq).map_err(|e| e.to_string())?;
                 Ok((r, s))
             });
@@ -564,11 +616,15 @@ pub(crate) fn victims(text: &str) -> Result<Vec<Victim>, StoreError> {
 /// a head row that cannot be read (decision 0020), with a warning naming it: reading that head
 /// fails, so no caller is told its history is whole, and failing instead would fail every
 /// pruning pass from then on.
-pub(crate) fn victim_heads(text: &str) -> Result<Vec<Head>, StoreError> {
-    let raws = rows("heads", text, head_fields)?;
+pub(crate) fn victim_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
+    let (text, lossy) = lossy_text(bytes);
+    let raws = rows("heads", &text, head_fields)?;
     Ok(raws
         .into_iter()
         .filter_map(|RawHead(key, agent, last, pruned, updated_at)| {
+            if spoiled(lossy, &[&key, &agent]) {
+                return None;
+            }
             let r = session_ref(&key, &agent).ok()?;
             head(r, last, pruned, updated_at)
                 .inspect_err(|e| {

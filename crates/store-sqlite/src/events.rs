@@ -119,8 +119,8 @@ async fn record_two_batches(
         return Ok((dedupe_hit(&row, &event)?, None));
     }
     event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
-    let existing: Option<&str> = get(&row, 3, WHAT)?;
-    let rows = decode::CursorRows::read(existing.unwrap_or("[]"))?;
+    let existing: Option<&[u8]> = get(&row, 3, WHAT)?;
+    let rows = decode::CursorRows::read(existing.unwrap_or(b"[]"))?;
     // A row that cannot be read stays watched (its row is there), for the hint.
     let damaged = !rows.unreadable.is_empty();
     let existing = rows.warned();

@@ -93,8 +93,12 @@
 //!   no write lock.
 //! - A cursor row OpenClaw wrote has no target agent; [`awareness_core::Cursor::default_target_agent`]
 //!   supplies it. A cursor row that cannot be read (its watcher key is not agent-qualified, a
-//!   sequence is negative, ...) is left out of every read of many cursors with a `warn!` and
-//!   left in the file, so one bad row cannot stop recording on its target (decision 0016).
+//!   sequence is negative, text that is not UTF-8, ...) is left out of every read of many
+//!   cursors with a `warn!` and left in the file, so one bad row cannot stop recording on its
+//!   target (decision 0016). SQLite keeps text that is not UTF-8 as it is and copies it into
+//!   the one JSON text a read of many rows decodes; such a text is read with each bad sequence
+//!   as U+FFFD, and a row holding one is unreadable (cursors, heads, pruning victims; links are
+//!   read again a row at a time, decision 0017).
 //! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
 //! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
 //!   cascade into another table of an OpenClaw database.
@@ -606,6 +610,34 @@ impl SqliteStore {
             "spoil an upstream link's text",
         )
         .await
+    }
+
+    /// Appends a byte that is not UTF-8 to one cursor row's target agent, as a hand edit by a
+    /// tool that does not check could leave it. Returns whether the row existed. The durable
+    /// suite uses it to check that such a row is unreadable alone.
+    pub async fn spoil_cursor_text(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::SPOIL_CURSOR_TEXT)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        self.write_changed("spoil a cursor's text", q).await
+    }
+
+    /// Appends a byte that is not UTF-8 to one head row's agent, as
+    /// [`SqliteStore::spoil_cursor_text`] does to a cursor's.
+    pub async fn spoil_head_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.edit_session_row(sql::SPOIL_HEAD_TEXT, session, "spoil a head's text")
+            .await
+    }
+
+    /// Appends a byte that is not UTF-8 to one event row's session key, as
+    /// [`SqliteStore::spoil_cursor_text`] does to a cursor's.
+    pub async fn spoil_event_text(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::SPOIL_EVENT_TEXT).bind(int(sequence));
+        self.write_changed("spoil an event's text", q).await
     }
 
     /// Overwrites one head row so that it can no longer be read (a negative last sequence,

@@ -522,6 +522,28 @@ UPDATE session_upstream_links SET thread_id = CAST(X'74FF78' AS TEXT)
 SELECT changes();
 COMMIT";
 
+/// Appends the byte 0xFF (text that is not UTF-8) to one cursor row's target agent
+/// (`SqliteStore::spoil_cursor_text`).
+pub(crate) const SPOIL_CURSOR_TEXT: &str = "BEGIN IMMEDIATE;
+UPDATE session_watch_cursors SET target_agent_id = target_agent_id || CAST(X'FF' AS TEXT)
+  WHERE watcher_session_key = $1 AND target_session_key = $2;
+SELECT changes();
+COMMIT";
+
+/// Appends the byte 0xFF to one head row's agent (`SqliteStore::spoil_head_text`).
+pub(crate) const SPOIL_HEAD_TEXT: &str = "BEGIN IMMEDIATE;
+UPDATE session_state_heads SET agent_id = agent_id || CAST(X'FF' AS TEXT)
+  WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
+/// Appends the byte 0xFF to one event row's session key (`SqliteStore::spoil_event_text`).
+pub(crate) const SPOIL_EVENT_TEXT: &str = "BEGIN IMMEDIATE;
+UPDATE session_state_events SET session_key = session_key || CAST(X'FF' AS TEXT)
+  WHERE sequence = $1;
+SELECT changes();
+COMMIT";
+
 /// Overwrites one head row's last sequence with a negative one, which no writer stores
 /// (`SqliteStore::damage_head_row`).
 pub(crate) const DAMAGE_HEAD_ROW: &str = "BEGIN IMMEDIATE;

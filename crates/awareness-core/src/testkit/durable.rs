@@ -1061,6 +1061,67 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     );
 }
 
+/// A head row or an event row holding text that is not UTF-8 (a hand edit by a tool that does
+/// not check) stops neither a listing of heads, which lists the others, nor pruning, which
+/// deletes that event in its turn. A store that reads many rows as one piece of text failed
+/// both as a whole: the one listing for good, and every pruning pass from then on, so the log
+/// grew without bound.
+pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let sessions = [
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+        r("agent:main:subagent:c", "main"),
+    ];
+    let mut seqs = Vec::new();
+    for session in &sessions {
+        seqs.push(rec(s, human(session), T0).await.event.sequence);
+    }
+    let listed = async |agent: Option<&str>| -> Vec<SessionRef> {
+        let agent = agent.map(|a| crate::model::AgentId::new(a).expect("agent"));
+        s.list_heads(agent.as_ref())
+            .await
+            .expect("a listing over a head that is not UTF-8")
+            .into_iter()
+            .map(|h| h.session)
+            .collect()
+    };
+    if t.raw
+        .spoil_head_text(&sessions[1])
+        .await
+        .expect("spoil a head")
+    {
+        let others = [sessions[0].clone(), sessions[2].clone()];
+        assert_eq!(listed(None).await, others);
+        assert_eq!(listed(Some("main")).await, others);
+    }
+    if t.raw
+        .spoil_event_text(seqs[0])
+        .await
+        .expect("spoil an event")
+    {
+        let policy = crate::RetentionPolicy {
+            max_rows: 1,
+            ..crate::RetentionPolicy::default()
+        };
+        let report = s
+            .prune(&policy, T0)
+            .await
+            .expect("a pass over an event that is not UTF-8");
+        assert_eq!(report.events_by_cap, 2, "{report:?}");
+        let left: Vec<Sequence> = s
+            .events_after(Sequence::ZERO, 100)
+            .await
+            .expect("the log, once that event is pruned")
+            .iter()
+            .map(|e| e.sequence)
+            .collect();
+        assert_eq!(left, [seqs[2]], "the spoiled event pruned in its turn");
+    }
+}
+
 /// A recording on a session whose head row the store cannot read succeeds and writes a readable
 /// head at its event, with a pruned watermark just below it
 /// ([`head_over_unreadable`](crate::protocol::head_over_unreadable), decision 0020): what came
@@ -1096,7 +1157,11 @@ pub async fn a_recording_over_an_unreadable_head_reports_a_history_gap(f: impl O
             .unwrap_or_else(|e| panic!("{session}: the head is readable again: {e}"));
         assert_eq!(head.len(), 1, "{session}");
         assert_eq!(head[0].last_sequence, last, "{session}");
-        assert_eq!(head[0].pruned_max_sequence, Sequence(last.0 - 1), "{session}");
+        assert_eq!(
+            head[0].pruned_max_sequence,
+            Sequence(last.0 - 1),
+            "{session}"
+        );
         let page = s
             .changes_since(session, Sequence::ZERO, 200)
             .await
@@ -1149,6 +1214,24 @@ pub async fn a_recording_over_an_unreadable_head_reports_a_history_gap(f: impl O
 /// over it; an unwatch, a reset of its watcher, a deletion of its target or a pruning pass
 /// (once it is idle) removes it.
 pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl OpenFile) {
+    unreadable_cursor_rows(f, false).await;
+}
+
+/// [`an_unreadable_cursor_row_is_left_out_and_stops_nothing_else`], with rows whose target agent
+/// is text that is not UTF-8 (a hand edit by a tool that does not check). A store that reads
+/// many cursors as one piece of text failed every such read as a whole: no recording on the
+/// target, no start-up sweep, no deletion of the target.
+pub async fn a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothing_else(
+    f: impl OpenFile,
+) {
+    unreadable_cursor_rows(f, true).await;
+}
+
+/// The check of unreadable cursor rows, with rows damaged by
+/// [`RawAccess::damage_cursor_row`](super::RawAccess::damage_cursor_row), or spoiled by
+/// [`RawAccess::spoil_cursor_text`](super::RawAccess::spoil_cursor_text) (`spoil`; nothing is
+/// checked for a store that cannot hold such text).
+async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
     use crate::{CursorFilter, StoreError};
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
@@ -1168,16 +1251,24 @@ pub async fn an_unreadable_cursor_row_is_left_out_and_stops_nothing_else(f: impl
         "both watchers of the first target are told"
     );
     let second_seen = rec(s, human(&second), T0).await.event.sequence;
+    let damage_or_spoil = async |watcher: &crate::WatcherKey, target: &SessionRef| {
+        if spoil {
+            t.raw.spoil_cursor_text(watcher, &target.session_key).await
+        } else {
+            t.raw.damage_cursor_row(watcher, &target.session_key).await
+        }
+        .expect("damage a cursor row")
+    };
+    if !damage_or_spoil(&manager, &first).await {
+        assert!(spoil, "the store has a cursor row to damage");
+        return; // The store cannot hold such text in a cursor row.
+    }
     let damage = async |watcher: &crate::WatcherKey, target: &SessionRef| {
         assert!(
-            t.raw
-                .damage_cursor_row(watcher, &target.session_key)
-                .await
-                .expect("damage a cursor row"),
+            damage_or_spoil(watcher, target).await,
             "the store has a cursor row to damage"
         );
     };
-    damage(&manager, &first).await;
     // Every listing, whatever its filter, leaves it out.
     let listed = async |watcher: Option<&crate::WatcherKey>,
                         target: Option<&SessionRef>,

@@ -85,6 +85,24 @@ pub trait RawAccess: Send + Sync {
     /// whether the row existed; `false` from a store that keeps values rather than bytes
     /// (store-memory).
     async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError>;
+    /// Overwrites the target agent of the cursor row `(watcher, target)` with bytes that are
+    /// not UTF-8, touching nothing else. Returns whether the row existed; `false` from a store
+    /// that cannot hold such text there (store-memory keeps values; store-redb keeps cursors in
+    /// redb's own string type, which redb checks).
+    async fn spoil_cursor_text(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError>;
+    /// Overwrites the agent of the head row of `session` with bytes that are not UTF-8 (so the
+    /// row no longer answers for `session`), touching nothing else. Returns whether the row
+    /// existed; `false` from a store that cannot hold such text there (store-memory,
+    /// store-redb, as for cursors).
+    async fn spoil_head_text(&self, session: &SessionRef) -> Result<bool, StoreError>;
+    /// Overwrites the session key of the event row `sequence` with bytes that are not UTF-8,
+    /// touching nothing else (its head and indexes stay). Returns whether the row existed;
+    /// `false` from a store that keeps values (store-memory).
+    async fn spoil_event_text(&self, sequence: Sequence) -> Result<bool, StoreError>;
     /// Overwrites the head row of `session` so that the store can no longer read it (a
     /// negative sequence, or bytes that are no head), as a torn write or a hand edit could
     /// leave it, touching nothing else (its events stay). Returns whether the row existed;
@@ -348,8 +366,8 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
 
 /// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
 /// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
-/// `damage_cursor_row`, `damage_link_row`, `spoil_link_text`, `damage_head_row`, each async
-/// and answering
+/// `damage_cursor_row`, `damage_link_row`, `damage_head_row` and the `spoil_*_text` ones, each
+/// async and answering
 /// `Result<bool, _>`), as the
 /// durable stores have: one forwarding for every suite a store runs.
 #[macro_export]
@@ -401,6 +419,28 @@ macro_rules! raw_access_forwarding {
                 session: &$crate::SessionRef,
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.spoil_link_text(session).await
+            }
+
+            async fn spoil_cursor_text(
+                &self,
+                watcher: &$crate::WatcherKey,
+                target: &$crate::SessionKey,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_cursor_text(watcher, target).await
+            }
+
+            async fn spoil_head_text(
+                &self,
+                session: &$crate::SessionRef,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_head_text(session).await
+            }
+
+            async fn spoil_event_text(
+                &self,
+                sequence: $crate::Sequence,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_event_text(sequence).await
             }
 
             async fn damage_head_row(
@@ -472,9 +512,11 @@ macro_rules! durable_suite {
             an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
             an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
+            a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothing_else,
             an_unreadable_link_row_is_left_out_and_stops_no_other_link,
             a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,
+            text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning,
             a_recording_over_an_unreadable_head_reports_a_history_gap,
         );
     };

@@ -14,9 +14,11 @@
 //!   `user_version`, are never touched. Rows OpenClaw wrote read as OpenClaw reads them, a kind
 //!   this version does not know, an empty id or a payload that is not a JSON object included
 //!   (decision 0013).
-//! - **Atomic.** Recording is one `BEGIN IMMEDIATE` transaction: the event insert (a dedupe hit
-//!   returns the stored row and still spends one sequence, as OpenClaw's AUTOINCREMENT does),
-//!   the head move and every cursor move. Acknowledge, sweep and delete are one transaction
+//! - **Atomic.** Recording writes in one `BEGIN IMMEDIATE` transaction: the event insert (a
+//!   dedupe hit returns the stored row and still spends one sequence, as OpenClaw's
+//!   AUTOINCREMENT does), the head move and every cursor move. (A recording tried the one-batch
+//!   way whose target turns out to be watched commits a transaction that wrote nothing, then
+//!   writes in a second one; below.) Acknowledge, sweep and delete are one transaction
 //!   each; a pruning chunk may take several (below).
 //! - **Crash-safe.** WAL with `synchronous=NORMAL`: a committed record survives a killed
 //!   process; `busy_timeout=5000` makes writers of several processes wait for each other.
@@ -47,12 +49,14 @@
 //!
 //! - one **write connection** held outside any pool (no ping on acquire), behind an async
 //!   mutex, and two **reader connections** (WAL readers never block the writer);
-//! - a write is at most **two batches**: the first begins the `IMMEDIATE` transaction, writes
+//! - a write is mostly **two batches**: the first begins the `IMMEDIATE` transaction, writes
 //!   what needs no decision and reads what the protocol needs; the second writes what
 //!   `awareness_core::protocol` decided and commits. A recording that core says moves no
 //!   cursor when its target has none (no producer-named watcher) is **one batch**: its insert
 //!   is guarded by "the target has no cursor" under the write lock, and only when the guard
-//!   finds one (nothing written, no sequence spent) does it take the two-batch path. An
+//!   finds one (nothing written, no sequence spent) does it take the two-batch path, in a
+//!   transaction of its own (three batches in all, the first writing nothing). A pruning
+//!   transaction of the row cap is three batches (count, choose, delete). An
 //!   in-memory hint of watched targets sends those straight to two batches;
 //! - **group commit**: recordings that arrive while the write connection is busy queue up, and
 //!   the next writer records all of them (up to [`SqliteOptions::group_commit`], default 64) in

@@ -2,9 +2,10 @@
 //!
 //! Shapes that keep the number of messages between the async caller and sqlx's SQLite worker
 //! thread small (each statement result and each row is one message):
-//! - a write operation is at most two batches: the first begins the `IMMEDIATE` transaction,
+//! - a write operation is mostly two batches: the first begins the `IMMEDIATE` transaction,
 //!   writes what needs no decision and reads what the protocol needs; the second persists what
-//!   `awareness_core::protocol` decided and commits;
+//!   `awareness_core::protocol` decided and commits (the exceptions, a recording whose one-batch
+//!   try met a watched target and a row-cap pruning transaction, are in the crate docs);
 //! - every read answers in **one row**, building lists inside SQLite as one JSON value
 //!   (`json_group_array`, or [`json_rows!`] for an ordered, limited list), so a 200-event page
 //!   is one message, not 201.

@@ -84,10 +84,16 @@ impl SessionStatus {
 /// (not `versionAhead`), to `after` too: `versionAhead` is then set exactly when `after` is above
 /// the version answered. When the page found its head below `after` (`versionAhead`), the
 /// version is kept below `after` as well: a version above it was read before the session
-/// shrank (a delete between the reads), and would contradict the page.
+/// shrank (a delete between the reads), and would contradict the page. A page that found no
+/// session at all (no event, `earliestAvailableSequence` 0: no head) makes the version 0, from
+/// any `after`: heads only ever go away with their session, so a version read first was read
+/// before a delete.
 pub fn status(state_version: Sequence, page: Option<(Sequence, ChangesPage)>) -> SessionStatus {
     let mut state_version = state_version;
     if let Some((after, page)) = &page {
+        if page.events.is_empty() && page.earliest_available_sequence == Sequence::ZERO {
+            state_version = Sequence::ZERO;
+        }
         if let Some(last) = page.events.last() {
             state_version = state_version.max(last.sequence);
         }
@@ -161,15 +167,23 @@ mod tests {
         assert_eq!(clamp_limit(Some(10_000)), 200);
     }
 
-    /// A version read before the session was deleted (10), beside a page that found no head
-    /// (`versionAhead` for `N` = 5): the answer does not claim a version at or above `N`.
+    /// A version read before the session was deleted (10), beside a page that found no head:
+    /// the answer is the deleted session's version, 0, whatever `N` (`versionAhead` for 5, not
+    /// for 0). Beside a page that found the session grown again to 3 (pruned), it does not
+    /// claim a version at or above `N`.
     #[test]
     fn a_version_from_before_a_delete_is_kept_below_a_version_ahead_n() {
-        let page = build_page(Sequence(5), None, None, Vec::new(), 200);
+        for after in [5, 0] {
+            let page = build_page(Sequence(after), None, None, Vec::new(), 200);
+            assert_eq!(page.version_ahead, after > 0);
+            let s = status(Sequence(10), Some((Sequence(after), page)));
+            assert_eq!(s.state_version, Sequence::ZERO, "N = {after}");
+            assert_eq!(s.state_changes.expect("page").version_ahead, after > 0);
+        }
+        let page = build_page(Sequence(5), Some(&head(3, 3)), None, Vec::new(), 200);
         assert!(page.version_ahead);
         let s = status(Sequence(10), Some((Sequence(5), page)));
-        assert_eq!(s.state_version, Sequence(4));
-        assert!(s.state_changes.expect("page").version_ahead);
+        assert_eq!(s.state_version, Sequence(4), "below N");
         let page = build_page(Sequence(5), Some(&head(3, 0)), None, Vec::new(), 200);
         assert_eq!(
             status(Sequence(3), Some((Sequence(5), page))).state_version,

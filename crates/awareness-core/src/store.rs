@@ -234,9 +234,10 @@ pub trait AwarenessStoreExt: AwarenessStore {
     /// never misses one. A page that found `N` within the head it read (not `versionAhead`)
     /// raises the version to `N` too, so that `versionAhead` is set exactly when `N` is above
     /// the version answered, also when `N` is an event recorded between the reads. A session
-    /// deleted between the reads leaves a page that found no head near `N` beside a
-    /// version read before: the version is then read again, so that the answer describes the
-    /// session after the delete.
+    /// deleted between the reads leaves a page that found no head beside a version read
+    /// before: the answer is then version 0 ([`reconcile::status`]), and a page that found its
+    /// head below `N` has the version read again, so that the answer describes the session
+    /// after the delete.
     async fn session_status(
         &self,
         session: &SessionRef,

@@ -3153,30 +3153,39 @@ impl super::hooked::Hook for DeletesAfterTheVersion {
 
 /// A session deleted between `session_status`'s two reads: the version read first (3) is
 /// gone, and the page finds no head under `N` = 2 (`versionAhead`). The answer describes the
-/// session after the delete: version 0, and `versionAhead` agreeing with it.
+/// session after the delete: version 0, and `versionAhead` agreeing with it. So it does from
+/// `N` = 0, where the page cannot be ahead: it answered the version read before the delete
+/// beside a page that found no session.
 pub async fn session_status_across_a_delete_between_its_reads_agrees_with_itself(t: &Subject) {
-    let racing = super::hooked::Hooked {
-        inner: t.store.clone(),
-        hook: DeletesAfterTheVersion::default(),
-    };
-    for _ in 0..3 {
-        rec(t.store.as_ref(), human(&child()), T0).await;
+    for (after, ahead) in [(2, true), (0, false)] {
+        let racing = super::hooked::Hooked {
+            inner: t.store.clone(),
+            hook: DeletesAfterTheVersion::default(),
+        };
+        for _ in 0..3 {
+            rec(t.store.as_ref(), human(&child()), T0).await;
+        }
+        let status = racing
+            .session_status(&child(), Some(Sequence(after)), None)
+            .await
+            .expect("session_status");
+        let page = status.state_changes.expect("page");
+        assert!(page.events.is_empty(), "N = {after}: {:?}", page.events);
+        assert_eq!(
+            page.version_ahead, ahead,
+            "N = {after} against a deleted session's head"
+        );
+        assert_eq!(
+            page.earliest_available_sequence,
+            Sequence::ZERO,
+            "N = {after}"
+        );
+        assert_eq!(
+            status.state_version,
+            Sequence::ZERO,
+            "N = {after}: the version of the session after the delete, not the one read before it"
+        );
     }
-    let status = racing
-        .session_status(&child(), Some(Sequence(2)), None)
-        .await
-        .expect("session_status");
-    let page = status.state_changes.expect("page");
-    assert!(page.events.is_empty(), "{:?}", page.events);
-    assert!(
-        page.version_ahead,
-        "N = 2 is above a deleted session's head"
-    );
-    assert_eq!(
-        status.state_version,
-        Sequence::ZERO,
-        "the version of the session after the delete, not the one read before it"
-    );
 }
 
 /// Deletes the child and watches it again (a cursor that has seen nothing) just before the

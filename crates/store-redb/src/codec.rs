@@ -255,8 +255,10 @@ pub(crate) fn meta(seq: u64, data: &[u8]) -> Result<RowMeta<'_>, StoreError> {
     })
 }
 
-/// Decodes a row into an event. When `known` is the row's ref (a reconcile page), its shared
-/// strings are reused instead of allocating new ones.
+/// Decodes a row into an event. When `known` is the ref the row was found under (a reconcile
+/// page, which reads a session's copies in the reference index), its shared strings are reused
+/// instead of allocating new ones, and a row naming another ref is corrupt (a hand edit or a
+/// flipped bit): a page holds exactly its session's events.
 pub(crate) fn decode(
     seq: u64,
     data: &[u8],
@@ -271,7 +273,14 @@ pub(crate) fn decode(
         {
             (r.session_key.clone(), r.agent_id.clone())
         }
-        _ => {
+        Some(r) => {
+            return Err(bad(&format!(
+                "indexed under {r}, names {:?} of agent {:?}",
+                String::from_utf8_lossy(raw.session_key),
+                String::from_utf8_lossy(raw.agent_id)
+            )));
+        }
+        None => {
             let utf8 = |b| std::str::from_utf8(b).map_err(|_| bad("a field is not UTF-8"));
             (
                 SessionKey::new(utf8(raw.session_key)?).map_err(|e| bad(&e.to_string()))?,

@@ -843,6 +843,13 @@ pub(crate) fn record_tx(
         if let Some(existing) = existing
             && let Some(stored) = t.ev.get(existing)?
         {
+            if stored.dedupe_key.as_deref() != Some(key.as_str()) {
+                // Only a damaged file: the index is written with the row it points at.
+                return Err(StoreError::corrupt(format!(
+                    "dedupe key {key:?} points at event row {existing}, which holds {:?}",
+                    stored.dedupe_key
+                )));
+            }
             // A dedupe hit still consumes its sequence number.
             t.ev.consume(seq)?;
             return Ok(Recorded {

@@ -378,7 +378,14 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
 
     fn get(&mut self, txn: &'t WriteTransaction) -> Result<&mut Table<'t, K, V>, StoreError> {
         if self.table.is_none() {
-            self.table = Some(txn.open_table(self.def).ctx("open a table")?);
+            // The table's name only on failure: this runs in every write transaction.
+            let table = txn.open_table(self.def).or_else(|e| {
+                Err(e).ctx(&format!(
+                    "open the {} table",
+                    redb::TableHandle::name(&self.def)
+                ))
+            })?;
+            self.table = Some(table);
         }
         Ok(self.table.as_mut().expect("just opened"))
     }

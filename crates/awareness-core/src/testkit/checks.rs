@@ -1839,18 +1839,35 @@ pub async fn prune_row_cap_keeps_newest_rows(t: &Subject) {
     assert_eq!(a.last_sequence, Sequence(28));
 }
 
+/// Cursors not updated for `cursor_idle_ms` go, pending or not (decision 0022); a cursor a
+/// material event touched since stays.
 pub async fn prune_expires_idle_cursors(t: &Subject) {
     let s = &*t.store;
     let c2 = r("agent:main:subagent:c2", "main");
+    let c3 = r("agent:main:subagent:c3", "main");
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
     rec(s, spawn(&c2, MANAGER, "run-2"), T0).await;
+    rec(s, spawn(&c3, MANAGER, "run-3"), T0).await;
+    rec(s, human(&c3), T0.plus_ms(1)).await; // a notice the manager never reads
     rec(s, human(&c2), T0.plus_ms(10 * DAY)).await; // touches the c2 cursor
+    let pending = s.cursor(&w(MANAGER), &c3.session_key).await.unwrap();
+    assert!(
+        pending.as_ref().is_some_and(crate::Cursor::is_pending),
+        "{pending:?}"
+    );
     let report = s
         .prune(&RetentionPolicy::default(), T0.plus_ms(31 * DAY))
         .await
         .unwrap();
-    assert_eq!(report.cursors, 1);
+    assert_eq!(report.cursors, 2);
     assert!(s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().is_none());
+    assert!(
+        s.cursor(&w(MANAGER), &c3.session_key)
+            .await
+            .unwrap()
+            .is_none(),
+        "idle, if pending"
+    );
     assert!(
         s.cursor(&w(MANAGER), &k("agent:main:subagent:c2"))
             .await

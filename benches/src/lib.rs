@@ -387,18 +387,21 @@ async fn build_template(kind: &Kind, data: Dataset) -> tempfile::TempDir {
                 .await;
         }
         Kind::Redb(_) => {
-            // The bounded durability skips the fsync of every commit; dropping the last handle
-            // closes the database cleanly, which makes every commit durable.
-            let store: Arc<dyn AwarenessStore> = Arc::new(
-                RedbStore::open_with(
-                    dir.path().join("bench.redb"),
-                    RedbOptions::bounded(REDB_FLUSH_INTERVAL),
-                )
-                .await
-                .expect("open the redb template"),
+            // Loaded with the default (`Immediate`) durability, whichever setup copies it: redb
+            // reuses freed pages differently after commits that are not durable, and the file
+            // the setups record on must be laid out as the default would leave it.
+            let store = Arc::new(
+                RedbStore::open(dir.path().join("bench.redb"))
+                    .await
+                    .expect("open the redb template"),
             );
-            data.load(&store).await;
-            drop(store);
+            let shared: Arc<dyn AwarenessStore> = Arc::clone(&store) as _;
+            data.load(&shared).await;
+            drop(shared);
+            Arc::into_inner(store)
+                .expect("the template's only handle")
+                .close()
+                .await;
         }
     }
     dir

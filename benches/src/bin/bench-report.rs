@@ -503,33 +503,57 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
     }
 }
 
+/// The least-squares slope of RSS `samples` (MiB, one every `every` events) from the second
+/// sample on, in MiB per 100,000 events; `None` with fewer than three samples.
+fn rss_growth(samples: &[f64], every: f64) -> Option<f64> {
+    let ys = samples.get(1..).filter(|ys| ys.len() >= 2)?;
+    let n = f64::from(u32::try_from(ys.len()).ok()?);
+    let mean_x = (n - 1.0) / 2.0;
+    let mean_y = ys.iter().sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (i, y) in (0_u32..).zip(ys) {
+        let dx = f64::from(i) - mean_x;
+        sxy += dx * (y - mean_y);
+        sxx += dx * dx;
+    }
+    Some(sxy / sxx * 100_000.0 / every)
+}
+
 fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTime>)>) {
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let _ = writeln!(
         s,
-        "\nScale (`examples/scale.rs`: recording with the default retention running, 16 tasks):\n"
+        "\nScale (`examples/scale.rs`: recording from several tasks with the default retention \
+         running). RSS growth is the slope of the RSS samples from the second one (the first \
+         holds the warm-up) to the last, in MiB per 100,000 events: 0 is flat.\n"
     );
     let _ = writeln!(
         s,
-        "| backend | events / sessions | events/s | p50 / p99 record | reconcile/200 at the end \
-         | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) | measured |"
+        "| backend | events / sessions / tasks | events/s | p50 / p99 record | reconcile/200 at \
+         the end | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) | RSS growth | \
+         measured |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for name in in_column_order(scale) {
         let (v, at) = &scale[name];
-        let rss: Vec<String> = v
+        let samples: Vec<f64> = v
             .get("rss_kib")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
             .filter_map(Value::as_f64)
-            .map(|k| format!("{:.0}", k / 1024.0))
+            .map(|k| k / 1024.0)
             .collect();
+        let rss: Vec<String> = samples.iter().map(|m| format!("{m:.0}")).collect();
+        let growth = rss_growth(&samples, num(v, "rss_every_events"))
+            .map_or_else(|| "-".into(), |g| format!("{g:+.2} MiB / 100k"));
         let _ = writeln!(
             s,
-            "| {name} | {} / {} | {} | {} / {} | {} | {} | {:.1} MiB | every {}: {} | {} |",
+            "| {name} | {} / {} / {} | {} | {} / {} | {} | {} | {:.1} MiB | every {}: {} | {growth} \
+             | {} |",
             count(num(v, "events")),
             count(num(v, "sessions")),
+            count(num(v, "tasks")),
             count(num(v, "events_per_sec")),
             time(num(v, "p50_ns")),
             time(num(v, "p99_ns")),
@@ -542,5 +566,24 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
             rss.join(", "),
             saved(*at)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rss_growth;
+
+    /// The first sample (the warm-up) does not count; a flat run after it grows by 0, one that
+    /// gains a MiB every sample of 100,000 events by 1, and one sampled every 200,000 by half.
+    #[test]
+    fn rss_growth_is_the_slope_after_the_first_sample() {
+        assert_eq!(rss_growth(&[10.0, 80.0, 80.0, 80.0], 100_000.0), Some(0.0));
+        let rising = [10.0, 80.0, 81.0, 82.0, 83.0];
+        let near = |got: Option<f64>, want: f64| {
+            assert!(got.is_some_and(|g| (g - want).abs() < 1e-9), "{got:?}");
+        };
+        near(rss_growth(&rising, 100_000.0), 1.0);
+        near(rss_growth(&rising, 200_000.0), 0.5);
+        assert_eq!(rss_growth(&[10.0, 80.0], 100_000.0), None);
     }
 }

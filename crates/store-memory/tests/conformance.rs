@@ -45,6 +45,14 @@ impl RawAccess for Raw {
         Ok(false)
     }
 
+    async fn spoil_cursor_watcher(
+        &self,
+        _: &WatcherKey,
+        _: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     async fn spoil_head_text(&self, _: &SessionRef) -> Result<bool, StoreError> {
         Ok(false)
     }

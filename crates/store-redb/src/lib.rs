@@ -716,6 +716,19 @@ impl RedbStore {
         Ok(false)
     }
 
+    /// Answers `false`, as [`RedbStore::spoil_cursor_text`] does. For the durable suite.
+    #[allow(
+        clippy::unused_async,
+        reason = "async like every row helper the testkit's forwarding awaits"
+    )]
+    pub async fn spoil_cursor_watcher(
+        &self,
+        _: &WatcherKey,
+        _: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     /// Answers `false`: a head's key is redb's own string type, as for
     /// [`RedbStore::spoil_cursor_text`]. For the durable suite.
     #[allow(

@@ -579,18 +579,20 @@ pub(crate) type Victim = (i64, Option<(SessionRef, Sequence)>);
 /// is pruned in its turn all the same, by its stored sequence, with no watermark stamped over
 /// it (logged): failing instead would fail every pruning pass from then on, and retention would
 /// end for good.
+///
+/// Text that is not UTF-8 is read with U+FFFD ([`lossy_text`]) and not set apart: the stamp
+/// goes to the head whose key and agent are exactly the text read, which is the victim's own
+/// when its text is UTF-8 (a key may hold U+FFFD), and no head (or, should another session's
+/// key be that very text, a watermark too high there: a gap reported that is not one) when it
+/// is not. Setting such rows apart would leave a valid key holding U+FFFD unstamped whenever
+/// another row of the chunk is not UTF-8: a gap not reported.
 pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
-    let (text, lossy) = lossy_text(bytes);
+    let (text, _) = lossy_text(bytes);
     let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", &text)?;
     Ok(raws
         .into_iter()
         .map(|(seq, key, agent)| {
-            let stamp = if spoiled(lossy, &[&key, &agent]) {
-                Err(NOT_UTF8.to_owned())
-            } else {
-                session_ref(&key, &agent)
-            };
-            let stamp = stamp.and_then(|r| {
+            let stamp = session_ref(&key, &agent).and_then(|r| {
                 let s = sequence("pruning victim", seq).map_err(|e| e.to_string())?;
                 Ok((r, s))
             });
@@ -616,15 +618,13 @@ pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
 /// a head row that cannot be read (decision 0020), with a warning naming it: reading that head
 /// fails, so no caller is told its history is whole, and failing instead would fail every
 /// pruning pass from then on.
+/// Text that is not UTF-8 is read as [`victims`] reads it.
 pub(crate) fn victim_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
-    let (text, lossy) = lossy_text(bytes);
+    let (text, _) = lossy_text(bytes);
     let raws = rows("heads", &text, head_fields)?;
     Ok(raws
         .into_iter()
         .filter_map(|RawHead(key, agent, last, pruned, updated_at)| {
-            if spoiled(lossy, &[&key, &agent]) {
-                return None;
-            }
             let r = session_ref(&key, &agent).ok()?;
             head(r, last, pruned, updated_at)
                 .inspect_err(|e| {

@@ -401,24 +401,20 @@ impl EventStore for SqliteStore {
             let q = sqlx::query(sql::DELETE_SESSION_BEGIN).bind(key.clone());
             let row = batch_one(&mut w.conn, q, WHAT).await?;
             let on_target = decode::CursorRows::read(get(&row, 0, WHAT)?)?;
-            // A row on the key that cannot be read goes too: its agent is unknown, and it could
-            // only be left behind for good (decision 0016).
-            let doomed: Vec<(&str, &str)> = on_target
+            // Every row on the key goes but the readable cursors on another agent's session of
+            // it. A row that cannot be read goes too: its agent is unknown, and it could only be
+            // left behind for good (decision 0016). Naming the rows kept rather than those that
+            // go reaches a row whose watcher key is not UTF-8, which no text read back names.
+            let kept: Vec<(&str, &str)> = on_target
                 .readable
                 .iter()
-                .filter(|c| c.removed_by_delete(session))
+                .filter(|c| !c.removed_by_delete(session))
                 .map(|c| (c.watcher.as_str(), c.target.as_str()))
-                .chain(
-                    on_target
-                        .unreadable
-                        .iter()
-                        .map(|u| (u.watcher.as_str(), u.target.as_str())),
-                )
                 .collect();
             let q = sqlx::query(sql::DELETE_SESSION_COMMIT)
                 .bind(key)
                 .bind(session.agent_id.as_str().to_owned())
-                .bind(decode::to_json(&doomed))
+                .bind(decode::to_json(&kept))
                 .bind(i64::from(session.is_watcher()));
             batch(&mut w.conn, q, WHAT).await.map(drop)
         }

@@ -245,7 +245,8 @@ async fn run(
 
     // The protocol, event by event in queue order, on the cursors as the batch leaves them.
     let mut changed: HashMap<(WatcherKey, SessionKey), Cursor> = HashMap::new();
-    let mut heads: HashMap<SessionRef, (Sequence, Timestamp)> = HashMap::new();
+    // Per ref: the batch's first and last sequences on it, and the last one's clock.
+    let mut heads: HashMap<SessionRef, (Sequence, Sequence, Timestamp)> = HashMap::new();
     let mut outcomes = Vec::with_capacity(jobs.len());
     for (i, job) in jobs.iter().enumerate() {
         if !was_inserted[i] {
@@ -269,10 +270,15 @@ async fn run(
             changed.insert((c.watcher.clone(), c.target.clone()), c);
         }
         // The head core's rule gives this event (its sequence, the caller's clock); the
-        // watermark, which recording never moves, is kept by the upsert in SQL, as in
-        // `record_alone` (the model test holds both equal to core's rule).
+        // watermark, which recording keeps, is kept by the upsert in SQL, as in
+        // `record_alone` (the model test holds both equal to core's rule). Over a head that
+        // cannot be read, the upsert sets it below the batch's first event on the ref, as
+        // `protocol::head_over_unreadable` does for the first of them (decision 0020).
         let head = protocol::head_after(None, &event, job.now);
-        heads.insert(head.session, (head.last_sequence, head.updated_at));
+        heads
+            .entry(head.session)
+            .and_modify(|(_, last, now)| (*last, *now) = (head.last_sequence, head.updated_at))
+            .or_insert((head.last_sequence, head.last_sequence, head.updated_at));
         outcomes.push(Outcome::Stored(Recorded {
             event: Arc::new(event),
             deduplicated: false,
@@ -285,14 +291,15 @@ async fn run(
         .filter_map(|e| Some((e.dedupe_key.clone()?, e)))
         .collect();
 
-    let heads: Vec<(&str, &str, i64, i64)> = heads
+    let heads: Vec<(&str, &str, i64, i64, i64)> = heads
         .iter()
-        .map(|(r, (s, now))| {
+        .map(|(r, (first, last, now))| {
             (
                 r.session_key.as_str(),
                 r.agent_id.as_str(),
-                decode::int(*s),
+                decode::int(*last),
                 now.millis(),
+                decode::int(*first),
             )
         })
         .collect();

@@ -101,8 +101,9 @@
 //!   cursors with a `warn!` and left in the file, so one bad row cannot stop recording on its
 //!   target (decision 0016). SQLite keeps text that is not UTF-8 as it is and copies it into
 //!   the one JSON text a read of many rows decodes; such a text is read with each bad sequence
-//!   as U+FFFD, and a row holding one is unreadable (cursors, heads, pruning victims; links are
-//!   read again a row at a time, decision 0017).
+//!   as U+FFFD, and a cursor or head row holding one is unreadable (pruning victims keep the
+//!   text as read, so a stamp reaches exactly the head keyed by it; links are read again a row
+//!   at a time, decision 0017).
 //! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
 //! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
 //!   cascade into another table of an OpenClaw database.
@@ -628,6 +629,19 @@ impl SqliteStore {
             .bind(watcher.as_str().to_owned())
             .bind(target.as_str().to_owned());
         self.write_changed("spoil a cursor's text", q).await
+    }
+
+    /// Appends a byte that is not UTF-8 to one cursor row's watcher key, as
+    /// [`SqliteStore::spoil_cursor_text`] does to its target agent.
+    pub async fn spoil_cursor_watcher(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::SPOIL_CURSOR_WATCHER)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        self.write_changed("spoil a cursor's watcher key", q).await
     }
 
     /// Appends a byte that is not UTF-8 to one head row's agent, as

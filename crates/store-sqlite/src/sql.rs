@@ -129,18 +129,24 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
     };
 }
 
-/// What a recording sets on the head row its event moves (`ON CONFLICT ... DO UPDATE SET`):
+/// What a recording sets on the head row its events move (`ON CONFLICT ... DO UPDATE SET`):
 /// the last sequence and the time, keeping the pruned watermark, except over a row this store
-/// cannot read (a negative sequence), whose watermark becomes just below the event, as
-/// `awareness_core::protocol::head_over_unreadable` decides (decision 0020): what came before
-/// is of unknown history. SQLite evaluates every expression of the `SET` against the row as it
-/// was. The durable suite checks this rule (`an_unreadable_head_row_is_left_out_of_the_listings`);
-/// the model test cannot, having no damaged rows.
+/// cannot read (a negative sequence), whose watermark becomes just below the first of the
+/// recording's events on the ref (`$first`, an SQL expression), as
+/// `awareness_core::protocol::head_over_unreadable` decides for that event (decision 0020):
+/// what came before is of unknown history. SQLite evaluates every expression of the `SET`
+/// against the row as it was, and a `CASE` branch only when taken. The durable suite checks
+/// this rule (`a_recording_over_an_unreadable_head_reports_a_history_gap`); the model test
+/// cannot, having no damaged rows.
 macro_rules! head_moved {
-    () => {
-        "last_sequence = excluded.last_sequence, updated_at = excluded.updated_at,
+    ($first:expr) => {
+        concat!(
+            "last_sequence = excluded.last_sequence, updated_at = excluded.updated_at,
   pruned_max_sequence = CASE WHEN last_sequence < 0 OR pruned_max_sequence < 0
-    THEN excluded.last_sequence - 1 ELSE pruned_max_sequence END"
+    THEN ",
+            $first,
+            " - 1 ELSE pruned_max_sequence END"
+        )
     };
 }
 
@@ -172,7 +178,7 @@ INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_ma
   updated_at)
 SELECT $2, $4, last_insert_rowid(), 0, $12 WHERE changes() > 0
 ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
-    head_moved!()
+    head_moved!("excluded.last_sequence")
 );
 
 /// Set on the write connection: WAL (persistent in the file); as a safety net only, a large
@@ -209,7 +215,7 @@ INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_ma
   updated_at)
 SELECT $2, $4, last_insert_rowid(), 0, $12 WHERE changes() > 0
 ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
-    head_moved!(),
+    head_moved!("excluded.last_sequence"),
     ";
 COMMIT"
 );
@@ -248,8 +254,9 @@ SELECT t.top,
 FROM (SELECT seq AS top FROM sqlite_sequence WHERE name = 'session_state_events') AS t"
 );
 
-/// Moves the heads `$1` (`[key, agent, last sequence, now]`, one per ref, computed from the
-/// inserted sequences); the pruned watermark keeps its stored value.
+/// Moves the heads `$1` (`[key, agent, last sequence, now, first sequence]`, one per ref,
+/// computed from the inserted sequences); the pruned watermark keeps its stored value
+/// (`head_moved!`, which reads the first sequence only over a head it cannot read).
 macro_rules! move_heads {
     () => {
         concat!(
@@ -257,15 +264,17 @@ macro_rules! move_heads {
   agent_id, last_sequence, pruned_max_sequence, updated_at)
 SELECT value ->> 0, value ->> 1, value ->> 2, 0, value ->> 3 FROM jsonb_each($1) WHERE true
 ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
-            head_moved!(),
+            head_moved!(
+                "(SELECT j.value ->> 4 FROM jsonb_each($1) AS j\n    WHERE j.value ->> 0 = excluded.session_key AND j.value ->> 1 = excluded.agent_id)"
+            ),
             ";
 "
         )
     };
 }
 
-/// Group commit, last batch: moves the heads `$1` (`[key, agent, last sequence, now]`, one per
-/// ref, computed from the inserted sequences), upserts the cursors `$2` (as
+/// Group commit, last batch: moves the heads `$1` (`[key, agent, last sequence, now, first
+/// sequence]`, one per ref, computed from the inserted sequences), upserts the cursors `$2` (as
 /// [`UPSERT_CURSORS_COMMIT`], the final state `awareness_core::protocol` decided over the batch
 /// in order) and commits.
 pub(crate) const GROUP_RECORD_COMMIT: &str =
@@ -430,15 +439,17 @@ SELECT json_group_array(",
 );
 
 /// Delete, second batch: the ref's (`$1`, `$2`) events, head and upstream link, the cursors it
-/// owns as watcher when `$4` is 1 (core's `SessionRef::is_watcher`), the cursors on it listed in
-/// `$3` (`[watcher, target]` pairs); commits.
+/// owns as watcher when `$4` is 1 (core's `SessionRef::is_watcher`), every cursor on its key but
+/// those listed in `$3` (`[watcher, target]` pairs, the ones on another agent's session of the
+/// key); commits.
 pub(crate) const DELETE_SESSION_COMMIT: &str = "DELETE FROM session_state_events
   WHERE session_key = $1 AND agent_id = $2;
 DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2;
 DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2;
 DELETE FROM session_watch_cursors WHERE watcher_session_key = $1 AND $4 = 1;
-DELETE FROM session_watch_cursors WHERE (watcher_session_key, target_session_key) IN
-  (SELECT value ->> 0, value ->> 1 FROM jsonb_each($3));
+DELETE FROM session_watch_cursors WHERE target_session_key = $1
+  AND (watcher_session_key, target_session_key) NOT IN
+    (SELECT value ->> 0, value ->> 1 FROM jsonb_each($3));
 COMMIT";
 
 /// Prune by age, first batch: up to `$2` victims with `occurred_at < $1`, lowest sequence
@@ -527,6 +538,13 @@ COMMIT";
 /// (`SqliteStore::spoil_cursor_text`).
 pub(crate) const SPOIL_CURSOR_TEXT: &str = "BEGIN IMMEDIATE;
 UPDATE session_watch_cursors SET target_agent_id = target_agent_id || CAST(X'FF' AS TEXT)
+  WHERE watcher_session_key = $1 AND target_session_key = $2;
+SELECT changes();
+COMMIT";
+
+/// Appends the byte 0xFF to one cursor row's watcher key (`SqliteStore::spoil_cursor_watcher`).
+pub(crate) const SPOIL_CURSOR_WATCHER: &str = "BEGIN IMMEDIATE;
+UPDATE session_watch_cursors SET watcher_session_key = watcher_session_key || CAST(X'FF' AS TEXT)
   WHERE watcher_session_key = $1 AND target_session_key = $2;
 SELECT changes();
 COMMIT";

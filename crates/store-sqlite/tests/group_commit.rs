@@ -204,3 +204,79 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
         "nothing recorded while the lock was held"
     );
 }
+
+/// A batch holding several events on a session whose head row cannot be read writes its head
+/// with the pruned watermark just below the first of them, as one recording at a time would
+/// (`protocol::head_over_unreadable` for the first event that writes a head again, decision
+/// 0020), not below the last: events of the batch itself are no gap. The four are queued
+/// behind a recording that holds the write connection, so one batch takes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_an_unreadable_head_is_judged_by_its_first_event_there() {
+    use awareness_core::{ActorType, EventKind, NewEvent};
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new().group_commit(64)).await;
+    let target = session(1);
+    let on_target = |i: usize| {
+        NewEvent::new(
+            target.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            format!("over the damaged head {i}"),
+        )
+    };
+    let before = store
+        .record(on_target(0), T0)
+        .await
+        .expect("record")
+        .event
+        .sequence;
+    assert!(store.damage_head_row(&target).await.expect("damage"));
+    // The holder records on another session (event 0 is session 0's).
+    let mut finished = 0;
+    let mut holder = loop {
+        let mut holder = Box::pin(store.record(event(4 * finished), T0));
+        if !poll_once(holder.as_mut()).await {
+            break holder;
+        }
+        finished += 1;
+        assert!(finished < 100, "no recording stayed pending after one poll");
+    };
+    let mut queued: Vec<_> = (1..=4)
+        .map(|i| Box::pin(store.record(on_target(i), T0)))
+        .collect();
+    for call in &mut queued {
+        assert!(!poll_once(call.as_mut()).await, "queued behind the holder");
+    }
+    holder.as_mut().await.expect("the holder's recording");
+    let mut new = Vec::new();
+    for call in queued {
+        new.push(call.await.expect("a queued recording").event.sequence);
+    }
+    new.sort();
+    assert!(
+        store.largest_batch() >= 4,
+        "the four were not one batch ({})",
+        store.largest_batch()
+    );
+    let head = store
+        .heads(std::slice::from_ref(&target))
+        .await
+        .expect("the head reads again");
+    assert_eq!(head[0].last_sequence, new[3]);
+    assert_eq!(
+        head[0].pruned_max_sequence,
+        Sequence(new[0].get() - 1),
+        "below the batch's first event on the session, not its last"
+    );
+    let page = store
+        .changes_since(&target, Sequence(new[0].get() - 1), 200)
+        .await
+        .expect("changes");
+    assert!(!page.history_gap, "{page:?}");
+    let page = store
+        .changes_since(&target, Sequence::ZERO, 200)
+        .await
+        .expect("changes");
+    assert!(page.history_gap, "{page:?}");
+    assert_eq!(page.events[0].sequence, before);
+}

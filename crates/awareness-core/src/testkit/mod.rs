@@ -94,6 +94,15 @@ pub trait RawAccess: Send + Sync {
         watcher: &WatcherKey,
         target: &SessionKey,
     ) -> Result<bool, StoreError>;
+    /// Overwrites the watcher key of the cursor row `(watcher, target)` with bytes that are not
+    /// UTF-8 (so the row no longer answers to `watcher`), touching nothing else. Returns
+    /// whether the row existed; `false` from a store that cannot hold such text there, as for
+    /// [`RawAccess::spoil_cursor_text`].
+    async fn spoil_cursor_watcher(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError>;
     /// Overwrites the agent of the head row of `session` with bytes that are not UTF-8 (so the
     /// row no longer answers for `session`), touching nothing else. Returns whether the row
     /// existed; `false` from a store that cannot hold such text there (store-memory,
@@ -427,6 +436,14 @@ macro_rules! raw_access_forwarding {
                 target: &$crate::SessionKey,
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.spoil_cursor_text(watcher, target).await
+            }
+
+            async fn spoil_cursor_watcher(
+                &self,
+                watcher: &$crate::WatcherKey,
+                target: &$crate::SessionKey,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_cursor_watcher(watcher, target).await
             }
 
             async fn spoil_head_text(

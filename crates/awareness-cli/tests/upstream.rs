@@ -10,12 +10,19 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// The binary, with its log at the default level whatever the environment says, started
-/// through `env` with SIGHUP, SIGINT and SIGTERM at their default action: the tests stop it
-/// with them, and it leaves a signal it inherited as ignored ignored (a test runner started in
-/// the background, or under `nohup`, passes those on).
+/// The binary, with its log at the default level whatever the environment says. On Linux it is
+/// started through GNU `env` with SIGHUP, SIGINT and SIGTERM at their default action: the tests
+/// stop it with them, and it leaves a signal it inherited as ignored ignored (a test runner
+/// started in the background, or under `nohup`, passes those on). Elsewhere (no `/proc`, so
+/// the binary installs every handler, and perhaps no GNU `env`) it is started as it is.
 fn bin() -> Command {
-    started_with("--default-signal=HUP,INT,TERM")
+    if cfg!(target_os = "linux") {
+        started_with("--default-signal=HUP,INT,TERM")
+    } else {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_awareness"));
+        c.env_remove("AWARENESS_LOG");
+        c
+    }
 }
 
 /// The binary started through `env` with `signals` (an `env` option that sets dispositions).

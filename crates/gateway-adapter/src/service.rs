@@ -601,8 +601,9 @@ fn deliver_to(
 /// delivering (a wake sink that panics) is logged, not turned into the write's failure, which a
 /// caller could retry, nor into the end of the task. Answers the lines queued, or `None` when
 /// delivering panicked. The line whose wake panicked is taken back out of the queue (where the
-/// queue can remove a line), so the next pick-up delivers it again and the watcher's next turn
-/// reads it from its cursor in any case.
+/// queue can remove a line): a pick-up, where one runs (a store other processes share, after
+/// their next commit, or the retry of a pick-up whose delivery panicked), delivers it again
+/// and wakes the session; in any case the watcher's next turn reads the notice from its cursor.
 fn deliver_logged(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,

@@ -503,10 +503,13 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
     }
 }
 
-/// The least-squares slope of RSS `samples` (MiB, one every `every` events) from the second
-/// sample on, in MiB per 100,000 events; `None` with fewer than three samples.
+/// The least-squares slope of the second half of RSS `samples` (MiB, one every `every`
+/// events; the first half holds the warm-up and the log filling to its cap), in MiB per
+/// 100,000 events; `None` with fewer than four samples.
 fn rss_growth(samples: &[f64], every: f64) -> Option<f64> {
-    let ys = samples.get(1..).filter(|ys| ys.len() >= 2)?;
+    let ys = samples
+        .get(samples.len() / 2..)
+        .filter(|ys| ys.len() >= 2 && samples.len() >= 4)?;
     let n = f64::from(u32::try_from(ys.len()).ok()?);
     let mean_x = (n - 1.0) / 2.0;
     let mean_y = ys.iter().sum::<f64>() / n;
@@ -524,8 +527,9 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
     let _ = writeln!(
         s,
         "\nScale (`examples/scale.rs`: recording from several tasks with the default retention \
-         running). RSS growth is the slope of the RSS samples from the second one (the first \
-         holds the warm-up) to the last, in MiB per 100,000 events: 0 is flat.\n"
+         running). RSS growth is the least-squares slope of the second half of the RSS samples \
+         (the first half holds the warm-up and the log filling to its cap), in MiB per 100,000 \
+         events: 0 is flat.\n"
     );
     let _ = writeln!(
         s,
@@ -553,7 +557,7 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
              | {} |",
             count(num(v, "events")),
             count(num(v, "sessions")),
-            count(num(v, "tasks")),
+            num(v, "tasks"),
             count(num(v, "events_per_sec")),
             time(num(v, "p50_ns")),
             time(num(v, "p99_ns")),
@@ -573,17 +577,20 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
 mod tests {
     use super::rss_growth;
 
-    /// The first sample (the warm-up) does not count; a flat run after it grows by 0, one that
+    /// The first half (the warm-up) does not count; a flat second half grows by 0, one that
     /// gains a MiB every sample of 100,000 events by 1, and one sampled every 200,000 by half.
     #[test]
-    fn rss_growth_is_the_slope_after_the_first_sample() {
-        assert_eq!(rss_growth(&[10.0, 80.0, 80.0, 80.0], 100_000.0), Some(0.0));
-        let rising = [10.0, 80.0, 81.0, 82.0, 83.0];
+    fn rss_growth_is_the_slope_of_the_second_half() {
+        assert_eq!(
+            rss_growth(&[10.0, 50.0, 80.0, 80.0, 80.0, 80.0], 100_000.0),
+            Some(0.0)
+        );
+        let rising = [10.0, 50.0, 80.0, 81.0, 82.0, 83.0];
         let near = |got: Option<f64>, want: f64| {
             assert!(got.is_some_and(|g| (g - want).abs() < 1e-9), "{got:?}");
         };
         near(rss_growth(&rising, 100_000.0), 1.0);
         near(rss_growth(&rising, 200_000.0), 0.5);
-        assert_eq!(rss_growth(&[10.0, 80.0], 100_000.0), None);
+        assert_eq!(rss_growth(&[10.0, 80.0, 80.0], 100_000.0), None);
     }
 }

@@ -370,40 +370,26 @@ async fn open_loaded(spec: &Spec, data: Dataset) -> Backend {
 /// Loads `data` into a new file of `kind`'s format and closes it cleanly.
 async fn build_template(kind: &Kind, data: Dataset) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir for a template");
-    match kind {
+    let store: Arc<dyn AwarenessStore> = match kind {
         Kind::Memory => unreachable!("memory has no file"),
-        Kind::Sqlite(_) => {
-            let store = Arc::new(
-                SqliteStore::open(dir.path().join("bench.db"))
-                    .await
-                    .expect("open the sqlite template"),
-            );
-            let shared: Arc<dyn AwarenessStore> = Arc::clone(&store) as _;
-            data.load(&shared).await;
-            drop(shared);
-            Arc::into_inner(store)
-                .expect("the template's only handle")
-                .close()
-                .await;
-        }
-        Kind::Redb(_) => {
-            // Loaded with the default (`Immediate`) durability, whichever setup copies it: redb
-            // reuses freed pages differently after commits that are not durable, and the file
-            // the setups record on must be laid out as the default would leave it.
-            let store = Arc::new(
-                RedbStore::open(dir.path().join("bench.redb"))
-                    .await
-                    .expect("open the redb template"),
-            );
-            let shared: Arc<dyn AwarenessStore> = Arc::clone(&store) as _;
-            data.load(&shared).await;
-            drop(shared);
-            Arc::into_inner(store)
-                .expect("the template's only handle")
-                .close()
-                .await;
-        }
-    }
+        Kind::Sqlite(_) => Arc::new(
+            SqliteStore::open(dir.path().join("bench.db"))
+                .await
+                .expect("open the sqlite template"),
+        ),
+        // Loaded with the default (`Immediate`) durability, whichever setup copies it: redb
+        // reuses freed pages differently after commits that are not durable, and the file the
+        // setups record on must be laid out as the default would leave it.
+        Kind::Redb(_) => Arc::new(
+            RedbStore::open(dir.path().join("bench.redb"))
+                .await
+                .expect("open the redb template"),
+        ),
+    };
+    data.load(&store).await;
+    // The only handle left: this closes the file cleanly (the WAL copied back, redb's commits
+    // durable and its lock released).
+    store.close().await;
     dir
 }
 

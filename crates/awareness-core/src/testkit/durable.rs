@@ -966,6 +966,40 @@ pub async fn a_link_row_with_text_that_is_not_utf8_is_left_out(f: impl OpenFile)
     assert_eq!(listed().await, sessions);
 }
 
+/// The refs of the heads `list_heads` lists for `agent` (every agent with `None`); `what` says
+/// which listing failed.
+async fn listed_heads(s: &dyn AwarenessStore, agent: Option<&str>, what: &str) -> Vec<SessionRef> {
+    let agent = agent.map(|a| crate::model::AgentId::new(a).expect("agent"));
+    s.list_heads(agent.as_ref())
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .into_iter()
+        .map(|h| h.session)
+        .collect()
+}
+
+/// One pruning pass of the row cap `max_rows` at [`T0`] (it must succeed: `what` says over
+/// what), and the events the log keeps after it.
+async fn prune_to_cap(
+    s: &dyn AwarenessStore,
+    max_rows: u64,
+    what: &str,
+) -> (crate::PruneReport, Vec<std::sync::Arc<crate::Event>>) {
+    let policy = crate::RetentionPolicy {
+        max_rows,
+        ..crate::RetentionPolicy::default()
+    };
+    let report = s
+        .prune(&policy, T0)
+        .await
+        .unwrap_or_else(|e| panic!("a pass over {what}: {e}"));
+    let left = s
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect("the log after the pass");
+    (report, left)
+}
+
 /// A head row the store cannot read (a torn write, a hand edit, another writer's row) is left
 /// out of listing the heads (decision 0020), which lists the others, per agent too; reading
 /// that head by its ref fails with `Corrupt`, and the audit names it once (through its events
@@ -994,14 +1028,8 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
             .expect("damage a head row"),
         "the store has a head row to damage"
     );
-    let listed = async |agent: Option<&str>| -> Vec<SessionRef> {
-        let agent = agent.map(|a| crate::model::AgentId::new(a).expect("agent"));
-        s.list_heads(agent.as_ref())
-            .await
-            .expect("the listing leaves the unreadable row out")
-            .into_iter()
-            .map(|h| h.session)
-            .collect()
+    let listed = async |agent: Option<&str>| {
+        listed_heads(s, agent, "the listing leaves the unreadable row out").await
     };
     assert_eq!(listed(None).await, [kept.clone(), other.clone()]);
     assert_eq!(listed(Some("main")).await, std::slice::from_ref(&kept));
@@ -1018,22 +1046,9 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     assert_eq!(named.len(), 1, "{findings:?}");
     // Nor does it stop pruning: a pass of the row cap deletes its events with the others', and
     // leaves the row as it was.
-    let policy = crate::RetentionPolicy {
-        max_rows: 1,
-        ..crate::RetentionPolicy::default()
-    };
-    let report = s
-        .prune(&policy, T0)
-        .await
-        .expect("a pass over an unreadable head");
+    let (report, left) = prune_to_cap(s, 1, "an unreadable head").await;
     assert_eq!(report.events_by_cap, 2, "{report:?}");
-    let left: Vec<SessionRef> = s
-        .events_after(Sequence::ZERO, 100)
-        .await
-        .expect("the log")
-        .iter()
-        .map(|e| e.session_ref())
-        .collect();
+    let left: Vec<SessionRef> = left.iter().map(|e| e.session_ref()).collect();
     assert_eq!(left, std::slice::from_ref(&other));
     let read = s.heads(std::slice::from_ref(&torn)).await;
     assert!(
@@ -1079,14 +1094,8 @@ pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: im
     for session in &sessions {
         seqs.push(rec(s, human(session), T0).await.event.sequence);
     }
-    let listed = async |agent: Option<&str>| -> Vec<SessionRef> {
-        let agent = agent.map(|a| crate::model::AgentId::new(a).expect("agent"));
-        s.list_heads(agent.as_ref())
-            .await
-            .expect("a listing over a head that is not UTF-8")
-            .into_iter()
-            .map(|h| h.session)
-            .collect()
+    let listed = async |agent: Option<&str>| {
+        listed_heads(s, agent, "a listing over a head that is not UTF-8").await
     };
     if t.raw
         .spoil_head_text(&sessions[1])
@@ -1102,22 +1111,9 @@ pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: im
         .await
         .expect("spoil an event")
     {
-        let policy = crate::RetentionPolicy {
-            max_rows: 1,
-            ..crate::RetentionPolicy::default()
-        };
-        let report = s
-            .prune(&policy, T0)
-            .await
-            .expect("a pass over an event that is not UTF-8");
+        let (report, left) = prune_to_cap(s, 1, "an event that is not UTF-8").await;
         assert_eq!(report.events_by_cap, 2, "{report:?}");
-        let left: Vec<Sequence> = s
-            .events_after(Sequence::ZERO, 100)
-            .await
-            .expect("the log, once that event is pruned")
-            .iter()
-            .map(|e| e.sequence)
-            .collect();
+        let left: Vec<Sequence> = left.iter().map(|e| e.sequence).collect();
         assert_eq!(left, [seqs[2]], "the spoiled event pruned in its turn");
     }
 }

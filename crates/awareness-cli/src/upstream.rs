@@ -308,11 +308,11 @@ fn lagged_line(missed: u64, as_json: bool) -> String {
 /// replace the inherited `SIG_IGN`.) Where the inherited set cannot be read (no `/proc`), every
 /// handler is installed.
 ///
-/// Once it has resolved, a Ctrl-C (SIGINT) while the command closes its store ends the process
-/// at once (exit code 130), for a close that does not finish. Only SIGINT: a closed terminal
-/// sends SIGHUP more than once (the shell passes it on to its jobs, and the kernel sends it
-/// again when the shell exits), and a second one must not cut short the close the first asked
-/// for.
+/// Once it has resolved, a Ctrl-C (SIGINT) or a SIGTERM while the command closes its store ends
+/// the process at once (exit code 130), for a close that does not finish. Not SIGHUP: a closed
+/// terminal sends it more than once (the shell passes it on to its jobs, and the kernel sends
+/// it again when the shell exits), and a second one must not cut short the close the first
+/// asked for.
 pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
     #[cfg(unix)]
     {
@@ -345,7 +345,10 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
                 () = next(&mut hup) => {}
             }
             tokio::spawn(async move {
-                next(&mut int).await;
+                tokio::select! {
+                    () = next(&mut int) => {}
+                    () = next(&mut term) => {}
+                }
                 // Not eprintln!, which panics (and so never exits) when stderr is a closed pipe.
                 let _ = writeln!(
                     std::io::stderr(),

@@ -585,8 +585,8 @@ fn deliver_to(
                 }));
                 if let Err(panic) = woken {
                     // A line queued without its wake would look delivered to every pick-up,
-                    // and a main session takes no turn unless woken: take it back, so that the
-                    // next pick-up queues it again and wakes the session.
+                    // and a main session takes no turn unless woken: take it back, so that a
+                    // pick-up, where one runs, queues it again and wakes the session.
                     queue.remove(watcher, &queued(n));
                     std::panic::resume_unwind(panic);
                 }

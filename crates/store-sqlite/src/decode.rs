@@ -77,9 +77,10 @@ struct RawHead<'a>(
 
 /// A many-row JSON text as SQLite handed it back: as it is when it is UTF-8, and `false`; else
 /// (a row holds text that is not UTF-8: SQLite stores such bytes as they are, and copies them
-/// into the JSON it builds) with each bad sequence read as U+FFFD, and `true`. The caller then
-/// counts a row holding U+FFFD as unreadable ([`spoiled`]), so that one such row is set apart
-/// like any other unreadable row instead of failing the whole read.
+/// into the JSON it builds) with each bad sequence read as U+FFFD, and `true`, instead of
+/// failing the whole read. A reader of cursors or heads then counts a row holding U+FFFD as
+/// unreadable ([`spoiled`]), set apart like any other; pruning victims keep the text as read
+/// ([`victims`]).
 pub(crate) fn lossy_text(bytes: &[u8]) -> (Cow<'_, str>, bool) {
     match std::str::from_utf8(bytes) {
         Ok(text) => (Cow::Borrowed(text), false),

@@ -517,14 +517,40 @@ pub(crate) fn heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
 /// damaged row stops no listing of the others (docs/decisions/0020). Reading that one head by
 /// its ref ([`heads`]) still fails.
 pub(crate) fn listed_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
+    Ok(warned_heads(head_rows(bytes)?))
+}
+
+/// The heads read, each row that cannot be read logged (`warn!`) as left out.
+pub(crate) fn warned_heads(rows: Vec<Result<Head, StoreError>>) -> Vec<Head> {
     let mut out = Vec::new();
-    for read in head_rows(bytes)? {
+    for read in rows {
         match read {
             Ok(h) => out.push(h),
             Err(e) => tracing::warn!(reason = %e, "ignoring a head row that cannot be read"),
         }
     }
-    Ok(out)
+    out
+}
+
+/// One head row read on its own (`LIST_HEADS_EACH`): its key and agent as bytes, so that text
+/// that is not UTF-8 makes exactly that row unreadable.
+pub(crate) fn head_row(
+    key: &[u8],
+    agent: &[u8],
+    last: i64,
+    pruned: i64,
+    updated_at: i64,
+) -> Result<Head, StoreError> {
+    let (Ok(k), Ok(a)) = (std::str::from_utf8(key), std::str::from_utf8(agent)) else {
+        return Err(StoreError::corrupt(format!(
+            "head ({:?}, {:?}): {NOT_UTF8}",
+            String::from_utf8_lossy(key),
+            String::from_utf8_lossy(agent)
+        )));
+    };
+    let r =
+        session_ref(k, a).map_err(|e| StoreError::corrupt(format!("head ({k:?}, {a:?}): {e}")))?;
+    head(r, last, pruned, updated_at)
 }
 
 /// Each row of a JSON array of heads (bytes, which may not all be UTF-8: [`lossy_text`]), read

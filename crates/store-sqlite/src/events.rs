@@ -335,9 +335,35 @@ impl EventStore for SqliteStore {
 
     async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
         const WHAT: &str = "list heads";
-        let q = sqlx::query(sql::LIST_HEADS).bind(agent.map(|a| a.as_str().to_owned()));
+        let agent = agent.map(|a| a.as_str().to_owned());
+        let q = sqlx::query(sql::LIST_HEADS).bind(agent.clone());
         let row = self.read_one(q, WHAT).await?;
-        decode::listed_heads(get(&row, 0, WHAT)?)
+        let all: &[u8] = get(&row, 0, WHAT)?;
+        if std::str::from_utf8(all).is_ok() {
+            return decode::listed_heads(all);
+        }
+        // A row holds text that is not UTF-8: the rows one by one, so that exactly that row is
+        // left out (a key holding U+FFFD is a valid key).
+        let mut conn = self.reader().await;
+        let rows = batch(
+            &mut conn,
+            sqlx::query(sql::LIST_HEADS_EACH).bind(agent),
+            WHAT,
+        )
+        .await?;
+        let read = rows
+            .iter()
+            .map(|row| {
+                decode::head_row(
+                    get(row, 0, WHAT)?,
+                    get(row, 1, WHAT)?,
+                    get(row, 2, WHAT)?,
+                    get(row, 3, WHAT)?,
+                    get(row, 4, WHAT)?,
+                )
+            })
+            .collect();
+        Ok(decode::warned_heads(read))
     }
 
     async fn events_after(

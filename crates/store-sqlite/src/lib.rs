@@ -101,9 +101,9 @@
 //!   cursors with a `warn!` and left in the file, so one bad row cannot stop recording on its
 //!   target (decision 0016). SQLite keeps text that is not UTF-8 as it is and copies it into
 //!   the one JSON text a read of many rows decodes; such a text is read with each bad sequence
-//!   as U+FFFD, and a cursor or head row holding one is unreadable (pruning victims keep the
-//!   text as read, so a stamp reaches exactly the head keyed by it; links are read again a row
-//!   at a time, decision 0017).
+//!   as U+FFFD, and a cursor row holding one is unreadable (pruning victims keep the text as
+//!   read, so a stamp reaches exactly the head keyed by it; a listing of heads, and of links,
+//!   decision 0017, is read again a row at a time).
 //! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
 //! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
 //!   cascade into another table of an OpenClaw database.

@@ -332,6 +332,12 @@ pub(crate) const LIST_HEADS: &str = concat!(
 WHERE $1 IS NULL OR agent_id = $1"
 );
 
+/// [`LIST_HEADS`] one row each (`[key, agent, last, pruned, updated at]`), read only when that
+/// one text is not UTF-8, to tell the rows apart exactly.
+pub(crate) const LIST_HEADS_EACH: &str = "SELECT session_key, agent_id, last_sequence,
+  pruned_max_sequence, updated_at FROM session_state_heads WHERE $1 IS NULL OR agent_id = $1
+  ORDER BY session_key, agent_id";
+
 /// Retained events after `$1`, ascending (checked when decoding), at most `$2`.
 pub(crate) const EVENTS_AFTER: &str = concat!(
     "SELECT ",

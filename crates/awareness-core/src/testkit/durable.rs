@@ -1085,11 +1085,14 @@ pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: im
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let s = &*t.store;
+    // Recorded in this order; the second key holds U+FFFD, which a key may.
     let sessions = [
         r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:\u{FFFD}", "main"),
         r("agent:main:subagent:b", "main"),
         r("agent:main:subagent:c", "main"),
     ];
+    let [first, replacement, spoiled, last] = &sessions;
     let mut seqs = Vec::new();
     for session in &sessions {
         seqs.push(rec(s, human(session), T0).await.event.sequence);
@@ -1097,12 +1100,8 @@ pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: im
     let listed = async |agent: Option<&str>| {
         listed_heads(s, agent, "a listing over a head that is not UTF-8").await
     };
-    if t.raw
-        .spoil_head_text(&sessions[1])
-        .await
-        .expect("spoil a head")
-    {
-        let others = [sessions[0].clone(), sessions[2].clone()];
+    if t.raw.spoil_head_text(spoiled).await.expect("spoil a head") {
+        let others = [first.clone(), last.clone(), replacement.clone()];
         assert_eq!(listed(None).await, others);
         assert_eq!(listed(Some("main")).await, others);
     }
@@ -1112,9 +1111,16 @@ pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: im
         .expect("spoil an event")
     {
         let (report, left) = prune_to_cap(s, 1, "an event that is not UTF-8").await;
-        assert_eq!(report.events_by_cap, 2, "{report:?}");
+        assert_eq!(report.events_by_cap, 3, "{report:?}");
         let left: Vec<Sequence> = left.iter().map(|e| e.sequence).collect();
-        assert_eq!(left, [seqs[2]], "the spoiled event pruned in its turn");
+        assert_eq!(left, [seqs[3]], "the spoiled event pruned in its turn");
+        // Pruned in the same chunk as the spoiled event, the session whose key holds U+FFFD
+        // is stamped as any other: its history is not reported whole.
+        let head = s
+            .heads(std::slice::from_ref(replacement))
+            .await
+            .expect("its head");
+        assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
     }
 }
 
@@ -1517,10 +1523,13 @@ async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
     if spoil {
         // A watcher key that is not UTF-8 (the row no longer answers to its watcher): left out
         // of listings, and removed by a deletion of its target, though no text read back
-        // names it.
+        // names it; a cursor on another agent's session of the key stays.
+        let third = w("agent:ops:main");
+        let theirs = r(second.session_key.as_str(), "ops");
         for watcher in [&manager, &other] {
             s.watch(watcher, &second, LATER).await.expect("watch");
         }
+        s.watch(&third, &theirs, LATER).await.expect("watch");
         assert!(
             t.raw
                 .spoil_cursor_watcher(&manager, &second.session_key)
@@ -1528,14 +1537,22 @@ async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
                 .expect("spoil a watcher key"),
             "the row exists"
         );
+        let kept = (third.to_string(), second.session_key.to_string());
         assert_eq!(
             listed(None, None, false).await,
-            [(other.to_string(), second.session_key.to_string())]
+            [
+                (other.to_string(), second.session_key.to_string()),
+                kept.clone()
+            ]
         );
         assert_eq!(s.unreadable_cursors().await.expect("unreadable").len(), 1);
         s.delete_session(&second).await.expect("delete the target");
         assert_eq!(s.unreadable_cursors().await.expect("unreadable"), []);
-        assert_eq!(listed(None, None, false).await, []);
+        assert_eq!(
+            listed(None, None, false).await,
+            [kept],
+            "another agent's session of the key keeps its watcher"
+        );
     }
 }
 

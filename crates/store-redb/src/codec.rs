@@ -274,10 +274,11 @@ pub(crate) fn decode(
             (r.session_key.clone(), r.agent_id.clone())
         }
         Some(r) => {
+            let utf8 = |b| std::str::from_utf8(b).map_err(|_| bad("a field is not UTF-8"));
             return Err(bad(&format!(
                 "indexed under {r}, names {:?} of agent {:?}",
-                String::from_utf8_lossy(raw.session_key),
-                String::from_utf8_lossy(raw.agent_id)
+                utf8(raw.session_key)?,
+                utf8(raw.agent_id)?
             )));
         }
         None => {

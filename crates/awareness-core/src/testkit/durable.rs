@@ -818,6 +818,21 @@ pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f:
 /// `Corrupt` and leave it; an adoption of its ref writes a new link over it; an unconditional
 /// removal removes it, and so does a deletion of its session.
 pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl OpenFile) {
+    unreadable_link_rows(f, false).await;
+}
+
+/// [`an_unreadable_link_row_is_left_out_and_stops_no_other_link`], with rows whose thread id is
+/// text that is not UTF-8 (a hand edit by a tool that does not check). A store that read every
+/// link in one piece of text failed the whole listing, so the monitor checked no link at all.
+pub async fn a_link_row_with_text_that_is_not_utf8_is_left_out(f: impl OpenFile) {
+    unreadable_link_rows(f, true).await;
+}
+
+/// The check of unreadable link rows, with rows damaged by
+/// [`RawAccess::damage_link_row`](super::RawAccess::damage_link_row), or spoiled by
+/// [`RawAccess::spoil_link_text`](super::RawAccess::spoil_link_text) (`spoil`; nothing is
+/// checked for a store that cannot hold such text).
+async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
     use crate::StoreError;
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
@@ -832,12 +847,21 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
             .await
             .expect("adopt");
     }
+    let damage_or_spoil = async |session: &SessionRef| {
+        if spoil {
+            t.raw.spoil_link_text(session).await
+        } else {
+            t.raw.damage_link_row(session).await
+        }
+        .expect("damage a link row")
+    };
+    if !damage_or_spoil(&torn).await {
+        assert!(spoil, "the store has a link row to damage");
+        return; // Links are kept as values (store-memory): their text is always UTF-8.
+    }
     let damage = async |session: &SessionRef| {
         assert!(
-            t.raw
-                .damage_link_row(session)
-                .await
-                .expect("damage a link row"),
+            damage_or_spoil(session).await,
             "the store has a link row to damage"
         );
     };
@@ -855,7 +879,6 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
             "{what}: {res:?}"
         );
     };
-    damage(&torn).await;
     assert_eq!(listed().await, [kept.clone(), gone.clone()]);
     corrupt("link", u.link(&torn).await.map(drop));
     corrupt(
@@ -910,60 +933,6 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
     for removed in [&torn, &gone] {
         assert_eq!(u.link(removed).await.expect("link"), None, "{removed:?}");
     }
-}
-
-/// A link row whose text is not UTF-8 (a hand edit by a tool that does not check) is unreadable
-/// alone (decision 0017): the listing leaves it out and lists the others, a read of its ref
-/// fails with `Corrupt`, and an adoption of its ref writes a new link over it. A store that
-/// reads every link in one piece of text failed the whole listing, so the monitor checked no
-/// link at all.
-pub async fn a_link_row_with_text_that_is_not_utf8_is_left_out(f: impl OpenFile) {
-    use crate::StoreError;
-    let dir = Scratch::new("durable");
-    let t = open(&f, &dir.file()).await;
-    let u = &*t.upstream;
-    let sessions = [
-        r("agent:main:subagent:a", "main"),
-        r("agent:main:subagent:b", "main"),
-        r("agent:main:subagent:c", "main"),
-    ];
-    for (i, session) in sessions.iter().enumerate() {
-        u.upsert_link(link_spec(session, &format!("t{i}"), 10), T0)
-            .await
-            .expect("adopt");
-    }
-    let spoiled = &sessions[1];
-    if !t
-        .raw
-        .spoil_link_text(spoiled)
-        .await
-        .expect("spoil a link's text")
-    {
-        return; // Links are kept as values (store-memory): their text is always UTF-8.
-    }
-    let listed = async || -> Vec<SessionRef> {
-        u.links()
-            .await
-            .expect("the listing leaves the unreadable row out")
-            .into_iter()
-            .map(|l| l.session)
-            .collect()
-    };
-    assert_eq!(listed().await, [sessions[0].clone(), sessions[2].clone()]);
-    let read = u.link(spoiled).await;
-    assert!(
-        matches!(read, Err(StoreError::Corrupt { .. })),
-        "reading the spoiled link: {read:?}"
-    );
-    let again = u
-        .upsert_link(link_spec(spoiled, "t1", 20), T0.plus_ms(1))
-        .await
-        .expect("adopting again writes over the row");
-    assert!(
-        again.created,
-        "nothing of the unreadable link is kept: {again:?}"
-    );
-    assert_eq!(listed().await, sessions);
 }
 
 /// The refs of the heads `list_heads` lists for `agent` (every agent with `None`); `what` says

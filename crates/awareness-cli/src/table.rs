@@ -8,7 +8,11 @@ use awareness_core::Timestamp;
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     let cleaned: Vec<Vec<String>> = rows
         .iter()
-        .map(|row| row.iter().map(|cell| one_line(cell)).collect())
+        .map(|row| {
+            row.iter()
+                .map(|cell| awareness_core::validate::on_one_line(cell).collect())
+                .collect()
+        })
         .collect();
     let rows = cleaned.as_slice();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
@@ -37,20 +41,6 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
-}
-
-/// `cell` with what would break its line or drive the terminal (a control character, a line
-/// separator) as a space.
-fn one_line(cell: &str) -> String {
-    cell.chars()
-        .map(|c| {
-            if awareness_core::validate::breaks_summary(c) {
-                ' '
-            } else {
-                c
-            }
-        })
-        .collect()
 }
 
 /// `YYYY-MM-DD HH:MM:SS.mmmZ` in UTC ([`Timestamp::utc`]).

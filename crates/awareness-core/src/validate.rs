@@ -296,6 +296,14 @@ pub fn breaks_summary(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
+/// `text` as part of one line of a text view: each character that would end the line or drive
+/// a terminal ([`breaks_summary`]) as a space. For text read from rows another writer left
+/// (decision 0013), which no validation saw.
+pub fn on_one_line(text: &str) -> impl Iterator<Item = char> + '_ {
+    text.chars()
+        .map(|c| if breaks_summary(c) { ' ' } else { c })
+}
+
 /// One line of at most 200 characters (Unicode scalar values), not blank, without control
 /// characters or line separators ([`breaks_summary`]).
 pub fn summary(value: &str) -> Result<(), ValidationError> {

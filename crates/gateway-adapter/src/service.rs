@@ -2145,16 +2145,12 @@ const PAYLOAD_SHOWN: usize = 200;
 /// (decision 0013: such rows are read as they are) cannot put a line that looks like an event
 /// of its own into what the model reads. Beyond `max` characters the rest becomes `…`.
 fn one_line(out: &mut String, text: &str, max: usize) {
-    for (i, c) in text.chars().enumerate() {
+    for (i, c) in awareness_core::validate::on_one_line(text).enumerate() {
         if i == max {
             out.push(awareness_core::validate::ELLIPSIS);
             return;
         }
-        out.push(if awareness_core::validate::breaks_summary(c) {
-            ' '
-        } else {
-            c
-        });
+        out.push(c);
     }
 }
 

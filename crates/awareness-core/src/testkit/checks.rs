@@ -2008,6 +2008,74 @@ pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
     assert_eq!(count(s).await, 0);
 }
 
+/// A chunk deletes its whole bound when that many rows are due, however the store splits it
+/// (store-sqlite commits 250 rows at a time; store-memory lets its lock go every 256 rows
+/// deleted and every 1,024 looked at), and stamps each head with what it deleted.
+pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
+    let s = &*t.store;
+    let now = T0.plus_ms(DAY);
+    let other = r("agent:main:other", "main");
+    // 1..=1100 are new; 1101..=1700 are old (their occurredAt a day back from the recording).
+    for i in 0..1_700u64 {
+        let session = if i % 2 == 0 { child() } else { other.clone() };
+        let e = log_only(&session, "e");
+        let e = if i < 1_100 { e } else { e.with_occurred_at(T0) };
+        rec(s, e, now).await;
+    }
+    let age = PruneStep::Age {
+        cutoff: T0.plus_ms(1),
+    };
+    assert_eq!(
+        s.prune_chunk(&age, 500, now).await.unwrap(),
+        500,
+        "the first 500 old rows, found behind 1,100 new ones"
+    );
+    let watermarks = |heads: Vec<crate::Head>| {
+        let mut w: Vec<(String, u64)> = heads
+            .into_iter()
+            .map(|h| {
+                (
+                    h.session.session_key.to_string(),
+                    h.pruned_max_sequence.get(),
+                )
+            })
+            .collect();
+        w.sort();
+        w
+    };
+    let pair = [child(), other.clone()];
+    assert_eq!(
+        watermarks(s.heads(&pair).await.unwrap()),
+        vec![
+            ("agent:main:other".to_string(), 1_600),
+            (CHILD.to_string(), 1_599)
+        ],
+        "each head stamped with the highest of its events the chunk deleted"
+    );
+    assert_eq!(s.prune_chunk(&age, 500, now).await.unwrap(), 100);
+    assert_eq!(count(s).await, 1_100);
+    let cap = PruneStep::RowCap { max_rows: 100 };
+    assert_eq!(s.prune_chunk(&cap, 600, now).await.unwrap(), 600);
+    assert_eq!(s.prune_chunk(&cap, 600, now).await.unwrap(), 400);
+    assert_eq!(count(s).await, 100);
+    assert_eq!(
+        seqs(s, &child(), 0).await,
+        (1_001..1_100).step_by(2).collect::<Vec<u64>>(),
+        "the cap deletes the lowest sequences"
+    );
+    for i in 0..300 {
+        s.watch(&w(&format!("agent:main:w{i:03}")), &child(), T0)
+            .await
+            .unwrap();
+    }
+    let idle = PruneStep::Cursors {
+        cutoff: T0.plus_ms(1),
+    };
+    assert_eq!(s.prune_chunk(&idle, 280, now).await.unwrap(), 280);
+    assert_eq!(s.prune_chunk(&idle, 280, now).await.unwrap(), 20);
+    assert!(all_cursors(s).await.is_empty());
+}
+
 pub async fn invalid_summary_is_rejected_and_nothing_written(t: &Subject) {
     let s = &*t.store;
     s.watch(&w(MANAGER), &child(), T0).await.unwrap();

@@ -321,6 +321,7 @@ macro_rules! conformance_suite {
             prune_expires_idle_cursors,
             an_invalid_retention_policy_is_refused_and_nothing_deleted,
             prune_runs_in_bounded_chunks,
+            a_chunk_deletes_its_whole_bound_however_it_is_split,
             pruning_stamps_the_heads_it_raises_with_its_time,
             invalid_summary_is_rejected_and_nothing_written,
             invalid_payload_is_rejected_and_nothing_written,

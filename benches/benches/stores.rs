@@ -627,11 +627,13 @@ fn record_beside_pruning(
     rt.block_on(store.prune(policy, T0)).expect("prune");
     let show = |d: Option<Duration>| d.map_or_else(|| "n/a".into(), |d| format!("{d:?}"));
     let during_p99 = p99(during.clone());
+    let during_max = during.iter().max().copied();
     println!(
-        "prune/record_p99/{}: quiet {}, while pruning {} ({} recordings during {passes} passes)",
+        "prune/record_p99/{}: quiet {}, while pruning {} (the slowest {}; {} recordings during {passes} passes)",
         b.name,
         show(quiet),
         show(during_p99),
+        show(during_max),
         during.len()
     );
     // Saved for bench-report; a `--test` run's small data set would only mislead it.
@@ -644,6 +646,7 @@ fn record_beside_pruning(
                 "backend": b.name,
                 "quiet_p99_ns": ns(quiet),
                 "pruning_p99_ns": ns(during_p99),
+                "pruning_max_ns": ns(during_max),
                 "recordings_during": during.len(),
                 "passes": passes,
                 "quiet_recordings": quiet_n,

@@ -481,9 +481,9 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
     );
     let _ = writeln!(
         s,
-        "| backend | quiet p99 | p99 during the passes | recordings during them | passes | measured |"
+        "| backend | quiet p99 | p99 during the passes | the slowest during them | recordings during them | passes | measured |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     let int = |v: &Value, k: &str| {
         v.get(k)
             .and_then(Value::as_u64)
@@ -493,9 +493,10 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
         let (v, at) = &prune[name];
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} |",
             ns(v, "quiet_p99_ns"),
             ns(v, "pruning_p99_ns"),
+            ns(v, "pruning_max_ns"),
             int(v, "recordings_during"),
             int(v, "passes"),
             saved(*at)

@@ -565,7 +565,8 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 /// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With
 /// `owned`, a watcher that directory does not know is left out (another gateway's:
 /// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained. A wake
-/// that panics takes its line back out of the queue and panics on ([`deliver_logged`]).
+/// that panics takes its line back out of the queue; the other notices are delivered all the
+/// same, then the first panic goes on ([`deliver_logged`]).
 fn deliver_to(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,
@@ -573,28 +574,48 @@ fn deliver_to(
     notices: &[Notice],
 ) -> usize {
     let mut added = 0;
+    let mut panicked = None;
     for n in notices {
         if owned.is_some_and(|dir| !dir.exists(n.watcher.session_key())) {
             continue;
         }
-        if queue.enqueue(n.watcher.session_key(), queued(n)) {
-            if !n.queue_only && !n.watcher.session_key().is_subagent() {
-                let watcher = n.watcher.session_key();
-                let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    wake.wake(watcher, "session-state");
-                }));
-                if let Err(panic) = woken {
-                    // A line queued without its wake would look delivered to every pick-up,
-                    // and a main session takes no turn unless woken: take it back, so that a
-                    // pick-up, where one runs, queues it again and wakes the session.
-                    queue.remove(watcher, &queued(n));
-                    std::panic::resume_unwind(panic);
-                }
+        // One watcher's failing sink does not cost the others their notices: each one is
+        // delivered on its own.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| deliver_one(queue, wake, n)))
+        {
+            Ok(true) => added += 1,
+            Ok(false) => {}
+            Err(panic) => {
+                panicked.get_or_insert(panic);
             }
-            added += 1;
         }
     }
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
+    }
     added
+}
+
+/// Queues one notice and wakes its watcher where [`deliver_to`] says; whether the queue gained
+/// its line. A wake that panics takes the line back out and panics on.
+fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notice) -> bool {
+    if !queue.enqueue(n.watcher.session_key(), queued(n)) {
+        return false;
+    }
+    if !n.queue_only && !n.watcher.session_key().is_subagent() {
+        let watcher = n.watcher.session_key();
+        let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wake.wake(watcher, "session-state");
+        }));
+        if let Err(panic) = woken {
+            // A line queued without its wake would look delivered to every pick-up, and a
+            // main session takes no turn unless woken: take it back, so that a pick-up, where
+            // one runs, queues it again and wakes the session.
+            queue.remove(watcher, &queued(n));
+            std::panic::resume_unwind(panic);
+        }
+    }
+    true
 }
 
 /// [`deliver_to`], after a write that committed or on a background task: a panic while
@@ -887,9 +908,16 @@ impl Awareness {
     }
 
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
-    /// is woken at once (the waker coalesces), a nested subagent sees it on its next turn. With
+    /// is woken at once (the waker coalesces) unless the notice is queue-only
+    /// ([`Notice::queue_only`]), a nested subagent sees it on its next turn. With
     /// [`AwarenessConfig::owned_watchers_only`], a watcher the directory does not know is left
     /// out.
+    ///
+    /// # Panics
+    ///
+    /// When the queue or the wake sink panics: the other notices are delivered first, a line
+    /// whose wake panicked is taken back out of the queue, then the first panic goes on to the
+    /// caller (the watcher's next turn reads the notice from its cursor in any case).
     pub fn deliver(&self, notices: &[Notice]) {
         deliver_to(&*self.queue, &*self.wake, self.owned().as_deref(), notices);
     }

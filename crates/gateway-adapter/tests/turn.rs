@@ -640,6 +640,58 @@ async fn a_panicking_wake_does_not_fail_a_committed_recording() {
     );
 }
 
+/// A wake that panics for one watcher costs the others nothing: with two main sessions
+/// watching the worker and the wake failing at its first call, the other watcher's line is
+/// queued and its session woken, and only the failed one's line is taken back.
+#[tokio::test]
+async fn a_wake_that_panics_for_one_watcher_still_delivers_to_the_others() {
+    struct FirstPanics(std::sync::Mutex<Vec<SessionKey>>);
+    impl HeartbeatWake for FirstPanics {
+        fn wake(&self, session: &SessionKey, _: &str) {
+            let mut woken = self.0.lock().unwrap();
+            woken.push(session.clone());
+            if woken.len() == 1 {
+                drop(woken);
+                panic!("the heartbeat runner failed");
+            }
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(FirstPanics(std::sync::Mutex::default()));
+    let svc = Awareness::builder(
+        store.clone(),
+        queue.clone(),
+        wake.clone(),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("seeded");
+    let child = SessionRef::parse(CHILD, "main").unwrap();
+    store
+        .watch(
+            &WatcherKey::parse("agent:main:other").unwrap(),
+            &child,
+            awareness_core::Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    assert!(svc.human_message(human_message()).await.is_some());
+    let woken = wake.0.lock().unwrap().clone();
+    assert_eq!(woken.len(), 2, "both watchers' wakes were tried: {woken:?}");
+    assert!(
+        queue.peek(&woken[0]).is_empty(),
+        "the failed wake's line taken back"
+    );
+    assert_eq!(
+        texts(&queue.peek(&woken[1])),
+        vec![notice(Sequence(1))],
+        "the other watcher's line queued"
+    );
+}
+
 /// Decision 0003 and DESIGN.md "Delivery": decoding a context key is strict, so a line queued
 /// under a broken `session-state:` key is no notice. The turn reads it as it was queued (it is
 /// not left out as a stale notice), it acknowledges no cursor, and it does not stand in for the

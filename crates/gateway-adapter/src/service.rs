@@ -958,7 +958,8 @@ impl Awareness {
     }
 
     /// A human turn in a session: recorded only when the session has a spawner/parent or a
-    /// watcher. Returns the stored event.
+    /// watcher (or when the store fails to say whether it has a watcher: the failure is logged
+    /// and the turn recorded). Returns the stored event.
     ///
     /// The summary is `human message via <channel>` (`unknown` for a blank channel). The
     /// gateway's metadata never costs the event ([gateway metadata](Awareness#gateway-metadata)):
@@ -999,12 +1000,11 @@ impl Awareness {
                     return HumanRecorded::Unwatched;
                 }
                 Ok(_) => {}
+                // The read only spares unwatched sessions an event: without its answer the turn
+                // is recorded, since a watched session's turn not recorded is a notice lost, and
+                // an unwatched one's recorded only an event nobody is told of.
                 Err(e) => {
-                    let e = ErrorChain(&e);
-                    warn!(session_key = %msg.session, error = %e, "cannot tell whether the session is watched; not recording");
-                    return HumanRecorded::Failed(format!(
-                        "cannot tell whether the session is watched: {e}"
-                    ));
+                    warn!(session_key = %msg.session, error = %ErrorChain(&e), "cannot tell whether the session is watched; recording the human turn all the same");
                 }
             }
         }

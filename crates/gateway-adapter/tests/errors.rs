@@ -11,7 +11,7 @@ use awareness_core::{
 };
 use gateway_adapter::{
     Awareness, CheckOutcome, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
-    RecordingWake, UpstreamMonitor, UpstreamProvider,
+    RecordingWake, SystemEventQueue, UpstreamMonitor, UpstreamProvider,
 };
 use store_memory::MemoryStore;
 
@@ -298,4 +298,58 @@ async fn an_unrecorded_human_message_in_an_unwatched_session_is_logged() {
     let line = logged(&capture.lines(), "human message not recorded");
     assert!(line.contains("no spawner, parent or watcher"), "{line}");
     assert!(line.contains("session_key=agent:main:alone"), "{line}");
+}
+
+/// Fails every listing of cursors ([`CursorStore::cursors`]), nothing else.
+struct CursorListingsFail;
+
+impl Hook for CursorListingsFail {
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        (call == Call::Cursors)
+            .then(|| StoreError::backend("read cursors", std::io::Error::other(CAUSE)))
+    }
+}
+
+/// A human message in a session without a spawner or parent is recorded when the store cannot
+/// say whether something watches it: the read only spares unwatched sessions an event, and a
+/// watched session's turn left out is a notice lost. The failure is logged with its cause.
+#[tokio::test]
+async fn a_human_message_is_recorded_when_whether_it_is_watched_cannot_be_read() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let inner = Arc::new(MemoryStore::new());
+    inner
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &SessionRef::parse("agent:main:worker", "main").unwrap(),
+            Timestamp(0),
+        )
+        .await
+        .unwrap();
+    let queue = Arc::new(InMemoryQueue::new());
+    let svc = Awareness::builder(
+        Arc::new(Hooked {
+            inner,
+            hook: CursorListingsFail,
+        }),
+        queue.clone(),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    let recorded = svc
+        .human_message(HumanMessage::new(k("agent:main:worker")))
+        .await
+        .expect("recorded");
+    assert_eq!(recorded.sequence, Sequence(1));
+    assert_eq!(
+        queue.peek(&k("agent:main:main")).len(),
+        1,
+        "the watcher is told"
+    );
+    let line = logged(
+        &capture.lines(),
+        "cannot tell whether the session is watched",
+    );
+    assert!(line.contains(CAUSE), "{line}");
 }

@@ -873,10 +873,12 @@ impl Awareness {
         .await
     }
 
-    /// Waits until every store write this service had started when called has ended,
-    /// including those whose caller gave up on them: a recording, an acknowledgement or a sweep
-    /// runs to its end on a task of its own (see [`Awareness::try_record`]), holding the store
-    /// until then. Writes started after the call are not waited for. A write that never ends
+    /// Waits until every recording, acknowledgement and sweep this service had started when
+    /// called has ended, including those whose caller gave up on them: each runs to its end on
+    /// a task of its own (see [`Awareness::try_record`]), holding the store until then. Other
+    /// writes (a watch, an unwatch, a reset, a deletion, a pruning pass, an upstream link) run
+    /// in their caller's future and end with it, so they are not waited for; nor are writes
+    /// started after the call. A write that never ends
     /// (a store that hangs) makes this wait for good.
     ///
     /// Shutting down calls it before dropping the service, so that closing the store reaches
@@ -1318,12 +1320,18 @@ impl Awareness {
     ) -> Result<SessionStatus, NotVisible> {
         let watched = match target_agent {
             None if target.agent_id().is_none() => {
-                match self.watched_agent(requester, target).await {
-                    Ok(agent) => agent,
+                let Ok(agent) = self.watched_agent(requester, target).await else {
                     // Which session is meant cannot be known: nothing is read for the
-                    // requester's own, which may be the wrong one (decision 0010).
-                    Err(()) => return Ok(SessionStatus::unavailable(changes_since)),
-                }
+                    // requester's own, which may be the wrong one (decision 0010). The policy
+                    // is still asked first, of the session the key names without a cursor, so
+                    // that a requester it refuses reads "not visible" (DESIGN.md section 5).
+                    let own = Self::target_of(requester, target, None);
+                    if !self.visibility.can_see(requester, &own) {
+                        return Err(NotVisible);
+                    }
+                    return Ok(SessionStatus::unavailable(changes_since));
+                };
+                agent
             }
             _ => None,
         };

@@ -65,12 +65,26 @@ pub(crate) fn store_err(what: &str, e: &StoreError) -> CliError {
     CliError::failure(format!("{what}: {}", ErrorChain(e)))
 }
 
-fn key(s: &str) -> Result<SessionKey, CliError> {
-    SessionKey::new(s).map_err(|e| invalid(&e))
+/// The session key given as `arg` (named so in the error: a command takes several keys).
+fn key(arg: &str, s: &str) -> Result<SessionKey, CliError> {
+    SessionKey::new(s).map_err(|e| CliError::usage(format!("{arg}: {e}")))
 }
 
-fn watcher(s: &str) -> Result<WatcherKey, CliError> {
-    WatcherKey::parse(s).map_err(|e| invalid(&e))
+/// "1st", "2nd", "3rd", "4th", ...: which of several arguments is at fault.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// The watcher given as `arg` (named so in the error).
+fn watcher(arg: &str, s: &str) -> Result<WatcherKey, CliError> {
+    WatcherKey::parse(s).map_err(|e| CliError::usage(format!("{arg}: {e}")))
 }
 
 pub(crate) fn agent_for(
@@ -330,21 +344,27 @@ fn check_input(cli: &Cli) -> Result<Checked, CliError> {
             target,
             agent,
         } => {
-            let t = key(target)?;
-            let wk = watcher(w)?;
+            let t = key("TARGET", target)?;
+            let wk = watcher("WATCHER", w)?;
             protocol::check_watch(wk.session_key(), &t).map_err(|e| invalid(&e))?;
             let agent = agent_for(&t, agent.as_deref(), Some(wk.agent_id()))?;
             Checked::Watch(wk, SessionRef::new(t, agent))
         }
-        Command::Unwatch { watcher: w, target } => Checked::Unwatch(watcher(w)?, key(target)?),
+        Command::Unwatch { watcher: w, target } => {
+            Checked::Unwatch(watcher("WATCHER", w)?, key("TARGET", target)?)
+        }
         Command::Record(a) => Checked::Record(Box::new(new_event(a)?)),
         Command::Ack {
             watcher: w,
             targets,
         } => {
-            let targets: Vec<SessionKey> =
-                targets.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
-            Checked::Ack(watcher(w)?, targets)
+            let wk = watcher("WATCHER", w)?;
+            let targets: Vec<SessionKey> = targets
+                .iter()
+                .enumerate()
+                .map(|(i, t)| key(&format!("TARGETS (the {})", ordinal(i + 1)), t))
+                .collect::<Result<_, _>>()?;
+            Checked::Ack(wk, targets)
         }
         Command::Status {
             key: k,
@@ -352,7 +372,7 @@ fn check_input(cli: &Cli) -> Result<Checked, CliError> {
             changes_since,
             limit,
         } => {
-            let k = key(k)?;
+            let k = key("KEY", k)?;
             let agent = agent_for(&k, agent.as_deref(), None)?;
             Checked::Read(Read::Status {
                 session: SessionRef::new(k, agent),
@@ -375,9 +395,9 @@ fn check_input(cli: &Cli) -> Result<Checked, CliError> {
             // A watcher, as `watch` takes it: a bare key watches nothing.
             watcher: w
                 .as_deref()
-                .map(|w| watcher(w).map(|wk| wk.session_key().clone()))
+                .map(|w| watcher("--watcher", w).map(|wk| wk.session_key().clone()))
                 .transpose()?,
-            target: target.as_deref().map(key).transpose()?,
+            target: target.as_deref().map(|t| key("--target", t)).transpose()?,
             pending_only: *pending,
         })),
         Command::Demo
@@ -606,7 +626,7 @@ async fn on_store_other(
 
 /// The event `awareness record` asks for, checked.
 fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
-    let k = key(&args.session)?;
+    let k = key("--session", &args.session)?;
     let r = SessionRef::new(k.clone(), agent_for(&k, args.agent.as_deref(), None)?);
     let kind = EventKind::parse(&args.kind).map_err(|e| invalid(&e))?;
     let actor = ActorType::parse(&args.actor_type).map_err(|e| invalid(&e))?;
@@ -621,7 +641,7 @@ fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
         ev.payload = Some(validate::payload_from_value(v).map_err(|e| invalid(&e))?);
     }
     for w in &args.watcher {
-        ev.watchers.push(watcher(w)?);
+        ev.watchers.push(watcher("--watcher", w)?);
     }
     ev.validate().map_err(|e| invalid(&e))?;
     Ok(ev)
@@ -728,7 +748,7 @@ async fn prune(
             emit(
                 out,
                 &format!(
-                    "would delete {by_age} event(s) older than {} , {by_cap} beyond the {}-row cap, {idle_cursors} cursor(s) idle since {}{also}\n",
+                    "would delete {by_age} event(s) older than {}, {by_cap} beyond the {}-row cap, {idle_cursors} cursor(s) idle since {}{also}\n",
                     time(policy.age_cutoff(now)),
                     policy.max_rows,
                     time(policy.idle_cutoff(now))
@@ -831,6 +851,15 @@ async fn tail(
             }
             let _ = out.flush();
             if page.len() == 500 {
+                // More to read at once, unless a Ctrl-C came meanwhile: a log that grows as
+                // fast as it is printed would otherwise never reach the wait below.
+                if let Some(stop) = stop.as_mut() {
+                    tokio::select! {
+                        biased;
+                        () = stop.as_mut() => return Ok(()),
+                        () = std::future::ready(()) => {}
+                    }
+                }
                 continue;
             }
         }

@@ -433,8 +433,7 @@ async fn monitor_links(
         .config(config)
         .try_build()
         .map_err(|e| CliError::usage(format!("monitor: {e}")))?;
-    let mut rx = monitor.subscribe();
-    let task = monitor.spawn();
+    // Printed before the task starts: a failure to print ends the command with nothing to stop.
     if !cli.json {
         emit(
             out,
@@ -447,6 +446,8 @@ async fn monitor_links(
             ),
         )?;
     }
+    let mut rx = monitor.subscribe();
+    let task = monitor.spawn();
     let line_of = |d: Result<Detection, RecvError>| match d {
         Ok(Detection::TickDone(_)) if !args.verbose => None,
         Ok(d) if cli.json => Some(format!("{}\n", detection_json(&d))),
@@ -455,10 +456,21 @@ async fn monitor_links(
         Err(RecvError::Closed) => None,
     };
     tokio::pin!(stop);
+    // The task ends only when stopped; one that ended by itself (it panicked) is looked for
+    // once a second, and makes the command fail instead of printing nothing from then on.
+    let mut alive = tokio::time::interval(Duration::from_secs(1));
     let result = loop {
         let d = tokio::select! {
             () = &mut stop => break Ok(()),
             d = rx.recv() => d,
+            _ = alive.tick() => {
+                if task.is_finished() {
+                    break Err(CliError::failure(
+                        "monitor: the monitor's task ended by itself (see the log)",
+                    ));
+                }
+                continue;
+            }
         };
         if matches!(d, Err(RecvError::Closed)) {
             break Ok(());

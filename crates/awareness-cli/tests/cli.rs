@@ -832,8 +832,35 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         assert_usage(&o, &format!("{args:?}"));
         assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
     }
-    let o = run_in(dir.path(), &["watch", "global", "agent:main:x"]);
-    assert_usage(&o, "a bare watcher is bad input");
+    // Bad keys: the argument at fault is named (a command takes several keys).
+    for (args, says) in [
+        (&["watch", "global", "agent:main:x"][..], "WATCHER: "),
+        (&["watch", "agent:main:main", ""][..], "TARGET: "),
+        (&["unwatch", "agent:main:main", ""][..], "TARGET: "),
+        (
+            &["ack", "agent:main:main", "agent:main:x", ""][..],
+            "TARGETS (the 2nd): ",
+        ),
+        (&["status", ""][..], "KEY: "),
+        (&["cursors", "--target", ""][..], "--target: "),
+        (&["cursors", "--watcher", "global"][..], "--watcher: "),
+        (
+            &[
+                "record",
+                "--session",
+                "",
+                "--kind",
+                "created",
+                "--summary",
+                "s",
+            ][..],
+            "--session: ",
+        ),
+    ] {
+        let o = run_in(dir.path(), args);
+        assert_usage(&o, &format!("{args:?}"));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
     let o = run_in(
         dir.path(),
         &[

@@ -89,9 +89,11 @@ impl Closed {
 
 /// How this process has a file open.
 enum Db {
-    /// Read-write: the file is locked against every other process.
+    /// Read-write: the file is locked against every other process's writers, and against its
+    /// readers too unless opened with live readers (decision 0009).
     Write(Database),
-    /// Read-only: other processes may open it read-only too, none read-write.
+    /// Read-only: other processes may open it read-only too, and a writer with live readers
+    /// may join (decision 0009); no other writer.
     Read(ReadOnlyDatabase),
 }
 
@@ -1024,6 +1026,7 @@ impl Flusher {
                 // after a commit stood in for it.
                 let mut wait = interval;
                 let mut said_unwritable = false;
+                let mut said_panicked = false;
                 loop {
                     let g = lock(&signal.0);
                     let (g, _) = signal
@@ -1034,10 +1037,26 @@ impl Flusher {
                     drop(g);
                     let began = std::time::Instant::now();
                     let Some(shared) = weak.upgrade() else { return };
-                    let flushed = if stopping {
-                        shared.flush_last()
-                    } else {
-                        shared.flush()
+                    // A panic inside redb must not end the thread: the writers go on committing
+                    // without durability, and nothing would flush them until the file closes.
+                    let flushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        if stopping {
+                            shared.flush_last()
+                        } else {
+                            shared.flush()
+                        }
+                    }));
+                    let Ok(flushed) = flushed else {
+                        if !said_panicked {
+                            said_panicked = true;
+                            error!(path = ?shared.path, "a flush of non-durable commits panicked; the flush thread goes on, trying again at each interval (said once)");
+                        }
+                        drop(shared);
+                        if stopping {
+                            return;
+                        }
+                        wait = interval.saturating_sub(began.elapsed());
+                        continue;
                     };
                     match flushed {
                         Ok(()) => {}

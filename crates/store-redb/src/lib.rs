@@ -367,9 +367,14 @@ impl RedbOptions {
     }
 }
 
-/// Session state awareness on one redb file. Every redb call runs on tokio's blocking pool, so
-/// the store must be used inside a tokio runtime: a call made outside one fails at once with
-/// [`StoreError::Backend`] saying so, and leaves the handle as it was.
+/// Session state awareness on one redb file. Every redb call of its methods runs on tokio's
+/// blocking pool, so the store must be used inside a tokio runtime: a call made outside one
+/// fails at once with [`StoreError::Backend`] saying so, and leaves the handle as it was.
+///
+/// Dropping the last handle of a file is the exception: the drop itself stops the flush
+/// thread (after a last flush, behind a write in progress) and, when no operation still holds
+/// the file, closes it, with an fsync, on the dropping thread. Close the store with [`RedbStore::close`] (or
+/// [`EventStore::close`] through a shared handle) to do that on the blocking pool instead.
 pub struct RedbStore {
     // Dropped first: commits the writer makes after the handle is gone are durable.
     _end_bounded: EndBounded,
@@ -428,9 +433,12 @@ impl RedbStore {
     /// Opens the store at `path` with `options`. Opening a file this process already has open
     /// shares its database, unless a write failed on it with an I/O error (redb then writes
     /// nothing more until it is reopened): that open, read-only or not, is refused while other
-    /// handles keep it open, and waits for it to close otherwise. A file open in another process, a file that is not a redb database
-    /// of this store, or a missing file with `create_if_missing` off is a [`StoreError::Open`]
-    /// naming the file, and the file is left as it was. Every error of an open names the file:
+    /// handles keep it open, and waits for it to close otherwise. A file open in another
+    /// process, a file that is not a redb database of this store, or a missing file with
+    /// `create_if_missing` off is a [`StoreError::Open`] naming the file, and its data are left
+    /// as they were (a file that is not a redb database at all is not written; a read-write
+    /// open of another application's redb file, or of a newer schema, lets redb repair it if it
+    /// was not closed cleanly and close it again, which writes redb's own bookkeeping). Every error of an open names the file:
     /// one found once redb has opened it keeps its meaning (a damaged file is
     /// [`StoreError::Corrupt`], its context naming the file), and any other failure is a
     /// [`StoreError::Open`].
@@ -544,8 +552,9 @@ impl RedbStore {
     /// [`Durability::Bounded`], a final durable commit, which waits behind any write in
     /// progress). A write whose caller gave up, which this handle's writer finishes on its
     /// own, ends first, and so does a read still running on the file. Dropping the handle does
-    /// the same work on the dropping thread, without those waits. Failures are logged, as
-    /// dropping would.
+    /// the same work on the dropping thread (whose last flush also waits behind a write in
+    /// progress) without waiting for those two: the file then closes when the last of them
+    /// ends. Failures are logged, as dropping would.
     pub async fn close(self) {
         let path = self.path().to_owned();
         if let Err(e) = blocking("close", move || {

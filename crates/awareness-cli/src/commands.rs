@@ -1,5 +1,6 @@
 //! The operator commands.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::Arc;
@@ -776,9 +777,13 @@ async fn prune(
 /// Events `tail` shows when not told where to start.
 const TAIL_LAST: usize = 20;
 
+/// Events `tail` reads at a time.
+const TAIL_PAGE: usize = 500;
+
 /// The sequence just before the last `n` retained events (0 when there are fewer). Sequences
 /// have gaps (a dedupe hit spends one, pruning and deletion remove rows), so it widens a window
-/// back from the newest until the window holds `n` events.
+/// back from the newest until the window holds `n` events. A window is read a page at a time,
+/// keeping its last `n + 1` events: a wide window of a sparse log may hold most of the log.
 async fn before_the_last(store: &dyn AwarenessStore, n: usize) -> Result<Sequence, CliError> {
     let stats = store.log_stats().await.map_err(|e| store_err("tail", &e))?;
     if stats.rows <= n as u64 {
@@ -789,15 +794,28 @@ async fn before_the_last(store: &dyn AwarenessStore, n: usize) -> Result<Sequenc
     let mut width = n as u64;
     loop {
         let from = top.saturating_sub(width);
-        let window = store
-            .events_after(Sequence(from), usize::try_from(width).unwrap_or(usize::MAX))
-            .await
-            .map_err(|e| store_err("tail", &e))?;
-        if window.len() >= n || from == 0 {
-            return Ok(window
-                .len()
-                .checked_sub(n + 1)
-                .map_or(Sequence(from), |i| window[i].sequence));
+        let mut last: VecDeque<Sequence> = VecDeque::with_capacity(n + 1);
+        let mut held = 0usize;
+        let mut after = Sequence(from);
+        loop {
+            let page = store
+                .events_after(after, TAIL_PAGE)
+                .await
+                .map_err(|e| store_err("tail", &e))?;
+            for e in page.iter().take_while(|e| e.sequence.get() <= top) {
+                held += 1;
+                if last.len() > n {
+                    last.pop_front();
+                }
+                last.push_back(e.sequence);
+            }
+            match page.last() {
+                Some(e) if page.len() == TAIL_PAGE && e.sequence.get() < top => after = e.sequence,
+                _ => break,
+            }
+        }
+        if held >= n || from == 0 {
+            return Ok(if held > n { last[0] } else { Sequence(from) });
         }
         width = width.saturating_mul(4);
     }
@@ -824,7 +842,7 @@ async fn tail(
     let mut header = !as_json;
     loop {
         let page = store
-            .events_after(after, 500)
+            .events_after(after, TAIL_PAGE)
             .await
             .map_err(|e| store_err("tail", &e))?;
         if let Some(last) = page.last() {
@@ -850,7 +868,7 @@ async fn tail(
                 emit(out, &body)?;
             }
             let _ = out.flush();
-            if page.len() == 500 {
+            if page.len() == TAIL_PAGE {
                 // More to read at once, unless a Ctrl-C came meanwhile: a log that grows as
                 // fast as it is printed would otherwise never reach the wait below.
                 if let Some(stop) = stop.as_mut() {
@@ -995,6 +1013,52 @@ mod tests {
     fn parsed(out: &[u8]) -> Value {
         serde_json::from_slice(out)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
+    }
+
+    /// `tail` without `--after` finds where its last 20 events start a page at a time, in a log
+    /// whose newest sequences are sparse (a deleted session took most of them) and whose older
+    /// ones are dense: the window that holds 20 events holds all 610 of the log, which it read
+    /// in one call asking for 5,120.
+    #[tokio::test]
+    async fn tail_finds_its_last_events_a_page_at_a_time() {
+        let store = gateway_adapter::open_store("memory:").await.unwrap();
+        let now = Timestamp::now();
+        let session = |name: &str| SessionRef::parse(name, "main").unwrap();
+        let (dense, sparse, gone) = (
+            session("agent:main:subagent:dense"),
+            session("agent:main:subagent:sparse"),
+            session("agent:main:subagent:gone"),
+        );
+        let e = |r: &SessionRef| {
+            NewEvent::new(
+                r.clone(),
+                EventKind::GoalChanged,
+                ActorType::System,
+                "goal updated",
+            )
+        };
+        for _ in 0..600 {
+            store.record(e(&dense), now).await.unwrap();
+        }
+        for i in 0..2_000 {
+            let r = if i % 200 == 199 { &sparse } else { &gone };
+            store.record(e(r), now).await.unwrap();
+        }
+        store.delete_session(&gone).await.unwrap();
+        let paged = counted(store.clone());
+        assert_eq!(
+            before_the_last(&paged, TAIL_LAST).await.unwrap(),
+            Sequence(590),
+            "the last 20: the sparse session's 10 and the dense one's last 10 (591..=600)"
+        );
+        let (limit, page) = (
+            paged.hook.largest_limit.load(Ordering::Relaxed),
+            paged.hook.largest_page.load(Ordering::Relaxed),
+        );
+        assert!(
+            limit <= TAIL_PAGE && page <= TAIL_PAGE,
+            "tail asked for {limit} events in one read and held {page}"
+        );
     }
 
     /// `prune --dry-run` on a log of more than two pages counts it a page at a time (it read the

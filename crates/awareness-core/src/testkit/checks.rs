@@ -1777,7 +1777,7 @@ pub async fn refreeze_of_quiet_cursor_is_noop(t: &Subject) {
     assert_eq!(all_cursors(s).await, before);
 }
 
-pub async fn prune_by_age_stamps_watermark_before_deleting(t: &Subject) {
+pub async fn prune_by_age_stamps_the_watermark_of_what_it_deletes(t: &Subject) {
     let s = &*t.store;
     let other = r("agent:main:other", "main");
     rec(s, log_only(&child(), "old"), T0).await; // 1
@@ -2511,6 +2511,35 @@ pub async fn cursors_filter_and_order(t: &Subject) {
         .unwrap();
     assert_eq!(pending.len(), 2);
     assert!(pending.iter().all(|c| c.target == k(CHILD)));
+    // The fields combine: each one set narrows the listing, whichever others are set.
+    let c2k = "agent:main:subagent:c2";
+    for (watcher, target, pending_only, want) in [
+        (Some(MANAGER), Some(CHILD), false, vec![(MANAGER, CHILD)]),
+        (Some(MANAGER), None, true, vec![(MANAGER, CHILD)]),
+        (None, Some(c2k), true, vec![]),
+        (Some(PEER), Some(c2k), false, vec![]),
+        (Some(MANAGER), Some(c2k), false, vec![(MANAGER, c2k)]),
+        (Some(MANAGER), Some(CHILD), true, vec![(MANAGER, CHILD)]),
+        (Some(PEER), Some(CHILD), true, vec![(PEER, CHILD)]),
+    ] {
+        let filter = CursorFilter {
+            watcher: watcher.map(k),
+            target: target.map(k),
+            pending_only,
+        };
+        let got: Vec<(String, String)> = s
+            .cursors(&filter)
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| (c.watcher.to_string(), c.target.to_string()))
+            .collect();
+        let want: Vec<(String, String)> = want
+            .into_iter()
+            .map(|(w, t)| (w.to_owned(), t.to_owned()))
+            .collect();
+        assert_eq!(got, want, "{filter:?}");
+    }
 }
 
 pub async fn list_heads_by_agent(t: &Subject) {

@@ -514,6 +514,9 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
     }
     if extras & 8 != 0 {
         spoil(&mut e, *si + *actor);
+        // The model judges events with the store's own `validate`: a rule it stopped applying
+        // would let both accept a spoiled event, so each spoiling is held to a refusal here.
+        assert!(e.validate().is_err(), "a spoiled event is invalid: {e:?}");
     }
     e
 }

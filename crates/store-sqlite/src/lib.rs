@@ -212,11 +212,13 @@ impl SqliteOptions {
         Self::default()
     }
 
-    /// Opens without the write connection: every write returns [`StoreError::ReadOnly`] and
-    /// nothing is created or written. A database behind this crate's schema (an OpenClaw database never opened
-    /// read-write by it) is read as it is, this crate's additive columns read as NULL, as the
-    /// rows OpenClaw wrote hold them anyway; a SQLite file without OpenClaw's four tables is
-    /// refused with [`StoreError::Open`].
+    /// Opens without the write connection: every write returns [`StoreError::ReadOnly`], and
+    /// neither the database file nor its schema is ever written or created (SQLite itself may
+    /// create the `-wal` and `-shm` files beside a database in WAL mode, write its read marks
+    /// into `-shm`, and leave them). A database behind this crate's schema (an OpenClaw
+    /// database never opened read-write by it) is read as it is, this crate's additive columns
+    /// read as NULL, as the rows OpenClaw wrote hold them anyway; a SQLite file without
+    /// OpenClaw's four tables is refused with [`StoreError::Open`].
     #[must_use]
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
@@ -468,7 +470,12 @@ impl SqliteStore {
                 let reason = match shadowed {
                     Ok(Ok(())) => continue,
                     Ok(Err(reason)) => reason,
-                    Err(e) => format!("cannot read its schema: {e}"),
+                    // As any other failed open: busy stays retryable, the cause stays the
+                    // source, and companions this open created go.
+                    Err(e) => {
+                        abandon(readers, None, &companions, Some(&e)).await;
+                        return Err(fail(e));
+                    }
                 };
                 abandon(readers, None, &companions, None).await;
                 return Err(error::open(path, reason, None));

@@ -229,10 +229,11 @@ pub fn watch(
 }
 
 /// A material event at `seq` on the cursor's target: freezes `notified` when no notice is
-/// outstanding, always moves `material`.
+/// outstanding, always moves `material`. A row whose `notified` lies below its `last_seen` (a
+/// torn row, a hand edit: never written by these rules) has no notice outstanding either.
 #[must_use]
 pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
-    if cursor.notified == cursor.last_seen {
+    if cursor.notified <= cursor.last_seen {
         cursor.notified = seq;
     }
     cursor.material = cursor.material.max(seq);
@@ -242,13 +243,15 @@ pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
 
 /// Acknowledge: `last_seen := notified`; if something material came after the frozen watermark,
 /// re-freeze at `material` and return exactly one follow-up notice. Returns `None` for the cursor
-/// when there was nothing to acknowledge (nothing to write).
+/// when there was nothing to acknowledge (nothing to write). `last_seen` never goes back: on a
+/// row whose `notified` lies below it (torn, hand-edited), what was delivered stays delivered,
+/// instead of being handed out again.
 pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<Notice>) {
-    if cursor.notified == cursor.last_seen && !cursor.is_pending() {
+    if cursor.notified <= cursor.last_seen && !cursor.is_pending() {
         return (None, None);
     }
     let mut c = cursor.clone();
-    c.last_seen = c.notified;
+    c.last_seen = c.notified.max(c.last_seen);
     let mut follow_up = None;
     if c.material > c.notified {
         c.notified = c.material;
@@ -471,6 +474,44 @@ mod tests {
         let mut e = NewEvent::new(r("agent:main:subagent:c1"), kind, ActorType::Human, "x");
         e.actor_id = actor.map(str::to_owned);
         e.into_event(Sequence(seq), Timestamp(5))
+    }
+
+    /// A row whose `notified` lies below its `last_seen` (torn or hand-edited) has no notice
+    /// outstanding: the next material event freezes one, and acknowledging never moves
+    /// `last_seen` back (it handed out again what was delivered: "changesSince 4" after 10).
+    #[test]
+    fn a_row_notified_below_last_seen_neither_loses_nor_repeats_a_notice() {
+        let mut torn = Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:subagent:c1"),
+            Sequence(10),
+            Timestamp(0),
+        );
+        torn.notified = Sequence(4);
+        assert_eq!(
+            acknowledge(&torn, Timestamp(1)),
+            (None, None),
+            "nothing pending"
+        );
+        let moved = material(torn.clone(), Sequence(12), Timestamp(1));
+        assert_eq!(
+            (moved.last_seen, moved.notified, moved.material),
+            (Sequence(10), Sequence(12), Sequence(12)),
+            "frozen at the new event"
+        );
+        let (acked, follow_up) = acknowledge(&moved, Timestamp(2));
+        let acked = acked.expect("written");
+        assert_eq!(
+            (acked.last_seen, acked.notified),
+            (Sequence(12), Sequence(12))
+        );
+        assert_eq!(follow_up, None);
+        // Acknowledged before the material event was seen through `material` (the row holds
+        // it already): delivered stays delivered, the change after it follows.
+        torn.material = Sequence(12);
+        let (acked, follow_up) = acknowledge(&torn, Timestamp(2));
+        assert_eq!(acked.expect("written").last_seen, Sequence(10));
+        assert_eq!(follow_up.expect("a follow-up").last_seen, Sequence(10));
     }
 
     /// An ambient cursor (OpenClaw's) hands out queue-only notices, keeps its provenance

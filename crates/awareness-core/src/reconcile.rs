@@ -38,8 +38,8 @@ pub struct ChangesPage {
 
 /// `session_status`: always the version, the page when `changesSince` was asked. Fields may
 /// be added (as `unavailable` was), so outside this crate it is built only by
-/// [`crate::AwarenessStoreExt::session_status`], [`SessionStatus::unavailable`] and
-/// deserializing its JSON.
+/// [`crate::AwarenessStoreExt::session_status`], [`status`] (for a store that reads the version
+/// and the page itself), [`SessionStatus::unavailable`] and deserializing its JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]

@@ -133,7 +133,9 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 pub trait CursorStore: Send + Sync {
     /// Explicit watch (see [`crate::protocol::watch`]). With no cursor on the target key, a new
     /// cursor starts at the target's current head. An existing cursor on the same ref (same
-    /// target agent) is kept as it is, pending notice included. An existing cursor on another
+    /// target agent) keeps its sequences, pending notice included; an ambient one is made
+    /// explicit (docs/decisions/0015), and one idle for a day has its `updated_at` refreshed
+    /// (docs/decisions/0018). An existing cursor on another
     /// agent's session of the same key is replaced by a new one at this ref's head, and its
     /// pending notice is dropped (docs/decisions/0008). Refuses a self-watch with
     /// [`StoreError::InvalidInput`]. Returns the cursor in effect.

@@ -257,8 +257,9 @@ pub fn fit_summary(prefix: &str, text: &str, fallback: &str) -> (String, bool) {
 /// ([`breaks_key`]) becomes U+FFFD, the value is cut to fit on a character boundary, and `#`
 /// with the FNV-1a 64 hash of the original ([`crate::upstream::fnv1a64`]) is appended
 /// (`…#<hash>` when it was cut). So two different originals stay different (a dedupe key never
-/// merges two events) and one original always gives the same value (a retry still
-/// deduplicates). An empty value stays empty. `max` must leave room for the suffix (20 bytes:
+/// merges two events) unless their hashes collide (FNV-1a is no defence against collisions
+/// made on purpose) or one original is already the fitted form of the other, and one original
+/// always gives the same value (a retry still deduplicates). An empty value stays empty. `max` must leave room for the suffix (20 bytes:
 /// every caller passes [`MAX_KEY_BYTES`] or [`MAX_DEDUPE_KEY_BYTES`]); a smaller one gives a
 /// key longer than `max`.
 pub fn fit_key(value: &str, max: usize) -> std::borrow::Cow<'_, str> {

@@ -33,7 +33,7 @@
 //! | text starting `<local-command-`, `<bash-stdout`, `<bash-stderr` | [`SkipReason::CommandOutput`] |
 //! | text equal, normalized, to one of the session's 10 latest own prompts | [`SkipReason::SelfEcho`] |
 //! | any other `user` row with text or a non-text part (an image) | a human turn |
-//! | `queued_command` attachment, `origin.kind == "human"`, mode `prompt`/`bash`, same text rules | a human turn |
+//! | `queued_command` attachment, `origin.kind == "human"`, mode `prompt`/`bash`, same text rules (a prompt of only an image counts) | a human turn |
 //! | `system` row, `subtype == "local_command"`, not a sidechain or meta row, whose text is a slash command (by the same text rules) | a human turn; any other `system` row is [`SkipReason::NotConversation`] |
 //!
 //! A slash command (`<command-name>`), a `[Request interrupted by user]` marker and a `!` shell
@@ -136,6 +136,7 @@ enum Sink {
     CommandMode,
     OriginKind,
     PromptText,
+    PromptPartType,
     Subtype,
     RowOriginKind,
 }
@@ -178,6 +179,12 @@ impl Sink {
                 Obj(Some(K::Origin)),
                 Obj(Some(K::Kind)),
             ] => Sink::OriginKind,
+            [
+                Obj(Some(K::Attachment)),
+                Obj(Some(K::Prompt)),
+                Item,
+                Obj(Some(K::Type)),
+            ] => Sink::PromptPartType,
             [Obj(Some(K::Attachment)), Obj(Some(K::Prompt))]
             | [Obj(Some(K::Attachment)), Obj(Some(K::Prompt)), Item]
             | [
@@ -231,6 +238,9 @@ pub struct RowFacts {
     pub attachment_is_meta: bool,
     /// The text of `attachment.prompt`.
     pub prompt: NormalizedText,
+    /// `attachment.prompt` holds a part that is not text (an image the person pasted).
+    #[serde(default)]
+    pub prompt_has_non_text_part: bool,
     /// `subtype` (a `system` row's).
     #[serde(default)]
     pub subtype: Option<String>,
@@ -763,6 +773,12 @@ impl LineScanner {
                 "text" => {}
                 _ => f.has_non_text_part = true,
             },
+            // As in `message.content`: a prompt of only an image the person pasted counts.
+            Sink::PromptPartType => {
+                if value != "text" {
+                    f.prompt_has_non_text_part = true;
+                }
+            }
             Sink::AttachmentType => f.attachment_type = Some(value),
             Sink::CommandMode => f.command_mode = Some(value),
             Sink::OriginKind => f.origin_kind = Some(value),
@@ -943,7 +959,7 @@ pub fn classify(end: &LineEnd, own: &[TextFingerprint]) -> Verdict {
             if f.origin_kind.as_deref() != Some("human") || !typed_mode {
                 return Err(SkipReason::QueuedNotHuman);
             }
-            text_verdict(&f.prompt, false, own).map(|_| HumanKind::Queued)
+            text_verdict(&f.prompt, f.prompt_has_non_text_part, own).map(|_| HumanKind::Queued)
         }
         _ => Err(SkipReason::NotConversation),
     }
@@ -1051,7 +1067,7 @@ mod tests {
             Ok(HumanKind::BashInput)
         );
         let image = json!([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]);
-        assert_eq!(verdict(&user(image)), Ok(HumanKind::Prompt));
+        assert_eq!(verdict(&user(image.clone())), Ok(HumanKind::Prompt));
         let queued = json!({
             "parentUuid": "5b7e0c7e-3f7a-4c43-9a8e-2f1d6b3a9c10",
             "isSidechain": false,
@@ -1065,6 +1081,10 @@ mod tests {
         let mut parts = queued.clone();
         parts["attachment"]["prompt"] = json!([{"type": "text", "text": "use v2"}]);
         assert_eq!(verdict(&parts), Ok(HumanKind::Queued));
+        // A queued prompt of only a pasted image counts, as the same content in a user row.
+        let mut pasted = queued.clone();
+        pasted["attachment"]["prompt"] = image;
+        assert_eq!(verdict(&pasted), Ok(HumanKind::Queued));
     }
 
     /// Rows of recent Claude Code versions: a slash command the person ran is a `system` row

@@ -29,7 +29,8 @@ pub struct RetentionPolicy {
     pub cursor_idle_ms: i64,
     /// At most this many rows are deleted by one [`crate::EventStore::prune_chunk`] call.
     /// A backend may split a chunk into smaller write transactions, each atomic (store-sqlite:
-    /// 250 rows each; store-redb: 2,000). Default 2,000.
+    /// 250 rows each; store-redb: 2,000; store-memory: steps of 256 rows under its lock).
+    /// Default 2,000.
     pub chunk_rows: usize,
 }
 

@@ -66,7 +66,9 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Runs one bounded chunk of a pruning step, deleting at most `max_rows` rows; returns how
     /// many were deleted. A backend may split the chunk into smaller write transactions, each
     /// atomic (store-sqlite: at most 250 rows per transaction; store-redb: at most 2,000, the
-    /// default chunk). Event steps stamp the pruned watermark of every affected head before deleting the
+    /// default chunk; store-memory: 256 rows deleted, or 1,024 looked at, per hold of its
+    /// lock). It returns fewer than `max_rows` only when it found no more rows due. Event
+    /// steps stamp the pruned watermark of every affected head before deleting the
     /// rows it covers, in the same transaction, so a failure partway leaves every deleted row
     /// covered by its head's watermark. They never create, delete or lower a head; a head whose
     /// watermark they raise has its `updated_at` moved up to `now`, as OpenClaw's

@@ -304,6 +304,77 @@ impl Inner {
     }
 }
 
+/// Where a chunk's scan goes on at its next step.
+#[derive(Default)]
+struct Resume {
+    event: Option<Sequence>,
+    cursor: Option<CursorKey>,
+}
+
+impl MemoryStore {
+    /// One step of a pruning chunk, under one hold of the lock: the rows it deleted, and
+    /// whether more may be due. The deleted events are freed after the lock is let go: freeing
+    /// them is much of a step's work.
+    fn prune_step(
+        &self,
+        step: &PruneStep,
+        want: usize,
+        now: Timestamp,
+        resume: &mut Resume,
+    ) -> (usize, bool) {
+        let mut g = self.lock_after_blocked();
+        let (freed, gone, more) = match *step {
+            PruneStep::Age { cutoff } => {
+                let (victims, more) = scan_step(&g.events, &mut resume.event, want, |e| {
+                    e.occurred_at < cutoff
+                });
+                let freed = g.prune_events(&victims, now);
+                let gone = freed.len();
+                (freed, gone, more)
+            }
+            PruneStep::RowCap { max_rows: keep } => {
+                let n = retention::row_cap_victims(g.events.len() as u64, keep, want);
+                let victims: Vec<Sequence> = g.events.keys().take(n).copied().collect();
+                let freed = g.prune_events(&victims, now);
+                let gone = freed.len();
+                (freed, gone, n == want)
+            }
+            // A cursor created meanwhile whose key sorts before where the scan goes on, and
+            // that is idle already (its caller's clock far behind), waits for the next pass.
+            PruneStep::Cursors { cutoff } => {
+                let (victims, more) = scan_step(&g.cursors, &mut resume.cursor, want, |c| {
+                    c.updated_at < cutoff
+                });
+                let gone = victims.iter().filter(|k| g.remove_cursor(k)).count();
+                (Vec::new(), gone, more)
+            }
+        };
+        drop(g);
+        drop(freed);
+        (gone, more)
+    }
+}
+
+/// A future that lets its executor run other tasks once, whatever the runtime.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            std::task::Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
+}
+
 #[async_trait]
 impl EventStore for MemoryStore {
     async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
@@ -429,41 +500,18 @@ impl EventStore for MemoryStore {
         // The chunk is deleted in steps of at most `PRUNE_STEP_ROWS` rows, each under one hold
         // of the lock, which is let go (to the callers blocked on it first) between steps; the
         // age and idle steps also let it go after looking at `PRUNE_SCAN_ROWS` rows. Each step
-        // stamps the heads of its own victims, so a step is whole by itself.
+        // stamps the heads of its own victims, so a step is whole by itself. Between steps the
+        // task lets its executor run others (a single-threaded runtime's recordings).
         let mut deleted = 0usize;
-        let mut after: Option<Sequence> = None;
-        let mut after_cursor: Option<CursorKey> = None;
+        let mut resume = Resume::default();
         while deleted < max_rows {
             let want = (max_rows - deleted).min(PRUNE_STEP_ROWS);
-            let mut g = self.lock_after_blocked();
-            // Freed after the lock is let go: freeing a step's events is much of its work.
-            let mut freed = Vec::new();
-            let (gone, more) = match *step {
-                PruneStep::Age { cutoff } => {
-                    let (victims, more) =
-                        scan_step(&g.events, &mut after, want, |e| e.occurred_at < cutoff);
-                    freed = g.prune_events(&victims, now);
-                    (freed.len(), more)
-                }
-                PruneStep::RowCap { max_rows: keep } => {
-                    let n = retention::row_cap_victims(g.events.len() as u64, keep, want);
-                    let victims: Vec<Sequence> = g.events.keys().take(n).copied().collect();
-                    freed = g.prune_events(&victims, now);
-                    (freed.len(), n == want)
-                }
-                PruneStep::Cursors { cutoff } => {
-                    let (victims, more) = scan_step(&g.cursors, &mut after_cursor, want, |c| {
-                        c.updated_at < cutoff
-                    });
-                    (victims.iter().filter(|k| g.remove_cursor(k)).count(), more)
-                }
-            };
-            drop(g);
-            drop(freed);
+            let (gone, more) = self.prune_step(step, want, now, &mut resume);
             deleted += gone;
             if !more {
                 break;
             }
+            YieldOnce(false).await;
         }
         Ok(deleted as u64)
     }

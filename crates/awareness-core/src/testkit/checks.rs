@@ -2010,16 +2010,19 @@ pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
 
 /// A chunk deletes its whole bound when that many rows are due, however the store splits it
 /// (store-sqlite commits 250 rows at a time; store-memory lets its lock go every 256 rows
-/// deleted and every 1,024 looked at), and stamps each head with what it deleted.
+/// deleted and every 1,024 looked at), and stamps each head with what it deleted. The rows
+/// due start at the 1,025th, just past store-memory's first look, and come after rows that
+/// are not.
 pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
     let s = &*t.store;
     let now = T0.plus_ms(DAY);
     let other = r("agent:main:other", "main");
-    // 1..=1100 are new; 1101..=1700 are old (their occurredAt a day back from the recording).
-    for i in 0..1_700u64 {
-        let session = if i % 2 == 0 { child() } else { other.clone() };
+    // Old (their occurredAt a day back from the recording): 1025 and 1101..=1700; the rest new.
+    let old = |seq: u64| seq == 1_025 || seq > 1_100;
+    for seq in 1..=1_700u64 {
+        let session = if seq % 2 == 1 { child() } else { other.clone() };
         let e = log_only(&session, "e");
-        let e = if i < 1_100 { e } else { e.with_occurred_at(T0) };
+        let e = if old(seq) { e.with_occurred_at(T0) } else { e };
         rec(s, e, now).await;
     }
     let age = PruneStep::Age {
@@ -2028,7 +2031,7 @@ pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
     assert_eq!(
         s.prune_chunk(&age, 500, now).await.unwrap(),
         500,
-        "the first 500 old rows, found behind 1,100 new ones"
+        "the first 500 old rows: 1025, then 1101..=1599"
     );
     let watermarks = |heads: Vec<crate::Head>| {
         let mut w: Vec<(String, u64)> = heads
@@ -2047,33 +2050,44 @@ pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
     assert_eq!(
         watermarks(s.heads(&pair).await.unwrap()),
         vec![
-            ("agent:main:other".to_string(), 1_600),
+            ("agent:main:other".to_string(), 1_598),
             (CHILD.to_string(), 1_599)
         ],
         "each head stamped with the highest of its events the chunk deleted"
     );
-    assert_eq!(s.prune_chunk(&age, 500, now).await.unwrap(), 100);
-    assert_eq!(count(s).await, 1_100);
+    assert_eq!(s.prune_chunk(&age, 500, now).await.unwrap(), 101);
+    assert_eq!(count(s).await, 1_099);
     let cap = PruneStep::RowCap { max_rows: 100 };
     assert_eq!(s.prune_chunk(&cap, 600, now).await.unwrap(), 600);
-    assert_eq!(s.prune_chunk(&cap, 600, now).await.unwrap(), 400);
+    assert_eq!(s.prune_chunk(&cap, 600, now).await.unwrap(), 399);
     assert_eq!(count(s).await, 100);
     assert_eq!(
         seqs(s, &child(), 0).await,
-        (1_001..1_100).step_by(2).collect::<Vec<u64>>(),
+        (1_001..1_025)
+            .chain(1_026..=1_100)
+            .filter(|seq| seq % 2 == 1)
+            .collect::<Vec<u64>>(),
         "the cap deletes the lowest sequences"
     );
-    for i in 0..300 {
-        s.watch(&w(&format!("agent:main:w{i:03}")), &child(), T0)
-            .await
-            .unwrap();
+    // 1,152 cursors, named by human turns (each on a session of its own, so that none moves
+    // another's cursors): the first 1,024 in key order are not idle, the 128 after them are.
+    let named: Vec<WatcherKey> = (0..1_152)
+        .map(|i| w(&format!("agent:main:w{i:04}")))
+        .collect();
+    for (i, watchers) in named.chunks(64).enumerate() {
+        let mut e = human(&r(&format!("agent:main:subagent:n{i:02}"), "main"));
+        for watcher in watchers {
+            e = e.with_watcher(watcher.clone());
+        }
+        let at = if i < 16 { T0.plus_ms(2 * DAY) } else { T0 };
+        rec(s, e, at).await;
     }
     let idle = PruneStep::Cursors {
         cutoff: T0.plus_ms(1),
     };
-    assert_eq!(s.prune_chunk(&idle, 280, now).await.unwrap(), 280);
-    assert_eq!(s.prune_chunk(&idle, 280, now).await.unwrap(), 20);
-    assert!(all_cursors(s).await.is_empty());
+    assert_eq!(s.prune_chunk(&idle, 100, now).await.unwrap(), 100);
+    assert_eq!(s.prune_chunk(&idle, 100, now).await.unwrap(), 28);
+    assert_eq!(all_cursors(s).await.len(), 1_024);
 }
 
 pub async fn invalid_summary_is_rejected_and_nothing_written(t: &Subject) {

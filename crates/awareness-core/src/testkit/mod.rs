@@ -344,6 +344,17 @@ macro_rules! conformance_suite {
             upstream_links_ordered_and_json_round_trips,
             upstream_invalid_spec_is_rejected_and_nothing_written,
         );
+        /// The cancellation check again on one thread, where a caller cancelled before its
+        /// task ran at all is one round in four (on two workers, idle ones take the tasks at
+        /// once).
+        #[test]
+        fn cancelled_recordings_cancel_nobody_elses_commit_on_one_thread() {
+            $crate::testkit::block_on(async {
+                let subject = $factory().await;
+                $crate::testkit::checks::cancelled_recordings_cancel_nobody_elses_commit(&subject)
+                    .await;
+            });
+        }
     };
 }
 

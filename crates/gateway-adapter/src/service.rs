@@ -566,23 +566,39 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 /// `owned`, a watcher that directory does not know is left out (another gateway's:
 /// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained. A wake
 /// that panics takes its line back out of the queue; the other notices are delivered all the
-/// same, then the first panic goes on ([`deliver_logged`]).
+/// same ([`deliver_each`]), then the first panic goes on ([`deliver_logged`] logs it instead).
 fn deliver_to(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,
     owned: Option<&dyn SessionDirectory>,
     notices: &[Notice],
 ) -> usize {
+    let (added, panicked) = deliver_each(queue, wake, owned, notices);
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
+    }
+    added
+}
+
+/// [`deliver_to`], each notice on its own (the directory's answer included), so that one
+/// watcher's failing directory entry, queue or wake sink does not cost the others their
+/// notices: the lines the queues gained, and the first panic, if any.
+fn deliver_each(
+    queue: &dyn SystemEventQueue,
+    wake: &dyn HeartbeatWake,
+    owned: Option<&dyn SessionDirectory>,
+    notices: &[Notice],
+) -> (usize, Option<Box<dyn std::any::Any + Send>>) {
     let mut added = 0;
     let mut panicked = None;
     for n in notices {
-        if owned.is_some_and(|dir| !dir.exists(n.watcher.session_key())) {
-            continue;
-        }
-        // One watcher's failing sink does not cost the others their notices: each one is
-        // delivered on its own.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| deliver_one(queue, wake, n)))
-        {
+        let one = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if owned.is_some_and(|dir| !dir.exists(n.watcher.session_key())) {
+                return false;
+            }
+            deliver_one(queue, wake, n)
+        }));
+        match one {
             Ok(true) => added += 1,
             Ok(false) => {}
             Err(panic) => {
@@ -590,10 +606,7 @@ fn deliver_to(
             }
         }
     }
-    if let Some(panic) = panicked {
-        std::panic::resume_unwind(panic);
-    }
-    added
+    (added, panicked)
 }
 
 /// Queues one notice and wakes its watcher where [`deliver_to`] says; whether the queue gained
@@ -620,8 +633,8 @@ fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notic
 
 /// [`deliver_to`], after a write that committed or on a background task: a panic while
 /// delivering (a wake sink that panics) is logged, not turned into the write's failure, which a
-/// caller could retry, nor into the end of the task. Answers the lines queued, or `None` when
-/// delivering panicked. The line whose wake panicked is taken back out of the queue (where the
+/// caller could retry, nor into the end of the task. Answers the lines queued and whether
+/// delivering any notice panicked (the others are delivered all the same). The line whose wake panicked is taken back out of the queue (where the
 /// queue can remove a line): a pick-up, where one runs (a store other processes share, after
 /// their next commit, or the retry of a pick-up whose delivery panicked), delivers it again
 /// and wakes the session; in any case the watcher's next turn reads the notice from its cursor.
@@ -630,17 +643,16 @@ fn deliver_logged(
     wake: &dyn HeartbeatWake,
     owned: Option<&dyn SessionDirectory>,
     notices: &[Notice],
-) -> Option<usize> {
-    let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        deliver_to(queue, wake, owned, notices)
-    }));
-    if delivered.is_err() {
+) -> (usize, bool) {
+    let (queued, panicked) = deliver_each(queue, wake, owned, notices);
+    if panicked.is_some() {
         warn!(
             notices = notices.len(),
+            queued,
             "delivering notices panicked; those not queued are recovered by the watcher's next turn"
         );
     }
-    delivered.ok()
+    (queued, panicked.is_some())
 }
 
 /// The latest pruning pass, observable with [`Awareness::subscribe_pruning`].
@@ -1320,18 +1332,14 @@ impl Awareness {
     ) -> Result<SessionStatus, NotVisible> {
         let watched = match target_agent {
             None if target.agent_id().is_none() => {
-                let Ok(agent) = self.watched_agent(requester, target).await else {
+                match self.watched_agent(requester, target).await {
+                    Ok(agent) => agent,
                     // Which session is meant cannot be known: nothing is read for the
-                    // requester's own, which may be the wrong one (decision 0010). The policy
-                    // is still asked first, of the session the key names without a cursor, so
-                    // that a requester it refuses reads "not visible" (DESIGN.md section 5).
-                    let own = Self::target_of(requester, target, None);
-                    if !self.visibility.can_see(requester, &own) {
-                        return Err(NotVisible);
-                    }
-                    return Ok(SessionStatus::unavailable(changes_since));
-                };
-                agent
+                    // requester's own, which may be the wrong one (decision 0010). Nor can the
+                    // policy be asked of it: asked of a guess (the requester's own agent's),
+                    // it would refuse a session the requester watches and may see.
+                    Err(()) => return Ok(SessionStatus::unavailable(changes_since)),
+                }
             }
             _ => None,
         };
@@ -1843,11 +1851,11 @@ impl Awareness {
                     // The directory again: a watcher deleted since the first read is no longer
                     // this gateway's to wake.
                     let dir = Some(&*self.directory);
-                    match deliver_logged(&*self.queue, &*self.wake, dir, &notices) {
-                        Some(queued) => done.queued += queued,
-                        // Some lines may be missing: the next pick-up queues them.
-                        None => done.failed = true,
-                    }
+                    let (queued, panicked) =
+                        deliver_logged(&*self.queue, &*self.wake, dir, &notices);
+                    done.queued += queued;
+                    // Some lines may be missing: the next pick-up queues them.
+                    done.failed |= panicked;
                 }
                 Err(e) => {
                     warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the watcher's cursors to pick up its notices");

@@ -353,35 +353,3 @@ async fn a_human_message_is_recorded_when_whether_it_is_watched_cannot_be_read()
     );
     assert!(line.contains(CAUSE), "{line}");
 }
-
-/// Refuses every request.
-struct SeesNothing;
-
-impl gateway_adapter::VisibilityPolicy for SeesNothing {
-    fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
-        false
-    }
-}
-
-/// DESIGN.md section 5: the policy is asked before `session_status`, and a refused request reads
-/// "not visible". A bare key whose requester's cursor cannot be read is refused so too, not
-/// answered `unavailable` as for a requester the policy lets see it.
-#[tokio::test]
-async fn a_refused_requester_is_not_visible_even_when_its_cursor_cannot_be_read() {
-    let full_disk = || StoreError::backend("read a cursor", std::io::Error::other(CAUSE));
-    let svc = Awareness::builder(
-        Arc::new(Hooked {
-            inner: Arc::new(MemoryStore::new()),
-            hook: CursorReadsFail(full_disk),
-        }),
-        Arc::new(InMemoryQueue::new()),
-        Arc::new(RecordingWake::new()),
-        Arc::new(InMemoryDirectory::new()),
-    )
-    .visibility(Arc::new(SeesNothing))
-    .build();
-    let status = svc
-        .session_status(&k("agent:main:main"), &k("global"), None, None, None)
-        .await;
-    assert!(status.is_err(), "not visible, not {status:?}");
-}

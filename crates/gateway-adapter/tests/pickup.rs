@@ -140,7 +140,8 @@ async fn pick_up_queues_again_a_notice_the_queue_lost() {
 /// complete (so the task tries again), and the line whose wake panicked is taken back out of
 /// the queue, so the next pick-up queues it again and wakes the session. It stayed queued,
 /// and every later pick-up took it for delivered: a main session, which takes no turn unless
-/// woken, was never woken for it.
+/// woken, was never woken for it. The watcher's notice on another target, delivered after
+/// the one that panicked, is queued and counted all the same.
 #[tokio::test]
 async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
     struct PanicsOnce(
@@ -171,6 +172,17 @@ async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
         )
         .build(),
     );
+    // A second target, after the worker in the manager's listing.
+    let later = SessionRef::parse("agent:main:subagent:zz", "main").unwrap();
+    let manager = WatcherKey::parse(MANAGER).unwrap();
+    store
+        .watch(&manager, &later, Timestamp::now())
+        .await
+        .expect("watch");
+    store
+        .record(human(&later), Timestamp::now())
+        .await
+        .expect("record");
     written_elsewhere(&*store, &[MANAGER]).await;
 
     let first = tokio::spawn({
@@ -179,12 +191,20 @@ async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
     })
     .await
     .expect("the pick-up survives a panicking wake");
-    assert!(!first.complete, "{first:?}");
-    assert!(
-        texts(&queue, MANAGER).is_empty(),
-        "taken back with its wake"
+    assert_eq!(
+        first,
+        PickUp {
+            queued: 1,
+            complete: false
+        },
+        "the notice on the second target queued and counted"
     );
-    assert_eq!(wake.1.count(&k(MANAGER)), 0);
+    assert_eq!(
+        texts(&queue, MANAGER).len(),
+        1,
+        "the worker's line taken back with its wake, the second target's queued"
+    );
+    assert_eq!(wake.1.count(&k(MANAGER)), 1, "woken for the second target");
 
     assert_eq!(
         svc.pick_up().await,
@@ -193,8 +213,8 @@ async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
             complete: true
         }
     );
-    assert_eq!(wake.1.count(&k(MANAGER)), 1, "woken by the next pick-up");
-    assert_eq!(svc.drain_turn(&k(MANAGER)).await.len(), 1);
+    assert_eq!(wake.1.count(&k(MANAGER)), 2, "woken by the next pick-up");
+    assert_eq!(svc.drain_turn(&k(MANAGER)).await.len(), 2);
 }
 
 /// With `owned_watchers_only`, what this gateway's own recordings hand out reaches only the

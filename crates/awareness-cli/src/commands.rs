@@ -67,7 +67,7 @@ pub(crate) fn store_err(what: &str, e: &StoreError) -> CliError {
 }
 
 /// The session key given as `arg` (named so in the error: a command takes several keys).
-fn key(arg: &str, s: &str) -> Result<SessionKey, CliError> {
+pub(crate) fn key(arg: &str, s: &str) -> Result<SessionKey, CliError> {
     SessionKey::new(s).map_err(|e| CliError::usage(format!("{arg}: {e}")))
 }
 
@@ -84,7 +84,7 @@ fn ordinal(n: usize) -> String {
 }
 
 /// The watcher given as `arg` (named so in the error).
-fn watcher(arg: &str, s: &str) -> Result<WatcherKey, CliError> {
+pub(crate) fn watcher(arg: &str, s: &str) -> Result<WatcherKey, CliError> {
     WatcherKey::parse(s).map_err(|e| CliError::usage(format!("{arg}: {e}")))
 }
 

@@ -126,15 +126,14 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
     // Every argument is checked before the transcript is read: a bad store URL is a usage
     // error, even when the file is missing too.
     gateway_adapter::StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
-    let key = SessionKey::new(&args.key).map_err(|e| CliError::usage(e.to_string()))?;
+    let key = crate::commands::key("KEY", &args.key)?;
     let agent = crate::commands::agent_for(&key, args.agent.as_deref(), None)?;
     let session = SessionRef::new(key.clone(), agent);
     let watcher = args
         .watcher
         .as_deref()
-        .map(WatcherKey::parse)
-        .transpose()
-        .map_err(|e| CliError::usage(e.to_string()))?;
+        .map(|w| crate::commands::watcher("--watcher", w))
+        .transpose()?;
     if let Some(w) = &watcher {
         awareness_core::protocol::check_watch(w.session_key(), &key)
             .map_err(|e| CliError::usage(e.to_string()))?;
@@ -482,10 +481,9 @@ async fn monitor_links(
         }
     };
     task.stop().await;
-    result?;
     // What the monitor reported before it stopped (a detection already sent when the stop
-    // came, or one of the writes the stop waited for) is printed too: each is a change
-    // already recorded in the store.
+    // came, or one of the writes the stop waited for) is printed too, also when its task
+    // ended by itself: each is a change already recorded in the store.
     loop {
         let d = match rx.try_recv() {
             Ok(d) => Ok(d),
@@ -498,6 +496,7 @@ async fn monitor_links(
             emit(out, &line)?;
         }
     }
+    result?;
     if !cli.json {
         emit(out, "monitor stopped\n")?;
     }

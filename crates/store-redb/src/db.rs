@@ -346,6 +346,9 @@ impl Shared {
         if !self.unflushed.swap(false, Ordering::AcqRel) && !last {
             return Ok(());
         }
+        // A panic inside redb (the flush thread catches it and goes on) must not leave the
+        // commits it was making durable marked flushed: the next interval flushes them again.
+        let _on_panic = RestoreOnPanic(self);
         // While this waits for the write lock, a writer's next commit is made durable in its
         // stead; once that has committed there is nothing left to commit here (except for a
         // last flush, which also waits for a transaction in progress that began non-durable).
@@ -373,6 +376,19 @@ impl Shared {
             tests::last_flush_committed(&self.path);
         }
         result
+    }
+}
+
+/// Marks the commits of a flush unflushed again, and its stand-in request withdrawn, when the
+/// flush unwinds.
+struct RestoreOnPanic<'a>(&'a Shared);
+
+impl Drop for RestoreOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.flush_asked.store(0, Ordering::Release);
+            self.0.mark_unflushed();
+        }
     }
 }
 
@@ -1049,7 +1065,7 @@ impl Flusher {
                     let Ok(flushed) = flushed else {
                         if !said_panicked {
                             said_panicked = true;
-                            error!(path = ?shared.path, "a flush of non-durable commits panicked; the flush thread goes on, trying again at each interval (said once)");
+                            error!(path = ?shared.path, "a flush of non-durable commits panicked; the flush thread goes on, trying again at each interval (logged once; the panic hook may print each one)");
                         }
                         drop(shared);
                         if stopping {

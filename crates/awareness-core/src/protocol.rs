@@ -480,7 +480,7 @@ mod tests {
     /// outstanding: the next material event freezes one, and acknowledging never moves
     /// `last_seen` back (it handed out again what was delivered: "changesSince 4" after 10).
     #[test]
-    fn a_row_notified_below_last_seen_neither_loses_nor_repeats_a_notice() {
+    fn a_row_notified_below_last_seen_loses_no_notice_and_repeats_no_delivered_event() {
         let mut torn = Cursor::at(
             w("agent:main:main"),
             r("agent:main:subagent:c1"),
@@ -506,8 +506,10 @@ mod tests {
             (Sequence(12), Sequence(12))
         );
         assert_eq!(follow_up, None);
-        // Acknowledged before the material event was seen through `material` (the row holds
-        // it already): delivered stays delivered, the change after it follows.
+        // Acknowledged with the material event in the row already (not frozen by `material`):
+        // delivered stays delivered, and the change after it follows, at least once, as for
+        // a well-formed row whose material moved after its notice froze (the turn may have
+        // read it already).
         torn.material = Sequence(12);
         let (acked, follow_up) = acknowledge(&torn, Timestamp(2));
         assert_eq!(acked.expect("written").last_seen, Sequence(10));

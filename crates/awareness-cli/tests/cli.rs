@@ -856,6 +856,18 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
             ][..],
             "--session: ",
         ),
+        (&["adopt", "", "--file", "t.jsonl"][..], "KEY: "),
+        (
+            &[
+                "adopt",
+                "agent:main:x",
+                "--file",
+                "t.jsonl",
+                "--watcher",
+                "global",
+            ][..],
+            "--watcher: ",
+        ),
     ] {
         let o = run_in(dir.path(), args);
         assert_usage(&o, &format!("{args:?}"));

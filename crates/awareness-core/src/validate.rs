@@ -259,9 +259,9 @@ pub fn fit_summary(prefix: &str, text: &str, fallback: &str) -> (String, bool) {
 /// (`…#<hash>` when it was cut). So two different originals stay different (a dedupe key never
 /// merges two events) unless their hashes collide (FNV-1a is no defence against collisions
 /// made on purpose) or one original is already the fitted form of the other, and one original
-/// always gives the same value (a retry still deduplicates). An empty value stays empty. `max` must leave room for the suffix (20 bytes:
-/// every caller passes [`MAX_KEY_BYTES`] or [`MAX_DEDUPE_KEY_BYTES`]); a smaller one gives a
-/// key longer than `max`.
+/// always gives the same value (a retry still deduplicates). An empty value stays empty.
+/// `max` must leave room for the suffix (20 bytes: every caller passes [`MAX_KEY_BYTES`] or
+/// [`MAX_DEDUPE_KEY_BYTES`]); a smaller one gives a key longer than `max`.
 pub fn fit_key(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if value.len() <= max && !value.chars().any(breaks_key) {
         return std::borrow::Cow::Borrowed(value);

@@ -634,10 +634,11 @@ fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notic
 /// [`deliver_to`], after a write that committed or on a background task: a panic while
 /// delivering (a wake sink that panics) is logged, not turned into the write's failure, which a
 /// caller could retry, nor into the end of the task. Answers the lines queued and whether
-/// delivering any notice panicked (the others are delivered all the same). The line whose wake panicked is taken back out of the queue (where the
-/// queue can remove a line): a pick-up, where one runs (a store other processes share, after
-/// their next commit, or the retry of a pick-up whose delivery panicked), delivers it again
-/// and wakes the session; in any case the watcher's next turn reads the notice from its cursor.
+/// delivering any notice panicked (the others are delivered all the same). The line whose
+/// wake panicked is taken back out of the queue (where the queue can remove a line): a
+/// pick-up, where one runs (a store other processes share, after their next commit, or the
+/// retry of a pick-up whose delivery panicked), delivers it again and wakes the session; in any
+/// case the watcher's next turn reads the notice from its cursor.
 fn deliver_logged(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,

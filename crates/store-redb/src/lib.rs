@@ -373,8 +373,9 @@ impl RedbOptions {
 ///
 /// Dropping the last handle of a file is the exception: the drop itself stops the flush
 /// thread (after a last flush, behind a write in progress) and, when no operation still holds
-/// the file, closes it, with an fsync, on the dropping thread. Close the store with [`RedbStore::close`] (or
-/// [`EventStore::close`] through a shared handle) to do that on the blocking pool instead.
+/// the file, closes it, with an fsync, on the dropping thread. Close the store with
+/// [`RedbStore::close`] (or [`EventStore::close`] through a shared handle) to do that on the
+/// blocking pool instead.
 pub struct RedbStore {
     // Dropped first: commits the writer makes after the handle is gone are durable.
     _end_bounded: EndBounded,
@@ -438,8 +439,9 @@ impl RedbStore {
     /// `create_if_missing` off is a [`StoreError::Open`] naming the file, and its data are left
     /// as they were (a file that is not a redb database at all is not written; a read-write
     /// open of another application's redb file, or of a newer schema, lets redb repair it if it
-    /// was not closed cleanly and close it again, which writes redb's own bookkeeping). Every error of an open names the file:
-    /// one found once redb has opened it keeps its meaning (a damaged file is
+    /// was not closed cleanly and close it again, which writes redb's own bookkeeping). Every
+    /// error of an open names the file: one found once redb has opened it keeps its meaning (a
+    /// damaged file is
     /// [`StoreError::Corrupt`], its context naming the file), and any other failure is a
     /// [`StoreError::Open`].
     pub async fn open_with(

@@ -230,10 +230,18 @@ pub fn watch(
 
 /// A material event at `seq` on the cursor's target: freezes `notified` when no notice is
 /// outstanding, always moves `material`. A row whose `notified` lies below its `last_seen` (a
-/// torn row, a hand edit: never written by these rules) has no notice outstanding either.
+/// torn row, a hand edit: never written by these rules) is read as frozen at its `material`
+/// when that lies above `last_seen` (its notice covers up to there), else as one without a
+/// notice outstanding (docs/decisions/0023).
 #[must_use]
 pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
-    if cursor.notified <= cursor.last_seen {
+    if cursor.notified < cursor.last_seen {
+        cursor.notified = if cursor.material > cursor.last_seen {
+            cursor.material
+        } else {
+            seq
+        };
+    } else if cursor.notified == cursor.last_seen {
         cursor.notified = seq;
     }
     cursor.material = cursor.material.max(seq);
@@ -243,15 +251,23 @@ pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
 
 /// Acknowledge: `last_seen := notified`; if something material came after the frozen watermark,
 /// re-freeze at `material` and return exactly one follow-up notice. Returns `None` for the cursor
-/// when there was nothing to acknowledge (nothing to write). `last_seen` never goes back: on a
-/// row whose `notified` lies below it (torn, hand-edited), what was delivered stays delivered,
-/// instead of being handed out again.
+/// when there was nothing to acknowledge (nothing to write). `last_seen` never goes back: a
+/// row whose `notified` lies below it (torn, hand-edited) is read as frozen at its `material`,
+/// so what was delivered is not handed out again (docs/decisions/0023).
 pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<Notice>) {
     if cursor.notified <= cursor.last_seen && !cursor.is_pending() {
         return (None, None);
     }
     let mut c = cursor.clone();
-    c.last_seen = c.notified.max(c.last_seen);
+    // A damaged row (`notified` below `last_seen`) is frozen at its `material`, as `material`
+    // reads it: a later event would have frozen it there.
+    let frozen = if c.notified < c.last_seen {
+        c.material
+    } else {
+        c.notified
+    };
+    c.last_seen = frozen.max(c.last_seen);
+    c.notified = frozen;
     let mut follow_up = None;
     if c.material > c.notified {
         c.notified = c.material;
@@ -488,32 +504,31 @@ mod tests {
             Timestamp(0),
         );
         torn.notified = Sequence(4);
+        let seqs = |c: &Cursor| (c.last_seen.get(), c.notified.get(), c.material.get());
         assert_eq!(
             acknowledge(&torn, Timestamp(1)),
             (None, None),
             "nothing pending"
         );
         let moved = material(torn.clone(), Sequence(12), Timestamp(1));
-        assert_eq!(
-            (moved.last_seen, moved.notified, moved.material),
-            (Sequence(10), Sequence(12), Sequence(12)),
-            "frozen at the new event"
-        );
+        assert_eq!(seqs(&moved), (10, 12, 12), "frozen at the new event");
         let (acked, follow_up) = acknowledge(&moved, Timestamp(2));
-        let acked = acked.expect("written");
-        assert_eq!(
-            (acked.last_seen, acked.notified),
-            (Sequence(12), Sequence(12))
-        );
+        assert_eq!(seqs(&acked.expect("written")), (12, 12, 12));
         assert_eq!(follow_up, None);
-        // Acknowledged with the material event in the row already (not frozen by `material`):
-        // delivered stays delivered, and the change after it follows, at least once, as for
-        // a well-formed row whose material moved after its notice froze (the turn may have
-        // read it already).
+
+        // Pending already (the turn is shown "changesSince 10" and reads up to 12): read as
+        // frozen at 12, so its acknowledgement hands out nothing again ...
         torn.material = Sequence(12);
         let (acked, follow_up) = acknowledge(&torn, Timestamp(2));
-        assert_eq!(acked.expect("written").last_seen, Sequence(10));
-        assert_eq!(follow_up.expect("a follow-up").last_seen, Sequence(10));
+        assert_eq!(seqs(&acked.expect("written")), (12, 12, 12));
+        assert_eq!(follow_up, None, "10..=12 were read");
+        // ... and an event after the turn read is told in a follow-up from 12, as for a
+        // well-formed row.
+        let later = material(torn, Sequence(14), Timestamp(2));
+        assert_eq!(seqs(&later), (10, 12, 14));
+        let (acked, follow_up) = acknowledge(&later, Timestamp(3));
+        assert_eq!(seqs(&acked.expect("written")), (12, 14, 14));
+        assert_eq!(follow_up.expect("a follow-up").last_seen, Sequence(12));
     }
 
     /// An ambient cursor (OpenClaw's) hands out queue-only notices, keeps its provenance

@@ -458,6 +458,7 @@ async fn monitor_links(
     // The task ends only when stopped; one that ended by itself (it panicked) is looked for
     // once a second, and makes the command fail instead of printing nothing from then on.
     let mut alive = tokio::time::interval(Duration::from_secs(1));
+    let mut print_failed = false;
     let result = loop {
         let d = tokio::select! {
             () = &mut stop => break Ok(()),
@@ -477,10 +478,15 @@ async fn monitor_links(
         if let Some(line) = line_of(d)
             && let Err(e) = emit(out, &line)
         {
+            print_failed = true;
             break Err(e);
         }
     };
     task.stop().await;
+    // Nothing more is written to an output that failed.
+    if print_failed {
+        return result.map(|()| 0);
+    }
     // What the monitor reported before it stopped (a detection already sent when the stop
     // came, or one of the writes the stop waited for) is printed too, also when its task
     // ended by itself: each is a change already recorded in the store.

@@ -67,7 +67,8 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// many were deleted. A backend may split the chunk into smaller write transactions, each
     /// atomic (store-sqlite: at most 250 rows per transaction; store-redb: at most 2,000, the
     /// default chunk; store-memory: 256 rows deleted, or 1,024 looked at, per hold of its
-    /// lock). It returns fewer than `max_rows` only when it found no more rows due. Event
+    /// lock). It returns fewer than `max_rows` only when it found no more rows due (a cursor
+    /// written meanwhile behind store-memory's scan waits for the next pass). Event
     /// steps stamp the pruned watermark of every affected head before deleting the
     /// rows it covers, in the same transaction, so a failure partway leaves every deleted row
     /// covered by its head's watermark. They never create, delete or lower a head; a head whose

@@ -482,15 +482,16 @@ pub fn human_dedupe_key(link: &UpstreamLink, source_id: &str, dedupe_id: &str) -
 }
 
 /// The dedupe key of the `upstream_missing` event of one link incarnation (DESIGN.md leaves it
-/// open): `upstream-missing:<sessionKey>:<16 hex of the source hash>:<createdAt>`, so a retry
-/// after a failed removal records nothing twice, while a fresh link of the same source may
-/// record its own.
+/// open): `upstream-missing:<sessionKey>:<16 hex of the source hash>:<updatedAt>`, so a retry
+/// after a failed removal (the link unchanged) records nothing twice, while a link adopted
+/// again meanwhile, at another path of the same thread id (its `createdAt` kept, its
+/// `updatedAt` moved), or a fresh link of the same source, records its own.
 pub fn missing_dedupe_key(link: &UpstreamLink) -> String {
     format!(
         "upstream-missing:{}:{:016x}:{}",
         link.session.session_key,
         source_hash(link, ""),
-        link.created_at
+        link.updated_at
     )
 }
 
@@ -882,6 +883,12 @@ mod tests {
         assert!(long.len() < 100, "{long}");
         assert!(validate::dedupe_key(&long).is_ok());
         assert!(missing_dedupe_key(&link).starts_with("upstream-missing:agent:main:main:"));
+        // One key per incarnation: the link unchanged keeps it; adopted again (its creation
+        // kept, its source moved) it gets another.
+        assert_eq!(missing_dedupe_key(&link.clone()), missing_dedupe_key(&link));
+        let mut moved = link.clone();
+        moved.updated_at = link.updated_at.plus_ms(1);
+        assert_ne!(missing_dedupe_key(&moved), missing_dedupe_key(&link));
     }
 
     #[test]

@@ -476,13 +476,18 @@ pub async fn head(store: &dyn AwarenessStore, session: &SessionRef) -> Sequence 
     store.state_version(session).await.expect("head")
 }
 
-/// Polls a future once with a no-op waker: the cheapest way to drive a store whose futures are
-/// always ready (store-memory), so its benches measure the store and not an executor.
+/// Polls a future with a no-op waker until it is ready: the cheapest way to drive a store whose
+/// futures never wait on anything (store-memory, whose only pending is a pruning pass letting
+/// its executor run others between steps), so its benches measure the store and not an
+/// executor. Panics after a million polls: a future that waits on something else never gets
+/// ready here.
 pub fn poll_ready<F: Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(f);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => panic!("poll_ready used on a future that is not ready"),
+    for _ in 0..1_000_000 {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
     }
+    panic!("poll_ready used on a future that waits on something: it never got ready")
 }

@@ -458,35 +458,30 @@ async fn monitor_links(
     // The task ends only when stopped; one that ended by itself (it panicked) is looked for
     // once a second, and makes the command fail instead of printing nothing from then on.
     let mut alive = tokio::time::interval(Duration::from_secs(1));
-    let mut print_failed = false;
-    let result = loop {
+    // `Ok(true)`: the task ended by itself; `Err`: a write to the output failed.
+    let ended = loop {
         let d = tokio::select! {
-            () = &mut stop => break Ok(()),
+            () = &mut stop => break Ok(false),
             d = rx.recv() => d,
             _ = alive.tick() => {
                 if task.is_finished() {
-                    break Err(CliError::failure(
-                        "monitor: the monitor's task ended by itself (see the log)",
-                    ));
+                    break Ok(true);
                 }
                 continue;
             }
         };
         if matches!(d, Err(RecvError::Closed)) {
-            break Ok(());
+            break Ok(false);
         }
         if let Some(line) = line_of(d)
             && let Err(e) = emit(out, &line)
         {
-            print_failed = true;
             break Err(e);
         }
     };
     task.stop().await;
     // Nothing more is written to an output that failed.
-    if print_failed {
-        return result.map(|()| 0);
-    }
+    let ended_by_itself = ended?;
     // What the monitor reported before it stopped (a detection already sent when the stop
     // came, or one of the writes the stop waited for) is printed too, also when its task
     // ended by itself: each is a change already recorded in the store.
@@ -502,7 +497,11 @@ async fn monitor_links(
             emit(out, &line)?;
         }
     }
-    result?;
+    if ended_by_itself {
+        return Err(CliError::failure(
+            "monitor: the monitor's task ended by itself (see the log)",
+        ));
+    }
     if !cli.json {
         emit(out, "monitor stopped\n")?;
     }

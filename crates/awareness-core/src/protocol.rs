@@ -492,9 +492,10 @@ mod tests {
         e.into_event(Sequence(seq), Timestamp(5))
     }
 
-    /// A row whose `notified` lies below its `last_seen` (torn or hand-edited) has no notice
-    /// outstanding: the next material event freezes one, and acknowledging never moves
-    /// `last_seen` back (it handed out again what was delivered: "changesSince 4" after 10).
+    /// A row whose `notified` lies below its `last_seen` (torn or hand-edited) is read as
+    /// frozen at its `material` when pending, else as one without a notice outstanding, and
+    /// acknowledging never moves `last_seen` back (it handed out again what was delivered:
+    /// "changesSince 4" after 10). Decision 0023.
     #[test]
     fn a_row_notified_below_last_seen_loses_no_notice_and_repeats_no_delivered_event() {
         let mut torn = Cursor::at(

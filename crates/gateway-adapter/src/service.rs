@@ -562,27 +562,12 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
 /// is woken at once (the waker coalesces) unless the notice is queue-only (an ambient watch's,
-/// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With
-/// `owned`, a watcher that directory does not know is left out (another gateway's:
-/// [`AwarenessConfig::owned_watchers_only`]). Returns how many lines the queues gained. A wake
-/// that panics takes its line back out of the queue; the other notices are delivered all the
-/// same ([`deliver_each`]), then the first panic goes on ([`deliver_logged`] logs it instead).
-fn deliver_to(
-    queue: &dyn SystemEventQueue,
-    wake: &dyn HeartbeatWake,
-    owned: Option<&dyn SessionDirectory>,
-    notices: &[Notice],
-) -> usize {
-    let (added, panicked) = deliver_each(queue, wake, owned, notices);
-    if let Some(panic) = panicked {
-        std::panic::resume_unwind(panic);
-    }
-    added
-}
-
-/// [`deliver_to`], each notice on its own (the directory's answer included), so that one
-/// watcher's failing directory entry, queue or wake sink does not cost the others their
-/// notices: the lines the queues gained, and the first panic, if any.
+/// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With `owned`, a watcher
+/// that directory does not know is left out (another gateway's:
+/// [`AwarenessConfig::owned_watchers_only`]). Each notice is delivered on its own (the
+/// directory's answer included), so that one watcher's failing directory entry, queue or wake
+/// sink does not cost the others their notices. Answers the lines the queues gained, and the
+/// first panic, if any; a line whose wake panicked is taken back out of the queue.
 fn deliver_each(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,
@@ -609,7 +594,7 @@ fn deliver_each(
     (added, panicked)
 }
 
-/// Queues one notice and wakes its watcher where [`deliver_to`] says; whether the queue gained
+/// Queues one notice and wakes its watcher where [`deliver_each`] says; whether the queue gained
 /// its line. A wake that panics takes the line back out and panics on.
 fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notice) -> bool {
     if !queue.enqueue(n.watcher.session_key(), queued(n)) {
@@ -631,7 +616,7 @@ fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notic
     true
 }
 
-/// [`deliver_to`], after a write that committed or on a background task: a panic while
+/// [`deliver_each`], after a write that committed or on a background task: a panic while
 /// delivering (a wake sink that panics) is logged, not turned into the write's failure, which a
 /// caller could retry, nor into the end of the task. Answers the lines queued and whether
 /// delivering any notice panicked (the others are delivered all the same). The line whose
@@ -891,8 +876,8 @@ impl Awareness {
     /// a task of its own (see [`Awareness::try_record`]), holding the store until then. Other
     /// writes (a watch, an unwatch, a reset, a deletion, a pruning pass, an upstream link) run
     /// in their caller's future and end with it, so they are not waited for; nor are writes
-    /// started after the call. A write that never ends
-    /// (a store that hangs) makes this wait for good.
+    /// started after the call. A write that never ends (a store that hangs) makes this wait
+    /// for good.
     ///
     /// Shutting down calls it before dropping the service, so that closing the store reaches
     /// its last handle (see the crate docs); [`crate::MonitorTask::stop`] calls it for the
@@ -934,7 +919,11 @@ impl Awareness {
     /// whose wake panicked is taken back out of the queue, then the first panic goes on to the
     /// caller (the watcher's next turn reads the notice from its cursor in any case).
     pub fn deliver(&self, notices: &[Notice]) {
-        deliver_to(&*self.queue, &*self.wake, self.owned().as_deref(), notices);
+        let (_, panicked) =
+            deliver_each(&*self.queue, &*self.wake, self.owned().as_deref(), notices);
+        if let Some(panic) = panicked {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// The directory deliveries are limited to, when [`AwarenessConfig::owned_watchers_only`].

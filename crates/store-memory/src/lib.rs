@@ -323,21 +323,13 @@ impl MemoryStore {
         resume: &mut Resume,
     ) -> (usize, bool) {
         let mut g = self.lock_after_blocked();
-        let (freed, gone, more) = match *step {
-            PruneStep::Age { cutoff } => {
-                let (victims, more) = scan_step(&g.events, &mut resume.event, want, |e| {
-                    e.occurred_at < cutoff
-                });
-                let freed = g.prune_events(&victims, now);
-                let gone = freed.len();
-                (freed, gone, more)
-            }
+        let (victims, more) = match *step {
+            PruneStep::Age { cutoff } => scan_step(&g.events, &mut resume.event, want, |e| {
+                e.occurred_at < cutoff
+            }),
             PruneStep::RowCap { max_rows: keep } => {
                 let n = retention::row_cap_victims(g.events.len() as u64, keep, want);
-                let victims: Vec<Sequence> = g.events.keys().take(n).copied().collect();
-                let freed = g.prune_events(&victims, now);
-                let gone = freed.len();
-                (freed, gone, n == want)
+                (g.events.keys().take(n).copied().collect(), n == want)
             }
             // A cursor created meanwhile whose key sorts before where the scan goes on, and
             // that is idle already (its caller's clock far behind), waits for the next pass.
@@ -345,11 +337,12 @@ impl MemoryStore {
                 let (victims, more) = scan_step(&g.cursors, &mut resume.cursor, want, |c| {
                     c.updated_at < cutoff
                 });
-                let gone = victims.iter().filter(|k| g.remove_cursor(k)).count();
-                (Vec::new(), gone, more)
+                return (victims.iter().filter(|k| g.remove_cursor(k)).count(), more);
             }
         };
+        let freed = g.prune_events(&victims, now);
         drop(g);
+        let gone = freed.len();
         drop(freed);
         (gone, more)
     }

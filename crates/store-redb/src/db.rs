@@ -1061,19 +1061,15 @@ impl Flusher {
                         } else {
                             shared.flush()
                         }
-                    }));
-                    let Ok(flushed) = flushed else {
+                    }))
+                    .unwrap_or_else(|_| {
                         if !said_panicked {
                             said_panicked = true;
                             error!(path = ?shared.path, "a flush of non-durable commits panicked; the flush thread goes on, trying again at each interval (logged once; the panic hook may print each one)");
                         }
-                        drop(shared);
-                        if stopping {
-                            return;
-                        }
-                        wait = interval.saturating_sub(began.elapsed());
-                        continue;
-                    };
+                        // Logged here; the flush marked its commits unflushed as it unwound.
+                        Ok(())
+                    });
                     match flushed {
                         Ok(()) => {}
                         // Nothing can be made durable until the file is reopened: said once,

@@ -994,7 +994,15 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
 /// and what the store holds breaks none of the audit's invariants. No other check runs pruning
 /// beside recording.
 pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
-    const ROUNDS: usize = 8;
+    // Chunks of a few rows, then chunks that store-memory deletes in several steps (256 rows
+    // under one hold of its lock) while the recordings go on between them.
+    racing_prune(t, 8, 24, 3).await;
+    racing_prune(t, 2, 600, 600).await;
+}
+
+/// [`pruning_racing_recordings_lowers_no_head`]: `rounds` rounds of `per_round` recordings
+/// beside four pruning passes down to 12 rows, in chunks of `chunk_rows`.
+async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: usize) {
     const SESSIONS: usize = 3;
     let s = &*t.store;
     let refs: Vec<SessionRef> = (0..SESSIONS)
@@ -1002,17 +1010,24 @@ pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
         .collect();
     let policy = RetentionPolicy {
         max_rows: 12,
-        chunk_rows: 3,
+        chunk_rows,
         ..RetentionPolicy::default()
     };
     let mut last = [0u64; SESSIONS];
-    for round in 0..ROUNDS {
+    for h in s.heads(&refs).await.expect("heads") {
+        let i = refs
+            .iter()
+            .position(|r| *r == h.session)
+            .expect("one of ours");
+        last[i] = h.last_sequence.get();
+    }
+    for round in 0..rounds {
         let recorder = {
             let store = std::sync::Arc::clone(&t.store);
             let refs = refs.clone();
             tokio::spawn(async move {
                 let mut got = Vec::new();
-                for i in 0..24 {
+                for i in 0..per_round {
                     let rec = store.record(log_only(&refs[i % SESSIONS], "x"), T0).await?;
                     got.push((i % SESSIONS, rec.event.sequence.get()));
                     tokio::task::yield_now().await;

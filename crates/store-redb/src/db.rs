@@ -430,10 +430,10 @@ fn drop_reservation(db: &Database, path: &Path) {
 struct Entry {
     shared: Weak<Shared>,
     closed: Arc<Closed>,
-    /// The file's device and inode when it was opened: a file at the same path with others
-    /// is another file (the first one deleted or renamed away), whose opens share nothing
-    /// with this entry's.
-    identity: (u64, u64),
+    /// The file when it was opened: a file at the same path with another identity is another
+    /// file (the first one deleted or renamed away), whose opens share nothing with this
+    /// entry's.
+    identity: FileKey,
 }
 
 impl Entry {
@@ -448,16 +448,30 @@ impl Entry {
 /// database; other files' opens do not wait for it.
 type Slot = Arc<Mutex<Option<Entry>>>;
 
-/// Every file this process has open, by canonical path. Its lock is only held to find or add
-/// a file's [`Slot`], never across an open.
-fn registry() -> &'static Mutex<HashMap<PathBuf, Slot>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Slot>>> = OnceLock::new();
+/// What the registry knows a file by: its device and inode where the platform has them, so
+/// that one file reached by two paths (a hard link, a bind mount) is one file, whose opens
+/// share one database (redb's file lock would refuse the second as another process's); its
+/// canonical path elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum FileKey {
+    /// Device and inode.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    Inode(u64, u64),
+    /// The canonical path, where the platform has no inode.
+    #[cfg_attr(unix, allow(dead_code))]
+    Path(PathBuf),
+}
+
+/// Every file this process has open, by [`FileKey`]. Its lock is only held to find or add a
+/// file's [`Slot`], never across an open.
+fn registry() -> &'static Mutex<HashMap<FileKey, Slot>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<FileKey, Slot>>> = OnceLock::new();
     REGISTRY.get_or_init(Mutex::default)
 }
 
-/// The slot of `canonical`, added when missing. Drops the slots no open uses and whose file
-/// is closed.
-fn slot(canonical: &Path) -> Slot {
+/// The slot of `file`, added when missing. Drops the slots no open uses and whose file is
+/// closed.
+fn slot(file: &FileKey) -> Slot {
     let mut reg = lock(registry());
     reg.retain(|_, slot| {
         Arc::strong_count(slot) > 1
@@ -465,7 +479,7 @@ fn slot(canonical: &Path) -> Slot {
                 .try_lock()
                 .map_or(true, |entry| entry.as_ref().is_some_and(Entry::is_live))
     });
-    Arc::clone(reg.entry(canonical.to_path_buf()).or_default())
+    Arc::clone(reg.entry(file.clone()).or_default())
 }
 
 fn open_error(path: &Path, reason: impl Into<String>, source: Option<redb::Error>) -> StoreError {
@@ -832,21 +846,24 @@ fn close_wait(canonical: &Path) -> Duration {
     CLOSE_WAIT
 }
 
-/// The device and inode of `canonical` (zeros where the platform has none: the path alone then
-/// names the file).
-fn file_identity(canonical: &Path) -> std::io::Result<(u64, u64)> {
-    let meta = std::fs::metadata(canonical)?;
+/// The [`FileKey`] of the file at `canonical` now.
+fn file_identity(canonical: &Path) -> std::io::Result<FileKey> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt as _;
-        Ok((meta.dev(), meta.ino()))
+        let meta = std::fs::metadata(canonical)?;
+        Ok(FileKey::Inode(meta.dev(), meta.ino()))
     }
     #[cfg(not(unix))]
     {
-        let _ = meta;
-        Ok((0, 0))
+        std::fs::metadata(canonical)?;
+        Ok(FileKey::Path(canonical.to_path_buf()))
     }
 }
+
+/// How many times an open looks the file up again when the file at its path changed between
+/// finding its slot and locking it, before it says so.
+const LOOKUPS: usize = 8;
 
 /// Opens (or shares) the database of `path`. Blocking: call inside `spawn_blocking`.
 ///
@@ -869,15 +886,33 @@ pub(crate) fn open_shared(
     ensure_file(path, mode)?;
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
-    let slot = slot(&canonical);
-    let mut entry_of_file = lock(&slot);
-    #[cfg(test)]
-    tests::while_opening(&canonical);
     let identity = || {
         file_identity(&canonical)
             .map_err(|e| io_open_error(path, "cannot read the file's metadata", e))
     };
-    let identity_now = identity()?;
+    // The file's slot, locked, found for the file still at the path once it is locked.
+    let mut lookups = 0;
+    let mut slot_of_file;
+    let mut entry_of_file;
+    let identity_now = loop {
+        let key = identity()?;
+        slot_of_file = slot(&key);
+        entry_of_file = lock(&slot_of_file);
+        if identity()? == key {
+            break key;
+        }
+        drop(entry_of_file);
+        lookups += 1;
+        if lookups == LOOKUPS {
+            return Err(open_error(
+                path,
+                "the file at this path kept being replaced while it was being opened",
+                None,
+            ));
+        }
+    };
+    #[cfg(test)]
+    tests::while_opening(&canonical);
     // An entry of another file at this path (the one it had was deleted or renamed away while
     // open) is neither shared nor waited for: its handles keep their own file.
     if let Some(entry) = entry_of_file
@@ -967,12 +1002,19 @@ pub(crate) fn open_shared(
         handles: AtomicUsize::new(0),
         write_failed: AtomicBool::new(false),
     });
-    // The file redb opened (read again: it may have been swapped since the look above).
-    let identity = identity()?;
+    // Which of two files redb opened, when another one took the path meanwhile, cannot be
+    // told, nor could a later open of either find this one under the slot it sits in: refused.
+    if identity()? != identity_now {
+        return Err(open_error(
+            path,
+            "the file at this path was replaced while it was being opened; open it again",
+            None,
+        ));
+    }
     *entry_of_file = Some(Entry {
         shared: Arc::downgrade(&shared),
         closed,
-        identity,
+        identity: identity_now,
     });
     Ok(Handle::new(&shared))
 }

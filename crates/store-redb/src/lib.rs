@@ -503,7 +503,8 @@ impl RedbStore {
         })
     }
 
-    /// The file (canonical path).
+    /// The file's canonical path, as the first open of it in this process spelled it: one file
+    /// reached by two paths (a hard link) is one store, whose handles all give the same path.
     pub fn path(&self) -> &Path {
         self.shared().path()
     }

@@ -329,6 +329,36 @@ async fn the_same_file_twice_in_one_process_shares_the_database() {
     assert_eq!(rec2.event.sequence, rec.event.sequence.next());
 }
 
+/// One file reached by two paths (a hard link) is one file: an open through the other path
+/// shares the database the first open holds, read-write and read-only, where redb's own file
+/// lock refused it as "already open in another process".
+#[cfg(unix)]
+#[tokio::test]
+async fn a_file_opened_through_a_hard_link_shares_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let link = dir.path().join("link.redb");
+    let a = RedbStore::open(&path).await.unwrap();
+    std::fs::hard_link(&path, &link).unwrap();
+    let b = RedbStore::open(&link)
+        .await
+        .unwrap_or_else(|e| panic!("the second path of one file is refused: {e}"));
+    let w = WatcherKey::parse("agent:main:main").unwrap();
+    a.watch(&w, &child(), T0).await.unwrap();
+    let rec = b.record(human(&child()), T0).await.unwrap();
+    assert_eq!(rec.notices.len(), 1, "b sees the cursor a wrote");
+    let reader = RedbStore::open_with(&link, RedbOptions::default().read_only(true))
+        .await
+        .unwrap_or_else(|e| panic!("a read-only open through the link is refused: {e}"));
+    assert_eq!(
+        reader.state_version(&child()).await.unwrap(),
+        rec.event.sequence
+    );
+    reader.close().await;
+    b.close().await;
+    a.close().await;
+}
+
 /// The writer's drain outlives the recordings it answers (it keeps its thread a little while
 /// for the next one), but never the handle: once the last handle is dropped, the file is closed
 /// and its lock released, so redb itself can open it at once. Checked after lone recordings and

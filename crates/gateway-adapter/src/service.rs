@@ -425,9 +425,13 @@ impl Drop for Writing {
 #[derive(Debug, Default)]
 struct TurnLocks {
     by_watcher: std::sync::Mutex<HashMap<SessionKey, TurnLock>>,
-    /// Watchers reset while their lock was held (by a turn, or a pick-up for a moment): what
-    /// a dropped turn left is dropped when the lock is next taken.
-    forgotten: std::sync::Mutex<std::collections::HashSet<SessionKey>>,
+    /// Watchers reset while their lock was held (by a turn, or a pick-up for a moment), with
+    /// the reset's number ([`TurnLocks::reset_begins`]): what a dropped turn left before that
+    /// reset began is dropped when the lock is next taken.
+    forgotten: std::sync::Mutex<HashMap<SessionKey, u64>>,
+    /// Counts the resets and deletions begun: what a turn takes is stamped with it
+    /// ([`Carried::stamp`]).
+    resets: std::sync::atomic::AtomicU64,
 }
 
 /// One watcher's turn lock, with what a cancelled turn left.
@@ -444,11 +448,24 @@ struct Carried {
     /// Lines the turn had settled on (their notices possibly acknowledged already): the next
     /// turn returns them as they are, first.
     read: Vec<QueuedEntry>,
+    /// How many resets had begun ([`TurnLocks::reset_begins`]) once the lines were taken
+    /// (drained, or read from the cursors). A reset numbered above it began after they were
+    /// taken, so its store write came after them, and it drops them; one numbered at or below
+    /// it may have committed before them, which are then kept: at worst a notice of a watch
+    /// the reset removed is shown, where dropping could lose one acknowledged already.
+    stamp: u64,
 }
 
 impl Carried {
     fn is_empty(&self) -> bool {
         self.unread.is_empty() && self.read.is_empty()
+    }
+
+    /// Drops the lines if they were taken before reset `number` began.
+    fn forget_before(&mut self, number: u64) {
+        if self.stamp < number {
+            *self = Self::default();
+        }
     }
 }
 
@@ -460,38 +477,54 @@ impl TurnLocks {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Drops what a dropped turn of `watcher` left for the next one (its watches are gone): at
-    /// once, or, while a turn or a pick-up holds the lock, when the lock is next taken.
-    fn forget(&self, watcher: &SessionKey) {
+    /// Numbers a reset or deletion of a watcher, before its store write: see [`Carried::stamp`].
+    fn reset_begins(&self) -> u64 {
+        self.resets
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1
+    }
+
+    /// How many resets have begun: the stamp of lines taken now.
+    fn stamp(&self) -> u64 {
+        self.resets.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Drops what a dropped turn of `watcher` took before reset `number` began (its watches
+    /// are gone), once the reset's store write committed: at once, or, while a turn or a
+    /// pick-up holds the lock, when the lock is next taken.
+    fn forget(&self, watcher: &SessionKey, number: u64) {
         let mut map = self.map();
         if let Some(lock) = map.get(watcher) {
             if let Ok(mut carried) = lock.try_lock() {
-                *carried = Carried::default();
+                carried.forget_before(number);
             } else {
-                self.forgotten().insert(watcher.clone());
+                let mut forgotten = self.forgotten();
+                let mark = forgotten.entry(watcher.clone()).or_default();
+                *mark = number.max(*mark);
             }
         }
         keep_in_use(&mut map);
     }
 
-    fn forgotten(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<SessionKey>> {
+    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, u64>> {
         self.forgotten
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The guard of a lock just taken; what a dropped turn left goes if the watcher was reset
-    /// while another held the lock.
+    /// while another held the lock, and the reset began after it was taken.
     fn taken(
         &self,
         watcher: &SessionKey,
         mut guard: tokio::sync::OwnedMutexGuard<Carried>,
     ) -> TurnGuard<'_> {
         // The map first, as `forget` takes them: a reset that found the lock held has marked
-        // the watcher by the time this sees the map.
+        // the watcher by the time this sees the map. What the holder takes from now on is
+        // stamped at or above the mark, which it then no longer drops.
         let map = self.map();
-        if self.forgotten().remove(watcher) {
-            *guard = Carried::default();
+        if let Some(number) = self.forgotten().remove(watcher) {
+            guard.forget_before(number);
         }
         drop(map);
         TurnGuard {
@@ -547,7 +580,7 @@ impl Drop for TurnGuard<'_> {
         // A reset watcher whose entry is gone left nothing to drop.
         self.locks
             .forgotten()
-            .retain(|watcher| map.contains_key(watcher));
+            .retain(|watcher, _| map.contains_key(watcher));
     }
 }
 
@@ -1583,12 +1616,13 @@ impl Awareness {
     /// task of its own, and what the turn had taken (the drained lines, or the lines it had
     /// settled on) goes to the watcher's next turn, which returns it first; the dropped turn's
     /// acknowledgement holds the watcher's turn lock until it ends. A reset or delete of the
-    /// watcher drops it. That is kept in memory: a restart loses it, as it loses the queue, and
+    /// watcher drops it if it was taken before the reset began (what a turn read after a reset
+    /// is about the watches made since, and a notice it acknowledged would be lost). That is kept in memory: a restart loses it, as it loses the queue, and
     /// notices the dropped turn had already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
         let mut turn = self.turns.lock(watcher).await;
         // What an earlier turn whose caller gave up had taken comes first.
-        let Carried { unread, read } = std::mem::take(turn.carried());
+        let Carried { unread, read, .. } = std::mem::take(turn.carried());
         let mut drained = unread;
         drained.extend(self.queue.drain(watcher));
         if !watcher.is_agent_qualified() {
@@ -1597,22 +1631,29 @@ impl Awareness {
             return drained;
         }
         // Should this turn be dropped while it reads the cursors, the next turn gets it all.
+        // (What an earlier turn left is stamped anew with it: it survived every reset marked
+        // so far, and one marked later may have committed before this drain.)
         *turn.carried() = Carried {
             unread: drained,
             read,
+            stamp: self.turns.stamp(),
         };
         let current: Vec<Notice> = match self.pending_cursors(watcher).await {
             Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {
                 warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the cursors to acknowledge; the notices stay pending");
-                let Carried { unread, mut read } = std::mem::take(turn.carried());
+                let Carried {
+                    unread, mut read, ..
+                } = std::mem::take(turn.carried());
                 read.extend(unread);
                 return read;
             }
         };
+        let stamp = self.turns.stamp();
         let Carried {
             unread: drained,
             mut read,
+            ..
         } = std::mem::take(turn.carried());
         read.reserve(drained.len() + current.len());
         let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
@@ -1644,7 +1685,11 @@ impl Awareness {
         // and delivers its follow-ups, and the next turn shows what this one read. The turn's
         // lock goes with the acknowledgement and is released when it ends, not when the turn
         // is dropped: the next turn must not read the cursors while it is in flight (see 1).
-        turn.carried().read = read;
+        *turn.carried() = Carried {
+            unread: Vec::new(),
+            read,
+            stamp,
+        };
         let held = turn.guard.take().expect("the turn holds its lock");
         let Some((held, _)) = self.acknowledge_holding(watcher, targets, held).await else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
@@ -1679,8 +1724,9 @@ impl Awareness {
     /// dropped turn of it left for the next one goes with its watches, once they are gone: a
     /// reset the store failed keeps both.
     pub async fn on_reset(&self, session: &SessionKey) {
+        let number = self.turns.reset_begins();
         match self.store.reset_watcher(session).await {
-            Ok(_) => self.turns.forget(session),
+            Ok(_) => self.turns.forget(session, number),
             Err(e) => {
                 warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
             }
@@ -1691,8 +1737,9 @@ impl Awareness {
     /// its key left for the next one goes only with its watches: when the ref is the session
     /// that watches under its key ([`SessionRef::is_watcher`]) and the store deleted it.
     pub async fn on_delete(&self, session: &SessionRef) {
+        let number = self.turns.reset_begins();
         match self.store.delete_session(session).await {
-            Ok(()) if session.is_watcher() => self.turns.forget(&session.session_key),
+            Ok(()) if session.is_watcher() => self.turns.forget(&session.session_key, number),
             Ok(()) => {}
             Err(e) => {
                 warn!(session_key = %session.session_key, error = %ErrorChain(&e), "delete: state not removed");
@@ -2251,7 +2298,8 @@ mod tests {
         drop(dropped_turn);
         let held = locks.try_lock(&a).expect("nobody holds it");
         assert_eq!(held.guard.as_ref().map(|c| c.read.len()), Some(1));
-        locks.forget(&a);
+        let number = locks.reset_begins();
+        locks.forget(&a, number);
         drop(held);
         let mut next = locks.lock(&a).await;
         assert!(next.carried().is_empty(), "the reset dropped it");

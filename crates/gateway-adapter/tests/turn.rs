@@ -28,14 +28,13 @@ const CHILD: &str = "agent:main:subagent:worker";
 mod common;
 use common::k;
 
-/// Holds each call `call` of the memory store at a gate, before it reaches the store (or,
-/// with `after`, once the store has answered): it reports that it got there, then waits for a
+/// Holds each call `at.0` of the memory store at a gate, before it reaches the store (or,
+/// with `at.1`, once the store has answered): it reports that it got there, then waits for a
 /// permit of `permits`. Only while `armed`.
 struct Gate {
     permits: Semaphore,
     entered: mpsc::UnboundedSender<()>,
-    call: Call,
-    after: bool,
+    at: std::sync::Mutex<(Call, bool)>,
     armed: AtomicBool,
     /// Fails every reset of a watcher while set (a disk that refuses writes).
     refuse_resets: AtomicBool,
@@ -49,7 +48,8 @@ impl Gate {
         if call == Call::ForeignCommits && after {
             let _ = self.questions.send(());
         }
-        if call == self.call && after == self.after && self.armed.load(Ordering::SeqCst) {
+        let at = *self.at.lock().unwrap();
+        if (call, after) == at && self.armed.load(Ordering::SeqCst) {
             let _ = self.entered.send(());
             self.permits.acquire().await.expect("gate open").forget();
         }
@@ -107,8 +107,7 @@ impl World {
             hook: Gate {
                 permits: Semaphore::new(0),
                 entered: tx,
-                call,
-                after,
+                at: std::sync::Mutex::new((call, after)),
                 armed: AtomicBool::new(false),
                 refuse_resets: AtomicBool::new(false),
                 questions: asked,
@@ -569,6 +568,45 @@ async fn a_notice_that_came_after_a_reset_during_the_turn_stays_for_the_next_tur
     );
     let c = w.cursor().await;
     assert_eq!((c.last_seen, c.notified), (changed, changed));
+}
+
+/// Bug: a reset while a turn held the watcher's lock, its cursor read not made yet, marked the
+/// watcher for the next turn to drop what a dropped turn left; the turn then read and
+/// acknowledged a notice of a watch made after the reset, and was dropped once its
+/// acknowledgement had committed: the next turn dropped that notice, which no turn showed
+/// (its queued copy is stale once acknowledged). A reset now drops only what was taken before
+/// it began.
+#[tokio::test]
+async fn a_notice_read_after_a_reset_by_a_turn_that_is_then_dropped_is_not_lost() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    let a = w.turn_at_the_gate().await; // holds the lock, has drained the (empty) queue
+    w.svc.on_reset(&k(MANAGER)).await;
+    w.svc
+        .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-2")
+        .await
+        .expect("seeded again");
+    let seeded = w.cursor().await.last_seen;
+    let changed = w.human().await;
+    *w.store.hook.at.lock().unwrap() = (Call::Acknowledge, true);
+    w.store.hook.permits.add_permits(1); // the read goes on; the acknowledgement commits
+    w.entered
+        .recv()
+        .await
+        .expect("the acknowledgement committed");
+    dropped(a).await;
+    w.open_gate();
+    settle().await;
+    let c = w.cursor().await;
+    assert_eq!(
+        (c.last_seen, c.notified),
+        (changed, changed),
+        "acknowledged"
+    );
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(seeded)],
+        "the next turn shows what the dropped one read"
+    );
 }
 
 /// What a dropped turn left for the next one goes with the watcher's watches when it is reset:

@@ -283,13 +283,26 @@ async fn abandon(
     }
 }
 
+/// `path` as SQLite takes it for the file's name. sqlx opens every connection with
+/// `SQLITE_OPEN_URI`, under which a name that starts with `file:` is a URI (`file:x.db` opens
+/// `x.db`, `file:x.db%3Fmode=memory` a database in memory) and `:memory:` is a database in
+/// memory, while the file this crate checked or created is the one the path names. A relative
+/// path is given as `./` and the path, which SQLite reads as nothing but a file's name.
+fn file_name(path: &Path) -> std::borrow::Cow<'_, Path> {
+    if path.is_relative() {
+        std::borrow::Cow::Owned(Path::new(".").join(path))
+    } else {
+        std::borrow::Cow::Borrowed(path)
+    }
+}
+
 /// The options of every connection to `path`: the file must exist (a missing one is created
 /// by `open::prepare_file`), and journal_mode is set by hand after connecting (not as a connect
 /// option), so that the first statement that reads the file fails on a connection we own and can
 /// close before cleaning up after it.
 fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
-        .filename(path)
+        .filename(file_name(path))
         .create_if_missing(false)
         .read_only(options.read_only)
         .busy_timeout(options.busy_timeout)

@@ -191,7 +191,11 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
 /// order everything is in the file itself when the connection closes, and nothing in a `-wal`
 /// beside it (which keeps the staged name and is not linked).
 async fn prepare_staged(staged: &Path, connect: &SqliteConnectOptions) -> Result<(), sqlx::Error> {
-    let mut conn = connect.clone().filename(staged).connect().await?;
+    let mut conn = connect
+        .clone()
+        .filename(crate::file_name(staged))
+        .connect()
+        .await?;
     let prepared = async {
         schema::migrate(&mut conn, Timestamp::now().millis()).await?;
         sqlx::raw_sql(sql::WRITER_PRAGMAS)

@@ -230,10 +230,10 @@ async fn still_found(
     let fresh = match &finding {
         Finding::EventsWithoutHead { session, .. } => {
             // A head that cannot be read (which a page of the session's events reads too).
-            if let Err(StoreError::Corrupt { context, .. }) =
+            if let Err(e @ StoreError::Corrupt { .. }) =
                 store.heads(std::slice::from_ref(session)).await
             {
-                return Ok(Some(unreadable_head(session, context)));
+                return Ok(Some(unreadable_head(session, &e)));
             }
             let page = store.changes_since(session, Sequence::ZERO, 1).await?;
             let heads = store.heads(std::slice::from_ref(session)).await?;
@@ -245,8 +245,8 @@ async fn still_found(
             };
             let session = now.target_ref();
             match store.heads(std::slice::from_ref(&session)).await {
-                Err(StoreError::Corrupt { context, .. }) => {
-                    return Ok(Some(unreadable_head(&session, context)));
+                Err(e @ StoreError::Corrupt { .. }) => {
+                    return Ok(Some(unreadable_head(&session, &e)));
                 }
                 heads => audit(&heads?, &[], &[now]),
             }
@@ -259,10 +259,11 @@ async fn still_found(
     Ok(holds.then_some(finding))
 }
 
-fn unreadable_head(session: &SessionRef, reason: String) -> Finding {
+/// The head of `session` cannot be read, for `why` and its causes.
+fn unreadable_head(session: &SessionRef, why: &StoreError) -> Finding {
     Finding::UnreadableHead {
         session: session.clone(),
-        reason,
+        reason: crate::error::ErrorChain(why).to_string(),
     }
 }
 

@@ -48,7 +48,11 @@ impl Default for RetentionPolicy {
 /// One kind of deletion; a backend runs it as repeated chunks until a chunk deletes fewer rows
 /// than its bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", tag = "step")]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "step"
+)]
 pub enum PruneStep {
     /// Delete events with `occurredAt < cutoff`, lowest sequence first. The cutoff comes from
     /// the local clock; `occurredAt` is the event's clamped time, not its recording time.
@@ -388,6 +392,27 @@ mod tests {
             [idle, idle.minus_ms(1), Timestamp(38 * Timestamp::DAY_MS)],
         );
         assert_eq!((r.events_by_age, r.cursors), (1, 1));
+    }
+
+    /// A step's fields are named in camelCase in JSON, as the policy's are.
+    #[test]
+    fn steps_name_their_fields_in_camel_case() {
+        let json = serde_json::to_value([
+            PruneStep::RowCap { max_rows: 7 },
+            PruneStep::Cursors {
+                cutoff: Timestamp(5),
+            },
+        ])
+        .unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"step": "rowCap", "maxRows": 7},
+                {"step": "cursors", "cutoff": 5},
+            ])
+        );
+        let back: PruneStep = serde_json::from_value(json[0].clone()).unwrap();
+        assert_eq!(back, PruneStep::RowCap { max_rows: 7 });
     }
 
     /// Counted a piece at a time, a preview gives what one call gives.

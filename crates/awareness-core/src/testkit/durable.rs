@@ -1003,16 +1003,20 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     assert_eq!(listed(None).await, [kept.clone(), other.clone()]);
     assert_eq!(listed(Some("main")).await, std::slice::from_ref(&kept));
     let read = s.heads(std::slice::from_ref(&torn)).await;
-    assert!(
-        matches!(read, Err(StoreError::Corrupt { .. })),
-        "reading that head: {read:?}"
-    );
+    let Err(why @ StoreError::Corrupt { .. }) = read else {
+        panic!("reading that head: {read:?}")
+    };
     let findings = crate::audit::audit_store(s).await.expect("audit").findings;
     let named: Vec<_> = findings
         .iter()
         .filter(|f| matches!(f, crate::audit::Finding::UnreadableHead { session, .. } if *session == torn))
         .collect();
     assert_eq!(named.len(), 1, "{findings:?}");
+    // The audit says why, as the read did, causes included.
+    let crate::audit::Finding::UnreadableHead { reason, .. } = named[0] else {
+        unreachable!()
+    };
+    assert_eq!(*reason, crate::error::ErrorChain(&why).to_string());
     // Nor does it stop pruning: a pass of the row cap deletes its events with the others', and
     // leaves the row as it was.
     let (report, left) = prune_to_cap(s, 1, "an unreadable head").await;

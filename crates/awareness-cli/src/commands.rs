@@ -187,7 +187,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
 }
 
 fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
-    out.write_all(text.as_bytes())
+    out.write_all(crate::table::printable(text).as_bytes())
         .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
 }
 

@@ -234,7 +234,7 @@ where
     match commands::execute(&cli, out).await {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(err, "awareness: {}", e.message);
+            let _ = writeln!(err, "awareness: {}", table::printable(&e.message));
             e.code
         }
     }

@@ -1,16 +1,23 @@
 //! Aligned text tables and readable timestamps for the human output.
 
+use std::fmt::Write as _;
+
 use awareness_core::Timestamp;
 
 /// Renders rows under headers, each column as wide as its widest cell, two spaces apart. A
 /// cell's control characters and line separators print as spaces: a row another writer left,
-/// or a hand edit, can hold a line break that would forge a row, or a terminal escape.
+/// or a hand edit, can hold a line break that would forge a row, or a terminal escape. A
+/// character that would reorder the line prints as its escape ([`printable`]), counted in the
+/// width as printed.
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     let cleaned: Vec<Vec<String>> = rows
         .iter()
         .map(|row| {
             row.iter()
-                .map(|cell| awareness_core::validate::on_one_line(cell).collect())
+                .map(|cell| {
+                    let line: String = awareness_core::validate::on_one_line(cell).collect();
+                    printable(&line).into_owned()
+                })
                 .collect()
         })
         .collect();
@@ -43,6 +50,34 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// Whether `c` reorders the text around it when a terminal shows it: Unicode's bidirectional
+/// controls (embeddings, overrides, isolates and marks). Keys and summaries may hold them, and a
+/// right-to-left override in a session key would show the rest of its line reversed.
+fn reorders(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// `text` as this tool prints it: each character that would reorder what a terminal shows
+/// ([`reorders`]) as the escape `\uXXXX`, which is also what it means inside a JSON string.
+/// Everything else, and so any text without such a character, is printed as it is.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(reorders) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if reorders(c) {
+            let _ = write!(out, "\\u{:04X}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `YYYY-MM-DD HH:MM:SS.mmmZ` in UTC ([`Timestamp::utc`]).
 pub fn time(t: Timestamp) -> String {
     t.utc()
@@ -51,6 +86,21 @@ pub fn time(t: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bidirectional control prints as its JSON escape, in text and in JSON alike: a JSON
+    /// reader gets the same string back, a terminal shows the line in order.
+    #[test]
+    fn reordering_characters_print_as_escapes() {
+        let key = "agent:main:\u{202E}txt.exe";
+        assert_eq!(printable(key), "agent:main:\\u202Etxt.exe");
+        assert!(matches!(
+            printable("plain: é ✓"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let json = serde_json::to_string(&serde_json::json!({ "sessionKey": key })).unwrap();
+        let back: serde_json::Value = serde_json::from_str(&printable(&json)).unwrap();
+        assert_eq!(back["sessionKey"], key);
+    }
 
     #[test]
     fn times_are_utc() {

@@ -67,7 +67,7 @@ pub struct MonitorArgs {
 }
 
 fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
-    out.write_all(text.as_bytes())
+    out.write_all(crate::table::printable(text).as_bytes())
         .and_then(|()| out.flush())
         .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
 }

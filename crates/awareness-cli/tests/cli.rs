@@ -1287,6 +1287,64 @@ fn record_json_reports_a_dedupe_hit() {
     }
 }
 
+/// A right-to-left override in a session key and a summary (which validation lets through:
+/// it is no control character) prints as its escape in every output, the text tables and the
+/// JSON alike, which JSON readers read back as the key; the terminal shows the line in order.
+#[test]
+fn a_bidirectional_override_prints_as_an_escape() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = "agent:main:subagent:\u{202E}cba";
+    let store = "sqlite://d.db";
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            store,
+            "record",
+            "--session",
+            key,
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal \u{2067}x\u{2069}",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run_in(dir.path(), &["--store", store, "list"]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("agent:main:subagent:\\u202Ecba  main"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let header = text.lines().next().unwrap();
+    assert_eq!(
+        header.find("AGENT"),
+        row.find("  main").map(|at| at + 2),
+        "the columns line up with the escape as printed: {text}"
+    );
+    let o = run_in(dir.path(), &["--store", store, "tail"]);
+    let text = stdout(&o);
+    assert!(text.contains("goal \\u2067x\\u2069"), "{text}");
+    let listed = json(&run_in(dir.path(), &["--store", store, "--json", "list"]));
+    assert!(listed.to_string().contains(key), "{listed}");
+    for args in [
+        &["list"][..],
+        &["tail"],
+        &["--json", "list"],
+        &["status", key],
+    ] {
+        let mut all = vec!["--store", store];
+        all.extend_from_slice(args);
+        let o = run_in(dir.path(), &all);
+        assert!(
+            !stdout(&o).contains(['\u{202E}', '\u{2067}', '\u{2069}']),
+            "{args:?}: {}",
+            stdout(&o)
+        );
+    }
+}
+
 /// Text `status --changes-since` prints the page's flags each under its own name: on a session
 /// pruned below its head, a read from 0 has a history gap and is not truncated, and a read
 /// from past the pruned part cut by `--limit` is truncated with no gap, as `--json` says.

@@ -408,6 +408,14 @@ impl EventStore for SqliteStore {
     ) -> Result<u64, StoreError> {
         // Refused on a read-only handle even when asked for no rows, like every write.
         self.write_connection("prune")?;
+        let step = match *step {
+            PruneStep::Cursors { cutoff } => {
+                return self.prune_idle_cursors(cutoff, max_rows).await;
+            }
+            PruneStep::Age { cutoff } => EventStep::Age(cutoff),
+            PruneStep::RowCap { max_rows: keep } => EventStep::RowCap(keep),
+        };
+        let step = &step;
         retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| async move {
             let mut w = self.writer("prune").await?;
             self.count_write(PRUNE_WEIGHT - 1);
@@ -449,29 +457,88 @@ impl EventStore for SqliteStore {
     }
 }
 
-/// One pruning chunk inside the write transaction.
+impl SqliteStore {
+    /// A chunk of the idle-cursor step. The cursors' table has no index on `updated_at` (its
+    /// schema is OpenClaw's), so choosing idle cursors reads every row up to the bound: it is
+    /// done on a reader, where recordings do not wait for it, each transaction going on in key
+    /// order from where the one before stopped; the write deletes those chosen that are still
+    /// idle. A cursor created behind that point during the chunk waits for the next pass.
+    async fn prune_idle_cursors(
+        &self,
+        cutoff: Timestamp,
+        max_rows: usize,
+    ) -> Result<u64, StoreError> {
+        const WHAT: &str = "prune idle cursors";
+        let after: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::default();
+        let after = &after;
+        retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| async move {
+            let resume = after
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let q = match resume {
+                None => sqlx::query(sql::PRUNE_CURSORS_CHOOSE)
+                    .bind(cutoff.millis())
+                    .bind(limit(bound)),
+                Some((watcher, target)) => sqlx::query(sql::PRUNE_CURSORS_CHOOSE_AFTER)
+                    .bind(cutoff.millis())
+                    .bind(limit(bound))
+                    .bind(watcher)
+                    .bind(target),
+            };
+            let row = self.read_one(q, WHAT).await?;
+            let chosen = decode::chosen_cursors(get(&row, 0, WHAT)?)?;
+            let Some((_, watcher, target)) = chosen.last() else {
+                return Ok((0, 0));
+            };
+            #[cfg(test)]
+            crate::tests::between_choice_and_delete(&self.path).await;
+            *after
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((watcher.clone(), target.clone()));
+            let rowids: Vec<i64> = chosen.iter().map(|(rowid, ..)| *rowid).collect();
+            let mut w = self.writer(WHAT).await?;
+            self.count_write(PRUNE_WEIGHT - 1);
+            let q = sqlx::query(sql::PRUNE_CURSORS_DELETE)
+                .bind(decode::to_json(&rowids))
+                .bind(cutoff.millis());
+            let res = async {
+                let row = batch_one(&mut w.conn, q, WHAT).await?;
+                Ok(decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get())
+            }
+            .await;
+            let deleted = w.finish(res).await?;
+            Ok((chosen.len(), deleted))
+        })
+        .await
+    }
+}
+
+/// A pruning step that deletes events.
+enum EventStep {
+    /// [`PruneStep::Age`], by its cutoff.
+    Age(Timestamp),
+    /// [`PruneStep::RowCap`], by the rows to keep.
+    RowCap(u64),
+}
+
+/// One pruning transaction of an event step, which chooses its victims inside it.
 async fn prune_tx(
     conn: &mut SqliteConnection,
-    step: &PruneStep,
+    step: &EventStep,
     max_rows: usize,
     now: Timestamp,
 ) -> Result<u64, StoreError> {
     const WHAT: &str = "prune";
     let victims_row = match *step {
-        PruneStep::Cursors { cutoff } => {
-            let q = sqlx::query(sql::PRUNE_CURSORS)
-                .bind(cutoff.millis())
-                .bind(limit(max_rows));
-            let row = batch_one(conn, q, WHAT).await?;
-            return Ok(decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get());
-        }
-        PruneStep::Age { cutoff } => {
+        EventStep::Age(cutoff) => {
             let q = sqlx::query(sql::PRUNE_AGE_BEGIN)
                 .bind(cutoff.millis())
                 .bind(limit(max_rows));
             batch_one(conn, q, WHAT).await?
         }
-        PruneStep::RowCap { max_rows: keep } => {
+        EventStep::RowCap(keep) => {
             let row = batch_one(conn, sqlx::query(sql::PRUNE_CAP_BEGIN), WHAT).await?;
             let retained = decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get();
             let n = retention::row_cap_victims(retained, keep, max_rows);

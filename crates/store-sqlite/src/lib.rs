@@ -830,6 +830,72 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use awareness_core::{CursorStore as _, EventStore as _, PruneStep, Timestamp, WatcherKey};
+
+    /// Holds the idle-cursor round of the store at a path between its choice and its write:
+    /// tells the first `Notify`, then waits for the second.
+    type Between = (PathBuf, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>);
+    static BETWEEN: std::sync::Mutex<Option<Between>> = std::sync::Mutex::new(None);
+
+    fn between() -> std::sync::MutexGuard<'static, Option<Between>> {
+        BETWEEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) async fn between_choice_and_delete(path: &Path) {
+        let held = between()
+            .as_ref()
+            .filter(|(p, ..)| p == path)
+            .map(|(_, chosen, go)| (Arc::clone(chosen), Arc::clone(go)));
+        if let Some((chosen, go)) = held {
+            chosen.notify_one();
+            go.notified().await;
+        }
+    }
+
+    /// A cursor touched between an idle-cursor round's choice (on a reader) and its write is
+    /// no longer idle and stays; the other one chosen goes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cursor_touched_after_the_idle_choice_is_not_pruned() {
+        const T0: Timestamp = Timestamp(1_800_000_000_000);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(
+            SqliteStore::open(dir.path().join("t.db"))
+                .await
+                .expect("open"),
+        );
+        let w = WatcherKey::parse("agent:main:main").expect("watcher");
+        let r = |key| SessionRef::parse(key, "main").expect("ref");
+        let (touched, idle) = (r("agent:main:subagent:a"), r("agent:main:subagent:b"));
+        store.watch(&w, &touched, T0).await.expect("watch");
+        store.watch(&w, &idle, T0).await.expect("watch");
+        let (chosen, go) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        *between() = Some((store.path.clone(), Arc::clone(&chosen), Arc::clone(&go)));
+        let later = Timestamp(T0.millis() + 2 * Timestamp::DAY_MS);
+        let pruning = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                let step = PruneStep::Cursors {
+                    cutoff: Timestamp(T0.millis() + 1),
+                };
+                store.prune_chunk(&step, 10, later).await
+            }
+        });
+        chosen.notified().await;
+        // Watching again a cursor idle for a day refreshes it.
+        store.watch(&w, &touched, later).await.expect("watch again");
+        go.notify_one();
+        assert_eq!(pruning.await.expect("task").expect("prune"), 1);
+        *between() = None;
+        let touched = store.cursor(&w, &touched.session_key).await;
+        assert!(touched.expect("read").is_some(), "touched stays");
+        let idle = store.cursor(&w, &idle.session_key).await;
+        assert!(idle.expect("read").is_none(), "idle goes");
+    }
 
     /// The store's own background checkpoint (the pass [`SqliteStore::count_write`] starts every
     /// [`CHECKPOINT_EVERY`] writes, run here directly so that it surely ran, its last pass under

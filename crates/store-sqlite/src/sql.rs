@@ -458,6 +458,22 @@ DELETE FROM session_watch_cursors WHERE target_session_key = $1
     (SELECT value ->> 0, value ->> 1 FROM jsonb_each($3));
 COMMIT";
 
+/// The choice of idle cursors, with `$extra` added to its condition (keys are given as hex, which
+/// any bytes a row holds round-trip through).
+macro_rules! prune_cursors_choose {
+    ($extra:literal) => {
+        concat!(
+            "SELECT json_group_array(json_array(rowid, hex(watcher_session_key),
+    hex(target_session_key)) ORDER BY watcher_session_key, target_session_key)
+FROM (SELECT rowid, watcher_session_key, target_session_key FROM session_watch_cursors
+  WHERE updated_at < $1",
+            $extra,
+            "
+  ORDER BY watcher_session_key, target_session_key LIMIT +$2)"
+        )
+    };
+}
+
 /// Prune by age, first batch: up to `$2` victims with `occurred_at < $1`, lowest sequence
 /// first, as `[sequence, key, agent]`, and the heads of their refs.
 pub(crate) const PRUNE_AGE_BEGIN: &str = concat!(
@@ -498,11 +514,25 @@ DELETE FROM session_state_events WHERE sequence IN (SELECT value FROM jsonb_each
 SELECT changes();
 COMMIT";
 
-/// Prune idle cursors: up to `$2` cursors with `updated_at < $1`, in key order; answers how
-/// many went.
-pub(crate) const PRUNE_CURSORS: &str = "BEGIN IMMEDIATE;
-DELETE FROM session_watch_cursors WHERE rowid IN (SELECT rowid FROM session_watch_cursors
-  WHERE updated_at < $1 ORDER BY watcher_session_key, target_session_key LIMIT +$2);
+/// Prune idle cursors, the choice (on a reader, outside any write transaction: the cursors'
+/// table has no index on `updated_at`, so finding idle ones reads every row): up to `$2`
+/// cursors with `updated_at < $1`, in key order, as `[rowid, hex(watcher), hex(target)]`.
+pub(crate) const PRUNE_CURSORS_CHOOSE: &str = concat!(prune_cursors_choose!(""), ";");
+
+/// [`PRUNE_CURSORS_CHOOSE`] past the key `(unhex($3), unhex($4))`, where the transaction
+/// before stopped.
+pub(crate) const PRUNE_CURSORS_CHOOSE_AFTER: &str = concat!(
+    prune_cursors_choose!(
+        " AND (watcher_session_key, target_session_key) > (CAST(unhex($3) AS TEXT), CAST(unhex($4) AS TEXT))"
+    ),
+    ";"
+);
+
+/// Prune idle cursors, the write: deletes the rows `$1` (rowids) still idle (`updated_at <
+/// $2`: a cursor touched since the choice stays); answers how many went.
+pub(crate) const PRUNE_CURSORS_DELETE: &str = "BEGIN IMMEDIATE;
+DELETE FROM session_watch_cursors
+  WHERE rowid IN (SELECT value FROM jsonb_each($1)) AND updated_at < $2;
 SELECT changes();
 COMMIT";
 

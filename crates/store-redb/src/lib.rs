@@ -913,6 +913,36 @@ pub(crate) fn record_tx(
 /// The lowest sequences (at most `max_rows`) of events older than `cutoff`. A row whose age
 /// cannot be read (a damaged file) is skipped with a warning, and the scan goes on: such a row
 /// stays until the row cap deletes it in its sequence turn, or its session is deleted.
+/// Up to `max_rows` cursors with `updated_at < cutoff`, in key order past `after`.
+fn idle_cursors(
+    txn: &ReadTransaction,
+    cutoff: Timestamp,
+    max_rows: usize,
+    after: Option<&(String, String)>,
+) -> Result<Vec<(String, String)>, StoreError> {
+    use std::ops::Bound;
+    let cursors = txn.open_table(CURSORS).ctx("prune: open cursors")?;
+    let from = match after {
+        Some((w, t)) => Bound::Excluded((w.as_str(), t.as_str())),
+        None => Bound::Unbounded,
+    };
+    let mut out = Vec::new();
+    for item in cursors
+        .range::<(&str, &str)>((from, Bound::Unbounded))
+        .ctx("prune: scan cursors")?
+    {
+        if out.len() >= max_rows {
+            break;
+        }
+        let (k, v) = item.ctx("prune: scan cursors")?;
+        if v.value().4 < cutoff.millis() {
+            let (w, t) = k.value();
+            out.push((w.to_owned(), t.to_owned()));
+        }
+    }
+    Ok(out)
+}
+
 fn aged_events(
     txn: &ReadTransaction,
     cutoff: Timestamp,
@@ -1024,57 +1054,27 @@ fn prune_events(
     Ok(deleted)
 }
 
-fn prune_tx(
+/// One transaction of the row-cap step: deletes the lowest sequences beyond `keep` rows, at
+/// most `max_rows`.
+fn prune_to_cap(
     txn: &WriteTransaction,
-    step: PruneStep,
+    keep: u64,
     max_rows: usize,
-    aged: &[u64],
     now: Timestamp,
     path: &Path,
 ) -> Result<u64, StoreError> {
-    match step {
-        // The victims were chosen in a read transaction (see `prune_chunk`); rows are immutable,
-        // so a victim still present still qualifies.
-        PruneStep::Age { .. } => prune_events(txn, aged, now, path),
-        PruneStep::RowCap { max_rows: keep } => {
-            let victims: Vec<u64> = {
-                let events = txn.open_table(EVENTS).ctx("prune: open events")?;
-                let n = retention::row_cap_victims(
-                    events.len().ctx("prune: count events")?,
-                    keep,
-                    max_rows,
-                );
-                events
-                    .iter()
-                    .ctx("prune: scan events")?
-                    .take(n)
-                    .map(|item| item.map(|(k, _)| k.value()).ctx("prune: scan events"))
-                    .collect::<Result<_, _>>()?
-            };
-            prune_events(txn, &victims, now, path)
-        }
-        PruneStep::Cursors { cutoff } => {
-            let mut cur = CursorTables::open(txn)?;
-            let mut victims = Vec::new();
-            for item in cur.cursors()?.iter().ctx("prune: scan cursors")? {
-                if victims.len() >= max_rows {
-                    break;
-                }
-                let (k, v) = item.ctx("prune: scan cursors")?;
-                if v.value().4 < cutoff.millis() {
-                    let (w, t) = k.value();
-                    victims.push((w.to_owned(), t.to_owned()));
-                }
-            }
-            let mut deleted = 0;
-            for (w, t) in &victims {
-                if cur.remove(w, t)? {
-                    deleted += 1;
-                }
-            }
-            Ok(deleted)
-        }
-    }
+    let victims: Vec<u64> = {
+        let events = txn.open_table(EVENTS).ctx("prune: open events")?;
+        let n =
+            retention::row_cap_victims(events.len().ctx("prune: count events")?, keep, max_rows);
+        events
+            .iter()
+            .ctx("prune: scan events")?
+            .take(n)
+            .map(|item| item.map(|(k, _)| k.value()).ctx("prune: scan events"))
+            .collect::<Result<_, _>>()?
+    };
+    prune_events(txn, &victims, now, path)
 }
 
 fn delete_session_tx(
@@ -1251,10 +1251,38 @@ impl EventStore for RedbStore {
         // A chunk larger than one transaction may hold (a policy's `chunk_rows` is the
         // operator's) is several transactions, so that a recording never waits behind more
         // than one of them.
-        retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| {
-            self.prune_tx_of(step, bound, now)
-        })
-        .await
+        match *step {
+            // Finding old rows scans the log in sequence order (old rows are the low sequences,
+            // so a chunk usually stops after about its own size; a pass with nothing to delete
+            // reads every row). It runs on a read snapshot, so recording never waits for it;
+            // the write transaction then only deletes. Sequences only grow, so no row older
+            // than a candidate can appear after the snapshot: the chunk is still the lowest
+            // sequences.
+            PruneStep::Age { cutoff } => {
+                retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| {
+                    self.age_round(cutoff, bound, now)
+                })
+                .await
+            }
+            PruneStep::RowCap { max_rows: keep } => {
+                retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| {
+                    self.cap_round(keep, bound, now)
+                })
+                .await
+            }
+            PruneStep::Cursors { cutoff } => {
+                // Each round goes on in key order from where the one before stopped.
+                let after = std::sync::Mutex::new(None);
+                let after = &after;
+                retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| async move {
+                    let from = crate::db::lock(after).take();
+                    let (chosen, deleted, last) = self.idle_round(cutoff, bound, from).await?;
+                    *crate::db::lock(after) = last;
+                    Ok((chosen, deleted))
+                })
+                .await
+            }
+        }
     }
 
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
@@ -1268,32 +1296,66 @@ impl EventStore for RedbStore {
 }
 
 impl RedbStore {
-    /// One pruning transaction of [`EventStore::prune_chunk`]: at most `max_rows` rows.
-    async fn prune_tx_of(
+    /// One transaction of the row-cap step, which chooses inside it (the lowest sequences:
+    /// the first rows it reads); answers (chosen, deleted), the same number.
+    async fn cap_round(
         &self,
-        step: &PruneStep,
+        keep: u64,
         max_rows: usize,
         now: Timestamp,
     ) -> Result<(usize, u64), StoreError> {
-        let step = *step;
-        // Finding old rows scans the log in sequence order (old rows are the low sequences, so a
-        // chunk usually stops after about its own size; a pass with nothing to delete reads every
-        // row). It runs on a read snapshot, so recording never waits for it; the write
-        // transaction then only deletes. Sequences only grow, so no row older than a candidate
-        // can appear after the snapshot: the chunk is still the lowest sequences.
-        if let PruneStep::Age { cutoff } = step {
-            return self.age_round(cutoff, max_rows, now).await;
-        }
-        // The row cap and the idle cursors choose inside the write transaction. The file's path
-        // is for the warnings about rows that cannot be decoded.
+        // The file's path is for the warnings about rows that cannot be decoded.
         let shared = Arc::clone(self.shared());
         let deleted = self
             .write("prune", move |txn| {
-                let n = prune_tx(txn, step, max_rows, &[], now, shared.path())?;
+                let n = prune_to_cap(txn, keep, max_rows, now, shared.path())?;
                 Ok((n, n > 0))
             })
             .await?;
         Ok((usize::try_from(deleted).unwrap_or(usize::MAX), deleted))
+    }
+
+    /// One round of the idle-cursor step: chooses up to `want` cursors with `updated_at <
+    /// cutoff` on a read snapshot, in key order past `after` (finding them reads every cursor
+    /// that is not idle, which recordings must not wait for), then deletes those still idle in
+    /// one write transaction; answers (chosen, deleted, the last key chosen). A cursor created
+    /// behind that key during the chunk waits for the next pass.
+    async fn idle_round(
+        &self,
+        cutoff: Timestamp,
+        want: usize,
+        after: Option<(String, String)>,
+    ) -> Result<(usize, u64, Option<(String, String)>), StoreError> {
+        let chosen = self
+            .read("prune: find idle cursors", move |txn| {
+                idle_cursors(txn, cutoff, want, after.as_ref())
+            })
+            .await?;
+        let Some(last) = chosen.last().cloned() else {
+            return Ok((0, 0, None));
+        };
+        #[cfg(test)]
+        tests::between_choice_and_delete(self.path()).await;
+        let n = chosen.len();
+        let deleted = self
+            .write("prune", move |txn| {
+                let mut cur = CursorTables::open(txn)?;
+                let mut deleted = 0;
+                for (w, t) in &chosen {
+                    // Touched since the choice: no longer idle, it stays.
+                    let idle = cur
+                        .cursors()?
+                        .get((w.as_str(), t.as_str()))
+                        .ctx("prune: read a cursor")?
+                        .is_some_and(|row| row.value().4 < cutoff.millis());
+                    if idle && cur.remove(w, t)? {
+                        deleted += 1;
+                    }
+                }
+                Ok((deleted, deleted > 0))
+            })
+            .await?;
+        Ok((n, deleted, Some(last)))
     }
 
     /// One round of the age step: chooses up to `want` old rows on a read snapshot, then
@@ -1317,8 +1379,8 @@ impl RedbStore {
         }
         let deleted = self
             .write("prune", move |txn| {
-                let step = PruneStep::Age { cutoff };
-                let n = prune_tx(txn, step, want, &aged, now, shared.path())?;
+                // Rows are immutable, so a victim still present still qualifies.
+                let n = prune_events(txn, &aged, now, shared.path())?;
                 Ok((n, n > 0))
             })
             .await?;
@@ -1525,6 +1587,82 @@ mod tests {
     use awareness_core::{ActorType, EventKind};
 
     const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+    /// Holds the idle-cursor round of the store at a path between its choice and its write:
+    /// tells the first `Notify`, then waits for the second.
+    type Between = (
+        std::path::PathBuf,
+        Arc<tokio::sync::Notify>,
+        Arc<tokio::sync::Notify>,
+    );
+    static BETWEEN: std::sync::Mutex<Option<Between>> = std::sync::Mutex::new(None);
+
+    pub(super) async fn between_choice_and_delete(path: &Path) {
+        let held = crate::db::lock(&BETWEEN)
+            .as_ref()
+            .filter(|(p, ..)| p == path)
+            .map(|(_, chosen, go)| (Arc::clone(chosen), Arc::clone(go)));
+        if let Some((chosen, go)) = held {
+            chosen.notify_one();
+            go.notified().await;
+        }
+    }
+
+    /// A cursor touched between an idle-cursor round's choice (on a read snapshot) and its
+    /// write is no longer idle and stays; the other one chosen goes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cursor_touched_after_the_idle_choice_is_not_pruned() {
+        let (_dir, store) = fresh().await;
+        let store = Arc::new(store);
+        let w = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
+        let (touched, idle) = (
+            session("agent:main:subagent:a"),
+            session("agent:main:subagent:b"),
+        );
+        store.watch(&w, &touched, T0).await.expect("watch");
+        store.watch(&w, &idle, T0).await.expect("watch");
+        let (chosen, go) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        *crate::db::lock(&BETWEEN) = Some((
+            store.path().to_owned(),
+            Arc::clone(&chosen),
+            Arc::clone(&go),
+        ));
+        let later = Timestamp(T0.millis() + 2 * Timestamp::DAY_MS);
+        let pruning = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                let step = PruneStep::Cursors {
+                    cutoff: Timestamp(T0.millis() + 1),
+                };
+                store.prune_chunk(&step, 10, later).await
+            }
+        });
+        chosen.notified().await;
+        // Watching again a cursor idle for a day refreshes it.
+        store.watch(&w, &touched, later).await.expect("watch again");
+        go.notify_one();
+        assert_eq!(pruning.await.expect("task").expect("prune"), 1);
+        *crate::db::lock(&BETWEEN) = None;
+        assert!(
+            store
+                .cursor(&w, &touched.session_key)
+                .await
+                .expect("read")
+                .is_some(),
+            "touched stays"
+        );
+        assert!(
+            store
+                .cursor(&w, &idle.session_key)
+                .await
+                .expect("read")
+                .is_none(),
+            "idle goes"
+        );
+    }
 
     fn session(key: &str) -> SessionRef {
         SessionRef::parse(key, "main").expect("a session ref")

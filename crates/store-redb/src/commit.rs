@@ -446,14 +446,25 @@ impl Writer {
             Ok(txn) => txn,
             Err(e) => return fail_all(jobs, &e),
         };
-        let recorded = RecordTables::open(&txn).and_then(|mut tables| {
-            let recorded = jobs
-                .iter()
-                // A copy: should a later event fail, each job is recorded again alone.
-                .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok((recorded, Self::reserve(txn.bounded, &mut tables)?))
-        });
+        let shared = || {
+            RecordTables::open(&txn).and_then(|mut tables| {
+                let recorded = jobs
+                    .iter()
+                    // A copy: should a later event fail, each job is recorded again alone.
+                    .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok((recorded, Self::reserve(txn.bounded, &mut tables)?))
+            })
+        };
+        // A panic fails the shared pass like an error: each job is then recorded alone, so
+        // that only the one whose event panics fails (nothing of the pass was committed).
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(shared))
+            .unwrap_or_else(|_| {
+                Err(StoreError::backend(
+                    "record: a group commit",
+                    std::io::Error::other("recording an event panicked"),
+                ))
+            });
         let (recorded, durable) = match recorded {
             Ok(recorded) => recorded,
             Err(e) => {
@@ -623,6 +634,10 @@ impl Drop for Drain {
     }
 }
 
+/// The summary of an event whose recording panics, in this crate's unit tests.
+#[cfg(test)]
+pub(crate) const PANICS_IN_TESTS: &str = "this event's recording panics";
+
 #[cfg(test)]
 mod tests {
     use std::task::{Context, Waker};
@@ -666,6 +681,48 @@ mod tests {
             );
         }
         assert_eq!(polled.ok(), Some(true), "answered at once, without a panic");
+        runtime.block_on(store.close());
+    }
+
+    /// An event whose recording panics in a batch fails only its own caller: the others of
+    /// the batch are recorded, each alone. The panic failed the whole batch.
+    #[test]
+    fn a_panic_in_a_batch_fails_only_the_event_that_panicked() {
+        let dir = tempfile::tempdir().expect("dir");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let store = runtime
+            .block_on(crate::RedbStore::open(dir.path().join("state.redb")))
+            .expect("open");
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        let (jobs, replies): (Vec<super::Job>, Vec<_>) = ["first", super::PANICS_IN_TESTS, "last"]
+            .into_iter()
+            .map(|summary| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let event =
+                    NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, summary);
+                let now = Timestamp(1_800_000_000_000);
+                (super::Job { event, now, reply }, answer)
+            })
+            .unzip();
+        let answers =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
+                .expect("the batch answers those that did not panic");
+        super::answer(answers);
+        let got: Vec<Option<String>> = replies
+            .into_iter()
+            .map(|mut r| {
+                r.try_recv()
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|rec| rec.event.summary.clone())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [Some("first".to_owned()), None, Some("last".to_owned())]
+        );
         runtime.block_on(store.close());
     }
 }

@@ -849,6 +849,12 @@ pub(crate) fn record_tx(
     mut event: NewEvent,
     now: Timestamp,
 ) -> Result<Recorded, StoreError> {
+    // Stands for redb panicking on a damaged page while it records this event.
+    #[cfg(test)]
+    assert!(
+        event.summary != commit::PANICS_IN_TESTS,
+        "recording an event panicked"
+    );
     let counter = t.ev.counter()?;
     // A counter past the last number (only a damaged file has one) is refused too: adding one
     // to it would overflow, and in a release build wrap round to 0, reusing sequences.

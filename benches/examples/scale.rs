@@ -10,7 +10,7 @@
 //! cargo run --release -p awareness-benches --example scale -- --backend redb \
 //!     --events 1000000 --sessions 100000 --tasks 16
 //! cargo run --release -p awareness-benches --example scale -- --backend memory \
-//!     --events 20000 --sessions 2000 --no-save     # a quick check (CI)
+//!     --events 60000 --sessions 2000 --max-rows 20000 --no-save   # a quick check (CI)
 //! ```
 //!
 //! Backends: `memory`, `sqlite`, `redb` (`Immediate` durability), `redb-bounded`, and

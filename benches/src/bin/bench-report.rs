@@ -163,7 +163,8 @@ fn modified(path: &Path) -> Option<SystemTime> {
 }
 
 /// Two measurements further apart than this are taken to come from different runs (a full
-/// run of the suite took 8-10 minutes in the runs of 12-01, e.g. 17:30-17:40).
+/// run of the suite took 8-10 minutes in the runs of 12-01, e.g. 17:30-17:40, and 14 minutes
+/// on 12-03, 07:44-07:58).
 const ONE_RUN: Duration = Duration::from_mins(30);
 
 /// ` (from different runs: 13:16 and 14:02)` when the inputs of a ratio were measured further

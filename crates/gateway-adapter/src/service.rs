@@ -966,17 +966,17 @@ impl Awareness {
             .then(|| Arc::clone(&self.directory))
     }
 
-    /// The spawner (or parent) `entry` names for `session`, when the visibility policy lets it
-    /// watch the session ([`Awareness::spawner_may_watch`]).
+    /// The spawner `entry` names for `session`, else its parent: the first that can watch the
+    /// session (another session, agent-qualified) and that the visibility policy lets watch it
+    /// ([`Awareness::spawner_may_watch`]).
     fn spawner(&self, entry: Option<&SessionEntry>, session: &SessionRef) -> Option<WatcherKey> {
         let e = entry?;
-        let up = e.spawned_by.as_ref().or(e.parent_session_key.as_ref())?;
-        if *up == session.session_key {
-            return None;
-        }
-        WatcherKey::new(up.clone())
-            .ok()
-            .filter(|w| self.spawner_may_watch(w, session))
+        [e.spawned_by.as_ref(), e.parent_session_key.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|up| **up != session.session_key)
+            .filter_map(|up| WatcherKey::new(up.clone()).ok())
+            .find(|w| self.spawner_may_watch(w, session))
     }
 
     /// Whether the gateway may make `spawner` a watcher of `child` (a seed by the spawn, the
@@ -1072,7 +1072,11 @@ impl Awareness {
         };
         ev.payload = match msg.payload {
             // The caller's extra payload goes when it does not fit; the burst's size stays.
+            // `turns` is the burst's alone (DESIGN.md section 3: only when more than one).
             Some(mut extra) => {
+                if extra.remove("turns").is_some() {
+                    debug!(session_key = %ev.session.session_key, "the extra payload's turns key is replaced by the burst's size");
+                }
                 extra.extend(turns());
                 fit.payload("extra payload", extra)
                     .or_else(|| Some(turns()))
@@ -1138,7 +1142,8 @@ impl Awareness {
             .and_then(|op| dedupe::compacted(&op));
         ev.session_id = fit.id("session id", c.session_id);
         ev.run_id = fit.id("run id", c.run_id);
-        if let Some(owner) = c.owner {
+        // An empty owner is none: the embedded runtime's compaction has no payload.
+        if let Some(owner) = c.owner.filter(|o| !o.is_empty()) {
             let mut p = Payload::new();
             p.insert("owner".into(), json!(owner));
             ev.payload = fit.payload("payload", p);

@@ -180,6 +180,54 @@ async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
     );
 }
 
+/// A spawner that cannot watch the session (a bare key, the session itself) leaves the watch
+/// to the parent the entry names: the human turn is recorded and the parent told. The parent
+/// was never tried, and with no cursor on the session the turn was not recorded.
+#[tokio::test]
+async fn a_spawner_that_cannot_watch_leaves_the_watch_to_the_parent() {
+    for spawner in ["main", CHILD] {
+        let w = world();
+        let mut msg = message("telegram");
+        msg.entry = Some(SessionEntry {
+            spawned_by: Some(k(spawner)),
+            parent_session_key: Some(k(MANAGER)),
+            ..SessionEntry::default()
+        });
+        assert!(
+            w.svc.human_message(msg).await.is_some(),
+            "{spawner}: recorded"
+        );
+        w.manager_notified(spawner);
+    }
+}
+
+/// `turns` in a human message's payload is the burst's size, and only when it is more than
+/// one (DESIGN.md section 3), whatever the caller's extra payload held under that key.
+#[tokio::test]
+async fn the_turns_of_a_human_message_are_the_bursts_alone() {
+    for (turns, want) in [
+        (1, json!({"note": "n"})),
+        (3, json!({"note": "n", "turns": 3})),
+    ] {
+        let w = World::watched().await;
+        let mut msg = message("telegram");
+        msg.payload = Some(
+            json!({"note": "n", "turns": "many"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        msg.turns = turns;
+        w.svc.human_message(msg).await.expect("recorded");
+        let e = w.only(EventKind::HumanDirectMessage).await;
+        assert_eq!(
+            e.payload,
+            Some(want.as_object().unwrap().clone()),
+            "{turns}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_broken_goal_summary_or_actor_id_still_records_and_notifies() {
     let entry = || SessionEntry {
@@ -241,6 +289,13 @@ async fn a_broken_owner_or_operation_id_still_records_the_compaction() {
         .expect("recorded");
     let e = w2.only(EventKind::Compacted).await;
     assert_eq!(e.payload.as_ref().unwrap()["owner"], "harness\tx");
+    // An empty owner is none: no payload, as for the embedded runtime.
+    let w3 = World::watched().await;
+    w3.svc
+        .compacted(compaction("op3", Some(String::new())))
+        .await
+        .expect("recorded");
+    assert_eq!(w3.only(EventKind::Compacted).await.payload, None);
     // The same operation is deduplicated, another one (differing only in the broken
     // character) is not.
     let again = w.svc.compacted(compaction("op\n1", None)).await.unwrap();

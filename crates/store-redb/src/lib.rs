@@ -916,9 +916,6 @@ pub(crate) fn record_tx(
     })
 }
 
-/// The lowest sequences (at most `max_rows`) of events older than `cutoff`. A row whose age
-/// cannot be read (a damaged file) is skipped with a warning, and the scan goes on: such a row
-/// stays until the row cap deletes it in its sequence turn, or its session is deleted.
 /// Up to `max_rows` cursors with `updated_at < cutoff`, in key order past `after`.
 fn idle_cursors(
     txn: &ReadTransaction,
@@ -949,6 +946,9 @@ fn idle_cursors(
     Ok(out)
 }
 
+/// The lowest sequences (at most `max_rows`) of events older than `cutoff`. A row whose age
+/// cannot be read (a damaged file) is skipped with a warning, and the scan goes on: such a row
+/// stays until the row cap deletes it in its sequence turn, or its session is deleted.
 fn aged_events(
     txn: &ReadTransaction,
     cutoff: Timestamp,

@@ -597,6 +597,13 @@ pub(crate) fn head_of(session: &SessionRef, text: &str) -> Result<Head, StoreErr
 
 /// A pruning victim: its stored sequence, and the ref and sequence a watermark is stamped with
 /// (`None` for a row this store cannot read).
+/// The idle cursors a pruning transaction chose (`sql::PRUNE_CURSORS_CHOOSE`): each row's
+/// keys in hex, in key order.
+pub(crate) fn chosen_cursors(bytes: &[u8]) -> Result<Vec<(String, String)>, StoreError> {
+    let (text, _) = lossy_text(bytes);
+    json("idle cursors chosen", &text)
+}
+
 pub(crate) type Victim = (i64, Option<(SessionRef, Sequence)>);
 
 /// Pruning victims: `[sequence, key, agent]`, each with its stored sequence and, to stamp a
@@ -613,13 +620,6 @@ pub(crate) type Victim = (i64, Option<(SessionRef, Sequence)>);
 /// key be that very text, a watermark too high there: a gap reported that is not one) when it
 /// is not. Setting such rows apart would leave a valid key holding U+FFFD unstamped whenever
 /// another row of the chunk is not UTF-8: a gap not reported.
-/// The idle cursors a pruning transaction chose (`sql::PRUNE_CURSORS_CHOOSE`): each row's
-/// rowid and its keys in hex, in key order.
-pub(crate) fn chosen_cursors(bytes: &[u8]) -> Result<Vec<(i64, String, String)>, StoreError> {
-    let (text, _) = lossy_text(bytes);
-    json("idle cursors chosen", &text)
-}
-
 pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
     let (text, _) = lossy_text(bytes);
     let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", &text)?;

@@ -488,7 +488,7 @@ impl SqliteStore {
             };
             let row = self.read_one(q, WHAT).await?;
             let chosen = decode::chosen_cursors(get(&row, 0, WHAT)?)?;
-            let Some((_, watcher, target)) = chosen.last() else {
+            let Some((watcher, target)) = chosen.last() else {
                 return Ok((0, 0));
             };
             #[cfg(test)]
@@ -497,11 +497,10 @@ impl SqliteStore {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) =
                 Some((watcher.clone(), target.clone()));
-            let rowids: Vec<i64> = chosen.iter().map(|(rowid, ..)| *rowid).collect();
             let mut w = self.writer(WHAT).await?;
             self.count_write(PRUNE_WEIGHT - 1);
             let q = sqlx::query(sql::PRUNE_CURSORS_DELETE)
-                .bind(decode::to_json(&rowids))
+                .bind(decode::to_json(&chosen))
                 .bind(cutoff.millis());
             let res = async {
                 let row = batch_one(&mut w.conn, q, WHAT).await?;

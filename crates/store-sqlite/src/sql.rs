@@ -463,9 +463,9 @@ COMMIT";
 macro_rules! prune_cursors_choose {
     ($extra:literal) => {
         concat!(
-            "SELECT json_group_array(json_array(rowid, hex(watcher_session_key),
+            "SELECT json_group_array(json_array(hex(watcher_session_key),
     hex(target_session_key)) ORDER BY watcher_session_key, target_session_key)
-FROM (SELECT rowid, watcher_session_key, target_session_key FROM session_watch_cursors
+FROM (SELECT watcher_session_key, target_session_key FROM session_watch_cursors
   WHERE updated_at < $1",
             $extra,
             "
@@ -516,7 +516,8 @@ COMMIT";
 
 /// Prune idle cursors, the choice (on a reader, outside any write transaction: the cursors'
 /// table has no index on `updated_at`, so finding idle ones reads every row): up to `$2`
-/// cursors with `updated_at < $1`, in key order, as `[rowid, hex(watcher), hex(target)]`.
+/// cursors with `updated_at < $1`, in key order, as `[hex(watcher), hex(target)]` (hex: any
+/// bytes a row holds round-trip through it).
 pub(crate) const PRUNE_CURSORS_CHOOSE: &str = concat!(prune_cursors_choose!(""), ";");
 
 /// [`PRUNE_CURSORS_CHOOSE`] past the key `(unhex($3), unhex($4))`, where the transaction
@@ -528,11 +529,15 @@ pub(crate) const PRUNE_CURSORS_CHOOSE_AFTER: &str = concat!(
     ";"
 );
 
-/// Prune idle cursors, the write: deletes the rows `$1` (rowids) still idle (`updated_at <
-/// $2`: a cursor touched since the choice stays); answers how many went.
+/// Prune idle cursors, the write: deletes the cursors `$1` (`[hex(watcher), hex(target)]`)
+/// still idle (`updated_at < $2`: a cursor touched since the choice stays); answers how many
+/// went.
 pub(crate) const PRUNE_CURSORS_DELETE: &str = "BEGIN IMMEDIATE;
 DELETE FROM session_watch_cursors
-  WHERE rowid IN (SELECT value FROM jsonb_each($1)) AND updated_at < $2;
+  WHERE (watcher_session_key, target_session_key) IN
+    (SELECT CAST(unhex(value ->> 0) AS TEXT), CAST(unhex(value ->> 1) AS TEXT)
+     FROM jsonb_each($1))
+  AND updated_at < $2;
 SELECT changes();
 COMMIT";
 

@@ -2103,6 +2103,26 @@ pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
     assert_eq!(s.prune_chunk(&idle, 100, now).await.unwrap(), 100);
     assert_eq!(s.prune_chunk(&idle, 100, now).await.unwrap(), 28);
     assert_eq!(all_cursors(s).await.len(), 1_024);
+    // One chunk over 2,176 idle cursors, in blocks of 64 between blocks that are not idle: more
+    // than one transaction of every durable store, each going on from where the last stopped.
+    let named: Vec<WatcherKey> = (0..4_352)
+        .map(|i| w(&format!("agent:main:x{i:05}")))
+        .collect();
+    for (i, watchers) in named.chunks(64).enumerate() {
+        let mut e = human(&r(&format!("agent:main:subagent:m{i:02}"), "main"));
+        for watcher in watchers {
+            e = e.with_watcher(watcher.clone());
+        }
+        let at = if i % 2 == 0 { T0.plus_ms(2 * DAY) } else { T0 };
+        rec(s, e, at).await;
+    }
+    assert_eq!(s.prune_chunk(&idle, 2_500, now).await.unwrap(), 2_176);
+    let left = all_cursors(s).await;
+    assert_eq!(left.len(), 1_024 + 2_176);
+    assert!(
+        left.iter().all(|c| c.updated_at > T0),
+        "every idle cursor went, no other"
+    );
 }
 
 pub async fn invalid_summary_is_rejected_and_nothing_written(t: &Subject) {

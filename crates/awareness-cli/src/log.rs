@@ -181,8 +181,9 @@ impl Subscriber for Logger {
             line.message,
             line.fields
         );
-        // One line per event, whatever a message or a value holds (a path, an SQL text).
-        let mut text = one_line(&text);
+        // One line per event, whatever a message or a value holds (a path, an SQL text), shown
+        // in order (a key another writer left may hold a right-to-left override).
+        let mut text = crate::table::printable(&one_line(&text)).into_owned();
         text.push('\n');
         let mut out = self.out.lock().unwrap_or_else(PoisonError::into_inner);
         // A log line that cannot be written is dropped: there is nowhere else to say so.
@@ -228,6 +229,19 @@ mod tests {
             text.contains("slow\\nstatement statement=\\n\\nSELECT 1\\n"),
             "{text:?}"
         );
+    }
+
+    /// A right-to-left override in a logged key is written as its escape, so the line shows in
+    /// order.
+    #[test]
+    fn a_bidirectional_override_is_logged_as_its_escape() {
+        let written = Shared::default();
+        let logger = Logger::new(LevelFilter::WARN, Box::new(written.clone()));
+        tracing::subscriber::with_default(logger, || {
+            tracing::warn!(session_key = %"agent:main:\u{202E}x", "skipped");
+        });
+        let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("session_key=agent:main:\\u202Ex"), "{text:?}");
     }
 
     /// A `warn!` reaches the writer as one line with its fields; below the level, nothing does.

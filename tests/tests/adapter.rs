@@ -441,7 +441,14 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
         let gw = Gateway::new(Arc::clone(&b.store));
         gw.svc
             .subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-            .await;
+            .await
+            .expect("spawned");
+        let manager = WatcherKey::parse(MANAGER).unwrap();
+        assert!(
+            b.store.cursor(&manager, &k(CHILD)).await.unwrap().is_some(),
+            "{}: the manager watches the child",
+            b.name
+        );
         for (run, outcome, summary) in [
             ("run-1", RunOutcome::Ok, "child run completed"),
             ("run-2", RunOutcome::Error, "child run failed"),
@@ -480,6 +487,10 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
             "{}: log-only kinds",
             b.name
         );
+        // A kind that notifies does reach the manager's queue.
+        gw.spawn_entry(CHILD, MANAGER);
+        assert!(gw.human(CHILD).await.is_some(), "{}", b.name);
+        assert_eq!(gw.queue.peek(&k(MANAGER)).len(), 1, "{}", b.name);
     }
 }
 
@@ -962,18 +973,42 @@ async fn visibility_policy_guards_every_read_and_watch() {
     }
 }
 
+/// Counts the `heads` calls a store answers.
+#[derive(Default)]
+struct CountHeads(std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl awareness_core::testkit::hooked::Hook for CountHeads {
+    async fn before(&self, call: awareness_core::testkit::hooked::Call, _: &dyn AwarenessStore) {
+        if call == awareness_core::testkit::hooked::Call::Heads {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn sessions_list_enrichment_reads_versions_in_batches() {
     for b in backends().await {
-        let gw = Gateway::new(Arc::clone(&b.store));
+        let counted = Arc::new(awareness_core::testkit::hooked::Hooked {
+            inner: Arc::clone(&b.store),
+            hook: CountHeads::default(),
+        });
+        let gw = Gateway::new(counted.clone());
         let refs: Vec<SessionRef> = (0..1_200)
             .map(|i| SessionRef::parse(&format!("agent:main:s{i}"), "main").unwrap())
             .collect();
         for r in refs.iter().step_by(3) {
             gw.svc.session_created(r, "sess").await.expect("logged");
         }
+        let before = counted.hook.0.load(std::sync::atomic::Ordering::SeqCst);
         let versions = gw.svc.state_versions(&k(MANAGER), &refs).await;
         assert_eq!(versions.len(), 400, "{}: only heads above 0", b.name);
+        assert_eq!(
+            counted.hook.0.load(std::sync::atomic::Ordering::SeqCst) - before,
+            3,
+            "{}: 1,200 refs in batches of 500",
+            b.name
+        );
         assert!(
             versions
                 .keys()
@@ -1026,7 +1061,18 @@ async fn bare_key_sessions_are_logged_and_reconciled_but_never_notified() {
             .await
             .expect("cursors");
         assert!(cursors.is_empty(), "{}: {cursors:?}", b.name);
-        gw.human(CHILD).await;
+        // A turn in the child whose entry names the bare key as its spawner (and the manager
+        // as its parent) is recorded and notifies the manager, never the bare key.
+        gw.dir.upsert(
+            k(CHILD),
+            SessionEntry {
+                spawned_by: Some(global.clone()),
+                parent_session_key: Some(k(MANAGER)),
+                ..SessionEntry::default()
+            },
+        );
+        assert!(gw.human(CHILD).await.is_some(), "{}: recorded", b.name);
+        assert_eq!(gw.queue.peek(&k(MANAGER)).len(), 1, "{}", b.name);
         assert!(gw.queue.peek(&global).is_empty(), "{}", b.name);
     }
 }
@@ -1128,6 +1174,8 @@ async fn the_shortest_pruning_interval_prunes_pass_after_pass() {
             ended = &mut handle => panic!("the pruning task ended before pass {pass}: {ended:?}"),
         }
     }
+    let last = *passes.borrow();
+    assert!(last.passes >= 2 && !last.failed, "{last:?}");
     handle.abort();
 }
 
@@ -1138,7 +1186,10 @@ async fn background_pruning_runs_hourly_off_the_recording_path() {
         let r = SessionRef::parse(CHILD, "main").unwrap();
         gw.svc.session_created(&r, "s1").await.expect("logged");
         gw.clock.advance(31 * Timestamp::DAY_MS);
-        assert_eq!(b.store.log_stats().await.unwrap().rows, 1);
+        // A recording once the first event is old prunes nothing: that is the pass's work.
+        let other = SessionRef::parse("agent:main:subagent:other", "main").unwrap();
+        gw.svc.session_created(&other, "s2").await.expect("logged");
+        assert_eq!(b.store.log_stats().await.unwrap().rows, 2, "{}", b.name);
         let mut passes = gw.svc.subscribe_pruning();
         let handle = gw.svc.spawn_pruning();
         tokio::time::sleep(Duration::from_secs(3_599)).await;
@@ -1161,8 +1212,8 @@ async fn background_pruning_runs_hourly_off_the_recording_path() {
         );
         assert_eq!(
             b.store.log_stats().await.unwrap().rows,
-            0,
-            "{}: the hourly pass pruned",
+            1,
+            "{}: the hourly pass pruned the old event, not the new one",
             b.name
         );
         handle.abort();

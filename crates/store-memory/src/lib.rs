@@ -186,18 +186,19 @@ impl MemoryStore {
     }
 }
 
-/// One step of a pruning scan: the keys after `after` whose values are `due`, at most `want`
-/// of them, looking at no more than [`PRUNE_SCAN_ROWS`] rows; moves `after` to the last row it
-/// looked at. Also says whether rows remain to look at.
+/// One step of a pruning scan: the keys after `after`, up to `upto` when given, whose values
+/// are `due`, at most `want` of them, looking at no more than [`PRUNE_SCAN_ROWS`] rows; moves
+/// `after` to the last row it looked at. Also says whether rows remain to look at.
 fn scan_step<K: Ord + Clone, V>(
     map: &BTreeMap<K, V>,
     after: &mut Option<K>,
+    upto: Option<K>,
     want: usize,
     due: impl Fn(&V) -> bool,
 ) -> (Vec<K>, bool) {
     let from = after.take().map_or(Bound::Unbounded, Bound::Excluded);
     let mut victims = Vec::new();
-    let rows = map.range((from, Bound::Unbounded));
+    let rows = map.range((from, upto.map_or(Bound::Unbounded, Bound::Included)));
     for (looked, (k, v)) in rows.enumerate() {
         if due(v) {
             victims.push(k.clone());
@@ -308,6 +309,10 @@ impl Inner {
 #[derive(Default)]
 struct Resume {
     event: Option<Sequence>,
+    /// The last event when the age scan began: it stops there. Events recorded during the
+    /// chunk are not due (their time is now), and a scan that went on over them could chase a
+    /// log that grows faster than it looks, and never end.
+    last_event: Option<Sequence>,
     cursor: Option<CursorKey>,
 }
 
@@ -324,9 +329,18 @@ impl MemoryStore {
     ) -> (usize, bool) {
         let mut g = self.lock_after_blocked();
         let (victims, more) = match *step {
-            PruneStep::Age { cutoff } => scan_step(&g.events, &mut resume.event, want, |e| {
-                e.occurred_at < cutoff
-            }),
+            PruneStep::Age { cutoff } => {
+                let Some(last) = resume
+                    .last_event
+                    .or_else(|| g.events.keys().next_back().copied())
+                else {
+                    return (0, false);
+                };
+                resume.last_event = Some(last);
+                scan_step(&g.events, &mut resume.event, Some(last), want, |e| {
+                    e.occurred_at < cutoff
+                })
+            }
             PruneStep::RowCap { max_rows: keep } => {
                 let n = retention::row_cap_victims(g.events.len() as u64, keep, want);
                 (g.events.keys().take(n).copied().collect(), n == want)
@@ -334,7 +348,7 @@ impl MemoryStore {
             // A cursor created meanwhile whose key sorts before where the scan goes on, and
             // that is idle already (its caller's clock far behind), waits for the next pass.
             PruneStep::Cursors { cutoff } => {
-                let (victims, more) = scan_step(&g.cursors, &mut resume.cursor, want, |c| {
+                let (victims, more) = scan_step(&g.cursors, &mut resume.cursor, None, want, |c| {
                     c.updated_at < cutoff
                 });
                 return (victims.iter().filter(|k| g.remove_cursor(k)).count(), more);
@@ -517,12 +531,27 @@ impl EventStore for MemoryStore {
                 g.remove_event(*s);
             }
         }
-        let doomed: Vec<CursorKey> = g
-            .cursors
-            .values()
-            .filter(|c| c.removed_by_delete(session))
-            .map(Cursor::key)
+        // The cursors on the session's key and, when it is the watcher of its key, those it
+        // owns: the indexes name them, so the lock is held for them, not for every cursor.
+        let key = &session.session_key;
+        let mut doomed: Vec<CursorKey> = g
+            .by_target
+            .get(key)
+            .into_iter()
+            .flatten()
+            .map(|w| CursorKey {
+                watcher: w.clone(),
+                target: key.clone(),
+            })
             .collect();
+        if session.is_watcher() {
+            doomed.extend(g.by_watcher.get(key).into_iter().flatten().cloned());
+        }
+        doomed.retain(|k| {
+            g.cursors
+                .get(k)
+                .is_some_and(|c| c.removed_by_delete(session))
+        });
         for k in &doomed {
             g.remove_cursor(k);
         }
@@ -634,5 +663,41 @@ impl CursorStore for MemoryStore {
             .cloned()
             .collect();
         Ok(doomed.iter().filter(|k| g.remove_cursor(k)).count() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use awareness_core::{ActorType, EventKind, EventStore as _, NewEvent, SessionRef};
+
+    use super::*;
+
+    const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+    /// An age scan stops at the last event there was when it began: events recorded between
+    /// its steps (not due: their time is now) are not looked at, so a log that grows faster
+    /// than the scan looks cannot keep a chunk from ending.
+    #[tokio::test]
+    async fn an_age_scan_stops_at_the_last_event_when_it_began() {
+        let store = MemoryStore::new();
+        let at = SessionRef::parse("agent:main:subagent:s", "main").expect("ref");
+        let record = async |n: usize| {
+            for _ in 0..n {
+                let e = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
+                store.record(e, T0).await.expect("record");
+            }
+        };
+        record(PRUNE_SCAN_ROWS + 76).await;
+        let step = PruneStep::Age {
+            cutoff: Timestamp(T0.millis() - 1),
+        };
+        let mut resume = Resume::default();
+        assert_eq!(store.prune_step(&step, 10, T0, &mut resume), (0, true));
+        record(2 * PRUNE_SCAN_ROWS).await;
+        assert_eq!(
+            store.prune_step(&step, 10, T0, &mut resume),
+            (0, false),
+            "the scan ends at the event that was last when it began"
+        );
     }
 }

@@ -163,12 +163,18 @@ impl<'a> Reader<'a> {
             .data
             .get(self.pos..len_end)
             .ok_or_else(|| self.corrupt("truncated"))?;
-        let len = u32::from_le_bytes(len_bytes.try_into().expect("four bytes")) as usize;
+        // A damaged length may not fit the address space (a 32-bit target): truncated too.
+        let end = usize::try_from(u32::from_le_bytes(
+            len_bytes.try_into().expect("four bytes"),
+        ))
+        .ok()
+        .and_then(|len| len_end.checked_add(len))
+        .ok_or_else(|| self.corrupt("truncated"))?;
         let bytes = self
             .data
-            .get(len_end..len_end + len)
+            .get(len_end..end)
             .ok_or_else(|| self.corrupt("truncated"))?;
-        self.pos = len_end + len;
+        self.pos = end;
         Ok(bytes)
     }
 

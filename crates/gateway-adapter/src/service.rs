@@ -1698,8 +1698,11 @@ impl Awareness {
         let held = turn.guard.take().expect("the turn holds its lock");
         let Some((held, _)) = self.acknowledge_holding(watcher, targets, held).await else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
-            // this turn read, which the next turn shows.
-            return Vec::new();
+            // this turn read. Taken back and shown now (unless a turn that came meanwhile took
+            // it): nothing would wake the watcher for its next turn. The notices may still be
+            // pending, and be shown again then.
+            let mut again = self.turns.lock(watcher).await;
+            return std::mem::take(&mut again.carried().read);
         };
         turn.guard = Some(held);
         let read = std::mem::take(&mut turn.carried().read);

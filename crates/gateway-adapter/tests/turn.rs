@@ -38,6 +38,8 @@ struct Gate {
     armed: AtomicBool,
     /// Fails every reset of a watcher while set (a disk that refuses writes).
     refuse_resets: AtomicBool,
+    /// Panics in every acknowledgement while set (a store with a bug).
+    panic_on_ack: AtomicBool,
     /// One message each time the store is asked whether another writer committed (it answers
     /// that another writer did, once, before the first question).
     questions: mpsc::UnboundedSender<()>,
@@ -45,6 +47,10 @@ struct Gate {
 
 impl Gate {
     async fn hold(&self, call: Call, after: bool) {
+        assert!(
+            call != Call::Acknowledge || !self.panic_on_ack.load(Ordering::SeqCst),
+            "the store panicked while acknowledging"
+        );
         if call == Call::ForeignCommits && after {
             let _ = self.questions.send(());
         }
@@ -110,6 +116,7 @@ impl World {
                 at: std::sync::Mutex::new((call, after)),
                 armed: AtomicBool::new(false),
                 refuse_resets: AtomicBool::new(false),
+                panic_on_ack: AtomicBool::new(false),
                 questions: asked,
             },
         });
@@ -606,6 +613,21 @@ async fn a_notice_read_after_a_reset_by_a_turn_that_is_then_dropped_is_not_lost(
         texts(&w.svc.drain_turn(&k(MANAGER)).await),
         vec![notice(seeded)],
         "the next turn shows what the dropped one read"
+    );
+}
+
+/// Bug: a turn whose acknowledgement's task failed (the store panicked) returned nothing, and
+/// what it had read waited for the watcher's next turn, which nothing woke. It returns what it
+/// read.
+#[tokio::test]
+async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
+    let w = World::new().await;
+    *w.store.hook.at.lock().unwrap() = (Call::Unwatch, false); // no gate on this path
+    w.store.hook.panic_on_ack.store(true, Ordering::SeqCst);
+    w.human().await;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))]
     );
 }
 

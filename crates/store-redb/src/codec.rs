@@ -51,6 +51,22 @@ fn kind_of(code: u8) -> Option<EventKind> {
         .find(|k| kind_code(k) == Some(code))
 }
 
+/// The codes after the nine: a later version that adds a kind gives it one of them.
+const LATER_KINDS: std::ops::RangeInclusive<u8> = 10..=u8::MAX;
+
+/// The kind of a stored code: one of the nine, else, for a code a later version may have
+/// given a kind of its own, [`EventKind::Other`] spelled `kind code N` (read as an unknown
+/// kind, log-only, as store-sqlite reads a kind it does not know), so that a rollback to this
+/// version still reads the sessions that hold such events; `None` for code 0, which no kind
+/// ever had.
+fn stored_kind(code: u8) -> Option<EventKind> {
+    kind_of(code).or_else(|| {
+        LATER_KINDS
+            .contains(&code)
+            .then(|| EventKind::Other(format!("kind code {code}")))
+    })
+}
+
 fn actor_code(actor: ActorType) -> u8 {
     match actor {
         ActorType::Human => 1,
@@ -308,7 +324,8 @@ pub(crate) fn decode(
         session_key,
         session_id: raw.session_id.map(str::to_owned),
         agent_id,
-        kind: kind_of(raw.kind).ok_or_else(|| bad(&format!("unknown kind code {}", raw.kind)))?,
+        kind: stored_kind(raw.kind)
+            .ok_or_else(|| bad(&format!("unknown kind code {}", raw.kind)))?,
         actor_type: actor_of(raw.actor)
             .ok_or_else(|| bad(&format!("unknown actor code {}", raw.actor)))?,
         actor_id: raw.actor_id.map(str::to_owned),
@@ -392,13 +409,20 @@ mod tests {
                 .contains("row format 9")
         );
         let mut wrong = bytes.clone();
-        wrong[1] = 200;
+        wrong[1] = 0;
         assert!(
             decode(7, &wrong, None)
                 .unwrap_err()
                 .to_string()
-                .contains("kind code")
+                .contains("kind code 0")
         );
+        // A code after the nine is a later version's kind: read as a kind this one does not
+        // know, the rest of the event as it is.
+        wrong[1] = 200;
+        let later = decode(7, &wrong, None).expect("a later version's kind");
+        assert_eq!(later.kind, EventKind::Other("kind code 200".into()));
+        assert!(!later.kind.is_known());
+        assert_eq!(later.summary, sample(true).summary);
         // A byte of the session key that is not UTF-8: corrupt whether or not the reader knows
         // the ref (the comparison with a known ref does not check UTF-8, and must not match).
         let mut bad_key = bytes.clone();

@@ -967,16 +967,32 @@ impl Awareness {
     }
 
     /// The spawner `entry` names for `session`, else its parent: the first that can watch the
-    /// session (another session, agent-qualified) and that the visibility policy lets watch it
-    /// ([`Awareness::spawner_may_watch`]).
+    /// session (another session, agent-qualified) and that the visibility policy lets watch it.
+    /// The session's link up the spawn tree (its spawner, or its parent when it names none) is
+    /// asked as a spawner ([`Awareness::spawner_may_watch`]); a parent taken because the
+    /// spawner cannot watch is not that link, and is asked whether it may see the session
+    /// ([`VisibilityPolicy::can_see`]), which a policy that follows the tree may refuse.
     fn spawner(&self, entry: Option<&SessionEntry>, session: &SessionRef) -> Option<WatcherKey> {
         let e = entry?;
-        [e.spawned_by.as_ref(), e.parent_session_key.as_ref()]
-            .into_iter()
-            .flatten()
-            .filter(|up| **up != session.session_key)
-            .filter_map(|up| WatcherKey::new(up.clone()).ok())
-            .find(|w| self.spawner_may_watch(w, session))
+        let may_watch = |up: &SessionKey, linked: bool| {
+            if *up == session.session_key {
+                return None;
+            }
+            let w = WatcherKey::new(up.clone()).ok()?;
+            let allowed = if linked {
+                self.spawner_may_watch(&w, session)
+            } else {
+                self.visibility
+                    .can_see(&self.requester_ref(w.session_key()), session)
+            };
+            allowed.then_some(w)
+        };
+        match (&e.spawned_by, &e.parent_session_key) {
+            (Some(spawner), parent) => may_watch(spawner, true)
+                .or_else(|| parent.as_ref().and_then(|p| may_watch(p, false))),
+            (None, Some(parent)) => may_watch(parent, true),
+            (None, None) => None,
+        }
     }
 
     /// Whether the gateway may make `spawner` a watcher of `child` (a seed by the spawn, the

@@ -201,6 +201,48 @@ async fn a_spawner_that_cannot_watch_leaves_the_watch_to_the_parent() {
     }
 }
 
+/// A parent taken because the spawner cannot watch is not the session's link up the spawn
+/// tree, so a policy that follows the tree is asked whether it may see the session: under
+/// `SpawnTree`, a parent the tree does not reach gets no watch and no notice (which would
+/// tell it the session's key and version), one it reaches does.
+#[tokio::test]
+async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
+    for (parent, reached) in [("agent:ops:main", false), (MANAGER, true)] {
+        let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
+        // The bare key the child names as its spawner was spawned by the manager.
+        dir.upsert(
+            k("global"),
+            SessionEntry {
+                spawned_by: Some(k(MANAGER)),
+                ..SessionEntry::default()
+            },
+        );
+        let entry = SessionEntry {
+            spawned_by: Some(k("global")),
+            parent_session_key: Some(k(parent)),
+            ..SessionEntry::default()
+        };
+        dir.upsert(k(CHILD), entry.clone());
+        let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+        let svc = gateway_adapter::Awareness::builder(
+            Arc::new(MemoryStore::new()),
+            queue.clone(),
+            Arc::new(gateway_adapter::RecordingWake::new()),
+            dir.clone(),
+        )
+        .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
+        .build();
+        let mut msg = message("telegram");
+        msg.entry = Some(entry);
+        assert_eq!(svc.human_message(msg).await.is_some(), reached, "{parent}");
+        assert_eq!(
+            queue.peek(&k(parent)).len(),
+            usize::from(reached),
+            "{parent}"
+        );
+    }
+}
+
 /// `turns` in a human message's payload is the burst's size, and only when it is more than
 /// one (DESIGN.md section 3), whatever the caller's extra payload held under that key.
 #[tokio::test]

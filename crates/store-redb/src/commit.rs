@@ -446,54 +446,64 @@ impl Writer {
             Ok(txn) => txn,
             Err(e) => return fail_all(jobs, &e),
         };
-        let shared = || {
-            RecordTables::open(&txn).and_then(|mut tables| {
-                let recorded = jobs
+        let batch = &jobs;
+        let shared = move || {
+            let recorded = RecordTables::open(&txn).and_then(|mut tables| {
+                let recorded = batch
                     .iter()
                     // A copy: should a later event fail, each job is recorded again alone.
                     .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok((recorded, Self::reserve(txn.bounded, &mut tables)?))
-            })
+            });
+            (txn, recorded)
         };
         // A panic fails the shared pass like an error: each job is then recorded alone, so
-        // that only the one whose event panics fails (nothing of the pass was committed).
-        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(shared))
-            .unwrap_or_else(|_| {
-                Err(StoreError::backend(
-                    "record: a group commit",
-                    std::io::Error::other("recording an event panicked"),
-                ))
-            });
-        let (recorded, durable) = match recorded {
-            Ok(recorded) => recorded,
-            Err(e) => {
+        // that only the one whose event panics fails (nothing of the pass was committed). The
+        // transaction is dropped while the panic unwinds, inside the catch, as redb expects
+        // of a transaction a panic left: it leaks its pages and marks the file for repair
+        // instead of aborting over state the panic may have left half-changed.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(shared)) {
+            Ok((txn, Ok((recorded, durable)))) => {
+                match self.commit_reserving(txn, durable, "record") {
+                    Ok(()) => jobs
+                        .into_iter()
+                        .zip(recorded)
+                        .map(|(job, rec)| (job.reply, Ok(rec)))
+                        .collect(),
+                    Err(e) => fail_all(jobs, &e),
+                }
+            }
+            Ok((txn, Err(e))) => {
                 tracing::debug!(path = %self.shared.path().display(), error = %e, "an event failed in a group commit; recording the batch one by one");
                 drop(txn);
-                // A panic while recording one of them (redb meeting the damage that failed the
-                // batch, say) fails only that job: unwinding out of here would drop the answers
-                // of those already committed, and they would be told they failed.
-                return jobs
-                    .into_iter()
-                    .filter_map(|job| {
-                        let one = std::panic::AssertUnwindSafe(|| self.run_one(job));
-                        std::panic::catch_unwind(one)
-                            .inspect_err(|_| {
-                                tracing::error!(path = %self.shared.path().display(), "recording an event of a failed group commit panicked; its caller is told it failed");
-                            })
-                            .ok()
-                    })
-                    .collect();
+                self.one_by_one(jobs)
             }
-        };
-        match self.commit_reserving(txn, durable, "record") {
-            Ok(()) => jobs
-                .into_iter()
-                .zip(recorded)
-                .map(|(job, rec)| (job.reply, Ok(rec)))
-                .collect(),
-            Err(e) => fail_all(jobs, &e),
+            Err(_) => {
+                tracing::warn!(
+                    path = %self.shared.path().display(),
+                    "recording an event in a group commit panicked; recording the batch one by one"
+                );
+                self.one_by_one(jobs)
+            }
         }
+    }
+
+    /// Records each job of a failed batch in its own transaction. A panic while recording one
+    /// of them (redb meeting the damage that failed the batch, say) fails only that job:
+    /// unwinding out of here would drop the answers of those already committed, and they would
+    /// be told they failed.
+    fn one_by_one(&self, jobs: Vec<Job>) -> Answers {
+        jobs.into_iter()
+            .filter_map(|job| {
+                let one = std::panic::AssertUnwindSafe(|| self.run_one(job));
+                std::panic::catch_unwind(one)
+                    .inspect_err(|_| {
+                        tracing::error!(path = %self.shared.path().display(), "recording an event of a failed group commit panicked; its caller is told it failed");
+                    })
+                    .ok()
+            })
+            .collect()
     }
 }
 

@@ -309,9 +309,11 @@ impl Inner {
 #[derive(Default)]
 struct Resume {
     event: Option<Sequence>,
-    /// The last event when the age scan began: it stops there. Events recorded during the
-    /// chunk are not due (their time is now), and a scan that went on over them could chase a
-    /// log that grows faster than it looks, and never end.
+    /// The last event when the age scan began: it stops there, since a scan that went on over
+    /// the events recorded during the chunk could chase a log that grows faster than it looks,
+    /// and never end. Those events are seldom due (their time is at most a day back, where a
+    /// recording clamps it); one that is, under a retention shorter than a day, waits for the
+    /// next pass.
     last_event: Option<Sequence>,
     cursor: Option<CursorKey>,
 }

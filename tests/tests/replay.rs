@@ -208,7 +208,8 @@ impl Replayer {
                         &key(&op["requesterSessionKey"]),
                         op["childRunId"].as_str().expect("childRunId"),
                     )
-                    .await;
+                    .await
+                    .expect("the spawn is recorded");
                 self.after_recording().await;
                 Value::Null
             }
@@ -222,7 +223,8 @@ impl Replayer {
                         op["runId"].as_str().expect("runId"),
                         outcome,
                     )
-                    .await;
+                    .await
+                    .expect("the run's end is recorded");
                 self.after_recording().await;
                 Value::Null
             }
@@ -263,7 +265,8 @@ impl Replayer {
                         actor,
                         entry(op.get("entry")),
                     )
-                    .await;
+                    .await
+                    .expect("the goal change is recorded");
                 self.after_recording().await;
                 Value::Null
             }
@@ -277,7 +280,8 @@ impl Replayer {
                         operation_id: opt_str(op, "operationId").expect("operationId"),
                         owner: opt_str(op, "owner"),
                     })
-                    .await;
+                    .await
+                    .expect("the compaction is recorded");
                 self.after_recording().await;
                 Value::Null
             }

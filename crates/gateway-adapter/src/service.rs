@@ -970,8 +970,10 @@ impl Awareness {
     /// session (another session, agent-qualified) and that the visibility policy lets watch it.
     /// The session's link up the spawn tree (its spawner, or its parent when it names none) is
     /// asked as a spawner ([`Awareness::spawner_may_watch`]); a parent taken because the
-    /// spawner cannot watch is not that link, and is asked whether it may see the session
-    /// ([`VisibilityPolicy::can_see`]), which a policy that follows the tree may refuse.
+    /// spawner cannot watch is not that link, and must also be let see the session
+    /// ([`VisibilityPolicy::can_see`]), which a policy that follows the tree may refuse. (A
+    /// tree the directory does not hold yet, when the caller passes the entry, refuses it:
+    /// no watch rather than one the policy might not allow.)
     fn spawner(&self, entry: Option<&SessionEntry>, session: &SessionRef) -> Option<WatcherKey> {
         let e = entry?;
         let may_watch = |up: &SessionKey, linked: bool| {
@@ -979,17 +981,20 @@ impl Awareness {
                 return None;
             }
             let w = WatcherKey::new(up.clone()).ok()?;
-            let allowed = if linked {
-                self.spawner_may_watch(&w, session)
-            } else {
-                self.visibility
-                    .can_see(&self.requester_ref(w.session_key()), session)
-            };
+            let allowed = self.spawner_may_watch(&w, session)
+                && (linked
+                    || self
+                        .visibility
+                        .can_see(&self.requester_ref(w.session_key()), session));
             allowed.then_some(w)
         };
         match (&e.spawned_by, &e.parent_session_key) {
-            (Some(spawner), parent) => may_watch(spawner, true)
-                .or_else(|| parent.as_ref().and_then(|p| may_watch(p, false))),
+            (Some(spawner), parent) => may_watch(spawner, true).or_else(|| {
+                parent
+                    .as_ref()
+                    .filter(|p| *p != spawner)
+                    .and_then(|p| may_watch(p, false))
+            }),
             (None, Some(parent)) => may_watch(parent, true),
             (None, None) => None,
         }

@@ -243,6 +243,39 @@ async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
     }
 }
 
+/// A policy that lets no spawner or parent watch on its own (`can_watch_spawned` always
+/// false, `can_see` always true) keeps the parent from watching when the spawner is refused:
+/// the fallback parent is asked both questions.
+#[tokio::test]
+async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
+    struct NoAutomaticWatches;
+    impl gateway_adapter::VisibilityPolicy for NoAutomaticWatches {
+        fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
+            true
+        }
+        fn can_watch_spawned(&self, _: &SessionRef, _: &SessionRef) -> bool {
+            false
+        }
+    }
+    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        queue.clone(),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        Arc::new(gateway_adapter::InMemoryDirectory::new()),
+    )
+    .visibility(Arc::new(NoAutomaticWatches))
+    .build();
+    let mut msg = message("telegram");
+    msg.entry = Some(SessionEntry {
+        spawned_by: Some(k("agent:main:subagent:spawner")),
+        parent_session_key: Some(k(MANAGER)),
+        ..SessionEntry::default()
+    });
+    assert!(svc.human_message(msg).await.is_none(), "nobody watches");
+    assert!(queue.peek(&k(MANAGER)).is_empty());
+}
+
 /// `turns` in a human message's payload is the burst's size, and only when it is more than
 /// one (DESIGN.md section 3), whatever the caller's extra payload held under that key.
 #[tokio::test]

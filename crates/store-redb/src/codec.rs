@@ -29,7 +29,8 @@ const HAS_DEDUPE: u8 = 1 << 4;
 const KNOWN_FLAGS: u8 = HAS_SESSION_ID | HAS_ACTOR_ID | HAS_RUN_ID | HAS_PAYLOAD | HAS_DEDUPE;
 
 /// The code of one of the nine kinds; `None` for [`EventKind::Other`], which validation keeps
-/// from ever being recorded (store-redb holds only what it recorded).
+/// from ever being recorded (store-redb writes only what it records; it reads a later
+/// version's kinds as [`EventKind::Other`], see [`stored_kind`]).
 fn kind_code(kind: &EventKind) -> Option<u8> {
     Some(match kind {
         EventKind::HumanDirectMessage => 1,

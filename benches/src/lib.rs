@@ -5,8 +5,9 @@
 //! Loading is fast: a data set is recorded once per run and per file format, with
 //! [`LOAD_IN_FLIGHT`] recordings in flight (so a store's group commit batches them), redb's copy
 //! with the default `Immediate` durability (its pages are then laid out as that mode lays them
-//! out); every backend then opens its own copy of that file with its own options. Under `cargo bench -- --test`
-//! ([`test_mode`]) the data sets are small, so CI executes every bench quickly.
+//! out); every backend then opens its own copy of that file with its own options. Under
+//! `cargo bench -- --test` ([`test_mode`]) the data sets are small, so CI executes every bench
+//! quickly.
 //!
 //! ```
 //! let rt = awareness_benches::runtime();

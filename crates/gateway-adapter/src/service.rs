@@ -1643,8 +1643,9 @@ impl Awareness {
     /// settled on) goes to the watcher's next turn, which returns it first; the dropped turn's
     /// acknowledgement holds the watcher's turn lock until it ends. A reset or delete of the
     /// watcher drops it if it was taken before the reset began (what a turn read after a reset
-    /// is about the watches made since, and a notice it acknowledged would be lost). That is kept in memory: a restart loses it, as it loses the queue, and
-    /// notices the dropped turn had already acknowledged are then gone.
+    /// is about the watches made since, and a notice it acknowledged would be lost). That is
+    /// kept in memory: a restart loses it, as it loses the queue, and notices the dropped turn
+    /// had already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
         let mut turn = self.turns.lock(watcher).await;
         // What an earlier turn whose caller gave up had taken comes first.

@@ -2028,6 +2028,27 @@ pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
 /// deleted and every 1,024 looked at), and stamps each head with what it deleted. The rows
 /// due start at the 1,025th, just past store-memory's first look, and come after rows that
 /// are not.
+/// `blocks` blocks of 64 cursors, each block named as watchers by one human turn on a session
+/// of its own (so that none moves another's cursors) at `at(block)`: the watchers are
+/// `agent:main:<prefix><n>`, numbered in key order across the blocks.
+async fn cursors_named_in_blocks(
+    s: &dyn AwarenessStore,
+    prefix: &str,
+    blocks: usize,
+    at: impl Fn(usize) -> Timestamp,
+) {
+    for block in 0..blocks {
+        let mut e = human(&r(
+            &format!("agent:main:subagent:{prefix}{block:03}"),
+            "main",
+        ));
+        for i in block * 64..(block + 1) * 64 {
+            e = e.with_watcher(w(&format!("agent:main:{prefix}{i:05}")));
+        }
+        rec(s, e, at(block)).await;
+    }
+}
+
 pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
     let s = &*t.store;
     let now = T0.plus_ms(DAY);
@@ -2084,19 +2105,9 @@ pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
             .collect::<Vec<u64>>(),
         "the cap deletes the lowest sequences"
     );
-    // 1,152 cursors, named by human turns (each on a session of its own, so that none moves
-    // another's cursors): the first 1,024 in key order are not idle, the 128 after them are.
-    let named: Vec<WatcherKey> = (0..1_152)
-        .map(|i| w(&format!("agent:main:w{i:04}")))
-        .collect();
-    for (i, watchers) in named.chunks(64).enumerate() {
-        let mut e = human(&r(&format!("agent:main:subagent:n{i:02}"), "main"));
-        for watcher in watchers {
-            e = e.with_watcher(watcher.clone());
-        }
-        let at = if i < 16 { T0.plus_ms(2 * DAY) } else { T0 };
-        rec(s, e, at).await;
-    }
+    // 1,152 cursors: the first 1,024 in key order are not idle, the 128 after them are.
+    let fresh = T0.plus_ms(2 * DAY);
+    cursors_named_in_blocks(s, "w", 18, |block| if block < 16 { fresh } else { T0 }).await;
     let idle = PruneStep::Cursors {
         cutoff: T0.plus_ms(1),
     };
@@ -2105,17 +2116,7 @@ pub async fn a_chunk_deletes_its_whole_bound_however_it_is_split(t: &Subject) {
     assert_eq!(all_cursors(s).await.len(), 1_024);
     // One chunk over 2,176 idle cursors, in blocks of 64 between blocks that are not idle: more
     // than one transaction of every durable store, each going on from where the last stopped.
-    let named: Vec<WatcherKey> = (0..4_352)
-        .map(|i| w(&format!("agent:main:x{i:05}")))
-        .collect();
-    for (i, watchers) in named.chunks(64).enumerate() {
-        let mut e = human(&r(&format!("agent:main:subagent:m{i:02}"), "main"));
-        for watcher in watchers {
-            e = e.with_watcher(watcher.clone());
-        }
-        let at = if i % 2 == 0 { T0.plus_ms(2 * DAY) } else { T0 };
-        rec(s, e, at).await;
-    }
+    cursors_named_in_blocks(s, "x", 68, |block| if block % 2 == 0 { fresh } else { T0 }).await;
     assert_eq!(s.prune_chunk(&idle, 2_500, now).await.unwrap(), 2_176);
     let left = all_cursors(s).await;
     assert_eq!(left.len(), 1_024 + 2_176);

@@ -1341,7 +1341,7 @@ impl RedbStore {
             return Ok((0, 0, None));
         };
         #[cfg(test)]
-        tests::between_choice_and_delete(self.path()).await;
+        tests::BETWEEN_CHOICE_AND_DELETE.at(self.path()).await;
         let n = chosen.len();
         let deleted = self
             .write("prune", move |txn| {
@@ -1594,25 +1594,9 @@ mod tests {
 
     const T0: Timestamp = Timestamp(1_800_000_000_000);
 
-    /// Holds the idle-cursor round of the store at a path between its choice and its write:
-    /// tells the first `Notify`, then waits for the second.
-    type Between = (
-        std::path::PathBuf,
-        Arc<tokio::sync::Notify>,
-        Arc<tokio::sync::Notify>,
-    );
-    static BETWEEN: std::sync::Mutex<Option<Between>> = std::sync::Mutex::new(None);
-
-    pub(super) async fn between_choice_and_delete(path: &Path) {
-        let held = crate::db::lock(&BETWEEN)
-            .as_ref()
-            .filter(|(p, ..)| p == path)
-            .map(|(_, chosen, go)| (Arc::clone(chosen), Arc::clone(go)));
-        if let Some((chosen, go)) = held {
-            chosen.notify_one();
-            go.notified().await;
-        }
-    }
+    /// Between an idle-cursor round's choice and its write.
+    pub(super) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
+        awareness_core::testkit::pause::Pause::new();
 
     /// A cursor touched between an idle-cursor round's choice (on a read snapshot) and its
     /// write is no longer idle and stays; the other one chosen goes.
@@ -1627,15 +1611,7 @@ mod tests {
         );
         store.watch(&w, &touched, T0).await.expect("watch");
         store.watch(&w, &idle, T0).await.expect("watch");
-        let (chosen, go) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(tokio::sync::Notify::new()),
-        );
-        *crate::db::lock(&BETWEEN) = Some((
-            store.path().to_owned(),
-            Arc::clone(&chosen),
-            Arc::clone(&go),
-        ));
+        let (chosen, go) = BETWEEN_CHOICE_AND_DELETE.arm(store.path());
         let later = Timestamp(T0.millis() + 2 * Timestamp::DAY_MS);
         let pruning = tokio::spawn({
             let store = Arc::clone(&store);
@@ -1651,7 +1627,7 @@ mod tests {
         store.watch(&w, &touched, later).await.expect("watch again");
         go.notify_one();
         assert_eq!(pruning.await.expect("task").expect("prune"), 1);
-        *crate::db::lock(&BETWEEN) = None;
+        BETWEEN_CHOICE_AND_DELETE.disarm();
         assert!(
             store
                 .cursor(&w, &touched.session_key)

@@ -492,7 +492,7 @@ impl SqliteStore {
                 return Ok((0, 0));
             };
             #[cfg(test)]
-            crate::tests::between_choice_and_delete(&self.path).await;
+            crate::tests::BETWEEN_CHOICE_AND_DELETE.at(&self.path).await;
             *after
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) =

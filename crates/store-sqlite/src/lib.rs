@@ -832,27 +832,9 @@ mod tests {
     use super::*;
     use awareness_core::{CursorStore as _, EventStore as _, PruneStep, Timestamp, WatcherKey};
 
-    /// Holds the idle-cursor round of the store at a path between its choice and its write:
-    /// tells the first `Notify`, then waits for the second.
-    type Between = (PathBuf, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>);
-    static BETWEEN: std::sync::Mutex<Option<Between>> = std::sync::Mutex::new(None);
-
-    fn between() -> std::sync::MutexGuard<'static, Option<Between>> {
-        BETWEEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) async fn between_choice_and_delete(path: &Path) {
-        let held = between()
-            .as_ref()
-            .filter(|(p, ..)| p == path)
-            .map(|(_, chosen, go)| (Arc::clone(chosen), Arc::clone(go)));
-        if let Some((chosen, go)) = held {
-            chosen.notify_one();
-            go.notified().await;
-        }
-    }
+    /// Between an idle-cursor round's choice and its write.
+    pub(crate) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
+        awareness_core::testkit::pause::Pause::new();
 
     /// A cursor touched between an idle-cursor round's choice (on a reader) and its write is
     /// no longer idle and stays; the other one chosen goes.
@@ -870,11 +852,7 @@ mod tests {
         let (touched, idle) = (r("agent:main:subagent:a"), r("agent:main:subagent:b"));
         store.watch(&w, &touched, T0).await.expect("watch");
         store.watch(&w, &idle, T0).await.expect("watch");
-        let (chosen, go) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(tokio::sync::Notify::new()),
-        );
-        *between() = Some((store.path.clone(), Arc::clone(&chosen), Arc::clone(&go)));
+        let (chosen, go) = BETWEEN_CHOICE_AND_DELETE.arm(&store.path);
         let later = Timestamp(T0.millis() + 2 * Timestamp::DAY_MS);
         let pruning = tokio::spawn({
             let store = Arc::clone(&store);
@@ -890,7 +868,7 @@ mod tests {
         store.watch(&w, &touched, later).await.expect("watch again");
         go.notify_one();
         assert_eq!(pruning.await.expect("task").expect("prune"), 1);
-        *between() = None;
+        BETWEEN_CHOICE_AND_DELETE.disarm();
         let touched = store.cursor(&w, &touched.session_key).await;
         assert!(touched.expect("read").is_some(), "touched stays");
         let idle = store.cursor(&w, &idle.session_key).await;

@@ -46,6 +46,7 @@ pub mod group_commit;
 pub mod hooked;
 pub mod model;
 pub mod open;
+pub mod pause;
 pub mod read_only;
 
 pub use proptest;

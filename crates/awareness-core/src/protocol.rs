@@ -229,20 +229,17 @@ pub fn watch(
 }
 
 /// A material event at `seq` on the cursor's target: freezes `notified` when no notice is
-/// outstanding, always moves `material`. A row whose `notified` lies below its `last_seen` (a
-/// torn row, a hand edit: never written by these rules) is read as frozen at its `material`
-/// when that lies above `last_seen` (its notice covers up to there), else as one without a
-/// notice outstanding (docs/decisions/0023).
+/// outstanding, always moves `material`. A row whose `notified` is not above its `last_seen`
+/// while its `material` is (a torn row, a hand edit: never written by these rules) is read as
+/// frozen at its `material`: its notice covers up to there (docs/decisions/0023).
 #[must_use]
 pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
-    if cursor.notified < cursor.last_seen {
+    if cursor.notified <= cursor.last_seen {
         cursor.notified = if cursor.material > cursor.last_seen {
             cursor.material
         } else {
             seq
         };
-    } else if cursor.notified == cursor.last_seen {
-        cursor.notified = seq;
     }
     cursor.material = cursor.material.max(seq);
     cursor.updated_at = now;
@@ -251,17 +248,19 @@ pub fn material(mut cursor: Cursor, seq: Sequence, now: Timestamp) -> Cursor {
 
 /// Acknowledge: `last_seen := notified`; if something material came after the frozen watermark,
 /// re-freeze at `material` and return exactly one follow-up notice. Returns `None` for the cursor
-/// when there was nothing to acknowledge (nothing to write). `last_seen` never goes back: a
-/// row whose `notified` lies below it (torn, hand-edited) is read as frozen at its `material`,
-/// so what was delivered is not handed out again (docs/decisions/0023).
+/// when there was nothing to acknowledge (nothing to write). `last_seen` never goes back. A
+/// damaged row (torn, hand-edited: never written by these rules) is read as frozen at its
+/// `material` when its `notified` is not above `last_seen` (so what was delivered is not handed
+/// out again) or lies above `material` (so `last_seen` does not jump past changes still to
+/// come) (docs/decisions/0023).
 pub fn acknowledge(cursor: &Cursor, now: Timestamp) -> (Option<Cursor>, Option<Notice>) {
     if cursor.notified <= cursor.last_seen && !cursor.is_pending() {
         return (None, None);
     }
     let mut c = cursor.clone();
-    // A damaged row (`notified` below `last_seen`) is frozen at its `material`, as `material`
-    // reads it: a later event would have frozen it there.
-    let frozen = if c.notified < c.last_seen {
+    // A damaged row is frozen at its `material`, as `material` reads it (a later event would
+    // have frozen it there), or no higher than it.
+    let frozen = if c.notified <= c.last_seen || c.notified > c.material {
         c.material
     } else {
         c.notified
@@ -530,6 +529,40 @@ mod tests {
         let (acked, follow_up) = acknowledge(&later, Timestamp(3));
         assert_eq!(seqs(&acked.expect("written")), (12, 14, 14));
         assert_eq!(follow_up.expect("a follow-up").last_seen, Sequence(12));
+
+        // `notified` equal to `last_seen` below `material` (10, 10, 12): the same. Its notice
+        // ("changesSince 10") read and acknowledged is not handed out again, and a change
+        // between the read and the acknowledgement is told.
+        let mut level = Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:subagent:c1"),
+            Sequence(10),
+            Timestamp(0),
+        );
+        level.material = Sequence(12);
+        let (acked, follow_up) = acknowledge(&level, Timestamp(1));
+        assert_eq!(seqs(&acked.expect("written")), (12, 12, 12));
+        assert_eq!(follow_up, None, "10..=12 were read");
+        let later = material(level, Sequence(14), Timestamp(2));
+        assert_eq!(seqs(&later), (10, 12, 14));
+        let (_, follow_up) = acknowledge(&later, Timestamp(3));
+        assert_eq!(follow_up.expect("a follow-up").last_seen, Sequence(12));
+
+        // `notified` above `material` (5, 1000, 7), as if past the head: acknowledging does not
+        // move `last_seen` past changes still to come, which are told.
+        let mut high = Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:subagent:c1"),
+            Sequence(5),
+            Timestamp(0),
+        );
+        (high.notified, high.material) = (Sequence(1000), Sequence(7));
+        let (acked, _) = acknowledge(&high, Timestamp(1));
+        let acked = acked.expect("written");
+        assert_eq!(seqs(&acked), (7, 7, 7));
+        let next = material(acked, Sequence(51), Timestamp(2));
+        assert!(next.is_pending(), "{:?}", seqs(&next));
+        assert_eq!(Notice::of(&next).last_seen, Sequence(7));
     }
 
     /// An ambient cursor (OpenClaw's) hands out queue-only notices, keeps its provenance

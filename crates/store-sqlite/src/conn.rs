@@ -156,18 +156,63 @@ impl Hints {
 /// The reader connections (shared with background checkpoints).
 pub(crate) struct Readers {
     pub(crate) conns: Box<[Mutex<SqliteConnection>]>,
+    /// One permit per connection: a read waits for whichever connection frees first, not for
+    /// one picked in advance (which a checkpoint may hold for long).
+    pub(crate) free: tokio::sync::Semaphore,
     pub(crate) next: AtomicUsize,
 }
 
+/// A reader connection, held until dropped.
+pub(crate) struct Reader<'a> {
+    conn: MutexGuard<'a, SqliteConnection>,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl std::ops::Deref for Reader<'_> {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Reader<'_> {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+}
+
 impl Readers {
-    pub(crate) async fn get(&self) -> MutexGuard<'_, SqliteConnection> {
+    /// The reader connections, and a permit for each.
+    pub(crate) fn new(conns: Vec<Mutex<SqliteConnection>>) -> Self {
+        Self {
+            free: tokio::sync::Semaphore::new(conns.len()),
+            conns: conns.into_boxed_slice(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) async fn get(&self) -> Reader<'_> {
+        // Never closed: a permit always comes.
+        let permit = self
+            .free
+            .acquire()
+            .await
+            .expect("the readers' semaphore is never closed");
         for r in &*self.conns {
-            if let Ok(g) = r.try_lock() {
-                return g;
+            if let Ok(conn) = r.try_lock() {
+                return Reader {
+                    conn,
+                    _permit: permit,
+                };
             }
         }
+        // A connection held without a permit (the one `foreign_commits` asks on a read-only
+        // handle): wait for one in turn.
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        self.conns[i].lock().await
+        Reader {
+            conn: self.conns[i].lock().await,
+            _permit: permit,
+        }
     }
 
     /// Copies the WAL back into the database file with PASSIVE checkpoints on a reader
@@ -178,8 +223,11 @@ impl Readers {
     /// write connection is never held for a long copy.
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&WriteSlot>) {
         const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
-        let mut conn = self.get().await;
-        let mut pass = async || {
+        // A reader is taken for each pass and let go between them, and while waiting for the
+        // write connection: reads are not kept waiting behind a checkpoint's wait.
+        let pass = async || {
+            let mut conn = self.get().await;
+            let started = std::time::Instant::now();
             let result = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
                 .fetch_all(&mut *conn)
                 .await;
@@ -191,14 +239,13 @@ impl Readers {
                     tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed");
                 }
             }
-            result.is_ok()
+            result.is_ok().then(|| started.elapsed())
         };
         for _ in 0..4 {
-            let started = std::time::Instant::now();
-            if !pass().await {
+            let Some(took) = pass().await else {
                 return;
-            }
-            if started.elapsed() < QUICK {
+            };
+            if took < QUICK {
                 if let Some(w) = writer {
                     let _quiet = w.lock().await;
                     pass().await;

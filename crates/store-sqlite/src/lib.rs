@@ -153,13 +153,13 @@ mod upstream;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use awareness_core::{Sequence, SessionKey, SessionRef, StoreError, WatcherKey};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
-use tokio::sync::{Mutex, MutexGuard};
+use tokio::sync::Mutex;
 
 use crate::conn::{Hints, Query, Readers, WriteGuard, WriteSlot, Writer, batch_one, get};
 use crate::decode::int;
@@ -498,10 +498,7 @@ impl SqliteStore {
         Ok(Self {
             path: path.to_path_buf(),
             writer,
-            readers: Arc::new(Readers {
-                conns: readers.into_boxed_slice(),
-                next: AtomicUsize::new(0),
-            }),
+            readers: Arc::new(Readers::new(readers)),
             writes_since_checkpoint: AtomicU32::new(0),
             checkpointing: Arc::new(AtomicBool::new(false)),
             checkpoint_task: std::sync::Mutex::new(None),
@@ -755,7 +752,7 @@ impl SqliteStore {
         self.largest_batch.load(Ordering::Relaxed)
     }
 
-    async fn reader(&self) -> MutexGuard<'_, SqliteConnection> {
+    async fn reader(&self) -> conn::Reader<'_> {
         self.readers.get().await
     }
 
@@ -835,6 +832,36 @@ mod tests {
     /// Between an idle-cursor round's choice and its write.
     pub(crate) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
+
+    /// A read waits for whichever reader frees first, not for one picked in advance: with one
+    /// reader held for long (a checkpoint waiting for the write connection, say), a read goes
+    /// on as soon as the other one is let go. (The timeout only keeps a failure from hanging.
+    /// One thread: the read has reached its wait for a reader when the test goes on.)
+    #[tokio::test]
+    async fn a_read_takes_whichever_reader_frees_first() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(
+            SqliteStore::open_with(dir.path().join("t.db"), SqliteOptions::default().readers(2))
+                .await
+                .expect("open"),
+        );
+        let held_long = store.readers.get().await;
+        let held_briefly = store.readers.get().await;
+        let read = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.events_after(awareness_core::Sequence::ZERO, 10).await }
+        });
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        drop(held_briefly);
+        let done = tokio::time::timeout(std::time::Duration::from_secs(30), read).await;
+        assert!(
+            matches!(done, Ok(Ok(Ok(ref events))) if events.is_empty()),
+            "the read waited for the reader still held: {done:?}"
+        );
+        drop(held_long);
+    }
 
     /// A cursor touched between an idle-cursor round's choice (on a reader) and its write is
     /// no longer idle and stays; the other one chosen goes.

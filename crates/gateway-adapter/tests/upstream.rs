@@ -1001,6 +1001,44 @@ impl UpstreamProvider for Broken {
     }
 }
 
+/// A gateway's run activity that panics for one session fails that session's check only: the
+/// tick goes on, and the other session's turn is recorded. The panic ended the tick, and with
+/// it the monitor.
+#[tokio::test(start_paused = true)]
+async fn a_run_activity_that_panics_for_one_session_fails_only_its_check() {
+    struct PanicsFor(SessionRef);
+    impl gateway_adapter::upstream::RunActivity for PanicsFor {
+        fn is_active(&self, session: &SessionRef) -> bool {
+            assert!(*session != self.0, "the gateway's run tracker panicked");
+            false
+        }
+    }
+    let w = world();
+    let mut t = Transcript::new();
+    let good = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let bad = w
+        .adopt(&t, "agent:main:broken", "main", "agent:main:main")
+        .await;
+    let monitor = w
+        .monitor()
+        .run_activity(Arc::new(PanicsFor(bad.clone())))
+        .build();
+    let mut rx = monitor.subscribe();
+    t.human("typed by a person");
+    let report = monitor.tick().await;
+    assert_eq!((report.links, report.checked), (2, 1));
+    assert_eq!(w.human_events(&good).await, 1);
+    assert_eq!(w.human_events(&bad).await, 0);
+    let failed = next(&mut rx, |d| match d {
+        Detection::Failed { session, .. } => Some(session.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(failed, bad);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hanging_or_failing_provider_never_stops_the_others() {
     let w = world();

@@ -536,14 +536,28 @@ impl Inner {
                     continue;
                 }
             }
-            if me.runs.is_active(&link.session) {
-                report.deferred += 1;
-                me.emit(Detection::Deferred {
-                    session: link.session.clone(),
-                });
-                continue;
-            }
-            let own = me.prompts.recent(&link.session);
+            // The gateway's own ports, asked here in the tick itself: one that panics for one
+            // session fails that session's check, not the monitor.
+            let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (!me.runs.is_active(&link.session)).then(|| me.prompts.recent(&link.session))
+            }));
+            let own = match asked {
+                Ok(Some(own)) => own,
+                Ok(None) => {
+                    report.deferred += 1;
+                    me.emit(Detection::Deferred {
+                        session: link.session.clone(),
+                    });
+                    continue;
+                }
+                Err(_) => {
+                    me.emit(Detection::Failed {
+                        session: link.session.clone(),
+                        error: "the gateway's run activity or own prompts panicked".to_owned(),
+                    });
+                    continue;
+                }
+            };
             report.checked += 1;
             let me = Arc::clone(me);
             checks.spawn(async move { me.check(provider, link, own).await });

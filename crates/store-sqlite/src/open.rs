@@ -154,6 +154,26 @@ fn parent(path: &Path) -> &Path {
 /// empty file, which the next open makes a store, as it does any empty file).
 async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, StoreError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    // A write-ahead log beside a path that holds no database (its database deleted after a
+    // process was killed before folding the log back, or while one still writes into the
+    // deleted file): SQLite would read it into the new store as that store's own pages. The
+    // path is looked at after the log: another opener creating the store at the same moment
+    // links it there before its log exists, so its log is never taken for a stray one.
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = PathBuf::from(wal);
+    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
+        && std::fs::symlink_metadata(path).is_err()
+    {
+        return Err(error::open(
+            path,
+            format!(
+                "no database is there, but a write-ahead log ({}) is, left by one that is gone: SQLite would read it into a new store; move it (and its -shm) away first",
+                wal.display()
+            ),
+            None,
+        ));
+    }
     let cannot_create =
         |e: std::io::Error| error::open(path, format!("cannot create it: {e}"), Some(Box::new(e)));
     let staged = Staged(loop {

@@ -417,6 +417,35 @@ async fn a_file_that_is_not_sqlite_is_refused_and_left_alone() {
     );
 }
 
+/// A write-ahead log left beside a path whose database was deleted (a process killed before
+/// folding it back, then the file removed) is not read into a new store there: the open is
+/// refused, naming the log, and creates nothing. SQLite recovered the old log's pages over the
+/// new file.
+#[tokio::test]
+async fn a_write_ahead_log_without_its_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let wal = dir.path().join("state.sqlite-wal");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .record(
+            NewEvent::new(target(0), EventKind::Created, ActorType::System, "old"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let left = std::fs::read(&wal).unwrap();
+    assert!(!left.is_empty(), "the recording is in the log");
+    store.close().await;
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&wal, &left).unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "write-ahead log");
+    assert!(err.to_string().contains("state.sqlite-wal"), "{err}");
+    assert_eq!(listing(dir.path()), before, "nothing created");
+}
+
 #[tokio::test]
 async fn a_truncated_database_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();

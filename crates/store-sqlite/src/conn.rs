@@ -223,10 +223,11 @@ impl Readers {
     /// write connection is never held for a long copy.
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&WriteSlot>) {
         const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
-        // A reader is taken for each pass and let go between them, and while waiting for the
-        // write connection: reads are not kept waiting behind a checkpoint's wait.
-        let pass = async || {
-            let mut conn = self.get().await;
+        // A reader is taken for each pass and let go between them. The last pass takes its
+        // reader before the write connection (nothing that holds a reader waits for the
+        // writer), so the writer is held for that one short pass, not for a wait behind reads;
+        // reads meanwhile take the other readers.
+        let pass = async |conn: &mut SqliteConnection| {
             let started = std::time::Instant::now();
             let result = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
                 .fetch_all(&mut *conn)
@@ -242,13 +243,14 @@ impl Readers {
             result.is_ok().then(|| started.elapsed())
         };
         for _ in 0..4 {
-            let Some(took) = pass().await else {
+            let Some(took) = pass(&mut *self.get().await).await else {
                 return;
             };
             if took < QUICK {
                 if let Some(w) = writer {
+                    let mut conn = self.get().await;
                     let _quiet = w.lock().await;
-                    pass().await;
+                    pass(&mut conn).await;
                 }
                 return;
             }

@@ -168,7 +168,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
         return Err(error::open(
             path,
             format!(
-                "no database is there, but a write-ahead log ({}) is, left by one that is gone: SQLite would read it into a new store; move it (and its -shm) away first",
+                "no database is there, but a write-ahead log ({}) is, left by one that was deleted (after a process was killed, or while one still writes into it): SQLite would read it into a new store; move it (and its -shm) away first",
                 wal.display()
             ),
             None,

@@ -1603,47 +1603,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cursor_touched_after_the_idle_choice_is_not_pruned() {
         let (_dir, store) = fresh().await;
-        let store = Arc::new(store);
-        let w = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
-        let (touched, idle) = (
-            session("agent:main:subagent:a"),
-            session("agent:main:subagent:b"),
-        );
-        store.watch(&w, &touched, T0).await.expect("watch");
-        store.watch(&w, &idle, T0).await.expect("watch");
-        let (chosen, go) = BETWEEN_CHOICE_AND_DELETE.arm(store.path());
-        let later = Timestamp(T0.millis() + 2 * Timestamp::DAY_MS);
-        let pruning = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move {
-                let step = PruneStep::Cursors {
-                    cutoff: Timestamp(T0.millis() + 1),
-                };
-                store.prune_chunk(&step, 10, later).await
-            }
-        });
-        chosen.notified().await;
-        // Watching again a cursor idle for a day refreshes it.
-        store.watch(&w, &touched, later).await.expect("watch again");
-        go.notify_one();
-        assert_eq!(pruning.await.expect("task").expect("prune"), 1);
-        BETWEEN_CHOICE_AND_DELETE.disarm();
-        assert!(
-            store
-                .cursor(&w, &touched.session_key)
-                .await
-                .expect("read")
-                .is_some(),
-            "touched stays"
-        );
-        assert!(
-            store
-                .cursor(&w, &idle.session_key)
-                .await
-                .expect("read")
-                .is_none(),
-            "idle goes"
-        );
+        let path = store.path().to_owned();
+        awareness_core::testkit::pause::a_cursor_touched_after_the_idle_choice_is_not_pruned(
+            Arc::new(store),
+            &BETWEEN_CHOICE_AND_DELETE,
+            &path,
+        )
+        .await;
     }
 
     fn session(key: &str) -> SessionRef {

@@ -827,7 +827,7 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use awareness_core::{CursorStore as _, EventStore as _, PruneStep, Timestamp, WatcherKey};
+    use awareness_core::EventStore as _;
 
     /// Between an idle-cursor round's choice and its write.
     pub(crate) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
@@ -867,39 +867,17 @@ mod tests {
     /// no longer idle and stays; the other one chosen goes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cursor_touched_after_the_idle_choice_is_not_pruned() {
-        const T0: Timestamp = Timestamp(1_800_000_000_000);
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = Arc::new(
-            SqliteStore::open(dir.path().join("t.db"))
-                .await
-                .expect("open"),
-        );
-        let w = WatcherKey::parse("agent:main:main").expect("watcher");
-        let r = |key| SessionRef::parse(key, "main").expect("ref");
-        let (touched, idle) = (r("agent:main:subagent:a"), r("agent:main:subagent:b"));
-        store.watch(&w, &touched, T0).await.expect("watch");
-        store.watch(&w, &idle, T0).await.expect("watch");
-        let (chosen, go) = BETWEEN_CHOICE_AND_DELETE.arm(&store.path);
-        let later = Timestamp(T0.millis() + 2 * Timestamp::DAY_MS);
-        let pruning = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move {
-                let step = PruneStep::Cursors {
-                    cutoff: Timestamp(T0.millis() + 1),
-                };
-                store.prune_chunk(&step, 10, later).await
-            }
-        });
-        chosen.notified().await;
-        // Watching again a cursor idle for a day refreshes it.
-        store.watch(&w, &touched, later).await.expect("watch again");
-        go.notify_one();
-        assert_eq!(pruning.await.expect("task").expect("prune"), 1);
-        BETWEEN_CHOICE_AND_DELETE.disarm();
-        let touched = store.cursor(&w, &touched.session_key).await;
-        assert!(touched.expect("read").is_some(), "touched stays");
-        let idle = store.cursor(&w, &idle.session_key).await;
-        assert!(idle.expect("read").is_none(), "idle goes");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let path = store.path.clone();
+        awareness_core::testkit::pause::a_cursor_touched_after_the_idle_choice_is_not_pruned(
+            Arc::new(store),
+            &BETWEEN_CHOICE_AND_DELETE,
+            &path,
+        )
+        .await;
     }
 
     /// The store's own background checkpoint (the pass [`SqliteStore::count_write`] starts every

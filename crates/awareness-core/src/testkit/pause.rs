@@ -61,3 +61,41 @@ impl Pause {
         *self.armed() = None;
     }
 }
+
+/// The check of a store that chooses idle cursors outside the write that deletes them, with
+/// `pause` held between the two for `path` (its file): a cursor touched between an idle-cursor
+/// round's choice and its write is no longer idle and stays; the other one chosen goes.
+pub async fn a_cursor_touched_after_the_idle_choice_is_not_pruned(
+    store: Arc<dyn crate::AwarenessStore>,
+    pause: &Pause,
+    path: &Path,
+) {
+    use crate::{PruneStep, SessionRef, Timestamp, WatcherKey};
+    const T0: Timestamp = Timestamp(1_800_000_000_000);
+    let w = WatcherKey::parse("agent:main:main").expect("watcher");
+    let r = |key| SessionRef::parse(key, "main").expect("ref");
+    let (touched, idle) = (r("agent:main:subagent:a"), r("agent:main:subagent:b"));
+    store.watch(&w, &touched, T0).await.expect("watch");
+    store.watch(&w, &idle, T0).await.expect("watch");
+    let (chosen, go) = pause.arm(path);
+    let later = T0.plus_ms(2 * Timestamp::DAY_MS);
+    let pruning = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move {
+            let step = PruneStep::Cursors {
+                cutoff: T0.plus_ms(1),
+            };
+            store.prune_chunk(&step, 10, later).await
+        }
+    });
+    chosen.notified().await;
+    // Watching again a cursor idle for a day refreshes it.
+    store.watch(&w, &touched, later).await.expect("watch again");
+    go.notify_one();
+    assert_eq!(pruning.await.expect("task").expect("prune"), 1);
+    pause.disarm();
+    let touched = store.cursor(&w, &touched.session_key).await;
+    assert!(touched.expect("read").is_some(), "touched stays");
+    let idle = store.cursor(&w, &idle.session_key).await;
+    assert!(idle.expect("read").is_none(), "idle goes");
+}

@@ -1002,6 +1002,16 @@ mod tests {
         }
     }
 
+    impl Reads {
+        /// The largest limit one read asked for, and the most events one read returned.
+        fn largest(&self) -> (usize, usize) {
+            (
+                self.largest_limit.load(Ordering::Relaxed),
+                self.largest_page.load(Ordering::Relaxed),
+            )
+        }
+    }
+
     /// `store` behind a [`Reads`] hook.
     fn counted(store: Arc<dyn AwarenessStore>) -> Hooked<Reads> {
         Hooked {
@@ -1051,10 +1061,7 @@ mod tests {
             Sequence(590),
             "the last 20: the sparse session's 10 and the dense one's last 10 (591..=600)"
         );
-        let (limit, page) = (
-            paged.hook.largest_limit.load(Ordering::Relaxed),
-            paged.hook.largest_page.load(Ordering::Relaxed),
-        );
+        let (limit, page) = paged.hook.largest();
         assert!(
             limit <= TAIL_PAGE && page <= TAIL_PAGE,
             "tail asked for {limit} events in one read and held {page}"
@@ -1117,10 +1124,7 @@ mod tests {
             json!({"eventsByAge": whole.events_by_age, "eventsByCap": whole.events_by_cap,
                 "cursors": whole.cursors})
         );
-        let (limit, page) = (
-            paged.hook.largest_limit.load(Ordering::Relaxed),
-            paged.hook.largest_page.load(Ordering::Relaxed),
-        );
+        let (limit, page) = paged.hook.largest();
         assert!(
             limit <= MAX_PAGE_LIMIT && page <= MAX_PAGE_LIMIT,
             "the dry run asked for {limit} events in one read and held {page}"

@@ -491,18 +491,23 @@ mod tests {
         e.into_event(Sequence(seq), Timestamp(5))
     }
 
+    /// The manager's cursor on `c1`, watched at `seq`.
+    fn watching_c1_from(seq: u64) -> Cursor {
+        Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:subagent:c1"),
+            Sequence(seq),
+            Timestamp(0),
+        )
+    }
+
     /// A row whose `notified` lies below its `last_seen` (torn or hand-edited) is read as
     /// frozen at its `material` when pending, else as one without a notice outstanding, and
     /// acknowledging never moves `last_seen` back (it handed out again what was delivered:
     /// "changesSince 4" after 10). Decision 0023.
     #[test]
     fn a_row_notified_below_last_seen_loses_no_notice_and_repeats_no_delivered_event() {
-        let mut torn = Cursor::at(
-            w("agent:main:main"),
-            r("agent:main:subagent:c1"),
-            Sequence(10),
-            Timestamp(0),
-        );
+        let mut torn = watching_c1_from(10);
         torn.notified = Sequence(4);
         let seqs = |c: &Cursor| (c.last_seen.get(), c.notified.get(), c.material.get());
         assert_eq!(
@@ -533,12 +538,7 @@ mod tests {
         // `notified` equal to `last_seen` below `material` (10, 10, 12): the same. Its notice
         // ("changesSince 10") read and acknowledged is not handed out again, and a change
         // between the read and the acknowledgement is told.
-        let mut level = Cursor::at(
-            w("agent:main:main"),
-            r("agent:main:subagent:c1"),
-            Sequence(10),
-            Timestamp(0),
-        );
+        let mut level = watching_c1_from(10);
         level.material = Sequence(12);
         let (acked, follow_up) = acknowledge(&level, Timestamp(1));
         assert_eq!(seqs(&acked.expect("written")), (12, 12, 12));
@@ -550,12 +550,7 @@ mod tests {
 
         // `notified` above `material` (5, 1000, 7), as if past the head: acknowledging does not
         // move `last_seen` past changes still to come, which are told.
-        let mut high = Cursor::at(
-            w("agent:main:main"),
-            r("agent:main:subagent:c1"),
-            Sequence(5),
-            Timestamp(0),
-        );
+        let mut high = watching_c1_from(5);
         (high.notified, high.material) = (Sequence(1000), Sequence(7));
         let (acked, _) = acknowledge(&high, Timestamp(1));
         let acked = acked.expect("written");

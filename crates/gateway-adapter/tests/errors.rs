@@ -216,19 +216,25 @@ async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
     }
 }
 
-async fn bare_key_whose_watch_fails(error: fn() -> StoreError, unavailable: bool) {
-    let capture = Capture::default();
-    let _logging = capture.install();
-    let inner = Arc::new(MemoryStore::new());
-    let ops = AgentId::new("ops").unwrap();
-    inner
+/// A memory store in which `agent:main:main` watches `target`.
+async fn main_watching(target: SessionRef) -> Arc<MemoryStore> {
+    let store = Arc::new(MemoryStore::new());
+    store
         .watch(
             &WatcherKey::parse("agent:main:main").unwrap(),
-            &SessionRef::parse("global", "ops").unwrap(),
+            &target,
             Timestamp(0),
         )
         .await
         .unwrap();
+    store
+}
+
+async fn bare_key_whose_watch_fails(error: fn() -> StoreError, unavailable: bool) {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let inner = main_watching(SessionRef::parse("global", "ops").unwrap()).await;
+    let ops = AgentId::new("ops").unwrap();
     let store = Arc::new(Hooked {
         inner,
         hook: CursorReadsFail(error),
@@ -317,15 +323,7 @@ impl Hook for CursorListingsFail {
 async fn a_human_message_is_recorded_when_whether_it_is_watched_cannot_be_read() {
     let capture = Capture::default();
     let _logging = capture.install();
-    let inner = Arc::new(MemoryStore::new());
-    inner
-        .watch(
-            &WatcherKey::parse("agent:main:main").unwrap(),
-            &SessionRef::parse("agent:main:worker", "main").unwrap(),
-            Timestamp(0),
-        )
-        .await
-        .unwrap();
+    let inner = main_watching(SessionRef::parse("agent:main:worker", "main").unwrap()).await;
     let queue = Arc::new(InMemoryQueue::new());
     let svc = Awareness::builder(
         Arc::new(Hooked {

@@ -656,12 +656,8 @@ mod tests {
 
     use crate::db::lock;
 
-    /// A recording polled outside a Tokio runtime leaves the writer's queue as it found it:
-    /// nothing queued, no drain marked as running, no call counted in flight. (A call counted
-    /// in flight that never returns would make every later lone recording of a durable handle
-    /// wait for it, `STRAGGLER_WAIT` each time.)
-    #[test]
-    fn a_recording_outside_a_runtime_leaves_the_queue_as_it_was() {
+    /// A new store in a directory of its own, and a single-threaded runtime to drive it.
+    fn on_one_thread() -> (tempfile::TempDir, tokio::runtime::Runtime, crate::RedbStore) {
         let dir = tempfile::tempdir().expect("dir");
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -669,6 +665,16 @@ mod tests {
         let store = runtime
             .block_on(crate::RedbStore::open(dir.path().join("state.redb")))
             .expect("open");
+        (dir, runtime, store)
+    }
+
+    /// A recording polled outside a Tokio runtime leaves the writer's queue as it found it:
+    /// nothing queued, no drain marked as running, no call counted in flight. (A call counted
+    /// in flight that never returns would make every later lone recording of a durable handle
+    /// wait for it, `STRAGGLER_WAIT` each time.)
+    #[test]
+    fn a_recording_outside_a_runtime_leaves_the_queue_as_it_was() {
+        let (_dir, runtime, store) = on_one_thread();
         let event = NewEvent::new(
             SessionRef::parse("agent:main:child", "main").expect("ref"),
             EventKind::Compacted,
@@ -698,13 +704,7 @@ mod tests {
     /// the batch are recorded, each alone. The panic failed the whole batch.
     #[test]
     fn a_panic_in_a_batch_fails_only_the_event_that_panicked() {
-        let dir = tempfile::tempdir().expect("dir");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        let store = runtime
-            .block_on(crate::RedbStore::open(dir.path().join("state.redb")))
-            .expect("open");
+        let (_dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
         let (jobs, replies): (Vec<super::Job>, Vec<_>) = ["first", super::PANICS_IN_TESTS, "last"]
             .into_iter()

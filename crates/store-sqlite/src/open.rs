@@ -50,6 +50,14 @@ async fn init_once(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     schema::migrate(conn, Timestamp::now().millis()).await
 }
 
+/// The file SQLite keeps beside the database at `path` under `suffix` (`-wal`, `-shm`,
+/// `-journal`).
+fn companion(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
 /// SQLite's `-wal` and `-shm` files of a database, and whether they existed before we opened
 /// it: reading a damaged WAL-mode file makes SQLite create them before it notices the damage.
 pub(crate) struct Companions {
@@ -59,11 +67,7 @@ pub(crate) struct Companions {
 
 impl Companions {
     pub(crate) fn before_open(path: &Path) -> Self {
-        let paths = ["-wal", "-shm"].map(|suffix| {
-            let mut p = path.as_os_str().to_owned();
-            p.push(suffix);
-            PathBuf::from(p)
-        });
+        let paths = ["-wal", "-shm"].map(|suffix| companion(path, suffix));
         let existed = [paths[0].exists(), paths[1].exists()];
         Self { paths, existed }
     }
@@ -159,9 +163,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
     // deleted file): SQLite would read it into the new store as that store's own pages. The
     // path is looked at after the log: another opener creating the store at the same moment
     // links it there before its log exists, so its log is never taken for a stray one.
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    let wal = PathBuf::from(wal);
+    let wal = companion(path, "-wal");
     if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
         && std::fs::symlink_metadata(path).is_err()
     {
@@ -242,9 +244,7 @@ impl Drop for Staged {
 /// the file last, since the file (created exclusively) is what keeps its name this open's.
 fn remove_staged(staged: &Path) {
     for suffix in ["-journal", "-wal", "-shm", ""] {
-        let mut p = staged.as_os_str().to_owned();
-        p.push(suffix);
-        let p = PathBuf::from(p);
+        let p = companion(staged, suffix);
         if let Err(e) = std::fs::remove_file(&p)
             && e.kind() != std::io::ErrorKind::NotFound
         {

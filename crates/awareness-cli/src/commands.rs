@@ -188,7 +188,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
 
 fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
     out.write_all(crate::table::printable(text).as_bytes())
-        .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
+        .map_err(|e| CliError::output(&e))
 }
 
 fn emit_json(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
@@ -428,11 +428,13 @@ async fn on_store(
                 .watch(&wk, &r, now)
                 .await
                 .map_err(|e| store_err("watch", &e))?;
+            let done = format!("{} watches {} now", c.watcher, c.target);
             if as_json {
-                emit_json(out, &cursor_json(&c))?;
+                emit_json(out, &cursor_json(&c))
             } else {
-                emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&[c])))?;
+                emit(out, &render(&CURSOR_HEADERS, &cursor_rows(&[c])))
             }
+            .map_err(|e| e.after(&done))?;
         }
         Checked::Unwatch(wk, t) => {
             let removed = store
@@ -444,10 +446,11 @@ async fn on_store(
                 return Err(CliError::failure(format!("no cursor of {w} on {t}")));
             }
             if as_json {
-                emit_json(out, &json!({"removed": true}))?;
+                emit_json(out, &json!({"removed": true}))
             } else {
-                emit(out, &format!("removed the cursor of {w} on {t}\n"))?;
+                emit(out, &format!("removed the cursor of {w} on {t}\n"))
             }
+            .map_err(|e| e.after(&format!("removed the cursor of {w} on {t}")))?;
         }
         Checked::Record(ev) => record(store, *ev, now, as_json, out).await?,
         Checked::Ack(wk, targets) => {
@@ -473,7 +476,13 @@ async fn on_store(
                 .acknowledge(&wk, &targets, now)
                 .await
                 .map_err(|e| store_err("ack", &e))?;
-            notices_out(out, as_json, &follow)?;
+            notices_out(out, as_json, &follow).map_err(|e| {
+                e.after(&format!(
+                    "acknowledged {} session(s) for {}",
+                    targets.len(),
+                    wk.as_str()
+                ))
+            })?;
         }
         Checked::Read(read) => on_store_read(read, store, as_json, out).await?,
         Checked::Nothing => return on_store_other(cli, store, now, out).await,
@@ -603,7 +612,8 @@ async fn on_store_other(
                 .sweep(now, &|_| true)
                 .await
                 .map_err(|e| store_err("sweep", &e))?;
-            notices_out(out, as_json, &notices)?;
+            notices_out(out, as_json, &notices)
+                .map_err(|e| e.after(&format!("the sweep found {} notice(s)", notices.len())))?;
         }
         Command::Prune { dry_run } => prune(store, *dry_run, now, as_json, out).await?,
         Command::Tail { follow, after } => tail(store, *follow, *after, as_json, out).await?,
@@ -659,6 +669,14 @@ async fn record(
         .record(ev, now)
         .await
         .map_err(|e| store_err("record", &e))?;
+    let done = if rec.deduplicated {
+        format!(
+            "event #{} was already recorded (dedupe hit)",
+            rec.event.sequence
+        )
+    } else {
+        format!("recorded event #{}", rec.event.sequence)
+    };
     if as_json {
         let notices = notices_json(&rec.notices);
         emit_json(
@@ -678,6 +696,7 @@ async fn record(
         }
         emit(out, &text)
     }
+    .map_err(|e| e.after(&done))
 }
 
 /// How many events one read of the log asks for while `prune --dry-run` counts it: the largest
@@ -761,17 +780,16 @@ async fn prune(
         .prune(&policy, now)
         .await
         .map_err(|e| store_err("prune", &e))?;
+    let done = format!(
+        "deleted {} event(s) by age, {} by the row cap, {} idle cursor(s), in {} chunk(s)",
+        report.events_by_age, report.events_by_cap, report.cursors, report.chunks
+    );
     if as_json {
         emit_json(out, &json!({"dryRun": false, "deleted": report}))
     } else {
-        emit(
-            out,
-            &format!(
-                "deleted {} event(s) by age, {} by the row cap, {} idle cursor(s), in {} chunk(s)\n",
-                report.events_by_age, report.events_by_cap, report.cursors, report.chunks
-            ),
-        )
+        emit(out, &format!("{done}\n"))
     }
+    .map_err(|e| e.after(&done))
 }
 
 /// Events `tail` shows when not told where to start.

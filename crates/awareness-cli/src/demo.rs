@@ -44,17 +44,27 @@ struct Narrator<'a> {
     out: &'a mut dyn Write,
     start: Timestamp,
     clock: Arc<ManualClock>,
+    /// Steps that did not happen as told (a recording the store refused, say): the adapter
+    /// carries on past them, as a gateway must, and the demo then fails at its end.
+    missed: usize,
 }
 
 impl Narrator<'_> {
+    /// `done`, counted as a missed step when it is `None`.
+    fn count<T>(&mut self, done: Option<T>) -> Option<T> {
+        if done.is_none() {
+            self.missed += 1;
+        }
+        done
+    }
+
     fn at(&mut self, secs: i64, what: &str) -> Result<(), CliError> {
         self.clock.set(self.start.plus_ms(secs * 1_000));
         self.line(&format!("[+{secs:>3}s] {what}"))
     }
 
     fn line(&mut self, text: &str) -> Result<(), CliError> {
-        writeln!(self.out, "{text}")
-            .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
+        writeln!(self.out, "{text}").map_err(|e| CliError::output(&e))
     }
 
     fn detail(&mut self, text: &str) -> Result<(), CliError> {
@@ -133,6 +143,7 @@ async fn narrate(
         out,
         start,
         clock: clock.clone(),
+        missed: 0,
     };
     n.line("Session state awareness: a demo through the real adapter and store")?;
     n.line(&format!("store: {where_}"))?;
@@ -143,6 +154,7 @@ async fn narrate(
     for (child, run) in [(&research, "run-research"), (&writer, "run-writer")] {
         let run = format!("{tag}-{run}");
         let ev = s.svc.subagent_spawned(child, None, &manager, &run).await;
+        let ev = n.count(ev);
         let seq = ev.map_or_else(|| "not recorded".to_owned(), |e| format!("#{}", e.sequence));
         n.detail(&format!(
             "child_spawned {seq} on {child}: the manager's cursor is seeded there"
@@ -157,7 +169,8 @@ async fn narrate(
         let mut m = HumanMessage::new(research.clone());
         m.channel = Some("telegram".into());
         m.actor_id = Some("user-7".into());
-        s.svc.human_message(m).await;
+        let ev = s.svc.human_message(m).await;
+        n.count(ev);
     }
     let queued = s.queue.peek(&manager);
     n.detail(&format!("the manager's queue holds {} line:", queued.len()))?;
@@ -211,7 +224,8 @@ async fn narrate(
     )?;
     let mut m = HumanMessage::new(research.clone());
     m.channel = Some("slack".into());
-    s.svc.human_message(m).await;
+    let ev = s.svc.human_message(m).await;
+    n.count(ev);
     let follow = s.queue.peek(&manager);
     n.detail(&format!("exactly {} follow-up line:", follow.len()))?;
     for q in &follow {
@@ -248,7 +262,7 @@ async fn narrate(
     ))?;
 
     n.at(30, &format!("{writer} ends with a timeout"))?;
-    if let Some(e) = s
+    let ended = s
         .svc
         .subagent_ended(
             &writer,
@@ -256,8 +270,8 @@ async fn narrate(
             &format!("{tag}-run-writer"),
             RunOutcome::Timeout,
         )
-        .await
-    {
+        .await;
+    if let Some(e) = n.count(ended) {
         n.detail(&format!(
             "{} #{}: \"{}\" {} (log only: no notice)",
             e.kind,
@@ -279,13 +293,15 @@ async fn narrate(
         &format!("{peer} sends a message to {writer} with watch: true"),
     )?;
     let watched = s.svc.watch_after_send(&peer, &writer, None, true).await;
+    n.count(watched.watched.then_some(()));
     n.detail(&format!(
         "sessions_send: dispatched, watched: {}",
         watched.watched
     ))?;
     let mut m = HumanMessage::new(writer.clone());
     m.channel = Some("discord".into());
-    s.svc.human_message(m).await;
+    let ev = s.svc.human_message(m).await;
+    n.count(ev);
     n.detail(&format!("a human types into {writer}; {peer} gets:"))?;
     for q in s.queue.peek(&peer) {
         n.detail(&format!("  {}", q.text))?;
@@ -319,6 +335,12 @@ async fn narrate(
             "  awareness --store {} cursors --watcher {manager}",
             cli.store
         ))?;
+    }
+    if n.missed > 0 {
+        return Err(CliError::failure(format!(
+            "the demo did not run as told: {} step(s) did not happen (the warnings above say why)",
+            n.missed
+        )));
     }
     Ok(0)
 }
@@ -361,6 +383,7 @@ async fn another_gateway(
         ..SessionEntry::default()
     });
     let recorded = other.human_message(m).await;
+    let recorded = n.count(recorded);
     drop(other);
     theirs.close().await;
     n.detail(&format!(

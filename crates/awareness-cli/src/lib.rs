@@ -14,7 +14,9 @@
 //! checks its input before it opens its store, so bad input is a usage error whether or not the
 //! store exists, and it creates or migrates nothing. Errors are one line on stderr: exit code 2
 //! for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a missing file, an
-//! unknown session, a problem `doctor` found).
+//! unknown session, a problem `doctor` found). A write whose output then cannot be printed
+//! says that it was done. Output whose reader has gone (`awareness tail --follow | head`) ends
+//! the command quietly, with exit code 0.
 //!
 //! The binary shows the warnings the libraries log on stderr, through [`log::Logger`]
 //! (`AWARENESS_LOG` sets the level).
@@ -195,6 +197,30 @@ impl CliError {
             message: message.into(),
         }
     }
+
+    /// A write to the output that failed. A closed pipe (the reader is gone, as `head` does
+    /// once it has its lines) stops the command quietly, exit code 0: there is nobody to tell.
+    fn output(e: &std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Self {
+                code: 0,
+                message: String::new(),
+            };
+        }
+        Self::failure(format!("cannot write output: {e}"))
+    }
+
+    /// This failure, met after `done` was carried out (a write committed, say), saying so:
+    /// nobody should run the write again to be sure it happened.
+    fn after(self, done: &str) -> Self {
+        if self.message.is_empty() {
+            return self;
+        }
+        Self {
+            code: self.code,
+            message: format!("{done}, but {}", self.message),
+        }
+    }
 }
 
 /// Runs the command line `args` (the first is the program name), writing to `out` and `err`;
@@ -234,7 +260,12 @@ where
     match commands::execute(&cli, out).await {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(err, "awareness: {}", table::printable(&e.message));
+            // A quiet stop (the output's reader went away) has nothing to say.
+            if !e.message.is_empty() {
+                // One line, whatever a path or stored text in it holds.
+                let line = log::one_line(&e.message);
+                let _ = writeln!(err, "awareness: {}", table::printable(&line));
+            }
             e.code
         }
     }

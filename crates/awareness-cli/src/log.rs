@@ -102,7 +102,7 @@ pub fn install(max: LevelFilter) -> bool {
 
 /// `text` with each line break and other control character written as an escape (`\n`,
 /// `\u{1b}`), so that it stays one line.
-fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     if !text.chars().any(char::is_control) {
         return text.to_owned();
     }

@@ -69,7 +69,7 @@ pub struct MonitorArgs {
 fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
     out.write_all(crate::table::printable(text).as_bytes())
         .and_then(|()| out.flush())
-        .map_err(|e| CliError::failure(format!("cannot write output: {e}")))
+        .map_err(|e| CliError::output(&e))
 }
 
 /// The delivery ports of the service `adopt` and `monitor` run: a queue and a wake that keep
@@ -194,11 +194,15 @@ async fn adopt_into(
             link.session
         )));
     };
+    let done = format!(
+        "adopted {session}: its link and `adopted` event #{} are recorded",
+        event.sequence
+    );
     if let Some(w) = watcher {
         store
             .watch(w, session, svc.now())
             .await
-            .map_err(|e| store_err("watch", &e))?;
+            .map_err(|e| store_err("watch", &e).after(&done))?;
     }
     let from = link
         .marker
@@ -214,7 +218,9 @@ async fn adopt_into(
             "watcher": watcher,
         }))
         .unwrap_or_default();
-        return emit(out, &format!("{text}\n")).map(|()| 0);
+        return emit(out, &format!("{text}\n"))
+            .map(|()| 0)
+            .map_err(|e| e.after(&done));
     }
     let how = match (adopted.created, adopted.rebased) {
         (true, _) => "new link",
@@ -236,7 +242,7 @@ async fn adopt_into(
             "  nothing is known to watch it yet: `awareness monitor` checks watched sessions only\n",
         ),
     }
-    emit(out, &text).map(|()| 0)
+    emit(out, &text).map(|()| 0).map_err(|e| e.after(&done))
 }
 
 fn detection_json(d: &Detection) -> Value {
@@ -450,7 +456,8 @@ async fn monitor_links(
     let line_of = |d: Result<Detection, RecvError>| match d {
         Ok(Detection::TickDone(_)) if !args.verbose => None,
         Ok(d) if cli.json => Some(format!("{}\n", detection_json(&d))),
-        Ok(d) => Some(format!("{d}\n")),
+        // One line per detection, whatever a path or a read error in it holds.
+        Ok(d) => Some(format!("{}\n", crate::log::one_line(&d.to_string()))),
         Err(RecvError::Lagged(n)) => Some(lagged_line(n, cli.json)),
         Err(RecvError::Closed) => None,
     };

@@ -1402,3 +1402,22 @@ fn text_status_prints_the_history_gap_and_truncated_apart() {
         }
     }
 }
+
+/// An error line stays one line whatever text it carries: a path with a line break in it (or
+/// any other control character) prints as an escape, so it cannot forge a second line.
+#[test]
+fn an_error_naming_a_path_with_a_line_break_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!(
+        "sqlite://{}/nope\nawareness: forged.db",
+        dir.path().display()
+    );
+    let o = run_in(dir.path(), &["--store", &store, "list"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("nope\\nawareness: forged.db"),
+        "{}",
+        stderr(&o)
+    );
+}

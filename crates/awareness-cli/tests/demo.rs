@@ -7,16 +7,17 @@ use std::path::Path;
 use serde_json::Value;
 
 /// Output that takes writes until what it has taken contains `needle`, and fails every write
-/// after that, as a closed pipe would.
+/// after that with `kind`, as a full disk or a closed pipe would.
 struct FailsAfter {
     taken: Vec<u8>,
     needle: &'static str,
+    kind: io::ErrorKind,
 }
 
 impl Write for FailsAfter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if String::from_utf8_lossy(&self.taken).contains(self.needle) {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the reader left"));
+            return Err(io::Error::new(self.kind, "the output failed"));
         }
         self.taken.extend_from_slice(buf);
         Ok(buf.len())
@@ -59,6 +60,7 @@ async fn a_demo_that_fails_midway_closes_its_store(scheme: &str) {
     let mut out = FailsAfter {
         taken: Vec::new(),
         needle: "the manager's queue holds",
+        kind: io::ErrorKind::StorageFull,
     };
     let mut err = Vec::new();
     let code = awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
@@ -80,4 +82,119 @@ async fn a_demo_that_fails_midway_closes_its_store(scheme: &str) {
 #[tokio::test]
 async fn a_demo_that_fails_midway_closes_its_store_sqlite() {
     a_demo_that_fails_midway_closes_its_store("sqlite").await;
+}
+
+/// A demo whose reader goes away (`awareness demo | head`) stops quietly: exit code 0, nothing
+/// on stderr, and what it had recorded is in the file.
+#[tokio::test]
+async fn a_demo_whose_reader_goes_away_stops_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("demo.db");
+    let url = format!("sqlite://{}", file.display());
+    let mut out = FailsAfter {
+        taken: Vec::new(),
+        needle: "the manager's queue holds",
+        kind: io::ErrorKind::BrokenPipe,
+    };
+    let mut err = Vec::new();
+    let code = awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert!(err.is_empty(), "{}", String::from_utf8_lossy(&err));
+    assert!(
+        !String::from_utf8_lossy(&out.taken).contains("final session_status"),
+        "the demo stopped where its reader left"
+    );
+    assert_eq!(listed(&url).await.len(), 2, "the two spawns are recorded");
+}
+
+/// A demo whose recordings the store refuses (here a trigger aborts every event insert) tells
+/// its story to the end, as the adapter carries on past a failed recording, and then fails,
+/// saying how many steps did not happen: it does not exit 0 on a demo that showed nothing.
+#[tokio::test]
+async fn a_demo_whose_recordings_fail_exits_with_a_failure() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("demo.db");
+    let url = format!("sqlite://{}", file.display());
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = awareness_cli::run(
+        [
+            "awareness",
+            "--store",
+            &url,
+            "record",
+            "--session",
+            "agent:main:x",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "makes the store",
+        ],
+        &mut out,
+        &mut err,
+    )
+    .await;
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TRIGGER refuse BEFORE INSERT ON session_state_events \
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
+    let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+    assert_eq!(code, awareness_cli::EXIT_FAILURE, "{out}\n{err}");
+    assert!(
+        out.contains("final session_status"),
+        "the story is told to the end: {out}"
+    );
+    assert!(
+        err.contains("the demo did not run as told") && err.contains("step(s) did not happen"),
+        "{err}"
+    );
+}
+
+/// A write whose output then fails says that the write was done, so that nobody runs it again
+/// to be sure (a second `record` without a dedupe key is a second event).
+#[tokio::test]
+async fn a_record_whose_output_fails_says_it_was_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    let mut out = FailsAfter {
+        taken: Vec::new(),
+        needle: "",
+        kind: io::ErrorKind::StorageFull,
+    };
+    let mut err = Vec::new();
+    let code = awareness_cli::run(
+        [
+            "awareness",
+            "--store",
+            &url,
+            "record",
+            "--session",
+            "agent:main:x",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "once",
+        ],
+        &mut out,
+        &mut err,
+    )
+    .await;
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, awareness_cli::EXIT_FAILURE, "{err}");
+    assert!(
+        err.contains("recorded event #1, but cannot write output"),
+        "{err}"
+    );
+    assert_eq!(listed(&url).await.len(), 1, "the event is stored");
 }

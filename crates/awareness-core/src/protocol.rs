@@ -419,8 +419,14 @@ pub fn head_over_unreadable(event: &Event, now: Timestamp) -> Head {
 ///
 /// `existing` must hold every cursor whose target key is the event's key (of any agent); the
 /// function picks those of the event's agent, plus the cursors of watchers the producer named.
-/// A named watcher without a cursor gets one starting at 0. Self-caused events (the actor id is
-/// the watcher) write nothing for that watcher.
+///
+/// - A log-only kind writes nothing.
+/// - A seed kind (`child_spawned`) gives each named watcher other than the session itself a
+///   cursor at the event's sequence, or leaves a pending one as it is ([`seed`]). The spawner
+///   is usually the event's actor too, and is seeded all the same.
+/// - A notify kind moves the cursors on the event's ref. A named watcher without a cursor gets
+///   one starting at 0. Self-caused events (the actor id is the watcher) write nothing for that
+///   watcher.
 pub fn on_event(
     event: &Event,
     named: &[WatcherKey],

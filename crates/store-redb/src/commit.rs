@@ -282,19 +282,18 @@ impl Writer {
         if txn.bounded {
             self.shared.mark_unflushed();
         }
-        if let Some(number) = stands_in {
+        // Ends the stand-in however the commit ends, a panic included: the flush, which
+        // holds redb's write lock by then, waits for that report (a second at most).
+        let _stand_in = stands_in.map(|number| {
             self.shared.stand_in_begins(number);
-        }
+            StandIn(&self.shared, number)
+        });
         let committed = txn.txn.commit();
-        if committed.is_err() {
-            self.shared.commit_failed();
+        if let Err(e) = &committed {
+            self.shared.commit_failed(e);
         }
-        if let Some(number) = stands_in {
-            if committed.is_ok() {
-                self.shared.flush_stood_in(number);
-            } else {
-                self.shared.stand_in_failed(number);
-            }
+        if let (Some(number), true) = (stands_in, committed.is_ok()) {
+            self.shared.flush_stood_in(number);
         }
         committed.ctx(what)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
@@ -362,7 +361,10 @@ impl Writer {
         self.submit(
             what,
             Work::Write(Box::new(move |w: &Writer| {
-                let result = f(w);
+                // A panic fails this write alone, as an error its caller is given; the drain
+                // goes on with the writes of other callers queued behind it.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(w)))
+                    .unwrap_or_else(|panic| Err(w.panicked(what, &*panic)));
                 Box::new(move || drop(reply.send(result))) as SendAnswer
             })),
         )?;
@@ -422,22 +424,42 @@ impl Writer {
         }
     }
 
-    /// Records one job in its own write transaction.
+    /// Records one job in its own write transaction. A panic fails this job alone, as an
+    /// error its caller is given (the transaction is dropped while it unwinds, as in
+    /// [`Self::run_batch`]); the drain goes on with the jobs queued behind it.
     fn run_one(&self, job: Job) -> (Reply, Result<Recorded, StoreError>) {
         let Job { event, now, reply } = job;
-        let result = self.begin("record").and_then(|txn| {
-            let (rec, durable) = {
-                let mut tables = RecordTables::open(&txn)?;
-                let rec = crate::record_tx(&mut tables, event, now)?;
-                (rec, Self::reserve(txn.bounded, &mut tables)?)
-            };
-            self.commit_reserving(txn, durable, "record")?;
-            Ok(rec)
-        });
+        let alone = || {
+            self.begin("record").and_then(|txn| {
+                let (rec, durable) = {
+                    let mut tables = RecordTables::open(&txn)?;
+                    let rec = crate::record_tx(&mut tables, event, now)?;
+                    (rec, Self::reserve(txn.bounded, &mut tables)?)
+                };
+                self.commit_reserving(txn, durable, "record")?;
+                Ok(rec)
+            })
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(alone))
+            .unwrap_or_else(|panic| Err(self.panicked("record", &*panic)));
         if result.is_err() {
             self.shared.check_after_failure();
         }
         (reply, result)
+    }
+
+    /// The error of a write `what` that panicked with `panic`, logged with the file's path.
+    /// redb marks the file for repair when a write transaction is dropped by a panic: the
+    /// next read-write open repairs it.
+    pub(crate) fn panicked(&self, what: &str, panic: &(dyn std::any::Any + Send)) -> StoreError {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        let path = self.shared.path();
+        tracing::error!(path = %path.display(), panic = %message, "{what} panicked; only this write fails");
+        StoreError::backend(format!("{what} in {}: panicked", path.display()), message)
     }
 
     /// Records several jobs in one write transaction.
@@ -475,7 +497,7 @@ impl Writer {
                 }
             }
             Ok((txn, Err(e))) => {
-                tracing::debug!(path = %self.shared.path().display(), error = %e, "an event failed in a group commit; recording the batch one by one");
+                tracing::debug!(path = %self.shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "an event failed in a group commit; recording the batch one by one");
                 drop(txn);
                 self.one_by_one(jobs)
             }
@@ -490,20 +512,21 @@ impl Writer {
     }
 
     /// Records each job of a failed batch in its own transaction. A panic while recording one
-    /// of them (redb meeting the damage that failed the batch, say) fails only that job:
-    /// unwinding out of here would drop the answers of those already committed, and they would
-    /// be told they failed.
+    /// of them (redb meeting the damage that failed the batch, say) fails only that job
+    /// ([`Self::run_one`]): unwinding out of here would drop the answers of those already
+    /// committed, and they would be told they failed.
     fn one_by_one(&self, jobs: Vec<Job>) -> Answers {
-        jobs.into_iter()
-            .filter_map(|job| {
-                let one = std::panic::AssertUnwindSafe(|| self.run_one(job));
-                std::panic::catch_unwind(one)
-                    .inspect_err(|_| {
-                        tracing::error!(path = %self.shared.path().display(), "recording an event of a failed group commit panicked; its caller is told it failed");
-                    })
-                    .ok()
-            })
-            .collect()
+        jobs.into_iter().map(|job| self.run_one(job)).collect()
+    }
+}
+
+/// A commit standing in for flush number `.1`: dropped, it tells the flush the stand-in is
+/// over (after [`Shared::flush_stood_in`] when it committed; otherwise the flush commits).
+struct StandIn<'a>(&'a Shared, u64);
+
+impl Drop for StandIn<'_> {
+    fn drop(&mut self) {
+        self.0.stand_in_over(self.1);
     }
 }
 
@@ -720,19 +743,67 @@ mod tests {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
                 .expect("the batch answers those that did not panic");
         super::answer(answers);
-        let got: Vec<Option<String>> = replies
+        let got: Vec<Result<String, String>> = replies
             .into_iter()
             .map(|mut r| {
                 r.try_recv()
-                    .ok()
-                    .and_then(Result::ok)
+                    .expect("every caller is answered")
                     .map(|rec| rec.event.summary.clone())
+                    .map_err(|e| e.to_string())
             })
             .collect();
-        assert_eq!(
-            got,
-            [Some("first".to_owned()), None, Some("last".to_owned())]
+        assert_eq!(got[0], Ok("first".to_owned()));
+        assert_eq!(got[2], Ok("last".to_owned()));
+        let err = got[1].as_ref().expect_err("the event that panicked fails");
+        assert!(
+            err.contains("record in ") && err.contains("panicked"),
+            "{err}"
         );
+        runtime.block_on(store.close());
+    }
+
+    /// A lone recording that panics, and a write that panics, each fail their own caller with
+    /// an error naming the file, and the drain goes on: a panic there ended the drain, whose
+    /// queued jobs then all failed, and its own caller was told only that the writer stopped.
+    #[test]
+    fn a_lone_write_that_panics_fails_only_its_caller() {
+        let (dir, runtime, store) = on_one_thread();
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        let event = NewEvent::new(
+            at.clone(),
+            EventKind::Compacted,
+            ActorType::System,
+            super::PANICS_IN_TESTS,
+        );
+        let now = Timestamp(1_800_000_000_000);
+        let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.writer.run(vec![super::Job { event, now, reply }])
+        }))
+        .expect("a lone recording that panics is answered");
+        super::answer(answers);
+        let err = answer
+            .try_recv()
+            .expect("answered")
+            .expect_err("the recording that panicked fails");
+        let file = dir.path().display().to_string();
+        assert!(err.to_string().contains(&file), "{err}");
+
+        let err = runtime
+            .block_on(store.writer.write("a write", |_| -> Result<(), _> {
+                panic!("the write's own panic")
+            }))
+            .expect_err("the write that panicked fails");
+        let chain = awareness_core::error::ErrorChain(&err).to_string();
+        assert!(
+            chain.contains("a write in ") && chain.contains("the write's own panic"),
+            "{chain}"
+        );
+        let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");
+        let rec = runtime
+            .block_on(store.record(ok, now))
+            .expect("the next recording is made");
+        assert_eq!(rec.event.summary, "after");
         runtime.block_on(store.close());
     }
 }

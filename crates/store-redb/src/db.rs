@@ -134,6 +134,9 @@ pub(crate) struct Shared {
     /// closed and opened again (`PreviousIo`, or an allocator state "discarded", which reads as
     /// corruption of a sound file): writes say so instead, and a new open does not share it.
     write_failed: AtomicBool,
+    /// What the first failure that set `write_failed` said: every later refusal repeats it,
+    /// so that the cause (a full disk, say) is not lost behind "failed earlier".
+    first_failure: OnceLock<String>,
 }
 
 impl Shared {
@@ -162,12 +165,13 @@ impl Shared {
     pub(crate) fn for_write(&self, what: &str) -> Result<&Database, StoreError> {
         let db = self.writable().ok_or_else(|| self.read_only(what))?;
         if self.write_failed.load(Ordering::Acquire) {
+            let cause = self.first_failure.get().map_or("", String::as_str);
             return Err(StoreError::backend(
                 what.to_owned(),
                 format!(
-                    "a write on {} failed earlier with an I/O error, and redb refuses every \
-                     write until the database is reopened: close every handle on it in this \
-                     process, then open it again",
+                    "a write on {} failed earlier with an I/O error ({cause}), and redb \
+                     refuses every write until the database is reopened: close every handle \
+                     on it in this process, then open it again",
                     self.path.display()
                 ),
             ));
@@ -176,8 +180,16 @@ impl Shared {
     }
 
     /// Records that a commit failed, or that redb met an I/O failure in a write (see
-    /// [`Shared::write_failed`]).
-    pub(crate) fn commit_failed(&self) {
+    /// [`Shared::write_failed`]), on `cause`. The first cause is logged, with the file, and
+    /// kept for the refusals of the writes after it.
+    pub(crate) fn commit_failed(&self, cause: &dyn std::fmt::Display) {
+        if self.first_failure.set(cause.to_string()).is_ok() {
+            error!(
+                path = %self.path.display(),
+                error = %cause,
+                "a write failed with an I/O error; every write on this file is refused until it is reopened"
+            );
+        }
         self.write_failed.store(true, Ordering::Release);
     }
 
@@ -193,7 +205,7 @@ impl Shared {
         match self.for_write(what)?.begin_write() {
             Ok(txn) => Ok(txn),
             Err(e) if latched(&e) => {
-                self.commit_failed();
+                self.commit_failed(&e);
                 // Refused now, saying to reopen.
                 self.for_write(what).and_then(|_| Err(e).ctx(what))
             }
@@ -212,7 +224,7 @@ impl Shared {
         if let Some(db) = self.writable() {
             match db.begin_write() {
                 Ok(txn) => drop(txn.abort()),
-                Err(e) if latched(&e) => self.commit_failed(),
+                Err(e) if latched(&e) => self.commit_failed(&e),
                 Err(_) => {}
             }
         }
@@ -260,8 +272,9 @@ impl Shared {
         self.flush_made.fetch_max(number, Ordering::AcqRel);
     }
 
-    /// A durable commit that stood in for flush `number` failed: the flush commits itself.
-    pub(crate) fn stand_in_failed(&self, number: u64) {
+    /// A durable commit that stood in for flush `number` is over: when it did not report
+    /// [`Self::flush_stood_in`] first (it failed, or panicked), the flush commits itself.
+    pub(crate) fn stand_in_over(&self, number: u64) {
         let _ = self
             .flush_pending
             .compare_exchange(number, 0, Ordering::AcqRel, Ordering::Acquire);
@@ -358,7 +371,7 @@ impl Shared {
             .and_then(|txn| {
                 if last || !self.stood_in_for(number) {
                     txn.commit()
-                        .inspect_err(|_| self.commit_failed())
+                        .inspect_err(|e| self.commit_failed(e))
                         .ctx("flush: durable commit")
                 } else {
                     #[cfg(test)]
@@ -404,7 +417,7 @@ impl Drop for Shared {
                 Db::Read(db) => db.close(),
             };
             if let Err(e) = closed {
-                warn!(path = ?self.path, error = %e, "closing the redb database failed");
+                warn!(path = ?self.path, error = %awareness_core::error::ErrorChain(&e), "closing the redb database failed");
             }
         }
         self.closed.set();
@@ -422,7 +435,7 @@ fn drop_reservation(db: &Database, path: &Path) {
         Ok(())
     });
     if let Err(e) = dropped {
-        warn!(path = ?path, error = %e, "removing the reserved sequences at close failed; the next open skips them");
+        warn!(path = ?path, error = %awareness_core::error::ErrorChain(&e), "removing the reserved sequences at close failed; the next open skips them");
     }
 }
 
@@ -1001,6 +1014,7 @@ pub(crate) fn open_shared(
         closed: Arc::clone(&closed),
         handles: AtomicUsize::new(0),
         write_failed: AtomicBool::new(false),
+        first_failure: OnceLock::new(),
     });
     // Which of two files redb opened, when another one took the path meanwhile, cannot be
     // told, nor could a later open of either find this one under the slot it sits in: refused.
@@ -1119,13 +1133,13 @@ impl Flusher {
                         Err(_) if shared.needs_reopen() && said_unwritable => {}
                         Err(e) if shared.needs_reopen() => {
                             said_unwritable = true;
-                            error!(path = ?shared.path, error = %e, "a write failed on this file with an I/O error: the non-durable commits since the last flush cannot be made durable, and are lost when the process stops; close every handle on it and open it again");
+                            error!(path = ?shared.path, error = %awareness_core::error::ErrorChain(&e), "a write failed on this file with an I/O error: the non-durable commits since the last flush cannot be made durable, and are lost when the process stops; close every handle on it and open it again");
                         }
                         Err(e) if stopping => {
-                            warn!(path = ?shared.path, error = %e, "last flush of a closing handle's non-durable commits failed; they become durable with the next durable commit or when the file closes");
+                            warn!(path = ?shared.path, error = %awareness_core::error::ErrorChain(&e), "last flush of a closing handle's non-durable commits failed; they become durable with the next durable commit or when the file closes");
                         }
                         Err(e) => {
-                            warn!(path = ?shared.path, error = %e, "periodic flush of non-durable commits failed; retrying at the next interval");
+                            warn!(path = ?shared.path, error = %awareness_core::error::ErrorChain(&e), "periodic flush of non-durable commits failed; retrying at the next interval");
                         }
                     }
                     drop(shared);

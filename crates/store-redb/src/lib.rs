@@ -566,7 +566,7 @@ impl RedbStore {
         })
         .await
         {
-            tracing::warn!(path = %path.display(), error = %e, "closing a redb store");
+            tracing::warn!(path = %path.display(), error = %awareness_core::error::ErrorChain(&e), "closing a redb store");
         }
     }
 
@@ -901,7 +901,7 @@ pub(crate) fn record_tx(
         // A damaged entry stops no recording on its session (decision 0020): the new head
         // says that what came before it is of unknown history.
         Some(Err(e)) => {
-            tracing::warn!(session = %stored.session_ref(), error = %e, "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
+            tracing::warn!(session = %stored.session_ref(), error = %awareness_core::error::ErrorChain(&e), "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
             protocol::head_over_unreadable(&stored, now)
         }
     };
@@ -969,7 +969,7 @@ fn aged_events(
             Err(e) => tracing::warn!(
                 path = %path.display(),
                 sequence = seq,
-                error = %e,
+                error = %awareness_core::error::ErrorChain(&e),
                 "prune: an event row whose age cannot be read is kept by the age step; the row cap deletes it in its turn"
             ),
         }
@@ -1409,7 +1409,7 @@ impl CursorStore for RedbStore {
             // A row that cannot be read is watched over as if there were none (decision 0016).
             let existing = match cur.get(watcher.as_str(), target.session_key.as_str()) {
                 Err(e @ StoreError::Corrupt { .. }) => {
-                    tracing::warn!(error = %e, "replacing a watch cursor that cannot be read");
+                    tracing::warn!(error = %awareness_core::error::ErrorChain(&e), "replacing a watch cursor that cannot be read");
                     None
                 }
                 other => other?,
@@ -1861,12 +1861,15 @@ mod tests {
         let (dir, store) = fresh().await;
         let child = session("agent:main:child");
         store.record(event(&child, None), T0).await.expect("record");
-        store.shared().commit_failed();
+        store
+            .shared()
+            .commit_failed(&"No space left on device (stood in for)");
         let err = store.record(event(&child, None), T0).await.unwrap_err();
         assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
         let chain = awareness_core::error::ErrorChain(&err).to_string();
         assert!(
-            chain.contains("refuses every write until the database is reopened"),
+            chain.contains("(No space left on device (stood in for))")
+                && chain.contains("refuses every write until the database is reopened"),
             "{chain}"
         );
         let path = dir.path().join("state.redb");

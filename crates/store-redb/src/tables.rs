@@ -312,7 +312,7 @@ pub(crate) fn readable_cursor(
             tracing::warn!(
                 watcher,
                 target,
-                error = %e,
+                error = %awareness_core::error::ErrorChain(e),
                 "ignoring a watch cursor that cannot be read"
             );
         })

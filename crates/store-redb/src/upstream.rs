@@ -84,7 +84,7 @@ impl UpstreamStore for RedbStore {
         self.write("adopt a session (upstream link)", move |txn| {
             let (existing, unreadable) = upstream::adopting_over(found(txn, &spec.session)?);
             if let Some(e) = unreadable {
-                tracing::warn!(session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
+                tracing::warn!(session = %spec.session, error = %awareness_core::error::ErrorChain(&e), "adopting over an upstream link that cannot be read");
             }
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
@@ -121,7 +121,7 @@ impl UpstreamStore for RedbStore {
                 match decode(k, a, value.value()) {
                     Ok(link) => out.push(link),
                     Err(e) => {
-                        tracing::warn!(error = %e, "ignoring an upstream link that cannot be read");
+                        tracing::warn!(error = %awareness_core::error::ErrorChain(&e), "ignoring an upstream link that cannot be read");
                     }
                 }
             }

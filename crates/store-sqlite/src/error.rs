@@ -47,6 +47,11 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(SQLITE_BUSY | SQLITE_LOCKED))
 }
 
+/// Whether the error is SQLite's READONLY: the connection may not write the file.
+pub(crate) fn is_read_only(e: &sqlx::Error) -> bool {
+    primary_code(e) == Some(SQLITE_READONLY)
+}
+
 /// Whether the error says the file is no usable SQLite database at all.
 pub(crate) fn is_unusable_file(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(SQLITE_NOTADB | SQLITE_CORRUPT))

@@ -435,7 +435,16 @@ impl SqliteStore {
                 // the file between the check above and `migrate` (two versions starting at
                 // once). `migrate` writes nothing into such a file (`schema::tests`), which is
                 // refused here as the check above refuses it.
-                schema::too_new(&mut conn).await
+                if let Some(reason) = schema::too_new(&mut conn).await? {
+                    return Ok(Some(reason));
+                }
+                Ok(open::opened_read_only(&mut conn, options.busy_timeout)
+                    .await?
+                    .then(|| {
+                        "this user may not write the file (its mode or owner), so SQLite opened \
+                         it read-only: open the store read-only, or as its owner"
+                            .to_owned()
+                    }))
             }
             .await;
             match refused {

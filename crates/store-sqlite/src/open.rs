@@ -43,6 +43,53 @@ pub(crate) async fn init_writer(
     }
 }
 
+/// Whether SQLite opened the file read-only for the write connection: it does so, without an
+/// error, when the file itself may not be written (its mode, its owner), and an up-to-date
+/// WAL store then opens with nothing written, to fail every write later.
+///
+/// SQLite grants such a connection the write lock (in WAL mode the lock lives in the `-shm`
+/// file) and refuses only the first change of a page, so the probe changes one, the header's
+/// `user_version` to the value it has, in a transaction it rolls back: nothing is written.
+/// It does not wait for the lock: a lock another connection holds (BUSY) says the file is
+/// writable as far as this can tell.
+pub(crate) async fn opened_read_only(
+    conn: &mut SqliteConnection,
+    busy_timeout: Duration,
+) -> Result<bool, sqlx::Error> {
+    sqlx::raw_sql("PRAGMA busy_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    let probed = probe_write(conn).await;
+    let restore = format!("PRAGMA busy_timeout = {}", busy_timeout.as_millis());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(restore))
+        .execute(&mut *conn)
+        .await?;
+    match probed {
+        Err(e) if error::is_read_only(&e) => Ok(true),
+        Err(e) if error::is_busy(&e) => Ok(false),
+        Err(e) => Err(e),
+        Ok(()) => Ok(false),
+    }
+}
+
+/// The write [`opened_read_only`] tries, rolled back whatever it meets.
+async fn probe_write(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+    let changed = async {
+        let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+            .fetch_one(&mut *conn)
+            .await?;
+        let same = format!("PRAGMA user_version = {version}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(same))
+            .execute(&mut *conn)
+            .await
+            .map(drop)
+    }
+    .await;
+    let rolled_back = sqlx::raw_sql(sql::ROLLBACK).execute(&mut *conn).await;
+    changed.and(rolled_back.map(drop))
+}
+
 async fn init_once(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     sqlx::raw_sql(sql::WRITER_PRAGMAS)
         .execute(&mut *conn)

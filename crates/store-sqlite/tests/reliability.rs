@@ -616,19 +616,26 @@ fn is_root() -> bool {
     f.as_file().metadata().unwrap().uid() == 0
 }
 
-#[tokio::test]
-async fn a_directory_without_write_permission_gives_a_clear_error() {
+fn set_mode(p: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt as _;
-    let outer = tempfile::tempdir().unwrap();
-    let set_mode = |p: &Path, mode: u32| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    };
-    set_mode(outer.path(), 0o755);
-    // A copy of the opener that an unprivileged user may run, wherever the build lives.
-    let bin_dir = outer.path().join("bin");
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A copy of the opener in `outer` that an unprivileged user may run, wherever the build
+/// lives; returns its directory.
+fn opener_for_nobody(outer: &Path) -> PathBuf {
+    set_mode(outer, 0o755);
+    let bin_dir = outer.join("bin");
     std::fs::create_dir(&bin_dir).unwrap();
     std::fs::copy(TORTURE, bin_dir.join("torture")).unwrap();
     set_mode(&bin_dir.join("torture"), 0o755);
+    bin_dir
+}
+
+#[tokio::test]
+async fn a_directory_without_write_permission_gives_a_clear_error() {
+    let outer = tempfile::tempdir().unwrap();
+    let bin_dir = opener_for_nobody(outer.path());
     let locked = outer.path().join("locked");
     std::fs::create_dir(&locked).unwrap();
 
@@ -664,4 +671,30 @@ async fn a_directory_without_write_permission_gives_a_clear_error() {
         "the database is intact"
     );
     reopened.close().await;
+}
+
+/// A store file the user may not write, in a directory the user may write, is refused at open
+/// naming the file. SQLite opens such a file read-only without an error, and an up-to-date
+/// store writes nothing while it opens: the open succeeded, and every write failed later with
+/// an error that said neither the file nor why.
+#[tokio::test]
+async fn a_store_file_the_user_may_not_write_gives_a_clear_error() {
+    let outer = tempfile::tempdir().unwrap();
+    let bin_dir = opener_for_nobody(outer.path());
+    let open = outer.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    set_mode(&open, 0o777);
+    let existing = open.join("existing.sqlite");
+    let store = store_with_one_event(&existing).await;
+    store.close().await;
+    // Root's file, readable by others, is not theirs to write; a user's own file is made
+    // read-only.
+    set_mode(&existing, if is_root() { 0o644 } else { 0o444 });
+    let before = std::fs::read(&existing).unwrap();
+
+    let (code, msg) = open_as_nobody(&bin_dir, &existing);
+    assert_eq!(code, 2, "a file the user may not write is refused: {msg}");
+    assert!(msg.contains(&existing.display().to_string()), "{msg}");
+    assert!(msg.contains("may not write the file"), "{msg}");
+    assert_eq!(std::fs::read(&existing).unwrap(), before, "nothing written");
 }

@@ -416,19 +416,21 @@ impl Drop for Writing {
 ///
 /// An entry lives while a turn holds it or waits for it, or while it carries lines for the
 /// watcher's next turn: dropping a [`TurnGuard`] removes every other entry, so the map holds
-/// the turns in flight plus one entry per watcher whose dropped turn left lines that no turn,
-/// reset or deletion of it has taken since (an entry left by a turn cancelled while it waited
-/// goes at the next turn's end).
+/// the turns in flight plus one entry per watcher whose dropped turn left lines that no turn
+/// of it has taken since, and that no reset (for its session-state notices), deletion or end
+/// of its run ([`TurnLocks::end`]) has dropped (an entry left by a turn cancelled while it
+/// waited goes at the next turn's end).
 ///
 /// The lock also holds what a turn whose caller gave up had taken ([`Carried`]), for the
 /// watcher's next turn.
 #[derive(Debug, Default)]
 struct TurnLocks {
     by_watcher: std::sync::Mutex<HashMap<SessionKey, TurnLock>>,
-    /// Watchers reset while their lock was held (by a turn, or a pick-up for a moment), with
-    /// the reset's number ([`TurnLocks::reset_begins`]): what a dropped turn left before that
-    /// reset began is dropped when the lock is next taken.
-    forgotten: std::sync::Mutex<HashMap<SessionKey, u64>>,
+    /// Watchers reset or deleted while their lock was held (by a turn, or a pick-up for a
+    /// moment), with the numbers of the latest reset and deletion
+    /// ([`TurnLocks::reset_begins`]): what a dropped turn left before they began is dropped
+    /// ([`Carried::forget_before`]) when the lock is next taken.
+    forgotten: std::sync::Mutex<HashMap<SessionKey, Marks>>,
     /// Counts the resets and deletions begun: what a turn takes is stamped with it
     /// ([`Carried::stamp`]).
     resets: std::sync::atomic::AtomicU64,
@@ -450,10 +452,30 @@ struct Carried {
     read: Vec<QueuedEntry>,
     /// How many resets had begun ([`TurnLocks::reset_begins`]) once the lines were taken
     /// (drained, or read from the cursors). A reset numbered above it began after they were
-    /// taken, so its store write came after them, and it drops them; one numbered at or below
+    /// taken, so its store write came after them, and it drops them (a reset, the
+    /// session-state notices among them; a deletion, all: [`Forget`]); one numbered at or below
     /// it may have committed before them, which are then kept: at worst a notice of a watch
     /// the reset removed is shown, where dropping could lose one acknowledged already.
     stamp: u64,
+}
+
+/// What a reset or a deletion of a watcher drops of what a dropped turn of it left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forget {
+    /// A reset: the session-state notices ([`QueuedEntry::is_session_state`]), whose watches
+    /// the reset removed. The watcher's other system events (an exec's or a cron's) are not
+    /// the reset's business: they stay for its next turn.
+    Notices,
+    /// A deletion of the watcher's session: every line.
+    All,
+}
+
+/// The latest reset and deletion of a watcher marked while its lock was held
+/// ([`TurnLocks::forgotten`]); 0 for none.
+#[derive(Debug, Clone, Copy, Default)]
+struct Marks {
+    reset: u64,
+    delete: u64,
 }
 
 impl Carried {
@@ -461,11 +483,25 @@ impl Carried {
         self.unread.is_empty() && self.read.is_empty()
     }
 
-    /// Drops the lines if they were taken before reset `number` began.
-    fn forget_before(&mut self, number: u64) {
-        if self.stamp < number {
-            *self = Self::default();
+    /// Drops what `what` says of the lines if they were taken before reset (or deletion)
+    /// `number` began.
+    fn forget_before(&mut self, number: u64, what: Forget) {
+        if self.stamp >= number {
+            return;
         }
+        match what {
+            Forget::All => *self = Self::default(),
+            Forget::Notices => {
+                self.unread.retain(|e| !e.is_session_state());
+                self.read.retain(|e| !e.is_session_state());
+            }
+        }
+    }
+
+    /// Drops what the marks say.
+    fn forget_marked(&mut self, marks: Marks) {
+        self.forget_before(marks.delete, Forget::All);
+        self.forget_before(marks.reset, Forget::Notices);
     }
 }
 
@@ -489,24 +525,44 @@ impl TurnLocks {
         self.resets.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Drops what a dropped turn of `watcher` took before reset `number` began (its watches
-    /// are gone), once the reset's store write committed: at once, or, while a turn or a
-    /// pick-up holds the lock, when the lock is next taken.
-    fn forget(&self, watcher: &SessionKey, number: u64) {
+    /// Drops what `what` says of what a dropped turn of `watcher` took before reset (or
+    /// deletion) `number` began (its watches are gone), once the store write committed: at
+    /// once, or, while a turn or a pick-up holds the lock, when the lock is next taken.
+    fn forget(&self, watcher: &SessionKey, number: u64, what: Forget) {
         let mut map = self.map();
         if let Some(lock) = map.get(watcher) {
             if let Ok(mut carried) = lock.try_lock() {
-                carried.forget_before(number);
+                carried.forget_before(number, what);
             } else {
                 let mut forgotten = self.forgotten();
-                let mark = forgotten.entry(watcher.clone()).or_default();
+                let marks = forgotten.entry(watcher.clone()).or_default();
+                let mark = match what {
+                    Forget::Notices => &mut marks.reset,
+                    Forget::All => &mut marks.delete,
+                };
                 *mark = number.max(*mark);
             }
         }
         keep_in_use(&mut map);
     }
 
-    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, u64>> {
+    /// Drops the entry of `watcher`, with whatever a dropped turn of it left, unless a turn
+    /// (or a pick-up, or a dropped turn's acknowledgement) holds or waits for its lock: its
+    /// session has ended, and no turn of it will take those lines.
+    fn end(&self, watcher: &SessionKey) {
+        let mut map = self.map();
+        // Clones are only taken under the map's lock: one the map alone holds is not in use.
+        let idle = map
+            .get(watcher)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1 && lock.try_lock().is_ok());
+        if idle {
+            map.remove(watcher);
+            self.forgotten().remove(watcher);
+        }
+        keep_in_use(&mut map);
+    }
+
+    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Marks>> {
         self.forgotten
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -523,8 +579,8 @@ impl TurnLocks {
         // the watcher by the time this sees the map. What the holder takes from now on is
         // stamped at or above the mark, which it then no longer drops.
         let map = self.map();
-        if let Some(number) = self.forgotten().remove(watcher) {
-            guard.forget_before(number);
+        if let Some(marks) = self.forgotten().remove(watcher) {
+            guard.forget_marked(marks);
         }
         drop(map);
         TurnGuard {
@@ -599,16 +655,17 @@ fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
 /// that directory does not know is left out (another gateway's:
 /// [`AwarenessConfig::owned_watchers_only`]). Each notice is delivered on its own (the
 /// directory's answer included), so that one watcher's failing directory entry, queue or wake
-/// sink does not cost the others their notices. Answers the lines the queues gained, and the
-/// first panic, if any; a line whose wake panicked is taken back out of the queue.
-fn deliver_each(
+/// sink does not cost the others their notices. Answers the lines the queues gained, and each
+/// panic with the notice's watcher, in order; a line whose wake panicked is taken back out of
+/// the queue.
+fn deliver_each<'n>(
     queue: &dyn SystemEventQueue,
     wake: &dyn HeartbeatWake,
     owned: Option<&dyn SessionDirectory>,
-    notices: &[Notice],
-) -> (usize, Option<Box<dyn std::any::Any + Send>>) {
+    notices: &'n [Notice],
+) -> (usize, Vec<Panicked<'n>>) {
     let mut added = 0;
-    let mut panicked = None;
+    let mut panicked = Vec::new();
     for n in notices {
         let one = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if owned.is_some_and(|dir| !dir.exists(n.watcher.session_key())) {
@@ -619,12 +676,22 @@ fn deliver_each(
         match one {
             Ok(true) => added += 1,
             Ok(false) => {}
-            Err(panic) => {
-                panicked.get_or_insert(panic);
-            }
+            Err(panic) => panicked.push((&n.watcher, panic)),
         }
     }
     (added, panicked)
+}
+
+/// A notice's delivery that panicked: its watcher, and the panic.
+type Panicked<'n> = (&'n WatcherKey, Box<dyn std::any::Any + Send>);
+
+/// The message of a panic (a `&str` or `String` payload), else `(no message)`.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// Queues one notice and wakes its watcher where [`deliver_each`] says; whether the queue gained
@@ -664,14 +731,16 @@ fn deliver_logged(
     notices: &[Notice],
 ) -> (usize, bool) {
     let (queued, panicked) = deliver_each(queue, wake, owned, notices);
-    if panicked.is_some() {
+    for (watcher, panic) in &panicked {
         warn!(
+            session_key = %watcher,
+            panic = panic_message(&**panic),
             notices = notices.len(),
             queued,
-            "delivering notices panicked; those not queued are recovered by the watcher's next turn"
+            "delivering a notice panicked; if it was not queued, the watcher's next turn recovers it"
         );
     }
-    (queued, panicked.is_some())
+    (queued, !panicked.is_empty())
 }
 
 /// The latest pruning pass, observable with [`Awareness::subscribe_pruning`].
@@ -954,7 +1023,7 @@ impl Awareness {
     pub fn deliver(&self, notices: &[Notice]) {
         let (_, panicked) =
             deliver_each(&*self.queue, &*self.wake, self.owned().as_deref(), notices);
-        if let Some(panic) = panicked {
+        if let Some((_, panic)) = panicked.into_iter().next() {
             std::panic::resume_unwind(panic);
         }
     }
@@ -1208,6 +1277,10 @@ impl Awareness {
 
     /// A subagent's run ended, with its exact outcome.
     ///
+    /// What a dropped turn of the subagent (as a watcher: the agent its key names) left for
+    /// its next turn is dropped with it, unless a turn of it is in flight: no turn would take
+    /// it, and it would stay in memory for the life of the process.
+    ///
     /// The run id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)), the same
     /// way as by [`Awareness::subagent_spawned`]; an empty one is left out, and so is then the
     /// dedupe key (`run-terminal:` alone would merge unrelated runs into one event).
@@ -1237,6 +1310,9 @@ impl Awareness {
             let mut p = Payload::new();
             p.insert("outcome".into(), json!(outcome.as_str()));
             ev.payload = Some(p);
+        }
+        if ev.session.is_watcher() {
+            self.turns.end(child);
         }
         self.record(ev).await.map(|r| r.event)
     }
@@ -1493,13 +1569,15 @@ impl Awareness {
                         match self.store.heads(std::slice::from_ref(r)).await {
                             Ok(heads) => versions(heads),
                             Err(e) => {
-                                warn!(session = %r, error = %ErrorChain(&e), "sessions_list enrichment skipped a session");
+                                warn!(session_key = %r.session_key, agent_id = %r.agent_id, requester = %requester.session_key, error = %ErrorChain(&e), "sessions_list enrichment skipped a session");
                             }
                         }
                     }
                 }
                 Err(e) => {
-                    warn!(error = %ErrorChain(&e), refs = batch.len(), "sessions_list enrichment skipped a batch");
+                    let session_keys: Vec<&str> =
+                        batch.iter().map(|r| r.session_key.as_str()).collect();
+                    warn!(?session_keys, requester = %requester.session_key, error = %ErrorChain(&e), refs = batch.len(), "sessions_list enrichment skipped a batch");
                 }
             }
         }
@@ -1641,9 +1719,11 @@ impl Awareness {
     /// nothing: the acknowledgement, once started, commits and delivers its follow-ups on a
     /// task of its own, and what the turn had taken (the drained lines, or the lines it had
     /// settled on) goes to the watcher's next turn, which returns it first; the dropped turn's
-    /// acknowledgement holds the watcher's turn lock until it ends. A reset or delete of the
-    /// watcher drops it if it was taken before the reset began (what a turn read after a reset
-    /// is about the watches made since, and a notice it acknowledged would be lost). That is
+    /// acknowledgement holds the watcher's turn lock until it ends. A reset of the watcher drops
+    /// the session-state notices of it, a delete all of it, if it was taken before the reset
+    /// began (what a turn read after a reset is about the watches made since, and a notice it
+    /// acknowledged would be lost); the end of a subagent's run drops all of it unless a turn
+    /// of the subagent is in flight ([`Awareness::subagent_ended`]). That is
     /// kept in memory: a restart loses it, as it loses the queue, and notices the dropped turn
     /// had already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
@@ -1748,15 +1828,22 @@ impl Awareness {
             .await
     }
 
+    /// How many watchers have a turn-lock entry (a turn in flight, or lines a dropped turn left).
+    #[cfg(test)]
+    fn turn_lock_entries(&self) -> usize {
+        self.turns.map().len()
+    }
+
     // ----- lifecycle ----------------------------------------------------------------------------
 
-    /// Session reset: its own watches go (its assumptions are gone); its history stays. What a
-    /// dropped turn of it left for the next one goes with its watches, once they are gone: a
-    /// reset the store failed keeps both.
+    /// Session reset: its own watches go (its assumptions are gone); its history stays. The
+    /// session-state notices a dropped turn of it left for the next one go with its watches,
+    /// once they are gone (a reset the store failed keeps both); the other system events that
+    /// turn had drained (an exec's, a cron's) stay for the next turn.
     pub async fn on_reset(&self, session: &SessionKey) {
         let number = self.turns.reset_begins();
         match self.store.reset_watcher(session).await {
-            Ok(_) => self.turns.forget(session, number),
+            Ok(_) => self.turns.forget(session, number, Forget::Notices),
             Err(e) => {
                 warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
             }
@@ -1764,12 +1851,15 @@ impl Awareness {
     }
 
     /// Session deleted: its events, head, upstream link and cursors go. What a dropped turn of
-    /// its key left for the next one goes only with its watches: when the ref is the session
-    /// that watches under its key ([`SessionRef::is_watcher`]) and the store deleted it.
+    /// its key left for the next one (all of it) goes only with its watches: when the ref is
+    /// the session that watches under its key ([`SessionRef::is_watcher`]) and the store
+    /// deleted it.
     pub async fn on_delete(&self, session: &SessionRef) {
         let number = self.turns.reset_begins();
         match self.store.delete_session(session).await {
-            Ok(()) if session.is_watcher() => self.turns.forget(&session.session_key, number),
+            Ok(()) if session.is_watcher() => {
+                self.turns.forget(&session.session_key, number, Forget::All);
+            }
             Ok(()) => {}
             Err(e) => {
                 warn!(session_key = %session.session_key, error = %ErrorChain(&e), "delete: state not removed");
@@ -2011,13 +2101,8 @@ impl Awareness {
         match (CatchUnwind(Box::pin(self.pick_up_among(only)))).await {
             Ok(attempt) => attempt,
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .copied()
-                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                    .unwrap_or("(no message)");
                 warn!(
-                    panic = message,
+                    panic = panic_message(&*panic),
                     "a pick-up of notices panicked; it is made again"
                 );
                 Attempt {
@@ -2314,26 +2399,45 @@ mod tests {
     }
 
     /// A reset while the watcher's lock is held (a pick-up holds it for one cursor read) drops
-    /// what a dropped turn left once the lock is taken again.
+    /// the notices a dropped turn left once the lock is taken again, and keeps its other
+    /// lines; a deletion drops them all.
     #[tokio::test]
     async fn a_reset_while_the_lock_is_held_drops_what_a_dropped_turn_left() {
         let locks = TurnLocks::default();
         let a = SessionKey::new("agent:main:main").unwrap();
+        let target = SessionKey::new("agent:main:subagent:worker").unwrap();
         let line = QueuedEntry {
-            text: "a notice".into(),
+            text: protocol::notice_text(&target, Sequence(1)),
+            context_key: Some(protocol::context_key(&target)),
+        };
+        let other = QueuedEntry {
+            text: "Exec finished: cargo test".into(),
             context_key: None,
         };
         let mut dropped_turn = locks.lock(&a).await;
         dropped_turn.carried().read.push(line.clone());
+        dropped_turn.carried().unread.push(other.clone());
         drop(dropped_turn);
         let held = locks.try_lock(&a).expect("nobody holds it");
         assert_eq!(held.guard.as_ref().map(|c| c.read.len()), Some(1));
         let number = locks.reset_begins();
-        locks.forget(&a, number);
+        locks.forget(&a, number, Forget::Notices);
         drop(held);
         let mut next = locks.lock(&a).await;
-        assert!(next.carried().is_empty(), "the reset dropped it");
+        assert!(
+            next.carried().read.is_empty(),
+            "the reset dropped the notice"
+        );
+        assert_eq!(next.carried().unread, [other], "and kept the rest");
         drop(next);
+        let held = locks.try_lock(&a).expect("nobody holds it");
+        let number = locks.reset_begins();
+        locks.forget(&a, number, Forget::All);
+        drop(held);
+        assert!(
+            locks.lock(&a).await.carried().is_empty(),
+            "a deletion drops all"
+        );
         assert!(locks.map().is_empty() && locks.forgotten().is_empty());
 
         // Without a reset, the next turn gets it.
@@ -2455,6 +2559,90 @@ mod tests {
         assert!(locks.map().is_empty());
         drop(locks.lock(&a).await);
         assert!(locks.map().is_empty());
+    }
+
+    /// Holds each `cursors` call of the store at a gate while armed, until the test adds a
+    /// permit.
+    struct CursorsGate {
+        armed: std::sync::atomic::AtomicBool,
+        permits: tokio::sync::Semaphore,
+    }
+
+    #[awareness_core::async_trait]
+    impl awareness_core::testkit::hooked::Hook for CursorsGate {
+        async fn before(
+            &self,
+            call: awareness_core::testkit::hooked::Call,
+            _: &dyn AwarenessStore,
+        ) {
+            if call == awareness_core::testkit::hooked::Call::Cursors
+                && self.armed.load(Ordering::SeqCst)
+            {
+                self.permits.acquire().await.expect("open").forget();
+            }
+        }
+    }
+
+    /// Bug: the turn-lock entry of a subagent whose turn was dropped (a turn timeout) while it
+    /// read its cursors kept the lines it had drained after the subagent's run ended, for the
+    /// life of the process: nothing but a turn, reset or deletion of it dropped them. The end
+    /// of its run drops them now, unless a turn of it is in flight.
+    #[tokio::test]
+    async fn the_end_of_a_subagents_run_drops_what_its_dropped_turn_left() {
+        let store = Arc::new(awareness_core::testkit::hooked::Hooked {
+            inner: Arc::new(store_memory::MemoryStore::new()),
+            hook: CursorsGate {
+                armed: std::sync::atomic::AtomicBool::new(true),
+                permits: tokio::sync::Semaphore::new(0),
+            },
+        });
+        let queue = Arc::new(crate::InMemoryQueue::new());
+        let svc = Awareness::builder(
+            store.clone(),
+            queue.clone(),
+            Arc::new(crate::RecordingWake::new()),
+            Arc::new(crate::InMemoryDirectory::new()),
+        )
+        .build();
+        let worker = SessionKey::new("agent:main:subagent:worker").unwrap();
+        let other = QueuedEntry {
+            text: "Exec finished: cargo test".into(),
+            context_key: None,
+        };
+        assert!(queue.enqueue(&worker, other.clone()));
+        let mut turn = Box::pin(svc.drain_turn(&worker));
+        assert!(poll_once(turn.as_mut()).await.is_none(), "at the gate");
+        drop(turn); // a turn timeout
+        assert_eq!(svc.turn_lock_entries(), 1, "the dropped turn left its line");
+        svc.subagent_ended(&worker, None, "run-1", RunOutcome::Timeout)
+            .await
+            .expect("recorded");
+        assert_eq!(svc.turn_lock_entries(), 0, "gone with the run");
+
+        // A turn in flight keeps its entry, and what it drained.
+        assert!(queue.enqueue(&worker, other.clone()));
+        let mut turn = Box::pin(svc.drain_turn(&worker));
+        assert!(poll_once(turn.as_mut()).await.is_none(), "at the gate");
+        svc.subagent_ended(&worker, None, "run-2", RunOutcome::Ok)
+            .await
+            .expect("recorded");
+        assert_eq!(svc.turn_lock_entries(), 1, "the turn runs on");
+        store.hook.armed.store(false, Ordering::SeqCst);
+        store.hook.permits.add_permits(1);
+        assert_eq!(turn.await, std::slice::from_ref(&other));
+        assert_eq!(svc.turn_lock_entries(), 0);
+
+        // A deletion of the watcher's session drops them too (all of them).
+        store.hook.armed.store(true, Ordering::SeqCst);
+        let manager = SessionKey::new("agent:main:main").unwrap();
+        assert!(queue.enqueue(&manager, other));
+        let mut turn = Box::pin(svc.drain_turn(&manager));
+        assert!(poll_once(turn.as_mut()).await.is_none(), "at the gate");
+        drop(turn);
+        assert_eq!(svc.turn_lock_entries(), 1);
+        svc.on_delete(&SessionRef::parse("agent:main:main", "main").unwrap())
+            .await;
+        assert_eq!(svc.turn_lock_entries(), 0);
     }
 
     /// Polls a future once.

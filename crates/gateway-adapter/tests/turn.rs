@@ -643,6 +643,39 @@ async fn a_reset_drops_what_a_dropped_turn_left() {
     );
 }
 
+/// Bug: a reset dropped everything a dropped turn left, the gateway's other system events (an
+/// exec's, a cron's) included, which have nothing to do with the watches a reset removes. It
+/// drops only the session-state notices now, whether the turn was dropped before it had
+/// classified what it drained (while it read the cursors) or after it had settled on what to
+/// show (once its acknowledgement committed).
+#[tokio::test]
+async fn a_reset_keeps_the_other_system_events_a_dropped_turn_drained() {
+    for at in [(Call::Cursors, false), (Call::Acknowledge, true)] {
+        let mut w = World::gated(at.0, at.1).await;
+        w.human().await;
+        let other = QueuedEntry {
+            text: "Exec finished: cargo test".into(),
+            context_key: None,
+        };
+        assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+        assert_eq!(
+            w.queue.peek(&k(MANAGER)).len(),
+            2,
+            "a notice and another line"
+        );
+        let a = w.turn_at_the_gate().await;
+        dropped(a).await;
+        w.open_gate();
+        settle().await;
+        w.svc.on_reset(&k(MANAGER)).await;
+        assert_eq!(
+            texts(&w.svc.drain_turn(&k(MANAGER)).await),
+            vec![other.text],
+            "{at:?}: the notice went with the watch, the other line stays"
+        );
+    }
+}
+
 /// What a dropped turn left stays while the watches it is about stay: deleting the manager's
 /// key under another agent (whose cursors are not the manager's) and a reset the store fails
 /// keep it for the next turn. Both dropped it, and those notices had been acknowledged.

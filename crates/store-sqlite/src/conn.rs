@@ -160,7 +160,14 @@ pub(crate) struct Readers {
     /// one picked in advance (which a checkpoint may hold for long).
     pub(crate) free: tokio::sync::Semaphore,
     pub(crate) next: AtomicUsize,
+    /// Checkpoint rounds in a row that left their last pass (the one that holds the write
+    /// connection) undone, every pass having been slow ([`Readers::last_pass_due`]).
+    rounds_without_last_pass: std::sync::atomic::AtomicU32,
 }
+
+/// Checkpoint rounds in a row that may leave the WAL to grow before one holds the write
+/// connection for its last pass however slow that pass is.
+pub(crate) const ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED: u32 = 4;
 
 /// A reader connection, held until dropped.
 pub(crate) struct Reader<'a> {
@@ -188,7 +195,24 @@ impl Readers {
             free: tokio::sync::Semaphore::new(conns.len()),
             conns: conns.into_boxed_slice(),
             next: AtomicUsize::new(0),
+            rounds_without_last_pass: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// Whether a checkpoint round makes its last pass, holding the write connection: when one
+    /// of its passes was `quick`, or else once [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds
+    /// in a row went without. Where every pass is slow (a disk whose fsync takes longer than
+    /// the quick bound, a long run of writes) the WAL otherwise never started over, and grew
+    /// for as long as the writes went on.
+    pub(crate) fn last_pass_due(&self, quick: bool) -> bool {
+        let rounds = &self.rounds_without_last_pass;
+        if quick
+            || rounds.fetch_add(1, Ordering::AcqRel) + 1 >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED
+        {
+            rounds.store(0, Ordering::Release);
+            return true;
+        }
+        false
     }
 
     pub(crate) async fn get(&self) -> Reader<'_> {
@@ -219,8 +243,10 @@ impl Readers {
     /// connection, while writes go on. When a pass finds little left to copy, one last pass
     /// runs while holding this handle's write connection, so that the WAL is complete in the
     /// file and the next write transaction starts the WAL file over instead of growing it. When
-    /// writes keep the passes long (a pruning pass), the rest is left to the next round: the
-    /// write connection is never held for a long copy.
+    /// writes keep the passes long (a pruning pass), the rest is left to the next round, so the
+    /// write connection is not held for a long copy, up to a bound: every
+    /// [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`]th round in a row without a quick pass makes
+    /// its last pass all the same ([`Readers::last_pass_due`]).
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&WriteSlot>) {
         const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
         // A reader is taken for each pass and let go between them. The last pass takes its
@@ -242,18 +268,22 @@ impl Readers {
             }
             result.is_ok().then(|| started.elapsed())
         };
+        let mut quick = false;
         for _ in 0..4 {
             let Some(took) = pass(&mut *self.get().await).await else {
                 return;
             };
             if took < QUICK {
-                if let Some(w) = writer {
-                    let mut conn = self.get().await;
-                    let _quiet = w.lock().await;
-                    pass(&mut conn).await;
-                }
-                return;
+                quick = true;
+                break;
             }
+        }
+        if let Some(w) = writer
+            && self.last_pass_due(quick)
+        {
+            let mut conn = self.get().await;
+            let _quiet = w.lock().await;
+            pass(&mut conn).await;
         }
     }
 }

@@ -323,6 +323,15 @@ fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions
         .disable_statement_logging()
 }
 
+/// Clears a flag when dropped.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// A session-awareness store in one SQLite file. Share it as `Arc<SqliteStore>` (or
 /// `Arc<dyn AwarenessStore>`); one handle serializes its own writes on one connection and reads
 /// on a few others.
@@ -793,9 +802,13 @@ impl SqliteStore {
             .checkpoint_task
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Cleared however the task ends, dropped before its first poll included (its runtime
+        // shut down, the store going on in another): it left the flag set, and this handle
+        // never checkpointed in the background again. Made here, moved into the task.
+        let clears = ClearOnDrop(flag);
         *slot = Some(rt.spawn(async move {
+            let _clears = clears;
             readers.checkpoint(&path, writer.as_deref()).await;
-            flag.store(false, Ordering::Release);
         }));
     }
 
@@ -846,6 +859,55 @@ mod tests {
     /// reader held for long (a checkpoint waiting for the write connection, say), a read goes
     /// on as soon as the other one is let go. (The timeout only keeps a failure from hanging.
     /// One thread: the read has reached its wait for a reader when the test goes on.)
+    /// A background checkpoint whose runtime shuts down before it runs (a handle used from
+    /// several runtimes, as tests and one-shot tools do) leaves the handle able to checkpoint
+    /// again: its flag stayed set, and no background checkpoint was ever started after it.
+    #[test]
+    fn a_checkpoint_dropped_with_its_runtime_does_not_stop_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let opener = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = opener
+            .block_on(SqliteStore::open(dir.path().join("s.sqlite")))
+            .unwrap();
+        let gone = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        {
+            let _in = gone.enter();
+            store.count_write(CHECKPOINT_EVERY);
+        }
+        assert!(store.checkpointing.load(Ordering::Acquire), "one started");
+        drop(gone);
+        assert!(
+            !store.checkpointing.load(Ordering::Acquire),
+            "the checkpoint that never ran is not taken as running"
+        );
+        opener.block_on(store.close());
+    }
+
+    /// A checkpoint round makes its last pass, which holds the write connection, after a quick
+    /// pass, or after rounds in a row that had none: where every pass is slow, the WAL would
+    /// otherwise never start over.
+    #[test]
+    fn the_last_checkpoint_pass_is_forced_after_rounds_without_it() {
+        let readers = Readers::new(Vec::new());
+        assert!(readers.last_pass_due(true), "a quick pass");
+        for round in 1..conn::ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED {
+            assert!(!readers.last_pass_due(false), "slow round {round}");
+        }
+        assert!(readers.last_pass_due(false), "the round that forces it");
+        assert!(!readers.last_pass_due(false), "counting starts over");
+        assert!(readers.last_pass_due(true), "a quick pass again");
+        assert!(
+            !readers.last_pass_due(false),
+            "and counting starts over after it too"
+        );
+    }
+
     #[tokio::test]
     async fn a_read_takes_whichever_reader_frees_first() {
         let dir = tempfile::tempdir().expect("temp dir");

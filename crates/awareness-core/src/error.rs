@@ -1,6 +1,6 @@
 //! The one error type every backend returns.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::validate::ValidationError;
 
@@ -117,6 +117,45 @@ impl StoreError {
         }
     }
 
+    /// This error, said of the store in the file at `path`: [`StoreError::Busy`],
+    /// [`StoreError::Corrupt`] and [`StoreError::Backend`] get the path before their context
+    /// (once: an error that has it already is left as it is), so that the failure of a store
+    /// opened long ago names its file; the other variants name it already, or are about the
+    /// caller's input. Variant, source and [`is_retryable`](Self::is_retryable) are kept.
+    ///
+    /// ```
+    /// use awareness_core::StoreError;
+    ///
+    /// let e = StoreError::corrupt("event 42: truncated").in_store("/var/lib/state.sqlite".as_ref());
+    /// assert_eq!(e.to_string(), "corrupt store: /var/lib/state.sqlite: event 42: truncated");
+    /// ```
+    #[must_use]
+    pub fn in_store(self, path: &Path) -> StoreError {
+        let name = |context: String| {
+            let shown = path.display().to_string();
+            if context.starts_with(&shown) {
+                context
+            } else {
+                format!("{shown}: {context}")
+            }
+        };
+        match self {
+            StoreError::Busy { context, source } => StoreError::Busy {
+                context: name(context),
+                source,
+            },
+            StoreError::Corrupt { context, source } => StoreError::Corrupt {
+                context: name(context),
+                source,
+            },
+            StoreError::Backend { context, source } => StoreError::Backend {
+                context: name(context),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// A [`StoreError::Corrupt`] without a source.
     pub fn corrupt(context: impl Into<String>) -> Self {
         StoreError::Corrupt {
@@ -157,6 +196,46 @@ mod tests {
         assert_eq!(ErrorChain(&open).to_string(), open.to_string());
         let invalid: StoreError = ValidationError::SummaryBlank.into();
         assert_eq!(ErrorChain(&invalid).to_string(), invalid.to_string());
+    }
+
+    #[test]
+    fn an_error_in_a_store_names_its_file_once_and_keeps_the_rest() {
+        let path = Path::new("/x/state.db");
+        let busy = StoreError::Busy {
+            context: "record".into(),
+            source: "database is locked".into(),
+        }
+        .in_store(path);
+        assert!(busy.is_retryable());
+        assert_eq!(
+            ErrorChain(&busy).to_string(),
+            "store busy: /x/state.db: record: database is locked"
+        );
+        let backend = StoreError::backend("read heads", "disk full")
+            .in_store(path)
+            .in_store(path);
+        assert_eq!(
+            ErrorChain(&backend).to_string(),
+            "store backend error: /x/state.db: read heads: disk full"
+        );
+        let read_only = StoreError::ReadOnly {
+            path: path.into(),
+            operation: "record".into(),
+        };
+        assert_eq!(
+            read_only.to_string(),
+            StoreError::ReadOnly {
+                path: path.into(),
+                operation: "record".into(),
+            }
+            .in_store(path)
+            .to_string()
+        );
+        let invalid: StoreError = ValidationError::SummaryBlank.into();
+        assert_eq!(
+            invalid.in_store(path).to_string(),
+            "invalid input: summary must not be blank"
+        );
     }
 
     #[test]

@@ -459,7 +459,8 @@ impl Writer {
             .unwrap_or_else(|| "a panic without a message".to_owned());
         let path = self.shared.path();
         tracing::error!(path = %path.display(), panic = %message, "{what} panicked; only this write fails");
-        StoreError::backend(format!("{what} in {}: panicked", path.display()), message)
+        // Named as [`StoreError::in_store`] names it, which then leaves it as it is.
+        StoreError::backend(format!("{}: {what} panicked", path.display()), message)
     }
 
     /// Records several jobs in one write transaction.
@@ -755,10 +756,7 @@ mod tests {
         assert_eq!(got[0], Ok("first".to_owned()));
         assert_eq!(got[2], Ok("last".to_owned()));
         let err = got[1].as_ref().expect_err("the event that panicked fails");
-        assert!(
-            err.contains("record in ") && err.contains("panicked"),
-            "{err}"
-        );
+        assert!(err.contains("record panicked"), "{err}");
         runtime.block_on(store.close());
     }
 
@@ -796,7 +794,7 @@ mod tests {
             .expect_err("the write that panicked fails");
         let chain = awareness_core::error::ErrorChain(&err).to_string();
         assert!(
-            chain.contains("a write in ") && chain.contains("the write's own panic"),
+            chain.contains("a write panicked") && chain.contains("the write's own panic"),
             "{chain}"
         );
         let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");

@@ -608,7 +608,9 @@ impl RedbStore {
             return Ok(());
         }
         let shared = Arc::clone(self.shared());
-        blocking("flush", move || shared.flush()).await
+        blocking("flush", move || shared.flush())
+            .await
+            .map_err(|e| e.in_store(self.path()))
     }
 
     /// Deletes one event row and its index entries, and nothing else (no watermark, no head, the
@@ -780,6 +782,8 @@ impl RedbStore {
         .await
     }
 
+    /// Runs `f` on a read snapshot, on the blocking pool. Its error names the file, as
+    /// [`Self::write`]'s and a recording's do ([`StoreError::in_store`]).
     async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,
@@ -791,6 +795,7 @@ impl RedbStore {
             f(&txn)
         })
         .await
+        .map_err(|e| e.in_store(self.path()))
     }
 
     /// Runs `f` in one write transaction, on the writer's drain in queue order with the
@@ -819,6 +824,7 @@ impl RedbStore {
                 written
             })
             .await
+            .map_err(|e| e.in_store(self.path()))
     }
 }
 
@@ -1135,7 +1141,10 @@ impl EventStore for RedbStore {
     async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
         // An invalid event never enters the queue of the group commit.
         event.validate()?;
-        self.writer.record(event, now).await
+        self.writer
+            .record(event, now)
+            .await
+            .map_err(|e| e.in_store(self.path()))
     }
 
     async fn changes_since(
@@ -1931,6 +1940,42 @@ mod tests {
         assert_eq!(child_seqs, [2, HEAD_SEQ]);
         let next = store.record(event(&child, None), T0).await.expect("record");
         assert_eq!(next.event.sequence, Sequence(4), "the counter went back");
+        store.close().await;
+    }
+
+    /// A failure of an open store names its file, in a read, a recording and any other write:
+    /// the context said only what was being done.
+    #[tokio::test]
+    async fn errors_after_open_name_the_file() {
+        let (dir, store) = fresh().await;
+        let file = dir.path().join("state.redb").display().to_string();
+        let child = session("agent:main:child");
+        let mut first = event(&child, None);
+        first.dedupe_key = Some("once".into());
+        store.record(first.clone(), T0).await.expect("record");
+        assert!(store.damage_event_row(Sequence(1)).await.expect("damage"));
+
+        let read = store
+            .changes_since(&child, Sequence::ZERO, 10)
+            .await
+            .expect_err("the damaged row fails the read");
+        assert!(matches!(read, StoreError::Corrupt { .. }), "{read:?}");
+        assert!(read.to_string().contains(&file), "{read}");
+        let again = store
+            .record(first, T0)
+            .await
+            .expect_err("the dedupe hit meets the damaged row");
+        assert!(again.to_string().contains(&file), "{again}");
+        let write = store
+            .write("a write", |_| -> Result<((), bool), _> {
+                Err(StoreError::corrupt("refused by the test"))
+            })
+            .await
+            .expect_err("the write fails");
+        assert_eq!(
+            write.to_string(),
+            format!("corrupt store: {file}: refused by the test")
+        );
         store.close().await;
     }
 

@@ -39,9 +39,64 @@ fn apply_in_order<'k, X>(
     (written.into_values().collect(), notices)
 }
 
+// Every error the methods return names the file: each one's work is done by the inherent
+// method of the same name with `_inner` (below), whose result goes through `named`.
 #[async_trait]
 impl CursorStore for SqliteStore {
     async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        self.named(self.watch_inner(watcher, target, now).await)
+    }
+
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        self.named(self.unwatch_inner(watcher, target).await)
+    }
+
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[AckTarget],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        self.named(self.acknowledge_inner(watcher, targets, now).await)
+    }
+
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        self.named(self.cursor_inner(watcher, target).await)
+    }
+
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        self.named(self.cursors_inner(filter).await)
+    }
+
+    async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
+        self.named(self.unreadable_cursors_inner().await)
+    }
+
+    async fn refreeze(
+        &self,
+        keys: &[CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        self.named(self.refreeze_inner(keys, now).await)
+    }
+
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        self.named(self.reset_watcher_inner(watcher).await)
+    }
+}
+
+// The work of the `CursorStore` methods, whose errors do not name the file yet.
+impl SqliteStore {
+    async fn watch_inner(
         &self,
         watcher: &WatcherKey,
         target: &SessionRef,
@@ -84,14 +139,18 @@ impl CursorStore for SqliteStore {
         w.finish(res).await
     }
 
-    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+    async fn unwatch_inner(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
         let q = sqlx::query(sql::UNWATCH)
             .bind(watcher.as_str().to_owned())
             .bind(target.as_str().to_owned());
         self.write_changed("unwatch", q).await
     }
 
-    async fn acknowledge(
+    async fn acknowledge_inner(
         &self,
         watcher: &WatcherKey,
         targets: &[AckTarget],
@@ -123,7 +182,7 @@ impl CursorStore for SqliteStore {
         w.finish(res).await
     }
 
-    async fn cursor(
+    async fn cursor_inner(
         &self,
         watcher: &WatcherKey,
         target: &SessionKey,
@@ -140,7 +199,7 @@ impl CursorStore for SqliteStore {
         }
     }
 
-    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+    async fn cursors_inner(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
         const WHAT: &str = "list cursors";
         let owned = |k: &SessionKey| k.as_str().to_owned();
         let q = match (&filter.watcher, &filter.target) {
@@ -160,14 +219,14 @@ impl CursorStore for SqliteStore {
         Ok(all)
     }
 
-    async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
+    async fn unreadable_cursors_inner(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
         const WHAT: &str = "list unreadable cursors";
         let q = sqlx::query(sql::CURSORS).bind(false);
         let row = self.read_one(q, WHAT).await?;
         Ok(decode::CursorRows::read(get(&row, 0, WHAT)?)?.unreadable)
     }
 
-    async fn refreeze(
+    async fn refreeze_inner(
         &self,
         keys: &[CursorKey],
         now: Timestamp,
@@ -201,7 +260,7 @@ impl CursorStore for SqliteStore {
         w.finish(res).await
     }
 
-    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+    async fn reset_watcher_inner(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
         const WHAT: &str = "reset a watcher";
         let mut w = self.writer(WHAT).await?;
         let res = async {

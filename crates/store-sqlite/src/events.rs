@@ -180,6 +180,8 @@ pub(crate) async fn record_alone(
     Ok(rec)
 }
 
+// Every error the methods return names the file: each one's work is done by the inherent
+// method of the same name with `_inner` (below), whose result goes through `named`.
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn close(self: Arc<Self>) {
@@ -189,7 +191,72 @@ impl EventStore for SqliteStore {
             SqliteStore::close(store).await;
         }
     }
-    async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+
+    async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        self.named(self.record_inner(event, now).await)
+    }
+
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        self.named(self.changes_since_inner(session, after, limit).await)
+    }
+
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        self.named(self.heads_inner(sessions).await)
+    }
+
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        self.named(self.list_heads_inner(agent).await)
+    }
+
+    async fn events_after(
+        &self,
+        after: Sequence,
+        max: usize,
+    ) -> Result<Vec<Arc<awareness_core::Event>>, StoreError> {
+        self.named(self.events_after_inner(after, max).await)
+    }
+
+    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
+        self.named(self.data_version().await.map(Some))
+    }
+
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        self.named(self.log_stats_inner().await)
+    }
+
+    /// Deletes up to `max_rows` rows in write transactions of at most 250 rows
+    /// each, releasing the write connection between them: a recording waits behind one such
+    /// transaction (a few milliseconds), not behind the whole chunk. Each transaction stamps
+    /// the watermarks of what it deletes before deleting it, so every commit point keeps the
+    /// invariants; the result is the same as one transaction of `max_rows` (the workspace test
+    /// `tests/tests/pruning_chunks.rs` checks this: a chunk larger than one transaction ends
+    /// exactly as the reference store's chunk does).
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        self.named(self.prune_chunk_inner(step, max_rows, now).await)
+    }
+
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        self.named(self.delete_session_inner(session).await)
+    }
+}
+
+// The work of the `EventStore` methods, whose errors do not name the file yet.
+impl SqliteStore {
+    async fn record_inner(
+        &self,
+        mut event: NewEvent,
+        now: Timestamp,
+    ) -> Result<Recorded, StoreError> {
         const WHAT: &str = "record an event";
         event.validate()?;
         let named = std::mem::take(&mut event.watchers);
@@ -289,7 +356,7 @@ impl EventStore for SqliteStore {
         }
     }
 
-    async fn changes_since(
+    async fn changes_since_inner(
         &self,
         session: &SessionRef,
         after: Sequence,
@@ -319,7 +386,7 @@ impl EventStore for SqliteStore {
         ))
     }
 
-    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+    async fn heads_inner(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
         const WHAT: &str = "read heads";
         if sessions.is_empty() {
             return Ok(Vec::new());
@@ -333,7 +400,7 @@ impl EventStore for SqliteStore {
         decode::heads(get(&row, 0, WHAT)?)
     }
 
-    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+    async fn list_heads_inner(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
         const WHAT: &str = "list heads";
         let agent = agent.map(|a| a.as_str().to_owned());
         let q = sqlx::query(sql::LIST_HEADS).bind(agent.clone());
@@ -366,7 +433,7 @@ impl EventStore for SqliteStore {
         Ok(decode::warned_heads(read))
     }
 
-    async fn events_after(
+    async fn events_after_inner(
         &self,
         after: Sequence,
         max: usize,
@@ -379,11 +446,7 @@ impl EventStore for SqliteStore {
         decode::events(get(&row, 0, WHAT)?)
     }
 
-    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
-        self.data_version().await.map(Some)
-    }
-
-    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+    async fn log_stats_inner(&self) -> Result<LogStats, StoreError> {
         const WHAT: &str = "read log stats";
         let row = self.read_one(sqlx::query(sql::LOG_STATS), WHAT).await?;
         Ok(LogStats {
@@ -393,14 +456,7 @@ impl EventStore for SqliteStore {
         })
     }
 
-    /// Deletes up to `max_rows` rows in write transactions of at most 250 rows
-    /// each, releasing the write connection between them: a recording waits behind one such
-    /// transaction (a few milliseconds), not behind the whole chunk. Each transaction stamps
-    /// the watermarks of what it deletes before deleting it, so every commit point keeps the
-    /// invariants; the result is the same as one transaction of `max_rows` (the workspace test
-    /// `tests/tests/pruning_chunks.rs` checks this: a chunk larger than one transaction ends
-    /// exactly as the reference store's chunk does).
-    async fn prune_chunk(
+    async fn prune_chunk_inner(
         &self,
         step: &PruneStep,
         max_rows: usize,
@@ -427,7 +483,7 @@ impl EventStore for SqliteStore {
         .await
     }
 
-    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+    async fn delete_session_inner(&self, session: &SessionRef) -> Result<(), StoreError> {
         const WHAT: &str = "delete a session";
         let mut w = self.writer(WHAT).await?;
         let res = async {
@@ -455,9 +511,7 @@ impl EventStore for SqliteStore {
         .await;
         w.finish(res).await
     }
-}
 
-impl SqliteStore {
     /// A chunk of the idle-cursor step. The cursors' table has no index on `updated_at` (its
     /// schema is OpenClaw's), so choosing idle cursors reads every row up to the bound: it is
     /// done on a reader, where recordings do not wait for it, each transaction going on in key

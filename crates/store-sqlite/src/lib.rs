@@ -734,6 +734,12 @@ impl SqliteStore {
         Ok(g)
     }
 
+    /// `r`, its error said of this store's file ([`StoreError::in_store`]): what every method
+    /// of the store traits returns, so that a failure names the file.
+    fn named<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        r.map_err(|e| e.in_store(&self.path))
+    }
+
     /// The write connection's lock, or the error of a read-only handle.
     fn write_connection(&self, what: &str) -> Result<&Arc<WriteSlot>, StoreError> {
         self.writer.as_ref().ok_or_else(|| StoreError::ReadOnly {

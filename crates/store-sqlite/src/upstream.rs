@@ -65,9 +65,55 @@ async fn commit(conn: &mut SqliteConnection, what: &str) -> Result<(), StoreErro
     batch(conn, sqlx::query(sql::COMMIT), what).await.map(drop)
 }
 
+// Every error the methods return names the file: each one's work is done by the inherent
+// method of the same name with `_inner` (below), whose result goes through `named`.
 #[async_trait]
 impl UpstreamStore for SqliteStore {
     async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        self.named(self.upsert_link_inner(spec, now).await)
+    }
+
+    async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        self.named(self.link_inner(session).await)
+    }
+
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        self.named(self.links_inner().await)
+    }
+
+    async fn set_marker(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.named(
+            self.set_marker_inner(session, expected_updated_at, marker, now)
+                .await,
+        )
+    }
+
+    async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        self.named(self.mark_scanned_inner(session, now).await)
+    }
+
+    async fn remove_link(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Option<Timestamp>,
+    ) -> Result<bool, StoreError> {
+        self.named(self.remove_link_inner(session, expected_updated_at).await)
+    }
+}
+
+// The work of the `UpstreamStore` methods, whose errors do not name the file yet.
+impl SqliteStore {
+    async fn upsert_link_inner(
         &self,
         spec: LinkSpec,
         now: Timestamp,
@@ -93,7 +139,7 @@ impl UpstreamStore for SqliteStore {
         w.finish(res).await
     }
 
-    async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+    async fn link_inner(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
         const WHAT: &str = "read an upstream link";
         let q = sqlx::query(sql::LINK)
             .bind(session.session_key.as_str())
@@ -106,7 +152,7 @@ impl UpstreamStore for SqliteStore {
         }
     }
 
-    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+    async fn links_inner(&self) -> Result<Vec<UpstreamLink>, StoreError> {
         const WHAT: &str = "list upstream links";
         let row = self.read_one(sqlx::query(sql::LINKS), WHAT).await?;
         let all: &[u8] = get(&row, 0, WHAT)?;
@@ -145,7 +191,7 @@ impl UpstreamStore for SqliteStore {
             .collect())
     }
 
-    async fn set_marker(
+    async fn set_marker_inner(
         &self,
         session: &SessionRef,
         expected_updated_at: Timestamp,
@@ -173,7 +219,11 @@ impl UpstreamStore for SqliteStore {
         w.finish(res).await
     }
 
-    async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+    async fn mark_scanned_inner(
+        &self,
+        session: &SessionRef,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         const WHAT: &str = "stamp an upstream scan";
         let mut w = self.writer(WHAT).await?;
         let res = async {
@@ -188,7 +238,7 @@ impl UpstreamStore for SqliteStore {
         w.finish(res).await
     }
 
-    async fn remove_link(
+    async fn remove_link_inner(
         &self,
         session: &SessionRef,
         expected_updated_at: Option<Timestamp>,

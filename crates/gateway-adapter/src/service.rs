@@ -417,9 +417,11 @@ impl Drop for Writing {
 /// An entry lives while a turn holds it or waits for it, or while it carries lines for the
 /// watcher's next turn: dropping a [`TurnGuard`] removes every other entry, so the map holds
 /// the turns in flight plus one entry per watcher whose dropped turn left lines that no turn
-/// of it has taken since, and that no reset (for its session-state notices), deletion or end
-/// of its run ([`TurnLocks::end`]) has dropped (an entry left by a turn cancelled while it
-/// waited goes at the next turn's end).
+/// of it has taken since, and that no reset (for its session-state notices) or deletion has
+/// dropped (an entry left by a turn cancelled while it waited goes at the next turn's end).
+/// The end of a subagent's run drops nothing: the manager may send it another run, whose
+/// first turn must show what the dropped turn had acknowledged (requeued, such a notice would
+/// read as stale, its cursor no longer pending, and be left out).
 ///
 /// The lock also holds what a turn whose caller gave up had taken ([`Carried`]), for the
 /// watcher's next turn.
@@ -542,22 +544,6 @@ impl TurnLocks {
                 };
                 *mark = number.max(*mark);
             }
-        }
-        keep_in_use(&mut map);
-    }
-
-    /// Drops the entry of `watcher`, with whatever a dropped turn of it left, unless a turn
-    /// (or a pick-up, or a dropped turn's acknowledgement) holds or waits for its lock: its
-    /// session has ended, and no turn of it will take those lines.
-    fn end(&self, watcher: &SessionKey) {
-        let mut map = self.map();
-        // Clones are only taken under the map's lock: one the map alone holds is not in use.
-        let idle = map
-            .get(watcher)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1 && lock.try_lock().is_ok());
-        if idle {
-            map.remove(watcher);
-            self.forgotten().remove(watcher);
         }
         keep_in_use(&mut map);
     }
@@ -1277,10 +1263,6 @@ impl Awareness {
 
     /// A subagent's run ended, with its exact outcome.
     ///
-    /// What a dropped turn of the subagent (as a watcher: the agent its key names) left for
-    /// its next turn is dropped with it, unless a turn of it is in flight: no turn would take
-    /// it, and it would stay in memory for the life of the process.
-    ///
     /// The run id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)), the same
     /// way as by [`Awareness::subagent_spawned`]; an empty one is left out, and so is then the
     /// dedupe key (`run-terminal:` alone would merge unrelated runs into one event).
@@ -1310,9 +1292,6 @@ impl Awareness {
             let mut p = Payload::new();
             p.insert("outcome".into(), json!(outcome.as_str()));
             ev.payload = Some(p);
-        }
-        if ev.session.is_watcher() {
-            self.turns.end(child);
         }
         self.record(ev).await.map(|r| r.event)
     }
@@ -1722,8 +1701,7 @@ impl Awareness {
     /// acknowledgement holds the watcher's turn lock until it ends. A reset of the watcher drops
     /// the session-state notices of it, a delete all of it, if it was taken before the reset
     /// began (what a turn read after a reset is about the watches made since, and a notice it
-    /// acknowledged would be lost); the end of a subagent's run drops all of it unless a turn
-    /// of the subagent is in flight ([`Awareness::subagent_ended`]). That is
+    /// acknowledged would be lost). That is
     /// kept in memory: a restart loses it, as it loses the queue, and notices the dropped turn
     /// had already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
@@ -2583,12 +2561,11 @@ mod tests {
         }
     }
 
-    /// Bug: the turn-lock entry of a subagent whose turn was dropped (a turn timeout) while it
-    /// read its cursors kept the lines it had drained after the subagent's run ended, for the
-    /// life of the process: nothing but a turn, reset or deletion of it dropped them. The end
-    /// of its run drops them now, unless a turn of it is in flight.
+    /// What a dropped turn of a subagent left stays when its run ends: the manager may send it
+    /// another run, whose first turn shows it (a notice among it may be acknowledged already,
+    /// and requeued it would read as stale). A deletion of the watcher's session drops it all.
     #[tokio::test]
-    async fn the_end_of_a_subagents_run_drops_what_its_dropped_turn_left() {
+    async fn the_end_of_a_run_keeps_what_a_dropped_turn_left_and_a_deletion_drops_it() {
         let store = Arc::new(awareness_core::testkit::hooked::Hooked {
             inner: Arc::new(store_memory::MemoryStore::new()),
             hook: CursorsGate {
@@ -2617,22 +2594,15 @@ mod tests {
         svc.subagent_ended(&worker, None, "run-1", RunOutcome::Timeout)
             .await
             .expect("recorded");
-        assert_eq!(svc.turn_lock_entries(), 0, "gone with the run");
-
-        // A turn in flight keeps its entry, and what it drained.
-        assert!(queue.enqueue(&worker, other.clone()));
-        let mut turn = Box::pin(svc.drain_turn(&worker));
-        assert!(poll_once(turn.as_mut()).await.is_none(), "at the gate");
-        svc.subagent_ended(&worker, None, "run-2", RunOutcome::Ok)
-            .await
-            .expect("recorded");
-        assert_eq!(svc.turn_lock_entries(), 1, "the turn runs on");
+        assert_eq!(svc.turn_lock_entries(), 1, "kept past the run's end");
         store.hook.armed.store(false, Ordering::SeqCst);
-        store.hook.permits.add_permits(1);
-        assert_eq!(turn.await, std::slice::from_ref(&other));
+        assert_eq!(
+            svc.drain_turn(&worker).await,
+            std::slice::from_ref(&other),
+            "the next run's first turn shows it"
+        );
         assert_eq!(svc.turn_lock_entries(), 0);
 
-        // A deletion of the watcher's session drops them too (all of them).
         store.hook.armed.store(true, Ordering::SeqCst);
         let manager = SessionKey::new("agent:main:main").unwrap();
         assert!(queue.enqueue(&manager, other));
@@ -2642,7 +2612,7 @@ mod tests {
         assert_eq!(svc.turn_lock_entries(), 1);
         svc.on_delete(&SessionRef::parse("agent:main:main", "main").unwrap())
             .await;
-        assert_eq!(svc.turn_lock_entries(), 0);
+        assert_eq!(svc.turn_lock_entries(), 0, "a deletion drops it all");
     }
 
     /// Polls a future once.

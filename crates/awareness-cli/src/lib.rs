@@ -16,7 +16,8 @@
 //! for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a missing file, an
 //! unknown session, a problem `doctor` found). A write whose output then cannot be printed
 //! says that it was done. Output whose reader has gone (`awareness tail --follow | head`) ends
-//! the command quietly, with exit code 0.
+//! the command without a message, with exit code 141 ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends
+//! most Unix tools.
 //!
 //! The binary shows the warnings the libraries log on stderr, through [`log::Logger`]
 //! (`AWARENESS_LOG` sets the level).
@@ -53,6 +54,10 @@ use clap::{Parser, Subcommand};
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code of a failure.
 pub const EXIT_FAILURE: i32 = 1;
+/// Exit code when the output's reader went away (a closed pipe): 141, a process's code when
+/// SIGPIPE ends it, as it ends most Unix tools in `... | head`. Not 0: what the command had
+/// still to say (a problem `doctor` found, a step the demo missed) was not said.
+pub const EXIT_CLOSED_PIPE: i32 = 141;
 
 /// The default store: a SQLite file in the current directory.
 pub const DEFAULT_STORE: &str = "sqlite://awareness.db";
@@ -199,11 +204,12 @@ impl CliError {
     }
 
     /// A write to the output that failed. A closed pipe (the reader is gone, as `head` does
-    /// once it has its lines) stops the command quietly, exit code 0: there is nobody to tell.
+    /// once it has its lines) stops the command without a message, there being nobody to tell,
+    /// with [`EXIT_CLOSED_PIPE`].
     fn output(e: &std::io::Error) -> Self {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Self {
-                code: 0,
+                code: EXIT_CLOSED_PIPE,
                 message: String::new(),
             };
         }

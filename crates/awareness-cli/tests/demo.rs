@@ -84,10 +84,10 @@ async fn a_demo_that_fails_midway_closes_its_store_sqlite() {
     a_demo_that_fails_midway_closes_its_store("sqlite").await;
 }
 
-/// A demo whose reader goes away (`awareness demo | head`) stops quietly: exit code 0, nothing
-/// on stderr, and what it had recorded is in the file.
+/// A demo whose reader goes away (`awareness demo | head`) stops without a message, with exit
+/// code 141 (as SIGPIPE ends a Unix tool), and what it had recorded is in the file.
 #[tokio::test]
-async fn a_demo_whose_reader_goes_away_stops_quietly() {
+async fn a_demo_whose_reader_goes_away_stops_without_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("demo.db");
     let url = format!("sqlite://{}", file.display());
@@ -98,7 +98,12 @@ async fn a_demo_whose_reader_goes_away_stops_quietly() {
     };
     let mut err = Vec::new();
     let code = awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(
+        code,
+        awareness_cli::EXIT_CLOSED_PIPE,
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
     assert!(err.is_empty(), "{}", String::from_utf8_lossy(&err));
     assert!(
         !String::from_utf8_lossy(&out.taken).contains("final session_status"),

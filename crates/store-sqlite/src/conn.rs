@@ -166,8 +166,12 @@ pub(crate) struct Readers {
 }
 
 /// Checkpoint rounds in a row that may leave the WAL to grow before one holds the write
-/// connection for its last pass however slow that pass is.
+/// connection for its last pass however slow its passes were.
 pub(crate) const ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED: u32 = 4;
+
+/// The most frames a forced last pass may have left to copy (4 MiB of 4 KiB pages): it holds
+/// the write connection for that copy and one fsync, never for a long copy (a pruning pass's).
+const FORCED_LAST_PASS_MAX_FRAMES: i64 = 1_024;
 
 /// A reader connection, held until dropped.
 pub(crate) struct Reader<'a> {
@@ -201,14 +205,17 @@ impl Readers {
 
     /// Whether a checkpoint round makes its last pass, holding the write connection: when one
     /// of its passes was `quick`, or else once [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds
-    /// in a row went without. Where every pass is slow (a disk whose fsync takes longer than
-    /// the quick bound, a long run of writes) the WAL otherwise never started over, and grew
-    /// for as long as the writes went on.
-    pub(crate) fn last_pass_due(&self, quick: bool) -> bool {
+    /// in a row went without, if its last pass left `few_left` frames to copy. Where every
+    /// pass is slow (a disk whose fsync takes longer than the quick bound) the WAL otherwise
+    /// never started over, and grew for as long as the writes went on; where much is left (a
+    /// pruning pass writing fast), the round still leaves it to a later one.
+    pub(crate) fn last_pass_due(&self, quick: bool, few_left: bool) -> bool {
         let rounds = &self.rounds_without_last_pass;
-        if quick
-            || rounds.fetch_add(1, Ordering::AcqRel) + 1 >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED
-        {
+        let forced = || {
+            rounds.fetch_add(1, Ordering::AcqRel) + 1 >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED
+                && few_left
+        };
+        if quick || forced() {
             rounds.store(0, Ordering::Release);
             return true;
         }
@@ -266,20 +273,29 @@ impl Readers {
                     tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed");
                 }
             }
-            result.is_ok().then(|| started.elapsed())
+            // Frames the pass left to copy: in the log, less those copied (a log of -1 frames
+            // is no WAL at all).
+            let left = result
+                .as_ref()
+                .ok()?
+                .first()
+                .map_or(0, |(_, log, done)| (log - done).max(0));
+            Some((started.elapsed(), left))
         };
         let mut quick = false;
+        let mut left = 0;
         for _ in 0..4 {
-            let Some(took) = pass(&mut *self.get().await).await else {
+            let Some((took, rest)) = pass(&mut *self.get().await).await else {
                 return;
             };
+            left = rest;
             if took < QUICK {
                 quick = true;
                 break;
             }
         }
         if let Some(w) = writer
-            && self.last_pass_due(quick)
+            && self.last_pass_due(quick, left <= FORCED_LAST_PASS_MAX_FRAMES)
         {
             let mut conn = self.get().await;
             let _quiet = w.lock().await;

@@ -43,9 +43,10 @@ pub(crate) async fn init_writer(
     }
 }
 
-/// Whether SQLite opened the file read-only for the write connection: it does so, without an
-/// error, when the file itself may not be written (its mode, its owner), and an up-to-date
-/// WAL store then opens with nothing written, to fail every write later.
+/// SQLite's refusal to write through the write connection, when it opened the file read-only
+/// for it: it does so, without an error, when the file may not be written (its mode, its
+/// owner, a read-only file system), and an up-to-date WAL store then opens with nothing
+/// written, to fail every write later. `None` when the file takes writes.
 ///
 /// SQLite grants such a connection the write lock (in WAL mode the lock lives in the `-shm`
 /// file) and refuses only the first change of a page, so the probe changes one, the header's
@@ -55,7 +56,7 @@ pub(crate) async fn init_writer(
 pub(crate) async fn opened_read_only(
     conn: &mut SqliteConnection,
     busy_timeout: Duration,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Option<sqlx::Error>, sqlx::Error> {
     sqlx::raw_sql("PRAGMA busy_timeout = 0")
         .execute(&mut *conn)
         .await?;
@@ -65,10 +66,10 @@ pub(crate) async fn opened_read_only(
         .execute(&mut *conn)
         .await?;
     match probed {
-        Err(e) if error::is_read_only(&e) => Ok(true),
-        Err(e) if error::is_busy(&e) => Ok(false),
+        Err(e) if error::is_read_only(&e) => Ok(Some(e)),
+        Err(e) if error::is_busy(&e) => Ok(None),
         Err(e) => Err(e),
-        Ok(()) => Ok(false),
+        Ok(()) => Ok(None),
     }
 }
 

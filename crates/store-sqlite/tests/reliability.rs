@@ -695,6 +695,6 @@ async fn a_store_file_the_user_may_not_write_gives_a_clear_error() {
     let (code, msg) = open_as_nobody(&bin_dir, &existing);
     assert_eq!(code, 2, "a file the user may not write is refused: {msg}");
     assert!(msg.contains(&existing.display().to_string()), "{msg}");
-    assert!(msg.contains("may not write the file"), "{msg}");
+    assert!(msg.contains("SQLite opened it read-only"), "{msg}");
     assert_eq!(std::fs::read(&existing).unwrap(), before, "nothing written");
 }

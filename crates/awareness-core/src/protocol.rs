@@ -422,11 +422,11 @@ pub fn head_over_unreadable(event: &Event, now: Timestamp) -> Head {
 ///
 /// - A log-only kind writes nothing.
 /// - A seed kind (`child_spawned`) gives each named watcher other than the session itself a
-///   cursor at the event's sequence, or leaves a pending one as it is ([`seed`]). The spawner
-///   is usually the event's actor too, and is seeded all the same.
-/// - A notify kind moves the cursors on the event's ref. A named watcher without a cursor gets
-///   one starting at 0. Self-caused events (the actor id is the watcher) write nothing for that
-///   watcher.
+///   cursor at the event's sequence, or keeps a pending one's sequences, making it explicit
+///   ([`seed`]). The spawner is usually the event's actor too, and is seeded all the same.
+/// - A notify kind moves the cursors on the event's ref. A named watcher without a cursor on
+///   it (none, or one on another agent's session of the key) gets one starting at 0.
+///   Self-caused events (the actor id is the watcher) write nothing for that watcher.
 pub fn on_event(
     event: &Event,
     named: &[WatcherKey],

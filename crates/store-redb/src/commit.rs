@@ -364,7 +364,11 @@ impl Writer {
                 // A panic fails this write alone, as an error its caller is given; the drain
                 // goes on with the writes of other callers queued behind it.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(w)))
-                    .unwrap_or_else(|panic| Err(w.panicked(what, &*panic)));
+                    .unwrap_or_else(|panic| {
+                        // As after any failed write: a latched I/O failure is noted.
+                        w.shared().check_after_failure();
+                        Err(w.panicked(what, &*panic))
+                    });
                 Box::new(move || drop(reply.send(result))) as SendAnswer
             })),
         )?;
@@ -784,7 +788,7 @@ mod tests {
             .try_recv()
             .expect("answered")
             .expect_err("the recording that panicked fails");
-        let file = dir.path().display().to_string();
+        let file = dir.path().join("state.redb").display().to_string();
         assert!(err.to_string().contains(&file), "{err}");
 
         let err = runtime
@@ -794,7 +798,8 @@ mod tests {
             .expect_err("the write that panicked fails");
         let chain = awareness_core::error::ErrorChain(&err).to_string();
         assert!(
-            chain.contains("a write panicked") && chain.contains("the write's own panic"),
+            chain.contains(&format!("{file}: a write panicked"))
+                && chain.contains("the write's own panic"),
             "{chain}"
         );
         let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");

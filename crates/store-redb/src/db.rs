@@ -168,11 +168,11 @@ impl Shared {
             let cause = self.first_failure.get().map_or("", String::as_str);
             return Err(StoreError::backend(
                 what.to_owned(),
+                // The file is named by `StoreError::in_store`, where the refusal is returned.
                 format!(
-                    "a write on {} failed earlier with an I/O error ({cause}), and redb \
+                    "a write on this file failed earlier with an I/O error ({cause}), and redb \
                      refuses every write until the database is reopened: close every handle \
-                     on it in this process, then open it again",
-                    self.path.display()
+                     on it in this process, then open it again"
                 ),
             ));
         }

@@ -1099,6 +1099,10 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
 
 /// Runs the model test: `PROPTEST_CASES` cases (default 256) of up to 60 operations each, a
 /// fresh subject from `factory` per case.
+///
+/// On two worker threads, as the conformance suite runs: the calls of an `Op::Concurrent` wave
+/// then overlap on a store whose `record` never waits (store-memory), where one thread ran
+/// them one after another in the order they were spawned.
 pub fn run<F, Fut>(factory: F)
 where
     F: Fn() -> Fut,
@@ -1108,7 +1112,8 @@ where
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");

@@ -672,7 +672,7 @@ fn deliver_each<'n>(
 type Panicked<'n> = (&'n WatcherKey, Box<dyn std::any::Any + Send>);
 
 /// The message of a panic (a `&str` or `String` payload), else `(no message)`.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
         .downcast_ref::<&str>()
         .copied()

@@ -1001,6 +1001,46 @@ impl UpstreamProvider for Broken {
     }
 }
 
+/// A provider whose check panics fails that session's check, said as a failure naming the
+/// session and the panic: the panic was logged without either, and no detection said it.
+#[tokio::test(start_paused = true)]
+async fn a_provider_whose_check_panics_fails_that_sessions_check() {
+    struct Panics;
+    #[async_trait]
+    impl UpstreamProvider for Panics {
+        fn kind(&self) -> &'static str {
+            "panics"
+        }
+
+        async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+            panic!("the node's client panicked")
+        }
+    }
+    let w = world();
+    let mut t = Transcript::new();
+    let good = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let bad = w.adopt_remote("agent:main:remote", "panics").await;
+    let monitor = w.monitor().provider(Arc::new(Panics)).build();
+    let mut rx = monitor.subscribe();
+    t.human("typed by a person");
+    let report = monitor.tick().await;
+    assert_eq!(report.links, 2);
+    assert_eq!(w.human_events(&good).await, 1, "the other check goes on");
+    let failed = next(&mut rx, |d| match d {
+        Detection::Failed { session, error } => Some((session.clone(), error.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(failed.0, bad);
+    assert!(
+        failed.1.contains("the node's client panicked"),
+        "{}",
+        failed.1
+    );
+}
+
 /// A gateway's run activity that panics for one session fails that session's check only: the
 /// tick goes on, and the other session's turn is recorded. The panic ended the tick, and with
 /// it the monitor.

@@ -517,6 +517,8 @@ impl Inner {
         report.links = links.len();
         me.missing_counts()
             .retain(|r, _| links.iter().any(|l| &l.session == r));
+        // The session of each check task, for the one that panics.
+        let mut sessions = HashMap::new();
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
                 report.no_provider += 1;
@@ -559,19 +561,37 @@ impl Inner {
                 }
             };
             report.checked += 1;
+            let session = link.session.clone();
             let me = Arc::clone(me);
-            checks.spawn(async move { me.check(provider, link, own).await });
+            let task = checks.spawn(async move { me.check(provider, link, own).await });
+            sessions.insert(task.id(), session);
         }
-        while let Some(done) = checks.join_next().await {
+        while let Some(done) = checks.join_next_with_id().await {
             match done {
-                Ok(true) => {
+                Ok((_, true)) => {
                     report.checked -= 1;
                     report.deferred += 1;
                 }
+                // A provider, a port or the store that panics in one check fails that
+                // session's check, said as any failure is: the marker stays, and the next
+                // tick reads the rows again.
                 Err(e) if e.is_panic() => {
-                    warn!(error = %ErrorChain(&e), "upstream monitor: a check panicked");
+                    let session = sessions.remove(&e.id());
+                    let panic = e.into_panic();
+                    let message = crate::service::panic_message(&*panic);
+                    warn!(
+                        session_key = session.as_ref().map(|s| s.session_key.as_str()),
+                        panic = message,
+                        "upstream monitor: a check panicked"
+                    );
+                    if let Some(session) = session {
+                        me.emit(Detection::Failed {
+                            session,
+                            error: format!("the check panicked: {message}"),
+                        });
+                    }
                 }
-                Ok(false) | Err(_) => {}
+                Ok((_, false)) | Err(_) => {}
             }
         }
         me.emit(Detection::TickDone(report));

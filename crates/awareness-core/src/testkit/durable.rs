@@ -194,13 +194,14 @@ pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file(
     let kid = child();
     let manager = w("agent:main:main");
     let refs = [kid.clone()];
+    let mut cancelled = 0;
     for polls in 1..=3 {
         let dir = Scratch::new("durable");
         let file = dir.file();
         let t = open(&f, &file).await;
         t.store.watch(&manager, &kid, T0).await.expect("watch");
         rec(&*t.store, human(&kid), T0).await;
-        give_up_after(polls, t.store.record(human(&kid), T0)).await;
+        cancelled += usize::from(give_up_after(polls, t.store.record(human(&kid), T0)).await);
         t.close().await;
         let what = format!("closed right after a write given up at poll {polls}");
         let c = copy_alone_answers_as_the_file(&f, &dir, &refs, &what).await;
@@ -221,6 +222,7 @@ pub async fn a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file(
             "the cursor moved with each commit"
         );
     }
+    assert!(cancelled > 0, "no write was given up midway");
 }
 
 /// Closing the last handle on a file keeps in it what another handle of the process left
@@ -231,9 +233,11 @@ pub async fn closing_the_last_handle_keeps_what_a_dropped_handle_left_running(f:
     let refs = [kid.clone()];
     let (dir, a, b) = two_handles(&f).await;
     rec(&*a.store, human(&kid), T0).await;
+    let mut cancelled = 0;
     for _ in 0..20 {
-        give_up_after(1, a.store.record(human(&kid), T0)).await;
+        cancelled += usize::from(give_up_after(1, a.store.record(human(&kid), T0)).await);
     }
+    assert!(cancelled > 0, "no recording was left running");
     drop(a);
     b.close().await;
     let c = copy_alone_answers_as_the_file(&f, &dir, &refs, "after a dropped handle").await;
@@ -439,12 +443,13 @@ pub async fn a_cancelled_write_leaves_the_file_writable(f: impl OpenFile) {
     let other = r("agent:main:subagent:other", "main");
     let manager = w("agent:main:main");
     a.store.watch(&manager, &kid, T0).await.expect("watch");
+    let mut cancelled = 0;
     for polls in 1..=3 {
         // A recording that moves a cursor, and a watch, each given up after `polls` polls.
-        give_up_after(polls, a.store.record(human(&kid), T0)).await;
+        cancelled += usize::from(give_up_after(polls, a.store.record(human(&kid), T0)).await);
         b_records(&b, &other, polls).await;
         let watcher = w(&format!("agent:main:w{polls}"));
-        give_up_after(polls, a.store.watch(&watcher, &kid, T0)).await;
+        cancelled += usize::from(give_up_after(polls, a.store.watch(&watcher, &kid, T0)).await);
         b_records(&b, &other, polls).await;
         // `a` writes too. A store may finish a cancelled write in the background (redb's
         // writer does); this write is queued behind it, so the reads below see it done.
@@ -461,6 +466,7 @@ pub async fn a_cancelled_write_leaves_the_file_writable(f: impl OpenFile) {
             "after writes cancelled at poll {polls}, the cursor's latest change is the head"
         );
     }
+    assert!(cancelled > 0, "no write was given up midway");
 }
 
 /// Pruning cancelled midway (its future dropped after a few polls, as a shutdown or a timeout
@@ -830,8 +836,7 @@ pub async fn a_link_row_with_text_that_is_not_utf8_is_left_out(f: impl OpenFile)
 
 /// The check of unreadable link rows, with rows damaged by
 /// [`RawAccess::damage_link_row`](super::RawAccess::damage_link_row), or spoiled by
-/// [`RawAccess::spoil_link_text`](super::RawAccess::spoil_link_text) (`spoil`; nothing is
-/// checked for a store that cannot hold such text).
+/// [`RawAccess::spoil_link_text`](super::RawAccess::spoil_link_text) (`spoil`).
 async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
     use crate::StoreError;
     let dir = Scratch::new("durable");
@@ -855,10 +860,10 @@ async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
         }
         .expect("damage a link row")
     };
-    if !damage_or_spoil(&torn).await {
-        assert!(spoil, "the store has a link row to damage");
-        return; // Links are kept as values (store-memory): their text is always UTF-8.
-    }
+    assert!(
+        damage_or_spoil(&torn).await,
+        "the store has a link row to damage"
+    );
     let damage = async |session: &SessionRef| {
         assert!(
             damage_or_spoil(session).await,
@@ -1049,52 +1054,69 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     );
 }
 
-/// A head row or an event row holding text that is not UTF-8 (a hand edit by a tool that does
-/// not check) stops neither a listing of heads, which lists the others, nor pruning, which
-/// deletes that event in its turn. A store that reads many rows as one piece of text failed
-/// both as a whole: the one listing for good, and every pruning pass from then on, so the log
-/// grew without bound.
-pub async fn text_that_is_not_utf8_stops_neither_listing_heads_nor_pruning(f: impl OpenFile) {
-    let dir = Scratch::new("durable");
-    let t = open(&f, &dir.file()).await;
-    let s = &*t.store;
-    // Recorded in this order; the second key holds U+FFFD, which a key may.
+/// Four sessions, the second of whose keys holds U+FFFD (which a key may), each recorded on
+/// once, in this order; and the sequences of their events.
+async fn four_sessions_one_with_u_fffd(s: &dyn AwarenessStore) -> ([SessionRef; 4], Vec<Sequence>) {
     let sessions = [
         r("agent:main:subagent:a", "main"),
         r("agent:main:subagent:\u{FFFD}", "main"),
         r("agent:main:subagent:b", "main"),
         r("agent:main:subagent:c", "main"),
     ];
-    let [first, replacement, spoiled, last] = &sessions;
     let mut seqs = Vec::new();
     for session in &sessions {
         seqs.push(rec(s, human(session), T0).await.event.sequence);
     }
+    (sessions, seqs)
+}
+
+/// A head row holding text that is not UTF-8 (a hand edit by a tool that does not check) stops
+/// no listing of heads, which lists the others. A store that read many heads as one piece of
+/// text failed the listing as a whole, for good. (Stamped for a store whose head rows can hold
+/// such text.)
+pub async fn a_head_with_text_that_is_not_utf8_stops_no_listing_of_heads(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let ([first, replacement, spoiled, last], _) = four_sessions_one_with_u_fffd(s).await;
     let listed = async |agent: Option<&str>| {
         listed_heads(s, agent, "a listing over a head that is not UTF-8").await
     };
-    if t.raw.spoil_head_text(spoiled).await.expect("spoil a head") {
-        let others = [first.clone(), last.clone(), replacement.clone()];
-        assert_eq!(listed(None).await, others);
-        assert_eq!(listed(Some("main")).await, others);
-    }
-    if t.raw
-        .spoil_event_text(seqs[0])
-        .await
-        .expect("spoil an event")
-    {
-        let (report, left) = prune_to_cap(s, 1, "an event that is not UTF-8").await;
-        assert_eq!(report.events_by_cap, 3, "{report:?}");
-        let left: Vec<Sequence> = left.iter().map(|e| e.sequence).collect();
-        assert_eq!(left, [seqs[3]], "the spoiled event pruned in its turn");
-        // Pruned in the same chunk as the spoiled event, the session whose key holds U+FFFD
-        // is stamped as any other: its history is not reported whole.
-        let head = s
-            .heads(std::slice::from_ref(replacement))
+    assert!(
+        t.raw.spoil_head_text(&spoiled).await.expect("spoil a head"),
+        "the store has a head row to spoil"
+    );
+    let others = [first, last, replacement];
+    assert_eq!(listed(None).await, others);
+    assert_eq!(listed(Some("main")).await, others);
+}
+
+/// An event row holding text that is not UTF-8 stops no pruning, which deletes that event in
+/// its turn. A store that read many events as one piece of text failed every pruning pass from
+/// then on, so the log grew without bound.
+pub async fn an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let ([_, replacement, _, _], seqs) = four_sessions_one_with_u_fffd(s).await;
+    assert!(
+        t.raw
+            .spoil_event_text(seqs[0])
             .await
-            .expect("its head");
-        assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
-    }
+            .expect("spoil an event"),
+        "the store has an event row to spoil"
+    );
+    let (report, left) = prune_to_cap(s, 1, "an event that is not UTF-8").await;
+    assert_eq!(report.events_by_cap, 3, "{report:?}");
+    let left: Vec<Sequence> = left.iter().map(|e| e.sequence).collect();
+    assert_eq!(left, [seqs[3]], "the spoiled event pruned in its turn");
+    // Pruned in the same chunk as the spoiled event, the session whose key holds U+FFFD is
+    // stamped as any other: its history is not reported whole.
+    let head = s
+        .heads(std::slice::from_ref(&replacement))
+        .await
+        .expect("its head");
+    assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
 }
 
 /// A recording on a session whose head row the store cannot read succeeds and writes a readable
@@ -1121,9 +1143,10 @@ pub async fn a_recording_over_an_unreadable_head_reports_a_history_gap(f: impl O
     let mut first = Vec::new();
     for session in [&watched, &alone, &grouped] {
         first.push(rec(s, human(session), T0).await.event.sequence);
-        if !t.raw.damage_head_row(session).await.expect("damage a head") {
-            return; // Heads are kept as values (store-memory): none can be damaged.
-        }
+        assert!(
+            t.raw.damage_head_row(session).await.expect("damage a head"),
+            "the store has a head row to damage"
+        );
     }
     // `new`: the session's events recorded over the damaged head, ascending; the first of
     // them is the first to write a head again.
@@ -1212,8 +1235,7 @@ pub async fn a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothi
 
 /// The check of unreadable cursor rows, with rows damaged by
 /// [`RawAccess::damage_cursor_row`](super::RawAccess::damage_cursor_row), or spoiled by
-/// [`RawAccess::spoil_cursor_text`](super::RawAccess::spoil_cursor_text) (`spoil`; nothing is
-/// checked for a store that cannot hold such text).
+/// [`RawAccess::spoil_cursor_text`](super::RawAccess::spoil_cursor_text) (`spoil`).
 async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
     use crate::{CursorFilter, StoreError};
     let dir = Scratch::new("durable");
@@ -1242,10 +1264,10 @@ async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
         }
         .expect("damage a cursor row")
     };
-    if !damage_or_spoil(&manager, &first).await {
-        assert!(spoil, "the store has a cursor row to damage");
-        return; // The store cannot hold such text in a cursor row.
-    }
+    assert!(
+        damage_or_spoil(&manager, &first).await,
+        "the store has a cursor row to damage"
+    );
     let damage = async |watcher: &crate::WatcherKey, target: &SessionRef| {
         assert!(
             damage_or_spoil(watcher, target).await,
@@ -1530,14 +1552,17 @@ async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
 }
 
 /// Polls `call` up to `polls` times, then drops it unless it finished: a cancelled caller.
-async fn give_up_after<F: Future>(polls: usize, call: F) {
+/// Answers whether it was cancelled (a check whose calls all finished cancelled nothing, and
+/// asserts that some did not).
+async fn give_up_after<F: Future>(polls: usize, call: F) -> bool {
     let mut call = std::pin::pin!(call);
     for _ in 0..polls {
         if poll_once(call.as_mut()).await {
-            return;
+            return false;
         }
         tokio::task::yield_now().await;
     }
+    true
 }
 
 /// `b` records on `other`, which must not fail.

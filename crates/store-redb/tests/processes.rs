@@ -55,6 +55,13 @@ fn target(i: usize) -> SessionRef {
     SessionRef::parse(&format!("agent:main:subagent:t{i}"), "main").unwrap()
 }
 
+/// The `i` of [`target`]`(i)`.
+fn target_index(key: &awareness_core::SessionKey) -> usize {
+    (0..=WATCHED)
+        .find(|i| target(*i).session_key == *key)
+        .expect("an event of the crash test is on one of its targets")
+}
+
 fn now() -> Timestamp {
     Timestamp::now()
 }
@@ -92,7 +99,8 @@ fn wait_for_stdin_eof() {
 
 /// Records until killed, from `RECORDERS` concurrent tasks: human messages on the watched
 /// targets, log-only events on another, a dedupe hit now and then, and acknowledgements. Reports
-/// `R <sequence> <target> <write transactions so far>` after each record returned.
+/// `R <sequence> <target> <write transactions so far>` after each record returned, `H` in
+/// place of `R` for a dedupe hit (the sequence is then the stored event's).
 async fn child_record(path: &Path, interval_ms: Option<u64>, live_readers: bool) {
     let store = std::sync::Arc::new(
         RedbStore::open_with(path, options(interval_ms).live_readers(live_readers))
@@ -140,13 +148,13 @@ async fn recorder(store: std::sync::Arc<RedbStore>, k: u64) {
             e = e.with_dedupe_key("crash-test-once");
         }
         let rec = store.record(e, now()).await.expect("child: record");
-        if !rec.deduplicated {
-            say(&format!(
-                "R {} {t} {}",
-                rec.event.sequence,
-                store.write_transactions()
-            ));
-        }
+        say(&format!(
+            "{} {} {} {}",
+            if rec.deduplicated { "H" } else { "R" },
+            rec.event.sequence,
+            target_index(&rec.event.session_key),
+            store.write_transactions()
+        ));
         if n % 7 == 6 {
             store
                 .acknowledge(&watcher(), &targets, now())
@@ -371,13 +379,18 @@ impl Rng {
     }
 }
 
-/// `R <sequence> <target> <write transactions>`.
-fn parse_report(line: &str) -> Option<(u64, usize, u64)> {
-    let mut parts = line.strip_prefix("R ")?.split(' ');
+/// `R <sequence> <target> <write transactions>`, or `H ...` for a dedupe hit (`true`).
+fn parse_report(line: &str) -> Option<(u64, usize, u64, bool)> {
+    let (hit, rest) = match line.split_at_checked(2)? {
+        ("R ", rest) => (false, rest),
+        ("H ", rest) => (true, rest),
+        _ => return None,
+    };
+    let mut parts = rest.split(' ');
     let seq = parts.next()?.parse().ok()?;
     let t = parts.next()?.parse().ok()?;
     let txns = parts.next()?.parse().ok()?;
-    Some((seq, t, txns))
+    Some((seq, t, txns, hit))
 }
 
 /// Opens the file after a kill and checks every invariant; `must_have` are the sequences that
@@ -464,6 +477,10 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
     let mut lost_total = 0;
     let mut checked_rounds = 0;
     let mut handed_out = 0;
+    // Dedupe hits on an event an earlier, killed writer stored (below `earlier`, the highest
+    // sequence the file held at the last check): the event must still be there.
+    let mut hits_across = 0;
+    let mut earlier = 0;
     for round in 0..KILLS_PER_MODE {
         let mode = if live_readers {
             "record_live"
@@ -481,12 +498,21 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         let (killed_at, mut lines) = child.kill();
         lines.insert(0, (first_at, first));
         let mut txns = 0;
+        let mut across = BTreeMap::new();
         let reported: Vec<(Instant, u64, usize)> = lines
             .iter()
-            .map(|(at, l)| {
-                let (s, t, n) = parse_report(l).unwrap_or_else(|| panic!("bad report line {l:?}"));
+            .filter_map(|(at, l)| {
+                let (s, t, n, hit) =
+                    parse_report(l).unwrap_or_else(|| panic!("bad report line {l:?}"));
                 txns = txns.max(n);
-                (*at, s, t)
+                if !hit {
+                    return Some((*at, s, t));
+                }
+                if s <= earlier {
+                    hits_across += 1;
+                    across.insert(s, t);
+                }
+                None
             })
             .collect();
         reported_total += reported.len();
@@ -494,11 +520,13 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         let promise = interval_ms.map_or(Duration::ZERO, |ms| {
             Duration::from_millis(ms) + FLUSH_MARGIN
         });
-        let must_have: BTreeMap<u64, usize> = reported
+        let mut must_have: BTreeMap<u64, usize> = reported
             .iter()
             .filter(|(at, _, _)| killed_at.saturating_duration_since(*at) >= promise)
             .map(|(_, s, t)| (*s, *t))
             .collect();
+        // In the file when this writer opened it, whatever the mode: still there.
+        must_have.extend(across);
         if !must_have.is_empty() {
             checked_rounds += 1;
         }
@@ -506,9 +534,14 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         handed_out = handed_out.max(all.last().copied().unwrap_or(0));
         let max = rt.block_on(verify(&path, &must_have, handed_out, round));
         lost_total += all.range(max + 1..).count();
+        earlier = max;
     }
     eprintln!(
-        "  {KILLS_PER_MODE} kills, {reported_total} reported commits in at most {txns_total} write transactions (recordings, acknowledgements, watches), {lost_total} reported but lost (allowed only in the bounded mode), {checked_rounds} rounds with commits the mode promised"
+        "  {KILLS_PER_MODE} kills, {reported_total} reported commits in at most {txns_total} write transactions (recordings, acknowledgements, watches), {lost_total} reported but lost (allowed only in the bounded mode), {checked_rounds} rounds with commits the mode promised, {hits_across} dedupe hits on an event of an earlier writer"
+    );
+    assert!(
+        hits_across > 0,
+        "no dedupe hit on an event stored before a kill happened"
     );
     assert!(
         txns_total < reported_total as u64,

@@ -28,6 +28,22 @@ impl Write for FailsAfter {
     }
 }
 
+/// `awareness --store <url> record` of a `goal_changed` event on `agent:main:x`.
+fn record_args<'a>(url: &'a str, summary: &'a str) -> [&'a str; 10] {
+    [
+        "awareness",
+        "--store",
+        url,
+        "record",
+        "--session",
+        "agent:main:x",
+        "--kind",
+        "goal_changed",
+        "--summary",
+        summary,
+    ]
+}
+
 /// The refs with a head in the store at `url`, through `awareness --json list`.
 async fn listed(url: &str) -> Vec<Value> {
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -122,23 +138,7 @@ async fn a_demo_whose_recordings_fail_exits_with_a_failure() {
     let file = dir.path().join("demo.db");
     let url = format!("sqlite://{}", file.display());
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = awareness_cli::run(
-        [
-            "awareness",
-            "--store",
-            &url,
-            "record",
-            "--session",
-            "agent:main:x",
-            "--kind",
-            "goal_changed",
-            "--summary",
-            "makes the store",
-        ],
-        &mut out,
-        &mut err,
-    )
-    .await;
+    let code = awareness_cli::run(record_args(&url, "makes the store"), &mut out, &mut err).await;
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
     let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
         .await
@@ -178,23 +178,7 @@ async fn a_record_whose_output_fails_says_it_was_recorded() {
         kind: io::ErrorKind::StorageFull,
     };
     let mut err = Vec::new();
-    let code = awareness_cli::run(
-        [
-            "awareness",
-            "--store",
-            &url,
-            "record",
-            "--session",
-            "agent:main:x",
-            "--kind",
-            "goal_changed",
-            "--summary",
-            "once",
-        ],
-        &mut out,
-        &mut err,
-    )
-    .await;
+    let code = awareness_cli::run(record_args(&url, "once"), &mut out, &mut err).await;
     let err = String::from_utf8_lossy(&err);
     assert_eq!(code, awareness_cli::EXIT_FAILURE, "{err}");
     assert!(

@@ -172,17 +172,18 @@ impl MemoryStore {
         }
     }
 
-    /// The lock for one chunk of a pruning pass: callers already blocked on it go first (for at
-    /// most [`MAINTENANCE_DEFERS_AT_MOST`], so a steady stream of them cannot stall the pass). It
-    /// yields the thread while it waits: pruning is maintenance, off the hot path.
-    fn lock_after_blocked(&self) -> MutexGuard<'_, Inner> {
+    /// Before a step of a pruning chunk takes the lock: callers already blocked on it go first
+    /// (for at most [`MAINTENANCE_DEFERS_AT_MOST`], so a steady stream of them cannot stall the
+    /// pass). It lets its executor run other tasks while it waits, where it spun its thread,
+    /// holding up a runtime worker for up to that long per step: pruning is maintenance, off
+    /// the hot path.
+    async fn defer_to_blocked(&self) {
         let started = Instant::now();
         while self.blocked.load(Ordering::Acquire) > 0
             && started.elapsed() < MAINTENANCE_DEFERS_AT_MOST
         {
-            std::thread::yield_now();
+            YieldOnce(false).await;
         }
-        self.lock()
     }
 }
 
@@ -329,7 +330,7 @@ impl MemoryStore {
         now: Timestamp,
         resume: &mut Resume,
     ) -> (usize, bool) {
-        let mut g = self.lock_after_blocked();
+        let mut g = self.lock();
         let (victims, more) = match *step {
             PruneStep::Age { cutoff } => {
                 let Some(last) = resume
@@ -515,6 +516,7 @@ impl EventStore for MemoryStore {
         let mut resume = Resume::default();
         while deleted < max_rows {
             let want = (max_rows - deleted).min(PRUNE_STEP_ROWS);
+            self.defer_to_blocked().await;
             let (gone, more) = self.prune_step(step, want, now, &mut resume);
             deleted += gone;
             if !more {

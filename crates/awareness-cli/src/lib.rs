@@ -217,14 +217,17 @@ impl CliError {
     }
 
     /// This failure, met after `done` was carried out (a write committed, say), saying so:
-    /// nobody should run the write again to be sure it happened.
+    /// nobody should run the write again to be sure it happened. Said on stderr even when the
+    /// output's reader went away ([`EXIT_CLOSED_PIPE`]), which says nothing otherwise.
     fn after(self, done: &str) -> Self {
-        if self.message.is_empty() {
-            return self;
-        }
+        let why = if self.message.is_empty() {
+            "the output's reader went away"
+        } else {
+            &self.message
+        };
         Self {
+            message: format!("{done}, but {why}"),
             code: self.code,
-            message: format!("{done}, but {}", self.message),
         }
     }
 }

@@ -167,23 +167,34 @@ async fn a_demo_whose_recordings_fail_exits_with_a_failure() {
 }
 
 /// A write whose output then fails says that the write was done, so that nobody runs it again
-/// to be sure (a second `record` without a dedupe key is a second event).
+/// to be sure (a second `record` without a dedupe key is a second event): on a full disk, and
+/// on a closed pipe too, which otherwise ends a command without a word.
 #[tokio::test]
 async fn a_record_whose_output_fails_says_it_was_recorded() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("s.db").display());
-    let mut out = FailsAfter {
-        taken: Vec::new(),
-        needle: "",
-        kind: io::ErrorKind::StorageFull,
-    };
-    let mut err = Vec::new();
-    let code = awareness_cli::run(record_args(&url, "once"), &mut out, &mut err).await;
-    let err = String::from_utf8_lossy(&err);
-    assert_eq!(code, awareness_cli::EXIT_FAILURE, "{err}");
-    assert!(
-        err.contains("recorded event #1, but cannot write output"),
-        "{err}"
-    );
-    assert_eq!(listed(&url).await.len(), 1, "the event is stored");
+    for (kind, code, says) in [
+        (
+            io::ErrorKind::StorageFull,
+            awareness_cli::EXIT_FAILURE,
+            "recorded event #1, but cannot write output",
+        ),
+        (
+            io::ErrorKind::BrokenPipe,
+            awareness_cli::EXIT_CLOSED_PIPE,
+            "recorded event #1, but the output's reader went away",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let mut out = FailsAfter {
+            taken: Vec::new(),
+            needle: "",
+            kind,
+        };
+        let mut err = Vec::new();
+        let got = awareness_cli::run(record_args(&url, "once"), &mut out, &mut err).await;
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(got, code, "{kind}: {err}");
+        assert!(err.contains(says), "{kind}: {err}");
+        assert_eq!(listed(&url).await.len(), 1, "{kind}: the event is stored");
+    }
 }

@@ -118,8 +118,8 @@ impl StoreError {
     }
 
     /// This error, said of the store in the file at `path`: [`StoreError::Busy`],
-    /// [`StoreError::Corrupt`] and [`StoreError::Backend`] get the path before their context
-    /// (once: an error that has it already is left as it is), so that the failure of a store
+    /// [`StoreError::Corrupt`] and [`StoreError::Backend`] get `path: ` before their context
+    /// (once: a context that starts so is left as it is), so that the failure of a store
     /// opened long ago names its file; the other variants name it already, or are about the
     /// caller's input. Variant, source and [`is_retryable`](Self::is_retryable) are kept.
     ///
@@ -133,7 +133,7 @@ impl StoreError {
     pub fn in_store(self, path: &Path) -> StoreError {
         let name = |context: String| {
             let shown = path.display().to_string();
-            if context.starts_with(&shown) {
+            if context.starts_with(&format!("{shown}: ")) {
                 context
             } else {
                 format!("{shown}: {context}")
@@ -231,6 +231,9 @@ mod tests {
             .in_store(path)
             .to_string()
         );
+        // A file named as the context's first word is still named.
+        let short = StoreError::corrupt("list heads").in_store(Path::new("list"));
+        assert_eq!(short.to_string(), "corrupt store: list: list heads");
         let invalid: StoreError = ValidationError::SummaryBlank.into();
         assert_eq!(
             invalid.in_store(path).to_string(),

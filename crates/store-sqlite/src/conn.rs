@@ -161,7 +161,7 @@ pub(crate) struct Readers {
     pub(crate) free: tokio::sync::Semaphore,
     pub(crate) next: AtomicUsize,
     /// Checkpoint rounds in a row that left their last pass (the one that holds the write
-    /// connection) undone, every pass having been slow ([`Readers::last_pass_due`]).
+    /// connection) undone, every pass having been slow ([`Readers::last_pass`]).
     rounds_without_last_pass: std::sync::atomic::AtomicU32,
 }
 
@@ -169,9 +169,21 @@ pub(crate) struct Readers {
 /// connection for its last pass however slow its passes were.
 pub(crate) const ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED: u32 = 4;
 
-/// The most frames a forced last pass may have left to copy (4 MiB of 4 KiB pages): it holds
-/// the write connection for that copy and one fsync, never for a long copy (a pruning pass's).
+/// The most frames the pass before a forced last pass may have left to copy (4 MiB of 4 KiB
+/// pages). The last pass, made only if the write connection is free at once, copies those and
+/// what writes added since, and fsyncs.
 const FORCED_LAST_PASS_MAX_FRAMES: i64 = 1_024;
+
+/// How a checkpoint round makes its last pass ([`Readers::last_pass`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LastPass {
+    /// Not this round.
+    Not,
+    /// Waiting for the write connection (a pass was quick).
+    Waiting,
+    /// Only if the write connection is free at once (forced after slow rounds).
+    IfFree,
+}
 
 /// A reader connection, held until dropped.
 pub(crate) struct Reader<'a> {
@@ -203,23 +215,30 @@ impl Readers {
         }
     }
 
-    /// Whether a checkpoint round makes its last pass, holding the write connection: when one
-    /// of its passes was `quick`, or else once [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds
-    /// in a row went without, if its last pass left `few_left` frames to copy. Where every
-    /// pass is slow (a disk whose fsync takes longer than the quick bound) the WAL otherwise
-    /// never started over, and grew for as long as the writes went on; where much is left (a
-    /// pruning pass writing fast), the round still leaves it to a later one.
-    pub(crate) fn last_pass_due(&self, quick: bool, few_left: bool) -> bool {
-        let rounds = &self.rounds_without_last_pass;
-        let forced = || {
-            rounds.fetch_add(1, Ordering::AcqRel) + 1 >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED
-                && few_left
-        };
-        if quick || forced() {
-            rounds.store(0, Ordering::Release);
-            return true;
+    /// How a checkpoint round makes its last pass, which holds the write connection: after a
+    /// `quick` pass, waiting for the connection; or else, once
+    /// [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds in a row went without, when its last
+    /// pass left `few_left` frames to copy, only if the connection is free at once (a write
+    /// holding it adds frames the pass would then copy). Where every pass is slow (a disk whose
+    /// fsync takes longer than the quick bound) the WAL otherwise never started over, and grew
+    /// for as long as the writes went on; where much is left (a pruning pass writing fast),
+    /// the rounds go on counting until one leaves little. A last pass made is reported with
+    /// [`Readers::last_pass_made`], which starts the count over.
+    pub(crate) fn last_pass(&self, quick: bool, few_left: bool) -> LastPass {
+        if quick {
+            return LastPass::Waiting;
         }
-        false
+        let rounds = self.rounds_without_last_pass.fetch_add(1, Ordering::AcqRel) + 1;
+        if rounds >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED && few_left {
+            LastPass::IfFree
+        } else {
+            LastPass::Not
+        }
+    }
+
+    /// A last pass was made: the rounds without one are counted from 0 again.
+    pub(crate) fn last_pass_made(&self) {
+        self.rounds_without_last_pass.store(0, Ordering::Release);
     }
 
     pub(crate) async fn get(&self) -> Reader<'_> {
@@ -253,7 +272,8 @@ impl Readers {
     /// writes keep the passes long (a pruning pass), the rest is left to the next round, so the
     /// write connection is not held for a long copy, up to a bound: every
     /// [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`]th round in a row without a quick pass makes
-    /// its last pass all the same ([`Readers::last_pass_due`]).
+    /// its last pass all the same when little is left to copy and the write connection is
+    /// free ([`Readers::last_pass`]).
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&WriteSlot>) {
         const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
         // A reader is taken for each pass and let go between them. The last pass takes its
@@ -294,12 +314,22 @@ impl Readers {
                 break;
             }
         }
-        if let Some(w) = writer
-            && self.last_pass_due(quick, left <= FORCED_LAST_PASS_MAX_FRAMES)
-        {
-            let mut conn = self.get().await;
-            let _quiet = w.lock().await;
-            pass(&mut conn).await;
+        let Some(w) = writer else { return };
+        match self.last_pass(quick, left <= FORCED_LAST_PASS_MAX_FRAMES) {
+            LastPass::Not => {}
+            LastPass::Waiting => {
+                let mut conn = self.get().await;
+                let _quiet = w.lock().await;
+                pass(&mut conn).await;
+                self.last_pass_made();
+            }
+            LastPass::IfFree => {
+                let mut conn = self.get().await;
+                if let Ok(_quiet) = w.try_lock() {
+                    pass(&mut conn).await;
+                    self.last_pass_made();
+                }
+            }
         }
     }
 }

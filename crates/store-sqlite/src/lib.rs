@@ -894,29 +894,43 @@ mod tests {
     }
 
     /// A checkpoint round makes its last pass, which holds the write connection, after a quick
-    /// pass, or after rounds in a row that had none when few frames are left to copy: where
-    /// every pass is slow, the WAL would otherwise never start over, and where much is left
-    /// the write connection would be held for a long copy.
+    /// pass (waiting for the connection), or after rounds in a row that had none when few
+    /// frames are left to copy (if the connection is free): where every pass is slow, the WAL
+    /// would otherwise never start over, and where much is left the write connection would be
+    /// held for a long copy. The count starts over only once a last pass is made.
     #[test]
     fn the_last_checkpoint_pass_is_forced_after_rounds_without_it() {
+        use conn::LastPass;
         let readers = Readers::new(Vec::new());
-        assert!(readers.last_pass_due(true, false), "a quick pass");
+        assert_eq!(readers.last_pass(true, false), LastPass::Waiting);
+        readers.last_pass_made();
         for round in 1..conn::ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED {
-            assert!(!readers.last_pass_due(false, true), "slow round {round}");
+            assert_eq!(
+                readers.last_pass(false, true),
+                LastPass::Not,
+                "slow round {round}"
+            );
         }
-        assert!(
-            !readers.last_pass_due(false, false),
+        assert_eq!(
+            readers.last_pass(false, false),
+            LastPass::Not,
             "not with much left to copy"
         );
-        assert!(
-            readers.last_pass_due(false, true),
+        assert_eq!(
+            readers.last_pass(false, true),
+            LastPass::IfFree,
             "the round that forces it"
         );
-        assert!(!readers.last_pass_due(false, true), "counting starts over");
-        assert!(readers.last_pass_due(true, false), "a quick pass again");
-        assert!(
-            !readers.last_pass_due(false, true),
-            "and counting starts over after it too"
+        assert_eq!(
+            readers.last_pass(false, true),
+            LastPass::IfFree,
+            "again while none was made (the write connection was busy)"
+        );
+        readers.last_pass_made();
+        assert_eq!(
+            readers.last_pass(false, true),
+            LastPass::Not,
+            "counting starts over once one is made"
         );
     }
 

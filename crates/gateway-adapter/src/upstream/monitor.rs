@@ -576,6 +576,8 @@ impl Inner {
                 // session's check, said as any failure is: the marker stays, and the next
                 // tick reads the rows again.
                 Err(e) if e.is_panic() => {
+                    // Its result was not taken: failed, as a port that panics fails a check.
+                    report.checked -= 1;
                     let session = sessions.remove(&e.id());
                     let panic = e.into_panic();
                     let message = crate::service::panic_message(&*panic);

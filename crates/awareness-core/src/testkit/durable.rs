@@ -1071,14 +1071,14 @@ async fn four_sessions_one_with_u_fffd(s: &dyn AwarenessStore) -> ([SessionRef; 
 }
 
 /// A head row holding text that is not UTF-8 (a hand edit by a tool that does not check) stops
-/// no listing of heads, which lists the others. A store that read many heads as one piece of
-/// text failed the listing as a whole, for good. (Stamped for a store whose head rows can hold
-/// such text.)
-pub async fn a_head_with_text_that_is_not_utf8_stops_no_listing_of_heads(f: impl OpenFile) {
+/// neither a listing of heads, which lists the others, nor pruning, which stamps the heads of
+/// what it deletes. A store that read many heads as one piece of text failed the listing as a
+/// whole, for good. (Stamped for a store whose head rows can hold such text.)
+pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let s = &*t.store;
-    let ([first, replacement, spoiled, last], _) = four_sessions_one_with_u_fffd(s).await;
+    let ([first, replacement, spoiled, last], seqs) = four_sessions_one_with_u_fffd(s).await;
     let listed = async |agent: Option<&str>| {
         listed_heads(s, agent, "a listing over a head that is not UTF-8").await
     };
@@ -1086,9 +1086,19 @@ pub async fn a_head_with_text_that_is_not_utf8_stops_no_listing_of_heads(f: impl
         t.raw.spoil_head_text(&spoiled).await.expect("spoil a head"),
         "the store has a head row to spoil"
     );
-    let others = [first, last, replacement];
+    let others = [first, last, replacement.clone()];
     assert_eq!(listed(None).await, others);
     assert_eq!(listed(Some("main")).await, others);
+    // The row cap deletes the spoiled head's event with the two before it.
+    let (report, left) = prune_to_cap(s, 1, "a head that is not UTF-8").await;
+    assert_eq!(report.events_by_cap, 3, "{report:?}");
+    let left: Vec<Sequence> = left.iter().map(|e| e.sequence).collect();
+    assert_eq!(left, [seqs[3]]);
+    let head = s
+        .heads(std::slice::from_ref(&replacement))
+        .await
+        .expect("its head");
+    assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
 }
 
 /// An event row holding text that is not UTF-8 stops no pruning, which deletes that event in

@@ -538,7 +538,7 @@ macro_rules! durable_suite {
         $crate::__durable_tests!(
             $open;
             a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothing_else,
-            a_head_with_text_that_is_not_utf8_stops_no_listing_of_heads,
+            a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning,
         );
     };
     ($open:path, text_in_every_row: false) => {

@@ -169,9 +169,9 @@ pub(crate) struct Readers {
 /// connection for its last pass however slow its passes were.
 pub(crate) const ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED: u32 = 4;
 
-/// The most frames the pass before a forced last pass may have left to copy (4 MiB of 4 KiB
-/// pages). The last pass, made only if the write connection is free at once, copies those and
-/// what writes added since, and fsyncs.
+/// The most frames the pass just before a forced last pass may leave to copy (4 MiB of 4 KiB
+/// pages). The last pass copies those, and what the writes queued for the write connection
+/// ahead of it add (its wait is first in, first out), and fsyncs.
 const FORCED_LAST_PASS_MAX_FRAMES: i64 = 1_024;
 
 /// How a checkpoint round makes its last pass ([`Readers::last_pass`]).
@@ -179,10 +179,11 @@ const FORCED_LAST_PASS_MAX_FRAMES: i64 = 1_024;
 pub(crate) enum LastPass {
     /// Not this round.
     Not,
-    /// Waiting for the write connection (a pass was quick).
-    Waiting,
-    /// Only if the write connection is free at once (forced after slow rounds).
-    IfFree,
+    /// Now (a pass was quick).
+    Now,
+    /// After one more pass without the write connection, if that pass leaves few frames to
+    /// copy (forced after slow rounds).
+    IfFewLeft,
 }
 
 /// A reader connection, held until dropped.
@@ -215,22 +216,21 @@ impl Readers {
         }
     }
 
-    /// How a checkpoint round makes its last pass, which holds the write connection: after a
-    /// `quick` pass, waiting for the connection; or else, once
-    /// [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds in a row went without, when its last
-    /// pass left `few_left` frames to copy, only if the connection is free at once (a write
-    /// holding it adds frames the pass would then copy). Where every pass is slow (a disk whose
-    /// fsync takes longer than the quick bound) the WAL otherwise never started over, and grew
-    /// for as long as the writes went on; where much is left (a pruning pass writing fast),
-    /// the rounds go on counting until one leaves little. A last pass made is reported with
-    /// [`Readers::last_pass_made`], which starts the count over.
+    /// Whether a checkpoint round makes its last pass, which holds the write connection: after
+    /// a `quick` pass; or else, once [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds in a row
+    /// went without, when its last pass left `few_left` frames to copy, and one more pass
+    /// just before taking the connection leaves few too. Where every pass is slow (a disk
+    /// whose fsync takes longer than the quick bound) the WAL otherwise never started over,
+    /// and grew for as long as the writes went on; where much is left (a pruning pass writing
+    /// fast), the rounds go on counting until one leaves little. A last pass made is reported
+    /// with [`Readers::last_pass_made`], which starts the count over.
     pub(crate) fn last_pass(&self, quick: bool, few_left: bool) -> LastPass {
         if quick {
-            return LastPass::Waiting;
+            return LastPass::Now;
         }
         let rounds = self.rounds_without_last_pass.fetch_add(1, Ordering::AcqRel) + 1;
         if rounds >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED && few_left {
-            LastPass::IfFree
+            LastPass::IfFewLeft
         } else {
             LastPass::Not
         }
@@ -315,21 +315,23 @@ impl Readers {
             }
         }
         let Some(w) = writer else { return };
-        match self.last_pass(quick, left <= FORCED_LAST_PASS_MAX_FRAMES) {
-            LastPass::Not => {}
-            LastPass::Waiting => {
+        let mut conn = match self.last_pass(quick, left <= FORCED_LAST_PASS_MAX_FRAMES) {
+            LastPass::Not => return,
+            LastPass::Now => self.get().await,
+            LastPass::IfFewLeft => {
+                // Measured again, with the reader the last pass uses: taking it may have
+                // waited while writes went on.
                 let mut conn = self.get().await;
-                let _quiet = w.lock().await;
-                pass(&mut conn).await;
-                self.last_pass_made();
-            }
-            LastPass::IfFree => {
-                let mut conn = self.get().await;
-                if let Ok(_quiet) = w.try_lock() {
-                    pass(&mut conn).await;
-                    self.last_pass_made();
+                match pass(&mut conn).await {
+                    Some((_, rest)) if rest <= FORCED_LAST_PASS_MAX_FRAMES => conn,
+                    _ => return,
                 }
             }
+        };
+        let _quiet = w.lock().await;
+        // The count starts over only once a last pass is made; a failed one is tried again.
+        if pass(&mut conn).await.is_some() {
+            self.last_pass_made();
         }
     }
 }

@@ -16,8 +16,9 @@
 //! for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a missing file, an
 //! unknown session, a problem `doctor` found). A write whose output then cannot be printed
 //! says that it was done. Output whose reader has gone (`awareness tail --follow | head`) ends
-//! the command without a message, with exit code 141 ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends
-//! most Unix tools.
+//! the command with exit code 141 ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools:
+//! silently for a read command and the demo, saying what was done for any other write. Error and `monitor` lines escape
+//! control characters, so each stays one line.
 //!
 //! The binary shows the warnings the libraries log on stderr, through [`log::Logger`]
 //! (`AWARENESS_LOG` sets the level).

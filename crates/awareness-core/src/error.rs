@@ -17,7 +17,8 @@ pub enum StoreError {
     /// The store is busy (locked by another writer); the same call may succeed later.
     #[error("store busy: {context}")]
     Busy {
-        /// What was being done.
+        /// What was being done; from a store in a file, after the file's path and `: `
+        /// ([`StoreError::in_store`]).
         context: String,
         /// The backend's error.
         #[source]
@@ -39,7 +40,8 @@ pub enum StoreError {
     /// Stored data breaks an invariant (an unknown kind, a torn row, ...).
     #[error("corrupt store: {context}")]
     Corrupt {
-        /// What was found.
+        /// What was found; from a store in a file, after the file's path and `: `
+        /// ([`StoreError::in_store`]).
         context: String,
         /// The backend's error, when any.
         #[source]
@@ -66,7 +68,8 @@ pub enum StoreError {
     /// Any other backend failure (I/O, driver, task join).
     #[error("store backend error: {context}")]
     Backend {
-        /// What was being done.
+        /// What was being done; from a store in a file, after the file's path and `: `
+        /// ([`StoreError::in_store`]).
         context: String,
         /// The backend's error.
         #[source]

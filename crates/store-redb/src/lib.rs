@@ -149,7 +149,12 @@
 //! event per transaction, so the failure reaches only its own caller; a failed commit fails
 //! every caller of the batch (each gets its own copy of the error, and nothing is retried,
 //! since whether it reached the disk is unknown). `group_commit(1)` is the old behaviour, one
-//! transaction per recording.
+//! transaction per recording. A write or a recording that panics (redb meeting a damaged page,
+//! say) fails only its own caller, with the panic's message and the file, and the drain goes
+//! on with the rest; redb marks the file for repair, which the next read-write open makes.
+//! After an I/O failure, which redb keeps refusing writes for until the file is reopened, every
+//! later refusal repeats the first failure's cause. Every error after open names the file
+//! ([`StoreError::in_store`](awareness_core::StoreError::in_store)).
 //!
 //! ## Key layout
 //!

@@ -53,6 +53,11 @@ pub use proptest;
 
 /// Direct access to a backend's rows, bypassing the protocol, as an operator editing the file by
 /// hand would. Used to prove that a store never infers state from row arithmetic.
+///
+/// The durable suite's checks assert that a helper found and changed its row (`true`). A
+/// `spoil_*_text` helper that must answer `false` (the store cannot hold such text there)
+/// means the store stamps `durable_suite!(open, text_in_every_row: false)`, which leaves out
+/// the cursor and head checks that need it.
 #[async_trait]
 pub trait RawAccess: Send + Sync {
     /// Deletes one event row by sequence, touching nothing else (no watermark, no head).

@@ -205,8 +205,8 @@ pub enum Detection {
         /// The adopted session.
         session: SessionRef,
     },
-    /// A check failed or timed out, or its result could not be stored (the marker of an
-    /// unchanged or rebased source included); retried next tick.
+    /// A check failed, panicked or timed out, or its result could not be stored (the marker of
+    /// an unchanged or rebased source included); retried next tick.
     Failed {
         /// The adopted session.
         session: SessionRef,

@@ -228,7 +228,10 @@ impl Readers {
         if quick {
             return LastPass::Now;
         }
-        let rounds = self.rounds_without_last_pass.fetch_add(1, Ordering::AcqRel) + 1;
+        let rounds = self
+            .rounds_without_last_pass
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
         if rounds >= ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED && few_left {
             LastPass::IfFewLeft
         } else {
@@ -272,14 +275,19 @@ impl Readers {
     /// writes keep the passes long (a pruning pass), the rest is left to the next round, so the
     /// write connection is not held for a long copy, up to a bound: every
     /// [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`]th round in a row without a quick pass makes
-    /// its last pass all the same when little is left to copy and the write connection is
-    /// free ([`Readers::last_pass`]).
+    /// its last pass all the same when one more pass leaves little to copy
+    /// ([`Readers::last_pass`]).
     pub(crate) async fn checkpoint(&self, path: &Path, writer: Option<&WriteSlot>) {
         const QUICK: std::time::Duration = std::time::Duration::from_millis(5);
         // A reader is taken for each pass and let go between them. The last pass takes its
-        // reader before the write connection (nothing that holds a reader waits for the
-        // writer), so the writer is held for that one short pass, not for a wait behind reads;
-        // reads meanwhile take the other readers.
+        // reader before the write connection (nothing that holds the write connection waits
+        // for a reader, so this wait ends), so the writer is held for that one short pass,
+        // not for a wait behind reads. Reads meanwhile take the other readers; with a single
+        // reader they wait for the writes queued ahead of the pass.
+        //
+        // A pass answers how long it took and the frames it left to copy, `None` for those
+        // when another connection held the checkpoint (SQLite's busy answer: nothing was
+        // copied, and what is left is not known).
         let pass = async |conn: &mut SqliteConnection| {
             let started = std::time::Instant::now();
             let result = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
@@ -295,27 +303,30 @@ impl Readers {
             }
             // Frames the pass left to copy: in the log, less those copied (a log of -1 frames
             // is no WAL at all).
-            let left = result
-                .as_ref()
-                .ok()?
-                .first()
-                .map_or(0, |(_, log, done)| (log - done).max(0));
-            Some((started.elapsed(), left))
+            let left = match result.as_ref().ok()?.first() {
+                Some((busy, ..)) if *busy != 0 => None,
+                Some((_, log, done)) => Some((log - done).max(0)),
+                None => Some(0),
+            };
+            Some(left.map(|left| (started.elapsed(), left)))
+        };
+        let few = |left: Option<(std::time::Duration, i64)>| {
+            left.is_some_and(|(_, left)| left <= FORCED_LAST_PASS_MAX_FRAMES)
         };
         let mut quick = false;
-        let mut left = 0;
+        let mut left = None;
         for _ in 0..4 {
-            let Some((took, rest)) = pass(&mut *self.get().await).await else {
+            let Some(done) = pass(&mut *self.get().await).await else {
                 return;
             };
-            left = rest;
-            if took < QUICK {
+            left = done;
+            if done.is_some_and(|(took, _)| took < QUICK) {
                 quick = true;
                 break;
             }
         }
         let Some(w) = writer else { return };
-        let mut conn = match self.last_pass(quick, left <= FORCED_LAST_PASS_MAX_FRAMES) {
+        let mut conn = match self.last_pass(quick, few(left)) {
             LastPass::Not => return,
             LastPass::Now => self.get().await,
             LastPass::IfFewLeft => {
@@ -323,14 +334,15 @@ impl Readers {
                 // waited while writes went on.
                 let mut conn = self.get().await;
                 match pass(&mut conn).await {
-                    Some((_, rest)) if rest <= FORCED_LAST_PASS_MAX_FRAMES => conn,
+                    Some(left) if few(left) => conn,
                     _ => return,
                 }
             }
         };
         let _quiet = w.lock().await;
-        // The count starts over only once a last pass is made; a failed one is tried again.
-        if pass(&mut conn).await.is_some() {
+        // The count starts over only once a last pass is made (it did not fail, and another
+        // connection's checkpoint did not keep it from copying); else it is tried again.
+        if pass(&mut conn).await.is_some_and(|done| done.is_some()) {
             self.last_pass_made();
         }
     }

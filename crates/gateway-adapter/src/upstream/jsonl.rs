@@ -401,7 +401,17 @@ pub struct JsonlProvider {
     budget: u64,
     /// The links (session and path) a check is reading now, shared by the provider's clones.
     reading: Arc<Mutex<HashSet<LinkRead>>>,
+    /// One permit per read that may run at once ([`MAX_PARALLEL_READS`]), shared by the
+    /// provider's clones.
+    reads: Arc<tokio::sync::Semaphore>,
 }
+
+/// Reads one [`JsonlProvider`] (with its clones) runs at once, each on a thread of Tokio's
+/// blocking pool. A read of a transcript on a file system that hangs keeps its thread until
+/// the read returns; one link keeps at most one such thread, and this bounds them all, so that
+/// hundreds of links on a hung mount cannot fill the pool the stores' blocking calls share. A
+/// check that waits for a permit is bounded by the monitor's provider timeout.
+pub const MAX_PARALLEL_READS: usize = 8;
 
 /// What one link's check reads: its session's transcript at a path.
 type LinkRead = (SessionRef, PathBuf);
@@ -448,6 +458,7 @@ impl JsonlProvider {
         Self {
             budget: MAX_BYTES_PER_TICK,
             reading: Arc::default(),
+            reads: Arc::new(tokio::sync::Semaphore::new(MAX_PARALLEL_READS)),
         }
     }
 
@@ -495,8 +506,14 @@ impl UpstreamProvider for JsonlProvider {
                 path.display()
             ));
         };
+        let permit = Arc::clone(&self.reads)
+            .acquire_owned()
+            .await
+            .expect("the reads' semaphore is never closed");
         tokio::task::spawn_blocking(move || {
+            // Both held until the read returns, however long it hangs.
             let _reading = reading;
+            let _permit = permit;
             scan(&path, marker.as_ref(), &own, budget)
         })
         .await
@@ -519,6 +536,9 @@ mod tests {
     /// What runs inside the next read of a path, before the file is opened.
     type Hook = (PathBuf, Box<dyn FnOnce() + Send>);
     static WHILE_READING: Mutex<Option<Hook>> = Mutex::new(None);
+    /// Held by each test that sets the hook, so that two such tests do not replace each
+    /// other's hook when they run at once.
+    static ONE_HOOK_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
     /// Called between the look at `path` and its opening: runs the hook set for this path.
     pub(super) fn while_reading(path: &Path) {
@@ -540,6 +560,7 @@ mod tests {
     /// thread each, and checks come back once the read has ended.
     #[tokio::test]
     async fn a_hung_read_holds_one_thread_however_many_checks_follow() {
+        let _one = ONE_HOOK_AT_A_TIME.lock().await;
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("t.jsonl");
         std::fs::write(&path, "{}\n").expect("write the transcript");
@@ -591,5 +612,68 @@ mod tests {
             out = provider.check(&link, &[]).await;
         }
         assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
+    }
+
+    /// Reads that hang hold at most [`super::MAX_PARALLEL_READS`] threads of the blocking pool
+    /// in all: a read holds one of the provider's permits for as long as it runs, hung or not
+    /// (its caller gone too), so with one permit a check of another transcript waits for the
+    /// hung read instead of taking a thread of its own, and goes on once that read returns.
+    #[tokio::test]
+    async fn hung_reads_hold_a_bounded_number_of_threads() {
+        let _one = ONE_HOOK_AT_A_TIME.lock().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let link_of = |key: &str, name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, "{}\n").expect("write the transcript");
+            let session = SessionRef::parse(key, "main").expect("ref");
+            let spec = adoption(session, &path, None).expect("adopt the transcript");
+            upstream::plan_upsert(None, spec, Timestamp(0))
+                .expect("a valid link")
+                .outcome
+                .link
+        };
+        let hung = link_of("agent:main:main", "hung.jsonl");
+        let other = link_of("agent:main:other", "other.jsonl");
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (started, reading) = tokio::sync::oneshot::channel::<()>();
+        *WHILE_READING.lock().unwrap() = Some((
+            super::path_of(&hung).expect("the link's path"),
+            Box::new(move || {
+                started.send(()).ok();
+                wait.recv().ok();
+            }),
+        ));
+        let provider = JsonlProvider {
+            reads: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
+            ..JsonlProvider::new()
+        };
+        let first = {
+            let p = provider.clone();
+            tokio::spawn(async move { p.check(&hung, &[]).await })
+        };
+        reading.await.expect("the first read started");
+        // As the monitor's timeout does: nobody waits for the first check any more.
+        first.abort();
+        assert_eq!(
+            provider.reads.available_permits(),
+            0,
+            "the hung read holds the permit"
+        );
+        let second = {
+            let p = provider.clone();
+            tokio::spawn(async move { p.check(&other, &[]).await })
+        };
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!second.is_finished(), "the second read waits for a permit");
+        release.send(()).expect("the hung read waits");
+        let out = second.await.expect("the second check");
+        assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
+        assert_eq!(
+            provider.reads.available_permits(),
+            1,
+            "every permit is back"
+        );
     }
 }

@@ -410,8 +410,12 @@ pub struct JsonlProvider {
 /// blocking pool. A read of a transcript on a file system that hangs keeps its thread until
 /// the read returns; one link keeps at most one such thread, and this bounds them all, so that
 /// hundreds of links on a hung mount cannot fill the pool the stores' blocking calls share. A
-/// check that waits for a permit is bounded by the monitor's provider timeout.
+/// check waits its turn for at most [`READ_PERMIT_WAIT`]; with that many reads hung, the
+/// other links' checks fail saying so, each tick, until one returns.
 pub const MAX_PARALLEL_READS: usize = 8;
+
+/// How long a check waits for one of the [`MAX_PARALLEL_READS`] reads before it fails.
+pub const READ_PERMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What one link's check reads: its session's transcript at a path.
 type LinkRead = (SessionRef, PathBuf);
@@ -506,10 +510,17 @@ impl UpstreamProvider for JsonlProvider {
                 path.display()
             ));
         };
-        let permit = Arc::clone(&self.reads)
-            .acquire_owned()
-            .await
-            .expect("the reads' semaphore is never closed");
+        let waited =
+            tokio::time::timeout(READ_PERMIT_WAIT, Arc::clone(&self.reads).acquire_owned()).await;
+        let Ok(permit) = waited else {
+            return CheckOutcome::Failed(format!(
+                "{} was not read: the provider's {MAX_PARALLEL_READS} reads that may run at once \
+                 were all still running after {READ_PERMIT_WAIT:?} (reads that hang on their \
+                 file system, most likely)",
+                path.display()
+            ));
+        };
+        let permit = permit.expect("the reads' semaphore is never closed");
         tokio::task::spawn_blocking(move || {
             // Both held until the read returns, however long it hangs.
             let _reading = reading;
@@ -654,10 +665,14 @@ mod tests {
         reading.await.expect("the first read started");
         // As the monitor's timeout does: nobody waits for the first check any more.
         first.abort();
+        assert!(
+            first.await.expect_err("aborted").is_cancelled(),
+            "the first check was cancelled while its read hung"
+        );
         assert_eq!(
             provider.reads.available_permits(),
             0,
-            "the hung read holds the permit"
+            "the hung read holds the permit, its check gone"
         );
         let second = {
             let p = provider.clone();
@@ -667,6 +682,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(!second.is_finished(), "the second read waits for a permit");
+        assert_eq!(provider.reads.available_permits(), 0);
         release.send(()).expect("the hung read waits");
         let out = second.await.expect("the second check");
         assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
@@ -674,6 +690,30 @@ mod tests {
             provider.reads.available_permits(),
             1,
             "every permit is back"
+        );
+    }
+
+    /// A check that waits [`super::READ_PERMIT_WAIT`] for a read permit (every read hung) fails
+    /// saying so, rather than waiting out the monitor's timeout, which blames its own file.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_without_a_read_permit_fails_saying_why() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.jsonl");
+        std::fs::write(&path, "{}\n").expect("write the transcript");
+        let session = SessionRef::parse("agent:main:main", "main").expect("ref");
+        let spec = adoption(session, &path, None).expect("adopt the transcript");
+        let link = upstream::plan_upsert(None, spec, Timestamp(0))
+            .expect("a valid link")
+            .outcome
+            .link;
+        let provider = JsonlProvider {
+            reads: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+            ..JsonlProvider::new()
+        };
+        let out = provider.check(&link, &[]).await;
+        assert!(
+            matches!(&out, CheckOutcome::Failed(why) if why.contains("reads that may run at once")),
+            "{out:?}"
         );
     }
 }

@@ -8,7 +8,9 @@
 //! 2. defers a session in which a run is active ([`super::RunActivity`]) to a later tick;
 //! 3. runs the providers of every kept link concurrently, each bounded by a 45 s timeout, so one
 //!    failing or hanging provider never holds up the others (a timed-out check is a failure:
-//!    nothing concluded, the marker stays);
+//!    nothing concluded, the marker stays). The JSONL provider runs at most
+//!    [`super::jsonl::MAX_PARALLEL_READS`] reads at once: with that many hung, its other
+//!    links' checks fail, saying so, until one returns;
 //! 4. records the human turns a provider found as **one** `human_direct_message`
 //!    (`human message via <catalogId>`, `{"turns": N}` when N > 1, dedupe key
 //!    [`awareness_core::upstream::human_dedupe_key`]) and only then moves the marker, by

@@ -283,6 +283,21 @@ mod tests {
     }
 }
 
+/// The message of a panic (its payload when that is a `&str` or a `String`), or
+/// `(no message)`: for the logs and errors of code that catches a panic and goes on.
+///
+/// ```
+/// let panic = std::panic::catch_unwind(|| panic!("the disk is gone")).unwrap_err();
+/// assert_eq!(awareness_core::error::panic_message(&*panic), "the disk is gone");
+/// ```
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
 /// Displays an error with its whole chain of sources, `error: source: source of source`, for
 /// logs and command-line output: [`StoreError::Busy`] and [`StoreError::Backend`] print only
 /// what was being done, and the cause (a full disk, a lock) is in their

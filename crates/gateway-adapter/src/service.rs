@@ -671,15 +671,6 @@ fn deliver_each<'n>(
 /// A notice's delivery that panicked: its watcher, and the panic.
 type Panicked<'n> = (&'n WatcherKey, Box<dyn std::any::Any + Send>);
 
-/// The message of a panic (a `&str` or `String` payload), else `(no message)`.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
-}
-
 /// Queues one notice and wakes its watcher where [`deliver_each`] says; whether the queue gained
 /// its line. A wake that panics takes the line back out and panics on.
 fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notice) -> bool {
@@ -720,7 +711,7 @@ fn deliver_logged(
     for (watcher, panic) in &panicked {
         warn!(
             session_key = %watcher,
-            panic = panic_message(&**panic),
+            panic = awareness_core::error::panic_message(&**panic),
             notices = notices.len(),
             queued,
             "delivering a notice panicked; if it was not queued, the watcher's next turn recovers it"
@@ -2080,7 +2071,7 @@ impl Awareness {
             Ok(attempt) => attempt,
             Err(panic) => {
                 warn!(
-                    panic = panic_message(&*panic),
+                    panic = awareness_core::error::panic_message(&*panic),
                     "a pick-up of notices panicked; it is made again"
                 );
                 Attempt {

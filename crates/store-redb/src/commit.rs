@@ -456,11 +456,7 @@ impl Writer {
     /// redb marks the file for repair when a write transaction is dropped by a panic: the
     /// next read-write open repairs it.
     pub(crate) fn panicked(&self, what: &str, panic: &(dyn std::any::Any + Send)) -> StoreError {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".to_owned());
+        let message = awareness_core::error::panic_message(panic).to_owned();
         let path = self.shared.path();
         tracing::error!(path = %path.display(), panic = %message, "{what} panicked; only this write fails");
         // Named as [`StoreError::in_store`] names it, which then leaves it as it is.

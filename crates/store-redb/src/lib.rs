@@ -1948,29 +1948,13 @@ mod tests {
         store.close().await;
     }
 
-    /// A failure of an open store names its file, in a read, a recording and any other write:
-    /// the context said only what was being done.
+    /// A failure of any other write names the file too (reads and recordings are the durable
+    /// suite's `errors_after_open_name_the_file_once`): the context said only what was being
+    /// done.
     #[tokio::test]
-    async fn errors_after_open_name_the_file() {
+    async fn a_failed_write_names_the_file() {
         let (dir, store) = fresh().await;
         let file = dir.path().join("state.redb").display().to_string();
-        let child = session("agent:main:child");
-        let mut first = event(&child, None);
-        first.dedupe_key = Some("once".into());
-        store.record(first.clone(), T0).await.expect("record");
-        assert!(store.damage_event_row(Sequence(1)).await.expect("damage"));
-
-        let read = store
-            .changes_since(&child, Sequence::ZERO, 10)
-            .await
-            .expect_err("the damaged row fails the read");
-        assert!(matches!(read, StoreError::Corrupt { .. }), "{read:?}");
-        assert!(read.to_string().contains(&file), "{read}");
-        let again = store
-            .record(first, T0)
-            .await
-            .expect_err("the dedupe hit meets the damaged row");
-        assert!(again.to_string().contains(&file), "{again}");
         let write = store
             .write("a write", |_| -> Result<((), bool), _> {
                 Err(StoreError::corrupt("refused by the test"))

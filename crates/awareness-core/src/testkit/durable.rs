@@ -1054,6 +1054,46 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     );
 }
 
+/// A failure of an open store names its file, once: a read that meets a damaged row (a page of
+/// the session, the log), and a recording whose dedupe key hits that row. The context said only
+/// what was being done, so a gateway with two stores could not tell which file had failed.
+pub async fn errors_after_open_name_the_file_once(f: impl OpenFile) {
+    use crate::StoreError;
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let t = open(&f, &file).await;
+    let s = &*t.store;
+    let kid = child();
+    let first = human(&kid).with_dedupe_key("named");
+    let seq = rec(s, first.clone(), T0).await.event.sequence;
+    assert!(
+        t.raw.damage_event_row(seq).await.expect("damage a row"),
+        "the store has a row to damage"
+    );
+    let shown = file.display().to_string();
+    let names_it_once = |err: &StoreError, what: &str| {
+        let text = err.to_string();
+        assert_eq!(text.matches(&shown).count(), 1, "{what}: {text}");
+    };
+    let page = s
+        .changes_since(&kid, Sequence::ZERO, 10)
+        .await
+        .expect_err("the damaged row fails the page");
+    assert!(matches!(page, StoreError::Corrupt { .. }), "{page:?}");
+    names_it_once(&page, "a page");
+    let log = s
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .expect_err("the damaged row fails the log");
+    assert!(matches!(log, StoreError::Corrupt { .. }), "{log:?}");
+    names_it_once(&log, "the log");
+    let again = s
+        .record(first, T0)
+        .await
+        .expect_err("the dedupe hit meets the damaged row");
+    names_it_once(&again, "a recording");
+}
+
 /// Four sessions, the second of whose keys holds U+FFFD (which a key may), each recorded on
 /// once, in this order; and the sequences of their events.
 async fn four_sessions_one_with_u_fffd(s: &dyn AwarenessStore) -> ([SessionRef; 4], Vec<Sequence>) {

@@ -568,6 +568,7 @@ macro_rules! durable_suite {
             an_unreadable_head_row_is_left_out_of_the_listings,
             an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn,
             a_recording_over_an_unreadable_head_reports_a_history_gap,
+            errors_after_open_name_the_file_once,
         );
     };
 }

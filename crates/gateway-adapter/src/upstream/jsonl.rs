@@ -566,6 +566,40 @@ mod tests {
         }
     }
 
+    /// The link of `key`'s session to the transcript at `path`, which is written with one row
+    /// when missing.
+    fn link_to(path: &Path, key: &str) -> awareness_core::upstream::UpstreamLink {
+        if !path.exists() {
+            std::fs::write(path, "{}\n").expect("write the transcript");
+        }
+        let session = SessionRef::parse(key, "main").expect("ref");
+        let spec = adoption(session, path, None).expect("adopt the transcript");
+        upstream::plan_upsert(None, spec, Timestamp(0))
+            .expect("a valid link")
+            .outcome
+            .link
+    }
+
+    /// Makes the next read of `link`'s transcript hang until the sender is used (or dropped);
+    /// the receiver hears when that read has begun. The caller holds [`ONE_HOOK_AT_A_TIME`].
+    fn hang_next_read(
+        link: &awareness_core::upstream::UpstreamLink,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (started, reading) = tokio::sync::oneshot::channel::<()>();
+        *WHILE_READING.lock().unwrap() = Some((
+            super::path_of(link).expect("the link's path"),
+            Box::new(move || {
+                started.send(()).ok();
+                wait.recv().ok();
+            }),
+        ));
+        (release, reading)
+    }
+
     /// A check whose read hangs is given up by the monitor's timeout, but its thread cannot be
     /// stopped: the next checks of that path fail at once instead of leaving one more blocked
     /// thread each, and checks come back once the read has ended.
@@ -574,26 +608,11 @@ mod tests {
         let _one = ONE_HOOK_AT_A_TIME.lock().await;
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("t.jsonl");
-        std::fs::write(&path, "{}\n").expect("write the transcript");
-        let link_of = |key: &str| {
-            let session = SessionRef::parse(key, "main").expect("ref");
-            let spec = adoption(session, &path, None).expect("adopt the transcript");
-            upstream::plan_upsert(None, spec, Timestamp(0))
-                .expect("a valid link")
-                .outcome
-                .link
-        };
-        let (link, other) = (link_of("agent:main:main"), link_of("agent:main:other"));
-        let path = super::path_of(&link).expect("the link's path");
-        let (release, hung) = std::sync::mpsc::channel::<()>();
-        let (started, reading) = tokio::sync::oneshot::channel::<()>();
-        *WHILE_READING.lock().unwrap() = Some((
-            path.clone(),
-            Box::new(move || {
-                started.send(()).ok();
-                hung.recv().ok();
-            }),
-        ));
+        let (link, other) = (
+            link_to(&path, "agent:main:main"),
+            link_to(&path, "agent:main:other"),
+        );
+        let (release, reading) = hang_next_read(&link);
         let provider = JsonlProvider::new();
         let first = {
             let p = provider.clone();
@@ -633,27 +652,9 @@ mod tests {
     async fn hung_reads_hold_a_bounded_number_of_threads() {
         let _one = ONE_HOOK_AT_A_TIME.lock().await;
         let dir = tempfile::tempdir().expect("dir");
-        let link_of = |key: &str, name: &str| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, "{}\n").expect("write the transcript");
-            let session = SessionRef::parse(key, "main").expect("ref");
-            let spec = adoption(session, &path, None).expect("adopt the transcript");
-            upstream::plan_upsert(None, spec, Timestamp(0))
-                .expect("a valid link")
-                .outcome
-                .link
-        };
-        let hung = link_of("agent:main:main", "hung.jsonl");
-        let other = link_of("agent:main:other", "other.jsonl");
-        let (release, wait) = std::sync::mpsc::channel::<()>();
-        let (started, reading) = tokio::sync::oneshot::channel::<()>();
-        *WHILE_READING.lock().unwrap() = Some((
-            super::path_of(&hung).expect("the link's path"),
-            Box::new(move || {
-                started.send(()).ok();
-                wait.recv().ok();
-            }),
-        ));
+        let hung = link_to(&dir.path().join("hung.jsonl"), "agent:main:main");
+        let other = link_to(&dir.path().join("other.jsonl"), "agent:main:other");
+        let (release, reading) = hang_next_read(&hung);
         let provider = JsonlProvider {
             reads: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
             ..JsonlProvider::new()
@@ -698,14 +699,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_check_without_a_read_permit_fails_saying_why() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("t.jsonl");
-        std::fs::write(&path, "{}\n").expect("write the transcript");
-        let session = SessionRef::parse("agent:main:main", "main").expect("ref");
-        let spec = adoption(session, &path, None).expect("adopt the transcript");
-        let link = upstream::plan_upsert(None, spec, Timestamp(0))
-            .expect("a valid link")
-            .outcome
-            .link;
+        let link = link_to(&dir.path().join("t.jsonl"), "agent:main:main");
         let provider = JsonlProvider {
             reads: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
             ..JsonlProvider::new()

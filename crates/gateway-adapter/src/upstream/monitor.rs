@@ -582,7 +582,7 @@ impl Inner {
                     report.checked -= 1;
                     let session = sessions.remove(&e.id());
                     let panic = e.into_panic();
-                    let message = crate::service::panic_message(&*panic);
+                    let message = awareness_core::error::panic_message(&*panic);
                     warn!(
                         session_key = session.as_ref().map(|s| s.session_key.as_str()),
                         panic = message,

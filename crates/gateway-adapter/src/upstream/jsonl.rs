@@ -20,6 +20,9 @@
 //!   file's last line, and what the file held before is not counted (it cannot be told apart
 //!   from old history). Finding that line reads back at most the tick's budget: a last line
 //!   that started before it (an unfinished line of several MB) is skipped to its end. A file that no longer exists is [`CheckOutcome::Missing`].
+//!   A rebase also gives the marker a new [`JsonlMarker::generation`], which the dedupe id of a
+//!   turn without a uuid (`<dev>:<ino>:<16 hex of the generation>:<line offset>`) names: a
+//!   line written at an offset where a recorded one was before a truncation is a new turn.
 //! - **a read that hangs holds one thread, not one a tick**: a path that is not a regular file
 //!   (a FIFO would block its open until a writer came) is refused before it is opened, and a
 //!   link whose previous check is still reading (a hung network mount, say: the monitor's
@@ -87,6 +90,49 @@ pub struct JsonlMarker {
     /// after a rebase onto a line that started before `offset`, [`LineScanner::skipping`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<LineScanner>,
+    /// Which reading of the file's bytes this is: a fresh value at each rebase (and adoption,
+    /// [`marker_at_end`]), copied into every marker a forward read writes from it. The
+    /// fallback dedupe id of a turn without a uuid names it beside the device, inode and line
+    /// offset: after a truncation (the same inode, rebased) or a file recreated on a reused
+    /// inode, a new line at an offset an old one had is another turn, not a dedupe hit on the
+    /// old one's event, while the same lines read again from the same marker keep their ids.
+    /// 0 (not stored) when the marker did not say: a marker written before generations
+    /// existed, or a bare `{"offset": N}`; its fallback ids keep their form of then.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+}
+
+// `skip_serializing_if` passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A [`JsonlMarker::generation`] no other rebase gives: random (std's random hash-map
+/// keys) and distinct within the process (a counter and the clock are hashed in); never 0.
+fn fresh_generation() -> u64 {
+    use std::hash::BuildHasher as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
+    std::collections::hash_map::RandomState::new()
+        .hash_one((count, nanos))
+        .max(1)
+}
+
+/// The dedupe id of a human turn without a uuid (or with an empty one) in the line starting at
+/// `line_start`, read from a marker of `generation` on the file `dev`/`ino`.
+fn fallback_id(dev: u64, ino: u64, generation: u64, line_start: u64) -> String {
+    if generation == 0 {
+        // The form of markers without a generation, so that a read made again after an
+        // upgrade names the turns it already recorded alike.
+        format!("{dev}:{ino}:{line_start}")
+    } else {
+        format!("{dev}:{ino}:{generation:016x}:{line_start}")
+    }
 }
 
 impl JsonlMarker {
@@ -209,6 +255,7 @@ fn marker_at_end_of(file: &mut File, limit: u64) -> std::io::Result<JsonlMarker>
         size,
         tail: Some(tail_of(file, position)?),
         partial,
+        generation: fresh_generation(),
     })
 }
 
@@ -334,7 +381,7 @@ fn try_scan(
     };
     let start = last.position();
     // The device the fallback ids name: the marker's, so that the same lines read again from
-    // the same marker are named alike.
+    // the same marker are named alike (as is its generation, `fallback_id`).
     let id_dev = if last.dev == 0 { dev } else { last.dev };
     let mut scanner = last.partial.clone().unwrap_or_default();
     let mut line_start = last.offset;
@@ -367,7 +414,9 @@ fn try_scan(
                     LineEnd::Row(f) => f.uuid.clone().filter(|u| !u.is_empty()),
                     _ => None,
                 };
-                last_id = Some(uuid.unwrap_or_else(|| format!("{id_dev}:{ino}:{line_start}")));
+                last_id = Some(
+                    uuid.unwrap_or_else(|| fallback_id(id_dev, ino, last.generation, line_start)),
+                );
             }
             done += newline + 1;
             line_start = at + done as u64;
@@ -381,6 +430,8 @@ fn try_scan(
         size: size.max(at),
         tail: Some(tail_of(&mut file, at)?),
         partial: (scanner.consumed > 0).then_some(scanner),
+        // The same reading of the file goes on.
+        generation: last.generation,
     };
     debug_assert_eq!(next.position(), at);
     let marker = next.to_value();

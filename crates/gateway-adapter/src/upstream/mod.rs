@@ -100,7 +100,8 @@ pub enum CheckOutcome {
         /// How many (at least 1).
         turns: u32,
         /// Identifies the burst within its source: the id of its **last** human turn (a
-        /// transcript row's `uuid`, else its position; a paired item's id). Reading the same
+        /// transcript row's `uuid`, hashed when longer than 64 bytes, else its position, which
+        /// names the marker's generation; a paired item's id). Reading the same
         /// rows again (the event was stored but the marker did not move) gives the same id, so
         /// the dedupe key makes the second record a no-op; a burst that grew meanwhile (the
         /// person typed again before the next check) ends with another turn, so it is recorded

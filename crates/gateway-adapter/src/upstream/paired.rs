@@ -6,6 +6,8 @@
 //! `{"uuid": null}` for a thread that was empty when adopted). A check reads the newest items,
 //! 50 at a time, and **pages back until it reaches the marker**, so a burst larger than one
 //! window is counted whole (OpenClaw v1 read only the newest 50, DESIGN.md section 9 item 5).
+//! A marker without a `uuid` key, or with a key we never write, is not one of ours: the link
+//! is rebased to the newest item, counting nothing ([`PairedMarker::from_value`]).
 //!
 //! One check reads at most [`MAX_PAGES`] pages, for at most [`PAGING_TIME`] (a slow node). A
 //! check that stops there without reaching the
@@ -154,8 +156,10 @@ pub trait PairedNodeClient: Send + Sync {
     ) -> Result<PairedPage, PairedError>;
 }
 
-/// The marker of a paired-node link.
+/// The marker of a paired-node link: an object with a `uuid` key (a string, or `null`) and
+/// nothing but an optional `resume` beside it, the shapes [`PairedMarker::to_value`] writes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PairedMarker {
     /// The newest item seen; `None` when the thread was empty.
     pub uuid: Option<String>,
@@ -168,6 +172,7 @@ pub struct PairedMarker {
 
 /// Where paging back stopped at the bound of a check, with items older still to be read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Resume {
     /// The node's cursor of the next older page to read (a page's `older`).
     pub before: String,
@@ -189,8 +194,15 @@ impl PairedMarker {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
-    /// A stored marker, `None` when it is not one of ours.
+    /// A stored marker, `None` when it is not one of ours (the link is then rebased): not an
+    /// object, an object without a `uuid` key (`{}`, a transcript's `{"offset": 0}`), or one
+    /// with a key we never write. Read as "the thread was empty" (`uuid: None`), such a marker
+    /// had the thread's whole history counted as new human turns.
     pub fn from_value(value: &Value) -> Option<Self> {
+        // A missing `Option` field would be read as `None`: the key is required here.
+        if !value.as_object()?.contains_key("uuid") {
+            return None;
+        }
         serde_json::from_value(value.clone()).ok()
     }
 }

@@ -40,12 +40,13 @@
 //! command (`<bash-input>`) are human turns and count once each: the rows Claude Code writes
 //! around them (the caveat, the expanded prompt, the captured output) are meta or output rows.
 
-use awareness_core::upstream::{NormalizedText, TextFingerprint};
+use awareness_core::upstream::{Fnv64, MAX_DEDUPE_ID_BYTES, NormalizedText, TextFingerprint};
 use serde::{Deserialize, Serialize};
 
 /// Normalized characters of a text kept for the prefix rules.
 pub const TEXT_PREFIX_CHARS: usize = 96;
-/// Bytes kept of a short string field (`type`, `uuid`, `role`, ...).
+/// Bytes kept of a short string field (`type`, `role`, ...; a `uuid` is kept whole up to
+/// [`MAX_DEDUPE_ID_BYTES`], and hashed past that, see [`RowFacts::uuid`]).
 const SMALL_BYTES: usize = 64;
 /// Bytes kept of an object key (longer keys are not among the ones read).
 const KEY_BYTES: usize = 40;
@@ -209,7 +210,12 @@ impl Sink {
 pub struct RowFacts {
     /// `type` (`user`, `assistant`, `attachment`, ...).
     pub row_type: Option<String>,
-    /// `uuid`.
+    /// `uuid`; one longer than [`MAX_DEDUPE_ID_BYTES`] bytes is the 16 lowercase hex of the
+    /// FNV-1a 64 of the whole value (hashed as it streams by, so it is the same however the
+    /// line is read), which is what [`awareness_core::upstream::human_dedupe_key`] makes of
+    /// such an id: two uuids alike in their first bytes stay apart, and the dedupe key is the
+    /// one the whole uuid gives. (Cut at its first 64 bytes, the second of two such rows was
+    /// taken for the first and its turn lost.)
     pub uuid: Option<String>,
     /// `message.role`.
     pub role: Option<String>,
@@ -337,6 +343,10 @@ pub struct LineScanner {
     utf8: Vec<u8>,
     /// The key or short string being read.
     buf: String,
+    /// The FNV-1a 64 so far of the `uuid` being read, once it is longer than
+    /// [`MAX_DEDUPE_ID_BYTES`] (`buf` is then empty): [`RowFacts::uuid`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    long_uuid: Option<Fnv64>,
     /// The number or literal being read (first bytes only).
     scalar: String,
     facts: RowFacts,
@@ -361,6 +371,7 @@ impl LineScanner {
             high: None,
             utf8: Vec::new(),
             buf: String::new(),
+            long_uuid: None,
             scalar: String::new(),
             facts: RowFacts::empty(),
         }
@@ -434,6 +445,7 @@ impl LineScanner {
         self.kinds.clear();
         self.path.clear();
         self.buf.clear();
+        self.long_uuid = None;
         self.scalar.clear();
         self.utf8.clear();
         self.facts = RowFacts::empty();
@@ -512,6 +524,7 @@ impl LineScanner {
             b'{' | b'[' => self.open(b),
             b'"' => {
                 self.buf.clear();
+                self.long_uuid = None;
                 if self.sink.is_text() {
                     let text = self.text_mut();
                     if !text.is_empty() {
@@ -737,11 +750,30 @@ impl LineScanner {
             Sink::Ignore | Sink::Flag(_) => {}
             Sink::ContentText => self.facts.content.push(c),
             Sink::PromptText => self.facts.prompt.push(c),
+            Sink::Uuid => self.uuid_char(c),
             _ => {
                 if self.buf.len() < SMALL_BYTES {
                     self.buf.push(c);
                 }
             }
+        }
+    }
+
+    /// A character of a `uuid`: kept while the value fits in [`MAX_DEDUPE_ID_BYTES`] bytes;
+    /// past that, the whole value is hashed instead ([`RowFacts::uuid`]).
+    fn uuid_char(&mut self, c: char) {
+        let mut utf8 = [0u8; 4];
+        let bytes = c.encode_utf8(&mut utf8).as_bytes();
+        if let Some(hash) = &mut self.long_uuid {
+            hash.write(bytes);
+        } else if self.buf.len() + bytes.len() <= MAX_DEDUPE_ID_BYTES {
+            self.buf.push(c);
+        } else {
+            let mut hash = Fnv64::new();
+            hash.write(self.buf.as_bytes());
+            hash.write(bytes);
+            self.long_uuid = Some(hash);
+            self.buf.clear();
         }
     }
 
@@ -762,10 +794,13 @@ impl LineScanner {
             return;
         }
         let value = std::mem::take(&mut self.buf);
+        let long_uuid = self.long_uuid.take();
         let f = &mut self.facts;
         match self.sink {
             Sink::RowType => f.row_type = Some(value),
-            Sink::Uuid => f.uuid = Some(value),
+            Sink::Uuid => {
+                f.uuid = Some(long_uuid.map_or(value, |h| format!("{:016x}", h.finish())));
+            }
             Sink::Role => f.role = Some(value),
             Sink::PartType => match value.as_str() {
                 "tool_result" => f.has_tool_result = true,
@@ -1402,6 +1437,53 @@ mod tests {
                 row["attachment"]["commandMode"].as_str()
             );
         }
+    }
+
+    /// Bug (review): a `uuid` was cut at its first 64 bytes, so two rows whose uuids share them
+    /// were named alike and the second burst was taken for the first. A longer uuid is the hash
+    /// of its whole (unescaped) value, however the line is cut and resumed; one of 64 bytes is
+    /// kept as it is.
+    #[test]
+    fn a_uuid_longer_than_a_dedupe_id_is_named_by_its_whole_value() {
+        use awareness_core::upstream::fnv1a64;
+        // The uuid of `line`, the same through every way of cutting it.
+        let uuid_of = |line: &str| {
+            let whole = RowFacts::from_line(line.as_bytes()).expect("not blank");
+            for step in [1, 7, 64, 100] {
+                assert_eq!(facts_in_pieces(line, step), whole, "step {step}: {line}");
+            }
+            let LineEnd::Row(f) = whole else {
+                panic!("a row: {line}");
+            };
+            f.uuid.expect("a uuid")
+        };
+        let row = |uuid: &str| with(user(json!("hi")), "uuid", json!(uuid)).to_string();
+        let hex = |uuid: &str| format!("{:016x}", fnv1a64(uuid.as_bytes()));
+        let fits = "u".repeat(MAX_DEDUPE_ID_BYTES);
+        assert_eq!(uuid_of(&row(&fits)), fits, "kept as it is");
+        let (a, b) = (format!("{fits}a"), format!("{fits}b"));
+        assert_eq!(uuid_of(&row(&a)), hex(&a));
+        assert_eq!(uuid_of(&row(&b)), hex(&b));
+        assert_ne!(uuid_of(&row(&a)), uuid_of(&row(&b)));
+        // Hashed as the text it stands for: escapes and characters of several bytes.
+        let accented = format!("{}\\u00e9", "u".repeat(MAX_DEDUPE_ID_BYTES - 1));
+        let line = format!(
+            r#"{{"type":"user","uuid":"{accented}","message":{{"role":"user","content":"hi"}}}}"#
+        );
+        let decoded = format!("{}é", "u".repeat(MAX_DEDUPE_ID_BYTES - 1));
+        assert_eq!(uuid_of(&line), hex(&decoded));
+        // A uuid of any size is read in bounded state.
+        let huge = "v".repeat(1 << 20);
+        let mut s = LineScanner::new();
+        for piece in row(&huge).as_bytes().chunks(64 * 1024) {
+            assert_eq!(s.feed(piece), None);
+            assert!(serde_json::to_string(&s).unwrap().len() < 2048);
+        }
+        assert_eq!(s.feed(b"\n"), Some(0));
+        let LineEnd::Row(f) = s.finish() else {
+            panic!("a row");
+        };
+        assert_eq!(f.uuid, Some(hex(&huge)));
     }
 
     #[test]

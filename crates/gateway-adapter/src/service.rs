@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use awareness_core::dedupe;
@@ -280,13 +280,23 @@ pub struct AwarenessConfig {
     /// nobody here drains. Off by default: a gateway alone on its store delivers every notice
     /// its writes hand out, whether or not its directory knows the watcher yet.
     pub owned_watchers_only: bool,
+    /// How long a turn waits for the store before it goes on without it (default 10 s; at
+    /// least 1 ms): a store that hangs (a disk that stopped answering, a writer stuck in an
+    /// fsync) must not hold the watcher's turn, since recording and reading are best effort.
+    /// It bounds, in [`Awareness::drain_turn`], the read of the pending cursors, the wait for
+    /// the acknowledgement and (three times as long) the wait for the watcher's turn lock; the
+    /// read of a pick-up ([`Awareness::pick_up`]); and the wait of the best-effort producers
+    /// ([`Awareness::record`], [`Awareness::human_message`], ...) for their recording, which
+    /// goes on on its own task and delivers its notices when the store answers. Not bounded:
+    /// [`Awareness::try_record`] and the other calls that return the store's own answer.
+    pub store_wait: Duration,
 }
 
 impl AwarenessConfig {
     /// Refuses settings the service cannot work with: a retention policy
     /// [`RetentionPolicy::validate`] refuses (pruning would refuse every pass, so it would
     /// never run), a `prune_interval` or `pickup_interval` below 1 ms (passes or questions back
-    /// to back) and a `list_batch` of 0.
+    /// to back), a `store_wait` below 1 ms and a `list_batch` of 0.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.retention
             .validate()
@@ -303,6 +313,11 @@ impl AwarenessConfig {
             "AwarenessConfig.pickup_interval",
             self.pickup_interval,
             "it must be at least 1 ms: a shorter interval asks the store back to back",
+        )?;
+        config::at_least_1ms(
+            "AwarenessConfig.store_wait",
+            self.store_wait,
+            "it must be at least 1 ms: a shorter wait goes on without the store on every turn",
         )?;
         config::at_least_one(
             "AwarenessConfig.list_batch",
@@ -321,6 +336,7 @@ impl Default for AwarenessConfig {
             default_agent: AgentId::new("main").expect("valid agent id"),
             pickup_interval: Duration::from_secs(1),
             owned_watchers_only: false,
+            store_wait: Duration::from_secs(10),
         }
     }
 }
@@ -332,7 +348,8 @@ impl Default for AwarenessConfig {
 /// fails the caller's turn (`session_status` answers "unavailable", see
 /// [`Awareness::session_status`]; `sessions_list` enrichment leaves the rows it could not read
 /// without `stateVersion`). Failures are logged with their whole chain of causes
-/// ([`ErrorChain`]).
+/// ([`ErrorChain`]). A store that hangs is waited for at most [`AwarenessConfig::store_wait`]
+/// by a turn ([`Awareness::drain_turn`]) and by the producers that record best effort.
 ///
 /// # Gateway metadata
 ///
@@ -459,6 +476,11 @@ struct Carried {
     /// it may have committed before them, which are then kept: at worst a notice of a watch
     /// the reset removed is shown, where dropping could lose one acknowledged already.
     stamp: u64,
+    /// Set while the turn that settled on `read` waits for its acknowledgement: whoever sets it
+    /// first shows `read`. That is the turn itself when it stops waiting (the acknowledgement's
+    /// task failed, or the store has not answered within [`AwarenessConfig::store_wait`]), and
+    /// the watcher's next turn when that one was dropped; the other leaves `read` out.
+    claim: Option<Arc<AtomicBool>>,
 }
 
 /// What a reset or a deletion of a watcher drops of what a dropped turn of it left.
@@ -482,7 +504,14 @@ struct Marks {
 
 impl Carried {
     fn is_empty(&self) -> bool {
-        self.unread.is_empty() && self.read.is_empty()
+        self.unread.is_empty() && (self.read.is_empty() || self.shown())
+    }
+
+    /// `read` was shown by the turn that settled on it ([`Carried::claim`]).
+    fn shown(&self) -> bool {
+        self.claim
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::SeqCst))
     }
 
     /// Drops what `what` says of the lines if they were taken before reset (or deletion)
@@ -976,14 +1005,64 @@ impl Awareness {
     }
 
     /// [`Awareness::try_record`], logging a failure (`warn!`) and answering it with its causes.
+    /// A store that has not answered within [`AwarenessConfig::store_wait`] is answered so too;
+    /// the recording goes on on its own task (see [`Awareness::try_record`]), and delivers its
+    /// notices should it commit.
     async fn record_logged(&self, event: NewEvent) -> Result<Recorded, String> {
+        self.record_logged_by(event, self.store_deadline()).await
+    }
+
+    /// [`Awareness::record_logged`], waiting for the store until `deadline` (a producer that
+    /// asked the store something first waits [`AwarenessConfig::store_wait`] in all).
+    async fn record_logged_by(
+        &self,
+        event: NewEvent,
+        deadline: tokio::time::Instant,
+    ) -> Result<Recorded, String> {
         let key = event.session.session_key.clone();
         let kind = event.kind.clone();
-        self.try_record(event).await.map_err(|e| {
+        let Some(recorded) = tokio::time::timeout_at(deadline, self.try_record(event))
+            .await
+            .ok()
+        else {
+            let e = format!(
+                "the store has not answered within {:?}; the recording goes on, and its notices are delivered should it commit",
+                self.config.store_wait
+            );
+            warn!(session_key = %key, %kind, error = %e, "session-state event not recorded yet");
+            return Err(e);
+        };
+        recorded.map_err(|e| {
             let e = ErrorChain(&e).to_string();
             warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
             e
         })
+    }
+
+    /// The error of a store call given up after [`AwarenessConfig::store_wait`].
+    fn no_answer(&self, context: &'static str) -> StoreError {
+        StoreError::backend(
+            context,
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the store has not answered within {:?}",
+                    self.config.store_wait
+                ),
+            ),
+        )
+    }
+
+    /// When a wait for the store that starts now gives up.
+    fn store_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.config.store_wait
+    }
+
+    /// `call`, given up (`None`) when it has not ended within [`AwarenessConfig::store_wait`].
+    async fn within_store_wait<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::time::timeout(self.config.store_wait, call)
+            .await
+            .ok()
     }
 
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
@@ -1090,14 +1169,16 @@ impl Awareness {
             self.agent_of(&msg.session, msg.agent_id.as_ref()),
         );
         let spawner = self.spawner(entry.as_ref(), &target);
+        // One wait for the store, the question below and the recording together.
+        let deadline = self.store_deadline();
         if spawner.is_none() {
-            let watched = self
-                .store
-                .cursors(&CursorFilter {
-                    target: Some(msg.session.clone()),
-                    ..CursorFilter::default()
-                })
-                .await;
+            let filter = CursorFilter {
+                target: Some(msg.session.clone()),
+                ..CursorFilter::default()
+            };
+            let watched = tokio::time::timeout_at(deadline, self.store.cursors(&filter))
+                .await
+                .unwrap_or_else(|_| Err(self.no_answer("read the session's watchers")));
             match watched {
                 Ok(c) if c.is_empty() => {
                     debug!(session_key = %msg.session, "human message not recorded: the session has no spawner, parent or watcher");
@@ -1152,7 +1233,7 @@ impl Awareness {
         }
         .filter(|p| !p.is_empty());
         ev.watchers.extend(spawner);
-        match self.record_logged(ev).await {
+        match self.record_logged_by(ev, deadline).await {
             Ok(r) => HumanRecorded::Event(r.event),
             Err(e) => HumanRecorded::Failed(e),
         }
@@ -1682,7 +1763,21 @@ impl Awareness {
     ///    this step is drained by the next turn as a stale line.
     ///
     /// When the cursors cannot be read, nothing is acknowledged and every drained line is
-    /// returned. [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are
+    /// returned.
+    ///
+    /// A store that hangs holds no turn for longer than [`AwarenessConfig::store_wait`] at
+    /// each of three waits: for the watcher's lock, three times as long (a turn holding it
+    /// waits for the store twice; held longer, by an earlier turn's acknowledgement or a
+    /// pick-up that waits for a store that does not answer), after which the turn returns
+    /// what it drains from the queue, unclassified, and acknowledges nothing; for the read of
+    /// the cursors, as
+    /// when they cannot be read; and for the acknowledgement, after which the turn returns what
+    /// it read while the acknowledgement goes on on its own task, with the lock, and the next
+    /// turn does not show those lines again. A notice not acknowledged yet is shown again by a
+    /// turn that reads it before the acknowledgement commits: once is the rule while the store
+    /// answers; while it hangs, a turn sees a notice twice rather than waits.
+    ///
+    /// [`Awareness::take_queued`] and [`Awareness::acknowledge`] called by hand are
     /// not serialized with turns.
     ///
     /// A turn whose caller gives up (drops this future: a turn timeout, an aborted task) loses
@@ -1696,9 +1791,30 @@ impl Awareness {
     /// kept in memory: a restart loses it, as it loses the queue, and notices the dropped turn
     /// had already acknowledged are then gone.
     pub async fn drain_turn(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
-        let mut turn = self.turns.lock(watcher).await;
+        // A turn holding the lock waits for the store twice (the read, the acknowledgement):
+        // only a wait longer than that tells a store that does not answer.
+        let lock_wait = self.config.store_wait.saturating_mul(3);
+        let Some(mut turn) = tokio::time::timeout(lock_wait, self.turns.lock(watcher))
+            .await
+            .ok()
+        else {
+            // An earlier turn's acknowledgement, or a pick-up, still waits for the store with
+            // the lock: this turn shows its queued lines, acknowledging nothing.
+            warn!(watcher = %watcher, wait = ?lock_wait, "the watcher's turn lock is still held by a call waiting for the store; the turn shows its queued lines and acknowledges nothing");
+            return self.queue.drain(watcher);
+        };
         // What an earlier turn whose caller gave up had taken comes first.
-        let Carried { unread, read, .. } = std::mem::take(turn.carried());
+        let Carried {
+            unread,
+            mut read,
+            claim,
+            ..
+        } = std::mem::take(turn.carried());
+        if claim.is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
+            // The turn that settled on them showed them, having stopped waiting for its
+            // acknowledgement.
+            read.clear();
+        }
         let mut drained = unread;
         drained.extend(self.queue.drain(watcher));
         if !watcher.is_agent_qualified() {
@@ -1713,8 +1829,13 @@ impl Awareness {
             unread: drained,
             read,
             stamp: self.turns.stamp(),
+            claim: None,
         };
-        let current: Vec<Notice> = match self.pending_cursors(watcher).await {
+        let cursors = self
+            .within_store_wait(self.pending_cursors(watcher))
+            .await
+            .unwrap_or_else(|| Err(self.no_answer("read the watcher's pending cursors")));
+        let current: Vec<Notice> = match cursors {
             Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {
                 warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the cursors to acknowledge; the notices stay pending");
@@ -1761,19 +1882,38 @@ impl Awareness {
         // and delivers its follow-ups, and the next turn shows what this one read. The turn's
         // lock goes with the acknowledgement and is released when it ends, not when the turn
         // is dropped: the next turn must not read the cursors while it is in flight (see 1).
+        let claim = Arc::new(AtomicBool::new(false));
+        let settled = read.clone();
         *turn.carried() = Carried {
             unread: Vec::new(),
             read,
             stamp,
+            claim: Some(Arc::clone(&claim)),
+        };
+        // Shown now, unless a turn that came meanwhile showed them ([`Carried::claim`]).
+        let shown_here = || {
+            if claim.swap(true, Ordering::SeqCst) {
+                Vec::new()
+            } else {
+                settled.clone()
+            }
         };
         let held = turn.guard.take().expect("the turn holds its lock");
-        let Some((held, _)) = self.acknowledge_holding(watcher, targets, held).await else {
+        let acknowledged = self
+            .within_store_wait(self.acknowledge_holding(watcher, targets, held))
+            .await;
+        let Some(acknowledged) = acknowledged else {
+            // The store has not answered: the acknowledgement goes on on its own task, with
+            // the lock. What this turn read is shown now; the notices stay pending until the
+            // acknowledgement commits, and are shown again should a turn read them before.
+            warn!(watcher = %watcher, wait = ?self.config.store_wait, "the acknowledgement waits for the store; the turn shows what it read");
+            return shown_here();
+        };
+        let Some((held, _)) = acknowledged else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
-            // this turn read. Taken back and shown now (unless a turn that came meanwhile took
-            // it): nothing would wake the watcher for its next turn. The notices may still be
-            // pending, and be shown again then.
-            let mut again = self.turns.lock(watcher).await;
-            return std::mem::take(&mut again.carried().read);
+            // this turn read. Shown now: nothing would wake the watcher for its next turn. The
+            // notices may still be pending, and be shown again then.
+            return shown_here();
         };
         turn.guard = Some(held);
         let read = std::mem::take(&mut turn.carried().read);
@@ -1971,7 +2111,12 @@ impl Awareness {
                 done.busy.push(watcher);
                 continue;
             };
-            match self.pending_cursors(&watcher).await {
+            // Bounded as a turn's read is: the lock it holds meanwhile is the watcher's turn's.
+            let read = self
+                .within_store_wait(self.pending_cursors(&watcher))
+                .await
+                .unwrap_or_else(|| Err(self.no_answer("read the watcher's pending cursors")));
+            match read {
                 Ok(cursors) => {
                     let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
                     // The directory again: a watcher deleted since the first read is no longer

@@ -156,6 +156,14 @@ fn refused_service_settings_name_their_field() {
         ),
         (
             AwarenessConfig {
+                store_wait: Duration::ZERO,
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.store_wait",
+            "without the store",
+        ),
+        (
+            AwarenessConfig {
                 list_batch: 0,
                 ..AwarenessConfig::default()
             },

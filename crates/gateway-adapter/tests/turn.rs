@@ -16,8 +16,8 @@ use awareness_core::{
     async_trait,
 };
 use gateway_adapter::{
-    Awareness, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue, PickUp, QueuedEntry,
-    RecordingWake, SessionEntry, SystemEventQueue,
+    Awareness, AwarenessConfig, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
+    PickUp, QueuedEntry, RecordingWake, SessionEntry, SystemEventQueue,
 };
 use store_memory::MemoryStore;
 use tokio::sync::{Semaphore, mpsc};
@@ -106,6 +106,11 @@ impl World {
     /// The same, with the gate on `call` (once the store answered, with `after`), armed once
     /// the worker is spawned.
     async fn gated(call: Call, after: bool) -> Self {
+        Self::gated_with(call, after, AwarenessConfig::default()).await
+    }
+
+    /// [`World::gated`], the service built with `config`.
+    async fn gated_with(call: Call, after: bool, config: AwarenessConfig) -> Self {
         let (tx, entered) = mpsc::unbounded_channel();
         let (asked, questions) = mpsc::unbounded_channel();
         let store = Arc::new(GatedAck {
@@ -123,7 +128,7 @@ impl World {
         // The gateway owns the manager (for the pick-ups).
         let directory = Arc::new(InMemoryDirectory::new());
         directory.upsert(k(MANAGER), SessionEntry::default());
-        let (svc, queue, wake) = common::service_in(store.clone(), None, directory);
+        let (svc, queue, wake) = common::service_configured(store.clone(), None, directory, config);
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
             .await
             .expect("seeded");
@@ -250,7 +255,12 @@ async fn a_pick_up_leaves_a_watcher_whose_turn_runs_to_that_turn() {
 /// until it is woken. The pick-ups that found the turn running do not back off.
 #[tokio::test(start_paused = true)]
 async fn a_notice_a_running_turn_missed_is_picked_up_at_the_next_question_after_it() {
-    let mut w = World::gated(Call::Cursors, true).await;
+    // A turn that runs long, not a store that hangs: the turn waits for the store's answer.
+    let config = AwarenessConfig {
+        store_wait: std::time::Duration::from_hours(1),
+        ..AwarenessConfig::default()
+    };
+    let mut w = World::gated_with(Call::Cursors, true, config).await;
     let turn = w.turn_at_the_gate().await;
     w.store.hook.armed.store(false, Ordering::SeqCst);
     // Another writer: past the service, so no queue hears of it.
@@ -625,9 +635,21 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
     *w.store.hook.at.lock().unwrap() = (Call::Unwatch, false); // no gate on this path
     w.store.hook.panic_on_ack.store(true, Ordering::SeqCst);
     w.human().await;
+    let other = QueuedEntry {
+        text: "Exec finished: cargo test".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let mut read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    read.sort();
+    let mut want = vec![notice(Sequence(1)), other.text];
+    want.sort();
+    assert_eq!(read, want);
+    w.store.hook.panic_on_ack.store(false, Ordering::SeqCst);
     assert_eq!(
         texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))]
+        vec![notice(Sequence(1))],
+        "the notice, still pending, is shown again; the other line is not"
     );
 }
 
@@ -846,4 +868,177 @@ async fn a_line_under_a_malformed_session_state_key_is_read_and_acknowledges_not
     );
     let c = cursor().await;
     assert_eq!((c.last_seen, c.notified, c.material), (first, first, first));
+}
+
+/// `call`, which must end within an hour of the test's paused clock: a turn that waits for a
+/// store that never answers fails the test instead of hanging it.
+async fn within_an_hour<T>(call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_hours(1), call)
+        .await
+        .expect("the call went on without the store")
+}
+
+/// Bug: a store that hung on the read of the pending cursors held the watcher's turn until the
+/// gateway's own timeout dropped it, and every later turn the same: the manager could not act
+/// at all. After `AwarenessConfig::store_wait`, the turn shows what it drained and
+/// acknowledges nothing.
+#[tokio::test(start_paused = true)]
+async fn a_turn_whose_cursor_read_hangs_shows_its_queued_lines() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    let first = w.human().await;
+    let other = QueuedEntry {
+        text: "Exec finished: cargo test".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let mut read = texts(&within_an_hour(w.svc.drain_turn(&k(MANAGER))).await);
+    read.sort();
+    let mut want = vec![notice(Sequence(1)), other.text];
+    want.sort();
+    assert_eq!(read, want, "the turn showed its queued lines");
+    w.entered.recv().await.expect("the turn reached the store");
+    // The next turn waits for the store again, and goes on again.
+    assert!(
+        within_an_hour(w.svc.drain_turn(&k(MANAGER)))
+            .await
+            .is_empty()
+    );
+    w.open_gate();
+    let c = w.cursor().await;
+    assert_eq!(
+        (c.last_seen, c.notified),
+        (Sequence(1), first),
+        "nothing acknowledged"
+    );
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the notice is shown again once the store answers, and acknowledged then"
+    );
+    assert_eq!(w.cursor().await.last_seen, first);
+}
+
+/// Bug: a store whose writes hung (an fsync that never returned) held the turn in its
+/// acknowledgement, and the next turns behind its lock. Now the turn shows what it read once
+/// `AwarenessConfig::store_wait` has passed; the next turn shows the lines queued for it
+/// without waiting for the lock for good; and once the acknowledgement commits, nothing the
+/// first turn showed is shown again.
+#[tokio::test(start_paused = true)]
+async fn a_turn_whose_acknowledgement_hangs_shows_what_it_read_once() {
+    let mut w = World::new().await;
+    let first = w.human().await;
+    let turn = w.turn_at_the_gate().await;
+    assert_eq!(
+        texts(&within_an_hour(turn).await.expect("the turn")),
+        vec![notice(Sequence(1))],
+        "what the turn read"
+    );
+    let other = QueuedEntry {
+        text: "Exec finished: cargo test".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    assert_eq!(
+        within_an_hour(w.svc.drain_turn(&k(MANAGER))).await,
+        [other],
+        "the next turn, behind the acknowledgement's lock"
+    );
+    w.open_gate();
+    settle().await;
+    assert_eq!(
+        w.cursor().await.last_seen,
+        first,
+        "the acknowledgement committed"
+    );
+    assert!(
+        w.svc.drain_turn(&k(MANAGER)).await.is_empty(),
+        "what the first turn showed is not shown again"
+    );
+}
+
+/// Bug: a best-effort producer waited for a store that hung as long as it hung, holding the
+/// gateway's handling of the message. It answers `None` after `AwarenessConfig::store_wait`;
+/// the recording goes on, and when it commits its notice is delivered and the manager woken.
+#[tokio::test(start_paused = true)]
+async fn a_recording_that_hangs_gives_up_waiting_and_still_delivers() {
+    let mut w = World::gated(Call::Record, false).await;
+    assert!(
+        within_an_hour(w.svc.human_message(human_message()))
+            .await
+            .is_none(),
+        "not recorded yet"
+    );
+    w.entered
+        .recv()
+        .await
+        .expect("the recording reached the store");
+    assert!(w.queue.peek(&k(MANAGER)).is_empty());
+    w.open_gate();
+    settle().await;
+    assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
+    assert_eq!(w.wake.count(&k(MANAGER)), 1, "the manager was woken");
+}
+
+/// The question whether an unlinked session has a watcher, and the recording after it, wait
+/// for the store `AwarenessConfig::store_wait` in all: a store that hangs on the question costs
+/// the producer one wait, the turn is recorded all the same, and its notice delivered.
+#[tokio::test(start_paused = true)]
+async fn a_question_for_watchers_that_hangs_still_records_the_turn() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    // No entry, and the directory does not know the worker: nothing names its spawner.
+    let msg = HumanMessage::new(k(CHILD));
+    let started = tokio::time::Instant::now();
+    assert!(
+        within_an_hour(w.svc.human_message(msg)).await.is_none(),
+        "not recorded within the wait"
+    );
+    assert_eq!(
+        started.elapsed(),
+        AwarenessConfig::default().store_wait,
+        "one wait for the question and the recording"
+    );
+    w.entered
+        .recv()
+        .await
+        .expect("the question reached the store");
+    settle().await;
+    assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
+}
+
+/// A turn that waits for the watcher's lock gives up only after three store waits: the turn
+/// holding it may wait for the store twice (its read, its acknowledgement), each within
+/// `AwarenessConfig::store_wait`, and is not a store that hangs. Giving up sooner, the waiting
+/// turn showed a late copy of a notice the first turn read, unclassified: shown twice.
+#[tokio::test(start_paused = true)]
+async fn a_turn_waits_out_a_slow_turn_that_holds_the_lock() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    w.human().await;
+    let copy = w.queue.peek(&k(MANAGER));
+    assert_eq!(texts(&copy), vec![notice(Sequence(1))]);
+    let first = w.turn_at_the_gate().await;
+    *w.store.hook.at.lock().unwrap() = (Call::Acknowledge, false);
+    // Delivered late, while the first turn runs.
+    assert!(w.queue.enqueue(&k(MANAGER), copy[0].clone()));
+    let second = w.turn();
+    let slow = std::time::Duration::from_secs(8);
+    assert!(slow < AwarenessConfig::default().store_wait);
+    tokio::time::sleep(slow).await;
+    w.store.hook.permits.add_permits(1); // the read answers
+    w.entered
+        .recv()
+        .await
+        .expect("the acknowledgement reaches the store");
+    tokio::time::sleep(slow).await;
+    w.store.hook.permits.add_permits(1); // the acknowledgement answers
+    assert_eq!(
+        texts(&within_an_hour(first).await.expect("first turn")),
+        vec![notice(Sequence(1))]
+    );
+    assert!(
+        within_an_hour(second)
+            .await
+            .expect("second turn")
+            .is_empty(),
+        "the late copy is not shown again"
+    );
 }

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use awareness_core::{AwarenessStore, SessionKey, UpstreamStore};
-use gateway_adapter::{Awareness, InMemoryDirectory, InMemoryQueue, RecordingWake};
+use gateway_adapter::{
+    Awareness, AwarenessConfig, InMemoryDirectory, InMemoryQueue, RecordingWake,
+};
 use store_memory::MemoryStore;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -53,9 +55,20 @@ pub fn service_in(
     links: Option<Arc<dyn UpstreamStore>>,
     directory: Arc<InMemoryDirectory>,
 ) -> (Arc<Awareness>, Arc<InMemoryQueue>, Arc<RecordingWake>) {
+    service_configured(store, links, directory, AwarenessConfig::default())
+}
+
+/// [`service_in`] with `config`.
+pub fn service_configured(
+    store: Arc<dyn AwarenessStore>,
+    links: Option<Arc<dyn UpstreamStore>>,
+    directory: Arc<InMemoryDirectory>,
+    config: AwarenessConfig,
+) -> (Arc<Awareness>, Arc<InMemoryQueue>, Arc<RecordingWake>) {
     let queue = Arc::new(InMemoryQueue::new());
     let wake = Arc::new(RecordingWake::new());
-    let mut builder = Awareness::builder(store, queue.clone(), wake.clone(), directory);
+    let mut builder =
+        Awareness::builder(store, queue.clone(), wake.clone(), directory).config(config);
     if let Some(links) = links {
         builder = builder.upstream(links);
     }

@@ -454,35 +454,60 @@ async fn on_store(
         }
         Checked::Record(ev) => record(store, *ev, now, as_json, out).await?,
         Checked::Ack(wk, targets) => {
+            // A target named twice is acknowledged once (as the store would): counted once.
+            let mut seen = std::collections::HashSet::new();
+            let targets: Vec<SessionKey> = targets
+                .into_iter()
+                .filter(|t| seen.insert(t.clone()))
+                .collect();
             // A target the watcher has no cursor on is a mistake (a typo, a session it never
             // watched), as for `unwatch`, and one whose cursor row cannot be read is left as it
             // is by an acknowledgement: both refused, with what was found, before anything is
             // acknowledged.
+            let mut pending = 0;
             for t in &targets {
                 let found = store
                     .cursor(&wk, t)
                     .await
                     .map_err(|e| store_err("ack", &e))?;
-                if found.is_none() {
-                    return Err(CliError::failure(format!(
-                        "no cursor of {} on {t}",
-                        wk.as_str()
-                    )));
+                match found {
+                    None => {
+                        return Err(CliError::failure(format!(
+                            "no cursor of {} on {t}",
+                            wk.as_str()
+                        )));
+                    }
+                    Some(c) if c.is_pending() => pending += 1,
+                    Some(_) => {}
                 }
             }
-            // An operator acknowledges whatever notice each cursor shows.
+            // An operator acknowledges whatever notice each cursor shows; a cursor with none
+            // pending is left as it is. Which had one is known as of the read above (a gateway
+            // may acknowledge, or record, in between), and said so.
+            let done = format!(
+                "acknowledged {} session(s) for {} ({pending} had a notice pending when read)",
+                targets.len(),
+                wk.as_str()
+            );
             let targets: Vec<AckTarget> = targets.into_iter().map(AckTarget::any).collect();
             let follow = store
                 .acknowledge(&wk, &targets, now)
                 .await
                 .map_err(|e| store_err("ack", &e))?;
-            notices_out(out, as_json, &follow).map_err(|e| {
-                e.after(&format!(
-                    "acknowledged {} session(s) for {}",
-                    targets.len(),
-                    wk.as_str()
-                ))
-            })?;
+            if as_json {
+                // A bare array of the follow-ups, the shape `sweep` prints too.
+                emit_json(out, &notices_json(&follow))
+            } else {
+                let mut text = format!("{done}\n");
+                if follow.is_empty() {
+                    text.push_str("no follow-up notices\n");
+                }
+                for n in &follow {
+                    let _ = writeln!(text, "{} <- {}", n.watcher, n.text());
+                }
+                emit(out, &text)
+            }
+            .map_err(|e| e.after(&done))?;
         }
         Checked::Read(read) => on_store_read(read, store, as_json, out).await?,
         Checked::Nothing => return on_store_other(cli, store, now, out).await,
@@ -941,6 +966,19 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         emit(out, &format!("{}: {text}; {events} event(s)\n", cli.store))
     }
     .map(|()| 0)
+    .map_err(|e| {
+        // Only a file opened read-write was written to (repaired, perhaps migrated): SQLite's
+        // was only read, and there is nothing to tell of it.
+        if repaired {
+            e.after(&format!(
+                "opened {} read-write and closed it cleanly (which repairs a file whose writer \
+                 crashed, and migrates one of an older schema)",
+                cli.store
+            ))
+        } else {
+            e
+        }
+    })
 }
 
 async fn doctor(

@@ -140,7 +140,9 @@ pub enum Command {
     },
     /// Append one event.
     Record(commands::RecordArgs),
-    /// Acknowledge WATCHER's notices on the TARGETs; prints the follow-ups.
+    /// Acknowledge WATCHER's notices on the TARGETs; says how many sessions it acknowledged
+    /// (a target named twice counts once) and how many had a notice pending, then prints the
+    /// follow-ups (with --json, the follow-ups alone).
     Ack {
         /// The watcher.
         watcher: String,

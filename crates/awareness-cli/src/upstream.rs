@@ -407,6 +407,87 @@ impl SignalSet {
     }
 }
 
+/// What `d` changed in the store, in the words a write command uses when its output then fails
+/// ([`CliError::after`]); `None` for a detection that records nothing (a source not found yet,
+/// a deferred or failed check, a tick's end).
+fn done_by(d: &Detection) -> Option<String> {
+    match d {
+        Detection::HumanTurns { session, event, .. } => Some(format!(
+            "recorded event #{} (human turns) for {session}",
+            event.sequence
+        )),
+        Detection::UpstreamMissing {
+            session,
+            event,
+            link_removed: true,
+            ..
+        } => Some(format!(
+            "removed the link of {session} and recorded event #{} (upstream_missing)",
+            event.sequence
+        )),
+        Detection::UpstreamMissing {
+            session,
+            event,
+            link_removed: false,
+            ..
+        } => Some(format!(
+            "recorded event #{} (upstream_missing) for {session}",
+            event.sequence
+        )),
+        Detection::Rebased { session } => Some(format!(
+            "moved the marker of {session} to its transcript's end (rebased)"
+        )),
+        Detection::Missing { .. }
+        | Detection::Deferred { .. }
+        | Detection::Failed { .. }
+        | Detection::TickDone(_) => None,
+    }
+}
+
+/// The next detection still in `rx` once the monitor is stopped (`Err` for detections it
+/// dropped); `None` when there is none.
+fn next_sent(
+    rx: &mut tokio::sync::broadcast::Receiver<Detection>,
+) -> Option<Result<Detection, RecvError>> {
+    match rx.try_recv() {
+        Ok(d) => Some(Ok(d)),
+        Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+            Some(Err(RecvError::Lagged(n)))
+        }
+        Err(_) => None,
+    }
+}
+
+/// The failure of `monitor` whose output failed (`e`) on the line of a detection that did
+/// `done`, saying what that detection and those still in `rx` (the monitor is stopped by now,
+/// and they are not printed) changed in the store: nobody should wonder whether they were
+/// recorded. Said even when the output's reader went away, as every write command does.
+fn output_failed(
+    e: CliError,
+    done: Option<String>,
+    rx: &mut tokio::sync::broadcast::Receiver<Detection>,
+) -> CliError {
+    let mut said: Vec<String> = done.into_iter().collect();
+    let mut unseen = 0;
+    while let Some(d) = next_sent(rx) {
+        match d {
+            Ok(d) => said.extend(done_by(&d)),
+            Err(RecvError::Lagged(n)) => unseen += n,
+            Err(RecvError::Closed) => {}
+        }
+    }
+    if unseen > 0 {
+        // Dropped before they were read: what they did is not known here.
+        let more = if said.is_empty() { "" } else { "more " };
+        said.push(format!("{unseen} {more}detection(s) went unread"));
+    }
+    if said.is_empty() {
+        e
+    } else {
+        e.after(&said.join("; "))
+    }
+}
+
 /// `awareness monitor`: runs until Ctrl-C, printing each detection.
 pub async fn monitor(cli: &Cli, args: &MonitorArgs, out: &mut dyn Write) -> Result<i32, CliError> {
     let stop = interrupted()?;
@@ -465,7 +546,8 @@ async fn monitor_links(
     // The task ends only when stopped; one that ended by itself (it panicked) is looked for
     // once a second, and makes the command fail instead of printing nothing from then on.
     let mut alive = tokio::time::interval(Duration::from_secs(1));
-    // `Ok(true)`: the task ended by itself; `Err`: a write to the output failed.
+    // `Ok(true)`: the task ended by itself; `Err`: a write to the output failed, with what the
+    // detection whose line it was had changed in the store.
     let ended = loop {
         let d = tokio::select! {
             () = &mut stop => break Ok(false),
@@ -480,28 +562,23 @@ async fn monitor_links(
         if matches!(d, Err(RecvError::Closed)) {
             break Ok(false);
         }
+        let done = d.as_ref().ok().and_then(done_by);
         if let Some(line) = line_of(d)
             && let Err(e) = emit(out, &line)
         {
-            break Err(e);
+            break Err((e, done));
         }
     };
     task.stop().await;
-    // Nothing more is written to an output that failed.
-    let ended_by_itself = ended?;
+    // Nothing more is written to an output that failed; what was recorded is said on stderr.
+    let ended_by_itself = ended.map_err(|(e, done)| output_failed(e, done, &mut rx))?;
     // What the monitor reported before it stopped (a detection already sent when the stop
     // came, or one of the writes the stop waited for) is printed too, also when its task
     // ended by itself: each is a change already recorded in the store.
-    loop {
-        let d = match rx.try_recv() {
-            Ok(d) => Ok(d),
-            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
-                Err(RecvError::Lagged(n))
-            }
-            Err(_) => break,
-        };
+    while let Some(d) = next_sent(&mut rx) {
+        let done = d.as_ref().ok().and_then(done_by);
         if let Some(line) = line_of(d) {
-            emit(out, &line)?;
+            emit(out, &line).map_err(|e| output_failed(e, done, &mut rx))?;
         }
     }
     if ended_by_itself {
@@ -598,17 +675,152 @@ mod tests {
         );
     }
 
-    /// The service of `adopt` and `monitor` keeps none of the notices it delivers: after
-    /// thousands of distinct notices (each a new line, as every acknowledgement by the gateway
-    /// makes the next one), its queue holds nothing. The wake keeps nothing either, by
-    /// construction (a type without fields), which the trait gives no way to observe.
+    /// Output that fails, with `kind`, every write holding `needle` (each of `monitor`'s lines
+    /// is one write), as a full disk or a closed pipe would at that line.
+    struct FailsOn {
+        needle: &'static str,
+        kind: std::io::ErrorKind,
+        taken: String,
+    }
+
+    impl Write for FailsOn {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let text = String::from_utf8_lossy(buf);
+            if text.contains(self.needle) {
+                return Err(std::io::Error::new(self.kind, "the output failed"));
+            }
+            self.taken.push_str(&text);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A `monitor` whose output fails on the line of an `upstream_missing` (a transcript gone
+    /// for three checks) says that it removed the link and recorded the event, on a closed
+    /// pipe (where it says nothing otherwise) and on a full disk; the lines before it (the
+    /// checks that found the file gone, which change nothing) were printed.
+    #[tokio::test]
+    async fn an_upstream_missing_whose_line_fails_says_the_link_was_removed() {
+        use clap::Parser as _;
+        for (kind, code, why) in [
+            (
+                std::io::ErrorKind::BrokenPipe,
+                crate::EXIT_CLOSED_PIPE,
+                "the output's reader went away",
+            ),
+            (
+                std::io::ErrorKind::StorageFull,
+                crate::EXIT_FAILURE,
+                "cannot write output: the output failed",
+            ),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let transcript = dir.path().join("5f1c2e3a.jsonl");
+            std::fs::write(&transcript, "").unwrap();
+            let cli = Cli::try_parse_from([
+                "awareness",
+                "--store",
+                "memory:",
+                "--json",
+                "monitor",
+                "--first-tick-secs",
+                "0",
+                "--interval-secs",
+                "1",
+            ])
+            .unwrap();
+            let crate::Command::Monitor(args) = &cli.command else {
+                unreachable!("a monitor command line")
+            };
+            let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+            let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+            let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            adopt_into(
+                &store,
+                spec,
+                Some(&watcher),
+                &session,
+                true,
+                &mut Vec::new(),
+            )
+            .await
+            .unwrap();
+            std::fs::remove_file(&transcript).unwrap();
+            let mut out = FailsOn {
+                needle: "upstream_missing",
+                kind,
+                taken: String::new(),
+            };
+            let e = monitor_links(&cli, args, &store, std::future::pending(), &mut out)
+                .await
+                .expect_err("the output failed");
+            assert_eq!(e.code, code, "{kind}: {}", e.message);
+            assert_eq!(
+                e.message,
+                format!(
+                    "removed the link of agent:main:worker (agent main) and recorded event #2 \
+                     (upstream_missing), but {why}"
+                ),
+                "{kind}"
+            );
+            assert_eq!(
+                out.taken.lines().count(),
+                2,
+                "{kind}: the two checks that found it gone: {}",
+                out.taken
+            );
+            assert!(store.links().await.unwrap().is_empty(), "{kind}");
+        }
+    }
+
+    /// The service of `adopt` and `monitor` keeps none of the notices it delivers: its queue
+    /// answers, for every one of thousands of distinct notices (each a new line, as every
+    /// acknowledgement by the gateway makes the next one), that it was not added, so the
+    /// service wakes nobody for it, and holds nothing afterwards. A queue that kept its lines
+    /// (an in-memory one) would answer that it added each, and would hold them. The wake keeps
+    /// nothing by construction (a type without fields, which the `const` assertion beside
+    /// [`Discard`] checks); the trait gives no way to observe it.
     #[tokio::test]
     async fn delivered_notices_are_not_retained() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        /// The queue of [`delivery`], counting the lines it says it added.
+        struct Counted {
+            inner: Arc<dyn SystemEventQueue>,
+            added: AtomicUsize,
+        }
+
+        impl SystemEventQueue for Counted {
+            fn enqueue(&self, session: &SessionKey, entry: QueuedEntry) -> bool {
+                let added = self.inner.enqueue(session, entry);
+                if added {
+                    self.added.fetch_add(1, Ordering::Relaxed);
+                }
+                added
+            }
+
+            fn drain(&self, session: &SessionKey) -> Vec<QueuedEntry> {
+                self.inner.drain(session)
+            }
+
+            fn peek(&self, session: &SessionKey) -> Vec<QueuedEntry> {
+                self.inner.peek(session)
+            }
+        }
+
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
         let (queue, wake) = delivery();
+        let counted = Arc::new(Counted {
+            inner: queue.clone(),
+            added: AtomicUsize::new(0),
+        });
         let svc = Awareness::builder(
             store.clone(),
-            queue.clone(),
+            counted.clone(),
             wake,
             Arc::new(InMemoryDirectory::new()),
         )
@@ -630,12 +842,17 @@ mod tests {
                 .collect();
             svc.deliver(&notices);
         }
+        assert_eq!(
+            counted.added.load(Ordering::Relaxed),
+            0,
+            "the queue said it added lines (and the service woke their watchers for them)"
+        );
         for w in &watchers {
-            let kept = queue.peek(w.session_key());
+            let held = queue.drain(w.session_key());
             assert!(
-                kept.is_empty(),
+                held.is_empty(),
                 "the queue kept {} line(s) for {w}",
-                kept.len()
+                held.len()
             );
         }
     }

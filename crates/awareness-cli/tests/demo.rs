@@ -1,32 +1,13 @@
 //! `awareness demo` driven from code: a demo that fails midway still leaves what it recorded in
 //! the database file itself.
 
-use std::io::{self, Write};
+mod common;
+
+use std::io;
 use std::path::Path;
 
+use common::FailsAfter;
 use serde_json::Value;
-
-/// Output that takes writes until what it has taken contains `needle`, and fails every write
-/// after that with `kind`, as a full disk or a closed pipe would.
-struct FailsAfter {
-    taken: Vec<u8>,
-    needle: &'static str,
-    kind: io::ErrorKind,
-}
-
-impl Write for FailsAfter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if String::from_utf8_lossy(&self.taken).contains(self.needle) {
-            return Err(io::Error::new(self.kind, "the output failed"));
-        }
-        self.taken.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// `awareness --store <url> record` of a `goal_changed` event on `agent:main:x`.
 fn record_args<'a>(url: &'a str, summary: &'a str) -> [&'a str; 10] {
@@ -185,11 +166,7 @@ async fn a_record_whose_output_fails_says_it_was_recorded() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("s.db").display());
-        let mut out = FailsAfter {
-            taken: Vec::new(),
-            needle: "",
-            kind,
-        };
+        let mut out = FailsAfter::at_once(kind);
         let mut err = Vec::new();
         let got = awareness_cli::run(record_args(&url, "once"), &mut out, &mut err).await;
         let err = String::from_utf8_lossy(&err);

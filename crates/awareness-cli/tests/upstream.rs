@@ -374,6 +374,88 @@ fn adopt_refuses_a_missing_file_and_a_bare_watcher() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
+/// A `monitor` whose output fails on the line of a detection it recorded says on stderr what it
+/// recorded, as every write command does: on a full disk (exit 1), and on a closed pipe (141),
+/// which otherwise ends it without a word. The event is in the store either way.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_monitor_whose_output_fails_says_what_it_recorded() {
+    for closed_pipe in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("sqlite://{}", dir.path().join("state.db").display());
+        let transcript = dir.path().join("5f1c2e3a.jsonl");
+        std::fs::File::create(&transcript).unwrap();
+        let o = run(&[
+            "--store",
+            &store,
+            "adopt",
+            "agent:main:worker",
+            "--file",
+            transcript.to_str().unwrap(),
+            "--watcher",
+            "agent:main:main",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        // Typed after the adoption, before the monitor starts: its first check finds it, and
+        // its line (JSON: there is no line before it) is the first write to the output.
+        human_line(&transcript, "h1", "typed straight into the thread");
+        let mut monitor = bin();
+        monitor
+            .args([
+                "--store",
+                &store,
+                "--json",
+                "monitor",
+                "--first-tick-secs",
+                "0",
+            ])
+            .stderr(Stdio::piped());
+        if closed_pipe {
+            monitor.stdout(Stdio::piped());
+        } else {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("open /dev/full");
+            monitor.stdout(full);
+        }
+        let mut child = KillOnDrop(monitor.spawn().unwrap());
+        if closed_pipe {
+            // The reader is gone before anything is printed.
+            drop(child.0.stdout.take());
+        }
+        let stderr = lines_of(child.0.stderr.take().expect("stderr is piped"));
+        let mut said = Vec::new();
+        loop {
+            match stderr.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => said.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("closed pipe {closed_pipe}: the monitor did not stop: {said:?}")
+                }
+            }
+        }
+        let status = child.0.wait().unwrap();
+        let (code, why) = if closed_pipe {
+            (141, "the output's reader went away")
+        } else {
+            (1, "cannot write output: ")
+        };
+        assert_eq!(status.code(), Some(code), "{said:?}");
+        let want = format!(
+            "awareness: recorded event #2 (human turns) for agent:main:worker (agent main), \
+             but {why}"
+        );
+        assert!(
+            said.iter().any(|l| l.starts_with(&want)),
+            "closed pipe {closed_pipe}: {said:?}"
+        );
+        let o = run(&["--store", &store, "--json", "status", "agent:main:worker"]);
+        let status: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(status["stateVersion"], json!(2), "{status}");
+    }
+}
+
 /// Runs `sql` on the SQLite file at `path` behind the CLI's back.
 fn edit_by_hand(path: &Path, sql: &str) {
     tokio::runtime::Runtime::new().unwrap().block_on(async {

@@ -1,0 +1,207 @@
+//! What a write command says, driven from code: on its output, and on stderr when its output
+//! then fails (a full disk, a closed pipe), so that nobody runs the write again to be sure.
+
+mod common;
+
+use std::io;
+
+use common::FailsAfter;
+use serde_json::Value;
+
+/// Runs `awareness --store <url> ARGS` into memory; (exit code, stdout, stderr).
+async fn run(url: &str, args: &[&str]) -> (i32, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_into(url, args, &mut out, &mut err).await;
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+async fn run_into(url: &str, args: &[&str], out: &mut dyn io::Write, err: &mut Vec<u8>) -> i32 {
+    let argv: Vec<&str> = ["awareness", "--store", url]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect();
+    awareness_cli::run(argv, out, err).await
+}
+
+/// Runs a command that must succeed; its stdout.
+async fn ok(url: &str, args: &[&str]) -> String {
+    let (code, out, err) = run(url, args).await;
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
+}
+
+/// Records one human message in `session`.
+async fn human(url: &str, session: &str) {
+    ok(
+        url,
+        &[
+            "record",
+            "--session",
+            session,
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ],
+    )
+    .await;
+}
+
+/// How many cursors show a pending notice.
+async fn pending(url: &str) -> usize {
+    let list: Value = serde_json::from_str(&ok(url, &["--json", "cursors", "--pending"]).await)
+        .expect("cursors prints JSON");
+    list.as_array().expect("a JSON array").len()
+}
+
+const MAIN: &str = "agent:main:main";
+const C1: &str = "agent:main:subagent:c1";
+const C2: &str = "agent:main:subagent:c2";
+
+/// `ack` says what it acknowledged before the follow-ups: the sessions it was given, each
+/// counted once however often it is named (the store acknowledges a repeated target once),
+/// and how many of them had a notice pending (one without has nothing to acknowledge).
+#[tokio::test]
+async fn ack_says_what_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    ok(&url, &["watch", MAIN, C1]).await;
+    ok(&url, &["watch", MAIN, C2]).await;
+    human(&url, C1).await;
+    assert_eq!(pending(&url).await, 1);
+
+    let out = ok(&url, &["ack", MAIN, C1, C2, C1]).await;
+    assert_eq!(
+        out,
+        "acknowledged 2 session(s) for agent:main:main (1 had a notice pending when read)\n\
+         no follow-up notices\n"
+    );
+    assert_eq!(pending(&url).await, 0);
+
+    // Two events on c1: the first one's notice is acknowledged, the second comes as the
+    // follow-up, printed after what was acknowledged.
+    human(&url, C1).await;
+    human(&url, C1).await;
+    let out = ok(&url, &["ack", MAIN, C1]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("acknowledged 1 session(s) for agent:main:main (1 had a notice pending when read)"),
+        "{out}"
+    );
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[1].starts_with("agent:main:main <- "),
+        "the follow-up: {out}"
+    );
+
+    // With --json, the follow-ups alone, a bare array as before.
+    ok(&url, &["ack", MAIN, C1]).await;
+    let out = ok(&url, &["--json", "ack", MAIN, C1, C1]).await;
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v, serde_json::json!([]));
+}
+
+/// An `ack` whose output fails says what it acknowledged, a target named twice counted once,
+/// on a full disk and on a closed pipe; the acknowledgement is in the store.
+#[tokio::test]
+async fn an_ack_whose_output_fails_counts_a_repeated_target_once() {
+    for (kind, code, why) in [
+        (
+            io::ErrorKind::StorageFull,
+            awareness_cli::EXIT_FAILURE,
+            "cannot write output",
+        ),
+        (
+            io::ErrorKind::BrokenPipe,
+            awareness_cli::EXIT_CLOSED_PIPE,
+            "the output's reader went away",
+        ),
+    ] {
+        for json in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}", dir.path().join("s.db").display());
+            ok(&url, &["watch", MAIN, C1]).await;
+            human(&url, C1).await;
+            let mut out = FailsAfter::at_once(kind);
+            let mut err = Vec::new();
+            let args: &[&str] = if json {
+                &["--json", "ack", MAIN, C1, C1]
+            } else {
+                &["ack", MAIN, C1, C1]
+            };
+            let got = run_into(&url, args, &mut out, &mut err).await;
+            let err = String::from_utf8_lossy(&err);
+            assert_eq!(got, code, "{kind} (json {json}): {err}");
+            assert!(
+                err.contains(&format!(
+                    "awareness: acknowledged 1 session(s) for agent:main:main \
+                     (1 had a notice pending when read), but {why}"
+                )),
+                "{kind} (json {json}): {err}"
+            );
+            assert_eq!(pending(&url).await, 0, "{kind}: acknowledged");
+        }
+    }
+}
+
+/// A `repair` of a redb file whose output fails says that it opened the file read-write (which
+/// repairs it, and may migrate it), on a full disk and on a closed pipe; one of a SQLite file,
+/// which only reads it, has nothing to add to the failure (silent on a closed pipe).
+#[tokio::test]
+async fn a_repair_whose_output_fails_says_it_opened_the_file_read_write() {
+    for (kind, code, why) in [
+        (
+            io::ErrorKind::StorageFull,
+            awareness_cli::EXIT_FAILURE,
+            "cannot write output",
+        ),
+        (
+            io::ErrorKind::BrokenPipe,
+            awareness_cli::EXIT_CLOSED_PIPE,
+            "the output's reader went away",
+        ),
+    ] {
+        for scheme in ["redb", "sqlite"] {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("{scheme}://{}", dir.path().join("s.db").display());
+            human(&url, C1).await;
+            for json in [false, true] {
+                let mut out = FailsAfter::at_once(kind);
+                let mut err = Vec::new();
+                let args: &[&str] = if json {
+                    &["--json", "repair"]
+                } else {
+                    &["repair"]
+                };
+                let got = run_into(&url, args, &mut out, &mut err).await;
+                let err = String::from_utf8_lossy(&err);
+                let what = format!("{scheme} {kind} (json {json})");
+                assert_eq!(got, code, "{what}: {err}");
+                if scheme == "redb" {
+                    assert!(
+                        err.contains(&format!(
+                            "awareness: opened {url} read-write and closed it cleanly"
+                        )) && err.contains(&format!(", but {why}")),
+                        "{what}: {err}"
+                    );
+                } else if kind == io::ErrorKind::BrokenPipe {
+                    assert!(err.is_empty(), "{what}: {err}");
+                } else {
+                    assert_eq!(
+                        err.trim_end(),
+                        "awareness: cannot write output: the output failed",
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -63,10 +63,14 @@ pub fn save_result(dir: &str, name: &str, value: &serde_json::Value) -> std::pat
     path
 }
 
-/// Whether the benches run under `cargo bench -- --test` (each bench once, as CI runs them):
-/// the data sets are then small.
+/// Whether criterion runs each bench once instead of measuring it: under
+/// `cargo bench -- --test` (as CI runs them), and, as criterion decides, whenever `--bench` is
+/// not given (`cargo test --benches`, `--all-targets`, a debug build); or when it only lists
+/// them (`--list`). The data sets are then small, and no result is saved for `bench-report`
+/// (a debug build's figures in the results table would mislead).
 pub fn test_mode() -> bool {
-    std::env::args().any(|a| a == "--test")
+    let has = |flag: &str| std::env::args().any(|a| a == flag);
+    has("--test") || has("--list") || !has("--bench")
 }
 
 /// A data set a group's backends start from.

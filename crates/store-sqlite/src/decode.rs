@@ -274,8 +274,9 @@ fn event(raw: RawEvent<'_>) -> Result<Event, StoreError> {
         payload,
         dedupe_key,
     ) = raw;
-    let r = session_ref(&key, &agent)
-        .map_err(|why| StoreError::corrupt(format!("event {seq}: {why}")))?;
+    let r = session_ref(&key, &agent).map_err(|why| {
+        StoreError::corrupt(format!("{}: {why}", event_of_key(seq, &key, &agent)))
+    })?;
     build_event(
         r,
         seq,
@@ -305,7 +306,7 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
         payload,
         dedupe_key,
     ) = raw;
-    let bad = |why: String| StoreError::corrupt(format!("event {seq}: {why}"));
+    let bad = |why: String| StoreError::corrupt(format!("{}: {why}", event_of(seq, &r)));
     // Read as OpenClaw reads a row (`rowToSessionStateEvent`): an empty optional text is
     // absent, a payload that is not a JSON object is left out instead of failing the row and
     // with it every page that holds it, and a kind this version does not know is returned as
@@ -326,13 +327,15 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
             }
         },
     };
+    let number = sequence_of(seq, || event_of(seq, &r))?;
+    let actor_type = ActorType::parse(&actor_type).map_err(|e| bad(e.to_string()))?;
     Ok(Event {
-        sequence: sequence("event", seq)?,
+        sequence: number,
         session_key: r.session_key,
         session_id: present(session_id),
         agent_id: r.agent_id,
         kind: EventKind::from_stored(&kind),
-        actor_type: ActorType::parse(&actor_type).map_err(|e| bad(e.to_string()))?,
+        actor_type,
         actor_id: present(actor_id),
         run_id: present(run_id),
         occurred_at: Timestamp(occurred_at),
@@ -376,9 +379,89 @@ fn ascending(events: &mut [Arc<Event>]) {
     }
 }
 
-/// One event (`event_json!`).
-pub(crate) fn one_event(text: &str) -> Result<Event, StoreError> {
-    event(json("event", text)?)
+/// An event row in an error: `event <sequence> of <session>`, the words an operator looks for.
+fn event_of(seq: i64, session: &SessionRef) -> String {
+    format!("event {seq} of {session}")
+}
+
+/// [`event_of`] for a row whose key and agent are as stored (perhaps not a ref this store
+/// reads, perhaps read with U+FFFD for text that was not UTF-8).
+fn event_of_key(seq: i64, key: &str, agent: &str) -> String {
+    format!("event {seq} of session {key:?} (agent {agent:?})")
+}
+
+/// The name ([`event_of_key`]) of one `event_json!` row that did not read as an event, from
+/// its first, second and fourth values where those are an integer and two strings; else
+/// "an event".
+fn event_json_name(text: &str) -> String {
+    let values: Option<Vec<serde_json::Value>> = serde_json::from_str(text).ok();
+    let named = values.as_deref().and_then(|v| {
+        let seq = v.first()?.as_i64()?;
+        Some(event_of_key(seq, v.get(1)?.as_str()?, v.get(3)?.as_str()?))
+    });
+    named.unwrap_or_else(|| String::from("an event"))
+}
+
+/// Text that is not UTF-8 (SQLite keeps such bytes as stored) in the event row `name`.
+fn not_utf8_event(name: &str, e: std::str::Utf8Error) -> StoreError {
+    StoreError::Corrupt {
+        context: format!("{name}: {NOT_UTF8}"),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// One event (`event_json!`), as bytes: the stored row of a dedupe hit. A row holding text
+/// that is not UTF-8, or one that does not read as an event, fails naming it (its sequence,
+/// key and agent, read with U+FFFD for what is not UTF-8).
+pub(crate) fn one_event(bytes: &[u8]) -> Result<Event, StoreError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| not_utf8_event(&event_json_name(&String::from_utf8_lossy(bytes)), e))?;
+    let raw = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        context: format!("{}: unreadable row", event_json_name(text)),
+        source: Some(Box::new(e)),
+    })?;
+    event(raw)
+}
+
+/// One row of a log read again on its own (`sql::EVENTS_AFTER_EACH`): its sequence, key and
+/// agent as stored, and its `event_json!` as bytes. Text that is not UTF-8, or a row that does
+/// not read as an event, fails naming the row.
+pub(crate) fn logged_event(
+    seq: i64,
+    key: &[u8],
+    agent: &[u8],
+    bytes: &[u8],
+) -> Result<Event, StoreError> {
+    let name = || {
+        event_of_key(
+            seq,
+            &String::from_utf8_lossy(key),
+            &String::from_utf8_lossy(agent),
+        )
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| not_utf8_event(&name(), e))?;
+    let raw = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        context: format!("{}: unreadable row", name()),
+        source: Some(Box::new(e)),
+    })?;
+    event(raw)
+}
+
+/// One event of a ref's page read again on its own (`sql::CHANGES_SINCE_EACH`): its sequence
+/// and its fields (`fields_json!`) as bytes. Text that is not UTF-8, or fields that do not
+/// read as an event's, fail naming the row.
+pub(crate) fn page_event(
+    seq: i64,
+    bytes: &[u8],
+    session: &SessionRef,
+) -> Result<Event, StoreError> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| not_utf8_event(&event_of(seq, session), e))?;
+    let raw = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        context: format!("{}: unreadable row", event_of(seq, session)),
+        source: Some(Box::new(e)),
+    })?;
+    build_event(session.clone(), seq, raw)
 }
 
 /// A JSON array of events (`event_json!`), in ascending sequence order.

@@ -43,7 +43,8 @@ fn record_query(
 /// The stored event of a dedupe hit (column 2 of a record batch's row).
 fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded, StoreError> {
     const WHAT: &str = "record an event";
-    let stored: Option<&str> = get(row, 2, WHAT)?;
+    // As bytes: a row holding text that is not UTF-8 fails naming it, not as a column.
+    let stored: Option<&[u8]> = get(row, 2, WHAT)?;
     let stored = stored.ok_or_else(|| {
         StoreError::corrupt(format!(
             "{WHAT}: the dedupe key {:?} conflicted but has no row",
@@ -55,6 +56,15 @@ fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded
         deduplicated: true,
         notices: Vec::new(),
     })
+}
+
+/// A page (one JSON text of many rows) holding text that is not UTF-8; the rows are read again
+/// one at a time to name the one at fault.
+fn page_not_utf8(what: &str, e: std::str::Utf8Error) -> StoreError {
+    StoreError::Corrupt {
+        context: format!("{what}: a row holds text that is not UTF-8"),
+        source: Some(Box::new(e)),
+    }
 }
 
 /// What the one-batch recording found.
@@ -375,8 +385,19 @@ impl SqliteStore {
         let min: Option<i64> = get(&row, 1, WHAT)?;
         let min = min.map(|m| decode::sequence(WHAT, m)).transpose()?;
         let sequences: &str = get(&row, 2, WHAT)?;
-        let fields: &str = get(&row, 3, WHAT)?;
-        let fetched = decode::page_events(sequences, fields, session)?;
+        // As bytes: SQLite copies a row's text that is not UTF-8 into the page as it is.
+        let fields: &[u8] = get(&row, 3, WHAT)?;
+        let fetched = match std::str::from_utf8(fields)
+            .map_err(|e| page_not_utf8(WHAT, e))
+            .and_then(|fields| decode::page_events(sequences, fields, session))
+        {
+            Ok(fetched) => fetched,
+            Err(page) => {
+                return Err(self
+                    .page_event_at_fault(session, after, limit + 1, page)
+                    .await);
+            }
+        };
         Ok(reconcile::build_page(
             after,
             head.as_ref(),
@@ -443,7 +464,90 @@ impl SqliteStore {
             .bind(int(after))
             .bind(limit(max));
         let row = self.read_one(q, WHAT).await?;
-        decode::events(get(&row, 0, WHAT)?)
+        // As bytes: SQLite copies a row's text that is not UTF-8 into the page as it is.
+        let page: &[u8] = get(&row, 0, WHAT)?;
+        match std::str::from_utf8(page)
+            .map_err(|e| page_not_utf8(WHAT, e))
+            .and_then(decode::events)
+        {
+            Ok(events) => Ok(events),
+            Err(page) => self.events_after_each(after, max, page).await,
+        }
+    }
+
+    /// [`Self::events_after_inner`] read again one row at a time, when the page could not be
+    /// read as a whole (`page`, its error): fails with the error of the first row that cannot
+    /// be read on its own, which names it (`event <sequence>`, its key and agent), so that an
+    /// operator can act on it (decision 0016: a read that meets such a row fails). Should
+    /// every row read (the row at fault changed or went between the two reads), the rows read
+    /// are the answer.
+    async fn events_after_each(
+        &self,
+        after: Sequence,
+        max: usize,
+        page: StoreError,
+    ) -> Result<Vec<Arc<awareness_core::Event>>, StoreError> {
+        const WHAT: &str = "read events after";
+        let q = sqlx::query(sql::EVENTS_AFTER_EACH)
+            .bind(int(after))
+            .bind(limit(max));
+        let mut conn = self.reader().await;
+        let rows = match batch(&mut conn, q, WHAT).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading events one row at a time to name the one that cannot be read failed");
+                return Err(page);
+            }
+        };
+        rows.iter()
+            .map(|row| {
+                decode::logged_event(
+                    get(row, 0, WHAT)?,
+                    get(row, 1, WHAT)?,
+                    get(row, 2, WHAT)?,
+                    get(row, 3, WHAT)?,
+                )
+                .map(Arc::new)
+            })
+            .collect()
+    }
+
+    /// The error of a ref's page that could not be read as a whole (`page`): the error of the
+    /// first of its events, after `after` and at most `max`, that cannot be read on its own,
+    /// read again one row at a time, which names it (`event <sequence> of <session>`); `page`
+    /// itself should every row read (the row at fault changed or went between the two reads:
+    /// the page, read with its head, is not pieced together from a later read).
+    async fn page_event_at_fault(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        max: usize,
+        page: StoreError,
+    ) -> StoreError {
+        const WHAT: &str = "read changes since";
+        let q = sqlx::query(sql::CHANGES_SINCE_EACH)
+            .bind(session.session_key.as_str().to_owned())
+            .bind(session.agent_id.as_str().to_owned())
+            .bind(int(after))
+            .bind(limit(max));
+        let mut conn = self.reader().await;
+        let rows = match batch(&mut conn, q, WHAT).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(session = %session, error = %e, "reading a page one row at a time to name the event that cannot be read failed");
+                return page;
+            }
+        };
+        rows.iter()
+            .find_map(|row| {
+                let seq = get(row, 0, WHAT);
+                let fields = get(row, 1, WHAT);
+                match (seq, fields) {
+                    (Ok(seq), Ok(fields)) => decode::page_event(seq, fields, session).err(),
+                    (Err(e), _) | (_, Err(e)) => Some(e),
+                }
+            })
+            .unwrap_or(page)
     }
 
     async fn log_stats_inner(&self) -> Result<LogStats, StoreError> {

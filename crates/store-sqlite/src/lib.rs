@@ -107,6 +107,14 @@
 //!   as U+FFFD, and a cursor row holding one is unreadable (pruning victims keep the text as
 //!   read, so a stamp reaches exactly the head keyed by it; a listing of heads, and of links,
 //!   decision 0017, is read again a row at a time).
+//! - An event row that cannot be read (text that is not UTF-8, stored fields that are not
+//!   JSON, an actor type no version knows) still fails every read that meets it (a page that
+//!   left it out would be a wrong answer, decision 0016), with [`StoreError::Corrupt`] naming
+//!   it: `event <sequence> of <session>`. A page that cannot be read as a whole is read again
+//!   a row at a time to find that row, so a page that reads costs nothing more. A row
+//!   numbered 0 or below (OpenClaw's table takes one; no writer we know gives one) is returned
+//!   by no read and fails none; [`SqliteStore::events_numbered_below_one`] finds it, and
+//!   pruning deletes it in its turn.
 //! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
 //! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
 //!   cascade into another table of an OpenClaw database.
@@ -362,6 +370,26 @@ pub struct SqliteStore {
     largest_batch: std::sync::atomic::AtomicUsize,
 }
 
+/// Event rows a store holds numbered 0 or below, which no read returns
+/// ([`SqliteStore::events_numbered_below_one`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventsBelowOne {
+    /// How many.
+    pub rows: u64,
+    /// The lowest sequence among them.
+    pub lowest: i64,
+}
+
+impl fmt::Display for EventsBelowOne {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} event row(s) numbered 0 or below (the lowest: event {}), which no read returns; pruning deletes them in their turn",
+            self.rows, self.lowest
+        )
+    }
+}
+
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
@@ -593,6 +621,29 @@ impl SqliteStore {
                 tracing::warn!(path = %self.path.display(), error = %e, "closing the writer");
             }
         }
+    }
+
+    /// The event rows numbered 0 or below, or `None` when there are none (a search of the
+    /// key). OpenClaw's table takes such a number (its key is SQLite's, which takes any number
+    /// a writer gives), though neither OpenClaw nor this store ever gives one. No read returns
+    /// such a row: every read of events starts above 0, and `changes_since` and `log_stats`
+    /// answer over the rows above 0. Pruning deletes them in their turn, by age or first under
+    /// the row cap. This is the probe an audit needs to report them (the shared audit has no
+    /// way to them yet: it reads through the store traits, which return no such row).
+    pub async fn events_numbered_below_one(&self) -> Result<Option<EventsBelowOne>, StoreError> {
+        const WHAT: &str = "count the events numbered 0 or below";
+        let found = async {
+            let row = self
+                .read_one(sqlx::query(sql::EVENTS_BELOW_ONE), WHAT)
+                .await?;
+            let rows: i64 = get(&row, 0, WHAT)?;
+            let lowest: Option<i64> = get(&row, 1, WHAT)?;
+            Ok(lowest.map(|lowest| EventsBelowOne {
+                rows: u64::try_from(rows).unwrap_or_default(),
+                lowest,
+            }))
+        };
+        self.named(found.await)
     }
 
     /// Deletes one event row and nothing else (no watermark, no head change), as an operator

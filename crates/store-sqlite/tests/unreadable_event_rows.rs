@@ -1,0 +1,264 @@
+//! Event rows another writer of the file may leave: text that is not UTF-8, stored fields that
+//! are not JSON, a sequence of 0 or below. A read that meets a row it cannot read still fails
+//! (decision 0016), but names the row (`event <sequence>`, its session, the file), so that an
+//! operator can act on it; reads that do not reach it answer. A row numbered 0 or below is
+//! returned by no read, fails none, is found by the store's probe, and is pruned in its turn.
+
+use std::path::Path;
+
+use awareness_core::testkit::checks::human;
+use awareness_core::{
+    AwarenessStoreExt as _, CursorStore as _, EventStore as _, RetentionPolicy, Sequence,
+    SessionRef, StoreError, Timestamp, WatcherKey,
+};
+use sqlx::Connection as _;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use store_sqlite::{EventsBelowOne, SqliteStore};
+
+/// The clock of the rows these tests write.
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+/// Runs `sql` (binding `binds` to `$1`, `$2`, ...) on the file through a connection of its own,
+/// behind the store's back, as another writer would.
+async fn behind_the_back(path: &Path, sql: &'static str, binds: &[i64]) {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .busy_timeout(std::time::Duration::from_secs(10));
+    let mut conn = SqliteConnection::connect_with(&options)
+        .await
+        .expect("a connection of its own");
+    let mut q = sqlx::query(sql);
+    for b in binds {
+        q = q.bind(*b);
+    }
+    q.execute(&mut conn).await.expect(sql);
+    conn.close().await.expect("close");
+}
+
+/// `err` is `Corrupt` and names the row (`event <seq> `, then what says its session) and the
+/// file, once.
+fn names_the_row(err: &StoreError, path: &Path, seq: u64, session: &str) {
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(&format!("event {seq} ")), "{text}");
+    assert!(text.contains(session), "{text}");
+    assert_eq!(
+        text.matches(&path.display().to_string()).count(),
+        1,
+        "{text}"
+    );
+}
+
+fn seqs(events: &[std::sync::Arc<awareness_core::Event>]) -> Vec<u64> {
+    events.iter().map(|e| e.sequence.get()).collect()
+}
+
+/// Sessions a and b, recorded on alternately (a 1, b 2, a 3 with the dedupe key "third",
+/// b 4, a 5), in a new store at `path`.
+async fn five_events(path: &Path) -> (SqliteStore, SessionRef, SessionRef) {
+    let store = SqliteStore::open(path).await.expect("open");
+    let a = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    let b = SessionRef::parse("agent:main:subagent:b", "main").expect("ref");
+    for (i, session) in [&a, &b, &a, &b, &a].into_iter().enumerate() {
+        let event = if i == 2 {
+            human(session).with_dedupe_key("third")
+        } else {
+            human(session)
+        };
+        let rec = store.record(event, T0).await.expect("record");
+        assert_eq!(rec.event.sequence.get(), i as u64 + 1);
+    }
+    (store, a, b)
+}
+
+/// An event row whose summary holds a byte that is not UTF-8 and that has no stored fields (as
+/// OpenClaw's writer leaves a row) fails the log and its session's page from below it, and a
+/// recording whose dedupe key hits it (alone and on a watched target, one batch and two),
+/// each with `Corrupt` naming `event 3`, its session and the file. SQLite copies the bytes
+/// into the one text a page is read from, which failed as a whole with an offset into the
+/// page and no row. The log and the page from past it, the log up to below it, the other
+/// session's page and the log's stats answer.
+#[tokio::test]
+async fn an_event_whose_text_is_not_utf8_fails_the_reads_that_reach_it_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, b) = five_events(&path).await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_events SET summary = summary || CAST(X'FF' AS TEXT), \
+         fields_json = NULL WHERE sequence = $1",
+        &[3],
+    )
+    .await;
+    let key = a.session_key.as_str();
+
+    let err = store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .expect_err("the log over the row");
+    names_the_row(&err, &path, 3, key);
+    let err = store
+        .changes_since(&a, Sequence::ZERO, 10)
+        .await
+        .expect_err("the session's page over the row");
+    names_the_row(&err, &path, 3, key);
+    for watched in [false, true] {
+        if watched {
+            // A watched target records in two batches.
+            store
+                .watch(&WatcherKey::parse("agent:main:main").unwrap(), &a, T0)
+                .await
+                .expect("watch");
+        }
+        let err = store
+            .record(human(&a).with_dedupe_key("third"), T0)
+            .await
+            .expect_err("a dedupe hit on the row");
+        names_the_row(&err, &path, 3, key);
+    }
+
+    let log = store
+        .events_after(Sequence::ZERO, 2)
+        .await
+        .expect("the log up to below the row");
+    assert_eq!(seqs(&log), [1, 2]);
+    let log = store
+        .events_after(Sequence(3), 10)
+        .await
+        .expect("the log past the row");
+    assert_eq!(seqs(&log), [4, 5]);
+    let page = store
+        .changes_since(&a, Sequence(3), 10)
+        .await
+        .expect("the page past the row");
+    assert_eq!(seqs(&page.events), [5]);
+    let page = store
+        .changes_since(&b, Sequence::ZERO, 10)
+        .await
+        .expect("the other session's page");
+    assert_eq!(seqs(&page.events), [2, 4]);
+    let stats = store.log_stats().await.expect("stats");
+    assert_eq!((stats.rows, stats.max_sequence), (5, Sequence(5)));
+    store.close().await;
+}
+
+/// An event row whose session key holds a byte that is not UTF-8 (the testkit's
+/// `spoil_event_text`) fails the log and a dedupe hit on it naming `event 2` and its key as
+/// read (with U+FFFD); it is no longer on its session's page, which answers.
+#[tokio::test]
+async fn an_event_whose_session_key_is_not_utf8_fails_the_log_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    assert!(store.spoil_event_text(Sequence(3)).await.expect("spoil"));
+    let key = format!("{}\u{FFFD}", a.session_key.as_str());
+
+    let err = store
+        .events_after(Sequence(1), 10)
+        .await
+        .expect_err("the log over the row");
+    names_the_row(&err, &path, 3, &key);
+    let err = store
+        .record(human(&a).with_dedupe_key("third"), T0)
+        .await
+        .expect_err("a dedupe hit on the row");
+    names_the_row(&err, &path, 3, &key);
+    let page = store
+        .changes_since(&a, Sequence::ZERO, 10)
+        .await
+        .expect("its old session's page, which no longer holds it");
+    assert_eq!(seqs(&page.events), [1, 5]);
+    store.close().await;
+}
+
+/// An event row whose stored fields (`fields_json`, this store's copy) are not JSON fails its
+/// session's page naming `event 3`, its session and the file (the page's error named no row:
+/// "events: unreadable row set"); the log, read from the columns, answers.
+#[tokio::test]
+async fn an_event_whose_stored_fields_are_not_json_fails_its_page_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
+        &[3],
+    )
+    .await;
+    let err = store
+        .changes_since(&a, Sequence::ZERO, 10)
+        .await
+        .expect_err("the session's page over the row");
+    names_the_row(&err, &path, 3, a.session_key.as_str());
+    let log = store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .expect("the log");
+    assert_eq!(seqs(&log), [1, 2, 3, 4, 5]);
+    store.close().await;
+}
+
+/// Rows numbered -1 and 0 (OpenClaw's table takes them; no writer we know numbers a row so)
+/// fail neither their session's page, whose earliest sequence was taken over every row and
+/// refused -1, nor the log's stats, which `tail` reads first; the log does not return them.
+/// The store's probe finds both, and pruning by age deletes them in their turn.
+#[tokio::test]
+async fn events_numbered_below_one_fail_no_read_are_found_and_pruned_in_their_turn() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let a = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    for _ in 0..3 {
+        store.record(human(&a), T0).await.expect("record");
+    }
+    assert_eq!(
+        store.events_numbered_below_one().await.expect("probe"),
+        None
+    );
+    // Two months old, as OpenClaw writes a row (no stored fields).
+    let old = T0.minus_ms(60 * Timestamp::DAY_MS).millis();
+    for seq in [-1, 0] {
+        behind_the_back(
+            &path,
+            "INSERT INTO session_state_events (sequence, session_key, agent_id, kind, \
+             actor_type, occurred_at, summary) VALUES ($1, 'agent:main:subagent:a', 'main', \
+             'created', 'system', $2, 'x')",
+            &[seq, old],
+        )
+        .await;
+    }
+
+    let page = store
+        .changes_since(&a, Sequence::ZERO, 10)
+        .await
+        .expect("the session's page");
+    assert_eq!(seqs(&page.events), [1, 2, 3]);
+    assert!(!page.history_gap, "{page:?}");
+    let stats = store.log_stats().await.expect("the log's stats");
+    assert_eq!(
+        (stats.rows, stats.min_sequence, stats.max_sequence),
+        (3, Sequence(1), Sequence(3))
+    );
+    let log = store.events_after(Sequence::ZERO, 10).await.expect("log");
+    assert_eq!(seqs(&log), [1, 2, 3]);
+    assert_eq!(
+        store.events_numbered_below_one().await.expect("probe"),
+        Some(EventsBelowOne {
+            rows: 2,
+            lowest: -1
+        })
+    );
+
+    let report = store
+        .prune(&RetentionPolicy::default(), T0)
+        .await
+        .expect("a pruning pass");
+    assert_eq!(report.events_by_age, 2, "{report:?}");
+    assert_eq!(
+        store.events_numbered_below_one().await.expect("probe"),
+        None
+    );
+    let log = store.events_after(Sequence::ZERO, 10).await.expect("log");
+    assert_eq!(seqs(&log), [1, 2, 3]);
+    store.close().await;
+}

@@ -61,7 +61,7 @@ macro_rules! setup {
             // Its cursor and head keys are redb strings, which hold UTF-8 only.
             awareness_core::durable_suite!(open, text_in_every_row: false);
             awareness_core::open_suite!(open);
-            awareness_core::read_only_suite!(open, open_read_only);
+            awareness_core::read_only_suite!(open, open_read_only, left_open: NeedsRepair);
             awareness_core::model_test!(subject);
         }
     };

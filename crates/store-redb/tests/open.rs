@@ -564,24 +564,103 @@ async fn a_schema_1_file_is_migrated_and_loses_nothing() {
     assert_eq!(schema_version(&txn), 2);
 }
 
+/// The entries of the table `name`, typed `K` to `V`, each as `key => value` (debug form).
+fn entries<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    name: &str,
+) -> Vec<String>
+where
+    for<'a> K::SelfType<'a>: std::fmt::Debug,
+    for<'a> V::SelfType<'a>: std::fmt::Debug,
+{
+    let table = txn
+        .open_table(redb::TableDefinition::<K, V>::new(name))
+        .unwrap_or_else(|e| panic!("open the table {name}: {e}"));
+    table
+        .iter()
+        .unwrap()
+        .map(|entry| {
+            let (k, v) = entry.unwrap();
+            format!("{:?} => {:?}", k.value(), v.value())
+        })
+        .collect()
+}
+
+/// Every entry of every table of the redb file at `path`, by table name, as redb reads them
+/// with the types the store keeps them in. A table of another name fails it (the dump would
+/// leave it out), and so does a multimap table.
+fn dump(path: &std::path::Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    type Bytes = &'static [u8];
+    type Pair = (&'static str, &'static str);
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let multimap: Vec<String> = txn
+        .list_multimap_tables()
+        .unwrap()
+        .map(|t| redb::MultimapTableHandle::name(&t).to_owned())
+        .collect();
+    assert!(multimap.is_empty(), "multimap tables: {multimap:?}");
+    table_names(&txn)
+        .into_iter()
+        .map(|name| {
+            let rows = match name.as_str() {
+                "meta" | "dedupe" => entries::<&str, u64>(&txn, &name),
+                "events" => entries::<u64, Bytes>(&txn, &name),
+                "events_by_ref" => entries::<(&str, &str, u64), Bytes>(&txn, &name),
+                "cursors" => entries::<Pair, (&str, u64, u64, u64, i64)>(&txn, &name),
+                "cursors_by_target" => entries::<Pair, ()>(&txn, &name),
+                "upstream_links" => entries::<Pair, Bytes>(&txn, &name),
+                other => panic!("a table the dump does not know: {other}"),
+            };
+            (name, rows)
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
+    use awareness_core::UpstreamStore as _;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    drop(RedbStore::open(&path).await.unwrap());
-    // What the file holds, as redb reads it (opening a redb file rewrites its header, so the
-    // bytes are not the measure).
-    let contents = |path: &std::path::Path| {
-        let db = redb::Database::open(path).unwrap();
-        let txn = db.begin_read().unwrap();
-        (table_names(&txn), schema_version(&txn))
-    };
+    {
+        // A row in every table: events (one under a dedupe key), heads, a cursor, a link.
+        let s = RedbStore::open(&path).await.unwrap();
+        let w = WatcherKey::parse("agent:main:main").unwrap();
+        s.watch(&w, &child(), T0).await.unwrap();
+        s.record(human(&child()), T0).await.unwrap();
+        s.record(human(&child()).with_dedupe_key("once"), T0)
+            .await
+            .unwrap();
+        let link =
+            awareness_core::LinkSpec::new(child(), "claude-code", "local", "t1", "local-jsonl");
+        s.upsert_link(link, T0).await.unwrap();
+        s.close().await;
+    }
     set_meta(&path, "schema_version", 99);
-    let before = contents(&path);
-    assert_eq!(before.1, 99);
+    // What the file holds, as redb reads it (opening a redb file rewrites its header, so the
+    // bytes are not the measure): every entry of every table.
+    let before = dump(&path);
+    assert_eq!(
+        schema_version(&redb::Database::open(&path).unwrap().begin_read().unwrap()),
+        99
+    );
+    for (table, rows) in &before {
+        assert!(!rows.is_empty(), "the table {table} holds rows to compare");
+    }
     let err = RedbStore::open(&path).await.unwrap_err();
     assert_open_error(&err, &path, "schema version 99 is not supported");
-    assert_eq!(contents(&path), before);
+    let after = dump(&path);
+    assert!(
+        after.keys().eq(before.keys()),
+        "the same tables: {:?}",
+        after.keys()
+    );
+    for (table, rows) in &before {
+        assert_eq!(
+            &after[table], rows,
+            "the refused open changed the table {table}"
+        );
+    }
 }
 
 fn read_only() -> RedbOptions {

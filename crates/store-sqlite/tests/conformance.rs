@@ -44,5 +44,5 @@ async fn subject() -> Subject {
 awareness_core::conformance_suite!(subject);
 awareness_core::durable_suite!(open);
 awareness_core::open_suite!(open);
-awareness_core::read_only_suite!(open, open_read_only);
+awareness_core::read_only_suite!(open, open_read_only, left_open: Answers);
 awareness_core::model_test!(subject);

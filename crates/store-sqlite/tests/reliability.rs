@@ -1,7 +1,9 @@
 //! Reliability with real processes and real files: a writer killed with SIGKILL at random
 //! moments loses nothing it reported and tears nothing; writers in one process and in several
 //! processes share one file without a BUSY error reaching them; bad files give a clear error
-//! naming the path and are left exactly as they were.
+//! naming the path and are left exactly as they were. (A directory without write permission
+//! and a store file the user may not write are checks of the shared open suite,
+//! `awareness_core::open_suite!`, in `tests/conformance.rs`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher as _, Hasher as _};
@@ -591,110 +593,4 @@ async fn new_files_are_private() {
         assert_eq!(mode, 0o600, "{} has mode {mode:o}", p.display());
     }
     store.close().await;
-}
-
-/// Runs `store-sqlite-torture open <path>` as an unprivileged user (root ignores directory
-/// permissions) and returns its exit code and error message.
-fn open_as_nobody(bin_dir: &Path, path: &Path) -> (i32, String) {
-    use std::os::unix::process::CommandExt as _;
-    let mut cmd = Command::new(bin_dir.join("torture"));
-    cmd.args(["open", path.to_str().unwrap()]);
-    if is_root() {
-        cmd.uid(65_534).gid(65_534);
-    }
-    let out = cmd.output().expect("run the opener");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn is_root() -> bool {
-    // The owner of a file we just created is our effective user.
-    use std::os::unix::fs::MetadataExt as _;
-    let f = tempfile::NamedTempFile::new().unwrap();
-    f.as_file().metadata().unwrap().uid() == 0
-}
-
-fn set_mode(p: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// A copy of the opener in `outer` that an unprivileged user may run, wherever the build
-/// lives; returns its directory.
-fn opener_for_nobody(outer: &Path) -> PathBuf {
-    set_mode(outer, 0o755);
-    let bin_dir = outer.join("bin");
-    std::fs::create_dir(&bin_dir).unwrap();
-    std::fs::copy(TORTURE, bin_dir.join("torture")).unwrap();
-    set_mode(&bin_dir.join("torture"), 0o755);
-    bin_dir
-}
-
-#[tokio::test]
-async fn a_directory_without_write_permission_gives_a_clear_error() {
-    let outer = tempfile::tempdir().unwrap();
-    let bin_dir = opener_for_nobody(outer.path());
-    let locked = outer.path().join("locked");
-    std::fs::create_dir(&locked).unwrap();
-
-    // An existing database in the directory, owned by the user who opens it.
-    let existing = locked.join("existing.sqlite");
-    let store = store_with_one_event(&existing).await;
-    store.close().await;
-    if is_root() {
-        std::os::unix::fs::chown(&existing, Some(65_534), Some(65_534)).unwrap();
-    }
-    set_mode(&locked, 0o555);
-    let before = listing(&locked);
-
-    let fresh = locked.join("fresh.sqlite");
-    let (code, msg) = open_as_nobody(&bin_dir, &fresh);
-    assert_eq!(code, 2, "creating in a read-only directory fails: {msg}");
-    assert!(msg.contains(&fresh.display().to_string()), "{msg}");
-    assert!(msg.contains("cannot create it"), "{msg}");
-
-    let (code, msg) = open_as_nobody(&bin_dir, &existing);
-    assert_eq!(
-        code, 2,
-        "a WAL database needs its directory writable: {msg}"
-    );
-    assert!(msg.contains(&existing.display().to_string()), "{msg}");
-
-    assert_eq!(listing(&locked), before, "nothing created or overwritten");
-    set_mode(&locked, 0o755);
-    let reopened = SqliteStore::open(&existing).await.unwrap();
-    assert_eq!(
-        reopened.state_version(&target(0)).await.unwrap(),
-        Sequence(1),
-        "the database is intact"
-    );
-    reopened.close().await;
-}
-
-/// A store file the user may not write, in a directory the user may write, is refused at open
-/// naming the file. SQLite opens such a file read-only without an error, and an up-to-date
-/// store writes nothing while it opens: the open succeeded, and every write failed later with
-/// an error that said neither the file nor why.
-#[tokio::test]
-async fn a_store_file_the_user_may_not_write_gives_a_clear_error() {
-    let outer = tempfile::tempdir().unwrap();
-    let bin_dir = opener_for_nobody(outer.path());
-    let open = outer.path().join("open");
-    std::fs::create_dir(&open).unwrap();
-    set_mode(&open, 0o777);
-    let existing = open.join("existing.sqlite");
-    let store = store_with_one_event(&existing).await;
-    store.close().await;
-    // Root's file, readable by others, is not theirs to write; a user's own file is made
-    // read-only.
-    set_mode(&existing, if is_root() { 0o644 } else { 0o444 });
-    let before = std::fs::read(&existing).unwrap();
-
-    let (code, msg) = open_as_nobody(&bin_dir, &existing);
-    assert_eq!(code, 2, "a file the user may not write is refused: {msg}");
-    assert!(msg.contains(&existing.display().to_string()), "{msg}");
-    assert!(msg.contains("SQLite opened it read-only"), "{msg}");
-    assert_eq!(std::fs::read(&existing).unwrap(), before, "nothing written");
 }

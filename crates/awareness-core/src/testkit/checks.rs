@@ -991,8 +991,9 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
 /// Pruning passes racing recordings on the sessions they prune: every head ends at the last
 /// event recorded on it (a pass never writes back a head it read before a recording moved it),
 /// each watermark stays at or below its head, the row cap holds once the last pass ran alone,
-/// and what the store holds breaks none of the audit's invariants. No other check runs pruning
-/// beside recording.
+/// and what the store holds breaks none of the audit's invariants. That the passes pruned while
+/// the recordings landed is shown by what they report (see [`racing_prune`]), not by timing.
+/// No other check runs pruning beside recording.
 pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
     // Chunks of a few rows, then chunks that store-memory deletes in several steps (256 rows
     // under one hold of its lock) while the recordings go on between them.
@@ -1000,19 +1001,36 @@ pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
     racing_prune(t, 2, 600, 600).await;
 }
 
-/// [`pruning_racing_recordings_lowers_no_head`]: `rounds` rounds of `per_round` recordings
-/// beside four pruning passes down to 12 rows, in chunks of `chunk_rows`.
+/// [`pruning_racing_recordings_lowers_no_head`]: `rounds` rounds of `per_round` recordings on
+/// one task beside pruning passes down to 12 rows, in chunks of `chunk_rows`, on another, from
+/// a log of at least twice the cap (so that the first passes have rows to delete).
+///
+/// A pass begins each time `per_round / 8` more recordings have landed. Halfway through a
+/// round the recorder waits until a pass that began after the first half landed has ended
+/// (never for a time): the passes of the round up to that one began after its first recording
+/// landed and ended before the second half began, and since only they delete, they must report
+/// exactly the rows the round began with plus the first half, less the cap. The passes racing
+/// the second half must then report exactly what the round's end leaves missing. A store whose
+/// passes deleted nothing while recordings landed, or whose reports were not what its passes
+/// deleted, fails one of the two.
 async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: usize) {
     const SESSIONS: usize = 3;
+    const CAP: u64 = 12;
     let s = &*t.store;
     let refs: Vec<SessionRef> = (0..SESSIONS)
         .map(|i| r(&format!("agent:main:p{i}"), "main"))
         .collect();
     let policy = RetentionPolicy {
-        max_rows: 12,
+        max_rows: CAP,
         chunk_rows,
         ..RetentionPolicy::default()
     };
+    let rows = async || s.log_stats().await.expect("stats").rows;
+    // A log of at least twice the cap, so that the first passes delete.
+    for i in rows().await..2 * CAP {
+        let session = &refs[usize::try_from(i).expect("small") % SESSIONS];
+        rec(s, log_only(session, "x"), T0).await;
+    }
     let mut last = [0u64; SESSIONS];
     for h in s.heads(&refs).await.expect("heads") {
         let i = refs
@@ -1021,15 +1039,34 @@ async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: 
             .expect("one of ours");
         last[i] = h.last_sequence.get();
     }
+    let half = per_round / 2;
+    let every = (per_round / 8).max(1);
     for round in 0..rounds {
+        let at_start = rows().await;
+        assert!(
+            at_start >= CAP,
+            "round {round}: {at_start} rows, below the cap"
+        );
+        // How many recordings of the round have landed, for the pruner.
+        let (landed_tx, mut landed) = tokio::sync::watch::channel(0_usize);
+        // A pass that began once the first half had landed has ended.
+        let (midway_tx, midway) = tokio::sync::oneshot::channel::<()>();
         let recorder = {
             let store = std::sync::Arc::clone(&t.store);
             let refs = refs.clone();
             tokio::spawn(async move {
+                let mut midway = Some(midway);
                 let mut got = Vec::new();
                 for i in 0..per_round {
+                    if i == half
+                        && let Some(pass) = midway.take()
+                    {
+                        // A pruner that failed dropped its sender: its error is reported.
+                        let _ = pass.await;
+                    }
                     let rec = store.record(log_only(&refs[i % SESSIONS], "x"), T0).await?;
                     got.push((i % SESSIONS, rec.event.sequence.get()));
+                    landed_tx.send_replace(i + 1);
                     tokio::task::yield_now().await;
                 }
                 Ok::<_, StoreError>(got)
@@ -1038,17 +1075,58 @@ async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: 
         let pruner = {
             let store = std::sync::Arc::clone(&t.store);
             tokio::spawn(async move {
-                for _ in 0..4 {
-                    store.prune(&policy, T0).await?;
-                    tokio::task::yield_now().await;
+                let mut midway = Some(midway_tx);
+                // Rows the passes deleted up to the one between the halves, and after it.
+                let (mut first_half, mut second_half) = (0_u64, 0_u64);
+                let mut next = 1;
+                loop {
+                    let waiting = midway.is_some();
+                    let Ok(seen) = landed
+                        .wait_for(|&n| n >= next || (waiting && n >= half))
+                        .await
+                        .map(|n| *n)
+                    else {
+                        // The recorder is done.
+                        break;
+                    };
+                    let report = store.prune(&policy, T0).await?;
+                    let deleted = report.events_by_age + report.events_by_cap;
+                    if midway.is_some() {
+                        first_half += deleted;
+                    } else {
+                        second_half += deleted;
+                    }
+                    if seen >= half
+                        && let Some(pass) = midway.take()
+                    {
+                        let _ = pass.send(());
+                    }
+                    next = seen + every;
                 }
-                Ok::<_, StoreError>(())
+                Ok::<_, StoreError>((first_half, second_half))
             })
         };
         for (i, seq) in recorder.await.expect("join").expect("record") {
             last[i] = last[i].max(seq);
         }
-        pruner.await.expect("join").expect("prune");
+        let (first_half, second_half) = pruner.await.expect("join").expect("prune");
+        let at_end = rows().await;
+        let half_rows = u64::try_from(half).expect("small");
+        assert_eq!(
+            first_half,
+            at_start + half_rows - CAP,
+            "round {round}: the passes up to the one between the round's halves, which began \
+             after its first recording landed, deleted every row above the cap"
+        );
+        assert!(
+            first_half > 0,
+            "round {round}: no pass pruned while recordings landed"
+        );
+        assert_eq!(
+            first_half + second_half,
+            at_start + u64::try_from(per_round).expect("small") - at_end,
+            "round {round}: the passes report every row the round deleted"
+        );
         let heads = s.heads(&refs).await.expect("heads");
         for (i, r) in refs.iter().enumerate() {
             let h = heads
@@ -1067,7 +1145,7 @@ async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: 
         }
     }
     s.prune(&policy, T0).await.expect("the last pass, alone");
-    assert_eq!(s.log_stats().await.expect("stats").rows, 12);
+    assert_eq!(s.log_stats().await.expect("stats").rows, CAP);
     let heads = s.list_heads(None).await.expect("heads");
     let events = s.events_after(Sequence::ZERO, 1_000).await.expect("events");
     let cursors = s.cursors(&CursorFilter::default()).await.expect("cursors");

@@ -1169,6 +1169,66 @@ pub async fn an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn(f: impl O
     assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
 }
 
+/// Whether `message` names the event row `seq` as the stores do (`event <seq>` or
+/// `event row <seq>`, the number whole).
+fn names_event(message: &str, seq: Sequence) -> bool {
+    ["event ", "event row "].iter().any(|prefix| {
+        let needle = format!("{prefix}{}", seq.get());
+        message
+            .match_indices(&needle)
+            .any(|(at, _)| !message[at + needle.len()..].starts_with(|c: char| c.is_ascii_digit()))
+    })
+}
+
+/// An event row holding text that is not UTF-8 fails a read of the log that meets it with a
+/// [`StoreError::Corrupt`](crate::StoreError::Corrupt) that names the row (its sequence), so
+/// that an operator can find it (decision 0016: a read that meets such a row fails, since a
+/// log that left it out would be a wrong answer); a read that does not reach it answers. One
+/// store failed naming a byte offset into a page of many rows, which no tool can act on.
+pub async fn an_event_with_text_that_is_not_utf8_fails_the_log_naming_it(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (_, seqs) = four_sessions_one_with_u_fffd(s).await;
+    let spoiled = seqs[2];
+    assert!(
+        t.raw
+            .spoil_event_text(spoiled)
+            .await
+            .expect("spoil an event"),
+        "the store has an event row to spoil"
+    );
+    let err = s
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect_err("the log meets the spoiled event");
+    assert!(
+        matches!(err, crate::StoreError::Corrupt { .. }),
+        "a corrupt row: {err:?}"
+    );
+    let message = crate::error::ErrorChain(&err).to_string();
+    assert!(
+        names_event(&message, spoiled),
+        "the error names event {spoiled}: {message}"
+    );
+    let past: Vec<Sequence> = s
+        .events_after(spoiled, 100)
+        .await
+        .expect("the log past the spoiled event")
+        .iter()
+        .map(|e| e.sequence)
+        .collect();
+    assert_eq!(past, [seqs[3]]);
+    let below: Vec<Sequence> = s
+        .events_after(Sequence::ZERO, 2)
+        .await
+        .expect("the log below the spoiled event")
+        .iter()
+        .map(|e| e.sequence)
+        .collect();
+    assert_eq!(below, seqs[..2]);
+}
+
 /// A recording on a session whose head row the store cannot read succeeds and writes a readable
 /// head at its event, with a pruned watermark just below it
 /// ([`head_over_unreadable`](crate::protocol::head_over_unreadable), decision 0020): what came

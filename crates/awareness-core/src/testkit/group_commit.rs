@@ -516,11 +516,16 @@ pub async fn a_group_commit_of_zero_is_refused_at_open(f: impl OpenGrouped) {
 }
 
 /// Recordings whose callers give up while they wait for a batch (polled once, then dropped, as
-/// a request timeout does) hold up no later recording: with `group_commit(2)` and four such
-/// callers queued behind a recording in progress, a recording made afterwards, alone, returns
-/// (a store that left it queued behind the abandoned ones would keep it waiting for a writer
-/// that never comes). Each abandoned event is in the log at most once, under its own sequence,
-/// and its session's head is its last event.
+/// a request timeout does) hold up no later one. With `group_commit(2)`, a recording is in
+/// progress (recordings are started until one is still pending after its first poll: one the
+/// store answered within that poll left nothing to queue behind), four callers each start a
+/// recording behind it and give up after one poll, still pending, and the one in progress is
+/// awaited. Then a recording made alone and four made at once (two batches' worth) each return
+/// (a store that left them queued behind the abandoned ones would keep them waiting for a
+/// writer that never comes), each with its own event. Afterwards the log holds every recording
+/// whose caller waited exactly once, the answered ones under the sequence they were answered,
+/// and besides them only abandoned events, each at most once, under its own sequence; the
+/// abandoned session's head is the last of them that was kept.
 pub async fn cancelled_recordings_hold_up_no_later_one(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 2).await;
@@ -533,41 +538,103 @@ pub async fn cancelled_recordings_hold_up_no_later_one(f: impl OpenGrouped) {
             format!("abandoned {i}"),
         )
     };
-    let mut first = std::pin::pin!(g.store.record(event(0), T0));
-    let first_done = poll_once(first.as_mut()).await;
+    // The recordings started until one stayed pending: those before it finished in their poll.
+    let mut finished = 0;
+    let mut first = loop {
+        let mut first = g.store.record(event(finished), T0);
+        if !poll_once(first.as_mut()).await {
+            break first;
+        }
+        finished += 1;
+        assert!(finished < 100, "no recording stayed pending after one poll");
+    };
     for i in 0..4 {
         let mut call = std::pin::pin!(g.store.record(abandoned(i), T0));
-        poll_once(call.as_mut()).await;
+        assert!(
+            !poll_once(call.as_mut()).await,
+            "abandoned call {i} finished within its one poll, behind a recording in progress"
+        );
     }
-    if !first_done {
-        first.await.expect("the recording in progress");
-    }
-    let later = tokio::time::timeout(
+    let mut answered = vec![first.as_mut().await.expect("the recording in progress")];
+    let within = |what: &str| {
+        format!("{what}, made after the abandoned recordings, was left waiting for them")
+    };
+    let later = finished + 1;
+    let alone = tokio::time::timeout(
         std::time::Duration::from_mins(1),
-        g.store.record(event(1), T0),
+        g.store.record(event(later), T0),
     )
     .await
-    .expect("a recording made after the abandoned ones was left waiting for them")
+    .unwrap_or_else(|_| panic!("{}", within("a recording alone")))
     .expect("record");
-    assert!(!later.deduplicated);
+    answered.push(alone);
+    let at_once = tokio::time::timeout(
+        std::time::Duration::from_mins(1),
+        record_concurrently(&g.store, (later + 1..later + 5).map(|i| (event(i), T0))),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{}", within("one of four recordings at once")));
+    answered.extend(at_once);
+    for (rec, i) in answered
+        .iter()
+        .zip((finished..=finished).chain(later..later + 5))
+    {
+        assert!(!rec.deduplicated, "recording {i}");
+        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+    }
 
+    let log = g
+        .store
+        .events_after(Sequence::ZERO, 1_000)
+        .await
+        .expect("events_after");
+    let (kept, waited): (Vec<_>, Vec<_>) = log
+        .iter()
+        .partition(|e| e.summary.starts_with("abandoned "));
+    let mut waited_for: Vec<&str> = waited.iter().map(|e| e.summary.as_str()).collect();
+    waited_for.sort_unstable();
+    let mut expected: Vec<String> = (0..=finished)
+        .chain(later..later + 5)
+        .map(|i| format!("message {i}"))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(
+        waited_for, expected,
+        "the log holds every recording whose caller waited, exactly once"
+    );
+    for rec in &answered {
+        let stored = log
+            .iter()
+            .find(|e| e.sequence == rec.event.sequence)
+            .unwrap_or_else(|| panic!("no event at the answered sequence {}", rec.event.sequence));
+        assert_eq!(**stored, *rec.event, "the log holds the answered event");
+    }
+    let summaries: Vec<&str> = kept.iter().map(|e| e.summary.as_str()).collect();
+    let distinct: BTreeSet<&str> = summaries.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        summaries.len(),
+        "each abandoned event at most once: {summaries:?}"
+    );
+    assert!(
+        kept.iter().all(|e| e.session_ref() == gone),
+        "an abandoned event under its own session: {kept:?}"
+    );
+    let sequences: BTreeSet<Sequence> = log.iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences.len(), log.len(), "distinct sequences");
     let page = g
         .store
         .changes_since(&gone, Sequence::ZERO, 200)
         .await
         .expect("changes_since");
-    let summaries: Vec<&str> = page.events.iter().map(|e| e.summary.as_str()).collect();
-    let distinct: BTreeSet<&str> = summaries.iter().copied().collect();
     assert_eq!(
-        distinct.len(),
-        summaries.len(),
-        "each at most once: {summaries:?}"
+        page.events.len(),
+        kept.len(),
+        "the abandoned session's page holds the kept events"
     );
-    let sequences: BTreeSet<Sequence> = page.events.iter().map(|e| e.sequence).collect();
-    assert_eq!(sequences.len(), page.events.len());
     assert_eq!(
         g.store.state_version(&gone).await.expect("version"),
-        page.events.last().map_or(Sequence::ZERO, |e| e.sequence),
+        kept.last().map_or(Sequence::ZERO, |e| e.sequence),
         "the head is the last abandoned event that was kept"
     );
 }

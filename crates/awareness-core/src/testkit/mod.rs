@@ -21,8 +21,9 @@
 //! the checks of [`durable`]: reopening, two handles on one file, a cancelled write, a cancelled
 //! pruning pass, the audit of a lost head, and rows that can no longer be read; and [`open_suite!`](crate::open_suite), the
 //! checks of [`open`]: what a read-write open refuses and leaves untouched (a directory, a
-//! missing directory, a file that is not a store, a truncated one), an empty file becoming a
-//! new store, two opens of a new file at once, and an open cancelled at any moment. Those that can open a file read-only
+//! missing directory, a file that is not a store, a truncated one, and a directory or a file
+//! the user may not write), an empty file becoming a new store, two opens of a new file at
+//! once, and an open cancelled at any moment. Those that can open a file read-only
 //! stamp [`read_only_suite!`](crate::read_only_suite), the checks of [`read_only`].
 
 use std::any::Any;
@@ -567,6 +568,7 @@ macro_rules! durable_suite {
             a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,
             an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn,
+            an_event_with_text_that_is_not_utf8_fails_the_log_naming_it,
             a_recording_over_an_unreadable_head_reports_a_history_gap,
             errors_after_open_name_the_file_once,
         );
@@ -589,9 +591,26 @@ macro_rules! __durable_tests {
 /// Stamps one named `#[test]` per check of a read-only handle ([`read_only`]) for two store
 /// factories (`async fn(PathBuf) -> Result<Subject, StoreError>`): the first opens the given
 /// file read-write, creating it when missing; the second opens it read-only.
+///
+/// `read_only_suite!(open, open_read_only, left_open: NeedsRepair)` states what a read-only
+/// open of the files of a writer that never closed answers (a [`read_only::LeftOpen`]:
+/// `Answers`, what the writer had committed, or `NeedsRepair`); without it, `Answers`.
 #[macro_export]
 macro_rules! read_only_suite {
     ($open:path, $open_read_only:path) => {
+        $crate::read_only_suite!($open, $open_read_only, left_open: Answers);
+    };
+    ($open:path, $open_read_only:path, left_open: $left_open:ident) => {
+        #[test]
+        fn a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file() {
+            $crate::testkit::block_on_threads(
+                $crate::testkit::read_only::a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file(
+                    $open,
+                    $open_read_only,
+                    $crate::testkit::read_only::LeftOpen::$left_open,
+                ),
+            );
+        }
         $crate::__read_only_tests!(
             $open, $open_read_only;
             a_read_only_handle_answers_what_the_file_holds,
@@ -600,7 +619,6 @@ macro_rules! read_only_suite {
             a_read_only_open_creates_nothing,
             a_read_only_open_refuses_a_file_that_is_not_a_store,
             a_read_only_open_refuses_a_truncated_store_and_changes_nothing,
-            a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file,
         );
     };
 }
@@ -623,6 +641,10 @@ macro_rules! __read_only_tests {
 /// Stamps one named `#[test]` per check of what a read-write open refuses and accepts ([`open`])
 /// for a store factory (`async fn(PathBuf) -> Result<Subject, StoreError>`: open the given file
 /// read-write with the store's default options, creating it when missing).
+///
+/// The permission checks (on Unix) open as another user in a process of their own: the test
+/// binary started again to run that one test, which then opens the path it is given through
+/// `$open` and reports, instead of running the check.
 #[macro_export]
 macro_rules! open_suite {
     ($open:path) => {
@@ -636,6 +658,28 @@ macro_rules! open_suite {
             two_opens_of_a_new_file_at_once_both_succeed_and_share_it,
             an_open_cancelled_at_any_moment_leaves_a_path_that_opens,
         );
+        $crate::__open_tests_as_another_user!(
+            $open;
+            a_directory_without_write_permission_gives_a_clear_error,
+            a_store_file_the_user_may_not_write_gives_a_clear_error,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __open_tests_as_another_user {
+    ($open:path; $($name:ident),* $(,)?) => {
+        $(
+            #[cfg(unix)]
+            #[test]
+            fn $name() {
+                $crate::testkit::block_on_threads($crate::testkit::open::$name(
+                    $open,
+                    $crate::testkit::open::ThisTest::new(module_path!(), stringify!($name)),
+                ));
+            }
+        )*
     };
 }
 

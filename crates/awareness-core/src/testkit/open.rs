@@ -2,8 +2,13 @@
 //! the same way on every durable store: a directory, a missing directory, a file that is not a
 //! store and a truncated store are refused with a [`StoreError::Open`] naming the path, and
 //! leave everything as it was (nothing created, nothing written); an empty file becomes a new
-//! store; two opens of a new path at once both succeed and share one store; and an open
-//! cancelled at any moment leaves nothing but the store's own files, and a path that opens.
+//! store; two opens of a new path at once both succeed and share one store; an open
+//! cancelled at any moment leaves nothing but the store's own files, and a path that opens;
+//! and (on Unix) an open by a user who may not write the directory or the store's file gives a
+//! [`StoreError::Open`] naming the file where it cannot work, never a store that fails on its
+//! first write. Those two open as another user (`nobody`, when the tests run as root) in a
+//! process of their own: the test binary, started again to run just that test, which then
+//! opens the path it is given and reports instead of running the check ([`ThisTest`]).
 //! store-memory has no file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given read-write with its
@@ -345,4 +350,334 @@ pub async fn an_open_cancelled_at_any_moment_leaves_a_path_that_opens(f: impl Op
     }
     // Otherwise the rounds checked only complete opens.
     assert!(cancelled > 0, "no open was cancelled while under way");
+}
+
+/// The name the test harness knows a stamped test by (its module path in the test crate, then
+/// its name), for a check that starts the same test binary again: see
+/// [`a_directory_without_write_permission_gives_a_clear_error`].
+#[derive(Debug, Clone, Copy)]
+pub struct ThisTest {
+    module: &'static str,
+    name: &'static str,
+}
+
+impl ThisTest {
+    /// The test `name` stamped in the module `module_path` (`module_path!()` where it is
+    /// stamped: the test crate's name comes first, which the harness leaves out).
+    #[must_use]
+    pub fn new(module_path: &'static str, name: &'static str) -> Self {
+        let module = module_path.split_once("::").map_or("", |(_, rest)| rest);
+        Self { module, name }
+    }
+
+    /// The name to give the harness with `--exact`.
+    #[cfg(unix)]
+    fn harness_name(&self) -> String {
+        if self.module.is_empty() {
+            self.name.to_owned()
+        } else {
+            format!("{}::{}", self.module, self.name)
+        }
+    }
+}
+
+/// Set on a test binary started by [`as_another_user`]: the path its check opens (and reports
+/// on) instead of running.
+#[cfg(unix)]
+const OPEN_THIS: &str = "AWARENESS_TESTKIT_OPEN_AS_ANOTHER_USER";
+
+/// The line before the report of a test binary started by [`as_another_user`].
+#[cfg(unix)]
+const REPORT: &str = "awareness-testkit-open-report: ";
+
+/// The user a root process opens as (`nobody`): root ignores file and directory permissions.
+#[cfg(unix)]
+const NOBODY: u32 = 65_534;
+
+/// What an open, in a process of its own, answered.
+#[cfg(unix)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum Attempt {
+    /// The open failed.
+    Refused {
+        /// The path a [`StoreError::Open`] named (`None`: another error).
+        open_error_path: Option<std::path::PathBuf>,
+        /// The error's message.
+        message: String,
+        /// The error, in debug form.
+        debug: String,
+    },
+    /// The open succeeded; then a recording answered its sequence, or failed.
+    Opened { first_write: Result<u64, String> },
+}
+
+/// Opens `path` through `f` and, when that succeeds, records an event through it and closes it.
+#[cfg(unix)]
+async fn attempt(f: &impl OpenFile, path: std::path::PathBuf) -> Attempt {
+    match f(path).await {
+        Err(e) => Attempt::Refused {
+            open_error_path: match &e {
+                StoreError::Open { path, .. } => Some(path.clone()),
+                _ => None,
+            },
+            message: e.to_string(),
+            debug: format!("{e:?}"),
+        },
+        Ok(t) => {
+            let first_write = t
+                .store
+                .record(human(&child()), T0)
+                .await
+                .map(|rec| rec.event.sequence.get())
+                .map_err(|e| format!("{e:?}"));
+            t.close().await;
+            Attempt::Opened { first_write }
+        }
+    }
+}
+
+/// In a test binary started by [`as_another_user`]: makes the attempt it asks for, prints the
+/// report, and answers `true` (the check is done). Elsewhere, `false`.
+#[cfg(unix)]
+async fn attempt_when_asked(f: &impl OpenFile) -> bool {
+    let Some(path) = std::env::var_os(OPEN_THIS) else {
+        return false;
+    };
+    let report = attempt(f, path.into()).await;
+    println!(
+        "{REPORT}{}",
+        serde_json::to_string(&report).expect("a report as JSON")
+    );
+    true
+}
+
+/// Whether this process runs as root: the owner of a file it has just made in `dir`.
+#[cfg(unix)]
+fn is_root(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let probe = dir.join("owner");
+    std::fs::write(&probe, b"").expect("a file to learn who owns it");
+    let uid = std::fs::metadata(&probe).expect("its metadata").uid();
+    std::fs::remove_file(&probe).expect("remove it");
+    uid == 0
+}
+
+#[cfg(unix)]
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", path.display()));
+}
+
+/// Opens `path` in a process of its own, as `nobody` when this process runs as root (which
+/// ignores permissions) and as this user otherwise: this test binary, started again to run
+/// `test` alone, which opens `path` through its factory instead of running its check
+/// ([`attempt_when_asked`]). The binary is linked (or copied) into `dir`, which `nobody` may
+/// enter, wherever the build lives.
+#[cfg(unix)]
+fn as_another_user(test: ThisTest, dir: &Path, path: &Path) -> Attempt {
+    use std::os::unix::process::CommandExt as _;
+    let exe = std::env::current_exe().expect("the test binary");
+    let bin = dir.join("bin");
+    if !bin.exists() {
+        std::fs::create_dir(&bin).expect("a directory for the test binary");
+        set_mode(&bin, 0o755);
+        let linked = bin.join("test");
+        if std::fs::hard_link(&exe, &linked).is_err() {
+            std::fs::copy(&exe, &linked).expect("copy the test binary");
+        }
+        set_mode(&linked, 0o755);
+    }
+    let mut cmd = std::process::Command::new(bin.join("test"));
+    cmd.args([
+        test.harness_name().as_str(),
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(OPEN_THIS, path)
+    .current_dir(dir);
+    if is_root(dir) {
+        cmd.uid(NOBODY).gid(NOBODY);
+    }
+    let out = tokio::task::block_in_place(|| cmd.output()).expect("run the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // After the harness's `test <name> ... ` on the same line.
+    let Some(report) = stdout
+        .lines()
+        .find_map(|line| line.split_once(REPORT).map(|(_, report)| report))
+    else {
+        panic!(
+            "the test binary started as another user to open {} reported nothing ({}):\n{stdout}\n{}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    serde_json::from_str(report).expect("a report")
+}
+
+/// Asserts that `attempt`, an open of `path`, was refused with a [`StoreError::Open`] naming
+/// it, in a message that names it too.
+#[cfg(unix)]
+fn assert_refused_naming(what: &str, attempt: &Attempt, path: &Path) {
+    match attempt {
+        Attempt::Refused {
+            open_error_path,
+            message,
+            debug,
+        } => {
+            assert_eq!(
+                open_error_path.as_deref(),
+                Some(path),
+                "{what}: a StoreError::Open naming the file, got {debug}"
+            );
+            assert!(
+                message.contains(&path.display().to_string()),
+                "{what}: the message names the file: {message}"
+            );
+        }
+        Attempt::Opened { first_write } => panic!(
+            "{what}: the open succeeded, where it must be refused naming the file (its first \
+             write then answered {first_write:?})"
+        ),
+    }
+}
+
+/// An open by a user who may not write in the store's directory (mode 0555; as root, the
+/// opener is `nobody`, in a process of its own, and the existing store is its file) gives a
+/// clear error where it cannot work, never a store that fails later:
+///
+/// - a new file there is refused with a [`StoreError::Open`] naming it, and nothing is created;
+/// - an existing store there, which the user may write, is either refused the same way (a
+///   store that must make files beside its file: SQLite's log and index) and left byte for
+///   byte as it was, or opened as a store that works: its first recording commits, and is in
+///   the file afterwards, with no file made beside it. An open that succeeds and then fails
+///   on the first write fails the check.
+///
+/// Either way the store opens afterwards, once the directory is writable, with its events.
+#[cfg(unix)]
+pub async fn a_directory_without_write_permission_gives_a_clear_error(
+    f: impl OpenFile,
+    test: ThisTest,
+) {
+    if attempt_when_asked(&f).await {
+        return;
+    }
+    let outer = Scratch::new("open");
+    set_mode(outer.path(), 0o755);
+    let locked = outer.path().join("locked");
+    std::fs::create_dir(&locked).expect("the store's directory");
+    let existing = locked.join("existing");
+    let kid = child();
+    let t = open(&f, &existing).await;
+    rec(&*t.store, human(&kid), T0).await;
+    t.close().await;
+    if is_root(outer.path()) {
+        std::os::unix::fs::chown(&existing, Some(NOBODY), Some(NOBODY))
+            .expect("give the store to nobody");
+    }
+    set_mode(&locked, 0o555);
+    let before = contents(&locked);
+
+    let fresh = locked.join("fresh");
+    let answer = as_another_user(test, outer.path(), &fresh);
+    assert_refused_naming(
+        "a new file in a directory without write permission",
+        &answer,
+        &fresh,
+    );
+    assert!(
+        contents(&locked) == before,
+        "a refused open in a directory without write permission created nothing"
+    );
+
+    let answer = as_another_user(test, outer.path(), &existing);
+    let recorded = match &answer {
+        Attempt::Refused { .. } => {
+            assert_refused_naming(
+                "a store in a directory without write permission",
+                &answer,
+                &existing,
+            );
+            let after = contents(&locked);
+            assert!(
+                after == before,
+                "a refused open changed the directory: before {:?}, after {:?}",
+                sizes(&before),
+                sizes(&after)
+            );
+            0
+        }
+        Attempt::Opened { first_write } => {
+            let seq = first_write.as_ref().unwrap_or_else(|e| {
+                panic!(
+                    "a store in a directory without write permission opened, and its first \
+                     write failed: {e}"
+                )
+            });
+            assert_eq!(*seq, 2, "the first write after the store's one event");
+            let after = contents(&locked);
+            assert!(
+                after.keys().eq(before.keys()),
+                "an open in a directory without write permission left files beside the store: \
+                 before {:?}, after {:?}",
+                sizes(&before),
+                sizes(&after)
+            );
+            1
+        }
+    };
+    set_mode(&locked, 0o755);
+    let t = open(&f, &existing).await;
+    assert_eq!(
+        t.store.state_version(&kid).await.expect("version"),
+        Sequence(1 + recorded),
+        "the store is intact"
+    );
+    t.close().await;
+}
+
+/// An open of a store's file the user may not write (mode 0444; as root, root's file of mode
+/// 0644, opened by `nobody` in a process of its own), in a directory the user may write, is
+/// refused with a [`StoreError::Open`] naming the file, and the file is left byte for byte as
+/// it was. A store that opened such a file read-only without a word would fail every write
+/// later, with an error that said neither the file nor why.
+#[cfg(unix)]
+pub async fn a_store_file_the_user_may_not_write_gives_a_clear_error(
+    f: impl OpenFile,
+    test: ThisTest,
+) {
+    if attempt_when_asked(&f).await {
+        return;
+    }
+    let outer = Scratch::new("open");
+    set_mode(outer.path(), 0o755);
+    let open_dir = outer.path().join("open");
+    std::fs::create_dir(&open_dir).expect("the store's directory");
+    set_mode(&open_dir, 0o777);
+    let existing = open_dir.join("existing");
+    let kid = child();
+    let t = open(&f, &existing).await;
+    rec(&*t.store, human(&kid), T0).await;
+    t.close().await;
+    // Root's file, readable by others, is not theirs to write; a user's own file is made
+    // read-only.
+    set_mode(&existing, if is_root(outer.path()) { 0o644 } else { 0o444 });
+    let bytes = std::fs::read(&existing).expect("read the store");
+
+    let answer = as_another_user(test, outer.path(), &existing);
+    assert_refused_naming("a store file the user may not write", &answer, &existing);
+    assert!(
+        std::fs::read(&existing).expect("read the store") == bytes,
+        "a refused open wrote into the file"
+    );
+    set_mode(&existing, 0o600);
+    let t = open(&f, &existing).await;
+    assert_eq!(
+        t.store.state_version(&kid).await.expect("version"),
+        Sequence(1),
+        "the store is intact"
+    );
+    t.close().await;
 }

@@ -75,7 +75,9 @@ pub async fn a_read_only_handle_answers_what_the_file_holds(f: impl OpenFile, ro
 
 /// Every write through a read-only handle is refused with [`StoreError::ReadOnly`] naming the
 /// file: writes that would change something (a pending notice to acknowledge, a session to
-/// delete, events old enough to prune) and writes that would change nothing alike. Afterwards
+/// delete, events old enough to prune), writes that would change nothing, and writes a store
+/// could answer from the file without writing (a recording under a dedupe key the file holds, a
+/// watch the file already holds) alike. Afterwards
 /// the handle answers as before, and once it is closed the file's bytes are exactly what the
 /// read-write handle left.
 pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
@@ -106,6 +108,31 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
         &file,
     );
     assert_refused("watch", s.watch(&ops, &kid, LATER).await, &file);
+    // Calls a store could answer from what the file holds without writing, refused all the
+    // same: a recording under a dedupe key the file holds (a hit writes no event, but spends a
+    // sequence), and a watch the file already holds (same watcher, same target, nothing to
+    // refresh).
+    assert_refused(
+        "record under a stored dedupe key",
+        s.record(human(&kid).with_dedupe_key("once"), LATER).await,
+        &file,
+    );
+    let watching = s
+        .cursor(&manager, &kid.session_key)
+        .await
+        .expect("cursor")
+        .expect("the filled store has the manager's watch");
+    let unchanged = watching.updated_at;
+    let head = s.state_version(&kid).await.expect("state version");
+    assert!(
+        !crate::protocol::watch(Some(&watching), &manager, &kid, head, unchanged).1,
+        "the watch again at its own clock writes nothing by the protocol"
+    );
+    assert_refused(
+        "watch what is already watched",
+        s.watch(&manager, &kid, unchanged).await,
+        &file,
+    );
     assert_refused(
         "unwatch",
         s.unwatch(&manager, &kid.session_key).await,
@@ -214,7 +241,11 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
 
 /// A read-only handle opened beside a read-write handle of the same process reads that
 /// handle's commits, made before and after it opened, and the read-write handle keeps writing,
-/// while the read-only one is open and after it is closed.
+/// while the read-only one is open and after it is closed. Its
+/// [`foreign_commits`](crate::EventStore::foreign_commits) answers a number exactly when the
+/// read-write handle's does (a store that tells no handle answers `None` on both), and then that
+/// number changes with the read-write handle's commits, every one of which is another writer's
+/// to it.
 pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits(
     f: impl OpenFile,
     ro: impl OpenFile,
@@ -237,13 +268,33 @@ pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits(
             .expect("foreign_commits")
     };
     let before = foreign().await;
+    // A read-only handle tells of other writers' commits exactly when a read-write handle of
+    // the same store does (`None` from a store that never tells, on every handle).
+    let tells = rw
+        .store
+        .foreign_commits()
+        .await
+        .expect("foreign_commits")
+        .is_some();
+    assert_eq!(
+        before.is_some(),
+        tells,
+        "the read-only handle answers foreign_commits {before:?} where the read-write handle \
+         {} a number",
+        if tells { "answers" } else { "does not answer" }
+    );
     assert_eq!(foreign().await, before, "nothing was committed in between");
     rec(&*rw.store, human(&kid), T0).await;
     rec(&*rw.store, human(&peer), T0).await;
-    if before.is_some() {
+    let after = foreign().await;
+    assert_eq!(
+        after.is_some(),
+        tells,
+        "an answer of the same kind: {after:?}"
+    );
+    if tells {
         assert_ne!(
-            foreign().await,
-            before,
+            after, before,
             "every commit is another writer's to a read-only handle"
         );
     }
@@ -375,38 +426,71 @@ pub async fn a_read_only_open_refuses_a_truncated_store_and_changes_nothing(
     );
 }
 
+/// What a read-only open answers for the files of a writer that never closed, as a store's
+/// invocation of [`crate::read_only_suite!`] states it (`left_open: Answers` or
+/// `left_open: NeedsRepair`; `Answers` when it states nothing), for
+/// [`a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeftOpen {
+    /// The handle opens and answers what the writer had committed.
+    ///
+    /// store-sqlite: its file is in WAL mode, and the copy holds the main file, the `-wal` log
+    /// that holds the commits not yet checkpointed, and the `-shm` index. A read-only
+    /// connection reads the log as it is (the committed transactions in it, nothing of a
+    /// transaction that was not committed) and neither checkpoints it into the file nor
+    /// removes it; it writes only its read marks into `-shm`, which hold no data.
+    Answers,
+    /// The open is refused with [`StoreError::NeedsRepair`] naming the file.
+    ///
+    /// store-redb, in every setup (immediate, bounded, live readers): redb marks its file as
+    /// needing recovery for as long as a read-write database has it open, and clears the mark
+    /// only when that database closes cleanly. A copy taken while the writer is open carries
+    /// the mark; recovering rebuilds redb's allocator state and writes it into the file, which
+    /// a read-only open may not do, so redb gives up (`DatabaseError::RepairAborted`) and
+    /// store-redb answers [`StoreError::NeedsRepair`] until a read-write open repairs it.
+    NeedsRepair,
+}
+
 /// A read-only handle on the files of a writer that never closed (a gateway that crashed, as
-/// an operator's tool finds them: here a copy taken while the writer is open) either answers
-/// what the writer had committed or is refused as needing repair, and in both cases leaves
-/// every data file as it found it: it neither finishes the writer's work (moving a log into the
-/// file, removing it) nor repairs anything.
+/// an operator's tool finds them: here a copy taken while the writer is open) answers as the
+/// store states (`expected`, see [`LeftOpen`]): either what the writer had committed, or a
+/// refusal as needing repair naming the file; any other answer fails, and so does the answer a
+/// store did not state. In both cases it leaves every data file as it found it: it neither
+/// finishes the writer's work (moving a log into the file, removing it) nor repairs anything.
 pub async fn a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file(
     f: impl OpenFile,
     ro: impl OpenFile,
+    expected: LeftOpen,
 ) {
     let live = Scratch::new("read-only");
     let copy = Scratch::new("read-only");
     let writer = open(&f, &live.file()).await;
-    let expected = fill(&writer).await;
+    let committed = fill(&writer).await;
     for (name, bytes) in contents(live.path()) {
         let bytes = bytes.expect("the store's directory holds files only");
         std::fs::write(copy.path().join(name), bytes).expect("copy a file");
     }
     let file = copy.file();
     let before = data_files(copy.path());
-    match ro(file.clone()).await {
-        Ok(t) => {
+    match (ro(file.clone()).await, expected) {
+        (Ok(t), LeftOpen::Answers) => {
             assert_eq!(
                 everything(&t, &filled_refs()).await,
-                expected,
+                committed,
                 "the read-only handle answers what the writer had committed"
             );
             t.close().await;
         }
-        Err(StoreError::NeedsRepair { path }) => {
+        (Err(StoreError::NeedsRepair { path }), LeftOpen::NeedsRepair) => {
             assert_eq!(path.file_name(), file.file_name(), "the refusal names it");
         }
-        Err(e) => panic!("a read-only open of a file left open: {e}"),
+        (Ok(_), LeftOpen::NeedsRepair) => panic!(
+            "a read-only open of a file left open succeeded, where the store states that it \
+             needs repair"
+        ),
+        (Err(e), expected) => {
+            panic!("a read-only open of a file left open, expected {expected:?}: {e:?}")
+        }
     }
     let after = data_files(copy.path());
     assert!(

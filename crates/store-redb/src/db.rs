@@ -407,18 +407,29 @@ impl Drop for RestoreOnPanic<'_> {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(db) = self.db.take() {
+        let Some(db) = self.db.take() else {
+            self.closed.set();
+            return;
+        };
+        let path = &self.path;
+        // A panic in redb while closing (a damaged page) is logged, not passed on to whoever
+        // dropped the last handle, and the database counts as closed all the same: a
+        // `close()` waiting for it, and the next open of the file, would otherwise wait for good.
+        let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // A clean close also makes pending non-durable commits durable.
             let closed = match db {
                 Db::Write(db) => {
-                    drop_reservation(&db, &self.path);
+                    drop_reservation(&db, path);
                     db.close()
                 }
                 Db::Read(db) => db.close(),
             };
             if let Err(e) = closed {
-                warn!(path = ?self.path, error = %awareness_core::error::ErrorChain(&e), "closing the redb database failed");
+                warn!(path = ?path, error = %awareness_core::error::ErrorChain(&e), "closing the redb database failed");
             }
+        }));
+        if let Err(panic) = ended {
+            error!(path = ?path, panic = awareness_core::error::panic_message(&*panic), "closing the redb database panicked; what was not durable may be lost");
         }
         self.closed.set();
     }

@@ -562,7 +562,9 @@ impl RedbStore {
     /// own, ends first, and so does a read still running on the file. Dropping the handle does
     /// the same work on the dropping thread (whose last flush also waits behind a write in
     /// progress) without waiting for those two: the file then closes when the last of them
-    /// ends. Failures are logged, as dropping would.
+    /// ends. Failures are logged, as dropping would: to know that the last commits are
+    /// durable, call [`RedbStore::flush`] first, which answers with its error (a full disk,
+    /// say), and close after it.
     pub async fn close(self) {
         let path = self.path().to_owned();
         if let Err(e) = blocking("close", move || {

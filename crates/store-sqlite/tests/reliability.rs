@@ -2,8 +2,8 @@
 //! moments loses nothing it reported and tears nothing; writers in one process and in several
 //! processes share one file without a BUSY error reaching them; bad files give a clear error
 //! naming the path and are left exactly as they were. (A directory without write permission
-//! and a store file the user may not write are checks of the shared open suite,
-//! `awareness_core::open_suite!`, in `tests/conformance.rs`.)
+//! and a store file the user may not write are shared checks,
+//! `awareness_core::permission_suite!`, in `tests/permissions.rs`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher as _, Hasher as _};

@@ -991,8 +991,9 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
 /// Pruning passes racing recordings on the sessions they prune: every head ends at the last
 /// event recorded on it (a pass never writes back a head it read before a recording moved it),
 /// each watermark stays at or below its head, the row cap holds once the last pass ran alone,
-/// and what the store holds breaks none of the audit's invariants. That the passes pruned while
-/// the recordings landed is shown by what they report (see [`racing_prune`]), not by timing.
+/// and what the store holds breaks none of the audit's invariants. The passes are started
+/// while recordings land, and what they report must be what they deleted (see
+/// [`racing_prune`]); whether a pass overlaps a recording is left to the scheduler, not timed.
 /// No other check runs pruning beside recording.
 pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
     // Chunks of a few rows, then chunks that store-memory deletes in several steps (256 rows
@@ -1011,8 +1012,9 @@ pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
 /// landed and ended before the second half began, and since only they delete, they must report
 /// exactly the rows the round began with plus the first half, less the cap. The passes racing
 /// the second half must then report exactly what the round's end leaves missing. A store whose
-/// passes deleted nothing while recordings landed, or whose reports were not what its passes
-/// deleted, fails one of the two.
+/// reports were not what its passes deleted fails one of the two. (The pass between the halves
+/// runs with no recording in flight and could do all the deleting: that the other passes
+/// overlap a recording is likely, not asserted.)
 async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: usize) {
     const SESSIONS: usize = 3;
     const CAP: u64 = 12;
@@ -1117,10 +1119,6 @@ async fn racing_prune(t: &Subject, rounds: usize, per_round: usize, chunk_rows: 
             at_start + half_rows - CAP,
             "round {round}: the passes up to the one between the round's halves, which began \
              after its first recording landed, deleted every row above the cap"
-        );
-        assert!(
-            first_half > 0,
-            "round {round}: no pass pruned while recordings landed"
         );
         assert_eq!(
             first_half + second_half,

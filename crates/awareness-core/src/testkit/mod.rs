@@ -21,9 +21,10 @@
 //! the checks of [`durable`]: reopening, two handles on one file, a cancelled write, a cancelled
 //! pruning pass, the audit of a lost head, and rows that can no longer be read; and [`open_suite!`](crate::open_suite), the
 //! checks of [`open`]: what a read-write open refuses and leaves untouched (a directory, a
-//! missing directory, a file that is not a store, a truncated one, and a directory or a file
-//! the user may not write), an empty file becoming a new store, two opens of a new file at
-//! once, and an open cancelled at any moment. Those that can open a file read-only
+//! missing directory, a file that is not a store, a truncated one), an empty file becoming a
+//! new store, two opens of a new file at once, and an open cancelled at any moment, and, in a
+//! test target of their own, [`permission_suite!`](crate::permission_suite): an open by a user
+//! who may not write the directory or the file. Those that can open a file read-only
 //! stamp [`read_only_suite!`](crate::read_only_suite), the checks of [`read_only`].
 
 use std::any::Any;
@@ -642,9 +643,8 @@ macro_rules! __read_only_tests {
 /// for a store factory (`async fn(PathBuf) -> Result<Subject, StoreError>`: open the given file
 /// read-write with the store's default options, creating it when missing).
 ///
-/// The permission checks (on Unix) open as another user in a process of their own: the test
-/// binary started again to run that one test, which then opens the path it is given through
-/// `$open` and reports, instead of running the check.
+/// The checks of an open by a user who may not write are stamped apart, in a test target of
+/// their own ([`permission_suite!`]).
 #[macro_export]
 macro_rules! open_suite {
     ($open:path) => {
@@ -658,6 +658,23 @@ macro_rules! open_suite {
             two_opens_of_a_new_file_at_once_both_succeed_and_share_it,
             an_open_cancelled_at_any_moment_leaves_a_path_that_opens,
         );
+    };
+}
+
+/// Stamps the checks of an open by a user who may not write the store's directory or its file
+/// ([`open`]: [`open::a_directory_without_write_permission_gives_a_clear_error`],
+/// [`open::a_store_file_the_user_may_not_write_gives_a_clear_error`]; Unix only) for a store
+/// factory, as [`open_suite!`] takes it.
+///
+/// Stamp it in a test target of its own (a `tests/*.rs` file that holds nothing else): each
+/// check opens as another user in a process of its own, the test binary started again to run
+/// that one check, which then opens the path it is given through `$open` and reports. Between
+/// its fork and its exec such a child holds copies of every file the binary's other tests
+/// have open (a store's lock among them), so a test running beside it could find its own file
+/// "already open in another process". The checks of one binary run one at a time.
+#[macro_export]
+macro_rules! permission_suite {
+    ($open:path) => {
         $crate::__open_tests_as_another_user!(
             $open;
             a_directory_without_write_permission_gives_a_clear_error,
@@ -674,6 +691,7 @@ macro_rules! __open_tests_as_another_user {
             #[cfg(unix)]
             #[test]
             fn $name() {
+                let _one_at_a_time = $crate::testkit::open::one_at_a_time();
                 $crate::testkit::block_on_threads($crate::testkit::open::$name(
                     $open,
                     $crate::testkit::open::ThisTest::new(module_path!(), stringify!($name)),

@@ -8,7 +8,8 @@
 //! [`StoreError::Open`] naming the file where it cannot work, never a store that fails on its
 //! first write. Those two open as another user (`nobody`, when the tests run as root) in a
 //! process of their own: the test binary, started again to run just that test, which then
-//! opens the path it is given and reports instead of running the check ([`ThisTest`]).
+//! opens the path it is given and reports instead of running the check ([`ThisTest`]); they
+//! are stamped apart, in a test target of their own ([`crate::permission_suite!`]).
 //! store-memory has no file and does not run these.
 //!
 //! A store provides an async factory that opens the file it is given read-write with its
@@ -350,6 +351,16 @@ pub async fn an_open_cancelled_at_any_moment_leaves_a_path_that_opens(f: impl Op
     }
     // Otherwise the rounds checked only complete opens.
     assert!(cancelled > 0, "no open was cancelled while under way");
+}
+
+/// Held by each check of [`crate::permission_suite!`] for its whole run, so that the checks of
+/// one test binary run one at a time: none forks while another has a file open (a copy of the
+/// test binary being written, a store and its lock), which its child would hold until it execs.
+#[cfg(unix)]
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The name the test harness knows a stamped test by (its module path in the test crate, then

@@ -562,7 +562,12 @@ async fn monitor_links(
         if matches!(d, Err(RecvError::Closed)) {
             break Ok(false);
         }
-        let done = d.as_ref().ok().and_then(done_by);
+        let done = match &d {
+            Ok(d) => done_by(d),
+            // Dropped before they were read: what they did is not known here.
+            Err(RecvError::Lagged(n)) => Some(format!("{n} detection(s) went unread")),
+            Err(RecvError::Closed) => None,
+        };
         if let Some(line) = line_of(d)
             && let Err(e) = emit(out, &line)
         {

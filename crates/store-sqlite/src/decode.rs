@@ -381,7 +381,7 @@ fn ascending(events: &mut [Arc<Event>]) {
 
 /// An event row in an error: `event <sequence> of <session>`, the words an operator looks for.
 fn event_of(seq: i64, session: &SessionRef) -> String {
-    format!("event {seq} of {session}")
+    event_of_key(seq, session.session_key.as_str(), session.agent_id.as_str())
 }
 
 /// [`event_of`] for a row whose key and agent are as stored (perhaps not a ref this store

@@ -113,8 +113,9 @@
 //!   it: `event <sequence> of <session>`. A page that cannot be read as a whole is read again
 //!   a row at a time to find that row, so a page that reads costs nothing more. A row
 //!   numbered 0 or below (OpenClaw's table takes one; no writer we know gives one) is returned
-//!   by no read and fails none; [`SqliteStore::events_numbered_below_one`] finds it, and
-//!   pruning deletes it in its turn.
+//!   by no read of pages or of the log and fails none (a dedupe hit on its key answers it, or
+//!   fails naming it); [`SqliteStore::events_numbered_below_one`] finds it, and pruning
+//!   deletes it in its turn (`prune --dry-run`, which counts from the log, leaves it out).
 //! - Deleting a session also deletes its upstream link (DESIGN.md section 6).
 //! - Foreign-key enforcement stays off: our tables have none, and no statement of ours may
 //!   cascade into another table of an OpenClaw database.

@@ -109,7 +109,8 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// A [`JsonlMarker::generation`] no other rebase gives: random (std's random hash-map
-/// keys) and distinct within the process (a counter and the clock are hashed in); never 0.
+/// keys) and distinct within the process (a counter and the clock are hashed in); never 0,
+/// and below 2^53.
 fn fresh_generation() -> u64 {
     use std::hash::BuildHasher as _;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,9 +119,10 @@ fn fresh_generation() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let count = COUNT.fetch_add(1, Ordering::Relaxed);
-    std::collections::hash_map::RandomState::new()
-        .hash_one((count, nanos))
-        .max(1)
+    let hash = std::collections::hash_map::RandomState::new().hash_one((count, nanos));
+    // Within a JSON number's exact integers (below 2^53), which a reader that takes numbers as
+    // doubles (JavaScript) writes back unchanged.
+    (hash & ((1 << 53) - 1)).max(1)
 }
 
 /// The dedupe id of a human turn without a uuid (or with an empty one) in the line starting at
@@ -760,5 +762,22 @@ mod tests {
             matches!(&out, CheckOutcome::Failed(why) if why.contains("reads that may run at once")),
             "{out:?}"
         );
+    }
+
+    /// A marker's generation is an exact JSON integer (below 2^53), which a reader that takes
+    /// numbers as doubles writes back unchanged, and never 0 (no generation).
+    #[test]
+    // The round trip through a double is what is checked.
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    fn a_generation_survives_a_reader_of_doubles() {
+        for _ in 0..10_000 {
+            let g = super::fresh_generation();
+            assert!(g > 0 && g < 1 << 53, "{g}");
+            assert_eq!(g as f64 as u64, g);
+        }
     }
 }

@@ -993,7 +993,7 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
 /// each watermark stays at or below its head, the row cap holds once the last pass ran alone,
 /// and what the store holds breaks none of the audit's invariants. The passes are started
 /// while recordings land, and what they report must be what they deleted (see
-/// [`racing_prune`]); whether a pass overlaps a recording is left to the scheduler, not timed.
+/// `racing_prune`); whether a pass overlaps a recording is left to the scheduler, not timed.
 /// No other check runs pruning beside recording.
 pub async fn pruning_racing_recordings_lowers_no_head(t: &Subject) {
     // Chunks of a few rows, then chunks that store-memory deletes in several steps (256 rows

@@ -644,7 +644,7 @@ macro_rules! __read_only_tests {
 /// read-write with the store's default options, creating it when missing).
 ///
 /// The checks of an open by a user who may not write are stamped apart, in a test target of
-/// their own ([`permission_suite!`]).
+/// their own ([`permission_suite!`](crate::permission_suite)).
 #[macro_export]
 macro_rules! open_suite {
     ($open:path) => {

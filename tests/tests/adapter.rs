@@ -67,6 +67,12 @@ impl Gateway {
         )
         .visibility(policy)
         .clock(clock.clone())
+        // The paused clock runs ahead while a durable store works on another thread: the turn
+        // and the producers wait for the store as long as it takes.
+        .config(gateway_adapter::AwarenessConfig {
+            store_wait: Duration::MAX,
+            ..gateway_adapter::AwarenessConfig::default()
+        })
         .build();
         Self {
             svc: Arc::new(svc),

@@ -289,6 +289,11 @@ pub struct AwarenessConfig {
     /// ([`Awareness::record`], [`Awareness::human_message`], ...) for their recording, which
     /// goes on on its own task and delivers its notices when the store answers. Not bounded:
     /// [`Awareness::try_record`] and the other calls that return the store's own answer.
+    ///
+    /// `Duration::MAX` waits for the store as long as it takes, with no timer. The wait is on
+    /// tokio's clock: under its paused clock (`start_paused` tests), which jumps to the next
+    /// timer whenever every task waits, also while a durable store works on a blocking thread,
+    /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
 }
 
@@ -655,6 +660,28 @@ impl Drop for TurnGuard<'_> {
     }
 }
 
+/// When a wait of `wait` that starts now gives up: `None` for `Duration::MAX` (never), and
+/// for a wait too long for the clock. No timer is set then, which matters under tokio's paused
+/// clock: it jumps to the next timer whenever every task waits, also while a store works on a
+/// blocking thread, so that even a timer decades ahead would fire at once.
+fn deadline_after(wait: Duration) -> Option<tokio::time::Instant> {
+    if wait == Duration::MAX {
+        return None;
+    }
+    tokio::time::Instant::now().checked_add(wait)
+}
+
+/// `call`, given up (`None`) at `deadline`; awaited whole without one.
+async fn until<T>(
+    deadline: Option<tokio::time::Instant>,
+    call: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, call).await.ok(),
+        None => Some(call.await),
+    }
+}
+
 /// Drops the turn locks nobody uses. Clones are only taken under the map's lock, so an entry
 /// only the map holds has no turn holding or waiting for it; it stays while it carries lines
 /// for the next turn.
@@ -1017,14 +1044,11 @@ impl Awareness {
     async fn record_logged_by(
         &self,
         event: NewEvent,
-        deadline: tokio::time::Instant,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Recorded, String> {
         let key = event.session.session_key.clone();
         let kind = event.kind.clone();
-        let Some(recorded) = tokio::time::timeout_at(deadline, self.try_record(event))
-            .await
-            .ok()
-        else {
+        let Some(recorded) = until(deadline, self.try_record(event)).await else {
             let e = format!(
                 "the store has not answered within {:?}; the recording goes on, and its notices are delivered should it commit",
                 self.config.store_wait
@@ -1053,16 +1077,14 @@ impl Awareness {
         )
     }
 
-    /// When a wait for the store that starts now gives up.
-    fn store_deadline(&self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.config.store_wait
+    /// When a wait for the store that starts now gives up ([`AwarenessConfig::store_wait`]).
+    fn store_deadline(&self) -> Option<tokio::time::Instant> {
+        deadline_after(self.config.store_wait)
     }
 
     /// `call`, given up (`None`) when it has not ended within [`AwarenessConfig::store_wait`].
     async fn within_store_wait<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
-        tokio::time::timeout(self.config.store_wait, call)
-            .await
-            .ok()
+        until(self.store_deadline(), call).await
     }
 
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
@@ -1176,9 +1198,9 @@ impl Awareness {
                 target: Some(msg.session.clone()),
                 ..CursorFilter::default()
             };
-            let watched = tokio::time::timeout_at(deadline, self.store.cursors(&filter))
+            let watched = until(deadline, self.store.cursors(&filter))
                 .await
-                .unwrap_or_else(|_| Err(self.no_answer("read the session's watchers")));
+                .unwrap_or_else(|| Err(self.no_answer("read the session's watchers")));
             match watched {
                 Ok(c) if c.is_empty() => {
                     debug!(session_key = %msg.session, "human message not recorded: the session has no spawner, parent or watcher");
@@ -1768,7 +1790,8 @@ impl Awareness {
     /// A store that hangs holds no turn for longer than [`AwarenessConfig::store_wait`] at
     /// each of three waits: for the watcher's lock, three times as long (a turn holding it
     /// waits for the store twice; held longer, by an earlier turn's acknowledgement or a
-    /// pick-up that waits for a store that does not answer), after which the turn returns
+    /// pick-up that waits for a store that does not answer; or by two turns queued ahead of
+    /// this one on a store that answers just within its wait), after which the turn returns
     /// what it drains from the queue, unclassified, and acknowledges nothing; for the read of
     /// the cursors, as
     /// when they cannot be read; and for the acknowledgement, after which the turn returns what
@@ -1794,9 +1817,7 @@ impl Awareness {
         // A turn holding the lock waits for the store twice (the read, the acknowledgement):
         // only a wait longer than that tells a store that does not answer.
         let lock_wait = self.config.store_wait.saturating_mul(3);
-        let Some(mut turn) = tokio::time::timeout(lock_wait, self.turns.lock(watcher))
-            .await
-            .ok()
+        let Some(mut turn) = until(deadline_after(lock_wait), self.turns.lock(watcher)).await
         else {
             // An earlier turn's acknowledgement, or a pick-up, still waits for the store with
             // the lock: this turn shows its queued lines, acknowledging nothing.
@@ -1911,9 +1932,18 @@ impl Awareness {
         };
         let Some((held, _)) = acknowledged else {
             // The acknowledgement's task failed (it panicked): the lock was released with what
-            // this turn read. Shown now: nothing would wake the watcher for its next turn. The
-            // notices may still be pending, and be shown again then.
-            return shown_here();
+            // this turn read. Taken back and shown now (unless a turn that came meanwhile
+            // showed it), as a reset or deletion since has left it: nothing would wake the
+            // watcher for its next turn. The notices may still be pending, and be shown again
+            // then.
+            let Some(mut again) = until(deadline_after(lock_wait), self.turns.lock(watcher)).await
+            else {
+                return shown_here();
+            };
+            if claim.swap(true, Ordering::SeqCst) {
+                return Vec::new();
+            }
+            return std::mem::take(&mut again.carried().read);
         };
         turn.guard = Some(held);
         let read = std::mem::take(&mut turn.carried().read);

@@ -232,3 +232,29 @@ fn a_zero_capacity_queue_panics() {
 fn a_zero_budget_provider_panics() {
     let _ = JsonlProvider::new().with_budget(0);
 }
+
+/// `AwarenessConfig::store_wait` has no upper bound: `Duration::MAX` (never go on without the
+/// store) is accepted, and the producers, the turn and the pick-up work with it. The deadline
+/// the producers computed from it overflowed the clock and panicked every recording.
+#[tokio::test]
+async fn a_store_wait_of_duration_max_waits_for_the_store() {
+    let config = AwarenessConfig {
+        store_wait: Duration::MAX,
+        ..AwarenessConfig::default()
+    };
+    config.validate().expect("no upper bound");
+    let svc = builder().config(config).build();
+    let manager = awareness_core::SessionKey::new("agent:main:main").unwrap();
+    let child = awareness_core::SessionKey::new("agent:main:subagent:c").unwrap();
+    svc.subagent_spawned(&child, None, &manager, "run-1")
+        .await
+        .expect("spawned");
+    let mut msg = gateway_adapter::HumanMessage::new(child);
+    msg.entry = Some(gateway_adapter::SessionEntry {
+        spawned_by: Some(manager.clone()),
+        ..gateway_adapter::SessionEntry::default()
+    });
+    assert!(svc.human_message(msg).await.is_some(), "recorded");
+    assert_eq!(svc.drain_turn(&manager).await.len(), 1, "the notice");
+    svc.pick_up().await;
+}

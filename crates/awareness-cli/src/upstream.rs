@@ -444,6 +444,16 @@ fn done_by(d: &Detection) -> Option<String> {
     }
 }
 
+/// [`done_by`] of what the monitor sent: for a lag, that detections went unread.
+fn done_by_sent(d: &Result<Detection, RecvError>) -> Option<String> {
+    match d {
+        Ok(d) => done_by(d),
+        // Dropped before they were read: what they did is not known here.
+        Err(RecvError::Lagged(n)) => Some(format!("{n} detection(s) went unread")),
+        Err(RecvError::Closed) => None,
+    }
+}
+
 /// The next detection still in `rx` once the monitor is stopped (`Err` for detections it
 /// dropped); `None` when there is none.
 fn next_sent(
@@ -562,12 +572,7 @@ async fn monitor_links(
         if matches!(d, Err(RecvError::Closed)) {
             break Ok(false);
         }
-        let done = match &d {
-            Ok(d) => done_by(d),
-            // Dropped before they were read: what they did is not known here.
-            Err(RecvError::Lagged(n)) => Some(format!("{n} detection(s) went unread")),
-            Err(RecvError::Closed) => None,
-        };
+        let done = done_by_sent(&d);
         if let Some(line) = line_of(d)
             && let Err(e) = emit(out, &line)
         {
@@ -581,7 +586,7 @@ async fn monitor_links(
     // came, or one of the writes the stop waited for) is printed too, also when its task
     // ended by itself: each is a change already recorded in the store.
     while let Some(d) = next_sent(&mut rx) {
-        let done = d.as_ref().ok().and_then(done_by);
+        let done = done_by_sent(&d);
         if let Some(line) = line_of(d) {
             emit(out, &line).map_err(|e| output_failed(e, done, &mut rx))?;
         }

@@ -671,14 +671,18 @@ fn deadline_after(wait: Duration) -> Option<tokio::time::Instant> {
     tokio::time::Instant::now().checked_add(wait)
 }
 
-/// `call`, given up (`None`) at `deadline`; awaited whole without one.
+/// `call`, given up (`None`) at `deadline`; awaited whole without one, and outside a Tokio
+/// runtime (a caller that polls the service's futures itself, as the benches do for the
+/// in-memory store), where no timer can be set.
 async fn until<T>(
     deadline: Option<tokio::time::Instant>,
     call: impl std::future::Future<Output = T>,
 ) -> Option<T> {
     match deadline {
-        Some(at) => tokio::time::timeout_at(at, call).await.ok(),
-        None => Some(call.await),
+        Some(at) if tokio::runtime::Handle::try_current().is_ok() => {
+            tokio::time::timeout_at(at, call).await.ok()
+        }
+        _ => Some(call.await),
     }
 }
 

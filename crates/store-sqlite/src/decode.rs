@@ -414,13 +414,9 @@ fn not_utf8_event(name: &str, e: std::str::Utf8Error) -> StoreError {
 /// that is not UTF-8, or one that does not read as an event, fails naming it (its sequence,
 /// key and agent, read with U+FFFD for what is not UTF-8).
 pub(crate) fn one_event(bytes: &[u8]) -> Result<Event, StoreError> {
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| not_utf8_event(&event_json_name(&String::from_utf8_lossy(bytes)), e))?;
-    let raw = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        context: format!("{}: unreadable row", event_json_name(text)),
-        source: Some(Box::new(e)),
-    })?;
-    event(raw)
+    event(named_row(bytes, || {
+        event_json_name(&String::from_utf8_lossy(bytes))
+    })?)
 }
 
 /// One row of a log read again on its own (`sql::EVENTS_AFTER_EACH`): its sequence, key and
@@ -439,12 +435,7 @@ pub(crate) fn logged_event(
             &String::from_utf8_lossy(agent),
         )
     };
-    let text = std::str::from_utf8(bytes).map_err(|e| not_utf8_event(&name(), e))?;
-    let raw = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        context: format!("{}: unreadable row", name()),
-        source: Some(Box::new(e)),
-    })?;
-    event(raw)
+    event(named_row(bytes, name)?)
 }
 
 /// One event of a ref's page read again on its own (`sql::CHANGES_SINCE_EACH`): its sequence
@@ -455,13 +446,21 @@ pub(crate) fn page_event(
     bytes: &[u8],
     session: &SessionRef,
 ) -> Result<Event, StoreError> {
-    let text =
-        std::str::from_utf8(bytes).map_err(|e| not_utf8_event(&event_of(seq, session), e))?;
-    let raw = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        context: format!("{}: unreadable row", event_of(seq, session)),
-        source: Some(Box::new(e)),
-    })?;
+    let raw = named_row(bytes, || event_of(seq, session))?;
     build_event(session.clone(), seq, raw)
+}
+
+/// One event row read on its own, as JSON bytes; text that is not UTF-8, or JSON that does not
+/// read as `T`, fails naming the row (`name`).
+fn named_row<'a, T: serde::Deserialize<'a>>(
+    bytes: &'a [u8],
+    name: impl Fn() -> String,
+) -> Result<T, StoreError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| not_utf8_event(&name(), e))?;
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        context: format!("{}: unreadable row", name()),
+        source: Some(Box::new(e)),
+    })
 }
 
 /// A JSON array of events (`event_json!`), in ascending sequence order.

@@ -555,6 +555,24 @@ fn assert_refused_naming(what: &str, attempt: &Attempt, path: &Path) {
     }
 }
 
+/// A scratch directory another user may enter, a directory `name` in it, and a store in that
+/// (`existing`) holding one event on [`child`], closed.
+#[cfg(unix)]
+async fn a_store_of_one_event(
+    f: &impl OpenFile,
+    name: &str,
+) -> (Scratch, std::path::PathBuf, std::path::PathBuf) {
+    let outer = Scratch::new("open");
+    set_mode(outer.path(), 0o755);
+    let dir = outer.path().join(name);
+    std::fs::create_dir(&dir).expect("the store's directory");
+    let existing = dir.join("existing");
+    let t = open(f, &existing).await;
+    rec(&*t.store, human(&child()), T0).await;
+    t.close().await;
+    (outer, dir, existing)
+}
+
 /// An open by a user who may not write in the store's directory (mode 0555; as root, the
 /// opener is `nobody`, in a process of its own, and the existing store is its file) gives a
 /// clear error where it cannot work, never a store that fails later:
@@ -575,15 +593,8 @@ pub async fn a_directory_without_write_permission_gives_a_clear_error(
     if attempt_when_asked(&f).await {
         return;
     }
-    let outer = Scratch::new("open");
-    set_mode(outer.path(), 0o755);
-    let locked = outer.path().join("locked");
-    std::fs::create_dir(&locked).expect("the store's directory");
-    let existing = locked.join("existing");
+    let (outer, locked, existing) = a_store_of_one_event(&f, "locked").await;
     let kid = child();
-    let t = open(&f, &existing).await;
-    rec(&*t.store, human(&kid), T0).await;
-    t.close().await;
     if is_root(outer.path()) {
         std::os::unix::fs::chown(&existing, Some(NOBODY), Some(NOBODY))
             .expect("give the store to nobody");
@@ -662,16 +673,9 @@ pub async fn a_store_file_the_user_may_not_write_gives_a_clear_error(
     if attempt_when_asked(&f).await {
         return;
     }
-    let outer = Scratch::new("open");
-    set_mode(outer.path(), 0o755);
-    let open_dir = outer.path().join("open");
-    std::fs::create_dir(&open_dir).expect("the store's directory");
+    let (outer, open_dir, existing) = a_store_of_one_event(&f, "open").await;
     set_mode(&open_dir, 0o777);
-    let existing = open_dir.join("existing");
     let kid = child();
-    let t = open(&f, &existing).await;
-    rec(&*t.store, human(&kid), T0).await;
-    t.close().await;
     // Root's file, readable by others, is not theirs to write; a user's own file is made
     // read-only.
     set_mode(&existing, if is_root(outer.path()) { 0o644 } else { 0o444 });

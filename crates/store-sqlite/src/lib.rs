@@ -267,13 +267,18 @@ impl SqliteOptions {
     }
 
     /// How long a statement waits for another process's write lock before reporting
-    /// [`StoreError::Busy`]. Default 5 s.
+    /// [`StoreError::Busy`]. Default 5 s. SQLite counts it in milliseconds in an `int`: a longer
+    /// wait than `i32::MAX` ms (about 24.8 days; `Duration::MAX` for "as long as it takes") is
+    /// that.
     #[must_use]
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
+        self.busy_timeout = timeout.min(MAX_BUSY_TIMEOUT);
         self
     }
 }
+
+/// The longest busy timeout SQLite takes: milliseconds in an `int`.
+const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// Closes the connections of an open that failed, then, when the failure `e` says the file is
 /// no usable database, removes the companion files the open created (an open connection would
@@ -1134,6 +1139,27 @@ mod tests {
             let mut conn = r.lock().await;
             assert_eq!(settings(&mut conn).await, EXPECTED, "a reader");
         }
+        store.close().await;
+    }
+
+    /// A busy timeout longer than SQLite's `int` of milliseconds opens a store that waits the
+    /// longest SQLite can: sqlx panicked on it in the connection's worker (the open failed with
+    /// "a crashed background worker"), and a value written back past `i32::MAX` reads as 0.
+    #[tokio::test]
+    async fn a_busy_timeout_past_sqlites_longest_waits_the_longest() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = SqliteOptions::new().busy_timeout(Duration::MAX);
+        let store = SqliteStore::open_with(dir.path().join("t.db"), options)
+            .await
+            .expect("open");
+        let mut w = store.writer("test").await.expect("writer");
+        w.open_tx = false;
+        let got: Vec<i64> = sqlx::query_scalar("SELECT timeout FROM pragma_busy_timeout")
+            .fetch_all(&mut w.conn)
+            .await
+            .expect("busy_timeout");
+        assert_eq!(got, [i64::from(i32::MAX)]);
+        drop(w);
         store.close().await;
     }
 

@@ -206,23 +206,30 @@ fn parent(path: &Path) -> &Path {
 /// empty file, which the next open makes a store, as it does any empty file).
 async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, StoreError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    // A write-ahead log beside a path that holds no database (its database deleted after a
-    // process was killed before folding the log back, or while one still writes into the
-    // deleted file): SQLite would read it into the new store as that store's own pages. The
-    // path is looked at after the log: another opener creating the store at the same moment
-    // links it there before its log exists, so its log is never taken for a stray one.
-    let wal = companion(path, "-wal");
-    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
-        && std::fs::symlink_metadata(path).is_err()
-    {
-        return Err(error::open(
-            path,
-            format!(
-                "no database is there, but a write-ahead log ({}) is, left by one that was deleted (after a process was killed, or while one still writes into it): SQLite would read it into a new store; move it (and its -shm) away first",
-                wal.display()
-            ),
-            None,
-        ));
+    // A write-ahead log or a rollback journal beside a path that holds no database (its
+    // database deleted after a process was killed before folding the log back or rolling the
+    // journal back, or while one still writes into the deleted file): SQLite would read it into
+    // the new store as that store's own pages (a journal is played back over any file that is
+    // not empty, and the new store is complete before SQLite first opens it at `path`). The
+    // path is looked at after them: another opener creating the store at the same moment links
+    // it there before its log exists, so its log is never taken for a stray one.
+    for (suffix, what) in [
+        ("-wal", "write-ahead log"),
+        ("-journal", "rollback journal"),
+    ] {
+        let left = companion(path, suffix);
+        if std::fs::metadata(&left).is_ok_and(|m| m.len() > 0)
+            && std::fs::symlink_metadata(path).is_err()
+        {
+            return Err(error::open(
+                path,
+                format!(
+                    "no database is there, but a {what} ({}) is, left by one that was deleted (after a process was killed, or while one still writes into it): SQLite would read it into a new store; move it (and any -shm) away first",
+                    left.display()
+                ),
+                None,
+            ));
+        }
     }
     let cannot_create =
         |e: std::io::Error| error::open(path, format!("cannot create it: {e}"), Some(Box::new(e)));

@@ -448,6 +448,55 @@ async fn a_write_ahead_log_without_its_database_is_refused_and_left_alone() {
     assert_eq!(listing(dir.path()), before, "nothing created");
 }
 
+/// A rollback journal left beside a path whose database was deleted (a process in rollback
+/// mode killed in a transaction whose pages had started to reach the file, then the file
+/// removed): the open is refused, naming the journal, and creates nothing. SQLite plays a
+/// journal back over any database that is not empty, and a new store is complete before
+/// SQLite first opens it there: the old database's pages were written over the new store.
+#[tokio::test]
+async fn a_rollback_journal_without_its_database_is_refused_and_left_alone() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let journal = dir.path().join("state.sqlite-journal");
+    // A journal as a killed process leaves it: synced, with its pages counted, taken while the
+    // transaction that wrote it was still open (a two-page cache makes SQLite sync the journal
+    // and write pages into the file before the transaction ends).
+    let old = dir.path().join("old.sqlite");
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&old)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Delete)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "PRAGMA cache_size = 2;
+         CREATE TABLE t(x);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100)
+         INSERT INTO t SELECT printf('%.500c', 'a') FROM n;
+         BEGIN;
+         UPDATE t SET x = 'b';",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let left = std::fs::read(dir.path().join("old.sqlite-journal")).unwrap();
+    assert!(
+        left.len() > 4096,
+        "the transaction's pages are in the journal"
+    );
+    sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    std::fs::remove_file(&old).unwrap();
+    std::fs::write(&journal, &left).unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "rollback journal");
+    assert!(err.to_string().contains("state.sqlite-journal"), "{err}");
+    assert_eq!(listing(dir.path()), before, "nothing created");
+}
+
 #[tokio::test]
 async fn a_truncated_database_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();

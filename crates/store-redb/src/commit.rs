@@ -465,7 +465,16 @@ impl Writer {
 
     /// Records several jobs in one write transaction.
     fn run_batch(&self, jobs: Vec<Job>) -> Answers {
-        let txn = match self.begin("record") {
+        // A panic in redb's begin or commit fails the batch's callers with its message, as an
+        // error does, and the drain goes on: unwinding out of here failed every job queued
+        // behind the batch too, other callers' writes included, each told only that the
+        // writer stopped.
+        let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.begin("record")))
+            .unwrap_or_else(|panic| {
+                self.shared.check_after_failure();
+                Err(self.panicked("record (a group commit)", &*panic))
+            });
+        let txn = match begun {
             Ok(txn) => txn,
             Err(e) => return fail_all(jobs, &e),
         };
@@ -488,7 +497,21 @@ impl Writer {
         // instead of aborting over state the panic may have left half-changed.
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(shared)) {
             Ok((txn, Ok((recorded, durable)))) => {
-                match self.commit_reserving(txn, durable, "record") {
+                let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    #[cfg(test)]
+                    assert!(
+                        !jobs
+                            .iter()
+                            .any(|j| j.event.summary == COMMIT_PANICS_IN_TESTS),
+                        "the commit's own panic"
+                    );
+                    self.commit_reserving(txn, durable, "record")
+                }))
+                .unwrap_or_else(|panic| {
+                    self.shared.check_after_failure();
+                    Err(self.panicked("record (a group commit)", &*panic))
+                });
+                match committed {
                     Ok(()) => jobs
                         .into_iter()
                         .zip(recorded)
@@ -672,6 +695,10 @@ impl Drop for Drain {
 #[cfg(test)]
 pub(crate) const PANICS_IN_TESTS: &str = "this event's recording panics";
 
+/// The summary of an event whose group commit panics, in this crate's unit tests.
+#[cfg(test)]
+pub(crate) const COMMIT_PANICS_IN_TESTS: &str = "this event's group commit panics";
+
 #[cfg(test)]
 mod tests {
     use std::task::{Context, Waker};
@@ -757,6 +784,59 @@ mod tests {
         assert_eq!(got[2], Ok("last".to_owned()));
         let err = got[1].as_ref().expect_err("the event that panicked fails");
         assert!(err.contains("record panicked"), "{err}");
+        runtime.block_on(store.close());
+    }
+
+    /// A group commit that panics in its commit fails the callers of its batch with the
+    /// panic's message and the file, and the drain goes on with the jobs queued behind it: the
+    /// panic unwound out of the drain, which failed every queued job, other callers' writes
+    /// included, each told only that the writer stopped.
+    #[test]
+    fn a_group_commit_that_panics_fails_only_its_batch() {
+        let (dir, runtime, store) = on_one_thread();
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        let now = Timestamp(1_800_000_000_000);
+        let (jobs, replies): (Vec<super::Job>, Vec<_>) =
+            ["first", super::COMMIT_PANICS_IN_TESTS, "last"]
+                .into_iter()
+                .map(|summary| {
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let event =
+                        NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, summary);
+                    (super::Job { event, now, reply }, answer)
+                })
+                .unzip();
+        let answers =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
+                .expect("the batch's callers are answered");
+        super::answer(answers);
+        let file = dir.path().join("state.redb").display().to_string();
+        for mut reply in replies {
+            let err = reply
+                .try_recv()
+                .expect("every caller is answered")
+                .expect_err("nothing of the batch was committed");
+            let chain = awareness_core::error::ErrorChain(&err).to_string();
+            assert!(
+                chain.contains(&format!("{file}: record (a group commit) panicked"))
+                    && chain.contains("the commit's own panic"),
+                "{chain}"
+            );
+        }
+        let ok = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "after");
+        let rec = runtime
+            .block_on(store.record(ok, now))
+            .expect("the next recording is made");
+        assert_eq!(rec.event.summary, "after");
+        let log = runtime
+            .block_on(store.events_after(awareness_core::Sequence(0), 10))
+            .expect("log");
+        let summaries: Vec<&str> = log.iter().map(|e| e.summary.as_str()).collect();
+        assert_eq!(
+            summaries,
+            ["after"],
+            "nothing of the failed batch was committed"
+        );
         runtime.block_on(store.close());
     }
 

@@ -29,13 +29,15 @@ impl<T, E: Into<redb::Error>> Ctx<T> for Result<T, E> {
     }
 }
 
-/// Whether redb refused a write transaction for an I/O failure it met earlier, which it keeps
-/// refusing every write for until the database is reopened.
+/// Whether redb refused to begin a write transaction for a failure it keeps refusing every
+/// write for until the database is reopened: an I/O failure met earlier (`PreviousIo`), or
+/// its allocator state discarded by a commit that panicked or failed its check (a
+/// `Corrupted` error of a sound file). Every storage error at the beginning of a write is
+/// taken as one: redb has written nothing by then, so it refuses for the state of this open
+/// database, which reopening rebuilds (and repairs, or refuses, when the file itself is
+/// damaged).
 fn latched(e: &redb::TransactionError) -> bool {
-    matches!(
-        e,
-        redb::TransactionError::Storage(redb::StorageError::PreviousIo | redb::StorageError::Io(_))
-    )
+    matches!(e, redb::TransactionError::Storage(_))
 }
 
 fn from_redb(what: &str, e: redb::Error) -> StoreError {
@@ -130,9 +132,10 @@ pub(crate) struct Shared {
     /// The [`crate::RedbStore`]s open on this file (see [`Handle`]).
     handles: AtomicUsize,
     /// A commit failed, or redb met an I/O failure inside a write transaction (growing the
-    /// file, say). redb then refuses every write transaction on this database until it is
-    /// closed and opened again (`PreviousIo`, or an allocator state "discarded", which reads as
-    /// corruption of a sound file): writes say so instead, and a new open does not share it.
+    /// file, say), or a commit panicked. redb then refuses every write transaction on this
+    /// database until it is closed and opened again (`PreviousIo`, or an allocator state
+    /// "discarded", which reads as corruption of a sound file): writes say so instead, and a
+    /// new open does not share it.
     write_failed: AtomicBool,
     /// What the first failure that set `write_failed` said: every later refusal repeats it,
     /// so that the cause (a full disk, say) is not lost behind "failed earlier".
@@ -170,7 +173,7 @@ impl Shared {
                 what.to_owned(),
                 // The file is named by `StoreError::in_store`, where the refusal is returned.
                 format!(
-                    "a write on this file failed earlier with an I/O error ({cause}), and redb \
+                    "a write on this file failed earlier ({cause}), and redb \
                      refuses every write until the database is reopened: close every handle \
                      on it in this process, then open it again"
                 ),
@@ -187,7 +190,7 @@ impl Shared {
             error!(
                 path = %self.path.display(),
                 error = %cause,
-                "a write failed with an I/O error; every write on this file is refused until it is reopened"
+                "a write failed in a way redb refuses every later write for; every write on this file is refused until it is reopened"
             );
         }
         self.write_failed.store(true, Ordering::Release);
@@ -1188,7 +1191,25 @@ pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use super::{Mode, lock, open_shared};
+    use super::{Mode, latched, lock, open_shared};
+
+    /// A write refused because redb discarded its allocator state (after a commit panicked)
+    /// latches the handle as an I/O failure does: until the database is reopened, writes say
+    /// to reopen it, and a new open in this process does not share it. It was taken for
+    /// corruption, every later write failed as such, and reopening shared the broken database.
+    #[test]
+    fn a_discarded_allocator_state_latches_like_an_io_failure() {
+        use redb::{StorageError, TransactionError};
+        let discarded = StorageError::Corrupted(
+            "Allocator state was discarded by a failed integrity check or commit; reopen the \
+             database to repair it"
+                .to_owned(),
+        );
+        assert!(latched(&TransactionError::Storage(discarded)));
+        assert!(latched(&TransactionError::Storage(
+            StorageError::PreviousIo
+        )));
+    }
 
     /// What runs inside the next open of a file, with the file's slot locked.
     type Hook = (PathBuf, Box<dyn FnOnce() + Send>);

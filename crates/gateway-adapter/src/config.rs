@@ -53,6 +53,14 @@ impl ConfigError {
     }
 }
 
+/// Far enough to mean never: a time the clock cannot reach is this far ahead instead.
+pub(crate) const FOREVER: Duration = Duration::from_hours(100 * 365 * 24);
+
+/// `now + wait`, or `now + FOREVER` for a wait too long for the clock.
+pub(crate) fn after(now: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
+    now.checked_add(wait).unwrap_or_else(|| now + FOREVER)
+}
+
 /// Refuses a duration below 1 ms (tokio's timers count whole milliseconds).
 pub(crate) fn at_least_1ms(
     field: &'static str,

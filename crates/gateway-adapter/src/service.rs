@@ -288,7 +288,9 @@ pub struct AwarenessConfig {
     /// read of a pick-up ([`Awareness::pick_up`]); and the wait of the best-effort producers
     /// ([`Awareness::record`], [`Awareness::human_message`], ...) for their recording, which
     /// goes on on its own task and delivers its notices when the store answers. Not bounded:
-    /// [`Awareness::try_record`] and the other calls that return the store's own answer.
+    /// [`Awareness::try_record`] and the other calls that return the store's own answer, and
+    /// [`Awareness::adopt`] (an adoption is not made on a turn, and its link is written before
+    /// it returns; the `adopted` event it then records is bounded).
     ///
     /// `Duration::MAX` waits for the store as long as it takes, with no timer. The wait is on
     /// tokio's clock: under its paused clock (`start_paused` tests), which jumps to the next
@@ -1694,6 +1696,12 @@ impl Awareness {
     }
 
     /// Removes a watch; `true` when one existed.
+    ///
+    /// It removes the cursor, as DESIGN.md section 4 says; it does not stop a producer from
+    /// naming the watcher again. A child's spawner (or parent) is named by every notifying
+    /// event on the child whose directory entry says so ([`SessionEntry::spawned_by`]), as
+    /// DESIGN.md has producers name watchers: after an unwatch, the child's next such event
+    /// gives the spawner a cursor from the start again, and a notice.
     pub async fn unwatch(&self, watcher: &SessionKey, target: &SessionKey) -> bool {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
             return false;

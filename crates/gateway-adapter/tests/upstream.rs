@@ -2466,6 +2466,29 @@ async fn slow_node_counted_whole(delay: Duration) {
     );
 }
 
+/// A paging time set to mean no bound (`Duration::MAX`) reads a burst within the page bound
+/// in one check: the deadline overflowed the clock and every check panicked (the monitor
+/// reported each link failed, so human turns there were never detected).
+#[tokio::test(start_paused = true)]
+async fn a_paging_time_of_duration_max_pages_to_the_bound() {
+    let node = burst_node(0, true);
+    let provider = PairedNodeProvider::new(Arc::new(SlowNode(node, Duration::from_secs(1))))
+        .with_paging_time(Duration::MAX);
+    let out = provider
+        .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+        .await;
+    match out {
+        CheckOutcome::HumanTurns { turns, .. } => {
+            assert_eq!(
+                turns as usize,
+                MAX_PAGES * PAGE_ITEMS / 2,
+                "the whole burst"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Bug: when the items within the paging bound held no human turn (a long run of replies
 /// after the person typed), the marker moved past the turns without recording them, and no
 /// watcher was ever told. The first check stores where it stopped; the second records them.

@@ -52,9 +52,6 @@ use crate::fit::Fit;
 use super::{CheckOutcome, NoRuns, OwnPrompts, RecentPrompts, RunActivity, UpstreamProvider};
 use crate::service::{Awareness, HumanMessage, HumanRecorded};
 
-/// Far enough to mean never: a first tick beyond what the clock can reach waits this long.
-const FOREVER: Duration = Duration::from_hours(100 * 365 * 24);
-
 /// When and how long the monitor checks ([`MonitorConfig::validate`] says what is accepted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MonitorConfig {
@@ -455,10 +452,7 @@ impl UpstreamMonitor {
         let (stop, mut stopped) = watch::channel(false);
         let handle = tokio::spawn(async move {
             // A first tick too far away for the clock never comes, rather than panicking.
-            let now = tokio::time::Instant::now();
-            let start = now
-                .checked_add(inner.config.first_tick)
-                .unwrap_or_else(|| now + FOREVER);
+            let start = config::after(tokio::time::Instant::now(), inner.config.first_tick);
             // At least 1 ms: checked when the monitor was built.
             let mut ticks = tokio::time::interval_at(start, inner.config.interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

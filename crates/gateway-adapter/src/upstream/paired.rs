@@ -263,7 +263,8 @@ impl PairedNodeProvider {
 
     /// Pages back for at most `time` a check (its first page is always read, however long it
     /// takes; a later one is given up at that time): keep it below the monitor's
-    /// `provider_timeout`, or a check of a slow node times out with nothing.
+    /// `provider_timeout`, or a check of a slow node times out with nothing. A time the clock
+    /// cannot reach (`Duration::MAX`) is a century: no bound, in practice.
     #[must_use]
     pub fn with_paging_time(mut self, time: std::time::Duration) -> Self {
         self.paging_time = time;
@@ -305,7 +306,7 @@ impl PairedNodeProvider {
         let mut items = Vec::new();
         let mut cursors: HashSet<String> = before.iter().cloned().collect();
         let mut pages = 0;
-        let deadline = tokio::time::Instant::now() + self.paging_time;
+        let deadline = crate::config::after(tokio::time::Instant::now(), self.paging_time);
         loop {
             pages += 1;
             let answer = self.page(link, before.as_deref(), self.page_items);

@@ -10,7 +10,7 @@ use awareness_core::audit;
 use awareness_core::error::ErrorChain;
 use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event,
-    EventKind, FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey,
+    EventKind, FullStore, Head, KindClass, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey,
     SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
 };
 use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_full_store_with};
@@ -53,7 +53,8 @@ pub struct RecordArgs {
     /// Session id.
     #[arg(long)]
     pub session_id: Option<String>,
-    /// A watcher the producer names (repeatable).
+    /// A watcher the producer names (repeatable; not for a log-only kind, which notifies
+    /// nobody, nor the session itself).
     #[arg(long)]
     pub watcher: Vec<String>,
 }
@@ -297,7 +298,13 @@ fn notices_out(out: &mut dyn Write, json_mode: bool, notices: &[Notice]) -> Resu
 
 /// Runs the parsed command; returns the exit code.
 pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
+    refuse_memory(cli)?;
     match &cli.command {
+        Command::Demo if cli.json => {
+            return Err(CliError::usage(
+                "demo prints a narration, never JSON: run it without --json",
+            ));
+        }
         Command::Demo => return crate::demo::run(cli, out).await,
         Command::Adopt(args) => return crate::upstream::adopt(cli, args, out).await,
         Command::Monitor(args) => return crate::upstream::monitor(cli, args, out).await,
@@ -313,6 +320,45 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     // a write command leaves a file that holds all it wrote, even copied without its log.
     store.close().await;
     code
+}
+
+/// Refuses, as a usage error, a command that `memory:` makes pointless: a store in memory lives
+/// only as long as the command, so a write to it is thrown away when the command ends, and
+/// nothing else can write to it for `tail --follow` to wait for. The demo (self-contained) and
+/// the read commands take it.
+fn refuse_memory(cli: &Cli) -> Result<(), CliError> {
+    if !StoreUrl::parse(&cli.store).is_ok_and(|u| u == StoreUrl::Memory) {
+        return Ok(());
+    }
+    let name = match &cli.command {
+        Command::Repair => return Err(CliError::usage("memory: holds no file to repair")),
+        Command::Tail { follow: true, .. } => {
+            return Err(CliError::usage(
+                "memory: lives only as long as this command, and nothing else can write to \
+                 it: `tail --follow` would wait for events that never come (use \
+                 sqlite:///path or redb:///path)",
+            ));
+        }
+        Command::Record(_) => "record",
+        Command::Watch { .. } => "watch",
+        Command::Unwatch { .. } => "unwatch",
+        Command::Ack { .. } => "ack",
+        Command::Sweep => "sweep",
+        Command::Prune { dry_run: false } => "prune",
+        Command::Adopt(_) => "adopt",
+        Command::Monitor(_) => "monitor",
+        Command::Demo
+        | Command::Status { .. }
+        | Command::List { .. }
+        | Command::Cursors { .. }
+        | Command::Tail { follow: false, .. }
+        | Command::Doctor
+        | Command::Prune { dry_run: true } => return Ok(()),
+    };
+    Err(CliError::usage(format!(
+        "memory: lives only as long as this command: what `{name}` writes would be gone when \
+         it ends (use sqlite:///path or redb:///path)"
+    )))
 }
 
 /// A command's input, checked before its store is opened.
@@ -676,8 +722,20 @@ fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
             .map_err(|e| CliError::usage(format!("--payload is not JSON: {e}")))?;
         ev.payload = Some(validate::payload_from_value(v).map_err(|e| invalid(&e))?);
     }
+    // A named watcher the kind would drop is refused, not silently ignored: a log-only kind
+    // notifies nobody, and a session never watches itself.
+    if !args.watcher.is_empty() && ev.kind.class() == KindClass::LogOnly {
+        return Err(CliError::usage(format!(
+            "--watcher: a {} event is log-only and notifies no watcher (only \
+             human_direct_message, goal_changed, upstream_missing and child_spawned take one)",
+            ev.kind
+        )));
+    }
     for w in &args.watcher {
-        ev.watchers.push(watcher("--watcher", w)?);
+        let w = watcher("--watcher", w)?;
+        protocol::check_watch(w.session_key(), &k)
+            .map_err(|e| CliError::usage(format!("--watcher: {e}")))?;
+        ev.watchers.push(w);
     }
     ev.validate().map_err(|e| invalid(&e))?;
     Ok(ev)
@@ -935,10 +993,8 @@ async fn tail(
 }
 
 /// `repair`: see [`gateway_adapter::repair_store`].
+/// (`memory:` is refused before, by [`refuse_memory`].)
 async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
-    if StoreUrl::parse(&cli.store).is_ok_and(|u| u == StoreUrl::Memory) {
-        return Err(CliError::usage("memory: holds no file to repair"));
-    }
     let done = gateway_adapter::repair_store(&cli.store)
         .await
         .map_err(|e| match e {

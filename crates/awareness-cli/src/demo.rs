@@ -4,11 +4,15 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use awareness_core::{AwarenessStore, Sequence, SessionKey, Timestamp};
+use awareness_core::error::ErrorChain;
+use awareness_core::{
+    AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Sequence, SessionKey, StoreError,
+    Timestamp,
+};
 use gateway_adapter::{
     Awareness, AwarenessConfig, CoalescingWake, HeartbeatWake, HumanMessage, InMemoryDirectory,
-    InMemoryQueue, ManualClock, RecordingWake, RunOutcome, SessionEntry, StoreUrl,
-    SystemEventQueue, WakeSink,
+    InMemoryQueue, ManualClock, RecordingWake, RunOutcome, SessionDirectory, SessionEntry,
+    StoreUrl, SystemEventQueue, WakeSink,
 };
 
 use crate::table::render;
@@ -44,8 +48,9 @@ struct Narrator<'a> {
     out: &'a mut dyn Write,
     start: Timestamp,
     clock: Arc<ManualClock>,
-    /// Steps that did not happen as told (a recording the store refused, say): the adapter
-    /// carries on past them, as a gateway must, and the demo then fails at its end.
+    /// Steps that did not happen as told (a recording the store refused, an acknowledgement
+    /// that did not commit, a read that came back unavailable, say): the adapter carries on
+    /// past them, as a gateway must, and the demo then fails at its end.
     missed: usize,
 }
 
@@ -53,6 +58,14 @@ impl Narrator<'_> {
     /// `done`, counted as a missed step when it is `None`.
     fn count<T>(&mut self, done: Option<T>) -> Option<T> {
         if done.is_none() {
+            self.missed += 1;
+        }
+        done
+    }
+
+    /// `done`, counted as a missed step when it is an `Err` (which says why, for the narration).
+    fn check(&mut self, done: Result<(), String>) -> Result<(), String> {
+        if done.is_err() {
             self.missed += 1;
         }
         done
@@ -186,18 +199,29 @@ async fn narrate(
         12,
         "the manager takes its turn: drains, then reconciles before acting",
     )?;
+    let before = pending(&s.svc, &manager).await;
     let drained = s.svc.drain_turn(&manager).await;
-    n.detail(&format!(
-        "drained {} line(s) and acknowledged them",
-        drained.len()
-    ))?;
+    let acked = acknowledged(&s.svc, &manager, before).await;
+    match n.check(acked) {
+        Ok(()) => n.detail(&format!(
+            "drained {} line(s) and acknowledged them",
+            drained.len()
+        ))?,
+        Err(why) => n.detail(&format!("drained {} line(s), but {why}", drained.len()))?,
+    }
     let since = first_since(&queued);
     let status = s
         .svc
         .session_status(&manager, &research, None, Some(Sequence(since)), None)
         .await
         .map_err(|_| CliError::failure("the demo's manager cannot see its child"))?;
-    if let Some(page) = &status.state_changes {
+    if status.unavailable {
+        n.missed += 1;
+        n.detail(&format!(
+            "session_status sessionKey \"{research}\" changesSince {since}: unavailable, \
+             the store could not be read (the warnings above say why)"
+        ))?;
+    } else if let Some(page) = &status.state_changes {
         n.detail(&format!(
             "session_status sessionKey \"{research}\" changesSince {since}: stateVersion {}, {} event(s)",
             status.state_version,
@@ -247,19 +271,38 @@ async fn narrate(
         s.queue.peek(&manager).len()
     ))?;
     let report = s.svc.startup().await;
-    n.detail(&format!(
-        "start-up: pruning pass ({} event(s) deleted), sweep re-delivered {} notice(s):",
-        report.pruned.events_by_age + report.pruned.events_by_cap,
-        report.redelivered
-    ))?;
+    // `startup` answers 0 for a pass or a sweep that failed: the pass says so itself, and the
+    // sweep is checked against the cursors it had to re-deliver.
+    let pruned = if s.svc.subscribe_pruning().borrow().failed {
+        n.missed += 1;
+        "the pruning pass failed".to_owned()
+    } else {
+        format!(
+            "pruning pass ({} event(s) deleted)",
+            report.pruned.events_by_age + report.pruned.events_by_cap
+        )
+    };
+    let swept = match n.check(swept(&s.svc, &*dir, report.redelivered).await) {
+        Ok(()) => format!("sweep re-delivered {} notice(s)", report.redelivered),
+        Err(why) => why,
+    };
+    n.detail(&format!("start-up: {pruned}, {swept}:"))?;
     for q in s.queue.peek(&manager) {
         n.detail(&format!("  {}", q.text))?;
     }
+    let before = pending(&s.svc, &manager).await;
     let drained = s.svc.drain_turn(&manager).await;
-    n.detail(&format!(
-        "the manager's next turn drains {} line(s); nothing is left pending",
-        drained.len()
-    ))?;
+    let acked = acknowledged(&s.svc, &manager, before).await;
+    match n.check(acked) {
+        Ok(()) => n.detail(&format!(
+            "the manager's next turn drains {} line(s); nothing is left pending",
+            drained.len()
+        ))?,
+        Err(why) => n.detail(&format!(
+            "the manager's next turn drains {} line(s), but {why}",
+            drained.len()
+        ))?,
+    }
 
     n.at(30, &format!("{writer} ends with a timeout"))?;
     let ended = s
@@ -322,6 +365,10 @@ async fn narrate(
         .session_status(&manager, &research, None, Some(Sequence::ZERO), None)
         .await
         .map_err(|_| CliError::failure("the demo's manager cannot see its child"))?;
+    if status.unavailable {
+        n.missed += 1;
+        n.line("unavailable: the store could not be read (the warnings above say why)")?;
+    }
     n.line(&serde_json::to_string_pretty(&status).unwrap_or_default())?;
     n.line("")?;
     if *url == StoreUrl::Memory {
@@ -348,7 +395,7 @@ async fn narrate(
 /// The act of a second gateway process sharing the store (DESIGN.md section 9.1): it records
 /// a change on `research`, delivers nothing for `manager`, which it does not own, and this
 /// gateway's pick-up queues the notice and wakes the manager. A store with one writer (redb,
-/// memory) says so instead.
+/// memory) says so instead; a store that cannot be asked is a missed step.
 async fn another_gateway(
     cli: &Cli,
     s: &Stage,
@@ -357,11 +404,20 @@ async fn another_gateway(
     clock: &Arc<ManualClock>,
     n: &mut Narrator<'_>,
 ) -> Result<(), CliError> {
-    let before = s.svc.store().foreign_commits().await.ok().flatten();
-    if before.is_none() {
-        n.detail("skipped: this store has one writer, so no other process records on it")?;
-        return Ok(());
-    }
+    let before = match s.svc.store().foreign_commits().await {
+        Ok(Some(before)) => before,
+        Ok(None) => {
+            return n
+                .detail("skipped: this store has one writer, so no other process records on it");
+        }
+        Err(e) => {
+            n.missed += 1;
+            return n.detail(&format!(
+                "skipped: cannot ask the store whether other processes write to it: {}",
+                said(&e)
+            ));
+        }
+    };
     // Its own handle on the file, as another process has; it owns none of these sessions.
     let theirs = crate::commands::open(cli).await?;
     let other = Awareness::builder(
@@ -390,23 +446,122 @@ async fn another_gateway(
         "recorded there as {}; that process queues nothing for the manager, which it does not own",
         recorded.map_or_else(|| "nothing".to_owned(), |e| format!("#{}", e.sequence))
     ))?;
-    let after = s.svc.store().foreign_commits().await.ok().flatten();
+    let answer = match s.svc.store().foreign_commits().await {
+        Ok(Some(after)) if after == before => "no".to_owned(),
+        Ok(Some(_)) => "yes".to_owned(),
+        Ok(None) => {
+            n.missed += 1;
+            "the store no longer says".to_owned()
+        }
+        Err(e) => {
+            n.missed += 1;
+            format!("cannot ask: {}", said(&e))
+        }
+    };
     n.detail(&format!(
-        "this gateway asks the file whether another writer committed: {}",
-        if after == before { "no" } else { "yes" }
+        "this gateway asks the file whether another writer committed: {answer}"
     ))?;
     let queued_before = s.queue.peek(manager);
     let picked = s.svc.pick_up().await;
-    n.detail(&format!(
-        "its pick-up queues {} line(s) for the manager and asks to wake it:",
-        picked.queued
-    ))?;
+    if picked.complete {
+        n.detail(&format!(
+            "its pick-up queues {} line(s) for the manager and asks to wake it:",
+            picked.queued
+        ))?;
+    } else {
+        n.missed += 1;
+        n.detail(&format!(
+            "its pick-up did not look at every pending notice (the warnings above say why); \
+             it queued {} line(s) for the manager:",
+            picked.queued
+        ))?;
+    }
     for q in s.queue.peek(manager) {
         if !queued_before.contains(&q) {
             n.detail(&format!("  {}", q.text))?;
         }
     }
     Ok(())
+}
+
+/// A store error as the narration says it: one line, whatever it holds.
+fn said(e: &StoreError) -> String {
+    crate::log::one_line(&ErrorChain(e).to_string())
+}
+
+/// The cursors of `watcher` with a notice pending, before its turn ([`acknowledged`]).
+async fn pending(svc: &Awareness, watcher: &SessionKey) -> Result<Vec<Cursor>, StoreError> {
+    let filter = CursorFilter {
+        watcher: Some(watcher.clone()),
+        pending_only: true,
+        ..CursorFilter::default()
+    };
+    svc.store().cursors(&filter).await
+}
+
+/// Whether the turn `watcher` just took acknowledged the notices it read, those of the cursors
+/// `before` it: the adapter's turn carries on past an acknowledgement that failed (it logs it,
+/// and the notices stay pending), so the cursors are read back. An acknowledgement moves the
+/// cursor's `last_seen` up (to the notice it read); one that did not commit leaves it where it
+/// was. `Err` says what went wrong.
+async fn acknowledged(
+    svc: &Awareness,
+    watcher: &SessionKey,
+    before: Result<Vec<Cursor>, StoreError>,
+) -> Result<(), String> {
+    let filter = CursorFilter {
+        watcher: Some(watcher.clone()),
+        ..CursorFilter::default()
+    };
+    let after = match before {
+        Ok(before) => svc
+            .store()
+            .cursors(&filter)
+            .await
+            .map(|after| (before, after)),
+        Err(e) => Err(e),
+    };
+    let (before, after) =
+        after.map_err(|e| format!("the acknowledgement cannot be checked: {}", said(&e)))?;
+    let unmoved = before
+        .iter()
+        .filter(|b| {
+            !after.iter().any(|a| {
+                a.target == b.target
+                    && a.target_agent == b.target_agent
+                    && a.last_seen > b.last_seen
+            })
+        })
+        .count();
+    if unmoved == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the acknowledgement did not commit: {unmoved} notice(s) it read still pending \
+             (the warnings above say why)"
+        ))
+    }
+}
+
+/// Whether the start-up sweep re-delivered the notice of every pending cursor whose watcher
+/// `dir` knows (what it re-freezes): the adapter answers 0 for a sweep that failed (it logs
+/// it), so the cursors are read back. A sweep re-freezes cursors without acknowledging them,
+/// so as many stay pending as it re-delivered. `Err` says what went wrong.
+async fn swept(
+    svc: &Awareness,
+    dir: &dyn SessionDirectory,
+    redelivered: usize,
+) -> Result<(), String> {
+    let exists = |w: &awareness_core::WatcherKey| dir.exists(w.session_key());
+    match svc.store().pending_of(&exists).await {
+        Ok(pending) if pending.len() == redelivered => Ok(()),
+        Ok(pending) => Err(format!(
+            "the sweep failed: {} notice(s) pending, {redelivered} re-delivered \
+             (the warnings above say why)",
+            pending.len()
+        )),
+        Err(e) => Err(format!("the sweep cannot be checked: {}", said(&e))),
+    }
 }
 
 /// The `changesSince` of the first queued notice (what the manager reads).
@@ -416,4 +571,180 @@ fn first_since(queued: &[gateway_adapter::QueuedEntry]) -> u64 {
         .and_then(|q| q.text.rsplit(' ').next())
         .and_then(|n| n.trim_end_matches('.').parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use awareness_core::async_trait;
+    use awareness_core::testkit::failing::Failing;
+    use awareness_core::testkit::hooked::{Call, Hook, Hooked};
+    use clap::Parser as _;
+
+    use super::*;
+
+    /// Refuses `times` of the store's `call`s, from the moment `foreign_commits` has been asked
+    /// `after_questions` times, as a store failing at that step would; with `other_writer`, it
+    /// plays another process writing to the store (a new answer to every question).
+    struct Refuse {
+        call: Call,
+        after_questions: usize,
+        times: usize,
+        other_writer: bool,
+        questions: AtomicUsize,
+        refused: AtomicUsize,
+    }
+
+    impl Refuse {
+        /// Refuses every `call`.
+        fn every(call: Call) -> Self {
+            Self {
+                call,
+                after_questions: 0,
+                times: usize::MAX,
+                other_writer: false,
+                questions: AtomicUsize::new(0),
+                refused: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Hook for Refuse {
+        async fn before(&self, call: Call, _: &dyn AwarenessStore) {
+            if call == Call::ForeignCommits {
+                self.questions.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+
+        fn refuse(&self, call: Call) -> Option<StoreError> {
+            if call != self.call || self.questions.load(Ordering::SeqCst) < self.after_questions {
+                return None;
+            }
+            if self.refused.fetch_add(1, Ordering::SeqCst) >= self.times {
+                return None;
+            }
+            Some(Failing::new("refused by the test").error("a call the test refuses"))
+        }
+
+        fn foreign_commits(&self) -> Option<u64> {
+            self.other_writer
+                .then(|| self.questions.load(Ordering::SeqCst) as u64)
+        }
+    }
+
+    /// The demo on a store in memory behind `hook`: its narration, and the failure it ends with
+    /// (the steps it missed), which it must.
+    async fn demo_failing(hook: Refuse) -> (String, String) {
+        let cli = Cli::try_parse_from(["awareness", "--store", "memory:", "demo"]).unwrap();
+        let inner = gateway_adapter::open_store("memory:").await.unwrap();
+        let store: Arc<dyn AwarenessStore> = Arc::new(Hooked { inner, hook });
+        let mut open = Some(store);
+        let mut out = Vec::new();
+        let done = narrate(&cli, &StoreUrl::Memory, &mut open, &mut out).await;
+        let out = String::from_utf8(out).unwrap();
+        let e = done.expect_err(&format!("the demo exited 0 on a failing store:\n{out}"));
+        assert_eq!(e.code, crate::EXIT_FAILURE, "{}", e.message);
+        assert!(
+            out.contains("final session_status"),
+            "the story is told to the end: {out}"
+        );
+        (out, e.message)
+    }
+
+    /// The missed steps the failure counts.
+    fn missed(message: &str, steps: usize) -> bool {
+        message.contains(&format!("{steps} step(s) did not happen"))
+    }
+
+    /// A turn whose acknowledgement the store refuses is not narrated as acknowledged: the
+    /// adapter's turn returns the lines either way, and the demo read no cursor back.
+    #[tokio::test]
+    async fn an_acknowledgement_that_failed_is_a_missed_step() {
+        let (out, e) = demo_failing(Refuse::every(Call::Acknowledge)).await;
+        assert!(!out.contains("acknowledged them"), "{out}");
+        assert!(!out.contains("nothing is left pending"), "{out}");
+        assert_eq!(
+            out.matches(
+                "but the acknowledgement did not commit: 1 notice(s) it read still pending"
+            )
+            .count(),
+            2,
+            "both turns: {out}"
+        );
+        assert!(missed(&e, 2), "{e}");
+    }
+
+    /// A `session_status` that came back `unavailable` (the page could not be read) is said so
+    /// and is a missed step, at the reconcile and at the final status alike.
+    #[tokio::test]
+    async fn a_status_that_came_back_unavailable_is_a_missed_step() {
+        let (out, e) = demo_failing(Refuse::every(Call::ChangesSince)).await;
+        assert!(out.contains("changesSince 1: unavailable"), "{out}");
+        assert!(
+            out.contains("unavailable: the store could not be read"),
+            "{out}"
+        );
+        assert!(missed(&e, 2), "{e}");
+    }
+
+    /// A start-up sweep that failed is not narrated as one that "re-delivered 0 notice(s)".
+    #[tokio::test]
+    async fn a_sweep_that_failed_is_a_missed_step() {
+        let (out, e) = demo_failing(Refuse::every(Call::Refreeze)).await;
+        assert!(!out.contains("sweep re-delivered"), "{out}");
+        assert!(
+            out.contains("the sweep failed: 1 notice(s) pending, 0 re-delivered"),
+            "{out}"
+        );
+        assert!(missed(&e, 1), "{e}");
+    }
+
+    /// A start-up pruning pass that failed is not narrated as one that deleted nothing.
+    #[tokio::test]
+    async fn a_pruning_pass_that_failed_is_a_missed_step() {
+        let (out, e) = demo_failing(Refuse::every(Call::PruneChunk)).await;
+        assert!(out.contains("start-up: the pruning pass failed"), "{out}");
+        assert!(!out.contains("event(s) deleted"), "{out}");
+        assert!(missed(&e, 1), "{e}");
+    }
+
+    /// A store that cannot be asked whether another process writes to it is not said to have
+    /// one writer.
+    #[tokio::test]
+    async fn a_question_the_store_cannot_answer_is_not_one_writer() {
+        let (out, e) = demo_failing(Refuse::every(Call::ForeignCommits)).await;
+        assert!(!out.contains("has one writer"), "{out}");
+        assert!(
+            out.contains("cannot ask the store whether other processes write to it"),
+            "{out}"
+        );
+        assert!(out.contains("refused by the test"), "{out}");
+        assert!(missed(&e, 1), "{e}");
+    }
+
+    /// A pick-up that did not look at every pending notice (its read of the cursors failed) is
+    /// said so and is a missed step.
+    #[tokio::test]
+    async fn an_incomplete_pick_up_is_a_missed_step() {
+        let (out, e) = demo_failing(Refuse {
+            // The first read of the cursors after the second question: the pick-up's.
+            after_questions: 2,
+            times: 1,
+            other_writer: true,
+            ..Refuse::every(Call::Cursors)
+        })
+        .await;
+        assert!(
+            out.contains("another writer committed: yes"),
+            "another writer is played: {out}"
+        );
+        assert!(
+            out.contains("its pick-up did not look at every pending notice"),
+            "{out}"
+        );
+        assert!(!out.contains("asks to wake it"), "{out}");
+        assert!(missed(&e, 1), "{e}");
+    }
 }

@@ -10,15 +10,20 @@
 //! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
 //! a store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database
 //! it reads). Only `record`, `watch`, `adopt` and `demo` create a missing store; every other
-//! command refuses one with a failure naming the path, and creates nothing. Every command
+//! command refuses one with a failure naming the path, and creates nothing. A `memory:` store
+//! lives only as long as the command: the demo (self-contained) and the read commands take it,
+//! and every other command refuses it as a usage error (what it wrote would be gone when it
+//! ends; `tail --follow` would wait for a store nothing else can write to). Every command
 //! checks its input before it opens its store, so bad input is a usage error whether or not the
-//! store exists, and it creates or migrates nothing. Errors are one line on stderr: exit code 2
-//! for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a missing file, an
-//! unknown session, a problem `doctor` found). A write whose output then cannot be printed
-//! says that it was done. Output whose reader has gone (`awareness tail --follow | head`) ends
-//! the command with exit code 141 ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools:
-//! silently for a read command and the demo, saying what was done for any other write. Error and `monitor` lines escape
-//! control characters, so each stays one line.
+//! store exists, and it creates or migrates nothing; so are flags that contradict each other
+//! (`--json demo`, a `record --watcher` its kind or session would drop). Errors are one line on
+//! stderr: exit code 2 for usage errors (bad flags, a bad store URL, bad input), 1 for failures
+//! (a missing file, an unknown session, a problem `doctor` found, a step the demo narrates that
+//! did not happen). A write whose output then cannot be printed says that it was done. Output
+//! whose reader has gone (`awareness tail --follow | head`) ends the command with exit code 141
+//! ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools: silently for a read command and the
+//! demo, saying what was done for any other write. Error lines (clap's included, what was typed
+//! escaped within them) and `monitor` lines escape control characters, so each stays one line.
 //!
 //! The binary shows the warnings the libraries log on stderr, through [`log::Logger`]
 //! (`AWARENESS_LOG` sets the level).
@@ -71,12 +76,13 @@ pub const DEFAULT_STORE: &str = "sqlite://awareness.db";
     about = "Session state awareness: demo and operator tools"
 )]
 pub struct Cli {
-    /// The store: sqlite:///path (default: ./awareness.db), redb:///path or memory:.
+    /// The store: sqlite:///path (default: ./awareness.db), redb:///path or memory: (the demo
+    /// and read commands only: it lives as long as the command).
     #[arg(long, global = true, default_value = DEFAULT_STORE)]
     pub store: String,
     /// Print JSON instead of text (every command that prints a result; `monitor` and `tail`
     /// print one JSON object per line, per detection or event, and nothing when there is none;
-    /// `demo`, a narration, prints text either way).
+    /// `demo`, a narration, refuses it).
     #[arg(long, global = true)]
     pub json: bool,
     /// What to do.
@@ -246,25 +252,10 @@ where
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
-            let text = e.render().to_string();
             if code == 0 {
-                let _ = write!(out, "{text}");
+                let _ = write!(out, "{}", e.render());
             } else {
-                // One clear line: clap's first paragraph (the problem, and for a missing
-                // argument its name on the lines after) joined; without a command, clap
-                // shows the help, whose first paragraph is no error.
-                let problem = if e.kind()
-                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-                {
-                    "error: a command is required".to_owned()
-                } else {
-                    text.lines()
-                        .map(str::trim)
-                        .take_while(|l| !l.is_empty())
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                };
-                let _ = writeln!(err, "{problem} (see awareness --help)");
+                let _ = writeln!(err, "{} (see awareness --help)", parse_problem(e));
             }
             return code;
         }
@@ -281,4 +272,49 @@ where
             e.code
         }
     }
+}
+
+/// One clear line for clap's parse error `e`: its first paragraph (the problem, and for a
+/// missing argument its name on the lines after) joined; without a command, clap shows the
+/// help, whose first paragraph is no error. What the user typed (a value, an argument) is
+/// escaped as every error line escapes it ([`log::one_line`], [`table::printable`]) before the
+/// message is made, so a line break in it neither cuts the reason short nor starts a line.
+fn parse_problem(mut e: clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        return "error: a command is required".to_owned();
+    }
+    let escape = |s: &str| table::printable(&log::one_line(s)).into_owned();
+    let escaped: Vec<(ContextKind, ContextValue)> = e
+        .context()
+        .filter_map(|(kind, value)| {
+            let value = match value {
+                ContextValue::String(s) => ContextValue::String(escape(s)),
+                ContextValue::Strings(v) => {
+                    ContextValue::Strings(v.iter().map(|s| escape(s)).collect())
+                }
+                // The usage is clap's own lines, after the first paragraph.
+                ContextValue::StyledStr(s) if kind != ContextKind::Usage => {
+                    ContextValue::StyledStr(escape(&s.to_string()).into())
+                }
+                ContextValue::StyledStrs(v) => ContextValue::StyledStrs(
+                    v.iter().map(|s| escape(&s.to_string()).into()).collect(),
+                ),
+                _ => return None,
+            };
+            Some((kind, value))
+        })
+        .collect();
+    for (kind, value) in escaped {
+        e.insert(kind, value);
+    }
+    let text = e.render().to_string();
+    let first = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    // Whatever clap adds of its own (a value parser's reason) is escaped too.
+    table::printable(&log::one_line(&first)).into_owned()
 }

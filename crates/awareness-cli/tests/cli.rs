@@ -1421,3 +1421,181 @@ fn an_error_naming_a_path_with_a_line_break_is_one_line() {
         stderr(&o)
     );
 }
+
+/// A parse error whose value holds a blank line keeps its whole reason on one line: clap's
+/// message was cut at its first blank line (`invalid value '1`), and the line breaks and
+/// escape sequences of what was typed reached the terminal as they were.
+#[test]
+fn a_parse_error_keeps_its_whole_reason_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (value, shown) in [
+        ("1\n\nx", "'1\\n\\nx'"),
+        ("\u{1b}[31mred", "'\\u{1b}[31mred'"),
+        ("1\u{202E}2", "'1\\u202E2'"),
+    ] {
+        let o = run_in(dir.path(), &["tail", "--after", value]);
+        assert_usage(&o, &format!("{value:?}"));
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("invalid value {shown} for '--after <AFTER>'"))
+                && err.contains("invalid digit found in string")
+                && err.ends_with(" (see awareness --help)\n"),
+            "{value:?}: {err}"
+        );
+        assert!(
+            !err.contains(['\u{1b}', '\u{202E}']),
+            "{value:?}: an escape sequence reached the terminal: {err:?}"
+        );
+    }
+    // So is an unknown argument, and clap's own lines are still joined.
+    let o = run_in(dir.path(), &["list", "--bo\n\ngus"]);
+    assert_usage(&o, "an unknown argument with a blank line");
+    assert!(
+        stderr(&o).contains("unexpected argument '--bo\\n\\ngus' found"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(dir.path(), &["status"]);
+    assert_usage(&o, "a missing argument");
+    assert!(
+        stderr(&o).contains("were not provided: <KEY> (see awareness --help)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// On `memory:`, a store that lives only as long as the command, the write commands reported
+/// success for what was thrown away when they ended, and `monitor` and `tail --follow` waited
+/// for a store nothing else can write to: each is now a usage error saying why. The demo (self
+/// contained) and the read commands still run on it.
+#[test]
+fn memory_is_refused_where_it_would_lose_what_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.jsonl"), "{}\n").unwrap();
+    let mut wrong = Vec::new();
+    for args in [
+        &[
+            "record",
+            "--session",
+            "agent:main:x",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "x",
+        ][..],
+        &["watch", "agent:main:main", "agent:main:x"][..],
+        &["unwatch", "agent:main:main", "agent:main:x"][..],
+        &["ack", "agent:main:main", "agent:main:x"][..],
+        &["sweep"][..],
+        &["prune"][..],
+        &["adopt", "agent:main:x", "--file", "t.jsonl"][..],
+        &["monitor", "--first-tick-secs", "0"][..],
+        &["tail", "--follow"][..],
+        &["repair"][..],
+    ] {
+        let all = [&["--store", "memory:"][..], args].concat();
+        match run_guarded(dir.path(), &all) {
+            None => wrong.push(format!("{args:?}: still running after a minute")),
+            Some(o) => {
+                let err = stderr(&o);
+                let why = if args[0] == "repair" {
+                    "memory: holds no file to repair"
+                } else {
+                    "memory: lives only as long as this command"
+                };
+                if o.status.code() != Some(2) || err.lines().count() != 1 || !err.contains(why) {
+                    wrong.push(format!(
+                        "{args:?}: exit {:?}, stdout {:?}, stderr {err:?}",
+                        o.status.code(),
+                        stdout(&o)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    for args in [
+        &["demo"][..],
+        &["list"][..],
+        &["cursors"][..],
+        &["tail"][..],
+        &["doctor"][..],
+        &["prune", "--dry-run"][..],
+    ] {
+        let o = run_in(dir.path(), &[&["--store", "memory:"][..], args].concat());
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["t.jsonl"], "memory: wrote no file");
+}
+
+/// Flags that contradict each other were accepted and one was dropped without a word: a
+/// watcher named on a log-only kind (which notifies nobody) or on the session itself (which
+/// never watches itself) made no cursor, and `--json demo` printed text. Each is a usage
+/// error now, before any store is created; a watcher a notify kind takes still works.
+#[test]
+fn flags_that_would_be_dropped_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = |kind: &str, watcher: &str| {
+        run_in(
+            dir.path(),
+            &[
+                "record",
+                "--session",
+                "agent:main:x",
+                "--kind",
+                kind,
+                "--summary",
+                "s",
+                "--watcher",
+                watcher,
+            ],
+        )
+    };
+    for kind in [
+        "run_completed",
+        "run_failed",
+        "compacted",
+        "adopted",
+        "created",
+    ] {
+        let o = record(kind, "agent:main:main");
+        assert_usage(&o, kind);
+        assert!(
+            stderr(&o).contains(&format!("--watcher: a {kind} event is log-only")),
+            "{kind}: {}",
+            stderr(&o)
+        );
+    }
+    for kind in ["goal_changed", "child_spawned"] {
+        let o = record(kind, "agent:main:x");
+        assert_usage(&o, &format!("{kind} watched by its own session"));
+        assert!(
+            stderr(&o).contains("--watcher: session \"agent:main:x\" cannot watch itself"),
+            "{kind}: {}",
+            stderr(&o)
+        );
+    }
+    let o = run_in(dir.path(), &["--json", "demo"]);
+    assert_usage(&o, "--json demo");
+    assert!(
+        stderr(&o).contains("demo prints a narration, never JSON"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o), "", "--json demo printed text");
+    assert!(
+        !dir.path().join("awareness.db").exists(),
+        "a refused command created the store"
+    );
+    let o = record("goal_changed", "agent:main:main");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("agent:main:main <- "),
+        "the named watcher is notified: {}",
+        stdout(&o)
+    );
+}

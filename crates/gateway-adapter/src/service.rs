@@ -1698,10 +1698,11 @@ impl Awareness {
     /// Removes a watch; `true` when one existed.
     ///
     /// It removes the cursor, as DESIGN.md section 4 says; it does not stop a producer from
-    /// naming the watcher again. A child's spawner (or parent) is named by every notifying
-    /// event on the child whose directory entry says so ([`SessionEntry::spawned_by`]), as
-    /// DESIGN.md has producers name watchers: after an unwatch, the child's next such event
-    /// gives the spawner a cursor from the start again, and a notice.
+    /// naming the watcher again. A child's spawner (or parent) is named by the child's human
+    /// messages and goal changes when its directory entry says so ([`SessionEntry::spawned_by`]),
+    /// as DESIGN.md has producers name watchers: after an unwatch, the child's next such event
+    /// (unless the spawner caused it) gives the spawner a cursor from the start again, and a
+    /// notice.
     pub async fn unwatch(&self, watcher: &SessionKey, target: &SessionKey) -> bool {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
             return false;

@@ -840,6 +840,59 @@ mod tests {
         runtime.block_on(store.close());
     }
 
+    /// A check after a panicked group commit that panics too (redb's lock poisoned by the
+    /// first panic, say) is caught, and latches the handle: the batch's callers are answered,
+    /// the drain goes on, and the next write says to reopen the file. The second panic
+    /// unwound out of the drain, failing every queued job, and left the handle unlatched.
+    #[test]
+    fn a_check_that_panics_after_a_panicked_commit_latches_the_handle() {
+        let (_dir, runtime, store) = on_one_thread();
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        let now = Timestamp(1_800_000_000_000);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        let event = NewEvent::new(
+            at.clone(),
+            EventKind::Compacted,
+            ActorType::System,
+            super::COMMIT_PANICS_IN_TESTS,
+        );
+        let (reply2, mut answer2) = tokio::sync::oneshot::channel();
+        let event2 = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
+        store
+            .writer
+            .shared()
+            .check_panics
+            .store(true, std::sync::atomic::Ordering::Release);
+        let jobs = vec![
+            super::Job { event, now, reply },
+            super::Job {
+                event: event2,
+                now,
+                reply: reply2,
+            },
+        ];
+        let answers =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
+                .expect("the batch's callers are answered");
+        super::answer(answers);
+        for answer in [&mut answer, &mut answer2] {
+            answer
+                .try_recv()
+                .expect("answered")
+                .expect_err("not committed");
+        }
+        let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");
+        let err = runtime
+            .block_on(store.record(ok, now))
+            .expect_err("the handle is latched");
+        let chain = awareness_core::error::ErrorChain(&err).to_string();
+        assert!(
+            chain.contains("reopened") && chain.contains("the check's own panic"),
+            "{chain}"
+        );
+        runtime.block_on(store.close());
+    }
+
     /// A lone recording that panics, and a write that panics, each fail their own caller with
     /// an error naming the file, and the drain goes on: a panic there ended the drain, whose
     /// queued jobs then all failed, and its own caller was told only that the writer stopped.

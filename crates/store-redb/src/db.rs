@@ -123,6 +123,10 @@ pub(crate) struct Shared {
     /// Flushes that found a commit had stood in for them (tests).
     #[cfg(test)]
     stood_in: AtomicU64,
+    /// Makes the next check after a failed write panic while it begins its transaction, as
+    /// redb does once a lock of its is poisoned (tests).
+    #[cfg(test)]
+    pub(crate) check_panics: AtomicBool,
     /// Held by a flush from claiming the pending commits until its durable commit is done, so
     /// that a second flush cannot find nothing pending and return before the first is durable.
     flushing: Mutex<()>,
@@ -163,8 +167,8 @@ impl Shared {
     }
 
     /// The database, for a write: [`StoreError::ReadOnly`] when the file is open read-only,
-    /// and a [`StoreError::Backend`] saying so once a write failed with an I/O error
-    /// ([`Shared::commit_failed`]).
+    /// and a [`StoreError::Backend`] saying so once a write failed in a way redb refuses every
+    /// later write for ([`Shared::commit_failed`]).
     pub(crate) fn for_write(&self, what: &str) -> Result<&Database, StoreError> {
         let db = self.writable().ok_or_else(|| self.read_only(what))?;
         if self.write_failed.load(Ordering::Acquire) {
@@ -196,7 +200,8 @@ impl Shared {
         self.write_failed.store(true, Ordering::Release);
     }
 
-    /// Whether a write failed on this database with an I/O error ([`Shared::write_failed`]).
+    /// Whether a write failed on this database in a way redb refuses every later write for
+    /// ([`Shared::write_failed`]).
     pub(crate) fn needs_reopen(&self) -> bool {
         self.write_failed.load(Ordering::Acquire)
     }
@@ -216,19 +221,35 @@ impl Shared {
         }
     }
 
-    /// After a write failed: records whether redb has latched an I/O failure (it then refuses
-    /// every write transaction), so that the next write says to reopen and a new open in this
-    /// process does not share the database. Costs one write transaction begun and aborted, on
-    /// a failure path only. Blocking.
+    /// After a write failed: records whether redb now refuses every write transaction (an I/O
+    /// failure it latched, its allocator state discarded by a commit that panicked), so that
+    /// the next write says to reopen and a new open in this process does not share the
+    /// database. Costs one write transaction begun and aborted, on a failure path only. A
+    /// panic while beginning it (a lock of redb's poisoned by the first panic) counts as such
+    /// a refusal, and is caught: this runs where a panic is handled, and a second one would
+    /// unwind out of the writer's drain. Blocking.
     pub(crate) fn check_after_failure(&self) {
         if self.needs_reopen() {
             return;
         }
         if let Some(db) = self.writable() {
-            match db.begin_write() {
-                Ok(txn) => drop(txn.abort()),
-                Err(e) if latched(&e) => self.commit_failed(&e),
-                Err(_) => {}
+            let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                #[cfg(test)]
+                assert!(
+                    !self.check_panics.swap(false, Ordering::AcqRel),
+                    "the check's own panic"
+                );
+                match db.begin_write() {
+                    Ok(txn) => drop(txn.abort()),
+                    Err(e) if latched(&e) => self.commit_failed(&e),
+                    Err(_) => {}
+                }
+            }));
+            if let Err(panic) = begun {
+                self.commit_failed(&format_args!(
+                    "beginning a write transaction panicked: {}",
+                    awareness_core::error::panic_message(&*panic)
+                ));
             }
         }
     }
@@ -949,7 +970,7 @@ pub(crate) fn open_shared(
         if let Some(shared) = entry.shared.upgrade() {
             let refused = if shared.needs_reopen() {
                 Some(
-                    "a write failed on it in this process with an I/O error, and redb refuses every write until it is reopened: close every handle on it first"
+                    "a write failed on it in this process (an I/O error, or a commit that panicked), and redb refuses every write until it is reopened: close every handle on it first"
                         .to_owned(),
                 )
             } else if mode == Mode::ReadOnly {
@@ -1023,6 +1044,8 @@ pub(crate) fn open_shared(
         flush_pending: AtomicU64::new(0),
         #[cfg(test)]
         stood_in: AtomicU64::new(0),
+        #[cfg(test)]
+        check_panics: AtomicBool::new(false),
         flushing: Mutex::new(()),
         live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),
@@ -1147,7 +1170,7 @@ impl Flusher {
                         Err(_) if shared.needs_reopen() && said_unwritable => {}
                         Err(e) if shared.needs_reopen() => {
                             said_unwritable = true;
-                            error!(path = ?shared.path, error = %awareness_core::error::ErrorChain(&e), "a write failed on this file with an I/O error: the non-durable commits since the last flush cannot be made durable, and are lost when the process stops; close every handle on it and open it again");
+                            error!(path = ?shared.path, error = %awareness_core::error::ErrorChain(&e), "a write failed on this file (an I/O error, or a commit that panicked): the non-durable commits since the last flush cannot be made durable, and are lost when the process stops; close every handle on it and open it again");
                         }
                         Err(e) if stopping => {
                             warn!(path = ?shared.path, error = %awareness_core::error::ErrorChain(&e), "last flush of a closing handle's non-durable commits failed; they become durable with the next durable commit or when the file closes");

@@ -152,8 +152,8 @@
 //! transaction per recording. A write or a recording that panics (redb meeting a damaged page,
 //! say) fails only its own caller, with the panic's message and the file, and the drain goes
 //! on with the rest; redb marks the file for repair, which the next read-write open makes.
-//! After an I/O failure, which redb keeps refusing writes for until the file is reopened, every
-//! later refusal repeats the first failure's cause. Every error after open names the file
+//! After an I/O failure or a commit that panicked, which redb keeps refusing writes for until
+//! the file is reopened, every later refusal repeats the first failure's cause. Every error after open names the file
 //! ([`StoreError::in_store`](awareness_core::StoreError::in_store)).
 //!
 //! ## Key layout
@@ -437,8 +437,8 @@ impl RedbStore {
     }
 
     /// Opens the store at `path` with `options`. Opening a file this process already has open
-    /// shares its database, unless a write failed on it with an I/O error (redb then writes
-    /// nothing more until it is reopened): that open, read-only or not, is refused while other
+    /// shares its database, unless a write failed on it with an I/O error or a commit panicked
+    /// (redb then writes nothing more until it is reopened): that open, read-only or not, is refused while other
     /// handles keep it open, and waits for it to close otherwise. A file open in another
     /// process, a file that is not a redb database of this store, or a missing file with
     /// `create_if_missing` off is a [`StoreError::Open`] naming the file, and its data are left

@@ -209,18 +209,23 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
     // A write-ahead log or a rollback journal beside a path that holds no database (its
     // database deleted after a process was killed before folding the log back or rolling the
     // journal back, or while one still writes into the deleted file): SQLite would read it into
-    // the new store as that store's own pages (a journal is played back over any file that is
-    // not empty, and the new store is complete before SQLite first opens it at `path`). The
-    // path is looked at after them: another opener creating the store at the same moment links
-    // it there before its log exists, so its log is never taken for a stray one.
+    // the new store as that store's own pages (a journal whose first byte is not zero, SQLite's
+    // test of a live one, is played back over any database file that is not empty, and the new
+    // store is complete before SQLite first opens it at `path`). A journal left zeroed or
+    // empty (`journal_mode=PERSIST` or `TRUNCATE`) is ignored by SQLite, and here. The path is
+    // looked at after them: another opener creating the store at the same moment links it
+    // there before its log exists, so its log is never taken for a stray one.
     for (suffix, what) in [
         ("-wal", "write-ahead log"),
         ("-journal", "rollback journal"),
     ] {
         let left = companion(path, suffix);
-        if std::fs::metadata(&left).is_ok_and(|m| m.len() > 0)
-            && std::fs::symlink_metadata(path).is_err()
-        {
+        let live = if suffix == "-journal" {
+            first_byte_set(&left)
+        } else {
+            std::fs::metadata(&left).is_ok_and(|m| m.len() > 0)
+        };
+        if live && std::fs::symlink_metadata(path).is_err() {
             return Err(error::open(
                 path,
                 format!(
@@ -262,6 +267,13 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
             }
         }
     }
+}
+
+/// Whether the file at `path` can be read and its first byte is not zero.
+fn first_byte_set(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut first = [0u8; 1];
+    std::fs::File::open(path).is_ok_and(|mut f| f.read_exact(&mut first).is_ok() && first[0] != 0)
 }
 
 /// Writes the schema, then switches to WAL, in the file `staged` nobody else knows. In that

@@ -723,7 +723,8 @@ fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
         ev.payload = Some(validate::payload_from_value(v).map_err(|e| invalid(&e))?);
     }
     // A named watcher the kind would drop is refused, not silently ignored: a log-only kind
-    // notifies nobody, and a session never watches itself.
+    // notifies nobody, a session never watches itself, and a notifying event is not news to
+    // the watcher that made it (self-suppression writes nothing for it; a seed is kept).
     if !args.watcher.is_empty() && ev.kind.class() == KindClass::LogOnly {
         return Err(CliError::usage(format!(
             "--watcher: a {} event is log-only and notifies no watcher (only \
@@ -735,6 +736,12 @@ fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
         let w = watcher("--watcher", w)?;
         protocol::check_watch(w.session_key(), &k)
             .map_err(|e| CliError::usage(format!("--watcher: {e}")))?;
+        if ev.kind.class() == KindClass::Notify && ev.actor_id.as_deref() == Some(w.as_str()) {
+            return Err(CliError::usage(format!(
+                "--watcher {w}: it is the event's --actor-id, and a session is not notified of \
+                 its own change (nothing would be written for it)"
+            )));
+        }
         ev.watchers.push(w);
     }
     ev.validate().map_err(|e| invalid(&e))?;

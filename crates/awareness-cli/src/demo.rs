@@ -295,7 +295,7 @@ async fn narrate(
     let acked = acknowledged(&s.svc, &manager, before).await;
     match n.check(acked) {
         Ok(()) => n.detail(&format!(
-            "the manager's next turn drains {} line(s); nothing is left pending",
+            "the manager's next turn drains {} line(s) and acknowledges the notices it read",
             drained.len()
         ))?,
         Err(why) => n.detail(&format!(
@@ -655,7 +655,7 @@ mod tests {
 
     /// The missed steps the failure counts.
     fn missed(message: &str, steps: usize) -> bool {
-        message.contains(&format!("{steps} step(s) did not happen"))
+        message.contains(&format!(": {steps} step(s) did not happen"))
     }
 
     /// A turn whose acknowledgement the store refuses is not narrated as acknowledged: the
@@ -664,7 +664,7 @@ mod tests {
     async fn an_acknowledgement_that_failed_is_a_missed_step() {
         let (out, e) = demo_failing(Refuse::every(Call::Acknowledge)).await;
         assert!(!out.contains("acknowledged them"), "{out}");
-        assert!(!out.contains("nothing is left pending"), "{out}");
+        assert!(!out.contains("acknowledges the notices it read"), "{out}");
         assert_eq!(
             out.matches(
                 "but the acknowledgement did not commit: 1 notice(s) it read still pending"

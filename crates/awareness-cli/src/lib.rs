@@ -1,8 +1,8 @@
 //! # awareness-cli
 //!
 //! The `awareness` command: `awareness demo` shows session state awareness working end to end on
-//! the embedded default store, and the operator commands inspect and repair any state database
-//! (`sqlite:///path`, `redb:///path`, `memory:`), including one written by OpenClaw.
+//! the embedded default store (or `memory:`), and the operator commands inspect and repair any
+//! state database (`sqlite:///path`, `redb:///path`), including one written by OpenClaw.
 //!
 //! `awareness adopt` links a Claude Code transcript to a session and `awareness monitor` then
 //! reports (and records) human turns typed straight into it, until Ctrl-C.

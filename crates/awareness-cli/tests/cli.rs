@@ -1579,6 +1579,38 @@ fn flags_that_would_be_dropped_are_refused() {
             stderr(&o)
         );
     }
+    // A notifying event's own actor named as its watcher: self-suppression writes nothing for
+    // it. A seed is kept (a spawner that spawns its child is the actor of `child_spawned`).
+    let by_watcher = |dir: &Path, kind: &str| {
+        run_in(
+            dir,
+            &[
+                "record",
+                "--session",
+                "agent:main:x",
+                "--kind",
+                kind,
+                "--summary",
+                "s",
+                "--actor-type",
+                "agent",
+                "--actor-id",
+                "agent:main:main",
+                "--watcher",
+                "agent:main:main",
+            ],
+        )
+    };
+    let o = by_watcher(dir.path(), "goal_changed");
+    assert_usage(&o, "goal_changed watched by its actor");
+    assert!(
+        stderr(&o).contains("it is the event's --actor-id"),
+        "{}",
+        stderr(&o)
+    );
+    let seeded = tempfile::tempdir().unwrap();
+    let o = by_watcher(seeded.path(), "child_spawned");
+    assert_eq!(o.status.code(), Some(0), "a seed: {}", stderr(&o));
     let o = run_in(dir.path(), &["--json", "demo"]);
     assert_usage(&o, "--json demo");
     assert!(

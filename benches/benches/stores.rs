@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use awareness_benches::{
@@ -39,6 +39,12 @@ fn run<T>(rt: &Runtime, b: &Backend, f: impl std::future::Future<Output = T>) ->
 /// Keeps a store at the data set's size while a bench that records runs, as the row cap does in
 /// a gateway: every fifth of the data set's size in recordings a pruning pass down to that size
 /// runs in the un-measured set-up.
+///
+/// Under `--test` a bench records once or a few times, which never reaches a fifth of the data
+/// set: there a pass runs before every recording instead, so each bench that has one runs it at
+/// least once, down to one row below the data set's size, so that every pass (the first one
+/// included) has rows to delete, and each pass is checked to delete exactly the rows above the
+/// cap. A real run is unchanged.
 struct Capped {
     policy: RetentionPolicy,
     every: usize,
@@ -47,12 +53,17 @@ struct Capped {
 
 impl Capped {
     fn new(data: Dataset) -> Self {
+        let (max_rows, every) = if test_mode() {
+            (data.events() - 1, 1)
+        } else {
+            (data.events(), (data.events() / 5).max(1))
+        };
         Self {
             policy: RetentionPolicy {
-                max_rows: data.events() as u64,
+                max_rows: max_rows as u64,
                 ..RetentionPolicy::default()
             },
-            every: (data.events() / 5).max(1),
+            every,
             recorded: AtomicUsize::new(0),
         }
     }
@@ -62,9 +73,35 @@ impl Capped {
     fn before(&self, rt: &Runtime, b: &Backend, n: usize) -> usize {
         let before = self.recorded.fetch_add(n, Ordering::Relaxed);
         if before / self.every != (before + n) / self.every {
-            run(rt, b, b.store.prune(&self.policy, T0)).expect("prune");
+            self.pass(rt, b);
         }
         before
+    }
+
+    /// One pruning pass down to the cap; under `--test`, checked against the rows before it
+    /// (some above the cap, all of those deleted, and no other) and reported.
+    fn pass(&self, rt: &Runtime, b: &Backend) {
+        if !test_mode() {
+            run(rt, b, b.store.prune(&self.policy, T0)).expect("prune");
+            return;
+        }
+        let rows = run(rt, b, b.store.log_stats()).expect("log stats").rows;
+        let report = run(rt, b, b.store.prune(&self.policy, T0)).expect("prune");
+        let after = run(rt, b, b.store.log_stats()).expect("log stats").rows;
+        let excess = rows.saturating_sub(self.policy.max_rows);
+        assert!(
+            excess > 0,
+            "{rows} rows: none above the cap for the pass to delete"
+        );
+        assert_eq!(
+            report.events_by_cap, excess,
+            "the pass pruned the rows above the cap"
+        );
+        assert_eq!(after, rows - excess, "the log is at the cap");
+        println!(
+            "row cap pass on {}: {rows} rows, {excess} pruned, {after} left",
+            b.name
+        );
     }
 }
 
@@ -197,7 +234,11 @@ fn sessions_list(c: &mut Criterion) {
 }
 
 /// `acknowledge`: a watcher acknowledges its pending notice on one session (the material event
-/// that made it pending is recorded in the un-measured set-up).
+/// that made it pending is recorded in the un-measured set-up). `acknowledge` returns only the
+/// follow-up notices (none here), so whether it moved the cursor is checked outside the
+/// measurement: each set-up first reads the cursor and checks that the previous iteration's
+/// acknowledgement left it at the event that set-up recorded, with nothing pending (a no-op
+/// acknowledge would fail there, not be timed); the last iteration is checked after the bench.
 fn acknowledge(c: &mut Criterion) {
     let rt = runtime();
     let data = Dataset::standard();
@@ -209,12 +250,28 @@ fn acknowledge(c: &mut Criterion) {
         let store: &dyn AwarenessStore = &*b.store;
         let capped = Capped::new(data);
         run(&rt, b, store.watch(&watcher, &target, T0)).expect("watch");
+        // The event the last set-up made pending, and how many acknowledgements were checked.
+        let pending = std::cell::Cell::new(None::<Sequence>);
+        let checked = std::cell::Cell::new(0usize);
+        let check_acknowledged = || {
+            let Some(seq) = pending.take() else { return };
+            let cursor = run(&rt, b, store.cursor(&watcher, &target.session_key))
+                .expect("cursor")
+                .expect("the acknowledger's cursor");
+            assert!(
+                cursor.last_seen == seq && !cursor.is_pending(),
+                "the acknowledgement moved the cursor to {seq:?}: {cursor:?}"
+            );
+            checked.set(checked.get() + 1);
+        };
         g.bench_function(b.name, |bench| {
             bench.iter_batched(
                 || {
+                    check_acknowledged();
                     capped.before(&rt, b, 1);
                     let got = run(&rt, b, store.record(human(&target), T0)).expect("record");
                     assert_eq!(got.notices.len(), 1);
+                    pending.set(Some(got.event.sequence));
                 },
                 |()| {
                     let follow_up = run(
@@ -233,6 +290,14 @@ fn acknowledge(c: &mut Criterion) {
                 BatchSize::PerIteration,
             );
         });
+        check_acknowledged();
+        if test_mode() && checked.get() > 0 {
+            println!(
+                "acknowledge/{}: {} acknowledgements checked to move the cursor",
+                b.name,
+                checked.get()
+            );
+        }
     }
     g.finish();
 }
@@ -554,8 +619,21 @@ fn prune(c: &mut Criterion) {
         max_rows: data.events() as u64,
         ..RetentionPolicy::default()
     };
-    let refill = |store: &Arc<dyn AwarenessStore>| {
-        rt.block_on(load_dataset(store, excess, data.sessions()));
+    // The refill's background work is waited for before the pass is timed: redb-bounded's
+    // commits are flushed (its background flush could otherwise land in the pass). SQLite's
+    // background checkpoint, which the refill's writes may have started, cannot be: see
+    // `Backend::settle`.
+    let refill = |b: &Backend| {
+        let settled = rt.block_on(async {
+            load_dataset(&b.store, excess, data.sessions()).await;
+            b.settle().await
+        });
+        if test_mode() {
+            println!(
+                "prune/60k_to_50k/{}: refilled {excess} rows; {settled}",
+                b.name
+            );
+        }
     };
     let mut g = c.benchmark_group("prune");
     g.sample_size(10);
@@ -572,7 +650,7 @@ fn prune(c: &mut Criterion) {
             bench.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    refill(&b.store);
+                    refill(b);
                     let t = Instant::now();
                     let report = run(&rt, b, store.prune(&policy, T0)).expect("prune");
                     total += t.elapsed();
@@ -589,7 +667,9 @@ fn prune(c: &mut Criterion) {
 /// against the quiet p99, printed and saved for `bench-report`. Passes are repeated (each
 /// after refilling the excess) until at least [`DURING_SAMPLES`] recordings ran during them, at
 /// most [`MAX_PASSES`] passes; the recordings go round-robin over the data set's number of
-/// sessions outside it (the quiet ones first, then those during the passes). Leaves the store at
+/// sessions outside it (the quiet ones first, then those during the passes). A recording counts
+/// as during a pass when it starts after the pass's task started and before it ended; panics if
+/// no recording did (under `--test`, where one is wanted, as in a real run). Leaves the store at
 /// the row cap, where the bench's own passes start.
 fn record_beside_pruning(
     rt: &tokio::runtime::Runtime,
@@ -599,29 +679,52 @@ fn record_beside_pruning(
     excess: usize,
 ) {
     let store: &dyn AwarenessStore = &*b.store;
-    let (quiet_n, want, max_passes) = if test_mode() {
-        (200, 1, 1)
+    // Under `--test` one recording during a pass is enough, but passes are repeated as in a real
+    // run until one is made: a pass on the small data set can end before any recording starts.
+    let (quiet_n, want) = if test_mode() {
+        (200, 1)
     } else {
-        (2_000, DURING_SAMPLES, MAX_PASSES)
+        (2_000, DURING_SAMPLES)
     };
     let quiet = p99(rt.block_on(record_latencies(store, data.sessions(), 0, quiet_n)));
     let mut during = Vec::new();
     let mut passes = 0;
-    while during.len() < want && passes < max_passes {
+    // Recordings made, during the passes or not (the next one's index).
+    let mut made = quiet_n;
+    while during.len() < want && passes < MAX_PASSES {
         rt.block_on(load_dataset(&b.store, excess, data.sessions()));
         passes += 1;
         rt.block_on(async {
             let shared = Arc::clone(&b.store);
             let policy = *policy;
-            let pass = tokio::spawn(async move { shared.prune(&policy, T0).await });
+            // Set by the pass's task when it starts: a recording made before then (the task
+            // not yet scheduled) ran beside no pass and is not counted.
+            let started = Arc::new(AtomicBool::new(false));
+            let pass = tokio::spawn({
+                let started = Arc::clone(&started);
+                async move {
+                    started.store(true, Ordering::Release);
+                    shared.prune(&policy, T0).await
+                }
+            });
             while !pass.is_finished() {
-                let next = quiet_n + during.len();
-                during.extend(record_latencies(store, data.sessions(), next, 1).await);
+                let beside = started.load(Ordering::Acquire) && !pass.is_finished();
+                let took = record_latencies(store, data.sessions(), made, 1).await;
+                made += 1;
+                if beside {
+                    during.extend(took);
+                }
                 tokio::task::yield_now().await;
             }
             pass.await.expect("join").expect("prune");
         });
     }
+    // A result with no recording during a pass would measure nothing.
+    assert!(
+        !during.is_empty(),
+        "{}: no recording started while any of {passes} pruning passes ran",
+        b.name
+    );
     // Back to the cap exactly (the recordings during the last pass added a few rows), as the
     // bench's passes expect.
     rt.block_on(store.prune(policy, T0)).expect("prune");

@@ -1,9 +1,13 @@
 //! Scale run: records 1,000,000 events over 100,000 sessions from 16 concurrent tasks while the
 //! default retention policy (50,000-row cap) prunes on a background task every second or every
-//! 10,000 events, whichever comes first, as a gateway's hourly pruning would but faster. Reports events per second, the p50/p99 recording
-//! latency, one reconcile (a 200-event page) at the end, the file size (db + WAL), peak memory
-//! (VmHWM) and the RSS sampled every 100,000 events, and saves them for `bench-report` in
-//! `<target>/awareness-scale/<backend>.json` (unless `--no-save`).
+//! 10,000 events, whichever comes first, as a gateway's hourly pruning would but faster.
+//! Reports events per second, the p50/p99 recording latency, one reconcile at the end (a
+//! 200-event page of a session just written: the median of 11 back-to-back reads, so a warm
+//! read, not a cold one), the size of the store's files (for sqlite the database, its WAL and
+//! its `-shm` index; for redb its one file), peak memory (VmHWM) and the RSS sampled every
+//! 100,000 events, and saves them for `bench-report` in `<target>/awareness-scale/<backend>.json`
+//! (unless `--no-save`). Memory is reported, not checked: `bench-report` gives the slope of the
+//! RSS samples, and a run whose memory grows passes.
 //!
 //! ```sh
 //! cargo run --release -p awareness-benches --example scale -- --backend sqlite
@@ -155,7 +159,7 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Bytes of every file in `dir` (the database and, for sqlite, its WAL).
+/// Bytes of every file in `dir`: the database and, for sqlite, its WAL and its `-shm` index.
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .into_iter()
@@ -293,8 +297,9 @@ fn main() {
         "every event is retained or was pruned"
     );
 
-    // One reconcile at the end: a session gets 200 events, then its page is read (the median of
-    // 11 reads, the first of which warms the cache).
+    // One reconcile at the end: a session gets 200 events, then its page is read 11 times back
+    // to back and the median kept. The session was just written and the first read warms
+    // whatever it did not, so this is a warm read, not a cold one.
     let target = dataset_session(args.sessions + 1);
     let reconcile_ns = rt.block_on(async {
         for _ in 0..200 {
@@ -321,8 +326,9 @@ fn main() {
     let rss = rss_kib.lock().expect("rss samples").clone();
     println!(
         "scale/{}: {} events over {} sessions in {:.1} s = {:.0} events/s; record p50 {:.1} µs, \
-         p99 {:.1} µs; reconcile/200 at the end {:.1} µs; {} pruning passes deleted {} rows, {} \
-         retained; file {:.1} MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
+         p99 {:.1} µs; reconcile/200 at the end (median of 11 warm reads of a just-written \
+         session) {:.1} µs; {} pruning passes deleted {} rows, {} retained; files (db, WAL, \
+         shm) {:.1} MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
         spec.name,
         args.events,
         args.sessions,

@@ -204,8 +204,36 @@ pub struct Backend {
     pub name: &'static str,
     /// The store.
     pub store: Arc<dyn AwarenessStore>,
+    /// Its file format (`memory`, `sqlite`, `redb`), and the same store when it is a redb one,
+    /// for [`Backend::settle`].
+    format: &'static str,
+    redb: Option<Arc<RedbStore>>,
     /// Keeps temporary files alive.
     pub guard: Box<dyn Any + Send + Sync>,
+}
+
+impl Backend {
+    /// Waits for the background work the store's last writes left, so that it does not run into
+    /// a measurement that follows: redb's commits not yet durable (`redb-bounded`'s, which its
+    /// background flush would otherwise make durable at any time) are flushed now; for redb
+    /// with `Immediate` durability, and for memory, there is none.
+    ///
+    /// store-sqlite's background WAL checkpoint (started every 256 write transactions) is not
+    /// waited for: store-sqlite has no public way to force one or to wait for the one running
+    /// (only `SqliteStore::close` awaits it), so a checkpoint started by the last writes may
+    /// still run while the measurement does.
+    ///
+    /// Returns what it did, for a `--test` run to show.
+    pub async fn settle(&self) -> &'static str {
+        if let Some(redb) = &self.redb {
+            redb.flush().await.expect("flush the redb store");
+            "redb flushed"
+        } else if self.format == "sqlite" {
+            "sqlite's background checkpoint not waited for (no public way)"
+        } else {
+            "nothing to wait for"
+        }
+    }
 }
 
 /// The default multi-threaded tokio runtime the benches run durable stores on.
@@ -308,22 +336,30 @@ pub async fn open_empty(spec: &Spec) -> Backend {
 }
 
 async fn open_in(spec: &Spec, dir: tempfile::TempDir) -> Backend {
-    let store: Arc<dyn AwarenessStore> = match &spec.kind {
-        Kind::Memory => Arc::new(store_memory::MemoryStore::new()),
-        Kind::Sqlite(options) => Arc::new(
-            SqliteStore::open_with(dir.path().join("bench.db"), options.clone())
-                .await
-                .expect("open the sqlite store"),
+    let (store, redb): (Arc<dyn AwarenessStore>, _) = match &spec.kind {
+        Kind::Memory => (Arc::new(store_memory::MemoryStore::new()), None),
+        Kind::Sqlite(options) => (
+            Arc::new(
+                SqliteStore::open_with(dir.path().join("bench.db"), options.clone())
+                    .await
+                    .expect("open the sqlite store"),
+            ),
+            None,
         ),
-        Kind::Redb(options) => Arc::new(
-            RedbStore::open_with(dir.path().join("bench.redb"), options.clone())
-                .await
-                .expect("open the redb store"),
-        ),
+        Kind::Redb(options) => {
+            let redb = Arc::new(
+                RedbStore::open_with(dir.path().join("bench.redb"), options.clone())
+                    .await
+                    .expect("open the redb store"),
+            );
+            (Arc::clone(&redb) as Arc<dyn AwarenessStore>, Some(redb))
+        }
     };
     Backend {
         name: spec.name,
         store,
+        format: spec.kind.format(),
+        redb,
         guard: Box::new(dir),
     }
 }

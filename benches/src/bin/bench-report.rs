@@ -529,15 +529,17 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
     let _ = writeln!(
         s,
         "\nScale (`examples/scale.rs`: recording from several tasks with the default retention \
-         running). RSS growth is the least-squares slope of the second half of the RSS samples \
-         (the first half holds the warm-up and the log filling to its cap), in MiB per 100,000 \
-         events: 0 is flat.\n"
+         running). The reconcile is the median of 11 back-to-back reads of a 200-event page of \
+         a session just written (a warm read); the files are sqlite's database, WAL and `-shm` \
+         index, or redb's one file. RSS growth is the least-squares slope of the second half of \
+         the RSS samples (the first half holds the warm-up and the log filling to its cap), in \
+         MiB per 100,000 events: 0 is flat; it is reported, not checked.\n"
     );
     let _ = writeln!(
         s,
         "| backend | events / sessions / tasks | events/s | p50 / p99 record | reconcile/200 at \
-         the end | file (db + WAL) | peak memory (VmHWM) | RSS samples (MiB) | RSS growth | \
-         measured |"
+         the end (warm) | files (db, WAL, shm) | peak memory (VmHWM) | RSS samples (MiB) | \
+         RSS growth | measured |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for name in in_column_order(scale) {

@@ -374,7 +374,9 @@ impl RedbOptions {
 
 /// Session state awareness on one redb file. Every redb call of its methods runs on tokio's
 /// blocking pool, so the store must be used inside a tokio runtime: a call made outside one
-/// fails at once with [`StoreError::Backend`] saying so, and leaves the handle as it was.
+/// that has to start the writer fails at once with [`StoreError::Backend`] saying so, and
+/// leaves the handle as it was (a write queued while the writer, started by a call inside a
+/// runtime, is still running or lingering is made by it, and answered).
 ///
 /// Dropping the last handle of a file is the exception: the drop itself stops the flush
 /// thread (after a last flush, behind a write in progress) and, when no operation still holds

@@ -818,6 +818,122 @@ pub async fn an_unreadable_row_stops_neither_pruning_nor_deleting_its_session(f:
     );
 }
 
+/// When pruning or the deletion of its session removes an event row the store cannot read,
+/// that row's dedupe key is free again (recording with it makes a new event), and no other
+/// row's is: every key of a row still retained is a hit answering that row. The sequence
+/// counter does not go back, also when the unreadable row deleted held the highest sequence:
+/// every call, hit or new event, spends the next one. (A store that finds a row's dedupe key by
+/// reading the row cannot free it that way: one that then freed none refused the key for good
+/// as a hit on a row that is gone; one that guessed could free another row's key.)
+pub async fn an_unreadable_row_removed_frees_its_dedupe_key_and_no_other(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (doomed, kid) = (r("agent:main:subagent:doomed", "main"), child());
+    // Sequences 1 to 8, each under its own key `k<sequence>`: the doomed session holds 1, 4
+    // and 7, the child the others.
+    for i in 1..=8 {
+        let at = if i % 3 == 1 { &doomed } else { &kid };
+        let got = rec(s, log_only(at, "x").with_dedupe_key(format!("k{i}")), T0).await;
+        assert_eq!(got.event.sequence, Sequence(i));
+    }
+    let mut keys = Keys {
+        s,
+        on: kid.clone(),
+        spent: Sequence(8),
+    };
+    // The row cap deletes 1, 2 and 3, of which 2 (the child's) is unreadable.
+    damage_event(&t, Sequence(2)).await;
+    let policy = crate::RetentionPolicy {
+        max_rows: 5,
+        ..crate::RetentionPolicy::default()
+    };
+    let report = s
+        .prune(&policy, T0)
+        .await
+        .expect("a pass over an unreadable row");
+    assert_eq!(report.events_by_cap, 3, "{report:?}");
+    let again = keys.fresh("k2", "the pruned unreadable row's key").await;
+    for seq in 4..=8 {
+        keys.hit(
+            &format!("k{seq}"),
+            Sequence(seq),
+            "a retained row's key, after pruning",
+        )
+        .await;
+    }
+    // The doomed session's last event takes the highest sequence; it and 7 are unreadable when
+    // the session is deleted.
+    let last = rec(s, log_only(&doomed, "last").with_dedupe_key("k-last"), T0)
+        .await
+        .event
+        .sequence;
+    keys.spent = last;
+    for seq in [Sequence(7), last] {
+        damage_event(&t, seq).await;
+    }
+    s.delete_session(&doomed)
+        .await
+        .expect("delete a session holding unreadable rows");
+    keys.fresh(
+        "k-last",
+        "the deleted unreadable row of the highest sequence's key",
+    )
+    .await;
+    keys.fresh("k7", "a deleted unreadable row's key").await;
+    keys.fresh("k4", "a deleted row's key").await;
+    for seq in [5, 6, 8] {
+        keys.hit(
+            &format!("k{seq}"),
+            Sequence(seq),
+            "a retained row's key, after a deletion",
+        )
+        .await;
+    }
+    keys.hit("k2", again, "the freed key, recorded again").await;
+}
+
+/// Damages the event row `seq` through the store's [`RawAccess`](super::RawAccess), which must
+/// find it.
+async fn damage_event(t: &Subject, seq: Sequence) {
+    assert!(
+        t.raw.damage_event_row(seq).await.expect("damage a row"),
+        "the store has row {seq} to damage"
+    );
+}
+
+/// Recordings under dedupe keys on `on`, each spending the sequence after `spent`
+/// ([`an_unreadable_row_removed_frees_its_dedupe_key_and_no_other`]).
+struct Keys<'a> {
+    s: &'a dyn AwarenessStore,
+    on: SessionRef,
+    spent: Sequence,
+}
+
+impl Keys<'_> {
+    /// Records under `key`, which must be free (`what` says whose it was): a new event, with
+    /// the next sequence. Returns it.
+    async fn fresh(&mut self, key: &str, what: &str) -> Sequence {
+        let got = rec(self.s, log_only(&self.on, "again").with_dedupe_key(key), T0).await;
+        assert!(!got.deduplicated, "{what} ({key}) is still taken");
+        self.spent = Sequence(self.spent.get() + 1);
+        assert_eq!(
+            got.event.sequence, self.spent,
+            "{what} ({key}): a new event takes the next sequence, the counter never goes back"
+        );
+        self.spent
+    }
+
+    /// Records under `key`, which must still name the event `seq` (`what` says whose it is):
+    /// a hit answering that event, which spends a sequence.
+    async fn hit(&mut self, key: &str, seq: Sequence, what: &str) {
+        let got = rec(self.s, log_only(&self.on, "again").with_dedupe_key(key), T0).await;
+        assert!(got.deduplicated, "{what} ({key}) was freed");
+        assert_eq!(got.event.sequence, seq, "{what} ({key}) answers its event");
+        self.spent = Sequence(self.spent.get() + 1);
+    }
+}
+
 /// An upstream link row the store cannot read (decision 0017) stops no other link: the listing
 /// the monitor reads at every tick leaves it out and lists the others, whose markers still
 /// move. A read of its ref, a marker update and a removal conditioned on its token fail with
@@ -1095,8 +1211,12 @@ pub async fn errors_after_open_name_the_file_once(f: impl OpenFile) {
 }
 
 /// Four sessions, the second of whose keys holds U+FFFD (which a key may), each recorded on
-/// once, in this order; and the sequences of their events.
-async fn four_sessions_one_with_u_fffd(s: &dyn AwarenessStore) -> ([SessionRef; 4], Vec<Sequence>) {
+/// once, in this order, the third under the dedupe key `third_key` when given; and the
+/// sequences of their events.
+async fn four_sessions_one_with_u_fffd(
+    s: &dyn AwarenessStore,
+    third_key: Option<&str>,
+) -> ([SessionRef; 4], Vec<Sequence>) {
     let sessions = [
         r("agent:main:subagent:a", "main"),
         r("agent:main:subagent:\u{FFFD}", "main"),
@@ -1104,8 +1224,12 @@ async fn four_sessions_one_with_u_fffd(s: &dyn AwarenessStore) -> ([SessionRef; 
         r("agent:main:subagent:c", "main"),
     ];
     let mut seqs = Vec::new();
-    for session in &sessions {
-        seqs.push(rec(s, human(session), T0).await.event.sequence);
+    for (i, session) in sessions.iter().enumerate() {
+        let event = match third_key {
+            Some(key) if i == 2 => human(session).with_dedupe_key(key),
+            _ => human(session),
+        };
+        seqs.push(rec(s, event, T0).await.event.sequence);
     }
     (sessions, seqs)
 }
@@ -1118,7 +1242,7 @@ pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let s = &*t.store;
-    let ([first, replacement, spoiled, last], seqs) = four_sessions_one_with_u_fffd(s).await;
+    let ([first, replacement, spoiled, last], seqs) = four_sessions_one_with_u_fffd(s, None).await;
     let listed = async |agent: Option<&str>| {
         listed_heads(s, agent, "a listing over a head that is not UTF-8").await
     };
@@ -1148,7 +1272,7 @@ pub async fn an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn(f: impl O
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let s = &*t.store;
-    let ([_, replacement, _, _], seqs) = four_sessions_one_with_u_fffd(s).await;
+    let ([_, replacement, _, _], seqs) = four_sessions_one_with_u_fffd(s, None).await;
     assert!(
         t.raw
             .spoil_event_text(seqs[0])
@@ -1180,16 +1304,39 @@ fn names_event(message: &str, seq: Sequence) -> bool {
     })
 }
 
-/// An event row holding text that is not UTF-8 fails a read of the log that meets it with a
-/// [`StoreError::Corrupt`](crate::StoreError::Corrupt) that names the row (its sequence), so
-/// that an operator can find it (decision 0016: a read that meets such a row fails, since a
-/// log that left it out would be a wrong answer); a read that does not reach it answers. One
-/// store failed naming a byte offset into a page of many rows, which no tool can act on.
+/// `err` is a [`StoreError::Corrupt`](crate::StoreError::Corrupt) whose message names the
+/// event row `seq` ([`names_event`]); `what` says which call failed.
+fn assert_corrupt_naming(err: &crate::StoreError, seq: Sequence, what: &str) {
+    assert!(
+        matches!(err, crate::StoreError::Corrupt { .. }),
+        "{what}: a corrupt row: {err:?}"
+    );
+    let message = crate::error::ErrorChain(err).to_string();
+    assert!(
+        names_event(&message, seq),
+        "{what}: the error names event {seq}: {message}"
+    );
+}
+
+/// The sequences of `events`.
+fn sequences(events: &[std::sync::Arc<crate::Event>]) -> Vec<Sequence> {
+    events.iter().map(|e| e.sequence).collect()
+}
+
+/// An event row holding text that is not UTF-8 fails a read of the log that meets it, and a
+/// recording whose dedupe key hits it, with a [`StoreError::Corrupt`](crate::StoreError::Corrupt)
+/// that names the row (its sequence), so that an operator can find it (decision 0016: a read
+/// that meets such a row fails, since a log that left it out would be a wrong answer); reads
+/// that do not reach it answer: the log past it and below it, the pages of other sessions,
+/// the log's stats. (Which session's page holds a row whose session key is no longer UTF-8 is
+/// the store's own: [`an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it`]
+/// checks a page that reaches an unreadable row.) One store failed naming a byte offset into a
+/// page of many rows, which no tool can act on.
 pub async fn an_event_with_text_that_is_not_utf8_fails_the_log_naming_it(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let s = &*t.store;
-    let (_, seqs) = four_sessions_one_with_u_fffd(s).await;
+    let (sessions, seqs) = four_sessions_one_with_u_fffd(s, Some("spoiled")).await;
     let spoiled = seqs[2];
     assert!(
         t.raw
@@ -1202,31 +1349,113 @@ pub async fn an_event_with_text_that_is_not_utf8_fails_the_log_naming_it(f: impl
         .events_after(Sequence::ZERO, 100)
         .await
         .expect_err("the log meets the spoiled event");
-    assert!(
-        matches!(err, crate::StoreError::Corrupt { .. }),
-        "a corrupt row: {err:?}"
-    );
-    let message = crate::error::ErrorChain(&err).to_string();
-    assert!(
-        names_event(&message, spoiled),
-        "the error names event {spoiled}: {message}"
-    );
-    let past: Vec<Sequence> = s
+    assert_corrupt_naming(&err, spoiled, "the log over it");
+    let err = s
+        .record(human(&sessions[2]).with_dedupe_key("spoiled"), T0)
+        .await
+        .expect_err("a dedupe hit on the spoiled event");
+    assert_corrupt_naming(&err, spoiled, "a dedupe hit on it");
+    let past = s
         .events_after(spoiled, 100)
         .await
-        .expect("the log past the spoiled event")
-        .iter()
-        .map(|e| e.sequence)
-        .collect();
-    assert_eq!(past, [seqs[3]]);
-    let below: Vec<Sequence> = s
+        .expect("the log past the spoiled event");
+    assert_eq!(sequences(&past), [seqs[3]]);
+    let below = s
         .events_after(Sequence::ZERO, 2)
         .await
-        .expect("the log below the spoiled event")
-        .iter()
-        .map(|e| e.sequence)
-        .collect();
-    assert_eq!(below, seqs[..2]);
+        .expect("the log below the spoiled event");
+    assert_eq!(sequences(&below), seqs[..2]);
+    for i in [0, 1, 3] {
+        let page = s
+            .changes_since(&sessions[i], Sequence::ZERO, 100)
+            .await
+            .unwrap_or_else(|e| panic!("another session's page: {e}"));
+        assert_eq!(sequences(&page.events), [seqs[i]], "session {i}'s page");
+    }
+    let stats = s.log_stats().await.expect("the log's stats");
+    assert_eq!(
+        (stats.rows, stats.min_sequence, stats.max_sequence),
+        (4, seqs[0], seqs[3])
+    );
+}
+
+/// An event row the store cannot read ([`RawAccess::damage_event_row`](super::RawAccess)) fails
+/// every read that reaches it with a [`StoreError::Corrupt`](crate::StoreError::Corrupt) naming
+/// the row (its sequence): the log from below it, its session's page from below it, and a
+/// recording whose dedupe key hits it, on an unwatched session and on a watched one (which a
+/// store may record by different paths); reads that do not reach it answer: the log up to
+/// below it and past it, its session's page past it, another session's page, the log's stats.
+/// A read that failed naming no row left an operator nothing to act on; one that failed
+/// without reaching the row would stop a session for one damaged row of another.
+pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (on_it, other) = (
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+    );
+    // On it 1, 3 (under the dedupe key "third") and 5; on the other 2 and 4.
+    for i in 1..=5 {
+        let event = match i {
+            3 => human(&on_it).with_dedupe_key("third"),
+            _ if i % 2 == 1 => human(&on_it),
+            _ => human(&other),
+        };
+        assert_eq!(rec(s, event, T0).await.event.sequence, Sequence(i));
+    }
+    let damaged = Sequence(3);
+    damage_event(&t, damaged).await;
+    let err = s
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect_err("the log over the damaged row");
+    assert_corrupt_naming(&err, damaged, "the log over it");
+    let err = s
+        .changes_since(&on_it, Sequence::ZERO, 100)
+        .await
+        .expect_err("its session's page over the damaged row");
+    assert_corrupt_naming(&err, damaged, "its session's page over it");
+    let manager = w("agent:main:main");
+    for watched in [false, true] {
+        if watched {
+            s.watch(&manager, &on_it, T0).await.expect("watch");
+        }
+        let err = s
+            .record(human(&on_it).with_dedupe_key("third"), T0)
+            .await
+            .expect_err("a dedupe hit on the damaged row");
+        assert_corrupt_naming(
+            &err,
+            damaged,
+            &format!("watched {watched}: a dedupe hit on it"),
+        );
+    }
+    let below = s
+        .events_after(Sequence::ZERO, 2)
+        .await
+        .expect("the log up to below the damaged row");
+    assert_eq!(sequences(&below), [Sequence(1), Sequence(2)]);
+    let past = s
+        .events_after(damaged, 100)
+        .await
+        .expect("the log past the damaged row");
+    assert_eq!(sequences(&past), [Sequence(4), Sequence(5)]);
+    let page = s
+        .changes_since(&on_it, damaged, 100)
+        .await
+        .expect("its session's page past the damaged row");
+    assert_eq!(sequences(&page.events), [Sequence(5)]);
+    let page = s
+        .changes_since(&other, Sequence::ZERO, 100)
+        .await
+        .expect("another session's page");
+    assert_eq!(sequences(&page.events), [Sequence(2), Sequence(4)]);
+    let stats = s.log_stats().await.expect("the log's stats");
+    assert_eq!(
+        (stats.rows, stats.min_sequence, stats.max_sequence),
+        (5, Sequence(1), Sequence(5))
+    );
 }
 
 /// A recording on a session whose head row the store cannot read succeeds and writes a readable

@@ -498,6 +498,199 @@ pub async fn a_recording_outside_a_runtime_fails_and_queues_nothing(f: impl Open
     );
 }
 
+/// What a call driven outside a Tokio runtime did
+/// ([`writes_outside_a_runtime_fail_and_leave_the_handle_working`]).
+#[derive(Debug)]
+#[expect(
+    dead_code,
+    reason = "the fields are read through Debug, in the check's message"
+)]
+enum Outside {
+    /// Answered with `Ok`: the store could do it without a runtime.
+    Answered,
+    /// Failed with [`StoreError::Backend`] saying it was called outside a Tokio runtime.
+    Refused,
+    /// Answered another error: the error.
+    Failed(String),
+    /// Still pending at the deadline, never woken to finish.
+    Stuck,
+    /// Panicked, with the panic's message.
+    Panicked(String),
+}
+
+/// Wakes the thread that drives a call outside a runtime ([`drive_outside`]).
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// A call of the store's traits, as `async_trait` returns it.
+type Call<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Drives a store call to its answer on this thread, which entered no Tokio runtime, as a
+/// caller that polls the store's futures itself does (parked between polls until woken), until
+/// `deadline` at the latest; a panic is caught, so that what it leaves behind can be checked
+/// too.
+fn drive_outside<'a, T>(
+    deadline: std::time::Instant,
+    call: impl FnOnce() -> Call<'a, T>,
+) -> Outside {
+    use std::task::{Context, Poll, Waker};
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut call = call();
+        loop {
+            if let Poll::Ready(answer) = call.as_mut().poll(&mut Context::from_waker(&waker)) {
+                return Some(answer);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }));
+    match driven {
+        Ok(Some(Ok(_))) => Outside::Answered,
+        Ok(Some(Err(StoreError::Backend { context, .. })))
+            if context.contains("outside a Tokio runtime") =>
+        {
+            Outside::Refused
+        }
+        Ok(Some(Err(e))) => Outside::Failed(crate::error::ErrorChain(&e).to_string()),
+        Ok(None) => Outside::Stuck,
+        Err(panic) => Outside::Panicked(crate::error::panic_message(&*panic).to_owned()),
+    }
+}
+
+/// The answer of `call` on `store`, made inside a runtime after calls outside one: it must
+/// succeed, within 30 s. A call never answered leaves the handle wedged: the store is then
+/// leaked, so that the check fails instead of hanging in the drop of a handle that waits for
+/// its wedged writer.
+async fn answered_inside<T>(
+    store: &Arc<dyn AwarenessStore>,
+    what: &str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> T {
+    let Ok(answer) = tokio::time::timeout(std::time::Duration::from_secs(30), call).await else {
+        std::mem::forget(Arc::clone(store));
+        panic!("{what} inside a runtime, after writes outside one, was never answered");
+    };
+    answer.unwrap_or_else(|e| panic!("{what} inside a runtime, after writes outside one: {e}"))
+}
+
+/// Every write other than a recording (`watch`, `acknowledge`, `refreeze`, `unwatch`,
+/// `reset_watcher`, `prune_chunk`, `delete_session`), driven outside a Tokio runtime (polled
+/// on a thread that entered none, parked until woken, as a caller that polls the store's
+/// futures itself does), either fails with [`StoreError::Backend`] saying it was called outside
+/// a Tokio runtime, as a recording does
+/// ([`a_recording_outside_a_runtime_fails_and_queues_nothing`]), or, where the store can do
+/// that write without one, is answered: it neither panics nor waits for a wake-up that never
+/// comes. Afterwards the handle is not wedged: each of those writes made inside a runtime is
+/// answered, and so is a recording, with the sequence after the last one spent. (The traits
+/// ask for no runtime; a store that needs one says so instead of failing some other way.)
+pub async fn writes_outside_a_runtime_fail_and_leave_the_handle_working(f: impl OpenGrouped) {
+    use crate::protocol::AckTarget;
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 16).await;
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    let target = session(0);
+    let s = &g.store;
+    // Before any write (nothing running yet on the store's behalf), then after a watch and a
+    // recording that leave a notice to acknowledge. The handle is checked before what the
+    // calls outside answered: one that panicked there may have left it wedged.
+    let mut outside = writes_outside(s, &watcher, &target, "on a new store");
+    answered_inside(s, "watch", s.watch(&watcher, &target, T0)).await;
+    let first = answered_inside(s, "a recording", s.record(event(0), T0)).await;
+    assert_eq!(first.notices.len(), 1, "a pending notice to acknowledge");
+    outside.extend(writes_outside(s, &watcher, &target, "after a recording"));
+    let key = crate::model::CursorKey {
+        watcher: watcher.clone(),
+        target: target.session_key.clone(),
+    };
+    let ack = [AckTarget::any(target.session_key.clone())];
+    let cap = crate::retention::PruneStep::RowCap { max_rows: 100 };
+    answered_inside(s, "watch", s.watch(&watcher, &target, T0)).await;
+    answered_inside(s, "acknowledge", s.acknowledge(&watcher, &ack, T0)).await;
+    answered_inside(s, "refreeze", s.refreeze(&[key], T0)).await;
+    answered_inside(s, "unwatch", s.unwatch(&watcher, &target.session_key)).await;
+    answered_inside(s, "reset_watcher", s.reset_watcher(watcher.session_key())).await;
+    answered_inside(s, "prune_chunk", s.prune_chunk(&cap, 10, T0)).await;
+    answered_inside(s, "delete_session", s.delete_session(&target)).await;
+    let rec = answered_inside(s, "a recording", s.record(event(1), T0)).await;
+    assert_eq!(
+        rec.event.sequence,
+        Sequence(first.event.sequence.get() + 1),
+        "the sequence after the last one spent"
+    );
+    for (what, got) in outside {
+        assert!(
+            matches!(got, Outside::Refused | Outside::Answered),
+            "{what} outside a Tokio runtime: {got:?}"
+        );
+    }
+}
+
+/// Drives each write of [`writes_outside_a_runtime_fail_and_leave_the_handle_working`] on
+/// `store` outside a Tokio runtime, on a thread of its own; answers what each did, named with
+/// `when`.
+fn writes_outside(
+    store: &Arc<dyn AwarenessStore>,
+    watcher: &WatcherKey,
+    target: &SessionRef,
+    when: &str,
+) -> Vec<(String, Outside)> {
+    use crate::model::CursorKey;
+    use crate::protocol::AckTarget;
+    use crate::retention::PruneStep;
+    let (s, w, t) = (Arc::clone(store), watcher.clone(), target.clone());
+    let key = CursorKey {
+        watcher: w.clone(),
+        target: t.session_key.clone(),
+    };
+    let ack = [AckTarget::any(t.session_key.clone())];
+    let cap = PruneStep::RowCap { max_rows: 100 };
+    let done = std::thread::spawn(move || {
+        // 30 s for all of them: a call is answered in milliseconds, or never.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        [
+            ("watch", drive_outside(deadline, || s.watch(&w, &t, T0))),
+            (
+                "acknowledge",
+                drive_outside(deadline, || s.acknowledge(&w, &ack, T0)),
+            ),
+            (
+                "refreeze",
+                drive_outside(deadline, || s.refreeze(std::slice::from_ref(&key), T0)),
+            ),
+            (
+                "unwatch",
+                drive_outside(deadline, || s.unwatch(&w, &t.session_key)),
+            ),
+            (
+                "reset_watcher",
+                drive_outside(deadline, || s.reset_watcher(w.session_key())),
+            ),
+            (
+                "prune_chunk",
+                drive_outside(deadline, || s.prune_chunk(&cap, 10, T0)),
+            ),
+            (
+                "delete_session",
+                drive_outside(deadline, || s.delete_session(&t)),
+            ),
+        ]
+    })
+    .join()
+    .expect("the thread outside a runtime");
+    done.into_iter()
+        .map(|(what, got)| (format!("{what} {when}"), got))
+        .collect()
+}
+
 /// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option, and
 /// nothing is created.
 pub async fn a_group_commit_of_zero_is_refused_at_open(f: impl OpenGrouped) {

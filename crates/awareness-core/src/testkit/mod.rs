@@ -19,12 +19,13 @@
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
 //! the checks of [`durable`]: reopening, two handles on one file, a cancelled write, a cancelled
-//! pruning pass, the audit of a lost head, and rows that can no longer be read; and [`open_suite!`](crate::open_suite), the
-//! checks of [`open`]: what a read-write open refuses and leaves untouched (a directory, a
-//! missing directory, a file that is not a store, a truncated one), an empty file becoming a
-//! new store, two opens of a new file at once, and an open cancelled at any moment, and, in a
-//! test target of their own, [`permission_suite!`](crate::permission_suite): an open by a user
-//! who may not write the directory or the file. Those that can open a file read-only
+//! pruning pass, the audit of a lost head, and rows that can no longer be read; and
+//! [`open_suite!`](crate::open_suite), the checks of [`open`]: what a read-write open refuses
+//! and leaves untouched (a directory, a missing directory, a file that is not a store, a
+//! truncated one), an empty file becoming a new store, two opens of a new file at once, an open
+//! cancelled at any moment, and (on Unix) new files private to their owner, and, in a test
+//! target of their own, [`permission_suite!`](crate::permission_suite): an open by a user who
+//! may not write the directory or the file. Those that can open a file read-only
 //! stamp [`read_only_suite!`](crate::read_only_suite), the checks of [`read_only`].
 
 use std::any::Any;
@@ -510,6 +511,7 @@ macro_rules! group_commit_suite {
             cancelled_recordings_hold_up_no_later_one,
             a_batch_on_a_target_with_an_unreadable_cursor_row_commits,
             a_recording_outside_a_runtime_fails_and_queues_nothing,
+            writes_outside_a_runtime_fail_and_leave_the_handle_working,
         );
     };
 }
@@ -564,12 +566,14 @@ macro_rules! durable_suite {
             a_dedupe_hit_on_an_unreadable_row_fails_and_changes_nothing,
             an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
+            an_unreadable_row_removed_frees_its_dedupe_key_and_no_other,
             an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
             an_unreadable_link_row_is_left_out_and_stops_no_other_link,
             a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,
             an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn,
             an_event_with_text_that_is_not_utf8_fails_the_log_naming_it,
+            an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it,
             a_recording_over_an_unreadable_head_reports_a_history_gap,
             errors_after_open_name_the_file_once,
         );
@@ -658,6 +662,13 @@ macro_rules! open_suite {
             two_opens_of_a_new_file_at_once_both_succeed_and_share_it,
             an_open_cancelled_at_any_moment_leaves_a_path_that_opens,
         );
+        #[cfg(unix)]
+        #[test]
+        fn new_files_are_private_to_their_owner() {
+            $crate::testkit::block_on_threads(
+                $crate::testkit::open::new_files_are_private_to_their_owner($open),
+            );
+        }
     };
 }
 

@@ -147,6 +147,14 @@ pub enum Op {
         /// Key index.
         key: usize,
     },
+    /// `heads(refs)` of several refs at once: refs of the pool, with and without a head,
+    /// refs outside it that never have one, and repeated refs.
+    Heads {
+        /// Indexes into the session pool, then past it (two refs that never have a head).
+        refs: Vec<usize>,
+        /// Whether the first ref is asked for again, last.
+        repeat: bool,
+    },
     /// `refreeze(keys)`: quiet, missing and repeated keys among them.
     Refreeze {
         /// (watcher index, key index) pairs.
@@ -189,6 +197,22 @@ pub enum Op {
         /// Which token.
         token: Option<u8>,
     },
+}
+
+/// Refs outside the session pool, which no operation records on: `heads` must leave them out
+/// ([`Op::Heads`] indexes them after the pool's). The second is a pool key under an agent
+/// that is not the pool's.
+const UNKNOWN: [(&str, &str); 2] = [("agent:main:subagent:never", "main"), (KEYS[0], "nobody")];
+
+/// The ref of an [`Op::Heads`] index: the pool's first, then [`UNKNOWN`].
+fn heads_ref(i: usize) -> SessionRef {
+    let n = KEYS.len() * AGENTS.len();
+    if i < n {
+        session(i)
+    } else {
+        let (key, agent) = UNKNOWN[i - n];
+        SessionRef::parse(key, agent).expect("an unknown ref")
+    }
 }
 
 /// Upstream ops use the first sessions of the pool only, so that they meet the same links.
@@ -255,6 +279,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Cursor { watcher, key }),
         2 => proptest::collection::vec((0..WATCHERS.len(), 0..KEYS.len()), 0..6)
             .prop_map(|keys| Op::Refreeze { keys }),
+        2 => (proptest::collection::vec(0..n + UNKNOWN.len(), 0..8), any::<bool>())
+            .prop_map(|(refs, repeat)| Op::Heads { refs, repeat }),
         2 => (
             0u64..1_000,
             prop_oneof![8 => 1usize..=5, 1 => Just(0usize), 1 => Just(usize::MAX / 2)],
@@ -890,6 +916,25 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     .await
                     .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
                 prop_assert_eq!(got.as_ref(), model.cursors.get(&k), "{}", ctx);
+            }
+            Op::Heads { refs, repeat } => {
+                let mut refs: Vec<SessionRef> = refs.iter().map(|i| heads_ref(*i)).collect();
+                if *repeat && let Some(first) = refs.first().cloned() {
+                    refs.push(first);
+                }
+                // The head of each distinct ref that has one, in any order: compared by ref.
+                let want: Vec<Head> = refs
+                    .iter()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .filter_map(|r| model.heads.get(r).cloned())
+                    .collect();
+                let mut got = store
+                    .heads(&refs)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                got.sort_by(|a, b| a.session.cmp(&b.session));
+                prop_assert_eq!(got, want, "{}", ctx);
             }
             Op::Refreeze { keys } => {
                 let mut keys: Vec<CursorKey> =

@@ -4,7 +4,8 @@
 //! leave everything as it was (nothing created, nothing written); an empty file becomes a new
 //! store; two opens of a new path at once both succeed and share one store; an open
 //! cancelled at any moment leaves nothing but the store's own files, and a path that opens;
-//! and (on Unix) an open by a user who may not write the directory or the store's file gives a
+//! (on Unix) the files a new store creates are private to their owner (mode 0600); and (on
+//! Unix) an open by a user who may not write the directory or the store's file gives a
 //! [`StoreError::Open`] naming the file where it cannot work, never a store that fails on its
 //! first write. Those two open as another user (`nobody`, when the tests run as root) in a
 //! process of their own: the test binary, started again to run just that test, which then
@@ -351,6 +352,45 @@ pub async fn an_open_cancelled_at_any_moment_leaves_a_path_that_opens(f: impl Op
     }
     // Otherwise the rounds checked only complete opens.
     assert!(cancelled > 0, "no open was cancelled while under way");
+}
+
+/// The files a store creates for a new path (its file, and any it keeps beside it, such as a
+/// write-ahead log) are private to their owner, mode 0600 whatever the process's umask lets
+/// through: a store holds what people typed. Checked while the store is open and has
+/// recorded, so that files made for writing are there, and again once it is closed. (Under a
+/// umask that already hides every bit of the group and others, as 077 does, a store that left
+/// the mode to the umask would pass too; tests usually run under 022.)
+#[cfg(unix)]
+pub async fn new_files_are_private_to_their_owner(f: impl OpenFile) {
+    let dir = Scratch::new("open");
+    let t = open(&f, &dir.file()).await;
+    rec(&*t.store, human(&child()), T0).await;
+    assert_private("while the store is open", &dir);
+    t.close().await;
+    assert_private("once the store is closed", &dir);
+}
+
+/// Asserts that `dir` holds the store's file `state` and that every file in it has mode 0600;
+/// `when` says when, in messages.
+#[cfg(unix)]
+fn assert_private(when: &str, dir: &Scratch) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let names = names(dir.path());
+    assert!(
+        names.iter().any(|n| n == "state"),
+        "{when}: the store's file: {names:?}"
+    );
+    for name in names {
+        let path = dir.path().join(&name);
+        // A companion file may go between the listing and this look (a log removed at close).
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_file() {
+            let mode = meta.permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{when}: {name} has mode {mode:o}, not 600");
+        }
+    }
 }
 
 /// Held by each check of [`crate::permission_suite!`] for its whole run, so that the checks of

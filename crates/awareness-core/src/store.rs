@@ -60,7 +60,9 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<Arc<Event>>, StoreError>;
 
-    /// Size and range of the retained log.
+    /// Size and range of the retained log. It reads no event's fields: an event row that cannot
+    /// be read does not fail it (docs/decisions/0016), so that `awareness tail` and `doctor`
+    /// still answer over one.
     async fn log_stats(&self) -> Result<LogStats, StoreError>;
 
     /// Runs one bounded chunk of a pruning step, deleting at most `max_rows` rows; returns how

@@ -73,6 +73,7 @@ async fn subject() -> Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
+        batching: None,
         guard: Box::new(()),
     }
 }

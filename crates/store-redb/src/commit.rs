@@ -544,6 +544,44 @@ impl Writer {
     }
 }
 
+/// Test support ([`crate::RedbStore::hold_writer`]): the writer's drain waits, doing nothing,
+/// until this is dropped.
+#[derive(Debug)]
+pub struct HeldWriter {
+    /// Dropped, the only sender: the held drain's wait ends.
+    _release: std::sync::mpsc::Sender<()>,
+}
+
+impl Writer {
+    /// Queues a write that holds the drain until the answer is dropped, and returns once the
+    /// drain runs it (the writes queued behind it then wait). A caller that gives up before
+    /// then lets the drain go at once.
+    pub(crate) async fn hold(self: &Arc<Self>) -> Result<HeldWriter, StoreError> {
+        const WHAT: &str = "hold the writer";
+        self.refuse(WHAT)?;
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let (holding, held) = oneshot::channel();
+        self.submit(
+            WHAT,
+            Work::Write(Box::new(move |_: &Writer| {
+                let _ = holding.send(());
+                // Ends with an error once the only sender is dropped.
+                let _ = released.recv();
+                Box::new(|| ()) as SendAnswer
+            })),
+        )?;
+        held.await.map_err(|e| {
+            StoreError::backend(
+                format!(
+                    "{WHAT}: the writer stopped before running it (the runtime is shutting down)"
+                ),
+                e,
+            )
+        })?;
+        Ok(HeldWriter { _release: release })
+    }
+}
+
 /// A commit standing in for flush number `.1`: dropped, it tells the flush the stand-in is
 /// over (after [`Shared::flush_stood_in`] when it committed; otherwise the flush commits).
 struct StandIn<'a>(&'a Shared, u64);

@@ -218,6 +218,8 @@ use awareness_core::{
 };
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
 
+#[doc(hidden)]
+pub use crate::commit::HeldWriter;
 use crate::commit::{EndBounded, Writer};
 use crate::db::{Ctx, Flusher, Shared};
 use crate::tables::{
@@ -554,6 +556,21 @@ impl RedbStore {
     /// [`RedbStore::write_transactions`], shows how well group commit batches.
     pub fn largest_batch(&self) -> usize {
         self.writer.largest_batch()
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any
+    /// time): holds this handle's writer until the answer is dropped. The writes given to the
+    /// handle meanwhile wait in its queue, in order; once it is dropped, the recordings queued
+    /// one after another are committed in one batch (up to [`RedbOptions::group_commit`] of
+    /// them). The shared model test holds it while the recordings of a wave queue, so that
+    /// each wave reaches the group commit, not only when the scheduler happens to queue them.
+    /// A read-only handle refuses it.
+    #[doc(hidden)]
+    pub async fn hold_writer(&self) -> Result<HeldWriter, StoreError> {
+        self.writer
+            .hold()
+            .await
+            .map_err(|e| e.in_store(self.path()))
     }
 
     /// Closes this handle on the blocking pool, without blocking the async runtime's thread.

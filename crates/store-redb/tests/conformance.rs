@@ -2,13 +2,15 @@
 //! file), the open suite (what a read-write open refuses), the read-only suite and the model
 //! test, through `Arc<dyn ...>`, on a fresh file each,
 //! in both durability modes and with live readers (the model tests of the durable setups,
-//! with an fsync per commit, are the slowest of the run).
+//! with an fsync per commit, are the slowest of the run). The model test's waves of concurrent
+//! recordings are committed as one batch each ([`batching`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::StoreError;
 use awareness_core::testkit::Subject;
+use awareness_core::testkit::model::{Batching, Release};
 use store_redb::{RedbOptions, RedbStore};
 
 awareness_core::raw_access_forwarding!(RedbStore);
@@ -21,17 +23,44 @@ async fn open_with(path: PathBuf, options: RedbOptions) -> Result<Subject, Store
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
+        batching: None,
         guard: Box::new(()),
     })
 }
 
 async fn subject_with(options: RedbOptions) -> Subject {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let mut subject = open_with(dir.path().join("state.redb"), options)
-        .await
-        .expect("open a fresh store");
-    subject.guard = Box::new(dir);
-    subject
+    let store = Arc::new(
+        RedbStore::open_with(dir.path().join("state.redb"), options)
+            .await
+            .expect("open a fresh store"),
+    );
+    Subject {
+        store: store.clone(),
+        upstream: store.clone(),
+        raw: Arc::new(Raw(store.clone())),
+        batching: Some(batching(store)),
+        guard: Box::new(dir),
+    }
+}
+
+/// Holds the writer of `store` for the model test with its test hook
+/// ([`RedbStore::hold_writer`]): its drain waits on a write that does nothing while the
+/// recordings of a wave queue behind it, then takes them all into one batch. (Nothing the
+/// store offers otherwise keeps its drain waiting: it writes on a thread of its own, and
+/// another handle on the file shares its `redb::Database` but not its writer.)
+fn batching(store: Arc<RedbStore>) -> Batching {
+    let measured = Arc::clone(&store);
+    Batching {
+        hold_writer: Box::new(move || {
+            let store = Arc::clone(&store);
+            Box::pin(async move {
+                let held = store.hold_writer().await.expect("hold the writer");
+                Release::new(async move { drop(held) })
+            })
+        }),
+        largest_batch: Box::new(move || measured.largest_batch()),
+    }
 }
 
 /// Stamps every shared suite for one setup of the store: `$name` is the module, `$options` the

@@ -20,6 +20,7 @@ async fn open_with(path: PathBuf, options: RedbOptions) -> Result<Subject, Store
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
+        batching: None,
         guard: Box::new(()),
     })
 }

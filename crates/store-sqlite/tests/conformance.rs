@@ -1,13 +1,15 @@
 //! store-sqlite runs the shared conformance suite, the durable suite (reopening, two handles on
 //! one file), the open suite (what a read-write open refuses), the read-only suite and the model
 //! test, through `Arc<dyn ...>`, each on a fresh file in a temporary
-//! directory.
+//! directory. The model test's waves of concurrent recordings are committed as one batch each
+//! ([`batching`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::StoreError;
 use awareness_core::testkit::Subject;
+use awareness_core::testkit::model::{Batching, Release};
+use awareness_core::{CursorStore as _, SessionKey, StoreError, WatcherKey};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
 awareness_core::raw_access_forwarding!(SqliteStore);
@@ -28,17 +30,70 @@ async fn open_with(path: PathBuf, options: SqliteOptions) -> Result<Subject, Sto
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
+        batching: None,
         guard: Box::new(()),
     })
 }
 
 async fn subject() -> Subject {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut subject = open(dir.path().join("state.sqlite"))
+    let path = dir.path().join("state.sqlite");
+    let store = Arc::new(SqliteStore::open(&path).await.expect("open a fresh store"));
+    Subject {
+        store: store.clone(),
+        upstream: store.clone(),
+        raw: Arc::new(Raw(store.clone())),
+        batching: Some(batching(store, path)),
+        guard: Box::new(dir),
+    }
+}
+
+/// Holds the writer of `store` (on `path`) for the model test as the group-commit tests do,
+/// through SQLite's own lock: another connection takes the file's write lock (`BEGIN
+/// IMMEDIATE`), then a write that changes nothing (an unwatch of a cursor no test makes) takes
+/// the store's write connection, polled once so that it is first in line for it, and waits on
+/// that lock. The recordings given to the store meanwhile queue behind it (a recording that
+/// found the connection free would take the queue as it then was: the first of a wave alone).
+/// Released, the lock lets the unwatch through, and the first recording to get the connection
+/// then takes every queued event into one batch.
+fn batching(store: Arc<SqliteStore>, path: PathBuf) -> Batching {
+    let measured = Arc::clone(&store);
+    Batching {
+        hold_writer: Box::new(move || Box::pin(hold_writer(Arc::clone(&store), path.clone()))),
+        largest_batch: Box::new(move || measured.largest_batch()),
+    }
+}
+
+async fn hold_writer(store: Arc<SqliteStore>, path: PathBuf) -> Release {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let mut holder = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
         .await
-        .expect("open a fresh store");
-    subject.guard = Box::new(dir);
-    subject
+        .expect("a second connection");
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .expect("take the write lock");
+    let mut unwatch = Box::pin(async move {
+        let watcher = WatcherKey::parse("agent:main:subagent:holder").expect("watcher");
+        let target = SessionKey::new("agent:main:subagent:held").expect("key");
+        store.unwatch(&watcher, &target).await
+    });
+    assert!(
+        !awareness_core::testkit::poll_once(unwatch.as_mut()).await,
+        "a write waits for the lock"
+    );
+    let unwatch = tokio::spawn(unwatch);
+    Release::new(async move {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut holder)
+            .await
+            .expect("release the write lock");
+        holder.close().await.expect("close the second connection");
+        let removed = unwatch.await.expect("join").expect("the unwatch");
+        assert!(!removed, "no test makes the holder's cursor");
+    })
 }
 
 awareness_core::conformance_suite!(subject);

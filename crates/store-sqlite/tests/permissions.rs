@@ -18,6 +18,7 @@ async fn open(path: PathBuf) -> Result<Subject, StoreError> {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(store)),
+        batching: None,
         guard: Box::new(()),
     })
 }

@@ -143,6 +143,9 @@ pub struct Subject {
     pub upstream: Arc<dyn UpstreamStore>,
     /// Raw row access for the few checks that need it.
     pub raw: Arc<dyn RawAccess>,
+    /// How the model test makes the store batch concurrent recordings, for a store that
+    /// group-commits them; `None` for one that does not (store-memory).
+    pub batching: Option<model::Batching>,
     /// Dropped after the check (temporary files).
     pub guard: Box<dyn Any + Send + Sync>,
 }
@@ -157,6 +160,7 @@ impl Subject {
             store: store.clone(),
             upstream: store.clone(),
             raw: store,
+            batching: None,
             guard: Box::new(guard),
         }
     }
@@ -170,9 +174,10 @@ impl Subject {
             store,
             upstream,
             raw,
+            batching,
             guard,
         } = self;
-        drop((upstream, raw));
+        drop((upstream, raw, batching));
         assert_eq!(
             Arc::strong_count(&store),
             1,

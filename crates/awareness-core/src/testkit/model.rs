@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -24,7 +26,7 @@ use crate::model::{
 use crate::protocol::{self, AckTarget, Notice, ReadNotice};
 use crate::reconcile::{self, ChangesPage};
 use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
-use crate::store::AwarenessStoreExt;
+use crate::store::{AwarenessStoreExt, Recorded};
 use crate::upstream::{self, LinkSpec, UpstreamLink};
 
 /// Session keys; the last differs from the first in case only (keys compare byte for byte).
@@ -53,7 +55,9 @@ pub enum Op {
         /// The watchers the producer names: none, one, or two (the same one twice, or the
         /// event's own session, at times).
         named: Vec<usize>,
-        /// A dedupe key from a small pool.
+        /// A dedupe key: 0 to 3, one of a pool every step of the case draws from; 4 and up,
+        /// one of the step's own, new at that step (the calls of one [`Op::Concurrent`] wave
+        /// may share it).
         dedupe: Option<u8>,
         /// `occurredAt` relative to now, in hours (may lie outside the clamp window).
         offset_hours: Option<i64>,
@@ -63,8 +67,9 @@ pub enum Op {
         extras: u8,
     },
     /// Several recordings at once (each an [`Op::Record`]), each on its own task: a store may
-    /// group them into one write transaction. The model replays them in the order the store
-    /// gave them sequences.
+    /// group them into one write transaction, and one that group-commits
+    /// ([`Subject::batching`]) is made to, its writer held while they queue. The model replays
+    /// them in the order the store gave them sequences.
     Concurrent {
         /// The recordings.
         records: Vec<Op>,
@@ -221,14 +226,26 @@ const LINKED: usize = 3;
 /// Upstream sources: (thread, reference path).
 const SOURCES: [(&str, Option<&str>); 3] = [("t1", Some("/a")), ("t1", None), ("t2", Some("/b"))];
 
-fn record_strategy() -> impl Strategy<Value = Op> {
-    let n = KEYS.len() * AGENTS.len();
+/// Dedupe keys of the pool every step draws from (`Op::Record::dedupe`); the step's own keys
+/// come after them, up to [`ALL_KEYS`].
+const SHARED_KEYS: u8 = 4;
+const ALL_KEYS: u8 = 6;
+
+/// The most recordings of one [`Op::Concurrent`] wave.
+pub const MAX_WAVE: usize = 9;
+
+/// A recording on one of `sessions`, its dedupe key (with probability `dedupe`) one of `keys`.
+fn record_strategy(
+    sessions: std::ops::Range<usize>,
+    dedupe: f64,
+    keys: std::ops::Range<u8>,
+) -> impl Strategy<Value = Op> {
     (
-        0..n,
+        sessions,
         0..EventKind::ALL.len(),
         0..2 + WATCHERS.len(),
         proptest::collection::vec(0..WATCHERS.len(), 0..3),
-        proptest::option::weighted(0.3, 0u8..4),
+        proptest::option::weighted(dedupe, keys),
         proptest::option::weighted(0.2, -48i64..4),
         prop_oneof![9 => 0u8..8, 1 => 8u8..16],
     )
@@ -245,12 +262,26 @@ fn record_strategy() -> impl Strategy<Value = Op> {
         )
 }
 
+/// An [`Op::Concurrent`] wave: recordings anywhere in the pool; or, as often, recordings that
+/// meet, all on one key under either agent, half of them with a dedupe key (of the pool, or of
+/// the wave's own, which two of them may share), so that within one batch an event names a
+/// watcher an earlier one named or created a cursor for, re-points a cursor at the key's other
+/// agent, or is caused by a watcher it names (an actor id is a watcher key in 3 of 5 events).
+fn wave_strategy() -> impl Strategy<Value = Op> {
+    let n = KEYS.len() * AGENTS.len();
+    let anywhere = proptest::collection::vec(record_strategy(0..n, 0.3, 0..ALL_KEYS), 2..=MAX_WAVE);
+    let meeting = (0..KEYS.len()).prop_flat_map(|k| {
+        let on_key = k * AGENTS.len()..(k + 1) * AGENTS.len();
+        proptest::collection::vec(record_strategy(on_key, 0.5, 2..ALL_KEYS), 2..=MAX_WAVE)
+    });
+    prop_oneof![anywhere, meeting].prop_map(|records| Op::Concurrent { records })
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
     let n = KEYS.len() * AGENTS.len();
     prop_oneof![
-        6 => record_strategy(),
-        2 => proptest::collection::vec(record_strategy(), 2..10)
-            .prop_map(|records| Op::Concurrent { records }),
+        6 => record_strategy(0..n, 0.3, 0..SHARED_KEYS),
+        2 => wave_strategy(),
         2 => (0..WATCHERS.len(), 0..n).prop_map(|(watcher, session)| Op::Watch { watcher, session }),
         1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Unwatch { watcher, key }),
         2 => (0..WATCHERS.len(), proptest::collection::vec((0..KEYS.len(), 0u8..4), 0..3))
@@ -502,8 +533,8 @@ fn kind_actor(kind: usize, actor: usize) -> (EventKind, ActorType, Option<String
     }
 }
 
-/// The event an [`Op::Record`] describes; `tag` makes its summary unique.
-fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
+/// The event an [`Op::Record`] of step `step` describes; `tag` makes its summary unique.
+fn new_event(op: &Op, step: usize, tag: &str, now: Timestamp) -> NewEvent {
     let Op::Record {
         session: si,
         kind,
@@ -520,7 +551,13 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
     let summary = format!("{kind} at {tag}");
     let mut e = NewEvent::new(session(*si), kind, actor_type, summary);
     e.actor_id = actor_id;
-    e.dedupe_key = dedupe.map(|d| format!("dk-{d}"));
+    e.dedupe_key = dedupe.map(|d| {
+        if d < SHARED_KEYS {
+            format!("dk-{d}")
+        } else {
+            format!("dk-{d}-of-step-{step}")
+        }
+    });
     e.occurred_at = offset_hours.map(|h| now.plus_ms(h * Timestamp::HOUR_MS));
     e.watchers.extend(named.iter().map(|n| watcher(*n)));
     if extras & 1 != 0 {
@@ -548,7 +585,7 @@ fn new_event(op: &Op, tag: &str, now: Timestamp) -> NewEvent {
 }
 
 /// Makes `e` invalid in one of several ways, chosen by `how`; its dedupe key, if any, stays
-/// one of the pool's (a refusal must come before the dedupe lookup).
+/// (a refusal must come before the dedupe lookup).
 fn spoil(e: &mut NewEvent, how: usize) {
     match how % 6 {
         0 => e.summary = "x".repeat(crate::validate::MAX_SUMMARY_CHARS + 1),
@@ -573,6 +610,74 @@ fn spoil(e: &mut NewEvent, how: usize) {
     }
 }
 
+/// What lets a held writer go ([`Batching::hold_writer`]).
+pub struct Release(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl Release {
+    /// What `release` does: let the writer go, and undo whatever the hold did to keep it.
+    pub fn new(release: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(Box::pin(release))
+    }
+
+    /// Lets the writer go; returns once it is free again.
+    pub async fn release(self) {
+        self.0.await;
+    }
+}
+
+/// Holds a store's writer; answers its [`Release`].
+pub type HoldWriter = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Release> + Send>> + Send + Sync>;
+
+/// How the model test makes a store that group-commits concurrent recordings (decision 0005)
+/// batch every [`Op::Concurrent`] wave, and checks that it did: the batch path is the most
+/// involved way to record, and a wave left to the scheduler reached it only when the store's
+/// writer happened to be busy. The store must batch at least [`MAX_WAVE`] recordings.
+pub struct Batching {
+    /// Holds the store's writer, as test support (with the store's own means: a lock taken
+    /// from outside, a hook hidden from its docs): once the answer is there, every recording
+    /// the store is then given queues its event at its first poll and waits; once the
+    /// [`Release`] is released, the writer commits the queued events, in order, in one batch.
+    /// Called before each wave, released once each of its calls was polled once.
+    pub hold_writer: HoldWriter,
+    /// The most recordings one of the store's write transactions has held (its
+    /// `largest_batch()`): after a wave of at least two valid recordings, at least their number.
+    pub largest_batch: Box<dyn Fn() -> usize + Send + Sync>,
+}
+
+/// A call of a wave: answered at its first poll, or queued and left to a task of its own.
+enum Answer {
+    AtOnce(Result<Recorded, StoreError>),
+    Queued(tokio::task::JoinHandle<Result<Recorded, StoreError>>),
+}
+
+/// Starts a recording of each of `events`, all at once, each on a task of its own. On a store
+/// that group-commits, with its writer held while each call is polled once (which queues its
+/// event), so that the writer, once released, finds every valid one queued and commits them
+/// together.
+async fn record_wave(subject: &Subject, events: &[NewEvent], now: Timestamp) -> Vec<Answer> {
+    let held = match &subject.batching {
+        Some(b) => Some((b.hold_writer)().await),
+        None => None,
+    };
+    let mut answers = Vec::with_capacity(events.len());
+    for e in events {
+        let (store, e) = (Arc::clone(&subject.store), e.clone());
+        let mut call = Box::pin(async move { store.record(e, now).await });
+        if held.is_some() {
+            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            if let Poll::Ready(answer) = first {
+                answers.push(Answer::AtOnce(answer));
+                continue;
+            }
+        }
+        answers.push(Answer::Queued(tokio::spawn(call)));
+    }
+    if let Some(held) = held {
+        held.release().await;
+    }
+    answers
+}
+
 async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> {
     let store = &*subject.store;
     let up = &*subject.upstream;
@@ -582,7 +687,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
         let ctx = format!("step {step}: {op:?}");
         match op {
             Op::Record { .. } => {
-                let e = new_event(op, &step.to_string(), now);
+                let e = new_event(op, step, &step.to_string(), now);
                 let want = model.record(e.clone(), now);
                 let got = store.record(e, now).await;
                 let Some((ev, dedup, notices)) = want else {
@@ -605,22 +710,30 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 let events: Vec<NewEvent> = records
                     .iter()
                     .enumerate()
-                    .map(|(i, op)| new_event(op, &format!("{step}.{i}"), now))
+                    .map(|(i, op)| new_event(op, step, &format!("{step}.{i}"), now))
                     .collect();
-                let tasks: Vec<_> = events
-                    .iter()
-                    .map(|e| {
-                        let (store, e) = (Arc::clone(&subject.store), e.clone());
-                        tokio::spawn(async move { store.record(e, now).await })
-                    })
-                    .collect();
-                let mut got = Vec::with_capacity(tasks.len());
+                let valid = events.iter().filter(|e| e.validate().is_ok()).count();
+                let largest_before = subject.batching.as_ref().map(|b| (b.largest_batch)());
+                let answers = record_wave(subject, &events, now).await;
+                let mut got = Vec::with_capacity(answers.len());
                 // The calls made with an invalid event, refused without spending a sequence.
                 let mut refused = Vec::new();
-                for (i, t) in tasks.into_iter().enumerate() {
-                    let answer = t
-                        .await
-                        .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?;
+                for (i, answer) in answers.into_iter().enumerate() {
+                    let answer = match answer {
+                        Answer::Queued(t) => t
+                            .await
+                            .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?,
+                        Answer::AtOnce(answer) => {
+                            prop_assert!(
+                                subject.batching.is_none() || events[i].validate().is_err(),
+                                "{}: call {} answered while the store's writer was held: {:?}",
+                                ctx,
+                                i,
+                                answer.map(|r| r.event.sequence)
+                            );
+                            answer
+                        }
+                    };
                     if events[i].validate().is_err() {
                         prop_assert!(
                             matches!(answer, Err(StoreError::InvalidInput(_))),
@@ -685,6 +798,23 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     prop_assert!(rec.notices.is_empty(), "{}: a hit notifies", ctx);
                 }
                 model.last = base + got.len() as u64;
+                // The wave's valid recordings, queued behind the held writer, were committed
+                // as one batch: the store's largest batch is at least that, and exactly that
+                // when it was smaller before (nothing else records meanwhile).
+                if let (Some(b), Some(before)) = (&subject.batching, largest_before)
+                    && valid >= 2
+                {
+                    let largest = (b.largest_batch)();
+                    prop_assert!(
+                        largest >= valid && (before >= valid || largest == valid),
+                        "{}: the wave's {} valid recordings were not committed as one batch \
+                         (largest batch {} before the wave, {} after)",
+                        ctx,
+                        valid,
+                        before,
+                        largest
+                    );
+                }
             }
             Op::Watch {
                 watcher: wi,
@@ -1147,7 +1277,8 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
 ///
 /// On two worker threads, as the conformance suite runs: the calls of an `Op::Concurrent` wave
 /// then overlap on a store whose `record` never waits (store-memory), where one thread ran
-/// them one after another in the order they were spawned.
+/// them one after another in the order they were spawned. A store that group-commits
+/// ([`Subject::batching`]) commits each wave's valid calls in one batch, which each wave checks.
 pub fn run<F, Fut>(factory: F)
 where
     F: Fn() -> Fut,

@@ -564,7 +564,8 @@ impl RedbStore {
     /// one after another are committed in one batch (up to [`RedbOptions::group_commit`] of
     /// them). The shared model test holds it while the recordings of a wave queue, so that
     /// each wave reaches the group commit, not only when the scheduler happens to queue them.
-    /// A read-only handle refuses it.
+    /// A read-only handle refuses it. While the answer lives, every write of the file in this
+    /// process waits, and so does closing it (`close` waits for the writer): drop it first.
     #[doc(hidden)]
     pub async fn hold_writer(&self) -> Result<HeldWriter, StoreError> {
         self.writer

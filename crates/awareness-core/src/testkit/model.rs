@@ -26,7 +26,7 @@ use crate::model::{
 use crate::protocol::{self, AckTarget, Notice, ReadNotice};
 use crate::reconcile::{self, ChangesPage};
 use crate::retention::{self, PruneReport, PruneStep, RetentionPolicy};
-use crate::store::{AwarenessStoreExt, Recorded};
+use crate::store::{AwarenessStore, AwarenessStoreExt, Recorded};
 use crate::upstream::{self, LinkSpec, UpstreamLink};
 
 /// Session keys; the last differs from the first in case only (keys compare byte for byte).
@@ -68,11 +68,15 @@ pub enum Op {
     },
     /// Several recordings at once (each an [`Op::Record`]), each on its own task: a store may
     /// group them into one write transaction, and one that group-commits
-    /// ([`Subject::batching`]) is made to, its writer held while they queue. The model replays
-    /// them in the order the store gave them sequences.
+    /// ([`Subject::batching`]) is made to when `held`, its writer held while they queue. The
+    /// model replays them in the order the store gave them sequences.
     Concurrent {
         /// The recordings.
         records: Vec<Op>,
+        /// Whether the store's writer is held while they queue, so that they make one batch;
+        /// otherwise the scheduler decides (one alone and the rest together, say), so that the
+        /// split shapes of a group commit are checked too.
+        held: bool,
     },
     /// Explicit watch.
     Watch {
@@ -274,7 +278,11 @@ fn wave_strategy() -> impl Strategy<Value = Op> {
         let on_key = k * AGENTS.len()..(k + 1) * AGENTS.len();
         proptest::collection::vec(record_strategy(on_key, 0.5, 2..ALL_KEYS), 2..=MAX_WAVE)
     });
-    prop_oneof![anywhere, meeting].prop_map(|records| Op::Concurrent { records })
+    (
+        prop_oneof![anywhere, meeting],
+        proptest::bool::weighted(0.75),
+    )
+        .prop_map(|(records, held)| Op::Concurrent { records, held })
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -629,15 +637,17 @@ impl Release {
 pub type HoldWriter = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Release> + Send>> + Send + Sync>;
 
 /// How the model test makes a store that group-commits concurrent recordings (decision 0005)
-/// batch every [`Op::Concurrent`] wave, and checks that it did: the batch path is the most
-/// involved way to record, and a wave left to the scheduler reached it only when the store's
-/// writer happened to be busy. The store must batch at least [`MAX_WAVE`] recordings.
+/// batch a held [`Op::Concurrent`] wave (three in four), and checks that it did: the batch path
+/// is the most involved way to record, and a wave left to the scheduler reached it only when
+/// the store's writer happened to be busy. The other waves are left to the scheduler, for the
+/// split shapes (one recording alone, the rest together). The store must batch at least
+/// [`MAX_WAVE`] recordings.
 pub struct Batching {
     /// Holds the store's writer, as test support (with the store's own means: a lock taken
     /// from outside, a hook hidden from its docs): once the answer is there, every recording
     /// the store is then given queues its event at its first poll and waits; once the
     /// [`Release`] is released, the writer commits the queued events, in order, in one batch.
-    /// Called before each wave, released once each of its calls was polled once.
+    /// Called before each held wave, released once each of its calls was polled once.
     pub hold_writer: HoldWriter,
     /// The most recordings one of the store's write transactions has held (its
     /// `largest_batch()`): after a wave of at least two valid recordings, at least their number.
@@ -650,18 +660,23 @@ enum Answer {
     Queued(tokio::task::JoinHandle<Result<Recorded, StoreError>>),
 }
 
-/// Starts a recording of each of `events`, all at once, each on a task of its own. On a store
-/// that group-commits, with its writer held while each call is polled once (which queues its
-/// event), so that the writer, once released, finds every valid one queued and commits them
-/// together.
-async fn record_wave(subject: &Subject, events: &[NewEvent], now: Timestamp) -> Vec<Answer> {
-    let held = match &subject.batching {
+/// Starts a recording of each of `events` on `store`, all at once, each on a task of its own.
+/// With `batching` (a store that group-commits, in a held wave), its writer is held while each
+/// call is polled once (which queues its event), so that the writer, once released, finds
+/// every valid one queued and commits them together.
+async fn record_wave(
+    store: &Arc<dyn AwarenessStore>,
+    batching: Option<&Batching>,
+    events: &[NewEvent],
+    now: Timestamp,
+) -> Vec<Answer> {
+    let held = match batching {
         Some(b) => Some((b.hold_writer)().await),
         None => None,
     };
     let mut answers = Vec::with_capacity(events.len());
     for e in events {
-        let (store, e) = (Arc::clone(&subject.store), e.clone());
+        let (store, e) = (Arc::clone(store), e.clone());
         let mut call = Box::pin(async move { store.record(e, now).await });
         if held.is_some() {
             let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
@@ -706,15 +721,16 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 prop_assert_eq!(got.deduplicated, dedup, "{}", ctx);
                 prop_assert_eq!(sorted(got.notices), sorted(notices), "{}", ctx);
             }
-            Op::Concurrent { records } => {
+            Op::Concurrent { records, held } => {
+                let batching = subject.batching.as_ref().filter(|_| *held);
                 let events: Vec<NewEvent> = records
                     .iter()
                     .enumerate()
                     .map(|(i, op)| new_event(op, step, &format!("{step}.{i}"), now))
                     .collect();
                 let valid = events.iter().filter(|e| e.validate().is_ok()).count();
-                let largest_before = subject.batching.as_ref().map(|b| (b.largest_batch)());
-                let answers = record_wave(subject, &events, now).await;
+                let largest_before = batching.map(|b| (b.largest_batch)());
+                let answers = record_wave(&subject.store, batching, &events, now).await;
                 let mut got = Vec::with_capacity(answers.len());
                 // The calls made with an invalid event, refused without spending a sequence.
                 let mut refused = Vec::new();
@@ -725,7 +741,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                             .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?,
                         Answer::AtOnce(answer) => {
                             prop_assert!(
-                                subject.batching.is_none() || events[i].validate().is_err(),
+                                batching.is_none() || events[i].validate().is_err(),
                                 "{}: call {} answered while the store's writer was held: {:?}",
                                 ctx,
                                 i,
@@ -801,7 +817,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 // The wave's valid recordings, queued behind the held writer, were committed
                 // as one batch: the store's largest batch is at least that, and exactly that
                 // when it was smaller before (nothing else records meanwhile).
-                if let (Some(b), Some(before)) = (&subject.batching, largest_before)
+                if let (Some(b), Some(before)) = (batching, largest_before)
                     && valid >= 2
                 {
                     let largest = (b.largest_batch)();

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use awareness_core::audit;
 use awareness_core::error::ErrorChain;
+use awareness_core::protocol::IgnoredWatcher;
 use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event,
-    EventKind, FullStore, Head, KindClass, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey,
+    EventKind, FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey,
     SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
 };
 use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_full_store_with};
@@ -722,25 +723,32 @@ fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
             .map_err(|e| CliError::usage(format!("--payload is not JSON: {e}")))?;
         ev.payload = Some(validate::payload_from_value(v).map_err(|e| invalid(&e))?);
     }
-    // A named watcher the kind would drop is refused, not silently ignored: a log-only kind
-    // notifies nobody, a session never watches itself, and a notifying event is not news to
-    // the watcher that made it (self-suppression writes nothing for it; a seed is kept).
-    if !args.watcher.is_empty() && ev.kind.class() == KindClass::LogOnly {
-        return Err(CliError::usage(format!(
-            "--watcher: a {} event is log-only and notifies no watcher (only \
-             human_direct_message, goal_changed, upstream_missing and child_spawned take one)",
-            ev.kind
-        )));
-    }
+    // A named watcher the protocol would ignore is refused, not silently dropped.
     for w in &args.watcher {
         let w = watcher("--watcher", w)?;
-        protocol::check_watch(w.session_key(), &k)
-            .map_err(|e| CliError::usage(format!("--watcher: {e}")))?;
-        if ev.kind.class() == KindClass::Notify && ev.actor_id.as_deref() == Some(w.as_str()) {
-            return Err(CliError::usage(format!(
-                "--watcher {w}: it is the event's --actor-id, and a session is not notified of \
-                 its own change (nothing would be written for it)"
-            )));
+        let ignored = protocol::ignored_watcher(ev.kind.class(), &k, ev.actor_id.as_deref(), &w);
+        match ignored {
+            None => {}
+            Some(IgnoredWatcher::LogOnly) => {
+                return Err(CliError::usage(format!(
+                    "--watcher: a {} event is log-only and notifies no watcher (only \
+                     human_direct_message, goal_changed, upstream_missing and child_spawned \
+                     take one)",
+                    ev.kind
+                )));
+            }
+            Some(IgnoredWatcher::ItsOwnSession) => {
+                let e = ValidationError::SelfWatch {
+                    key: k.as_str().to_owned(),
+                };
+                return Err(CliError::usage(format!("--watcher: {e}")));
+            }
+            Some(IgnoredWatcher::ItsOwnActor) => {
+                return Err(CliError::usage(format!(
+                    "--watcher {w}: it is the event's --actor-id, and a session is not notified \
+                     of its own change (nothing would be written for it)"
+                )));
+            }
         }
         ev.watchers.push(w);
     }

@@ -415,6 +415,38 @@ pub fn head_over_unreadable(event: &Event, now: Timestamp) -> Head {
     }
 }
 
+/// Why [`on_event`] writes nothing for a watcher an event names, when it writes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoredWatcher {
+    /// The event is log-only: it notifies and seeds nobody.
+    LogOnly,
+    /// The watcher is the event's own session, which never watches itself.
+    ItsOwnSession,
+    /// The event notifies, and the watcher caused it (self-suppression: nothing is written for
+    /// it). A seed is kept: a spawner is the actor of its own `child_spawned`.
+    ItsOwnActor,
+}
+
+/// Whether [`on_event`] ignores `watcher` when an event of `class` on `session`, caused by
+/// `actor_id`, names it; `None` when it is seeded or notified. The one rule the protocol
+/// applies to named watchers, so that a caller (the CLI refusing a `--watcher` the event would
+/// drop) asks it rather than repeating it.
+pub fn ignored_watcher(
+    class: KindClass,
+    session: &SessionKey,
+    actor_id: Option<&str>,
+    watcher: &WatcherKey,
+) -> Option<IgnoredWatcher> {
+    match class {
+        KindClass::LogOnly => Some(IgnoredWatcher::LogOnly),
+        _ if watcher.session_key() == session => Some(IgnoredWatcher::ItsOwnSession),
+        KindClass::Notify if actor_id == Some(watcher.as_str()) => {
+            Some(IgnoredWatcher::ItsOwnActor)
+        }
+        KindClass::Notify | KindClass::Seed => None,
+    }
+}
+
 /// The cursor effects of a freshly recorded (not deduplicated) event.
 ///
 /// `existing` must hold every cursor whose target key is the event's key (of any agent); the
@@ -436,11 +468,14 @@ pub fn on_event(
     let target = event.session_ref();
     let mut out = CursorEffects::default();
     let find = |w: &WatcherKey| existing.iter().find(|c| &c.watcher == w);
-    match event.kind.class() {
+    let class = event.kind.class();
+    let ignored =
+        |w: &WatcherKey| ignored_watcher(class, &event.session_key, event.actor_id.as_deref(), w);
+    match class {
         KindClass::LogOnly => {}
         KindClass::Seed => {
             for w in each_once(named) {
-                if w.session_key() == &event.session_key {
+                if ignored(w).is_some() {
                     continue;
                 }
                 if let Some(c) = seed(find(w), w, &target, event.sequence, now) {
@@ -456,7 +491,9 @@ pub fn on_event(
             watchers.sort_by(|a, b| a.watcher.cmp(&b.watcher));
             let mut fresh = Vec::new();
             for w in each_once(named) {
-                if w.session_key() == &event.session_key {
+                // A watcher that caused the event is left out here, as the loop below leaves
+                // out its existing cursor (self-suppression).
+                if ignored(w).is_some() {
                     continue;
                 }
                 match find(w) {
@@ -495,6 +532,39 @@ mod tests {
         let mut e = NewEvent::new(r("agent:main:subagent:c1"), kind, ActorType::Human, "x");
         e.actor_id = actor.map(str::to_owned);
         e.into_event(Sequence(seq), Timestamp(5))
+    }
+
+    /// `ignored_watcher` answers what `on_event` does with each named watcher: for every kind
+    /// class, a watcher that is the session, the actor, or neither, it is `None` exactly when
+    /// `on_event` writes that watcher's cursor.
+    #[test]
+    fn ignored_watcher_is_what_on_event_does() {
+        let session = r("agent:main:subagent:c1");
+        for kind in EventKind::ALL {
+            for named in [
+                "agent:main:subagent:c1",
+                "agent:main:main",
+                "agent:main:other",
+            ] {
+                let watcher = w(named);
+                let event = ev(kind.clone(), 7, Some("agent:main:main"));
+                let written = on_event(&event, std::slice::from_ref(&watcher), &[], Timestamp(9))
+                    .upserts
+                    .iter()
+                    .any(|c| c.watcher == watcher);
+                let ignored = ignored_watcher(
+                    kind.class(),
+                    &session.session_key,
+                    Some("agent:main:main"),
+                    &watcher,
+                );
+                assert_eq!(
+                    ignored.is_none(),
+                    written,
+                    "{kind} naming {named}: {ignored:?}"
+                );
+            }
+        }
     }
 
     /// The manager's cursor on `c1`, watched at `seq`.

@@ -757,6 +757,38 @@ mod tests {
         (dir, runtime, store)
     }
 
+    /// Runs one batch of recordings on `at` with these summaries through the writer's drain
+    /// (outside any runtime, as the drain runs), catching nothing: a panic out of the drain
+    /// fails the test. Answers each caller's answer, in order.
+    fn run_batch(
+        store: &crate::RedbStore,
+        at: &SessionRef,
+        summaries: &[&str],
+    ) -> Vec<Result<super::Recorded, awareness_core::StoreError>> {
+        let (jobs, replies): (Vec<super::Job>, Vec<_>) = summaries
+            .iter()
+            .map(|summary| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let event = NewEvent::new(
+                    at.clone(),
+                    EventKind::Compacted,
+                    ActorType::System,
+                    *summary,
+                );
+                let now = Timestamp(1_800_000_000_000);
+                (super::Job { event, now, reply }, answer)
+            })
+            .unzip();
+        let answers =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
+                .expect("the batch's callers are answered, the panic caught inside");
+        super::answer(answers);
+        replies
+            .into_iter()
+            .map(|mut r| r.try_recv().expect("every caller is answered"))
+            .collect()
+    }
+
     /// A recording polled outside a Tokio runtime leaves the writer's queue as it found it:
     /// nothing queued, no drain marked as running, no call counted in flight. (A call counted
     /// in flight that never returns would make every later lone recording of a durable handle
@@ -795,29 +827,14 @@ mod tests {
     fn a_panic_in_a_batch_fails_only_the_event_that_panicked() {
         let (_dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
-        let (jobs, replies): (Vec<super::Job>, Vec<_>) = ["first", super::PANICS_IN_TESTS, "last"]
-            .into_iter()
-            .map(|summary| {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                let event =
-                    NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, summary);
-                let now = Timestamp(1_800_000_000_000);
-                (super::Job { event, now, reply }, answer)
-            })
-            .unzip();
-        let answers =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
-                .expect("the batch answers those that did not panic");
-        super::answer(answers);
-        let got: Vec<Result<String, String>> = replies
-            .into_iter()
-            .map(|mut r| {
-                r.try_recv()
-                    .expect("every caller is answered")
-                    .map(|rec| rec.event.summary.clone())
-                    .map_err(|e| e.to_string())
-            })
-            .collect();
+        let got: Vec<Result<String, String>> =
+            run_batch(&store, &at, &["first", super::PANICS_IN_TESTS, "last"])
+                .into_iter()
+                .map(|r| {
+                    r.map(|rec| rec.event.summary.clone())
+                        .map_err(|e| e.to_string())
+                })
+                .collect();
         assert_eq!(got[0], Ok("first".to_owned()));
         assert_eq!(got[2], Ok("last".to_owned()));
         let err = got[1].as_ref().expect_err("the event that panicked fails");
@@ -834,26 +851,13 @@ mod tests {
         let (dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
         let now = Timestamp(1_800_000_000_000);
-        let (jobs, replies): (Vec<super::Job>, Vec<_>) =
-            ["first", super::COMMIT_PANICS_IN_TESTS, "last"]
-                .into_iter()
-                .map(|summary| {
-                    let (reply, answer) = tokio::sync::oneshot::channel();
-                    let event =
-                        NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, summary);
-                    (super::Job { event, now, reply }, answer)
-                })
-                .unzip();
-        let answers =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
-                .expect("the batch's callers are answered");
-        super::answer(answers);
         let file = dir.path().join("state.redb").display().to_string();
-        for mut reply in replies {
-            let err = reply
-                .try_recv()
-                .expect("every caller is answered")
-                .expect_err("nothing of the batch was committed");
+        for answer in run_batch(
+            &store,
+            &at,
+            &["first", super::COMMIT_PANICS_IN_TESTS, "last"],
+        ) {
+            let err = answer.expect_err("nothing of the batch was committed");
             let chain = awareness_core::error::ErrorChain(&err).to_string();
             assert!(
                 chain.contains(&format!("{file}: record (a group commit) panicked"))
@@ -887,37 +891,13 @@ mod tests {
         let (_dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
         let now = Timestamp(1_800_000_000_000);
-        let (reply, mut answer) = tokio::sync::oneshot::channel();
-        let event = NewEvent::new(
-            at.clone(),
-            EventKind::Compacted,
-            ActorType::System,
-            super::COMMIT_PANICS_IN_TESTS,
-        );
-        let (reply2, mut answer2) = tokio::sync::oneshot::channel();
-        let event2 = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
         store
             .writer
             .shared()
             .check_panics
             .store(true, std::sync::atomic::Ordering::Release);
-        let jobs = vec![
-            super::Job { event, now, reply },
-            super::Job {
-                event: event2,
-                now,
-                reply: reply2,
-            },
-        ];
-        let answers =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.writer.run(jobs)))
-                .expect("the batch's callers are answered");
-        super::answer(answers);
-        for answer in [&mut answer, &mut answer2] {
-            answer
-                .try_recv()
-                .expect("answered")
-                .expect_err("not committed");
+        for answer in run_batch(&store, &at, &[super::COMMIT_PANICS_IN_TESTS, "x"]) {
+            answer.expect_err("not committed");
         }
         let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");
         let err = runtime

@@ -874,14 +874,21 @@ async fn prune(
             )
         };
     }
-    let report = store
-        .prune(&policy, now)
-        .await
-        .map_err(|e| store_err("prune", &e))?;
-    let done = format!(
-        "deleted {} event(s) by age, {} by the row cap, {} idle cursor(s), in {} chunk(s)",
-        report.events_by_age, report.events_by_cap, report.cursors, report.chunks
-    );
+    let deleted = |r: &retention::PruneReport| {
+        format!(
+            "deleted {} event(s) by age, {} by the row cap, {} idle cursor(s), in {} chunk(s)",
+            r.events_by_age, r.events_by_cap, r.cursors, r.chunks
+        )
+    };
+    let report = match store.prune_counted(&policy, now).await {
+        Ok(report) => report,
+        // What the committed chunks deleted stays deleted: said, not only the failure.
+        Err(f) if f.done.chunks > 0 => {
+            return Err(store_err("prune", &f.error).after(&deleted(&f.done)));
+        }
+        Err(f) => return Err(store_err("prune", &f.error)),
+    };
+    let done = deleted(&report);
     if as_json {
         emit_json(out, &json!({"dryRun": false, "deleted": report}))
     } else {
@@ -1286,6 +1293,66 @@ mod tests {
             0,
             "a real prune read the log to preview it"
         );
+    }
+
+    /// Refuses every pruning chunk from the `nth` (from 1) on.
+    struct ChunkFails {
+        nth: usize,
+        seen: AtomicUsize,
+    }
+
+    impl Hook for ChunkFails {
+        fn refuse(&self, call: Call) -> Option<StoreError> {
+            let n = (call == Call::PruneChunk).then(|| self.seen.fetch_add(1, Ordering::SeqCst));
+            (n? + 1 >= self.nth).then(|| StoreError::corrupt("refused by the test"))
+        }
+    }
+
+    /// A `prune` that fails part-way says what its committed chunks deleted (they stay
+    /// deleted) beside the failure, and exits as a failure; one failing at its first chunk says
+    /// only the failure. It said only the failure, as if nothing had gone.
+    #[tokio::test]
+    async fn a_prune_that_fails_part_way_says_what_it_deleted() {
+        let chunk = RetentionPolicy::default().chunk_rows;
+        let now = Timestamp::now();
+        let long_ago = now.minus_ms(40 * Timestamp::DAY_MS);
+        let old = SessionRef::parse("agent:main:subagent:old", "main").unwrap();
+        for nth in [1, 2] {
+            let inner = gateway_adapter::open_store("memory:").await.unwrap();
+            for _ in 0..chunk + 5 {
+                let e = NewEvent::new(old.clone(), EventKind::GoalChanged, ActorType::System, "g");
+                inner.record(e, long_ago).await.unwrap();
+            }
+            let store = Hooked {
+                inner: inner.clone(),
+                hook: ChunkFails {
+                    nth,
+                    seen: AtomicUsize::new(0),
+                },
+            };
+            let mut out = Vec::new();
+            let e = prune(&store, false, now, true, &mut out)
+                .await
+                .expect_err("the pass failed");
+            assert_eq!(e.code, EXIT_FAILURE);
+            assert!(out.is_empty(), "nothing printed as a result");
+            assert!(e.message.contains("prune: "), "{}", e.message);
+            let left = inner.log_stats().await.unwrap().rows;
+            if nth == 1 {
+                assert_eq!(left as usize, chunk + 5);
+                assert!(!e.message.contains("deleted"), "{}", e.message);
+            } else {
+                assert_eq!(left, 5, "the first chunk committed");
+                assert!(
+                    e.message.starts_with(&format!(
+                        "deleted {chunk} event(s) by age, 0 by the row cap, 0 idle cursor(s), \
+                         in 1 chunk(s), but prune: "
+                    )),
+                    "{}",
+                    e.message
+                );
+            }
+        }
     }
 
     /// Sends SIGINT to this process at the second `events_after` of `tail --follow` (after it

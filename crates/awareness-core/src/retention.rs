@@ -257,6 +257,35 @@ impl PruneReport {
     }
 }
 
+/// A pruning pass that stopped at a failure ([`crate::AwarenessStoreExt::prune_counted`]): the
+/// chunks that committed before it stay deleted, and a pass run again goes on from there.
+#[derive(Debug)]
+pub struct PruneFailed {
+    /// What the chunks that ended before the failure deleted. The failed chunk is not counted,
+    /// though a backend that splits a chunk into several transactions may have committed part
+    /// of it: this is a lower bound.
+    pub done: PruneReport,
+    /// Why the pass stopped.
+    pub error: crate::error::StoreError,
+}
+
+impl std::fmt::Display for PruneFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pruning stopped after {} chunk(s) (at least {} event(s) by age, {} by the row cap, \
+             {} idle cursor(s) deleted)",
+            self.done.chunks, self.done.events_by_age, self.done.events_by_cap, self.done.cursors
+        )
+    }
+}
+
+impl std::error::Error for PruneFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// Runs one pruning chunk of at most `max_rows` rows as write transactions of at most `per_tx`
 /// rows each ([`crate::EventStore::prune_chunk`]: a backend splits a chunk so that a recording
 /// never waits behind more than one transaction). `one_tx(bound)` chooses at most `bound` rows

@@ -11,7 +11,7 @@ use crate::model::{
 };
 use crate::protocol::{AckTarget, Notice};
 use crate::reconcile::{self, ChangesPage, SessionStatus};
-use crate::retention::{PruneReport, PruneStep, RetentionPolicy};
+use crate::retention::{PruneFailed, PruneReport, PruneStep, RetentionPolicy};
 
 /// The result of recording an event.
 #[derive(Debug, Clone, PartialEq)]
@@ -279,12 +279,28 @@ pub trait AwarenessStoreExt: AwarenessStore {
         policy: &RetentionPolicy,
         now: Timestamp,
     ) -> Result<PruneReport, StoreError> {
-        policy.validate()?;
+        self.prune_counted(policy, now).await.map_err(|f| f.error)
+    }
+
+    /// [`AwarenessStoreExt::prune`], saying on failure what the chunks that committed before it
+    /// deleted ([`PruneFailed::done`]; nothing for a policy refused up front).
+    async fn prune_counted(
+        &self,
+        policy: &RetentionPolicy,
+        now: Timestamp,
+    ) -> Result<PruneReport, PruneFailed> {
         let mut report = PruneReport::default();
+        let failed = |done: PruneReport| move |error: StoreError| PruneFailed { done, error };
+        policy
+            .validate()
+            .map_err(|e| failed(report)(StoreError::from(e)))?;
         let chunk = policy.chunk_rows;
         for step in policy.steps(now) {
             loop {
-                let deleted = self.prune_chunk(&step, chunk, now).await?;
+                let deleted = self
+                    .prune_chunk(&step, chunk, now)
+                    .await
+                    .map_err(failed(report))?;
                 report.add(&step, deleted);
                 if deleted < chunk as u64 {
                     break;

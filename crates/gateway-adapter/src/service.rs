@@ -787,7 +787,8 @@ fn deliver_logged(
 pub struct PrunePass {
     /// Passes completed since the service started (failed passes count too).
     pub passes: u64,
-    /// What the latest pass deleted.
+    /// What the latest pass deleted; for a failed pass, what its chunks that committed before
+    /// the failure deleted.
     pub report: PruneReport,
     /// Whether the latest pass failed (it was logged).
     pub failed: bool,
@@ -2019,16 +2020,25 @@ impl Awareness {
         }
     }
 
-    /// One pruning pass (in bounded chunks).
+    /// One pruning pass (in bounded chunks): what it deleted. A failed pass is logged and
+    /// answers what the chunks that committed before the failure deleted.
     pub async fn prune(&self) -> PruneReport {
         let result = self
             .store
-            .prune(&self.config.retention, self.clock.now())
+            .prune_counted(&self.config.retention, self.clock.now())
             .await;
         let failed = result.is_err();
-        let report = result.unwrap_or_else(|e| {
-            warn!(error = %ErrorChain(&e), "pruning failed; it runs again on the next tick");
-            PruneReport::default()
+        let report = result.unwrap_or_else(|f| {
+            warn!(
+                error = %ErrorChain(&f.error),
+                chunks_done = f.done.chunks,
+                events_by_age = f.done.events_by_age,
+                events_by_cap = f.done.events_by_cap,
+                cursors = f.done.cursors,
+                "pruning failed after deleting what its committed chunks deleted; it runs again \
+                 on the next tick"
+            );
+            f.done
         });
         self.prune_passes.send_modify(|p| {
             p.passes += 1;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use awareness_core::testkit::failing::Failing;
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
-    AgentId, CursorStore, LinkSpec, Sequence, SessionRef, StoreError, Timestamp, UpstreamStore,
-    WatcherKey, async_trait,
+    AgentId, CursorStore, EventStore, LinkSpec, RetentionPolicy, Sequence, SessionRef, StoreError,
+    Timestamp, UpstreamStore, WatcherKey, async_trait,
 };
 use gateway_adapter::{
-    Awareness, CheckOutcome, Detection, HumanMessage, InMemoryDirectory, InMemoryQueue,
-    RecordingWake, SystemEventQueue, UpstreamMonitor, UpstreamProvider,
+    Awareness, AwarenessConfig, CheckOutcome, Detection, HumanMessage, InMemoryDirectory,
+    InMemoryQueue, RecordingWake, SystemEventQueue, UpstreamMonitor, UpstreamProvider,
 };
 use store_memory::MemoryStore;
 
@@ -349,5 +349,81 @@ async fn a_human_message_is_recorded_when_whether_it_is_watched_cannot_be_read()
         &capture.lines(),
         "cannot tell whether the session is watched",
     );
+    assert!(line.contains(CAUSE), "{line}");
+}
+
+/// Refuses the `nth` (from 1) pruning chunk and every one after it.
+struct ChunkFails {
+    nth: usize,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl Hook for ChunkFails {
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        if call != Call::PruneChunk {
+            return None;
+        }
+        let n = self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        (n >= self.nth).then(|| StoreError::backend("prune a chunk", std::io::Error::other(CAUSE)))
+    }
+}
+
+/// A pass that fails part-way reports what its committed chunks deleted (they stay deleted),
+/// not nothing, and says it failed; the log names what was done. Before, the watch channel and
+/// the answer said 0 deleted whenever a pass failed, however much it had removed.
+#[tokio::test]
+async fn a_pruning_pass_that_fails_part_way_reports_what_it_deleted() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let inner = Arc::new(MemoryStore::new());
+    for i in 0..5 {
+        inner
+            .record(
+                awareness_core::testkit::group_commit::event(i),
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+    }
+    // The age step (one chunk, nothing old), then the row cap's chunks of one row each: the
+    // fourth chunk fails, after two rows went.
+    let store = Arc::new(Hooked {
+        inner: inner.clone(),
+        hook: ChunkFails {
+            nth: 4,
+            seen: std::sync::atomic::AtomicUsize::new(0),
+        },
+    });
+    let svc = Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .config(AwarenessConfig {
+        retention: RetentionPolicy {
+            max_rows: 1,
+            chunk_rows: 1,
+            ..RetentionPolicy::default()
+        },
+        ..AwarenessConfig::default()
+    })
+    .build();
+    let passes = svc.subscribe_pruning();
+    let report = svc.prune().await;
+    assert_eq!(
+        (report.events_by_age, report.events_by_cap, report.chunks),
+        (0, 2, 3)
+    );
+    let pass = *passes.borrow();
+    assert!(pass.failed, "{pass:?}");
+    assert_eq!(pass.report, report);
+    assert_eq!(
+        inner.log_stats().await.unwrap().rows,
+        3,
+        "the committed chunks stay deleted"
+    );
+    let line = logged(&capture.lines(), "pruning failed");
+    assert!(line.contains("events_by_cap=2"), "{line}");
     assert!(line.contains(CAUSE), "{line}");
 }

@@ -413,7 +413,10 @@ impl SqliteStore {
     /// user may not write (its mode or owner, a read-only file system: SQLite would open it
     /// read-only and fail every write later; open it with [`SqliteOptions::read_only`] to read
     /// it), or one a later version of this crate migrated (decision 0012) gives
-    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then. A file whose
+    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then. So does a
+    /// missing file with a `-wal`, a `-shm` or a live `-journal` beside it (its database deleted
+    /// or moved, perhaps while a process still has it open): a new store there would read them
+    /// as its own. A file whose
     /// schema this open must bring up to date while another connection holds its write lock for
     /// longer than the busy timeout gives [`StoreError::Busy`] (retryable) naming the path.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {

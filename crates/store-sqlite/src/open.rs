@@ -206,30 +206,34 @@ fn parent(path: &Path) -> &Path {
 /// empty file, which the next open makes a store, as it does any empty file).
 async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, StoreError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    // A write-ahead log or a rollback journal beside a path that holds no database (its
-    // database deleted after a process was killed before folding the log back or rolling the
-    // journal back, or while one still writes into the deleted file): SQLite would read it into
-    // the new store as that store's own pages (a journal whose first byte is not zero, SQLite's
-    // test of a live one, is played back over any database file that is not empty, and the new
-    // store is complete before SQLite first opens it at `path`). A journal left zeroed or
-    // empty (`journal_mode=PERSIST` or `TRUNCATE`) is ignored by SQLite, and here. The path is
-    // looked at after them: another opener creating the store at the same moment links it
-    // there before its log exists, so its log is never taken for a stray one.
+    // A write-ahead log, its shared-memory index or a rollback journal beside a path that
+    // holds no database (its database deleted after a process was killed before folding the
+    // log back or rolling the journal back, or while one still has it open): SQLite would read
+    // it into the new store as that store's own pages (a journal whose first byte is not zero,
+    // SQLite's test of a live one, is played back over any database file that is not empty,
+    // and the new store is complete before SQLite first opens it at `path`). A log counts even
+    // when empty, and so does an index alone: a process that still has the deleted database
+    // open has them (the log empty until it writes), and the new store would share them with
+    // it, each reading the other's pages as its own, the index telling where. A journal left
+    // zeroed or empty (`journal_mode=PERSIST` or `TRUNCATE`) is ignored by SQLite, and here.
+    // The path is looked at after them: another opener creating the store at the same moment
+    // links it there before its log or index exists, so neither is taken for a stray one.
     for (suffix, what) in [
         ("-wal", "write-ahead log"),
+        ("-shm", "write-ahead log's shared-memory index"),
         ("-journal", "rollback journal"),
     ] {
         let left = companion(path, suffix);
         let live = if suffix == "-journal" {
             first_byte_set(&left)
         } else {
-            std::fs::metadata(&left).is_ok_and(|m| m.len() > 0)
+            std::fs::symlink_metadata(&left).is_ok()
         };
         if live && std::fs::symlink_metadata(path).is_err() {
             return Err(error::open(
                 path,
                 format!(
-                    "no database is there, but a {what} ({}) is, left by one that was deleted (after a process was killed, or while one still writes into it): SQLite would read it into a new store; move it (and any -shm) away first",
+                    "no database is there, but a {what} ({}) is, left by one that was deleted (after a process was killed, or while one still has it open): SQLite would read it into a new store; move it (and any -wal or -shm) away first, once no process has the deleted database open",
                     left.display()
                 ),
                 None,

@@ -448,6 +448,51 @@ async fn a_write_ahead_log_without_its_database_is_refused_and_left_alone() {
     assert_eq!(listing(dir.path()), before, "nothing created");
 }
 
+/// A store moved away (or deleted) while a process still has it open leaves that process's log
+/// and shared-memory index at the old path, the log empty until it writes: a new store there
+/// would share them with it, each reading the other's pages as its own. The open is refused,
+/// naming them, and creates nothing; once they are gone, it creates the store. An empty log
+/// was taken for no log.
+#[tokio::test]
+async fn a_log_and_index_still_in_use_by_a_moved_store_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let wal = dir.path().join("state.sqlite-wal");
+    let shm = dir.path().join("state.sqlite-shm");
+    let first = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(first.log_stats().await.unwrap().rows, 0, "a read");
+    assert!(shm.exists(), "the index is there while the store is open");
+    assert_eq!(
+        std::fs::metadata(&wal).map(|m| m.len()).ok(),
+        Some(0),
+        "the log is there, empty: nothing was written since the open"
+    );
+    std::fs::rename(&path, dir.path().join("moved.sqlite")).unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "write-ahead log");
+    assert!(err.to_string().contains("state.sqlite-wal"), "{err}");
+    assert_eq!(listing(dir.path()), before, "nothing created");
+    // The index alone is refused as well.
+    std::fs::remove_file(&wal).unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "shared-memory index");
+    assert!(err.to_string().contains("state.sqlite-shm"), "{err}");
+    assert_eq!(listing(dir.path()), before, "nothing created");
+    first.close().await;
+    let _ = std::fs::remove_file(&shm);
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("nothing left at the old path");
+    assert_eq!(
+        store.log_stats().await.unwrap().rows,
+        0,
+        "a new, empty store"
+    );
+    store.close().await;
+}
+
 /// A rollback journal left beside a path whose database was deleted (a process in rollback
 /// mode killed in a transaction whose pages had started to reach the file, then the file
 /// removed): the open is refused, naming the journal, and creates nothing. SQLite plays a

@@ -223,7 +223,9 @@ pub enum WatchRefusal {
     InvalidWatcher,
     /// The visibility policy does not let the watcher see the target.
     NotVisible,
-    /// The store failed (logged with its cause); asking again may succeed.
+    /// The store failed (logged with its cause), or did not answer within
+    /// [`AwarenessConfig::store_wait`] (the watch may then have been registered or not); asking
+    /// again may succeed.
     StoreFailed,
 }
 
@@ -285,9 +287,14 @@ pub struct AwarenessConfig {
     /// fsync) must not hold the watcher's turn, since recording and reading are best effort.
     /// It bounds, in [`Awareness::drain_turn`], the read of the pending cursors, the wait for
     /// the acknowledgement and (three times as long) the wait for the watcher's turn lock; the
-    /// read of a pick-up ([`Awareness::pick_up`]); and the wait of the best-effort producers
+    /// read of each watcher's pending cursors in a pick-up ([`Awareness::pick_up`]), made
+    /// holding that watcher's turn lock (not its first read of every pending cursor, on a
+    /// background task that holds no turn); the wait of the best-effort producers
     /// ([`Awareness::record`], [`Awareness::human_message`], ...) for their recording, which
-    /// goes on on its own task and delivers its notices when the store answers. Not bounded:
+    /// goes on on its own task and delivers its notices when the store answers; and the tools a
+    /// model calls in its turn ([`Awareness::session_status`], [`Awareness::state_versions`],
+    /// [`Awareness::watch_after_send`], [`Awareness::unwatch`] and their variants), each read
+    /// or write answered as a failure of the store once given up. Not bounded:
     /// [`Awareness::try_record`] and the other calls that return the store's own answer, and
     /// [`Awareness::adopt`] (an adoption is not made on a turn, and its link is written before
     /// it returns; the `adopted` event it then records is bounded).
@@ -1094,6 +1101,19 @@ impl Awareness {
         until(self.store_deadline(), call).await
     }
 
+    /// The store's answer to `call`, or, when it has not answered within
+    /// [`AwarenessConfig::store_wait`], the error of [`Awareness::no_answer`] with `context`
+    /// (the call is dropped: a write may then have committed or not, as a cancelled one).
+    async fn bounded<T>(
+        &self,
+        context: &'static str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.within_store_wait(call)
+            .await
+            .unwrap_or_else(|| Err(self.no_answer(context)))
+    }
+
     /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
     /// is woken at once (the waker coalesces) unless the notice is queue-only
     /// ([`Notice::queue_only`]), a nested subagent sees it on its next turn. With
@@ -1552,7 +1572,8 @@ impl Awareness {
         if !self.visibility.can_see(requester, &r) {
             return Err(NotVisible);
         }
-        match self.store.session_status(&r, changes_since, limit).await {
+        let read = self.store.session_status(&r, changes_since, limit);
+        match self.bounded("read the session's status", read).await {
             Ok(s) => Ok(s),
             Err(e) => {
                 warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the store could not be read");
@@ -1571,7 +1592,8 @@ impl Awareness {
         let Ok(watcher) = WatcherKey::parse(requester.session_key.as_str()) else {
             return Ok(None);
         };
-        match self.store.cursor(&watcher, target).await {
+        let read = self.store.cursor(&watcher, target);
+        match self.bounded("read a cursor", read).await {
             Ok(cursor) => Ok(cursor.map(|c| c.target_agent)),
             // A damaged row reads so at every call (decision 0016): it counts as no cursor, as
             // a watch over it does, rather than make every reconcile of the key unavailable
@@ -1640,13 +1662,14 @@ impl Awareness {
         };
         // At least 1: checked when the service was built.
         for batch in visible.chunks(self.config.list_batch) {
-            match self.store.heads(batch).await {
+            match self.bounded("read heads", self.store.heads(batch)).await {
                 Ok(heads) => versions(heads),
                 Err(StoreError::Corrupt { .. }) if batch.len() > 1 => {
                     // A head that cannot be read fails its batch: the batch's refs are read one
                     // at a time, so that it hides only its own session (decision 0020).
                     for r in batch {
-                        match self.store.heads(std::slice::from_ref(r)).await {
+                        let read = self.store.heads(std::slice::from_ref(r));
+                        match self.bounded("read a head", read).await {
                             Ok(heads) => versions(heads),
                             Err(e) => {
                                 warn!(session_key = %r.session_key, agent_id = %r.agent_id, requester = %requester.session_key, error = %ErrorChain(&e), "sessions_list enrichment skipped a session");
@@ -1684,7 +1707,8 @@ impl Awareness {
         if !self.visibility.can_see(&self.requester_ref(watcher), &r) {
             return WatchOutcome::refused(WatchRefusal::NotVisible);
         }
-        match self.store.watch(&w, &r, self.clock.now()).await {
+        let write = self.store.watch(&w, &r, self.clock.now());
+        match self.bounded("watch", write).await {
             Ok(_) => WatchOutcome {
                 watched: true,
                 refused: None,
@@ -1708,7 +1732,8 @@ impl Awareness {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
             return false;
         };
-        self.store.unwatch(&w, target).await.unwrap_or_else(|e| {
+        let write = self.store.unwatch(&w, target);
+        self.bounded("unwatch", write).await.unwrap_or_else(|e| {
             warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "unwatch failed");
             false
         })
@@ -2166,9 +2191,11 @@ impl Awareness {
             };
             // Bounded as a turn's read is: the lock it holds meanwhile is the watcher's turn's.
             let read = self
-                .within_store_wait(self.pending_cursors(&watcher))
-                .await
-                .unwrap_or_else(|| Err(self.no_answer("read the watcher's pending cursors")));
+                .bounded(
+                    "read the watcher's pending cursors",
+                    self.pending_cursors(&watcher),
+                )
+                .await;
             match read {
                 Ok(cursors) => {
                     let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();

@@ -956,6 +956,66 @@ async fn a_turn_whose_acknowledgement_hangs_shows_what_it_read_once() {
     );
 }
 
+/// Bug: the tools a model calls in its turn (`session_status`, `sessions_list`'s versions, a
+/// watch or an unwatch) waited for a store that hung as long as it hung, holding the turn, as a
+/// notice tells the model to call `session_status` at once. Each is now answered as a failure
+/// of the store after `AwarenessConfig::store_wait`: unavailable, no version, refused, false.
+#[tokio::test(start_paused = true)]
+async fn the_tools_of_a_turn_give_up_on_a_store_that_hangs() {
+    let w = World::gated(Call::Heads, false).await;
+    let manager = k(MANAGER);
+    let child = SessionRef::parse(CHILD, "main").unwrap();
+    let wait = AwarenessConfig::default().store_wait;
+    let gate = |call| *w.store.hook.at.lock().unwrap() = (call, false);
+    let started = tokio::time::Instant::now();
+    let status =
+        within_an_hour(
+            w.svc
+                .session_status(&manager, &k(CHILD), None, Some(Sequence::ZERO), None),
+        )
+        .await
+        .expect("visible");
+    assert_eq!(
+        status,
+        awareness_core::SessionStatus::unavailable(Some(Sequence::ZERO))
+    );
+    assert_eq!(started.elapsed(), wait, "one wait");
+    assert!(
+        within_an_hour(w.svc.state_versions(&manager, std::slice::from_ref(&child)))
+            .await
+            .is_empty(),
+        "no version read"
+    );
+    // A bare key: which agent's session is meant is read from the requester's cursor.
+    gate(Call::Cursor);
+    let status = within_an_hour(
+        w.svc
+            .session_status(&manager, &k("global"), None, None, None),
+    )
+    .await
+    .expect("visible");
+    assert_eq!(status, awareness_core::SessionStatus::unavailable(None));
+    gate(Call::Watch);
+    let watched =
+        within_an_hour(
+            w.svc
+                .watch_after_send(&manager, &k("agent:main:subagent:b"), None, true),
+        )
+        .await;
+    assert_eq!(
+        watched.refused,
+        Some(gateway_adapter::WatchRefusal::StoreFailed)
+    );
+    gate(Call::Unwatch);
+    assert!(!within_an_hour(w.svc.unwatch(&manager, &k(CHILD))).await);
+    // Once the store answers, every tool does again.
+    w.open_gate();
+    assert!(
+        w.svc.unwatch(&manager, &k(CHILD)).await,
+        "the watch was there"
+    );
+}
+
 /// Bug: a best-effort producer waited for a store that hung as long as it hung, holding the
 /// gateway's handling of the message. It answers `None` after `AwarenessConfig::store_wait`;
 /// the recording goes on, and when it commits its notice is delivered and the manager woken.

@@ -9,10 +9,10 @@ use awareness_core::dedupe;
 use awareness_core::error::ErrorChain;
 use awareness_core::validate::MAX_DEDUPE_KEY_BYTES;
 use awareness_core::{
-    AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, CursorFilter,
-    Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded, RetentionPolicy,
-    Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp, UpsertOutcome,
-    UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
+    AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, Cursor,
+    CursorFilter, Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded,
+    RetentionPolicy, Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp,
+    UpsertOutcome, UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
 };
 use serde_json::json;
 use tracing::{debug, warn};
@@ -1709,14 +1709,40 @@ impl Awareness {
         }
         let write = self.store.watch(&w, &r, self.clock.now());
         match self.bounded("watch", write).await {
-            Ok(_) => WatchOutcome {
-                watched: true,
-                refused: None,
-            },
+            Ok(cursor) => {
+                self.wake_if_queued(&cursor);
+                WatchOutcome {
+                    watched: true,
+                    refused: None,
+                }
+            }
             Err(e) => {
                 warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch not registered");
                 WatchOutcome::refused(WatchRefusal::StoreFailed)
             }
+        }
+    }
+
+    /// Wakes a main session whose cursor a watch keeps pending when the notice's line is queued
+    /// for it already: an ambient cursor's line is queued without a wake (decision 0015), and
+    /// the watch that makes the cursor explicit is what would have woken the session; the
+    /// recordings after it hand out the same notice, whose line the queue holds, and wake
+    /// nobody. Nothing is queued here (a turn that drained the line may be acknowledging it). A
+    /// wake that panics is logged.
+    fn wake_if_queued(&self, cursor: &Cursor) {
+        let watcher = cursor.watcher.session_key();
+        if !cursor.is_pending() || watcher.is_subagent() {
+            return;
+        }
+        let n = Notice::of(cursor);
+        if n.queue_only || !self.queue.peek(watcher).contains(&queued(&n)) {
+            return;
+        }
+        let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.wake.wake(watcher, "session-state");
+        }));
+        if let Err(panic) = woken {
+            warn!(session_key = %watcher, panic = awareness_core::error::panic_message(&*panic), "waking the watcher for its queued notice panicked; its next turn reads it");
         }
     }
 

@@ -314,6 +314,47 @@ async fn a_queue_only_notice_is_queued_without_a_wake() {
     );
 }
 
+/// Bug: an ambient cursor's notice is queued without a wake (decision 0015); a watch that
+/// then made the cursor explicit kept the notice pending, and every recording after it handed
+/// out the same notice, whose line the queue already held: nothing woke the main session,
+/// which takes no turn unless woken. The watch now wakes it when the line is queued; it queues
+/// nothing itself, and wakes nobody for a cursor with nothing queued.
+#[tokio::test]
+async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, queue, wake) =
+        common::service_in(store.clone(), None, directory(&[MANAGER, ELSEWHERE]));
+    let watch = async |watcher: &str| {
+        svc.watch_after_send(&k(watcher), &k(CHILD), None, true)
+            .await
+            .watched
+    };
+    assert!(watch(MANAGER).await && watch(ELSEWHERE).await);
+    // A change recorded by another writer: pending for both, delivered to neither here.
+    store
+        .record(human(&child()), Timestamp::now())
+        .await
+        .expect("recorded");
+    let cursor = store
+        .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    // Its line queued as an ambient cursor's is: without a wake.
+    let mut ambient = awareness_core::Notice::of(&cursor);
+    ambient.queue_only = true;
+    svc.deliver(&[ambient]);
+    assert!(wake.all().is_empty(), "queued without a wake");
+    assert!(watch(MANAGER).await);
+    assert_eq!(wake.all(), [k(MANAGER)], "woken by the watch");
+    assert_eq!(texts(&queue, MANAGER).len(), 1, "the line, once");
+    // The other watcher's notice was never queued here: the watch does not queue it (a turn may
+    // be acknowledging it), nor wake anyone.
+    assert!(watch(ELSEWHERE).await);
+    assert!(texts(&queue, ELSEWHERE).is_empty());
+    assert_eq!(wake.all(), [k(MANAGER)]);
+}
+
 /// With a store that has no other writer, the pick-up task ends at its first question.
 #[tokio::test]
 async fn the_pickup_task_ends_on_a_store_without_another_writer() {

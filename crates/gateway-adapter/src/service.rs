@@ -121,7 +121,8 @@ pub struct Adoption {
     /// The link's upsert: the link in effect, and whether it was created or rebased.
     pub outcome: UpsertOutcome,
     /// The `adopted` event (the one stored first, for a key adopted before); `None` when it
-    /// could not be recorded.
+    /// could not be recorded, or was not within [`AwarenessConfig::store_wait`] (it then goes
+    /// on, and may still commit: [`Awareness::wait_for_writes`] waits for it).
     pub event: Option<Arc<Event>>,
 }
 
@@ -1431,8 +1432,9 @@ impl Awareness {
     }
 
     /// [`Awareness::try_adopt`], answering the `adopted` event too: `None` when recording it
-    /// failed (logged), the link being in place all the same. For a caller that must say so,
-    /// as `awareness adopt` does; adopting again records it (once per key).
+    /// failed or did not end within [`AwarenessConfig::store_wait`] (logged; it then goes on,
+    /// and may still commit), the link being in place all the same. For a caller that must say
+    /// so, as `awareness adopt` does; adopting again records it (once per key).
     pub async fn try_adopt_recorded(&self, spec: LinkSpec) -> Result<Adoption, StoreError> {
         let Some(links) = &self.upstream else {
             return Err(StoreError::backend(

@@ -59,7 +59,13 @@ fn batching(store: Arc<RedbStore>) -> Batching {
                 Release::new(async move { drop(held) })
             })
         }),
-        largest_batch: Box::new(move || measured.largest_batch()),
+        largest_batch: Box::new({
+            let measured = Arc::clone(&measured);
+            move || measured.largest_batch()
+        }),
+        write_transactions: Box::new(move || measured.write_transactions()),
+        // The held job commits nothing.
+        hold_transactions: 0,
     }
 }
 

@@ -60,7 +60,13 @@ fn batching(store: Arc<SqliteStore>, path: PathBuf) -> Batching {
     let measured = Arc::clone(&store);
     Batching {
         hold_writer: Box::new(move || Box::pin(hold_writer(Arc::clone(&store), path.clone()))),
-        largest_batch: Box::new(move || measured.largest_batch()),
+        largest_batch: Box::new({
+            let measured = Arc::clone(&measured);
+            move || measured.largest_batch()
+        }),
+        write_transactions: Box::new(move || measured.write_transactions()),
+        // The unwatch queued first in line.
+        hold_transactions: 1,
     }
 }
 

@@ -652,6 +652,13 @@ pub struct Batching {
     /// The most recordings one of the store's write transactions has held (its
     /// `largest_batch()`): after a wave of at least two valid recordings, at least their number.
     pub largest_batch: Box<dyn Fn() -> usize + Send + Sync>,
+    /// The store's count of committed write transactions (its `write_transactions()`): a held
+    /// wave adds exactly [`Batching::hold_transactions`], plus one when any of its recordings
+    /// is valid.
+    pub write_transactions: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The write transactions a hold and its release count themselves (store-sqlite's no-op
+    /// write queued first in line: 1; store-redb's held job commits nothing: 0).
+    pub hold_transactions: u64,
 }
 
 /// A call of a wave: answered at its first poll, or queued and left to a task of its own.
@@ -730,6 +737,7 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     .collect();
                 let valid = events.iter().filter(|e| e.validate().is_ok()).count();
                 let largest_before = batching.map(|b| (b.largest_batch)());
+                let txs_before = batching.map(|b| (b.write_transactions)());
                 let answers = record_wave(&subject.store, batching, &events, now).await;
                 let mut got = Vec::with_capacity(answers.len());
                 // The calls made with an invalid event, refused without spending a sequence.
@@ -815,8 +823,23 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                 }
                 model.last = base + got.len() as u64;
                 // The wave's valid recordings, queued behind the held writer, were committed
-                // as one batch: the store's largest batch is at least that, and exactly that
-                // when it was smaller before (nothing else records meanwhile).
+                // in one write transaction (nothing else writes meanwhile)...
+                if let (Some(b), Some(before)) = (batching, txs_before) {
+                    let txs = (b.write_transactions)() - before;
+                    let want = b.hold_transactions + u64::from(valid > 0);
+                    prop_assert_eq!(
+                        txs,
+                        want,
+                        "{}: the wave's {} valid recordings took {} write transactions, the \
+                         hold's {} included",
+                        ctx,
+                        valid,
+                        txs,
+                        b.hold_transactions
+                    );
+                }
+                // ...as one batch: the store's largest batch is at least that, and exactly that
+                // when it was smaller before.
                 if let (Some(b), Some(before)) = (batching, largest_before)
                     && valid >= 2
                 {

@@ -696,6 +696,23 @@ async fn paired_node_pages_back_to_the_marker() {
             marker: json!({"uuid": "i131"})
         }
     );
+    // A node that answers one check with no items (restarting, still loading the thread): the
+    // marker stays, and the check after it counts nothing old. It was rebased to "no item",
+    // and the check after counted the thread's whole history as new turns.
+    let all = std::mem::take(&mut *node.items.lock().unwrap());
+    assert_eq!(
+        provider.check(&caught_up, &own).await,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": "i131"})
+        }
+    );
+    *node.items.lock().unwrap() = all;
+    assert_eq!(
+        provider.check(&caught_up, &own).await,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": "i131"})
+        }
+    );
     // An empty thread at adoption: everything after is new.
     let fresh = paired_link(Some(json!({"uuid": null})));
     assert!(matches!(

@@ -400,6 +400,18 @@ impl PairedNodeProvider {
         let read = self.read_back(link, own, uuid.as_deref(), None).await?;
         let top = read.items.first().map(|i| i.id.clone());
         Ok(match read.end {
+            // An empty answer (a node restarting or still loading the thread may give one)
+            // says nothing of the marker's item: the marker stays. Rebased to "no item", the
+            // next check would count the thread's whole history as new turns; a thread really
+            // emptied is rebased at the first check that reads items without the marker's.
+            End::Start if uuid.is_some() && top.is_none() => {
+                warn!(session_key = %link.session.session_key, host = %link.host_id,
+                    thread = %link.thread_id,
+                    "paired node: the thread answered no items; the marker stays, and the next check reads it again");
+                CheckOutcome::Unchanged {
+                    marker: PairedMarker::at(uuid).to_value(),
+                }
+            }
             End::Start if uuid.is_some() => {
                 // The marker's item no longer exists (the thread was rewritten): start over from
                 // its newest item without counting what cannot be told apart from old history.

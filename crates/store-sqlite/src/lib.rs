@@ -74,7 +74,8 @@
 //!   standard data set (its 50,000 events take 15.9 MB of table and indexes instead of
 //!   10.4 MB; docs/decisions/0007);
 //! - **WAL checkpoints run in the background** on a reader connection every 256 write
-//!   transactions, while recordings go on; only a short last pass, when little is left, holds
+//!   transactions, on a thread of their own (not a task of the caller's runtime, which
+//!   [`SqliteStore::close`] would then depend on), while recordings go on; only a short last pass, when little is left, holds
 //!   the write connection so the WAL file starts over. The writer's own autocheckpoint
 //!   (40,000 pages) is only a safety net. Under sustained concurrent recording the passes
 //!   rarely find little left, and a group commit counts as one write transaction however many
@@ -300,6 +301,15 @@ async fn abandon(
     }
 }
 
+/// Why a read-write open is refused when SQLite opened the file read-only (`e`, its refusal to
+/// write).
+fn opened_read_only_reason(e: &sqlx::Error) -> String {
+    format!(
+        "SQLite opened it read-only and refuses writes ({e}): this user may not write the file, \
+         or its file system is read-only; open the store read-only to read it"
+    )
+}
+
 /// `path` as SQLite takes it for the file's name. sqlx opens every connection with
 /// `SQLITE_OPEN_URI`, under which a name that starts with `file:` is a URI (`file:x.db` opens
 /// `x.db`, `file:x.db%3Fmode=memory` a database in memory) and `:memory:` is a database in
@@ -318,12 +328,20 @@ fn file_name(path: &Path) -> std::borrow::Cow<'_, Path> {
 /// option), so that the first statement that reads the file fails on a connection we own and can
 /// close before cleaning up after it.
 fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions {
+    unsynced_options(path, options).synchronous(SqliteSynchronous::Normal)
+}
+
+/// [`connect_options`] but `synchronous`, whose pragma reads the file (SQLite loads the schema
+/// for it), and so would create a WAL store's `-wal` and `-shm` while connecting: the write
+/// connection is made with these, asked whether SQLite opened the file read-only before
+/// anything reads it (`open::file_opened_read_only`), and only then given `synchronous`
+/// ([`sql::SYNCHRONOUS`]).
+fn unsynced_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
         .filename(file_name(path))
         .create_if_missing(false)
         .read_only(options.read_only)
         .busy_timeout(options.busy_timeout)
-        .synchronous(SqliteSynchronous::Normal)
         // Our four tables have no foreign keys; leaving enforcement off guarantees that no
         // statement of ours cascades into another table of an OpenClaw database.
         .foreign_keys(false)
@@ -360,8 +378,9 @@ pub struct SqliteStore {
     writes_since_checkpoint: AtomicU32,
     /// A background checkpoint is running.
     checkpointing: Arc<AtomicBool>,
-    /// The last background checkpoint, awaited by [`SqliteStore::close`].
-    checkpoint_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The last background checkpoint, awaited by [`SqliteStore::close`]: its thread drops the
+    /// sender once the checkpoint is over and its connections' handles are let go.
+    checkpoint_task: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     hints: Arc<Hints>,
     /// Recordings waiting for the write connection (group commit).
     queue: group::Queue,
@@ -413,7 +432,9 @@ impl SqliteStore {
     /// user may not write (its mode or owner, a read-only file system: SQLite would open it
     /// read-only and fail every write later; open it with [`SqliteOptions::read_only`] to read
     /// it), or one a later version of this crate migrated (decision 0012) gives
-    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then. So does a
+    /// [`StoreError::Open`] naming the path; nothing is created or overwritten then (a file
+    /// this user may not write is refused before SQLite reads it, so not even its `-wal` and
+    /// `-shm` are made beside it). So does a
     /// missing file with a `-wal`, a `-shm` or a live `-journal` beside it (its database deleted
     /// or moved, perhaps while a process still has it open): a new store there would read them
     /// as its own. A file whose
@@ -461,13 +482,40 @@ impl SqliteStore {
         let writer = if options.read_only {
             None
         } else {
-            let mut conn = match base.connect().await {
+            let mut conn = match unsynced_options(path, options).connect().await {
                 Ok(conn) => conn,
                 Err(e) => {
                     abandon(Vec::new(), None, &companions, Some(&e)).await;
                     return Err(fail(e));
                 }
             };
+            // A file this user may not write is refused before anything reads it: the first
+            // read of a connection SQLite opened read-only creates the `-wal` and `-shm` of a
+            // WAL store, and leaves them (see `open::file_opened_read_only`). `synchronous`
+            // reads the file, so it is set after.
+            let checked = async {
+                if let Some(e) =
+                    open::file_opened_read_only(&mut conn, options.busy_timeout).await?
+                {
+                    return Ok(Some(e));
+                }
+                sqlx::raw_sql(sql::SYNCHRONOUS)
+                    .execute(&mut conn)
+                    .await
+                    .map(|_| None)
+            }
+            .await;
+            match checked {
+                Ok(None) => {}
+                Ok(Some(e)) => {
+                    abandon(Vec::new(), Some(conn), &companions, None).await;
+                    return Err(error::open(path, opened_read_only_reason(&e), None));
+                }
+                Err(e) => {
+                    abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
+                    return Err(fail(e));
+                }
+            }
             // A file a later version wrote is refused before anything is written to it, and so
             // is one that is no state database yet when this open may create none (an empty
             // file, another application's database: a mistyped path).
@@ -491,13 +539,7 @@ impl SqliteStore {
                 }
                 Ok(open::opened_read_only(&mut conn, options.busy_timeout)
                     .await?
-                    .map(|e| {
-                        format!(
-                            "SQLite opened it read-only and refuses writes ({e}): this user may \
-                             not write the file, or its file system is read-only; open the \
-                             store read-only to read it"
-                        )
-                    }))
+                    .map(|e| opened_read_only_reason(&e)))
             }
             .await;
             match refused {
@@ -582,7 +624,9 @@ impl SqliteStore {
     /// waiting for readers, so a reader that still holds an older snapshot can keep part of it
     /// in the log), and the last connection to close removes it. Dropping the store closes
     /// them too, without waiting: a process that exits right after may leave the log beside
-    /// the file. Through a shared handle,
+    /// the file. A background checkpoint still running is waited for first; it runs on a
+    /// thread of its own, so `close` may be called from any runtime, whether or not the one
+    /// that made the writes is still driven. Through a shared handle,
     /// [`EventStore::close`](awareness_core::EventStore::close) calls this when it holds the
     /// last one.
     pub async fn close(self) {
@@ -591,14 +635,15 @@ impl SqliteStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(task) = task
-            && let Err(e) = task.await
-        {
-            tracing::debug!(path = %self.path.display(), error = %e, "background checkpoint task");
+        if let Some(done) = task {
+            // Answers once the checkpoint's thread let go of its handles (the sender dropped,
+            // never sent): on that thread, whatever runtime this is and whichever started it.
+            drop(done.await);
         }
         let readers = match Arc::try_unwrap(self.readers) {
             Ok(r) => r.conns.into_vec(),
-            // Still shared (a checkpoint task of a runtime that stopped): dropping closes them.
+            // Still shared (no thread could be started for a checkpoint that is not over
+            // yet, say): dropping closes them.
             Err(_) => Vec::new(),
         };
         for r in readers {
@@ -849,8 +894,17 @@ impl SqliteStore {
 
     /// Counts a write transaction of `weight` and, every [`CHECKPOINT_EVERY`], starts a
     /// PASSIVE checkpoint on a reader connection in the background, so that the cost of copying
-    /// the WAL into the file (and its fsync) never lands on a recording. Without a tokio
-    /// runtime, the writer's own autocheckpoint (a larger safety net) does it.
+    /// the WAL into the file (and its fsync) never lands on a recording.
+    ///
+    /// The checkpoint runs on a thread of its own, which drives it to the end (sqlx's SQLite
+    /// connections answer from their own threads and need no runtime), not on a task of the
+    /// caller's runtime: [`SqliteStore::close`] waits for it, and a task of a current-thread
+    /// runtime that is alive but no longer driven (a handle used from several runtimes, as
+    /// tests and one-shot tools do) never finished, so `close` from another runtime waited for
+    /// ever. It also runs now where no tokio runtime is (it was skipped there, and left to the
+    /// writer's own autocheckpoint), and no longer stops when the runtime that started it shuts
+    /// down. Where no thread can be started, the writer's own autocheckpoint (a larger safety
+    /// net) does it.
     fn count_write(&self, weight: u32) {
         let n = self
             .writes_since_checkpoint
@@ -860,29 +914,51 @@ impl SqliteStore {
             return;
         }
         self.writes_since_checkpoint.store(0, Ordering::Relaxed);
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.checkpointing.store(false, Ordering::Release);
-            return;
-        };
         let readers = Arc::clone(&self.readers);
         let writer = self.writer.clone();
         let flag = Arc::clone(&self.checkpointing);
         let path = self.path.clone();
-        // Spawned and stored under one lock: a task spawned and stored in two steps could
-        // finish, and a later one be spawned and stored, in between, and this one's handle
-        // would then replace the later one's, which `close` would not wait for.
+        // Started and stored under one lock: a checkpoint started and stored in two steps
+        // could finish, and a later one be started and stored, in between, and this one's
+        // receiver would then replace the later one's, which `close` would not wait for.
         let mut slot = self
             .checkpoint_task
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Cleared however the task ends, dropped before its first poll included (its runtime
-        // shut down, the store going on in another): it left the flag set, and this handle
-        // never checkpointed in the background again. Made here, moved into the task.
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        // Cleared however the checkpoint ends, its thread never started included: a flag left
+        // set would keep this handle from checkpointing in the background again. Made here,
+        // moved into the thread.
         let clears = ClearOnDrop(flag);
-        *slot = Some(rt.spawn(async move {
-            let _clears = clears;
-            readers.checkpoint(&path, writer.as_deref()).await;
-        }));
+        let thread_path = path.clone();
+        let started = std::thread::Builder::new()
+            .name("store-sqlite-checkpoint".into())
+            .spawn(move || {
+                // Dropped in the reverse order, a panic included: the checkpoint (and with it
+                // the handles of the connections) first, then the flag, then the sender, which
+                // tells `close` that the connections are its alone.
+                let done = done;
+                let clears = clears;
+                let shown = thread_path.clone();
+                let checkpoint = async move {
+                    readers.checkpoint(&thread_path, writer.as_deref()).await;
+                };
+                match tokio::runtime::Builder::new_current_thread().build() {
+                    Ok(rt) => rt.block_on(checkpoint),
+                    Err(e) => {
+                        drop(checkpoint);
+                        tracing::warn!(path = %shown.display(), error = %e, "cannot run a background checkpoint");
+                    }
+                }
+                drop(clears);
+                drop(done);
+            });
+        match started {
+            Ok(_) => *slot = Some(finished),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot start a background checkpoint");
+            }
+        }
     }
 
     /// Runs a one-row read on a reader connection.
@@ -928,9 +1004,11 @@ mod tests {
     pub(crate) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
 
-    /// A background checkpoint whose runtime shuts down before it runs (a handle used from
-    /// several runtimes, as tests and one-shot tools do) leaves the handle able to checkpoint
-    /// again: its flag stayed set, and no background checkpoint was ever started after it.
+    /// A background checkpoint started inside a runtime that then shuts down (a handle used
+    /// from several runtimes, as tests and one-shot tools do) runs to its end all the same, on
+    /// its own thread, and leaves the handle able to checkpoint again: once it is over, its flag
+    /// is clear, and the next one starts. (It ran on a task of that runtime, and was dropped
+    /// with it; the flag it left set then kept every later one from starting.)
     #[test]
     fn a_checkpoint_dropped_with_its_runtime_does_not_stop_later_ones() {
         let dir = tempfile::tempdir().unwrap();
@@ -941,6 +1019,13 @@ mod tests {
         let store = opener
             .block_on(SqliteStore::open(dir.path().join("s.sqlite")))
             .unwrap();
+        let take = |store: &SqliteStore| {
+            store
+                .checkpoint_task
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+        };
         let gone = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -949,13 +1034,71 @@ mod tests {
             let _in = gone.enter();
             store.count_write(CHECKPOINT_EVERY);
         }
-        assert!(store.checkpointing.load(Ordering::Acquire), "one started");
         drop(gone);
+        let first = take(&store).expect("one started");
+        opener.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), first)
+                .await
+                .expect("the checkpoint ends although its runtime is gone")
+                .expect_err("its thread drops the sender, never sends");
+        });
         assert!(
             !store.checkpointing.load(Ordering::Acquire),
-            "the checkpoint that never ran is not taken as running"
+            "the checkpoint that ended is not taken as running"
         );
+        store.count_write(CHECKPOINT_EVERY);
+        assert!(take(&store).is_some(), "the next one started");
         opener.block_on(store.close());
+    }
+
+    /// `close` does not wait for a runtime nobody drives: a handle whose 256th write started
+    /// its background checkpoint inside one current-thread runtime's `block_on`, which then
+    /// returned (the runtime alive, never driven again), closes from another runtime. The
+    /// checkpoint ran on a task of the first runtime, which `close` awaited for ever. (The
+    /// timeout, on the real clock, only keeps a regression from hanging.)
+    #[test]
+    fn close_does_not_wait_for_a_runtime_nobody_drives() {
+        use awareness_core::{ActorType, EventKind, NewEvent, Timestamp};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let store = first.block_on(async {
+            let store = SqliteStore::open(dir.path().join("t.db"))
+                .await
+                .expect("open");
+            let session = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+            for i in 0..CHECKPOINT_EVERY {
+                let e = NewEvent::new(
+                    session.clone(),
+                    EventKind::HumanDirectMessage,
+                    ActorType::Human,
+                    format!("message {i}"),
+                );
+                store.record(e, Timestamp(1)).await.expect("record");
+            }
+            store
+        });
+        assert!(
+            store
+                .checkpoint_task
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some(),
+            "the 256th write started a checkpoint"
+        );
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let closed = second
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), store.close()).await });
+        assert!(
+            closed.is_ok(),
+            "close waited 30 s for a checkpoint on a runtime nobody drives"
+        );
+        drop(first);
     }
 
     /// A checkpoint round makes its last pass, which holds the write connection, after a quick

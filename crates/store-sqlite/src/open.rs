@@ -43,6 +43,64 @@ pub(crate) async fn init_writer(
     }
 }
 
+/// SQLite's refusal to write through the write connection, asked before anything reads the
+/// file: when this user may not write it (its mode, its owner, a read-only file system), SQLite
+/// opens it read-only without a word, and the first read of a WAL store then creates its `-wal`
+/// and `-shm` (with the file's mode, owned by this user), which a read-only connection does not
+/// remove when it closes. Left behind by the refusal, they blocked the next open once the file
+/// was made writable (opened read-only in turn, and refused again), or stayed in a shared
+/// directory owned by the refused user. `None` when the file takes writes as far as this can
+/// tell.
+///
+/// The question is a write that needs no schema (so nothing reads the file to prepare it),
+/// `PRAGMA user_version = 0` in a transaction that is always rolled back: on a connection
+/// that opened the file read-only, SQLite refuses to begin its write transaction with a plain
+/// SQLITE_READONLY before it reads the file or takes a lock (`BEGIN IMMEDIATE` would not do:
+/// on such a connection it begins a read transaction, and reads). On a writable file it takes
+/// the write lock without waiting (a BUSY answer says the file is writable as far as this can
+/// tell) and changes the header only in memory: nothing is written. Any other failure (the
+/// file is no database, the directory is not writable) is left to the open's later steps,
+/// which report it as before.
+///
+/// Asked of SQLite rather than by opening the file for writing here: closing a descriptor of
+/// our own would release every POSIX lock this process holds on the file, those of another
+/// handle's connections included (SQLite's "posix advisory locks canceled by a separate thread
+/// doing close()"), and another process could then checkpoint and remove the WAL under them.
+pub(crate) async fn file_opened_read_only(
+    conn: &mut SqliteConnection,
+    busy_timeout: Duration,
+) -> Result<Option<sqlx::Error>, sqlx::Error> {
+    sqlx::raw_sql("PRAGMA busy_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+    let probed = sqlx::raw_sql("PRAGMA main.user_version = 0")
+        .execute(&mut *conn)
+        .await;
+    let rolled_back = sqlx::raw_sql(sql::ROLLBACK).execute(&mut *conn).await;
+    let restore = format!("PRAGMA busy_timeout = {}", busy_timeout.as_millis());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(restore))
+        .execute(&mut *conn)
+        .await?;
+    match (probed, rolled_back) {
+        (Err(e), _) if is_plain_read_only(&e) => Ok(Some(e)),
+        // A failed statement may have ended the transaction itself (SQLite rolls back on some
+        // errors), and then there was nothing left to roll back.
+        (Err(e), Err(rollback)) => {
+            tracing::debug!(error = %e, rollback = %rollback, "asking whether the file is read-only");
+            Ok(None)
+        }
+        (_, Err(rollback)) => Err(rollback),
+        _ => Ok(None),
+    }
+}
+
+/// SQLITE_READONLY itself, not one of its extended codes (a directory, a `-shm` or a recovery
+/// that cannot be written): the refusal of a connection that opened the file read-only.
+fn is_plain_read_only(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("8"))
+}
+
 /// SQLite's refusal to write through the write connection, when it opened the file read-only
 /// for it: it does so, without an error, when the file may not be written (its mode, its
 /// owner, a read-only file system), and an up-to-date WAL store then opens with nothing

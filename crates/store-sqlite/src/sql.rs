@@ -181,6 +181,10 @@ ON CONFLICT (session_key, agent_id) DO UPDATE SET ",
     head_moved!("excluded.last_sequence")
 );
 
+/// What `connect_options` sets on every connection but the write one, set on that one once
+/// `open::file_opened_read_only` has answered (see `unsynced_options`).
+pub(crate) const SYNCHRONOUS: &str = "PRAGMA synchronous = NORMAL";
+
 /// Set on the write connection: WAL (persistent in the file); as a safety net only, a large
 /// autocheckpoint interval (the store checkpoints in the background, off the recording path;
 /// see `SqliteStore::count_write`); and a 64 MiB bound on the WAL file kept after a restart.

@@ -276,11 +276,23 @@ const CURSOR_HEADERS: [&str; 8] = [
 ];
 
 /// Notices as JSON, the same shape wherever a command lists them (`record`, `ack`, `sweep`).
+/// `targetAgent` is the target's agent: the notice's text names the key alone, and a bare key
+/// (`global`) of another agent than main is another session than `status global` reads.
 fn notices_json(notices: &[Notice]) -> Value {
     notices
         .iter()
-        .map(|n| json!({"watcher": n.watcher, "target": n.target, "contextKey": n.context_key(), "text": n.text()}))
+        .map(|n| {
+            json!({"watcher": n.watcher, "target": n.target, "targetAgent": n.target_agent,
+                "contextKey": n.context_key(), "text": n.text()})
+        })
         .collect()
+}
+
+/// A notice as a text line, the same wherever a command lists them: the watcher, the notice's
+/// exact text, then the target's agent, as other output names a session's agent
+/// (`WATCHER <- TEXT (agent AGENT)`).
+fn notice_line(n: &Notice) -> String {
+    format!("{} <- {} (agent {})", n.watcher, n.text(), n.target_agent)
 }
 
 fn notices_out(out: &mut dyn Write, json_mode: bool, notices: &[Notice]) -> Result<(), CliError> {
@@ -292,7 +304,7 @@ fn notices_out(out: &mut dyn Write, json_mode: bool, notices: &[Notice]) -> Resu
     }
     let mut text = String::new();
     for n in notices {
-        let _ = writeln!(text, "{} <- {}", n.watcher, n.text());
+        let _ = writeln!(text, "{}", notice_line(n));
     }
     emit(out, &text)
 }
@@ -550,7 +562,7 @@ async fn on_store(
                     text.push_str("no follow-up notices\n");
                 }
                 for n in &follow {
-                    let _ = writeln!(text, "{} <- {}", n.watcher, n.text());
+                    let _ = writeln!(text, "{}", notice_line(n));
                 }
                 emit(out, &text)
             }
@@ -790,7 +802,7 @@ async fn record(
             text.push_str("(dedupe hit: the stored event, nothing moved)\n");
         }
         for n in &rec.notices {
-            let _ = writeln!(text, "{} <- {}", n.watcher, n.text());
+            let _ = writeln!(text, "{}", notice_line(n));
         }
         emit(out, &text)
     }

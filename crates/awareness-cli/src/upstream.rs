@@ -5,9 +5,13 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use awareness_core::{FullStore, LinkSpec, SessionKey, SessionRef, WatcherKey};
+use awareness_core::{
+    AwarenessStore, Event, EventKind, FullStore, LinkSpec, Sequence, SessionKey, SessionRef,
+    StoreError, UpstreamStore, WatcherKey,
+};
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker};
 use gateway_adapter::upstream::{
     Detection, JsonlProvider, MarkerMove, MonitorConfig, UpstreamMonitor,
@@ -108,16 +112,16 @@ fn delivery() -> (Arc<dyn SystemEventQueue>, Arc<dyn HeartbeatWake>) {
 }
 
 fn service(store: &Arc<dyn FullStore>) -> Arc<Awareness> {
+    service_over(store.clone(), store.clone())
+}
+
+/// [`service`] over a log and cursors (`events`) and upstream links (`links`) given apart.
+fn service_over(events: Arc<dyn AwarenessStore>, links: Arc<dyn UpstreamStore>) -> Arc<Awareness> {
     let (queue, wake) = delivery();
     Arc::new(
-        Awareness::builder(
-            store.clone(),
-            queue,
-            wake,
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .upstream(store.clone())
-        .build(),
+        Awareness::builder(events, queue, wake, Arc::new(InMemoryDirectory::new()))
+            .upstream(links)
+            .build(),
     )
 }
 
@@ -161,12 +165,14 @@ pub async fn adopt(cli: &Cli, args: &AdoptArgs, out: &mut dyn Write) -> Result<i
         .map_err(|e| CliError::usage(format!("adopt: {e}")))?;
     let store = crate::commands::open_full(cli).await?;
     let code = adopt_into(&store, spec, watcher.as_ref(), &session, cli.json, out).await;
-    // Every handle the adoption took is dropped by now: this closes the file cleanly.
+    // Every handle the adoption took is dropped by now, its writes ended: this closes the file
+    // cleanly.
     store.close().await;
     code
 }
 
-/// Adopts `spec` into the open store and reports it.
+/// Adopts `spec` into the open store and reports it; returns once the service's writes have
+/// ended and the service is dropped, so that the store can be closed next.
 async fn adopt_into(
     store: &Arc<dyn FullStore>,
     spec: LinkSpec,
@@ -176,6 +182,23 @@ async fn adopt_into(
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let svc = service(store);
+    let code = adopt_with(&svc, spec, watcher, session, as_json, out).await;
+    // The shutdown order of the crate docs: a recording whose caller gave up on it runs to its
+    // end on a task of its own, holding the store.
+    svc.wait_for_writes().await;
+    code
+}
+
+/// [`adopt_into`] through the service `svc`, whose store it watches and reads with.
+async fn adopt_with(
+    svc: &Awareness,
+    spec: LinkSpec,
+    watcher: Option<&WatcherKey>,
+    session: &SessionRef,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let store = svc.store();
     let adoption = svc
         .try_adopt_recorded(spec)
         .await
@@ -183,16 +206,10 @@ async fn adopt_into(
     let adopted = &adoption.outcome;
     let link = &adopted.link;
     // `adopted` is recorded best effort, as a gateway must; the command says whether it was.
-    // None: the link is in place without its event, and running `adopt` again records it.
-    let Some(event) = &adoption.event else {
-        let unwatched = watcher.map_or(String::new(), |w| {
-            format!(", and {w} does not watch it yet")
-        });
-        return Err(CliError::failure(format!(
-            "adopt: the link of {} is in place, but its `adopted` event could not be \
-             recorded (the warning above says why){unwatched}; run `adopt` again to record it",
-            link.session
-        )));
+    let event = if let Some(event) = adoption.event.clone() {
+        event
+    } else {
+        recorded_late(svc, &link.session, watcher).await?
     };
     let done = format!(
         "adopted {session}: its link and `adopted` event #{} are recorded",
@@ -243,6 +260,61 @@ async fn adopt_into(
         ),
     }
     emit(out, &text).map(|()| 0).map_err(|e| e.after(&done))
+}
+
+/// The `adopted` event `svc` answered no event for: the store failed, or it did not answer
+/// within the service's wait, and the recording goes on on its own task, where it may still
+/// commit. Once the service's writes have ended, the log says which; the error says what is
+/// in place, and what is not.
+async fn recorded_late(
+    svc: &Awareness,
+    session: &SessionRef,
+    watcher: Option<&WatcherKey>,
+) -> Result<Arc<Event>, CliError> {
+    svc.wait_for_writes().await;
+    let unwatched = watcher.map_or(String::new(), |w| {
+        format!(", and {w} does not watch it yet")
+    });
+    match recorded_adoption(&**svc.store(), session).await {
+        Ok(Some(event)) => Ok(event),
+        // The link is in place without its event; running `adopt` again records it.
+        Ok(None) => Err(CliError::failure(format!(
+            "adopt: the link of {session} is in place, but its `adopted` event was not \
+             recorded (the warning above says why){unwatched}; run `adopt` again to record it"
+        ))),
+        Err(e) => Err(CliError::failure(format!(
+            "adopt: the link of {session} is in place, but whether its `adopted` event was \
+             recorded is not known (the warning above says why; reading it back failed: \
+             {}){unwatched}; run `adopt` again, which records it once",
+            awareness_core::error::ErrorChain(&e)
+        ))),
+    }
+}
+
+/// The `adopted` event of `session` in its log (the one its dedupe key names), read a page at a
+/// time; `None` when the log holds none.
+async fn recorded_adoption(
+    store: &dyn AwarenessStore,
+    session: &SessionRef,
+) -> Result<Option<Arc<Event>>, StoreError> {
+    let dedupe = awareness_core::dedupe::adopted(&session.session_key);
+    let mut after = Sequence(0);
+    loop {
+        let page = store
+            .changes_since(session, after, awareness_core::reconcile::MAX_PAGE_LIMIT)
+            .await?;
+        if let Some(event) = page
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::Adopted && e.dedupe_key.as_deref() == Some(&*dedupe))
+        {
+            return Ok(Some(event.clone()));
+        }
+        match page.events.last() {
+            Some(last) if page.truncated => after = last.sequence,
+            _ => return Ok(None),
+        }
+    }
 }
 
 fn detection_json(d: &Detection) -> Value {
@@ -303,9 +375,9 @@ fn lagged_line(missed: u64, as_json: bool) -> String {
 /// Resolves when the process is asked to stop: Ctrl-C (SIGINT), and on Unix also SIGTERM (a
 /// service manager, `kill`, `timeout`) and SIGHUP (its terminal closed), so that the command
 /// still closes its store cleanly (a redb file left open would need `awareness repair` before
-/// read commands take it). The handlers are installed before this returns, so a signal that
-/// arrives from then on is never lost, even while the caller is not polling the future
-/// (`monitor` and `tail --follow` create it once, before their loop).
+/// read commands take it). The handlers are installed before this returns, and a task of their
+/// own counts every signal from then on, so that none is lost, even while the caller is not
+/// polling the future (`monitor` and `tail --follow` create it once, before their loop).
 ///
 /// A signal the process was started with set to be ignored stays ignored, as the parent asked:
 /// `nohup awareness monitor` outlives its terminal, and a job a script started in the
@@ -313,15 +385,30 @@ fn lagged_line(missed: u64, as_json: bool) -> String {
 /// replace the inherited `SIG_IGN`.) Where the inherited set cannot be read (no `/proc`), every
 /// handler is installed.
 ///
-/// Once it has resolved, a Ctrl-C (SIGINT) or a SIGTERM while the command closes its store ends
-/// the process at once (exit code 130), for a close that does not finish. Not SIGHUP: a closed
-/// terminal sends it more than once (the shell passes it on to its jobs, and the kernel sends
-/// it again when the shell exits), and a second one must not cut short the close the first
-/// asked for.
+/// The command is stopping once a signal came or once it drops the future, whatever made it
+/// stop (its output failed, its task ended by itself): a Ctrl-C (SIGINT) or a SIGTERM that
+/// comes from then on, while the command stops its work and closes its store, ends the process
+/// at once (exit code 130), for a close that does not finish. (The handlers replaced the
+/// default action, which would have done so.) Not SIGHUP: a closed terminal sends it more than
+/// once (the shell passes it on to its jobs, and the kernel sends it again when the shell
+/// exits), and a second one must not cut short the close the first asked for.
 pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
+    let (ask, mut asked) = tokio::sync::watch::channel(false);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let counted = Arc::clone(&stopping);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{Signal, SignalKind, signal};
+        /// The next delivery of a handled signal; never, for one left ignored (or once the
+        /// runtime no longer delivers any).
+        async fn next(signal: &mut Option<Signal>) {
+            if let Some(s) = signal
+                && s.recv().await.is_some()
+            {
+                return;
+            }
+            std::future::pending::<()>().await;
+        }
         let ignored = ignored_at_start();
         let handle = |kind: SignalKind, name: &str| -> Result<Option<Signal>, CliError> {
             if ignored.is_some_and(|set| set.contains(kind.as_raw_value())) {
@@ -334,40 +421,52 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         let mut int = handle(SignalKind::interrupt(), "Ctrl-C")?;
         let mut term = handle(SignalKind::terminate(), "SIGTERM")?;
         let mut hup = handle(SignalKind::hangup(), "SIGHUP")?;
-        Ok(async move {
-            /// The next delivery of a handled signal; never, for one left ignored.
-            async fn next(signal: &mut Option<Signal>) {
-                match signal {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
+        tokio::spawn(async move {
+            loop {
+                let hangup = tokio::select! {
+                    () = next(&mut int) => false,
+                    () = next(&mut term) => false,
+                    () = next(&mut hup) => true,
+                };
+                signalled(&counted, &ask, hangup);
             }
-            tokio::select! {
-                () = next(&mut int) => {}
-                () = next(&mut term) => {}
-                () = next(&mut hup) => {}
-            }
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = next(&mut int) => {}
-                    () = next(&mut term) => {}
-                }
-                // Not eprintln!, which panics (and so never exits) when stderr is a closed pipe.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "awareness: stopped again: exiting without waiting for the store to close"
-                );
-                std::process::exit(130);
-            });
-        })
+        });
     }
     #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    tokio::spawn(async move {
+        while tokio::signal::ctrl_c().await.is_ok() {
+            signalled(&counted, &ask, false);
+        }
+    });
+    let stopped = Stopping(stopping);
+    Ok(async move {
+        // Dropped with the future, resolved or not: the command is stopping.
+        let _stopped = stopped;
+        // The sender lives as long as the task counting the signals.
+        let _ = asked.wait_for(|asked| *asked).await;
+    })
+}
+
+/// A signal [`interrupted`] counted: the first asks the command to stop (`ask`); a Ctrl-C or a
+/// SIGTERM (not a `hangup`) once the command is `stopping` ends the process (exit code 130).
+fn signalled(stopping: &AtomicBool, ask: &tokio::sync::watch::Sender<bool>, hangup: bool) {
+    if stopping.swap(true, Ordering::SeqCst) && !hangup {
+        // Not eprintln!, which panics (and so never exits) when stderr is a closed pipe.
+        let _ = writeln!(
+            std::io::stderr(),
+            "awareness: stopped again: exiting without waiting for the store to close"
+        );
+        std::process::exit(130);
+    }
+    ask.send_replace(true);
+}
+
+/// Marks the command as stopping when dropped (see [`interrupted`]).
+struct Stopping(Arc<AtomicBool>);
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
@@ -552,31 +651,35 @@ async fn monitor_links(
         Err(RecvError::Lagged(n)) => Some(lagged_line(n, cli.json)),
         Err(RecvError::Closed) => None,
     };
-    tokio::pin!(stop);
     // The task ends only when stopped; one that ended by itself (it panicked) is looked for
     // once a second, and makes the command fail instead of printing nothing from then on.
     let mut alive = tokio::time::interval(Duration::from_secs(1));
     // `Ok(true)`: the task ended by itself; `Err`: a write to the output failed, with what the
-    // detection whose line it was had changed in the store.
-    let ended = loop {
-        let d = tokio::select! {
-            () = &mut stop => break Ok(false),
-            d = rx.recv() => d,
-            _ = alive.tick() => {
-                if task.is_finished() {
-                    break Ok(true);
+    // detection whose line it was had changed in the store. `stop` is dropped at the end of
+    // the block, whatever ended the loop: the command is stopping from then on, and a signal
+    // during the stop or the store's close ends the process (see [`interrupted`]).
+    let ended = {
+        tokio::pin!(stop);
+        loop {
+            let d = tokio::select! {
+                () = &mut stop => break Ok(false),
+                d = rx.recv() => d,
+                _ = alive.tick() => {
+                    if task.is_finished() {
+                        break Ok(true);
+                    }
+                    continue;
                 }
-                continue;
+            };
+            if matches!(d, Err(RecvError::Closed)) {
+                break Ok(false);
             }
-        };
-        if matches!(d, Err(RecvError::Closed)) {
-            break Ok(false);
-        }
-        let done = done_by_sent(&d);
-        if let Some(line) = line_of(d)
-            && let Err(e) = emit(out, &line)
-        {
-            break Err((e, done));
+            let done = done_by_sent(&d);
+            if let Some(line) = line_of(d)
+                && let Err(e) = emit(out, &line)
+            {
+                break Err((e, done));
+            }
         }
     };
     task.stop().await;
@@ -785,6 +888,167 @@ mod tests {
             );
             assert!(store.links().await.unwrap().is_empty(), "{kind}");
         }
+    }
+
+    /// What a store does with the recordings it is asked for: answers them an hour late (far
+    /// past the service's wait for the store), or refuses them.
+    enum Recording {
+        Late,
+        Refused,
+    }
+
+    #[awareness_core::async_trait]
+    impl awareness_core::testkit::hooked::Hook for Recording {
+        async fn before(
+            &self,
+            call: awareness_core::testkit::hooked::Call,
+            _: &dyn AwarenessStore,
+        ) {
+            if call == awareness_core::testkit::hooked::Call::Record
+                && matches!(self, Recording::Late)
+            {
+                tokio::time::sleep(Duration::from_hours(1)).await;
+            }
+        }
+
+        fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+            (call == awareness_core::testkit::hooked::Call::Record
+                && matches!(self, Recording::Refused))
+            .then(|| StoreError::backend("record", "disk full"))
+        }
+    }
+
+    /// An `adopted` event the store answers for after the service stopped waiting (it is
+    /// recorded all the same, on a task of its own) is waited for before `adopt` goes on, so
+    /// that the store is closed after it, and `adopt` reports it as recorded: it said that the
+    /// event could not be recorded, and closed the store under the write. One the store refused
+    /// is said not to be recorded.
+    #[tokio::test(start_paused = true)]
+    async fn an_adopted_event_recorded_late_is_waited_for_and_reported() {
+        for (recording, recorded) in [(Recording::Late, true), (Recording::Refused, false)] {
+            let dir = tempfile::tempdir().unwrap();
+            let transcript = dir.path().join("5f1c2e3a.jsonl");
+            std::fs::write(&transcript, "").unwrap();
+            let full = gateway_adapter::open_full_store("memory:").await.unwrap();
+            let events: Arc<dyn AwarenessStore> =
+                Arc::new(awareness_core::testkit::hooked::Hooked {
+                    inner: full.clone(),
+                    hook: recording,
+                });
+            let svc = service_over(events, full.clone());
+            let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+            let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
+            let mut out = Vec::new();
+            let code = adopt_with(&svc, spec, None, &session, true, &mut out).await;
+            let stored = recorded_adoption(&*full, &session).await.unwrap();
+            if recorded {
+                let code = code.unwrap_or_else(|e| panic!("adopt failed: {}", e.message));
+                assert_eq!(code, 0);
+                let stored = stored.expect("the late recording committed before adopt returned");
+                let v: Value = serde_json::from_slice(&out).unwrap();
+                assert_eq!(v["adoptedSequence"], json!(stored.sequence.0), "{v}");
+            } else {
+                let e = code.expect_err("the event was refused");
+                assert_eq!(
+                    e.message,
+                    "adopt: the link of agent:main:worker (agent main) is in place, but its \
+                     `adopted` event was not recorded (the warning above says why); run \
+                     `adopt` again to record it"
+                );
+                assert!(stored.is_none());
+            }
+            assert_eq!(full.links().await.unwrap().len(), 1, "the link is in place");
+        }
+    }
+
+    /// Set in the environment of the child process of
+    /// [`a_signal_while_the_monitor_stops_for_another_reason_ends_it`].
+    #[cfg(target_os = "linux")]
+    const SIGNALLED_CHILD: &str = "AWARENESS_CLI_TEST_SIGNALLED_CHILD";
+
+    /// A `monitor` that stopped for another reason than a signal (here its output failed, as
+    /// under `awareness monitor --json | head -1`) counts the signals that come while it stops
+    /// and closes its store: a SIGTERM then ends it at once (130). Its stop future never
+    /// resolved, so the second-signal watcher was never started, and the handlers it had
+    /// installed swallowed every Ctrl-C and SIGTERM: a close that hung could only be killed.
+    ///
+    /// The test binary runs this test again as a child process (the signal ends it), with
+    /// SIGHUP, SIGINT and SIGTERM at their default action (GNU `env`); the child's close hangs
+    /// for good after the monitor returned, and `timeout` kills a child that did not end.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_signal_while_the_monitor_stops_for_another_reason_ends_it() {
+        if std::env::var_os(SIGNALLED_CHILD).is_some() {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(monitor_whose_output_fails_then_hangs());
+        }
+        let name = format!(
+            "{}::a_signal_while_the_monitor_stops_for_another_reason_ends_it",
+            module_path!().split_once("::").expect("in the crate").1
+        );
+        // A hang guard, not a measure: the child ends within a second.
+        let o = std::process::Command::new("timeout")
+            .args(["-s", "KILL", "60", "env", "--default-signal=HUP,INT,TERM"])
+            .arg(std::env::current_exe().unwrap())
+            .args([name.as_str(), "--exact", "--test-threads=1"])
+            .env(SIGNALLED_CHILD, "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(130),
+            "a SIGTERM while it closed its store did not end it (none: `timeout` killed it): \
+             {stderr}{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert!(
+            stderr.contains("awareness: stopped again: exiting without waiting"),
+            "{stderr}"
+        );
+    }
+
+    /// The child of [`a_signal_while_the_monitor_stops_for_another_reason_ends_it`]: `monitor`
+    /// with the real stop future, whose output fails at its first line; then a SIGTERM, sent
+    /// while its store's close hangs for good.
+    #[cfg(target_os = "linux")]
+    async fn monitor_whose_output_fails_then_hangs() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "awareness",
+            "--store",
+            "memory:",
+            "--json",
+            "monitor",
+            "--first-tick-secs",
+            "0",
+            "--verbose",
+        ])
+        .unwrap();
+        let crate::Command::Monitor(args) = &cli.command else {
+            unreachable!("a monitor command line")
+        };
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let mut out = FailsOn {
+            needle: "",
+            kind: std::io::ErrorKind::BrokenPipe,
+            taken: String::new(),
+        };
+        let stop = interrupted().unwrap();
+        let e = monitor_links(&cli, args, &store, stop, &mut out)
+            .await
+            .expect_err("the output failed");
+        assert_eq!(e.code, crate::EXIT_CLOSED_PIPE, "{}", e.message);
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        // The store's close, hung.
+        std::future::pending::<()>().await;
     }
 
     /// The service of `adopt` and `monitor` keeps none of the notices it delivers: its queue

@@ -205,3 +205,71 @@ async fn a_repair_whose_output_fails_says_it_opened_the_file_read_write() {
         }
     }
 }
+
+/// A notice names its target's agent, on every command that prints notices: a watcher of a
+/// bare key under another agent (`global` of agent ops) must know which session to reconcile,
+/// as `status global` alone reads agent main's. The notice's text, the protocol's, names the
+/// key only; the JSON says `targetAgent`, and the text line says `(agent ops)`.
+#[tokio::test]
+async fn a_notice_names_its_targets_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    let ops = "agent:ops:main";
+    ok(&url, &["watch", ops, "global"]).await;
+    let record = |json: bool| {
+        let mut args = vec![
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            "ops",
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ];
+        if json {
+            args.insert(0, "--json");
+        }
+        args
+    };
+    let said = |v: &Value| {
+        let notices = v.as_array().expect("a JSON array of notices");
+        assert_eq!(notices.len(), 1, "{v}");
+        let n = &notices[0];
+        assert_eq!(n["watcher"], ops, "{v}");
+        assert_eq!(n["target"], "global", "{v}");
+        assert_eq!(n["targetAgent"], "ops", "{v}");
+        // The fields it had are kept as they were.
+        assert!(n["contextKey"].is_string() && n["text"].is_string(), "{v}");
+    };
+
+    // `record`: the notices of the recording, in a text line, then (once acknowledged) in
+    // JSON.
+    let out = ok(&url, &record(false)).await;
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("agent:ops:main <- ") && l.ends_with(" (agent ops)")),
+        "{out}"
+    );
+    ok(&url, &["ack", ops, "global"]).await;
+    let out = ok(&url, &record(true)).await;
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    said(&v["notices"]);
+    // `sweep`: the pending notice, re-frozen.
+    let v: Value = serde_json::from_str(&ok(&url, &["--json", "sweep"]).await).expect("JSON");
+    said(&v);
+    let out = ok(&url, &["sweep"]).await;
+    assert!(
+        out.starts_with("agent:ops:main <- Session \"global\" changed")
+            && out.trim_end().ends_with(" (agent ops)"),
+        "{out}"
+    );
+    // `ack`: the follow-up of a change after the notice.
+    ok(&url, &record(false)).await;
+    let v: Value =
+        serde_json::from_str(&ok(&url, &["--json", "ack", ops, "global"]).await).expect("JSON");
+    said(&v);
+}

@@ -1105,7 +1105,7 @@ impl Awareness {
     /// The store's answer to `call`, or, when it has not answered within
     /// [`AwarenessConfig::store_wait`], the error of [`Awareness::no_answer`] with `context`
     /// (the call is dropped: a write may then have committed or not, as a cancelled one).
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         context: &'static str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,

@@ -1627,11 +1627,65 @@ async fn human_turns_read_while_the_gateway_acted_are_read_again_later() {
     }
 }
 
+/// Bug: a link store that hung on a marker move held the monitor's tick for good, and with it
+/// every later tick (one runs at a time). The move now waits the service's `store_wait` and
+/// fails like any other store failure: the tick ends, its detection says the marker did not
+/// move, and the next tick reads the rows again.
+#[tokio::test(start_paused = true)]
+async fn a_marker_move_that_hangs_fails_the_check_and_ends_the_tick() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let flaky = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(0),
+        hang_moves: std::sync::atomic::AtomicBool::new(true),
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    let before = w.store.link(&session).await.unwrap().unwrap();
+    t.human("typed by a person");
+    let report = tokio::time::timeout(std::time::Duration::from_hours(1), monitor.tick())
+        .await
+        .expect("the tick ends although the store hangs");
+    assert_eq!(report.checked, 1);
+    assert_eq!(w.human_events(&session).await, 1, "the turn is recorded");
+    let failed = next(&mut rx, |d| match d {
+        Detection::HumanTurns {
+            session,
+            marker: MarkerMove::Failed(error),
+            ..
+        } => Some((session.clone(), error.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(failed.0, session);
+    assert!(failed.1.contains("has not answered"), "{}", failed.1);
+    assert_eq!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        before.marker,
+        "the marker stays"
+    );
+    // Once the store answers, the next tick moves it, and records nothing twice.
+    flaky.hang_moves.store(false, Ordering::SeqCst);
+    monitor.tick().await;
+    assert_ne!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        before.marker
+    );
+    assert_eq!(w.human_events(&session).await, 1);
+}
+
 /// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
 fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
     let flaky = Arc::new(Flaky {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(1),
+        hang_moves: std::sync::atomic::AtomicBool::new(false),
     });
     UpstreamMonitor::builder(w.svc.clone(), flaky)
         .provider(Arc::new(JsonlProvider::new()))
@@ -1643,6 +1697,8 @@ fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
 struct Flaky {
     inner: Arc<MemoryStore>,
     fail_moves: AtomicUsize,
+    /// Every marker move hangs (a store that stopped answering) while set.
+    hang_moves: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -1667,6 +1723,9 @@ impl UpstreamStore for Flaky {
         marker: Value,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
+        if self.hang_moves.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self
             .fail_moves
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -1775,6 +1834,7 @@ async fn a_failed_marker_move_is_published_with_its_cause() {
     let flaky = Arc::new(Flaky {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(0),
+        hang_moves: std::sync::atomic::AtomicBool::new(false),
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -2085,6 +2145,7 @@ async fn a_source_found_again_restarts_the_count_of_missing_checks() {
     let flaky = Arc::new(Flaky {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(0),
+        hang_moves: std::sync::atomic::AtomicBool::new(false),
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))

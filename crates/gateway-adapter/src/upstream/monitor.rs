@@ -26,6 +26,12 @@
 //!    port to forget the session ([`super::OwnPrompts::forget`]). A check that fails neither
 //!    counts nor resets.
 //!
+//! Each of the monitor's own store calls (listing the links, reading the watchers, storing the
+//! scan time, moving the marker, removing the link) waits for the store at most the service's
+//! [`crate::AwarenessConfig::store_wait`], and is then a failure like any other (logged; the
+//! marker stays, or the link, and the next tick tries again): a store that hangs held the
+//! tick, and every tick after it.
+//!
 //! Every link is monitored on its own, so several agents adopting one external thread are each
 //! recorded. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
 
@@ -502,7 +508,7 @@ impl Inner {
             tick: me.ticks.fetch_add(1, Ordering::Relaxed) + 1,
             ..TickReport::default()
         };
-        let links = match me.links.links().await {
+        let links = match me.awareness.bounded("list links", me.links.links()).await {
             Ok(links) => links,
             Err(e) => {
                 warn!(error = %ErrorChain(&e), "upstream monitor: cannot list links; trying again next tick");
@@ -602,7 +608,8 @@ impl Inner {
             target: Some(session.session_key.clone()),
             ..CursorFilter::default()
         };
-        match self.awareness.store().cursors(&filter).await {
+        let read = self.awareness.store().cursors(&filter);
+        match self.awareness.bounded("read cursors", read).await {
             Ok(cursors) => Ok(cursors.iter().any(|c| c.target_agent == session.agent_id)),
             Err(e) => {
                 let e = ErrorChain(&e);
@@ -632,8 +639,11 @@ impl Inner {
         let session = link.session.clone();
         if !matches!(outcome, CheckOutcome::Failed(_))
             && let Err(e) = self
-                .links
-                .mark_scanned(&session, self.awareness.now())
+                .awareness
+                .bounded(
+                    "store the scan time",
+                    self.links.mark_scanned(&session, self.awareness.now()),
+                )
                 .await
         {
             warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream monitor: scan time not stored");
@@ -705,11 +715,10 @@ impl Inner {
     /// (a store failure is logged here).
     async fn advance(&self, link: &UpstreamLink, marker: Value) -> MarkerMove {
         let now = self.awareness.now();
-        match self
+        let write = self
             .links
-            .set_marker(&link.session, link.updated_at, marker, now)
-            .await
-        {
+            .set_marker(&link.session, link.updated_at, marker, now);
+        match self.awareness.bounded("move the marker", write).await {
             Ok(true) => MarkerMove::Moved,
             Ok(false) => {
                 debug!(session_key = %link.session.session_key, "the link changed during the scan; its marker stays");
@@ -817,11 +826,8 @@ impl Inner {
             });
             return;
         };
-        let link_removed = match self
-            .links
-            .remove_link(&session, Some(link.updated_at))
-            .await
-        {
+        let write = self.links.remove_link(&session, Some(link.updated_at));
+        let link_removed = match self.awareness.bounded("remove the link", write).await {
             Ok(removed) => removed,
             Err(e) => {
                 warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream link not removed; retried next tick");

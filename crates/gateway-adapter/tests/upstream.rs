@@ -633,6 +633,39 @@ fn paired_link(marker: Option<Value>) -> UpstreamLink {
         .link
 }
 
+/// A stored marker a provider cannot read (another version's, or one edited by hand) makes the
+/// check rebase the link, and the turns typed since it are never counted: that is said with a
+/// `warn!` naming the session, as every best-effort loss is. It was a `debug!` line at most.
+#[tokio::test]
+async fn a_marker_a_provider_cannot_read_is_logged_when_the_link_is_rebased() {
+    let capture = common::Capture::default();
+    let _logging = capture.install();
+    let mut t = Transcript::new();
+    t.human("old history");
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let mut spec = jsonl::adoption(session.clone(), &t.path, None).unwrap();
+    spec.marker = Some(json!({"offset": "x"}));
+    let link = upstream::plan_upsert(None, spec, Timestamp(0))
+        .unwrap()
+        .outcome
+        .link;
+    let jsonl = JsonlProvider::new().check(&link, &[]).await;
+    assert!(matches!(jsonl, CheckOutcome::Rebased { .. }), "{jsonl:?}");
+    let node = FakeNode::holding([PairedItem::user("i0", "old")]);
+    let paired = PairedNodeProvider::new(node)
+        .check(&paired_link(Some(json!({"uuid": 1}))), &[])
+        .await;
+    assert!(matches!(paired, CheckOutcome::Rebased { .. }), "{paired:?}");
+    let warned: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("upstream marker unreadable") && l.ends_with("level=WARN"))
+        .collect();
+    assert_eq!(warned.len(), 2, "{warned:#?}");
+    assert!(warned[0].contains("agent:main:worker") && warned[0].contains("\"offset\":\"x\""));
+    assert!(warned[1].contains("agent:main:main") && warned[1].contains("\"uuid\":1"));
+}
+
 #[tokio::test]
 async fn paired_node_pages_back_to_the_marker() {
     let mut items = Vec::new();

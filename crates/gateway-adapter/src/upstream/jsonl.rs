@@ -553,7 +553,7 @@ impl UpstreamProvider for JsonlProvider {
         let Some(path) = path_of(link) else {
             return CheckOutcome::Failed("the link names no transcript path".into());
         };
-        let marker = link.marker.as_ref().and_then(JsonlMarker::from_value);
+        let marker = super::stored_marker(link, JsonlMarker::from_value);
         let own = upstream::own_fingerprints(own_recent);
         let budget = self.budget;
         let Some(reading) = Reading::claim(&self.reading, (link.session.clone(), path.clone()))

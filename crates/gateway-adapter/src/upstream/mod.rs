@@ -155,6 +155,20 @@ impl RunActivity for NoRuns {
     }
 }
 
+/// `link`'s marker read by `read`; a stored one `read` cannot take (written by another version,
+/// or by hand) is logged (`warn!`), since the check then rebases the link and the turns typed
+/// since that marker are not counted.
+fn stored_marker<M>(link: &UpstreamLink, read: impl FnOnce(&Value) -> Option<M>) -> Option<M> {
+    let stored = link.marker.as_ref()?;
+    let marker = read(stored);
+    if marker.is_none() {
+        tracing::warn!(session_key = %link.session.session_key, kind = %link.upstream_kind,
+            marker = %stored,
+            "upstream marker unreadable; the link is rebased, and the turns since it are not counted");
+    }
+    marker
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section below leaves the maps consistent even if a caller panics.
     m.lock().unwrap_or_else(PoisonError::into_inner)

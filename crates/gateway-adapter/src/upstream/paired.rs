@@ -376,7 +376,7 @@ impl PairedNodeProvider {
         link: &UpstreamLink,
         own: &[TextFingerprint],
     ) -> Result<CheckOutcome, CheckOutcome> {
-        let Some(marker) = link.marker.as_ref().and_then(PairedMarker::from_value) else {
+        let Some(marker) = super::stored_marker(link, PairedMarker::from_value) else {
             // No usable marker: start from the thread's newest item.
             let page = self.page(link, None, 1).await?;
             let uuid = page.items.first().map(|i| i.id.clone());

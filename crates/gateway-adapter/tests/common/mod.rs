@@ -75,8 +75,8 @@ pub fn service_configured(
     (Arc::new(builder.build()), queue, wake)
 }
 
-/// Keeps every log event as one line of its fields (`message=... error=...`). Install it for
-/// the test's thread with [`Capture::install`].
+/// Keeps every log event as one line of its fields and its level (`message=... error=...
+/// level=WARN`). Install it for the test's thread with [`Capture::install`].
 #[derive(Clone, Default)]
 pub struct Capture(Arc<Mutex<Vec<String>>>);
 
@@ -141,6 +141,8 @@ impl Subscriber for Capture {
     fn event(&self, event: &tracing::Event<'_>) {
         let mut line = Line(String::new());
         event.record(&mut line);
+        // The level last, so that a line still begins with its message.
+        let _ = write!(line.0, " level={}", event.metadata().level());
         self.0.lock().unwrap().push(line.0);
     }
     fn enter(&self, _: &Id) {}

@@ -12,7 +12,8 @@ use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, Cursor,
     CursorFilter, Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded,
     RetentionPolicy, Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp,
-    UpsertOutcome, UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
+    UpsertOutcome, UpstreamStore, WatchProvenance, WatcherKey, protocol, protocol::DrainedLine,
+    upstream,
 };
 use serde_json::json;
 use tracing::{debug, warn};
@@ -1110,7 +1111,19 @@ impl Awareness {
         context: &'static str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.within_store_wait(call)
+        self.bounded_by(self.store_deadline(), context, call).await
+    }
+
+    /// [`Awareness::bounded`], given up at `deadline` ([`Awareness::store_deadline`] taken once
+    /// for a call that asks the store several things: it waits [`AwarenessConfig::store_wait`]
+    /// in all, not at each).
+    async fn bounded_by<T>(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+        context: &'static str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        until(deadline, call)
             .await
             .unwrap_or_else(|| Err(self.no_answer(context)))
     }
@@ -1557,9 +1570,11 @@ impl Awareness {
         changes_since: Option<Sequence>,
         limit: Option<usize>,
     ) -> Result<SessionStatus, NotVisible> {
+        // One wait for the store in all, however many reads the call makes.
+        let deadline = self.store_deadline();
         let watched = match target_agent {
             None if target.agent_id().is_none() => {
-                match self.watched_agent(requester, target).await {
+                match self.watched_agent(requester, target, deadline).await {
                     Ok(agent) => agent,
                     // Which session is meant cannot be known: nothing is read for the
                     // requester's own, which may be the wrong one (decision 0010). Nor can the
@@ -1575,7 +1590,10 @@ impl Awareness {
             return Err(NotVisible);
         }
         let read = self.store.session_status(&r, changes_since, limit);
-        match self.bounded("read the session's status", read).await {
+        match self
+            .bounded_by(deadline, "read the session's status", read)
+            .await
+        {
             Ok(s) => Ok(s),
             Err(e) => {
                 warn!(session_key = %target, error = %ErrorChain(&e), "session_status: the store could not be read");
@@ -1590,12 +1608,13 @@ impl Awareness {
         &self,
         requester: &SessionRef,
         target: &SessionKey,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Option<AgentId>, ()> {
         let Ok(watcher) = WatcherKey::parse(requester.session_key.as_str()) else {
             return Ok(None);
         };
         let read = self.store.cursor(&watcher, target);
-        match self.bounded("read a cursor", read).await {
+        match self.bounded_by(deadline, "read a cursor", read).await {
             Ok(cursor) => Ok(cursor.map(|c| c.target_agent)),
             // A damaged row reads so at every call (decision 0016): it counts as no cursor, as
             // a watch over it does, rather than make every reconcile of the key unavailable
@@ -1662,16 +1681,20 @@ impl Awareness {
                     .map(|h| (h.session, h.last_sequence)),
             );
         };
+        // One wait for the store in all, however many batches (a batch given up at the deadline
+        // is left out, and so is every one after it).
+        let deadline = self.store_deadline();
         // At least 1: checked when the service was built.
         for batch in visible.chunks(self.config.list_batch) {
-            match self.bounded("read heads", self.store.heads(batch)).await {
+            let read = self.store.heads(batch);
+            match self.bounded_by(deadline, "read heads", read).await {
                 Ok(heads) => versions(heads),
                 Err(StoreError::Corrupt { .. }) if batch.len() > 1 => {
                     // A head that cannot be read fails its batch: the batch's refs are read one
                     // at a time, so that it hides only its own session (decision 0020).
                     for r in batch {
                         let read = self.store.heads(std::slice::from_ref(r));
-                        match self.bounded("read a head", read).await {
+                        match self.bounded_by(deadline, "read a head", read).await {
                             Ok(heads) => versions(heads),
                             Err(e) => {
                                 warn!(session_key = %r.session_key, agent_id = %r.agent_id, requester = %requester.session_key, error = %ErrorChain(&e), "sessions_list enrichment skipped a session");
@@ -1709,10 +1732,30 @@ impl Awareness {
         if !self.visibility.can_see(&self.requester_ref(watcher), &r) {
             return WatchOutcome::refused(WatchRefusal::NotVisible);
         }
+        // One wait for the store in all. Whether the watch makes an ambient cursor explicit
+        // (decision 0015) is read first, for a main session: its line was queued without a
+        // wake, which the watch then gives.
+        let deadline = self.store_deadline();
+        let ambient = !watcher.is_subagent()
+            && {
+                let read = self.store.cursor(&w, &r.session_key);
+                match self.bounded_by(deadline, "read a cursor", read).await {
+                    Ok(c) => c.is_some_and(|c| {
+                        c.provenance == WatchProvenance::AmbientGroup
+                            && c.target_agent == r.agent_id
+                    }),
+                    Err(e) => {
+                        debug!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch: whether the cursor is ambient cannot be read; the watch wakes nobody");
+                        false
+                    }
+                }
+            };
         let write = self.store.watch(&w, &r, self.clock.now());
-        match self.bounded("watch", write).await {
+        match self.bounded_by(deadline, "watch", write).await {
             Ok(cursor) => {
-                self.wake_if_queued(&cursor);
+                if ambient {
+                    self.wake_if_queued(&cursor);
+                }
                 WatchOutcome {
                     watched: true,
                     refused: None,
@@ -1725,12 +1768,13 @@ impl Awareness {
         }
     }
 
-    /// Wakes a main session whose cursor a watch keeps pending when the notice's line is queued
-    /// for it already: an ambient cursor's line is queued without a wake (decision 0015), and
-    /// the watch that makes the cursor explicit is what would have woken the session; the
-    /// recordings after it hand out the same notice, whose line the queue holds, and wake
-    /// nobody. Nothing is queued here (a turn that drained the line may be acknowledging it). A
-    /// wake that panics is logged.
+    /// Wakes a main session whose ambient cursor a watch made explicit and keeps pending, when
+    /// the notice's line is queued for it already: an ambient cursor's line is queued without a
+    /// wake (decision 0015), and the watch that makes the cursor explicit is what would have
+    /// woken the session; the recordings after it hand out the same notice, whose line the
+    /// queue holds, and wake nobody. (A cursor that was explicit already had its session woken
+    /// when its line was queued: a repeated watch wakes nobody.) Nothing is queued here (a turn
+    /// that drained the line may be acknowledging it). A wake that panics is logged.
     fn wake_if_queued(&self, cursor: &Cursor) {
         let watcher = cursor.watcher.session_key();
         if !cursor.is_pending() || watcher.is_subagent() {
@@ -1748,7 +1792,9 @@ impl Awareness {
         }
     }
 
-    /// Removes a watch; `true` when one existed.
+    /// Removes a watch; `true` when one existed, `false` when none did or the store failed or
+    /// did not answer within [`AwarenessConfig::store_wait`] (logged; the watch may then still
+    /// be there, or be removed once the store answers).
     ///
     /// It removes the cursor, as DESIGN.md section 4 says; it does not stop a producer from
     /// naming the watcher again. A child's spawner (or parent) is named by the child's human

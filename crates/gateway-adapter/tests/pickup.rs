@@ -317,42 +317,88 @@ async fn a_queue_only_notice_is_queued_without_a_wake() {
 /// Bug: an ambient cursor's notice is queued without a wake (decision 0015); a watch that
 /// then made the cursor explicit kept the notice pending, and every recording after it handed
 /// out the same notice, whose line the queue already held: nothing woke the main session,
-/// which takes no turn unless woken. The watch now wakes it when the line is queued; it queues
-/// nothing itself, and wakes nobody for a cursor with nothing queued.
+/// which takes no turn unless woken. The watch now wakes it when the line is queued; a watch
+/// repeated on the cursor, explicit by then, wakes nobody, and neither does a watch of a
+/// cursor whose line is not queued (nothing is queued by a watch: a turn may be acknowledging
+/// it). An ambient cursor is OpenClaw's: the file is written as OpenClaw marks one.
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session() {
-    let store = Arc::new(MemoryStore::new());
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = Arc::new(store_sqlite::SqliteStore::open(&path).await.expect("open"));
     let (svc, queue, wake) =
         common::service_in(store.clone(), None, directory(&[MANAGER, ELSEWHERE]));
-    let watch = async |watcher: &str| {
-        svc.watch_after_send(&k(watcher), &k(CHILD), None, true)
+    for w in [MANAGER, ELSEWHERE] {
+        store
+            .watch(&WatcherKey::parse(w).unwrap(), &child(), Timestamp::now())
             .await
-            .watched
-    };
-    assert!(watch(MANAGER).await && watch(ELSEWHERE).await);
+            .expect("watched");
+    }
     // A change recorded by another writer: pending for both, delivered to neither here.
     store
         .record(human(&child()), Timestamp::now())
         .await
         .expect("recorded");
+    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await
+        .expect("a second connection");
+    sqlx::query(
+        "UPDATE session_watch_cursors SET provenance = 'ambient-group' \
+         WHERE watcher_session_key = $1",
+    )
+    .bind(MANAGER)
+    .execute(&mut raw)
+    .await
+    .expect("marked ambient, as OpenClaw does");
+    raw.close().await.expect("closed");
     let cursor = store
         .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
         .await
         .unwrap()
         .expect("the manager's cursor");
-    // Its line queued as an ambient cursor's is: without a wake.
-    let mut ambient = awareness_core::Notice::of(&cursor);
-    ambient.queue_only = true;
-    svc.deliver(&[ambient]);
+    let notice = awareness_core::Notice::of(&cursor);
+    assert!(notice.queue_only);
+    svc.deliver(&[notice]);
     assert!(wake.all().is_empty(), "queued without a wake");
+    let watch = async |watcher: &str| {
+        svc.watch_after_send(&k(watcher), &k(CHILD), None, true)
+            .await
+            .watched
+    };
     assert!(watch(MANAGER).await);
     assert_eq!(wake.all(), [k(MANAGER)], "woken by the watch");
     assert_eq!(texts(&queue, MANAGER).len(), 1, "the line, once");
-    // The other watcher's notice was never queued here: the watch does not queue it (a turn may
-    // be acknowledging it), nor wake anyone.
+    assert!(watch(MANAGER).await);
+    assert_eq!(wake.all(), [k(MANAGER)], "a repeated watch wakes nobody");
+    // The other watcher's notice was never queued here.
     assert!(watch(ELSEWHERE).await);
     assert!(texts(&queue, ELSEWHERE).is_empty());
     assert_eq!(wake.all(), [k(MANAGER)]);
+}
+
+/// A watch repeated on an explicit cursor whose notice is queued wakes nobody: its session was
+/// woken when the line was queued (one notice, one wake).
+#[tokio::test]
+async fn a_repeated_watch_of_a_pending_explicit_cursor_wakes_nobody() {
+    let store = Arc::new(MemoryStore::new());
+    let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
+    let watch = async || {
+        svc.watch_after_send(&k(MANAGER), &k(CHILD), None, true)
+            .await
+            .watched
+    };
+    assert!(watch().await);
+    let mut msg = gateway_adapter::HumanMessage::new(k(CHILD));
+    msg.agent_id = Some(child().agent_id);
+    assert!(svc.human_message(msg).await.is_some(), "recorded");
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert_eq!(wake.all(), [k(MANAGER)], "woken with the line");
+    assert!(watch().await);
+    assert_eq!(wake.all(), [k(MANAGER)], "not woken again");
 }
 
 /// With a store that has no other writer, the pick-up task ends at its first question.

@@ -1016,6 +1016,28 @@ async fn the_tools_of_a_turn_give_up_on_a_store_that_hangs() {
     );
 }
 
+/// A tool that asks the store several things waits for it `store_wait` in all, not at each:
+/// `sessions_list`'s versions, read a batch at a time, gave a store that hung a wait per batch.
+#[tokio::test(start_paused = true)]
+async fn a_tool_that_reads_in_batches_waits_for_a_hung_store_once() {
+    let config = AwarenessConfig {
+        list_batch: 1,
+        ..AwarenessConfig::default()
+    };
+    let w = World::gated_with(Call::Heads, false, config).await;
+    let refs: Vec<SessionRef> = ["a", "b", "c"]
+        .iter()
+        .map(|s| SessionRef::parse(&format!("agent:main:subagent:{s}"), "main").unwrap())
+        .collect();
+    let started = tokio::time::Instant::now();
+    assert!(
+        within_an_hour(w.svc.state_versions(&k(MANAGER), &refs))
+            .await
+            .is_empty()
+    );
+    assert_eq!(started.elapsed(), AwarenessConfig::default().store_wait);
+}
+
 /// Bug: a best-effort producer waited for a store that hung as long as it hung, holding the
 /// gateway's handling of the message. It answers `None` after `AwarenessConfig::store_wait`;
 /// the recording goes on, and when it commits its notice is delivered and the manager woken.

@@ -507,7 +507,10 @@ impl PairedNodeClient for FakeNode {
             return Err(PairedError::NotFound);
         }
         let items = self.items.lock().unwrap();
-        let end = before.map_or(items.len(), |b| b.parse().unwrap());
+        // A cursor past the items a node holds now (one that restarted empty): no items.
+        let end = before.map_or(items.len(), |b| {
+            b.parse::<usize>().unwrap().min(items.len())
+        });
         let start = end.saturating_sub(limit);
         Ok(PairedPage {
             items: items[start..end].iter().rev().cloned().collect(),
@@ -743,6 +746,21 @@ async fn paired_node_pages_back_to_the_marker() {
     assert_eq!(
         provider.check(&caught_up, &own).await,
         CheckOutcome::Unchanged {
+            marker: json!({"uuid": "i131"})
+        }
+    );
+    // The same, for a link without a usable marker: nothing is concluded (it was stored as
+    // "no item", and the check after counted the whole thread), and the check after, with
+    // the items back, starts at the newest.
+    let all = std::mem::take(&mut *node.items.lock().unwrap());
+    assert!(matches!(
+        provider.check(&paired_link(None), &own).await,
+        CheckOutcome::Failed(e) if e.contains("answered no items")
+    ));
+    *node.items.lock().unwrap() = all;
+    assert_eq!(
+        provider.check(&paired_link(None), &own).await,
+        CheckOutcome::Rebased {
             marker: json!({"uuid": "i131"})
         }
     );
@@ -1518,6 +1536,59 @@ async fn removing_a_link_forgets_its_own_prompts() {
     assert_eq!(prompts.recent(&kept), vec!["fix the build".to_owned()]);
 }
 
+/// A link removal the store makes but answers too late (after `store_wait`) is taken for a
+/// failure (`link_removed: false`); the next tick finds the link gone and forgets its prompts
+/// then, as a removal answered in time does. They stayed for good.
+#[tokio::test(start_paused = true)]
+async fn a_link_removed_after_the_wait_still_forgets_its_prompts() {
+    let w = world();
+    let t = Transcript::new();
+    let gone = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let prompts = Arc::new(RecentPrompts::new());
+    prompts.record(&gone, "run the tests");
+    let late = Arc::new(Flaky {
+        inner: w.store.clone(),
+        fail_moves: AtomicUsize::new(0),
+        hang_moves: std::sync::atomic::AtomicBool::new(false),
+        hang_removes: std::sync::atomic::AtomicBool::new(true),
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), late)
+        .provider(Arc::new(JsonlProvider::new()))
+        .own_prompts(prompts.clone())
+        .config(gateway_adapter::MonitorConfig {
+            missing_checks: 1,
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    let mut rx = monitor.subscribe();
+    std::fs::remove_file(&t.path).unwrap();
+    tokio::time::timeout(std::time::Duration::from_hours(1), monitor.tick())
+        .await
+        .expect("the tick ends");
+    assert!(
+        published(&mut rx).iter().any(|d| matches!(
+            d,
+            Detection::UpstreamMissing {
+                link_removed: false,
+                ..
+            }
+        )),
+        "the removal was not answered in time"
+    );
+    assert!(
+        w.store.link(&gone).await.unwrap().is_none(),
+        "but it was made"
+    );
+    monitor.tick().await;
+    assert_eq!(
+        prompts.recent(&gone),
+        Vec::<String>::new(),
+        "the prompts go with the link"
+    );
+}
+
 /// Finds one human turn, after removing every watch of the session it checks (as a watcher
 /// that unwatches while the check runs).
 struct UnwatchDuringCheck(Arc<MemoryStore>);
@@ -1675,6 +1746,7 @@ async fn a_marker_move_that_hangs_fails_the_check_and_ends_the_tick() {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(0),
         hang_moves: std::sync::atomic::AtomicBool::new(true),
+        hang_removes: std::sync::atomic::AtomicBool::new(false),
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -1719,6 +1791,7 @@ fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(1),
         hang_moves: std::sync::atomic::AtomicBool::new(false),
+        hang_removes: std::sync::atomic::AtomicBool::new(false),
     });
     UpstreamMonitor::builder(w.svc.clone(), flaky)
         .provider(Arc::new(JsonlProvider::new()))
@@ -1732,6 +1805,9 @@ struct Flaky {
     fail_moves: AtomicUsize,
     /// Every marker move hangs (a store that stopped answering) while set.
     hang_moves: std::sync::atomic::AtomicBool,
+    /// Every link removal is made, then never answered (a store that answers too late), while
+    /// set.
+    hang_removes: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -1772,7 +1848,11 @@ impl UpstreamStore for Flaky {
         self.inner.mark_scanned(s, now).await
     }
     async fn remove_link(&self, s: &SessionRef, e: Option<Timestamp>) -> Result<bool, StoreError> {
-        self.inner.remove_link(s, e).await
+        let removed = self.inner.remove_link(s, e).await;
+        if self.hang_removes.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        removed
     }
 }
 
@@ -1868,6 +1948,7 @@ async fn a_failed_marker_move_is_published_with_its_cause() {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(0),
         hang_moves: std::sync::atomic::AtomicBool::new(false),
+        hang_removes: std::sync::atomic::AtomicBool::new(false),
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -2179,6 +2260,7 @@ async fn a_source_found_again_restarts_the_count_of_missing_checks() {
         inner: w.store.clone(),
         fail_moves: AtomicUsize::new(0),
         hang_moves: std::sync::atomic::AtomicBool::new(false),
+        hang_removes: std::sync::atomic::AtomicBool::new(false),
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -2470,6 +2552,21 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
         human_turns(bound / 2, &format!("new{}", bound - 2), resume.clone()),
         "the turns within the bound, and where to go on from"
     );
+    // A node that answers no items where the check stopped (restarting) concludes nothing:
+    // the marker stays, where to read on from included. It was rebased, and the rest of the
+    // burst was never counted.
+    let all = std::mem::take(&mut *node.items.lock().unwrap());
+    let calls = node.calls.load(Ordering::SeqCst);
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(resume.clone())), &[])
+            .await,
+        CheckOutcome::Unchanged {
+            marker: resume.clone()
+        }
+    );
+    *node.items.lock().unwrap() = all;
+    node.calls.store(calls, Ordering::SeqCst);
     assert_eq!(node.calls.load(Ordering::SeqCst), MAX_PAGES);
     let warned: Vec<String> = capture
         .lines()

@@ -29,8 +29,10 @@
 //! Each of the monitor's own store calls (listing the links, reading the watchers, storing the
 //! scan time, moving the marker, removing the link) waits for the store at most the service's
 //! [`crate::AwarenessConfig::store_wait`], and is then a failure like any other (logged; the
-//! marker stays, or the link, and the next tick tries again): a store that hangs held the
-//! tick, and every tick after it.
+//! next tick tries again): a store that hangs held the tick, and every tick after it. A write
+//! given up so may still commit once the store answers: a marker moved late only spares the
+//! next tick a re-read (a burst read again is deduplicated), and a link removed late is seen
+//! gone at the next tick, which forgets its prompts then.
 //!
 //! Every link is monitored on its own, so several agents adopting one external thread are each
 //! recorded. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
@@ -517,8 +519,20 @@ impl Inner {
             }
         };
         report.links = links.len();
-        me.missing_counts()
-            .retain(|r, _| links.iter().any(|l| &l.session == r));
+        // A link gone while it was counted as missing (removed by someone else, or by a removal
+        // of ours the store answered too late, which `gone` took for a failure) takes its own
+        // prompts with it, as a removal of ours does.
+        let mut forgotten = Vec::new();
+        me.missing_counts().retain(|r, _| {
+            let kept = links.iter().any(|l| &l.session == r);
+            if !kept {
+                forgotten.push(r.clone());
+            }
+            kept
+        });
+        for r in &forgotten {
+            me.prompts.forget(r);
+        }
         // The session of each check task, for the one that panics.
         let mut sessions = HashMap::new();
         for link in links {
@@ -726,7 +740,7 @@ impl Inner {
             }
             Err(e) => {
                 let error = ErrorChain(&e).to_string();
-                warn!(session_key = %link.session.session_key, error = %error, "upstream marker not moved; the same rows are read again next tick");
+                warn!(session_key = %link.session.session_key, error = %error, "upstream marker not moved (a store that did not answer may still move it); the same rows are read again next tick");
                 MarkerMove::Failed(error)
             }
         }
@@ -830,7 +844,7 @@ impl Inner {
         let link_removed = match self.awareness.bounded("remove the link", write).await {
             Ok(removed) => removed,
             Err(e) => {
-                warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream link not removed; retried next tick");
+                warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream link not removed (a store that did not answer may still remove it); retried next tick");
                 false
             }
         };

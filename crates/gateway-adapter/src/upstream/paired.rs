@@ -377,11 +377,20 @@ impl PairedNodeProvider {
         own: &[TextFingerprint],
     ) -> Result<CheckOutcome, CheckOutcome> {
         let Some(marker) = super::stored_marker(link, PairedMarker::from_value) else {
-            // No usable marker: start from the thread's newest item.
+            // No usable marker: start from the thread's newest item. An empty answer (a node
+            // restarting or still loading the thread) concludes nothing: stored as "no item",
+            // it would have the next check count the thread's whole history as new turns. (An
+            // adopter that knows the thread is empty stores `{"uuid": null}` itself.)
             let page = self.page(link, None, 1).await?;
-            let uuid = page.items.first().map(|i| i.id.clone());
+            let Some(newest) = page.items.first() else {
+                return Err(CheckOutcome::Failed(
+                    "the paired node answered no items for a link without a usable marker; \
+                     nothing is concluded, and the next check asks again"
+                        .into(),
+                ));
+            };
             return Ok(CheckOutcome::Rebased {
-                marker: PairedMarker::at(uuid).to_value(),
+                marker: PairedMarker::at(Some(newest.id.clone())).to_value(),
             });
         };
         match marker.resume {
@@ -459,6 +468,21 @@ impl PairedNodeProvider {
             read => read?,
         };
         Ok(match read.end {
+            // No items where the last check stopped (a node restarting, or one that no longer
+            // pages from that cursor) says nothing of the marker's item: the marker stays,
+            // where to read on from included, and the next check asks again.
+            End::Start if uuid.is_some() && read.items.is_empty() => {
+                warn!(session_key = %link.session.session_key, host = %link.host_id,
+                    thread = %link.thread_id, cursor = %before,
+                    "paired node: no items where the last check stopped; the marker stays, and the next check reads on from there again");
+                CheckOutcome::Unchanged {
+                    marker: PairedMarker {
+                        uuid,
+                        resume: Some(Resume { before, top }),
+                    }
+                    .to_value(),
+                }
+            }
             End::Start if uuid.is_some() => {
                 // The marker's item vanished meanwhile (the thread was rewritten).
                 CheckOutcome::Rebased {

@@ -421,23 +421,27 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         let mut int = handle(SignalKind::interrupt(), "Ctrl-C")?;
         let mut term = handle(SignalKind::terminate(), "SIGTERM")?;
         let mut hup = handle(SignalKind::hangup(), "SIGHUP")?;
-        tokio::spawn(async move {
+        counting(&tokio::spawn(async move {
             loop {
+                // In this order when several are pending at once (a service manager's SIGTERM
+                // then SIGHUP): a hangup taken first marks the command stopping, and the
+                // SIGTERM of the same request would then end it as a second signal.
                 let hangup = tokio::select! {
+                    biased;
                     () = next(&mut int) => false,
                     () = next(&mut term) => false,
                     () = next(&mut hup) => true,
                 };
                 signalled(&counted, &ask, hangup);
             }
-        });
+        }));
     }
     #[cfg(not(unix))]
-    tokio::spawn(async move {
+    counting(&tokio::spawn(async move {
         while tokio::signal::ctrl_c().await.is_ok() {
             signalled(&counted, &ask, false);
         }
-    });
+    }));
     let stopped = Stopping(stopping);
     Ok(async move {
         // Dropped with the future, resolved or not: the command is stopping.
@@ -445,6 +449,22 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         // The sender lives as long as the task counting the signals.
         let _ = asked.wait_for(|asked| *asked).await;
     })
+}
+
+/// Makes `task` the one that counts this process's signals, ending the one an earlier command
+/// left (a host that runs several commands through [`crate::run`]): left running, marked
+/// stopping, it ended the process (130) at the first Ctrl-C of the next command, before that
+/// command could close its store.
+fn counting(task: &tokio::task::JoinHandle<()>) {
+    static COUNTING: std::sync::Mutex<Option<tokio::task::AbortHandle>> =
+        std::sync::Mutex::new(None);
+    let earlier = COUNTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .replace(task.abort_handle());
+    if let Some(earlier) = earlier {
+        earlier.abort();
+    }
 }
 
 /// A signal [`interrupted`] counted: the first asks the command to stop (`ask`); a Ctrl-C or a
@@ -978,37 +998,122 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_signal_while_the_monitor_stops_for_another_reason_ends_it() {
-        if std::env::var_os(SIGNALLED_CHILD).is_some() {
+        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "monitor") {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap()
                 .block_on(monitor_whose_output_fails_then_hangs());
         }
-        let name = format!(
-            "{}::a_signal_while_the_monitor_stops_for_another_reason_ends_it",
-            module_path!().split_once("::").expect("in the crate").1
-        );
         // A hang guard, not a measure: the child ends within a second.
-        let o = std::process::Command::new("timeout")
-            .args(["-s", "KILL", "60", "env", "--default-signal=HUP,INT,TERM"])
-            .arg(std::env::current_exe().unwrap())
-            .args([name.as_str(), "--exact", "--test-threads=1"])
-            .env(SIGNALLED_CHILD, "1")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&o.stderr);
+        let (code, stderr) = signalled_child(
+            "a_signal_while_the_monitor_stops_for_another_reason_ends_it",
+            "monitor",
+        );
         assert_eq!(
-            o.status.code(),
+            code,
             Some(130),
             "a SIGTERM while it closed its store did not end it (none: `timeout` killed it): \
-             {stderr}{}",
-            String::from_utf8_lossy(&o.stdout)
+             {stderr}"
         );
         assert!(
             stderr.contains("awareness: stopped again: exiting without waiting"),
             "{stderr}"
         );
+    }
+
+    /// Runs the test `name` (of this module) again as a child process with `scenario` in
+    /// [`SIGNALLED_CHILD`] and SIGHUP, SIGINT and SIGTERM at their default action; answers its
+    /// exit code (`None`: killed by `timeout`, a hang guard) and its stderr.
+    #[cfg(target_os = "linux")]
+    fn signalled_child(name: &str, scenario: &str) -> (Option<i32>, String) {
+        let name = format!(
+            "{}::{name}",
+            module_path!().split_once("::").expect("in the crate").1
+        );
+        let o = std::process::Command::new("timeout")
+            .args(["-s", "KILL", "60", "env", "--default-signal=HUP,INT,TERM"])
+            .arg(std::env::current_exe().unwrap())
+            .args([name.as_str(), "--exact", "--test-threads=1"])
+            .env(SIGNALLED_CHILD, scenario)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    /// Sends `signal` (`-TERM`, ...) to this process and returns once `kill` has.
+    #[cfg(target_os = "linux")]
+    fn signal_self(signal: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([signal, &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// A stop request made of a SIGTERM and a SIGHUP at once (a service manager stopping a
+    /// unit, a session ending) is one request: the command stops and closes its store, and
+    /// exits as it would. The two were taken in a random order, and a hangup taken first made
+    /// the SIGTERM a second signal, which ended the process (130) before the store closed.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_sigterm_and_a_sighup_at_once_are_one_request_to_stop() {
+        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "term-and-hup") {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let stop = interrupted().unwrap();
+                    // Both pending before the counting task next runs.
+                    signal_self("-TERM");
+                    signal_self("-HUP");
+                    stop.await;
+                    // The store's close, which the second signal must not cut short.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                });
+            return;
+        }
+        // The order was random: several runs, each of which must close.
+        for _ in 0..8 {
+            let (code, stderr) = signalled_child(
+                "a_sigterm_and_a_sighup_at_once_are_one_request_to_stop",
+                "term-and-hup",
+            );
+            assert_eq!(code, Some(0), "{stderr}");
+        }
+    }
+
+    /// A host that runs a second command after one that stopped (through `run`) gets its first
+    /// Ctrl-C as a request to stop: the first command's signal task, still running and marked
+    /// stopping, took the same Ctrl-C as a second signal and ended the process (130) before
+    /// the second command could close its store.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_second_command_is_not_ended_by_the_first_ones_signal_task() {
+        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "two-commands") {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    // The first command stops by itself: its stop future dropped.
+                    drop(interrupted().unwrap());
+                    let stop = interrupted().unwrap();
+                    signal_self("-INT");
+                    stop.await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                });
+            return;
+        }
+        let (code, stderr) = signalled_child(
+            "a_second_command_is_not_ended_by_the_first_ones_signal_task",
+            "two-commands",
+        );
+        assert_eq!(code, Some(0), "{stderr}");
     }
 
     /// The child of [`a_signal_while_the_monitor_stops_for_another_reason_ends_it`]: `monitor`
@@ -1042,11 +1147,7 @@ mod tests {
             .await
             .expect_err("the output failed");
         assert_eq!(e.code, crate::EXIT_CLOSED_PIPE, "{}", e.message);
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &std::process::id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        signal_self("-TERM");
         // The store's close, hung.
         std::future::pending::<()>().await;
     }

@@ -436,8 +436,10 @@ impl SqliteStore {
     /// this user may not write is refused before SQLite reads it, so not even its `-wal` and
     /// `-shm` are made beside it). So does a
     /// missing file with a `-wal`, a `-shm` or a live `-journal` beside it (its database deleted
-    /// or moved, perhaps while a process still has it open): a new store there would read them
-    /// as its own. A file whose
+    /// or moved, perhaps while a process still has it open, or after a read-only handle closed
+    /// last, which cannot remove them): a new store there would read them as its own. Whether
+    /// another process still uses them cannot be told from here (opening them would drop this
+    /// process's own locks on them): move them away once none has the old database open. A file whose
     /// schema this open must bring up to date while another connection holds its write lock for
     /// longer than the busy timeout gives [`StoreError::Busy`] (retryable) naming the path.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
@@ -625,8 +627,10 @@ impl SqliteStore {
     /// in the log), and the last connection to close removes it. Dropping the store closes
     /// them too, without waiting: a process that exits right after may leave the log beside
     /// the file. A background checkpoint still running is waited for first; it runs on a
-    /// thread of its own, so `close` may be called from any runtime, whether or not the one
-    /// that made the writes is still driven. Through a shared handle,
+    /// thread of its own, so waiting for it does not depend on the runtime that started it
+    /// being driven. (A write cancelled midway on a runtime nobody drives any more still
+    /// leaves its rollback there, holding the write connection, and `close` waits for it.)
+    /// Through a shared handle,
     /// [`EventStore::close`](awareness_core::EventStore::close) calls this when it holds the
     /// last one.
     pub async fn close(self) {
@@ -642,8 +646,9 @@ impl SqliteStore {
         }
         let readers = match Arc::try_unwrap(self.readers) {
             Ok(r) => r.conns.into_vec(),
-            // Still shared (no thread could be started for a checkpoint that is not over
-            // yet, say): dropping closes them.
+            // Not expected: a checkpoint's thread lets go of its clone before `done` answers,
+            // and one that could not start dropped it with its closure. Should a clone live on,
+            // dropping closes them.
             Err(_) => Vec::new(),
         };
         for r in readers {

@@ -291,7 +291,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
             return Err(error::open(
                 path,
                 format!(
-                    "no database is there, but a {what} ({}) is, left by one that was deleted (after a process was killed, or while one still has it open): SQLite would read it into a new store; move it (and any -wal or -shm) away first, once no process has the deleted database open",
+                    "no database is there, but a {what} ({}) is, left by one that was deleted or moved (after a process was killed, while one still has it open, or after a read-only handle closed last, which cannot remove it): SQLite would read it into a new store; move it (and any -wal or -shm) away first, once no process has the old database open",
                     left.display()
                 ),
                 None,

@@ -493,6 +493,39 @@ async fn a_log_and_index_still_in_use_by_a_moved_store_are_refused() {
     store.close().await;
 }
 
+/// A read-only handle that closes last cannot remove the log and index it made: a store
+/// deleted after it (to start over) is not created again over them, and the refusal says this
+/// may be why, and to move them away; then the open creates it.
+#[tokio::test]
+async fn a_store_deleted_after_a_read_only_close_names_the_files_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    SqliteStore::open(&path).await.unwrap().close().await;
+    let reader = SqliteStore::open_with(&path, SqliteOptions::default().read_only(true))
+        .await
+        .unwrap();
+    assert_eq!(reader.log_stats().await.unwrap().rows, 0, "a read");
+    reader.close().await;
+    let left: Vec<PathBuf> = ["state.sqlite-wal", "state.sqlite-shm"]
+        .iter()
+        .map(|n| dir.path().join(n))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(
+        !left.is_empty(),
+        "the read-only close left its log or index"
+    );
+    std::fs::remove_file(&path).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "after a read-only handle closed last");
+    for p in &left {
+        std::fs::remove_file(p).unwrap();
+    }
+    let store = SqliteStore::open(&path).await.expect("nothing left");
+    assert_eq!(store.log_stats().await.unwrap().rows, 0);
+    store.close().await;
+}
+
 /// A rollback journal left beside a path whose database was deleted (a process in rollback
 /// mode killed in a transaction whose pages had started to reach the file, then the file
 /// removed): the open is refused, naming the journal, and creates nothing. SQLite plays a

@@ -912,6 +912,44 @@ mod tests {
         );
     }
 
+    /// A bare key is never a watcher, parsed from text or not; a session ref needs both parts.
+    #[test]
+    fn a_watcher_is_agent_qualified_and_a_ref_has_both_parts() {
+        for bare in ["global", "main"] {
+            assert!(
+                matches!(
+                    WatcherKey::parse(bare),
+                    Err(ValidationError::NotAgentQualified { key }) if key == bare
+                ),
+                "{bare}"
+            );
+        }
+        assert!(WatcherKey::parse("").is_err());
+        assert!(SessionRef::parse("", "main").is_err(), "an empty key");
+        assert!(SessionRef::parse("x", "").is_err(), "an empty agent");
+        assert!(SessionRef::parse("x", "main").is_ok());
+    }
+
+    /// The dedupe key is kept on the event (a store stores it) but never in its JSON, which is
+    /// all a caller of the protocol sees of it.
+    #[test]
+    fn an_events_json_never_carries_its_dedupe_key() {
+        let ev = NewEvent::new(
+            SessionRef::parse("agent:main:subagent:c1", "main").unwrap(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "x",
+        )
+        .with_dedupe_key("secret-key")
+        .into_event(Sequence(1), Timestamp(0));
+        assert_eq!(ev.dedupe_key.as_deref(), Some("secret-key"));
+        let json = serde_json::to_string(&ev).unwrap();
+        assert!(!json.contains("secret-key"), "{json}");
+        assert!(!json.contains("dedupeKey"), "{json}");
+        let back: Event = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.dedupe_key, None, "nothing to read back either");
+    }
+
     /// A kind this version does not know is read with its spelling, written back as it was,
     /// log-only, and refused when recorded.
     #[test]

@@ -78,5 +78,6 @@ async fn subject() -> Subject {
     }
 }
 
-awareness_core::conformance_suite!(subject);
+// One process's values, one writer: no commit is ever another writer's.
+awareness_core::conformance_suite!(subject, foreign_commits: Uncounted);
 awareness_core::model_test!(subject);

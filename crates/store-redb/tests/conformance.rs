@@ -92,11 +92,22 @@ macro_rules! setup {
                 super::open_with(path, options().read_only(true)).await
             }
 
-            awareness_core::conformance_suite!(subject);
+            // One process at a time writes the file, and its handles share one database: none
+            // tells of foreign commits (`EventStore::foreign_commits`).
+            awareness_core::conformance_suite!(subject, foreign_commits: Uncounted);
             // Its cursor and head keys are redb strings, which hold UTF-8 only.
-            awareness_core::durable_suite!(open, text_in_every_row: false);
+            awareness_core::durable_suite!(
+                open,
+                foreign_commits: Uncounted,
+                text_in_every_row: false
+            );
             awareness_core::open_suite!(open);
-            awareness_core::read_only_suite!(open, open_read_only, left_open: NeedsRepair);
+            awareness_core::read_only_suite!(
+                open,
+                open_read_only,
+                left_open: NeedsRepair,
+                foreign_commits: Uncounted
+            );
             awareness_core::model_test!(subject);
         }
     };

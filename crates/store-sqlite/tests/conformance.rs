@@ -102,8 +102,15 @@ async fn hold_writer(store: Arc<SqliteStore>, path: PathBuf) -> Release {
     })
 }
 
-awareness_core::conformance_suite!(subject);
-awareness_core::durable_suite!(open);
+// Every handle is a writer of its own on a file other processes may write too: each counts the
+// commits of the others (the gateway's cue to look for notices it did not hand out).
+awareness_core::conformance_suite!(subject, foreign_commits: Counted);
+awareness_core::durable_suite!(open, foreign_commits: Counted);
 awareness_core::open_suite!(open);
-awareness_core::read_only_suite!(open, open_read_only, left_open: Answers);
+awareness_core::read_only_suite!(
+    open,
+    open_read_only,
+    left_open: Answers,
+    foreign_commits: Counted
+);
 awareness_core::model_test!(subject);

@@ -6,9 +6,12 @@
 //!
 //! ```text
 //! async fn subject() -> awareness_core::testkit::Subject { /* a fresh store */ }
-//! awareness_core::conformance_suite!(subject);
+//! awareness_core::conformance_suite!(subject, foreign_commits: Uncounted);
 //! awareness_core::model_test!(subject);
 //! ```
+//!
+//! The stamping states what the store's `foreign_commits` answers ([`ForeignCommits`]), as the
+//! stampings of the durable and read-only suites do too.
 //!
 //! Each check is a plain async function in [`checks`] taking a `&Subject`, so a new behaviour is
 //! one new function (and one new name in the macro) that every backend then runs.
@@ -19,7 +22,7 @@
 //!
 //! Stores that keep their state in a file also stamp [`durable_suite!`](crate::durable_suite),
 //! the checks of [`durable`]: reopening, two handles on one file, a cancelled write, a cancelled
-//! pruning pass, the audit of a lost head, and rows that can no longer be read; and
+//! acknowledgement or re-freeze, a cancelled pruning pass, and rows that can no longer be read; and
 //! [`open_suite!`](crate::open_suite), the checks of [`open`]: what a read-write open refuses
 //! and leaves untouched (a directory, a missing directory, a file that is not a store, a
 //! truncated one), an empty file becoming a new store, two opens of a new file at once, an open
@@ -126,6 +129,40 @@ pub trait RawAccess: Send + Sync {
     /// leave it, touching nothing else (its events stay). Returns whether the row existed;
     /// `false` from a store that keeps values rather than bytes (store-memory).
     async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError>;
+}
+
+/// What a store's [`foreign_commits`](crate::EventStore::foreign_commits) answers, as each
+/// stamping of the suites that ask it states (`foreign_commits: Counted` or
+/// `foreign_commits: Uncounted` in [`conformance_suite!`](crate::conformance_suite),
+/// [`durable_suite!`](crate::durable_suite) and [`read_only_suite!`](crate::read_only_suite)):
+/// the checks assert the stated answer, so a store that stopped counting (or started) fails
+/// them rather than skipping what they check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForeignCommits {
+    /// `Some(count)` on every handle: the store's file can have writers other than the handle
+    /// (store-sqlite), whose commits each handle counts.
+    Counted,
+    /// `None` on every handle: the store's handles share one writer (store-memory,
+    /// store-redb), so no commit is another writer's.
+    Uncounted,
+}
+
+impl ForeignCommits {
+    /// Panics unless `answer` is of the stated kind; `what` names the handle and the moment.
+    pub fn assert_answer(self, what: &str, answer: Option<u64>) {
+        match (self, answer) {
+            (Self::Counted, Some(_)) | (Self::Uncounted, None) => {}
+            (stated, answer) => panic!(
+                "{what}: foreign_commits answered {answer:?}, where the suite was stamped \
+                 `foreign_commits: {stated:?}`"
+            ),
+        }
+    }
+
+    /// Whether the store counts foreign commits (`Counted`).
+    pub fn counted(self) -> bool {
+        self == Self::Counted
+    }
 }
 
 /// The store factory of the file suites ([`durable`], [`read_only`], [`open`]): an async
@@ -257,10 +294,22 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
 }
 
 /// Stamps one named `#[test]` per conformance check for a backend factory
-/// (`async fn() -> Subject`).
+/// (`async fn() -> Subject`): `conformance_suite!(subject, foreign_commits: Counted)` (or
+/// `Uncounted`) states what the store's `foreign_commits` answers ([`ForeignCommits`]).
 #[macro_export]
 macro_rules! conformance_suite {
-    ($factory:path) => {
+    ($factory:path, foreign_commits: $foreign:ident) => {
+        #[test]
+        fn a_handles_own_writes_are_never_foreign_commits() {
+            $crate::testkit::block_on_threads(async {
+                let subject = $factory().await;
+                $crate::testkit::checks::a_handles_own_writes_are_never_foreign_commits(
+                    &subject,
+                    $crate::testkit::ForeignCommits::$foreign,
+                )
+                .await;
+            });
+        }
         $crate::__conformance_tests!(
             $factory;
             record_assigns_increasing_sequences,
@@ -269,6 +318,7 @@ macro_rules! conformance_suite {
             a_store_keeps_the_audit_invariants,
             pruning_never_creates_a_head,
             a_session_without_its_head_keeps_its_events,
+            the_audit_reports_events_and_cursors_left_without_a_head,
             inputs_at_the_limits_read_back_exactly,
             keys_that_prefix_each_other_stay_apart,
             a_changes_since_beyond_any_stored_sequence_is_ahead,
@@ -279,7 +329,6 @@ macro_rules! conformance_suite {
             json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back,
             dedupe_returns_stored_event_and_moves_nothing,
             dedupe_hit_consumes_a_sequence,
-            dedupe_key_is_never_returned,
             dedupe_key_is_free_again_after_its_row_is_pruned,
             occurred_at_is_clamped_into_the_last_day,
             occurred_at_defaults_to_now,
@@ -320,7 +369,7 @@ macro_rules! conformance_suite {
             notify_ignores_cursor_on_other_agents_session,
             watch_starts_at_head,
             watch_on_empty_target_starts_at_zero,
-            watch_refused_for_self_and_bare_keys,
+            a_watch_of_itself_is_refused_and_writes_nothing,
             watching_again_keeps_pending_state,
             watching_another_agents_session_of_the_same_key_moves_the_cursor,
             a_spawn_moves_a_pending_cursor_on_another_agents_session_of_the_key,
@@ -348,7 +397,6 @@ macro_rules! conformance_suite {
             an_invalid_event_under_a_stored_dedupe_key_is_refused,
             events_after_and_log_stats,
             heads_batch_returns_only_existing,
-            a_handles_own_writes_are_never_foreign_commits,
             upstream_upsert_creates_then_same_source_keeps_marker,
             upstream_changed_source_rebases_marker,
             upstream_marker_update_is_compare_and_set,
@@ -540,22 +588,33 @@ macro_rules! __group_commit_tests {
 /// (`async fn(PathBuf) -> Result<Subject, StoreError>`: open the given file, creating it when
 /// missing).
 ///
-/// `durable_suite!(open)` stamps every check; `durable_suite!(open, text_in_every_row: false)`
+/// `durable_suite!(open, foreign_commits: Counted)` (or `Uncounted`, what the store's
+/// `foreign_commits` answers: [`ForeignCommits`]) stamps every check;
+/// `durable_suite!(open, foreign_commits: Uncounted, text_in_every_row: false)`
 /// leaves out the two whose rows must hold text that is not UTF-8 where the store keeps it in
 /// a string type that checks it (store-redb's cursor and head keys): those checks would have
 /// nothing to check, and a check that cannot fail is not stamped. Every other check asserts
 /// that the store's [`RawAccess`] helpers found and damaged their row.
 #[macro_export]
 macro_rules! durable_suite {
-    ($open:path) => {
-        $crate::durable_suite!($open, text_in_every_row: false);
+    ($open:path, foreign_commits: $foreign:ident) => {
+        $crate::durable_suite!($open, foreign_commits: $foreign, text_in_every_row: false);
         $crate::__durable_tests!(
             $open;
             a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothing_else,
             a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning,
         );
     };
-    ($open:path, text_in_every_row: false) => {
+    ($open:path, foreign_commits: $foreign:ident, text_in_every_row: false) => {
+        #[test]
+        fn each_handle_sees_the_other_handles_commits_as_foreign() {
+            $crate::testkit::block_on_threads(
+                $crate::testkit::durable::each_handle_sees_the_other_handles_commits_as_foreign(
+                    $open,
+                    $crate::testkit::ForeignCommits::$foreign,
+                ),
+            );
+        }
         $crate::__durable_tests!(
             $open;
             everything_committed_survives_a_reopen,
@@ -564,10 +623,9 @@ macro_rules! durable_suite {
             closing_the_last_handle_keeps_what_a_dropped_handle_left_running,
             the_sequence_never_goes_back_across_reopens,
             two_handles_on_one_file_see_each_others_writes,
-            each_handle_sees_the_other_handles_commits_as_foreign,
             a_cancelled_write_leaves_the_file_writable,
+            a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neither,
             a_cancelled_prune_leaves_every_loss_behind_a_watermark,
-            the_audit_reports_events_and_cursors_left_without_a_head,
             a_dedupe_hit_on_an_unreadable_row_fails_and_changes_nothing,
             an_unreadable_dedupe_hit_among_concurrent_recordings_fails_only_its_caller,
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
@@ -602,15 +660,37 @@ macro_rules! __durable_tests {
 /// factories (`async fn(PathBuf) -> Result<Subject, StoreError>`): the first opens the given
 /// file read-write, creating it when missing; the second opens it read-only.
 ///
-/// `read_only_suite!(open, open_read_only, left_open: NeedsRepair)` states what a read-only
-/// open of the files of a writer that never closed answers (a [`read_only::LeftOpen`]:
-/// `Answers`, what the writer had committed, or `NeedsRepair`); without it, `Answers`.
+/// `read_only_suite!(open, open_read_only, left_open: NeedsRepair, foreign_commits: Uncounted)`
+/// states what a read-only open of the files of a writer that never closed answers (a
+/// [`read_only::LeftOpen`]: `Answers`, what the writer had committed, or `NeedsRepair`;
+/// without it, `Answers`) and what the store's `foreign_commits` answers on every handle
+/// ([`ForeignCommits`], always stated).
 #[macro_export]
 macro_rules! read_only_suite {
-    ($open:path, $open_read_only:path) => {
-        $crate::read_only_suite!($open, $open_read_only, left_open: Answers);
+    ($open:path, $open_read_only:path, foreign_commits: $foreign:ident) => {
+        $crate::read_only_suite!(
+            $open,
+            $open_read_only,
+            left_open: Answers,
+            foreign_commits: $foreign
+        );
     };
-    ($open:path, $open_read_only:path, left_open: $left_open:ident) => {
+    (
+        $open:path,
+        $open_read_only:path,
+        left_open: $left_open:ident,
+        foreign_commits: $foreign:ident
+    ) => {
+        #[test]
+        fn a_read_only_handle_beside_a_read_write_one_sees_its_commits() {
+            $crate::testkit::block_on_threads(
+                $crate::testkit::read_only::a_read_only_handle_beside_a_read_write_one_sees_its_commits(
+                    $open,
+                    $open_read_only,
+                    $crate::testkit::ForeignCommits::$foreign,
+                ),
+            );
+        }
         #[test]
         fn a_read_only_handle_on_a_file_its_writer_left_open_changes_no_file() {
             $crate::testkit::block_on_threads(
@@ -625,7 +705,6 @@ macro_rules! read_only_suite {
             $open, $open_read_only;
             a_read_only_handle_answers_what_the_file_holds,
             a_read_only_handle_refuses_every_write_and_changes_nothing,
-            a_read_only_handle_beside_a_read_write_one_sees_its_commits,
             a_read_only_open_creates_nothing,
             a_read_only_open_refuses_a_file_that_is_not_a_store,
             a_read_only_open_refuses_a_truncated_store_and_changes_nothing,

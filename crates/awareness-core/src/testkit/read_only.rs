@@ -242,13 +242,14 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
 /// A read-only handle opened beside a read-write handle of the same process reads that
 /// handle's commits, made before and after it opened, and the read-write handle keeps writing,
 /// while the read-only one is open and after it is closed. Its
-/// [`foreign_commits`](crate::EventStore::foreign_commits) answers a number exactly when the
-/// read-write handle's does (a store that tells no handle answers `None` on both), and then that
-/// number changes with the read-write handle's commits, every one of which is another writer's
-/// to it.
+/// [`foreign_commits`](crate::EventStore::foreign_commits), like the read-write handle's, answers
+/// what the stamping states ([`ForeignCommits`](super::ForeignCommits)): a number that then
+/// changes with the read-write handle's commits, every one of which is another writer's to it,
+/// or `None` on both handles throughout.
 pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits(
     f: impl OpenFile,
     ro: impl OpenFile,
+    foreign_commits: super::ForeignCommits,
 ) {
     let dir = Scratch::new("read-only");
     let file = dir.file();
@@ -269,30 +270,18 @@ pub async fn a_read_only_handle_beside_a_read_write_one_sees_its_commits(
     };
     let before = foreign().await;
     // A read-only handle tells of other writers' commits exactly when a read-write handle of
-    // the same store does (`None` from a store that never tells, on every handle).
-    let tells = rw
-        .store
-        .foreign_commits()
-        .await
-        .expect("foreign_commits")
-        .is_some();
-    assert_eq!(
-        before.is_some(),
-        tells,
-        "the read-only handle answers foreign_commits {before:?} where the read-write handle \
-         {} a number",
-        if tells { "answers" } else { "does not answer" }
+    // the same store does, as the stamping states.
+    foreign_commits.assert_answer(
+        "the read-write handle",
+        rw.store.foreign_commits().await.expect("foreign_commits"),
     );
+    foreign_commits.assert_answer("the read-only handle", before);
     assert_eq!(foreign().await, before, "nothing was committed in between");
     rec(&*rw.store, human(&kid), T0).await;
     rec(&*rw.store, human(&peer), T0).await;
     let after = foreign().await;
-    assert_eq!(
-        after.is_some(),
-        tells,
-        "an answer of the same kind: {after:?}"
-    );
-    if tells {
+    foreign_commits.assert_answer("the read-only handle after two commits", after);
+    if foreign_commits.counted() {
         assert_ne!(
             after, before,
             "every commit is another writer's to a read-only handle"

@@ -1549,10 +1549,8 @@ async fn a_link_removed_after_the_wait_still_forgets_its_prompts() {
     let prompts = Arc::new(RecentPrompts::new());
     prompts.record(&gone, "run the tests");
     let late = Arc::new(Flaky {
-        inner: w.store.clone(),
-        fail_moves: AtomicUsize::new(0),
-        hang_moves: std::sync::atomic::AtomicBool::new(false),
         hang_removes: std::sync::atomic::AtomicBool::new(true),
+        ..Flaky::over(&w.store)
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), late)
         .provider(Arc::new(JsonlProvider::new()))
@@ -1743,10 +1741,8 @@ async fn a_marker_move_that_hangs_fails_the_check_and_ends_the_tick() {
         .adopt(&t, "agent:main:worker", "main", "agent:main:main")
         .await;
     let flaky = Arc::new(Flaky {
-        inner: w.store.clone(),
-        fail_moves: AtomicUsize::new(0),
         hang_moves: std::sync::atomic::AtomicBool::new(true),
-        hang_removes: std::sync::atomic::AtomicBool::new(false),
+        ..Flaky::over(&w.store)
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -1788,10 +1784,8 @@ async fn a_marker_move_that_hangs_fails_the_check_and_ends_the_tick() {
 /// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
 fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
     let flaky = Arc::new(Flaky {
-        inner: w.store.clone(),
         fail_moves: AtomicUsize::new(1),
-        hang_moves: std::sync::atomic::AtomicBool::new(false),
-        hang_removes: std::sync::atomic::AtomicBool::new(false),
+        ..Flaky::over(&w.store)
     });
     UpstreamMonitor::builder(w.svc.clone(), flaky)
         .provider(Arc::new(JsonlProvider::new()))
@@ -1808,6 +1802,18 @@ struct Flaky {
     /// Every link removal is made, then never answered (a store that answers too late), while
     /// set.
     hang_removes: std::sync::atomic::AtomicBool,
+}
+
+impl Flaky {
+    /// Over `inner`'s links, failing and hanging nothing.
+    fn over(inner: &Arc<MemoryStore>) -> Self {
+        Self {
+            inner: inner.clone(),
+            fail_moves: AtomicUsize::new(0),
+            hang_moves: std::sync::atomic::AtomicBool::new(false),
+            hang_removes: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 #[async_trait]
@@ -1945,10 +1951,7 @@ async fn a_failed_marker_move_is_published_with_its_cause() {
     w.adopt(&t, "agent:main:worker", "main", "agent:main:main")
         .await;
     let flaky = Arc::new(Flaky {
-        inner: w.store.clone(),
-        fail_moves: AtomicUsize::new(0),
-        hang_moves: std::sync::atomic::AtomicBool::new(false),
-        hang_removes: std::sync::atomic::AtomicBool::new(false),
+        ..Flaky::over(&w.store)
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
@@ -2257,10 +2260,7 @@ async fn a_source_found_again_restarts_the_count_of_missing_checks() {
         .await;
     let adopted = w.store.link(&session).await.unwrap().unwrap();
     let flaky = Arc::new(Flaky {
-        inner: w.store.clone(),
-        fail_moves: AtomicUsize::new(0),
-        hang_moves: std::sync::atomic::AtomicBool::new(false),
-        hang_removes: std::sync::atomic::AtomicBool::new(false),
+        ..Flaky::over(&w.store)
     });
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))

@@ -421,7 +421,7 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         let mut int = handle(SignalKind::interrupt(), "Ctrl-C")?;
         let mut term = handle(SignalKind::terminate(), "SIGTERM")?;
         let mut hup = handle(SignalKind::hangup(), "SIGHUP")?;
-        counting(&tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 // In this order when several are pending at once (a service manager's SIGTERM
                 // then SIGHUP): a hangup taken first marks the command stopping, and the
@@ -434,14 +434,18 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
                 };
                 signalled(&counted, &ask, hangup);
             }
-        }));
+        });
+        counting(&task, &stopping);
     }
     #[cfg(not(unix))]
-    counting(&tokio::spawn(async move {
-        while tokio::signal::ctrl_c().await.is_ok() {
-            signalled(&counted, &ask, false);
-        }
-    }));
+    counting(
+        &tokio::spawn(async move {
+            while tokio::signal::ctrl_c().await.is_ok() {
+                signalled(&counted, &ask, false);
+            }
+        }),
+        &stopping,
+    );
     let stopped = Stopping(stopping);
     Ok(async move {
         // Dropped with the future, resolved or not: the command is stopping.
@@ -451,20 +455,26 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
     })
 }
 
-/// Makes `task` the one that counts this process's signals, ending the one an earlier command
-/// left (a host that runs several commands through [`crate::run`]): left running, marked
-/// stopping, it ended the process (130) at the first Ctrl-C of the next command, before that
-/// command could close its store.
-fn counting(task: &tokio::task::JoinHandle<()>) {
-    static COUNTING: std::sync::Mutex<Option<tokio::task::AbortHandle>> =
-        std::sync::Mutex::new(None);
-    let earlier = COUNTING
+/// Keeps `task`, which counts this process's signals for a command that is `stopping` once
+/// the flag is set, among the tasks of the commands still running, and ends the tasks of the
+/// commands that are stopping (a host that runs several commands through [`crate::run`]): left
+/// running, marked stopping, such a task ended the process (130) at the first Ctrl-C of the
+/// next command, before that command could close its store. The task of a command still
+/// running is left alone: ended, it would let that command's stop future resolve, as if asked.
+fn counting(task: &tokio::task::JoinHandle<()>, stopping: &Arc<AtomicBool>) {
+    type Counting = Vec<(tokio::task::AbortHandle, Arc<AtomicBool>)>;
+    static COUNTING: std::sync::Mutex<Counting> = std::sync::Mutex::new(Vec::new());
+    let mut tasks = COUNTING
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .replace(task.abort_handle());
-    if let Some(earlier) = earlier {
-        earlier.abort();
-    }
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    tasks.retain(|(task, stopping)| {
+        let over = stopping.load(Ordering::SeqCst);
+        if over {
+            task.abort();
+        }
+        !over
+    });
+    tasks.push((task.abort_handle(), Arc::clone(stopping)));
 }
 
 /// A signal [`interrupted`] counted: the first asks the command to stop (`ask`); a Ctrl-C or a
@@ -1085,6 +1095,32 @@ mod tests {
             );
             assert_eq!(code, Some(0), "{stderr}");
         }
+    }
+
+    /// Two commands running at once in one host (through `run`): the second's signal task
+    /// leaves the first's alone, whose stop future resolves only when asked. Ending it (as a
+    /// task of a command that was over) let the first command stop at once, unasked.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_second_command_leaves_a_running_ones_signal_task_alone() {
+        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "concurrent") {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let first = interrupted().unwrap();
+                    let _second = interrupted().unwrap();
+                    let unasked = tokio::time::timeout(Duration::from_millis(200), first).await;
+                    assert!(unasked.is_err(), "the first command was stopped unasked");
+                });
+            return;
+        }
+        let (code, stderr) = signalled_child(
+            "a_second_command_leaves_a_running_ones_signal_task_alone",
+            "concurrent",
+        );
+        assert_eq!(code, Some(0), "{stderr}");
     }
 
     /// A host that runs a second command after one that stopped (through `run`) gets its first

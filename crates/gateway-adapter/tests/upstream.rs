@@ -2567,6 +2567,17 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
     );
     *node.items.lock().unwrap() = all;
     node.calls.store(calls, Ordering::SeqCst);
+    // A thread that still has items, but none older than the stored cursor (dropped by the
+    // node, or rewritten), reached its start without the marker's item: rebased to where the
+    // read would have moved the marker, so that the turns typed from then on are counted.
+    let dropped = json!({"uuid": "gone", "resume": {"before": "0", "top": top}});
+    assert_eq!(
+        provider.check(&paired_link(Some(dropped)), &[]).await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": top})
+        }
+    );
+    node.calls.store(calls, Ordering::SeqCst);
     assert_eq!(node.calls.load(Ordering::SeqCst), MAX_PAGES);
     let warned: Vec<String> = capture
         .lines()

@@ -9,6 +9,14 @@
 //! A marker without a `uuid` key, or with a key we never write, is not one of ours: the link
 //! is rebased to the newest item, counting nothing ([`PairedMarker::from_value`]).
 //!
+//! A node that answers no items at all (restarting, still loading the thread) concludes
+//! nothing: a stored marker stays (a resume point included), and a link without a usable
+//! marker fails the check, which is asked again, rather than being stored as "no item", which
+//! would count the thread's whole history as new turns at the next check. So an adopter of a
+//! thread it knows to be empty stores `{"uuid": null}` itself; adopted without a marker, such
+//! a thread fails each check until its first item, which the check then rebases onto without
+//! counting it.
+//!
 //! One check reads at most [`MAX_PAGES`] pages, for at most [`PAGING_TIME`] (a slow node). A
 //! check that stops there without reaching the
 //! marker records the human turns it read and keeps the marker where it was, adding a
@@ -467,22 +475,26 @@ impl PairedNodeProvider {
             }
             read => read?,
         };
-        Ok(match read.end {
-            // No items where the last check stopped (a node restarting, or one that no longer
-            // pages from that cursor) says nothing of the marker's item: the marker stays,
-            // where to read on from included, and the next check asks again.
-            End::Start if uuid.is_some() && read.items.is_empty() => {
+        // No items where the last check stopped: a node with no items at all (restarting)
+        // says nothing, and the marker stays, where to read on from included; a thread that
+        // still has items but none older than the cursor (dropped, rewritten) reached its start
+        // without the marker's item, and is rebased as below.
+        if uuid.is_some() && read.items.is_empty() && matches!(read.end, End::Start) {
+            let newest = self.page(link, None, 1).await?;
+            if newest.items.is_empty() {
                 warn!(session_key = %link.session.session_key, host = %link.host_id,
                     thread = %link.thread_id, cursor = %before,
-                    "paired node: no items where the last check stopped; the marker stays, and the next check reads on from there again");
-                CheckOutcome::Unchanged {
+                    "paired node: the thread answered no items; the marker stays, and the next check reads on from where it stopped again");
+                return Ok(CheckOutcome::Unchanged {
                     marker: PairedMarker {
                         uuid,
                         resume: Some(Resume { before, top }),
                     }
                     .to_value(),
-                }
+                });
             }
+        }
+        Ok(match read.end {
             End::Start if uuid.is_some() => {
                 // The marker's item vanished meanwhile (the thread was rewritten).
                 CheckOutcome::Rebased {

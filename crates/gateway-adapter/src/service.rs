@@ -1734,12 +1734,15 @@ impl Awareness {
         }
         // One wait for the store in all. Whether the watch makes an ambient cursor explicit
         // (decision 0015) is read first, for a main session: its line was queued without a
-        // wake, which the watch then gives.
+        // wake, which the watch then gives (a read given up counts as no ambient cursor).
         let deadline = self.store_deadline();
+        // The read is optional: it may take half the wait at most, so that the watch itself,
+        // which a slow read would otherwise leave no time, keeps the other half or more.
+        let half = deadline_after(self.config.store_wait / 2);
         let ambient = !watcher.is_subagent()
             && {
                 let read = self.store.cursor(&w, &r.session_key);
-                match self.bounded_by(deadline, "read a cursor", read).await {
+                match self.bounded_by(half, "read a cursor", read).await {
                     Ok(c) => c.is_some_and(|c| {
                         c.provenance == WatchProvenance::AmbientGroup
                             && c.target_agent == r.agent_id

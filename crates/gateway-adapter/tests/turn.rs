@@ -1016,6 +1016,19 @@ async fn the_tools_of_a_turn_give_up_on_a_store_that_hangs() {
     );
 }
 
+/// The read a watch makes first (whether it makes an ambient cursor explicit) is optional: a
+/// store whose reads hang but whose writes answer still registers the watch, the read given
+/// up at half the wait. It could take the whole wait, and the watch then failed.
+#[tokio::test(start_paused = true)]
+async fn a_watch_whose_optional_read_hangs_is_still_made() {
+    let w = World::gated(Call::Cursor, false).await;
+    let target = k("agent:main:subagent:other");
+    let started = tokio::time::Instant::now();
+    let watched = within_an_hour(w.svc.watch_after_send(&k(MANAGER), &target, None, true)).await;
+    assert!(watched.watched, "{watched:?}");
+    assert_eq!(started.elapsed(), AwarenessConfig::default().store_wait / 2);
+}
+
 /// A tool that asks the store several things waits for it `store_wait` in all, not at each:
 /// `sessions_list`'s versions, read a batch at a time, gave a store that hung a wait per batch.
 #[tokio::test(start_paused = true)]

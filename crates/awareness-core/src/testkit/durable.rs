@@ -16,7 +16,7 @@
 //! async fn open(path: std::path::PathBuf)
 //!     -> Result<awareness_core::testkit::Subject, awareness_core::StoreError>
 //! { /* open the store on that file */ }
-//! awareness_core::durable_suite!(open);
+//! awareness_core::durable_suite!(open, foreign_commits: Counted); // or Uncounted
 //! ```
 //!
 //! A check closes a store by dropping its [`Subject`], as a gateway that stops does: whatever
@@ -476,7 +476,10 @@ pub async fn a_cancelled_write_leaves_the_file_writable(f: impl OpenFile) {
 /// (and, on two other targets, on re-freezing both) after one, two or three polls, as a request
 /// timeout or a shutdown does; once a write queued behind the call has committed, either both
 /// cursors moved or neither did, and a call that finished moved both. Some call must really
-/// have been given up unfinished, or the check checked nothing.
+/// have been dropped unfinished, or the check checked nothing. Dropped unfinished is not
+/// dropped between its two cursor writes: how far the store got by then depends on time, not
+/// on the polls, so a store that wrote the two in two commits may pass on a fast machine; the
+/// rounds give several chances, which catch a split store in most runs, not all.
 pub async fn a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neither(
     f: impl OpenFile,
 ) {

@@ -62,8 +62,8 @@ pub use proptest;
 ///
 /// The durable suite's checks assert that a helper found and changed its row (`true`). A
 /// `spoil_*_text` helper that must answer `false` (the store cannot hold such text there)
-/// means the store stamps `durable_suite!(open, text_in_every_row: false)`, which leaves out
-/// the cursor and head checks that need it.
+/// means the store stamps `durable_suite!(open, foreign_commits: ..., text_in_every_row: false)`,
+/// which leaves out the cursor and head checks that need it.
 #[async_trait]
 pub trait RawAccess: Send + Sync {
     /// Deletes one event row by sequence, touching nothing else (no watermark, no head).

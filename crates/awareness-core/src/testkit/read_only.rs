@@ -15,7 +15,8 @@
 //! async fn open_read_only(path: std::path::PathBuf)
 //!     -> Result<awareness_core::testkit::Subject, awareness_core::StoreError>
 //! { /* open it read-only */ }
-//! awareness_core::read_only_suite!(open, open_read_only);
+//! // foreign_commits: Counted, or Uncounted (what the store's foreign_commits answers)
+//! awareness_core::read_only_suite!(open, open_read_only, foreign_commits: Counted);
 //! ```
 
 use std::path::Path;

@@ -1008,12 +1008,8 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_signal_while_the_monitor_stops_for_another_reason_ends_it() {
-        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "monitor") {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(monitor_whose_output_fails_then_hangs());
+        if ran_as_child("monitor", monitor_whose_output_fails_then_hangs()) {
+            return;
         }
         // A hang guard, not a measure: the child ends within a second.
         let (code, stderr) = signalled_child(
@@ -1030,6 +1026,21 @@ mod tests {
             stderr.contains("awareness: stopped again: exiting without waiting"),
             "{stderr}"
         );
+    }
+
+    /// In the child a re-exec test started ([`signalled_child`] with `scenario`): runs `body` on
+    /// a current-thread runtime and answers `true`; anywhere else runs nothing.
+    #[cfg(target_os = "linux")]
+    fn ran_as_child(scenario: &str, body: impl Future<Output = ()>) -> bool {
+        if std::env::var_os(SIGNALLED_CHILD).is_none_or(|v| v != scenario) {
+            return false;
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(body);
+        true
     }
 
     /// Runs the test `name` (of this module) again as a child process with `scenario` in
@@ -1071,20 +1082,15 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_sigterm_and_a_sighup_at_once_are_one_request_to_stop() {
-        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "term-and-hup") {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    let stop = interrupted().unwrap();
-                    // Both pending before the counting task next runs.
-                    signal_self("-TERM");
-                    signal_self("-HUP");
-                    stop.await;
-                    // The store's close, which the second signal must not cut short.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                });
+        if ran_as_child("term-and-hup", async {
+            let stop = interrupted().unwrap();
+            // Both pending before the counting task next runs.
+            signal_self("-TERM");
+            signal_self("-HUP");
+            stop.await;
+            // The store's close, which the second signal must not cut short.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }) {
             return;
         }
         // The order was random: several runs, each of which must close.
@@ -1103,17 +1109,12 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_second_command_leaves_a_running_ones_signal_task_alone() {
-        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "concurrent") {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    let first = interrupted().unwrap();
-                    let _second = interrupted().unwrap();
-                    let unasked = tokio::time::timeout(Duration::from_millis(200), first).await;
-                    assert!(unasked.is_err(), "the first command was stopped unasked");
-                });
+        if ran_as_child("concurrent", async {
+            let first = interrupted().unwrap();
+            let _second = interrupted().unwrap();
+            let unasked = tokio::time::timeout(Duration::from_millis(200), first).await;
+            assert!(unasked.is_err(), "the first command was stopped unasked");
+        }) {
             return;
         }
         let (code, stderr) = signalled_child(
@@ -1130,19 +1131,14 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_second_command_is_not_ended_by_the_first_ones_signal_task() {
-        if std::env::var_os(SIGNALLED_CHILD).is_some_and(|v| v == "two-commands") {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    // The first command stops by itself: its stop future dropped.
-                    drop(interrupted().unwrap());
-                    let stop = interrupted().unwrap();
-                    signal_self("-INT");
-                    stop.await;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                });
+        if ran_as_child("two-commands", async {
+            // The first command stops by itself: its stop future dropped.
+            drop(interrupted().unwrap());
+            let stop = interrupted().unwrap();
+            signal_self("-INT");
+            stop.await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }) {
             return;
         }
         let (code, stderr) = signalled_child(

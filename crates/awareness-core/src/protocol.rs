@@ -188,6 +188,14 @@ fn explicit(cursor: &Cursor) -> Option<Cursor> {
     })
 }
 
+/// Whether an explicit [`watch`] of `target` keeps `existing` and makes it explicit (an ambient
+/// cursor on that very session, decision 0015), rather than leaving it as it is or replacing
+/// it: the watch a gateway then wakes the watcher for, when the notice its cursor keeps
+/// pending was queued without a wake while ambient.
+pub fn watch_makes_explicit(existing: &Cursor, target: &SessionRef) -> bool {
+    existing.target_agent == target.agent_id && explicit(existing).is_some()
+}
+
 /// How old a cursor's `updated_at` must be for a repeated [`watch`] to refresh it: a day. Idle
 /// pruning deletes cursors not updated for 30 days by default, so a watch confirmed again
 /// keeps its cursor, while a watch asked with every status call writes at most once a day
@@ -683,6 +691,20 @@ mod tests {
         );
         assert!(write, "the upgrade is written");
         assert_eq!(watched.provenance, WatchProvenance::Explicit);
+        // What `watch_makes_explicit` answers: this upgrade; not the watch of an explicit
+        // cursor, nor one that replaces the cursor (another agent's session of the key).
+        assert!(watch_makes_explicit(&moved, &target));
+        assert!(!watch_makes_explicit(&watched, &target));
+        let other = SessionRef::parse(target.session_key.as_str(), "ops").expect("ref");
+        assert!(!watch_makes_explicit(&moved, &other));
+        let (replaced, _) = watch(
+            Some(&moved),
+            &moved.watcher,
+            &other,
+            Sequence(9),
+            Timestamp(4),
+        );
+        assert_eq!(replaced.last_seen, Sequence(9), "replaced, not kept");
         assert_eq!(
             (watched.last_seen, watched.notified, watched.material),
             (moved.last_seen, moved.notified, moved.material),

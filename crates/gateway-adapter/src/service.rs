@@ -12,8 +12,7 @@ use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, Cursor,
     CursorFilter, Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded,
     RetentionPolicy, Sequence, SessionKey, SessionRef, SessionStatus, StoreError, Timestamp,
-    UpsertOutcome, UpstreamStore, WatchProvenance, WatcherKey, protocol, protocol::DrainedLine,
-    upstream,
+    UpsertOutcome, UpstreamStore, WatcherKey, protocol, protocol::DrainedLine, upstream,
 };
 use serde_json::json;
 use tracing::{debug, warn};
@@ -1743,10 +1742,7 @@ impl Awareness {
             && {
                 let read = self.store.cursor(&w, &r.session_key);
                 match self.bounded_by(half, "read a cursor", read).await {
-                    Ok(c) => c.is_some_and(|c| {
-                        c.provenance == WatchProvenance::AmbientGroup
-                            && c.target_agent == r.agent_id
-                    }),
+                    Ok(c) => c.is_some_and(|c| protocol::watch_makes_explicit(&c, &r)),
                     Err(e) => {
                         debug!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch: whether the cursor is ambient cannot be read; the watch wakes nobody");
                         false

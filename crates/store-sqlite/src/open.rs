@@ -70,18 +70,13 @@ pub(crate) async fn file_opened_read_only(
     conn: &mut SqliteConnection,
     busy_timeout: Duration,
 ) -> Result<Option<sqlx::Error>, sqlx::Error> {
-    sqlx::raw_sql("PRAGMA busy_timeout = 0")
-        .execute(&mut *conn)
-        .await?;
+    set_busy_timeout(conn, Duration::ZERO).await?;
     sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
     let probed = sqlx::raw_sql("PRAGMA main.user_version = 0")
         .execute(&mut *conn)
         .await;
     let rolled_back = sqlx::raw_sql(sql::ROLLBACK).execute(&mut *conn).await;
-    let restore = format!("PRAGMA busy_timeout = {}", busy_timeout.as_millis());
-    sqlx::raw_sql(sqlx::AssertSqlSafe(restore))
-        .execute(&mut *conn)
-        .await?;
+    set_busy_timeout(conn, busy_timeout).await?;
     match (probed, rolled_back) {
         (Err(e), _) if is_plain_read_only(&e) => Ok(Some(e)),
         // A failed statement may have ended the transaction itself (SQLite rolls back on some
@@ -93,6 +88,17 @@ pub(crate) async fn file_opened_read_only(
         (_, Err(rollback)) => Err(rollback),
         _ => Ok(None),
     }
+}
+
+/// Sets the connection's busy timeout: the probes ask without waiting for another
+/// connection's lock, then give back the open's own (at most `i32::MAX` ms, as
+/// `SqliteOptions::busy_timeout` keeps it).
+async fn set_busy_timeout(conn: &mut SqliteConnection, wait: Duration) -> Result<(), sqlx::Error> {
+    let set = format!("PRAGMA busy_timeout = {}", wait.as_millis());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }
 
 /// SQLITE_READONLY itself, not one of its extended codes (a directory, a `-shm` or a recovery
@@ -115,14 +121,9 @@ pub(crate) async fn opened_read_only(
     conn: &mut SqliteConnection,
     busy_timeout: Duration,
 ) -> Result<Option<sqlx::Error>, sqlx::Error> {
-    sqlx::raw_sql("PRAGMA busy_timeout = 0")
-        .execute(&mut *conn)
-        .await?;
+    set_busy_timeout(conn, Duration::ZERO).await?;
     let probed = probe_write(conn).await;
-    let restore = format!("PRAGMA busy_timeout = {}", busy_timeout.as_millis());
-    sqlx::raw_sql(sqlx::AssertSqlSafe(restore))
-        .execute(&mut *conn)
-        .await?;
+    set_busy_timeout(conn, busy_timeout).await?;
     match probed {
         Err(e) if error::is_read_only(&e) => Ok(Some(e)),
         Err(e) if error::is_busy(&e) => Ok(None),

@@ -94,6 +94,21 @@ mod as_another_user {
         true
     }
 
+    /// Opens `path` as another user (the test `name` started again) and asserts the open was
+    /// refused, naming the file, and left `dir` exactly as it was.
+    pub fn refused_leaving_nothing(name: &str, outer: &Path, dir: &Path, path: &Path) {
+        let before = listing(dir);
+        let report = open_as_another_user(name, outer, path);
+        assert_refused(&report, path);
+        let after = listing(dir);
+        assert!(
+            after == before,
+            "a refused open changed the directory: before {:?}, after {:?}",
+            names(&before),
+            names(&after)
+        );
+    }
+
     pub fn is_root() -> bool {
         std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
     }
@@ -236,17 +251,7 @@ fn a_refused_open_of_a_file_the_user_may_not_write_leaves_nothing_behind() {
         give_to_nobody(&path);
     }
     set_mode(&path, 0o444);
-    let before = listing(&dir);
-
-    let report = open_as_another_user(NAME, outer.path(), &path);
-    assert_refused(&report, &path);
-    let after = listing(&dir);
-    assert!(
-        after == before,
-        "a refused open changed the directory: before {:?}, after {:?}",
-        names(&before),
-        names(&after)
-    );
+    refused_leaving_nothing(NAME, outer.path(), &dir, &path);
 
     set_mode(&path, 0o600);
     let report = open_as_another_user(NAME, outer.path(), &path);
@@ -280,17 +285,7 @@ fn a_refused_open_of_another_users_file_in_a_sticky_directory_leaves_nothing_beh
     let path = a_store_of_one_event(outer.path(), &dir);
     set_mode(&dir, 0o1777);
     set_mode(&path, 0o644);
-    let before = listing(&dir);
-
-    let report = open_as_another_user(NAME, outer.path(), &path);
-    assert_refused(&report, &path);
-    let after = listing(&dir);
-    assert!(
-        after == before,
-        "a refused open changed the directory: before {:?}, after {:?}",
-        names(&before),
-        names(&after)
-    );
+    refused_leaving_nothing(NAME, outer.path(), &dir, &path);
     assert_eq!(
         version(&path),
         awareness_core::Sequence(1),

@@ -439,7 +439,9 @@ impl SqliteStore {
     /// or moved, perhaps while a process still has it open, or after a read-only handle closed
     /// last, which cannot remove them): a new store there would read them as its own. Whether
     /// another process still uses them cannot be told from here (opening them would drop this
-    /// process's own locks on them): move them away once none has the old database open. A file whose
+    /// process's own locks on them): move them away once none has the old database open. So
+    /// does a file with other names (hard links, on Unix): SQLite keeps a log beside each name
+    /// a database is opened under, and two logs of one file corrupt it. A file whose
     /// schema this open must bring up to date while another connection holds its write lock for
     /// longer than the busy timeout gives [`StoreError::Busy`] (retryable) naming the path.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {

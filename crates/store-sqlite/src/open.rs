@@ -206,7 +206,10 @@ pub(crate) async fn prepare_file(
     connect: &SqliteConnectOptions,
 ) -> Result<bool, StoreError> {
     match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => Ok(false),
+        Ok(m) if m.is_file() => {
+            refuse_other_names(path, &m)?;
+            Ok(false)
+        }
         Ok(_) => Err(error::open(path, "it is not a regular file", None)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if options.read_only || !options.create_if_missing {
@@ -232,6 +235,81 @@ pub(crate) async fn prepare_file(
             Some(Box::new(e)),
         )),
     }
+}
+
+/// The start of the name [`create`] prepares a new store under (`.awareness-new-<pid>-<n>`).
+const STAGED_PREFIX: &str = ".awareness-new-";
+
+/// Whether `name` is one [`create`] gives a store while preparing it.
+fn is_staged_name(name: &std::ffi::OsStr) -> bool {
+    let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(STAGED_PREFIX)) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    rest.split_once('-')
+        .is_some_and(|(pid, n)| digits(pid) && digits(n))
+}
+
+/// Refuses a database file that has other names (hard links). SQLite keeps a database's
+/// write-ahead log and its index beside the name it was opened under, so two connections that
+/// open one file under two names keep two logs, each checkpointed into the file over the
+/// other's pages: the file is corrupted, and no lock prevents it (the locks are the file's, the
+/// logs are not). Another name may be a backup made with hard links, or a link made by hand.
+///
+/// The names [`create`] gives a store while preparing it are not counted: one is linked at
+/// `path` for a moment before it is removed, and a process killed in that moment leaves it
+/// there for good; nothing opens a store under such a name. The names found in the same
+/// directory are given in the error; a name elsewhere cannot be found from here.
+#[cfg(unix)]
+fn refuse_other_names(path: &Path, m: &std::fs::Metadata) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt as _;
+    if m.nlink() <= 1 {
+        return Ok(());
+    }
+    let own = path.file_name();
+    let mut staged = 0u64;
+    let mut beside = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(parent(path)) {
+        for entry in entries.flatten() {
+            let same = entry
+                .metadata()
+                .is_ok_and(|e| e.dev() == m.dev() && e.ino() == m.ino());
+            let name = entry.file_name();
+            if !same || Some(name.as_os_str()) == own {
+                continue;
+            }
+            if is_staged_name(&name) {
+                staged += 1;
+            } else {
+                beside.push(name.to_string_lossy().into_owned());
+            }
+        }
+    }
+    let others = m.nlink().saturating_sub(1).saturating_sub(staged);
+    if others == 0 {
+        return Ok(());
+    }
+    beside.sort();
+    let found = if beside.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} in this directory)", beside.join(", "))
+    };
+    Err(error::open(
+        path,
+        format!(
+            "the file has {others} other name{} (hard links){found}: SQLite keeps the write-ahead log beside the name a database is opened under, so two processes opening it under two names would each keep a log of their own and corrupt the file; remove the other names (or copy the file rather than link it) and open it under one",
+            if others == 1 { "" } else { "s" }
+        ),
+        None,
+    ))
+}
+
+/// Hard links cannot be counted here: nothing to refuse.
+#[cfg(not(unix))]
+#[allow(clippy::unnecessary_wraps)]
+fn refuse_other_names(_path: &Path, _m: &std::fs::Metadata) -> Result<(), StoreError> {
+    Ok(())
 }
 
 fn parent(path: &Path) -> &Path {
@@ -305,7 +383,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
         // A short name of its own, whatever the length of the store's (SQLite adds `-journal`
         // to it, and a file name has at most 255 bytes).
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let staged = parent(path).join(format!(".awareness-new-{}-{n}", std::process::id()));
+        let staged = parent(path).join(format!("{STAGED_PREFIX}{}-{n}", std::process::id()));
         match create_private(&staged) {
             Ok(_) => break staged,
             // A name an earlier process with the same id left: take the next one.

@@ -493,6 +493,62 @@ async fn a_log_and_index_still_in_use_by_a_moved_store_are_refused() {
     store.close().await;
 }
 
+/// A database file with another name (a hard link: a backup made with links, a link made by
+/// hand) is refused under either name, read-write and read-only, naming the other name when it
+/// is in the same directory, and nothing is created beside either: SQLite keeps a log beside
+/// each name a database is opened under, and two logs of one file corrupt it. Once the other
+/// name is gone the store opens with what it held.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_database_with_another_name_is_refused_under_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let other = dir.path().join("linked.sqlite");
+    let recorded = store_with_one_event(&path).await;
+    recorded.close().await;
+    std::fs::hard_link(&path, &other).unwrap();
+    let before = listing(dir.path());
+    for (name, also) in [(&path, "linked.sqlite"), (&other, "state.sqlite")] {
+        let err = SqliteStore::open(name).await.unwrap_err();
+        assert_open_error(&err, name, "1 other name (hard links)");
+        assert!(err.to_string().contains(also), "{err}");
+        let err = SqliteStore::open_with(name, SqliteOptions::default().read_only(true))
+            .await
+            .unwrap_err();
+        assert_open_error(&err, name, "hard links");
+    }
+    assert_eq!(listing(dir.path()), before, "nothing created or changed");
+    std::fs::remove_file(&other).unwrap();
+    let store = SqliteStore::open(&path).await.expect("one name left");
+    assert_eq!(store.log_stats().await.unwrap().rows, 1, "what it held");
+    store.close().await;
+}
+
+/// The name a new store is prepared under is linked at the store's path for a moment before
+/// it is removed, and a process killed in that moment leaves it for good: that name is not
+/// taken for another (no store is opened under it), and it is left alone.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_prepared_name_left_by_a_killed_creator_is_not_another_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    store_with_one_event(&path).await.close().await;
+    let staged = dir.path().join(".awareness-new-4194303-7");
+    std::fs::hard_link(&path, &staged).unwrap();
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("a prepared name is not another name");
+    assert_eq!(store.log_stats().await.unwrap().rows, 1);
+    store.close().await;
+    assert!(staged.exists(), "left alone");
+    // A name only like it is another name.
+    let like = dir.path().join(".awareness-new-old-copy");
+    std::fs::hard_link(&path, &like).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(&err, &path, "1 other name (hard links)");
+    assert!(err.to_string().contains(".awareness-new-old-copy"), "{err}");
+}
+
 /// A read-only handle that closes last cannot remove the log and index it made: a store
 /// deleted after it (to start over) is not created again over them, and the refusal says this
 /// may be why, and to move them away; then the open creates it.

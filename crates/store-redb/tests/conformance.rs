@@ -16,14 +16,19 @@ use store_redb::{RedbOptions, RedbStore};
 awareness_core::raw_access_forwarding!(RedbStore);
 
 /// Opens `path` with `options` as a [`Subject`] (the durable suite opens the same file more than
-/// once).
-async fn open_with(path: PathBuf, options: RedbOptions) -> Result<Subject, StoreError> {
+/// once); `writes` for a handle that records, whose writer the durable suite may hold so that
+/// concurrent recordings are committed as one batch ([`batching`]).
+async fn open_with(
+    path: PathBuf,
+    options: RedbOptions,
+    writes: bool,
+) -> Result<Subject, StoreError> {
     let store = Arc::new(RedbStore::open_with(path, options).await?);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
-        raw: Arc::new(Raw(store)),
-        batching: None,
+        raw: Arc::new(Raw(Arc::clone(&store))),
+        batching: writes.then(|| batching(store)),
         guard: Box::new(()),
     })
 }
@@ -85,11 +90,11 @@ macro_rules! setup {
             }
 
             async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-                super::open_with(path, options()).await
+                super::open_with(path, options(), true).await
             }
 
             async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
-                super::open_with(path, options().read_only(true)).await
+                super::open_with(path, options().read_only(true), false).await
             }
 
             // One process at a time writes the file, and its handles share one database: none

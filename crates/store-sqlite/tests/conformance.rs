@@ -16,21 +16,27 @@ awareness_core::raw_access_forwarding!(SqliteStore);
 
 /// Opens `path` as a [`Subject`] (the durable suite opens the same file more than once).
 async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-    open_with(path, SqliteOptions::new()).await
+    open_with(path, SqliteOptions::new(), true).await
 }
 
 /// Opens `path` read-only as a [`Subject`].
 async fn open_read_only(path: PathBuf) -> Result<Subject, StoreError> {
-    open_with(path, SqliteOptions::new().read_only(true)).await
+    open_with(path, SqliteOptions::new().read_only(true), false).await
 }
 
-async fn open_with(path: PathBuf, options: SqliteOptions) -> Result<Subject, StoreError> {
-    let store = Arc::new(SqliteStore::open_with(path, options).await?);
+/// Opens `path` with `options`; `writes` for a handle that records, whose writer the durable
+/// suite may hold so that concurrent recordings are committed as one batch ([`batching`]).
+async fn open_with(
+    path: PathBuf,
+    options: SqliteOptions,
+    writes: bool,
+) -> Result<Subject, StoreError> {
+    let store = Arc::new(SqliteStore::open_with(&path, options).await?);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
-        raw: Arc::new(Raw(store)),
-        batching: None,
+        raw: Arc::new(Raw(Arc::clone(&store))),
+        batching: writes.then(|| batching(store, path)),
         guard: Box::new(()),
     })
 }

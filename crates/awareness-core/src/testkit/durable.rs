@@ -1518,10 +1518,12 @@ pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: 
 /// ([`head_over_unreadable`](crate::protocol::head_over_unreadable), decision 0020): what came
 /// before is of unknown history (events may have been pruned under the damaged row, its old
 /// watermark is lost), so a reconcile from an earlier version reports a history gap, and one
-/// from just below the event does not. Checked for a watched session, an unwatched one, and one
-/// recorded among concurrent recordings (which a store may commit as a group). One store
-/// refused every recording on the session; the other kept a watermark that hid what pruning
-/// had deleted.
+/// from just below the event does not. Checked for a watched session, an unwatched one, and
+/// four recorded among sixteen at once, which a store that batches concurrent recordings
+/// ([`Subject::batching`]) must commit as one batch, its writer held while they queue: the
+/// session's head is then judged by the first of the four, not the last. One store refused
+/// every recording on the session; the other kept a watermark that hid what pruning had
+/// deleted.
 pub async fn a_recording_over_an_unreadable_head_reports_a_history_gap(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
@@ -1580,24 +1582,41 @@ pub async fn a_recording_over_an_unreadable_head_reports_a_history_gap(f: impl O
         check(session, first[i], &[last]).await;
     }
     // Four of the sixteen on the damaged session: a group holding several of them is judged
-    // by its first.
-    let calls: Vec<_> = (0..16)
+    // by its first. A store that batches concurrent recordings has its writer held while they
+    // queue, so that one batch takes all sixteen (left to the scheduler, a wave may be
+    // committed one event at a time and never reach the batch path).
+    let events: Vec<NewEvent> = (0..16)
         .map(|i| {
-            let store = std::sync::Arc::clone(&t.store);
             let session = if i % 4 == 1 {
                 grouped.clone()
             } else {
                 r(&format!("agent:main:subagent:s{}", i % 4), "main")
             };
-            tokio::spawn(async move { store.record(log_only(&session, "e"), T0).await })
+            log_only(&session, "e")
         })
         .collect();
+    let batching = t.batching.as_ref();
+    let txs_before = batching.map(|b| (b.write_transactions)());
+    let answers = super::model::record_wave(&t.store, batching, &events, T0).await;
     let mut new = Vec::new();
-    for (i, call) in calls.into_iter().enumerate() {
-        let got = call.await.expect("join").expect("every recording succeeds");
+    for (i, answer) in answers.into_iter().enumerate() {
+        let got = match answer {
+            super::model::Answer::Queued(call) => call.await.expect("join"),
+            super::model::Answer::AtOnce(got) => {
+                panic!("call {i} answered while the writer was held: {got:?}")
+            }
+        };
+        let got = got.expect("every recording succeeds");
         if i % 4 == 1 {
             new.push(got.event.sequence);
         }
+    }
+    if let (Some(b), Some(before)) = (batching, txs_before) {
+        assert_eq!(
+            (b.write_transactions)() - before,
+            b.hold_transactions + 1,
+            "the sixteen were committed in one batch"
+        );
     }
     new.sort();
     check(&grouped, first[2], &new).await;

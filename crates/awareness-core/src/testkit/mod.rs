@@ -180,8 +180,9 @@ pub struct Subject {
     pub upstream: Arc<dyn UpstreamStore>,
     /// Raw row access for the few checks that need it.
     pub raw: Arc<dyn RawAccess>,
-    /// How the model test makes the store batch concurrent recordings, for a store that
-    /// group-commits them; `None` for one that does not (store-memory).
+    /// How the model test (and the durable suite's check of recordings over an unreadable
+    /// head) makes the store batch concurrent recordings, for a store that group-commits them;
+    /// `None` for one that does not (store-memory) and for a read-only handle.
     pub batching: Option<model::Batching>,
     /// Dropped after the check (temporary files).
     pub guard: Box<dyn Any + Send + Sync>,

@@ -662,7 +662,7 @@ pub struct Batching {
 }
 
 /// A call of a wave: answered at its first poll, or queued and left to a task of its own.
-enum Answer {
+pub(crate) enum Answer {
     AtOnce(Result<Recorded, StoreError>),
     Queued(tokio::task::JoinHandle<Result<Recorded, StoreError>>),
 }
@@ -671,7 +671,7 @@ enum Answer {
 /// With `batching` (a store that group-commits, in a held wave), its writer is held while each
 /// call is polled once (which queues its event), so that the writer, once released, finds
 /// every valid one queued and commits them together.
-async fn record_wave(
+pub(crate) async fn record_wave(
     store: &Arc<dyn AwarenessStore>,
     batching: Option<&Batching>,
     events: &[NewEvent],

@@ -473,13 +473,14 @@ pub async fn a_cancelled_write_leaves_the_file_writable(f: impl OpenFile) {
 
 /// Acknowledging and re-freezing are atomic (DESIGN.md section 4), for a caller cancelled
 /// midway too: a watcher with pending notices on two targets gives up on acknowledging both
-/// (and, on two other targets, on re-freezing both) after one, two or three polls, as a request
-/// timeout or a shutdown does; once a write queued behind the call has committed, either both
-/// cursors moved or neither did, and a call that finished moved both. Some call must really
-/// have been dropped unfinished, or the check checked nothing. Dropped unfinished is not
-/// dropped between its two cursor writes: how far the store got by then depends on time, not
-/// on the polls, so a store that wrote the two in two commits may pass on a fast machine; the
-/// rounds give several chances, which catch a split store in most runs, not all.
+/// (and, on two other targets, on re-freezing both) after one, two or three polls, and after
+/// it was polled for 0 to 1,100 µs, as a request timeout or a shutdown does; once a write
+/// queued behind the call has committed, either both cursors moved or neither did, and a call
+/// that finished moved both. Some call must really have been dropped unfinished, or the check
+/// checked nothing. Dropped unfinished is not dropped between its two cursor writes: how far
+/// the store got by then depends on time, not on the polls, so the rounds that give up by time
+/// drop calls at moments spread over the store's whole call, wherever its writes fall; a store
+/// that wrote the two in two commits was caught in most runs by the poll counts alone.
 pub async fn a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neither(
     f: impl OpenFile,
 ) {
@@ -488,8 +489,13 @@ pub async fn a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neith
     let s = &*t.store;
     let other = r("agent:main:subagent:other", "main");
     let (mut acks_given_up, mut refreezes_given_up) = (0, 0);
-    for round in 0..9 {
-        let polls = 1 + round % 3;
+    // Nine rounds by poll count (one, two, three), then twenty-three by time, 50 µs apart.
+    for round in 0..32u64 {
+        let when = if round < 9 {
+            GiveUp::Polls(1 + round % 3)
+        } else {
+            GiveUp::After(std::time::Duration::from_micros((round - 9) * 50))
+        };
         for refreezing in [false, true] {
             let watcher = w(&format!("agent:main:w{round}{refreezing}"));
             let targets = [
@@ -534,7 +540,7 @@ pub async fn a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neith
                         target: target.session_key.clone(),
                     })
                     .collect();
-                let gave_up = give_up_after(polls, s.refreeze(&keys, T0)).await;
+                let gave_up = give_up(when, s.refreeze(&keys, T0)).await;
                 refreezes_given_up += usize::from(gave_up);
                 gave_up
             } else {
@@ -542,7 +548,7 @@ pub async fn a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neith
                     .iter()
                     .map(|target| AckTarget::any(target.session_key.clone()))
                     .collect();
-                let gave_up = give_up_after(polls, s.acknowledge(&watcher, &acks, T0)).await;
+                let gave_up = give_up(when, s.acknowledge(&watcher, &acks, T0)).await;
                 acks_given_up += usize::from(gave_up);
                 gave_up
             };
@@ -553,8 +559,8 @@ pub async fn a_cancelled_acknowledgement_or_refreeze_moves_both_cursors_or_neith
             let moved: Vec<bool> = before.iter().zip(&after).map(|(b, a)| b != a).collect();
             assert!(
                 moved[0] == moved[1],
-                "the {what} given up after {polls} polls (unfinished: {gave_up}) moved one \
-                 cursor of two: {before:?} -> {after:?}"
+                "the {what} given up after {when:?} (unfinished: {gave_up}) moved one cursor of \
+                 two: {before:?} -> {after:?}"
             );
             assert!(
                 gave_up || moved[0],
@@ -1968,14 +1974,38 @@ async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
 /// Answers whether it was cancelled (a check whose calls all finished cancelled nothing, and
 /// asserts that some did not).
 async fn give_up_after<F: Future>(polls: usize, call: F) -> bool {
+    give_up(GiveUp::Polls(polls as u64), call).await
+}
+
+/// When a check drops a call it gives up on.
+#[derive(Debug, Clone, Copy)]
+enum GiveUp {
+    /// After this many polls (yielding between them) that left it unfinished.
+    Polls(u64),
+    /// Once this much time has passed since its first poll, polled (yielding) until then.
+    After(std::time::Duration),
+}
+
+/// Polls `call` (yielding between polls) until `when` says to give up, then drops it; answers
+/// whether it was dropped unfinished.
+async fn give_up<F: Future>(when: GiveUp, call: F) -> bool {
     let mut call = std::pin::pin!(call);
-    for _ in 0..polls {
+    let started = std::time::Instant::now();
+    let mut polls = 0;
+    loop {
+        let over = match when {
+            GiveUp::Polls(n) => polls >= n,
+            GiveUp::After(budget) => polls > 0 && started.elapsed() >= budget,
+        };
+        if over {
+            return true;
+        }
         if poll_once(call.as_mut()).await {
             return false;
         }
+        polls += 1;
         tokio::task::yield_now().await;
     }
-    true
 }
 
 /// `b` records on `other`, which must not fail.

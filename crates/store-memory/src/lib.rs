@@ -154,6 +154,21 @@ impl MemoryStore {
             .is_some()
     }
 
+    /// Moves the sequence counter forward so that exactly `left` more sequences can be handed
+    /// out (to new events, or to dedupe hits, which consume one too) before it reaches
+    /// `u64::MAX`, the last one; touches nothing else. Returns whether it could: `false` when
+    /// the counter is already past that point (it never goes back). The conformance suite uses
+    /// it to check what recording does once the counter is at its end.
+    pub fn leave_sequences(&self, left: u64) -> bool {
+        let mut g = self.lock();
+        let at = u64::MAX - left;
+        if g.last_sequence > at {
+            return false;
+        }
+        g.last_sequence = at;
+        true
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-applied operation behind: every
         // operation computes its changes first and applies them without fallible steps.
@@ -390,8 +405,16 @@ impl EventStore for MemoryStore {
     async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
         event.validate()?;
         let mut g = self.lock();
-        g.last_sequence += 1;
-        let seq = Sequence(g.last_sequence);
+        // A dedupe hit consumes its number too: at the end, it is refused as well.
+        let next = g.last_sequence.checked_add(1).ok_or_else(|| {
+            StoreError::corrupt(format!(
+                "record: the sequence counter is at {}, and the last number an event can get is {}",
+                g.last_sequence,
+                u64::MAX
+            ))
+        })?;
+        g.last_sequence = next;
+        let seq = Sequence(next);
         if let Some(key) = &event.dedupe_key
             && let Some(existing) = g.dedupe.get(key).and_then(|s| g.events.get(s))
         {

@@ -65,6 +65,10 @@ impl RawAccess for Raw {
         // And heads.
         Ok(false)
     }
+
+    async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
+        Ok(self.0.leave_sequences(left))
+    }
 }
 
 async fn subject() -> Subject {

@@ -809,6 +809,27 @@ impl RedbStore {
         .await
     }
 
+    /// Moves the sequence counter forward so that exactly `left` more sequences can be handed
+    /// out (to new events, or to dedupe hits, which consume one too) before it reaches the last
+    /// number an event can get (`u64::MAX - 1`), as a damaged file or a hand edit could leave
+    /// it; touches nothing else. Returns whether it could: `false` when the counter is already
+    /// past that point (it never goes back). The conformance suite uses it to check what
+    /// recording does once the counter is at its end.
+    pub async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
+        self.write("move the sequence counter", move |txn| {
+            let Some(at) = tables::MAX_EVENT_SEQ.checked_sub(left) else {
+                return Ok((false, false));
+            };
+            let mut ev = EventTables::open(txn)?;
+            if ev.counter()? > at {
+                return Ok((false, false));
+            }
+            ev.consume(at)?;
+            Ok((true, true))
+        })
+        .await
+    }
+
     /// Runs `f` on a read snapshot, on the blocking pool. Its error names the file, as
     /// [`Self::write`]'s and a recording's do ([`StoreError::in_store`]).
     async fn read<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>

@@ -474,7 +474,8 @@ impl<'t> EventTables<'t> {
         Ok(true)
     }
 
-    /// Records that `seq` was allocated without leaving a row (a dedupe hit).
+    /// Records that `seq` was allocated without leaving a row (a dedupe hit, or a move of the
+    /// counter by hand: `RedbStore::leave_sequences`).
     pub(crate) fn consume(&mut self, seq: u64) -> Result<(), StoreError> {
         self.meta
             .insert(LAST_SEQUENCE, seq)

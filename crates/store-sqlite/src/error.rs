@@ -10,6 +10,7 @@ const SQLITE_LOCKED: i32 = 6;
 const SQLITE_READONLY: i32 = 8;
 const SQLITE_IOERR: i32 = 10;
 const SQLITE_CORRUPT: i32 = 11;
+const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
 const SQLITE_NOTADB: i32 = 26;
 
@@ -45,6 +46,13 @@ pub(crate) fn map(context: &str, e: sqlx::Error) -> StoreError {
 /// Whether the error is SQLite's BUSY or LOCKED: another connection holds a lock.
 pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(SQLITE_BUSY | SQLITE_LOCKED))
+}
+
+/// Whether `e`, as [`map`] left it, is SQLite's FULL: a full disk, or a table's AUTOINCREMENT
+/// counter at its end (`i64::MAX`), which SQLite answers with the same code and message.
+pub(crate) fn is_full(e: &StoreError) -> bool {
+    matches!(e, StoreError::Backend { source, .. }
+        if source.downcast_ref::<sqlx::Error>().and_then(primary_code) == Some(SQLITE_FULL))
 }
 
 /// Whether the error is SQLite's READONLY: the connection may not write the file.

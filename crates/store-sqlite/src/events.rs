@@ -58,6 +58,36 @@ fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded
     })
 }
 
+/// Runs a record batch ([`sql::RECORD_BEGIN`], [`sql::RECORD_ONE_BATCH`]) and answers its
+/// one row. SQLite fails an insert with FULL ("database or disk is full") both when the disk
+/// is full and when the events' AUTOINCREMENT counter is at `i64::MAX`, its end; the counter,
+/// read on the same connection after the failure, tells which, and the second becomes the
+/// error every store gives once its counter is at its end ([`StoreError::Corrupt`] naming the
+/// sequence counter, SQLite's error as its source). A full disk keeps SQLite's error.
+async fn record_batch(conn: &mut SqliteConnection, q: Query) -> Result<SqliteRow, StoreError> {
+    const WHAT: &str = "record an event";
+    let e = match batch_one(conn, q, WHAT).await {
+        Err(e) if crate::error::is_full(&e) => e,
+        done => return done,
+    };
+    // Read whole (not `fetch_optional`), so that no statement is left open on the connection.
+    match sqlx::query_scalar::<_, i64>(sql::SEQUENCE_COUNTER)
+        .fetch_all(&mut *conn)
+        .await
+        .as_deref()
+    {
+        Ok(&[at]) if at == i64::MAX => Err(StoreError::Corrupt {
+            context: format!(
+                "{WHAT}: the sequence counter is at {at}, and the last number an event can get \
+                 is {}",
+                i64::MAX
+            ),
+            source: Some(Box::new(e)),
+        }),
+        _ => Err(e),
+    }
+}
+
 /// A page (one JSON text of many rows) holding text that is not UTF-8; the rows are read again
 /// one at a time to name the one at fault.
 fn page_not_utf8(what: &str, e: std::str::Utf8Error) -> StoreError {
@@ -88,7 +118,7 @@ async fn record_fast(
 ) -> Result<Fast, StoreError> {
     const WHAT: &str = "record an event";
     let q = record_query(sql::RECORD_ONE_BATCH, &event, payload, now);
-    let row = batch_one(conn, q, WHAT).await?;
+    let row = record_batch(conn, q).await?;
     if get::<i64>(&row, 3, WHAT)? != 0 {
         return Ok(Fast::Watched(Box::new(event)));
     }
@@ -120,7 +150,7 @@ async fn record_two_batches(
 ) -> Result<(Recorded, Option<bool>), StoreError> {
     const WHAT: &str = "record an event";
     let q = record_query(sql::RECORD_BEGIN, &event, payload, now);
-    let row = batch_one(conn, q, WHAT).await?;
+    let row = record_batch(conn, q).await?;
     if get::<i64>(&row, 0, WHAT)? == 0 {
         // Dedupe hit: nothing moves, but the spent sequence is committed (as OpenClaw's), and
         // committed before the stored row is read: a row that cannot be read fails the call

@@ -821,6 +821,24 @@ impl SqliteStore {
             .await
     }
 
+    /// Moves the AUTOINCREMENT counter of the events (`sqlite_sequence`) forward so that
+    /// exactly `left` more sequences can be handed out (to new events, or to dedupe hits, which
+    /// consume one too) before it reaches `i64::MAX`, SQLite's last rowid, as a hand edit or
+    /// another writer could leave it; touches nothing else. Returns whether it could: `false`
+    /// when the counter or a stored event is already past that point (it never goes back).
+    /// The conformance suite uses it to check what recording does once the counter is at its
+    /// end.
+    pub async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
+        let Some(at) = i64::try_from(left)
+            .ok()
+            .and_then(|left| i64::MAX.checked_sub(left))
+        else {
+            return Ok(false);
+        };
+        let q = sqlx::query(sql::LEAVE_SEQUENCES).bind(at);
+        self.write_changed("move the sequence counter", q).await
+    }
+
     /// Runs `statements` (a row helper's transaction, `$1` the session key and `$2` its agent,
     /// ending with `SELECT changes()`); answers whether it changed a row.
     async fn edit_session_row(
@@ -1292,6 +1310,60 @@ mod tests {
             let mut conn = r.lock().await;
             assert_eq!(settings(&mut conn).await, EXPECTED, "a reader");
         }
+        store.close().await;
+    }
+
+    /// A database that is full (SQLite's FULL, here from a `max_page_count` on the write
+    /// connection, as a full disk gives it) keeps SQLite's error: only a counter at its end,
+    /// which SQLite answers with the same code, is reported as the sequence counter's
+    /// ([`crate::error::is_full`] and the check of the counter in `events::record_batch`).
+    #[tokio::test]
+    async fn a_full_database_is_not_reported_as_the_sequence_counter() {
+        use awareness_core::{ActorType, EventKind, NewEvent, Payload, SessionRef, Timestamp};
+        const T: Timestamp = Timestamp(1_800_000_000_000);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let child = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+        let mut payload = Payload::new();
+        payload.insert("text".into(), "x".repeat(4_000).into());
+        let event = |i: usize| {
+            NewEvent::new(
+                child.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                format!("message {i}"),
+            )
+            .with_payload(payload.clone())
+        };
+        // One event first, so that the counter has its row (1): a FULL read as the counter's
+        // end whatever the counter says would then be told apart.
+        store.record(event(0), T).await.expect("record");
+        let mut w = store.writer("test").await.expect("writer");
+        w.open_tx = false;
+        // SQLite raises it to the pages the database has.
+        sqlx::raw_sql("PRAGMA max_page_count = 1")
+            .execute(&mut w.conn)
+            .await
+            .expect("limit the database to the pages it has");
+        drop(w);
+        let mut err = None;
+        for i in 1..100 {
+            if let Err(e) = store.record(event(i), T).await {
+                err = Some(e);
+                break;
+            }
+        }
+        let err = err.expect("a database that may not grow fills up");
+        assert!(
+            crate::error::is_full(&err),
+            "a full database is SQLite's FULL, as a backend error: {err:?}"
+        );
+        assert!(
+            !err.to_string().contains("sequence counter"),
+            "a full database is not the sequence counter's end: {err}"
+        );
         store.close().await;
     }
 

@@ -584,6 +584,24 @@ DELETE FROM session_state_events WHERE sequence = $1;
 SELECT changes();
 COMMIT";
 
+/// Moves the AUTOINCREMENT counter of the events (`sqlite_sequence`) up to `$1`, unless it or
+/// a stored event is already past it (`SqliteStore::leave_sequences`); answers `changes()` of
+/// the insert, 0 when it moved nothing.
+pub(crate) const LEAVE_SEQUENCES: &str = "BEGIN IMMEDIATE;
+DELETE FROM sqlite_sequence WHERE name = 'session_state_events' AND seq <= $1
+  AND coalesce((SELECT max(sequence) FROM session_state_events), 0) <= $1;
+INSERT INTO sqlite_sequence (name, seq) SELECT 'session_state_events', $1
+WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'session_state_events')
+  AND coalesce((SELECT max(sequence) FROM session_state_events), 0) <= $1;
+SELECT changes();
+COMMIT";
+
+/// The AUTOINCREMENT counter of the events: the last sequence handed out (no row before the
+/// first). Read after an insert failed with SQLITE_FULL, to tell a counter at its end from a
+/// full disk.
+pub(crate) const SEQUENCE_COUNTER: &str =
+    "SELECT seq FROM sqlite_sequence WHERE name = 'session_state_events'";
+
 /// Makes one event row unreadable (`SqliteStore::damage_event_row`).
 pub(crate) const DAMAGE_EVENT_ROW: &str = "BEGIN IMMEDIATE;
 UPDATE session_state_events SET actor_type = 'no-such-actor', fields_json = NULL WHERE sequence = $1;

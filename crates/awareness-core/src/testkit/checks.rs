@@ -384,6 +384,91 @@ pub async fn dedupe_hit_consumes_a_sequence(t: &Subject) {
     );
 }
 
+/// Whether `err` is the error every store gives a recording once its sequence counter is at
+/// its end: [`StoreError::Corrupt`] naming the sequence counter (only a damaged or hand-edited
+/// store gets there), which no retry gets past.
+pub(crate) fn is_counter_at_end(err: &StoreError) -> bool {
+    matches!(err, StoreError::Corrupt { context, .. } if context.contains("sequence counter"))
+        && !err.is_retryable()
+}
+
+/// A store whose sequence counter is near its end (a damaged or hand-edited file:
+/// [`super::RawAccess::leave_sequences`]) hands out its last numbers, a dedupe hit consuming
+/// one as anywhere, and then refuses every recording with one clear error, a dedupe hit of a
+/// stored event included (it would consume a number there is none left of), writing nothing:
+/// no wrap round to reuse sequence 0, no event over a head, no panic.
+pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subject) {
+    let s = &*t.store;
+    let other = r("agent:main:other", "main");
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    let first = rec(s, human(&child()).with_dedupe_key("dk-end"), T0).await;
+    assert!(
+        t.raw.leave_sequences(3).await.expect("leave_sequences"),
+        "the counter moved up to three numbers before its end"
+    );
+    let hit = rec(s, human(&child()).with_dedupe_key("dk-end"), T0).await;
+    assert!(hit.deduplicated, "a hit near the end is still a hit");
+    assert_eq!(*hit.event, *first.event, "the hit returns the stored event");
+    let a = rec(s, human(&child()), T0.plus_ms(1)).await;
+    let b = rec(s, log_only(&child(), "the last one"), T0.plus_ms(2)).await;
+    assert!(
+        a.event.sequence > first.event.sequence,
+        "the counter moved forward: {:?} after {:?}",
+        a.event.sequence,
+        first.event.sequence
+    );
+    assert_eq!(
+        b.event.sequence.get(),
+        a.event.sequence.get() + 1,
+        "the last two numbers, in order (the hit consumed the one before them)"
+    );
+    assert_eq!(
+        a.notices.len(),
+        1,
+        "the watcher is told of the first of them"
+    );
+    let refs = [child(), other.clone()];
+    let before = super::observe(s, &refs).await;
+    let page = s.changes_since(&child(), Sequence::ZERO, 10).await.unwrap();
+    assert_eq!(
+        page.events,
+        [first.event, a.event, b.event.clone()],
+        "the events at the end read back as answered, and nothing else was written"
+    );
+    let heads = s.heads(&refs).await.unwrap();
+    assert_eq!(
+        heads.iter().map(|h| h.last_sequence).collect::<Vec<_>>(),
+        [b.event.sequence],
+        "the head names the last event"
+    );
+    let attempts = [
+        ("a message on the watched ref", human(&child())),
+        ("an event of a new ref", log_only(&other, "new ref")),
+        (
+            "a dedupe hit of a stored event",
+            human(&child()).with_dedupe_key("dk-end"),
+        ),
+        ("the watched ref again", log_only(&child(), "again")),
+        ("a new ref again", human(&other).with_dedupe_key("dk-new")),
+    ];
+    for (what, e) in attempts {
+        let err = s.record(e, T0.plus_ms(3)).await.unwrap_err();
+        assert!(
+            is_counter_at_end(&err),
+            "{what}, with the counter at its end: {err:?}"
+        );
+        assert!(
+            err.to_string().contains("sequence counter"),
+            "the message names the sequence counter: {err}"
+        );
+    }
+    assert_eq!(
+        super::observe(s, &refs).await,
+        before,
+        "the refused recordings changed no head, cursor, event or page"
+    );
+}
+
 pub async fn dedupe_key_is_free_again_after_its_row_is_pruned(t: &Subject) {
     let s = &*t.store;
     let first = rec(s, log_only(&child(), "old").with_dedupe_key("dk"), T0).await;

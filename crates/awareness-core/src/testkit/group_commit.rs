@@ -438,6 +438,137 @@ pub async fn a_batch_answers_as_its_recordings_one_at_a_time(f: impl OpenGrouped
     );
 }
 
+/// 64 concurrent recordings (some sharing a dedupe key) on a store with 16 sequences left
+/// ([`super::RawAccess::leave_sequences`]) cross the end of its counter, inside a batch or
+/// between two: exactly 16 callers are answered (an event stored under a sequence of its own
+/// among the last 16, or a dedupe hit, which consumes one too), every other one gets the error
+/// of a recording at the end ([`super::checks::is_counter_at_end`]), and nothing is torn: the
+/// log holds the events stored before and the 16 answers' events, each as answered, each head
+/// is its ref's last stored event, and the watcher's cursor saw its target's. A recording
+/// after them fails too and changes nothing.
+pub async fn recordings_crossing_the_end_of_the_counter_commit_only_those_that_fit(
+    f: impl OpenGrouped,
+) {
+    const LEFT: usize = 16;
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 64).await;
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    g.store
+        .watch(&watcher, &session(0), T0)
+        .await
+        .expect("watch");
+    let first = g.store.record(event(64), T0).await.expect("record");
+    assert!(
+        g.raw
+            .leave_sequences(LEFT as u64)
+            .await
+            .expect("leave_sequences"),
+        "the counter moved up to {LEFT} numbers before its end"
+    );
+    let events = (0..64_usize).map(|i| {
+        let e = event(i);
+        if i % 8 == 0 {
+            (e.with_dedupe_key(format!("key-{}", i % 16)), T0)
+        } else {
+            (e, T0)
+        }
+    });
+    let tasks: Vec<_> = events
+        .map(|(e, now)| {
+            let store = Arc::clone(&g.store);
+            tokio::spawn(async move { store.record(e, now).await })
+        })
+        .collect();
+    let mut stored = std::collections::BTreeMap::new();
+    let mut hits = Vec::new();
+    let mut refused = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.expect("join") {
+            Ok(rec) if rec.deduplicated => hits.push(rec),
+            Ok(rec) => {
+                assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+                let seq = rec.event.sequence;
+                assert!(
+                    stored.insert(seq, rec.event).is_none(),
+                    "sequence {seq:?} twice"
+                );
+            }
+            Err(e) => {
+                assert!(
+                    super::checks::is_counter_at_end(&e),
+                    "call {i}: the error of a recording at the end of the counter, got {e:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(
+        stored.len() + hits.len(),
+        LEFT,
+        "as many callers answered as numbers were left ({} stored, {} hits, {refused} refused)",
+        stored.len(),
+        hits.len()
+    );
+    let (low, high) = (
+        stored.keys().next().expect("some stored").get(),
+        stored.keys().next_back().expect("some stored").get(),
+    );
+    assert!(
+        low > first.event.sequence.get() && high - low < LEFT as u64,
+        "the stored events hold {low}..={high}, within the last {LEFT} numbers"
+    );
+    for hit in &hits {
+        let key = hit.event.dedupe_key.as_ref().expect("a hit has a key");
+        assert!(
+            stored.values().any(|e| e == &hit.event),
+            "the hit on {key:?} answers an event stored in the same round"
+        );
+    }
+    let log = g
+        .store
+        .events_after(Sequence::ZERO, 1_000)
+        .await
+        .expect("events");
+    let expected: Vec<_> = std::iter::once(&first.event)
+        .chain(stored.values())
+        .cloned()
+        .collect();
+    assert_eq!(log, expected, "the log holds exactly the events answered");
+    let refs: Vec<SessionRef> = (0..4).map(session).collect();
+    for h in g.store.heads(&refs).await.expect("heads") {
+        let last = expected
+            .iter()
+            .filter(|e| e.session_ref() == h.session)
+            .map(|e| e.sequence)
+            .max();
+        assert_eq!(
+            Some(h.last_sequence),
+            last,
+            "the head of {} is its last stored event",
+            h.session
+        );
+    }
+    let cursor = g
+        .store
+        .cursor(&watcher, &session(0).session_key)
+        .await
+        .expect("cursor")
+        .expect("exists");
+    assert_eq!(
+        cursor.material,
+        g.store.state_version(&session(0)).await.expect("head"),
+        "the cursor saw the last event on its target"
+    );
+    let before = observe(&*g.store, &refs).await;
+    let err = g.store.record(event(65), T0).await.unwrap_err();
+    assert!(super::checks::is_counter_at_end(&err), "{err:?}");
+    assert_eq!(
+        observe(&*g.store, &refs).await,
+        before,
+        "the refused recording changed nothing"
+    );
+}
+
 /// `group_commit(1)` is one write transaction per recording, however many arrive at once.
 pub async fn group_commit_of_one_commits_every_recording_alone(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");

@@ -129,6 +129,15 @@ pub trait RawAccess: Send + Sync {
     /// leave it, touching nothing else (its events stay). Returns whether the row existed;
     /// `false` from a store that keeps values rather than bytes (store-memory).
     async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError>;
+    /// Moves the store-wide sequence counter forward, as a damaged file or a hand edit could
+    /// leave it, so that exactly `left` more sequences can be handed out (to new events or to
+    /// dedupe hits, which consume one too) before the counter is at the store's own end:
+    /// `u64::MAX` in store-memory, `u64::MAX - 1` in store-redb (`u64::MAX` keys a ref's
+    /// head), `i64::MAX` in store-sqlite (`sqlite_sequence`). Touches nothing else. Returns
+    /// whether it could: `false` when the counter (or a stored event) is already past that
+    /// point, since the counter never goes back, or when the store has fewer than `left`
+    /// numbers in all.
+    async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError>;
 }
 
 /// What a store's [`foreign_commits`](crate::EventStore::foreign_commits) answers, as each
@@ -331,6 +340,7 @@ macro_rules! conformance_suite {
             dedupe_returns_stored_event_and_moves_nothing,
             dedupe_hit_consumes_a_sequence,
             dedupe_key_is_free_again_after_its_row_is_pruned,
+            a_counter_at_its_end_refuses_to_record_and_writes_nothing,
             occurred_at_is_clamped_into_the_last_day,
             occurred_at_defaults_to_now,
             head_tracks_last_sequence_and_local_clock,
@@ -452,10 +462,9 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
 
 /// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
 /// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
-/// `damage_cursor_row`, `damage_link_row`, `damage_head_row` and the `spoil_*_text` ones, each
-/// async and answering
-/// `Result<bool, _>`), as the
-/// durable stores have: one forwarding for every suite a store runs.
+/// `damage_cursor_row`, `damage_link_row`, `damage_head_row`, `leave_sequences` and the
+/// `spoil_*_text` ones, each async and answering `Result<bool, _>`), as the durable stores
+/// have: one forwarding for every suite a store runs.
 #[macro_export]
 macro_rules! raw_access_forwarding {
     ($store:ty) => {
@@ -543,6 +552,13 @@ macro_rules! raw_access_forwarding {
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.damage_head_row(session).await
             }
+
+            async fn leave_sequences(
+                &self,
+                left: u64,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.leave_sequences(left).await
+            }
         }
     };
 }
@@ -566,6 +582,7 @@ macro_rules! group_commit_suite {
             a_batch_on_a_target_with_an_unreadable_cursor_row_commits,
             a_recording_outside_a_runtime_fails_and_queues_nothing,
             writes_outside_a_runtime_fail_and_leave_the_handle_working,
+            recordings_crossing_the_end_of_the_counter_commit_only_those_that_fit,
         );
     };
 }

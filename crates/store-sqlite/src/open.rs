@@ -241,6 +241,7 @@ pub(crate) async fn prepare_file(
 const STAGED_PREFIX: &str = ".awareness-new-";
 
 /// Whether `name` is one [`create`] gives a store while preparing it.
+#[cfg(unix)]
 fn is_staged_name(name: &std::ffi::OsStr) -> bool {
     let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(STAGED_PREFIX)) else {
         return false;
@@ -258,24 +259,24 @@ fn is_staged_name(name: &std::ffi::OsStr) -> bool {
 ///
 /// The names [`create`] gives a store while preparing it are not counted: one is linked at
 /// `path` for a moment before it is removed, and a process killed in that moment leaves it
-/// there for good; nothing opens a store under such a name. The names found in the same
-/// directory are given in the error; a name elsewhere cannot be found from here.
+/// there for good; nothing opens a store under such a name. The names are looked for beside
+/// the file itself (a symbolic link at `path` resolved, as SQLite resolves it), and those found
+/// are given in the error; a name in another directory cannot be found from here.
 #[cfg(unix)]
 fn refuse_other_names(path: &Path, m: &std::fs::Metadata) -> Result<(), StoreError> {
     use std::os::unix::fs::MetadataExt as _;
     if m.nlink() <= 1 {
         return Ok(());
     }
-    let own = path.file_name();
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let own = real.file_name();
+    let same_file = |e: &std::fs::Metadata| e.dev() == m.dev() && e.ino() == m.ino();
     let mut staged = 0u64;
     let mut beside = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(parent(path)) {
+    let listed = std::fs::read_dir(parent(&real)).map(|entries| {
         for entry in entries.flatten() {
-            let same = entry
-                .metadata()
-                .is_ok_and(|e| e.dev() == m.dev() && e.ino() == m.ino());
             let name = entry.file_name();
-            if !same || Some(name.as_os_str()) == own {
+            if Some(name.as_os_str()) == own || !entry.metadata().is_ok_and(|e| same_file(&e)) {
                 continue;
             }
             if is_staged_name(&name) {
@@ -284,16 +285,28 @@ fn refuse_other_names(path: &Path, m: &std::fs::Metadata) -> Result<(), StoreErr
                 beside.push(name.to_string_lossy().into_owned());
             }
         }
-    }
-    let others = m.nlink().saturating_sub(1).saturating_sub(staged);
+    });
+    // A store being created by another opener has its prepared name for a moment: removed
+    // after the first look at the file and before the listing, it is neither counted there
+    // nor listed. The fewer names of the two looks count.
+    let links = match std::fs::metadata(path) {
+        Ok(again) if same_file(&again) => m.nlink().min(again.nlink()),
+        _ => m.nlink(),
+    };
+    let others = links.saturating_sub(1).saturating_sub(staged);
     if others == 0 {
         return Ok(());
     }
     beside.sort();
-    let found = if beside.is_empty() {
-        String::new()
-    } else {
-        format!(" ({} in this directory)", beside.join(", "))
+    let elsewhere = others.saturating_sub(beside.len() as u64);
+    let found = match (listed, beside.is_empty(), elsewhere) {
+        (Err(e), ..) => format!(" (its directory cannot be listed to name them: {e})"),
+        (Ok(()), true, _) => " (none in its directory)".to_owned(),
+        (Ok(()), false, 0) => format!(" ({} in its directory)", beside.join(", ")),
+        (Ok(()), false, n) => format!(
+            " ({} in its directory, and {n} elsewhere)",
+            beside.join(", ")
+        ),
     };
     Err(error::open(
         path,

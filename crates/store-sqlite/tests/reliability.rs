@@ -519,6 +519,17 @@ async fn a_database_with_another_name_is_refused_under_each() {
     }
     assert_eq!(listing(dir.path()), before, "nothing created or changed");
     std::fs::remove_file(&other).unwrap();
+    // A name in another directory is counted, and said not to be in the file's.
+    let elsewhere = dir.path().join("backup");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::hard_link(&path, elsewhere.join("state.sqlite")).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        "1 other name (hard links) (none in its directory)",
+    );
+    std::fs::remove_file(elsewhere.join("state.sqlite")).unwrap();
     let store = SqliteStore::open(&path).await.expect("one name left");
     assert_eq!(store.log_stats().await.unwrap().rows, 1, "what it held");
     store.close().await;
@@ -526,7 +537,8 @@ async fn a_database_with_another_name_is_refused_under_each() {
 
 /// The name a new store is prepared under is linked at the store's path for a moment before
 /// it is removed, and a process killed in that moment leaves it for good: that name is not
-/// taken for another (no store is opened under it), and it is left alone.
+/// taken for another (no store is opened under it), and it is left alone; also when the store
+/// is opened through a symbolic link in another directory (the names beside the file count).
 #[cfg(unix)]
 #[tokio::test]
 async fn a_prepared_name_left_by_a_killed_creator_is_not_another_name() {
@@ -538,6 +550,14 @@ async fn a_prepared_name_left_by_a_killed_creator_is_not_another_name() {
     let store = SqliteStore::open(&path)
         .await
         .expect("a prepared name is not another name");
+    assert_eq!(store.log_stats().await.unwrap().rows, 1);
+    store.close().await;
+    let away = tempfile::tempdir().unwrap();
+    let alias = away.path().join("alias.sqlite");
+    std::os::unix::fs::symlink(&path, &alias).unwrap();
+    let store = SqliteStore::open(&alias)
+        .await
+        .expect("through a symbolic link, the prepared name beside the file is found");
     assert_eq!(store.log_stats().await.unwrap().rows, 1);
     store.close().await;
     assert!(staged.exists(), "left alone");

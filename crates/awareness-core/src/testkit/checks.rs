@@ -953,17 +953,32 @@ pub async fn concurrent_records_each_get_their_own_event(t: &Subject) {
 /// Callers that give up (cancelled before their task ran, or after zero to three yields of the
 /// test's task: on a durable store, while queued, while their batch is written, or after) never
 /// cost another caller its commit: every caller still waiting gets its own event, committed as
-/// returned, every given-up event is in the log at most once, and the store goes on.
+/// returned, every given-up event is in the log at most once, and the store goes on. On a
+/// store that batches concurrent recordings ([`Subject::batching`]), some cancellation must
+/// have hit a recording under way (polled, not finished): otherwise every cancelled caller was
+/// cancelled before it started or after it ended, and the check checked nothing a store could
+/// get wrong. (A store that records within one poll, such as store-memory, has no such moment.)
 pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
     let s = &*t.store;
     let on = |i: usize| r(&format!("agent:main:subagent:c{}", i % 4), "main");
+    // Cancelled callers whose recording had been polled and had not finished.
+    let mut hit_under_way = 0;
     for round in 0..20 {
         let tasks: Vec<_> = (0..16)
             .map(|i| {
                 let store = std::sync::Arc::clone(&t.store);
                 let mut e = human(&on(i));
                 e.summary = format!("message {round}.{i}");
-                tokio::spawn(async move { store.record(e, T0).await })
+                let polled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let task = tokio::spawn({
+                    let polled = std::sync::Arc::clone(&polled);
+                    async move {
+                        // Set in the task's first poll, which then polls the recording.
+                        polled.store(true, std::sync::atomic::Ordering::Relaxed);
+                        store.record(e, T0).await
+                    }
+                });
+                (task, polled)
             })
             .collect();
         // Let some of them start (none in one round of four), then cancel every other caller,
@@ -972,12 +987,20 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
             tokio::task::yield_now().await;
         }
         let mut kept = Vec::new();
-        for (i, task) in tasks.into_iter().enumerate() {
+        let mut aborted = Vec::new();
+        for (i, (task, polled)) in tasks.into_iter().enumerate() {
             if i % 2 == 0 {
                 task.abort();
+                aborted.push((task, polled));
             } else {
                 kept.push((i, task));
             }
+        }
+        for (task, polled) in aborted {
+            // Cancelled (not finished) after its first poll: the recording was under way.
+            let cancelled = task.await.is_err_and(|e| e.is_cancelled());
+            hit_under_way +=
+                usize::from(cancelled && polled.load(std::sync::atomic::Ordering::Relaxed));
         }
         for (i, task) in kept {
             let got = task
@@ -1001,6 +1024,12 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
     }
     let last = rec(s, human(&on(0)), T0).await;
     assert_eq!(version(s, &on(0)).await, last.event.sequence.get());
+    if t.batching.is_some() {
+        assert!(
+            hit_under_way > 0,
+            "no cancellation hit a recording under way (polled, not finished)"
+        );
+    }
 }
 
 /// Recordings racing the other writes of the same cursor: acknowledgements, re-freezes and a

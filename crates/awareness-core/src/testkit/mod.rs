@@ -191,7 +191,9 @@ pub struct Subject {
     pub raw: Arc<dyn RawAccess>,
     /// How the model test (and the durable suite's check of recordings over an unreadable
     /// head) makes the store batch concurrent recordings, for a store that group-commits them;
-    /// `None` for one that does not (store-memory) and for a read-only handle.
+    /// `None` for one that does not (store-memory) and for a read-only handle. Its presence
+    /// also tells [`checks::cancelled_recordings_cancel_nobody_elses_commit`] that a recording
+    /// can be cancelled while under way.
     pub batching: Option<model::Batching>,
     /// Dropped after the check (temporary files).
     pub guard: Box<dyn Any + Send + Sync>,

@@ -641,7 +641,8 @@ pub type HoldWriter = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Release> + Sen
 /// is the most involved way to record, and a wave left to the scheduler reached it only when
 /// the store's writer happened to be busy. The other waves are left to the scheduler, for the
 /// split shapes (one recording alone, the rest together). The store must batch at least
-/// [`MAX_WAVE`] recordings.
+/// [`MAX_WAVE`] recordings, and 16 for the durable suite, whose check of recordings over an
+/// unreadable head holds sixteen in one batch.
 pub struct Batching {
     /// Holds the store's writer, as test support (with the store's own means: a lock taken
     /// from outside, a hook hidden from its docs): once the answer is there, every recording

@@ -167,6 +167,7 @@ fn companion(path: &Path, suffix: &str) -> PathBuf {
 
 /// SQLite's `-wal` and `-shm` files of a database, and whether they existed before we opened
 /// it: reading a damaged WAL-mode file makes SQLite create them before it notices the damage.
+/// They are beside the file itself: SQLite resolves a symbolic link at the path it is given.
 pub(crate) struct Companions {
     paths: [PathBuf; 2],
     existed: [bool; 2],
@@ -174,7 +175,8 @@ pub(crate) struct Companions {
 
 impl Companions {
     pub(crate) fn before_open(path: &Path) -> Self {
-        let paths = ["-wal", "-shm"].map(|suffix| companion(path, suffix));
+        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let paths = ["-wal", "-shm"].map(|suffix| companion(&real, suffix));
         let existed = [paths[0].exists(), paths[1].exists()];
         Self { paths, existed }
     }

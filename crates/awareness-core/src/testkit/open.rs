@@ -131,7 +131,10 @@ pub async fn a_file_that_is_not_a_store_is_refused_and_left_untouched(f: impl Op
 
 /// A store's file cut to half its length (a copy that stopped midway, a full disk) is refused
 /// and left byte for byte as it was, with nothing created beside it: an open must neither
-/// repair it nor start a new store over it.
+/// repair it nor start a new store over it. On Unix, the same through a symbolic link in
+/// another directory (as a deployment may point a configured path at a volume): whatever a
+/// store makes beside its file while opening it is made beside the file the link names, and
+/// both directories must be left as they were.
 pub async fn a_truncated_file_is_refused_and_left_untouched(f: impl OpenFile) {
     let dir = Scratch::new("open");
     let file = dir.file();
@@ -150,6 +153,18 @@ pub async fn a_truncated_file_is_refused_and_left_untouched(f: impl OpenFile) {
         .and_then(|file| file.set_len(len / 2))
         .expect("truncate the file");
     assert_refused("a truncated store", &f, &file, &dir).await;
+    #[cfg(unix)]
+    {
+        let links = Scratch::new("open-link");
+        let link = links.path().join("state-link");
+        std::os::unix::fs::symlink(&file, &link).expect("a symbolic link to the store");
+        let beside_the_file = contents(dir.path());
+        assert_refused("a truncated store behind a link", &f, &link, &links).await;
+        assert!(
+            contents(dir.path()) == beside_the_file,
+            "a refused open through a link changed nothing beside the file it names"
+        );
+    }
 }
 
 /// An empty file (created beforehand, as a deployment tool may) is opened as a new store: it

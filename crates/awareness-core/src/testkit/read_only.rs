@@ -379,7 +379,9 @@ fn data_files(dir: &Path) -> std::collections::BTreeMap<std::ffi::OsString, Opti
 
 /// A read-only open of a store's file cut to half its length is refused (an open error, or a
 /// request for repair), and leaves every file in the directory as it was: no repair, no file
-/// created beside it.
+/// created beside it. On Unix, the same through a symbolic link in another directory: SQLite
+/// makes its `-wal` and `-shm` beside the file the link names, and a store that cleaned up
+/// beside the link left them there.
 pub async fn a_read_only_open_refuses_a_truncated_store_and_changes_nothing(
     f: impl OpenFile,
     ro: impl OpenFile,
@@ -399,21 +401,41 @@ pub async fn a_read_only_open_refuses_a_truncated_store_and_changes_nothing(
         .open(&file)
         .and_then(|file| file.set_len(len / 2))
         .expect("truncate the file");
-    let before = contents(dir.path());
-    match ro(file.clone()).await {
-        Err(StoreError::Open { path, .. } | StoreError::NeedsRepair { path }) => {
-            assert_eq!(path.file_name(), file.file_name(), "the refusal names it");
-        }
-        Err(e) => panic!("a read-only open of a truncated store: expected an open error, got {e}"),
-        Ok(_) => panic!("a read-only open of a truncated store succeeded"),
+    let links = Scratch::new("read-only-link");
+    let mut paths = vec![file.clone()];
+    #[cfg(unix)]
+    {
+        let link = links.path().join("state-link");
+        std::os::unix::fs::symlink(&file, &link).expect("a symbolic link to the store");
+        paths.push(link);
     }
-    let after = contents(dir.path());
-    assert!(
-        after == before,
-        "a refused read-only open created, removed or wrote nothing: before {:?}, after {:?}",
-        sizes(&before),
-        sizes(&after)
-    );
+    for opened in paths {
+        let before = (contents(dir.path()), contents(links.path()));
+        match ro(opened.clone()).await {
+            Err(StoreError::Open { path, .. } | StoreError::NeedsRepair { path }) => {
+                assert_eq!(path, opened, "the refusal names it");
+            }
+            Err(e) => panic!(
+                "a read-only open of a truncated store ({}): expected an open error, got {e}",
+                opened.display()
+            ),
+            Ok(_) => panic!(
+                "a read-only open of a truncated store succeeded ({})",
+                opened.display()
+            ),
+        }
+        let after = (contents(dir.path()), contents(links.path()));
+        assert!(
+            after == before,
+            "a refused read-only open of {} created, removed or wrote nothing: before {:?} {:?}, \
+             after {:?} {:?}",
+            opened.display(),
+            sizes(&before.0),
+            sizes(&before.1),
+            sizes(&after.0),
+            sizes(&after.1)
+        );
+    }
 }
 
 /// What a read-only open answers for the files of a writer that never closed, as a store's

@@ -247,6 +247,70 @@ pub async fn closing_the_last_handle_keeps_what_a_dropped_handle_left_running(f:
     );
 }
 
+/// Runs `work` on a runtime of its own on a thread of its own, shut down when it returns.
+async fn elsewhere<T: Send + 'static>(
+    what: &str,
+    work: impl Future<Output = T> + Send + 'static,
+) -> T {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let got = runtime.block_on(work);
+        drop(runtime);
+        drop(tx.send(got));
+    });
+    tokio::time::timeout(std::time::Duration::from_mins(1), rx)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still running after a minute"))
+        .unwrap_or_else(|_| panic!("{what}: the thread panicked"))
+}
+
+/// A store is not tied to the runtime that opened it or to one that used it: opened here, it
+/// records on a runtime of another thread, which is then shut down; it records here again
+/// (no writer, worker or task it needs ended with that runtime); it is closed on a third
+/// runtime, which returns; and the file, reopened, holds both events. (A gateway may open its
+/// store in one runtime and hand it to another, or call it from a short-lived runtime of a
+/// blocking tool.) Each step is given a minute: a store waiting on a runtime that is gone hangs.
+pub async fn a_store_outlives_the_runtimes_that_used_it(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let kid = child();
+    let t = open(&f, &file).await;
+    let first = elsewhere("a recording on another runtime", {
+        let (store, e) = (std::sync::Arc::clone(&t.store), human(&kid));
+        async move { store.record(e, T0).await }
+    })
+    .await
+    .expect("a recording on another runtime");
+    let second = tokio::time::timeout(
+        std::time::Duration::from_mins(1),
+        t.store.record(human(&kid), T0),
+    )
+    .await
+    .expect("a recording here, once the other runtime is gone, still running after a minute")
+    .expect("a recording here, once the other runtime is gone");
+    assert_eq!(
+        second.event.sequence.get(),
+        first.event.sequence.get() + 1,
+        "the next sequence"
+    );
+    elsewhere("a close on another runtime", t.close()).await;
+    let t = open(&f, &file).await;
+    let page = t
+        .store
+        .changes_since(&kid, Sequence::ZERO, 10)
+        .await
+        .expect("changes");
+    assert_eq!(
+        page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        [first.event.sequence, second.event.sequence],
+        "both events are in the file"
+    );
+}
+
 /// The store-wide sequence resumes after the highest number ever spent, across reopens, even
 /// when the rows that held the highest numbers are gone: a deleted session, a dedupe hit (which
 /// leaves no row), a row deleted by hand, the whole log pruned.

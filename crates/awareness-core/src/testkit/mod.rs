@@ -641,6 +641,7 @@ macro_rules! durable_suite {
             a_closed_store_leaves_every_commit_in_its_file,
             a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file,
             closing_the_last_handle_keeps_what_a_dropped_handle_left_running,
+            a_store_outlives_the_runtimes_that_used_it,
             the_sequence_never_goes_back_across_reopens,
             two_handles_on_one_file_see_each_others_writes,
             a_cancelled_write_leaves_the_file_writable,

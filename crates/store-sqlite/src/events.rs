@@ -64,12 +64,21 @@ fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded
 /// read on the same connection after the failure, tells which, and the second becomes the
 /// error every store gives once its counter is at its end ([`StoreError::Corrupt`] naming the
 /// sequence counter, SQLite's error as its source). A full disk keeps SQLite's error.
+///
+/// The transaction is rolled back before the counter is read, so that what is read is what
+/// was committed: a full disk that failed a later statement of the batch, after the insert
+/// took the last number, is not the counter's end (that number was never committed). The
+/// caller's own rollback then finds no transaction, which it allows.
 async fn record_batch(conn: &mut SqliteConnection, q: Query) -> Result<SqliteRow, StoreError> {
     const WHAT: &str = "record an event";
     let e = match batch_one(conn, q, WHAT).await {
         Err(e) if crate::error::is_full(&e) => e,
         done => return done,
     };
+    if let Err(rollback) = sqlx::raw_sql(sql::ROLLBACK).execute(&mut *conn).await {
+        // SQLite may have ended the transaction itself on this error.
+        tracing::debug!(error = %rollback, "rolling back a recording the database refused as full");
+    }
     // Read whole (not `fetch_optional`), so that no statement is left open on the connection.
     match sqlx::query_scalar::<_, i64>(sql::SEQUENCE_COUNTER)
         .fetch_all(&mut *conn)

@@ -1313,6 +1313,44 @@ mod tests {
         store.close().await;
     }
 
+    /// The counter's end is told by the highest number SQLite's AUTOINCREMENT can have handed
+    /// out, as SQLite tells it: with the counter's row deleted by hand (SQLite's documented way
+    /// to reset it) and an event at `i64::MAX`, a recording is still refused as the counter's
+    /// end, not as a full disk.
+    #[tokio::test]
+    async fn a_counter_row_deleted_by_hand_still_ends_at_the_highest_event() {
+        use awareness_core::{ActorType, EventKind, NewEvent, SessionRef, Timestamp};
+        const T: Timestamp = Timestamp(1_800_000_000_000);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let child = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+        let event = || {
+            NewEvent::new(
+                child.clone(),
+                EventKind::HumanDirectMessage,
+                ActorType::Human,
+                "message",
+            )
+        };
+        assert!(store.leave_sequences(1).await.expect("leave one number"));
+        let last = store.record(event(), T).await.expect("the last number");
+        assert_eq!(last.event.sequence.get(), i64::MAX as u64);
+        let mut w = store.writer("test").await.expect("writer");
+        sqlx::raw_sql("DELETE FROM sqlite_sequence")
+            .execute(&mut w.conn)
+            .await
+            .expect("delete the counter's row");
+        drop(w);
+        let err = store.record(event(), T).await.expect_err("no number left");
+        assert!(
+            matches!(&err, StoreError::Corrupt { context, .. } if context.contains("sequence counter")),
+            "{err:?}"
+        );
+        store.close().await;
+    }
+
     /// A database that is full (SQLite's FULL, here from a `max_page_count` on the write
     /// connection, as a full disk gives it) keeps SQLite's error: only a counter at its end,
     /// which SQLite answers with the same code, is reported as the sequence counter's

@@ -167,7 +167,8 @@ fn companion(path: &Path, suffix: &str) -> PathBuf {
 
 /// SQLite's `-wal` and `-shm` files of a database, and whether they existed before we opened
 /// it: reading a damaged WAL-mode file makes SQLite create them before it notices the damage.
-/// They are beside the file itself: SQLite resolves a symbolic link at the path it is given.
+/// They are beside the file itself: SQLite resolves a symbolic link at the path it is given
+/// (on Unix; see [`resolved`]).
 pub(crate) struct Companions {
     paths: [PathBuf; 2],
     existed: [bool; 2],
@@ -175,7 +176,7 @@ pub(crate) struct Companions {
 
 impl Companions {
     pub(crate) fn before_open(path: &Path) -> Self {
-        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let real = resolved(path);
         let paths = ["-wal", "-shm"].map(|suffix| companion(&real, suffix));
         let existed = [paths[0].exists(), paths[1].exists()];
         Self { paths, existed }
@@ -270,45 +271,58 @@ fn refuse_other_names(path: &Path, m: &std::fs::Metadata) -> Result<(), StoreErr
     if m.nlink() <= 1 {
         return Ok(());
     }
-    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let own = real.file_name();
+    let real = resolved(path);
+    let dir = parent(&real);
     let same_file = |e: &std::fs::Metadata| e.dev() == m.dev() && e.ino() == m.ino();
-    let mut staged = 0u64;
-    let mut beside = Vec::new();
-    let listed = std::fs::read_dir(parent(&real)).map(|entries| {
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            if Some(name.as_os_str()) == own || !entry.metadata().is_ok_and(|e| same_file(&e)) {
-                continue;
+    // The names beside the file: how many are prepared names, and the others. A store being
+    // created by another opener has its prepared name for a moment, so the listing is taken
+    // between two looks at the link count and taken again (a few times at most) until both
+    // looks agree: the count and the listing are then of one moment.
+    let mut links = m.nlink();
+    let mut looks = 0;
+    let (staged, beside, listed) = loop {
+        let mut staged = 0u64;
+        let mut beside = Vec::new();
+        let listed = std::fs::read_dir(dir).map(|entries| {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if Some(name.as_os_str()) == real.file_name()
+                    || !entry.metadata().is_ok_and(|e| same_file(&e))
+                {
+                    continue;
+                }
+                if is_staged_name(&name) {
+                    staged += 1;
+                } else {
+                    beside.push(name.to_string_lossy().into_owned());
+                }
             }
-            if is_staged_name(&name) {
-                staged += 1;
-            } else {
-                beside.push(name.to_string_lossy().into_owned());
-            }
+        });
+        let again = std::fs::metadata(path)
+            .ok()
+            .filter(|again| same_file(again))
+            .map_or(links, |again| again.nlink());
+        looks += 1;
+        if again == links || looks == 4 {
+            // Still changing after four listings: the fewer names count.
+            links = links.min(again);
+            break (staged, beside, listed);
         }
-    });
-    // A store being created by another opener has its prepared name for a moment: removed
-    // after the first look at the file and before the listing, it is neither counted there
-    // nor listed. The fewer names of the two looks count.
-    let links = match std::fs::metadata(path) {
-        Ok(again) if same_file(&again) => m.nlink().min(again.nlink()),
-        _ => m.nlink(),
+        links = again;
     };
     let others = links.saturating_sub(1).saturating_sub(staged);
     if others == 0 {
         return Ok(());
     }
+    let mut beside = beside;
     beside.sort();
     let elsewhere = others.saturating_sub(beside.len() as u64);
+    let dir = dir.display();
     let found = match (listed, beside.is_empty(), elsewhere) {
-        (Err(e), ..) => format!(" (its directory cannot be listed to name them: {e})"),
-        (Ok(()), true, _) => " (none in its directory)".to_owned(),
-        (Ok(()), false, 0) => format!(" ({} in its directory)", beside.join(", ")),
-        (Ok(()), false, n) => format!(
-            " ({} in its directory, and {n} elsewhere)",
-            beside.join(", ")
-        ),
+        (Err(e), ..) => format!(" ({dir} cannot be listed to name them: {e})"),
+        (Ok(()), true, _) => format!(" (none in {dir})"),
+        (Ok(()), false, 0) => format!(" ({} in {dir})", beside.join(", ")),
+        (Ok(()), false, n) => format!(" ({} in {dir}, and {n} elsewhere)", beside.join(", ")),
     };
     Err(error::open(
         path,
@@ -318,6 +332,17 @@ fn refuse_other_names(path: &Path, m: &std::fs::Metadata) -> Result<(), StoreErr
         ),
         None,
     ))
+}
+
+/// The path of the file itself: a symbolic link at `path` resolved, as SQLite's Unix layer
+/// resolves it before it names the `-wal` and `-shm` files; `path` itself when it cannot be
+/// resolved (a file not there yet). Elsewhere SQLite names them after `path` as given.
+fn resolved(path: &Path) -> PathBuf {
+    #[cfg(unix)]
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return real;
+    }
+    path.to_path_buf()
 }
 
 /// Hard links cannot be counted here: nothing to refuse.

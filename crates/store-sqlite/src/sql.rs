@@ -596,11 +596,13 @@ WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'session_state_even
 SELECT changes();
 COMMIT";
 
-/// The AUTOINCREMENT counter of the events: the last sequence handed out (no row before the
-/// first). Read after an insert failed with SQLITE_FULL, to tell a counter at its end from a
-/// full disk.
-pub(crate) const SEQUENCE_COUNTER: &str =
-    "SELECT seq FROM sqlite_sequence WHERE name = 'session_state_events'";
+/// The highest number the events' AUTOINCREMENT can have handed out: its counter or the highest
+/// stored sequence, whichever is higher (SQLite takes the higher too, so a counter row deleted
+/// by hand still ends at the highest row). Read after an insert failed with SQLITE_FULL, to
+/// tell a counter at its end from a full disk.
+pub(crate) const SEQUENCE_COUNTER: &str = "SELECT max(
+  coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'session_state_events'), 0),
+  coalesce((SELECT max(sequence) FROM session_state_events), 0))";
 
 /// Makes one event row unreadable (`SqliteStore::damage_event_row`).
 pub(crate) const DAMAGE_EVENT_ROW: &str = "BEGIN IMMEDIATE;

@@ -527,7 +527,10 @@ async fn a_database_with_another_name_is_refused_under_each() {
     assert_open_error(
         &err,
         &path,
-        "1 other name (hard links) (none in its directory)",
+        &format!(
+            "1 other name (hard links) (none in {})",
+            dir.path().display()
+        ),
     );
     std::fs::remove_file(elsewhere.join("state.sqlite")).unwrap();
     let store = SqliteStore::open(&path).await.expect("one name left");

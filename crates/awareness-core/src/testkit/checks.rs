@@ -467,6 +467,19 @@ pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subje
         before,
         "the refused recordings changed no head, cursor, event or page"
     );
+    // The handle goes on with everything that needs no new number.
+    let acked = s
+        .acknowledge(&w(MANAGER), &[any(CHILD)], T0.plus_ms(4))
+        .await
+        .expect("an acknowledgement after the refusals");
+    assert_eq!(acked.len(), 1, "the pending notice is acknowledged");
+    s.delete_session(&child())
+        .await
+        .expect("a deletion after the refusals");
+    assert!(
+        s.heads(&refs).await.expect("heads").is_empty(),
+        "the deleted session's head is gone"
+    );
 }
 
 pub async fn dedupe_key_is_free_again_after_its_row_is_pruned(t: &Subject) {

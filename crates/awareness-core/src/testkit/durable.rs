@@ -247,45 +247,79 @@ pub async fn closing_the_last_handle_keeps_what_a_dropped_handle_left_running(f:
     );
 }
 
-/// Runs `work` on a runtime of its own on a thread of its own, shut down when it returns.
+/// Runs `work` on a runtime of its own on a thread of its own, then shuts that runtime down,
+/// giving it five seconds (a runtime waits for its blocking tasks: a store's task that never
+/// ends fails the check here, named as such, rather than as the work).
 async fn elsewhere<T: Send + 'static>(
     what: &str,
     work: impl Future<Output = T> + Send + 'static,
 ) -> T {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    const SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let (shut, shut_down) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime");
-        let got = runtime.block_on(work);
-        drop(runtime);
-        drop(tx.send(got));
+        drop(answer.send(runtime.block_on(work)));
+        let started = std::time::Instant::now();
+        runtime.shutdown_timeout(SHUTDOWN);
+        shut.send(started.elapsed()).ok();
     });
-    tokio::time::timeout(std::time::Duration::from_mins(1), rx)
+    let minute = std::time::Duration::from_mins(1);
+    let got = tokio::time::timeout(minute, answered)
         .await
         .unwrap_or_else(|_| panic!("{what}: still running after a minute"))
-        .unwrap_or_else(|_| panic!("{what}: the thread panicked"))
+        .unwrap_or_else(|_| panic!("{what}: the thread panicked"));
+    let took = tokio::time::timeout(minute, shut_down)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: its runtime still shutting down after a minute"))
+        .unwrap_or_else(|_| panic!("{what}: the thread panicked while shutting down"));
+    assert!(
+        took < SHUTDOWN,
+        "{what}: the runtime's shutdown waited {took:?} for a task the store left running"
+    );
+    got
 }
 
-/// A store is not tied to the runtime that opened it or to one that used it: opened here, it
-/// records on a runtime of another thread, which is then shut down; it records here again
-/// (no writer, worker or task it needs ended with that runtime); it is closed on a third
-/// runtime, which returns; and the file, reopened, holds both events. (A gateway may open its
-/// store in one runtime and hand it to another, or call it from a short-lived runtime of a
-/// blocking tool.) Each step is given a minute: a store waiting on a runtime that is gone hangs.
+/// A store is not tied to a runtime that used it: opened here, it takes sixteen recordings at
+/// once on a runtime of another thread, which is then shut down (within five seconds: no task
+/// of the store keeps it); it records here again (no writer, worker or task it needs ended
+/// with that runtime); it is closed on a third runtime, which returns; and the file, reopened,
+/// holds every event. (A gateway may hand its store to another runtime, or call it from a
+/// short-lived runtime of a blocking tool.) Each step is given a minute: a store waiting on a
+/// runtime that is gone hangs. (The runtime that opened the store lives on here: an open on a
+/// short-lived runtime is not checked.)
 pub async fn a_store_outlives_the_runtimes_that_used_it(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let file = dir.file();
     let kid = child();
     let t = open(&f, &file).await;
-    let first = elsewhere("a recording on another runtime", {
-        let (store, e) = (std::sync::Arc::clone(&t.store), human(&kid));
-        async move { store.record(e, T0).await }
+    let mut sequences = elsewhere("sixteen recordings at once on another runtime", {
+        let store = std::sync::Arc::clone(&t.store);
+        let e = human(&kid);
+        async move {
+            let calls: Vec<_> = (0..16)
+                .map(|_| {
+                    let (store, e) = (std::sync::Arc::clone(&store), e.clone());
+                    tokio::spawn(async move { store.record(e, T0).await })
+                })
+                .collect();
+            let mut got = Vec::new();
+            for call in calls {
+                let rec = call
+                    .await
+                    .expect("join")
+                    .expect("a recording on another runtime");
+                got.push(rec.event.sequence);
+            }
+            got
+        }
     })
-    .await
-    .expect("a recording on another runtime");
-    let second = tokio::time::timeout(
+    .await;
+    sequences.sort();
+    let last = tokio::time::timeout(
         std::time::Duration::from_mins(1),
         t.store.record(human(&kid), T0),
     )
@@ -293,21 +327,22 @@ pub async fn a_store_outlives_the_runtimes_that_used_it(f: impl OpenFile) {
     .expect("a recording here, once the other runtime is gone, still running after a minute")
     .expect("a recording here, once the other runtime is gone");
     assert_eq!(
-        second.event.sequence.get(),
-        first.event.sequence.get() + 1,
+        last.event.sequence.get(),
+        sequences[15].get() + 1,
         "the next sequence"
     );
+    sequences.push(last.event.sequence);
     elsewhere("a close on another runtime", t.close()).await;
     let t = open(&f, &file).await;
     let page = t
         .store
-        .changes_since(&kid, Sequence::ZERO, 10)
+        .changes_since(&kid, Sequence::ZERO, 100)
         .await
         .expect("changes");
     assert_eq!(
         page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
-        [first.event.sequence, second.event.sequence],
-        "both events are in the file"
+        sequences,
+        "every event is in the file"
     );
 }
 

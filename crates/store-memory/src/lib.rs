@@ -466,9 +466,12 @@ impl EventStore for MemoryStore {
         let Some(st) = g.sessions.get(session) else {
             return Ok(reconcile::build_page(after, None, None, Vec::new(), limit));
         };
+        // Past `after` itself (not from `after.next()`, which stops at `u64::MAX`: an event
+        // there would be answered again to a caller already at it).
+        let past = (std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded);
         let fetched = st
             .events
-            .range(after.next()..)
+            .range(past)
             .take(limit + 1)
             .map(|(_, e)| Arc::clone(e))
             .collect();
@@ -509,7 +512,7 @@ impl EventStore for MemoryStore {
     ) -> Result<Vec<Arc<Event>>, StoreError> {
         let g = self.lock();
         Ok(g.events
-            .range(after.next()..)
+            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
             .take(limit)
             .map(|(_, e)| Arc::clone(e))
             .collect())

@@ -441,6 +441,21 @@ pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subje
         [b.event.sequence],
         "the head names the last event"
     );
+    // Read from the last event, nothing is left (an event at the very end of a store's range
+    // included).
+    let page = s
+        .changes_since(&child(), b.event.sequence, 10)
+        .await
+        .unwrap();
+    assert!(
+        page.events.is_empty(),
+        "nothing past the last event: {page:?}"
+    );
+    let log = s.events_after(b.event.sequence, 10).await.unwrap();
+    assert!(
+        log.is_empty(),
+        "nothing past the last event in the log: {log:?}"
+    );
     let attempts = [
         ("a message on the watched ref", human(&child())),
         ("an event of a new ref", log_only(&other, "new ref")),

@@ -63,7 +63,11 @@
 //!   one transaction of two batches: one multi-row insert walking a JSON array, then the heads,
 //!   the cursors `awareness_core::protocol` decided event by event in queue order, and the
 //!   commit. Each caller gets its own event only after that commit; a lone caller records as
-//!   above. [`SqliteStore::write_transactions`] shows how well it batches;
+//!   above. [`SqliteStore::write_transactions`] shows how well it batches. The batch runs on
+//!   a task of the runtime of the caller that found the connection free: should that runtime
+//!   shut down meanwhile (a handle shared by a short-lived runtime and others), the callers
+//!   whose events it held are told it stopped, with their outcome unknown, and its open
+//!   transaction is rolled back by the next write of the handle;
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **an event's fields are stored as JSON too**: the insert writes them, as a JSON array,

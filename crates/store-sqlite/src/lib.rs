@@ -1317,27 +1317,37 @@ mod tests {
         store.close().await;
     }
 
+    /// The time of the counter's-end tests' recordings.
+    const T: awareness_core::Timestamp = awareness_core::Timestamp(1_800_000_000_000);
+
+    /// A new store in `dir`, for the counter's-end tests.
+    async fn fresh(dir: &tempfile::TempDir) -> SqliteStore {
+        SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open")
+    }
+
+    /// A human message `summary` on one subagent session, for the counter's-end tests.
+    fn message(summary: String) -> awareness_core::NewEvent {
+        use awareness_core::{ActorType, EventKind, NewEvent, SessionRef};
+        let child = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+        NewEvent::new(
+            child,
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            summary,
+        )
+    }
+
     /// The counter's end is told by the highest number SQLite's AUTOINCREMENT can have handed
     /// out, as SQLite tells it: with the counter's row deleted by hand (SQLite's documented way
     /// to reset it) and an event at `i64::MAX`, a recording is still refused as the counter's
     /// end, not as a full disk.
     #[tokio::test]
     async fn a_counter_row_deleted_by_hand_still_ends_at_the_highest_event() {
-        use awareness_core::{ActorType, EventKind, NewEvent, SessionRef, Timestamp};
-        const T: Timestamp = Timestamp(1_800_000_000_000);
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = SqliteStore::open(dir.path().join("t.db"))
-            .await
-            .expect("open");
-        let child = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
-        let event = || {
-            NewEvent::new(
-                child.clone(),
-                EventKind::HumanDirectMessage,
-                ActorType::Human,
-                "message",
-            )
-        };
+        let store = fresh(&dir).await;
+        let event = || message("message".to_owned());
         assert!(store.leave_sequences(1).await.expect("leave one number"));
         let last = store.record(event(), T).await.expect("the last number");
         assert_eq!(last.event.sequence.get(), i64::MAX as u64);
@@ -1361,24 +1371,11 @@ mod tests {
     /// ([`crate::error::is_full`] and the check of the counter in `events::record_batch`).
     #[tokio::test]
     async fn a_full_database_is_not_reported_as_the_sequence_counter() {
-        use awareness_core::{ActorType, EventKind, NewEvent, Payload, SessionRef, Timestamp};
-        const T: Timestamp = Timestamp(1_800_000_000_000);
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = SqliteStore::open(dir.path().join("t.db"))
-            .await
-            .expect("open");
-        let child = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
-        let mut payload = Payload::new();
+        let store = fresh(&dir).await;
+        let mut payload = awareness_core::Payload::new();
         payload.insert("text".into(), "x".repeat(4_000).into());
-        let event = |i: usize| {
-            NewEvent::new(
-                child.clone(),
-                EventKind::HumanDirectMessage,
-                ActorType::Human,
-                format!("message {i}"),
-            )
-            .with_payload(payload.clone())
-        };
+        let event = |i: usize| message(format!("message {i}")).with_payload(payload.clone());
         // One event first, so that the counter has its row (1): a FULL read as the counter's
         // end whatever the counter says would then be told apart.
         store.record(event(0), T).await.expect("record");

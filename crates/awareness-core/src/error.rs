@@ -167,6 +167,27 @@ impl StoreError {
         }
     }
 
+    /// What every store answers a recording once its store-wide sequence counter is at `at`
+    /// and `last` is the last number an event can get in that store (decision 0025): a
+    /// [`StoreError::Corrupt`] naming the counter (only a damaged or hand-edited store gets
+    /// there), which no retry gets past, with the backend's own error as `source` when any.
+    /// A dedupe hit is refused so too: it would consume a number.
+    pub fn counter_at_end(at: u64, last: u64, source: Option<BoxError>) -> Self {
+        StoreError::Corrupt {
+            context: format!(
+                "record: the sequence counter is at {at}, and the last number an event can get \
+                 is {last}"
+            ),
+            source,
+        }
+    }
+
+    /// Whether this is [`StoreError::counter_at_end`]'s error.
+    pub fn is_counter_at_end(&self) -> bool {
+        matches!(self, StoreError::Corrupt { context, .. }
+            if context.contains("record: the sequence counter is at "))
+    }
+
     /// A [`StoreError::Backend`] from any error.
     pub fn backend(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         StoreError::Backend {
@@ -179,6 +200,22 @@ impl StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The counter's-end error names the counter, where it is and the last number; it is told
+    /// apart from other corruption, is not retryable, and keeps the same variant for another
+    /// caller of a batch.
+    #[test]
+    fn the_counter_at_its_end_is_its_own_corruption() {
+        let end = StoreError::counter_at_end(7, 7, None);
+        assert!(end.is_counter_at_end() && !end.is_retryable());
+        assert_eq!(
+            end.to_string(),
+            "corrupt store: record: the sequence counter is at 7, and the last number an event \
+             can get is 7"
+        );
+        assert!(end.for_another_caller().is_counter_at_end());
+        assert!(!StoreError::corrupt("a row that cannot be read").is_counter_at_end());
+    }
 
     #[test]
     fn the_chain_shows_every_cause_once() {

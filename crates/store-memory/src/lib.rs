@@ -406,13 +406,10 @@ impl EventStore for MemoryStore {
         event.validate()?;
         let mut g = self.lock();
         // A dedupe hit consumes its number too: at the end, it is refused as well.
-        let next = g.last_sequence.checked_add(1).ok_or_else(|| {
-            StoreError::corrupt(format!(
-                "record: the sequence counter is at {}, and the last number an event can get is {}",
-                g.last_sequence,
-                u64::MAX
-            ))
-        })?;
+        let next = g
+            .last_sequence
+            .checked_add(1)
+            .ok_or_else(|| StoreError::counter_at_end(g.last_sequence, u64::MAX, None))?;
         g.last_sequence = next;
         let seq = Sequence(next);
         if let Some(key) = &event.dedupe_key

@@ -913,10 +913,11 @@ pub(crate) fn record_tx(
     // A counter past the last number (only a damaged file has one) is refused too: adding one
     // to it would overflow, and in a release build wrap round to 0, reusing sequences.
     if counter >= tables::MAX_EVENT_SEQ {
-        return Err(StoreError::corrupt(format!(
-            "record: the sequence counter is at {counter}, and the last number an event can get is {}",
-            tables::MAX_EVENT_SEQ
-        )));
+        return Err(StoreError::counter_at_end(
+            counter,
+            tables::MAX_EVENT_SEQ,
+            None,
+        ));
     }
     let seq = counter + 1;
     if let Some(key) = &event.dedupe_key {

@@ -85,14 +85,11 @@ async fn record_batch(conn: &mut SqliteConnection, q: Query) -> Result<SqliteRow
         .await
         .as_deref()
     {
-        Ok(&[at]) if at == i64::MAX => Err(StoreError::Corrupt {
-            context: format!(
-                "{WHAT}: the sequence counter is at {at}, and the last number an event can get \
-                 is {}",
-                i64::MAX
-            ),
-            source: Some(Box::new(e)),
-        }),
+        Ok(&[at]) if at == i64::MAX => Err(StoreError::counter_at_end(
+            at.unsigned_abs(),
+            i64::MAX.unsigned_abs(),
+            Some(Box::new(e)),
+        )),
         _ => Err(e),
     }
 }

@@ -388,8 +388,7 @@ pub async fn dedupe_hit_consumes_a_sequence(t: &Subject) {
 /// its end: [`StoreError::Corrupt`] naming the sequence counter (only a damaged or hand-edited
 /// store gets there), which no retry gets past.
 pub(crate) fn is_counter_at_end(err: &StoreError) -> bool {
-    matches!(err, StoreError::Corrupt { context, .. } if context.contains("sequence counter"))
-        && !err.is_retryable()
+    err.is_counter_at_end() && !err.is_retryable()
 }
 
 /// A store whose sequence counter is near its end (a damaged or hand-edited file:

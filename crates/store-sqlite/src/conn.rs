@@ -74,8 +74,13 @@ pub(crate) type WriteSlot = Mutex<Option<Writer>>;
 /// request timeout does) leaves its transaction open, and with it SQLite's write lock on the
 /// file, which every other handle and process would wait on until `busy_timeout` and then fail
 /// with [`StoreError::Busy`]. So a guard dropped while [`Writer::open_tx`] is still set rolls
-/// the transaction back at once, on a task of its own that keeps the connection locked until
-/// it is done. Outside a runtime the rollback is left to the next writer, as before.
+/// the transaction back at once, keeping the connection locked until it is done, on a thread
+/// of its own with a small runtime (as the background checkpoints run), not on a task of the
+/// caller's runtime: a runtime shutting down (a group commit dropped with the runtime of the
+/// caller that started it) drops such a task unrun, which left SQLite's write lock held until
+/// this handle's next write; and a runtime alive but no longer driven never ran it, and the
+/// connection it held kept every later write and the close of the handle waiting for ever.
+/// Should the thread not start, the rollback is left to the next writer.
 pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Option<Writer>>>);
 
 impl WriteGuard {
@@ -107,13 +112,25 @@ impl Drop for WriteGuard {
         if !g.as_ref().is_some_and(|w| w.open_tx) {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            tracing::debug!("a write operation was cancelled midway; rolling it back");
-            rt.spawn(async move {
-                if let Some(w) = g.as_mut() {
-                    w.rollback().await;
+        tracing::debug!("a write operation was cancelled midway; rolling it back");
+        let started = std::thread::Builder::new()
+            .name("store-sqlite-rollback".into())
+            .spawn(move || {
+                // Nothing in a rollback needs a timer or an IO driver: the connection answers
+                // from its own worker thread.
+                match tokio::runtime::Builder::new_current_thread().build() {
+                    Ok(rt) => rt.block_on(async {
+                        if let Some(w) = g.as_mut() {
+                            w.rollback().await;
+                        }
+                    }),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot roll back a cancelled write now; the next write does");
+                    }
                 }
             });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot roll back a cancelled write now; the next write does");
         }
     }
 }

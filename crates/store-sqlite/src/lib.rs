@@ -67,7 +67,7 @@
 //!   a task of the runtime of the caller that found the connection free: should that runtime
 //!   shut down meanwhile (a handle shared by a short-lived runtime and others), the callers
 //!   whose events it held are told it stopped, with their outcome unknown, and its open
-//!   transaction is rolled back by the next write of the handle;
+//!   transaction is rolled back at once, on a thread of its own;
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **an event's fields are stored as JSON too**: the insert writes them, as a JSON array,
@@ -634,9 +634,8 @@ impl SqliteStore {
     /// them too, without waiting: a process that exits right after may leave the log beside
     /// the file. A background checkpoint still running is waited for first; it runs on a
     /// thread of its own, so waiting for it does not depend on the runtime that started it
-    /// being driven. (A write cancelled midway on a runtime nobody drives any more still
-    /// leaves its rollback there, holding the write connection, and `close` waits for it.)
-    /// Through a shared handle,
+    /// being driven; so does the rollback of a write cancelled midway, which `close` waits for
+    /// too (it holds the write connection). Through a shared handle,
     /// [`EventStore::close`](awareness_core::EventStore::close) calls this when it holds the
     /// last one.
     pub async fn close(self) {
@@ -1127,6 +1126,66 @@ mod tests {
             closed.is_ok(),
             "close waited 30 s for a checkpoint on a runtime nobody drives"
         );
+        drop(first);
+    }
+
+    /// A write cancelled midway inside one current-thread runtime's `block_on`, which then
+    /// returned (the runtime alive, never driven again), is rolled back all the same: another
+    /// runtime then records on the handle and closes it. The rollback was a task of the first
+    /// runtime, holding the write connection for ever: every later write and the close waited.
+    /// (The timeouts, on the real clock, only keep a regression from hanging.)
+    #[test]
+    fn a_write_cancelled_on_a_runtime_nobody_drives_is_rolled_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let store = first.block_on(async {
+            let store = fresh(&dir).await;
+            // Polled until its transaction is open on the connection, then dropped.
+            let mut cancelled = 0;
+            for i in 0..50 {
+                let mut call = Box::pin(store.record(message(format!("cancelled {i}")), T));
+                for _ in 0..3 {
+                    if awareness_core::testkit::poll_once(call.as_mut()).await {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                drop(call);
+                let slot = store.writer.as_ref().expect("a read-write handle");
+                let open = slot
+                    .try_lock()
+                    .map(|w| w.as_ref().is_some_and(|w| w.open_tx));
+                // Held by the rollback (or its task), or left with a transaction open.
+                if !matches!(open, Ok(false)) {
+                    cancelled += 1;
+                    break;
+                }
+            }
+            assert!(
+                cancelled > 0,
+                "no write was cancelled with its transaction open"
+            );
+            store
+        });
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        second.block_on(async {
+            let recorded = tokio::time::timeout(
+                Duration::from_secs(30),
+                store.record(message("after".to_owned()), T),
+            )
+            .await
+            .expect("a write waited 30 s for a rollback on a runtime nobody drives");
+            recorded.expect("a write after the cancelled one");
+            tokio::time::timeout(Duration::from_secs(30), store.close())
+                .await
+                .expect("close waited 30 s");
+        });
         drop(first);
     }
 

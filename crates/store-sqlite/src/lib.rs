@@ -1129,66 +1129,6 @@ mod tests {
         drop(first);
     }
 
-    /// A write cancelled midway inside one current-thread runtime's `block_on`, which then
-    /// returned (the runtime alive, never driven again), is rolled back all the same: another
-    /// runtime then records on the handle and closes it. The rollback was a task of the first
-    /// runtime, holding the write connection for ever: every later write and the close waited.
-    /// (The timeouts, on the real clock, only keep a regression from hanging.)
-    #[test]
-    fn a_write_cancelled_on_a_runtime_nobody_drives_is_rolled_back() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let first = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        let store = first.block_on(async {
-            let store = fresh(&dir).await;
-            // Polled until its transaction is open on the connection, then dropped.
-            let mut cancelled = 0;
-            for i in 0..50 {
-                let mut call = Box::pin(store.record(message(format!("cancelled {i}")), T));
-                for _ in 0..3 {
-                    if awareness_core::testkit::poll_once(call.as_mut()).await {
-                        break;
-                    }
-                    tokio::task::yield_now().await;
-                }
-                drop(call);
-                let slot = store.writer.as_ref().expect("a read-write handle");
-                let open = slot
-                    .try_lock()
-                    .map(|w| w.as_ref().is_some_and(|w| w.open_tx));
-                // Held by the rollback (or its task), or left with a transaction open.
-                if !matches!(open, Ok(false)) {
-                    cancelled += 1;
-                    break;
-                }
-            }
-            assert!(
-                cancelled > 0,
-                "no write was cancelled with its transaction open"
-            );
-            store
-        });
-        let second = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        second.block_on(async {
-            let recorded = tokio::time::timeout(
-                Duration::from_secs(30),
-                store.record(message("after".to_owned()), T),
-            )
-            .await
-            .expect("a write waited 30 s for a rollback on a runtime nobody drives");
-            recorded.expect("a write after the cancelled one");
-            tokio::time::timeout(Duration::from_secs(30), store.close())
-                .await
-                .expect("close waited 30 s");
-        });
-        drop(first);
-    }
-
     /// A checkpoint round makes its last pass, which holds the write connection, after a quick
     /// pass, or after rounds in a row that had none when few frames are left to copy (checked
     /// again by one more pass before the connection is taken): where every pass is slow, the WAL

@@ -182,10 +182,13 @@ impl StoreError {
         }
     }
 
-    /// Whether this is [`StoreError::counter_at_end`]'s error.
+    /// Whether this is [`StoreError::counter_at_end`]'s error: its text opens the context, or
+    /// follows a `": "` (after the file's path, which a store in a file puts first:
+    /// [`StoreError::in_store`]). A context that merely mentions the counter does not count.
     pub fn is_counter_at_end(&self) -> bool {
+        const OPENING: &str = "record: the sequence counter is at ";
         matches!(self, StoreError::Corrupt { context, .. }
-            if context.contains("record: the sequence counter is at "))
+            if context.starts_with(OPENING) || context.contains(&format!(": {OPENING}")))
     }
 
     /// A [`StoreError::Backend`] from any error.
@@ -215,6 +218,16 @@ mod tests {
         );
         assert!(end.for_another_caller().is_counter_at_end());
         assert!(!StoreError::corrupt("a row that cannot be read").is_counter_at_end());
+        assert!(
+            end.in_store(Path::new("/var/lib/state.sqlite"))
+                .is_counter_at_end(),
+            "after the file's path"
+        );
+        assert!(
+            !StoreError::corrupt("event 4: key 'record: the sequence counter is at 1'")
+                .is_counter_at_end(),
+            "a mention"
+        );
     }
 
     #[test]

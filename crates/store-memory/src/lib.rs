@@ -47,6 +47,11 @@ use awareness_core::{
     Timestamp, WatcherKey, async_trait, protocol, reconcile, retention,
 };
 
+/// The last sequence an event can get here: one below `u64::MAX`, so that the number after
+/// every event exists (a session's `earliestAvailableSequence` is its head's next when nothing
+/// is retained, and `Sequence::next` stops at `u64::MAX`). Decision 0025.
+pub const LAST_SEQUENCE: u64 = u64::MAX - 1;
+
 /// The in-memory store. Cheap to clone handles are made with `Arc<MemoryStore>`.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -156,12 +161,14 @@ impl MemoryStore {
 
     /// Moves the sequence counter forward so that exactly `left` more sequences can be handed
     /// out (to new events, or to dedupe hits, which consume one too) before it reaches
-    /// `u64::MAX`, the last one; touches nothing else. Returns whether it could: `false` when
-    /// the counter is already past that point (it never goes back). The conformance suite uses
-    /// it to check what recording does once the counter is at its end.
+    /// [`LAST_SEQUENCE`]; touches nothing else. Returns whether it could: `false` when the
+    /// counter is already past that point (it never goes back). The conformance suite uses it
+    /// to check what recording does once the counter is at its end.
     pub fn leave_sequences(&self, left: u64) -> bool {
         let mut g = self.lock();
-        let at = u64::MAX - left;
+        let Some(at) = LAST_SEQUENCE.checked_sub(left) else {
+            return false;
+        };
         if g.last_sequence > at {
             return false;
         }
@@ -406,10 +413,10 @@ impl EventStore for MemoryStore {
         event.validate()?;
         let mut g = self.lock();
         // A dedupe hit consumes its number too: at the end, it is refused as well.
-        let next = g
-            .last_sequence
-            .checked_add(1)
-            .ok_or_else(|| StoreError::counter_at_end(g.last_sequence, u64::MAX, None))?;
+        let next = Some(g.last_sequence)
+            .filter(|&last| last < LAST_SEQUENCE)
+            .map(|last| last + 1)
+            .ok_or_else(|| StoreError::counter_at_end(g.last_sequence, LAST_SEQUENCE, None))?;
         g.last_sequence = next;
         let seq = Sequence(next);
         if let Some(key) = &event.dedupe_key

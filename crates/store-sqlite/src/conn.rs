@@ -80,7 +80,8 @@ pub(crate) type WriteSlot = Mutex<Option<Writer>>;
 /// caller that started it) drops such a task unrun, which left SQLite's write lock held until
 /// this handle's next write; and a runtime alive but no longer driven never ran it, and the
 /// connection it held kept every later write and the close of the handle waiting for ever.
-/// Should the thread not start, the rollback is left to the next writer.
+/// Should the thread not start, the rollback is left to the next writer. (A group commit's
+/// batch still runs as a task of its starter's runtime; see the crate's docs.)
 pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Option<Writer>>>);
 
 impl WriteGuard {

@@ -190,7 +190,7 @@ fn answered(
     got.unwrap_or_else(|_| {
         Err(StoreError::backend(
             "record an event",
-            "the group commit holding this event stopped before answering (its task panicked, or the runtime of the caller that started it shut down); whether the event was committed is not known: read it back, or record it again under a dedupe key",
+            "the group commit holding this event stopped before answering (its task panicked, or the runtime of the caller that started it shut down); whether the event was committed is not known: read it back, or record it again (under the same dedupe key, if it had one, so as not to record it twice)",
         ))
     })
 }

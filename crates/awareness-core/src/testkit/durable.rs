@@ -301,11 +301,12 @@ impl Drop for DroppedElsewhere {
 /// with that runtime); it is closed on a third runtime, which returns; and the file, reopened,
 /// holds every event. Before the last recording, writes cancelled midway inside a runtime's
 /// `block_on` that then returned, the runtime kept alive and never driven again: whatever the
-/// store left to finish them (a rollback, a commit) must not wait on that runtime, or every
-/// later write and the close wait for ever. (A gateway may hand its store to another runtime,
-/// or call it from a short-lived runtime of a blocking tool.) Each step is given a minute: a
-/// store waiting on a runtime that is gone hangs. (The runtime that opened the store lives on
-/// here: an open on a short-lived runtime is not checked.)
+/// store left to finish them (a rollback) must not wait on that runtime, or every later write
+/// and the close wait for ever. (Those writes come one at a time: a batch of other callers'
+/// recordings started there and left is not checked.) A gateway may hand its store to another
+/// runtime, or call it from a short-lived runtime of a blocking tool. Each step is given a
+/// minute: a store waiting on a runtime that is gone hangs. (The runtime that opened the store
+/// lives on here: an open on a short-lived runtime is not checked.)
 pub async fn a_store_outlives_the_runtimes_that_used_it(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let file = dir.file();
@@ -353,6 +354,9 @@ pub async fn a_store_outlives_the_runtimes_that_used_it(f: impl OpenFile) {
                 }
                 cancelled
             });
+            // This thread's handle goes before the answer, so that the close below is the last
+            // handle's.
+            drop(store);
             drop(idle.send((DroppedElsewhere(Some(runtime)), cancelled)));
         }
     });

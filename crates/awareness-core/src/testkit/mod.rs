@@ -132,8 +132,8 @@ pub trait RawAccess: Send + Sync {
     /// Moves the store-wide sequence counter forward, as a damaged file or a hand edit could
     /// leave it, so that exactly `left` more sequences can be handed out (to new events or to
     /// dedupe hits, which consume one too) before the counter is at the store's own end:
-    /// `u64::MAX` in store-memory, `u64::MAX - 1` in store-redb (`u64::MAX` keys a ref's
-    /// head), `i64::MAX` in store-sqlite (`sqlite_sequence`). Touches nothing else. Returns
+    /// `u64::MAX - 1` in store-memory and in store-redb (`u64::MAX` keys a ref's head in
+    /// store-redb), `i64::MAX` in store-sqlite (`sqlite_sequence`). Touches nothing else. Returns
     /// whether it could: `false` when the counter (or a stored event) is already past that
     /// point, since the counter never goes back, or when the store has fewer than `left`
     /// numbers in all.

@@ -442,9 +442,9 @@ pub async fn a_batch_answers_as_its_recordings_one_at_a_time(f: impl OpenGrouped
 /// ([`super::RawAccess::leave_sequences`]) cross the end of its counter, inside a batch or
 /// between two: exactly 16 callers are answered (an event stored under a sequence of its own
 /// among the last 16, or a dedupe hit, which consumes one too), every other one gets the error
-/// of a recording at the end ([`super::checks::is_counter_at_end`]), and nothing is torn: the
-/// log holds the events stored before and the 16 answers' events, each as answered, each head
-/// is its ref's last stored event, and the watcher's cursor saw its target's. A recording
+/// of a recording at the end ([`crate::StoreError::is_counter_at_end`]), and nothing is torn:
+/// the log holds the events stored before and the 16 answers' events, each as answered, each
+/// head is its ref's last stored event, and the watcher's cursor saw its target's. A recording
 /// after them fails too and changes nothing.
 pub async fn recordings_crossing_the_end_of_the_counter_commit_only_those_that_fit(
     f: impl OpenGrouped,

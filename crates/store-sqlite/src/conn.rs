@@ -76,12 +76,11 @@ pub(crate) type WriteSlot = Mutex<Option<Writer>>;
 /// with [`StoreError::Busy`]. So a guard dropped while [`Writer::open_tx`] is still set rolls
 /// the transaction back at once, keeping the connection locked until it is done, on a thread
 /// of its own with a small runtime (as the background checkpoints run), not on a task of the
-/// caller's runtime: a runtime shutting down (a group commit dropped with the runtime of the
-/// caller that started it) drops such a task unrun, which left SQLite's write lock held until
-/// this handle's next write; and a runtime alive but no longer driven never ran it, and the
-/// connection it held kept every later write and the close of the handle waiting for ever.
-/// Should the thread not start, the rollback is left to the next writer. (A group commit's
-/// batch still runs as a task of its starter's runtime; see the crate's docs.)
+/// caller's runtime: a runtime shutting down drops such a task unrun, which left SQLite's
+/// write lock held until this handle's next write; and a runtime alive but no longer driven
+/// never ran it, and the connection it held kept every later write and the close of the
+/// handle waiting for ever. Should the thread not start, the rollback is left to the next
+/// writer.
 pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Option<Writer>>>);
 
 impl WriteGuard {

@@ -16,15 +16,21 @@
 //! alone after a failed batch meets the lock, the events after it get that error at once.
 //!
 //! Cancellation: a caller that records alone runs its recording itself, as without group
-//! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
-//! the caller that happened to start it cancels nobody's commit. A caller cancelled while its
+//! commit. A batch holding other callers' events runs inside the call that started it, and
+//! should that call be dropped before the batch ends, on a thread of its own to its end
+//! ([`Unfinished`]), so that cancelling the caller that happened to start it cancels nobody's
+//! commit, and no runtime's fate (shut down, or alive and no longer driven) holds the others.
+//! A caller cancelled while its
 //! event still waits in the queue takes the event out ([`Queued`]); once a batch holds it, it
 //! is committed (the caller cannot tell, as with any write cancelled midway). A writer whose
 //! own event is not in the batch it took (the queue held `group_commit` older ones) waits for
 //! the write connection again, so it never waits for an answer nobody is going to give.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use awareness_core::{
     Cursor, Event, Recorded, Sequence, SessionKey, SessionRef, StoreError, Timestamp, WatcherKey,
@@ -125,6 +131,77 @@ enum Outcome {
 /// caller. When the batch fails, it is rolled back and each event is recorded again in a
 /// transaction of its own, so an event that cannot be written fails only its own caller; unless
 /// the failure is the lock (retryable): then every caller still waiting gets it at once.
+/// A batch holding other callers' events, run by the call that started it
+/// ([`Unfinished::run`]). Dropped before it ends (that call cancelled: a timeout, a
+/// `block_on` that returned), it is handed to a thread of its own with a small runtime, which
+/// runs it to its end: the other callers get their answers, and the write connection is let go
+/// of, whatever becomes of the starter's runtime. It used to be a task of that runtime: one
+/// shut down dropped it midway (its callers told it stopped, their outcome unknown), and one
+/// alive but no longer driven left it where it was, holding the write connection, so that its
+/// callers, every later write and the close of the handle waited for ever. A batch that
+/// panics is dropped there (its callers are told it stopped, and its transaction is rolled
+/// back), as the task's panic was, not passed on to its starter.
+pub(crate) struct Unfinished(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Unfinished {
+    pub(crate) fn new(batch: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(Some(Box::pin(batch)))
+    }
+
+    /// Runs the batch to its end here.
+    pub(crate) async fn run(&mut self) {
+        std::future::poll_fn(|cx| {
+            let Some(batch) = self.0.as_mut() else {
+                return Poll::Ready(());
+            };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.as_mut().poll(cx)))
+            {
+                Ok(Poll::Pending) => Poll::Pending,
+                Ok(Poll::Ready(())) => {
+                    self.0 = None;
+                    Poll::Ready(())
+                }
+                Err(panic) => {
+                    tracing::error!(
+                        panic = awareness_core::error::panic_message(&*panic),
+                        "a group commit panicked; its recordings fail"
+                    );
+                    self.0 = None;
+                    Poll::Ready(())
+                }
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(batch) = self.0.take() else { return };
+        let started = std::thread::Builder::new()
+            .name("store-sqlite-batch".into())
+            .spawn(move || match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => {
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        rt.block_on(batch);
+                    }));
+                    if let Err(panic) = ran {
+                        tracing::error!(panic = awareness_core::error::panic_message(&*panic), "a group commit panicked; its recordings fail");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
+        }
+    }
+}
+
 pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) {
     let e = match run(&mut w.conn, &jobs, hints).await {
         Ok(results) => {

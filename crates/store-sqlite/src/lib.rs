@@ -63,14 +63,10 @@
 //!   one transaction of two batches: one multi-row insert walking a JSON array, then the heads,
 //!   the cursors `awareness_core::protocol` decided event by event in queue order, and the
 //!   commit. Each caller gets its own event only after that commit; a lone caller records as
-//!   above. [`SqliteStore::write_transactions`] shows how well it batches. The batch runs on
-//!   a task of the runtime of the caller that found the connection free: should that runtime
-//!   shut down meanwhile (a handle shared by a short-lived runtime and others), the callers
-//!   whose events it held are told it stopped, with their outcome unknown, and its open
-//!   transaction is rolled back at once, on a thread of its own. A runtime kept alive but no
-//!   longer driven (a `block_on` that returned while its batch was under way, the caller
-//!   having given up) leaves the batch where it stopped: its callers, and every later write
-//!   of the handle, wait until that runtime is driven again or dropped;
+//!   above. [`SqliteStore::write_transactions`] shows how well it batches. The batch runs
+//!   inside the call of the caller that found the connection free; should that caller give up
+//!   before it ends (a timeout, a `block_on` that returned), it is finished on a thread of its
+//!   own, so the other callers get their answers whatever becomes of that runtime;
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **an event's fields are stored as JSON too**: the insert writes them, as a JSON array,
@@ -97,7 +93,7 @@
 //!   events per second in the same probe, so throughput was kept.
 //! - **a cancelled write takes its lock with it**: a caller cancelled between its two batches
 //!   (a request timeout, say) leaves an open transaction, which would keep every other handle
-//!   and process waiting on the file; it is rolled back at once on a task of its own. A
+//!   and process waiting on the file; it is rolled back at once on a thread of its own. A
 //!   recording cancelled while it still waits in the group-commit queue leaves the queue.
 //!
 //! ## Decisions
@@ -1130,6 +1126,77 @@ mod tests {
             "close waited 30 s for a checkpoint on a runtime nobody drives"
         );
         drop(first);
+    }
+
+    /// A batch holding other callers' events, whose starter gives up midway inside a
+    /// current-thread runtime's `block_on` that then returns (the runtime alive, never driven
+    /// again), is finished all the same: the other callers get their events. The batch was a
+    /// task of that runtime, which never ran again, holding the write connection: the others,
+    /// every later write and the close waited for ever. (The timeouts, on the real clock, only
+    /// keep a regression from hanging.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_whose_starter_gives_up_on_an_undriven_runtime_is_finished() {
+        use awareness_core::testkit::poll_once;
+        use std::sync::mpsc;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(fresh(&dir).await);
+        let slot = Arc::clone(store.writer.as_ref().expect("a read-write handle"));
+        let held = WriteGuard::lock(&slot).await;
+        let (queued, starter_queued) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let starter = std::thread::spawn({
+            let store = Arc::clone(&store);
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(async {
+                    let mut call = Box::pin(store.record(message("starter".to_owned()), T));
+                    assert!(
+                        !poll_once(call.as_mut()).await,
+                        "queued behind the held lock"
+                    );
+                    queued.send(()).expect("tell the test");
+                    released.recv().expect("the lock released");
+                    // First in line for the lock: takes every queued event and begins the
+                    // batch, which waits on SQLite; then the caller gives up.
+                    assert!(!poll_once(call.as_mut()).await, "the batch is under way");
+                });
+                runtime
+            }
+        });
+        starter_queued.recv().expect("the starter queued");
+        let mut others = Vec::new();
+        for i in 0..4 {
+            let store = Arc::clone(&store);
+            let mut call =
+                Box::pin(async move { store.record(message(format!("other {i}")), T).await });
+            assert!(!poll_once(call.as_mut()).await, "queued behind the starter");
+            others.push(tokio::spawn(call));
+        }
+        drop(held);
+        release.send(()).expect("tell the starter");
+        let undriven = tokio::task::spawn_blocking(move || starter.join())
+            .await
+            .expect("join")
+            .expect("the starter's thread");
+        for call in others {
+            let got = tokio::time::timeout(Duration::from_secs(30), call)
+                .await
+                .expect("another caller waited 30 s for a batch left on an undriven runtime")
+                .expect("join");
+            got.expect("another caller's recording");
+        }
+        assert!(
+            store.largest_batch() >= 5,
+            "the starter's batch held the others"
+        );
+        let store = Arc::into_inner(store).expect("the last handle");
+        tokio::time::timeout(Duration::from_secs(30), store.close())
+            .await
+            .expect("close waited 30 s");
+        std::thread::spawn(move || drop(undriven));
     }
 
     /// A checkpoint round makes its last pass, which holds the write connection, after a quick

@@ -190,7 +190,7 @@ fn answered(
     got.unwrap_or_else(|_| {
         Err(StoreError::backend(
             "record an event",
-            "the group commit holding this event stopped before answering (it panicked, or it could not be finished once the caller that started it gave up); whether the event was committed is not known: read it back, or record it again (under the same dedupe key, if it had one, so as not to record it twice)",
+            "the group commit holding this event stopped before answering (it panicked, or it could not be finished once the runtime of the caller that started it shut down); whether the event was committed is not known: read it back, or record it again (under the same dedupe key, if it had one, so as not to record it twice)",
         ))
     })
 }
@@ -321,12 +321,13 @@ impl SqliteStore {
         }
         // Group commit: queue the event, then either another writer records it with its batch
         // (the reply comes first), or this caller gets the write connection and records what
-        // the queue holds. Outside a Tokio runtime, a clear error now, before anything is
-        // queued (the queue and the lock are Tokio's).
-        tokio::runtime::Handle::try_current().map_err(|e| {
+        // the queue holds. A batch runs on a task of its own, spawned on the caller's Tokio
+        // runtime: outside one, a clear error now, before anything is queued, instead of a
+        // panic at the spawn, which would drop the events of the batch it took.
+        let rt = tokio::runtime::Handle::try_current().map_err(|e| {
             StoreError::backend(
                 format!(
-                    "{WHAT}: called outside a Tokio runtime (store-sqlite's group commit waits on Tokio's locks and channels)"
+                    "{WHAT}: called outside a Tokio runtime (store-sqlite commits a batch of recordings on a Tokio task)"
                 ),
                 e,
             )
@@ -354,8 +355,8 @@ impl SqliteStore {
                 w = WriteGuard::lock(writer) => w,
             };
             // What an interrupted operation left open is rolled back before other callers'
-            // events are taken from the queue: from the take until the batch is held by an
-            // `Unfinished` there is no await, so cancelling this call cannot drop their events.
+            // events are taken from the queue: from the take until the batch's task is spawned
+            // there is no await, so cancelling this call cannot drop their events.
             if w.open_tx {
                 w.rollback().await;
             }
@@ -371,7 +372,7 @@ impl SqliteStore {
                 drop(w);
                 return answered(answer.await);
             }
-            // No await from the take until the batch is held by an `Unfinished` (see above).
+            // No await from the take until the batch's task is spawned (see above).
             w.begin();
             self.count_write(1);
             if jobs.len() == 1 && mine {
@@ -389,15 +390,15 @@ impl SqliteStore {
                 let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
                 return w.finish(res).await;
             }
-            // A batch holding other callers' events runs here, and on a thread of its own
-            // should this call be cancelled before it ends, so that cancelling this call
-            // cancels nobody's commit ([`group::Unfinished`]).
+            // A batch holding other callers' events runs on a task of its own, so that
+            // cancelling this call cancels nobody's commit; dropped with its runtime, the task
+            // hands the batch to a thread that finishes it ([`group::Unfinished`]).
             let hints = Arc::clone(&self.hints);
             let mut batch =
                 group::Unfinished::new(
                     async move { group::record_batch(&mut w, jobs, &hints).await },
                 );
-            batch.run().await;
+            rt.spawn(async move { batch.run().await });
             if mine {
                 return answered(answer.await);
             }

@@ -16,11 +16,9 @@
 //! alone after a failed batch meets the lock, the events after it get that error at once.
 //!
 //! Cancellation: a caller that records alone runs its recording itself, as without group
-//! commit. A batch holding other callers' events runs inside the call that started it, and
-//! should that call be dropped before the batch ends, on a thread of its own to its end
-//! ([`Unfinished`]), so that cancelling the caller that happened to start it cancels nobody's
-//! commit, and no runtime's fate (shut down, or alive and no longer driven) holds the others.
-//! A caller cancelled while its
+//! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
+//! the caller that happened to start it cancels nobody's commit, and a task dropped with its
+//! runtime hands it to a thread that finishes it ([`Unfinished`]). A caller cancelled while its
 //! event still waits in the queue takes the event out ([`Queued`]); once a batch holds it, it
 //! is committed (the caller cannot tell, as with any write cancelled midway). A writer whose
 //! own event is not in the batch it took (the queue held `group_commit` older ones) waits for
@@ -127,20 +125,16 @@ enum Outcome {
     Hit(String),
 }
 
-/// Records `jobs` in one transaction on the locked, begun write connection and answers every
-/// caller. When the batch fails, it is rolled back and each event is recorded again in a
-/// transaction of its own, so an event that cannot be written fails only its own caller; unless
-/// the failure is the lock (retryable): then every caller still waiting gets it at once.
-/// A batch holding other callers' events, run by the call that started it
-/// ([`Unfinished::run`]). Dropped before it ends (that call cancelled: a timeout, a
-/// `block_on` that returned), it is handed to a thread of its own with a small runtime, which
-/// runs it to its end: the other callers get their answers, and the write connection is let go
-/// of, whatever becomes of the starter's runtime. It used to be a task of that runtime: one
-/// shut down dropped it midway (its callers told it stopped, their outcome unknown), and one
-/// alive but no longer driven left it where it was, holding the write connection, so that its
-/// callers, every later write and the close of the handle waited for ever. A batch that
-/// panics is dropped there (its callers are told it stopped, and its transaction is rolled
-/// back), as the task's panic was, not passed on to its starter.
+/// A batch holding other callers' events, run by a task of its own on the runtime of the
+/// caller that started it ([`Unfinished::run`]), so that it goes on whatever becomes of that
+/// caller. Should the task be dropped before the batch ends (its runtime shut down), the batch
+/// is handed to a thread of its own with a small runtime, which runs it to its end: the other
+/// callers get their answers, and the write connection is let go of. (Dropped with the task,
+/// the batch told its callers it stopped, their outcome unknown.) A runtime alive but no longer
+/// driven does not drop its tasks: a batch there waits for it, holding the write connection.
+/// Nothing in a batch may use `tokio::time` or `Handle::current()`, which would bind it to the
+/// first runtime. A batch that panics is dropped (its callers are told it stopped, and its
+/// transaction is rolled back).
 pub(crate) struct Unfinished(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
 
 impl Unfinished {
@@ -180,10 +174,7 @@ impl Drop for Unfinished {
         let Some(batch) = self.0.take() else { return };
         let started = std::thread::Builder::new()
             .name("store-sqlite-batch".into())
-            .spawn(move || match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            .spawn(move || match tokio::runtime::Builder::new_current_thread().build() {
                 Ok(rt) => {
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         rt.block_on(batch);
@@ -202,6 +193,10 @@ impl Drop for Unfinished {
     }
 }
 
+/// Records `jobs` in one transaction on the locked, begun write connection and answers every
+/// caller. When the batch fails, it is rolled back and each event is recorded again in a
+/// transaction of its own, so an event that cannot be written fails only its own caller; unless
+/// the failure is the lock (retryable): then every caller still waiting gets it at once.
 pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) {
     let e = match run(&mut w.conn, &jobs, hints).await {
         Ok(results) => {

@@ -63,10 +63,12 @@
 //!   one transaction of two batches: one multi-row insert walking a JSON array, then the heads,
 //!   the cursors `awareness_core::protocol` decided event by event in queue order, and the
 //!   commit. Each caller gets its own event only after that commit; a lone caller records as
-//!   above. [`SqliteStore::write_transactions`] shows how well it batches. The batch runs
-//!   inside the call of the caller that found the connection free; should that caller give up
-//!   before it ends (a timeout, a `block_on` that returned), it is finished on a thread of its
-//!   own, so the other callers get their answers whatever becomes of that runtime;
+//!   above. [`SqliteStore::write_transactions`] shows how well it batches. The batch runs on
+//!   a task of the runtime of the caller that found the connection free; should that runtime
+//!   shut down meanwhile, the batch is finished on a thread of its own, and its callers get
+//!   their answers. A runtime kept alive but no longer driven keeps its tasks where they
+//!   are: a batch there, its callers, and every later write of the handle wait until that
+//!   runtime is driven again or dropped;
 //! - every read answers in **one row**: lists are built inside SQLite as one JSON value
 //!   (`json_group_array`), so a 200-event page is one message, not 201;
 //! - **an event's fields are stored as JSON too**: the insert writes them, as a JSON array,
@@ -1128,14 +1130,13 @@ mod tests {
         drop(first);
     }
 
-    /// A batch holding other callers' events, whose starter gives up midway inside a
-    /// current-thread runtime's `block_on` that then returns (the runtime alive, never driven
-    /// again), is finished all the same: the other callers get their events. The batch was a
-    /// task of that runtime, which never ran again, holding the write connection: the others,
-    /// every later write and the close waited for ever. (The timeouts, on the real clock, only
-    /// keep a regression from hanging.)
+    /// A batch holding other callers' events, started inside a current-thread runtime that
+    /// then shuts down before its task ran, is finished all the same on a thread of its own:
+    /// the other callers get their events. Dropped with the runtime, the task told them the
+    /// group commit stopped, their outcome unknown. (The timeouts, on the real clock, only keep
+    /// a regression from hanging.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_batch_whose_starter_gives_up_on_an_undriven_runtime_is_finished() {
+    async fn a_batch_whose_runtime_shuts_down_is_finished() {
         use awareness_core::testkit::poll_once;
         use std::sync::mpsc;
         let dir = tempfile::tempdir().expect("temp dir");
@@ -1159,11 +1160,11 @@ mod tests {
                     );
                     queued.send(()).expect("tell the test");
                     released.recv().expect("the lock released");
-                    // First in line for the lock: takes every queued event and begins the
-                    // batch, which waits on SQLite; then the caller gives up.
-                    assert!(!poll_once(call.as_mut()).await, "the batch is under way");
+                    // First in line for the lock: takes every queued event and spawns the
+                    // batch's task, which this runtime has not run when it shuts down.
+                    assert!(!poll_once(call.as_mut()).await, "the batch is started");
                 });
-                runtime
+                drop(runtime);
             }
         });
         starter_queued.recv().expect("the starter queued");
@@ -1177,14 +1178,14 @@ mod tests {
         }
         drop(held);
         release.send(()).expect("tell the starter");
-        let undriven = tokio::task::spawn_blocking(move || starter.join())
+        tokio::task::spawn_blocking(move || starter.join())
             .await
             .expect("join")
             .expect("the starter's thread");
         for call in others {
             let got = tokio::time::timeout(Duration::from_secs(30), call)
                 .await
-                .expect("another caller waited 30 s for a batch left on an undriven runtime")
+                .expect("another caller waited 30 s for a batch whose runtime shut down")
                 .expect("join");
             got.expect("another caller's recording");
         }
@@ -1196,7 +1197,6 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(30), store.close())
             .await
             .expect("close waited 30 s");
-        std::thread::spawn(move || drop(undriven));
     }
 
     /// A checkpoint round makes its last pass, which holds the write connection, after a quick

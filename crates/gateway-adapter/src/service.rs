@@ -443,6 +443,98 @@ impl Drop for Writing {
     }
 }
 
+/// Who reports a failed write of [`Awareness::write_and_deliver`]: its caller while it waits
+/// for the answer, the write's own task once the caller has stopped waiting. The caller then
+/// logged only that the write goes on, so a write that failed later would be reported by no
+/// one.
+struct FailureReport {
+    /// The write (`record`, `acknowledge`, `sweep`).
+    what: &'static str,
+    /// The session it writes for (the recorded session, the acknowledging watcher).
+    about: Option<SessionKey>,
+    reporter: std::sync::Mutex<Reporter>,
+}
+
+#[derive(Default)]
+enum Reporter {
+    /// The caller waits for the answer, and reports a failure itself.
+    #[default]
+    Caller,
+    /// The caller stopped waiting before the write ended: its task reports a failure.
+    Task,
+    /// The write failed (this chain of causes) while the caller still waited, and the caller
+    /// has not taken the answer yet: should it stop waiting now, it reports the failure as it
+    /// goes.
+    Unread(String),
+    /// The caller has the answer.
+    Answered,
+}
+
+impl FailureReport {
+    fn new(what: &'static str, about: Option<SessionKey>) -> Self {
+        Self {
+            what,
+            about,
+            reporter: std::sync::Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Reporter> {
+        self.reporter
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The write's task, on a failure: reported here if the caller is gone, else left to it.
+    fn failed(&self, e: &StoreError) {
+        let mut reporter = self.lock();
+        match *reporter {
+            Reporter::Task => self.log(&ErrorChain(e).to_string()),
+            Reporter::Caller => *reporter = Reporter::Unread(ErrorChain(e).to_string()),
+            Reporter::Unread(_) | Reporter::Answered => {}
+        }
+    }
+
+    /// The caller has the answer, and reports a failure itself.
+    fn answered(&self) {
+        *self.lock() = Reporter::Answered;
+    }
+
+    /// The caller stops waiting: a failure not read yet is reported now, a later one by the
+    /// write's task.
+    fn caller_gone(&self) {
+        let mut reporter = self.lock();
+        match std::mem::take(&mut *reporter) {
+            Reporter::Caller => *reporter = Reporter::Task,
+            Reporter::Unread(error) => {
+                *reporter = Reporter::Answered;
+                self.log(&error);
+            }
+            done @ (Reporter::Task | Reporter::Answered) => *reporter = done,
+        }
+    }
+
+    fn log(&self, error: &str) {
+        let session_key = self.about.as_ref().map(SessionKey::as_str);
+        warn!(
+            write = self.what,
+            session_key,
+            error,
+            "a store write failed after its caller had stopped waiting for it: it did not commit (a recording is not in the store; an acknowledgement leaves its notices pending)"
+        );
+    }
+}
+
+/// Held by the caller of [`Awareness::write_and_deliver`] while it waits: dropped before the
+/// answer came ([`FailureReport::caller_gone`]).
+struct AwaitingAnswer(Arc<FailureReport>);
+
+impl Drop for AwaitingAnswer {
+    fn drop(&mut self) {
+        self.0.caller_gone();
+    }
+}
+
 /// One async lock per watcher session whose turn is in progress or waiting, so that the turns
 /// of one watcher ([`Awareness::drain_turn`]) run one at a time.
 ///
@@ -974,7 +1066,10 @@ impl Awareness {
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
+        let about = Some(event.session.session_key.clone());
         let written = self.write_and_deliver(
+            "record",
+            about,
             (),
             async move { store.record(event, now).await },
             |r| r.notices.as_slice(),
@@ -992,9 +1087,13 @@ impl Awareness {
     /// timeout, an aborted task) can therefore not separate a committed write from its
     /// delivery: a store may commit a write whose caller is gone (a group commit does), and its
     /// notices would then sit in the cursors, unqueued and with no wake. The task is counted in
-    /// `writes` until it ends, for [`Awareness::wait_for_writes`].
+    /// `writes` until it ends, for [`Awareness::wait_for_writes`]. A failure is the caller's to
+    /// report while it waits; once it has stopped waiting, the task logs it (`warn!`, with
+    /// `what` and `about`), since the caller logged only that the write went on.
     async fn write_and_deliver<K, T, W>(
         &self,
+        what: &'static str,
+        about: Option<SessionKey>,
         keep: K,
         write: W,
         notices: fn(&T) -> &[Notice],
@@ -1008,17 +1107,24 @@ impl Awareness {
         let queue = Arc::clone(&self.queue);
         let wake = Arc::clone(&self.wake);
         let writing = Writing::start(&self.writes);
-        tokio::spawn(async move {
+        let report = Arc::new(FailureReport::new(what, about));
+        let awaiting = AwaitingAnswer(Arc::clone(&report));
+        let answer = tokio::spawn(async move {
             // Bound first, so dropped last: once the write is no longer counted, it holds
             // nothing (the write future, with its store handle, is dropped when it is done).
             let _writing = writing;
             let written = write.await;
-            if let Ok(w) = &written {
-                deliver_logged(&*queue, &*wake, owned.as_deref(), notices(w));
+            match &written {
+                Ok(w) => {
+                    deliver_logged(&*queue, &*wake, owned.as_deref(), notices(w));
+                }
+                Err(e) => report.failed(e),
             }
             (keep, written)
         })
-        .await
+        .await;
+        awaiting.0.answered();
+        answer
     }
 
     /// Waits until every recording, acknowledgement and sweep this service had started when
@@ -1848,6 +1954,8 @@ impl Awareness {
         let now = self.clock.now();
         let acknowledged = self
             .write_and_deliver(
+                "acknowledge",
+                Some(watcher.clone()),
                 keep,
                 async move { store.acknowledge(&w, &targets, now).await },
                 Vec::as_slice,
@@ -1936,6 +2044,9 @@ impl Awareness {
             warn!(watcher = %watcher, wait = ?lock_wait, "the watcher's turn lock is still held by a call waiting for the store; the turn shows its queued lines and acknowledges nothing");
             return self.queue.drain(watcher);
         };
+        // Drained before what an earlier turn left is taken: should the host's queue panic
+        // here, that stays for the next turn.
+        let from_queue = self.queue.drain(watcher);
         // What an earlier turn whose caller gave up had taken comes first.
         let Carried {
             unread,
@@ -1949,7 +2060,7 @@ impl Awareness {
             read.clear();
         }
         let mut drained = unread;
-        drained.extend(self.queue.drain(watcher));
+        drained.extend(from_queue);
         if !watcher.is_agent_qualified() {
             // A bare key watches nothing: no cursor to read or acknowledge (and nothing read
             // is ever carried for it).
@@ -2058,11 +2169,12 @@ impl Awareness {
             return std::mem::take(&mut again.carried().read);
         };
         turn.guard = Some(held);
-        let read = std::mem::take(&mut turn.carried().read);
+        // Before what the turn read is taken: should the host's queue panic here, the turn is
+        // dropped holding it, and the next turn shows it.
         for line in &lines {
             self.queue.remove(watcher, line);
         }
-        read
+        std::mem::take(&mut turn.carried().read)
     }
 
     /// The watcher's cursors with a pending notice.
@@ -2104,12 +2216,21 @@ impl Awareness {
     /// Session deleted: its events, head, upstream link and cursors go. What a dropped turn of
     /// its key left for the next one (all of it) goes only with its watches: when the ref is
     /// the session that watches under its key ([`SessionRef::is_watcher`]) and the store
-    /// deleted it.
+    /// deleted it. So do the session-state notices queued for it, which no turn would drain
+    /// (the other lines of its queue are the gateway's: [`SystemEventQueue::drain`] drops
+    /// them). A notice of a recording that committed before the deletion and is delivered
+    /// after it is queued still.
     pub async fn on_delete(&self, session: &SessionRef) {
         let number = self.turns.reset_begins();
         match self.store.delete_session(session).await {
             Ok(()) if session.is_watcher() => {
                 self.turns.forget(&session.session_key, number, Forget::All);
+                let key = &session.session_key;
+                for line in self.queue.peek(key) {
+                    if line.is_session_state() {
+                        self.queue.remove(key, &line);
+                    }
+                }
             }
             Ok(()) => {}
             Err(e) => {
@@ -2159,6 +2280,8 @@ impl Awareness {
         let now = self.clock.now();
         let swept = self
             .write_and_deliver(
+                "sweep",
+                None,
                 (),
                 async move {
                     let exists = move |w: &WatcherKey| dir.exists(w.session_key());
@@ -2246,8 +2369,18 @@ impl Awareness {
             let mut watchers = Vec::new();
             for group in pending.chunk_by(|a, b| a.watcher == b.watcher) {
                 let watcher = group[0].watcher.session_key();
-                let queued_now: std::collections::HashSet<QueuedEntry> =
-                    self.queue.peek(watcher).into_iter().collect();
+                // One watcher's queue that panics costs the others nothing: its notices are
+                // delivered as if none were queued (a queue drops a line it holds already).
+                let peeked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.queue.peek(watcher)
+                }));
+                let queued_now: std::collections::HashSet<QueuedEntry> = if let Ok(lines) = peeked {
+                    lines.into_iter().collect()
+                } else {
+                    warn!(watcher = %watcher, "looking at the watcher's queue panicked; its pending notices are delivered as if none were queued");
+                    done.failed = true;
+                    std::collections::HashSet::new()
+                };
                 if group
                     .iter()
                     .any(|c| !queued_now.contains(&queued(&Notice::of(c))))

@@ -23,7 +23,7 @@ use store_memory::MemoryStore;
 use tokio::sync::mpsc;
 
 mod common;
-use common::k;
+use common::{FaultyQueue, k};
 
 const MANAGER: &str = "agent:main:main";
 const NESTED: &str = "agent:main:subagent:planner";
@@ -617,4 +617,35 @@ async fn another_writer_seen_with_owned_watchers_only_off_is_said_once() {
         pickup.abort();
         let _ = pickup.await;
     }
+}
+
+/// Bug: a host queue that panicked when asked what it held for one watcher ended the whole
+/// pick-up, and every retry the same way: the other watchers' notices from another writer were
+/// never queued, and their sessions never woken. Now only that watcher's look is lost (its
+/// notices are delivered as if none were queued), and the pick-up is not complete.
+#[tokio::test]
+async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(FaultyQueue::default());
+    let (svc, wake) = common::service_with_queue(
+        store.clone(),
+        directory(&[MANAGER, NESTED]),
+        AwarenessConfig::default(),
+        Arc::clone(&queue),
+    );
+    written_elsewhere(&*store, &[MANAGER, NESTED]).await;
+    // MANAGER sorts first: the watcher listed first fails.
+    *queue.panic_on_peek_of.lock().unwrap() = Some(k(MANAGER));
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 2,
+            complete: false
+        }
+    );
+    *queue.panic_on_peek_of.lock().unwrap() = None;
+    for w in [MANAGER, NESTED] {
+        assert_eq!(texts(&queue.inner, w).len(), 1, "{w}'s notice is queued");
+    }
+    assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
 }

@@ -26,7 +26,7 @@ const MANAGER: &str = "agent:main:main";
 const CHILD: &str = "agent:main:subagent:worker";
 
 mod common;
-use common::k;
+use common::{Capture, FaultyQueue, k};
 
 /// Holds each call `at.0` of the memory store at a gate, before it reaches the store (or,
 /// with `at.1`, once the store has answered): it reports that it got there, then waits for a
@@ -38,6 +38,9 @@ struct Gate {
     armed: AtomicBool,
     /// Fails every reset of a watcher while set (a disk that refuses writes).
     refuse_resets: AtomicBool,
+    /// Fails every call of this kind, once past the gate (a disk that fails a write the
+    /// caller has stopped waiting for).
+    refuse_at: std::sync::Mutex<Option<Call>>,
     /// Panics in every acknowledgement while set (a store with a bug).
     panic_on_ack: AtomicBool,
     /// One message each time the store is asked whether another writer committed (it answers
@@ -73,6 +76,12 @@ impl Hook for Gate {
     }
 
     fn refuse(&self, call: Call) -> Option<StoreError> {
+        if *self.refuse_at.lock().unwrap() == Some(call) {
+            return Some(StoreError::backend(
+                "write",
+                std::io::Error::other("disk I/O error"),
+            ));
+        }
         (call == Call::ResetWatcher && self.refuse_resets.load(Ordering::SeqCst)).then(|| {
             StoreError::backend("reset a watcher", std::io::Error::other("disk I/O error"))
         })
@@ -87,7 +96,8 @@ type GatedAck = Hooked<Gate>;
 
 struct World {
     store: Arc<GatedAck>,
-    queue: Arc<InMemoryQueue>,
+    /// An in-memory queue that panics when told to.
+    queue: Arc<FaultyQueue>,
     wake: Arc<RecordingWake>,
     svc: Arc<Awareness>,
     /// One message each time an acknowledgement reaches the store.
@@ -121,6 +131,7 @@ impl World {
                 at: std::sync::Mutex::new((call, after)),
                 armed: AtomicBool::new(false),
                 refuse_resets: AtomicBool::new(false),
+                refuse_at: std::sync::Mutex::new(None),
                 panic_on_ack: AtomicBool::new(false),
                 questions: asked,
             },
@@ -128,7 +139,9 @@ impl World {
         // The gateway owns the manager (for the pick-ups).
         let directory = Arc::new(InMemoryDirectory::new());
         directory.upsert(k(MANAGER), SessionEntry::default());
-        let (svc, queue, wake) = common::service_configured(store.clone(), None, directory, config);
+        let queue = Arc::new(FaultyQueue::default());
+        let (svc, wake) =
+            common::service_with_queue(store.clone(), directory, config, Arc::clone(&queue));
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
             .await
             .expect("seeded");
@@ -393,7 +406,7 @@ async fn concurrent_turns_of_one_watcher_read_each_notice_once_and_lose_none() {
     let read_b = b.await.unwrap();
 
     // A restart: the in-memory queue is gone, the sweep re-delivers whatever is pending.
-    w.queue.clear();
+    w.queue.inner.clear();
     w.svc.sweep().await;
     let read_c = w.svc.drain_turn(&k(MANAGER)).await;
 
@@ -1135,5 +1148,122 @@ async fn a_turn_waits_out_a_slow_turn_that_holds_the_lock() {
             .expect("second turn")
             .is_empty(),
         "the late copy is not shown again"
+    );
+}
+
+/// Bug: a host queue that panicked while the turn took back the copies of what it had read,
+/// after its acknowledgement committed, lost what the turn had read: the notice was
+/// acknowledged, out of the queue, and shown by no turn. The next turn now shows it, once.
+#[tokio::test]
+async fn a_queue_that_panics_after_the_acknowledgement_loses_no_notice() {
+    let w = World::new().await;
+    w.open_gate();
+    let first = w.human().await;
+    w.queue.panic_on_remove.store(true, Ordering::SeqCst);
+    assert!(
+        w.turn().await.expect_err("the queue panicked").is_panic(),
+        "the turn met the host's panic"
+    );
+    w.queue.panic_on_remove.store(false, Ordering::SeqCst);
+    assert_eq!(w.cursor().await.last_seen, first, "acknowledged");
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the next turn shows what the failed one read"
+    );
+    assert!(w.svc.drain_turn(&k(MANAGER)).await.is_empty(), "once");
+}
+
+/// Bug: a turn whose host queue panicked in its drain had already taken what a dropped turn
+/// left for it, and lost it: notices the dropped turn had acknowledged were shown by no turn.
+#[tokio::test]
+async fn a_queue_that_panics_in_its_drain_keeps_what_a_dropped_turn_left() {
+    let w = World::with_a_dropped_turn().await;
+    w.queue.panic_on_drain.store(true, Ordering::SeqCst);
+    assert!(
+        w.turn().await.expect_err("the queue panicked").is_panic(),
+        "the turn met the host's panic"
+    );
+    w.queue.panic_on_drain.store(false, Ordering::SeqCst);
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the next turn shows what the dropped one read"
+    );
+}
+
+/// Bug: a recording or an acknowledgement that failed after its caller had stopped waiting
+/// for it (`AwarenessConfig::store_wait`) was logged by no one: the caller had logged only
+/// that the write went on. The write's task now logs the failure, with the write and its
+/// session.
+#[tokio::test(start_paused = true)]
+async fn a_write_that_fails_after_its_caller_gave_up_is_logged() {
+    for (call, what, session) in [
+        (Call::Record, "record", CHILD),
+        (Call::Acknowledge, "acknowledge", MANAGER),
+    ] {
+        let capture = Capture::default();
+        let _logging = capture.install();
+        let mut w = World::gated(call, false).await;
+        if call == Call::Record {
+            assert!(
+                within_an_hour(w.svc.human_message(human_message()))
+                    .await
+                    .is_none(),
+                "the caller stopped waiting"
+            );
+        } else {
+            w.human().await;
+            let turn = within_an_hour(w.turn()).await.expect("the turn");
+            assert_eq!(
+                texts(&turn),
+                vec![notice(Sequence(1))],
+                "the turn stopped waiting and showed what it read"
+            );
+        }
+        w.entered.recv().await.expect("the write reached the store");
+        *w.store.hook.refuse_at.lock().unwrap() = Some(call);
+        w.open_gate();
+        w.svc.wait_for_writes().await;
+        let lines = capture.lines();
+        let failed: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("after its caller had stopped waiting"))
+            .collect();
+        assert_eq!(failed.len(), 1, "{what}: {lines:#?}");
+        for part in [what, session, "disk I/O error", "level=WARN"] {
+            assert!(failed[0].contains(part), "{what}: {part} in {}", failed[0]);
+        }
+    }
+}
+
+/// `Awareness::on_delete` of a watcher takes the session-state notices queued for it out of
+/// its queue, which no turn would drain; the gateway's own lines stay, for the gateway. A
+/// deletion of another agent's session of the key takes nothing.
+#[tokio::test]
+async fn deleting_a_watcher_takes_its_notices_out_of_its_queue() {
+    let w = World::new().await;
+    w.human().await;
+    let other = QueuedEntry {
+        text: "Exec finished: cargo test".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    assert_eq!(w.queue.peek(&k(MANAGER)).len(), 2);
+    w.svc
+        .on_delete(&SessionRef::parse(MANAGER, "ops").unwrap())
+        .await;
+    assert_eq!(
+        w.queue.peek(&k(MANAGER)).len(),
+        2,
+        "another agent's session of the key"
+    );
+    w.svc
+        .on_delete(&SessionRef::parse(MANAGER, "main").unwrap())
+        .await;
+    assert_eq!(
+        w.queue.peek(&k(MANAGER)),
+        vec![other],
+        "the gateway's line stays"
     );
 }

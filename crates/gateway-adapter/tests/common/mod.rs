@@ -4,11 +4,13 @@
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use awareness_core::{AwarenessStore, SessionKey, UpstreamStore};
 use gateway_adapter::{
-    Awareness, AwarenessConfig, InMemoryDirectory, InMemoryQueue, RecordingWake,
+    Awareness, AwarenessConfig, InMemoryDirectory, InMemoryQueue, QueuedEntry, RecordingWake,
+    SystemEventQueue,
 };
 use store_memory::MemoryStore;
 use tracing::field::{Field, Visit};
@@ -73,6 +75,64 @@ pub fn service_configured(
         builder = builder.upstream(links);
     }
     (Arc::new(builder.build()), queue, wake)
+}
+
+/// A queue that is an [`InMemoryQueue`] until told to panic in one of its calls, as a host's
+/// queue with a bug would.
+#[derive(Debug, Default)]
+pub struct FaultyQueue {
+    pub inner: InMemoryQueue,
+    /// Panics in every drain while set, before draining anything.
+    pub panic_on_drain: AtomicBool,
+    /// Panics in every removal while set, before removing anything.
+    pub panic_on_remove: AtomicBool,
+    /// Panics when asked what is queued for this session.
+    pub panic_on_peek_of: Mutex<Option<SessionKey>>,
+}
+
+impl SystemEventQueue for FaultyQueue {
+    fn enqueue(&self, session: &SessionKey, entry: QueuedEntry) -> bool {
+        self.inner.enqueue(session, entry)
+    }
+
+    fn drain(&self, session: &SessionKey) -> Vec<QueuedEntry> {
+        assert!(
+            !self.panic_on_drain.load(Ordering::SeqCst),
+            "the host's queue failed to drain"
+        );
+        self.inner.drain(session)
+    }
+
+    fn peek(&self, session: &SessionKey) -> Vec<QueuedEntry> {
+        assert!(
+            self.panic_on_peek_of.lock().unwrap().as_ref() != Some(session),
+            "the host's queue failed to show {session}'s lines"
+        );
+        self.inner.peek(session)
+    }
+
+    fn remove(&self, session: &SessionKey, entry: &QueuedEntry) -> bool {
+        assert!(
+            !self.panic_on_remove.load(Ordering::SeqCst),
+            "the host's queue failed to remove a line"
+        );
+        self.inner.remove(session, entry)
+    }
+}
+
+/// A service over `store` with the gateway's sessions in `directory`, `config` and `queue`,
+/// and the wake the test reads.
+pub fn service_with_queue<Q: SystemEventQueue + 'static>(
+    store: Arc<dyn AwarenessStore>,
+    directory: Arc<InMemoryDirectory>,
+    config: AwarenessConfig,
+    queue: Arc<Q>,
+) -> (Arc<Awareness>, Arc<RecordingWake>) {
+    let wake = Arc::new(RecordingWake::new());
+    let svc = Awareness::builder(store, queue, wake.clone(), directory)
+        .config(config)
+        .build();
+    (Arc::new(svc), wake)
 }
 
 /// Keeps every log event as one line of its fields and its level (`message=... error=...

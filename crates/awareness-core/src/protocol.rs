@@ -161,11 +161,14 @@ pub fn check_watch(
     Ok(w)
 }
 
-/// Seeding by a spawn at `seq`: a new cursor at `seq`, or the existing one left alone when it
-/// holds a pending notice on that target (made explicit, as a spawn makes every watch, when it
-/// was ambient). A pending cursor on another agent's session of the same key is no cursor on
-/// that target: it is re-pointed here at `seq`, as [`watch`] and [`on_event`] re-point one
-/// (docs/decisions/0008). Returns the cursor to write, `None` to write nothing.
+/// Seeding by a spawn at `seq`: a new cursor at `seq`, or the existing one kept when it holds a
+/// pending notice on that target, as a repeated [`watch`] keeps one: its sequences stay, it is
+/// made explicit (as a spawn makes every watch) when it was ambient, and its `updated_at` is
+/// refreshed when it is [`WATCH_REFRESH_MS`] old, so that idle pruning does not take the cursor
+/// of a watcher that has just spawned the session (docs/decisions/0018). A pending cursor on
+/// another agent's session of the same key is no cursor on that target: it is re-pointed here
+/// at `seq`, as [`watch`] and [`on_event`] re-point one (docs/decisions/0008). Returns the
+/// cursor to write, `None` to write nothing.
 pub fn seed(
     existing: Option<&Cursor>,
     watcher: &WatcherKey,
@@ -174,8 +177,25 @@ pub fn seed(
     now: Timestamp,
 ) -> Option<Cursor> {
     match existing {
-        Some(c) if c.is_pending() && c.target_agent == target.agent_id => explicit(c),
+        Some(c) if c.is_pending() && c.target_agent == target.agent_id => kept(c, now),
         _ => Some(Cursor::at(watcher.clone(), target.clone(), seq, now)),
+    }
+}
+
+/// `cursor` kept by a repeated watch or a re-spawn: what to write when it changes, made
+/// explicit when it was not, and with `updated_at := now` when that is [`WATCH_REFRESH_MS`]
+/// old (nothing else changes); `None` when it stays as it is.
+fn kept(cursor: &Cursor, now: Timestamp) -> Option<Cursor> {
+    let stale = now.millis().saturating_sub(cursor.updated_at.millis()) >= WATCH_REFRESH_MS;
+    match (explicit(cursor), stale) {
+        (None, false) => None,
+        (upgraded, _) => {
+            let mut kept = upgraded.unwrap_or_else(|| cursor.clone());
+            if stale {
+                kept.updated_at = now;
+            }
+            Some(kept)
+        }
     }
 }
 
@@ -196,10 +216,10 @@ pub fn watch_makes_explicit(existing: &Cursor, target: &SessionRef) -> bool {
     existing.target_agent == target.agent_id && explicit(existing).is_some()
 }
 
-/// How old a cursor's `updated_at` must be for a repeated [`watch`] to refresh it: a day. Idle
-/// pruning deletes cursors not updated for 30 days by default, so a watch confirmed again
-/// keeps its cursor, while a watch asked with every status call writes at most once a day
-/// (docs/decisions/0018).
+/// How old a cursor's `updated_at` must be for a repeated [`watch`] (or a re-spawn, [`seed`])
+/// to refresh it: a day. Idle pruning deletes cursors not updated for 30 days by default, so a
+/// watch confirmed again keeps its cursor, while a watch asked with every status call writes at
+/// most once a day (docs/decisions/0018).
 pub const WATCH_REFRESH_MS: i64 = Timestamp::DAY_MS;
 
 /// An explicit watch: keeps an existing cursor on the same ref (and its pending state; an
@@ -219,19 +239,10 @@ pub fn watch(
     now: Timestamp,
 ) -> (Cursor, bool) {
     match existing {
-        Some(c) if c.target_agent == target.agent_id => {
-            let stale = now.millis().saturating_sub(c.updated_at.millis()) >= WATCH_REFRESH_MS;
-            match (explicit(c), stale) {
-                (None, false) => (c.clone(), false),
-                (upgraded, _) => {
-                    let mut kept = upgraded.unwrap_or_else(|| c.clone());
-                    if stale {
-                        kept.updated_at = now;
-                    }
-                    (kept, true)
-                }
-            }
-        }
+        Some(c) if c.target_agent == target.agent_id => match kept(c, now) {
+            Some(kept) => (kept, true),
+            None => (c.clone(), false),
+        },
         _ => (Cursor::at(watcher.clone(), target.clone(), head, now), true),
     }
 }

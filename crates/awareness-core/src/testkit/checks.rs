@@ -1565,15 +1565,41 @@ pub async fn seed_starts_cursor_at_spawn_sequence(t: &Subject) {
     assert_eq!(c.updated_at, T0);
 }
 
+/// A re-spawn keeps a pending notice, and refreshes the cursor's `updated_at` once it is a day
+/// old, as a repeated watch does (decision 0018): idle pruning then keeps the cursor of a
+/// watcher that spawned the session 29 days after the notice came.
 pub async fn seeding_keeps_a_pending_notice(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
     rec(s, human(&child()), T0).await;
-    rec(s, spawn(&child(), MANAGER, "run-2"), T0).await;
+    rec(s, spawn(&child(), MANAGER, "run-2"), T0.plus_ms(20)).await;
     assert_eq!(
         cursor3(s, MANAGER, CHILD).await,
         Some((1, 2, 2)),
         "a re-spawn never discards a notice"
+    );
+    let updated = |c: Option<crate::model::Cursor>| c.expect("the spawner's cursor").updated_at;
+    assert_eq!(
+        updated(s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap()),
+        T0,
+        "within a day the cursor is kept as it is"
+    );
+
+    let day = crate::protocol::WATCH_REFRESH_MS;
+    let later = T0.plus_ms(29 * day);
+    rec(s, spawn(&child(), MANAGER, "run-3"), later).await;
+    assert_eq!(
+        updated(s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap()),
+        later,
+        "a day later the re-spawn refreshes it"
+    );
+    s.prune(&RetentionPolicy::default(), T0.plus_ms(30 * day + 1))
+        .await
+        .expect("prune");
+    assert_eq!(
+        cursor3(s, MANAGER, CHILD).await,
+        Some((1, 2, 2)),
+        "the re-spawned watcher's pending notice outlives idle pruning"
     );
 }
 

@@ -342,8 +342,10 @@ pub enum EventKind {
     Adopted,
     /// The session was created.
     Created,
-    /// A kind this version does not know, with its stored spelling (never one of the nine).
-    /// Only stores reading another writer's rows build it ([`EventKind::from_stored`]).
+    /// A kind this version does not know, with its stored spelling. Stores reading another
+    /// writer's rows build it ([`EventKind::from_stored`], which gives one of the nine for
+    /// their spellings); built by hand with one of the nine's spellings, it is not equal to
+    /// that kind, and validation refuses it as an unknown kind.
     Other(String),
 }
 
@@ -693,7 +695,10 @@ pub struct Head {
     pub session: SessionRef,
     /// `stateVersion`: never goes down, survives pruning.
     pub last_sequence: Sequence,
-    /// The highest sequence of this ref that pruning deleted (only pruning stamps it).
+    /// The highest sequence of this ref that pruning deleted: pruning stamps it, and so does a
+    /// recording over a head row that cannot be read, just below its event
+    /// ([`crate::protocol::head_over_unreadable`], decision 0020), so that what the lost row
+    /// covered reads as a history gap.
     pub pruned_max_sequence: Sequence,
     /// Local clock of the last change.
     pub updated_at: Timestamp,

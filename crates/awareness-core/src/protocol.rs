@@ -528,7 +528,12 @@ pub fn on_event(
                     continue; // self-suppression: a self-caused event writes nothing
                 }
                 let moved = material(c, event.sequence, now);
-                out.notices.push(Notice::of(&moved));
+                // Pending after any event but on a row whose `last_seen` lies at or above the
+                // event (hand-edited past the counter): its notice would only be dropped as
+                // stale by the turn, after a wake for nothing.
+                if moved.is_pending() {
+                    out.notices.push(Notice::of(&moved));
+                }
                 out.upserts.push(moved);
             }
         }
@@ -594,6 +599,26 @@ mod tests {
             Sequence(seq),
             Timestamp(0),
         )
+    }
+
+    /// A row whose `last_seen` lies above the event (hand-edited past the store's counter) is
+    /// moved as any row is, but hands out no notice: it is not pending, and its notice would be
+    /// dropped as stale by the watcher's turn after a wake for nothing (found in review).
+    #[test]
+    fn a_row_seen_past_the_event_hands_out_no_notice() {
+        let ahead = watching_c1_from(1000);
+        let e = ev(EventKind::HumanDirectMessage, 12, None);
+        let effects = on_event(&e, &[], std::slice::from_ref(&ahead), Timestamp(1));
+        assert_eq!(effects.upserts.len(), 1, "the row is moved");
+        assert!(!effects.upserts[0].is_pending());
+        assert!(
+            effects.notices.is_empty(),
+            "no notice for a row not pending"
+        );
+        // A well-formed row is told as before.
+        let behind = watching_c1_from(3);
+        let effects = on_event(&e, &[], std::slice::from_ref(&behind), Timestamp(1));
+        assert_eq!(effects.notices.len(), 1);
     }
 
     /// A row whose `notified` lies below its `last_seen` (torn or hand-edited) is read as

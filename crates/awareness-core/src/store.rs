@@ -237,7 +237,7 @@ pub trait AwarenessStoreExt: AwarenessStore {
     /// The version and the page are two reads, and a recording may land between them. The
     /// version is read first and raised to the page's last event, so it never names an event
     /// recorded after the page was read: a caller that resumes from it may see an event again
-    /// (a truncated page's version is above its last event, and the caller asks again), but
+    /// (a truncated page's version is at or above its last event, and the caller asks again), but
     /// never misses one. A page that found `N` within the head it read (not `versionAhead`)
     /// raises the version to `N` too, so that `versionAhead` is set exactly when `N` is above
     /// the version answered, also when `N` is an event recorded between the reads. A session

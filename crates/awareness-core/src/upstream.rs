@@ -623,7 +623,8 @@ pub trait UpstreamStore: Send + Sync {
     /// Compare-and-set of the marker ([`plan_set_marker`]): `true` when the link's `updated_at`
     /// was still `expected_updated_at` and the marker was written; `false`, writing nothing,
     /// when the link changed meanwhile or is gone. A marker larger than
-    /// [`MAX_UPSTREAM_JSON_BYTES`] is refused with [`StoreError::InvalidInput`].
+    /// [`MAX_UPSTREAM_JSON_BYTES`], or nesting arrays and objects deeper than
+    /// [`crate::validate::MAX_JSON_DEPTH`], is refused with [`StoreError::InvalidInput`].
     async fn set_marker(
         &self,
         session: &SessionRef,

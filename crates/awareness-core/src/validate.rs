@@ -168,7 +168,8 @@ pub fn key(what: &'static str, value: &str) -> Result<(), ValidationError> {
     bounded_key(what, value, MAX_KEY_BYTES)
 }
 
-/// A non-empty dedupe key without control characters, at most 4 KiB.
+/// A non-empty dedupe key without control characters or line separators (U+2028, U+2029), at
+/// most 4 KiB.
 pub fn dedupe_key(value: &str) -> Result<(), ValidationError> {
     bounded_key("dedupe key", value, MAX_DEDUPE_KEY_BYTES)
 }

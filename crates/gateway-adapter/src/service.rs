@@ -485,12 +485,13 @@ impl FailureReport {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The write's task, on a failure: reported here if the caller is gone, else left to it.
-    fn failed(&self, e: &StoreError) {
+    /// The write's task, on a failure (its error's chain of causes, or its panic's message):
+    /// reported here if the caller is gone, else left to it.
+    fn failed(&self, error: String) {
         let mut reporter = self.lock();
         match *reporter {
-            Reporter::Task => self.log(&ErrorChain(e).to_string()),
-            Reporter::Caller => *reporter = Reporter::Unread(ErrorChain(e).to_string()),
+            Reporter::Task => self.log(&error),
+            Reporter::Caller => *reporter = Reporter::Unread(error),
             Reporter::Unread(_) | Reporter::Answered => {}
         }
     }
@@ -520,7 +521,7 @@ impl FailureReport {
             write = self.what,
             session_key,
             error,
-            "a store write failed after its caller had stopped waiting for it: it did not commit (a recording is not in the store; an acknowledgement leaves its notices pending)"
+            "a store write failed, and its caller had stopped waiting for the answer (the error says whether it committed)"
         );
     }
 }
@@ -1087,9 +1088,11 @@ impl Awareness {
     /// timeout, an aborted task) can therefore not separate a committed write from its
     /// delivery: a store may commit a write whose caller is gone (a group commit does), and its
     /// notices would then sit in the cursors, unqueued and with no wake. The task is counted in
-    /// `writes` until it ends, for [`Awareness::wait_for_writes`]. A failure is the caller's to
-    /// report while it waits; once it has stopped waiting, the task logs it (`warn!`, with
-    /// `what` and `about`), since the caller logged only that the write went on.
+    /// `writes` until it ends, for [`Awareness::wait_for_writes`]. A failure (an error, or a
+    /// panic of the write) is the caller's to report while it waits; once it has stopped
+    /// waiting, the task logs it (`warn!`, with `what` and `about`), since the caller logged only
+    /// that the write went on. A task the runtime drops midway (a runtime shutting down) logs
+    /// nothing.
     async fn write_and_deliver<K, T, W>(
         &self,
         what: &'static str,
@@ -1113,12 +1116,19 @@ impl Awareness {
             // Bound first, so dropped last: once the write is no longer counted, it holds
             // nothing (the write future, with its store handle, is dropped when it is done).
             let _writing = writing;
-            let written = write.await;
+            let written = match CatchUnwind(Box::pin(write)).await {
+                Ok(written) => written,
+                Err(panic) => {
+                    let message = awareness_core::error::panic_message(&*panic);
+                    report.failed(format!("the write panicked: {message}"));
+                    std::panic::resume_unwind(panic);
+                }
+            };
             match &written {
                 Ok(w) => {
                     deliver_logged(&*queue, &*wake, owned.as_deref(), notices(w));
                 }
-                Err(e) => report.failed(e),
+                Err(e) => report.failed(ErrorChain(e).to_string()),
             }
             (keep, written)
         })
@@ -2217,19 +2227,25 @@ impl Awareness {
     /// its key left for the next one (all of it) goes only with its watches: when the ref is
     /// the session that watches under its key ([`SessionRef::is_watcher`]) and the store
     /// deleted it. So do the session-state notices queued for it, which no turn would drain
-    /// (the other lines of its queue are the gateway's: [`SystemEventQueue::drain`] drops
-    /// them). A notice of a recording that committed before the deletion and is delivered
-    /// after it is queued still.
+    /// (the other lines of its queue are the gateway's to drop, with
+    /// [`SystemEventQueue::drain`]). A notice of a recording that committed before the
+    /// deletion and is delivered after it is queued still. A queue that panics meanwhile keeps
+    /// them, with a warning.
     pub async fn on_delete(&self, session: &SessionRef) {
         let number = self.turns.reset_begins();
         match self.store.delete_session(session).await {
             Ok(()) if session.is_watcher() => {
                 self.turns.forget(&session.session_key, number, Forget::All);
                 let key = &session.session_key;
-                for line in self.queue.peek(key) {
-                    if line.is_session_state() {
-                        self.queue.remove(key, &line);
+                let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for line in self.queue.peek(key) {
+                        if line.is_session_state() {
+                            self.queue.remove(key, &line);
+                        }
                     }
+                }));
+                if taken.is_err() {
+                    warn!(session_key = %key, "taking the deleted watcher's session-state notices out of its queue panicked; they may stay queued");
                 }
             }
             Ok(()) => {}

@@ -1192,15 +1192,40 @@ async fn a_queue_that_panics_in_its_drain_keeps_what_a_dropped_turn_left() {
     );
 }
 
-/// Bug: a recording or an acknowledgement that failed after its caller had stopped waiting
-/// for it (`AwarenessConfig::store_wait`) was logged by no one: the caller had logged only
-/// that the write went on. The write's task now logs the failure, with the write and its
-/// session.
+/// Bug: a recording or an acknowledgement that failed (or panicked) after its caller had
+/// stopped waiting for it (`AwarenessConfig::store_wait`) was logged by no one: the caller had
+/// logged only that the write went on. The write's task now logs the failure once, with the
+/// write and its session; a failure its caller waits for is logged by the caller alone.
 #[tokio::test(start_paused = true)]
 async fn a_write_that_fails_after_its_caller_gave_up_is_logged() {
-    for (call, what, session) in [
-        (Call::Record, "record", CHILD),
-        (Call::Acknowledge, "acknowledge", MANAGER),
+    /// How the write ends once its caller has stopped waiting.
+    #[derive(Clone, Copy, Debug)]
+    enum End {
+        Refused,
+        Panics,
+    }
+    for (call, end, what, session, cause) in [
+        (
+            Call::Record,
+            End::Refused,
+            "record",
+            CHILD,
+            "disk I/O error",
+        ),
+        (
+            Call::Acknowledge,
+            End::Refused,
+            "acknowledge",
+            MANAGER,
+            "disk I/O error",
+        ),
+        (
+            Call::Acknowledge,
+            End::Panics,
+            "acknowledge",
+            MANAGER,
+            "the write panicked",
+        ),
     ] {
         let capture = Capture::default();
         let _logging = capture.install();
@@ -1222,19 +1247,39 @@ async fn a_write_that_fails_after_its_caller_gave_up_is_logged() {
             );
         }
         w.entered.recv().await.expect("the write reached the store");
-        *w.store.hook.refuse_at.lock().unwrap() = Some(call);
+        match end {
+            End::Refused => *w.store.hook.refuse_at.lock().unwrap() = Some(call),
+            End::Panics => w.store.hook.panic_on_ack.store(true, Ordering::SeqCst),
+        }
         w.open_gate();
         w.svc.wait_for_writes().await;
         let lines = capture.lines();
         let failed: Vec<&String> = lines
             .iter()
-            .filter(|l| l.contains("after its caller had stopped waiting"))
+            .filter(|l| l.contains("its caller had stopped waiting"))
             .collect();
-        assert_eq!(failed.len(), 1, "{what}: {lines:#?}");
-        for part in [what, session, "disk I/O error", "level=WARN"] {
-            assert!(failed[0].contains(part), "{what}: {part} in {}", failed[0]);
+        assert_eq!(failed.len(), 1, "{what} {end:?}: {lines:#?}");
+        for part in [what, session, cause, "level=WARN"] {
+            assert!(
+                failed[0].contains(part),
+                "{what} {end:?}: {part} in {}",
+                failed[0]
+            );
         }
     }
+
+    // A failure its caller waits for is the caller's to log, once.
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let w = World::gated(Call::Record, false).await;
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Record);
+    w.open_gate();
+    assert!(w.svc.human_message(human_message()).await.is_none());
+    w.svc.wait_for_writes().await;
+    let lines = capture.lines();
+    let count = |text: &str| lines.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(count("disk I/O error"), 1, "{lines:#?}");
+    assert_eq!(count("session-state event not recorded"), 1, "{lines:#?}");
 }
 
 /// `Awareness::on_delete` of a watcher takes the session-state notices queued for it out of
@@ -1258,9 +1303,13 @@ async fn deleting_a_watcher_takes_its_notices_out_of_its_queue() {
         2,
         "another agent's session of the key"
     );
-    w.svc
-        .on_delete(&SessionRef::parse(MANAGER, "main").unwrap())
-        .await;
+    // A deletion the store refused takes nothing either: the watches are still there.
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::DeleteSession);
+    let manager = SessionRef::parse(MANAGER, "main").unwrap();
+    w.svc.on_delete(&manager).await;
+    assert_eq!(w.queue.peek(&k(MANAGER)).len(), 2, "the deletion failed");
+    *w.store.hook.refuse_at.lock().unwrap() = None;
+    w.svc.on_delete(&manager).await;
     assert_eq!(
         w.queue.peek(&k(MANAGER)),
         vec![other],

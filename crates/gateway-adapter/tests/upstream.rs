@@ -23,7 +23,7 @@ use awareness_core::{
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
 use gateway_adapter::upstream::paired::{MAX_PAGES, PAGE_ITEMS, PairedMarker};
 use gateway_adapter::upstream::{
-    CheckOutcome, Detection, JsonlProvider, MarkerMove, OwnPrompts as _, PairedError, PairedItem,
+    CheckOutcome, Detection, JsonlProvider, MarkerMove, OwnPrompts, PairedError, PairedItem,
     PairedNodeClient, PairedNodeProvider, PairedPage, RecentPrompts, RunTracker, UpstreamMonitor,
     UpstreamProvider,
 };
@@ -1584,6 +1584,118 @@ async fn a_link_removed_after_the_wait_still_forgets_its_prompts() {
         prompts.recent(&gone),
         Vec::<String>::new(),
         "the prompts go with the link"
+    );
+}
+
+/// The gateway's own prompts, whose `forget` panics.
+struct ForgetPanics;
+
+impl OwnPrompts for ForgetPanics {
+    fn recent(&self, _: &SessionRef) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn forget(&self, _: &SessionRef) {
+        panic!("the gateway's prompt store panicked");
+    }
+}
+
+/// Bug: an own-prompts port whose `forget` panicked took the monitor down with it: in a tick
+/// (a link found gone after a late removal) the panic ended the tick, and with it the monitor's
+/// task for every link; in a check (a removal answered in time) it hid the removal's
+/// detection behind a failed check. Now the panic is logged and the monitor goes on.
+#[tokio::test(start_paused = true)]
+async fn an_own_prompts_port_that_panics_in_forget_stops_nothing() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let w = world();
+    let t = Transcript::new();
+    w.adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let late = Transcript::new();
+    let late_ref = w
+        .adopt(&late, "agent:main:late", "main", "agent:main:main")
+        .await;
+    let mut live = Transcript::new();
+    let live_ref = w
+        .adopt(&live, "agent:main:live", "main", "agent:main:main")
+        .await;
+    let store = Arc::new(Flaky::over(&w.store));
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), store.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .own_prompts(Arc::new(ForgetPanics))
+        .config(gateway_adapter::MonitorConfig {
+            missing_checks: 1,
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    let mut rx = monitor.subscribe();
+
+    // A removal answered in time: `forget` in the check.
+    std::fs::remove_file(&t.path).unwrap();
+    monitor.tick().await;
+    let first = published(&mut rx);
+    assert!(
+        first.iter().any(|d| matches!(
+            d,
+            Detection::UpstreamMissing {
+                link_removed: true,
+                ..
+            }
+        )),
+        "the removal is said: {first:?}"
+    );
+    assert!(
+        !first.iter().any(|d| matches!(d, Detection::Failed { .. })),
+        "and no check failed: {first:?}"
+    );
+
+    // A removal answered too late: `forget` in the next tick, with the monitor running.
+    store.hang_removes.store(true, Ordering::SeqCst);
+    std::fs::remove_file(&late.path).unwrap();
+    let task = monitor.spawn();
+    let mut ticks = 0;
+    next(&mut rx, |d| match d {
+        Detection::UpstreamMissing {
+            session,
+            link_removed,
+            ..
+        } => {
+            assert_eq!(session, &late_ref);
+            assert!(!link_removed, "not answered in time");
+            None
+        }
+        Detection::TickDone(_) => {
+            ticks += 1;
+            (ticks == 3).then_some(())
+        }
+        _ => None,
+    })
+    .await;
+    assert!(w.store.link(&late_ref).await.unwrap().is_none());
+    // The monitor still checks the links it has.
+    live.human("still there?");
+    let turns = next(&mut rx, |d| match d {
+        Detection::HumanTurns { session, turns, .. } => {
+            assert_eq!(session, &live_ref);
+            Some(*turns)
+        }
+        _ => None,
+    })
+    .await;
+    assert_eq!(turns, 1);
+    assert!(!task.is_finished(), "the monitor's task runs on");
+    task.stop().await;
+    let warned = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("panicked while forgetting"))
+        .count();
+    assert_eq!(
+        warned,
+        2,
+        "each panic is logged once: {:?}",
+        capture.lines()
     );
 }
 

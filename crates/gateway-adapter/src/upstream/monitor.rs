@@ -498,6 +498,19 @@ impl Inner {
         let _ = self.events.send(d);
     }
 
+    /// Tells the gateway's own prompts port that a session's link is gone. A port that panics
+    /// is logged and costs nothing else: the panic ended the monitor's task when it came in a
+    /// tick, and hid the removal's detection when it came in a check.
+    fn forget_prompts(&self, session: &SessionRef) {
+        let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.prompts.forget(session);
+        }));
+        if let Err(panic) = told {
+            let message = awareness_core::error::panic_message(&*panic);
+            warn!(session_key = %session.session_key, agent_id = %session.agent_id, panic = %message, "upstream monitor: the gateway's own prompts panicked while forgetting a removed link's session; the monitor goes on");
+        }
+    }
+
     fn missing_counts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, (Timestamp, u32)>> {
         self.missing.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -531,7 +544,7 @@ impl Inner {
             kept
         });
         for r in &forgotten {
-            me.prompts.forget(r);
+            me.forget_prompts(r);
         }
         // The session of each check task, for the one that panics.
         let mut sessions = HashMap::new();
@@ -850,7 +863,7 @@ impl Inner {
         };
         if link_removed {
             self.found(&session);
-            self.prompts.forget(&session);
+            self.forget_prompts(&session);
         }
         self.emit(Detection::UpstreamMissing {
             session,

@@ -1889,21 +1889,24 @@ impl Awareness {
     /// woken the session; the recordings after it hand out the same notice, whose line the
     /// queue holds, and wake nobody. (A cursor that was explicit already had its session woken
     /// when its line was queued: a repeated watch wakes nobody.) Nothing is queued here (a turn
-    /// that drained the line may be acknowledging it). A wake that panics is logged.
+    /// that drained the line may be acknowledging it). A queue or a wake that panics is logged.
     fn wake_if_queued(&self, cursor: &Cursor) {
         let watcher = cursor.watcher.session_key();
         if !cursor.is_pending() || watcher.is_subagent() {
             return;
         }
         let n = Notice::of(cursor);
-        if n.queue_only || !self.queue.peek(watcher).contains(&queued(&n)) {
+        if n.queue_only {
             return;
         }
         let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.wake.wake(watcher, "session-state");
+            let held = self.queue.peek(watcher).contains(&queued(&n));
+            if held {
+                self.wake.wake(watcher, "session-state");
+            }
         }));
         if let Err(panic) = woken {
-            warn!(session_key = %watcher, panic = awareness_core::error::panic_message(&*panic), "waking the watcher for its queued notice panicked; its next turn reads it");
+            warn!(session_key = %watcher, panic = awareness_core::error::panic_message(&*panic), "looking for the watcher's queued notice, or waking it for that notice, panicked; the watch stands, and its next turn reads the notice");
         }
     }
 

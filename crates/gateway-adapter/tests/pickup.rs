@@ -314,22 +314,12 @@ async fn a_queue_only_notice_is_queued_without_a_wake() {
     );
 }
 
-/// Bug: an ambient cursor's notice is queued without a wake (decision 0015); a watch that
-/// then made the cursor explicit kept the notice pending, and every recording after it handed
-/// out the same notice, whose line the queue already held: nothing woke the main session,
-/// which takes no turn unless woken. The watch now wakes it when the line is queued; a watch
-/// repeated on the cursor, explicit by then, wakes nobody, and neither does a watch of a
-/// cursor whose line is not queued (nothing is queued by a watch: a turn may be acknowledging
-/// it). An ambient cursor is OpenClaw's: the file is written as OpenClaw marks one.
+/// A store at `path` where MANAGER's and ELSEWHERE's cursors on CHILD are pending, MANAGER's
+/// ambient as OpenClaw marks one (the file is written as OpenClaw writes it).
 #[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session() {
+async fn ambient_manager(path: &std::path::Path) -> Arc<store_sqlite::SqliteStore> {
     use sqlx::{ConnectOptions as _, Connection as _};
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let store = Arc::new(store_sqlite::SqliteStore::open(&path).await.expect("open"));
-    let (svc, queue, wake) =
-        common::service_in(store.clone(), None, directory(&[MANAGER, ELSEWHERE]));
+    let store = Arc::new(store_sqlite::SqliteStore::open(path).await.expect("open"));
     for w in [MANAGER, ELSEWHERE] {
         store
             .watch(&WatcherKey::parse(w).unwrap(), &child(), Timestamp::now())
@@ -342,7 +332,7 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
         .await
         .expect("recorded");
     let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(path)
         .connect()
         .await
         .expect("a second connection");
@@ -355,6 +345,23 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
     .await
     .expect("marked ambient, as OpenClaw does");
     raw.close().await.expect("closed");
+    store
+}
+
+/// Bug: an ambient cursor's notice is queued without a wake (decision 0015); a watch that
+/// then made the cursor explicit kept the notice pending, and every recording after it handed
+/// out the same notice, whose line the queue already held: nothing woke the main session,
+/// which takes no turn unless woken. The watch now wakes it when the line is queued; a watch
+/// repeated on the cursor, explicit by then, wakes nobody, and neither does a watch of a
+/// cursor whose line is not queued (nothing is queued by a watch: a turn may be acknowledging
+/// it). An ambient cursor is OpenClaw's: the file is written as OpenClaw marks one.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = ambient_manager(&dir.path().join("state.sqlite")).await;
+    let (svc, queue, wake) =
+        common::service_in(store.clone(), None, directory(&[MANAGER, ELSEWHERE]));
     let cursor = store
         .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
         .await
@@ -378,6 +385,55 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
     assert!(watch(ELSEWHERE).await);
     assert!(texts(&queue, ELSEWHERE).is_empty());
     assert_eq!(wake.all(), [k(MANAGER)]);
+}
+
+/// Bug: a watch of an ambient cursor asks the host's queue whether the notice's line is there
+/// (to wake the session for it); a queue that panicked there failed the watch after the store
+/// had registered it, so the caller's turn ended in a panic. Now the watch is said as made,
+/// the panic is logged, and nobody is woken: the line stays for the session's next turn.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_queue_that_panics_when_a_watch_looks_fails_nothing() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = ambient_manager(&dir.path().join("state.sqlite")).await;
+    let queue = Arc::new(FaultyQueue::default());
+    let (svc, wake) = common::service_with_queue(
+        store.clone(),
+        directory(&[MANAGER, ELSEWHERE]),
+        AwarenessConfig::default(),
+        Arc::clone(&queue),
+    );
+    let cursor = store
+        .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    svc.deliver(&[awareness_core::Notice::of(&cursor)]);
+    *queue.panic_on_peek_of.lock().unwrap() = Some(k(MANAGER));
+    let outcome = svc
+        .watch_after_send(&k(MANAGER), &k(CHILD), None, true)
+        .await;
+    *queue.panic_on_peek_of.lock().unwrap() = None;
+    assert!(outcome.watched, "the watch is made");
+    assert!(wake.all().is_empty(), "nobody woken");
+    assert_eq!(texts(&queue.inner, MANAGER).len(), 1, "the line stays");
+    let explicit = store
+        .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    assert!(
+        !awareness_core::Notice::of(&explicit).queue_only,
+        "explicit now"
+    );
+    let warned: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("the host's queue failed to show"))
+        .collect();
+    assert_eq!(warned.len(), 1, "logged once: {:?}", capture.lines());
 }
 
 /// A watch repeated on an explicit cursor whose notice is queued wakes nobody: its session was

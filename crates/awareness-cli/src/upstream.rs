@@ -1045,7 +1045,8 @@ mod tests {
 
     /// Runs the test `name` (of this module) again as a child process with `scenario` in
     /// [`SIGNALLED_CHILD`] and SIGHUP, SIGINT and SIGTERM at their default action; answers its
-    /// exit code (`None`: killed by `timeout`, a hang guard) and its stderr.
+    /// exit code (`None`: killed by `timeout`, a hang guard) and its stderr; a child that exits 0
+    /// without having run that one test fails the test.
     #[cfg(target_os = "linux")]
     fn signalled_child(name: &str, scenario: &str) -> (Option<i32>, String) {
         let name = format!(
@@ -1059,6 +1060,15 @@ mod tests {
             .env(SIGNALLED_CHILD, scenario)
             .output()
             .unwrap();
+        // A child that exits 0 must have run the scenario: a name that matched no test (a
+        // module renamed) also exits 0, and every check of the exit code would pass.
+        if o.status.success() {
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                stdout.contains("test result: ok. 1 passed"),
+                "the child ran no test named {name}: {stdout}"
+            );
+        }
         (
             o.status.code(),
             String::from_utf8_lossy(&o.stderr).into_owned(),

@@ -1058,7 +1058,8 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
             &json!({ "ok": true, "repaired": repaired, "events": events }),
         )
     } else {
-        emit(out, &format!("{}: {text}; {events} event(s)\n", cli.store))
+        let store = crate::log::one_line(&cli.store);
+        emit(out, &format!("{store}: {text}; {events} event(s)\n"))
     }
     .map(|()| 0)
     .map_err(|e| {

@@ -123,13 +123,17 @@ async fn narrate(
     open: &mut Option<Arc<dyn AwarenessStore>>,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
+    // Paths are printed on one line whatever they hold (a line break prints as `\n`).
     let where_ = match url {
-        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => std::path::absolute(p)
-            .unwrap_or_else(|_| p.clone())
-            .display()
-            .to_string(),
+        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => crate::log::one_line(
+            &std::path::absolute(p)
+                .unwrap_or_else(|_| p.clone())
+                .display()
+                .to_string(),
+        ),
         StoreUrl::Memory => "memory (gone when the demo ends)".to_owned(),
     };
+    let store = crate::log::one_line(&cli.store);
     let start = Timestamp::now();
     // A tag per run keeps runs on the same file apart.
     let tag = format!("demo-{:x}", start.millis() % 0xff_ffff);
@@ -377,10 +381,9 @@ async fn narrate(
         n.line(&format!(
             "the database is left at {where_} for inspection, e.g.:"
         ))?;
-        n.line(&format!("  awareness --store {} list", cli.store))?;
+        n.line(&format!("  awareness --store {store} list"))?;
         n.line(&format!(
-            "  awareness --store {} cursors --watcher {manager}",
-            cli.store
+            "  awareness --store {store} cursors --watcher {manager}"
         ))?;
     }
     if n.missed > 0 {

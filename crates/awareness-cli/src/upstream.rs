@@ -665,7 +665,7 @@ async fn monitor_links(
             &format!(
                 "monitoring {} adopted session(s) in {}: first check in {} s, then every {} s (Ctrl-C stops)\n",
                 links.len(),
-                cli.store,
+                crate::log::one_line(&cli.store),
                 args.first_tick_secs,
                 config.interval.as_secs()
             ),

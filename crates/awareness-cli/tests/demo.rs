@@ -175,3 +175,26 @@ async fn a_record_whose_output_fails_says_it_was_recorded() {
         assert_eq!(listed(&url).await.len(), 1, "{kind}: the event is stored");
     }
 }
+
+/// The demo and `repair` print the store's name on one line whatever it holds: a path with a
+/// line break printed as it was, and a line of the output could be forged by whoever chose the
+/// name (the demo printed it three times, `repair` once).
+#[tokio::test]
+async fn a_store_name_with_a_line_break_is_printed_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("a\nforged: line").display());
+    for args in [&["demo"][..], &["repair"][..]] {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let argv = ["awareness", "--store", &url]
+            .into_iter()
+            .chain(args.iter().copied());
+        let code = awareness_cli::run(argv, &mut out, &mut err).await;
+        let out = String::from_utf8_lossy(&out);
+        assert_eq!(code, 0, "{args:?}: {out}{}", String::from_utf8_lossy(&err));
+        assert!(
+            out.lines().all(|l| !l.starts_with("forged: line")),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("a\\nforged: line"), "{args:?}: {out}");
+    }
+}

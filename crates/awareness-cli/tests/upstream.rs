@@ -596,6 +596,41 @@ fn monitor_after_one_event(store: &str) -> Reading {
     monitor
 }
 
+/// `monitor`'s first line is one line whatever the store's name holds: a path with a line
+/// break printed as it was, and the header could be read as two lines (the second forged by
+/// whoever chose the name).
+#[test]
+fn monitor_names_its_store_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!(
+        "sqlite://{}",
+        dir.path().join("a\nmonitoring 9 forged").display()
+    );
+    one_event(&store);
+    let Reading {
+        mut child,
+        lines: (lines, reader),
+    } = bin()
+        .args(["--store", &store, "monitor"])
+        .stderr(Stdio::null())
+        .spawn_reading()
+        .unwrap();
+    let header = wait_for(&lines, "monitoring 0 adopted session(s)");
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().unwrap();
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert_eq!(header.len(), 1, "{header:?}");
+    assert!(
+        header[0].contains("a\\nmonitoring 9 forged: first check in"),
+        "the break is printed as an escape: {header:?}"
+    );
+    assert!(
+        rest.iter().all(|l| !l.starts_with("monitoring 9 forged")),
+        "{rest:?}"
+    );
+}
+
 /// `record` creates `store` with one human message in `agent:main:worker`.
 fn one_event(store: &str) {
     let o = run(&[

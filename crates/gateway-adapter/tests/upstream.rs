@@ -237,6 +237,57 @@ fn history_before_adoption_never_counts_and_appends_do() {
     assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if dedupe_id == "half-1"));
 }
 
+/// A marker edited by hand (the store is a file anyone may open) cannot keep a link from being
+/// read: a partial line's state the scanner cannot go on from panicked in every check (here
+/// a high surrogate no escape can give), and an offset near `u64::MAX` overflowed. Now the
+/// first costs that line alone, logged, and the second is rebased as past the file's end.
+#[test]
+fn a_marker_edited_by_hand_costs_at_most_its_line() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    let row = user_row("u-1", json!("see \u{1f600} here")).to_string();
+    let escaped = row.replace('\u{1f600}', "\\ud83d\\ude00");
+    let cut = escaped.find("\\ude00").expect("the low half");
+    t.raw(&escaped.as_bytes()[..cut]);
+    let partly = marker_of(&scan(&t, &m));
+    let mut edited = partly.to_value();
+    assert!(edited["partial"]["high"].is_u64(), "{edited}");
+    edited["partial"]["high"] = json!(5);
+    let edited = JsonlMarker::from_value(&edited).expect("still a marker of ours");
+    t.raw(&escaped.as_bytes()[cut..]);
+    t.raw(b"\n");
+    let question = t.human("and this?");
+    let out = scan(&t, &edited);
+    assert_eq!(
+        turns(&out),
+        1,
+        "the edited line is skipped, the next one counted"
+    );
+    assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if *dedupe_id == question));
+    assert_eq!(
+        marker_of(&out).offset,
+        std::fs::metadata(&t.path).unwrap().len()
+    );
+    let warned = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("cannot be read on from"))
+        .count();
+    assert_eq!(warned, 1, "{:?}", capture.lines());
+    // The same marker unedited reads both.
+    assert_eq!(turns(&scan(&t, &partly)), 2);
+
+    let mut past = partly.to_value();
+    past["offset"] = json!(u64::MAX - 1);
+    let past = JsonlMarker::from_value(&past).expect("still a marker of ours");
+    assert!(
+        matches!(scan(&t, &past), CheckOutcome::Rebased { .. }),
+        "past the file's end"
+    );
+}
+
 #[test]
 fn a_three_mib_line_is_streamed_over_ticks_without_blocking_the_marker() {
     let mut t = Transcript::new();

@@ -138,9 +138,12 @@ fn fallback_id(dev: u64, ino: u64, generation: u64, line_start: u64) -> String {
 }
 
 impl JsonlMarker {
-    /// Where the next read starts: `offset` plus what was read of the partial line.
+    /// Where the next read starts: `offset` plus what was read of the partial line (at most
+    /// `u64::MAX`: a marker edited by hand to point past every file is rebased as one past
+    /// its file's end).
     pub fn position(&self) -> u64 {
-        self.offset + self.partial.as_ref().map_or(0, |p| p.consumed)
+        self.offset
+            .saturating_add(self.partial.as_ref().map_or(0, |p| p.consumed))
     }
 
     /// The marker as stored in the link.
@@ -342,7 +345,29 @@ pub fn scan(
     own: &[TextFingerprint],
     budget: u64,
 ) -> CheckOutcome {
-    match try_scan(path, marker, own, budget.max(1)) {
+    let budget = budget.max(1);
+    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        try_scan(path, marker, own, budget)
+    }));
+    let scanned = match (scanned, marker) {
+        (Ok(scanned), _) => scanned,
+        // The state of a partial line comes from the store, where anyone may have edited it:
+        // one the scanner cannot go on from (it panicked) costs that line alone, which is
+        // skipped to its end as after a rebase into its middle. Panicking on every tick
+        // instead kept the link from ever being read again.
+        (Err(panic), Some(m)) if m.partial.is_some() => {
+            let consumed = m.partial.as_ref().map_or(0, |p| p.consumed);
+            tracing::warn!(path = %path.display(), offset = m.offset, panic = awareness_core::error::panic_message(&*panic),
+                "the stored state of a partly read transcript line cannot be read on from; that line is skipped");
+            let skipping = JsonlMarker {
+                partial: Some(LineScanner::skipping(consumed)),
+                ..m.clone()
+            };
+            try_scan(path, Some(&skipping), own, budget)
+        }
+        (Err(panic), _) => std::panic::resume_unwind(panic),
+    };
+    match scanned {
         Ok(outcome) => outcome,
         Err(e) if e.kind() == ErrorKind::NotFound => CheckOutcome::Missing,
         Err(e) => CheckOutcome::Failed(format!("reading {}: {}", path.display(), ErrorChain(&e))),

@@ -1195,7 +1195,7 @@ impl Awareness {
     }
 
     /// The error of a store call given up after [`AwarenessConfig::store_wait`].
-    fn no_answer(&self, context: &'static str) -> StoreError {
+    pub(crate) fn no_answer(&self, context: &'static str) -> StoreError {
         StoreError::backend(
             context,
             std::io::Error::new(
@@ -1214,7 +1214,10 @@ impl Awareness {
     }
 
     /// `call`, given up (`None`) when it has not ended within [`AwarenessConfig::store_wait`].
-    async fn within_store_wait<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
+    pub(crate) async fn within_store_wait<T>(
+        &self,
+        call: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
         until(self.store_deadline(), call).await
     }
 

@@ -1638,6 +1638,87 @@ async fn a_link_removed_after_the_wait_still_forgets_its_prompts() {
     );
 }
 
+/// Hangs every cursor read while `on` is set (a store that stopped answering them).
+struct HangCursors {
+    on: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl awareness_core::testkit::hooked::Hook for HangCursors {
+    async fn before(
+        &self,
+        call: awareness_core::testkit::hooked::Call,
+        _: &dyn awareness_core::AwarenessStore,
+    ) {
+        if call == awareness_core::testkit::hooked::Call::Cursors && self.on.load(Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Bug: a store that stopped answering held a tick for `store_wait` (10 s) per link, one link
+/// after the other, while the monitor asked whether each session was watched: 1,000 s for 100
+/// links, with every link's turns waiting. Now the first read not answered ends the asking for
+/// that tick: the links after it are said as not checked, and the next tick asks again.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_does_not_answer_costs_a_tick_one_wait() {
+    let store = Arc::new(MemoryStore::new());
+    let hooked = Arc::new(awareness_core::testkit::hooked::Hooked {
+        inner: store.clone(),
+        hook: HangCursors {
+            on: std::sync::atomic::AtomicBool::new(false),
+        },
+    });
+    let (svc, _, _) = common::service(hooked.clone(), Some(store.clone()));
+    let mut transcripts = Vec::new();
+    for key in ["agent:main:a", "agent:main:b", "agent:main:c"] {
+        let t = Transcript::new();
+        let session = SessionRef::parse(key, "main").unwrap();
+        let spec = jsonl::adoption(session.clone(), &t.path, None).unwrap();
+        assert!(svc.try_adopt(spec).await.unwrap().created);
+        store
+            .watch(
+                &WatcherKey::parse("agent:main:main").unwrap(),
+                &session,
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        transcripts.push(t);
+    }
+    let monitor = UpstreamMonitor::builder(svc.clone(), store.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    hooked.hook.on.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let report = monitor.tick().await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(10),
+        "one store_wait, not one per link"
+    );
+    assert_eq!(report.checked, 0);
+    let failed: Vec<String> = published(&mut rx)
+        .iter()
+        .filter_map(|d| match d {
+            Detection::Failed { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 3, "{failed:?}");
+    assert!(failed[0].contains("cannot read its watchers"), "{failed:?}");
+    assert!(
+        failed[1..]
+            .iter()
+            .all(|f| f.contains("the store did not answer for an earlier link")),
+        "{failed:?}"
+    );
+    hooked.hook.on.store(false, Ordering::SeqCst);
+    assert_eq!(monitor.tick().await.checked, 3, "the next tick asks again");
+}
+
 /// The gateway's own prompts, whose `forget` panics.
 struct ForgetPanics;
 

@@ -492,6 +492,17 @@ impl UpstreamMonitor {
     }
 }
 
+/// What [`Inner::watched`] found.
+enum Watched {
+    Yes,
+    No,
+    /// The store failed (`answered`) or did not answer within its wait.
+    Unknown {
+        error: String,
+        answered: bool,
+    },
+}
+
 impl Inner {
     fn emit(&self, d: Detection) {
         // No subscriber is fine.
@@ -548,18 +559,32 @@ impl Inner {
         }
         // The session of each check task, for the one that panics.
         let mut sessions = HashMap::new();
+        // Set once the store has not answered whether a session is watched: the links after it
+        // are not asked this tick. Each asked waits `store_wait` (10 s by default) one after
+        // the other, so a store that stopped answering held a tick of 100 links for 1,000 s.
+        let mut silent = false;
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
                 report.no_provider += 1;
                 continue;
             };
+            if silent {
+                me.emit(Detection::Failed {
+                    session: link.session.clone(),
+                    error: "not checked: the store did not answer for an earlier link of this \
+                            tick"
+                        .to_owned(),
+                });
+                continue;
+            }
             match me.watched(&link.session).await {
-                Ok(true) => {}
-                Ok(false) => {
+                Watched::Yes => {}
+                Watched::No => {
                     report.unwatched += 1;
                     continue;
                 }
-                Err(error) => {
+                Watched::Unknown { error, answered } => {
+                    silent = !answered;
                     me.emit(Detection::Failed {
                         session: link.session.clone(),
                         error,
@@ -630,19 +655,29 @@ impl Inner {
     }
 
     /// Whether a cursor watches the session (its key and agent).
-    async fn watched(&self, session: &SessionRef) -> Result<bool, String> {
+    async fn watched(&self, session: &SessionRef) -> Watched {
         let filter = CursorFilter {
             target: Some(session.session_key.clone()),
             ..CursorFilter::default()
         };
         let read = self.awareness.store().cursors(&filter);
-        match self.awareness.bounded("read cursors", read).await {
-            Ok(cursors) => Ok(cursors.iter().any(|c| c.target_agent == session.agent_id)),
-            Err(e) => {
-                let e = ErrorChain(&e);
-                warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
-                Err(format!("cannot read its watchers: {e}"))
+        let (e, answered) = match self.awareness.within_store_wait(read).await {
+            Some(Ok(cursors)) if cursors.iter().any(|c| c.target_agent == session.agent_id) => {
+                return Watched::Yes;
             }
+            Some(Ok(_)) => return Watched::No,
+            Some(Err(e)) => (e, true),
+            None => (self.awareness.no_answer("read cursors"), false),
+        };
+        let e = ErrorChain(&e);
+        if answered {
+            warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
+        } else {
+            warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it and the links after it this tick");
+        }
+        Watched::Unknown {
+            error: format!("cannot read its watchers: {e}"),
+            answered,
         }
     }
 

@@ -1209,15 +1209,22 @@ impl Awareness {
     }
 
     /// When a wait for the store that starts now gives up ([`AwarenessConfig::store_wait`]).
-    fn store_deadline(&self) -> Option<tokio::time::Instant> {
+    pub(crate) fn store_deadline(&self) -> Option<tokio::time::Instant> {
         deadline_after(self.config.store_wait)
     }
 
-    /// `call`, given up (`None`) when it has not ended within [`AwarenessConfig::store_wait`].
-    pub(crate) async fn within_store_wait<T>(
+    /// `call`, given up (`None`) at `deadline` (one [`Awareness::store_deadline`] shared by
+    /// several calls).
+    pub(crate) async fn within<T>(
         &self,
+        deadline: Option<tokio::time::Instant>,
         call: impl std::future::Future<Output = T>,
     ) -> Option<T> {
+        until(deadline, call).await
+    }
+
+    /// `call`, given up (`None`) when it has not ended within [`AwarenessConfig::store_wait`].
+    async fn within_store_wait<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
         until(self.store_deadline(), call).await
     }
 

@@ -1638,40 +1638,60 @@ async fn a_link_removed_after_the_wait_still_forgets_its_prompts() {
     );
 }
 
-/// Hangs every cursor read while `on` is set (a store that stopped answering them).
-struct HangCursors {
-    on: std::sync::atomic::AtomicBool,
+/// Delays every cursor read by `delay` while it is set (`Duration::MAX`: hangs it, a store
+/// that stopped answering them).
+struct SlowCursors {
+    delay: Mutex<Option<Duration>>,
 }
 
 #[async_trait]
-impl awareness_core::testkit::hooked::Hook for HangCursors {
+impl awareness_core::testkit::hooked::Hook for SlowCursors {
     async fn before(
         &self,
         call: awareness_core::testkit::hooked::Call,
         _: &dyn awareness_core::AwarenessStore,
     ) {
-        if call == awareness_core::testkit::hooked::Call::Cursors && self.on.load(Ordering::SeqCst)
-        {
-            std::future::pending::<()>().await;
+        if call != awareness_core::testkit::hooked::Call::Cursors {
+            return;
+        }
+        let delay = *self.delay.lock().unwrap();
+        match delay {
+            None => {}
+            Some(Duration::MAX) => std::future::pending::<()>().await,
+            Some(d) => tokio::time::sleep(d).await,
         }
     }
 }
 
+/// The sessions of the failures one tick published.
+fn failed_sessions(rx: &mut broadcast::Receiver<Detection>) -> Vec<(SessionRef, String)> {
+    published(rx)
+        .into_iter()
+        .filter_map(|d| match d {
+            Detection::Failed { session, error } => Some((session, error)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Bug: a store that stopped answering held a tick for `store_wait` (10 s) per link, one link
 /// after the other, while the monitor asked whether each session was watched: 1,000 s for 100
-/// links, with every link's turns waiting. Now the first read not answered ends the asking for
-/// that tick: the links after it are said as not checked, and the next tick asks again.
+/// links, with every link's turns waiting. Now the asking shares one `store_wait` per tick:
+/// the links not asked when it is over are said as not checked, and the next tick asks again,
+/// starting one link further on, so that a store too slow for them all leaves out other links
+/// each time.
 #[tokio::test(start_paused = true)]
 async fn a_store_that_does_not_answer_costs_a_tick_one_wait() {
     let store = Arc::new(MemoryStore::new());
     let hooked = Arc::new(awareness_core::testkit::hooked::Hooked {
         inner: store.clone(),
-        hook: HangCursors {
-            on: std::sync::atomic::AtomicBool::new(false),
+        hook: SlowCursors {
+            delay: Mutex::new(None),
         },
     });
     let (svc, _, _) = common::service(hooked.clone(), Some(store.clone()));
     let mut transcripts = Vec::new();
+    let mut sessions = Vec::new();
     for key in ["agent:main:a", "agent:main:b", "agent:main:c"] {
         let t = Transcript::new();
         let session = SessionRef::parse(key, "main").unwrap();
@@ -1686,12 +1706,15 @@ async fn a_store_that_does_not_answer_costs_a_tick_one_wait() {
             .await
             .unwrap();
         transcripts.push(t);
+        sessions.push(session);
     }
     let monitor = UpstreamMonitor::builder(svc.clone(), store.clone())
         .provider(Arc::new(JsonlProvider::new()))
         .build();
     let mut rx = monitor.subscribe();
-    hooked.hook.on.store(true, Ordering::SeqCst);
+
+    // A store that does not answer: one wait, every link said as failed.
+    *hooked.hook.delay.lock().unwrap() = Some(Duration::MAX);
     let started = Instant::now();
     let report = monitor.tick().await;
     assert_eq!(
@@ -1700,23 +1723,39 @@ async fn a_store_that_does_not_answer_costs_a_tick_one_wait() {
         "one store_wait, not one per link"
     );
     assert_eq!(report.checked, 0);
-    let failed: Vec<String> = published(&mut rx)
-        .iter()
-        .filter_map(|d| match d {
-            Detection::Failed { error, .. } => Some(error.clone()),
-            _ => None,
-        })
-        .collect();
+    let failed = failed_sessions(&mut rx);
     assert_eq!(failed.len(), 3, "{failed:?}");
-    assert!(failed[0].contains("cannot read its watchers"), "{failed:?}");
+    assert!(failed[0].1.contains("cannot read its watchers"), "{failed:?}");
     assert!(
         failed[1..]
             .iter()
-            .all(|f| f.contains("the store did not answer for an earlier link")),
+            .all(|f| f.1.contains("the store's wait for this tick was over")),
         "{failed:?}"
     );
-    hooked.hook.on.store(false, Ordering::SeqCst);
-    assert_eq!(monitor.tick().await.checked, 3, "the next tick asks again");
+
+    // A store that answers in 6 s: one link asked a tick, another each tick.
+    *hooked.hook.delay.lock().unwrap() = Some(Duration::from_secs(6));
+    let mut checked = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let report = monitor.tick().await;
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        assert_eq!(report.checked, 1);
+        let failed: Vec<SessionRef> = failed_sessions(&mut rx)
+            .into_iter()
+            .map(|f| f.0)
+            .collect();
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        let asked: Vec<&SessionRef> = sessions.iter().filter(|s| !failed.contains(s)).collect();
+        assert_eq!(asked.len(), 1);
+        checked.push(asked[0].clone());
+    }
+    checked.sort_by(|a, b| a.session_key.cmp(&b.session_key));
+    checked.dedup();
+    assert_eq!(checked, sessions, "each link checked in one of three ticks");
+
+    *hooked.hook.delay.lock().unwrap() = None;
+    assert_eq!(monitor.tick().await.checked, 3, "the next tick asks them all");
 }
 
 /// The gateway's own prompts, whose `forget` panics.

@@ -534,7 +534,7 @@ impl Inner {
             tick: me.ticks.fetch_add(1, Ordering::Relaxed) + 1,
             ..TickReport::default()
         };
-        let links = match me.awareness.bounded("list links", me.links.links()).await {
+        let mut links = match me.awareness.bounded("list links", me.links.links()).await {
             Ok(links) => links,
             Err(e) => {
                 warn!(error = %ErrorChain(&e), "upstream monitor: cannot list links; trying again next tick");
@@ -559,9 +559,16 @@ impl Inner {
         }
         // The session of each check task, for the one that panics.
         let mut sessions = HashMap::new();
-        // Set once the store has not answered whether a session is watched: the links after it
-        // are not asked this tick. Each asked waits `store_wait` (10 s by default) one after
-        // the other, so a store that stopped answering held a tick of 100 links for 1,000 s.
+        // Whether each session is watched is asked link after link, within one `store_wait`
+        // for the whole tick: a wait each held a tick of 100 links for 1,000 s (10 s each)
+        // when the store stopped answering. Once the wait is over, the links not asked yet are
+        // not asked this tick, and the tick starts one link further on each time, so that a
+        // store too slow to answer them all leaves out other links at each tick, not the same.
+        let deadline = me.awareness.store_deadline();
+        if !links.is_empty() {
+            let first = usize::try_from(report.tick % links.len() as u64).unwrap_or(0);
+            links.rotate_left(first);
+        }
         let mut silent = false;
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
@@ -571,13 +578,13 @@ impl Inner {
             if silent {
                 me.emit(Detection::Failed {
                     session: link.session.clone(),
-                    error: "not checked: the store did not answer for an earlier link of this \
-                            tick"
+                    error: "not checked: the store's wait for this tick was over before it \
+                            was asked whether the session is watched"
                         .to_owned(),
                 });
                 continue;
             }
-            match me.watched(&link.session).await {
+            match me.watched(&link.session, deadline).await {
                 Watched::Yes => {}
                 Watched::No => {
                     report.unwatched += 1;
@@ -654,14 +661,18 @@ impl Inner {
         report
     }
 
-    /// Whether a cursor watches the session (its key and agent).
-    async fn watched(&self, session: &SessionRef) -> Watched {
+    /// Whether a cursor watches the session (its key and agent), given up at `deadline`.
+    async fn watched(
+        &self,
+        session: &SessionRef,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Watched {
         let filter = CursorFilter {
             target: Some(session.session_key.clone()),
             ..CursorFilter::default()
         };
         let read = self.awareness.store().cursors(&filter);
-        let (e, answered) = match self.awareness.within_store_wait(read).await {
+        let (e, answered) = match self.awareness.within(deadline, read).await {
             Some(Ok(cursors)) if cursors.iter().any(|c| c.target_agent == session.agent_id) => {
                 return Watched::Yes;
             }
@@ -673,7 +684,7 @@ impl Inner {
         if answered {
             warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
         } else {
-            warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it and the links after it this tick");
+            warn!(session_key = %session.session_key, error = %e, "upstream monitor: the store's wait for this tick is over; skipping this link and the ones not asked yet until the next tick");
         }
         Watched::Unknown {
             error: format!("cannot read its watchers: {e}"),

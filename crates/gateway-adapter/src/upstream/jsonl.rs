@@ -10,9 +10,11 @@
 //!   the streaming reader's state in `partial`, and the next check resumes there. A line larger
 //!   than the budget, or of several MB, is classified by streaming through it over as many ticks
 //!   as it needs, never holding it, never skipping an unclassified byte, and never blocking the
-//!   marker. The one exception is a rebase (below) onto a last line that started more than one
+//!   marker. The exceptions are a rebase (below) onto a last line that started more than one
 //!   budget before the file's end: that line is skipped to its end (`offset` is then the first
-//!   byte looked at, inside it), as everything before a rebase is;
+//!   byte looked at, inside it), as everything before a rebase is; and a stored partial state
+//!   the reader could not be in (a marker edited by hand), or one it panics on: that line is
+//!   skipped to its end, logged, and the read goes on;
 //! - **identity checked**: the marker remembers the file's device and inode, its size, and a
 //!   hash of the 64 bytes before the read position. A file replaced by another (a new inode),
 //!   shrunk (below its last size: an append-only transcript never shrinks), or rewritten under
@@ -144,6 +146,16 @@ impl JsonlMarker {
     pub fn position(&self) -> u64 {
         self.offset
             .saturating_add(self.partial.as_ref().map_or(0, |p| p.consumed))
+    }
+
+    /// This marker with its partial line skipped to its end (as after a rebase into the
+    /// line's middle): what a stored partial state the scanner cannot go on from costs.
+    fn skipping_partial(&self) -> Self {
+        let consumed = self.partial.as_ref().map_or(0, |p| p.consumed);
+        Self {
+            partial: Some(LineScanner::skipping(consumed)),
+            ..self.clone()
+        }
     }
 
     /// The marker as stored in the link.
@@ -346,26 +358,39 @@ pub fn scan(
     budget: u64,
 ) -> CheckOutcome {
     let budget = budget.max(1);
-    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        try_scan(path, marker, own, budget)
-    }));
-    let scanned = match (scanned, marker) {
+    let guarded = |marker: Option<&JsonlMarker>| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            try_scan(path, marker, own, budget)
+        }))
+    };
+    let scanned = match (guarded(marker), marker) {
         (Ok(scanned), _) => scanned,
-        // The state of a partial line comes from the store, where anyone may have edited it:
-        // one the scanner cannot go on from (it panicked) costs that line alone, which is
-        // skipped to its end as after a rebase into its middle. Panicking on every tick
-        // instead kept the link from ever being read again.
+        // A panic is a bug, here or in a stored partial line's state that `is_sound` let
+        // through: that line alone is skipped (to its end, as after a rebase into its middle)
+        // and the read goes on, rather than panicking again at every tick, which kept the link
+        // from ever being read.
         (Err(panic), Some(m)) if m.partial.is_some() => {
-            let consumed = m.partial.as_ref().map_or(0, |p| p.consumed);
-            tracing::warn!(path = %path.display(), offset = m.offset, panic = awareness_core::error::panic_message(&*panic),
-                "the stored state of a partly read transcript line cannot be read on from; that line is skipped");
-            let skipping = JsonlMarker {
-                partial: Some(LineScanner::skipping(consumed)),
-                ..m.clone()
-            };
-            try_scan(path, Some(&skipping), own, budget)
+            let first = awareness_core::error::panic_message(&*panic).to_owned();
+            let skipping = m.skipping_partial();
+            match guarded(Some(&skipping)) {
+                Ok(scanned) => {
+                    tracing::warn!(path = %path.display(), offset = m.offset, panic = %first,
+                        "reading on from a partly read transcript line panicked; that line was skipped");
+                    scanned
+                }
+                Err(again) => {
+                    let again = awareness_core::error::panic_message(&*again);
+                    return CheckOutcome::Failed(format!(
+                        "reading {} panicked: {first}; and again past the partly read line: {again}",
+                        path.display()
+                    ));
+                }
+            }
         }
-        (Err(panic), _) => std::panic::resume_unwind(panic),
+        (Err(panic), _) => {
+            let panic = awareness_core::error::panic_message(&*panic);
+            return CheckOutcome::Failed(format!("reading {} panicked: {panic}", path.display()));
+        }
     };
     match scanned {
         Ok(outcome) => outcome,
@@ -410,7 +435,16 @@ fn try_scan(
     // The device the fallback ids name: the marker's, so that the same lines read again from
     // the same marker are named alike (as is its generation, `fallback_id`).
     let id_dev = if last.dev == 0 { dev } else { last.dev };
-    let mut scanner = last.partial.clone().unwrap_or_default();
+    // A partial line's state comes from the store, where anyone may have edited it: one the
+    // scanner could not be in costs that line, which is skipped to its end.
+    let mut scanner = match &last.partial {
+        Some(p) if !p.is_sound() => {
+            tracing::warn!(path = %path.display(), offset = last.offset,
+                "the stored state of a partly read transcript line is not one the reader can be in; that line is skipped");
+            LineScanner::skipping(p.consumed)
+        }
+        p => p.clone().unwrap_or_default(),
+    };
     let mut line_start = last.offset;
     let mut at = start;
     let mut turns = 0u32;

@@ -387,6 +387,40 @@ impl LineScanner {
         scanner
     }
 
+    /// Whether this state is one the scanner itself can be in (a state read back from a
+    /// stored marker, which anyone may have edited, may not be): a lone high surrogate is one,
+    /// a `\\u` escape has read at most 3 of its digits, at most 3 bytes of a UTF-8 character
+    /// wait, the open containers are objects and arrays no deeper than followed, the path
+    /// holds the outermost of them, and a token that belongs inside a container has one of
+    /// its kind.
+    pub fn is_sound(&self) -> bool {
+        let depth = self.kinds.len();
+        let innermost = self.kinds.as_bytes().last().copied();
+        let high = self.high.is_none_or(|h| (0xD800..=0xDBFF).contains(&h));
+        let escape = match self.esc {
+            Esc::Unicode { n, .. } => n <= 3,
+            Esc::None | Esc::Backslash => true,
+        };
+        let tok = match self.tok {
+            Tok::Start | Tok::Done => depth == 0,
+            Tok::ObjectFirst | Tok::Key | Tok::Colon => innermost == Some(b'o'),
+            Tok::ArrayFirst => innermost == Some(b'a'),
+            Tok::Value | Tok::After => depth > 0,
+            Tok::Str { key } => !key || innermost == Some(b'o'),
+            Tok::Scalar | Tok::Malformed => true,
+        };
+        // A line found malformed inside an escape keeps the escape (the rest is skipped anyway).
+        let escape_in_string =
+            matches!(self.esc, Esc::None) || matches!(self.tok, Tok::Str { .. } | Tok::Malformed);
+        high && escape
+            && tok
+            && escape_in_string
+            && self.utf8.len() <= 3
+            && depth <= MAX_DEPTH
+            && self.kinds.bytes().all(|k| k == b'o' || k == b'a')
+            && self.path.len() == depth.min(PATH_DEPTH)
+    }
+
     /// Consumes `bytes` up to the line's end: returns `Some(i)` when `bytes[i]` is the line's
     /// `\n` (bytes after it are not consumed), `None` when all of `bytes` belong to the line.
     pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
@@ -1013,11 +1047,88 @@ mod tests {
         let mut s = LineScanner::new();
         for piece in line.as_bytes().chunks(step.max(1)) {
             assert_eq!(s.feed(piece), None);
+            // Every state the reader reaches is one a stored marker may hold unskipped.
+            assert!(s.is_sound(), "{s:?} after {} bytes of {line}", s.consumed);
             s = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         }
         assert_eq!(s.feed(b"\nnext"), Some(0));
         assert_eq!(s.consumed, line.len() as u64);
         s.finish()
+    }
+
+    /// Every state the reader reaches on odd lines (malformed ones, escapes cut anywhere,
+    /// surrogates, bytes that are not UTF-8, nesting past what is followed) is one
+    /// [`LineScanner::is_sound`] accepts: a stored state it refused would cost a line that
+    /// did not need to be skipped.
+    #[test]
+    fn every_state_the_reader_reaches_is_sound() {
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(300), "]".repeat(300));
+        let lines: Vec<Vec<u8>> = [
+            r#"{"a":"\u12zz","type":"user"}"#,
+            r#"{"a":"\q"}"#,
+            r#"{"message":{"content":"\ud83d\ude00 \ud83d x \ude00 \ud83d\u0041"}}"#,
+            "[1,2]",
+            r#""top""#,
+            r#"{"a":tru,"b":nul}"#,
+            r#"{"a" "b"}"#,
+            "{} x",
+            r#"{"a":[{"b":[1,{"c":"d"}]},[],{}],"e":-1.5e3}"#,
+            r#"{"a":1,}"#,
+            r#"{"type":"user","message":{"role":"user","content":[{"type":"text","text":"hi"}]}}"#,
+            deep.as_str(),
+        ]
+        .iter()
+        .map(|l| l.as_bytes().to_vec())
+        .chain([
+            b"{\"message\":{\"content\":\"caf\xc3\xa9 \xff\xe2\x82 \xf0\x9f\x98\x80\"}}".to_vec(),
+            b"{\"\xc3\xa9\":\"\xe2\x82\xac\"}".to_vec(),
+        ])
+        .collect();
+        for line in &lines {
+            let mut s = LineScanner::new();
+            for (i, byte) in line.iter().enumerate() {
+                assert_eq!(s.feed(std::slice::from_ref(byte)), None);
+                assert!(
+                    s.is_sound(),
+                    "{s:?} after {} bytes of {}",
+                    i + 1,
+                    String::from_utf8_lossy(line)
+                );
+            }
+        }
+    }
+
+    /// States a stored marker may hold but the reader cannot reach are refused.
+    #[test]
+    fn a_state_the_reader_cannot_reach_is_not_sound() {
+        let mut inside = LineScanner::new();
+        assert_eq!(inside.feed(br#"{"message":{"content":"x"#), None);
+        assert!(inside.is_sound());
+        let edited = |edit: &dyn Fn(&mut Value)| {
+            let mut v = serde_json::to_value(&inside).unwrap();
+            edit(&mut v);
+            serde_json::from_value::<LineScanner>(v).unwrap().is_sound()
+        };
+        assert!(edited(&|_| {}), "unedited");
+        assert!(!edited(&|v| v["high"] = json!(5)), "not a high surrogate");
+        assert!(!edited(&|v| v["kinds"] = json!("ox")), "not a container");
+        assert!(!edited(&|v| v["kinds"] = json!("o")), "the path is deeper");
+        assert!(
+            !edited(&|v| v["kinds"] = json!("o".repeat(300))),
+            "too deep"
+        );
+        assert!(
+            !edited(&|v| v["utf8"] = json!([226, 130, 172, 1])),
+            "a character has 4 bytes at most"
+        );
+        assert!(
+            !edited(&|v| v["tok"] = json!("Done")),
+            "done inside containers"
+        );
+        assert!(
+            !edited(&|v| v["esc"] = json!({"Unicode": {"n": 4, "value": 0}})),
+            "4 digits read"
+        );
     }
 
     fn verdict(line: &Value) -> Verdict {

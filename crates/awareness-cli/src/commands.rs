@@ -1058,7 +1058,7 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
             &json!({ "ok": true, "repaired": repaired, "events": events }),
         )
     } else {
-        let store = crate::log::one_line(&cli.store);
+        let store = crate::table::shown(&cli.store);
         emit(out, &format!("{store}: {text}; {events} event(s)\n"))
     }
     .map(|()| 0)

@@ -123,9 +123,10 @@ async fn narrate(
     open: &mut Option<Arc<dyn AwarenessStore>>,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
-    // Paths are printed on one line whatever they hold (a line break prints as `\n`).
+    // Paths are printed on one line whatever they hold (a line break prints as `\n`), and
+    // cannot reorder it.
     let where_ = match url {
-        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => crate::log::one_line(
+        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => crate::table::shown(
             &std::path::absolute(p)
                 .unwrap_or_else(|_| p.clone())
                 .display()
@@ -133,7 +134,7 @@ async fn narrate(
         ),
         StoreUrl::Memory => "memory (gone when the demo ends)".to_owned(),
     };
-    let store = crate::log::one_line(&cli.store);
+    let store = crate::table::shown(&cli.store);
     let start = Timestamp::now();
     // A tag per run keeps runs on the same file apart.
     let tag = format!("demo-{:x}", start.millis() % 0xff_ffff);

@@ -284,7 +284,7 @@ fn parse_problem(mut e: clap::Error) -> String {
     if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         return "error: a command is required".to_owned();
     }
-    let escape = |s: &str| table::printable(&log::one_line(s)).into_owned();
+    let escape = table::shown;
     let escaped: Vec<(ContextKind, ContextValue)> = e
         .context()
         .filter_map(|(kind, value)| {
@@ -316,5 +316,5 @@ fn parse_problem(mut e: clap::Error) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     // Whatever clap adds of its own (a value parser's reason) is escaped too.
-    table::printable(&log::one_line(&first)).into_owned()
+    table::shown(&first)
 }

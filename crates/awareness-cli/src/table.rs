@@ -78,6 +78,13 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `text` on one line ([`crate::log::one_line`]) and [`printable`]: how a name that comes
+/// from outside (a path, a store's address, a thread id) is printed in a line of this tool's
+/// own, so that it can neither start a line nor reorder the one it is in.
+pub(crate) fn shown(text: &str) -> String {
+    printable(&crate::log::one_line(text)).into_owned()
+}
+
 /// `YYYY-MM-DD HH:MM:SS.mmmZ` in UTC ([`Timestamp::utc`]).
 pub fn time(t: Timestamp) -> String {
     t.utc()

@@ -247,9 +247,9 @@ async fn adopt_with(
     let path = jsonl::path_of(link).unwrap_or_default();
     let mut text = format!(
         "adopted {session} from {} ({how})\n  transcript {} (thread {}), read from byte {from} on\n",
-        link.catalog_id,
-        path.display(),
-        link.thread_id
+        crate::table::shown(&link.catalog_id),
+        crate::table::shown(&path.display().to_string()),
+        crate::table::shown(&link.thread_id)
     );
     match &watcher {
         Some(w) => {
@@ -665,7 +665,7 @@ async fn monitor_links(
             &format!(
                 "monitoring {} adopted session(s) in {}: first check in {} s, then every {} s (Ctrl-C stops)\n",
                 links.len(),
-                crate::log::one_line(&cli.store),
+                crate::table::shown(&cli.store),
                 args.first_tick_secs,
                 config.interval.as_secs()
             ),

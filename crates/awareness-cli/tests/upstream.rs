@@ -631,6 +631,30 @@ fn monitor_names_its_store_on_one_line() {
     );
 }
 
+/// `adopt` prints the transcript's path on one line whatever it holds: a file name with a line
+/// break was printed as it was (the thread and catalog are refused with one).
+#[test]
+fn adopt_names_its_transcript_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let transcript = dir.path().join("t\nforged: line.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        transcript.to_str().unwrap(),
+        "--thread",
+        "t1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().all(|l| !l.starts_with("forged: line")), "{out}");
+    assert!(out.contains("t\\nforged: line.jsonl (thread t1)"), "{out}");
+}
+
 /// `record` creates `store` with one human message in `agent:main:worker`.
 fn one_event(store: &str) {
     let o = run(&[

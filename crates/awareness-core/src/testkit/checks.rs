@@ -1049,6 +1049,13 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
     for e in &log {
         assert!(seen.insert(e.summary.clone()), "{:?} twice", e.summary);
     }
+    // Each head is its ref's last event, on the sessions of the cancelled callers too (c0,
+    // c2), before any recording after them could put a torn head right.
+    assert_eq!(
+        crate::audit::audit_store(s).await.expect("audit").findings,
+        [],
+        "nothing torn by a cancelled recording"
+    );
     let last = rec(s, human(&on(0)), T0).await;
     assert_eq!(version(s, &on(0)).await, last.event.sequence.get());
     if t.batching.is_some() {
@@ -1115,6 +1122,50 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
     }
     let head = version(s, &child()).await;
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((head, head, head)));
+}
+
+/// A removal of a cursor (an unwatch, or a reset of its watcher) racing recordings on its
+/// target: once both are done the cursor is gone, whatever the order (a recording that names
+/// no watcher never makes one), and another watcher's cursor on the target saw every
+/// recording. A store that read the cursors before the removal committed and wrote them back
+/// after (in a batch, say) would bring the removed cursor back.
+pub async fn removals_racing_recordings_bring_no_cursor_back(t: &Subject) {
+    const ROUNDS: usize = 20;
+    let s = &*t.store;
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    for round in 0..ROUNDS {
+        s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..9 {
+            let store = std::sync::Arc::clone(&t.store);
+            tasks.push(tokio::spawn(async move {
+                match (i, round % 2) {
+                    (0..8, _) => store.record(human(&child()), T0).await.map(drop),
+                    (_, 0) => store.unwatch(&w(MANAGER), &k(CHILD)).await.map(drop),
+                    _ => store.reset_watcher(&k(MANAGER)).await.map(drop),
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("join").expect("a removal or a recording");
+        }
+        assert_eq!(
+            s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
+            None,
+            "round {round}: the removed cursor stays removed"
+        );
+        let head = version(s, &child()).await;
+        assert_eq!(
+            head,
+            8 * (round as u64 + 1),
+            "round {round}: every recording"
+        );
+        let (_, _, material) = cursor3(s, PEER, CHILD).await.expect("the peer's cursor");
+        assert_eq!(
+            material, head,
+            "round {round}: the other cursor saw them all"
+        );
+    }
 }
 
 /// Pruning passes racing recordings on the sessions they prune: every head ends at the last
@@ -1510,6 +1561,8 @@ pub async fn acknowledge_ignores_unknown_targets(t: &Subject) {
 pub async fn self_caused_events_never_notify(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    // Another watcher of the same session: the actor's own cursor alone is spared.
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
     let before = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap();
     let goal = NewEvent::new(
         child(),
@@ -1520,11 +1573,21 @@ pub async fn self_caused_events_never_notify(t: &Subject) {
     .with_actor_id(MANAGER)
     .with_watcher(w(MANAGER));
     let got = rec(s, goal, T0.plus_ms(9)).await;
-    assert!(got.notices.is_empty(), "the watcher caused it");
+    let notified: Vec<&WatcherKey> = got.notices.iter().map(|n| &n.watcher).collect();
+    assert_eq!(
+        notified,
+        [&w(PEER)],
+        "the manager caused it; the peer did not"
+    );
     assert_eq!(
         s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap(),
         before,
         "a self-caused event writes nothing"
+    );
+    assert_eq!(
+        cursor3(s, PEER, CHILD).await,
+        Some((1, 2, 2)),
+        "the peer's cursor is notified of it"
     );
     assert_eq!(version(s, &child()).await, 2, "it is still logged");
 }
@@ -3512,7 +3575,14 @@ pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) 
                 "version {version} below the page's last event: {seen:?}"
             );
         }
-        if !page.truncated {
+        if page.truncated {
+            // Only the child's events land: a page cut short holds the next ones in a row.
+            let expected: Vec<u64> = (after + 1..).take(limit.unwrap_or(seen.len())).collect();
+            assert_eq!(
+                seen, expected,
+                "after {after}: a truncated page of limit {limit:?} holds {seen:?}"
+            );
+        } else {
             let expected: Vec<u64> = (after + 1..=version).collect();
             assert_eq!(
                 seen, expected,

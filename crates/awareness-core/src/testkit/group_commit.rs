@@ -239,6 +239,11 @@ pub async fn concurrent_recordings_leave_each_head_at_its_last_event(f: impl Ope
             .enumerate()
         {
             let (n, now) = (round * 64 + i, clock(round * 64 + i));
+            let asked = (i % 5 == 0).then(|| format!("key-{}", (i / 5) % 5));
+            assert_eq!(
+                rec.event.dedupe_key, asked,
+                "round {round}, call {i}: the event of the key it asked for"
+            );
             if rec.deduplicated {
                 hits.push(rec);
                 continue;
@@ -484,7 +489,14 @@ pub async fn recordings_crossing_the_end_of_the_counter_commit_only_those_that_f
     let mut refused = 0;
     for (i, t) in tasks.into_iter().enumerate() {
         match t.await.expect("join") {
-            Ok(rec) if rec.deduplicated => hits.push(rec),
+            Ok(rec) if rec.deduplicated => {
+                assert_eq!(
+                    rec.event.dedupe_key,
+                    Some(format!("key-{}", i % 16)).filter(|_| i % 8 == 0),
+                    "call {i}: a hit on the key it asked for"
+                );
+                hits.push(rec);
+            }
             Ok(rec) => {
                 assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
                 let seq = rec.event.sequence;
@@ -535,7 +547,15 @@ pub async fn recordings_crossing_the_end_of_the_counter_commit_only_those_that_f
         .collect();
     assert_eq!(log, expected, "the log holds exactly the events answered");
     let refs: Vec<SessionRef> = (0..4).map(session).collect();
-    for h in g.store.heads(&refs).await.expect("heads") {
+    let heads = g.store.heads(&refs).await.expect("heads");
+    let with_events: std::collections::BTreeSet<_> =
+        expected.iter().map(|e| e.session_ref()).collect();
+    assert_eq!(
+        heads.len(),
+        with_events.len(),
+        "a head for each session with a stored event"
+    );
+    for h in heads {
         let last = expected
             .iter()
             .filter(|e| e.session_ref() == h.session)

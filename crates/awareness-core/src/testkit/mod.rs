@@ -365,6 +365,7 @@ macro_rules! conformance_suite {
             concurrent_records_each_get_their_own_event,
             cancelled_recordings_cancel_nobody_elses_commit,
             cursor_writes_racing_recordings_lose_no_event,
+            removals_racing_recordings_bring_no_cursor_back,
             acknowledge_with_interleaved_event_reopens_exactly_one,
             acknowledge_without_pending_changes_nothing,
             acknowledge_ignores_unknown_targets,

@@ -69,6 +69,11 @@ impl RawAccess for Raw {
     async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
         Ok(self.0.leave_sequences(left))
     }
+
+    async fn make_ambient(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
+        // Only OpenClaw makes ambient cursors, in its SQLite file.
+        Ok(false)
+    }
 }
 
 async fn subject() -> Subject {

@@ -743,6 +743,16 @@ impl RedbStore {
         .await
     }
 
+    /// Answers `false`: a redb cursor row has no room for a provenance (only OpenClaw makes
+    /// ambient cursors, and only in its SQLite file). For the conformance suite.
+    #[allow(
+        clippy::unused_async,
+        reason = "async like every row helper the testkit's forwarding awaits"
+    )]
+    pub async fn make_ambient(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     /// Answers `false`: cursors are kept in redb's own string type, which cannot hold text that
     /// is not UTF-8 (redb checks it when it reads). For the durable suite.
     #[allow(

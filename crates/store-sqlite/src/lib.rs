@@ -789,6 +789,21 @@ impl SqliteStore {
         self.write_changed("spoil a cursor's text", q).await
     }
 
+    /// Marks one cursor row ambient (`provenance = 'ambient-group'`), as OpenClaw writes its
+    /// ambient watch of a group's sessions. Returns whether the row existed. The conformance
+    /// suite uses it to check that every write keeps an ambient cursor ambient (its notices
+    /// queue-only) until a watch makes it explicit.
+    pub async fn make_ambient(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::MAKE_AMBIENT)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        self.write_changed("mark a cursor ambient", q).await
+    }
+
     /// Appends a byte that is not UTF-8 to one cursor row's watcher key, as
     /// [`SqliteStore::spoil_cursor_text`] does to its target agent.
     pub async fn spoil_cursor_watcher(

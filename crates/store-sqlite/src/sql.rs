@@ -640,6 +640,14 @@ UPDATE session_watch_cursors SET target_agent_id = target_agent_id || CAST(X'FF'
 SELECT changes();
 COMMIT";
 
+/// Marks one cursor row ambient, as OpenClaw writes its ambient watch of a group's sessions
+/// (`SqliteStore::make_ambient`).
+pub(crate) const MAKE_AMBIENT: &str = "BEGIN IMMEDIATE;
+UPDATE session_watch_cursors SET provenance = 'ambient-group'
+  WHERE watcher_session_key = $1 AND target_session_key = $2;
+SELECT changes();
+COMMIT";
+
 /// Appends the byte 0xFF to one cursor row's watcher key (`SqliteStore::spoil_cursor_watcher`).
 pub(crate) const SPOIL_CURSOR_WATCHER: &str = "BEGIN IMMEDIATE;
 UPDATE session_watch_cursors SET watcher_session_key = watcher_session_key || CAST(X'FF' AS TEXT)

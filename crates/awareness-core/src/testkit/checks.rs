@@ -1592,6 +1592,116 @@ pub async fn self_caused_events_never_notify(t: &Subject) {
     assert_eq!(version(s, &child()).await, 2, "it is still logged");
 }
 
+/// Each notice of `notices` as (its watcher, whether it is queue-only).
+fn queue_only(notices: &[crate::Notice]) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = notices
+        .iter()
+        .map(|n| (n.watcher.as_str().to_owned(), n.queue_only))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A cursor marked ambient (OpenClaw's ambient watch of a group's sessions, decision 0015)
+/// stays ambient through every write that moves it: a recording, recordings at once (a batch,
+/// on a store that batches), one naming its watcher, a re-freeze, the start-up sweep and an
+/// acknowledgement; and every notice it hands out is queue-only, where another watcher's is
+/// not. A re-spawn naming its watcher makes it explicit, its pending notice kept (decision
+/// 0018), as a watch does. A store with no room for a provenance ([`super::RawAccess::make_ambient`]
+/// answers `false`) holds no ambient cursor, and has nothing to check.
+pub async fn an_ambient_cursor_stays_ambient_until_a_spawn_or_watch(t: &Subject) {
+    use crate::WatchProvenance::{AmbientGroup, Explicit};
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    if !t
+        .raw
+        .make_ambient(&w(MANAGER), &k(CHILD))
+        .await
+        .expect("make_ambient")
+    {
+        return;
+    }
+    let provenance = async || {
+        s.cursor(&w(MANAGER), &k(CHILD))
+            .await
+            .unwrap()
+            .expect("the manager's cursor")
+            .provenance
+    };
+    let both = |manager: bool| {
+        let mut v = vec![(MANAGER.to_owned(), manager), (PEER.to_owned(), false)];
+        v.sort();
+        v
+    };
+    assert_eq!(provenance().await, AmbientGroup);
+
+    let got = rec(s, human(&child()), T0).await;
+    assert_eq!(queue_only(&got.notices), both(true), "a recording");
+    assert_eq!(provenance().await, AmbientGroup, "after a recording");
+
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let store = std::sync::Arc::clone(&t.store);
+            tokio::spawn(async move { store.record(human(&child()), T0).await })
+        })
+        .collect();
+    for task in tasks {
+        let got = task.await.expect("join").expect("record");
+        assert_eq!(queue_only(&got.notices), both(true), "recordings at once");
+    }
+    assert_eq!(provenance().await, AmbientGroup, "after recordings at once");
+
+    let named = rec(s, human(&child()).with_watcher(w(MANAGER)), T0).await;
+    assert_eq!(
+        queue_only(&named.notices),
+        both(true),
+        "a recording naming it"
+    );
+    assert_eq!(
+        provenance().await,
+        AmbientGroup,
+        "after a recording naming it"
+    );
+
+    let key = CursorKey {
+        watcher: w(MANAGER),
+        target: k(CHILD),
+    };
+    let again = s.refreeze(&[key], T0).await.unwrap();
+    assert_eq!(
+        queue_only(&again),
+        [(MANAGER.to_owned(), true)],
+        "a re-freeze"
+    );
+    assert_eq!(provenance().await, AmbientGroup, "after a re-freeze");
+
+    let swept = s.sweep(T0, &|_| true).await.unwrap();
+    assert_eq!(queue_only(&swept), both(true), "the sweep");
+    assert_eq!(provenance().await, AmbientGroup, "after the sweep");
+
+    s.acknowledge(&w(MANAGER), &[any(CHILD)], T0).await.unwrap();
+    assert_eq!(provenance().await, AmbientGroup, "after an acknowledgement");
+
+    let got = rec(s, human(&child()), T0).await;
+    assert_eq!(queue_only(&got.notices), both(true), "pending again");
+    let pending = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    rec(s, spawn(&child(), MANAGER, "run-2"), T0).await;
+    let spawned = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    assert_eq!(spawned.provenance, Explicit, "a re-spawn makes it explicit");
+    assert_eq!(
+        (spawned.last_seen, spawned.notified, spawned.material),
+        (pending.last_seen, pending.notified, pending.material),
+        "its pending notice kept"
+    );
+    let got = rec(s, human(&child()), T0).await;
+    assert_eq!(
+        queue_only(&got.notices),
+        both(false),
+        "explicit from then on"
+    );
+}
+
 pub async fn log_only_kinds_move_the_head_only(t: &Subject) {
     let s = &*t.store;
     s.watch(&w(MANAGER), &child(), T0).await.unwrap();

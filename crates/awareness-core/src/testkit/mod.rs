@@ -138,6 +138,16 @@ pub trait RawAccess: Send + Sync {
     /// point, since the counter never goes back, or when the store has fewer than `left`
     /// numbers in all.
     async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError>;
+    /// Marks the cursor row `(watcher, target)` ambient ([`crate::WatchProvenance::AmbientGroup`]),
+    /// as OpenClaw writes its ambient watch of a group's sessions, touching nothing else.
+    /// Returns whether the row existed; `false` from a store that has no room for a
+    /// provenance (only OpenClaw makes ambient cursors, and only in its SQLite file:
+    /// store-memory and store-redb hold explicit cursors only).
+    async fn make_ambient(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError>;
 }
 
 /// What a store's [`foreign_commits`](crate::EventStore::foreign_commits) answers, as each
@@ -373,6 +383,7 @@ macro_rules! conformance_suite {
             an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing,
             refreezing_a_key_twice_in_one_call_redelivers_once,
             self_caused_events_never_notify,
+            an_ambient_cursor_stays_ambient_until_a_spawn_or_watch,
             log_only_kinds_move_the_head_only,
             seed_starts_cursor_at_spawn_sequence,
             seeding_keeps_a_pending_notice,
@@ -465,8 +476,8 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
 
 /// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
 /// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
-/// `damage_cursor_row`, `damage_link_row`, `damage_head_row`, `leave_sequences` and the
-/// `spoil_*_text` ones, each async and answering `Result<bool, _>`), as the durable stores
+/// `damage_cursor_row`, `damage_link_row`, `damage_head_row`, `leave_sequences`,
+/// `make_ambient` and the `spoil_*_text` ones, each async and answering `Result<bool, _>`), as the durable stores
 /// have: one forwarding for every suite a store runs.
 #[macro_export]
 macro_rules! raw_access_forwarding {
@@ -561,6 +572,14 @@ macro_rules! raw_access_forwarding {
                 left: u64,
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.leave_sequences(left).await
+            }
+
+            async fn make_ambient(
+                &self,
+                watcher: &$crate::WatcherKey,
+                target: &$crate::SessionKey,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.make_ambient(watcher, target).await
             }
         }
     };

@@ -1168,6 +1168,75 @@ pub async fn removals_racing_recordings_bring_no_cursor_back(t: &Subject) {
     }
 }
 
+/// Pages read while pruning passes delete the rows they cover never hide a loss: a page
+/// either starts right after the caller's version, or says `historyGap`; its events follow one
+/// another, from `earliestAvailableSequence` on when the caller's next was pruned. (Only the
+/// child's events are in the log, so its sequences have no holes but the pruned ones.) A
+/// store that read a page's events and its head (or its watermark) in two steps, with a pass
+/// between them, would show a page with its first events gone and no gap: the stores here
+/// read a page at once, which is what this holds any other backend to.
+pub async fn pages_read_while_pruning_never_hide_a_loss(t: &Subject) {
+    const EVENTS: u64 = 400;
+    let s = &*t.store;
+    for _ in 0..EVENTS {
+        rec(s, human(&child()), T0).await;
+    }
+    let policy = RetentionPolicy {
+        max_rows: 20,
+        chunk_rows: 7,
+        ..RetentionPolicy::default()
+    };
+    let pruner = {
+        let store = std::sync::Arc::clone(&t.store);
+        tokio::spawn(async move {
+            // Pass after pass, each deleting a few chunks, down to the cap.
+            loop {
+                let report = store.prune(&policy, T0).await?;
+                if report.events_by_age + report.events_by_cap == 0 {
+                    return Ok::<_, StoreError>(());
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut pages = 0_u64;
+    while !pruner.is_finished() || pages == 0 {
+        for after in [0, 1, 100, 200, 300, 370] {
+            let page = s
+                .changes_since(&child(), Sequence(after), 10)
+                .await
+                .expect("changes_since");
+            pages += 1;
+            let seen: Vec<u64> = page.events.iter().map(|e| e.sequence.get()).collect();
+            for pair in seen.windows(2) {
+                assert_eq!(pair[1], pair[0] + 1, "after {after}: {seen:?} has a hole");
+            }
+            let Some(&first) = seen.first() else {
+                continue;
+            };
+            if page.history_gap {
+                assert_eq!(
+                    first,
+                    page.earliest_available_sequence.get(),
+                    "after {after}: a gap page starts at the earliest available"
+                );
+            } else {
+                assert_eq!(
+                    first,
+                    after + 1,
+                    "after {after}: the page starts at {first} without a gap"
+                );
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    pruner.await.expect("join").expect("prune");
+    // Once the passes are done, a read from before the cap's rows sees the gap.
+    let page = s.changes_since(&child(), Sequence(0), 10).await.unwrap();
+    assert!(page.history_gap, "{page:?}");
+    assert_eq!(page.earliest_available_sequence, Sequence(EVENTS - 19));
+}
+
 /// Pruning passes racing recordings on the sessions they prune: every head ends at the last
 /// event recorded on it (a pass never writes back a head it read before a recording moved it),
 /// each watermark stays at or below its head, the row cap holds once the last pass ran alone,

@@ -376,6 +376,7 @@ macro_rules! conformance_suite {
             cancelled_recordings_cancel_nobody_elses_commit,
             cursor_writes_racing_recordings_lose_no_event,
             removals_racing_recordings_bring_no_cursor_back,
+            pages_read_while_pruning_never_hide_a_loss,
             acknowledge_with_interleaved_event_reopens_exactly_one,
             acknowledge_without_pending_changes_nothing,
             acknowledge_ignores_unknown_targets,

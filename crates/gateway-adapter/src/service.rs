@@ -1225,7 +1225,7 @@ impl Awareness {
 
     /// `call`, given up (`None`) when it has not ended within [`AwarenessConfig::store_wait`].
     async fn within_store_wait<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
-        until(self.store_deadline(), call).await
+        self.within(self.store_deadline(), call).await
     }
 
     /// The store's answer to `call`, or, when it has not answered within

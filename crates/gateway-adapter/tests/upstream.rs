@@ -1664,7 +1664,7 @@ impl awareness_core::testkit::hooked::Hook for SlowCursors {
     }
 }
 
-/// The sessions of the failures one tick published.
+/// The failures one tick published: each one's session and error.
 fn failed_sessions(rx: &mut broadcast::Receiver<Detection>) -> Vec<(SessionRef, String)> {
     published(rx)
         .into_iter()

@@ -1769,6 +1769,24 @@ pub async fn an_ambient_cursor_stays_ambient_until_a_spawn_or_watch(t: &Subject)
         both(false),
         "explicit from then on"
     );
+
+    // Ambient again, then watched: explicit, its pending notice kept.
+    assert!(
+        t.raw
+            .make_ambient(&w(MANAGER), &k(CHILD))
+            .await
+            .expect("make_ambient")
+    );
+    let pending = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    assert!(pending.is_pending());
+    let watched = s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    assert_eq!(watched.provenance, Explicit, "a watch makes it explicit");
+    assert_eq!(
+        (watched.last_seen, watched.notified, watched.material),
+        (pending.last_seen, pending.notified, pending.material),
+        "its pending notice kept"
+    );
+    assert_eq!(provenance().await, Explicit, "stored explicit");
 }
 
 pub async fn log_only_kinds_move_the_head_only(t: &Subject) {

@@ -478,8 +478,8 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
 /// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
 /// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
 /// `damage_cursor_row`, `damage_link_row`, `damage_head_row`, `leave_sequences`,
-/// `make_ambient` and the `spoil_*_text` ones, each async and answering `Result<bool, _>`), as the durable stores
-/// have: one forwarding for every suite a store runs.
+/// `make_ambient` and the `spoil_*_text` ones, each async and answering `Result<bool, _>`), as
+/// the durable stores have: one forwarding for every suite a store runs.
 #[macro_export]
 macro_rules! raw_access_forwarding {
     ($store:ty) => {

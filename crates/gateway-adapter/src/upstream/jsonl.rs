@@ -13,8 +13,8 @@
 //!   marker. The exceptions are a rebase (below) onto a last line that started more than one
 //!   budget before the file's end: that line is skipped to its end (`offset` is then the first
 //!   byte looked at, inside it), as everything before a rebase is; and a stored partial state
-//!   the reader could not be in (a marker edited by hand), or one it panics on: that line is
-//!   skipped to its end, logged, and the read goes on;
+//!   the reader could not be in (a marker edited by hand, [`LineScanner::is_sound`]): that
+//!   line is skipped to its end, logged, and the read goes on;
 //! - **identity checked**: the marker remembers the file's device and inode, its size, and a
 //!   hash of the 64 bytes before the read position. A file replaced by another (a new inode),
 //!   shrunk (below its last size: an append-only transcript never shrinks), or rewritten under
@@ -146,16 +146,6 @@ impl JsonlMarker {
     pub fn position(&self) -> u64 {
         self.offset
             .saturating_add(self.partial.as_ref().map_or(0, |p| p.consumed))
-    }
-
-    /// This marker with its partial line skipped to its end (as after a rebase into the
-    /// line's middle): what a stored partial state the scanner cannot go on from costs.
-    fn skipping_partial(&self) -> Self {
-        let consumed = self.partial.as_ref().map_or(0, |p| p.consumed);
-        Self {
-            partial: Some(LineScanner::skipping(consumed)),
-            ..self.clone()
-        }
     }
 
     /// The marker as stored in the link.
@@ -357,42 +347,7 @@ pub fn scan(
     own: &[TextFingerprint],
     budget: u64,
 ) -> CheckOutcome {
-    let budget = budget.max(1);
-    let guarded = |marker: Option<&JsonlMarker>| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            try_scan(path, marker, own, budget)
-        }))
-    };
-    let scanned = match (guarded(marker), marker) {
-        (Ok(scanned), _) => scanned,
-        // A panic is a bug, here or in a stored partial line's state that `is_sound` let
-        // through: that line alone is skipped (to its end, as after a rebase into its middle)
-        // and the read goes on, rather than panicking again at every tick, which kept the link
-        // from ever being read.
-        (Err(panic), Some(m)) if m.partial.is_some() => {
-            let first = awareness_core::error::panic_message(&*panic).to_owned();
-            let skipping = m.skipping_partial();
-            match guarded(Some(&skipping)) {
-                Ok(scanned) => {
-                    tracing::warn!(path = %path.display(), offset = m.offset, panic = %first,
-                        "reading on from a partly read transcript line panicked; that line was skipped");
-                    scanned
-                }
-                Err(again) => {
-                    let again = awareness_core::error::panic_message(&*again);
-                    return CheckOutcome::Failed(format!(
-                        "reading {} panicked: {first}; and again past the partly read line: {again}",
-                        path.display()
-                    ));
-                }
-            }
-        }
-        (Err(panic), _) => {
-            let panic = awareness_core::error::panic_message(&*panic);
-            return CheckOutcome::Failed(format!("reading {} panicked: {panic}", path.display()));
-        }
-    };
-    match scanned {
+    match try_scan(path, marker, own, budget.max(1)) {
         Ok(outcome) => outcome,
         Err(e) if e.kind() == ErrorKind::NotFound => CheckOutcome::Missing,
         Err(e) => CheckOutcome::Failed(format!("reading {}: {}", path.display(), ErrorChain(&e))),

@@ -100,6 +100,24 @@ async fn all_cursors(s: &dyn AwarenessStore) -> Vec<crate::Cursor> {
 async fn count(s: &dyn AwarenessStore) -> u64 {
     s.log_stats().await.expect("log_stats").rows
 }
+/// Asserts that every head of `s` is at its session's highest event and that every session
+/// with an event has one: what a store nothing was pruned from or deleted in must show. (The
+/// audit cannot say this: after pruning, a head above every retained event is right.)
+async fn assert_heads_at_last_events(s: &dyn AwarenessStore, why: &str) {
+    let mut last = std::collections::BTreeMap::new();
+    for e in s.events_after(Sequence::ZERO, 10_000).await.expect("events_after") {
+        let at = last.entry(e.session_ref()).or_insert(e.sequence);
+        *at = (*at).max(e.sequence);
+    }
+    let heads: std::collections::BTreeMap<_, _> = s
+        .list_heads(None)
+        .await
+        .expect("list_heads")
+        .into_iter()
+        .map(|h| (h.session, h.last_sequence))
+        .collect();
+    assert_eq!(heads, last, "{why}: each head at its session's last event");
+}
 
 pub async fn record_assigns_increasing_sequences(t: &Subject) {
     let s = &*t.store;
@@ -395,7 +413,8 @@ pub(crate) fn is_counter_at_end(err: &StoreError) -> bool {
 /// [`super::RawAccess::leave_sequences`]) hands out its last numbers, a dedupe hit consuming
 /// one as anywhere, and then refuses every recording with one clear error, a dedupe hit of a
 /// stored event included (it would consume a number there is none left of), writing nothing:
-/// no wrap round to reuse sequence 0, no event over a head, no panic.
+/// no wrap round to reuse sequence 0, no event over a head, no cursor for a watcher the refused
+/// event names, no panic.
 pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subject) {
     let s = &*t.store;
     let other = r("agent:main:other", "main");
@@ -464,6 +483,14 @@ pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subje
         ),
         ("the watched ref again", log_only(&child(), "again")),
         ("a new ref again", human(&other).with_dedupe_key("dk-new")),
+        (
+            "a message naming a watcher with no cursor yet",
+            human(&other).with_watcher(w(PEER)),
+        ),
+        (
+            "a spawn naming the session's watcher",
+            spawn(&child(), MANAGER, "run-at-the-end"),
+        ),
     ];
     for (what, e) in attempts {
         let err = s.record(e, T0.plus_ms(3)).await.unwrap_err();
@@ -944,6 +971,7 @@ pub async fn concurrent_records_each_get_their_own_event(t: &Subject) {
         2,
         "each of the two dedupe keys was stored once"
     );
+    assert_heads_at_last_events(s, "after the concurrent recordings").await;
     for (i, rec) in got.iter().filter(|(_, r)| r.deduplicated) {
         let key = mine(*i).dedupe_key.expect("only keyed calls can hit");
         assert_eq!(
@@ -1056,6 +1084,10 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
         [],
         "nothing torn by a cancelled recording"
     );
+    // The audit passes a head above every event of its session (right after pruning, which
+    // this check does not do): a cancelled caller's head moved without its event is caught
+    // here.
+    assert_heads_at_last_events(s, "after the cancellations").await;
     let last = rec(s, human(&on(0)), T0).await;
     assert_eq!(version(s, &on(0)).await, last.event.sequence.get());
     if t.batching.is_some() {

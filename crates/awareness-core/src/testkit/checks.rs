@@ -105,7 +105,11 @@ async fn count(s: &dyn AwarenessStore) -> u64 {
 /// audit cannot say this: after pruning, a head above every retained event is right.)
 async fn assert_heads_at_last_events(s: &dyn AwarenessStore, why: &str) {
     let mut last = std::collections::BTreeMap::new();
-    for e in s.events_after(Sequence::ZERO, 10_000).await.expect("events_after") {
+    for e in s
+        .events_after(Sequence::ZERO, 10_000)
+        .await
+        .expect("events_after")
+    {
         let at = last.entry(e.session_ref()).or_insert(e.sequence);
         *at = (*at).max(e.sequence);
     }
@@ -3707,45 +3711,74 @@ pub async fn upstream_links_ordered_and_json_round_trips(t: &Subject) {
     assert_eq!(marker_of(t, &nulls).await, Some(Value::Null));
 }
 
-pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) {
-    let u = &*t.upstream;
-    let mut blank = link_spec(&child(), "t1", 0);
+/// What a refusal of a spec must say.
+type Refusal = fn(&validate::ValidationError) -> bool;
+
+/// Specs a store must refuse, with what the refusal says: each would rebase [`child`]'s link (it
+/// names another thread) if it were valid.
+fn invalid_link_specs() -> Vec<(&'static str, crate::upstream::LinkSpec, Refusal)> {
+    let mut blank = link_spec(&child(), "t2", 0);
     blank.host_id = String::new();
-    assert!(matches!(
-        u.upsert_link(blank, T0).await,
-        Err(StoreError::InvalidInput(_))
-    ));
-    let huge = link_spec(&child(), "t1", 0).with_ref(json!({
+    let huge = link_spec(&child(), "t2", 0).with_ref(json!({
         "path": "a".repeat(crate::upstream::MAX_UPSTREAM_JSON_BYTES)
     }));
-    assert!(matches!(
-        u.upsert_link(huge, T0).await,
-        Err(StoreError::InvalidInput(_))
-    ));
     // A catalog id too long for the summaries quoted from it (its events would all be refused).
-    let mut long = link_spec(&child(), "t1", 0);
+    let mut long = link_spec(&child(), "t2", 0);
     long.catalog_id = "c".repeat(crate::upstream::MAX_CATALOG_ID_CHARS + 1);
-    assert!(matches!(
-        u.upsert_link(long, T0).await,
-        Err(StoreError::InvalidInput(
-            validate::ValidationError::CatalogIdTooLong { .. }
-        ))
-    ));
     // A line separator in it, which its summaries refuse.
-    let mut broken = link_spec(&child(), "t1", 0);
+    let mut broken = link_spec(&child(), "t2", 0);
     broken.catalog_id = "claude\u{2028}code".into();
-    assert!(matches!(
-        u.upsert_link(broken, T0).await,
-        Err(StoreError::InvalidInput(
-            validate::ValidationError::ControlCharacter { .. }
-        ))
-    ));
+    vec![
+        ("a blank host id", blank, |_| true),
+        ("a ref over the JSON bound", huge, |_| true),
+        ("a catalog id too long", long, |v| {
+            matches!(v, validate::ValidationError::CatalogIdTooLong { .. })
+        }),
+        ("a line separator in the catalog id", broken, |v| {
+            matches!(v, validate::ValidationError::ControlCharacter { .. })
+        }),
+    ]
+}
+
+/// Invalid specs are refused as invalid input and write nothing: no link where there was
+/// none, and over a stored link (its marker moved by the monitor) no change at all (no row
+/// replaced or removed, no rebase, no token moved).
+pub async fn upstream_invalid_spec_is_rejected_and_nothing_written(t: &Subject) {
+    let u = &*t.upstream;
+    let refused =
+        |what: &str, says: Refusal, got: Result<crate::upstream::UpsertOutcome, StoreError>| {
+            match got {
+                Err(StoreError::InvalidInput(v)) => assert!(says(&v), "{what}: {v:?}"),
+                other => panic!("{what} is refused as invalid input: {other:?}"),
+            }
+        };
+    for (what, spec, says) in invalid_link_specs() {
+        refused(what, says, u.upsert_link(spec, T0).await);
+    }
     assert!(u.links().await.unwrap().is_empty());
     assert_eq!(
         count(&*t.store).await,
         0,
         "adopting writes no event by itself"
     );
+    u.upsert_link(link_spec(&child(), "t1", 0), T0)
+        .await
+        .unwrap();
+    assert!(
+        u.set_marker(&child(), T0, json!({"offset": 500}), T0.plus_ms(10))
+            .await
+            .unwrap()
+    );
+    let before = u.links().await.unwrap();
+    for (what, spec, says) in invalid_link_specs() {
+        refused(what, says, u.upsert_link(spec, T0.plus_ms(20)).await);
+        assert_eq!(
+            u.links().await.unwrap(),
+            before,
+            "{what} over a stored link changes nothing"
+        );
+    }
+    assert_eq!(marker_of(t, &child()).await, Some(json!({"offset": 500})));
 }
 
 /// Records a human message on [`child`] after every read of a head or a page: someone types

@@ -2513,6 +2513,53 @@ pub async fn pruning_stamps_the_heads_it_raises_with_its_time(t: &Subject) {
     );
 }
 
+/// A chunk that deletes events below the watermark an earlier chunk left (the age step takes
+/// an event told late, with a higher sequence, before a lower one; decision 0011) keeps the
+/// watermark: it is only ever raised (`max(current, highest pruned)`, DESIGN.md section 6), and
+/// the head's time moves only when it rises. A chunk that wrote its own highest sequence over
+/// it would make a page after the late event's sequence look whole.
+pub async fn a_prune_below_the_watermark_keeps_it(t: &Subject) {
+    let s = &*t.store;
+    let now = T0.plus_ms(DAY / 2);
+    let first = rec(s, log_only(&child(), "recent"), now).await.event.sequence;
+    // Recorded after the first but said to have happened twelve hours before it.
+    let late = rec(s, log_only(&child(), "told late").with_occurred_at(T0), now)
+        .await
+        .event
+        .sequence;
+    assert!(late > first);
+    let at = T0.plus_ms(31 * DAY);
+    let older = PruneStep::Age {
+        cutoff: T0.plus_ms(DAY / 4),
+    };
+    assert_eq!(s.prune_chunk(&older, 100, at).await.unwrap(), 1);
+    let expected = (late, late, at);
+    let head = |h: Vec<crate::Head>| {
+        let h = h.into_iter().next().expect("the head stays");
+        (h.last_sequence, h.pruned_max_sequence, h.updated_at)
+    };
+    assert_eq!(
+        head(s.heads(&[child()]).await.unwrap()),
+        expected,
+        "the later sequence, told late, went first: the watermark is at it"
+    );
+    let all = PruneStep::Age {
+        cutoff: T0.plus_ms(DAY),
+    };
+    assert_eq!(s.prune_chunk(&all, 100, at.plus_ms(1_000)).await.unwrap(), 1);
+    assert_eq!(
+        head(s.heads(&[child()]).await.unwrap()),
+        expected,
+        "deleting the lower sequence left the watermark and the head's time as they were"
+    );
+    let page = s.changes_since(&child(), first, 10).await.unwrap();
+    assert!(
+        page.history_gap && page.events.is_empty(),
+        "a page after the first event misses the late one: {page:?}"
+    );
+    assert_eq!(page.earliest_available_sequence, late.next());
+}
+
 pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
     let s = &*t.store;
     for _ in 0..25 {

@@ -412,6 +412,7 @@ macro_rules! conformance_suite {
             prune_runs_in_bounded_chunks,
             a_chunk_deletes_its_whole_bound_however_it_is_split,
             pruning_stamps_the_heads_it_raises_with_its_time,
+            a_prune_below_the_watermark_keeps_it,
             invalid_summary_is_rejected_and_nothing_written,
             invalid_payload_is_rejected_and_nothing_written,
             invalid_ids_are_rejected_and_nothing_written,

@@ -97,7 +97,9 @@ pub enum Op {
         /// Watcher index.
         watcher: usize,
         /// Key indexes, each with the notice acknowledged: whichever is pending (0), the one
-        /// the cursor shows (1), or another one: the next `last_seen` (2), another agent (3).
+        /// the cursor shows (1), or another one: the next `last_seen` (2), another agent (3),
+        /// an older `last_seen` (4: a turn that read the notice before another turn
+        /// acknowledged it).
         keys: Vec<(usize, u8)>,
     },
     /// Start-up sweep; watchers whose bit is set exist.
@@ -292,7 +294,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => wave_strategy(),
         2 => (0..WATCHERS.len(), 0..n).prop_map(|(watcher, session)| Op::Watch { watcher, session }),
         1 => (0..WATCHERS.len(), 0..KEYS.len()).prop_map(|(watcher, key)| Op::Unwatch { watcher, key }),
-        2 => (0..WATCHERS.len(), proptest::collection::vec((0..KEYS.len(), 0u8..4), 0..3))
+        2 => (0..WATCHERS.len(), proptest::collection::vec((0..KEYS.len(), 0u8..5), 0..3))
             .prop_map(|(watcher, keys)| Op::Ack { watcher, keys }),
         1 => any::<u8>().prop_map(|exists| Op::Sweep { exists }),
         2 => (0u64..25, 1usize..6, age_ms(), idle_ms()).prop_map(
@@ -918,7 +920,8 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                             }
                             1 => (agent, seen),
                             2 => (agent, Sequence(seen.0 + 1)),
-                            _ => (other, seen),
+                            3 => (other, seen),
+                            _ => (agent, Sequence(seen.0.saturating_sub(1))),
                         };
                         AckTarget {
                             target: key(*ki),

@@ -1825,6 +1825,63 @@ pub async fn an_ambient_cursor_stays_ambient_until_a_spawn_or_watch(t: &Subject)
     assert_eq!(provenance().await, Explicit, "stored explicit");
 }
 
+/// An ambient cursor goes as any other: a recording on the other agent's session of its key
+/// that names its watcher re-points it there from scratch, explicit (its notice is no longer
+/// queue-only); idle pruning takes it when it is idle; deleting its target takes it.
+pub async fn an_ambient_cursor_is_re_pointed_pruned_and_deleted_as_any_other(t: &Subject) {
+    use crate::WatchProvenance::Explicit;
+    let s = &*t.store;
+    let ops = r(CHILD, "ops");
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    let ambient = async || {
+        t.raw
+            .make_ambient(&w(MANAGER), &k(CHILD))
+            .await
+            .expect("make_ambient")
+    };
+    if !ambient().await {
+        return;
+    }
+    let got = rec(s, human(&ops).with_watcher(w(MANAGER)), T0).await;
+    assert_eq!(
+        queue_only(&got.notices),
+        [(MANAGER.to_owned(), false)],
+        "the re-pointed cursor's notice is delivered as an explicit watch's"
+    );
+    let moved = s.cursor(&w(MANAGER), &k(CHILD)).await.unwrap().unwrap();
+    assert_eq!(
+        (moved.target_agent.as_str(), moved.provenance),
+        ("ops", Explicit),
+        "re-pointed from scratch: explicit"
+    );
+
+    // Idle: the pruning of idle cursors takes the ambient one with the other.
+    assert!(ambient().await);
+    let idle = PruneStep::Cursors {
+        cutoff: T0.plus_ms(DAY),
+    };
+    assert_eq!(
+        s.prune_chunk(&idle, 100, T0.plus_ms(31 * DAY))
+            .await
+            .unwrap(),
+        2,
+        "both idle cursors, the ambient one included"
+    );
+    assert_eq!(all_cursors(s).await, [], "no cursor is left");
+
+    // Deleted: the target's deletion takes the ambient cursor with the other.
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    s.watch(&w(PEER), &child(), T0).await.unwrap();
+    assert!(ambient().await);
+    s.delete_session(&child()).await.unwrap();
+    assert_eq!(
+        all_cursors(s).await,
+        [],
+        "deleting the target takes both cursors"
+    );
+}
+
 pub async fn log_only_kinds_move_the_head_only(t: &Subject) {
     let s = &*t.store;
     s.watch(&w(MANAGER), &child(), T0).await.unwrap();
@@ -2521,7 +2578,10 @@ pub async fn pruning_stamps_the_heads_it_raises_with_its_time(t: &Subject) {
 pub async fn a_prune_below_the_watermark_keeps_it(t: &Subject) {
     let s = &*t.store;
     let now = T0.plus_ms(DAY / 2);
-    let first = rec(s, log_only(&child(), "recent"), now).await.event.sequence;
+    let first = rec(s, log_only(&child(), "recent"), now)
+        .await
+        .event
+        .sequence;
     // Recorded after the first but said to have happened twelve hours before it.
     let late = rec(s, log_only(&child(), "told late").with_occurred_at(T0), now)
         .await
@@ -2546,7 +2606,10 @@ pub async fn a_prune_below_the_watermark_keeps_it(t: &Subject) {
     let all = PruneStep::Age {
         cutoff: T0.plus_ms(DAY),
     };
-    assert_eq!(s.prune_chunk(&all, 100, at.plus_ms(1_000)).await.unwrap(), 1);
+    assert_eq!(
+        s.prune_chunk(&all, 100, at.plus_ms(1_000)).await.unwrap(),
+        1
+    );
     assert_eq!(
         head(s.heads(&[child()]).await.unwrap()),
         expected,

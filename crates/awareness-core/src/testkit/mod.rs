@@ -385,6 +385,7 @@ macro_rules! conformance_suite {
             refreezing_a_key_twice_in_one_call_redelivers_once,
             self_caused_events_never_notify,
             an_ambient_cursor_stays_ambient_until_a_spawn_or_watch,
+            an_ambient_cursor_is_re_pointed_pruned_and_deleted_as_any_other,
             log_only_kinds_move_the_head_only,
             seed_starts_cursor_at_spawn_sequence,
             seeding_keeps_a_pending_notice,

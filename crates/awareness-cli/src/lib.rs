@@ -80,9 +80,12 @@ pub struct Cli {
     /// and read commands only: it lives as long as the command).
     #[arg(long, global = true, default_value = DEFAULT_STORE)]
     pub store: String,
-    /// Print JSON instead of text (every command that prints a result; `monitor` and `tail`
-    /// print one JSON object per line, per detection or event, and nothing when there is none;
-    /// `demo`, a narration, refuses it).
+    /// Print JSON instead of text (every command that prints a result; `demo`, a narration,
+    /// refuses it). `tail` prints one JSON object per line, one per event. `monitor` prints one
+    /// JSON object per line: one per detection, `{"detection":"lagged","missed":N}` when its
+    /// output fell behind and N detections were dropped, and, with `--verbose`,
+    /// `{"detection":"tick","tick":N,"links":N,"checked":N,"unwatched":N,"deferred":N}` at the
+    /// end of every tick. Neither prints anything else on stdout.
     #[arg(long, global = true)]
     pub json: bool,
     /// What to do.

@@ -25,8 +25,12 @@ pub enum StoreError {
         source: BoxError,
     },
     /// The store could not be opened at `path` (not a database of this kind, truncated,
-    /// permission denied, already open in another process, ...). Nothing was created or
-    /// overwritten.
+    /// permission denied, already open in another process, ...). Nothing was created, and the
+    /// data at `path` were left as they were: a file that is not a database of the backend's
+    /// kind was not written, and no table, row or schema version of one that is was changed.
+    /// An open of a file of the backend's database engine may still have written that
+    /// engine's own bookkeeping into it; a backend whose open can do so says when in its docs
+    /// (store-redb: redb's repair of a file that was not closed cleanly).
     #[error("cannot open store {path:?}: {reason}")]
     Open {
         /// The file.

@@ -12,7 +12,13 @@
 //!   notice text and the queue's context key;
 //! - [`reconcile`]: the `changesSince` page and `session_status`;
 //! - [`retention`]: what pruning deletes and how watermarks are stamped;
-//! - [`store`]: the [`EventStore`] and [`CursorStore`] traits and [`StoreError`];
+//! - [`store`]: the [`EventStore`] and [`CursorStore`] traits;
+//! - [`error`]: [`StoreError`], the one error type every backend returns, [`error::ErrorChain`]
+//!   to display an error with its sources, and the message of a caught panic;
+//! - [`dedupe`]: the dedupe key DESIGN.md section 3 gives each producer's events, so that a
+//!   retried producer records its event once;
+//! - [`audit`]: the invariants a store's rows must keep, checked over rows or over a store that
+//!   may be live (what `awareness doctor` runs);
 //! - [`upstream`]: upstream links of adopted sessions, their rules (same-source refresh,
 //!   rebase, compare-and-set markers), the monitor's dedupe keys and self-echo normalization,
 //!   and the [`UpstreamStore`] trait ([`FullStore`] = both traits);

@@ -140,17 +140,21 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// Deletes one event row and nothing else (no watermark, no head change), as an operator
-    /// repairing a store by hand would. Returns whether the row existed. The conformance suite
-    /// uses it to prove that history gaps come only from pruning.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// deletes one event row and nothing else (no watermark, no head change), as an operator
+    /// repairing a store by hand would. Returns whether the row existed. The conformance suite uses
+    /// it to prove that history gaps come only from pruning.
+    #[doc(hidden)]
     pub fn delete_event_row(&self, sequence: Sequence) -> bool {
         self.lock().remove_event(sequence).is_some()
     }
 
-    /// Deletes one session's head, touching nothing else: its events stay (a page of its
-    /// changes lists them, deleting the session deletes them) and the cursors on the session
-    /// stay, as a durable store whose head row was deleted by hand is left. Returns whether the
-    /// head existed. The conformance suite uses it to check that pruning never creates a head.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// deletes one session's head, touching nothing else: its events stay (a page of its changes
+    /// lists them, deleting the session deletes them) and the cursors on the session stay, as a
+    /// durable store whose head row was deleted by hand is left. Returns whether the head existed.
+    /// The conformance suite uses it to check that pruning never creates a head.
+    #[doc(hidden)]
     pub fn delete_head_row(&self, session: &SessionRef) -> bool {
         self.lock()
             .sessions
@@ -159,11 +163,13 @@ impl MemoryStore {
             .is_some()
     }
 
-    /// Moves the sequence counter forward so that exactly `left` more sequences can be handed
-    /// out (to new events, or to dedupe hits, which consume one too) before it reaches
-    /// [`LAST_SEQUENCE`]; touches nothing else. Returns whether it could: `false` when the
-    /// counter is already past that point (it never goes back). The conformance suite uses it
-    /// to check what recording does once the counter is at its end.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// moves the sequence counter forward so that exactly `left` more sequences can be handed out
+    /// (to new events, or to dedupe hits, which consume one too) before it reaches
+    /// [`LAST_SEQUENCE`]; touches nothing else. Returns whether it could: `false` when the counter
+    /// is already past that point (it never goes back). The conformance suite uses it to check what
+    /// recording does once the counter is at its end.
+    #[doc(hidden)]
     pub fn leave_sequences(&self, left: u64) -> bool {
         let mut g = self.lock();
         let Some(at) = LAST_SEQUENCE.checked_sub(left) else {

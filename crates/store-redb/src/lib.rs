@@ -640,9 +640,11 @@ impl RedbStore {
             .map_err(|e| e.in_store(self.path()))
     }
 
-    /// Deletes one event row and its index entries, and nothing else (no watermark, no head, the
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// deletes one event row and its index entries, and nothing else (no watermark, no head, the
     /// counter stays), as an operator repairing a store by hand would. Returns whether the row
     /// existed. The conformance suite uses it to prove that history gaps come only from pruning.
+    #[doc(hidden)]
     pub async fn delete_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         let shared = Arc::clone(self.shared());
         self.write("delete an event row", move |txn| {
@@ -654,10 +656,12 @@ impl RedbStore {
         .await
     }
 
-    /// Deletes one session's head and nothing else (its events and the cursors on it stay), as
-    /// a hand edit could leave the file. Returns whether the head existed. The conformance suite
-    /// uses it to check that pruning never creates a head, and the durable suite to check what
-    /// the audit reports.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// deletes one session's head and nothing else (its events and the cursors on it stay), as a
+    /// hand edit could leave the file. Returns whether the head existed. The conformance suite uses
+    /// it to check that pruning never creates a head, and the durable suite to check what the audit
+    /// reports.
+    #[doc(hidden)]
     pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         let session = session.clone();
         self.write("delete a head row", move |txn| {
@@ -667,10 +671,12 @@ impl RedbStore {
         .await
     }
 
-    /// Overwrites one event row, and its copy in the per-session index, with bytes that do not
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one event row, and its copy in the per-session index, with bytes that do not
     /// decode, as a torn write could leave them; its dedupe key stays taken and its head stays.
-    /// Returns whether the row existed. The durable suite uses it to check what a recording
-    /// does on meeting such a row.
+    /// Returns whether the row existed. The durable suite uses it to check what a recording does on
+    /// meeting such a row.
+    #[doc(hidden)]
     pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         self.write("damage an event row", move |txn| {
             let damaged = EventTables::open(txn)?.damage(sequence.get())?;
@@ -679,10 +685,12 @@ impl RedbStore {
         .await
     }
 
-    /// Overwrites one cursor row so that it no longer reads as a cursor (its target agent
-    /// becomes empty, which no agent id may be), as a torn write or a hand edit could leave it;
-    /// its sequences and its entry in the by-target index stay. Returns whether the row existed.
-    /// The durable suite uses it to check that such a row stops nothing that reads many cursors.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one cursor row so that it no longer reads as a cursor (its target agent becomes
+    /// empty, which no agent id may be), as a torn write or a hand edit could leave it; its
+    /// sequences and its entry in the by-target index stay. Returns whether the row existed. The
+    /// durable suite uses it to check that such a row stops nothing that reads many cursors.
+    #[doc(hidden)]
     pub async fn damage_cursor_row(
         &self,
         watcher: &WatcherKey,
@@ -696,10 +704,12 @@ impl RedbStore {
         .await
     }
 
-    /// Overwrites one upstream link entry so that it no longer reads as a link (its value
-    /// becomes bytes that are not JSON), as a torn write or a hand edit could leave it. Returns
-    /// whether the entry existed. The durable suite uses it to check that such an entry stops
-    /// no other link's monitoring.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one upstream link entry so that it no longer reads as a link (its value becomes
+    /// bytes that are not JSON), as a torn write or a hand edit could leave it. Returns whether the
+    /// entry existed. The durable suite uses it to check that such an entry stops no other link's
+    /// monitoring.
+    #[doc(hidden)]
     pub async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         let session = session.clone();
         self.write("damage an upstream link", move |txn| {
@@ -710,10 +720,12 @@ impl RedbStore {
         .await
     }
 
-    /// Overwrites the thread id in one upstream link entry with bytes that are not UTF-8 (the
-    /// entry is the link's JSON), as a hand edit by a tool that does not check could leave it.
-    /// Returns whether the entry existed. The durable suite uses it to check that such an
-    /// entry is unreadable alone.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites the thread id in one upstream link entry with bytes that are not UTF-8 (the entry
+    /// is the link's JSON), as a hand edit by a tool that does not check could leave it. Returns
+    /// whether the entry existed. The durable suite uses it to check that such an entry is
+    /// unreadable alone.
+    #[doc(hidden)]
     pub async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
         const FIELD: &[u8] = b"\"threadId\":\"";
         let session = session.clone();
@@ -743,22 +755,26 @@ impl RedbStore {
         .await
     }
 
-    /// Answers `false`: a redb cursor row has no room for a provenance (only OpenClaw makes
-    /// ambient cursors, and only in its SQLite file). For the conformance suite.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// answers `false`: a redb cursor row has no room for a provenance (only OpenClaw makes ambient
+    /// cursors, and only in its SQLite file). For the conformance suite.
     #[allow(
         clippy::unused_async,
         reason = "async like every row helper the testkit's forwarding awaits"
     )]
+    #[doc(hidden)]
     pub async fn make_ambient(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
         Ok(false)
     }
 
-    /// Answers `false`: cursors are kept in redb's own string type, which cannot hold text that
-    /// is not UTF-8 (redb checks it when it reads). For the durable suite.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// answers `false`: cursors are kept in redb's own string type, which cannot hold text that is
+    /// not UTF-8 (redb checks it when it reads). For the durable suite.
     #[allow(
         clippy::unused_async,
         reason = "async like every row helper the testkit's forwarding awaits"
     )]
+    #[doc(hidden)]
     pub async fn spoil_cursor_text(
         &self,
         _: &WatcherKey,
@@ -767,11 +783,13 @@ impl RedbStore {
         Ok(false)
     }
 
-    /// Answers `false`, as [`RedbStore::spoil_cursor_text`] does. For the durable suite.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// answers `false`, as [`RedbStore::spoil_cursor_text`] does. For the durable suite.
     #[allow(
         clippy::unused_async,
         reason = "async like every row helper the testkit's forwarding awaits"
     )]
+    #[doc(hidden)]
     pub async fn spoil_cursor_watcher(
         &self,
         _: &WatcherKey,
@@ -780,19 +798,23 @@ impl RedbStore {
         Ok(false)
     }
 
-    /// Answers `false`: a head's key is redb's own string type, as for
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// answers `false`: a head's key is redb's own string type, as for
     /// [`RedbStore::spoil_cursor_text`]. For the durable suite.
     #[allow(
         clippy::unused_async,
         reason = "async like every row helper the testkit's forwarding awaits"
     )]
+    #[doc(hidden)]
     pub async fn spoil_head_text(&self, _: &SessionRef) -> Result<bool, StoreError> {
         Ok(false)
     }
 
-    /// Puts a byte that is not UTF-8 into one event row's session key (the row is this store's
-    /// own encoding, which keeps strings as bytes), as a hand edit or a flipped bit could leave
-    /// it. Returns whether the row existed. For the durable suite.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// puts a byte that is not UTF-8 into one event row's session key (the row is this store's own
+    /// encoding, which keeps strings as bytes), as a hand edit or a flipped bit could leave it.
+    /// Returns whether the row existed. For the durable suite.
+    #[doc(hidden)]
     pub async fn spoil_event_text(&self, sequence: Sequence) -> Result<bool, StoreError> {
         self.write("spoil an event's text", move |txn| {
             let spoiled = EventTables::open(txn)?.spoil_key(sequence.get())?;
@@ -801,10 +823,12 @@ impl RedbStore {
         .await
     }
 
-    /// Overwrites one head entry so that it no longer reads as a head (bytes of the wrong
-    /// length), as a torn write or a hand edit could leave it; the session's events stay.
-    /// Returns whether the entry existed. The durable suite uses it to check that such an
-    /// entry stops no listing of the other heads.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one head entry so that it no longer reads as a head (bytes of the wrong length),
+    /// as a torn write or a hand edit could leave it; the session's events stay. Returns whether
+    /// the entry existed. The durable suite uses it to check that such an entry stops no listing of
+    /// the other heads.
+    #[doc(hidden)]
     pub async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         let session = session.clone();
         self.write("damage a head", move |txn| {
@@ -819,12 +843,14 @@ impl RedbStore {
         .await
     }
 
-    /// Moves the sequence counter forward so that exactly `left` more sequences can be handed
-    /// out (to new events, or to dedupe hits, which consume one too) before it reaches the last
-    /// number an event can get (`u64::MAX - 1`), as a damaged file or a hand edit could leave
-    /// it; touches nothing else. Returns whether it could: `false` when the counter is already
-    /// past that point (it never goes back). The conformance suite uses it to check what
-    /// recording does once the counter is at its end.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// moves the sequence counter forward so that exactly `left` more sequences can be handed out
+    /// (to new events, or to dedupe hits, which consume one too) before it reaches the last number
+    /// an event can get (`u64::MAX - 1`), as a damaged file or a hand edit could leave it; touches
+    /// nothing else. Returns whether it could: `false` when the counter is already past that point
+    /// (it never goes back). The conformance suite uses it to check what recording does once the
+    /// counter is at its end.
+    #[doc(hidden)]
     pub async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
         self.write("move the sequence counter", move |txn| {
             let Some(at) = tables::MAX_EVENT_SEQ.checked_sub(left) else {

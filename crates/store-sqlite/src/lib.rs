@@ -79,7 +79,8 @@
 //!   standard data set (its 50,000 events take 15.9 MB of table and indexes instead of
 //!   10.4 MB; docs/decisions/0007);
 //! - **WAL checkpoints run in the background** on a reader connection every 256 write
-//!   transactions, on a thread of their own (not a task of the caller's runtime, which
+//!   transactions, a pruning transaction counting as 64 (`PRUNE_WEIGHT`: four of them start
+//!   one), on a thread of their own (not a task of the caller's runtime, which
 //!   [`SqliteStore::close`] would then depend on), while recordings go on; only a short last pass, when little is left, holds
 //!   the write connection so the WAL file starts over. The writer's own autocheckpoint
 //!   (40,000 pages) is only a safety net. Under sustained concurrent recording the passes
@@ -711,37 +712,45 @@ impl SqliteStore {
         self.named(found.await)
     }
 
-    /// Deletes one event row and nothing else (no watermark, no head change), as an operator
-    /// repairing a store by hand would. Returns whether the row existed. The conformance suite
-    /// uses it to prove that history gaps come only from pruning.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// deletes one event row and nothing else (no watermark, no head change), as an operator
+    /// repairing a store by hand would. Returns whether the row existed. The conformance suite uses
+    /// it to prove that history gaps come only from pruning.
+    #[doc(hidden)]
     pub async fn delete_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         let q = sqlx::query(sql::DELETE_EVENT_ROW).bind(int(sequence));
         self.write_changed("delete an event row", q).await
     }
 
-    /// Deletes one session's head row and nothing else (its events and the cursors on it
-    /// stay), as a hand edit could leave the file. Returns whether the row existed. The
-    /// conformance suite uses it to check that pruning never creates a head, and the durable
-    /// suite to check what the audit reports.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// deletes one session's head row and nothing else (its events and the cursors on it stay), as
+    /// a hand edit could leave the file. Returns whether the row existed. The conformance suite
+    /// uses it to check that pruning never creates a head, and the durable suite to check what the
+    /// audit reports.
+    #[doc(hidden)]
     pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         self.edit_session_row(sql::DELETE_HEAD_ROW, session, "delete a head row")
             .await
     }
 
-    /// Overwrites one event row so that it no longer reads as an event (its actor type becomes
-    /// one no version knows, and its `fields_json` is cleared so reads fall back to the columns),
-    /// as a torn write or another writer could leave it; its dedupe key stays taken and its
-    /// head stays. Returns whether the row existed. The durable suite uses it to check what a
-    /// recording does on meeting such a row.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one event row so that it no longer reads as an event (its actor type becomes one
+    /// no version knows, and its `fields_json` is cleared so reads fall back to the columns), as a
+    /// torn write or another writer could leave it; its dedupe key stays taken and its head stays.
+    /// Returns whether the row existed. The durable suite uses it to check what a recording does on
+    /// meeting such a row.
+    #[doc(hidden)]
     pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
         let q = sqlx::query(sql::DAMAGE_EVENT_ROW).bind(int(sequence));
         self.write_changed("damage an event row", q).await
     }
 
-    /// Overwrites one cursor row so that it no longer reads as a cursor (its target agent
-    /// becomes empty, which no agent id may be), as a torn write or another writer could leave
-    /// it. Returns whether the row existed. The durable suite uses it to check that such a row
-    /// stops nothing that reads many cursors.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one cursor row so that it no longer reads as a cursor (its target agent becomes
+    /// empty, which no agent id may be), as a torn write or another writer could leave it. Returns
+    /// whether the row existed. The durable suite uses it to check that such a row stops nothing
+    /// that reads many cursors.
+    #[doc(hidden)]
     pub async fn damage_cursor_row(
         &self,
         watcher: &WatcherKey,
@@ -753,19 +762,23 @@ impl SqliteStore {
         self.write_changed("damage a cursor row", q).await
     }
 
-    /// Overwrites one upstream link row so that it no longer reads as a link (its marker
-    /// becomes text that is not JSON), as a torn write or another writer could leave it.
-    /// Returns whether the row existed. The durable suite uses it to check that such a row
-    /// stops no other link's monitoring.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one upstream link row so that it no longer reads as a link (its marker becomes
+    /// text that is not JSON), as a torn write or another writer could leave it. Returns whether
+    /// the row existed. The durable suite uses it to check that such a row stops no other link's
+    /// monitoring.
+    #[doc(hidden)]
     pub async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         self.edit_session_row(sql::DAMAGE_LINK_ROW, session, "damage an upstream link row")
             .await
     }
 
-    /// Overwrites one upstream link row's thread id with text that is not UTF-8 (SQLite stores
-    /// such bytes as they are), as a hand edit by a tool that does not check could leave it.
-    /// Returns whether the row existed. The durable suite uses it to check that such a row is
-    /// unreadable alone.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one upstream link row's thread id with text that is not UTF-8 (SQLite stores such
+    /// bytes as they are), as a hand edit by a tool that does not check could leave it. Returns
+    /// whether the row existed. The durable suite uses it to check that such a row is unreadable
+    /// alone.
+    #[doc(hidden)]
     pub async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
         self.edit_session_row(
             sql::SPOIL_LINK_TEXT,
@@ -775,9 +788,11 @@ impl SqliteStore {
         .await
     }
 
-    /// Appends a byte that is not UTF-8 to one cursor row's target agent, as a hand edit by a
-    /// tool that does not check could leave it. Returns whether the row existed. The durable
-    /// suite uses it to check that such a row is unreadable alone.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// appends a byte that is not UTF-8 to one cursor row's target agent, as a hand edit by a tool
+    /// that does not check could leave it. Returns whether the row existed. The durable suite uses
+    /// it to check that such a row is unreadable alone.
+    #[doc(hidden)]
     pub async fn spoil_cursor_text(
         &self,
         watcher: &WatcherKey,
@@ -789,10 +804,12 @@ impl SqliteStore {
         self.write_changed("spoil a cursor's text", q).await
     }
 
-    /// Marks one cursor row ambient (`provenance = 'ambient-group'`), as OpenClaw writes its
-    /// ambient watch of a group's sessions. Returns whether the row existed. The conformance
-    /// suite uses it to check that every write keeps an ambient cursor ambient (its notices
-    /// queue-only) until a watch makes it explicit.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// marks one cursor row ambient (`provenance = 'ambient-group'`), as OpenClaw writes its
+    /// ambient watch of a group's sessions. Returns whether the row existed. The conformance suite
+    /// uses it to check that every write keeps an ambient cursor ambient (its notices queue-only)
+    /// until a watch makes it explicit.
+    #[doc(hidden)]
     pub async fn make_ambient(
         &self,
         watcher: &WatcherKey,
@@ -804,8 +821,10 @@ impl SqliteStore {
         self.write_changed("mark a cursor ambient", q).await
     }
 
-    /// Appends a byte that is not UTF-8 to one cursor row's watcher key, as
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// appends a byte that is not UTF-8 to one cursor row's watcher key, as
     /// [`SqliteStore::spoil_cursor_text`] does to its target agent.
+    #[doc(hidden)]
     pub async fn spoil_cursor_watcher(
         &self,
         watcher: &WatcherKey,
@@ -817,36 +836,43 @@ impl SqliteStore {
         self.write_changed("spoil a cursor's watcher key", q).await
     }
 
-    /// Appends a byte that is not UTF-8 to one head row's agent, as
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// appends a byte that is not UTF-8 to one head row's agent, as
     /// [`SqliteStore::spoil_cursor_text`] does to a cursor's.
+    #[doc(hidden)]
     pub async fn spoil_head_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
         self.edit_session_row(sql::SPOIL_HEAD_TEXT, session, "spoil a head's text")
             .await
     }
 
-    /// Appends a byte that is not UTF-8 to one event row's session key, as
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// appends a byte that is not UTF-8 to one event row's session key, as
     /// [`SqliteStore::spoil_cursor_text`] does to a cursor's.
+    #[doc(hidden)]
     pub async fn spoil_event_text(&self, sequence: Sequence) -> Result<bool, StoreError> {
         let q = sqlx::query(sql::SPOIL_EVENT_TEXT).bind(int(sequence));
         self.write_changed("spoil an event's text", q).await
     }
 
-    /// Overwrites one head row so that it can no longer be read (a negative last sequence,
-    /// which no writer stores), as a torn write or another writer could leave it. Returns
-    /// whether the row existed. The durable suite uses it to check that such a row stops no
-    /// listing of the other heads.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// overwrites one head row so that it can no longer be read (a negative last sequence, which no
+    /// writer stores), as a torn write or another writer could leave it. Returns whether the row
+    /// existed. The durable suite uses it to check that such a row stops no listing of the other
+    /// heads.
+    #[doc(hidden)]
     pub async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
         self.edit_session_row(sql::DAMAGE_HEAD_ROW, session, "damage a head row")
             .await
     }
 
-    /// Moves the AUTOINCREMENT counter of the events (`sqlite_sequence`) forward so that
-    /// exactly `left` more sequences can be handed out (to new events, or to dedupe hits, which
-    /// consume one too) before it reaches `i64::MAX`, SQLite's last rowid, as a hand edit or
-    /// another writer could leave it; touches nothing else. Returns whether it could: `false`
-    /// when the counter or a stored event is already past that point (it never goes back).
-    /// The conformance suite uses it to check what recording does once the counter is at its
-    /// end.
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// moves the AUTOINCREMENT counter of the events (`sqlite_sequence`) forward so that exactly
+    /// `left` more sequences can be handed out (to new events, or to dedupe hits, which consume one
+    /// too) before it reaches `i64::MAX`, SQLite's last rowid, as a hand edit or another writer
+    /// could leave it; touches nothing else. Returns whether it could: `false` when the counter or
+    /// a stored event is already past that point (it never goes back). The conformance suite uses
+    /// it to check what recording does once the counter is at its end.
+    #[doc(hidden)]
     pub async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
         let Some(at) = i64::try_from(left)
             .ok()

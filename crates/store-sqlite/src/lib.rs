@@ -899,7 +899,7 @@ impl SqliteStore {
     }
 
     /// Runs `q` (a transaction whose last statement selects `changes()`) on the write
-    /// connection; answers whether it changed a row.
+    /// connection; answers whether it changed a row. Its error names the file.
     pub(crate) async fn write_changed(&self, what: &str, q: Query) -> Result<bool, StoreError> {
         let mut w = self.writer(what).await?;
         let res = async {
@@ -907,7 +907,7 @@ impl SqliteStore {
             Ok(get::<i64>(&row, 0, what)? > 0)
         }
         .await;
-        w.finish(res).await
+        self.named(w.finish(res).await)
     }
 
     async fn writer(&self, what: &str) -> Result<WriteGuard, StoreError> {

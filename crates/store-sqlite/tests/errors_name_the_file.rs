@@ -89,5 +89,22 @@ async fn an_error_after_the_open_names_the_file() {
         "the source is kept: {err:?}"
     );
     names_the_file_once(&err, &path);
+
+    // The row edits beside the trait's calls (test support) name it too.
+    behind_the_back(
+        &path,
+        "CREATE TRIGGER keep BEFORE DELETE ON session_state_events BEGIN SELECT RAISE(ABORT, 'kept by a trigger'); END",
+    )
+    .await;
+    let err = store
+        .delete_event_row(Sequence(1))
+        .await
+        .expect_err("the trigger refuses the deletion");
+    assert!(
+        std::error::Error::source(&err)
+            .is_some_and(|s| s.to_string().contains("kept by a trigger")),
+        "the source is kept: {err:?}"
+    );
+    names_the_file_once(&err, &path);
     store.close().await;
 }

@@ -55,6 +55,7 @@ fn cursor_row(c: &Cursor) -> Value {
         "last_seen_sequence": c.last_seen.get(),
         "notified_sequence": c.notified.get(),
         "material_sequence": c.material.get(),
+        "provenance": c.provenance.as_str(),
         "updated_at": c.updated_at.millis(),
     })
 }
@@ -70,18 +71,18 @@ fn head_row(h: &Head) -> Value {
 }
 
 /// OpenClaw's answers, adjusted where DESIGN.md decides differently on purpose:
-/// - `watcher_store_path` and `provenance` are OpenClaw-only cursor columns (the fixtures README
-///   says to compare them only where a store keeps them). Our cursor model has neither: the
-///   memory and redb stores do not store them, and store-sqlite keeps the values of rows
-///   OpenClaw wrote but gives its own new rows the columns' defaults (a NULL path, `explicit`),
-///   where OpenClaw writes the watcher agent's store path. So they are compared on no backend.
+/// `watcher_store_path` is an OpenClaw-only cursor column (the fixtures README says to compare
+/// it only where a store keeps it). Our cursor model does not hold it: the memory and redb
+/// stores do not store it, and store-sqlite keeps the value of rows OpenClaw wrote but gives its
+/// own new rows the column's default (NULL), where OpenClaw writes the watcher agent's store
+/// path. So it is compared on no backend. `provenance` is compared on every backend (each
+/// cursor of the scenario is a spawn's or a watch's: `explicit`).
 fn normalize_expected(mut v: Value) -> Value {
     fn strip(row: &mut Value) {
         if let Some(o) = row.as_object_mut() {
             // `shift_remove` keeps the other columns in OpenClaw's order (`remove` would move
             // the last one into the gap).
             o.shift_remove("watcher_store_path");
-            o.shift_remove("provenance");
         }
     }
     match &mut v {

@@ -161,7 +161,8 @@ async fn answer(store: &SqliteStore, raw: &mut SqliteConnection, q: &Value) -> V
         "cursors" => {
             // The fields the store models, through the store ...
             let cursors = store.cursors(&CursorFilter::default()).await.unwrap();
-            // ... and OpenClaw's own columns, read raw, which the store keeps as they were.
+            // ... and OpenClaw's own column the store does not model, read raw, which the store
+            // keeps as it was (the provenance the store reads must be the row's).
             let rows = sqlx::query(
                 "SELECT watcher_store_path, provenance FROM session_watch_cursors \
                  ORDER BY watcher_session_key, target_session_key",
@@ -170,7 +171,6 @@ async fn answer(store: &SqliteStore, raw: &mut SqliteConnection, q: &Value) -> V
             .await
             .unwrap();
             assert_eq!(rows.len(), cursors.len());
-            let state_dir = "/tmp/openclaw-oracle-yJHXMm";
             Value::Array(
                 cursors
                     .iter()
@@ -178,14 +178,19 @@ async fn answer(store: &SqliteStore, raw: &mut SqliteConnection, q: &Value) -> V
                     .map(|(c, row)| {
                         let path: Option<String> = row.get(0);
                         let provenance: String = row.get(1);
+                        assert_eq!(
+                            c.provenance.as_str(),
+                            provenance,
+                            "the provenance the store reads is the row's"
+                        );
                         json!({
                             "watcher_session_key": c.watcher.as_str(),
-                            "watcher_store_path": path.map(|p| p.replacen(state_dir, "$STATE", 1)),
+                            "watcher_store_path": path.map(|p| p.replacen(STATE_DIR, "$STATE", 1)),
                             "target_session_key": c.target.as_str(),
                             "last_seen_sequence": c.last_seen.get(),
                             "notified_sequence": c.notified.get(),
                             "material_sequence": c.material.get(),
-                            "provenance": provenance,
+                            "provenance": c.provenance.as_str(),
                             "updated_at": c.updated_at.millis(),
                         })
                     })
@@ -196,13 +201,22 @@ async fn answer(store: &SqliteStore, raw: &mut SqliteConnection, q: &Value) -> V
     }
 }
 
+/// The state directory OpenClaw ran in when it wrote the fixture, which `expected.json` writes
+/// as `$STATE`.
+const STATE_DIR: &str = "/tmp/openclaw-oracle-yJHXMm";
+
+/// The fixture's `expected.json`.
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap())
+        .unwrap()
+}
+
 /// Every read of the fixture's `expected.json`, answered by `store`, equals OpenClaw's answer.
 async fn answers_every_expected_read(store: &SqliteStore, raw: &mut SqliteConnection) {
-    let expected: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap(),
-    )
-    .unwrap();
-    for read in expected["reads"].as_array().unwrap() {
+    let expected = expected();
+    let reads = expected["reads"].as_array().unwrap();
+    assert_eq!(reads.len(), 7, "the fixture's seven reads");
+    for read in reads {
         let got = answer(store, raw, &read["query"]).await;
         assert_eq!(got, read["result"], "read {}", read["query"]);
     }
@@ -222,7 +236,8 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     );
     let ddl_before: Vec<(String, String)> = sqlx::query_as(
         "SELECT name, sql FROM sqlite_master WHERE tbl_name IN ('session_state_events', \
-         'session_state_heads', 'session_upstream_links') AND sql IS NOT NULL ORDER BY name",
+         'session_state_heads', 'session_upstream_links', 'session_watch_cursors') \
+         AND sql IS NOT NULL ORDER BY name",
     )
     .fetch_all(&mut conn)
     .await
@@ -276,16 +291,37 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
         (c.last_seen, c.notified, c.material, c.target_agent.as_str()),
         (Sequence(3), Sequence(11), Sequence(11), "main")
     );
-    let path_kept: Option<String> = sqlx::query_scalar(
-        "SELECT watcher_store_path FROM session_watch_cursors WHERE watcher_session_key = $1",
+    // Both rows were rewritten (the recording moved both, the acknowledgement one): OpenClaw's
+    // own columns are as OpenClaw wrote them.
+    let kept: Vec<(String, Option<String>, String)> = sqlx::query_as(
+        "SELECT watcher_session_key, watcher_store_path, provenance FROM session_watch_cursors \
+         ORDER BY watcher_session_key, target_session_key",
     )
-    .bind(manager.as_str())
-    .fetch_one(&mut conn)
+    .fetch_all(&mut conn)
     .await
     .unwrap();
-    assert!(
-        path_kept.is_some_and(|p| p.ends_with("/agents/main/agent/openclaw-agent.sqlite")),
-        "OpenClaw's watcher_store_path survives our updates"
+    let wrote: Vec<(String, Option<String>, String)> = expected()["reads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|read| read["query"]["op"] == "cursors")
+        .and_then(|read| read["result"].as_array())
+        .expect("the fixture's cursor rows")
+        .iter()
+        .map(|row| {
+            (
+                row["watcher_session_key"].as_str().unwrap().to_owned(),
+                row["watcher_store_path"]
+                    .as_str()
+                    .map(|p| p.replacen("$STATE", STATE_DIR, 1)),
+                row["provenance"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(kept.len(), 2);
+    assert_eq!(
+        kept, wrote,
+        "OpenClaw's watcher_store_path and provenance survive our updates"
     );
     store
         .prune(&awareness_core::RetentionPolicy::default(), now)
@@ -320,16 +356,23 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     }
     let ddl_after: Vec<(String, String)> = sqlx::query_as(
         "SELECT name, sql FROM sqlite_master WHERE tbl_name IN ('session_state_events', \
-         'session_state_heads', 'session_upstream_links') AND sql IS NOT NULL ORDER BY name",
+         'session_state_heads', 'session_upstream_links', 'session_watch_cursors') \
+         AND sql IS NOT NULL ORDER BY name",
     )
     .fetch_all(&mut conn)
     .await
     .unwrap();
-    // OpenClaw's DDL is kept verbatim, but for our column, which SQLite appends to the text.
+    // OpenClaw's DDL is kept verbatim, but for our columns, which SQLite writes into the text
+    // after the last column's definition.
     let ours = |(name, sql): (String, String)| {
-        let sql = if name == "session_state_events" {
-            let without = sql.replace(", fields_json TEXT)", ")");
-            assert_ne!(without, sql, "the events table gained fields_json: {sql}");
+        let added = match name.as_str() {
+            "session_state_events" => Some(", fields_json TEXT"),
+            "session_watch_cursors" => Some(", target_agent_id TEXT"),
+            _ => None,
+        };
+        let sql = if let Some(added) = added {
+            let without = sql.replacen(added, "", 1);
+            assert_ne!(without, sql, "{name} gained its column: {sql}");
             without
         } else {
             sql

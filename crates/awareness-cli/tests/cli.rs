@@ -178,9 +178,17 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
                     .iter()
                     .find(|r| r["sessionKey"] == q["sessionKey"] && r["agentId"] == q["agentId"])
                     .expect("listed");
-                assert_eq!(row["stateVersion"], want["last_sequence"]);
-                assert_eq!(row["prunedMaxSequence"], want["pruned_max_sequence"]);
-                assert_eq!(row["updatedAt"], want["updated_at"]);
+                assert_eq!(
+                    row,
+                    &serde_json::json!({
+                        "sessionKey": want["session_key"],
+                        "agentId": want["agent_id"],
+                        "stateVersion": want["last_sequence"],
+                        "prunedMaxSequence": want["pruned_max_sequence"],
+                        "updatedAt": want["updated_at"],
+                    }),
+                    "{q}"
+                );
             }
             "cursors" => {
                 let got = json(&run_in(
@@ -191,12 +199,24 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
                 let want = want.as_array().unwrap();
                 assert_eq!(got.len(), want.len());
                 for (g, w) in got.iter().zip(want) {
-                    assert_eq!(g["watcher"], w["watcher_session_key"]);
-                    assert_eq!(g["target"], w["target_session_key"]);
-                    assert_eq!(g["lastSeen"], w["last_seen_sequence"]);
-                    assert_eq!(g["notified"], w["notified_sequence"]);
-                    assert_eq!(g["material"], w["material_sequence"]);
-                    assert_eq!(g["updatedAt"], w["updated_at"]);
+                    // OpenClaw's rows name no target agent: the target key's own agent.
+                    let target = w["target_session_key"].as_str().unwrap();
+                    let agent = target.split(':').nth(1).unwrap();
+                    let mut row = serde_json::json!({
+                        "watcher": w["watcher_session_key"],
+                        "target": target,
+                        "targetAgent": agent,
+                        "lastSeen": w["last_seen_sequence"],
+                        "notified": w["notified_sequence"],
+                        "material": w["material_sequence"],
+                        "updatedAt": w["updated_at"],
+                        "pending": w["notified_sequence"].as_u64() > w["last_seen_sequence"].as_u64(),
+                    });
+                    // The JSON leaves an explicit watch's provenance out.
+                    if w["provenance"] != "explicit" {
+                        row["provenance"] = w["provenance"].clone();
+                    }
+                    assert_eq!(g, &row, "{q}");
                 }
             }
             other => panic!("unknown read {other}"),

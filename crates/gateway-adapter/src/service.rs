@@ -1368,8 +1368,10 @@ impl Awareness {
                 .await
                 .unwrap_or_else(|| Err(self.no_answer("read the session's watchers")));
             match watched {
-                Ok(c) if c.is_empty() => {
-                    debug!(session_key = %msg.session, "human message not recorded: the session has no spawner, parent or watcher");
+                // A cursor on another agent's session of the key is no watch of this one: a
+                // recording here notifies it only when it names the watcher (decision 0008).
+                Ok(c) if !c.iter().any(|c| c.target_agent == target.agent_id) => {
+                    debug!(session_key = %msg.session, agent_id = %target.agent_id, "human message not recorded: the session has no spawner, parent or watcher");
                     return HumanRecorded::Unwatched;
                 }
                 Ok(_) => {}

@@ -306,6 +306,47 @@ async fn an_unrecorded_human_message_in_an_unwatched_session_is_logged() {
     assert!(line.contains("session_key=agent:main:alone"), "{line}");
 }
 
+/// A watch of one agent's session of a key is no watch of another agent's session of it (the
+/// key `global`, shared when `session.scope` is global): a human message in the unwatched one
+/// is not recorded, as in any unwatched session, while one in the watched one is.
+#[tokio::test]
+async fn a_human_message_in_another_agents_session_of_a_watched_key_is_not_recorded() {
+    let store = Arc::new(MemoryStore::new());
+    store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &SessionRef::parse("global", "main").unwrap(),
+            Timestamp(1),
+        )
+        .await
+        .unwrap();
+    let svc = Awareness::builder(
+        Arc::clone(&store) as Arc<_>,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    let mut ops = HumanMessage::new(k("global"));
+    ops.agent_id = Some(AgentId::new("ops").unwrap());
+    assert!(
+        svc.human_message(ops).await.is_none(),
+        "ops's global session is not watched"
+    );
+    let mut main = HumanMessage::new(k("global"));
+    main.agent_id = Some(AgentId::new("main").unwrap());
+    let recorded = svc
+        .human_message(main)
+        .await
+        .expect("main's global session is watched");
+    assert_eq!(recorded.agent_id.as_str(), "main");
+    assert_eq!(
+        store.log_stats().await.unwrap().rows,
+        1,
+        "only the watched session's turn is an event"
+    );
+}
+
 /// Fails every listing of cursors ([`CursorStore::cursors`]), nothing else.
 struct CursorListingsFail;
 

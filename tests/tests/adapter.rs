@@ -287,6 +287,7 @@ async fn restart_brings_the_pending_notice_back() {
         assert!(gw.queue.peek(&k(MANAGER)).is_empty());
         let report = gw.svc.startup().await;
         assert_eq!(report.redelivered, 1, "{}", b.name);
+        assert!(!report.prune_failed && !report.sweep_failed, "{}", b.name);
         assert_eq!(
             gw.queue.peek(&k(MANAGER)),
             before,
@@ -1143,8 +1144,24 @@ async fn a_store_that_fails_every_call_never_fails_a_turn() {
     gw.svc
         .on_delete(&SessionRef::parse(CHILD, "main").unwrap())
         .await;
+    // The host can tell the failures apart from nothing to do.
+    assert!(gw.svc.try_on_reset(&k(MANAGER)).await.is_err());
+    assert!(
+        gw.svc
+            .try_on_delete(&SessionRef::parse(CHILD, "main").unwrap())
+            .await
+            .is_err()
+    );
+    assert!(gw.svc.try_sweep().await.is_err());
     let report = gw.svc.startup().await;
-    assert_eq!(report, gateway_adapter::StartupReport::default());
+    assert_eq!(
+        report,
+        gateway_adapter::StartupReport {
+            prune_failed: true,
+            sweep_failed: true,
+            ..gateway_adapter::StartupReport::default()
+        }
+    );
     assert!(
         gw.svc
             .session_status_text(&k(MANAGER), &k(CHILD), None, Some(Sequence(4)), None)

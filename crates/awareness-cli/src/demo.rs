@@ -276,9 +276,8 @@ async fn narrate(
         s.queue.peek(&manager).len()
     ))?;
     let report = s.svc.startup().await;
-    // `startup` answers 0 for a pass or a sweep that failed: the pass says so itself, and the
-    // sweep is checked against the cursors it had to re-deliver.
-    let pruned = if s.svc.subscribe_pruning().borrow().failed {
+    // A sweep that did not fail is also checked against the cursors it had to re-deliver.
+    let pruned = if report.prune_failed {
         n.missed += 1;
         "the pruning pass failed".to_owned()
     } else {
@@ -287,9 +286,14 @@ async fn narrate(
             report.pruned.events_by_age + report.pruned.events_by_cap
         )
     };
-    let swept = match n.check(swept(&s.svc, &*dir, report.redelivered).await) {
-        Ok(()) => format!("sweep re-delivered {} notice(s)", report.redelivered),
-        Err(why) => why,
+    let swept = if report.sweep_failed {
+        n.missed += 1;
+        "the sweep failed (the warnings above say why)".to_owned()
+    } else {
+        match n.check(swept(&s.svc, &*dir, report.redelivered).await) {
+            Ok(()) => format!("sweep re-delivered {} notice(s)", report.redelivered),
+            Err(why) => why,
+        }
     };
     n.detail(&format!("start-up: {pruned}, {swept}:"))?;
     for q in s.queue.peek(&manager) {
@@ -560,8 +564,7 @@ async fn swept(
     match svc.store().pending_of(&exists).await {
         Ok(pending) if pending.len() == redelivered => Ok(()),
         Ok(pending) => Err(format!(
-            "the sweep failed: {} notice(s) pending, {redelivered} re-delivered \
-             (the warnings above say why)",
+            "the sweep re-delivered {redelivered} notice(s) of {} pending",
             pending.len()
         )),
         Err(e) => Err(format!("the sweep cannot be checked: {}", said(&e))),
@@ -699,7 +702,7 @@ mod tests {
         let (out, e) = demo_failing(Refuse::every(Call::Refreeze)).await;
         assert!(!out.contains("sweep re-delivered"), "{out}");
         assert!(
-            out.contains("the sweep failed: 1 notice(s) pending, 0 re-delivered"),
+            out.contains("the sweep failed (the warnings above say why)"),
             "{out}"
         );
         assert!(missed(&e, 1), "{e}");

@@ -239,13 +239,20 @@ impl WatchOutcome {
     }
 }
 
-/// What start-up did.
+/// What start-up did. A failure is logged where it happens and said here, so that a host can
+/// tell a start-up that failed from one that had nothing to do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartupReport {
-    /// The pruning pass.
+    /// The pruning pass (when it failed, what its chunks that committed deleted).
     pub pruned: PruneReport,
+    /// The pruning pass failed: the next background pass ([`Awareness::spawn_pruning`]) tries
+    /// again.
+    pub prune_failed: bool,
     /// Notices re-delivered by the sweep.
     pub redelivered: usize,
+    /// The sweep failed, so nothing was re-delivered: the notices pending in the store wait for
+    /// the watchers' next turns, or for [`Awareness::try_sweep`] called again.
+    pub sweep_failed: bool,
 }
 
 /// What [`Awareness::human_message`] did: the upstream monitor says why nothing was recorded.
@@ -298,7 +305,9 @@ pub struct AwarenessConfig {
     /// or write answered as a failure of the store once given up. Not bounded:
     /// [`Awareness::try_record`] and the other calls that return the store's own answer, and
     /// [`Awareness::adopt`] (an adoption is not made on a turn, and its link is written before
-    /// it returns; the `adopted` event it then records is bounded).
+    /// it returns; the `adopted` event it then records is bounded), and the lifecycle calls made
+    /// on no turn: [`Awareness::startup`], [`Awareness::sweep`], [`Awareness::prune`],
+    /// [`Awareness::on_reset`], [`Awareness::on_delete`] and their `try_` forms.
     ///
     /// `Duration::MAX` waits for the store as long as it takes, with no timer. The wait is on
     /// tokio's clock: under its paused clock (`start_paused` tests), which jumps to the next
@@ -2227,15 +2236,23 @@ impl Awareness {
     /// Session reset: its own watches go (its assumptions are gone); its history stays. The
     /// session-state notices a dropped turn of it left for the next one go with its watches,
     /// once they are gone (a reset the store failed keeps both); the other system events that
-    /// turn had drained (an exec's, a cron's) stay for the next turn.
+    /// turn had drained (an exec's, a cron's) stay for the next turn. A failure is logged;
+    /// [`Awareness::try_on_reset`] returns it.
     pub async fn on_reset(&self, session: &SessionKey) {
-        let number = self.turns.reset_begins();
-        match self.store.reset_watcher(session).await {
-            Ok(_) => self.turns.forget(session, number, Forget::Notices),
-            Err(e) => {
-                warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
-            }
+        if let Err(e) = self.try_on_reset(session).await {
+            warn!(session_key = %session, error = %ErrorChain(&e), "reset: watches not removed");
         }
+    }
+
+    /// [`Awareness::on_reset`], returning how many watches went, or the store's error (nothing
+    /// was removed: the reset is one write), for a host that retries it. Not bounded by
+    /// [`AwarenessConfig::store_wait`]: a reset is not made on a turn, and one the store has
+    /// not answered has not been made.
+    pub async fn try_on_reset(&self, session: &SessionKey) -> Result<u64, StoreError> {
+        let number = self.turns.reset_begins();
+        let removed = self.store.reset_watcher(session).await?;
+        self.turns.forget(session, number, Forget::Notices);
+        Ok(removed)
     }
 
     /// Session deleted: its events, head, upstream link and cursors go. What a dropped turn of
@@ -2245,34 +2262,46 @@ impl Awareness {
     /// (the other lines of its queue are the gateway's to drop, with
     /// [`SystemEventQueue::drain`]). A notice of a recording that committed before the
     /// deletion and is delivered after it is queued still. A queue that panics meanwhile keeps
-    /// them, with a warning.
+    /// them, with a warning. A failure of the store is logged; [`Awareness::try_on_delete`]
+    /// returns it.
     pub async fn on_delete(&self, session: &SessionRef) {
-        let number = self.turns.reset_begins();
-        match self.store.delete_session(session).await {
-            Ok(()) if session.is_watcher() => {
-                self.turns.forget(&session.session_key, number, Forget::All);
-                let key = &session.session_key;
-                let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    for line in self.queue.peek(key) {
-                        if line.is_session_state() {
-                            self.queue.remove(key, &line);
-                        }
-                    }
-                }));
-                if taken.is_err() {
-                    warn!(session_key = %key, "taking the deleted watcher's session-state notices out of its queue panicked; they may stay queued");
-                }
-            }
-            Ok(()) => {}
-            Err(e) => {
-                warn!(session_key = %session.session_key, error = %ErrorChain(&e), "delete: state not removed");
-            }
+        if let Err(e) = self.try_on_delete(session).await {
+            warn!(session_key = %session.session_key, agent_id = %session.agent_id, error = %ErrorChain(&e), "delete: state not removed");
         }
     }
 
+    /// [`Awareness::on_delete`], returning the store's error (nothing was removed: the deletion
+    /// is one write), for a host that retries it. Not bounded by
+    /// [`AwarenessConfig::store_wait`], as [`Awareness::try_on_reset`] is not.
+    pub async fn try_on_delete(&self, session: &SessionRef) -> Result<(), StoreError> {
+        let number = self.turns.reset_begins();
+        self.store.delete_session(session).await?;
+        if session.is_watcher() {
+            self.turns.forget(&session.session_key, number, Forget::All);
+            let key = &session.session_key;
+            let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                for line in self.queue.peek(key) {
+                    if line.is_session_state() {
+                        self.queue.remove(key, &line);
+                    }
+                }
+            }));
+            if taken.is_err() {
+                warn!(session_key = %key, "taking the deleted watcher's session-state notices out of its queue panicked; they may stay queued");
+            }
+        }
+        Ok(())
+    }
+
     /// One pruning pass (in bounded chunks): what it deleted. A failed pass is logged and
-    /// answers what the chunks that committed before the failure deleted.
+    /// answers what the chunks that committed before the failure deleted
+    /// ([`Awareness::subscribe_pruning`] says it failed).
     pub async fn prune(&self) -> PruneReport {
+        self.prune_pass().await.0
+    }
+
+    /// [`Awareness::prune`], and whether the pass failed.
+    async fn prune_pass(&self) -> (PruneReport, bool) {
         let result = self
             .store
             .prune_counted(&self.config.retention, self.clock.now())
@@ -2295,7 +2324,7 @@ impl Awareness {
             p.report = report;
             p.failed = failed;
         });
-        report
+        (report, failed)
     }
 
     /// Watches pruning passes (start-up, background, explicit).
@@ -2304,8 +2333,21 @@ impl Awareness {
     }
 
     /// The start-up sweep: every pending cursor whose watcher still exists is re-frozen and its
-    /// notice re-delivered. Returns how many.
+    /// notice re-delivered. Returns how many; a failure is logged and answers 0
+    /// ([`Awareness::try_sweep`] returns it).
     pub async fn sweep(&self) -> usize {
+        self.try_sweep().await.unwrap_or_else(|e| {
+            warn!(error = %ErrorChain(&e), "start-up sweep failed");
+            0
+        })
+    }
+
+    /// [`Awareness::sweep`], returning the store's error, for a host that retries it: a sweep
+    /// is one write, which re-freezes every cursor it re-delivers or none. A watcher counts as
+    /// existing when the directory knows it ([`SessionDirectory::exists`]): a sweep run before
+    /// the directory has loaded its sessions skips their watchers. Not bounded by
+    /// [`AwarenessConfig::store_wait`]: it runs at start-up, on no turn.
+    pub async fn try_sweep(&self) -> Result<usize, StoreError> {
         let dir = Arc::clone(&self.directory);
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
@@ -2325,22 +2367,24 @@ impl Awareness {
             .await
             .map_err(|e| StoreError::backend("the sweep's task failed", e))
             .and_then(|((), swept)| swept);
-        match swept {
-            Ok(notices) => notices.len(),
-            Err(e) => {
-                warn!(error = %ErrorChain(&e), "start-up sweep failed");
-                0
-            }
-        }
+        swept.map(|notices| notices.len())
     }
 
-    /// Start-up: one pruning pass, then the sweep.
+    /// Start-up: one pruning pass, then the sweep (each failure logged and said in the report).
     pub async fn startup(&self) -> StartupReport {
-        let pruned = self.prune().await;
-        let redelivered = self.sweep().await;
+        let (pruned, prune_failed) = self.prune_pass().await;
+        let (redelivered, sweep_failed) = match self.try_sweep().await {
+            Ok(n) => (n, false),
+            Err(e) => {
+                warn!(error = %ErrorChain(&e), "start-up sweep failed");
+                (0, true)
+            }
+        };
         StartupReport {
             pruned,
+            prune_failed,
             redelivered,
+            sweep_failed,
         }
     }
 

@@ -11,7 +11,8 @@ use awareness_core::{
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, CheckOutcome, Detection, HumanMessage, InMemoryDirectory,
-    InMemoryQueue, RecordingWake, SystemEventQueue, UpstreamMonitor, UpstreamProvider,
+    InMemoryQueue, ManualClock, RecordingWake, SessionEntry, SystemEventQueue, UpstreamMonitor,
+    UpstreamProvider,
 };
 use store_memory::MemoryStore;
 
@@ -345,6 +346,64 @@ async fn a_human_message_in_another_agents_session_of_a_watched_key_is_not_recor
         1,
         "only the watched session's turn is an event"
     );
+}
+
+/// Refuses every re-freeze ([`CursorStore::refreeze`]: the sweep's write) while set.
+struct RefreezesFail(std::sync::atomic::AtomicBool);
+
+impl Hook for RefreezesFail {
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        (call == Call::Refreeze && self.0.load(std::sync::atomic::Ordering::SeqCst)).then(|| {
+            StoreError::Busy {
+                context: "refreeze".into(),
+                source: Box::new(std::io::Error::other(CAUSE)),
+            }
+        })
+    }
+}
+
+/// A start-up whose sweep fails says so ([`StartupReport::sweep_failed`]), rather than looking
+/// like a start-up with nothing pending, and [`Awareness::try_sweep`] called again once the
+/// store answers re-delivers the notice.
+#[tokio::test]
+async fn a_failed_start_up_sweep_is_reported_and_can_be_retried() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let inner = main_watching(child.clone()).await;
+    inner
+        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
+        .await
+        .unwrap();
+    let store = Arc::new(Hooked {
+        inner,
+        hook: RefreezesFail(std::sync::atomic::AtomicBool::new(true)),
+    });
+    let queue = Arc::new(InMemoryQueue::new());
+    let directory = Arc::new(InMemoryDirectory::new());
+    directory.upsert(k("agent:main:main"), SessionEntry::default());
+    let svc = Awareness::builder(
+        Arc::clone(&store) as Arc<_>,
+        Arc::clone(&queue) as Arc<_>,
+        Arc::new(RecordingWake::new()),
+        directory,
+    )
+    .clock(Arc::new(ManualClock::new(Timestamp(2))))
+    .build();
+    let report = svc.startup().await;
+    assert_eq!(
+        (report.redelivered, report.sweep_failed, report.prune_failed),
+        (0, true, false),
+        "{report:?}"
+    );
+    assert!(logged(&capture.lines(), "start-up sweep failed").contains(CAUSE));
+    assert!(queue.peek(&k("agent:main:main")).is_empty());
+    store
+        .hook
+        .0
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(svc.try_sweep().await.expect("the store answers now"), 1);
+    assert_eq!(queue.peek(&k("agent:main:main")).len(), 1, "re-delivered");
 }
 
 /// Fails every listing of cursors ([`CursorStore::cursors`]), nothing else.

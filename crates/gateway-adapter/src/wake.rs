@@ -15,11 +15,17 @@ pub const DEFAULT_WAKE_WINDOW: Duration = Duration::from_secs(20);
 pub type WakeSink = Arc<dyn Fn(&SessionKey, &str) + Send + Sync>;
 
 /// Coalesces wakes: the first wake of a session fires at once; further wakes inside the window
-/// fire once, at the window's end. Needs a tokio runtime (it spawns the trailing wake).
+/// fire once, at the window's end, with the reason of the last of them. Needs a tokio runtime
+/// (it spawns the trailing wake). Dropping the waker ends its open windows: a trailing wake
+/// still owed is not fired after it (the gateway may be shutting down), and the tasks that
+/// would fire them end at once, letting go of the sink.
 pub struct CoalescingWake {
     window: Duration,
     sink: WakeSink,
-    state: Arc<Mutex<HashMap<SessionKey, bool>>>,
+    /// Each session with an open window, with the reason of the trailing wake it owes, if any.
+    state: Arc<Mutex<HashMap<SessionKey, Option<String>>>>,
+    /// Dropped with the waker, which ends every window's task (see [`CoalescingWake`]).
+    alive: tokio::sync::watch::Sender<()>,
 }
 
 impl std::fmt::Debug for CoalescingWake {
@@ -42,6 +48,7 @@ impl CoalescingWake {
             window,
             sink,
             state: Arc::default(),
+            alive: tokio::sync::watch::Sender::new(()),
         }
     }
 }
@@ -53,10 +60,11 @@ impl HeartbeatWake for CoalescingWake {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(trailing) = g.get_mut(session) {
-            *trailing = true; // inside the window: one trailing wake at its end
+            // Inside the window: one trailing wake at its end, for the latest reason.
+            *trailing = Some(reason.to_owned());
             return;
         }
-        g.insert(session.clone(), false);
+        g.insert(session.clone(), None);
         drop(g);
         // The window's task is spawned before the sink runs, and its guard ends the window
         // however the task ends (a panicking sink, an abort at shutdown): a window left open
@@ -68,14 +76,18 @@ impl HeartbeatWake for CoalescingWake {
         };
         let sink = Arc::clone(&self.sink);
         let period = self.window;
-        let reason_owned = reason.to_owned();
+        let mut alive = self.alive.subscribe();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(period).await;
-                if !window.take_trailing() {
-                    break;
+                tokio::select! {
+                    () = tokio::time::sleep(period) => {}
+                    // Nothing is ever sent: this answers only once the waker is dropped.
+                    _ = alive.changed() => break,
                 }
-                sink(&window.session, &reason_owned);
+                let Some(reason) = window.take_trailing() else {
+                    break;
+                };
+                sink(&window.session, &reason);
             }
         });
         (self.sink)(session, reason);
@@ -84,29 +96,27 @@ impl HeartbeatWake for CoalescingWake {
 
 /// A session's open window; dropping it closes the window if it is still open.
 struct Window {
-    state: Arc<Mutex<HashMap<SessionKey, bool>>>,
+    state: Arc<Mutex<HashMap<SessionKey, Option<String>>>>,
     session: SessionKey,
     /// Closed by [`Window::take_trailing`]: the session's entry may be another window's now.
     closed: bool,
 }
 
 impl Window {
-    /// At the window's end: whether a wake came inside it (then it is fired, and a new window
-    /// starts); otherwise the window closes, in the same lock as the check, so that a wake
-    /// coming right after starts a window of its own.
-    fn take_trailing(&mut self) -> bool {
+    /// At the window's end: the reason of the last wake that came inside it, if one did (it is
+    /// then fired, and a new window starts); otherwise the window closes, in the same lock as
+    /// the check, so that a wake coming right after starts a window of its own.
+    fn take_trailing(&mut self) -> Option<String> {
         let mut g = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(trailing) = g.get_mut(&self.session)
-            && std::mem::replace(trailing, false)
-        {
-            return true;
+        if let Some(reason) = g.get_mut(&self.session).and_then(Option::take) {
+            return Some(reason);
         }
         g.remove(&self.session);
         self.closed = true;
-        false
+        None
     }
 }
 
@@ -214,6 +224,46 @@ mod tests {
             3,
             "a wake after the window goes out at once"
         );
+    }
+
+    /// A sink that keeps each wake's reason.
+    fn reasons_sink() -> (Arc<Mutex<Vec<String>>>, WakeSink) {
+        let reasons = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&reasons);
+        let sink: WakeSink = Arc::new(move |_, r: &str| kept.lock().unwrap().push(r.to_owned()));
+        (reasons, sink)
+    }
+
+    /// The trailing wake says why the session was last woken inside the window, not why it
+    /// was first.
+    #[tokio::test(start_paused = true)]
+    async fn the_trailing_wake_carries_the_latest_reason() {
+        let (reasons, sink) = reasons_sink();
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        waker.wake(&main, "first");
+        waker.wake(&main, "second");
+        waker.wake(&main, "third");
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first", "third"]);
+    }
+
+    /// Dropping the waker (a gateway shutting down) fires no trailing wake after it, and ends
+    /// the window's task, which lets go of the sink at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waker_fires_no_trailing_wake() {
+        let (reasons, sink) = reasons_sink();
+        let waker = CoalescingWake::new(Arc::clone(&sink));
+        let main = SessionKey::new("agent:main:main").unwrap();
+        waker.wake(&main, "first");
+        waker.wake(&main, "owed");
+        assert_eq!(Arc::strong_count(&sink), 3, "the waker's and its window's");
+        drop(waker);
+        // Let the window's task see the drop.
+        tokio::task::yield_now().await;
+        assert_eq!(Arc::strong_count(&sink), 1, "the window's task has ended");
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first"]);
     }
 
     /// Bug: a sink that panicked on a session's first wake left its window open for good (the

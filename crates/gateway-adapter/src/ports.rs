@@ -104,18 +104,21 @@ impl VisibilityPolicy for AllowAll {
     }
 }
 
-/// A policy that lets a requester see only sessions of its own agent (an agent-qualified
-/// requester sees refs whose agent id is its own; a bare requester sees nothing but itself,
-/// the same key of the same agent).
+/// A policy that lets a requester see only sessions of its own agent: an agent-qualified
+/// requester's agent is the one its key names; a bare requester's (`global`, under
+/// `session.scope = "global"`) is the agent its ref names, which the service takes from the
+/// gateway (see [`VisibilityPolicy`]). So each agent's `global` session sees that agent's
+/// sessions, its subagents among them, and not another agent's `global`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SameAgent;
 
 impl VisibilityPolicy for SameAgent {
     fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool {
-        match requester.session_key.agent_id() {
-            Some(agent) => agent == target.agent_id.as_str(),
-            None => requester == target,
-        }
+        let agent = requester
+            .session_key
+            .agent_id()
+            .unwrap_or(requester.agent_id.as_str());
+        agent == target.agent_id.as_str()
     }
 }
 
@@ -187,10 +190,17 @@ mod tests {
         assert!(!SameAgent.can_see(&ops, &main_child));
         assert!(SameAgent.can_see(&ops, &ops_child));
         assert!(AllowAll.can_see(&ops, &main_child));
-        // Under global scope each agent has its own `global`: a bare requester sees its own.
+        // Under global scope each agent has its own `global`: a bare requester sees its own,
+        // and its own agent's subagents, by the agent its ref names.
         let global = r("global", "main");
         assert!(SameAgent.can_see(&global, &r("global", "main")));
         assert!(!SameAgent.can_see(&global, &r("global", "ops")));
-        assert!(!SameAgent.can_see(&global, &main_child));
+        assert!(SameAgent.can_see(&global, &main_child));
+        assert!(!SameAgent.can_see(&global, &ops_child));
+        let ops_global = r("global", "ops");
+        assert!(SameAgent.can_see(&ops_global, &ops_child));
+        assert!(!SameAgent.can_see(&ops_global, &main_child));
+        // An agent-qualified key names its agent, whatever the ref says.
+        assert!(!SameAgent.can_see(&r("agent:ops:main", "main"), &main_child));
     }
 }

@@ -1145,6 +1145,13 @@ async fn a_store_that_fails_every_call_never_fails_a_turn() {
         .on_delete(&SessionRef::parse(CHILD, "main").unwrap())
         .await;
     // The host can tell the failures apart from nothing to do.
+    assert!(gw.svc.try_unwatch(&k(MANAGER), &k(CHILD)).await.is_err());
+    assert!(
+        gw.svc
+            .try_acknowledge(&k(MANAGER), &[k(CHILD)])
+            .await
+            .is_err()
+    );
     assert!(gw.svc.try_on_reset(&k(MANAGER)).await.is_err());
     assert!(
         gw.svc

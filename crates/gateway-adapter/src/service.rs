@@ -1942,14 +1942,28 @@ impl Awareness {
     /// (unless the spawner caused it) gives the spawner a cursor from the start again, and a
     /// notice.
     pub async fn unwatch(&self, watcher: &SessionKey, target: &SessionKey) -> bool {
-        let Ok(w) = WatcherKey::new(watcher.clone()) else {
+        if WatcherKey::new(watcher.clone()).is_err() {
             return false;
-        };
-        let write = self.store.unwatch(&w, target);
-        self.bounded("unwatch", write).await.unwrap_or_else(|e| {
+        }
+        self.try_unwatch(watcher, target).await.unwrap_or_else(|e| {
             warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "unwatch failed");
             false
         })
+    }
+
+    /// [`Awareness::unwatch`], telling a failure from no watch: `Ok(false)` when there was
+    /// none, the store's error when it failed or did not answer within
+    /// [`AwarenessConfig::store_wait`] (the watch may then still be there, or be removed once
+    /// the store answers), [`StoreError::InvalidInput`] for a watcher that cannot watch (a
+    /// bare key). Not logged: the caller has the error.
+    pub async fn try_unwatch(
+        &self,
+        watcher: &SessionKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let w = WatcherKey::new(watcher.clone())?;
+        self.bounded("unwatch", self.store.unwatch(&w, target))
+            .await
     }
 
     // ----- the turn -----------------------------------------------------------------------------
@@ -1960,13 +1974,33 @@ impl Awareness {
     }
 
     /// Acknowledges the watcher's notices on `targets`, whichever notice each shows
-    /// ([`AckTarget::any`]), and delivers the follow-ups.
+    /// ([`AckTarget::any`]), and delivers the follow-ups. A failure is logged and answers no
+    /// follow-up ([`Awareness::try_acknowledge`] returns it).
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
         let targets = targets.iter().cloned().map(AckTarget::any).collect();
         self.acknowledge_holding(watcher, targets, ())
             .await
             .map(|((), follow)| follow)
             .unwrap_or_default()
+    }
+
+    /// [`Awareness::acknowledge`], telling a failure from no follow-up: the follow-ups it
+    /// delivered, or the store's error (the notices stay pending: an acknowledgement is one
+    /// write), [`StoreError::InvalidInput`] for a watcher that cannot watch (a bare key). As
+    /// [`Awareness::acknowledge`], it runs to its end on a task of its own, and is not bounded
+    /// by [`AwarenessConfig::store_wait`]. Not logged: the caller has the error.
+    pub async fn try_acknowledge(
+        &self,
+        watcher: &SessionKey,
+        targets: &[SessionKey],
+    ) -> Result<Vec<Notice>, StoreError> {
+        let w = WatcherKey::new(watcher.clone())?;
+        let targets = targets.iter().cloned().map(AckTarget::any).collect();
+        let ((), follow) = self
+            .acknowledge_written(watcher, w, targets, ())
+            .await
+            .map_err(|e| StoreError::backend("the acknowledgement's task failed", e))?;
+        follow
     }
 
     /// [`Awareness::acknowledge`], on a task that also holds `keep` (a turn's lock) until the
@@ -1981,23 +2015,7 @@ impl Awareness {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
             return Some((keep, Vec::new()));
         };
-        if targets.is_empty() {
-            return Some((keep, Vec::new()));
-        }
-        let store = Arc::clone(&self.store);
-        let now = self.clock.now();
-        let acknowledged = self
-            .write_and_deliver(
-                "acknowledge",
-                Some(watcher.clone()),
-                keep,
-                async move { store.acknowledge(&w, &targets, now).await },
-                Vec::as_slice,
-                // The follow-ups go to the watcher taking its turn here: this gateway's.
-                None,
-            )
-            .await;
-        match acknowledged {
+        match self.acknowledge_written(watcher, w, targets, keep).await {
             Ok((keep, Ok(follow))) => Some((keep, follow)),
             Ok((keep, Err(e))) => {
                 warn!(watcher = %watcher, error = %ErrorChain(&e), "acknowledge failed; the notices stay pending");
@@ -2008,6 +2026,33 @@ impl Awareness {
                 None
             }
         }
+    }
+
+    /// The acknowledgement's write and delivery on a task of its own holding `keep`
+    /// ([`Awareness::write_and_deliver`]): `keep` back with the store's answer, or the task's
+    /// failure (a panic, and `keep` with it).
+    async fn acknowledge_written<K: Send + 'static>(
+        &self,
+        watcher: &SessionKey,
+        w: WatcherKey,
+        targets: Vec<AckTarget>,
+        keep: K,
+    ) -> Result<(K, Result<Vec<Notice>, StoreError>), tokio::task::JoinError> {
+        if targets.is_empty() {
+            return Ok((keep, Ok(Vec::new())));
+        }
+        let store = Arc::clone(&self.store);
+        let now = self.clock.now();
+        self.write_and_deliver(
+            "acknowledge",
+            Some(watcher.clone()),
+            keep,
+            async move { store.acknowledge(&w, &targets, now).await },
+            Vec::as_slice,
+            // The follow-ups go to the watcher taking its turn here: this gateway's.
+            None,
+        )
+        .await
     }
 
     /// A watcher's turn drains its queue and acknowledges exactly the notices it read.

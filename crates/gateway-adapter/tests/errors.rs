@@ -348,6 +348,67 @@ async fn a_human_message_in_another_agents_session_of_a_watched_key_is_not_recor
     );
 }
 
+/// `try_unwatch` and `try_acknowledge` answer a store that had nothing to do apart from one
+/// that failed, and refuse a watcher that cannot watch (a bare key).
+#[tokio::test]
+async fn try_unwatch_and_try_acknowledge_tell_nothing_to_do_from_a_failure() {
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let memory = |store: Arc<MemoryStore>| {
+        Awareness::builder(
+            store,
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .build()
+    };
+    let svc = memory(Arc::new(MemoryStore::new()));
+    let (main, target) = (k("agent:main:main"), child.session_key.clone());
+    assert!(!svc.try_unwatch(&main, &target).await.expect("no watch"));
+    assert!(
+        svc.try_acknowledge(&main, std::slice::from_ref(&target))
+            .await
+            .expect("nothing pending")
+            .is_empty()
+    );
+    assert!(matches!(
+        svc.try_unwatch(&k("global"), &target).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        svc.try_acknowledge(&k("global"), std::slice::from_ref(&target))
+            .await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    let store = main_watching(child.clone()).await;
+    store
+        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
+        .await
+        .unwrap();
+    let svc = memory(store);
+    assert_eq!(
+        svc.try_acknowledge(&main, std::slice::from_ref(&target))
+            .await
+            .expect("acknowledged"),
+        []
+    );
+    let cursor = svc
+        .store()
+        .cursor(&WatcherKey::parse("agent:main:main").unwrap(), &target)
+        .await
+        .unwrap()
+        .expect("the watch");
+    assert!(!cursor.is_pending(), "acknowledged: {cursor:?}");
+    assert!(
+        svc.try_unwatch(&main, &target)
+            .await
+            .expect("the watch existed")
+    );
+    let failing = service(Arc::new(Failing::new(CAUSE)));
+    assert!(failing.try_unwatch(&main, &target).await.is_err());
+    assert!(failing.try_acknowledge(&main, &[target]).await.is_err());
+}
+
 /// Refuses every re-freeze ([`CursorStore::refreeze`]: the sweep's write) while set.
 struct RefreezesFail(std::sync::atomic::AtomicBool);
 

@@ -403,10 +403,82 @@ pub fn may_remove_found(
     }
 }
 
+/// A `u64` in JSON that a reader of numbers as doubles (JavaScript: another reader of a link's
+/// marker, which may write it back) keeps exactly: a number below 2^53, the string of its
+/// decimal digits from 2^53 on. Read back from either form, so that what was stored as a
+/// number before keeps reading. For `#[serde(with = "awareness_core::upstream::exact_u64")]`.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+/// struct Marker {
+///     #[serde(with = "awareness_core::upstream::exact_u64")]
+///     ino: u64,
+/// }
+/// let big = Marker { ino: u64::MAX };
+/// let json = serde_json::to_value(&big)?;
+/// assert_eq!(json, serde_json::json!({"ino": "18446744073709551615"}));
+/// assert_eq!(serde_json::from_value::<Marker>(json)?, big);
+/// assert_eq!(serde_json::to_value(Marker { ino: 42 })?, serde_json::json!({"ino": 42}));
+/// assert_eq!(serde_json::from_value::<Marker>(serde_json::json!({"ino": 42}))?.ino, 42);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+pub mod exact_u64 {
+    use std::fmt;
+
+    use serde::{Deserializer, Serializer, de};
+
+    /// 2^53, the first integer a double cannot tell from its neighbour (2^53 + 1 reads as it).
+    pub const FIRST_INEXACT: u64 = 1 << 53;
+
+    /// Writes `n` as a number below [`FIRST_INEXACT`], as a string of decimal digits from it on.
+    pub fn serialize<S: Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+        if *n < FIRST_INEXACT {
+            s.serialize_u64(*n)
+        } else {
+            s.collect_str(n)
+        }
+    }
+
+    /// Reads a non-negative integer written as a number or as a string of decimal digits.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        d.deserialize_any(Exact)
+    }
+
+    struct Exact;
+
+    impl de::Visitor<'_> for Exact {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an integer from 0 to 2^64 - 1, as a number or a string of decimal digits")
+        }
+
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<u64, E> {
+            Ok(n)
+        }
+
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<u64, E> {
+            u64::try_from(n).map_err(|_| E::invalid_value(de::Unexpected::Signed(n), &self))
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<u64, E> {
+            // Digits only: no sign, no space (which `parse` would refuse too, but a `+` it
+            // would take).
+            text.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| text.parse().ok())
+                .flatten()
+                .ok_or_else(|| E::invalid_value(de::Unexpected::Str(text), &self))
+        }
+    }
+}
+
 /// 64-bit FNV-1a, streaming. Stable across platforms and releases (it is part of dedupe keys).
+/// In JSON (a resumable reader's state, in a marker) it is an [`exact_u64`]: a hash is almost
+/// always above 2^53.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Fnv64(u64);
+pub struct Fnv64(#[serde(with = "exact_u64")] u64);
 
 impl Default for Fnv64 {
     fn default() -> Self {

@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use awareness_core::error::ErrorChain;
-use awareness_core::upstream::{self, TextFingerprint};
+use awareness_core::upstream::{self, TextFingerprint, exact_u64};
 use awareness_core::{LinkSpec, SessionRef, UpstreamLink, async_trait};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -63,27 +63,31 @@ const CHUNK: usize = 64 * 1024;
 /// Bytes before the read position whose hash detects a rewritten file.
 const TAIL_BYTES: u64 = 64;
 
-/// How far a transcript has been read.
+/// How far a transcript has been read. Its 64-bit numbers are written as JSON numbers below
+/// 2^53 and as strings of digits from 2^53 on ([`exact_u64`]: an inode can be that high, on
+/// overlay file systems among others), so that another reader of the link that takes
+/// numbers as doubles and writes the marker back leaves them exact; both forms are read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JsonlMarker {
     /// The start of the first line not classified yet; after a rebase onto a last line that
     /// started before the bytes it looked at, the first byte looked at (the line is then
     /// skipped to its end: `partial` is [`LineScanner::skipping`]).
+    #[serde(with = "exact_u64")]
     pub offset: u64,
     /// The file's device when the marker was written: the fallback dedupe id of a turn without
     /// a uuid read from this marker names it (so a re-read of the same lines gives the same
     /// ids even if the device number changed meanwhile). Not compared: a device number can
     /// change across a reboot or a remount while the file stays. 0 when the marker did not
     /// say (a bare `{"offset": N}`, as another reader of the link may have written it).
-    #[serde(default)]
+    #[serde(default, with = "exact_u64")]
     pub dev: u64,
     /// The file's inode: another one means the file was replaced. 0 when the marker did not
     /// say: a bare offset is then only checked against the file's size (a replaced file as
     /// long is read from it, once: the next marker carries the identity and the tail).
-    #[serde(default)]
+    #[serde(default, with = "exact_u64")]
     pub ino: u64,
     /// The file's size when last checked (0 when the marker did not say).
-    #[serde(default)]
+    #[serde(default, with = "exact_u64")]
     pub size: u64,
     /// 16 hex of the FNV-1a 64 of the (up to) 64 bytes before [`JsonlMarker::position`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -608,8 +612,12 @@ mod tests {
     use std::time::Duration;
 
     use awareness_core::{SessionRef, Timestamp, upstream};
+    use serde_json::{Value, json};
 
-    use super::{CheckOutcome, JsonlProvider, PoisonError, UpstreamProvider, adoption};
+    use super::{
+        CheckOutcome, JsonlMarker, JsonlProvider, LineScanner, PoisonError, UpstreamProvider,
+        adoption,
+    };
 
     /// What runs inside the next read of a path, before the file is opened.
     type Hook = (PathBuf, Box<dyn FnOnce() + Send>);
@@ -776,6 +784,74 @@ mod tests {
             matches!(&out, CheckOutcome::Failed(why) if why.contains("reads that may run at once")),
             "{out:?}"
         );
+    }
+
+    /// `value` as a reader that takes JSON numbers as doubles writes it back (JavaScript's
+    /// `JSON.stringify(JSON.parse(...))`): each number rounded to a double, integers printed
+    /// without a fraction.
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    fn through_doubles(value: &Value) -> Value {
+        match value {
+            Value::Number(n) => {
+                let x = n.as_f64().expect("a number");
+                if x.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&x) {
+                    Value::from(x as u64)
+                } else {
+                    // Past u64 (2^64 - 1 rounds up to 2^64): printed as JavaScript prints it.
+                    serde_json::from_str(&format!("{x:e}")).expect("a number")
+                }
+            }
+            Value::Array(items) => Value::Array(items.iter().map(through_doubles).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), through_doubles(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// A marker whose numbers are past 2^53 (an inode on an overlay file system, a device
+    /// number, the hash of a long uuid the reader is in the middle of) comes back the same
+    /// from a reader that takes numbers as doubles and writes the marker back: past 2^53 they
+    /// are strings of digits. Before, such a reader changed the inode (the file read as
+    /// replaced: its turns counted again) or wrote a number the marker no longer read (a
+    /// rebase). A marker stored with those numbers as numbers still reads.
+    #[test]
+    fn a_marker_survives_a_reader_of_doubles() {
+        let mut partial = LineScanner::new();
+        let line = format!("{{\"type\":\"user\",\"uuid\":\"{}", "u".repeat(300));
+        assert_eq!(partial.feed(line.as_bytes()), None);
+        let marker = JsonlMarker {
+            offset: 1 << 40,
+            dev: (1 << 53) + 1,
+            ino: u64::MAX - 6,
+            size: (1 << 40) + 4096,
+            tail: Some("00112233445566ff".into()),
+            partial: Some(partial),
+            generation: super::fresh_generation(),
+        };
+        let stored = marker.to_value();
+        assert_eq!(stored["ino"], json!((u64::MAX - 6).to_string()));
+        assert_eq!(stored["offset"], json!(1_u64 << 40), "a number below 2^53");
+        let rewritten = through_doubles(&stored);
+        assert_eq!(
+            JsonlMarker::from_value(&rewritten).as_ref(),
+            Some(&marker),
+            "{rewritten}"
+        );
+        // As an earlier version stored it: every number a number.
+        let mut old = stored.clone();
+        old["dev"] = json!(marker.dev);
+        old["ino"] = json!(marker.ino);
+        assert_eq!(JsonlMarker::from_value(&old).as_ref(), Some(&marker));
+        // A string that is not digits is no marker of ours.
+        old["ino"] = json!("-1");
+        assert_eq!(JsonlMarker::from_value(&old), None);
     }
 
     /// A marker's generation is an exact JSON integer (below 2^53), which a reader that takes

@@ -242,6 +242,18 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     .fetch_all(&mut conn)
     .await
     .unwrap();
+    // OpenClaw's file keeps its mode (only a file the store creates is made 0600) and its
+    // journal mode, which DESIGN.md section 6 has as WAL on both sides.
+    let mode = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    };
+    let mode_before = mode(&path);
+    let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(journal, "wal", "OpenClaw writes its file in WAL mode");
 
     let store = SqliteStore::open(&path)
         .await
@@ -381,6 +393,12 @@ async fn openclaw_database_reads_exactly_and_other_tables_stay_untouched() {
     };
     let ddl_after: Vec<(String, String)> = ddl_after.into_iter().map(ours).collect();
     assert_eq!(ddl_before, ddl_after, "OpenClaw's DDL is kept verbatim");
+    assert_eq!(mode(&path), mode_before, "the file's mode is OpenClaw's");
+    let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(journal, "wal");
     conn.close().await.unwrap();
 }
 

@@ -764,6 +764,50 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
     }
 }
 
+/// Under `SameAgent`, each agent's `global` (named through the `_as` methods) sees its own
+/// agent's subagents and not another agent's (decision 0010, stop 45); through the key-only
+/// methods `global` is the default agent's, and sees the default agent's subagents.
+#[tokio::test(start_paused = true)]
+async fn a_bare_requester_sees_its_own_agents_subagents_through_the_as_methods() {
+    for b in backends().await {
+        let gw = Gateway::with_policy(Arc::clone(&b.store), Arc::new(SameAgent));
+        let ops_global = SessionRef::parse("global", "ops").unwrap();
+        let (ops_child, main_child) = (
+            SessionRef::parse("agent:ops:subagent:x", "ops").unwrap(),
+            SessionRef::parse("agent:main:subagent:y", "main").unwrap(),
+        );
+        for (child, id) in [(&ops_child, "s-x"), (&main_child, "s-y")] {
+            gw.svc.session_created(child, id).await.expect("logged");
+        }
+        let status = |requester: SessionRef, child: &SessionRef| {
+            let svc = &gw.svc;
+            let key = child.session_key.clone();
+            async move {
+                svc.session_status_as(&requester, &key, None, Some(Sequence(0)), None)
+                    .await
+                    .is_ok()
+            }
+        };
+        assert!(status(ops_global.clone(), &ops_child).await, "{}", b.name);
+        assert!(!status(ops_global.clone(), &main_child).await, "{}", b.name);
+        let main_global = SessionRef::parse("global", "main").unwrap();
+        assert!(status(main_global.clone(), &main_child).await, "{}", b.name);
+        assert!(!status(main_global, &ops_child).await, "{}", b.name);
+        // Key-only: the default agent's `global`.
+        let key_only = |child: &SessionRef| {
+            let svc = &gw.svc;
+            let key = child.session_key.clone();
+            async move {
+                svc.session_status(&k("global"), &key, None, Some(Sequence(0)), None)
+                    .await
+                    .is_ok()
+            }
+        };
+        assert!(key_only(&main_child).await, "{}", b.name);
+        assert!(!key_only(&ops_child).await, "{}", b.name);
+    }
+}
+
 /// A gateway on `b` whose manager watches agent ops's `global` (decision 0008), while agent
 /// main's `global` holds one event; and ops's id.
 async fn watching_ops_global(b: &Backend) -> (Gateway, AgentId) {

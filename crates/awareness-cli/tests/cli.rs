@@ -199,9 +199,16 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
                 let want = want.as_array().unwrap();
                 assert_eq!(got.len(), want.len());
                 for (g, w) in got.iter().zip(want) {
-                    // OpenClaw's rows name no target agent: the target key's own agent.
+                    // OpenClaw's rows name no target agent: the target key's own agent, else
+                    // (a bare key) the watcher's (`Cursor::default_target_agent`).
                     let target = w["target_session_key"].as_str().unwrap();
-                    let agent = target.split(':').nth(1).unwrap();
+                    let agent_of = |key: &str| {
+                        key.strip_prefix("agent:")
+                            .and_then(|rest| rest.split(':').next())
+                            .map(str::to_owned)
+                    };
+                    let watcher = w["watcher_session_key"].as_str().unwrap();
+                    let agent = agent_of(target).or_else(|| agent_of(watcher)).unwrap();
                     let mut row = serde_json::json!({
                         "watcher": w["watcher_session_key"],
                         "target": target,
@@ -210,7 +217,8 @@ fn status_list_and_cursors_match_openclaw_expected_answers() {
                         "notified": w["notified_sequence"],
                         "material": w["material_sequence"],
                         "updatedAt": w["updated_at"],
-                        "pending": w["notified_sequence"].as_u64() > w["last_seen_sequence"].as_u64(),
+                        // `Cursor::is_pending`: something not yet seen.
+                        "pending": w["material_sequence"].as_u64() > w["last_seen_sequence"].as_u64(),
                     });
                     // The JSON leaves an explicit watch's provenance out.
                     if w["provenance"] != "explicit" {

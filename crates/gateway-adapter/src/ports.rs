@@ -106,9 +106,13 @@ impl VisibilityPolicy for AllowAll {
 
 /// A policy that lets a requester see only sessions of its own agent: an agent-qualified
 /// requester's agent is the one its key names; a bare requester's (`global`, under
-/// `session.scope = "global"`) is the agent its ref names, which the service takes from the
-/// gateway (see [`VisibilityPolicy`]). So each agent's `global` session sees that agent's
-/// sessions, its subagents among them, and not another agent's `global`.
+/// `session.scope = "global"`) is the agent its ref names: the one the gateway names through
+/// the `_as` methods ([`Awareness::session_status_as`](crate::Awareness::session_status_as),
+/// ...), else the default agent ([`AwarenessConfig::default_agent`](crate::AwarenessConfig)).
+/// So each agent's `global` session, named through the `_as` methods, sees that agent's
+/// sessions, its subagents among them, and not another agent's `global`; through the key-only
+/// methods every `global` is the default agent's, and sees the default agent's sessions (a
+/// gateway with several agents under global scope calls the `_as` methods).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SameAgent;
 

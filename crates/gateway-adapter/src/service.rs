@@ -301,9 +301,11 @@ pub struct AwarenessConfig {
     /// ([`Awareness::record`], [`Awareness::human_message`], ...) for their recording, which
     /// goes on on its own task and delivers its notices when the store answers; and the tools a
     /// model calls in its turn ([`Awareness::session_status`], [`Awareness::state_versions`],
-    /// [`Awareness::watch_after_send`], [`Awareness::unwatch`] and their variants), each read
-    /// or write answered as a failure of the store once given up. Not bounded:
-    /// [`Awareness::try_record`] and the other calls that return the store's own answer, and
+    /// [`Awareness::watch_after_send`], [`Awareness::unwatch`] and their variants,
+    /// [`Awareness::try_unwatch`] among them), each read or write answered as a failure of the
+    /// store once given up. Not bounded: [`Awareness::try_record`] and
+    /// [`Awareness::try_acknowledge`] (they wait for the write their caller asked for, which
+    /// goes on on its own task all the same), [`Awareness::acknowledge`] outside a turn,
     /// [`Awareness::adopt`] (an adoption is not made on a turn, and its link is written before
     /// it returns; the `adopted` event it then records is bounded), and the lifecycle calls made
     /// on no turn: [`Awareness::startup`], [`Awareness::sweep`], [`Awareness::prune`],

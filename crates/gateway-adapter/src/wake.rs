@@ -80,9 +80,15 @@ impl HeartbeatWake for CoalescingWake {
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    () = tokio::time::sleep(period) => {}
+                    // First: a window whose end came as the waker was dropped fires nothing.
+                    biased;
                     // Nothing is ever sent: this answers only once the waker is dropped.
                     _ = alive.changed() => break,
+                    () = tokio::time::sleep(period) => {}
+                }
+                // Dropped between the window's end and this task's turn: nothing either.
+                if alive.has_changed().is_err() {
+                    break;
                 }
                 let Some(reason) = window.take_trailing() else {
                     break;

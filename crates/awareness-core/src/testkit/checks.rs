@@ -1827,7 +1827,10 @@ pub async fn an_ambient_cursor_stays_ambient_until_a_spawn_or_watch(t: &Subject)
 
 /// An ambient cursor goes as any other: a recording on the other agent's session of its key
 /// that names its watcher re-points it there from scratch, explicit (its notice is no longer
-/// queue-only); idle pruning takes it when it is idle; deleting its target takes it.
+/// queue-only); idle pruning takes it when it is idle; deleting its target takes it. Checked
+/// on a store that can hold an ambient row ([`super::RawAccess::make_ambient`] answers `true`:
+/// store-sqlite, whose file OpenClaw writes them into); on the others (store-memory,
+/// store-redb, which hold explicit cursors only) it checks nothing.
 pub async fn an_ambient_cursor_is_re_pointed_pruned_and_deleted_as_any_other(t: &Subject) {
     use crate::WatchProvenance::Explicit;
     let s = &*t.store;

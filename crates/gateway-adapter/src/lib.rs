@@ -88,8 +88,8 @@ pub use ports::{
 pub use queue::InMemoryQueue;
 pub use service::{
     Adoption, Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage,
-    ManualClock, NotVisible, PickUp, PrunePass, RunOutcome, StartupReport, SystemClock,
-    WatchOutcome, WatchRefusal, render_status,
+    HumanRecorded, ManualClock, NotVisible, PickUp, PrunePass, RunOutcome, StartupReport,
+    SystemClock, WatchOutcome, WatchRefusal, render_status,
 };
 pub use upstream::{
     CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask, NoRuns,

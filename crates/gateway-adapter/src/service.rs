@@ -255,14 +255,18 @@ pub struct StartupReport {
     pub sweep_failed: bool,
 }
 
-/// What [`Awareness::human_message`] did: the upstream monitor says why nothing was recorded.
+/// What [`Awareness::human_message_recorded`] did, saying why nothing was recorded (the
+/// upstream monitor reports it; a host can tell a session nothing watches from a store that
+/// failed, which [`Awareness::human_message`] answers both as `None`).
 #[derive(Debug)]
-pub(crate) enum HumanRecorded {
+pub enum HumanRecorded {
     /// Recorded (for a dedupe hit, the event stored first).
     Event(Arc<Event>),
     /// Not recorded: the session has no spawner, parent or watcher.
     Unwatched,
-    /// Not recorded: the store failed (the error, with its causes).
+    /// Not recorded: the store failed, or did not answer within
+    /// [`AwarenessConfig::store_wait`] (the recording then goes on, on its own task): the
+    /// error, with its causes.
     Failed(String),
 }
 
@@ -1358,7 +1362,7 @@ impl Awareness {
 
     /// [`Awareness::human_message`], saying why nothing was recorded (each case is logged
     /// here: a store failure with `warn!`, a session nothing watches with `debug!`).
-    pub(crate) async fn human_message_recorded(&self, msg: HumanMessage) -> HumanRecorded {
+    pub async fn human_message_recorded(&self, msg: HumanMessage) -> HumanRecorded {
         let entry = msg
             .entry
             .clone()

@@ -10,9 +10,9 @@ use awareness_core::{
     Timestamp, UpstreamStore, WatcherKey, async_trait,
 };
 use gateway_adapter::{
-    Awareness, AwarenessConfig, CheckOutcome, Detection, HumanMessage, InMemoryDirectory,
-    InMemoryQueue, ManualClock, RecordingWake, SessionEntry, SystemEventQueue, UpstreamMonitor,
-    UpstreamProvider,
+    Awareness, AwarenessConfig, CheckOutcome, Detection, HumanMessage, HumanRecorded,
+    InMemoryDirectory, InMemoryQueue, ManualClock, RecordingWake, SessionEntry, SystemEventQueue,
+    UpstreamMonitor, UpstreamProvider,
 };
 use store_memory::MemoryStore;
 
@@ -301,7 +301,19 @@ async fn an_unrecorded_human_message_in_an_unwatched_session_is_logged() {
     )
     .build();
     let msg = HumanMessage::new(k("agent:main:alone"));
-    assert!(svc.human_message(msg).await.is_none());
+    assert!(svc.human_message(msg.clone()).await.is_none());
+    assert!(matches!(
+        svc.human_message_recorded(msg.clone()).await,
+        HumanRecorded::Unwatched
+    ));
+    // A store that fails is told apart from a session nothing watches.
+    match service(Arc::new(Failing::new(CAUSE)))
+        .human_message_recorded(msg)
+        .await
+    {
+        HumanRecorded::Failed(why) => assert!(why.contains(CAUSE), "{why}"),
+        other => panic!("a failure, not {other:?}"),
+    }
     let line = logged(&capture.lines(), "human message not recorded");
     assert!(line.contains("no spawner, parent or watcher"), "{line}");
     assert!(line.contains("session_key=agent:main:alone"), "{line}");
@@ -331,7 +343,10 @@ async fn a_human_message_in_another_agents_session_of_a_watched_key_is_not_recor
     let mut ops = HumanMessage::new(k("global"));
     ops.agent_id = Some(AgentId::new("ops").unwrap());
     assert!(
-        svc.human_message(ops).await.is_none(),
+        matches!(
+            svc.human_message_recorded(ops).await,
+            HumanRecorded::Unwatched
+        ),
         "ops's global session is not watched"
     );
     let mut main = HumanMessage::new(k("global"));

@@ -242,15 +242,16 @@ async fn nested_subagent_watcher_is_not_woken_and_reads_it_next_turn() {
         gw.spawn_entry(NESTED, CHILD);
         gw.svc
             .subagent_spawned(&k(NESTED), None, &k(CHILD), "run-n")
-            .await;
+            .await
+            .expect("the spawn is logged");
         gw.human(NESTED)
             .await
             .expect("recorded: the helper has a spawner");
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert_eq!(
-            gw.woken.count(&k(CHILD)),
-            0,
-            "{}: a nested subagent is not woken",
+            gw.woken.all(),
+            [],
+            "{}: a nested subagent is not woken, nor anyone else",
             b.name
         );
         let turn = gw.svc.drain_turn(&k(CHILD)).await;
@@ -451,11 +452,12 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
             .await
             .expect("spawned");
         let manager = WatcherKey::parse(MANAGER).unwrap();
-        assert!(
-            b.store.cursor(&manager, &k(CHILD)).await.unwrap().is_some(),
-            "{}: the manager watches the child",
-            b.name
-        );
+        let watching = b
+            .store
+            .cursor(&manager, &k(CHILD))
+            .await
+            .unwrap()
+            .expect("the manager watches the child");
         for (run, outcome, summary) in [
             ("run-1", RunOutcome::Ok, "child run completed"),
             ("run-2", RunOutcome::Error, "child run failed"),
@@ -492,6 +494,13 @@ async fn run_outcomes_and_compaction_are_logged_exactly_without_notices() {
         assert!(
             gw.queue.peek(&k(MANAGER)).is_empty(),
             "{}: log-only kinds",
+            b.name
+        );
+        // Nor any cursor change (DESIGN.md section 4): nothing pending for a later sweep.
+        assert_eq!(
+            b.store.cursor(&manager, &k(CHILD)).await.unwrap(),
+            Some(watching),
+            "{}: log-only kinds move no cursor",
             b.name
         );
         // A kind that notifies does reach the manager's queue.
@@ -886,6 +895,7 @@ async fn a_notice_about_another_agents_bare_session_reconciles_that_session() {
 /// on each durable store, rather than answering `unavailable` for good (decision 0008).
 #[tokio::test(start_paused = true)]
 async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session() {
+    let mut damaged_stores = 0;
     for b in backends().await {
         let (gw, _) = watching_ops_global(&b).await;
         let manager = WatcherKey::parse(MANAGER).unwrap();
@@ -903,8 +913,10 @@ async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session
                 .damage_cursor_row(&manager, &k("global"))
                 .await
                 .expect("damage"),
-            _ => continue, // store-memory keeps values: nothing to tear
+            "memory" => continue, // store-memory keeps values: nothing to tear
+            other => panic!("no way to damage a row of {other}"),
         };
+        damaged_stores += 1;
         assert!(damaged, "{}: the cursor row existed", b.name);
         assert!(
             matches!(
@@ -922,6 +934,10 @@ async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session
         assert!(!status.unavailable, "{}: {status:?}", b.name);
         assert_eq!(agents_of_page(status), ["main"], "{}", b.name);
     }
+    assert_eq!(
+        damaged_stores, 2,
+        "both durable stores were damaged and checked"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1219,13 +1235,12 @@ async fn a_store_that_fails_every_call_never_fails_a_turn() {
             .await
             .contains("its state could not be read just now")
     );
-    gw.clock.advance(1);
 }
 
 /// The shortest pruning interval accepted (1 ms; zero is refused when the service is built,
 /// see `gateway-adapter/tests/config.rs`) runs pass after pass.
 #[tokio::test(start_paused = true)]
-async fn the_shortest_pruning_interval_prunes_pass_after_pass() {
+async fn the_shortest_pruning_interval_runs_pass_after_pass() {
     let store: Arc<dyn AwarenessStore> = Arc::new(store_memory::MemoryStore::new());
     let svc = Arc::new(
         Awareness::builder(
@@ -1253,10 +1268,33 @@ async fn the_shortest_pruning_interval_prunes_pass_after_pass() {
     handle.abort();
 }
 
+/// When each pruning chunk was asked of the store (tokio's clock).
+#[derive(Default)]
+struct ChunkTimes(std::sync::Mutex<Vec<tokio::time::Instant>>);
+
+impl awareness_core::testkit::hooked::Hook for ChunkTimes {
+    fn refuse(
+        &self,
+        call: awareness_core::testkit::hooked::Call,
+    ) -> Option<awareness_core::StoreError> {
+        if call == awareness_core::testkit::hooked::Call::PruneChunk {
+            self.0.lock().unwrap().push(tokio::time::Instant::now());
+        }
+        None
+    }
+}
+
+/// The background pass runs an hour after start-up and every hour after that, on a task of
+/// its own (no recording prunes).
 #[tokio::test(start_paused = true)]
 async fn background_pruning_runs_hourly_off_the_recording_path() {
     for b in backends().await {
-        let gw = Gateway::new(Arc::clone(&b.store));
+        let timed = Arc::new(awareness_core::testkit::hooked::Hooked {
+            inner: Arc::clone(&b.store),
+            hook: ChunkTimes::default(),
+        });
+        let gw = Gateway::new(Arc::clone(&timed) as Arc<dyn AwarenessStore>);
+        let start = tokio::time::Instant::now();
         let r = SessionRef::parse(CHILD, "main").unwrap();
         gw.svc.session_created(&r, "s1").await.expect("logged");
         gw.clock.advance(31 * Timestamp::DAY_MS);
@@ -1290,6 +1328,18 @@ async fn background_pruning_runs_hourly_off_the_recording_path() {
             "{}: the hourly pass pruned the old event, not the new one",
             b.name
         );
+        let first_pass = timed.hook.0.lock().unwrap().len();
+        passes.changed().await.expect("the pruning task runs on");
+        assert_eq!(passes.borrow().passes, 2, "{}", b.name);
+        let times = timed.hook.0.lock().unwrap().clone();
+        // The pass starts at its tick, before it awaits the store (whose own thread may let
+        // the paused clock jump while the pass runs).
+        assert_eq!(
+            (times[0] - start, times[first_pass] - start),
+            (Duration::from_hours(1), Duration::from_hours(2)),
+            "{}: a pass every hour",
+            b.name
+        );
         handle.abort();
     }
 }
@@ -1299,6 +1349,7 @@ async fn background_pruning_runs_hourly_off_the_recording_path() {
 /// it fails is read again one ref at a time.
 #[tokio::test]
 async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
+    let mut damaged_stores = 0;
     for b in backends().await {
         let g = Gateway::new(Arc::clone(&b.store));
         let keys = [
@@ -1329,8 +1380,10 @@ async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
                 .damage_head_row(torn)
                 .await
                 .expect("damage"),
-            _ => continue, // store-memory keeps values: nothing to tear
+            "memory" => continue, // store-memory keeps values: nothing to tear
+            other => panic!("no way to damage a row of {other}"),
         };
+        damaged_stores += 1;
         assert!(damaged, "{}: the head row existed", b.name);
         let me = SessionRef::parse(MANAGER, "main").unwrap();
         let versions = g.svc.state_versions_as(&me, &refs).await;
@@ -1343,4 +1396,8 @@ async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
             b.name
         );
     }
+    assert_eq!(
+        damaged_stores, 2,
+        "both durable stores were damaged and checked"
+    );
 }

@@ -523,21 +523,24 @@ async fn fixture_operations_reproduce_openclaw_reads_on_every_backend() {
     )
     .expect("json");
     let reads = expected["reads"].as_array().expect("reads");
+    assert_eq!(reads.len(), 7, "the fixture's seven reads");
     let openclaw_heads = fixture_heads().await;
     for backend in backends().await {
         let mut r = Replayer::new(Arc::clone(&backend.store));
         let mut answers = Vec::new();
         for op in &ops {
             let got = r.apply(op).await;
-            if matches!(
-                op["op"].as_str(),
-                Some("version" | "since" | "cursors" | "head")
-            ) {
-                answers.push(got);
+            if let Some(read @ ("version" | "since" | "cursors" | "head")) = op["op"].as_str() {
+                answers.push((read, got));
             }
         }
         assert_eq!(answers.len(), reads.len());
-        for (got, read) in answers.iter().zip(reads) {
+        for ((op, got), read) in answers.iter().zip(reads) {
+            assert_eq!(
+                read["query"]["op"], *op,
+                "{}: the reads pair up in order",
+                backend.name
+            );
             assert_eq!(
                 got.to_string(),
                 normalize_expected(read["result"].clone()).to_string(),

@@ -256,5 +256,9 @@ async fn a_store_wait_of_duration_max_waits_for_the_store() {
     });
     assert!(svc.human_message(msg).await.is_some(), "recorded");
     assert_eq!(svc.drain_turn(&manager).await.len(), 1, "the notice");
-    svc.pick_up().await;
+    let picked = svc.pick_up().await;
+    assert!(
+        picked.complete && picked.queued == 0,
+        "the pick-up waits for the store and finds nothing left: {picked:?}"
+    );
 }

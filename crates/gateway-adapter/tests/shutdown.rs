@@ -163,6 +163,10 @@ async fn a_monitor_stopped_inside_a_recording_lets_go_of_the_store_once_stop_ret
 
     let stopping = tokio::spawn(task.stop());
     tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !stopping.is_finished(),
+        "stop waits for the recording under way rather than leaving it behind"
+    );
     store.hook.gate.close();
     stopping.await.expect("stop");
     drop(monitor);

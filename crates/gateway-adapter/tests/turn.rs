@@ -1116,7 +1116,10 @@ async fn a_question_for_watchers_that_hangs_still_records_the_turn() {
 /// A turn that waits for the watcher's lock gives up only after three store waits: the turn
 /// holding it may wait for the store twice (its read, its acknowledgement), each within
 /// `AwarenessConfig::store_wait`, and is not a store that hangs. Giving up sooner, the waiting
-/// turn showed a late copy of a notice the first turn read, unclassified: shown twice.
+/// turn showed a late copy of a notice the first turn read, unclassified: shown twice. The
+/// holder here takes 19 s of its two waits of 10 s, nearly the most a holder can take: a
+/// waiting turn that gave up within two waits minus a second fails this test (one within
+/// three waits but after two cannot be told from the right one by a holder that answers).
 #[tokio::test(start_paused = true)]
 async fn a_turn_waits_out_a_slow_turn_that_holds_the_lock() {
     let mut w = World::gated(Call::Cursors, false).await;
@@ -1128,7 +1131,7 @@ async fn a_turn_waits_out_a_slow_turn_that_holds_the_lock() {
     // Delivered late, while the first turn runs.
     assert!(w.queue.enqueue(&k(MANAGER), copy[0].clone()));
     let second = w.turn();
-    let slow = std::time::Duration::from_secs(8);
+    let slow = std::time::Duration::from_millis(9_500);
     assert!(slow < AwarenessConfig::default().store_wait);
     tokio::time::sleep(slow).await;
     w.store.hook.permits.add_permits(1); // the read answers

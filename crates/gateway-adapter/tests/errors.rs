@@ -22,7 +22,8 @@ const CAUSE: &str = "No space left on device";
 mod common;
 use common::{Capture, k};
 
-fn service(store: Arc<Failing>) -> Awareness {
+/// A service on `store`, with in-memory ports.
+fn service(store: Arc<dyn awareness_core::AwarenessStore>) -> Awareness {
     Awareness::builder(
         store,
         Arc::new(InMemoryQueue::new()),
@@ -333,13 +334,7 @@ async fn a_human_message_in_another_agents_session_of_a_watched_key_is_not_recor
         )
         .await
         .unwrap();
-    let svc = Awareness::builder(
-        Arc::clone(&store) as Arc<_>,
-        Arc::new(InMemoryQueue::new()),
-        Arc::new(RecordingWake::new()),
-        Arc::new(InMemoryDirectory::new()),
-    )
-    .build();
+    let svc = service(Arc::clone(&store) as Arc<_>);
     let mut ops = HumanMessage::new(k("global"));
     ops.agent_id = Some(AgentId::new("ops").unwrap());
     assert!(
@@ -368,16 +363,7 @@ async fn a_human_message_in_another_agents_session_of_a_watched_key_is_not_recor
 #[tokio::test]
 async fn try_unwatch_and_try_acknowledge_tell_nothing_to_do_from_a_failure() {
     let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
-    let memory = |store: Arc<MemoryStore>| {
-        Awareness::builder(
-            store,
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(RecordingWake::new()),
-            Arc::new(InMemoryDirectory::new()),
-        )
-        .build()
-    };
-    let svc = memory(Arc::new(MemoryStore::new()));
+    let svc = service(Arc::new(MemoryStore::new()));
     let (main, target) = (k("agent:main:main"), child.session_key.clone());
     assert!(!svc.try_unwatch(&main, &target).await.expect("no watch"));
     assert!(
@@ -400,7 +386,7 @@ async fn try_unwatch_and_try_acknowledge_tell_nothing_to_do_from_a_failure() {
         .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
         .await
         .unwrap();
-    let svc = memory(store);
+    let svc = service(store);
     assert_eq!(
         svc.try_acknowledge(&main, std::slice::from_ref(&target))
             .await

@@ -109,8 +109,8 @@ enum Access {
     Read,
     /// Writes to a store that must exist: a missing file is refused, and none is created.
     Write,
-    /// Puts something new into the store (`record`, `watch`, `adopt`, `demo`): a missing file
-    /// is created.
+    /// Puts something new into the store (`record`, `watch`, `adopt`, `demo`): a missing or
+    /// empty file is made a store; another application's database is refused.
     Create,
 }
 
@@ -146,20 +146,29 @@ pub(crate) async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError>
 
 /// Opens the store with its upstream links. A read command opens it read-only: it never
 /// creates the file, and never writes to it (not even a migration). Only `record`, `watch`,
-/// `adopt` and `demo` create a missing file; every other command refuses it with a failure
-/// naming the path. Every command that writes lets read commands in while it has the file
+/// `adopt` and `demo` create a store, in a missing or empty file (another application's
+/// database they refuse, as the store's open does without `create_if_missing`); every other
+/// command refuses a missing file with a failure naming the path. Every command that writes lets read commands in while it has the file
 /// open, and opens beside a read command that has it open (`tail --follow`): redb's live
 /// readers, whose two-phase commit costs a one-shot command nothing it would notice; SQLite
 /// always does.
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let access = access(&cli.command);
-    let create = access == Access::Create;
-    if !create {
-        let path = match &url {
-            StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
-            StoreUrl::Memory => None,
-        };
+    let path = match &url {
+        StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
+        StoreUrl::Memory => None,
+    };
+    // A command that creates a store creates it only where there is none: in a missing file
+    // or an empty one. Another application's database at the path (a mistyped path) is
+    // refused and left as it was, as by the commands that create nothing; an existing store
+    // (OpenClaw's database among them) opens as always.
+    let create = access == Access::Create
+        && path.is_none_or(|p| match std::fs::metadata(p) {
+            Ok(m) => m.len() == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        });
+    if access != Access::Create {
         // Only a file known to be missing is refused here: one that cannot be looked at
         // (permission denied) is left to the open, whose error says why.
         if let Some(p) = path.filter(|p| matches!(p.try_exists(), Ok(false))) {

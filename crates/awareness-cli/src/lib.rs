@@ -9,8 +9,9 @@
 //!
 //! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
 //! a store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database
-//! it reads). Only `record`, `watch`, `adopt` and `demo` create a missing store; every other
-//! command refuses one with a failure naming the path, and creates nothing. A `memory:` store
+//! it reads). Only `record`, `watch`, `adopt` and `demo` create a store, in a missing or empty
+//! file (another application's database they refuse, naming it, and leave as it was); every
+//! other command refuses a missing store with a failure naming the path, and creates nothing. A `memory:` store
 //! lives only as long as the command: the demo (self-contained) and the read commands take it,
 //! and every other command refuses it as a usage error (what it wrote would be gone when it
 //! ends; `tail --follow` would wait for a store nothing else can write to). Every command

@@ -690,6 +690,81 @@ fn write_commands_that_add_nothing_refuse_a_file_that_is_no_store() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// The commands that create a store (`record`, `watch`, `adopt`, `demo`) create it only where
+/// there is none, a missing file or an empty one: another application's database at the path
+/// (a mistyped path) is refused, naming it, and left as it was. Before, they wrote our tables
+/// into it and switched it to WAL.
+#[test]
+fn commands_that_create_a_store_refuse_another_applications_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs.db");
+    edit_by_hand(
+        &format!("sqlite://{}?mode=rwc", theirs.display()),
+        "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
+    );
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::write(&transcript, b"").unwrap();
+    let before = std::fs::read(&theirs).unwrap();
+    let store = format!("sqlite://{}", theirs.display());
+    let mut wrong = Vec::new();
+    for args in [
+        &[
+            "record",
+            "--session",
+            "s",
+            "--kind",
+            "created",
+            "--summary",
+            "x",
+        ][..],
+        &["watch", "agent:main:main", "agent:main:subagent:c1"][..],
+        &[
+            "adopt",
+            "agent:main:x",
+            "--file",
+            transcript.to_str().unwrap(),
+        ][..],
+        &["demo"][..],
+    ] {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", store.as_str()][..], args].concat(),
+        );
+        let err = stderr(&o);
+        if o.status.code() != Some(1) || !err.contains("theirs.db") {
+            wrong.push(format!(
+                "{args:?}: exit {:?}, stdout {:?}, stderr {err:?}",
+                o.status.code(),
+                stdout(&o)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(
+        std::fs::read(&theirs).unwrap(),
+        before,
+        "their file is as it was"
+    );
+    // An empty file is no one's database: a store is created in it.
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &format!("sqlite://{}", empty.display()),
+            "record",
+            "--session",
+            "s",
+            "--kind",
+            "created",
+            "--summary",
+            "x",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 /// A store the user may not look at is reported as such, naming the file, not as missing
 /// ("no store at ..."), which would send them looking for a typo.
 #[test]

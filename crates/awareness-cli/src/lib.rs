@@ -188,7 +188,9 @@ pub enum Command {
     /// when that event could not be recorded: the link is kept, and adopting again records it).
     Adopt(upstream::AdoptArgs),
     /// Check adopted sessions that something watches for human turns typed straight into
-    /// their transcript, printing each detection, until Ctrl-C (or SIGTERM, SIGHUP).
+    /// their transcript, printing each detection, until Ctrl-C (or SIGTERM, SIGHUP). It knows
+    /// no gateway's prompts or runs: a prompt a gateway sends into the thread counts as a
+    /// person's turn, so run it for threads only people type into.
     Monitor(upstream::MonitorArgs),
 }
 

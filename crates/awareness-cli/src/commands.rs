@@ -148,8 +148,9 @@ pub(crate) async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError>
 /// creates the file, and never writes to it (not even a migration). Only `record`, `watch`,
 /// `adopt` and `demo` create a store, in a missing or empty file (another application's
 /// database they refuse, as the store's open does without `create_if_missing`); every other
-/// command refuses a missing file with a failure naming the path. Every command that writes lets read commands in while it has the file
-/// open, and opens beside a read command that has it open (`tail --follow`): redb's live
+/// command refuses a missing file with a failure naming the path. Every command that writes
+/// lets read commands in while it has the file open, and opens beside a read command that has
+/// it open (`tail --follow`): redb's live
 /// readers, whose two-phase commit costs a one-shot command nothing it would notice; SQLite
 /// always does.
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {

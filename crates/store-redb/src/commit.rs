@@ -437,7 +437,7 @@ impl Writer {
             self.begin("record").and_then(|txn| {
                 let (rec, durable) = {
                     let mut tables = RecordTables::open(&txn)?;
-                    let rec = crate::record_tx(&mut tables, event, now)?;
+                    let rec = crate::record_tx(&mut tables, event, now, self.shared.path())?;
                     (rec, Self::reserve(txn.bounded, &mut tables)?)
                 };
                 self.commit_reserving(txn, durable, "record")?;
@@ -479,12 +479,13 @@ impl Writer {
             Err(e) => return fail_all(jobs, &e),
         };
         let batch = &jobs;
+        let path = self.shared.path();
         let shared = move || {
             let recorded = RecordTables::open(&txn).and_then(|mut tables| {
                 let recorded = batch
                     .iter()
                     // A copy: should a later event fail, each job is recorded again alone.
-                    .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now))
+                    .map(|job| crate::record_tx(&mut tables, job.event.clone(), job.now, path))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok((recorded, Self::reserve(txn.bounded, &mut tables)?))
             });

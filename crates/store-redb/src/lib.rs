@@ -933,11 +933,13 @@ impl<'t> RecordTables<'t> {
     }
 }
 
-/// Records one validated event: the whole per-event protocol.
+/// Records one validated event: the whole per-event protocol. `path`, the store's file, names it
+/// in the warnings.
 pub(crate) fn record_tx(
     t: &mut RecordTables<'_>,
     mut event: NewEvent,
     now: Timestamp,
+    path: &Path,
 ) -> Result<Recorded, StoreError> {
     // Stands for redb panicking on a damaged page while it records this event.
     #[cfg(test)]
@@ -983,7 +985,7 @@ pub(crate) fn record_tx(
     }
     let named = std::mem::take(&mut event.watchers);
     let stored = event.into_event(Sequence(seq), now);
-    let existing = t.cur.on_target(stored.session_key.as_str())?;
+    let existing = t.cur.on_target(stored.session_key.as_str(), path)?;
     let effects = protocol::on_event(&stored, &named, &existing, now);
     t.ev.insert(&stored)?;
     let head = match tables::head_entry(&t.ev.by_ref, &stored.session_ref())? {
@@ -992,7 +994,7 @@ pub(crate) fn record_tx(
         // A damaged entry stops no recording on its session (decision 0020): the new head
         // says that what came before it is of unknown history.
         Some(Err(e)) => {
-            tracing::warn!(session = %stored.session_ref(), error = %awareness_core::error::ErrorChain(&e), "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
+            tracing::warn!(path = %path.display(), session = %stored.session_ref(), error = %awareness_core::error::ErrorChain(&e), "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
             protocol::head_over_unreadable(&stored, now)
         }
     };
@@ -1295,9 +1297,10 @@ impl EventStore for RedbStore {
 
     async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
         let agent = agent.cloned();
+        let shared = Arc::clone(self.shared());
         self.read("list_heads", move |txn| {
             let index = txn.open_table(EVENTS_BY_REF).ctx("list_heads: open")?;
-            tables::list_heads(&index, agent.as_ref().map(AgentId::as_str))
+            tables::list_heads(&index, agent.as_ref().map(AgentId::as_str), shared.path())
         })
         .await
     }
@@ -1498,12 +1501,13 @@ impl CursorStore for RedbStore {
     ) -> Result<Cursor, StoreError> {
         protocol::check_watch(watcher.session_key(), &target.session_key)?;
         let (watcher, target) = (watcher.clone(), target.clone());
+        let shared = Arc::clone(self.shared());
         self.write("watch", move |txn| {
             let mut cur = CursorTables::open(txn)?;
             // A row that cannot be read is watched over as if there were none (decision 0016).
             let existing = match cur.get(watcher.as_str(), target.session_key.as_str()) {
                 Err(e @ StoreError::Corrupt { .. }) => {
-                    tracing::warn!(error = %awareness_core::error::ErrorChain(&e), "replacing a watch cursor that cannot be read");
+                    tracing::warn!(path = %shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "replacing a watch cursor that cannot be read");
                     None
                 }
                 other => other?,
@@ -1537,12 +1541,15 @@ impl CursorStore for RedbStore {
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         let (watcher, targets) = (watcher.clone(), targets.to_vec());
+        let shared = Arc::clone(self.shared());
         self.write("acknowledge", move |txn| {
             let mut cur = CursorTables::open(txn)?;
             let mut notices = Vec::new();
             let mut wrote = false;
             for t in AckTarget::each_once(&targets) {
-                let Some(c) = cur.get_readable(watcher.as_str(), t.target.as_str())? else {
+                let Some(c) =
+                    cur.get_readable(watcher.as_str(), t.target.as_str(), shared.path())?
+                else {
                     continue;
                 };
                 let (write, follow) = t.apply(&c, now);
@@ -1580,7 +1587,9 @@ impl CursorStore for RedbStore {
 
     async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
         let filter = filter.clone();
+        let shared = Arc::clone(self.shared());
         self.read("cursors", move |txn| {
+            let path = shared.path();
             let cursors = txn.open_table(CURSORS).ctx("cursors: open")?;
             let mut out = Vec::new();
             if let (None, Some(t)) = (&filter.watcher, &filter.target) {
@@ -1589,7 +1598,7 @@ impl CursorStore for RedbStore {
                     .ctx("cursors: open the target index")?;
                 for w in tables::watchers_of(&by_target, t.as_str())? {
                     if let Some(v) = cursors.get((w.as_str(), t.as_str())).ctx("cursors")? {
-                        out.extend(tables::readable_cursor(&w, t.as_str(), v.value()));
+                        out.extend(tables::readable_cursor(&w, t.as_str(), v.value(), path));
                     }
                 }
             } else {
@@ -1605,7 +1614,7 @@ impl CursorStore for RedbStore {
                     if filter.pending_only && !Cursor::pending(Sequence(v.1), Sequence(v.3)) {
                         continue;
                     }
-                    out.extend(tables::readable_cursor(w, t, v));
+                    out.extend(tables::readable_cursor(w, t, v, path));
                 }
             }
             out.retain(|c| filter.matches(c));
@@ -1640,12 +1649,15 @@ impl CursorStore for RedbStore {
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
         let keys = keys.to_vec();
+        let shared = Arc::clone(self.shared());
         self.write("refreeze", move |txn| {
             let mut cur = CursorTables::open(txn)?;
             let mut notices = Vec::new();
             let mut wrote = false;
             for k in protocol::each_once(&keys) {
-                let Some(c) = cur.get_readable(k.watcher.as_str(), k.target.as_str())? else {
+                let Some(c) =
+                    cur.get_readable(k.watcher.as_str(), k.target.as_str(), shared.path())?
+                else {
                     continue;
                 };
                 if let Some((write, n)) = protocol::refreeze(&c, now) {

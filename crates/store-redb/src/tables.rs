@@ -54,6 +54,7 @@
 //! with the others.
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use awareness_core::{
     AgentId, Cursor, Event, Head, Sequence, SessionKey, SessionRef, StoreError, Timestamp,
@@ -203,10 +204,12 @@ pub(crate) fn remove_head(
 
 /// Every head, of one agent or all, ordered by key then agent. Heads are not a table of their
 /// own: this visits each ref of the reference index with one seek past its entries and one read
-/// of its head, two lookups per ref instead of a scan of every event.
+/// of its head, two lookups per ref instead of a scan of every event. `path`, the store's file,
+/// names it in the warnings.
 pub(crate) fn list_heads(
     by_ref: &impl ReadableTable<(&'static str, &'static str, u64), &'static [u8]>,
     agent: Option<&str>,
+    path: &Path,
 ) -> Result<Vec<Head>, StoreError> {
     let mut out = Vec::new();
     // The smallest key string above `k` is `k` followed by NUL, so seeking to it skips every
@@ -234,6 +237,7 @@ pub(crate) fn list_heads(
             Some(Ok(h)) => out.push(h),
             None => {}
             Some(Err(e)) => tracing::warn!(
+                path = %path.display(),
                 session_key = ?k,
                 agent = ?a,
                 reason = %e,
@@ -301,15 +305,18 @@ pub(crate) fn cursor_of(
 /// A stored cursor as every read of many cursors takes it (a listing, a recording's moves, an
 /// acknowledgement, a re-freeze): `None`, with a warning naming it, for a row that cannot be
 /// read, which is left as it is so that one damaged row stops none of them
-/// (docs/decisions/0016). Reading that one cursor ([`cursor_of`]) still fails.
+/// (docs/decisions/0016). Reading that one cursor ([`cursor_of`]) still fails. `path`, the
+/// store's file, names it in the warning.
 pub(crate) fn readable_cursor(
     watcher: &str,
     target: &str,
     v: (&str, u64, u64, u64, i64),
+    path: &Path,
 ) -> Option<Cursor> {
     cursor_of(watcher, target, v)
         .inspect_err(|e| {
             tracing::warn!(
+                path = %path.display(),
                 watcher,
                 target,
                 error = %awareness_core::error::ErrorChain(e),
@@ -928,17 +935,19 @@ impl<'t> CursorTables<'t> {
         }
     }
 
-    /// One cursor as [`readable_cursor`] takes it: `None` for a row that cannot be read.
+    /// One cursor as [`readable_cursor`] takes it: `None` for a row that cannot be read, with a
+    /// warning naming the store's file (`path`).
     pub(crate) fn get_readable(
         &mut self,
         watcher: &str,
         target: &str,
+        path: &Path,
     ) -> Result<Option<Cursor>, StoreError> {
         Ok(self
             .cursors()?
             .get((watcher, target))
             .ctx("read a cursor")?
-            .and_then(|v| readable_cursor(watcher, target, v.value())))
+            .and_then(|v| readable_cursor(watcher, target, v.value(), path)))
     }
 
     /// Empties one cursor row's target agent (`RedbStore::damage_cursor_row`); `false` when
@@ -1004,11 +1013,16 @@ impl<'t> CursorTables<'t> {
     }
 
     /// Every cursor whose target key is `target` (of any agent), ordered by watcher; a row that
-    /// cannot be read is left out with a warning ([`readable_cursor`]).
-    pub(crate) fn on_target(&mut self, target: &str) -> Result<Vec<Cursor>, StoreError> {
+    /// cannot be read is left out with a warning naming the store's file (`path`,
+    /// [`readable_cursor`]).
+    pub(crate) fn on_target(
+        &mut self,
+        target: &str,
+        path: &Path,
+    ) -> Result<Vec<Cursor>, StoreError> {
         let mut out = Vec::new();
         for w in watchers_of(&self.by_target, target)? {
-            if let Some(c) = self.get_readable(&w, target)? {
+            if let Some(c) = self.get_readable(&w, target, path)? {
                 out.push(c);
             }
         }

@@ -12,6 +12,8 @@
 //! its ref with `Corrupt`, is written over by an adoption of its ref, and is removed by an
 //! unconditional removal.
 
+use std::sync::Arc;
+
 use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 use awareness_core::{SessionRef, StoreError, Timestamp, async_trait};
 use redb::{ReadableTable, WriteTransaction};
@@ -81,10 +83,11 @@ impl UpstreamStore for RedbStore {
         now: Timestamp,
     ) -> Result<UpsertOutcome, StoreError> {
         spec.validate()?;
+        let shared = Arc::clone(self.shared());
         self.write("adopt a session (upstream link)", move |txn| {
             let (existing, unreadable) = upstream::adopting_over(found(txn, &spec.session)?);
             if let Some(e) = unreadable {
-                tracing::warn!(session = %spec.session, error = %awareness_core::error::ErrorChain(&e), "adopting over an upstream link that cannot be read");
+                tracing::warn!(path = %shared.path().display(), session = %spec.session, error = %awareness_core::error::ErrorChain(&e), "adopting over an upstream link that cannot be read");
             }
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
@@ -109,7 +112,8 @@ impl UpstreamStore for RedbStore {
     }
 
     async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
-        self.read("list upstream links", |txn| {
+        let shared = Arc::clone(self.shared());
+        self.read("list upstream links", move |txn| {
             let table = txn
                 .open_table(UPSTREAM_LINKS)
                 .ctx("open the upstream links")?;
@@ -121,7 +125,7 @@ impl UpstreamStore for RedbStore {
                 match decode(k, a, value.value()) {
                     Ok(link) => out.push(link),
                     Err(e) => {
-                        tracing::warn!(error = %awareness_core::error::ErrorChain(&e), "ignoring an upstream link that cannot be read");
+                        tracing::warn!(path = %shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "ignoring an upstream link that cannot be read");
                     }
                 }
             }

@@ -24,6 +24,9 @@ pub(crate) struct Writer {
     pub(crate) open_tx: bool,
     /// The handle's count of write operations ([`crate::SqliteStore::write_transactions`]).
     pub(crate) ops: Arc<std::sync::atomic::AtomicU64>,
+    /// The store's file, which the warnings name (shared, not copied, with the threads and
+    /// tasks that finish a write: [`WriteGuard`], [`crate::group::Unfinished`]).
+    pub(crate) path: Arc<Path>,
 }
 
 impl Writer {
@@ -45,7 +48,7 @@ impl Writer {
             // A transaction may still be open, holding SQLite's write lock: the next writer
             // rolls back again before it begins (`open_tx` stays set).
             Err(e) => {
-                tracing::warn!(error = %e, "rollback after an interrupted write failed; trying again before the next write");
+                tracing::warn!(path = %self.path.display(), error = %e, "rollback after an interrupted write failed; trying again before the next write");
             }
         }
     }
@@ -109,10 +112,15 @@ impl std::ops::DerefMut for WriteGuard {
 impl Drop for WriteGuard {
     fn drop(&mut self) {
         let Some(mut g) = self.0.take() else { return };
-        if !g.as_ref().is_some_and(|w| w.open_tx) {
+        let Some(path) = g
+            .as_ref()
+            .filter(|w| w.open_tx)
+            .map(|w| Arc::clone(&w.path))
+        else {
             return;
-        }
+        };
         tracing::debug!("a write operation was cancelled midway; rolling it back");
+        let shown = Arc::clone(&path);
         let started = std::thread::Builder::new()
             .name("store-sqlite-rollback".into())
             .spawn(move || {
@@ -125,12 +133,12 @@ impl Drop for WriteGuard {
                         }
                     }),
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot roll back a cancelled write now; the next write does");
+                        tracing::warn!(path = %shown.display(), error = %e, "cannot roll back a cancelled write now; the next write does");
                     }
                 }
             });
         if let Err(e) = started {
-            tracing::warn!(error = %e, "cannot roll back a cancelled write now; the next write does");
+            tracing::warn!(path = %path.display(), error = %e, "cannot roll back a cancelled write now; the next write does");
         }
     }
 }

@@ -116,7 +116,7 @@ impl SqliteStore {
             let existing = existing.and_then(|text| {
                 decode::one_cursor(text)
                     .inspect_err(|e| {
-                        tracing::warn!(error = %e, "replacing a watch cursor that cannot be read");
+                        tracing::warn!(path = %self.path.display(), error = %e, "replacing a watch cursor that cannot be read");
                     })
                     .ok()
             });
@@ -169,7 +169,7 @@ impl SqliteStore {
                 .bind(watcher.as_str().to_owned())
                 .bind(decode::to_json(&names));
             let row = batch_one(&mut w.conn, q, WHAT).await?;
-            let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
+            let loaded = decode::cursors(get(&row, 0, WHAT)?, &self.path)?;
             let (writes, notices) = apply_in_order(
                 loaded,
                 AckTarget::each_once(targets).map(|t| (watcher, &t.target, t)),
@@ -212,7 +212,7 @@ impl SqliteStore {
         }
         .bind(filter.pending_only);
         let row = self.read_one(q, WHAT).await?;
-        let mut all = decode::cursors(get(&row, 0, WHAT)?)?;
+        let mut all = decode::cursors(get(&row, 0, WHAT)?, &self.path)?;
         // The statement leaves out what is not pending (building rows is the cost); the rule
         // is core's, applied here again.
         all.retain(|c| filter.matches(c));
@@ -244,7 +244,7 @@ impl SqliteStore {
         let res = async {
             let q = sqlx::query(sql::REFREEZE_BEGIN).bind(decode::to_json(&pairs));
             let row = batch_one(&mut w.conn, q, WHAT).await?;
-            let loaded = decode::cursors(get(&row, 0, WHAT)?)?;
+            let loaded = decode::cursors(get(&row, 0, WHAT)?, &self.path)?;
             let (writes, notices) = apply_in_order(
                 loaded,
                 protocol::each_once(keys).map(|k| (&k.watcher, &k.target, ())),

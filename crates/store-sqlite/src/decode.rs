@@ -4,6 +4,7 @@
 //! set apart ([`CursorRows`], docs/decisions/0016).
 
 use std::borrow::Cow;
+use std::path::Path;
 use std::sync::Arc;
 
 use awareness_core::{
@@ -259,7 +260,8 @@ fn session_ref(key: &str, agent: &str) -> Result<SessionRef, String> {
     SessionRef::parse(key, agent).map_err(|e| e.to_string())
 }
 
-fn event(raw: RawEvent<'_>) -> Result<Event, StoreError> {
+/// `path`, the store's file, names it in the warnings ([`build_event`]).
+fn event(raw: RawEvent<'_>, path: &Path) -> Result<Event, StoreError> {
     let RawEvent(
         seq,
         key,
@@ -291,10 +293,18 @@ fn event(raw: RawEvent<'_>) -> Result<Event, StoreError> {
             payload,
             dedupe_key,
         ),
+        path,
     )
 }
 
-fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, StoreError> {
+/// An event from its fields; `path`, the store's file, names it in the warning about a payload
+/// left out.
+fn build_event(
+    r: SessionRef,
+    seq: i64,
+    raw: RawFields<'_>,
+    path: &Path,
+) -> Result<Event, StoreError> {
     let RawFields(
         session_id,
         kind,
@@ -319,6 +329,7 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
             Ok(p) => Some(p),
             Err(e) => {
                 tracing::warn!(
+                    path = %path.display(),
                     sequence = seq,
                     error = %e,
                     "an event's payload_json is not a JSON object this store can read; the event is read without it, as OpenClaw reads it"
@@ -347,11 +358,12 @@ fn build_event(r: SessionRef, seq: i64, raw: RawFields<'_>) -> Result<Event, Sto
 
 /// The events of one ref's page from its two arrays (see `sql::CHANGES_SINCE`): `sequences`
 /// (integers) and `fields` (`fields_json!` rows), in the same order; returned in ascending
-/// sequence order.
+/// sequence order. `path`, the store's file, names it in the warnings.
 pub(crate) fn page_events(
     sequences: &str,
     fields_text: &str,
     session: &SessionRef,
+    path: &Path,
 ) -> Result<Vec<Arc<Event>>, StoreError> {
     let seqs = fast_ints(sequences).map_or_else(|| json("event sequences", sequences), Ok)?;
     let raws = rows("events", fields_text, fields)?;
@@ -365,7 +377,7 @@ pub(crate) fn page_events(
     let mut out = seqs
         .into_iter()
         .zip(raws)
-        .map(|(seq, raw)| build_event(session.clone(), seq, raw).map(Arc::new))
+        .map(|(seq, raw)| build_event(session.clone(), seq, raw, path).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     ascending(&mut out);
     Ok(out)
@@ -412,21 +424,25 @@ fn not_utf8_event(name: &str, e: std::str::Utf8Error) -> StoreError {
 
 /// One event (`event_json!`), as bytes: the stored row of a dedupe hit. A row holding text
 /// that is not UTF-8, or one that does not read as an event, fails naming it (its sequence,
-/// key and agent, read with U+FFFD for what is not UTF-8).
-pub(crate) fn one_event(bytes: &[u8]) -> Result<Event, StoreError> {
-    event(named_row(bytes, || {
-        event_json_name(&String::from_utf8_lossy(bytes))
-    })?)
+/// key and agent, read with U+FFFD for what is not UTF-8). `path`, the store's file, names it
+/// in the warnings.
+pub(crate) fn one_event(bytes: &[u8], path: &Path) -> Result<Event, StoreError> {
+    event(
+        named_row(bytes, || event_json_name(&String::from_utf8_lossy(bytes)))?,
+        path,
+    )
 }
 
 /// One row of a log read again on its own (`sql::EVENTS_AFTER_EACH`): its sequence, key and
 /// agent as stored, and its `event_json!` as bytes. Text that is not UTF-8, or a row that does
-/// not read as an event, fails naming the row.
+/// not read as an event, fails naming the row. `path`, the store's file, names it in the
+/// warnings.
 pub(crate) fn logged_event(
     seq: i64,
     key: &[u8],
     agent: &[u8],
     bytes: &[u8],
+    path: &Path,
 ) -> Result<Event, StoreError> {
     let name = || {
         event_of_key(
@@ -435,19 +451,20 @@ pub(crate) fn logged_event(
             &String::from_utf8_lossy(agent),
         )
     };
-    event(named_row(bytes, name)?)
+    event(named_row(bytes, name)?, path)
 }
 
 /// One event of a ref's page read again on its own (`sql::CHANGES_SINCE_EACH`): its sequence
 /// and its fields (`fields_json!`) as bytes. Text that is not UTF-8, or fields that do not
-/// read as an event's, fail naming the row.
+/// read as an event's, fail naming the row. `path`, the store's file, names it in the warnings.
 pub(crate) fn page_event(
     seq: i64,
     bytes: &[u8],
     session: &SessionRef,
+    path: &Path,
 ) -> Result<Event, StoreError> {
     let raw = named_row(bytes, || event_of(seq, session))?;
-    build_event(session.clone(), seq, raw)
+    build_event(session.clone(), seq, raw, path)
 }
 
 /// One event row read on its own, as JSON bytes; text that is not UTF-8, or JSON that does not
@@ -463,12 +480,13 @@ fn named_row<'a, T: serde::Deserialize<'a>>(
     })
 }
 
-/// A JSON array of events (`event_json!`), in ascending sequence order.
-pub(crate) fn events(text: &str) -> Result<Vec<Arc<Event>>, StoreError> {
+/// A JSON array of events (`event_json!`), in ascending sequence order. `path`, the store's
+/// file, names it in the warnings.
+pub(crate) fn events(text: &str, path: &Path) -> Result<Vec<Arc<Event>>, StoreError> {
     let raws = rows("events", text, event_fields)?;
     let mut out = raws
         .into_iter()
-        .map(|raw| event(raw).map(Arc::new))
+        .map(|raw| event(raw, path).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     ascending(&mut out);
     Ok(out)
@@ -561,10 +579,12 @@ impl CursorRows {
         Ok(out)
     }
 
-    /// The readable cursors, each unreadable row logged (`warn!`) as left out.
-    pub(crate) fn warned(self) -> Vec<Cursor> {
+    /// The readable cursors, each unreadable row logged (`warn!`) as left out, naming the
+    /// store's file (`path`).
+    pub(crate) fn warned(self, path: &Path) -> Vec<Cursor> {
         for u in &self.unreadable {
             tracing::warn!(
+                path = %path.display(),
                 watcher = %u.watcher,
                 target = %u.target,
                 reason = %u.reason,
@@ -577,9 +597,10 @@ impl CursorRows {
 
 /// A JSON array of cursors, as a listing, an acknowledgement and a re-freeze take them: a row
 /// that cannot be read is left out with a warning naming it ([`CursorRows::warned`]). Reading
-/// that one cursor ([`one_cursor`]) still fails.
-pub(crate) fn cursors(bytes: &[u8]) -> Result<Vec<Cursor>, StoreError> {
-    Ok(CursorRows::read(bytes)?.warned())
+/// that one cursor ([`one_cursor`]) still fails. `path`, the store's file, names it in the
+/// warning.
+pub(crate) fn cursors(bytes: &[u8], path: &Path) -> Result<Vec<Cursor>, StoreError> {
+    Ok(CursorRows::read(bytes)?.warned(path))
 }
 
 /// One cursor (`cursor_json!`).
@@ -597,18 +618,23 @@ pub(crate) fn heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
 /// A JSON array of heads, as a listing takes them: a row that cannot be read (a key or agent
 /// this store refuses, a negative sequence) is left out with a warning naming it, so that one
 /// damaged row stops no listing of the others (docs/decisions/0020). Reading that one head by
-/// its ref ([`heads`]) still fails.
-pub(crate) fn listed_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
-    Ok(warned_heads(head_rows(bytes)?))
+/// its ref ([`heads`]) still fails. `path`, the store's file, names it in the warning.
+pub(crate) fn listed_heads(bytes: &[u8], path: &Path) -> Result<Vec<Head>, StoreError> {
+    Ok(warned_heads(head_rows(bytes)?, path))
 }
 
-/// The heads read, each row that cannot be read logged (`warn!`) as left out.
-pub(crate) fn warned_heads(rows: Vec<Result<Head, StoreError>>) -> Vec<Head> {
+/// The heads read, each row that cannot be read logged (`warn!`) as left out, naming the
+/// store's file (`path`).
+pub(crate) fn warned_heads(rows: Vec<Result<Head, StoreError>>, path: &Path) -> Vec<Head> {
     let mut out = Vec::new();
     for read in rows {
         match read {
             Ok(h) => out.push(h),
-            Err(e) => tracing::warn!(reason = %e, "ignoring a head row that cannot be read"),
+            Err(e) => tracing::warn!(
+                path = %path.display(),
+                reason = %e,
+                "ignoring a head row that cannot be read"
+            ),
         }
     }
     out
@@ -702,7 +728,9 @@ pub(crate) type Victim = (i64, Option<(SessionRef, Sequence)>);
 /// key be that very text, a watermark too high there: a gap reported that is not one) when it
 /// is not. Setting such rows apart would leave a valid key holding U+FFFD unstamped whenever
 /// another row of the chunk is not UTF-8: a gap not reported.
-pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
+///
+/// `path`, the store's file, names it in the warning.
+pub(crate) fn victims(bytes: &[u8], path: &Path) -> Result<Vec<Victim>, StoreError> {
     let (text, _) = lossy_text(bytes);
     let raws: Vec<(i64, Cow<'_, str>, Cow<'_, str>)> = json("pruning victims", &text)?;
     Ok(raws
@@ -716,6 +744,7 @@ pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
                 Ok(stamp) => (seq, Some(stamp)),
                 Err(error) => {
                     tracing::warn!(
+                        path = %path.display(),
                         sequence = seq,
                         session_key = ?key,
                         agent = ?agent,
@@ -734,8 +763,9 @@ pub(crate) fn victims(bytes: &[u8]) -> Result<Vec<Victim>, StoreError> {
 /// a head row that cannot be read (decision 0020), with a warning naming it: reading that head
 /// fails, so no caller is told its history is whole, and failing instead would fail every
 /// pruning pass from then on.
-/// Text that is not UTF-8 is read as [`victims`] reads it.
-pub(crate) fn victim_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
+/// Text that is not UTF-8 is read as [`victims`] reads it. `path`, the store's file, names it in
+/// the warning.
+pub(crate) fn victim_heads(bytes: &[u8], path: &Path) -> Result<Vec<Head>, StoreError> {
     let (text, _) = lossy_text(bytes);
     let raws = rows("heads", &text, head_fields)?;
     Ok(raws
@@ -745,6 +775,7 @@ pub(crate) fn victim_heads(bytes: &[u8]) -> Result<Vec<Head>, StoreError> {
             head(r, last, pruned, updated_at)
                 .inspect_err(|e| {
                     tracing::warn!(
+                        path = %path.display(),
                         reason = %e,
                         "pruning deletes events of a session whose head cannot be read; no watermark is stamped"
                     );
@@ -1070,6 +1101,11 @@ mod tests {
         }
     }
 
+    /// The file the warnings of these decodings name.
+    fn test_path() -> &'static Path {
+        Path::new("test.sqlite")
+    }
+
     #[test]
     fn what_the_fast_reader_gives_up_on_serde_reads_or_reports() {
         let r = SessionRef::parse("agent:main:main", "main").unwrap();
@@ -1077,25 +1113,25 @@ mod tests {
         // An exponent: not the fast reader's; serde_json refuses it as an i64 and says so.
         let text = r#"[[null,"human_direct_message","human",null,null,1e3,"s",null,null]]"#;
         assert!(fast_rows(text, fields).is_none());
-        let err = page_events("[7]", text, &r).unwrap_err();
+        let err = page_events("[7]", text, &r, test_path()).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(fast_ints("[1e3]").is_none());
-        let err = page_events("[1e3]", row, &r).unwrap_err();
+        let err = page_events("[1e3]", row, &r, test_path()).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         // Whitespace is read by both.
         let text = " [ [ null , \"human_direct_message\" , \"human\" , null , null , 1 , \"s\" , null , null ] ] ";
         assert!(fast_rows(text, fields).is_some());
         assert!(fast_ints(" [ 7 ] ").is_some());
         assert_eq!(
-            page_events(" [ 7 ] ", text, &r).unwrap()[0].sequence,
+            page_events(" [ 7 ] ", text, &r, test_path()).unwrap()[0].sequence,
             Sequence(7)
         );
         // Two arrays that do not pair up are a corrupt page, not a shorter one.
-        let err = page_events("[7,8]", row, &r).unwrap_err();
+        let err = page_events("[7,8]", row, &r, test_path()).unwrap_err();
         assert!(
             err.to_string().contains("2 sequences and 1 events"),
             "{err}"
         );
-        assert!(page_events("[]", "[]", &r).unwrap().is_empty());
+        assert!(page_events("[]", "[]", &r, test_path()).unwrap().is_empty());
     }
 }

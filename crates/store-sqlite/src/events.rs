@@ -1,6 +1,7 @@
 //! [`EventStore`] for [`SqliteStore`]: recording, reconcile pages, heads, pruning, deletion.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -40,8 +41,13 @@ fn record_query(
         .bind(decode::fields_json(event, payload))
 }
 
-/// The stored event of a dedupe hit (column 2 of a record batch's row).
-fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded, StoreError> {
+/// The stored event of a dedupe hit (column 2 of a record batch's row); `path`, the store's
+/// file, names it in the warnings.
+fn dedupe_hit(
+    row: &SqliteRow,
+    event: &awareness_core::Event,
+    path: &Path,
+) -> Result<Recorded, StoreError> {
     const WHAT: &str = "record an event";
     // As bytes: a row holding text that is not UTF-8 fails naming it, not as a column.
     let stored: Option<&[u8]> = get(row, 2, WHAT)?;
@@ -52,7 +58,7 @@ fn dedupe_hit(row: &SqliteRow, event: &awareness_core::Event) -> Result<Recorded
         ))
     })?;
     Ok(Recorded {
-        event: Arc::new(decode::one_event(stored)?),
+        event: Arc::new(decode::one_event(stored, path)?),
         deduplicated: true,
         notices: Vec::new(),
     })
@@ -115,9 +121,11 @@ enum Fast {
 /// Records an event whose cursor effects, with no cursor on the target, are none (core says
 /// so before this is chosen), in one batch that commits. The insert is guarded by "the target
 /// has no cursor" under the write lock, so the precondition holds when it commits; when the
-/// guard finds a cursor, nothing is written (not even a sequence is spent).
+/// guard finds a cursor, nothing is written (not even a sequence is spent). `path`, the store's
+/// file, names it in the warnings.
 async fn record_fast(
     conn: &mut SqliteConnection,
+    path: &Path,
     mut event: awareness_core::Event,
     payload: Option<&str>,
     now: Timestamp,
@@ -129,7 +137,7 @@ async fn record_fast(
         return Ok(Fast::Watched(Box::new(event)));
     }
     if get::<i64>(&row, 0, WHAT)? == 0 {
-        return dedupe_hit(&row, &event).map(Fast::Done);
+        return dedupe_hit(&row, &event, path).map(Fast::Done);
     }
     event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
     let effects = protocol::on_event(&event, &[], &[], now);
@@ -146,9 +154,11 @@ async fn record_fast(
 
 /// Records an event in two batches: insert, head and the cursors on the target; then what
 /// `protocol::on_event` decides, and commit. Also says whether the target has cursors now
-/// (`None` after a dedupe hit, which reads none).
+/// (`None` after a dedupe hit, which reads none). `path`, the store's file, names it in the
+/// warnings.
 async fn record_two_batches(
     conn: &mut SqliteConnection,
+    path: &Path,
     mut event: awareness_core::Event,
     payload: Option<&str>,
     named: &[WatcherKey],
@@ -162,14 +172,14 @@ async fn record_two_batches(
         // committed before the stored row is read: a row that cannot be read fails the call
         // having spent its sequence, as in one batch (`record_fast`) and in a group commit.
         batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
-        return Ok((dedupe_hit(&row, &event)?, None));
+        return Ok((dedupe_hit(&row, &event, path)?, None));
     }
     event.sequence = decode::sequence(WHAT, get(&row, 1, WHAT)?)?;
     let existing: Option<&[u8]> = get(&row, 3, WHAT)?;
     let rows = decode::CursorRows::read(existing.unwrap_or(b"[]"))?;
     // A row that cannot be read stays watched (its row is there), for the hint.
     let damaged = !rows.unreadable.is_empty();
-    let existing = rows.warned();
+    let existing = rows.warned(path);
     let effects = protocol::on_event(&event, named, &existing, now);
     persist_cursors(conn, &effects.upserts, WHAT).await?;
     let watched = damaged || !existing.is_empty() || !effects.upserts.is_empty();
@@ -197,9 +207,10 @@ fn answered(
 
 /// Records one event inside the begun write operation on `conn`: one batch when core says the
 /// event moves no cursor on an unwatched target and the target is not known to be watched; two
-/// batches otherwise.
+/// batches otherwise. `path`, the store's file, names it in the warnings.
 pub(crate) async fn record_alone(
     conn: &mut SqliteConnection,
+    path: &Path,
     hints: &Hints,
     event: awareness_core::Event,
     payload: Option<String>,
@@ -212,14 +223,15 @@ pub(crate) async fn record_alone(
         && !hints.is_watched(&event.session_key);
     let key = event.session_key.clone();
     let event = if one_batch {
-        match record_fast(conn, event, payload.as_deref(), now).await? {
+        match record_fast(conn, path, event, payload.as_deref(), now).await? {
             Fast::Done(rec) => return Ok(rec),
             Fast::Watched(event) => *event,
         }
     } else {
         event
     };
-    let (rec, watched) = record_two_batches(conn, event, payload.as_deref(), named, now).await?;
+    let (rec, watched) =
+        record_two_batches(conn, path, event, payload.as_deref(), named, now).await?;
     if let Some(watched) = watched {
         hints.set_watched(&key, watched);
     }
@@ -316,7 +328,16 @@ impl SqliteStore {
                 self.largest_batch.store(1, Ordering::Relaxed);
             }
             let mut w = self.writer(WHAT).await?;
-            let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
+            let res = record_alone(
+                &mut w.conn,
+                &self.path,
+                &self.hints,
+                event,
+                payload,
+                &named,
+                now,
+            )
+            .await;
             return w.finish(res).await;
         }
         // Group commit: queue the event, then either another writer records it with its batch
@@ -387,17 +408,27 @@ impl SqliteStore {
                 else {
                     unreachable!("one job was taken")
                 };
-                let res = record_alone(&mut w.conn, &self.hints, event, payload, &named, now).await;
+                let res = record_alone(
+                    &mut w.conn,
+                    &self.path,
+                    &self.hints,
+                    event,
+                    payload,
+                    &named,
+                    now,
+                )
+                .await;
                 return w.finish(res).await;
             }
             // A batch holding other callers' events runs on a task of its own, so that
             // cancelling this call cancels nobody's commit; dropped with its runtime, the task
             // hands the batch to a thread that finishes it ([`group::Unfinished`]).
             let hints = Arc::clone(&self.hints);
-            let mut batch =
-                group::Unfinished::new(
-                    async move { group::record_batch(&mut w, jobs, &hints).await },
-                );
+            let path = Arc::clone(&w.path);
+            let mut batch = group::Unfinished::new(
+                async move { group::record_batch(&mut w, jobs, &hints).await },
+                path,
+            );
             rt.spawn(async move { batch.run().await });
             if mine {
                 return answered(answer.await);
@@ -430,7 +461,7 @@ impl SqliteStore {
         let fields: &[u8] = get(&row, 3, WHAT)?;
         let fetched = match std::str::from_utf8(fields)
             .map_err(|e| page_not_utf8(WHAT, e))
-            .and_then(|fields| decode::page_events(sequences, fields, session))
+            .and_then(|fields| decode::page_events(sequences, fields, session, &self.path))
         {
             Ok(fetched) => fetched,
             Err(page) => {
@@ -469,7 +500,7 @@ impl SqliteStore {
         let row = self.read_one(q, WHAT).await?;
         let all: &[u8] = get(&row, 0, WHAT)?;
         if std::str::from_utf8(all).is_ok() {
-            return decode::listed_heads(all);
+            return decode::listed_heads(all, &self.path);
         }
         // A row holds text that is not UTF-8: the rows one by one, so that exactly that row is
         // left out (a key holding U+FFFD is a valid key).
@@ -492,7 +523,7 @@ impl SqliteStore {
                 )
             })
             .collect();
-        Ok(decode::warned_heads(read))
+        Ok(decode::warned_heads(read, &self.path))
     }
 
     async fn events_after_inner(
@@ -509,7 +540,7 @@ impl SqliteStore {
         let page: &[u8] = get(&row, 0, WHAT)?;
         match std::str::from_utf8(page)
             .map_err(|e| page_not_utf8(WHAT, e))
-            .and_then(decode::events)
+            .and_then(|page| decode::events(page, &self.path))
         {
             Ok(events) => Ok(events),
             Err(page) => self.events_after_each(after, max, page).await,
@@ -536,7 +567,7 @@ impl SqliteStore {
         let rows = match batch(&mut conn, q, WHAT).await {
             Ok(rows) => rows,
             Err(e) => {
-                tracing::warn!(error = %e, "reading events one row at a time to name the one that cannot be read failed");
+                tracing::warn!(path = %self.path.display(), error = %e, "reading events one row at a time to name the one that cannot be read failed");
                 return Err(page);
             }
         };
@@ -548,6 +579,7 @@ impl SqliteStore {
                     get(row, 1, WHAT)?,
                     get(row, 2, WHAT)?,
                     get(row, 3, WHAT)?,
+                    &self.path,
                 )
                 .map(Arc::new)
             })
@@ -555,7 +587,7 @@ impl SqliteStore {
         if events.is_ok() {
             // The row at fault changed or went between the two reads: said, since a decoder of
             // a page stricter than the one of a row would otherwise go unseen here.
-            tracing::warn!(error = %page, "a log page that could not be read read row by row; those rows are the answer");
+            tracing::warn!(path = %self.path.display(), error = %page, "a log page that could not be read read row by row; those rows are the answer");
         }
         events
     }
@@ -582,7 +614,7 @@ impl SqliteStore {
         let rows = match batch(&mut conn, q, WHAT).await {
             Ok(rows) => rows,
             Err(e) => {
-                tracing::warn!(session = %session, error = %e, "reading a page one row at a time to name the event that cannot be read failed");
+                tracing::warn!(path = %self.path.display(), session = %session, error = %e, "reading a page one row at a time to name the event that cannot be read failed");
                 return page;
             }
         };
@@ -591,7 +623,9 @@ impl SqliteStore {
                 let seq = get(row, 0, WHAT);
                 let fields = get(row, 1, WHAT);
                 match (seq, fields) {
-                    (Ok(seq), Ok(fields)) => decode::page_event(seq, fields, session).err(),
+                    (Ok(seq), Ok(fields)) => {
+                        decode::page_event(seq, fields, session, &self.path).err()
+                    }
                     (Err(e), _) | (_, Err(e)) => Some(e),
                 }
             })
@@ -627,7 +661,7 @@ impl SqliteStore {
         retention::in_transactions(max_rows, PRUNE_TX_ROWS, |bound| async move {
             let mut w = self.writer("prune").await?;
             self.count_write(PRUNE_WEIGHT - 1);
-            let res = prune_tx(&mut w.conn, step, bound, now).await;
+            let res = prune_tx(&mut w.conn, &self.path, step, bound, now).await;
             // Victims are chosen inside the transaction: every one chosen is deleted.
             let deleted = w.finish(res).await?;
             Ok((usize::try_from(deleted).unwrap_or(usize::MAX), deleted))
@@ -728,9 +762,11 @@ enum EventStep {
     RowCap(u64),
 }
 
-/// One pruning transaction of an event step, which chooses its victims inside it.
+/// One pruning transaction of an event step, which chooses its victims inside it. `path`, the
+/// store's file, names it in the warnings.
 async fn prune_tx(
     conn: &mut SqliteConnection,
+    path: &Path,
     step: &EventStep,
     max_rows: usize,
     now: Timestamp,
@@ -759,15 +795,16 @@ async fn prune_tx(
             .await?
         }
     };
-    let victims = decode::victims(get(&victims_row, 0, WHAT)?)?;
+    let victims = decode::victims(get(&victims_row, 0, WHAT)?, path)?;
     if victims.is_empty() {
         batch(conn, sqlx::query(sql::COMMIT), WHAT).await?;
         return Ok(0);
     }
-    let heads: BTreeMap<SessionRef, Head> = decode::victim_heads(get(&victims_row, 1, WHAT)?)?
-        .into_iter()
-        .map(|h| (h.session.clone(), h))
-        .collect();
+    let heads: BTreeMap<SessionRef, Head> =
+        decode::victim_heads(get(&victims_row, 1, WHAT)?, path)?
+            .into_iter()
+            .map(|h| (h.session.clone(), h))
+            .collect();
     // Watermarks are stamped before the rows go, in the same transaction; a ref without a head
     // gets none (pruning never creates a head).
     let stamps: Vec<(&str, &str, i64, i64)> =

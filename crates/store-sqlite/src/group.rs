@@ -26,6 +26,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -134,33 +135,40 @@ enum Outcome {
 /// driven does not drop its tasks: a batch there waits for it, holding the write connection.
 /// Nothing in a batch may use `tokio::time` or `Handle::current()`, which would bind it to the
 /// first runtime. A batch that panics is dropped (its callers are told it stopped, and its
-/// transaction is rolled back).
-pub(crate) struct Unfinished(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+/// transaction is rolled back). The store's file (`path`) names it in the logs.
+pub(crate) struct Unfinished {
+    batch: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    path: Arc<Path>,
+}
 
 impl Unfinished {
-    pub(crate) fn new(batch: impl Future<Output = ()> + Send + 'static) -> Self {
-        Self(Some(Box::pin(batch)))
+    pub(crate) fn new(batch: impl Future<Output = ()> + Send + 'static, path: Arc<Path>) -> Self {
+        Self {
+            batch: Some(Box::pin(batch)),
+            path,
+        }
     }
 
     /// Runs the batch to its end here.
     pub(crate) async fn run(&mut self) {
         std::future::poll_fn(|cx| {
-            let Some(batch) = self.0.as_mut() else {
+            let Some(batch) = self.batch.as_mut() else {
                 return Poll::Ready(());
             };
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.as_mut().poll(cx)))
             {
                 Ok(Poll::Pending) => Poll::Pending,
                 Ok(Poll::Ready(())) => {
-                    self.0 = None;
+                    self.batch = None;
                     Poll::Ready(())
                 }
                 Err(panic) => {
                     tracing::error!(
+                        path = %self.path.display(),
                         panic = awareness_core::error::panic_message(&*panic),
                         "a group commit panicked; its recordings fail"
                     );
-                    self.0 = None;
+                    self.batch = None;
                     Poll::Ready(())
                 }
             }
@@ -171,7 +179,10 @@ impl Unfinished {
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        let Some(batch) = self.0.take() else { return };
+        let Some(batch) = self.batch.take() else {
+            return;
+        };
+        let path = Arc::clone(&self.path);
         let started = std::thread::Builder::new()
             .name("store-sqlite-batch".into())
             .spawn(move || match tokio::runtime::Builder::new_current_thread().build() {
@@ -180,15 +191,15 @@ impl Drop for Unfinished {
                         rt.block_on(batch);
                     }));
                     if let Err(panic) = ran {
-                        tracing::error!(panic = awareness_core::error::panic_message(&*panic), "a group commit panicked; its recordings fail");
+                        tracing::error!(path = %path.display(), panic = awareness_core::error::panic_message(&*panic), "a group commit panicked; its recordings fail");
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
+                    tracing::warn!(path = %path.display(), error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
                 }
             });
         if let Err(e) = started {
-            tracing::warn!(error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
         }
     }
 }
@@ -198,7 +209,7 @@ impl Drop for Unfinished {
 /// transaction of its own, so an event that cannot be written fails only its own caller; unless
 /// the failure is the lock (retryable): then every caller still waiting gets it at once.
 pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) {
-    let e = match run(&mut w.conn, &jobs, hints).await {
+    let e = match run(&mut w.conn, &w.path, &jobs, hints).await {
         Ok(results) => {
             w.open_tx = false;
             for (job, rec) in jobs.into_iter().zip(results) {
@@ -227,6 +238,7 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
         w.begin();
         let res = record_alone(
             &mut w.conn,
+            &w.path,
             hints,
             job.event,
             job.payload,
@@ -259,9 +271,11 @@ fn fail_all(jobs: impl IntoIterator<Item = Job>, e: &StoreError) {
     }
 }
 
-/// The two batches; answers one [`Recorded`] per job, in order.
+/// The two batches; answers one [`Recorded`] per job, in order. `path`, the store's file,
+/// names it in the warnings.
 async fn run(
     conn: &mut SqliteConnection,
+    path: &Path,
     jobs: &[Job],
     hints: &Hints,
 ) -> Result<Vec<Recorded>, StoreError> {
@@ -295,7 +309,7 @@ async fn run(
     let rows = decode::CursorRows::read(get(after, 3, WHAT)?)?;
     // Keys with a row that cannot be read stay watched, for the hint.
     let damaged: HashSet<String> = rows.unreadable.iter().map(|u| u.target.clone()).collect();
-    for c in rows.warned() {
+    for c in rows.warned(path) {
         on_key.entry(c.target.clone()).or_default().push(c);
     }
     let top: i64 = get(after, 0, WHAT)?;
@@ -358,7 +372,7 @@ async fn run(
         }));
     }
 
-    let stored: HashMap<String, Arc<Event>> = decode::events(get(after, 2, WHAT)?)?
+    let stored: HashMap<String, Arc<Event>> = decode::events(get(after, 2, WHAT)?, path)?
         .into_iter()
         .filter_map(|e| Some((e.dedupe_key.clone()?, e)))
         .collect();

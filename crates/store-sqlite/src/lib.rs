@@ -539,7 +539,7 @@ impl SqliteStore {
                 if refused.is_some() {
                     return Ok(refused);
                 }
-                init_writer(&mut conn, options.busy_timeout).await?;
+                init_writer(&mut conn, path, options.busy_timeout).await?;
                 // The schema is checked again once settled: a later version may have migrated
                 // the file between the check above and `migrate` (two versions starting at
                 // once). `migrate` writes nothing into such a file (`schema::tests`), which is
@@ -567,6 +567,7 @@ impl SqliteStore {
                 conn,
                 open_tx: false,
                 ops: Arc::clone(&write_ops),
+                path: Arc::from(path),
             }))))
         };
         for _ in 0..options.readers.max(1) {

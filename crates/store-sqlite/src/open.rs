@@ -22,13 +22,15 @@ use crate::{SqliteOptions, error, schema, sql};
 /// timeout) until no other connection holds the write lock, as long as less than the busy
 /// timeout has passed since the first try: the retry finds the switch (or the migration) made by
 /// the other connection and has nothing left to do. A lock still held after that is reported.
+/// `path`, the store's file, names it in the warnings.
 pub(crate) async fn init_writer(
     conn: &mut SqliteConnection,
+    path: &Path,
     busy_timeout: Duration,
 ) -> Result<(), sqlx::Error> {
     let started = Instant::now();
     loop {
-        let e = match init_once(conn).await {
+        let e = match init_once(conn, path).await {
             Err(e) if error::is_busy(&e) && started.elapsed() < busy_timeout => e,
             done => return done,
         };
@@ -150,11 +152,11 @@ async fn probe_write(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     changed.and(rolled_back.map(drop))
 }
 
-async fn init_once(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+async fn init_once(conn: &mut SqliteConnection, path: &Path) -> Result<(), sqlx::Error> {
     sqlx::raw_sql(sql::WRITER_PRAGMAS)
         .execute(&mut *conn)
         .await?;
-    schema::migrate(conn, Timestamp::now().millis()).await
+    schema::migrate(conn, path, Timestamp::now().millis()).await
 }
 
 /// The file SQLite keeps beside the database at `path` under `suffix` (`-wal`, `-shm`,
@@ -467,7 +469,7 @@ async fn prepare_staged(staged: &Path, connect: &SqliteConnectOptions) -> Result
         .connect()
         .await?;
     let prepared = async {
-        schema::migrate(&mut conn, Timestamp::now().millis()).await?;
+        schema::migrate(&mut conn, staged, Timestamp::now().millis()).await?;
         sqlx::raw_sql(sql::WRITER_PRAGMAS)
             .execute(&mut conn)
             .await

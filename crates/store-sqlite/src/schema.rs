@@ -7,6 +7,8 @@
 //! created: the tables use `CREATE TABLE IF NOT EXISTS` with OpenClaw's DDL, and a column is only
 //! added when `pragma_table_info` does not list it yet.
 
+use std::path::Path;
+
 use sqlx::SqliteConnection;
 
 /// The table that records which of our migrations a database has.
@@ -180,8 +182,8 @@ async fn has_column(
 /// [`LATEST`], and each additive column really there. The record alone is not trusted: a
 /// table rebuilt by another writer of the file (OpenClaw changes a table's keys that way) or
 /// a column dropped by hand leaves the record saying 3 without the column, and every write
-/// would then fail with "no such column".
-async fn complete(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+/// would then fail with "no such column". `path`, the file, names it in the warning.
+async fn complete(conn: &mut SqliteConnection, path: &Path) -> Result<bool, sqlx::Error> {
     match version(conn).await? {
         v if v < LATEST => return Ok(false),
         // A later version's schema is not ours to mend: the open refuses it (`too_new`).
@@ -191,6 +193,7 @@ async fn complete(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
     let missing = missing_columns(conn).await?;
     for (table, column) in &missing {
         tracing::warn!(
+            path = %path.display(),
             table,
             column,
             "the file records our migrations but lacks one of their columns; adding it again"
@@ -215,9 +218,14 @@ async fn missing_columns(
 }
 
 /// Brings the schema up to [`LATEST`] in one `BEGIN IMMEDIATE` transaction. Cheap when nothing
-/// is missing (four reads, no write lock).
-pub(crate) async fn migrate(conn: &mut SqliteConnection, now_ms: i64) -> Result<(), sqlx::Error> {
-    if complete(conn).await? {
+/// is missing (four reads, no write lock). `path`, the file the connection is on, names it in
+/// the warnings.
+pub(crate) async fn migrate(
+    conn: &mut SqliteConnection,
+    path: &Path,
+    now_ms: i64,
+) -> Result<(), sqlx::Error> {
+    if complete(conn, path).await? {
         return Ok(());
     }
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await?;
@@ -362,12 +370,10 @@ mod tests {
     #[tokio::test]
     async fn migrate_writes_nothing_into_a_newer_schema() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!(
-            "sqlite://{}?mode=rwc",
-            dir.path().join("s.sqlite").display()
-        );
+        let path = dir.path().join("s.sqlite");
+        let url = format!("sqlite://{}?mode=rwc", path.display());
         let mut conn = SqliteConnection::connect(&url).await.unwrap();
-        migrate(&mut conn, 1).await.expect("a new file");
+        migrate(&mut conn, &path, 1).await.expect("a new file");
         assert!(
             has_column(&mut conn, "session_state_events", "fields_json")
                 .await
@@ -381,7 +387,7 @@ mod tests {
         .execute(&mut conn)
         .await
         .unwrap();
-        migrate(&mut conn, 3).await.expect("nothing to do");
+        migrate(&mut conn, &path, 3).await.expect("nothing to do");
         // The race itself: `complete` found the file ours, and another process migrated it
         // before `migrate` took the write lock.
         sqlx::raw_sql("BEGIN IMMEDIATE")

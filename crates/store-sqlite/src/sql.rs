@@ -790,7 +790,9 @@ mod tests {
                 .unwrap();
             // The schema a new file gets, through the migration runner itself, so an index a
             // later migration adds is in the plans too.
-            crate::schema::migrate(&mut conn, 0).await.unwrap();
+            crate::schema::migrate(&mut conn, std::path::Path::new(":memory:"), 0)
+                .await
+                .unwrap();
             for (name, statement, binds) in [
                 ("one watcher's", super::CURSORS_OF_WATCHER, 2),
                 ("one target's", super::CURSORS_ON_TARGET, 2),

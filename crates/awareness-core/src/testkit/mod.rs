@@ -50,6 +50,7 @@ pub mod durable;
 pub mod failing;
 pub mod group_commit;
 pub mod hooked;
+pub mod logs;
 pub mod model;
 pub mod open;
 pub mod pause;

@@ -3,7 +3,6 @@
 //! file uses every item.)
 #![allow(dead_code)]
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,9 +12,6 @@ use gateway_adapter::{
     SystemEventQueue,
 };
 use store_memory::MemoryStore;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Metadata, Subscriber};
 
 /// A session key from a string the test knows is valid.
 pub fn k(key: &str) -> SessionKey {
@@ -135,76 +131,6 @@ pub fn service_with_queue<Q: SystemEventQueue + 'static>(
     (Arc::new(svc), wake)
 }
 
-/// Keeps every log event as one line of its fields and its level (`message=... error=...
-/// level=WARN`). Install it for the test's thread with [`Capture::install`].
-#[derive(Clone, Default)]
-pub struct Capture(Arc<Mutex<Vec<String>>>);
-
-impl Capture {
-    pub fn lines(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// Makes this the subscriber of the test's thread until the guard is dropped.
-    ///
-    /// `tracing` caches, per log call site, whether any subscriber wants it. A call site first
-    /// reached by another test's thread while this thread's subscriber was being installed
-    /// could be cached as wanted by nobody, and this test then saw none of its lines (seen
-    /// under load: "left: 0, right: 1"). So a process-wide subscriber that wants every call
-    /// site and keeps nothing is installed first, once: no call site is ever cached as unwanted.
-    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
-        static GLOBAL: std::sync::Once = std::sync::Once::new();
-        GLOBAL.call_once(|| {
-            // Another global subscriber set first would do as well.
-            let _ = tracing::subscriber::set_global_default(Discard);
-        });
-        let guard = tracing::subscriber::set_default(self.clone());
-        tracing::callsite::rebuild_interest_cache();
-        guard
-    }
-}
-
-/// Wants every event and keeps none.
-struct Discard;
-
-impl Subscriber for Discard {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
-struct Line(String);
-
-impl Visit for Line {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, "{}={value:?} ", field.name());
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = Line(String::new());
-        event.record(&mut line);
-        // The level last, so that a line still begins with its message.
-        let _ = write!(line.0, " level={}", event.metadata().level());
-        self.0.lock().unwrap().push(line.0);
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
+/// The log capture the tests install for their thread ([`Capture::install`]).
+#[allow(unused_imports)] // not every test file that declares `mod common;` captures logs
+pub use awareness_core::testkit::logs::Capture;

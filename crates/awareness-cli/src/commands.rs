@@ -110,7 +110,8 @@ enum Access {
     /// Writes to a store that must exist: a missing file is refused, and none is created.
     Write,
     /// Puts something new into the store (`record`, `watch`, `adopt`, `demo`): a missing or
-    /// empty file is made a store; another application's database is refused.
+    /// empty file is made a store; another application's database is refused (by the store's
+    /// open).
     Create,
 }
 
@@ -160,16 +161,11 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
         StoreUrl::Memory => None,
     };
-    // A command that creates a store creates it only where there is none: in a missing file
-    // or an empty one. Another application's database at the path (a mistyped path) is
-    // refused and left as it was, as by the commands that create nothing; an existing store
-    // (OpenClaw's database among them) opens as always.
-    let create = access == Access::Create
-        && path.is_none_or(|p| match std::fs::metadata(p) {
-            Ok(m) => m.len() == 0,
-            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-        });
-    if access != Access::Create {
+    // A command that creates a store creates it only where there is none (a missing file, an
+    // empty one, a database without tables); another application's database at the path (a
+    // mistyped path) the store's open refuses and leaves as it was.
+    let create = access == Access::Create;
+    if !create {
         // Only a file known to be missing is refused here: one that cannot be looked at
         // (permission denied) is left to the open, whose error says why.
         if let Some(p) = path.filter(|p| matches!(p.try_exists(), Ok(false))) {

@@ -7,21 +7,21 @@
 //! `awareness adopt` links a Claude Code transcript to a session and `awareness monitor` then
 //! reports (and records) human turns typed straight into it, until Ctrl-C.
 //!
-//! Every read command prints an aligned table, or JSON with `--json`. Read commands never create
-//! a store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database
-//! it reads). Only `record`, `watch`, `adopt` and `demo` create a store, in a missing or empty
-//! file (another application's database they refuse, naming it, and leave as it was); every
-//! other command refuses a missing store with a failure naming the path, and creates nothing. A `memory:` store
-//! lives only as long as the command: the demo (self-contained) and the read commands take it,
-//! and every other command refuses it as a usage error (what it wrote would be gone when it
-//! ends; `tail --follow` would wait for a store nothing else can write to). Every command
-//! checks its input before it opens its store, so bad input is a usage error whether or not the
-//! store exists, and it creates or migrates nothing; so are flags that contradict each other
+//! Every read command prints an aligned table, or JSON with `--json`. Read commands never create a
+//! store and never write to one (SQLite may add its `-wal` and `-shm` files beside a database it
+//! reads). Only `record`, `watch`, `adopt` and `demo` create a store, in a missing or empty file
+//! (another application's database they refuse, naming it, and add none of our tables to it); every
+//! other command refuses a missing store with a failure naming the path, and creates nothing. A
+//! `memory:` store lives only as long as the command: the demo (self-contained) and the read
+//! commands take it, and every other command refuses it as a usage error (what it wrote would be
+//! gone when it ends; `tail --follow` would wait for a store nothing else can write to). Every
+//! command checks its input before it opens its store, so bad input is a usage error whether or not
+//! the store exists, and it creates or migrates nothing; so are flags that contradict each other
 //! (`--json demo`, a `record --watcher` its kind or session would drop). Errors are one line on
-//! stderr: exit code 2 for usage errors (bad flags, a bad store URL, bad input), 1 for failures
-//! (a missing file, an unknown session, a problem `doctor` found, a step the demo narrates that
-//! did not happen). A write whose output then cannot be printed says that it was done. Output
-//! whose reader has gone (`awareness tail --follow | head`) ends the command with exit code 141
+//! stderr: exit code 2 for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a
+//! missing file, an unknown session, a problem `doctor` found, a step the demo narrates that did
+//! not happen). A write whose output then cannot be printed says that it was done. Output whose
+//! reader has gone (`awareness tail --follow | head`) ends the command with exit code 141
 //! ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools: silently for a read command and the
 //! demo, saying what was done for any other write. Error lines (clap's included, what was typed
 //! escaped within them) and `monitor` lines escape control characters, so each stays one line.

@@ -245,9 +245,12 @@ impl SqliteOptions {
     }
 
     /// Whether a missing file is created (mode 0600; its directory must exist). Default `true`.
-    /// Off, the open creates no store at all: an existing file that is not yet one (an empty
-    /// file, another application's SQLite database) is refused with [`StoreError::Open`] and
-    /// left as it was, while an OpenClaw database is opened (and gains our columns, as always).
+    /// On, a store is also made in an existing database without tables (an empty file); off,
+    /// the open creates no store at all: an existing file that is not yet one (an empty file)
+    /// is refused with [`StoreError::Open`] and left as it was. Either way, another
+    /// application's SQLite database (tables, none of OpenClaw's four session-state tables: a
+    /// mistyped path) is refused and left as it was, and an OpenClaw database is opened (and
+    /// gains our columns, as always).
     #[must_use]
     pub fn create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
@@ -528,12 +531,14 @@ impl SqliteStore {
             }
             // A file a later version wrote is refused before anything is written to it, and so
             // is one that is no state database yet when this open may create none (an empty
-            // file, another application's database: a mistyped path).
+            // file, another application's database: a mistyped path), and another
+            // application's database when it may.
             let refused = async {
                 let refused = match schema::too_new(&mut conn).await? {
                     None if !options.create_if_missing => schema::not_a_state_database(&mut conn)
                         .await?
                         .map(|r| format!("{r}, and create_if_missing is off")),
+                    None => schema::another_applications(&mut conn).await?,
                     other => other,
                 };
                 if refused.is_some() {

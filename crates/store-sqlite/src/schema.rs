@@ -255,6 +255,34 @@ pub(crate) async fn not_a_state_database(
     Ok(None)
 }
 
+/// Why an open that may create a store refuses the database: another application's, which has
+/// tables and none of OpenClaw's four (a mistyped path; a store is made only in a database
+/// without tables: a missing or empty file, or one whose creation stopped before its tables
+/// were written). A database with some of OpenClaw's tables is OpenClaw's, perhaps of a
+/// version before the others, and is migrated as always; the migrations table alone is ours.
+pub(crate) async fn another_applications(
+    conn: &mut SqliteConnection,
+) -> Result<Option<String>, sqlx::Error> {
+    let (tables, openclaws): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE name IN ($1, $2, $3, $4))
+  FROM main.sqlite_master
+  WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name <> $5",
+    )
+    .bind(OPENCLAW_TABLE_NAMES[0])
+    .bind(OPENCLAW_TABLE_NAMES[1])
+    .bind(OPENCLAW_TABLE_NAMES[2])
+    .bind(OPENCLAW_TABLE_NAMES[3])
+    .bind(MIGRATIONS_TABLE)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((tables > 0 && openclaws == 0).then(|| {
+        format!(
+            "another application's database ({tables} table(s), none of OpenClaw's \
+             session-state tables): a store is created only in a missing or empty file"
+        )
+    }))
+}
+
 /// OpenClaw's four tables, which a database must hold to be read without migrating it.
 const OPENCLAW_TABLE_NAMES: [&str; 4] = [
     "session_state_events",

@@ -787,6 +787,53 @@ async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
         .await;
 }
 
+/// With `create_if_missing` on (the default), another application's SQLite database (tables,
+/// none of OpenClaw's) is refused all the same and left as it was: a mistyped path must not get
+/// our tables and WAL. A database without tables (an empty file, one whose creation stopped
+/// before its tables were written) becomes a store.
+#[tokio::test]
+async fn a_creating_open_refuses_another_applications_database() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().unwrap();
+    let database = async |path: &std::path::Path, sql: &'static str| {
+        let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::raw_sql(sql).execute(&mut raw).await.unwrap();
+        raw.close().await.unwrap();
+    };
+    let theirs = dir.path().join("theirs.db");
+    database(
+        &theirs,
+        "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
+    )
+    .await;
+    let bare = dir.path().join("bare.db");
+    // A database, not an empty file: its header is written.
+    database(&bare, "CREATE TABLE gone (x); DROP TABLE gone;").await;
+    assert!(std::fs::metadata(&bare).unwrap().len() > 0);
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let before = listing(dir.path());
+    let err = SqliteStore::open(&theirs)
+        .await
+        .expect_err("another application's database");
+    assert_open_error(&err, &theirs, "another application's database");
+    assert_eq!(listing(dir.path()), before, "their file is as it was");
+    for path in [&bare, &empty] {
+        let store = SqliteStore::open(path).await.expect("a store is made");
+        store.close().await;
+        SqliteStore::open_with(path, SqliteOptions::new().create_if_missing(false))
+            .await
+            .expect("and opens as one")
+            .close()
+            .await;
+    }
+}
+
 #[tokio::test]
 async fn a_missing_directory_is_not_created() {
     let dir = tempfile::tempdir().unwrap();

@@ -259,6 +259,7 @@ pub struct StartupReport {
 /// upstream monitor reports it; a host can tell a session nothing watches from a store that
 /// failed, which [`Awareness::human_message`] answers both as `None`).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum HumanRecorded {
     /// Recorded (for a dedupe hit, the event stored first).
     Event(Arc<Event>),

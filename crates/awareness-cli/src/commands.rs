@@ -489,10 +489,30 @@ async fn on_store(
     let as_json = cli.json;
     match checked {
         Checked::Watch(wk, r) => {
+            // A watch of one agent's session of a key moves the watcher's cursor from another
+            // agent's session of it, and a notice pending there goes with it (decision 0008):
+            // said on stderr, since the cursor printed is the new one. (A cursor that cannot be
+            // read is left to the watch, which says so.)
+            let before = store
+                .cursor(&wk, &r.session_key)
+                .await
+                .ok()
+                .flatten()
+                .filter(|b| b.target_agent != r.agent_id && b.is_pending());
             let c = store
                 .watch(&wk, &r, now)
                 .await
                 .map_err(|e| store_err("watch", &e))?;
+            if let Some(b) = before.filter(|b| c.target_agent != b.target_agent) {
+                tracing::warn!(
+                    watcher = %wk,
+                    session_key = %r.session_key,
+                    from_agent = %b.target_agent,
+                    to_agent = %r.agent_id,
+                    changes_since = b.last_seen.get(),
+                    "the watch moved from another agent's session of the key, and the notice pending there is dropped"
+                );
+            }
             let done = format!("{} watches {} now", c.watcher, c.target);
             if as_json {
                 emit_json(out, &cursor_json(&c))

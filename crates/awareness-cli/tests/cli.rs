@@ -765,6 +765,46 @@ fn commands_that_create_a_store_refuse_another_applications_database() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// A watch of one agent's session of a key moves the watcher's cursor from another agent's
+/// session of it (decision 0008), and the notice pending there goes: `watch` says so on stderr
+/// (its output is the new cursor), and says nothing when no notice was pending.
+#[test]
+fn a_watch_that_drops_a_pending_notice_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let run = |args: &[&str]| {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", store.as_str()][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stderr(&o)
+    };
+    let dropped = "the notice pending there is dropped";
+    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+    // Nothing pending yet: moved back and forth without a word.
+    assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
+    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+    run(&[
+        "record",
+        "--session",
+        "global",
+        "--agent",
+        "ops",
+        "--kind",
+        "goal_changed",
+        "--actor-type",
+        "human",
+        "--summary",
+        "goal updated",
+    ]);
+    let said = run(&["watch", "agent:main:main", "global"]);
+    assert!(said.contains(dropped), "{said}");
+    assert!(said.contains("from_agent=ops"), "{said}");
+    // Watching the same session again keeps its cursor and says nothing.
+    assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
+}
+
 /// A store the user may not look at is reported as such, naming the file, not as missing
 /// ("no store at ..."), which would send them looking for a typo.
 #[test]

@@ -489,30 +489,12 @@ async fn on_store(
     let as_json = cli.json;
     match checked {
         Checked::Watch(wk, r) => {
-            // A watch of one agent's session of a key moves the watcher's cursor from another
-            // agent's session of it, and a notice pending there goes with it (decision 0008):
-            // said on stderr, since the cursor printed is the new one. (A cursor that cannot be
-            // read is left to the watch, which says so.)
-            let before = store
-                .cursor(&wk, &r.session_key)
-                .await
-                .ok()
-                .flatten()
-                .filter(|b| b.target_agent != r.agent_id && b.is_pending());
+            let before = pending_elsewhere(store, &wk, &r).await;
             let c = store
                 .watch(&wk, &r, now)
                 .await
                 .map_err(|e| store_err("watch", &e))?;
-            if let Some(b) = before.filter(|b| c.target_agent != b.target_agent) {
-                tracing::warn!(
-                    watcher = %wk,
-                    session_key = %r.session_key,
-                    from_agent = %b.target_agent,
-                    to_agent = %r.agent_id,
-                    changes_since = b.last_seen.get(),
-                    "the watch moved from another agent's session of the key, and the notice pending there is dropped"
-                );
-            }
+            said_if_moved(&wk, &r, before, Some(&c));
             let done = format!("{} watches {} now", c.watcher, c.target);
             if as_json {
                 emit_json(out, &cursor_json(&c))
@@ -794,6 +776,45 @@ fn new_event(args: &RecordArgs) -> Result<NewEvent, CliError> {
     Ok(ev)
 }
 
+/// `watcher`'s cursor on `target`'s key when it follows another agent's session of the key and
+/// holds a notice: what a watch of `target`, or a recording on it naming the watcher, moves to
+/// `target` from scratch, dropping that notice (decision 0008). A cursor that cannot be read
+/// counts as none (the write that follows says what it meets).
+pub(crate) async fn pending_elsewhere(
+    store: &dyn AwarenessStore,
+    watcher: &WatcherKey,
+    target: &SessionRef,
+) -> Option<Cursor> {
+    store
+        .cursor(watcher, &target.session_key)
+        .await
+        .ok()
+        .flatten()
+        .filter(|c| c.target_agent != target.agent_id && c.is_pending())
+}
+
+/// Says on stderr (a warning: the output shows the cursor as it is now, or nothing of it) that
+/// `watcher`'s cursor `before` ([`pending_elsewhere`]) moved to `target`, when `now` (the cursor
+/// after the write) shows it did, and that the notice pending there was dropped.
+pub(crate) fn said_if_moved(
+    watcher: &WatcherKey,
+    target: &SessionRef,
+    before: Option<Cursor>,
+    now: Option<&Cursor>,
+) {
+    let Some(before) = before else { return };
+    if now.is_some_and(|c| c.target_agent == target.agent_id) {
+        tracing::warn!(
+            watcher = %watcher,
+            session_key = %target.session_key,
+            from_agent = %before.target_agent,
+            to_agent = %target.agent_id,
+            changes_since = before.last_seen.get(),
+            "the watch moved from another agent's session of the key, and the notice pending there is dropped"
+        );
+    }
+}
+
 async fn record(
     store: &dyn AwarenessStore,
     ev: NewEvent,
@@ -801,10 +822,21 @@ async fn record(
     as_json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
+    let mut before = Vec::new();
+    for w in &ev.watchers {
+        if let Some(c) = pending_elsewhere(store, w, &ev.session).await {
+            before.push((w.clone(), c));
+        }
+    }
+    let target = ev.session.clone();
     let rec = store
         .record(ev, now)
         .await
         .map_err(|e| store_err("record", &e))?;
+    for (w, c) in before {
+        let now = store.cursor(&w, &target.session_key).await.ok().flatten();
+        said_if_moved(&w, &target, Some(c), now.as_ref());
+    }
     let done = if rec.deduplicated {
         format!(
             "event #{} was already recorded (dedupe hit)",

@@ -216,10 +216,12 @@ async fn adopt_with(
         event.sequence
     );
     if let Some(w) = watcher {
-        store
+        let before = crate::commands::pending_elsewhere(&**store, w, session).await;
+        let c = store
             .watch(w, session, svc.now())
             .await
             .map_err(|e| store_err("watch", &e).after(&done))?;
+        crate::commands::said_if_moved(w, session, before, Some(&c));
     }
     let from = link
         .marker

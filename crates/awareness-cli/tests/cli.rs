@@ -803,6 +803,54 @@ fn a_watch_that_drops_a_pending_notice_says_so() {
     assert!(said.contains("from_agent=ops"), "{said}");
     // Watching the same session again keeps its cursor and says nothing.
     assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
+    // A recording or an adoption naming the watcher moves the cursor the same way.
+    let pending_on_ops = || {
+        run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+        run(&[
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            "ops",
+            "--kind",
+            "goal_changed",
+            "--actor-type",
+            "human",
+            "--summary",
+            "goal updated",
+        ]);
+    };
+    pending_on_ops();
+    let said = run(&[
+        "record",
+        "--session",
+        "global",
+        "--agent",
+        "main",
+        "--kind",
+        "goal_changed",
+        "--actor-type",
+        "human",
+        "--summary",
+        "goal updated",
+        "--watcher",
+        "agent:main:main",
+    ]);
+    assert!(said.contains(dropped), "record --watcher: {said}");
+    pending_on_ops();
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::write(&transcript, b"").unwrap();
+    let said = run(&[
+        "adopt",
+        "global",
+        "--agent",
+        "main",
+        "--file",
+        transcript.to_str().unwrap(),
+        "--watcher",
+        "agent:main:main",
+    ]);
+    assert!(said.contains(dropped), "adopt --watcher: {said}");
 }
 
 /// A store the user may not look at is reported as such, naming the file, not as missing

@@ -781,61 +781,40 @@ fn a_watch_that_drops_a_pending_notice_says_so() {
         stderr(&o)
     };
     let dropped = "the notice pending there is dropped";
-    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
-    // Nothing pending yet: moved back and forth without a word.
-    assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
-    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
-    run(&[
-        "record",
-        "--session",
-        "global",
-        "--agent",
-        "ops",
-        "--kind",
-        "goal_changed",
-        "--actor-type",
-        "human",
-        "--summary",
-        "goal updated",
-    ]);
-    let said = run(&["watch", "agent:main:main", "global"]);
-    assert!(said.contains(dropped), "{said}");
-    assert!(said.contains("from_agent=ops"), "{said}");
-    // Watching the same session again keeps its cursor and says nothing.
-    assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
-    // A recording or an adoption naming the watcher moves the cursor the same way.
-    let pending_on_ops = || {
-        run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
-        run(&[
+    // A person's goal change in `agent`'s `global`, with `more` flags; what it logged.
+    let goal = |agent: &str, more: &[&str]| {
+        let args = [
             "record",
             "--session",
             "global",
             "--agent",
-            "ops",
+            agent,
             "--kind",
             "goal_changed",
             "--actor-type",
             "human",
             "--summary",
             "goal updated",
-        ]);
+        ];
+        run(&[&args[..], more].concat())
     };
+    // The manager watches ops's `global`, which then holds a notice for it.
+    let pending_on_ops = || {
+        run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+        goal("ops", &[]);
+    };
+    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+    // Nothing pending yet: moved back and forth without a word.
+    assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
     pending_on_ops();
-    let said = run(&[
-        "record",
-        "--session",
-        "global",
-        "--agent",
-        "main",
-        "--kind",
-        "goal_changed",
-        "--actor-type",
-        "human",
-        "--summary",
-        "goal updated",
-        "--watcher",
-        "agent:main:main",
-    ]);
+    let said = run(&["watch", "agent:main:main", "global"]);
+    assert!(said.contains(dropped), "{said}");
+    assert!(said.contains("from_agent=ops"), "{said}");
+    // Watching the same session again keeps its cursor and says nothing.
+    assert!(!run(&["watch", "agent:main:main", "global"]).contains(dropped));
+    // A recording or an adoption naming the watcher moves the cursor the same way.
+    pending_on_ops();
+    let said = goal("main", &["--watcher", "agent:main:main"]);
     assert!(said.contains(dropped), "record --watcher: {said}");
     pending_on_ops();
     let transcript = dir.path().join("t.jsonl");

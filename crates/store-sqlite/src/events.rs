@@ -205,18 +205,18 @@ fn answered(
     })
 }
 
-/// Records one event inside the begun write operation on `conn`: one batch when core says the
-/// event moves no cursor on an unwatched target and the target is not known to be watched; two
-/// batches otherwise. `path`, the store's file, names it in the warnings.
+/// Records one event inside the begun write operation on `w`'s connection: one batch when core
+/// says the event moves no cursor on an unwatched target and the target is not known to be
+/// watched; two batches otherwise.
 pub(crate) async fn record_alone(
-    conn: &mut SqliteConnection,
-    path: &Path,
+    w: &mut crate::conn::Writer,
     hints: &Hints,
     event: awareness_core::Event,
     payload: Option<String>,
     named: &[WatcherKey],
     now: Timestamp,
 ) -> Result<Recorded, StoreError> {
+    let crate::conn::Writer { conn, path, .. } = w;
     let one_batch = protocol::on_event(&event, named, &[], now)
         .upserts
         .is_empty()
@@ -328,16 +328,7 @@ impl SqliteStore {
                 self.largest_batch.store(1, Ordering::Relaxed);
             }
             let mut w = self.writer(WHAT).await?;
-            let res = record_alone(
-                &mut w.conn,
-                &self.path,
-                &self.hints,
-                event,
-                payload,
-                &named,
-                now,
-            )
-            .await;
+            let res = record_alone(&mut w, &self.hints, event, payload, &named, now).await;
             return w.finish(res).await;
         }
         // Group commit: queue the event, then either another writer records it with its batch
@@ -408,16 +399,7 @@ impl SqliteStore {
                 else {
                     unreachable!("one job was taken")
                 };
-                let res = record_alone(
-                    &mut w.conn,
-                    &self.path,
-                    &self.hints,
-                    event,
-                    payload,
-                    &named,
-                    now,
-                )
-                .await;
+                let res = record_alone(&mut w, &self.hints, event, payload, &named, now).await;
                 return w.finish(res).await;
             }
             // A batch holding other callers' events runs on a task of its own, so that

@@ -236,16 +236,7 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
             w.rollback().await;
         }
         w.begin();
-        let res = record_alone(
-            &mut w.conn,
-            &w.path,
-            hints,
-            job.event,
-            job.payload,
-            &job.named,
-            job.now,
-        )
-        .await;
+        let res = record_alone(w, hints, job.event, job.payload, &job.named, job.now).await;
         let res = w.finish(res).await;
         // The lock again (another process took it meanwhile): the events left would each wait
         // the whole busy timeout for it.

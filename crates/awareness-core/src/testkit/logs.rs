@@ -10,16 +10,22 @@ use tracing::{Metadata, Subscriber};
 
 /// Keeps every log event as one line: `name=value ` for each field (a value logged with `%`
 /// as its `Display`, with `?` as its `Debug`), then ` level=LEVEL`. Spans are not kept.
-#[derive(Debug, Clone, Default)]
-pub struct Capture(Arc<Mutex<Vec<String>>>);
+/// (`Capture(None)` wants every event and keeps none: see [`Capture::install`].)
+#[derive(Debug, Clone)]
+pub struct Capture(Option<Arc<Mutex<Vec<String>>>>);
+
+impl Default for Capture {
+    fn default() -> Self {
+        Self(Some(Arc::default()))
+    }
+}
 
 impl Capture {
     /// The lines captured so far.
     pub fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.as_ref().map_or_else(Vec::new, |lines| {
+            lines.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        })
     }
 
     /// Makes this the subscriber of the calling thread until the guard is dropped: for code
@@ -29,13 +35,14 @@ impl Capture {
     /// reached by another test's thread while this thread's subscriber was being installed
     /// could be cached as wanted by nobody, and the test would then see none of its lines
     /// (seen under load: "left: 0, right: 1"). So a process-wide subscriber that wants every
-    /// call site and keeps nothing is installed first, once (unless another is already set):
+    /// call site and keeps nothing (`Capture(None)`) is installed first, once (unless another is
+    /// already set):
     /// no call site is ever cached as unwanted.
     pub fn install(&self) -> tracing::subscriber::DefaultGuard {
         static GLOBAL: std::sync::Once = std::sync::Once::new();
         GLOBAL.call_once(|| {
             // Another global subscriber set first would do as well.
-            let _ = tracing::subscriber::set_global_default(Discard);
+            let _ = tracing::subscriber::set_global_default(Capture(None));
         });
         let guard = tracing::subscriber::set_default(self.clone());
         tracing::callsite::rebuild_interest_cache();
@@ -57,23 +64,6 @@ impl Capture {
     }
 }
 
-/// Wants every event and keeps none.
-struct Discard;
-
-impl Subscriber for Discard {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
 /// One event's fields, as `name=value ` each.
 struct Line(String);
 
@@ -93,11 +83,12 @@ impl Subscriber for Capture {
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
+        let Some(lines) = &self.0 else { return };
         let mut line = Line(String::new());
         event.record(&mut line);
         // The level last, so that a line still begins with its message.
         let _ = write!(line.0, " level={}", event.metadata().level());
-        self.0
+        lines
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(line.0);

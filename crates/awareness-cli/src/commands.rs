@@ -790,7 +790,7 @@ pub(crate) async fn pending_elsewhere(
         .await
         .ok()
         .flatten()
-        .filter(|c| c.target_agent != target.agent_id && c.is_pending())
+        .filter(|c| !c.follows(target) && c.is_pending())
 }
 
 /// Says on stderr (a warning: the output shows the cursor as it is now, or nothing of it) that
@@ -803,7 +803,7 @@ pub(crate) fn said_if_moved(
     now: Option<&Cursor>,
 ) {
     let Some(before) = before else { return };
-    if now.is_some_and(|c| c.target_agent == target.agent_id) {
+    if now.is_some_and(|c| c.follows(target)) {
         tracing::warn!(
             watcher = %watcher,
             session_key = %target.session_key,

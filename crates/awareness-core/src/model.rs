@@ -811,7 +811,16 @@ impl Cursor {
     /// agent.
     pub fn removed_by_delete(&self, session: &SessionRef) -> bool {
         (session.is_watcher() && self.watcher.session_key() == &session.session_key)
-            || (self.target == session.session_key && self.target_agent == session.agent_id)
+            || self.follows(session)
+    }
+
+    /// Whether this cursor follows `session`: its key, of its agent. A cursor keyed by the
+    /// same key but following another agent's session of it watches nothing of `session`: a
+    /// recording there notifies it only when it names the watcher, and that recording, or a
+    /// watch of `session`, moves it there from scratch, dropping a notice it held
+    /// (docs/decisions/0008).
+    pub fn follows(&self, session: &SessionRef) -> bool {
+        self.target == session.session_key && self.target_agent == session.agent_id
     }
 
     /// A notice is pending when something material happened after `last_seen`.
@@ -1061,6 +1070,18 @@ mod tests {
         torn.material = Sequence(9);
         torn.last_seen = Sequence(10);
         assert!(!torn.is_well_formed(), "last_seen above notified");
+    }
+
+    /// A cursor follows its key's session of its own agent only, not another agent's session of
+    /// the key, nor another key.
+    #[test]
+    fn a_cursor_follows_its_agents_session_of_its_key() {
+        let w = WatcherKey::parse("agent:main:main").unwrap();
+        let global = |agent: &str| SessionRef::parse("global", agent).unwrap();
+        let c = Cursor::at(w, global("ops"), Sequence(3), Timestamp(1));
+        assert!(c.follows(&global("ops")));
+        assert!(!c.follows(&global("main")));
+        assert!(!c.follows(&SessionRef::parse("agent:ops:main", "ops").unwrap()));
     }
 
     #[test]

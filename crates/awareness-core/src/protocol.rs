@@ -177,7 +177,7 @@ pub fn seed(
     now: Timestamp,
 ) -> Option<Cursor> {
     match existing {
-        Some(c) if c.is_pending() && c.target_agent == target.agent_id => kept(c, now),
+        Some(c) if c.is_pending() && c.follows(target) => kept(c, now),
         _ => Some(Cursor::at(watcher.clone(), target.clone(), seq, now)),
     }
 }
@@ -213,7 +213,7 @@ fn explicit(cursor: &Cursor) -> Option<Cursor> {
 /// it: the watch a gateway then wakes the watcher for, when the notice its cursor keeps
 /// pending was queued without a wake while ambient.
 pub fn watch_makes_explicit(existing: &Cursor, target: &SessionRef) -> bool {
-    existing.target_agent == target.agent_id && explicit(existing).is_some()
+    existing.follows(target) && explicit(existing).is_some()
 }
 
 /// How old a cursor's `updated_at` must be for a repeated [`watch`] (or a re-spawn, [`seed`])
@@ -239,7 +239,7 @@ pub fn watch(
     now: Timestamp,
 ) -> (Cursor, bool) {
     match existing {
-        Some(c) if c.target_agent == target.agent_id => match kept(c, now) {
+        Some(c) if c.follows(target) => match kept(c, now) {
             Some(kept) => (kept, true),
             None => (c.clone(), false),
         },

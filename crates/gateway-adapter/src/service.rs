@@ -1386,7 +1386,7 @@ impl Awareness {
             match watched {
                 // A cursor on another agent's session of the key is no watch of this one: a
                 // recording here notifies it only when it names the watcher (decision 0008).
-                Ok(c) if !c.iter().any(|c| c.target_agent == target.agent_id) => {
+                Ok(c) if !c.iter().any(|c| c.follows(&target)) => {
                     debug!(session_key = %msg.session, agent_id = %target.agent_id, "human message not recorded: the session has no spawner, parent or watcher");
                     return HumanRecorded::Unwatched;
                 }

@@ -673,7 +673,7 @@ impl Inner {
         };
         let read = self.awareness.store().cursors(&filter);
         let (e, answered) = match self.awareness.within(deadline, read).await {
-            Some(Ok(cursors)) if cursors.iter().any(|c| c.target_agent == session.agent_id) => {
+            Some(Ok(cursors)) if cursors.iter().any(|c| c.follows(session)) => {
                 return Watched::Yes;
             }
             Some(Ok(_)) => return Watched::No,

@@ -634,6 +634,34 @@ fn write_commands_that_add_nothing_refuse_a_missing_store() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// Another application's SQLite database, `theirs.db` in `dir`: one table of its own.
+fn their_database(dir: &Path) -> std::path::PathBuf {
+    let theirs = dir.join("theirs.db");
+    edit_by_hand(
+        &format!("sqlite://{}?mode=rwc", theirs.display()),
+        "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
+    );
+    theirs
+}
+
+/// Runs each of `commands` on `store` in `dir`: what went otherwise than a failure (exit 1)
+/// naming `file` on stderr.
+fn not_refused(dir: &Path, store: &str, file: &str, commands: &[&[&str]]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for args in commands {
+        let o = run_in(dir, &[&["--store", store][..], args].concat());
+        let err = stderr(&o);
+        if o.status.code() != Some(1) || !err.contains(file) {
+            wrong.push(format!(
+                "{store} {args:?}: exit {:?}, stdout {:?}, stderr {err:?}",
+                o.status.code(),
+                stdout(&o)
+            ));
+        }
+    }
+    wrong
+}
+
 /// The same commands, given an existing file that is no store (an empty file; another
 /// application's SQLite database), made it one (OpenClaw's tables, our migrations table, WAL)
 /// and reported success on it. Each now fails with exit 1 naming the file, which is left as it
@@ -641,11 +669,7 @@ fn write_commands_that_add_nothing_refuse_a_missing_store() {
 #[test]
 fn write_commands_that_add_nothing_refuse_a_file_that_is_no_store() {
     let dir = tempfile::tempdir().unwrap();
-    let theirs = dir.path().join("theirs.db");
-    edit_by_hand(
-        &format!("sqlite://{}?mode=rwc", theirs.display()),
-        "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
-    );
+    their_database(dir.path());
     let mut wrong = Vec::new();
     for (scheme, file) in [
         ("sqlite", "empty.db"),
@@ -657,26 +681,18 @@ fn write_commands_that_add_nothing_refuse_a_file_that_is_no_store() {
             std::fs::write(&path, b"").unwrap();
         }
         let before = std::fs::read(&path).unwrap();
-        for args in [
-            &["unwatch", "agent:main:main", "agent:main:subagent:c1"][..],
-            &["ack", "agent:main:main", "agent:main:subagent:c1"][..],
-            &["sweep"][..],
-            &["prune"][..],
-        ] {
-            let store = format!("{scheme}://{}", path.display());
-            let o = run_in(
-                dir.path(),
-                &[&["--store", store.as_str()][..], args].concat(),
-            );
-            let err = stderr(&o);
-            if o.status.code() != Some(1) || !err.contains(file) {
-                wrong.push(format!(
-                    "{store} {args:?}: exit {:?}, stdout {:?}, stderr {err:?}",
-                    o.status.code(),
-                    stdout(&o)
-                ));
-            }
-        }
+        let store = format!("{scheme}://{}", path.display());
+        wrong.extend(not_refused(
+            dir.path(),
+            &store,
+            file,
+            &[
+                &["unwatch", "agent:main:main", "agent:main:subagent:c1"],
+                &["ack", "agent:main:main", "agent:main:subagent:c1"],
+                &["sweep"],
+                &["prune"],
+            ],
+        ));
         if std::fs::read(&path).unwrap() != before {
             wrong.push(format!("{file}: changed"));
         }
@@ -697,48 +713,35 @@ fn write_commands_that_add_nothing_refuse_a_file_that_is_no_store() {
 #[test]
 fn commands_that_create_a_store_refuse_another_applications_database() {
     let dir = tempfile::tempdir().unwrap();
-    let theirs = dir.path().join("theirs.db");
-    edit_by_hand(
-        &format!("sqlite://{}?mode=rwc", theirs.display()),
-        "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
-    );
+    let theirs = their_database(dir.path());
     let transcript = dir.path().join("t.jsonl");
     std::fs::write(&transcript, b"").unwrap();
     let before = std::fs::read(&theirs).unwrap();
     let store = format!("sqlite://{}", theirs.display());
-    let mut wrong = Vec::new();
-    for args in [
+    let wrong = not_refused(
+        dir.path(),
+        &store,
+        "theirs.db",
         &[
-            "record",
-            "--session",
-            "s",
-            "--kind",
-            "created",
-            "--summary",
-            "x",
-        ][..],
-        &["watch", "agent:main:main", "agent:main:subagent:c1"][..],
-        &[
-            "adopt",
-            "agent:main:x",
-            "--file",
-            transcript.to_str().unwrap(),
-        ][..],
-        &["demo"][..],
-    ] {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", store.as_str()][..], args].concat(),
-        );
-        let err = stderr(&o);
-        if o.status.code() != Some(1) || !err.contains("theirs.db") {
-            wrong.push(format!(
-                "{args:?}: exit {:?}, stdout {:?}, stderr {err:?}",
-                o.status.code(),
-                stdout(&o)
-            ));
-        }
-    }
+            &[
+                "record",
+                "--session",
+                "s",
+                "--kind",
+                "created",
+                "--summary",
+                "x",
+            ],
+            &["watch", "agent:main:main", "agent:main:subagent:c1"],
+            &[
+                "adopt",
+                "agent:main:x",
+                "--file",
+                transcript.to_str().unwrap(),
+            ],
+            &["demo"],
+        ],
+    );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     assert_eq!(
         std::fs::read(&theirs).unwrap(),

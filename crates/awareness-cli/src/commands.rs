@@ -1102,12 +1102,19 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         gateway_adapter::Repair::Reopened { events } => (
             true,
             events,
-            "opened read-write and closed cleanly: a file whose writer crashed is repaired",
+            "a read-only open refused it (its writer crashed, or it is of an older schema): \
+             opened read-write and closed cleanly, which repaired it",
         ),
         gateway_adapter::Repair::NotNeeded { events } => (
             false,
             events,
-            "SQLite needs no repair (readers recover its write-ahead log); checked read-only, unchanged",
+            if StoreUrl::parse(&cli.store).is_ok_and(|u| matches!(u, StoreUrl::Sqlite(_))) {
+                "SQLite needs no repair (readers recover its write-ahead log); checked \
+                 read-only, unchanged"
+            } else {
+                "closed cleanly and of this build's schema: nothing to repair; checked \
+                 read-only, unchanged"
+            },
         ),
     };
     if cli.json {
@@ -1121,8 +1128,8 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     }
     .map(|()| 0)
     .map_err(|e| {
-        // Only a file opened read-write was written to (repaired, perhaps migrated): SQLite's
-        // was only read, and there is nothing to tell of it.
+        // Only a file opened read-write was written to (repaired, perhaps migrated): one that
+        // needed nothing was only read, and there is nothing to tell of it.
         if repaired {
             e.after(&format!(
                 "opened {} read-write and closed it cleanly (which repairs a file whose writer \

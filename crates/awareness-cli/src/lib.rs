@@ -179,9 +179,10 @@ pub enum Command {
     },
     /// Check the store: schema, heads against events, cursors against heads.
     Doctor,
-    /// Ready a store whose writer crashed for read commands, creating no store: redb is opened
-    /// read-write once and closed cleanly, which repairs it (read commands refuse such a file
-    /// until then; a schema 1 file is migrated too); SQLite needs no repair and is only checked.
+    /// Ready a store whose writer crashed for read commands, creating no store: a redb file
+    /// that read commands refuse (not closed cleanly, or of schema 1) is opened read-write once
+    /// and closed cleanly, which repairs (or migrates) it; any other file, SQLite's always, is
+    /// only checked read-only and left unchanged (`"repaired": false`).
     Repair,
     /// Adopt a Claude Code transcript (a JSONL file) for a session: link it from its current
     /// end, so that only what is typed into it from now on counts, and record `adopted` (exit 1

@@ -152,9 +152,21 @@ async fn an_ack_whose_output_fails_counts_a_repeated_target_once() {
     }
 }
 
-/// A `repair` of a redb file whose output fails says that it opened the file read-write (which
-/// repairs it, and may migrate it), on a full disk and on a closed pipe; one of a SQLite file,
-/// which only reads it, has nothing to add to the failure (silent on a closed pipe).
+/// A copy of the store at `url` (a redb file) taken while a read-write handle has it open, as a
+/// writer that crashed leaves it: read-only opens refuse it until a read-write open repairs it.
+async fn left_open(url: &str, dir: &std::path::Path, name: &str) -> String {
+    let open = gateway_adapter::open_full_store(url).await.expect("open");
+    let path = url.strip_prefix("redb://").expect("a redb URL");
+    let copy = dir.join(name);
+    std::fs::copy(path, &copy).expect("copy the open file");
+    open.close().await;
+    format!("redb://{}", copy.display())
+}
+
+/// A `repair` that opened a redb file read-write (one its writer left open) and whose output
+/// then fails says that it did (which repaired it, and may have migrated it), on a full disk
+/// and on a closed pipe; one that only read its file (SQLite's, or a redb file closed cleanly)
+/// has nothing to add to the failure (silent on a closed pipe).
 #[tokio::test]
 async fn a_repair_whose_output_fails_says_it_opened_the_file_read_write() {
     for (kind, code, why) in [
@@ -169,11 +181,16 @@ async fn a_repair_whose_output_fails_says_it_opened_the_file_read_write() {
             "the output's reader went away",
         ),
     ] {
-        for scheme in ["redb", "sqlite"] {
+        for (scheme, crashed) in [("redb", true), ("redb", false), ("sqlite", false)] {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("{scheme}://{}", dir.path().join("s.db").display());
             human(&url, C1).await;
             for json in [false, true] {
+                let url = if crashed {
+                    left_open(&url, dir.path(), &format!("crashed-{json}.db")).await
+                } else {
+                    url.clone()
+                };
                 let mut out = FailsAfter::at_once(kind);
                 let mut err = Vec::new();
                 let args: &[&str] = if json {
@@ -183,9 +200,9 @@ async fn a_repair_whose_output_fails_says_it_opened_the_file_read_write() {
                 };
                 let got = run_into(&url, args, &mut out, &mut err).await;
                 let err = String::from_utf8_lossy(&err);
-                let what = format!("{scheme} {kind} (json {json})");
+                let what = format!("{scheme} (crashed {crashed}) {kind} (json {json})");
                 assert_eq!(got, code, "{what}: {err}");
-                if scheme == "redb" {
+                if crashed {
                     assert!(
                         err.contains(&format!(
                             "awareness: opened {url} read-write and closed it cleanly"

@@ -828,7 +828,8 @@ fn a_write_command_runs_beside_tail_follow_on_redb() {
 
 /// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")
 /// until `repair` opens it read-write once; SQLite needs no repair, and `repair` leaves its
-/// store answering the same. The writer killed here is `monitor`, which keeps the file open.
+/// store answering the same. A file that needs no repair (SQLite's; the redb file once
+/// repaired) is only read: `"repaired": false`, and its bytes as they were. The writer killed here is `monitor`, which keeps the file open.
 #[test]
 fn repair_lets_read_commands_in_after_a_killed_writer() {
     for scheme in ["redb", "sqlite"] {
@@ -867,6 +868,27 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
         );
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["stateVersion"], json!(1));
+        // Repaired, the file needs nothing more: a second repair only reads it, and says so.
+        let file = dir.path().join("state.db");
+        let before = std::fs::read(&file).unwrap();
+        let o = run(&["--store", &store, "--json", "repair"]);
+        assert!(o.status.success(), "{scheme}: repair again: {}", text(&o));
+        let again: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            again,
+            json!({"ok": true, "repaired": false, "events": 1}),
+            "{scheme}"
+        );
+        assert!(
+            std::fs::read(&file).unwrap() == before,
+            "{scheme}: a repair of a file that needed none changed it"
+        );
+        let o = run(&["--store", &store, "repair"]);
+        assert!(
+            text(&o).contains("checked read-only, unchanged"),
+            "{scheme}: {}",
+            text(&o)
+        );
     }
     // repair never creates a store, and leaves what is not one as it was.
     let dir = tempfile::tempdir().unwrap();

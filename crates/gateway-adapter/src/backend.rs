@@ -174,14 +174,16 @@ pub async fn open_full_store_with(
 /// What [`repair_store`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Repair {
-    /// redb: the file was opened read-write and closed cleanly, which repairs a file whose
-    /// writer crashed (read-only opens refuse such a file until then).
+    /// redb: a read-only open refused the file (its writer crashed or was killed, or it is of
+    /// schema 1), so it was opened read-write and closed cleanly, which repaired (or migrated)
+    /// it: read-only opens take it from now on.
     Reopened {
         /// Events the store holds.
         events: u64,
     },
-    /// SQLite: nothing to repair (any reader recovers its write-ahead log itself); the file
-    /// was only checked, read-only, and nothing in it changed.
+    /// Nothing to repair: the file opened read-only and was only read, unchanged. SQLite's
+    /// always does (any reader recovers its write-ahead log itself); a redb file does when its
+    /// last writer closed it cleanly (or still has it open) and it is of this build's schema.
     NotNeeded {
         /// Events the store holds.
         events: u64,
@@ -189,11 +191,14 @@ pub enum Repair {
 }
 
 /// Readies an existing store for read-only opens after its writer crashed, changing nothing
-/// else: redb is opened read-write and closed cleanly (redb repairs the file while opening
-/// it; a schema 1 file is also migrated, as any read-write open does); SQLite needs no
-/// repair and is only checked read-only. Nothing is created: a missing or empty file, or a
-/// file that is not a store of that backend, is refused with [`StoreError::Open`] and left as
-/// it was. `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
+/// else. The file is first opened read-only; when that opens it, there is nothing to repair
+/// and nothing is written ([`Repair::NotNeeded`]: always for SQLite, whose readers recover its
+/// write-ahead log themselves). A redb file the read-only open refuses (not closed cleanly,
+/// or of schema 1) is then opened read-write and closed cleanly: redb repairs it while
+/// opening it, and a schema 1 file is migrated, as any read-write open does
+/// ([`Repair::Reopened`]). Nothing is created: a missing or empty file, or a file that is not
+/// a store of that backend, is refused with [`StoreError::Open`] and left as it was.
+/// `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
 pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     let (path, sqlite) = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(p) => (p, true),
@@ -208,20 +213,28 @@ pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
         }
         .into());
     }
-    // SQLite is only checked, read-only; redb repairs while a read-write open opens the file.
-    let options = OpenOptions {
+    let options = |read_only| OpenOptions {
         create_if_missing: false,
-        read_only: sqlite,
+        read_only,
         live_readers: false,
     };
-    let store = open_full_store_with(url, options).await?;
+    let (store, reopened) = match open_full_store_with(url, options(true)).await {
+        Ok(store) => (store, false),
+        Err(e) if sqlite => return Err(e),
+        Err(e) => {
+            // Whatever the read-only open refused, the read-write open decides: it repairs
+            // or migrates a store, and refuses (writing nothing) what is not one.
+            tracing::debug!(path = %path.display(), error = %e, "repair: a read-only open refused the file; opening it read-write");
+            (open_full_store_with(url, options(false)).await?, true)
+        }
+    };
     let stats = store.log_stats().await;
     store.close().await;
     let events = stats?.rows;
-    Ok(if sqlite {
-        Repair::NotNeeded { events }
-    } else {
+    Ok(if reopened {
         Repair::Reopened { events }
+    } else {
+        Repair::NotNeeded { events }
     })
 }
 

@@ -45,9 +45,7 @@ impl From<u64> for Sequence {
 }
 
 /// Milliseconds since the Unix epoch.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Timestamp(pub i64);
 
@@ -120,7 +118,7 @@ impl fmt::Display for Timestamp {
 }
 
 macro_rules! string_newtype {
-    ($(#[$m:meta])* $name:ident, $what:literal) => {
+    ($(#[$m:meta])* $name:ident, $check:expr) => {
         $(#[$m])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
         #[serde(transparent)]
@@ -130,7 +128,7 @@ macro_rules! string_newtype {
             /// Parses and validates the value.
             pub fn new(value: impl AsRef<str>) -> Result<Self, ValidationError> {
                 let value = value.as_ref();
-                validate::key($what, value)?;
+                $check(value)?;
                 Ok(Self(Arc::from(value)))
             }
 
@@ -171,12 +169,12 @@ macro_rules! string_newtype {
 string_newtype!(
     /// A session key such as `agent:main:subagent:child`, or a bare key such as `global`.
     SessionKey,
-    "session key"
+    |v| validate::key("session key", v)
 );
 string_newtype!(
-    /// An agent id such as `main`.
+    /// An agent id such as `main`: a key without `:` ([`validate::agent_id`]).
     AgentId,
-    "agent id"
+    validate::agent_id
 );
 
 impl SessionKey {
@@ -924,6 +922,24 @@ mod tests {
             WatcherKey::parse("agent:ops:main").unwrap().agent_id(),
             "ops"
         );
+    }
+
+    /// An agent id holds no `:`, however it is made: the agent an agent-qualified key names
+    /// ends at its first `:`, so a ref of `agent:a:b:x` under an agent `a:b` would say it is
+    /// not the watcher whose key it holds.
+    #[test]
+    fn an_agent_id_holds_no_colon() {
+        let refused = ValidationError::ColonInAgentId {
+            value: "a:b".into(),
+        };
+        assert_eq!(AgentId::new("a:b"), Err(refused.clone()));
+        assert_eq!("a:b".parse::<AgentId>(), Err(refused.clone()));
+        assert_eq!(SessionRef::parse("agent:a:b:x", "a:b"), Err(refused));
+        let json = serde_json::from_str::<AgentId>("\"a:b\"").unwrap_err();
+        assert!(json.to_string().contains("contains ':'"), "{json}");
+        // The rule is the agent id's alone: keys keep their colons.
+        assert!(SessionKey::new("agent:a:b:x").is_ok());
+        assert_eq!(AgentId::new("a-b").unwrap().as_str(), "a-b");
     }
 
     /// A bare key is never a watcher, parsed from text or not; a session ref needs both parts.

@@ -111,6 +111,13 @@ pub enum ValidationError {
         /// The key.
         key: String,
     },
+    /// An agent id holds a `:`, which ends an agent id in an agent-qualified key
+    /// (`agent:<agentId>:<rest>`): the key `agent:a:b:x` is agent `a`'s, never agent `a:b`'s.
+    #[error("agent id {value:?} contains ':', which ends an agent id in a session key")]
+    ColonInAgentId {
+        /// The agent id.
+        value: String,
+    },
     /// A session cannot watch itself.
     #[error("session {key:?} cannot watch itself")]
     SelfWatch {
@@ -166,6 +173,18 @@ pub enum ValidationError {
 /// most 1 KiB.
 pub fn key(what: &'static str, value: &str) -> Result<(), ValidationError> {
     bounded_key(what, value, MAX_KEY_BYTES)
+}
+
+/// An agent id: a key ([`key`]) without `:`, so that the agent an agent-qualified key names
+/// (`agent:<agentId>:<rest>`, up to the first `:` after `agent:`) is the one it was built with.
+pub fn agent_id(value: &str) -> Result<(), ValidationError> {
+    key("agent id", value)?;
+    if value.contains(':') {
+        return Err(ValidationError::ColonInAgentId {
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// A non-empty dedupe key without control characters or line separators (U+2028, U+2029), at

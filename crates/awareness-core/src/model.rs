@@ -304,6 +304,7 @@ impl<'de> Deserialize<'de> for WatcherKey {
 
 /// How an event kind affects watchers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KindClass {
     /// Notifies the target's watchers.
     Notify,
@@ -319,8 +320,10 @@ pub enum KindClass {
 /// not know, read from a row another writer of the file left (a later OpenClaw adds kinds). It
 /// is returned with its spelling, as OpenClaw returns an event, instead of failing every page
 /// that holds it; it counts as log-only here, and it cannot be recorded
-/// ([`NewEvent::validate`] refuses it).
+/// ([`NewEvent::validate`] refuses it). The enum is `#[non_exhaustive]`: a kind DESIGN.md adds
+/// later becomes a variant, and a `match` outside this crate keeps a catch-all arm for it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum EventKind {
     /// A human turn in a watched session.
     HumanDirectMessage,

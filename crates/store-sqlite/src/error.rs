@@ -12,6 +12,7 @@ const SQLITE_IOERR: i32 = 10;
 const SQLITE_CORRUPT: i32 = 11;
 const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
+const SQLITE_PROTOCOL: i32 = 15;
 const SQLITE_NOTADB: i32 = 26;
 
 /// The primary SQLite result code of a database error.
@@ -43,9 +44,16 @@ pub(crate) fn map(context: &str, e: sqlx::Error) -> StoreError {
     }
 }
 
-/// Whether the error is SQLite's BUSY or LOCKED: another connection holds a lock.
+/// Whether the error is SQLite's BUSY or LOCKED (another connection holds a lock), or
+/// PROTOCOL (a race for the write-ahead log's locks that SQLite's own retries lost, which
+/// SQLite's documentation says may succeed when tried again). LOCKED is taken as retryable as
+/// BUSY is (CONVENTIONS.md): without a shared cache, which this store never enables, it means
+/// a conflict inside one connection, which the store's own transactions do not make.
 pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
-    matches!(primary_code(e), Some(SQLITE_BUSY | SQLITE_LOCKED))
+    matches!(
+        primary_code(e),
+        Some(SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL)
+    )
 }
 
 /// Whether `e`, as [`map`] left it, is SQLite's FULL: a full disk, or a table's AUTOINCREMENT
@@ -75,7 +83,9 @@ pub(crate) fn open_reason(e: &sqlx::Error) -> String {
             "the database is read-only here (no write permission to the file or its directory)"
         }
         Some(SQLITE_PERM) => "permission denied",
-        Some(SQLITE_BUSY | SQLITE_LOCKED) => "the database is locked by another connection",
+        Some(SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL) => {
+            "the database is locked by another connection"
+        }
         Some(SQLITE_IOERR) => "an I/O error occurred",
         _ => "SQLite refused to open it",
     };
@@ -108,5 +118,83 @@ pub(crate) fn open(
         path: path.to_path_buf(),
         reason: reason.into(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+
+    /// A database error with SQLite's (extended) result code `code`.
+    #[derive(Debug)]
+    struct Coded(i32);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "result code {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "coded"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Owned(self.0.to_string()))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn coded(code: i32) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Coded(code)))
+    }
+
+    /// The lock conflicts are retryable, extended codes by their primary code (BUSY_SNAPSHOT
+    /// is 517, PROTOCOL 15); a corrupt file is corruption; the rest is a backend failure,
+    /// which retrying does not cure.
+    #[test]
+    fn lock_conflicts_are_retryable_and_nothing_else_is() {
+        for code in [SQLITE_BUSY, SQLITE_LOCKED, SQLITE_PROTOCOL, 517, 262] {
+            let e = map("record", coded(code));
+            assert!(
+                matches!(e, StoreError::Busy { .. }) && e.is_retryable(),
+                "{code}: {e:?}"
+            );
+            assert!(
+                matches!(
+                    failed_open(Path::new("/x.db"), coded(code)),
+                    StoreError::Busy { .. }
+                ),
+                "{code}: an open"
+            );
+        }
+        for code in [SQLITE_CORRUPT, SQLITE_NOTADB] {
+            assert!(
+                matches!(map("read", coded(code)), StoreError::Corrupt { .. }),
+                "{code}"
+            );
+        }
+        for code in [SQLITE_FULL, SQLITE_IOERR, SQLITE_READONLY, SQLITE_PERM, 1] {
+            let e = map("record", coded(code));
+            assert!(
+                matches!(e, StoreError::Backend { .. }) && !e.is_retryable(),
+                "{code}: {e:?}"
+            );
+        }
     }
 }

@@ -49,6 +49,15 @@ pub enum OpenError {
     Store(#[from] StoreError),
 }
 
+impl OpenError {
+    /// Whether opening again may succeed: the store was busy ([`StoreError::is_retryable`],
+    /// another connection holding the lock a migration needs, say). A bad URL, a backend left
+    /// out of the build or a file that is not a store stays as it is.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, OpenError::Store(e) if e.is_retryable())
+    }
+}
+
 impl StoreUrl {
     /// Parses `sqlite:///abs`, `sqlite://rel`, `sqlite:rel`, the same for `redb`, and `memory:`.
     /// The path is percent-decoded, as in a URL (`my%20state.db` is `my state.db`); a query or
@@ -268,6 +277,23 @@ mod tests {
     /// A URL's path is percent-decoded; a query or fragment, or a broken escape, is refused
     /// instead of becoming part of a file name (`sqlite:///tmp/x.db?mode=rwc` created a file
     /// named `x.db?mode=rwc`).
+    /// Only a busy store is worth opening again.
+    #[test]
+    fn only_a_busy_open_is_retryable() {
+        let busy = StoreError::Busy {
+            context: "open".into(),
+            source: "locked".into(),
+        };
+        assert!(OpenError::Store(busy).is_retryable());
+        let refused = StoreError::Open {
+            path: "/x.db".into(),
+            reason: "not a database".into(),
+            source: None,
+        };
+        assert!(!OpenError::Store(refused).is_retryable());
+        assert!(!StoreUrl::parse("postgres://x").unwrap_err().is_retryable());
+    }
+
     #[test]
     fn url_paths_are_percent_decoded_and_queries_refused() {
         assert_eq!(

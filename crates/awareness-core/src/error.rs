@@ -41,7 +41,9 @@ pub enum StoreError {
         #[source]
         source: Option<BoxError>,
     },
-    /// Stored data breaks an invariant (an unknown kind, a torn row, ...).
+    /// Stored data breaks an invariant (a torn or hand-edited row, a sequence counter at its
+    /// end, ...). An event kind this version does not know is no such thing: stores read it as
+    /// [`EventKind::Other`](crate::EventKind::Other).
     #[error("corrupt store: {context}")]
     Corrupt {
         /// What was found; from a store in a file, after the file's path and `: `

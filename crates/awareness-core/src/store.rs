@@ -28,15 +28,84 @@ pub struct Recorded {
 ///
 /// Every method is atomic: it commits completely or not at all. The exception is
 /// [`EventStore::prune_chunk`], which a backend may commit in several transactions.
+///
+/// # Errors common to every method
+///
+/// What any method of this trait, of [`CursorStore`], of [`AwarenessStoreExt`] and of
+/// [`UpstreamStore`](crate::UpstreamStore) may return besides what its own `# Errors` says.
+/// store-memory returns none of them: its only errors are the ones a method names as its own
+/// ([`StoreError::InvalidInput`], and the counter at its end of [`EventStore::record`]).
+///
+/// - [`StoreError::ReadOnly`]: every write through a handle opened read-only (the `read_only`
+///   option of store-sqlite and store-redb), also one that would change nothing (an empty list
+///   to acknowledge, a pruning chunk with nothing due, a dedupe hit). Nothing is written. A
+///   write checks its input first, so an input it refuses is [`StoreError::InvalidInput`] on
+///   any handle. Reads never return it.
+/// - [`StoreError::Busy`] (store-sqlite only; [`is_retryable`](StoreError::is_retryable)): a
+///   statement waited longer than the busy timeout for a lock another connection held,
+///   usually another process's write. The write transaction is rolled back, so a write that
+///   gets it has written nothing and the same call may be made again.
+/// - [`StoreError::Corrupt`]: the file is damaged (SQLite's `CORRUPT` or `NOTADB`, redb's
+///   corruption errors), or a row the method must read cannot be read. Each method says which
+///   rows fail it; the others pass over them. Retrying does not help.
+/// - [`StoreError::Backend`]: any other failure: I/O (a full disk), the driver, a blocking
+///   task; also a call made outside a Tokio runtime (store-redb: any call that must hand work
+///   to the blocking pool; store-sqlite: [`record`](EventStore::record) with group commit on),
+///   refused before anything is queued. After a failed write, store-sqlite has rolled the
+///   transaction back, a failed commit included (docs/decisions/0005): nothing of the call is
+///   kept, unless the method says otherwise. store-redb has written nothing when the failure came before the
+///   commit, but cannot tell whether a commit that failed reached the file, and the error
+///   does not say which of the two it was: read back what the write was for. After a failed
+///   commit, or an I/O failure inside a write, store-redb refuses every later write on that
+///   file in the process with `Backend`, until every handle on it is closed and the file is
+///   opened again.
+/// - [`StoreError::Open`] and [`StoreError::NeedsRepair`] come from opening a store (the
+///   backends' own `open` functions), never from these methods.
+///
+/// A store in a file names the file in every error ([`StoreError::in_store`]). Cancelling a
+/// write (dropping its future) is not an error; whether the write committed is then unknown
+/// (store-redb finishes it anyway, and so does a store-sqlite group commit that holds it).
 #[async_trait]
 pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Records an event: validates it (nothing is written on error), allocates the next
     /// store-wide sequence (a dedupe hit consumes one too), moves the head and applies
     /// [`crate::protocol::on_event`] to the cursors, all in one transaction.
+    ///
+    /// # Errors
+    ///
+    /// Besides those of every write (see the [trait](EventStore#errors-common-to-every-method)):
+    ///
+    /// - [`StoreError::InvalidInput`]: `event` breaks a rule of [`NewEvent::validate`] (an
+    ///   unknown kind; a summary that is blank, longer than 200 characters or not one line; a
+    ///   payload over 4 KiB or nested too deep; an empty, too long or line-breaking session id,
+    ///   actor id, run id or dedupe key; more than
+    ///   [`MAX_NAMED_WATCHERS`](crate::validate::MAX_NAMED_WATCHERS) named watchers). Checked
+    ///   before anything else, on any handle: nothing is written and no sequence is spent.
+    /// - [`StoreError::Corrupt`] for which [`StoreError::is_counter_at_end`] holds: the
+    ///   sequence counter has handed out its last number (only a damaged or hand-edited store
+    ///   gets there). Nothing is written, and every later recording, a dedupe hit included,
+    ///   gets the same error (docs/decisions/0025).
+    /// - [`StoreError::Corrupt`] for a dedupe hit whose stored event cannot be read: no event
+    ///   is added and no head or cursor moves. store-sqlite has still spent (committed) a
+    ///   sequence number for the call; store-redb has not.
+    /// - When the group commit that holds the event fails as a whole (store-sqlite: on the
+    ///   lock, [`StoreError::Busy`]; store-redb: beginning or committing its transaction),
+    ///   every caller in it gets a copy of the same error
+    ///   ([`StoreError::for_another_caller`]: same variant, so `is_retryable` answers alike).
+    ///   Any other failure of one event reaches only its own caller.
+    /// - store-sqlite: a [`StoreError::Backend`] saying that the group commit holding the event
+    ///   stopped before answering leaves it unknown whether the event was committed: read it
+    ///   back, or record it again under the same dedupe key.
     async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError>;
 
     /// The reconcile page: events of exactly `session` after `after`, at most `limit`
     /// (callers clamp with [`reconcile::clamp_limit`]; stores clamp again). Moves no cursor.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when the ref's head or an event of the page cannot be read (for
+    /// an event, the error names its row); otherwise those of every read (see the
+    /// [trait](EventStore#errors-common-to-every-method)). No `limit` is refused.
     async fn changes_since(
         &self,
         session: &SessionRef,
@@ -45,24 +114,44 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     ) -> Result<ChangesPage, StoreError>;
 
     /// The heads of the given refs that exist, in any order (one batch); a ref listed more than
-    /// once has one head. A head row that cannot be read fails the call with
-    /// [`StoreError::Corrupt`].
+    /// once has one head.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when the head row of a ref asked for cannot be read, so that no
+    /// caller is told that such a session has no head (docs/decisions/0020); otherwise those of
+    /// every read (see the [trait](EventStore#errors-common-to-every-method)).
     async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError>;
 
-    /// Every head, optionally of one agent, ordered by key then agent. A head row that cannot be
-    /// read is left out, with a warning naming it (docs/decisions/0020).
+    /// Every head, optionally of one agent, ordered by key then agent.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every read (see the [trait](EventStore#errors-common-to-every-method)): a
+    /// head row that cannot be read is left out, with a warning naming it
+    /// (docs/decisions/0020).
     async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError>;
 
     /// Retained events of every session with `sequence > after`, ascending, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when an event it would return cannot be read (the error names
+    /// the row; docs/decisions/0016); otherwise those of every read (see the
+    /// [trait](EventStore#errors-common-to-every-method)).
     async fn events_after(
         &self,
         after: Sequence,
         limit: usize,
     ) -> Result<Vec<Arc<Event>>, StoreError>;
 
-    /// Size and range of the retained log. It reads no event's fields: an event row that cannot
-    /// be read does not fail it (docs/decisions/0016), so that `awareness tail` and `doctor`
-    /// still answer over one.
+    /// Size and range of the retained log. It reads no event's fields.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every read (see the [trait](EventStore#errors-common-to-every-method)):
+    /// an event row that cannot be read does not fail it (docs/decisions/0016), so that
+    /// `awareness tail` and `doctor` still answer over one.
     async fn log_stats(&self) -> Result<LogStats, StoreError>;
 
     /// Runs one bounded chunk of a pruning step, deleting at most `max_rows` rows; returns how
@@ -76,6 +165,17 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// covered by its head's watermark. They never create, delete or lower a head; a head whose
     /// watermark they raise has its `updated_at` moved up to `now`, as OpenClaw's
     /// ([`crate::retention::stamp`]).
+    ///
+    /// # Errors
+    ///
+    /// Those of every write (see the [trait](EventStore#errors-common-to-every-method)),
+    /// [`StoreError::ReadOnly`] even for a chunk with nothing to delete. It does not check
+    /// `step` ([`AwarenessStoreExt::prune`] checks the policy). A row that cannot be read does
+    /// not fail it: such a row is deleted in its turn (store-redb's age step keeps an event
+    /// whose age it cannot read until the row cap reaches it), and a head that cannot be read
+    /// gets no watermark (docs/decisions/0020). After a failure, the transactions of the chunk
+    /// that committed before it stay committed, each whole, and the error does not say what
+    /// they deleted.
     async fn prune_chunk(
         &self,
         step: &PruneStep,
@@ -85,6 +185,12 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 
     /// Deletes a session: its events, its head, and the cursors where it is the watcher or the
     /// target (of that agent). Another agent's same-named session is left alone.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every write (see the [trait](EventStore#errors-common-to-every-method)):
+    /// rows of the session that cannot be read do not stop it, they are deleted with the
+    /// others.
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError>;
 
     /// Closes the store through a shared handle, without blocking the runtime: when `self` is
@@ -114,6 +220,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// process share one database, so that a gateway (which writes) is its file's only writer.
     /// A read-only redb handle beside a writer in another process answers `None` too, though
     /// it sees that writer's commits.
+    ///
+    /// # Errors
+    ///
+    /// The default never fails. store-sqlite reads the number from the file and fails as any
+    /// read does (see the [trait](EventStore#errors-common-to-every-method)).
     async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
         Ok(None)
     }
@@ -134,6 +245,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 /// writes a new cursor over it; [`unwatch`](Self::unwatch),
 /// [`reset_watcher`](Self::reset_watcher) and [`EventStore::delete_session`] of its target key
 /// (whatever its agent) remove it (docs/decisions/0016).
+///
+/// # Errors
+///
+/// Every method may fail as any method of a store may (see
+/// [`EventStore`](EventStore#errors-common-to-every-method)); on a read-only handle, each write
+/// (never a read) fails with [`StoreError::ReadOnly`]. What each method adds is in its own
+/// `# Errors`.
 #[async_trait]
 pub trait CursorStore: Send + Sync {
     /// Explicit watch (see [`crate::protocol::watch`]). With no cursor on the target key, a new
@@ -142,8 +260,18 @@ pub trait CursorStore: Send + Sync {
     /// explicit (docs/decisions/0015), and one idle for a day has its `updated_at` refreshed
     /// (docs/decisions/0018). An existing cursor on another
     /// agent's session of the same key is replaced by a new one at this ref's head, and its
-    /// pending notice is dropped (docs/decisions/0008). Refuses a self-watch with
-    /// [`StoreError::InvalidInput`]. Returns the cursor in effect.
+    /// pending notice is dropped (docs/decisions/0008). Returns the cursor in effect.
+    ///
+    /// # Errors
+    ///
+    /// Besides those of every write (see the [trait](CursorStore#errors)):
+    ///
+    /// - [`StoreError::InvalidInput`]
+    ///   ([`ValidationError::SelfWatch`](crate::ValidationError::SelfWatch)) when `watcher` is
+    ///   the target's own key. Checked first, on any handle; nothing is written.
+    /// - [`StoreError::Corrupt`] when the target's head row cannot be read (store-sqlite,
+    ///   store-redb); nothing is written. A cursor row on the key that cannot be read does not
+    ///   fail it: it is written over.
     async fn watch(
         &self,
         watcher: &WatcherKey,
@@ -152,6 +280,11 @@ pub trait CursorStore: Send + Sync {
     ) -> Result<Cursor, StoreError>;
 
     /// Removes a cursor; `true` when one existed.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every write (see the [trait](CursorStore#errors)); a row that cannot be
+    /// read is removed as any other.
     async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError>;
 
     /// Acknowledges the watcher's notices on `targets` (see [`crate::protocol::acknowledge`]),
@@ -160,6 +293,12 @@ pub trait CursorStore: Send + Sync {
     /// cursor shows is left as it is ([`AckTarget::apply`]). Unknown
     /// targets are ignored; a target listed more than once is acknowledged once, as its first
     /// entry says ([`AckTarget::each_once`]).
+    ///
+    /// # Errors
+    ///
+    /// Only those of every write (see the [trait](CursorStore#errors)),
+    /// [`StoreError::ReadOnly`] even for an empty `targets`. A target left as it is (unknown,
+    /// another notice, a cursor row that cannot be read) is no error.
     async fn acknowledge(
         &self,
         watcher: &WatcherKey,
@@ -168,6 +307,11 @@ pub trait CursorStore: Send + Sync {
     ) -> Result<Vec<Notice>, StoreError>;
 
     /// One cursor.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when its row cannot be read (the listings leave such a row out);
+    /// otherwise those of every read (see the [trait](CursorStore#errors)).
     async fn cursor(
         &self,
         watcher: &WatcherKey,
@@ -175,20 +319,40 @@ pub trait CursorStore: Send + Sync {
     ) -> Result<Option<Cursor>, StoreError>;
 
     /// Cursors passing the filter, ordered by watcher then target.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every read (see the [trait](CursorStore#errors)): a row that cannot be
+    /// read is left out.
     async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError>;
 
     /// Re-freezes the given cursors that are still pending (see
     /// [`crate::protocol::refreeze`]) and returns their notices, in one transaction. A key
     /// listed more than once counts once ([`crate::protocol::each_once`]).
+    ///
+    /// # Errors
+    ///
+    /// Only those of every write (see the [trait](CursorStore#errors)),
+    /// [`StoreError::ReadOnly`] even for an empty `keys`. A key without a readable cursor is
+    /// passed over.
     async fn refreeze(&self, keys: &[CursorKey], now: Timestamp)
     -> Result<Vec<Notice>, StoreError>;
 
     /// Session reset: deletes the cursors where `watcher` is the watcher; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every write (see the [trait](CursorStore#errors)).
     async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError>;
 
     /// The cursor rows this store holds but cannot read, which every other read leaves out
     /// (see the trait's docs), for an operator's audit ([`crate::audit::audit_store`]). A
     /// store that keeps values rather than bytes has none: the provided method answers so.
+    ///
+    /// # Errors
+    ///
+    /// The provided method never fails; a durable store's fails as any read does (see the
+    /// [trait](CursorStore#errors)). A row it lists is no error.
     async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
         Ok(Vec::new())
     }
@@ -221,9 +385,20 @@ pub trait AwarenessStore: EventStore + CursorStore {}
 impl<T: EventStore + CursorStore + ?Sized> AwarenessStore for T {}
 
 /// Conveniences written once on top of the traits.
+///
+/// # Errors
+///
+/// Each method returns the first error of the trait methods it calls, as they return it (see
+/// [`EventStore`](EventStore#errors-common-to-every-method)), and adds none of its own but
+/// the refusal of a retention policy by [`prune`](Self::prune).
 #[async_trait]
 pub trait AwarenessStoreExt: AwarenessStore {
     /// `stateVersion` of a ref (0 when nothing was recorded).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`EventStore::heads`]: [`StoreError::Corrupt`] when the ref's head row cannot
+    /// be read.
     async fn state_version(&self, session: &SessionRef) -> Result<Sequence, StoreError> {
         let heads = self.heads(std::slice::from_ref(session)).await?;
         Ok(heads
@@ -245,6 +420,11 @@ pub trait AwarenessStoreExt: AwarenessStore {
     /// before: the answer is then version 0 ([`reconcile::status`]), and a page that found its
     /// head below `N` has the version read again, so that the answer describes the session
     /// after the delete.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`EventStore::heads`] and [`EventStore::changes_since`]: the first read that
+    /// fails fails the call, with no partial answer. It writes nothing.
     async fn session_status(
         &self,
         session: &SessionRef,
@@ -271,9 +451,16 @@ pub trait AwarenessStoreExt: AwarenessStore {
         Ok(reconcile::status(state_version, page))
     }
 
-    /// One pruning pass: every step of `policy`, each in chunks of `policy.chunk_rows`. A policy
-    /// that [`RetentionPolicy::validate`] refuses is refused with [`StoreError::InvalidInput`]
-    /// before anything is deleted.
+    /// One pruning pass: every step of `policy`, each in chunks of `policy.chunk_rows`.
+    ///
+    /// # Errors
+    ///
+    /// - [`StoreError::InvalidInput`] for a policy that [`RetentionPolicy::validate`] refuses,
+    ///   before anything is deleted, on any handle.
+    /// - Otherwise the first error of [`EventStore::prune_chunk`] ([`StoreError::ReadOnly`] on
+    ///   a read-only handle). The pass stops there; what the chunks before it deleted stays
+    ///   deleted, and a pass run again goes on from there. [`prune_counted`](Self::prune_counted)
+    ///   says how much that was.
     async fn prune(
         &self,
         policy: &RetentionPolicy,
@@ -283,7 +470,14 @@ pub trait AwarenessStoreExt: AwarenessStore {
     }
 
     /// [`AwarenessStoreExt::prune`], saying on failure what the chunks that committed before it
-    /// deleted ([`PruneFailed::done`]; nothing for a policy refused up front).
+    /// deleted.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`prune`](Self::prune), as [`PruneFailed::error`], beside
+    /// [`PruneFailed::done`]: what the chunks that ended before the failure deleted (nothing
+    /// for a policy refused up front). The failed chunk is not counted, though part of it may
+    /// have committed: `done` is a lower bound.
     async fn prune_counted(
         &self,
         policy: &RetentionPolicy,
@@ -313,6 +507,10 @@ pub trait AwarenessStoreExt: AwarenessStore {
     /// Every pending cursor whose watcher `exists` (a gateway's own: its directory knows it),
     /// ordered by watcher then target: what the start-up sweep re-freezes and what a gateway
     /// picks up after another writer's commit. `exists` is asked once per watcher.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`CursorStore::cursors`]: a cursor row that cannot be read is left out.
     async fn pending_of(
         &self,
         exists: &(dyn for<'w> Fn(&'w WatcherKey) -> bool + Send + Sync),
@@ -338,6 +536,12 @@ pub trait AwarenessStoreExt: AwarenessStore {
 
     /// Start-up sweep: re-freezes every pending cursor whose watcher `exists`
     /// ([`AwarenessStoreExt::pending_of`]) and returns the notices to re-deliver.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`pending_of`](Self::pending_of), then those of [`CursorStore::refreeze`]. On a
+    /// read-only handle that is [`StoreError::ReadOnly`] as soon as there is a pending cursor to
+    /// re-freeze; with none, it answers no notice and writes nothing.
     async fn sweep(
         &self,
         now: Timestamp,

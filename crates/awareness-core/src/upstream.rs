@@ -676,10 +676,26 @@ impl NormalizedText {
 /// Kept apart from [`AwarenessStore`] so that a backend adds it without touching the event and
 /// cursor traits; [`FullStore`] names a backend that offers both. `EventStore::delete_session`
 /// of such a backend also removes the ref's link.
+///
+/// # Errors
+///
+/// Every method may fail as any method of a store may (see
+/// [`EventStore`](crate::EventStore#errors-common-to-every-method)); on a read-only handle, each
+/// write (never a read) fails with [`StoreError::ReadOnly`]. A row that cannot be read as
+/// a link (decision 0017) is left out of [`links`](Self::links), written over by
+/// [`upsert_link`](Self::upsert_link) and removed by [`remove_link`](Self::remove_link)
+/// without a token; what else it fails each method says.
 #[async_trait]
 pub trait UpstreamStore: Send + Sync {
-    /// Adopts: creates the ref's link, or applies [`plan_upsert`] to the existing one. An invalid
-    /// spec is refused with [`StoreError::InvalidInput`] and nothing is written.
+    /// Adopts: creates the ref's link, or applies [`plan_upsert`] to the existing one.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] for a spec that [`LinkSpec::validate`] refuses (an empty,
+    /// too long or line-breaking id, a catalog id too long for the event summaries quoted from
+    /// it, a reference or marker over [`MAX_UPSTREAM_JSON_BYTES`] or nested too deep), on any
+    /// handle; nothing is written. Otherwise those of every write (see the
+    /// [trait](UpstreamStore#errors)).
     async fn upsert_link(
         &self,
         spec: LinkSpec,
@@ -687,16 +703,33 @@ pub trait UpstreamStore: Send + Sync {
     ) -> Result<UpsertOutcome, StoreError>;
 
     /// The ref's link.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when the ref's row cannot be read as a link; otherwise those of
+    /// every read (see the [trait](UpstreamStore#errors)).
     async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError>;
 
     /// Every link, ordered by session key then agent.
+    ///
+    /// # Errors
+    ///
+    /// Only those of every read (see the [trait](UpstreamStore#errors)): a row that cannot be
+    /// read as a link is left out, with a warning.
     async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError>;
 
     /// Compare-and-set of the marker ([`plan_set_marker`]): `true` when the link's `updated_at`
     /// was still `expected_updated_at` and the marker was written; `false`, writing nothing,
-    /// when the link changed meanwhile or is gone. A marker larger than
-    /// [`MAX_UPSTREAM_JSON_BYTES`], or nesting arrays and objects deeper than
-    /// [`crate::validate::MAX_JSON_DEPTH`], is refused with [`StoreError::InvalidInput`].
+    /// when the link changed meanwhile or is gone.
+    ///
+    /// # Errors
+    ///
+    /// - [`StoreError::InvalidInput`] for a marker larger than [`MAX_UPSTREAM_JSON_BYTES`], or
+    ///   nesting arrays and objects deeper than [`crate::validate::MAX_JSON_DEPTH`], on any
+    ///   handle; nothing is written.
+    /// - [`StoreError::Corrupt`] when the ref's row cannot be read as a link; nothing is
+    ///   written.
+    /// - Those of every write (see the [trait](UpstreamStore#errors)).
     async fn set_marker(
         &self,
         session: &SessionRef,
@@ -709,14 +742,26 @@ pub trait UpstreamStore: Send + Sync {
     /// update in flight. `false` when the link is gone.
     ///
     /// It takes no token: a link re-adopted between the caller's read and the stamp is stamped
-    /// too (the field is informational; no decision reads it). On a row that cannot be read as
-    /// a link (decision 0017) a store may fail with [`StoreError::Corrupt`] (store-redb, which
-    /// reads the link to stamp it) or stamp the column and leave the row as unreadable as it
-    /// was (store-sqlite); the monitor stamps only links it listed, so it never meets one.
+    /// too (the field is informational; no decision reads it).
+    ///
+    /// # Errors
+    ///
+    /// Those of every write (see the [trait](UpstreamStore#errors)). On a row that cannot be
+    /// read as a link (decision 0017) a store may fail with [`StoreError::Corrupt`]
+    /// (store-redb, which reads the link to stamp it) or stamp the column and leave the row as
+    /// unreadable as it was (store-sqlite); the monitor stamps only links it listed, so it
+    /// never meets one.
     async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError>;
 
     /// Removes the ref's link; with `expected_updated_at`, only when the link has not changed
     /// since (see [`may_remove`]). `true` when a link was removed.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when `expected_updated_at` is given and the ref's row cannot be
+    /// read as a link (there is nothing to compare it with; [`may_remove_found`]), and
+    /// nothing is removed; without it, such a row is removed. Otherwise those of every write
+    /// (see the [trait](UpstreamStore#errors)).
     async fn remove_link(
         &self,
         session: &SessionRef,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 use serde_json::{Value, json};
 
 use super::Subject;
@@ -1318,6 +1318,12 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
 /// Runs the model test: `PROPTEST_CASES` cases (default 256) of up to 60 operations each, a
 /// fresh subject from `factory` per case.
 ///
+/// The cases come from a seed drawn at random, or `PROPTEST_RNG_SEED`; a failure names the
+/// seed, so that the same cases can be run again. Shrinking a failing case stops after
+/// `PROPTEST_MAX_SHRINK_TIME` milliseconds (default two minutes: each shrinking step runs a
+/// case again on a fresh store, on a file for the durable ones), reporting the smallest case
+/// found by then.
+///
 /// On two worker threads, as the conformance suite runs: the calls of an `Op::Concurrent` wave
 /// then overlap on a store whose `record` never waits (store-memory), where one thread ran
 /// them one after another in the order they were spawned. A store that group-commits
@@ -1336,10 +1342,26 @@ where
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let defaults = Config::default();
+    let seed = match defaults.rng_seed {
+        RngSeed::Fixed(seed) => seed,
+        RngSeed::Random => {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        }
+    };
+    let max_shrink_time = match defaults.max_shrink_time {
+        0 => MAX_SHRINK_MS,
+        set => set,
+    };
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
-        ..Config::default()
+        rng_seed: RngSeed::Fixed(seed),
+        max_shrink_time,
+        ..defaults
     });
     let result = runner.run(&proptest::collection::vec(op_strategy(), 1..60), |ops| {
         rt.block_on(async {
@@ -1348,6 +1370,12 @@ where
         })
     });
     if let Err(e) = result {
-        panic!("model test failed: {e}");
+        panic!(
+            "model test failed: {e}\n(PROPTEST_RNG_SEED={seed} PROPTEST_CASES={cases} runs the same cases again)"
+        );
     }
 }
+
+/// How long, in milliseconds, shrinking a failing case may take unless
+/// `PROPTEST_MAX_SHRINK_TIME` says otherwise.
+const MAX_SHRINK_MS: u32 = 120_000;

@@ -127,9 +127,9 @@ mod tests {
 
     use super::*;
 
-    /// A database error with SQLite's (extended) result code `code`.
+    /// A database error with SQLite's (extended) result code `code`, and its message.
     #[derive(Debug)]
-    struct Coded(i32);
+    struct Coded(i32, &'static str);
 
     impl std::fmt::Display for Coded {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -141,7 +141,7 @@ mod tests {
 
     impl sqlx::error::DatabaseError for Coded {
         fn message(&self) -> &str {
-            "coded"
+            self.1
         }
         fn code(&self) -> Option<Cow<'_, str>> {
             Some(Cow::Owned(self.0.to_string()))
@@ -161,7 +161,7 @@ mod tests {
     }
 
     fn coded(code: i32) -> sqlx::Error {
-        sqlx::Error::Database(Box::new(Coded(code)))
+        sqlx::Error::Database(Box::new(Coded(code, "coded")))
     }
 
     /// The lock conflicts are retryable, extended codes by their primary code (BUSY_SNAPSHOT

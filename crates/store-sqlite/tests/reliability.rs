@@ -7,11 +7,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher as _, Hasher as _};
-use std::io::{BufRead as _, BufReader};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::{
@@ -23,6 +24,8 @@ use store_sqlite::{SqliteOptions, SqliteStore};
 const TORTURE: &str = env!("CARGO_BIN_EXE_store-sqlite-torture");
 const WATCHER: &str = "agent:main:torture-watcher";
 const TARGETS: usize = 4;
+/// A hang guard, never a timing assertion: a slow run on a busy machine stays far below it.
+const HANG: Duration = Duration::from_mins(2);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -40,6 +43,95 @@ fn random_below(n: u64) -> u64 {
 
 fn target(i: usize) -> SessionRef {
     SessionRef::parse(&format!("agent:main:subagent:t{i}"), "main").unwrap()
+}
+
+/// A torture process and the lines it prints, read on a thread of their own.
+struct Writer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+fn start(args: &[&str]) -> Writer {
+    let mut child = Command::new(TORTURE)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a torture process");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Writer { child, lines }
+}
+
+impl Writer {
+    /// What the process wrote on stderr, once it has ended.
+    fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        let _ = self.child.stderr.take().unwrap().read_to_string(&mut text);
+        text
+    }
+
+    /// Kills the process if it still runs and fails the test, saying how it ended and what it
+    /// wrote on stderr.
+    fn fail(&mut self, what: &str) -> ! {
+        let _ = self.child.kill();
+        let status = self.child.wait().unwrap();
+        panic!("{what} ({status}); its stderr:\n{}", self.stderr());
+    }
+
+    /// The next line; fails (killing the process) when it ends or says nothing for [`HANG`].
+    fn next_line(&mut self, what: &str) -> String {
+        match self.lines.recv_timeout(HANG) {
+            Ok(line) => line,
+            Err(e) => self.fail(&format!("{what}: no line ({e})")),
+        }
+    }
+
+    /// Kills the process (SIGKILL) and returns the lines it printed before it died; fails if it
+    /// had ended on its own or said something on stderr (a recorder that failed just before
+    /// the kill said why).
+    fn kill(mut self, what: &str) -> Vec<String> {
+        self.child.kill().expect("SIGKILL");
+        let status = self.child.wait().unwrap();
+        let stderr = self.stderr();
+        assert!(
+            status.signal() == Some(9) && stderr.is_empty(),
+            "{what}: the writer ended on its own or complained, it was not just killed ({status}); its stderr:\n{stderr}"
+        );
+        // The reader ends at EOF, once the dead process's pipe is drained.
+        self.lines.iter().collect()
+    }
+
+    /// Every line the process prints until it exits, which must be a success within [`HANG`].
+    fn finish(mut self, what: &str) -> Vec<String> {
+        let deadline = Instant::now() + HANG;
+        let mut lines = Vec::new();
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => lines.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.fail(&format!("{what} hung: not done after {HANG:?}"))
+                }
+            }
+        }
+        if !self.child.wait().unwrap().success() {
+            self.fail(&format!("{what} failed"));
+        }
+        lines
+    }
 }
 
 /// One line of the torture writer: `<sequence> <target> <write transactions> <stored|hit>
@@ -141,10 +233,12 @@ async fn verify_after_crash(
         // the same transaction as the event, or neither happened.
         assert_eq!(c.material, head, "round {round}: cursor on {r} torn: {c:?}");
         assert!(c.is_well_formed(), "round {round}: {c:?}");
-        assert!(
-            c.notified == c.last_seen || present.contains_key(&c.notified.get()),
-            "round {round}: the frozen watermark names a committed event: {c:?}"
-        );
+        for s in [c.last_seen, c.notified] {
+            assert!(
+                s == Sequence::ZERO || present.contains_key(&s.get()),
+                "round {round}: cursor on {r} points at {s}, not a committed event: {c:?}"
+            );
+        }
     }
     // The counter never goes back: the next sequence is above everything present and above
     // every sequence a writer ever reported (nothing committed is lost on a process kill, so
@@ -186,34 +280,25 @@ fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
     // Each writer's highest write-transaction count: its watches, recordings and
     // acknowledgements.
     let mut txns_total = 0;
+    // Writers killed before they reported anything.
+    let mut silent = 0;
     for round in 0..KILLS {
-        let mut child = Command::new(TORTURE)
-            .args(["record", db.to_str().unwrap(), &TARGETS.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the writer");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        // The writer is recording once it reports its first commit; kill it at a random
-        // moment after that (the sleep is the point of the test, not a wait for something).
-        let first = rx.recv_timeout(Duration::from_mins(1));
-        assert!(first.is_ok(), "round {round}: the writer never committed");
-        std::thread::sleep(Duration::from_micros(random_below(40_000)));
-        child.kill().expect("SIGKILL");
-        let status = child.wait().unwrap();
-        assert!(!status.success(), "the writer was killed, it did not exit");
-        reader.join().unwrap();
-        let mut lines: Vec<String> = first.into_iter().collect();
-        lines.extend(rx.try_iter());
+        let mut writer = start(&["record", db.to_str().unwrap(), &TARGETS.to_string()]);
+        let what = format!("round {round}");
+        // A writer is recording once it reports its first commit: most are killed at a random
+        // moment after that; every fourth at one from its start on, so that some kills land
+        // while it opens, creates or recovers the file (never one of the first two: the
+        // cursors checked exist once a writer reported). The sleeps are the point of the test,
+        // not waits for something.
+        let mut lines = Vec::new();
+        if round % 4 == 2 {
+            std::thread::sleep(Duration::from_micros(random_below(15_000)));
+        } else {
+            lines.push(writer.next_line(&what));
+            std::thread::sleep(Duration::from_micros(random_below(40_000)));
+        }
+        lines.extend(writer.kill(&what));
+        silent += usize::from(lines.is_empty());
         let mut txns = 0;
         for line in lines {
             let r = parse_report(&line);
@@ -249,12 +334,16 @@ fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
             }
         }
         txns_total += txns;
-        earlier_writers = rt.block_on(verify_after_crash(&db, &reported, round));
+        // Every third file goes to the next writer as the kill left it, for that writer to
+        // recover, and is checked after that writer's kill, with what both reported.
+        if round % 3 != 1 || round + 1 == KILLS {
+            earlier_writers = rt.block_on(verify_after_crash(&db, &reported, round));
+        }
     }
     let stored_total = stored.len();
     let recordings = (stored_total + hits_total) as u64;
     eprintln!(
-        "{KILLS} kills, {recordings} reported recordings ({stored_total} stored, {hits_total} dedupe hits, {hits_across} of them on an event of an earlier writer) in at most {txns_total} write transactions (recordings, acknowledgements, watches)"
+        "{KILLS} kills ({silent} before a report), {recordings} reported recordings ({stored_total} stored, {hits_total} dedupe hits, {hits_across} of them on an event of an earlier writer) in at most {txns_total} write transactions (recordings, acknowledgements, watches)"
     );
     assert!(stored_total >= KILLS);
     assert!(
@@ -267,32 +356,35 @@ fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
     );
 }
 
+/// Ten writers, eight tasks of this process and two processes, record at once on the same ten
+/// refs: none gets a BUSY error, every sequence is unique, and each ref's head is the highest
+/// sequence any writer got on it.
 #[test]
 fn eight_tasks_and_two_processes_share_one_file_without_busy_errors() {
     const PER_WRITER: usize = 2_000;
+    // The agent of every writer's refs: `agent:shared:s0` to `agent:shared:s9`.
+    const SHARED: &str = "shared";
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shared.sqlite");
     let rt = runtime();
     let store = Arc::new(rt.block_on(SqliteStore::open(&db)).unwrap());
-    let spawn = |tag: &str| {
-        Command::new(TORTURE)
-            .args(["batch", db.to_str().unwrap(), tag, &PER_WRITER.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn a writer process")
-    };
-    let children = [spawn("p0"), spawn("p1")];
-    let recorded: Vec<(u64, String)> = rt.block_on(async {
+    let count = PER_WRITER.to_string();
+    let mut processes = [0, 1].map(|_| start(&["go-batch", db.to_str().unwrap(), SHARED, &count]));
+    // Told together, the processes open and record at once; the tasks start once each has
+    // recorded, so that all ten writers record side by side.
+    for p in &mut processes {
+        p.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    }
+    let firsts = [0, 1].map(|i| processes[i].next_line(&format!("process {i}")));
+    let tasks = async {
         let mut tasks = Vec::new();
         for task in 0..8 {
             let store = Arc::clone(&store);
             tasks.push(tokio::spawn(async move {
                 let mut out = Vec::with_capacity(PER_WRITER);
                 for i in 0..PER_WRITER {
-                    let tag = format!("t{task}");
                     let session =
-                        SessionRef::parse(&format!("agent:{tag}:s{}", i % 10), &tag).unwrap();
+                        SessionRef::parse(&format!("agent:{SHARED}:s{}", i % 10), SHARED).unwrap();
                     let e = NewEvent::new(
                         session.clone(),
                         EventKind::HumanDirectMessage,
@@ -318,29 +410,60 @@ fn eight_tasks_and_two_processes_share_one_file_without_busy_errors() {
             all.extend(t.await.unwrap());
         }
         all
-    });
-    let mut all = recorded;
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "a writer process failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines = String::from_utf8(out.stdout).unwrap();
-        for line in lines.lines() {
+    };
+    let Ok(recorded) = rt.block_on(async { tokio::time::timeout(HANG, tasks).await }) else {
+        for p in &mut processes {
+            let _ = p.child.kill();
+        }
+        panic!("the tasks of this process hung: not done after {HANG:?}");
+    };
+    // Each writer's sequences: the tasks together, then each process.
+    let mut writers = vec![recorded];
+    for (i, (p, first)) in processes.into_iter().zip(firsts).enumerate() {
+        let mut lines = vec![first];
+        lines.extend(p.finish(&format!("process {i}")));
+        let parsed = lines.iter().map(|line| {
             let (seq, key) = line.split_once(' ').unwrap();
-            all.push((seq.parse().unwrap(), key.to_owned()));
+            (seq.parse().unwrap(), key.to_owned())
+        });
+        writers.push(parsed.collect());
+    }
+    // Each process recorded while this process's tasks did (busy handling across processes
+    // was exercised): the first sequence of each is below the last of the other. (The two
+    // processes, 2,000 events each, are not required to overlap each other: on a loaded
+    // machine one may be descheduled for the whole of the other's run.)
+    let range = |w: &[(u64, String)]| {
+        let seqs = w.iter().map(|(s, _)| *s);
+        (seqs.clone().min().unwrap(), seqs.max().unwrap())
+    };
+    for (a, wa) in writers.iter().enumerate() {
+        for (b, wb) in writers
+            .iter()
+            .enumerate()
+            .filter(|(b, _)| *b != a && (a == 0 || *b == 0))
+        {
+            let ((min_a, _), (_, max_b)) = (range(wa), range(wb));
+            assert!(
+                min_a < max_b,
+                "writer {a} began ({min_a}) after writer {b} ended ({max_b}): they never overlapped (0 is this process's tasks)"
+            );
         }
     }
+    let all: Vec<(u64, String)> = writers.concat();
     assert_eq!(all.len(), 10 * PER_WRITER);
     let unique: BTreeSet<u64> = all.iter().map(|(s, _)| *s).collect();
     assert_eq!(unique.len(), all.len(), "every sequence is unique");
+    // The highest sequence any writer got on each ref.
     let mut highest: BTreeMap<&str, u64> = BTreeMap::new();
     for (s, k) in &all {
         let e = highest.entry(k.as_str()).or_default();
         *e = (*e).max(*s);
     }
+    assert_eq!(
+        highest.len(),
+        10,
+        "every writer recorded on the same ten refs"
+    );
     rt.block_on(async {
         let heads = store.list_heads(None).await.unwrap();
         assert_eq!(heads.len(), highest.len());

@@ -3,7 +3,8 @@
 //! another user.
 //!
 //! ```text
-//! store-sqlite-torture record <db> <targets>        record forever from 4 tasks, print a line per recording
+//! store-sqlite-torture record <db> <targets>        record forever from 4 tasks, print a line per recording;
+//!                                                   exit 3 at once if a task fails or panics
 //! store-sqlite-torture batch <db> <tag> <count>     record <count> events, print each sequence, exit 0
 //! store-sqlite-torture open <db>                    open once; exit 0, or print the error and exit 2
 //! store-sqlite-torture go-batch <db> <tag> <count>  read a line from stdin, then as batch
@@ -49,14 +50,25 @@ async fn record_forever(db: &str, targets: usize) -> Result<(), Box<dyn std::err
     for i in 0..targets {
         store.watch(&watcher, &target(i), Timestamp::now()).await?;
     }
-    let tasks: Vec<_> = (0..RECORDERS)
-        .map(|k| tokio::spawn(recorder(Arc::clone(&store), targets, k)))
-        .collect();
-    for t in tasks {
-        t.await?.map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    let mut recorders = tokio::task::JoinSet::new();
+    for k in 0..RECORDERS {
+        recorders.spawn(recorder(Arc::clone(&store), targets, k));
     }
-    Ok(())
+    // Recorders run until the process is killed: the first to end failed (an error or a
+    // panic). The others must not run on without it: say so and exit at once, with a code of
+    // its own, so the parent tells this from the kill it expects.
+    let ended = recorders.join_next().await.expect("recorders were spawned");
+    let why = match ended {
+        Ok(Ok(())) => "returned".to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("store-sqlite-torture: a recorder ended: {why}");
+    std::process::exit(RECORDER_FAILED);
 }
+
+/// The exit code of `record` when one of its recorders ended (it never ends otherwise).
+const RECORDER_FAILED: i32 = 3;
 
 /// The dedupe key of call `n` of this process, on every tenth call: one of a few keys shared
 /// by every process (stored once, then a hit in every later process, across crashes); a new

@@ -2,8 +2,10 @@
 //!
 //! - SIGKILL crash test, once per durability mode: a child records continuously from
 //!   `RECORDERS` concurrent tasks (so group commit puts several recordings in one write
-//!   transaction) and reports each committed sequence on a pipe; the parent kills it at a random moment (at least 30 times per
-//!   mode), reopens the file and checks every promise: with `Immediate` every reported sequence
+//!   transaction) and reports each committed sequence on a pipe; the parent kills it at a random
+//!   moment (at least 30 times per mode, some before its first report, while it opens or
+//!   repairs the file), reopens the file (after every third kill, only once the next child ran
+//!   on it as the kill left it) and checks every promise: with `Immediate` every reported sequence
 //!   is present; with `Bounded` every sequence reported more than one flush interval (plus a
 //!   margin) before the kill is present; in both, heads equal the highest sequence of their ref,
 //!   cursors are not torn, and the sequence counter never goes back.
@@ -20,8 +22,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write as _};
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +48,10 @@ const FLUSH_MARGIN: Duration = Duration::from_millis(300);
 const WATCHED: usize = 3;
 /// Concurrent recording tasks in the crash test's child.
 const RECORDERS: u64 = 4;
+/// The exit code of a recording child that panicked.
+const RECORDER_PANICKED: i32 = 3;
+/// A hang guard, never a timing assertion: a slow run on a busy machine stays far below it.
+const HANG: Duration = Duration::from_mins(2);
 
 fn watcher() -> WatcherKey {
     WatcherKey::parse("agent:main:main").unwrap()
@@ -102,6 +109,12 @@ fn wait_for_stdin_eof() {
 /// `R <sequence> <target> <write transactions so far>` after each record returned, `H` in
 /// place of `R` for a dedupe hit (the sequence is then the stored event's).
 async fn child_record(path: &Path, interval_ms: Option<u64>, live_readers: bool) {
+    // A recorder that panics ends the process at once, with a code of its own: the others do
+    // not run on without it, and the parent tells this from the kill it expects.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("child: {info}");
+        std::process::exit(RECORDER_PANICKED);
+    }));
     let store = std::sync::Arc::new(
         RedbStore::open_with(path, options(interval_ms).live_readers(live_readers))
             .await
@@ -357,13 +370,38 @@ impl Spawned {
     }
 
     /// Kills the child (SIGKILL), reaps it, and returns the kill instant and every line it
-    /// printed before dying.
+    /// printed before dying; fails if it had ended on its own.
     fn kill(mut self) -> (Instant, Vec<(Instant, String)>) {
         let at = Instant::now();
         self.child.kill().expect("SIGKILL the child");
-        self.child.wait().expect("reap the child");
+        let status = self.child.wait().expect("reap the child");
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the child ended on its own ({status}), not by the kill (see its stderr above)"
+        );
         // The reader thread ends at EOF, once the dead child's pipe is drained.
         (at, self.lines.iter().collect())
+    }
+
+    /// Waits for the child to exit (its stdout ends then), skipping what it still prints; kills
+    /// it and fails the test if it has not after [`HANG`].
+    fn wait(mut self, what: &str) -> ExitStatus {
+        let deadline = Instant::now() + HANG;
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    panic!("{what} hung: not exited after {HANG:?} (killed)");
+                }
+            }
+        }
+        self.child.wait().expect("reap the child")
     }
 }
 
@@ -394,7 +432,7 @@ fn parse_report(line: &str) -> Option<(u64, usize, u64, bool)> {
 }
 
 /// Opens the file after a kill and checks every invariant; `must_have` are the sequences that
-/// the mode promises to keep. Returns the highest sequence present.
+/// the mode promises to keep. Returns the sequences present.
 /// Checks the file after a kill. `handed_out` is the highest sequence any child ever reported
 /// to its caller: lost or not, no later event may get it again.
 async fn verify(
@@ -402,9 +440,10 @@ async fn verify(
     must_have: &BTreeMap<u64, usize>,
     handed_out: u64,
     round: usize,
-) -> u64 {
-    let store = RedbStore::open(path)
+) -> BTreeSet<u64> {
+    let store = tokio::time::timeout(HANG, RedbStore::open(path))
         .await
+        .unwrap_or_else(|_| panic!("round {round}: the reopen after the kill hung ({HANG:?})"))
         .unwrap_or_else(|e| panic!("round {round}: reopen: {e}"));
     let events = store
         .events_after(Sequence::ZERO, usize::MAX / 2)
@@ -460,7 +499,7 @@ async fn verify(
     // above every sequence a caller was given, even one whose commit the crash lost (the
     // bounded mode's loss must not hand its numbers out again).
     assert_counter_resumes_above(&store, log_only(WATCHED), max, handed_out, round).await;
-    max
+    present.into_keys().collect()
 }
 
 fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
@@ -481,6 +520,13 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
     // sequence the file held at the last check): the event must still be there.
     let mut hits_across = 0;
     let mut earlier = 0;
+    // Every sequence a child reported stored: none is handed out twice.
+    let mut stored = BTreeSet::new();
+    // Since the last check: the sequences the mode promised to keep, and every one reported.
+    let mut must_have: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut unchecked = BTreeSet::new();
+    // Children killed before they reported anything.
+    let mut silent = 0;
     for round in 0..KILLS_PER_MODE {
         let mode = if live_readers {
             "record_live"
@@ -488,15 +534,24 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
             "record"
         };
         let child = spawn(mode, &path, interval_ms);
-        // Let it run for a random while after its first commit, then kill it mid-stream.
-        let (first_at, first) = child.next_line();
-        let delay = match interval_ms {
-            None => Duration::from_millis(1 + rng.below(120)),
-            Some(_) => Duration::from_millis(20 + rng.below(900)),
-        };
-        std::thread::sleep(delay);
-        let (killed_at, mut lines) = child.kill();
-        lines.insert(0, (first_at, first));
+        // Most children run for a random while after their first commit and are killed
+        // mid-stream; every fourth at a random moment from its start on, so that some kills
+        // land while it opens or repairs the file (never one of the first two: the cursors
+        // checked exist once a child reported).
+        let mut lines = Vec::new();
+        if round % 4 == 2 {
+            std::thread::sleep(Duration::from_micros(rng.below(15_000)));
+        } else {
+            lines.push(child.next_line());
+            let delay = match interval_ms {
+                None => Duration::from_millis(1 + rng.below(120)),
+                Some(_) => Duration::from_millis(20 + rng.below(900)),
+            };
+            std::thread::sleep(delay);
+        }
+        let (killed_at, rest) = child.kill();
+        lines.extend(rest);
+        silent += usize::from(lines.is_empty());
         let mut txns = 0;
         let mut across = BTreeMap::new();
         let reported: Vec<(Instant, u64, usize)> = lines
@@ -520,24 +575,38 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         let promise = interval_ms.map_or(Duration::ZERO, |ms| {
             Duration::from_millis(ms) + FLUSH_MARGIN
         });
-        let mut must_have: BTreeMap<u64, usize> = reported
-            .iter()
-            .filter(|(at, _, _)| killed_at.saturating_duration_since(*at) >= promise)
-            .map(|(_, s, t)| (*s, *t))
-            .collect();
+        must_have.extend(
+            reported
+                .iter()
+                .filter(|(at, _, _)| killed_at.saturating_duration_since(*at) >= promise)
+                .map(|(_, s, t)| (*s, *t)),
+        );
         // In the file when this writer opened it, whatever the mode: still there.
         must_have.extend(across);
+        for (_, s, _) in &reported {
+            assert!(
+                stored.insert(*s),
+                "round {round}: sequence {s} handed out twice"
+            );
+            unchecked.insert(*s);
+            handed_out = handed_out.max(*s);
+        }
+        // Every third file goes to the next child as the kill left it, for that child to
+        // repair, and is checked after that child's kill, with what both reported.
+        if round % 3 == 1 && round + 1 < KILLS_PER_MODE {
+            continue;
+        }
         if !must_have.is_empty() {
             checked_rounds += 1;
         }
-        let all: BTreeSet<u64> = reported.iter().map(|(_, s, _)| *s).collect();
-        handed_out = handed_out.max(all.last().copied().unwrap_or(0));
-        let max = rt.block_on(verify(&path, &must_have, handed_out, round));
-        lost_total += all.range(max + 1..).count();
-        earlier = max;
+        let present = rt.block_on(verify(&path, &must_have, handed_out, round));
+        lost_total += unchecked.difference(&present).count();
+        earlier = present.last().copied().unwrap_or(0);
+        must_have.clear();
+        unchecked.clear();
     }
     eprintln!(
-        "  {KILLS_PER_MODE} kills, {reported_total} reported commits in at most {txns_total} write transactions (recordings, acknowledgements, watches), {lost_total} reported but lost (allowed only in the bounded mode), {checked_rounds} rounds with commits the mode promised, {hits_across} dedupe hits on an event of an earlier writer"
+        "  {KILLS_PER_MODE} kills ({silent} before a report), {reported_total} reported commits in at most {txns_total} write transactions (recordings, acknowledgements, watches), {lost_total} reported but lost (allowed only in the bounded mode), {checked_rounds} checks of commits the mode promised, {hits_across} dedupe hits on an event of an earlier writer"
     );
     assert!(
         hits_across > 0,
@@ -559,7 +628,7 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
     }
     assert!(
         checked_rounds >= KILLS_PER_MODE / 3,
-        "too few rounds checked anything ({checked_rounds}): the test would prove nothing"
+        "too few checks had anything to check ({checked_rounds}): the test would prove nothing"
     );
 }
 
@@ -586,17 +655,15 @@ fn file_open_in_another_process_is_refused_not_waited_for() {
     let path = dir.path().join("state.redb");
     let holder = spawn("hold", &path, None);
     assert_eq!(holder.next_line().1, "ready");
-    // The timeout is a hang guard: the open must be refused, not wait for the other process.
-    let result = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(20), RedbStore::open(&path)).await
-    });
-    let err = match result {
-        Err(elapsed) => panic!("opening a file held by another process hung ({elapsed})"),
-        Ok(Ok(_)) => panic!("a file held by another process was opened twice"),
-        Ok(Err(e)) => e,
-    };
+    let err = rt
+        .block_on(open_at_once(
+            &path,
+            RedbOptions::default(),
+            "a file held by another process",
+        ))
+        .expect_err("a file held by another process was opened twice");
     let canonical = std::fs::canonicalize(&path).unwrap();
-    match &err {
+    let named = match &err {
         StoreError::Open {
             path: p,
             reason,
@@ -605,10 +672,11 @@ fn file_open_in_another_process_is_refused_not_waited_for() {
             assert!(p == &path || p == &canonical, "{}", p.display());
             assert_eq!(reason, "already open in another process");
             assert!(source.is_some(), "redb's error is kept as the source");
+            p.display().to_string()
         }
         other => panic!("expected StoreError::Open, got {other:?}"),
-    }
-    assert!(err.to_string().contains("state.redb"), "{err}");
+    };
+    assert!(err.to_string().contains(&named), "{err}");
     // Once the other process has let go, the file opens.
     release(holder);
     rt.block_on(async {
@@ -623,19 +691,32 @@ fn read_only() -> RedbOptions {
     RedbOptions::default().read_only(true)
 }
 
-/// The reason of a [`StoreError::Open`], failing the test on anything else.
-fn open_refusal<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) -> String {
-    match result {
+/// Opens `path` with `options`, an open that must answer at once (refuse, not wait for another
+/// process): fails the test if it has not after [`HANG`].
+async fn open_at_once(
+    path: &Path,
+    options: RedbOptions,
+    what: &str,
+) -> Result<RedbStore, StoreError> {
+    tokio::time::timeout(HANG, RedbStore::open_with(path, options))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the open hung ({HANG:?}); it must refuse, not wait"))
+}
+
+/// The reason [`open_at_once`] refuses with, a [`StoreError::Open`]; fails the test on anything
+/// else.
+async fn open_refusal(path: &Path, options: RedbOptions, what: &str) -> String {
+    match open_at_once(path, options, what).await {
         Err(StoreError::Open { reason, .. }) => reason,
         other => panic!("{what}: expected StoreError::Open, got {other:?}"),
     }
 }
 
 /// Stops a child that waits for its stdin to close, and checks it exited cleanly.
-fn release(holder: Spawned) {
-    let Spawned { mut child, .. } = holder;
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success(), "the holder exited cleanly");
+fn release(mut holder: Spawned) {
+    drop(holder.child.stdin.take());
+    let status = holder.wait("the holder's exit once its stdin closed");
+    assert!(status.success(), "the holder exited cleanly ({status})");
 }
 
 /// Read-only handles of two processes share a file, which no process may then open read-write
@@ -660,17 +741,18 @@ fn read_only_opens_across_processes() {
             .expect("a second process opens the file read-only beside the first");
         assert_eq!(s.state_version(&target(0)).await.unwrap(), Sequence(1));
         s.close().await;
-        let reason = open_refusal(RedbStore::open(&path).await, "read-write beside readers");
+        let reason = open_refusal(&path, RedbOptions::default(), "read-write beside readers").await;
         assert_eq!(reason, "already open in another process");
     });
     release(reader);
 
     let writer = spawn("hold", &path, None);
     assert_eq!(writer.next_line().1, "ready");
-    let reason = open_refusal(
-        rt.block_on(RedbStore::open_with(&path, read_only())),
+    let reason = rt.block_on(open_refusal(
+        &path,
+        read_only(),
         "read-only beside a writer",
-    );
+    ));
     assert_eq!(
         reason,
         "already open in another process, in a mode that excludes readers (a writer without live_readers)"
@@ -681,7 +763,7 @@ fn read_only_opens_across_processes() {
     while killed.next_line().1 != "done" {}
     drop(killed.kill());
     let before = std::fs::read(&path).unwrap();
-    match rt.block_on(RedbStore::open_with(&path, read_only())) {
+    match rt.block_on(open_at_once(&path, read_only(), "read-only after a crash")) {
         Err(StoreError::NeedsRepair { path: p }) => {
             assert_eq!(p.file_name(), path.file_name());
         }
@@ -739,18 +821,13 @@ fn a_live_reader_in_another_process_follows_the_writer() {
             RedbOptions::default(),
             RedbOptions::default().live_readers(true),
         ] {
-            let reason = open_refusal(
-                RedbStore::open_with(&path, options).await,
-                "a second writer",
-            );
+            let reason = open_refusal(&path, options, "a second writer").await;
             assert_eq!(reason, "already open in another process");
         }
     });
     drop(stdin);
-    assert!(
-        writer.child.wait().unwrap().success(),
-        "the writer exited cleanly"
-    );
+    let status = writer.wait("the writer's exit once its stdin closed");
+    assert!(status.success(), "the writer exited cleanly ({status})");
     rt.block_on(async {
         let s = RedbStore::open(&path)
             .await

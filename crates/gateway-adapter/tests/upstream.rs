@@ -1588,6 +1588,56 @@ async fn removing_a_link_forgets_its_own_prompts() {
     assert_eq!(prompts.recent(&kept), vec!["fix the build".to_owned()]);
 }
 
+/// Bug: the prompts kept for self-echo were forgotten only when the monitor itself removed a
+/// link, so a link removed otherwise (its session deleted through the gateway, the link
+/// removed by another process) left its session's prompts in memory for good. A link listed
+/// at one tick and gone at the next takes them with it; a link still listed keeps its own.
+#[tokio::test]
+async fn a_link_removed_by_anyone_forgets_its_own_prompts() {
+    let w = world();
+    let (t1, t2, t3) = (Transcript::new(), Transcript::new(), Transcript::new());
+    let deleted = w
+        .adopt(&t1, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let removed = w
+        .adopt(&t2, "agent:main:other", "main", "agent:main:main")
+        .await;
+    let kept = w
+        .adopt(&t3, "agent:main:third", "main", "agent:main:main")
+        .await;
+    let prompts = Arc::new(RecentPrompts::new());
+    for s in [&deleted, &removed, &kept] {
+        prompts.record(s, "run the tests");
+    }
+    let monitor = w.monitor().own_prompts(prompts.clone()).build();
+    monitor.tick().await;
+    w.svc.on_delete(&deleted).await;
+    assert!(w.store.remove_link(&removed, None).await.unwrap());
+    assert_eq!(
+        prompts.recent(&deleted),
+        vec!["run the tests".to_owned()],
+        "nothing is forgotten before the monitor looks"
+    );
+    monitor.tick().await;
+    for s in [&deleted, &removed] {
+        assert_eq!(
+            prompts.recent(s),
+            Vec::<String>::new(),
+            "{s}: the gone link's prompts are forgotten"
+        );
+    }
+    assert_eq!(prompts.recent(&kept), vec!["run the tests".to_owned()]);
+    // A session that gets a link again and loses it again is forgotten again.
+    let again = w
+        .adopt(&t2, "agent:main:other", "main", "agent:main:main")
+        .await;
+    prompts.record(&again, "fix the build");
+    monitor.tick().await;
+    assert!(w.store.remove_link(&again, None).await.unwrap());
+    monitor.tick().await;
+    assert_eq!(prompts.recent(&again), Vec::<String>::new());
+}
+
 /// A link removal the store makes but answers too late (after `store_wait`) is taken for a
 /// failure (`link_removed: false`); the next tick finds the link gone and forgets its prompts
 /// then, as a removal answered in time does. They stayed for good.

@@ -215,18 +215,19 @@ pub trait OwnPrompts: Send + Sync {
     /// The session's most recent own prompts, oldest first (the monitor uses the last 10).
     fn recent(&self, session: &SessionRef) -> Vec<String>;
 
-    /// The monitor removed the session's upstream link (its source stayed gone): its prompts
-    /// are not needed any more (adopting it again starts from the source's end). The default
-    /// keeps them.
+    /// The session's upstream link is gone: the monitor removed it (its source stayed gone),
+    /// or found it gone from one tick to the next (the session deleted, the link removed by
+    /// another process). Its prompts are not needed any more (adopting it again starts from
+    /// the source's end). The default keeps them.
     fn forget(&self, session: &SessionRef) {
         let _ = session;
     }
 }
 
 /// Remembers the last 10 prompts of each session in memory: call [`RecentPrompts::record`]
-/// whenever the gateway sends a prompt into an adopted session, and
-/// [`RecentPrompts::forget`] when the session is deleted; the monitor forgets a session whose
-/// link it removes.
+/// whenever the gateway sends a prompt into an adopted session; the monitor forgets a session
+/// whose link is gone (it removed it, or found it gone at a tick), and
+/// [`RecentPrompts::forget`] forgets one at once (a session deleted while no monitor runs).
 #[derive(Debug, Default)]
 pub struct RecentPrompts {
     by_session: Mutex<HashMap<SessionRef, VecDeque<String>>>,

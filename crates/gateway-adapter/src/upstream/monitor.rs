@@ -32,12 +32,13 @@
 //! next tick tries again): a store that hangs held the tick, and every tick after it. A write
 //! given up so may still commit once the store answers: a marker moved late only spares the
 //! next tick a re-read (a burst read again is deduplicated), and a link removed late is seen
-//! gone at the next tick, which forgets its prompts then.
+//! gone at the next tick, which forgets its prompts then, as it does for a link anyone else
+//! removed since the tick before.
 //!
 //! Every link is monitored on its own, so several agents adopting one external thread are each
 //! recorded. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -340,6 +341,7 @@ impl MonitorBuilder {
                 config: self.config,
                 events,
                 missing: Mutex::new(HashMap::new()),
+                listed: Mutex::new(HashSet::new()),
                 ticks: AtomicU64::new(0),
                 one_tick: tokio::sync::Mutex::new(()),
             }),
@@ -388,6 +390,9 @@ struct Inner {
     events: broadcast::Sender<Detection>,
     /// Consecutive `missing` checks per ref, for the link incarnation of that `updated_at`.
     missing: Mutex<HashMap<SessionRef, (Timestamp, u32)>>,
+    /// The refs of the links the last tick listed (less those whose link a check of ours
+    /// removed), so that a link gone since, whoever removed it, takes its prompts with it.
+    listed: Mutex<HashSet<SessionRef>>,
     ticks: AtomicU64,
     /// Held for a whole tick: ticks never overlap.
     one_tick: tokio::sync::Mutex<()>,
@@ -526,6 +531,10 @@ impl Inner {
         self.missing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn listed(&self) -> std::sync::MutexGuard<'_, HashSet<SessionRef>> {
+        self.listed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// One tick, its checks spawned on `checks` (empty on entry, empty again when the tick
     /// ends; a tick abandoned midway leaves the caller to end them).
     async fn tick(me: &Arc<Inner>, checks: &mut JoinSet<bool>) -> TickReport {
@@ -543,17 +552,19 @@ impl Inner {
             }
         };
         report.links = links.len();
-        // A link gone while it was counted as missing (removed by someone else, or by a removal
-        // of ours the store answered too late, which `gone` took for a failure) takes its own
-        // prompts with it, as a removal of ours does.
-        let mut forgotten = Vec::new();
-        me.missing_counts().retain(|r, _| {
-            let kept = links.iter().any(|l| &l.session == r);
-            if !kept {
-                forgotten.push(r.clone());
-            }
-            kept
-        });
+        // A link listed last tick and gone now takes its own prompts with it, as a removal of
+        // ours does, whoever removed it: the gateway deleting its session
+        // ([`crate::Awareness::on_delete`]), another process, or a removal of ours the store
+        // answered too late (which `gone` took for a failure). Prompts kept for links removed
+        // so grew with every session ever adopted.
+        let now: HashSet<SessionRef> = links.iter().map(|l| l.session.clone()).collect();
+        me.missing_counts().retain(|r, _| now.contains(r));
+        let forgotten: Vec<SessionRef> = {
+            let mut listed = me.listed();
+            let gone = listed.difference(&now).cloned().collect();
+            *listed = now;
+            gone
+        };
         for r in &forgotten {
             me.forget_prompts(r);
         }
@@ -909,6 +920,7 @@ impl Inner {
         };
         if link_removed {
             self.found(&session);
+            self.listed().remove(&session);
             self.forget_prompts(&session);
         }
         self.emit(Detection::UpstreamMissing {

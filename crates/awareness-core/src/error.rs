@@ -7,6 +7,67 @@ use crate::validate::ValidationError;
 /// A boxed source error, kept so callers can walk the chain.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// What kind of failure a [`StoreError::Open`] is, by meaning, so that a caller can act on it
+/// without reading its words: wait for another process to let go of the file
+/// ([`OpenFailure::InUse`]), create what is missing, or tell an operator that the path names
+/// the wrong file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OpenFailure {
+    /// Nothing is at the path (or its directory is missing), and the open may not create it
+    /// (`create_if_missing` off, a read-only open).
+    NotFound,
+    /// The file is not a store of this backend: another format, another application's
+    /// database, an empty file where no store may be created, or not a regular file.
+    NotAStore,
+    /// The file is held by another process, or (store-redb) by handles of this process this
+    /// open cannot share: read-only ones for a read-write open, ones of other `live_readers`,
+    /// ones a failed write left unusable until every handle on the file is closed. Opening it
+    /// again once it has been let go may succeed.
+    InUse,
+    /// A store this build cannot open this way: written by a later version (a schema it does
+    /// not know), or one a read-only open cannot read until a read-write open migrates it.
+    Unsupported,
+    /// The operating system refused access to the file or its directory (permissions, a
+    /// read-only file system).
+    PermissionDenied,
+    /// The options asked for are invalid (store-redb: a group commit size of 0); the file was
+    /// not touched.
+    InvalidOptions,
+    /// Anything else: an I/O error, a damaged or truncated file, a file replaced while it was
+    /// being opened.
+    Other,
+}
+
+impl OpenFailure {
+    /// The kind of an I/O error met while opening: [`OpenFailure::NotFound`],
+    /// [`OpenFailure::PermissionDenied`] (a read-only file system too), else
+    /// [`OpenFailure::Other`].
+    pub fn of_io(e: &std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => OpenFailure::NotFound,
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                OpenFailure::PermissionDenied
+            }
+            _ => OpenFailure::Other,
+        }
+    }
+}
+
+impl std::fmt::Display for OpenFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OpenFailure::NotFound => "not found",
+            OpenFailure::NotAStore => "not a store",
+            OpenFailure::InUse => "in use",
+            OpenFailure::Unsupported => "unsupported",
+            OpenFailure::PermissionDenied => "permission denied",
+            OpenFailure::InvalidOptions => "invalid options",
+            OpenFailure::Other => "other",
+        })
+    }
+}
+
 /// What went wrong in a store, by meaning rather than by backend.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -35,6 +96,8 @@ pub enum StoreError {
     Open {
         /// The file.
         path: PathBuf,
+        /// What is wrong, by meaning, for a caller that acts on it ([`OpenFailure`]).
+        kind: OpenFailure,
         /// What is wrong, in words.
         reason: String,
         /// The backend's error.
@@ -103,10 +166,12 @@ impl StoreError {
             },
             StoreError::Open {
                 path,
+                kind,
                 reason,
                 source,
             } => StoreError::Open {
                 path: path.clone(),
+                kind: *kind,
                 reason: reason.clone(),
                 source: source.as_ref().map(text),
             },
@@ -162,6 +227,37 @@ impl StoreError {
                 source,
             },
             other => other,
+        }
+    }
+
+    /// A [`StoreError::Open`] of the file at `path`.
+    pub fn open(
+        path: impl Into<PathBuf>,
+        kind: OpenFailure,
+        reason: impl Into<String>,
+        source: Option<BoxError>,
+    ) -> Self {
+        StoreError::Open {
+            path: path.into(),
+            kind,
+            reason: reason.into(),
+            source,
+        }
+    }
+
+    /// The kind of an open's failure ([`StoreError::Open`]); `None` for any other error.
+    ///
+    /// ```
+    /// use awareness_core::{OpenFailure, StoreError};
+    ///
+    /// let e = StoreError::open("/srv/state.redb", OpenFailure::InUse, "already open in another process", None);
+    /// assert_eq!(e.open_failure(), Some(OpenFailure::InUse));
+    /// assert_eq!(StoreError::corrupt("a torn row").open_failure(), None);
+    /// ```
+    pub fn open_failure(&self) -> Option<OpenFailure> {
+        match self {
+            StoreError::Open { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 
@@ -247,11 +343,12 @@ mod tests {
             "store busy: record: database is locked"
         );
         // An open error whose reason quotes its source shows it once.
-        let open = StoreError::Open {
-            path: "/x/state.db".into(),
-            reason: "not a database (file is not a database)".into(),
-            source: Some("file is not a database".into()),
-        };
+        let open = StoreError::open(
+            "/x/state.db",
+            OpenFailure::NotAStore,
+            "not a database (file is not a database)",
+            Some("file is not a database".into()),
+        );
         assert_eq!(ErrorChain(&open).to_string(), open.to_string());
         let invalid: StoreError = ValidationError::SummaryBlank.into();
         assert_eq!(ErrorChain(&invalid).to_string(), invalid.to_string());

@@ -63,7 +63,7 @@ pub mod validate;
 pub mod testkit;
 
 pub use async_trait::async_trait;
-pub use error::{BoxError, StoreError};
+pub use error::{BoxError, OpenFailure, StoreError};
 pub use model::{
     ActorType, AgentId, Cursor, CursorFilter, CursorKey, Event, EventKind, Head, KindClass,
     LogStats, NewEvent, Payload, Sequence, SessionKey, SessionRef, Timestamp, WatchProvenance,

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use awareness_core::{AwarenessStore, FullStore, StoreError};
+use awareness_core::{AwarenessStore, FullStore, OpenFailure, StoreError};
 
 /// A parsed store location.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +51,13 @@ pub enum OpenError {
 
 impl OpenError {
     /// Whether opening again may succeed: the store was busy ([`StoreError::is_retryable`],
-    /// another connection holding the lock a migration needs, say). A bad URL, a backend left
-    /// out of the build or a file that is not a store stays as it is.
+    /// another connection holding the lock a migration needs, say), or its file is in use
+    /// ([`OpenFailure::InUse`]: held by another process, a gateway that has not exited yet).
+    /// A bad URL, a backend left out of the build or a file that is not a store stays as it
+    /// is.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, OpenError::Store(e) if e.is_retryable())
+        matches!(self, OpenError::Store(e)
+            if e.is_retryable() || e.open_failure() == Some(OpenFailure::InUse))
     }
 }
 
@@ -215,11 +218,12 @@ pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
         StoreUrl::Memory => return Err(OpenError::NothingToRepair(url.to_owned())),
     };
     if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
-        return Err(StoreError::Open {
+        return Err(StoreError::open(
             path,
-            reason: "an empty file, not a store (repair creates nothing)".into(),
-            source: None,
-        }
+            OpenFailure::NotAStore,
+            "an empty file, not a store (repair creates nothing)",
+            None,
+        )
         .into());
     }
     let options = |read_only| OpenOptions {
@@ -285,12 +289,18 @@ mod tests {
             source: "locked".into(),
         };
         assert!(OpenError::Store(busy).is_retryable());
-        let refused = StoreError::Open {
-            path: "/x.db".into(),
-            reason: "not a database".into(),
-            source: None,
-        };
-        assert!(!OpenError::Store(refused).is_retryable());
+        let refused = |kind| StoreError::open("/x.db", kind, "refused", None);
+        assert!(OpenError::Store(refused(OpenFailure::InUse)).is_retryable());
+        for kind in [
+            OpenFailure::NotAStore,
+            OpenFailure::NotFound,
+            OpenFailure::Unsupported,
+            OpenFailure::PermissionDenied,
+            OpenFailure::InvalidOptions,
+            OpenFailure::Other,
+        ] {
+            assert!(!OpenError::Store(refused(kind)).is_retryable(), "{kind}");
+        }
         assert!(!StoreUrl::parse("postgres://x").unwrap_err().is_retryable());
     }
 

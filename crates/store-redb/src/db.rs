@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use awareness_core::StoreError;
+use awareness_core::{OpenFailure, StoreError};
 use redb::{
     ConcurrencyMode, Database, DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
     ReadableTable, ReadableTableMetadata, TableHandle,
@@ -530,12 +530,18 @@ fn slot(file: &FileKey) -> Slot {
     Arc::clone(reg.entry(file.clone()).or_default())
 }
 
-fn open_error(path: &Path, reason: impl Into<String>, source: Option<redb::Error>) -> StoreError {
-    StoreError::Open {
-        path: path.to_owned(),
-        reason: reason.into(),
-        source: source.map(|e| Box::new(e) as awareness_core::BoxError),
-    }
+fn open_error(
+    path: &Path,
+    kind: OpenFailure,
+    reason: impl Into<String>,
+    source: Option<redb::Error>,
+) -> StoreError {
+    StoreError::open(
+        path,
+        kind,
+        reason,
+        source.map(|e| Box::new(e) as awareness_core::BoxError),
+    )
 }
 
 /// Names the file in the error of an open that failed after redb opened the file, where the
@@ -559,28 +565,41 @@ pub(crate) fn naming_the_file(path: &Path, e: StoreError) -> StoreError {
             context: named(context),
             source,
         },
-        StoreError::Backend { context, source } => StoreError::Open {
-            path: path.to_owned(),
-            reason: format!(
+        StoreError::Backend { context, source } => StoreError::open(
+            path,
+            OpenFailure::Other,
+            format!(
                 "{}: {}",
                 context.strip_prefix("open: ").unwrap_or(&context),
                 awareness_core::error::ErrorChain(&*source)
             ),
-            source: Some(source),
-        },
+            Some(source),
+        ),
         named_already => named_already,
     }
 }
 
 fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
-    StoreError::Open {
-        path: path.to_owned(),
-        reason: format!("{what}: {e}"),
-        source: Some(Box::new(e)),
-    }
+    StoreError::open(
+        path,
+        OpenFailure::of_io(&e),
+        format!("{what}: {e}"),
+        Some(Box::new(e)),
+    )
 }
 
 fn database_error(path: &Path, e: DatabaseError) -> StoreError {
+    let kind = match &e {
+        DatabaseError::DatabaseAlreadyOpen => OpenFailure::InUse,
+        DatabaseError::UpgradeRequired(_) => OpenFailure::Unsupported,
+        DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == ErrorKind::InvalidData =>
+        {
+            OpenFailure::NotAStore
+        }
+        DatabaseError::Storage(redb::StorageError::Io(io)) => OpenFailure::of_io(io),
+        _ => OpenFailure::Other,
+    };
     let reason = match &e {
         // Only a read-only open gives up on a repair.
         DatabaseError::RepairAborted => {
@@ -603,7 +622,7 @@ fn database_error(path: &Path, e: DatabaseError) -> StoreError {
         }
         other => other.to_string(),
     };
-    open_error(path, reason, Some(e.into()))
+    open_error(path, kind, reason, Some(e.into()))
 }
 
 /// How a file is opened.
@@ -632,11 +651,16 @@ fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
                 }
             };
             match refused {
-                Some(reason) => Err(open_error(path, reason, None)),
+                Some(reason) => Err(open_error(path, OpenFailure::NotAStore, reason, None)),
                 None => Ok(()),
             }
         }
-        Ok(_) => Err(open_error(path, "not a regular file", None)),
+        Ok(_) => Err(open_error(
+            path,
+            OpenFailure::NotAStore,
+            "not a regular file",
+            None,
+        )),
         Err(e) if e.kind() == ErrorKind::NotFound => {
             let refused = match mode {
                 Mode::Create => None,
@@ -674,6 +698,7 @@ fn stored_version<T: ReadableTable<&'static str, u64>>(
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
         Err(e) => Err(open_error(
             path,
+            OpenFailure::NotAStore,
             format!("not a session-awareness store: {e}"),
             Some(e.into()),
         )),
@@ -726,6 +751,7 @@ fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError>
                 // Dropping the transaction aborts it: the other application's file is untouched.
                 return Err(open_error(
                     path,
+                    OpenFailure::NotAStore,
                     format!(
                         "a redb database of another application (tables {foreign:?}), not a session-awareness store"
                     ),
@@ -736,6 +762,7 @@ fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError>
                 // A redb database holding no table yet: this open may create no store.
                 return Err(open_error(
                     path,
+                    OpenFailure::NotAStore,
                     "a redb database without this store's tables, and create_if_missing is off",
                     None,
                 ));
@@ -756,6 +783,7 @@ fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError>
 fn unsupported_schema(path: &Path, version: u64) -> StoreError {
     open_error(
         path,
+        OpenFailure::Unsupported,
         format!(
             "store schema version {version} is not supported (this build reads {SCHEMA_VERSION})"
         ),
@@ -771,6 +799,7 @@ fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
         Some(SCHEMA_VERSION) => Ok(()),
         Some(1) => Err(open_error(
             path,
+            OpenFailure::Unsupported,
             format!(
                 "written in store schema 1, which a read-write open migrates to {SCHEMA_VERSION}; a read-only open cannot"
             ),
@@ -779,6 +808,7 @@ fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
         Some(v) => Err(unsupported_schema(path, v)),
         None => Err(open_error(
             path,
+            OpenFailure::NotAStore,
             "a redb database without this store's schema version: not a session-awareness store",
             None,
         )),
@@ -805,6 +835,7 @@ fn open_read_only(
         Ok(db) => Ok(db),
         Err(e @ DatabaseError::DatabaseAlreadyOpen) => Err(open_error(
             path,
+            OpenFailure::InUse,
             "already open in another process, in a mode that excludes readers (a writer without live_readers)",
             Some(e.into()),
         )),
@@ -870,6 +901,7 @@ fn refuse_if_shorter_than_its_layout(path: &Path, canonical: &Path) -> Result<()
     match layout_len(&header) {
         Some(expected) if len < expected => Err(open_error(
             path,
+            OpenFailure::Other,
             format!(
                 "the file is {len} bytes, shorter than the {expected} its header describes: it was cut short (a copy that stopped, a full disk); a read-only open cannot repair it"
             ),
@@ -954,6 +986,7 @@ pub(crate) fn open_shared(
         if lookups == LOOKUPS {
             return Err(open_error(
                 path,
+                OpenFailure::Other,
                 "the file at this path kept being replaced while it was being opened",
                 None,
             ));
@@ -993,7 +1026,7 @@ pub(crate) fn open_shared(
                 // Only an operation whose caller gave up still holds the database: the open
                 // waits for it below instead of refusing.
                 Some(_) if shared.handles.load(Ordering::Acquire) == 0 => {}
-                Some(reason) => return Err(open_error(path, reason, None)),
+                Some(reason) => return Err(open_error(path, OpenFailure::InUse, reason, None)),
             }
         }
         // The last handle is being dropped right now, or is gone while an operation its caller
@@ -1004,6 +1037,7 @@ pub(crate) fn open_shared(
         if !entry.closed.wait_for(bound) {
             return Err(open_error(
                 path,
+                OpenFailure::InUse,
                 format!(
                     "still open in this process after {} s: its last handle is still closing, or an operation whose caller gave up still runs on it; open again once it ends",
                     bound.as_secs_f64()
@@ -1058,6 +1092,7 @@ pub(crate) fn open_shared(
     if identity()? != identity_now {
         return Err(open_error(
             path,
+            OpenFailure::Other,
             "the file at this path was replaced while it was being opened; open it again",
             None,
         ));
@@ -1214,7 +1249,7 @@ pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use super::{Mode, latched, lock, open_shared};
+    use super::{Mode, OpenFailure, latched, lock, open_shared};
 
     /// A write refused because redb discarded its allocator state (after a commit panicked)
     /// latches the handle as an I/O failure does: until the database is reopened, writes say
@@ -1356,16 +1391,23 @@ pub(crate) mod tests {
         )) {
             StoreError::Open {
                 path: p,
+                kind,
                 reason,
                 source,
             } => {
                 assert_eq!(p, path);
+                assert_eq!(kind, OpenFailure::Other);
                 assert_eq!(reason, "create the tables: disk full");
                 assert_eq!(source.map(|s| s.to_string()).as_deref(), Some("disk full"));
             }
             other => panic!("{other:?}"),
         }
-        let open = super::open_error(path, "already open in another process", None);
+        let open = super::open_error(
+            path,
+            OpenFailure::InUse,
+            "already open in another process",
+            None,
+        );
         let text = open.to_string();
         assert_eq!(named(open).to_string(), text, "named once");
     }

@@ -178,8 +178,9 @@
 //!
 //! One `redb::Database` is shared by every [`RedbStore`] opened on the same file in a process.
 //! A file already open in another process is refused at once with [`StoreError::Open`]
-//! ("already open in another process"); a file that is not a redb database is refused and left
-//! untouched.
+//! ("already open in another process", of kind [`OpenFailure::InUse`](awareness_core::OpenFailure),
+//! which a caller may take as "open again later"); a file that is not a redb database is
+//! refused ([`OpenFailure::NotAStore`](awareness_core::OpenFailure)) and left untouched.
 //!
 //! A file may also be opened read-only ([`RedbOptions::read_only`]), for a process that only
 //! inspects it: nothing is created, migrated or written, and every write returns
@@ -462,11 +463,12 @@ impl RedbStore {
         if !options.read_only
             && let Some(reason) = options.write_settings_refused()
         {
-            return Err(StoreError::Open {
+            return Err(StoreError::open(
                 path,
-                reason: reason.into(),
-                source: None,
-            });
+                awareness_core::OpenFailure::InvalidOptions,
+                reason,
+                None,
+            ));
         }
         let mode = match (options.read_only, options.create_if_missing) {
             (true, _) => db::Mode::ReadOnly,
@@ -481,10 +483,13 @@ impl RedbStore {
             .map_err(|e| db::naming_the_file(&path, e))?
             .spawn_blocking(move || db::open_shared(&opening, mode, cache, live))
             .await
-            .map_err(|e| StoreError::Open {
-                path: path.clone(),
-                reason: format!("the blocking task opening it failed: {e}"),
-                source: Some(Box::new(e)),
+            .map_err(|e| {
+                StoreError::open(
+                    path.clone(),
+                    awareness_core::OpenFailure::Other,
+                    format!("the blocking task opening it failed: {e}"),
+                    Some(Box::new(e)),
+                )
             })??;
         let shared = Arc::clone(handle.shared());
         let flusher = match options.durability {

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use awareness_core::{
-    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, Sequence,
-    SessionRef, StoreError, Timestamp, WatcherKey,
+    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent, OpenFailure,
+    Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use store_redb::{Durability, RedbOptions, RedbStore};
@@ -44,13 +44,17 @@ fn no_create() -> RedbOptions {
 }
 
 /// The error is `Open`, names the file, and gives a reason containing `reason`.
-fn assert_open_error(err: &StoreError, file: &std::path::Path, reason: &str) {
+fn assert_open_error(err: &StoreError, file: &std::path::Path, reason: &str, kind: OpenFailure) {
     match err {
         StoreError::Open {
-            path, reason: r, ..
+            path,
+            reason: r,
+            kind: k,
+            ..
         } => {
             assert_eq!(path, file, "{err}");
             assert!(r.contains(reason), "reason {r:?} lacks {reason:?}");
+            assert_eq!(*k, kind, "{err}");
         }
         other => panic!("expected StoreError::Open, got {other:?}"),
     }
@@ -108,7 +112,7 @@ async fn a_file_that_is_not_redb_is_refused_and_left_untouched() {
         RedbOptions::bounded(Duration::from_millis(10)),
     ] {
         let err = RedbStore::open_with(&path, options).await.unwrap_err();
-        assert_open_error(&err, &path, "not a redb database");
+        assert_open_error(&err, &path, "not a redb database", OpenFailure::NotAStore);
         assert_eq!(
             std::fs::read(&path).unwrap(),
             bytes,
@@ -122,7 +126,7 @@ async fn a_missing_file_without_create_is_refused_and_not_created() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.redb");
     let err = RedbStore::open_with(&path, no_create()).await.unwrap_err();
-    assert_open_error(&err, &path, "no such file");
+    assert_open_error(&err, &path, "no such file", OpenFailure::NotFound);
     assert!(!path.exists(), "nothing was created");
 }
 
@@ -149,7 +153,7 @@ async fn a_redb_file_of_another_application_is_refused() {
         txn.commit().unwrap();
     }
     let err = RedbStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "another application");
+    assert_open_error(&err, &path, "another application", OpenFailure::NotAStore);
     let db = redb::Database::open(&path).unwrap();
     let txn = db.begin_read().unwrap();
     let names = table_names(&txn);
@@ -184,7 +188,12 @@ async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
         let err = RedbStore::open_with(path, existing.clone())
             .await
             .expect_err("no store yet");
-        assert_open_error(&err, path, "create_if_missing is off");
+        assert_open_error(
+            &err,
+            path,
+            "create_if_missing is off",
+            OpenFailure::NotAStore,
+        );
     }
     assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "still empty");
     // redb itself may rewrite its header when it opens a file read-write; no table is added.
@@ -237,7 +246,7 @@ async fn a_redb_file_whose_only_table_is_another_meta_is_refused() {
     drop(redb::Database::create(&path).unwrap());
     set_meta(&path, "last_sequence", 5);
     let err = RedbStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "another application");
+    assert_open_error(&err, &path, "another application", OpenFailure::NotAStore);
     let db = redb::Database::open(&path).unwrap();
     let txn = db.begin_read().unwrap();
     assert_eq!(table_names(&txn), ["meta"], "none of our tables was added");
@@ -294,7 +303,7 @@ async fn a_zero_flush_interval_is_refused() {
     let err = RedbStore::open_with(&path, RedbOptions::bounded(Duration::ZERO))
         .await
         .unwrap_err();
-    assert_open_error(&err, &path, "flush interval");
+    assert_open_error(&err, &path, "flush interval", OpenFailure::InvalidOptions);
     assert!(!path.exists());
 }
 
@@ -648,7 +657,12 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
         assert!(!rows.is_empty(), "the table {table} holds rows to compare");
     }
     let err = RedbStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "schema version 99 is not supported");
+    assert_open_error(
+        &err,
+        &path,
+        "schema version 99 is not supported",
+        OpenFailure::Unsupported,
+    );
     let after = dump(&path);
     assert!(
         after.keys().eq(before.keys()),
@@ -694,14 +708,22 @@ async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothin
         txn.commit().unwrap();
     }
     let cases = [
-        (&schema_1, "schema 1"),
-        (&newer, "schema version 99 is not supported"),
-        (&other, "not a session-awareness store"),
+        (&schema_1, "schema 1", OpenFailure::Unsupported),
+        (
+            &newer,
+            "schema version 99 is not supported",
+            OpenFailure::Unsupported,
+        ),
+        (
+            &other,
+            "not a session-awareness store",
+            OpenFailure::NotAStore,
+        ),
     ];
-    for (path, reason) in cases {
+    for (path, reason, kind) in cases {
         let before = std::fs::read(path).unwrap();
         let err = RedbStore::open_with(path, read_only()).await.unwrap_err();
-        assert_open_error(&err, path, reason);
+        assert_open_error(&err, path, reason, kind);
         assert!(
             std::fs::read(path).unwrap() == before,
             "{}: a refused read-only open changed the file",
@@ -720,7 +742,12 @@ async fn a_read_write_open_beside_read_only_handles_of_its_process_is_refused() 
     RedbStore::open(&path).await.unwrap().close().await;
     let reader = RedbStore::open_with(&path, read_only()).await.unwrap();
     let err = RedbStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "open read-only in this process");
+    assert_open_error(
+        &err,
+        &path,
+        "open read-only in this process",
+        OpenFailure::InUse,
+    );
     reader.close().await;
     let writer = RedbStore::open(&path).await.unwrap();
     let rec = writer.record(human(&child()), T0).await.unwrap();
@@ -740,6 +767,7 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
         &err,
         &path,
         "cannot be combined with the bounded durability",
+        OpenFailure::InvalidOptions,
     );
     assert!(!path.exists(), "a refused open creates nothing");
 
@@ -748,7 +776,12 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
         .unwrap();
     assert!(live.live_readers());
     let err = RedbStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "open in this process with live_readers true");
+    assert_open_error(
+        &err,
+        &path,
+        "open in this process with live_readers true",
+        OpenFailure::InUse,
+    );
     // A read-only handle ignores the write settings: none of them is checked. (What a
     // read-only handle beside a live writer reads and refuses is the shared read-only suite's,
     // run with live readers by tests/conformance.rs.)

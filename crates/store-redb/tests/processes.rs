@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::{
     AckTarget, ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent,
-    Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
+    OpenFailure, Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use store_redb::{RedbOptions, RedbStore};
 
@@ -666,10 +666,16 @@ fn file_open_in_another_process_is_refused_not_waited_for() {
     let named = match &err {
         StoreError::Open {
             path: p,
+            kind,
             reason,
             source,
         } => {
             assert!(p == &path || p == &canonical, "{}", p.display());
+            assert_eq!(
+                *kind,
+                OpenFailure::InUse,
+                "worth opening again once it is let go"
+            );
             assert_eq!(reason, "already open in another process");
             assert!(source.is_some(), "redb's error is kept as the source");
             p.display().to_string()
@@ -703,11 +709,15 @@ async fn open_at_once(
         .unwrap_or_else(|_| panic!("{what}: the open hung ({HANG:?}); it must refuse, not wait"))
 }
 
-/// The reason [`open_at_once`] refuses with, a [`StoreError::Open`]; fails the test on anything
-/// else.
+/// The reason [`open_at_once`] refuses with, a [`StoreError::Open`] of a file in use
+/// ([`OpenFailure::InUse`]); fails the test on anything else.
 async fn open_refusal(path: &Path, options: RedbOptions, what: &str) -> String {
     match open_at_once(path, options, what).await {
-        Err(StoreError::Open { reason, .. }) => reason,
+        Err(StoreError::Open {
+            reason,
+            kind: OpenFailure::InUse,
+            ..
+        }) => reason,
         other => panic!("{what}: expected StoreError::Open, got {other:?}"),
     }
 }

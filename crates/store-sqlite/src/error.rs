@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use awareness_core::StoreError;
+use awareness_core::{OpenFailure, StoreError};
 
 const SQLITE_PERM: i32 = 3;
 const SQLITE_BUSY: i32 = 5;
@@ -105,20 +105,22 @@ pub(crate) fn failed_open(path: &Path, e: sqlx::Error) -> StoreError {
             source: Box::new(e),
         };
     }
-    open(path, open_reason(&e), Some(Box::new(e)))
+    let kind = match primary_code(&e) {
+        Some(SQLITE_NOTADB) => OpenFailure::NotAStore,
+        Some(SQLITE_READONLY | SQLITE_PERM) => OpenFailure::PermissionDenied,
+        _ => OpenFailure::Other,
+    };
+    open(path, kind, open_reason(&e), Some(Box::new(e)))
 }
 
 /// A [`StoreError::Open`] for `path`.
 pub(crate) fn open(
     path: &Path,
+    kind: OpenFailure,
     reason: impl Into<String>,
     source: Option<awareness_core::BoxError>,
 ) -> StoreError {
-    StoreError::Open {
-        path: path.to_path_buf(),
-        reason: reason.into(),
-        source,
-    }
+    StoreError::open(path, kind, reason, source)
 }
 
 #[cfg(test)]

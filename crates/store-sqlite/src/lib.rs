@@ -175,7 +175,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use awareness_core::{Sequence, SessionKey, SessionRef, StoreError, WatcherKey};
+use awareness_core::{OpenFailure, Sequence, SessionKey, SessionRef, StoreError, WatcherKey};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 use tokio::sync::Mutex;
@@ -465,11 +465,12 @@ impl SqliteStore {
         let path = path.as_ref().to_path_buf();
         if options.group_commit == 0 {
             // Refused before the file is touched, as store-redb does.
-            return Err(StoreError::Open {
+            return Err(StoreError::open(
                 path,
-                reason: "group_commit must be at least 1 (1 commits every recording alone)".into(),
-                source: None,
-            });
+                OpenFailure::InvalidOptions,
+                "group_commit must be at least 1 (1 commits every recording alone)",
+                None,
+            ));
         }
         let base = connect_options(&path, &options);
         // A store this open creates is complete before it appears at `path`, and is never
@@ -522,7 +523,12 @@ impl SqliteStore {
                 Ok(None) => {}
                 Ok(Some(e)) => {
                     abandon(Vec::new(), Some(conn), &companions, None).await;
-                    return Err(error::open(path, opened_read_only_reason(&e), None));
+                    return Err(error::open(
+                        path,
+                        OpenFailure::PermissionDenied,
+                        opened_read_only_reason(&e),
+                        None,
+                    ));
                 }
                 Err(e) => {
                     abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
@@ -535,11 +541,18 @@ impl SqliteStore {
             // application's database when it may.
             let refused = async {
                 let refused = match schema::too_new(&mut conn).await? {
-                    None if !options.create_if_missing => schema::not_a_state_database(&mut conn)
+                    None if !options.create_if_missing => {
+                        schema::not_a_state_database(&mut conn).await?.map(|r| {
+                            (
+                                OpenFailure::NotAStore,
+                                format!("{r}, and create_if_missing is off"),
+                            )
+                        })
+                    }
+                    None => schema::another_applications(&mut conn)
                         .await?
-                        .map(|r| format!("{r}, and create_if_missing is off")),
-                    None => schema::another_applications(&mut conn).await?,
-                    other => other,
+                        .map(|r| (OpenFailure::NotAStore, r)),
+                    Some(r) => Some((OpenFailure::Unsupported, r)),
                 };
                 if refused.is_some() {
                     return Ok(refused);
@@ -550,18 +563,18 @@ impl SqliteStore {
                 // once). `migrate` writes nothing into such a file (`schema::tests`), which is
                 // refused here as the check above refuses it.
                 if let Some(reason) = schema::too_new(&mut conn).await? {
-                    return Ok(Some(reason));
+                    return Ok(Some((OpenFailure::Unsupported, reason)));
                 }
                 Ok(open::opened_read_only(&mut conn, options.busy_timeout)
                     .await?
-                    .map(|e| opened_read_only_reason(&e)))
+                    .map(|e| (OpenFailure::PermissionDenied, opened_read_only_reason(&e))))
             }
             .await;
             match refused {
                 Ok(None) => {}
-                Ok(Some(reason)) => {
+                Ok(Some((kind, reason))) => {
                     abandon(Vec::new(), Some(conn), &companions, None).await;
-                    return Err(error::open(path, reason, None));
+                    return Err(error::open(path, kind, reason, None));
                 }
                 Err(e) => {
                     abandon(Vec::new(), Some(conn), &companions, Some(&e)).await;
@@ -596,13 +609,15 @@ impl SqliteStore {
             // A file a later version wrote is refused, as by a read-write open.
             for r in &mut readers {
                 let shadowed = match schema::too_new(r.get_mut()).await {
-                    Ok(None) => schema::shadow_missing_columns(r.get_mut()).await,
-                    Ok(Some(reason)) => Ok(Err(reason)),
+                    Ok(None) => schema::shadow_missing_columns(r.get_mut())
+                        .await
+                        .map(|r| r.map_err(|reason| (OpenFailure::NotAStore, reason))),
+                    Ok(Some(reason)) => Ok(Err((OpenFailure::Unsupported, reason))),
                     Err(e) => Err(e),
                 };
-                let reason = match shadowed {
+                let (kind, reason) = match shadowed {
                     Ok(Ok(())) => continue,
-                    Ok(Err(reason)) => reason,
+                    Ok(Err(refused)) => refused,
                     // As any other failed open: busy stays retryable, the cause stays the
                     // source, and companions this open created go.
                     Err(e) => {
@@ -611,7 +626,7 @@ impl SqliteStore {
                     }
                 };
                 abandon(readers, None, &companions, None).await;
-                return Err(error::open(path, reason, None));
+                return Err(error::open(path, kind, reason, None));
             }
         }
         tracing::debug!(path = %path.display(), read_only = options.read_only, "opened store");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use awareness_core::{StoreError, Timestamp};
+use awareness_core::{OpenFailure, StoreError, Timestamp};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
 
@@ -215,11 +215,17 @@ pub(crate) async fn prepare_file(
             refuse_other_names(path, &m)?;
             Ok(false)
         }
-        Ok(_) => Err(error::open(path, "it is not a regular file", None)),
+        Ok(_) => Err(error::open(
+            path,
+            OpenFailure::NotAStore,
+            "it is not a regular file",
+            None,
+        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if options.read_only || !options.create_if_missing {
                 return Err(error::open(
                     path,
+                    OpenFailure::NotFound,
                     "the file does not exist",
                     Some(Box::new(e)),
                 ));
@@ -228,6 +234,7 @@ pub(crate) async fn prepare_file(
             if !parent.is_dir() {
                 return Err(error::open(
                     path,
+                    OpenFailure::NotFound,
                     format!("its directory {} does not exist", parent.display()),
                     None,
                 ));
@@ -236,6 +243,7 @@ pub(crate) async fn prepare_file(
         }
         Err(e) => Err(error::open(
             path,
+            OpenFailure::of_io(&e),
             format!("cannot inspect it: {e}"),
             Some(Box::new(e)),
         )),
@@ -328,6 +336,7 @@ fn refuse_other_names(path: &Path, m: &std::fs::Metadata) -> Result<(), StoreErr
     };
     Err(error::open(
         path,
+        OpenFailure::Other,
         format!(
             "the file has {others} other name{} (hard links){found}: SQLite keeps the write-ahead log beside the name a database is opened under, so two processes opening it under two names would each keep a log of their own and corrupt the file; remove the other names (or copy the file rather than link it) and open it under one",
             if others == 1 { "" } else { "s" }
@@ -411,6 +420,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
         if live && std::fs::symlink_metadata(path).is_err() {
             return Err(error::open(
                 path,
+                OpenFailure::Other,
                 format!(
                     "no database is there, but a {what} ({}) is, left by one that was deleted or moved (after a process was killed, while one still has it open, or after a read-only handle closed last, which cannot remove it): SQLite would read it into a new store; move it (and any -wal or -shm) away first, once no process has the old database open",
                     left.display()
@@ -419,8 +429,14 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
             ));
         }
     }
-    let cannot_create =
-        |e: std::io::Error| error::open(path, format!("cannot create it: {e}"), Some(Box::new(e)));
+    let cannot_create = |e: std::io::Error| {
+        error::open(
+            path,
+            OpenFailure::of_io(&e),
+            format!("cannot create it: {e}"),
+            Some(Box::new(e)),
+        )
+    };
     let staged = Staged(loop {
         // A short name of its own, whatever the length of the store's (SQLite adds `-journal`
         // to it, and a file name has at most 255 bytes).

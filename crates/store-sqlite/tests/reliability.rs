@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::{
-    ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, Sequence,
-    SessionRef, StoreError, Timestamp, WatcherKey,
+    ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, OpenFailure,
+    Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -511,13 +511,17 @@ async fn store_with_one_event(path: &Path) -> SqliteStore {
     store
 }
 
-fn assert_open_error(err: &StoreError, path: &Path, reason: &str) {
+fn assert_open_error(err: &StoreError, path: &Path, reason: &str, kind: OpenFailure) {
     match err {
         StoreError::Open {
-            path: p, reason: r, ..
+            path: p,
+            reason: r,
+            kind: k,
+            ..
         } => {
             assert_eq!(p, path);
             assert!(r.contains(reason), "reason {r:?} should say {reason:?}");
+            assert_eq!(*k, kind, "{err}");
         }
         other => panic!("expected StoreError::Open, got {other:?}"),
     }
@@ -534,7 +538,12 @@ async fn a_file_that_is_not_sqlite_is_refused_and_left_alone() {
     std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "not an SQLite database");
+    assert_open_error(
+        &err,
+        &path,
+        "not an SQLite database",
+        OpenFailure::NotAStore,
+    );
     assert_eq!(
         listing(dir.path()),
         before,
@@ -566,7 +575,7 @@ async fn a_write_ahead_log_without_its_database_is_refused_and_left_alone() {
     std::fs::write(&wal, &left).unwrap();
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "write-ahead log");
+    assert_open_error(&err, &path, "write-ahead log", OpenFailure::Other);
     assert!(err.to_string().contains("state.sqlite-wal"), "{err}");
     assert_eq!(listing(dir.path()), before, "nothing created");
 }
@@ -593,14 +602,14 @@ async fn a_log_and_index_still_in_use_by_a_moved_store_are_refused() {
     std::fs::rename(&path, dir.path().join("moved.sqlite")).unwrap();
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "write-ahead log");
+    assert_open_error(&err, &path, "write-ahead log", OpenFailure::Other);
     assert!(err.to_string().contains("state.sqlite-wal"), "{err}");
     assert_eq!(listing(dir.path()), before, "nothing created");
     // The index alone is refused as well.
     std::fs::remove_file(&wal).unwrap();
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "shared-memory index");
+    assert_open_error(&err, &path, "shared-memory index", OpenFailure::Other);
     assert!(err.to_string().contains("state.sqlite-shm"), "{err}");
     assert_eq!(listing(dir.path()), before, "nothing created");
     first.close().await;
@@ -633,12 +642,12 @@ async fn a_database_with_another_name_is_refused_under_each() {
     let before = listing(dir.path());
     for (name, also) in [(&path, "linked.sqlite"), (&other, "state.sqlite")] {
         let err = SqliteStore::open(name).await.unwrap_err();
-        assert_open_error(&err, name, "1 other name (hard links)");
+        assert_open_error(&err, name, "1 other name (hard links)", OpenFailure::Other);
         assert!(err.to_string().contains(also), "{err}");
         let err = SqliteStore::open_with(name, SqliteOptions::default().read_only(true))
             .await
             .unwrap_err();
-        assert_open_error(&err, name, "hard links");
+        assert_open_error(&err, name, "hard links", OpenFailure::Other);
     }
     assert_eq!(listing(dir.path()), before, "nothing created or changed");
     std::fs::remove_file(&other).unwrap();
@@ -654,6 +663,7 @@ async fn a_database_with_another_name_is_refused_under_each() {
             "1 other name (hard links) (none in {})",
             dir.path().display()
         ),
+        OpenFailure::Other,
     );
     std::fs::remove_file(elsewhere.join("state.sqlite")).unwrap();
     let store = SqliteStore::open(&path).await.expect("one name left");
@@ -691,7 +701,7 @@ async fn a_prepared_name_left_by_a_killed_creator_is_not_another_name() {
     let like = dir.path().join(".awareness-new-old-copy");
     std::fs::hard_link(&path, &like).unwrap();
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "1 other name (hard links)");
+    assert_open_error(&err, &path, "1 other name (hard links)", OpenFailure::Other);
     assert!(err.to_string().contains(".awareness-new-old-copy"), "{err}");
 }
 
@@ -719,7 +729,12 @@ async fn a_store_deleted_after_a_read_only_close_names_the_files_left() {
     );
     std::fs::remove_file(&path).unwrap();
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "after a read-only handle closed last");
+    assert_open_error(
+        &err,
+        &path,
+        "after a read-only handle closed last",
+        OpenFailure::Other,
+    );
     for p in &left {
         std::fs::remove_file(p).unwrap();
     }
@@ -772,7 +787,7 @@ async fn a_rollback_journal_without_its_database_is_refused_and_left_alone() {
     std::fs::write(&journal, &left).unwrap();
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "rollback journal");
+    assert_open_error(&err, &path, "rollback journal", OpenFailure::Other);
     assert!(err.to_string().contains("state.sqlite-journal"), "{err}");
     assert_eq!(listing(dir.path()), before, "nothing created");
     // Its header zeroed, as `journal_mode=PERSIST` leaves a finished one, SQLite ignores it:
@@ -819,7 +834,7 @@ async fn a_truncated_database_is_refused_and_left_alone() {
     drop(f);
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "corrupt or truncated");
+    assert_open_error(&err, &path, "corrupt or truncated", OpenFailure::Other);
     assert_eq!(
         listing(dir.path()),
         before,
@@ -853,7 +868,12 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
     raw.close().await.unwrap();
     let before = listing(dir.path());
     let err = SqliteStore::open(&path).await.expect_err("a newer schema");
-    assert_open_error(&err, &path, "schema is version 99");
+    assert_open_error(
+        &err,
+        &path,
+        "schema is version 99",
+        OpenFailure::Unsupported,
+    );
     assert_eq!(
         listing(dir.path()),
         before,
@@ -864,7 +884,12 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
     let err = SqliteStore::open_with(&path, SqliteOptions::new().read_only(true))
         .await
         .expect_err("a newer schema, read-only");
-    assert_open_error(&err, &path, "schema is version 99");
+    assert_open_error(
+        &err,
+        &path,
+        "schema is version 99",
+        OpenFailure::Unsupported,
+    );
     assert_eq!(listing(dir.path())[&path], before[&path], "read-only");
 }
 
@@ -896,7 +921,12 @@ async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
         let err = SqliteStore::open_with(path, SqliteOptions::new().create_if_missing(false))
             .await
             .expect_err("no store yet");
-        assert_open_error(&err, path, "create_if_missing is off");
+        assert_open_error(
+            &err,
+            path,
+            "create_if_missing is off",
+            OpenFailure::NotAStore,
+        );
     }
     assert_eq!(
         listing(dir.path()),
@@ -944,7 +974,12 @@ async fn a_creating_open_refuses_another_applications_database() {
     let err = SqliteStore::open(&theirs)
         .await
         .expect_err("another application's database");
-    assert_open_error(&err, &theirs, "another application's database");
+    assert_open_error(
+        &err,
+        &theirs,
+        "another application's database",
+        OpenFailure::NotAStore,
+    );
     assert_eq!(listing(dir.path()), before, "their file is as it was");
     for path in [&bare, &empty] {
         let store = SqliteStore::open(path).await.expect("a store is made");
@@ -962,12 +997,12 @@ async fn a_missing_directory_is_not_created() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("missing").join("state.sqlite");
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(&err, &path, "does not exist");
+    assert_open_error(&err, &path, "does not exist", OpenFailure::NotFound);
     assert!(!dir.path().join("missing").exists());
     let readonly = store_sqlite::SqliteOptions::new().create_if_missing(false);
     let flat = dir.path().join("absent.sqlite");
     let err = SqliteStore::open_with(&flat, readonly).await.unwrap_err();
-    assert_open_error(&err, &flat, "does not exist");
+    assert_open_error(&err, &flat, "does not exist", OpenFailure::NotFound);
     assert!(listing(dir.path()).is_empty());
 }
 

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Scratch, observe, poll_once};
-use crate::error::StoreError;
+use crate::error::{OpenFailure, StoreError};
 use crate::model::{ActorType, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey};
 use crate::store::{AwarenessStore, AwarenessStoreExt as _, Recorded};
 
@@ -842,15 +842,15 @@ fn writes_outside(
         .collect()
 }
 
-/// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option, and
-/// nothing is created.
+/// `group_commit(0)` is refused at open with [`StoreError::Open`] naming the option (an
+/// [`OpenFailure::InvalidOptions`]), and nothing is created.
 pub async fn a_group_commit_of_zero_is_refused_at_open(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let Err(err) = f(dir.file(), 0).await else {
         panic!("group_commit(0) was accepted");
     };
     assert!(
-        matches!(&err, StoreError::Open { reason, .. } if reason.contains("group_commit")),
+        matches!(&err, StoreError::Open { reason, kind: OpenFailure::InvalidOptions, .. } if reason.contains("group_commit")),
         "{err:?}"
     );
     let left: Vec<_> = std::fs::read_dir(dir.path())

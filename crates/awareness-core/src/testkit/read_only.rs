@@ -27,7 +27,7 @@ use super::checks::{T0, human, link_spec, rec, w};
 use super::durable::{everything, fill, filled_refs, open};
 use super::open::{contents, sizes};
 use super::{OpenFile, Scratch};
-use crate::error::StoreError;
+use crate::error::{OpenFailure, StoreError};
 use crate::model::{CursorKey, Sequence, Timestamp};
 use crate::protocol::AckTarget;
 use crate::retention::PruneStep;
@@ -332,7 +332,10 @@ pub async fn a_read_only_open_refuses_a_file_that_is_not_a_store(
     let text = "not a database, but long enough to look like a header\n".repeat(200);
     std::fs::write(&file, &text).expect("a text file");
     match ro(file.clone()).await {
-        Err(StoreError::Open { path, .. }) => assert_eq!(path.file_name(), file.file_name()),
+        Err(StoreError::Open { path, kind, .. }) => {
+            assert_eq!(path.file_name(), file.file_name());
+            assert_eq!(kind, OpenFailure::NotAStore, "a text file");
+        }
         Err(e) => panic!("a read-only open of a text file: expected StoreError::Open, got {e}"),
         Ok(_) => panic!("a read-only open of a text file succeeded"),
     }
@@ -349,7 +352,10 @@ pub async fn a_read_only_open_creates_nothing(_f: impl OpenFile, ro: impl OpenFi
     let dir = Scratch::new("read-only");
     let file = dir.file();
     match ro(file.clone()).await {
-        Err(StoreError::Open { path, .. }) => assert_eq!(path.file_name(), file.file_name()),
+        Err(StoreError::Open { path, kind, .. }) => {
+            assert_eq!(path.file_name(), file.file_name());
+            assert_eq!(kind, OpenFailure::NotFound, "a missing file");
+        }
         Err(e) => panic!("a read-only open of a missing file: expected StoreError::Open, got {e}"),
         Ok(_) => panic!("a read-only open of a missing file succeeded"),
     }
@@ -358,7 +364,10 @@ pub async fn a_read_only_open_creates_nothing(_f: impl OpenFile, ro: impl OpenFi
     assert_eq!(entries, 0, "a read-only open created nothing beside it");
     std::fs::write(&file, b"").expect("an empty file");
     match ro(file.clone()).await {
-        Err(StoreError::Open { path, .. }) => assert_eq!(path.file_name(), file.file_name()),
+        Err(StoreError::Open { path, kind, .. }) => {
+            assert_eq!(path.file_name(), file.file_name());
+            assert_eq!(kind, OpenFailure::NotAStore, "an empty file");
+        }
         Err(e) => panic!("a read-only open of an empty file: expected StoreError::Open, got {e}"),
         Ok(_) => panic!("a read-only open of an empty file succeeded"),
     }

@@ -92,8 +92,8 @@ pub use service::{
     SystemClock, WatchOutcome, WatchRefusal, render_status,
 };
 pub use upstream::{
-    CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask, NoRuns,
-    OwnPrompts, PairedNodeClient, PairedNodeProvider, RecentPrompts, RunActivity, RunTracker,
-    TickReport, UpstreamMonitor, UpstreamProvider,
+    ActiveRun, CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask,
+    NoRuns, OwnPrompts, PairedNodeClient, PairedNodeProvider, RecentPrompts, RunActivity,
+    RunTracker, TickReport, UpstreamMonitor, UpstreamProvider,
 };
 pub use wake::{CoalescingWake, DEFAULT_WAKE_WINDOW, RecordingWake, WakeSink};

@@ -70,7 +70,7 @@ pub mod paired;
 pub mod transcript;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use awareness_core::upstream::SELF_ECHO_WINDOW;
 use awareness_core::{SessionRef, UpstreamLink, async_trait};
@@ -174,8 +174,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Counts the runs in progress per session: call [`RunTracker::started`] and
-/// [`RunTracker::finished`] around each run.
+/// Counts the runs in progress per session: hold the guard [`RunTracker::track`] returns for
+/// the length of each run, or call [`RunTracker::started`] and [`RunTracker::finished`] around
+/// it (a run that panics or is cancelled between the two then stays counted for good, and the
+/// monitor defers the session's upstream turns until the process ends).
 #[derive(Debug, Default)]
 pub struct RunTracker {
     active: Mutex<HashMap<SessionRef, usize>>,
@@ -192,6 +194,16 @@ impl RunTracker {
         *lock(&self.active).entry(session.clone()).or_default() += 1;
     }
 
+    /// A run started in `session`, until the guard returned is dropped: when the run ends,
+    /// panics, or its future is dropped (cancelled).
+    pub fn track(self: &Arc<Self>, session: &SessionRef) -> ActiveRun {
+        self.started(session);
+        ActiveRun {
+            tracker: Arc::clone(self),
+            session: session.clone(),
+        }
+    }
+
     /// A run ended in `session` (extra calls are ignored).
     pub fn finished(&self, session: &SessionRef) {
         let mut g = lock(&self.active);
@@ -201,6 +213,21 @@ impl RunTracker {
                 g.remove(session);
             }
         }
+    }
+}
+
+/// A run in progress, counted by the [`RunTracker`] that made it ([`RunTracker::track`])
+/// until this is dropped.
+#[derive(Debug)]
+#[must_use = "the run ends when this is dropped"]
+pub struct ActiveRun {
+    tracker: Arc<RunTracker>,
+    session: SessionRef,
+}
+
+impl Drop for ActiveRun {
+    fn drop(&mut self) {
+        self.tracker.finished(&self.session);
     }
 }
 
@@ -285,6 +312,33 @@ mod tests {
         runs.finished(&s);
         assert!(!runs.is_active(&s));
         assert!(!NoRuns.is_active(&s));
+
+        // A tracked run ends with its guard, however the run ends: a panic, a dropped future.
+        let runs = Arc::new(RunTracker::new());
+        let panicked = std::panic::catch_unwind(|| {
+            let _run = runs.track(&s);
+            assert!(runs.is_active(&s));
+            panic!("the run failed");
+        });
+        assert!(panicked.is_err());
+        assert!(!runs.is_active(&s), "a run that panicked is over");
+        let tracked = Arc::clone(&runs);
+        let session = s.clone();
+        let run = async move {
+            let _run = tracked.track(&session);
+            std::future::pending::<()>().await;
+        };
+        let mut run = Box::pin(run);
+        let waker = std::task::Waker::noop();
+        let polled = run
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker));
+        assert!(
+            polled.is_pending() && runs.is_active(&s),
+            "the run is going"
+        );
+        drop(run);
+        assert!(!runs.is_active(&s), "a cancelled run is over");
 
         let prompts = RecentPrompts::new();
         for i in 0..12 {

@@ -87,9 +87,9 @@ pub use ports::{
 };
 pub use queue::InMemoryQueue;
 pub use service::{
-    Adoption, Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction, HumanMessage,
-    HumanRecorded, ManualClock, NotVisible, PickUp, PrunePass, RunOutcome, StartupReport,
-    SystemClock, WatchOutcome, WatchRefusal, render_status,
+    Adoption, Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction,
+    DEFAULT_MAX_PENDING_WRITES, HumanMessage, HumanRecorded, ManualClock, NotVisible, PickUp,
+    PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome, WatchRefusal, render_status,
 };
 pub use upstream::{
     ActiveRun, CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask,

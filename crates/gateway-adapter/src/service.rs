@@ -271,6 +271,9 @@ pub enum HumanRecorded {
     Failed(String),
 }
 
+/// [`AwarenessConfig::max_pending_writes`] by default.
+pub const DEFAULT_MAX_PENDING_WRITES: usize = 4_096;
+
 /// Settings of the service ([`AwarenessConfig::validate`] says what is accepted).
 #[derive(Debug, Clone)]
 pub struct AwarenessConfig {
@@ -321,13 +324,22 @@ pub struct AwarenessConfig {
     /// timer whenever every task waits, also while a durable store works on a blocking thread,
     /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
+    /// The most recordings, acknowledgements and sweeps the store may have outstanding at
+    /// once (default 4,096; at least 1). Each runs on a task of its own until the store
+    /// answers, also once its caller stopped waiting ([`AwarenessConfig::store_wait`]); with a
+    /// store that hangs, every producer's call would leave one more task holding its event, for
+    /// as long as the store hangs. Past this many, a write is refused at once with
+    /// [`StoreError::Busy`] (retryable: it may be made again once the store answers), and a
+    /// best-effort producer logs it as any failure. ([`Awareness::wait_for_writes`] waits for
+    /// those outstanding.)
+    pub max_pending_writes: usize,
 }
 
 impl AwarenessConfig {
     /// Refuses settings the service cannot work with: a retention policy
     /// [`RetentionPolicy::validate`] refuses (pruning would refuse every pass, so it would
     /// never run), a `prune_interval` or `pickup_interval` below 1 ms (passes or questions back
-    /// to back), a `store_wait` below 1 ms and a `list_batch` of 0.
+    /// to back), a `store_wait` below 1 ms, and a `list_batch` or `max_pending_writes` of 0.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.retention
             .validate()
@@ -354,6 +366,11 @@ impl AwarenessConfig {
             "AwarenessConfig.list_batch",
             u64::try_from(self.list_batch).unwrap_or(u64::MAX),
             "it must be at least 1: it is how many sessions one heads call reads",
+        )?;
+        config::at_least_one(
+            "AwarenessConfig.max_pending_writes",
+            u64::try_from(self.max_pending_writes).unwrap_or(u64::MAX),
+            "it must be at least 1: it is how many writes the store may have outstanding, and 0 refuses every write",
         )
     }
 }
@@ -368,6 +385,7 @@ impl Default for AwarenessConfig {
             pickup_interval: Duration::from_secs(1),
             owned_watchers_only: false,
             store_wait: Duration::from_secs(10),
+            max_pending_writes: DEFAULT_MAX_PENDING_WRITES,
         }
     }
 }
@@ -437,17 +455,23 @@ struct Writing {
 }
 
 impl Writing {
-    fn start(writes: &tokio::sync::watch::Sender<InFlight>) -> Self {
-        let mut id = 0;
-        writes.send_modify(|w| {
-            id = w.next;
+    /// The place of a new write, unless `max` are running already (`Err` with how many).
+    fn start(writes: &tokio::sync::watch::Sender<InFlight>, max: usize) -> Result<Self, usize> {
+        let mut id = Err(0);
+        writes.send_if_modified(|w| {
+            if w.running.len() >= max {
+                id = Err(w.running.len());
+                return false;
+            }
+            id = Ok(w.next);
             w.next += 1;
-            w.running.insert(id);
+            w.running.insert(w.next - 1);
+            true
         });
-        Self {
+        id.map(|id| Self {
             writes: writes.clone(),
             id,
-        }
+        })
     }
 }
 
@@ -1123,9 +1147,22 @@ impl Awareness {
         W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
+        let writing = match Writing::start(&self.writes, self.config.max_pending_writes) {
+            Ok(writing) => writing,
+            Err(running) => {
+                let refused = StoreError::Busy {
+                    context: format!("{what}: not made"),
+                    source: format!(
+                        "{running} recordings, acknowledgements and sweeps the store has not \
+                         answered are outstanding (AwarenessConfig::max_pending_writes)"
+                    )
+                    .into(),
+                };
+                return Ok((keep, Err(refused)));
+            }
+        };
         let queue = Arc::clone(&self.queue);
         let wake = Arc::clone(&self.wake);
-        let writing = Writing::start(&self.writes);
         let report = Arc::new(FailureReport::new(what, about));
         let awaiting = AwaitingAnswer(Arc::clone(&report));
         let answer = tokio::spawn(async move {

@@ -170,6 +170,14 @@ fn refused_service_settings_name_their_field() {
             "AwarenessConfig.list_batch",
             "at least 1",
         ),
+        (
+            AwarenessConfig {
+                max_pending_writes: 0,
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.max_pending_writes",
+            "refuses every write",
+        ),
     ];
     for (config, field, why) in cases {
         let e = config.validate().expect_err(field);

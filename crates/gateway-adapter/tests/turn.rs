@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
-    AwarenessStore, Cursor, CursorStore, Sequence, SessionKey, SessionRef, StoreError, WatcherKey,
-    async_trait,
+    AwarenessStore, Cursor, CursorStore, EventStore, Sequence, SessionKey, SessionRef, StoreError,
+    WatcherKey, async_trait,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
@@ -1085,6 +1085,79 @@ async fn a_recording_that_hangs_gives_up_waiting_and_still_delivers() {
     settle().await;
     assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
     assert_eq!(w.wake.count(&k(MANAGER)), 1, "the manager was woken");
+}
+
+/// Bug: with a store that hangs, every best-effort producer's call left one more task holding
+/// its event for as long as the store hung, without limit. Past
+/// `AwarenessConfig::max_pending_writes` outstanding writes, a write is refused at once, as
+/// busy (retryable); the outstanding ones commit and deliver when the store answers, and the
+/// next write is made.
+#[tokio::test(start_paused = true)]
+async fn writes_a_hung_store_has_not_answered_are_capped() {
+    let config = AwarenessConfig {
+        max_pending_writes: 2,
+        ..AwarenessConfig::default()
+    };
+    let mut w = World::gated_with(Call::Record, false, config).await;
+    for _ in 0..2 {
+        assert!(
+            within_an_hour(w.svc.human_message(human_message()))
+                .await
+                .is_none()
+        );
+        w.entered
+            .recv()
+            .await
+            .expect("the recording reached the store");
+    }
+    let started = tokio::time::Instant::now();
+    let refused = w.svc.human_message_recorded(human_message()).await;
+    assert_eq!(
+        started.elapsed(),
+        std::time::Duration::ZERO,
+        "refused at once"
+    );
+    let gateway_adapter::HumanRecorded::Failed(why) = refused else {
+        panic!("expected a failure, got {refused:?}");
+    };
+    assert!(why.contains("max_pending_writes"), "{why}");
+    let event = awareness_core::NewEvent::new(
+        SessionRef::parse(CHILD, "main").unwrap(),
+        awareness_core::EventKind::Compacted,
+        awareness_core::ActorType::System,
+        "compacted",
+    );
+    let busy = w.svc.try_record(event.clone()).await.unwrap_err();
+    assert!(
+        matches!(busy, StoreError::Busy { .. }) && busy.is_retryable(),
+        "{busy:?}"
+    );
+    w.open_gate();
+    settle().await;
+    assert_eq!(
+        texts(&w.queue.peek(&k(MANAGER))),
+        vec![notice(Sequence(1))],
+        "the outstanding recordings committed and delivered their notice (once)"
+    );
+    let events = w
+        .store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        events,
+        [
+            awareness_core::EventKind::ChildSpawned,
+            awareness_core::EventKind::HumanDirectMessage,
+            awareness_core::EventKind::HumanDirectMessage,
+        ],
+        "both outstanding recordings committed, nothing refused did"
+    );
+    let made = within_an_hour(w.svc.try_record(event)).await.expect("made");
+    assert_eq!(made.event.sequence, Sequence(4), "nothing refused was made");
 }
 
 /// The question whether an unlinked session has a watcher, and the recording after it, wait

@@ -579,6 +579,10 @@ fn run_guarded(dir: &Path, args: &[&str]) -> Option<Output> {
         let _ = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status();
+        // Not joined: its wait reads the output to its end, which a process the child started
+        // may hold open after the kill; the thread ends with that.
+        drop(waiter);
+        return None;
     }
     waiter.join().unwrap();
     exited.map(|o| o.expect("wait for awareness"))
@@ -984,11 +988,13 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     let o = run_in(dir.path(), &["--store", "postgres://x", "list"]);
     assert_usage(&o, "a wrong URL");
 
-    // A duration the clock cannot reach: usage, before anything starts.
-    let o = run_in(
+    // A duration the clock cannot reach: usage, before anything starts (guarded: were the
+    // refusal lost, the monitor would run until killed).
+    let o = run_guarded(
         dir.path(),
         &["monitor", "--first-tick-secs", "18446744073709551615"],
-    );
+    )
+    .expect("a duration the clock cannot reach: the monitor was still running after a minute");
     assert_usage(&o, "a duration the clock cannot reach");
 
     // Bad flags: usage.

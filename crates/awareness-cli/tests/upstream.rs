@@ -6,7 +6,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -52,9 +52,49 @@ fn human_line(path: &Path, uuid: &str, said: &str) {
     writeln!(f, "{row}").unwrap();
 }
 
-/// A running child and its stdout, line by line (the thread reading it ends at EOF).
+/// Kills the child on drop unless it has exited (a test that fails midway leaves no process).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// How long a child told to stop (a signal, its output closed) may take to exit before the test
+/// calls it hung. A hang guard, not a timing assertion: it stops within a second when it works.
+const STOP_DEADLINE: Duration = Duration::from_mins(1);
+
+impl KillOnDrop {
+    /// Waits for the child to exit, for at most [`STOP_DEADLINE`]: still running then, it is
+    /// killed and the test fails saying `what` it was told, instead of blocking the suite.
+    fn wait_stopped(&mut self, what: &str) -> std::process::ExitStatus {
+        let deadline = Instant::now() + STOP_DEADLINE;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("wait for the child") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                panic!(
+                    "still running {STOP_DEADLINE:?} after {what}: killed (it hung instead of \
+                     stopping)"
+                );
+            }
+            // A poll of the exit status, bounded by the deadline above.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A running child and its stdout, line by line (the thread reading it ends at EOF); the child
+/// is killed if the test fails before it exits.
 struct Reading {
-    child: std::process::Child,
+    child: KillOnDrop,
     lines: (mpsc::Receiver<String>, std::thread::JoinHandle<()>),
 }
 
@@ -77,7 +117,7 @@ impl SpawnReading for Command {
             }
         });
         Ok(Reading {
-            child,
+            child: KillOnDrop(child),
             lines: (lines, reader),
         })
     }
@@ -199,11 +239,11 @@ fn adopt_then_monitor_on(scheme: &str) {
     let status: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(status["stateVersion"].as_u64() >= Some(2), "{status}");
     let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args(["-INT", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
-    let status = child.wait().unwrap();
+    let status = child.wait_stopped("SIGINT (Ctrl-C) to the monitor");
     reader.join().unwrap();
     let rest: Vec<String> = lines.try_iter().collect();
     assert!(
@@ -255,18 +295,6 @@ fn adopt_then_monitor_on(scheme: &str) {
     let o = run(&["--store", &store, "--json", "cursors", "--pending"]);
     let pending: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(pending.as_array().unwrap().len(), 1, "{pending}");
-}
-
-/// Kills the child on drop unless it has exited (a test that fails midway leaves no process).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// The lines of a reader, read on a thread of their own (which ends at EOF).
@@ -340,7 +368,7 @@ fn a_check_that_fails_in_the_monitor_task_warns_on_stderr() {
         .unwrap();
     assert!(killed.success());
     wait_for(&out, "monitor stopped");
-    let status = child.0.wait().unwrap();
+    let status = child.wait_stopped("SIGINT, once the monitor said it stopped");
     assert!(status.success(), "{status:?}");
 }
 
@@ -435,7 +463,9 @@ fn a_monitor_whose_output_fails_says_what_it_recorded() {
                 }
             }
         }
-        let status = child.0.wait().unwrap();
+        let status = child.wait_stopped(&format!(
+            "closing its stderr (closed pipe {closed_pipe}), its output failing"
+        ));
         let (code, why) = if closed_pipe {
             (141, "the output's reader went away")
         } else {
@@ -616,8 +646,8 @@ fn monitor_names_its_store_on_one_line() {
         .spawn_reading()
         .unwrap();
     let header = wait_for(&lines, "monitoring 0 adopted session(s)");
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = child.0.kill();
+    let _ = child.0.wait();
     reader.join().unwrap();
     let rest: Vec<String> = lines.try_iter().collect();
     assert_eq!(header.len(), 1, "{header:?}");
@@ -686,12 +716,13 @@ fn monitor_stops_cleanly_on_sigterm_and_sighup() {
             lines: (lines, reader),
         } = monitor_after_one_event(&store);
         let sent = Command::new("kill")
-            .args([signal, &child.id().to_string()])
+            .args([signal, &child.0.id().to_string()])
             .status()
             .unwrap();
         assert!(sent.success());
         wait_for(&lines, "monitor stopped");
-        let status = child.wait().unwrap();
+        let status =
+            child.wait_stopped(&format!("kill {signal}, once the monitor said it stopped"));
         reader.join().unwrap();
         assert!(status.success(), "{signal}: {status:?}");
         let o = run(&["--store", &store, "--json", "status", "agent:main:worker"]);
@@ -736,10 +767,9 @@ fn signals_ignored_at_start_stay_ignored() {
             _ => started.args(["--json", "tail", "--follow"]),
         };
         let Reading {
-            child,
+            mut child,
             lines: (lines, reader),
         } = started.stderr(Stdio::null()).spawn_reading().unwrap();
-        let mut child = KillOnDrop(child);
         let ready = match command {
             "monitor" => "monitoring 0 adopted session(s)",
             _ => "human message via cli",
@@ -762,7 +792,7 @@ fn signals_ignored_at_start_stay_ignored() {
                 .unwrap();
             assert!(sent.success());
         }
-        let status = child.0.wait().unwrap();
+        let status = child.wait_stopped(&format!("SIGHUP, SIGINT and SIGTERM to {command}"));
         reader.join().unwrap();
         assert!(
             status.success(),
@@ -818,11 +848,12 @@ fn a_write_command_runs_beside_tail_follow_on_redb() {
     let o = run(&["--store", &store, "demo"]);
     assert!(o.status.success(), "demo beside the tail: {}", text(&o));
     let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args(["-INT", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(sent.success());
-    assert!(child.wait().unwrap().success());
+    let status = child.wait_stopped("SIGINT (Ctrl-C) to tail --follow");
+    assert!(status.success(), "{status:?}");
     reader.join().unwrap();
 }
 
@@ -839,8 +870,8 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
             mut child,
             lines: (_, reader),
         } = monitor_after_one_event(&store);
-        child.kill().expect("SIGKILL the monitor");
-        child.wait().unwrap();
+        child.0.kill().expect("SIGKILL the monitor");
+        child.0.wait().unwrap();
         reader.join().unwrap();
 
         let status = ["--store", &store, "--json", "status", "agent:main:worker"];

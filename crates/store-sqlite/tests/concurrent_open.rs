@@ -50,8 +50,10 @@ async fn two_processes_opening_a_new_file_at_once_keep_what_each_recorded() {
             child.stdin.take().unwrap().write_all(b"go\n").unwrap();
         }
         let mut sequences = Vec::new();
-        for child in children {
-            let out = child.wait_with_output().unwrap();
+        for (child, tag) in children.into_iter().zip(["p0", "p1"]) {
+            // Killed, and the test failed, should it hang (a deadlock between the two opens).
+            let what = format!("round {round}: writer process {tag}");
+            let out = awareness_core::testkit::open::wait_within(child, &what);
             assert!(
                 out.status.success(),
                 "round {round}: a writer process failed: {}",

@@ -181,28 +181,25 @@ mod as_another_user {
     }
 
     /// Opens `path` in this test binary (`test`, run alone) started again, as `nobody` when
-    /// this process is root, and answers its report.
+    /// this process is root, and answers its report. The binary is started where it is when
+    /// that user may, and otherwise from `outer`, which anyone may enter; a child that hangs is
+    /// killed after a deadline, and the test fails saying so (the shared suite's helpers).
     pub fn open_as_another_user(test: &str, outer: &Path, path: &Path) -> String {
+        use awareness_core::testkit::open::{output_within, test_binary_for};
         use std::os::unix::process::CommandExt as _;
-        let bin = outer.join("bin");
-        if !bin.exists() {
-            std::fs::create_dir(&bin).expect("a directory for the test binary");
-            set_mode(&bin, 0o755);
-            let exe = std::env::current_exe().expect("the test binary");
-            let linked = bin.join("test");
-            if std::fs::hard_link(&exe, &linked).is_err() {
-                std::fs::copy(&exe, &linked).expect("copy the test binary");
-            }
-            set_mode(&linked, 0o755);
-        }
-        let mut cmd = std::process::Command::new(bin.join("test"));
+        let as_nobody = is_root();
+        let mut cmd = std::process::Command::new(test_binary_for(outer, as_nobody));
         cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(OPEN_THIS, path)
             .current_dir(outer);
-        if is_root() {
+        if as_nobody {
             cmd.uid(NOBODY).gid(NOBODY);
         }
-        let out = cmd.output().expect("run the test binary");
+        let what = format!(
+            "the test binary started again to open {} ({test})",
+            path.display()
+        );
+        let out = output_within(&mut cmd, &what);
         let stdout = String::from_utf8_lossy(&out.stdout);
         stdout
             .lines()

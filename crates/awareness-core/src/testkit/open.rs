@@ -535,26 +535,163 @@ fn set_mode(path: &Path, mode: u32) {
         .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", path.display()));
 }
 
+/// How long a process a check starts (this test binary, started again to make one open) may
+/// run before the check calls it hung, kills it and fails: a hang guard, not a timing
+/// assertion (such a process ends within a second or two).
+pub const CHILD_DEADLINE: Duration = Duration::from_mins(1);
+
+/// Runs `cmd` to its end with its stdout and stderr captured, as [`std::process::Command::output`]
+/// does, for at most [`CHILD_DEADLINE`]: a process still running then is killed, and the test
+/// fails naming `what` it was, with what it had printed, instead of waiting for ever. The
+/// start is retried a few times while the program's file is busy (`ETXTBSY`: a copy of it
+/// just written, whose descriptor a process another thread forked holds until it execs).
+/// Blocking: from async code, call it in [`tokio::task::block_in_place`].
+#[track_caller]
+pub fn output_within(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    use std::process::Stdio;
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut tries = 0;
+    let child = loop {
+        match cmd.spawn() {
+            Ok(child) => break child,
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 20 => {
+                tries += 1;
+                // The fork that holds the file execs (and drops it) within moments.
+                std::thread::sleep(Duration::from_millis(10 * tries));
+            }
+            Err(e) => panic!("{what}: could not be started: {e}"),
+        }
+    };
+    wait_within(child, what)
+}
+
+/// Waits for `child` (its stdout and stderr piped, or not captured) as
+/// [`std::process::Child::wait_with_output`] does, for at most [`CHILD_DEADLINE`]: still
+/// running then, it is killed and the test fails naming `what` it was, with what it had
+/// printed. Blocking, as [`output_within`].
+#[track_caller]
+pub fn wait_within(mut child: std::process::Child, what: &str) -> std::process::Output {
+    let (stdout, out_thread) = drain(child.stdout.take());
+    let (stderr, err_thread) = drain(child.stderr.take());
+    let deadline = Instant::now() + CHILD_DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: still running after {CHILD_DEADLINE:?}, killed (it hung). \
+                 Its stdout:\n{}\nIts stderr:\n{}",
+                String::from_utf8_lossy(&taken(&stdout)),
+                String::from_utf8_lossy(&taken(&stderr))
+            );
+        }
+        // A poll of the exit status, bounded by the deadline above.
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // It has exited: its pipes end (it starts no process that could hold them).
+    for thread in [out_thread, err_thread].into_iter().flatten() {
+        thread.join().expect("a reader of the child's output");
+    }
+    std::process::Output {
+        status,
+        stdout: taken(&stdout),
+        stderr: taken(&stderr),
+    }
+}
+
+/// What [`drain`] reads into, and the thread that reads it.
+type Drained = (
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    Option<std::thread::JoinHandle<()>>,
+);
+
+/// Reads `pipe` (when there is one) to its end on a thread of its own (a child that fills a
+/// pipe nobody reads never ends), into a buffer a report can read while that thread still
+/// waits on the pipe.
+fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> Drained {
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let thread = pipe.map(|mut pipe| {
+        let buf = std::sync::Arc::clone(&buf);
+        std::thread::spawn(move || {
+            let mut chunk = [0_u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                buf.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend_from_slice(&chunk[..n]);
+            }
+        })
+    });
+    (buf, thread)
+}
+
+/// What [`drain`] has read so far, taken out of its buffer.
+fn taken(buf: &std::sync::Mutex<Vec<u8>>) -> Vec<u8> {
+    std::mem::take(
+        &mut *buf
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+}
+
+/// This test binary at a path the user an open runs as may start: as this user
+/// (`as_nobody` false), the binary where it is; as `nobody`, the same when `nobody` may reach
+/// it (every directory above it searchable by others, itself executable by them), and
+/// otherwise a hard link to it in `dir/bin` (`dir` being a directory `nobody` may enter), or a
+/// copy where a link cannot be made (`dir` on another file system than the build). A copy is
+/// slow and, just written, may be refused for a moment (`ETXTBSY`), which [`output_within`]
+/// retries; a link (or no link) avoids both. (A directory of its own beside the binary would
+/// take a link, but `nobody` may reach it exactly when it may reach the binary itself.)
+#[cfg(unix)]
+pub fn test_binary_for(dir: &Path, as_nobody: bool) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test binary");
+    if !as_nobody || nobody_may_run(&exe) {
+        return exe;
+    }
+    let bin = dir.join("bin");
+    let placed = bin.join("test");
+    if !placed.exists() {
+        std::fs::create_dir_all(&bin).expect("a directory for the test binary");
+        set_mode(&bin, 0o755);
+        if std::fs::hard_link(&exe, &placed).is_err() {
+            std::fs::copy(&exe, &placed).expect("copy the test binary");
+        }
+        set_mode(&placed, 0o755);
+    }
+    placed
+}
+
+/// Whether `nobody` may start `exe`: it, and every directory above it, grant it execute
+/// (search) permission through the bits that apply to it (owner, group or others).
+#[cfg(unix)]
+fn nobody_may_run(exe: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let may_execute = |path: &Path| {
+        std::fs::metadata(path).is_ok_and(|m| {
+            let bits = if m.uid() == NOBODY {
+                m.mode() >> 6
+            } else if m.gid() == NOBODY {
+                m.mode() >> 3
+            } else {
+                m.mode()
+            };
+            bits & 0o1 != 0
+        })
+    };
+    exe.is_absolute() && exe.ancestors().all(may_execute)
+}
+
 /// Opens `path` in a process of its own, as `nobody` when this process runs as root (which
 /// ignores permissions) and as this user otherwise: this test binary, started again to run
 /// `test` alone, which opens `path` through its factory instead of running its check
-/// ([`attempt_when_asked`]). The binary is linked (or copied) into `dir`, which `nobody` may
-/// enter, wherever the build lives.
+/// ([`attempt_when_asked`]), from `dir`, which `nobody` may enter ([`test_binary_for`]).
 #[cfg(unix)]
 fn as_another_user(test: ThisTest, dir: &Path, path: &Path) -> Attempt {
     use std::os::unix::process::CommandExt as _;
-    let exe = std::env::current_exe().expect("the test binary");
-    let bin = dir.join("bin");
-    if !bin.exists() {
-        std::fs::create_dir(&bin).expect("a directory for the test binary");
-        set_mode(&bin, 0o755);
-        let linked = bin.join("test");
-        if std::fs::hard_link(&exe, &linked).is_err() {
-            std::fs::copy(&exe, &linked).expect("copy the test binary");
-        }
-        set_mode(&linked, 0o755);
-    }
-    let mut cmd = std::process::Command::new(bin.join("test"));
+    let as_nobody = is_root(dir);
+    let mut cmd = std::process::Command::new(test_binary_for(dir, as_nobody));
     cmd.args([
         test.harness_name().as_str(),
         "--exact",
@@ -563,10 +700,14 @@ fn as_another_user(test: ThisTest, dir: &Path, path: &Path) -> Attempt {
     ])
     .env(OPEN_THIS, path)
     .current_dir(dir);
-    if is_root(dir) {
+    if as_nobody {
         cmd.uid(NOBODY).gid(NOBODY);
     }
-    let out = tokio::task::block_in_place(|| cmd.output()).expect("run the test binary");
+    let what = format!(
+        "the test binary started as another user to open {}",
+        path.display()
+    );
+    let out = tokio::task::block_in_place(|| output_within(&mut cmd, &what));
     let stdout = String::from_utf8_lossy(&out.stdout);
     // After the harness's `test <name> ... ` on the same line.
     let Some(report) = stdout

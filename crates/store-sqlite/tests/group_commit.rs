@@ -149,6 +149,14 @@ async fn a_dedupe_hit_on_a_torn_row_fails_and_spends_one_sequence_watched_or_not
 /// Recordings that group while another connection holds the write lock all get a retryable
 /// error after about one busy timeout each batch, not one more busy timeout per event: the lock
 /// failed, not an event. Once the lock is released, recording works.
+///
+/// The calls are lined up without relying on how tasks are scheduled: the first, polled once,
+/// takes the write connection (it is free) and waits on SQLite's lock; each of the others,
+/// polled once, queues its event and waits for the connection, which the first cannot give up
+/// before it is polled again, once every event is queued. So one transaction meets the lock
+/// for the first caller alone, and exactly one more for all the others in one batch. (Spawned
+/// as tasks straight away, a worker descheduled past the first one's busy timeout queued its
+/// event after the batch was taken, and began a third.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
     use sqlx::{ConnectOptions as _, Connection as _};
@@ -167,27 +175,46 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
         .await
         .expect("take the write lock");
     let before = store.write_transactions();
-    let tasks: Vec<_> = (1..=CALLS)
-        .map(|i| {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move { store.record(event(i), T0).await })
-        })
-        .collect();
+    let mut calls = Vec::with_capacity(CALLS);
+    for i in 1..=CALLS {
+        let s = Arc::clone(&store);
+        let mut call = Box::pin(async move { s.record(event(i), T0).await });
+        assert!(
+            !poll_once(call.as_mut()).await,
+            "call {i} answered while the write lock was held elsewhere"
+        );
+        if i == 1 {
+            assert_eq!(
+                store.write_transactions() - before,
+                1,
+                "the first call took the free connection and met the lock"
+            );
+        }
+        calls.push(call);
+    }
+    // Every event is queued, and the first call holds the connection until it is driven on.
+    let tasks: Vec<_> = calls.into_iter().map(tokio::spawn).collect();
     for (i, t) in tasks.into_iter().enumerate() {
         let err = t
             .await
             .expect("join")
             .expect_err("the write lock is held elsewhere");
-        assert!(err.is_retryable(), "call {i}: {err}");
+        assert!(err.is_retryable(), "call {}: {err}", i + 1);
     }
-    // A caller alone, then one batch of the others (queued during the first one's wait of a
-    // whole busy timeout), each meeting the lock once. Retrying the batch's events alone began
-    // one more transaction for each (33 in all), or, stopping at the first that met the lock,
-    // one more (3), each waiting the busy timeout again.
+    // The first caller alone, then one batch of the others, each meeting the lock once.
+    // Retrying the batch's events alone began one more transaction for each (33 in all), or,
+    // stopping at the first that met the lock, one more (3), each waiting the busy timeout
+    // again.
     let began = store.write_transactions() - before;
-    assert!(
-        (1..=2).contains(&began),
-        "{CALLS} recordings behind a held lock began {began} write transactions"
+    assert_eq!(
+        began, 2,
+        "{CALLS} recordings behind a held lock: the first alone, then one batch of the others"
+    );
+    assert_eq!(
+        store.largest_batch(),
+        CALLS - 1,
+        "the {} calls queued behind the first went in one batch",
+        CALLS - 1
     );
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut holder)

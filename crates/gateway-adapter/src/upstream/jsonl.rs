@@ -710,13 +710,21 @@ mod tests {
             "another session's link on the same transcript is read: {out:?}"
         );
         release.send(()).expect("the hung read waits");
-        // Once the read has ended, the path is checked again.
+        // Once the read has ended (on its blocking thread, which the test cannot await), the
+        // path is checked again. Asked until then, or for 30 s: a hang guard, not a timing
+        // assertion (a read that never let go of the path fails the assertion below).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let mut out = provider.check(&link, &[]).await;
-        while matches!(&out, CheckOutcome::Failed(why) if why.contains("still reading")) {
+        while matches!(&out, CheckOutcome::Failed(why) if why.contains("still reading"))
+            && std::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
             out = provider.check(&link, &[]).await;
         }
-        assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
+        assert!(
+            matches!(out, CheckOutcome::Unchanged { .. }),
+            "the path is checked again once its hung read has ended: {out:?}"
+        );
     }
 
     /// Reads that hang hold at most [`super::MAX_PARALLEL_READS`] threads of the blocking pool

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use super::checks::{T0, child, human, log_only, r, rec};
 use super::durable::open;
 use super::{OpenFile, Scratch, poll_once};
-use crate::error::StoreError;
+use crate::error::{OpenFailure, StoreError};
 use crate::model::Sequence;
 use crate::store::AwarenessStoreExt as _;
 
@@ -59,9 +59,15 @@ pub(crate) fn contents(dir: &Path) -> BTreeMap<OsString, Option<Vec<u8>>> {
 }
 
 /// Opens `path` read-write through `f` and asserts that the open is refused with a
-/// [`StoreError::Open`] naming `path`, with a reason, in a message that names it too; and that
-/// everything in `dir` is byte for byte as it was before.
-async fn assert_refused(what: &str, f: &impl OpenFile, path: &Path, dir: &Scratch) {
+/// [`StoreError::Open`] of kind `expected` naming `path`, with a reason, in a message that
+/// names it too; and that everything in `dir` is byte for byte as it was before.
+async fn assert_refused(
+    what: &str,
+    f: &impl OpenFile,
+    path: &Path,
+    dir: &Scratch,
+    expected: OpenFailure,
+) {
     let before = contents(dir.path());
     let Err(err) = f(path.to_path_buf()).await else {
         panic!("{what}: the open succeeded");
@@ -70,10 +76,12 @@ async fn assert_refused(what: &str, f: &impl OpenFile, path: &Path, dir: &Scratc
         StoreError::Open {
             path: named,
             reason,
+            kind,
             ..
         } => {
             assert_eq!(named, path, "{what}: the refusal names the path");
             assert!(!reason.is_empty(), "{what}: the refusal gives a reason");
+            assert_eq!(*kind, expected, "{what}: {reason}");
         }
         other => panic!("{what}: expected StoreError::Open, got {other:?}"),
     }
@@ -107,7 +115,7 @@ pub async fn a_directory_is_refused(f: impl OpenFile) {
     let file = dir.file();
     std::fs::create_dir(&file).expect("a directory at the store's path");
     std::fs::write(file.join("inside"), b"somebody's file").expect("a file in it");
-    assert_refused("a directory", &f, &file, &dir).await;
+    assert_refused("a directory", &f, &file, &dir, OpenFailure::NotAStore).await;
 }
 
 /// A file in a directory that does not exist is refused, and the directory is not created.
@@ -115,7 +123,14 @@ pub async fn a_missing_directory_is_not_created(f: impl OpenFile) {
     let dir = Scratch::new("open");
     let missing = dir.path().join("missing");
     let file = missing.join("state");
-    assert_refused("a file in a missing directory", &f, &file, &dir).await;
+    assert_refused(
+        "a file in a missing directory",
+        &f,
+        &file,
+        &dir,
+        OpenFailure::NotFound,
+    )
+    .await;
     assert!(!missing.exists(), "the missing directory was not created");
 }
 
@@ -126,7 +141,7 @@ pub async fn a_file_that_is_not_a_store_is_refused_and_left_untouched(f: impl Op
     let file = dir.file();
     let text = "these are somebody's notes, not a database\n".repeat(2_000);
     std::fs::write(&file, &text).expect("a text file");
-    assert_refused("a text file", &f, &file, &dir).await;
+    assert_refused("a text file", &f, &file, &dir, OpenFailure::NotAStore).await;
 }
 
 /// A store's file cut to half its length (a copy that stopped midway, a full disk) is refused
@@ -152,14 +167,21 @@ pub async fn a_truncated_file_is_refused_and_left_untouched(f: impl OpenFile) {
         .open(&file)
         .and_then(|file| file.set_len(len / 2))
         .expect("truncate the file");
-    assert_refused("a truncated store", &f, &file, &dir).await;
+    assert_refused("a truncated store", &f, &file, &dir, OpenFailure::Other).await;
     #[cfg(unix)]
     {
         let links = Scratch::new("open-link");
         let link = links.path().join("state-link");
         std::os::unix::fs::symlink(&file, &link).expect("a symbolic link to the store");
         let beside_the_file = contents(dir.path());
-        assert_refused("a truncated store behind a link", &f, &link, &links).await;
+        assert_refused(
+            "a truncated store behind a link",
+            &f,
+            &link,
+            &links,
+            OpenFailure::Other,
+        )
+        .await;
         assert!(
             contents(dir.path()) == beside_the_file,
             "a refused open through a link changed nothing beside the file it names"

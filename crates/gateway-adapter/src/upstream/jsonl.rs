@@ -286,8 +286,11 @@ pub fn marker_at_end(path: &Path) -> std::io::Result<JsonlMarker> {
 
 /// Opens `path` for reading if it is a regular file, with its metadata; anything else (a FIFO,
 /// a directory, a device) is an [`ErrorKind::InvalidInput`] error naming it. It is looked at
-/// before it is opened (opening a FIFO for reading blocks until a writer comes), and again once
-/// opened (it may have been replaced between the two).
+/// before it is opened, and again once opened (it may have been replaced between the two). On
+/// Unix the open does not block (`O_NONBLOCK`, which changes nothing for a regular file):
+/// opening a FIFO for reading otherwise waits until a writer comes, so that one swapped in
+/// after the look (by whatever writes the transcript's directory) held a reading thread, and
+/// one of the few reads allowed at once, for good.
 fn open_regular(path: &Path) -> std::io::Result<(File, std::fs::Metadata)> {
     let not_a_file = || {
         std::io::Error::new(
@@ -300,7 +303,11 @@ fn open_regular(path: &Path) -> std::io::Result<(File, std::fs::Metadata)> {
     }
     #[cfg(test)]
     tests::while_reading(path);
-    let file = File::open(path)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(not_a_file());
@@ -673,6 +680,43 @@ mod tests {
             }),
         ));
         (release, reading)
+    }
+
+    /// Bug: a transcript swapped for a FIFO between the look at its path and its opening (by
+    /// whatever writes its directory: the agent it records) held the reading thread until a
+    /// writer came, for good, and one of the few reads allowed at once with it. The open does
+    /// not wait: the check fails at once, saying the path is not a regular file.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_transcript_swapped_for_a_fifo_while_it_is_opened_does_not_hold_the_read() {
+        let _one = ONE_HOOK_AT_A_TIME.lock().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.jsonl");
+        let link = link_to(&path, "agent:main:main");
+        let swapped = path.clone();
+        *WHILE_READING.lock().unwrap() = Some((
+            super::path_of(&link).expect("the link's path"),
+            Box::new(move || {
+                std::fs::remove_file(&swapped).expect("remove the transcript");
+                let made = std::process::Command::new("mkfifo")
+                    .arg(&swapped)
+                    .status()
+                    .expect("run mkfifo");
+                assert!(made.success(), "mkfifo");
+            }),
+        ));
+        let provider = JsonlProvider::new();
+        let check = provider.check(&link, &[]);
+        let Ok(out) = tokio::time::timeout(Duration::from_secs(30), check).await else {
+            // A hang guard: a writer ends the open that waits for one, so that the blocked
+            // thread ends and the runtime can shut down.
+            drop(std::fs::OpenOptions::new().write(true).open(&path));
+            panic!("the read of a FIFO waited for a writer");
+        };
+        assert!(
+            matches!(&out, CheckOutcome::Failed(why) if why.contains("not a regular file")),
+            "{out:?}"
+        );
     }
 
     /// A check whose read hangs is given up by the monitor's timeout, but its thread cannot be

@@ -21,13 +21,14 @@ pub enum OpenFailure {
     /// database, an empty file where no store may be created, or not a regular file.
     NotAStore,
     /// The file is held by another process, or (store-redb) by handles of this process this
-    /// open cannot share: read-only ones for a read-write open, ones of other `live_readers`,
-    /// ones a failed write left unusable until every handle on the file is closed. Opening it
-    /// again once it has been let go may succeed.
+    /// open cannot share: read-only ones for a read-write open, or ones still closing. Opening
+    /// it again once it has been let go may succeed.
     InUse,
-    /// A store this build cannot open this way: written by a later version (a schema it does
-    /// not know), or one a read-only open cannot read until a read-write open migrates it.
+    /// A store written by a later version (a schema this build does not know).
     Unsupported,
+    /// A store of an older schema, which a read-only open cannot read: a read-write open
+    /// migrates it (store-redb's schema 1), after which read-only opens take it.
+    NeedsMigration,
     /// The operating system refused access to the file or its directory (permissions, a
     /// read-only file system).
     PermissionDenied,
@@ -61,6 +62,7 @@ impl std::fmt::Display for OpenFailure {
             OpenFailure::NotAStore => "not a store",
             OpenFailure::InUse => "in use",
             OpenFailure::Unsupported => "unsupported",
+            OpenFailure::NeedsMigration => "needs migration",
             OpenFailure::PermissionDenied => "permission denied",
             OpenFailure::InvalidOptions => "invalid options",
             OpenFailure::Other => "other",

@@ -799,7 +799,7 @@ fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
         Some(SCHEMA_VERSION) => Ok(()),
         Some(1) => Err(open_error(
             path,
-            OpenFailure::Unsupported,
+            OpenFailure::NeedsMigration,
             format!(
                 "written in store schema 1, which a read-write open migrates to {SCHEMA_VERSION}; a read-only open cannot"
             ),
@@ -1002,21 +1002,28 @@ pub(crate) fn open_shared(
     {
         if let Some(shared) = entry.shared.upgrade() {
             let refused = if shared.needs_reopen() {
-                Some(
+                // Not in use: unusable, until this process's own handles are all closed.
+                Some((
+                    OpenFailure::Other,
                     "a write failed on it in this process (an I/O error, or a commit that panicked), and redb refuses every write until it is reopened: close every handle on it first"
                         .to_owned(),
-                )
+                ))
             } else if mode == Mode::ReadOnly {
                 None
             } else if shared.writable().is_none() {
-                Some(
+                Some((
+                    OpenFailure::InUse,
                     "open read-only in this process: a read-write handle needs every read-only handle on the file closed first"
                         .to_owned(),
-                )
+                ))
             } else if shared.live_readers != live_readers {
-                Some(format!(
-                    "open in this process with live_readers {}: every read-write handle on a file must agree",
-                    shared.live_readers
+                // Options that contradict those the file is open with: no wait makes them agree.
+                Some((
+                    OpenFailure::InvalidOptions,
+                    format!(
+                        "open in this process with live_readers {}: every read-write handle on a file must agree",
+                        shared.live_readers
+                    ),
                 ))
             } else {
                 None
@@ -1026,7 +1033,7 @@ pub(crate) fn open_shared(
                 // Only an operation whose caller gave up still holds the database: the open
                 // waits for it below instead of refusing.
                 Some(_) if shared.handles.load(Ordering::Acquire) == 0 => {}
-                Some(reason) => return Err(open_error(path, OpenFailure::InUse, reason, None)),
+                Some((kind, reason)) => return Err(open_error(path, kind, reason, None)),
             }
         }
         // The last handle is being dropped right now, or is gone while an operation its caller

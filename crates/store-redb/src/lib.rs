@@ -1985,8 +1985,13 @@ mod tests {
         );
         let path = dir.path().join("state.redb");
         match RedbStore::open(&path).await {
-            Err(StoreError::Open { reason, .. }) => {
+            Err(StoreError::Open { reason, kind, .. }) => {
                 assert!(reason.contains("a write failed on it"), "{reason}");
+                assert_eq!(
+                    kind,
+                    awareness_core::OpenFailure::Other,
+                    "not in use: unusable until this process closes it"
+                );
             }
             other => panic!("shared a database that cannot write: {other:?}"),
         }

@@ -708,7 +708,7 @@ async fn a_read_only_open_refuses_what_it_cannot_read_as_it_is_and_writes_nothin
         txn.commit().unwrap();
     }
     let cases = [
-        (&schema_1, "schema 1", OpenFailure::Unsupported),
+        (&schema_1, "schema 1", OpenFailure::NeedsMigration),
         (
             &newer,
             "schema version 99 is not supported",
@@ -780,7 +780,7 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
         &err,
         &path,
         "open in this process with live_readers true",
-        OpenFailure::InUse,
+        OpenFailure::InvalidOptions,
     );
     // A read-only handle ignores the write settings: none of them is checked. (What a
     // read-only handle beside a live writer reads and refuses is the shared read-only suite's,

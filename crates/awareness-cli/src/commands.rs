@@ -1112,8 +1112,8 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
                 "SQLite needs no repair (readers recover its write-ahead log); checked \
                  read-only, unchanged"
             } else {
-                "closed cleanly and of this build's schema: nothing to repair; checked \
-                 read-only, unchanged"
+                "a read-only open takes it (closed cleanly, or open in a writer that lets \
+                 readers in): nothing to repair; checked read-only, unchanged"
             },
         ),
     };

@@ -52,7 +52,8 @@ pub enum OpenError {
 impl OpenError {
     /// Whether opening again may succeed: the store was busy ([`StoreError::is_retryable`],
     /// another connection holding the lock a migration needs, say), or its file is in use
-    /// ([`OpenFailure::InUse`]: held by another process, a gateway that has not exited yet).
+    /// ([`OpenFailure::InUse`]: held by another process, a gateway that has not exited yet, or
+    /// by read-only or closing handles of this process).
     /// A bad URL, a backend left out of the build or a file that is not a store stays as it
     /// is.
     pub fn is_retryable(&self) -> bool {
@@ -205,12 +206,13 @@ pub enum Repair {
 /// Readies an existing store for read-only opens after its writer crashed, changing nothing
 /// else. The file is first opened read-only; when that opens it, there is nothing to repair
 /// and nothing is written ([`Repair::NotNeeded`]: always for SQLite, whose readers recover its
-/// write-ahead log themselves). A redb file the read-only open refuses (not closed cleanly,
-/// or of schema 1) is then opened read-write and closed cleanly: redb repairs it while
-/// opening it, and a schema 1 file is migrated, as any read-write open does
-/// ([`Repair::Reopened`]). Nothing is created: a missing or empty file, or a file that is not
-/// a store of that backend, is refused with [`StoreError::Open`] and left as it was.
-/// `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
+/// write-ahead log themselves). A redb file the read-only open refuses as not closed cleanly
+/// ([`StoreError::NeedsRepair`]) or of schema 1 ([`OpenFailure::NeedsMigration`]) is then
+/// opened read-write and closed cleanly: redb repairs it while opening it, and a schema 1 file
+/// is migrated, as any read-write open does ([`Repair::Reopened`]). Any other refusal of the
+/// read-only open is returned as it is, the file not written to: nothing is created for a
+/// missing or empty file, and a file that is not a store of that backend, or is in use, is
+/// left as it was. `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
 pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     let (path, sqlite) = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(p) => (p, true),
@@ -233,13 +235,18 @@ pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     };
     let (store, reopened) = match open_full_store_with(url, options(true)).await {
         Ok(store) => (store, false),
-        Err(e) if sqlite => return Err(e),
-        Err(e) => {
-            // Whatever the read-only open refused, the read-write open decides: it repairs
-            // or migrates a store, and refuses (writing nothing) what is not one.
-            tracing::debug!(path = %path.display(), error = %e, "repair: a read-only open refused the file; opening it read-write");
+        // Only what a read-write open mends is opened so: a file its writer left open, or one
+        // of the older schema. Any other refusal is the answer (a file that is not a store, in
+        // use, missing, ...), and the file is not written to.
+        Err(OpenError::Store(e))
+            if !sqlite
+                && (matches!(e, StoreError::NeedsRepair { .. })
+                    || e.open_failure() == Some(OpenFailure::NeedsMigration)) =>
+        {
+            tracing::debug!(path = %path.display(), error = %e, "repair: opening the file read-write");
             (open_full_store_with(url, options(false)).await?, true)
         }
+        Err(e) => return Err(e),
     };
     let stats = store.log_stats().await;
     store.close().await;
@@ -283,7 +290,7 @@ mod tests {
     /// named `x.db?mode=rwc`).
     /// Only a busy store is worth opening again.
     #[test]
-    fn only_a_busy_open_is_retryable() {
+    fn only_a_busy_or_in_use_open_is_retryable() {
         let busy = StoreError::Busy {
             context: "open".into(),
             source: "locked".into(),

@@ -490,6 +490,8 @@ enum Attempt {
     Refused {
         /// The path a [`StoreError::Open`] named (`None`: another error).
         open_error_path: Option<std::path::PathBuf>,
+        /// Its kind ([`OpenFailure`]'s text).
+        open_error_kind: Option<String>,
         /// The error's message.
         message: String,
         /// The error, in debug form.
@@ -508,6 +510,7 @@ async fn attempt(f: &impl OpenFile, path: std::path::PathBuf) -> Attempt {
                 StoreError::Open { path, .. } => Some(path.clone()),
                 _ => None,
             },
+            open_error_kind: e.open_failure().map(|k| k.to_string()),
             message: e.to_string(),
             debug: format!("{e:?}"),
         },
@@ -747,12 +750,13 @@ fn as_another_user(test: ThisTest, dir: &Path, path: &Path) -> Attempt {
 }
 
 /// Asserts that `attempt`, an open of `path`, was refused with a [`StoreError::Open`] naming
-/// it, in a message that names it too.
+/// it, of kind [`OpenFailure::PermissionDenied`], in a message that names it too.
 #[cfg(unix)]
 fn assert_refused_naming(what: &str, attempt: &Attempt, path: &Path) {
     match attempt {
         Attempt::Refused {
             open_error_path,
+            open_error_kind,
             message,
             debug,
         } => {
@@ -760,6 +764,11 @@ fn assert_refused_naming(what: &str, attempt: &Attempt, path: &Path) {
                 open_error_path.as_deref(),
                 Some(path),
                 "{what}: a StoreError::Open naming the file, got {debug}"
+            );
+            assert_eq!(
+                open_error_kind.as_deref(),
+                Some(OpenFailure::PermissionDenied.to_string().as_str()),
+                "{what}: {message}"
             );
             assert!(
                 message.contains(&path.display().to_string()),

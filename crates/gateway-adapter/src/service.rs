@@ -324,14 +324,16 @@ pub struct AwarenessConfig {
     /// timer whenever every task waits, also while a durable store works on a blocking thread,
     /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
-    /// The most recordings, acknowledgements and sweeps the store may have outstanding at
-    /// once (default 4,096; at least 1). Each runs on a task of its own until the store
-    /// answers, also once its caller stopped waiting ([`AwarenessConfig::store_wait`]); with a
-    /// store that hangs, every producer's call would leave one more task holding its event, for
-    /// as long as the store hangs. Past this many, a write is refused at once with
-    /// [`StoreError::Busy`] (retryable: it may be made again once the store answers), and a
-    /// best-effort producer logs it as any failure. ([`Awareness::wait_for_writes`] waits for
-    /// those outstanding.)
+    /// How many recordings, acknowledgements and sweeps the store may have outstanding at once
+    /// before a recording is refused (default 4,096; at least 1). Each runs on a task of its
+    /// own until the store answers, also once its caller stopped waiting
+    /// ([`AwarenessConfig::store_wait`]); with a store that hangs, every producer's call would
+    /// leave one more task holding its event, for as long as the store hangs. Past this many, a
+    /// recording is refused at once with [`StoreError::Busy`] (retryable: it may be made again
+    /// once the store answers), and a best-effort producer logs it as any failure. A turn's
+    /// acknowledgement and a sweep are not refused (a turn acknowledges one at a time per
+    /// watcher, and a refused acknowledgement would show its notices again at every turn).
+    /// ([`Awareness::wait_for_writes`] waits for those outstanding.)
     pub max_pending_writes: usize,
 }
 
@@ -1099,7 +1101,9 @@ impl Awareness {
 
     /// Records an event and delivers its notices; the store's error is returned as it is. The
     /// recording and its delivery run to their end even if the caller gives up on this future
-    /// (on a task of its own, which a dropped caller does not stop).
+    /// (on a task of its own, which a dropped caller does not stop). With
+    /// [`AwarenessConfig::max_pending_writes`] writes outstanding already (a store that does not
+    /// answer), it is refused at once with [`StoreError::Busy`] and nothing is written.
     ///
     /// The watchers the event names ([`NewEvent::watchers`]) are registered as given; the
     /// producers of this service name a spawner only once the visibility policy let it watch
@@ -1115,6 +1119,7 @@ impl Awareness {
             async move { store.record(event, now).await },
             |r| r.notices.as_slice(),
             self.owned(),
+            Some(self.config.max_pending_writes),
         );
         let ((), recorded) = written
             .await
@@ -1132,7 +1137,9 @@ impl Awareness {
     /// panic of the write) is the caller's to report while it waits; once it has stopped
     /// waiting, the task logs it (`warn!`, with `what` and `about`), since the caller logged only
     /// that the write went on. A task the runtime drops midway (a runtime shutting down) logs
-    /// nothing.
+    /// nothing. With `cap`, the write is refused at once ([`StoreError::Busy`], nothing made)
+    /// when that many writes are outstanding already.
+    #[allow(clippy::too_many_arguments)]
     async fn write_and_deliver<K, T, W>(
         &self,
         what: &'static str,
@@ -1141,20 +1148,21 @@ impl Awareness {
         write: W,
         notices: fn(&T) -> &[Notice],
         owned: Option<Arc<dyn SessionDirectory>>,
+        cap: Option<usize>,
     ) -> Result<(K, Result<T, StoreError>), tokio::task::JoinError>
     where
         K: Send + 'static,
         W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
-        let writing = match Writing::start(&self.writes, self.config.max_pending_writes) {
+        let writing = match Writing::start(&self.writes, cap.unwrap_or(usize::MAX)) {
             Ok(writing) => writing,
             Err(running) => {
                 let refused = StoreError::Busy {
                     context: format!("{what}: not made"),
                     source: format!(
-                        "{running} recordings, acknowledgements and sweeps the store has not \
-                         answered are outstanding (AwarenessConfig::max_pending_writes)"
+                        "{running} writes the store has not answered are outstanding \
+                         (AwarenessConfig::max_pending_writes)"
                     )
                     .into(),
                 };
@@ -2095,6 +2103,9 @@ impl Awareness {
             Vec::as_slice,
             // The follow-ups go to the watcher taking its turn here: this gateway's.
             None,
+            // Not refused: one per watcher at a time (its turn lock), and a refused one would
+            // show its notices again at every turn until a write is let through.
+            None,
         )
         .await
     }
@@ -2451,6 +2462,8 @@ impl Awareness {
                 },
                 Vec::as_slice,
                 // The sweep re-notifies only watchers the directory knows.
+                None,
+                // Not refused: one at start-up, or as the host retries it.
                 None,
             )
             .await

@@ -1089,9 +1089,9 @@ async fn a_recording_that_hangs_gives_up_waiting_and_still_delivers() {
 
 /// Bug: with a store that hangs, every best-effort producer's call left one more task holding
 /// its event for as long as the store hung, without limit. Past
-/// `AwarenessConfig::max_pending_writes` outstanding writes, a write is refused at once, as
-/// busy (retryable); the outstanding ones commit and deliver when the store answers, and the
-/// next write is made.
+/// `AwarenessConfig::max_pending_writes` outstanding writes, a recording is refused at once,
+/// as busy (retryable), and an acknowledgement or a sweep is not; the outstanding recordings
+/// commit and deliver when the store answers, and the next one is made.
 #[tokio::test(start_paused = true)]
 async fn writes_a_hung_store_has_not_answered_are_capped() {
     let config = AwarenessConfig {
@@ -1132,6 +1132,11 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
         matches!(busy, StoreError::Busy { .. }) && busy.is_retryable(),
         "{busy:?}"
     );
+    // Acknowledgements and sweeps are not refused: a refused acknowledgement would show its
+    // notices again at every turn.
+    let follow = w.svc.try_acknowledge(&k(MANAGER), &[k(CHILD)]).await;
+    assert!(follow.expect("acknowledged").is_empty());
+    assert_eq!(w.svc.try_sweep().await.expect("swept"), 0);
     w.open_gate();
     settle().await;
     assert_eq!(

@@ -8,6 +8,8 @@
 //! store-sqlite-torture batch <db> <tag> <count>     record <count> events, print each sequence, exit 0
 //! store-sqlite-torture open <db>                    open once; exit 0, or print the error and exit 2
 //! store-sqlite-torture go-batch <db> <tag> <count>  read a line from stdin, then as batch
+//! store-sqlite-torture go-halves <db> <tag> <count> as go-batch, printing `half` after the first
+//!                                                   half and reading a line before the second
 //! ```
 //!
 //! `record` prints `<sequence> <target> <write transactions> <stored|hit> <dedupe key|->` after
@@ -128,10 +130,22 @@ async fn recorder(
     Ok(())
 }
 
-async fn batch(db: &str, tag: &str, count: usize) -> Result<(), Box<dyn std::error::Error>> {
+/// Records `count` events on `agent:<tag>:s0` to `s9`, printing each; with `pause`, prints
+/// `half` after the first half and waits for a line on stdin before the second.
+async fn batch(
+    db: &str,
+    tag: &str,
+    count: usize,
+    pause: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let store = SqliteStore::open(db).await?;
     let mut out = std::io::stdout().lock();
     for i in 0..count {
+        if pause && i == count / 2 {
+            writeln!(out, "half")?;
+            out.flush()?;
+            std::io::stdin().read_line(&mut String::new())?;
+        }
         let session = SessionRef::parse(&format!("agent:{tag}:s{}", i % 10), tag)?;
         let rec = store.record(human(&session), Timestamp::now()).await?;
         writeln!(out, "{} {}", rec.event.sequence, session.session_key)?;
@@ -151,11 +165,15 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match argv.as_slice() {
             ["record", db, targets] => record_forever(db, targets.parse()?).await,
-            ["batch", db, tag, count] => batch(db, tag, count.parse()?).await,
+            ["batch", db, tag, count] => batch(db, tag, count.parse()?, false).await,
             ["go-batch", db, tag, count] => {
                 // Started beside another process, both wait for the word to open at once.
                 std::io::stdin().read_line(&mut String::new())?;
-                batch(db, tag, count.parse()?).await
+                batch(db, tag, count.parse()?, false).await
+            }
+            ["go-halves", db, tag, count] => {
+                std::io::stdin().read_line(&mut String::new())?;
+                batch(db, tag, count.parse()?, true).await
             }
             ["open", db] => match SqliteStore::open(db).await {
                 Ok(store) => {
@@ -167,7 +185,7 @@ fn main() -> ExitCode {
                     std::process::exit(2);
                 }
             },
-            _ => Err("usage: store-sqlite-torture record|batch|go-batch|open ...".into()),
+            _ => Err("usage: store-sqlite-torture record|batch|go-batch|go-halves|open ...".into()),
         }
     });
     match result {

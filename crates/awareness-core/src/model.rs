@@ -927,6 +927,30 @@ mod tests {
         );
     }
 
+    /// `EventKind::ALL` holds every known kind, each once, in declaration order: stores outside
+    /// this crate (where the enum is non-exhaustive) give each kind of it a code or a spelling,
+    /// and a kind added to the enum but not to `ALL` would have none.
+    #[test]
+    fn all_holds_every_known_kind() {
+        // Exhaustive here, in the defining crate: a new variant fails to compile until it is
+        // placed.
+        let index = |k: &EventKind| match k {
+            EventKind::HumanDirectMessage => 0,
+            EventKind::GoalChanged => 1,
+            EventKind::UpstreamMissing => 2,
+            EventKind::ChildSpawned => 3,
+            EventKind::RunCompleted => 4,
+            EventKind::RunFailed => 5,
+            EventKind::Compacted => 6,
+            EventKind::Adopted => 7,
+            EventKind::Created => 8,
+            EventKind::Other(_) => usize::MAX,
+        };
+        for (i, k) in EventKind::ALL.iter().enumerate() {
+            assert_eq!(index(k), i, "{k}");
+        }
+    }
+
     /// An agent id holds no `:`, however it is made: the agent an agent-qualified key names
     /// ends at its first `:`, so a ref of `agent:a:b:x` under an agent `a:b` would say it is
     /// not the watcher whose key it holds.

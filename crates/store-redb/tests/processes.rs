@@ -663,7 +663,7 @@ fn file_open_in_another_process_is_refused_not_waited_for() {
         ))
         .expect_err("a file held by another process was opened twice");
     let canonical = std::fs::canonicalize(&path).unwrap();
-    let named = match &err {
+    match &err {
         StoreError::Open {
             path: p,
             kind,
@@ -678,11 +678,9 @@ fn file_open_in_another_process_is_refused_not_waited_for() {
             );
             assert_eq!(reason, "already open in another process");
             assert!(source.is_some(), "redb's error is kept as the source");
-            p.display().to_string()
         }
         other => panic!("expected StoreError::Open, got {other:?}"),
-    };
-    assert!(err.to_string().contains(&named), "{err}");
+    }
     // Once the other process has let go, the file opens.
     release(holder);
     rt.block_on(async {

@@ -204,7 +204,9 @@ impl RunTracker {
         }
     }
 
-    /// A run ended in `session` (extra calls are ignored).
+    /// A run ended in `session`. A call with no run counted is ignored; one more than the
+    /// runs started by hand ends a run another caller counted, so a run is ended either by
+    /// this or by dropping its [`ActiveRun`], never both.
     pub fn finished(&self, session: &SessionRef) {
         let mut g = lock(&self.active);
         if let Some(n) = g.get_mut(session) {

@@ -578,6 +578,14 @@ impl UpstreamProvider for JsonlProvider {
         let Some(path) = path_of(link) else {
             return CheckOutcome::Failed("the link names no transcript path".into());
         };
+        if !path.is_absolute() {
+            // An adoption stores the absolute path; a relative one (another writer's row) would
+            // be read from wherever the gateway runs.
+            return CheckOutcome::Failed(format!(
+                "the link's transcript path {} is not absolute",
+                path.display()
+            ));
+        }
         let marker = super::stored_marker(link, JsonlMarker::from_value);
         let own = upstream::own_fingerprints(own_recent);
         let budget = self.budget;
@@ -715,6 +723,22 @@ mod tests {
         };
         assert!(
             matches!(&out, CheckOutcome::Failed(why) if why.contains("not a regular file")),
+            "{out:?}"
+        );
+    }
+
+    /// A link whose transcript path is relative (written by another writer of the store: an
+    /// adoption stores the absolute path) is not read from the gateway's working directory:
+    /// the check fails, naming the path.
+    #[tokio::test]
+    async fn a_relative_transcript_path_is_not_read() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.jsonl");
+        let mut link = link_to(&path, "agent:main:main");
+        link.upstream_ref = Some(super::jsonl_ref(Path::new("t.jsonl")));
+        let out = JsonlProvider::new().check(&link, &[]).await;
+        assert!(
+            matches!(&out, CheckOutcome::Failed(why) if why.contains("t.jsonl is not absolute")),
             "{out:?}"
         );
     }

@@ -657,6 +657,18 @@ impl NormalizedText {
         self.chars == 0
     }
 
+    /// Whether this text, read back from a stored marker, is one feeding could have made
+    /// with a prefix of `prefix_cap` characters: that cap, a prefix of the first
+    /// `min(chars, prefix_cap)` characters, and a pending space only after some text. A stored
+    /// state edited to another cap would keep a prefix as long as its line, and make markers
+    /// too large to store again.
+    pub fn is_sound(&self, prefix_cap: usize) -> bool {
+        let kept = self.prefix.chars().count() as u64;
+        self.prefix_cap == prefix_cap
+            && kept == self.chars.min(prefix_cap as u64)
+            && (!self.pending_space || self.chars > 0)
+    }
+
     /// The first `prefix_cap` characters of the normalized text.
     pub fn prefix(&self) -> &str {
         &self.prefix

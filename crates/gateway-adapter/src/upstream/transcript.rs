@@ -412,6 +412,24 @@ impl LineScanner {
         // A line found malformed inside an escape keeps the escape (the rest is skipped anyway).
         let escape_in_string =
             matches!(self.esc, Esc::None) || matches!(self.tok, Tok::Str { .. } | Tok::Malformed);
+        // What the reader keeps of a field stays within its bounds (a character may take the
+        // last 4 bytes), so that a stored state read back keeps markers small enough to store.
+        let bounded = |s: &Option<String>, max: usize| s.as_ref().is_none_or(|s| s.len() <= max);
+        let f = &self.facts;
+        let facts = [
+            &f.row_type,
+            &f.role,
+            &f.attachment_type,
+            &f.command_mode,
+            &f.origin_kind,
+            &f.subtype,
+            &f.row_origin_kind,
+        ]
+        .into_iter()
+        .all(|s| bounded(s, SMALL_BYTES + 4))
+            && bounded(&f.uuid, MAX_DEDUPE_ID_BYTES + 4)
+            && f.content.is_sound(TEXT_PREFIX_CHARS)
+            && f.prompt.is_sound(TEXT_PREFIX_CHARS);
         high && escape
             && tok
             && escape_in_string
@@ -419,6 +437,9 @@ impl LineScanner {
             && depth <= MAX_DEPTH
             && self.kinds.bytes().all(|k| k == b'o' || k == b'a')
             && self.path.len() == depth.min(PATH_DEPTH)
+            && self.buf.len() <= MAX_DEDUPE_ID_BYTES.max(SMALL_BYTES).max(KEY_BYTES) + 4
+            && self.scalar.len() <= 8 + 4
+            && facts
     }
 
     /// Consumes `bytes` up to the line's end: returns `Some(i)` when `bytes[i]` is the line's
@@ -1063,6 +1084,14 @@ mod tests {
     #[test]
     fn every_state_the_reader_reaches_is_sound() {
         let deep = format!("{{\"a\":{}{}}}", "[".repeat(300), "]".repeat(300));
+        // Every field the reader keeps at and past its bound, in characters of 1 to 4 bytes.
+        let long = format!(
+            r#"{{"type":"{a}","uuid":"{e}","{k}":1,"message":{{"role":"{a}","content":"{t}"}},"attachment":{{"type":"{e}","prompt":"{t}","origin":{{"kind":"{a}"}}}},"subtype":"{e}","n":-12345678901234567890e-5}}"#,
+            a = "é".repeat(40),
+            e = "😀".repeat(30),
+            k = "ключ".repeat(20),
+            t = "слово ".repeat(100),
+        );
         let lines: Vec<Vec<u8>> = [
             r#"{"a":"\u12zz","type":"user"}"#,
             r#"{"a":"\q"}"#,
@@ -1076,6 +1105,7 @@ mod tests {
             r#"{"a":1,}"#,
             r#"{"type":"user","message":{"role":"user","content":[{"type":"text","text":"hi"}]}}"#,
             deep.as_str(),
+            long.as_str(),
         ]
         .iter()
         .map(|l| l.as_bytes().to_vec())
@@ -1128,6 +1158,32 @@ mod tests {
         assert!(
             !edited(&|v| v["esc"] = json!({"Unicode": {"n": 4, "value": 0}})),
             "4 digits read"
+        );
+        // Kept fields past their bounds: a marker read back with one would grow past what a
+        // link may store, and be read again at every tick.
+        assert!(
+            !edited(&|v| v["buf"] = json!("x".repeat(100))),
+            "a key or short string"
+        );
+        assert!(
+            !edited(&|v| v["scalar"] = json!("1".repeat(20))),
+            "a number's first bytes"
+        );
+        assert!(
+            !edited(&|v| v["facts"]["row_type"] = json!("x".repeat(100))),
+            "a short field"
+        );
+        assert!(
+            !edited(&|v| v["facts"]["uuid"] = json!("x".repeat(100))),
+            "a uuid kept whole"
+        );
+        assert!(
+            !edited(&|v| v["facts"]["content"]["prefix_cap"] = json!(1_000_000)),
+            "another text prefix"
+        );
+        assert!(
+            !edited(&|v| v["facts"]["prompt"]["prefix"] = json!("y")),
+            "a prefix longer than the text"
         );
     }
 

@@ -56,8 +56,9 @@
 //!
 //! Shutting down: stop the upstream monitor ([`MonitorTask::stop`]) and drop the
 //! [`UpstreamMonitor`] itself (it holds the service too), abort the pruning and pick-up tasks
-//! and await their handles (which returns once the task has let go of the service; a handle
-//! dropped instead detaches its task, which then runs on, holding the service), wait for the store
+//! and await their handles (which returns once the task has let go of the service; a task whose
+//! handle was dropped instead holds the service only while its pass or pick-up runs, and ends
+//! at its next interval once the service is gone), wait for the store
 //! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording, an
 //! acknowledgement or a sweep runs to its end on a task of its own, holding the store), drop the
 //! [`Awareness`], then close the store through its last handle with

@@ -2491,17 +2491,24 @@ impl Awareness {
     }
 
     /// Runs pruning every `prune_interval` on a background task, never on the recording path.
-    /// To stop it before closing the store, abort the handle and await it: the task holds the
-    /// service, and with it the store, until it has ended.
+    /// The task holds the service (and with it the store) only while a pass runs, and ends at
+    /// its next interval once the service is dropped, so that a handle dropped without being
+    /// aborted leaves no task keeping the store open. To stop it at once before closing the
+    /// store, abort the handle and await it (a pass under way holds the service until then).
     pub fn spawn_pruning(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let me = Arc::clone(self);
+        let service = Arc::downgrade(self);
+        // At least 1 ms: checked when the service was built.
+        let interval = self.config.prune_interval;
         tokio::spawn(async move {
-            // At least 1 ms: checked when the service was built.
-            let mut tick = tokio::time::interval(me.config.prune_interval);
+            let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await; // the first tick is immediate; start-up already pruned
             loop {
                 tick.tick().await;
+                let Some(me) = service.upgrade() else {
+                    debug!("the service is gone: background pruning ends");
+                    return;
+                };
                 me.prune().await;
             }
         })
@@ -2621,17 +2628,23 @@ impl Awareness {
     /// [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so. To stop the task,
     /// abort the handle and await it, as for [`Awareness::spawn_pruning`].
     pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let me = Arc::clone(self);
+        let service = Arc::downgrade(self);
+        // At least 1 ms: checked when the service was built.
+        let interval = self.config.pickup_interval;
+        let mut shared_said = self.config.owned_watchers_only;
         tokio::spawn(async move {
-            // At least 1 ms: checked when the service was built.
-            let mut tick = tokio::time::interval(me.config.pickup_interval);
+            let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut schedule = PickupSchedule::default();
             let mut failing = false;
             let mut first_answer = None;
-            let mut shared_said = me.config.owned_watchers_only;
             loop {
                 tick.tick().await;
+                // Held for this interval's question and pick-up only, as pruning's task does.
+                let Some(me) = service.upgrade() else {
+                    debug!("the service is gone: the pick-up task ends");
+                    return;
+                };
                 match me.store.foreign_commits().await {
                     Ok(None) => {
                         debug!("the store has no other writer: nothing to pick up");

@@ -20,6 +20,29 @@ use tokio::sync::{Semaphore, mpsc};
 
 mod common;
 
+/// Bug: a pruning or pick-up task whose handle was dropped (not aborted) held the service, and
+/// with it the store, for good: closing the store became a drop of one handle, and a redb file
+/// stayed locked. The tasks hold the service only while they work: dropping the service lets
+/// go of the store at once, and each task ends at its next interval.
+#[tokio::test(start_paused = true)]
+async fn background_tasks_let_go_of_a_dropped_service() {
+    let store = Arc::new(MemoryStore::new());
+    let (awareness, _, _) = common::service(store.clone(), None);
+    let pruning = awareness.spawn_pruning();
+    let pickup = awareness.spawn_pickup();
+    // Both tasks started (pruning past its first tick, the pick-up at its first question).
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(awareness);
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "nothing but this test holds the store once the service is dropped"
+    );
+    tokio::time::sleep(gateway_adapter::AwarenessConfig::default().prune_interval).await;
+    assert!(pruning.is_finished(), "pruning ended at its next interval");
+    assert!(pickup.is_finished(), "the pick-up ended");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
     let dir = tempfile::tempdir().unwrap();

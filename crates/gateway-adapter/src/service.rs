@@ -724,7 +724,28 @@ impl TurnLocks {
                 *mark = number.max(*mark);
             }
         }
-        keep_in_use(&mut map);
+        self.keep_in_use(&mut map);
+    }
+
+    /// Drops the turn locks nobody uses. Clones are only taken under the map's lock, so an
+    /// entry only the map holds has no turn holding or waiting for it; it stays while it
+    /// carries lines for the next turn, once the resets and deletions marked while it was
+    /// held have dropped theirs (they were applied only when the lock was next taken, which a
+    /// deleted watcher's never is: its lines stayed for the process's life).
+    fn keep_in_use(&self, map: &mut HashMap<SessionKey, TurnLock>) {
+        let mut forgotten = self.forgotten();
+        map.retain(|watcher, lock| {
+            if Arc::strong_count(lock) > 1 {
+                return true;
+            }
+            let Ok(mut carried) = lock.try_lock() else {
+                return true;
+            };
+            if let Some(marks) = forgotten.remove(watcher) {
+                carried.forget_marked(marks);
+            }
+            !carried.is_empty()
+        });
     }
 
     fn forgotten(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Marks>> {
@@ -797,7 +818,7 @@ impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
         let mut map = self.locks.map();
-        keep_in_use(&mut map);
+        self.locks.keep_in_use(&mut map);
         // A reset watcher whose entry is gone left nothing to drop.
         self.locks
             .forgotten()
@@ -829,15 +850,6 @@ async fn until<T>(
         }
         _ => Some(call.await),
     }
-}
-
-/// Drops the turn locks nobody uses. Clones are only taken under the map's lock, so an entry
-/// only the map holds has no turn holding or waiting for it; it stays while it carries lines
-/// for the next turn.
-fn keep_in_use(map: &mut HashMap<SessionKey, TurnLock>) {
-    map.retain(|_, lock| {
-        Arc::strong_count(lock) > 1 || lock.try_lock().map_or(true, |c| !c.is_empty())
-    });
 }
 
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
@@ -2943,6 +2955,39 @@ fn one_line(out: &mut String, text: &str, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bug: a watcher deleted while a turn of it that was dropped midway still held its lock
+    /// (acknowledging what it had read) had the deletion marked, to be applied when the lock
+    /// was next taken, which for a deleted watcher never came: its entry, with the lines the
+    /// turn left, stayed for the process's life. The mark is applied as the lock is let go.
+    #[tokio::test]
+    async fn a_watcher_deleted_while_its_lock_is_held_leaves_no_entry() {
+        let locks = TurnLocks::default();
+        let w = SessionKey::new("agent:main:main").unwrap();
+        let mut guard = locks.lock(&w).await;
+        guard.carried().read.push(QueuedEntry {
+            text: "a notice the dropped turn read".into(),
+            context_key: None,
+        });
+        guard.carried().claim = Some(Arc::new(AtomicBool::new(false)));
+        let number = locks.reset_begins();
+        locks.forget(&w, number, Forget::All);
+        assert!(locks.map().contains_key(&w), "held: the deletion is marked");
+        drop(guard);
+        assert!(
+            locks.map().is_empty(),
+            "let go: the deletion dropped the lines, and the entry with them"
+        );
+        assert!(locks.forgotten().is_empty());
+        // A lock let go with lines and no mark keeps them for the next turn.
+        let mut guard = locks.lock(&w).await;
+        guard.carried().unread.push(QueuedEntry {
+            text: "a line nobody read".into(),
+            context_key: None,
+        });
+        drop(guard);
+        assert!(locks.map().contains_key(&w));
+    }
 
     /// Text a row of another writer holds (decision 0013) is shown on one line per event: a line
     /// break in its kind, actor id or summary could otherwise put a forged event line before

@@ -14,8 +14,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum OpenFailure {
-    /// Nothing is at the path (or its directory is missing), and the open may not create it
-    /// (`create_if_missing` off, a read-only open).
+    /// Nothing is at the path and the open may not create it (`create_if_missing` off, a
+    /// read-only open), or its directory is missing (no open creates one).
     NotFound,
     /// The file is not a store of this backend: another format, another application's
     /// database, an empty file where no store may be created, or not a regular file.
@@ -24,7 +24,8 @@ pub enum OpenFailure {
     /// open cannot share: read-only ones for a read-write open, or ones still closing. Opening
     /// it again once it has been let go may succeed.
     InUse,
-    /// A store written by a later version (a schema this build does not know).
+    /// A store written by a later version (a schema this build does not know), or in a file
+    /// format its database engine no longer opens (redb's `UpgradeRequired`).
     Unsupported,
     /// A store of an older schema, which a read-only open cannot read: a read-write open
     /// migrates it (store-redb's schema 1), after which read-only opens take it.
@@ -32,8 +33,10 @@ pub enum OpenFailure {
     /// The operating system refused access to the file or its directory (permissions, a
     /// read-only file system).
     PermissionDenied,
-    /// The options asked for are invalid (store-redb: a group commit size of 0); the file was
-    /// not touched.
+    /// The options asked for are invalid, or contradict those the file is open with in this
+    /// process: a group commit size of 0; store-redb: a flush interval of 0, live readers with
+    /// the bounded durability, live readers other than this process's handles on the file
+    /// have. The file was not touched.
     InvalidOptions,
     /// Anything else: an I/O error, a damaged or truncated file, a file replaced while it was
     /// being opened.
@@ -77,7 +80,10 @@ pub enum StoreError {
     /// The input was refused; nothing was written.
     #[error("invalid input: {0}")]
     InvalidInput(#[from] ValidationError),
-    /// The store is busy (locked by another writer); the same call may succeed later.
+    /// The store is busy: a lock another writer holds (store-sqlite: past the busy timeout), a
+    /// race for SQLite's write-ahead-log locks lost (`PROTOCOL`), or (gateway-adapter) a
+    /// recording refused while too many writes are outstanding. The same call may succeed
+    /// later.
     #[error("store busy: {context}")]
     Busy {
         /// What was being done; from a store in a file, after the file's path and `: `
@@ -149,7 +155,9 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether retrying the same call may succeed (lock contention).
+    /// Whether retrying the same call may succeed (lock contention: [`StoreError::Busy`]). An
+    /// open refused because its file is in use ([`OpenFailure::InUse`]) is not counted here:
+    /// see [`StoreError::open_failure`] (gateway-adapter's `OpenError::is_retryable` counts it).
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Busy { .. })
     }

@@ -13,8 +13,9 @@
 //! - [`reconcile`]: the `changesSince` page and `session_status`;
 //! - [`retention`]: what pruning deletes and how watermarks are stamped;
 //! - [`store`]: the [`EventStore`] and [`CursorStore`] traits;
-//! - [`error`]: [`StoreError`], the one error type every backend returns, [`error::ErrorChain`]
-//!   to display an error with its sources, and the message of a caught panic;
+//! - [`error`]: [`StoreError`], the one error type every backend returns (an open's failure
+//!   said by kind too: [`OpenFailure`]), [`error::ErrorChain`] to display an error with its
+//!   sources, and the message of a caught panic;
 //! - [`dedupe`]: the dedupe key DESIGN.md section 3 gives each producer's events, so that a
 //!   retried producer records its event once;
 //! - [`audit`]: the invariants a store's rows must keep, checked over rows or over a store that

@@ -43,7 +43,8 @@ pub struct Recorded {
 ///   any handle. Reads never return it.
 /// - [`StoreError::Busy`] (store-sqlite only; [`is_retryable`](StoreError::is_retryable)): a
 ///   statement waited longer than the busy timeout for a lock another connection held,
-///   usually another process's write. The write transaction is rolled back, so a write that
+///   usually another process's write, or lost a race for the write-ahead log's locks
+///   (`PROTOCOL`). The write transaction is rolled back, so a write that
 ///   gets it has written nothing and the same call may be made again.
 /// - [`StoreError::Corrupt`]: the file is damaged (SQLite's `CORRUPT` or `NOTADB`, redb's
 ///   corruption errors), or a row the method must read cannot be read. Each method says which

@@ -196,7 +196,8 @@ pub enum Repair {
     },
     /// Nothing to repair: the file opened read-only and was only read, unchanged. SQLite's
     /// always does (any reader recovers its write-ahead log itself); a redb file does when its
-    /// last writer closed it cleanly (or still has it open) and it is of this build's schema.
+    /// last writer closed it cleanly (or still has it open with live readers) and it is of
+    /// this build's schema.
     NotNeeded {
         /// Events the store holds.
         events: u64,
@@ -212,7 +213,10 @@ pub enum Repair {
 /// is migrated, as any read-write open does ([`Repair::Reopened`]). Any other refusal of the
 /// read-only open is returned as it is, the file not written to: nothing is created for a
 /// missing or empty file, and a file that is not a store of that backend, or is in use, is
-/// left as it was. `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
+/// left as it was. (A redb file not closed cleanly is repaired by redb before anything in it
+/// can be read, so one of another application, or of a later schema, gets redb's repair
+/// before the read-write open refuses it, as at any read-write open: [`StoreError::Open`].)
+/// `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
 pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     let (path, sqlite) = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(p) => (p, true),
@@ -285,10 +289,7 @@ fn percent_decode(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// A URL's path is percent-decoded; a query or fragment, or a broken escape, is refused
-    /// instead of becoming part of a file name (`sqlite:///tmp/x.db?mode=rwc` created a file
-    /// named `x.db?mode=rwc`).
-    /// Only a busy store is worth opening again.
+    /// Only a busy store, or a file in use, is worth opening again.
     #[test]
     fn only_a_busy_or_in_use_open_is_retryable() {
         let busy = StoreError::Busy {
@@ -311,6 +312,9 @@ mod tests {
         assert!(!StoreUrl::parse("postgres://x").unwrap_err().is_retryable());
     }
 
+    /// A URL's path is percent-decoded; a query or fragment, or a broken escape, is refused
+    /// instead of becoming part of a file name (`sqlite:///tmp/x.db?mode=rwc` created a file
+    /// named `x.db?mode=rwc`).
     #[test]
     fn url_paths_are_percent_decoded_and_queries_refused() {
         assert_eq!(

@@ -265,9 +265,10 @@ pub enum HumanRecorded {
     Event(Arc<Event>),
     /// Not recorded: the session has no spawner, parent or watcher.
     Unwatched,
-    /// Not recorded: the store failed, or did not answer within
-    /// [`AwarenessConfig::store_wait`] (the recording then goes on, on its own task): the
-    /// error, with its causes.
+    /// Not recorded: the store failed, did not answer within [`AwarenessConfig::store_wait`]
+    /// (the recording then goes on, on its own task), or the recording was refused at once
+    /// ([`AwarenessConfig::max_pending_writes`] writes outstanding): the error, with its
+    /// causes.
     Failed(String),
 }
 
@@ -372,7 +373,7 @@ impl AwarenessConfig {
         config::at_least_one(
             "AwarenessConfig.max_pending_writes",
             u64::try_from(self.max_pending_writes).unwrap_or(u64::MAX),
-            "it must be at least 1: it is how many writes the store may have outstanding, and 0 refuses every write",
+            "it must be at least 1: it is how many writes the store may have outstanding, and 0 refuses every recording",
         )
     }
 }

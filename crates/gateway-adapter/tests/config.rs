@@ -176,7 +176,7 @@ fn refused_service_settings_name_their_field() {
                 ..AwarenessConfig::default()
             },
             "AwarenessConfig.max_pending_writes",
-            "refuses every write",
+            "refuses every recording",
         ),
     ];
     for (config, field, why) in cases {

@@ -26,7 +26,10 @@
 //!   turn without a uuid (`<dev>:<ino>:<16 hex of the generation>:<line offset>`) names: a
 //!   line written at an offset where a recorded one was before a truncation is a new turn.
 //! - **a read that hangs holds one thread, not one a tick**: a path that is not a regular file
-//!   (a FIFO would block its open until a writer came) is refused before it is opened, and a
+//!   (a FIFO would block its open until a writer came) is refused before it is opened, and
+//!   opened without blocking (`O_NONBLOCK` on Unix), so that one swapped in meanwhile fails at
+//!   once; a link whose path is not absolute is not read (an adoption stores the absolute
+//!   path); and a
 //!   link whose previous check is still reading (a hung network mount, say: the monitor's
 //!   timeout stops waiting for it, but a blocking read cannot be cancelled) fails its check at
 //!   once instead of starting another read. (Links of several sessions on one transcript are

@@ -391,8 +391,9 @@ impl LineScanner {
     /// stored marker, which anyone may have edited, may not be): a lone high surrogate is one,
     /// a `\\u` escape has read at most 3 of its digits, at most 3 bytes of a UTF-8 character
     /// wait, the open containers are objects and arrays no deeper than followed, the path
-    /// holds the outermost of them, and a token that belongs inside a container has one of
-    /// its kind.
+    /// holds the outermost of them, a token that belongs inside a container has one of its
+    /// kind, and every field the reader keeps (a key or short string, a number's first bytes,
+    /// the row's short facts, its uuid, each text's prefix and its cap) is within its bound.
     pub fn is_sound(&self) -> bool {
         let depth = self.kinds.len();
         let innermost = self.kinds.as_bytes().last().copied();

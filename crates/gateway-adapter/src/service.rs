@@ -330,10 +330,12 @@ pub struct AwarenessConfig {
     /// own until the store answers, also once its caller stopped waiting
     /// ([`AwarenessConfig::store_wait`]); with a store that hangs, every producer's call would
     /// leave one more task holding its event, for as long as the store hangs. Past this many, a
-    /// recording is refused at once with [`StoreError::Busy`] (retryable: it may be made again
-    /// once the store answers), and a best-effort producer logs it as any failure. A turn's
-    /// acknowledgement and a sweep are not refused (a turn acknowledges one at a time per
-    /// watcher, and a refused acknowledgement would show its notices again at every turn).
+    /// recording, or an acknowledgement made outside a turn ([`Awareness::acknowledge`],
+    /// [`Awareness::try_acknowledge`]), is refused at once with [`StoreError::Busy`]
+    /// (retryable: it may be made again once the store answers), and a best-effort producer
+    /// logs it as any failure. A turn's acknowledgement and a sweep are not refused (a turn
+    /// acknowledges one at a time per watcher, and a refused acknowledgement would show its
+    /// notices again at every turn).
     /// ([`Awareness::wait_for_writes`] waits for those outstanding.)
     pub max_pending_writes: usize,
 }
@@ -599,7 +601,10 @@ struct TurnLocks {
     /// Watchers reset or deleted while their lock was held (by a turn, or a pick-up for a
     /// moment), with the numbers of the latest reset and deletion
     /// ([`TurnLocks::reset_begins`]): what a dropped turn left before they began is dropped
-    /// ([`Carried::forget_before`]) when the lock is next taken.
+    /// ([`Carried::forget_before`]) when the lock is next taken, or let go through a
+    /// [`TurnGuard`], or found free by [`TurnLocks::keep_in_use`] (run whenever any watcher's
+    /// guard is let go, and by every reset: a lock an acknowledgement's task let go directly is
+    /// cleared there).
     forgotten: std::sync::Mutex<HashMap<SessionKey, Marks>>,
     /// Counts the resets and deletions begun: what a turn takes is stamped with it
     /// ([`Carried::stamp`]).
@@ -709,7 +714,8 @@ impl TurnLocks {
 
     /// Drops what `what` says of what a dropped turn of `watcher` took before reset (or
     /// deletion) `number` began (its watches are gone), once the store write committed: at
-    /// once, or, while a turn or a pick-up holds the lock, when the lock is next taken.
+    /// once, or, while a turn or a pick-up holds the lock, once it is free (see
+    /// [`TurnLocks::forgotten`]).
     fn forget(&self, watcher: &SessionKey, number: u64, what: Forget) {
         let mut map = self.map();
         if let Some(lock) = map.get(watcher) {
@@ -732,7 +738,9 @@ impl TurnLocks {
     /// entry only the map holds has no turn holding or waiting for it; it stays while it
     /// carries lines for the next turn, once the resets and deletions marked while it was
     /// held have dropped theirs (they were applied only when the lock was next taken, which a
-    /// deleted watcher's never is: its lines stayed for the process's life).
+    /// deleted watcher's never is: its lines stayed for the process's life). A lock an
+    /// acknowledgement's task let go after its turn was dropped is found here at the next let
+    /// go of any watcher's guard.
     fn keep_in_use(&self, map: &mut HashMap<SessionKey, TurnLock>) {
         let mut forgotten = self.forgotten();
         map.retain(|watcher, lock| {
@@ -2043,7 +2051,7 @@ impl Awareness {
     /// follow-up ([`Awareness::try_acknowledge`] returns it).
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
         let targets = targets.iter().cloned().map(AckTarget::any).collect();
-        self.acknowledge_holding(watcher, targets, ())
+        self.acknowledge_holding(watcher, targets, (), Some(self.config.max_pending_writes))
             .await
             .map(|((), follow)| follow)
             .unwrap_or_default()
@@ -2062,7 +2070,13 @@ impl Awareness {
         let w = WatcherKey::new(watcher.clone())?;
         let targets = targets.iter().cloned().map(AckTarget::any).collect();
         let ((), follow) = self
-            .acknowledge_written(watcher, w, targets, ())
+            .acknowledge_written(
+                watcher,
+                w,
+                targets,
+                (),
+                Some(self.config.max_pending_writes),
+            )
             .await
             .map_err(|e| StoreError::backend("the acknowledgement's task failed", e))?;
         follow
@@ -2070,17 +2084,22 @@ impl Awareness {
 
     /// [`Awareness::acknowledge`], on a task that also holds `keep` (a turn's lock) until the
     /// acknowledgement has committed and its follow-ups are queued, and gives it back with the
-    /// follow-ups; `None` if that task failed (panicked), and `keep` with it.
+    /// follow-ups; `None` if that task failed (panicked), and `keep` with it. `cap`: as
+    /// [`Awareness::write_and_deliver`]'s.
     async fn acknowledge_holding<K: Send + 'static>(
         &self,
         watcher: &SessionKey,
         targets: Vec<AckTarget>,
         keep: K,
+        cap: Option<usize>,
     ) -> Option<(K, Vec<Notice>)> {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
             return Some((keep, Vec::new()));
         };
-        match self.acknowledge_written(watcher, w, targets, keep).await {
+        match self
+            .acknowledge_written(watcher, w, targets, keep, cap)
+            .await
+        {
             Ok((keep, Ok(follow))) => Some((keep, follow)),
             Ok((keep, Err(e))) => {
                 warn!(watcher = %watcher, error = %ErrorChain(&e), "acknowledge failed; the notices stay pending");
@@ -2102,6 +2121,7 @@ impl Awareness {
         w: WatcherKey,
         targets: Vec<AckTarget>,
         keep: K,
+        cap: Option<usize>,
     ) -> Result<(K, Result<Vec<Notice>, StoreError>), tokio::task::JoinError> {
         if targets.is_empty() {
             return Ok((keep, Ok(Vec::new())));
@@ -2116,9 +2136,7 @@ impl Awareness {
             Vec::as_slice,
             // The follow-ups go to the watcher taking its turn here: this gateway's.
             None,
-            // Not refused: one per watcher at a time (its turn lock), and a refused one would
-            // show its notices again at every turn until a write is let through.
-            None,
+            cap,
         )
         .await
     }
@@ -2291,7 +2309,10 @@ impl Awareness {
         };
         let held = turn.guard.take().expect("the turn holds its lock");
         let acknowledged = self
-            .within_store_wait(self.acknowledge_holding(watcher, targets, held))
+            // Not refused by `max_pending_writes`: one per watcher at a time (its turn lock),
+            // and a refused one would show its notices again at every turn until a write is
+            // let through.
+            .within_store_wait(self.acknowledge_holding(watcher, targets, held, None))
             .await;
         let Some(acknowledged) = acknowledged else {
             // The store has not answered: the acknowledgement goes on on its own task, with

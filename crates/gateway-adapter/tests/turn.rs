@@ -1089,9 +1089,10 @@ async fn a_recording_that_hangs_gives_up_waiting_and_still_delivers() {
 
 /// Bug: with a store that hangs, every best-effort producer's call left one more task holding
 /// its event for as long as the store hung, without limit. Past
-/// `AwarenessConfig::max_pending_writes` outstanding writes, a recording is refused at once,
-/// as busy (retryable), and an acknowledgement or a sweep is not; the outstanding recordings
-/// commit and deliver when the store answers, and the next one is made.
+/// `AwarenessConfig::max_pending_writes` outstanding writes, a recording or an acknowledgement
+/// outside a turn is refused at once, as busy (retryable), and a turn's acknowledgement or a
+/// sweep is not; the outstanding recordings commit and deliver when the store answers, and the
+/// next one is made.
 #[tokio::test(start_paused = true)]
 async fn writes_a_hung_store_has_not_answered_are_capped() {
     let config = AwarenessConfig {
@@ -1099,6 +1100,17 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
         ..AwarenessConfig::default()
     };
     let mut w = World::gated_with(Call::Record, false, config).await;
+    // One recording the store answers: the manager has a notice pending.
+    w.store.hook.permits.add_permits(1);
+    assert!(
+        within_an_hour(w.svc.human_message(human_message()))
+            .await
+            .is_some()
+    );
+    w.entered
+        .recv()
+        .await
+        .expect("the recording reached the store");
     for _ in 0..2 {
         assert!(
             within_an_hour(w.svc.human_message(human_message()))
@@ -1132,16 +1144,26 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
         matches!(busy, StoreError::Busy { .. }) && busy.is_retryable(),
         "{busy:?}"
     );
-    // Acknowledgements and sweeps are not refused: a refused acknowledgement would show its
-    // notices again at every turn.
-    let follow = w.svc.try_acknowledge(&k(MANAGER), &[k(CHILD)]).await;
-    assert!(follow.expect("acknowledged").is_empty());
-    assert_eq!(w.svc.try_sweep().await.expect("swept"), 0);
+    // An acknowledgement outside a turn is refused too; a sweep is not.
+    let refused = w.svc.try_acknowledge(&k(MANAGER), &[k(CHILD)]).await;
+    assert!(
+        matches!(refused, Err(StoreError::Busy { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        w.svc.try_sweep().await.expect("swept"),
+        1,
+        "the sweep is made: it re-delivers the pending notice"
+    );
+    // A turn's acknowledgement is made: refused, its notice would be shown at every turn.
+    let shown = within_an_hour(w.svc.drain_turn(&k(MANAGER))).await;
+    assert_eq!(texts(&shown), vec![notice(Sequence(1))]);
+    assert!(!w.cursor().await.is_pending(), "the turn acknowledged it");
     w.open_gate();
     settle().await;
     assert_eq!(
         texts(&w.queue.peek(&k(MANAGER))),
-        vec![notice(Sequence(1))],
+        vec![notice(Sequence(2))],
         "the outstanding recordings committed and delivered their notice (once)"
     );
     let events = w
@@ -1158,11 +1180,12 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
             awareness_core::EventKind::ChildSpawned,
             awareness_core::EventKind::HumanDirectMessage,
             awareness_core::EventKind::HumanDirectMessage,
+            awareness_core::EventKind::HumanDirectMessage,
         ],
         "both outstanding recordings committed, nothing refused did"
     );
     let made = within_an_hour(w.svc.try_record(event)).await.expect("made");
-    assert_eq!(made.event.sequence, Sequence(4), "nothing refused was made");
+    assert_eq!(made.event.sequence, Sequence(5), "nothing refused was made");
 }
 
 /// The question whether an unlinked session has a watcher, and the recording after it, wait

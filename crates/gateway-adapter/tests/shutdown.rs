@@ -26,7 +26,19 @@ mod common;
 /// go of the store at once, and each task ends at its next interval.
 #[tokio::test(start_paused = true)]
 async fn background_tasks_let_go_of_a_dropped_service() {
-    let store = Arc::new(MemoryStore::new());
+    // A store another writer commits to, so that the pick-up task asks on at every interval
+    // (with none, it ends at its first question whatever it holds).
+    struct Shared;
+    #[async_trait]
+    impl Hook for Shared {
+        fn foreign_commits(&self) -> Option<u64> {
+            Some(7)
+        }
+    }
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: Shared,
+    });
     let (awareness, _, _) = common::service(store.clone(), None);
     let pruning = awareness.spawn_pruning();
     let pickup = awareness.spawn_pickup();
@@ -38,9 +50,18 @@ async fn background_tasks_let_go_of_a_dropped_service() {
         1,
         "nothing but this test holds the store once the service is dropped"
     );
-    tokio::time::sleep(gateway_adapter::AwarenessConfig::default().prune_interval).await;
+    let config = gateway_adapter::AwarenessConfig::default();
+    tokio::time::sleep(config.pickup_interval).await;
+    assert!(
+        pickup.is_finished(),
+        "the pick-up ended at its next interval"
+    );
+    assert!(
+        !pruning.is_finished(),
+        "pruning waits for its next interval"
+    );
+    tokio::time::sleep(config.prune_interval).await;
     assert!(pruning.is_finished(), "pruning ended at its next interval");
-    assert!(pickup.is_finished(), "the pick-up ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,9 @@ use awareness_core::error::ErrorChain;
 use awareness_core::protocol::IgnoredWatcher;
 use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, Cursor, CursorFilter, Event,
-    EventKind, FullStore, Head, NewEvent, Notice, RetentionPolicy, Sequence, SessionKey,
-    SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol, retention, validate,
+    EventKind, FullStore, Head, NewEvent, Notice, OpenFailure, RetentionPolicy, Sequence,
+    SessionKey, SessionRef, StoreError, Timestamp, ValidationError, WatcherKey, protocol,
+    retention, validate,
 };
 use gateway_adapter::{OpenError, OpenOptions, StoreUrl, open_full_store_with};
 use serde_json::{Value, json};
@@ -188,6 +189,9 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
     .map_err(|e| match e {
         OpenError::BadUrl(_) => CliError::usage(e.to_string()),
         OpenError::Store(StoreError::NeedsRepair { .. }) => {
+            CliError::failure(format!("{e} (`awareness repair` does that)"))
+        }
+        OpenError::Store(ref s) if s.open_failure() == Some(OpenFailure::NeedsMigration) => {
             CliError::failure(format!("{e} (`awareness repair` does that)"))
         }
         other => CliError::failure(ErrorChain(&other).to_string()),

@@ -857,6 +857,47 @@ fn a_write_command_runs_beside_tail_follow_on_redb() {
     reader.join().unwrap();
 }
 
+/// A redb file of the older schema (1): read commands refuse it and point to `repair`, which
+/// migrates it (`"repaired": true`); read commands then take it, with what it held. (The
+/// hint named only a file left open.)
+#[test]
+fn repair_migrates_a_redb_file_of_the_older_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.redb");
+    let store = format!("redb://{}", file.display());
+    let o = run(&[
+        "--store",
+        &store,
+        "record",
+        "--session",
+        "agent:main:worker",
+        "--kind",
+        "created",
+        "--actor-type",
+        "system",
+        "--summary",
+        "created",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    store_redb::RedbStore::rewrite_as_schema_1(&file).expect("rewrite as schema 1");
+    let status = ["--store", &store, "--json", "status", "agent:main:worker"];
+    let o = run(&status);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("schema 1") && text(&o).contains("awareness repair"),
+        "{}",
+        text(&o)
+    );
+    let o = run(&["--store", &store, "--json", "repair"]);
+    assert!(o.status.success(), "repair: {}", text(&o));
+    let repaired: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(repaired, json!({"ok": true, "repaired": true, "events": 1}));
+    let o = run(&status);
+    assert!(o.status.success(), "status after repair: {}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stateVersion"], json!(1));
+}
+
 /// A store whose writer was killed: on redb, read commands refuse it ("not closed cleanly")
 /// until `repair` opens it read-write once; SQLite needs no repair, and `repair` leaves its
 /// store answering the same. A file that needs no repair (SQLite's; the redb file once

@@ -849,6 +849,19 @@ impl RedbStore {
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// rewrites the closed store at `path` as schema 1 wrote it (heads in a table of their own,
+    /// schema version 1), for the tests of what opens and `repair` make of a file an earlier
+    /// version wrote. Blocking. Returns how many heads moved.
+    #[doc(hidden)]
+    pub fn rewrite_as_schema_1(path: &Path) -> Result<u64, StoreError> {
+        let db = redb::Database::open(path).ctx("downgrade: open")?;
+        let txn = db.begin_write().ctx("downgrade: begin a write")?;
+        let moved = tables::downgrade_to_v1(&txn)?;
+        txn.commit().ctx("downgrade: commit")?;
+        Ok(moved)
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
     /// moves the sequence counter forward so that exactly `left` more sequences can be handed out
     /// (to new events, or to dedupe hits, which consume one too) before it reaches the last number
     /// an event can get (`u64::MAX - 1`), as a damaged file or a hand edit could leave it; touches

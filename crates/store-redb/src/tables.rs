@@ -277,6 +277,58 @@ pub(crate) fn migrate_v1(txn: &WriteTransaction) -> Result<u64, StoreError> {
     Ok(moved)
 }
 
+/// The reverse of [`migrate_v1`], for tests: every head back into a `heads` table, out of the
+/// reference index, and schema version 1, in the caller's write transaction. Returns how many
+/// heads moved.
+pub(crate) fn downgrade_to_v1(txn: &WriteTransaction) -> Result<u64, StoreError> {
+    let mut found = Vec::new();
+    {
+        let by_ref = txn
+            .open_table(EVENTS_BY_REF)
+            .ctx("downgrade: open events_by_ref")?;
+        for item in by_ref.iter().ctx("downgrade: read the index")? {
+            let (k, v) = item.ctx("downgrade: read the index")?;
+            let (agent, key, seq) = k.value();
+            if seq == HEAD_SEQ {
+                let row = v.value();
+                let word = |i: usize| {
+                    row.get(i..i + 8)
+                        .and_then(|w| <[u8; 8]>::try_from(w).ok())
+                        .ok_or_else(|| {
+                            StoreError::corrupt("downgrade: a head row of another length")
+                        })
+                };
+                found.push((
+                    agent.to_owned(),
+                    key.to_owned(),
+                    (
+                        u64::from_le_bytes(word(0)?),
+                        u64::from_le_bytes(word(8)?),
+                        i64::from_le_bytes(word(16)?),
+                    ),
+                ));
+            }
+        }
+    }
+    let mut by_ref = txn
+        .open_table(EVENTS_BY_REF)
+        .ctx("downgrade: open events_by_ref")?;
+    let mut heads = txn.open_table(HEADS_V1).ctx("downgrade: open heads")?;
+    for (agent, key, v) in &found {
+        by_ref
+            .remove((agent.as_str(), key.as_str(), HEAD_SEQ))
+            .ctx("downgrade: remove a head")?;
+        heads
+            .insert((key.as_str(), agent.as_str()), v)
+            .ctx("downgrade: write a head")?;
+    }
+    txn.open_table(META)
+        .ctx("downgrade: the meta table")?
+        .insert(SCHEMA_VERSION_KEY, 1)
+        .ctx("downgrade: write the schema")?;
+    Ok(found.len() as u64)
+}
+
 pub(crate) fn cursor_of(
     watcher: &str,
     target: &str,

@@ -482,48 +482,8 @@ async fn a_file_reopens_in_the_other_durability_mode() {
 /// Rewrites a schema 2 file as schema 1 wrote it: heads in a `heads` table keyed by
 /// (key, agent), none in the reference index.
 fn downgrade_to_schema_1(path: &std::path::Path) {
-    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-    const BY_REF: redb::TableDefinition<(&str, &str, u64), &[u8]> =
-        redb::TableDefinition::new("events_by_ref");
-    const HEADS: redb::TableDefinition<(&str, &str), (u64, u64, i64)> =
-        redb::TableDefinition::new("heads");
-    let db = redb::Database::open(path).unwrap();
-    let txn = db.begin_write().unwrap();
-    {
-        let mut by_ref = txn.open_table(BY_REF).unwrap();
-        let mut heads = txn.open_table(HEADS).unwrap();
-        let mut found = Vec::new();
-        for item in by_ref.iter().unwrap() {
-            let (k, v) = item.unwrap();
-            let (agent, key, seq) = k.value();
-            if seq == u64::MAX {
-                let row = v.value();
-                assert_eq!(row.len(), 24, "a head row is three 8-byte words");
-                let word = |i: usize| <[u8; 8]>::try_from(&row[i..i + 8]).unwrap();
-                found.push((
-                    agent.to_owned(),
-                    key.to_owned(),
-                    (
-                        u64::from_le_bytes(word(0)),
-                        u64::from_le_bytes(word(8)),
-                        i64::from_le_bytes(word(16)),
-                    ),
-                ));
-            }
-        }
-        assert!(!found.is_empty(), "schema 2 keeps heads in events_by_ref");
-        for (agent, key, v) in &found {
-            by_ref
-                .remove((agent.as_str(), key.as_str(), u64::MAX))
-                .unwrap();
-            heads.insert((key.as_str(), agent.as_str()), v).unwrap();
-        }
-        txn.open_table(META)
-            .unwrap()
-            .insert("schema_version", 1)
-            .unwrap();
-    }
-    txn.commit().unwrap();
+    let moved = RedbStore::rewrite_as_schema_1(path).expect("rewrite as schema 1");
+    assert!(moved > 0, "schema 2 keeps heads in events_by_ref");
 }
 
 #[tokio::test]

@@ -927,9 +927,11 @@ mod tests {
         );
     }
 
-    /// `EventKind::ALL` holds every known kind, each once, in declaration order: stores outside
-    /// this crate (where the enum is non-exhaustive) give each kind of it a code or a spelling,
-    /// and a kind added to the enum but not to `ALL` would have none.
+    /// `EventKind::ALL` holds the known kinds, each once, in declaration order: stores outside
+    /// this crate (where the enum is non-exhaustive) give each kind of it a code or a spelling.
+    /// This catches a misordered or repeated `ALL`, not a missing one: a variant added to the
+    /// enum must get an arm here (the match is exhaustive in this crate), which reminds its
+    /// author to place it in `ALL` too.
     #[test]
     fn all_holds_every_known_kind() {
         // Exhaustive here, in the defining crate: a new variant fails to compile until it is

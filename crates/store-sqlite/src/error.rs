@@ -109,10 +109,12 @@ pub(crate) fn failed_open(path: &Path, e: sqlx::Error) -> StoreError {
         Some(SQLITE_NOTADB) => OpenFailure::NotAStore,
         Some(SQLITE_READONLY | SQLITE_PERM) => OpenFailure::PermissionDenied,
         // SQLite says neither which file nor why: the file itself, asked again, may say (a
-        // file this user may not read); else it was something SQLite keeps beside it.
-        Some(SQLITE_CANTOPEN) => std::fs::File::open(path)
-            .err()
-            .map_or(OpenFailure::Other, |e| OpenFailure::of_io(&e)),
+        // file this user may not read); else it was something SQLite keeps beside it, or a
+        // file being created under another name (a missing file says nothing of that).
+        Some(SQLITE_CANTOPEN) => match std::fs::File::open(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => OpenFailure::of_io(&e),
+            _ => OpenFailure::Other,
+        },
         _ => OpenFailure::Other,
     };
     open(path, kind, open_reason(&e), Some(Box::new(e)))

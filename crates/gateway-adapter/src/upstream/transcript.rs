@@ -1085,12 +1085,18 @@ mod tests {
     #[test]
     fn every_state_the_reader_reaches_is_sound() {
         let deep = format!("{{\"a\":{}{}}}", "[".repeat(300), "]".repeat(300));
-        // Every field the reader keeps at and past its bound, in characters of 1 to 4 bytes.
+        // Every field the reader keeps at and past its bound, in characters of 1 to 4 bytes,
+        // the last one crossing the bound (a 4-byte character after 63 bytes of a short
+        // field, after 40 of a key).
+        let past = format!("{}😀", "a".repeat(63));
+        let past_key = format!("{}😀", "a".repeat(40));
         let long = format!(
-            r#"{{"type":"{a}","uuid":"{e}","{k}":1,"message":{{"role":"{a}","content":"{t}"}},"attachment":{{"type":"{e}","prompt":"{t}","origin":{{"kind":"{a}"}}}},"subtype":"{e}","n":-12345678901234567890e-5}}"#,
+            r#"{{"type":"{a}","uuid":"{e}","{k}":1,"{kk}":2,"message":{{"role":"{p}","content":"{t}"}},"attachment":{{"type":"{e}","prompt":"{t}","origin":{{"kind":"{a}"}}}},"subtype":"{p}","n":-12345678901234567890e-5}}"#,
             a = "é".repeat(40),
             e = "😀".repeat(30),
             k = "ключ".repeat(20),
+            kk = past_key,
+            p = past,
             t = "слово ".repeat(100),
         );
         let lines: Vec<Vec<u8>> = [
@@ -1113,6 +1119,8 @@ mod tests {
         .chain([
             b"{\"message\":{\"content\":\"caf\xc3\xa9 \xff\xe2\x82 \xf0\x9f\x98\x80\"}}".to_vec(),
             b"{\"\xc3\xa9\":\"\xe2\x82\xac\"}".to_vec(),
+            // A number whose first bytes are not ASCII (each kept as a character of 2 bytes).
+            b"{\"n\":-123456\xff\xfe}".to_vec(),
         ])
         .collect();
         for line in &lines {

@@ -326,7 +326,8 @@ pub struct AwarenessConfig {
     /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
     /// How many recordings, acknowledgements and sweeps the store may have outstanding at once
-    /// before a recording is refused (default 4,096; at least 1). Each runs on a task of its
+    /// before a recording, or an acknowledgement outside a turn, is refused (default 4,096; at
+    /// least 1). Each runs on a task of its
     /// own until the store answers, also once its caller stopped waiting
     /// ([`AwarenessConfig::store_wait`]); with a store that hangs, every producer's call would
     /// leave one more task holding its event, for as long as the store hangs. Past this many, a
@@ -2048,7 +2049,11 @@ impl Awareness {
 
     /// Acknowledges the watcher's notices on `targets`, whichever notice each shows
     /// ([`AckTarget::any`]), and delivers the follow-ups. A failure is logged and answers no
-    /// follow-up ([`Awareness::try_acknowledge`] returns it).
+    /// follow-up ([`Awareness::try_acknowledge`] returns it). With
+    /// [`AwarenessConfig::max_pending_writes`] writes outstanding (a store that does not
+    /// answer) it is refused so too, unlike [`Awareness::drain_turn`]'s own acknowledgement:
+    /// a gateway that takes its turn with [`Awareness::take_queued`] and this (decision 0003)
+    /// then shows the notices again at its next turn, as it would after any failure.
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
         let targets = targets.iter().cloned().map(AckTarget::any).collect();
         self.acknowledge_holding(watcher, targets, (), Some(self.config.max_pending_writes))
@@ -2059,7 +2064,9 @@ impl Awareness {
 
     /// [`Awareness::acknowledge`], telling a failure from no follow-up: the follow-ups it
     /// delivered, or the store's error (the notices stay pending: an acknowledgement is one
-    /// write), [`StoreError::InvalidInput`] for a watcher that cannot watch (a bare key). As
+    /// write), [`StoreError::InvalidInput`] for a watcher that cannot watch (a bare key),
+    /// [`StoreError::Busy`] at once, nothing written, with
+    /// [`AwarenessConfig::max_pending_writes`] writes outstanding. As
     /// [`Awareness::acknowledge`], it runs to its end on a task of its own, and is not bounded
     /// by [`AwarenessConfig::store_wait`]. Not logged: the caller has the error.
     pub async fn try_acknowledge(

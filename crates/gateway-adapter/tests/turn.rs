@@ -1150,6 +1150,11 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
         matches!(refused, Err(StoreError::Busy { .. })),
         "{refused:?}"
     );
+    assert!(w.svc.acknowledge(&k(MANAGER), &[k(CHILD)]).await.is_empty());
+    assert!(
+        w.cursor().await.is_pending(),
+        "acknowledge was refused as well"
+    );
     assert_eq!(
         w.svc.try_sweep().await.expect("swept"),
         1,

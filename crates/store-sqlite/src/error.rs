@@ -109,15 +109,29 @@ pub(crate) fn failed_open(path: &Path, e: sqlx::Error) -> StoreError {
         Some(SQLITE_NOTADB) => OpenFailure::NotAStore,
         Some(SQLITE_READONLY | SQLITE_PERM) => OpenFailure::PermissionDenied,
         // SQLite says neither which file nor why: the file itself, asked again, may say (a
-        // file this user may not read); else it was something SQLite keeps beside it, or a
-        // file being created under another name (a missing file says nothing of that).
-        Some(SQLITE_CANTOPEN) => match std::fs::File::open(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => OpenFailure::of_io(&e),
-            _ => OpenFailure::Other,
-        },
+        // file this user may not read, or gone since it was looked at); else it was something
+        // SQLite keeps beside it.
+        Some(SQLITE_CANTOPEN) => std::fs::File::open(path)
+            .err()
+            .map_or(OpenFailure::Other, |e| OpenFailure::of_io(&e)),
         _ => OpenFailure::Other,
     };
     open(path, kind, open_reason(&e), Some(Box::new(e)))
+}
+
+/// [`failed_open`] for a new store being made under another name, before anything is at
+/// `path`: a missing file there says nothing of why, so what is not a busy lock is
+/// [`OpenFailure::Other`] unless SQLite's code says more (not a database, permissions).
+pub(crate) fn failed_create(path: &Path, e: sqlx::Error) -> StoreError {
+    match failed_open(path, e) {
+        StoreError::Open {
+            path,
+            kind: OpenFailure::NotFound,
+            reason,
+            source,
+        } => open(&path, OpenFailure::Other, reason, source),
+        other => other,
+    }
 }
 
 /// A [`StoreError::Open`] for `path`.

@@ -450,7 +450,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
         }
     });
     if let Err(e) = prepare_staged(&staged.0, connect).await {
-        return Err(error::failed_open(path, e));
+        return Err(error::failed_create(path, e));
     }
     let linked = std::fs::hard_link(&staged.0, path);
     drop(staged);

@@ -188,10 +188,10 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
     .await
     .map_err(|e| match e {
         OpenError::BadUrl(_) => CliError::usage(e.to_string()),
-        OpenError::Store(StoreError::NeedsRepair { .. }) => {
-            CliError::failure(format!("{e} (`awareness repair` does that)"))
-        }
-        OpenError::Store(ref s) if s.open_failure() == Some(OpenFailure::NeedsMigration) => {
+        OpenError::Store(ref s)
+            if matches!(s, StoreError::NeedsRepair { .. })
+                || s.open_failure() == Some(OpenFailure::NeedsMigration) =>
+        {
             CliError::failure(format!("{e} (`awareness repair` does that)"))
         }
         other => CliError::failure(ErrorChain(&other).to_string()),

@@ -879,7 +879,11 @@ fn repair_migrates_a_redb_file_of_the_older_schema() {
         "created",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    store_redb::RedbStore::rewrite_as_schema_1(&file).expect("rewrite as schema 1");
+    assert_eq!(
+        store_redb::RedbStore::rewrite_as_schema_1(&file).expect("rewrite as schema 1"),
+        1,
+        "the session's head moved out of the reference index"
+    );
     let status = ["--store", &store, "--json", "status", "agent:main:worker"];
     let o = run(&status);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));

@@ -44,6 +44,10 @@ async fn background_tasks_let_go_of_a_dropped_service() {
     let pickup = awareness.spawn_pickup();
     // Both tasks started (pruning past its first tick, the pick-up at its first question).
     tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(
+        !pickup.is_finished(),
+        "the pick-up asks on: another writer commits"
+    );
     drop(awareness);
     assert_eq!(
         Arc::strong_count(&store),

@@ -70,7 +70,8 @@ pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("eve
 pub(crate) const EVENTS_BY_REF: TableDefinition<(&str, &str, u64), &[u8]> =
     TableDefinition::new("events_by_ref");
 pub(crate) const DEDUPE: TableDefinition<&str, u64> = TableDefinition::new("dedupe");
-/// The heads table of schema 1, read only by [`migrate_v1`].
+/// The heads table of schema 1, read by [`migrate_v1`] (and written by [`downgrade_to_v1`],
+/// for tests).
 const HEADS_V1: TableDefinition<(&str, &str), (u64, u64, i64)> = TableDefinition::new("heads");
 /// The sequence under which `events_by_ref` keeps a ref's head.
 pub(crate) const HEAD_SEQ: u64 = u64::MAX;
@@ -290,13 +291,10 @@ pub(crate) fn downgrade_to_v1(txn: &WriteTransaction) -> Result<u64, StoreError>
             let (k, v) = item.ctx("downgrade: read the index")?;
             let (agent, key, seq) = k.value();
             if seq == HEAD_SEQ {
-                let row = v.value();
-                let word = |i: usize| {
-                    row.get(i..i + 8)
-                        .and_then(|w| <[u8; 8]>::try_from(w).ok())
-                        .ok_or_else(|| {
-                            StoreError::corrupt("downgrade: a head row of another length")
-                        })
+                let row = <[u8; HEAD_ROW]>::try_from(v.value())
+                    .map_err(|_| StoreError::corrupt("downgrade: a head row of another length"))?;
+                let word = |i: usize| -> Result<[u8; 8], StoreError> {
+                    Ok(row[i..i + 8].try_into().expect("eight bytes of a head row"))
                 };
                 found.push((
                     agent.to_owned(),

@@ -1119,7 +1119,7 @@ mod tests {
         .chain([
             b"{\"message\":{\"content\":\"caf\xc3\xa9 \xff\xe2\x82 \xf0\x9f\x98\x80\"}}".to_vec(),
             b"{\"\xc3\xa9\":\"\xe2\x82\xac\"}".to_vec(),
-            // A number whose first bytes are not ASCII (each kept as a character of 2 bytes).
+            // A number whose last kept byte is not ASCII (kept as a character of 2 bytes).
             b"{\"n\":-123456\xff\xfe}".to_vec(),
         ])
         .collect();

@@ -4,10 +4,8 @@
 
 use std::path::Path;
 
-use awareness_core::testkit::logs::Capture;
 use awareness_core::{
-    ActorType, CursorFilter, CursorStore as _, EventKind, EventStore as _, NewEvent, Sequence,
-    SessionRef, StoreError, Timestamp, WatcherKey,
+    ActorType, EventKind, EventStore as _, NewEvent, Sequence, SessionRef, StoreError, Timestamp,
 };
 use sqlx::Connection as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
@@ -109,47 +107,5 @@ async fn an_error_after_the_open_names_the_file() {
         "the source is kept: {err:?}"
     );
     names_the_file_once(&err, &path);
-    store.close().await;
-}
-
-/// A warning a read logs names the file as its errors do: a cursor row damaged behind the
-/// store's back is left out of a listing with a warning, and a host with several stores must be
-/// able to tell which file holds it.
-#[tokio::test]
-async fn a_warning_names_the_file() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let store = SqliteStore::open(&path).await.expect("open");
-    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
-    let target = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
-    store
-        .watch(&watcher, &target, Timestamp(1))
-        .await
-        .expect("watch");
-    assert!(
-        store
-            .damage_cursor_row(&watcher, &target.session_key)
-            .await
-            .expect("damage the cursor row"),
-        "the store has a cursor row to damage"
-    );
-
-    let capture = Capture::default();
-    let listed = {
-        let _guard = capture.install();
-        store.cursors(&CursorFilter::default()).await
-    };
-    assert_eq!(listed.expect("the listing leaves the row out"), Vec::new());
-    let lines = capture.lines();
-    let warned: Vec<&String> = lines
-        .iter()
-        .filter(|l| l.contains("ignoring a watch cursor that cannot be read"))
-        .collect();
-    assert_eq!(warned.len(), 1, "{lines:#?}");
-    assert!(
-        warned[0].contains(&format!("path={} ", path.display())),
-        "the warning does not name the file: {}",
-        warned[0]
-    );
     store.close().await;
 }

@@ -1800,6 +1800,53 @@ pub async fn a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothi
     unreadable_cursor_rows(f, true).await;
 }
 
+/// A warning the store logs about its file names the file, as its errors do, so that a host
+/// with several stores can tell which file holds what it warns of: a cursor row damaged behind
+/// the store's back, left out of a listing with a warning, is named with the path the store
+/// was opened with (or its canonical form). The warning is read from the process-wide capture
+/// ([`Capture::warnings`](super::logs::Capture::warnings)), since a store may log on tokio's
+/// blocking pool; this check's lines are the ones naming its own file.
+pub async fn a_warning_names_the_file(f: impl OpenFile) {
+    let capture = super::logs::Capture::warnings();
+    let dir = Scratch::new("durable");
+    let file = dir.file();
+    let t = open(&f, &file).await;
+    let (watcher, target) = (w("agent:main:main"), r("agent:main:subagent:a", "main"));
+    t.store.watch(&watcher, &target, T0).await.expect("watch");
+    assert!(
+        t.raw
+            .damage_cursor_row(&watcher, &target.session_key)
+            .await
+            .expect("damage the cursor row"),
+        "the store has a cursor row to damage"
+    );
+    let listed = t
+        .store
+        .cursors(&crate::CursorFilter::default())
+        .await
+        .expect("the listing leaves the row out");
+    assert_eq!(listed, Vec::new());
+    let canonical = std::fs::canonicalize(&file).expect("the store's file");
+    let named = |line: &str| {
+        [&file, &canonical]
+            .iter()
+            .any(|p| line.contains(&format!("path={} ", p.display())))
+    };
+    // Other tests of the binary log into the same capture: a line naming no file cannot be
+    // told to be this check's, so a warning that does not name the file is not found at all.
+    let lines = capture.lines();
+    let warned = lines
+        .iter()
+        .filter(|l| l.contains("cannot be read") && l.contains(target.session_key.as_str()))
+        .filter(|l| named(l))
+        .count();
+    assert_eq!(
+        warned, 1,
+        "one warning about the row, naming the file as path=: {lines:#?}"
+    );
+    t.close().await;
+}
+
 /// The check of unreadable cursor rows, with rows damaged by
 /// [`RawAccess::damage_cursor_row`](super::RawAccess::damage_cursor_row), or spoiled by
 /// [`RawAccess::spoil_cursor_text`](super::RawAccess::spoil_cursor_text) (`spoil`).

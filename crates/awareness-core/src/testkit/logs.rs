@@ -9,23 +9,52 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::{Metadata, Subscriber};
 
 /// Keeps every log event as one line: `name=value ` for each field (a value logged with `%`
-/// as its `Display`, with `?` as its `Debug`), then ` level=LEVEL`. Spans are not kept.
-/// (`Capture(None)` wants every event and keeps none: see [`Capture::install`].)
+/// as its `Display`, with `?` as its `Debug`), then ` level=LEVEL`. Spans are not kept. (The
+/// process-wide capture, [`Capture::warnings`], keeps warnings and errors only.)
 #[derive(Debug, Clone)]
-pub struct Capture(Option<Arc<Mutex<Vec<String>>>>);
+pub struct Capture {
+    lines: Arc<Mutex<Vec<String>>>,
+    /// The least severe level kept.
+    least: tracing::Level,
+}
 
 impl Default for Capture {
     fn default() -> Self {
-        Self(Some(Arc::default()))
+        Self {
+            lines: Arc::default(),
+            least: tracing::Level::TRACE,
+        }
     }
 }
 
 impl Capture {
     /// The lines captured so far.
     pub fn lines(&self) -> Vec<String> {
-        self.0.as_ref().map_or_else(Vec::new, |lines| {
-            lines.lock().unwrap_or_else(PoisonError::into_inner).clone()
-        })
+        self.lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The process-wide subscriber of a test binary, set once, which keeps the warnings and
+    /// errors logged on any thread without a subscriber of its own (a store's on tokio's
+    /// blocking pool, say). Every test of the binary shares it, so a test picks out its own
+    /// lines (by the file they name, for instance). Where another process-wide subscriber was
+    /// set first, it keeps nothing.
+    pub fn warnings() -> Self {
+        static GLOBAL: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+        let global = GLOBAL.get_or_init(|| {
+            let global = Capture {
+                lines: Arc::default(),
+                least: tracing::Level::WARN,
+            };
+            // Another global subscriber set first would want every call site too, or not:
+            // then this keeps nothing, and the checks that read it fail, saying so.
+            let _ = tracing::subscriber::set_global_default(global.clone());
+            tracing::callsite::rebuild_interest_cache();
+            global
+        });
+        global.clone()
     }
 
     /// Makes this the subscriber of the calling thread until the guard is dropped: for code
@@ -34,33 +63,14 @@ impl Capture {
     /// `tracing` caches, per log call site, whether any subscriber wants it. A call site first
     /// reached by another test's thread while this thread's subscriber was being installed
     /// could be cached as wanted by nobody, and the test would then see none of its lines
-    /// (seen under load: "left: 0, right: 1"). So a process-wide subscriber that wants every
-    /// call site and keeps nothing (`Capture(None)`) is installed first, once (unless another is
-    /// already set):
-    /// no call site is ever cached as unwanted.
+    /// (seen under load: "left: 0, right: 1"). So the process-wide subscriber, which wants
+    /// every call site ([`Capture::warnings`]), is installed first, once (unless another is
+    /// already set): no call site is ever cached as unwanted.
     pub fn install(&self) -> tracing::subscriber::DefaultGuard {
-        static GLOBAL: std::sync::Once = std::sync::Once::new();
-        GLOBAL.call_once(|| {
-            // Another global subscriber set first would do as well.
-            let _ = tracing::subscriber::set_global_default(Capture(None));
-        });
+        let _ = Self::warnings();
         let guard = tracing::subscriber::set_default(self.clone());
         tracing::callsite::rebuild_interest_cache();
         guard
-    }
-
-    /// A new capture made the process-wide subscriber, for code that logs on other threads (a
-    /// store working on tokio's blocking pool). There is one per process: a test binary using
-    /// it holds that one test, so that what it captures is that test's.
-    ///
-    /// # Panics
-    /// When a process-wide subscriber is already set.
-    pub fn install_globally() -> Self {
-        let capture = Self::default();
-        tracing::subscriber::set_global_default(capture.clone())
-            .expect("no other process-wide subscriber is set in this test binary");
-        tracing::callsite::rebuild_interest_cache();
-        capture
     }
 }
 
@@ -83,12 +93,15 @@ impl Subscriber for Capture {
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
-        let Some(lines) = &self.0 else { return };
+        // Levels compare by verbosity: TRACE is the greatest.
+        if *event.metadata().level() > self.least {
+            return;
+        }
         let mut line = Line(String::new());
         event.record(&mut line);
         // The level last, so that a line still begins with its message.
         let _ = write!(line.0, " level={}", event.metadata().level());
-        lines
+        self.lines
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(line.0);

@@ -676,6 +676,7 @@ macro_rules! durable_suite {
             an_unreadable_row_stops_neither_pruning_nor_deleting_its_session,
             an_unreadable_row_removed_frees_its_dedupe_key_and_no_other,
             an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
+            a_warning_names_the_file,
             an_unreadable_link_row_is_left_out_and_stops_no_other_link,
             a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,

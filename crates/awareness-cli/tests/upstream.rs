@@ -6,7 +6,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -64,30 +64,17 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// How long a child told to stop (a signal, its output closed) may take to exit before the test
-/// calls it hung. A hang guard, not a timing assertion: it stops within a second when it works.
-const STOP_DEADLINE: Duration = Duration::from_mins(1);
-
 impl KillOnDrop {
-    /// Waits for the child to exit, for at most [`STOP_DEADLINE`]: still running then, it is
-    /// killed and the test fails saying `what` it was told, instead of blocking the suite.
+    /// Waits for the child to exit, for at most the testkit's hang guard
+    /// ([`awareness_core::testkit::open::exit_within`]): still running then, it is killed and the
+    /// test fails saying `what` it was told, instead of blocking the suite.
     fn wait_stopped(&mut self, what: &str) -> std::process::ExitStatus {
-        let deadline = Instant::now() + STOP_DEADLINE;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("wait for the child") {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-                panic!(
-                    "still running {STOP_DEADLINE:?} after {what}: killed (it hung instead of \
-                     stopping)"
-                );
-            }
-            // A poll of the exit status, bounded by the deadline above.
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        awareness_core::testkit::open::exit_within(&mut self.0).unwrap_or_else(|| {
+            panic!(
+                "still running {:?} after {what}: killed (it hung instead of stopping)",
+                awareness_core::testkit::open::CHILD_DEADLINE
+            )
+        })
     }
 }
 

@@ -598,23 +598,13 @@ pub fn output_within(cmd: &mut std::process::Command, what: &str) -> std::proces
 pub fn wait_within(mut child: std::process::Child, what: &str) -> std::process::Output {
     let (stdout, out_thread) = drain(child.stdout.take());
     let (stderr, err_thread) = drain(child.stderr.take());
-    let deadline = Instant::now() + CHILD_DEADLINE;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{what}: still running after {CHILD_DEADLINE:?}, killed (it hung). \
-                 Its stdout:\n{}\nIts stderr:\n{}",
-                String::from_utf8_lossy(&taken(&stdout)),
-                String::from_utf8_lossy(&taken(&stderr))
-            );
-        }
-        // A poll of the exit status, bounded by the deadline above.
-        std::thread::sleep(Duration::from_millis(10));
+    let Some(status) = exit_within(&mut child) else {
+        panic!(
+            "{what}: still running after {CHILD_DEADLINE:?}, killed (it hung). \
+             Its stdout:\n{}\nIts stderr:\n{}",
+            String::from_utf8_lossy(&taken(&stdout)),
+            String::from_utf8_lossy(&taken(&stderr))
+        );
     };
     // It has exited: its pipes end (it starts no process that could hold them).
     for thread in [out_thread, err_thread].into_iter().flatten() {
@@ -624,6 +614,25 @@ pub fn wait_within(mut child: std::process::Child, what: &str) -> std::process::
         status,
         stdout: taken(&stdout),
         stderr: taken(&stderr),
+    }
+}
+
+/// The exit status of `child` once it exits, within [`CHILD_DEADLINE`]; `None` when it was
+/// still running then, and has been killed and reaped (its caller fails the test, saying what
+/// hung). A hang guard, not a timing assertion.
+pub fn exit_within(child: &mut std::process::Child) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + CHILD_DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        // A poll of the exit status, bounded by the deadline above.
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -720,6 +720,15 @@ fn commands_that_create_a_store_refuse_another_applications_database() {
     let theirs = their_database(dir.path());
     let transcript = dir.path().join("t.jsonl");
     std::fs::write(&transcript, b"").unwrap();
+    let record = [
+        "record",
+        "--session",
+        "s",
+        "--kind",
+        "created",
+        "--summary",
+        "x",
+    ];
     let before = std::fs::read(&theirs).unwrap();
     let store = format!("sqlite://{}", theirs.display());
     let wrong = not_refused(
@@ -727,15 +736,7 @@ fn commands_that_create_a_store_refuse_another_applications_database() {
         &store,
         "theirs.db",
         &[
-            &[
-                "record",
-                "--session",
-                "s",
-                "--kind",
-                "created",
-                "--summary",
-                "x",
-            ],
+            &record,
             &["watch", "agent:main:main", "agent:main:subagent:c1"],
             &[
                 "adopt",
@@ -755,20 +756,12 @@ fn commands_that_create_a_store_refuse_another_applications_database() {
     // An empty file is no one's database: a store is created in it.
     let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").unwrap();
-    let o = run_in(
-        dir.path(),
-        &[
-            "--store",
-            &format!("sqlite://{}", empty.display()),
-            "record",
-            "--session",
-            "s",
-            "--kind",
-            "created",
-            "--summary",
-            "x",
-        ],
-    );
+    let store = format!("sqlite://{}", empty.display());
+    let args: Vec<&str> = ["--store", store.as_str()]
+        .into_iter()
+        .chain(record)
+        .collect();
+    let o = run_in(dir.path(), &args);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 

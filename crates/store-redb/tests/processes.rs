@@ -29,6 +29,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
+use awareness_core::testkit::open::KillMoments;
 use awareness_core::{
     AckTarget, ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent,
     OpenFailure, Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
@@ -405,18 +406,6 @@ impl Spawned {
     }
 }
 
-/// A small deterministic PRNG (xorshift64*), so kill moments are random but reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
 /// `R <sequence> <target> <write transactions>`, or `H ...` for a dedupe hit (`true`).
 fn parse_report(line: &str) -> Option<(u64, usize, u64, bool)> {
     let (hit, rest) = match line.split_at_checked(2)? {
@@ -506,9 +495,9 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15
-        ^ u64::from(interval_ms.is_some())
-        ^ (u64::from(live_readers) << 1));
+    let mut rng = KillMoments::new(&format!(
+        "crash_test(interval {interval_ms:?}, live readers {live_readers})"
+    ));
     let mut reported_total = 0;
     // Each child's highest write-transaction count: they held recordings, acknowledgements
     // and the watches.

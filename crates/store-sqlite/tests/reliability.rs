@@ -6,7 +6,7 @@
 //! `awareness_core::permission_suite!`, in `tests/permissions.rs`.)
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{BuildHasher as _, Hasher as _};
+use std::hash::Hasher as _;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
@@ -15,6 +15,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
+use awareness_core::testkit::open::KillMoments;
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, OpenFailure,
     Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
@@ -33,12 +34,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn random_below(n: u64) -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(n);
-    h.finish() % n
 }
 
 fn target(i: usize) -> SessionRef {
@@ -282,6 +277,7 @@ fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
     let mut txns_total = 0;
     // Writers killed before they reported anything.
     let mut silent = 0;
+    let mut moments = KillMoments::new("sigkill_at_random_moments");
     for round in 0..KILLS {
         let mut writer = start(&["record", db.to_str().unwrap(), &TARGETS.to_string()]);
         let what = format!("round {round}");
@@ -292,10 +288,10 @@ fn sigkill_at_random_moments_loses_nothing_reported_and_tears_nothing() {
         // not waits for something.
         let mut lines = Vec::new();
         if round % 4 == 2 {
-            std::thread::sleep(Duration::from_micros(random_below(15_000)));
+            std::thread::sleep(moments.delay_below(Duration::from_millis(15)));
         } else {
             lines.push(writer.next_line(&what));
-            std::thread::sleep(Duration::from_micros(random_below(40_000)));
+            std::thread::sleep(moments.delay_below(Duration::from_millis(40)));
         }
         lines.extend(writer.kill(&what));
         silent += usize::from(lines.is_empty());

@@ -636,6 +636,55 @@ pub fn exit_within(child: &mut std::process::Child) -> Option<std::process::Exit
     }
 }
 
+/// The environment variable that seeds [`KillMoments`], to draw the delays of a failed run
+/// again.
+pub const KILL_SEED_VAR: &str = "AWARENESS_KILL_SEED";
+
+/// The random delays a reliability test waits before it kills a child: a small PRNG
+/// (xorshift64*) seeded from [`KILL_SEED_VAR`] when it is set, and from the clock otherwise,
+/// so that each run kills at other moments and a failed run's delays can be drawn again. The
+/// seed is printed when the PRNG is made (the test harness shows it with a failing test's
+/// output). A kill's effect still depends on how far the child got by then, which no seed
+/// repeats: the seed makes a failure likelier to come again, not certain.
+#[derive(Debug)]
+pub struct KillMoments(u64);
+
+impl KillMoments {
+    /// A PRNG for the test `test` (named in the printed line), seeded as the type says.
+    pub fn new(test: &str) -> Self {
+        let seed = match std::env::var(KILL_SEED_VAR) {
+            Ok(s) => s
+                .trim()
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("{KILL_SEED_VAR}={s:?} is not a u64: {e}")),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| {
+                    // The nanoseconds fill the low bits, which vary most between runs.
+                    u64::try_from(d.as_nanos() & u128::from(u64::MAX)).unwrap_or(1)
+                }),
+        };
+        println!("{test}: kill delays seeded with {KILL_SEED_VAR}={seed}");
+        // xorshift never leaves 0: any other state works.
+        Self(seed.max(1))
+    }
+
+    /// A number below `n` (`n` at least 1).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "KillMoments::below(0)");
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+
+    /// A delay of up to `max` (below it, to the microsecond).
+    pub fn delay_below(&mut self, max: Duration) -> Duration {
+        let us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
+        Duration::from_micros(self.below(us))
+    }
+}
+
 /// What [`drain`] reads into, and the thread that reads it.
 type Drained = (
     std::sync::Arc<std::sync::Mutex<Vec<u8>>>,

@@ -292,6 +292,15 @@ pub struct AwarenessConfig {
     /// watcher of this one waits before it is queued here and its session woken, unless the
     /// pick-up cannot complete (see [`Awareness::spawn_pickup`]).
     pub pickup_interval: Duration,
+    /// How often [`Awareness::spawn_pickup`] picks up every pending notice of this gateway's
+    /// watchers whether or not another writer committed (default 1 min; at least 1 ms): a
+    /// notice lost from a queue (a queue cleared, a line a host dropped) is queued again and
+    /// its session woken within it, instead of waiting for a turn the session takes for another
+    /// reason (DESIGN.md section 9, item 7); and so is a notice handed out to this gateway's
+    /// watchers where the store's answer does not change: another [`Awareness`] in this process
+    /// over the same store handle, or a store with no other writer to tell of (store-memory,
+    /// store-redb). Each such pick-up reads every pending cursor of the store once.
+    pub recovery_interval: Duration,
     /// Delivers a notice only to a watcher the directory knows ([`SessionDirectory::exists`]),
     /// as DESIGN.md section 9.1 asks of gateways sharing a store: turn it on when several
     /// gateway processes share one, so that the notices one hands out to another's sessions
@@ -344,8 +353,8 @@ pub struct AwarenessConfig {
 impl AwarenessConfig {
     /// Refuses settings the service cannot work with: a retention policy
     /// [`RetentionPolicy::validate`] refuses (pruning would refuse every pass, so it would
-    /// never run), a `prune_interval` or `pickup_interval` below 1 ms (passes or questions back
-    /// to back), a `store_wait` below 1 ms, and a `list_batch` or `max_pending_writes` of 0.
+    /// never run), a `prune_interval`, `pickup_interval` or `recovery_interval` below 1 ms
+    /// (passes, questions or pick-ups back to back), a `store_wait` below 1 ms, and a `list_batch` or `max_pending_writes` of 0.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.retention
             .validate()
@@ -362,6 +371,11 @@ impl AwarenessConfig {
             "AwarenessConfig.pickup_interval",
             self.pickup_interval,
             "it must be at least 1 ms: a shorter interval asks the store back to back",
+        )?;
+        config::at_least_1ms(
+            "AwarenessConfig.recovery_interval",
+            self.recovery_interval,
+            "it must be at least 1 ms: a shorter interval reads every pending cursor back to back",
         )?;
         config::at_least_1ms(
             "AwarenessConfig.store_wait",
@@ -389,6 +403,7 @@ impl Default for AwarenessConfig {
             list_batch: 500,
             default_agent: AgentId::new("main").expect("valid agent id"),
             pickup_interval: Duration::from_secs(1),
+            recovery_interval: Duration::from_mins(1),
             owned_watchers_only: false,
             store_wait: Duration::from_secs(10),
             max_pending_writes: DEFAULT_MAX_PENDING_WRITES,
@@ -2650,28 +2665,33 @@ impl Awareness {
 
     /// Runs [`Awareness::pick_up`] on a background task whenever another writer has committed
     /// to the store ([`awareness_core::EventStore::foreign_commits`], asked every
-    /// [`AwarenessConfig::pickup_interval`]), and once at its first question: with a store that
-    /// several gateway processes share, a notice one of them hands out to a watcher of this one
-    /// is queued here and its session woken within an interval, instead of waiting for a turn
-    /// the session takes for another reason.
+    /// [`AwarenessConfig::pickup_interval`]), once at its first question, and at least every
+    /// [`AwarenessConfig::recovery_interval`] in any case: with a store that several gateway
+    /// processes share, a notice one of them hands out to a watcher of this one is queued here
+    /// and its session woken within an interval, instead of waiting for a turn the session
+    /// takes for another reason; and a notice lost from a queue, or handed out where the
+    /// store's answer does not change (another service over the same handle, a store with no
+    /// other writer: store-memory, store-redb), within the recovery interval.
     ///
     /// A watcher skipped because its turn was running is looked at again at every interval
     /// until its turn has ended (its pending cursors only), even if no other commit came: a
     /// main session takes no turn until it is woken. A pick-up in which a read failed (or
     /// delivering panicked, or the pick-up itself) is made again at the next interval, then,
-    /// while nothing new is committed and it keeps failing, after 2, 4, ... up to 64 intervals;
-    /// a new commit is picked up at its next question in any case, and so is the first answer
-    /// after questions that failed (a store's answers need not compare across a lost
-    /// connection). With a store that has no other writer (its answer is `None`: store-memory,
-    /// store-redb) the task ends at its first question. A failed question is logged (`warn!`
-    /// the first time, `debug!` while it keeps failing) and asked again at the next interval.
-    /// The first time another writer is seen to commit while
-    /// [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so. To stop the task,
-    /// abort the handle and await it, as for [`Awareness::spawn_pruning`].
+    /// while nothing new is committed and it keeps failing, after 2, 4, ... up to 64 intervals
+    /// (or at the recovery interval, if that comes first); a new commit is picked up at its
+    /// next question in any case, and so is the first answer after questions that failed (a
+    /// store's answers need not compare across a lost connection). A question is bounded by
+    /// [`AwarenessConfig::store_wait`] (a store that hangs holds no pick-up for longer); one
+    /// that fails or is given up is logged (`warn!` the first time, `debug!` while it keeps
+    /// failing) and asked again at the next interval. The first time another writer is seen to
+    /// commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so. To stop
+    /// the task, abort the handle and await it, as for [`Awareness::spawn_pruning`]; it also
+    /// ends at its next interval once the service is gone.
     pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let service = Arc::downgrade(self);
-        // At least 1 ms: checked when the service was built.
+        // Both at least 1 ms: checked when the service was built.
         let interval = self.config.pickup_interval;
+        let recovery = self.config.recovery_interval;
         let mut shared_said = self.config.owned_watchers_only;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
@@ -2679,6 +2699,8 @@ impl Awareness {
             let mut schedule = PickupSchedule::default();
             let mut failing = false;
             let mut first_answer = None;
+            // When the last whole pick-up was made (the first question makes one).
+            let mut last_whole = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
                 // Held for this interval's question and pick-up only, as pruning's task does.
@@ -2686,14 +2708,19 @@ impl Awareness {
                     debug!("the service is gone: the pick-up task ends");
                     return;
                 };
-                match me.store.foreign_commits().await {
-                    Ok(None) => {
-                        debug!("the store has no other writer: nothing to pick up");
-                        return;
-                    }
-                    Ok(Some(answer)) => {
+                let asked = me
+                    .bounded(
+                        "ask whether another writer committed",
+                        me.store.foreign_commits(),
+                    )
+                    .await;
+                let answer = match asked {
+                    Ok(answer) => {
                         failing = false;
-                        if !shared_said && *first_answer.get_or_insert(answer) != answer {
+                        if let Some(answer) = answer
+                            && !shared_said
+                            && *first_answer.get_or_insert(answer) != answer
+                        {
                             shared_said = true;
                             warn!(
                                 "another writer commits to this store while owned_watchers_only is off: \
@@ -2701,14 +2728,9 @@ impl Awareness {
                                  hand out to that gateway's watchers too, in queues nobody here drains"
                             );
                         }
-                        let only = match schedule.due(answer) {
-                            Due::Nothing => continue,
-                            Due::All => None,
-                            Due::Busy(watchers) => Some(watchers),
-                        };
-                        let whole = only.is_none();
-                        let attempt = me.pick_up_guarded(only).await;
-                        schedule.picked_up(answer, whole, attempt);
+                        // A store with no other writer always answers the same: only the
+                        // first question, a failed pick-up and the recovery interval pick up.
+                        answer.unwrap_or(0)
                     }
                     Err(e) => {
                         schedule.forget_answers();
@@ -2719,8 +2741,21 @@ impl Awareness {
                             failing = true;
                             warn!(error = %ErrorChain(&e), "cannot ask the store whether another writer committed");
                         }
+                        continue;
                     }
+                };
+                let recover = last_whole.elapsed() >= recovery;
+                let only = match schedule.due(answer, recover) {
+                    Due::Nothing => continue,
+                    Due::All => None,
+                    Due::Busy(watchers) => Some(watchers),
+                };
+                let whole = only.is_none();
+                if whole {
+                    last_whole = tokio::time::Instant::now();
                 }
+                let attempt = me.pick_up_guarded(only).await;
+                schedule.picked_up(answer, whole, attempt);
             }
         })
     }
@@ -2840,9 +2875,12 @@ impl PickupSchedule {
     /// Most questions let pass between two failed pick-ups.
     const MAX_WAIT: u32 = 63;
 
-    /// What to pick up now, the store having answered `answer`.
-    fn due(&mut self, answer: u64) -> Due {
-        let all = if self.seen == Some(answer) {
+    /// What to pick up now, the store having answered `answer`; every pending cursor when
+    /// `recover` (the recovery interval has passed since the last whole pick-up).
+    fn due(&mut self, answer: u64, recover: bool) -> Due {
+        let all = if recover {
+            true
+        } else if self.seen == Some(answer) {
             false
         } else if self.tried != Some(answer) {
             true
@@ -3129,40 +3167,63 @@ mod tests {
         let mut s = PickupSchedule::default();
         let ok = || attempt(false, &[]);
         let failed = || attempt(true, &[]);
-        assert_eq!(s.due(5), Due::All, "the first answer");
+        assert_eq!(s.due(5, false), Due::All, "the first answer");
         s.picked_up(5, true, ok());
-        assert_eq!(s.due(5), Due::Nothing, "nothing new");
-        assert_eq!(s.due(6), Due::All, "another writer committed");
+        assert_eq!(s.due(5, false), Due::Nothing, "nothing new");
+        assert_eq!(s.due(6, false), Due::All, "another writer committed");
         s.picked_up(6, true, failed());
-        assert_eq!(s.due(6), Due::All, "failed: again at the next question");
+        assert_eq!(
+            s.due(6, false),
+            Due::All,
+            "failed: again at the next question"
+        );
         // Each failed pick-up doubles the questions between tries, up to 64.
         let mut gaps = Vec::new();
         for _ in 0..9 {
             s.picked_up(6, true, failed());
             let mut skipped = 0;
-            while s.due(6) != Due::All {
+            while s.due(6, false) != Due::All {
                 skipped += 1;
             }
             gaps.push(skipped);
         }
         assert_eq!(gaps, [1, 3, 7, 15, 31, 63, 63, 63, 63]);
         s.picked_up(6, true, failed());
-        assert_eq!(s.due(6), Due::Nothing, "backing off");
+        assert_eq!(s.due(6, false), Due::Nothing, "backing off");
         assert_eq!(
-            s.due(8),
+            s.due(8, false),
             Due::All,
             "a new commit is not held up by the back-off"
         );
         s.picked_up(8, true, failed());
-        assert_eq!(s.due(8), Due::All, "a new commit starts the back-off over");
+        assert_eq!(
+            s.due(8, false),
+            Due::All,
+            "a new commit starts the back-off over"
+        );
         s.picked_up(8, true, failed());
-        assert_eq!(s.due(8), Due::Nothing, "then it backs off again");
-        assert_eq!(s.due(8), Due::All);
+        assert_eq!(s.due(8, false), Due::Nothing, "then it backs off again");
+        assert_eq!(s.due(8, false), Due::All);
         s.picked_up(6, true, ok());
-        assert_eq!(s.due(6), Due::Nothing);
-        assert_eq!(s.due(7), Due::All);
+        assert_eq!(s.due(6, false), Due::Nothing);
+        assert_eq!(s.due(7, false), Due::All);
         s.picked_up(7, true, failed());
-        assert_eq!(s.due(7), Due::All, "the back-off started over");
+        assert_eq!(s.due(7, false), Due::All, "the back-off started over");
+        s.picked_up(7, true, ok());
+        assert_eq!(s.due(7, false), Due::Nothing);
+        assert_eq!(
+            s.due(7, true),
+            Due::All,
+            "the recovery interval: every pending cursor, nothing new committed"
+        );
+        s.picked_up(7, true, failed());
+        s.picked_up(7, true, failed());
+        assert_eq!(s.due(7, false), Due::Nothing, "backing off");
+        assert_eq!(
+            s.due(7, true),
+            Due::All,
+            "the recovery interval does not wait for the back-off"
+        );
     }
 
     /// A watcher skipped for its running turn is looked at alone at every question, with no
@@ -3174,33 +3235,37 @@ mod tests {
         let w = SessionKey::new("agent:main:main").unwrap();
         let v = SessionKey::new("agent:ops:main").unwrap();
         let mut s = PickupSchedule::default();
-        assert_eq!(s.due(5), Due::All);
+        assert_eq!(s.due(5, false), Due::All);
         s.picked_up(5, true, attempt(false, &[&w, &v]));
         for _ in 0..100 {
-            assert_eq!(s.due(5), Due::Busy(vec![w.clone(), v.clone()]));
+            assert_eq!(s.due(5, false), Due::Busy(vec![w.clone(), v.clone()]));
             s.picked_up(5, false, attempt(false, &[&w, &v]));
         }
-        assert_eq!(s.due(5), Due::Busy(vec![w.clone(), v.clone()]));
+        assert_eq!(s.due(5, false), Due::Busy(vec![w.clone(), v.clone()]));
         s.picked_up(5, false, attempt(false, &[&v]));
-        assert_eq!(s.due(6), Due::All, "a new commit: every pending cursor");
+        assert_eq!(
+            s.due(6, false),
+            Due::All,
+            "a new commit: every pending cursor"
+        );
         s.picked_up(6, true, attempt(false, &[&v]));
-        assert_eq!(s.due(6), Due::Busy(vec![v.clone()]));
+        assert_eq!(s.due(6, false), Due::Busy(vec![v.clone()]));
         s.picked_up(6, false, attempt(false, &[]));
-        assert_eq!(s.due(6), Due::Nothing, "every watcher looked at");
+        assert_eq!(s.due(6, false), Due::Nothing, "every watcher looked at");
 
         s.picked_up(6, true, attempt(false, &[&w]));
-        assert_eq!(s.due(6), Due::Busy(vec![w.clone()]));
+        assert_eq!(s.due(6, false), Due::Busy(vec![w.clone()]));
         s.picked_up(6, false, attempt(true, &[]));
         assert_eq!(
-            s.due(6),
+            s.due(6, false),
             Due::All,
             "its read failed: every pending cursor again"
         );
 
         s.picked_up(6, true, attempt(false, &[]));
-        assert_eq!(s.due(6), Due::Nothing);
+        assert_eq!(s.due(6, false), Due::Nothing);
         s.forget_answers();
-        assert_eq!(s.due(6), Due::All, "after a failed question");
+        assert_eq!(s.due(6, false), Due::All, "after a failed question");
     }
 
     #[tokio::test]

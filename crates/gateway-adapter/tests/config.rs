@@ -156,6 +156,14 @@ fn refused_service_settings_name_their_field() {
         ),
         (
             AwarenessConfig {
+                recovery_interval: Duration::ZERO,
+                ..AwarenessConfig::default()
+            },
+            "AwarenessConfig.recovery_interval",
+            "back to back",
+        ),
+        (
+            AwarenessConfig {
                 store_wait: Duration::ZERO,
                 ..AwarenessConfig::default()
             },

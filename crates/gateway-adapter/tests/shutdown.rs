@@ -26,8 +26,8 @@ mod common;
 /// go of the store at once, and each task ends at its next interval.
 #[tokio::test(start_paused = true)]
 async fn background_tasks_let_go_of_a_dropped_service() {
-    // A store another writer commits to, so that the pick-up task asks on at every interval
-    // (with none, it ends at its first question whatever it holds).
+    // A store another writer commits to, as a shared SQLite file is (the task asks on at
+    // every interval on any store).
     struct Shared;
     #[async_trait]
     impl Hook for Shared {

@@ -453,7 +453,7 @@ pub struct Awareness {
     config: AwarenessConfig,
     prune_passes: tokio::sync::watch::Sender<PrunePass>,
     upstream: Option<Arc<dyn UpstreamStore>>,
-    turns: TurnLocks,
+    turns: Arc<TurnLocks>,
     writes: tokio::sync::watch::Sender<InFlight>,
 }
 
@@ -1050,7 +1050,7 @@ impl AwarenessBuilder {
             config: self.config,
             prune_passes: tokio::sync::watch::Sender::new(PrunePass::default()),
             upstream: self.upstream,
-            turns: TurnLocks::default(),
+            turns: Arc::default(),
             writes: tokio::sync::watch::Sender::new(InFlight::default()),
         })
     }
@@ -1235,11 +1235,12 @@ impl Awareness {
         answer
     }
 
-    /// Waits until every recording, acknowledgement and sweep this service had started when
-    /// called has ended, including those whose caller gave up on them: each runs to its end on
-    /// a task of its own (see [`Awareness::try_record`]), holding the store until then. Other
-    /// writes (a watch, an unwatch, a reset, a deletion, a pruning pass, an upstream link) run
-    /// in their caller's future and end with it, so they are not waited for; nor are writes
+    /// Waits until every recording, acknowledgement, sweep, reset and deletion this service
+    /// had started when called has ended, including those whose caller gave up on them: each
+    /// runs to its end on a task of its own (see [`Awareness::try_record`]), holding the store
+    /// until then. Other writes (a watch, an unwatch, a pruning pass, an upstream link) run in
+    /// their caller's future and are not waited for; a store may still finish one whose caller
+    /// gave up (store-redb's writer does), which closing the store waits for. Nor are writes
     /// started after the call. A write that never ends (a store that hangs) makes this wait
     /// for good.
     ///
@@ -2402,13 +2403,26 @@ impl Awareness {
 
     /// [`Awareness::on_reset`], returning how many watches went, or the store's error (nothing
     /// was removed: the reset is one write), for a host that retries it. Not bounded by
-    /// [`AwarenessConfig::store_wait`]: a reset is not made on a turn, and one the store has
-    /// not answered has not been made.
+    /// [`AwarenessConfig::store_wait`]: a reset is not made on a turn. The write, and what it
+    /// drops from memory once it committed, run on a task of their own, to their end even if
+    /// the caller gives up (a store may commit a write whose caller is gone); the task is
+    /// counted by [`Awareness::wait_for_writes`].
     pub async fn try_on_reset(&self, session: &SessionKey) -> Result<u64, StoreError> {
         let number = self.turns.reset_begins();
-        let removed = self.store.reset_watcher(session).await?;
-        self.turns.forget(session, number, Forget::Notices);
-        Ok(removed)
+        let store = Arc::clone(&self.store);
+        let turns = Arc::clone(&self.turns);
+        let key = session.clone();
+        let reset = async move {
+            let removed = store.reset_watcher(&key).await?;
+            turns.forget(&key, number, Forget::Notices);
+            Ok(removed)
+        };
+        let about = Some(session.clone());
+        let written = self.write_and_deliver("reset", about, (), reset, |_| &[], None, None);
+        let ((), removed) = written
+            .await
+            .map_err(|e| StoreError::backend("the reset's task failed", e))?;
+        removed
     }
 
     /// Session deleted: its events, head, upstream link and cursors go. What a dropped turn of
@@ -2428,25 +2442,38 @@ impl Awareness {
 
     /// [`Awareness::on_delete`], returning the store's error (nothing was removed: the deletion
     /// is one write), for a host that retries it. Not bounded by
-    /// [`AwarenessConfig::store_wait`], as [`Awareness::try_on_reset`] is not.
+    /// [`AwarenessConfig::store_wait`], and run to its end once begun, as
+    /// [`Awareness::try_on_reset`] is.
     pub async fn try_on_delete(&self, session: &SessionRef) -> Result<(), StoreError> {
         let number = self.turns.reset_begins();
-        self.store.delete_session(session).await?;
-        if session.is_watcher() {
-            self.turns.forget(&session.session_key, number, Forget::All);
-            let key = &session.session_key;
-            let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                for line in self.queue.peek(key) {
-                    if line.is_session_state() {
-                        self.queue.remove(key, &line);
+        let store = Arc::clone(&self.store);
+        let turns = Arc::clone(&self.turns);
+        let queue = Arc::clone(&self.queue);
+        let session = session.clone();
+        let about = Some(session.session_key.clone());
+        let delete = async move {
+            store.delete_session(&session).await?;
+            if session.is_watcher() {
+                let key = &session.session_key;
+                turns.forget(key, number, Forget::All);
+                let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for line in queue.peek(key) {
+                        if line.is_session_state() {
+                            queue.remove(key, &line);
+                        }
                     }
+                }));
+                if taken.is_err() {
+                    warn!(session_key = %key, "taking the deleted watcher's session-state notices out of its queue panicked; they may stay queued");
                 }
-            }));
-            if taken.is_err() {
-                warn!(session_key = %key, "taking the deleted watcher's session-state notices out of its queue panicked; they may stay queued");
             }
-        }
-        Ok(())
+            Ok(())
+        };
+        let written = self.write_and_deliver("delete", about, (), delete, |_| &[], None, None);
+        let ((), deleted) = written
+            .await
+            .map_err(|e| StoreError::backend("the deletion's task failed", e))?;
+        deleted
     }
 
     /// One pruning pass (in bounded chunks): what it deleted. A failed pass is logged and

@@ -678,6 +678,67 @@ async fn a_reset_drops_what_a_dropped_turn_left() {
     );
 }
 
+/// Bug: a reset whose caller gave up once the store had it (a host's own timeout around
+/// `on_reset`, which `store_wait` does not bound) left what a dropped turn had left: the store
+/// removed the watches, but what came after the write in the caller's future (dropping the
+/// dropped turn's lines) never ran, and the next turn showed a notice of a watch the reset
+/// had removed. The write and its clean-up now run to their end together.
+#[tokio::test]
+async fn a_reset_whose_caller_gives_up_still_drops_what_a_dropped_turn_left() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    w.store.hook.permits.add_permits(1); // the dropped turn's acknowledgement goes on
+    settle().await;
+    *w.store.hook.at.lock().unwrap() = (Call::ResetWatcher, true);
+    let svc = Arc::clone(&w.svc);
+    let reset = tokio::spawn(async move { svc.on_reset(&k(MANAGER)).await });
+    w.entered.recv().await.expect("the reset reaches the store");
+    dropped(reset).await;
+    w.open_gate();
+    settle().await;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        Vec::<String>::new(),
+        "the reset committed: its watches, and what the dropped turn left of them, are gone"
+    );
+}
+
+/// Bug: a deletion whose caller gave up once the store had it left the deleted watcher's
+/// session-state notices in its queue for good (no turn of it drains them), with its turn
+/// lock's lines: the clean-up after the write ran in the caller's future. It now runs with
+/// the write.
+#[tokio::test]
+async fn a_deletion_whose_caller_gives_up_still_takes_its_notices_out_of_the_queue() {
+    let mut w = World::gated(Call::DeleteSession, true).await;
+    w.human().await;
+    assert!(
+        w.queue
+            .peek(&k(MANAGER))
+            .iter()
+            .any(QueuedEntry::is_session_state),
+        "a notice is queued for the manager"
+    );
+    let svc = Arc::clone(&w.svc);
+    let delete = tokio::spawn(async move {
+        svc.on_delete(&SessionRef::parse(MANAGER, "main").unwrap())
+            .await;
+    });
+    w.entered
+        .recv()
+        .await
+        .expect("the deletion reaches the store");
+    dropped(delete).await;
+    w.open_gate();
+    settle().await;
+    let left = w.queue.peek(&k(MANAGER));
+    assert!(
+        !left.iter().any(QueuedEntry::is_session_state),
+        "the deleted watcher's notices went with it: {left:?}"
+    );
+}
+
 /// Bug: a reset dropped everything a dropped turn left, the gateway's other system events (an
 /// exec's, a cron's) included, which have nothing to do with the watches a reset removes. It
 /// drops only the session-state notices now, whether the turn was dropped before it had

@@ -412,8 +412,11 @@ impl MonitorTask {
     /// meanwhile) and waits for it to end, the checks of an abandoned tick included, and then
     /// for the store writes the service had started by then ([`Awareness::wait_for_writes`]: a
     /// recording an abandoned check had started runs to its end on a task of its own). Once
-    /// this returns, neither the task nor a write it started holds anything of the monitor or
-    /// its store. A store write that never ends makes this wait for good.
+    /// this returns, neither the task nor a write the service runs on a task of its own holds
+    /// anything of the monitor or its store; a link write (a marker moved, a link removed)
+    /// that an abandoned check had begun may still be finished by the store itself (store-redb's
+    /// writer finishes a write whose caller gave up), which closing the store waits for. A
+    /// store write that never ends makes this wait for good.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.handle.await

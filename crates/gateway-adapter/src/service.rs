@@ -302,7 +302,8 @@ pub struct AwarenessConfig {
     /// store-redb). Each such pick-up reads every pending cursor of the store once.
     pub recovery_interval: Duration,
     /// Delivers a notice only to a watcher the directory knows ([`SessionDirectory::exists`]),
-    /// as DESIGN.md section 9.1 asks of gateways sharing a store: turn it on when several
+    /// and has the upstream monitor ([`crate::upstream::UpstreamMonitor`]) check only the
+    /// adopted sessions it knows, as DESIGN.md section 9.1 asks of gateways sharing a store: turn it on when several
     /// gateway processes share one, so that the notices one hands out to another's sessions
     /// are left to that one's pick-up ([`Awareness::spawn_pickup`]) instead of filling a queue
     /// nobody here drains. Off by default: a gateway alone on its store delivers every notice
@@ -1369,6 +1370,20 @@ impl Awareness {
         if let Some((_, panic)) = panicked.into_iter().next() {
             std::panic::resume_unwind(panic);
         }
+    }
+
+    /// Whether the upstream monitor of this gateway checks the adopted `session`: always, or,
+    /// with [`AwarenessConfig::owned_watchers_only`] (gateways sharing a store), when the
+    /// directory knows it: another gateway's monitor checks its own, against its own prompts
+    /// and runs. `None` when the directory panicked.
+    pub(crate) fn monitors(&self, session: &SessionKey) -> Option<bool> {
+        if !self.config.owned_watchers_only {
+            return Some(true);
+        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.directory.exists(session)
+        }))
+        .ok()
     }
 
     /// The directory deliveries are limited to, when [`AwarenessConfig::owned_watchers_only`].
@@ -2469,7 +2484,7 @@ impl Awareness {
             }
             Ok(())
         };
-        let written = self.write_and_deliver("delete", about, (), delete, |_| &[], None, None);
+        let written = self.write_and_deliver("delete", about, (), delete, |()| &[], None, None);
         let ((), deleted) = written
             .await
             .map_err(|e| StoreError::backend("the deletion's task failed", e))?;

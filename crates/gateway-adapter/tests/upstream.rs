@@ -1121,6 +1121,109 @@ impl UpstreamProvider for Broken {
     }
 }
 
+/// Bug: with gateways sharing a store, each one's monitor checked every adopted session,
+/// against its own prompts and runs only: the prompt the owning gateway sent into the session
+/// read, in another gateway's monitor, as a person's turn, and every watcher was told of a
+/// change by another actor. With `owned_watchers_only`, a monitor checks only the sessions
+/// its directory knows; the owner's monitor checks them.
+#[tokio::test(start_paused = true)]
+async fn with_owned_watchers_only_a_monitor_checks_only_its_own_sessions() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    t.human("run the tests");
+    let shared = gateway_adapter::AwarenessConfig {
+        owned_watchers_only: true,
+        ..gateway_adapter::AwarenessConfig::default()
+    };
+    let monitor_of = |sessions: &[&SessionKey]| {
+        let directory = Arc::new(InMemoryDirectory::new());
+        for s in sessions {
+            directory.upsert((*s).clone(), gateway_adapter::SessionEntry::default());
+        }
+        let (svc, _, _) = common::service_configured(
+            w.store.clone(),
+            Some(w.store.clone()),
+            directory,
+            shared.clone(),
+        );
+        UpstreamMonitor::builder(svc, w.store.clone())
+            .provider(Arc::new(JsonlProvider::new()))
+            .build()
+    };
+
+    let report = monitor_of(&[]).tick().await;
+    assert_eq!(
+        (report.links, report.not_owned, report.checked),
+        (1, 1, 0),
+        "another gateway's session: {report:?}"
+    );
+    assert_eq!(w.human_events(&session).await, 0, "nothing recorded");
+
+    let report = monitor_of(&[&session.session_key]).tick().await;
+    assert_eq!(
+        (report.links, report.not_owned, report.checked),
+        (1, 0, 1),
+        "its owner's: {report:?}"
+    );
+    assert_eq!(w.human_events(&session).await, 1);
+}
+
+/// A check that fails the same way at every tick (a transcript the gateway may not read) is
+/// logged at warn level once, then at debug level while it repeats; another failure is
+/// logged again, and so is the end of it, and a failure after that. It was a warning at every
+/// tick, for as long as the cause lasted (1,440 a day at the default interval, per link).
+#[tokio::test(start_paused = true)]
+async fn a_check_failing_alike_at_every_tick_is_warned_of_once() {
+    struct Flaky(std::sync::Mutex<Vec<Option<&'static str>>>);
+    #[async_trait]
+    impl UpstreamProvider for Flaky {
+        fn kind(&self) -> &'static str {
+            "flaky"
+        }
+
+        async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+            match self.0.lock().unwrap().remove(0) {
+                Some(error) => CheckOutcome::Failed(error.to_owned()),
+                None => CheckOutcome::Unchanged {
+                    marker: serde_json::json!(1),
+                },
+            }
+        }
+    }
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    w.adopt_remote("agent:main:remote", "flaky").await;
+    let denied = Some("permission denied");
+    let gone = Some("the node is gone");
+    let outcomes = vec![denied, denied, denied, gone, None, denied];
+    let ticks = outcomes.len();
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Flaky(std::sync::Mutex::new(outcomes))))
+        .build();
+    for _ in 0..ticks {
+        monitor.tick().await;
+    }
+    let levels = |what: &str| -> Vec<String> {
+        capture
+            .lines()
+            .iter()
+            .filter(|l| l.contains(what))
+            .map(|l| l.rsplit("level=").next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        levels("upstream check failed"),
+        ["WARN", "DEBUG", "DEBUG", "WARN", "WARN"],
+        "denied, twice again, gone, then denied after a check that worked"
+    );
+    assert_eq!(levels("upstream check works again"), ["INFO"]);
+}
+
 /// A provider whose check panics fails that session's check, said as a failure naming the
 /// session and the panic: the panic was logged without either, and no detection said it.
 #[tokio::test(start_paused = true)]

@@ -53,7 +53,7 @@ use awareness_core::{
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{self, ConfigError};
 use crate::fit::Fit;
@@ -127,6 +127,12 @@ pub struct TickReport {
     pub deferred: usize,
     /// Links of a kind no provider of this monitor reads.
     pub no_provider: usize,
+    /// Links of sessions another gateway owns (with
+    /// [`AwarenessConfig::owned_watchers_only`](crate::AwarenessConfig::owned_watchers_only),
+    /// sessions the directory does not know), not checked: that gateway's monitor checks
+    /// them, against the prompts it sent and the runs it holds, which this one does not know
+    /// (checked here, its own prompts would read as a person's turns).
+    pub not_owned: usize,
 }
 
 /// What became of a link's marker once a check's result was stored.
@@ -342,6 +348,7 @@ impl MonitorBuilder {
                 events,
                 missing: Mutex::new(HashMap::new()),
                 listed: Mutex::new(HashSet::new()),
+                logged: Logged::default(),
                 ticks: AtomicU64::new(0),
                 one_tick: tokio::sync::Mutex::new(()),
             }),
@@ -380,6 +387,74 @@ impl fmt::Debug for UpstreamMonitor {
     }
 }
 
+/// `warn!` when `$news` (a failure not logged there before, or another one), else `debug!`:
+/// a cause that does not go away by itself (a transcript the gateway may not read, a store
+/// that stays down) is logged once at warn level, not at every tick for as long as it lasts.
+macro_rules! warn_if_news {
+    ($news:expr, $($arg:tt)+) => {
+        if $news {
+            warn!($($arg)+)
+        } else {
+            debug!($($arg)+)
+        }
+    };
+}
+
+/// Where the monitor fails, for [`Logged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Site {
+    /// Listing the links.
+    List,
+    /// Asking whether a link's session is watched.
+    Watched,
+    /// A provider's check.
+    Check,
+    /// Storing a scan time.
+    ScanTime,
+    /// Moving a marker.
+    Marker,
+    /// Removing a link.
+    Remove,
+}
+
+/// The failures the monitor logged at warn level, by site and link (`None`: the tick's own),
+/// with the text logged.
+#[derive(Debug, Default)]
+struct Logged(Mutex<HashMap<(Site, Option<SessionRef>), String>>);
+
+impl Logged {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(Site, Option<SessionRef>), String>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `error` at `site` is news: not the failure logged there last (which it
+    /// becomes).
+    fn is_news(&self, site: Site, session: Option<&SessionRef>, error: &str) -> bool {
+        let mut map = self.map();
+        let key = (site, session.cloned());
+        if map.get(&key).is_some_and(|logged| logged == error) {
+            return false;
+        }
+        map.insert(key, error.to_owned());
+        true
+    }
+
+    /// `site` worked for `session`: whether a failure had been logged there, which has ended.
+    fn ended(&self, site: Site, session: Option<&SessionRef>) -> bool {
+        let mut map = self.map();
+        if map.is_empty() {
+            return false;
+        }
+        map.remove(&(site, session.cloned())).is_some()
+    }
+
+    /// Forgets the failures of links not in `now` (gone from the store).
+    fn keep_only(&self, now: &HashSet<SessionRef>) {
+        self.map()
+            .retain(|(_, session), _| session.as_ref().is_none_or(|s| now.contains(s)));
+    }
+}
+
 struct Inner {
     awareness: Arc<Awareness>,
     links: Arc<dyn UpstreamStore>,
@@ -393,6 +468,8 @@ struct Inner {
     /// The refs of the links the last tick listed (less those whose link a check of ours
     /// removed), so that a link gone since, whoever removed it, takes its prompts with it.
     listed: Mutex<HashSet<SessionRef>>,
+    /// The failures logged at `warn!`, so that one that repeats at every tick is not.
+    logged: Logged,
     ticks: AtomicU64,
     /// Held for a whole tick: ticks never overlap.
     one_tick: tokio::sync::Mutex<()>,
@@ -547,9 +624,15 @@ impl Inner {
             ..TickReport::default()
         };
         let mut links = match me.awareness.bounded("list links", me.links.links()).await {
-            Ok(links) => links,
+            Ok(links) => {
+                if me.logged.ended(Site::List, None) {
+                    info!("upstream monitor: links listed again");
+                }
+                links
+            }
             Err(e) => {
-                warn!(error = %ErrorChain(&e), "upstream monitor: cannot list links; trying again next tick");
+                let e = ErrorChain(&e).to_string();
+                warn_if_news!(me.logged.is_news(Site::List, None, &e), error = %e, "upstream monitor: cannot list links; trying again next tick");
                 me.emit(Detection::TickDone(report));
                 return report;
             }
@@ -562,6 +645,7 @@ impl Inner {
         // so grew with every session ever adopted.
         let now: HashSet<SessionRef> = links.iter().map(|l| l.session.clone()).collect();
         me.missing_counts().retain(|r, _| now.contains(r));
+        me.logged.keep_only(&now);
         let forgotten: Vec<SessionRef> = {
             let mut listed = me.listed();
             let gone = listed.difference(&now).cloned().collect();
@@ -589,6 +673,20 @@ impl Inner {
                 report.no_provider += 1;
                 continue;
             };
+            match me.awareness.monitors(&link.session.session_key) {
+                Some(true) => {}
+                Some(false) => {
+                    report.not_owned += 1;
+                    continue;
+                }
+                None => {
+                    me.emit(Detection::Failed {
+                        session: link.session.clone(),
+                        error: "the gateway's session directory panicked".to_owned(),
+                    });
+                    continue;
+                }
+            }
             if silent {
                 me.emit(Detection::Failed {
                     session: link.session.clone(),
@@ -687,18 +785,25 @@ impl Inner {
         };
         let read = self.awareness.store().cursors(&filter);
         let (e, answered) = match self.awareness.within(deadline, read).await {
-            Some(Ok(cursors)) if cursors.iter().any(|c| c.follows(session)) => {
-                return Watched::Yes;
+            Some(Ok(cursors)) => {
+                if self.logged.ended(Site::Watched, Some(session)) {
+                    info!(session_key = %session.session_key, "upstream monitor: the session's watchers read again");
+                }
+                return if cursors.iter().any(|c| c.follows(session)) {
+                    Watched::Yes
+                } else {
+                    Watched::No
+                };
             }
-            Some(Ok(_)) => return Watched::No,
             Some(Err(e)) => (e, true),
             None => (self.awareness.no_answer("read cursors"), false),
         };
-        let e = ErrorChain(&e);
+        let e = ErrorChain(&e).to_string();
+        let news = self.logged.is_news(Site::Watched, Some(session), &e);
         if answered {
-            warn!(session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
+            warn_if_news!(news, session_key = %session.session_key, error = %e, "upstream monitor: cannot tell whether the session is watched; skipping it this tick");
         } else {
-            warn!(session_key = %session.session_key, error = %e, "upstream monitor: the store's wait for this tick is over; skipping this link and the ones not asked yet until the next tick");
+            warn_if_news!(news, session_key = %session.session_key, error = %e, "upstream monitor: the store's wait for this tick is over; skipping this link and the ones not asked yet until the next tick");
         }
         Watched::Unknown {
             error: format!("cannot read its watchers: {e}"),
@@ -724,16 +829,26 @@ impl Inner {
                 ))
             });
         let session = link.session.clone();
-        if !matches!(outcome, CheckOutcome::Failed(_))
-            && let Err(e) = self
+        if !matches!(outcome, CheckOutcome::Failed(_)) {
+            if self.logged.ended(Site::Check, Some(&session)) {
+                info!(session_key = %session.session_key, kind = %link.upstream_kind, "upstream check works again");
+            }
+            let stored = self
                 .awareness
                 .bounded(
                     "store the scan time",
                     self.links.mark_scanned(&session, self.awareness.now()),
                 )
-                .await
-        {
-            warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream monitor: scan time not stored");
+                .await;
+            match stored {
+                Ok(_) => {
+                    self.logged.ended(Site::ScanTime, Some(&session));
+                }
+                Err(e) => {
+                    let e = ErrorChain(&e).to_string();
+                    warn_if_news!(self.logged.is_news(Site::ScanTime, Some(&session), &e), session_key = %session.session_key, error = %e, "upstream monitor: scan time not stored");
+                }
+            }
         }
         match outcome {
             CheckOutcome::Unchanged { marker } => {
@@ -787,7 +902,7 @@ impl Inner {
             }
             CheckOutcome::Missing => self.gone(&link).await,
             CheckOutcome::Failed(error) => {
-                warn!(session_key = %session.session_key, kind = %link.upstream_kind, error = %error, "upstream check failed; retried next tick");
+                warn_if_news!(self.logged.is_news(Site::Check, Some(&session), &error), session_key = %session.session_key, kind = %link.upstream_kind, error = %error, "upstream check failed; retried next tick");
                 self.emit(Detection::Failed { session, error });
             }
         }
@@ -805,7 +920,11 @@ impl Inner {
         let write = self
             .links
             .set_marker(&link.session, link.updated_at, marker, now);
-        match self.awareness.bounded("move the marker", write).await {
+        let moved = self.awareness.bounded("move the marker", write).await;
+        if moved.is_ok() {
+            self.logged.ended(Site::Marker, Some(&link.session));
+        }
+        match moved {
             Ok(true) => MarkerMove::Moved,
             Ok(false) => {
                 debug!(session_key = %link.session.session_key, "the link changed during the scan; its marker stays");
@@ -813,7 +932,7 @@ impl Inner {
             }
             Err(e) => {
                 let error = ErrorChain(&e).to_string();
-                warn!(session_key = %link.session.session_key, error = %error, "upstream marker not moved (a store that did not answer may still move it); the same rows are read again next tick");
+                warn_if_news!(self.logged.is_news(Site::Marker, Some(&link.session), &error), session_key = %link.session.session_key, error = %error, "upstream marker not moved (a store that did not answer may still move it); the same rows are read again next tick");
                 MarkerMove::Failed(error)
             }
         }
@@ -915,9 +1034,13 @@ impl Inner {
         };
         let write = self.links.remove_link(&session, Some(link.updated_at));
         let link_removed = match self.awareness.bounded("remove the link", write).await {
-            Ok(removed) => removed,
+            Ok(removed) => {
+                self.logged.ended(Site::Remove, Some(&session));
+                removed
+            }
             Err(e) => {
-                warn!(session_key = %session.session_key, error = %ErrorChain(&e), "upstream link not removed (a store that did not answer may still remove it); retried next tick");
+                let e = ErrorChain(&e).to_string();
+                warn_if_news!(self.logged.is_news(Site::Remove, Some(&session), &e), session_key = %session.session_key, error = %e, "upstream link not removed (a store that did not answer may still remove it); retried next tick");
                 false
             }
         };

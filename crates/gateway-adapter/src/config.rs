@@ -32,15 +32,15 @@ pub enum ConfigError {
         rule: &'static str,
     },
     /// A retention policy that would delete what it is meant to keep
-    /// ([`RetentionPolicy::validate`](awareness_core::RetentionPolicy::validate)); the source
-    /// names the policy's field.
-    #[error("{field}: {source}")]
+    /// ([`RetentionPolicy::validate`](awareness_core::RetentionPolicy::validate)); the reason
+    /// names the policy's field. The reason is in the text, and is not also the error's
+    /// source (a reporter walking the sources would print it twice).
+    #[error("{field}: {reason}")]
     Retention {
         /// The setting holding the policy (`AwarenessConfig.retention`).
         field: &'static str,
         /// Why the policy was refused.
-        #[source]
-        source: ValidationError,
+        reason: ValidationError,
     },
 }
 

@@ -359,9 +359,9 @@ impl AwarenessConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.retention
             .validate()
-            .map_err(|source| ConfigError::Retention {
+            .map_err(|reason| ConfigError::Retention {
                 field: "AwarenessConfig.retention",
-                source,
+                reason,
             })?;
         config::at_least_1ms(
             "AwarenessConfig.prune_interval",
@@ -1236,10 +1236,11 @@ impl Awareness {
         answer
     }
 
-    /// Waits until every recording, acknowledgement, sweep, reset and deletion this service
-    /// had started when called has ended, including those whose caller gave up on them: each
-    /// runs to its end on a task of its own (see [`Awareness::try_record`]), holding the store
-    /// until then. Other writes (a watch, an unwatch, a pruning pass, an upstream link) run in
+    /// Waits until every recording, acknowledgement, sweep, reset, deletion and watch
+    /// ([`Awareness::watch_after_send`]) this service had started when called has ended,
+    /// including those whose caller gave up on them: each runs to its end on a task of its own
+    /// (see [`Awareness::try_record`]), holding the store until then. Other writes (an unwatch,
+    /// a pruning pass, an upstream link) run in
     /// their caller's future and are not waited for; a store may still finish one whose caller
     /// gave up (store-redb's writer does), which closing the store waits for. Nor are writes
     /// started after the call. A write that never ends (a store that hangs) makes this wait
@@ -1991,48 +1992,37 @@ impl Awareness {
                     }
                 }
             };
-        let write = self.store.watch(&w, &r, self.clock.now());
-        match self.bounded_by(deadline, "watch", write).await {
-            Ok(cursor) => {
-                if ambient {
-                    self.wake_if_queued(&cursor);
-                }
-                WatchOutcome {
-                    watched: true,
-                    refused: None,
-                }
+        // The watch, and the wake it owes an ambient cursor's queued line, run to their end
+        // together on a task of their own: a watch the wait gave up on may still commit (a
+        // store finishes a write whose caller is gone), and its wake was lost with the caller,
+        // while a watch asked again finds the cursor explicit already and wakes nobody.
+        let store = Arc::clone(&self.store);
+        let (queue, wake) = (Arc::clone(&self.queue), Arc::clone(&self.wake));
+        let now = self.clock.now();
+        let watch = async move {
+            let cursor = store.watch(&w, &r, now).await?;
+            if ambient {
+                wake_if_queued(&*queue, &*wake, &cursor);
             }
+            Ok(())
+        };
+        let about = Some(target.clone());
+        let write = async {
+            let written = self.write_and_deliver("watch", about, (), watch, |()| &[], None, None);
+            let ((), watched) = written
+                .await
+                .map_err(|e| StoreError::backend("the watch's task failed", e))?;
+            watched
+        };
+        match self.bounded_by(deadline, "watch", write).await {
+            Ok(()) => WatchOutcome {
+                watched: true,
+                refused: None,
+            },
             Err(e) => {
                 warn!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch not registered");
                 WatchOutcome::refused(WatchRefusal::StoreFailed)
             }
-        }
-    }
-
-    /// Wakes a main session whose ambient cursor a watch made explicit and keeps pending, when
-    /// the notice's line is queued for it already: an ambient cursor's line is queued without a
-    /// wake (decision 0015), and the watch that makes the cursor explicit is what would have
-    /// woken the session; the recordings after it hand out the same notice, whose line the
-    /// queue holds, and wake nobody. (A cursor that was explicit already had its session woken
-    /// when its line was queued: a repeated watch wakes nobody.) Nothing is queued here (a turn
-    /// that drained the line may be acknowledging it). A queue or a wake that panics is logged.
-    fn wake_if_queued(&self, cursor: &Cursor) {
-        let watcher = cursor.watcher.session_key();
-        if !cursor.is_pending() || watcher.is_subagent() {
-            return;
-        }
-        let n = Notice::of(cursor);
-        if n.queue_only {
-            return;
-        }
-        let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let held = self.queue.peek(watcher).contains(&queued(&n));
-            if held {
-                self.wake.wake(watcher, "session-state");
-            }
-        }));
-        if let Err(panic) = woken {
-            warn!(session_key = %watcher, panic = awareness_core::error::panic_message(&*panic), "looking for the watcher's queued notice, or waking it for that notice, panicked; the watch stands, and its next turn reads the notice");
         }
     }
 
@@ -2819,6 +2809,33 @@ impl Awareness {
                 }
             }
         }
+    }
+}
+
+/// Wakes a main session whose ambient cursor a watch made explicit and keeps pending, when
+/// the notice's line is queued for it already: an ambient cursor's line is queued without a
+/// wake (decision 0015), and the watch that makes the cursor explicit is what would have
+/// woken the session; the recordings after it hand out the same notice, whose line the
+/// queue holds, and wake nobody. (A cursor that was explicit already had its session woken
+/// when its line was queued: a repeated watch wakes nobody.) Nothing is queued here (a turn
+/// that drained the line may be acknowledging it). A queue or a wake that panics is logged.
+fn wake_if_queued(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, cursor: &Cursor) {
+    let watcher = cursor.watcher.session_key();
+    if !cursor.is_pending() || watcher.is_subagent() {
+        return;
+    }
+    let n = Notice::of(cursor);
+    if n.queue_only {
+        return;
+    }
+    let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let held = queue.peek(watcher).contains(&queued(&n));
+        if held {
+            wake.wake(watcher, "session-state");
+        }
+    }));
+    if let Err(panic) = woken {
+        warn!(session_key = %watcher, panic = awareness_core::error::panic_message(&*panic), "looking for the watcher's queued notice, or waking it for that notice, panicked; the watch stands, and its next turn reads the notice");
     }
 }
 

@@ -278,3 +278,22 @@ async fn a_store_wait_of_duration_max_waits_for_the_store() {
         "the pick-up waits for the store and finds nothing left: {picked:?}"
     );
 }
+
+/// A refused retention policy says why once, in its text, and is not also the error's source:
+/// a reporter that prints each source after the text (anyhow's `{:#}`, for one) printed the
+/// reason twice.
+#[test]
+fn a_refused_retention_policy_says_why_once() {
+    let e = AwarenessConfig {
+        retention: RetentionPolicy {
+            cursor_idle_ms: 0,
+            ..RetentionPolicy::default()
+        },
+        ..AwarenessConfig::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(std::error::Error::source(&e).is_none(), "{e:?}");
+    let text = awareness_core::error::ErrorChain(&e).to_string();
+    assert_eq!(text.matches("cursorIdleMs is 0").count(), 1, "{text}");
+}

@@ -387,6 +387,70 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
     assert_eq!(wake.all(), [k(MANAGER)]);
 }
 
+/// Bug: a watch the wait for the store gave up on (`store_wait`) may still commit, and the
+/// wake it owed the ambient cursor's queued line was lost with its caller; asked again, the
+/// watch found the cursor explicit already and woke nobody either, so the main session took
+/// no turn for the notice. The watch and its wake now run to their end together.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_given_up_on_that_commits_still_wakes_the_session() {
+    struct HeldAfterWatch {
+        gate: tokio::sync::Semaphore,
+        reached: tokio::sync::Notify,
+    }
+    #[awareness_core::async_trait]
+    impl Hook for HeldAfterWatch {
+        async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
+            if call == Call::Watch {
+                self.reached.notify_one();
+                self.gate.acquire().await.expect("the gate").forget();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(Hooked {
+        inner: ambient_manager(&dir.path().join("state.sqlite")).await,
+        hook: HeldAfterWatch {
+            gate: tokio::sync::Semaphore::new(0),
+            reached: tokio::sync::Notify::new(),
+        },
+    });
+    let (svc, _queue, wake) = common::service_configured(
+        store.clone(),
+        None,
+        directory(&[MANAGER]),
+        AwarenessConfig {
+            store_wait: Duration::from_millis(200),
+            ..AwarenessConfig::default()
+        },
+    );
+    let cursor = store
+        .inner
+        .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    svc.deliver(&[awareness_core::Notice::of(&cursor)]);
+    assert!(wake.all().is_empty(), "queued without a wake");
+    let watching = {
+        let svc = Arc::clone(&svc);
+        tokio::spawn(async move {
+            svc.watch_after_send(&k(MANAGER), &k(CHILD), None, true)
+                .await
+        })
+    };
+    store.hook.reached.notified().await;
+    let outcome = watching.await.expect("the watch's caller");
+    assert!(!outcome.watched, "given up on: {outcome:?}");
+    assert!(wake.all().is_empty());
+    store.hook.gate.add_permits(1); // the store answers, late
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while wake.all().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await; // a hang guard, not a timing
+    }
+    assert_eq!(wake.all(), [k(MANAGER)], "woken once the watch committed");
+}
+
 /// Bug: a watch of an ambient cursor asks the host's queue whether the notice's line is there
 /// (to wake the session for it); a queue that panicked there failed the watch after the store
 /// had registered it, so the caller's turn ended in a panic. Now the watch is said as made,

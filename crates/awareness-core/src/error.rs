@@ -77,9 +77,11 @@ impl std::fmt::Display for OpenFailure {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The input was refused; nothing was written.
+    /// The input was refused; nothing was written. The [`ValidationError`] is shown in the
+    /// message and is not also the [`source`](std::error::Error::source), so that a reporter
+    /// walking the chain does not print it twice.
     #[error("invalid input: {0}")]
-    InvalidInput(#[from] ValidationError),
+    InvalidInput(ValidationError),
     /// The store is busy: a lock another writer holds (store-sqlite: past the busy timeout), a
     /// race for SQLite's write-ahead-log locks lost (`PROTOCOL`), or (gateway-adapter) a
     /// recording refused while too many writes are outstanding. The same call may succeed
@@ -94,9 +96,14 @@ pub enum StoreError {
         source: BoxError,
     },
     /// The store could not be opened at `path` (not a database of this kind, truncated,
-    /// permission denied, already open in another process, ...). Nothing was created, and the
-    /// data at `path` were left as they were: a file that is not a database of the backend's
-    /// kind was not written, and no table, row or schema version of one that is was changed.
+    /// permission denied, already open in another process, ...). The data at `path` were left
+    /// as they were: a file that is not a database of the backend's kind was not written, and
+    /// no table, row or schema version of one that is was changed. Nothing was created, with
+    /// one exception: an open that may create a store (`create_if_missing`), of a path where
+    /// nothing was, may leave a new, empty store there when it fails after making it, or (on a
+    /// file system without hard links) an empty file, which the next open makes a store
+    /// (store-sqlite: a store is never removed once another opener may be using it;
+    /// store-redb removes the file its failed open created).
     /// An open of a file of the backend's database engine may still have written that
     /// engine's own bookkeeping into it; a backend whose open can do so says when in its docs
     /// (store-redb: redb's repair of a file that was not closed cleanly).
@@ -152,6 +159,12 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+}
+
+impl From<ValidationError> for StoreError {
+    fn from(e: ValidationError) -> Self {
+        StoreError::InvalidInput(e)
+    }
 }
 
 impl StoreError {
@@ -362,6 +375,31 @@ mod tests {
         assert_eq!(ErrorChain(&open).to_string(), open.to_string());
         let invalid: StoreError = ValidationError::SummaryBlank.into();
         assert_eq!(ErrorChain(&invalid).to_string(), invalid.to_string());
+    }
+
+    /// An invalid input shows its reason once, in the message: it is not also the source,
+    /// which a reporter walking the chain (anyhow's `{:#}`) would print after it again.
+    #[test]
+    fn invalid_input_shows_its_reason_once() {
+        let invalid = StoreError::from(ValidationError::SummaryBlank);
+        assert!(std::error::Error::source(&invalid).is_none());
+        assert_eq!(
+            ErrorChain(&invalid).to_string(),
+            "invalid input: summary must not be blank"
+        );
+        // What a reporter that prints every source does (no deduplication).
+        let mut walked = invalid.to_string();
+        let mut next = std::error::Error::source(&invalid);
+        while let Some(e) = next {
+            walked.push_str(": ");
+            walked.push_str(&e.to_string());
+            next = e.source();
+        }
+        assert_eq!(
+            walked.matches("summary must not be blank").count(),
+            1,
+            "{walked}"
+        );
     }
 
     #[test]

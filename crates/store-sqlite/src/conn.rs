@@ -42,13 +42,13 @@ impl Writer {
             Ok(_) => self.open_tx = false,
             // The usual, harmless answer: the operation had ended its transaction.
             Err(e) if e.to_string().contains("no transaction is active") => {
-                tracing::debug!(error = %e, "rollback after an interrupted write");
+                tracing::debug!(error = %awareness_core::error::ErrorChain(&e), "rollback after an interrupted write");
                 self.open_tx = false;
             }
             // A transaction may still be open, holding SQLite's write lock: the next writer
             // rolls back again before it begins (`open_tx` stays set).
             Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "rollback after an interrupted write failed; trying again before the next write");
+                tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&e), "rollback after an interrupted write failed; trying again before the next write");
             }
         }
     }
@@ -133,12 +133,12 @@ impl Drop for WriteGuard {
                         }
                     }),
                     Err(e) => {
-                        tracing::warn!(path = %shown.display(), error = %e, "cannot roll back a cancelled write now; the next write does");
+                        tracing::warn!(path = %shown.display(), error = %awareness_core::error::ErrorChain(&e), "cannot roll back a cancelled write now; the next write does");
                     }
                 }
             });
         if let Err(e) = started {
-            tracing::warn!(path = %path.display(), error = %e, "cannot roll back a cancelled write now; the next write does");
+            tracing::warn!(path = %path.display(), error = %awareness_core::error::ErrorChain(&e), "cannot roll back a cancelled write now; the next write does");
         }
     }
 }
@@ -323,7 +323,7 @@ impl Readers {
                     tracing::trace!(path = %path.display(), result = ?r, "checkpointed the WAL");
                 }
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "background WAL checkpoint failed");
+                    tracing::warn!(path = %path.display(), error = %awareness_core::error::ErrorChain(e), "background WAL checkpoint failed");
                 }
             }
             // Frames the pass left to copy: in the log, less those copied (a log of -1 frames

@@ -116,7 +116,7 @@ impl SqliteStore {
             let existing = existing.and_then(|text| {
                 decode::one_cursor(text)
                     .inspect_err(|e| {
-                        tracing::warn!(path = %self.path.display(), error = %e, "replacing a watch cursor that cannot be read");
+                        tracing::warn!(path = %self.path.display(), watcher = %watcher, target = %target.session_key, agent_id = %target.agent_id, error = %awareness_core::error::ErrorChain(e), "replacing a watch cursor that cannot be read");
                     })
                     .ok()
             });

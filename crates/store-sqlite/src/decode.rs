@@ -331,7 +331,7 @@ fn build_event(
                 tracing::warn!(
                     path = %path.display(),
                     sequence = seq,
-                    error = %e,
+                    error = %awareness_core::error::ErrorChain(&e),
                     "an event's payload_json is not a JSON object this store can read; the event is read without it, as OpenClaw reads it"
                 );
                 None
@@ -587,7 +587,7 @@ impl CursorRows {
                 path = %path.display(),
                 watcher = %u.watcher,
                 target = %u.target,
-                reason = %u.reason,
+                error = %u.reason,
                 "ignoring a watch cursor that cannot be read"
             );
         }
@@ -632,7 +632,7 @@ pub(crate) fn warned_heads(rows: Vec<Result<Head, StoreError>>, path: &Path) -> 
             Ok(h) => out.push(h),
             Err(e) => tracing::warn!(
                 path = %path.display(),
-                reason = %e,
+                error = %awareness_core::error::ErrorChain(&e),
                 "ignoring a head row that cannot be read"
             ),
         }
@@ -747,7 +747,7 @@ pub(crate) fn victims(bytes: &[u8], path: &Path) -> Result<Vec<Victim>, StoreErr
                         path = %path.display(),
                         sequence = seq,
                         session_key = ?key,
-                        agent = ?agent,
+                        agent_id = ?agent,
                         error,
                         "pruning deletes an event this store cannot read; no watermark is stamped over it"
                     );
@@ -776,7 +776,9 @@ pub(crate) fn victim_heads(bytes: &[u8], path: &Path) -> Result<Vec<Head>, Store
                 .inspect_err(|e| {
                     tracing::warn!(
                         path = %path.display(),
-                        reason = %e,
+                        session_key = %key,
+                        agent_id = %agent,
+                        error = %awareness_core::error::ErrorChain(e),
                         "pruning deletes events of a session whose head cannot be read; no watermark is stamped"
                     );
                 })
@@ -916,6 +918,28 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use sqlx::{Connection, Row, SqliteConnection};
+
+    /// A head row left out of a listing is logged with its cause's words, which a
+    /// [`StoreError::Backend`]'s own text leaves out (they are its source), under `error`.
+    #[test]
+    fn a_head_left_out_is_logged_with_its_cause() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _guard = capture.install();
+        let path = Path::new("/logged/heads.sqlite");
+        let cause = std::io::Error::other("disk I/O error");
+        let read = vec![Err(StoreError::backend("read heads", cause))];
+        assert!(warned_heads(read, path).is_empty());
+        let lines: Vec<String> = capture
+            .lines()
+            .into_iter()
+            .filter(|l| l.contains("/logged/heads.sqlite"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("error=store backend error: read heads: disk I/O error"),
+            "{lines:?}"
+        );
+    }
 
     /// Text with what JSON must escape, and anything else.
     fn text() -> impl Strategy<Value = String> {

@@ -73,9 +73,12 @@ pub(crate) fn is_unusable_file(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(SQLITE_NOTADB | SQLITE_CORRUPT))
 }
 
-/// Why a database could not be opened, in words a person can act on.
-pub(crate) fn open_reason(e: &sqlx::Error) -> String {
-    let what = match primary_code(e) {
+/// Why a database could not be opened, in words a person can act on. SQLite's own words are
+/// not repeated here: the error is the [`StoreError::Open`]'s source, which a reporter of the
+/// whole chain ([`awareness_core::error::ErrorChain`]) prints after these. (BUSY, LOCKED and
+/// PROTOCOL never get here: [`failed_open`] answers them with [`StoreError::Busy`].)
+pub(crate) fn open_reason(e: &sqlx::Error) -> &'static str {
+    match primary_code(e) {
         Some(SQLITE_NOTADB) => "the file is not an SQLite database",
         Some(SQLITE_CORRUPT) => "the database file is corrupt or truncated",
         Some(SQLITE_CANTOPEN) => "the file or its journal cannot be opened or created",
@@ -83,27 +86,25 @@ pub(crate) fn open_reason(e: &sqlx::Error) -> String {
             "the database is read-only here (no write permission to the file or its directory)"
         }
         Some(SQLITE_PERM) => "permission denied",
-        Some(SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL) => {
-            "the database is locked by another connection"
-        }
         Some(SQLITE_IOERR) => "an I/O error occurred",
         _ => "SQLite refused to open it",
-    };
-    format!("{what} ({e})")
+    }
 }
 
 /// The error of an open of `path` that failed on `e`: [`StoreError::Busy`] when another
 /// connection held the lock the open needed (a migration's) for longer than the busy timeout,
-/// which a later open may not meet; else [`StoreError::Open`], with [`open_reason`].
+/// which a later open may not meet, naming the file first as every error of a store in a file
+/// does ([`StoreError::in_store`]: `store busy: /x.db: open: ...`); else [`StoreError::Open`],
+/// with [`open_reason`].
 pub(crate) fn failed_open(path: &Path, e: sqlx::Error) -> StoreError {
     if is_busy(&e) {
         return StoreError::Busy {
-            context: format!(
-                "open {}: another connection held the database's lock longer than the busy timeout",
-                path.display()
-            ),
+            context:
+                "open: another connection held the database's lock longer than the busy timeout"
+                    .to_owned(),
             source: Box::new(e),
-        };
+        }
+        .in_store(path);
     }
     let kind = match primary_code(&e) {
         Some(SQLITE_NOTADB) => OpenFailure::NotAStore,
@@ -185,6 +186,28 @@ mod tests {
 
     fn coded(code: i32) -> sqlx::Error {
         sqlx::Error::Database(Box::new(Coded(code, "coded")))
+    }
+
+    /// An open that met a lock names the file first, then what was being done, as every
+    /// other error of a store in a file does (`StoreError::in_store`), and its cause once.
+    #[test]
+    fn a_busy_open_names_the_file_first() {
+        let e = failed_open(Path::new("/x.db"), coded(SQLITE_BUSY));
+        assert_eq!(
+            awareness_core::error::ErrorChain(&e).to_string(),
+            "store busy: /x.db: open: another connection held the database's lock longer than \
+             the busy timeout: error returned from database: result code 5"
+        );
+    }
+
+    /// An open's reason is ours; SQLite's words are its source, shown once in the chain.
+    #[test]
+    fn an_open_error_shows_sqlites_words_once() {
+        let e = failed_open(Path::new("/x.db"), coded(SQLITE_NOTADB));
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        let chain = awareness_core::error::ErrorChain(&e).to_string();
+        assert_eq!(chain.matches("result code 26").count(), 1, "{chain}");
+        assert_eq!(e.to_string().matches("result code 26").count(), 0, "{e}");
     }
 
     /// The lock conflicts are retryable, extended codes by their primary code (BUSY_SNAPSHOT

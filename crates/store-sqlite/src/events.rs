@@ -51,17 +51,20 @@ fn dedupe_hit(
     const WHAT: &str = "record an event";
     // As bytes: a row holding text that is not UTF-8 fails naming it, not as a column.
     let stored: Option<&[u8]> = get(row, 2, WHAT)?;
-    let stored = stored.ok_or_else(|| {
-        StoreError::corrupt(format!(
-            "{WHAT}: the dedupe key {:?} conflicted but has no row",
-            event.dedupe_key
-        ))
-    })?;
+    let stored = stored.ok_or_else(|| dedupe_key_without_row(WHAT, event.dedupe_key.as_deref()))?;
     Ok(Recorded {
         event: Arc::new(decode::one_event(stored, path)?),
         deduplicated: true,
         notices: Vec::new(),
     })
+}
+
+/// The error of a dedupe hit whose row is gone: the key itself, quoted (not an `Option`).
+fn dedupe_key_without_row(what: &str, key: Option<&str>) -> StoreError {
+    StoreError::corrupt(format!(
+        "{what}: the dedupe key {:?} conflicted but has no row",
+        key.unwrap_or_default()
+    ))
 }
 
 /// Runs a record batch ([`sql::RECORD_BEGIN`], [`sql::RECORD_ONE_BATCH`]) and answers its
@@ -83,7 +86,7 @@ async fn record_batch(conn: &mut SqliteConnection, q: Query) -> Result<SqliteRow
     };
     if let Err(rollback) = sqlx::raw_sql(sql::ROLLBACK).execute(&mut *conn).await {
         // SQLite may have ended the transaction itself on this error.
-        tracing::debug!(error = %rollback, "rolling back a recording the database refused as full");
+        tracing::debug!(error = %awareness_core::error::ErrorChain(&rollback), "rolling back a recording the database refused as full");
     }
     // Read whole (not `fetch_optional`), so that no statement is left open on the connection.
     match sqlx::query_scalar::<_, i64>(sql::SEQUENCE_COUNTER)
@@ -549,7 +552,7 @@ impl SqliteStore {
         let rows = match batch(&mut conn, q, WHAT).await {
             Ok(rows) => rows,
             Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "reading events one row at a time to name the one that cannot be read failed");
+                tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&e), "reading events one row at a time to name the one that cannot be read failed");
                 return Err(page);
             }
         };
@@ -569,7 +572,7 @@ impl SqliteStore {
         if events.is_ok() {
             // The row at fault changed or went between the two reads: said, since a decoder of
             // a page stricter than the one of a row would otherwise go unseen here.
-            tracing::warn!(path = %self.path.display(), error = %page, "a log page that could not be read read row by row; those rows are the answer");
+            tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&page), "a log page that could not be read read row by row; those rows are the answer");
         }
         events
     }
@@ -596,7 +599,7 @@ impl SqliteStore {
         let rows = match batch(&mut conn, q, WHAT).await {
             Ok(rows) => rows,
             Err(e) => {
-                tracing::warn!(path = %self.path.display(), session = %session, error = %e, "reading a page one row at a time to name the event that cannot be read failed");
+                tracing::warn!(path = %self.path.display(), session_key = %session.session_key, agent_id = %session.agent_id, error = %awareness_core::error::ErrorChain(&e), "reading a page one row at a time to name the event that cannot be read failed");
                 return page;
             }
         };
@@ -812,4 +815,19 @@ async fn prune_tx(
         .bind(decode::to_json(&seqs));
     let row = batch_one(conn, q, WHAT).await?;
     Ok(decode::sequence(WHAT, get(&row, 0, WHAT)?)?.get())
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::*;
+
+    /// The key is shown as it is, not as Rust's `Some("k")`.
+    #[test]
+    fn a_dedupe_key_without_its_row_is_named_as_it_is() {
+        let e = dedupe_key_without_row("record an event", Some("k"));
+        assert_eq!(
+            e.to_string(),
+            "corrupt store: record an event: the dedupe key \"k\" conflicted but has no row"
+        );
+    }
 }

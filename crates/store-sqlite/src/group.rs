@@ -195,11 +195,11 @@ impl Drop for Unfinished {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
+                    tracing::warn!(path = %path.display(), error = %awareness_core::error::ErrorChain(&e), "cannot finish a group commit whose starter gave up; its recordings fail");
                 }
             });
         if let Err(e) = started {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot finish a group commit whose starter gave up; its recordings fail");
+            tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&e), "cannot finish a group commit whose starter gave up; its recordings fail");
         }
     }
 }
@@ -222,11 +222,11 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
     };
     w.rollback().await;
     if e.is_retryable() {
-        tracing::debug!(error = %e, events = jobs.len(), "a group commit met the lock; every caller gets the error");
+        tracing::debug!(error = %awareness_core::error::ErrorChain(&e), events = jobs.len(), "a group commit met the lock; every caller gets the error");
         fail_all(jobs, &e);
         return;
     }
-    tracing::debug!(error = %e, events = jobs.len(), "a group commit failed; recording its events one by one");
+    tracing::debug!(error = %awareness_core::error::ErrorChain(&e), events = jobs.len(), "a group commit failed; recording its events one by one");
     let mut jobs = jobs.into_iter();
     let mut locked = None;
     for job in jobs.by_ref() {

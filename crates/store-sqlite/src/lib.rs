@@ -38,7 +38,9 @@
 //! path and linked into place complete, so handles and processes that open a new path at the
 //! same moment all open one store, and an open that fails (or is cancelled) while preparing it
 //! leaves nothing behind (on a file system without hard links, an empty file at the path,
-//! which the next open makes a store).
+//! which the next open makes a store). Once linked into place, the new store is never removed,
+//! since another opener may be using it: an open that fails after that (connecting to it)
+//! leaves a new, empty store at the path.
 //!
 //! It also implements [`UpstreamStore`] on OpenClaw's `session_upstream_links`.
 //!
@@ -681,7 +683,7 @@ impl SqliteStore {
         };
         for r in readers {
             if let Err(e) = r.into_inner().close().await {
-                tracing::warn!(path = %self.path.display(), error = %e, "closing a reader");
+                tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&e), "closing a reader");
             }
         }
         // A batch or the rollback of a cancelled write may still hold the connection on a task
@@ -702,10 +704,10 @@ impl SqliteStore {
                 .fetch_all(&mut w.conn)
                 .await;
             if let Err(e) = checkpoint {
-                tracing::warn!(path = %self.path.display(), error = %e, "checkpoint at close");
+                tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&e), "checkpoint at close");
             }
             if let Err(e) = w.conn.close().await {
-                tracing::warn!(path = %self.path.display(), error = %e, "closing the writer");
+                tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(&e), "closing the writer");
             }
         }
     }
@@ -1038,7 +1040,7 @@ impl SqliteStore {
                     Ok(rt) => rt.block_on(checkpoint),
                     Err(e) => {
                         drop(checkpoint);
-                        tracing::warn!(path = %shown.display(), error = %e, "cannot run a background checkpoint");
+                        tracing::warn!(path = %shown.display(), error = %awareness_core::error::ErrorChain(&e), "cannot run a background checkpoint");
                     }
                 }
                 drop(clears);
@@ -1047,7 +1049,7 @@ impl SqliteStore {
         match started {
             Ok(_) => *slot = Some(finished),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot start a background checkpoint");
+                tracing::warn!(path = %path.display(), error = %awareness_core::error::ErrorChain(&e), "cannot start a background checkpoint");
             }
         }
     }

@@ -34,12 +34,12 @@ pub(crate) async fn init_writer(
             Err(e) if error::is_busy(&e) && started.elapsed() < busy_timeout => e,
             done => return done,
         };
-        tracing::debug!(error = %e, "the file was locked while preparing the write connection; trying again");
+        tracing::debug!(error = %awareness_core::error::ErrorChain(&e), "the file was locked while preparing the write connection; trying again");
         if let Err(wait) = sqlx::raw_sql(sql::WAIT_FOR_WRITER)
             .execute(&mut *conn)
             .await
         {
-            tracing::debug!(error = %wait, "waiting for the write lock");
+            tracing::debug!(error = %awareness_core::error::ErrorChain(&wait), "waiting for the write lock");
             return Err(e);
         }
     }
@@ -84,7 +84,7 @@ pub(crate) async fn file_opened_read_only(
         // A failed statement may have ended the transaction itself (SQLite rolls back on some
         // errors), and then there was nothing left to roll back.
         (Err(e), Err(rollback)) => {
-            tracing::debug!(error = %e, rollback = %rollback, "asking whether the file is read-only");
+            tracing::debug!(error = %awareness_core::error::ErrorChain(&e), rollback = %awareness_core::error::ErrorChain(&rollback), "asking whether the file is read-only");
             Ok(None)
         }
         (_, Err(rollback)) => Err(rollback),
@@ -244,7 +244,7 @@ pub(crate) async fn prepare_file(
         Err(e) => Err(error::open(
             path,
             OpenFailure::of_io(&e),
-            format!("cannot inspect it: {e}"),
+            "cannot inspect it",
             Some(Box::new(e)),
         )),
     }
@@ -433,7 +433,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
         error::open(
             path,
             OpenFailure::of_io(&e),
-            format!("cannot create it: {e}"),
+            "cannot create it",
             Some(Box::new(e)),
         )
     };

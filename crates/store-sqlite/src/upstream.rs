@@ -125,7 +125,7 @@ impl SqliteStore {
             let found = begin_with_link(&mut w.conn, &spec.session, WHAT).await?;
             let (existing, unreadable) = upstream::adopting_over(found);
             if let Some(e) = unreadable {
-                tracing::warn!(path = %self.path.display(), session = %spec.session, error = %e, "adopting over an upstream link that cannot be read");
+                tracing::warn!(path = %self.path.display(), session_key = %spec.session.session_key, agent_id = %spec.session.agent_id, error = %awareness_core::error::ErrorChain(&e), "adopting over an upstream link that cannot be read");
             }
             let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
             if plan.write {
@@ -184,7 +184,7 @@ impl SqliteStore {
             .filter_map(|found| {
                 found
                     .inspect_err(|e| {
-                        tracing::warn!(path = %self.path.display(), error = %e, "ignoring an upstream link that cannot be read");
+                        tracing::warn!(path = %self.path.display(), error = %awareness_core::error::ErrorChain(e), "ignoring an upstream link that cannot be read");
                     })
                     .ok()
             })

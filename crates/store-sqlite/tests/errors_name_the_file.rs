@@ -109,3 +109,73 @@ async fn an_error_after_the_open_names_the_file() {
     names_the_file_once(&err, &path);
     store.close().await;
 }
+
+/// An open of a text file says what is wrong in our words, with SQLite's as its source: the
+/// whole chain shows SQLite's words once, whether the reporter skips a cause it has already
+/// shown (`ErrorChain`) or prints every source (as anyhow's `{:#}` does).
+#[tokio::test]
+async fn an_open_of_a_text_file_shows_its_cause_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("notes.sqlite");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).expect("write");
+    let err = SqliteStore::open(&path).await.expect_err("not a database");
+    let cause = std::error::Error::source(&err)
+        .expect("SQLite's error is the source")
+        .to_string();
+    assert!(cause.contains("file is not a database"), "{cause}");
+    let chain = awareness_core::error::ErrorChain(&err).to_string();
+    assert_eq!(chain.matches(&cause).count(), 1, "{chain}");
+    let mut walked = err.to_string();
+    let mut next = std::error::Error::source(&err);
+    while let Some(e) = next {
+        walked.push_str(": ");
+        walked.push_str(&e.to_string());
+        next = e.source();
+    }
+    assert_eq!(walked.matches(&cause).count(), 1, "{walked}");
+    names_the_file_once(&err, &path);
+}
+
+/// A watch over a cursor row that cannot be read replaces it, and the warning names the
+/// file, the watcher and the target, and says why the row cannot be read.
+#[tokio::test]
+async fn a_watch_over_an_unreadable_cursor_warns_naming_its_keys() {
+    use awareness_core::{CursorStore as _, WatcherKey};
+    let capture = awareness_core::testkit::logs::Capture::warnings();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("warned.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let watcher = WatcherKey::parse("agent:main:boss").expect("watcher");
+    let target = SessionRef::parse("agent:main:worker", "main").expect("target");
+    store
+        .watch(&watcher, &target, Timestamp(1))
+        .await
+        .expect("watch");
+    behind_the_back(
+        &path,
+        "UPDATE session_watch_cursors SET target_agent_id = ''",
+    )
+    .await;
+    store
+        .watch(&watcher, &target, Timestamp(2))
+        .await
+        .expect("the watch replaces the row");
+    store.close().await;
+    let shown = path.display().to_string();
+    let lines: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains(&shown) && l.contains("replacing a watch cursor"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    for field in [
+        "watcher=agent:main:boss",
+        "target=agent:main:worker",
+        "agent_id=main",
+        "error=corrupt store: cursor (",
+        "target agent",
+    ] {
+        assert!(line.contains(field), "{field}: {line}");
+    }
+}

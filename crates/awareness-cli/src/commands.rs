@@ -65,8 +65,41 @@ fn invalid(e: &ValidationError) -> CliError {
     CliError::usage(e.to_string())
 }
 
+/// The failure of the command `what` on `e`: exit code 75 ([`crate::EXIT_TEMPFAIL`]) with a
+/// hint when the same call may succeed later ([`StoreError::is_retryable`]), else 1. The
+/// command's name comes first unless the store's own words already say it (`record` before
+/// `store busy: /x.db: record an event: ...` would say it twice).
 pub(crate) fn store_err(what: &str, e: &StoreError) -> CliError {
-    CliError::failure(format!("{what}: {}", ErrorChain(e)))
+    let text = ErrorChain(e).to_string();
+    let message = if names_command(&text, what) {
+        text
+    } else {
+        format!("{what}: {text}")
+    };
+    if e.is_retryable() {
+        CliError::temporary(message)
+    } else {
+        CliError::failure(message)
+    }
+}
+
+/// Whether `text` says `what` as a step of its own: after a `: `, and followed by a space, a
+/// `:` or nothing (`record` in `...: record an event`, not in `...: recorder.db: ...`).
+fn names_command(text: &str, what: &str) -> bool {
+    let step = format!(": {what}");
+    text.match_indices(&step)
+        .any(|(at, m)| matches!(text[at + m.len()..].chars().next(), None | Some(' ' | ':')))
+}
+
+/// The failure of an open that failed on `e` (not a bad URL): exit code 75 with a hint when
+/// opening again may succeed ([`OpenError::is_retryable`]: the store was busy, or its file is
+/// in use by another process), else 1.
+fn open_err(e: &OpenError) -> CliError {
+    if e.is_retryable() {
+        CliError::temporary(ErrorChain(e).to_string())
+    } else {
+        CliError::failure(ErrorChain(e).to_string())
+    }
 }
 
 /// The session key given as `arg` (named so in the error: a command takes several keys).
@@ -194,7 +227,7 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         {
             CliError::failure(format!("{e} (`awareness repair` does that)"))
         }
-        other => CliError::failure(ErrorChain(&other).to_string()),
+        other => open_err(&other),
     })
 }
 
@@ -1100,7 +1133,7 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
         .await
         .map_err(|e| match e {
             OpenError::BadUrl(_) => CliError::usage(e.to_string()),
-            other => CliError::failure(ErrorChain(&other).to_string()),
+            other => open_err(&other),
         })?;
     let (repaired, events, text) = match done {
         gateway_adapter::Repair::Reopened { events } => (

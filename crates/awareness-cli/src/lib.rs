@@ -18,9 +18,11 @@
 //! command checks its input before it opens its store, so bad input is a usage error whether or not
 //! the store exists, and it creates or migrates nothing; so are flags that contradict each other
 //! (`--json demo`, a `record --watcher` its kind or session would drop). Errors are one line on
-//! stderr: exit code 2 for usage errors (bad flags, a bad store URL, bad input), 1 for failures (a
-//! missing file, an unknown session, a problem `doctor` found, a step the demo narrates that did
-//! not happen). A write whose output then cannot be printed says that it was done. Output whose
+//! stderr, each starting `awareness: `: exit code 2 for usage errors (bad flags, a bad store URL,
+//! bad input), 1 for failures (a missing file, an unknown session, a problem `doctor` found, a step
+//! the demo narrates that did not happen), 75 ([`EXIT_TEMPFAIL`]) for a failure that may pass (the
+//! store is busy, or held by another process: the same command may succeed later; the line ends
+//! with a hint saying so). A write whose output then cannot be printed says that it was done. Output whose
 //! reader has gone (`awareness tail --follow | head`) ends the command with exit code 141
 //! ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools: silently for a read command and the
 //! demo, saying what was done for any other write. Error lines (clap's included, what was typed
@@ -61,6 +63,13 @@ use clap::{Parser, Subcommand};
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code of a failure.
 pub const EXIT_FAILURE: i32 = 1;
+/// Exit code of a failure that may pass: the store was busy, or its file is held by another
+/// process ([`awareness_core::StoreError::is_retryable`],
+/// [`awareness_core::OpenFailure::InUse`]); the same command may succeed later. 75 is
+/// `EX_TEMPFAIL` of `sysexits.h`, which a script or a supervisor takes as "try again".
+pub const EXIT_TEMPFAIL: i32 = 75;
+/// What the line of an [`EXIT_TEMPFAIL`] failure ends with.
+pub(crate) const TEMPFAIL_HINT: &str = "(another process holds the store: try again)";
 /// Exit code when the output's reader went away (a closed pipe): 141, a process's code when
 /// SIGPIPE ends it, as it ends most Unix tools in `... | head`. Not 0: what the command had
 /// still to say (a problem `doctor` found, a step the demo missed) was not said.
@@ -219,6 +228,14 @@ impl CliError {
         }
     }
 
+    /// A failure that may pass ([`EXIT_TEMPFAIL`]), its message ending with the hint.
+    fn temporary(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_TEMPFAIL,
+            message: format!("{} {TEMPFAIL_HINT}", message.into()),
+        }
+    }
+
     /// A write to the output that failed. A closed pipe (the reader is gone, as `head` does
     /// once it has its lines) stops the command without a message, there being nobody to tell,
     /// with [`EXIT_CLOSED_PIPE`].
@@ -262,7 +279,11 @@ where
             if code == 0 {
                 let _ = write!(out, "{}", e.render());
             } else {
-                let _ = writeln!(err, "{} (see awareness --help)", parse_problem(e));
+                let _ = writeln!(
+                    err,
+                    "awareness: {} (see awareness --help)",
+                    parse_problem(e)
+                );
             }
             return code;
         }
@@ -282,14 +303,15 @@ where
 }
 
 /// One clear line for clap's parse error `e`: its first paragraph (the problem, and for a
-/// missing argument its name on the lines after) joined; without a command, clap shows the
+/// missing argument its name on the lines after) joined, without clap's `error: ` (the line
+/// starts `awareness: `, as every other error line does); without a command, clap shows the
 /// help, whose first paragraph is no error. What the user typed (a value, an argument) is
 /// escaped as every error line escapes it ([`log::one_line`], [`table::printable`]) before the
 /// message is made, so a line break in it neither cuts the reason short nor starts a line.
 fn parse_problem(mut e: clap::Error) -> String {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-        return "error: a command is required".to_owned();
+        return "a command is required".to_owned();
     }
     let escape = table::shown;
     let escaped: Vec<(ContextKind, ContextValue)> = e
@@ -322,6 +344,9 @@ fn parse_problem(mut e: clap::Error) -> String {
         .take_while(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
+    let first = first
+        .strip_prefix("error:")
+        .map_or(&*first, str::trim_start);
     // Whatever clap adds of its own (a value parser's reason) is escaped too.
-    table::shown(&first)
+    table::shown(first)
 }

@@ -1803,3 +1803,108 @@ fn flags_that_would_be_dropped_are_refused() {
         stdout(&o)
     );
 }
+
+/// A store another process holds is a failure that may pass: exit code 75 (`EX_TEMPFAIL`)
+/// and a hint to try again, where it exited 1 like a failure no retry cures (which a file
+/// that is no store still is). The line names the command once: `record: store busy: ...:
+/// record an event` said it twice.
+#[test]
+fn a_store_another_process_holds_exits_75_with_a_hint() {
+    const HINT: &str = "(another process holds the store: try again)";
+    let dir = tempfile::tempdir().unwrap();
+    let record: &[&str] = &[
+        "record",
+        "--session",
+        "agent:main:x",
+        "--kind",
+        "created",
+        "--summary",
+        "made",
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // redb: a writer without live readers excludes every other process (in use).
+    let redb = dir.path().join("held.redb");
+    let url = format!("redb://{}", redb.display());
+    let held = rt
+        .block_on(store_redb::RedbStore::open(&redb))
+        .expect("hold the redb store");
+    for args in [&["list"][..], record] {
+        let o = run_in(dir.path(), &[&["--store", &url][..], args].concat());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(75), "{args:?}: {err}");
+        assert!(
+            err.starts_with("awareness: ") && err.trim_end().ends_with(HINT),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    rt.block_on(held.close());
+
+    // SQLite: another process holds the write lock past the busy timeout (busy).
+    let url = "sqlite://held.db";
+    let o = run_in(dir.path(), &[&["--store", url][..], record].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = dir.path().join("held.db");
+    let holder = rt.block_on(async {
+        use sqlx::Connection as _;
+        let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        sqlx::raw_sql("BEGIN EXCLUSIVE")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c
+    });
+    let o = run_in(dir.path(), &[&["--store", url][..], record].concat());
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(75), "{err}");
+    assert!(
+        err.starts_with("awareness: store busy: ") && err.trim_end().ends_with(HINT),
+        "{err}"
+    );
+    assert!(
+        !err.contains("record: store busy"),
+        "the command named twice: {err}"
+    );
+    rt.block_on(async {
+        use sqlx::Connection as _;
+        holder.close().await.unwrap();
+    });
+
+    // A failure that stays: a text file as the store.
+    std::fs::write(dir.path().join("notes.db"), "my notes\n".repeat(100)).unwrap();
+    let o = run_in(
+        dir.path(),
+        &[&["--store", "sqlite://notes.db"][..], record].concat(),
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("awareness: ") && !err.contains(HINT),
+        "{err}"
+    );
+}
+
+/// A command line clap refuses is a usage error (exit code 2) on one line starting
+/// `awareness: `, as every other error line does, not clap's `error: `.
+#[test]
+fn a_parse_error_starts_as_every_error_line_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(dir.path(), &["list", "--foo"]);
+    assert_usage(&o, "an unknown flag");
+    assert_eq!(
+        stderr(&o),
+        "awareness: unexpected argument '--foo' found (see awareness --help)\n"
+    );
+    let o = run_in(dir.path(), &[]);
+    assert_usage(&o, "no command");
+    assert_eq!(
+        stderr(&o),
+        "awareness: a command is required (see awareness --help)\n"
+    );
+}

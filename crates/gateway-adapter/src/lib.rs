@@ -14,8 +14,8 @@
 //! spawn, run outcome, adoption with its upstream link, creation), the tools (`session_status`, `sessions_list`
 //! enrichment, `sessions_send` watch), delivery, the turn ([`Awareness::drain_turn`] acknowledges
 //! exactly what it drained), lifecycle hooks, the start-up sweep, background pruning and the
-//! pick-up of notices another gateway process handed out on a shared store
-//! ([`Awareness::spawn_pickup`]). The
+//! pick-up of notices another gateway process handed out on a shared store, or that a queue
+//! lost ([`Awareness::spawn_pickup`]). The
 //! [`upstream`] module monitors adopted sessions for human activity typed straight into their
 //! upstream thread (a Claude Code transcript, a paired node's thread). The backend is chosen at
 //! run time with [`open_store`] or [`open_full_store`] (`sqlite:///path`, `redb:///path`,
@@ -60,7 +60,8 @@
 //! handle was dropped instead holds the service only while its pass or pick-up runs, and ends
 //! at its next interval once the service is gone), wait for the store
 //! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording, an
-//! acknowledgement or a sweep runs to its end on a task of its own, holding the store), drop the
+//! acknowledgement, a sweep, a watch or an unwatch, a reset or a deletion runs to its end on a
+//! task of its own, holding the store), drop the
 //! [`Awareness`], then close the store through its last handle with
 //! [`EventStore::close`](awareness_core::EventStore::close). A store still shared then is only
 //! dropped: SQLite's write-ahead log may stay beside the file, and redb's file closes once its

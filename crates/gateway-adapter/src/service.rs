@@ -300,6 +300,14 @@ pub struct AwarenessConfig {
     /// watchers where the store's answer does not change: another [`Awareness`] in this process
     /// over the same store handle, or a store with no other writer to tell of (store-memory,
     /// store-redb). Each such pick-up reads every pending cursor of the store once.
+    /// `Duration::MAX` makes none (a pick-up is then made only when another writer commits).
+    ///
+    /// A gateway that takes its turns with [`Awareness::take_queued`] and
+    /// [`Awareness::acknowledge`] instead of [`Awareness::drain_turn`] holds no turn lock a
+    /// pick-up could see: a pick-up between the two queues the notices it took again, and
+    /// wakes the session for them, which its next turn shows again (a pick-up after another
+    /// writer's commit did so before this setting). Such a gateway sets `Duration::MAX`, or
+    /// does not run the pick-up task.
     pub recovery_interval: Duration,
     /// Delivers a notice only to a watcher the directory knows ([`SessionDirectory::exists`]),
     /// and has the upstream monitor ([`crate::upstream::UpstreamMonitor`]) check only the
@@ -313,16 +321,16 @@ pub struct AwarenessConfig {
     /// least 1 ms): a store that hangs (a disk that stopped answering, a writer stuck in an
     /// fsync) must not hold the watcher's turn, since recording and reading are best effort.
     /// It bounds, in [`Awareness::drain_turn`], the read of the pending cursors, the wait for
-    /// the acknowledgement and (three times as long) the wait for the watcher's turn lock; the
-    /// read of each watcher's pending cursors in a pick-up ([`Awareness::pick_up`]), made
-    /// holding that watcher's turn lock (not its first read of every pending cursor, on a
-    /// background task that holds no turn); the wait of the best-effort producers
+    /// the acknowledgement and (three times as long) the wait for the watcher's turn lock; each
+    /// read of a pick-up ([`Awareness::pick_up`]: of every pending cursor, then of each
+    /// watcher's, the latter holding that watcher's turn lock) and the pick-up task's question
+    /// ([`Awareness::spawn_pickup`]); the wait of the best-effort producers
     /// ([`Awareness::record`], [`Awareness::human_message`], ...) for their recording, which
     /// goes on on its own task and delivers its notices when the store answers; and the tools a
     /// model calls in its turn ([`Awareness::session_status`], [`Awareness::state_versions`],
     /// [`Awareness::watch_after_send`], [`Awareness::unwatch`] and their variants,
     /// [`Awareness::try_unwatch`] among them), each read or write answered as a failure of the
-    /// store once given up. Not bounded: [`Awareness::try_record`] and
+    /// store once given up (a watch or an unwatch given up on goes on, on a task of its own). Not bounded: [`Awareness::try_record`] and
     /// [`Awareness::try_acknowledge`] (they wait for the write their caller asked for, which
     /// goes on on its own task all the same), [`Awareness::acknowledge`] outside a turn,
     /// [`Awareness::adopt`] (an adoption is not made on a turn, and its link is written before
@@ -335,18 +343,19 @@ pub struct AwarenessConfig {
     /// timer whenever every task waits, also while a durable store works on a blocking thread,
     /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
-    /// How many recordings, acknowledgements and sweeps the store may have outstanding at once
-    /// before a recording, or an acknowledgement outside a turn, is refused (default 4,096; at
-    /// least 1). Each runs on a task of its
-    /// own until the store answers, also once its caller stopped waiting
-    /// ([`AwarenessConfig::store_wait`]); with a store that hangs, every producer's call would
-    /// leave one more task holding its event, for as long as the store hangs. Past this many, a
-    /// recording, or an acknowledgement made outside a turn ([`Awareness::acknowledge`],
+    /// How many writes the store may have outstanding at once (recordings, acknowledgements,
+    /// sweeps, watches and unwatches, resets and deletions) before a new one is refused
+    /// (default 4,096; at least 1). Each runs on a task of its own until the store answers,
+    /// also once its caller stopped waiting ([`AwarenessConfig::store_wait`], or a host's own
+    /// timeout); with a store that hangs, every call would leave one more task holding its
+    /// write, for as long as the store hangs. Past this many, a recording, a watch or an unwatch
+    /// ([`Awareness::watch_after_send`] refuses it as `StoreFailed`), a reset or a deletion,
+    /// or an acknowledgement made outside a turn ([`Awareness::acknowledge`],
     /// [`Awareness::try_acknowledge`]), is refused at once with [`StoreError::Busy`]
-    /// (retryable: it may be made again once the store answers), and a best-effort producer
-    /// logs it as any failure. A turn's acknowledgement and a sweep are not refused (a turn
-    /// acknowledges one at a time per watcher, and a refused acknowledgement would show its
-    /// notices again at every turn).
+    /// (retryable: it may be made again once the store answers; nothing was written), and a
+    /// best-effort caller logs it as any failure. A turn's acknowledgement and a sweep are not
+    /// refused (a turn acknowledges one at a time per watcher, and a refused acknowledgement
+    /// would show its notices again at every turn).
     /// ([`Awareness::wait_for_writes`] waits for those outstanding.)
     pub max_pending_writes: usize,
 }
@@ -510,9 +519,10 @@ impl Drop for Writing {
 /// logged only that the write goes on, so a write that failed later would be reported by no
 /// one.
 struct FailureReport {
-    /// The write (`record`, `acknowledge`, `sweep`).
+    /// The write (`record`, `acknowledge`, `sweep`, `reset`, `delete`, `watch`, `unwatch`).
     what: &'static str,
-    /// The session it writes for (the recorded session, the acknowledging watcher).
+    /// The session it writes for (the recorded session, the acknowledging, watching or reset
+    /// watcher, the deleted session).
     about: Option<SessionKey>,
     reporter: std::sync::Mutex<Reporter>,
 }
@@ -1165,12 +1175,13 @@ impl Awareness {
         recorded
     }
 
-    /// Runs a store write that hands out notices, then delivers them, on a task of its own,
-    /// and waits for both; `keep` (a turn's lock) is held by that task until both are done and
-    /// handed back with the write's result. A caller that gives up (drops its future: a turn's
-    /// timeout, an aborted task) can therefore not separate a committed write from its
-    /// delivery: a store may commit a write whose caller is gone (a group commit does), and its
-    /// notices would then sit in the cursors, unqueued and with no wake. The task is counted in
+    /// Runs a store write, then delivers the notices it hands out (`notices`: none for a write
+    /// that hands out none), on a task of its own, and waits for both; `keep` (a turn's lock)
+    /// is held by that task until both are done and handed back with the write's result. A
+    /// caller that gives up (drops its future: a turn's timeout, an aborted task) can therefore
+    /// not separate a committed write from what must follow it: a store may commit a write
+    /// whose caller is gone (a group commit does), and its notices would then sit in the
+    /// cursors, unqueued and with no wake (or a reset's clean-up, a watch's wake, be lost). The task is counted in
     /// `writes` until it ends, for [`Awareness::wait_for_writes`]. A failure (an error, or a
     /// panic of the write) is the caller's to report while it waits; once it has stopped
     /// waiting, the task logs it (`warn!`, with `what` and `about`), since the caller logged only
@@ -2006,9 +2017,10 @@ impl Awareness {
             }
             Ok(())
         };
-        let about = Some(target.clone());
+        let about = Some(watcher.clone());
+        let cap = Some(self.config.max_pending_writes);
         let write = async {
-            let written = self.write_and_deliver("watch", about, (), watch, |()| &[], None, None);
+            let written = self.write_and_deliver("watch", about, (), watch, |()| &[], None, cap);
             let ((), watched) = written
                 .await
                 .map_err(|e| StoreError::backend("the watch's task failed", e))?;
@@ -2057,13 +2069,30 @@ impl Awareness {
         target: &SessionKey,
     ) -> Result<bool, StoreError> {
         let w = WatcherKey::new(watcher.clone())?;
-        self.bounded("unwatch", self.store.unwatch(&w, target))
-            .await
+        // On a task of its own, as a watch is: a watch the wait gave up on goes on, and an
+        // unwatch after it that did not would leave the session watched.
+        let store = Arc::clone(&self.store);
+        let target = target.clone();
+        let unwatch = async move { store.unwatch(&w, &target).await };
+        let about = Some(watcher.clone());
+        let cap = Some(self.config.max_pending_writes);
+        let write = async {
+            let written =
+                self.write_and_deliver("unwatch", about, (), unwatch, |_: &bool| &[], None, cap);
+            let ((), removed) = written
+                .await
+                .map_err(|e| StoreError::backend("the unwatch's task failed", e))?;
+            removed
+        };
+        self.bounded("unwatch", write).await
     }
 
     // ----- the turn -----------------------------------------------------------------------------
 
-    /// Removes the watcher's queued lines without acknowledging anything.
+    /// Removes the watcher's queued lines without acknowledging anything. Until the turn
+    /// acknowledges them ([`Awareness::acknowledge`]), their cursors stay pending, and a pick-up
+    /// ([`Awareness::pick_up`], [`Awareness::spawn_pickup`]) queues them again: see
+    /// [`AwarenessConfig::recovery_interval`].
     pub fn take_queued(&self, watcher: &SessionKey) -> Vec<QueuedEntry> {
         self.queue.drain(watcher)
     }
@@ -2411,7 +2440,9 @@ impl Awareness {
     /// [`AwarenessConfig::store_wait`]: a reset is not made on a turn. The write, and what it
     /// drops from memory once it committed, run on a task of their own, to their end even if
     /// the caller gives up (a store may commit a write whose caller is gone); the task is
-    /// counted by [`Awareness::wait_for_writes`].
+    /// counted by [`Awareness::wait_for_writes`]. With [`AwarenessConfig::max_pending_writes`]
+    /// writes outstanding already it is refused at once ([`StoreError::Busy`], nothing
+    /// removed).
     pub async fn try_on_reset(&self, session: &SessionKey) -> Result<u64, StoreError> {
         let number = self.turns.reset_begins();
         let store = Arc::clone(&self.store);
@@ -2423,7 +2454,8 @@ impl Awareness {
             Ok(removed)
         };
         let about = Some(session.clone());
-        let written = self.write_and_deliver("reset", about, (), reset, |_| &[], None, None);
+        let cap = Some(self.config.max_pending_writes);
+        let written = self.write_and_deliver("reset", about, (), reset, |_| &[], None, cap);
         let ((), removed) = written
             .await
             .map_err(|e| StoreError::backend("the reset's task failed", e))?;
@@ -2474,7 +2506,8 @@ impl Awareness {
             }
             Ok(())
         };
-        let written = self.write_and_deliver("delete", about, (), delete, |()| &[], None, None);
+        let cap = Some(self.config.max_pending_writes);
+        let written = self.write_and_deliver("delete", about, (), delete, |()| &[], None, cap);
         let ((), deleted) = written
             .await
             .map_err(|e| StoreError::backend("the deletion's task failed", e))?;
@@ -2629,7 +2662,8 @@ impl Awareness {
         } else {
             let dir = &self.directory;
             let owned = |w: &WatcherKey| dir.exists(w.session_key());
-            let pending = match self.store.pending_of(&owned).await {
+            let read = self.store.pending_of(&owned);
+            let pending = match self.bounded("read the pending cursors", read).await {
                 Ok(pending) => pending,
                 Err(e) => {
                     warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");

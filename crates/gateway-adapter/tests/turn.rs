@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
@@ -705,6 +706,43 @@ async fn a_reset_whose_caller_gives_up_still_drops_what_a_dropped_turn_left() {
     );
 }
 
+/// Bug: an unwatch the wait for the store gave up on was dropped with its caller, while a
+/// watch given up on goes on (its wake must not be lost): a watch then an unwatch, both given
+/// up on a slow store, could leave the session watched against the caller's last word. An
+/// unwatch given up on now goes on too, and removes the watch once the store answers.
+#[tokio::test]
+async fn an_unwatch_given_up_on_still_removes_the_watch() {
+    let mut w = World::gated_with(
+        Call::Unwatch,
+        false,
+        AwarenessConfig {
+            store_wait: Duration::from_millis(50),
+            ..AwarenessConfig::default()
+        },
+    )
+    .await;
+    let unwatch = {
+        let svc = Arc::clone(&w.svc);
+        tokio::spawn(async move { svc.unwatch(&k(MANAGER), &k(CHILD)).await })
+    };
+    w.entered
+        .recv()
+        .await
+        .expect("the unwatch reaches the store");
+    assert!(!unwatch.await.unwrap(), "given up on: said as not made");
+    w.open_gate();
+    settle().await;
+    let cursor = w
+        .store
+        .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+        .await
+        .unwrap();
+    assert!(
+        cursor.is_none(),
+        "the watch is gone once the store answered: {cursor:?}"
+    );
+}
+
 /// Bug: a deletion whose caller gave up once the store had it left the deleted watcher's
 /// session-state notices in its queue for good (no turn of it drains them), with its turn
 /// lock's lines: the clean-up after the write ran in the caller's future. It now runs with
@@ -1082,8 +1120,23 @@ async fn the_tools_of_a_turn_give_up_on_a_store_that_hangs() {
     );
     gate(Call::Unwatch);
     assert!(!within_an_hour(w.svc.unwatch(&manager, &k(CHILD))).await);
-    // Once the store answers, every tool does again.
+    // Once the store answers, every tool does again; the unwatch given up on went on, and
+    // removed the watch.
     w.open_gate();
+    settle().await;
+    assert!(
+        w.store
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .is_none(),
+        "the unwatch given up on was made"
+    );
+    let watched = w
+        .svc
+        .watch_after_send(&manager, &k(CHILD), None, true)
+        .await;
+    assert!(watched.watched, "{watched:?}");
     assert!(
         w.svc.unwatch(&manager, &k(CHILD)).await,
         "the watch was there"
@@ -1206,6 +1259,37 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
     assert!(
         w.cursor().await.is_pending(),
         "acknowledge was refused as well"
+    );
+    // So are a watch, an unwatch, a reset and a deletion: each goes on, once begun, for as
+    // long as the store takes.
+    let other = "agent:ops:main";
+    let watch = w
+        .svc
+        .watch_after_send(&k(other), &k(CHILD), None, true)
+        .await;
+    assert!(!watch.watched, "{watch:?}");
+    let unwatch = w.svc.try_unwatch(&k(MANAGER), &k(CHILD)).await;
+    assert!(
+        matches!(unwatch, Err(StoreError::Busy { .. })),
+        "{unwatch:?}"
+    );
+    let reset = w.svc.try_on_reset(&k(other)).await;
+    assert!(matches!(reset, Err(StoreError::Busy { .. })), "{reset:?}");
+    let deleted = w
+        .svc
+        .try_on_delete(&SessionRef::parse(other, "ops").unwrap())
+        .await;
+    assert!(
+        matches!(deleted, Err(StoreError::Busy { .. })),
+        "{deleted:?}"
+    );
+    assert!(
+        w.store
+            .cursor(&WatcherKey::parse(other).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .is_none(),
+        "no watch was made"
     );
     assert_eq!(
         w.svc.try_sweep().await.expect("swept"),

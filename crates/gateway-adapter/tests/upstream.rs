@@ -1173,8 +1173,9 @@ async fn with_owned_watchers_only_a_monitor_checks_only_its_own_sessions() {
 
 /// A check that fails the same way at every tick (a transcript the gateway may not read) is
 /// logged at warn level once, then at debug level while it repeats; another failure is
-/// logged again, and so is the end of it, and a failure after that. It was a warning at every
-/// tick, for as long as the cause lasted (1,440 a day at the default interval, per link).
+/// logged again, and so is the end of it, and a failure after that, and one after a tick that
+/// did not check the link (nothing watched it). It was a warning at every tick, for as long
+/// as the cause lasted (1,440 a day at the default interval, per link).
 #[tokio::test(start_paused = true)]
 async fn a_check_failing_alike_at_every_tick_is_warned_of_once() {
     struct Flaky(std::sync::Mutex<Vec<Option<&'static str>>>);
@@ -1196,11 +1197,11 @@ async fn a_check_failing_alike_at_every_tick_is_warned_of_once() {
     let capture = common::Capture::default();
     let _logs = capture.install();
     let w = world();
-    w.adopt_remote("agent:main:remote", "flaky").await;
+    let session = w.adopt_remote("agent:main:remote", "flaky").await;
     let denied = Some("permission denied");
     let gone = Some("the node is gone");
-    let outcomes = vec![denied, denied, denied, gone, None, denied];
-    let ticks = outcomes.len();
+    let outcomes = vec![denied, denied, denied, gone, None, denied, denied];
+    let ticks = outcomes.len() - 1;
     let monitor = w
         .monitor()
         .provider(Arc::new(Flaky(std::sync::Mutex::new(outcomes))))
@@ -1208,6 +1209,19 @@ async fn a_check_failing_alike_at_every_tick_is_warned_of_once() {
     for _ in 0..ticks {
         monitor.tick().await;
     }
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    assert!(
+        w.store
+            .unwatch(&manager, &session.session_key)
+            .await
+            .unwrap()
+    );
+    assert_eq!(monitor.tick().await.unwatched, 1);
+    w.store
+        .watch(&manager, &session, Timestamp::now())
+        .await
+        .unwrap();
+    monitor.tick().await;
     let levels = |what: &str| -> Vec<String> {
         capture
             .lines()
@@ -1218,8 +1232,9 @@ async fn a_check_failing_alike_at_every_tick_is_warned_of_once() {
     };
     assert_eq!(
         levels("upstream check failed"),
-        ["WARN", "DEBUG", "DEBUG", "WARN", "WARN"],
-        "denied, twice again, gone, then denied after a check that worked"
+        ["WARN", "DEBUG", "DEBUG", "WARN", "WARN", "WARN"],
+        "denied, twice again, gone, then denied after a check that worked, and after a tick \
+         that did not check"
     );
     assert_eq!(levels("upstream check works again"), ["INFO"]);
 }

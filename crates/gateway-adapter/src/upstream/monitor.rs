@@ -4,7 +4,9 @@
 //! Each tick (the first after 15 s, then every 60 s, one at a time; see [`MonitorConfig`]):
 //!
 //! 1. lists the links, and keeps those whose session something watches (a cursor targets the
-//!    session's key and agent) and whose kind a provider reads;
+//!    session's key and agent), whose kind a provider reads and, with
+//!    [`AwarenessConfig::owned_watchers_only`](crate::AwarenessConfig::owned_watchers_only)
+//!    (gateways sharing a store), whose session this gateway's directory knows;
 //! 2. defers a session in which a run is active ([`super::RunActivity`]) to a later tick;
 //! 3. runs the providers of every kept link concurrently, each bounded by a 45 s timeout, so one
 //!    failing or hanging provider never holds up the others (a timed-out check is a failure:
@@ -112,6 +114,7 @@ impl Default for MonitorConfig {
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TickReport {
     /// The tick's number (1 for the first).
     pub tick: u64,
@@ -415,6 +418,8 @@ enum Site {
     Marker,
     /// Removing a link.
     Remove,
+    /// Asking the directory whether this gateway owns a link's session.
+    Directory,
 }
 
 /// The failures the monitor logged at warn level, by site and link (`None`: the tick's own),
@@ -446,6 +451,16 @@ impl Logged {
             return false;
         }
         map.remove(&(site, session.cloned())).is_some()
+    }
+
+    /// Forgets the failures of `session`'s link, which a tick did not check (nothing watches
+    /// it, another gateway owns it, a run in it is active): a failure after that, of the same
+    /// text, is news again.
+    fn forget_link(&self, session: &SessionRef) {
+        let mut map = self.map();
+        if !map.is_empty() {
+            map.retain(|(_, s), _| s.as_ref() != Some(session));
+        }
     }
 
     /// Forgets the failures of links not in `now` (gone from the store).
@@ -671,18 +686,26 @@ impl Inner {
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
                 report.no_provider += 1;
+                me.logged.forget_link(&link.session);
                 continue;
             };
             match me.awareness.monitors(&link.session.session_key) {
-                Some(true) => {}
+                Some(true) => {
+                    if me.logged.ended(Site::Directory, Some(&link.session)) {
+                        info!(session_key = %link.session.session_key, "upstream monitor: the gateway's session directory answers again");
+                    }
+                }
                 Some(false) => {
                     report.not_owned += 1;
+                    me.logged.forget_link(&link.session);
                     continue;
                 }
                 None => {
+                    let error = "the gateway's session directory panicked";
+                    warn_if_news!(me.logged.is_news(Site::Directory, Some(&link.session), error), session_key = %link.session.session_key, "upstream monitor: the gateway's session directory panicked when asked whether this gateway owns the session; skipping it this tick");
                     me.emit(Detection::Failed {
                         session: link.session.clone(),
-                        error: "the gateway's session directory panicked".to_owned(),
+                        error: error.to_owned(),
                     });
                     continue;
                 }
@@ -700,6 +723,7 @@ impl Inner {
                 Watched::Yes => {}
                 Watched::No => {
                     report.unwatched += 1;
+                    me.logged.forget_link(&link.session);
                     continue;
                 }
                 Watched::Unknown { error, answered } => {
@@ -720,6 +744,7 @@ impl Inner {
                 Ok(Some(own)) => own,
                 Ok(None) => {
                     report.deferred += 1;
+                    me.logged.forget_link(&link.session);
                     me.emit(Detection::Deferred {
                         session: link.session.clone(),
                     });
@@ -842,7 +867,9 @@ impl Inner {
                 .await;
             match stored {
                 Ok(_) => {
-                    self.logged.ended(Site::ScanTime, Some(&session));
+                    if self.logged.ended(Site::ScanTime, Some(&session)) {
+                        info!(session_key = %session.session_key, "upstream monitor: scan time stored again");
+                    }
                 }
                 Err(e) => {
                     let e = ErrorChain(&e).to_string();
@@ -921,8 +948,8 @@ impl Inner {
             .links
             .set_marker(&link.session, link.updated_at, marker, now);
         let moved = self.awareness.bounded("move the marker", write).await;
-        if moved.is_ok() {
-            self.logged.ended(Site::Marker, Some(&link.session));
+        if moved.is_ok() && self.logged.ended(Site::Marker, Some(&link.session)) {
+            info!(session_key = %link.session.session_key, "upstream monitor: the marker moves again");
         }
         match moved {
             Ok(true) => MarkerMove::Moved,
@@ -1035,7 +1062,9 @@ impl Inner {
         let write = self.links.remove_link(&session, Some(link.updated_at));
         let link_removed = match self.awareness.bounded("remove the link", write).await {
             Ok(removed) => {
-                self.logged.ended(Site::Remove, Some(&session));
+                if self.logged.ended(Site::Remove, Some(&session)) {
+                    info!(session_key = %session.session_key, "upstream monitor: the link removal was answered");
+                }
                 removed
             }
             Err(e) => {

@@ -138,7 +138,8 @@ pub struct HumanMessage {
     pub session: SessionKey,
     /// Its agent (default: the key's agent, else the service's default agent).
     pub agent_id: Option<AgentId>,
-    /// Who sent it (see [`crate::ports::classify_actor`]).
+    /// Who sent it (see [`crate::ports::classify_actor`]): only a person's message (`human`,
+    /// the default) is recorded ([`Awareness::human_message`]).
     pub actor_type: ActorType,
     /// The sender's id.
     pub actor_id: Option<String>,
@@ -265,6 +266,10 @@ pub enum HumanRecorded {
     Event(Arc<Event>),
     /// Not recorded: the session has no spawner, parent or watcher.
     Unwatched,
+    /// Not recorded: the input did not come from a person ([`HumanMessage::actor_type`] is
+    /// `agent` or `system`: another session's message, the gateway's own input), which is no
+    /// human turn; OpenClaw records none either.
+    NotHuman,
     /// Not recorded: the store failed, did not answer within [`AwarenessConfig::store_wait`]
     /// (the recording then goes on, on its own task), or the recording was refused at once
     /// ([`AwarenessConfig::max_pending_writes`] writes outstanding): the error, with its
@@ -1454,9 +1459,11 @@ impl Awareness {
         allowed
     }
 
-    /// A human turn in a session: recorded only when the session has a spawner/parent or a
-    /// watcher (or when the store fails to say whether it has a watcher: the failure is logged
-    /// and the turn recorded). Returns the stored event.
+    /// A human turn in a session: recorded only when its sender is a person
+    /// ([`HumanMessage::actor_type`] `human`: input from another session or from the gateway
+    /// itself is no human turn, and OpenClaw records none) and the session has a
+    /// spawner/parent or a watcher (or when the store fails to say whether it has a watcher:
+    /// the failure is logged and the turn recorded). Returns the stored event.
     ///
     /// The summary is `human message via <channel>` (`unknown` for a blank channel). The
     /// gateway's metadata never costs the event ([gateway metadata](Awareness#gateway-metadata)):
@@ -1467,13 +1474,17 @@ impl Awareness {
     pub async fn human_message(&self, msg: HumanMessage) -> Option<Arc<Event>> {
         match self.human_message_recorded(msg).await {
             HumanRecorded::Event(event) => Some(event),
-            HumanRecorded::Unwatched | HumanRecorded::Failed(_) => None,
+            HumanRecorded::Unwatched | HumanRecorded::NotHuman | HumanRecorded::Failed(_) => None,
         }
     }
 
     /// [`Awareness::human_message`], saying why nothing was recorded (each case is logged
     /// here: a store failure with `warn!`, a session nothing watches with `debug!`).
     pub async fn human_message_recorded(&self, msg: HumanMessage) -> HumanRecorded {
+        if msg.actor_type != ActorType::Human {
+            debug!(session_key = %msg.session, actor_type = %msg.actor_type, "human message not recorded: its sender is no person");
+            return HumanRecorded::NotHuman;
+        }
         let entry = msg
             .entry
             .clone()

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
-    AwarenessStore, Cursor, CursorStore, EventStore, Sequence, SessionKey, SessionRef, StoreError,
-    WatcherKey, async_trait,
+    ActorType, AwarenessStore, Cursor, CursorStore, EventStore, Sequence, SessionKey, SessionRef,
+    StoreError, WatcherKey, async_trait,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
@@ -704,6 +704,34 @@ async fn a_reset_whose_caller_gives_up_still_drops_what_a_dropped_turn_left() {
         Vec::<String>::new(),
         "the reset committed: its watches, and what the dropped turn left of them, are gone"
     );
+}
+
+/// Bug: a message into the worker from another session (an agent) or from the gateway itself
+/// (system input) was recorded as a `human_direct_message` and told the manager another actor
+/// changed the worker: OpenClaw records only a person's message as that kind (its actor
+/// classification is what decides), and so now does this service. A person's message still
+/// is recorded and notifies.
+#[tokio::test]
+async fn only_a_persons_message_is_recorded_as_a_human_turn() {
+    let w = World::new().await;
+    for (actor_type, actor_id) in [
+        (ActorType::Agent, Some("agent:ops:main".to_owned())),
+        (ActorType::System, None),
+    ] {
+        let mut msg = human_message();
+        msg.actor_type = actor_type;
+        msg.actor_id = actor_id;
+        let recorded = w.svc.human_message_recorded(msg).await;
+        assert!(
+            matches!(recorded, gateway_adapter::HumanRecorded::NotHuman),
+            "{actor_type}: {recorded:?}"
+        );
+    }
+    assert!(w.queue.peek(&k(MANAGER)).is_empty(), "nobody told");
+    let log = w.store.events_after(Sequence::ZERO, 10).await.unwrap();
+    assert_eq!(log.len(), 1, "only the spawn: {log:?}");
+    assert!(w.svc.human_message(human_message()).await.is_some());
+    assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
 }
 
 /// Bug: an unwatch the wait for the store gave up on was dropped with its caller, while a

@@ -1001,6 +1001,16 @@ impl Inner {
                 });
                 return;
             }
+            // The monitor's messages are a person's (`HumanMessage::new`): not reached.
+            HumanRecorded::NotHuman => {
+                self.emit(Detection::Failed {
+                    session,
+                    error: "the human turns were not recorded: taken for no person's; the \
+                            marker stays"
+                        .into(),
+                });
+                return;
+            }
         };
         let marker = self.advance(link, marker).await;
         self.emit(Detection::HumanTurns {

@@ -330,9 +330,9 @@ impl Writer {
         event: NewEvent,
         now: Timestamp,
     ) -> Result<Recorded, StoreError> {
-        self.refuse("record")?;
+        self.refuse("record an event")?;
         let (reply, answer) = oneshot::channel();
-        self.submit("record", Work::Record(Job { event, now, reply }))?;
+        self.submit("record an event", Work::Record(Job { event, now, reply }))?;
         let _in_flight = InFlight(self);
         answer.await.map_err(|e| {
             StoreError::backend(
@@ -366,7 +366,7 @@ impl Writer {
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(w)))
                     .unwrap_or_else(|panic| {
                         // As after any failed write: a latched I/O failure is noted.
-                        w.shared().check_after_failure();
+                        w.shared().check_after_failure(None);
                         Err(w.panicked(what, &*panic))
                     });
                 Box::new(move || drop(reply.send(result))) as SendAnswer
@@ -446,8 +446,8 @@ impl Writer {
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(alone))
             .unwrap_or_else(|panic| Err(self.panicked("record", &*panic)));
-        if result.is_err() {
-            self.shared.check_after_failure();
+        if let Err(e) = &result {
+            self.shared.check_after_failure(Some(e));
         }
         (reply, result)
     }
@@ -471,7 +471,7 @@ impl Writer {
         // writer stopped.
         let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.begin("record")))
             .unwrap_or_else(|panic| {
-                self.shared.check_after_failure();
+                self.shared.check_after_failure(None);
                 Err(self.panicked("record (a group commit)", &*panic))
             });
         let txn = match begun {
@@ -509,7 +509,7 @@ impl Writer {
                     self.commit_reserving(txn, durable, "record")
                 }))
                 .unwrap_or_else(|panic| {
-                    self.shared.check_after_failure();
+                    self.shared.check_after_failure(None);
                     Err(self.panicked("record (a group commit)", &*panic))
                 });
                 match committed {
@@ -524,6 +524,10 @@ impl Writer {
             Ok((txn, Err(e))) => {
                 tracing::debug!(path = %self.shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "an event failed in a group commit; recording the batch one by one");
                 drop(txn);
+                // An I/O failure redb latched (the file at its size limit, say) is noted with
+                // this error as its cause: each job recorded alone is then refused repeating
+                // it, not redb's "Previous I/O error occurred".
+                self.shared.check_after_failure(Some(&e));
                 self.one_by_one(jobs)
             }
             Err(_) => {

@@ -228,7 +228,12 @@ impl Shared {
     /// panic while beginning it (a lock of redb's poisoned by the first panic) counts as such
     /// a refusal, and is caught: this runs where a panic is handled, and a second one would
     /// unwind out of the writer's drain. Blocking.
-    pub(crate) fn check_after_failure(&self) {
+    ///
+    /// `failure` is the error that failed the write, when there is one (not a panic): redb
+    /// then refuses with its generic `PreviousIo` ("Previous I/O error occurred..."), and the
+    /// failure is kept as the cause instead, so that every later refusal repeats what went
+    /// wrong ("File too large", "No space left on device").
+    pub(crate) fn check_after_failure(&self, failure: Option<&StoreError>) {
         if self.needs_reopen() {
             return;
         }
@@ -241,7 +246,13 @@ impl Shared {
                 );
                 match db.begin_write() {
                     Ok(txn) => drop(txn.abort()),
-                    Err(e) if latched(&e) => self.commit_failed(&e),
+                    Err(e) if latched(&e) => match (failure, &e) {
+                        (
+                            Some(failure),
+                            redb::TransactionError::Storage(redb::StorageError::PreviousIo),
+                        ) => self.commit_failed(&awareness_core::error::ErrorChain(failure)),
+                        _ => self.commit_failed(&e),
+                    },
                     Err(_) => {}
                 }
             }));
@@ -588,6 +599,10 @@ fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
     )
 }
 
+/// Why a read-write open is refused while another process has the file open, and what to do.
+pub(crate) const ALREADY_OPEN: &str =
+    "another process has it open (a running gateway?): try again once it has exited";
+
 fn database_error(path: &Path, e: DatabaseError) -> StoreError {
     let kind = match &e {
         DatabaseError::DatabaseAlreadyOpen => OpenFailure::InUse,
@@ -607,7 +622,9 @@ fn database_error(path: &Path, e: DatabaseError) -> StoreError {
                 path: path.to_owned(),
             };
         }
-        DatabaseError::DatabaseAlreadyOpen => "already open in another process".to_owned(),
+        // The reason in our words, and redb's error as the source only: a reporter that walks
+        // the sources (`ErrorChain`) then prints redb's words once.
+        DatabaseError::DatabaseAlreadyOpen => ALREADY_OPEN.to_owned(),
         DatabaseError::UpgradeRequired(v) => {
             format!("written in redb file format {v}, which this version cannot open")
         }
@@ -615,12 +632,12 @@ fn database_error(path: &Path, e: DatabaseError) -> StoreError {
         DatabaseError::Storage(redb::StorageError::Io(io))
             if io.kind() == ErrorKind::InvalidData =>
         {
-            format!("not a redb database ({io})")
+            "not a redb database".to_owned()
         }
-        DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => {
-            format!("not a redb database, or a damaged one ({msg})")
+        DatabaseError::Storage(redb::StorageError::Corrupted(_)) => {
+            "not a redb database, or a damaged one".to_owned()
         }
-        other => other.to_string(),
+        _ => "redb cannot open it".to_owned(),
     };
     open_error(path, kind, reason, Some(e.into()))
 }
@@ -636,8 +653,9 @@ pub(crate) enum Mode {
     ReadOnly,
 }
 
-/// Creates a missing file (mode 0600 on unix) when allowed.
-fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
+/// Creates a missing file (mode 0600 on unix) when allowed. Returns whether this call created
+/// it, and then its identity, for [`open_shared`] to remove it should the open fail.
+fn ensure_file(path: &Path, mode: Mode) -> Result<Option<FileKey>, StoreError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {
             let refused = match mode {
@@ -652,7 +670,7 @@ fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
             };
             match refused {
                 Some(reason) => Err(open_error(path, OpenFailure::NotAStore, reason, None)),
-                None => Ok(()),
+                None => Ok(None),
             }
         }
         Ok(_) => Err(open_error(
@@ -675,8 +693,8 @@ fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
             match opts.open(path) {
-                Ok(_) => Ok(()),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+                Ok(_) => Ok(file_identity(path).ok()),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(None),
                 Err(e) => Err(io_open_error(path, "cannot create the file", e)),
             }
         }
@@ -724,6 +742,9 @@ fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError>
                 .ctx("open: the meta table")?
                 .insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)
                 .ctx("open: write the schema")?;
+            // A reservation the last writer left (schema 1 files had them too) is settled as
+            // at any read-write open: the numbers it covered may have been handed out.
+            tables::settle_reservation(&txn)?;
             txn.commit().ctx("open: migrate schema 1")?;
             tracing::info!(path = %path.display(), heads = moved, "migrated a store from schema 1 to 2");
             Ok(())
@@ -963,7 +984,45 @@ pub(crate) fn open_shared(
     cache_size: usize,
     live_readers: bool,
 ) -> Result<Handle, StoreError> {
-    ensure_file(path, mode)?;
+    let created = ensure_file(path, mode)?;
+    let opened = open_file(path, mode, cache_size, live_readers);
+    if let (Some(identity), Err(e)) = (created, &opened) {
+        remove_created(path, &identity, e);
+    }
+    opened
+}
+
+/// After an open that created the file at `path` failed (`error`): removes that file, as
+/// [`StoreError::Open`] promises that a failed open created nothing, unless another process
+/// may have it (`InUse`: it may have made a store of it meanwhile) or the file at the path is
+/// no longer the one created (`identity`). A failure to remove it is logged.
+fn remove_created(path: &Path, identity: &FileKey, error: &StoreError) {
+    if matches!(
+        error,
+        StoreError::Open {
+            kind: OpenFailure::InUse,
+            ..
+        }
+    ) || file_identity(path).ok().as_ref() != Some(identity)
+    {
+        return;
+    }
+    if let Err(e) = std::fs::remove_file(path) {
+        warn!(
+            path = %path.display(),
+            error = %e,
+            "cannot remove the file this failed open created"
+        );
+    }
+}
+
+/// [`open_shared`] once the file exists.
+fn open_file(
+    path: &Path,
+    mode: Mode,
+    cache_size: usize,
+    live_readers: bool,
+) -> Result<Handle, StoreError> {
     let canonical = std::fs::canonicalize(path)
         .map_err(|e| io_open_error(path, "cannot resolve the path", e))?;
     let identity = || {

@@ -178,7 +178,8 @@
 //!
 //! One `redb::Database` is shared by every [`RedbStore`] opened on the same file in a process.
 //! A file already open in another process is refused at once with [`StoreError::Open`]
-//! ("already open in another process", of kind [`OpenFailure::InUse`](awareness_core::OpenFailure),
+//! ("another process has it open (a running gateway?): try again once it has exited", of kind
+//! [`OpenFailure::InUse`](awareness_core::OpenFailure),
 //! which a caller may take as "open again later"); a file that is not a redb database is
 //! refused ([`OpenFailure::NotAStore`](awareness_core::OpenFailure)) and left untouched.
 //!
@@ -204,6 +205,7 @@
 mod codec;
 mod commit;
 mod db;
+mod raw;
 mod tables;
 mod upstream;
 
@@ -703,7 +705,11 @@ impl RedbStore {
     ) -> Result<bool, StoreError> {
         let (watcher, target) = (watcher.clone(), target.clone());
         self.write("damage a cursor row", move |txn| {
-            let damaged = CursorTables::open(txn)?.damage(watcher.as_str(), target.as_str())?;
+            let damaged = CursorTables::open(txn)?.rewrite_agent(
+                watcher.as_str(),
+                target.as_str(),
+                |_| Vec::new(),
+            )?;
             Ok((damaged, damaged))
         })
         .await
@@ -773,46 +779,80 @@ impl RedbStore {
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
-    /// answers `false`: cursors are kept in redb's own string type, which cannot hold text that is
-    /// not UTF-8 (redb checks it when it reads). For the durable suite.
-    #[allow(
-        clippy::unused_async,
-        reason = "async like every row helper the testkit's forwarding awaits"
-    )]
+    /// appends a byte that is not UTF-8 (0xFF) to the target agent of the cursor row `(watcher,
+    /// target)`, writing redb's own string type from its bytes as a hand edit or a flipped bit
+    /// could; its sequences and its place in every index stay. Returns whether the row existed.
+    /// For the durable suite.
     #[doc(hidden)]
     pub async fn spoil_cursor_text(
         &self,
-        _: &WatcherKey,
-        _: &SessionKey,
+        watcher: &WatcherKey,
+        target: &SessionKey,
     ) -> Result<bool, StoreError> {
-        Ok(false)
+        let (watcher, target) = (watcher.clone(), target.clone());
+        self.write("spoil a cursor's text", move |txn| {
+            let spoiled = CursorTables::open(txn)?.rewrite_agent(
+                watcher.as_str(),
+                target.as_str(),
+                |agent| [agent, b"\xFF".as_slice()].concat(),
+            )?;
+            Ok((spoiled, spoiled))
+        })
+        .await
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
-    /// answers `false`, as [`RedbStore::spoil_cursor_text`] does. For the durable suite.
-    #[allow(
-        clippy::unused_async,
-        reason = "async like every row helper the testkit's forwarding awaits"
-    )]
+    /// moves the cursor row `(watcher, target)` to the watcher key `watcher` followed by a byte
+    /// that is not UTF-8 (0xFF), in the cursors and in the by-target index (where the key is
+    /// kept twice), so that the row no longer answers to `watcher`; its value stays. Returns
+    /// whether the row existed. For the durable suite.
     #[doc(hidden)]
     pub async fn spoil_cursor_watcher(
         &self,
-        _: &WatcherKey,
-        _: &SessionKey,
+        watcher: &WatcherKey,
+        target: &SessionKey,
     ) -> Result<bool, StoreError> {
-        Ok(false)
+        let (watcher, target) = (watcher.clone(), target.clone());
+        self.write("spoil a cursor's watcher key", move |txn| {
+            let spoiled =
+                CursorTables::open(txn)?.spoil_watcher(watcher.as_str(), target.as_str())?;
+            Ok((spoiled, spoiled))
+        })
+        .await
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
-    /// answers `false`: a head's key is redb's own string type, as for
-    /// [`RedbStore::spoil_cursor_text`]. For the durable suite.
-    #[allow(
-        clippy::unused_async,
-        reason = "async like every row helper the testkit's forwarding awaits"
-    )]
+    /// moves the head entry of `session` to the agent `session`'s agent followed by a byte that is
+    /// not UTF-8 (0xFF), so that the entry no longer answers for `session`; its value and the
+    /// session's events stay. Returns whether the entry existed. For the durable suite.
     #[doc(hidden)]
-    pub async fn spoil_head_text(&self, _: &SessionRef) -> Result<bool, StoreError> {
-        Ok(false)
+    pub async fn spoil_head_text(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("spoil a head's text", move |txn| {
+            let (agent, key) = (
+                session.agent_id.as_str().as_bytes(),
+                session.session_key.as_str().as_bytes(),
+            );
+            let mut index = txn
+                .open_table(tables::EVENTS_BY_REF_KEYS)
+                .ctx("spoil a head: open the index")?;
+            let Some(row) = index
+                .remove(raw::by_ref(agent, key, HEAD_SEQ).as_slice())
+                .ctx("spoil a head")?
+                .map(|v| v.value().to_vec())
+            else {
+                return Ok((false, false));
+            };
+            let spoiled = [agent, b"\xFF".as_slice()].concat();
+            index
+                .insert(
+                    raw::by_ref(&spoiled, key, HEAD_SEQ).as_slice(),
+                    row.as_slice(),
+                )
+                .ctx("spoil a head")?;
+            Ok((true, true))
+        })
+        .await
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
@@ -920,8 +960,8 @@ impl RedbStore {
                     }
                     Ok(out)
                 });
-                if written.is_err() {
-                    writer.shared().check_after_failure();
+                if let Err(e) = &written {
+                    writer.shared().check_after_failure(Some(e));
                 }
                 written
             })
@@ -1027,34 +1067,48 @@ pub(crate) fn record_tx(
     })
 }
 
-/// Up to `max_rows` cursors with `updated_at < cutoff`, in key order past `after`.
+/// A cursor's key as stored: (watcher, target), bytes.
+type CursorKeyBytes = (Vec<u8>, Vec<u8>);
+
+/// Up to `max_rows` cursors with `updated_at < cutoff`, in key order past `after`, their keys
+/// as stored. A row cut short, whose age cannot be read, is taken as idle: it holds nothing
+/// anyone could be told, and would otherwise be left for good (docs/decisions/0016). A key cut
+/// short cannot be named to delete it, and is passed over.
 fn idle_cursors(
     txn: &ReadTransaction,
     cutoff: Timestamp,
     max_rows: usize,
-    after: Option<&(String, String)>,
-) -> Result<Vec<(String, String)>, StoreError> {
+    after: Option<&CursorKeyBytes>,
+) -> Result<Vec<CursorKeyBytes>, StoreError> {
     use std::ops::Bound;
     let cursors = txn.open_table(CURSORS).ctx("prune: open cursors")?;
-    let from = match after {
-        Some((w, t)) => Bound::Excluded((w.as_str(), t.as_str())),
+    let from = after.map(|(w, t)| raw::pair(w, t));
+    let from = match &from {
+        Some(key) => Bound::Excluded(key.as_slice()),
         None => Bound::Unbounded,
     };
     let mut out = Vec::new();
     for item in cursors
-        .range::<(&str, &str)>((from, Bound::Unbounded))
+        .range::<&[u8]>((from, Bound::Unbounded))
         .ctx("prune: scan cursors")?
     {
         if out.len() >= max_rows {
             break;
         }
         let (k, v) = item.ctx("prune: scan cursors")?;
-        if v.value().4 < cutoff.millis() {
-            let (w, t) = k.value();
-            out.push((w.to_owned(), t.to_owned()));
+        if is_idle(v.value(), cutoff)
+            && let Some((w, t)) = raw::split_pair(k.value())
+        {
+            out.push((w.to_vec(), t.to_vec()));
         }
     }
     Ok(out)
+}
+
+/// Whether the cursor row `row` (its bytes) is idle at `cutoff`: updated before it, or cut short
+/// so that its age cannot be read ([`idle_cursors`]).
+fn is_idle(row: &[u8], cutoff: Timestamp) -> bool {
+    raw::split_cursor_row(row).is_none_or(|v| v.4 < cutoff.millis())
 }
 
 /// The lowest sequences (at most `max_rows`) of events older than `cutoff`. A row whose age
@@ -1214,21 +1268,21 @@ fn delete_session_tx(
         .is_some();
     let mut cur = CursorTables::open(txn)?;
     if session.is_watcher() {
-        for t in cur.targets_of(key)? {
-            wrote |= cur.remove(key, &t)?;
+        for t in cur.targets_of(key.as_bytes())? {
+            wrote |= cur.remove(key.as_bytes(), &t)?;
         }
     }
     // A row on the key that cannot be read goes too: its agent is unknown, and it could only be
     // left behind for good (decision 0016).
-    for w in tables::watchers_of(&cur.by_target, key)? {
-        let doomed = match cur.get(&w, key) {
+    for w in tables::watchers_of(&cur.by_target, key.as_bytes())? {
+        let doomed = match cur.get(&w, key.as_bytes()) {
             Ok(Some(c)) => c.removed_by_delete(session),
             Ok(None) => false,
             Err(StoreError::Corrupt { .. }) => true,
             Err(e) => return Err(e),
         };
         if doomed {
-            wrote |= cur.remove(&w, key)?;
+            wrote |= cur.remove(&w, key.as_bytes())?;
         }
     }
     Ok(wrote)
@@ -1317,7 +1371,9 @@ impl EventStore for RedbStore {
         let agent = agent.cloned();
         let shared = Arc::clone(self.shared());
         self.read("list_heads", move |txn| {
-            let index = txn.open_table(EVENTS_BY_REF).ctx("list_heads: open")?;
+            let index = txn
+                .open_table(tables::EVENTS_BY_REF_KEYS)
+                .ctx("list_heads: open")?;
             tables::list_heads(&index, agent.as_ref().map(AgentId::as_str), shared.path())
         })
         .await
@@ -1409,7 +1465,7 @@ impl EventStore for RedbStore {
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
         let session = session.clone();
         let shared = Arc::clone(self.shared());
-        self.write("delete_session", move |txn| {
+        self.write("delete a session", move |txn| {
             Ok(((), delete_session_tx(txn, &session, shared.path())?))
         })
         .await
@@ -1445,8 +1501,8 @@ impl RedbStore {
         &self,
         cutoff: Timestamp,
         want: usize,
-        after: Option<(String, String)>,
-    ) -> Result<(usize, u64, Option<(String, String)>), StoreError> {
+        after: Option<CursorKeyBytes>,
+    ) -> Result<(usize, u64, Option<CursorKeyBytes>), StoreError> {
         let chosen = self
             .read("prune: find idle cursors", move |txn| {
                 idle_cursors(txn, cutoff, want, after.as_ref())
@@ -1466,9 +1522,9 @@ impl RedbStore {
                     // Touched since the choice: no longer idle, it stays.
                     let idle = cur
                         .cursors()?
-                        .get((w.as_str(), t.as_str()))
+                        .get(raw::pair(w, t).as_slice())
                         .ctx("prune: read a cursor")?
-                        .is_some_and(|row| row.value().4 < cutoff.millis());
+                        .is_some_and(|row| is_idle(row.value(), cutoff));
                     if idle && cur.remove(w, t)? {
                         deleted += 1;
                     }
@@ -1523,7 +1579,10 @@ impl CursorStore for RedbStore {
         self.write("watch", move |txn| {
             let mut cur = CursorTables::open(txn)?;
             // A row that cannot be read is watched over as if there were none (decision 0016).
-            let existing = match cur.get(watcher.as_str(), target.session_key.as_str()) {
+            let existing = match cur.get(
+                watcher.as_str().as_bytes(),
+                target.session_key.as_str().as_bytes(),
+            ) {
                 Err(e @ StoreError::Corrupt { .. }) => {
                     tracing::warn!(path = %shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "replacing a watch cursor that cannot be read");
                     None
@@ -1546,7 +1605,8 @@ impl CursorStore for RedbStore {
     async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
         let (watcher, target) = (watcher.clone(), target.clone());
         self.write("unwatch", move |txn| {
-            let removed = CursorTables::open(txn)?.remove(watcher.as_str(), target.as_str())?;
+            let removed = CursorTables::open(txn)?
+                .remove(watcher.as_str().as_bytes(), target.as_str().as_bytes())?;
             Ok((removed, removed))
         })
         .await
@@ -1565,8 +1625,11 @@ impl CursorStore for RedbStore {
             let mut notices = Vec::new();
             let mut wrote = false;
             for t in AckTarget::each_once(&targets) {
-                let Some(c) =
-                    cur.get_readable(watcher.as_str(), t.target.as_str(), shared.path())?
+                let Some(c) = cur.get_readable(
+                    watcher.as_str().as_bytes(),
+                    t.target.as_str().as_bytes(),
+                    shared.path(),
+                )?
                 else {
                     continue;
                 };
@@ -1590,13 +1653,9 @@ impl CursorStore for RedbStore {
         let (watcher, target) = (watcher.clone(), target.clone());
         self.read("cursor", move |txn| {
             let cursors = txn.open_table(CURSORS).ctx("cursor: open")?;
-            match cursors
-                .get((watcher.as_str(), target.as_str()))
-                .ctx("cursor")?
-            {
-                Some(v) => {
-                    tables::cursor_of(watcher.as_str(), target.as_str(), v.value()).map(Some)
-                }
+            let (w, t) = (watcher.as_str().as_bytes(), target.as_str().as_bytes());
+            match cursors.get(raw::pair(w, t).as_slice()).ctx("cursor")? {
+                Some(v) => tables::cursor_of(w, t, v.value()).map(Some),
                 None => Ok(None),
             }
         })
@@ -1614,22 +1673,35 @@ impl CursorStore for RedbStore {
                 let by_target = txn
                     .open_table(CURSORS_BY_TARGET)
                     .ctx("cursors: open the target index")?;
-                for w in tables::watchers_of(&by_target, t.as_str())? {
-                    if let Some(v) = cursors.get((w.as_str(), t.as_str())).ctx("cursors")? {
-                        out.extend(tables::readable_cursor(&w, t.as_str(), v.value(), path));
+                let t = t.as_str().as_bytes();
+                for w in tables::watchers_of(&by_target, t)? {
+                    if let Some(v) = cursors.get(raw::pair(&w, t).as_slice()).ctx("cursors")? {
+                        out.extend(tables::readable_cursor(&w, t, v.value(), path));
                     }
                 }
             } else {
                 let start = filter.watcher.as_ref().map_or("", SessionKey::as_str);
-                for item in cursors.range((start, "")..).ctx("cursors")? {
+                let from = raw::pair(start.as_bytes(), b"");
+                for item in cursors.range(from.as_slice()..).ctx("cursors")? {
                     let (k, v) = item.ctx("cursors")?;
-                    let (w, t) = k.value();
-                    if filter.watcher.as_ref().is_some_and(|x| x.as_str() != w) {
+                    // A key cut short names no cursor to list (`unreadable_cursors` names it).
+                    let Some((w, t)) = raw::split_pair(k.value()) else {
+                        continue;
+                    };
+                    if filter
+                        .watcher
+                        .as_ref()
+                        .is_some_and(|x| x.as_str().as_bytes() != w)
+                    {
                         break;
                     }
                     let v = v.value();
-                    // Not pending: left out before its keys are parsed.
-                    if filter.pending_only && !Cursor::pending(Sequence(v.1), Sequence(v.3)) {
+                    // Not pending: left out before its keys are parsed (a row cut short is
+                    // read, and left out with its warning).
+                    if filter.pending_only
+                        && raw::split_cursor_row(v)
+                            .is_some_and(|v| !Cursor::pending(Sequence(v.1), Sequence(v.3)))
+                    {
                         continue;
                     }
                     out.extend(tables::readable_cursor(w, t, v, path));
@@ -1647,11 +1719,21 @@ impl CursorStore for RedbStore {
             let mut out = Vec::new();
             for item in cursors.iter().ctx("cursors")? {
                 let (k, v) = item.ctx("cursors")?;
-                let (w, t) = k.value();
-                if let Err(e) = tables::cursor_of(w, t, v.value()) {
+                let checked = match raw::split_pair(k.value()) {
+                    Some((w, t)) => tables::cursor_of(w, t, v.value()).err().map(|e| (w, t, e)),
+                    None => Some((
+                        k.value(),
+                        b"".as_slice(),
+                        StoreError::corrupt(format!(
+                            "cursor key of {} bytes is cut short",
+                            k.value().len()
+                        )),
+                    )),
+                };
+                if let Some((w, t, e)) = checked {
                     out.push(UnreadableCursor {
-                        watcher: w.to_owned(),
-                        target: t.to_owned(),
+                        watcher: String::from_utf8_lossy(w).into_owned(),
+                        target: String::from_utf8_lossy(t).into_owned(),
                         reason: e.to_string(),
                     });
                 }
@@ -1668,13 +1750,16 @@ impl CursorStore for RedbStore {
     ) -> Result<Vec<Notice>, StoreError> {
         let keys = keys.to_vec();
         let shared = Arc::clone(self.shared());
-        self.write("refreeze", move |txn| {
+        self.write("re-freeze cursors", move |txn| {
             let mut cur = CursorTables::open(txn)?;
             let mut notices = Vec::new();
             let mut wrote = false;
             for k in protocol::each_once(&keys) {
-                let Some(c) =
-                    cur.get_readable(k.watcher.as_str(), k.target.as_str(), shared.path())?
+                let Some(c) = cur.get_readable(
+                    k.watcher.as_str().as_bytes(),
+                    k.target.as_str().as_bytes(),
+                    shared.path(),
+                )?
                 else {
                     continue;
                 };
@@ -1693,11 +1778,11 @@ impl CursorStore for RedbStore {
 
     async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
         let watcher = watcher.clone();
-        self.write("reset_watcher", move |txn| {
+        self.write("reset a watcher", move |txn| {
             let mut cur = CursorTables::open(txn)?;
             let mut n = 0;
-            for t in cur.targets_of(watcher.as_str())? {
-                if cur.remove(watcher.as_str(), &t)? {
+            for t in cur.targets_of(watcher.as_str().as_bytes())? {
+                if cur.remove(watcher.as_str().as_bytes(), &t)? {
                     n += 1;
                 }
             }

@@ -64,6 +64,7 @@ use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use crate::codec;
 use crate::db::Ctx;
+use crate::raw;
 
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
@@ -84,9 +85,27 @@ pub(crate) type CursorRow = (&'static str, u64, u64, u64, i64);
 /// A key of two strings: (session key, agent id), (watcher, target) or (target, watcher).
 pub(crate) type StrPair = (&'static str, &'static str);
 
-pub(crate) const CURSORS: TableDefinition<StrPair, CursorRow> = TableDefinition::new("cursors");
-pub(crate) const CURSORS_BY_TARGET: TableDefinition<(&str, &str), ()> =
+/// A key of the reference index: (agent id, session key, sequence).
+pub(crate) type RefKey = (&'static str, &'static str, u64);
+/// A `(&str, &str)` key read and written as its bytes ([`raw`]).
+pub(crate) type PairBytes = raw::Bytes<StrPair>;
+/// A cursor row read and written as its bytes ([`raw`]).
+pub(crate) type CursorRowBytes = raw::Bytes<CursorRow>;
+
+/// The cursors, `(watcher, target) -> CursorRow` on disk, read from their bytes ([`raw`]): one
+/// row damaged at byte level is then unreadable like any other, rather than a panic in redb's
+/// decode (docs/decisions/0016).
+pub(crate) const CURSORS: TableDefinition<PairBytes, CursorRowBytes> =
+    TableDefinition::new("cursors");
+/// The by-target index, `(target, watcher) -> ()` on disk, read from its bytes as [`CURSORS`].
+pub(crate) const CURSORS_BY_TARGET: TableDefinition<PairBytes, ()> =
     TableDefinition::new("cursors_by_target");
+/// The reference index with its keys read as their bytes ([`raw`]), for the listing of heads,
+/// which reads every ref's key (docs/decisions/0020), and for the test helpers that write such
+/// keys. A write transaction opens it only where nothing else has the index open (as
+/// [`EVENTS_BY_REF`]).
+pub(crate) const EVENTS_BY_REF_KEYS: TableDefinition<raw::Bytes<RefKey>, &[u8]> =
+    TableDefinition::new("events_by_ref");
 pub(crate) const UPSTREAM_LINKS: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("upstream_links");
 
@@ -205,33 +224,45 @@ pub(crate) fn remove_head(
 
 /// Every head, of one agent or all, ordered by key then agent. Heads are not a table of their
 /// own: this visits each ref of the reference index with one seek past its entries and one read
-/// of its head, two lookups per ref instead of a scan of every event. `path`, the store's file,
-/// names it in the warnings.
+/// of its head, two lookups per ref instead of a scan of every event. The keys are read from
+/// their bytes ([`EVENTS_BY_REF_KEYS`]): a ref whose text is not UTF-8 is left out like any
+/// other head that cannot be read, and a key cut short is passed over, both with a warning
+/// rather than a panic in redb's decode. `path`, the store's file, names it in the warnings.
 pub(crate) fn list_heads(
-    by_ref: &impl ReadableTable<(&'static str, &'static str, u64), &'static [u8]>,
+    by_ref: &impl ReadableTable<raw::Bytes<RefKey>, &'static [u8]>,
     agent: Option<&str>,
     path: &Path,
 ) -> Result<Vec<Head>, StoreError> {
     let mut out = Vec::new();
     // The smallest key string above `k` is `k` followed by NUL, so seeking to it skips every
     // entry of the ref `(a, k)` and nothing else.
-    let mut from = (agent.unwrap_or("").to_owned(), String::new());
+    let mut from = raw::by_ref(agent.unwrap_or("").as_bytes(), b"", 0);
     loop {
-        let next = by_ref
-            .range((from.0.as_str(), from.1.as_str(), 0)..)
-            .ctx("list heads")?
-            .next();
-        let Some(item) = next else { break };
-        let (key, _) = item.ctx("list heads")?;
-        let (a, k, _) = key.value();
-        if agent.is_some_and(|x| x != a) {
+        let mut next = None;
+        for item in by_ref.range(from.as_slice()..).ctx("list heads")? {
+            let (key, _) = item.ctx("list heads")?;
+            if let Some((a, k, _)) = raw::split_ref(key.value()) {
+                next = Some((a.to_vec(), k.to_vec()));
+                break;
+            }
+            tracing::warn!(
+                path = %path.display(),
+                key = ?key.value(),
+                "ignoring an entry of the reference index whose key is cut short"
+            );
+        }
+        let Some((a, k)) = next else { break };
+        if agent.is_some_and(|x| x.as_bytes() != a) {
             break;
         }
-        // A head that cannot be read (a ref this store refuses, bytes that are no head) is left
-        // out with a warning, so that one damaged entry stops no listing of the others
-        // (docs/decisions/0020); reading that head by its ref still fails.
-        let entry = match session_ref(k, a) {
-            Ok(session) => head_entry(by_ref, &session)?,
+        // A head that cannot be read (a ref this store refuses, text that is not UTF-8, bytes
+        // that are no head) is left out with a warning, so that one damaged entry stops no
+        // listing of the others (docs/decisions/0020); reading that head by its ref still fails.
+        let entry = match ref_of(&k, &a) {
+            Ok(session) => by_ref
+                .get(raw::by_ref(&a, &k, HEAD_SEQ).as_slice())
+                .ctx("read a head")?
+                .map(|row| decode_head(session, row.value())),
             Err(e) => Some(Err(e)),
         };
         match entry {
@@ -239,19 +270,30 @@ pub(crate) fn list_heads(
             None => {}
             Some(Err(e)) => tracing::warn!(
                 path = %path.display(),
-                session_key = ?k,
-                agent = ?a,
+                session_key = ?String::from_utf8_lossy(&k),
+                agent = ?String::from_utf8_lossy(&a),
                 reason = %e,
                 "ignoring a head that cannot be read"
             ),
         }
-        from = (a.to_owned(), format!("{k}\0"));
+        let mut past = k;
+        past.push(0);
+        from = raw::by_ref(&a, &past, 0);
     }
     out.sort_unstable_by(|x, y| {
         (x.session.session_key.as_str(), x.session.agent_id.as_str())
             .cmp(&(y.session.session_key.as_str(), y.session.agent_id.as_str()))
     });
     Ok(out)
+}
+
+/// The session ref of a key read as bytes: [`session_ref`], after checking that both are
+/// UTF-8.
+fn ref_of(key: &[u8], agent: &[u8]) -> Result<SessionRef, StoreError> {
+    let text = |what: &str, bytes| {
+        std::str::from_utf8(bytes).map_err(|e| corrupt(&format!("stored session ref: {what}"), e))
+    };
+    session_ref(text("session key", key)?, text("agent", agent)?)
 }
 
 /// Moves schema 1's `heads` table into the reference index (under [`HEAD_SEQ`]) and deletes
@@ -327,21 +369,34 @@ pub(crate) fn downgrade_to_v1(txn: &WriteTransaction) -> Result<u64, StoreError>
     Ok(found.len() as u64)
 }
 
-pub(crate) fn cursor_of(
-    watcher: &str,
-    target: &str,
-    v: (&str, u64, u64, u64, i64),
-) -> Result<Cursor, StoreError> {
-    let bad = |field: &str, e: awareness_core::ValidationError| {
-        corrupt(
-            &format!("cursor ({watcher:?}, {target:?}): stored {field}"),
-            e,
+/// A stored cursor, from the bytes of its key (`watcher`, `target`) and of its row: fails with
+/// `Corrupt`, naming the cursor, when the row is cut short (or runs long), when any of its text
+/// is not UTF-8, or when a key does not parse.
+pub(crate) fn cursor_of(watcher: &[u8], target: &[u8], row: &[u8]) -> Result<Cursor, StoreError> {
+    let name = || {
+        format!(
+            "cursor ({:?}, {:?})",
+            String::from_utf8_lossy(watcher),
+            String::from_utf8_lossy(target)
         )
     };
+    let Some(v) = raw::split_cursor_row(row) else {
+        return Err(StoreError::corrupt(format!(
+            "{}: stored row of {} bytes is cut short or runs long",
+            name(),
+            row.len()
+        )));
+    };
+    let text = |field: &str, bytes| {
+        std::str::from_utf8(bytes).map_err(|e| corrupt(&format!("{}: stored {field}", name()), e))
+    };
+    let bad = |field: &str, e: awareness_core::ValidationError| {
+        corrupt(&format!("{}: stored {field}", name()), e)
+    };
     Ok(Cursor {
-        watcher: WatcherKey::parse(watcher).map_err(|e| bad("watcher", e))?,
-        target: SessionKey::new(target).map_err(|e| bad("target", e))?,
-        target_agent: AgentId::new(v.0).map_err(|e| bad("agent", e))?,
+        watcher: WatcherKey::parse(text("watcher", watcher)?).map_err(|e| bad("watcher", e))?,
+        target: SessionKey::new(text("target", target)?).map_err(|e| bad("target", e))?,
+        target_agent: AgentId::new(text("agent", v.0)?).map_err(|e| bad("agent", e))?,
         last_seen: Sequence(v.1),
         notified: Sequence(v.2),
         material: Sequence(v.3),
@@ -358,17 +413,17 @@ pub(crate) fn cursor_of(
 /// (docs/decisions/0016). Reading that one cursor ([`cursor_of`]) still fails. `path`, the
 /// store's file, names it in the warning.
 pub(crate) fn readable_cursor(
-    watcher: &str,
-    target: &str,
-    v: (&str, u64, u64, u64, i64),
+    watcher: &[u8],
+    target: &[u8],
+    row: &[u8],
     path: &Path,
 ) -> Option<Cursor> {
-    cursor_of(watcher, target, v)
+    cursor_of(watcher, target, row)
         .inspect_err(|e| {
             tracing::warn!(
                 path = %path.display(),
-                watcher,
-                target,
+                watcher = &*String::from_utf8_lossy(watcher),
+                target = &*String::from_utf8_lossy(target),
                 error = %awareness_core::error::ErrorChain(e),
                 "ignoring a watch cursor that cannot be read"
             );
@@ -947,11 +1002,12 @@ impl<'t> EventTables<'t> {
 }
 
 /// The cursor tables of a write transaction; the cursors themselves are opened on first use (a
-/// recording on a session nobody watches only reads the by-target index).
+/// recording on a session nobody watches only reads the by-target index). Keys and rows are
+/// bytes ([`raw`]): a key read back is named again as it is stored, whatever it holds.
 pub(crate) struct CursorTables<'t> {
     txn: &'t WriteTransaction,
-    cursors: Lazy<'t, StrPair, CursorRow>,
-    pub by_target: Table<'t, StrPair, ()>,
+    cursors: Lazy<'t, PairBytes, CursorRowBytes>,
+    pub by_target: Table<'t, PairBytes, ()>,
 }
 
 impl<'t> CursorTables<'t> {
@@ -966,18 +1022,20 @@ impl<'t> CursorTables<'t> {
     }
 
     /// The cursors table.
-    pub(crate) fn cursors(&mut self) -> Result<&mut Table<'t, StrPair, CursorRow>, StoreError> {
+    pub(crate) fn cursors(
+        &mut self,
+    ) -> Result<&mut Table<'t, PairBytes, CursorRowBytes>, StoreError> {
         self.cursors.get(self.txn)
     }
 
     pub(crate) fn get(
         &mut self,
-        watcher: &str,
-        target: &str,
+        watcher: &[u8],
+        target: &[u8],
     ) -> Result<Option<Cursor>, StoreError> {
         match self
             .cursors()?
-            .get((watcher, target))
+            .get(raw::pair(watcher, target).as_slice())
             .ctx("read a cursor")?
         {
             Some(v) => cursor_of(watcher, target, v.value()).map(Some),
@@ -989,34 +1047,68 @@ impl<'t> CursorTables<'t> {
     /// warning naming the store's file (`path`).
     pub(crate) fn get_readable(
         &mut self,
-        watcher: &str,
-        target: &str,
+        watcher: &[u8],
+        target: &[u8],
         path: &Path,
     ) -> Result<Option<Cursor>, StoreError> {
         Ok(self
             .cursors()?
-            .get((watcher, target))
+            .get(raw::pair(watcher, target).as_slice())
             .ctx("read a cursor")?
             .and_then(|v| readable_cursor(watcher, target, v.value(), path)))
     }
 
-    /// Empties one cursor row's target agent (`RedbStore::damage_cursor_row`); `false` when
-    /// there is no such row.
-    pub(crate) fn damage(&mut self, watcher: &str, target: &str) -> Result<bool, StoreError> {
+    /// Rewrites one cursor row's target agent with `agent(old)` (`RedbStore::damage_cursor_row`,
+    /// `RedbStore::spoil_cursor_text`), its sequences kept (zeros for a row cut short); `false`
+    /// when there is no such row.
+    pub(crate) fn rewrite_agent(
+        &mut self,
+        watcher: &str,
+        target: &str,
+        agent: impl FnOnce(&[u8]) -> Vec<u8>,
+    ) -> Result<bool, StoreError> {
+        let key = raw::pair(watcher.as_bytes(), target.as_bytes());
         let table = self.cursors()?;
-        let Some(v) = table
-            .get((watcher, target))
-            .ctx("damage a cursor")?
-            .map(|v| {
-                let (_, last, notified, material, at) = v.value();
-                (last, notified, material, at)
-            })
-        else {
+        let Some(row) = table.get(key.as_slice()).ctx("damage a cursor")?.map(|v| {
+            let (old, last, notified, material, at) =
+                raw::split_cursor_row(v.value()).unwrap_or((b"", 0, 0, 0, 0));
+            raw::cursor_row(&agent(old), last, notified, material, at)
+        }) else {
             return Ok(false);
         };
         table
-            .insert((watcher, target), ("", v.0, v.1, v.2, v.3))
+            .insert(key.as_slice(), row.as_slice())
             .ctx("damage a cursor")?;
+        Ok(true)
+    }
+
+    /// Moves one cursor row, with its by-target entry, to the watcher key `watcher` followed by
+    /// a byte that is not UTF-8 (`RedbStore::spoil_cursor_watcher`); `false` when there is no
+    /// such row.
+    pub(crate) fn spoil_watcher(
+        &mut self,
+        watcher: &str,
+        target: &str,
+    ) -> Result<bool, StoreError> {
+        let (w, t) = (watcher.as_bytes(), target.as_bytes());
+        let Some(row) = self
+            .cursors()?
+            .remove(raw::pair(w, t).as_slice())
+            .ctx("spoil a cursor")?
+            .map(|v| v.value().to_vec())
+        else {
+            return Ok(false);
+        };
+        self.by_target
+            .remove(raw::pair(t, w).as_slice())
+            .ctx("spoil a cursor")?;
+        let spoiled = [w, b"\xFF".as_slice()].concat();
+        self.cursors()?
+            .insert(raw::pair(&spoiled, t).as_slice(), row.as_slice())
+            .ctx("spoil a cursor")?;
+        self.by_target
+            .insert(raw::pair(t, &spoiled).as_slice(), ())
+            .ctx("spoil a cursor")?;
         Ok(true)
     }
 
@@ -1028,36 +1120,36 @@ impl<'t> CursorTables<'t> {
             awareness_core::WatchProvenance::Explicit,
             "store-redb holds explicit cursors only"
         );
-        let (w, t) = (c.watcher.as_str(), c.target.as_str());
+        let (w, t) = (c.watcher.as_str().as_bytes(), c.target.as_str().as_bytes());
+        let row = raw::cursor_row(
+            c.target_agent.as_str().as_bytes(),
+            c.last_seen.get(),
+            c.notified.get(),
+            c.material.get(),
+            c.updated_at.millis(),
+        );
         let existed = self
             .cursors()?
-            .insert(
-                (w, t),
-                (
-                    c.target_agent.as_str(),
-                    c.last_seen.get(),
-                    c.notified.get(),
-                    c.material.get(),
-                    c.updated_at.millis(),
-                ),
-            )
+            .insert(raw::pair(w, t).as_slice(), row.as_slice())
             .ctx("write a cursor")?
             .is_some();
         // An update leaves the index entry as it is (every write costs a page copy).
         if !existed {
-            self.by_target.insert((t, w), ()).ctx("write a cursor")?;
+            self.by_target
+                .insert(raw::pair(t, w).as_slice(), ())
+                .ctx("write a cursor")?;
         }
         Ok(())
     }
 
-    pub(crate) fn remove(&mut self, watcher: &str, target: &str) -> Result<bool, StoreError> {
+    pub(crate) fn remove(&mut self, watcher: &[u8], target: &[u8]) -> Result<bool, StoreError> {
         let existed = self
             .cursors()?
-            .remove((watcher, target))
+            .remove(raw::pair(watcher, target).as_slice())
             .ctx("delete a cursor")?
             .is_some();
         self.by_target
-            .remove((target, watcher))
+            .remove(raw::pair(target, watcher).as_slice())
             .ctx("delete a cursor")?;
         Ok(existed)
     }
@@ -1071,42 +1163,56 @@ impl<'t> CursorTables<'t> {
         path: &Path,
     ) -> Result<Vec<Cursor>, StoreError> {
         let mut out = Vec::new();
-        for w in watchers_of(&self.by_target, target)? {
-            if let Some(c) = self.get_readable(&w, target, path)? {
+        for w in watchers_of(&self.by_target, target.as_bytes())? {
+            if let Some(c) = self.get_readable(&w, target.as_bytes(), path)? {
                 out.push(c);
             }
         }
         Ok(out)
     }
 
-    /// The target keys `watcher` watches.
-    pub(crate) fn targets_of(&mut self, watcher: &str) -> Result<Vec<String>, StoreError> {
+    /// The target keys `watcher` watches, as stored (bytes, so that a key that is not UTF-8
+    /// can still be removed).
+    pub(crate) fn targets_of(&mut self, watcher: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut out = Vec::new();
-        for item in self.cursors()?.range((watcher, "")..).ctx("read cursors")? {
+        let from = raw::pair(watcher, b"");
+        for item in self
+            .cursors()?
+            .range(from.as_slice()..)
+            .ctx("read cursors")?
+        {
             let (k, _) = item.ctx("read cursors")?;
-            let (w, t) = k.value();
+            // A key cut short cannot be told to be this watcher's: passed over.
+            let Some((w, t)) = raw::split_pair(k.value()) else {
+                continue;
+            };
             if w != watcher {
                 break;
             }
-            out.push(t.to_owned());
+            out.push(t.to_vec());
         }
         Ok(out)
     }
 }
 
-/// The watchers with a cursor on `target`, from the by-target index.
+/// The watchers with a cursor on `target`, from the by-target index, as stored (bytes: a watcher
+/// key that is not UTF-8 still names its row, which a deletion of the target removes).
 pub(crate) fn watchers_of(
-    by_target: &impl ReadableTable<(&'static str, &'static str), ()>,
-    target: &str,
-) -> Result<Vec<String>, StoreError> {
+    by_target: &impl ReadableTable<PairBytes, ()>,
+    target: &[u8],
+) -> Result<Vec<Vec<u8>>, StoreError> {
     let mut out = Vec::new();
-    for item in by_target.range((target, "")..).ctx("read cursors")? {
+    let from = raw::pair(target, b"");
+    for item in by_target.range(from.as_slice()..).ctx("read cursors")? {
         let (k, _) = item.ctx("read cursors")?;
-        let (t, w) = k.value();
+        // A key cut short cannot be told to be this target's: passed over.
+        let Some((t, w)) = raw::split_pair(k.value()) else {
+            continue;
+        };
         if t != target {
             break;
         }
-        out.push(w.to_owned());
+        out.push(w.to_vec());
     }
     Ok(out)
 }

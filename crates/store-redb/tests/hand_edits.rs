@@ -111,3 +111,140 @@ async fn a_dedupe_entry_pointing_at_another_row_is_refused() {
     );
     store.close().await;
 }
+
+/// A redb type read and written as its bytes: a table opened under `Raw<T>` is the table of
+/// `T` on disk, so a test can write into it what redb's typed writes never would (text that is
+/// not UTF-8, a tuple cut short), as a hand edit or a flipped bit could.
+#[derive(Debug)]
+struct Raw<T>(std::marker::PhantomData<T>);
+
+impl<T: redb::Value + 'static> redb::Value for Raw<T> {
+    type SelfType<'a>
+        = &'a [u8]
+    where
+        Self: 'a;
+    type AsBytes<'a>
+        = &'a [u8]
+    where
+        Self: 'a;
+
+    fn fixed_width() -> Option<usize> {
+        T::fixed_width()
+    }
+
+    fn from_bytes<'a>(data: &'a [u8]) -> &'a [u8]
+    where
+        Self: 'a,
+    {
+        data
+    }
+
+    fn as_bytes<'a, 'b: 'a>(value: &'a &'b [u8]) -> &'a [u8]
+    where
+        Self: 'b,
+    {
+        value
+    }
+
+    fn type_name() -> redb::TypeName {
+        T::type_name()
+    }
+}
+
+impl<T: redb::Key + 'static> redb::Key for Raw<T> {
+    fn compare(data1: &[u8], data2: &[u8]) -> std::cmp::Ordering {
+        T::compare(data1, data2)
+    }
+}
+
+type CursorRow = (&'static str, u64, u64, u64, i64);
+/// The cursors table with its rows as bytes (keys typed: these edits keep them sound).
+const CURSOR_ROWS: redb::TableDefinition<(&str, &str), Raw<CursorRow>> =
+    redb::TableDefinition::new("cursors");
+
+/// Cursor rows damaged at byte level in the closed file (one cut short by three bytes, one
+/// whose target agent is not UTF-8) are unreadable rows like any other (decision 0016): after
+/// a reopen, a recording on their target commits and tells the one readable watcher, listings
+/// leave them out, `unreadable_cursors` names both, reading one fails with `Corrupt`, and the
+/// idle step of pruning deletes them. Before, redb's own decode (`str::from_utf8(..).unwrap()`,
+/// slices at the lengths the tuple's header states) panicked on them: every recording on the
+/// target failed (and its write transaction marked the file for repair), as did every listing,
+/// `unreadable_cursors` and pruning's idle step.
+#[tokio::test]
+async fn cursor_rows_damaged_at_byte_level_are_left_out_and_stop_nothing_else() {
+    use awareness_core::{CursorFilter, CursorStore, PruneStep, WatcherKey};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let target = r("agent:main:subagent:t");
+    let [cut, spoiled, sound] = [
+        "agent:main:main",
+        "agent:main:subagent:peer",
+        "agent:main:subagent:third",
+    ]
+    .map(|w| WatcherKey::parse(w).unwrap());
+    let store = RedbStore::open(&path).await.unwrap();
+    for w in [&cut, &spoiled, &sound] {
+        store.watch(w, &target, T0).await.unwrap();
+    }
+    store.close().await;
+    edit(&path, |txn| {
+        let mut cursors = txn.open_table(CURSOR_ROWS).unwrap();
+        let t = target.session_key.as_str();
+        let row = cursors
+            .get((cut.as_str(), t))
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec();
+        cursors
+            .insert((cut.as_str(), t), &row[..row.len() - 3])
+            .unwrap();
+        let key = (spoiled.as_str(), t);
+        let mut row = cursors.get(key).unwrap().unwrap().value().to_vec();
+        assert_eq!(&row[1..5], b"main", "the agent follows its length");
+        row[3] = 0xFF;
+        cursors.insert(key, row.as_slice()).unwrap();
+    });
+
+    let store = RedbStore::open(&path).await.unwrap();
+    let told = store.record(human(&target), T0).await.expect("a recording");
+    let told: Vec<_> = told.notices.iter().map(|n| n.watcher.clone()).collect();
+    assert_eq!(
+        told,
+        std::slice::from_ref(&sound),
+        "the readable watcher is told"
+    );
+    let listed: Vec<_> = store
+        .cursors(&CursorFilter::default())
+        .await
+        .expect("a listing")
+        .into_iter()
+        .map(|c| c.watcher)
+        .collect();
+    assert_eq!(listed, std::slice::from_ref(&sound));
+    let mut unreadable: Vec<_> = store
+        .unreadable_cursors()
+        .await
+        .expect("the unreadable rows")
+        .into_iter()
+        .map(|u| u.watcher)
+        .collect();
+    unreadable.sort();
+    assert_eq!(unreadable, [cut.as_str(), spoiled.as_str()]);
+    for w in [&cut, &spoiled] {
+        assert_corrupt(store.cursor(w, &target.session_key).await, w.as_str());
+    }
+    let idle = PruneStep::Cursors {
+        cutoff: Timestamp(T0.0 + 1),
+    };
+    assert_eq!(
+        store
+            .prune_chunk(&idle, 100, T0)
+            .await
+            .expect("the idle step"),
+        3,
+        "every cursor is idle, the one whose age cannot be read too"
+    );
+    assert_eq!(store.unreadable_cursors().await.unwrap(), []);
+    store.close().await;
+}

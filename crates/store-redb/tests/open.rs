@@ -65,6 +65,22 @@ fn assert_open_error(err: &StoreError, file: &std::path::Path, reason: &str, kin
     );
 }
 
+/// `err`'s message followed by every source's, as a reporter that walks `source()` prints
+/// them, names redb's cause (`needle`) exactly once: the reason is in the store's words and the
+/// cause is the source. Before, the reason quoted the cause too ("not a redb database (Not a
+/// redb database: magic number mismatch): I/O error: Not a redb database: magic number
+/// mismatch").
+fn assert_cause_once(err: &StoreError, needle: &str) {
+    let mut text = err.to_string();
+    let mut next = std::error::Error::source(err);
+    while let Some(source) = next {
+        text.push_str(": ");
+        text.push_str(&source.to_string());
+        next = source.source();
+    }
+    assert_eq!(text.matches(needle).count(), 1, "{text}");
+}
+
 /// The tables of a redb file, as redb lists them.
 fn table_names(txn: &redb::ReadTransaction) -> Vec<String> {
     txn.list_tables()
@@ -113,6 +129,7 @@ async fn a_file_that_is_not_redb_is_refused_and_left_untouched() {
     ] {
         let err = RedbStore::open_with(&path, options).await.unwrap_err();
         assert_open_error(&err, &path, "not a redb database", OpenFailure::NotAStore);
+        assert_cause_once(&err, "magic number");
         assert_eq!(
             std::fs::read(&path).unwrap(),
             bytes,
@@ -790,4 +807,43 @@ async fn an_open_failing_after_redb_opened_the_file_names_it() {
         1,
         "nothing migrated"
     );
+}
+
+/// A schema 1 file that holds a sequence reservation (its bounded-mode writer did not close
+/// cleanly) has it settled by the migration, as any read-write open settles one: the next
+/// recording gets a sequence above the reservation, since numbers up to it may have been
+/// handed out before the crash. Before, the migration's transaction never settled it (the
+/// reservation was dropped by the next clean close), so the counter resumed after the last
+/// event and could hand such a number out again.
+#[tokio::test]
+async fn a_schema_1_file_migrated_settles_its_sequence_reservation() {
+    const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let s = RedbStore::open(&path).await.unwrap();
+    let last = s.record(human(&child()), T0).await.unwrap().event.sequence;
+    s.close().await;
+    // What a bounded writer killed between its reservation's commit and its close leaves.
+    let reserved = last.get() + 1_000;
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("reserved_sequence", reserved)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    downgrade_to_schema_1(&path);
+
+    let s = RedbStore::open(&path).await.unwrap();
+    awareness_core::testkit::durable::assert_counter_resumes_above(
+        &s,
+        human(&child()),
+        last.get(),
+        reserved,
+        0,
+    )
+    .await;
+    s.close().await;
 }

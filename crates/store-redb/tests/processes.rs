@@ -266,10 +266,15 @@ async fn child_close(path: &Path) {
 /// Records events with 4 KiB payloads until one fails (the parent runs this under a file-size
 /// limit, so a commit fails writing the file), then reports what the next write and a second
 /// open of the file in this process answer: `failed <error>`, `next <error>`, `second <result>`.
-async fn child_fill(path: &Path, interval: Option<u64>) {
-    let store = RedbStore::open_with(path, options(interval))
-        .await
-        .expect("child: open");
+/// With `batch`, the events go in waves of eight queued behind the held writer, so that each
+/// wave is one group commit: the failure is a batch's, and the line `failed` gives the first
+/// error of the wave (its jobs are recorded again alone, and refused) and the largest batch.
+async fn child_fill(path: &Path, interval: Option<u64>, batch: bool) {
+    let store = std::sync::Arc::new(
+        RedbStore::open_with(path, options(interval))
+            .await
+            .expect("child: open"),
+    );
     let big = || {
         let mut p = awareness_core::Payload::new();
         p.insert("text".into(), serde_json::json!("x".repeat(4_000)));
@@ -278,13 +283,38 @@ async fn child_fill(path: &Path, interval: Option<u64>) {
     let chain = |e: &StoreError| awareness_core::error::ErrorChain(e).to_string();
     let mut recorded = 0u64;
     let failed = loop {
-        match store.record(big(), now()).await {
-            Ok(_) => recorded += 1,
-            Err(e) => break e,
+        let result = if batch {
+            let held = store.hold_writer().await.expect("child: hold the writer");
+            let calls: Vec<_> = (0..8)
+                .map(|_| {
+                    let store = std::sync::Arc::clone(&store);
+                    tokio::spawn(async move { store.record(big(), now()).await })
+                })
+                .collect();
+            // On this current-thread runtime, every recording spawned reaches the queue first.
+            tokio::task::yield_now().await;
+            drop(held);
+            let mut first = Ok(());
+            for call in calls {
+                match call.await.expect("child: join a recording") {
+                    Ok(_) => recorded += 1,
+                    Err(e) => first = first.and(Err(e)),
+                }
+            }
+            first
+        } else {
+            store.record(big(), now()).await.map(|_| recorded += 1)
+        };
+        if let Err(e) = result {
+            break e;
         }
         assert!(recorded < 1_000_000, "child: the file-size limit never bit");
     };
-    say(&format!("failed after {recorded}: {}", chain(&failed)));
+    say(&format!(
+        "failed after {recorded} (largest batch {}): {}",
+        store.largest_batch(),
+        chain(&failed)
+    ));
     // Opened before any other write: the failure itself must be what refuses it.
     match RedbStore::open_with(path, options(interval)).await {
         Ok(_) => say("second shared"),
@@ -299,6 +329,20 @@ async fn child_fill(path: &Path, interval: Option<u64>) {
         Ok(_) => say("read-only shared"),
         Err(e) => say(&format!("read-only refused {}", chain(&e))),
     }
+}
+
+/// Opens (creating) the store at `path`, which the parent runs under a file-size limit of
+/// nothing, so that redb cannot write the new file's header; reports `refused <error>` (or
+/// `opened`), then `exists <whether the file is at the path>`.
+async fn child_create(path: &Path) {
+    match RedbStore::open(path).await {
+        Ok(_) => say("opened"),
+        Err(e) => say(&format!(
+            "refused {}",
+            awareness_core::error::ErrorChain(&e)
+        )),
+    }
+    say(&format!("exists {}", path.exists()));
 }
 
 fn log_only(i: usize) -> NewEvent {
@@ -324,7 +368,9 @@ fn run_child(mode: &str) {
         "hold_read_only" => rt.block_on(child_hold(&path, read_only())),
         "flush" => rt.block_on(child_flush(&path)),
         "close" => rt.block_on(child_close(&path)),
-        "fill" => rt.block_on(child_fill(&path, interval)),
+        "fill" => rt.block_on(child_fill(&path, interval, false)),
+        "fill_batch" => rt.block_on(child_fill(&path, interval, true)),
+        "create" => rt.block_on(child_create(&path)),
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -665,7 +711,10 @@ fn file_open_in_another_process_is_refused_not_waited_for() {
                 OpenFailure::InUse,
                 "worth opening again once it is let go"
             );
-            assert_eq!(reason, "already open in another process");
+            assert_eq!(
+                reason,
+                "another process has it open (a running gateway?): try again once it has exited"
+            );
             assert!(source.is_some(), "redb's error is kept as the source");
         }
         other => panic!("expected StoreError::Open, got {other:?}"),
@@ -739,7 +788,10 @@ fn read_only_opens_across_processes() {
         assert_eq!(s.state_version(&target(0)).await.unwrap(), Sequence(1));
         s.close().await;
         let reason = open_refusal(&path, RedbOptions::default(), "read-write beside readers").await;
-        assert_eq!(reason, "already open in another process");
+        assert_eq!(
+            reason,
+            "another process has it open (a running gateway?): try again once it has exited"
+        );
     });
     release(reader);
 
@@ -819,7 +871,10 @@ fn a_live_reader_in_another_process_follows_the_writer() {
             RedbOptions::default().live_readers(true),
         ] {
             let reason = open_refusal(&path, options, "a second writer").await;
-            assert_eq!(reason, "already open in another process");
+            assert_eq!(
+                reason,
+                "another process has it open (a running gateway?): try again once it has exited"
+            );
         }
     });
     drop(stdin);
@@ -929,10 +984,22 @@ fn bounded_close_makes_everything_durable() {
 /// second open in the process is refused with that reason instead of sharing a database that
 /// cannot write. Before, the write answered redb's own error (an I/O error, or "corrupt") and
 /// the open shared the database.
+///
+/// The refusals repeat the real cause ("File too large", EFBIG), whether the failure came at
+/// a commit, inside a write transaction (growing the file), or in a group commit (`fill_batch`,
+/// whose jobs are then recorded again alone). Before, a failure inside a write transaction was
+/// remembered as redb's generic refusal ("Previous I/O error occurred..."), so every later
+/// refusal (and every job of a failed batch) named that instead, and the real error was
+/// logged only at debug level.
 fn a_failed_commit_is_named_and_its_database_not_shared() {
     // The bounded mode's flush interval outlasts the test: no flush may be what notices the
     // failure (its next transaction would), the failing write itself must.
-    for interval in [None, Some(600_000)] {
+    for (mode, interval) in [
+        ("fill", None),
+        ("fill", Some(600_000)),
+        ("fill_batch", None),
+        ("fill_batch", Some(600_000)),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("full.redb");
         // 8 MiB (`ulimit -f` counts 1 KiB blocks in bash, 512 B in dash: 4 MiB there), and
@@ -942,7 +1009,7 @@ fn a_failed_commit_is_named_and_its_database_not_shared() {
         cmd.arg("-c")
             .arg("trap '' XFSZ; ulimit -f 8192 && exec \"$0\"")
             .arg(std::env::current_exe().unwrap())
-            .env(CHILD, "fill")
+            .env(CHILD, mode)
             .env(PATH, &path)
             .stderr(Stdio::inherit());
         if let Some(ms) = interval {
@@ -952,18 +1019,30 @@ fn a_failed_commit_is_named_and_its_database_not_shared() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "{interval:?}: {:?}: {text}",
+            "{mode} {interval:?}: {:?}: {text}",
             out.status
         );
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{interval:?}: {text}");
-        eprintln!("  {interval:?}:\n  {}", lines.join("\n  "));
+        eprintln!("  {mode} {interval:?}:\n  {}", lines.join("\n  "));
         assert!(lines[0].starts_with("failed after "), "{text}");
         assert!(
             lines[2].starts_with("next ")
                 && lines[2].contains("refuses every write until the database is reopened"),
             "{interval:?}: {text}"
         );
+        for line in [lines[0], lines[2]] {
+            assert!(
+                line.contains("File too large") && !line.contains("Previous I/O"),
+                "{mode} {interval:?}: the real cause: {text}"
+            );
+        }
+        if mode == "fill_batch" {
+            assert!(
+                !lines[0].contains("(largest batch 1)"),
+                "{interval:?}: recorded in batches: {text}"
+            );
+        }
         for (line, open) in [(lines[1], "second"), (lines[3], "read-only")] {
             assert!(
                 line.starts_with(&format!("{open} refused"))
@@ -972,6 +1051,35 @@ fn a_failed_commit_is_named_and_its_database_not_shared() {
             );
         }
     }
+}
+
+/// An open that creates the file and then fails (here redb cannot write the new file's header:
+/// a file-size limit of nothing, as a full disk would) removes the file it created, as
+/// [`StoreError::Open`] promises that nothing was created. Before, an empty file stayed at the
+/// path, which the next open without `create_if_missing` took for "an empty file, not yet a
+/// store".
+fn a_failed_create_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.redb");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 0 && exec \"$0\"")
+        .arg(std::env::current_exe().unwrap())
+        .env(CHILD, "create")
+        .env(PATH, &path)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}: {text}", out.status);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("refused ") && lines[0].contains("File too large"),
+        "{text}"
+    );
+    assert_eq!(lines[1], "exists false", "{text}");
+    assert!(!path.exists());
 }
 
 fn main() {
@@ -983,7 +1091,11 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let tests: [(&str, fn()); 10] = [
+    let tests: [(&str, fn()); 11] = [
+        (
+            "a_failed_create_leaves_no_file",
+            a_failed_create_leaves_no_file,
+        ),
         (
             "a_failed_commit_is_named_and_its_database_not_shared",
             a_failed_commit_is_named_and_its_database_not_shared,

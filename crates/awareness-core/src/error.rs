@@ -100,10 +100,10 @@ pub enum StoreError {
     /// as they were: a file that is not a database of the backend's kind was not written, and
     /// no table, row or schema version of one that is was changed. Nothing was created, with
     /// one exception: an open that may create a store (`create_if_missing`), of a path where
-    /// nothing was, may leave a new, empty store there when it fails after making it, or (on a
-    /// file system without hard links) an empty file, which the next open makes a store
-    /// (store-sqlite: a store is never removed once another opener may be using it;
-    /// store-redb removes the file its failed open created).
+    /// nothing was, may leave a new, empty store there when it fails after making it, or an
+    /// empty file (store-redb; store-sqlite on a file system without hard links), which the
+    /// next creating open makes a store: neither store removes what another opener may be
+    /// using by then.
     /// An open of a file of the backend's database engine may still have written that
     /// engine's own bookkeeping into it; a backend whose open can do so says when in its docs
     /// (store-redb: redb's repair of a file that was not closed cleanly).

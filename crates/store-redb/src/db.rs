@@ -591,12 +591,7 @@ pub(crate) fn naming_the_file(path: &Path, e: StoreError) -> StoreError {
 }
 
 fn io_open_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
-    StoreError::open(
-        path,
-        OpenFailure::of_io(&e),
-        format!("{what}: {e}"),
-        Some(Box::new(e)),
-    )
+    StoreError::open(path, OpenFailure::of_io(&e), what, Some(Box::new(e)))
 }
 
 /// Why a read-write open is refused while another process has the file open, and what to do.
@@ -653,9 +648,11 @@ pub(crate) enum Mode {
     ReadOnly,
 }
 
-/// Creates a missing file (mode 0600 on unix) when allowed. Returns whether this call created
-/// it, and then its identity, for [`open_shared`] to remove it should the open fail.
-fn ensure_file(path: &Path, mode: Mode) -> Result<Option<FileKey>, StoreError> {
+/// Creates a missing file (mode 0600 on unix) when allowed. An open that fails after this
+/// leaves the file, empty, which the next creating open makes a store: removing it could
+/// remove the store another opener made of it meanwhile (in this process or another), which
+/// an empty file costs nothing to avoid.
+fn ensure_file(path: &Path, mode: Mode) -> Result<(), StoreError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {
             let refused = match mode {
@@ -670,7 +667,7 @@ fn ensure_file(path: &Path, mode: Mode) -> Result<Option<FileKey>, StoreError> {
             };
             match refused {
                 Some(reason) => Err(open_error(path, OpenFailure::NotAStore, reason, None)),
-                None => Ok(None),
+                None => Ok(()),
             }
         }
         Ok(_) => Err(open_error(
@@ -693,8 +690,8 @@ fn ensure_file(path: &Path, mode: Mode) -> Result<Option<FileKey>, StoreError> {
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
             match opts.open(path) {
-                Ok(_) => Ok(file_identity(path).ok()),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(None),
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
                 Err(e) => Err(io_open_error(path, "cannot create the file", e)),
             }
         }
@@ -984,36 +981,8 @@ pub(crate) fn open_shared(
     cache_size: usize,
     live_readers: bool,
 ) -> Result<Handle, StoreError> {
-    let created = ensure_file(path, mode)?;
-    let opened = open_file(path, mode, cache_size, live_readers);
-    if let (Some(identity), Err(e)) = (created, &opened) {
-        remove_created(path, &identity, e);
-    }
-    opened
-}
-
-/// After an open that created the file at `path` failed (`error`): removes that file, as
-/// [`StoreError::Open`] promises that a failed open created nothing, unless another process
-/// may have it (`InUse`: it may have made a store of it meanwhile) or the file at the path is
-/// no longer the one created (`identity`). A failure to remove it is logged.
-fn remove_created(path: &Path, identity: &FileKey, error: &StoreError) {
-    if matches!(
-        error,
-        StoreError::Open {
-            kind: OpenFailure::InUse,
-            ..
-        }
-    ) || file_identity(path).ok().as_ref() != Some(identity)
-    {
-        return;
-    }
-    if let Err(e) = std::fs::remove_file(path) {
-        warn!(
-            path = %path.display(),
-            error = %e,
-            "cannot remove the file this failed open created"
-        );
-    }
+    ensure_file(path, mode)?;
+    open_file(path, mode, cache_size, live_readers)
 }
 
 /// [`open_shared`] once the file exists.

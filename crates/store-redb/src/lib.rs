@@ -1052,7 +1052,7 @@ pub(crate) fn record_tx(
         // A damaged entry stops no recording on its session (decision 0020): the new head
         // says that what came before it is of unknown history.
         Some(Err(e)) => {
-            tracing::warn!(path = %path.display(), session = %stored.session_ref(), error = %awareness_core::error::ErrorChain(&e), "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
+            tracing::warn!(path = %path.display(), session_key = %stored.session_key, agent_id = %stored.agent_id, error = %awareness_core::error::ErrorChain(&e), "recording over a head that cannot be read: earlier versions of the session will read as a history gap");
             protocol::head_over_unreadable(&stored, now)
         }
     };
@@ -1215,8 +1215,9 @@ fn prune_events(
             // redb itself fails fails the pass.)
             Some(Err(e)) => tracing::warn!(
                 path = %path.display(),
-                session = %r,
-                reason = %e,
+                session_key = %r.session_key,
+                agent_id = %r.agent_id,
+                error = %awareness_core::error::ErrorChain(&e),
                 "pruning deletes events of a session whose head cannot be read; no watermark is stamped"
             ),
         }

@@ -271,8 +271,8 @@ pub(crate) fn list_heads(
             Some(Err(e)) => tracing::warn!(
                 path = %path.display(),
                 session_key = ?String::from_utf8_lossy(&k),
-                agent = ?String::from_utf8_lossy(&a),
-                reason = %e,
+                agent_id = ?String::from_utf8_lossy(&a),
+                error = %awareness_core::error::ErrorChain(&e),
                 "ignoring a head that cannot be read"
             ),
         }

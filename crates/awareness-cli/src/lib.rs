@@ -68,7 +68,7 @@ pub const EXIT_FAILURE: i32 = 1;
 /// [`awareness_core::OpenFailure::InUse`]); the same command may succeed later. 75 is
 /// `EX_TEMPFAIL` of `sysexits.h`, which a script or a supervisor takes as "try again".
 pub const EXIT_TEMPFAIL: i32 = 75;
-/// What the line of an [`EXIT_TEMPFAIL`] failure ends with.
+/// What the line of an [`EXIT_TEMPFAIL`] failure ends with, unless it advises a retry already.
 pub(crate) const TEMPFAIL_HINT: &str = "(another process holds the store: try again)";
 /// Exit code when the output's reader went away (a closed pipe): 141, a process's code when
 /// SIGPIPE ends it, as it ends most Unix tools in `... | head`. Not 0: what the command had
@@ -228,11 +228,18 @@ impl CliError {
         }
     }
 
-    /// A failure that may pass ([`EXIT_TEMPFAIL`]), its message ending with the hint.
+    /// A failure that may pass ([`EXIT_TEMPFAIL`]), its message ending with the hint unless it
+    /// says to try again already (store-redb's refusal of a file another process has open).
     fn temporary(message: impl Into<String>) -> Self {
+        let message = message.into();
+        let message = if message.contains("try again") {
+            message
+        } else {
+            format!("{message} {TEMPFAIL_HINT}")
+        };
         Self {
             code: EXIT_TEMPFAIL,
-            message: format!("{} {TEMPFAIL_HINT}", message.into()),
+            message,
         }
     }
 

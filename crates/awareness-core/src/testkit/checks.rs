@@ -1041,8 +1041,23 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
             })
             .collect();
         // Let some of them start (none in one round of four), then cancel every other caller,
-        // wherever it is.
-        for _ in 0..round % 4 {
+        // wherever it is. In the other rounds, the test's task first waits (yielding, bounded)
+        // until a caller it will cancel has been polled, then yields zero to two more times:
+        // fixed yields alone, on a loaded machine, cancelled every caller before it started
+        // or after it ended, and the check then failed for want of a cancellation under way.
+        if round % 4 != 0 {
+            for _ in 0..10_000 {
+                let started = tasks
+                    .iter()
+                    .step_by(2)
+                    .any(|(_, polled)| polled.load(std::sync::atomic::Ordering::Relaxed));
+                if started {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        for _ in 1..round % 4 {
             tokio::task::yield_now().await;
         }
         let mut kept = Vec::new();

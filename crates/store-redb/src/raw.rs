@@ -12,6 +12,13 @@
 //! [`split_ref`] and [`split_cursor_row`] take apart with every length checked. Text is then
 //! checked by the caller, as `str::from_utf8` (what redb's decode did, so it costs the same).
 //! The encoders write exactly what redb writes for the typed tuple (a unit test compares them).
+//!
+//! What this covers: a row cut short or running long, and text that is not UTF-8 in a key or
+//! a row. Not a key cut short: ordering keys stays redb's (`Key::compare` is the tuple's, which
+//! slices by the lengths the key states), so a seek, a lookup or an insert that compares
+//! against such a key still panics in redb; only a plain iteration that reaches it without
+//! comparing passes it over (with a warning). A tolerant comparison would have to keep one
+//! total order over good and damaged keys alike, which redb's B-tree relies on.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;

@@ -239,9 +239,17 @@ fn validate_catalog_summaries(catalog_id: &str) -> Result<(), ValidationError> {
                 chars: catalog_id.chars().count(),
                 max: MAX_CATALOG_ID_CHARS,
             },
-            ValidationError::SummaryNotOneLine => ValidationError::ControlCharacter {
-                what: CATALOG_IN_SUMMARIES,
-            },
+            ValidationError::SummaryNotOneLine => {
+                let (at, found) = catalog_id
+                    .char_indices()
+                    .find(|&(_, c)| validate::breaks_summary(c))
+                    .unwrap_or((0, '\u{fffd}'));
+                ValidationError::ControlCharacter {
+                    what: CATALOG_IN_SUMMARIES,
+                    found,
+                    at,
+                }
+            }
             // Blank cannot happen behind a non-blank prefix.
             other => other,
         })?;
@@ -932,7 +940,11 @@ mod tests {
         for sep in ['\u{2028}', '\u{2029}'] {
             assert_eq!(
                 with_catalog(&format!("claude{sep}code")),
-                Err(ValidationError::ControlCharacter { what: "catalog id" })
+                Err(ValidationError::ControlCharacter {
+                    what: "catalog id",
+                    found: sep,
+                    at: 6
+                })
             );
         }
         assert_eq!(with_catalog(&"c".repeat(150)), Ok(()));

@@ -55,10 +55,17 @@ pub enum ValidationError {
         max: usize,
     },
     /// A key or id contains a character that breaks a line ([`breaks_key`]).
-    #[error("{what} contains a control character or a line separator")]
+    #[error(
+        "{what} contains a control character or a line separator (U+{:04X} at byte {at})",
+        u32::from(*found)
+    )]
     ControlCharacter {
         /// Which field.
         what: &'static str,
+        /// The first such character.
+        found: char,
+        /// Where it is, in bytes from the start of the value.
+        at: usize,
     },
     /// The summary is longer than 200 characters.
     #[error("summary is {chars} characters long; at most {MAX_SUMMARY_CHARS} are allowed")]
@@ -125,13 +132,13 @@ pub enum ValidationError {
         key: String,
     },
     /// An unknown event kind.
-    #[error("unknown event kind {value:?}")]
+    #[error("unknown event kind {value:?} (the kinds are {})", spellings(&crate::model::EventKind::ALL.map(|k| k.as_str().to_owned())))]
     UnknownKind {
         /// The spelling seen.
         value: String,
     },
     /// An unknown actor type.
-    #[error("unknown actor type {value:?}")]
+    #[error("unknown actor type {value:?} (the types are {})", spellings(&crate::model::ActorType::ALL.map(|a| a.as_str().to_owned())))]
     UnknownActorType {
         /// The spelling seen.
         value: String,
@@ -204,10 +211,19 @@ fn bounded_key(what: &'static str, value: &str, max: usize) -> Result<(), Valida
             max,
         });
     }
-    if value.chars().any(breaks_key) {
-        return Err(ValidationError::ControlCharacter { what });
+    if let Some((at, found)) = value.char_indices().find(|&(_, c)| breaks_key(c)) {
+        return Err(ValidationError::ControlCharacter { what, found, at });
     }
     Ok(())
+}
+
+/// `names` joined for an error's text: `a, b or c`.
+fn spellings(names: &[String]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
 }
 
 /// Whether the key rules ([`key`], [`dedupe_key`]) refuse `c`: what breaks a summary's one
@@ -430,6 +446,32 @@ pub fn clamp_occurred_at(occurred_at: Option<Timestamp>, now: Timestamp) -> Time
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused key names the character and where it is, and an unknown kind or actor type
+    /// lists the accepted spellings: "contains a control character" alone left the user to
+    /// find which one, in a key that may be 1 KiB long.
+    #[test]
+    fn refusals_name_what_is_wrong_and_what_is_accepted() {
+        let e = crate::SessionKey::new("agent:main:a\nb").unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::ControlCharacter {
+                what: "session key",
+                found: '\n',
+                at: 12
+            }
+        );
+        assert!(e.to_string().ends_with("(U+000A at byte 12)"), "{e}");
+        let e = crate::EventKind::parse("goal-changed")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("human_direct_message, goal_changed,") && e.contains(" or created)"),
+            "{e}"
+        );
+        let e = crate::ActorType::parse("bot").unwrap_err().to_string();
+        assert!(e.ends_with("(the types are human, agent or system)"), "{e}");
+    }
 
     /// A key goes into the one-line notice text as it is: a line or paragraph separator,
     /// which is no control character, is refused like one.

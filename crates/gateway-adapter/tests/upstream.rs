@@ -2570,6 +2570,7 @@ async fn a_catalog_id_too_long_or_broken_for_its_summaries_is_refused_before_ado
             }) => true,
             StoreError::InvalidInput(awareness_core::ValidationError::ControlCharacter {
                 what,
+                ..
             }) => what.starts_with("catalog id"),
             _ => false,
         };

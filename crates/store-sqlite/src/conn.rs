@@ -242,7 +242,10 @@ impl Readers {
     }
 
     /// Whether a checkpoint round makes its last pass, which holds the write connection: after
-    /// a `quick` pass; or else, once [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds in a row
+    /// a `quick` pass that left `few_left` frames to copy (a pass is also quick when it can copy
+    /// nothing, another reader holding an old snapshot: the last pass would then copy all it
+    /// left while holding the write connection, so a quick pass that left many counts as a
+    /// round without one); or else, once [`ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED`] rounds in a row
     /// went without, when its last pass left `few_left` frames to copy, and one more pass
     /// just before taking the connection leaves few too. Where every pass is slow (a disk
     /// whose fsync takes longer than the quick bound) the WAL otherwise never started over,
@@ -250,7 +253,7 @@ impl Readers {
     /// fast), the rounds go on counting until one leaves little. A last pass made is reported
     /// with [`Readers::last_pass_made`], which starts the count over.
     pub(crate) fn last_pass(&self, quick: bool, few_left: bool) -> LastPass {
-        if quick {
+        if quick && few_left {
             return LastPass::Now;
         }
         let rounds = self

@@ -1264,15 +1264,24 @@ mod tests {
     }
 
     /// A checkpoint round makes its last pass, which holds the write connection, after a quick
-    /// pass, or after rounds in a row that had none when few frames are left to copy (checked
-    /// again by one more pass before the connection is taken): where every pass is slow, the WAL
-    /// would otherwise never start over, and where much is left the write connection would be
-    /// held for a long copy. The count starts over only once a last pass is made.
+    /// pass that left few frames, or after rounds in a row that had none when few frames are
+    /// left to copy (checked again by one more pass before the connection is taken): where
+    /// every pass is slow, the WAL would otherwise never start over, and where much is left the
+    /// write connection would be held for a long copy. A quick pass that left many (one that
+    /// could copy nothing, past another reader's old snapshot) made the last pass at once, and
+    /// that pass copied them all holding the write connection. The count starts over only once
+    /// a last pass is made.
     #[test]
     fn the_last_checkpoint_pass_is_forced_after_rounds_without_it() {
         use conn::LastPass;
         let readers = Readers::new(Vec::new());
-        assert_eq!(readers.last_pass(true, false), LastPass::Now);
+        assert_eq!(readers.last_pass(true, true), LastPass::Now);
+        readers.last_pass_made();
+        assert_eq!(
+            readers.last_pass(true, false),
+            LastPass::Not,
+            "quick, but much left: a round without one"
+        );
         readers.last_pass_made();
         for round in 1..conn::ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED {
             assert_eq!(

@@ -205,7 +205,9 @@
 mod codec;
 mod commit;
 mod db;
-mod raw;
+// Public, hidden, for this crate's own tests, which write damaged rows through it.
+#[doc(hidden)]
+pub mod raw;
 mod tables;
 mod upstream;
 

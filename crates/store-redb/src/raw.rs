@@ -8,8 +8,8 @@
 //!
 //! So the tables whose rows the store reads many of at once (cursors, the by-target index, and
 //! the keys of the reference index when heads are listed) are opened under [`Bytes`]: the same
-//! table, of the same type on disk, whose reads hand back the encoding, which [`split_pair`],
-//! [`split_ref`] and [`split_cursor_row`] take apart with every length checked. Text is then
+//! table, of the same type on disk, whose reads hand back the encoding, which `split_pair`,
+//! `split_ref` and `split_cursor_row` take apart with every length checked. Text is then
 //! checked by the caller, as `str::from_utf8` (what redb's decode did, so it costs the same).
 //! The encoders write exactly what redb writes for the typed tuple (a unit test compares them).
 //!
@@ -30,7 +30,7 @@ use redb::{Key, TypeName, Value};
 /// (same type name, width and key order), whose reads return the stored bytes undecoded and
 /// whose writes take bytes already encoded as `T` encodes.
 #[derive(Debug)]
-pub(crate) struct Bytes<T>(PhantomData<T>);
+pub struct Bytes<T>(PhantomData<T>);
 
 impl<T: Value + 'static> Value for Bytes<T> {
     type SelfType<'a>

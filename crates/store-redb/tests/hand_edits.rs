@@ -112,50 +112,11 @@ async fn a_dedupe_entry_pointing_at_another_row_is_refused() {
     store.close().await;
 }
 
-/// A redb type read and written as its bytes: a table opened under `Raw<T>` is the table of
-/// `T` on disk, so a test can write into it what redb's typed writes never would (text that is
-/// not UTF-8, a tuple cut short), as a hand edit or a flipped bit could.
-#[derive(Debug)]
-struct Raw<T>(std::marker::PhantomData<T>);
-
-impl<T: redb::Value + 'static> redb::Value for Raw<T> {
-    type SelfType<'a>
-        = &'a [u8]
-    where
-        Self: 'a;
-    type AsBytes<'a>
-        = &'a [u8]
-    where
-        Self: 'a;
-
-    fn fixed_width() -> Option<usize> {
-        T::fixed_width()
-    }
-
-    fn from_bytes<'a>(data: &'a [u8]) -> &'a [u8]
-    where
-        Self: 'a,
-    {
-        data
-    }
-
-    fn as_bytes<'a, 'b: 'a>(value: &'a &'b [u8]) -> &'a [u8]
-    where
-        Self: 'b,
-    {
-        value
-    }
-
-    fn type_name() -> redb::TypeName {
-        T::type_name()
-    }
-}
-
-impl<T: redb::Key + 'static> redb::Key for Raw<T> {
-    fn compare(data1: &[u8], data2: &[u8]) -> std::cmp::Ordering {
-        T::compare(data1, data2)
-    }
-}
+/// A redb type read and written as its bytes (the store's own view, `store_redb::raw::Bytes`):
+/// a table opened under it is the table of `T` on disk, so a test can write into it what
+/// redb's typed writes never would (text that is not UTF-8, a tuple cut short), as a hand edit
+/// or a flipped bit could.
+type Raw<T> = store_redb::raw::Bytes<T>;
 
 type CursorRow = (&'static str, u64, u64, u64, i64);
 /// The cursors table with its rows as bytes (keys typed: these edits keep them sound).

@@ -415,21 +415,15 @@ async fn a_watch_given_up_on_that_commits_still_wakes_the_session() {
             reached: tokio::sync::Notify::new(),
         },
     });
-    let (tx, mut woken) = mpsc::unbounded_channel();
-    let svc = Arc::new(
-        Awareness::builder(
-            store.clone(),
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(WakeChannel(tx)),
-            directory(&[MANAGER]),
-        )
-        .config(AwarenessConfig {
+    let (svc, _queue, mut woken) = woken_service(
+        store.clone(),
+        directory(&[MANAGER]),
+        AwarenessConfig {
             // The watch is held at the gate however long this is; the read of whether the
             // cursor is ambient, before it, gets half of it, which a loaded machine needs.
             store_wait: Duration::from_secs(4),
             ..AwarenessConfig::default()
-        })
-        .build(),
+        },
     );
     let cursor = store
         .inner
@@ -539,6 +533,25 @@ impl HeartbeatWake for WakeChannel {
     }
 }
 
+/// A service over `store` for the sessions of `directory`, built with `config`, whose wakes
+/// come out of the receiver it answers with its queue.
+fn woken_service(
+    store: Arc<dyn AwarenessStore>,
+    directory: Arc<dyn SessionDirectory>,
+    config: AwarenessConfig,
+) -> (
+    Arc<Awareness>,
+    Arc<InMemoryQueue>,
+    mpsc::UnboundedReceiver<SessionKey>,
+) {
+    let queue = Arc::new(InMemoryQueue::new());
+    let (tx, woken) = mpsc::unbounded_channel();
+    let svc = Awareness::builder(store, queue.clone(), Arc::new(WakeChannel(tx)), directory)
+        .config(config)
+        .build();
+    (Arc::new(svc), queue, woken)
+}
+
 /// A notice lost from the queue (here drained by another component, without a turn) is
 /// queued again and its session woken by the pick-up task within the recovery interval
 /// (DESIGN.md section 9, item 7), with no other writer committing meanwhile: on a store that
@@ -550,20 +563,13 @@ async fn a_notice_lost_from_the_queue_comes_back_within_the_recovery_interval() 
     let memory: Arc<dyn AwarenessStore> = Arc::new(MemoryStore::new());
     let shared: Arc<dyn AwarenessStore> = shared_store();
     for store in [memory, shared] {
-        let queue = Arc::new(InMemoryQueue::new());
-        let (tx, mut woken) = mpsc::unbounded_channel();
-        let svc = Arc::new(
-            Awareness::builder(
-                store,
-                queue.clone(),
-                Arc::new(WakeChannel(tx)),
-                directory(&[MANAGER]),
-            )
-            .config(AwarenessConfig {
+        let (svc, queue, mut woken) = woken_service(
+            store,
+            directory(&[MANAGER]),
+            AwarenessConfig {
                 recovery_interval: RECOVERY,
                 ..AwarenessConfig::default()
-            })
-            .build(),
+            },
         );
         let pickup = svc.spawn_pickup();
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
@@ -607,18 +613,7 @@ async fn a_notice_another_service_over_the_same_store_hands_out_is_picked_up() {
     let store = Arc::new(MemoryStore::new());
     let (theirs, _their_queue, their_wake) =
         common::service_configured(store.clone(), None, directory(&[CHILD]), owned_only.clone());
-    let queue = Arc::new(InMemoryQueue::new());
-    let (tx, mut woken) = mpsc::unbounded_channel();
-    let ours = Arc::new(
-        Awareness::builder(
-            store,
-            queue.clone(),
-            Arc::new(WakeChannel(tx)),
-            directory(&[MANAGER]),
-        )
-        .config(owned_only)
-        .build(),
-    );
+    let (ours, queue, mut woken) = woken_service(store, directory(&[MANAGER]), owned_only);
     let pickup = ours.spawn_pickup();
     tokio::time::sleep(Duration::from_secs(2)).await; // past the task's first question
     theirs
@@ -669,19 +664,13 @@ async fn a_question_the_store_does_not_answer_is_given_up_and_asked_again() {
         hook: HangsOnce(std::sync::atomic::AtomicBool::new(false)),
     });
     written_elsewhere(&*store.inner, &[MANAGER]).await;
-    let (tx, mut woken) = mpsc::unbounded_channel();
-    let svc = Arc::new(
-        Awareness::builder(
-            store,
-            Arc::new(InMemoryQueue::new()),
-            Arc::new(WakeChannel(tx)),
-            directory(&[MANAGER]),
-        )
-        .config(AwarenessConfig {
+    let (svc, _queue, mut woken) = woken_service(
+        store,
+        directory(&[MANAGER]),
+        AwarenessConfig {
             store_wait: Duration::from_secs(2),
             ..AwarenessConfig::default()
-        })
-        .build(),
+        },
     );
     let pickup = svc.spawn_pickup();
     let got = tokio::time::timeout(Duration::from_secs(10), woken.recv())
@@ -718,20 +707,13 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
     let theirs = store_sqlite::SqliteStore::open(&path)
         .await
         .expect("open theirs");
-    let queue = Arc::new(InMemoryQueue::new());
-    let (tx, mut woken) = mpsc::unbounded_channel();
-    let svc = Arc::new(
-        Awareness::builder(
-            ours,
-            queue.clone(),
-            Arc::new(WakeChannel(tx)),
-            directory(&[MANAGER]),
-        )
-        .config(AwarenessConfig {
+    let (svc, queue, mut woken) = woken_service(
+        ours,
+        directory(&[MANAGER]),
+        AwarenessConfig {
             pickup_interval: Duration::from_millis(10),
             ..AwarenessConfig::default()
-        })
-        .build(),
+        },
     );
     let pickup = svc.spawn_pickup();
     let next_wake = async |woken: &mut mpsc::UnboundedReceiver<SessionKey>| {
@@ -816,19 +798,13 @@ async fn the_pickup_task_outlives_a_pick_up_that_panics() {
     let _logs = capture.install();
     let store = shared_store();
     written_elsewhere(&*store.inner, &[MANAGER]).await;
-    let queue = Arc::new(InMemoryQueue::new());
-    let (tx, mut woken) = mpsc::unbounded_channel();
-    let svc = Arc::new(
-        Awareness::builder(
-            store,
-            queue.clone(),
-            Arc::new(WakeChannel(tx)),
-            Arc::new(PanicsOnce(
-                std::sync::atomic::AtomicBool::new(false),
-                directory(&[MANAGER]),
-            )),
-        )
-        .build(),
+    let (svc, queue, mut woken) = woken_service(
+        store,
+        Arc::new(PanicsOnce(
+            std::sync::atomic::AtomicBool::new(false),
+            directory(&[MANAGER]),
+        )),
+        AwarenessConfig::default(),
     );
     let pickup = svc.spawn_pickup();
     let first = tokio::time::timeout(Duration::from_mins(10), woken.recv())

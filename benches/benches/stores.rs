@@ -453,8 +453,8 @@ fn turn_among_cursors(c: &mut Criterion) {
 
 /// A pick-up of the notices another writer handed out ([`Awareness::pick_up`]) on the sweep's
 /// data set, every notice already queued: what a gateway pays each time another process
-/// sharing its store commits (it reads every pending cursor once and looks at each watcher's
-/// queue once, queuing nothing).
+/// sharing its store commits, and on any store once every recovery interval (it reads every
+/// pending cursor once and looks at each watcher's queue once, queuing nothing).
 fn pickup(c: &mut Criterion) {
     let rt = runtime();
     let (watchers, pending_targets, backends) = cursor_backends(&rt);

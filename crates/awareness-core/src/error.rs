@@ -84,8 +84,8 @@ pub enum StoreError {
     InvalidInput(ValidationError),
     /// The store is busy: a lock another writer holds (store-sqlite: past the busy timeout), a
     /// race for SQLite's write-ahead-log locks lost (`PROTOCOL`), or (gateway-adapter) a
-    /// recording refused while too many writes are outstanding. The same call may succeed
-    /// later.
+    /// recording, a watch or unwatch, a reset, a deletion or an acknowledgement outside a turn
+    /// refused while too many writes are outstanding. The same call may succeed later.
     #[error("store busy: {context}")]
     Busy {
         /// What was being done; from a store in a file, after the file's path and `: `

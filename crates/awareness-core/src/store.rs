@@ -507,7 +507,7 @@ pub trait AwarenessStoreExt: AwarenessStore {
 
     /// Every pending cursor whose watcher `exists` (a gateway's own: its directory knows it),
     /// ordered by watcher then target: what the start-up sweep re-freezes and what a gateway
-    /// picks up after another writer's commit. `exists` is asked once per watcher.
+    /// picks up after another writer's commit and once every recovery interval. `exists` is asked once per watcher.
     ///
     /// # Errors
     ///

@@ -66,7 +66,11 @@ pub struct SessionEntry {
 
 /// The gateway's session directory.
 pub trait SessionDirectory: Send + Sync {
-    /// Whether the session exists (the sweep only re-notifies watchers that exist).
+    /// Whether the session exists, and so is this gateway's: the sweep re-notifies, and a
+    /// pick-up queues, only watchers that exist; with
+    /// [`AwarenessConfig::owned_watchers_only`](crate::AwarenessConfig::owned_watchers_only),
+    /// deliveries go only to them, and the upstream monitor checks only the adopted sessions
+    /// that exist.
     fn exists(&self, session: &SessionKey) -> bool;
     /// The session's entry, when it exists.
     fn entry(&self, session: &SessionKey) -> Option<SessionEntry>;
@@ -145,7 +149,8 @@ pub enum InputProvenance {
 
 /// Classifies an input at the gateway boundary (DESIGN.md section 3): inter-session input is an
 /// `agent` (actor id = the source session), internal input is `system`, anything else, including
-/// missing provenance, is `human`.
+/// missing provenance, is `human`. [`crate::Awareness::human_message`] records only `human`
+/// input.
 pub fn classify_actor(
     provenance: Option<&InputProvenance>,
 ) -> (awareness_core::ActorType, Option<String>) {

@@ -126,7 +126,9 @@ pub struct Adoption {
     pub event: Option<Arc<Event>>,
 }
 
-/// A human (or, by provenance, an agent or system) turn in a session.
+/// A person's turn in a session. Only a message whose [`HumanMessage::actor_type`] is `human`
+/// is recorded: input from another session (`agent`) or from the gateway itself (`system`),
+/// classified by [`crate::ports::classify_actor`], answers [`HumanRecorded::NotHuman`].
 ///
 /// It notifies the session's watchers, so a turn the gateway makes itself to deliver a notice
 /// (a heartbeat wake, a system-event turn) is not one to record: two main sessions watching
@@ -225,8 +227,10 @@ pub enum WatchRefusal {
     InvalidWatcher,
     /// The visibility policy does not let the watcher see the target.
     NotVisible,
-    /// The store failed (logged with its cause), or did not answer within
-    /// [`AwarenessConfig::store_wait`] (the watch may then have been registered or not); asking
+    /// The store failed (logged with its cause), did not answer within
+    /// [`AwarenessConfig::store_wait`] (the watch goes on, on a task of its own, and may still
+    /// be registered), or the watch was refused at once
+    /// ([`AwarenessConfig::max_pending_writes`] writes outstanding: nothing written); asking
     /// again may succeed.
     StoreFailed,
 }
@@ -257,8 +261,9 @@ pub struct StartupReport {
 }
 
 /// What [`Awareness::human_message_recorded`] did, saying why nothing was recorded (the
-/// upstream monitor reports it; a host can tell a session nothing watches from a store that
-/// failed, which [`Awareness::human_message`] answers both as `None`).
+/// upstream monitor reports it; a host can tell a session nothing watches, input from no
+/// person and a store that failed apart, which [`Awareness::human_message`] answers all as
+/// `None`).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum HumanRecorded {
@@ -1252,12 +1257,11 @@ impl Awareness {
         answer
     }
 
-    /// Waits until every recording, acknowledgement, sweep, reset, deletion and watch
-    /// ([`Awareness::watch_after_send`]) this service had started when called has ended,
-    /// including those whose caller gave up on them: each runs to its end on a task of its own
-    /// (see [`Awareness::try_record`]), holding the store until then. Other writes (an unwatch,
-    /// a pruning pass, an upstream link) run in
-    /// their caller's future and are not waited for; a store may still finish one whose caller
+    /// Waits until every recording, acknowledgement, sweep, reset, deletion, watch
+    /// ([`Awareness::watch_after_send`]) and unwatch this service had started when called has
+    /// ended, including those whose caller gave up on them: each runs to its end on a task of
+    /// its own (see [`Awareness::try_record`]), holding the store until then. Other writes (a
+    /// pruning pass, an upstream link) run in their caller's future and are not waited for; a store may still finish one whose caller
     /// gave up (store-redb's writer does), which closing the store waits for. Nor are writes
     /// started after the call. A write that never ends (a store that hangs) makes this wait
     /// for good.
@@ -1479,7 +1483,8 @@ impl Awareness {
     }
 
     /// [`Awareness::human_message`], saying why nothing was recorded (each case is logged
-    /// here: a store failure with `warn!`, a session nothing watches with `debug!`).
+    /// here: a store failure with `warn!`, a session nothing watches and input from no person
+    /// with `debug!`).
     pub async fn human_message_recorded(&self, msg: HumanMessage) -> HumanRecorded {
         if msg.actor_type != ActorType::Human {
             debug!(session_key = %msg.session, actor_type = %msg.actor_type, "human message not recorded: its sender is no person");

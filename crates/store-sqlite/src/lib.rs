@@ -91,7 +91,9 @@
 //!   or 128 tasks recorded without a pause (a probe of 64,000 events a round). It starts over
 //!   once a checkpoint catches recording in a pause, and is then cut back to 64 MiB
 //!   (`journal_size_limit`); and since stop 38, where every pass is slow (an fsync slower than
-//!   5 ms), after 4 rounds in a row without a quick pass, by a forced last pass made when one
+//!   5 ms), after 4 rounds in a row without a last pass (since stop 47 a quick pass that left
+//!   many frames, one that could copy nothing past another reader's snapshot, counts as such
+//!   a round rather than making the last pass at once), by a forced last pass made when one
 //!   more pass just before it leaves at most 1,024 frames to copy. (The sizes above
 //!   were measured before that pass existed.)
 //!   Counting a batch by its events instead bounded it at 1.4-18 MiB but cost 7-45% of the

@@ -64,7 +64,8 @@ pub use proptest;
 /// The durable suite's checks assert that a helper found and changed its row (`true`). A
 /// `spoil_*_text` helper that must answer `false` (the store cannot hold such text there)
 /// means the store stamps `durable_suite!(open, foreign_commits: ..., text_in_every_row: false)`,
-/// which leaves out the cursor and head checks that need it.
+/// which leaves out the cursor and head checks that need it (no durable store of this
+/// workspace does: store-redb, which did, reads those rows as bytes since stop 47).
 #[async_trait]
 pub trait RawAccess: Send + Sync {
     /// Deletes one event row by sequence, touching nothing else (no watermark, no head).
@@ -100,8 +101,7 @@ pub trait RawAccess: Send + Sync {
     async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError>;
     /// Overwrites the target agent of the cursor row `(watcher, target)` with bytes that are
     /// not UTF-8, touching nothing else. Returns whether the row existed; `false` from a store
-    /// that cannot hold such text there (store-memory keeps values; store-redb keeps cursors in
-    /// redb's own string type, which redb checks).
+    /// that cannot hold such text there (store-memory keeps values).
     async fn spoil_cursor_text(
         &self,
         watcher: &WatcherKey,
@@ -118,8 +118,8 @@ pub trait RawAccess: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Overwrites the agent of the head row of `session` with bytes that are not UTF-8 (so the
     /// row no longer answers for `session`), touching nothing else. Returns whether the row
-    /// existed; `false` from a store that cannot hold such text there (store-memory,
-    /// store-redb, as for cursors).
+    /// existed; `false` from a store that cannot hold such text there (store-memory, as for
+    /// cursors).
     async fn spoil_head_text(&self, session: &SessionRef) -> Result<bool, StoreError>;
     /// Overwrites the session key of the event row `sequence` with bytes that are not UTF-8,
     /// touching nothing else (its head and indexes stay). Returns whether the row existed;
@@ -635,9 +635,9 @@ macro_rules! __group_commit_tests {
 /// `durable_suite!(open, foreign_commits: Counted)` (or `Uncounted`, what the store's
 /// `foreign_commits` answers: [`ForeignCommits`]) stamps every check;
 /// `durable_suite!(open, foreign_commits: Uncounted, text_in_every_row: false)`
-/// leaves out the two whose rows must hold text that is not UTF-8 where the store keeps it in
-/// a string type that checks it (store-redb's cursor and head keys): those checks would have
-/// nothing to check, and a check that cannot fail is not stamped. Every other check asserts
+/// leaves out the two whose rows must hold text that is not UTF-8, for a store that keeps it in
+/// a string type that checks it (none of this workspace's since stop 47): those checks would
+/// have nothing to check, and a check that cannot fail is not stamped. Every other check asserts
 /// that the store's [`RawAccess`] helpers found and damaged their row.
 #[macro_export]
 macro_rules! durable_suite {

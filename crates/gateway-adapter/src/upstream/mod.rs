@@ -14,7 +14,7 @@
 //!   kind [`PAIRED_NODE`], behind the [`PairedNodeClient`] port);
 //! - [`transcript`]: what counts as a human turn in a Claude Code transcript, read by streaming;
 //! - [`UpstreamMonitor`]: the tokio task that checks, on a fixed tick, every link whose session
-//!   something watches, records what the providers found, advances markers and retires links
+//!   something watches (with `owned_watchers_only`, whose session the directory knows), records what the providers found, advances markers and retires links
 //!   whose source is gone;
 //! - two ports the gateway implements: [`RunActivity`] (a run in the session defers its scan:
 //!   the gateway is writing into the thread itself) and [`OwnPrompts`] (the session's own recent

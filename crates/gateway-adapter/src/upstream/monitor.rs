@@ -30,7 +30,8 @@
 //!
 //! Each of the monitor's own store calls (listing the links, reading the watchers, storing the
 //! scan time, moving the marker, removing the link) waits for the store at most the service's
-//! [`crate::AwarenessConfig::store_wait`], and is then a failure like any other (logged; the
+//! [`crate::AwarenessConfig::store_wait`], and is then a failure like any other (logged: a
+//! `warn!` the first time, `debug!` while the same failure repeats, `info!` when it ends; the
 //! next tick tries again): a store that hangs held the tick, and every tick after it. A write
 //! given up so may still commit once the store answers: a marker moved late only spares the
 //! next tick a re-read (a burst read again is deduplicated), and a link removed late is seen
@@ -223,7 +224,8 @@ pub enum Detection {
         session: SessionRef,
     },
     /// A check failed, panicked or timed out, or its result could not be stored (the marker of
-    /// an unchanged or rebased source included); retried next tick.
+    /// an unchanged or rebased source included), or the session directory panicked when asked
+    /// whether this gateway owns the session; retried next tick.
     Failed {
         /// The adopted session.
         session: SessionRef,

@@ -1257,6 +1257,29 @@ impl Awareness {
         answer
     }
 
+    /// [`Awareness::write_and_deliver`] for a write that hands out no notices (a watch, an
+    /// unwatch, a reset, a deletion: what must follow it is in `write` itself), capped by
+    /// [`AwarenessConfig::max_pending_writes`]: its result, or a backend error when its task
+    /// failed.
+    async fn write_on_task<T, W>(
+        &self,
+        what: &'static str,
+        about: SessionKey,
+        write: W,
+    ) -> Result<T, StoreError>
+    where
+        W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let cap = Some(self.config.max_pending_writes);
+        let none: fn(&T) -> &[Notice] = |_| &[];
+        let ((), written) = self
+            .write_and_deliver(what, Some(about), (), write, none, None, cap)
+            .await
+            .map_err(|e| StoreError::backend(format!("the {what}'s task failed"), e))?;
+        written
+    }
+
     /// Waits until every recording, acknowledgement, sweep, reset, deletion, watch
     /// ([`Awareness::watch_after_send`]) and unwatch this service had started when called has
     /// ended, including those whose caller gave up on them: each runs to its end on a task of
@@ -2033,15 +2056,7 @@ impl Awareness {
             }
             Ok(())
         };
-        let about = Some(watcher.clone());
-        let cap = Some(self.config.max_pending_writes);
-        let write = async {
-            let written = self.write_and_deliver("watch", about, (), watch, |()| &[], None, cap);
-            let ((), watched) = written
-                .await
-                .map_err(|e| StoreError::backend("the watch's task failed", e))?;
-            watched
-        };
+        let write = self.write_on_task("watch", watcher.clone(), watch);
         match self.bounded_by(deadline, "watch", write).await {
             Ok(()) => WatchOutcome {
                 watched: true,
@@ -2090,16 +2105,7 @@ impl Awareness {
         let store = Arc::clone(&self.store);
         let target = target.clone();
         let unwatch = async move { store.unwatch(&w, &target).await };
-        let about = Some(watcher.clone());
-        let cap = Some(self.config.max_pending_writes);
-        let write = async {
-            let written =
-                self.write_and_deliver("unwatch", about, (), unwatch, |_: &bool| &[], None, cap);
-            let ((), removed) = written
-                .await
-                .map_err(|e| StoreError::backend("the unwatch's task failed", e))?;
-            removed
-        };
+        let write = self.write_on_task("unwatch", watcher.clone(), unwatch);
         self.bounded("unwatch", write).await
     }
 
@@ -2469,13 +2475,7 @@ impl Awareness {
             turns.forget(&key, number, Forget::Notices);
             Ok(removed)
         };
-        let about = Some(session.clone());
-        let cap = Some(self.config.max_pending_writes);
-        let written = self.write_and_deliver("reset", about, (), reset, |_| &[], None, cap);
-        let ((), removed) = written
-            .await
-            .map_err(|e| StoreError::backend("the reset's task failed", e))?;
-        removed
+        self.write_on_task("reset", session.clone(), reset).await
     }
 
     /// Session deleted: its events, head, upstream link and cursors go. What a dropped turn of
@@ -2503,7 +2503,7 @@ impl Awareness {
         let turns = Arc::clone(&self.turns);
         let queue = Arc::clone(&self.queue);
         let session = session.clone();
-        let about = Some(session.session_key.clone());
+        let about = session.session_key.clone();
         let delete = async move {
             store.delete_session(&session).await?;
             if session.is_watcher() {
@@ -2522,12 +2522,7 @@ impl Awareness {
             }
             Ok(())
         };
-        let cap = Some(self.config.max_pending_writes);
-        let written = self.write_and_deliver("delete", about, (), delete, |()| &[], None, cap);
-        let ((), deleted) = written
-            .await
-            .map_err(|e| StoreError::backend("the deletion's task failed", e))?;
-        deleted
+        self.write_on_task("delete", about, delete).await
     }
 
     /// One pruning pass (in bounded chunks): what it deleted. A failed pass is logged and

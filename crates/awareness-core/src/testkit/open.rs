@@ -60,7 +60,9 @@ pub(crate) fn contents(dir: &Path) -> BTreeMap<OsString, Option<Vec<u8>>> {
 
 /// Opens `path` read-write through `f` and asserts that the open is refused with a
 /// [`StoreError::Open`] of kind `expected` naming `path`, with a reason, in a message that
-/// names it too; and that everything in `dir` is byte for byte as it was before.
+/// names it too and does not quote its source (a reporter that prints every source after the
+/// message, as anyhow's `{:#}` does, printed the cause twice); and that everything in `dir` is
+/// byte for byte as it was before.
 async fn assert_refused(
     what: &str,
     f: &impl OpenFile,
@@ -90,6 +92,7 @@ async fn assert_refused(
         text.contains(&path.display().to_string()),
         "{what}: the message names the path: {text}"
     );
+    assert_source_not_quoted(what, &err);
     let after = contents(dir.path());
     assert!(
         after == before,
@@ -97,6 +100,27 @@ async fn assert_refused(
         sizes(&before),
         sizes(&after)
     );
+}
+
+/// Asserts that `err`'s message quotes none of its sources, however deep, nor any part of one
+/// (a library's error often shows the io error it wraps, `I/O error: Not a redb database: ...`,
+/// without giving it as its own source, so a reason that quoted the io error quotes a part of
+/// the source): a reporter that prints every source after the message (anyhow's `{:#}`)
+/// would print that cause twice. (The workspace's [`crate::error::ErrorChain`] skips a source
+/// already shown whole, so it hides that.) A part is what a source's text holds between its
+/// `: ` separators, of 8 bytes or more. `what` names the case in the failure.
+#[track_caller]
+pub fn assert_source_not_quoted(what: &str, err: &(dyn std::error::Error + 'static)) {
+    let text = err.to_string();
+    for source in std::iter::successors(err.source(), |e| e.source()) {
+        let cause = source.to_string();
+        for part in cause.split(": ").map(str::trim).filter(|p| p.len() >= 8) {
+            assert!(
+                !text.contains(part),
+                "{what}: the message quotes {part:?} of its source {cause:?}, which a reporter prints after it again: {text}"
+            );
+        }
+    }
 }
 
 /// The names and sizes of [`contents`] (`None` for a directory), for a message.

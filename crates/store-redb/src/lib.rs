@@ -1587,7 +1587,7 @@ impl CursorStore for RedbStore {
                 target.session_key.as_str().as_bytes(),
             ) {
                 Err(e @ StoreError::Corrupt { .. }) => {
-                    tracing::warn!(path = %shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "replacing a watch cursor that cannot be read");
+                    tracing::warn!(path = %shared.path().display(), watcher = %watcher, target = %target.session_key, agent_id = %target.agent_id, error = %awareness_core::error::ErrorChain(&e), "replacing a watch cursor that cannot be read");
                     None
                 }
                 other => other?,

@@ -1803,7 +1803,8 @@ pub async fn a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothi
 /// A warning the store logs about its file names the file, as its errors do, so that a host
 /// with several stores can tell which file holds what it warns of: a cursor row damaged behind
 /// the store's back, left out of a listing with a warning, is named with the path the store
-/// was opened with (or its canonical form). The warning is read from the process-wide capture
+/// was opened with (or its canonical form); a watch that then replaces the row warns naming
+/// the file, the watcher, the target and its agent. The warning is read from the process-wide capture
 /// ([`Capture::warnings`](super::logs::Capture::warnings)), since a store may log on tokio's
 /// blocking pool; this check's lines are the ones naming its own file.
 pub async fn a_warning_names_the_file(f: impl OpenFile) {
@@ -1844,6 +1845,24 @@ pub async fn a_warning_names_the_file(f: impl OpenFile) {
         warned, 1,
         "one warning about the row, naming the file as path=: {lines:#?}"
     );
+    t.store
+        .watch(&watcher, &target, T0)
+        .await
+        .expect("a watch replaces the row");
+    let lines = capture.lines();
+    let replaced: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("replacing a watch cursor") && named(l))
+        .collect();
+    assert_eq!(replaced.len(), 1, "{lines:#?}");
+    for field in [
+        format!("watcher={watcher} "),
+        format!("target={} ", target.session_key),
+        format!("agent_id={} ", target.agent_id),
+        "error=corrupt store: ".to_owned(),
+    ] {
+        assert!(replaced[0].contains(&field), "{field}: {}", replaced[0]);
+    }
     t.close().await;
 }
 

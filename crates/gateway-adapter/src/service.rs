@@ -529,7 +529,8 @@ impl Drop for Writing {
 /// logged only that the write goes on, so a write that failed later would be reported by no
 /// one.
 struct FailureReport {
-    /// The write (`record`, `acknowledge`, `sweep`, `reset`, `delete`, `watch`, `unwatch`).
+    /// The write (`record`, `acknowledge`, `sweep`, `reset`, `delete`, `watch`, `unwatch`,
+    /// `adopt`).
     what: &'static str,
     /// The session it writes for (the recorded session, the acknowledging, watching or reset
     /// watcher, the deleted session).
@@ -1281,12 +1282,13 @@ impl Awareness {
     }
 
     /// Waits until every recording, acknowledgement, sweep, reset, deletion, watch
-    /// ([`Awareness::watch_after_send`]) and unwatch this service had started when called has
-    /// ended, including those whose caller gave up on them: each runs to its end on a task of
-    /// its own (see [`Awareness::try_record`]), holding the store until then. Other writes (a
-    /// pruning pass, an upstream link) run in their caller's future and are not waited for; a store may still finish one whose caller
-    /// gave up (store-redb's writer does), which closing the store waits for. Nor are writes
-    /// started after the call. A write that never ends (a store that hangs) makes this wait
+    /// ([`Awareness::watch_after_send`]), unwatch and adoption ([`Awareness::try_adopt`]) this
+    /// service had started when called has ended, including those whose caller gave up on
+    /// them: each runs to its end on a task of its own (see [`Awareness::try_record`]), holding
+    /// the store until then. Other writes (a pruning pass, the upstream monitor's marker moves
+    /// and link removals) run in their caller's future and are not waited for; a store may
+    /// still finish one whose caller gave up (store-redb's writer does), which closing the
+    /// store waits for. Nor are writes started after the call. A write that never ends (a store that hangs) makes this wait
     /// for good.
     ///
     /// Shutting down calls it before dropping the service, so that closing the store reaches
@@ -1726,7 +1728,10 @@ impl Awareness {
     /// Adopts a session from an external catalog: creates its upstream link (or refreshes it:
     /// the same source keeps its marker, a changed source is rebased onto the spec's marker),
     /// then records `adopted` (best effort, deduplicated per key). The link's store error is
-    /// returned as it is.
+    /// returned as it is. Both are written on a task of their own, so a caller that gives up
+    /// (drops this future) once the link is written does not leave it without its event; with
+    /// [`AwarenessConfig::max_pending_writes`] writes outstanding already, the adoption is
+    /// refused at once with [`StoreError::Busy`] and nothing is written.
     ///
     /// An [`Awareness`] built without an upstream store ([`AwarenessBuilder::upstream`]) cannot
     /// adopt: that set-up mistake is a [`StoreError::Backend`], not retryable, whose text names
@@ -1741,7 +1746,7 @@ impl Awareness {
     /// and may still commit), the link being in place all the same. For a caller that must say
     /// so, as `awareness adopt` does; adopting again records it (once per key).
     pub async fn try_adopt_recorded(&self, spec: LinkSpec) -> Result<Adoption, StoreError> {
-        let Some(links) = &self.upstream else {
+        let Some(links) = self.upstream.clone() else {
             return Err(StoreError::backend(
                 format!(
                     "adopt a session: {NoUpstreamStore} (build the Awareness with .upstream(...))"
@@ -1749,11 +1754,80 @@ impl Awareness {
                 NoUpstreamStore,
             ));
         };
-        let outcome = links.upsert_link(spec, self.clock.now()).await?;
-        let link = &outcome.link;
-        let event = self
-            .adopted(&link.session, &link.catalog_id, &link.host_id)
-            .await;
+        // The link and its `adopted` event are written on one task: a caller that gives up
+        // once the link is in (a host's own timeout) cannot leave it without its event. The
+        // event is the one `adopted` records: every field of it comes from the spec, which
+        // is the link's ref, catalog and host whether the link is created, kept or rebased.
+        let event = self.adopted_event(&spec.session, &spec.catalog_id, &spec.host_id);
+        let key = spec.session.session_key.clone();
+        let store = Arc::clone(&self.store);
+        let now = self.clock.now();
+        let (linked, mut link_in) = tokio::sync::oneshot::channel();
+        let write = async move {
+            let outcome = links.upsert_link(spec, now).await?;
+            let _ = linked.send(outcome.clone());
+            let recorded = store.record(event, now).await;
+            if let Err(e) = &recorded {
+                warn!(
+                    session_key = %outcome.link.session.session_key,
+                    kind = %EventKind::Adopted,
+                    error = %ErrorChain(e),
+                    "session-state event not recorded"
+                );
+            }
+            Ok((outcome, recorded))
+        };
+        let adopting = self.write_and_deliver(
+            "adopt",
+            Some(key.clone()),
+            (),
+            write,
+            |(_, recorded): &(UpsertOutcome, Result<Recorded, StoreError>)| {
+                recorded.as_ref().map_or(&[][..], |r| r.notices.as_slice())
+            },
+            self.owned(),
+            Some(self.config.max_pending_writes),
+        );
+        tokio::pin!(adopting);
+        let task_failed = |e| StoreError::backend("the adoption's task failed", e);
+        // The link's write is waited for as long as it takes, as the store answers it; then
+        // the event's for `store_wait`.
+        let outcome = tokio::select! {
+            biased;
+            done = &mut adopting => {
+                let ((), written) = done.map_err(task_failed)?;
+                let (outcome, recorded) = written?;
+                return Ok(Adoption {
+                    outcome,
+                    event: recorded.ok().map(|r| r.event),
+                });
+            }
+            Ok(outcome) = &mut link_in => outcome,
+        };
+        let not_recorded = |e: &StoreError| {
+            warn!(session_key = %key, kind = %EventKind::Adopted, error = %ErrorChain(e), "session-state event not recorded");
+            None
+        };
+        let event = match until(self.store_deadline(), &mut adopting).await {
+            // A recording that failed was logged by the task.
+            Some(Ok(((), Ok((_, recorded))))) => recorded.ok().map(|r| r.event),
+            // The link was written, so the write has not failed (it fails only on the link);
+            // its task can, when the recording panics.
+            Some(Ok(((), Err(e)))) => not_recorded(&e),
+            Some(Err(e)) => not_recorded(&task_failed(e)),
+            None => {
+                warn!(
+                    session_key = %key,
+                    kind = %EventKind::Adopted,
+                    error = %format!(
+                        "the store has not answered within {:?}; the recording goes on, and its notices are delivered should it commit",
+                        self.config.store_wait
+                    ),
+                    "session-state event not recorded yet"
+                );
+                None
+            }
+        };
         Ok(Adoption { outcome, event })
     }
 
@@ -1781,6 +1855,12 @@ impl Awareness {
         catalog_id: &str,
         host_id: &str,
     ) -> Option<Arc<Event>> {
+        let ev = self.adopted_event(session, catalog_id, host_id);
+        self.record(ev).await.map(|r| r.event)
+    }
+
+    /// The event [`Awareness::adopted`] records.
+    fn adopted_event(&self, session: &SessionRef, catalog_id: &str, host_id: &str) -> NewEvent {
         let fit = Fit::new(&session.session_key, EventKind::Adopted);
         let mut p = Payload::new();
         p.insert("catalogId".into(), json!(catalog_id));
@@ -1798,7 +1878,7 @@ impl Awareness {
         )
         .with_dedupe_key(dedupe::adopted(&session.session_key));
         ev.payload = fit.payload("payload", p);
-        self.record(ev).await.map(|r| r.event)
+        ev
     }
 
     /// A session was created.

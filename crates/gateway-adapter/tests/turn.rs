@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
+use awareness_core::upstream::UpstreamStore as _;
 use awareness_core::{
-    ActorType, AwarenessStore, Cursor, CursorStore, EventStore, Sequence, SessionKey, SessionRef,
-    StoreError, WatcherKey, async_trait,
+    ActorType, AwarenessStore, Cursor, CursorStore, EventStore, LinkSpec, Sequence, SessionKey,
+    SessionRef, StoreError, WatcherKey, async_trait,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
@@ -97,6 +98,8 @@ type GatedAck = Hooked<Gate>;
 
 struct World {
     store: Arc<GatedAck>,
+    /// The service's upstream links (not gated).
+    links: Arc<MemoryStore>,
     /// An in-memory queue that panics when told to.
     queue: Arc<FaultyQueue>,
     wake: Arc<RecordingWake>,
@@ -141,14 +144,20 @@ impl World {
         let directory = Arc::new(InMemoryDirectory::new());
         directory.upsert(k(MANAGER), SessionEntry::default());
         let queue = Arc::new(FaultyQueue::default());
-        let (svc, wake) =
-            common::service_with_queue(store.clone(), directory, config, Arc::clone(&queue));
+        let wake = Arc::new(RecordingWake::new());
+        let links = Arc::new(MemoryStore::new());
+        let svc = Awareness::builder(store.clone(), queue.clone(), wake.clone(), directory)
+            .upstream(links.clone())
+            .config(config)
+            .build();
+        let svc = Arc::new(svc);
         svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
             .await
             .expect("seeded");
         store.hook.armed.store(true, Ordering::SeqCst);
         Self {
             store,
+            links,
             queue,
             wake,
             svc,
@@ -1288,8 +1297,8 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
         w.cursor().await.is_pending(),
         "acknowledge was refused as well"
     );
-    // So are a watch, an unwatch, a reset and a deletion: each goes on, once begun, for as
-    // long as the store takes.
+    // So are a watch, an unwatch, a reset, a deletion and an adoption: each goes on, once
+    // begun, for as long as the store takes.
     let other = "agent:ops:main";
     let watch = w
         .svc
@@ -1318,6 +1327,26 @@ async fn writes_a_hung_store_has_not_answered_are_capped() {
             .unwrap()
             .is_none(),
         "no watch was made"
+    );
+    // And an adoption: neither its link nor its `adopted` event is written.
+    let adopted = SessionRef::parse(other, "ops").unwrap();
+    let adoption = w
+        .svc
+        .try_adopt(LinkSpec::new(
+            adopted.clone(),
+            "remote",
+            "h",
+            "t",
+            "paired-node",
+        ))
+        .await;
+    assert!(
+        matches!(adoption, Err(StoreError::Busy { .. })),
+        "{adoption:?}"
+    );
+    assert!(
+        w.links.link(&adopted).await.unwrap().is_none(),
+        "no link was made"
     );
     assert_eq!(
         w.svc.try_sweep().await.expect("swept"),

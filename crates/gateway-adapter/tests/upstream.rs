@@ -2258,6 +2258,8 @@ struct Flaky {
     /// Every link removal is made, then never answered (a store that answers too late), while
     /// set.
     hang_removes: std::sync::atomic::AtomicBool,
+    /// Every upsert is made, then answered once a permit is added here (one per upsert).
+    hold_upserts: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Flaky {
@@ -2268,6 +2270,7 @@ impl Flaky {
             fail_moves: AtomicUsize::new(0),
             hang_moves: std::sync::atomic::AtomicBool::new(false),
             hang_removes: std::sync::atomic::AtomicBool::new(false),
+            hold_upserts: None,
         }
     }
 }
@@ -2279,7 +2282,11 @@ impl UpstreamStore for Flaky {
         spec: LinkSpec,
         now: Timestamp,
     ) -> Result<UpsertOutcome, StoreError> {
-        self.inner.upsert_link(spec, now).await
+        let upserted = self.inner.upsert_link(spec, now).await;
+        if let Some(gate) = &self.hold_upserts {
+            gate.acquire().await.expect("the gate stays open").forget();
+        }
+        upserted
     }
     async fn link(&self, s: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
         self.inner.link(s).await
@@ -2547,6 +2554,57 @@ async fn adopting_again_keeps_or_rebases_the_marker() {
             .await
             .is_err()
     );
+}
+
+/// Bug: an adoption whose caller gave up (a host's own timeout, an aborted task) once its
+/// link was written left the link without its `adopted` event: the event was recorded in the
+/// caller's future, after the link's answer, so nobody watching the session was told of the
+/// adoption until it was adopted again. The link and its event are written on one task now.
+#[tokio::test]
+async fn an_adoption_given_up_once_its_link_is_in_still_records_adopted() {
+    let store = Arc::new(MemoryStore::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let links = Arc::new(Flaky {
+        hold_upserts: Some(Arc::clone(&gate)),
+        ..Flaky::over(&store)
+    });
+    let (svc, _queue, _wake) = common::service(store.clone(), Some(links));
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let t = Transcript::new();
+    let spec = jsonl::adoption(session.clone(), &t.path, None).unwrap();
+    let adopting = tokio::spawn({
+        let svc = Arc::clone(&svc);
+        async move { svc.try_adopt(spec).await }
+    });
+    // The link is written; its answer waits at the gate. The caller gives up there.
+    let linked = async {
+        while store.link(&session).await.unwrap().is_none() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), linked)
+        .await
+        .expect("the link is written");
+    adopting.abort();
+    assert!(adopting.await.unwrap_err().is_cancelled());
+    gate.add_permits(1);
+    svc.wait_for_writes().await;
+    let adopted = store
+        .events_after(Sequence::ZERO, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == EventKind::Adopted && e.session_ref() == session)
+        .count();
+    assert_eq!(adopted, 1, "the link is in, and so is its adopted event");
 }
 
 /// Bug: a catalog id was only checked as a key (1 KiB), while the summaries built from it

@@ -50,6 +50,12 @@ impl From<u64> for Sequence {
 pub struct Timestamp(pub i64);
 
 impl Timestamp {
+    /// The time `secs` seconds after the Unix epoch (a chat platform's message time), in the
+    /// milliseconds a `Timestamp` holds; saturating at the ends of `i64`.
+    pub const fn from_unix_secs(secs: i64) -> Timestamp {
+        Timestamp(secs.saturating_mul(1_000))
+    }
+
     /// One hour in milliseconds.
     pub const HOUR_MS: i64 = 60 * 60 * 1000;
     /// One day in milliseconds.
@@ -502,7 +508,8 @@ pub struct NewEvent {
     pub actor_id: Option<String>,
     /// The run involved, when any.
     pub run_id: Option<String>,
-    /// When it happened according to the producer (clamped into `[now - 24 h, now]`).
+    /// When it happened according to the producer, in milliseconds since the Unix epoch
+    /// ([`Timestamp::from_unix_secs`] converts seconds); clamped into `[now - 24 h, now]`.
     pub occurred_at: Option<Timestamp>,
     /// One line, at most 200 characters, no control characters.
     pub summary: String,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use awareness_core::dedupe;
 use awareness_core::error::ErrorChain;
-use awareness_core::validate::MAX_DEDUPE_KEY_BYTES;
+use awareness_core::validate::{MAX_DEDUPE_KEY_BYTES, MAX_EVENT_AGE_MS};
 use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, Cursor,
     CursorFilter, Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded,
@@ -157,7 +157,9 @@ pub struct HumanMessage {
     pub dedupe_key: Option<String>,
     /// Extra payload.
     pub payload: Option<Payload>,
-    /// Producer time.
+    /// When the person wrote it, by the producer's clock, in milliseconds since the Unix
+    /// epoch ([`Timestamp::from_unix_secs`] converts a platform's seconds); recorded clamped
+    /// into the last 24 h, with a warning when it is older.
     pub occurred_at: Option<Timestamp>,
     /// Human turns this event stands for (an upstream burst); `{"turns": N}` when above 1.
     pub turns: u32,
@@ -1170,6 +1172,21 @@ impl Awareness {
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
+        if let Some(at) = event
+            .occurred_at
+            .filter(|at| *at < now.minus_ms(MAX_EVENT_AGE_MS))
+        {
+            // Recorded as 24 h ago (DESIGN 3); a time that old is most often one in seconds
+            // (a chat platform's), which then reads as 1970 in milliseconds.
+            warn!(
+                session_key = %event.session.session_key,
+                kind = %event.kind,
+                occurred_at = at.0,
+                "a producer's time more than 24 h old is recorded as 24 h ago (Timestamp is \
+                 in milliseconds since the Unix epoch: Timestamp::from_unix_secs converts \
+                 seconds)"
+            );
+        }
         let about = Some(event.session.session_key.clone());
         let written = self.write_and_deliver(
             "record",

@@ -597,3 +597,38 @@ async fn a_stored_catalog_id_too_long_for_its_summaries_still_records_the_monito
         "the link goes once its event is recorded"
     );
 }
+
+/// A producer that passes a chat platform's message time in seconds (Telegram's `date`,
+/// Slack's `ts`) has it read as milliseconds, in 1970, and recorded as 24 h ago: it was done
+/// without a word, and every such message's `occurredAt` was a day off (and pruned a day
+/// early). It is still clamped (DESIGN 3), with a warning that names the unit; a time within
+/// the 24 h is not warned of, and `Timestamp::from_unix_secs` gives the time meant.
+#[tokio::test]
+async fn a_producer_time_older_than_a_day_is_recorded_clamped_with_a_warning() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = World::watched().await;
+    let secs = Timestamp::now().0 / 1_000;
+    let mut msg = HumanMessage::new(k(CHILD));
+    msg.occurred_at = Some(Timestamp(secs));
+    let before = w.svc.now();
+    let clamped = w.svc.human_message(msg).await.expect("recorded");
+    assert!(
+        clamped.occurred_at >= before.minus_ms(Timestamp::DAY_MS),
+        "clamped into the last 24 h: {:?}",
+        clamped.occurred_at
+    );
+    let warned = |capture: &common::Capture| {
+        capture
+            .lines()
+            .iter()
+            .filter(|l| l.contains("more than 24 h old") && l.contains("level=WARN"))
+            .count()
+    };
+    assert_eq!(warned(&capture), 1, "{:?}", capture.lines());
+    let mut msg = HumanMessage::new(k(CHILD));
+    msg.occurred_at = Some(Timestamp::from_unix_secs(secs));
+    let meant = w.svc.human_message(msg).await.expect("recorded");
+    assert_eq!(meant.occurred_at, Timestamp::from_unix_secs(secs));
+    assert_eq!(warned(&capture), 1, "no warning for a time within the day");
+}

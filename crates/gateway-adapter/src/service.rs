@@ -2580,7 +2580,10 @@ impl Awareness {
     /// the session that watches under its key ([`SessionRef::is_watcher`]) and the store
     /// deleted it. So do the session-state notices queued for it, which no turn would drain
     /// (the other lines of its queue are the gateway's to drop, with
-    /// [`SystemEventQueue::drain`]). A notice of a recording that committed before the
+    /// [`SystemEventQueue::drain`]), once a pick-up or turn holding the watcher's lock has let
+    /// go of it (waited for up to three times [`AwarenessConfig::store_wait`], as a turn waits):
+    /// one that read its cursors before the deletion queues their lines before they are taken
+    /// out (it may still wake the session). A notice of a recording that committed before the
     /// deletion and is delivered after it is queued still. A queue that panics meanwhile keeps
     /// them, with a warning. A failure of the store is logged; [`Awareness::try_on_delete`]
     /// returns it.
@@ -2601,11 +2604,20 @@ impl Awareness {
         let queue = Arc::clone(&self.queue);
         let session = session.clone();
         let about = session.session_key.clone();
+        let lock_wait = self.config.store_wait.saturating_mul(3);
         let delete = async move {
             store.delete_session(&session).await?;
             if session.is_watcher() {
                 let key = &session.session_key;
-                turns.forget(key, number, Forget::All);
+                // A pick-up (or a turn) holding the watcher's lock may have read its cursors
+                // before the deletion and queue their lines after it: the queue is cleaned
+                // once it has let go, waiting as a turn waits for the lock. Given up, the
+                // lines a dropped turn left are marked to go, as a reset's are.
+                let mut held = until(deadline_after(lock_wait), turns.lock(key)).await;
+                match held.as_mut() {
+                    Some(turn) => turn.carried().forget_before(number, Forget::All),
+                    None => turns.forget(key, number, Forget::All),
+                }
                 let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for line in queue.peek(key) {
                         if line.is_session_state() {
@@ -2616,6 +2628,7 @@ impl Awareness {
                 if taken.is_err() {
                     warn!(session_key = %key, "taking the deleted watcher's session-state notices out of its queue panicked; they may stay queued");
                 }
+                drop(held);
             }
             Ok(())
         };

@@ -1618,3 +1618,40 @@ async fn deleting_a_watcher_takes_its_notices_out_of_its_queue() {
         "the gateway's line stays"
     );
 }
+
+/// Bug: a pick-up that had read a watcher's pending cursors before the watcher was deleted
+/// queued their line after the deletion had cleaned its queue: a session-state line stayed for
+/// the process's life in a queue no turn drains. The deletion cleans the queue once the
+/// pick-up has let go of the watcher's lock.
+#[tokio::test]
+async fn a_pick_up_overlapping_a_deletion_leaves_no_line_in_the_deleted_watchers_queue() {
+    let mut w = World::gated(Call::Cursors, true).await;
+    w.human().await;
+    // The manager's line is lost from the queue: the pick-up will queue it again.
+    assert_eq!(w.svc.take_queued(&k(MANAGER)).len(), 1);
+    let svc = Arc::clone(&w.svc);
+    let pick_up = tokio::spawn(async move { svc.pick_up().await });
+    // The pending cursors of every watcher, then the manager's under its lock, each answered
+    // by the store; the second is held at the gate, its answer from before the deletion.
+    w.entered
+        .recv()
+        .await
+        .expect("the pick-up lists the pending cursors");
+    w.store.hook.permits.add_permits(1);
+    w.entered
+        .recv()
+        .await
+        .expect("the pick-up reads the manager's cursors");
+    let svc = Arc::clone(&w.svc);
+    let manager = SessionRef::parse(MANAGER, "main").unwrap();
+    let delete = tokio::spawn(async move { svc.try_on_delete(&manager).await });
+    settle().await;
+    w.open_gate();
+    pick_up.await.expect("the pick-up ends");
+    delete.await.expect("the deletion ends").expect("deleted");
+    assert_eq!(
+        w.queue.peek(&k(MANAGER)),
+        Vec::<QueuedEntry>::new(),
+        "no line for the deleted watcher"
+    );
+}

@@ -677,6 +677,12 @@ struct Carried {
     /// task failed, or the store has not answered within [`AwarenessConfig::store_wait`]), and
     /// the watcher's next turn when that one was dropped; the other leaves `read` out.
     claim: Option<Arc<AtomicBool>>,
+    /// `read` holds a notice that wakes its watcher ([`Notice::queue_only`] off) and the
+    /// session has not been woken for it since the turn that settled on it: that turn was
+    /// the wake's, and should it be dropped once its acknowledgement committed, no cursor is
+    /// pending any more for a pick-up to find. A pick-up wakes the session for it, once
+    /// ([`TurnLocks::owed_wakes`]).
+    wake_owed: bool,
 }
 
 /// What a reset or a deletion of a watcher drops of what a dropped turn of it left.
@@ -795,6 +801,27 @@ impl TurnLocks {
             }
             !carried.is_empty()
         });
+    }
+
+    /// The watchers a dropped turn left lines to that wake them ([`Carried::wake_owed`]), whose
+    /// lock is free: each is listed once, and its debt cleared.
+    fn owed_wakes(&self) -> Vec<SessionKey> {
+        let map = self.map();
+        let mut forgotten = self.forgotten();
+        let mut owed = Vec::new();
+        for (watcher, lock) in map.iter() {
+            let Ok(mut carried) = lock.try_lock() else {
+                continue;
+            };
+            if let Some(marks) = forgotten.remove(watcher) {
+                carried.forget_marked(marks);
+            }
+            if carried.wake_owed && !carried.read.is_empty() && !carried.shown() {
+                carried.wake_owed = false;
+                owed.push(watcher.clone());
+            }
+        }
+        owed
     }
 
     fn forgotten(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Marks>> {
@@ -2415,6 +2442,7 @@ impl Awareness {
             read,
             stamp: self.turns.stamp(),
             claim: None,
+            wake_owed: false,
         };
         let cursors = self
             .within_store_wait(self.pending_cursors(watcher))
@@ -2474,6 +2502,7 @@ impl Awareness {
             read,
             stamp,
             claim: Some(Arc::clone(&claim)),
+            wake_owed: current.iter().any(|n| !n.queue_only),
         };
         // Shown now, unless a turn that came meanwhile showed them ([`Carried::claim`]).
         let shown_here = || {
@@ -2770,6 +2799,10 @@ impl Awareness {
     /// read again while its turn lock is held, so a notice a turn acknowledged meanwhile is not
     /// queued again. A line already queued is not queued twice and wakes nobody. Best effort: a
     /// failed read is logged, queues nothing, and leaves the pick-up not complete.
+    ///
+    /// It also wakes, once, a main session whose turn was dropped after acknowledging what it
+    /// read (a host's turn timeout): no cursor of it is pending any more, and the lines wait
+    /// for its next turn, which it takes only when woken (decision 0003).
     pub async fn pick_up(&self) -> PickUp {
         self.pick_up_among(None).await.into()
     }
@@ -2845,6 +2878,20 @@ impl Awareness {
                     warn!(watcher = %watcher, error = %ErrorChain(&e), "cannot read the watcher's cursors to pick up its notices");
                     done.failed = true;
                 }
+            }
+        }
+        // A main session whose turn was dropped once it had acknowledged what it read: no
+        // cursor is pending, the lines wait for its next turn, which it takes only if woken.
+        for watcher in self.turns.owed_wakes() {
+            if watcher.is_subagent() || !self.directory.exists(&watcher) {
+                continue;
+            }
+            let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.wake.wake(&watcher, "session-state");
+            }));
+            if woken.is_err() {
+                warn!(watcher = %watcher, "waking a session for the lines its dropped turn left panicked; its next turn shows them");
+                done.failed = true;
             }
         }
         done

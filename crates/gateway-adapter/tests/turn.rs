@@ -676,6 +676,35 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
     );
 }
 
+/// Bug: a main session's turn dropped once its acknowledgement had committed left what it
+/// read to the next turn, but nothing woke the session for it: no cursor was pending any more
+/// for a pick-up to find, and a main session takes no turn until woken, so the notice waited
+/// for a turn taken for another reason. A pick-up wakes the session for it, once; a reset
+/// since owes nothing.
+#[tokio::test]
+async fn a_pick_up_wakes_a_session_whose_dropped_turn_left_it_a_notice() {
+    let w = World::with_a_dropped_turn().await;
+    let before = w.wake.count(&k(MANAGER));
+    w.svc.pick_up().await;
+    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for it");
+    w.svc.pick_up().await;
+    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "once");
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the woken turn shows it"
+    );
+    let w = World::with_a_dropped_turn().await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    let before = w.wake.count(&k(MANAGER));
+    w.svc.pick_up().await;
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        before,
+        "the reset dropped what it left"
+    );
+}
+
 /// What a dropped turn left for the next one goes with the watcher's watches when it is reset:
 /// the next turn does not show notices of watches that no longer exist.
 #[tokio::test]

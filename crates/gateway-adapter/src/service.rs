@@ -196,7 +196,9 @@ pub struct Compaction {
     /// Run id.
     pub run_id: Option<String>,
     /// The compaction's operation id (the dedupe key is `compacted:<operationId>`, the id
-    /// fitted as an id; none when it is empty).
+    /// fitted as an id; none when it is empty). Dedupe keys are store-wide: an id another
+    /// session's compaction used already records nothing, with a warning, so a harness that
+    /// numbers compactions per session must make its ids unique across sessions.
     pub operation_id: String,
     /// Who compacted: `None` for the embedded runtime (no payload, as OpenClaw), else the owner
     /// (a native harness), recorded as `{"owner": ...}` unless that payload breaks the payload
@@ -1219,7 +1221,25 @@ impl Awareness {
             "record",
             about,
             (),
-            async move { store.record(event, now).await },
+            async move {
+                let session = event.session.clone();
+                let recorded = store.record(event, now).await?;
+                if recorded.deduplicated && recorded.event.session_ref() != session {
+                    // Dedupe keys are store-wide (DESIGN 3): a producer whose ids are unique
+                    // per session only (a harness's compaction numbers) loses the event.
+                    warn!(
+                        session_key = %session.session_key,
+                        agent_id = %session.agent_id,
+                        kind = %recorded.event.kind,
+                        stored_session_key = %recorded.event.session_key,
+                        stored_agent_id = %recorded.event.agent_id,
+                        stored_sequence = recorded.event.sequence.get(),
+                        "the event's dedupe key is an event of another session's already: nothing \
+                         was recorded for this one (dedupe keys are store-wide)"
+                    );
+                }
+                Ok(recorded)
+            },
             |r| r.notices.as_slice(),
             self.owned(),
             Some(self.config.max_pending_writes),

@@ -632,3 +632,55 @@ async fn a_producer_time_older_than_a_day_is_recorded_clamped_with_a_warning() {
     assert_eq!(meant.occurred_at, Timestamp::from_unix_secs(secs));
     assert_eq!(warned(&capture), 1, "no warning for a time within the day");
 }
+
+/// Dedupe keys are store-wide (DESIGN 3), so a harness that numbers its compactions per
+/// session (`compacted:1` in each) had the second session's compaction answered with the
+/// first session's event, and nothing recorded for it, without a word. It is still not
+/// recorded (the key format is OpenClaw's), with a warning that names both sessions; the same
+/// operation recorded again for its own session (a retry) is not warned of.
+#[tokio::test]
+async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let compaction = |session: &str| Compaction {
+        session: k(session),
+        agent_id: None,
+        session_id: None,
+        run_id: None,
+        operation_id: "1".into(),
+        owner: Some("codex".into()),
+    };
+    let first = w.svc.compacted(compaction(CHILD)).await.expect("recorded");
+    let retried = w
+        .svc
+        .compacted(compaction(CHILD))
+        .await
+        .expect("deduplicated");
+    assert_eq!(retried.sequence, first.sequence);
+    let warned = |capture: &common::Capture| -> Vec<String> {
+        capture
+            .lines()
+            .into_iter()
+            .filter(|l| l.contains("dedupe key is an event of another session"))
+            .collect()
+    };
+    assert!(
+        warned(&capture).is_empty(),
+        "a retry: {:?}",
+        warned(&capture)
+    );
+    let other = "agent:main:subagent:other";
+    let answered = w.svc.compacted(compaction(other)).await.expect("answered");
+    assert_eq!(
+        answered.sequence, first.sequence,
+        "the first session's event"
+    );
+    let lines = warned(&capture);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(other) && lines[0].contains(CHILD) && lines[0].contains("level=WARN"),
+        "{}",
+        lines[0]
+    );
+}

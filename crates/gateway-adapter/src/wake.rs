@@ -42,7 +42,10 @@ impl CoalescingWake {
         Self::with_window(DEFAULT_WAKE_WINDOW, sink)
     }
 
-    /// A waker with its own window.
+    /// A waker with its own window. A session woken inside its window is woken once more when
+    /// the window ends, so the window bounds how long a wake can be held back: a window no
+    /// timer reaches (`Duration::MAX`, or tokio's limit of about two years) wakes each session
+    /// once and never again.
     pub fn with_window(window: Duration, sink: WakeSink) -> Self {
         Self {
             window,

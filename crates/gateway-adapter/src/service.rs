@@ -1822,7 +1822,7 @@ impl Awareness {
         // once the link is in (a host's own timeout) cannot leave it without its event. The
         // event is the one `adopted` records: every field of it comes from the spec, which
         // is the link's ref, catalog and host whether the link is created, kept or rebased.
-        let event = self.adopted_event(&spec.session, &spec.catalog_id, &spec.host_id);
+        let event = Self::adopted_event(&spec.session, &spec.catalog_id, &spec.host_id);
         let key = spec.session.session_key.clone();
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
@@ -1919,12 +1919,12 @@ impl Awareness {
         catalog_id: &str,
         host_id: &str,
     ) -> Option<Arc<Event>> {
-        let ev = self.adopted_event(session, catalog_id, host_id);
+        let ev = Self::adopted_event(session, catalog_id, host_id);
         self.record(ev).await.map(|r| r.event)
     }
 
     /// The event [`Awareness::adopted`] records.
-    fn adopted_event(&self, session: &SessionRef, catalog_id: &str, host_id: &str) -> NewEvent {
+    fn adopted_event(session: &SessionRef, catalog_id: &str, host_id: &str) -> NewEvent {
         let fit = Fit::new(&session.session_key, EventKind::Adopted);
         let mut p = Payload::new();
         p.insert("catalogId".into(), json!(catalog_id));

@@ -3769,3 +3769,279 @@ async fn two_long_uuids_alike_in_their_first_64_bytes_are_two_events() {
     assert_eq!(dedupe_id_of(&scan(&t, &m)), once);
     assert_eq!(once, format!("{:016x}", upstream::fnv1a64(long.as_bytes())));
 }
+
+// ----- the failure directions of the marker and the missing count --------------------------------
+
+/// Refuses the next `left` event recordings with a store error (a store that failed to write
+/// them); every other call goes through.
+struct FailRecords {
+    left: AtomicUsize,
+}
+
+#[async_trait]
+impl awareness_core::testkit::hooked::Hook for FailRecords {
+    fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+        let refused = call == awareness_core::testkit::hooked::Call::Record
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        refused.then(|| StoreError::backend("record", "disk full"))
+    }
+}
+
+/// The `HumanTurns` one tick published: each one's turns and what became of its marker.
+fn human_turns_published(ds: &[Detection]) -> Vec<(u32, MarkerMove)> {
+    ds.iter()
+        .filter_map(|d| match d {
+            Detection::HumanTurns { turns, marker, .. } => Some((*turns, marker.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The failures one tick published, as text.
+fn failures_published(ds: &[Detection]) -> Vec<String> {
+    ds.iter()
+        .filter(|d| matches!(d, Detection::Failed { .. }))
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// DESIGN.md section 8: the marker moves only after the burst's event is stored. When the
+/// store fails the recording, the failure is published, no event is stored and the marker
+/// stays where it was, so the next tick reads the same rows and records them: once in all,
+/// with the marker moved past them then. (A marker moved before the recording, or after it
+/// failed, skipped the turns for good.)
+#[tokio::test(start_paused = true)]
+async fn human_turns_whose_recording_fails_keep_the_marker_and_are_recorded_next_tick() {
+    let store = Arc::new(MemoryStore::new());
+    let hooked = Arc::new(awareness_core::testkit::hooked::Hooked {
+        inner: store.clone(),
+        hook: FailRecords {
+            left: AtomicUsize::new(0),
+        },
+    });
+    let (svc, queue, wake) = common::service(hooked.clone(), Some(store.clone()));
+    let w = World {
+        store,
+        queue,
+        wake,
+        svc,
+    };
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let adopted = w.store.link(&session).await.unwrap().unwrap();
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    let texts = |ds: &[Detection]| ds.iter().map(ToString::to_string).collect::<Vec<_>>();
+
+    t.human("first");
+    t.human("second");
+    hooked.hook.left.store(1, Ordering::SeqCst);
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert_eq!(
+        hooked.hook.left.load(Ordering::SeqCst),
+        0,
+        "the recording was tried"
+    );
+    assert_eq!(human_turns_published(&ds), [], "{:?}", texts(&ds));
+    let failed = failures_published(&ds);
+    assert_eq!(failed.len(), 1, "{:?}", texts(&ds));
+    assert!(
+        failed[0].contains("not recorded") && failed[0].contains("disk full"),
+        "{failed:?}"
+    );
+    assert_eq!(w.human_events(&session).await, 0);
+    assert_eq!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        adopted.marker,
+        "the marker stays"
+    );
+
+    // The store records again: the same rows are read and recorded, and the marker moves.
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert_eq!(
+        human_turns_published(&ds),
+        [(2, MarkerMove::Moved)],
+        "{:?}",
+        texts(&ds)
+    );
+    assert_eq!(w.human_events(&session).await, 1);
+    let moved = w.store.link(&session).await.unwrap().unwrap().marker;
+    assert_eq!(
+        JsonlMarker::from_value(&moved.unwrap()).unwrap().position(),
+        std::fs::metadata(&t.path).unwrap().len(),
+        "the marker moved past the turns"
+    );
+    // Nothing is left to read: the turns were recorded once in all, and told once.
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert_eq!(human_turns_published(&ds), [], "{:?}", texts(&ds));
+    assert_eq!(w.human_events(&session).await, 1);
+    assert_eq!(
+        w.queue
+            .peek(&SessionKey::new("agent:main:main").unwrap())
+            .len(),
+        1
+    );
+}
+
+/// Reads with the JSONL provider; while `unwatch` is set, its next check first removes the
+/// watch of the session it checks (its watcher leaving while the check reads).
+struct UnwatchingJsonl {
+    inner: JsonlProvider,
+    store: Arc<MemoryStore>,
+    unwatch: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl UpstreamProvider for UnwatchingJsonl {
+    fn kind(&self) -> &str {
+        self.inner.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        if self.unwatch.swap(false, Ordering::SeqCst) {
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            self.store
+                .unwatch(&watcher, &link.session.session_key)
+                .await
+                .unwrap();
+        }
+        self.inner.check(link, own).await
+    }
+}
+
+/// DESIGN.md section 8: the marker moves only after the burst's event is stored. Turns found
+/// in a session whose watch went during the check are not recorded (nothing watches it), and
+/// the marker stays, also while the link is not checked: once the session is watched again,
+/// the next check reads the same rows and records them, once.
+#[tokio::test(start_paused = true)]
+async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let adopted = w.store.link(&session).await.unwrap().unwrap();
+    let provider = Arc::new(UnwatchingJsonl {
+        inner: JsonlProvider::new(),
+        store: w.store.clone(),
+        unwatch: std::sync::atomic::AtomicBool::new(true),
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(provider)
+        .build();
+    let mut rx = monitor.subscribe();
+    let texts = |ds: &[Detection]| ds.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let marker = async || w.store.link(&session).await.unwrap().unwrap().marker;
+
+    t.human("typed while the watcher left");
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert_eq!(human_turns_published(&ds), [], "{:?}", texts(&ds));
+    let failed = failures_published(&ds);
+    assert_eq!(failed.len(), 1, "{:?}", texts(&ds));
+    assert!(
+        failed[0].contains("nothing watches the session any more"),
+        "{failed:?}"
+    );
+    assert_eq!(w.human_events(&session).await, 0);
+    assert_eq!(marker().await, adopted.marker, "the marker stays");
+
+    // Unwatched, the link is not checked: its marker still stays.
+    let r = monitor.tick().await;
+    assert_eq!((r.checked, r.unwatched), (0, 1));
+    assert_eq!(marker().await, adopted.marker);
+
+    // Watched again: the turn is recorded, and the marker moves past it.
+    w.store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert_eq!(
+        human_turns_published(&ds),
+        [(1, MarkerMove::Moved)],
+        "{:?}",
+        texts(&ds)
+    );
+    assert_eq!(
+        JsonlMarker::from_value(&marker().await.unwrap())
+            .unwrap()
+            .position(),
+        std::fs::metadata(&t.path).unwrap().len()
+    );
+    tick_published(&monitor, &mut rx).await;
+    assert_eq!(w.human_events(&session).await, 1, "recorded once");
+}
+
+/// Decision 0004: a check that fails (here a directory where the transcript was: the path
+/// cannot be read) neither counts towards the consecutive missing checks nor restarts them.
+/// Missing, missing, failed, missing: the failed check records nothing, and the miss after it
+/// is the third, which records `upstream_missing` and removes the link.
+#[tokio::test(start_paused = true)]
+async fn a_failed_check_neither_counts_nor_restarts_the_missing_checks() {
+    let w = world();
+    let t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    let adopted = w.store.link(&session).await.unwrap().unwrap();
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    let texts = |ds: &[Detection]| ds.iter().map(ToString::to_string).collect::<Vec<_>>();
+
+    assert_eq!(
+        missing_twice(&t, &monitor, &mut rx).await,
+        ["missing 1", "missing 2"]
+    );
+    std::fs::create_dir(&t.path).unwrap();
+    let ds = tick_published(&monitor, &mut rx).await;
+    let failed = failures_published(&ds);
+    assert_eq!(failed.len(), 1, "{:?}", texts(&ds));
+    assert!(failed[0].contains("not a regular file"), "{failed:?}");
+    assert!(
+        !ds.iter().any(|d| matches!(
+            d,
+            Detection::Missing { .. } | Detection::UpstreamMissing { .. }
+        )),
+        "the failure does not count: {:?}",
+        texts(&ds)
+    );
+    assert!(
+        w.events(&session, EventKind::UpstreamMissing)
+            .await
+            .is_empty()
+    );
+    let link = w.store.link(&session).await.unwrap().unwrap();
+    assert_eq!(
+        link.updated_at, adopted.updated_at,
+        "the link never changed"
+    );
+
+    // Gone again: the third miss in a row, the failure between them notwithstanding.
+    std::fs::remove_dir(&t.path).unwrap();
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert!(
+        ds.iter().any(|d| matches!(
+            d,
+            Detection::UpstreamMissing {
+                link_removed: true,
+                ..
+            }
+        )),
+        "the count was not restarted: {:?}",
+        texts(&ds)
+    );
+    assert_eq!(
+        w.events(&session, EventKind::UpstreamMissing).await.len(),
+        1
+    );
+    assert_eq!(w.store.link(&session).await.unwrap(), None);
+}

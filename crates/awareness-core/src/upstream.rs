@@ -600,7 +600,14 @@ pub fn fingerprint(text: &str) -> TextFingerprint {
 /// [`SELF_ECHO_WINDOW`] of them.
 pub fn own_fingerprints(own_recent: &[String]) -> Vec<TextFingerprint> {
     let skip = own_recent.len().saturating_sub(SELF_ECHO_WINDOW);
-    own_recent[skip..].iter().map(|t| fingerprint(t)).collect()
+    fingerprints(&own_recent[skip..])
+}
+
+/// The fingerprints of every text given: own prompts windowed already, as an upstream
+/// monitor gives them for a source several sessions share (each session's last
+/// [`SELF_ECHO_WINDOW`]).
+pub fn fingerprints(texts: &[String]) -> Vec<TextFingerprint> {
+    texts.iter().map(|t| fingerprint(t)).collect()
 }
 
 /// Streaming [`normalize_text`]: characters go in one at a time, the fingerprint and the first

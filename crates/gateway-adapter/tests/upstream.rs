@@ -1292,12 +1292,15 @@ async fn a_run_activity_that_panics_for_one_session_fails_only_its_check() {
         }
     }
     let w = world();
+    // Two threads: sessions linked to one thread are judged together (a run in either
+    // defers both, and a port that panics for either fails both).
     let mut t = Transcript::new();
+    let mut other = Transcript::new();
     let good = w
         .adopt(&t, "agent:main:worker", "main", "agent:main:main")
         .await;
     let bad = w
-        .adopt(&t, "agent:main:broken", "main", "agent:main:main")
+        .adopt(&other, "agent:main:broken", "main", "agent:main:main")
         .await;
     let monitor = w
         .monitor()
@@ -1305,6 +1308,7 @@ async fn a_run_activity_that_panics_for_one_session_fails_only_its_check() {
         .build();
     let mut rx = monitor.subscribe();
     t.human("typed by a person");
+    other.human("typed by a person");
     let report = monitor.tick().await;
     assert_eq!((report.links, report.checked), (2, 1));
     assert_eq!(w.human_events(&good).await, 1);
@@ -1488,6 +1492,59 @@ async fn several_agents_adopting_one_thread_are_each_recorded() {
             "{lead}"
         );
     }
+}
+
+/// Bug: when two agents adopted one thread, each session's check judged the rows only by its
+/// own prompts and runs: a prompt one agent's gateway sent into the shared thread was a
+/// person's turn for the other, whose watchers were told another actor changed it, at every
+/// prompt. The prompts of every session linked to the same source are echoes for each (each
+/// one's last 10), and a run in any of them defers them all (DESIGN 9.6).
+#[tokio::test(start_paused = true)]
+async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_the_other() {
+    let w = world();
+    let mut t = Transcript::new();
+    let alpha = w
+        .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let beta = w
+        .adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    let prompts = Arc::new(RecentPrompts::new());
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w
+        .monitor()
+        .own_prompts(prompts.clone())
+        .run_activity(runs.clone())
+        .build();
+    let humans = |s: &SessionRef| {
+        let s = s.clone();
+        let w = &w;
+        async move { w.events(&s, EventKind::HumanDirectMessage).await.len() }
+    };
+    // Ten prompts each, the echoed one the oldest of each: neither session's window pushes
+    // the other's out.
+    prompts.record(&alpha, "Deploy the fix");
+    prompts.record(&beta, "Roll back the release");
+    for i in 1..10 {
+        prompts.record(&alpha, format!("alpha's prompt {i}"));
+        prompts.record(&beta, format!("beta's prompt {i}"));
+    }
+    t.human("Deploy   the fix");
+    t.human("Roll back\nthe release");
+    let r = monitor.tick().await;
+    assert_eq!(r.checked, 2);
+    assert_eq!((humans(&alpha).await, humans(&beta).await), (0, 0));
+    // A run of alpha's: beta's check waits too, the thread being written into by alpha.
+    runs.started(&alpha);
+    t.human("written by alpha's run");
+    let r = monitor.tick().await;
+    assert_eq!((r.checked, r.deferred), (0, 2));
+    runs.finished(&alpha);
+    prompts.record(&alpha, "written by alpha's run");
+    // A person's turn is still one for both.
+    t.human("a person typed this");
+    monitor.tick().await;
+    assert_eq!((humans(&alpha).await, humans(&beta).await), (1, 1));
 }
 
 #[tokio::test(start_paused = true)]

@@ -590,7 +590,7 @@ impl UpstreamProvider for JsonlProvider {
             ));
         }
         let marker = super::stored_marker(link, JsonlMarker::from_value);
-        let own = upstream::own_fingerprints(own_recent);
+        let own = upstream::fingerprints(own_recent);
         let budget = self.budget;
         let Some(reading) = Reading::claim(&self.reading, (link.session.clone(), path.clone()))
         else {

@@ -132,9 +132,11 @@ pub trait UpstreamProvider: Send + Sync {
     /// The `upstream_kind` of the links it reads.
     fn kind(&self) -> &str;
 
-    /// Reads the link's source forward from its marker. `own_recent` holds the session's most
-    /// recent own prompts, oldest first (at most 10 are used), for self-echo detection. It must
-    /// not panic; failures are [`CheckOutcome::Failed`]. The monitor bounds it with a timeout.
+    /// Reads the link's source forward from its marker. `own_recent` holds the own prompts
+    /// its rows are judged by for self-echo, every one of them to be used: the monitor gives
+    /// the session's most recent 10, oldest first, and as many of every other session linked
+    /// to the same source (a thread several agents adopted, each writing into it). It must not
+    /// panic; failures are [`CheckOutcome::Failed`]. The monitor bounds it with a timeout.
     async fn check(&self, link: &UpstreamLink, own_recent: &[String]) -> CheckOutcome;
 }
 

@@ -315,14 +315,18 @@ impl MonitorBuilder {
         self
     }
 
-    /// Sets the run-activity port (default: [`NoRuns`]).
+    /// Sets the run-activity port (default: [`NoRuns`]). A run active in any session linked
+    /// to a source defers the checks of every session linked to it: the gateway writes into
+    /// that thread itself then.
     #[must_use]
     pub fn run_activity(mut self, runs: Arc<dyn RunActivity>) -> Self {
         self.runs = runs;
         self
     }
 
-    /// Sets the own-prompts port (default: an empty [`RecentPrompts`]).
+    /// Sets the own-prompts port (default: an empty [`RecentPrompts`]). A source's rows are
+    /// judged by the last 10 own prompts of every session linked to it (a thread several
+    /// agents adopted), each one's a self-echo for all.
     #[must_use]
     pub fn own_prompts(mut self, prompts: Arc<dyn OwnPrompts>) -> Self {
         self.prompts = prompts;
@@ -605,6 +609,23 @@ enum Watched {
     },
 }
 
+/// What makes two links read one source: the host, the provider, the thread and where the
+/// provider finds it (the catalog it was adopted through is left out: one thread is one
+/// source whichever catalog listed it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SourceId(String, String, String, Option<String>);
+
+impl SourceId {
+    fn of(link: &UpstreamLink) -> Self {
+        Self(
+            link.host_id.clone(),
+            link.upstream_kind.clone(),
+            link.thread_id.clone(),
+            link.upstream_ref.as_ref().map(Value::to_string),
+        )
+    }
+}
+
 impl Inner {
     fn emit(&self, d: Detection) {
         // No subscriber is fine.
@@ -684,6 +705,16 @@ impl Inner {
             let first = usize::try_from(report.tick % links.len() as u64).unwrap_or(0);
             links.rotate_left(first);
         }
+        // The sessions linked to each source: a thread several agents adopted is written into
+        // by each of them, so the prompts any of them sent are echoes for all, and a run of any
+        // defers them all (DESIGN 9.6).
+        let mut sharing: HashMap<SourceId, Vec<SessionRef>> = HashMap::new();
+        for link in &links {
+            sharing
+                .entry(SourceId::of(link))
+                .or_default()
+                .push(link.session.clone());
+        }
         let mut silent = false;
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
@@ -739,9 +770,12 @@ impl Inner {
             }
             // The gateway's own ports, asked here in the tick itself: one that panics for one
             // session fails that session's check, not the monitor.
-            let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                (!me.runs.is_active(&link.session)).then(|| me.prompts.recent(&link.session))
-            }));
+            let group = sharing
+                .get(&SourceId::of(&link))
+                .cloned()
+                .unwrap_or_else(|| vec![link.session.clone()]);
+            let asked =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| me.own_of(&group)));
             let own = match asked {
                 Ok(Some(own)) => own,
                 Ok(None) => {
@@ -763,7 +797,7 @@ impl Inner {
             report.checked += 1;
             let session = link.session.clone();
             let me = Arc::clone(me);
-            let task = checks.spawn(async move { me.check(provider, link, own).await });
+            let task = checks.spawn(async move { me.check(provider, link, own, group).await });
             sessions.insert(task.id(), session);
         }
         while let Some(done) = checks.join_next_with_id().await {
@@ -845,6 +879,7 @@ impl Inner {
         provider: Arc<dyn UpstreamProvider>,
         link: UpstreamLink,
         own: Vec<String>,
+        group: Vec<SessionRef>,
     ) -> bool {
         let limit = self.config.provider_timeout;
         let outcome = tokio::time::timeout(limit, provider.check(&link, &own))
@@ -907,10 +942,9 @@ impl Inner {
                     }),
                 }
             }
-            CheckOutcome::HumanTurns { .. }
-                if self.runs.is_active(&session) || self.prompts.recent(&session) != own =>
-            {
-                // A run began, or the gateway sent a prompt, while the check read: the rows
+            CheckOutcome::HumanTurns { .. } if self.own_of(&group).as_ref() != Some(&own) => {
+                // A run began, or the gateway sent a prompt, while the check read (in this
+                // session, or another linked to the same source): the rows
                 // were judged against own prompts that may not hold that prompt yet. Nothing
                 // is recorded and the marker stays; a later tick reads them again, once no run
                 // is active, against the prompts of then.
@@ -936,6 +970,23 @@ impl Inner {
             }
         }
         false
+    }
+
+    /// The own prompts a check of a source judges its rows by: those of every session in
+    /// `group` (the sessions linked to the source), each one's last
+    /// [`upstream::SELF_ECHO_WINDOW`]; `None` while a run of any of them is active (the
+    /// gateway writes into the thread itself then).
+    fn own_of(&self, group: &[SessionRef]) -> Option<Vec<String>> {
+        if group.iter().any(|s| self.runs.is_active(s)) {
+            return None;
+        }
+        let mut own = Vec::new();
+        for s in group {
+            let recent = self.prompts.recent(s);
+            let skip = recent.len().saturating_sub(upstream::SELF_ECHO_WINDOW);
+            own.extend(recent.into_iter().skip(skip));
+        }
+        Some(own)
     }
 
     fn found(&self, session: &SessionRef) {

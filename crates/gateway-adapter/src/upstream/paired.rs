@@ -581,7 +581,7 @@ impl UpstreamProvider for PairedNodeProvider {
     }
 
     async fn check(&self, link: &UpstreamLink, own_recent: &[String]) -> CheckOutcome {
-        let own = upstream::own_fingerprints(own_recent);
+        let own = upstream::fingerprints(own_recent);
         self.check_inner(link, &own).await.unwrap_or_else(|o| o)
     }
 }

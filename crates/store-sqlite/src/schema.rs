@@ -391,6 +391,54 @@ mod tests {
 
     use super::*;
 
+    /// Every column we add to one of OpenClaw's tables is declared as its name and one bare
+    /// type, nothing after it: OpenClaw's schema check on opening its state database
+    /// (`compareTableDefinitions`, `isCompatibleAdditiveColumnDefinition` in its
+    /// `src/infra/sqlite-schema-contract.ts`) tolerates a column it does not know only when
+    /// its declaration is `<name> ANY|BLOB|INT|INTEGER|REAL|TEXT`. A DEFAULT, NOT NULL, CHECK,
+    /// COLLATE or REFERENCES here would make OpenClaw refuse the file once we opened it
+    /// (`unexpected-column`). `tests/openclaw_schema_contract.rs`
+    /// (`a_file_we_opened_still_passes_openclaws_schema_check`) checks the text SQLite stores.
+    #[test]
+    fn every_added_column_is_declared_as_a_bare_type_openclaw_tolerates() {
+        const BARE_TYPES: [&str; 6] = ["ANY", "BLOB", "INT", "INTEGER", "REAL", "TEXT"];
+        let mut added = 0;
+        for m in &MIGRATIONS {
+            let Step::AddColumn {
+                table,
+                column,
+                decl,
+            } = m.step
+            else {
+                continue;
+            };
+            added += 1;
+            assert!(
+                OPENCLAW_TABLE_NAMES.contains(&table),
+                "migration {}: {table} is not one of OpenClaw's session-state tables",
+                m.version
+            );
+            // The column is one bare identifier, so nothing can ride in on its name either.
+            assert!(
+                !column.is_empty()
+                    && column
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "migration {}: column name {column:?} is not a bare identifier",
+                m.version
+            );
+            assert!(
+                BARE_TYPES.contains(&decl),
+                "migration {}: {table}.{column} is declared {decl:?}; OpenClaw accepts an extra \
+                 column only as `<name> <type>` with the type one of {BARE_TYPES:?} and nothing \
+                 after it (no DEFAULT, NOT NULL, CHECK, COLLATE, REFERENCES), and would refuse \
+                 the file with unexpected-column",
+                m.version
+            );
+        }
+        assert_eq!(added, 2, "target_agent_id and fields_json");
+    }
+
     /// A file a later version migrated (its record above [`LATEST`]) is never written to by
     /// `migrate`, even when it lacks one of our additive columns: the open refuses it once the
     /// schema is settled (decision 0012). It added the column back and committed, when another

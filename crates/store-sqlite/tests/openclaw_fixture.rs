@@ -16,6 +16,9 @@ use serde_json::{Value, json};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _, SqliteConnection};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
+mod fixture;
+use fixture::{copy_fixture, fixture_dir, raw};
+
 /// The clock of the rows these tests write.
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 
@@ -28,44 +31,6 @@ const OURS: [&str; 6] = [
     "awareness_schema_migrations",
     "sqlite_sequence",
 ];
-
-/// The fixture folder: under `$AWARENESS_SHARED_DIR` (as the e2e tests read it), else under
-/// `../shared` beside the checkout.
-fn fixture_dir() -> PathBuf {
-    std::env::var_os("AWARENESS_SHARED_DIR")
-        .map_or_else(
-            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-            PathBuf::from,
-        )
-        .join("fixtures/openclaw-2026.9.6")
-}
-
-/// A writable copy of the fixture database in `dir`.
-fn copy_fixture(dir: &Path) -> PathBuf {
-    let src = fixture_dir().join("state.sqlite");
-    let dst = dir.join("state.sqlite");
-    std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
-    let wal = fixture_dir().join("state.sqlite-wal");
-    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
-        std::fs::copy(&wal, dir.join("state.sqlite-wal")).expect("copy the WAL");
-    }
-    for p in std::fs::read_dir(dir).unwrap() {
-        let p = p.unwrap().path();
-        let mut perms = std::fs::metadata(&p).unwrap().permissions();
-        #[allow(clippy::permissions_set_readonly_false)] // the copy of a read-only fixture
-        perms.set_readonly(false);
-        std::fs::set_permissions(&p, perms).unwrap();
-    }
-    dst
-}
-
-async fn raw(path: &Path) -> SqliteConnection {
-    sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(path)
-        .connect()
-        .await
-        .expect("raw connection")
-}
 
 /// Everything of the database that is not ours: the schema text of every other object, every
 /// row of every other table (in rowid order, each value `quote()`d), the other tables'

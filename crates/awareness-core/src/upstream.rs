@@ -597,7 +597,9 @@ pub fn fingerprint(text: &str) -> TextFingerprint {
 }
 
 /// The fingerprints of a session's own recent prompts (oldest first): the last
-/// [`SELF_ECHO_WINDOW`] of them.
+/// [`SELF_ECHO_WINDOW`] of them. Not for what an upstream monitor hands a provider, which may
+/// hold the prompts of several sessions linked to one thread, each windowed already: use
+/// [`fingerprints`] there, as the providers of gateway-adapter do.
 pub fn own_fingerprints(own_recent: &[String]) -> Vec<TextFingerprint> {
     let skip = own_recent.len().saturating_sub(SELF_ECHO_WINDOW);
     fingerprints(&own_recent[skip..])

@@ -1506,9 +1506,21 @@ async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_th
     let alpha = w
         .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
         .await;
-    let beta = w
-        .adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
-        .await;
+    // Beta adopted the same file under another thread label: one source all the same (a
+    // transcript is its path).
+    let beta = SessionRef::parse("agent:beta:main", "beta").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(beta.clone(), &t.path, Some("beta's label")).unwrap())
+        .await
+        .unwrap();
+    w.store
+        .watch(
+            &WatcherKey::parse("agent:beta:lead").unwrap(),
+            &beta,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
     let prompts = Arc::new(RecentPrompts::new());
     let runs = Arc::new(RunTracker::new());
     let monitor = w
@@ -1545,6 +1557,39 @@ async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_th
     t.human("a person typed this");
     monitor.tick().await;
     assert_eq!((humans(&alpha).await, humans(&beta).await), (1, 1));
+}
+
+/// A run in one of the sessions linked to a thread defers the others' checks, but not for
+/// good: two agents answering each other in one thread, one of them running at every tick,
+/// kept a person's turn from ever being told to either's watchers. After five ticks in a row
+/// deferred, a session is deferred only by its own runs.
+#[tokio::test(start_paused = true)]
+async fn a_session_deferred_at_every_tick_by_a_linked_sessions_run_is_checked_after_five() {
+    let w = world();
+    let mut t = Transcript::new();
+    let alpha = w
+        .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let beta = w
+        .adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w.monitor().run_activity(runs.clone()).build();
+    runs.started(&alpha);
+    t.human("a person typed this");
+    for tick in 1..=5 {
+        let r = monitor.tick().await;
+        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
+    }
+    assert_eq!(w.human_events(&beta).await, 0);
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (1, 1),
+        "beta checked, alpha still running"
+    );
+    assert_eq!(w.human_events(&beta).await, 1);
+    assert_eq!(w.human_events(&alpha).await, 0);
 }
 
 #[tokio::test(start_paused = true)]

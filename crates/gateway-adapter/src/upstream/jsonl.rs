@@ -577,6 +577,15 @@ impl UpstreamProvider for JsonlProvider {
         LOCAL_JSONL
     }
 
+    /// The transcript's path (stored absolute and canonical by [`adoption`]): its thread id is
+    /// only a label, which two adoptions of one file may give differently.
+    fn source_key(&self, link: &UpstreamLink) -> String {
+        match path_of(link) {
+            Some(path) => format!("{}\n{}", link.host_id, path.display()),
+            None => format!("{}\n{}", link.host_id, link.thread_id),
+        }
+    }
+
     async fn check(&self, link: &UpstreamLink, own_recent: &[String]) -> CheckOutcome {
         let Some(path) = path_of(link) else {
             return CheckOutcome::Failed("the link names no transcript path".into());

@@ -138,6 +138,15 @@ pub trait UpstreamProvider: Send + Sync {
     /// to the same source (a thread several agents adopted, each writing into it). It must not
     /// panic; failures are [`CheckOutcome::Failed`]. The monitor bounds it with a timeout.
     async fn check(&self, link: &UpstreamLink, own_recent: &[String]) -> CheckOutcome;
+
+    /// What names the source `link` reads: two links of this provider with the same key read
+    /// one source (a thread several agents adopted), and the monitor judges them together
+    /// (the prompts of each are echoes for all; a run in any defers all). The default is the
+    /// link's host and thread id; a provider whose links find their source another way (a
+    /// transcript's path) names it by that. It must not panic.
+    fn source_key(&self, link: &UpstreamLink) -> String {
+        format!("{}\n{}", link.host_id, link.thread_id)
+    }
 }
 
 /// Whether a run of the gateway is active in a session. While one is, the gateway writes into

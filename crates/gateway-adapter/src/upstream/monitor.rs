@@ -356,6 +356,7 @@ impl MonitorBuilder {
                 config: self.config,
                 events,
                 missing: Mutex::new(HashMap::new()),
+                deferrals: Mutex::new(HashMap::new()),
                 listed: Mutex::new(HashSet::new()),
                 logged: Logged::default(),
                 ticks: AtomicU64::new(0),
@@ -486,6 +487,10 @@ struct Inner {
     events: broadcast::Sender<Detection>,
     /// Consecutive `missing` checks per ref, for the link incarnation of that `updated_at`.
     missing: Mutex<HashMap<SessionRef, (Timestamp, u32)>>,
+    /// Consecutive ticks each ref's check was deferred by a run (or a prompt sent during the
+    /// check) in a session linked to the same source: past [`SHARED_DEFERRALS`], the other
+    /// sessions' runs no longer defer it.
+    deferrals: Mutex<HashMap<SessionRef, u32>>,
     /// The refs of the links the last tick listed (less those whose link a check of ours
     /// removed), so that a link gone since, whoever removed it, takes its prompts with it.
     listed: Mutex<HashSet<SessionRef>>,
@@ -609,20 +614,27 @@ enum Watched {
     },
 }
 
-/// What makes two links read one source: the host, the provider, the thread and where the
-/// provider finds it (the catalog it was adopted through is left out: one thread is one
-/// source whichever catalog listed it).
+/// Ticks in a row a session's check may be deferred by runs in other sessions linked to its
+/// source before only its own runs defer it (see [`Inner::deferred_long`]).
+const SHARED_DEFERRALS: u32 = 5;
+
+/// What makes two links read one source: their provider, and the source it names for each
+/// ([`UpstreamProvider::source_key`]). The catalog a link was adopted through is not part of
+/// it: one thread is one source whichever catalog listed it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct SourceId(String, String, String, Option<String>);
+struct SourceId(String, String);
 
 impl SourceId {
-    fn of(link: &UpstreamLink) -> Self {
-        Self(
-            link.host_id.clone(),
-            link.upstream_kind.clone(),
-            link.thread_id.clone(),
-            link.upstream_ref.as_ref().map(Value::to_string),
-        )
+    /// `None` for a link no provider reads (it is not checked), or whose provider panicked
+    /// naming its source (it is then judged alone).
+    fn of(
+        providers: &HashMap<String, Arc<dyn UpstreamProvider>>,
+        link: &UpstreamLink,
+    ) -> Option<Self> {
+        let provider = providers.get(&link.upstream_kind)?;
+        let named =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.source_key(link)));
+        named.ok().map(|key| Self(link.upstream_kind.clone(), key))
     }
 }
 
@@ -683,6 +695,7 @@ impl Inner {
         // so grew with every session ever adopted.
         let now: HashSet<SessionRef> = links.iter().map(|l| l.session.clone()).collect();
         me.missing_counts().retain(|r, _| now.contains(r));
+        me.deferrals().retain(|r, _| now.contains(r));
         me.logged.keep_only(&now);
         let forgotten: Vec<SessionRef> = {
             let mut listed = me.listed();
@@ -710,10 +723,12 @@ impl Inner {
         // defers them all (DESIGN 9.6).
         let mut sharing: HashMap<SourceId, Vec<SessionRef>> = HashMap::new();
         for link in &links {
-            sharing
-                .entry(SourceId::of(link))
-                .or_default()
-                .push(link.session.clone());
+            if let Some(source) = SourceId::of(&me.providers, link) {
+                sharing
+                    .entry(source)
+                    .or_default()
+                    .push(link.session.clone());
+            }
         }
         let mut silent = false;
         for link in links {
@@ -770,16 +785,18 @@ impl Inner {
             }
             // The gateway's own ports, asked here in the tick itself: one that panics for one
             // session fails that session's check, not the monitor.
-            let group = sharing
-                .get(&SourceId::of(&link))
-                .cloned()
+            let group = SourceId::of(&me.providers, &link)
+                .and_then(|source| sharing.get(&source).cloned())
                 .unwrap_or_else(|| vec![link.session.clone()]);
-            let asked =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| me.own_of(&group)));
+            let alone = me.deferred_long(&link.session);
+            let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                me.own_of(&group, &link.session, alone)
+            }));
             let own = match asked {
                 Ok(Some(own)) => own,
                 Ok(None) => {
                     report.deferred += 1;
+                    me.deferred_again(&link.session);
                     me.logged.forget_link(&link.session);
                     me.emit(Detection::Deferred {
                         session: link.session.clone(),
@@ -797,7 +814,8 @@ impl Inner {
             report.checked += 1;
             let session = link.session.clone();
             let me = Arc::clone(me);
-            let task = checks.spawn(async move { me.check(provider, link, own, group).await });
+            let task =
+                checks.spawn(async move { me.check(provider, link, own, group, alone).await });
             sessions.insert(task.id(), session);
         }
         while let Some(done) = checks.join_next_with_id().await {
@@ -880,6 +898,7 @@ impl Inner {
         link: UpstreamLink,
         own: Vec<String>,
         group: Vec<SessionRef>,
+        alone: bool,
     ) -> bool {
         let limit = self.config.provider_timeout;
         let outcome = tokio::time::timeout(limit, provider.check(&link, &own))
@@ -942,13 +961,16 @@ impl Inner {
                     }),
                 }
             }
-            CheckOutcome::HumanTurns { .. } if self.own_of(&group).as_ref() != Some(&own) => {
+            CheckOutcome::HumanTurns { .. }
+                if self.own_of(&group, &session, alone).as_ref() != Some(&own) =>
+            {
                 // A run began, or the gateway sent a prompt, while the check read (in this
                 // session, or another linked to the same source): the rows
                 // were judged against own prompts that may not hold that prompt yet. Nothing
                 // is recorded and the marker stays; a later tick reads them again, once no run
                 // is active, against the prompts of then.
                 self.found(&session);
+                self.deferred_again(&session);
                 debug!(session_key = %session.session_key, "a run or an own prompt came during the check; its human turns are read again later");
                 self.emit(Detection::Deferred { session });
                 return true;
@@ -969,15 +991,27 @@ impl Inner {
                 self.emit(Detection::Failed { session, error });
             }
         }
+        self.deferrals().remove(&link.session);
         false
     }
 
-    /// The own prompts a check of a source judges its rows by: those of every session in
-    /// `group` (the sessions linked to the source), each one's last
+    /// The own prompts a check of `session`'s source judges its rows by: those of every
+    /// session in `group` (the sessions linked to the source), each one's last
     /// [`upstream::SELF_ECHO_WINDOW`]; `None` while a run of any of them is active (the
-    /// gateway writes into the thread itself then).
-    fn own_of(&self, group: &[SessionRef]) -> Option<Vec<String>> {
-        if group.iter().any(|s| self.runs.is_active(s)) {
+    /// gateway writes into the thread itself then), or of `session` only when it is checked
+    /// `alone` ([`Inner::deferred_long`]).
+    fn own_of(
+        &self,
+        group: &[SessionRef],
+        session: &SessionRef,
+        alone: bool,
+    ) -> Option<Vec<String>> {
+        let deferring = |s: &&SessionRef| !alone || *s == session;
+        if group
+            .iter()
+            .filter(deferring)
+            .any(|s| self.runs.is_active(s))
+        {
             return None;
         }
         let mut own = Vec::new();
@@ -987,6 +1021,31 @@ impl Inner {
             own.extend(recent.into_iter().skip(skip));
         }
         Some(own)
+    }
+
+    fn deferrals(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, u32>> {
+        self.deferrals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `session`'s check was deferred [`SHARED_DEFERRALS`] ticks in a row: it is then
+    /// deferred only by a run of its own (as a session that shares its source with none),
+    /// so that sessions linked to one thread that take turns running (agents answering each
+    /// other) do not keep each other from being checked for good.
+    fn deferred_long(&self, session: &SessionRef) -> bool {
+        self.deferrals()
+            .get(session)
+            .is_some_and(|n| *n >= SHARED_DEFERRALS)
+    }
+
+    fn deferred_again(&self, session: &SessionRef) {
+        let mut deferrals = self.deferrals();
+        let n = deferrals.entry(session.clone()).or_default();
+        *n = n.saturating_add(1);
+        if *n == SHARED_DEFERRALS {
+            warn!(session_key = %session.session_key, agent_id = %session.agent_id, ticks = SHARED_DEFERRALS, "upstream monitor: a session's check was deferred by runs in sessions linked to the same source at every tick; from now on only its own runs defer it");
+        }
     }
 
     fn found(&self, session: &SessionRef) {

@@ -31,7 +31,7 @@
 //! | text starting `Continue this conversation using the OpenClaw transcript below` | [`SkipReason::Replay`] |
 //! | text starting `<task-notification` | [`SkipReason::TaskNotification`] |
 //! | text starting `<local-command-`, `<bash-stdout`, `<bash-stderr` | [`SkipReason::CommandOutput`] |
-//! | text equal, normalized, to one of the session's 10 latest own prompts | [`SkipReason::SelfEcho`] |
+//! | text equal, normalized, to one of the own prompts given (the session's 10 latest, and those of the sessions linked to the same thread) | [`SkipReason::SelfEcho`] |
 //! | any other `user` row with text or a non-text part (an image) | a human turn |
 //! | `queued_command` attachment, `origin.kind == "human"`, mode `prompt`/`bash`, same text rules (a prompt of only an image counts) | a human turn |
 //! | `system` row, `subtype == "local_command"`, not a sidechain or meta row, whose text is a slash command (by the same text rules) | a human turn; any other `system` row is [`SkipReason::NotConversation`] |
@@ -988,8 +988,8 @@ pub fn text_verdict(
 }
 
 /// Whether a transcript line is a human turn (DESIGN.md section 8). `own` holds the
-/// fingerprints of the session's recent own prompts
-/// ([`awareness_core::upstream::own_fingerprints`]).
+/// fingerprints of the own prompts the monitor gave ([`awareness_core::upstream::fingerprints`]:
+/// the session's recent ones, and those of the sessions linked to the same thread).
 pub fn classify(end: &LineEnd, own: &[TextFingerprint]) -> Verdict {
     let f = match end {
         LineEnd::Row(f) => f,

@@ -313,8 +313,10 @@ pub struct AwarenessConfig {
     /// reason (DESIGN.md section 9, item 7); and so is a notice handed out to this gateway's
     /// watchers where the store's answer does not change: another [`Awareness`] in this process
     /// over the same store handle, or a store with no other writer to tell of (store-memory,
-    /// store-redb). Each such pick-up reads every pending cursor of the store once.
-    /// `Duration::MAX` makes none (a pick-up is then made only when another writer commits).
+    /// store-redb); and a main session whose turn was dropped after acknowledging what it read
+    /// is woken for it ([`Awareness::pick_up`]). Each such pick-up reads every pending cursor
+    /// of the store once. `Duration::MAX` makes none (a pick-up is then made only when another
+    /// writer commits: on store-memory and store-redb, never).
     ///
     /// A gateway that takes its turns with [`Awareness::take_queued`] and
     /// [`Awareness::acknowledge`] instead of [`Awareness::drain_turn`] holds no turn lock a
@@ -930,6 +932,31 @@ async fn until<T>(
     }
 }
 
+/// Records `event` in `store` at `now`, warning when its dedupe key answers with an event of
+/// another session: dedupe keys are store-wide (DESIGN 3), and a producer whose ids are unique
+/// per session only (a harness's compaction numbers) would lose the event without a word.
+async fn record_in(
+    store: &dyn AwarenessStore,
+    event: NewEvent,
+    now: Timestamp,
+) -> Result<Recorded, StoreError> {
+    let session = event.session.clone();
+    let recorded = store.record(event, now).await?;
+    if recorded.deduplicated && recorded.event.session_ref() != session {
+        warn!(
+            session_key = %session.session_key,
+            agent_id = %session.agent_id,
+            kind = %recorded.event.kind,
+            stored_session_key = %recorded.event.session_key,
+            stored_agent_id = %recorded.event.agent_id,
+            stored_sequence = recorded.event.sequence.get(),
+            "the event's dedupe key is an event of another session's already: nothing was \
+             recorded for this one (dedupe keys are store-wide)"
+        );
+    }
+    Ok(recorded)
+}
+
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
 /// is woken at once (the waker coalesces) unless the notice is queue-only (an ambient watch's,
 /// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With `owned`, a watcher
@@ -1221,25 +1248,7 @@ impl Awareness {
             "record",
             about,
             (),
-            async move {
-                let session = event.session.clone();
-                let recorded = store.record(event, now).await?;
-                if recorded.deduplicated && recorded.event.session_ref() != session {
-                    // Dedupe keys are store-wide (DESIGN 3): a producer whose ids are unique
-                    // per session only (a harness's compaction numbers) loses the event.
-                    warn!(
-                        session_key = %session.session_key,
-                        agent_id = %session.agent_id,
-                        kind = %recorded.event.kind,
-                        stored_session_key = %recorded.event.session_key,
-                        stored_agent_id = %recorded.event.agent_id,
-                        stored_sequence = recorded.event.sequence.get(),
-                        "the event's dedupe key is an event of another session's already: nothing \
-                         was recorded for this one (dedupe keys are store-wide)"
-                    );
-                }
-                Ok(recorded)
-            },
+            async move { record_in(&*store, event, now).await },
             |r| r.notices.as_slice(),
             self.owned(),
             Some(self.config.max_pending_writes),
@@ -1390,10 +1399,7 @@ impl Awareness {
         let key = event.session.session_key.clone();
         let kind = event.kind.clone();
         let Some(recorded) = until(deadline, self.try_record(event)).await else {
-            let e = format!(
-                "the store has not answered within {:?}; the recording goes on, and its notices are delivered should it commit",
-                self.config.store_wait
-            );
+            let e = self.recording_goes_on();
             warn!(session_key = %key, %kind, error = %e, "session-state event not recorded yet");
             return Err(e);
         };
@@ -1402,6 +1408,15 @@ impl Awareness {
             warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
             e
         })
+    }
+
+    /// What is said of a recording the store has not answered within
+    /// [`AwarenessConfig::store_wait`].
+    fn recording_goes_on(&self) -> String {
+        format!(
+            "the store has not answered within {:?}; the recording goes on, and its notices are delivered should it commit",
+            self.config.store_wait
+        )
     }
 
     /// The error of a store call given up after [`AwarenessConfig::store_wait`].
@@ -1830,7 +1845,7 @@ impl Awareness {
         let write = async move {
             let outcome = links.upsert_link(spec, now).await?;
             let _ = linked.send(outcome.clone());
-            let recorded = store.record(event, now).await;
+            let recorded = record_in(&*store, event, now).await;
             if let Err(e) = &recorded {
                 warn!(
                     session_key = %outcome.link.session.session_key,
@@ -1883,10 +1898,7 @@ impl Awareness {
                 warn!(
                     session_key = %key,
                     kind = %EventKind::Adopted,
-                    error = %format!(
-                        "the store has not answered within {:?}; the recording goes on, and its notices are delivered should it commit",
-                        self.config.store_wait
-                    ),
+                    error = %self.recording_goes_on(),
                     "session-state event not recorded yet"
                 );
                 None
@@ -2440,6 +2452,7 @@ impl Awareness {
             unread,
             mut read,
             claim,
+            wake_owed,
             ..
         } = std::mem::take(turn.carried());
         if claim.is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
@@ -2457,12 +2470,14 @@ impl Awareness {
         // Should this turn be dropped while it reads the cursors, the next turn gets it all.
         // (What an earlier turn left is stamped anew with it: it survived every reset marked
         // so far, and one marked later may have committed before this drain.)
+        // Still owed, should this turn be dropped too before it settles on them.
+        let wake_owed = wake_owed && !read.is_empty();
         *turn.carried() = Carried {
             unread: drained,
             read,
             stamp: self.turns.stamp(),
             claim: None,
-            wake_owed: false,
+            wake_owed,
         };
         let cursors = self
             .within_store_wait(self.pending_cursors(watcher))
@@ -2483,8 +2498,10 @@ impl Awareness {
         let Carried {
             unread: drained,
             mut read,
+            wake_owed,
             ..
         } = std::mem::take(turn.carried());
+        let wake_owed = wake_owed || current.iter().any(|n| !n.queue_only);
         read.reserve(drained.len() + current.len());
         let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
         // A notice an earlier (dropped) turn settled on is not shown twice, whether or not its
@@ -2522,7 +2539,7 @@ impl Awareness {
             read,
             stamp,
             claim: Some(Arc::clone(&claim)),
-            wake_owed: current.iter().any(|n| !n.queue_only),
+            wake_owed,
         };
         // Shown now, unless a turn that came meanwhile showed them ([`Carried::claim`]).
         let shown_here = || {
@@ -2871,7 +2888,7 @@ impl Awareness {
             watchers
         };
         for watcher in watchers {
-            let Some(_turn) = self.turns.try_lock(&watcher) else {
+            let Some(mut turn) = self.turns.try_lock(&watcher) else {
                 done.busy.push(watcher);
                 continue;
             };
@@ -2890,6 +2907,11 @@ impl Awareness {
                     let dir = Some(&*self.directory);
                     let (queued, panicked) =
                         deliver_logged(&*self.queue, &*self.wake, dir, &notices);
+                    if queued > 0 && notices.iter().any(|n| !n.queue_only) {
+                        // Woken for these lines: what a dropped turn left is shown by that
+                        // turn too, and owes no wake of its own.
+                        turn.carried().wake_owed = false;
+                    }
                     done.queued += queued;
                     // Some lines may be missing: the next pick-up queues them.
                     done.failed |= panicked;
@@ -2903,8 +2925,20 @@ impl Awareness {
         // A main session whose turn was dropped once it had acknowledged what it read: no
         // cursor is pending, the lines wait for its next turn, which it takes only if woken.
         for watcher in self.turns.owed_wakes() {
-            if watcher.is_subagent() || !self.directory.exists(&watcher) {
+            if watcher.is_subagent() {
                 continue;
+            }
+            let known = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.directory.exists(&watcher)
+            }));
+            match known {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(_) => {
+                    warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; it is not woken, and its next turn shows what its dropped turn left");
+                    done.failed = true;
+                    continue;
+                }
             }
             let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.wake.wake(&watcher, "session-state");

@@ -637,7 +637,8 @@ async fn a_producer_time_older_than_a_day_is_recorded_clamped_with_a_warning() {
 /// session (`compacted:1` in each) had the second session's compaction answered with the
 /// first session's event, and nothing recorded for it, without a word. It is still not
 /// recorded (the key format is OpenClaw's), with a warning that names both sessions; the same
-/// operation recorded again for its own session (a retry) is not warned of.
+/// operation recorded again for its own session (a retry) is not warned of. An adoption's
+/// `adopted` event, written on its own task, is warned of alike.
 #[tokio::test]
 async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
     let capture = common::Capture::default();
@@ -682,5 +683,21 @@ async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
         lines[0].contains(other) && lines[0].contains(CHILD) && lines[0].contains("level=WARN"),
         "{}",
         lines[0]
+    );
+    // An adoption's event too: `adopted:<sessionKey>` names no agent, so a second agent
+    // adopting the same bare key is answered with the first one's event.
+    for agent in ["alpha", "beta"] {
+        let adopted = SessionRef::parse("global", agent).unwrap();
+        w.svc
+            .try_adopt(LinkSpec::new(adopted, "remote", "h", "t", "paired-node"))
+            .await
+            .expect("adopted");
+    }
+    let lines = warned(&capture);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[1].contains("beta") && lines[1].contains("alpha"),
+        "{}",
+        lines[1]
     );
 }

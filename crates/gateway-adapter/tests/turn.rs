@@ -705,6 +705,48 @@ async fn a_pick_up_wakes_a_session_whose_dropped_turn_left_it_a_notice() {
     );
 }
 
+/// The wake a dropped turn's lines are owed survives a second turn dropped before it settles
+/// on them (while it reads the cursors, as a slow store makes likely): it forgot the debt, and
+/// the lines waited again for a turn taken for another reason.
+#[tokio::test]
+async fn a_wake_owed_survives_a_second_dropped_turn() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let first = w.turn_at_the_gate().await;
+    dropped(first).await;
+    w.store.hook.permits.add_permits(1); // its acknowledgement commits
+    settle().await;
+    *w.store.hook.at.lock().unwrap() = (Call::Cursors, false);
+    let second = w.turn_at_the_gate().await;
+    dropped(second).await;
+    w.open_gate();
+    let before = w.wake.count(&k(MANAGER));
+    w.svc.pick_up().await;
+    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for the lines");
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))]
+    );
+}
+
+/// A pick-up that queues a dropped turn's notices again (its acknowledgement failed, so they
+/// are still pending) wakes the session for them once: it woke it a second time for the
+/// lines the dropped turn left, the same notices.
+#[tokio::test]
+async fn a_pick_up_wakes_once_for_a_dropped_turns_notices_still_pending() {
+    let mut w = World::gated(Call::Acknowledge, false).await;
+    w.human().await;
+    let turn = w.turn_at_the_gate().await;
+    dropped(turn).await;
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Acknowledge);
+    w.open_gate();
+    settle().await;
+    assert!(w.cursor().await.is_pending(), "the acknowledgement failed");
+    let before = w.wake.count(&k(MANAGER));
+    w.svc.pick_up().await;
+    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken once");
+}
+
 /// What a dropped turn left for the next one goes with the watcher's watches when it is reset:
 /// the next turn does not show notices of watches that no longer exist.
 #[tokio::test]

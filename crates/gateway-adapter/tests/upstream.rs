@@ -745,18 +745,21 @@ async fn paired_node_pages_back_to_the_marker() {
     let link = paired_link(Some(
         PairedMarker {
             uuid: Some("i9".into()),
+            anchors: Vec::new(),
             resume: None,
         }
         .to_value(),
     ));
     let out = provider.check(&link, &own).await;
+    // The newest item, and the items just below it (its anchors).
+    let newest = json!({"uuid": "i131", "anchors": ["i130", "i129", "i128", "i127"]});
     assert_eq!(
         out,
         CheckOutcome::HumanTurns {
             turns: 60,
             dedupe_id: "i128".into(),
             source_id: "node-2/thread-9".into(),
-            marker: json!({"uuid": "i131"}),
+            marker: newest.clone(),
         },
         "every turn of the burst, not only the newest {PAGE_ITEMS}"
     );
@@ -769,7 +772,8 @@ async fn paired_node_pages_back_to_the_marker() {
             marker: json!({"uuid": "i131"})
         }
     );
-    // No marker: start at the newest item. A marker item that no longer exists: rebased.
+    // No marker: start at the newest item (the only one read: no anchors). A marker item
+    // that no longer exists: rebased, anchored at the items read below the newest.
     assert_eq!(
         provider.check(&paired_link(None), &own).await,
         CheckOutcome::Rebased {
@@ -780,9 +784,7 @@ async fn paired_node_pages_back_to_the_marker() {
         provider
             .check(&paired_link(Some(json!({"uuid": "deleted"}))), &own)
             .await,
-        CheckOutcome::Rebased {
-            marker: json!({"uuid": "i131"})
-        }
+        CheckOutcome::Rebased { marker: newest }
     );
     // A node that answers one check with no items (restarting, still loading the thread): the
     // marker stays, and the check after it counts nothing old. It was rebased to "no item",
@@ -3161,7 +3163,10 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
     let provider = PairedNodeProvider::new(node.clone());
     let top = format!("new{}", bound - 1);
     // The fake node's cursors are indexes: the next older page ends after `i0` and `old*`.
-    let resume = json!({"uuid": "i0", "resume": {"before": "101", "top": top}});
+    // The items just below the top become its anchors once the marker moves there.
+    let top_anchors: Vec<String> = (2..6).map(|i| format!("new{}", bound - i)).collect();
+    let resume = json!({"uuid": "i0", "resume": {"before": "101", "top": top,
+        "top_anchors": top_anchors}});
     assert_eq!(
         provider
             .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
@@ -3215,7 +3220,7 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
         warned[0]
     );
 
-    let newest = json!({"uuid": top});
+    let newest = json!({"uuid": top, "anchors": top_anchors});
     assert_eq!(
         provider.check(&paired_link(Some(resume)), &[]).await,
         human_turns(100, "old99@101", newest.clone()),
@@ -3337,7 +3342,10 @@ async fn a_paging_time_of_duration_max_pages_to_the_bound() {
 async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded_next_tick() {
     let bound = MAX_PAGES * PAGE_ITEMS;
     let top = format!("new{}", bound - 1);
-    let resume = json!({"uuid": "i0", "resume": {"before": "11", "top": top}});
+    let top_anchors: Vec<String> = (2..6).map(|i| format!("new{}", bound - i)).collect();
+    let resume = json!({"uuid": "i0", "resume": {"before": "11", "top": top,
+        "top_anchors": top_anchors}});
+    let moved = json!({"uuid": top, "anchors": top_anchors});
     let provider = PairedNodeProvider::new(burst_node(10, false));
     assert_eq!(
         provider
@@ -3352,7 +3360,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
         provider
             .check(&paired_link(Some(resume.clone())), &[])
             .await,
-        human_turns(10, "old9@11", json!({"uuid": top}))
+        human_turns(10, "old9@11", moved.clone())
     );
 
     // Through the monitor: the watcher is told on the second tick.
@@ -3387,7 +3395,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
     let events = w.events(&session, EventKind::HumanDirectMessage).await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].payload.as_ref().unwrap()["turns"], json!(10));
-    assert_eq!(marker().await, Some(json!({"uuid": top})));
+    assert_eq!(marker().await, Some(moved));
     let told = w.queue.peek(watcher.session_key());
     assert_eq!(told.len(), 1, "{told:?}");
     monitor.tick().await;
@@ -3395,7 +3403,8 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
 }
 
 /// A marker stored before resume points existed (`{"uuid": ...}`) reads as before, and a
-/// check that has nothing to resume writes it back in the same form.
+/// check that has nothing to resume writes it back in the same form (a marker that moves gets
+/// anchors, the items read below its new item).
 #[tokio::test]
 async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_alike() {
     let node = FakeNode::holding([
@@ -3408,7 +3417,7 @@ async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_a
         provider
             .check(&paired_link(Some(json!({"uuid": "x"}))), &[])
             .await,
-        human_turns(1, "y", json!({"uuid": "z"}))
+        human_turns(1, "y", json!({"uuid": "z", "anchors": ["y", "x"]}))
     );
     assert_eq!(
         provider
@@ -3422,7 +3431,7 @@ async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_a
         provider
             .check(&paired_link(Some(json!({"uuid": null}))), &[])
             .await,
-        human_turns(2, "y", json!({"uuid": "z"}))
+        human_turns(2, "y", json!({"uuid": "z", "anchors": ["y", "x"]}))
     );
     for stored in [
         json!({"uuid": "x"}),
@@ -3457,7 +3466,7 @@ async fn a_resumed_check_rebases_to_its_top_when_the_marker_item_vanished() {
         provider
             .check(&paired_link(Some(json!({"uuid": "n7"}))), &[])
             .await,
-        human_turns(2, "n9", json!({"uuid": "n9"}))
+        human_turns(2, "n9", json!({"uuid": "n9", "anchors": ["n8", "n7"]}))
     );
     // Empty when adopted: everything older than the stored cursor counts.
     let empty_then = json!({"uuid": null, "resume": {"before": "6", "top": "n7"}});
@@ -3476,7 +3485,9 @@ async fn a_paired_burst_is_read_in_as_many_checks_as_it_takes() {
     items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
     let node = FakeNode::holding(items);
     let provider = PairedNodeProvider::new(node.clone()).with_max_pages(1);
-    let first = json!({"uuid": "i0", "resume": {"before": "71", "top": "t119"}});
+    let top_anchors = json!(["t118", "t117", "t116", "t115"]);
+    let first = json!({"uuid": "i0", "resume": {"before": "71", "top": "t119",
+        "top_anchors": top_anchors}});
     assert_eq!(
         provider
             .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
@@ -3487,20 +3498,25 @@ async fn a_paired_burst_is_read_in_as_many_checks_as_it_takes() {
         .lock()
         .unwrap()
         .push(PairedItem::user("t120", "typed meanwhile"));
-    let second = json!({"uuid": "i0", "resume": {"before": "21", "top": "t119"}});
+    let second = json!({"uuid": "i0", "resume": {"before": "21", "top": "t119",
+        "top_anchors": top_anchors}});
     assert_eq!(
         provider.check(&paired_link(Some(first)), &[]).await,
         human_turns(50, "t69@71", second.clone())
     );
     assert_eq!(
         provider.check(&paired_link(Some(second)), &[]).await,
-        human_turns(20, "t19@21", json!({"uuid": "t119"}))
+        human_turns(
+            20,
+            "t19@21",
+            json!({"uuid": "t119", "anchors": top_anchors})
+        )
     );
     assert_eq!(
         provider
             .check(&paired_link(Some(json!({"uuid": "t119"}))), &[])
             .await,
-        human_turns(1, "t120", json!({"uuid": "t120"}))
+        human_turns(1, "t120", json!({"uuid": "t120", "anchors": ["t119"]}))
     );
 }
 
@@ -3539,7 +3555,9 @@ async fn a_paging_cursor_too_long_for_a_marker_gives_up_the_older_items() {
     let out = provider
         .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
         .await;
-    assert_eq!(out, human_turns(50, "t119", json!({"uuid": "t119"})));
+    // The anchors the resume point would have kept go with the marker to the newest item.
+    let newest = json!({"uuid": "t119", "anchors": ["t118", "t117", "t116", "t115"]});
+    assert_eq!(out, human_turns(50, "t119", newest));
 }
 
 /// Answers the newest page of `node`, and `error` for every older page.
@@ -3685,6 +3703,363 @@ async fn a_resumed_segment_is_not_taken_for_the_segment_of_a_check_made_again() 
         dedupe_id, first,
         "the older turns would be recorded as a duplicate of the first event"
     );
+}
+
+// ----- anchors: the marker's item deleted or regenerated -----------------------------------------
+
+/// The marker an outcome of the paired-node provider leaves.
+fn paired_marker_of(outcome: &CheckOutcome) -> Value {
+    match outcome {
+        CheckOutcome::Unchanged { marker }
+        | CheckOutcome::Rebased { marker }
+        | CheckOutcome::HumanTurns { marker, .. } => marker.clone(),
+        other => panic!("expected a marker, got {other:?}"),
+    }
+}
+
+/// `h0 a0 h1 a1 ...`: a person's turn (`h<i>`) at even indexes, a reply (`a<i>`) at odd ones.
+fn dialogue(n: usize) -> Vec<PairedItem> {
+    (0..n)
+        .map(|i| {
+            if i % 2 == 0 {
+                PairedItem::user(format!("h{i}"), format!("turn {i}"))
+            } else {
+                PairedItem::with_role(format!("a{i}"), "assistant", "ok")
+            }
+        })
+        .collect()
+}
+
+/// Removes the newest `n` items of `node`'s thread and appends `then`.
+fn rewrite_newest(node: &FakeNode, n: usize, then: impl IntoIterator<Item = PairedItem>) {
+    let mut items = node.items.lock().unwrap();
+    let keep = items.len() - n;
+    items.truncate(keep);
+    items.extend(then);
+}
+
+/// Bug (review): the marker was the newest item's id alone. A chat UI's "regenerate" replaces
+/// the newest reply, so the next check paged back without meeting it: on a thread within the
+/// paging bound it reached the start and rebased, and the turn the person typed after the
+/// regenerated reply was never recorded. The marker keeps the ids of the items just older than
+/// its own (its anchors), and a read stops at the nearest one that is left.
+#[tokio::test]
+async fn a_regenerated_reply_under_the_marker_loses_no_turn_typed_after_it() {
+    let node = FakeNode::holding(dialogue(4));
+    let provider = PairedNodeProvider::new(node.clone());
+    let marker = json!({"uuid": "a3", "anchors": ["h2", "a1", "h0"]});
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "h0"}))), &[])
+            .await,
+        human_turns(1, "h2", marker.clone()),
+        "the marker keeps the items below its own"
+    );
+    // The reply is regenerated: removed first, then written again under a new id.
+    rewrite_newest(&node, 1, []);
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(marker.clone())), &[])
+            .await,
+        CheckOutcome::Unchanged {
+            marker: marker.clone()
+        },
+        "nothing newer than the nearest anchor left: nothing to count, nothing to rebase"
+    );
+    rewrite_newest(
+        &node,
+        0,
+        [
+            PairedItem::with_role("a3b", "assistant", "ok again"),
+            PairedItem::user("h4", "typed after the regenerated reply"),
+        ],
+    );
+    assert_eq!(
+        provider.check(&paired_link(Some(marker)), &[]).await,
+        human_turns(
+            1,
+            "h4",
+            json!({"uuid": "h4", "anchors": ["a3b", "h2", "a1", "h0"]})
+        ),
+        "the one turn typed after the old marker, not a rebase"
+    );
+}
+
+/// The same on a thread longer than the paging bound: the read used to page back to the bound
+/// and record the thread's old history as new turns, segment by segment.
+#[tokio::test]
+async fn a_regenerated_reply_on_a_thread_longer_than_the_paging_bound_counts_no_old_history() {
+    let node = FakeNode::holding(dialogue(3_000));
+    let provider = PairedNodeProvider::new(node.clone());
+    let marker = json!({"uuid": "a2999", "anchors": ["h2998", "a2997", "h2996", "a2995"]});
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "a2995"}))), &[])
+            .await,
+        human_turns(2, "h2998", marker.clone()),
+        "at most four anchors"
+    );
+    rewrite_newest(
+        &node,
+        1,
+        [
+            PairedItem::with_role("a2999b", "assistant", "ok again"),
+            PairedItem::user("h3000", "typed after the regenerated reply"),
+        ],
+    );
+    let calls = node.calls.load(Ordering::SeqCst);
+    let next = json!({"uuid": "h3000", "anchors": ["a2999b", "h2998", "a2997", "h2996"]});
+    assert_eq!(
+        provider.check(&paired_link(Some(marker)), &[]).await,
+        human_turns(1, "h3000", next.clone()),
+        "the one new turn, no segment of old history"
+    );
+    assert_eq!(
+        node.calls.load(Ordering::SeqCst) - calls,
+        1,
+        "one page, not paging back to the bound"
+    );
+    assert_eq!(
+        provider.check(&paired_link(Some(next.clone())), &[]).await,
+        CheckOutcome::Unchanged { marker: next }
+    );
+}
+
+/// A turn edited by the person (it and the reply after it replaced) takes the marker's item and
+/// its nearest anchor: the next anchor left is where the read stops.
+#[tokio::test]
+async fn a_read_stops_at_the_nearest_anchor_left() {
+    let marker = json!({"uuid": "a7", "anchors": ["h6", "a5", "h4", "a3"]});
+    for (gone, anchors) in [
+        (2, json!(["h8b", "a5", "h4", "a3"])),
+        (3, json!(["h8b", "h4", "a3"])),
+        (4, json!(["h8b", "a3"])),
+    ] {
+        let node = FakeNode::holding(dialogue(8));
+        rewrite_newest(
+            &node,
+            gone,
+            [
+                PairedItem::user("h8b", "the turn as edited"),
+                PairedItem::with_role("a9b", "assistant", "ok"),
+            ],
+        );
+        assert_eq!(
+            PairedNodeProvider::new(node)
+                .check(&paired_link(Some(marker.clone())), &[])
+                .await,
+            human_turns(1, "h8b", json!({"uuid": "a9b", "anchors": anchors})),
+            "{gone} newest items gone"
+        );
+    }
+    // The marker such a thread had: its newest item, and the four before it.
+    assert_eq!(
+        paired_marker_of(
+            &PairedNodeProvider::new(FakeNode::holding(dialogue(8)))
+                .check(&paired_link(Some(json!({"uuid": "h2"}))), &[])
+                .await
+        ),
+        marker
+    );
+}
+
+/// With the marker's item and every anchor gone, a thread is taken as rewritten, as before
+/// anchors: rebased at its start (the rebase keeping the items read below the new marker as
+/// its anchors), and read as a burst at the paging bound on a longer thread.
+#[tokio::test]
+async fn with_every_anchor_gone_a_thread_is_rebased_or_read_to_the_bound_as_before() {
+    let rewritten = [
+        PairedItem::user("new", "typed"),
+        PairedItem::with_role("reply", "assistant", "ok"),
+    ];
+    let node = FakeNode::holding(dialogue(8));
+    rewrite_newest(&node, 5, rewritten.clone());
+    let marker = json!({"uuid": "a7", "anchors": ["h6", "a5", "h4", "a3"]});
+    assert_eq!(
+        PairedNodeProvider::new(node)
+            .check(&paired_link(Some(marker)), &[])
+            .await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": "reply", "anchors": ["new", "h2", "a1", "h0"]})
+        }
+    );
+
+    let bound = MAX_PAGES * PAGE_ITEMS;
+    let node = FakeNode::holding(dialogue(3_000));
+    rewrite_newest(&node, 5, rewritten);
+    let marker = json!({"uuid": "a2999", "anchors": ["h2998", "a2997", "h2996", "a2995"]});
+    // 2,997 items: the bound reads indexes 2,996 down to 497.
+    let mut resume = marker.clone();
+    resume["resume"] = json!({
+        "before": (2_997 - bound).to_string(),
+        "top": "reply",
+        "top_anchors": ["new", "h2994", "a2993", "h2992"],
+    });
+    assert_eq!(
+        PairedNodeProvider::new(node)
+            .check(&paired_link(Some(marker)), &[])
+            .await,
+        human_turns(bound / 2, "new", resume),
+        "a segment at the bound, the marker and its anchors kept"
+    );
+}
+
+/// A check that first hits the paging bound keeps the items just below its top
+/// (`top_anchors`); the resumed check that reaches the marker moves it to the top with them,
+/// and the marker so stored survives the top's regeneration. A resumed check that reaches the
+/// start without the marker's item rebases to the top with them too.
+#[tokio::test]
+async fn a_resumed_check_moves_the_marker_to_its_top_with_the_top_anchors() {
+    let w = world();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let mut spec = LinkSpec::new(
+        session.clone(),
+        "openclaw-node",
+        "node-2",
+        "thread-9",
+        "paired-node",
+    );
+    spec.marker = Some(json!({"uuid": "i0"}));
+    w.svc.try_adopt(spec).await.unwrap();
+    w.store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let mut items = vec![PairedItem::user("i0", "read before")];
+    items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
+    let node = FakeNode::holding(items);
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(
+            PairedNodeProvider::new(node.clone()).with_max_pages(1),
+        ))
+        .build();
+    let marker = async || w.store.link(&session).await.unwrap().unwrap().marker;
+    let top_anchors = json!(["t118", "t117", "t116", "t115"]);
+    monitor.tick().await;
+    assert_eq!(
+        marker().await,
+        Some(
+            json!({"uuid": "i0", "resume": {"before": "71", "top": "t119",
+            "top_anchors": top_anchors}})
+        )
+    );
+    monitor.tick().await;
+    assert_eq!(
+        marker().await,
+        Some(
+            json!({"uuid": "i0", "resume": {"before": "21", "top": "t119",
+            "top_anchors": top_anchors}})
+        ),
+        "a check that hits the bound again keeps them"
+    );
+    monitor.tick().await;
+    assert_eq!(
+        marker().await,
+        Some(json!({"uuid": "t119", "anchors": top_anchors}))
+    );
+    assert_eq!(w.human_events(&session).await, 3);
+    // The top is deleted (regenerated), and the person types.
+    rewrite_newest(&node, 1, [PairedItem::user("t120", "typed after it")]);
+    monitor.tick().await;
+    let events = w.events(&session, EventKind::HumanDirectMessage).await;
+    assert_eq!(events.len(), 4);
+    assert_eq!(
+        events[3].payload.as_ref().and_then(|p| p.get("turns")),
+        None,
+        "one turn (`turns` is written from 2 on)"
+    );
+    assert_eq!(
+        marker().await,
+        Some(json!({"uuid": "t120", "anchors": ["t118", "t117", "t116", "t115"]}))
+    );
+
+    let rewritten = FakeNode::holding(
+        (0..10).map(|i| PairedItem::user(format!("n{i}"), format!("rewritten {i}"))),
+    );
+    let gone = json!({"uuid": "gone", "anchors": ["gone too"],
+        "resume": {"before": "6", "top": "n7", "top_anchors": ["n6"]}});
+    assert_eq!(
+        PairedNodeProvider::new(rewritten)
+            .check(&paired_link(Some(gone)), &[])
+            .await,
+        CheckOutcome::Rebased {
+            marker: json!({"uuid": "n7", "anchors": ["n6"]})
+        }
+    );
+}
+
+/// Markers stored before anchors (`{"uuid": ...}`, with or without a resume point) still read
+/// and still work; the first marker a check moves gets anchors. The forms this version writes
+/// read back alike, and more than four anchors (a marker edited by hand) are cut to four.
+#[tokio::test]
+async fn a_paired_marker_stored_before_anchors_reads_and_works() {
+    let node = FakeNode::holding([
+        PairedItem::user("x", "old"),
+        PairedItem::user("y", "typed"),
+        PairedItem::with_role("z", "assistant", "ok"),
+    ]);
+    let provider = PairedNodeProvider::new(node);
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "x"}))), &[])
+            .await,
+        human_turns(1, "y", json!({"uuid": "z", "anchors": ["y", "x"]}))
+    );
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "z"}))), &[])
+            .await,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": "z"})
+        },
+        "a marker that does not move is written back as it was"
+    );
+
+    // A resume point stored before anchors: no `top_anchors`, and the top gets none.
+    let mut items = vec![PairedItem::user("i0", "read before")];
+    items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
+    let provider = PairedNodeProvider::new(FakeNode::holding(items)).with_max_pages(1);
+    let old = json!({"uuid": "i0", "resume": {"before": "71", "top": "t119"}});
+    let still = json!({"uuid": "i0", "resume": {"before": "21", "top": "t119"}});
+    assert_eq!(
+        provider.check(&paired_link(Some(old)), &[]).await,
+        human_turns(50, "t69@71", still.clone())
+    );
+    assert_eq!(
+        provider.check(&paired_link(Some(still)), &[]).await,
+        human_turns(20, "t19@21", json!({"uuid": "t119"}))
+    );
+
+    for stored in [
+        json!({"uuid": "x", "anchors": ["w", "v"]}),
+        json!({"uuid": "x", "anchors": ["w"], "resume": {"before": "7", "top": "z",
+            "top_anchors": ["y"]}}),
+        json!({"uuid": "x", "resume": {"before": "7", "top": "z", "top_anchors": ["y"]}}),
+    ] {
+        let read = PairedMarker::from_value(&stored).expect("a paired marker");
+        assert_eq!(read.to_value(), stored);
+    }
+    let edited = json!({"uuid": "x", "anchors": ["a", "b", "c", "d", "e", "f"]});
+    assert_eq!(
+        PairedMarker::from_value(&edited).map(|m| m.to_value()),
+        Some(json!({"uuid": "x", "anchors": ["a", "b", "c", "d"]}))
+    );
+    // Anchors too long for a marker the store accepts (16 KiB) are left out: the marker
+    // stays one the store takes, and works as one without them.
+    let long = |c: &str| c.repeat(6_000);
+    let provider = PairedNodeProvider::new(FakeNode::holding([
+        PairedItem::user(long("x"), "old"),
+        PairedItem::user(long("y"), "typed"),
+        PairedItem::with_role(long("z"), "assistant", "ok"),
+    ]));
+    let out = provider
+        .check(&paired_link(Some(json!({"uuid": long("x")}))), &[])
+        .await;
+    assert_eq!(out, human_turns(1, &long("y"), json!({"uuid": long("z")})));
 }
 
 // ----- review: turns lost as dedupe duplicates, or counted from a marker not ours ---------------

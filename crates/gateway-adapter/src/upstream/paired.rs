@@ -3,11 +3,24 @@
 //! the gateway implements over its node connection.
 //!
 //! The marker is the id of the newest item already seen (`{"uuid": "<id>"}`, or
-//! `{"uuid": null}` for a thread that was empty when adopted). A check reads the newest items,
-//! 50 at a time, and **pages back until it reaches the marker**, so a burst larger than one
-//! window is counted whole (OpenClaw v1 read only the newest 50, DESIGN.md section 9 item 5).
-//! A marker without a `uuid` key, or with a key we never write, is not one of ours: the link
-//! is rebased to the newest item, counting nothing ([`PairedMarker::from_value`]).
+//! `{"uuid": null}` for a thread that was empty when adopted), with the ids of up to
+//! [`MAX_ANCHORS`] items just older than it, nearest first, as known when it was set (its
+//! anchors: `{"uuid": "<id>", "anchors": ["<id>", ...]}`). A check reads the newest items, 50
+//! at a time, and **pages back until it reaches the marker**, so a burst larger than one window
+//! is counted whole (OpenClaw v1 read only the newest 50, DESIGN.md section 9 item 5). It stops
+//! at the marker's item or at the first anchor it meets: the marker's item deleted or
+//! regenerated (a chat UI's "regenerate" replaces the newest reply; an edited turn replaces
+//! itself and what followed) leaves the nearest anchor that is left, and every item seen
+//! between it and the marker's item is gone, so the items newer than it are the new ones.
+//! (With the id alone, such a check reached the thread's start without meeting the marker and
+//! rebased, losing the turns typed since, or, on a thread longer than the paging bound, read
+//! old history as new turns, segment by segment.) When the marker moves to a new newest item,
+//! its anchors are the items read just below it, then, while fewer than four, the item the read
+//! stopped at and its older anchors; a rebase keeps the items its read gave below the new
+//! marker. A marker without a `uuid` key, or with a key we never write, is not one of ours: the
+//! link is rebased to the newest item, counting nothing ([`PairedMarker::from_value`]).
+//! `anchors` (and a resume point's `top_anchors`) are keys this version writes: a version
+//! before it rebases a link whose marker has them, the fate of any marker it cannot read.
 //!
 //! A node that answers no items at all (restarting, still loading the thread) concludes
 //! nothing: a stored marker stays (a resume point included), and a link without a usable
@@ -20,24 +33,27 @@
 //! One check reads at most [`MAX_PAGES`] pages, for at most [`PAGING_TIME`] (a slow node). A
 //! check that stops there without reaching the
 //! marker records the human turns it read and keeps the marker where it was, adding a
-//! [`Resume`] point: the node's cursor of the next older page, and the item that was newest
-//! when the bound was first hit (`{"uuid": "<id>", "resume": {"before": "<cursor>", "top":
-//! "<id>"}}`, logged). The next check reads on from that cursor, not from the newest item,
-//! and records the human turns of that older segment as their own event (named by the
-//! segment's newest human turn, so it is never taken for the first). Once it reaches the
-//! marker, the marker moves to `top` without a resume point, and the check after reads what
+//! [`Resume`] point: the node's cursor of the next older page, the item that was newest
+//! when the bound was first hit, and the items just below it (`{"uuid": "<id>", "resume":
+//! {"before": "<cursor>", "top": "<id>", "top_anchors": ["<id>", ...]}}`, logged). The next
+//! check reads on from that cursor, not from the newest item, and records the human turns of
+//! that older segment as their own event (named by the segment's newest human turn, so it is
+//! never taken for the first). Once it reaches the marker (or an anchor), the marker moves to
+//! `top`, anchored at `top_anchors`, without a resume point, and the check after reads what
 //! was added since. A check that hits the bound again moves only the cursor on. So a burst of
 //! any length is counted whole, 2,500 items a check, and each segment is recorded once.
 //!
-//! When a resumed check reaches the thread's start without meeting the marker's item (the
-//! thread was rewritten), or the node no longer knows the stored cursor of a thread it still
-//! has, the marker is rebased to `top` and nothing older is counted, as for any rewritten
-//! thread. A check that fails midway (the node errs) concludes nothing, so the marker, resume
-//! point included, stays as it was. Markers stored before resume points existed read as before
-//! and are written back in the same form while nothing needs resuming. A thread longer than
-//! the bound that was rewritten under its marker looks like a long burst until the reading
-//! reaches its start, so its turns are recorded segment by segment until then
-//! (docs/decisions/0004).
+//! When a resumed check reaches the thread's start without meeting the marker's item or an
+//! anchor (the thread was rewritten), or the node no longer knows the stored cursor of a
+//! thread it still has, the marker is rebased to `top` (anchored at `top_anchors`) and nothing
+//! older is counted, as for any rewritten thread. A check that fails midway (the node errs)
+//! concludes nothing, so the marker, resume point included, stays as it was. Markers stored
+//! before resume points or anchors existed read as before and are written back in the same
+//! form while the marker stays; the first check that moves one gives it anchors (a resume
+//! point stored without `top_anchors` moves the marker to its `top` without any). A thread
+//! longer than the bound that was rewritten under its marker and all its anchors looks like a
+//! long burst until the reading reaches its start, so its turns are recorded segment by
+//! segment until then (docs/decisions/0004).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -164,13 +180,23 @@ pub trait PairedNodeClient: Send + Sync {
     ) -> Result<PairedPage, PairedError>;
 }
 
+/// Anchors a marker keeps at most ([`PairedMarker::anchors`], [`Resume::top_anchors`]).
+pub const MAX_ANCHORS: usize = 4;
+
 /// The marker of a paired-node link: an object with a `uuid` key (a string, or `null`) and
-/// nothing but an optional `resume` beside it, the shapes [`PairedMarker::to_value`] writes.
+/// nothing but an optional `anchors` and `resume` beside it, the shapes
+/// [`PairedMarker::to_value`] writes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairedMarker {
     /// The newest item seen; `None` when the thread was empty.
     pub uuid: Option<String>,
+    /// The ids of up to [`MAX_ANCHORS`] items just older than `uuid`, nearest first, as known
+    /// when the marker was set: a read stops at the first of `uuid` and these it meets, so the
+    /// marker's item deleted or regenerated costs nothing while one of them is left. Stored
+    /// only when there are some, so a marker without them keeps the form markers had before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anchors: Vec<String>,
     /// Where a check that hit the paging bound stopped, when one did: the next check reads on
     /// from there down to `uuid`. Stored only when present, so a marker without one keeps the
     /// form markers had before (`{"uuid": ...}`).
@@ -189,35 +215,102 @@ pub struct Resume {
     /// empty pages); the marker then stays at `uuid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top: Option<String>,
+    /// The ids of up to [`MAX_ANCHORS`] items just older than `top`, nearest first, read by the
+    /// check that first hit the bound: the anchors of the marker once it moves to `top`.
+    /// Stored only when there are some (a resume point stored before anchors has none, and its
+    /// `top` gets none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_anchors: Vec<String>,
 }
 
 impl PairedMarker {
-    /// The marker at `uuid`, with nothing to resume.
+    /// The marker at `uuid`, without anchors, with nothing to resume.
     pub fn at(uuid: Option<String>) -> Self {
-        Self { uuid, resume: None }
+        Self {
+            uuid,
+            anchors: Vec::new(),
+            resume: None,
+        }
     }
 
-    /// As stored in the link.
+    /// As stored in the link. Should the anchors make it too large for a marker the store
+    /// accepts (ids of kilobytes), they are left out: the marker works as one without them.
     pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
+        let value = serde_json::to_value(self).unwrap_or(Value::Null);
+        let anchored = !self.anchors.is_empty()
+            || self
+                .resume
+                .as_ref()
+                .is_some_and(|r| !r.top_anchors.is_empty());
+        if anchored && upstream::validate_json("marker", Some(&value)).is_err() {
+            let mut bare = self.clone();
+            bare.anchors.clear();
+            if let Some(resume) = &mut bare.resume {
+                resume.top_anchors.clear();
+            }
+            return serde_json::to_value(bare).unwrap_or(Value::Null);
+        }
+        value
     }
 
     /// A stored marker, `None` when it is not one of ours (the link is then rebased): not an
     /// object, an object without a `uuid` key (`{}`, a transcript's `{"offset": 0}`), or one
     /// with a key we never write. Read as "the thread was empty" (`uuid: None`), such a marker
-    /// had the thread's whole history counted as new human turns.
+    /// had the thread's whole history counted as new human turns. (`anchors` and
+    /// `top_anchors` are keys we write: an earlier version, which did not, rebases a link whose
+    /// marker has them.) Anchors past [`MAX_ANCHORS`] (a marker edited by hand) are dropped.
     pub fn from_value(value: &Value) -> Option<Self> {
         // A missing `Option` field would be read as `None`: the key is required here.
         if !value.as_object()?.contains_key("uuid") {
             return None;
         }
-        serde_json::from_value(value.clone()).ok()
+        let mut marker: Self = serde_json::from_value(value.clone()).ok()?;
+        marker.anchors.truncate(MAX_ANCHORS);
+        if let Some(resume) = &mut marker.resume {
+            resume.top_anchors.truncate(MAX_ANCHORS);
+        }
+        Some(marker)
     }
+
+    /// The ids a read back stops at, nearest first: `uuid`, then the anchors.
+    fn stops(&self) -> Vec<&str> {
+        self.uuid
+            .as_deref()
+            .into_iter()
+            .chain(self.anchors.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// The marker at `top`, anchored at the first [`MAX_ANCHORS`] of `below` (the ids just
+    /// older than `top`, nearest first), each once and `top` not among them.
+    fn anchored<'a>(top: String, below: impl IntoIterator<Item = &'a str>) -> Self {
+        let anchors = anchors_below(&top, below);
+        Self {
+            uuid: Some(top),
+            anchors,
+            resume: None,
+        }
+    }
+}
+
+/// The first [`MAX_ANCHORS`] of `below`, each once and without `top`.
+fn anchors_below<'a>(top: &str, below: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut anchors: Vec<String> = Vec::with_capacity(MAX_ANCHORS);
+    for id in below {
+        if anchors.len() == MAX_ANCHORS {
+            break;
+        }
+        if id != top && !anchors.iter().any(|a| a == id) {
+            anchors.push(id.to_owned());
+        }
+    }
+    anchors
 }
 
 /// The items one read back found, newest first, and where it stopped.
 struct Segment {
-    /// The items newer than the marker's item (and older than the cursor it started from),
+    /// The items newer than the marker's item or the anchor met (and older than the cursor it
+    /// started from),
     /// judged as each page came: their texts are not kept, so a read of many long items holds
     /// one page of text at a time.
     items: Vec<Judged>,
@@ -231,9 +324,10 @@ struct Judged {
 }
 
 enum End {
-    /// At the marker's item.
-    Marker,
-    /// At the thread's start, without meeting the marker's item.
+    /// At the marker's item or one of its anchors: the index of the one met among
+    /// [`PairedMarker::stops`] (the nearest left; the ones before it are gone).
+    Marker(usize),
+    /// At the thread's start, without meeting the marker's item or an anchor.
     Start,
     /// At the paging bound: the cursor of the next older page.
     Bound(String),
@@ -301,14 +395,15 @@ impl PairedNodeProvider {
             })
     }
 
-    /// Pages back from `before` (the newest item when `None`) until the item `uuid`, the
+    /// Pages back from `before` (the newest item when `None`) until the first of the items
+    /// `stops` it meets (the marker's item and its anchors, [`PairedMarker::stops`]), the
     /// thread's start or the paging bound. A node that gives an older cursor it already gave
     /// in this read fails the check, so a read never goes round in a circle.
     async fn read_back(
         &self,
         link: &UpstreamLink,
         own: &[TextFingerprint],
-        uuid: Option<&str>,
+        stops: &[&str],
         mut before: Option<String>,
     ) -> Result<Segment, CheckOutcome> {
         let mut items = Vec::new();
@@ -348,10 +443,10 @@ impl PairedNodeProvider {
                 page => page?,
             };
             for item in page.items {
-                if uuid == Some(item.id.as_str()) {
+                if let Some(at) = stops.iter().position(|s| *s == item.id) {
                     return Ok(Segment {
                         items,
-                        end: End::Marker,
+                        end: End::Marker(at),
                     });
                 }
                 let human = item.verdict(own).is_ok();
@@ -401,65 +496,110 @@ impl PairedNodeProvider {
                 marker: PairedMarker::at(Some(newest.id.clone())).to_value(),
             });
         };
-        match marker.resume {
-            None => self.check_newest(link, own, marker.uuid).await,
-            Some(resume) => self.check_resumed(link, own, marker.uuid, resume).await,
+        match &marker.resume {
+            None => self.check_newest(link, own, &marker).await,
+            Some(resume) => self.check_resumed(link, own, &marker, resume).await,
         }
     }
 
-    /// Reads from the newest item back to the marker's item `uuid`.
+    /// Reads from the newest item back to the marker's item, or to the nearest of its anchors
+    /// left when that item is gone.
     async fn check_newest(
         &self,
         link: &UpstreamLink,
         own: &[TextFingerprint],
-        uuid: Option<String>,
+        marker: &PairedMarker,
     ) -> Result<CheckOutcome, CheckOutcome> {
-        let read = self.read_back(link, own, uuid.as_deref(), None).await?;
+        let stops = marker.stops();
+        let read = self.read_back(link, own, &stops, None).await?;
         let top = read.items.first().map(|i| i.id.clone());
+        // The ids read just below `top`, nearest first: its anchors.
+        let below = read.items.iter().skip(1).map(|i| i.id.as_str());
         Ok(match read.end {
             // An empty answer (a node restarting or still loading the thread may give one)
             // says nothing of the marker's item: the marker stays. Rebased to "no item", the
             // next check would count the thread's whole history as new turns; a thread really
             // emptied is rebased at the first check that reads items without the marker's.
-            End::Start if uuid.is_some() && top.is_none() => {
+            End::Start if marker.uuid.is_some() && top.is_none() => {
                 warn!(session_key = %link.session.session_key, host = %link.host_id,
                     thread = %link.thread_id,
                     "paired node: the thread answered no items; the marker stays, and the next check reads it again");
                 CheckOutcome::Unchanged {
-                    marker: PairedMarker::at(uuid).to_value(),
+                    marker: marker.to_value(),
                 }
             }
-            End::Start if uuid.is_some() => {
-                // The marker's item no longer exists (the thread was rewritten): start over from
-                // its newest item without counting what cannot be told apart from old history.
-                CheckOutcome::Rebased {
-                    marker: PairedMarker::at(top).to_value(),
-                }
+            End::Bound(before) => {
+                let top_anchors = top
+                    .as_deref()
+                    .map(|top| anchors_below(top, below))
+                    .unwrap_or_default();
+                let resume = Resume {
+                    before,
+                    top,
+                    top_anchors,
+                };
+                let next = PairedMarker {
+                    resume: Some(resume),
+                    ..marker.clone()
+                };
+                bound_hit(link, &read.items, next, None)
             }
-            End::Bound(before) => bound_hit(link, &read.items, uuid, Resume { before, top }, None),
-            End::Marker | End::Start => match top {
-                Some(newest) => counted(link, &read.items, &PairedMarker::at(Some(newest)), None),
+            end => match top {
+                // Nothing newer than the marker's item (or the anchor met): the marker stays,
+                // anchors and all.
                 None => CheckOutcome::Unchanged {
-                    marker: PairedMarker::at(uuid).to_value(),
+                    marker: marker.to_value(),
                 },
+                Some(top) => {
+                    // The marker moves to `top`, anchored at the items read below it, then at
+                    // the item the read stopped at and the anchors older than that (those
+                    // before it in `stops` are gone).
+                    let met: &[&str] = match end {
+                        End::Marker(at) => &stops[at..],
+                        _ => &[],
+                    };
+                    let next = PairedMarker::anchored(top, below.chain(met.iter().copied()));
+                    if matches!(end, End::Start) && marker.uuid.is_some() {
+                        // The marker's item and its anchors no longer exist (the thread was
+                        // rewritten): start over from its newest item without counting what
+                        // cannot be told apart from old history.
+                        CheckOutcome::Rebased {
+                            marker: next.to_value(),
+                        }
+                    } else {
+                        counted(link, &read.items, &next, None)
+                    }
+                }
             },
         })
     }
 
     /// Reads on from where an earlier check stopped at the paging bound, back to the marker's
-    /// item `uuid`; items newer than `resume.top` wait for the check after.
+    /// item (or the nearest of its anchors left); items newer than `resume.top` wait for the
+    /// check after.
     async fn check_resumed(
         &self,
         link: &UpstreamLink,
         own: &[TextFingerprint],
-        uuid: Option<String>,
-        resume: Resume,
+        marker: &PairedMarker,
+        resume: &Resume,
     ) -> Result<CheckOutcome, CheckOutcome> {
-        let Resume { before, top } = resume;
-        // Where the marker moves once the segment is read (or given up).
-        let done = PairedMarker::at(top.clone().or_else(|| uuid.clone()));
+        let before = &resume.before;
+        // Where the marker moves once the segment is read (or given up): `top`, anchored at the
+        // items just below it that the check which first hit the bound read (the items this
+        // check reads lie further back); the marker as it is when nothing was read then.
+        let done = match &resume.top {
+            Some(top) => {
+                PairedMarker::anchored(top.clone(), resume.top_anchors.iter().map(String::as_str))
+            }
+            None => PairedMarker {
+                resume: None,
+                ..marker.clone()
+            },
+        };
+        let stops = marker.stops();
         let read = match self
-            .read_back(link, own, uuid.as_deref(), Some(before.clone()))
+            .read_back(link, own, &stops, Some(before.clone()))
             .await
         {
             Err(CheckOutcome::Missing) => {
@@ -479,57 +619,52 @@ impl PairedNodeProvider {
         // says nothing, and the marker stays, where to read on from included; a thread that
         // still has items but none older than the cursor (dropped, rewritten) reached its start
         // without the marker's item, and is rebased as below.
-        if uuid.is_some() && read.items.is_empty() && matches!(read.end, End::Start) {
+        if marker.uuid.is_some() && read.items.is_empty() && matches!(read.end, End::Start) {
             let newest = self.page(link, None, 1).await?;
             if newest.items.is_empty() {
                 warn!(session_key = %link.session.session_key, host = %link.host_id,
                     thread = %link.thread_id, cursor = %before,
                     "paired node: the thread answered no items; the marker stays, and the next check reads on from where it stopped again");
                 return Ok(CheckOutcome::Unchanged {
-                    marker: PairedMarker {
-                        uuid,
-                        resume: Some(Resume { before, top }),
-                    }
-                    .to_value(),
+                    marker: marker.to_value(),
                 });
             }
         }
         Ok(match read.end {
-            End::Start if uuid.is_some() => {
-                // The marker's item vanished meanwhile (the thread was rewritten).
+            End::Start if marker.uuid.is_some() => {
+                // The marker's item and its anchors vanished meanwhile (the thread was
+                // rewritten).
                 CheckOutcome::Rebased {
                     marker: done.to_value(),
                 }
             }
-            End::Bound(next) => bound_hit(
-                link,
-                &read.items,
-                uuid,
-                Resume { before: next, top },
-                Some(&before),
-            ),
-            End::Marker | End::Start => counted(link, &read.items, &done, Some(&before)),
+            End::Bound(next) => {
+                // Only the cursor moves on: `top` and its anchors stay.
+                let next = PairedMarker {
+                    resume: Some(Resume {
+                        before: next,
+                        ..resume.clone()
+                    }),
+                    ..marker.clone()
+                };
+                bound_hit(link, &read.items, next, Some(before))
+            }
+            End::Marker(_) | End::Start => counted(link, &read.items, &done, Some(before)),
         })
     }
 }
 
-/// A read stopped at the paging bound: the human turns among `items`, and the marker kept at
-/// `uuid` with the place to read on from (logged). `from` as for [`counted`].
+/// A read stopped at the paging bound: the human turns among `items`, and `next`, the marker
+/// kept where it was with the place to read on from (logged). `from` as for [`counted`].
 fn bound_hit(
     link: &UpstreamLink,
     items: &[Judged],
-    uuid: Option<String>,
-    resume: Resume,
+    mut next: PairedMarker,
     from: Option<&str>,
 ) -> CheckOutcome {
     warn!(session_key = %link.session.session_key, host = %link.host_id,
         thread = %link.thread_id, items = items.len(), resumed = from.is_some(),
         "paired node: the marker is further back than the paging bound; counting the items read, and reading on from there next check");
-    let top = resume.top.clone();
-    let mut next = PairedMarker {
-        uuid,
-        resume: Some(resume),
-    };
     if upstream::validate_json("marker", Some(&next.to_value())).is_err() {
         // The node's cursor (or an id) is too long for a marker the store accepts: stored, it
         // would be refused at every check and the link would never move. The items older
@@ -537,7 +672,14 @@ fn bound_hit(
         warn!(session_key = %link.session.session_key, host = %link.host_id,
             thread = %link.thread_id,
             "paired node: its paging cursor is too long to keep in the marker; the items older than the paging bound are not counted");
-        next = PairedMarker::at(top.or(next.uuid));
+        next = match next.resume.take() {
+            Some(Resume {
+                top: Some(top),
+                top_anchors,
+                ..
+            }) => PairedMarker::anchored(top, top_anchors.iter().map(String::as_str)),
+            _ => next,
+        };
     }
     counted(link, items, &next, from)
 }

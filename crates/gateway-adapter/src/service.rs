@@ -2839,7 +2839,8 @@ impl Awareness {
     ///
     /// It also wakes, once, a main session whose turn was dropped after acknowledging what it
     /// read (a host's turn timeout): no cursor of it is pending any more, and the lines wait
-    /// for its next turn, which it takes only when woken (decision 0003).
+    /// for its next turn, which it takes only when woken (decision 0003). A session this
+    /// pick-up woke for lines it queued is not woken again for them: that turn shows both.
     pub async fn pick_up(&self) -> PickUp {
         self.pick_up_among(None).await.into()
     }

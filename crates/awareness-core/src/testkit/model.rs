@@ -1333,15 +1333,32 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Subject>,
 {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let (mut runner, again) = seeded_runner();
+    let result = runner.run(&proptest::collection::vec(op_strategy(), 1..60), |ops| {
+        rt.block_on(async {
+            let subject = factory().await;
+            check_case(&subject, &ops).await
+        })
+    });
+    if let Err(e) = result {
+        panic!("model test failed: {e}\n({again})");
+    }
+}
+
+/// A proptest runner as the workspace's model tests use one: `PROPTEST_CASES` cases (default
+/// 256), from a seed drawn at random or given as `PROPTEST_RNG_SEED`, no failure persisted,
+/// and shrinking bounded by `PROPTEST_MAX_SHRINK_TIME` milliseconds (default two minutes).
+/// Also returns what to set to run the same cases again, for a failure's message.
+pub fn seeded_runner() -> (TestRunner, String) {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
     let defaults = Config::default();
     let seed = match defaults.rng_seed {
         RngSeed::Fixed(seed) => seed,
@@ -1356,24 +1373,16 @@ where
         0 => MAX_SHRINK_MS,
         set => set,
     };
-    let mut runner = TestRunner::new(Config {
+    let runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
         rng_seed: RngSeed::Fixed(seed),
         max_shrink_time,
         ..defaults
     });
-    let result = runner.run(&proptest::collection::vec(op_strategy(), 1..60), |ops| {
-        rt.block_on(async {
-            let subject = factory().await;
-            check_case(&subject, &ops).await
-        })
-    });
-    if let Err(e) = result {
-        panic!(
-            "model test failed: {e}\n(PROPTEST_RNG_SEED={seed} PROPTEST_CASES={cases} runs the same cases again)"
-        );
-    }
+    let again =
+        format!("PROPTEST_RNG_SEED={seed} PROPTEST_CASES={cases} runs the same cases again");
+    (runner, again)
 }
 
 /// How long, in milliseconds, shrinking a failing case may take unless

@@ -2961,6 +2961,17 @@ async fn a_source_found_again_restarts_the_count_of_missing_checks() {
     );
     // The third consecutive miss records it and removes the link.
     let ds = tick_published(&monitor, &mut rx).await;
+    missing_recorded_and_link_removed(&w, &session, &ds, "the third miss").await;
+}
+
+/// Asserts that the tick that published `ds` reported `session`'s source missing and removed
+/// its link, which is gone, with one `upstream_missing` event recorded.
+async fn missing_recorded_and_link_removed(
+    w: &World,
+    session: &SessionRef,
+    ds: &[Detection],
+    what: &str,
+) {
     assert!(
         ds.iter().any(|d| matches!(
             d,
@@ -2969,14 +2980,15 @@ async fn a_source_found_again_restarts_the_count_of_missing_checks() {
                 ..
             }
         )),
-        "{:?}",
-        texts(&ds)
+        "{what}: {:?}",
+        ds.iter().map(ToString::to_string).collect::<Vec<_>>()
     );
     assert_eq!(
-        w.events(&session, EventKind::UpstreamMissing).await.len(),
-        1
+        w.events(session, EventKind::UpstreamMissing).await.len(),
+        1,
+        "{what}"
     );
-    assert_eq!(w.store.link(&session).await.unwrap(), None);
+    assert_eq!(w.store.link(session).await.unwrap(), None, "{what}");
 }
 
 /// DESIGN.md section 8, through the provider the monitor runs: one check reads at most
@@ -3997,28 +4009,8 @@ async fn a_resumed_check_moves_the_marker_to_its_top_with_the_top_anchors() {
 /// read back alike, and more than four anchors (a marker edited by hand) are cut to four.
 #[tokio::test]
 async fn a_paired_marker_stored_before_anchors_reads_and_works() {
-    let node = FakeNode::holding([
-        PairedItem::user("x", "old"),
-        PairedItem::user("y", "typed"),
-        PairedItem::with_role("z", "assistant", "ok"),
-    ]);
-    let provider = PairedNodeProvider::new(node);
-    assert_eq!(
-        provider
-            .check(&paired_link(Some(json!({"uuid": "x"}))), &[])
-            .await,
-        human_turns(1, "y", json!({"uuid": "z", "anchors": ["y", "x"]}))
-    );
-    assert_eq!(
-        provider
-            .check(&paired_link(Some(json!({"uuid": "z"}))), &[])
-            .await,
-        CheckOutcome::Unchanged {
-            marker: json!({"uuid": "z"})
-        },
-        "a marker that does not move is written back as it was"
-    );
-
+    // A marker without anchors, moved and kept: see
+    // `a_paired_marker_stored_before_resume_points_reads_and_is_written_back_alike`.
     // A resume point stored before anchors: no `top_anchors`, and the top gets none.
     let mut items = vec![PairedItem::user("i0", "read before")];
     items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
@@ -4505,20 +4497,5 @@ async fn a_failed_check_neither_counts_nor_restarts_the_missing_checks() {
     // Gone again: the third miss in a row, the failure between them notwithstanding.
     std::fs::remove_dir(&t.path).unwrap();
     let ds = tick_published(&monitor, &mut rx).await;
-    assert!(
-        ds.iter().any(|d| matches!(
-            d,
-            Detection::UpstreamMissing {
-                link_removed: true,
-                ..
-            }
-        )),
-        "the count was not restarted: {:?}",
-        texts(&ds)
-    );
-    assert_eq!(
-        w.events(&session, EventKind::UpstreamMissing).await.len(),
-        1
-    );
-    assert_eq!(w.store.link(&session).await.unwrap(), None);
+    missing_recorded_and_link_removed(&w, &session, &ds, "the count was not restarted").await;
 }

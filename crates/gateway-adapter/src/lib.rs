@@ -60,8 +60,8 @@
 //! handle was dropped instead holds the service only while its pass or pick-up runs, and ends
 //! at its next interval once the service is gone), wait for the store
 //! writes whose callers gave up on them ([`Awareness::wait_for_writes`]: a recording, an
-//! acknowledgement, a sweep, a watch or an unwatch, a reset or a deletion runs to its end on a
-//! task of its own, holding the store), drop the
+//! acknowledgement, a sweep, a watch or an unwatch, a reset or a deletion, an adoption runs to
+//! its end on a task of its own, holding the store), drop the
 //! [`Awareness`], then close the store through its last handle with
 //! [`EventStore::close`](awareness_core::EventStore::close). A store still shared then is only
 //! dropped: SQLite's write-ahead log may stay beside the file, and redb's file closes once its

@@ -360,13 +360,13 @@ pub struct AwarenessConfig {
     /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
     /// How many writes the store may have outstanding at once (recordings, acknowledgements,
-    /// sweeps, watches and unwatches, resets and deletions) before a new one is refused
+    /// sweeps, watches and unwatches, resets and deletions, adoptions) before a new one is refused
     /// (default 4,096; at least 1). Each runs on a task of its own until the store answers,
     /// also once its caller stopped waiting ([`AwarenessConfig::store_wait`], or a host's own
     /// timeout); with a store that hangs, every call would leave one more task holding its
     /// write, for as long as the store hangs. Past this many, a recording, a watch or an unwatch
     /// ([`Awareness::watch_after_send`] refuses it as `StoreFailed`), a reset or a deletion,
-    /// or an acknowledgement made outside a turn ([`Awareness::acknowledge`],
+    /// an adoption ([`Awareness::try_adopt`]), or an acknowledgement made outside a turn ([`Awareness::acknowledge`],
     /// [`Awareness::try_acknowledge`]), is refused at once with [`StoreError::Busy`]
     /// (retryable: it may be made again once the store answers; nothing was written), and a
     /// best-effort caller logs it as any failure. A turn's acknowledgement and a sweep are not
@@ -681,11 +681,13 @@ struct Carried {
     /// task failed, or the store has not answered within [`AwarenessConfig::store_wait`]), and
     /// the watcher's next turn when that one was dropped; the other leaves `read` out.
     claim: Option<Arc<AtomicBool>>,
-    /// `read` holds a notice that wakes its watcher ([`Notice::queue_only`] off) and the
-    /// session has not been woken for it since the turn that settled on it: that turn was
-    /// the wake's, and should it be dropped once its acknowledgement committed, no cursor is
-    /// pending any more for a pick-up to find. A pick-up wakes the session for it, once
-    /// ([`TurnLocks::owed_wakes`]).
+    /// `read` holds a notice that wakes its watcher ([`Notice::queue_only`] off).
+    read_wakes: bool,
+    /// `read` wakes its watcher ([`Carried::read_wakes`]) and the session has not been woken
+    /// for it since the last turn that took it was dropped: that turn was the wake's, and once
+    /// an acknowledgement committed no cursor is pending any more for a pick-up to find. A
+    /// pick-up wakes the session for it, once ([`TurnLocks::owed_wakes`]); a turn that takes
+    /// it and is dropped owes it again.
     wake_owed: bool,
 }
 
@@ -826,6 +828,17 @@ impl TurnLocks {
             }
         }
         owed
+    }
+
+    /// `watcher` was listed by [`TurnLocks::owed_wakes`] but not woken (its directory or its
+    /// wake panicked): it is owed the wake again, for the next pick-up.
+    fn owe_again(&self, watcher: &SessionKey) {
+        let map = self.map();
+        if let Some(lock) = map.get(watcher)
+            && let Ok(mut carried) = lock.try_lock()
+        {
+            carried.wake_owed = carried.read_wakes && !carried.read.is_empty();
+        }
     }
 
     fn forgotten(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Marks>> {
@@ -1225,6 +1238,10 @@ impl Awareness {
     /// The watchers the event names ([`NewEvent::watchers`]) are registered as given; the
     /// producers of this service name a spawner only once the visibility policy let it watch
     /// the session ([`VisibilityPolicy::can_watch_spawned`]).
+    ///
+    /// Two things are warned of: a producer's time more than 24 h old (recorded clamped,
+    /// DESIGN 3; most often a time in seconds), and a dedupe key that answers with another
+    /// session's event (nothing is recorded for this one: dedupe keys are store-wide).
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
@@ -1923,8 +1940,8 @@ impl Awareness {
     /// The summary is `adopted from <catalogId>`: line breaks and control characters in the
     /// catalog id become spaces and one too long for the summary is shortened, ending with
     /// `…` ([gateway metadata](Awareness#gateway-metadata)); the payload keeps both ids as
-    /// given, or is left out when they make it larger than 4 KiB. [`Awareness::try_adopt`] only
-    /// gets here with ids its link store accepted.
+    /// given, or is left out when they make it larger than 4 KiB. [`Awareness::try_adopt`]
+    /// records the same event once its link store accepted the ids.
     pub async fn adopted(
         &self,
         session: &SessionRef,
@@ -2452,7 +2469,7 @@ impl Awareness {
             unread,
             mut read,
             claim,
-            wake_owed,
+            read_wakes,
             ..
         } = std::mem::take(turn.carried());
         if claim.is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
@@ -2470,13 +2487,15 @@ impl Awareness {
         // Should this turn be dropped while it reads the cursors, the next turn gets it all.
         // (What an earlier turn left is stamped anew with it: it survived every reset marked
         // so far, and one marked later may have committed before this drain.)
-        // Still owed, should this turn be dropped too before it settles on them.
-        let wake_owed = wake_owed && !read.is_empty();
+        // Owed again, should this turn (perhaps the one a wake for them brought) be dropped
+        // too before it settles on them.
+        let wake_owed = read_wakes && !read.is_empty();
         *turn.carried() = Carried {
             unread: drained,
             read,
             stamp: self.turns.stamp(),
             claim: None,
+            read_wakes,
             wake_owed,
         };
         let cursors = self
@@ -2498,10 +2517,10 @@ impl Awareness {
         let Carried {
             unread: drained,
             mut read,
-            wake_owed,
+            read_wakes,
             ..
         } = std::mem::take(turn.carried());
-        let wake_owed = wake_owed || current.iter().any(|n| !n.queue_only);
+        let read_wakes = read_wakes || current.iter().any(|n| !n.queue_only);
         read.reserve(drained.len() + current.len());
         let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
         // A notice an earlier (dropped) turn settled on is not shown twice, whether or not its
@@ -2539,7 +2558,8 @@ impl Awareness {
             read,
             stamp,
             claim: Some(Arc::clone(&claim)),
-            wake_owed,
+            read_wakes,
+            wake_owed: read_wakes,
         };
         // Shown now, unless a turn that came meanwhile showed them ([`Carried::claim`]).
         let shown_here = || {
@@ -2908,9 +2928,12 @@ impl Awareness {
                     let dir = Some(&*self.directory);
                     let (queued, panicked) =
                         deliver_logged(&*self.queue, &*self.wake, dir, &notices);
-                    if queued > 0 && notices.iter().any(|n| !n.queue_only) {
-                        // Woken for these lines: what a dropped turn left is shown by that
-                        // turn too, and owes no wake of its own.
+                    // More lines gained than there are notices that wake nobody: a line that
+                    // wakes was queued, and woke the session (a main session's: a subagent is
+                    // owed no wake). What a dropped turn left is shown by that turn too, and
+                    // owes no wake of its own.
+                    let quiet = notices.iter().filter(|n| n.queue_only).count();
+                    if queued > quiet {
                         turn.carried().wake_owed = false;
                     }
                     done.queued += queued;
@@ -2936,7 +2959,8 @@ impl Awareness {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(_) => {
-                    warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; it is not woken, and its next turn shows what its dropped turn left");
+                    warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; the next pick-up wakes it");
+                    self.turns.owe_again(&watcher);
                     done.failed = true;
                     continue;
                 }
@@ -2945,7 +2969,8 @@ impl Awareness {
                 self.wake.wake(&watcher, "session-state");
             }));
             if woken.is_err() {
-                warn!(watcher = %watcher, "waking a session for the lines its dropped turn left panicked; its next turn shows them");
+                warn!(watcher = %watcher, "waking a session for the lines its dropped turn left panicked; the next pick-up wakes it");
+                self.turns.owe_again(&watcher);
                 done.failed = true;
             }
         }
@@ -3141,8 +3166,9 @@ impl From<Attempt> for PickUp {
 pub struct PickUp {
     /// Lines the queues gained.
     pub queued: usize,
-    /// Whether every pending notice of this gateway's watchers was looked at: `false` when a
-    /// watcher was skipped for its running turn or a read failed.
+    /// Whether every pending notice of this gateway's watchers was looked at and delivered:
+    /// `false` when a watcher was skipped for its running turn, a read failed, or delivering,
+    /// the directory or a wake panicked.
     pub complete: bool,
 }
 

@@ -729,6 +729,33 @@ async fn a_wake_owed_survives_a_second_dropped_turn() {
     );
 }
 
+/// A wake a pick-up paid is owed again when the turn it brought is dropped too, before it
+/// settles on the lines (a slow store drops both): the debt was paid, so nothing woke the
+/// session for the lines a second time, and they waited for a turn taken for another reason.
+#[tokio::test]
+async fn a_wake_is_owed_again_when_the_turn_it_brought_is_dropped_too() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let first = w.turn_at_the_gate().await;
+    dropped(first).await;
+    w.store.hook.permits.add_permits(1); // its acknowledgement commits
+    settle().await;
+    let before = w.wake.count(&k(MANAGER));
+    w.svc.pick_up().await;
+    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for the lines");
+    // The woken turn, dropped while it reads the cursors.
+    *w.store.hook.at.lock().unwrap() = (Call::Cursors, false);
+    let woken = w.turn_at_the_gate().await;
+    dropped(woken).await;
+    w.open_gate();
+    w.svc.pick_up().await;
+    assert_eq!(w.wake.count(&k(MANAGER)), before + 2, "owed again");
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))]
+    );
+}
+
 /// A pick-up that queues a dropped turn's notices again (its acknowledgement failed, so they
 /// are still pending) wakes the session for them once: it woke it a second time for the
 /// lines the dropped turn left, the same notices.

@@ -1594,6 +1594,42 @@ async fn a_session_deferred_at_every_tick_by_a_linked_sessions_run_is_checked_af
     assert_eq!(w.human_events(&alpha).await, 0);
 }
 
+/// Only deferrals by another linked session's run count towards checking a session alone:
+/// a session whose own run lasted five ticks was then checked at once while the other
+/// session's run began, with no deferral by it at all.
+#[tokio::test(start_paused = true)]
+async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
+    let w = world();
+    let mut t = Transcript::new();
+    let alpha = w
+        .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let beta = w
+        .adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w.monitor().run_activity(runs.clone()).build();
+    runs.started(&alpha);
+    t.human("a person typed this");
+    for tick in 1..=5 {
+        let r = monitor.tick().await;
+        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
+    }
+    // Alpha's run ends as beta's begins. Alpha was deferred by its own run only, so beta's
+    // run defers it now (five times before it is checked alone); beta is checked alone, but
+    // its own run defers it.
+    runs.finished(&alpha);
+    runs.started(&beta);
+    for tick in 6..=10 {
+        let r = monitor.tick().await;
+        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
+    }
+    let r = monitor.tick().await;
+    assert_eq!((r.checked, r.deferred), (1, 1), "alpha, checked alone");
+    assert_eq!(w.human_events(&alpha).await, 1);
+    assert_eq!(w.human_events(&beta).await, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
     let w = world();

@@ -16,9 +16,10 @@
 //! - [`UpstreamMonitor`]: the tokio task that checks, on a fixed tick, every link whose session
 //!   something watches (with `owned_watchers_only`, whose session the directory knows), records what the providers found, advances markers and retires links
 //!   whose source is gone;
-//! - two ports the gateway implements: [`RunActivity`] (a run in the session defers its scan:
-//!   the gateway is writing into the thread itself) and [`OwnPrompts`] (the session's own recent
-//!   prompts, so that their echo in the thread is not taken for a person), with ready
+//! - two ports the gateway implements: [`RunActivity`] (a run in the session, or in one linked to
+//!   the same source, defers its scan: the gateway is writing into the thread itself) and
+//!   [`OwnPrompts`] (the session's own recent prompts, and those of the sessions linked to the
+//!   same source, so that their echo in the thread is not taken for a person), with ready
 //!   implementations [`RunTracker`] / [`NoRuns`] and [`RecentPrompts`].
 //!
 //! ```
@@ -150,7 +151,9 @@ pub trait UpstreamProvider: Send + Sync {
 }
 
 /// Whether a run of the gateway is active in a session. While one is, the gateway writes into
-/// the upstream thread itself, so the monitor defers that session's scan to a later tick.
+/// the upstream thread itself, so the monitor defers the scans of that session and of every
+/// session linked to the same source to a later tick (those of the others for at most 5 ticks
+/// in a row).
 pub trait RunActivity: Send + Sync {
     /// Whether a run is active in `session`.
     fn is_active(&self, session: &SessionRef) -> bool;

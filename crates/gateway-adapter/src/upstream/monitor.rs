@@ -7,7 +7,10 @@
 //!    session's key and agent), whose kind a provider reads and, with
 //!    [`AwarenessConfig::owned_watchers_only`](crate::AwarenessConfig::owned_watchers_only)
 //!    (gateways sharing a store), whose session this gateway's directory knows;
-//! 2. defers a session in which a run is active ([`super::RunActivity`]) to a later tick;
+//! 2. defers to a later tick a session in which a run is active ([`super::RunActivity`]), or
+//!    in any session linked to the same source ([`super::UpstreamProvider::source_key`]): the
+//!    gateway writes into that thread then. Once a session's checks have been deferred 5 ticks
+//!    in a row by other sessions' runs, only its own runs defer it, until a check goes through;
 //! 3. runs the providers of every kept link concurrently, each bounded by a 45 s timeout, so one
 //!    failing or hanging provider never holds up the others (a timed-out check is a failure:
 //!    nothing concluded, the marker stays). The JSONL provider runs at most
@@ -38,8 +41,9 @@
 //! gone at the next tick, which forgets its prompts then, as it does for a link anyone else
 //! removed since the tick before.
 //!
-//! Every link is monitored on its own, so several agents adopting one external thread are each
-//! recorded. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
+//! Every link is checked and recorded for its own session, so several agents adopting one
+//! external thread are each recorded; links to one source are judged together: each linked
+//! session's last 10 own prompts are echoes for all, and a run in any defers all. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -125,9 +129,9 @@ pub struct TickReport {
     pub checked: usize,
     /// Links nothing watches (not checked).
     pub unwatched: usize,
-    /// Links deferred because a run is active in their session, before their check, or
-    /// because a run began or the gateway sent a prompt while their check read
-    /// ([`Detection::Deferred`]).
+    /// Links deferred because a run is active in their session (or in one linked to the same
+    /// source), before their check, or because a run began or the gateway sent a prompt
+    /// while their check read ([`Detection::Deferred`]).
     pub deferred: usize,
     /// Links of a kind no provider of this monitor reads.
     pub no_provider: usize,
@@ -216,9 +220,10 @@ pub enum Detection {
         /// The adopted session.
         session: SessionRef,
     },
-    /// A run is active in the session: its scan waits for a later tick. Also published when a
-    /// run began, or the gateway sent the session a prompt, while its check read: the human
-    /// turns it found are not recorded, and are read again later.
+    /// A run is active in the session, or in one linked to the same source: its scan waits for
+    /// a later tick. Also published when a run began, or the gateway sent one of those sessions
+    /// a prompt, while its check read: the human turns it found are not recorded, and are read
+    /// again later.
     Deferred {
         /// The adopted session.
         session: SessionRef,
@@ -285,7 +290,10 @@ impl fmt::Display for Detection {
                 )
             }
             Detection::Deferred { session } => {
-                write!(f, "deferred: {session}: a run is active")
+                write!(
+                    f,
+                    "deferred: {session}: a run is active in it or in a session linked to its source"
+                )
             }
             Detection::Failed { session, error } => write!(f, "failed: {session}: {error}"),
             Detection::TickDone(r) => write!(
@@ -317,7 +325,9 @@ impl MonitorBuilder {
 
     /// Sets the run-activity port (default: [`NoRuns`]). A run active in any session linked
     /// to a source defers the checks of every session linked to it: the gateway writes into
-    /// that thread itself then.
+    /// that thread itself then. Once a session's checks have been deferred 5 ticks in a row by
+    /// other sessions' runs, only its own runs defer it, until a check goes through (with a
+    /// warning, once per link).
     #[must_use]
     pub fn run_activity(mut self, runs: Arc<dyn RunActivity>) -> Self {
         self.runs = runs;
@@ -487,10 +497,10 @@ struct Inner {
     events: broadcast::Sender<Detection>,
     /// Consecutive `missing` checks per ref, for the link incarnation of that `updated_at`.
     missing: Mutex<HashMap<SessionRef, (Timestamp, u32)>>,
-    /// Consecutive ticks each ref's check was deferred by a run (or a prompt sent during the
-    /// check) in a session linked to the same source: past [`SHARED_DEFERRALS`], the other
-    /// sessions' runs no longer defer it.
-    deferrals: Mutex<HashMap<SessionRef, u32>>,
+    /// Per ref: the ticks in a row its check was deferred by a run in another session linked
+    /// to the same source (past [`SHARED_DEFERRALS`], those runs no longer defer it), and
+    /// whether that was warned of (once per link).
+    deferrals: Mutex<HashMap<SessionRef, (u32, bool)>>,
     /// The refs of the links the last tick listed (less those whose link a check of ours
     /// removed), so that a link gone since, whoever removed it, takes its prompts with it.
     listed: Mutex<HashSet<SessionRef>>,
@@ -745,6 +755,7 @@ impl Inner {
                 }
                 Some(false) => {
                     report.not_owned += 1;
+                    me.not_deferred(&link.session);
                     me.logged.forget_link(&link.session);
                     continue;
                 }
@@ -771,6 +782,7 @@ impl Inner {
                 Watched::Yes => {}
                 Watched::No => {
                     report.unwatched += 1;
+                    me.not_deferred(&link.session);
                     me.logged.forget_link(&link.session);
                     continue;
                 }
@@ -790,13 +802,18 @@ impl Inner {
                 .unwrap_or_else(|| vec![link.session.clone()]);
             let alone = me.deferred_long(&link.session);
             let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                me.own_of(&group, &link.session, alone)
+                let own = me.own_of(&group, &link.session, alone);
+                // Whose run deferred it: another session's counts towards checking it alone.
+                let by_another = own.is_none() && !me.runs.is_active(&link.session);
+                own.ok_or(by_another)
             }));
             let own = match asked {
-                Ok(Some(own)) => own,
-                Ok(None) => {
+                Ok(Ok(own)) => own,
+                Ok(Err(by_another)) => {
                     report.deferred += 1;
-                    me.deferred_again(&link.session);
+                    if by_another {
+                        me.deferred_again(&link.session, group.len());
+                    }
                     me.logged.forget_link(&link.session);
                     me.emit(Detection::Deferred {
                         session: link.session.clone(),
@@ -970,7 +987,6 @@ impl Inner {
                 // is recorded and the marker stays; a later tick reads them again, once no run
                 // is active, against the prompts of then.
                 self.found(&session);
-                self.deferred_again(&session);
                 debug!(session_key = %session.session_key, "a run or an own prompt came during the check; its human turns are read again later");
                 self.emit(Detection::Deferred { session });
                 return true;
@@ -991,7 +1007,7 @@ impl Inner {
                 self.emit(Detection::Failed { session, error });
             }
         }
-        self.deferrals().remove(&link.session);
+        self.not_deferred(&link.session);
         false
     }
 
@@ -1023,28 +1039,39 @@ impl Inner {
         Some(own)
     }
 
-    fn deferrals(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, u32>> {
+    fn deferrals(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, (u32, bool)>> {
         self.deferrals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `session`'s check was deferred [`SHARED_DEFERRALS`] ticks in a row: it is then
-    /// deferred only by a run of its own (as a session that shares its source with none),
-    /// so that sessions linked to one thread that take turns running (agents answering each
-    /// other) do not keep each other from being checked for good.
+    /// `session`'s check went through, or was not made for another reason than a run (its
+    /// link unwatched, not this gateway's): its count of deferrals starts again.
+    fn not_deferred(&self, session: &SessionRef) {
+        if let Some((n, _)) = self.deferrals().get_mut(session) {
+            *n = 0;
+        }
+    }
+
+    /// Whether `session`'s check was deferred [`SHARED_DEFERRALS`] ticks in a row by runs in
+    /// other sessions linked to its source: it is then deferred only by a run of its own (as
+    /// a session that shares its source with none), so that sessions linked to one thread
+    /// that take turns running (agents answering each other) do not keep each other from
+    /// being checked for good.
     fn deferred_long(&self, session: &SessionRef) -> bool {
         self.deferrals()
             .get(session)
-            .is_some_and(|n| *n >= SHARED_DEFERRALS)
+            .is_some_and(|(n, _)| *n >= SHARED_DEFERRALS)
     }
 
-    fn deferred_again(&self, session: &SessionRef) {
+    /// A run in another of the `linked` sessions of `session`'s source deferred its check.
+    fn deferred_again(&self, session: &SessionRef, linked: usize) {
         let mut deferrals = self.deferrals();
-        let n = deferrals.entry(session.clone()).or_default();
+        let (n, warned) = deferrals.entry(session.clone()).or_default();
         *n = n.saturating_add(1);
-        if *n == SHARED_DEFERRALS {
-            warn!(session_key = %session.session_key, agent_id = %session.agent_id, ticks = SHARED_DEFERRALS, "upstream monitor: a session's check was deferred by runs in sessions linked to the same source at every tick; from now on only its own runs defer it");
+        if *n >= SHARED_DEFERRALS && !*warned {
+            *warned = true;
+            warn!(session_key = %session.session_key, agent_id = %session.agent_id, ticks = SHARED_DEFERRALS, linked, "upstream monitor: a session's check was deferred by runs in other sessions linked to the same source at every tick; from then on, until a check goes through, only its own runs defer it");
         }
     }
 

@@ -1381,7 +1381,7 @@ pub fn seeded_runner() -> (TestRunner, String) {
         ..defaults
     });
     let again =
-        format!("PROPTEST_RNG_SEED={seed} PROPTEST_CASES={cases} runs the same cases again");
+        format!("PROPTEST_RNG_SEED={seed} PROPTEST_CASES={cases} generates the same cases again");
     (runner, again)
 }
 

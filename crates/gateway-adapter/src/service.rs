@@ -360,16 +360,16 @@ pub struct AwarenessConfig {
     /// any other value gives up at once; such tests set `Duration::MAX`.
     pub store_wait: Duration,
     /// How many writes the store may have outstanding at once (recordings, acknowledgements,
-    /// sweeps, watches and unwatches, resets and deletions, adoptions) before a new one is refused
-    /// (default 4,096; at least 1). Each runs on a task of its own until the store answers,
-    /// also once its caller stopped waiting ([`AwarenessConfig::store_wait`], or a host's own
-    /// timeout); with a store that hangs, every call would leave one more task holding its
-    /// write, for as long as the store hangs. Past this many, a recording, a watch or an unwatch
-    /// ([`Awareness::watch_after_send`] refuses it as `StoreFailed`), a reset or a deletion,
-    /// an adoption ([`Awareness::try_adopt`]), or an acknowledgement made outside a turn ([`Awareness::acknowledge`],
-    /// [`Awareness::try_acknowledge`]), is refused at once with [`StoreError::Busy`]
-    /// (retryable: it may be made again once the store answers; nothing was written), and a
-    /// best-effort caller logs it as any failure. A turn's acknowledgement and a sweep are not
+    /// sweeps, watches and unwatches, resets and deletions, adoptions) before a new one is
+    /// refused (default 4,096; at least 1). Each runs on a task of its own until the store
+    /// answers, also once its caller stopped waiting ([`AwarenessConfig::store_wait`], or a
+    /// host's own timeout); with a store that hangs, every call would leave one more task
+    /// holding its write, for as long as the store hangs. Past this many, a recording, a watch
+    /// or an unwatch ([`Awareness::watch_after_send`] refuses it as `StoreFailed`), a reset or
+    /// a deletion, an adoption ([`Awareness::try_adopt`]), or an acknowledgement made outside a
+    /// turn ([`Awareness::acknowledge`], [`Awareness::try_acknowledge`]), is refused at once
+    /// with [`StoreError::Busy`] (retryable: it may be made again once the store answers;
+    /// nothing was written), and a best-effort caller logs it as any failure. A turn's acknowledgement and a sweep are not
     /// refused (a turn acknowledges one at a time per watcher, and a refused acknowledgement
     /// would show its notices again at every turn).
     /// ([`Awareness::wait_for_writes`] waits for those outstanding.)
@@ -1378,8 +1378,8 @@ impl Awareness {
     /// the store until then. Other writes (a pruning pass, the upstream monitor's marker moves
     /// and link removals) run in their caller's future and are not waited for; a store may
     /// still finish one whose caller gave up (store-redb's writer does), which closing the
-    /// store waits for. Nor are writes started after the call. A write that never ends (a store that hangs) makes this wait
-    /// for good.
+    /// store waits for. Nor are writes started after the call. A write that never ends (a store
+    /// that hangs) makes this wait for good.
     ///
     /// Shutting down calls it before dropping the service, so that closing the store reaches
     /// its last handle (see the crate docs); [`crate::MonitorTask::stop`] calls it for the

@@ -1563,8 +1563,8 @@ async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_th
 
 /// A run in one of the sessions linked to a thread defers the others' checks, but not for
 /// good: two agents answering each other in one thread, one of them running at every tick,
-/// kept a person's turn from ever being told to either's watchers. After five ticks in a row
-/// deferred, a session is deferred only by its own runs.
+/// kept a person's turn from ever being told to either's watchers. After five ticks deferred by
+/// the other's runs, a session is deferred only by its own.
 #[tokio::test(start_paused = true)]
 async fn a_session_deferred_at_every_tick_by_a_linked_sessions_run_is_checked_after_five() {
     let w = world();
@@ -1628,6 +1628,39 @@ async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
     assert_eq!((r.checked, r.deferred), (1, 1), "alpha, checked alone");
     assert_eq!(w.human_events(&alpha).await, 1);
     assert_eq!(w.human_events(&beta).await, 0);
+}
+
+/// Two sessions linked to one thread running by turns, one tick each: each is deferred by the
+/// other's run at every other tick, and by its own between. Its own runs do not start the count
+/// again (they would reset it every other tick, and neither would ever be checked): each is
+/// checked once the other's runs deferred it five times.
+#[tokio::test(start_paused = true)]
+async fn sessions_running_by_turns_in_one_thread_are_each_checked() {
+    let w = world();
+    let mut t = Transcript::new();
+    let alpha = w
+        .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let beta = w
+        .adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w.monitor().run_activity(runs.clone()).build();
+    t.human("a person typed this");
+    let mut running = alpha.clone();
+    runs.started(&running);
+    for _ in 0..14 {
+        monitor.tick().await;
+        runs.finished(&running);
+        running = if running == alpha {
+            beta.clone()
+        } else {
+            alpha.clone()
+        };
+        runs.started(&running);
+    }
+    assert_eq!(w.human_events(&alpha).await, 1, "alpha checked");
+    assert_eq!(w.human_events(&beta).await, 1, "beta checked");
 }
 
 #[tokio::test(start_paused = true)]

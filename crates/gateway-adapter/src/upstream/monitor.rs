@@ -9,8 +9,9 @@
 //!    (gateways sharing a store), whose session this gateway's directory knows;
 //! 2. defers to a later tick a session in which a run is active ([`super::RunActivity`]), or
 //!    in any session linked to the same source ([`super::UpstreamProvider::source_key`]): the
-//!    gateway writes into that thread then. Once a session's checks have been deferred 5 ticks
-//!    in a row by other sessions' runs, only its own runs defer it, until a check goes through;
+//!    gateway writes into that thread then. Once other sessions' runs have deferred a
+//!    session's check at 5 ticks since its last check went through, only its own runs defer
+//!    it, until one goes through;
 //! 3. runs the providers of every kept link concurrently, each bounded by a 45 s timeout, so one
 //!    failing or hanging provider never holds up the others (a timed-out check is a failure:
 //!    nothing concluded, the marker stays). The JSONL provider runs at most
@@ -43,7 +44,8 @@
 //!
 //! Every link is checked and recorded for its own session, so several agents adopting one
 //! external thread are each recorded; links to one source are judged together: each linked
-//! session's last 10 own prompts are echoes for all, and a run in any defers all. What happened is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
+//! session's last 10 own prompts are echoes for all, and a run in any defers all. What happened
+//! is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -325,9 +327,9 @@ impl MonitorBuilder {
 
     /// Sets the run-activity port (default: [`NoRuns`]). A run active in any session linked
     /// to a source defers the checks of every session linked to it: the gateway writes into
-    /// that thread itself then. Once a session's checks have been deferred 5 ticks in a row by
-    /// other sessions' runs, only its own runs defer it, until a check goes through (with a
-    /// warning, once per link).
+    /// that thread itself then. Once other sessions' runs have deferred a session's check at 5
+    /// ticks since its last check went through, only its own runs defer it, until one goes
+    /// through (with a warning, once per link).
     #[must_use]
     pub fn run_activity(mut self, runs: Arc<dyn RunActivity>) -> Self {
         self.runs = runs;
@@ -497,9 +499,11 @@ struct Inner {
     events: broadcast::Sender<Detection>,
     /// Consecutive `missing` checks per ref, for the link incarnation of that `updated_at`.
     missing: Mutex<HashMap<SessionRef, (Timestamp, u32)>>,
-    /// Per ref: the ticks in a row its check was deferred by a run in another session linked
-    /// to the same source (past [`SHARED_DEFERRALS`], those runs no longer defer it), and
-    /// whether that was warned of (once per link).
+    /// Per ref: the ticks since its last check went through at which a run in another session
+    /// linked to the same source deferred its check (from [`SHARED_DEFERRALS`] on, those runs
+    /// no longer defer it; its own runs neither count nor start the count again, so that two
+    /// sessions running by turns cannot keep each other unchecked), and whether that was
+    /// warned of (once per link).
     deferrals: Mutex<HashMap<SessionRef, (u32, bool)>>,
     /// The refs of the links the last tick listed (less those whose link a check of ours
     /// removed), so that a link gone since, whoever removed it, takes its prompts with it.
@@ -624,8 +628,9 @@ enum Watched {
     },
 }
 
-/// Ticks in a row a session's check may be deferred by runs in other sessions linked to its
-/// source before only its own runs defer it (see [`Inner::deferred_long`]).
+/// Ticks, since its last check went through, at which a session's check may be deferred by
+/// runs in other sessions linked to its source before only its own runs defer it (see
+/// [`Inner::deferred_long`]).
 const SHARED_DEFERRALS: u32 = 5;
 
 /// What makes two links read one source: their provider, and the source it names for each
@@ -1053,8 +1058,8 @@ impl Inner {
         }
     }
 
-    /// Whether `session`'s check was deferred [`SHARED_DEFERRALS`] ticks in a row by runs in
-    /// other sessions linked to its source: it is then deferred only by a run of its own (as
+    /// Whether `session`'s check was deferred at [`SHARED_DEFERRALS`] ticks since its last
+    /// check went through by runs in other sessions linked to its source: it is then deferred only by a run of its own (as
     /// a session that shares its source with none), so that sessions linked to one thread
     /// that take turns running (agents answering each other) do not keep each other from
     /// being checked for good.

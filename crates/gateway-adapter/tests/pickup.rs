@@ -904,3 +904,82 @@ async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
     }
     assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
 }
+
+/// A pick-up pays the wake owed for a dropped turn's lines only when it queued a line that
+/// wakes: with the waking notice's line queued already (no wake) and only an ambient notice's
+/// line queued anew (queued without a wake, decision 0015), it took the debt as paid and woke
+/// nobody, and the main session, which takes no turn unless woken, was left with the lines.
+/// An ambient cursor is OpenClaw's: the file is written as OpenClaw marks one.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_up_that_queues_only_an_ambient_line_still_pays_the_wake_owed() {
+    struct HeldAfterAcknowledge {
+        gate: tokio::sync::Semaphore,
+        reached: tokio::sync::Notify,
+    }
+    #[awareness_core::async_trait]
+    impl Hook for HeldAfterAcknowledge {
+        async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
+            if call == Call::Acknowledge {
+                self.reached.notify_one();
+                self.gate.acquire().await.expect("the gate").forget();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The manager's cursor on the worker is ambient and pending; its cursor on another
+    // session is explicit and pending.
+    let inner = ambient_manager(&dir.path().join("state.sqlite")).await;
+    let other = SessionRef::parse("agent:main:subagent:other", "main").unwrap();
+    let manager = WatcherKey::parse(MANAGER).unwrap();
+    inner
+        .watch(&manager, &other, Timestamp::now())
+        .await
+        .expect("watched");
+    inner
+        .record(human(&other), Timestamp::now())
+        .await
+        .expect("recorded");
+    let store = Arc::new(Hooked {
+        inner,
+        hook: HeldAfterAcknowledge {
+            gate: tokio::sync::Semaphore::new(0),
+            reached: tokio::sync::Notify::new(),
+        },
+    });
+    let (svc, queue, mut woken) = woken_service(
+        store.clone(),
+        directory(&[MANAGER]),
+        AwarenessConfig::default(),
+    );
+    // The manager's turn reads both notices and is dropped once its acknowledgement committed.
+    let turn = {
+        let svc = Arc::clone(&svc);
+        tokio::spawn(async move { svc.drain_turn(&k(MANAGER)).await })
+    };
+    store.hook.reached.notified().await;
+    turn.abort();
+    let _ = turn.await;
+    store.hook.gate.add_permits(1);
+    svc.wait_for_writes().await;
+    // Both change again: the other session's line is queued with a wake, the worker's
+    // (ambient) without one; then the worker's line is lost.
+    svc.try_record(human(&other)).await.expect("recorded");
+    svc.try_record(human(&child())).await.expect("recorded");
+    while woken.try_recv().is_ok() {}
+    let lost: Vec<_> = queue
+        .peek(&k(MANAGER))
+        .into_iter()
+        .filter(|l| l.text.contains(CHILD))
+        .collect();
+    assert_eq!(lost.len(), 1, "the worker's line was queued");
+    assert!(queue.remove(&k(MANAGER), &lost[0]));
+    let picked = svc.pick_up().await;
+    assert_eq!(picked.queued, 1, "the worker's line, again");
+    assert_eq!(
+        woken.try_recv().ok(),
+        Some(k(MANAGER)),
+        "woken for the lines"
+    );
+    assert!(woken.try_recv().is_err(), "once");
+}

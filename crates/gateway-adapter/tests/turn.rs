@@ -14,8 +14,8 @@ use std::time::Duration;
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::upstream::UpstreamStore as _;
 use awareness_core::{
-    ActorType, AwarenessStore, Cursor, CursorStore, EventStore, LinkSpec, Sequence, SessionKey,
-    SessionRef, StoreError, WatcherKey, async_trait,
+    ActorType, AwarenessStore, Cursor, CursorFilter, CursorStore, EventStore, LinkSpec, Sequence,
+    SessionKey, SessionRef, StoreError, WatcherKey, async_trait,
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, HumanMessage, InMemoryDirectory, InMemoryQueue,
@@ -28,7 +28,7 @@ const MANAGER: &str = "agent:main:main";
 const CHILD: &str = "agent:main:subagent:worker";
 
 mod common;
-use common::{Capture, FaultyQueue, k};
+use common::{Capture, FaultyQueue, k, settle};
 
 /// Holds each call `at.0` of the memory store at a gate, before it reaches the store (or,
 /// with `at.1`, once the store has answered): it reports that it got there, then waits for a
@@ -102,12 +102,36 @@ struct World {
     links: Arc<MemoryStore>,
     /// An in-memory queue that panics when told to.
     queue: Arc<FaultyQueue>,
-    wake: Arc<RecordingWake>,
+    wake: Arc<Wakes>,
     svc: Arc<Awareness>,
     /// One message each time an acknowledgement reaches the store.
     entered: mpsc::UnboundedReceiver<()>,
     /// One message each time the store answered whether another writer committed.
     questions: mpsc::UnboundedReceiver<()>,
+}
+
+/// The wakes the service asks for, recorded; the next one panics when told to (a heartbeat
+/// runner that fails).
+#[derive(Default)]
+struct Wakes {
+    woken: RecordingWake,
+    panic_next: AtomicBool,
+}
+
+impl Wakes {
+    fn count(&self, session: &SessionKey) -> usize {
+        self.woken.count(session)
+    }
+}
+
+impl HeartbeatWake for Wakes {
+    fn wake(&self, session: &SessionKey, reason: &str) {
+        assert!(
+            !self.panic_next.swap(false, Ordering::SeqCst),
+            "the heartbeat runner failed"
+        );
+        self.woken.wake(session, reason);
+    }
 }
 
 impl World {
@@ -144,7 +168,7 @@ impl World {
         let directory = Arc::new(InMemoryDirectory::new());
         directory.upsert(k(MANAGER), SessionEntry::default());
         let queue = Arc::new(FaultyQueue::default());
-        let wake = Arc::new(RecordingWake::new());
+        let wake = Arc::new(Wakes::default());
         let links = Arc::new(MemoryStore::new());
         let svc = Awareness::builder(store.clone(), queue.clone(), wake.clone(), directory)
             .upstream(links.clone())
@@ -169,13 +193,31 @@ impl World {
     /// A manager whose turn was dropped once its acknowledgement committed, leaving what it
     /// read (a person's message in the worker) to the next turn; the gate is open.
     async fn with_a_dropped_turn() -> Self {
+        let w = Self::with_a_dropped_turn_armed().await;
+        w.open_gate();
+        w
+    }
+
+    /// [`World::with_a_dropped_turn`], the gate still armed (on acknowledgements, with no
+    /// permit left).
+    async fn with_a_dropped_turn_armed() -> Self {
         let mut w = Self::gated(Call::Acknowledge, true).await;
         w.human().await;
         let a = w.turn_at_the_gate().await;
         dropped(a).await;
-        w.open_gate();
+        // The acknowledgement committed; the gate held its answer, which now returns.
+        w.store.hook.permits.add_permits(1);
         settle().await;
         w
+    }
+
+    /// The manager's turn, dropped when it reaches `call` (before the store has it); the
+    /// gate is open afterwards.
+    async fn drop_a_turn_at(&mut self, call: Call) {
+        *self.store.hook.at.lock().unwrap() = (call, false);
+        let turn = self.turn_at_the_gate().await;
+        dropped(turn).await;
+        self.open_gate();
     }
 
     /// A person types into the worker; returns the event's sequence.
@@ -475,13 +517,6 @@ async fn dropped<T: std::fmt::Debug>(task: tokio::task::JoinHandle<T>) {
     assert!(task.await.unwrap_err().is_cancelled());
 }
 
-/// Lets the spawned tasks run as far as they can (the runtime has one thread).
-async fn settle() {
-    for _ in 0..16 {
-        tokio::task::yield_now().await;
-    }
-}
-
 /// Bug: a turn dropped (a gateway's turn timeout) once its acknowledgement had committed lost
 /// the notice for good: the queue was drained and the cursor acknowledged, and no turn ever
 /// showed it. The next turn now shows what the dropped one had read.
@@ -710,16 +745,8 @@ async fn a_pick_up_wakes_a_session_whose_dropped_turn_left_it_a_notice() {
 /// the lines waited again for a turn taken for another reason.
 #[tokio::test]
 async fn a_wake_owed_survives_a_second_dropped_turn() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let first = w.turn_at_the_gate().await;
-    dropped(first).await;
-    w.store.hook.permits.add_permits(1); // its acknowledgement commits
-    settle().await;
-    *w.store.hook.at.lock().unwrap() = (Call::Cursors, false);
-    let second = w.turn_at_the_gate().await;
-    dropped(second).await;
-    w.open_gate();
+    let mut w = World::with_a_dropped_turn_armed().await;
+    w.drop_a_turn_at(Call::Cursors).await;
     let before = w.wake.count(&k(MANAGER));
     w.svc.pick_up().await;
     assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for the lines");
@@ -734,25 +761,35 @@ async fn a_wake_owed_survives_a_second_dropped_turn() {
 /// session for the lines a second time, and they waited for a turn taken for another reason.
 #[tokio::test]
 async fn a_wake_is_owed_again_when_the_turn_it_brought_is_dropped_too() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let first = w.turn_at_the_gate().await;
-    dropped(first).await;
-    w.store.hook.permits.add_permits(1); // its acknowledgement commits
-    settle().await;
+    let mut w = World::with_a_dropped_turn_armed().await;
     let before = w.wake.count(&k(MANAGER));
     w.svc.pick_up().await;
     assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for the lines");
     // The woken turn, dropped while it reads the cursors.
-    *w.store.hook.at.lock().unwrap() = (Call::Cursors, false);
-    let woken = w.turn_at_the_gate().await;
-    dropped(woken).await;
-    w.open_gate();
+    w.drop_a_turn_at(Call::Cursors).await;
     w.svc.pick_up().await;
     assert_eq!(w.wake.count(&k(MANAGER)), before + 2, "owed again");
     assert_eq!(
         texts(&w.svc.drain_turn(&k(MANAGER)).await),
         vec![notice(Sequence(1))]
+    );
+}
+
+/// A pick-up whose wake for a dropped turn's lines panics leaves the wake owed: the debt was
+/// cleared before the wake was tried, and no later pick-up woke the session, which takes no
+/// turn unless woken.
+#[tokio::test]
+async fn a_wake_owed_that_panics_is_owed_to_the_next_pick_up() {
+    let w = World::with_a_dropped_turn().await;
+    let before = w.wake.count(&k(MANAGER));
+    w.wake.panic_next.store(true, Ordering::SeqCst);
+    assert!(!w.svc.pick_up().await.complete, "the wake panicked");
+    assert_eq!(w.wake.count(&k(MANAGER)), before);
+    w.svc.pick_up().await;
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        before + 1,
+        "woken at the next one"
     );
 }
 
@@ -1744,6 +1781,20 @@ async fn a_pick_up_overlapping_a_deletion_leaves_no_line_in_the_deleted_watchers
     let manager = SessionRef::parse(MANAGER, "main").unwrap();
     let delete = tokio::spawn(async move { svc.try_on_delete(&manager).await });
     settle().await;
+    // The deletion committed before the pick-up's line is queued, and waits for its lock.
+    assert!(
+        w.store
+            .inner
+            .cursors(&CursorFilter {
+                watcher: Some(k(MANAGER)),
+                ..CursorFilter::default()
+            })
+            .await
+            .unwrap()
+            .is_empty(),
+        "the deletion committed"
+    );
+    assert!(!delete.is_finished(), "the deletion waits for the pick-up");
     w.open_gate();
     pick_up.await.expect("the pick-up ends");
     delete.await.expect("the deletion ends").expect("deleted");

@@ -401,6 +401,7 @@ mod tests {
     /// (`a_file_we_opened_still_passes_openclaws_schema_check`) checks the text SQLite stores.
     #[test]
     fn every_added_column_is_declared_as_a_bare_type_openclaw_tolerates() {
+        // As in tests/openclaw_schema_contract.rs, which checks the file itself.
         const BARE_TYPES: [&str; 6] = ["ANY", "BLOB", "INT", "INTEGER", "REAL", "TEXT"];
         let mut added = 0;
         for m in &MIGRATIONS {

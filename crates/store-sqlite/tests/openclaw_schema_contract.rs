@@ -41,7 +41,8 @@ const SESSION_TABLES: [&str; 4] = [
     "session_upstream_links",
 ];
 
-/// The types OpenClaw accepts, bare, for a column it does not know (`SQLITE_STRICT_DATATYPES`).
+/// The types OpenClaw accepts, bare, for a column it does not know (`SQLITE_STRICT_DATATYPES`;
+/// also in `schema.rs`'s unit test, which checks our migrations' declarations).
 const BARE_TYPES: [&str; 6] = ["ANY", "BLOB", "INT", "INTEGER", "REAL", "TEXT"];
 
 /// The index just after the quoted text (`'...'`, `"..."`, `` `...` ``, `[...]`, a doubled

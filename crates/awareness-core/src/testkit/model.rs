@@ -1319,7 +1319,8 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
 /// fresh subject from `factory` per case.
 ///
 /// The cases come from a seed drawn at random, or `PROPTEST_RNG_SEED`; a failure names the
-/// seed, so that the same cases can be run again. Shrinking a failing case stops after
+/// seed, so that the same cases can be generated again (on two threads, the interleaving of
+/// a concurrent wave is not replayed). Shrinking a failing case stops after
 /// `PROPTEST_MAX_SHRINK_TIME` milliseconds (default two minutes: each shrinking step runs a
 /// case again on a fresh store, on a file for the durable ones), reporting the smallest case
 /// found by then.

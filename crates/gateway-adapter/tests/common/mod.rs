@@ -13,6 +13,14 @@ use gateway_adapter::{
 };
 use store_memory::MemoryStore;
 
+/// Lets the spawned tasks run as far as they can, on a runtime of one thread (the task that
+/// calls it then polls on with a fresh cooperative budget).
+pub async fn settle() {
+    for _ in 0..32 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A session key from a string the test knows is valid.
 pub fn k(key: &str) -> SessionKey {
     SessionKey::new(key).unwrap()

@@ -733,6 +733,9 @@ impl Carried {
             Forget::Notices => {
                 self.unread.retain(|e| !e.is_session_state());
                 self.read.retain(|e| !e.is_session_state());
+                // What is left (an exec's, a cron's lines) wakes nobody.
+                self.read_wakes = false;
+                self.wake_owed = false;
             }
         }
     }
@@ -2469,13 +2472,14 @@ impl Awareness {
             unread,
             mut read,
             claim,
-            read_wakes,
+            mut read_wakes,
             ..
         } = std::mem::take(turn.carried());
         if claim.is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
             // The turn that settled on them showed them, having stopped waiting for its
             // acknowledgement.
             read.clear();
+            read_wakes = false;
         }
         let mut drained = unread;
         drained.extend(from_queue);
@@ -2596,7 +2600,7 @@ impl Awareness {
             if claim.swap(true, Ordering::SeqCst) {
                 return Vec::new();
             }
-            return std::mem::take(&mut again.carried().read);
+            return std::mem::take(again.carried()).read;
         };
         turn.guard = Some(held);
         // Before what the turn read is taken: should the host's queue panic here, the turn is
@@ -2604,7 +2608,7 @@ impl Awareness {
         for line in &lines {
             self.queue.remove(watcher, line);
         }
-        std::mem::take(&mut turn.carried().read)
+        std::mem::take(turn.carried()).read
     }
 
     /// The watcher's cursors with a pending notice.
@@ -2926,16 +2930,20 @@ impl Awareness {
                     // The directory again: a watcher deleted since the first read is no longer
                     // this gateway's to wake.
                     let dir = Some(&*self.directory);
-                    let (queued, panicked) =
-                        deliver_logged(&*self.queue, &*self.wake, dir, &notices);
-                    // More lines gained than there are notices that wake nobody: a line that
-                    // wakes was queued, and woke the session (a main session's: a subagent is
-                    // owed no wake). What a dropped turn left is shown by that turn too, and
-                    // owes no wake of its own.
-                    let quiet = notices.iter().filter(|n| n.queue_only).count();
-                    if queued > quiet {
+                    // The notices that wake first: whether one of their lines was queued says
+                    // whether the session was woken (a main session's: a subagent is owed no
+                    // wake). What a dropped turn left is then shown by the turn that wake
+                    // brings, and owes no wake of its own.
+                    let (waking, quiet): (Vec<Notice>, Vec<Notice>) =
+                        notices.into_iter().partition(|n| !n.queue_only);
+                    let (woke, waking_panicked) =
+                        deliver_logged(&*self.queue, &*self.wake, dir, &waking);
+                    let (calm, quiet_panicked) =
+                        deliver_logged(&*self.queue, &*self.wake, dir, &quiet);
+                    if woke > 0 {
                         turn.carried().wake_owed = false;
                     }
+                    let (queued, panicked) = (woke + calm, waking_panicked || quiet_panicked);
                     done.queued += queued;
                     // Some lines may be missing: the next pick-up queues them.
                     done.failed |= panicked;

@@ -905,14 +905,30 @@ async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
     assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
 }
 
-/// A pick-up pays the wake owed for a dropped turn's lines only when it queued a line that
-/// wakes: with the waking notice's line queued already (no wake) and only an ambient notice's
+/// A pick-up pays the wake owed for a dropped turn's lines exactly when it queued a line that
+/// wakes. With the waking notice's line queued already (no wake) and only an ambient notice's
 /// line queued anew (queued without a wake, decision 0015), it took the debt as paid and woke
-/// nobody, and the main session, which takes no turn unless woken, was left with the lines.
-/// An ambient cursor is OpenClaw's: the file is written as OpenClaw marks one.
+/// nobody, and the main session, which takes no turn unless woken, was left with the lines;
+/// with the ambient line queued already and the waking one queued anew (a wake), it kept the
+/// debt and woke the session a second time. Once, either way. An ambient cursor is
+/// OpenClaw's: the file is written as OpenClaw marks one.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pick_up_that_queues_only_an_ambient_line_still_pays_the_wake_owed() {
+async fn a_pick_up_wakes_once_for_a_wake_owed_whichever_line_it_queues() {
+    for lost in [CHILD, "agent:main:subagent:other"] {
+        assert_eq!(
+            wakes_of_a_pick_up_owing_a_wake(lost).await,
+            vec![k(MANAGER)],
+            "the {lost} line lost"
+        );
+    }
+}
+
+/// The wakes of a pick-up while the manager is owed a wake for what its dropped turn read
+/// (the worker's notice, ambient, and another session's, explicit), both sessions having
+/// changed again since and the line of `lost` been lost from the queue.
+#[cfg(feature = "sqlite")]
+async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
     struct HeldAfterAcknowledge {
         gate: tokio::sync::Semaphore,
         reached: tokio::sync::Notify,
@@ -963,23 +979,18 @@ async fn a_pick_up_that_queues_only_an_ambient_line_still_pays_the_wake_owed() {
     store.hook.gate.add_permits(1);
     svc.wait_for_writes().await;
     // Both change again: the other session's line is queued with a wake, the worker's
-    // (ambient) without one; then the worker's line is lost.
+    // (ambient) without one; then one of the two lines is lost.
     svc.try_record(human(&other)).await.expect("recorded");
     svc.try_record(human(&child())).await.expect("recorded");
     while woken.try_recv().is_ok() {}
-    let lost: Vec<_> = queue
+    let gone: Vec<_> = queue
         .peek(&k(MANAGER))
         .into_iter()
-        .filter(|l| l.text.contains(CHILD))
+        .filter(|l| l.text.contains(&format!("\"{lost}\"")))
         .collect();
-    assert_eq!(lost.len(), 1, "the worker's line was queued");
-    assert!(queue.remove(&k(MANAGER), &lost[0]));
+    assert_eq!(gone.len(), 1, "the {lost} line was queued");
+    assert!(queue.remove(&k(MANAGER), &gone[0]));
     let picked = svc.pick_up().await;
-    assert_eq!(picked.queued, 1, "the worker's line, again");
-    assert_eq!(
-        woken.try_recv().ok(),
-        Some(k(MANAGER)),
-        "woken for the lines"
-    );
-    assert!(woken.try_recv().is_err(), "once");
+    assert_eq!(picked.queued, 1, "the lost line, again");
+    std::iter::from_fn(|| woken.try_recv().ok()).collect()
 }

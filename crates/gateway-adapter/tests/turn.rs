@@ -775,6 +775,33 @@ async fn a_wake_is_owed_again_when_the_turn_it_brought_is_dropped_too() {
     );
 }
 
+/// A reset drops the session-state lines a dropped turn left, and the wake they were owed with
+/// them: what is left (an exec's line) wakes nobody. A pick-up woke the session "for
+/// session-state" with an exec's line alone.
+#[tokio::test]
+async fn a_reset_takes_the_wake_owed_with_the_notices() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let exec = QueuedEntry {
+        text: "Exec finished: cargo test".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), exec.clone()));
+    let turn = w.turn_at_the_gate().await;
+    dropped(turn).await;
+    w.open_gate();
+    settle().await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    let before = w.wake.count(&k(MANAGER));
+    w.svc.pick_up().await;
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        before,
+        "nothing that wakes is left"
+    );
+    assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
+}
+
 /// A pick-up whose wake for a dropped turn's lines panics leaves the wake owed: the debt was
 /// cleared before the wake was tried, and no later pick-up woke the session, which takes no
 /// turn unless woken.

@@ -2573,12 +2573,12 @@ async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged
     );
 }
 
-/// The detections published so far.
 /// What each detection says, for a failure's message.
 fn texts(ds: &[Detection]) -> Vec<String> {
     ds.iter().map(ToString::to_string).collect()
 }
 
+/// The detections published so far.
 fn published(rx: &mut broadcast::Receiver<Detection>) -> Vec<Detection> {
     std::iter::from_fn(|| rx.try_recv().ok()).collect()
 }

@@ -152,8 +152,9 @@ pub trait UpstreamProvider: Send + Sync {
 
 /// Whether a run of the gateway is active in a session. While one is, the gateway writes into
 /// the upstream thread itself, so the monitor defers the scans of that session and of every
-/// session linked to the same source to a later tick (those of the others at 5 ticks at most
-/// between two checks of theirs that went through).
+/// session linked to the same source to a later tick (the others' runs defer a session's check
+/// at 5 ticks at most between two of its checks that went through; a prompt sent during a
+/// check still makes it read again).
 pub trait RunActivity: Send + Sync {
     /// Whether a run is active in `session`.
     fn is_active(&self, session: &SessionRef) -> bool;

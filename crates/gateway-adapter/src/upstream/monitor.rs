@@ -633,6 +633,12 @@ enum Watched {
 /// [`Inner::deferred_long`]).
 const SHARED_DEFERRALS: u32 = 5;
 
+/// A check deferred by a run ([`Inner::own_of`]).
+struct Deferral {
+    /// The run is another linked session's, not the checked session's own.
+    by_another: bool,
+}
+
 /// What makes two links read one source: their provider, and the source it names for each
 /// ([`UpstreamProvider::source_key`]). The catalog a link was adopted through is not part of
 /// it: one thread is one source whichever catalog listed it.
@@ -807,15 +813,13 @@ impl Inner {
                 .unwrap_or_else(|| vec![link.session.clone()]);
             let alone = me.deferred_long(&link.session);
             let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let own = me.own_of(&group, &link.session, alone);
-                // Whose run deferred it: another session's counts towards checking it alone.
-                let by_another = own.is_none() && !me.runs.is_active(&link.session);
-                own.ok_or(by_another)
+                me.own_of(&group, &link.session, alone)
             }));
             let own = match asked {
                 Ok(Ok(own)) => own,
-                Ok(Err(by_another)) => {
+                Ok(Err(Deferral { by_another })) => {
                     report.deferred += 1;
+                    // Another session's run counts towards checking it alone.
                     if by_another {
                         me.deferred_again(&link.session, group.len());
                     }
@@ -984,7 +988,7 @@ impl Inner {
                 }
             }
             CheckOutcome::HumanTurns { .. }
-                if self.own_of(&group, &session, alone).as_ref() != Some(&own) =>
+                if self.own_of(&group, &session, alone).as_ref().ok() != Some(&own) =>
             {
                 // A run began, or the gateway sent a prompt, while the check read (in this
                 // session, or another linked to the same source): the rows
@@ -1018,22 +1022,24 @@ impl Inner {
 
     /// The own prompts a check of `session`'s source judges its rows by: those of every
     /// session in `group` (the sessions linked to the source), each one's last
-    /// [`upstream::SELF_ECHO_WINDOW`]; `None` while a run of any of them is active (the
-    /// gateway writes into the thread itself then), or of `session` only when it is checked
-    /// `alone` ([`Inner::deferred_long`]).
+    /// [`upstream::SELF_ECHO_WINDOW`]; a [`Deferral`] while a run of any of them is active
+    /// (the gateway writes into the thread itself then), or of `session` only when it is
+    /// checked `alone` ([`Inner::deferred_long`]).
     fn own_of(
         &self,
         group: &[SessionRef],
         session: &SessionRef,
         alone: bool,
-    ) -> Option<Vec<String>> {
+    ) -> Result<Vec<String>, Deferral> {
         let deferring = |s: &&SessionRef| !alone || *s == session;
-        if group
+        if let Some(running) = group
             .iter()
             .filter(deferring)
-            .any(|s| self.runs.is_active(s))
+            .find(|s| self.runs.is_active(s))
         {
-            return None;
+            return Err(Deferral {
+                by_another: running != session,
+            });
         }
         let mut own = Vec::new();
         for s in group {
@@ -1041,7 +1047,7 @@ impl Inner {
             let skip = recent.len().saturating_sub(upstream::SELF_ECHO_WINDOW);
             own.extend(recent.into_iter().skip(skip));
         }
-        Some(own)
+        Ok(own)
     }
 
     fn deferrals(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, (u32, bool)>> {
@@ -1076,7 +1082,7 @@ impl Inner {
         *n = n.saturating_add(1);
         if *n >= SHARED_DEFERRALS && !*warned {
             *warned = true;
-            warn!(session_key = %session.session_key, agent_id = %session.agent_id, ticks = SHARED_DEFERRALS, linked, "upstream monitor: a session's check was deferred by runs in other sessions linked to the same source at every tick; from then on, until a check goes through, only its own runs defer it");
+            warn!(session_key = %session.session_key, agent_id = %session.agent_id, ticks = SHARED_DEFERRALS, linked, "upstream monitor: runs in other sessions linked to the same source deferred a session's check at 5 ticks since its last check went through; from then on, until one goes through, only its own runs defer it");
         }
     }
 

@@ -2600,7 +2600,12 @@ impl Awareness {
             if claim.swap(true, Ordering::SeqCst) {
                 return Vec::new();
             }
-            return std::mem::take(again.carried()).read;
+            // Only what was read, and its wake with it: the rest may be a later turn's (one
+            // dropped while it read the cursors, after a deletion dropped this one's lines).
+            let carried = again.carried();
+            carried.read_wakes = false;
+            carried.wake_owed = false;
+            return std::mem::take(&mut carried.read);
         };
         turn.guard = Some(held);
         // Before what the turn read is taken: should the host's queue panic here, the turn is

@@ -791,6 +791,10 @@ async fn a_reset_takes_the_wake_owed_with_the_notices() {
     dropped(turn).await;
     w.open_gate();
     settle().await;
+    assert!(
+        !w.cursor().await.is_pending(),
+        "the dropped turn's acknowledgement committed"
+    );
     w.svc.on_reset(&k(MANAGER)).await;
     let before = w.wake.count(&k(MANAGER));
     w.svc.pick_up().await;

@@ -1636,6 +1636,34 @@ async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
     assert_eq!(w.human_events(&beta).await, 0);
 }
 
+/// A session whose own run defers its check counts nothing towards being checked alone, even
+/// while another linked session runs too: which of the two runs was asked about first followed
+/// the order of the links, which turns at every tick.
+#[tokio::test(start_paused = true)]
+async fn a_tick_both_sessions_run_in_counts_for_neither() {
+    let w = world();
+    let mut t = Transcript::new();
+    let (alpha, beta) = alpha_and_beta(&w, &t).await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w.monitor().run_activity(runs.clone()).build();
+    t.human("a person typed this");
+    runs.started(&alpha);
+    runs.started(&beta);
+    for tick in 1..=5 {
+        let r = monitor.tick().await;
+        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}: both running");
+    }
+    // Only beta runs now: alpha is deferred by it five times before it is checked alone.
+    runs.finished(&alpha);
+    for tick in 6..=10 {
+        let r = monitor.tick().await;
+        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
+    }
+    let r = monitor.tick().await;
+    assert_eq!((r.checked, r.deferred), (1, 1), "alpha, checked alone");
+    assert_eq!(w.human_events(&alpha).await, 1);
+}
+
 /// Two sessions linked to one thread running by turns, one tick each: each is deferred by the
 /// other's run at every other tick, and by its own between. Its own runs do not start the count
 /// again (they would reset it every other tick, and neither would ever be checked): each is

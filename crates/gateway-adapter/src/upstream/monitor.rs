@@ -1031,15 +1031,12 @@ impl Inner {
         session: &SessionRef,
         alone: bool,
     ) -> Result<Vec<String>, Deferral> {
-        let deferring = |s: &&SessionRef| !alone || *s == session;
-        if let Some(running) = group
-            .iter()
-            .filter(deferring)
-            .find(|s| self.runs.is_active(s))
-        {
-            return Err(Deferral {
-                by_another: running != session,
-            });
+        // Its own run first: it defers the check whatever the others do, and never counts.
+        if self.runs.is_active(session) {
+            return Err(Deferral { by_another: false });
+        }
+        if !alone && group.iter().any(|s| s != session && self.runs.is_active(s)) {
+            return Err(Deferral { by_another: true });
         }
         let mut own = Vec::new();
         for s in group {

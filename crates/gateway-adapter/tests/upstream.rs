@@ -1626,14 +1626,24 @@ async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
     // its own run defers it.
     runs.finished(&alpha);
     runs.started(&beta);
-    for tick in 6..=10 {
+    deferred_five_times_then_checked_alone(&w, &monitor, &alpha).await;
+    assert_eq!(w.human_events(&beta).await, 0);
+}
+
+/// Five ticks at which both linked sessions are deferred (`alone` by the other's run), then
+/// one at which `alone` is checked by itself and its turn recorded.
+async fn deferred_five_times_then_checked_alone(
+    w: &World,
+    monitor: &UpstreamMonitor,
+    alone: &SessionRef,
+) {
+    for tick in 1..=5 {
         let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
+        assert_eq!((r.checked, r.deferred), (0, 2), "deferred {tick} times");
     }
     let r = monitor.tick().await;
-    assert_eq!((r.checked, r.deferred), (1, 1), "alpha, checked alone");
-    assert_eq!(w.human_events(&alpha).await, 1);
-    assert_eq!(w.human_events(&beta).await, 0);
+    assert_eq!((r.checked, r.deferred), (1, 1), "{alone}, checked alone");
+    assert_eq!(w.human_events(alone).await, 1);
 }
 
 /// A session whose own run defers its check counts nothing towards being checked alone, even
@@ -1655,13 +1665,7 @@ async fn a_tick_both_sessions_run_in_counts_for_neither() {
     }
     // Only beta runs now: alpha is deferred by it five times before it is checked alone.
     runs.finished(&alpha);
-    for tick in 6..=10 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
-    }
-    let r = monitor.tick().await;
-    assert_eq!((r.checked, r.deferred), (1, 1), "alpha, checked alone");
-    assert_eq!(w.human_events(&alpha).await, 1);
+    deferred_five_times_then_checked_alone(&w, &monitor, &alpha).await;
 }
 
 /// Two sessions linked to one thread running by turns, one tick each: each is deferred by the

@@ -54,6 +54,20 @@ const RECORDER_PANICKED: i32 = 3;
 /// A hang guard, never a timing assertion: a slow run on a busy machine stays far below it.
 const HANG: Duration = Duration::from_mins(2);
 
+/// What a child that ended well printed; a child that failed fails the test with its stdout
+/// and stderr, `what` naming it.
+#[track_caller]
+fn stdout_of_success(out: &std::process::Output, what: &str) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {:?}: {text}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn watcher() -> WatcherKey {
     WatcherKey::parse("agent:main:main").unwrap()
 }
@@ -1015,13 +1029,7 @@ fn a_failed_commit_is_named_and_its_database_not_shared() {
             cmd.env(INTERVAL_MS, ms.to_string());
         }
         let out = output_within(&mut cmd, &format!("the {mode} child"));
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{mode} {interval:?}: {:?}: {text}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = stdout_of_success(&out, &format!("{mode} {interval:?}"));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{interval:?}: {text}");
         eprintln!("  {mode} {interval:?}:\n  {}", lines.join("\n  "));
@@ -1071,13 +1079,7 @@ fn a_failed_create_leaves_an_empty_file_the_next_open_makes_a_store() {
             .env(PATH, &path),
         "the create child",
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{:?}: {text}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out, "the create child");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(

@@ -36,6 +36,13 @@ pub struct Notice {
 }
 
 impl Notice {
+    /// Whether queuing this notice's line wakes its watcher: a main session is woken, unless
+    /// the notice is queue-only (an ambient cursor's, decision 0015); a nested subagent sees
+    /// it on its next turn.
+    pub fn wakes(&self) -> bool {
+        !self.queue_only && !self.watcher.session_key().is_subagent()
+    }
+
     /// The notice of a cursor (its text depends only on the target and `last_seen`).
     pub fn of(cursor: &Cursor) -> Self {
         Self {

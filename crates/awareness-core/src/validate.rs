@@ -439,8 +439,19 @@ pub fn payload_json(value: &Payload) -> String {
 pub fn clamp_occurred_at(occurred_at: Option<Timestamp>, now: Timestamp) -> Timestamp {
     match occurred_at {
         None => now,
-        Some(t) => t.clamp(now.minus_ms(MAX_EVENT_AGE_MS), now),
+        Some(t) => t.clamp(oldest_occurred_at(now), now),
     }
+}
+
+/// Whether [`clamp_occurred_at`] moves a producer's time forward: it is more than 24 h before
+/// `now` (most often a time in seconds, read as milliseconds).
+pub fn occurred_at_too_old(occurred_at: Timestamp, now: Timestamp) -> bool {
+    occurred_at < oldest_occurred_at(now)
+}
+
+/// The oldest producer's time recorded as given at `now`.
+fn oldest_occurred_at(now: Timestamp) -> Timestamp {
+    now.minus_ms(MAX_EVENT_AGE_MS)
 }
 
 #[cfg(test)]
@@ -689,5 +700,18 @@ mod tests {
         );
         let inside = Timestamp(1_802_600_000_000);
         assert_eq!(clamp_occurred_at(Some(inside), now), inside);
+        // Too old exactly when the clamp moves it forward.
+        for t in [
+            Timestamp(0),
+            Timestamp(1_802_591_999_999),
+            Timestamp(1_802_592_000_000),
+            inside,
+        ] {
+            assert_eq!(
+                occurred_at_too_old(t, now),
+                clamp_occurred_at(Some(t), now) != t,
+                "{t:?}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use awareness_core::dedupe;
 use awareness_core::error::ErrorChain;
-use awareness_core::validate::{MAX_DEDUPE_KEY_BYTES, MAX_EVENT_AGE_MS};
+use awareness_core::validate::{self, MAX_DEDUPE_KEY_BYTES};
 use awareness_core::{
     AckTarget, ActorType, AgentId, AwarenessStore, AwarenessStoreExt, ChangesPage, Cursor,
     CursorFilter, Event, EventKind, LinkSpec, NewEvent, Notice, Payload, PruneReport, Recorded,
@@ -956,9 +956,12 @@ async fn record_in(
     event: NewEvent,
     now: Timestamp,
 ) -> Result<Recorded, StoreError> {
-    let session = event.session.clone();
+    // Only an event with a dedupe key can be answered by another session's.
+    let session = event.dedupe_key.is_some().then(|| event.session.clone());
     let recorded = store.record(event, now).await?;
-    if recorded.deduplicated && recorded.event.session_ref() != session {
+    if let Some(session) =
+        session.filter(|s| recorded.deduplicated && recorded.event.session_ref() != *s)
+    {
         warn!(
             session_key = %session.session_key,
             agent_id = %session.agent_id,
@@ -1015,7 +1018,7 @@ fn deliver_one(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, n: &Notic
     if !queue.enqueue(n.watcher.session_key(), queued(n)) {
         return false;
     }
-    if !n.queue_only && !n.watcher.session_key().is_subagent() {
+    if n.wakes() {
         let watcher = n.watcher.session_key();
         let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             wake.wake(watcher, "session-state");
@@ -1250,7 +1253,7 @@ impl Awareness {
         let now = self.clock.now();
         if let Some(at) = event
             .occurred_at
-            .filter(|at| *at < now.minus_ms(MAX_EVENT_AGE_MS))
+            .filter(|at| validate::occurred_at_too_old(*at, now))
         {
             // Recorded as 24 h ago (DESIGN 3); a time that old is most often one in seconds
             // (a chat platform's), which then reads as 1970 in milliseconds.
@@ -2524,7 +2527,7 @@ impl Awareness {
             read_wakes,
             ..
         } = std::mem::take(turn.carried());
-        let read_wakes = read_wakes || current.iter().any(|n| !n.queue_only);
+        let read_wakes = read_wakes || current.iter().any(Notice::wakes);
         read.reserve(drained.len() + current.len());
         let lines: Vec<QueuedEntry> = current.iter().map(queued).collect();
         // A notice an earlier (dropped) turn settled on is not shown twice, whether or not its
@@ -2931,7 +2934,7 @@ impl Awareness {
                 .await;
             match read {
                 Ok(cursors) => {
-                    let notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
+                    let mut notices: Vec<Notice> = cursors.iter().map(Notice::of).collect();
                     // The directory again: a watcher deleted since the first read is no longer
                     // this gateway's to wake.
                     let dir = Some(&*self.directory);
@@ -2939,12 +2942,12 @@ impl Awareness {
                     // whether the session was woken (a main session's: a subagent is owed no
                     // wake). What a dropped turn left is then shown by the turn that wake
                     // brings, and owes no wake of its own.
-                    let (waking, quiet): (Vec<Notice>, Vec<Notice>) =
-                        notices.into_iter().partition(|n| !n.queue_only);
+                    notices.sort_by_key(|n| !n.wakes());
+                    let (waking, quiet) = notices.split_at(notices.partition_point(Notice::wakes));
                     let (woke, waking_panicked) =
-                        deliver_logged(&*self.queue, &*self.wake, dir, &waking);
+                        deliver_logged(&*self.queue, &*self.wake, dir, waking);
                     let (calm, quiet_panicked) =
-                        deliver_logged(&*self.queue, &*self.wake, dir, &quiet);
+                        deliver_logged(&*self.queue, &*self.wake, dir, quiet);
                     if woke > 0 {
                         turn.carried().wake_owed = false;
                     }
@@ -3116,11 +3119,8 @@ impl Awareness {
 /// that drained the line may be acknowledging it). A queue or a wake that panics is logged.
 fn wake_if_queued(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, cursor: &Cursor) {
     let watcher = cursor.watcher.session_key();
-    if !cursor.is_pending() || watcher.is_subagent() {
-        return;
-    }
     let n = Notice::of(cursor);
-    if n.queue_only {
+    if !cursor.is_pending() || !n.wakes() {
         return;
     }
     let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

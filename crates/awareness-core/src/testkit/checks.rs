@@ -392,6 +392,39 @@ pub async fn dedupe_returns_stored_event_and_moves_nothing(t: &Subject) {
     assert_eq!(head.updated_at, T0, "the head's clock did not move either");
 }
 
+/// Dedupe keys are store-wide (DESIGN 3): a key another session's event holds answers a
+/// recording for this session with that event, unchanged (its session and sequence), notifies
+/// nobody, and writes nothing for this session: no event, no head, no cursor moved. (The
+/// gateway warns of such a hit, telling it by the event's session.)
+pub async fn dedupe_keys_are_store_wide(t: &Subject) {
+    let s = &*t.store;
+    let other = r("agent:main:subagent:other", "main");
+    s.watch(&w(MANAGER), &other, T0).await.unwrap();
+    let first = rec(s, human(&child()).with_dedupe_key("compacted:1"), T0).await;
+    let before_cursor = s.cursor(&w(MANAGER), &other.session_key).await.unwrap();
+    let hit = rec(
+        s,
+        human(&other).with_dedupe_key("compacted:1"),
+        T0.plus_ms(5),
+    )
+    .await;
+    assert!(hit.deduplicated, "the key is another session's: a hit");
+    assert_eq!(*hit.event, *first.event, "the stored event, unchanged");
+    assert_eq!(
+        hit.event.session_ref(),
+        child(),
+        "of the session that holds the key"
+    );
+    assert!(hit.notices.is_empty(), "a hit notifies nobody");
+    assert_eq!(version(s, &other).await, 0, "no head for the other session");
+    assert_eq!(
+        s.cursor(&w(MANAGER), &other.session_key).await.unwrap(),
+        before_cursor,
+        "its watcher's cursor did not move"
+    );
+    assert_eq!(count(s).await, 1);
+}
+
 pub async fn dedupe_hit_consumes_a_sequence(t: &Subject) {
     let s = &*t.store;
     let a = rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

@@ -351,6 +351,7 @@ macro_rules! conformance_suite {
             payload_keys_keep_the_order_they_were_recorded_in,
             json_nested_too_deep_is_rejected_and_the_deepest_allowed_reads_back,
             dedupe_returns_stored_event_and_moves_nothing,
+            dedupe_keys_are_store_wide,
             dedupe_hit_consumes_a_sequence,
             dedupe_key_is_free_again_after_its_row_is_pruned,
             a_counter_at_its_end_refuses_to_record_and_writes_nothing,

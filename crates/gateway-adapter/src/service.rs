@@ -976,6 +976,16 @@ async fn record_in(
     Ok(recorded)
 }
 
+/// Logs a session-state event of `kind` for `key` not recorded (`error`, its causes), or not
+/// yet: the store has not answered, and the recording goes on.
+fn not_recorded(key: &SessionKey, kind: &EventKind, error: &str, goes_on: bool) {
+    if goes_on {
+        warn!(session_key = %key, %kind, %error, "session-state event not recorded yet");
+    } else {
+        warn!(session_key = %key, %kind, %error, "session-state event not recorded");
+    }
+}
+
 /// Puts each notice into its watcher's queue; a main-session watcher whose queue gained a line
 /// is woken at once (the waker coalesces) unless the notice is queue-only (an ambient watch's,
 /// [`Notice::queue_only`]), a nested subagent sees it on its next turn. With `owned`, a watcher
@@ -1423,12 +1433,12 @@ impl Awareness {
         let kind = event.kind.clone();
         let Some(recorded) = until(deadline, self.try_record(event)).await else {
             let e = self.recording_goes_on();
-            warn!(session_key = %key, %kind, error = %e, "session-state event not recorded yet");
+            not_recorded(&key, &kind, &e, true);
             return Err(e);
         };
         recorded.map_err(|e| {
             let e = ErrorChain(&e).to_string();
-            warn!(session_key = %key, %kind, error = %e, "session-state event not recorded");
+            not_recorded(&key, &kind, &e, false);
             e
         })
     }
@@ -1528,6 +1538,11 @@ impl Awareness {
         if !self.config.owned_watchers_only {
             return Some(true);
         }
+        self.directory_knows(session)
+    }
+
+    /// Whether the gateway's directory knows `session`; `None` when asking it panicked.
+    fn directory_knows(&self, session: &SessionKey) -> Option<bool> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.directory.exists(session)
         }))
@@ -1870,11 +1885,12 @@ impl Awareness {
             let _ = linked.send(outcome.clone());
             let recorded = record_in(&*store, event, now).await;
             if let Err(e) = &recorded {
-                warn!(
-                    session_key = %outcome.link.session.session_key,
-                    kind = %EventKind::Adopted,
-                    error = %ErrorChain(e),
-                    "session-state event not recorded"
+                let e = ErrorChain(e).to_string();
+                not_recorded(
+                    &outcome.link.session.session_key,
+                    &EventKind::Adopted,
+                    &e,
+                    false,
                 );
             }
             Ok((outcome, recorded))
@@ -1906,8 +1922,8 @@ impl Awareness {
             }
             Ok(outcome) = &mut link_in => outcome,
         };
-        let not_recorded = |e: &StoreError| {
-            warn!(session_key = %key, kind = %EventKind::Adopted, error = %ErrorChain(e), "session-state event not recorded");
+        let failed = |e: &StoreError| {
+            not_recorded(&key, &EventKind::Adopted, &ErrorChain(e).to_string(), false);
             None
         };
         let event = match until(self.store_deadline(), &mut adopting).await {
@@ -1915,15 +1931,10 @@ impl Awareness {
             Some(Ok(((), Ok((_, recorded))))) => recorded.ok().map(|r| r.event),
             // The link was written, so the write has not failed (it fails only on the link);
             // its task can, when the recording panics.
-            Some(Ok(((), Err(e)))) => not_recorded(&e),
-            Some(Err(e)) => not_recorded(&task_failed(e)),
+            Some(Ok(((), Err(e)))) => failed(&e),
+            Some(Err(e)) => failed(&task_failed(e)),
             None => {
-                warn!(
-                    session_key = %key,
-                    kind = %EventKind::Adopted,
-                    error = %self.recording_goes_on(),
-                    "session-state event not recorded yet"
-                );
+                not_recorded(&key, &EventKind::Adopted, &self.recording_goes_on(), true);
                 None
             }
         };
@@ -2968,13 +2979,10 @@ impl Awareness {
             if watcher.is_subagent() {
                 continue;
             }
-            let known = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.directory.exists(&watcher)
-            }));
-            match known {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(_) => {
+            match self.directory_knows(&watcher) {
+                Some(true) => {}
+                Some(false) => continue,
+                None => {
                     warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; the next pick-up wakes it");
                     self.turns.owe_again(&watcher);
                     done.failed = true;

@@ -1,12 +1,14 @@
 //! Fuzz targets for the parsers and readers that take what another program wrote, each a
 //! function of any bytes that panics when its oracle disagrees ([`sqlite_rows`],
-//! [`transcript_line`], [`upstream_markers`], [`jsonl_scan`], [`paired_thread`]). libFuzzer runs
-//! them through the binaries in `fuzz_targets/` (README.md); this crate's tests run each on its
-//! seeds in `seeds/<target>/` (the inputs that found a bug among them) and on inputs mutated
-//! from them, so that CI checks the oracles without libFuzzer.
+//! [`redb_rows`], [`transcript_line`], [`upstream_markers`], [`jsonl_scan`],
+//! [`paired_thread`]). libFuzzer runs them through the binaries in `fuzz_targets/`
+//! (README.md); this crate's tests run each on its seeds in `seeds/<target>/` (the inputs that
+//! found a bug among them) and on inputs mutated from them, so that CI checks the oracles
+//! without libFuzzer.
 
 pub mod jsonl_scan;
 pub mod paired_thread;
+pub mod redb_rows;
 pub mod sqlite_rows;
 pub mod transcript_line;
 pub mod upstream_markers;
@@ -94,6 +96,11 @@ mod tests {
     #[test]
     fn sqlite_rows() {
         check("sqlite_rows", crate::sqlite_rows::run);
+    }
+
+    #[test]
+    fn redb_rows() {
+        check("redb_rows", crate::redb_rows::run);
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Fuzz targets for the parsers and readers that take what another program wrote, each a
-//! function of any bytes that panics when its oracle disagrees ([`sqlite_rows`],
+//! function of any bytes that panics when its oracle disagrees ([`core_fit`], [`sqlite_rows`],
 //! [`redb_rows`], [`transcript_line`], [`upstream_markers`], [`jsonl_scan`],
 //! [`paired_thread`]). libFuzzer runs them through the binaries in `fuzz_targets/`
 //! (README.md); this crate's tests run each on its seeds in `seeds/<target>/` (the inputs that
 //! found a bug among them) and on inputs mutated from them, so that CI checks the oracles
 //! without libFuzzer.
 
+pub mod core_fit;
 pub mod jsonl_scan;
 pub mod paired_thread;
 pub mod redb_rows;
@@ -91,6 +92,11 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn core_fit() {
+        check("core_fit", crate::core_fit::run);
     }
 
     #[test]

@@ -1,0 +1,4 @@
+//! libFuzzer's entry for [`awareness_fuzz::core_fit`].
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| awareness_fuzz::core_fit::run(data));

@@ -10,7 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1286,16 +1286,9 @@ async fn a_provider_whose_check_panics_fails_that_sessions_check() {
 /// it the monitor.
 #[tokio::test(start_paused = true)]
 async fn a_run_activity_that_panics_for_one_session_fails_only_its_check() {
-    struct PanicsFor(SessionRef);
-    impl gateway_adapter::upstream::RunActivity for PanicsFor {
-        fn is_active(&self, session: &SessionRef) -> bool {
-            assert!(*session != self.0, "the gateway's run tracker panicked");
-            false
-        }
-    }
     let w = world();
-    // Two threads: sessions linked to one thread are judged together (a run in either
-    // defers both, and a port that panics for either fails both).
+    // Two threads: for one thread, see
+    // `a_run_port_panicking_for_one_linked_session_does_not_stop_the_others_checks`.
     let mut t = Transcript::new();
     let mut other = Transcript::new();
     let good = w
@@ -1304,10 +1297,9 @@ async fn a_run_activity_that_panics_for_one_session_fails_only_its_check() {
     let bad = w
         .adopt(&other, "agent:main:broken", "main", "agent:main:main")
         .await;
-    let monitor = w
-        .monitor()
-        .run_activity(Arc::new(PanicsFor(bad.clone())))
-        .build();
+    let ports = Arc::new(PanicsFor::new(&bad));
+    ports.runs.store(true, Ordering::SeqCst);
+    let monitor = w.monitor().run_activity(ports).build();
     let mut rx = monitor.subscribe();
     t.human("typed by a person");
     other.human("typed by a person");
@@ -1694,6 +1686,143 @@ async fn sessions_running_by_turns_in_one_thread_are_each_checked() {
     }
     assert_eq!(w.human_events(&alpha).await, 1, "alpha checked");
     assert_eq!(w.human_events(&beta).await, 1, "beta checked");
+}
+
+/// A gateway's run activity and own prompts (those `recent` holds), each of which panics when
+/// asked about one session while told to (`runs`, `prompts`): a host whose store breaks on one
+/// agent's key.
+struct PanicsFor {
+    session: SessionRef,
+    runs: AtomicBool,
+    prompts: AtomicBool,
+    recent: RecentPrompts,
+}
+
+impl PanicsFor {
+    fn new(session: &SessionRef) -> Self {
+        Self {
+            session: session.clone(),
+            runs: AtomicBool::new(false),
+            prompts: AtomicBool::new(false),
+            recent: RecentPrompts::new(),
+        }
+    }
+
+    fn ask(&self, port: &AtomicBool, session: &SessionRef, store: &str) {
+        assert!(
+            !port.load(Ordering::SeqCst) || *session != self.session,
+            "the gateway's {store} panicked on {session}"
+        );
+    }
+}
+
+impl gateway_adapter::upstream::RunActivity for PanicsFor {
+    fn is_active(&self, session: &SessionRef) -> bool {
+        self.ask(&self.runs, session, "run tracker");
+        false
+    }
+}
+
+impl OwnPrompts for PanicsFor {
+    fn recent(&self, session: &SessionRef) -> Vec<String> {
+        self.ask(&self.prompts, session, "prompt store");
+        self.recent.recent(session)
+    }
+}
+
+/// Bug: sessions linked to one thread were judged together, their ports asked inside one
+/// `catch_unwind`: a prompts port that panicked for one of them failed the checks of all, at
+/// every tick, and a person's turn was never told to the others' watchers again. Now only that
+/// session's check fails; the others' go on without its prompts, warned of once until it
+/// answers again.
+#[tokio::test(start_paused = true)]
+async fn a_prompts_port_panicking_for_one_linked_session_does_not_stop_the_others_checks() {
+    one_linked_sessions_port_panics(|p| &p.prompts, "own prompts panicked for a session linked")
+        .await;
+}
+
+/// As above, with the run activity panicking for one of the sessions: it is taken as not
+/// running for the others' checks.
+#[tokio::test(start_paused = true)]
+async fn a_run_port_panicking_for_one_linked_session_does_not_stop_the_others_checks() {
+    one_linked_sessions_port_panics(|p| &p.runs, "run activity panicked for a session linked")
+        .await;
+}
+
+/// Alpha and beta adopt one thread, and the port `panicking` picks panics for beta: beta's
+/// check fails, alpha's detects a person's turn at every tick (its own prompt's echo still
+/// none), and the `warning` naming both sessions and the panic is logged once, and once again
+/// after the port answered for a tick.
+async fn one_linked_sessions_port_panics(panicking: fn(&PanicsFor) -> &AtomicBool, warning: &str) {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let mut t = Transcript::new();
+    let (alpha, beta) = alpha_and_beta(&w, &t).await;
+    let ports = Arc::new(PanicsFor::new(&beta));
+    panicking(&ports).store(true, Ordering::SeqCst);
+    let monitor = w
+        .monitor()
+        .run_activity(ports.clone())
+        .own_prompts(ports.clone())
+        .build();
+    let mut rx = monitor.subscribe();
+    ports.recent.record(&alpha, "Deploy the fix");
+    t.human("Deploy   the fix");
+    t.human("a person typed this");
+    let r = monitor.tick().await;
+    assert_eq!(w.human_events(&alpha).await, 1, "alpha's check goes on");
+    let events = w.events(&alpha, EventKind::HumanDirectMessage).await;
+    assert_eq!(events[0].payload, None, "one turn: alpha's echo is none");
+    assert_eq!(r.checked, 1);
+    assert_eq!(
+        failed_sessions(&mut rx),
+        [(
+            beta.clone(),
+            "the gateway's run activity or own prompts panicked".to_owned()
+        )],
+        "beta's check fails, and only it"
+    );
+    for _ in 0..3 {
+        monitor.tick().await;
+    }
+    t.human("typed again");
+    monitor.tick().await;
+    assert_eq!(w.human_events(&alpha).await, 2, "at every tick");
+    assert_eq!(w.human_events(&beta).await, 0);
+    // The port answers for beta for a tick: beta's check goes through (alpha's prompt an echo
+    // for it too), then the port panics again.
+    panicking(&ports).store(false, Ordering::SeqCst);
+    monitor.tick().await;
+    let events = w.events(&beta, EventKind::HumanDirectMessage).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].payload.as_ref().unwrap()["turns"], json!(2));
+    panicking(&ports).store(true, Ordering::SeqCst);
+    monitor.tick().await;
+    let lines = capture.lines();
+    let warned: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains(warning) && l.ends_with("level=WARN"))
+        .collect();
+    assert_eq!(
+        warned.len(),
+        2,
+        "once, and once again after it answered: {lines:#?}"
+    );
+    for line in warned {
+        for said in [
+            "session_key=agent:alpha:main",
+            "linked_session_key=agent:beta:main",
+            "panic=the gateway's",
+        ] {
+            assert!(line.contains(said), "{said} in {line}");
+        }
+    }
+    let answered = lines
+        .iter()
+        .filter(|l| l.contains("port answers again"))
+        .count();
+    assert_eq!(answered, 1, "{lines:#?}");
 }
 
 #[tokio::test(start_paused = true)]

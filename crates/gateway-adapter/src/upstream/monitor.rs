@@ -44,8 +44,12 @@
 //!
 //! Every link is checked and recorded for its own session, so several agents adopting one
 //! external thread are each recorded; links to one source are judged together: each linked
-//! session's last 10 own prompts are echoes for all, and a run in any defers all. What happened
-//! is published as [`Detection`]s ([`UpstreamMonitor::subscribe`]).
+//! session's last 10 own prompts are echoes for all, and a run in any defers all. A run or
+//! prompts port that panics for one session fails that session's check only: for the others'
+//! checks, the session is taken as not running, or as having sent no prompt (its own, echoed
+//! into the thread, may then read as a person's turn), with a warning once per checked link and
+//! session until the port answers again. What happened is published as [`Detection`]s
+//! ([`UpstreamMonitor::subscribe`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -232,7 +236,9 @@ pub enum Detection {
     },
     /// A check failed, panicked or timed out, or its result could not be stored (the marker of
     /// an unchanged or rebased source included), or the session directory panicked when asked
-    /// whether this gateway owns the session; retried next tick.
+    /// whether this gateway owns the session, or the gateway's run activity or own prompts
+    /// panicked when asked about the session (not about another linked to its source);
+    /// retried next tick.
     Failed {
         /// The adopted session.
         session: SessionRef,
@@ -423,7 +429,7 @@ macro_rules! warn_if_news {
 }
 
 /// Where the monitor fails, for [`Logged`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Site {
     /// Listing the links.
     List,
@@ -439,10 +445,33 @@ enum Site {
     Remove,
     /// Asking the directory whether this gateway owns a link's session.
     Directory,
+    /// Asking a gateway's port about another session linked to the checked link's source
+    /// (that session): [`Inner::ask_linked`].
+    Linked(Port, SessionRef),
+}
+
+impl Site {
+    /// The session other than the checked link's that the failure is about.
+    fn linked(&self) -> Option<&SessionRef> {
+        match self {
+            Self::Linked(_, session) => Some(session),
+            _ => None,
+        }
+    }
+}
+
+/// A gateway's port the monitor asks about a session in the tick itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Port {
+    /// [`RunActivity::is_active`].
+    Runs,
+    /// [`OwnPrompts::recent`].
+    Prompts,
 }
 
 /// The failures the monitor logged at warn level, by site and link (`None`: the tick's own),
-/// with the text logged.
+/// with the text logged. A [`Site::Linked`] failure is kept per checked link and session
+/// whose port failed.
 #[derive(Debug, Default)]
 struct Logged(Mutex<HashMap<(Site, Option<SessionRef>), String>>);
 
@@ -474,18 +503,22 @@ impl Logged {
 
     /// Forgets the failures of `session`'s link, which a tick did not check (nothing watches
     /// it, another gateway owns it, a run in it is active): a failure after that, of the same
-    /// text, is news again.
+    /// text, is news again. A linked session's port that failed is not forgotten: a check not
+    /// made did not ask it, and it is warned of again only once it answered.
     fn forget_link(&self, session: &SessionRef) {
         let mut map = self.map();
         if !map.is_empty() {
-            map.retain(|(_, s), _| s.as_ref() != Some(session));
+            map.retain(|(site, s), _| site.linked().is_some() || s.as_ref() != Some(session));
         }
     }
 
-    /// Forgets the failures of links not in `now` (gone from the store).
+    /// Forgets the failures of links not in `now` (gone from the store), and those of the
+    /// ports asked about sessions whose link is gone.
     fn keep_only(&self, now: &HashSet<SessionRef>) {
-        self.map()
-            .retain(|(_, session), _| session.as_ref().is_none_or(|s| now.contains(s)));
+        self.map().retain(|(site, session), _| {
+            session.as_ref().is_none_or(|s| now.contains(s))
+                && site.linked().is_none_or(|s| now.contains(s))
+        });
     }
 }
 
@@ -806,8 +839,10 @@ impl Inner {
                     continue;
                 }
             }
-            // The gateway's own ports, asked here in the tick itself: one that panics for one
-            // session fails that session's check, not the monitor.
+            // The gateway's own ports, asked here in the tick itself: one that panics for the
+            // checked session fails its check, not the monitor; one that panics for another
+            // session linked to its source loses this check only that session's answer
+            // (`own_of`), so that it fails no check but its own.
             let group = SourceId::of(&me.providers, &link)
                 .and_then(|source| sharing.get(&source).cloned())
                 .unwrap_or_else(|| vec![link.session.clone()]);
@@ -1025,6 +1060,13 @@ impl Inner {
     /// [`upstream::SELF_ECHO_WINDOW`]; a [`Deferral`] while a run of any of them is active
     /// (the gateway writes into the thread itself then), or of `session` only when it is
     /// checked `alone` ([`Inner::deferred_long`]).
+    ///
+    /// `session`'s own ports are asked as they are: a panic of theirs unwinds to the caller,
+    /// which fails its check. Each other session's are asked under a `catch_unwind` of their
+    /// own ([`Inner::ask_linked`]): one whose run activity panics is taken as not running (it
+    /// cannot defer this check), one whose own prompts panic as having sent none (its own
+    /// prompts echoed into the thread may then read as a person's turn), so that a port that
+    /// panics for one session of a shared source fails only that session's check.
     fn own_of(
         &self,
         group: &[SessionRef],
@@ -1035,16 +1077,63 @@ impl Inner {
         if self.runs.is_active(session) {
             return Err(Deferral { by_another: false });
         }
-        if !alone && group.iter().any(|s| s != session && self.runs.is_active(s)) {
+        if !alone
+            && group.iter().any(|s| {
+                s != session && self.ask_linked(session, Port::Runs, s, || self.runs.is_active(s))
+            })
+        {
             return Err(Deferral { by_another: true });
         }
         let mut own = Vec::new();
         for s in group {
-            let recent = self.prompts.recent(s);
+            let recent = if s == session {
+                self.prompts.recent(s)
+            } else {
+                self.ask_linked(session, Port::Prompts, s, || self.prompts.recent(s))
+            };
             let skip = recent.len().saturating_sub(upstream::SELF_ECHO_WINDOW);
             own.extend(recent.into_iter().skip(skip));
         }
         Ok(own)
+    }
+
+    /// Asks `port` about `other`, a session linked to the source of `session`'s check, under a
+    /// `catch_unwind` of its own: a panic is logged (a `warn!` once per checked link and
+    /// session whose port panicked, `debug!` while it repeats, `info!` once it answers again)
+    /// and answers the default (`false`: not running; no prompts).
+    fn ask_linked<T: Default>(
+        &self,
+        session: &SessionRef,
+        port: Port,
+        other: &SessionRef,
+        ask: impl FnOnce() -> T,
+    ) -> T {
+        let site = || Site::Linked(port, other.clone());
+        let name = match port {
+            Port::Runs => "run activity",
+            Port::Prompts => "own prompts",
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(ask)) {
+            Ok(answer) => {
+                if self.logged.ended(site(), Some(session)) {
+                    info!(session_key = %session.session_key, agent_id = %session.agent_id, linked_session_key = %other.session_key, linked_agent_id = %other.agent_id, port = name, "upstream monitor: the gateway's port answers again for a session linked to the checked session's source");
+                }
+                answer
+            }
+            Err(panic) => {
+                let message = awareness_core::error::panic_message(&*panic);
+                let news = self.logged.is_news(site(), Some(session), message);
+                match port {
+                    Port::Runs => {
+                        warn_if_news!(news, session_key = %session.session_key, agent_id = %session.agent_id, linked_session_key = %other.session_key, linked_agent_id = %other.agent_id, panic = %message, "upstream monitor: the gateway's run activity panicked for a session linked to the checked session's source; until it answers, that session is taken as not running (its runs do not defer the check)");
+                    }
+                    Port::Prompts => {
+                        warn_if_news!(news, session_key = %session.session_key, agent_id = %session.agent_id, linked_session_key = %other.session_key, linked_agent_id = %other.agent_id, panic = %message, "upstream monitor: the gateway's own prompts panicked for a session linked to the checked session's source; until they answer, the check goes on with the other sessions' prompts (that session's, echoed into the thread, may read as a person's turn)");
+                    }
+                }
+                T::default()
+            }
+        }
     }
 
     fn deferrals(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, (u32, bool)>> {

@@ -181,6 +181,45 @@ fn a_byte_order_mark_at_the_start_hides_no_turn() {
     assert_eq!(turns(&scan(&t, &m)), 1);
 }
 
+/// Bug (found by the `jsonl_scan` fuzz target): each of the file's first three bytes that was
+/// the mark's byte at its position was blanked, whether or not a mark was there: a first line
+/// starting with a stray `EF`, or a second line starting at byte 1 with a `BB`, was read as a
+/// row it is not. Only a whole mark is blanked; a file holding only its start is not read on
+/// until it holds three bytes.
+#[test]
+fn only_a_whole_byte_order_mark_is_read_as_whitespace() {
+    let row = json!({"type": "user", "uuid": "u1", "message": {"role": "user", "content": "hi"}});
+    for (start, why) in [
+        (&b"\xEF"[..], "a stray first byte of a mark"),
+        (
+            &b"\n\xBB"[..],
+            "a second line that starts at byte 1 with the mark's second byte",
+        ),
+    ] {
+        let t = Transcript::new();
+        let m = jsonl::marker_at_end(&t.path).unwrap();
+        t.raw(start);
+        t.line(&row);
+        let out = scan(&t, &m);
+        assert_eq!(turns(&out), 0, "{why}: {out:?}");
+        assert_eq!(
+            marker_of(&out).position(),
+            std::fs::metadata(&t.path).unwrap().len(),
+            "{why}: read through"
+        );
+    }
+    // The start of a mark alone is held until the file shows whether it is one.
+    let t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.raw(b"\xEF\xBB");
+    let held = marker_of(&scan(&t, &m));
+    assert_eq!(held.position(), 0, "nothing read of a mark's start");
+    t.raw(b"{");
+    t.raw(&serde_json::to_vec(&row).unwrap()[1..]);
+    t.raw(b"\n");
+    assert_eq!(turns(&scan(&t, &held)), 0, "not a mark: read as written");
+}
+
 #[test]
 fn history_before_adoption_never_counts_and_appends_do() {
     let mut t = Transcript::new();

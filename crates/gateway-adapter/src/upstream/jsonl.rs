@@ -166,18 +166,49 @@ impl JsonlMarker {
     }
 }
 
+/// The UTF-8 byte order mark.
+const MARK: [u8; 3] = [0xEF, 0xBB, 0xBF];
+
+/// What the file's first bytes hold of a byte order mark ([`blank_byte_order_mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// The whole mark.
+    Whole,
+    /// Only the start of one so far (one or two bytes, and nothing after them).
+    NotYet,
+    /// None.
+    None,
+}
+
+/// What the file's first three bytes hold of a byte order mark.
+fn byte_order_mark(file: &mut File) -> std::io::Result<Mark> {
+    let mut first = [0u8; 3];
+    let mut got = 0;
+    file.seek(SeekFrom::Start(0))?;
+    while got < first.len() {
+        match file.read(&mut first[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(match got {
+        3 if first == MARK => Mark::Whole,
+        1 | 2 if first[..got] == MARK[..got] => Mark::NotYet,
+        _ => Mark::None,
+    })
+}
+
 /// A UTF-8 byte order mark at the start of the file (a writer on Windows) is read as the
 /// whitespace it stands for (RFC 8259 lets a reader ignore it): a row is an object, and the
-/// mark made the first one malformed, its human turn never counted. `chunk` was read from file
-/// position `at`; each of the file's first three bytes in it that is the mark's byte at that
-/// position is blanked, so a mark read over two scans (a file holding part of it so far) is
-/// blanked too. A row cannot start with those bytes: nothing else is changed.
+/// mark made the first one malformed, its human turn never counted. Only a whole mark is: a
+/// file that holds only its first byte or two is not read on until it holds three
+/// ([`Mark::NotYet`]), so a mark written over two scans is blanked whole and a file that starts
+/// with one of its bytes and goes on otherwise (or a later line that starts with one) is read
+/// as written. `chunk` was read from file position `at`, in a file that starts with the mark
+/// ([`Mark::Whole`]); the mark's bytes in it are blanked, nothing else.
 fn blank_byte_order_mark(at: u64, chunk: &mut [u8]) {
-    const MARK: [u8; 3] = [0xEF, 0xBB, 0xBF];
-    for (position, mark) in MARK.iter().enumerate().skip(at as usize) {
-        if let Some(byte) = chunk.get_mut(position - at as usize)
-            && byte == mark
-        {
+    for position in (at as usize)..MARK.len() {
+        if let Some(byte) = chunk.get_mut(position - at as usize) {
             *byte = b' ';
         }
     }
@@ -401,6 +432,18 @@ fn try_scan(
         }
     };
     let start = last.position();
+    // The file's byte order mark, when the read starts within the first three bytes.
+    let mark = if start < MARK.len() as u64 {
+        byte_order_mark(&mut file)?
+    } else {
+        Mark::None
+    };
+    if mark == Mark::NotYet {
+        // Nothing but the start of a mark so far: read once it is whole, or is not a mark.
+        return Ok(CheckOutcome::Unchanged {
+            marker: last.to_value(),
+        });
+    }
     // The device the fallback ids name: the marker's, so that the same lines read again from
     // the same marker are named alike (as is its generation, `fallback_id`).
     let id_dev = if last.dev == 0 { dev } else { last.dev };
@@ -428,7 +471,7 @@ fn try_scan(
         if got == 0 {
             break;
         }
-        if at < 3 {
+        if mark == Mark::Whole && at < MARK.len() as u64 {
             blank_byte_order_mark(at, &mut buf[..got]);
         }
         // `done`: bytes of this chunk consumed so far.

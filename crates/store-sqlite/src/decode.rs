@@ -13,7 +13,7 @@ use awareness_core::{
 };
 use serde::Deserialize;
 
-use crate::rows::Reader;
+use crate::rows::{Reader, fast_ints, fast_rows};
 
 /// `json_array(sequence, session_key, session_id, agent_id, kind, actor_type, actor_id, run_id,
 /// occurred_at, summary, payload_json, dedupe_key)`.
@@ -119,37 +119,6 @@ fn rows<'a, T: Deserialize<'a>>(
     row: impl Fn(&mut Reader<'a>) -> Option<T>,
 ) -> Result<Vec<T>, StoreError> {
     fast_rows(text, row).map_or_else(|| json(what, text), Ok)
-}
-
-/// The fast path of [`rows`]: `None` where the reader gives up.
-fn fast_rows<'a, T>(text: &'a str, row: impl Fn(&mut Reader<'a>) -> Option<T>) -> Option<Vec<T>> {
-    fast_list(text, |r| {
-        r.eat(b'[')?;
-        let v = row(r)?;
-        r.eat(b']')?;
-        Some(v)
-    })
-}
-
-/// A JSON array of integers, read by the fast reader; `None` where it gives up.
-fn fast_ints(text: &str) -> Option<Vec<i64>> {
-    fast_list(text, Reader::int)
-}
-
-/// The whole of `text` as a JSON array whose elements `item` reads; `None` where it gives up.
-fn fast_list<'a, T>(text: &'a str, item: impl Fn(&mut Reader<'a>) -> Option<T>) -> Option<Vec<T>> {
-    let mut r = Reader::new(text);
-    let mut out = Vec::new();
-    if !r.open_array()? {
-        loop {
-            out.push(item(&mut r)?);
-            if !r.next_element()? {
-                break;
-            }
-        }
-    }
-    r.end()?;
-    Some(out)
 }
 
 /// `fields_json!`'s fields, read by the fast reader.

@@ -239,6 +239,44 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The rows of an array of arrays, each read by `row` (from after its `[` to before its `]`):
+/// the fast path of store-sqlite's row decoding (`decode`), `None` where the reader gives up.
+pub(crate) fn fast_rows<'a, T>(
+    text: &'a str,
+    row: impl Fn(&mut Reader<'a>) -> Option<T>,
+) -> Option<Vec<T>> {
+    fast_list(text, |r| {
+        r.eat(b'[')?;
+        let v = row(r)?;
+        r.eat(b']')?;
+        Some(v)
+    })
+}
+
+/// A JSON array of integers, read by the fast reader; `None` where it gives up.
+pub(crate) fn fast_ints(text: &str) -> Option<Vec<i64>> {
+    fast_list(text, Reader::int)
+}
+
+/// The whole of `text` as a JSON array whose elements `item` reads; `None` where it gives up.
+pub(crate) fn fast_list<'a, T>(
+    text: &'a str,
+    item: impl Fn(&mut Reader<'a>) -> Option<T>,
+) -> Option<Vec<T>> {
+    let mut r = Reader::new(text);
+    let mut out = Vec::new();
+    if !r.open_array()? {
+        loop {
+            out.push(item(&mut r)?);
+            if !r.next_element()? {
+                break;
+            }
+        }
+    }
+    r.end()?;
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

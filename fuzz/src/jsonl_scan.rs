@@ -37,14 +37,17 @@ const ROWS: [&str; 12] = [
     r#"{"type":"user","message":"#,
 ];
 
-/// Runs the target on one input (any bytes); panics on a failure.
-pub fn run(data: &[u8]) {
+/// Runs the target on one input (any bytes); panics on a failure. Whether a check reported a
+/// human turn that was compared with the file's (a check that reports none is compared as well,
+/// but does not count).
+pub fn run(data: &[u8]) -> bool {
     let transcript = TempFile::new();
     let path = transcript.0.as_path();
     let mut file = std::fs::File::create(path).expect("create the transcript");
     let mut content = Vec::new();
     let own = fingerprints(&[OWN.to_owned()]);
     let mut marker = marker_at_end(path).expect("adopt the empty file");
+    let mut compared = false;
     let meta = std::fs::metadata(path).expect("stat");
     let (dev, ino) = (meta.dev(), meta.ino());
 
@@ -78,18 +81,22 @@ pub fn run(data: &[u8]) {
                 } else {
                     1 + u64::from(arg) * 3
                 };
-                marker = check(path, &marker, &own, budget, &content, (dev, ino));
+                let turns;
+                (marker, turns) = check(path, &marker, &own, budget, &content, (dev, ino));
+                compared |= turns;
             }
             _ => append(&mut file, &mut content, b"\n"),
         }
     }
     append(&mut file, &mut content, b"\n");
-    marker = check(path, &marker, &own, u64::MAX, &content, (dev, ino));
+    let turns;
+    (marker, turns) = check(path, &marker, &own, u64::MAX, &content, (dev, ino));
     assert_eq!(marker.position(), content.len() as u64, "everything read");
+    compared || turns
 }
 
 /// One check from `marker` with `budget`, its outcome compared with what `content` (the file)
-/// holds; the marker it leaves, as stored and read back.
+/// holds; the marker it leaves, as stored and read back, and whether it reported human turns.
 fn check(
     path: &Path,
     marker: &JsonlMarker,
@@ -97,7 +104,7 @@ fn check(
     budget: u64,
     content: &[u8],
     (dev, ino): (u64, u64),
-) -> JsonlMarker {
+) -> (JsonlMarker, bool) {
     let from = marker.position();
     let outcome = scan(path, Some(marker), own, budget);
     let (stored, got) = match outcome {
@@ -150,13 +157,14 @@ fn check(
         }
     }
     let expected = last.map(|id| (turns, id));
+    let reported = expected.is_some();
     assert_eq!(
         got,
         expected,
         "check from {from} with budget {budget}: {:?}",
         String::from_utf8_lossy(content)
     );
-    next
+    (next, reported)
 }
 
 /// A transcript file of this thread's, removed when dropped (a failure included).

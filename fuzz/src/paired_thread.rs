@@ -1,16 +1,18 @@
 //! The paired-node provider (`gateway_adapter::upstream::paired`) against a node whose thread
-//! changes as a chat does between checks: a person's turns, replies, the agent's own prompts
-//! echoed back, a reply regenerated, a turn edited (it and what followed replaced), the node
-//! failing mid-read, pages of any size and a paging bound of one to three pages, the marker
-//! stored as JSON between checks.
+//! changes as a chat does, between checks (never during one): a person's turns, replies, the
+//! agent's own prompts echoed back, a reply regenerated, a turn edited (it and what followed
+//! replaced), the node failing mid-read, pages of any size and a paging bound of one to three
+//! pages, the marker stored as JSON between checks.
 //!
 //! An edit or a regeneration never takes the marker's item and all its anchors, a resume
 //! point's cursor, or its top and all of its anchors (what decision 0004 leaves to a rebase),
 //! so a check never rebases. Each check that goes through counts exactly the person's turns
 //! among the items it was served before the first item it stops at (the marker's or an
 //! anchor), names the burst by the newest of them (and the cursor it read from, when it
-//! resumed), and never counts an item an earlier check counted; once checks reach the marker,
-//! every turn left in the thread was counted.
+//! resumed), and never counts an item an earlier check counted; a check fails only when the
+//! node failed a page it asked for; the marker it leaves is anchored at the items just below
+//! its item in the thread, and a resume point's top at the items just below that (see
+//! [`Depths`]); once checks reach the marker, every turn left in the thread was counted.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -72,8 +74,35 @@ impl PairedNodeClient for Client {
     }
 }
 
-/// Runs the target on one input (any bytes); panics on a failure.
-pub fn run(data: &[u8]) {
+/// How many anchors the oracle expects the marker, and a resume point's top, to have: up to
+/// four, fewer when fewer were known when it was set.
+///
+/// The module doc of `paired.rs`: "When the marker moves to a new newest item, its anchors are
+/// the items read just below it, then, while fewer than four, the item the read stopped at and
+/// its older anchors". This fake node serves a thread's items contiguously, newest first, and
+/// items are only deleted at the top of the thread (a regeneration or an edit replaces the
+/// newest items), between checks, never the stop a check then meets: so the items read below
+/// the new top, the stop met and that stop's own older anchors are, in that order, the items
+/// just below the top in the thread as it is after the check, and stay so while the top is in
+/// the thread. A resume point's `top_anchors` are likewise the items read just below its top.
+/// But "up to four" is not always four, nor all the items below when there are fewer: a check
+/// stopped at a short paging bound (a page of one item, one page) read fewer than four items
+/// below its top, so its `top_anchors` are fewer, and the marker that moves to that top once
+/// the segment is read gets only those, and a marker moved later onto an item just above it
+/// gets that item and those, and so on. So the oracle counts, from what each check read, how
+/// many anchors were known, and expects exactly that many of the items just below (a provider
+/// writing none, too few, too many or others fails).
+#[derive(Debug, Default, Clone, Copy)]
+struct Depths {
+    /// The marker's anchors.
+    marker: usize,
+    /// A stored resume point's `top_anchors` (0 without one).
+    top: usize,
+}
+
+/// Runs the target on one input (any bytes); panics on a failure. Whether a check counted a
+/// human turn that was compared with what the node served.
+pub fn run(data: &[u8]) -> bool {
     let node = Arc::new(Mutex::new(Node {
         page: 50,
         ..Node::default()
@@ -97,6 +126,8 @@ pub fn run(data: &[u8]) {
         updated_at: Timestamp::now(),
     };
     let mut counted: HashSet<String> = HashSet::new();
+    let mut depths = Depths::default();
+    let mut compared = false;
     let mut n = 0u32;
     let mut next_id = |prefix: &str| {
         n += 1;
@@ -146,25 +177,70 @@ pub fn run(data: &[u8]) {
                 node_now.fail_at = (arg & 0x80 != 0).then_some(usize::from(arg >> 5 & 3) + 1);
                 drop(node_now);
                 let pages = usize::from(arg >> 3 & 3).max(1);
-                check(&runtime, &node, &mut link, &own, pages, &mut counted);
+                let (turns, _) = check(
+                    &runtime,
+                    &node,
+                    &mut link,
+                    &own,
+                    pages,
+                    &mut counted,
+                    &mut depths,
+                );
+                compared |= turns;
             }
         }
     }
-    // Checks without bounds or failures until one finds nothing: every turn left is counted.
+    // Checks without bounds or failures until one finds nothing (the first reads on from a
+    // resume point, the second what was added since, the third nothing, as a rule): then every
+    // turn left is counted.
     {
         let mut node_now = node.lock().unwrap();
         node_now.page = 50;
         node_now.fail_at = None;
     }
-    for _ in 0..3 {
-        check(&runtime, &node, &mut link, &own, 1000, &mut counted);
+    let mut quiet = false;
+    for _ in 0..100 {
+        let (turns, nothing) = check(
+            &runtime,
+            &node,
+            &mut link,
+            &own,
+            1000,
+            &mut counted,
+            &mut depths,
+        );
+        compared |= turns;
+        if nothing {
+            quiet = true;
+            break;
+        }
     }
+    assert!(
+        quiet,
+        "100 checks and still finding something: {:?}",
+        link.marker
+    );
     let thread = node.lock().unwrap().thread.clone();
     for item in &thread {
         if item.id.starts_with('h') || item.id.starts_with('e') {
             assert!(counted.contains(&item.id), "{} never counted", item.id);
         }
     }
+    compared
+}
+
+/// The ids of the `n` items just below `id` in `thread`, nearest first (fewer at its start);
+/// `None` when `id` is not in it.
+fn below(thread: &[PairedItem], id: &str, n: usize) -> Option<Vec<String>> {
+    let at = thread.iter().position(|i| i.id == id)?;
+    Some(
+        thread[..at]
+            .iter()
+            .rev()
+            .take(n)
+            .map(|i| i.id.clone())
+            .collect(),
+    )
 }
 
 /// Whether replacing the newest `k` items leaves one of the marker's stops, and, while a
@@ -195,7 +271,9 @@ fn edit_keeps_a_stop(link: &UpstreamLink, thread: &[PairedItem], k: usize) -> bo
     marker_ok && resume_ok
 }
 
-/// One check with a bound of `pages`, compared with what the node served.
+/// One check with a bound of `pages`, compared with what the node served. Whether it counted
+/// human turns (compared with the ones served), and whether it found nothing: unchanged,
+/// the marker as it was, without a resume point.
 fn check(
     runtime: &tokio::runtime::Runtime,
     node: &Arc<Mutex<Node>>,
@@ -203,9 +281,16 @@ fn check(
     own: &[String],
     pages: usize,
     counted: &mut HashSet<String>,
-) {
+    depths: &mut Depths,
+) -> (bool, bool) {
     let before: PairedMarker =
         PairedMarker::from_value(link.marker.as_ref().expect("a marker")).expect("our marker");
+    assert_eq!(before.anchors.len(), depths.marker, "{before:?}");
+    assert_eq!(
+        before.resume.as_ref().map_or(0, |r| r.top_anchors.len()),
+        depths.top,
+        "{before:?}"
+    );
     {
         let mut n = node.lock().unwrap();
         n.calls = 0;
@@ -215,12 +300,15 @@ fn check(
     let outcome = runtime.block_on(provider.check(link, own));
     let served = std::mem::take(&mut node.lock().unwrap().served);
     let (marker, got): (Value, Option<(u32, String)>) = match outcome {
-        CheckOutcome::Failed(_) => {
+        CheckOutcome::Failed(why) => {
+            let n = node.lock().unwrap();
             assert!(
-                node.lock().unwrap().fail_at.is_some(),
-                "failed with no failure"
+                n.fail_at.is_some_and(|at| n.calls >= at),
+                "failed ({why}) though no page failed: {} pages asked for, failing at {:?}",
+                n.calls,
+                n.fail_at
             );
-            return;
+            return (false, false);
         }
         CheckOutcome::Unchanged { marker } => (marker, None),
         CheckOutcome::HumanTurns {
@@ -255,6 +343,109 @@ fn check(
     for h in &humans {
         assert!(counted.insert(h.id.clone()), "{} counted twice", h.id);
     }
-    assert!(PairedMarker::from_value(&marker).is_some(), "{marker}");
+    let after = PairedMarker::from_value(&marker).unwrap_or_else(|| panic!("{marker}"));
+    let thread = node.lock().unwrap().thread.clone();
+    anchored(&before, &after, &read, &served, &thread, depths);
+    let nothing = got.is_none() && after == before && after.resume.is_none();
     link.marker = Some(marker);
+    (expected.is_some(), nothing)
+}
+
+/// The marker `after` a check from `before` that read `read` of the items it was `served`
+/// (newest first), with the node's `thread` as it is after it: where it moved, and that it is
+/// anchored as [`Depths`] says; `depths` updated.
+fn anchored(
+    before: &PairedMarker,
+    after: &PairedMarker,
+    read: &[&PairedItem],
+    served: &[PairedItem],
+    thread: &[PairedItem],
+    depths: &mut Depths,
+) {
+    let context = || format!("{before:?} then {after:?}, served {served:?}, thread {thread:?}");
+    // The items just below `id` in the thread, `n` of them, when `id` is still in it.
+    let expect = |id: &str, n: usize, anchors: &[String], what: &str| {
+        if let Some(expected) = below(thread, id, n) {
+            assert_eq!(anchors, expected, "{what} of {id}: {}", context());
+        }
+    };
+    let newest = read.first().map(|i| i.id.clone());
+    match (&before.resume, &after.resume) {
+        // From the newest item, stopped at the bound: the marker stays, and the resume point's
+        // top is the newest item, anchored at the items read below it.
+        (None, Some(resume)) => {
+            assert_eq!(
+                (&after.uuid, &after.anchors),
+                (&before.uuid, &before.anchors),
+                "{}",
+                context()
+            );
+            assert_eq!(resume.top, newest, "{}", context());
+            depths.top = read.len().saturating_sub(1).min(4);
+            if let Some(top) = &resume.top {
+                expect(top, depths.top, &resume.top_anchors, "top anchors");
+            }
+        }
+        // Read on from a resume point, stopped at the bound again: only the cursor moves.
+        (Some(old), Some(resume)) => {
+            assert_eq!(
+                (
+                    &after.uuid,
+                    &after.anchors,
+                    &resume.top,
+                    &resume.top_anchors
+                ),
+                (&before.uuid, &before.anchors, &old.top, &old.top_anchors),
+                "{}",
+                context()
+            );
+        }
+        // Read on from a resume point down to the marker: the marker moves to the top,
+        // anchored at its anchors.
+        (Some(old), None) => {
+            if let Some(top) = &old.top {
+                assert_eq!(
+                    (after.uuid.as_ref(), &after.anchors),
+                    (Some(top), &old.top_anchors),
+                    "{}",
+                    context()
+                );
+                depths.marker = depths.top;
+                expect(top, depths.marker, &after.anchors, "anchors");
+            } else {
+                assert_eq!(
+                    (&after.uuid, &after.anchors),
+                    (&before.uuid, &before.anchors),
+                    "{}",
+                    context()
+                );
+            }
+            depths.top = 0;
+        }
+        // From the newest item down to the marker: it moves to the newest item read, anchored
+        // at the items read below it, then the stop met and that stop's older anchors.
+        (None, None) => {
+            let Some(top) = newest else {
+                assert_eq!(after, before, "{}", context());
+                return;
+            };
+            assert_eq!(after.uuid.as_ref(), Some(&top), "{}", context());
+            // The items known just below the read: the stop met (the next item served) and
+            // its older anchors (all the marker's below its item, those below an anchor).
+            let known_below_stop = served.get(read.len()).map_or(0, |stop| {
+                if before.uuid.as_ref() == Some(&stop.id) {
+                    1 + depths.marker
+                } else {
+                    let at = before
+                        .anchors
+                        .iter()
+                        .position(|a| *a == stop.id)
+                        .expect("a read stops at a stop");
+                    depths.marker - at
+                }
+            });
+            depths.marker = (read.len() - 1 + known_below_stop).min(4);
+            expect(&top, depths.marker, &after.anchors, "anchors");
+        }
+    }
 }

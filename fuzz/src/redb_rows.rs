@@ -13,8 +13,9 @@ mod codec;
 /// The sequence the rows are read under (the row's key, not in its bytes).
 const SEQ: u64 = 7;
 
-/// Runs the target on one input (any bytes); panics on a failure.
-pub fn run(data: &[u8]) {
+/// Runs the target on one input (any bytes); panics on a failure. Whether the row read as an
+/// event (which the other reads and the write back were then compared with).
+pub fn run(data: &[u8]) -> bool {
     let event = codec::decode(SEQ, data, None);
     let meta = codec::meta(SEQ, data);
     let age = codec::occurred_at(SEQ, data);
@@ -29,7 +30,7 @@ pub fn run(data: &[u8]) {
         assert!(matches!(e, StoreError::Corrupt { .. }), "{e:?}: {data:?}");
     }
     let Ok(event) = event else {
-        return;
+        return false;
     };
     let meta = meta.expect("a row that reads as an event has its bookkeeping fields");
     assert_eq!(meta.session_key, event.session_key.as_str());
@@ -48,20 +49,5 @@ pub fn run(data: &[u8]) {
         let row = codec::encode(&event).expect("an event read encodes");
         assert_eq!(codec::decode(SEQ, &row, None).expect("reads back"), event);
     }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The seeds are rows that read as events (a seed that did not would test only the
-    /// refusals).
-    #[test]
-    fn every_seed_reads_as_an_event() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/redb_rows");
-        for entry in std::fs::read_dir(dir).expect("the seeds") {
-            let path = entry.expect("a seed").path();
-            let data = std::fs::read(&path).expect("read a seed");
-            let read = super::codec::decode(super::SEQ, &data, None);
-            assert!(read.is_ok(), "{}: {read:?}", path.display());
-        }
-    }
+    true
 }

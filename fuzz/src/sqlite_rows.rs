@@ -29,26 +29,9 @@ enum Cell<'a> {
     Str(Option<Cow<'a, str>>),
 }
 
-/// The elements of the JSON array `text`, each read by `item`, as store-sqlite's `fast_list`
-/// reads them; `None` where the reader gives up.
-fn list<'a, T>(text: &'a str, item: impl Fn(&mut Reader<'a>) -> Option<T>) -> Option<Vec<T>> {
-    let mut r = Reader::new(text);
-    let mut out = Vec::new();
-    if !r.open_array()? {
-        loop {
-            out.push(item(&mut r)?);
-            if !r.next_element()? {
-                break;
-            }
-        }
-    }
-    r.end()?;
-    Some(out)
-}
-
-/// One row of `shape`, from its `[` to its `]`, as store-sqlite's row readers read one.
+/// The cells of one row of `shape`, from after its `[` to before its `]`, as store-sqlite's
+/// row readers read one (`decode.rs`: a reader changed there is to be changed in [`SHAPES`]).
 fn row<'a>(r: &mut Reader<'a>, shape: &str) -> Option<Vec<Cell<'a>>> {
-    r.eat(b'[')?;
     let mut cells = Vec::with_capacity(shape.len());
     for (n, kind) in shape.bytes().enumerate() {
         if n > 0 {
@@ -60,7 +43,6 @@ fn row<'a>(r: &mut Reader<'a>, shape: &str) -> Option<Vec<Cell<'a>>> {
             _ => Cell::Str(r.opt_str()?),
         });
     }
-    r.eat(b']')?;
     Some(cells)
 }
 
@@ -75,18 +57,19 @@ fn same(value: &Value, cell: &Cell<'_>) -> bool {
     }
 }
 
-/// Runs the target on one input (any bytes); panics on a failure.
-pub fn run(data: &[u8]) {
+/// Runs the target on one input (any bytes); panics on a failure. Whether the fast reader
+/// read rows (or integers), which were then compared with serde_json's.
+pub fn run(data: &[u8]) -> bool {
     let Some((&pick, rest)) = data.split_first() else {
-        return;
+        return false;
     };
     let Ok(text) = std::str::from_utf8(rest) else {
-        return;
+        return false;
     };
     match SHAPES.get(usize::from(pick % 5)) {
         Some(shape) => {
-            let Some(rows) = list(text, |r| row(r, shape)) else {
-                return;
+            let Some(rows) = rows::fast_rows(text, |r| row(r, shape)) else {
+                return false;
             };
             let parsed: Vec<Vec<Value>> = serde_json::from_str(text).unwrap_or_else(|e| {
                 panic!("the fast reader read rows serde_json refuses ({e}): {text:?}")
@@ -98,11 +81,12 @@ pub fn run(data: &[u8]) {
                     assert!(same(value, cell), "{value:?} read as {cell:?}: {text:?}");
                 }
             }
+            true
         }
         // A bare array of integers (`fast_ints`).
         None => {
-            let Some(ints) = list(text, Reader::int) else {
-                return;
+            let Some(ints) = rows::fast_ints(text) else {
+                return false;
             };
             let parsed: Vec<Value> = serde_json::from_str(text).unwrap_or_else(|e| {
                 panic!("the fast reader read integers serde_json refuses ({e}): {text:?}")
@@ -114,6 +98,7 @@ pub fn run(data: &[u8]) {
                     "{value:?} read as {i}: {text:?}"
                 );
             }
+            true
         }
     }
 }

@@ -14,17 +14,18 @@ use std::collections::HashSet;
 use std::fmt;
 
 use awareness_core::upstream::{MAX_DEDUPE_ID_BYTES, NormalizedText, fnv1a64};
-use gateway_adapter::upstream::transcript::{LineEnd, LineScanner, RowFacts, TEXT_PREFIX_CHARS};
+use gateway_adapter::upstream::transcript::{
+    LineEnd, LineScanner, RowFacts, SMALL_BYTES, TEXT_PREFIX_CHARS,
+};
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-/// Bytes the scanner keeps of a short string field (its `SMALL_BYTES`).
-const SMALL_BYTES: usize = 64;
-
-/// Runs the target on one input (any bytes); panics on a failure.
-pub fn run(data: &[u8]) {
+/// Runs the target on one input (any bytes); panics on a failure. Whether the line was a
+/// JSON object serde_json read, so that the scanner's facts were compared with a walk of its
+/// tree (the pieces-against-whole comparison, made on every line, does not count).
+pub fn run(data: &[u8]) -> bool {
     let Some((&step, rest)) = data.split_first() else {
-        return;
+        return false;
     };
     let line = rest.split(|b| *b == b'\n').next().unwrap_or_default();
     let whole = {
@@ -38,7 +39,9 @@ pub fn run(data: &[u8]) {
             LineEnd::Row(facts) => assert_eq!(**facts, expected(&row), "{line:?}"),
             other => panic!("a JSON object read as {other:?}: {line:?}"),
         }
+        return true;
     }
+    false
 }
 
 /// `line` fed `step` bytes at a time, the scanner stored as JSON and read back between feeds.

@@ -8,17 +8,20 @@ use gateway_adapter::upstream::jsonl::JsonlMarker;
 use gateway_adapter::upstream::paired::PairedMarker;
 use serde_json::Value;
 
-/// Runs the target on one input (any bytes); panics on a failure.
-pub fn run(data: &[u8]) {
+/// Runs the target on one input (any bytes); panics on a failure. Whether a marker (of either
+/// kind) was read, and so compared with the marker written back.
+pub fn run(data: &[u8]) -> bool {
     let (json, more) = match data.iter().position(|b| *b == b'\n') {
         Some(at) => (&data[..at], &data[at + 1..]),
         None => (data, &[][..]),
     };
     let Ok(value) = serde_json::from_slice::<Value>(json) else {
-        return;
+        return false;
     };
+    let mut compared = false;
 
     if let Some(marker) = JsonlMarker::from_value(&value) {
+        compared = true;
         let _ = marker.position();
         assert_eq!(
             JsonlMarker::from_value(&marker.to_value()).as_ref(),
@@ -35,6 +38,7 @@ pub fn run(data: &[u8]) {
     }
 
     if let Some(marker) = PairedMarker::from_value(&value) {
+        compared = true;
         let again = PairedMarker::from_value(&marker.to_value());
         let mut bare = marker.clone();
         bare.anchors.clear();
@@ -47,4 +51,5 @@ pub fn run(data: &[u8]) {
             "{value} read back as {again:?}"
         );
     }
+    compared
 }

@@ -46,8 +46,9 @@ use serde::{Deserialize, Serialize};
 /// Normalized characters of a text kept for the prefix rules.
 pub const TEXT_PREFIX_CHARS: usize = 96;
 /// Bytes kept of a short string field (`type`, `role`, ...; a `uuid` is kept whole up to
-/// [`MAX_DEDUPE_ID_BYTES`], and hashed past that, see [`RowFacts::uuid`]).
-const SMALL_BYTES: usize = 64;
+/// [`MAX_DEDUPE_ID_BYTES`], and hashed past that, see [`RowFacts::uuid`]): characters are
+/// kept while fewer bytes than this are, so a field kept may end up to 3 bytes past it.
+pub const SMALL_BYTES: usize = 64;
 /// Bytes kept of an object key (longer keys are not among the ones read).
 const KEY_BYTES: usize = 40;
 /// Nesting levels whose keys are tracked (the deepest field read is

@@ -138,16 +138,7 @@ fn fitted_key(
     let body = fitted
         .strip_suffix(hash.as_str())
         .unwrap_or_else(|| panic!("{value:?} fitted as {fitted:?}, not ending with {hash}"));
-    let cleaned: String = value
-        .chars()
-        .map(|c| {
-            if breaks_key(c) {
-                char::REPLACEMENT_CHARACTER
-            } else {
-                c
-            }
-        })
-        .collect();
+    let cleaned = value.replace(breaks_key, "\u{FFFD}");
     if body != cleaned {
         let cut = body
             .strip_suffix(ELLIPSIS)

@@ -14,7 +14,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use awareness_core::upstream::fingerprints;
-use gateway_adapter::upstream::CheckOutcome;
 use gateway_adapter::upstream::jsonl::{JsonlMarker, marker_at_end, scan};
 use gateway_adapter::upstream::transcript::{LineEnd, LineScanner, classify};
 
@@ -107,16 +106,8 @@ fn check(
 ) -> (JsonlMarker, bool) {
     let from = marker.position();
     let outcome = scan(path, Some(marker), own, budget);
-    let (stored, got) = match outcome {
-        CheckOutcome::Unchanged { marker } => (marker, None),
-        CheckOutcome::HumanTurns {
-            turns,
-            dedupe_id,
-            marker,
-            ..
-        } => (marker, Some((turns, dedupe_id))),
-        other => panic!("an append-only file read as {other:?}"),
-    };
+    let (stored, got) = crate::went_through(&outcome)
+        .unwrap_or_else(|| panic!("an append-only file read as {outcome:?}"));
     let next = JsonlMarker::from_value(&stored).expect("the marker reads back");
     assert!(next.position() >= from, "the marker went back");
     assert!(

@@ -17,6 +17,24 @@ pub mod sqlite_rows;
 pub mod transcript_line;
 pub mod upstream_markers;
 
+use gateway_adapter::upstream::CheckOutcome;
+use serde_json::Value;
+
+/// A provider's check that went through: the marker it leaves and, when it found human turns,
+/// their count and the burst's dedupe id; `None` for any other outcome.
+fn went_through(outcome: &CheckOutcome) -> Option<(Value, Option<(u32, String)>)> {
+    match outcome {
+        CheckOutcome::Unchanged { marker } => Some((marker.clone(), None)),
+        CheckOutcome::HumanTurns {
+            turns,
+            dedupe_id,
+            marker,
+            ..
+        } => Some((marker.clone(), Some((*turns, dedupe_id.clone())))),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

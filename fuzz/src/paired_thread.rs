@@ -23,7 +23,6 @@ use gateway_adapter::upstream::paired::{
     PairedPage,
 };
 use gateway_adapter::upstream::{CheckOutcome, UpstreamProvider};
-use serde_json::Value;
 
 /// The session's own prompt (its echo in the thread is no person's turn).
 const OWN: &str = "own prompt";
@@ -299,25 +298,18 @@ fn check(
     let provider = PairedNodeProvider::new(Arc::new(Client(node.clone()))).with_max_pages(pages);
     let outcome = runtime.block_on(provider.check(link, own));
     let served = std::mem::take(&mut node.lock().unwrap().served);
-    let (marker, got): (Value, Option<(u32, String)>) = match outcome {
-        CheckOutcome::Failed(why) => {
-            let n = node.lock().unwrap();
-            assert!(
-                n.fail_at.is_some_and(|at| n.calls >= at),
-                "failed ({why}) though no page failed: {} pages asked for, failing at {:?}",
-                n.calls,
-                n.fail_at
-            );
-            return (false, false);
-        }
-        CheckOutcome::Unchanged { marker } => (marker, None),
-        CheckOutcome::HumanTurns {
-            turns,
-            dedupe_id,
-            marker,
-            ..
-        } => (marker, Some((turns, dedupe_id))),
-        other => panic!("{other:?} from {before:?}"),
+    let Some((marker, got)) = crate::went_through(&outcome) else {
+        let CheckOutcome::Failed(why) = outcome else {
+            panic!("{outcome:?} from {before:?}");
+        };
+        let n = node.lock().unwrap();
+        assert!(
+            n.fail_at.is_some_and(|at| n.calls >= at),
+            "failed ({why}) though no page failed: {} pages asked for, failing at {:?}",
+            n.calls,
+            n.fail_at
+        );
+        return (false, false);
     };
     // What this check read: the items served before the first stop (the marker's item or an
     // anchor) met; a check read from a resume point's cursor was served from there.

@@ -220,6 +220,22 @@ impl World {
         self.open_gate();
     }
 
+    /// A pick-up, after which the manager was woken `more` times more than before it.
+    async fn pick_up_wakes(&self, more: usize, why: &str) {
+        let before = self.wake.count(&k(MANAGER));
+        self.svc.pick_up().await;
+        assert_eq!(self.wake.count(&k(MANAGER)), before + more, "{why}");
+    }
+
+    /// The manager's next turn shows the notice of the first event, and nothing else.
+    async fn turn_shows_the_first_notice(&self, why: &str) {
+        assert_eq!(
+            texts(&self.svc.drain_turn(&k(MANAGER)).await),
+            vec![notice(Sequence(1))],
+            "{why}"
+        );
+    }
+
     /// A person types into the worker; returns the event's sequence.
     async fn human(&self) -> Sequence {
         self.svc
@@ -719,25 +735,13 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
 #[tokio::test]
 async fn a_pick_up_wakes_a_session_whose_dropped_turn_left_it_a_notice() {
     let w = World::with_a_dropped_turn().await;
-    let before = w.wake.count(&k(MANAGER));
-    w.svc.pick_up().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for it");
-    w.svc.pick_up().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "once");
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the woken turn shows it"
-    );
+    w.pick_up_wakes(1, "woken for it").await;
+    w.pick_up_wakes(0, "once").await;
+    w.turn_shows_the_first_notice("the woken turn shows it")
+        .await;
     let w = World::with_a_dropped_turn().await;
     w.svc.on_reset(&k(MANAGER)).await;
-    let before = w.wake.count(&k(MANAGER));
-    w.svc.pick_up().await;
-    assert_eq!(
-        w.wake.count(&k(MANAGER)),
-        before,
-        "the reset dropped what it left"
-    );
+    w.pick_up_wakes(0, "the reset dropped what it left").await;
 }
 
 /// The wake a dropped turn's lines are owed survives a second turn dropped before it settles
@@ -747,13 +751,8 @@ async fn a_pick_up_wakes_a_session_whose_dropped_turn_left_it_a_notice() {
 async fn a_wake_owed_survives_a_second_dropped_turn() {
     let mut w = World::with_a_dropped_turn_armed().await;
     w.drop_a_turn_at(Call::Cursors).await;
-    let before = w.wake.count(&k(MANAGER));
-    w.svc.pick_up().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for the lines");
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))]
-    );
+    w.pick_up_wakes(1, "woken for the lines").await;
+    w.turn_shows_the_first_notice("the lines").await;
 }
 
 /// A wake a pick-up paid is owed again when the turn it brought is dropped too, before it
@@ -762,17 +761,11 @@ async fn a_wake_owed_survives_a_second_dropped_turn() {
 #[tokio::test]
 async fn a_wake_is_owed_again_when_the_turn_it_brought_is_dropped_too() {
     let mut w = World::with_a_dropped_turn_armed().await;
-    let before = w.wake.count(&k(MANAGER));
-    w.svc.pick_up().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for the lines");
+    w.pick_up_wakes(1, "woken for the lines").await;
     // The woken turn, dropped while it reads the cursors.
     w.drop_a_turn_at(Call::Cursors).await;
-    w.svc.pick_up().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 2, "owed again");
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))]
-    );
+    w.pick_up_wakes(1, "owed again").await;
+    w.turn_shows_the_first_notice("the lines").await;
 }
 
 /// A reset drops the session-state lines a dropped turn left, and the wake they were owed with
@@ -796,13 +789,7 @@ async fn a_reset_takes_the_wake_owed_with_the_notices() {
         "the dropped turn's acknowledgement committed"
     );
     w.svc.on_reset(&k(MANAGER)).await;
-    let before = w.wake.count(&k(MANAGER));
-    w.svc.pick_up().await;
-    assert_eq!(
-        w.wake.count(&k(MANAGER)),
-        before,
-        "nothing that wakes is left"
-    );
+    w.pick_up_wakes(0, "nothing that wakes is left").await;
     assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
 }
 
@@ -816,12 +803,7 @@ async fn a_wake_owed_that_panics_is_owed_to_the_next_pick_up() {
     w.wake.panic_next.store(true, Ordering::SeqCst);
     assert!(!w.svc.pick_up().await.complete, "the wake panicked");
     assert_eq!(w.wake.count(&k(MANAGER)), before);
-    w.svc.pick_up().await;
-    assert_eq!(
-        w.wake.count(&k(MANAGER)),
-        before + 1,
-        "woken at the next one"
-    );
+    w.pick_up_wakes(1, "woken at the next one").await;
 }
 
 /// A pick-up that queues a dropped turn's notices again (its acknowledgement failed, so they
@@ -837,9 +819,7 @@ async fn a_pick_up_wakes_once_for_a_dropped_turns_notices_still_pending() {
     w.open_gate();
     settle().await;
     assert!(w.cursor().await.is_pending(), "the acknowledgement failed");
-    let before = w.wake.count(&k(MANAGER));
-    w.svc.pick_up().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken once");
+    w.pick_up_wakes(1, "woken once").await;
 }
 
 /// What a dropped turn left for the next one goes with the watcher's watches when it is reset:

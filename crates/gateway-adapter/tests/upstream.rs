@@ -2225,14 +2225,9 @@ fn failed_sessions(rx: &mut broadcast::Receiver<Detection>) -> Vec<(SessionRef, 
 /// each time.
 #[tokio::test(start_paused = true)]
 async fn a_store_that_does_not_answer_costs_a_tick_one_wait() {
-    let store = Arc::new(MemoryStore::new());
-    let hooked = Arc::new(awareness_core::testkit::hooked::Hooked {
-        inner: store.clone(),
-        hook: SlowCursors {
-            delay: Mutex::new(None),
-        },
+    let (World { store, svc, .. }, hooked) = common::hooked_world(SlowCursors {
+        delay: Mutex::new(None),
     });
-    let (svc, _, _) = common::service(hooked.clone(), Some(store.clone()));
     let mut transcripts = Vec::new();
     let mut sessions = Vec::new();
     for key in ["agent:main:a", "agent:main:b", "agent:main:c"] {
@@ -4553,20 +4548,9 @@ fn failures_published(ds: &[Detection]) -> Vec<String> {
 /// failed, skipped the turns for good.)
 #[tokio::test(start_paused = true)]
 async fn human_turns_whose_recording_fails_keep_the_marker_and_are_recorded_next_tick() {
-    let store = Arc::new(MemoryStore::new());
-    let hooked = Arc::new(awareness_core::testkit::hooked::Hooked {
-        inner: store.clone(),
-        hook: FailRecords {
-            left: AtomicUsize::new(0),
-        },
+    let (w, hooked) = common::hooked_world(FailRecords {
+        left: AtomicUsize::new(0),
     });
-    let (svc, queue, wake) = common::service(hooked.clone(), Some(store.clone()));
-    let w = World {
-        store,
-        queue,
-        wake,
-        svc,
-    };
     let mut t = Transcript::new();
     let session = w
         .adopt(&t, "agent:main:worker", "main", "agent:main:main")

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use awareness_core::testkit::hooked::{Hook, Hooked};
 use awareness_core::{AwarenessStore, SessionKey, UpstreamStore};
 use gateway_adapter::{
     Awareness, AwarenessConfig, InMemoryDirectory, InMemoryQueue, QueuedEntry, RecordingWake,
@@ -44,6 +45,25 @@ pub fn world() -> World {
         wake,
         svc,
     }
+}
+
+/// [`world`] over a memory store wrapped in `hook` (which runs around each of its calls; the
+/// upstream links are the memory store's own, unhooked), and the wrapped store, whose hook the
+/// test arms.
+pub fn hooked_world<H: Hook + 'static>(hook: H) -> (World, Arc<Hooked<H>>) {
+    let store = Arc::new(MemoryStore::new());
+    let hooked = Arc::new(Hooked {
+        inner: store.clone(),
+        hook,
+    });
+    let (svc, queue, wake) = service(hooked.clone(), Some(store.clone()));
+    let w = World {
+        store,
+        queue,
+        wake,
+        svc,
+    };
+    (w, hooked)
 }
 
 /// A service over `store` (and `links`, its upstream links, when given) with an empty

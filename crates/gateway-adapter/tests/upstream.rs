@@ -1608,6 +1608,25 @@ async fn alpha_and_beta(w: &World, t: &Transcript) -> (SessionRef, SessionRef) {
     (alpha, beta)
 }
 
+/// [`alpha_and_beta`] on a new transcript into which a person has typed, and a monitor whose
+/// run activity is the tracker returned, where nothing runs yet.
+async fn alpha_and_beta_with_runs(
+    w: &World,
+) -> (
+    Transcript,
+    SessionRef,
+    SessionRef,
+    Arc<RunTracker>,
+    UpstreamMonitor,
+) {
+    let mut t = Transcript::new();
+    let (alpha, beta) = alpha_and_beta(w, &t).await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w.monitor().run_activity(runs.clone()).build();
+    t.human("a person typed this");
+    (t, alpha, beta, runs, monitor)
+}
+
 /// A run in one of the sessions linked to a thread defers the others' checks, but not for
 /// good: two agents answering each other in one thread, one of them running at every tick,
 /// kept a person's turn from ever being told to either's watchers. After five ticks deferred by
@@ -1615,24 +1634,10 @@ async fn alpha_and_beta(w: &World, t: &Transcript) -> (SessionRef, SessionRef) {
 #[tokio::test(start_paused = true)]
 async fn a_session_deferred_at_every_tick_by_a_linked_sessions_run_is_checked_after_five() {
     let w = world();
-    let mut t = Transcript::new();
-    let (alpha, beta) = alpha_and_beta(&w, &t).await;
-    let runs = Arc::new(RunTracker::new());
-    let monitor = w.monitor().run_activity(runs.clone()).build();
+    let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&alpha);
-    t.human("a person typed this");
-    for tick in 1..=5 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
-    }
-    assert_eq!(w.human_events(&beta).await, 0);
-    let r = monitor.tick().await;
-    assert_eq!(
-        (r.checked, r.deferred),
-        (1, 1),
-        "beta checked, alpha still running"
-    );
-    assert_eq!(w.human_events(&beta).await, 1);
+    // Beta checked after five deferrals, alpha still running.
+    deferred_five_times_then_checked_alone(&w, &monitor, &beta).await;
     assert_eq!(w.human_events(&alpha).await, 0);
 }
 
@@ -1642,12 +1647,8 @@ async fn a_session_deferred_at_every_tick_by_a_linked_sessions_run_is_checked_af
 #[tokio::test(start_paused = true)]
 async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
     let w = world();
-    let mut t = Transcript::new();
-    let (alpha, beta) = alpha_and_beta(&w, &t).await;
-    let runs = Arc::new(RunTracker::new());
-    let monitor = w.monitor().run_activity(runs.clone()).build();
+    let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&alpha);
-    t.human("a person typed this");
     for tick in 1..=5 {
         let r = monitor.tick().await;
         assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
@@ -1672,6 +1673,11 @@ async fn deferred_five_times_then_checked_alone(
         let r = monitor.tick().await;
         assert_eq!((r.checked, r.deferred), (0, 2), "deferred {tick} times");
     }
+    assert_eq!(
+        w.human_events(alone).await,
+        0,
+        "{alone}, not checked while deferred"
+    );
     let r = monitor.tick().await;
     assert_eq!((r.checked, r.deferred), (1, 1), "{alone}, checked alone");
     assert_eq!(w.human_events(alone).await, 1);
@@ -1683,11 +1689,7 @@ async fn deferred_five_times_then_checked_alone(
 #[tokio::test(start_paused = true)]
 async fn a_tick_both_sessions_run_in_counts_for_neither() {
     let w = world();
-    let mut t = Transcript::new();
-    let (alpha, beta) = alpha_and_beta(&w, &t).await;
-    let runs = Arc::new(RunTracker::new());
-    let monitor = w.monitor().run_activity(runs.clone()).build();
-    t.human("a person typed this");
+    let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&alpha);
     runs.started(&beta);
     for tick in 1..=5 {
@@ -1706,11 +1708,7 @@ async fn a_tick_both_sessions_run_in_counts_for_neither() {
 #[tokio::test(start_paused = true)]
 async fn sessions_running_by_turns_in_one_thread_are_each_checked() {
     let w = world();
-    let mut t = Transcript::new();
-    let (alpha, beta) = alpha_and_beta(&w, &t).await;
-    let runs = Arc::new(RunTracker::new());
-    let monitor = w.monitor().run_activity(runs.clone()).build();
-    t.human("a person typed this");
+    let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     let mut running = alpha.clone();
     runs.started(&running);
     for _ in 0..14 {

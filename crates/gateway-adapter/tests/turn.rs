@@ -220,6 +220,17 @@ impl World {
         self.open_gate();
     }
 
+    /// Queues a line of another kind than session-state for the manager (an exec's), as the
+    /// host does; returns it.
+    fn queue_an_exec_line(&self) -> QueuedEntry {
+        let exec = QueuedEntry {
+            text: "Exec finished: cargo test".into(),
+            context_key: None,
+        };
+        assert!(self.queue.enqueue(&k(MANAGER), exec.clone()));
+        exec
+    }
+
     /// A pick-up, after which the manager was woken `more` times more than before it.
     async fn pick_up_wakes(&self, more: usize, why: &str) {
         let before = self.wake.count(&k(MANAGER));
@@ -564,11 +575,7 @@ async fn a_turn_dropped_after_its_acknowledgement_leaves_its_lines_to_the_next_t
 async fn a_turn_dropped_while_reading_the_cursors_loses_no_queued_line() {
     let mut w = World::gated(Call::Cursors, false).await;
     w.human().await;
-    let other = QueuedEntry {
-        text: "Exec finished: cargo test".into(),
-        context_key: None,
-    };
-    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let other = w.queue_an_exec_line();
     let a = w.turn_at_the_gate().await;
     dropped(a).await;
     w.open_gate();
@@ -709,11 +716,7 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
     *w.store.hook.at.lock().unwrap() = (Call::Unwatch, false); // no gate on this path
     w.store.hook.panic_on_ack.store(true, Ordering::SeqCst);
     w.human().await;
-    let other = QueuedEntry {
-        text: "Exec finished: cargo test".into(),
-        context_key: None,
-    };
-    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let other = w.queue_an_exec_line();
     let mut read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
     read.sort();
     let mut want = vec![notice(Sequence(1)), other.text];
@@ -775,11 +778,7 @@ async fn a_wake_is_owed_again_when_the_turn_it_brought_is_dropped_too() {
 async fn a_reset_takes_the_wake_owed_with_the_notices() {
     let mut w = World::gated(Call::Acknowledge, true).await;
     w.human().await;
-    let exec = QueuedEntry {
-        text: "Exec finished: cargo test".into(),
-        context_key: None,
-    };
-    assert!(w.queue.enqueue(&k(MANAGER), exec.clone()));
+    let exec = w.queue_an_exec_line();
     let turn = w.turn_at_the_gate().await;
     dropped(turn).await;
     w.open_gate();
@@ -970,11 +969,7 @@ async fn a_reset_keeps_the_other_system_events_a_dropped_turn_drained() {
     for at in [(Call::Cursors, false), (Call::Acknowledge, true)] {
         let mut w = World::gated(at.0, at.1).await;
         w.human().await;
-        let other = QueuedEntry {
-            text: "Exec finished: cargo test".into(),
-            context_key: None,
-        };
-        assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+        let other = w.queue_an_exec_line();
         assert_eq!(
             w.queue.peek(&k(MANAGER)).len(),
             2,
@@ -1181,11 +1176,7 @@ async fn within_an_hour<T>(call: impl std::future::Future<Output = T>) -> T {
 async fn a_turn_whose_cursor_read_hangs_shows_its_queued_lines() {
     let mut w = World::gated(Call::Cursors, false).await;
     let first = w.human().await;
-    let other = QueuedEntry {
-        text: "Exec finished: cargo test".into(),
-        context_key: None,
-    };
-    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let other = w.queue_an_exec_line();
     let mut read = texts(&within_an_hour(w.svc.drain_turn(&k(MANAGER))).await);
     read.sort();
     let mut want = vec![notice(Sequence(1)), other.text];
@@ -1228,11 +1219,7 @@ async fn a_turn_whose_acknowledgement_hangs_shows_what_it_read_once() {
         vec![notice(Sequence(1))],
         "what the turn read"
     );
-    let other = QueuedEntry {
-        text: "Exec finished: cargo test".into(),
-        context_key: None,
-    };
-    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let other = w.queue_an_exec_line();
     assert_eq!(
         within_an_hour(w.svc.drain_turn(&k(MANAGER))).await,
         [other],
@@ -1737,11 +1724,7 @@ async fn a_write_that_fails_after_its_caller_gave_up_is_logged() {
 async fn deleting_a_watcher_takes_its_notices_out_of_its_queue() {
     let w = World::new().await;
     w.human().await;
-    let other = QueuedEntry {
-        text: "Exec finished: cargo test".into(),
-        context_key: None,
-    };
-    assert!(w.queue.enqueue(&k(MANAGER), other.clone()));
+    let other = w.queue_an_exec_line();
     assert_eq!(w.queue.peek(&k(MANAGER)).len(), 2);
     w.svc
         .on_delete(&SessionRef::parse(MANAGER, "ops").unwrap())

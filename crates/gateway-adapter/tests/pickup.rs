@@ -391,29 +391,45 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
 /// wake it owed the ambient cursor's queued line was lost with its caller; asked again, the
 /// watch found the cursor explicit already and woke nobody either, so the main session took
 /// no turn for the notice. The watch and its wake now run to their end together.
+/// A hook that holds the store's answer to `call`, once it is done, until the test gives the
+/// gate a permit, telling `reached` when it holds one: the caller's future can then be
+/// dropped after the store committed.
+#[cfg(feature = "sqlite")]
+struct HeldAfter {
+    call: Call,
+    gate: tokio::sync::Semaphore,
+    reached: tokio::sync::Notify,
+}
+
+#[cfg(feature = "sqlite")]
+impl HeldAfter {
+    fn new(call: Call) -> Self {
+        Self {
+            call,
+            gate: tokio::sync::Semaphore::new(0),
+            reached: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[awareness_core::async_trait]
+impl Hook for HeldAfter {
+    async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
+        if call == self.call {
+            self.reached.notify_one();
+            self.gate.acquire().await.expect("the gate").forget();
+        }
+    }
+}
+
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_given_up_on_that_commits_still_wakes_the_session() {
-    struct HeldAfterWatch {
-        gate: tokio::sync::Semaphore,
-        reached: tokio::sync::Notify,
-    }
-    #[awareness_core::async_trait]
-    impl Hook for HeldAfterWatch {
-        async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
-            if call == Call::Watch {
-                self.reached.notify_one();
-                self.gate.acquire().await.expect("the gate").forget();
-            }
-        }
-    }
     let dir = tempfile::tempdir().expect("temp dir");
     let store = Arc::new(Hooked {
         inner: ambient_manager(&dir.path().join("state.sqlite")).await,
-        hook: HeldAfterWatch {
-            gate: tokio::sync::Semaphore::new(0),
-            reached: tokio::sync::Notify::new(),
-        },
+        hook: HeldAfter::new(Call::Watch),
     });
     let (svc, _queue, mut woken) = woken_service(
         store.clone(),
@@ -929,19 +945,6 @@ async fn a_pick_up_wakes_once_for_a_wake_owed_whichever_line_it_queues() {
 /// changed again since and the line of `lost` been lost from the queue.
 #[cfg(feature = "sqlite")]
 async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
-    struct HeldAfterAcknowledge {
-        gate: tokio::sync::Semaphore,
-        reached: tokio::sync::Notify,
-    }
-    #[awareness_core::async_trait]
-    impl Hook for HeldAfterAcknowledge {
-        async fn after(&self, call: Call, _store: &dyn AwarenessStore) {
-            if call == Call::Acknowledge {
-                self.reached.notify_one();
-                self.gate.acquire().await.expect("the gate").forget();
-            }
-        }
-    }
     let dir = tempfile::tempdir().expect("temp dir");
     // The manager's cursor on the worker is ambient and pending; its cursor on another
     // session is explicit and pending.
@@ -958,10 +961,7 @@ async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
         .expect("recorded");
     let store = Arc::new(Hooked {
         inner,
-        hook: HeldAfterAcknowledge {
-            gate: tokio::sync::Semaphore::new(0),
-            reached: tokio::sync::Notify::new(),
-        },
+        hook: HeldAfter::new(Call::Acknowledge),
     });
     let (svc, queue, mut woken) = woken_service(
         store.clone(),

@@ -873,6 +873,30 @@ async fn paired_node_pages_back_to_the_marker() {
 // ----- the monitor ---------------------------------------------------------------------------------
 
 impl World {
+    /// Adopts thread-9 of the paired node node-2 for agent:main:worker, with `marker`, and lets
+    /// agent:main:main watch it.
+    async fn watched_paired_thread(&self, marker: Value) -> SessionRef {
+        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let mut spec = LinkSpec::new(
+            session.clone(),
+            "openclaw-node",
+            "node-2",
+            "thread-9",
+            "paired-node",
+        );
+        spec.marker = Some(marker);
+        self.svc.try_adopt(spec).await.unwrap();
+        self.store
+            .watch(
+                &WatcherKey::parse("agent:main:main").unwrap(),
+                &session,
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        session
+    }
+
     /// Adopts the transcript for `key` (agent `agent`) and lets `watcher` watch the session.
     async fn adopt(&self, t: &Transcript, key: &str, agent: &str, watcher: &str) -> SessionRef {
         let session = SessionRef::parse(key, agent).unwrap();
@@ -3636,21 +3660,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
 
     // Through the monitor: the watcher is told on the second tick.
     let w = world();
-    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-    let mut spec = LinkSpec::new(
-        session.clone(),
-        "openclaw-node",
-        "node-2",
-        "thread-9",
-        "paired-node",
-    );
-    spec.marker = Some(json!({"uuid": "i0"}));
-    w.svc.try_adopt(spec).await.unwrap();
-    let watcher = WatcherKey::parse("agent:main:main").unwrap();
-    w.store
-        .watch(&watcher, &session, Timestamp::now())
-        .await
-        .unwrap();
+    let session = w.watched_paired_thread(json!({"uuid": "i0"})).await;
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(Arc::new(PairedNodeProvider::new(burst_node(10, false))))
         .build();
@@ -3667,7 +3677,7 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].payload.as_ref().unwrap()["turns"], json!(10));
     assert_eq!(marker().await, Some(moved));
-    let told = w.queue.peek(watcher.session_key());
+    let told = w.queue.peek(&common::k("agent:main:main"));
     assert_eq!(told.len(), 1, "{told:?}");
     monitor.tick().await;
     assert_eq!(w.human_events(&session).await, 1);
@@ -4183,24 +4193,7 @@ async fn with_every_anchor_gone_a_thread_is_rebased_or_read_to_the_bound_as_befo
 #[tokio::test]
 async fn a_resumed_check_moves_the_marker_to_its_top_with_the_top_anchors() {
     let w = world();
-    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-    let mut spec = LinkSpec::new(
-        session.clone(),
-        "openclaw-node",
-        "node-2",
-        "thread-9",
-        "paired-node",
-    );
-    spec.marker = Some(json!({"uuid": "i0"}));
-    w.svc.try_adopt(spec).await.unwrap();
-    w.store
-        .watch(
-            &WatcherKey::parse("agent:main:main").unwrap(),
-            &session,
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let session = w.watched_paired_thread(json!({"uuid": "i0"})).await;
     let mut items = vec![PairedItem::user("i0", "read before")];
     items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
     let node = FakeNode::holding(items);
@@ -4436,24 +4429,7 @@ async fn a_paired_marker_not_ours_is_rebased_and_counts_nothing() {
 
     // Through the monitor: nothing is recorded, and the marker is one of ours from then on.
     let w = world();
-    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-    let mut spec = LinkSpec::new(
-        session.clone(),
-        "openclaw-node",
-        "node-2",
-        "thread-9",
-        "paired-node",
-    );
-    spec.marker = Some(json!({"offset": 0}));
-    w.svc.try_adopt(spec).await.unwrap();
-    w.store
-        .watch(
-            &WatcherKey::parse("agent:main:main").unwrap(),
-            &session,
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let session = w.watched_paired_thread(json!({"offset": 0})).await;
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(Arc::new(PairedNodeProvider::new(node)))
         .build();

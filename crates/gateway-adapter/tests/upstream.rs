@@ -873,36 +873,10 @@ async fn paired_node_pages_back_to_the_marker() {
 // ----- the monitor ---------------------------------------------------------------------------------
 
 impl World {
-    /// Adopts thread-9 of the paired node node-2 for agent:main:worker, with `marker`, and lets
-    /// agent:main:main watch it.
-    async fn watched_paired_thread(&self, marker: Value) -> SessionRef {
-        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-        let mut spec = LinkSpec::new(
-            session.clone(),
-            "openclaw-node",
-            "node-2",
-            "thread-9",
-            "paired-node",
-        );
-        spec.marker = Some(marker);
-        self.svc.try_adopt(spec).await.unwrap();
-        self.store
-            .watch(
-                &WatcherKey::parse("agent:main:main").unwrap(),
-                &session,
-                Timestamp::now(),
-            )
-            .await
-            .unwrap();
-        session
-    }
-
-    /// Adopts the transcript for `key` (agent `agent`) and lets `watcher` watch the session.
-    async fn adopt(&self, t: &Transcript, key: &str, agent: &str, watcher: &str) -> SessionRef {
-        let session = SessionRef::parse(key, agent).unwrap();
-        let spec = jsonl::adoption(session.clone(), &t.path, None).unwrap();
-        let out = self.svc.try_adopt(spec).await.unwrap();
-        assert!(out.created);
+    /// Adopts `spec` (a new link) and lets `watcher` watch its session; the session.
+    async fn adopt_spec(&self, spec: LinkSpec, watcher: &str) -> SessionRef {
+        let session = spec.session.clone();
+        assert!(self.svc.try_adopt(spec).await.unwrap().created);
         self.store
             .watch(
                 &WatcherKey::parse(watcher).unwrap(),
@@ -914,23 +888,34 @@ impl World {
         session
     }
 
+    /// Adopts thread-9 of the paired node node-2 for agent:main:worker, with `marker`, and lets
+    /// agent:main:main watch it.
+    async fn watched_paired_thread(&self, marker: Value) -> SessionRef {
+        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let mut spec = LinkSpec::new(
+            session,
+            "openclaw-node",
+            "node-2",
+            "thread-9",
+            "paired-node",
+        );
+        spec.marker = Some(marker);
+        self.adopt_spec(spec, "agent:main:main").await
+    }
+
+    /// Adopts the transcript for `key` (agent `agent`) and lets `watcher` watch the session.
+    async fn adopt(&self, t: &Transcript, key: &str, agent: &str, watcher: &str) -> SessionRef {
+        let session = SessionRef::parse(key, agent).unwrap();
+        let spec = jsonl::adoption(session, &t.path, None).unwrap();
+        self.adopt_spec(spec, watcher).await
+    }
+
     /// Adopts a remote session `key` (agent main) checked by the provider of `kind`, watched by
     /// agent:main:main.
     async fn adopt_remote(&self, key: &str, kind: &str) -> SessionRef {
         let r = SessionRef::parse(key, "main").unwrap();
-        self.svc
-            .try_adopt(LinkSpec::new(r.clone(), "remote", "h", "t", kind))
-            .await
-            .unwrap();
-        self.store
-            .watch(
-                &WatcherKey::parse("agent:main:main").unwrap(),
-                &r,
-                Timestamp::now(),
-            )
-            .await
-            .unwrap();
-        r
+        let spec = LinkSpec::new(r, "remote", "h", "t", kind);
+        self.adopt_spec(spec, "agent:main:main").await
     }
 
     fn monitor(&self) -> gateway_adapter::upstream::MonitorBuilder {
@@ -1566,18 +1551,8 @@ async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_th
     // Beta adopted the same file under another thread label: one source all the same (a
     // transcript is its path).
     let beta = SessionRef::parse("agent:beta:main", "beta").unwrap();
-    w.svc
-        .try_adopt(jsonl::adoption(beta.clone(), &t.path, Some("beta's label")).unwrap())
-        .await
-        .unwrap();
-    w.store
-        .watch(
-            &WatcherKey::parse("agent:beta:lead").unwrap(),
-            &beta,
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let spec = jsonl::adoption(beta, &t.path, Some("beta's label")).unwrap();
+    let beta = w.adopt_spec(spec, "agent:beta:lead").await;
     let prompts = Arc::new(RecentPrompts::new());
     let runs = Arc::new(RunTracker::new());
     let monitor = w

@@ -1065,11 +1065,7 @@ async fn monitor_records_one_event_per_burst_on_its_schedule() {
 
 #[tokio::test(start_paused = true)]
 async fn own_prompts_runs_and_unwatched_links() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let unwatched = SessionRef::parse("agent:main:lonely", "main").unwrap();
     w.svc
         .try_adopt(jsonl::adoption(unwatched.clone(), &t.path, None).unwrap())
@@ -1178,11 +1174,7 @@ impl UpstreamProvider for Broken {
 /// its directory knows; the owner's monitor checks them.
 #[tokio::test(start_paused = true)]
 async fn with_owned_watchers_only_a_monitor_checks_only_its_own_sessions() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     t.human("run the tests");
     let shared = gateway_adapter::AwarenessConfig {
         owned_watchers_only: true,
@@ -1365,11 +1357,7 @@ async fn a_run_activity_that_panics_for_one_session_fails_only_its_check() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_or_failing_provider_never_stops_the_others() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let mut others = Vec::new();
     for (key, kind) in [
         ("agent:main:a-hang", "hanging"),
@@ -1594,6 +1582,16 @@ async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_th
         assert_eq!(events.len(), 1, "{s}");
         assert_eq!(events[0].payload, None, "{s}: one turn");
     }
+}
+
+/// A world with a new transcript adopted for agent:main:worker, watched by agent:main:main.
+async fn worker_adopted() -> (World, Transcript, SessionRef) {
+    let w = world();
+    let t = Transcript::new();
+    let session = w
+        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
+        .await;
+    (w, t, session)
 }
 
 /// `t` adopted by agent:alpha:main and agent:beta:main, each watched by its agent's lead.
@@ -1863,11 +1861,7 @@ async fn one_linked_sessions_port_panics(panicking: fn(&PanicsFor) -> &AtomicBoo
 
 #[tokio::test(start_paused = true)]
 async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
-    let w = world();
-    let t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, t, session) = worker_adopted().await;
     let monitor = w.monitor().build();
     let mut rx = monitor.subscribe();
     let task = monitor.spawn();
@@ -2557,11 +2551,7 @@ async fn human_turns_read_while_the_gateway_acted_are_read_again_later() {
 /// move, and the next tick reads the rows again.
 #[tokio::test(start_paused = true)]
 async fn a_marker_move_that_hangs_fails_the_check_and_ends_the_tick() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let flaky = Arc::new(Flaky {
         hang_moves: std::sync::atomic::AtomicBool::new(true),
         ..Flaky::over(&w.store)
@@ -2693,11 +2683,7 @@ impl UpstreamStore for Flaky {
 
 #[tokio::test(start_paused = true)]
 async fn the_marker_moves_only_after_the_event_and_only_if_the_link_is_unchanged() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let monitor = monitor_failing_the_first_marker_move(&w);
     let before = w.store.link(&session).await.unwrap().unwrap();
     t.human("first");
@@ -3029,11 +3015,7 @@ async fn a_catalog_id_too_long_or_broken_for_its_summaries_is_refused_before_ado
 /// marker past the new turn: it was never recorded nor notified.
 #[tokio::test(start_paused = true)]
 async fn a_burst_that_grew_after_a_failed_marker_move_is_recorded() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let monitor = monitor_failing_the_first_marker_move(&w);
     let manager = SessionKey::new("agent:main:main").unwrap();
 
@@ -3261,11 +3243,7 @@ async fn missing_recorded_and_link_removed(
 /// at a line start), and the next check goes on from there.
 #[tokio::test(start_paused = true)]
 async fn the_monitor_reads_at_most_one_mib_a_tick_and_goes_on_next_tick() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let monitor = w.monitor().build();
     let stored = async || {
         let link = w.store.link(&session).await.unwrap().unwrap();
@@ -4306,11 +4284,7 @@ fn dedupe_id_of(outcome: &CheckOutcome) -> String {
 /// which the id names.
 #[tokio::test(start_paused = true)]
 async fn a_turn_without_a_uuid_after_a_truncation_is_recorded_as_its_own_event() {
-    let w = world();
-    let t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, t, session) = worker_adopted().await;
     let monitor = w.monitor().build();
     t.line(&user_row_without_uuid("first, at offset 0"));
     monitor.tick().await;
@@ -4421,11 +4395,7 @@ async fn a_paired_marker_not_ours_is_rebased_and_counts_nothing() {
 /// longer uuid is named by the hash of the whole value.
 #[tokio::test(start_paused = true)]
 async fn two_long_uuids_alike_in_their_first_64_bytes_are_two_events() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let monitor = w.monitor().build();
     let shared = "msg-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     assert!(shared.len() >= 64);
@@ -4590,11 +4560,7 @@ impl UpstreamProvider for UnwatchingJsonl {
 /// the next check reads the same rows and records them, once.
 #[tokio::test(start_paused = true)]
 async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
-    let w = world();
-    let mut t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, mut t, session) = worker_adopted().await;
     let adopted = w.store.link(&session).await.unwrap().unwrap();
     let provider = Arc::new(UnwatchingJsonl {
         inner: JsonlProvider::new(),
@@ -4655,11 +4621,7 @@ async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
 /// is the third, which records `upstream_missing` and removes the link.
 #[tokio::test(start_paused = true)]
 async fn a_failed_check_neither_counts_nor_restarts_the_missing_checks() {
-    let w = world();
-    let t = Transcript::new();
-    let session = w
-        .adopt(&t, "agent:main:worker", "main", "agent:main:main")
-        .await;
+    let (w, t, session) = worker_adopted().await;
     let monitor = w.monitor().build();
     let mut rx = monitor.subscribe();
 

@@ -1,0 +1,1060 @@
+//! # store-postgres
+//!
+//! [`EventStore`], [`CursorStore`] and [`UpstreamStore`] on PostgreSQL through sqlx: one store
+//! that gateways on several hosts share (DESIGN.md sections 6 and 9.1). The four tables are
+//! store-sqlite's (OpenClaw's names and columns) in a schema of their own, with PostgreSQL's
+//! types, plus a one-row table that holds the sequence counter.
+//!
+//! Every decision of the protocol is `awareness_core`'s ([`protocol`], [`retention`],
+//! [`reconcile`], [`upstream`]); this crate reads the rows a decision needs and writes what it
+//! decided, each operation in one transaction.
+//!
+//! **Writes are serialized** per store (per schema) by a transaction-level advisory lock
+//! taken first in every write transaction, whatever process or host runs it. PostgreSQL's own
+//! sequences hand out numbers in the order transactions ask for them, not in the order they
+//! commit: a reader could then see event 8 committed before event 7, move a cursor past 7 and
+//! never see it. Under the lock, the counter is read, moved and committed by one transaction at
+//! a time, so the log is always a prefix of the sequences handed out, as in the other stores.
+//! A dedupe hit consumes its number too (section 3), and the counter never goes back.
+//!
+//! Reads take no lock. Each read is one statement, which PostgreSQL answers from one snapshot
+//! (a page and the head it is checked against never disagree).
+//!
+//! ```no_run
+//! use awareness_core::{ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore,
+//!     NewEvent, SessionRef, Sequence, Timestamp, WatcherKey};
+//! use store_postgres::{PgConnectOptions, PgStore, PgStoreOptions};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let server = PgConnectOptions::new().socket("/var/run/postgresql").database("awareness");
+//! let store = PgStore::connect(server, PgStoreOptions::new("gateway")).await?;
+//! let now = Timestamp::now();
+//! let child = SessionRef::parse("agent:main:subagent:child", "main")?;
+//! let manager = WatcherKey::parse("agent:main:main")?;
+//! store.watch(&manager, &child, now).await?;
+//! let rec = store
+//!     .record(NewEvent::new(child.clone(), EventKind::HumanDirectMessage, ActorType::Human,
+//!         "human message via telegram"), now)
+//!     .await?;
+//! assert_eq!(rec.notices.len(), 1);
+//! let status = store.session_status(&child, Some(Sequence(0)), None).await?;
+//! assert_eq!(status.state_version, rec.event.sequence);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod rows;
+mod schema;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use awareness_core::OpenFailure;
+use awareness_core::reconcile::ChangesPage;
+use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
+use awareness_core::{
+    AckTarget, AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
+    LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError,
+    Timestamp, WatcherKey, async_trait, protocol, reconcile, retention,
+};
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row as _, Transaction};
+
+pub use sqlx::postgres::PgConnectOptions;
+
+use rows::Rows;
+
+/// The last sequence an event can get here: PostgreSQL's `bigint` holds no more.
+pub const LAST_SEQUENCE: u64 = i64::MAX as u64;
+
+/// Rows one pruning transaction deletes at most: a recording waits behind pruning for one
+/// such transaction, not for the whole chunk.
+const PRUNE_TRANSACTION_ROWS: usize = 500;
+
+/// How a [`PgStore`] is set up on its server.
+#[derive(Debug, Clone)]
+pub struct PgStoreOptions {
+    schema: String,
+    max_connections: u32,
+}
+
+impl PgStoreOptions {
+    /// The store kept in the schema `schema` (created with its tables at connect when
+    /// missing). Every gateway that shares the store names the same schema.
+    pub fn new(schema: impl Into<String>) -> Self {
+        Self {
+            schema: schema.into(),
+            max_connections: 4,
+        }
+    }
+
+    /// Connections the store's pool opens at most (default 4). Writes take turns on the
+    /// store's lock whatever the number; reads run side by side.
+    #[must_use]
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// The schema's name.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
+/// The PostgreSQL store. Share it as `Arc<PgStore>`; every gateway process on every host that
+/// connects to the same schema shares its log, heads, cursors and links.
+#[derive(Debug)]
+pub struct PgStore {
+    pool: PgPool,
+    /// Names the store in errors and warnings: the schema (the server is the caller's).
+    name: String,
+    /// The key of the advisory lock that serializes this store's writes.
+    lock_key: i64,
+}
+
+/// A sequence as PostgreSQL stores it (`bigint`); one beyond its range is its largest value,
+/// which no stored row is above.
+fn int(s: Sequence) -> i64 {
+    i64::try_from(s.0).unwrap_or(i64::MAX)
+}
+
+/// A count or limit as PostgreSQL takes it.
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl PgStore {
+    /// Connects to the server `server` and opens the store in the schema `options` names,
+    /// creating the schema and its tables when missing (under the store's lock, so that
+    /// several gateways connecting at once create them once).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Open`] naming the schema: [`OpenFailure::InvalidOptions`] for a schema
+    /// name that is not 1-63 lowercase ASCII letters, digits and underscores starting with a
+    /// letter or underscore, or a pool of no connection; [`OpenFailure::Other`] when the server
+    /// cannot be reached or refuses the connection; [`OpenFailure::Unsupported`] when its
+    /// database does not encode text as UTF-8; [`OpenFailure::NotAStore`] when the schema holds
+    /// a table of one of the store's names without the store's columns. Nothing is created
+    /// then.
+    pub async fn connect(
+        server: PgConnectOptions,
+        options: PgStoreOptions,
+    ) -> Result<Self, StoreError> {
+        let name = format!("postgres schema {:?}", options.schema);
+        let refuse = |reason: String| {
+            StoreError::open(name.clone(), OpenFailure::InvalidOptions, reason, None)
+        };
+        schema::check_name(&options.schema).map_err(refuse)?;
+        if options.max_connections == 0 {
+            return Err(refuse(
+                "max_connections: a pool needs at least one connection".into(),
+            ));
+        }
+        let lock_key = schema::lock_key(&options.schema);
+        let server = server.options([("search_path", options.schema.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .connect_with(server)
+            .await
+            .map_err(|e| {
+                StoreError::open(
+                    name.clone(),
+                    OpenFailure::Other,
+                    "cannot connect to the server",
+                    Some(e.into()),
+                )
+            })?;
+        let store = Self {
+            pool,
+            name,
+            lock_key,
+        };
+        schema::create(&store.pool, &options.schema, lock_key, &store.name).await?;
+        Ok(store)
+    }
+
+    /// The pool the store runs on (for an operator's own queries; the store's rows are the
+    /// store's).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn failed(&self, what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+        let what = what.to_owned();
+        move |e| StoreError::backend(format!("{}: {what}", self.name), e)
+    }
+
+    /// Begins a write transaction holding the store's lock.
+    async fn write(&self, what: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(self.failed(what))?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(self.lock_key)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed(what))?;
+        Ok(tx)
+    }
+
+    async fn commit(
+        &self,
+        tx: Transaction<'static, Postgres>,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        tx.commit().await.map_err(self.failed(what))
+    }
+
+    fn rows(&self) -> Rows<'_> {
+        Rows { store: &self.name }
+    }
+
+    /// The cursors whose target key is `target` (of any agent), read ones only.
+    async fn cursors_on(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        target: &SessionKey,
+    ) -> Result<Vec<Cursor>, StoreError> {
+        let rows = sqlx::query(rows::CURSORS_ON_TARGET)
+            .bind(target.as_str())
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(self.failed("reading the cursors on a target"))?;
+        Ok(self.rows().readable_cursors(&rows))
+    }
+
+    async fn one_cursor(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        let row = sqlx::query(rows::CURSOR)
+            .bind(watcher.as_str())
+            .bind(target.as_str())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(self.failed("reading a cursor"))?;
+        row.map(|r| self.rows().cursor(&r)).transpose()
+    }
+
+    async fn put_cursors(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        cursors: &[Cursor],
+    ) -> Result<(), StoreError> {
+        if cursors.is_empty() {
+            return Ok(());
+        }
+        let col = |f: &dyn Fn(&Cursor) -> String| cursors.iter().map(f).collect::<Vec<_>>();
+        let num = |f: &dyn Fn(&Cursor) -> i64| cursors.iter().map(f).collect::<Vec<_>>();
+        sqlx::query(rows::UPSERT_CURSORS)
+            .bind(col(&|c| c.watcher.as_str().to_owned()))
+            .bind(col(&|c| c.target.as_str().to_owned()))
+            .bind(col(&|c| c.target_agent.as_str().to_owned()))
+            .bind(num(&|c| int(c.last_seen)))
+            .bind(num(&|c| int(c.notified)))
+            .bind(num(&|c| int(c.material)))
+            .bind(num(&|c| c.updated_at.millis()))
+            .bind(col(&|c| c.provenance.as_str().to_owned()))
+            .execute(&mut **tx)
+            .await
+            .map_err(self.failed("writing cursors"))?;
+        Ok(())
+    }
+
+    /// The head row of `session`: `None` when there is none, `Some(Err)` when it cannot be
+    /// read.
+    async fn head_in(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        session: &SessionRef,
+    ) -> Result<Option<Result<Head, StoreError>>, StoreError> {
+        let row = sqlx::query(rows::HEAD)
+            .bind(session.session_key.as_str())
+            .bind(session.agent_id.as_str())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(self.failed("reading a head"))?;
+        Ok(row.map(|r| self.rows().head(&r)))
+    }
+
+    async fn link_in(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        session: &SessionRef,
+    ) -> Result<Option<Result<UpstreamLink, StoreError>>, StoreError> {
+        let row = sqlx::query(rows::LINK)
+            .bind(session.session_key.as_str())
+            .bind(session.agent_id.as_str())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(self.failed("reading an upstream link"))?;
+        Ok(row.map(|r| self.rows().link(&r)))
+    }
+
+    async fn put_link(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        link: &UpstreamLink,
+    ) -> Result<(), StoreError> {
+        let json = |v: &Option<serde_json::Value>| v.as_ref().map(serde_json::Value::to_string);
+        sqlx::query(rows::PUT_LINK)
+            .bind(link.session.session_key.as_str())
+            .bind(link.session.agent_id.as_str())
+            .bind(&link.catalog_id)
+            .bind(&link.host_id)
+            .bind(&link.thread_id)
+            .bind(&link.upstream_kind)
+            .bind(json(&link.upstream_ref))
+            .bind(json(&link.marker))
+            .bind(link.last_scanned_at.map(Timestamp::millis))
+            .bind(link.created_at.millis())
+            .bind(link.updated_at.millis())
+            .execute(&mut **tx)
+            .await
+            .map_err(self.failed("writing an upstream link"))?;
+        Ok(())
+    }
+
+    /// One transaction of a pruning chunk: at most `want` rows of `step`; what it deleted and
+    /// whether more may be due.
+    async fn prune_transaction(
+        &self,
+        step: &PruneStep,
+        want: usize,
+        now: Timestamp,
+    ) -> Result<(usize, bool), StoreError> {
+        let mut tx = self.write("pruning").await?;
+        let victims: Vec<PgRow> = match *step {
+            PruneStep::Cursors { cutoff } => {
+                let gone = sqlx::query(rows::PRUNE_CURSORS)
+                    .bind(cutoff.millis())
+                    .bind(count(want))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(self.failed("pruning idle cursors"))?
+                    .rows_affected() as usize;
+                self.commit(tx, "pruning idle cursors").await?;
+                return Ok((gone, gone == want));
+            }
+            PruneStep::Age { cutoff } => sqlx::query(rows::AGE_VICTIMS)
+                .bind(cutoff.millis())
+                .bind(count(want))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(self.failed("choosing events to prune by age"))?,
+            PruneStep::RowCap { max_rows } => {
+                let retained: i64 = sqlx::query_scalar(rows::ROW_COUNT)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(self.failed("counting events"))?;
+                let n = retention::row_cap_victims(retained.max(0) as u64, max_rows, want);
+                if n == 0 {
+                    return Ok((0, false));
+                }
+                sqlx::query(rows::CAP_VICTIMS)
+                    .bind(count(n))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(self.failed("choosing events to prune by count"))?
+            }
+        };
+        if victims.is_empty() {
+            return Ok((0, false));
+        }
+        let mut sequences = Vec::with_capacity(victims.len());
+        // Rows whose key cannot be read stamp no head (there is no head to name), and are
+        // deleted all the same.
+        let mut stamped = Vec::with_capacity(victims.len());
+        for r in &victims {
+            let seq: i64 = r.try_get(0).map_err(self.failed("reading a victim"))?;
+            sequences.push(seq);
+            let key: String = r.try_get(1).map_err(self.failed("reading a victim"))?;
+            let agent: String = r.try_get(2).map_err(self.failed("reading a victim"))?;
+            if let (Ok(session), Ok(s)) = (SessionRef::parse(&key, &agent), u64::try_from(seq)) {
+                stamped.push((session, Sequence(s)));
+            }
+        }
+        let marks = retention::watermarks(stamped.iter().map(|(r, s)| (r, *s)));
+        if !marks.is_empty() {
+            let keys: Vec<&str> = marks.keys().map(|r| r.session_key.as_str()).collect();
+            let agents: Vec<&str> = marks.keys().map(|r| r.agent_id.as_str()).collect();
+            let marks: Vec<i64> = marks.values().map(|s| int(*s)).collect();
+            sqlx::query(rows::STAMP_HEADS)
+                .bind(keys)
+                .bind(agents)
+                .bind(marks)
+                .bind(now.millis())
+                .execute(&mut *tx)
+                .await
+                .map_err(self.failed("stamping pruned watermarks"))?;
+        }
+        let gone = sqlx::query("DELETE FROM session_state_events WHERE sequence = ANY($1)")
+            .bind(&sequences)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("pruning events"))?
+            .rows_affected() as usize;
+        self.commit(tx, "pruning events").await?;
+        Ok((gone, victims.len() == want))
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any
+    /// time): deletes one event row and nothing else. Returns whether the row existed.
+    #[doc(hidden)]
+    pub async fn delete_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        self.raw_write(
+            "DELETE FROM session_state_events WHERE sequence = $1::text::bigint",
+            &[int(sequence).to_string()],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: deletes one head row and nothing else. Returns
+    /// whether the row existed.
+    #[doc(hidden)]
+    pub async fn delete_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.raw_write(
+            "DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2",
+            &[
+                session.session_key.to_string(),
+                session.agent_id.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: makes one event row unreadable (a negative
+    /// sequence cannot be given, so its actor type becomes one no event has). Returns whether
+    /// the row existed.
+    #[doc(hidden)]
+    pub async fn damage_event_row(&self, sequence: Sequence) -> Result<bool, StoreError> {
+        self.raw_write(
+            "UPDATE session_state_events SET actor_type = '' WHERE sequence = $1::text::bigint",
+            &[int(sequence).to_string()],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: makes one cursor row unreadable (its target agent
+    /// empty). Returns whether the row existed.
+    #[doc(hidden)]
+    pub async fn damage_cursor_row(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        self.raw_write(
+            "UPDATE session_watch_cursors SET target_agent_id = ''
+             WHERE watcher_session_key = $1 AND target_session_key = $2",
+            &[watcher.as_str().to_owned(), target.as_str().to_owned()],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: makes one link row unreadable (its marker text not
+    /// JSON). Returns whether the row existed.
+    #[doc(hidden)]
+    pub async fn damage_link_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.raw_write(
+            "UPDATE session_upstream_links SET last_marker_json = '{not json'
+             WHERE session_key = $1 AND agent_id = $2",
+            &[
+                session.session_key.to_string(),
+                session.agent_id.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: makes one head row unreadable (a negative last
+    /// sequence). Returns whether the row existed.
+    #[doc(hidden)]
+    pub async fn damage_head_row(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.raw_write(
+            "UPDATE session_state_heads SET last_sequence = -1
+             WHERE session_key = $1 AND agent_id = $2",
+            &[
+                session.session_key.to_string(),
+                session.agent_id.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: marks a cursor ambient. Returns whether the row
+    /// existed.
+    #[doc(hidden)]
+    pub async fn make_ambient(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        self.raw_write(
+            "UPDATE session_watch_cursors SET provenance = 'ambient-group'
+             WHERE watcher_session_key = $1 AND target_session_key = $2",
+            &[watcher.as_str().to_owned(), target.as_str().to_owned()],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: moves the counter so that exactly `left` more
+    /// sequences can be handed out. Returns whether it could (the counter never goes back).
+    #[doc(hidden)]
+    pub async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {
+        let Some(at) = LAST_SEQUENCE.checked_sub(left) else {
+            return Ok(false);
+        };
+        self.raw_write(
+            "UPDATE session_state_counter SET last_sequence = $1::text::bigint
+             WHERE id = 0 AND last_sequence <= $1::text::bigint
+               AND NOT EXISTS (SELECT 1 FROM session_state_events
+                 WHERE sequence > $1::text::bigint)",
+            &[at.to_string()],
+        )
+        .await
+    }
+
+    /// Test support, not part of the API: `false`, always. A database that encodes text as
+    /// UTF-8 (the only kind [`PgStore::connect`] takes) holds no text that is not UTF-8, so
+    /// no row of this store can be spoiled so.
+    #[doc(hidden)]
+    #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
+    pub async fn spoil_link_text(&self, _session: &SessionRef) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Test support, not part of the API: `false`, always (see
+    /// [`PgStore::spoil_link_text`]).
+    #[doc(hidden)]
+    #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
+    pub async fn spoil_cursor_text(
+        &self,
+        _watcher: &WatcherKey,
+        _target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Test support, not part of the API: `false`, always (see
+    /// [`PgStore::spoil_link_text`]).
+    #[doc(hidden)]
+    #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
+    pub async fn spoil_cursor_watcher(
+        &self,
+        _watcher: &WatcherKey,
+        _target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Test support, not part of the API: `false`, always (see
+    /// [`PgStore::spoil_link_text`]).
+    #[doc(hidden)]
+    #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
+    pub async fn spoil_head_text(&self, _session: &SessionRef) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Test support, not part of the API: `false`, always (see
+    /// [`PgStore::spoil_link_text`]).
+    #[doc(hidden)]
+    #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
+    pub async fn spoil_event_text(&self, _sequence: Sequence) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Runs one statement whose binds are texts under the store's lock; whether it changed a
+    /// row.
+    async fn raw_write(&self, sql: &'static str, binds: &[String]) -> Result<bool, StoreError> {
+        let mut tx = self.write("editing a row by hand").await?;
+        let mut q = sqlx::query(sql);
+        for b in binds {
+            q = q.bind(b);
+        }
+        let changed = q
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("editing a row by hand"))?
+            .rows_affected()
+            > 0;
+        self.commit(tx, "editing a row by hand").await?;
+        Ok(changed)
+    }
+}
+
+#[async_trait]
+impl EventStore for PgStore {
+    async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        event.validate()?;
+        let mut tx = self.write("recording").await?;
+        let next: Option<i64> = sqlx::query_scalar(
+            "UPDATE session_state_counter SET last_sequence = last_sequence + 1
+             WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence",
+        )
+        .bind(int(Sequence(LAST_SEQUENCE)))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(self.failed("moving the sequence counter"))?;
+        let Some(next) = next else {
+            let at: i64 =
+                sqlx::query_scalar("SELECT last_sequence FROM session_state_counter WHERE id = 0")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(self.failed("reading the sequence counter"))?;
+            return Err(StoreError::counter_at_end(
+                at.max(0) as u64,
+                LAST_SEQUENCE,
+                None,
+            ));
+        };
+        let seq = Sequence(next as u64);
+        if let Some(key) = &event.dedupe_key {
+            let row = sqlx::query(rows::EVENT_OF_DEDUPE_KEY)
+                .bind(key)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(self.failed("reading a dedupe key's event"))?;
+            if let Some(row) = row {
+                // An unreadable row fails the caller and the transaction rolls back: nothing
+                // changes, the number included.
+                let existing = self.rows().event(&row)?;
+                self.commit(tx, "recording a dedupe hit").await?;
+                return Ok(Recorded {
+                    event: Arc::new(existing),
+                    deduplicated: true,
+                    notices: Vec::new(),
+                });
+            }
+        }
+        let named = std::mem::take(&mut event.watchers);
+        let stored = event.into_event(seq, now);
+        let session = stored.session_ref();
+        let existing = self.cursors_on(&mut tx, &stored.session_key).await?;
+        let head = match self.head_in(&mut tx, &session).await? {
+            None => protocol::head_after(None, &stored, now),
+            Some(Ok(h)) => protocol::head_after(Some(&h), &stored, now),
+            Some(Err(e)) => {
+                tracing::warn!(store = %self.name, error = %e, "recording over a head this store cannot read: its history before the event is reported as a gap");
+                protocol::head_over_unreadable(&stored, now)
+            }
+        };
+        let effects = protocol::on_event(&stored, &named, &existing, now);
+        let payload = stored
+            .payload
+            .as_ref()
+            .map(|p| serde_json::to_string(p).expect("a JSON map always serializes"));
+        sqlx::query(rows::INSERT_EVENT)
+            .bind(next)
+            .bind(stored.dedupe_key.as_deref())
+            .bind(stored.session_key.as_str())
+            .bind(stored.session_id.as_deref())
+            .bind(stored.agent_id.as_str())
+            .bind(stored.kind.as_str())
+            .bind(stored.actor_type.as_str())
+            .bind(stored.actor_id.as_deref())
+            .bind(stored.run_id.as_deref())
+            .bind(stored.occurred_at.millis())
+            .bind(&stored.summary)
+            .bind(payload)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("inserting an event"))?;
+        sqlx::query(rows::PUT_HEAD)
+            .bind(head.session.session_key.as_str())
+            .bind(head.session.agent_id.as_str())
+            .bind(int(head.last_sequence))
+            .bind(int(head.pruned_max_sequence))
+            .bind(head.updated_at.millis())
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("moving a head"))?;
+        self.put_cursors(&mut tx, &effects.upserts).await?;
+        self.commit(tx, "recording").await?;
+        Ok(Recorded {
+            event: Arc::new(stored),
+            deduplicated: false,
+            notices: effects.notices,
+        })
+    }
+
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<ChangesPage, StoreError> {
+        let limit = reconcile::clamp_limit(Some(limit));
+        let rows = sqlx::query(rows::CHANGES_SINCE)
+            .bind(session.session_key.as_str())
+            .bind(session.agent_id.as_str())
+            .bind(int(after))
+            .bind(count(limit + 1))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("reading a page of changes"))?;
+        self.rows().page(session, after, limit, &rows)
+    }
+
+    async fn heads(&self, sessions: &[SessionRef]) -> Result<Vec<Head>, StoreError> {
+        let wanted: Vec<&SessionRef> = awareness_core::store::distinct_refs(sessions).collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&str> = wanted.iter().map(|r| r.session_key.as_str()).collect();
+        let agents: Vec<&str> = wanted.iter().map(|r| r.agent_id.as_str()).collect();
+        let rows = sqlx::query(rows::HEADS)
+            .bind(keys)
+            .bind(agents)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("reading heads"))?;
+        let mut found: HashMap<SessionRef, Head> = HashMap::with_capacity(rows.len());
+        for h in self.rows().readable_heads(&rows) {
+            found.insert(h.session.clone(), h);
+        }
+        Ok(wanted.into_iter().filter_map(|r| found.remove(r)).collect())
+    }
+
+    async fn list_heads(&self, agent: Option<&AgentId>) -> Result<Vec<Head>, StoreError> {
+        let rows = sqlx::query(rows::LIST_HEADS)
+            .bind(agent.map(AgentId::as_str))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("listing heads"))?;
+        Ok(self.rows().readable_heads(&rows))
+    }
+
+    async fn events_after(
+        &self,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StoreError> {
+        let rows = sqlx::query(rows::EVENTS_AFTER)
+            .bind(int(after))
+            .bind(count(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("reading the log"))?;
+        rows.iter()
+            .map(|r| self.rows().event(r).map(Arc::new))
+            .collect()
+    }
+
+    async fn log_stats(&self) -> Result<LogStats, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*), coalesce(min(sequence), 0), coalesce(max(sequence), 0)
+             FROM session_state_events",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(self.failed("reading the log's size"))?;
+        let get = |i: usize| -> Result<i64, StoreError> {
+            row.try_get(i)
+                .map_err(self.failed("reading the log's size"))
+        };
+        Ok(LogStats {
+            rows: get(0)?.max(0) as u64,
+            min_sequence: self.rows().sequence("the log's first event", get(1)?)?,
+            max_sequence: self.rows().sequence("the log's last event", get(2)?)?,
+        })
+    }
+
+    async fn prune_chunk(
+        &self,
+        step: &PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let mut deleted = 0usize;
+        while deleted < max_rows {
+            let want = (max_rows - deleted).min(PRUNE_TRANSACTION_ROWS);
+            let (gone, more) = self.prune_transaction(step, want, now).await?;
+            deleted += gone;
+            if !more {
+                break;
+            }
+        }
+        Ok(deleted as u64)
+    }
+
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        let key = session.session_key.as_str();
+        let agent = session.agent_id.as_str();
+        let mut tx = self.write("deleting a session").await?;
+        for sql in [
+            "DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2",
+            "DELETE FROM session_state_events WHERE session_key = $1 AND agent_id = $2",
+            "DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2",
+            // The cursors that follow the session: its key, of its agent.
+            "DELETE FROM session_watch_cursors
+             WHERE target_session_key = $1 AND target_agent_id = $2",
+        ] {
+            sqlx::query(sql)
+                .bind(key)
+                .bind(agent)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.failed("deleting a session"))?;
+        }
+        // The session's own cursors when it is a watcher (its key names its agent), whether
+        // or not they can be read.
+        if session.is_watcher() {
+            sqlx::query("DELETE FROM session_watch_cursors WHERE watcher_session_key = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.failed("deleting a session"))?;
+        }
+        self.commit(tx, "deleting a session").await
+    }
+}
+
+#[async_trait]
+impl CursorStore for PgStore {
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<Cursor, StoreError> {
+        protocol::check_watch(watcher.session_key(), &target.session_key)?;
+        let mut tx = self.write("watching").await?;
+        let existing = self
+            .one_cursor(&mut tx, watcher, &target.session_key)
+            .await?;
+        let head = match self.head_in(&mut tx, target).await? {
+            None => Sequence::ZERO,
+            Some(h) => h?.last_sequence,
+        };
+        let (cursor, write) = protocol::watch(existing.as_ref(), watcher, target, head, now);
+        if write {
+            self.put_cursors(&mut tx, std::slice::from_ref(&cursor))
+                .await?;
+            self.commit(tx, "watching").await?;
+        }
+        Ok(cursor)
+    }
+
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        let mut tx = self.write("unwatching").await?;
+        let gone = sqlx::query(
+            "DELETE FROM session_watch_cursors
+             WHERE watcher_session_key = $1 AND target_session_key = $2",
+        )
+        .bind(watcher.as_str())
+        .bind(target.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(self.failed("unwatching"))?
+        .rows_affected()
+            > 0;
+        self.commit(tx, "unwatching").await?;
+        Ok(gone)
+    }
+
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[AckTarget],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let mut tx = self.write("acknowledging").await?;
+        let mut notices = Vec::new();
+        let mut writes = Vec::new();
+        for t in AckTarget::each_once(targets) {
+            let found = match self.one_cursor(&mut tx, watcher, &t.target).await {
+                Ok(found) => found,
+                Err(e @ StoreError::Corrupt { .. }) => {
+                    tracing::warn!(store = %self.name, error = %e, "a cursor row this store cannot read is left out of an acknowledgement");
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(c) = found else { continue };
+            let (write, follow) = t.apply(&c, now);
+            writes.extend(write);
+            notices.extend(follow);
+        }
+        self.put_cursors(&mut tx, &writes).await?;
+        self.commit(tx, "acknowledging").await?;
+        Ok(notices)
+    }
+
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<Cursor>, StoreError> {
+        let row = sqlx::query(rows::CURSOR)
+            .bind(watcher.as_str())
+            .bind(target.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(self.failed("reading a cursor"))?;
+        row.map(|r| self.rows().cursor(&r)).transpose()
+    }
+
+    async fn cursors(&self, filter: &CursorFilter) -> Result<Vec<Cursor>, StoreError> {
+        let rows = sqlx::query(rows::CURSORS)
+            .bind(filter.watcher.as_ref().map(SessionKey::as_str))
+            .bind(filter.target.as_ref().map(SessionKey::as_str))
+            .bind(filter.pending_only)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("listing cursors"))?;
+        let mut out = self.rows().readable_cursors(&rows);
+        out.retain(|c| filter.matches(c));
+        Ok(out)
+    }
+
+    async fn refreeze(
+        &self,
+        keys: &[CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<Notice>, StoreError> {
+        let mut tx = self.write("re-freezing cursors").await?;
+        let mut notices = Vec::new();
+        let mut writes = Vec::new();
+        for k in protocol::each_once(keys) {
+            let found = match self.one_cursor(&mut tx, &k.watcher, &k.target).await {
+                Ok(found) => found,
+                Err(e @ StoreError::Corrupt { .. }) => {
+                    tracing::warn!(store = %self.name, error = %e, "a cursor row this store cannot read is left out of a re-freeze");
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(c) = found else { continue };
+            if let Some((write, n)) = protocol::refreeze(&c, now) {
+                writes.extend(write);
+                notices.push(n);
+            }
+        }
+        self.put_cursors(&mut tx, &writes).await?;
+        self.commit(tx, "re-freezing cursors").await?;
+        Ok(notices)
+    }
+
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        let mut tx = self.write("resetting a watcher").await?;
+        let gone = sqlx::query("DELETE FROM session_watch_cursors WHERE watcher_session_key = $1")
+            .bind(watcher.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("resetting a watcher"))?
+            .rows_affected();
+        self.commit(tx, "resetting a watcher").await?;
+        Ok(gone)
+    }
+}
+
+#[async_trait]
+impl UpstreamStore for PgStore {
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        spec.validate()?;
+        let mut tx = self.write("adopting").await?;
+        let (existing, unreadable) =
+            upstream::adopting_over(self.link_in(&mut tx, &spec.session).await?);
+        if let Some(e) = unreadable {
+            tracing::warn!(store = %self.name, error = %e, "an upstream link row this store cannot read is written over by a new adoption");
+        }
+        let plan = upstream::plan_upsert(existing.as_ref(), spec, now)?;
+        if plan.write {
+            self.put_link(&mut tx, &plan.outcome.link).await?;
+            self.commit(tx, "adopting").await?;
+        }
+        Ok(plan.outcome)
+    }
+
+    async fn link(&self, session: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        let row = sqlx::query(rows::LINK)
+            .bind(session.session_key.as_str())
+            .bind(session.agent_id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(self.failed("reading an upstream link"))?;
+        row.map(|r| self.rows().link(&r)).transpose()
+    }
+
+    async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        let rows = sqlx::query(rows::LINKS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("listing upstream links"))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| match self.rows().link(r) {
+                Ok(link) => Some(link),
+                Err(e) => {
+                    tracing::warn!(store = %self.name, error = %e, "an upstream link row this store cannot read is left out");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    async fn set_marker(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Timestamp,
+        marker: serde_json::Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        upstream::validate_json("marker", Some(&marker))?;
+        let mut tx = self.write("moving an upstream marker").await?;
+        let Some(found) = self.link_in(&mut tx, session).await? else {
+            return Ok(false);
+        };
+        let Some(next) = upstream::plan_set_marker(&found?, expected_updated_at, marker, now)
+        else {
+            return Ok(false);
+        };
+        self.put_link(&mut tx, &next).await?;
+        self.commit(tx, "moving an upstream marker").await?;
+        Ok(true)
+    }
+
+    async fn mark_scanned(&self, session: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        let mut tx = self.write("stamping a scan").await?;
+        let stamped = sqlx::query(
+            "UPDATE session_upstream_links SET last_scanned_at = $3
+             WHERE session_key = $1 AND agent_id = $2",
+        )
+        .bind(session.session_key.as_str())
+        .bind(session.agent_id.as_str())
+        .bind(now.millis())
+        .execute(&mut *tx)
+        .await
+        .map_err(self.failed("stamping a scan"))?
+        .rows_affected()
+            > 0;
+        self.commit(tx, "stamping a scan").await?;
+        Ok(stamped)
+    }
+
+    async fn remove_link(
+        &self,
+        session: &SessionRef,
+        expected_updated_at: Option<Timestamp>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write("removing an upstream link").await?;
+        let found = self.link_in(&mut tx, session).await?;
+        if !upstream::may_remove_found(found, expected_updated_at)? {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2")
+            .bind(session.session_key.as_str())
+            .bind(session.agent_id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("removing an upstream link"))?;
+        self.commit(tx, "removing an upstream link").await?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,413 @@
+//! The statements that read and write rows, and the reading of rows into the core's types.
+//!
+//! A row is read as the other durable stores read theirs (decisions 0013, 0016, 0017, 0020):
+//! an empty optional text is absent, a payload that is not a JSON object is left out with a
+//! warning, a kind this version does not know is kept as spelled; a row that breaks an
+//! invariant (a negative sequence, a key that is not one, an actor type no event has) is
+//! [`StoreError::Corrupt`] naming it, and is left out, with a warning, of every read of many
+//! cursors, heads or links.
+
+use std::sync::Arc;
+
+use awareness_core::reconcile::{self, ChangesPage};
+use awareness_core::upstream::UpstreamLink;
+use awareness_core::{
+    ActorType, AgentId, Cursor, Event, EventKind, Head, Payload, Sequence, SessionKey, SessionRef,
+    StoreError, Timestamp, WatchProvenance, WatcherKey,
+};
+use sqlx::Row as _;
+use sqlx::postgres::PgRow;
+
+/// An event row's columns, in the order [`Rows::event`] reads them.
+macro_rules! event_columns {
+    () => {
+        "sequence, dedupe_key, session_key, session_id, agent_id, kind, actor_type, actor_id, \
+         run_id, occurred_at, summary, payload_json"
+    };
+}
+
+/// The event of the dedupe key `$1`.
+pub(crate) const EVENT_OF_DEDUPE_KEY: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    " FROM session_state_events WHERE dedupe_key = $1"
+);
+
+/// At most `$2` events after `$1`, in order.
+pub(crate) const EVENTS_AFTER: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    " FROM session_state_events WHERE sequence > $1 ORDER BY sequence LIMIT $2"
+);
+
+/// A cursor row's columns, in the order [`Rows::cursor`] reads them.
+macro_rules! cursor_columns {
+    () => {
+        "watcher_session_key, target_session_key, target_agent_id, last_seen_sequence, \
+         notified_sequence, material_sequence, updated_at, provenance"
+    };
+}
+
+/// A head row's columns, in the order [`Rows::head`] reads them.
+macro_rules! head_columns {
+    () => {
+        "session_key, agent_id, last_sequence, pruned_max_sequence, updated_at"
+    };
+}
+
+/// A link row's columns, in the order [`Rows::link`] reads them.
+macro_rules! link_columns {
+    () => {
+        "session_key, agent_id, catalog_id, host_id, thread_id, upstream_kind, \
+         upstream_ref_json, last_marker_json, last_scanned_at, created_at, updated_at"
+    };
+}
+
+/// Inserts an event (its number given).
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO session_state_events (sequence, dedupe_key,
+  session_key, session_id, agent_id, kind, actor_type, actor_id, run_id, occurred_at, summary,
+  payload_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+
+/// Writes a head as the protocol decided it.
+pub(crate) const PUT_HEAD: &str = "INSERT INTO session_state_heads (session_key, agent_id,
+  last_sequence, pruned_max_sequence, updated_at) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (session_key, agent_id) DO UPDATE SET last_sequence = excluded.last_sequence,
+  pruned_max_sequence = excluded.pruned_max_sequence, updated_at = excluded.updated_at";
+
+/// One ref's head.
+pub(crate) const HEAD: &str = concat!(
+    "SELECT ",
+    head_columns!(),
+    " FROM session_state_heads WHERE session_key = $1 AND agent_id = $2"
+);
+
+/// The heads of the refs `($1[i], $2[i])`.
+pub(crate) const HEADS: &str = concat!(
+    "SELECT ",
+    head_columns!(),
+    " FROM session_state_heads
+WHERE (session_key, agent_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+);
+
+/// Every head, or those of the agent `$1`, by ref.
+pub(crate) const LIST_HEADS: &str = concat!(
+    "SELECT ",
+    head_columns!(),
+    " FROM session_state_heads WHERE $1::text IS NULL OR agent_id = $1
+ORDER BY session_key, agent_id"
+);
+
+/// The reconcile page in one statement (one snapshot): a row per event of the ref (`$1`,
+/// `$2`) after `$3`, at most `$4`, in order, each beside the ref's head (columns 0-3, the
+/// fourth true when there is a head) and its smallest retained sequence above 0 (column 4);
+/// one row with no event when there is none.
+pub(crate) const CHANGES_SINCE: &str = concat!(
+    "SELECT h.last_sequence, h.pruned_max_sequence, h.updated_at, h.found, m.least, e.*
+FROM (SELECT min(sequence) AS least FROM session_state_events
+      WHERE session_key = $1 AND agent_id = $2 AND sequence > 0) AS m
+LEFT JOIN LATERAL (SELECT last_sequence, pruned_max_sequence, updated_at, true AS found
+      FROM session_state_heads WHERE session_key = $1 AND agent_id = $2) AS h ON true
+LEFT JOIN LATERAL (SELECT ",
+    event_columns!(),
+    "
+      FROM session_state_events WHERE session_key = $1 AND agent_id = $2 AND sequence > $3
+      ORDER BY sequence LIMIT $4) AS e ON true
+ORDER BY e.sequence"
+);
+
+/// One cursor.
+pub(crate) const CURSOR: &str = concat!(
+    "SELECT ",
+    cursor_columns!(),
+    " FROM session_watch_cursors WHERE watcher_session_key = $1 AND target_session_key = $2"
+);
+
+/// The cursors on the target key `$1`, of any agent.
+pub(crate) const CURSORS_ON_TARGET: &str = concat!(
+    "SELECT ",
+    cursor_columns!(),
+    " FROM session_watch_cursors WHERE target_session_key = $1"
+);
+
+/// The cursors of the watcher `$1` (any when NULL) on the target `$2` (any when NULL), only
+/// the pending ones when `$3`, by watcher then target.
+pub(crate) const CURSORS: &str = concat!(
+    "SELECT ",
+    cursor_columns!(),
+    " FROM session_watch_cursors
+WHERE ($1::text IS NULL OR watcher_session_key = $1)
+  AND ($2::text IS NULL OR target_session_key = $2)
+  AND (NOT $3 OR material_sequence > last_seen_sequence)
+ORDER BY watcher_session_key, target_session_key"
+);
+
+/// Writes the cursors of the arrays `$1`-`$8` (watcher, target, target agent, last seen,
+/// notified, material, updated at, provenance); `watcher_store_path` keeps its value.
+pub(crate) const UPSERT_CURSORS: &str = "INSERT INTO session_watch_cursors (
+  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
+  notified_sequence, material_sequence, updated_at, provenance)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+  $6::bigint[], $7::bigint[], $8::text[])
+ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
+  target_agent_id = excluded.target_agent_id,
+  last_seen_sequence = excluded.last_seen_sequence,
+  notified_sequence = excluded.notified_sequence,
+  material_sequence = excluded.material_sequence,
+  updated_at = excluded.updated_at,
+  provenance = excluded.provenance";
+
+/// Deletes at most `$2` cursors not updated since `$1`.
+pub(crate) const PRUNE_CURSORS: &str = "DELETE FROM session_watch_cursors WHERE ctid IN (
+  SELECT ctid FROM session_watch_cursors WHERE updated_at < $1 LIMIT $2)";
+
+/// The oldest `$2` events that occurred before `$1`: sequence, key, agent.
+pub(crate) const AGE_VICTIMS: &str = "SELECT sequence, session_key, agent_id
+FROM session_state_events WHERE occurred_at < $1 ORDER BY sequence LIMIT $2";
+
+/// The events retained.
+pub(crate) const ROW_COUNT: &str = "SELECT count(*) FROM session_state_events";
+
+/// The `$1` lowest events: sequence, key, agent.
+pub(crate) const CAP_VICTIMS: &str = "SELECT sequence, session_key, agent_id
+FROM session_state_events ORDER BY sequence LIMIT $1";
+
+/// Raises the pruned watermark of the heads `($1[i], $2[i])` to `$3[i]` where it is lower,
+/// moving their time up to `$4` ([`awareness_core::retention::stamp`]); a head this store
+/// cannot read (a negative sequence) gets none (decision 0020).
+pub(crate) const STAMP_HEADS: &str = "UPDATE session_state_heads AS h
+SET pruned_max_sequence = v.mark, updated_at = greatest(h.updated_at, $4)
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(key, agent, mark)
+WHERE h.session_key = v.key AND h.agent_id = v.agent AND h.pruned_max_sequence < v.mark
+  AND h.last_sequence >= 0 AND h.pruned_max_sequence >= 0";
+
+/// One ref's link.
+pub(crate) const LINK: &str = concat!(
+    "SELECT ",
+    link_columns!(),
+    " FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2"
+);
+
+/// Every link, by ref.
+pub(crate) const LINKS: &str = concat!(
+    "SELECT ",
+    link_columns!(),
+    " FROM session_upstream_links ORDER BY session_key, agent_id"
+);
+
+/// Writes a whole link.
+pub(crate) const PUT_LINK: &str = "INSERT INTO session_upstream_links (session_key, agent_id,
+  catalog_id, host_id, thread_id, upstream_kind, upstream_ref_json, last_marker_json,
+  last_scanned_at, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (session_key, agent_id) DO UPDATE SET catalog_id = excluded.catalog_id,
+  host_id = excluded.host_id, thread_id = excluded.thread_id,
+  upstream_kind = excluded.upstream_kind, upstream_ref_json = excluded.upstream_ref_json,
+  last_marker_json = excluded.last_marker_json, last_scanned_at = excluded.last_scanned_at,
+  created_at = excluded.created_at, updated_at = excluded.updated_at";
+
+/// Reads rows of one store, named in errors and warnings.
+pub(crate) struct Rows<'a> {
+    pub store: &'a str,
+}
+
+fn get<'r, T>(row: &'r PgRow, i: usize, what: &dyn Fn() -> String) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(i)
+        .map_err(|e| StoreError::corrupt(format!("{}: column {i}: {e}", what())))
+}
+
+impl Rows<'_> {
+    fn corrupt(&self, what: &str, why: impl std::fmt::Display) -> StoreError {
+        StoreError::corrupt(format!("{}: {what}: {why}", self.store))
+    }
+
+    /// A stored sequence (never negative).
+    pub(crate) fn sequence(&self, what: &str, v: i64) -> Result<Sequence, StoreError> {
+        u64::try_from(v)
+            .map(Sequence)
+            .map_err(|_| self.corrupt(what, format_args!("negative sequence {v}")))
+    }
+
+    /// The event of [`event_columns!`].
+    pub(crate) fn event(&self, row: &PgRow) -> Result<Event, StoreError> {
+        self.event_at(row, 0)
+    }
+
+    /// The event of [`event_columns!`] from column `at` on.
+    fn event_at(&self, row: &PgRow, at: usize) -> Result<Event, StoreError> {
+        let seq: i64 = get(row, at, &|| format!("{}: an event row", self.store))?;
+        let what = || format!("{}: event {seq}", self.store);
+        let text = |i: usize| get::<Option<String>>(row, at + i, &what);
+        let key: String = get(row, at + 2, &what)?;
+        let agent: String = get(row, at + 4, &what)?;
+        let bad = |why: String| StoreError::corrupt(format!("{}: {why}", what()));
+        let session = SessionRef::parse(&key, &agent).map_err(|e| bad(e.to_string()))?;
+        let sequence = self.sequence(&format!("event {seq}"), seq)?;
+        let present = |v: Option<String>| v.filter(|s| !s.is_empty());
+        let kind: String = get(row, at + 5, &what)?;
+        let actor_type: String = get(row, at + 6, &what)?;
+        let actor_type = ActorType::parse(&actor_type).map_err(|e| bad(e.to_string()))?;
+        let payload = match text(11)?.filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => match serde_json::from_str::<Payload>(&t) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(store = %self.store, sequence = seq, error = %e, "an event's payload_json is not a JSON object; the event is read without it");
+                    None
+                }
+            },
+        };
+        Ok(Event {
+            sequence,
+            session_key: session.session_key,
+            session_id: present(text(3)?),
+            agent_id: session.agent_id,
+            kind: EventKind::from_stored(&kind),
+            actor_type,
+            actor_id: present(text(7)?),
+            run_id: present(text(8)?),
+            occurred_at: Timestamp(get(row, at + 9, &what)?),
+            summary: get(row, at + 10, &what)?,
+            payload,
+            dedupe_key: text(1)?,
+        })
+    }
+
+    /// The rows of [`CHANGES_SINCE`] as a page.
+    pub(crate) fn page(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+        rows: &[PgRow],
+    ) -> Result<ChangesPage, StoreError> {
+        let what = || format!("{}: the page of {session}", self.store);
+        let Some(first) = rows.first() else {
+            return Err(StoreError::corrupt(format!("{}: no row", what())));
+        };
+        let head = if get::<Option<bool>>(first, 3, &what)?.is_some() {
+            let name = format!("the head of {session}");
+            Some(Head {
+                session: session.clone(),
+                last_sequence: self.sequence(&name, get(first, 0, &what)?)?,
+                pruned_max_sequence: self.sequence(&name, get(first, 1, &what)?)?,
+                updated_at: Timestamp(get(first, 2, &what)?),
+            })
+        } else {
+            None
+        };
+        let least = get::<Option<i64>>(first, 4, &what)?
+            .map(|s| self.sequence(&format!("an event of {session}"), s))
+            .transpose()?;
+        let mut events = Vec::with_capacity(rows.len());
+        for r in rows {
+            if get::<Option<i64>>(r, 5, &what)?.is_some() {
+                events.push(Arc::new(self.event_at(r, 5)?));
+            }
+        }
+        Ok(reconcile::build_page(
+            after,
+            head.as_ref(),
+            least,
+            events,
+            limit,
+        ))
+    }
+
+    /// The cursor of [`cursor_columns!`].
+    pub(crate) fn cursor(&self, row: &PgRow) -> Result<Cursor, StoreError> {
+        let watcher: String = get(row, 0, &|| format!("{}: a cursor row", self.store))?;
+        let target: String = get(row, 1, &|| format!("{}: a cursor row", self.store))?;
+        let name = format!("cursor ({watcher:?}, {target:?})");
+        let what = || format!("{}: {name}", self.store);
+        let watcher = WatcherKey::parse(&watcher).map_err(|e| self.corrupt(&name, e))?;
+        let target = SessionKey::new(&target).map_err(|e| self.corrupt(&name, e))?;
+        let target_agent = match get::<Option<String>>(row, 2, &what)? {
+            Some(a) => AgentId::new(&a).map_err(|e| self.corrupt(&name, e))?,
+            None => Cursor::default_target_agent(&watcher, &target),
+        };
+        let provenance: String = get(row, 7, &what)?;
+        let provenance = WatchProvenance::from_stored(&provenance)
+            .ok_or_else(|| self.corrupt(&name, format_args!("provenance {provenance:?}")))?;
+        Ok(Cursor {
+            last_seen: self.sequence(&name, get(row, 3, &what)?)?,
+            notified: self.sequence(&name, get(row, 4, &what)?)?,
+            material: self.sequence(&name, get(row, 5, &what)?)?,
+            updated_at: Timestamp(get(row, 6, &what)?),
+            watcher,
+            target,
+            target_agent,
+            provenance,
+        })
+    }
+
+    /// The cursors of `rows` that can be read; the others are left out with a warning.
+    pub(crate) fn readable_cursors(&self, rows: &[PgRow]) -> Vec<Cursor> {
+        rows.iter()
+            .filter_map(|r| match self.cursor(r) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a cursor row this store cannot read is left out");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The head of [`head_columns!`].
+    pub(crate) fn head(&self, row: &PgRow) -> Result<Head, StoreError> {
+        let key: String = get(row, 0, &|| format!("{}: a head row", self.store))?;
+        let agent: String = get(row, 1, &|| format!("{}: a head row", self.store))?;
+        let name = format!("the head of ({key:?}, {agent:?})");
+        let what = || format!("{}: {name}", self.store);
+        let session = SessionRef::parse(&key, &agent).map_err(|e| self.corrupt(&name, e))?;
+        Ok(Head {
+            session,
+            last_sequence: self.sequence(&name, get(row, 2, &what)?)?,
+            pruned_max_sequence: self.sequence(&name, get(row, 3, &what)?)?,
+            updated_at: Timestamp(get(row, 4, &what)?),
+        })
+    }
+
+    /// The heads of `rows` that can be read; the others are left out with a warning.
+    pub(crate) fn readable_heads(&self, rows: &[PgRow]) -> Vec<Head> {
+        rows.iter()
+            .filter_map(|r| match self.head(r) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a head row this store cannot read is left out");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The link of [`link_columns!`].
+    pub(crate) fn link(&self, row: &PgRow) -> Result<UpstreamLink, StoreError> {
+        let key: String = get(row, 0, &|| format!("{}: a link row", self.store))?;
+        let agent: String = get(row, 1, &|| format!("{}: a link row", self.store))?;
+        let name = format!("upstream link ({key:?}, {agent:?})");
+        let what = || format!("{}: {name}", self.store);
+        let session = SessionRef::parse(&key, &agent).map_err(|e| self.corrupt(&name, e))?;
+        let json = |i: usize, column: &str| -> Result<Option<serde_json::Value>, StoreError> {
+            get::<Option<String>>(row, i, &what)?
+                .map(|t| serde_json::from_str(&t))
+                .transpose()
+                .map_err(|e| self.corrupt(&name, format_args!("{column} is not JSON: {e}")))
+        };
+        Ok(UpstreamLink {
+            session,
+            catalog_id: get(row, 2, &what)?,
+            host_id: get(row, 3, &what)?,
+            thread_id: get(row, 4, &what)?,
+            upstream_kind: get(row, 5, &what)?,
+            upstream_ref: json(6, "upstream_ref_json")?,
+            marker: json(7, "last_marker_json")?,
+            last_scanned_at: get::<Option<i64>>(row, 8, &what)?.map(Timestamp),
+            created_at: Timestamp(get(row, 9, &what)?),
+            updated_at: Timestamp(get(row, 10, &what)?),
+        })
+    }
+}

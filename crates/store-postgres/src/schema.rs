@@ -1,0 +1,266 @@
+//! The store's schema: its name, the key of its lock, and the tables it creates.
+//!
+//! The tables are store-sqlite's (OpenClaw's names and columns, DESIGN.md section 6) with
+//! PostgreSQL's types, plus `session_state_counter`, the one row that holds the last sequence
+//! handed out (an event's number is taken from it under the store's lock, so the counter
+//! never goes back, even when the newest rows are deleted). Keys are compared byte by byte
+//! (`COLLATE "C"`), so that listings come in the order of the other stores.
+
+use awareness_core::{OpenFailure, StoreError};
+use sqlx::{AssertSqlSafe, PgPool};
+
+/// The statements that create what is missing, in order.
+const CREATE: [&str; 10] = [
+    "CREATE TABLE IF NOT EXISTS session_state_counter (
+  id smallint PRIMARY KEY CHECK (id = 0),
+  last_sequence bigint NOT NULL)",
+    "INSERT INTO session_state_counter (id, last_sequence) VALUES (0, 0)
+ON CONFLICT (id) DO NOTHING",
+    r#"CREATE TABLE IF NOT EXISTS session_state_events (
+  sequence bigint PRIMARY KEY,
+  dedupe_key text COLLATE "C" UNIQUE,
+  session_key text COLLATE "C" NOT NULL,
+  session_id text,
+  agent_id text COLLATE "C" NOT NULL,
+  kind text NOT NULL,
+  actor_type text NOT NULL,
+  actor_id text,
+  run_id text,
+  occurred_at bigint NOT NULL,
+  summary text NOT NULL,
+  payload_json text)"#,
+    "CREATE INDEX IF NOT EXISTS session_state_events_by_ref
+ON session_state_events (session_key, agent_id, sequence)",
+    "CREATE INDEX IF NOT EXISTS session_state_events_by_age
+ON session_state_events (occurred_at, sequence)",
+    r#"CREATE TABLE IF NOT EXISTS session_state_heads (
+  session_key text COLLATE "C" NOT NULL,
+  agent_id text COLLATE "C" NOT NULL,
+  last_sequence bigint NOT NULL,
+  pruned_max_sequence bigint NOT NULL DEFAULT 0,
+  updated_at bigint NOT NULL,
+  PRIMARY KEY (session_key, agent_id))"#,
+    r#"CREATE TABLE IF NOT EXISTS session_watch_cursors (
+  watcher_session_key text COLLATE "C" NOT NULL,
+  watcher_store_path text,
+  target_session_key text COLLATE "C" NOT NULL,
+  last_seen_sequence bigint NOT NULL DEFAULT 0,
+  notified_sequence bigint NOT NULL DEFAULT 0,
+  material_sequence bigint NOT NULL DEFAULT 0,
+  provenance text NOT NULL DEFAULT 'explicit'
+    CHECK (provenance IN ('explicit', 'ambient-group')),
+  updated_at bigint NOT NULL,
+  target_agent_id text COLLATE "C",
+  PRIMARY KEY (watcher_session_key, target_session_key))"#,
+    "CREATE INDEX IF NOT EXISTS session_watch_cursors_by_target
+ON session_watch_cursors (target_session_key)",
+    r#"CREATE TABLE IF NOT EXISTS session_upstream_links (
+  session_key text COLLATE "C" NOT NULL,
+  agent_id text COLLATE "C" NOT NULL,
+  catalog_id text NOT NULL,
+  host_id text NOT NULL,
+  thread_id text NOT NULL,
+  upstream_kind text NOT NULL,
+  upstream_ref_json text,
+  last_marker_json text,
+  last_scanned_at bigint,
+  created_at bigint NOT NULL,
+  updated_at bigint NOT NULL,
+  PRIMARY KEY (session_key, agent_id))"#,
+    "CREATE INDEX IF NOT EXISTS session_upstream_links_by_catalog
+ON session_upstream_links (catalog_id)",
+];
+
+/// Each table and the columns the store reads and writes in it.
+const COLUMNS: [(&str, &[&str]); 5] = [
+    ("session_state_counter", &["id", "last_sequence"]),
+    (
+        "session_state_events",
+        &[
+            "sequence",
+            "dedupe_key",
+            "session_key",
+            "session_id",
+            "agent_id",
+            "kind",
+            "actor_type",
+            "actor_id",
+            "run_id",
+            "occurred_at",
+            "summary",
+            "payload_json",
+        ],
+    ),
+    (
+        "session_state_heads",
+        &[
+            "session_key",
+            "agent_id",
+            "last_sequence",
+            "pruned_max_sequence",
+            "updated_at",
+        ],
+    ),
+    (
+        "session_watch_cursors",
+        &[
+            "watcher_session_key",
+            "target_session_key",
+            "target_agent_id",
+            "last_seen_sequence",
+            "notified_sequence",
+            "material_sequence",
+            "provenance",
+            "updated_at",
+        ],
+    ),
+    (
+        "session_upstream_links",
+        &[
+            "session_key",
+            "agent_id",
+            "catalog_id",
+            "host_id",
+            "thread_id",
+            "upstream_kind",
+            "upstream_ref_json",
+            "last_marker_json",
+            "last_scanned_at",
+            "created_at",
+            "updated_at",
+        ],
+    ),
+];
+
+/// Refuses a schema name that would need quoting: 1-63 bytes (PostgreSQL's limit on a
+/// name) of lowercase ASCII letters, digits and `_`, not starting with a digit.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let first_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
+    let rest_ok = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if first_ok && rest_ok && name.len() <= 63 {
+        Ok(())
+    } else {
+        Err(format!(
+            "schema name {name:?}: 1-63 lowercase ASCII letters, digits and '_', \
+             not starting with a digit"
+        ))
+    }
+}
+
+/// The key of the advisory lock that serializes the writes of the store in `schema`: the
+/// same on every host (a hash of the name, not of anything local).
+pub(crate) fn lock_key(schema: &str) -> i64 {
+    let hash = awareness_core::upstream::fnv1a64(format!("session-awareness:{schema}").as_bytes());
+    i64::from_ne_bytes(hash.to_ne_bytes())
+}
+
+/// Creates the schema and whatever of its tables is missing, under the store's lock, and
+/// checks that each table has the store's columns. One transaction: a refusal creates
+/// nothing. `name` names the store in errors.
+pub(crate) async fn create(
+    pool: &PgPool,
+    schema: &str,
+    lock_key: i64,
+    name: &str,
+) -> Result<(), StoreError> {
+    let failed = |what: &str| {
+        let context = format!("{name}: {what}");
+        move |e: sqlx::Error| StoreError::backend(context, e)
+    };
+    let refuse = |kind: OpenFailure, reason: String| StoreError::open(name, kind, reason, None);
+    let encoding: String = sqlx::query_scalar("SHOW server_encoding")
+        .fetch_one(pool)
+        .await
+        .map_err(failed("reading the server's encoding"))?;
+    if encoding != "UTF8" {
+        return Err(refuse(
+            OpenFailure::Unsupported,
+            format!("the database encodes text as {encoding}; the store needs UTF8"),
+        ));
+    }
+    let mut tx = pool.begin().await.map_err(failed("creating the schema"))?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock_key)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("creating the schema"))?;
+    // The name was checked: it needs no quoting, and quoting it keeps it as spelled.
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(failed("creating the schema"))?;
+    sqlx::query(AssertSqlSafe(format!(
+        "SET LOCAL search_path TO \"{schema}\""
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(failed("creating the schema"))?;
+    for sql in CREATE {
+        sqlx::query(sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed("creating the store's tables"))?;
+    }
+    for (table, columns) in COLUMNS {
+        let present: Vec<String> = sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_schema = $1 AND table_name = $2",
+        )
+        .bind(schema)
+        .bind(table)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(failed("reading the store's columns"))?;
+        let missing: Vec<&str> = columns
+            .iter()
+            .copied()
+            .filter(|c| !present.iter().any(|p| p == c))
+            .collect();
+        if !missing.is_empty() {
+            return Err(refuse(
+                OpenFailure::NotAStore,
+                format!(
+                    "table {table} has none of the columns {missing:?}: it is not this store's"
+                ),
+            ));
+        }
+    }
+    tx.commit().await.map_err(failed("creating the schema"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_that_need_no_quoting_are_taken() {
+        for ok in ["gateway", "_x", "a1_b2", &"s".repeat(63)] {
+            assert!(check_name(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "Gateway",
+            "a-b",
+            "a b",
+            "a\"b",
+            "é",
+            &"s".repeat(64),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn each_schema_has_its_own_lock() {
+        assert_eq!(lock_key("a"), lock_key("a"));
+        assert_ne!(lock_key("a"), lock_key("b"));
+    }
+}

@@ -102,6 +102,68 @@ impl PgStoreOptions {
     }
 }
 
+/// The schema a URL without `schema=` names.
+pub const DEFAULT_SCHEMA: &str = "session_awareness";
+
+/// Reads a store URL: a PostgreSQL connection URL (`postgres://` or `postgresql://`, as sqlx
+/// takes it: user, password, host or `?host=/socket/dir`, port, database, `sslmode`, ...)
+/// whose query may also name the store's schema, `schema=<name>` ([`DEFAULT_SCHEMA`] when it
+/// does not).
+///
+/// ```
+/// let (server, options) =
+///     store_postgres::parse_url("postgres://gw@db.internal/awareness?schema=team_a&sslmode=require")?;
+/// assert_eq!(options.schema(), "team_a");
+/// assert_eq!(server.get_database(), Some("awareness"));
+/// # Ok::<(), awareness_core::StoreError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`StoreError::Open`] ([`OpenFailure::InvalidOptions`]) when sqlx cannot read the URL or it
+/// names a schema twice; the error quotes the URL without its password.
+pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreError> {
+    let shown = without_password(url);
+    let refuse =
+        |reason: String| StoreError::open(shown.clone(), OpenFailure::InvalidOptions, reason, None);
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut schema = None;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.strip_prefix("schema=") {
+            Some(name) if schema.is_none() => schema = Some(name.to_owned()),
+            Some(_) => return Err(refuse("the URL names a schema twice".into())),
+            None => rest.push(pair),
+        }
+    }
+    let server = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let server: PgConnectOptions = server
+        .parse()
+        .map_err(|e| refuse(format!("not a PostgreSQL connection URL: {e}")))?;
+    let options = PgStoreOptions::new(schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned()));
+    Ok((server, options))
+}
+
+/// `url` with its password, if any, replaced by `***`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// The PostgreSQL store. Share it as `Arc<PgStore>`; every gateway process on every host that
 /// connects to the same schema shares its log, heads, cursors and links.
 #[derive(Debug)]
@@ -173,6 +235,16 @@ impl PgStore {
         };
         schema::create(&store.pool, &options.schema, lock_key, &store.name).await?;
         Ok(store)
+    }
+
+    /// [`PgStore::connect`] with what a URL says ([`parse_url`]).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`parse_url`], then those of [`PgStore::connect`].
+    pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
+        let (server, options) = parse_url(url)?;
+        Self::connect(server, options).await
     }
 
     /// The pool the store runs on (for an operator's own queries; the store's rows are the
@@ -1056,5 +1128,40 @@ impl UpstreamStore for PgStore {
             .map_err(self.failed("removing an upstream link"))?;
         self.commit(tx, "removing an upstream link").await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_names_its_schema_or_gets_the_default() {
+        let (server, options) =
+            parse_url("postgres:///awareness?host=/var/run/postgresql&schema=gw_1&port=5433")
+                .expect("a URL with a schema");
+        assert_eq!(options.schema(), "gw_1");
+        assert_eq!(server.get_port(), 5433, "the other parameters reach sqlx");
+        assert_eq!(server.get_database(), Some("awareness"));
+        let (_, options) = parse_url("postgresql://u@h/db").expect("a URL without a schema");
+        assert_eq!(options.schema(), DEFAULT_SCHEMA);
+    }
+
+    #[test]
+    fn a_bad_url_is_refused_without_showing_its_password() {
+        for (url, why) in [
+            ("postgres://u:secret@h/db?schema=a&schema=b", "twice"),
+            (
+                "postgres://u:secret@h:notaport/db",
+                "not a PostgreSQL connection URL",
+            ),
+        ] {
+            let e = parse_url(url).expect_err(url);
+            let shown = e.to_string();
+            assert!(shown.contains(why), "{shown}");
+            assert!(!shown.contains("secret"), "{shown}");
+            assert!(shown.contains("u:***@h"), "{shown}");
+            assert_eq!(e.open_failure(), Some(OpenFailure::InvalidOptions));
+        }
     }
 }

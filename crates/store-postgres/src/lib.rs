@@ -48,6 +48,7 @@ mod schema;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use awareness_core::OpenFailure;
 use awareness_core::reconcile::ChangesPage;
@@ -55,7 +56,7 @@ use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, Upst
 use awareness_core::{
     AckTarget, AgentId, Cursor, CursorFilter, CursorKey, CursorStore, Event, EventStore, Head,
     LogStats, NewEvent, Notice, PruneStep, Recorded, Sequence, SessionKey, SessionRef, StoreError,
-    Timestamp, WatcherKey, async_trait, protocol, reconcile, retention,
+    Timestamp, UnreadableCursor, WatcherKey, async_trait, protocol, reconcile, retention,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row as _, Transaction};
@@ -173,6 +174,8 @@ pub struct PgStore {
     name: String,
     /// The key of the advisory lock that serializes this store's writes.
     lock_key: i64,
+    /// The commits of this handle counted in the store-wide commit count.
+    own_commits: AtomicU64,
 }
 
 /// A sequence as PostgreSQL stores it (`bigint`); one beyond its range is its largest value,
@@ -232,6 +235,7 @@ impl PgStore {
             pool,
             name,
             lock_key,
+            own_commits: AtomicU64::new(0),
         };
         schema::create(&store.pool, &options.schema, lock_key, &store.name).await?;
         Ok(store)
@@ -269,12 +273,30 @@ impl PgStore {
         Ok(tx)
     }
 
+    /// Commits a write transaction that has not counted itself yet: counts it in the
+    /// store-wide commit count first (see [`EventStore::foreign_commits`]).
     async fn commit(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(rows::COUNT_COMMIT)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed(what))?;
+        self.commit_counted(tx, what).await
+    }
+
+    /// Commits a write transaction that has counted itself in the store-wide commit count,
+    /// and counts it as this handle's own.
+    async fn commit_counted(
         &self,
         tx: Transaction<'static, Postgres>,
         what: &str,
     ) -> Result<(), StoreError> {
-        tx.commit().await.map_err(self.failed(what))
+        tx.commit().await.map_err(self.failed(what))?;
+        self.own_commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn rows(&self) -> Rows<'_> {
@@ -308,6 +330,24 @@ impl PgStore {
             .await
             .map_err(self.failed("reading a cursor"))?;
         row.map(|r| self.rows().cursor(&r)).transpose()
+    }
+
+    /// [`PgStore::one_cursor`], with a row this store cannot read taken as no cursor, and a
+    /// warning that says what `then` happens to it.
+    async fn readable_cursor(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+        then: &str,
+    ) -> Result<Option<Cursor>, StoreError> {
+        match self.one_cursor(tx, watcher, target).await {
+            Err(e @ StoreError::Corrupt { .. }) => {
+                tracing::warn!(store = %self.name, error = %e, "a cursor row this store cannot read: {then}");
+                Ok(None)
+            }
+            other => other,
+        }
     }
 
     async fn put_cursors(
@@ -407,7 +447,9 @@ impl PgStore {
                     .await
                     .map_err(self.failed("pruning idle cursors"))?
                     .rows_affected() as usize;
-                self.commit(tx, "pruning idle cursors").await?;
+                if gone > 0 {
+                    self.commit(tx, "pruning idle cursors").await?;
+                }
                 return Ok((gone, gone == want));
             }
             PruneStep::Age { cutoff } => sqlx::query(rows::AGE_VICTIMS)
@@ -651,7 +693,10 @@ impl PgStore {
             .map_err(self.failed("editing a row by hand"))?
             .rows_affected()
             > 0;
-        self.commit(tx, "editing a row by hand").await?;
+        // Not counted: a hand edit counts in no commit count, as one made with psql would not.
+        tx.commit()
+            .await
+            .map_err(self.failed("editing a row by hand"))?;
         Ok(changed)
     }
 }
@@ -662,8 +707,8 @@ impl EventStore for PgStore {
         event.validate()?;
         let mut tx = self.write("recording").await?;
         let next: Option<i64> = sqlx::query_scalar(
-            "UPDATE session_state_counter SET last_sequence = last_sequence + 1
-             WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence",
+            "UPDATE session_state_counter
+             SET last_sequence = last_sequence + 1, commits = commits + 1 WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence",
         )
         .bind(int(Sequence(LAST_SEQUENCE)))
         .fetch_optional(&mut *tx)
@@ -692,7 +737,7 @@ impl EventStore for PgStore {
                 // An unreadable row fails the caller and the transaction rolls back: nothing
                 // changes, the number included.
                 let existing = self.rows().event(&row)?;
-                self.commit(tx, "recording a dedupe hit").await?;
+                self.commit_counted(tx, "recording a dedupe hit").await?;
                 return Ok(Recorded {
                     event: Arc::new(existing),
                     deduplicated: true,
@@ -743,7 +788,7 @@ impl EventStore for PgStore {
             .await
             .map_err(self.failed("moving a head"))?;
         self.put_cursors(&mut tx, &effects.upserts).await?;
-        self.commit(tx, "recording").await?;
+        self.commit_counted(tx, "recording").await?;
         Ok(Recorded {
             event: Arc::new(stored),
             deduplicated: false,
@@ -782,8 +827,11 @@ impl EventStore for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(self.failed("reading heads"))?;
+        // A head asked for that cannot be read fails the call: no caller is told that such a
+        // session has no head (decision 0020).
         let mut found: HashMap<SessionRef, Head> = HashMap::with_capacity(rows.len());
-        for h in self.rows().readable_heads(&rows) {
+        for r in &rows {
+            let h = self.rows().head(r)?;
             found.insert(h.session.clone(), h);
         }
         Ok(wanted.into_iter().filter_map(|r| found.remove(r)).collect())
@@ -851,6 +899,18 @@ impl EventStore for PgStore {
         Ok(deleted as u64)
     }
 
+    /// The store-wide count of write transactions (a one-row table every write transaction
+    /// of every handle, on every host, adds itself to before it commits) less this handle's
+    /// own: it changes only when another handle or process commits a write. One read.
+    async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
+        let all: i64 = sqlx::query_scalar("SELECT commits FROM session_state_counter WHERE id = 0")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.failed("reading the commit count"))?;
+        let own = self.own_commits.load(Ordering::Relaxed);
+        Ok(Some((all as u64).wrapping_sub(own)))
+    }
+
     async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
         let key = session.session_key.as_str();
         let agent = session.agent_id.as_str();
@@ -859,9 +919,6 @@ impl EventStore for PgStore {
             "DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2",
             "DELETE FROM session_state_events WHERE session_key = $1 AND agent_id = $2",
             "DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2",
-            // The cursors that follow the session: its key, of its agent.
-            "DELETE FROM session_watch_cursors
-             WHERE target_session_key = $1 AND target_agent_id = $2",
         ] {
             sqlx::query(sql)
                 .bind(key)
@@ -870,6 +927,28 @@ impl EventStore for PgStore {
                 .await
                 .map_err(self.failed("deleting a session"))?;
         }
+        // The cursors that follow the session (its key, of its agent; a row without a target
+        // agent is read as `Cursor::default_target_agent` says), and those on its key that
+        // cannot be read, whatever agent they were for.
+        let on_key = sqlx::query(rows::CURSORS_ON_TARGET)
+            .bind(key)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(self.failed("deleting a session"))?;
+        let watchers: Vec<String> = on_key
+            .iter()
+            .filter(|r| self.rows().cursor(r).map_or(true, |c| c.follows(session)))
+            .filter_map(|r| r.try_get::<String, _>(0).ok())
+            .collect();
+        sqlx::query(
+            "DELETE FROM session_watch_cursors
+             WHERE target_session_key = $1 AND watcher_session_key = ANY($2)",
+        )
+        .bind(key)
+        .bind(&watchers)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.failed("deleting a session"))?;
         // The session's own cursors when it is a watcher (its key names its agent), whether
         // or not they can be read.
         if session.is_watcher() {
@@ -893,8 +972,14 @@ impl CursorStore for PgStore {
     ) -> Result<Cursor, StoreError> {
         protocol::check_watch(watcher.session_key(), &target.session_key)?;
         let mut tx = self.write("watching").await?;
+        // A row this store cannot read is written over, as a watch with no cursor writes one.
         let existing = self
-            .one_cursor(&mut tx, watcher, &target.session_key)
+            .readable_cursor(
+                &mut tx,
+                watcher,
+                &target.session_key,
+                "a watch writes over it",
+            )
             .await?;
         let head = match self.head_in(&mut tx, target).await? {
             None => Sequence::ZERO,
@@ -922,7 +1007,9 @@ impl CursorStore for PgStore {
         .map_err(self.failed("unwatching"))?
         .rows_affected()
             > 0;
-        self.commit(tx, "unwatching").await?;
+        if gone {
+            self.commit(tx, "unwatching").await?;
+        }
         Ok(gone)
     }
 
@@ -936,21 +1023,25 @@ impl CursorStore for PgStore {
         let mut notices = Vec::new();
         let mut writes = Vec::new();
         for t in AckTarget::each_once(targets) {
-            let found = match self.one_cursor(&mut tx, watcher, &t.target).await {
-                Ok(found) => found,
-                Err(e @ StoreError::Corrupt { .. }) => {
-                    tracing::warn!(store = %self.name, error = %e, "a cursor row this store cannot read is left out of an acknowledgement");
-                    None
-                }
-                Err(e) => return Err(e),
+            let Some(c) = self
+                .readable_cursor(
+                    &mut tx,
+                    watcher,
+                    &t.target,
+                    "it is left out of an acknowledgement",
+                )
+                .await?
+            else {
+                continue;
             };
-            let Some(c) = found else { continue };
             let (write, follow) = t.apply(&c, now);
             writes.extend(write);
             notices.extend(follow);
         }
-        self.put_cursors(&mut tx, &writes).await?;
-        self.commit(tx, "acknowledging").await?;
+        if !writes.is_empty() {
+            self.put_cursors(&mut tx, &writes).await?;
+            self.commit(tx, "acknowledging").await?;
+        }
         Ok(notices)
     }
 
@@ -990,23 +1081,50 @@ impl CursorStore for PgStore {
         let mut notices = Vec::new();
         let mut writes = Vec::new();
         for k in protocol::each_once(keys) {
-            let found = match self.one_cursor(&mut tx, &k.watcher, &k.target).await {
-                Ok(found) => found,
-                Err(e @ StoreError::Corrupt { .. }) => {
-                    tracing::warn!(store = %self.name, error = %e, "a cursor row this store cannot read is left out of a re-freeze");
-                    None
-                }
-                Err(e) => return Err(e),
+            let Some(c) = self
+                .readable_cursor(
+                    &mut tx,
+                    &k.watcher,
+                    &k.target,
+                    "it is left out of a re-freeze",
+                )
+                .await?
+            else {
+                continue;
             };
-            let Some(c) = found else { continue };
             if let Some((write, n)) = protocol::refreeze(&c, now) {
                 writes.extend(write);
                 notices.push(n);
             }
         }
-        self.put_cursors(&mut tx, &writes).await?;
-        self.commit(tx, "re-freezing cursors").await?;
+        // A frozen cursor re-delivers its notice and is not written: nothing is committed.
+        if !writes.is_empty() {
+            self.put_cursors(&mut tx, &writes).await?;
+            self.commit(tx, "re-freezing cursors").await?;
+        }
         Ok(notices)
+    }
+
+    async fn unreadable_cursors(&self) -> Result<Vec<UnreadableCursor>, StoreError> {
+        let rows = sqlx::query(rows::CURSORS)
+            .bind(None::<&str>)
+            .bind(None::<&str>)
+            .bind(false)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.failed("listing cursors"))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let e = self.rows().cursor(r).err()?;
+                let text = |i: usize| r.try_get::<String, _>(i).unwrap_or_default();
+                Some(UnreadableCursor {
+                    watcher: text(0),
+                    target: text(1),
+                    reason: e.to_string(),
+                })
+            })
+            .collect())
     }
 
     async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
@@ -1017,7 +1135,9 @@ impl CursorStore for PgStore {
             .await
             .map_err(self.failed("resetting a watcher"))?
             .rows_affected();
-        self.commit(tx, "resetting a watcher").await?;
+        if gone > 0 {
+            self.commit(tx, "resetting a watcher").await?;
+        }
         Ok(gone)
     }
 }
@@ -1106,7 +1226,9 @@ impl UpstreamStore for PgStore {
         .map_err(self.failed("stamping a scan"))?
         .rows_affected()
             > 0;
-        self.commit(tx, "stamping a scan").await?;
+        if stamped {
+            self.commit(tx, "stamping a scan").await?;
+        }
         Ok(stamped)
     }
 

@@ -63,6 +63,10 @@ macro_rules! link_columns {
     };
 }
 
+/// Counts a write transaction in the store-wide commit count (`foreign_commits`).
+pub(crate) const COUNT_COMMIT: &str =
+    "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0";
+
 /// Inserts an event (its number given).
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO session_state_events (sequence, dedupe_key,
   session_key, session_id, agent_id, kind, actor_type, actor_id, run_id, occurred_at, summary,

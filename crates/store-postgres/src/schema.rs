@@ -13,7 +13,8 @@ use sqlx::{AssertSqlSafe, PgPool};
 const CREATE: [&str; 10] = [
     "CREATE TABLE IF NOT EXISTS session_state_counter (
   id smallint PRIMARY KEY CHECK (id = 0),
-  last_sequence bigint NOT NULL)",
+  last_sequence bigint NOT NULL,
+  commits bigint NOT NULL DEFAULT 0)",
     "INSERT INTO session_state_counter (id, last_sequence) VALUES (0, 0)
 ON CONFLICT (id) DO NOTHING",
     r#"CREATE TABLE IF NOT EXISTS session_state_events (
@@ -73,7 +74,7 @@ ON session_upstream_links (catalog_id)",
 
 /// Each table and the columns the store reads and writes in it.
 const COLUMNS: [(&str, &[&str]); 5] = [
-    ("session_state_counter", &["id", "last_sequence"]),
+    ("session_state_counter", &["id", "last_sequence", "commits"]),
     (
         "session_state_events",
         &[

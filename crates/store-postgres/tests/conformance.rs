@@ -22,5 +22,5 @@ async fn subject() -> Subject {
     }
 }
 
-awareness_core::conformance_suite!(subject, foreign_commits: Uncounted);
+awareness_core::conformance_suite!(subject, foreign_commits: Counted);
 awareness_core::model_test!(subject);

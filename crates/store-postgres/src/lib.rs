@@ -49,6 +49,7 @@ mod schema;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use awareness_core::OpenFailure;
 use awareness_core::reconcile::ChangesPage;
@@ -68,6 +69,9 @@ use rows::Rows;
 /// The last sequence an event can get here: PostgreSQL's `bigint` holds no more.
 pub const LAST_SEQUENCE: u64 = i64::MAX as u64;
 
+/// [`PgStoreOptions::idle_transaction_timeout`] unless set.
+pub const DEFAULT_IDLE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Rows one pruning transaction deletes at most: a recording waits behind pruning for one
 /// such transaction, not for the whole chunk.
 const PRUNE_TRANSACTION_ROWS: usize = 500;
@@ -77,6 +81,7 @@ const PRUNE_TRANSACTION_ROWS: usize = 500;
 pub struct PgStoreOptions {
     schema: String,
     max_connections: u32,
+    idle_transaction_timeout: Duration,
 }
 
 impl PgStoreOptions {
@@ -86,6 +91,7 @@ impl PgStoreOptions {
         Self {
             schema: schema.into(),
             max_connections: 4,
+            idle_transaction_timeout: DEFAULT_IDLE_TRANSACTION_TIMEOUT,
         }
     }
 
@@ -94,6 +100,20 @@ impl PgStoreOptions {
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
+        self
+    }
+
+    /// How long the server lets a transaction of this store sit idle between two statements
+    /// before it ends the session and rolls the transaction back (PostgreSQL's
+    /// `idle_in_transaction_session_timeout`; default 60 s, at least 1 ms). A write
+    /// transaction holds the store's lock, which every gateway's writes wait for: a gateway
+    /// whose host froze or lost the network mid-write would otherwise hold it until the
+    /// server noticed the dead connection, which TCP may take hours to tell. The store sends
+    /// each statement of a transaction as soon as the previous one answered, so only a client
+    /// that stopped running idles that long.
+    #[must_use]
+    pub fn idle_transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_transaction_timeout = timeout;
         self
     }
 
@@ -198,7 +218,8 @@ impl PgStore {
     ///
     /// [`StoreError::Open`] naming the schema: [`OpenFailure::InvalidOptions`] for a schema
     /// name that is not 1-63 lowercase ASCII letters, digits and underscores starting with a
-    /// letter or underscore, or a pool of no connection; [`OpenFailure::Other`] when the server
+    /// letter or underscore, a pool of no connection, or an idle transaction timeout out of
+    /// range; [`OpenFailure::Other`] when the server
     /// cannot be reached or refuses the connection; [`OpenFailure::Unsupported`] when its
     /// database does not encode text as UTF-8; [`OpenFailure::NotAStore`] when the schema holds
     /// a table of one of the store's names without the store's columns. Nothing is created
@@ -218,7 +239,19 @@ impl PgStore {
             ));
         }
         let lock_key = schema::lock_key(&options.schema);
-        let server = server.options([("search_path", options.schema.as_str())]);
+        let idle_ms = options.idle_transaction_timeout.as_millis();
+        if idle_ms == 0 || idle_ms > i32::MAX as u128 {
+            return Err(refuse(format!(
+                "idle_transaction_timeout: {:?}; from 1 ms to {} ms",
+                options.idle_transaction_timeout,
+                i32::MAX
+            )));
+        }
+        let idle_ms = idle_ms.to_string();
+        let server = server.options([
+            ("search_path", options.schema.as_str()),
+            ("idle_in_transaction_session_timeout", idle_ms.as_str()),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .connect_with(server)

@@ -1,0 +1,166 @@
+//! What connecting refuses and accepts, and the server-side bound on a writer that stops
+//! mid-transaction.
+
+mod server;
+
+use std::time::Duration;
+
+use awareness_core::{
+    ActorType, EventKind, EventStore as _, NewEvent, OpenFailure, SessionRef, StoreError, Timestamp,
+};
+use sqlx::ConnectOptions as _;
+use store_postgres::{PgStore, PgStoreOptions};
+
+/// A hang guard, never a timing assertion: what it guards takes well under a second.
+const HANG: Duration = Duration::from_secs(60);
+
+fn human(key: &str) -> NewEvent {
+    NewEvent::new(
+        SessionRef::parse(key, "main").expect("ref"),
+        EventKind::HumanDirectMessage,
+        ActorType::Human,
+        "human message via test",
+    )
+}
+
+async fn refused(options: PgStoreOptions) -> StoreError {
+    PgStore::connect(server::server(), options)
+        .await
+        .expect_err("the connect is refused")
+}
+
+/// The tables of `schema` on the test server.
+async fn tables_of(schema: &str) -> Vec<String> {
+    let mut conn = server::server().connect().await.expect("connect");
+    sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1
+         ORDER BY 1",
+    )
+    .bind(schema)
+    .fetch_all(&mut conn)
+    .await
+    .expect("list tables")
+}
+
+#[tokio::test]
+async fn options_that_cannot_work_are_refused_before_anything_is_created() {
+    for (options, says) in [
+        (PgStoreOptions::new("Not-A-Name"), "schema name"),
+        (PgStoreOptions::new(""), "schema name"),
+        (
+            PgStoreOptions::new(server::fresh_schema()).max_connections(0),
+            "max_connections",
+        ),
+        (
+            PgStoreOptions::new(server::fresh_schema())
+                .idle_transaction_timeout(Duration::from_micros(10)),
+            "idle_transaction_timeout",
+        ),
+    ] {
+        let schema = options.schema().to_owned();
+        let e = refused(options).await;
+        assert_eq!(e.open_failure(), Some(OpenFailure::InvalidOptions), "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+        assert!(tables_of(&schema).await.is_empty(), "nothing created: {e}");
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_be_reached_is_an_open_error() {
+    let nowhere = server::server().socket("/nonexistent/socket/dir");
+    let e = PgStore::connect(nowhere, PgStoreOptions::new("anything"))
+        .await
+        .expect_err("no server there");
+    assert_eq!(e.open_failure(), Some(OpenFailure::Other), "{e}");
+    assert!(e.to_string().contains("cannot connect"), "{e}");
+}
+
+#[tokio::test]
+async fn a_schema_whose_table_is_not_the_stores_is_refused_and_left_as_it_was() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let mut conn = server::server().connect().await.expect("connect");
+    for sql in [
+        format!("CREATE SCHEMA \"{schema}\""),
+        format!("CREATE TABLE \"{schema}\".session_state_heads (note text)"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .expect("set up");
+    }
+    let e = refused(PgStoreOptions::new(schema.clone())).await;
+    assert_eq!(e.open_failure(), Some(OpenFailure::NotAStore), "{e}");
+    assert!(e.to_string().contains("session_state_heads"), "{e}");
+    assert_eq!(
+        tables_of(&schema).await,
+        ["session_state_heads"],
+        "no table of the store was created beside it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_connecting_at_once_to_a_new_schema_share_one_store() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let connects: Vec<_> = (0..4)
+        .map(|_| {
+            let schema = schema.clone();
+            tokio::spawn(async move {
+                PgStore::connect(server::server(), PgStoreOptions::new(schema)).await
+            })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for c in connects {
+        stores.push(c.await.expect("join").expect("every connect succeeds"));
+    }
+    let now = Timestamp(1_800_000_000_000);
+    let first = stores[0]
+        .record(human("agent:main:subagent:a"), now)
+        .await
+        .expect("record");
+    let second = stores[3]
+        .record(human("agent:main:subagent:a"), now)
+        .await
+        .expect("record");
+    assert_eq!(second.event.sequence.0, first.event.sequence.0 + 1);
+    assert_eq!(tables_of(&schema).await.len(), 5, "one set of tables");
+}
+
+/// A writer that stops between two statements of its transaction (its host frozen, its network
+/// gone) holds what the transaction locked; the server ends it after the idle timeout, and the
+/// other gateways' writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stopped_mid_transaction_holds_the_others_up_only_until_its_timeout() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let frozen = PgStore::connect(
+        server::server(),
+        PgStoreOptions::new(schema.clone()).idle_transaction_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .expect("connect");
+    let other = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("connect");
+    // The frozen gateway's transaction locks the row every recording writes, then idles.
+    let mut tx = frozen.pool().begin().await.expect("begin");
+    sqlx::query("UPDATE session_state_counter SET commits = commits WHERE id = 0")
+        .execute(&mut *tx)
+        .await
+        .expect("lock the counter row");
+    let recorded = tokio::time::timeout(
+        HANG,
+        other.record(human("agent:main:subagent:a"), Timestamp(1_800_000_000_000)),
+    )
+    .await
+    .expect("the recording waited for the frozen writer past the hang guard")
+    .expect("the recording succeeds once the frozen transaction is ended");
+    assert_eq!(recorded.event.sequence.0, 1);
+    let ended = tx.commit().await;
+    assert!(
+        ended.is_err(),
+        "the server ended the idle transaction: {ended:?}"
+    );
+}

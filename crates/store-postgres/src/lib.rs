@@ -70,7 +70,7 @@ use rows::Rows;
 pub const LAST_SEQUENCE: u64 = i64::MAX as u64;
 
 /// [`PgStoreOptions::idle_transaction_timeout`] unless set.
-pub const DEFAULT_IDLE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_IDLE_TRANSACTION_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// Rows one pruning transaction deletes at most: a recording waits behind pruning for one
 /// such transaction, not for the whole chunk.

@@ -12,7 +12,7 @@ use sqlx::ConnectOptions as _;
 use store_postgres::{PgStore, PgStoreOptions};
 
 /// A hang guard, never a timing assertion: what it guards takes well under a second.
-const HANG: Duration = Duration::from_secs(60);
+const HANG: Duration = Duration::from_mins(1);
 
 fn human(key: &str) -> NewEvent {
     NewEvent::new(

@@ -1,4 +1,6 @@
-//! The server the tests use, and a fresh schema for each store they open.
+//! The server the tests use, and a fresh schema for each store they open. Each test binary
+//! uses part of it.
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -20,6 +20,13 @@
 //! Reads take no lock. Each read is one statement, which PostgreSQL answers from one snapshot
 //! (a page and the head it is checked against never disagree).
 //!
+//! **Other gateways' commits** ([`EventStore::foreign_commits`], the hint behind DESIGN.md
+//! section 9.1's push): every write transaction that changes something adds one to a
+//! store-wide commit count before it commits; a handle answers that count less its own
+//! commits. A gateway stopped in the middle of a write transaction holds the lock until the
+//! server ends the idle transaction ([`PgStoreOptions::idle_transaction_timeout`], 60 s).
+//! Why these choices: docs/decisions/0030.
+//!
 //! ```no_run
 //! use awareness_core::{ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore,
 //!     NewEvent, SessionRef, Sequence, Timestamp, WatcherKey};

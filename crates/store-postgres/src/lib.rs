@@ -939,6 +939,15 @@ impl EventStore for PgStore {
         Ok(deleted as u64)
     }
 
+    /// Closes the pool's connections once the last handle is closed (each ends its session on
+    /// the server, which then holds nothing of this handle's); with other handles left, only
+    /// drops this one.
+    async fn close(self: Arc<Self>) {
+        if let Ok(store) = Arc::try_unwrap(self) {
+            store.pool.close().await;
+        }
+    }
+
     /// The store-wide count of write transactions (a one-row table every write transaction
     /// of every handle, on every host, adds itself to before it commits) less this handle's
     /// own: it changes only when another handle or process commits a write. One read.

@@ -164,3 +164,24 @@ async fn a_writer_stopped_mid_transaction_holds_the_others_up_only_until_its_tim
         "the server ended the idle transaction: {ended:?}"
     );
 }
+
+#[tokio::test]
+async fn closing_the_last_handle_closes_its_connections_and_another_handle_keeps_them() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = std::sync::Arc::new(
+        PgStore::connect(server::server(), PgStoreOptions::new(schema))
+            .await
+            .expect("connect"),
+    );
+    store
+        .record(human("agent:main:subagent:a"), Timestamp(1_800_000_000_000))
+        .await
+        .expect("record");
+    let pool = store.pool().clone();
+    let other = std::sync::Arc::clone(&store);
+    store.close().await;
+    assert!(!pool.is_closed(), "another handle is left");
+    other.close().await;
+    assert!(pool.is_closed(), "the last handle closed the pool");
+}

@@ -89,6 +89,7 @@ pub struct PgStoreOptions {
     schema: String,
     max_connections: u32,
     idle_transaction_timeout: Duration,
+    create_if_missing: bool,
 }
 
 impl PgStoreOptions {
@@ -99,6 +100,7 @@ impl PgStoreOptions {
             schema: schema.into(),
             max_connections: 4,
             idle_transaction_timeout: DEFAULT_IDLE_TRANSACTION_TIMEOUT,
+            create_if_missing: true,
         }
     }
 
@@ -121,6 +123,16 @@ impl PgStoreOptions {
     #[must_use]
     pub fn idle_transaction_timeout(mut self, timeout: Duration) -> Self {
         self.idle_transaction_timeout = timeout;
+        self
+    }
+
+    /// Whether connecting creates the schema and the store's tables when they are missing
+    /// (default `true`). Off, a schema that is missing, or lacks a table of the store, is
+    /// refused ([`OpenFailure::NotFound`]) and nothing is created: for a tool that only looks,
+    /// so that a mistyped name creates no store.
+    #[must_use]
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.create_if_missing = create;
         self
     }
 
@@ -148,10 +160,11 @@ pub const DEFAULT_SCHEMA: &str = "session_awareness";
 ///
 /// # Errors
 ///
-/// [`StoreError::Open`] ([`OpenFailure::InvalidOptions`]) when sqlx cannot read the URL or it
-/// names a schema twice; the error quotes the URL without its password.
+/// [`StoreError::Open`] ([`OpenFailure::InvalidOptions`]) when sqlx cannot read the URL, or it
+/// names a schema twice or one [`PgStore::connect`] refuses; the error quotes the URL as
+/// [`redact_url`] shows it.
 pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreError> {
-    let shown = without_password(url);
+    let shown = redact_url(url);
     let refuse =
         |reason: String| StoreError::open(shown.clone(), OpenFailure::InvalidOptions, reason, None);
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
@@ -173,23 +186,49 @@ pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreE
         .parse()
         .map_err(|e| refuse(format!("not a PostgreSQL connection URL: {e}")))?;
     let options = PgStoreOptions::new(schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned()));
+    schema::check_name(options.schema()).map_err(refuse)?;
     Ok((server, options))
 }
 
-/// `url` with its password, if any, replaced by `***`.
-fn without_password(url: &str) -> String {
+/// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
+/// (`user:password@`, whatever characters it holds up to the last `@` before the query) or in
+/// its query (`password=`, which sqlx takes too) replaced by `***`.
+///
+/// ```
+/// assert_eq!(
+///     store_postgres::redact_url("postgres://gw:s3/cr@t@db/awareness?password=x&schema=a"),
+///     "postgres://gw:***@db/awareness?password=***&schema=a",
+/// );
+/// ```
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
+    let (before_query, query) = rest.split_at(rest.find(['?', '#']).unwrap_or(rest.len()));
+    let before_query = match before_query.rsplit_once('@') {
         Some((user_info, host)) if user_info.contains(':') => {
             let user = user_info.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}{tail}")
+            format!("{user}:***@{host}")
         }
-        _ => url.to_owned(),
-    }
+        _ => before_query.to_owned(),
+    };
+    let query = match query.strip_prefix('?') {
+        Some(pairs) => {
+            let pairs: Vec<&str> = pairs
+                .split('&')
+                .map(|p| {
+                    if p.starts_with("password=") {
+                        "password=***"
+                    } else {
+                        p
+                    }
+                })
+                .collect();
+            format!("?{}", pairs.join("&"))
+        }
+        None => query.to_owned(),
+    };
+    format!("{scheme}://{before_query}{query}")
 }
 
 /// The PostgreSQL store. Share it as `Arc<PgStore>`; every gateway process on every host that
@@ -229,8 +268,9 @@ impl PgStore {
     /// range; [`OpenFailure::Other`] when the server
     /// cannot be reached or refuses the connection; [`OpenFailure::Unsupported`] when its
     /// database does not encode text as UTF-8; [`OpenFailure::NotAStore`] when the schema holds
-    /// a table of one of the store's names without the store's columns. Nothing is created
-    /// then.
+    /// a table of one of the store's names without the store's columns;
+    /// [`OpenFailure::NotFound`] when [`PgStoreOptions::create_if_missing`] is off and the
+    /// schema or a table of the store is missing. Nothing is created then.
     pub async fn connect(
         server: PgConnectOptions,
         options: PgStoreOptions,
@@ -277,7 +317,14 @@ impl PgStore {
             lock_key,
             own_commits: AtomicU64::new(0),
         };
-        schema::create(&store.pool, &options.schema, lock_key, &store.name).await?;
+        schema::create(
+            &store.pool,
+            &options.schema,
+            lock_key,
+            &store.name,
+            options.create_if_missing,
+        )
+        .await?;
         Ok(store)
     }
 
@@ -1320,18 +1367,41 @@ mod tests {
 
     #[test]
     fn a_bad_url_is_refused_without_showing_its_password() {
-        for (url, why) in [
-            ("postgres://u:secret@h/db?schema=a&schema=b", "twice"),
+        for (url, why, shown_as) in [
+            (
+                "postgres://u:secret@h/db?schema=a&schema=b",
+                "twice",
+                "postgres://u:***@h/db?schema=a&schema=b",
+            ),
             (
                 "postgres://u:secret@h:notaport/db",
                 "not a PostgreSQL connection URL",
+                "postgres://u:***@h:notaport/db",
+            ),
+            (
+                "postgres://u:sec/ret@h:notaport/db",
+                "not a PostgreSQL connection URL",
+                "postgres://u:***@h:notaport/db",
+            ),
+            (
+                "postgres://h:notaport/db?password=secret",
+                "not a PostgreSQL connection URL",
+                "postgres://h:notaport/db?password=***",
+            ),
+            (
+                "postgres://u:secret@h/db?schema=Not-A-Name",
+                "schema name",
+                "postgres://u:***@h/db?schema=Not-A-Name",
             ),
         ] {
             let e = parse_url(url).expect_err(url);
             let shown = e.to_string();
             assert!(shown.contains(why), "{shown}");
-            assert!(!shown.contains("secret"), "{shown}");
-            assert!(shown.contains("u:***@h"), "{shown}");
+            assert!(
+                !shown.contains("secret") && !shown.contains("ret@"),
+                "{shown}"
+            );
+            assert!(shown.contains(&format!("{shown_as:?}")), "{shown}");
             assert_eq!(e.open_failure(), Some(OpenFailure::InvalidOptions));
         }
     }

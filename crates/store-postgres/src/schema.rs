@@ -10,13 +10,11 @@ use awareness_core::{OpenFailure, StoreError};
 use sqlx::{AssertSqlSafe, PgPool};
 
 /// The statements that create what is missing, in order.
-const CREATE: [&str; 10] = [
+const CREATE: [&str; 9] = [
     "CREATE TABLE IF NOT EXISTS session_state_counter (
   id smallint PRIMARY KEY CHECK (id = 0),
   last_sequence bigint NOT NULL,
   commits bigint NOT NULL DEFAULT 0)",
-    "INSERT INTO session_state_counter (id, last_sequence) VALUES (0, 0)
-ON CONFLICT (id) DO NOTHING",
     r#"CREATE TABLE IF NOT EXISTS session_state_events (
   sequence bigint PRIMARY KEY,
   dedupe_key text COLLATE "C" UNIQUE,
@@ -160,14 +158,34 @@ pub(crate) fn lock_key(schema: &str) -> i64 {
     i64::from_ne_bytes(hash.to_ne_bytes())
 }
 
-/// Creates the schema and whatever of its tables is missing, under the store's lock, and
-/// checks that each table has the store's columns. One transaction: a refusal creates
-/// nothing. `name` names the store in errors.
+/// The counter's one row, at 0 when the store is new.
+const COUNTER_ROW: &str = "INSERT INTO session_state_counter (id, last_sequence) VALUES (0, 0)
+ON CONFLICT (id) DO NOTHING";
+
+/// The store's tables, as [`CREATE`] makes them.
+const TABLES: [&str; 5] = [
+    "session_state_counter",
+    "session_state_events",
+    "session_state_heads",
+    "session_watch_cursors",
+    "session_upstream_links",
+];
+
+/// Makes sure the schema holds the store, under the store's lock, in one transaction (a
+/// refusal creates nothing): creates the schema and the tables that are missing (when
+/// `create_if_missing`; refuses otherwise), checks that each table has the store's columns,
+/// and that the counter row is there. A store whose schema and tables exist is opened with no
+/// DDL at all, so that a gateway's role needs only the rights to read and write the store's
+/// rows (PostgreSQL checks the right to create before it looks whether a `CREATE ... IF NOT
+/// EXISTS` has anything to do). The catalogs it reads (`pg_namespace`, `pg_class`,
+/// `pg_attribute`) are readable by every role, whatever its rights on the tables. `name` names
+/// the store in errors.
 pub(crate) async fn create(
     pool: &PgPool,
     schema: &str,
     lock_key: i64,
     name: &str,
+    create_if_missing: bool,
 ) -> Result<(), StoreError> {
     let failed = |what: &str| {
         let context = format!("{name}: {what}");
@@ -184,35 +202,72 @@ pub(crate) async fn create(
             format!("the database encodes text as {encoding}; the store needs UTF8"),
         ));
     }
-    let mut tx = pool.begin().await.map_err(failed("creating the schema"))?;
+    let mut tx = pool.begin().await.map_err(failed("opening the store"))?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(lock_key)
         .execute(&mut *tx)
         .await
-        .map_err(failed("creating the schema"))?;
-    // The name was checked: it needs no quoting, and quoting it keeps it as spelled.
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(failed("creating the schema"))?;
-    sqlx::query(AssertSqlSafe(format!(
-        "SET LOCAL search_path TO \"{schema}\""
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(failed("creating the schema"))?;
-    for sql in CREATE {
-        sqlx::query(sql)
-            .execute(&mut *tx)
+        .map_err(failed("opening the store"))?;
+    let schema_exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(failed("creating the store's tables"))?;
+            .map_err(failed("looking for the schema"))?;
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_class AS c
+         JOIN pg_namespace AS n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p')",
+    )
+    .bind(schema)
+    .bind(TABLES)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(failed("looking for the store's tables"))?;
+    let missing: Vec<&str> = TABLES
+        .into_iter()
+        .filter(|t| !present.iter().any(|p| p == t))
+        .collect();
+    if !missing.is_empty() {
+        if !create_if_missing {
+            return Err(refuse(
+                OpenFailure::NotFound,
+                if schema_exists {
+                    format!(
+                        "the schema holds no store (no table {}), and this open may not create one",
+                        missing.join(", ")
+                    )
+                } else {
+                    "no such schema on the server, and this open may not create one".to_owned()
+                },
+            ));
+        }
+        // The name was checked: it needs no quoting, and quoting it keeps it as spelled.
+        if !schema_exists {
+            sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
+                .execute(&mut *tx)
+                .await
+                .map_err(failed("creating the schema"))?;
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "SET LOCAL search_path TO \"{schema}\""
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("creating the store's tables"))?;
+        for sql in CREATE {
+            sqlx::query(sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(failed("creating the store's tables"))?;
+        }
     }
     for (table, columns) in COLUMNS {
         let present: Vec<String> = sqlx::query_scalar(
-            "SELECT column_name::text FROM information_schema.columns
-             WHERE table_schema = $1 AND table_name = $2",
+            "SELECT a.attname::text FROM pg_attribute AS a
+             JOIN pg_class AS c ON c.oid = a.attrelid
+             JOIN pg_namespace AS n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
         )
         .bind(schema)
         .bind(table)
@@ -233,7 +288,12 @@ pub(crate) async fn create(
             ));
         }
     }
-    tx.commit().await.map_err(failed("creating the schema"))
+    // The row every write moves; a table created by hand from these statements may lack it.
+    sqlx::query(COUNTER_ROW)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("opening the store"))?;
+    tx.commit().await.map_err(failed("opening the store"))
 }
 
 #[cfg(test)]

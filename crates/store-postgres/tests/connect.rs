@@ -185,3 +185,95 @@ async fn closing_the_last_handle_closes_its_connections_and_another_handle_keeps
     other.close().await;
     assert!(pool.is_closed(), "the last handle closed the pool");
 }
+
+#[tokio::test]
+async fn an_open_that_may_not_create_refuses_a_missing_store_and_creates_nothing() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let look = || PgStoreOptions::new(schema.clone()).create_if_missing(false);
+    let e = refused(look()).await;
+    assert_eq!(e.open_failure(), Some(OpenFailure::NotFound), "{e}");
+    assert!(e.to_string().contains("no such schema"), "{e}");
+    let mut conn = server::server().connect().await.expect("connect");
+    let exists = async |conn: &mut sqlx::PgConnection| -> bool {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(&schema)
+            .fetch_one(conn)
+            .await
+            .expect("look")
+    };
+    assert!(!exists(&mut conn).await, "the schema was not created");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
+        .execute(&mut conn)
+        .await
+        .expect("an empty schema");
+    let e = refused(look()).await;
+    assert_eq!(e.open_failure(), Some(OpenFailure::NotFound), "{e}");
+    assert!(e.to_string().contains("session_state_events"), "{e}");
+    assert!(tables_of(&schema).await.is_empty(), "no table was created");
+    PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("an open that may create makes the store there");
+    PgStore::connect(server::server(), look())
+        .await
+        .expect("the store is there now");
+}
+
+/// A gateway's role may read and write the store's rows and nothing more (no right to create
+/// in the database or the schema): it opens a store that exists, and works.
+#[tokio::test]
+async fn a_role_that_may_only_read_and_write_rows_opens_an_existing_store() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let role = format!("{schema}_gw");
+    let (admin, _) = server::fresh_store_in(&schema).await;
+    drop(admin);
+    let mut conn = server::server().connect().await.expect("connect");
+    for sql in [
+        format!("CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw'"),
+        format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC"),
+        format!("GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\""),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{role}\""
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .expect("set up the role");
+    }
+    let admin = server::server();
+    let limited = store_postgres::PgConnectOptions::new_without_pgpass()
+        .host("127.0.0.1")
+        .port(admin.get_port())
+        .database(admin.get_database().expect("the test URL names a database"))
+        .username(&role)
+        .password("pw");
+    let opened = PgStore::connect(limited, PgStoreOptions::new(schema.clone())).await;
+    // The role goes whatever happened (its grants go with the schema).
+    let drop_role = async |conn: &mut sqlx::PgConnection| {
+        for sql in [
+            format!("DROP OWNED BY \"{role}\""),
+            format!("DROP ROLE \"{role}\""),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut *conn)
+                .await
+                .expect("drop the role");
+        }
+    };
+    let store = match opened {
+        Ok(store) => store,
+        Err(e) => {
+            drop_role(&mut conn).await;
+            panic!("the limited role cannot open the store: {e}");
+        }
+    };
+    let recorded = store
+        .record(human("agent:main:subagent:a"), Timestamp(1_800_000_000_000))
+        .await;
+    store.pool().close().await;
+    drop(store);
+    drop_role(&mut conn).await;
+    assert_eq!(recorded.expect("record").event.sequence.0, 1);
+}

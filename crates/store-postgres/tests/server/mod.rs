@@ -65,8 +65,14 @@ impl Drop for DropSchema {
 /// A store in a fresh schema, and the guard that drops the schema.
 pub async fn fresh_store() -> (PgStore, DropSchema) {
     let schema = fresh_schema();
-    let store = PgStore::connect(server(), PgStoreOptions::new(schema.clone()))
+    let (store, _) = fresh_store_in(&schema).await;
+    (store, DropSchema(schema))
+}
+
+/// A store in the schema `schema` (created), and its name; the caller drops the schema.
+pub async fn fresh_store_in(schema: &str) -> (PgStore, String) {
+    let store = PgStore::connect(server(), PgStoreOptions::new(schema))
         .await
         .expect("connect a fresh store");
-    (store, DropSchema(schema))
+    (store, schema.to_owned())
 }

@@ -123,9 +123,9 @@ impl EntryOf for InMemoryDirectory {
     }
 }
 
-/// The store a restarted gateway opens: the same file opened anew once the old handle is gone
-/// (within one process, store-redb would otherwise share the open database), or for memory the
-/// same store.
+/// The store a restarted gateway opens: the same file (postgres: schema) opened anew once the
+/// old handle is gone (within one process, store-redb would otherwise share the open
+/// database), or for memory the same store.
 async fn reopen(b: &mut Backend) -> Arc<dyn AwarenessStore> {
     if b.name == "memory" {
         return Arc::clone(&b.store);
@@ -138,9 +138,7 @@ async fn reopen(b: &mut Backend) -> Arc<dyn AwarenessStore> {
         b.name
     );
     drop(gone);
-    let store = gateway_adapter::open_store(&b.url)
-        .await
-        .expect("reopen the same file");
+    let store = awareness_e2e::open_store(&b.url).await;
     b.store = Arc::clone(&store);
     store
 }
@@ -899,7 +897,8 @@ async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session
     for b in backends().await {
         let (gw, _) = watching_ops_global(&b).await;
         let manager = WatcherKey::parse(MANAGER).unwrap();
-        // A second handle on the same file damages the row, as another writer could.
+        // A second handle on the same file (postgres: schema) damages the row, as another
+        // writer could.
         let damaged = match b.name {
             "sqlite" => store_sqlite::SqliteStore::open(b.dir.path().join("state.db"))
                 .await
@@ -913,6 +912,18 @@ async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session
                 .damage_cursor_row(&manager, &k("global"))
                 .await
                 .expect("damage"),
+            "postgres" => {
+                let (url, watcher) = (b.url.clone(), manager.clone());
+                awareness_e2e::off_the_clock(async move {
+                    store_postgres::PgStore::connect_url(&url)
+                        .await
+                        .expect("a second handle")
+                        .damage_cursor_row(&watcher, &k("global"))
+                        .await
+                        .expect("damage")
+                })
+                .await
+            }
             "memory" => continue, // store-memory keeps values: nothing to tear
             other => panic!("no way to damage a row of {other}"),
         };
@@ -935,8 +946,8 @@ async fn a_bare_key_reconcile_over_a_damaged_cursor_reads_the_requesters_session
         assert_eq!(agents_of_page(status), ["main"], "{}", b.name);
     }
     assert_eq!(
-        damaged_stores, 2,
-        "both durable stores were damaged and checked"
+        damaged_stores, 3,
+        "every durable store was damaged and checked"
     );
 }
 
@@ -1369,7 +1380,8 @@ async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
             b.store.record(typed, T0).await.expect("recorded");
         }
         let torn = &refs[1];
-        // A second handle on the same file damages the row, as another writer could.
+        // A second handle on the same file (postgres: schema) damages the row, as another
+        // writer could.
         let damaged = match b.name {
             "sqlite" => store_sqlite::SqliteStore::open(b.dir.path().join("state.db"))
                 .await
@@ -1383,6 +1395,18 @@ async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
                 .damage_head_row(torn)
                 .await
                 .expect("damage"),
+            "postgres" => {
+                let (url, torn) = (b.url.clone(), torn.clone());
+                awareness_e2e::off_the_clock(async move {
+                    store_postgres::PgStore::connect_url(&url)
+                        .await
+                        .expect("a second handle")
+                        .damage_head_row(&torn)
+                        .await
+                        .expect("damage")
+                })
+                .await
+            }
             "memory" => continue, // store-memory keeps values: nothing to tear
             other => panic!("no way to damage a row of {other}"),
         };
@@ -1400,7 +1424,7 @@ async fn a_head_that_cannot_be_read_hides_only_its_own_version() {
         );
     }
     assert_eq!(
-        damaged_stores, 2,
-        "both durable stores were damaged and checked"
+        damaged_stores, 3,
+        "every durable store was damaged and checked"
     );
 }

@@ -503,7 +503,7 @@ async fn every_recorded_scenario_matches_openclaw_on_every_backend() {
             }
         }
     }
-    assert_eq!(backends_run, 3, "memory, sqlite and redb");
+    assert_eq!(backends_run, 4, "memory, sqlite, redb and postgres");
     assert!(steps > 100, "{steps} recorded steps");
     assert_eq!(
         compared,

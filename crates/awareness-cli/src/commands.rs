@@ -188,13 +188,19 @@ pub(crate) async fn open(cli: &Cli) -> Result<Arc<dyn AwarenessStore>, CliError>
 /// it open (`tail --follow`): redb's live
 /// readers, whose two-phase commit costs a one-shot command nothing it would notice; SQLite
 /// always does.
+///
+/// A PostgreSQL store has no read-only open: a read command opens it as the others do, but
+/// only where its schema holds a store already (a missing schema, or one without the store's
+/// tables, is refused, and nothing is created), and then only reads. A URL sqlx cannot read,
+/// or a schema name the store cannot take, is a usage error, as a bad file URL is.
 pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError> {
     let url = StoreUrl::parse(&cli.store).map_err(|e| CliError::usage(e.to_string()))?;
     let access = access(&cli.command);
     let path = match &url {
         StoreUrl::Sqlite(p) | StoreUrl::Redb(p) => Some(p),
-        StoreUrl::Memory => None,
+        StoreUrl::Memory | StoreUrl::Postgres(_) => None,
     };
+    let postgres = matches!(url, StoreUrl::Postgres(_));
     // A command that creates a store creates it only where there is none (a missing file, an
     // empty one, a database without tables); another application's database at the path (a
     // mistyped path) the store's open refuses and leaves as it was.
@@ -214,13 +220,18 @@ pub(crate) async fn open_full(cli: &Cli) -> Result<Arc<dyn FullStore>, CliError>
         OpenOptions {
             // Also refused by the open itself when the file goes between the check and it.
             create_if_missing: create,
-            read_only: access == Access::Read,
+            read_only: access == Access::Read && !postgres,
             live_readers: access != Access::Read,
         },
     )
     .await
     .map_err(|e| match e {
         OpenError::BadUrl(_) => CliError::usage(e.to_string()),
+        OpenError::Store(ref s)
+            if postgres && s.open_failure() == Some(OpenFailure::InvalidOptions) =>
+        {
+            CliError::usage(ErrorChain(&e).to_string())
+        }
         OpenError::Store(ref s)
             if matches!(s, StoreError::NeedsRepair { .. })
                 || s.open_failure() == Some(OpenFailure::NeedsMigration) =>
@@ -392,7 +403,7 @@ fn refuse_memory(cli: &Cli) -> Result<(), CliError> {
             return Err(CliError::usage(
                 "memory: lives only as long as this command, and nothing else can write to \
                  it: `tail --follow` would wait for events that never come (use \
-                 sqlite:///path or redb:///path)",
+                 sqlite:///path, redb:///path or postgres://host/database)",
             ));
         }
         Command::Record(_) => "record",
@@ -413,7 +424,7 @@ fn refuse_memory(cli: &Cli) -> Result<(), CliError> {
     };
     Err(CliError::usage(format!(
         "memory: lives only as long as this command: what `{name}` writes would be gone when \
-         it ends (use sqlite:///path or redb:///path)"
+         it ends (use sqlite:///path, redb:///path or postgres://host/database)"
     )))
 }
 
@@ -1127,12 +1138,20 @@ async fn tail(
 }
 
 /// `repair`: see [`gateway_adapter::repair_store`].
-/// (`memory:` is refused before, by [`refuse_memory`].)
+/// (`memory:` is refused before, by [`refuse_memory`]; a PostgreSQL store, which has no file
+/// of ours either, is refused by the adapter, as a usage error too.)
 async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
+    let postgres = StoreUrl::parse(&cli.store).is_ok_and(|u| matches!(u, StoreUrl::Postgres(_)));
     let done = gateway_adapter::repair_store(&cli.store)
         .await
         .map_err(|e| match e {
-            OpenError::BadUrl(_) => CliError::usage(e.to_string()),
+            OpenError::BadUrl(_) | OpenError::NothingToRepair(_) => CliError::usage(e.to_string()),
+            // A PostgreSQL URL sqlx cannot read.
+            OpenError::Store(ref s)
+                if postgres && s.open_failure() == Some(OpenFailure::InvalidOptions) =>
+            {
+                CliError::usage(ErrorChain(&e).to_string())
+            }
             other => open_err(&other),
         })?;
     let (repaired, events, text) = match done {
@@ -1160,7 +1179,7 @@ async fn repair(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
             &json!({ "ok": true, "repaired": repaired, "events": events }),
         )
     } else {
-        let store = crate::table::shown(&cli.store);
+        let store = crate::table::shown_store(&cli.store);
         emit(out, &format!("{store}: {text}; {events} event(s)\n"))
     }
     .map(|()| 0)

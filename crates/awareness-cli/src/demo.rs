@@ -109,6 +109,17 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     result
 }
 
+/// `word` as a shell reads it back: as it is when it holds only characters no shell treats
+/// specially, else in single quotes (a `'` in it written `'\''`).
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/:._-+=,@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 /// A handle on the open store, for a stage (dropped with it).
 fn handle(open: Option<&Arc<dyn AwarenessStore>>) -> Result<Arc<dyn AwarenessStore>, CliError> {
     open.cloned()
@@ -133,8 +144,11 @@ async fn narrate(
                 .to_string(),
         ),
         StoreUrl::Memory => "memory (gone when the demo ends)".to_owned(),
+        StoreUrl::Postgres(_) => crate::table::shown(&url.redacted()),
     };
-    let store = crate::table::shown(&cli.store);
+    // Printed in commands to type again: quoted where a shell would read it otherwise (the
+    // `?` and `&` of a PostgreSQL URL's query).
+    let store = shell_word(&crate::table::shown_store(&cli.store));
     let start = Timestamp::now();
     // A tag per run keeps runs on the same file apart.
     let tag = format!("demo-{:x}", start.millis() % 0xff_ffff);
@@ -590,6 +604,26 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
+
+    /// A store URL in a command to type again reads back as printed: quoted when it holds
+    /// what a shell reads otherwise (`&` would run the command in the background).
+    #[test]
+    fn a_store_url_is_quoted_for_the_shell_when_it_must_be() {
+        assert_eq!(shell_word("sqlite://awareness.db"), "sqlite://awareness.db");
+        assert_eq!(
+            shell_word("postgres:///db?host=/run/pg&schema=a"),
+            "'postgres:///db?host=/run/pg&schema=a'"
+        );
+        assert_eq!(
+            shell_word("sqlite:///tmp/my file.db"),
+            "'sqlite:///tmp/my file.db'"
+        );
+        assert_eq!(
+            shell_word("sqlite:///tmp/it's.db"),
+            r"'sqlite:///tmp/it'\''s.db'"
+        );
+        assert_eq!(shell_word(""), "''");
+    }
 
     /// Refuses `times` of the store's `call`s, from the moment `foreign_commits` has been asked
     /// `after_questions` times, as a store failing at that step would; with `other_writer`, it

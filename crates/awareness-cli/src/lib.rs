@@ -2,7 +2,9 @@
 //!
 //! The `awareness` command: `awareness demo` shows session state awareness working end to end on
 //! the embedded default store (or `memory:`), and the operator commands inspect and repair any
-//! state database (`sqlite:///path`, `redb:///path`), including one written by OpenClaw.
+//! state database (`sqlite:///path`, `redb:///path`), including one written by OpenClaw, and
+//! operate a store shared on a PostgreSQL server
+//! (`postgres://[user@]host[:port]/database[?schema=name]`).
 //!
 //! `awareness adopt` links a Claude Code transcript to a session and `awareness monitor` then
 //! reports (and records) human turns typed straight into it, until Ctrl-C.
@@ -12,6 +14,11 @@
 //! reads). Only `record`, `watch`, `adopt` and `demo` create a store, in a missing or empty file
 //! (another application's database they refuse, naming it, and add none of our tables to it); every
 //! other command refuses a missing store with a failure naming the path, and creates nothing. A
+//! PostgreSQL store has no read-only open: a read command opens it as a writer does, but only
+//! where its schema holds a store already (a missing schema, or one without the store's tables,
+//! is a failure naming the schema, and nothing is created), and then only reads; `repair` refuses
+//! it as a usage error (the server recovers its own databases; there is no file of ours to
+//! repair), and a URL sqlx cannot read is a usage error as any bad store URL is. A
 //! `memory:` store lives only as long as the command: the demo (self-contained) and the read
 //! commands take it, and every other command refuses it as a usage error (what it wrote would be
 //! gone when it ends; `tail --follow` would wait for a store nothing else can write to). Every
@@ -86,8 +93,11 @@ pub const DEFAULT_STORE: &str = "sqlite://awareness.db";
     about = "Session state awareness: demo and operator tools"
 )]
 pub struct Cli {
-    /// The store: sqlite:///path (default: ./awareness.db), redb:///path or memory: (the demo
-    /// and read commands only: it lives as long as the command).
+    /// The store: sqlite:///path (default: ./awareness.db), redb:///path, memory: (the demo
+    /// and read commands only: it lives as long as the command), or
+    /// postgres://user@host:port/database?schema=name (also postgresql://: sqlx's connection
+    /// URL, whose user, port and query are optional, ?host=/socket/dir for a Unix socket; the
+    /// schema is session_awareness when not named; a password in it is never printed).
     #[arg(long, global = true, default_value = DEFAULT_STORE)]
     pub store: String,
     /// Print JSON instead of text (every command that prints a result; `demo`, a narration,
@@ -191,7 +201,9 @@ pub enum Command {
     /// Ready a store whose writer crashed for read commands, creating no store: a redb file
     /// that read commands refuse (not closed cleanly, or of schema 1) is opened read-write once
     /// and closed cleanly, which repairs (or migrates) it; any other file, SQLite's always, is
-    /// only checked read-only and left unchanged (`"repaired": false`).
+    /// only checked read-only and left unchanged (`"repaired": false`). memory: and a
+    /// PostgreSQL store (whose server recovers its own databases) have no file to repair: a
+    /// usage error.
     Repair,
     /// Adopt a Claude Code transcript (a JSONL file) for a session: link it from its current
     /// end, so that only what is typed into it from now on counts, and record `adopted` (exit 1

@@ -85,6 +85,16 @@ pub(crate) fn shown(text: &str) -> String {
     printable(&crate::log::one_line(text)).into_owned()
 }
 
+/// The store URL `store` as a line of this tool's own prints it ([`shown`]): as typed, but a
+/// PostgreSQL URL without its password (`user:***@host`; sqlx reads `PGPASSWORD` for a URL
+/// typed again without one).
+pub(crate) fn shown_store(store: &str) -> String {
+    match gateway_adapter::StoreUrl::parse(store) {
+        Ok(url @ gateway_adapter::StoreUrl::Postgres(_)) => shown(&url.redacted()),
+        _ => shown(store),
+    }
+}
+
 /// `YYYY-MM-DD HH:MM:SS.mmmZ` in UTC ([`Timestamp::utc`]).
 pub fn time(t: Timestamp) -> String {
     t.utc()
@@ -93,6 +103,23 @@ pub fn time(t: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A PostgreSQL password is never printed; a file URL prints as typed.
+    #[test]
+    fn a_store_is_shown_without_its_password() {
+        assert_eq!(
+            shown_store("postgres://gw:s3cret@db/awareness?schema=a"),
+            "postgres://gw:***@db/awareness?schema=a"
+        );
+        assert_eq!(
+            shown_store("postgresql://db/awareness"),
+            "postgresql://db/awareness"
+        );
+        assert_eq!(
+            shown_store("sqlite://u:p@h/my%20x.db"),
+            "sqlite://u:p@h/my%20x.db"
+        );
+    }
 
     /// A bidirectional control prints as its JSON escape, in text and in JSON alike: a JSON
     /// reader gets the same string back, a terminal shows the line in order.

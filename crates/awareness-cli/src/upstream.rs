@@ -667,7 +667,7 @@ async fn monitor_links(
             &format!(
                 "monitoring {} adopted session(s) in {}: first check in {} s, then every {} s (Ctrl-C stops)\n",
                 links.len(),
-                crate::table::shown(&cli.store),
+                crate::table::shown_store(&cli.store),
                 args.first_tick_secs,
                 config.interval.as_secs()
             ),

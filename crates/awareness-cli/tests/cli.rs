@@ -978,7 +978,7 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     }
 
     // A wrong URL: usage.
-    let o = run_in(dir.path(), &["--store", "postgres://x", "list"]);
+    let o = run_in(dir.path(), &["--store", "mysql://x", "list"]);
     assert_usage(&o, "a wrong URL");
 
     // A duration the clock cannot reach: usage, before anything starts (guarded: were the
@@ -1120,7 +1120,7 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
         dir.path(),
         &[
             "--store",
-            "postgres://x",
+            "mysql://x",
             "adopt",
             "agent:main:x",
             "--file",

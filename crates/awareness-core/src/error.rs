@@ -325,6 +325,47 @@ impl StoreError {
     }
 }
 
+/// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
+/// (`user:password@`, whatever characters it holds up to the last `@` before the query) or in
+/// its query (`password=`, which sqlx takes too) replaced by `***`.
+///
+/// ```
+/// assert_eq!(
+///     awareness_core::error::redact_url("postgres://gw:s3/cr@t@db/awareness?password=x&schema=a"),
+///     "postgres://gw:***@db/awareness?password=***&schema=a",
+/// );
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (before_query, query) = rest.split_at(rest.find(['?', '#']).unwrap_or(rest.len()));
+    let before_query = match before_query.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{user}:***@{host}")
+        }
+        _ => before_query.to_owned(),
+    };
+    let query = match query.strip_prefix('?') {
+        Some(pairs) => {
+            let pairs: Vec<&str> = pairs
+                .split('&')
+                .map(|p| {
+                    if p.starts_with("password=") {
+                        "password=***"
+                    } else {
+                        p
+                    }
+                })
+                .collect();
+            format!("?{}", pairs.join("&"))
+        }
+        None => query.to_owned(),
+    };
+    format!("{scheme}://{before_query}{query}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +510,30 @@ mod tests {
             invalid.for_another_caller().to_string(),
             invalid.to_string()
         );
+    }
+
+    #[test]
+    fn a_url_is_shown_without_any_password() {
+        for (url, shown) in [
+            (
+                "postgres://gw:s3cret@db:5433/x?schema=a",
+                "postgres://gw:***@db:5433/x?schema=a",
+            ),
+            ("postgres://gw:s3/c@ret@db/x", "postgres://gw:***@db/x"),
+            (
+                "postgres:///x?host=/run/pg&password=s3cret&schema=a",
+                "postgres:///x?host=/run/pg&password=***&schema=a",
+            ),
+            (
+                "postgres://gw:s3cret@db?password=s3cret",
+                "postgres://gw:***@db?password=***",
+            ),
+            ("postgres://gw@db/x", "postgres://gw@db/x"),
+            ("postgres://db/x?schema=a", "postgres://db/x?schema=a"),
+            ("memory:", "memory:"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
     }
 }
 

@@ -5,14 +5,31 @@
 //! | `sqlite:///path/state.db` (or `sqlite:relative.db`) | store-sqlite | `sqlite` (default) |
 //! | `redb:///path/state.redb` | store-redb | `redb` |
 //! | `memory:` | store-memory | `memory` |
+//! | `postgres://[user[:password]@]host[:port]/database[?schema=name&...]` (or `postgresql://`) | store-postgres | `postgres` |
+//!
+//! A file URL takes no query or fragment. A PostgreSQL URL is sqlx's connection URL (`host`,
+//! `port`, `sslmode`, ... in its query, `?host=/var/run/postgresql` for a Unix socket), read by
+//! `store_postgres::parse_url` when the store is opened, whose query may also name the store's
+//! schema, `schema=<name>` (1-63 of `[a-z0-9_]`, not starting with a digit; default
+//! `session_awareness`): every gateway that names the same server and schema shares one store.
+//! Its password is never shown: errors and `{:?}` print `user:***@host`.
+//!
+//! [`OpenOptions`] per backend:
+//!
+//! | option | sqlite | redb | memory | postgres |
+//! |---|---|---|---|---|
+//! | `create_if_missing: false` | refuses a missing, empty or foreign file | same | no file: always opens | refuses a schema that is missing or lacks a table of the store ([`OpenFailure::NotFound`]), in the store's own open, creating nothing |
+//! | `read_only: true` | opens read-only | opens read-only | no file: opens | refused ([`OpenFailure::InvalidOptions`]): the store has no read-only open |
+//! | `live_readers: true` | what SQLite always does | two-phase commits | nothing to share | what PostgreSQL always does: other connections read (and write) the store meanwhile |
 
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::{AwarenessStore, FullStore, OpenFailure, StoreError};
 
-/// A parsed store location.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed store location. Its `{:?}` shows a PostgreSQL URL without its password.
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     /// A SQLite file.
     Sqlite(PathBuf),
@@ -20,6 +37,25 @@ pub enum StoreUrl {
     Redb(PathBuf),
     /// In memory.
     Memory,
+    /// A schema on a PostgreSQL server: the whole URL as given (`postgres://...` or
+    /// `postgresql://...`, its query included), read by `store_postgres::parse_url` when
+    /// the store is opened, so that a URL sqlx cannot read is refused then with the store's own
+    /// error ([`StoreError::Open`], [`OpenFailure::InvalidOptions`]).
+    Postgres(String),
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Sqlite(p) => f.debug_tuple("Sqlite").field(p).finish(),
+            StoreUrl::Redb(p) => f.debug_tuple("Redb").field(p).finish(),
+            StoreUrl::Memory => f.write_str("Memory"),
+            StoreUrl::Postgres(url) => f
+                .debug_tuple("Postgres")
+                .field(&without_password(url))
+                .finish(),
+        }
+    }
 }
 
 /// Why a store could not be opened from a URL.
@@ -27,13 +63,16 @@ pub enum StoreUrl {
 #[non_exhaustive]
 pub enum OpenError {
     /// The URL is not one of the accepted forms.
+    /// (A password in it, after `user:`, is shown as `***`.)
     #[error(
-        "unsupported store URL {0:?}: use sqlite:///path, redb:///path or memory: (no query or fragment; write % ? # in a file name as %25 %3F %23)"
+        "unsupported store URL {0:?}: use sqlite:///path, redb:///path, memory: or postgres://[user@]host/database[?schema=name] (a file URL takes no query or fragment; write % ? # in a file name as %25 %3F %23)"
     )]
     BadUrl(String),
-    /// [`repair_store`] was given `memory:`, which names no file: there is nothing to repair.
+    /// [`repair_store`] was given a store that is not in a file of ours: `memory:`, or a
+    /// PostgreSQL URL (the server recovers its own databases after a crash). There is nothing
+    /// to repair. Holds the URL, a password in it shown as `***`.
     #[error(
-        "cannot repair store {0:?}: a memory store has no file to repair (repair takes sqlite:///path or redb:///path)"
+        "cannot repair store {0:?}: it has no file to repair (a memory store has none; a PostgreSQL server recovers its own); repair takes sqlite:///path or redb:///path"
     )]
     NothingToRepair(String),
     /// The backend exists but this build left out its cargo feature.
@@ -63,13 +102,16 @@ impl OpenError {
 }
 
 impl StoreUrl {
-    /// Parses `sqlite:///abs`, `sqlite://rel`, `sqlite:rel`, the same for `redb`, and `memory:`.
-    /// The path is percent-decoded, as in a URL (`my%20state.db` is `my state.db`); a query or
-    /// a fragment (`?mode=rwc`, which sqlx's own URLs take) is refused rather than taken as part
-    /// of the file name, and so is a `%` that starts no escape or an escape that decodes to
-    /// no UTF-8 text.
+    /// Parses `sqlite:///abs`, `sqlite://rel`, `sqlite:rel`, the same for `redb`, `memory:`,
+    /// and `postgres://...` or `postgresql://...`.
+    /// A file's path is percent-decoded, as in a URL (`my%20state.db` is `my state.db`); a
+    /// query or a fragment (`?mode=rwc`, which sqlx's own URLs take) is refused rather than
+    /// taken as part of the file name, and so is a `%` that starts no escape or an escape that
+    /// decodes to no UTF-8 text. A PostgreSQL URL is kept whole, its query included (it is
+    /// where `schema=`, `host=` and `sslmode=` go), and read when the store is opened, with or
+    /// without the `postgres` feature.
     pub fn parse(url: &str) -> Result<Self, OpenError> {
-        let bad = || OpenError::BadUrl(url.to_owned());
+        let bad = || OpenError::BadUrl(shown(url));
         let path = |rest: &str| -> Result<PathBuf, OpenError> {
             let p = rest.strip_prefix("//").unwrap_or(rest);
             if p.is_empty() || p.contains(['?', '#']) {
@@ -86,8 +128,38 @@ impl StoreUrl {
         if url == "memory:" || url == "memory://" {
             return Ok(StoreUrl::Memory);
         }
-        Err(OpenError::BadUrl(url.to_owned()))
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(StoreUrl::Postgres(url.to_owned()));
+        }
+        Err(bad())
     }
+
+    /// The URL as it may be shown in a message or a log: a PostgreSQL URL without its
+    /// password (`postgres://gw:***@db/awareness`), a file's `sqlite://` or `redb://` and
+    /// its path (not percent-encoded), or `memory:`.
+    pub fn redacted(&self) -> String {
+        match self {
+            StoreUrl::Sqlite(p) => format!("sqlite://{}", p.display()),
+            StoreUrl::Redb(p) => format!("redb://{}", p.display()),
+            StoreUrl::Memory => "memory:".to_owned(),
+            StoreUrl::Postgres(url) => without_password(url),
+        }
+    }
+}
+
+/// `url` as an error may quote it: a URL of no file scheme (`postgres://`, a misspelt one)
+/// without its password; a file URL as it is (its path may hold `:` and `@`).
+fn shown(url: &str) -> String {
+    if url.starts_with("sqlite:") || url.starts_with("redb:") {
+        url.to_owned()
+    } else {
+        without_password(url)
+    }
+}
+
+/// `url` with its password shown as `***` ([`awareness_core::error::redact_url`]).
+fn without_password(url: &str) -> String {
+    awareness_core::error::redact_url(url)
 }
 
 /// Options of [`open_store`].
@@ -95,7 +167,9 @@ impl StoreUrl {
 pub struct OpenOptions {
     /// Create the store when missing (a read-only tool passes `false`). Off, the open creates
     /// no store at all: a missing file, an empty one, or another application's database is
-    /// refused, and left without our tables.
+    /// refused, and left without our tables. postgres: a schema that is missing
+    /// or lacks a table of the store is refused ([`OpenFailure::NotFound`]) and nothing is
+    /// created (`PgStoreOptions::create_if_missing`).
     pub create_if_missing: bool,
     /// Only read: no store is created (SQLite may add its `-wal` and `-shm` files beside one)
     /// and nothing in the file is written, not even a migration; every write fails with
@@ -105,11 +179,15 @@ pub struct OpenOptions {
     /// processes share, and a process that has it open read-write (a running gateway)
     /// excludes unless it opened it with [`OpenOptions::live_readers`]; a file that needs a
     /// repair or a migration is refused.
+    /// postgres has no read-only open: asking for one is refused
+    /// ([`StoreError::Open`], [`OpenFailure::InvalidOptions`]) rather than opening a store that
+    /// writes.
     pub read_only: bool,
     /// redb only: a read-write open lets other processes open the file read-only meanwhile
     /// and follow its commits (`store_redb::RedbOptions::live_readers`: two-phase commits, whose
-    /// measured price is in decision 0009). Ignored by the other backends (SQLite always lets
-    /// readers in) and by a read-only open.
+    /// measured price is in decision 0009). Ignored by the other backends, which let readers
+    /// in whatever it says (SQLite always does; PostgreSQL serves every connection to the
+    /// store, on any host), and by a read-only open.
     pub live_readers: bool,
 }
 
@@ -123,9 +201,10 @@ impl Default for OpenOptions {
     }
 }
 
-/// Opens the store a URL names, creating its file when missing. At shutdown, once every other
-/// handle is dropped, close it with [`EventStore::close`](awareness_core::EventStore::close):
-/// SQLite then moves its write-ahead log into the file, which a drop does not wait for.
+/// Opens the store a URL names, creating its file (postgres: its schema and tables) when
+/// missing. At shutdown, once every other handle is dropped, close it with
+/// [`EventStore::close`](awareness_core::EventStore::close): SQLite then moves its write-ahead
+/// log into the file, which a drop does not wait for, and PostgreSQL's connections are closed.
 pub async fn open_store(url: &str) -> Result<Arc<dyn AwarenessStore>, OpenError> {
     open_store_with(url, OpenOptions::default()).await
 }
@@ -145,7 +224,9 @@ pub async fn open_full_store(url: &str) -> Result<Arc<dyn FullStore>, OpenError>
 }
 
 /// Opens the store a URL names with its upstream links too (every backend has them). The
-/// result converts into `Arc<dyn AwarenessStore>` and `Arc<dyn UpstreamStore>`.
+/// result converts into `Arc<dyn AwarenessStore>` and `Arc<dyn UpstreamStore>`. Each option
+/// applies as the table of [this module](self) says; one a backend cannot honour (a read-only
+/// open of postgres) is refused, never ignored.
 pub async fn open_full_store_with(
     url: &str,
     options: OpenOptions,
@@ -181,6 +262,42 @@ pub async fn open_full_store_with(
         StoreUrl::Memory => Ok(Arc::new(store_memory::MemoryStore::new())),
         #[cfg(not(feature = "memory"))]
         StoreUrl::Memory => Err(OpenError::NotCompiled { backend: "memory" }),
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => Ok(Arc::new(postgres::open(&url, options).await?)),
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => Err(OpenError::NotCompiled {
+            backend: "postgres",
+        }),
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use awareness_core::{OpenFailure, StoreError};
+    use store_postgres::{PgConnectOptions, PgStore, PgStoreOptions};
+
+    /// [`store_postgres::parse_url`] (its refusals quote the URL without its password).
+    pub(super) fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreError> {
+        store_postgres::parse_url(url)
+    }
+
+    /// Opens the store `url` names, as `options` say (see the module's table).
+    pub(super) async fn open(
+        url: &str,
+        options: super::OpenOptions,
+    ) -> Result<PgStore, StoreError> {
+        let (server, store) = parse_url(url)?;
+        if options.read_only {
+            return Err(StoreError::open(
+                // Named as the store names itself in its own errors.
+                format!("postgres schema {:?}", store.schema()),
+                OpenFailure::InvalidOptions,
+                "a PostgreSQL store has no read-only open (open it with read_only off; it \
+                 is created when missing unless create_if_missing is off)",
+                None,
+            ));
+        }
+        PgStore::connect(server, store.create_if_missing(options.create_if_missing)).await
     }
 }
 
@@ -216,12 +333,20 @@ pub enum Repair {
 /// left as it was. (A redb file not closed cleanly is repaired by redb before anything in it
 /// can be read, so one of another application, or of a later schema, gets redb's repair
 /// before the read-write open refuses it, as at any read-write open: [`StoreError::Open`].)
-/// `memory:` has no file: it is refused with [`OpenError::NothingToRepair`].
+/// `memory:` has no file, and a PostgreSQL server recovers its own databases after a crash:
+/// both are refused with [`OpenError::NothingToRepair`], connecting to nothing (a PostgreSQL
+/// URL that cannot be read is refused first, with the store's own error, in a build with the
+/// `postgres` feature).
 pub async fn repair_store(url: &str) -> Result<Repair, OpenError> {
     let (path, sqlite) = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(p) => (p, true),
         StoreUrl::Redb(p) => (p, false),
         StoreUrl::Memory => return Err(OpenError::NothingToRepair(url.to_owned())),
+        StoreUrl::Postgres(u) => {
+            #[cfg(feature = "postgres")]
+            postgres::parse_url(&u)?;
+            return Err(OpenError::NothingToRepair(without_password(&u)));
+        }
     };
     if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
         return Err(StoreError::open(
@@ -309,7 +434,7 @@ mod tests {
         ] {
             assert!(!OpenError::Store(refused(kind)).is_retryable(), "{kind}");
         }
-        assert!(!StoreUrl::parse("postgres://x").unwrap_err().is_retryable());
+        assert!(!StoreUrl::parse("mysql://x").unwrap_err().is_retryable());
     }
 
     /// A URL's path is percent-decoded; a query or fragment, or a broken escape, is refused
@@ -359,8 +484,190 @@ mod tests {
             StoreUrl::Redb("/x/s.redb".into())
         );
         assert_eq!(StoreUrl::parse("memory:").unwrap(), StoreUrl::Memory);
-        for bad in ["", "postgres://x", "sqlite:", "sqlite://", "/tmp/a.db"] {
+        for bad in ["", "mysql://x", "sqlite:", "sqlite://", "/tmp/a.db"] {
             assert!(StoreUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A PostgreSQL URL is kept whole, query and all (`schema=`, `host=` and `sslmode=` live
+    /// there), under either scheme name; anything else that starts alike is no such URL.
+    #[test]
+    fn postgres_urls_are_kept_whole() {
+        for url in [
+            "postgres://gw@db.internal/awareness?schema=team_a&sslmode=require",
+            "postgresql://db/awareness",
+            "postgres:///awareness?host=/var/run/postgresql&port=5432",
+            "postgres://",
+        ] {
+            assert_eq!(
+                StoreUrl::parse(url).unwrap(),
+                StoreUrl::Postgres(url.to_owned()),
+                "{url}"
+            );
+        }
+        for bad in [
+            "postgres:",
+            "postgres:/db",
+            "postgres:db",
+            "postgress://db/x",
+            "pg://db/x",
+            "POSTGRES://db/x",
+        ] {
+            assert!(
+                matches!(StoreUrl::parse(bad), Err(OpenError::BadUrl(_))),
+                "{bad}"
+            );
+        }
+        let text = StoreUrl::parse("pg://db/x").unwrap_err().to_string();
+        assert!(
+            text.contains("postgres://[user@]host/database[?schema=name]"),
+            "{text}"
+        );
+    }
+
+    /// A password in a URL is shown as `***` wherever the URL is: the `{:?}` of a
+    /// [`StoreUrl`], [`StoreUrl::redacted`], and the errors that quote a URL.
+    #[tokio::test]
+    async fn a_postgres_password_is_never_shown() {
+        let url = "postgres://gw:s3cret@db:5433/awareness?schema=team_a";
+        let parsed = StoreUrl::parse(url).unwrap();
+        let hidden = "postgres://gw:***@db:5433/awareness?schema=team_a";
+        assert_eq!(format!("{parsed:?}"), format!("Postgres({hidden:?})"));
+        assert_eq!(parsed.redacted(), hidden);
+        let bad = StoreUrl::parse("postgress://gw:s3cret@db/awareness").unwrap_err();
+        assert!(
+            matches!(&bad, OpenError::BadUrl(u) if u == "postgress://gw:***@db/awareness"),
+            "{bad:?}"
+        );
+        let repair = repair_store(url).await.unwrap_err();
+        assert!(!repair.to_string().contains("s3cret"), "{repair}");
+        assert!(repair.to_string().contains("gw:***@db"), "{repair}");
+        // In the query, or with a `/` or `@` in it (not escaped, as it should be).
+        for (url, hidden) in [
+            (
+                "postgres:///awareness?host=/run/pg&password=s3cret&schema=a",
+                "postgres:///awareness?host=/run/pg&password=***&schema=a",
+            ),
+            ("postgres://gw:s3/c@ret@db/x", "postgres://gw:***@db/x"),
+            (
+                "postgres://gw:s3cret@db?password=s3cret",
+                "postgres://gw:***@db?password=***",
+            ),
+        ] {
+            assert_eq!(StoreUrl::parse(url).unwrap().redacted(), hidden, "{url}");
+        }
+        // Without a password, or in a file's path, nothing is hidden.
+        assert_eq!(
+            StoreUrl::parse("postgres://gw@db/x").unwrap().redacted(),
+            "postgres://gw@db/x"
+        );
+        let file = StoreUrl::parse("sqlite://u:p@h/x.db?q").unwrap_err();
+        assert!(
+            matches!(&file, OpenError::BadUrl(u) if u == "sqlite://u:p@h/x.db?q"),
+            "{file:?}"
+        );
+        assert_eq!(
+            StoreUrl::parse("redb:///a:b@c/s.redb").unwrap().redacted(),
+            "redb:///a:b@c/s.redb"
+        );
+        assert_eq!(StoreUrl::Memory.redacted(), "memory:");
+    }
+
+    /// A PostgreSQL store has no file to repair (its server recovers its own databases): the
+    /// repair is refused, as `memory:`'s is, without connecting to anything (no server
+    /// listens at port 1).
+    #[tokio::test]
+    async fn repairing_a_postgres_store_is_refused() {
+        for url in [
+            "postgres://nobody@127.0.0.1:1/awareness?schema=s",
+            "postgresql://127.0.0.1:1/awareness",
+        ] {
+            let err = repair_store(url).await.unwrap_err();
+            assert!(matches!(err, OpenError::NothingToRepair(_)), "{err:?}");
+            assert!(!err.is_retryable());
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "cannot repair store {url:?}: it has no file to repair (a memory store \
+                     has none; a PostgreSQL server recovers its own); repair takes \
+                     sqlite:///path or redb:///path"
+                ),
+            );
+        }
+    }
+
+    /// Without the feature, a PostgreSQL URL parses but opens nothing, and says which
+    /// feature is missing.
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn a_postgres_url_without_the_feature_is_not_compiled() {
+        let err = open_store("postgres://127.0.0.1:1/awareness")
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                OpenError::NotCompiled {
+                    backend: "postgres"
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// What the options of an open cannot mean for PostgreSQL, or a URL sqlx cannot read, is
+    /// refused with the store's typed error before any connection (no server listens at
+    /// port 1, so an attempt to connect would fail otherwise), its password hidden.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_refuses_a_read_only_open_and_a_bad_url_before_connecting() {
+        let read_only = OpenOptions {
+            read_only: true,
+            create_if_missing: false,
+            live_readers: false,
+        };
+        let err = open_store_with(
+            "postgres://gw:s3cret@127.0.0.1:1/awareness?schema=team_a",
+            read_only,
+        )
+        .await
+        .expect_err("refused");
+        let OpenError::Store(e) = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(e.open_failure(), Some(OpenFailure::InvalidOptions), "{e}");
+        assert!(e.to_string().contains("no read-only open"), "{e}");
+        assert!(e.to_string().contains("team_a"), "{e}");
+        assert!(!err.is_retryable());
+
+        for bad in [
+            "postgres://gw:s3cret@127.0.0.1:notaport/awareness",
+            "postgres://127.0.0.1:notaport/awareness?password=s3cret",
+            "postgres://gw:s3/cret@127.0.0.1:notaport/awareness",
+            "postgres://127.0.0.1:1/awareness?schema=a&schema=b",
+        ] {
+            for options in [OpenOptions::default(), read_only] {
+                let err = open_full_store_with(bad, options)
+                    .await
+                    .expect_err("refused");
+                let OpenError::Store(e) = &err else {
+                    panic!("{bad}: {err:?}")
+                };
+                assert_eq!(
+                    e.open_failure(),
+                    Some(OpenFailure::InvalidOptions),
+                    "{bad}: {e}"
+                );
+                // Neither `s3cret` nor `s3/cret`.
+                assert!(!e.to_string().contains("cret"), "{e}");
+            }
+            let err = repair_store(bad).await.unwrap_err();
+            assert!(
+                matches!(&err, OpenError::Store(e)
+                    if e.open_failure() == Some(OpenFailure::InvalidOptions)),
+                "{bad}: {err:?}"
+            );
+            assert!(!err.to_string().contains("cret"), "{err}");
         }
     }
 
@@ -373,8 +680,9 @@ mod tests {
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "cannot repair store {url:?}: a memory store has no file to repair \
-                     (repair takes sqlite:///path or redb:///path)"
+                    "cannot repair store {url:?}: it has no file to repair (a memory store \
+                     has none; a PostgreSQL server recovers its own); repair takes \
+                     sqlite:///path or redb:///path"
                 ),
             );
         }

@@ -19,7 +19,8 @@
 //! [`upstream`] module monitors adopted sessions for human activity typed straight into their
 //! upstream thread (a Claude Code transcript, a paired node's thread). The backend is chosen at
 //! run time with [`open_store`] or [`open_full_store`] (`sqlite:///path`, `redb:///path`,
-//! `memory:`), each behind an additive cargo feature (`sqlite` is the default).
+//! `memory:`, `postgres://host/database?schema=name`), each behind an additive cargo feature
+//! (`sqlite` is the default; see [`backend`]).
 //!
 //! ```
 //! use std::sync::Arc;

@@ -162,9 +162,9 @@ pub const DEFAULT_SCHEMA: &str = "session_awareness";
 ///
 /// [`StoreError::Open`] ([`OpenFailure::InvalidOptions`]) when sqlx cannot read the URL, or it
 /// names a schema twice or one [`PgStore::connect`] refuses; the error quotes the URL as
-/// [`redact_url`] shows it.
+/// [`awareness_core::error::redact_url`] shows it.
 pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreError> {
-    let shown = redact_url(url);
+    let shown = awareness_core::error::redact_url(url);
     let refuse =
         |reason: String| StoreError::open(shown.clone(), OpenFailure::InvalidOptions, reason, None);
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
@@ -188,47 +188,6 @@ pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreE
     let options = PgStoreOptions::new(schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned()));
     schema::check_name(options.schema()).map_err(refuse)?;
     Ok((server, options))
-}
-
-/// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
-/// (`user:password@`, whatever characters it holds up to the last `@` before the query) or in
-/// its query (`password=`, which sqlx takes too) replaced by `***`.
-///
-/// ```
-/// assert_eq!(
-///     store_postgres::redact_url("postgres://gw:s3/cr@t@db/awareness?password=x&schema=a"),
-///     "postgres://gw:***@db/awareness?password=***&schema=a",
-/// );
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (before_query, query) = rest.split_at(rest.find(['?', '#']).unwrap_or(rest.len()));
-    let before_query = match before_query.rsplit_once('@') {
-        Some((user_info, host)) if user_info.contains(':') => {
-            let user = user_info.split(':').next().unwrap_or_default();
-            format!("{user}:***@{host}")
-        }
-        _ => before_query.to_owned(),
-    };
-    let query = match query.strip_prefix('?') {
-        Some(pairs) => {
-            let pairs: Vec<&str> = pairs
-                .split('&')
-                .map(|p| {
-                    if p.starts_with("password=") {
-                        "password=***"
-                    } else {
-                        p
-                    }
-                })
-                .collect();
-            format!("?{}", pairs.join("&"))
-        }
-        None => query.to_owned(),
-    };
-    format!("{scheme}://{before_query}{query}")
 }
 
 /// The PostgreSQL store. Share it as `Arc<PgStore>`; every gateway process on every host that

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use awareness_benches::{
-    Backend, Dataset, T0, add_watchers, dataset_session, group_commit_specs, head, human,
-    load_dataset, loaded, loaded_backends, poll_ready, runtime, save_result, test_mode, wanted,
-    watcher,
+    Backend, Dataset, PgSchema, T0, add_watchers, dataset_session, group_commit_specs, head, human,
+    is_wanted, load_dataset, loaded, loaded_backends, pg_server, poll_ready, runtime, save_result,
+    test_mode, wanted, watcher,
 };
 use awareness_core::{
     AckTarget, AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence,
@@ -537,7 +537,66 @@ fn floor(c: &mut Criterion) {
         );
     }
     sqlx_floor(&rt, &mut g, dir.path());
+    if is_wanted("postgres") {
+        postgres_floor(&rt, &mut g);
+    }
     g.finish();
+}
+
+/// The floor of `record` on PostgreSQL through sqlx, on the server the `postgres` backend uses
+/// (its settings, `synchronous_commit` included, as the server has them), in a schema of its
+/// own dropped afterwards, over one connection: `sqlx_round_trip` is `SELECT 1` (one message
+/// each way between the process and the server), `sqlx_insert_one_row` a bare one-row insert
+/// per transaction (autocommit: one WAL flush each), into a table with a primary key and
+/// nothing else, its keys going round 4,096 as the other floors' do. A recording pays at least
+/// the insert, and more: the store's lock, its counter, the event's row and two indexes, its
+/// head, each a statement of its own.
+fn postgres_floor(
+    rt: &Runtime,
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let schema = PgSchema::fresh();
+    let mut conn = rt.block_on(async {
+        let mut conn = pg_server()
+            .connect()
+            .await
+            .expect("connect the postgres floor");
+        // PgSchema's names need no quoting.
+        let create = format!(
+            "CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".floor (k bigint PRIMARY KEY, v bigint); \
+             SET search_path TO \"{0}\"",
+            schema.name()
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+            .execute(&mut conn)
+            .await
+            .expect("create the postgres floor table");
+        conn
+    });
+    g.bench_function(BenchmarkId::new("sqlx_round_trip", "postgres"), |bench| {
+        bench.iter(|| {
+            rt.block_on(sqlx::query("SELECT 1").fetch_all(&mut conn))
+                .expect("select 1")
+        });
+    });
+    let mut k: i64 = 0;
+    g.bench_function(
+        BenchmarkId::new("sqlx_insert_one_row", "postgres"),
+        |bench| {
+            bench.iter(|| {
+                k = (k + 1) % 4_096;
+                let q = sqlx::query(
+                    "INSERT INTO floor (k, v) VALUES ($1, $1) \
+                     ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+                )
+                .bind(k);
+                rt.block_on(q.execute(&mut conn)).expect("insert")
+            });
+        },
+    );
+    rt.block_on(conn.close()).expect("close the postgres floor");
+    drop(schema);
 }
 
 /// The floor of `record` on SQLite through sqlx, on a file of its own in WAL mode with

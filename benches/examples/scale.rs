@@ -4,7 +4,8 @@
 //! Reports events per second, the p50/p99 recording latency, one reconcile at the end (a
 //! 200-event page of a session just written: the median of 11 back-to-back reads, so a warm
 //! read, not a cold one), the size of the store's files (for sqlite the database, its WAL and
-//! its `-shm` index; for redb its one file), peak memory (VmHWM) and the RSS sampled every
+//! its `-shm` index; for redb its one file; for postgres its schema's tables with their indexes,
+//! on the server), peak memory (VmHWM) and the RSS sampled every
 //! 100,000 events, and saves them for `bench-report` in `<target>/awareness-scale/<backend>.json`
 //! (unless `--no-save`). Memory is reported, not checked: `bench-report` gives the slope of the
 //! RSS samples, and a run whose memory grows passes.
@@ -17,13 +18,14 @@
 //!     --events 60000 --sessions 2000 --max-rows 20000 --no-save   # a quick check (CI)
 //! ```
 //!
-//! Backends: `memory`, `sqlite`, `redb` (`Immediate` durability), `redb-bounded`, and
-//! `sqlite-1tx` / `redb-1tx` (group commit off).
+//! Backends: `memory`, `sqlite`, `redb` (`Immediate` durability), `redb-bounded`, `postgres`
+//! (in a fresh schema on the server `AWARENESS_PG_URL` names, dropped at the end; the memory
+//! figures are this process's, not the server's), and `sqlite-1tx` / `redb-1tx` (group commit
+//! off).
 
 // Counts, bytes and nanoseconds reported here stay far below 2^52.
 #![allow(clippy::cast_precision_loss)]
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -49,7 +51,8 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: scale --backend memory|sqlite|sqlite-1tx|redb|redb-1tx|redb-bounded [--events N] [--sessions N] \
+        "usage: scale --backend memory|sqlite|sqlite-1tx|redb|redb-1tx|redb-bounded|postgres \
+         [--events N] [--sessions N] \
          [--tasks N] [--prune-every-ms N] [--prune-every-events N] [--sample-every N] \
          [--max-rows N] [--no-save]"
     );
@@ -159,18 +162,6 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Bytes of every file in `dir`: the database and, for sqlite, its WAL and its `-shm` index.
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .filter(std::fs::Metadata::is_file)
-        .map(|m| m.len())
-        .sum()
-}
-
 fn main() {
     let args = parse_args();
     let spec: Spec = group_commit_specs()
@@ -180,12 +171,6 @@ fn main() {
     let rt = runtime();
     let backend = rt.block_on(open_empty(&spec));
     let store = Arc::clone(&backend.store);
-    // store-memory has no file (its guard is an empty temporary directory).
-    let dir = backend
-        .guard
-        .downcast_ref::<tempfile::TempDir>()
-        .filter(|_| !matches!(spec.kind, Kind::Memory))
-        .map(|d| d.path().to_path_buf());
     let start = Instant::now();
     let now = move || Timestamp(T0.0 + start.elapsed().as_millis() as i64);
     let latencies = Arc::new(Histogram::new());
@@ -319,7 +304,13 @@ fn main() {
         times[times.len() / 2]
     });
     let stats = rt.block_on(store.log_stats()).expect("log stats");
-    let file_bytes = dir.as_deref().map(dir_bytes);
+    // None for store-memory, which has no file.
+    let file_bytes = rt.block_on(backend.stored_bytes());
+    let stored = if matches!(spec.kind, Kind::Postgres) {
+        "schema (tables, indexes)"
+    } else {
+        "files (db, WAL, shm)"
+    };
     let events_per_sec = args.events as f64 / elapsed.as_secs_f64();
     let (p50, p99) = (latencies.quantile(0.50), latencies.quantile(0.99));
     let vm_hwm = status_kib("VmHWM");
@@ -327,8 +318,8 @@ fn main() {
     println!(
         "scale/{}: {} events over {} sessions in {:.1} s = {:.0} events/s; record p50 {:.1} µs, \
          p99 {:.1} µs; reconcile/200 at the end (median of 11 warm reads of a just-written \
-         session) {:.1} µs; {} pruning passes deleted {} rows, {} retained; files (db, WAL, \
-         shm) {:.1} MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
+         session) {:.1} µs; {} pruning passes deleted {} rows, {} retained; {stored} {:.1} \
+         MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
         spec.name,
         args.events,
         args.sessions,

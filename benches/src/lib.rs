@@ -9,10 +9,15 @@
 //! `cargo bench -- --test` ([`test_mode`]) the data sets are small, so CI executes every bench
 //! quickly.
 //!
+//! The `postgres` backend works on the PostgreSQL server `AWARENESS_PG_URL` names ([`pg_server`];
+//! `.ci/postgres` starts one), each store in a schema of its own ([`PgSchema`]: a fresh name,
+//! dropped with the store). Its data sets are recorded once per run into a template schema and
+//! copied table by table into each store's schema.
+//!
 //! ```
+//! // Every backend, or those AWARENESS_BENCH_BACKENDS names (postgres needs AWARENESS_PG_URL).
 //! let rt = awareness_benches::runtime();
 //! let backends = rt.block_on(awareness_benches::open_backends());
-//! // Every backend, or those AWARENESS_BENCH_BACKENDS names.
 //! assert!(!backends.is_empty());
 //! ```
 
@@ -20,12 +25,14 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use awareness_core::{
     ActorType, AwarenessStore, EventKind, NewEvent, Sequence, SessionRef, Timestamp, WatcherKey,
 };
+use sqlx::AssertSqlSafe;
+use store_postgres::{PgConnectOptions, PgStore, PgStoreOptions};
 use store_redb::{RedbOptions, RedbStore};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -176,6 +183,9 @@ pub enum Kind {
     Sqlite(SqliteOptions),
     /// store-redb with these options.
     Redb(RedbOptions),
+    /// store-postgres with its default options, in a fresh schema ([`PgSchema`]) on the server
+    /// of [`pg_server`].
+    Postgres,
 }
 
 impl Kind {
@@ -185,6 +195,7 @@ impl Kind {
             Self::Memory => "memory",
             Self::Sqlite(_) => "sqlite",
             Self::Redb(_) => "redb",
+            Self::Postgres => "postgres",
         }
     }
 }
@@ -204,11 +215,13 @@ pub struct Backend {
     pub name: &'static str,
     /// The store.
     pub store: Arc<dyn AwarenessStore>,
-    /// Its file format (`memory`, `sqlite`, `redb`), and the same store when it is a redb one,
-    /// for [`Backend::settle`].
+    /// Its file format (`memory`, `sqlite`, `redb`, `postgres`), and the same store when it is
+    /// a redb one, for [`Backend::settle`], or a postgres one, for [`Backend::stored_bytes`].
     format: &'static str,
     redb: Option<Arc<RedbStore>>,
-    /// Keeps temporary files alive.
+    postgres: Option<Arc<PgStore>>,
+    /// Keeps temporary files alive (a [`tempfile::TempDir`]), or the postgres store's schema (a
+    /// [`PgSchema`], dropped with it). Declared last, so it goes after the store.
     pub guard: Box<dyn Any + Send + Sync>,
 }
 
@@ -223,6 +236,9 @@ impl Backend {
     /// (only `SqliteStore::close` awaits it), so a checkpoint started by the last writes may
     /// still run while the measurement does.
     ///
+    /// PostgreSQL's own background work (autovacuum, checkpoints, the WAL writer) is the
+    /// server's: nothing here waits for it.
+    ///
     /// Returns what it did, for a `--test` run to show.
     pub async fn settle(&self) -> &'static str {
         if let Some(redb) = &self.redb {
@@ -230,8 +246,113 @@ impl Backend {
             "redb flushed"
         } else if self.format == "sqlite" {
             "sqlite's background checkpoint not waited for (no public way)"
+        } else if self.format == "postgres" {
+            "the server's autovacuum and checkpoints not waited for (the server's own)"
         } else {
             "nothing to wait for"
+        }
+    }
+
+    /// Bytes the store keeps: every file of its directory for sqlite (the database, its WAL and
+    /// its `-shm` index) and redb (its one file); for postgres the tables of its schema with
+    /// their indexes and TOAST (`pg_total_relation_size`; not the server's WAL, which every
+    /// schema shares); `None` for memory.
+    pub async fn stored_bytes(&self) -> Option<u64> {
+        if let Some(pg) = &self.postgres {
+            let bytes: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0)::bigint
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+            )
+            .fetch_one(pg.pool())
+            .await
+            .expect("the postgres store's size");
+            return u64::try_from(bytes).ok();
+        }
+        let dir = self
+            .guard
+            .downcast_ref::<tempfile::TempDir>()
+            .filter(|_| self.format != "memory")?;
+        Some(
+            std::fs::read_dir(dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(std::fs::Metadata::is_file)
+                .map(|m| m.len())
+                .sum(),
+        )
+    }
+}
+
+/// The PostgreSQL server of the `postgres` backend: the connection URL in `AWARENESS_PG_URL`
+/// (as [`store_postgres::parse_url`] reads it; a `schema=` in it is ignored, every store getting
+/// a fresh one). Panics, naming the variable, when it is not set: `.ci/postgres` starts a
+/// server and prints its URL.
+pub fn pg_server() -> PgConnectOptions {
+    let Ok(url) = std::env::var("AWARENESS_PG_URL") else {
+        panic!(
+            "the postgres backend needs a PostgreSQL server: set AWARENESS_PG_URL to its URL \
+             (for example postgres:///awareness_test?host=/var/run/postgresql; \
+             `export AWARENESS_PG_URL=\"$(bash .ci/postgres)\"` installs and starts one), or \
+             leave postgres out of AWARENESS_BENCH_BACKENDS (memory,sqlite,redb,redb-bounded)"
+        )
+    };
+    // parse_url's error quotes the URL without its password.
+    store_postgres::parse_url(&url)
+        .unwrap_or_else(|e| panic!("AWARENESS_PG_URL: {e}"))
+        .0
+}
+
+/// A schema of its own on [`pg_server`] for one postgres store (or the floor's table):
+/// `bench_<process id>_<counter>_<clock>`, a name no other bench of any run uses. The store
+/// creates it; dropping this drops it (`DROP SCHEMA ... CASCADE`) with everything in it.
+#[derive(Debug)]
+pub struct PgSchema(String);
+
+impl PgSchema {
+    /// A name not used before (the schema is created by whoever uses it first).
+    pub fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self(format!(
+            "bench_{}_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            nanos % 1_000_000_000_000
+        ))
+    }
+
+    /// The schema's name (lowercase letters, digits and `_`: it needs no quoting).
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
+        // On a thread and a runtime of its own: the caller's runtime may be busy or gone.
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop a schema")
+                .block_on(async move {
+                    use sqlx::{ConnectOptions as _, Connection as _};
+                    let mut conn = pg_server().connect().await?;
+                    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn).await?;
+                    conn.close().await
+                })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("dropping the bench schema {}: {e}", self.0),
+            Err(_) => eprintln!("dropping the bench schema {} panicked", self.0),
         }
     }
 }
@@ -249,7 +370,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub const REDB_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Every backend of the standard groups, in report order: `memory`, `sqlite`, `redb`
-/// (`Immediate` durability) and `redb-bounded`.
+/// (`Immediate` durability), `redb-bounded` and `postgres`.
 pub fn specs() -> Vec<Spec> {
     vec![
         Spec {
@@ -267,6 +388,10 @@ pub fn specs() -> Vec<Spec> {
         Spec {
             name: "redb-bounded",
             kind: Kind::Redb(RedbOptions::bounded(REDB_FLUSH_INTERVAL)),
+        },
+        Spec {
+            name: "postgres",
+            kind: Kind::Postgres,
         },
     ]
 }
@@ -295,15 +420,25 @@ pub fn group_commit_specs() -> Vec<Spec> {
 }
 
 /// `specs` without the backends `AWARENESS_BENCH_BACKENDS` (a comma-separated list such as
-/// `memory,sqlite`) does not name.
+/// `memory,sqlite`) does not name. When a postgres backend is left, its server is checked
+/// first ([`pg_server`] panics without `AWARENESS_PG_URL`), before any data set loads.
 pub fn wanted(specs: Vec<Spec>) -> Vec<Spec> {
-    match std::env::var("AWARENESS_BENCH_BACKENDS") {
+    let out: Vec<Spec> = match std::env::var("AWARENESS_BENCH_BACKENDS") {
         Ok(list) => specs
             .into_iter()
             .filter(|s| list.split(',').any(|n| n.trim() == s.name))
             .collect(),
         Err(_) => specs,
+    };
+    if out.iter().any(|s| matches!(s.kind, Kind::Postgres)) {
+        pg_server();
     }
+    out
+}
+
+/// Whether [`wanted`] keeps the backend named `name`.
+pub fn is_wanted(name: &str) -> bool {
+    wanted(specs()).iter().any(|s| s.name == name)
 }
 
 /// Every backend of [`specs`] that is [`wanted`], empty.
@@ -329,15 +464,37 @@ pub async fn loaded(specs: &[Spec], data: Dataset) -> Vec<Backend> {
     out
 }
 
-/// Opens one empty backend.
+/// Opens one empty backend (a postgres one in a fresh schema).
 pub async fn open_empty(spec: &Spec) -> Backend {
+    if matches!(spec.kind, Kind::Postgres) {
+        return open_postgres(spec, PgSchema::fresh()).await;
+    }
     let dir = tempfile::tempdir().expect("temp dir for a store");
     open_in(spec, dir).await
+}
+
+/// Connects a postgres store in `schema` (created, with its tables, when missing), which the
+/// backend then owns and drops.
+async fn open_postgres(spec: &Spec, schema: PgSchema) -> Backend {
+    let store = Arc::new(
+        PgStore::connect(pg_server(), PgStoreOptions::new(schema.name()))
+            .await
+            .expect("connect the postgres store"),
+    );
+    Backend {
+        name: spec.name,
+        store: Arc::clone(&store) as Arc<dyn AwarenessStore>,
+        format: spec.kind.format(),
+        redb: None,
+        postgres: Some(store),
+        guard: Box::new(schema),
+    }
 }
 
 async fn open_in(spec: &Spec, dir: tempfile::TempDir) -> Backend {
     let (store, redb): (Arc<dyn AwarenessStore>, _) = match &spec.kind {
         Kind::Memory => (Arc::new(store_memory::MemoryStore::new()), None),
+        Kind::Postgres => unreachable!("postgres has no file"),
         Kind::Sqlite(options) => (
             Arc::new(
                 SqliteStore::open_with(dir.path().join("bench.db"), options.clone())
@@ -360,21 +517,30 @@ async fn open_in(spec: &Spec, dir: tempfile::TempDir) -> Backend {
         store,
         format: spec.kind.format(),
         redb,
+        postgres: None,
         guard: Box::new(dir),
     }
 }
 
-/// Loaded files by (format, data set), kept for the whole run.
-type Templates = Mutex<HashMap<(&'static str, Dataset), Arc<tempfile::TempDir>>>;
+/// A data set loaded once per run and format, which each backend of that format copies.
+enum Template {
+    /// The directory of a loaded, cleanly closed sqlite or redb file.
+    Files(tempfile::TempDir),
+    /// A loaded postgres schema.
+    Schema(PgSchema),
+}
+
+/// Loaded templates by (format, data set), kept for the whole run.
+type Templates = Mutex<HashMap<(&'static str, Dataset), Arc<Template>>>;
 
 fn templates() -> &'static Templates {
     static TEMPLATES: OnceLock<Templates> = OnceLock::new();
     TEMPLATES.get_or_init(Mutex::default)
 }
 
-/// Removes the loaded files kept for the run. A static is never dropped, so without this each
-/// run left its templates (up to 70 MB a file) in the temporary directory: the bench's `main`
-/// calls it once every group has run.
+/// Removes the loaded files (and drops the template schemas) kept for the run. A static is
+/// never dropped, so without this each run left its templates (up to 70 MB a file) in the
+/// temporary directory: the bench's `main` calls it once every group has run.
 pub fn remove_templates() {
     templates()
         .lock()
@@ -404,16 +570,97 @@ async fn open_loaded(spec: &Spec, data: Dataset) -> Backend {
             .insert(key, Arc::clone(&t));
         t
     };
-    let dir = tempfile::tempdir().expect("temp dir for a store");
-    copy_files(template.path(), dir.path());
-    open_in(spec, dir).await
+    match &*template {
+        Template::Files(files) => {
+            let dir = tempfile::tempdir().expect("temp dir for a store");
+            copy_files(files.path(), dir.path());
+            open_in(spec, dir).await
+        }
+        Template::Schema(from) => {
+            // A first connection creates the store's tables in a fresh schema, which are then
+            // filled from the template's; the store measured opens the filled schema, as the
+            // other formats open a copied file (whatever a store reads when it connects, it
+            // reads from the data set).
+            let schema = PgSchema::fresh();
+            let setup = PgStore::connect(pg_server(), PgStoreOptions::new(schema.name()))
+                .await
+                .expect("create the postgres copy's tables");
+            copy_schema(&setup, schema.name(), from.name()).await;
+            setup.pool().close().await;
+            drop(setup);
+            open_postgres(spec, schema).await
+        }
+    }
 }
 
-/// Loads `data` into a new file of `kind`'s format and closes it cleanly.
-async fn build_template(kind: &Kind, data: Dataset) -> tempfile::TempDir {
+/// Copies every table of the schema `from` into the (empty) tables of the schema `schema` of
+/// the store `to`, which its connect created as `from`'s were, column by column by name, in
+/// one transaction, then vacuums and analyzes them: the copy's rows are then all visible and
+/// its statistics current, as the server would leave them some time after loading (its
+/// autovacuum would otherwise start on them during the first measurement).
+async fn copy_schema(to: &PgStore, schema: &str, from: &str) {
+    // Each table and its columns, each name quoted by the server.
+    let tables: Vec<(String, String)> = sqlx::query_as(
+        "SELECT quote_ident(table_name::text),
+                string_agg(quote_ident(column_name::text), ', ' ORDER BY ordinal_position)
+         FROM information_schema.columns WHERE table_schema = $1
+         GROUP BY table_name ORDER BY table_name",
+    )
+    .bind(from)
+    .fetch_all(to.pool())
+    .await
+    .expect("the template's tables");
+    assert!(
+        !tables.is_empty(),
+        "the template schema {from} has no table"
+    );
+    // Schema names are PgSchema's (no quoting needed), the rest quoted by the server above.
+    let mut tx = to.pool().begin().await.expect("begin the copy");
+    for (table, columns) in &tables {
+        for sql in [
+            format!("TRUNCATE \"{schema}\".{table}"),
+            format!(
+                "INSERT INTO \"{schema}\".{table} ({columns}) \
+                 SELECT {columns} FROM \"{from}\".{table}"
+            ),
+        ] {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&mut *tx)
+                .await
+                .expect("copy the template");
+        }
+    }
+    tx.commit().await.expect("commit the copy");
+    for (table, _) in &tables {
+        let sql = format!("VACUUM (ANALYZE) \"{schema}\".{table}");
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(to.pool())
+            .await
+            .expect("vacuum the copy");
+    }
+}
+
+/// Loads `data` into a new file of `kind`'s format (a new schema for postgres) and closes it
+/// cleanly.
+async fn build_template(kind: &Kind, data: Dataset) -> Template {
+    if matches!(kind, Kind::Postgres) {
+        let schema = PgSchema::fresh();
+        // Its commits need not be durable: the stores copy its rows, whatever their layout.
+        let server = pg_server().options([("synchronous_commit", "off")]);
+        let pg = Arc::new(
+            PgStore::connect(server, PgStoreOptions::new(schema.name()))
+                .await
+                .expect("connect the postgres template"),
+        );
+        data.load(&(Arc::clone(&pg) as Arc<dyn AwarenessStore>))
+            .await;
+        pg.pool().close().await;
+        return Template::Schema(schema);
+    }
     let dir = tempfile::tempdir().expect("temp dir for a template");
     let store: Arc<dyn AwarenessStore> = match kind {
         Kind::Memory => unreachable!("memory has no file"),
+        Kind::Postgres => unreachable!("postgres has no file"),
         Kind::Sqlite(_) => Arc::new(
             SqliteStore::open(dir.path().join("bench.db"))
                 .await
@@ -432,7 +679,7 @@ async fn build_template(kind: &Kind, data: Dataset) -> tempfile::TempDir {
     // The only handle left: this closes the file cleanly (the WAL copied back, redb's commits
     // durable and its lock released).
     store.close().await;
-    dir
+    Template::Files(dir)
 }
 
 fn copy_files(from: &Path, to: &Path) {

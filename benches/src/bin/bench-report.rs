@@ -54,6 +54,7 @@ const COLUMNS: &[&str] = &[
     "redb",
     "redb-1tx",
     "redb-bounded",
+    "postgres",
 ];
 
 /// One measurement: the median time of an iteration and the elements an iteration handles.
@@ -426,6 +427,9 @@ fn render(
             time(insert.median_ns)
         );
     }
+    if let Some(line) = postgres_floor(r) {
+        let _ = writeln!(s, "\n{line}");
+    }
     let t = targets(r);
     if !t.is_empty() {
         let _ = writeln!(
@@ -454,6 +458,31 @@ fn render(
         render_scale(&mut s, scale);
     }
     s
+}
+
+/// The postgres floor's line: sqlx's round trip and bare one-row insert on the backend's
+/// server, and postgres's `record/0_watchers` against the insert (a ratio with no bound: the
+/// store issues set none for postgres).
+fn postgres_floor(r: &BTreeMap<String, Measured>) -> Option<String> {
+    let trip = r.get("floor/sqlx_round_trip/postgres")?;
+    let insert = r.get("floor/sqlx_insert_one_row/postgres")?;
+    let record = r
+        .get("record/0_watchers/postgres")
+        .map_or_else(String::new, |m| {
+            format!(
+                "; postgres `record/0_watchers` {}, {:.2}x the insert{}",
+                time(m.median_ns),
+                m.median_ns / insert.median_ns,
+                apart(*m, *insert)
+            )
+        });
+    Some(format!(
+        "postgres floor (sqlx on the backend's server, a table of its own, the server's \
+         `synchronous_commit`): {} a round trip (`SELECT 1`), {} a bare one-row insert per \
+         transaction{record}.",
+        time(trip.median_ns),
+        time(insert.median_ns)
+    ))
 }
 
 /// The backends of `by_backend` in the table's column order.
@@ -531,7 +560,8 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
         "\nScale (`examples/scale.rs`: recording from several tasks with the default retention \
          running). The reconcile is the median of 11 back-to-back reads of a 200-event page of \
          a session just written (a warm read); the files are sqlite's database, WAL and `-shm` \
-         index, or redb's one file. RSS growth is the least-squares slope of the second half of \
+         index, redb's one file, or postgres's tables and their indexes on the server (whose \
+         memory is not in the process's figures). RSS growth is the least-squares slope of the second half of \
          the RSS samples (the first half holds the warm-up and the log filling to its cap), in \
          MiB per 100,000 events: 0 is flat; it is reported, not checked.\n"
     );

@@ -26,13 +26,6 @@ macro_rules! event_columns {
     };
 }
 
-/// The event of the dedupe key `$1`.
-pub(crate) const EVENT_OF_DEDUPE_KEY: &str = concat!(
-    "SELECT ",
-    event_columns!(),
-    " FROM session_state_events WHERE dedupe_key = $1"
-);
-
 /// At most `$2` events after `$1`, in order.
 pub(crate) const EVENTS_AFTER: &str = concat!(
     "SELECT ",
@@ -63,20 +56,60 @@ macro_rules! link_columns {
     };
 }
 
+/// What a recording reads, under the store's lock, in one statement: a row per cursor on the
+/// target key `$3` (one row when there is none), each with the counter moved by one
+/// (column 0, NULL when it is at `$1`, the store's end; with the commit count moved too), the
+/// counter as it was (1), the stored event of the dedupe key `$2` (2-13, NULL when none), the
+/// head of the ref (`$3`, `$4`; 14-17, the last one true when there is a head) and the cursor
+/// (18-25, NULL when none). The counter row's update, in a CTE, is the one write: the reads
+/// see the rows as the transactions before this one left them (the lock was taken before this
+/// statement, whose snapshot is taken after it).
+pub(crate) const RECORD_READ: &str = concat!(
+    "WITH moved AS (
+  UPDATE session_state_counter SET last_sequence = last_sequence + 1, commits = commits + 1
+  WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence)
+SELECT (SELECT last_sequence FROM moved), k.last_sequence, e.*, h.*, c.*
+FROM session_state_counter AS k
+LEFT JOIN LATERAL (SELECT ",
+    event_columns!(),
+    " FROM session_state_events WHERE dedupe_key = $2) AS e ON true
+LEFT JOIN LATERAL (SELECT last_sequence, pruned_max_sequence, updated_at, true AS found
+  FROM session_state_heads WHERE session_key = $3 AND agent_id = $4) AS h ON true
+LEFT JOIN LATERAL (SELECT ",
+    cursor_columns!(),
+    " FROM session_watch_cursors WHERE target_session_key = $3) AS c ON true
+WHERE k.id = 0"
+);
+
+/// What a recording writes, in one statement: the event (`$1`-`$12`, its number given), its
+/// ref's head as the protocol decided it (`$13`-`$17`) and the cursors the protocol moved (the
+/// arrays `$18`-`$25`, as [`UPSERT_CURSORS`]; empty ones write none).
+pub(crate) const RECORD_WRITE: &str = "WITH event AS (
+  INSERT INTO session_state_events (sequence, dedupe_key, session_key, session_id, agent_id,
+    kind, actor_type, actor_id, run_id, occurred_at, summary, payload_json)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)),
+head AS (
+  INSERT INTO session_state_heads (session_key, agent_id, last_sequence, pruned_max_sequence,
+    updated_at) VALUES ($13, $14, $15, $16, $17)
+  ON CONFLICT (session_key, agent_id) DO UPDATE SET last_sequence = excluded.last_sequence,
+    pruned_max_sequence = excluded.pruned_max_sequence, updated_at = excluded.updated_at),
+cursors AS (
+  INSERT INTO session_watch_cursors (watcher_session_key, target_session_key, target_agent_id,
+    last_seen_sequence, notified_sequence, material_sequence, updated_at, provenance)
+  SELECT * FROM unnest($18::text[], $19::text[], $20::text[], $21::bigint[], $22::bigint[],
+    $23::bigint[], $24::bigint[], $25::text[])
+  ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
+    target_agent_id = excluded.target_agent_id,
+    last_seen_sequence = excluded.last_seen_sequence,
+    notified_sequence = excluded.notified_sequence,
+    material_sequence = excluded.material_sequence,
+    updated_at = excluded.updated_at,
+    provenance = excluded.provenance)
+SELECT 1";
+
 /// Counts a write transaction in the store-wide commit count (`foreign_commits`).
 pub(crate) const COUNT_COMMIT: &str =
     "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0";
-
-/// Inserts an event (its number given).
-pub(crate) const INSERT_EVENT: &str = "INSERT INTO session_state_events (sequence, dedupe_key,
-  session_key, session_id, agent_id, kind, actor_type, actor_id, run_id, occurred_at, summary,
-  payload_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
-
-/// Writes a head as the protocol decided it.
-pub(crate) const PUT_HEAD: &str = "INSERT INTO session_state_heads (session_key, agent_id,
-  last_sequence, pruned_max_sequence, updated_at) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (session_key, agent_id) DO UPDATE SET last_sequence = excluded.last_sequence,
-  pruned_max_sequence = excluded.pruned_max_sequence, updated_at = excluded.updated_at";
 
 /// One ref's head.
 pub(crate) const HEAD: &str = concat!(
@@ -124,6 +157,14 @@ pub(crate) const CURSOR: &str = concat!(
     "SELECT ",
     cursor_columns!(),
     " FROM session_watch_cursors WHERE watcher_session_key = $1 AND target_session_key = $2"
+);
+
+/// The cursors of the keys `($1[i], $2[i])`.
+pub(crate) const CURSORS_OF_KEYS: &str = concat!(
+    "SELECT ",
+    cursor_columns!(),
+    " FROM session_watch_cursors
+WHERE (watcher_session_key, target_session_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 );
 
 /// The cursors on the target key `$1`, of any agent.
@@ -223,7 +264,7 @@ where
 }
 
 impl Rows<'_> {
-    fn corrupt(&self, what: &str, why: impl std::fmt::Display) -> StoreError {
+    pub(crate) fn corrupt(&self, what: &str, why: impl std::fmt::Display) -> StoreError {
         StoreError::corrupt(format!("{}: {what}: {why}", self.store))
     }
 
@@ -240,7 +281,7 @@ impl Rows<'_> {
     }
 
     /// The event of [`event_columns!`] from column `at` on.
-    fn event_at(&self, row: &PgRow, at: usize) -> Result<Event, StoreError> {
+    pub(crate) fn event_at(&self, row: &PgRow, at: usize) -> Result<Event, StoreError> {
         let seq: i64 = get(row, at, &|| format!("{}: an event row", self.store))?;
         let what = || format!("{}: event {seq}", self.store);
         let text = |i: usize| get::<Option<String>>(row, at + i, &what);
@@ -291,17 +332,7 @@ impl Rows<'_> {
         let Some(first) = rows.first() else {
             return Err(StoreError::corrupt(format!("{}: no row", what())));
         };
-        let head = if get::<Option<bool>>(first, 3, &what)?.is_some() {
-            let name = format!("the head of {session}");
-            Some(Head {
-                session: session.clone(),
-                last_sequence: self.sequence(&name, get(first, 0, &what)?)?,
-                pruned_max_sequence: self.sequence(&name, get(first, 1, &what)?)?,
-                updated_at: Timestamp(get(first, 2, &what)?),
-            })
-        } else {
-            None
-        };
+        let head = self.head_at(session, first, 0)?;
         let least = get::<Option<i64>>(first, 4, &what)?
             .map(|s| self.sequence(&format!("an event of {session}"), s))
             .transpose()?;
@@ -320,26 +351,52 @@ impl Rows<'_> {
         ))
     }
 
+    /// The head of `session` from the columns `at` on: last sequence, pruned watermark, time,
+    /// and `true` when there is a head (NULL when the row was left-joined to none).
+    pub(crate) fn head_at(
+        &self,
+        session: &SessionRef,
+        row: &PgRow,
+        at: usize,
+    ) -> Result<Option<Head>, StoreError> {
+        let name = format!("the head of {session}");
+        let what = || format!("{}: {name}", self.store);
+        if get::<Option<bool>>(row, at + 3, &what)?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Head {
+            session: session.clone(),
+            last_sequence: self.sequence(&name, get(row, at, &what)?)?,
+            pruned_max_sequence: self.sequence(&name, get(row, at + 1, &what)?)?,
+            updated_at: Timestamp(get(row, at + 2, &what)?),
+        }))
+    }
+
     /// The cursor of [`cursor_columns!`].
     pub(crate) fn cursor(&self, row: &PgRow) -> Result<Cursor, StoreError> {
-        let watcher: String = get(row, 0, &|| format!("{}: a cursor row", self.store))?;
-        let target: String = get(row, 1, &|| format!("{}: a cursor row", self.store))?;
+        self.cursor_at(row, 0)
+    }
+
+    /// The cursor of [`cursor_columns!`] from column `at` on.
+    pub(crate) fn cursor_at(&self, row: &PgRow, at: usize) -> Result<Cursor, StoreError> {
+        let watcher: String = get(row, at, &|| format!("{}: a cursor row", self.store))?;
+        let target: String = get(row, at + 1, &|| format!("{}: a cursor row", self.store))?;
         let name = format!("cursor ({watcher:?}, {target:?})");
         let what = || format!("{}: {name}", self.store);
         let watcher = WatcherKey::parse(&watcher).map_err(|e| self.corrupt(&name, e))?;
         let target = SessionKey::new(&target).map_err(|e| self.corrupt(&name, e))?;
-        let target_agent = match get::<Option<String>>(row, 2, &what)? {
+        let target_agent = match get::<Option<String>>(row, at + 2, &what)? {
             Some(a) => AgentId::new(&a).map_err(|e| self.corrupt(&name, e))?,
             None => Cursor::default_target_agent(&watcher, &target),
         };
-        let provenance: String = get(row, 7, &what)?;
+        let provenance: String = get(row, at + 7, &what)?;
         let provenance = WatchProvenance::from_stored(&provenance)
             .ok_or_else(|| self.corrupt(&name, format_args!("provenance {provenance:?}")))?;
         Ok(Cursor {
-            last_seen: self.sequence(&name, get(row, 3, &what)?)?,
-            notified: self.sequence(&name, get(row, 4, &what)?)?,
-            material: self.sequence(&name, get(row, 5, &what)?)?,
-            updated_at: Timestamp(get(row, 6, &what)?),
+            last_seen: self.sequence(&name, get(row, at + 3, &what)?)?,
+            notified: self.sequence(&name, get(row, at + 4, &what)?)?,
+            material: self.sequence(&name, get(row, at + 5, &what)?)?,
+            updated_at: Timestamp(get(row, at + 6, &what)?),
             watcher,
             target,
             target_agent,
@@ -349,8 +406,15 @@ impl Rows<'_> {
 
     /// The cursors of `rows` that can be read; the others are left out with a warning.
     pub(crate) fn readable_cursors(&self, rows: &[PgRow]) -> Vec<Cursor> {
+        self.readable_cursors_at(rows, 0)
+    }
+
+    /// [`Rows::readable_cursors`] of the cursor columns from `at` on, in rows that may have
+    /// none (their watcher NULL).
+    pub(crate) fn readable_cursors_at(&self, rows: &[PgRow], at: usize) -> Vec<Cursor> {
         rows.iter()
-            .filter_map(|r| match self.cursor(r) {
+            .filter(|r| matches!(r.try_get::<Option<String>, _>(at), Ok(Some(_))))
+            .filter_map(|r| match self.cursor_at(r, at) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "a cursor row this store cannot read is left out");

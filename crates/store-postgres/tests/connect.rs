@@ -6,7 +6,8 @@ mod server;
 use std::time::Duration;
 
 use awareness_core::{
-    ActorType, EventKind, EventStore as _, NewEvent, OpenFailure, SessionRef, StoreError, Timestamp,
+    ActorType, EventKind, EventStore as _, NewEvent, OpenFailure, Sequence, SessionRef, StoreError,
+    Timestamp,
 };
 use sqlx::ConnectOptions as _;
 use store_postgres::{PgStore, PgStoreOptions};
@@ -276,4 +277,78 @@ async fn a_role_that_may_only_read_and_write_rows_opens_an_existing_store() {
     drop(store);
     drop_role(&mut conn).await;
     assert_eq!(recorded.expect("record").event.sequence.0, 1);
+}
+
+/// Writes of one handle waiting for the store (another gateway in the middle of a write) hold
+/// at most one of its connections: its reads go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_on_while_writes_wait_for_another_gateway() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = std::sync::Arc::new(
+        PgStore::connect(
+            server::server(),
+            PgStoreOptions::new(schema.clone()).max_connections(2),
+        )
+        .await
+        .expect("connect"),
+    );
+    let now = Timestamp(1_800_000_000_000);
+    let first = human("agent:main:subagent:a");
+    let session = first.session.clone();
+    store.record(first, now).await.expect("record");
+    // Another gateway's write holds the row every recording writes.
+    let mut other = server::server().connect().await.expect("connect");
+    sqlx::query("BEGIN")
+        .execute(&mut other)
+        .await
+        .expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT * FROM \"{schema}\".session_state_counter FOR UPDATE"
+    )))
+    .execute(&mut other)
+    .await
+    .expect("lock the counter row");
+    let writes: Vec<_> = (0..4)
+        .map(|_| {
+            let store = std::sync::Arc::clone(&store);
+            tokio::spawn(async move { store.record(human("agent:main:subagent:a"), now).await })
+        })
+        .collect();
+    // Until a write waits on the server, then a little longer, so that writes that could take
+    // the pool's other connection would have.
+    let mut probe = server::server().connect().await.expect("connect");
+    tokio::time::timeout(HANG, async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            )
+            .fetch_one(&mut probe)
+            .await
+            .expect("probe");
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a write waits for the other gateway");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let page = tokio::time::timeout(HANG, store.changes_since(&session, Sequence(0), 10))
+        .await
+        .expect("the read waited for the writes past the hang guard")
+        .expect("the read succeeds while the writes wait");
+    assert_eq!(page.events.len(), 1);
+    sqlx::query("COMMIT")
+        .execute(&mut other)
+        .await
+        .expect("commit");
+    let mut got: Vec<u64> = Vec::new();
+    for w in writes {
+        got.push(w.await.expect("join").expect("record").event.sequence.0);
+    }
+    got.sort_unstable();
+    assert_eq!(got, [2, 3, 4, 5]);
 }

@@ -20,6 +20,13 @@
 //! Reads take no lock. Each read is one statement, which PostgreSQL answers from one snapshot
 //! (a page and the head it is checked against never disagree).
 //!
+//! A handle runs its operations on a runtime of its own, and its writes take one turn in the
+//! order they were called: a write whose caller gives up still ends (committed or rolled back)
+//! before the handle's next one starts, and never leaves the lock held by a connection nobody
+//! drives; a handle waiting for another gateway's write keeps its other connections for reads.
+//! A recording is four round trips: `BEGIN` with the lock, one statement that reads what the
+//! protocol needs, one that writes what it decided, `COMMIT`.
+//!
 //! **Other gateways' commits** ([`EventStore::foreign_commits`], the hint behind DESIGN.md
 //! section 9.1's push): every write transaction that changes something adds one to a
 //! store-wide commit count before it commits; a handle answers that count less its own

@@ -5,8 +5,9 @@
 //! store-sqlite's (OpenClaw's names and columns) in a schema of their own, with PostgreSQL's
 //! types, plus a one-row table that holds the sequence counter.
 //!
-//! Every decision of the protocol is `awareness_core`'s ([`protocol`], [`retention`],
-//! [`reconcile`], [`upstream`]); this crate reads the rows a decision needs and writes what it
+//! Every decision of the protocol is `awareness_core`'s ([`awareness_core::protocol`],
+//! [`awareness_core::retention`], [`awareness_core::reconcile`], [`awareness_core::upstream`]);
+//! this crate reads the rows a decision needs and writes what it
 //! decided, each operation in one transaction.
 //!
 //! **Writes are serialized** per store (per schema) by a transaction-level advisory lock

@@ -556,7 +556,7 @@ fn postgres_floor(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
 ) {
     use sqlx::{ConnectOptions as _, Connection as _};
-    let schema = PgSchema::fresh();
+    let schema = PgSchema::fresh("bench");
     let mut conn = rt.block_on(async {
         let mut conn = pg_server()
             .connect()

@@ -25,7 +25,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use awareness_core::{
@@ -305,57 +305,10 @@ pub fn pg_server() -> PgConnectOptions {
         .0
 }
 
-/// A schema of its own on [`pg_server`] for one postgres store (or the floor's table):
-/// `bench_<process id>_<counter>_<clock>`, a name no other bench of any run uses. The store
-/// creates it; dropping this drops it (`DROP SCHEMA ... CASCADE`) with everything in it.
-#[derive(Debug)]
-pub struct PgSchema(String);
-
-impl PgSchema {
-    /// A name not used before (the schema is created by whoever uses it first).
-    pub fn fresh() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Self(format!(
-            "bench_{}_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            nanos % 1_000_000_000_000
-        ))
-    }
-
-    /// The schema's name (lowercase letters, digits and `_`: it needs no quoting).
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
-        // On a thread and a runtime of its own: the caller's runtime may be busy or gone.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to drop a schema")
-                .block_on(async move {
-                    use sqlx::{ConnectOptions as _, Connection as _};
-                    let mut conn = pg_server().connect().await?;
-                    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn).await?;
-                    conn.close().await
-                })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("dropping the bench schema {}: {e}", self.0),
-            Err(_) => eprintln!("dropping the bench schema {} panicked", self.0),
-        }
-    }
-}
+/// A schema of its own on the server for one postgres store (or the floor's table):
+/// `bench_<process id>_<counter>_<clock>` ([`PgSchema::fresh`] with `"bench"`), a name no other
+/// bench of any run uses. The store creates it; dropping this drops it with everything in it.
+pub use store_postgres::testkit::Schema as PgSchema;
 
 /// The default multi-threaded tokio runtime the benches run durable stores on.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -467,7 +420,7 @@ pub async fn loaded(specs: &[Spec], data: Dataset) -> Vec<Backend> {
 /// Opens one empty backend (a postgres one in a fresh schema).
 pub async fn open_empty(spec: &Spec) -> Backend {
     if matches!(spec.kind, Kind::Postgres) {
-        return open_postgres(spec, PgSchema::fresh()).await;
+        return open_postgres(spec, PgSchema::fresh("bench")).await;
     }
     let dir = tempfile::tempdir().expect("temp dir for a store");
     open_in(spec, dir).await
@@ -581,7 +534,7 @@ async fn open_loaded(spec: &Spec, data: Dataset) -> Backend {
             // filled from the template's; the store measured opens the filled schema, as the
             // other formats open a copied file (whatever a store reads when it connects, it
             // reads from the data set).
-            let schema = PgSchema::fresh();
+            let schema = PgSchema::fresh("bench");
             let setup = PgStore::connect(pg_server(), PgStoreOptions::new(schema.name()))
                 .await
                 .expect("create the postgres copy's tables");
@@ -644,7 +597,7 @@ async fn copy_schema(to: &PgStore, schema: &str, from: &str) {
 /// cleanly.
 async fn build_template(kind: &Kind, data: Dataset) -> Template {
     if matches!(kind, Kind::Postgres) {
-        let schema = PgSchema::fresh();
+        let schema = PgSchema::fresh("bench");
         // Its commits need not be durable: the stores copy its rows, whatever their layout.
         let server = pg_server().options([("synchronous_commit", "off")]);
         let pg = Arc::new(

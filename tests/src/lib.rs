@@ -16,7 +16,6 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use awareness_core::error::ErrorChain;
@@ -298,80 +297,21 @@ const BACKENDS: &[(&str, PlaceOf)] = &[
         (url, None)
     }),
     ("postgres", |_| {
-        let schema = PgSchema::fresh();
+        let schema = PgSchema::fresh("e2e");
         (schema.url(), Some(schema))
     }),
 ];
 
-/// The PostgreSQL server's URL, `AWARENESS_PG_URL`.
+/// The PostgreSQL server's URL, `AWARENESS_PG_URL` (`store_postgres::testkit::server_url`).
 ///
 /// # Panics
 ///
 /// When the variable is not set: the postgres backend is tested, not skipped.
 pub fn pg_server_url() -> String {
-    std::env::var("AWARENESS_PG_URL").expect(
-        "AWARENESS_PG_URL names the PostgreSQL server the end-to-end tests run the postgres \
-         backend on (for example postgres:///awareness_test?host=/var/run/postgresql); \
-         .ci/run starts one",
-    )
+    store_postgres::testkit::server_url()
 }
 
-/// A schema of the server [`pg_server_url`] names that no other test of any run uses; dropped
-/// (with all it holds) when this is. Nothing is created until a store is opened in it.
-pub struct PgSchema(String);
-
-impl PgSchema {
-    /// A name not used before.
-    pub fn fresh() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Self(format!(
-            "e2e_{}_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            nanos % 1_000_000_000_000
-        ))
-    }
-
-    /// The schema's name (lowercase letters, digits and `_`: it needs no quoting).
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-
-    /// The store URL of this schema: the server's URL with `schema=` added to its query.
-    pub fn url(&self) -> String {
-        let server = pg_server_url();
-        let sep = if server.contains('?') { '&' } else { '?' };
-        format!("{server}{sep}schema={}", self.0)
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
-        // On a thread and a runtime of its own: the test's may be busy, gone, or paused.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to drop a schema")
-                .block_on(async move {
-                    use sqlx::{ConnectOptions as _, Connection as _};
-                    let server: sqlx::postgres::PgConnectOptions = pg_server_url().parse()?;
-                    let mut conn = server.connect().await?;
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut conn)
-                        .await?;
-                    conn.close().await
-                })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("dropping the test schema {}: {e}", self.0),
-            Err(_) => eprintln!("dropping the test schema {}: the thread panicked", self.0),
-        }
-    }
-}
+/// A schema of the server [`pg_server_url`] names that no other test of any run uses
+/// ([`PgSchema::fresh`] with `"e2e"`); dropped (with all it holds) when this is. Nothing is
+/// created until a store is opened in it.
+pub use store_postgres::testkit::Schema as PgSchema;

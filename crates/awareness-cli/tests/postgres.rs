@@ -4,7 +4,6 @@
 //! not skipped quietly.
 
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 
@@ -44,46 +43,30 @@ fn assert_fails(o: &Output, code: i32, needle: &str, what: &str) {
     assert!(err.contains(needle), "{what}: {err}");
 }
 
-/// The server's URL.
-fn server_url() -> String {
-    std::env::var("AWARENESS_PG_URL").expect(
-        "AWARENESS_PG_URL names the PostgreSQL server the awareness-cli postgres tests use \
-         (for example postgres:///awareness_test?host=/var/run/postgresql); .ci/run starts one",
-    )
-}
-
 /// The store URL of `schema` on the server.
 fn url_of(schema: &str) -> String {
-    let server = server_url();
+    let server = store_postgres::testkit::server_url();
     let sep = if server.contains('?') { '&' } else { '?' };
     format!("{server}{sep}schema={schema}")
 }
 
-/// A schema no other test of any run uses; dropped, with all it holds, when this is.
-struct Schema(String);
+/// A schema no other test of any run uses (`store_postgres::testkit::Schema`); dropped, with
+/// all it holds, when this is.
+struct Schema(store_postgres::testkit::Schema);
 
 impl Schema {
     fn fresh() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Self(format!(
-            "cli_{}_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            nanos % 1_000_000_000_000
-        ))
+        Self(store_postgres::testkit::Schema::fresh("cli"))
     }
 
     fn url(&self) -> String {
-        url_of(&self.0)
+        self.0.url()
     }
 
     /// Each of the schema's tables with its rows as JSON, in order (`None`: no such schema):
     /// what a command wrote shows here.
     fn contents(&self) -> Option<Vec<(String, Vec<String>)>> {
-        let schema = self.0.clone();
+        let schema = self.0.name().to_owned();
         on_server(async move |conn| {
             let tables: Option<Vec<String>> = sqlx::query_scalar(
                 "SELECT array(SELECT c.relname::text FROM pg_class c
@@ -110,18 +93,6 @@ impl Schema {
     }
 }
 
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
-        on_server(async move |conn| {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&mut *conn)
-                .await
-                .map(drop)
-        });
-    }
-}
-
 /// `work` on a connection of its own to the server.
 fn on_server<T>(work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, sqlx::Error>) -> T {
     use sqlx::{ConnectOptions as _, Connection as _};
@@ -130,10 +101,10 @@ fn on_server<T>(work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, sql
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let server: sqlx::postgres::PgConnectOptions = server_url()
-            .parse()
-            .expect("AWARENESS_PG_URL is a connection URL");
-        let mut conn = server.connect().await.expect("connect to the server");
+        let mut conn = store_postgres::testkit::server()
+            .connect()
+            .await
+            .expect("connect to the server");
         let got = work(&mut conn).await.expect("the server answers");
         conn.close().await.expect("closed");
         got
@@ -152,7 +123,7 @@ fn operator_commands_on_a_fresh_schema() {
 
     for read in [&["status", child][..], &["list"][..], &["doctor"][..]] {
         let o = run(read);
-        assert_fails(&o, 1, &schema.0, &format!("{read:?}"));
+        assert_fails(&o, 1, schema.0.name(), &format!("{read:?}"));
         assert!(stderr(&o).contains("no such schema"), "{}", stderr(&o));
     }
     let typo = run(&["unwatch", "agent:main:main", child]);
@@ -239,11 +210,11 @@ fn a_bad_postgres_url_is_a_usage_error() {
     let schema = Schema::fresh();
     let no_port = format!(
         "postgres://gw:s3cret@localhost:notaport/awareness?schema={}",
-        schema.0
+        schema.0.name()
     );
     let in_query = format!(
         "postgres://localhost:notaport/awareness?password=s3cret&schema={}",
-        schema.0
+        schema.0.name()
     );
     let bad_name = url_of("Not-A-Name");
     let record: &[&str] = &[

@@ -4,8 +4,6 @@
 //! skipped quietly.
 #![cfg(feature = "postgres")]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use awareness_core::{
     ActorType, AwarenessStoreExt as _, EventKind, NewEvent, OpenFailure, Sequence, SessionRef,
     StoreError, Timestamp,
@@ -13,42 +11,27 @@ use awareness_core::{
 use gateway_adapter::{OpenError, OpenOptions, open_full_store_with, open_store};
 use sqlx::{ConnectOptions as _, Connection as _};
 
-/// The server's URL.
-fn server_url() -> String {
-    std::env::var("AWARENESS_PG_URL").expect(
-        "AWARENESS_PG_URL names the PostgreSQL server the gateway-adapter postgres tests use \
-         (for example postgres:///awareness_test?host=/var/run/postgresql); .ci/run starts one",
-    )
+use store_postgres::testkit::Schema;
+
+/// A schema no other test of any run uses (its URL's `schema=`), and the guard that drops it.
+fn fresh_schema() -> (String, Schema) {
+    let schema = Schema::fresh("ga");
+    (schema.name().to_owned(), schema)
 }
 
 /// The store URL of `schema` on the server.
 fn url_of(schema: &str) -> String {
-    let server = server_url();
+    let server = store_postgres::testkit::server_url();
     let sep = if server.contains('?') { '&' } else { '?' };
     format!("{server}{sep}schema={schema}")
 }
 
-/// A schema no other test of any run uses, and the guard that drops it.
-fn fresh_schema() -> (String, DropSchema) {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let name = format!(
-        "ga_{}_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed),
-        nanos % 1_000_000_000_000
-    );
-    (name.clone(), DropSchema(name))
-}
-
 /// A connection of its own to the server.
 async fn raw() -> sqlx::PgConnection {
-    let server: sqlx::postgres::PgConnectOptions = server_url()
-        .parse()
-        .expect("AWARENESS_PG_URL is a connection URL");
-    server.connect().await.expect("connect to the server")
+    store_postgres::testkit::server()
+        .connect()
+        .await
+        .expect("connect to the server")
 }
 
 /// The tables `schema` holds (`None` when there is no such schema).
@@ -65,35 +48,6 @@ async fn tables_in(schema: &str) -> Option<Vec<String>> {
     .expect("read the catalog");
     conn.close().await.expect("closed");
     found
-}
-
-/// Drops its schema when the test is done with it.
-struct DropSchema(String);
-
-impl Drop for DropSchema {
-    fn drop(&mut self) {
-        let schema = std::mem::take(&mut self.0);
-        // A runtime of its own, on a thread of its own: the test's may be gone or busy.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to drop a schema")
-                .block_on(async move {
-                    let mut conn = raw().await;
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                    )))
-                    .execute(&mut conn)
-                    .await
-                    .map(drop)
-                })
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("dropping a test schema: {e}");
-        }
-    }
 }
 
 fn human(session: &SessionRef) -> NewEvent {

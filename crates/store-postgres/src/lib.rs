@@ -61,6 +61,8 @@
 mod rows;
 mod schema;
 mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 use std::future::Future;
 use std::sync::Arc;

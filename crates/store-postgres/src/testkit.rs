@@ -1,0 +1,110 @@
+//! Test support (feature `testkit`) for the crates that test or measure against a PostgreSQL
+//! server: the server `AWARENESS_PG_URL` names, and schemas no other test uses, dropped when
+//! the test is done with them. Not for production use.
+//!
+//! `.ci/postgres` starts a server and prints its URL; without the variable every helper here
+//! panics naming it, so that a backend that is not tested is not skipped quietly.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{PgConnectOptions, PgStoreOptions};
+
+/// The variable that names the server.
+pub const SERVER_VAR: &str = "AWARENESS_PG_URL";
+
+/// The server's URL, as the variable gives it.
+///
+/// # Panics
+///
+/// When the variable is not set.
+pub fn server_url() -> String {
+    std::env::var(SERVER_VAR).unwrap_or_else(|_| {
+        panic!(
+            "{SERVER_VAR} names the PostgreSQL server the postgres tests and benches use (for \
+             example postgres:///awareness_test?host=/var/run/postgresql); \
+             `export {SERVER_VAR}=\"$(bash .ci/postgres)\"` starts one, and .ci/run does"
+        )
+    })
+}
+
+/// The server, as [`crate::parse_url`] reads [`server_url`] (a `schema=` in it is ignored).
+///
+/// # Panics
+///
+/// When the variable is not set or sqlx cannot read it.
+pub fn server() -> PgConnectOptions {
+    crate::parse_url(&server_url())
+        .unwrap_or_else(|e| panic!("{SERVER_VAR}: {e}"))
+        .0
+}
+
+/// `<prefix>_<process id>_<counter>_<clock>`: a schema name no other test of any run uses
+/// (`prefix` of lowercase letters, digits and `_`, the name then needing no quoting).
+pub fn fresh_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        nanos % 1_000_000_000_000
+    )
+}
+
+/// A schema of the server, dropped (`DROP SCHEMA ... CASCADE`, with everything in it) when
+/// this is. Nothing is created until a store is opened in it.
+#[derive(Debug)]
+pub struct Schema(pub String);
+
+impl Schema {
+    /// A schema of a [`fresh_name`].
+    pub fn fresh(prefix: &str) -> Self {
+        Self(fresh_name(prefix))
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// The store URL of this schema: [`server_url`] with `schema=` added to its query.
+    pub fn url(&self) -> String {
+        let server = server_url();
+        let sep = if server.contains('?') { '&' } else { '?' };
+        format!("{server}{sep}schema={}", self.0)
+    }
+
+    /// The store's options for this schema.
+    pub fn options(&self) -> PgStoreOptions {
+        PgStoreOptions::new(self.0.clone())
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
+        // On a thread and a runtime of its own: the caller's may be busy, paused or gone.
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(sqlx::Error::Io)?
+                .block_on(async move {
+                    use sqlx::{ConnectOptions as _, Connection as _};
+                    let mut conn = server().connect().await?;
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await?;
+                    conn.close().await
+                })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("dropping the test schema {}: {e}", self.0),
+            Err(_) => eprintln!("dropping the test schema {} panicked", self.0),
+        }
+    }
+}

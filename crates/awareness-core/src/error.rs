@@ -326,8 +326,10 @@ impl StoreError {
 }
 
 /// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
-/// (`user:password@`, whatever characters it holds up to the last `@` before the query) or in
-/// its query (`password=`, which sqlx takes too) replaced by `***`.
+/// (`user:password@`: everything up to the last `@` of the URL, whatever characters the
+/// password holds, `/`, `?`, `#` and `@` included) or in its query (`password=`, which sqlx
+/// takes too) replaced by `***`. Where it cannot tell (an `@` in the query of a URL with a
+/// port), it hides too much rather than too little.
 ///
 /// ```
 /// assert_eq!(
@@ -339,14 +341,14 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let (before_query, query) = rest.split_at(rest.find(['?', '#']).unwrap_or(rest.len()));
-    let before_query = match before_query.rsplit_once('@') {
-        Some((user_info, host)) if user_info.contains(':') => {
+    let rest = match rest.rsplit_once('@') {
+        Some((user_info, after)) if user_info.contains(':') => {
             let user = user_info.split(':').next().unwrap_or_default();
-            format!("{user}:***@{host}")
+            format!("{user}:***@{after}")
         }
-        _ => before_query.to_owned(),
+        _ => rest.to_owned(),
     };
+    let (before_query, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
     let query = match query.strip_prefix('?') {
         Some(pairs) => {
             let pairs: Vec<&str> = pairs
@@ -528,6 +530,12 @@ mod tests {
                 "postgres://gw:s3cret@db?password=s3cret",
                 "postgres://gw:***@db?password=***",
             ),
+            ("postgres://gw:pa?ss@db/aw", "postgres://gw:***@db/aw"),
+            (
+                "postgres://gw:pa#ss@db/aw?schema=a",
+                "postgres://gw:***@db/aw?schema=a",
+            ),
+            ("postgres://gw:12?34@db:5/aw", "postgres://gw:***@db:5/aw"),
             ("postgres://gw@db/x", "postgres://gw@db/x"),
             ("postgres://db/x?schema=a", "postgres://db/x?schema=a"),
             ("memory:", "memory:"),

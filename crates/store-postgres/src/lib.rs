@@ -491,9 +491,13 @@ impl EventStore for PgStore {
 
     /// The store-wide count of write transactions (a one-row table every write transaction
     /// of every handle, on every host, adds itself to before it commits) less this handle's
-    /// own: it changes only when another handle or process commits a write. One read.
+    /// own: it changes only when another handle or process commits a write. One read, in the
+    /// handle's turn, so never between one of the handle's own commits and the handle's
+    /// counting of it (which would read that commit as another's, then hide another's real one
+    /// behind it).
     async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
-        self.run(|s| async move { s.foreign_commits().await }).await
+        self.run_write(|s| async move { s.foreign_commits().await })
+            .await
     }
 }
 
@@ -656,6 +660,11 @@ mod tests {
                 "postgres://h:notaport/db?password=secret",
                 "not a PostgreSQL connection URL",
                 "postgres://h:notaport/db?password=***",
+            ),
+            (
+                "postgres://u:sec?ret@h:notaport/db",
+                "not a PostgreSQL connection URL",
+                "postgres://u:***@h:notaport/db",
             ),
             (
                 "postgres://u:secret@h/db?schema=Not-A-Name",

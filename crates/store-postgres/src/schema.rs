@@ -158,8 +158,9 @@ pub(crate) fn lock_key(schema: &str) -> i64 {
     i64::from_ne_bytes(hash.to_ne_bytes())
 }
 
-/// The counter's one row, at 0 when the store is new.
-const COUNTER_ROW: &str = "INSERT INTO session_state_counter (id, last_sequence) VALUES (0, 0)
+/// The counter's one row: at 0 when the store is new, above every event when the row was lost.
+const COUNTER_ROW: &str = "INSERT INTO session_state_counter (id, last_sequence)
+SELECT 0, coalesce(max(sequence), 0) FROM session_state_events
 ON CONFLICT (id) DO NOTHING";
 
 /// The store's tables, as [`CREATE`] makes them.
@@ -187,9 +188,22 @@ pub(crate) async fn create(
     name: &str,
     create_if_missing: bool,
 ) -> Result<(), StoreError> {
+    // Every failure of an open is an open error naming the store, said by kind: a role
+    // without the right to create (the store missing) is `PermissionDenied`.
     let failed = |what: &str| {
-        let context = format!("{name}: {what}");
-        move |e: sqlx::Error| StoreError::backend(context, e)
+        let reason = format!("cannot open the store: {what}");
+        move |e: sqlx::Error| {
+            let denied = e
+                .as_database_error()
+                .and_then(sqlx::error::DatabaseError::code)
+                .is_some_and(|code| code == "42501");
+            let kind = if denied {
+                OpenFailure::PermissionDenied
+            } else {
+                OpenFailure::Other
+            };
+            StoreError::open(name, kind, reason, Some(e.into()))
+        }
     };
     let refuse = |kind: OpenFailure, reason: String| StoreError::open(name, kind, reason, None);
     let encoding: String = sqlx::query_scalar("SHOW server_encoding")
@@ -202,7 +216,10 @@ pub(crate) async fn create(
             format!("the database encodes text as {encoding}; the store needs UTF8"),
         ));
     }
-    let mut tx = pool.begin().await.map_err(failed("opening the store"))?;
+    let mut tx = pool
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await
+        .map_err(failed("opening the store"))?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(lock_key)
         .execute(&mut *tx)
@@ -288,11 +305,21 @@ pub(crate) async fn create(
             ));
         }
     }
-    // The row every write moves; a table created by hand from these statements may lack it.
-    sqlx::query(COUNTER_ROW)
-        .execute(&mut *tx)
-        .await
-        .map_err(failed("opening the store"))?;
+    // The row every write moves; a table created by hand from these statements may lack it,
+    // or a hand edit may have deleted it: it starts above every event there is. An open that
+    // may not create writes nothing (a role that may only read opens the store), and a store
+    // without the row then refuses to record, saying so.
+    let counter: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM session_state_counter WHERE id = 0)")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failed("reading the sequence counter"))?;
+    if !counter && create_if_missing {
+        sqlx::query(COUNTER_ROW)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed("writing the sequence counter"))?;
+    }
     tx.commit().await.map_err(failed("opening the store"))
 }
 

@@ -133,7 +133,14 @@ impl Inner {
             pool,
             name,
             own_commits: AtomicU64::new(0),
-            begin: format!("BEGIN; SELECT pg_advisory_xact_lock({lock_key})"),
+            // READ COMMITTED whatever the server's, database's, role's or URL's default: each
+            // statement after the lock then takes its snapshot after the lock was granted, and
+            // sees every write committed before (under REPEATABLE READ the snapshot would be
+            // the lock statement's, taken before it waited, and the counter's update would
+            // fail to serialize against the writer it waited for).
+            begin: format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({lock_key})"
+            ),
             turn: Arc::new(tokio::sync::Mutex::new(())),
         };
         schema::create(
@@ -799,7 +806,8 @@ impl EventStore for Inner {
 
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         let row = sqlx::query(
-            "SELECT count(*), coalesce(min(sequence), 0), coalesce(max(sequence), 0)
+            "SELECT count(*), coalesce(min(sequence) FILTER (WHERE sequence > 0), 0),
+               coalesce(max(sequence) FILTER (WHERE sequence > 0), 0)
              FROM session_state_events",
         )
         .fetch_one(&self.pool)
@@ -859,17 +867,19 @@ impl EventStore for Inner {
         let key = session.session_key.as_str();
         let agent = session.agent_id.as_str();
         let mut tx = self.write("deleting a session").await?;
+        let mut gone = 0;
         for sql in [
             "DELETE FROM session_upstream_links WHERE session_key = $1 AND agent_id = $2",
             "DELETE FROM session_state_events WHERE session_key = $1 AND agent_id = $2",
             "DELETE FROM session_state_heads WHERE session_key = $1 AND agent_id = $2",
         ] {
-            sqlx::query(sql)
+            gone += sqlx::query(sql)
                 .bind(key)
                 .bind(agent)
                 .execute(&mut *tx)
                 .await
-                .map_err(self.failed("deleting a session"))?;
+                .map_err(self.failed("deleting a session"))?
+                .rows_affected();
         }
         // The cursors that follow the session (its key, of its agent; a row without a target
         // agent is read as `Cursor::default_target_agent` says), and those on its key that
@@ -884,7 +894,7 @@ impl EventStore for Inner {
             .filter(|r| self.rows().cursor(r).map_or(true, |c| c.follows(session)))
             .filter_map(|r| r.try_get::<String, _>(0).ok())
             .collect();
-        sqlx::query(
+        gone += sqlx::query(
             "DELETE FROM session_watch_cursors
              WHERE target_session_key = $1 AND watcher_session_key = ANY($2)",
         )
@@ -892,15 +902,21 @@ impl EventStore for Inner {
         .bind(&watchers)
         .execute(&mut *tx)
         .await
-        .map_err(self.failed("deleting a session"))?;
+        .map_err(self.failed("deleting a session"))?
+        .rows_affected();
         // The session's own cursors when it is a watcher (its key names its agent), whether
         // or not they can be read.
         if session.is_watcher() {
-            sqlx::query("DELETE FROM session_watch_cursors WHERE watcher_session_key = $1")
+            gone += sqlx::query("DELETE FROM session_watch_cursors WHERE watcher_session_key = $1")
                 .bind(key)
                 .execute(&mut *tx)
                 .await
-                .map_err(self.failed("deleting a session"))?;
+                .map_err(self.failed("deleting a session"))?
+                .rows_affected();
+        }
+        // A deletion of nothing rolls back: no other gateway is sent looking for notices.
+        if gone == 0 {
+            return Ok(());
         }
         self.commit(tx, "deleting a session").await
     }

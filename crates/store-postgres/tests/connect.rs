@@ -352,3 +352,137 @@ async fn reads_go_on_while_writes_wait_for_another_gateway() {
     got.sort_unstable();
     assert_eq!(got, [2, 3, 4, 5]);
 }
+
+/// A handle's own writes never change what it answers for other writers' commits, also when
+/// it asks while they run; another handle's one commit does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_commits_asked_during_own_writes_stay_the_same() {
+    use awareness_core::EventStore as _;
+    let (store, schema) = server::fresh_store().await;
+    let store = std::sync::Arc::new(store);
+    let now = Timestamp(1_800_000_000_000);
+    let before = store.foreign_commits().await.expect("ask");
+    let writes: Vec<_> = (0..64)
+        .map(|i| {
+            let store = std::sync::Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .record(human(&format!("agent:main:subagent:s{}", i % 8)), now)
+                    .await
+            })
+        })
+        .collect();
+    let asking = {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..64 {
+                answers.push(store.foreign_commits().await.expect("ask"));
+                tokio::task::yield_now().await;
+            }
+            answers
+        })
+    };
+    for w in writes {
+        w.await.expect("join").expect("record");
+    }
+    let answers = asking.await.expect("join");
+    assert!(
+        answers.iter().all(|a| *a == before),
+        "the handle's own commits changed its answer: {before:?} then {answers:?}"
+    );
+    let other = PgStore::connect(server::server(), PgStoreOptions::new(schema.name()))
+        .await
+        .expect("connect");
+    other
+        .record(human("agent:main:subagent:other"), now)
+        .await
+        .expect("record");
+    assert_ne!(
+        store.foreign_commits().await.expect("ask"),
+        before,
+        "another handle's commit changed it"
+    );
+}
+
+/// The store's writes run at READ COMMITTED whatever the default isolation: two gateways whose
+/// sessions default to SERIALIZABLE record at once without a serialization failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_need_no_particular_default_isolation() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let serializable =
+        || server::server().options([("default_transaction_isolation", "serializable")]);
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        handles.push(std::sync::Arc::new(
+            PgStore::connect(serializable(), PgStoreOptions::new(schema.clone()))
+                .await
+                .expect("connect"),
+        ));
+    }
+    let now = Timestamp(1_800_000_000_000);
+    let writes: Vec<_> = (0..40)
+        .map(|i| {
+            let store = std::sync::Arc::clone(&handles[i % 2]);
+            tokio::spawn(async move { store.record(human("agent:main:subagent:a"), now).await })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for w in writes {
+        got.push(
+            w.await
+                .expect("join")
+                .expect("no serialization failure")
+                .event
+                .sequence
+                .0,
+        );
+    }
+    got.sort_unstable();
+    assert_eq!(got, (1..=40).collect::<Vec<u64>>());
+}
+
+/// A counter row lost (a hand edit) is made again above every event there is, by an open that
+/// may create; an open that may not writes nothing, and its recordings fail saying why.
+#[tokio::test]
+async fn a_lost_counter_row_comes_back_above_every_event() {
+    let (store, schema) = server::fresh_store().await;
+    let now = Timestamp(1_800_000_000_000);
+    for _ in 0..3 {
+        store
+            .record(human("agent:main:subagent:a"), now)
+            .await
+            .expect("record");
+    }
+    sqlx::query("DELETE FROM session_state_counter")
+        .execute(store.pool())
+        .await
+        .expect("lose the row");
+    let looking = PgStore::connect(
+        server::server(),
+        PgStoreOptions::new(schema.name()).create_if_missing(false),
+    )
+    .await
+    .expect("an open that may not create opens the store");
+    let e = looking
+        .record(human("agent:main:subagent:a"), now)
+        .await
+        .expect_err("no counter to number the event with");
+    assert!(
+        matches!(&e, StoreError::Corrupt { .. }) && e.to_string().contains("counter"),
+        "{e}"
+    );
+    let opened = PgStore::connect(server::server(), PgStoreOptions::new(schema.name()))
+        .await
+        .expect("an open that may create");
+    let next = opened
+        .record(human("agent:main:subagent:b"), now)
+        .await
+        .expect("record");
+    assert_eq!(
+        next.event.sequence,
+        Sequence(4),
+        "above every event there is"
+    );
+}

@@ -270,12 +270,16 @@ impl PgStore {
     /// [`StoreError::Open`] naming the schema: [`OpenFailure::InvalidOptions`] for a schema
     /// name that is not 1-63 lowercase ASCII letters, digits and underscores starting with a
     /// letter or underscore, a pool of no connection, or an idle transaction timeout out of
-    /// range; [`OpenFailure::Other`] when the server cannot be reached or refuses the
-    /// connection, or the store's runtime cannot be started; [`OpenFailure::Unsupported`] when
+    /// range; [`OpenFailure::Other`] when the server refuses the connection (a wrong
+    /// password, say), or the store's runtime cannot be started; [`OpenFailure::Unsupported`] when
     /// its database does not encode text as UTF-8; [`OpenFailure::NotAStore`] when the schema
     /// holds a table of one of the store's names without the store's columns;
     /// [`OpenFailure::NotFound`] when [`PgStoreOptions::create_if_missing`] is off and the
-    /// schema or a table of the store is missing. Nothing is created then.
+    /// schema or a table of the store is missing. Nothing is created then. [`StoreError::Busy`]
+    /// (retryable) when the server cannot be reached (not started yet, restarting, the network
+    /// down): a later try may work. The store's operations answer `Busy` too when their
+    /// connection is lost or a transaction loses a race (SQLSTATE `08...`, `57P01`-`57P03`,
+    /// `40001`, `40P01`, `55P03`), `Backend` otherwise.
     pub async fn connect(
         server: PgConnectOptions,
         options: PgStoreOptions,

@@ -41,6 +41,37 @@ tokio::task_local! {
     pub(crate) static TURN_HELD: ();
 }
 
+/// Whether `e` may go away by itself, the same call then succeeding: the connection to the
+/// server failed or was lost (I/O, a pool that found no connection in time, SQLSTATE class
+/// `08`), the server is shutting down or starting (`57P01`-`57P03`), or a transaction lost a
+/// race to another (`40001`, `40P01`, `55P03`).
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| {
+            code.starts_with("08")
+                || matches!(
+                    &*code,
+                    "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "55P03"
+                )
+        }),
+        _ => false,
+    }
+}
+
+/// `e` as the store's error: [`StoreError::Busy`] (retryable) when it may go away by itself
+/// ([`is_transient`]), else [`StoreError::Backend`]; `context` names the store and the work.
+pub(crate) fn failure(context: String, e: sqlx::Error) -> StoreError {
+    if is_transient(&e) {
+        StoreError::Busy {
+            context,
+            source: e.into(),
+        }
+    } else {
+        StoreError::backend(context, e)
+    }
+}
+
 /// A write transaction of a store, holding the store's lock, and its handle's turn when the
 /// task does not hold it already, until it commits or is dropped (which rolls it back).
 struct Write {
@@ -122,6 +153,10 @@ impl Inner {
             .connect_with(server)
             .await
             .map_err(|e| {
+                // A server down or restarting may answer later: retryable, as a busy store is.
+                if is_transient(&e) {
+                    return failure(format!("{name}: connecting to the server"), e);
+                }
                 StoreError::open(
                     name.clone(),
                     OpenFailure::Other,
@@ -162,7 +197,7 @@ impl Inner {
 
     fn failed(&self, what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
         let what = what.to_owned();
-        move |e| StoreError::backend(format!("{}: {what}", self.name), e)
+        move |e| failure(format!("{}: {what}", self.name), e)
     }
 
     /// Begins a write transaction holding the store's lock.
@@ -1210,5 +1245,23 @@ impl UpstreamStore for Inner {
             .map_err(self.failed("removing an upstream link"))?;
         self.commit(tx, "removing an upstream link").await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_retryable_and_a_bad_statement_is_not() {
+        let lost = failure(
+            "s: recording".into(),
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+        );
+        assert!(lost.is_retryable(), "{lost:?}");
+        assert!(failure("s: recording".into(), sqlx::Error::PoolTimedOut).is_retryable());
+        let bad = failure("s: recording".into(), sqlx::Error::RowNotFound);
+        assert!(!bad.is_retryable(), "{bad:?}");
+        assert!(bad.to_string().contains("s: recording"), "{bad}");
     }
 }

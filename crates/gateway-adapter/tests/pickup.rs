@@ -705,24 +705,15 @@ async fn a_question_the_store_does_not_answer_is_given_up_and_asked_again() {
     let _ = pickup.await;
 }
 
-/// Two handles on one SQLite file, as two gateway processes have: the one this gateway uses
+/// Two handles on one store, as two gateway processes have: the one this gateway uses
 /// and another writer's. The other writer watches the child for the manager, which this
 /// gateway owns, and records on it; the pick-up task, asking every 10 ms, wakes the manager
-/// with the notice queued, and the manager's turn acknowledges it in the shared file. A later
+/// with the notice queued, and the manager's turn acknowledges it in the shared store. A later
 /// notice of the other writer wakes the manager again.
-#[cfg(feature = "sqlite")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let ours = Arc::new(
-        store_sqlite::SqliteStore::open(&path)
-            .await
-            .expect("open ours"),
-    );
-    let theirs = store_sqlite::SqliteStore::open(&path)
-        .await
-        .expect("open theirs");
+async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher(
+    ours: Arc<dyn AwarenessStore>,
+    theirs: Arc<dyn AwarenessStore>,
+) {
     let (svc, queue, mut woken) = woken_service(
         ours,
         directory(&[MANAGER]),
@@ -739,7 +730,7 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
             .expect("the wake channel is open")
     };
 
-    written_elsewhere(&theirs, &[MANAGER]).await;
+    written_elsewhere(&*theirs, &[MANAGER]).await;
     assert_eq!(next_wake(&mut woken).await, k(MANAGER));
     let lines = texts(&queue, MANAGER);
     assert_eq!(lines.len(), 1, "{lines:?}");
@@ -768,6 +759,35 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher() {
 
     pickup.abort();
     let _ = pickup.await;
+}
+
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] on two handles on one
+/// SQLite file.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_another_writer_on_one_sqlite_file_hands_out_wakes_this_gateways_watcher() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let open = async || Arc::new(store_sqlite::SqliteStore::open(&path).await.expect("open"));
+    let (ours, theirs) = (open().await, open().await);
+    a_notice_another_writer_hands_out_wakes_this_gateways_watcher(ours, theirs).await;
+}
+
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] on two handles on one
+/// PostgreSQL schema, as gateways on two hosts have (DESIGN.md section 9.1).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_another_gateway_on_one_postgres_schema_hands_out_wakes_this_gateways_watcher() {
+    let schema = store_postgres::testkit::Schema::fresh("ga");
+    let open = async || {
+        Arc::new(
+            store_postgres::PgStore::connect_url(&schema.url())
+                .await
+                .expect("connect"),
+        )
+    };
+    let (ours, theirs) = (open().await, open().await);
+    a_notice_another_writer_hands_out_wakes_this_gateways_watcher(ours, theirs).await;
 }
 
 /// A memory store played as one that other processes share: its answer to

@@ -320,15 +320,19 @@ async fn reads_go_on_while_writes_wait_for_another_gateway() {
             tokio::spawn(async move { store.record(human("agent:main:subagent:a"), now).await })
         })
         .collect();
-    // Until a write waits on the server, then a little longer, so that writes that could take
-    // the pool's other connection would have.
+    // Until a write of this store waits for the other gateway's transaction, then a little
+    // longer, so that writes that could take the pool's other connection would have.
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut other)
+        .await
+        .expect("the other gateway's session");
     let mut probe = server::server().connect().await.expect("connect");
     tokio::time::timeout(HANG, async {
         loop {
             let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
             )
+            .bind(holder)
             .fetch_one(&mut probe)
             .await
             .expect("probe");

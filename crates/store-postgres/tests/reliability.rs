@@ -6,14 +6,13 @@
 mod server;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::os::unix::process::ExitStatusExt as _;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::testkit::open::KillMoments;
+use awareness_core::testkit::process::Writer;
 use awareness_core::{
     ActorType, AwarenessStoreExt, CursorStore, Event, EventKind, EventStore, NewEvent, Sequence,
     SessionRef, Timestamp, WatcherKey,
@@ -87,93 +86,9 @@ async fn connect(schema: &str, connections: u32, sync: SyncCommit) -> PgStore {
     .unwrap_or_else(|e| panic!("connect to schema {schema}: {e}"))
 }
 
-/// A torture process and the lines it prints, read on a thread of their own.
-struct Writer {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
+/// A torture process started with `args` ([`Writer`]), waits for it bounded by [`HANG`].
 fn start(args: &[&str]) -> Writer {
-    let mut child = Command::new(TORTURE)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn a torture process");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    Writer { child, lines }
-}
-
-impl Writer {
-    /// What the process wrote on stderr, once it has ended.
-    fn stderr(&mut self) -> String {
-        let mut text = String::new();
-        let _ = self.child.stderr.take().unwrap().read_to_string(&mut text);
-        text
-    }
-
-    /// Kills the process if it still runs and fails the test, saying how it ended and what it
-    /// wrote on stderr.
-    fn fail(&mut self, what: &str) -> ! {
-        let _ = self.child.kill();
-        let status = self.child.wait().unwrap();
-        panic!("{what} ({status}); its stderr:\n{}", self.stderr());
-    }
-
-    /// The next line; fails (killing the process) when it ends or says nothing for [`HANG`].
-    fn next_line(&mut self, what: &str) -> String {
-        match self.lines.recv_timeout(HANG) {
-            Ok(line) => line,
-            Err(e) => self.fail(&format!("{what}: no line ({e})")),
-        }
-    }
-
-    /// Kills the process (SIGKILL) and returns the lines it printed before it died; fails if it
-    /// had ended on its own or said something on stderr (a recorder that failed just before
-    /// the kill said why).
-    fn kill(mut self, what: &str) -> Vec<String> {
-        self.child.kill().expect("SIGKILL");
-        let status = self.child.wait().unwrap();
-        let stderr = self.stderr();
-        assert!(
-            status.signal() == Some(9) && stderr.is_empty(),
-            "{what}: the writer ended on its own or complained, it was not just killed ({status}); its stderr:\n{stderr}"
-        );
-        // The reader ends at EOF, once the dead process's pipe is drained.
-        self.lines.iter().collect()
-    }
-
-    /// Every line the process prints until it exits, which must be a success within [`HANG`].
-    fn finish(mut self, what: &str) -> Vec<String> {
-        let deadline = Instant::now() + HANG;
-        let mut lines = Vec::new();
-        loop {
-            match self
-                .lines
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
-                Ok(line) => lines.push(line),
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.fail(&format!("{what} hung: not done after {HANG:?}"))
-                }
-            }
-        }
-        if !self.child.wait().unwrap().success() {
-            self.fail(&format!("{what} failed"));
-        }
-        lines
-    }
+    Writer::start(TORTURE, args, HANG)
 }
 
 /// One line of `record`: `<sequence> <target> <stored|hit> <dedupe key|->`, the event a

@@ -54,6 +54,8 @@ pub mod logs;
 pub mod model;
 pub mod open;
 pub mod pause;
+#[cfg(unix)]
+pub mod process;
 pub mod read_only;
 
 pub use proptest;

@@ -76,7 +76,10 @@ pub const EXIT_FAILURE: i32 = 1;
 /// `EX_TEMPFAIL` of `sysexits.h`, which a script or a supervisor takes as "try again".
 pub const EXIT_TEMPFAIL: i32 = 75;
 /// What the line of an [`EXIT_TEMPFAIL`] failure ends with, unless it advises a retry already.
-pub(crate) const TEMPFAIL_HINT: &str = "(another process holds the store: try again)";
+/// It names both causes `EX_TEMPFAIL` covers: a store another process holds, and a server not
+/// reachable yet (store-postgres).
+pub(crate) const TEMPFAIL_HINT: &str =
+    "(another process holds the store, or its server is out of reach: try again)";
 /// Exit code when the output's reader went away (a closed pipe): 141, a process's code when
 /// SIGPIPE ends it, as it ends most Unix tools in `... | head`. Not 0: what the command had
 /// still to say (a problem `doctor` found, a step the demo missed) was not said.

@@ -1810,7 +1810,8 @@ fn flags_that_would_be_dropped_are_refused() {
 /// record an event` said it twice.
 #[test]
 fn a_store_another_process_holds_exits_75_with_a_hint() {
-    const HINT: &str = "(another process holds the store: try again)";
+    const HINT: &str =
+        "(another process holds the store, or its server is out of reach: try again)";
     let dir = tempfile::tempdir().unwrap();
     let record: &[&str] = &[
         "record",

@@ -275,3 +275,24 @@ fn the_demo_runs_on_postgres_and_leaves_its_store_behind() {
         "research and writer have heads"
     );
 }
+
+/// A server out of reach (not started yet, restarting) is a failure that may pass: exit 75
+/// (`EX_TEMPFAIL`) with the hint, the line naming the store.
+#[test]
+fn a_server_out_of_reach_exits_75_with_a_hint() {
+    let url = "postgres:///awareness?host=/nonexistent/socket/dir&schema=anything";
+    for args in [&["list"][..], &["status", "agent:main:x"][..]] {
+        let o = run(&[&["--store", url][..], args].concat());
+        assert_fails(&o, 75, "connecting to the server", &format!("{args:?}"));
+        assert!(
+            stderr(&o).contains("out of reach: try again"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(
+            stderr(&o).contains("postgres schema \"anything\""),
+            "{}",
+            stderr(&o)
+        );
+    }
+}

@@ -56,6 +56,44 @@ macro_rules! link_columns {
     };
 }
 
+/// Writes the cursors of the eight arrays bound to the given placeholders (watcher, target,
+/// target agent, last seen, notified, material, updated at, provenance), as the protocol
+/// decided them; `watcher_store_path` keeps its value. Shared by [`UPSERT_CURSORS`] and
+/// [`RECORD_WRITE`].
+macro_rules! upsert_cursors {
+    ($w:literal, $t:literal, $a:literal, $l:literal, $n:literal, $m:literal, $u:literal, $p:literal) => {
+        concat!(
+            "INSERT INTO session_watch_cursors (watcher_session_key, target_session_key,
+  target_agent_id, last_seen_sequence, notified_sequence, material_sequence, updated_at,
+  provenance)
+SELECT * FROM unnest(",
+            $w,
+            "::text[], ",
+            $t,
+            "::text[], ",
+            $a,
+            "::text[], ",
+            $l,
+            "::bigint[], ",
+            $n,
+            "::bigint[], ",
+            $m,
+            "::bigint[], ",
+            $u,
+            "::bigint[], ",
+            $p,
+            "::text[])
+ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
+  target_agent_id = excluded.target_agent_id,
+  last_seen_sequence = excluded.last_seen_sequence,
+  notified_sequence = excluded.notified_sequence,
+  material_sequence = excluded.material_sequence,
+  updated_at = excluded.updated_at,
+  provenance = excluded.provenance"
+        )
+    };
+}
+
 /// What a recording reads, under the store's lock, in one statement: a row per cursor on the
 /// target key `$3` (one row when there is none), each with the counter moved by one
 /// (column 0, NULL when it is at `$1`, the store's end; with the commit count moved too), the
@@ -84,7 +122,8 @@ WHERE k.id = 0"
 /// What a recording writes, in one statement: the event (`$1`-`$12`, its number given), its
 /// ref's head as the protocol decided it (`$13`-`$17`) and the cursors the protocol moved (the
 /// arrays `$18`-`$25`, as [`UPSERT_CURSORS`]; empty ones write none).
-pub(crate) const RECORD_WRITE: &str = "WITH event AS (
+pub(crate) const RECORD_WRITE: &str = concat!(
+    "WITH event AS (
   INSERT INTO session_state_events (sequence, dedupe_key, session_key, session_id, agent_id,
     kind, actor_type, actor_id, run_id, occurred_at, summary, payload_json)
   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)),
@@ -93,19 +132,11 @@ head AS (
     updated_at) VALUES ($13, $14, $15, $16, $17)
   ON CONFLICT (session_key, agent_id) DO UPDATE SET last_sequence = excluded.last_sequence,
     pruned_max_sequence = excluded.pruned_max_sequence, updated_at = excluded.updated_at),
-cursors AS (
-  INSERT INTO session_watch_cursors (watcher_session_key, target_session_key, target_agent_id,
-    last_seen_sequence, notified_sequence, material_sequence, updated_at, provenance)
-  SELECT * FROM unnest($18::text[], $19::text[], $20::text[], $21::bigint[], $22::bigint[],
-    $23::bigint[], $24::bigint[], $25::text[])
-  ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
-    target_agent_id = excluded.target_agent_id,
-    last_seen_sequence = excluded.last_seen_sequence,
-    notified_sequence = excluded.notified_sequence,
-    material_sequence = excluded.material_sequence,
-    updated_at = excluded.updated_at,
-    provenance = excluded.provenance)
-SELECT 1";
+cursors AS (",
+    upsert_cursors!("$18", "$19", "$20", "$21", "$22", "$23", "$24", "$25"),
+    ")
+SELECT 1"
+);
 
 /// Counts a write transaction in the store-wide commit count (`foreign_commits`).
 pub(crate) const COUNT_COMMIT: &str =
@@ -167,12 +198,17 @@ pub(crate) const CURSORS_OF_KEYS: &str = concat!(
 WHERE (watcher_session_key, target_session_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 );
 
-/// The cursors on the target key `$1`, of any agent.
-pub(crate) const CURSORS_ON_TARGET: &str = concat!(
+/// The cursors on the key `$1` and, when `$2`, those of `$1` as a watcher.
+pub(crate) const CURSORS_OF_SESSION: &str = concat!(
     "SELECT ",
     cursor_columns!(),
-    " FROM session_watch_cursors WHERE target_session_key = $1"
+    " FROM session_watch_cursors
+WHERE target_session_key = $1 OR ($2 AND watcher_session_key = $1)"
 );
+
+/// Deletes the cursors `($1[i], $2[i])`.
+pub(crate) const DELETE_CURSORS: &str = "DELETE FROM session_watch_cursors
+WHERE (watcher_session_key, target_session_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))";
 
 /// The cursors of the watcher `$1` (any when NULL) on the target `$2` (any when NULL), only
 /// the pending ones when `$3`, by watcher then target.
@@ -188,18 +224,8 @@ ORDER BY watcher_session_key, target_session_key"
 
 /// Writes the cursors of the arrays `$1`-`$8` (watcher, target, target agent, last seen,
 /// notified, material, updated at, provenance); `watcher_store_path` keeps its value.
-pub(crate) const UPSERT_CURSORS: &str = "INSERT INTO session_watch_cursors (
-  watcher_session_key, target_session_key, target_agent_id, last_seen_sequence,
-  notified_sequence, material_sequence, updated_at, provenance)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
-  $6::bigint[], $7::bigint[], $8::text[])
-ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
-  target_agent_id = excluded.target_agent_id,
-  last_seen_sequence = excluded.last_seen_sequence,
-  notified_sequence = excluded.notified_sequence,
-  material_sequence = excluded.material_sequence,
-  updated_at = excluded.updated_at,
-  provenance = excluded.provenance";
+pub(crate) const UPSERT_CURSORS: &str =
+    upsert_cursors!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8");
 
 /// Deletes at most `$2` cursors not updated since `$1`.
 pub(crate) const PRUNE_CURSORS: &str = "DELETE FROM session_watch_cursors WHERE ctid IN (
@@ -216,14 +242,12 @@ pub(crate) const ROW_COUNT: &str = "SELECT count(*) FROM session_state_events";
 pub(crate) const CAP_VICTIMS: &str = "SELECT sequence, session_key, agent_id
 FROM session_state_events ORDER BY sequence LIMIT $1";
 
-/// Raises the pruned watermark of the heads `($1[i], $2[i])` to `$3[i]` where it is lower,
-/// moving their time up to `$4` ([`awareness_core::retention::stamp`]); a head this store
-/// cannot read (a negative sequence) gets none (decision 0020).
+/// Writes the pruned watermark `$3[i]` and the time `$4[i]` of the heads `($1[i], $2[i])`, as
+/// `awareness_core::retention::stamp` decided them.
 pub(crate) const STAMP_HEADS: &str = "UPDATE session_state_heads AS h
-SET pruned_max_sequence = v.mark, updated_at = greatest(h.updated_at, $4)
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(key, agent, mark)
-WHERE h.session_key = v.key AND h.agent_id = v.agent AND h.pruned_max_sequence < v.mark
-  AND h.last_sequence >= 0 AND h.pruned_max_sequence >= 0";
+SET pruned_max_sequence = v.mark, updated_at = v.updated_at
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS v(key, agent, mark, updated_at)
+WHERE h.session_key = v.key AND h.agent_id = v.agent";
 
 /// One ref's link.
 pub(crate) const LINK: &str = concat!(

@@ -429,19 +429,58 @@ impl Inner {
                 stamped.push((session, Sequence(s)));
             }
         }
+        // Each affected head as awareness-core stamps it (`retention::stamp`: the watermark only
+        // raised, the time moved up to `now` with it), read and written under the lock; a head
+        // this store cannot read gets none (decision 0020), a ref without one gets none made.
         let marks = retention::watermarks(stamped.iter().map(|(r, s)| (r, *s)));
         if !marks.is_empty() {
             let keys: Vec<&str> = marks.keys().map(|r| r.session_key.as_str()).collect();
             let agents: Vec<&str> = marks.keys().map(|r| r.agent_id.as_str()).collect();
-            let marks: Vec<i64> = marks.values().map(|s| int(*s)).collect();
-            sqlx::query(rows::STAMP_HEADS)
-                .bind(keys)
-                .bind(agents)
-                .bind(marks)
-                .bind(now.millis())
-                .execute(&mut *tx)
+            let heads = sqlx::query(rows::HEADS)
+                .bind(&keys)
+                .bind(&agents)
+                .fetch_all(&mut *tx)
                 .await
-                .map_err(self.failed("stamping pruned watermarks"))?;
+                .map_err(self.failed("reading the heads pruning stamps"))?;
+            let stamped: Vec<Head> = self
+                .rows()
+                .readable_heads(&heads)
+                .into_iter()
+                .filter_map(|h| {
+                    let raised = retention::stamp(&h, *marks.get(&h.session)?, now);
+                    (raised != h).then_some(raised)
+                })
+                .collect();
+            if !stamped.is_empty() {
+                sqlx::query(rows::STAMP_HEADS)
+                    .bind(
+                        stamped
+                            .iter()
+                            .map(|h| h.session.session_key.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        stamped
+                            .iter()
+                            .map(|h| h.session.agent_id.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        stamped
+                            .iter()
+                            .map(|h| int(h.pruned_max_sequence))
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        stamped
+                            .iter()
+                            .map(|h| h.updated_at.millis())
+                            .collect::<Vec<_>>(),
+                    )
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(self.failed("stamping pruned watermarks"))?;
+            }
         }
         let gone = sqlx::query("DELETE FROM session_state_events WHERE sequence = ANY($1)")
             .bind(&sequences)
@@ -916,39 +955,35 @@ impl EventStore for Inner {
                 .map_err(self.failed("deleting a session"))?
                 .rows_affected();
         }
-        // The cursors that follow the session (its key, of its agent; a row without a target
-        // agent is read as `Cursor::default_target_agent` says), and those on its key that
-        // cannot be read, whatever agent they were for.
-        let on_key = sqlx::query(rows::CURSORS_ON_TARGET)
+        // The cursors deleting the session removes, as awareness-core says
+        // (`Cursor::removed_by_delete`: its own when it is a watcher, those that follow it), and
+        // the rows on its key, or of it as a watcher, that cannot be read.
+        let rows = sqlx::query(rows::CURSORS_OF_SESSION)
             .bind(key)
+            .bind(session.is_watcher())
             .fetch_all(&mut *tx)
             .await
             .map_err(self.failed("deleting a session"))?;
-        let watchers: Vec<String> = on_key
-            .iter()
-            .filter(|r| self.rows().cursor(r).map_or(true, |c| c.follows(session)))
-            .filter_map(|r| r.try_get::<String, _>(0).ok())
-            .collect();
-        gone += sqlx::query(
-            "DELETE FROM session_watch_cursors
-             WHERE target_session_key = $1 AND watcher_session_key = ANY($2)",
-        )
-        .bind(key)
-        .bind(&watchers)
-        .execute(&mut *tx)
-        .await
-        .map_err(self.failed("deleting a session"))?
-        .rows_affected();
-        // The session's own cursors when it is a watcher (its key names its agent), whether
-        // or not they can be read.
-        if session.is_watcher() {
-            gone += sqlx::query("DELETE FROM session_watch_cursors WHERE watcher_session_key = $1")
-                .bind(key)
-                .execute(&mut *tx)
-                .await
-                .map_err(self.failed("deleting a session"))?
-                .rows_affected();
+        let (mut watchers, mut targets) = (Vec::new(), Vec::new());
+        for r in rows.iter().filter(|r| {
+            self.rows()
+                .cursor(r)
+                .map_or(true, |c| c.removed_by_delete(session))
+        }) {
+            let text = |i| {
+                r.try_get::<String, _>(i)
+                    .map_err(self.failed("deleting a session"))
+            };
+            watchers.push(text(0)?);
+            targets.push(text(1)?);
         }
+        gone += sqlx::query(rows::DELETE_CURSORS)
+            .bind(&watchers)
+            .bind(&targets)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.failed("deleting a session"))?
+            .rows_affected();
         // A deletion of nothing rolls back: no other gateway is sent looking for notices.
         if gone == 0 {
             return Ok(());

@@ -362,58 +362,6 @@ async fn reads_go_on_while_writes_wait_for_another_gateway() {
     assert_eq!(got, [2, 3, 4, 5]);
 }
 
-/// A handle's own writes never change what it answers for other writers' commits, also when
-/// it asks while they run; another handle's one commit does.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreign_commits_asked_during_own_writes_stay_the_same() {
-    use awareness_core::EventStore as _;
-    let (store, schema) = server::fresh_store().await;
-    let store = std::sync::Arc::new(store);
-    let now = Timestamp(1_800_000_000_000);
-    let before = store.foreign_commits().await.expect("ask");
-    let writes: Vec<_> = (0..64)
-        .map(|i| {
-            let store = std::sync::Arc::clone(&store);
-            tokio::spawn(async move {
-                store
-                    .record(human(&format!("agent:main:subagent:s{}", i % 8)), now)
-                    .await
-            })
-        })
-        .collect();
-    let asking = {
-        let store = std::sync::Arc::clone(&store);
-        tokio::spawn(async move {
-            let mut answers = Vec::new();
-            for _ in 0..64 {
-                answers.push(store.foreign_commits().await.expect("ask"));
-                tokio::task::yield_now().await;
-            }
-            answers
-        })
-    };
-    for w in writes {
-        w.await.expect("join").expect("record");
-    }
-    let answers = asking.await.expect("join");
-    assert!(
-        answers.iter().all(|a| *a == before),
-        "the handle's own commits changed its answer: {before:?} then {answers:?}"
-    );
-    let other = PgStore::connect(server::server(), PgStoreOptions::new(schema.name()))
-        .await
-        .expect("connect");
-    other
-        .record(human("agent:main:subagent:other"), now)
-        .await
-        .expect("record");
-    assert_ne!(
-        store.foreign_commits().await.expect("ask"),
-        before,
-        "another handle's commit changed it"
-    );
-}
-
 /// The store's writes run at READ COMMITTED whatever the default isolation: two gateways whose
 /// sessions default to SERIALIZABLE record at once without a serialization failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

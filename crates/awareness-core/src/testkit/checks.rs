@@ -3511,15 +3511,33 @@ pub async fn a_handles_own_writes_are_never_foreign_commits(
         };
         rec(s, human(&session), T0).await;
     }
-    let tasks: Vec<_> = (0..16)
+    // Asked while its own recordings are under way (between one's commit and the handle's
+    // counting of it, say), the answer stays the same too.
+    let tasks: Vec<_> = (0..64)
         .map(|_| {
             let store = std::sync::Arc::clone(&t.store);
             tokio::spawn(async move { store.record(human(&child()), T0).await })
         })
         .collect();
+    let asking = {
+        let store = std::sync::Arc::clone(&t.store);
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..64 {
+                answers.push(store.foreign_commits().await.expect("foreign_commits"));
+                tokio::task::yield_now().await;
+            }
+            answers
+        })
+    };
     for task in tasks {
         task.await.expect("join").expect("record");
     }
+    let answers = asking.await.expect("join");
+    assert!(
+        answers.iter().all(|a| *a == before),
+        "asked during this handle's own recordings: {before:?}, then {answers:?}"
+    );
     s.acknowledge(&manager, &[AckTarget::any(kid.session_key.clone())], T0)
         .await
         .expect("acknowledge");

@@ -689,9 +689,29 @@ fn drive_outside<'a, T>(
     deadline: std::time::Instant,
     call: impl FnOnce() -> Call<'a, T>,
 ) -> Outside {
+    match drive(deadline, call) {
+        Ok(Some(Ok(_))) => Outside::Answered,
+        Ok(Some(Err(StoreError::Backend { context, .. })))
+            if context.contains("outside a Tokio runtime") =>
+        {
+            Outside::Refused
+        }
+        Ok(Some(Err(e))) => Outside::Failed(crate::error::ErrorChain(&e).to_string()),
+        Ok(None) => Outside::Stuck,
+        Err(panic) => Outside::Panicked(panic),
+    }
+}
+
+/// Drives a store call on this thread, which entered no Tokio runtime, parked between polls
+/// until woken, until `deadline` at the latest: its answer, `None` when it had none by then,
+/// or the message of its panic.
+fn drive<'a, T>(
+    deadline: std::time::Instant,
+    call: impl FnOnce() -> Call<'a, T>,
+) -> Result<Option<Result<T, StoreError>>, String> {
     use std::task::{Context, Poll, Waker};
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut call = call();
         loop {
             if let Poll::Ready(answer) = call.as_mut().poll(&mut Context::from_waker(&waker)) {
@@ -703,18 +723,55 @@ fn drive_outside<'a, T>(
             }
             std::thread::park_timeout(deadline - now);
         }
-    }));
-    match driven {
-        Ok(Some(Ok(_))) => Outside::Answered,
-        Ok(Some(Err(StoreError::Backend { context, .. })))
-            if context.contains("outside a Tokio runtime") =>
-        {
-            Outside::Refused
-        }
-        Ok(Some(Err(e))) => Outside::Failed(crate::error::ErrorChain(&e).to_string()),
-        Ok(None) => Outside::Stuck,
-        Err(panic) => Outside::Panicked(crate::error::panic_message(&*panic).to_owned()),
+    }))
+    .map_err(|panic| crate::error::panic_message(&*panic).to_owned())
+}
+
+/// For a store that runs its work on a runtime of its own: recordings made outside any Tokio
+/// runtime (each polled by hand on a thread that entered none, parked until woken, as a
+/// caller that polls the store's futures itself does) are answered. One alone gets the first
+/// sequence; then eight at once, each on a thread of its own (they queue behind each other,
+/// and may share batches), each get their own event under distinct sequences; a recording
+/// made inside a runtime afterwards gets the next sequence, and the log holds the ten.
+pub async fn a_recording_outside_a_runtime_is_answered(f: impl OpenGrouped) {
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 16).await;
+    let outside = |from: usize, n: usize| {
+        let threads: Vec<_> = (from..from + n)
+            .map(|i| {
+                let store = Arc::clone(&g.store);
+                std::thread::spawn(move || {
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                    match drive(deadline, || store.record(event(i), T0)) {
+                        Ok(Some(Ok(rec))) => rec,
+                        Ok(Some(Err(e))) => panic!("recording {i} outside a runtime: {e}"),
+                        Ok(None) => panic!("recording {i} outside a runtime was never answered"),
+                        Err(panic) => panic!("recording {i} outside a runtime panicked: {panic}"),
+                    }
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a recording's thread"))
+            .collect::<Vec<_>>()
+    };
+    let alone = outside(0, 1);
+    assert_eq!(alone[0].event.sequence, Sequence(1), "the first sequence");
+    let wave = outside(1, 8);
+    let mut seqs = BTreeSet::new();
+    for (rec, i) in wave.iter().zip(1..) {
+        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+        assert!(seqs.insert(rec.event.sequence), "distinct sequences");
     }
+    assert_eq!(
+        seqs,
+        (2..=9).map(Sequence).collect::<BTreeSet<_>>(),
+        "the eight took the next eight sequences"
+    );
+    let inside = answered_inside(&g.store, "a recording", g.store.record(event(9), T0)).await;
+    assert_eq!(inside.event.sequence, Sequence(10), "the next sequence");
+    assert_eq!(g.store.log_stats().await.expect("stats").rows, 10);
 }
 
 /// The answer of `call` on `store`, made inside a runtime after calls outside one: it must

@@ -595,9 +595,20 @@ macro_rules! raw_access_forwarding {
 /// Stamps one named `#[test]` per group-commit check ([`group_commit`]) for a store factory
 /// (`async fn(PathBuf, usize) -> Result<group_commit::Grouped, StoreError>`: open the given
 /// file with that `group_commit`).
+///
+/// `group_commit_suite!(open)` is for a store whose recordings need the caller's Tokio runtime
+/// (they commit a batch on a task of it): it checks that one outside a runtime fails clearly.
+/// `group_commit_suite!(open, needs_a_runtime: false)` is for a store that runs its work on a
+/// runtime of its own: it checks instead that a recording made outside any runtime is answered.
 #[macro_export]
 macro_rules! group_commit_suite {
     ($open:path) => {
+        $crate::group_commit_suite!(@each $open; a_recording_outside_a_runtime_fails_and_queues_nothing);
+    };
+    ($open:path, needs_a_runtime: false) => {
+        $crate::group_commit_suite!(@each $open; a_recording_outside_a_runtime_is_answered);
+    };
+    (@each $open:path; $($outside:ident),*) => {
         $crate::__group_commit_tests!(
             $open;
             concurrent_recordings_share_write_transactions,
@@ -609,9 +620,9 @@ macro_rules! group_commit_suite {
             a_group_commit_of_zero_is_refused_at_open,
             cancelled_recordings_hold_up_no_later_one,
             a_batch_on_a_target_with_an_unreadable_cursor_row_commits,
-            a_recording_outside_a_runtime_fails_and_queues_nothing,
             writes_outside_a_runtime_fail_and_leave_the_handle_working,
             recordings_crossing_the_end_of_the_counter_commit_only_those_that_fit,
+            $($outside),*
         );
     };
 }

@@ -28,6 +28,12 @@
 //! A recording is four round trips: `BEGIN` with the lock, one statement that reads what the
 //! protocol needs, one that writes what it decided, `COMMIT`.
 //!
+//! **Group commit** ([`PgStoreOptions::group_commit`], default 64): recordings that arrive
+//! while the handle's writes wait for their turn queue up, and the next writer records them
+//! together in one transaction of the same four round trips, each caller answered after the
+//! commit that holds its event, with the notices one transaction per event would give.
+//! [`PgStore::write_transactions`] and [`PgStore::largest_batch`] show how well it batches.
+//!
 //! **Other gateways' commits** ([`EventStore::foreign_commits`], the hint behind DESIGN.md
 //! section 9.1's push): every write transaction that changes something adds one to a
 //! store-wide commit count before it commits; a handle answers that count less its own
@@ -58,6 +64,7 @@
 //! # }).unwrap();
 //! ```
 
+mod group;
 mod rows;
 mod schema;
 mod store;
@@ -66,6 +73,7 @@ pub mod testkit;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use awareness_core::reconcile::ChangesPage;
@@ -87,6 +95,9 @@ pub const LAST_SEQUENCE: u64 = i64::MAX as u64;
 /// [`PgStoreOptions::idle_transaction_timeout`] unless set.
 pub const DEFAULT_IDLE_TRANSACTION_TIMEOUT: Duration = Duration::from_mins(1);
 
+/// [`PgStoreOptions::group_commit`] unless set.
+pub const DEFAULT_GROUP_COMMIT: usize = 64;
+
 /// Rows one pruning transaction deletes at most: a recording waits behind pruning for one
 /// such transaction, not for the whole chunk.
 const PRUNE_TRANSACTION_ROWS: usize = 500;
@@ -98,6 +109,7 @@ pub struct PgStoreOptions {
     max_connections: u32,
     idle_transaction_timeout: Duration,
     create_if_missing: bool,
+    group_commit: usize,
 }
 
 impl PgStoreOptions {
@@ -109,6 +121,7 @@ impl PgStoreOptions {
             max_connections: 4,
             idle_transaction_timeout: DEFAULT_IDLE_TRANSACTION_TIMEOUT,
             create_if_missing: true,
+            group_commit: DEFAULT_GROUP_COMMIT,
         }
     }
 
@@ -141,6 +154,21 @@ impl PgStoreOptions {
     #[must_use]
     pub fn create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
+        self
+    }
+
+    /// How many recordings of this handle may share one write transaction (group commit,
+    /// docs/decisions/0005). Recordings that arrive while the handle's writes wait for their
+    /// turn (its previous write in progress, or another gateway's holding the store's lock)
+    /// queue up, and the next writer records up to this many of them in one transaction of
+    /// four round trips, whatever their number; each caller still gets its own event back only
+    /// after that commit, and the notices are those one transaction per event would give. A
+    /// lone caller records as it would without group commit. `1` turns it off (one
+    /// transaction per event); `0` is refused at connect ([`OpenFailure::InvalidOptions`]).
+    /// Default [`DEFAULT_GROUP_COMMIT`].
+    #[must_use]
+    pub fn group_commit(mut self, max_events: usize) -> Self {
+        self.group_commit = max_events;
         self
     }
 
@@ -316,6 +344,20 @@ impl PgStore {
         self.inner.pool()
     }
 
+    /// Write transactions this handle has begun since it was connected: one per recording
+    /// made alone (a recording of a failed group commit recorded again alone included), one
+    /// per group commit however many recordings it holds, one per other write call (a pruning
+    /// chunk counts each of its transactions). Shows how well group commit batches.
+    pub fn write_transactions(&self) -> u64 {
+        self.inner.write_transactions.load(Ordering::Relaxed)
+    }
+
+    /// The most recordings one write transaction of this handle has held since it was
+    /// connected (0 before the first recording): at most [`PgStoreOptions::group_commit`].
+    pub fn largest_batch(&self) -> usize {
+        self.inner.largest_batch.load(Ordering::Relaxed)
+    }
+
     /// `work`, a write of one transaction, on the store's runtime, in this handle's turn: the
     /// turn is taken here, before the work is handed over, so that writes take effect in the
     /// order they were called, a given-up one included (it ends on the store's runtime before
@@ -418,9 +460,93 @@ impl PgStore {
 
 #[async_trait]
 impl EventStore for PgStore {
+    /// With group commit on ([`PgStoreOptions::group_commit`] above 1), queues the event, then
+    /// either a writer records it with its batch (the answer comes first), or this caller gets
+    /// the handle's turn and records what the queue holds: alone, as without group commit, or
+    /// as a batch on a task of the store's runtime, so that cancelling this call cancels
+    /// nobody's commit.
     async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
-        self.run_write(move |s| async move { s.record(event, now).await })
-            .await
+        let inner = &self.inner;
+        if inner.group_commit <= 1 {
+            inner.largest_batch.fetch_max(1, Ordering::Relaxed);
+            return self
+                .run_write(move |s| async move { s.record(event, now).await })
+                .await;
+        }
+        // Bad input is refused here, before anything is queued.
+        event.validate()?;
+        let id = inner.next_job.fetch_add(1, Ordering::Relaxed);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        inner.queue.push(group::Job {
+            id,
+            event,
+            now,
+            reply,
+        });
+        // Should this call be given up while its event still waits in the queue, the event
+        // leaves the queue with it instead of being committed later by someone else's batch.
+        let mut queued = group::Queued::new(&inner.queue, id);
+        loop {
+            let turn = tokio::select! {
+                biased;
+                got = &mut answer => {
+                    queued.taken();
+                    return group::answered(&inner.name, got);
+                }
+                turn = Arc::clone(&inner.turn).lock_owned() => turn,
+            };
+            // No await from the take until the batch is handed to the store's runtime:
+            // cancelling this call cannot drop the other callers' events.
+            let mut jobs = inner.queue.take(inner.group_commit);
+            let mine = jobs.iter().any(|j| j.id == id);
+            if mine || jobs.is_empty() {
+                queued.taken();
+            }
+            if jobs.is_empty() {
+                // The batch that took this event has answered before it let go of the turn.
+                drop(turn);
+                return group::answered(&inner.name, answer.await);
+            }
+            inner.largest_batch.fetch_max(jobs.len(), Ordering::Relaxed);
+            let store = Arc::clone(inner);
+            if mine && jobs.len() == 1 {
+                // Alone: recorded as without group commit.
+                let job = jobs.pop().expect("one job was taken");
+                return on(
+                    self.runtime.handle(),
+                    &inner.name,
+                    store::TURN_HELD.scope((), async move {
+                        let done = store.record(job.event, job.now).await;
+                        drop(turn);
+                        done
+                    }),
+                )
+                .await;
+            }
+            let name = inner.name.clone();
+            let batch = self
+                .runtime
+                .handle()
+                .spawn(store::TURN_HELD.scope((), async move {
+                    store.record_batch(jobs).await;
+                    drop(turn);
+                }));
+            // A batch that panics answers nobody: its callers are told it stopped (`answered`),
+            // and the panic is logged here.
+            self.runtime.handle().spawn(async move {
+                if let Err(e) = batch.await
+                    && e.is_panic()
+                {
+                    let panic = e.into_panic();
+                    tracing::error!(store = %name, panic = awareness_core::error::panic_message(&*panic), "a group commit panicked; its recordings fail");
+                }
+            });
+            if mine {
+                return group::answered(&inner.name, answer.await);
+            }
+            // The queue held `group_commit` older events than this one: wait for the turn
+            // again (or for a writer that takes this event with its batch).
+        }
     }
 
     async fn changes_since(

@@ -138,6 +138,97 @@ cursors AS (",
 SELECT 1"
 );
 
+/// The columns of an event row, as NULLs of their types (a row of [`GROUP_READ`] that holds
+/// no event).
+macro_rules! no_event {
+    () => {
+        "NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, \
+         NULL::text, NULL::text, NULL::bigint, NULL::text, NULL::text"
+    };
+}
+
+/// The head columns of [`GROUP_READ`] (ref, last sequence, watermark, time, found), as NULLs.
+macro_rules! no_head {
+    () => {
+        "NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::boolean"
+    };
+}
+
+/// The columns of a cursor row, as NULLs of their types.
+macro_rules! no_cursor {
+    () => {
+        "NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, \
+         NULL::bigint, NULL::text"
+    };
+}
+
+/// What a batch of `$2` recordings (group commit) reads, under the store's lock, in one
+/// statement, as [`RECORD_READ`] does for one: the counter moved by `$2` (column 0, NULL when
+/// fewer than `$2` numbers are left before `$1`, the store's end; with the commit count moved
+/// by one), the counter as it was (1), then a row per thing read, each holding one of: a
+/// stored event of one of the dedupe keys `$3` (columns 2-13, as [`event_columns!`]), the head
+/// of one of the refs `($4[i], $5[i])` (14-19: key, agent, last sequence, watermark, time,
+/// `true`), a cursor on one of the keys `$4` (20-27, as [`cursor_columns!`]); one row with
+/// none of them when there is nothing to read.
+pub(crate) const GROUP_READ: &str = concat!(
+    "WITH moved AS (
+  UPDATE session_state_counter SET last_sequence = last_sequence + $2, commits = commits + 1
+  WHERE id = 0 AND last_sequence <= $1 - $2 RETURNING last_sequence)
+SELECT (SELECT last_sequence FROM moved), k.last_sequence, x.*
+FROM session_state_counter AS k
+LEFT JOIN LATERAL (
+  SELECT ",
+    event_columns!(),
+    ", ",
+    no_head!(),
+    ", ",
+    no_cursor!(),
+    "
+  FROM session_state_events WHERE dedupe_key = ANY($3::text[])
+  UNION ALL
+  SELECT ",
+    no_event!(),
+    ", session_key, agent_id, last_sequence, pruned_max_sequence, updated_at, true, ",
+    no_cursor!(),
+    "
+  FROM session_state_heads
+  WHERE (session_key, agent_id) IN (SELECT * FROM unnest($4::text[], $5::text[]))
+  UNION ALL
+  SELECT ",
+    no_event!(),
+    ", ",
+    no_head!(),
+    ", ",
+    cursor_columns!(),
+    "
+  FROM session_watch_cursors WHERE target_session_key = ANY($4::text[])) AS x ON true
+WHERE k.id = 0"
+);
+
+/// What a batch of recordings writes, in one statement: the events it stored (the arrays
+/// `$1`-`$12`, one element per event, in [`event_columns!`]'s order), the heads of their refs
+/// as the protocol left them (`$13`-`$17`: key, agent, last sequence, watermark, time; one per
+/// ref) and the cursors it moved (`$18`-`$25`, as [`UPSERT_CURSORS`]; one per cursor).
+pub(crate) const GROUP_WRITE: &str = concat!(
+    "WITH events AS (
+  INSERT INTO session_state_events (",
+    event_columns!(),
+    ")
+  SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+    $7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[])),
+heads AS (
+  INSERT INTO session_state_heads (",
+    head_columns!(),
+    ")
+  SELECT * FROM unnest($13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[])
+  ON CONFLICT (session_key, agent_id) DO UPDATE SET last_sequence = excluded.last_sequence,
+    pruned_max_sequence = excluded.pruned_max_sequence, updated_at = excluded.updated_at),
+cursors AS (",
+    upsert_cursors!("$18", "$19", "$20", "$21", "$22", "$23", "$24", "$25"),
+    ")
+SELECT 1"
+);
+
 /// Counts a write transaction in the store-wide commit count (`foreign_commits`).
 pub(crate) const COUNT_COMMIT: &str =
     "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0";

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use awareness_core::reconcile::ChangesPage;
 use awareness_core::upstream::{self, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
@@ -31,6 +31,16 @@ pub(crate) struct Inner {
     begin: String,
     /// The turn this handle's write transactions take (see [`Inner::write`]).
     pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
+    /// Recordings one write transaction holds at most ([`PgStoreOptions::group_commit`]).
+    pub(crate) group_commit: usize,
+    /// The recordings waiting for the handle's turn (group commit).
+    pub(crate) queue: crate::group::Queue,
+    /// Numbers the queued recordings, so that a caller tells its own from the others.
+    pub(crate) next_job: AtomicU64,
+    /// Write transactions this handle has begun ([`crate::PgStore::write_transactions`]).
+    pub(crate) write_transactions: AtomicU64,
+    /// The most recordings one of them held ([`crate::PgStore::largest_batch`]).
+    pub(crate) largest_batch: AtomicUsize,
 }
 
 tokio::task_local! {
@@ -74,7 +84,7 @@ pub(crate) fn failure(context: String, e: sqlx::Error) -> StoreError {
 
 /// A write transaction of a store, holding the store's lock, and its handle's turn when the
 /// task does not hold it already, until it commits or is dropped (which rolls it back).
-struct Write {
+pub(crate) struct Write {
     tx: Transaction<'static, Postgres>,
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
@@ -95,7 +105,7 @@ impl std::ops::DerefMut for Write {
 
 /// A sequence as PostgreSQL stores it (`bigint`); one beyond its range is its largest value,
 /// which no stored row is above.
-fn int(s: Sequence) -> i64 {
+pub(crate) fn int(s: Sequence) -> i64 {
     i64::try_from(s.0).unwrap_or(i64::MAX)
 }
 
@@ -132,6 +142,11 @@ impl Inner {
         if options.max_connections == 0 {
             return Err(refuse(
                 "max_connections: a pool needs at least one connection".into(),
+            ));
+        }
+        if options.group_commit == 0 {
+            return Err(refuse(
+                "group_commit must be at least 1 (1 commits every recording alone)".into(),
             ));
         }
         let lock_key = schema::lock_key(&options.schema);
@@ -177,6 +192,11 @@ impl Inner {
                 "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({lock_key})"
             ),
             turn: Arc::new(tokio::sync::Mutex::new(())),
+            group_commit: options.group_commit,
+            queue: crate::group::Queue::default(),
+            next_job: AtomicU64::new(0),
+            write_transactions: AtomicU64::new(0),
+            largest_batch: AtomicUsize::new(0),
         };
         schema::create(
             &store.pool,
@@ -195,13 +215,13 @@ impl Inner {
         &self.pool
     }
 
-    fn failed(&self, what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+    pub(crate) fn failed(&self, what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
         let what = what.to_owned();
         move |e| failure(format!("{}: {what}", self.name), e)
     }
 
     /// Begins a write transaction holding the store's lock.
-    async fn write(&self, what: &str) -> Result<Write, StoreError> {
+    pub(crate) async fn write(&self, what: &str) -> Result<Write, StoreError> {
         // This handle's writers take turns here, so that at most one of its connections waits
         // for the store's lock on the server (held by another gateway, say) and the others
         // stay free for reads.
@@ -209,6 +229,7 @@ impl Inner {
             Ok(()) => None,
             Err(_) => Some(Arc::clone(&self.turn).lock_owned().await),
         };
+        self.write_transactions.fetch_add(1, Ordering::Relaxed);
         // `BEGIN` and the lock in one round trip.
         let tx = self
             .pool
@@ -230,13 +251,13 @@ impl Inner {
 
     /// Commits a write transaction that has counted itself in the store-wide commit count,
     /// and counts it as this handle's own.
-    async fn commit_counted(&self, tx: Write, what: &str) -> Result<(), StoreError> {
+    pub(crate) async fn commit_counted(&self, tx: Write, what: &str) -> Result<(), StoreError> {
         tx.tx.commit().await.map_err(self.failed(what))?;
         self.own_commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn rows(&self) -> Rows<'_> {
+    pub(crate) fn rows(&self) -> Rows<'_> {
         Rows { store: &self.name }
     }
 
@@ -669,7 +690,7 @@ impl Inner {
 
 /// Cursors as the column arrays the statements that write them bind (`unnest`): watcher,
 /// target, target agent, last seen, notified, material, updated at, provenance.
-struct CursorColumns {
+pub(crate) struct CursorColumns {
     watchers: Vec<String>,
     targets: Vec<String>,
     agents: Vec<String>,
@@ -681,7 +702,7 @@ struct CursorColumns {
 }
 
 impl CursorColumns {
-    fn of(cursors: &[Cursor]) -> Self {
+    pub(crate) fn of(cursors: &[Cursor]) -> Self {
         Self {
             watchers: cursors
                 .iter()
@@ -704,7 +725,7 @@ impl CursorColumns {
     }
 
     /// `query` with the eight arrays bound as its next parameters.
-    fn bind(
+    pub(crate) fn bind(
         self,
         query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
     ) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {

@@ -108,3 +108,47 @@ impl Drop for Schema {
         }
     }
 }
+
+/// The store's lock on the schema `schema`, held by a session of its own, as another gateway
+/// in the middle of a write holds it: every write of every handle on that store waits until
+/// [`StoreLock::release`].
+#[derive(Debug)]
+pub struct StoreLock {
+    conn: sqlx::PgConnection,
+    key: i64,
+}
+
+impl StoreLock {
+    /// Takes the lock of the store in `schema` (waits while another holds it).
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    pub async fn take(schema: &str) -> Self {
+        use sqlx::ConnectOptions as _;
+        let mut conn = server().connect().await.expect("connect to hold the lock");
+        let key = crate::schema::lock_key(schema);
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut conn)
+            .await
+            .expect("take the store's lock");
+        Self { conn, key }
+    }
+
+    /// Lets the lock go and closes the session.
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    pub async fn release(mut self) {
+        use sqlx::Connection as _;
+        let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+            .bind(self.key)
+            .fetch_one(&mut self.conn)
+            .await
+            .expect("release the store's lock");
+        assert!(released, "the lock was held");
+        self.conn.close().await.expect("close the holder");
+    }
+}

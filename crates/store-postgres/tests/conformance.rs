@@ -17,7 +17,10 @@ async fn subject() -> Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(Arc::clone(&store))),
-        batching: None,
+        batching: Some(server::batching(
+            Arc::clone(&store),
+            guard.name().to_owned(),
+        )),
         guard: Box::new(guard),
     }
 }

@@ -57,6 +57,10 @@ async fn options_that_cannot_work_are_refused_before_anything_is_created() {
                 .idle_transaction_timeout(Duration::from_micros(10)),
             "idle_transaction_timeout",
         ),
+        (
+            PgStoreOptions::new(server::fresh_schema()).group_commit(0),
+            "group_commit",
+        ),
     ] {
         let schema = options.schema().to_owned();
         let e = refused(options).await;

@@ -12,8 +12,6 @@
 
 mod server;
 
-use server::DropSchema;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -23,35 +21,16 @@ use store_postgres::{PgStore, PgStoreOptions};
 
 awareness_core::raw_access_forwarding!(PgStore);
 
-/// The store the suite's `path` names: the schema `d_<hash of the path>`, created on first
-/// open. The schema outlives the handle (a later open of the path must find it): it is dropped
-/// by an open of another path once the check's scratch directory, which holds the path, is
-/// gone (the last check's schemas stay behind).
+/// The store the suite's `path` names ([`server::schema_of_path`]), created on first open.
 async fn open(path: PathBuf) -> Result<Subject, StoreError> {
-    static SCHEMAS: std::sync::Mutex<Vec<(PathBuf, Option<DropSchema>)>> =
-        std::sync::Mutex::new(Vec::new());
-    let hash = awareness_core::upstream::fnv1a64(path.as_os_str().as_encoded_bytes());
-    let schema = format!("d_{}_{hash:016x}", std::process::id());
-    let done: Vec<DropSchema> = {
-        let mut schemas = SCHEMAS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !schemas.iter().any(|(p, _)| *p == path) {
-            schemas.push((path.clone(), Some(DropSchema(schema.clone()))));
-        }
-        schemas
-            .iter_mut()
-            .filter(|(p, _)| p.parent().is_some_and(|dir| !dir.exists()))
-            .filter_map(|(_, s)| s.take())
-            .collect()
-    };
-    drop(done);
-    let store = Arc::new(PgStore::connect(server::server(), PgStoreOptions::new(schema)).await?);
+    let schema = server::schema_of_path(&path);
+    let store =
+        Arc::new(PgStore::connect(server::server(), PgStoreOptions::new(schema.clone())).await?);
     Ok(Subject {
         store: store.clone(),
         upstream: store.clone(),
         raw: Arc::new(Raw(Arc::clone(&store))),
-        batching: None,
+        batching: Some(server::batching(Arc::clone(&store), schema)),
         guard: Box::new(()),
     })
 }

@@ -26,3 +26,75 @@ pub async fn fresh_store_in(schema: &str) -> (PgStore, String) {
         .expect("connect a fresh store");
     (store, schema.to_owned())
 }
+
+/// The schema the durable and group-commit suites' `path` names: `d_<pid>_<hash of the
+/// path>`, so that opening the same path again opens the same store. The schema outlives the
+/// handle (a later open of the path must find it): it is dropped by the call for another path
+/// once the check's scratch directory, which holds the path, is gone (the last check's schemas
+/// stay behind).
+pub fn schema_of_path(path: &std::path::Path) -> String {
+    static SCHEMAS: std::sync::Mutex<Vec<(std::path::PathBuf, Option<DropSchema>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let hash = awareness_core::upstream::fnv1a64(path.as_os_str().as_encoded_bytes());
+    let schema = format!("d_{}_{hash:016x}", std::process::id());
+    let done: Vec<DropSchema> = {
+        let mut schemas = SCHEMAS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !schemas.iter().any(|(p, _)| p == path) {
+            schemas.push((path.to_owned(), Some(DropSchema(schema.clone()))));
+        }
+        schemas
+            .iter_mut()
+            .filter(|(p, _)| p.parent().is_some_and(|dir| !dir.exists()))
+            .filter_map(|(_, s)| s.take())
+            .collect()
+    };
+    drop(done);
+    schema
+}
+
+/// How the model test and the durable suite make `store` (in `schema`) batch a wave of
+/// recordings: another gateway takes the store's lock ([`store_postgres::testkit::StoreLock`]),
+/// then a write that changes nothing (an unwatch of a cursor no test makes) takes the handle's
+/// turn, polled once so that it is first in line, and waits on that lock. The recordings given
+/// to the store meanwhile queue behind it. Released, the lock lets the unwatch through, and the
+/// first recording to get the turn then takes every queued event into one batch.
+pub fn batching(
+    store: std::sync::Arc<PgStore>,
+    schema: String,
+) -> awareness_core::testkit::model::Batching {
+    let (measured, counted) = (std::sync::Arc::clone(&store), std::sync::Arc::clone(&store));
+    awareness_core::testkit::model::Batching {
+        hold_writer: Box::new(move || {
+            Box::pin(hold_writer(std::sync::Arc::clone(&store), schema.clone()))
+        }),
+        largest_batch: Box::new(move || measured.largest_batch()),
+        write_transactions: Box::new(move || counted.write_transactions()),
+        // The unwatch queued first in line.
+        hold_transactions: 1,
+    }
+}
+
+async fn hold_writer(
+    store: std::sync::Arc<PgStore>,
+    schema: String,
+) -> awareness_core::testkit::model::Release {
+    use awareness_core::{CursorStore as _, SessionKey, WatcherKey};
+    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
+    let mut unwatch = Box::pin(async move {
+        let watcher = WatcherKey::parse("agent:main:subagent:holder").expect("watcher");
+        let target = SessionKey::new("agent:main:subagent:held").expect("key");
+        store.unwatch(&watcher, &target).await
+    });
+    assert!(
+        !awareness_core::testkit::poll_once(unwatch.as_mut()).await,
+        "a write waits for the lock"
+    );
+    let unwatch = tokio::spawn(unwatch);
+    awareness_core::testkit::model::Release::new(async move {
+        lock.release().await;
+        let removed = unwatch.await.expect("join").expect("the unwatch");
+        assert!(!removed, "no test makes the holder's cursor");
+    })
+}

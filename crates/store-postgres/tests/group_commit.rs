@@ -1,0 +1,154 @@
+//! Group commit: the shared checks (`awareness_core::group_commit_suite!`: concurrent
+//! recordings share write transactions, each caller gets its own event, `group_commit(1)` turns
+//! it off, a batch holds at most `group_commit`, `0` is refused, a cursor row that cannot be
+//! read fails no batch, callers that gave up hold up nobody, recordings crossing the counter's
+//! end, recordings outside any runtime), each store in the schema its path names, and what
+//! store-postgres does of its own: batches form while another gateway holds the store's lock.
+//! (That an event failing in a batch fails only its caller is a check of the durable suite;
+//! that the batched protocol equals the per-event one is the model test's `Concurrent` step.)
+
+mod server;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use awareness_core::StoreError;
+use awareness_core::testkit::group_commit::{Grouped, T0, event};
+use awareness_core::{EventStore as _, Sequence};
+use store_postgres::{PgStore, PgStoreOptions};
+
+awareness_core::raw_access_forwarding!(PgStore);
+
+/// Opens the store `path` names with `group_commit(max_events)`.
+async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, StoreError> {
+    let schema = server::schema_of_path(&path);
+    let store = Arc::new(
+        PgStore::connect(
+            server::server(),
+            PgStoreOptions::new(schema).group_commit(max_events),
+        )
+        .await?,
+    );
+    let (counted, measured, raw) = (Arc::clone(&store), Arc::clone(&store), Arc::clone(&store));
+    Ok(Grouped {
+        store,
+        write_transactions: Box::new(move || counted.write_transactions()),
+        largest_batch: Box::new(move || measured.largest_batch()),
+        raw: Arc::new(Raw(raw)),
+    })
+}
+
+awareness_core::group_commit_suite!(open_grouped, needs_a_runtime: false);
+
+/// While another gateway holds the store's lock, 40 recordings of this handle wait (the first
+/// for the lock, alone in its transaction; the others in the queue); once the lock is let go,
+/// they commit in three write transactions (the first alone, then batches of 32 and 7), each
+/// caller with its own event, under the 40 sequences after the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recordings_waiting_for_another_gateway_commit_in_few_transactions() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = Arc::new(
+        PgStore::connect(
+            server::server(),
+            PgStoreOptions::new(schema.clone()).group_commit(32),
+        )
+        .await
+        .expect("connect"),
+    );
+    let before = store.record(event(100), T0).await.expect("record");
+    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
+    let began = store.write_transactions();
+    // Each call polled once (which queues its event, or takes the turn and waits for the
+    // lock), then left to a task of its own.
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        let store = Arc::clone(&store);
+        let mut call = Box::pin(async move { store.record(event(i), T0).await });
+        assert!(
+            !awareness_core::testkit::poll_once(call.as_mut()).await,
+            "recording {i} waits for the lock"
+        );
+        calls.push(tokio::spawn(call));
+    }
+    lock.release().await;
+    let mut seqs = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        let rec = call.await.expect("join").expect("record");
+        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+        seqs.push(rec.event.sequence.get());
+    }
+    seqs.sort_unstable();
+    let first = before.event.sequence.get() + 1;
+    assert_eq!(seqs, (first..first + 40).collect::<Vec<_>>());
+    let txs = store.write_transactions() - began;
+    assert_eq!(
+        txs, 3,
+        "the write transactions of 40 recordings that waited for the lock"
+    );
+    assert_eq!(store.largest_batch(), 32);
+    assert_eq!(
+        store
+            .events_after(Sequence(before.event.sequence.get()), 100)
+            .await
+            .expect("events")
+            .len(),
+        40
+    );
+}
+
+/// A caller that gives up while its event waits in the queue (the handle's turn held by a
+/// recording that waits for another gateway's lock) takes the event out with it: no later
+/// batch commits an event whose caller gave up on it, and may be retrying it. (The shared check
+/// holds every durable store to "at most once"; this store, like store-sqlite, to "never".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
+    use awareness_core::testkit::poll_once;
+    use awareness_core::{ActorType, AwarenessStoreExt as _, EventKind, NewEvent};
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = Arc::new(
+        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+            .await
+            .expect("connect"),
+    );
+    let gone = awareness_core::testkit::group_commit::session(9);
+    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
+    // A recording that takes the handle's turn and waits for the lock.
+    let mut first = Box::pin(store.record(event(0), T0));
+    assert!(
+        !poll_once(first.as_mut()).await,
+        "the first waits for the lock"
+    );
+    for i in 0..8 {
+        let e = NewEvent::new(
+            gone.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            format!("abandoned {i}"),
+        );
+        let mut call = std::pin::pin!(store.record(e, T0));
+        assert!(!poll_once(call.as_mut()).await, "queued behind the first");
+    }
+    lock.release().await;
+    first.as_mut().await.expect("the first recording");
+    let later: Vec<_> = (1..4)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.record(event(i), T0).await })
+        })
+        .collect();
+    for call in later {
+        call.await.expect("join").expect("record");
+    }
+    assert_eq!(
+        store.state_version(&gone).await.expect("version"),
+        Sequence::ZERO,
+        "an abandoned event was committed"
+    );
+    let log = store
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect("events");
+    assert_eq!(log.len(), 4, "the recordings whose callers waited: {log:?}");
+}

@@ -306,7 +306,7 @@ fn main() {
     let stats = rt.block_on(store.log_stats()).expect("log stats");
     // None for store-memory, which has no file.
     let file_bytes = rt.block_on(backend.stored_bytes());
-    let stored = if matches!(spec.kind, Kind::Postgres) {
+    let stored = if matches!(spec.kind, Kind::Postgres { .. }) {
         "schema (tables, indexes)"
     } else {
         "files (db, WAL, shm)"

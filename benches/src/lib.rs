@@ -183,9 +183,13 @@ pub enum Kind {
     Sqlite(SqliteOptions),
     /// store-redb with these options.
     Redb(RedbOptions),
-    /// store-postgres with its default options, in a fresh schema ([`PgSchema`]) on the server
-    /// of [`pg_server`].
-    Postgres,
+    /// store-postgres with its default options but `group_commit` (its default,
+    /// [`store_postgres::DEFAULT_GROUP_COMMIT`], or `1`: one transaction per event), in a fresh
+    /// schema ([`PgSchema`]) on the server of [`pg_server`].
+    Postgres {
+        /// [`PgStoreOptions::group_commit`].
+        group_commit: usize,
+    },
 }
 
 impl Kind {
@@ -195,7 +199,7 @@ impl Kind {
             Self::Memory => "memory",
             Self::Sqlite(_) => "sqlite",
             Self::Redb(_) => "redb",
-            Self::Postgres => "postgres",
+            Self::Postgres { .. } => "postgres",
         }
     }
 }
@@ -344,14 +348,16 @@ pub fn specs() -> Vec<Spec> {
         },
         Spec {
             name: "postgres",
-            kind: Kind::Postgres,
+            kind: Kind::Postgres {
+                group_commit: store_postgres::DEFAULT_GROUP_COMMIT,
+            },
         },
     ]
 }
 
 /// The backends of `record/concurrent_16_tasks`: those of [`specs`], each durable store followed
-/// by the same store recording one transaction per event (`sqlite-1tx`, `redb-1tx`: group commit
-/// off), so the gain of group commit shows in one run.
+/// by the same store recording one transaction per event (`sqlite-1tx`, `redb-1tx`,
+/// `postgres-1tx`: group commit off), so the gain of group commit shows in one run.
 pub fn group_commit_specs() -> Vec<Spec> {
     let mut out = Vec::new();
     for spec in specs() {
@@ -363,6 +369,10 @@ pub fn group_commit_specs() -> Vec<Spec> {
             (&"redb", Kind::Redb(o)) => Some(Spec {
                 name: "redb-1tx",
                 kind: Kind::Redb(o.clone().group_commit(1)),
+            }),
+            (&"postgres", Kind::Postgres { .. }) => Some(Spec {
+                name: "postgres-1tx",
+                kind: Kind::Postgres { group_commit: 1 },
             }),
             _ => None,
         };
@@ -383,7 +393,7 @@ pub fn wanted(specs: Vec<Spec>) -> Vec<Spec> {
             .collect(),
         Err(_) => specs,
     };
-    if out.iter().any(|s| matches!(s.kind, Kind::Postgres)) {
+    if out.iter().any(|s| matches!(s.kind, Kind::Postgres { .. })) {
         pg_server();
     }
     out
@@ -419,7 +429,7 @@ pub async fn loaded(specs: &[Spec], data: Dataset) -> Vec<Backend> {
 
 /// Opens one empty backend (a postgres one in a fresh schema).
 pub async fn open_empty(spec: &Spec) -> Backend {
-    if matches!(spec.kind, Kind::Postgres) {
+    if matches!(spec.kind, Kind::Postgres { .. }) {
         return open_postgres(spec, PgSchema::fresh("bench")).await;
     }
     let dir = tempfile::tempdir().expect("temp dir for a store");
@@ -429,10 +439,16 @@ pub async fn open_empty(spec: &Spec) -> Backend {
 /// Connects a postgres store in `schema` (created, with its tables, when missing), which the
 /// backend then owns and drops.
 async fn open_postgres(spec: &Spec, schema: PgSchema) -> Backend {
+    let Kind::Postgres { group_commit } = spec.kind else {
+        unreachable!("a postgres spec")
+    };
     let store = Arc::new(
-        PgStore::connect(pg_server(), PgStoreOptions::new(schema.name()))
-            .await
-            .expect("connect the postgres store"),
+        PgStore::connect(
+            pg_server(),
+            PgStoreOptions::new(schema.name()).group_commit(group_commit),
+        )
+        .await
+        .expect("connect the postgres store"),
     );
     Backend {
         name: spec.name,
@@ -447,7 +463,7 @@ async fn open_postgres(spec: &Spec, schema: PgSchema) -> Backend {
 async fn open_in(spec: &Spec, dir: tempfile::TempDir) -> Backend {
     let (store, redb): (Arc<dyn AwarenessStore>, _) = match &spec.kind {
         Kind::Memory => (Arc::new(store_memory::MemoryStore::new()), None),
-        Kind::Postgres => unreachable!("postgres has no file"),
+        Kind::Postgres { .. } => unreachable!("postgres has no file"),
         Kind::Sqlite(options) => (
             Arc::new(
                 SqliteStore::open_with(dir.path().join("bench.db"), options.clone())
@@ -596,7 +612,7 @@ async fn copy_schema(to: &PgStore, schema: &str, from: &str) {
 /// Loads `data` into a new file of `kind`'s format (a new schema for postgres) and closes it
 /// cleanly.
 async fn build_template(kind: &Kind, data: Dataset) -> Template {
-    if matches!(kind, Kind::Postgres) {
+    if matches!(kind, Kind::Postgres { .. }) {
         let schema = PgSchema::fresh("bench");
         // Its commits need not be durable: the stores copy its rows, whatever their layout.
         let server = pg_server().options([("synchronous_commit", "off")]);
@@ -613,7 +629,7 @@ async fn build_template(kind: &Kind, data: Dataset) -> Template {
     let dir = tempfile::tempdir().expect("temp dir for a template");
     let store: Arc<dyn AwarenessStore> = match kind {
         Kind::Memory => unreachable!("memory has no file"),
-        Kind::Postgres => unreachable!("postgres has no file"),
+        Kind::Postgres { .. } => unreachable!("postgres has no file"),
         Kind::Sqlite(_) => Arc::new(
             SqliteStore::open(dir.path().join("bench.db"))
                 .await

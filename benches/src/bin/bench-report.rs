@@ -55,6 +55,7 @@ const COLUMNS: &[&str] = &[
     "redb-1tx",
     "redb-bounded",
     "postgres",
+    "postgres-1tx",
 ];
 
 /// One measurement: the median time of an iteration and the elements an iteration handles.
@@ -336,7 +337,7 @@ fn targets(r: &BTreeMap<String, Measured>) -> Vec<Target> {
         }
     }
     // Group commit: events per second with it against one transaction per event, 5x at least.
-    for backend in ["sqlite", "redb"] {
+    for backend in ["sqlite", "redb", "postgres"] {
         let id = |b: &str| format!("record/concurrent_16_tasks/{b}");
         let (Some(m_on), Some(m_off)) = (get(&id(backend)), get(&id(&format!("{backend}-1tx"))))
         else {

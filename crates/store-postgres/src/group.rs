@@ -10,16 +10,21 @@
 //! step holds the two equal. Each caller gets its own [`Recorded`] only after the commit that
 //! holds its event.
 //!
-//! Failure: a batch that fails is rolled back and its events are recorded again one per
-//! transaction, so that an event that cannot be written (a dedupe hit on a row that cannot be
-//! read, one past the counter's end) fails only its own caller; unless the failure may go away
-//! by itself (a lost connection, a server restarting: [`StoreError::is_retryable`]), which each
-//! event alone would meet again: then every caller gets it at once, each a copy of its own.
+//! Failure: a batch whose statements fail is rolled back and its events are recorded again one
+//! per transaction, so that an event that cannot be written (a dedupe hit on a row that cannot
+//! be read, one past the counter's end) fails only its own caller. When the failure is the
+//! transaction's own (its `BEGIN`, the store's lock, its `COMMIT`) or may go away by itself (a
+//! lost connection, a server restarting: [`StoreError::is_retryable`]), each event alone would
+//! meet it again: every caller gets it at once, each a copy of its own. A connection lost
+//! during the `COMMIT` leaves its outcome unknown, as for one recording, but for every event of
+//! the batch: a caller that retries an event without a dedupe key may record it twice.
 //!
 //! Cancellation: a batch runs on the store's runtime, in a task of its own that holds the
 //! handle's turn: a caller that gives up cancels nobody's commit. A caller that gives up while
 //! its event still waits in the queue takes the event out ([`Queued`]); once a batch holds it,
-//! it is committed.
+//! it is committed, unless the handle itself is dropped first (its runtime then drops the
+//! batch, which rolls back; a caller still waiting holds the handle, so only events whose
+//! callers all gave up can go that way).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -33,7 +38,7 @@ use tokio::sync::oneshot;
 
 use crate::LAST_SEQUENCE;
 use crate::rows;
-use crate::store::{CursorColumns, Inner, int};
+use crate::store::{CursorColumns, Inner, Write, int};
 
 const WHAT: &str = "recording";
 
@@ -136,11 +141,22 @@ enum Outcome {
     Hit(Arc<Event>),
 }
 
+/// How a batch failed.
+enum Failed {
+    /// Its transaction: the `BEGIN` or the store's lock (a statement timeout while another
+    /// gateway held it, say), or the `COMMIT`. Each event alone would meet it again.
+    Transaction(StoreError),
+    /// One of its statements, or what it read (a dedupe hit on a row that cannot be read, too
+    /// few numbers left): possibly one event's failure.
+    Statement(StoreError),
+}
+
 impl Inner {
-    /// Records `jobs` (at least two) in one transaction and answers every caller. A batch that
-    /// fails is rolled back and its events are recorded again one per transaction, unless the
-    /// failure is retryable: then every caller gets it at once, as do those after an event
-    /// recorded alone that met such a failure.
+    /// Records `jobs` (at least two) in one transaction and answers every caller. A batch whose
+    /// statements fail is rolled back and its events are recorded again one per transaction, so
+    /// that an event that cannot be written fails only its own caller; when the failure is the
+    /// transaction's own or may go away by itself (retryable), every caller gets it at once,
+    /// as do those after an event recorded alone that met a retryable one.
     pub(crate) async fn record_batch(&self, jobs: Vec<Job>) {
         let e = match self.batch(&jobs).await {
             Ok(answers) => {
@@ -151,13 +167,13 @@ impl Inner {
                 }
                 return;
             }
-            Err(e) => e,
+            Err(Failed::Statement(e)) if !e.is_retryable() => e,
+            Err(Failed::Statement(e) | Failed::Transaction(e)) => {
+                tracing::debug!(store = %self.name, error = %awareness_core::error::ErrorChain(&e), events = jobs.len(), "a group commit's transaction failed; every caller gets the error");
+                fail_all(jobs, &e);
+                return;
+            }
         };
-        if e.is_retryable() {
-            tracing::debug!(store = %self.name, error = %awareness_core::error::ErrorChain(&e), events = jobs.len(), "a group commit failed in a way that may go away; every caller gets the error");
-            fail_all(jobs, &e);
-            return;
-        }
         tracing::debug!(store = %self.name, error = %awareness_core::error::ErrorChain(&e), events = jobs.len(), "a group commit failed; recording its events one by one");
         let mut jobs = jobs.into_iter();
         let mut lost = None;
@@ -178,9 +194,26 @@ impl Inner {
         }
     }
 
-    /// The batch's transaction; one answer per job, in order, all settled before the commit
-    /// (a failure after it would record the events a second time, one by one).
-    async fn batch(&self, jobs: &[Job]) -> Result<Vec<Recorded>, StoreError> {
+    /// The batch's transaction; one answer per job, in order.
+    async fn batch(&self, jobs: &[Job]) -> Result<Vec<Recorded>, Failed> {
+        let mut tx = self.write(WHAT).await.map_err(Failed::Transaction)?;
+        let answers = self
+            .batch_statements(&mut tx, jobs)
+            .await
+            .map_err(Failed::Statement)?;
+        self.commit_counted(tx, WHAT)
+            .await
+            .map_err(Failed::Transaction)?;
+        Ok(answers)
+    }
+
+    /// The batch's two statements in `tx`; one answer per job, in order, all settled before the
+    /// commit (a failure after it would record the events a second time, one by one).
+    async fn batch_statements(
+        &self,
+        tx: &mut Write,
+        jobs: &[Job],
+    ) -> Result<Vec<Recorded>, StoreError> {
         let n = i64::try_from(jobs.len()).unwrap_or(i64::MAX);
         let mut refs: Vec<SessionRef> = jobs.iter().map(|j| j.event.session.clone()).collect();
         refs.sort_unstable();
@@ -189,7 +222,6 @@ impl Inner {
             .iter()
             .filter_map(|j| j.event.dedupe_key.as_deref())
             .collect();
-        let mut tx = self.write(WHAT).await?;
         let read = sqlx::query(rows::GROUP_READ)
             .bind(int(Sequence(LAST_SEQUENCE)))
             .bind(n)
@@ -200,7 +232,7 @@ impl Inner {
                     .collect::<Vec<_>>(),
             )
             .bind(refs.iter().map(|r| r.agent_id.as_str()).collect::<Vec<_>>())
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await
             .map_err(self.failed(WHAT))?;
         let first_row = read.first().ok_or_else(|| {
@@ -415,10 +447,9 @@ impl Inner {
                             .collect::<Vec<_>>(),
                     ),
             )
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await
             .map_err(self.failed(WHAT))?;
-        self.commit_counted(tx, WHAT).await?;
         Ok(outcomes
             .into_iter()
             .map(|o| match o {

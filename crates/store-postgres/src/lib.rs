@@ -22,8 +22,9 @@
 //! (a page and the head it is checked against never disagree).
 //!
 //! A handle runs its operations on a runtime of its own, and its writes take one turn in the
-//! order they were called: a write whose caller gives up still ends (committed or rolled back)
-//! before the handle's next one starts, and never leaves the lock held by a connection nobody
+//! order they were called (recordings queued together may commit ahead of other writes called
+//! while they waited: group commit, below): a write whose caller gives up still ends
+//! (committed or rolled back) before the handle's next one starts, and never leaves the lock held by a connection nobody
 //! drives; a handle waiting for another gateway's write keeps its other connections for reads.
 //! A recording is four round trips: `BEGIN` with the lock, one statement that reads what the
 //! protocol needs, one that writes what it decided, `COMMIT`.
@@ -352,8 +353,9 @@ impl PgStore {
         self.inner.write_transactions.load(Ordering::Relaxed)
     }
 
-    /// The most recordings one write transaction of this handle has held since it was
-    /// connected (0 before the first recording): at most [`PgStoreOptions::group_commit`].
+    /// The most recordings one write transaction of this handle has been given since it was
+    /// connected (0 before the first recording; a batch that failed and was recorded again one
+    /// by one counts too): at most [`PgStoreOptions::group_commit`].
     pub fn largest_batch(&self) -> usize {
         self.inner.largest_batch.load(Ordering::Relaxed)
     }

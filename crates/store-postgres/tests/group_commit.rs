@@ -152,3 +152,54 @@ async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
         .expect("events");
     assert_eq!(log.len(), 4, "the recordings whose callers waited: {log:?}");
 }
+
+/// A batch whose transaction fails (here the server's `statement_timeout` ends its wait for
+/// the store's lock, held by another gateway) gives every caller the error at once: recording
+/// each event again alone would wait the timeout again for each (39 more waits here), holding
+/// the handle's turn all along. 40 recordings queued behind the lock take two write
+/// transactions (the first alone, then one batch), and every caller gets the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_transaction_fails_fails_every_caller_at_once() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = Arc::new(
+        PgStore::connect(
+            server::server().options([("statement_timeout", "300")]),
+            PgStoreOptions::new(schema.clone()),
+        )
+        .await
+        .expect("connect"),
+    );
+    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
+    let began = store.write_transactions();
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        let store = Arc::clone(&store);
+        let mut call = Box::pin(async move { store.record(event(i), T0).await });
+        assert!(
+            !awareness_core::testkit::poll_once(call.as_mut()).await,
+            "recording {i} waits for the lock"
+        );
+        calls.push(tokio::spawn(call));
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let e = call
+            .await
+            .expect("join")
+            .expect_err("no recording gets the lock");
+        assert!(
+            awareness_core::error::ErrorChain(&e)
+                .to_string()
+                .contains("statement timeout"),
+            "recording {i}: {e}"
+        );
+    }
+    assert_eq!(
+        store.write_transactions() - began,
+        2,
+        "the first recording alone, then one batch of the other 39"
+    );
+    lock.release().await;
+    let rec = store.record(event(40), T0).await.expect("record");
+    assert_eq!(rec.event.sequence, Sequence(1), "nothing was recorded");
+}

@@ -54,6 +54,7 @@ pub mod dedupe;
 pub mod error;
 pub mod model;
 pub mod protocol;
+pub mod queue;
 pub mod reconcile;
 pub mod retention;
 pub mod store;

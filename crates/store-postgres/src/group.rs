@@ -21,12 +21,12 @@
 //!
 //! Cancellation: a batch runs on the store's runtime, in a task of its own that holds the
 //! handle's turn: a caller that gives up cancels nobody's commit. A caller that gives up while
-//! its event still waits in the queue takes the event out ([`Queued`]); once a batch holds it,
-//! it is committed, unless the handle itself is dropped first (its runtime then drops the
-//! batch, which rolls back; a caller still waiting holds the handle, so only events whose
-//! callers all gave up can go that way).
+//! its event still waits in the queue takes the event out ([`awareness_core::queue::Queued`]);
+//! once a batch holds it, it is committed, unless the handle itself is dropped first (its
+//! runtime then drops the batch, which rolls back; a caller still waiting holds the handle, so
+//! only events whose callers all gave up can go that way).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use awareness_core::{
@@ -51,74 +51,14 @@ pub(crate) struct Job {
     pub(crate) reply: oneshot::Sender<Result<Recorded, StoreError>>,
 }
 
+impl awareness_core::queue::Job for Job {
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 /// The recordings waiting for the handle's turn.
-#[derive(Default)]
-pub(crate) struct Queue {
-    jobs: std::sync::Mutex<VecDeque<Job>>,
-}
-
-impl std::fmt::Debug for Queue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Queue")
-            .field("waiting", &self.lock().len())
-            .finish()
-    }
-}
-
-impl Queue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
-        self.jobs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) fn push(&self, job: Job) {
-        self.lock().push_back(job);
-    }
-
-    /// Takes up to `max` jobs, oldest first.
-    pub(crate) fn take(&self, max: usize) -> Vec<Job> {
-        let mut q = self.lock();
-        let n = q.len().min(max);
-        q.drain(..n).collect()
-    }
-
-    fn remove(&self, id: u64) {
-        self.lock().retain(|j| j.id != id);
-    }
-}
-
-/// A caller's claim on its queued job: dropped before a writer took the job (the caller gave
-/// up while it waited), it takes the job out of the queue, so that no later batch commits an
-/// event whose caller has given up on it (and may be retrying it).
-pub(crate) struct Queued<'q> {
-    queue: &'q Queue,
-    id: u64,
-    waiting: bool,
-}
-
-impl<'q> Queued<'q> {
-    pub(crate) fn new(queue: &'q Queue, id: u64) -> Self {
-        Self {
-            queue,
-            id,
-            waiting: true,
-        }
-    }
-
-    /// The job has left the queue (a writer took it): nothing to undo any more.
-    pub(crate) fn taken(&mut self) {
-        self.waiting = false;
-    }
-}
-
-impl Drop for Queued<'_> {
-    fn drop(&mut self) {
-        if self.waiting {
-            self.queue.remove(self.id);
-        }
-    }
-}
+pub(crate) type Queue = awareness_core::queue::Queue<Job>;
 
 /// A caller's answer from the batch that held its event; a batch that ended without answering
 /// (it panicked, or the store's runtime ended) is an error naming the store.

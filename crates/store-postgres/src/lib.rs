@@ -487,7 +487,7 @@ impl EventStore for PgStore {
         });
         // Should this call be given up while its event still waits in the queue, the event
         // leaves the queue with it instead of being committed later by someone else's batch.
-        let mut queued = group::Queued::new(&inner.queue, id);
+        let mut queued = awareness_core::queue::Queued::new(&inner.queue, id);
         loop {
             let turn = tokio::select! {
                 biased;

@@ -40,6 +40,26 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
 
 awareness_core::group_commit_suite!(open_grouped, needs_a_runtime: false);
 
+/// Starts `n` recordings (`event(0)`, ...) on `store` while another gateway holds its lock:
+/// each call is polled once (which queues its event, or takes the handle's turn and waits for
+/// the lock), then left to a task of its own.
+async fn record_behind_the_lock(
+    store: &Arc<PgStore>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Result<awareness_core::Recorded, StoreError>>> {
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let store = Arc::clone(store);
+        let mut call = Box::pin(async move { store.record(event(i), T0).await });
+        assert!(
+            !awareness_core::testkit::poll_once(call.as_mut()).await,
+            "recording {i} waits for the lock"
+        );
+        calls.push(tokio::spawn(call));
+    }
+    calls
+}
+
 /// While another gateway holds the store's lock, 40 recordings of this handle wait (the first
 /// for the lock, alone in its transaction; the others in the queue); once the lock is let go,
 /// they commit in three write transactions (the first alone, then batches of 32 and 7), each
@@ -59,18 +79,7 @@ async fn recordings_waiting_for_another_gateway_commit_in_few_transactions() {
     let before = store.record(event(100), T0).await.expect("record");
     let lock = store_postgres::testkit::StoreLock::take(&schema).await;
     let began = store.write_transactions();
-    // Each call polled once (which queues its event, or takes the turn and waits for the
-    // lock), then left to a task of its own.
-    let mut calls = Vec::new();
-    for i in 0..40 {
-        let store = Arc::clone(&store);
-        let mut call = Box::pin(async move { store.record(event(i), T0).await });
-        assert!(
-            !awareness_core::testkit::poll_once(call.as_mut()).await,
-            "recording {i} waits for the lock"
-        );
-        calls.push(tokio::spawn(call));
-    }
+    let calls = record_behind_the_lock(&store, 40).await;
     lock.release().await;
     let mut seqs = Vec::new();
     for (i, call) in calls.into_iter().enumerate() {
@@ -172,16 +181,7 @@ async fn a_batch_whose_transaction_fails_fails_every_caller_at_once() {
     );
     let lock = store_postgres::testkit::StoreLock::take(&schema).await;
     let began = store.write_transactions();
-    let mut calls = Vec::new();
-    for i in 0..40 {
-        let store = Arc::clone(&store);
-        let mut call = Box::pin(async move { store.record(event(i), T0).await });
-        assert!(
-            !awareness_core::testkit::poll_once(call.as_mut()).await,
-            "recording {i} waits for the lock"
-        );
-        calls.push(tokio::spawn(call));
-    }
+    let calls = record_behind_the_lock(&store, 40).await;
     for (i, call) in calls.into_iter().enumerate() {
         let e = call
             .await

@@ -359,7 +359,7 @@ impl SqliteStore {
         });
         // Should this call be cancelled while its event still waits in the queue, the event
         // leaves the queue with it instead of being committed later by someone else's batch.
-        let mut queued = group::Queued::new(&self.queue, id);
+        let mut queued = awareness_core::queue::Queued::new(&self.queue, id);
         loop {
             let mut w = tokio::select! {
                 biased;

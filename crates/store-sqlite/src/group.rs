@@ -19,12 +19,13 @@
 //! commit. A batch holding other callers' events runs on a task of its own, so that cancelling
 //! the caller that happened to start it cancels nobody's commit, and a task dropped with its
 //! runtime hands it to a thread that finishes it ([`Unfinished`]). A caller cancelled while its
-//! event still waits in the queue takes the event out ([`Queued`]); once a batch holds it, it
-//! is committed (the caller cannot tell, as with any write cancelled midway). A writer whose
+//! event still waits in the queue takes the event out ([`awareness_core::queue::Queued`]); once
+//! a batch holds it, it is committed (the caller cannot tell, as with any write cancelled
+//! midway). A writer whose
 //! own event is not in the batch it took (the queue held `group_commit` older ones) waits for
 //! the write connection again, so it never waits for an answer nobody is going to give.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -57,67 +58,14 @@ pub(crate) struct Job {
     pub(crate) reply: oneshot::Sender<Result<Recorded, StoreError>>,
 }
 
+impl awareness_core::queue::Job for Job {
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 /// The recordings waiting for the write connection.
-#[derive(Default)]
-pub(crate) struct Queue {
-    jobs: std::sync::Mutex<VecDeque<Job>>,
-}
-
-impl Queue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
-        self.jobs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) fn push(&self, job: Job) {
-        self.lock().push_back(job);
-    }
-
-    /// Removes the job `id` if it is still queued.
-    fn remove(&self, id: u64) {
-        self.lock().retain(|j| j.id != id);
-    }
-
-    /// Takes up to `max` jobs, oldest first.
-    pub(crate) fn take(&self, max: usize) -> Vec<Job> {
-        let mut q = self.lock();
-        let n = q.len().min(max);
-        q.drain(..n).collect()
-    }
-}
-
-/// A caller's claim on its queued job: dropped before the job was taken (the caller was
-/// cancelled while it waited), it takes the job out of the queue, so that no later batch
-/// commits an event whose caller has given up on it (and may be retrying it).
-pub(crate) struct Queued<'q> {
-    queue: &'q Queue,
-    id: u64,
-    waiting: bool,
-}
-
-impl<'q> Queued<'q> {
-    pub(crate) fn new(queue: &'q Queue, id: u64) -> Self {
-        Self {
-            queue,
-            id,
-            waiting: true,
-        }
-    }
-
-    /// The job has left the queue (taken into a batch): nothing to undo any more.
-    pub(crate) fn taken(&mut self) {
-        self.waiting = false;
-    }
-}
-
-impl Drop for Queued<'_> {
-    fn drop(&mut self) {
-        if self.waiting {
-            self.queue.remove(self.id);
-        }
-    }
-}
+pub(crate) type Queue = awareness_core::queue::Queue<Job>;
 
 /// What a batch decided for one job.
 enum Outcome {

@@ -24,8 +24,9 @@
 //! A handle runs its operations on a runtime of its own, and its writes take one turn in the
 //! order they were called (recordings queued together may commit ahead of other writes called
 //! while they waited: group commit, below): a write whose caller gives up still ends
-//! (committed or rolled back) before the handle's next one starts, and never leaves the lock held by a connection nobody
-//! drives; a handle waiting for another gateway's write keeps its other connections for reads.
+//! (committed or rolled back) before the handle's next one starts, and never leaves the lock
+//! held by a connection nobody drives; a handle waiting for another gateway's write keeps its
+//! other connections for reads.
 //! A recording is four round trips: `BEGIN` with the lock, one statement that reads what the
 //! protocol needs, one that writes what it decided, `COMMIT`.
 //!
@@ -160,7 +161,7 @@ impl PgStoreOptions {
 
     /// How many recordings of this handle may share one write transaction (group commit,
     /// docs/decisions/0005). Recordings that arrive while the handle's writes wait for their
-    /// turn (its previous write in progress, or another gateway's holding the store's lock)
+    /// turn (its previous write in progress, or another gateway holding the store's lock)
     /// queue up, and the next writer records up to this many of them in one transaction of
     /// four round trips, whatever their number; each caller still gets its own event back only
     /// after that commit, and the notices are those one transaction per event would give. A

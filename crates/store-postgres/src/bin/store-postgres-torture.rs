@@ -29,8 +29,9 @@ use store_postgres::PgStore;
 /// The watcher that watches every torture target.
 const WATCHER: &str = "agent:main:torture-watcher";
 
-/// Concurrent recording tasks of `record`: they queue on the store's lock, so a kill often
-/// finds one in a transaction and others waiting.
+/// Concurrent recording tasks of `record`: while one transaction is in flight the others
+/// queue, and group commit records them together, so a kill often finds a batch in a
+/// transaction and recordings waiting.
 const RECORDERS: usize = 4;
 
 /// The exit code of `record` when one of its recorders ended (it never ends otherwise).

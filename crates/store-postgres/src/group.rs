@@ -147,7 +147,8 @@ impl Inner {
         Ok(answers)
     }
 
-    /// The batch's two statements in `tx`; one answer per job, in order, all settled before the
+    /// The batch's two statements in `tx` (the second left out when nothing is to be written:
+    /// every recording a dedupe hit); one answer per job, in order, all settled before the
     /// commit (a failure after it would record the events a second time, one by one).
     async fn batch_statements(
         &self,
@@ -286,110 +287,39 @@ impl Inner {
             }));
         }
 
-        let heads: Vec<&Head> = last.values().collect();
-        let changed: Vec<Cursor> = changed.into_values().collect();
-        let payloads: Vec<Option<String>> = events
-            .iter()
-            .map(|e| {
+        if !events.is_empty() || !changed.is_empty() {
+            let heads: Vec<&Head> = last.values().collect();
+            let changed: Vec<Cursor> = changed.into_values().collect();
+            let payloads = column(&events, |e| {
                 e.payload
                     .as_ref()
                     .map(|p| serde_json::to_string(p).expect("a JSON map always serializes"))
-            })
-            .collect();
-        CursorColumns::of(&changed)
-            .bind(
-                sqlx::query(rows::GROUP_WRITE)
-                    .bind(events.iter().map(|e| int(e.sequence)).collect::<Vec<_>>())
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.dedupe_key.as_deref())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.session_key.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.session_id.as_deref())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.agent_id.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.actor_type.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.actor_id.as_deref())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.run_id.as_deref())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.occurred_at.millis())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        events
-                            .iter()
-                            .map(|e| e.summary.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(payloads)
-                    .bind(
-                        heads
-                            .iter()
-                            .map(|h| h.session.session_key.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        heads
-                            .iter()
-                            .map(|h| h.session.agent_id.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        heads
-                            .iter()
-                            .map(|h| int(h.last_sequence))
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        heads
-                            .iter()
-                            .map(|h| int(h.pruned_max_sequence))
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        heads
-                            .iter()
-                            .map(|h| h.updated_at.millis())
-                            .collect::<Vec<_>>(),
-                    ),
-            )
-            .execute(&mut **tx)
-            .await
-            .map_err(self.failed(WHAT))?;
+            });
+            CursorColumns::of(&changed)
+                .bind(
+                    sqlx::query(rows::GROUP_WRITE)
+                        .bind(column(&events, |e| int(e.sequence)))
+                        .bind(column(&events, |e| e.dedupe_key.as_deref()))
+                        .bind(column(&events, |e| e.session_key.as_str()))
+                        .bind(column(&events, |e| e.session_id.as_deref()))
+                        .bind(column(&events, |e| e.agent_id.as_str()))
+                        .bind(column(&events, |e| e.kind.as_str()))
+                        .bind(column(&events, |e| e.actor_type.as_str()))
+                        .bind(column(&events, |e| e.actor_id.as_deref()))
+                        .bind(column(&events, |e| e.run_id.as_deref()))
+                        .bind(column(&events, |e| e.occurred_at.millis()))
+                        .bind(column(&events, |e| e.summary.as_str()))
+                        .bind(payloads)
+                        .bind(column(&heads, |h| h.session.session_key.as_str()))
+                        .bind(column(&heads, |h| h.session.agent_id.as_str()))
+                        .bind(column(&heads, |h| int(h.last_sequence)))
+                        .bind(column(&heads, |h| int(h.pruned_max_sequence)))
+                        .bind(column(&heads, |h| h.updated_at.millis())),
+                )
+                .execute(&mut **tx)
+                .await
+                .map_err(self.failed(WHAT))?;
+        }
         Ok(outcomes
             .into_iter()
             .map(|o| match o {
@@ -402,6 +332,11 @@ impl Inner {
             })
             .collect())
     }
+}
+
+/// One column of a statement's arrays: `f` of each of `rows`.
+fn column<'a, R: std::ops::Deref + 'a, T>(rows: &'a [R], f: impl Fn(&'a R::Target) -> T) -> Vec<T> {
+    rows.iter().map(|r| f(r)).collect()
 }
 
 /// Answers every job with `e` (each caller a copy of its own).

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use awareness_core::StoreError;
 use awareness_core::testkit::Subject;
 use awareness_core::testkit::model::{Batching, Release};
-use awareness_core::{CursorStore as _, SessionKey, StoreError, WatcherKey};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
 awareness_core::raw_access_forwarding!(SqliteStore);
@@ -87,25 +87,14 @@ async fn hold_writer(store: Arc<SqliteStore>, path: PathBuf) -> Release {
         .execute(&mut holder)
         .await
         .expect("take the write lock");
-    let mut unwatch = Box::pin(async move {
-        let watcher = WatcherKey::parse("agent:main:subagent:holder").expect("watcher");
-        let target = SessionKey::new("agent:main:subagent:held").expect("key");
-        store.unwatch(&watcher, &target).await
-    });
-    assert!(
-        !awareness_core::testkit::poll_once(unwatch.as_mut()).await,
-        "a write waits for the lock"
-    );
-    let unwatch = tokio::spawn(unwatch);
-    Release::new(async move {
+    Release::behind_a_noop_write(store, async move {
         sqlx::raw_sql("ROLLBACK")
             .execute(&mut holder)
             .await
             .expect("release the write lock");
         holder.close().await.expect("close the second connection");
-        let removed = unwatch.await.expect("join").expect("the unwatch");
-        assert!(!removed, "no test makes the holder's cursor");
     })
+    .await
 }
 
 // Every handle is a writer of its own on a file other processes may write too: each counts the

@@ -633,6 +633,37 @@ impl Release {
     pub async fn release(self) {
         self.0.await;
     }
+
+    /// Holds `store`'s writer with a write that changes nothing (an unwatch of a cursor no
+    /// test makes), made while the store's lock is held from outside (another connection's
+    /// transaction, another gateway's lock): polled once here, so that it is first in line for
+    /// the writer, it waits on that lock, and the recordings given to the store meanwhile queue
+    /// behind it. The answer's `release` runs `let_go` (which lets the outside lock go), then
+    /// waits for the unwatch to end.
+    ///
+    /// # Panics
+    ///
+    /// When the unwatch does not wait for the lock, fails, or removes a cursor.
+    pub async fn behind_a_noop_write(
+        store: Arc<dyn AwarenessStore>,
+        let_go: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        let mut unwatch = Box::pin(async move {
+            let watcher = WatcherKey::parse("agent:main:subagent:holder").expect("watcher");
+            let target = SessionKey::new("agent:main:subagent:held").expect("key");
+            store.unwatch(&watcher, &target).await
+        });
+        assert!(
+            !super::poll_once(unwatch.as_mut()).await,
+            "a write waits for the lock"
+        );
+        let unwatch = tokio::spawn(unwatch);
+        Self::new(async move {
+            let_go.await;
+            let removed = unwatch.await.expect("join").expect("the unwatch");
+            assert!(!removed, "no test makes the holder's cursor");
+        })
+    }
 }
 
 /// Holds a store's writer; answers its [`Release`].

@@ -80,21 +80,6 @@ async fn hold_writer(
     store: std::sync::Arc<PgStore>,
     schema: String,
 ) -> awareness_core::testkit::model::Release {
-    use awareness_core::{CursorStore as _, SessionKey, WatcherKey};
     let lock = store_postgres::testkit::StoreLock::take(&schema).await;
-    let mut unwatch = Box::pin(async move {
-        let watcher = WatcherKey::parse("agent:main:subagent:holder").expect("watcher");
-        let target = SessionKey::new("agent:main:subagent:held").expect("key");
-        store.unwatch(&watcher, &target).await
-    });
-    assert!(
-        !awareness_core::testkit::poll_once(unwatch.as_mut()).await,
-        "a write waits for the lock"
-    );
-    let unwatch = tokio::spawn(unwatch);
-    awareness_core::testkit::model::Release::new(async move {
-        lock.release().await;
-        let removed = unwatch.await.expect("join").expect("the unwatch");
-        assert!(!removed, "no test makes the holder's cursor");
-    })
+    awareness_core::testkit::model::Release::behind_a_noop_write(store, lock.release()).await
 }

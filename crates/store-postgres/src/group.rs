@@ -16,8 +16,8 @@
 //! transaction's own (its `BEGIN`, the store's lock, its `COMMIT`) or may go away by itself (a
 //! lost connection, a server restarting: [`StoreError::is_retryable`]), each event alone would
 //! meet it again: every caller gets it at once, each a copy of its own. A connection lost
-//! during the `COMMIT` leaves its outcome unknown, as for one recording, but for every event of
-//! the batch: a caller that retries an event without a dedupe key may record it twice.
+//! during the `COMMIT` is settled as for one recording ([`Inner::commit_known`]): committed,
+//! every caller is answered; rolled back, the batch is recorded again, once, as one batch.
 //!
 //! Cancellation: a batch runs on the store's runtime, in a task of its own that holds the
 //! handle's turn: a caller that gives up cancels nobody's commit. A caller that gives up while
@@ -38,7 +38,7 @@ use tokio::sync::oneshot;
 
 use crate::LAST_SEQUENCE;
 use crate::rows;
-use crate::store::{CursorColumns, Inner, Write, int};
+use crate::store::{CursorColumns, Inner, Uncommitted, Write, int};
 
 const WHAT: &str = "recording";
 
@@ -89,6 +89,9 @@ enum Failed {
     /// One of its statements, or what it read (a dedupe hit on a row that cannot be read, too
     /// few numbers left): possibly one event's failure.
     Statement(StoreError),
+    /// The answer to its `COMMIT` was lost and the server then said it did not commit:
+    /// nothing was written, and the batch is recorded again.
+    RolledBack(StoreError),
 }
 
 impl Inner {
@@ -98,7 +101,12 @@ impl Inner {
     /// transaction's own or may go away by itself (retryable), every caller gets it at once,
     /// as do those after an event recorded alone that met a retryable one.
     pub(crate) async fn record_batch(&self, jobs: Vec<Job>) {
-        let e = match self.batch(&jobs).await {
+        let mut done = self.batch(&jobs).await;
+        if let Err(Failed::RolledBack(e)) = &done {
+            tracing::warn!(store = %self.name, error = %awareness_core::error::ErrorChain(e), events = jobs.len(), "a group commit did not commit after the answer to its COMMIT was lost; recording it again");
+            done = self.batch(&jobs).await;
+        }
+        let e = match done {
             Ok(answers) => {
                 for (job, rec) in jobs.into_iter().zip(answers) {
                     // A caller that went away no longer wants its answer; its event is
@@ -108,7 +116,7 @@ impl Inner {
                 return;
             }
             Err(Failed::Statement(e)) if !e.is_retryable() => e,
-            Err(Failed::Statement(e) | Failed::Transaction(e)) => {
+            Err(Failed::Statement(e) | Failed::Transaction(e) | Failed::RolledBack(e)) => {
                 tracing::debug!(store = %self.name, error = %awareness_core::error::ErrorChain(&e), events = jobs.len(), "a group commit's transaction failed; every caller gets the error");
                 fail_all(jobs, &e);
                 return;
@@ -141,9 +149,10 @@ impl Inner {
             .batch_statements(&mut tx, jobs)
             .await
             .map_err(Failed::Statement)?;
-        self.commit_counted(tx, WHAT)
-            .await
-            .map_err(Failed::Transaction)?;
+        self.commit_known(tx, WHAT).await.map_err(|u| match u {
+            Uncommitted::RolledBack(e) => Failed::RolledBack(e),
+            Uncommitted::Failed(e) => Failed::Transaction(e),
+        })?;
         Ok(answers)
     }
 
@@ -193,6 +202,7 @@ impl Inner {
             ));
         };
         let first = top - n + 1;
+        tx.xid = col(rows::GROUP_XID)?;
 
         // What the batch read: the events of the dedupe keys, the heads, the cursors.
         let mut stored: HashMap<String, Result<Arc<Event>, StoreError>> = HashMap::new();

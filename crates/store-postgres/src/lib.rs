@@ -41,6 +41,16 @@
 //! store-wide commit count before it commits; a handle answers that count less its own
 //! commits. A gateway stopped in the middle of a write transaction holds the lock until the
 //! server ends the idle transaction ([`PgStoreOptions::idle_transaction_timeout`], 60 s).
+//!
+//! **A lost `COMMIT` is asked about.** When the connection fails while a recording's `COMMIT`
+//! (or a batch's) is on its way or its answer is on the way back, the store asks the server,
+//! on another connection, whether the transaction committed (`txid_status` of the id the
+//! recording read), ending first a session the server still runs it in (a half-open
+//! connection): committed, each caller gets its event; rolled back, the store records the
+//! events again, once, in the same turn. Only when the server cannot be asked within five
+//! seconds does a caller get a retryable error, which then says that the outcome is unknown
+//! (an event without a dedupe key recorded again might then be recorded twice). The other
+//! writes need no such question: doing any of them twice leaves what doing it once does.
 //! Why these choices: docs/decisions/0030.
 //!
 //! ```no_run

@@ -98,15 +98,15 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
 /// target key `$3` (one row when there is none), each with the counter moved by one
 /// (column 0, NULL when it is at `$1`, the store's end; with the commit count moved too), the
 /// counter as it was (1), the stored event of the dedupe key `$2` (2-13, NULL when none), the
-/// head of the ref (`$3`, `$4`; 14-17, the last one true when there is a head) and the cursor
-/// (18-25, NULL when none). The counter row's update, in a CTE, is the one write: the reads
-/// see the rows as the transactions before this one left them (the lock was taken before this
-/// statement, whose snapshot is taken after it).
+/// head of the ref (`$3`, `$4`; 14-17, the last one true when there is a head), the cursor
+/// (18-25, NULL when none) and the transaction's id ([`RECORD_XID`]). The counter row's
+/// update, in a CTE, is the one write: the reads see the rows as the transactions before this
+/// one left them (the lock was taken before this statement, whose snapshot is taken after it).
 pub(crate) const RECORD_READ: &str = concat!(
     "WITH moved AS (
   UPDATE session_state_counter SET last_sequence = last_sequence + 1, commits = commits + 1
   WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence)
-SELECT (SELECT last_sequence FROM moved), k.last_sequence, e.*, h.*, c.*
+SELECT (SELECT last_sequence FROM moved), k.last_sequence, e.*, h.*, c.*, txid_current()
 FROM session_state_counter AS k
 LEFT JOIN LATERAL (SELECT ",
     event_columns!(),
@@ -118,6 +118,10 @@ LEFT JOIN LATERAL (SELECT ",
     " FROM session_watch_cursors WHERE target_session_key = $3) AS c ON true
 WHERE k.id = 0"
 );
+
+/// The column of [`RECORD_READ`] that holds the transaction's id (`txid_current()`), which
+/// tells after a lost `COMMIT` whether it committed ([`COMMIT_STATUS`]).
+pub(crate) const RECORD_XID: usize = 26;
 
 /// What a recording writes, in one statement: the event (`$1`-`$12`, its number given), its
 /// ref's head as the protocol decided it (`$13`-`$17`) and the cursors the protocol moved (the
@@ -169,12 +173,13 @@ macro_rules! no_cursor {
 /// stored event of one of the dedupe keys `$3` (columns 2-13, as [`event_columns!`]), the head
 /// of one of the refs `($4[i], $5[i])` (14-19: key, agent, last sequence, watermark, time,
 /// `true`), a cursor on one of the keys `$4` (20-27, as [`cursor_columns!`]); one row with
-/// none of them when there is nothing to read.
+/// none of them when there is nothing to read. Every row ends with the transaction's id
+/// ([`GROUP_XID`]).
 pub(crate) const GROUP_READ: &str = concat!(
     "WITH moved AS (
   UPDATE session_state_counter SET last_sequence = last_sequence + $2, commits = commits + 1
   WHERE id = 0 AND last_sequence <= $1 - $2 RETURNING last_sequence)
-SELECT (SELECT last_sequence FROM moved), k.last_sequence, x.*
+SELECT (SELECT last_sequence FROM moved), k.last_sequence, x.*, txid_current()
 FROM session_state_counter AS k
 LEFT JOIN LATERAL (
   SELECT ",
@@ -204,6 +209,23 @@ LEFT JOIN LATERAL (
   FROM session_watch_cursors WHERE target_session_key = ANY($4::text[])) AS x ON true
 WHERE k.id = 0"
 );
+
+/// The column of [`GROUP_READ`] that holds the transaction's id, as [`RECORD_XID`].
+pub(crate) const GROUP_XID: usize = 28;
+
+/// Whether the transaction of id `$1` committed (`committed`, `aborted`, `in progress`; NULL
+/// when it is too old for the server to tell): asked after the answer to its `COMMIT` was
+/// lost.
+pub(crate) const COMMIT_STATUS: &str = "SELECT txid_status($1)";
+
+/// Ends the session still running the transaction of id `$1` (a `COMMIT` whose answer was
+/// lost, its connection not yet seen gone by the server, a half-open TCP connection say): its
+/// transaction then commits or rolls back for good, and [`COMMIT_STATUS`] tells which. A
+/// backend is found by the transaction it runs (its 32-bit id), never by a process id that
+/// may have been given to another session since.
+pub(crate) const END_LOST_COMMIT: &str =
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE backend_xid::text::bigint = $1 % 4294967296 AND pid <> pg_backend_pid()";
 
 /// What a batch of recordings writes, in one statement: the events it stored (the arrays
 /// `$1`-`$12`, one element per event, in [`event_columns!`]'s order), the heads of their refs

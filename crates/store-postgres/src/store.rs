@@ -87,6 +87,53 @@ pub(crate) fn failure(context: String, e: sqlx::Error) -> StoreError {
 pub(crate) struct Write {
     tx: Transaction<'static, Postgres>,
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// The transaction's id on the server, once a statement has read it (recordings do): a
+    /// `COMMIT` whose answer is lost is then asked about ([`Inner::commit_known`]).
+    pub(crate) xid: Option<i64>,
+}
+
+/// Why a recording's transaction did not commit ([`Inner::commit_known`]).
+pub(crate) enum Uncommitted {
+    /// The answer to its `COMMIT` was lost, and the server then said that it did not commit:
+    /// nothing it wrote was kept, and doing it again is safe ([`StoreError::Busy`]).
+    RolledBack(StoreError),
+    /// Anything else: a statement failed, the server refused the commit, or the answer to the
+    /// `COMMIT` was lost and the server could not be asked in time (the error then says that
+    /// the outcome is unknown).
+    Failed(StoreError),
+}
+
+impl Uncommitted {
+    /// The error to give the caller.
+    pub(crate) fn into_error(self) -> StoreError {
+        match self {
+            Self::RolledBack(e) | Self::Failed(e) => e,
+        }
+    }
+}
+
+impl From<StoreError> for Uncommitted {
+    fn from(e: StoreError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// How long a store keeps asking the server whether a transaction committed after the answer
+/// to its `COMMIT` was lost, before it gives the caller an error saying the outcome is
+/// unknown: long enough for a fresh connection and a server ending the session that still ran
+/// the transaction, short beside a turn's patience.
+const ASK_AFTER_LOST_COMMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `e`, the failure of a `COMMIT`, may have hidden its outcome: every failure but an
+/// error the server answered that is not about the connection (the server refused the
+/// commit, so it did not happen).
+fn commit_answer_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_none_or(|code| code.starts_with("08") || code.starts_with("57P")),
+        _ => true,
+    }
 }
 
 impl std::ops::Deref for Write {
@@ -236,7 +283,11 @@ impl Inner {
             .begin_with(AssertSqlSafe(self.begin.clone()))
             .await
             .map_err(self.failed(what))?;
-        Ok(Write { tx, _turn: turn })
+        Ok(Write {
+            tx,
+            _turn: turn,
+            xid: None,
+        })
     }
 
     /// Commits a write transaction that has not counted itself yet: counts it in the
@@ -255,6 +306,83 @@ impl Inner {
         tx.tx.commit().await.map_err(self.failed(what))?;
         self.own_commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Commits a recording's transaction, counted in the store-wide commit count as
+    /// [`Inner::commit_counted`] does. When the answer to the `COMMIT` is lost (the connection
+    /// failed while it was on its way), the server is asked whether the transaction (its
+    /// [`Write::xid`]) committed, on another connection: committed, this is a success;
+    /// rolled back, [`Uncommitted::RolledBack`]. A session the server still runs the
+    /// transaction in (a connection it has not yet seen gone) is ended first, so that the
+    /// answer is final. The handle's turn is held throughout.
+    pub(crate) async fn commit_known(&self, tx: Write, what: &str) -> Result<(), Uncommitted> {
+        let Write { tx, _turn, xid } = tx;
+        let lost = match tx.commit().await {
+            Ok(()) => {
+                self.own_commits.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        let Some(xid) = xid.filter(|_| commit_answer_lost(&lost)) else {
+            return Err(Uncommitted::Failed(self.failed(what)(lost)));
+        };
+        let asked = tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.committed(xid)).await;
+        let context = |said: &str| {
+            format!(
+                "{}: {what}: the connection was lost during COMMIT (transaction {xid}); {said}",
+                self.name
+            )
+        };
+        match asked {
+            Ok(Ok(true)) => {
+                tracing::warn!(store = %self.name, transaction = xid, error = %lost, "the answer to a COMMIT was lost; the server says it committed");
+                self.own_commits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(Ok(false)) => Err(Uncommitted::RolledBack(StoreError::Busy {
+                context: context("the server says it did not commit: nothing was written"),
+                source: lost.into(),
+            })),
+            Ok(Err(asking)) => Err(Uncommitted::Failed(StoreError::Busy {
+                context: context(&format!(
+                    "the server could not be asked whether it committed ({}): the outcome is unknown",
+                    awareness_core::error::ErrorChain(&*asking)
+                )),
+                source: lost.into(),
+            })),
+            Err(_) => Err(Uncommitted::Failed(StoreError::Busy {
+                context: context(&format!(
+                    "the server could not be asked whether it committed within {ASK_AFTER_LOST_COMMIT:?}: the outcome is unknown"
+                )),
+                source: lost.into(),
+            })),
+        }
+    }
+
+    /// Whether the transaction `xid` committed, as the server tells once it has ended it; a
+    /// session still running it is ended first.
+    async fn committed(&self, xid: i64) -> Result<bool, awareness_core::error::BoxError> {
+        loop {
+            let status: Option<String> = sqlx::query_scalar(rows::COMMIT_STATUS)
+                .bind(xid)
+                .fetch_one(&self.pool)
+                .await?;
+            match status.as_deref() {
+                Some("committed") => return Ok(true),
+                Some("aborted") => return Ok(false),
+                Some(_) => {
+                    // In progress: its session is still there (the server has not seen the
+                    // connection gone); ended, its transaction is settled for good.
+                    sqlx::query(rows::END_LOST_COMMIT)
+                        .bind(xid)
+                        .execute(&self.pool)
+                        .await?;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                None => return Err("the server no longer knows the transaction".into()),
+            }
+        }
     }
 
     pub(crate) fn rows(&self) -> Rows<'_> {
@@ -741,15 +869,13 @@ impl CursorColumns {
     }
 }
 
-#[async_trait]
-impl EventStore for Inner {
-    async fn record(&self, mut event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
-        event.validate()?;
-        // Four round trips: the lock (with the `BEGIN`), what the protocol needs (one
-        // statement, which also moves the counter), what it decided (one statement), the
-        // commit.
+impl Inner {
+    /// One try at recording `event` (valid) in one transaction of four round trips: the lock
+    /// (with the `BEGIN`), what the protocol needs (one statement, which also moves the
+    /// counter and reads the transaction's id), what it decided (one statement), the commit.
+    async fn record_once(&self, event: &NewEvent, now: Timestamp) -> Result<Recorded, Uncommitted> {
         let mut tx = self.write("recording").await?;
-        let session = event.session.clone();
+        let session = &event.session;
         let rows = sqlx::query(rows::RECORD_READ)
             .bind(int(Sequence(LAST_SEQUENCE)))
             .bind(event.dedupe_key.as_deref())
@@ -767,28 +893,26 @@ impl EventStore for Inner {
         };
         let Some(next) = read(0)? else {
             let at = read(1)?.unwrap_or_default();
-            return Err(StoreError::counter_at_end(
-                at.max(0) as u64,
-                LAST_SEQUENCE,
-                None,
-            ));
+            return Err(StoreError::counter_at_end(at.max(0) as u64, LAST_SEQUENCE, None).into());
         };
         let seq = Sequence(next as u64);
+        tx.xid = read(rows::RECORD_XID)?;
         if read(2)?.is_some() {
             // A dedupe hit. An unreadable row fails the caller and the transaction rolls back:
             // nothing changes, the number included.
             let existing = self.rows().event_at(first, 2)?;
-            self.commit_counted(tx, "recording a dedupe hit").await?;
+            self.commit_known(tx, "recording a dedupe hit").await?;
             return Ok(Recorded {
                 event: Arc::new(existing),
                 deduplicated: true,
                 notices: Vec::new(),
             });
         }
+        let mut event = event.clone();
         let named = std::mem::take(&mut event.watchers);
         let stored = event.into_event(seq, now);
         let existing = self.rows().readable_cursors_at(&rows, 18);
-        let head = match self.rows().head_at(&session, first, 14) {
+        let head = match self.rows().head_at(session, first, 14) {
             Ok(previous) => protocol::head_after(previous.as_ref(), &stored, now),
             Err(e) => {
                 tracing::warn!(store = %self.name, error = %e, "recording over a head this store cannot read: its history before the event is reported as a gap");
@@ -825,12 +949,28 @@ impl EventStore for Inner {
             .execute(&mut *tx)
             .await
             .map_err(self.failed("recording"))?;
-        self.commit_counted(tx, "recording").await?;
+        self.commit_known(tx, "recording").await?;
         Ok(Recorded {
             event: Arc::new(stored),
             deduplicated: false,
             notices: effects.notices,
         })
+    }
+}
+
+#[async_trait]
+impl EventStore for Inner {
+    async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError> {
+        event.validate()?;
+        match self.record_once(&event, now).await {
+            Err(Uncommitted::RolledBack(e)) => {
+                tracing::warn!(store = %self.name, error = %awareness_core::error::ErrorChain(&e), "a recording did not commit after the answer to its COMMIT was lost; recording it again");
+                self.record_once(&event, now)
+                    .await
+                    .map_err(Uncommitted::into_error)
+            }
+            done => done.map_err(Uncommitted::into_error),
+        }
     }
 
     async fn changes_since(

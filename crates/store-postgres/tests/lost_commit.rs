@@ -1,0 +1,446 @@
+//! A `COMMIT` whose answer is lost: the connection to the server fails while a recording's
+//! `COMMIT` is on its way or its answer is on the way back. The store asks the server whether
+//! the transaction committed (on another connection), so that its caller is not left guessing
+//! (and retrying an event that has no dedupe key, which would record it twice): committed, the
+//! caller gets its event; rolled back, the store records it again, once, in the same turn;
+//! the server out of reach, the caller gets a retryable error saying the outcome is unknown.
+//!
+//! The faults are made by [`Proxy`], a stand-in for the server that the store connects to: it
+//! passes every byte both ways and reads the store's messages, so that it can act on the
+//! `COMMIT` (sqlx sends it as a simple query of that text).
+
+mod server;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use awareness_core::testkit::group_commit::{T0, event};
+use awareness_core::testkit::poll_once;
+use awareness_core::{EventStore as _, Recorded, Sequence, StoreError};
+use store_postgres::{PgConnectOptions, PgStore, PgStoreOptions};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+
+/// What [`Proxy`] does to the `COMMIT` it is armed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The `COMMIT` never reaches the server; both connections close (the server sees its
+    /// client gone and rolls the transaction back).
+    DropCommit,
+    /// The `COMMIT` reaches the server, which commits; its answer never reaches the store,
+    /// whose connection closes.
+    LoseAnswer,
+    /// The `COMMIT` never reaches the server, and the server's connection stays open, as a
+    /// half-open TCP connection would: its session waits in its transaction, holding the
+    /// store's lock, until something ends it.
+    StallCommit,
+}
+
+/// What the proxy's connections share.
+#[derive(Default)]
+struct State {
+    /// The fault to make, and how many `COMMIT`s to let through first.
+    armed: Mutex<Option<(Fault, usize)>>,
+    /// `COMMIT`s a fault was made on.
+    fired: AtomicUsize,
+    /// Refuse every connection made after a fault was made (the server out of reach).
+    refuse_after_fault: AtomicBool,
+    /// The server's side of the connections of [`Fault::StallCommit`], kept open.
+    held: Mutex<Vec<Box<dyn Send>>>,
+}
+
+impl State {
+    /// The fault to make on this `COMMIT`, if any.
+    fn fault_for_commit(&self) -> Option<Fault> {
+        let mut armed = self.armed.lock().expect("armed");
+        let (fault, skip) = armed.as_mut()?;
+        if *skip > 0 {
+            *skip -= 1;
+            return None;
+        }
+        let fault = *fault;
+        *armed = None;
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        Some(fault)
+    }
+}
+
+/// A byte stream to or from the server.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A stand-in for the test server on a Unix socket of its own (in a scratch directory, as
+/// PostgreSQL names its sockets), passing everything to the server until armed.
+struct Proxy {
+    dir: PathBuf,
+    state: Arc<State>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts one on the caller's runtime.
+    fn start() -> Self {
+        let target = server::server();
+        let dir = std::env::temp_dir().join(store_postgres::testkit::fresh_name("pgproxy"));
+        std::fs::create_dir(&dir).expect("the proxy's directory");
+        let listener =
+            tokio::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{}", target.get_port())))
+                .expect("the proxy's socket");
+        let state = Arc::new(State::default());
+        let shared = Arc::clone(&state);
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if shared.refuse_after_fault.load(Ordering::SeqCst)
+                    && shared.fired.load(Ordering::SeqCst) > 0
+                {
+                    continue;
+                }
+                let server = match connect(&target).await {
+                    Ok(server) => server,
+                    Err(e) => panic!("the proxy cannot reach the server: {e}"),
+                };
+                tokio::spawn(pass(client, server, Arc::clone(&shared)));
+            }
+        });
+        Self { dir, state, accept }
+    }
+
+    /// The server, as the store sees it through the proxy.
+    fn server(&self) -> PgConnectOptions {
+        server::server().socket(&self.dir)
+    }
+
+    /// Makes `fault` on the `COMMIT` after the next `skip`.
+    fn arm(&self, fault: Fault, skip: usize) {
+        *self.state.armed.lock().expect("armed") = Some((fault, skip));
+    }
+
+    /// How many faults were made.
+    fn fired(&self) -> usize {
+        self.state.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.state.held.lock().expect("held").clear();
+        drop(std::fs::remove_dir_all(&self.dir));
+    }
+}
+
+/// A connection to the test server, on its socket or over TCP, as its URL says.
+async fn connect(target: &PgConnectOptions) -> std::io::Result<Box<dyn Io>> {
+    Ok(match target.get_socket() {
+        Some(dir) => Box::new(
+            tokio::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{}", target.get_port())))
+                .await?,
+        ),
+        None => {
+            Box::new(tokio::net::TcpStream::connect((target.get_host(), target.get_port())).await?)
+        }
+    })
+}
+
+/// How a connection through the proxy ended.
+enum End {
+    /// Close both sides.
+    Close,
+    /// Close the store's side only; keep the server's open ([`Fault::StallCommit`]).
+    HoldServer,
+}
+
+/// Passes one connection both ways until either side closes or a fault ends it.
+async fn pass(client: tokio::net::UnixStream, server: Box<dyn Io>, state: Arc<State>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = tokio::io::split(server);
+    // Set once a `COMMIT` went to the server whose answer must not reach the store.
+    let swallow = AtomicBool::new(false);
+    let end = tokio::select! {
+        end = upward(&mut from_client, &mut to_server, &state, &swallow) => end,
+        () = downward(&mut from_server, &mut to_client, &swallow) => End::Close,
+    };
+    if let End::HoldServer = end {
+        state
+            .held
+            .lock()
+            .expect("held")
+            .push(Box::new((from_server, to_server)));
+    }
+}
+
+/// The store's messages to the server: the untyped start-up ones (a TLS or GSS request, then
+/// the start-up message), then typed ones, each passed whole unless it is the `COMMIT` a fault
+/// is armed for.
+async fn upward(
+    from: &mut tokio::net::unix::OwnedReadHalf,
+    to: &mut tokio::io::WriteHalf<Box<dyn Io>>,
+    state: &State,
+    swallow: &AtomicBool,
+) -> End {
+    const TLS_REQUEST: u32 = 80_877_103;
+    const GSS_REQUEST: u32 = 80_877_104;
+    loop {
+        let mut len = [0u8; 4];
+        if from.read_exact(&mut len).await.is_err() {
+            return End::Close;
+        }
+        let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).saturating_sub(4)];
+        if from.read_exact(&mut body).await.is_err()
+            || to.write_all(&len).await.is_err()
+            || to.write_all(&body).await.is_err()
+        {
+            return End::Close;
+        }
+        let code = body
+            .get(..4)
+            .map(|c| u32::from_be_bytes(c.try_into().expect("4 bytes")));
+        if !matches!(code, Some(TLS_REQUEST | GSS_REQUEST)) {
+            break;
+        }
+    }
+    loop {
+        let mut head = [0u8; 5];
+        if from.read_exact(&mut head).await.is_err() {
+            return End::Close;
+        }
+        let len = u32::from_be_bytes(head[1..].try_into().expect("4 bytes")) as usize;
+        let mut body = vec![0u8; len.saturating_sub(4)];
+        if from.read_exact(&mut body).await.is_err() {
+            return End::Close;
+        }
+        let fault = if head[0] == b'Q' && body == b"COMMIT\0" {
+            state.fault_for_commit()
+        } else {
+            None
+        };
+        match fault {
+            Some(Fault::DropCommit) => return End::Close,
+            Some(Fault::StallCommit) => return End::HoldServer,
+            Some(Fault::LoseAnswer) => swallow.store(true, Ordering::SeqCst),
+            None => {}
+        }
+        if to.write_all(&head).await.is_err() || to.write_all(&body).await.is_err() {
+            return End::Close;
+        }
+    }
+}
+
+/// The server's bytes to the store, until the answer to a swallowed `COMMIT` comes (its
+/// `CommandComplete` tag): then the server has committed, and the connection ends unanswered.
+async fn downward(
+    from: &mut tokio::io::ReadHalf<Box<dyn Io>>,
+    to: &mut tokio::net::unix::OwnedWriteHalf,
+    swallow: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if swallow.load(Ordering::SeqCst) && buf[..n].windows(7).any(|w| w == b"COMMIT\0") {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A store in a fresh schema reached through `proxy`, and a second handle on it that reaches
+/// the server directly (to see what was committed).
+async fn stores(
+    proxy: &Proxy,
+    options: impl Fn(PgStoreOptions) -> PgStoreOptions,
+) -> (Arc<PgStore>, PgStore, server::DropSchema) {
+    let schema = server::fresh_schema();
+    let drop = server::DropSchema(schema.clone());
+    let direct = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("connect directly");
+    let store = PgStore::connect(proxy.server(), options(PgStoreOptions::new(schema)))
+        .await
+        .expect("connect through the proxy");
+    (Arc::new(store), direct, drop)
+}
+
+/// The events committed after `after`, as (sequence, summary).
+async fn committed(direct: &PgStore, after: Sequence) -> Vec<(u64, String)> {
+    direct
+        .events_after(after, 1000)
+        .await
+        .expect("events")
+        .iter()
+        .map(|e| (e.sequence.get(), e.summary.clone()))
+        .collect()
+}
+
+/// The answer to a recording's `COMMIT` is lost after the server committed it: the caller gets
+/// its event (not an error it would retry), recorded once, in the one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_whose_commit_answer_was_lost_is_answered_as_committed() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| o).await;
+    let before = store.record(event(100), T0).await.expect("record");
+    let began = store.write_transactions();
+    proxy.arm(Fault::LoseAnswer, 0);
+    let rec = store
+        .record(event(0), T0)
+        .await
+        .expect("the committed recording");
+    assert_eq!(proxy.fired(), 1, "the answer was lost");
+    let seq = before.event.sequence.get() + 1;
+    assert_eq!((rec.event.sequence.get(), rec.deduplicated), (seq, false));
+    assert_eq!(
+        committed(&direct, before.event.sequence).await,
+        vec![(seq, "message 0".to_owned())]
+    );
+    assert_eq!(store.write_transactions() - began, 1, "not recorded again");
+    // The handle goes on: its next recording follows.
+    let next = store.record(event(1), T0).await.expect("record");
+    assert_eq!(next.event.sequence.get(), seq + 1);
+}
+
+/// A recording's `COMMIT` never reaches the server, which rolls it back: the store learns so
+/// and records the event again, once, under the number the lost transaction did not keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_whose_commit_never_arrived_is_recorded_again_once() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| o).await;
+    let before = store.record(event(100), T0).await.expect("record");
+    let began = store.write_transactions();
+    proxy.arm(Fault::DropCommit, 0);
+    let rec = store.record(event(0), T0).await.expect("recorded again");
+    assert_eq!(proxy.fired(), 1, "the commit was dropped");
+    let seq = before.event.sequence.get() + 1;
+    assert_eq!(rec.event.sequence.get(), seq);
+    assert_eq!(
+        committed(&direct, before.event.sequence).await,
+        vec![(seq, "message 0".to_owned())]
+    );
+    assert_eq!(
+        store.write_transactions() - began,
+        2,
+        "the lost transaction, then the one that committed"
+    );
+}
+
+/// A recording's `COMMIT` never reaches the server, whose connection stays open: its session
+/// waits in the transaction, holding the store's lock. The store ends that session (found by
+/// the transaction it runs), learns the transaction rolled back, and records the event again,
+/// without waiting for the server's idle-transaction timeout (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_whose_commit_stalled_on_a_half_open_connection_is_recorded_again() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| {
+        o.idle_transaction_timeout(std::time::Duration::from_mins(1))
+    })
+    .await;
+    let before = store.record(event(100), T0).await.expect("record");
+    proxy.arm(Fault::StallCommit, 0);
+    let rec = store.record(event(0), T0).await.expect("recorded again");
+    assert_eq!(proxy.fired(), 1, "the commit stalled");
+    let seq = before.event.sequence.get() + 1;
+    assert_eq!(rec.event.sequence.get(), seq);
+    assert_eq!(
+        committed(&direct, before.event.sequence).await,
+        vec![(seq, "message 0".to_owned())]
+    );
+}
+
+/// Starts `n` recordings (`event(0)`, ...) on `store` while another gateway holds its lock
+/// (the first takes the handle's turn and waits for the lock; the others queue): released,
+/// the first commits alone and the others in one batch.
+async fn record_behind_the_lock(
+    store: &Arc<PgStore>,
+    schema: &str,
+    n: usize,
+) -> Vec<Result<Recorded, StoreError>> {
+    let lock = store_postgres::testkit::StoreLock::take(schema).await;
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let store = Arc::clone(store);
+        let mut call = Box::pin(async move { store.record(event(i), T0).await });
+        assert!(
+            !poll_once(call.as_mut()).await,
+            "recording {i} waits for the lock"
+        );
+        calls.push(tokio::spawn(call));
+    }
+    lock.release().await;
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.expect("join"));
+    }
+    answers
+}
+
+/// The batch of a group commit loses the answer to its `COMMIT`, or the `COMMIT` itself: each
+/// caller gets its own event, every event committed once (the lost batch recorded again, as
+/// one batch, when it did not commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_commit_was_lost_answers_every_caller_once_committed() {
+    for (fault, transactions) in [(Fault::LoseAnswer, 2), (Fault::DropCommit, 3)] {
+        let proxy = Proxy::start();
+        let (store, direct, schema) = stores(&proxy, |o| o).await;
+        let before = store.record(event(100), T0).await.expect("record");
+        let began = store.write_transactions();
+        // The first recording commits alone; the batch of the other seven loses its commit.
+        proxy.arm(fault, 1);
+        let answers = record_behind_the_lock(&store, &schema.0, 8).await;
+        assert_eq!(proxy.fired(), 1, "{fault:?}");
+        assert_eq!(store.largest_batch(), 7, "{fault:?}");
+        let mut seqs = Vec::new();
+        for (i, answer) in answers.into_iter().enumerate() {
+            let rec = answer.unwrap_or_else(|e| panic!("{fault:?}: recording {i}: {e}"));
+            assert_eq!(rec.event.summary, format!("message {i}"), "{fault:?}");
+            seqs.push((rec.event.sequence.get(), rec.event.summary.clone()));
+        }
+        seqs.sort_unstable();
+        let first = before.event.sequence.get() + 1;
+        assert_eq!(
+            seqs.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            (first..first + 8).collect::<Vec<_>>(),
+            "{fault:?}"
+        );
+        assert_eq!(
+            committed(&direct, before.event.sequence).await,
+            seqs,
+            "{fault:?}: every event once"
+        );
+        assert_eq!(
+            store.write_transactions() - began,
+            transactions,
+            "{fault:?}: the first alone, the batch, and the batch again when it did not commit"
+        );
+    }
+}
+
+/// The answer to a recording's `COMMIT` is lost and the server cannot be reached again to ask:
+/// the caller gets a retryable error that says the outcome is unknown, not one that says the
+/// event was not recorded (it was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_the_server_cannot_be_asked_about_is_an_unknown_outcome() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| o.max_connections(1)).await;
+    let before = store.record(event(100), T0).await.expect("record");
+    proxy.state.refuse_after_fault.store(true, Ordering::SeqCst);
+    proxy.arm(Fault::LoseAnswer, 0);
+    let e = store
+        .record(event(0), T0)
+        .await
+        .expect_err("the outcome cannot be known");
+    assert!(e.is_retryable(), "{e:?}");
+    let text = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(
+        text.contains("the connection was lost during COMMIT")
+            && text.contains("the outcome is unknown"),
+        "{text}"
+    );
+    assert_eq!(
+        committed(&direct, before.event.sequence).await,
+        vec![(before.event.sequence.get() + 1, "message 0".to_owned())],
+        "the server had committed it"
+    );
+}

@@ -38,7 +38,7 @@ use tokio::sync::oneshot;
 
 use crate::LAST_SEQUENCE;
 use crate::rows;
-use crate::store::{CursorColumns, Inner, Uncommitted, Write, int};
+use crate::store::{CursorColumns, Inner, TxId, Uncommitted, Write, int};
 
 const WHAT: &str = "recording";
 
@@ -149,10 +149,17 @@ impl Inner {
             .batch_statements(&mut tx, jobs)
             .await
             .map_err(Failed::Statement)?;
-        self.commit_known(tx, WHAT).await.map_err(|u| match u {
-            Uncommitted::RolledBack(e) => Failed::RolledBack(e),
-            Uncommitted::Failed(e) => Failed::Transaction(e),
-        })?;
+        let written: Vec<&Event> = answers
+            .iter()
+            .filter(|r| !r.deduplicated)
+            .map(|r| &*r.event)
+            .collect();
+        self.commit_known(tx, WHAT, &written)
+            .await
+            .map_err(|u| match u {
+                Uncommitted::RolledBack(e) => Failed::RolledBack(e),
+                Uncommitted::Failed(e) => Failed::Transaction(e),
+            })?;
         Ok(answers)
     }
 
@@ -202,7 +209,7 @@ impl Inner {
             ));
         };
         let first = top - n + 1;
-        tx.xid = col(rows::GROUP_XID)?;
+        tx.id = Some(TxId::at(first_row, rows::GROUP_XID).map_err(self.failed(WHAT))?);
 
         // What the batch read: the events of the dedupe keys, the heads, the cursors.
         let mut stored: HashMap<String, Result<Arc<Event>, StoreError>> = HashMap::new();

@@ -45,12 +45,16 @@
 //! **A lost `COMMIT` is asked about.** When the connection fails while a recording's `COMMIT`
 //! (or a batch's) is on its way or its answer is on the way back, the store asks the server,
 //! on another connection, whether the transaction committed (`txid_status` of the id the
-//! recording read), ending first a session the server still runs it in (a half-open
-//! connection): committed, each caller gets its event; rolled back, the store records the
-//! events again, once, in the same turn. Only when the server cannot be asked within five
-//! seconds does a caller get a retryable error, which then says that the outcome is unknown
-//! (an event without a dedupe key recorded again might then be recorded twice). The other
-//! writes need no such question: doing any of them twice leaves what doing it once does.
+//! recording read), first ending the session that still runs it if the server has not seen
+//! its connection gone and it waits there, idle. Committed, with its events in the log as
+//! written, each caller gets its event; rolled back, the store records the events again, once,
+//! in the same turn. A recording of dedupe hits only is answered with the stored events,
+//! unasked. Otherwise (the server out of reach for five seconds, or not knowing the
+//! transaction, or its events not in the log as written) the caller gets a retryable error
+//! saying that the outcome is unknown: an event without a dedupe key recorded again may then
+//! be recorded twice. The question starts when the client sees its connection fail: a
+//! connection that stays half-open on the client's side waits for TCP to give up first. The
+//! other writes need no question: done twice, each leaves what doing it once does.
 //! Why these choices: docs/decisions/0030.
 //!
 //! ```no_run
@@ -359,7 +363,9 @@ impl PgStore {
     /// Write transactions this handle has begun since it was connected: one per recording
     /// made alone (a recording of a failed group commit recorded again alone included), one
     /// per group commit however many recordings it holds, one per other write call (a pruning
-    /// chunk counts each of its transactions). Shows how well group commit batches.
+    /// chunk counts each of its transactions), and one more for each recording or batch
+    /// recorded again after its `COMMIT` was lost and did not commit. Shows how well group
+    /// commit batches.
     pub fn write_transactions(&self) -> u64 {
         self.inner.write_transactions.load(Ordering::Relaxed)
     }

@@ -99,14 +99,16 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
 /// (column 0, NULL when it is at `$1`, the store's end; with the commit count moved too), the
 /// counter as it was (1), the stored event of the dedupe key `$2` (2-13, NULL when none), the
 /// head of the ref (`$3`, `$4`; 14-17, the last one true when there is a head), the cursor
-/// (18-25, NULL when none) and the transaction's id ([`RECORD_XID`]). The counter row's
-/// update, in a CTE, is the one write: the reads see the rows as the transactions before this
-/// one left them (the lock was taken before this statement, whose snapshot is taken after it).
+/// (18-25, NULL when none), the transaction's id and its session's ([`RECORD_XID`]). The
+/// counter row's update, in a CTE, is the one write: the reads see the rows as the
+/// transactions before this one left them (the lock was taken before this statement, whose
+/// snapshot is taken after it).
 pub(crate) const RECORD_READ: &str = concat!(
     "WITH moved AS (
   UPDATE session_state_counter SET last_sequence = last_sequence + 1, commits = commits + 1
   WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence)
-SELECT (SELECT last_sequence FROM moved), k.last_sequence, e.*, h.*, c.*, txid_current()
+SELECT (SELECT last_sequence FROM moved), k.last_sequence, e.*, h.*, c.*, txid_current(),
+  pg_backend_pid()
 FROM session_state_counter AS k
 LEFT JOIN LATERAL (SELECT ",
     event_columns!(),
@@ -120,7 +122,8 @@ WHERE k.id = 0"
 );
 
 /// The column of [`RECORD_READ`] that holds the transaction's id (`txid_current()`), which
-/// tells after a lost `COMMIT` whether it committed ([`COMMIT_STATUS`]).
+/// tells after a lost `COMMIT` whether it committed ([`COMMIT_STATUS`]); the next holds the
+/// process id of its session (`pg_backend_pid()`, [`END_LOST_COMMIT`]).
 pub(crate) const RECORD_XID: usize = 26;
 
 /// What a recording writes, in one statement: the event (`$1`-`$12`, its number given), its
@@ -173,13 +176,13 @@ macro_rules! no_cursor {
 /// stored event of one of the dedupe keys `$3` (columns 2-13, as [`event_columns!`]), the head
 /// of one of the refs `($4[i], $5[i])` (14-19: key, agent, last sequence, watermark, time,
 /// `true`), a cursor on one of the keys `$4` (20-27, as [`cursor_columns!`]); one row with
-/// none of them when there is nothing to read. Every row ends with the transaction's id
-/// ([`GROUP_XID`]).
+/// none of them when there is nothing to read. Every row ends with the transaction's id and
+/// its session's ([`GROUP_XID`]).
 pub(crate) const GROUP_READ: &str = concat!(
     "WITH moved AS (
   UPDATE session_state_counter SET last_sequence = last_sequence + $2, commits = commits + 1
   WHERE id = 0 AND last_sequence <= $1 - $2 RETURNING last_sequence)
-SELECT (SELECT last_sequence FROM moved), k.last_sequence, x.*, txid_current()
+SELECT (SELECT last_sequence FROM moved), k.last_sequence, x.*, txid_current(), pg_backend_pid()
 FROM session_state_counter AS k
 LEFT JOIN LATERAL (
   SELECT ",
@@ -210,7 +213,8 @@ LEFT JOIN LATERAL (
 WHERE k.id = 0"
 );
 
-/// The column of [`GROUP_READ`] that holds the transaction's id, as [`RECORD_XID`].
+/// The column of [`GROUP_READ`] that holds the transaction's id, then its session's, as
+/// [`RECORD_XID`].
 pub(crate) const GROUP_XID: usize = 28;
 
 /// Whether the transaction of id `$1` committed (`committed`, `aborted`, `in progress`; NULL
@@ -218,14 +222,25 @@ pub(crate) const GROUP_XID: usize = 28;
 /// lost.
 pub(crate) const COMMIT_STATUS: &str = "SELECT txid_status($1)";
 
-/// Ends the session still running the transaction of id `$1` (a `COMMIT` whose answer was
-/// lost, its connection not yet seen gone by the server, a half-open TCP connection say): its
-/// transaction then commits or rolls back for good, and [`COMMIT_STATUS`] tells which. A
-/// backend is found by the transaction it runs (its 32-bit id), never by a process id that
-/// may have been given to another session since.
+/// Ends the session `$2` when it still runs the transaction of id `$1` and waits for its
+/// client (a `COMMIT` that never reached the server, on a connection the server has not seen
+/// gone: a half-open TCP connection, say): its transaction then rolls back for good, and
+/// [`COMMIT_STATUS`] tells so. The session is named by its process id and the transaction it
+/// runs (its 32-bit id) together, since either alone may have gone to another session by then
+/// (a process id once the session ended, a transaction id after a server restart). A session
+/// busy with the `COMMIT` (waiting for a synchronous standby, say) is left to finish it.
 pub(crate) const END_LOST_COMMIT: &str =
     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-WHERE backend_xid::text::bigint = $1 % 4294967296 AND pid <> pg_backend_pid()";
+WHERE pid = $2 AND backend_xid::text::bigint = $1 % 4294967296
+  AND state LIKE 'idle in transaction%'";
+
+/// How many of the events `($1[i], $2[i], $3[i], $4[i], $5[i])` (sequence, key, agent, time,
+/// summary) the log holds as they are: after a lost `COMMIT` that [`COMMIT_STATUS`] says
+/// committed, whether the rows are the transaction's own (after a server restart, its id may
+/// have been given to another transaction, which took the same numbers).
+pub(crate) const EVENTS_AS_WRITTEN: &str = "SELECT count(*) FROM session_state_events
+WHERE (sequence, session_key, agent_id, occurred_at, summary) IN
+  (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[]))";
 
 /// What a batch of recordings writes, in one statement: the events it stored (the arrays
 /// `$1`-`$12`, one element per event, in [`event_columns!`]'s order), the heads of their refs

@@ -89,7 +89,36 @@ pub(crate) struct Write {
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
     /// The transaction's id on the server, once a statement has read it (recordings do): a
     /// `COMMIT` whose answer is lost is then asked about ([`Inner::commit_known`]).
-    pub(crate) xid: Option<i64>,
+    pub(crate) id: Option<TxId>,
+}
+
+/// A write transaction's id on the server (`txid_current()`, with its epoch) and the process
+/// id of the session that runs it (`pg_backend_pid()`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxId {
+    xid: i64,
+    pid: i32,
+}
+
+impl TxId {
+    /// The two, read from the columns `at` and `at + 1` of `row`.
+    pub(crate) fn at(row: &PgRow, at: usize) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            xid: row.try_get(at)?,
+            pid: row.try_get(at + 1)?,
+        })
+    }
+}
+
+/// What the server tells of a transaction whose `COMMIT` lost its answer.
+enum Settled {
+    /// It committed, and the log holds its events as they were written.
+    Committed,
+    /// It rolled back.
+    RolledBack,
+    /// It committed, but the log does not hold the events as they were written: the id was
+    /// another transaction's (after a server restart, say), or the events changed since.
+    NotAsWritten,
 }
 
 /// Why a recording's transaction did not commit ([`Inner::commit_known`]).
@@ -286,7 +315,7 @@ impl Inner {
         Ok(Write {
             tx,
             _turn: turn,
-            xid: None,
+            id: None,
         })
     }
 
@@ -308,15 +337,22 @@ impl Inner {
         Ok(())
     }
 
-    /// Commits a recording's transaction, counted in the store-wide commit count as
-    /// [`Inner::commit_counted`] does. When the answer to the `COMMIT` is lost (the connection
-    /// failed while it was on its way), the server is asked whether the transaction (its
-    /// [`Write::xid`]) committed, on another connection: committed, this is a success;
-    /// rolled back, [`Uncommitted::RolledBack`]. A session the server still runs the
-    /// transaction in (a connection it has not yet seen gone) is ended first, so that the
-    /// answer is final. The handle's turn is held throughout.
-    pub(crate) async fn commit_known(&self, tx: Write, what: &str) -> Result<(), Uncommitted> {
-        let Write { tx, _turn, xid } = tx;
+    /// Commits a recording's transaction, which wrote the events `written`, counted in the
+    /// store-wide commit count as [`Inner::commit_counted`] does. When the answer to the
+    /// `COMMIT` is lost (the connection failed while it was on its way), the server is asked
+    /// on another connection whether the transaction ([`Write::id`]) committed: committed,
+    /// with the events in the log as written, this is a success; rolled back,
+    /// [`Uncommitted::RolledBack`]. A session the server still runs the transaction in, idle
+    /// (a connection it has not seen gone), is ended first, so that the answer is final. A
+    /// transaction that wrote no event (dedupe hits only) needs no question: the stored
+    /// events are the answer either way. The handle's turn is held throughout.
+    pub(crate) async fn commit_known(
+        &self,
+        tx: Write,
+        what: &str,
+        written: &[&Event],
+    ) -> Result<(), Uncommitted> {
+        let Write { tx, _turn, id } = tx;
         let lost = match tx.commit().await {
             Ok(()) => {
                 self.own_commits.fetch_add(1, Ordering::Relaxed);
@@ -324,58 +360,73 @@ impl Inner {
             }
             Err(e) => e,
         };
-        let Some(xid) = xid.filter(|_| commit_answer_lost(&lost)) else {
+        let Some(id) = id.filter(|_| commit_answer_lost(&lost)) else {
             return Err(Uncommitted::Failed(self.failed(what)(lost)));
         };
-        let asked = tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.committed(xid)).await;
-        let context = |said: &str| {
-            format!(
-                "{}: {what}: the connection was lost during COMMIT (transaction {xid}); {said}",
-                self.name
-            )
+        if written.is_empty() {
+            tracing::debug!(store = %self.name, error = %lost, "the answer to a COMMIT of dedupe hits only was lost; the stored events are the answer");
+            return Ok(());
+        }
+        let asked = tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.settle(id, written)).await;
+        let unknown = |why: String| {
+            Uncommitted::Failed(StoreError::Busy {
+                context: format!(
+                    "{}: {what}: the connection was lost during COMMIT (transaction {}); {why}: the outcome is unknown",
+                    self.name, id.xid
+                ),
+                source: lost.to_string().into(),
+            })
         };
         match asked {
-            Ok(Ok(true)) => {
-                tracing::warn!(store = %self.name, transaction = xid, error = %lost, "the answer to a COMMIT was lost; the server says it committed");
+            Ok(Ok(Settled::Committed)) => {
+                tracing::warn!(store = %self.name, transaction = id.xid, error = %lost, "the answer to a COMMIT was lost; the server says it committed");
                 self.own_commits.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Ok(Ok(false)) => Err(Uncommitted::RolledBack(StoreError::Busy {
-                context: context("the server says it did not commit: nothing was written"),
+            Ok(Ok(Settled::RolledBack)) => Err(Uncommitted::RolledBack(StoreError::Busy {
+                context: format!(
+                    "{}: {what}: the connection was lost during COMMIT (transaction {}); the server says it did not commit: nothing was written",
+                    self.name, id.xid
+                ),
                 source: lost.into(),
             })),
-            Ok(Err(asking)) => Err(Uncommitted::Failed(StoreError::Busy {
-                context: context(&format!(
-                    "the server could not be asked whether it committed ({}): the outcome is unknown",
-                    awareness_core::error::ErrorChain(&*asking)
-                )),
-                source: lost.into(),
-            })),
-            Err(_) => Err(Uncommitted::Failed(StoreError::Busy {
-                context: context(&format!(
-                    "the server could not be asked whether it committed within {ASK_AFTER_LOST_COMMIT:?}: the outcome is unknown"
-                )),
-                source: lost.into(),
-            })),
+            Ok(Ok(Settled::NotAsWritten)) => Err(unknown(
+                "the server says it committed, but the log does not hold its events as written \
+                 (the id may have gone to another transaction after a server restart)"
+                    .into(),
+            )),
+            Ok(Err(asking)) => Err(unknown(format!(
+                "the server could not be asked whether it committed ({})",
+                awareness_core::error::ErrorChain(&*asking)
+            ))),
+            Err(_) => Err(unknown(format!(
+                "the server could not be asked whether it committed within {ASK_AFTER_LOST_COMMIT:?}"
+            ))),
         }
     }
 
-    /// Whether the transaction `xid` committed, as the server tells once it has ended it; a
-    /// session still running it is ended first.
-    async fn committed(&self, xid: i64) -> Result<bool, awareness_core::error::BoxError> {
+    /// What the server tells of the transaction `id`, once it has ended it (a session still
+    /// running it, idle, is ended first), which wrote `written`.
+    async fn settle(
+        &self,
+        id: TxId,
+        written: &[&Event],
+    ) -> Result<Settled, awareness_core::error::BoxError> {
         loop {
             let status: Option<String> = sqlx::query_scalar(rows::COMMIT_STATUS)
-                .bind(xid)
+                .bind(id.xid)
                 .fetch_one(&self.pool)
                 .await?;
             match status.as_deref() {
-                Some("committed") => return Ok(true),
-                Some("aborted") => return Ok(false),
+                Some("committed") => break,
+                Some("aborted") => return Ok(Settled::RolledBack),
                 Some(_) => {
-                    // In progress: its session is still there (the server has not seen the
-                    // connection gone); ended, its transaction is settled for good.
+                    // In progress: its session is still there, idle (the server has not seen
+                    // the connection gone) or busy with the commit; ended, or done, the
+                    // transaction is settled for good.
                     sqlx::query(rows::END_LOST_COMMIT)
-                        .bind(xid)
+                        .bind(id.xid)
+                        .bind(id.pid)
                         .execute(&self.pool)
                         .await?;
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -383,6 +434,39 @@ impl Inner {
                 None => return Err("the server no longer knows the transaction".into()),
             }
         }
+        let held: i64 = sqlx::query_scalar(rows::EVENTS_AS_WRITTEN)
+            .bind(written.iter().map(|e| int(e.sequence)).collect::<Vec<_>>())
+            .bind(
+                written
+                    .iter()
+                    .map(|e| e.session_key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                written
+                    .iter()
+                    .map(|e| e.agent_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                written
+                    .iter()
+                    .map(|e| e.occurred_at.millis())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                written
+                    .iter()
+                    .map(|e| e.summary.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(if usize::try_from(held) == Ok(written.len()) {
+            Settled::Committed
+        } else {
+            Settled::NotAsWritten
+        })
     }
 
     pub(crate) fn rows(&self) -> Rows<'_> {
@@ -896,12 +980,12 @@ impl Inner {
             return Err(StoreError::counter_at_end(at.max(0) as u64, LAST_SEQUENCE, None).into());
         };
         let seq = Sequence(next as u64);
-        tx.xid = read(rows::RECORD_XID)?;
+        tx.id = Some(TxId::at(first, rows::RECORD_XID).map_err(self.failed("recording"))?);
         if read(2)?.is_some() {
             // A dedupe hit. An unreadable row fails the caller and the transaction rolls back:
             // nothing changes, the number included.
             let existing = self.rows().event_at(first, 2)?;
-            self.commit_known(tx, "recording a dedupe hit").await?;
+            self.commit_known(tx, "recording a dedupe hit", &[]).await?;
             return Ok(Recorded {
                 event: Arc::new(existing),
                 deduplicated: true,
@@ -949,7 +1033,7 @@ impl Inner {
             .execute(&mut *tx)
             .await
             .map_err(self.failed("recording"))?;
-        self.commit_known(tx, "recording").await?;
+        self.commit_known(tx, "recording", &[&stored]).await?;
         Ok(Recorded {
             event: Arc::new(stored),
             deduplicated: false,

@@ -43,10 +43,28 @@ struct State {
     armed: Mutex<Option<(Fault, usize)>>,
     /// `COMMIT`s a fault was made on.
     fired: AtomicUsize,
-    /// Refuse every connection made after a fault was made (the server out of reach).
-    refuse_after_fault: AtomicBool,
-    /// The server's side of the connections of [`Fault::StallCommit`], kept open.
+    /// Answers to a `COMMIT` that the store never got.
+    swallowed: AtomicUsize,
+    /// What becomes of the connections made after a fault was made.
+    after_fault: Mutex<Later>,
+    /// A statement run on the server (directly) once it has committed a `COMMIT` whose answer
+    /// is swallowed, before the store's connection closes.
+    after_commit: Mutex<Option<String>>,
+    /// The server's side of the connections of [`Fault::StallCommit`], and the connections
+    /// [`Later::Hang`] holds, kept open.
     held: Mutex<Vec<Box<dyn Send>>>,
+}
+
+/// What becomes of the connections made to the proxy after it made a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Later {
+    /// Passed to the server.
+    #[default]
+    Pass,
+    /// Closed at once (the server refuses).
+    Close,
+    /// Held open, never answered (the server out of reach).
+    Hang,
 }
 
 impl State {
@@ -90,10 +108,15 @@ impl Proxy {
         let shared = Arc::clone(&state);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                if shared.refuse_after_fault.load(Ordering::SeqCst)
-                    && shared.fired.load(Ordering::SeqCst) > 0
-                {
-                    continue;
+                if shared.fired.load(Ordering::SeqCst) > 0 {
+                    match *shared.after_fault.lock().expect("after_fault") {
+                        Later::Pass => {}
+                        Later::Close => continue,
+                        Later::Hang => {
+                            shared.held.lock().expect("held").push(Box::new(client));
+                            continue;
+                        }
+                    }
                 }
                 let server = match connect(&target).await {
                     Ok(server) => server,
@@ -118,6 +141,16 @@ impl Proxy {
     /// How many faults were made.
     fn fired(&self) -> usize {
         self.state.fired.load(Ordering::SeqCst)
+    }
+
+    /// How many answers to a `COMMIT` the store never got.
+    fn swallowed(&self) -> usize {
+        self.state.swallowed.load(Ordering::SeqCst)
+    }
+
+    /// What becomes of the connections made after the fault.
+    fn after_fault(&self, later: Later) {
+        *self.state.after_fault.lock().expect("after_fault") = later;
     }
 }
 
@@ -158,7 +191,7 @@ async fn pass(client: tokio::net::UnixStream, server: Box<dyn Io>, state: Arc<St
     let swallow = AtomicBool::new(false);
     let end = tokio::select! {
         end = upward(&mut from_client, &mut to_server, &state, &swallow) => end,
-        () = downward(&mut from_server, &mut to_client, &swallow) => End::Close,
+        () = downward(&mut from_server, &mut to_client, &state, &swallow) => End::Close,
     };
     if let End::HoldServer = end {
         state
@@ -226,11 +259,13 @@ async fn upward(
     }
 }
 
-/// The server's bytes to the store, until the answer to a swallowed `COMMIT` comes (its
-/// `CommandComplete` tag): then the server has committed, and the connection ends unanswered.
+/// The server's bytes to the store, until the answer to a swallowed `COMMIT` comes (the first
+/// bytes after it went: the store sends it only once every earlier answer has come): the
+/// server has committed, and the connection ends without it.
 async fn downward(
     from: &mut tokio::io::ReadHalf<Box<dyn Io>>,
     to: &mut tokio::net::unix::OwnedWriteHalf,
+    state: &State,
     swallow: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -239,7 +274,18 @@ async fn downward(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if swallow.load(Ordering::SeqCst) && buf[..n].windows(7).any(|w| w == b"COMMIT\0") {
+        if swallow.load(Ordering::SeqCst) {
+            state.swallowed.fetch_add(1, Ordering::SeqCst);
+            let after = state.after_commit.lock().expect("after_commit").take();
+            if let Some(sql) = after {
+                use sqlx::{ConnectOptions as _, Connection as _};
+                let mut conn = server::server().connect().await.expect("connect");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await
+                    .expect("the statement after the commit");
+                conn.close().await.expect("close");
+            }
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
@@ -390,6 +436,11 @@ async fn a_batch_whose_commit_was_lost_answers_every_caller_once_committed() {
         proxy.arm(fault, 1);
         let answers = record_behind_the_lock(&store, &schema.0, 8).await;
         assert_eq!(proxy.fired(), 1, "{fault:?}");
+        assert_eq!(
+            proxy.swallowed(),
+            usize::from(fault == Fault::LoseAnswer),
+            "{fault:?}"
+        );
         assert_eq!(store.largest_batch(), 7, "{fault:?}");
         let mut seqs = Vec::new();
         for (i, answer) in answers.into_iter().enumerate() {
@@ -417,30 +468,92 @@ async fn a_batch_whose_commit_was_lost_answers_every_caller_once_committed() {
     }
 }
 
-/// The answer to a recording's `COMMIT` is lost and the server cannot be reached again to ask:
-/// the caller gets a retryable error that says the outcome is unknown, not one that says the
-/// event was not recorded (it was).
+/// The answer to a recording's `COMMIT` is lost and the server cannot be reached again to ask
+/// (it refuses connections, or never answers them): the caller gets a retryable error that
+/// says the outcome is unknown, not one that says the event was not recorded (it was).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_the_server_cannot_be_asked_about_is_an_unknown_outcome() {
+    for later in [Later::Close, Later::Hang] {
+        let proxy = Proxy::start();
+        let (store, direct, _drop) = stores(&proxy, |o| o.max_connections(1)).await;
+        let before = store.record(event(100), T0).await.expect("record");
+        proxy.after_fault(later);
+        proxy.arm(Fault::LoseAnswer, 0);
+        let e = store
+            .record(event(0), T0)
+            .await
+            .expect_err("the outcome cannot be known");
+        assert_eq!(proxy.swallowed(), 1, "{later:?}");
+        assert!(e.is_retryable(), "{later:?}: {e:?}");
+        let text = awareness_core::error::ErrorChain(&e).to_string();
+        let why = match later {
+            Later::Hang => "could not be asked whether it committed within 5s",
+            _ => "could not be asked whether it committed (",
+        };
+        assert!(
+            text.contains("the connection was lost during COMMIT")
+                && text.contains(why)
+                && text.contains("the outcome is unknown"),
+            "{later:?}: {text}"
+        );
+        assert_eq!(
+            committed(&direct, before.event.sequence).await,
+            vec![(before.event.sequence.get() + 1, "message 0".to_owned())],
+            "{later:?}: the server had committed it"
+        );
+    }
+}
+
+/// The server says the transaction whose `COMMIT` lost its answer committed, but the log does
+/// not hold its event as written (here deleted right after the commit; after a server restart,
+/// the transaction's id may have gone to another transaction, which took the same number):
+/// the caller is not told its event was recorded; the outcome is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_whose_events_are_not_in_the_log_as_written_is_an_unknown_outcome() {
     let proxy = Proxy::start();
-    let (store, direct, _drop) = stores(&proxy, |o| o.max_connections(1)).await;
+    let (store, _direct, schema) = stores(&proxy, |o| o).await;
     let before = store.record(event(100), T0).await.expect("record");
-    proxy.state.refuse_after_fault.store(true, Ordering::SeqCst);
+    *proxy.state.after_commit.lock().expect("after_commit") = Some(format!(
+        "DELETE FROM \"{}\".session_state_events WHERE sequence = {}",
+        schema.0,
+        before.event.sequence.get() + 1
+    ));
     proxy.arm(Fault::LoseAnswer, 0);
     let e = store
         .record(event(0), T0)
         .await
-        .expect_err("the outcome cannot be known");
-    assert!(e.is_retryable(), "{e:?}");
+        .expect_err("the event is not in the log");
+    assert_eq!(proxy.swallowed(), 1);
     let text = awareness_core::error::ErrorChain(&e).to_string();
     assert!(
-        text.contains("the connection was lost during COMMIT")
+        e.is_retryable()
+            && text.contains("does not hold its events as written")
             && text.contains("the outcome is unknown"),
         "{text}"
     );
-    assert_eq!(
-        committed(&direct, before.event.sequence).await,
-        vec![(before.event.sequence.get() + 1, "message 0".to_owned())],
-        "the server had committed it"
-    );
+}
+
+/// A recording that is a dedupe hit loses its `COMMIT` (which would only have moved the
+/// counter): its caller gets the stored event, as it would have either way, without a question
+/// to the server or a second transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedupe_hit_whose_commit_was_lost_is_answered_with_the_stored_event() {
+    for fault in [Fault::LoseAnswer, Fault::DropCommit] {
+        let proxy = Proxy::start();
+        let (store, _direct, _drop) = stores(&proxy, |o| o).await;
+        let first = store
+            .record(event(0).with_dedupe_key("once"), T0)
+            .await
+            .expect("record");
+        let began = store.write_transactions();
+        proxy.arm(fault, 0);
+        let hit = store
+            .record(event(1).with_dedupe_key("once"), T0)
+            .await
+            .unwrap_or_else(|e| panic!("{fault:?}: {e}"));
+        assert_eq!(proxy.fired(), 1, "{fault:?}");
+        assert!(hit.deduplicated, "{fault:?}");
+        assert_eq!(hit.event, first.event, "{fault:?}");
+        assert_eq!(store.write_transactions() - began, 1, "{fault:?}");
+    }
 }

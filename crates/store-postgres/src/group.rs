@@ -144,7 +144,10 @@ impl Inner {
 
     /// The batch's transaction; one answer per job, in order.
     async fn batch(&self, jobs: &[Job]) -> Result<Vec<Recorded>, Failed> {
-        let mut tx = self.write(WHAT).await.map_err(Failed::Transaction)?;
+        let mut tx = self
+            .write_with(WHAT, &self.begin_batch)
+            .await
+            .map_err(Failed::Transaction)?;
         let answers = self
             .batch_statements(&mut tx, jobs)
             .await

@@ -3,7 +3,8 @@
 //! [`EventStore`], [`CursorStore`] and [`UpstreamStore`] on PostgreSQL through sqlx: one store
 //! that gateways on several hosts share (DESIGN.md sections 6 and 9.1). The four tables are
 //! store-sqlite's (OpenClaw's names and columns) in a schema of their own, with PostgreSQL's
-//! types, plus a one-row table that holds the sequence counter.
+//! types, plus a one-row table that holds the sequence counter. It needs PostgreSQL 12 or
+//! later (tested on 15).
 //!
 //! Every decision of the protocol is `awareness_core`'s ([`awareness_core::protocol`],
 //! [`awareness_core::retention`], [`awareness_core::reconcile`], [`awareness_core::upstream`]);

@@ -12,6 +12,8 @@
 //! `store_postgres::parse_url` when the store is opened, whose query may also name the store's
 //! schema, `schema=<name>` (1-63 of `[a-z0-9_]`, not starting with a digit; default
 //! `session_awareness`): every gateway that names the same server and schema shares one store.
+//! The query may also set the store's `max_connections=`, `group_commit=` and
+//! `idle_transaction_timeout_ms=` (`store_postgres::PgStoreOptions`).
 //! Its password is never shown: errors and `{:?}` print `user:***@host`.
 //!
 //! [`OpenOptions`] per backend:
@@ -668,6 +670,40 @@ mod tests {
                 "{bad}: {err:?}"
             );
             assert!(!err.to_string().contains("cret"), "{err}");
+        }
+    }
+
+    /// The store's own options in a PostgreSQL URL's query reach the store: a count it cannot
+    /// take is refused by the store's connect, before any connection (no server listens at
+    /// port 1: the URL's option not reaching the store would give a connection error).
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_url_options_reach_the_store() {
+        for (url, named) in [
+            (
+                "postgres://127.0.0.1:1/awareness?group_commit=0",
+                "group_commit",
+            ),
+            (
+                "postgres://127.0.0.1:1/awareness?schema=a&max_connections=0",
+                "max_connections",
+            ),
+            (
+                "postgres://127.0.0.1:1/awareness?idle_transaction_timeout_ms=0",
+                "idle_transaction_timeout",
+            ),
+        ] {
+            let err = open_store(url).await.expect_err("refused");
+            let OpenError::Store(e) = &err else {
+                panic!("{url}: {err:?}")
+            };
+            assert_eq!(
+                e.open_failure(),
+                Some(OpenFailure::InvalidOptions),
+                "{url}: {e}"
+            );
+            assert!(e.to_string().contains(named), "{url}: {e}");
+            assert!(!err.is_retryable(), "{url}");
         }
     }
 

@@ -198,14 +198,26 @@ impl PgStoreOptions {
 /// The schema a URL without `schema=` names.
 pub const DEFAULT_SCHEMA: &str = "session_awareness";
 
+/// The parameters of a store URL's query that are the store's, not sqlx's ([`parse_url`]).
+const STORE_PARAMETERS: [&str; 4] = [
+    "schema",
+    "max_connections",
+    "group_commit",
+    "idle_transaction_timeout_ms",
+];
+
 /// Reads a store URL: a PostgreSQL connection URL (`postgres://` or `postgresql://`, as sqlx
 /// takes it: user, password, host or `?host=/socket/dir`, port, database, `sslmode`, ...)
-/// whose query may also name the store's schema, `schema=<name>` ([`DEFAULT_SCHEMA`] when it
-/// does not).
+/// whose query may also hold the store's own options: `schema=<name>` ([`DEFAULT_SCHEMA`]
+/// when it does not), `max_connections=<n>` ([`PgStoreOptions::max_connections`]),
+/// `group_commit=<n>` ([`PgStoreOptions::group_commit`]) and
+/// `idle_transaction_timeout_ms=<ms>` ([`PgStoreOptions::idle_transaction_timeout`]), each at
+/// most once; the rest of the query is sqlx's.
 ///
 /// ```
-/// let (server, options) =
-///     store_postgres::parse_url("postgres://gw@db.internal/awareness?schema=team_a&sslmode=require")?;
+/// let (server, options) = store_postgres::parse_url(
+///     "postgres://gw@db.internal/awareness?schema=team_a&sslmode=require&max_connections=8",
+/// )?;
 /// assert_eq!(options.schema(), "team_a");
 /// assert_eq!(server.get_database(), Some("awareness"));
 /// # Ok::<(), awareness_core::StoreError>(())
@@ -214,22 +226,34 @@ pub const DEFAULT_SCHEMA: &str = "session_awareness";
 /// # Errors
 ///
 /// [`StoreError::Open`] ([`OpenFailure::InvalidOptions`]) when sqlx cannot read the URL, or it
-/// names a schema twice or one [`PgStore::connect`] refuses; the error quotes the URL as
-/// [`awareness_core::error::redact_url`] shows it.
+/// names one of the store's options twice, gives one a value that is not a whole number in
+/// range, or names a schema [`PgStore::connect`] refuses; the error quotes the URL as
+/// [`awareness_core::error::redact_url`] shows it. (A count of 0 or a timeout out of range
+/// is refused by [`PgStore::connect`], as when set in code.)
 pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreError> {
     let shown = awareness_core::error::redact_url(url);
     let refuse =
         |reason: String| StoreError::open(shown.clone(), OpenFailure::InvalidOptions, reason, None);
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut schema = None;
+    let mut given: [Option<&str>; STORE_PARAMETERS.len()] = [None; STORE_PARAMETERS.len()];
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.strip_prefix("schema=") {
-            Some(name) if schema.is_none() => schema = Some(name.to_owned()),
-            Some(_) => return Err(refuse("the URL names a schema twice".into())),
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match STORE_PARAMETERS.iter().position(|p| *p == key) {
+            Some(i) if given[i].is_none() => given[i] = Some(value),
+            Some(_) => return Err(refuse(format!("the URL gives {key}= twice"))),
             None => rest.push(pair),
         }
     }
+    let [schema, max_connections, group_commit, idle_ms] = given;
+    let number = |key: &str, value: &str| -> Result<u64, StoreError> {
+        value.parse::<u64>().map_err(|_| {
+            refuse(format!(
+                "{key}={value:?}: a whole number (0 to {}) is wanted",
+                u64::MAX
+            ))
+        })
+    };
     let server = if rest.is_empty() {
         base.to_owned()
     } else {
@@ -238,8 +262,25 @@ pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreE
     let server: PgConnectOptions = server
         .parse()
         .map_err(|e| refuse(format!("not a PostgreSQL connection URL: {e}")))?;
-    let options = PgStoreOptions::new(schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned()));
+    let mut options = PgStoreOptions::new(schema.unwrap_or(DEFAULT_SCHEMA));
     schema::check_name(options.schema()).map_err(refuse)?;
+    if let Some(n) = max_connections {
+        let n = number("max_connections", n)?;
+        options = options.max_connections(u32::try_from(n).map_err(|_| {
+            refuse(format!(
+                "max_connections={n}: a pool opens at most {} connections",
+                u32::MAX
+            ))
+        })?);
+    }
+    if let Some(n) = group_commit {
+        let n = number("group_commit", n)?;
+        options = options.group_commit(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    if let Some(ms) = idle_ms {
+        let ms = number("idle_transaction_timeout_ms", ms)?;
+        options = options.idle_transaction_timeout(Duration::from_millis(ms));
+    }
     Ok((server, options))
 }
 
@@ -789,6 +830,38 @@ mod tests {
     }
 
     #[test]
+    fn a_url_sets_the_store_options_it_names_and_leaves_the_others_at_their_defaults() {
+        let (server, options) = parse_url(
+            "postgres://u@h/db?max_connections=9&sslmode=disable&group_commit=1\
+             &idle_transaction_timeout_ms=2500&application_name=gw",
+        )
+        .expect("a URL with store options");
+        assert_eq!(
+            (
+                options.schema(),
+                options.max_connections,
+                options.group_commit,
+                options.idle_transaction_timeout
+            ),
+            (DEFAULT_SCHEMA, 9, 1, Duration::from_millis(2500))
+        );
+        assert_eq!(
+            server.get_application_name(),
+            Some("gw"),
+            "sqlx's parameters reach sqlx"
+        );
+        let (_, defaults) = parse_url("postgres://u@h/db?schema=a").expect("a URL");
+        assert_eq!(
+            (
+                defaults.max_connections,
+                defaults.group_commit,
+                defaults.idle_transaction_timeout
+            ),
+            (4, DEFAULT_GROUP_COMMIT, DEFAULT_IDLE_TRANSACTION_TIMEOUT)
+        );
+    }
+
+    #[test]
     fn a_bad_url_is_refused_without_showing_its_password() {
         for (url, why, shown_as) in [
             (
@@ -820,6 +893,31 @@ mod tests {
                 "postgres://u:secret@h/db?schema=Not-A-Name",
                 "schema name",
                 "postgres://u:***@h/db?schema=Not-A-Name",
+            ),
+            (
+                "postgres://u:secret@h/db?group_commit=8&group_commit=9",
+                "gives group_commit= twice",
+                "postgres://u:***@h/db?group_commit=8&group_commit=9",
+            ),
+            (
+                "postgres://u:secret@h/db?max_connections=four",
+                "max_connections=\"four\": a whole number",
+                "postgres://u:***@h/db?max_connections=four",
+            ),
+            (
+                "postgres://u:secret@h/db?max_connections=4294967296",
+                "a pool opens at most 4294967295 connections",
+                "postgres://u:***@h/db?max_connections=4294967296",
+            ),
+            (
+                "postgres://u:secret@h/db?idle_transaction_timeout_ms=-1",
+                "idle_transaction_timeout_ms=\"-1\": a whole number",
+                "postgres://u:***@h/db?idle_transaction_timeout_ms=-1",
+            ),
+            (
+                "postgres://u:secret@h/db?group_commit",
+                "group_commit=\"\": a whole number",
+                "postgres://u:***@h/db?group_commit",
             ),
         ] {
             let e = parse_url(url).expect_err(url);

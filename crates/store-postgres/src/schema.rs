@@ -163,6 +163,32 @@ const COUNTER_ROW: &str = "INSERT INTO session_state_counter (id, last_sequence)
 SELECT 0, coalesce(max(sequence), 0) FROM session_state_events
 ON CONFLICT (id) DO NOTHING";
 
+/// The PostgreSQL version the store needs at least (`server_version_num`): 12, for
+/// `plan_cache_mode` (a batch's transaction sets it).
+const LEAST_VERSION: i32 = 120_000;
+
+/// Why a server of `encoding` and `version` (`server_version_num`) cannot hold the store, if
+/// it cannot: text not encoded as UTF-8, or a version before [`LEAST_VERSION`].
+fn unsupported(encoding: &str, version: i32) -> Option<String> {
+    if encoding != "UTF8" {
+        return Some(format!(
+            "the database encodes text as {encoding}; the store needs UTF8"
+        ));
+    }
+    // From 10 on, the number is major * 10000 + minor; before, it held two parts of the major.
+    let major = if version >= 100_000 {
+        (version / 10_000).to_string()
+    } else {
+        format!("{}.{}", version / 10_000, version % 10_000 / 100)
+    };
+    (version < LEAST_VERSION).then(|| {
+        format!(
+            "the server is PostgreSQL {major}; the store needs {} or later",
+            LEAST_VERSION / 10_000
+        )
+    })
+}
+
 /// The store's tables, as [`CREATE`] makes them.
 const TABLES: [&str; 5] = [
     "session_state_counter",
@@ -206,15 +232,14 @@ pub(crate) async fn create(
         }
     };
     let refuse = |kind: OpenFailure, reason: String| StoreError::open(name, kind, reason, None);
-    let encoding: String = sqlx::query_scalar("SHOW server_encoding")
-        .fetch_one(pool)
-        .await
-        .map_err(failed("reading the server's encoding"))?;
-    if encoding != "UTF8" {
-        return Err(refuse(
-            OpenFailure::Unsupported,
-            format!("the database encodes text as {encoding}; the store needs UTF8"),
-        ));
+    let (encoding, version): (String, i32) = sqlx::query_as(
+        "SELECT current_setting('server_encoding'), current_setting('server_version_num')::int",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(failed("reading the server's encoding and version"))?;
+    if let Some(reason) = unsupported(&encoding, version) {
+        return Err(refuse(OpenFailure::Unsupported, reason));
     }
     let mut tx = pool
         .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -325,6 +350,25 @@ pub(crate) async fn create(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_server_before_12_or_not_in_utf8_is_refused_with_its_version_or_encoding() {
+        assert_eq!(unsupported("UTF8", 150_020), None);
+        assert_eq!(unsupported("UTF8", 120_000), None);
+        assert_eq!(
+            unsupported("UTF8", 110_022).as_deref(),
+            Some("the server is PostgreSQL 11; the store needs 12 or later")
+        );
+        assert_eq!(
+            unsupported("UTF8", 90_624).as_deref(),
+            Some("the server is PostgreSQL 9.6; the store needs 12 or later")
+        );
+        assert_eq!(
+            unsupported("LATIN1", 150_020).as_deref(),
+            Some("the database encodes text as LATIN1; the store needs UTF8")
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -4,7 +4,7 @@
 //! that gateways on several hosts share (DESIGN.md sections 6 and 9.1). The four tables are
 //! store-sqlite's (OpenClaw's names and columns) in a schema of their own, with PostgreSQL's
 //! types, plus a one-row table that holds the sequence counter. It needs PostgreSQL 12 or
-//! later (tested on 15).
+//! later (tested on 15; an older server is refused at connect).
 //!
 //! Every decision of the protocol is `awareness_core`'s ([`awareness_core::protocol`],
 //! [`awareness_core::retention`], [`awareness_core::reconcile`], [`awareness_core::upstream`]);
@@ -48,9 +48,9 @@
 //! on another connection, whether the transaction committed (`txid_status` of the id the
 //! recording read), first ending the session that still runs it if the server has not seen
 //! its connection gone and it waits there, idle. Committed, with its events in the log as
-//! written, each caller gets its event; rolled back, the store records the events again, once,
-//! in the same turn. A recording of dedupe hits only is answered with the stored events,
-//! unasked. Otherwise (the server out of reach for five seconds, or not knowing the
+//! written (their numbers, refs, times and summaries), each caller gets its event; rolled
+//! back, the store records the events again, once, in the same turn. A recording of dedupe
+//! hits only is answered with the stored events whatever the server says. Otherwise (the server out of reach for five seconds, or not knowing the
 //! transaction, or its events not in the log as written) the caller gets a retryable error
 //! saying that the outcome is unknown: an event without a dedupe key recorded again may then
 //! be recorded twice. The question starts when the client sees its connection fail: a

@@ -228,7 +228,8 @@ pub(crate) const COMMIT_STATUS: &str = "SELECT txid_status($1)";
 /// [`COMMIT_STATUS`] tells so. The session is named by its process id and the transaction it
 /// runs (its 32-bit id) together, since either alone may have gone to another session by then
 /// (a process id once the session ended, a transaction id after a server restart). A session
-/// busy with the `COMMIT` (waiting for a synchronous standby, say) is left to finish it.
+/// busy with the `COMMIT` (waiting for a synchronous standby, say) is left to finish it, and
+/// so is every session when the server tracks no state (`track_activities` off).
 pub(crate) const END_LOST_COMMIT: &str =
     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE pid = $2 AND backend_xid::text::bigint = $1 % 4294967296

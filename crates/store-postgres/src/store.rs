@@ -360,8 +360,9 @@ impl Inner {
     /// with the events in the log as written, this is a success; rolled back,
     /// [`Uncommitted::RolledBack`]. A session the server still runs the transaction in, idle
     /// (a connection it has not seen gone), is ended first, so that the answer is final. A
-    /// transaction that wrote no event (dedupe hits only) needs no question: the stored
-    /// events are the answer either way. The handle's turn is held throughout.
+    /// transaction that wrote no event (dedupe hits only) is a success whatever the answer:
+    /// the stored events are the answer either way (it is asked all the same, which ends such
+    /// a session). The handle's turn is held throughout.
     pub(crate) async fn commit_known(
         &self,
         tx: Write,
@@ -379,11 +380,17 @@ impl Inner {
         let Some(id) = id.filter(|_| commit_answer_lost(&lost)) else {
             return Err(Uncommitted::Failed(self.failed(what)(lost)));
         };
+        let asked = tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.settle(id, written)).await;
         if written.is_empty() {
+            // Dedupe hits only: the stored events are the answer whatever the server says.
+            // Asking still ended a session left idle in the transaction, which held the
+            // store's lock and the counter's row for every gateway.
             tracing::debug!(store = %self.name, error = %lost, "the answer to a COMMIT of dedupe hits only was lost; the stored events are the answer");
+            if matches!(asked, Ok(Ok(Settled::Committed))) {
+                self.own_commits.fetch_add(1, Ordering::Relaxed);
+            }
             return Ok(());
         }
-        let asked = tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.settle(id, written)).await;
         let unknown = |why: String| {
             Uncommitted::Failed(StoreError::Busy {
                 context: format!(

@@ -534,18 +534,31 @@ async fn a_lost_commit_whose_events_are_not_in_the_log_as_written_is_an_unknown_
 }
 
 /// A recording that is a dedupe hit loses its `COMMIT` (which would only have moved the
-/// counter): its caller gets the stored event, as it would have either way, without a question
-/// to the server or a second transaction.
+/// counter): its caller gets the stored event, as it would have either way, in one
+/// transaction, even when the server cannot be asked (here it refuses the store's later
+/// connections). When the `COMMIT` stalled on a half-open connection, the session left in the
+/// transaction (holding the store's lock) is ended all the same: the next recording gets the
+/// lock at once (within the server's `lock_timeout` of 5 s, where the session would have held
+/// it for the idle-transaction timeout of a minute).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dedupe_hit_whose_commit_was_lost_is_answered_with_the_stored_event() {
-    for fault in [Fault::LoseAnswer, Fault::DropCommit] {
+    for fault in [Fault::LoseAnswer, Fault::DropCommit, Fault::StallCommit] {
         let proxy = Proxy::start();
-        let (store, _direct, _drop) = stores(&proxy, |o| o).await;
+        let schema = server::DropSchema(server::fresh_schema());
+        let store = PgStore::connect(
+            proxy.server().options([("lock_timeout", "5s")]),
+            PgStoreOptions::new(schema.0.clone()).max_connections(1),
+        )
+        .await
+        .expect("connect through the proxy");
         let first = store
             .record(event(0).with_dedupe_key("once"), T0)
             .await
             .expect("record");
         let began = store.write_transactions();
+        if fault == Fault::LoseAnswer {
+            proxy.after_fault(Later::Close);
+        }
         proxy.arm(fault, 0);
         let hit = store
             .record(event(1).with_dedupe_key("once"), T0)
@@ -555,5 +568,12 @@ async fn a_dedupe_hit_whose_commit_was_lost_is_answered_with_the_stored_event() 
         assert!(hit.deduplicated, "{fault:?}");
         assert_eq!(hit.event, first.event, "{fault:?}");
         assert_eq!(store.write_transactions() - began, 1, "{fault:?}");
+        if fault != Fault::LoseAnswer {
+            let next = store
+                .record(event(2), T0)
+                .await
+                .unwrap_or_else(|e| panic!("{fault:?}: the next recording: {e}"));
+            assert!(!next.deduplicated, "{fault:?}");
+        }
     }
 }

@@ -38,7 +38,7 @@ use tokio::sync::oneshot;
 
 use crate::LAST_SEQUENCE;
 use crate::rows;
-use crate::store::{CursorColumns, Inner, TxId, Uncommitted, Write, int};
+use crate::store::{CursorColumns, Inner, TxId, Uncommitted, Write, column, int};
 
 const WHAT: &str = "recording";
 
@@ -352,11 +352,6 @@ impl Inner {
             })
             .collect())
     }
-}
-
-/// One column of a statement's arrays: `f` of each of `rows`.
-fn column<'a, R: std::ops::Deref + 'a, T>(rows: &'a [R], f: impl Fn(&'a R::Target) -> T) -> Vec<T> {
-    rows.iter().map(|r| f(r)).collect()
 }
 
 /// Answers every job with `e` (each caller a copy of its own).

@@ -187,6 +187,14 @@ pub(crate) fn int(s: Sequence) -> i64 {
     i64::try_from(s.0).unwrap_or(i64::MAX)
 }
 
+/// One column of a statement's arrays: `f` of each of `rows`.
+pub(crate) fn column<'a, R: std::ops::Deref + 'a, T>(
+    rows: &'a [R],
+    f: impl Fn(&'a R::Target) -> T,
+) -> Vec<T> {
+    rows.iter().map(|r| f(r)).collect()
+}
+
 /// A count or limit as PostgreSQL takes it.
 fn count(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -458,31 +466,11 @@ impl Inner {
             }
         }
         let held: i64 = sqlx::query_scalar(rows::EVENTS_AS_WRITTEN)
-            .bind(written.iter().map(|e| int(e.sequence)).collect::<Vec<_>>())
-            .bind(
-                written
-                    .iter()
-                    .map(|e| e.session_key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                written
-                    .iter()
-                    .map(|e| e.agent_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                written
-                    .iter()
-                    .map(|e| e.occurred_at.millis())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                written
-                    .iter()
-                    .map(|e| e.summary.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(written, |e| int(e.sequence)))
+            .bind(column(written, |e| e.session_key.as_str()))
+            .bind(column(written, |e| e.agent_id.as_str()))
+            .bind(column(written, |e| e.occurred_at.millis()))
+            .bind(column(written, |e| e.summary.as_str()))
             .fetch_one(&self.pool)
             .await?;
         Ok(if usize::try_from(held) == Ok(written.len()) {

@@ -5,7 +5,8 @@
 //! end, recordings outside any runtime), each store in the schema its path names, and what
 //! store-postgres does of its own: batches form while another gateway holds the store's lock.
 //! (That an event failing in a batch fails only its caller is a check of the durable suite;
-//! that the batched protocol equals the per-event one is the model test's `Concurrent` step.)
+//! that the batched protocol equals the per-event one is the model test's `Concurrent` step;
+//! that an event whose caller gave up in the queue is never committed is a conformance check.)
 
 mod server;
 
@@ -104,62 +105,6 @@ async fn recordings_waiting_for_another_gateway_commit_in_few_transactions() {
             .len(),
         40
     );
-}
-
-/// A caller that gives up while its event waits in the queue (the handle's turn held by a
-/// recording that waits for another gateway's lock) takes the event out with it: no later
-/// batch commits an event whose caller gave up on it, and may be retrying it. (The shared check
-/// holds every durable store to "at most once"; this store, like store-sqlite, to "never".)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
-    use awareness_core::testkit::poll_once;
-    use awareness_core::{ActorType, AwarenessStoreExt as _, EventKind, NewEvent};
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
-    let store = Arc::new(
-        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
-            .await
-            .expect("connect"),
-    );
-    let gone = awareness_core::testkit::group_commit::session(9);
-    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
-    // A recording that takes the handle's turn and waits for the lock.
-    let mut first = Box::pin(store.record(event(0), T0));
-    assert!(
-        !poll_once(first.as_mut()).await,
-        "the first waits for the lock"
-    );
-    for i in 0..8 {
-        let e = NewEvent::new(
-            gone.clone(),
-            EventKind::HumanDirectMessage,
-            ActorType::Human,
-            format!("abandoned {i}"),
-        );
-        let mut call = std::pin::pin!(store.record(e, T0));
-        assert!(!poll_once(call.as_mut()).await, "queued behind the first");
-    }
-    lock.release().await;
-    first.as_mut().await.expect("the first recording");
-    let later: Vec<_> = (1..4)
-        .map(|i| {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move { store.record(event(i), T0).await })
-        })
-        .collect();
-    for call in later {
-        call.await.expect("join").expect("record");
-    }
-    assert_eq!(
-        store.state_version(&gone).await.expect("version"),
-        Sequence::ZERO,
-        "an abandoned event was committed"
-    );
-    let log = store
-        .events_after(Sequence::ZERO, 100)
-        .await
-        .expect("events");
-    assert_eq!(log.len(), 4, "the recordings whose callers waited: {log:?}");
 }
 
 /// A batch whose transaction fails (here the server's `statement_timeout` ends its wait for

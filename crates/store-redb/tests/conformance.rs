@@ -71,6 +71,7 @@ fn batching(store: Arc<RedbStore>) -> Batching {
         write_transactions: Box::new(move || measured.write_transactions()),
         // The held job commits nothing.
         hold_transactions: 0,
+        given_up: awareness_core::testkit::model::GivenUp::AtMostOnce,
     }
 }
 

@@ -73,6 +73,7 @@ fn batching(store: Arc<SqliteStore>, path: PathBuf) -> Batching {
         write_transactions: Box::new(move || measured.write_transactions()),
         // The unwatch queued first in line.
         hold_transactions: 1,
+        given_up: awareness_core::testkit::model::GivenUp::LeavesTheQueue,
     }
 }
 

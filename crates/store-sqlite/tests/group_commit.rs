@@ -1,22 +1,20 @@
 //! Group commit: the shared checks (`awareness_core::group_commit_suite!`: concurrent
 //! recordings share write transactions, each caller gets its own event, `group_commit(1)` turns
 //! it off, a batch holds at most `group_commit`, `0` is refused, a cursor row that cannot be
-//! read fails no batch), and what store-sqlite does of
-//! its own: an event whose caller gave up while it waited in the queue is never committed, a
-//! dedupe hit on a row torn behind the store's back spends one sequence on both of its paths,
-//! and a batch that meets another connection's lock fails at once. (That an event
-//! failing in a batch fails only its caller is a check of the durable suite; that the batched
-//! protocol equals the per-event one is the model test's `Concurrent` step; that cancelled
-//! callers cancel nobody else's commit is a conformance check.)
+//! read fails no batch), and what store-sqlite does of its own: a dedupe hit on a row torn
+//! behind the store's back spends one sequence on both of its paths, and a batch that meets
+//! another connection's lock fails at once. (That an event failing in a batch fails only its
+//! caller is a check of the durable suite; that the batched protocol equals the per-event one
+//! is the model test's `Concurrent` step; that cancelled callers cancel nobody else's commit,
+//! and that an event whose caller gave up while it waited in the queue is never committed,
+//! are conformance checks.)
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use awareness_core::testkit::group_commit::{Grouped, T0, event, session};
 use awareness_core::testkit::poll_once;
-use awareness_core::{
-    AwarenessStoreExt as _, CursorStore, EventStore, Sequence, StoreError, WatcherKey,
-};
+use awareness_core::{CursorStore, EventStore, Sequence, StoreError, WatcherKey};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
 async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStore> {
@@ -44,57 +42,6 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
 }
 
 awareness_core::group_commit_suite!(open_grouped);
-
-/// A caller cancelled while its event waits in the queue (the write connection busy with
-/// another recording) takes the event out with it: no later batch commits an event whose
-/// caller gave up on it, and may be retrying it. (The shared check holds every durable store to
-/// "at most once"; store-redb's drain may already hold such an event, so this is sqlite's own.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_whose_caller_gave_up_in_the_queue_is_never_committed() {
-    use awareness_core::{ActorType, EventKind, NewEvent, Sequence};
-    let dir = tempfile::tempdir().expect("dir");
-    let store = open(&dir, SqliteOptions::new().group_commit(64)).await;
-    let gone = awareness_core::testkit::group_commit::session(9);
-    // A recording that holds the write connection and waits on SQLite. Polled once, it may
-    // also finish at once (SQLite answered within the poll); then another one is started.
-    let mut finished = 0;
-    let mut first = loop {
-        let mut first = Box::pin(store.record(event(finished), T0));
-        if !poll_once(first.as_mut()).await {
-            break first;
-        }
-        finished += 1;
-        assert!(finished < 100, "no recording stayed pending after one poll");
-    };
-    for i in 0..8 {
-        let e = NewEvent::new(
-            gone.clone(),
-            EventKind::HumanDirectMessage,
-            ActorType::Human,
-            format!("abandoned {i}"),
-        );
-        let mut call = std::pin::pin!(store.record(e, T0));
-        assert!(!poll_once(call.as_mut()).await, "queued behind the first");
-    }
-    first.as_mut().await.expect("the first recording");
-    for i in 1..4 {
-        store.record(event(finished + i), T0).await.expect("record");
-    }
-    assert_eq!(
-        store.state_version(&gone).await.expect("version"),
-        Sequence::ZERO,
-        "an abandoned event was committed"
-    );
-    let log = store
-        .events_after(Sequence::ZERO, 100)
-        .await
-        .expect("events");
-    assert_eq!(
-        log.len(),
-        finished + 4,
-        "the recordings whose callers waited: {log:?}"
-    );
-}
 
 /// Writes, behind the store's back, a torn row (an unknown actor type) under the dedupe key
 /// "torn".

@@ -1150,6 +1150,59 @@ pub async fn cancelled_recordings_cancel_nobody_elses_commit(t: &Subject) {
     }
 }
 
+/// A recording whose caller gives up while its event waits in the queue behind the store's
+/// held writer ([`Subject::batching`]) is never committed, by that writer's batch or a later
+/// one, on a store whose queued events leave with their callers
+/// ([`super::model::GivenUp::LeavesTheQueue`]): its caller may be retrying it. The recording
+/// that waited with them and three after them are committed. (Other stores are held to "at
+/// most once" by [`cancelled_recordings_cancel_nobody_elses_commit`].)
+pub async fn a_recording_given_up_in_the_queue_is_never_committed(t: &Subject) {
+    let Some(b) = t
+        .batching
+        .as_ref()
+        .filter(|b| b.given_up == super::model::GivenUp::LeavesTheQueue)
+    else {
+        return;
+    };
+    let s = &*t.store;
+    let gone = r("agent:main:subagent:gone", "main");
+    let release = (b.hold_writer)().await;
+    for i in 0..8 {
+        let mut e = human(&gone);
+        e.summary = format!("given up {i}");
+        let mut call = std::pin::pin!(s.record(e, T0));
+        assert!(
+            !super::poll_once(call.as_mut()).await,
+            "a recording waits behind the held writer"
+        );
+    }
+    let store = std::sync::Arc::clone(&t.store);
+    let mut waited = Box::pin(async move { store.record(human(&child()), T0).await });
+    assert!(
+        !super::poll_once(waited.as_mut()).await,
+        "a recording waits behind the held writer"
+    );
+    let waited = tokio::spawn(waited);
+    release.release().await;
+    waited
+        .await
+        .expect("join")
+        .expect("the recording that waited");
+    for _ in 0..3 {
+        rec(s, human(&child()), T0).await;
+    }
+    assert_eq!(
+        version(s, &gone).await,
+        0,
+        "an event whose caller gave up in the queue was committed"
+    );
+    assert_eq!(
+        s.events_after(Sequence::ZERO, 100).await.unwrap().len(),
+        4,
+        "the recordings whose callers waited"
+    );
+}
+
 /// Recordings racing the other writes of the same cursor: acknowledgements, re-freezes and a
 /// repeated watch. Each is atomic and reads the cursor inside its own write, so after every
 /// round the cursor's `material` is the head (no recording lost to a write of old values) and

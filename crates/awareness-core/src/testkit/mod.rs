@@ -378,6 +378,7 @@ macro_rules! conformance_suite {
             every_material_event_hands_the_notice_to_delivery,
             concurrent_records_each_get_their_own_event,
             cancelled_recordings_cancel_nobody_elses_commit,
+            a_recording_given_up_in_the_queue_is_never_committed,
             cursor_writes_racing_recordings_lose_no_event,
             removals_racing_recordings_bring_no_cursor_back,
             pages_read_while_pruning_never_hide_a_loss,

@@ -693,6 +693,24 @@ pub struct Batching {
     /// The write transactions a hold and its release count themselves (store-sqlite's no-op
     /// write queued first in line: 1; store-redb's held job commits nothing: 0).
     pub hold_transactions: u64,
+    /// What becomes of a recording whose caller gives up while its event waits behind the
+    /// held writer.
+    pub given_up: GivenUp,
+}
+
+/// What a store that batches does with a recording whose caller gives up (drops the call)
+/// while its event waits in the queue ([`Batching::given_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GivenUp {
+    /// The event leaves the queue with its caller: it is never committed (store-sqlite,
+    /// store-postgres). The conformance check
+    /// [`super::checks::a_recording_given_up_in_the_queue_is_never_committed`] holds it to
+    /// that.
+    LeavesTheQueue,
+    /// The writer may already hold the event when its caller gives up: it is committed at most
+    /// once (store-redb, whose writer thread takes events from its channel as they come), as
+    /// [`super::checks::cancelled_recordings_cancel_nobody_elses_commit`] checks of every store.
+    AtMostOnce,
 }
 
 /// A call of a wave: answered at its first poll, or queued and left to a task of its own.

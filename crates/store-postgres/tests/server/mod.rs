@@ -73,6 +73,7 @@ pub fn batching(
         write_transactions: Box::new(move || counted.write_transactions()),
         // The unwatch queued first in line.
         hold_transactions: 1,
+        given_up: awareness_core::testkit::model::GivenUp::LeavesTheQueue,
     }
 }
 

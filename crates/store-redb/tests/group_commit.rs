@@ -200,13 +200,13 @@ async fn open_grouped(
     max_events: usize,
 ) -> Result<Grouped, StoreError> {
     let store = Arc::new(RedbStore::open_with(path, options.group_commit(max_events)).await?);
-    let (counted, measured, raw) = (Arc::clone(&store), Arc::clone(&store), Arc::clone(&store));
-    Ok(Grouped {
+    let raw = Arc::new(Raw(Arc::clone(&store)));
+    Ok(Grouped::new(
         store,
-        write_transactions: Box::new(move || counted.write_transactions()),
-        largest_batch: Box::new(move || measured.largest_batch()),
-        raw: Arc::new(Raw(raw)),
-    })
+        RedbStore::write_transactions,
+        RedbStore::largest_batch,
+        raw,
+    ))
 }
 
 mod immediate {

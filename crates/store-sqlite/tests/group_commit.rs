@@ -32,13 +32,13 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
     let store = Arc::new(
         SqliteStore::open_with(path, SqliteOptions::new().group_commit(max_events)).await?,
     );
-    let (counted, measured, raw) = (Arc::clone(&store), Arc::clone(&store), Arc::clone(&store));
-    Ok(Grouped {
+    let raw = Arc::new(Raw(Arc::clone(&store)));
+    Ok(Grouped::new(
         store,
-        write_transactions: Box::new(move || counted.write_transactions()),
-        largest_batch: Box::new(move || measured.largest_batch()),
-        raw: Arc::new(Raw(raw)),
-    })
+        SqliteStore::write_transactions,
+        SqliteStore::largest_batch,
+        raw,
+    ))
 }
 
 awareness_core::group_commit_suite!(open_grouped);

@@ -44,6 +44,25 @@ pub struct Grouped {
     pub raw: Arc<dyn super::RawAccess>,
 }
 
+impl Grouped {
+    /// `store`, its counts read through its own `write_transactions` and `largest_batch`, and
+    /// `raw`, its row access.
+    pub fn new<S: AwarenessStore + 'static>(
+        store: Arc<S>,
+        write_transactions: fn(&S) -> u64,
+        largest_batch: fn(&S) -> usize,
+        raw: Arc<dyn super::RawAccess>,
+    ) -> Self {
+        let (counted, measured) = (Arc::clone(&store), Arc::clone(&store));
+        Self {
+            store,
+            write_transactions: Box::new(move || write_transactions(&counted)),
+            largest_batch: Box::new(move || largest_batch(&measured)),
+            raw,
+        }
+    }
+}
+
 /// The clock every recording of these checks is made at.
 pub const T0: Timestamp = Timestamp(1_800_000_000_000);
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use awareness_core::SessionKey;
+use tracing::{debug, warn};
 
 use crate::ports::HeartbeatWake;
 
@@ -18,7 +19,10 @@ pub type WakeSink = Arc<dyn Fn(&SessionKey, &str) + Send + Sync>;
 /// fire once, at the window's end, with the reason of the last of them. Needs a tokio runtime
 /// (it spawns the trailing wake). Dropping the waker ends its open windows: a trailing wake
 /// still owed is not fired after it (the gateway may be shutting down), and the tasks that
-/// would fire them end at once, letting go of the sink.
+/// would fire them end at once, letting go of the sink. A trailing wake on which the sink
+/// panics (the first wake's panic goes to the caller) is logged and owed again at the end of
+/// the next window: the line it was for waits in the queue, where nothing else would wake the
+/// session for it.
 pub struct CoalescingWake {
     window: Duration,
     sink: WakeSink,
@@ -76,6 +80,7 @@ impl HeartbeatWake for CoalescingWake {
             state: Arc::clone(&self.state),
             session: session.clone(),
             closed: false,
+            failed: 0,
         };
         let sink = Arc::clone(&self.sink);
         let period = self.window;
@@ -96,7 +101,23 @@ impl HeartbeatWake for CoalescingWake {
                 let Some(reason) = window.take_trailing() else {
                     break;
                 };
-                sink(&window.session, &reason);
+                let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    sink(&window.session, &reason);
+                }));
+                if let Err(panic) = woken {
+                    // The sink failed (the host's heartbeat runner): the wake is still owed, and
+                    // its line sits in the queue, where no pick-up looks again. It is owed
+                    // again at the end of the window that has just started, unless a wake
+                    // inside that window brings a reason of its own.
+                    let message = awareness_core::error::panic_message(&*panic);
+                    if window.owe_again(reason) {
+                        warn!(session_key = %window.session, panic = message, "the trailing wake of a session panicked; it is tried again when the window ends");
+                    } else {
+                        debug!(session_key = %window.session, panic = message, "the trailing wake of a session panicked again; it is tried again when the window ends");
+                    }
+                } else {
+                    window.failed = 0;
+                }
             }
         });
         (self.sink)(session, reason);
@@ -109,6 +130,9 @@ struct Window {
     session: SessionKey,
     /// Closed by [`Window::take_trailing`]: the session's entry may be another window's now.
     closed: bool,
+    /// How many trailing wakes in a row the sink panicked on (the first is a warning, the
+    /// others are logged at `debug`).
+    failed: u32,
 }
 
 impl Window {
@@ -126,6 +150,21 @@ impl Window {
         g.remove(&self.session);
         self.closed = true;
         None
+    }
+
+    /// After the sink panicked on the trailing wake for `reason`: that wake is owed at the end
+    /// of the window that its firing started (a wake that comes inside it sets the reason
+    /// instead). Whether this is the first panic in a row.
+    fn owe_again(&mut self, reason: String) -> bool {
+        let mut g = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(trailing) = g.get_mut(&self.session) {
+            trailing.get_or_insert(reason);
+        }
+        self.failed = self.failed.saturating_add(1);
+        self.failed == 1
     }
 }
 
@@ -295,5 +334,51 @@ mod tests {
         tokio::time::sleep(Duration::from_hours(1)).await;
         waker.wake(&main, "session-state");
         assert_eq!(rec.count(&main), 2, "the wake after the window fired");
+    }
+
+    /// Bug (review of stop 53): a sink that panicked on a trailing wake ended the window's
+    /// task, and the wake was lost: the line it was for stays queued, so no pick-up delivers
+    /// it again, and a main session takes no turn unless woken. It is now owed again at the
+    /// next window's end, until the sink takes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_trailing_wake_the_sink_panics_on_is_fired_again() {
+        let reasons = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&reasons);
+        let sink: WakeSink = Arc::new(move |_, r: &str| {
+            let mut reasons = kept.lock().unwrap();
+            reasons.push(r.to_owned());
+            // The heartbeat runner fails on the second and third wakes.
+            let n = reasons.len();
+            drop(reasons);
+            assert!(!(2..=3).contains(&n), "the heartbeat runner failed");
+        });
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        waker.wake(&main, "first");
+        waker.wake(&main, "trailing");
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first", "trailing"], "panicked");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "trailing", "trailing"],
+            "tried again at the next window's end, and panicked again"
+        );
+        // A wake inside the window brings its own reason.
+        waker.wake(&main, "latest");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "trailing", "trailing", "latest"],
+            "taken"
+        );
+        tokio::time::sleep(Duration::from_mins(2)).await;
+        assert_eq!(reasons.lock().unwrap().len(), 4, "nothing more is owed");
+        waker.wake(&main, "after");
+        assert_eq!(
+            reasons.lock().unwrap().len(),
+            5,
+            "the window closed: at once"
+        );
     }
 }

@@ -1259,6 +1259,18 @@ impl Awareness {
     /// DESIGN 3; most often a time in seconds), and a dedupe key that answers with another
     /// session's event (nothing is recorded for this one: dedupe keys are store-wide).
     pub async fn try_record(&self, event: NewEvent) -> Result<Recorded, StoreError> {
+        self.try_record_then(event, |_| std::future::ready(()))
+            .await
+    }
+
+    /// [`Awareness::try_record`], then `after` with whether the recording was a dedupe hit,
+    /// on the recording's task once it has committed (before its notices are delivered): what
+    /// must follow a recording is not lost with a caller that gives up.
+    async fn try_record_then<A, F>(&self, event: NewEvent, after: A) -> Result<Recorded, StoreError>
+    where
+        A: FnOnce(bool) -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send,
+    {
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
         if let Some(at) = event
@@ -1281,7 +1293,11 @@ impl Awareness {
             "record",
             about,
             (),
-            async move { record_in(&*store, event, now).await },
+            async move {
+                let recorded = record_in(&*store, event, now).await?;
+                after(recorded.deduplicated).await;
+                Ok(recorded)
+            },
             |r| r.notices.as_slice(),
             self.owned(),
             Some(self.config.max_pending_writes),
@@ -1419,19 +1435,26 @@ impl Awareness {
     /// the recording goes on on its own task (see [`Awareness::try_record`]), and delivers its
     /// notices should it commit.
     async fn record_logged(&self, event: NewEvent) -> Result<Recorded, String> {
-        self.record_logged_by(event, self.store_deadline()).await
+        self.record_logged_by(event, self.store_deadline(), |_| std::future::ready(()))
+            .await
     }
 
     /// [`Awareness::record_logged`], waiting for the store until `deadline` (a producer that
     /// asked the store something first waits [`AwarenessConfig::store_wait`] in all).
-    async fn record_logged_by(
+    /// `after` runs as [`Awareness::try_record_then`] runs it.
+    async fn record_logged_by<A, F>(
         &self,
         event: NewEvent,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<Recorded, String> {
+        after: A,
+    ) -> Result<Recorded, String>
+    where
+        A: FnOnce(bool) -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send,
+    {
         let key = event.session.session_key.clone();
         let kind = event.kind.clone();
-        let Some(recorded) = until(deadline, self.try_record(event)).await else {
+        let Some(recorded) = until(deadline, self.try_record_then(event, after)).await else {
             let e = self.recording_goes_on();
             not_recorded(&key, &kind, &e, true);
             return Err(e);
@@ -1707,7 +1730,10 @@ impl Awareness {
         }
         .filter(|p| !p.is_empty());
         ev.watchers.extend(spawner);
-        match self.record_logged_by(ev, deadline).await {
+        match self
+            .record_logged_by(ev, deadline, |_| std::future::ready(()))
+            .await
+        {
             Ok(r) => HumanRecorded::Event(r.event),
             Err(e) => HumanRecorded::Failed(e),
         }
@@ -1777,6 +1803,10 @@ impl Awareness {
     /// An ACP child (DESIGN.md section 4 seeds its spawner's cursor too) goes through here as
     /// well: the gateway calls this when it starts one, with the ACP run's id.
     ///
+    /// A seed that makes a pending ambient cursor explicit (decision 0015: a cursor OpenClaw
+    /// made for a group conversation, whose line was queued without a wake) wakes the main
+    /// session when that line is queued, as [`Awareness::watch_after_send`] does.
+    ///
     /// The run id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)), the same
     /// way as by [`Awareness::subagent_ended`]; an empty one is left out, and so is then the
     /// dedupe key (`child-spawned:` alone would merge unrelated spawns into one event).
@@ -1797,14 +1827,71 @@ impl Awareness {
         .with_actor_id(requester.as_str());
         ev.run_id = fit.id("run id", Some(run_id.to_owned()));
         ev.dedupe_key = ev.run_id.as_deref().and_then(dedupe::child_spawned);
-        if let Ok(w) = WatcherKey::new(requester.clone()) {
-            if self.spawner_may_watch(&w, &ev.session) {
-                ev.watchers.push(w);
-            }
-        } else {
+        let Ok(w) = WatcherKey::new(requester.clone()) else {
             warn!(requester = %requester, "a bare requester cannot watch its child");
+            return self.record(ev).await.map(|r| r.event);
+        };
+        if !self.spawner_may_watch(&w, &ev.session) {
+            return self.record(ev).await.map(|r| r.event);
         }
-        self.record(ev).await.map(|r| r.event)
+        ev.watchers.push(w.clone());
+        if w.session_key().is_subagent() {
+            // A nested subagent is owed no wake.
+            return self.record(ev).await.map(|r| r.event);
+        }
+        // The seed keeps a pending cursor the spawner has on the child and makes it explicit
+        // when it was ambient (decision 0015): its line was queued without a wake, and the
+        // spawn is what wakes the session for it, as a watch does (the recordings after it
+        // hand out the same notice, whose line the queue holds, and wake nobody). Read first,
+        // in half the wait at most, as a watch reads it.
+        let deadline = self.store_deadline();
+        let half = deadline_after(self.config.store_wait / 2);
+        let read = self.store.cursor(&w, &ev.session.session_key);
+        let made_explicit = match self.bounded_by(half, "read a cursor", read).await {
+            Ok(c) => {
+                Some(c.filter(|c| c.is_pending() && protocol::watch_makes_explicit(c, &ev.session)))
+            }
+            Err(e) => {
+                debug!(watcher = %w, session_key = %ev.session.session_key, error = %ErrorChain(&e), "spawn: whether the spawner's cursor is ambient cannot be read; it is read again once the spawn is recorded");
+                None
+            }
+        };
+        let (store, queue, wake) = (
+            Arc::clone(&self.store),
+            Arc::clone(&self.queue),
+            Arc::clone(&self.wake),
+        );
+        let child = ev.session.session_key.clone();
+        let wait = self.config.store_wait;
+        // A dedupe hit seeded nothing: the spawn was recorded, and woke, before.
+        let after = move |deduplicated: bool| async move {
+            if deduplicated {
+                return;
+            }
+            let cursor = match made_explicit {
+                Some(ambient) => ambient.map(|c| Cursor {
+                    provenance: awareness_core::WatchProvenance::Explicit,
+                    ..c
+                }),
+                // Not known: the cursor as the seed left it. An explicit one whose line is
+                // queued was woken for when it was queued; a wake more is coalesced.
+                None => match until(deadline_after(wait), store.cursor(&w, &child)).await {
+                    Some(Ok(c)) => c,
+                    Some(Err(e)) => {
+                        debug!(watcher = %w, session_key = %child, error = %ErrorChain(&e), "spawn: the spawner's cursor cannot be read; the spawn wakes nobody");
+                        None
+                    }
+                    None => None,
+                },
+            };
+            if let Some(cursor) = cursor {
+                wake_if_queued(&*queue, &*wake, &cursor);
+            }
+        };
+        self.record_logged_by(ev, deadline, after)
+            .await
+            .ok()
+            .map(|r| r.event)
     }
 
     /// A subagent's run ended, with its exact outcome.
@@ -2227,8 +2314,10 @@ impl Awareness {
                 match self.bounded_by(half, "read a cursor", read).await {
                     Ok(c) => c.is_some_and(|c| protocol::watch_makes_explicit(&c, &r)),
                     Err(e) => {
-                        debug!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch: whether the cursor is ambient cannot be read; the watch wakes nobody");
-                        false
+                        // Not known: it may be. A cursor explicit already whose line is queued
+                        // was woken for when it was queued; a wake more is coalesced.
+                        debug!(watcher = %watcher, target = %target, error = %ErrorChain(&e), "watch: whether the cursor is ambient cannot be read; the watch wakes the session if the notice it keeps is queued");
+                        true
                     }
                 }
             };

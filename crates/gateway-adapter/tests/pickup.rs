@@ -387,6 +387,123 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
     assert_eq!(wake.all(), [k(MANAGER)]);
 }
 
+/// Bug (review, stop 53): a spawn's seed keeps a pending cursor the spawner has on the child
+/// and makes it explicit when it was ambient, as a watch does, but woke nobody: the line of an
+/// ambient cursor was queued without a wake, every recording after the spawn hands out the same
+/// notice, whose line the queue holds, and a pick-up skips a watcher whose lines are queued, so
+/// the main session took no turn for the notice. The spawn now wakes it, once: a dedupe hit of
+/// the same spawn and a re-spawn (the cursor explicit by then) wake nobody, and neither does
+/// the spawn of a watcher whose explicit cursor's line is not queued here.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_spawn_that_makes_a_queued_ambient_notice_explicit_wakes_the_session() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = ambient_manager(&dir.path().join("state.sqlite")).await;
+    let (svc, queue, wake) =
+        common::service_in(store.clone(), None, directory(&[MANAGER, ELSEWHERE]));
+    let manager = WatcherKey::parse(MANAGER).unwrap();
+    let cursor = store
+        .cursor(&manager, &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    svc.deliver(&[awareness_core::Notice::of(&cursor)]);
+    assert!(wake.all().is_empty(), "queued without a wake");
+    let spawn = async |spawner: &str, run: &str| {
+        svc.subagent_spawned(&k(CHILD), None, &k(spawner), run)
+            .await
+            .expect("recorded")
+    };
+    spawn(MANAGER, "run-1").await;
+    assert_eq!(wake.all(), [k(MANAGER)], "woken by the spawn");
+    let kept = store
+        .cursor(&manager, &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    assert_eq!(
+        (kept.last_seen, kept.material),
+        (cursor.last_seen, cursor.material)
+    );
+    assert!(
+        !awareness_core::Notice::of(&kept).queue_only,
+        "explicit now"
+    );
+    assert_eq!(texts(&queue, MANAGER).len(), 1, "the line, once");
+    spawn(MANAGER, "run-1").await;
+    spawn(MANAGER, "run-2").await;
+    assert_eq!(wake.all(), [k(MANAGER)], "a spawn again wakes nobody");
+    spawn(ELSEWHERE, "run-3").await;
+    assert!(texts(&queue, ELSEWHERE).is_empty());
+    assert_eq!(wake.all(), [k(MANAGER)]);
+}
+
+/// A hook that refuses the first call of its kind (a store failing once).
+#[cfg(feature = "sqlite")]
+struct RefuseFirst {
+    call: Call,
+    refused: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(feature = "sqlite")]
+#[awareness_core::async_trait]
+impl Hook for RefuseFirst {
+    fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
+        use std::sync::atomic::Ordering;
+        (call == self.call && !self.refused.swap(true, Ordering::SeqCst)).then(|| {
+            awareness_core::StoreError::backend(
+                "read a cursor",
+                std::io::Error::other("the store failed once"),
+            )
+        })
+    }
+}
+
+/// Bug (review, stop 53): a watch or a spawn that could not read whether the cursor was ambient
+/// (a read that failed, or took half the store wait) counted it as explicit and woke nobody;
+/// when it was ambient, its queued line then waited for good, as in the tests above. Not known
+/// now counts as "may be": the watch wakes the session when the notice its cursor keeps is
+/// queued, and the spawn reads the cursor again once it is recorded.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_watch_or_a_spawn_that_cannot_read_the_cursor_still_wakes_the_session() {
+    for spawn in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(Hooked {
+            inner: ambient_manager(&dir.path().join("state.sqlite")).await,
+            hook: RefuseFirst {
+                call: Call::Cursor,
+                refused: std::sync::atomic::AtomicBool::new(false),
+            },
+        });
+        let cursor = store
+            .inner
+            .cursor(&WatcherKey::parse(MANAGER).unwrap(), &k(CHILD))
+            .await
+            .unwrap()
+            .expect("the manager's cursor");
+        let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
+        svc.deliver(&[awareness_core::Notice::of(&cursor)]);
+        assert!(wake.all().is_empty(), "queued without a wake");
+        if spawn {
+            svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+                .await
+                .expect("recorded");
+        } else {
+            let outcome = svc
+                .watch_after_send(&k(MANAGER), &k(CHILD), None, true)
+                .await;
+            assert!(outcome.watched, "{outcome:?}");
+        }
+        assert!(
+            store.hook.refused.load(std::sync::atomic::Ordering::SeqCst),
+            "the read failed"
+        );
+        assert_eq!(wake.all(), [k(MANAGER)], "spawn: {spawn}");
+        assert_eq!(texts(&queue, MANAGER).len(), 1);
+    }
+}
+
 /// Bug: a watch the wait for the store gave up on (`store_wait`) may still commit, and the
 /// wake it owed the ambient cursor's queued line was lost with its caller; asked again, the
 /// watch found the cursor explicit already and woke nobody either, so the main session took

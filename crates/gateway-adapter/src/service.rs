@@ -590,6 +590,11 @@ impl FailureReport {
         *self.lock() = Reporter::Answered;
     }
 
+    /// Whether the caller has stopped waiting (it then never reads the answer).
+    fn caller_is_gone(&self) -> bool {
+        matches!(*self.lock(), Reporter::Task | Reporter::Answered)
+    }
+
     /// The caller stops waiting: a failure not read yet is reported now, a later one by the
     /// write's task.
     fn caller_gone(&self) {
@@ -1373,11 +1378,22 @@ impl Awareness {
                 }
                 Err(e) => report.failed(ErrorChain(e).to_string()),
             }
+            // A caller that stopped waiting never takes `keep` back: it is let go here, before
+            // the write stops being counted, rather than with the task's answer once the
+            // runtime drops it, after. (A turn's lock still held by a write that has ended
+            // made a pick-up right after `wait_for_writes` skip the watcher as busy.)
+            let keep = (!report.caller_is_gone()).then_some(keep);
             (keep, written)
         })
         .await;
         awaiting.0.answered();
-        answer
+        // `keep` is `None` only for a caller that stopped waiting, which is not here.
+        answer.map(|(keep, written)| {
+            (
+                keep.expect("a caller that waits gets its lock back"),
+                written,
+            )
+        })
     }
 
     /// [`Awareness::write_and_deliver`] for a write that hands out no notices (a watch, an

@@ -3636,6 +3636,101 @@ async fn turns_before_a_run_of_replies_longer_than_the_paging_bound_are_recorded
     assert_eq!(w.human_events(&session).await, 1);
 }
 
+/// A node still loading its thread: its first `empty` answers to a read from the newest item
+/// hold no item, but an older cursor, each after `delay`.
+struct LoadingNode {
+    inner: Arc<FakeNode>,
+    empty: AtomicUsize,
+    delay: Duration,
+}
+
+#[async_trait]
+impl PairedNodeClient for LoadingNode {
+    async fn newest(
+        &self,
+        host_id: &str,
+        thread_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<PairedPage, PairedError> {
+        let Ok(left) = self
+            .empty
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        else {
+            return self.inner.newest(host_id, thread_id, before, limit).await;
+        };
+        tokio::time::sleep(self.delay).await;
+        // A cursor of its own for each page (the thread's end, or past it: read as the end).
+        let held = self.inner.items.lock().unwrap().len();
+        Ok(PairedPage {
+            items: Vec::new(),
+            older: Some((held + left - 1).to_string()),
+        })
+    }
+}
+
+/// Bug (review, stop 53): a check that reached the paging bound before any item came (a node
+/// answering empty pages with older cursors: one first page slower than the paging time, or a
+/// whole bound of them) stored a resume point without a `top`. The check that read that
+/// segment counted its turns and left the marker where it was; the check after read the same
+/// items again from the newest one, named without the cursor, and recorded them a second time.
+/// Such a check now concludes nothing, and a resume point stored so is not followed.
+#[tokio::test(start_paused = true)]
+async fn a_paging_bound_reached_before_any_item_concludes_nothing() {
+    let thread = || {
+        FakeNode::holding([
+            PairedItem::user("m", "read before"),
+            PairedItem::user("h1", "typed one"),
+            PairedItem::with_role("r1", "assistant", "ok"),
+            PairedItem::user("h2", "typed two"),
+        ])
+    };
+    let stays = json!({"uuid": "m"});
+    let moved = json!({"uuid": "h2", "anchors": ["r1", "h1", "m"]});
+    // One first page slower than the paging time, or a bound of empty pages.
+    for (empty, delay) in [(1, Duration::from_secs(31)), (MAX_PAGES, Duration::ZERO)] {
+        let provider = PairedNodeProvider::new(Arc::new(LoadingNode {
+            inner: thread(),
+            empty: AtomicUsize::new(empty),
+            delay,
+        }));
+        let mut outcomes = Vec::new();
+        let mut marker = stays.clone();
+        for _ in 0..3 {
+            let out = provider
+                .check(&paired_link(Some(marker.clone())), &[])
+                .await;
+            marker = match &out {
+                CheckOutcome::Unchanged { marker } | CheckOutcome::HumanTurns { marker, .. } => {
+                    marker.clone()
+                }
+                other => panic!("{other:?}"),
+            };
+            outcomes.push(out);
+        }
+        assert_eq!(
+            outcomes,
+            [
+                CheckOutcome::Unchanged {
+                    marker: stays.clone()
+                },
+                human_turns(2, "h2", moved.clone()),
+                CheckOutcome::Unchanged {
+                    marker: moved.clone()
+                },
+            ],
+            "{empty} empty page(s): the two turns once"
+        );
+    }
+    // A resume point stored so by an earlier version: the check reads from the newest item.
+    let provider = PairedNodeProvider::new(thread());
+    let stored = json!({"uuid": "m", "resume": {"before": "4"}});
+    assert_eq!(
+        provider.check(&paired_link(Some(stored)), &[]).await,
+        human_turns(2, "h2", moved)
+    );
+}
+
 /// A marker stored before resume points existed (`{"uuid": ...}`) reads as before, and a
 /// check that has nothing to resume writes it back in the same form (a marker that moves gets
 /// anchors, the items read below its new item).

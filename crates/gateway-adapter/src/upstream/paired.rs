@@ -211,8 +211,10 @@ pub struct Resume {
     /// The node's cursor of the next older page to read (a page's `older`).
     pub before: String,
     /// The newest item when the bound was first hit, where the marker moves once the reading
-    /// reaches `uuid`. `None` only when nothing was read before the bound (a node answering
-    /// empty pages); the marker then stays at `uuid`.
+    /// reaches `uuid`. Stored `None` until 12-05 (stop 53) when nothing was read before the
+    /// bound (a node answering empty pages); such a resume point is no longer written, and a
+    /// stored one is not followed: the check reads from the newest item, since the marker,
+    /// staying at `uuid` once the segment was read, had the segment counted twice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top: Option<String>,
     /// The ids of up to [`MAX_ANCHORS`] items just older than `top`, nearest first, read by the
@@ -498,7 +500,20 @@ impl PairedNodeProvider {
         };
         match &marker.resume {
             None => self.check_newest(link, own, &marker).await,
-            Some(resume) => self.check_resumed(link, own, &marker, resume).await,
+            Some(resume) => match &resume.top {
+                Some(top) => self.check_resumed(link, own, &marker, resume, top).await,
+                // A resume point from before any item was read (stored until 12-05, stop 53:
+                // see `check_newest`): the segment it leads to would be counted, and then,
+                // the marker not having moved, counted again under another name by the check
+                // after. Read from the newest item instead, as if it had not been stored.
+                None => {
+                    let fresh = PairedMarker {
+                        resume: None,
+                        ..marker.clone()
+                    };
+                    self.check_newest(link, own, &fresh).await
+                }
+            },
         }
     }
 
@@ -524,6 +539,20 @@ impl PairedNodeProvider {
                 warn!(session_key = %link.session.session_key, host = %link.host_id,
                     thread = %link.thread_id,
                     "paired node: the thread answered no items; the marker stays, and the next check reads it again");
+                CheckOutcome::Unchanged {
+                    marker: marker.to_value(),
+                }
+            }
+            End::Bound(_) if top.is_none() => {
+                // The bound came before any item did (empty pages with older cursors, from a
+                // node still loading the thread, then the paging time or the page bound): as
+                // an empty answer, that concludes nothing, and the marker stays as it was. A
+                // resume point stored here had no item to move the marker to once its segment
+                // was read, so the check after that read the segment again from the newest
+                // item, and counted its turns a second time under another name.
+                warn!(session_key = %link.session.session_key, host = %link.host_id,
+                    thread = %link.thread_id,
+                    "paired node: the paging bound came before any item; the marker stays, and the next check reads from the newest item again");
                 CheckOutcome::Unchanged {
                     marker: marker.to_value(),
                 }
@@ -583,20 +612,16 @@ impl PairedNodeProvider {
         own: &[TextFingerprint],
         marker: &PairedMarker,
         resume: &Resume,
+        top: &str,
     ) -> Result<CheckOutcome, CheckOutcome> {
         let before = &resume.before;
         // Where the marker moves once the segment is read (or given up): `top`, anchored at the
         // items just below it that the check which first hit the bound read (the items this
-        // check reads lie further back); the marker as it is when nothing was read then.
-        let done = match &resume.top {
-            Some(top) => {
-                PairedMarker::anchored(top.clone(), resume.top_anchors.iter().map(String::as_str))
-            }
-            None => PairedMarker {
-                resume: None,
-                ..marker.clone()
-            },
-        };
+        // check reads lie further back).
+        let done = PairedMarker::anchored(
+            top.to_owned(),
+            resume.top_anchors.iter().map(String::as_str),
+        );
         let stops = marker.stops();
         let read = match self
             .read_back(link, own, &stops, Some(before.clone()))

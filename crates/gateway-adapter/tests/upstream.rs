@@ -760,6 +760,31 @@ async fn a_marker_a_provider_cannot_read_is_logged_when_the_link_is_rebased() {
     assert!(warned[1].contains("agent:main:main") && warned[1].contains("\"uuid\":1"));
 }
 
+/// Bug (review, stop 53): a paired item could not say it carried an image or a file, so a
+/// person's message of such parts alone (no text) was skipped as empty, where the same message
+/// in a transcript counts. An item with `non_text` and no text is a human turn; without it, an
+/// empty item is still none, and an assistant's image is no human turn either.
+#[tokio::test]
+async fn an_image_only_message_on_a_paired_node_is_a_human_turn() {
+    let mut image = PairedItem::user("p1", "");
+    image.non_text = true;
+    let mut reply = PairedItem::with_role("r1", "assistant", "");
+    reply.non_text = true;
+    let node = FakeNode::holding([
+        PairedItem::user("m", "read before"),
+        PairedItem::user("e1", "  "),
+        image,
+        reply,
+    ]);
+    let provider = PairedNodeProvider::new(node);
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(json!({"uuid": "m"}))), &[])
+            .await,
+        human_turns(1, "p1", json!({"uuid": "r1", "anchors": ["p1", "e1", "m"]}))
+    );
+}
+
 #[tokio::test]
 async fn paired_node_pages_back_to_the_marker() {
     let mut items = Vec::new();

@@ -95,6 +95,9 @@ pub struct PairedItem {
     pub inter_session: bool,
     /// Written by a subagent of the thread.
     pub sidechain: bool,
+    /// Carries a part that is not text (an image, a file): a person's item of such parts
+    /// alone, with no text, is still a human turn, as a transcript line of them is.
+    pub non_text: bool,
 }
 
 impl PairedItem {
@@ -106,6 +109,7 @@ impl PairedItem {
             text: text.into(),
             inter_session: false,
             sidechain: false,
+            non_text: false,
         }
     }
 
@@ -136,7 +140,7 @@ impl PairedItem {
         }
         let mut text = NormalizedText::new(TEXT_PREFIX_CHARS);
         text.push_str(&self.text);
-        text_verdict(&text, false, own)
+        text_verdict(&text, self.non_text, own)
     }
 }
 

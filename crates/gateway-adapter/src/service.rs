@@ -2951,6 +2951,8 @@ impl Awareness {
     /// its next interval once the service is dropped, so that a handle dropped without being
     /// aborted leaves no task keeping the store open. To stop it at once before closing the
     /// store, abort the handle and await it (a pass under way holds the service until then).
+    /// A pass that panics (a store that panics) is logged and counted as a failed pass
+    /// ([`Awareness::subscribe_pruning`]); the next interval prunes again.
     pub fn spawn_pruning(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let service = Arc::downgrade(self);
         // At least 1 ms: checked when the service was built.
@@ -2965,9 +2967,26 @@ impl Awareness {
                     debug!("the service is gone: background pruning ends");
                     return;
                 };
-                me.prune().await;
+                me.prune_guarded().await;
             }
         })
+    }
+
+    /// A pass of [`Awareness::spawn_pruning`]'s: [`Awareness::prune`], a panic in it (a store
+    /// that panics) logged and counted as a failed pass, as a failure is, instead of ending
+    /// the task (pruning would then stop for good, and the log grow without bound).
+    async fn prune_guarded(&self) {
+        if let Err(panic) = CatchUnwind(Box::pin(self.prune_pass())).await {
+            warn!(
+                panic = awareness_core::error::panic_message(&*panic),
+                "a pruning pass panicked; it runs again on the next tick"
+            );
+            self.prune_passes.send_modify(|p| {
+                p.passes += 1;
+                p.report = PruneReport::default();
+                p.failed = true;
+            });
+        }
     }
 
     /// Queues the pending notices of this gateway's watchers that their queues do not hold,
@@ -3125,8 +3144,8 @@ impl Awareness {
     /// next question in any case, and so is the first answer after questions that failed (a
     /// store's answers need not compare across a lost connection). A question is bounded by
     /// [`AwarenessConfig::store_wait`] (a store that hangs holds no pick-up for longer); one
-    /// that fails or is given up is logged (`warn!` the first time, `debug!` while it keeps
-    /// failing) and asked again at the next interval. The first time another writer is seen to
+    /// that fails, panics or is given up is logged (`warn!` the first time, `debug!` while it
+    /// keeps failing) and asked again at the next interval. The first time another writer is seen to
     /// commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so. To stop
     /// the task, abort the handle and await it, as for [`Awareness::spawn_pruning`]; it also
     /// ends at its next interval once the service is gone.
@@ -3151,11 +3170,21 @@ impl Awareness {
                     debug!("the service is gone: the pick-up task ends");
                     return;
                 };
+                // A store whose question panics fails the question, as an error does, instead
+                // of ending the task (no notice of another process would be picked up again).
+                let question = async {
+                    CatchUnwind(Box::pin(me.store.foreign_commits()))
+                        .await
+                        .unwrap_or_else(|panic| {
+                            let message = awareness_core::error::panic_message(&*panic);
+                            Err(StoreError::backend(
+                                "ask whether another writer committed",
+                                std::io::Error::other(format!("the store panicked: {message}")),
+                            ))
+                        })
+                };
                 let asked = me
-                    .bounded(
-                        "ask whether another writer committed",
-                        me.store.foreign_commits(),
-                    )
+                    .bounded("ask whether another writer committed", question)
                     .await;
                 let answer = match asked {
                     Ok(answer) => {

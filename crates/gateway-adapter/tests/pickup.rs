@@ -978,6 +978,102 @@ async fn the_pickup_task_outlives_a_pick_up_that_panics() {
     let _ = pickup.await;
 }
 
+/// Bug (review, stop 53): a store whose answer to the pick-up task's question panicked ended
+/// the task, so no notice another process handed out was picked up again, and no notice lost
+/// from a queue came back. The panic now fails that question, logged, and the next interval
+/// asks again.
+#[tokio::test(start_paused = true)]
+async fn the_pickup_task_outlives_a_question_that_panics() {
+    struct PanicsFirst(std::sync::atomic::AtomicBool);
+    #[awareness_core::async_trait]
+    impl Hook for PanicsFirst {
+        fn foreign_commits(&self) -> Option<u64> {
+            assert!(
+                self.0.swap(true, std::sync::atomic::Ordering::SeqCst),
+                "the store failed"
+            );
+            Some(1)
+        }
+    }
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: PanicsFirst(std::sync::atomic::AtomicBool::new(false)),
+    });
+    written_elsewhere(&*store.inner, &[MANAGER]).await;
+    let (svc, queue, mut woken) =
+        woken_service(store, directory(&[MANAGER]), AwarenessConfig::default());
+    let pickup = svc.spawn_pickup();
+    let first = tokio::time::timeout(Duration::from_mins(10), woken.recv())
+        .await
+        .expect("woken while the task lives");
+    assert_eq!(first, Some(k(MANAGER)));
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert!(!pickup.is_finished());
+    let said: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.contains("cannot ask the store whether another writer committed")
+                && l.contains("the store panicked: the store failed")
+        })
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", capture.lines());
+    pickup.abort();
+    let _ = pickup.await;
+}
+
+/// Bug (review, stop 53): a pruning pass that panicked (a store that panics) ended the pruning
+/// task, and nothing was pruned again: the log grew without bound. The pass is now logged and
+/// counted as a failed one, and the next interval prunes.
+#[tokio::test(start_paused = true)]
+async fn the_pruning_task_outlives_a_pass_that_panics() {
+    struct PanicsFirst(std::sync::atomic::AtomicBool);
+    #[awareness_core::async_trait]
+    impl Hook for PanicsFirst {
+        async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
+            if call == Call::PruneChunk {
+                assert!(
+                    self.0.swap(true, std::sync::atomic::Ordering::SeqCst),
+                    "the store failed"
+                );
+            }
+        }
+    }
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: PanicsFirst(std::sync::atomic::AtomicBool::new(false)),
+    });
+    let (svc, _queue, _woken) =
+        woken_service(store, directory(&[MANAGER]), AwarenessConfig::default());
+    let mut passes = svc.subscribe_pruning();
+    let pruning = svc.spawn_pruning();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        tokio::time::timeout(Duration::from_hours(3), passes.changed())
+            .await
+            .expect("a pass while the task lives")
+            .expect("the service lives");
+        let pass = *passes.borrow_and_update();
+        seen.push((pass.passes, pass.failed));
+    }
+    assert_eq!(seen, [(1, true), (2, false)], "the panic, then a pass");
+    assert!(!pruning.is_finished());
+    assert!(
+        capture
+            .lines()
+            .iter()
+            .any(|l| l.contains("a pruning pass panicked") && l.contains("the store failed")),
+        "{:?}",
+        capture.lines()
+    );
+    pruning.abort();
+    let _ = pruning.await;
+}
+
 /// A gateway that sees another writer commit to its store while `owned_watchers_only` is off
 /// says so once: its recordings then fill queues of the other writer's watchers that nobody
 /// here drains. With it on, or with no other writer, nothing is said.

@@ -3278,7 +3278,7 @@ fn wake_if_queued(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, cursor
 
 /// A future that answers the panic of the one it wraps, if it panics, instead of unwinding
 /// into its caller.
-struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+pub(crate) struct CatchUnwind<F>(pub(crate) std::pin::Pin<Box<F>>);
 
 impl<F: Future> Future for CatchUnwind<F> {
     type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;

@@ -2618,6 +2618,51 @@ async fn a_marker_move_that_hangs_fails_the_check_and_ends_the_tick() {
     assert_eq!(w.human_events(&session).await, 1);
 }
 
+/// Bug (review, stop 53): a store whose listing of the links panicked ended the monitor's
+/// task, and with it the monitoring of every adopted session. The tick is now logged and the
+/// next one runs: the turn typed meanwhile is recorded at the second tick.
+#[tokio::test(start_paused = true)]
+async fn the_monitor_outlives_a_tick_that_panics() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let (w, mut t, session) = worker_adopted().await;
+    let flaky = Arc::new(Flaky {
+        panic_lists: AtomicUsize::new(1),
+        ..Flaky::over(&w.store)
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky)
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    let started = Instant::now();
+    let task = monitor.spawn();
+    t.human("typed while the store failed");
+    next(&mut rx, |d| match d {
+        Detection::HumanTurns {
+            marker: MarkerMove::Moved,
+            ..
+        } => Some(()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(75),
+        "at the second tick"
+    );
+    assert!(!task.is_finished());
+    assert_eq!(w.human_events(&session).await, 1);
+    assert!(
+        capture
+            .lines()
+            .iter()
+            .any(|l| l.contains("a tick panicked") && l.contains("the store failed")),
+        "{:?}",
+        capture.lines()
+    );
+    task.stop().await;
+}
+
 /// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
 fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
     let flaky = Arc::new(Flaky {
@@ -2641,6 +2686,8 @@ struct Flaky {
     hang_removes: std::sync::atomic::AtomicBool,
     /// Every upsert is made, then answered once a permit is added here (one per upsert).
     hold_upserts: Option<Arc<tokio::sync::Semaphore>>,
+    /// The first listings of the links panic (a store that panics).
+    panic_lists: AtomicUsize,
 }
 
 impl Flaky {
@@ -2652,6 +2699,7 @@ impl Flaky {
             hang_moves: std::sync::atomic::AtomicBool::new(false),
             hang_removes: std::sync::atomic::AtomicBool::new(false),
             hold_upserts: None,
+            panic_lists: AtomicUsize::new(0),
         }
     }
 }
@@ -2673,6 +2721,11 @@ impl UpstreamStore for Flaky {
         self.inner.link(s).await
     }
     async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
+        let panics = self
+            .panic_lists
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        assert!(!panics, "the store failed");
         self.inner.links().await
     }
     async fn set_marker(

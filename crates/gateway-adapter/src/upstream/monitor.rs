@@ -634,7 +634,7 @@ impl UpstreamMonitor {
                 tokio::select! {
                     biased;
                     _ = stopped.changed() => break,
-                    _ = Inner::tick(&inner, &mut checks) => {}
+                    () = Inner::tick_guarded(&inner, &mut checks) => {}
                 }
             }
             // An aborted check lets go of the monitor (and through it the store) only once its
@@ -717,6 +717,21 @@ impl Inner {
 
     fn listed(&self) -> std::sync::MutexGuard<'_, HashSet<SessionRef>> {
         self.listed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A tick of the monitor's task: [`Inner::tick`], a panic in it (a store or a port that
+    /// panics outside a check) logged and its checks ended, instead of ending the task, and
+    /// with it the monitoring of every adopted session. The next tick runs as usual.
+    async fn tick_guarded(me: &Arc<Inner>, checks: &mut JoinSet<bool>) {
+        let tick = crate::service::CatchUnwind(Box::pin(Inner::tick(me, checks))).await;
+        if let Err(panic) = tick {
+            warn!(
+                panic = awareness_core::error::panic_message(&*panic),
+                "upstream monitor: a tick panicked; its checks are ended, and the next tick runs"
+            );
+            checks.abort_all();
+            while checks.join_next().await.is_some() {}
+        }
     }
 
     /// One tick, its checks spawned on `checks` (empty on entry, empty again when the tick

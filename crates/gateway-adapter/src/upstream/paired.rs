@@ -502,23 +502,21 @@ impl PairedNodeProvider {
                 marker: PairedMarker::at(Some(newest.id.clone())).to_value(),
             });
         };
-        match &marker.resume {
-            None => self.check_newest(link, own, &marker).await,
-            Some(resume) => match &resume.top {
-                Some(top) => self.check_resumed(link, own, &marker, resume, top).await,
-                // A resume point from before any item was read (stored until 12-05, stop 53:
-                // see `check_newest`): the segment it leads to would be counted, and then,
-                // the marker not having moved, counted again under another name by the check
-                // after. Read from the newest item instead, as if it had not been stored.
-                None => {
-                    let fresh = PairedMarker {
-                        resume: None,
-                        ..marker.clone()
-                    };
-                    self.check_newest(link, own, &fresh).await
-                }
-            },
+        if let Some(resume) = &marker.resume {
+            if let Some(top) = &resume.top {
+                return self.check_resumed(link, own, &marker, resume, top).await;
+            }
+            // A resume point from before any item was read (stored until 12-05, stop 53: see
+            // `check_newest`): the segment it leads to would be counted, and then, the marker
+            // not having moved, counted again under another name by the check after. Read
+            // from the newest item instead, as if it had not been stored.
+            let fresh = PairedMarker {
+                resume: None,
+                ..marker.clone()
+            };
+            return self.check_newest(link, own, &fresh).await;
         }
+        self.check_newest(link, own, &marker).await
     }
 
     /// Reads from the newest item back to the marker's item, or to the nearest of its anchors

@@ -40,6 +40,11 @@ impl RawAccess for Raw {
         Ok(false)
     }
 
+    async fn spoil_link_key(&self, _: &SessionRef) -> Result<bool, StoreError> {
+        // Their keys too.
+        Ok(false)
+    }
+
     async fn spoil_cursor_text(&self, _: &WatcherKey, _: &SessionKey) -> Result<bool, StoreError> {
         // As is every text this store keeps.
         Ok(false)

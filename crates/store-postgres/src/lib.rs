@@ -483,6 +483,7 @@ hand_edits! {
     damage_head_row(session: &SessionRef);
     make_ambient(watcher: &WatcherKey, target: &SessionKey);
     spoil_link_text(session: &SessionRef);
+    spoil_link_key(session: &SessionRef);
     spoil_cursor_text(watcher: &WatcherKey, target: &SessionKey);
     spoil_cursor_watcher(watcher: &WatcherKey, target: &SessionKey);
     spoil_head_text(session: &SessionRef);

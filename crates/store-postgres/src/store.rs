@@ -853,6 +853,14 @@ impl Inner {
     }
 
     /// Test support, not part of the API: `false`, always (see
+    /// `Inner::spoil_link_text`): a link's session key is a `text` column, which can no more
+    /// hold text that is not UTF-8 than its thread id can.
+    #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
+    pub(crate) async fn spoil_link_key(&self, _session: &SessionRef) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Test support, not part of the API: `false`, always (see
     /// `Inner::spoil_link_text`).
     #[allow(clippy::unused_async)] // async as the testkit's forwarding macro calls it
     pub(crate) async fn spoil_cursor_text(

@@ -6,9 +6,9 @@
 //! Left out, each for a reason that holds for every store on a server: the three checks that
 //! copy the store's file once it is closed (there is no file: what a server keeps after a
 //! client closes is the server's durability, not the store's), the two that look for the file's
-//! path in errors and warnings (they name the schema: `PgStore`'s docs), and the three whose
-//! rows hold text that is not UTF-8 (a database that encodes text as UTF-8, the only kind the
-//! store connects to, refuses such text: the `spoil_*` helpers answer `false`).
+//! path in errors and warnings (they name the schema: `PgStore`'s docs), and those whose rows
+//! hold text that is not UTF-8 (a database that encodes text as UTF-8, the only kind the store
+//! connects to, refuses such text: the `spoil_*` helpers answer `false`).
 
 mod server;
 

@@ -659,7 +659,7 @@ impl RedbStore {
         self.write("delete an event row", move |txn| {
             let mut ev = EventTables::open(txn)?;
             let removed = ev.remove(sequence.get())?;
-            warn_unreadable(shared.path(), "delete an event row", &ev.unreadable);
+            warn_unreadable(shared.path(), "delete an event row", &ev);
             Ok((removed, removed))
         })
         .await
@@ -763,6 +763,38 @@ impl RedbStore {
             spoiled.push(0xFF);
             spoiled.extend_from_slice(&old[at..]);
             table.insert(&key, spoiled.as_slice()).ctx("spoil a link")?;
+            Ok((true, true))
+        })
+        .await
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// moves one upstream link entry to the session key `session`'s key followed by a byte that is
+    /// not UTF-8 (0xFF), so that the entry no longer answers for `session`; its value stays.
+    /// Returns whether the entry existed. The durable suite uses it to check that such an entry
+    /// stops no listing of the other links.
+    #[doc(hidden)]
+    pub async fn spoil_link_key(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        let session = session.clone();
+        self.write("spoil an upstream link's key", move |txn| {
+            let (key, agent) = (
+                session.session_key.as_str().as_bytes(),
+                session.agent_id.as_str().as_bytes(),
+            );
+            let mut table = txn
+                .open_table(tables::UPSTREAM_LINKS_KEYS)
+                .ctx("spoil a link's key: open its table")?;
+            let Some(row) = table
+                .remove(raw::pair(key, agent).as_slice())
+                .ctx("spoil a link's key")?
+                .map(|v| v.value().to_vec())
+            else {
+                return Ok((false, false));
+            };
+            let spoiled = [key, b"\xFF".as_slice()].concat();
+            table
+                .insert(raw::pair(&spoiled, agent).as_slice(), row.as_slice())
+                .ctx("spoil a link's key")?;
             Ok((true, true))
         })
         .await
@@ -1021,7 +1053,7 @@ pub(crate) fn record_tx(
     if let Some(key) = &event.dedupe_key {
         let existing =
             t.ev.dedupe()?
-                .get(key.as_str())
+                .get(key.as_str().as_bytes())
                 .ctx("record: dedupe")?
                 .map(|g| g.value());
         if let Some(existing) = existing
@@ -1145,9 +1177,17 @@ fn aged_events(
 }
 
 /// Logs the rows a write transaction deleted although they cannot be decoded
-/// ([`EventTables::unreadable`]; none on a sound file).
-fn warn_unreadable(path: &Path, what: &str, rows: &[tables::UnreadableRow]) {
-    for row in rows {
+/// ([`EventTables::unreadable`]), and the keys of the reference index cut short that finding
+/// their entries passed over ([`EventTables::cut_keys`]); none on a sound file.
+fn warn_unreadable(path: &Path, what: &str, ev: &EventTables<'_>) {
+    for key in &ev.cut_keys {
+        tracing::warn!(
+            path = %path.display(),
+            key = ?key,
+            "{what}: ignoring an entry of the reference index whose key is cut short"
+        );
+    }
+    for row in &ev.unreadable {
         if row.refs.is_empty() {
             tracing::warn!(
                 path = %path.display(),
@@ -1224,7 +1264,7 @@ fn prune_events(
             ),
         }
     }
-    warn_unreadable(path, "prune", &ev.unreadable);
+    warn_unreadable(path, "prune", &ev);
     Ok(deleted)
 }
 
@@ -1260,7 +1300,7 @@ fn delete_session_tx(
     let mut ev = EventTables::open(txn)?;
     let seqs = ev.sequences_of(session)?;
     wrote |= ev.remove_of_session(session, &seqs)?;
-    warn_unreadable(path, "delete a session", &ev.unreadable);
+    warn_unreadable(path, "delete a session", &ev);
     wrote |= tables::remove_head(&mut ev.by_ref, session)?;
     let (key, agent) = (session.session_key.as_str(), session.agent_id.as_str());
     wrote |= txn
@@ -1963,6 +2003,99 @@ mod tests {
             .expect("record");
         assert!(!again.deduplicated, "k1 was freed");
         assert_eq!(again.event.sequence, Sequence(5));
+        store.close().await;
+    }
+
+    /// The dedupe index read as its bytes, (key, sequence) in key order.
+    const DEDUPE_BYTES: redb::TableDefinition<raw::Bytes<&str>, u64> =
+        redb::TableDefinition::new("dedupe");
+
+    /// A dedupe key whose text is not UTF-8 (a hand edit) stops no pruning of a row that cannot
+    /// be read: the scan of the dedupe index for that row's key reads the keys as bytes, frees
+    /// the one pointing at the row and keeps the others, that one too. Before, redb's decode of
+    /// the key panicked and failed every pass that deleted such a row.
+    #[tokio::test]
+    async fn a_dedupe_key_that_is_not_utf8_stops_no_pruning_of_an_unreadable_row() {
+        let (_dir, store) = fresh().await;
+        let (child, other) = (session("agent:main:child"), session("agent:main:other"));
+        record_keyed(&store, &child, &["k1", "k2"]).await;
+        record_keyed(&store, &other, &["k3"]).await;
+        store
+            .write("test", |txn| {
+                let mut dedupe = txn.open_table(DEDUPE_BYTES).ctx("test")?;
+                let seq = dedupe
+                    .remove(b"k3".as_slice())
+                    .ctx("test")?
+                    .expect("k3")
+                    .value();
+                dedupe.insert(b"k3\xFF".as_slice(), seq).ctx("test")?;
+                Ok(((), true))
+            })
+            .await
+            .expect("spoil a dedupe key");
+        assert!(store.damage_event_row(Sequence(1)).await.expect("damage"));
+        let step = PruneStep::RowCap { max_rows: 1 };
+        assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 2);
+        let keys = store
+            .read("test", |txn| {
+                let dedupe = txn.open_table(DEDUPE_BYTES).ctx("test")?;
+                let mut keys = Vec::new();
+                for item in dedupe.iter().ctx("test")? {
+                    let (k, v) = item.ctx("test")?;
+                    keys.push((k.value().to_vec(), v.value()));
+                }
+                Ok(keys)
+            })
+            .await
+            .expect("read the dedupe index");
+        assert_eq!(keys, [(b"k3\xFF".to_vec(), 3)]);
+        store.close().await;
+    }
+
+    /// A schema 1 file whose `heads` table holds a key that is not UTF-8 (a hand edit) opens:
+    /// the migration moves that head as its bytes, and the listing of heads then leaves it out
+    /// (decision 0020) and lists the others. Before, redb's decode of the key panicked in the
+    /// migration, so the file could not be opened at all.
+    #[tokio::test]
+    async fn a_schema_1_head_whose_key_is_not_utf8_is_migrated_and_left_out() {
+        const HEADS_V1_BYTES: redb::TableDefinition<tables::PairBytes, (u64, u64, i64)> =
+            redb::TableDefinition::new("heads");
+        let (dir, store) = fresh().await;
+        let path = dir.path().join("state.redb");
+        let (kept, spoiled) = (session("agent:main:kept"), session("agent:main:spoiled"));
+        for at in [&kept, &spoiled] {
+            store.record(event(at, None), T0).await.expect("record");
+        }
+        store.close().await;
+        assert_eq!(RedbStore::rewrite_as_schema_1(&path).expect("downgrade"), 2);
+        let db = redb::Database::open(&path).expect("open the file");
+        let txn = db.begin_write().expect("begin a write");
+        {
+            let mut heads = txn.open_table(HEADS_V1_BYTES).expect("the heads table");
+            let (k, a) = (spoiled.session_key.as_str().as_bytes(), b"main".as_slice());
+            let row = heads
+                .remove(raw::pair(k, a).as_slice())
+                .expect("remove")
+                .expect("the head")
+                .value();
+            let bad = [k, b"\xFF".as_slice()].concat();
+            heads
+                .insert(raw::pair(&bad, a).as_slice(), row)
+                .expect("insert");
+        }
+        txn.commit().expect("commit");
+        drop(db);
+        let store = RedbStore::open(&path)
+            .await
+            .expect("the migration opens the file");
+        let listed: Vec<SessionRef> = store
+            .list_heads(None)
+            .await
+            .expect("list heads")
+            .into_iter()
+            .map(|h| h.session)
+            .collect();
+        assert_eq!(listed, [kept]);
         store.close().await;
     }
 

@@ -6,13 +6,17 @@
 //! can leave the row out as unreadable (docs/decisions/0016, 0020). A panic in a write
 //! transaction fails its caller and marks the file for repair.
 //!
-//! So the tables whose rows the store reads many of at once (cursors, the by-target index, and
-//! the keys of the reference index when heads are listed) are opened under [`Bytes`]: the same
-//! table, of the same type on disk, whose reads hand back the encoding, which `split_pair`,
-//! `split_ref` and `split_cursor_row` take apart with every length checked. Text is then
-//! checked by the caller, as `str::from_utf8` (the check redb's decode made). The recording
-//! benches of store-redb, run before and after this view alternately (stop 47), showed no
-//! consistent difference.
+//! So the tables whose rows the store reads many of at once (cursors, the by-target index, the
+//! keys of the reference index when heads are listed and in every write transaction's event
+//! tables, whose deletion of an event row that cannot be read scans them, the keys of the
+//! dedupe index there too, the keys of the upstream links when they are listed, and schema 1's
+//! heads when they are migrated) are opened under [`Bytes`]: the same table, of the same type
+//! on disk, whose reads hand back the encoding, which `split_pair`, `split_ref` and
+//! `split_cursor_row` take apart with every length checked. Text is then checked by the caller,
+//! as `str::from_utf8` (the check redb's decode made). The recording benches of store-redb, run
+//! before and after this view of the cursor tables alternately (stop 47), showed no consistent
+//! difference (the view of the event tables was not benched: a recording encodes its index key
+//! into a new buffer either way).
 //! The encoders write exactly what redb writes for the typed tuple (a unit test compares them).
 //!
 //! What this covers: a row cut short or running long, and text that is not UTF-8 in a key or

@@ -71,15 +71,22 @@ pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("eve
 pub(crate) const EVENTS_BY_REF: TableDefinition<(&str, &str, u64), &[u8]> =
     TableDefinition::new("events_by_ref");
 pub(crate) const DEDUPE: TableDefinition<&str, u64> = TableDefinition::new("dedupe");
+/// The dedupe index with its keys read as their bytes ([`raw`]), as [`EventTables`] opens it: its
+/// scan for the keys of event rows that cannot be read reads every key, and a key that is not
+/// UTF-8 must not panic in redb's decode there.
+const DEDUPE_KEYS: TableDefinition<raw::Bytes<&str>, u64> = TableDefinition::new("dedupe");
 /// The heads table of schema 1, read by [`migrate_v1`] (and written by [`downgrade_to_v1`],
 /// for tests).
 const HEADS_V1: TableDefinition<(&str, &str), (u64, u64, i64)> = TableDefinition::new("heads");
+/// [`HEADS_V1`] with its keys read as their bytes ([`raw`]), as [`migrate_v1`] reads it.
+const HEADS_V1_KEYS: TableDefinition<PairBytes, (u64, u64, i64)> = TableDefinition::new("heads");
 /// The sequence under which `events_by_ref` keeps a ref's head.
 pub(crate) const HEAD_SEQ: u64 = u64::MAX;
 /// The highest sequence an event can get (one below [`HEAD_SEQ`]).
 pub(crate) const MAX_EVENT_SEQ: u64 = HEAD_SEQ - 1;
-/// The reference index: events by (agent, key, sequence), and each ref's head.
-pub(crate) type ByRef<'t> = Table<'t, (&'static str, &'static str, u64), &'static [u8]>;
+/// The reference index (events by (agent, key, sequence), and each ref's head), its keys read
+/// and written as their bytes ([`EVENTS_BY_REF_KEYS`]).
+pub(crate) type ByRef<'t> = Table<'t, raw::Bytes<RefKey>, &'static [u8]>;
 /// A cursor row: (target agent, last seen, notified, material, updated at).
 pub(crate) type CursorRow = (&'static str, u64, u64, u64, i64);
 /// A key of two strings: (session key, agent id), (watcher, target) or (target, watcher).
@@ -100,13 +107,18 @@ pub(crate) const CURSORS: TableDefinition<PairBytes, CursorRowBytes> =
 /// The by-target index, `(target, watcher) -> ()` on disk, read from its bytes as [`CURSORS`].
 pub(crate) const CURSORS_BY_TARGET: TableDefinition<PairBytes, ()> =
     TableDefinition::new("cursors_by_target");
-/// The reference index with its keys read as their bytes ([`raw`]), for the listing of heads,
-/// which reads every ref's key (docs/decisions/0020), and for the test helpers that write such
-/// keys. A write transaction opens it only where nothing else has the index open (as
-/// [`EVENTS_BY_REF`]).
+/// The reference index with its keys read as their bytes ([`raw`]): for the listing of heads,
+/// which reads every ref's key (docs/decisions/0020), for [`EventTables`], whose deletion of an
+/// event row that cannot be read scans every key of the index, and for the test helpers that
+/// write such keys. A write transaction opens it only where nothing else has the index open
+/// (as [`EVENTS_BY_REF`]).
 pub(crate) const EVENTS_BY_REF_KEYS: TableDefinition<raw::Bytes<RefKey>, &[u8]> =
     TableDefinition::new("events_by_ref");
 pub(crate) const UPSTREAM_LINKS: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("upstream_links");
+/// The upstream links with their keys read as their bytes ([`raw`]), for the listing of links,
+/// which reads every key (docs/decisions/0017), and for the test helper that writes such keys.
+pub(crate) const UPSTREAM_LINKS_KEYS: TableDefinition<PairBytes, &[u8]> =
     TableDefinition::new("upstream_links");
 
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -172,25 +184,40 @@ pub(crate) fn read_head(
     by_ref: &impl ReadableTable<(&'static str, &'static str, u64), &'static [u8]>,
     session: &SessionRef,
 ) -> Result<Option<Head>, StoreError> {
-    head_entry(by_ref, session)?.transpose()
-}
-
-/// The head entry of `session`, read but not yet trusted: `Err` when redb cannot read the
-/// table (its I/O or its own corruption, which fail the caller), `Some(Err)` when the entry
-/// is no head (which a listing and pruning pass over, decision 0020).
-pub(crate) fn head_entry(
-    by_ref: &impl ReadableTable<(&'static str, &'static str, u64), &'static [u8]>,
-    session: &SessionRef,
-) -> Result<Option<Result<Head, StoreError>>, StoreError> {
     let key = (
         session.agent_id.as_str(),
         session.session_key.as_str(),
         HEAD_SEQ,
     );
-    Ok(by_ref
+    by_ref
         .get(key)
         .ctx("read a head")?
+        .map(|row| decode_head(session.clone(), row.value()))
+        .transpose()
+}
+
+/// The head entry of `session` in the reference index of a write transaction
+/// ([`EventTables::by_ref`]), read but not yet trusted: `Err` when redb cannot read the table
+/// (its I/O or its own corruption, which fail the caller), `Some(Err)` when the entry is no head
+/// (which a listing and pruning pass over, decision 0020).
+pub(crate) fn head_entry(
+    by_ref: &ByRef<'_>,
+    session: &SessionRef,
+) -> Result<Option<Result<Head, StoreError>>, StoreError> {
+    Ok(by_ref
+        .get(ref_key(session, HEAD_SEQ).as_slice())
+        .ctx("read a head")?
         .map(|row| decode_head(session.clone(), row.value())))
+}
+
+/// The encoding of the reference index's key of `session` at `seq` ([`raw::by_ref`]).
+fn ref_key(session: &SessionRef, seq: u64) -> Vec<u8> {
+    entry_key(session.agent_id.as_str(), session.session_key.as_str(), seq)
+}
+
+/// The encoding of the reference index's key `(agent, key, seq)` ([`raw::by_ref`]).
+fn entry_key(agent: &str, key: &str, seq: u64) -> Vec<u8> {
+    raw::by_ref(agent.as_bytes(), key.as_bytes(), seq)
 }
 
 /// Writes a head into the reference index.
@@ -200,12 +227,9 @@ pub(crate) fn put_head(by_ref: &mut ByRef<'_>, h: &Head) -> Result<(), StoreErro
         h.pruned_max_sequence.get(),
         h.updated_at.millis(),
     );
-    let key = (
-        h.session.agent_id.as_str(),
-        h.session.session_key.as_str(),
-        HEAD_SEQ,
-    );
-    by_ref.insert(key, row.as_slice()).ctx("write a head")?;
+    by_ref
+        .insert(ref_key(&h.session, HEAD_SEQ).as_slice(), row.as_slice())
+        .ctx("write a head")?;
     Ok(())
 }
 
@@ -214,12 +238,10 @@ pub(crate) fn remove_head(
     by_ref: &mut ByRef<'_>,
     session: &SessionRef,
 ) -> Result<bool, StoreError> {
-    let key = (
-        session.agent_id.as_str(),
-        session.session_key.as_str(),
-        HEAD_SEQ,
-    );
-    Ok(by_ref.remove(key).ctx("delete a head")?.is_some())
+    Ok(by_ref
+        .remove(ref_key(session, HEAD_SEQ).as_slice())
+        .ctx("delete a head")?
+        .is_some())
 }
 
 /// Every head, of one agent or all, ordered by key then agent. Heads are not a table of their
@@ -298,20 +320,30 @@ fn ref_of(key: &[u8], agent: &[u8]) -> Result<SessionRef, StoreError> {
 
 /// Moves schema 1's `heads` table into the reference index (under [`HEAD_SEQ`]) and deletes
 /// it, in the caller's write transaction (which also writes the new schema version).
+///
+/// The keys are moved as their bytes ([`raw`]), undecoded: a head whose text is not UTF-8 is
+/// moved as it is, and then left out of listings like any head that cannot be read (decision
+/// 0020), rather than panicking in redb's decode. A key cut short, which names no ref to move
+/// it to, fails the migration with `Corrupt` (the open names the file).
 pub(crate) fn migrate_v1(txn: &WriteTransaction) -> Result<u64, StoreError> {
     let mut moved = 0;
     {
-        let heads = txn.open_table(HEADS_V1).ctx("migrate: open heads")?;
+        let heads = txn.open_table(HEADS_V1_KEYS).ctx("migrate: open heads")?;
         let mut by_ref = txn
-            .open_table(EVENTS_BY_REF)
+            .open_table(EVENTS_BY_REF_KEYS)
             .ctx("migrate: open events_by_ref")?;
         for item in heads.iter().ctx("migrate: read heads")? {
             let (k, v) = item.ctx("migrate: read heads")?;
-            let (key, agent) = k.value();
+            let Some((key, agent)) = raw::split_pair(k.value()) else {
+                return Err(StoreError::corrupt(format!(
+                    "migrate: a key of the heads table is cut short: {:?}",
+                    k.value()
+                )));
+            };
             let (last, pruned, at) = v.value();
             let row = encode_head(last, pruned, at);
             by_ref
-                .insert((agent, key, HEAD_SEQ), row.as_slice())
+                .insert(raw::by_ref(agent, key, HEAD_SEQ).as_slice(), row.as_slice())
                 .ctx("migrate: write a head")?;
             moved += 1;
         }
@@ -437,9 +469,9 @@ pub(crate) struct Doomed {
     /// reference index names, or whose entry names no valid ref (a damaged key): there is no
     /// head to stamp over it (and no reconcile page ever showed it).
     pub session: Option<SessionRef>,
-    /// Its entry in the reference index, as (agent, key), removed with it: `None` only when no
-    /// entry names it.
-    pub entry: Option<(String, String)>,
+    /// Its entry in the reference index, as (agent, key) as stored, removed with it: `None`
+    /// only when no entry names it.
+    pub entry: Option<StoredRef>,
     pub seq: u64,
     pub dedupe_key: Option<String>,
     /// The row cannot be read (its bytes do not decode, or its own session's index does not
@@ -454,7 +486,8 @@ pub(crate) struct Doomed {
 pub(crate) struct UnreadableRow {
     pub seq: u64,
     /// The refs, as (agent, key), of the index entries under its sequence: its session, found
-    /// from the index's keys, which need no decoding. Empty when no entry names it.
+    /// from the index's keys, which need no decoding (as text, for the warning: a byte that is
+    /// not UTF-8 reads as U+FFFD). Empty when no entry names it.
     pub refs: Vec<(String, String)>,
     /// Why it cannot be decoded.
     pub error: StoreError,
@@ -470,10 +503,22 @@ fn not_indexed_error(seq: u64, key: &str, agent: &str) -> StoreError {
 }
 
 /// Where a doomed row's entry sits in the reference index (a row no entry names first).
-fn index_order(d: &Doomed) -> (Option<(&str, &str)>, u64) {
+fn index_order(d: &Doomed) -> (Option<&StoredRef>, u64) {
+    (d.entry.as_ref(), d.seq)
+}
+
+/// The (agent, key) of an entry of the reference index, as stored (bytes).
+pub(crate) type StoredRef = (Vec<u8>, Vec<u8>);
+
+/// An entry of the reference index as stored: (agent, key, sequence), the strings as bytes.
+type IndexEntry = (Vec<u8>, Vec<u8>, u64);
+
+/// An (agent, key) of the reference index as text, for a warning or an error: a byte that is
+/// not UTF-8 reads as U+FFFD.
+fn named_ref(agent: &[u8], key: &[u8]) -> (String, String) {
     (
-        d.entry.as_ref().map(|(a, k)| (a.as_str(), k.as_str())),
-        d.seq,
+        String::from_utf8_lossy(agent).into_owned(),
+        String::from_utf8_lossy(key).into_owned(),
     )
 }
 
@@ -509,12 +554,19 @@ pub(crate) struct EventTables<'t> {
     txn: &'t WriteTransaction,
     pub meta: Table<'t, &'static str, u64>,
     pub events: Table<'t, u64, &'static [u8]>,
-    pub by_ref: Table<'t, (&'static str, &'static str, u64), &'static [u8]>,
-    dedupe: Lazy<'t, &'static str, u64>,
+    /// The reference index, keys as their bytes: the scan for the entries of a row that cannot
+    /// be read ([`EventTables::unreadable`]) reads every key, whatever its text.
+    pub by_ref: ByRef<'t>,
+    /// The dedupe index, keys as their bytes, as [`EventTables::by_ref`].
+    dedupe: Lazy<'t, raw::Bytes<&'static str>, u64>,
     /// The counter, once read in this transaction (only this struct moves it).
     counter: Option<u64>,
     /// The rows that cannot be decoded which this transaction deletes (empty on a sound file).
     pub unreadable: Vec<UnreadableRow>,
+    /// The keys of the reference index, as stored, that a scan for the entries of such rows
+    /// passed over because they are cut short (empty on a sound file); kept, as
+    /// [`EventTables::unreadable`], for the caller to log with the file's path.
+    pub cut_keys: Vec<Vec<u8>>,
 }
 
 impl<'t> EventTables<'t> {
@@ -524,16 +576,19 @@ impl<'t> EventTables<'t> {
             meta: txn.open_table(META).ctx("open the meta table")?,
             events: txn.open_table(EVENTS).ctx("open the events table")?,
             by_ref: txn
-                .open_table(EVENTS_BY_REF)
+                .open_table(EVENTS_BY_REF_KEYS)
                 .ctx("open the events_by_ref table")?,
-            dedupe: Lazy::new(DEDUPE),
+            dedupe: Lazy::new(DEDUPE_KEYS),
             counter: None,
             unreadable: Vec::new(),
+            cut_keys: Vec::new(),
         })
     }
 
-    /// The dedupe index.
-    pub(crate) fn dedupe(&mut self) -> Result<&mut Table<'t, &'static str, u64>, StoreError> {
+    /// The dedupe index, keyed by the bytes of each dedupe key.
+    pub(crate) fn dedupe(
+        &mut self,
+    ) -> Result<&mut Table<'t, raw::Bytes<&'static str>, u64>, StoreError> {
         self.dedupe.get(self.txn)
     }
 
@@ -605,13 +660,13 @@ impl<'t> EventTables<'t> {
             .ctx("insert the event")?;
         self.by_ref
             .insert(
-                (e.agent_id.as_str(), e.session_key.as_str(), seq),
+                entry_key(e.agent_id.as_str(), e.session_key.as_str(), seq).as_slice(),
                 row.as_slice(),
             )
             .ctx("insert the event")?;
         if let Some(k) = &e.dedupe_key {
             self.dedupe()?
-                .insert(k.as_str(), seq)
+                .insert(k.as_str().as_bytes(), seq)
                 .ctx("insert the event")?;
         }
         self.counter = self.counter.map(|c| c.max(seq));
@@ -639,7 +694,7 @@ impl<'t> EventTables<'t> {
             None => return Ok(false),
         };
         self.by_ref
-            .insert((agent.as_str(), key.as_str(), seq), TORN)
+            .insert(entry_key(&agent, &key, seq).as_slice(), TORN)
             .ctx("damage an event")?;
         self.events.insert(seq, TORN).ctx("damage an event")?;
         Ok(true)
@@ -671,7 +726,7 @@ impl<'t> EventTables<'t> {
             .ok_or_else(|| StoreError::corrupt("spoil an event: its key is not in its row"))?;
         row[at] = 0xFF;
         self.by_ref
-            .insert((agent.as_str(), key.as_str(), seq), row.as_slice())
+            .insert(entry_key(&agent, &key, seq).as_slice(), row.as_slice())
             .ctx("spoil an event")?;
         self.events
             .insert(seq, row.as_slice())
@@ -697,7 +752,7 @@ impl<'t> EventTables<'t> {
             Ok(m) => {
                 let indexed = self
                     .by_ref
-                    .remove((m.agent_id, m.session_key, seq))
+                    .remove(entry_key(m.agent_id, m.session_key, seq).as_slice())
                     .ctx("delete an event")?
                     .is_some();
                 if indexed {
@@ -721,13 +776,13 @@ impl<'t> EventTables<'t> {
         let refs = self.index_entries_of(&seqs)?;
         for (a, k, s) in &refs {
             self.by_ref
-                .remove((a.as_str(), k.as_str(), *s))
+                .remove(raw::by_ref(a, k, *s).as_slice())
                 .ctx("delete an unreadable event")?;
         }
         self.free_dedupe_of(&seqs)?;
         self.unreadable.push(UnreadableRow {
             seq,
-            refs: refs.into_iter().map(|(a, k, _)| (a, k)).collect(),
+            refs: refs.iter().map(|(a, k, _)| named_ref(a, k)).collect(),
             error,
         });
         Ok(true)
@@ -749,7 +804,7 @@ impl<'t> EventTables<'t> {
             self.keep_counter_past(seq)?;
             removed |= self
                 .by_ref
-                .remove((a, k, seq))
+                .remove(entry_key(a, k, seq).as_slice())
                 .ctx("delete an event")?
                 .is_some();
             let Some(row) = self.events.remove(seq).ctx("delete an event")? else {
@@ -786,10 +841,14 @@ impl<'t> EventTables<'t> {
     /// file; a sound row's ref is read from the row itself (and checked when its entry is
     /// removed). A head (under [`HEAD_SEQ`]) is never
     /// taken for an event's entry.
-    fn index_entries_of(
-        &self,
-        seqs: &HashSet<u64>,
-    ) -> Result<Vec<(String, String, u64)>, StoreError> {
+    ///
+    /// The keys are read from their bytes ([`EVENTS_BY_REF_KEYS`]), and their text is not
+    /// decoded: a key whose text is not UTF-8 (a head that listings leave out, decision 0020)
+    /// is passed over unless it names one of `seqs`, and then it is returned as it is stored,
+    /// so that it is removed with its row. A key cut short, which names no sequence, is passed
+    /// over and kept in [`EventTables::cut_keys`] for the caller to log. (redb's decode of such
+    /// keys panicked, failing every pass that met a row that cannot be read.)
+    fn index_entries_of(&mut self, seqs: &HashSet<u64>) -> Result<Vec<IndexEntry>, StoreError> {
         let mut out = Vec::new();
         for item in self
             .by_ref
@@ -797,9 +856,12 @@ impl<'t> EventTables<'t> {
             .ctx("find the index entry of an unreadable event")?
         {
             let (key, _) = item.ctx("find the index entry of an unreadable event")?;
-            let (a, k, seq) = key.value();
-            if seq != HEAD_SEQ && seqs.contains(&seq) {
-                out.push((a.to_owned(), k.to_owned(), seq));
+            match raw::split_ref(key.value()) {
+                Some((a, k, seq)) if seq != HEAD_SEQ && seqs.contains(&seq) => {
+                    out.push((a.to_vec(), k.to_vec(), seq));
+                }
+                Some(_) => {}
+                None => self.cut_keys.push(key.value().to_vec()),
             }
         }
         Ok(out)
@@ -821,11 +883,11 @@ impl<'t> EventTables<'t> {
     fn free_dedupe_key(&mut self, key: &str, seq: u64) -> Result<(), StoreError> {
         let dedupe = self.dedupe()?;
         let points_here = dedupe
-            .get(key)
+            .get(key.as_bytes())
             .ctx("delete an event")?
             .is_some_and(|g| g.value() == seq);
         if points_here {
-            dedupe.remove(key).ctx("delete an event")?;
+            dedupe.remove(key.as_bytes()).ctx("delete an event")?;
         }
         Ok(())
     }
@@ -842,7 +904,7 @@ impl<'t> EventTables<'t> {
         let entries = self.index_entries_of(&seqs)?;
         for (a, k, seq) in &entries {
             self.by_ref
-                .remove((a.as_str(), k.as_str(), *seq))
+                .remove(raw::by_ref(a, k, *seq).as_slice())
                 .ctx("delete an event that its session's index does not hold")?;
         }
         doomed.retain(|d| !seqs.contains(&d.seq));
@@ -858,20 +920,20 @@ impl<'t> EventTables<'t> {
     fn doom_by_index(
         &mut self,
         doomed: &mut Vec<Doomed>,
-        entries: &[(String, String, u64)],
+        entries: &[IndexEntry],
         seq: u64,
         error: StoreError,
     ) -> bool {
         let mut refs = Vec::new();
         for (a, k, _) in entries.iter().filter(|e| e.2 == seq) {
             doomed.push(Doomed {
-                session: session_ref(k, a).ok(),
+                session: ref_of(k, a).ok(),
                 entry: Some((a.clone(), k.clone())),
                 seq,
                 dedupe_key: None,
                 unreadable: true,
             });
-            refs.push((a.clone(), k.clone()));
+            refs.push(named_ref(a, k));
         }
         let named = !refs.is_empty();
         self.unreadable.push(UnreadableRow { seq, refs, error });
@@ -879,7 +941,9 @@ impl<'t> EventTables<'t> {
     }
 
     /// Frees the dedupe keys that point at `seqs`, rows that cannot be decoded and whose keys
-    /// are therefore unknown: a scan of the whole dedupe index, on this damaged path only.
+    /// are therefore unknown: a scan of the whole dedupe index, on this damaged path only. The
+    /// keys are not decoded ([`EventTables::dedupe`]), so one whose text is not UTF-8 is freed
+    /// or kept as any other.
     fn free_dedupe_of(&mut self, seqs: &HashSet<u64>) -> Result<(), StoreError> {
         self.dedupe()?
             .retain(|_, seq| !seqs.contains(&seq))
@@ -901,7 +965,10 @@ impl<'t> EventTables<'t> {
                         // hold (key bytes edited into another valid key) is found when its
                         // entry is removed ([`EventTables::remove_many`]).
                         Ok(session) => out.push(Doomed {
-                            entry: Some((m.agent_id.to_owned(), m.session_key.to_owned())),
+                            entry: Some((
+                                m.agent_id.as_bytes().to_vec(),
+                                m.session_key.as_bytes().to_vec(),
+                            )),
                             session: Some(session),
                             seq,
                             dedupe_key: m.dedupe_key.map(str::to_owned),
@@ -960,11 +1027,12 @@ impl<'t> EventTables<'t> {
             if let Some((a, k)) = &d.entry {
                 let indexed = self
                     .by_ref
-                    .remove((a.as_str(), k.as_str(), d.seq))
+                    .remove(raw::by_ref(a, k, d.seq).as_slice())
                     .ctx("delete events")?
                     .is_some();
                 if !indexed && !d.unreadable {
-                    not_indexed.push((d.seq, not_indexed_error(d.seq, k, a)));
+                    let (a, k) = named_ref(a, k);
+                    not_indexed.push((d.seq, not_indexed_error(d.seq, &k, &a)));
                 }
             }
         }
@@ -989,15 +1057,20 @@ impl<'t> EventTables<'t> {
 
     /// The retained sequences of one ref, ascending.
     pub(crate) fn sequences_of(&self, r: &SessionRef) -> Result<Vec<u64>, StoreError> {
-        let (a, k) = (r.agent_id.as_str(), r.session_key.as_str());
-        self.by_ref
-            .range((a, k, 0)..(a, k, HEAD_SEQ))
+        let mut out = Vec::new();
+        let range = ref_key(r, 0)..ref_key(r, HEAD_SEQ);
+        for item in self
+            .by_ref
+            .range(range.start.as_slice()..range.end.as_slice())
             .ctx("read a session's events")?
-            .map(|item| {
-                item.map(|(key, _)| key.value().2)
-                    .ctx("read a session's events")
-            })
-            .collect()
+        {
+            let (key, _) = item.ctx("read a session's events")?;
+            // Every key in the range is the ref's own (keys compare as redb's tuple does).
+            if let Some((_, _, seq)) = raw::split_ref(key.value()) {
+                out.push(seq);
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -7,7 +7,7 @@
 //! decide (same-source refresh, rebase, compare-and-set, conditional removal), write what it
 //! decided. A transaction that decided to write nothing is aborted (no fsync).
 //!
-//! An entry that cannot be read as a link (decision 0017) is left out of
+//! An entry that cannot be read as a link (decision 0017), its key included, is left out of
 //! [`UpstreamStore::links`] with a warning, fails a read, a marker update or a scan stamp of
 //! its ref with `Corrupt`, is written over by an adoption of its ref, and is removed by an
 //! unconditional removal.
@@ -21,7 +21,8 @@ use serde_json::Value;
 
 use crate::RedbStore;
 use crate::db::Ctx;
-use crate::tables::UPSTREAM_LINKS;
+use crate::raw;
+use crate::tables::{UPSTREAM_LINKS, UPSTREAM_LINKS_KEYS};
 
 fn decode(key: &str, agent: &str, bytes: &[u8]) -> Result<UpstreamLink, StoreError> {
     let link: UpstreamLink = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
@@ -35,6 +36,27 @@ fn decode(key: &str, agent: &str, bytes: &[u8]) -> Result<UpstreamLink, StoreErr
         )));
     }
     Ok(link)
+}
+
+/// [`decode`] of an entry whose key is read as its bytes ([`raw`]): an entry whose key is cut
+/// short or is not UTF-8 cannot be read as a link either, and fails as [`decode`] does.
+fn decode_raw(key: &[u8], bytes: &[u8]) -> Result<UpstreamLink, StoreError> {
+    let Some((k, a)) = raw::split_pair(key) else {
+        return Err(StoreError::corrupt(format!(
+            "upstream link {key:?}: its key is cut short"
+        )));
+    };
+    let text = |what: &str, bytes| {
+        std::str::from_utf8(bytes).map_err(|e| StoreError::Corrupt {
+            context: format!(
+                "upstream link ({:?}, {:?}): its {what} is not UTF-8",
+                String::from_utf8_lossy(k),
+                String::from_utf8_lossy(a)
+            ),
+            source: Some(Box::new(e)),
+        })
+    };
+    decode(text("session key", k)?, text("agent", a)?, bytes)
 }
 
 fn encode(link: &UpstreamLink) -> Result<Vec<u8>, StoreError> {
@@ -114,15 +136,16 @@ impl UpstreamStore for RedbStore {
     async fn links(&self) -> Result<Vec<UpstreamLink>, StoreError> {
         let shared = Arc::clone(self.shared());
         self.read("list upstream links", move |txn| {
+            // The keys are read as their bytes: one that is not UTF-8 would panic in redb's
+            // decode, failing the whole listing, where it must be left out (decision 0017).
             let table = txn
-                .open_table(UPSTREAM_LINKS)
+                .open_table(UPSTREAM_LINKS_KEYS)
                 .ctx("open the upstream links")?;
             // Keys are ordered by (session key, agent id), byte-wise: the order of `SessionRef`.
             let mut out = Vec::new();
             for item in table.iter().ctx("list upstream links")? {
                 let (key, value) = item.ctx("list upstream links")?;
-                let (k, a) = key.value();
-                match decode(k, a, value.value()) {
+                match decode_raw(key.value(), value.value()) {
                     Ok(link) => out.push(link),
                     Err(e) => {
                         tracing::warn!(path = %shared.path().display(), error = %awareness_core::error::ErrorChain(&e), "ignoring an upstream link that cannot be read");

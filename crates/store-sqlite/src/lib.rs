@@ -814,6 +814,16 @@ impl SqliteStore {
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// appends a byte that is not UTF-8 to one upstream link row's session key, as
+    /// [`SqliteStore::spoil_link_text`] does to its thread id, so that the row no longer answers
+    /// to `session`. Returns whether the row existed.
+    #[doc(hidden)]
+    pub async fn spoil_link_key(&self, session: &SessionRef) -> Result<bool, StoreError> {
+        self.edit_session_row(sql::SPOIL_LINK_KEY, session, "spoil an upstream link's key")
+            .await
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
     /// appends a byte that is not UTF-8 to one cursor row's target agent, as a hand edit by a tool
     /// that does not check could leave it. Returns whether the row existed. The durable suite uses
     /// it to check that such a row is unreadable alone.

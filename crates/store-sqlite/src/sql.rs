@@ -632,6 +632,14 @@ UPDATE session_upstream_links SET thread_id = CAST(X'74FF78' AS TEXT)
 SELECT changes();
 COMMIT";
 
+/// Appends the byte 0xFF (text that is not UTF-8) to one link row's session key
+/// (`SqliteStore::spoil_link_key`).
+pub(crate) const SPOIL_LINK_KEY: &str = "BEGIN IMMEDIATE;
+UPDATE session_upstream_links SET session_key = session_key || CAST(X'FF' AS TEXT)
+  WHERE session_key = $1 AND agent_id = $2;
+SELECT changes();
+COMMIT";
+
 /// Appends the byte 0xFF (text that is not UTF-8) to one cursor row's target agent
 /// (`SqliteStore::spoil_cursor_text`).
 pub(crate) const SPOIL_CURSOR_TEXT: &str = "BEGIN IMMEDIATE;

@@ -1153,29 +1153,47 @@ pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl 
 }
 
 /// [`an_unreadable_link_row_is_left_out_and_stops_no_other_link`], with rows whose thread id is
-/// text that is not UTF-8 (a hand edit by a tool that does not check). A store that read every
-/// link in one piece of text failed the whole listing, so the monitor checked no link at all.
+/// text that is not UTF-8 (a hand edit by a tool that does not check), beside a row whose
+/// session key is such text, which is left out of every listing too. A store that read every
+/// link in one piece of text failed the whole listing, so the monitor checked no link at all;
+/// one that decoded the keys of its rows as it listed them failed it on such a key.
 pub async fn a_link_row_with_text_that_is_not_utf8_is_left_out(f: impl OpenFile) {
     unreadable_link_rows(f, true).await;
 }
 
 /// The check of unreadable link rows, with rows damaged by
 /// [`RawAccess::damage_link_row`](super::RawAccess::damage_link_row), or spoiled by
-/// [`RawAccess::spoil_link_text`](super::RawAccess::spoil_link_text) (`spoil`).
+/// [`RawAccess::spoil_link_text`](super::RawAccess::spoil_link_text) (`spoil`, which also
+/// spoils one more row's key with [`RawAccess::spoil_link_key`](super::RawAccess::spoil_link_key)).
 async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
     use crate::StoreError;
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
     let u = &*t.upstream;
-    let (kept, torn, gone) = (
+    let (kept, torn, gone, keyed) = (
         r("agent:main:subagent:a", "main"),
         r("agent:main:subagent:b", "main"),
         r("agent:main:subagent:c", "main"),
+        r("agent:main:subagent:d", "main"),
     );
     for (i, session) in [&kept, &torn, &gone].into_iter().enumerate() {
         u.upsert_link(link_spec(session, &format!("t{i}"), 10), T0)
             .await
             .expect("adopt");
+    }
+    if spoil {
+        // A row whose key is spoiled answers to no ref from then on: every listing below
+        // leaves it out.
+        u.upsert_link(link_spec(&keyed, "t3", 10), T0)
+            .await
+            .expect("adopt");
+        assert!(
+            t.raw
+                .spoil_link_key(&keyed)
+                .await
+                .expect("spoil a link's key"),
+            "the store has a link row to spoil"
+        );
     }
     let damage_or_spoil = async |session: &SessionRef| {
         if spoil {
@@ -1260,7 +1278,7 @@ async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
         .await
         .expect("delete the session");
     assert_eq!(listed().await, std::slice::from_ref(&kept));
-    for removed in [&torn, &gone] {
+    for removed in [&torn, &gone, &keyed] {
         assert_eq!(u.link(removed).await.expect("link"), None, "{removed:?}");
     }
 }
@@ -1472,6 +1490,63 @@ pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning
         .await
         .expect("its head");
     assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
+}
+
+/// A head row and event rows holding text that is not UTF-8 in one file stop no pruning: a
+/// pass of the row cap and a pass of the age step each delete the events they reach, the
+/// spoiled ones among them, and stamp the readable heads of what they delete; the listing of
+/// heads still leaves out only the spoiled head. Each damage alone was pruned over, but a store
+/// that looked for the session of an event it could not read by decoding every key of its
+/// index met the spoiled head there, and failed every pass from then on.
+pub async fn a_head_and_an_event_with_text_that_is_not_utf8_together_stop_no_pruning(
+    f: impl OpenFile,
+) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let ([first, replacement, spoiled, last], seqs) = four_sessions_one_with_u_fffd(s, None).await;
+    assert!(
+        t.raw.spoil_head_text(&spoiled).await.expect("spoil a head"),
+        "the store has a head row to spoil"
+    );
+    let spoil_event = async |seq: Sequence| {
+        assert!(
+            t.raw.spoil_event_text(seq).await.expect("spoil an event"),
+            "the store has an event row to spoil"
+        );
+    };
+    spoil_event(seqs[0]).await;
+    // The row cap deletes the spoiled event with the one after it.
+    let (report, left) = prune_to_cap(s, 2, "a head and an event that are not UTF-8").await;
+    assert_eq!(report.events_by_cap, 2, "{report:?}");
+    assert_eq!(sequences(&left), seqs[2..]);
+    let head = s
+        .heads(std::slice::from_ref(&replacement))
+        .await
+        .expect("its head");
+    assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
+    // The age step deletes the rest: the event of the spoiled head, spoiled too, and the last.
+    spoil_event(seqs[2]).await;
+    let cutoff = T0.plus_ms(1);
+    let deleted = s
+        .prune_chunk(&PruneStep::Age { cutoff }, 100, cutoff)
+        .await
+        .unwrap_or_else(|e| panic!("an age pass over a head and an event that are not UTF-8: {e}"));
+    assert_eq!(deleted, 2);
+    let left = s
+        .events_after(Sequence::ZERO, 100)
+        .await
+        .expect("the log after the age pass");
+    assert!(left.is_empty(), "{left:?}");
+    let head = s
+        .heads(std::slice::from_ref(&last))
+        .await
+        .expect("its head");
+    assert_eq!(head[0].pruned_max_sequence, seqs[3], "{head:?}");
+    assert_eq!(
+        listed_heads(s, None, "a listing after both passes").await,
+        [first, last, replacement]
+    );
 }
 
 /// An event row holding text that is not UTF-8 stops no pruning, which deletes that event in

@@ -101,6 +101,11 @@ pub trait RawAccess: Send + Sync {
     /// whether the row existed; `false` from a store that keeps values rather than bytes
     /// (store-memory).
     async fn spoil_link_text(&self, session: &SessionRef) -> Result<bool, StoreError>;
+    /// Overwrites the session key of the upstream link row of `session` with bytes that are not
+    /// UTF-8 (so the row no longer answers to `session`), touching nothing else. Returns whether
+    /// the row existed; `false` from a store that cannot hold such text there (store-memory
+    /// keeps values).
+    async fn spoil_link_key(&self, session: &SessionRef) -> Result<bool, StoreError>;
     /// Overwrites the target agent of the cursor row `(watcher, target)` with bytes that are
     /// not UTF-8, touching nothing else. Returns whether the row existed; `false` from a store
     /// that cannot hold such text there (store-memory keeps values).
@@ -485,7 +490,7 @@ pub fn block_on_threads<F: Future>(f: F) -> F::Output {
 /// Defines `Raw`, a [`RawAccess`] over an `Arc` of a store type that has inherent methods of
 /// the trait's names (`delete_event_row`, `delete_head_row`, `damage_event_row`,
 /// `damage_cursor_row`, `damage_link_row`, `damage_head_row`, `leave_sequences`,
-/// `make_ambient` and the `spoil_*_text` ones, each async and answering `Result<bool, _>`), as
+/// `make_ambient` and the `spoil_*` ones, each async and answering `Result<bool, _>`), as
 /// the durable stores have: one forwarding for every suite a store runs.
 #[macro_export]
 macro_rules! raw_access_forwarding {
@@ -536,6 +541,13 @@ macro_rules! raw_access_forwarding {
                 session: &$crate::SessionRef,
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.spoil_link_text(session).await
+            }
+
+            async fn spoil_link_key(
+                &self,
+                session: &$crate::SessionRef,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_link_key(session).await
             }
 
             async fn spoil_cursor_text(
@@ -650,7 +662,7 @@ macro_rules! __group_commit_tests {
 /// `durable_suite!(open, foreign_commits: Counted)` (or `Uncounted`, what the store's
 /// `foreign_commits` answers: [`ForeignCommits`]) stamps every check;
 /// `durable_suite!(open, foreign_commits: Uncounted, text_in_every_row: false)`
-/// leaves out the two whose rows must hold text that is not UTF-8, for a store that keeps it in
+/// leaves out the three whose rows must hold text that is not UTF-8, for a store that keeps it in
 /// a string type that checks it (none of this workspace's since stop 47): those checks would
 /// have nothing to check, and a check that cannot fail is not stamped. Every other check asserts
 /// that the store's [`RawAccess`] helpers found and damaged their row.
@@ -662,6 +674,7 @@ macro_rules! durable_suite {
             $open;
             a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothing_else,
             a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning,
+            a_head_and_an_event_with_text_that_is_not_utf8_together_stop_no_pruning,
         );
     };
     ($open:path, foreign_commits: $foreign:ident, text_in_every_row: false) => {

@@ -327,9 +327,10 @@ impl StoreError {
 
 /// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
 /// (`user:password@`: everything up to the last `@` of the URL, whatever characters the
-/// password holds, `/`, `?`, `#` and `@` included) or in its query (`password=`, which sqlx
-/// takes too) replaced by `***`. Where it cannot tell (an `@` in the query of a URL with a
-/// port), it hides too much rather than too little.
+/// password holds, `/`, `?`, `#` and `@` included) or in its query (a `password` key, which
+/// sqlx takes too, however its key is percent-encoded: `pass%77ord`) replaced by `***`. Where
+/// it cannot tell (an `@` in the query of a URL with a port), it hides too much rather than too
+/// little: the query's pairs after that `@` are still looked at.
 ///
 /// ```
 /// assert_eq!(
@@ -341,31 +342,58 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let rest = match rest.rsplit_once('@') {
+    let (user, after, swallowed_query) = match rest.rsplit_once('@') {
         Some((user_info, after)) if user_info.contains(':') => {
             let user = user_info.split(':').next().unwrap_or_default();
-            format!("{user}:***@{after}")
+            // An `@` in the query (not in a password) put the query's start into what was
+            // taken for the user part: the pairs after it are still the query's.
+            (Some(user), after, user_info.contains('?'))
         }
-        _ => rest.to_owned(),
+        _ => (None, rest, false),
     };
-    let (before_query, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    let query = match query.strip_prefix('?') {
-        Some(pairs) => {
-            let pairs: Vec<&str> = pairs
-                .split('&')
-                .map(|p| {
-                    if p.starts_with("password=") {
-                        "password=***"
-                    } else {
-                        p
-                    }
-                })
-                .collect();
-            format!("?{}", pairs.join("&"))
+    let query_at = match after.find('?') {
+        Some(at) => Some(at + 1),
+        None => swallowed_query.then_some(0),
+    };
+    let (before_query, query) = after.split_at(query_at.unwrap_or(after.len()));
+    let pairs: Vec<&str> = if query_at.is_some() {
+        query
+            .split('&')
+            .map(|pair| {
+                let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+                if query_key(key) == b"password" {
+                    "password=***"
+                } else {
+                    pair
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let user = user.map(|u| format!("{u}:***@")).unwrap_or_default();
+    format!("{scheme}://{user}{before_query}{}", pairs.join("&"))
+}
+
+/// A query key as a URL parser reads it (`+` a space, `%XX` a byte), as sqlx compares it.
+fn query_key(key: &str) -> Vec<u8> {
+    let bytes = key.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if hex(i + 1).is_some() && hex(i + 2).is_some() => {
+                let (hi, lo) = (hex(i + 1).unwrap_or(0), hex(i + 2).unwrap_or(0));
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
+                i += 2;
+            }
+            b => out.push(b),
         }
-        None => query.to_owned(),
-    };
-    format!("{scheme}://{before_query}{query}")
+        i += 1;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -537,6 +565,26 @@ mod tests {
             ),
             ("postgres://gw:12?34@db:5/aw", "postgres://gw:***@db:5/aw"),
             ("postgres://gw@db/x", "postgres://gw@db/x"),
+            // Review, stop 53: an `@` in the query of a URL with a port hid the query's start,
+            // and the password after it was shown; a percent-encoded key was not recognized.
+            (
+                "postgres://db:5432/aw?application_name=gw@host1&password=s3cret",
+                "postgres://db:***@host1&password=***",
+            ),
+            (
+                "postgres://[::1]/db?application_name=a@b&password=x",
+                "postgres://[:***@b&password=***",
+            ),
+            (
+                "postgres://db/aw?pass%77ord=s3cret&schema=a",
+                "postgres://db/aw?password=***&schema=a",
+            ),
+            ("postgres://db/aw?Password=x", "postgres://db/aw?Password=x"),
+            (
+                "postgres://db/aw?passwords=x",
+                "postgres://db/aw?passwords=x",
+            ),
+            ("postgres://db/aw?pass%2", "postgres://db/aw?pass%2"),
             ("postgres://db/x?schema=a", "postgres://db/x?schema=a"),
             ("memory:", "memory:"),
         ] {

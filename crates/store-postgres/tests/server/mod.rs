@@ -30,11 +30,14 @@ pub async fn fresh_store_in(schema: &str) -> (PgStore, String) {
 /// The schema the durable and group-commit suites' `path` names: `d_<pid>_<hash of the
 /// path>`, so that opening the same path again opens the same store. The schema outlives the
 /// handle (a later open of the path must find it): it is dropped by the call for another path
-/// once the check's scratch directory, which holds the path, is gone (the last check's schemas
-/// stay behind).
+/// once the check's scratch directory, which holds the path, is gone. The last checks' schemas
+/// stay behind when the process ends (nothing runs then); the first call of the next test
+/// process drops those of every process that has ended ([`drop_schemas_of_ended_processes`]).
 pub fn schema_of_path(path: &std::path::Path) -> String {
     static SCHEMAS: std::sync::Mutex<Vec<(std::path::PathBuf, Option<DropSchema>)>> =
         std::sync::Mutex::new(Vec::new());
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(drop_schemas_of_ended_processes);
     let hash = awareness_core::upstream::fnv1a64(path.as_os_str().as_encoded_bytes());
     let schema = format!("d_{}_{hash:016x}", std::process::id());
     let done: Vec<DropSchema> = {
@@ -83,4 +86,50 @@ async fn hold_writer(
 ) -> awareness_core::testkit::model::Release {
     let lock = store_postgres::testkit::StoreLock::take(&schema).await;
     awareness_core::testkit::model::Release::behind_a_noop_write(store, lock.release()).await
+}
+
+/// Drops the schemas `d_<pid>_<hash>` ([`schema_of_path`]) of the test processes of this
+/// machine that have ended (`/proc/<pid>` gone): the ones the last checks of each process left.
+/// A process still running keeps its own. Best effort: a failure is printed, and only costs
+/// schemas left on the server.
+fn drop_schemas_of_ended_processes() {
+    let swept = std::thread::spawn(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(sqlx::Error::Io)?
+            .block_on(async {
+                use sqlx::{ConnectOptions as _, Connection as _};
+                let mut conn = server().connect().await?;
+                let names: Vec<String> = sqlx::query_scalar(
+                    "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'd\\_%'",
+                )
+                .fetch_all(&mut conn)
+                .await?;
+                for name in names {
+                    let Some(pid) = name
+                        .split('_')
+                        .nth(1)
+                        .and_then(|pid| pid.parse::<u32>().ok())
+                    else {
+                        continue;
+                    };
+                    let alive = pid == std::process::id()
+                        || std::path::Path::new(&format!("/proc/{pid}")).exists();
+                    if !alive {
+                        let sql = format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut conn)
+                            .await?;
+                    }
+                }
+                conn.close().await
+            })
+    })
+    .join();
+    match swept {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("dropping the schemas of ended test processes: {e}"),
+        Err(_) => eprintln!("dropping the schemas of ended test processes panicked"),
+    }
 }

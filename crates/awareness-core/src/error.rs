@@ -327,10 +327,11 @@ impl StoreError {
 
 /// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
 /// (`user:password@`: everything up to the last `@` of the URL, whatever characters the
-/// password holds, `/`, `?`, `#` and `@` included) or in its query (a `password` key, which
-/// sqlx takes too, however its key is percent-encoded: `pass%77ord`) replaced by `***`. Where
-/// it cannot tell (an `@` in the query of a URL with a port), it hides too much rather than too
-/// little: the query's pairs after that `@` are still looked at.
+/// password holds, `/`, `?`, `#` and `@` included) or in its query (the value of a key that
+/// [`is_secret_query_key`]: `password`, which sqlx takes too, however its key is
+/// percent-encoded, and the like of libpq's `sslpassword`) replaced by `***`. Where it cannot
+/// tell (an `@` in the query of a URL with a port), it hides too much rather than too little:
+/// the query's pairs after that `@` are still looked at.
 ///
 /// ```
 /// assert_eq!(
@@ -356,15 +357,15 @@ pub fn redact_url(url: &str) -> String {
         None => swallowed_query.then_some(0),
     };
     let (before_query, query) = after.split_at(query_at.unwrap_or(after.len()));
-    let pairs: Vec<&str> = if query_at.is_some() {
+    let pairs: Vec<String> = if query_at.is_some() {
         query
             .split('&')
             .map(|pair| {
                 let key = pair.split_once('=').map_or(pair, |(key, _)| key);
-                if query_key(key) == b"password" {
-                    "password=***"
+                if is_secret_query_key(key) {
+                    format!("{key}=***")
                 } else {
-                    pair
+                    pair.to_owned()
                 }
             })
             .collect()
@@ -373,6 +374,16 @@ pub fn redact_url(url: &str) -> String {
     };
     let user = user.map(|u| format!("{u}:***@")).unwrap_or_default();
     format!("{scheme}://{user}{before_query}{}", pairs.join("&"))
+}
+
+/// Whether a URL's query key names a secret, whose value is never shown ([`redact_url`]): read
+/// as a URL parser reads it (`+` a space, `%XX` a byte, as sqlx reads it), it holds `password`
+/// or `passwd`, in any case (`password`, libpq's `sslpassword`).
+pub fn is_secret_query_key(key: &str) -> bool {
+    let key = query_key(key).to_ascii_lowercase();
+    [b"password".as_slice(), b"passwd"]
+        .iter()
+        .any(|secret| key.windows(secret.len()).any(|w| w == *secret))
 }
 
 /// A query key as a URL parser reads it (`+` a space, `%XX` a byte), as sqlx compares it.
@@ -577,14 +588,17 @@ mod tests {
             ),
             (
                 "postgres://db/aw?pass%77ord=s3cret&schema=a",
-                "postgres://db/aw?password=***&schema=a",
+                "postgres://db/aw?pass%77ord=***&schema=a",
             ),
-            ("postgres://db/aw?Password=x", "postgres://db/aw?Password=x"),
             (
-                "postgres://db/aw?passwords=x",
-                "postgres://db/aw?passwords=x",
+                "postgres://db/aw?sslpassword=s3cret&Passwd=x&password",
+                "postgres://db/aw?sslpassword=***&Passwd=***&password=***",
             ),
             ("postgres://db/aw?pass%2", "postgres://db/aw?pass%2"),
+            (
+                "postgres://db/aw?pass=x&word=y",
+                "postgres://db/aw?pass=x&word=y",
+            ),
             ("postgres://db/x?schema=a", "postgres://db/x?schema=a"),
             ("memory:", "memory:"),
         ] {

@@ -3145,10 +3145,10 @@ impl Awareness {
     /// store's answers need not compare across a lost connection). A question is bounded by
     /// [`AwarenessConfig::store_wait`] (a store that hangs holds no pick-up for longer); one
     /// that fails, panics or is given up is logged (`warn!` the first time, `debug!` while it
-    /// keeps failing) and asked again at the next interval. The first time another writer is seen to
-    /// commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so. To stop
-    /// the task, abort the handle and await it, as for [`Awareness::spawn_pruning`]; it also
-    /// ends at its next interval once the service is gone.
+    /// keeps failing) and asked again at the next interval. The first time another writer is
+    /// seen to commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so.
+    /// To stop the task, abort the handle and await it, as for [`Awareness::spawn_pruning`]; it
+    /// also ends at its next interval once the service is gone.
     pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let service = Arc::downgrade(self);
         // Both at least 1 ms: checked when the service was built.

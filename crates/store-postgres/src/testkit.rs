@@ -85,27 +85,47 @@ impl Schema {
 impl Drop for Schema {
     fn drop(&mut self) {
         let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
-        // On a thread and a runtime of its own: the caller's may be busy, paused or gone.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(sqlx::Error::Io)?
-                .block_on(async move {
-                    use sqlx::{ConnectOptions as _, Connection as _};
-                    let mut conn = server().connect().await?;
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut conn)
-                        .await?;
-                    conn.close().await
-                })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("dropping the test schema {}: {e}", self.0),
-            Err(_) => eprintln!("dropping the test schema {} panicked", self.0),
-        }
+        on_server(
+            &format!("dropping the test schema {}", self.0),
+            async move |conn| {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            },
+        );
+    }
+}
+
+/// Runs `work` on a connection of its own to the server, on a thread and a runtime of its own
+/// (the caller's may be busy, paused or gone), and waits for it. Best effort, for clean-ups: a
+/// failure is printed after `what`, and only costs what was to be cleaned up.
+///
+/// # Panics
+///
+/// When [`SERVER_VAR`] is not set.
+pub fn on_server<W>(what: &str, work: W)
+where
+    W: AsyncFnOnce(&mut sqlx::PgConnection) -> Result<(), sqlx::Error> + Send + 'static,
+{
+    let server = server();
+    let done = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(sqlx::Error::Io)?
+            .block_on(async move {
+                use sqlx::{ConnectOptions as _, Connection as _};
+                let mut conn = server.connect().await?;
+                work(&mut conn).await?;
+                conn.close().await
+            })
+    })
+    .join();
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("{what}: {e}"),
+        Err(_) => eprintln!("{what}: panicked"),
     }
 }
 

@@ -90,46 +90,31 @@ async fn hold_writer(
 
 /// Drops the schemas `d_<pid>_<hash>` ([`schema_of_path`]) of the test processes of this
 /// machine that have ended (`/proc/<pid>` gone): the ones the last checks of each process left.
-/// A process still running keeps its own. Best effort: a failure is printed, and only costs
-/// schemas left on the server.
+/// A process still running keeps its own. Best effort (`on_server`).
 fn drop_schemas_of_ended_processes() {
-    let swept = std::thread::spawn(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(sqlx::Error::Io)?
-            .block_on(async {
-                use sqlx::{ConnectOptions as _, Connection as _};
-                let mut conn = server().connect().await?;
-                let names: Vec<String> = sqlx::query_scalar(
-                    "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'd\\_%'",
-                )
-                .fetch_all(&mut conn)
+    let what = "dropping the schemas of ended test processes";
+    store_postgres::testkit::on_server(what, async |conn| {
+        let names: Vec<String> =
+            sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'd\\_%'")
+                .fetch_all(&mut *conn)
                 .await?;
-                for name in names {
-                    let Some(pid) = name
-                        .split('_')
-                        .nth(1)
-                        .and_then(|pid| pid.parse::<u32>().ok())
-                    else {
-                        continue;
-                    };
-                    let alive = pid == std::process::id()
-                        || std::path::Path::new(&format!("/proc/{pid}")).exists();
-                    if !alive {
-                        let sql = format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
-                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                            .execute(&mut conn)
-                            .await?;
-                    }
-                }
-                conn.close().await
-            })
-    })
-    .join();
-    match swept {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("dropping the schemas of ended test processes: {e}"),
-        Err(_) => eprintln!("dropping the schemas of ended test processes panicked"),
-    }
+        for name in names {
+            let Some(pid) = name
+                .split('_')
+                .nth(1)
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let alive =
+                pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists();
+            if !alive {
+                let sql = format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        Ok(())
+    });
 }

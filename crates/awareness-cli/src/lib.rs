@@ -28,8 +28,10 @@
 //! stderr, each starting `awareness: `: exit code 2 for usage errors (bad flags, a bad store URL,
 //! bad input), 1 for failures (a missing file, an unknown session, a problem `doctor` found, a step
 //! the demo narrates that did not happen), 75 ([`EXIT_TEMPFAIL`]) for a failure that may pass (the
-//! store is busy, or held by another process: the same command may succeed later; the line ends
-//! with a hint saying so, unless the store's own words say to try again already). A write whose output then cannot be printed says that it was done. Output whose
+//! store is busy, held by another process, or its PostgreSQL server is out of reach: the same
+//! command may succeed later; the line ends with a hint saying so, unless the store's own words
+//! say to try again already). A write whose output then cannot be printed says that it was
+//! done. Output whose
 //! reader has gone (`awareness tail --follow | head`) ends the command with exit code 141
 //! ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools: silently for a read command and the
 //! demo, saying what was done for any other write. Error lines (clap's included, what was typed

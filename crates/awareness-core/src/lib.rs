@@ -26,7 +26,7 @@
 //! - `testkit` (feature `testkit`): the conformance suite and the model test every backend runs.
 //!
 //! It does no I/O and needs no runtime. Pick a backend crate (`store-memory`, `store-sqlite`,
-//! `store-redb`) to persist it.
+//! `store-redb`, `store-postgres`) to persist it.
 //!
 //! ```
 //! use awareness_core::{protocol, Cursor, SessionRef, Sequence, Timestamp, WatcherKey};

@@ -2,8 +2,8 @@
 //!
 //! The in-memory [`EventStore`], [`CursorStore`] and [`awareness_core::UpstreamStore`]: the
 //! reference implementation of the storage contract, for tests and for embedding a gateway that
-//! needs no durability. Everything is lost when the process ends; pick `store-sqlite` or
-//! `store-redb` to keep it.
+//! needs no durability. Everything is lost when the process ends; pick `store-sqlite`,
+//! `store-redb` or `store-postgres` to keep it.
 //!
 //! It keeps every protocol decision in `awareness-core` and only persists the result, under one
 //! short-held lock. Pages return shared events (`Arc<Event>`), never deep copies.

@@ -1342,6 +1342,30 @@ impl Awareness {
         W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
+        self.write_and_deliver_then(what, about, keep, write, notices, owned, cap, None)
+            .await
+    }
+
+    /// [`Awareness::write_and_deliver`], running `let_go` on the task once it has let go of
+    /// `keep` itself, its caller having stopped waiting (a turn's acknowledgement pays there
+    /// the wake its dropped turn owes, now that its lock is free).
+    #[allow(clippy::too_many_arguments)]
+    async fn write_and_deliver_then<K, T, W>(
+        &self,
+        what: &'static str,
+        about: Option<SessionKey>,
+        keep: K,
+        write: W,
+        notices: fn(&T) -> &[Notice],
+        owned: Option<Arc<dyn SessionDirectory>>,
+        cap: Option<usize>,
+        let_go: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Result<(K, Result<T, StoreError>), tokio::task::JoinError>
+    where
+        K: Send + 'static,
+        W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
         let writing = match Writing::start(&self.writes, cap.unwrap_or(usize::MAX)) {
             Ok(writing) => writing,
             Err(running) => {
@@ -1364,6 +1388,9 @@ impl Awareness {
             // Bound first, so dropped last: once the write is no longer counted, it holds
             // nothing (the write future, with its store handle, is dropped when it is done).
             let _writing = writing;
+            // A local, so that a panic of the write, unwinding, lets go of it before the write
+            // stops being counted (what the block captured is dropped after its locals).
+            let keep = keep;
             let written = match CatchUnwind(Box::pin(write)).await {
                 Ok(written) => written,
                 Err(panic) => {
@@ -1383,6 +1410,11 @@ impl Awareness {
             // runtime drops it, after. (A turn's lock still held by a write that has ended
             // made a pick-up right after `wait_for_writes` skip the watcher as busy.)
             let keep = (!report.caller_is_gone()).then_some(keep);
+            if keep.is_none()
+                && let Some(let_go) = let_go
+            {
+                let_go();
+            }
             (keep, written)
         })
         .await;
@@ -2423,10 +2455,16 @@ impl Awareness {
     /// then shows the notices again at its next turn, as it would after any failure.
     pub async fn acknowledge(&self, watcher: &SessionKey, targets: &[SessionKey]) -> Vec<Notice> {
         let targets = targets.iter().cloned().map(AckTarget::any).collect();
-        self.acknowledge_holding(watcher, targets, (), Some(self.config.max_pending_writes))
-            .await
-            .map(|((), follow)| follow)
-            .unwrap_or_default()
+        self.acknowledge_holding(
+            watcher,
+            targets,
+            (),
+            Some(self.config.max_pending_writes),
+            None,
+        )
+        .await
+        .map(|((), follow)| follow)
+        .unwrap_or_default()
     }
 
     /// [`Awareness::acknowledge`], telling a failure from no follow-up: the follow-ups it
@@ -2450,6 +2488,7 @@ impl Awareness {
                 targets,
                 (),
                 Some(self.config.max_pending_writes),
+                None,
             )
             .await
             .map_err(|e| StoreError::backend("the acknowledgement's task failed", e))?;
@@ -2458,20 +2497,21 @@ impl Awareness {
 
     /// [`Awareness::acknowledge`], on a task that also holds `keep` (a turn's lock) until the
     /// acknowledgement has committed and its follow-ups are queued, and gives it back with the
-    /// follow-ups; `None` if that task failed (panicked), and `keep` with it. `cap`: as
-    /// [`Awareness::write_and_deliver`]'s.
+    /// follow-ups; `None` if that task failed (panicked), and `keep` with it. `cap` and
+    /// `let_go`: as [`Awareness::write_and_deliver_then`]'s.
     async fn acknowledge_holding<K: Send + 'static>(
         &self,
         watcher: &SessionKey,
         targets: Vec<AckTarget>,
         keep: K,
         cap: Option<usize>,
+        let_go: Option<Box<dyn FnOnce() + Send>>,
     ) -> Option<(K, Vec<Notice>)> {
         let Ok(w) = WatcherKey::new(watcher.clone()) else {
             return Some((keep, Vec::new()));
         };
         match self
-            .acknowledge_written(watcher, w, targets, keep, cap)
+            .acknowledge_written(watcher, w, targets, keep, cap, let_go)
             .await
         {
             Ok((keep, Ok(follow))) => Some((keep, follow)),
@@ -2496,13 +2536,14 @@ impl Awareness {
         targets: Vec<AckTarget>,
         keep: K,
         cap: Option<usize>,
+        let_go: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<(K, Result<Vec<Notice>, StoreError>), tokio::task::JoinError> {
         if targets.is_empty() {
             return Ok((keep, Ok(Vec::new())));
         }
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
-        self.write_and_deliver(
+        self.write_and_deliver_then(
             "acknowledge",
             Some(watcher.clone()),
             keep,
@@ -2511,6 +2552,7 @@ impl Awareness {
             // The follow-ups go to the watcher taking its turn here: this gateway's.
             None,
             cap,
+            let_go,
         )
         .await
     }
@@ -2566,7 +2608,9 @@ impl Awareness {
     /// nothing: the acknowledgement, once started, commits and delivers its follow-ups on a
     /// task of its own, and what the turn had taken (the drained lines, or the lines it had
     /// settled on) goes to the watcher's next turn, which returns it first; the dropped turn's
-    /// acknowledgement holds the watcher's turn lock until it ends. A reset of the watcher drops
+    /// acknowledgement holds the watcher's turn lock until it ends, and then wakes a main
+    /// session for that next turn (as [`Awareness::pick_up`] does for a debt it finds with the
+    /// lock free). A reset of the watcher drops
     /// the session-state notices of it, a delete all of it, if it was taken before the reset
     /// began (what a turn read after a reset is about the watches made since, and a notice it
     /// acknowledged would be lost). That is
@@ -2693,11 +2737,22 @@ impl Awareness {
             }
         };
         let held = turn.guard.take().expect("the turn holds its lock");
+        // Should this turn be dropped while it acknowledges, the lock it hands over is let go
+        // by the acknowledgement's task, and the wake the dropped turn owes (its lines wait for
+        // the next turn, which a main session takes only when woken) is paid there, when the
+        // lock is free: a pick-up that ran while it was held could not look at it.
+        let let_go: Box<dyn FnOnce() + Send> = {
+            let turns = Arc::clone(&self.turns);
+            let (directory, wake) = (Arc::clone(&self.directory), Arc::clone(&self.wake));
+            Box::new(move || {
+                pay_owed_wakes(&turns, &*directory, &*wake);
+            })
+        };
         let acknowledged = self
             // Not refused by `max_pending_writes`: one per watcher at a time (its turn lock),
             // and a refused one would show its notices again at every turn until a write is
             // let through.
-            .within_store_wait(self.acknowledge_holding(watcher, targets, held, None))
+            .within_store_wait(self.acknowledge_holding(watcher, targets, held, None, Some(let_go)))
             .await;
         let Some(acknowledged) = acknowledged else {
             // The store has not answered: the acknowledgement goes on on its own task, with
@@ -3099,29 +3154,7 @@ impl Awareness {
         }
         // A main session whose turn was dropped once it had acknowledged what it read: no
         // cursor is pending, the lines wait for its next turn, which it takes only if woken.
-        for watcher in self.turns.owed_wakes() {
-            if watcher.is_subagent() {
-                continue;
-            }
-            match self.directory_knows(&watcher) {
-                Some(true) => {}
-                Some(false) => continue,
-                None => {
-                    warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; the next pick-up wakes it");
-                    self.turns.owe_again(&watcher);
-                    done.failed = true;
-                    continue;
-                }
-            }
-            let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.wake.wake(&watcher, "session-state");
-            }));
-            if woken.is_err() {
-                warn!(watcher = %watcher, "waking a session for the lines its dropped turn left panicked; the next pick-up wakes it");
-                self.turns.owe_again(&watcher);
-                done.failed = true;
-            }
-        }
+        done.failed |= pay_owed_wakes(&self.turns, &*self.directory, &*self.wake);
         done
     }
 
@@ -3250,6 +3283,44 @@ impl Awareness {
             }
         }
     }
+}
+
+/// Wakes each main session a dropped turn left lines to that wake it ([`TurnLocks::owed_wakes`]:
+/// those whose turn lock is free), once, if the directory knows it: no cursor of it is pending
+/// any more, and it takes its next turn, which shows them, only if woken. Whether a directory
+/// or a wake panicked (logged; that session is owed the wake again, for the next pick-up).
+fn pay_owed_wakes(
+    turns: &TurnLocks,
+    directory: &dyn SessionDirectory,
+    wake: &dyn HeartbeatWake,
+) -> bool {
+    let mut failed = false;
+    for watcher in turns.owed_wakes() {
+        if watcher.is_subagent() {
+            continue;
+        }
+        let known =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| directory.exists(&watcher)));
+        match known {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(_) => {
+                warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; the next pick-up wakes it");
+                turns.owe_again(&watcher);
+                failed = true;
+                continue;
+            }
+        }
+        let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wake.wake(&watcher, "session-state");
+        }));
+        if woken.is_err() {
+            warn!(watcher = %watcher, "waking a session for the lines its dropped turn left panicked; the next pick-up wakes it");
+            turns.owe_again(&watcher);
+            failed = true;
+        }
+    }
+    failed
 }
 
 /// Wakes a main session whose ambient cursor a watch made explicit and keeps pending, when

@@ -102,7 +102,10 @@
 //!   pick-up wakes it no more; nor does a pick-up that woke it for lines it queued (`pick_up`
 //!   pays the debt with that wake: the turn it brings shows both); a nested subagent, or a
 //!   session the directory does not know, is not woken for it (that pick-up settles its debt
-//!   all the same).
+//!   all the same). Since stop 53 the dropped turn's acknowledgement pays the wake itself as it
+//!   lets the turn's lock go, when the turn was dropped before it ended (a pick-up made while
+//!   it held the lock could not look): the model takes the wake from whichever paid it, and
+//!   checks it is paid once.
 //!
 //! `PROPTEST_CASES` cases (default 256); `PROPTEST_RNG_SEED` runs the cases of a failure again.
 
@@ -351,6 +354,9 @@ struct Model {
     wake_owed: [bool; 3],
     /// Per watcher, for the step being checked: its pick-up paid an owed wake.
     owed_woken: [bool; 3],
+    /// Per watcher, for the step being checked: the acknowledgement of its dropped turn paid
+    /// the wake the turn owes, as it let the turn's lock go (stop 53).
+    let_go_woken: [bool; 3],
     /// Per (watcher, target): the notices (their text) the watcher's turns showed about the
     /// target since the last change on it.
     shown: BTreeMap<(usize, usize), BTreeSet<String>>,
@@ -658,6 +664,8 @@ async fn drop_turn(
     use std::task::Poll;
     settle().await;
     let key = watcher_key(watcher);
+    let queued_before = world.queue.peek(&key);
+    let wakes_before = world.wake.count(&key);
     let mut turn = Box::pin(world.svc.drain_turn(&key));
     let mut ended = None;
     for _ in 0..polls {
@@ -694,6 +702,32 @@ async fn drop_turn(
     // Stop 48: the turn notes whether what it settled on holds a notice that wakes (every
     // watch here is explicit: none is an ambient one's, decision 0015).
     m.wake_owed[watcher] = !m.carried[watcher].is_empty();
+    // Stop 53: its acknowledgement pays that wake as it lets the turn's lock go, when the turn
+    // was dropped before the acknowledgement ended (else the next pick-up pays it); a session
+    // this gateway does not wake is woken by neither. Whichever paid it, it is paid once.
+    let gained = world
+        .queue
+        .peek(&key)
+        .iter()
+        .filter(|e| !queued_before.contains(e))
+        .count();
+    let woken = world.wake.count(&key) - wakes_before;
+    let paid = woken
+        .checked_sub(if is_main(watcher) { gained } else { 0 })
+        .ok_or_else(|| fail(format!("{key} woken {woken} times for {gained} line(s)")))?;
+    match paid {
+        0 => {}
+        1 if m.wake_owed[watcher] && is_main(watcher) && OWNED[watcher] => {
+            m.wake_owed[watcher] = false;
+            m.let_go_woken[watcher] = true;
+        }
+        _ => {
+            return Err(fail(format!(
+                "{key} woken {woken} times for {gained} line(s), owing {}",
+                m.wake_owed[watcher]
+            )));
+        }
+    }
     acknowledge_in_model(m, watcher);
     m.after_turn[watcher] = None;
     Ok(())
@@ -921,7 +955,7 @@ async fn check(
             .iter()
             .filter(|e| !queues_before[w].contains(e))
             .count();
-        let owed = usize::from(m.owed_woken[w] && gained == 0);
+        let owed = usize::from(m.owed_woken[w] && gained == 0) + usize::from(m.let_go_woken[w]);
         let woken = world.wake.count(&watcher_key(w)) - wakes_before[w];
         let want = if is_main(w) { gained + owed } else { 0 };
         prop_assert_eq!(
@@ -951,6 +985,7 @@ async fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
             .map(|w| world.wake.count(&watcher_key(w)))
             .collect();
         m.owed_woken = [false; 3];
+        m.let_go_woken = [false; 3];
         apply(&world, &mut m, op).await?;
         for w in 0..WATCHERS.len() {
             if m.of_watcher(w).values().any(|c| c.pending()) {

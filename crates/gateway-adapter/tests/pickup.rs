@@ -1165,9 +1165,32 @@ async fn a_pick_up_wakes_once_for_a_wake_owed_whichever_line_it_queues() {
     }
 }
 
-/// The wakes of a pick-up while the manager is owed a wake for what its dropped turn read
+/// A hook that holds every call `call` at a gate before the store has it, while armed,
+/// telling `reached` when one is held.
+#[cfg(feature = "sqlite")]
+struct HeldBefore {
+    call: Call,
+    armed: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Semaphore,
+    reached: tokio::sync::Notify,
+}
+
+#[cfg(feature = "sqlite")]
+#[awareness_core::async_trait]
+impl Hook for HeldBefore {
+    async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
+        if call == self.call && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.reached.notify_one();
+            self.gate.acquire().await.expect("the gate").forget();
+        }
+    }
+}
+
+/// The wakes of a pick-up while the manager is owed a wake for what its dropped turns read
 /// (the worker's notice, ambient, and another session's, explicit), both sessions having
-/// changed again since and the line of `lost` been lost from the queue.
+/// changed again since and the line of `lost` been lost from the queue. The first turn is
+/// dropped once its acknowledgement committed (which pays the wake as it ends: checked), the
+/// second while it reads the cursors, which owes it again to the pick-up.
 #[cfg(feature = "sqlite")]
 async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1184,9 +1207,18 @@ async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
         .record(human(&other), Timestamp::now())
         .await
         .expect("recorded");
-    let store = Arc::new(Hooked {
+    let acks = Arc::new(Hooked {
         inner,
         hook: HeldAfter::new(Call::Acknowledge),
+    });
+    let store = Arc::new(Hooked {
+        inner: acks.clone(),
+        hook: HeldBefore {
+            call: Call::Cursors,
+            armed: std::sync::atomic::AtomicBool::new(false),
+            gate: tokio::sync::Semaphore::new(0),
+            reached: tokio::sync::Notify::new(),
+        },
     });
     let (svc, queue, mut woken) = woken_service(
         store.clone(),
@@ -1198,11 +1230,34 @@ async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
         let svc = Arc::clone(&svc);
         tokio::spawn(async move { svc.drain_turn(&k(MANAGER)).await })
     };
+    acks.hook.reached.notified().await;
+    turn.abort();
+    let _ = turn.await;
+    while woken.try_recv().is_ok() {}
+    acks.hook.gate.add_permits(1);
+    svc.wait_for_writes().await;
+    assert_eq!(
+        std::iter::from_fn(|| woken.try_recv().ok()).collect::<Vec<_>>(),
+        [k(MANAGER)],
+        "the acknowledgement paid the wake as it ended"
+    );
+    // The turn that wake brought takes the lines and is dropped while it reads the cursors.
+    store
+        .hook
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let turn = {
+        let svc = Arc::clone(&svc);
+        tokio::spawn(async move { svc.drain_turn(&k(MANAGER)).await })
+    };
     store.hook.reached.notified().await;
     turn.abort();
     let _ = turn.await;
+    store
+        .hook
+        .armed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     store.hook.gate.add_permits(1);
-    svc.wait_for_writes().await;
     // Both change again: the other session's line is queued with a wake, the worker's
     // (ambient) without one; then one of the two lines is lost.
     svc.try_record(human(&other)).await.expect("recorded");

@@ -211,6 +211,18 @@ impl World {
         w
     }
 
+    /// A manager whose turn was dropped once its acknowledgement committed, the answer held at
+    /// the gate (no permit left): the acknowledgement still holds the turn's lock. With how
+    /// often the manager was woken before the turn.
+    async fn with_a_turn_dropped_at_its_answer() -> (Self, usize) {
+        let mut w = Self::gated(Call::Acknowledge, true).await;
+        w.human().await;
+        let before = w.wake.count(&k(MANAGER));
+        let a = w.turn_at_the_gate().await;
+        dropped(a).await;
+        (w, before)
+    }
+
     /// The manager's turn, dropped when it reaches `call` (before the store has it); the
     /// gate is open afterwards.
     async fn drop_a_turn_at(&mut self, call: Call) {
@@ -739,11 +751,7 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
 /// owes it nothing.
 #[tokio::test]
 async fn a_session_whose_dropped_turn_left_it_a_notice_is_woken_once() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let before = w.wake.count(&k(MANAGER));
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
+    let (w, before) = World::with_a_turn_dropped_at_its_answer().await;
     w.open_gate();
     w.svc.wait_for_writes().await;
     assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for it");
@@ -760,11 +768,7 @@ async fn a_session_whose_dropped_turn_left_it_a_notice_is_woken_once() {
 /// go.
 #[tokio::test]
 async fn a_wake_a_dropped_turn_owes_is_paid_when_its_acknowledgement_ends() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let before = w.wake.count(&k(MANAGER));
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
+    let (w, before) = World::with_a_turn_dropped_at_its_answer().await;
     // The acknowledgement committed and holds the lock, at the gate.
     w.pick_up_wakes(0, "the lock is held").await;
     w.open_gate();
@@ -839,11 +843,7 @@ async fn a_reset_takes_the_wake_owed_with_the_notices() {
 /// wake was tried, and no later pick-up woke the session, which takes no turn unless woken.
 #[tokio::test]
 async fn a_wake_owed_that_panics_is_owed_to_the_next_pick_up() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let before = w.wake.count(&k(MANAGER));
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
+    let (mut w, before) = World::with_a_turn_dropped_at_its_answer().await;
     w.wake.panic_next.store(true, Ordering::SeqCst);
     // The acknowledgement's answer returns; the gate stays armed, with no permit left.
     w.store.hook.permits.add_permits(1);

@@ -679,7 +679,9 @@ struct Carried {
     /// taken, so its store write came after them, and it drops them (a reset, the
     /// session-state notices among them; a deletion, all: [`Forget`]); one numbered at or below
     /// it may have committed before them, which are then kept: at worst a notice of a watch
-    /// the reset removed is shown, where dropping could lose one acknowledged already.
+    /// the reset removed is shown, where dropping could lose one acknowledged already. A turn
+    /// that takes lines over keeps their stamp until it settles (it has acknowledged nothing
+    /// of its own by then), and stamps what it settles on when it read the cursors.
     stamp: u64,
     /// Set while the turn that settled on `read` waits for its acknowledgement: whoever sets it
     /// first shows `read`. That is the turn itself when it stops waiting (the acknowledgement's
@@ -2636,6 +2638,7 @@ impl Awareness {
             mut read,
             claim,
             mut read_wakes,
+            stamp: taken_at,
             ..
         } = std::mem::take(turn.carried());
         if claim.is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
@@ -2644,6 +2647,8 @@ impl Awareness {
             read.clear();
             read_wakes = false;
         }
+        // Lines an earlier turn took are carried on (see below).
+        let inherited = !unread.is_empty() || !read.is_empty();
         let mut drained = unread;
         drained.extend(from_queue);
         if !watcher.is_agent_qualified() {
@@ -2652,15 +2657,23 @@ impl Awareness {
             return drained;
         }
         // Should this turn be dropped while it reads the cursors, the next turn gets it all.
-        // (What an earlier turn left is stamped anew with it: it survived every reset marked
-        // so far, and one marked later may have committed before this drain.)
+        // What an earlier turn left keeps the stamp it was taken at: a reset that began since
+        // and commits later drops it, as it would have had this turn not taken it over (a
+        // stamp of now kept it, and the next turn showed a notice of a watch the reset had
+        // removed). The lines this turn drained go with it then, which loses nothing: none is
+        // acknowledged yet, and a pending cursor's notice is read again from the cursor.
         // Owed again, should this turn (perhaps the one a wake for them brought) be dropped
         // too before it settles on them.
         let wake_owed = read_wakes && !read.is_empty();
+        let stamp = if inherited {
+            taken_at
+        } else {
+            self.turns.stamp()
+        };
         *turn.carried() = Carried {
             unread: drained,
             read,
-            stamp: self.turns.stamp(),
+            stamp,
             claim: None,
             read_wakes,
             wake_owed,

@@ -874,6 +874,36 @@ async fn a_pick_up_wakes_once_for_a_dropped_turns_notices_still_pending() {
     w.pick_up_wakes(1, "woken once").await;
 }
 
+/// Bug (race review, stop 53): a reset that began before a turn took what a dropped turn had
+/// left, and committed after that turn was dropped while it read the cursors, kept those
+/// lines: the turn stamped them anew as taken by it, and a reset drops only lines taken before
+/// it began. The next turn showed a notice of a watch the reset removed, and a pick-up woke the
+/// session for it. Lines taken over keep the stamp of the turn that first took them.
+#[tokio::test]
+async fn a_reset_racing_a_turn_that_takes_a_dropped_turns_lines_still_drops_them() {
+    let mut w = World::with_a_dropped_turn_armed().await;
+    // The reset begins (it is numbered), its store write held at the gate.
+    *w.store.hook.at.lock().unwrap() = (Call::ResetWatcher, false);
+    let reset = {
+        let svc = Arc::clone(&w.svc);
+        tokio::spawn(async move { svc.try_on_reset(&k(MANAGER)).await })
+    };
+    w.entered.recv().await.expect("the reset reaches the gate");
+    // A turn takes the dropped one's lines, and is dropped while it reads the cursors.
+    *w.store.hook.at.lock().unwrap() = (Call::Cursors, false);
+    let turn = w.turn_at_the_gate().await;
+    dropped(turn).await;
+    // The reset commits.
+    w.store.hook.armed.store(false, Ordering::SeqCst);
+    w.store.hook.permits.add_permits(1);
+    assert_eq!(reset.await.expect("the reset's task").expect("reset"), 1);
+    w.pick_up_wakes(0, "nothing left that wakes").await;
+    assert!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await).is_empty(),
+        "no notice of the watch the reset removed"
+    );
+}
+
 /// What a dropped turn left for the next one goes with the watcher's watches when it is reset:
 /// the next turn does not show notices of watches that no longer exist.
 #[tokio::test]

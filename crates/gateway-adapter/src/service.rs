@@ -820,12 +820,15 @@ impl TurnLocks {
     }
 
     /// The watchers a dropped turn left lines to that wake them ([`Carried::wake_owed`]), whose
-    /// lock is free: each is listed once, and its debt cleared.
-    fn owed_wakes(&self) -> Vec<SessionKey> {
+    /// lock is free (`only` that one, when given): each is listed once, and its debt cleared.
+    fn owed_wakes(&self, only: Option<&SessionKey>) -> Vec<SessionKey> {
         let map = self.map();
         let mut forgotten = self.forgotten();
         let mut owed = Vec::new();
         for (watcher, lock) in map.iter() {
+            if only.is_some_and(|only| only != watcher) {
+                continue;
+            }
             let Ok(mut carried) = lock.try_lock() else {
                 continue;
             };
@@ -2757,8 +2760,9 @@ impl Awareness {
         let let_go: Box<dyn FnOnce() + Send> = {
             let turns = Arc::clone(&self.turns);
             let (directory, wake) = (Arc::clone(&self.directory), Arc::clone(&self.wake));
+            let watcher = watcher.clone();
             Box::new(move || {
-                pay_owed_wakes(&turns, &*directory, &*wake);
+                pay_owed_wakes(&turns, &*directory, &*wake, Some(&watcher));
             })
         };
         let acknowledged = self
@@ -3167,7 +3171,7 @@ impl Awareness {
         }
         // A main session whose turn was dropped once it had acknowledged what it read: no
         // cursor is pending, the lines wait for its next turn, which it takes only if woken.
-        done.failed |= pay_owed_wakes(&self.turns, &*self.directory, &*self.wake);
+        done.failed |= pay_owed_wakes(&self.turns, &*self.directory, &*self.wake, None);
         done
     }
 
@@ -3299,16 +3303,18 @@ impl Awareness {
 }
 
 /// Wakes each main session a dropped turn left lines to that wake it ([`TurnLocks::owed_wakes`]:
-/// those whose turn lock is free), once, if the directory knows it: no cursor of it is pending
-/// any more, and it takes its next turn, which shows them, only if woken. Whether a directory
-/// or a wake panicked (logged; that session is owed the wake again, for the next pick-up).
+/// those whose turn lock is free; `only` that one, when given), once, if the directory knows
+/// it: no cursor of it is pending any more, and it takes its next turn, which shows them, only
+/// if woken. Whether a directory or a wake panicked (logged; that session is owed the wake
+/// again, for the next pick-up).
 fn pay_owed_wakes(
     turns: &TurnLocks,
     directory: &dyn SessionDirectory,
     wake: &dyn HeartbeatWake,
+    only: Option<&SessionKey>,
 ) -> bool {
     let mut failed = false;
-    for watcher in turns.owed_wakes() {
+    for watcher in turns.owed_wakes(only) {
         if watcher.is_subagent() {
             continue;
         }

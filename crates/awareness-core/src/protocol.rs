@@ -223,6 +223,18 @@ pub fn watch_makes_explicit(existing: &Cursor, target: &SessionRef) -> bool {
     existing.follows(target) && explicit(existing).is_some()
 }
 
+/// The cursor a [`seed`] by a spawn of `target` keeps when it makes `existing` explicit (an
+/// ambient cursor on that very session with a pending notice, decision 0015): the spawn a
+/// gateway then wakes the watcher for, as for [`watch_makes_explicit`]. `None` when the seed
+/// leaves `existing` as it is, or replaces it.
+pub fn seed_makes_explicit(existing: &Cursor, target: &SessionRef) -> Option<Cursor> {
+    if existing.is_pending() && existing.follows(target) {
+        explicit(existing)
+    } else {
+        None
+    }
+}
+
 /// How old a cursor's `updated_at` must be for a repeated [`watch`] (or a re-spawn, [`seed`])
 /// to refresh it: a day. Idle pruning deletes cursors not updated for 30 days by default, so a
 /// watch confirmed again keeps its cursor, while a watch asked with every status call writes at
@@ -740,6 +752,24 @@ mod tests {
         assert!(!watch_makes_explicit(&watched, &target));
         let other = SessionRef::parse(target.session_key.as_str(), "ops").expect("ref");
         assert!(!watch_makes_explicit(&moved, &other));
+        // What `seed_makes_explicit` answers: the cursor a re-spawn keeps, made explicit, as
+        // `seed` writes it; nothing for an explicit cursor, one with no pending notice, or one
+        // on another agent's session of the key (which the seed replaces).
+        let seeded = seed(
+            Some(&moved),
+            &moved.watcher,
+            &target,
+            Sequence(9),
+            Timestamp(4),
+        );
+        assert_eq!(seed_makes_explicit(&moved, &target), seeded);
+        assert_eq!(
+            seed_makes_explicit(&moved, &target).map(|c| c.provenance),
+            Some(WatchProvenance::Explicit)
+        );
+        assert_eq!(seed_makes_explicit(&watched, &target), None);
+        assert_eq!(seed_makes_explicit(&moved, &other), None);
+        assert_eq!(seed_makes_explicit(&ambient, &target), None, "not pending");
         let (replaced, _) = watch(
             Some(&moved),
             &moved.watcher,

@@ -1901,9 +1901,7 @@ impl Awareness {
         let half = deadline_after(self.config.store_wait / 2);
         let read = self.store.cursor(&w, &ev.session.session_key);
         let made_explicit = match self.bounded_by(half, "read a cursor", read).await {
-            Ok(c) => {
-                Some(c.filter(|c| c.is_pending() && protocol::watch_makes_explicit(c, &ev.session)))
-            }
+            Ok(c) => Some(c.and_then(|c| protocol::seed_makes_explicit(&c, &ev.session))),
             Err(e) => {
                 debug!(watcher = %w, session_key = %ev.session.session_key, error = %ErrorChain(&e), "spawn: whether the spawner's cursor is ambient cannot be read; it is read again once the spawn is recorded");
                 None
@@ -1922,10 +1920,7 @@ impl Awareness {
                 return;
             }
             let cursor = match made_explicit {
-                Some(ambient) => ambient.map(|c| Cursor {
-                    provenance: awareness_core::WatchProvenance::Explicit,
-                    ..c
-                }),
+                Some(kept) => kept,
                 // Not known: the cursor as the seed left it. An explicit one whose line is
                 // queued was woken for when it was queued; a wake more is coalesced.
                 None => match until(deadline_after(wait), store.cursor(&w, &child)).await {

@@ -1311,6 +1311,7 @@ impl Awareness {
             |r| r.notices.as_slice(),
             self.owned(),
             Some(self.config.max_pending_writes),
+            None,
         );
         let ((), recorded) = written
             .await
@@ -1330,32 +1331,11 @@ impl Awareness {
     /// waiting, the task logs it (`warn!`, with `what` and `about`), since the caller logged only
     /// that the write went on. A task the runtime drops midway (a runtime shutting down) logs
     /// nothing. With `cap`, the write is refused at once ([`StoreError::Busy`], nothing made)
-    /// when that many writes are outstanding already.
+    /// when that many writes are outstanding already. `let_go` runs on the task once it has let
+    /// go of `keep` itself, its caller having stopped waiting (a turn's acknowledgement pays
+    /// there the wake its dropped turn owes, now that its lock is free).
     #[allow(clippy::too_many_arguments)]
     async fn write_and_deliver<K, T, W>(
-        &self,
-        what: &'static str,
-        about: Option<SessionKey>,
-        keep: K,
-        write: W,
-        notices: fn(&T) -> &[Notice],
-        owned: Option<Arc<dyn SessionDirectory>>,
-        cap: Option<usize>,
-    ) -> Result<(K, Result<T, StoreError>), tokio::task::JoinError>
-    where
-        K: Send + 'static,
-        W: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.write_and_deliver_then(what, about, keep, write, notices, owned, cap, None)
-            .await
-    }
-
-    /// [`Awareness::write_and_deliver`], running `let_go` on the task once it has let go of
-    /// `keep` itself, its caller having stopped waiting (a turn's acknowledgement pays there
-    /// the wake its dropped turn owes, now that its lock is free).
-    #[allow(clippy::too_many_arguments)]
-    async fn write_and_deliver_then<K, T, W>(
         &self,
         what: &'static str,
         about: Option<SessionKey>,
@@ -1450,7 +1430,7 @@ impl Awareness {
         let cap = Some(self.config.max_pending_writes);
         let none: fn(&T) -> &[Notice] = |_| &[];
         let ((), written) = self
-            .write_and_deliver(what, Some(about), (), write, none, None, cap)
+            .write_and_deliver(what, Some(about), (), write, none, None, cap, None)
             .await
             .map_err(|e| StoreError::backend(format!("the {what}'s task failed"), e))?;
         written
@@ -2040,6 +2020,7 @@ impl Awareness {
             },
             self.owned(),
             Some(self.config.max_pending_writes),
+            None,
         );
         tokio::pin!(adopting);
         let task_failed = |e| StoreError::backend("the adoption's task failed", e);
@@ -2498,7 +2479,7 @@ impl Awareness {
     /// [`Awareness::acknowledge`], on a task that also holds `keep` (a turn's lock) until the
     /// acknowledgement has committed and its follow-ups are queued, and gives it back with the
     /// follow-ups; `None` if that task failed (panicked), and `keep` with it. `cap` and
-    /// `let_go`: as [`Awareness::write_and_deliver_then`]'s.
+    /// `let_go`: as [`Awareness::write_and_deliver`]'s.
     async fn acknowledge_holding<K: Send + 'static>(
         &self,
         watcher: &SessionKey,
@@ -2543,7 +2524,7 @@ impl Awareness {
         }
         let store = Arc::clone(&self.store);
         let now = self.clock.now();
-        self.write_and_deliver_then(
+        self.write_and_deliver(
             "acknowledge",
             Some(watcher.clone()),
             keep,
@@ -2987,6 +2968,7 @@ impl Awareness {
                 // The sweep re-notifies only watchers the directory knows.
                 None,
                 // Not refused: one at start-up, or as the host retries it.
+                None,
                 None,
             )
             .await

@@ -652,14 +652,7 @@ mod tests {
                 let err = open_full_store_with(bad, options)
                     .await
                     .expect_err("refused");
-                let OpenError::Store(e) = &err else {
-                    panic!("{bad}: {err:?}")
-                };
-                assert_eq!(
-                    e.open_failure(),
-                    Some(OpenFailure::InvalidOptions),
-                    "{bad}: {e}"
-                );
+                let e = invalid_options(&err, bad);
                 // Neither `s3cret` nor `s3/cret`.
                 assert!(!e.to_string().contains("cret"), "{e}");
             }
@@ -671,6 +664,21 @@ mod tests {
             );
             assert!(!err.to_string().contains("cret"), "{err}");
         }
+    }
+
+    /// The store's error of an open of `url` refused for its options
+    /// ([`OpenFailure::InvalidOptions`]).
+    #[cfg(feature = "postgres")]
+    fn invalid_options<'e>(err: &'e OpenError, url: &str) -> &'e StoreError {
+        let OpenError::Store(e) = err else {
+            panic!("{url}: {err:?}")
+        };
+        assert_eq!(
+            e.open_failure(),
+            Some(OpenFailure::InvalidOptions),
+            "{url}: {e}"
+        );
+        e
     }
 
     /// The store's own options in a PostgreSQL URL's query reach the store: a count it cannot
@@ -694,14 +702,7 @@ mod tests {
             ),
         ] {
             let err = open_store(url).await.expect_err("refused");
-            let OpenError::Store(e) = &err else {
-                panic!("{url}: {err:?}")
-            };
-            assert_eq!(
-                e.open_failure(),
-                Some(OpenFailure::InvalidOptions),
-                "{url}: {e}"
-            );
+            let e = invalid_options(&err, url);
             assert!(e.to_string().contains(named), "{url}: {e}");
             assert!(!err.is_retryable(), "{url}");
         }

@@ -752,17 +752,9 @@ mod tests {
         assert!(!watch_makes_explicit(&watched, &target));
         let other = SessionRef::parse(target.session_key.as_str(), "ops").expect("ref");
         assert!(!watch_makes_explicit(&moved, &other));
-        // What `seed_makes_explicit` answers: the cursor a re-spawn keeps, made explicit, as
-        // `seed` writes it; nothing for an explicit cursor, one with no pending notice, or one
-        // on another agent's session of the key (which the seed replaces).
-        let seeded = seed(
-            Some(&moved),
-            &moved.watcher,
-            &target,
-            Sequence(9),
-            Timestamp(4),
-        );
-        assert_eq!(seed_makes_explicit(&moved, &target), seeded);
+        // What `seed_makes_explicit` answers (as `seed` writes it: below): the cursor a
+        // re-spawn keeps, made explicit; nothing for an explicit cursor, one with no pending
+        // notice, or one on another agent's session of the key (which the seed replaces).
         assert_eq!(
             seed_makes_explicit(&moved, &target).map(|c| c.provenance),
             Some(WatchProvenance::Explicit)
@@ -808,6 +800,7 @@ mod tests {
             Timestamp(4),
         )
         .expect("the upgrade is written");
+        assert_eq!(seed_makes_explicit(&moved, &target).as_ref(), Some(&seeded));
         assert_eq!(seeded.provenance, WatchProvenance::Explicit);
         assert_eq!(seeded.notified, moved.notified, "the pending notice stays");
 

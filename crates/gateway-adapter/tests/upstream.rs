@@ -2637,6 +2637,14 @@ async fn the_monitor_outlives_a_tick_that_panics() {
     let started = Instant::now();
     let task = monitor.spawn();
     t.human("typed while the store failed");
+    // The tick that panicked still ends, so that a subscriber counting ticks misses none.
+    let first = next_tick(&mut rx).await;
+    assert_eq!((first.tick, first.checked), (1, 0));
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(15),
+        "at the first tick"
+    );
     next(&mut rx, |d| match d {
         Detection::HumanTurns {
             marker: MarkerMove::Moved,

@@ -245,7 +245,7 @@ pub enum Detection {
         /// What went wrong.
         error: String,
     },
-    /// A tick ended.
+    /// A tick ended (one that panicked too, with no link counted as checked).
     TickDone(TickReport),
 }
 
@@ -722,23 +722,40 @@ impl Inner {
     /// A tick of the monitor's task: [`Inner::tick`], a panic in it (a store or a port that
     /// panics outside a check) logged and its checks ended, instead of ending the task, and
     /// with it the monitoring of every adopted session. The next tick runs as usual.
+    ///
+    /// The tick still ends with its [`Detection::TickDone`], so that a subscriber counting
+    /// ticks misses none: what it had counted before the panic, no link counted as checked
+    /// (their results were not taken).
     async fn tick_guarded(me: &Arc<Inner>, checks: &mut JoinSet<bool>) {
-        let tick = crate::service::CatchUnwind(Box::pin(Inner::tick(me, checks))).await;
+        let mut report = TickReport::default();
+        let tick =
+            crate::service::CatchUnwind(Box::pin(Inner::tick_into(me, checks, &mut report))).await;
         if let Err(panic) = tick {
             warn!(
+                tick = report.tick,
                 panic = awareness_core::error::panic_message(&*panic),
                 "upstream monitor: a tick panicked; its checks are ended, and the next tick runs"
             );
             checks.abort_all();
             while checks.join_next().await.is_some() {}
+            report.checked = 0;
+            me.emit(Detection::TickDone(report));
         }
     }
 
     /// One tick, its checks spawned on `checks` (empty on entry, empty again when the tick
     /// ends; a tick abandoned midway leaves the caller to end them).
     async fn tick(me: &Arc<Inner>, checks: &mut JoinSet<bool>) -> TickReport {
+        let mut report = TickReport::default();
+        Inner::tick_into(me, checks, &mut report).await;
+        report
+    }
+
+    /// [`Inner::tick`], counting into `report` (which holds what the tick had counted if it
+    /// panics).
+    async fn tick_into(me: &Arc<Inner>, checks: &mut JoinSet<bool>, report: &mut TickReport) {
         let _one = me.one_tick.lock().await;
-        let mut report = TickReport {
+        *report = TickReport {
             tick: me.ticks.fetch_add(1, Ordering::Relaxed) + 1,
             ..TickReport::default()
         };
@@ -752,8 +769,8 @@ impl Inner {
             Err(e) => {
                 let e = ErrorChain(&e).to_string();
                 warn_if_news!(me.logged.is_news(Site::List, None, &e), error = %e, "upstream monitor: cannot list links; trying again next tick");
-                me.emit(Detection::TickDone(report));
-                return report;
+                me.emit(Detection::TickDone(*report));
+                return;
             }
         };
         report.links = links.len();
@@ -924,8 +941,7 @@ impl Inner {
                 Ok((_, false)) | Err(_) => {}
             }
         }
-        me.emit(Detection::TickDone(report));
-        report
+        me.emit(Detection::TickDone(*report));
     }
 
     /// Whether a cursor watches the session (its key and agent), given up at `deadline`.

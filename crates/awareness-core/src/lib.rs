@@ -75,7 +75,8 @@ pub use protocol::{AckTarget, Notice, ReadNotice};
 pub use reconcile::{ChangesPage, SessionStatus};
 pub use retention::{PruneReport, PruneStep, RetentionPolicy};
 pub use store::{
-    AwarenessStore, AwarenessStoreExt, CursorStore, EventStore, Recorded, UnreadableCursor,
+    AwarenessStore, AwarenessStoreExt, CommitHints, CursorStore, EventStore, Recorded,
+    UnreadableCursor,
 };
 pub use upstream::{FullStore, LinkSpec, UpsertOutcome, UpstreamLink, UpstreamStore};
 pub use validate::ValidationError;

@@ -24,6 +24,17 @@ pub struct Recorded {
     pub notices: Vec<Notice>,
 }
 
+/// A stream of hints that another writer committed to a store
+/// ([`EventStore::commit_hints`]).
+#[async_trait]
+pub trait CommitHints: Send {
+    /// Waits for the next hint: `true` once another writer may have committed since the last
+    /// hint this stream gave (or since it was made), which includes the store having lost,
+    /// for a while, its means of being told (a hint may have been missed then); `false` once
+    /// the store is gone, after which no hint comes.
+    async fn next(&mut self) -> bool;
+}
+
 /// The durable signal log: events and heads.
 ///
 /// Every method is atomic: it commits completely or not at all. The exception is
@@ -228,6 +239,19 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// read does (see the [trait](EventStore#errors-common-to-every-method)).
     async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
         Ok(None)
+    }
+
+    /// Hints pushed as other writers commit, so that a gateway need not wait for its next
+    /// question of [`EventStore::foreign_commits`] to learn of them (DESIGN.md section 9.1:
+    /// "a store can offer a stream of hints"). A hint only: after one, ask
+    /// [`EventStore::foreign_commits`] and read the cursors, as at any other question.
+    ///
+    /// `None` from a store that cannot push them: the default (store-memory, store-redb,
+    /// store-sqlite, whose other processes are found by polling). store-postgres offers them
+    /// through `LISTEN`/`NOTIFY`. Each call gives a stream of its own; a stream does not keep
+    /// the store open.
+    fn commit_hints(&self) -> Option<Box<dyn CommitHints>> {
+        None
     }
 }
 

@@ -42,6 +42,16 @@
 //! store-wide commit count before it commits; a handle answers that count less its own
 //! commits. A gateway stopped in the middle of a write transaction holds the lock until the
 //! server ends the idle transaction ([`PgStoreOptions::idle_transaction_timeout`], 60 s).
+//! The same transactions also `NOTIFY` the channel `session_awareness` with the store's schema
+//! as payload, which the server delivers once they commit: a handle asked for
+//! [`EventStore::commit_hints`] listens on a connection of its own (outside the pool) and
+//! gives a hint for each commit of another handle of its store (its own sessions' and other
+//! schemas' left out), and one after it listens again on a connection it lost (what came
+//! meanwhile is lost). So a gateway learns of another's commit when it is made, not at its
+//! next question. The cost: PostgreSQL serializes the commits of notifying transactions
+//! database-wide (a store's writes are serialized by its lock already; the stores of other
+//! schemas in the database, and other notifying applications, now take turns with it at
+//! commit).
 //!
 //! **A lost `COMMIT` is asked about.** When the connection fails while a recording's `COMMIT`
 //! (or a batch's) is on its way or its answer is on the way back, the store asks the server,
@@ -82,6 +92,7 @@
 //! ```
 
 mod group;
+mod hints;
 mod rows;
 mod schema;
 mod store;
@@ -468,6 +479,33 @@ impl PgStore {
     }
 }
 
+/// Test support for commit hints, not part of the API (hidden from the docs).
+impl PgStore {
+    /// Waits until the handle's listener (started by [`EventStore::commit_hints`]) listens,
+    /// and answers its session's backend process id.
+    #[doc(hidden)]
+    pub async fn hints_listening(&self) -> u32 {
+        let mut session = self.inner.listener.session.subscribe();
+        let pid = *session
+            .wait_for(Option::is_some)
+            .await
+            .expect("the listener's state lives as long as the handle");
+        pid.expect("waited for")
+    }
+
+    /// Notifications of the handle's own commits its listener left out.
+    #[doc(hidden)]
+    pub fn own_commits_left_out(&self) -> u64 {
+        self.inner.listener.own_left_out.load(Ordering::Relaxed)
+    }
+
+    /// The hints the handle's listener has given.
+    #[doc(hidden)]
+    pub fn hints_given(&self) -> u64 {
+        self.inner.listener.given()
+    }
+}
+
 /// Test support, not part of the API (hidden from the docs; they may change or go at any
 /// time): hand edits of one row, as `awareness_core::testkit::RawAccess` names them, each
 /// under the store's lock and counted in no commit count. Each answers whether it changed a
@@ -533,6 +571,19 @@ impl PgStore {
 
 #[async_trait]
 impl EventStore for PgStore {
+    /// A hint each time another handle (of this process or another, on any host) commits a
+    /// write to this store, through `LISTEN`/`NOTIFY` (see the crate's docs); the first call
+    /// starts the handle's listener.
+    fn commit_hints(&self) -> Option<Box<dyn awareness_core::CommitHints>> {
+        let inner = &self.inner;
+        Some(inner.listener.subscribe(
+            self.runtime.handle(),
+            inner.pool(),
+            &inner.schema,
+            &inner.own_sessions,
+        ))
+    }
+
     /// With group commit on ([`PgStoreOptions::group_commit`] above 1), queues the event, then
     /// either a writer records it with its batch (the answer comes first), or this caller gets
     /// the handle's turn and records what the queue holds: alone, as without group commit, or

@@ -18,6 +18,21 @@ use awareness_core::{
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
 
+/// Tells the listeners of the database that the store's commit count moved, as the
+/// counter's update returns it: `NOTIFY` on [`CHANNEL`] with the store's schema as payload
+/// (the search path is the schema's, so the current schema is the store's). The server
+/// delivers it when the transaction commits, and not at all when it rolls back; a statement
+/// that moves no counter row notifies nothing.
+macro_rules! notify {
+    () => {
+        "pg_notify('session_awareness', current_schema())"
+    };
+}
+
+/// The channel [`notify!`] notifies on, one for every store of the database (the payload
+/// tells them apart).
+pub(crate) const CHANNEL: &str = "session_awareness";
+
 /// An event row's columns, in the order [`Rows::event`] reads them.
 macro_rules! event_columns {
     () => {
@@ -106,7 +121,9 @@ ON CONFLICT (watcher_session_key, target_session_key) DO UPDATE SET
 pub(crate) const RECORD_READ: &str = concat!(
     "WITH moved AS (
   UPDATE session_state_counter SET last_sequence = last_sequence + 1, commits = commits + 1
-  WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence)
+  WHERE id = 0 AND last_sequence < $1 RETURNING last_sequence, ",
+    notify!(),
+    ")
 SELECT (SELECT last_sequence FROM moved), k.last_sequence, e.*, h.*, c.*, txid_current(),
   pg_backend_pid()
 FROM session_state_counter AS k
@@ -181,7 +198,9 @@ macro_rules! no_cursor {
 pub(crate) const GROUP_READ: &str = concat!(
     "WITH moved AS (
   UPDATE session_state_counter SET last_sequence = last_sequence + $2, commits = commits + 1
-  WHERE id = 0 AND last_sequence <= $1 - $2 RETURNING last_sequence)
+  WHERE id = 0 AND last_sequence <= $1 - $2 RETURNING last_sequence, ",
+    notify!(),
+    ")
 SELECT (SELECT last_sequence FROM moved), k.last_sequence, x.*, txid_current(), pg_backend_pid()
 FROM session_state_counter AS k
 LEFT JOIN LATERAL (
@@ -267,9 +286,12 @@ cursors AS (",
 SELECT 1"
 );
 
-/// Counts a write transaction in the store-wide commit count (`foreign_commits`).
-pub(crate) const COUNT_COMMIT: &str =
-    "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0";
+/// Counts a write transaction in the store-wide commit count (`foreign_commits`), and
+/// notifies the other handles ([`notify!`]).
+pub(crate) const COUNT_COMMIT: &str = concat!(
+    "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0 RETURNING ",
+    notify!()
+);
 
 /// One ref's head.
 pub(crate) const HEAD: &str = concat!(

@@ -25,6 +25,12 @@ pub(crate) struct Inner {
     pool: PgPool,
     /// Names the store in errors and warnings: the schema (the server is the caller's).
     pub(crate) name: String,
+    /// The store's schema.
+    pub(crate) schema: String,
+    /// The sessions the pool opened, whose commit notifications are this handle's own.
+    pub(crate) own_sessions: Arc<crate::hints::OwnSessions>,
+    /// The listener for other handles' commits, once asked for ([`crate::hints`]).
+    pub(crate) listener: crate::hints::Listener,
     /// The commits of this handle counted in the store-wide commit count.
     own_commits: AtomicU64,
     /// `BEGIN` and the taking of the store's lock, sent as one.
@@ -249,8 +255,22 @@ impl Inner {
             ("search_path", options.schema.as_str()),
             ("idle_in_transaction_session_timeout", idle_ms.as_str()),
         ]);
+        let own_sessions = Arc::new(crate::hints::OwnSessions::default());
+        let opened = Arc::clone(&own_sessions);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
+            // Notes each session the pool opens, whose commit notifications are the handle's
+            // own ([`crate::hints`]).
+            .after_connect(move |conn, _| {
+                let opened = Arc::clone(&opened);
+                Box::pin(async move {
+                    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                        .fetch_one(conn)
+                        .await?;
+                    opened.opened(pid.cast_unsigned());
+                    Ok(())
+                })
+            })
             .connect_with(server)
             .await
             .map_err(|e| {
@@ -268,6 +288,9 @@ impl Inner {
         let store = Self {
             pool,
             name,
+            schema: options.schema.clone(),
+            own_sessions,
+            listener: crate::hints::Listener::default(),
             own_commits: AtomicU64::new(0),
             // READ COMMITTED whatever the server's, database's, role's or URL's default: each
             // statement after the lock then takes its snapshot after the lock was granted, and

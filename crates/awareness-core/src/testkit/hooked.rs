@@ -181,6 +181,9 @@ impl<H: Hook> EventStore for Hooked<H> {
             }
         }
     }
+    fn commit_hints(&self) -> Option<Box<dyn crate::store::CommitHints>> {
+        self.inner.commit_hints()
+    }
     async fn close(self: Arc<Self>) {
         // Closes the inner store too when this wrapper held its last handle.
         if let Some(hooked) = Arc::into_inner(self) {

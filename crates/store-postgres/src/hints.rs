@@ -1,0 +1,216 @@
+//! Commit hints through `LISTEN`/`NOTIFY` ([`awareness_core::EventStore::commit_hints`]).
+//!
+//! Every write transaction that moves the store's commit count notifies [`rows::CHANNEL`] with
+//! the store's schema as payload ([`rows::COUNT_COMMIT`] and the recording statements); the
+//! server delivers it once the transaction commits. A handle asked for hints starts one
+//! listener (a connection of its own, outside the store's pool, on the store's runtime) that
+//! counts the notifications of its store's schema sent by the other handles' sessions: not
+//! by its own sessions (their backend process ids, collected as the pool connects), not by
+//! other schemas' stores. A listener that loses its connection counts a hint (notifications
+//! sent meanwhile are lost) once it listens again.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use awareness_core::{CommitHints, async_trait};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::rows;
+
+/// The backend process ids of the sessions a handle's pool opened, the latest
+/// [`OwnSessions::KEPT`] of them: the notifications they send are the handle's own commits.
+#[derive(Debug, Default)]
+pub(crate) struct OwnSessions(Mutex<VecDeque<u32>>);
+
+impl OwnSessions {
+    /// Ids kept: many times the connections a pool holds at once. An id dropped, or reused by
+    /// another session once its own ended, only makes a hint more or one less, which the
+    /// pick-up's next question covers.
+    const KEPT: usize = 256;
+
+    /// Notes a session the pool opened.
+    pub(crate) fn opened(&self, pid: u32) {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if ids.len() == Self::KEPT {
+            ids.pop_front();
+        }
+        ids.push_back(pid);
+    }
+
+    fn contains(&self, pid: u32) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&pid)
+    }
+}
+
+/// A handle's listener, started by the first [`Listener::subscribe`].
+#[derive(Debug)]
+pub(crate) struct Listener {
+    hints: Mutex<Option<watch::Receiver<u64>>>,
+    /// Notifications of its handle's own commits the listener left out.
+    pub(crate) own_left_out: Arc<AtomicU64>,
+    /// The backend process id of the listener's session while it listens.
+    pub(crate) session: Arc<watch::Sender<Option<u32>>>,
+}
+
+impl Default for Listener {
+    fn default() -> Self {
+        Self {
+            hints: Mutex::default(),
+            own_left_out: Arc::default(),
+            session: Arc::new(watch::channel(None).0),
+        }
+    }
+}
+
+impl Listener {
+    /// The hints the listener has given (0 before it starts).
+    pub(crate) fn given(&self) -> u64 {
+        self.hints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |rx| *rx.borrow())
+    }
+
+    /// A stream of hints, the listener started on `runtime` if it is not running yet.
+    pub(crate) fn subscribe(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        pool: &PgPool,
+        schema: &str,
+        own: &Arc<OwnSessions>,
+    ) -> Box<dyn CommitHints> {
+        let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
+        let rx = hints.get_or_insert_with(|| {
+            let (tx, rx) = watch::channel(0);
+            // A connection of its own, kept for good: the listener holds it while it waits,
+            // which would take one of the pool's from the store's writes and reads.
+            let listening = PgPoolOptions::new()
+                .max_connections(1)
+                .min_connections(0)
+                .max_lifetime(None)
+                .idle_timeout(None)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_lazy_with((*pool.connect_options()).clone());
+            runtime.spawn(listen(
+                listening,
+                schema.to_owned(),
+                Arc::clone(own),
+                tx,
+                Arc::clone(&self.own_left_out),
+                Arc::clone(&self.session),
+            ));
+            rx
+        });
+        let mut rx = rx.clone();
+        // Hints from now on.
+        rx.borrow_and_update();
+        Box::new(Hints(rx))
+    }
+}
+
+/// One caller's stream of hints.
+struct Hints(watch::Receiver<u64>);
+
+#[async_trait]
+impl CommitHints for Hints {
+    async fn next(&mut self) -> bool {
+        // Fails once the listener's task is gone: the store's runtime shut down with it.
+        self.0.changed().await.is_ok()
+    }
+}
+
+/// Longest wait between two attempts to listen again.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The listener's task: listens on `pool`'s connection and counts in `hints` each
+/// notification of `schema` that none of `own`'s sessions sent, and each time it listens
+/// again after losing its connection; ends with the store's runtime.
+async fn listen(
+    pool: PgPool,
+    schema: String,
+    own: Arc<OwnSessions>,
+    hints: watch::Sender<u64>,
+    own_left_out: Arc<AtomicU64>,
+    session: Arc<watch::Sender<Option<u32>>>,
+) {
+    let hint = || hints.send_modify(|n| *n = n.wrapping_add(1));
+    let mut backoff = Duration::from_secs(1);
+    let mut failing = false;
+    let mut listened = false;
+    loop {
+        let started = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            // A lost connection ends `try_recv` at once, and is listened to again here.
+            listener.eager_reconnect(false);
+            listener.listen(rows::CHANNEL).await?;
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut listener)
+                .await?;
+            Ok::<_, sqlx::Error>((listener, pid))
+        }
+        .await;
+        let mut listener = match started {
+            Ok((listener, pid)) => {
+                session.send_replace(Some(pid.cast_unsigned()));
+                listener
+            }
+            Err(e) => {
+                if failing {
+                    debug!(schema = %schema, error = %e, "still cannot listen for other handles' commits");
+                } else {
+                    failing = true;
+                    warn!(schema = %schema, error = %e, "cannot listen for other handles' commits; the pick-up's questions still find them, and listening is tried again");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        if failing {
+            info!(schema = %schema, "listening for other handles' commits again");
+        }
+        failing = false;
+        backoff = Duration::from_secs(1);
+        // Commits made while nobody listened were not told: one hint for all of them (none
+        // for the first time, which covers nothing the caller had asked about).
+        if listened {
+            hint();
+        }
+        listened = true;
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(n)) => {
+                    if n.payload() != schema {
+                        // Another store's.
+                    } else if own.contains(n.process_id()) {
+                        own_left_out.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        hint();
+                    }
+                }
+                // The connection was lost (what was sent meanwhile is lost), or failed: listened
+                // to again from the top, which counts a hint.
+                Ok(None) => {
+                    session.send_replace(None);
+                    debug!(schema = %schema, "lost the connection listening for other handles' commits");
+                    break;
+                }
+                Err(e) => {
+                    session.send_replace(None);
+                    debug!(schema = %schema, error = %e, "listening for other handles' commits failed");
+                    // Not at once: an error that comes back at every try would spin.
+                    tokio::time::sleep(backoff).await;
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Commit hints through `LISTEN`/`NOTIFY` (`EventStore::commit_hints`, DESIGN.md section 9.1):
+//! a handle is told of another handle's commit to its store, not of its own, not of another
+//! store's in the same database, and after its listening connection is lost, of what it may
+//! have missed.
+
+mod server;
+
+use std::time::Duration;
+
+use awareness_core::testkit::group_commit::{T0, event};
+use awareness_core::{CommitHints, CursorStore as _, EventStore as _};
+use store_postgres::PgStore;
+
+/// Longest wait for a hint that must come (a notification is delivered at the commit).
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn hinted(hints: &mut Box<dyn CommitHints>) {
+    let next = tokio::time::timeout(WAIT, hints.next())
+        .await
+        .expect("a hint within the wait");
+    assert!(next, "the store is still open");
+}
+
+/// Handles `ours` and `theirs` on one fresh schema, and a handle on another.
+async fn three_handles() -> (PgStore, PgStore, PgStore, [server::DropSchema; 2]) {
+    let (one, two) = (server::fresh_schema(), server::fresh_schema());
+    let guards = [
+        server::DropSchema(one.clone()),
+        server::DropSchema(two.clone()),
+    ];
+    let (ours, _) = server::fresh_store_in(&one).await;
+    let (theirs, _) = server::fresh_store_in(&one).await;
+    let (elsewhere, _) = server::fresh_store_in(&two).await;
+    (ours, theirs, elsewhere, guards)
+}
+
+/// Waits until `done` holds (checked every 10 ms, at most for [`WAIT`]).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(WAIT, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what} within the wait");
+}
+
+/// Another handle's commit on the same store is hinted; the handle's own commits and another
+/// schema's store's are not. Notifications come in commit order: once the listener has left
+/// out the handle's own commit made last, it has seen every one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_handles_commit_is_hinted_and_its_own_and_another_stores_are_not() {
+    let (ours, theirs, elsewhere, _drop) = three_handles().await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+
+    for i in 0..3 {
+        elsewhere
+            .record(event(i), T0)
+            .await
+            .expect("record elsewhere");
+    }
+    theirs.record(event(3), T0).await.expect("record theirs");
+    hinted(&mut hints).await;
+    ours.record(event(4), T0).await.expect("record ours");
+    until("its own commit left out", || {
+        ours.own_commits_left_out() == 1
+    })
+    .await;
+    assert_eq!(ours.hints_given(), 1, "theirs only");
+
+    // A write other than a recording (here a watch) hints too.
+    let watcher = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
+    theirs
+        .watch(&watcher, &event(3).session, T0)
+        .await
+        .expect("watch");
+    hinted(&mut hints).await;
+    ours.record(event(5), T0).await.expect("record ours");
+    until("its own commit left out", || {
+        ours.own_commits_left_out() == 2
+    })
+    .await;
+    assert_eq!(ours.hints_given(), 2);
+}
+
+/// A listener whose connection the server ends listens again on a new one, and hints once for
+/// whatever was committed meanwhile; later commits are hinted as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_listening_connection_is_listened_on_again_with_a_hint() {
+    let (ours, theirs, _elsewhere, _drop) = three_handles().await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first.cast_signed())
+        .fetch_one(theirs.pool())
+        .await
+        .expect("end the listener's session");
+    assert!(ended);
+    hinted(&mut hints).await;
+    let again = ours.hints_listening().await;
+    assert_ne!(again, first, "a new session listens");
+
+    theirs.record(event(1), T0).await.expect("record theirs");
+    hinted(&mut hints).await;
+}
+
+/// Each stream starts from its own making: a hint given before it was made is not given again
+/// to it; a second stream shares the listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_gives_the_hints_after_it_was_made() {
+    let (ours, theirs, _elsewhere, _drop) = three_handles().await;
+    let mut first = ours.commit_hints().expect("store-postgres pushes hints");
+    let listening = ours.hints_listening().await;
+    theirs.record(event(1), T0).await.expect("record theirs");
+    hinted(&mut first).await;
+
+    let mut second = ours.commit_hints().expect("store-postgres pushes hints");
+    assert_eq!(ours.hints_listening().await, listening, "one listener");
+    let early = awareness_core::testkit::poll_once(std::pin::pin!(second.next())).await;
+    assert!(!early, "the hint before it was made is not given to it");
+    theirs.record(event(2), T0).await.expect("record theirs");
+    hinted(&mut second).await;
+    hinted(&mut first).await;
+}
+
+/// Dropping the handle ends its listener: a stream then answers that no hint will come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_when_its_store_is_dropped() {
+    let (ours, _theirs, _elsewhere, _drop) = three_handles().await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+    drop(ours);
+    let next = tokio::time::timeout(WAIT, hints.next())
+        .await
+        .expect("an answer within the wait");
+    assert!(!next, "the store is gone");
+}

@@ -304,7 +304,8 @@ pub struct AwarenessConfig {
     /// How often [`Awareness::spawn_pickup`] asks the store whether another writer committed
     /// (default 1 s; at least 1 ms): how long a notice another gateway process hands out to a
     /// watcher of this one waits before it is queued here and its session woken, unless the
-    /// pick-up cannot complete (see [`Awareness::spawn_pickup`]).
+    /// pick-up cannot complete (see [`Awareness::spawn_pickup`]), or the store hints at the
+    /// commit when it is made (store-postgres), which asks at once.
     pub pickup_interval: Duration,
     /// How often [`Awareness::spawn_pickup`] picks up every pending notice of this gateway's
     /// watchers whether or not another writer committed (default 1 min; at least 1 ms): a
@@ -3174,6 +3175,12 @@ impl Awareness {
     /// that fails, panics or is given up is logged (`warn!` the first time, `debug!` while it
     /// keeps failing) and asked again at the next interval. The first time another writer is
     /// seen to commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so.
+    /// A store that pushes hints as other writers commit
+    /// ([`awareness_core::EventStore::commit_hints`]: store-postgres, through
+    /// `LISTEN`/`NOTIFY`) has its question asked at each hint too, without waiting for the
+    /// interval, so that another host's notice is queued and its session woken when it is
+    /// handed out; unless the questions and pick-ups hints brought have taken a tenth of the
+    /// task's time, in which case the hint waits (at most until the interval's question).
     /// To stop the task, abort the handle and await it, as for [`Awareness::spawn_pruning`]; it
     /// also ends at its next interval once the service is gone.
     pub fn spawn_pickup(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -3182,6 +3189,8 @@ impl Awareness {
         let interval = self.config.pickup_interval;
         let recovery = self.config.recovery_interval;
         let mut shared_said = self.config.owned_watchers_only;
+        // Made here, not in the task: a stream does not keep the store open.
+        let mut hints = self.store.commit_hints();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -3190,8 +3199,37 @@ impl Awareness {
             let mut first_answer = None;
             // When the last whole pick-up was made (the first question makes one).
             let mut last_whole = tokio::time::Instant::now();
+            // When a hint may next bring a question forward, and when the question a hint
+            // brought last began.
+            let mut hint_ready_at = tokio::time::Instant::now();
+            let mut hinted_at = None;
             loop {
-                tick.tick().await;
+                if let Some(began) = hinted_at.take() {
+                    let now = tokio::time::Instant::now();
+                    hint_ready_at = now + (now - began) * HINT_SHARE;
+                }
+                match hints.as_mut() {
+                    None => {
+                        tick.tick().await;
+                    }
+                    Some(told) => {
+                        tokio::select! {
+                            biased;
+                            _ = tick.tick() => {}
+                            more = async {
+                                tokio::time::sleep_until(hint_ready_at).await;
+                                told.next().await
+                            } => {
+                                if !more {
+                                    debug!("the store's commit hints ended; the pick-up asks at its interval");
+                                    hints = None;
+                                    continue;
+                                }
+                                hinted_at = Some(tokio::time::Instant::now());
+                            }
+                        }
+                    }
+                }
                 // Held for this interval's question and pick-up only, as pruning's task does.
                 let Some(me) = service.upgrade() else {
                     debug!("the service is gone: the pick-up task ends");
@@ -3278,6 +3316,13 @@ impl Awareness {
         }
     }
 }
+
+/// A hint of the store ([`awareness_core::EventStore::commit_hints`]) brings the pick-up
+/// task's next question forward unless the questions and pick-ups hints brought took more
+/// than `1 / (1 + HINT_SHARE)` of the task's time: after one that took `t`, the next hint is
+/// waited for `HINT_SHARE * t` first. A gateway whose store another gateway keeps busy then
+/// spends at most a tenth of a task on pick-ups between its intervals' questions.
+const HINT_SHARE: u32 = 9;
 
 /// Wakes each main session a dropped turn left lines to that wake it ([`TurnLocks::owed_wakes`]:
 /// those whose turn lock is free; `only` that one, when given), once, if the directory knows

@@ -833,15 +833,30 @@ async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher(
     ours: Arc<dyn AwarenessStore>,
     theirs: Arc<dyn AwarenessStore>,
 ) {
-    let (svc, queue, mut woken) = woken_service(
+    a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
         ours,
-        directory(&[MANAGER]),
+        theirs,
         AwarenessConfig {
             pickup_interval: Duration::from_millis(10),
             ..AwarenessConfig::default()
         },
-    );
+        async {},
+    )
+    .await;
+}
+
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] under `config`, the
+/// other writer starting once `ready` (awaited after the pick-up task is spawned) is.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
+    ours: Arc<dyn AwarenessStore>,
+    theirs: Arc<dyn AwarenessStore>,
+    config: AwarenessConfig,
+    ready: impl std::future::Future<Output = ()>,
+) {
+    let (svc, queue, mut woken) = woken_service(ours, directory(&[MANAGER]), config);
     let pickup = svc.spawn_pickup();
+    ready.await;
     let next_wake = async |woken: &mut mpsc::UnboundedReceiver<SessionKey>| {
         tokio::time::timeout(Duration::from_mins(1), woken.recv())
             .await
@@ -907,6 +922,40 @@ async fn a_notice_another_gateway_on_one_postgres_schema_hands_out_wakes_this_ga
     };
     let (ours, theirs) = (open().await, open().await);
     a_notice_another_writer_hands_out_wakes_this_gateways_watcher(ours, theirs).await;
+}
+
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] on two handles on one
+/// PostgreSQL schema whose pick-up asks only once an hour (and picks up everything never):
+/// each notice of the other gateway is picked up at the store's hint of its commit
+/// (`LISTEN`/`NOTIFY`), the second right after the acknowledgement of the first.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_gateways_notice_is_picked_up_at_the_hint_of_its_commit_on_postgres() {
+    let schema = store_postgres::testkit::Schema::fresh("ga");
+    let open = async || {
+        Arc::new(
+            store_postgres::PgStore::connect_url(&schema.url())
+                .await
+                .expect("connect"),
+        )
+    };
+    let (ours, theirs) = (open().await, open().await);
+    let listening = Arc::clone(&ours);
+    a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
+        ours,
+        theirs,
+        AwarenessConfig {
+            pickup_interval: Duration::from_hours(1),
+            recovery_interval: Duration::MAX,
+            ..AwarenessConfig::default()
+        },
+        async move {
+            tokio::time::timeout(Duration::from_secs(30), listening.hints_listening())
+                .await
+                .expect("the pick-up task asked the store for hints, and the store listens");
+        },
+    )
+    .await;
 }
 
 /// A memory store played as one that other processes share: its answer to

@@ -1664,9 +1664,11 @@ impl Awareness {
 
     /// A human turn in a session: recorded only when its sender is a person
     /// ([`HumanMessage::actor_type`] `human`: input from another session or from the gateway
-    /// itself is no human turn, and OpenClaw records none) and the session has a
-    /// spawner/parent or a watcher (or when the store fails to say whether it has a watcher:
-    /// the failure is logged and the turn recorded). Returns the stored event.
+    /// itself is no human turn, and OpenClaw records none) and the session's entry names a
+    /// spawner or a parent (as OpenClaw, whether or not that session may watch it: a bare key,
+    /// or one the visibility policy refuses, is only left out of the notices) or the session
+    /// has a watcher (or when the store fails to say whether it has a watcher: the failure is
+    /// logged and the turn recorded). Returns the stored event.
     ///
     /// The summary is `human message via <channel>` (`unknown` for a blank channel). The
     /// gateway's metadata never costs the event ([gateway metadata](Awareness#gateway-metadata)):
@@ -1700,7 +1702,13 @@ impl Awareness {
         let spawner = self.spawner(entry.as_ref(), &target);
         // One wait for the store, the question below and the recording together.
         let deadline = self.store_deadline();
-        if spawner.is_none() {
+        // OpenClaw records the turn whenever the entry names a spawner or a parent, whether
+        // or not that session can watch (a bare key such as `global` cannot: it is then left
+        // out of the notices only); only a session naming neither is recorded when watched.
+        let names_up = entry
+            .as_ref()
+            .is_some_and(|e| e.spawned_by.is_some() || e.parent_session_key.is_some());
+        if spawner.is_none() && !names_up {
             let filter = CursorFilter {
                 target: Some(msg.session.clone()),
                 ..CursorFilter::default()
@@ -1760,9 +1768,10 @@ impl Awareness {
                 fit.payload("extra payload", extra)
                     .or_else(|| Some(turns()))
             }
-            None => Some(turns()),
-        }
-        .filter(|p| !p.is_empty());
+            // No payload unless the burst has a size; a caller's payload, even `{}`, is kept
+            // (OpenClaw stores `{}` for it too).
+            None => Some(turns()).filter(|p| !p.is_empty()),
+        };
         ev.watchers.extend(spawner);
         match self
             .record_logged_by(ev, deadline, |_| std::future::ready(()))

@@ -320,6 +320,35 @@ async fn an_unrecorded_human_message_in_an_unwatched_session_is_logged() {
     assert!(line.contains("session_key=agent:main:alone"), "{line}");
 }
 
+/// A human message in a session whose entry names a spawner or a parent that cannot watch it
+/// (a bare key: under `session.scope` global a subagent's spawner is `global`) is recorded, as
+/// OpenClaw records it (its `onlyIfWatched` is off whenever the entry names one); the bare key
+/// is left out of the notices only. (It was taken for an unwatched session: the turn was
+/// never an event, and every later sequence differed from OpenClaw's.)
+#[tokio::test]
+async fn a_human_message_in_a_session_a_bare_key_spawned_is_recorded() {
+    for entry in [
+        SessionEntry {
+            spawned_by: Some(k("global")),
+            ..SessionEntry::default()
+        },
+        SessionEntry {
+            parent_session_key: Some(k("global")),
+            ..SessionEntry::default()
+        },
+    ] {
+        let store = Arc::new(MemoryStore::new());
+        let svc = service(Arc::clone(&store) as Arc<_>);
+        let mut msg = HumanMessage::new(k("agent:main:subagent:g1"));
+        msg.entry = Some(entry.clone());
+        let HumanRecorded::Event(e) = svc.human_message_recorded(msg).await else {
+            panic!("recorded: {entry:?}");
+        };
+        assert_eq!(e.sequence, Sequence(1));
+        assert_eq!(store.cursors(&awareness_core::CursorFilter::default()).await.unwrap(), vec![]);
+    }
+}
+
 /// A watch of one agent's session of a key is no watch of another agent's session of it (the
 /// key `global`, shared when `session.scope` is global): a human message in the unwatched one
 /// is not recorded, as in any unwatched session, while one in the watched one is.

@@ -204,7 +204,8 @@ async fn a_spawner_that_cannot_watch_leaves_the_watch_to_the_parent() {
 /// A parent taken because the spawner cannot watch is not the session's link up the spawn
 /// tree, so a policy that follows the tree is asked whether it may see the session: under
 /// `SpawnTree`, a parent the tree does not reach gets no watch and no notice (which would
-/// tell it the session's key and version), one it reaches does.
+/// tell it the session's key and version), one it reaches does. The turn is recorded either
+/// way, as OpenClaw records it: the entry names a spawner.
 #[tokio::test]
 async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
     for (parent, reached) in [("agent:ops:main", false), (MANAGER, true)] {
@@ -234,7 +235,7 @@ async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
         .build();
         let mut msg = message("telegram");
         msg.entry = Some(entry);
-        assert_eq!(svc.human_message(msg).await.is_some(), reached, "{parent}");
+        assert!(svc.human_message(msg).await.is_some(), "{parent}: recorded");
         assert_eq!(
             queue.peek(&k(parent)).len(),
             usize::from(reached),
@@ -245,7 +246,8 @@ async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
 
 /// A policy that lets no spawner or parent watch on its own (`can_watch_spawned` always
 /// false, `can_see` always true) keeps the parent from watching when the spawner is refused:
-/// the fallback parent is asked both questions.
+/// the fallback parent is asked both questions. The turn is recorded all the same (the entry
+/// names a spawner, so OpenClaw records it), with no watcher.
 #[tokio::test]
 async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
     struct NoAutomaticWatches;
@@ -258,8 +260,9 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
         }
     }
     let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+    let store = Arc::new(MemoryStore::new());
     let svc = gateway_adapter::Awareness::builder(
-        Arc::new(MemoryStore::new()),
+        store.clone(),
         queue.clone(),
         Arc::new(gateway_adapter::RecordingWake::new()),
         Arc::new(gateway_adapter::InMemoryDirectory::new()),
@@ -272,7 +275,9 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
         parent_session_key: Some(k(MANAGER)),
         ..SessionEntry::default()
     });
-    assert!(svc.human_message(msg).await.is_none(), "nobody watches");
+    svc.human_message(msg).await.expect("recorded");
+    let cursors = store.cursors(&awareness_core::CursorFilter::default()).await.unwrap();
+    assert!(cursors.is_empty(), "nobody watches: {cursors:?}");
     assert!(queue.peek(&k(MANAGER)).is_empty());
 }
 
@@ -300,6 +305,23 @@ async fn the_turns_of_a_human_message_are_the_bursts_alone() {
             Some(want.as_object().unwrap().clone()),
             "{turns}"
         );
+    }
+}
+
+/// A caller's payload is kept even when it is empty (`{}`), as OpenClaw stores it; without
+/// one, and with a burst of one turn, the event has none.
+#[tokio::test]
+async fn an_empty_payload_of_the_caller_is_kept() {
+    for (given, want) in [
+        (Some(serde_json::Map::new()), Some(serde_json::Map::new())),
+        (None, None),
+    ] {
+        let w = World::watched().await;
+        let mut msg = message("telegram");
+        msg.payload = given.clone();
+        w.svc.human_message(msg).await.expect("recorded");
+        let e = w.only(EventKind::HumanDirectMessage).await;
+        assert_eq!(e.payload, want, "{given:?}");
     }
 }
 

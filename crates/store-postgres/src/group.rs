@@ -157,7 +157,7 @@ impl Inner {
             .filter(|r| !r.deduplicated)
             .map(|r| &*r.event)
             .collect();
-        self.commit_known(tx, WHAT, &written)
+        self.commit_known(tx, WHAT, &written, true)
             .await
             .map_err(|u| match u {
                 Uncommitted::RolledBack(e) => Failed::RolledBack(e),

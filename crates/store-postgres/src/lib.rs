@@ -65,7 +65,10 @@
 //! saying that the outcome is unknown: an event without a dedupe key recorded again may then
 //! be recorded twice. The question starts when the client sees its connection fail: a
 //! connection that stays half-open on the client's side waits for TCP to give up first. The
-//! other writes need no question: done twice, each leaves what doing it once does.
+//! other writes are asked about the same way (so that a session left idle in their
+//! transaction, holding the store's lock, is ended too, and a commit that went through counts
+//! as the handle's own): committed, a success; otherwise a retryable error, since each of
+//! them, done twice, leaves what doing it once does.
 //! Why these choices: docs/decisions/0030.
 //!
 //! ```no_run
@@ -377,7 +380,7 @@ impl PgStore {
     ///
     /// [`StoreError::Open`] naming the schema: [`OpenFailure::InvalidOptions`] for a schema
     /// name that is not 1-63 lowercase ASCII letters, digits and underscores starting with a
-    /// letter or underscore, a pool of no connection, or an idle transaction timeout out of
+    /// letter or underscore, or that is the server's own (`pg_...`, `information_schema`), a pool of no connection, or an idle transaction timeout out of
     /// range; [`OpenFailure::Other`] when the server refuses the connection (a wrong
     /// password, say), or the store's runtime cannot be started; [`OpenFailure::Unsupported`] when
     /// its database does not encode text as UTF-8; [`OpenFailure::NotAStore`] when the schema

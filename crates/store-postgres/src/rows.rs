@@ -287,9 +287,12 @@ SELECT 1"
 );
 
 /// Counts a write transaction in the store-wide commit count (`foreign_commits`), and
-/// notifies the other handles ([`notify!`]).
+/// notifies the other handles ([`notify!`]); answers the transaction's id and its session's
+/// (columns 0 and 1, as [`crate::store::TxId::at`] reads them), asked about when the answer
+/// to its `COMMIT` is lost.
 pub(crate) const COUNT_COMMIT: &str = concat!(
-    "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0 RETURNING ",
+    "UPDATE session_state_counter SET commits = commits + 1 WHERE id = 0 \
+     RETURNING txid_current(), pg_backend_pid(), ",
     notify!()
 );
 

@@ -367,25 +367,26 @@ impl Inner {
     }
 
     /// Commits a write transaction that has not counted itself yet: counts it in the
-    /// store-wide commit count first (see [`EventStore::foreign_commits`]).
+    /// store-wide commit count first (see [`EventStore::foreign_commits`]), which reads the
+    /// transaction's id. When the answer to the `COMMIT` is lost, the server is asked, as for
+    /// a recording ([`Inner::commit_known`]): a session left idle in the transaction, holding
+    /// the store's lock for every gateway until the server's idle timeout, is ended; committed,
+    /// this is a success (and counted as this handle's own, which `foreign_commits` must not
+    /// show as another's); rolled back or unknown, a retryable error (each of these writes,
+    /// done again, leaves what doing it once does).
     async fn commit(&self, mut tx: Write, what: &str) -> Result<(), StoreError> {
-        sqlx::query(rows::COUNT_COMMIT)
-            .execute(&mut *tx)
+        let row = sqlx::query(rows::COUNT_COMMIT)
+            .fetch_one(&mut *tx)
             .await
             .map_err(self.failed(what))?;
-        self.commit_counted(tx, what).await
+        tx.id = Some(TxId::at(&row, 0).map_err(self.failed(what))?);
+        self.commit_known(tx, what, &[], false)
+            .await
+            .map_err(|(Uncommitted::RolledBack(e) | Uncommitted::Failed(e))| e)
     }
 
-    /// Commits a write transaction that has counted itself in the store-wide commit count,
-    /// and counts it as this handle's own.
-    pub(crate) async fn commit_counted(&self, tx: Write, what: &str) -> Result<(), StoreError> {
-        tx.tx.commit().await.map_err(self.failed(what))?;
-        self.own_commits.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Commits a recording's transaction, which wrote the events `written`, counted in the
-    /// store-wide commit count as [`Inner::commit_counted`] does. When the answer to the
+    /// Commits a recording's transaction, which wrote the events `written` and counted itself
+    /// in the store-wide commit count, and counts it as this handle's own. When the answer to the
     /// `COMMIT` is lost (the connection failed while it was on its way), the server is asked
     /// on another connection whether the transaction ([`Write::id`]) committed: committed,
     /// with the events in the log as written, this is a success; rolled back,
@@ -393,12 +394,14 @@ impl Inner {
     /// (a connection it has not seen gone), is ended first, so that the answer is final. A
     /// transaction that wrote no event (dedupe hits only) is a success whatever the answer:
     /// the stored events are the answer either way (it is asked all the same, which ends such
-    /// a session). The handle's turn is held throughout.
+    /// a session). The handle's turn is held throughout. `recording` is false for a write
+    /// other than a recording, which wrote no event and needs the server's answer.
     pub(crate) async fn commit_known(
         &self,
         tx: Write,
         what: &str,
         written: &[&Event],
+        recording: bool,
     ) -> Result<(), Uncommitted> {
         let Write { tx, _turn, id } = tx;
         let lost = match tx.commit().await {
@@ -412,7 +415,7 @@ impl Inner {
             return Err(Uncommitted::Failed(self.failed(what)(lost)));
         };
         let asked = tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.settle(id, written)).await;
-        if written.is_empty() {
+        if recording && written.is_empty() {
             // Dedupe hits only: the stored events are the answer whatever the server says.
             // Asking still ended a session left idle in the transaction, which held the
             // store's lock and the counter's row for every gateway.
@@ -1027,7 +1030,8 @@ impl Inner {
             // A dedupe hit. An unreadable row fails the caller and the transaction rolls back:
             // nothing changes, the number included.
             let existing = self.rows().event_at(first, 2)?;
-            self.commit_known(tx, "recording a dedupe hit", &[]).await?;
+            self.commit_known(tx, "recording a dedupe hit", &[], true)
+                .await?;
             return Ok(Recorded {
                 event: Arc::new(existing),
                 deduplicated: true,
@@ -1075,7 +1079,7 @@ impl Inner {
             .execute(&mut *tx)
             .await
             .map_err(self.failed("recording"))?;
-        self.commit_known(tx, "recording", &[&stored]).await?;
+        self.commit_known(tx, "recording", &[&stored], true).await?;
         Ok(Recorded {
             event: Arc::new(stored),
             deduplicated: false,

@@ -4,6 +4,8 @@
 //! (and retrying an event that has no dedupe key, which would record it twice): committed, the
 //! caller gets its event; rolled back, the store records it again, once, in the same turn;
 //! the server out of reach, the caller gets a retryable error saying the outcome is unknown.
+//! The other writes (a watch, here) are asked about too: committed, a success; otherwise a
+//! retryable error; and in either case a session left idle in the transaction is ended.
 //!
 //! The faults are made by [`Proxy`], a stand-in for the server that the store connects to: it
 //! passes every byte both ways and reads the store's messages, so that it can act on the
@@ -17,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use awareness_core::testkit::group_commit::{T0, event};
 use awareness_core::testkit::poll_once;
-use awareness_core::{EventStore as _, Recorded, Sequence, StoreError};
+use awareness_core::{CursorStore as _, EventStore as _, Recorded, Sequence, StoreError};
 use store_postgres::{PgConnectOptions, PgStore, PgStoreOptions};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
@@ -563,4 +565,72 @@ async fn a_dedupe_hit_whose_commit_was_lost_is_answered_with_the_stored_event() 
             assert!(!next.deduplicated, "{fault:?}");
         }
     }
+}
+
+/// A write other than a recording (here a watch) loses the answer to its `COMMIT`, which the
+/// server committed: the store asks the server, as for a recording, and answers a success; the
+/// commit is counted as the handle's own, so that `foreign_commits` does not show it as
+/// another gateway's. (It answered `Busy`, and the handle's next question took its own watch
+/// for another writer's commit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_commit_answer_was_lost_is_answered_as_committed() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| o).await;
+    store.record(event(0), T0).await.expect("record");
+    let before = store.foreign_commits().await.expect("ask");
+    let watcher = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
+    proxy.arm(Fault::LoseAnswer, 0);
+    store
+        .watch(&watcher, &event(0).session, T0)
+        .await
+        .expect("the committed watch");
+    assert_eq!(proxy.fired(), 1, "the answer was lost");
+    assert!(
+        direct
+            .cursor(&watcher, &event(0).session.session_key)
+            .await
+            .expect("cursor")
+            .is_some(),
+        "committed"
+    );
+    assert_eq!(
+        store.foreign_commits().await.expect("ask"),
+        before,
+        "only this handle wrote"
+    );
+}
+
+/// A watch's `COMMIT` never reaches the server, whose side of the connection stays open: its
+/// session waits in the transaction holding the store's lock, and the store ends it as it does
+/// a recording's, so that another gateway's recording goes on at once instead of after the
+/// server's idle-transaction timeout (a minute, longer than the wait below). The watch answers
+/// a retryable error: nothing was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_commit_never_arrived_lets_go_of_the_lock() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| o).await;
+    store.record(event(0), T0).await.expect("record");
+    let watcher = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
+    proxy.arm(Fault::StallCommit, 0);
+    let watched = store.watch(&watcher, &event(0).session, T0).await;
+    assert_eq!(proxy.fired(), 1);
+    assert!(
+        matches!(watched, Err(StoreError::Busy { .. })),
+        "{watched:?}"
+    );
+    let other = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        direct.record(event(1), T0),
+    )
+    .await
+    .expect("another gateway records without waiting for the idle timeout");
+    other.expect("record");
+    assert!(
+        direct
+            .cursor(&watcher, &event(0).session.session_key)
+            .await
+            .expect("cursor")
+            .is_none(),
+        "rolled back"
+    );
 }

@@ -132,8 +132,17 @@ const COLUMNS: [(&str, &[&str]); 5] = [
 ];
 
 /// Refuses a schema name that would need quoting: 1-63 bytes (PostgreSQL's limit on a
-/// name) of lowercase ASCII letters, digits and `_`, not starting with a digit.
+/// name) of lowercase ASCII letters, digits and `_`, not starting with a digit; and the names
+/// of the server's own schemas: `pg_...` (which PostgreSQL refuses to create, so that the
+/// store would fail later with an error that does not say why) and `information_schema`
+/// (which a role allowed to create in it would have the store's tables written into).
 pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    if name.starts_with("pg_") || name == "information_schema" {
+        return Err(format!(
+            "schema name {name:?}: the server's own (pg_... and information_schema are \
+             PostgreSQL's)"
+        ));
+    }
     let first_ok = name
         .bytes()
         .next()
@@ -158,9 +167,20 @@ pub(crate) fn lock_key(schema: &str) -> i64 {
     i64::from_ne_bytes(hash.to_ne_bytes())
 }
 
-/// The counter's one row: at 0 when the store is new, above every event when the row was lost.
+/// The counter's one row: at 0 when the store is new; when the row was lost, above every
+/// sequence the store still names (its events, its heads' last and pruned sequences, its
+/// cursors'), since a number handed out before is never handed out again (DESIGN.md section 2),
+/// and the newest events may have been pruned or deleted while their heads and cursors stay.
+/// The heads and cursors, which no index orders by sequence, are read only when the row is
+/// missing.
 const COUNTER_ROW: &str = "INSERT INTO session_state_counter (id, last_sequence)
-SELECT 0, coalesce(max(sequence), 0) FROM session_state_events
+SELECT 0, greatest(
+  (SELECT coalesce(max(sequence), 0) FROM session_state_events),
+  (SELECT coalesce(max(greatest(last_sequence, pruned_max_sequence)), 0)
+     FROM session_state_heads),
+  (SELECT coalesce(max(greatest(last_seen_sequence, notified_sequence, material_sequence)), 0)
+     FROM session_watch_cursors))
+WHERE NOT EXISTS (SELECT 1 FROM session_state_counter WHERE id = 0)
 ON CONFLICT (id) DO NOTHING";
 
 /// The PostgreSQL version the store needs at least (`server_version_num`): 12, for
@@ -373,7 +393,7 @@ mod tests {
 
     #[test]
     fn only_names_that_need_no_quoting_are_taken() {
-        for ok in ["gateway", "_x", "a1_b2", &"s".repeat(63)] {
+        for ok in ["gateway", "_x", "a1_b2", "pg", "pgx_a", &"s".repeat(63)] {
             assert!(check_name(ok).is_ok(), "{ok:?}");
         }
         for bad in [
@@ -385,6 +405,9 @@ mod tests {
             "a\"b",
             "é",
             &"s".repeat(64),
+            "pg_gateway",
+            "pg_catalog",
+            "information_schema",
         ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }

@@ -6,8 +6,8 @@ mod server;
 use std::time::Duration;
 
 use awareness_core::{
-    ActorType, EventKind, EventStore as _, NewEvent, OpenFailure, Sequence, SessionRef, StoreError,
-    Timestamp,
+    ActorType, AwarenessStoreExt as _, CursorStore as _, EventKind, EventStore as _, NewEvent,
+    OpenFailure, RetentionPolicy, Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
 };
 use sqlx::ConnectOptions as _;
 use store_postgres::{PgStore, PgStoreOptions};
@@ -30,12 +30,13 @@ async fn refused(options: PgStoreOptions) -> StoreError {
         .expect_err("the connect is refused")
 }
 
-/// The tables of `schema` on the test server.
+/// The tables of `schema` on the test server with a name of the store's (`session_...`; the
+/// server's own schemas hold others).
 async fn tables_of(schema: &str) -> Vec<String> {
     let mut conn = server::server().connect().await.expect("connect");
     sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1
-         ORDER BY 1",
+         AND table_name LIKE 'session\\_%' ORDER BY 1",
     )
     .bind(schema)
     .fetch_all(&mut conn)
@@ -48,6 +49,11 @@ async fn options_that_cannot_work_are_refused_before_anything_is_created() {
     for (options, says) in [
         (PgStoreOptions::new("Not-A-Name"), "schema name"),
         (PgStoreOptions::new(""), "schema name"),
+        (PgStoreOptions::new("pg_gateway"), "the server's own"),
+        (
+            PgStoreOptions::new("information_schema"),
+            "the server's own",
+        ),
         (
             PgStoreOptions::new(server::fresh_schema()).max_connections(0),
             "max_connections",
@@ -446,4 +452,45 @@ async fn a_lost_counter_row_comes_back_above_every_event() {
         Sequence(4),
         "above every event there is"
     );
+}
+
+/// A counter row lost after the newest events were pruned (or their session deleted) comes
+/// back above every sequence the store still names: its heads' and cursors', not only its
+/// events'. It came back at the highest event left, and handed out numbers again: the head
+/// went back below its watermark, and the watcher of the session was told nothing.
+#[tokio::test]
+async fn a_lost_counter_row_comes_back_above_the_heads_and_cursors_of_pruned_events() {
+    let (store, schema) = server::fresh_store().await;
+    let now = Timestamp(1_800_000_000_000);
+    let a = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    for _ in 0..3 {
+        store
+            .record(human("agent:main:subagent:a"), now)
+            .await
+            .expect("record");
+    }
+    store.watch(&watcher, &a, now).await.expect("watch");
+    let policy = RetentionPolicy {
+        max_age_ms: 1_000,
+        ..RetentionPolicy::default()
+    };
+    let report = store
+        .prune(&policy, Timestamp(now.millis() + 10_000))
+        .await
+        .expect("prune");
+    assert_eq!(report.events_by_age, 3, "{report:?}");
+    sqlx::query("DELETE FROM session_state_counter")
+        .execute(store.pool())
+        .await
+        .expect("lose the row");
+    let opened = PgStore::connect(server::server(), PgStoreOptions::new(schema.name()))
+        .await
+        .expect("an open that may create");
+    let next = opened
+        .record(human("agent:main:subagent:a"), now)
+        .await
+        .expect("record");
+    assert_eq!(next.event.sequence, Sequence(4), "never handed out again");
+    assert_eq!(next.notices.len(), 1, "the watcher is told: {next:?}");
 }

@@ -341,10 +341,25 @@ impl StoreError {
 /// ```
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
+        // Not written as a URL (a slash or two missing, say), so not parsed: shown up to its
+        // first `:` only when an `@` or a key naming a password might put a secret after it.
+        if url.contains('@') || is_secret_query_key(url) {
+            let shown = url.split_once(':').map_or("", |(scheme, _)| scheme);
+            return format!("{shown}:***");
+        }
         return url.to_owned();
     };
     let (user, after, swallowed_query) = match rest.rsplit_once('@') {
-        Some((user_info, after)) if user_info.contains(':') => {
+        Some((user_info, after))
+            if user_info.contains(':')
+                // A user name does not hold a `/`, `?` or `#`: that `@` is the query's (in a
+                // value holding a `:` too), and what comes before it is no user part.
+                && !user_info
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .contains(['/', '?', '#']) =>
+        {
             let user = user_info.split(':').next().unwrap_or_default();
             // An `@` in the query (not in a password) put the query's start into what was
             // taken for the user part: the pairs after it are still the query's.
@@ -601,6 +616,22 @@ mod tests {
             ),
             ("postgres://db/x?schema=a", "postgres://db/x?schema=a"),
             ("memory:", "memory:"),
+            // Review, stop 54: an `@` after a `:` in a later value of the query took the
+            // query's start (and the password in it) for the user name; a URL without `://`
+            // was shown whole.
+            (
+                "postgres://db/awareness?password=s3cret&application_name=ops:x@box",
+                "postgres://db/awareness?password=***&application_name=ops:x@box",
+            ),
+            (
+                "postgres://gw@db/awareness?password=s3:cret@x",
+                "postgres://gw@db/awareness?password=***",
+            ),
+            ("postgres:/gw:s3cret@db/awareness", "postgres:***"),
+            ("postgresql:gw:s3cret@db/awareness", "postgresql:***"),
+            ("postgres//gw:s3cret@db/awareness", "postgres//gw:***"),
+            ("postgres:db?pass%77ord=s3cret", "postgres:***"),
+            ("sqlite:state.sqlite", "sqlite:state.sqlite"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }

@@ -17,7 +17,7 @@ const CREATE: [&str; 9] = [
   commits bigint NOT NULL DEFAULT 0)",
     r#"CREATE TABLE IF NOT EXISTS session_state_events (
   sequence bigint PRIMARY KEY,
-  dedupe_key text COLLATE "C" UNIQUE,
+  dedupe_key text COLLATE "C",
   session_key text COLLATE "C" NOT NULL,
   session_id text,
   agent_id text COLLATE "C" NOT NULL,
@@ -27,7 +27,8 @@ const CREATE: [&str; 9] = [
   run_id text,
   occurred_at bigint NOT NULL,
   summary text NOT NULL,
-  payload_json text)"#,
+  payload_json text,
+  CONSTRAINT session_state_events_dedupe EXCLUDE USING hash (dedupe_key WITH =))"#,
     "CREATE INDEX IF NOT EXISTS session_state_events_by_ref
 ON session_state_events (session_key, agent_id, sequence)",
     "CREATE INDEX IF NOT EXISTS session_state_events_by_age
@@ -349,6 +350,32 @@ pub(crate) async fn create(
                 ),
             ));
         }
+    }
+    // A store made before stop 54 keeps its dedupe keys unique with a B-tree, whose entries
+    // PostgreSQL caps at 2,704 bytes: a dedupe key the contract takes (up to 4,096 bytes) that
+    // does not compress below that was refused, with a backend error. The hash index of the
+    // exclusion constraint holds a key's hash only, whatever its length. An open that may not
+    // create changes nothing, and such keys stay refused there.
+    let old_unique: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_constraint AS k
+         JOIN pg_class AS c ON c.oid = k.conrelid
+         JOIN pg_namespace AS n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = 'session_state_events'
+         AND k.conname = 'session_state_events_dedupe_key_key')",
+    )
+    .bind(schema)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(failed("reading the store's constraints"))?;
+    if old_unique && create_if_missing {
+        sqlx::query(AssertSqlSafe(format!(
+            "ALTER TABLE \"{schema}\".session_state_events
+             DROP CONSTRAINT session_state_events_dedupe_key_key,
+             ADD CONSTRAINT session_state_events_dedupe EXCLUDE USING hash (dedupe_key WITH =)"
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("keeping dedupe keys of any length unique"))?;
     }
     // The row every write moves; a table created by hand from these statements may lack it,
     // or a hand edit may have deleted it: it starts above every event there is. An open that

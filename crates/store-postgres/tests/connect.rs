@@ -494,3 +494,57 @@ async fn a_lost_counter_row_comes_back_above_the_heads_and_cursors_of_pruned_eve
     assert_eq!(next.event.sequence, Sequence(4), "never handed out again");
     assert_eq!(next.notices.len(), 1, "the watcher is told: {next:?}");
 }
+
+/// A store made before its dedupe keys were kept unique by a hash index (a B-tree `UNIQUE`,
+/// whose entries PostgreSQL caps at 2,704 bytes) is moved to the hash index by the next open
+/// that may create, and then takes a dedupe key of 4,096 bytes of random text, which the
+/// B-tree refused; the uniqueness holds after the move. An open that may not create changes
+/// nothing.
+#[tokio::test]
+async fn a_store_with_the_old_dedupe_index_takes_long_dedupe_keys_once_reopened() {
+    let (store, schema) = server::fresh_store().await;
+    sqlx::query(
+        "ALTER TABLE session_state_events DROP CONSTRAINT session_state_events_dedupe,
+         ADD CONSTRAINT session_state_events_dedupe_key_key UNIQUE (dedupe_key)",
+    )
+    .execute(store.pool())
+    .await
+    .expect("make the store as it was");
+    let now = Timestamp(1_800_000_000_000);
+    let key = awareness_core::testkit::checks::incompressible(4096);
+    let long = || human("agent:main:subagent:a").with_dedupe_key(&key);
+    let e = store
+        .record(long(), now)
+        .await
+        .expect_err("the B-tree refuses it");
+    assert!(!e.is_retryable(), "{e}");
+
+    let constraints = async |store: &PgStore| -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT conname::text FROM pg_constraint
+             WHERE conrelid = 'session_state_events'::regclass AND contype IN ('u', 'x')",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("constraints")
+    };
+    let looking = PgStore::connect(
+        server::server(),
+        PgStoreOptions::new(schema.name()).create_if_missing(false),
+    )
+    .await
+    .expect("an open that may not create");
+    assert_eq!(
+        constraints(&looking).await,
+        ["session_state_events_dedupe_key_key"]
+    );
+    let opened = PgStore::connect(server::server(), PgStoreOptions::new(schema.name()))
+        .await
+        .expect("an open that may create");
+    assert_eq!(constraints(&opened).await, ["session_state_events_dedupe"]);
+    let first = opened.record(long(), now).await.expect("record");
+    assert!(!first.deduplicated);
+    let again = opened.record(long(), now).await.expect("record");
+    assert!(again.deduplicated, "still unique");
+    assert_eq!(again.event.sequence, first.event.sequence);
+}

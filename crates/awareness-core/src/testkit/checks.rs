@@ -2953,6 +2953,19 @@ pub async fn invalid_ids_are_rejected_and_nothing_written(t: &Subject) {
     );
 }
 
+/// `len` ASCII letters no compression shortens much (a fixed pseudo-random sequence).
+pub fn incompressible(len: usize) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + u8::try_from(x % 26).unwrap_or(0))
+        })
+        .collect()
+}
+
 /// Inputs at the limits record and read back exactly, on every store: a session key, an agent
 /// id and a watcher key of 1 KiB, a dedupe key of 4 KiB, a payload of 4 KiB and a summary of
 /// 200 characters of two bytes each; through a page, the log, a dedupe hit, the cursor and the
@@ -2982,7 +2995,9 @@ pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
         MAX_PAYLOAD_BYTES
     );
     let summary = "\u{e9}".repeat(crate::validate::MAX_SUMMARY_CHARS);
-    let dedupe = "d".repeat(MAX_DEDUPE_KEY_BYTES);
+    // Not one letter repeated: a store that compresses it (PostgreSQL's B-tree entries, capped
+    // at 2,704 bytes, took `d` 4,096 times and refused a key of random text half as long).
+    let dedupe = incompressible(MAX_DEDUPE_KEY_BYTES);
 
     s.watch(&watcher, &long_key, T0).await.expect("watch");
     let mut e = human(&long_key)

@@ -59,6 +59,22 @@ tokio::task_local! {
     pub(crate) static TURN_HELD: ();
 }
 
+/// The pool retries a connection the server refuses (or a socket that is not there) until
+/// its wait is over, then says only that it timed out: for that error, the error of one
+/// connection made directly to `server` (given up after [`CAUSE_WAIT`]), which says why.
+async fn cause_of_timeout(e: sqlx::Error, server: &PgConnectOptions) -> sqlx::Error {
+    if !matches!(e, sqlx::Error::PoolTimedOut) {
+        return e;
+    }
+    match tokio::time::timeout(CAUSE_WAIT, sqlx::ConnectOptions::connect(server)).await {
+        Ok(Err(cause)) => cause,
+        Ok(Ok(_)) | Err(_) => e,
+    }
+}
+
+/// How long [`cause_of_timeout`] tries.
+const CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether `e` may go away by itself, the same call then succeeding: the connection to the
 /// server failed or was lost (I/O, a pool that found no connection in time, SQLSTATE class
 /// `08`), the server is shutting down or starting (`57P01`-`57P03`), or a transaction lost a
@@ -257,6 +273,7 @@ impl Inner {
         ]);
         let own_sessions = Arc::new(crate::hints::OwnSessions::default());
         let opened = Arc::clone(&own_sessions);
+        let probe = server.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             // Notes each session the pool opens, whose commit notifications are the handle's
@@ -272,19 +289,24 @@ impl Inner {
                 })
             })
             .connect_with(server)
-            .await
-            .map_err(|e| {
+            .await;
+        let pool = match pool {
+            Ok(pool) => pool,
+            Err(e) => {
+                let e = cause_of_timeout(e, &probe).await;
                 // A server down or restarting may answer later: retryable, as a busy store is.
-                if is_transient(&e) {
-                    return failure(format!("{name}: connecting to the server"), e);
-                }
-                StoreError::open(
-                    name.clone(),
-                    OpenFailure::Other,
-                    "cannot connect to the server",
-                    Some(e.into()),
-                )
-            })?;
+                return Err(if is_transient(&e) {
+                    failure(format!("{name}: connecting to the server"), e)
+                } else {
+                    StoreError::open(
+                        name.clone(),
+                        OpenFailure::Other,
+                        "cannot connect to the server",
+                        Some(e.into()),
+                    )
+                });
+            }
+        };
         let store = Self {
             pool,
             name,

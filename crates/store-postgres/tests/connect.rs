@@ -89,6 +89,25 @@ async fn a_server_that_cannot_be_reached_is_a_retryable_error_naming_the_store()
             .contains("postgres schema \"anything\": connecting to the server"),
         "{e}"
     );
+    let chain = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(chain.contains("No such file or directory"), "{chain}");
+}
+
+/// A server that refuses the connection (nothing listens on the port): the pool tries again
+/// until its wait is over (30 s), then says only that it timed out; the error says why
+/// (review, stop 54: `pool timed out while waiting for an open connection`, the refusal and
+/// the address nowhere).
+#[tokio::test]
+async fn a_server_that_refuses_the_connection_is_an_error_that_says_so() {
+    let refusing: store_postgres::PgConnectOptions = "postgres://gw@127.0.0.1:1/awareness"
+        .parse()
+        .expect("options");
+    let e = PgStore::connect(refusing, PgStoreOptions::new("anything"))
+        .await
+        .expect_err("nothing listens there");
+    assert!(e.is_retryable(), "{e:?}");
+    let chain = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(chain.contains("refused"), "{chain}");
 }
 
 #[tokio::test]

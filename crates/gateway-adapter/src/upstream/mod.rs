@@ -272,6 +272,11 @@ pub trait OwnPrompts: Send + Sync {
 /// whenever the gateway sends a prompt into an adopted session; the monitor forgets a session
 /// whose link is gone (it removed it, or found it gone at a tick), and
 /// [`RecentPrompts::forget`] forgets one at once (a session deleted while no monitor runs).
+///
+/// In memory only: a prompt sent before the gateway restarted that the monitor had not read
+/// yet (its run still going, or sent less than a tick before) is not known after the restart,
+/// and reads as a person's turn. A gateway that must not tell its watchers of such a turn
+/// implements [`OwnPrompts`] over storage of its own that outlives it.
 #[derive(Debug, Default)]
 pub struct RecentPrompts {
     by_session: Mutex<HashMap<SessionRef, VecDeque<String>>>,

@@ -345,7 +345,13 @@ async fn a_human_message_in_a_session_a_bare_key_spawned_is_recorded() {
             panic!("recorded: {entry:?}");
         };
         assert_eq!(e.sequence, Sequence(1));
-        assert_eq!(store.cursors(&awareness_core::CursorFilter::default()).await.unwrap(), vec![]);
+        assert_eq!(
+            store
+                .cursors(&awareness_core::CursorFilter::default())
+                .await
+                .unwrap(),
+            vec![]
+        );
     }
 }
 

@@ -276,7 +276,10 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
         ..SessionEntry::default()
     });
     svc.human_message(msg).await.expect("recorded");
-    let cursors = store.cursors(&awareness_core::CursorFilter::default()).await.unwrap();
+    let cursors = store
+        .cursors(&awareness_core::CursorFilter::default())
+        .await
+        .unwrap();
     assert!(cursors.is_empty(), "nobody watches: {cursors:?}");
     assert!(queue.peek(&k(MANAGER)).is_empty());
 }

@@ -907,12 +907,11 @@ async fn a_notice_another_writer_on_one_sqlite_file_hands_out_wakes_this_gateway
     a_notice_another_writer_hands_out_wakes_this_gateways_watcher(ours, theirs).await;
 }
 
-/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] on two handles on one
-/// PostgreSQL schema, as gateways on two hosts have (DESIGN.md section 9.1).
+/// Two handles on the store in `schema`, as two gateways on two hosts have.
 #[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_notice_another_gateway_on_one_postgres_schema_hands_out_wakes_this_gateways_watcher() {
-    let schema = store_postgres::testkit::Schema::fresh("ga");
+async fn two_gateways_on(
+    schema: &store_postgres::testkit::Schema,
+) -> (Arc<store_postgres::PgStore>, Arc<store_postgres::PgStore>) {
     let open = async || {
         Arc::new(
             store_postgres::PgStore::connect_url(&schema.url())
@@ -920,7 +919,16 @@ async fn a_notice_another_gateway_on_one_postgres_schema_hands_out_wakes_this_ga
                 .expect("connect"),
         )
     };
-    let (ours, theirs) = (open().await, open().await);
+    (open().await, open().await)
+}
+
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] on two handles on one
+/// PostgreSQL schema, as gateways on two hosts have (DESIGN.md section 9.1).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_another_gateway_on_one_postgres_schema_hands_out_wakes_this_gateways_watcher() {
+    let schema = store_postgres::testkit::Schema::fresh("ga");
+    let (ours, theirs) = two_gateways_on(&schema).await;
     a_notice_another_writer_hands_out_wakes_this_gateways_watcher(ours, theirs).await;
 }
 
@@ -932,14 +940,7 @@ async fn a_notice_another_gateway_on_one_postgres_schema_hands_out_wakes_this_ga
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_gateways_notice_is_picked_up_at_the_hint_of_its_commit_on_postgres() {
     let schema = store_postgres::testkit::Schema::fresh("ga");
-    let open = async || {
-        Arc::new(
-            store_postgres::PgStore::connect_url(&schema.url())
-                .await
-                .expect("connect"),
-        )
-    };
-    let (ours, theirs) = (open().await, open().await);
+    let (ours, theirs) = two_gateways_on(&schema).await;
     let listening = Arc::clone(&ours);
     a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
         ours,

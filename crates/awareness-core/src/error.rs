@@ -325,13 +325,18 @@ impl StoreError {
     }
 }
 
-/// `url` as it may be shown (in errors, logs, a demo's output): a password in its user part
-/// (`user:password@`: everything up to the last `@` of the URL, whatever characters the
-/// password holds, `/`, `?`, `#` and `@` included) or in its query (the value of a key that
-/// [`is_secret_query_key`]: `password`, which sqlx takes too, however its key is
-/// percent-encoded, and the like of libpq's `sslpassword`) replaced by `***`. Where it cannot
-/// tell (an `@` in the query of a URL with a port), it hides too much rather than too little:
-/// the query's pairs after that `@` are still looked at.
+/// `url` as it may be shown (in errors, logs, a demo's output): every character that might be
+/// a password replaced, each run of them by one `***`. A URL may be written wrongly (a `/`
+/// missing, a password not percent-encoded), so it is read several ways and what any of them
+/// takes for a secret is hidden, too much rather than too little:
+/// - a user part `user:password@`: the password as a URL parser reads it (the authority ends
+///   at the first `/`, `?` or `#`, the user part at its last `@`), and as everything from the
+///   first `:` up to the last `@` of the URL (whatever characters the password holds, `/`,
+///   `?`, `#` and `@` included);
+/// - a query: after every `?`, the value of each `&`-separated pair whose key
+///   [`is_secret_query_key`] (`password`, which sqlx takes too, however its key is
+///   percent-encoded, and the like of libpq's `sslpassword`), up to the next `&`;
+/// - the same after a leading `scheme:` and slashes, for a URL written without `://`.
 ///
 /// ```
 /// assert_eq!(
@@ -340,55 +345,69 @@ impl StoreError {
 /// );
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // Not written as a URL (a slash or two missing, say), so not parsed: shown up to its
-        // first `:` only when an `@` or a key naming a password might put a secret after it.
-        if url.contains('@') || is_secret_query_key(url) {
-            let shown = url.split_once(':').map_or("", |(scheme, _)| scheme);
-            return format!("{shown}:***");
-        }
-        return url.to_owned();
+    let mut secret = vec![false; url.len()];
+    let mut read_from = |at: usize| mark_secrets(&url[at..], at, &mut secret);
+    let is_scheme = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
     };
-    let (user, after, swallowed_query) = match rest.rsplit_once('@') {
-        Some((user_info, after))
-            if user_info.contains(':')
-                // A user name does not hold a `/`, `?` or `#`: that `@` is the query's (in a
-                // value holding a `:` too), and what comes before it is no user part.
-                && !user_info
-                    .split(':')
-                    .next()
-                    .unwrap_or_default()
-                    .contains(['/', '?', '#']) =>
-        {
-            let user = user_info.split(':').next().unwrap_or_default();
-            // An `@` in the query (not in a password) put the query's start into what was
-            // taken for the user part: the pairs after it are still the query's.
-            (Some(user), after, user_info.contains('?'))
-        }
-        _ => (None, rest, false),
-    };
-    let query_at = match after.find('?') {
-        Some(at) => Some(at + 1),
-        None => swallowed_query.then_some(0),
-    };
-    let (before_query, query) = after.split_at(query_at.unwrap_or(after.len()));
-    let pairs: Vec<String> = if query_at.is_some() {
-        query
-            .split('&')
-            .map(|pair| {
-                let key = pair.split_once('=').map_or(pair, |(key, _)| key);
-                if is_secret_query_key(key) {
-                    format!("{key}=***")
-                } else {
-                    pair.to_owned()
-                }
-            })
-            .collect()
+    if let Some(at) = url.find("://").filter(|&at| is_scheme(&url[..at])) {
+        read_from(at + 3);
     } else {
-        Vec::new()
+        // Not `scheme://` (a slash or two missing, say): read from the start, and after a
+        // `scheme:` and its slashes.
+        read_from(0);
+        if let Some(colon) = url.find(':').filter(|&at| is_scheme(&url[..at])) {
+            let rest = &url[colon + 1..];
+            read_from(colon + 1 + (rest.len() - rest.trim_start_matches('/').len()));
+        }
+    }
+    let mut shown = String::with_capacity(url.len());
+    let mut hiding = false;
+    for (at, c) in url.char_indices() {
+        if secret[at] {
+            if !hiding {
+                shown.push_str("***");
+            }
+            hiding = true;
+        } else {
+            shown.push(c);
+            hiding = false;
+        }
+    }
+    shown
+}
+
+/// Marks in `secret` (indexed from `base`) the bytes of `rest`, a URL after its `scheme://`,
+/// that [`redact_url`] hides: a user part's password read both ways, and the secret values of
+/// a query starting at any `?`. A mark on a character's first byte hides the character.
+fn mark_secrets(rest: &str, base: usize, secret: &mut [bool]) {
+    let mut mark = |from: usize, to: usize| {
+        for s in &mut secret[base + from..base + to] {
+            *s = true;
+        }
     };
-    let user = user.map(|u| format!("{u}:***@")).unwrap_or_default();
-    format!("{scheme}://{user}{before_query}{}", pairs.join("&"))
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    for user_end in [rest[..authority_end].rfind('@'), rest.rfind('@')]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(colon) = rest[..user_end].find(':') {
+            mark(colon + 1, user_end);
+        }
+    }
+    for (question, _) in rest.match_indices('?') {
+        let mut at = question + 1;
+        for pair in rest[at..].split('&') {
+            if let Some((key, _)) = pair.split_once('=')
+                && is_secret_query_key(key)
+            {
+                mark(at + key.len() + 1, at + pair.len());
+            }
+            at += pair.len() + 1;
+        }
+    }
 }
 
 /// Whether a URL's query key names a secret, whose value is never shown ([`redact_url`]): read
@@ -607,7 +626,7 @@ mod tests {
             ),
             (
                 "postgres://db/aw?sslpassword=s3cret&Passwd=x&password",
-                "postgres://db/aw?sslpassword=***&Passwd=***&password=***",
+                "postgres://db/aw?sslpassword=***&Passwd=***&password",
             ),
             ("postgres://db/aw?pass%2", "postgres://db/aw?pass%2"),
             (
@@ -621,19 +640,94 @@ mod tests {
             // was shown whole.
             (
                 "postgres://db/awareness?password=s3cret&application_name=ops:x@box",
-                "postgres://db/awareness?password=***&application_name=ops:x@box",
+                "postgres://db/awareness?password=***&application_name=ops:***@box",
             ),
             (
                 "postgres://gw@db/awareness?password=s3:cret@x",
                 "postgres://gw@db/awareness?password=***",
             ),
-            ("postgres:/gw:s3cret@db/awareness", "postgres:***"),
-            ("postgresql:gw:s3cret@db/awareness", "postgresql:***"),
-            ("postgres//gw:s3cret@db/awareness", "postgres//gw:***"),
-            ("postgres:db?pass%77ord=s3cret", "postgres:***"),
+            (
+                "postgres:/gw:s3cret@db/awareness",
+                "postgres:***@db/awareness",
+            ),
+            (
+                "postgresql:gw:s3cret@db/awareness",
+                "postgresql:***@db/awareness",
+            ),
+            (
+                "postgres//gw:s3cret@db/awareness",
+                "postgres//gw:***@db/awareness",
+            ),
+            (
+                "postgres:db?pass%77ord=s3cret",
+                "postgres:db?pass%77ord=***",
+            ),
             ("sqlite:state.sqlite", "sqlite:state.sqlite"),
+            ("postgres:///gw:s3cret@db/aw", "postgres:///gw:***@db/aw"),
+            // Review of stop 54's change: an `@` in a query's password took what came before
+            // it for a user part, and the rest of the password was shown.
+            ("postgres://db:5432?password=p@ssword", "postgres://db:***"),
+            (
+                "postgres://gw:pw@db/aw?sslpassword=key@phrase&schema=a",
+                "postgres://gw:***&schema=a",
+            ),
+            (
+                "postgres://gw@db:5432/aw?password=top@secret",
+                "postgres://gw@db:***",
+            ),
+            (
+                "localhost/aw?password=top:secret",
+                "localhost/aw?password=***",
+            ),
+            ("", ""),
+            ("postgres://gw:pässwörd@db/aw", "postgres://gw:***@db/aw"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever a password holds (`@`, `:`, `/`, `?`, `#`, `=`, `%`, `&` in a user part)
+        /// and wherever the rest of the URL puts them, no character of a password written in
+        /// a user part or under a key naming one is shown (each password holds `SECRET`,
+        /// which nothing else can), however the URL is started.
+        #[test]
+        fn no_part_of_a_password_is_shown(
+            scheme in proptest::sample::select(vec!["postgres://", "postgres:/", "postgres:", "postgres//", ""]),
+            user in "[a-z]{0,4}",
+            password in ("[a-z@:/?#=%&]{0,4}", "[a-z@:/?#=%&]{0,4}"),
+            with_user in proptest::bool::ANY,
+            host in "[a-z]{1,4}(:[0-9]{1,4})?",
+            path in "(/[a-z]{0,4})?",
+            pairs in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec!["password", "sslpassword", "pass%77ord", "schema", "application_name"]),
+                    ("[a-z@:/?#=]{0,4}", "[a-z@:/?#=]{0,4}"),
+                ),
+                0..4,
+            ),
+        ) {
+            // `user://...@host` with no scheme before it is a URL of scheme `user`, whose
+            // password is none: nothing can tell it from one.
+            proptest::prop_assume!(!(scheme.is_empty() && password.0.starts_with("//")));
+            let mut url = scheme.to_owned();
+            if with_user {
+                url += &[user.as_str(), ":", &password.0, "SECRET", &password.1, "@"].concat();
+            }
+            url.push_str(&host);
+            url.push_str(&path);
+            for (n, (key, (head, tail))) in pairs.iter().enumerate() {
+                url.push(if n == 0 { '?' } else { '&' });
+                if is_secret_query_key(key) {
+                    url += &[key, "=", head.as_str(), "SECRET", tail.as_str()].concat();
+                } else {
+                    url += &[key, "=", head.as_str(), tail.as_str()].concat();
+                }
+            }
+            let shown = redact_url(&url);
+            for part in ["S", "E", "C", "R", "T"] {
+                proptest::prop_assert!(!shown.contains(part), "{url} -> {shown}");
+            }
         }
     }
 }

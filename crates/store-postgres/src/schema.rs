@@ -368,14 +368,36 @@ pub(crate) async fn create(
     .await
     .map_err(failed("reading the store's constraints"))?;
     if old_unique && create_if_missing {
-        sqlx::query(AssertSqlSafe(format!(
+        // In a savepoint: a gateway's role that may only read and write rows may not alter
+        // the table (it must be the owner's), and still opens the store, as before.
+        let mut moving = sqlx::Connection::begin(&mut *tx)
+            .await
+            .map_err(failed("keeping dedupe keys of any length unique"))?;
+        let moved = sqlx::query(AssertSqlSafe(format!(
             "ALTER TABLE \"{schema}\".session_state_events
              DROP CONSTRAINT session_state_events_dedupe_key_key,
              ADD CONSTRAINT session_state_events_dedupe EXCLUDE USING hash (dedupe_key WITH =)"
         )))
-        .execute(&mut *tx)
-        .await
-        .map_err(failed("keeping dedupe keys of any length unique"))?;
+        .execute(&mut *moving)
+        .await;
+        match moved {
+            Ok(_) => moving
+                .commit()
+                .await
+                .map_err(failed("keeping dedupe keys of any length unique"))?,
+            Err(e)
+                if e.as_database_error()
+                    .and_then(sqlx::error::DatabaseError::code)
+                    .is_some_and(|code| code == "42501") =>
+            {
+                moving
+                    .rollback()
+                    .await
+                    .map_err(failed("keeping dedupe keys of any length unique"))?;
+                tracing::warn!(store = %name, error = %e, "this role may not move the store's dedupe keys to a hash index (the table's owner may, by opening it once): dedupe keys longer than about 2,700 bytes are refused until then");
+            }
+            Err(e) => return Err(failed("keeping dedupe keys of any length unique")(e)),
+        }
     }
     // The row every write moves; a table created by hand from these statements may lack it,
     // or a hand edit may have deleted it: it starts above every event there is. An open that

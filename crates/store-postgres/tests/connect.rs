@@ -93,6 +93,37 @@ async fn a_server_that_cannot_be_reached_is_a_retryable_error_naming_the_store()
     assert!(chain.contains("No such file or directory"), "{chain}");
 }
 
+/// A role the server has no connection left for (its limit reached, here 0): retryable, as a
+/// wait for the pool that was over is, and saying why (review of stop 54's change: the cause
+/// made it an error not to retry).
+#[tokio::test]
+async fn a_server_with_no_connection_left_is_a_retryable_error_that_says_so() {
+    let role = format!("{}_full", server::fresh_schema());
+    let mut conn = server::server().connect().await.expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw' CONNECTION LIMIT 0"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("a role with no connection");
+    let admin = server::server();
+    let full = store_postgres::PgConnectOptions::new_without_pgpass()
+        .host("127.0.0.1")
+        .port(admin.get_port())
+        .database(admin.get_database().expect("the test URL names a database"))
+        .username(&role)
+        .password("pw");
+    let opened = PgStore::connect(full, PgStoreOptions::new("anything")).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
+        .execute(&mut conn)
+        .await
+        .expect("drop the role");
+    let e = opened.expect_err("no connection for the role");
+    assert!(e.is_retryable(), "{e:?}");
+    let chain = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(chain.contains("too many connections"), "{chain}");
+}
+
 /// A server that refuses the connection (nothing listens on the port): the pool tries again
 /// until its wait is over (30 s), then says only that it timed out; the error says why
 /// (review, stop 54: `pool timed out while waiting for an open connection`, the refusal and
@@ -255,13 +286,31 @@ async fn an_open_that_may_not_create_refuses_a_missing_store_and_creates_nothing
 }
 
 /// A gateway's role may read and write the store's rows and nothing more (no right to create
-/// in the database or the schema): it opens a store that exists, and works.
+/// in the database or the schema): it opens a store that exists, and works. Also a store made
+/// before its dedupe keys moved to a hash index, which such a role may not move (it is the
+/// table owner's): the open leaves it as it is (review of stop 54's change: the open failed,
+/// `must be owner of table session_state_events`).
 #[tokio::test]
 async fn a_role_that_may_only_read_and_write_rows_opens_an_existing_store() {
+    for old in [false, true] {
+        a_role_that_may_only_read_and_write_rows_opens(old).await;
+    }
+}
+
+async fn a_role_that_may_only_read_and_write_rows_opens(old: bool) {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
     let role = format!("{schema}_gw");
     let (admin, _) = server::fresh_store_in(&schema).await;
+    if old {
+        sqlx::query(
+            "ALTER TABLE session_state_events DROP CONSTRAINT session_state_events_dedupe,
+             ADD CONSTRAINT session_state_events_dedupe_key_key UNIQUE (dedupe_key)",
+        )
+        .execute(admin.pool())
+        .await
+        .expect("make the store as it was");
+    }
     drop(admin);
     let mut conn = server::server().connect().await.expect("connect");
     for sql in [
@@ -301,7 +350,7 @@ async fn a_role_that_may_only_read_and_write_rows_opens_an_existing_store() {
         Ok(store) => store,
         Err(e) => {
             drop_role(&mut conn).await;
-            panic!("the limited role cannot open the store: {e}");
+            panic!("the limited role cannot open the store (old: {old}): {e}");
         }
     };
     let recorded = store
@@ -455,6 +504,20 @@ async fn a_lost_counter_row_comes_back_above_every_event() {
         .record(human("agent:main:subagent:a"), now)
         .await
         .expect_err("no counter to number the event with");
+    assert!(
+        matches!(&e, StoreError::Corrupt { .. }) && e.to_string().contains("counter"),
+        "{e}"
+    );
+    // So do the other writes, which count themselves in the row (they failed with a bare
+    // `RowNotFound`: review of stop 54's change).
+    let e = looking
+        .watch(
+            &WatcherKey::parse("agent:main:main").expect("watcher"),
+            &SessionRef::parse("agent:main:subagent:a", "main").expect("ref"),
+            now,
+        )
+        .await
+        .expect_err("no counter to count the write in");
     assert!(
         matches!(&e, StoreError::Corrupt { .. }) && e.to_string().contains("counter"),
         "{e}"

@@ -1,15 +1,13 @@
 //! Commit hints through `LISTEN`/`NOTIFY` ([`awareness_core::EventStore::commit_hints`]).
 //!
 //! Every write transaction that moves the store's commit count notifies [`rows::CHANNEL`] with
-//! the store's schema as payload ([`rows::COUNT_COMMIT`] and the recording statements); the
-//! server delivers it once the transaction commits. A handle asked for hints starts one
-//! listener (a connection of its own, outside the store's pool, on the store's runtime) that
-//! counts the notifications of its store's schema sent by the other handles' sessions: not
-//! by its own sessions (their backend process ids, collected as the pool connects), not by
-//! other schemas' stores. A listener that loses its connection counts a hint (notifications
-//! sent meanwhile are lost) once it listens again.
+//! the store's schema and the handle's id as payload ([`rows::COUNT_COMMIT`] and the
+//! recording statements); the server delivers it once the transaction commits. A handle asked
+//! for hints starts one listener (a connection of its own, outside the store's pool, on the
+//! store's runtime) that counts the notifications of its store's schema sent by other handles:
+//! not its own (its id), not other schemas' stores'. A listener that loses its connection
+//! counts a hint (notifications sent meanwhile are lost) once it listens again.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -21,32 +19,22 @@ use tracing::{debug, info, warn};
 
 use crate::rows;
 
-/// The backend process ids of the sessions a handle's pool opened, the latest
-/// [`OwnSessions::KEPT`] of them: the notifications they send are the handle's own commits.
-#[derive(Debug, Default)]
-pub(crate) struct OwnSessions(Mutex<VecDeque<u32>>);
+/// The session setting every session of a handle carries its id in (a placeholder setting,
+/// which PostgreSQL takes for any name with a dot), read by the `notify!` of `rows`.
+pub(crate) const HANDLE_SETTING: &str = "session_awareness.handle";
 
-impl OwnSessions {
-    /// Ids kept: many times the connections a pool holds at once. An id dropped, or reused by
-    /// another session once its own ended, only makes a hint more or one less, which the
-    /// pick-up's next question covers.
-    const KEPT: usize = 256;
-
-    /// Notes a session the pool opened.
-    pub(crate) fn opened(&self, pid: u32) {
-        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if ids.len() == Self::KEPT {
-            ids.pop_front();
-        }
-        ids.push_back(pid);
-    }
-
-    fn contains(&self, pid: u32) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&pid)
-    }
+/// A new handle's id: 64 random bits (std's hasher keys are random per process), in hex, so
+/// that no two handles, of one process or of several hosts, are likely to share one.
+pub(crate) fn handle_id() -> String {
+    use std::hash::BuildHasher as _;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let id = std::collections::hash_map::RandomState::new().hash_one((
+        n,
+        std::process::id(),
+        std::time::SystemTime::now(),
+    ));
+    format!("{id:016x}")
 }
 
 /// A handle's listener, started by the first [`Listener::subscribe`].
@@ -85,7 +73,7 @@ impl Listener {
         runtime: &tokio::runtime::Handle,
         pool: &PgPool,
         schema: &str,
-        own: &Arc<OwnSessions>,
+        own: &str,
     ) -> Box<dyn CommitHints> {
         let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
         let rx = hints.get_or_insert_with(|| {
@@ -101,8 +89,8 @@ impl Listener {
                 .connect_lazy_with((*pool.connect_options()).clone());
             runtime.spawn(listen(
                 listening,
+                format!("{schema} {own}"),
                 schema.to_owned(),
-                Arc::clone(own),
                 tx,
                 Arc::clone(&self.own_left_out),
                 Arc::clone(&self.session),
@@ -131,12 +119,12 @@ impl CommitHints for Hints {
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The listener's task: listens on `pool`'s connection and counts in `hints` each
-/// notification of `schema` that none of `own`'s sessions sent, and each time it listens
-/// again after losing its connection; ends with the store's runtime.
+/// notification of `schema` but the handle's own (whose payload is `own`), and each time it
+/// listens again after losing its connection; ends with the store's runtime.
 async fn listen(
     pool: PgPool,
+    own: String,
     schema: String,
-    own: Arc<OwnSessions>,
     hints: watch::Sender<u64>,
     own_left_out: Arc<AtomicU64>,
     session: Arc<watch::Sender<Option<u32>>>,
@@ -188,13 +176,13 @@ async fn listen(
         loop {
             match listener.try_recv().await {
                 Ok(Some(n)) => {
-                    if n.payload() != schema {
-                        // Another store's.
-                    } else if own.contains(n.process_id()) {
+                    let payload = n.payload();
+                    if payload == own {
                         own_left_out.fetch_add(1, Ordering::Relaxed);
-                    } else {
+                    } else if payload.split_once(' ').is_some_and(|(of, _)| of == schema) {
                         hint();
                     }
+                    // Otherwise another store's.
                 }
                 // The connection was lost (what was sent meanwhile is lost), or failed: listened
                 // to again from the top, which counts a hint.

@@ -583,7 +583,7 @@ impl EventStore for PgStore {
             self.runtime.handle(),
             inner.pool(),
             &inner.schema,
-            &inner.own_sessions,
+            &inner.handle_id,
         ))
     }
 

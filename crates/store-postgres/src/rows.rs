@@ -19,13 +19,15 @@ use sqlx::Row as _;
 use sqlx::postgres::PgRow;
 
 /// Tells the listeners of the database that the store's commit count moved, as the
-/// counter's update returns it: `NOTIFY` on [`CHANNEL`] with the store's schema as payload
-/// (the search path is the schema's, so the current schema is the store's). The server
-/// delivers it when the transaction commits, and not at all when it rolls back; a statement
-/// that moves no counter row notifies nothing.
+/// counter's update returns it: `NOTIFY` on [`CHANNEL`] with the store's schema and the
+/// handle's id as payload, `<schema> <id>` (the search path is the schema's, so the current
+/// schema is the store's; the id is the session's `session_awareness.handle`,
+/// [`crate::hints::HANDLE_SETTING`]). The server delivers it when the transaction commits,
+/// and not at all when it rolls back; a statement that moves no counter row notifies nothing.
 macro_rules! notify {
     () => {
-        "pg_notify('session_awareness', current_schema())"
+        "pg_notify('session_awareness', \
+         current_schema() || ' ' || coalesce(current_setting('session_awareness.handle', true), ''))"
     };
 }
 

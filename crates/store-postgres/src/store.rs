@@ -27,8 +27,9 @@ pub(crate) struct Inner {
     pub(crate) name: String,
     /// The store's schema.
     pub(crate) schema: String,
-    /// The sessions the pool opened, whose commit notifications are this handle's own.
-    pub(crate) own_sessions: Arc<crate::hints::OwnSessions>,
+    /// The id every session of the handle carries ([`crate::hints::HANDLE_SETTING`]), which
+    /// its commits' notifications name.
+    pub(crate) handle_id: String,
     /// The listener for other handles' commits, once asked for ([`crate::hints`]).
     pub(crate) listener: crate::hints::Listener,
     /// The commits of this handle counted in the store-wide commit count.
@@ -77,8 +78,8 @@ const CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether `e` may go away by itself, the same call then succeeding: the connection to the
 /// server failed or was lost (I/O, a pool that found no connection in time, SQLSTATE class
-/// `08`), the server is shutting down or starting (`57P01`-`57P03`), or a transaction lost a
-/// race to another (`40001`, `40P01`, `55P03`).
+/// `08`), the server is shutting down or starting (`57P01`-`57P03`) or has no connection left
+/// (`53300`), or a transaction lost a race to another (`40001`, `40P01`, `55P03`).
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
@@ -86,7 +87,7 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
             code.starts_with("08")
                 || matches!(
                     &*code,
-                    "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "55P03"
+                    "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55P03"
                 )
         }),
         _ => false,
@@ -267,36 +268,32 @@ impl Inner {
             )));
         }
         let idle_ms = idle_ms.to_string();
+        // Every session of the handle carries its id, which its commits' notifications name
+        // ([`crate::hints`]): the handle's listener leaves its own out.
+        let handle_id = crate::hints::handle_id();
         let server = server.options([
             ("search_path", options.schema.as_str()),
             ("idle_in_transaction_session_timeout", idle_ms.as_str()),
+            (crate::hints::HANDLE_SETTING, handle_id.as_str()),
         ]);
-        let own_sessions = Arc::new(crate::hints::OwnSessions::default());
-        let opened = Arc::clone(&own_sessions);
         let probe = server.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
-            // Notes each session the pool opens, whose commit notifications are the handle's
-            // own ([`crate::hints`]).
-            .after_connect(move |conn, _| {
-                let opened = Arc::clone(&opened);
-                Box::pin(async move {
-                    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                        .fetch_one(conn)
-                        .await?;
-                    opened.opened(pid.cast_unsigned());
-                    Ok(())
-                })
-            })
             .connect_with(server)
             .await;
         let pool = match pool {
             Ok(pool) => pool,
             Err(e) => {
-                let e = cause_of_timeout(e, &probe).await;
                 // A server down or restarting may answer later: retryable, as a busy store is.
-                return Err(if is_transient(&e) {
-                    failure(format!("{name}: connecting to the server"), e)
+                // Told by the pool's error (a wait that was over is retryable whatever its
+                // cause: a server with no connection left, say), said with the cause.
+                let transient = is_transient(&e);
+                let e = cause_of_timeout(e, &probe).await;
+                return Err(if transient {
+                    StoreError::Busy {
+                        context: format!("{name}: connecting to the server"),
+                        source: e.into(),
+                    }
                 } else {
                     StoreError::open(
                         name.clone(),
@@ -311,7 +308,7 @@ impl Inner {
             pool,
             name,
             schema: options.schema.clone(),
-            own_sessions,
+            handle_id,
             listener: crate::hints::Listener::default(),
             own_commits: AtomicU64::new(0),
             // READ COMMITTED whatever the server's, database's, role's or URL's default: each
@@ -398,9 +395,13 @@ impl Inner {
     /// done again, leaves what doing it once does).
     async fn commit(&self, mut tx: Write, what: &str) -> Result<(), StoreError> {
         let row = sqlx::query(rows::COUNT_COMMIT)
-            .fetch_one(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await
-            .map_err(self.failed(what))?;
+            .map_err(self.failed(what))?
+            .ok_or_else(|| {
+                self.rows()
+                    .corrupt("the sequence counter", "its row is missing")
+            })?;
         tx.id = Some(TxId::at(&row, 0).map_err(self.failed(what))?);
         self.commit_known(tx, what, &[], false)
             .await

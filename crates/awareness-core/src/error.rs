@@ -664,6 +664,8 @@ mod tests {
             ),
             ("sqlite:state.sqlite", "sqlite:state.sqlite"),
             ("postgres:///gw:s3cret@db/aw", "postgres:///gw:***@db/aw"),
+            // A `://` inside the password, the property test's first find.
+            ("postgres:/://s3cret@a", "postgres:***@a"),
             // Review of stop 54's change: an `@` in a query's password took what came before
             // it for a user part, and the rest of the password was shown.
             ("postgres://db:5432?password=p@ssword", "postgres://db:***"),

@@ -30,6 +30,17 @@ async fn refused(options: PgStoreOptions) -> StoreError {
         .expect_err("the connect is refused")
 }
 
+/// The test server's database reached over TCP as `role` (password `pw`).
+fn as_role(role: &str) -> store_postgres::PgConnectOptions {
+    let admin = server::server();
+    store_postgres::PgConnectOptions::new_without_pgpass()
+        .host("127.0.0.1")
+        .port(admin.get_port())
+        .database(admin.get_database().expect("the test URL names a database"))
+        .username(role)
+        .password("pw")
+}
+
 /// The tables of `schema` on the test server with a name of the store's (`session_...`; the
 /// server's own schemas hold others).
 async fn tables_of(schema: &str) -> Vec<String> {
@@ -106,14 +117,7 @@ async fn a_server_with_no_connection_left_is_a_retryable_error_that_says_so() {
     .execute(&mut conn)
     .await
     .expect("a role with no connection");
-    let admin = server::server();
-    let full = store_postgres::PgConnectOptions::new_without_pgpass()
-        .host("127.0.0.1")
-        .port(admin.get_port())
-        .database(admin.get_database().expect("the test URL names a database"))
-        .username(&role)
-        .password("pw");
-    let opened = PgStore::connect(full, PgStoreOptions::new("anything")).await;
+    let opened = PgStore::connect(as_role(&role), PgStoreOptions::new("anything")).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
         .execute(&mut conn)
         .await
@@ -326,14 +330,7 @@ async fn a_role_that_may_only_read_and_write_rows_opens(old: bool) {
             .await
             .expect("set up the role");
     }
-    let admin = server::server();
-    let limited = store_postgres::PgConnectOptions::new_without_pgpass()
-        .host("127.0.0.1")
-        .port(admin.get_port())
-        .database(admin.get_database().expect("the test URL names a database"))
-        .username(&role)
-        .password("pw");
-    let opened = PgStore::connect(limited, PgStoreOptions::new(schema.clone())).await;
+    let opened = PgStore::connect(as_role(&role), PgStoreOptions::new(schema.clone())).await;
     // The role goes whatever happened (its grants go with the schema).
     let drop_role = async |conn: &mut sqlx::PgConnection| {
         for sql in [

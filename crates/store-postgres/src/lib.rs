@@ -43,11 +43,11 @@
 //! commits. A gateway stopped in the middle of a write transaction holds the lock until the
 //! server ends the idle transaction ([`PgStoreOptions::idle_transaction_timeout`], 60 s).
 //! The same transactions also `NOTIFY` the channel `session_awareness` with the store's schema
-//! as payload, which the server delivers once they commit: a handle asked for
-//! [`EventStore::commit_hints`] listens on a connection of its own (outside the pool) and
-//! gives a hint for each commit of another handle of its store (its own sessions' and other
-//! schemas' left out), and one after it listens again on a connection it lost (what came
-//! meanwhile is lost). So a gateway learns of another's commit when it is made, not at its
+//! and the handle's id as payload (every session of a handle carries a random id), which the
+//! server delivers once they commit: a handle asked for [`EventStore::commit_hints`] listens
+//! on a connection of its own (outside the pool) and gives a hint for each commit of another
+//! handle of its store (its own and other schemas' left out), and one after it listens again
+//! on a connection it lost (what came meanwhile is lost). So a gateway learns of another's commit when it is made, not at its
 //! next question. The cost: PostgreSQL serializes the commits of notifying transactions
 //! database-wide (a store's writes are serialized by its lock already; the stores of other
 //! schemas in the database, and other notifying applications, now take turns with it at
@@ -380,8 +380,8 @@ impl PgStore {
     ///
     /// [`StoreError::Open`] naming the schema: [`OpenFailure::InvalidOptions`] for a schema
     /// name that is not 1-63 lowercase ASCII letters, digits and underscores starting with a
-    /// letter or underscore, or that is the server's own (`pg_...`, `information_schema`), a pool of no connection, or an idle transaction timeout out of
-    /// range; [`OpenFailure::Other`] when the server refuses the connection (a wrong
+    /// letter or underscore, or that is the server's own (`pg_...`, `information_schema`), a
+    /// pool of no connection, or an idle transaction timeout out of range; [`OpenFailure::Other`] when the server refuses the connection (a wrong
     /// password, say), or the store's runtime cannot be started; [`OpenFailure::Unsupported`] when
     /// its database does not encode text as UTF-8; [`OpenFailure::NotAStore`] when the schema
     /// holds a table of one of the store's names without the store's columns;

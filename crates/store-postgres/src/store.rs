@@ -514,6 +514,10 @@ impl Inner {
                 None => return Err("the server no longer knows the transaction".into()),
             }
         }
+        if written.is_empty() {
+            // Nothing to find in the log (dedupe hits only, or a write other than a recording).
+            return Ok(Settled::Committed);
+        }
         let held: i64 = sqlx::query_scalar(rows::EVENTS_AS_WRITTEN)
             .bind(column(written, |e| int(e.sequence)))
             .bind(column(written, |e| e.session_key.as_str()))

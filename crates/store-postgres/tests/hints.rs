@@ -1,7 +1,9 @@
 //! Commit hints through `LISTEN`/`NOTIFY` (`EventStore::commit_hints`, DESIGN.md section 9.1):
 //! a handle is told of another handle's commit to its store, not of its own, not of another
 //! store's in the same database, and after its listening connection is lost, of what it may
-//! have missed.
+//! have missed. (That another handle's commit is hinted at all, and that a stream ends with its
+//! store, is the durable suite's `another_handles_commit_is_hinted`, which tests/durable.rs
+//! runs.)
 
 mod server;
 
@@ -122,17 +124,4 @@ async fn a_stream_gives_the_hints_after_it_was_made() {
     theirs.record(event(2), T0).await.expect("record theirs");
     hinted(&mut second).await;
     hinted(&mut first).await;
-}
-
-/// Dropping the handle ends its listener: a stream then answers that no hint will come.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_ends_when_its_store_is_dropped() {
-    let (ours, _theirs, _elsewhere, _drop) = three_handles().await;
-    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
-    ours.hints_listening().await;
-    drop(ours);
-    let next = tokio::time::timeout(WAIT, hints.next())
-        .await
-        .expect("an answer within the wait");
-    assert!(!next, "the store is gone");
 }

@@ -519,6 +519,43 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(
     );
 }
 
+/// Two handles on one store, where the store pushes commit hints
+/// ([`crate::EventStore::commit_hints`]; a store that pushes none answers `None` on both): a
+/// stream of `a`'s gives a hint once `b` commits (`b` records again every 100 ms until one
+/// comes, for at most 30 s: a stream need not be told of a commit made before its store
+/// listens), and answers that no hint will come once every handle of `a` is dropped.
+/// Stamped by hand for a store that pushes hints (store-postgres), not by [`durable_suite!`],
+/// whose other stores would have nothing to check.
+pub async fn another_handles_commit_is_hinted(f: impl OpenFile) {
+    let (_dir, a, b) = two_handles(&f).await;
+    let Some(mut hints) = a.store.commit_hints() else {
+        assert!(
+            b.store.commit_hints().is_none(),
+            "one handle of the store pushes hints and the other does not"
+        );
+        return;
+    };
+    let kid = child();
+    let wait = std::time::Duration::from_secs(30);
+    let hinted = tokio::time::timeout(wait, async {
+        loop {
+            rec(&*b.store, human(&kid), T0).await;
+            let tick = std::time::Duration::from_millis(100);
+            if let Ok(next) = tokio::time::timeout(tick, hints.next()).await {
+                return next;
+            }
+        }
+    })
+    .await
+    .expect("a hint within 30 s of the other handle's commits");
+    assert!(hinted, "a hint, not the end of the stream");
+    drop(a);
+    let ended = tokio::time::timeout(wait, hints.next())
+        .await
+        .expect("an answer within 30 s of the handle's drop");
+    assert!(!ended, "no hint comes once the store is gone");
+}
+
 /// Two handles on one file behave as two gateway processes: what one writes (a watch, an
 /// unwatch, a dedupe key), the other's next operation sees, whichever path that operation
 /// takes; closing one leaves the other working.

@@ -1315,8 +1315,18 @@ async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
         .await
         .expect("delete the session");
     assert_eq!(listed().await, std::slice::from_ref(&kept));
-    for removed in [&torn, &gone, &keyed] {
+    for removed in [&torn, &gone] {
         assert_eq!(u.link(removed).await.expect("link"), None, "{removed:?}");
+    }
+    if spoil {
+        // The row whose key was spoiled shadows nothing: adopting its ref again makes a new
+        // link, listed beside the others.
+        let fresh = u
+            .upsert_link(link_spec(&keyed, "t3", 30), T0.plus_ms(3))
+            .await
+            .expect("adopt the spoiled row's ref again");
+        assert!(fresh.created, "a new link: {fresh:?}");
+        assert_eq!(listed().await, [kept.clone(), keyed.clone()]);
     }
 }
 

@@ -430,8 +430,23 @@ async fn a_spawn_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
         "explicit now"
     );
     assert_eq!(texts(&queue, MANAGER).len(), 1, "the line, once");
-    spawn(MANAGER, "run-1").await;
     spawn(MANAGER, "run-2").await;
+    assert_eq!(
+        wake.all(),
+        [k(MANAGER)],
+        "a re-spawn, explicit by then, wakes nobody"
+    );
+    // Ambient again, so that only the dedupe hit's own rule keeps it from waking: it seeds
+    // nothing (a spawn recorded, and woken for, before).
+    assert!(
+        store
+            .make_ambient(&manager, &k(CHILD))
+            .await
+            .expect("make the cursor ambient"),
+        "the manager's cursor"
+    );
+    spawn(MANAGER, "run-1").await;
+    assert_eq!(wake.all(), [k(MANAGER)], "a dedupe hit wakes nobody");
     assert_eq!(wake.all(), [k(MANAGER)], "a spawn again wakes nobody");
     spawn(ELSEWHERE, "run-3").await;
     assert!(texts(&queue, ELSEWHERE).is_empty());

@@ -201,10 +201,7 @@ impl World {
     /// [`World::with_a_dropped_turn`], the gate still armed (on acknowledgements, with no
     /// permit left).
     async fn with_a_dropped_turn_armed() -> Self {
-        let mut w = Self::gated(Call::Acknowledge, true).await;
-        w.human().await;
-        let a = w.turn_at_the_gate().await;
-        dropped(a).await;
+        let (w, _) = Self::with_a_turn_dropped_at_its_answer().await;
         // The acknowledgement committed; the gate held its answer, which now returns.
         w.store.hook.permits.add_permits(1);
         settle().await;
@@ -745,27 +742,11 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
 /// Bug: a main session's turn dropped once its acknowledgement had committed left what it
 /// read to the next turn, but nothing woke the session for it: no cursor was pending any more
 /// for a pick-up to find, and a main session takes no turn until woken, so the notice waited
-/// for a turn taken for another reason. The session is woken for it once the acknowledgement
-/// lets the turn's lock go (until stop 53, by the next pick-up: see
-/// `a_wake_a_dropped_turn_owes_is_paid_when_its_acknowledgement_ends`), once; a pick-up then
-/// owes it nothing.
-#[tokio::test]
-async fn a_session_whose_dropped_turn_left_it_a_notice_is_woken_once() {
-    let (w, before) = World::with_a_turn_dropped_at_its_answer().await;
-    w.open_gate();
-    w.svc.wait_for_writes().await;
-    assert_eq!(w.wake.count(&k(MANAGER)), before + 1, "woken for it");
-    w.pick_up_wakes(0, "once").await;
-    w.turn_shows_the_first_notice("the woken turn shows it")
-        .await;
-}
-
-/// Bug (review, stop 53): the wake a dropped turn's lines are owed was paid only by a pick-up
-/// that found the turn's lock free; one made while the dropped turn's acknowledgement still
-/// held it (committed, not yet ended) passed it over and said it was complete, and the pick-up
-/// task then asked nothing more until the recovery interval (a minute by default; never with
-/// no other writer and the interval off). The acknowledgement now pays it as it lets the lock
-/// go.
+/// for a turn taken for another reason. Then (review, stop 53) the wake was paid only by a
+/// pick-up that found the turn's lock free; one made while the dropped turn's acknowledgement
+/// still held it (committed, not yet ended) passed it over and said it was complete, and the
+/// pick-up task then asked nothing more until the recovery interval. The acknowledgement now
+/// pays it as it lets the lock go, once: a pick-up then owes it nothing.
 #[tokio::test]
 async fn a_wake_a_dropped_turn_owes_is_paid_when_its_acknowledgement_ends() {
     let (w, before) = World::with_a_turn_dropped_at_its_answer().await;

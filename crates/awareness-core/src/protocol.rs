@@ -184,9 +184,15 @@ pub fn seed(
     now: Timestamp,
 ) -> Option<Cursor> {
     match existing {
-        Some(c) if c.is_pending() && c.follows(target) => kept(c, now),
+        Some(c) if seed_keeps(c, target) => kept(c, now),
         _ => Some(Cursor::at(watcher.clone(), target.clone(), seq, now)),
     }
+}
+
+/// Whether a [`seed`] of `target` keeps `existing` (a pending notice on that very session)
+/// rather than replacing it.
+fn seed_keeps(existing: &Cursor, target: &SessionRef) -> bool {
+    existing.is_pending() && existing.follows(target)
 }
 
 /// `cursor` kept by a repeated watch or a re-spawn: what to write when it changes, made
@@ -228,11 +234,9 @@ pub fn watch_makes_explicit(existing: &Cursor, target: &SessionRef) -> bool {
 /// gateway then wakes the watcher for, as for [`watch_makes_explicit`]. `None` when the seed
 /// leaves `existing` as it is, or replaces it.
 pub fn seed_makes_explicit(existing: &Cursor, target: &SessionRef) -> Option<Cursor> {
-    if existing.is_pending() && existing.follows(target) {
-        explicit(existing)
-    } else {
-        None
-    }
+    seed_keeps(existing, target)
+        .then(|| explicit(existing))
+        .flatten()
 }
 
 /// How old a cursor's `updated_at` must be for a repeated [`watch`] (or a re-spawn, [`seed`])

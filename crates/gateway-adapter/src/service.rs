@@ -826,12 +826,9 @@ impl TurnLocks {
         let map = self.map();
         let mut forgotten = self.forgotten();
         let mut owed = Vec::new();
-        for (watcher, lock) in map.iter() {
-            if only.is_some_and(|only| only != watcher) {
-                continue;
-            }
+        let mut visit = |watcher: &SessionKey, lock: &Arc<tokio::sync::Mutex<Carried>>| {
             let Ok(mut carried) = lock.try_lock() else {
-                continue;
+                return;
             };
             if let Some(marks) = forgotten.remove(watcher) {
                 carried.forget_marked(marks);
@@ -840,6 +837,15 @@ impl TurnLocks {
                 carried.wake_owed = false;
                 owed.push(watcher.clone());
             }
+        };
+        match only {
+            // An acknowledgement's own watcher: looked up, not searched for.
+            Some(only) => {
+                if let Some((watcher, lock)) = map.get_key_value(only) {
+                    visit(watcher, lock);
+                }
+            }
+            None => map.iter().for_each(|(watcher, lock)| visit(watcher, lock)),
         }
         owed
     }
@@ -1600,10 +1606,7 @@ impl Awareness {
 
     /// Whether the gateway's directory knows `session`; `None` when asking it panicked.
     fn directory_knows(&self, session: &SessionKey) -> Option<bool> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.directory.exists(session)
-        }))
-        .ok()
+        directory_knows(&*self.directory, session)
     }
 
     /// The directory deliveries are limited to, when [`AwarenessConfig::owned_watchers_only`].
@@ -1708,7 +1711,8 @@ impl Awareness {
         let names_up = entry
             .as_ref()
             .is_some_and(|e| e.spawned_by.is_some() || e.parent_session_key.is_some());
-        if spawner.is_none() && !names_up {
+        // (A spawner found is one the entry names: `names_up` holds whenever it is `Some`.)
+        if !names_up {
             let filter = CursorFilter {
                 target: Some(msg.session.clone()),
                 ..CursorFilter::default()
@@ -2933,12 +2937,17 @@ impl Awareness {
             );
             f.done
         });
+        self.count_pass(report, failed);
+        (report, failed)
+    }
+
+    /// Counts a pruning pass for [`Awareness::subscribe_pruning`]'s subscribers.
+    fn count_pass(&self, report: PruneReport, failed: bool) {
         self.prune_passes.send_modify(|p| {
             p.passes += 1;
             p.report = report;
             p.failed = failed;
         });
-        (report, failed)
     }
 
     /// Watches pruning passes (start-up, background, explicit).
@@ -3040,11 +3049,7 @@ impl Awareness {
                 panic = awareness_core::error::panic_message(&*panic),
                 "a pruning pass panicked; it runs again on the next tick"
             );
-            self.prune_passes.send_modify(|p| {
-                p.passes += 1;
-                p.report = PruneReport::default();
-                p.failed = true;
-            });
+            self.count_pass(PruneReport::default(), true);
         }
     }
 
@@ -3349,12 +3354,10 @@ fn pay_owed_wakes(
         if watcher.is_subagent() {
             continue;
         }
-        let known =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| directory.exists(&watcher)));
-        match known {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(_) => {
+        match directory_knows(directory, &watcher) {
+            Some(true) => {}
+            Some(false) => continue,
+            None => {
                 warn!(watcher = %watcher, "the session directory panicked when asked about a session owed a wake; the next pick-up wakes it");
                 turns.owe_again(&watcher);
                 failed = true;
@@ -3371,6 +3374,11 @@ fn pay_owed_wakes(
         }
     }
     failed
+}
+
+/// Whether `directory` knows `session`; `None` when asking it panicked.
+fn directory_knows(directory: &dyn SessionDirectory, session: &SessionKey) -> Option<bool> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| directory.exists(session))).ok()
 }
 
 /// Wakes a main session whose ambient cursor a watch made explicit and keeps pending, when

@@ -545,28 +545,26 @@ impl PairedNodeProvider {
                     marker: marker.to_value(),
                 }
             }
-            End::Bound(_) if top.is_none() => {
-                // The bound came before any item did (empty pages with older cursors, from a
-                // node still loading the thread, then the paging time or the page bound): as
-                // an empty answer, that concludes nothing, and the marker stays as it was. A
-                // resume point stored here had no item to move the marker to once its segment
-                // was read, so the check after that read the segment again from the newest
-                // item, and counted its turns a second time under another name.
-                warn!(session_key = %link.session.session_key, host = %link.host_id,
-                    thread = %link.thread_id,
-                    "paired node: the paging bound came before any item; the marker stays, and the next check reads from the newest item again");
-                CheckOutcome::Unchanged {
-                    marker: marker.to_value(),
-                }
-            }
             End::Bound(before) => {
-                let top_anchors = top
-                    .as_deref()
-                    .map(|top| anchors_below(top, below))
-                    .unwrap_or_default();
+                let Some(top) = top else {
+                    // The bound came before any item did (empty pages with older cursors, from
+                    // a node still loading the thread, then the paging time or the page
+                    // bound): as an empty answer, that concludes nothing, and the marker stays
+                    // as it was. A resume point stored here had no item to move the marker to
+                    // once its segment was read, so the check after that read the segment
+                    // again from the newest item, and counted its turns a second time under
+                    // another name.
+                    warn!(session_key = %link.session.session_key, host = %link.host_id,
+                        thread = %link.thread_id,
+                        "paired node: the paging bound came before any item; the marker stays, and the next check reads from the newest item again");
+                    return Ok(CheckOutcome::Unchanged {
+                        marker: marker.to_value(),
+                    });
+                };
+                let top_anchors = anchors_below(&top, below);
                 let resume = Resume {
                     before,
-                    top,
+                    top: Some(top),
                     top_anchors,
                 };
                 let next = PairedMarker {

@@ -781,21 +781,14 @@ impl RedbStore {
                 session.session_key.as_str().as_bytes(),
                 session.agent_id.as_str().as_bytes(),
             );
-            let mut table = txn
-                .open_table(tables::UPSTREAM_LINKS_KEYS)
-                .ctx("spoil a link's key: open its table")?;
-            let Some(row) = table
-                .remove(raw::pair(key, agent).as_slice())
-                .ctx("spoil a link's key")?
-                .map(|v| v.value().to_vec())
-            else {
-                return Ok((false, false));
-            };
             let spoiled = [key, b"\xFF".as_slice()].concat();
-            table
-                .insert(raw::pair(&spoiled, agent).as_slice(), row.as_slice())
-                .ctx("spoil a link's key")?;
-            Ok((true, true))
+            let moved = move_entry(
+                txn,
+                tables::UPSTREAM_LINKS_KEYS,
+                &raw::pair(key, agent),
+                &raw::pair(&spoiled, agent),
+            )?;
+            Ok((moved, moved))
         })
         .await
     }
@@ -867,24 +860,14 @@ impl RedbStore {
                 session.agent_id.as_str().as_bytes(),
                 session.session_key.as_str().as_bytes(),
             );
-            let mut index = txn
-                .open_table(tables::EVENTS_BY_REF_KEYS)
-                .ctx("spoil a head: open the index")?;
-            let Some(row) = index
-                .remove(raw::by_ref(agent, key, HEAD_SEQ).as_slice())
-                .ctx("spoil a head")?
-                .map(|v| v.value().to_vec())
-            else {
-                return Ok((false, false));
-            };
             let spoiled = [agent, b"\xFF".as_slice()].concat();
-            index
-                .insert(
-                    raw::by_ref(&spoiled, key, HEAD_SEQ).as_slice(),
-                    row.as_slice(),
-                )
-                .ctx("spoil a head")?;
-            Ok((true, true))
+            let moved = move_entry(
+                txn,
+                tables::EVENTS_BY_REF_KEYS,
+                &raw::by_ref(agent, key, HEAD_SEQ),
+                &raw::by_ref(&spoiled, key, HEAD_SEQ),
+            )?;
+            Ok((moved, moved))
         })
         .await
     }
@@ -1221,6 +1204,26 @@ fn overwrite_entry<K: redb::Key + 'static>(
         table.insert(key, bytes).ctx("damage a row")?;
     }
     Ok(existed)
+}
+
+/// Moves the entry of `table` (keys read as their bytes) at `from` to `to`, its value as it
+/// was (the helpers that spoil a key for the durable suite); whether there was one.
+fn move_entry<K: redb::Key + 'static>(
+    txn: &WriteTransaction,
+    table: redb::TableDefinition<'_, raw::Bytes<K>, &'static [u8]>,
+    from: &[u8],
+    to: &[u8],
+) -> Result<bool, StoreError> {
+    let mut table = txn.open_table(table).ctx("move an entry: open its table")?;
+    let Some(row) = table
+        .remove(from)
+        .ctx("move an entry")?
+        .map(|v| v.value().to_vec())
+    else {
+        return Ok(false);
+    };
+    table.insert(to, row.as_slice()).ctx("move an entry")?;
+    Ok(true)
 }
 
 /// Deletes the victims, then stamps the watermarks of their heads at `now`, in one write
@@ -2006,10 +2009,6 @@ mod tests {
         store.close().await;
     }
 
-    /// The dedupe index read as its bytes, (key, sequence) in key order.
-    const DEDUPE_BYTES: redb::TableDefinition<raw::Bytes<&str>, u64> =
-        redb::TableDefinition::new("dedupe");
-
     /// A dedupe key whose text is not UTF-8 (a hand edit) stops no pruning of a row that cannot
     /// be read: the scan of the dedupe index for that row's key reads the keys as bytes, frees
     /// the one pointing at the row and keeps the others, that one too. Before, redb's decode of
@@ -2022,7 +2021,7 @@ mod tests {
         record_keyed(&store, &other, &["k3"]).await;
         store
             .write("test", |txn| {
-                let mut dedupe = txn.open_table(DEDUPE_BYTES).ctx("test")?;
+                let mut dedupe = txn.open_table(tables::DEDUPE_KEYS).ctx("test")?;
                 let seq = dedupe
                     .remove(b"k3".as_slice())
                     .ctx("test")?
@@ -2038,7 +2037,7 @@ mod tests {
         assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 2);
         let keys = store
             .read("test", |txn| {
-                let dedupe = txn.open_table(DEDUPE_BYTES).ctx("test")?;
+                let dedupe = txn.open_table(tables::DEDUPE_KEYS).ctx("test")?;
                 let mut keys = Vec::new();
                 for item in dedupe.iter().ctx("test")? {
                     let (k, v) = item.ctx("test")?;
@@ -2058,8 +2057,6 @@ mod tests {
     /// migration, so the file could not be opened at all.
     #[tokio::test]
     async fn a_schema_1_head_whose_key_is_not_utf8_is_migrated_and_left_out() {
-        const HEADS_V1_BYTES: redb::TableDefinition<tables::PairBytes, (u64, u64, i64)> =
-            redb::TableDefinition::new("heads");
         let (dir, store) = fresh().await;
         let path = dir.path().join("state.redb");
         let (kept, spoiled) = (session("agent:main:kept"), session("agent:main:spoiled"));
@@ -2071,7 +2068,9 @@ mod tests {
         let db = redb::Database::open(&path).expect("open the file");
         let txn = db.begin_write().expect("begin a write");
         {
-            let mut heads = txn.open_table(HEADS_V1_BYTES).expect("the heads table");
+            let mut heads = txn
+                .open_table(tables::HEADS_V1_KEYS)
+                .expect("the heads table");
             let (k, a) = (spoiled.session_key.as_str().as_bytes(), b"main".as_slice());
             let row = heads
                 .remove(raw::pair(k, a).as_slice())

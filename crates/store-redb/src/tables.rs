@@ -74,12 +74,14 @@ pub(crate) const DEDUPE: TableDefinition<&str, u64> = TableDefinition::new("dedu
 /// The dedupe index with its keys read as their bytes ([`raw`]), as [`EventTables`] opens it: its
 /// scan for the keys of event rows that cannot be read reads every key, and a key that is not
 /// UTF-8 must not panic in redb's decode there.
-const DEDUPE_KEYS: TableDefinition<raw::Bytes<&str>, u64> = TableDefinition::new("dedupe");
+pub(crate) const DEDUPE_KEYS: TableDefinition<raw::Bytes<&str>, u64> =
+    TableDefinition::new("dedupe");
 /// The heads table of schema 1, read by [`migrate_v1`] (and written by [`downgrade_to_v1`],
 /// for tests).
 const HEADS_V1: TableDefinition<(&str, &str), (u64, u64, i64)> = TableDefinition::new("heads");
 /// [`HEADS_V1`] with its keys read as their bytes ([`raw`]), as [`migrate_v1`] reads it.
-const HEADS_V1_KEYS: TableDefinition<PairBytes, (u64, u64, i64)> = TableDefinition::new("heads");
+pub(crate) const HEADS_V1_KEYS: TableDefinition<PairBytes, (u64, u64, i64)> =
+    TableDefinition::new("heads");
 /// The sequence under which `events_by_ref` keeps a ref's head.
 pub(crate) const HEAD_SEQ: u64 = u64::MAX;
 /// The highest sequence an event can get (one below [`HEAD_SEQ`]).
@@ -311,7 +313,7 @@ pub(crate) fn list_heads(
 
 /// The session ref of a key read as bytes: [`session_ref`], after checking that both are
 /// UTF-8.
-fn ref_of(key: &[u8], agent: &[u8]) -> Result<SessionRef, StoreError> {
+pub(crate) fn ref_of(key: &[u8], agent: &[u8]) -> Result<SessionRef, StoreError> {
     let text = |what: &str, bytes| {
         std::str::from_utf8(bytes).map_err(|e| corrupt(&format!("stored session ref: {what}"), e))
     };
@@ -566,7 +568,7 @@ pub(crate) struct EventTables<'t> {
     /// The keys of the reference index, as stored, that a scan for the entries of such rows
     /// passed over because they are cut short (empty on a sound file); kept, as
     /// [`EventTables::unreadable`], for the caller to log with the file's path.
-    pub cut_keys: Vec<Vec<u8>>,
+    pub cut_keys: std::collections::BTreeSet<Vec<u8>>,
 }
 
 impl<'t> EventTables<'t> {
@@ -581,7 +583,7 @@ impl<'t> EventTables<'t> {
             dedupe: Lazy::new(DEDUPE_KEYS),
             counter: None,
             unreadable: Vec::new(),
-            cut_keys: Vec::new(),
+            cut_keys: std::collections::BTreeSet::new(),
         })
     }
 
@@ -861,7 +863,10 @@ impl<'t> EventTables<'t> {
                     out.push((a.to_vec(), k.to_vec(), seq));
                 }
                 Some(_) => {}
-                None => self.cut_keys.push(key.value().to_vec()),
+                None => {
+                    // A set: a pass that scans twice (its choice, then its reindexing) logs it once.
+                    self.cut_keys.insert(key.value().to_vec());
+                }
             }
         }
         Ok(out)

@@ -46,17 +46,19 @@ fn decode_raw(key: &[u8], bytes: &[u8]) -> Result<UpstreamLink, StoreError> {
             "upstream link {key:?}: its key is cut short"
         )));
     };
-    let text = |what: &str, bytes| {
-        std::str::from_utf8(bytes).map_err(|e| StoreError::Corrupt {
-            context: format!(
-                "upstream link ({:?}, {:?}): its {what} is not UTF-8",
-                String::from_utf8_lossy(k),
-                String::from_utf8_lossy(a)
-            ),
-            source: Some(Box::new(e)),
-        })
-    };
-    decode(text("session key", k)?, text("agent", a)?, bytes)
+    let session = crate::tables::ref_of(k, a).map_err(|e| StoreError::Corrupt {
+        context: format!(
+            "upstream link ({:?}, {:?}): its key names no session",
+            String::from_utf8_lossy(k),
+            String::from_utf8_lossy(a)
+        ),
+        source: Some(Box::new(e)),
+    })?;
+    decode(
+        session.session_key.as_str(),
+        session.agent_id.as_str(),
+        bytes,
+    )
 }
 
 fn encode(link: &UpstreamLink) -> Result<Vec<u8>, StoreError> {

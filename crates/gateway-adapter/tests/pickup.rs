@@ -640,15 +640,15 @@ async fn a_queue_that_panics_when_a_watch_looks_fails_nothing() {
         !awareness_core::Notice::of(&explicit).queue_only,
         "explicit now"
     );
-    let warned: Vec<String> = capture
-        .lines()
-        .into_iter()
-        .filter(|l| {
-            l.contains("looking for the watcher's queued notice")
-                && l.contains("the host's queue failed to show")
-        })
-        .collect();
-    assert_eq!(warned.len(), 1, "logged once: {:?}", capture.lines());
+    assert_eq!(
+        capture.said(&[
+            "looking for the watcher's queued notice",
+            "the host's queue failed to show"
+        ]),
+        1,
+        "logged once: {:?}",
+        capture.lines()
+    );
 }
 
 /// A watch repeated on an explicit cursor whose notice is queued wakes nobody: its session was
@@ -826,10 +826,7 @@ async fn a_question_the_store_does_not_answer_is_given_up_and_asked_again() {
         .expect("woken once the store answers a question");
     assert_eq!(got, Some(k(MANAGER)));
     assert!(
-        capture
-            .lines()
-            .iter()
-            .any(|l| l.contains("cannot ask the store whether another writer committed")),
+        capture.said(&["cannot ask the store whether another writer committed"]) > 0,
         "{:?}",
         capture.lines()
     );
@@ -1073,12 +1070,7 @@ async fn picked_up_after_a_panic<H: Hook + 'static>(
     assert_eq!(first, Some(k(MANAGER)));
     assert_eq!(texts(&queue, MANAGER).len(), 1);
     assert!(!pickup.is_finished());
-    let logged = capture
-        .lines()
-        .into_iter()
-        .filter(|l| said.iter().all(|s| l.contains(s)))
-        .count();
-    assert_eq!(logged, 1, "{:?}", capture.lines());
+    assert_eq!(capture.said(said), 1, "{:?}", capture.lines());
     pickup.abort();
     let _ = pickup.await;
 }
@@ -1122,10 +1114,7 @@ async fn the_pruning_task_outlives_a_pass_that_panics() {
     assert_eq!(seen, [(1, true), (2, false)], "the panic, then a pass");
     assert!(!pruning.is_finished());
     assert!(
-        capture
-            .lines()
-            .iter()
-            .any(|l| l.contains("a pruning pass panicked") && l.contains("the store failed")),
+        capture.said(&["a pruning pass panicked", "the store failed"]) > 0,
         "{:?}",
         capture.lines()
     );
@@ -1156,13 +1145,7 @@ async fn another_writer_seen_with_owned_watchers_only_off_is_said_once() {
             .build(),
         );
         let pickup = svc.spawn_pickup();
-        let said = || {
-            capture
-                .lines()
-                .iter()
-                .filter(|l| l.contains("owned_watchers_only is off"))
-                .count()
-        };
+        let said = || capture.said(&["owned_watchers_only is off"]);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(said(), 0, "no other writer yet");
         for answer in 2..5 {

@@ -2661,10 +2661,7 @@ async fn the_monitor_outlives_a_tick_that_panics() {
     assert!(!task.is_finished());
     assert_eq!(w.human_events(&session).await, 1);
     assert!(
-        capture
-            .lines()
-            .iter()
-            .any(|l| l.contains("a tick panicked") && l.contains("the store failed")),
+        capture.said(&["a tick panicked", "the store failed"]) > 0,
         "{:?}",
         capture.lines()
     );

@@ -36,6 +36,16 @@ impl Capture {
             .clone()
     }
 
+    /// How many lines captured so far say every one of `parts`.
+    pub fn said(&self, parts: &[&str]) -> usize {
+        self.lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|l| parts.iter().all(|p| l.contains(p)))
+            .count()
+    }
+
     /// The process-wide subscriber of a test binary, set once, which keeps the warnings and
     /// errors logged on any thread without a subscriber of its own (a store's on tokio's
     /// blocking pool, say). Every test of the binary shares it, so a test picks out its own

@@ -246,10 +246,10 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// "a store can offer a stream of hints"). A hint only: after one, ask
     /// [`EventStore::foreign_commits`] and read the cursors, as at any other question.
     ///
-    /// `None` from a store that cannot push them: the default (store-memory, store-redb,
-    /// store-sqlite, whose other processes are found by polling). store-postgres offers them
-    /// through `LISTEN`/`NOTIFY`. Each call gives a stream of its own; a stream does not keep
-    /// the store open.
+    /// `None` from a store that cannot push them: the default (store-memory, store-redb).
+    /// store-postgres offers them through `LISTEN`/`NOTIFY`, store-sqlite by polling `PRAGMA
+    /// data_version` on a connection of its own. Each call gives a stream of its own; a stream
+    /// does not keep the store open.
     fn commit_hints(&self) -> Option<Box<dyn CommitHints>> {
         None
     }

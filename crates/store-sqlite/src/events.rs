@@ -286,6 +286,15 @@ impl EventStore for SqliteStore {
         self.named(self.data_version().await.map(Some))
     }
 
+    /// Polls `PRAGMA data_version` every [`SqliteOptions::commit_hint_interval`](crate::SqliteOptions::commit_hint_interval)
+    /// on a connection of its own, from the first call on (one poller per handle, shared by its
+    /// streams), and hints at each commit another writer made: this handle's own are left out
+    /// (see [`SqliteStore::foreign_commits`](awareness_core::EventStore::foreign_commits)).
+    /// The streams end once the handle is dropped or closed.
+    fn commit_hints(&self) -> Option<Box<dyn awareness_core::CommitHints>> {
+        Some(self.subscribe_commit_hints())
+    }
+
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         self.named(self.log_stats_inner().await)
     }

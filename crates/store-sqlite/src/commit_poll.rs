@@ -1,0 +1,347 @@
+//! Commit hints by polling `PRAGMA data_version` ([`awareness_core::EventStore::commit_hints`]),
+//! the shape DESIGN.md section 9.1 gives SQLite: "noticed through `PRAGMA data_version`
+//! polling".
+//!
+//! A handle asked for hints starts one poller: a thread of its own with a small runtime and a
+//! read connection of its own, which reads `PRAGMA data_version` every
+//! [`crate::SqliteOptions::commit_hint_interval`]. SQLite changes that number for every commit
+//! another connection made, this handle's write connection included, so a change alone does
+//! not say whose commit it was. The write connection's own number does
+//! ([`crate::SqliteStore::foreign_commits`] answers with it), but asking it waits for the
+//! writer; so it is asked only when this handle may have committed since the last poll:
+//!
+//! - every operation that may commit holds a [`crate::conn::WriteGuard`], which counts when it
+//!   is taken and when it is let go ([`WriteHolds`]);
+//! - a poll reads "let go" before its `data_version`, and "taken" after it. When the "taken" of
+//!   this poll equals the "let go" read before the last poll's `data_version`, every guard
+//!   taken by the end of this poll had been let go before the last poll began: no commit of
+//!   this handle falls between the two, so a change is another writer's, and hinted without
+//!   asking the writer;
+//! - otherwise the writer is asked for its number, and a change of that number since the
+//!   poller last asked is hinted.
+//!
+//! Either way nothing another writer commits goes unhinted. The one hint too many: a `COMMIT`
+//! whose caller was cancelled while SQLite ran it lands after its guard was let go, and reads
+//! as another writer's (a question too many, never one too few, as a hint may be).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use awareness_core::{CommitHints, StoreError, async_trait};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
+
+use crate::conn::{WriteSlot, batch_one, get};
+use crate::sql;
+
+/// How often the write connection has been taken and let go for an operation that may commit
+/// (see the module's doc).
+#[derive(Debug, Default)]
+pub(crate) struct WriteHolds {
+    taken: AtomicU64,
+    let_go: AtomicU64,
+}
+
+impl WriteHolds {
+    pub(crate) fn take(&self) {
+        self.taken.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn let_go(&self) {
+        self.let_go.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// What a handle's poller has done, for tests ([`crate::SqliteStore::commit_polls`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitPolls {
+    /// Polls that read the number.
+    pub polls: u64,
+    /// Polls whose number had changed.
+    pub changes: u64,
+    /// Changes for which the write connection was asked (this handle may have committed).
+    pub writer_asked: u64,
+    /// Hints given.
+    pub hints: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    polls: AtomicU64,
+    changes: AtomicU64,
+    writer_asked: AtomicU64,
+}
+
+/// What a poller needs from its handle.
+pub(crate) struct Setup {
+    pub(crate) options: SqliteConnectOptions,
+    pub(crate) writer: Option<Weak<WriteSlot>>,
+    pub(crate) holds: Arc<WriteHolds>,
+    pub(crate) interval: Duration,
+    pub(crate) path: Arc<Path>,
+}
+
+/// A handle's poller, started by the first [`Poller::subscribe`].
+#[derive(Debug, Default)]
+pub(crate) struct Poller {
+    running: Mutex<Option<Running>>,
+    counts: Arc<Counts>,
+}
+
+#[derive(Debug)]
+struct Running {
+    hints: watch::Receiver<u64>,
+    /// Asks for a poll now; dropped (with the handle, or by [`Poller::stop`]), it ends the
+    /// poller.
+    now: Option<mpsc::UnboundedSender<oneshot::Sender<()>>>,
+    /// Answers (the sender dropped) once the poller's thread has closed its connection.
+    done: Option<oneshot::Receiver<()>>,
+}
+
+/// Longest wait between two attempts to open the poller's connection.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+impl Poller {
+    /// A stream of hints, the poller started if it is not running yet (`setup` is called then).
+    pub(crate) fn subscribe(&self, setup: impl FnOnce() -> Setup) -> Box<dyn CommitHints> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let running = running.get_or_insert_with(|| {
+            let setup = setup();
+            let (tx, hints) = watch::channel(0);
+            let (now, asked) = mpsc::unbounded_channel();
+            let (finished, done) = oneshot::channel();
+            let counts = Arc::clone(&self.counts);
+            let path = Arc::clone(&setup.path);
+            let started = std::thread::Builder::new()
+                .name("store-sqlite-commit-poll".into())
+                .spawn(move || {
+                    let finished = finished;
+                    match tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(poll(setup, asked, tx, &counts)),
+                        Err(e) => {
+                            warn!(path = %setup.path.display(), error = %awareness_core::error::ErrorChain(&e), "cannot poll for other writers' commits; the pick-up's questions still find them");
+                        }
+                    }
+                    drop(finished);
+                });
+            if let Err(e) = started {
+                // The hints' sender went with the closure: the streams end at once, and the
+                // caller's questions are what find other writers' commits.
+                warn!(path = %path.display(), error = %awareness_core::error::ErrorChain(&e), "cannot start polling for other writers' commits; the pick-up's questions still find them");
+            }
+            Running {
+                hints,
+                now: Some(now),
+                done: Some(done),
+            }
+        });
+        let mut rx = running.hints.clone();
+        // Hints from now on.
+        rx.borrow_and_update();
+        Box::new(Hints(rx))
+    }
+
+    /// Asks the running poller for a poll now; answers once it is done, or `None` when no
+    /// poller runs.
+    pub(crate) fn poll_now(&self) -> Option<oneshot::Receiver<()>> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let running = running.as_ref()?;
+        let (tx, rx) = oneshot::channel();
+        running.now.as_ref()?.send(tx).ok()?;
+        Some(rx)
+    }
+
+    /// What the poller has done.
+    pub(crate) fn counts(&self) -> CommitPolls {
+        let hints = self
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |r| *r.hints.borrow());
+        CommitPolls {
+            polls: self.counts.polls.load(Ordering::SeqCst),
+            changes: self.counts.changes.load(Ordering::SeqCst),
+            writer_asked: self.counts.writer_asked.load(Ordering::SeqCst),
+            hints,
+        }
+    }
+
+    /// Ends the poller, if one runs, and waits until its connection is closed.
+    pub(crate) async fn stop(&self) {
+        let done = {
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            running.as_mut().and_then(|r| {
+                // Closing the channel ends the poller at its next wait.
+                r.now = None;
+                r.done.take()
+            })
+        };
+        if let Some(done) = done {
+            drop(done.await);
+        }
+    }
+}
+
+/// One caller's stream of hints.
+struct Hints(watch::Receiver<u64>);
+
+#[async_trait]
+impl CommitHints for Hints {
+    async fn next(&mut self) -> bool {
+        // Fails once the poller is gone: its handle was dropped or closed.
+        self.0.changed().await.is_ok()
+    }
+}
+
+/// `PRAGMA data_version` of the write connection in `slot`, which this handle's own commits
+/// never change ([`crate::SqliteStore::foreign_commits`]).
+pub(crate) async fn writer_data_version(slot: &WriteSlot) -> Result<u64, StoreError> {
+    const WHAT: &str = "read the data version";
+    let mut slot = slot.lock().await;
+    let Some(w) = slot.as_mut() else {
+        return Err(StoreError::backend(WHAT, "the store is closed"));
+    };
+    if w.open_tx {
+        // What an interrupted write left open goes first, as before any write.
+        w.rollback().await;
+    }
+    data_version(&mut w.conn).await
+}
+
+/// `PRAGMA data_version` of `conn`.
+pub(crate) async fn data_version(conn: &mut SqliteConnection) -> Result<u64, StoreError> {
+    const WHAT: &str = "read the data version";
+    let row = batch_one(conn, sqlx::query(sql::DATA_VERSION), WHAT).await?;
+    Ok(get::<i64>(&row, 0, WHAT)?.cast_unsigned())
+}
+
+/// Waits `interval` or for a request of a poll now: `None` once the handle let go of the
+/// poller, `Some(None)` at the end of the interval, `Some(Some(ack))` at a request.
+async fn wait(
+    asked: &mut mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    interval: Duration,
+) -> Option<Option<oneshot::Sender<()>>> {
+    match tokio::time::timeout(interval, asked.recv()).await {
+        Ok(Some(ack)) => Some(Some(ack)),
+        Ok(None) => None,
+        Err(_) => Some(None),
+    }
+}
+
+/// The poller's loop: opens its connection, then polls until the handle lets go of it.
+async fn poll(
+    setup: Setup,
+    mut asked: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    hints: watch::Sender<u64>,
+    counts: &Counts,
+) {
+    let hint = || hints.send_modify(|n| *n = n.wrapping_add(1));
+    let path = setup.path.display();
+    let mut backoff = setup.interval.max(Duration::from_millis(100));
+    let mut failed = false;
+    let (mut conn, mut last, mut let_go_before) = loop {
+        let opened = async {
+            let mut conn = setup
+                .options
+                .connect()
+                .await
+                .map_err(|e| StoreError::backend("open a connection to poll for commits", e))?;
+            let let_go = setup.holds.let_go.load(Ordering::SeqCst);
+            match data_version(&mut conn).await {
+                Ok(v) => Ok((conn, v, let_go)),
+                Err(e) => {
+                    drop(conn.close().await);
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        match opened {
+            Ok(opened) => break opened,
+            Err(e) => {
+                if failed {
+                    debug!(path = %path, error = %awareness_core::error::ErrorChain(&e), "still cannot poll for other writers' commits");
+                } else {
+                    failed = true;
+                    warn!(path = %path, error = %awareness_core::error::ErrorChain(&e), "cannot poll for other writers' commits; the pick-up's questions still find them, and polling is tried again");
+                }
+                match wait(&mut asked, backoff).await {
+                    None => return,
+                    Some(ack) => drop(ack),
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    };
+    let writer = setup.writer.as_ref();
+    // The writer's number as last asked: `None` before the first answer, which any answer
+    // then differs from.
+    let mut writer_last = match writer.and_then(Weak::upgrade) {
+        Some(slot) => writer_data_version(&slot).await.ok(),
+        None => None,
+    };
+    if failed {
+        info!(path = %path, "polling for other writers' commits");
+        // Commits made while nobody polled: one hint for all of them.
+        hint();
+    }
+    let mut failing = false;
+    while let Some(ack) = wait(&mut asked, setup.interval).await {
+        let let_go = setup.holds.let_go.load(Ordering::SeqCst);
+        match data_version(&mut conn).await {
+            Ok(v) => {
+                let taken = setup.holds.taken.load(Ordering::SeqCst);
+                counts.polls.fetch_add(1, Ordering::SeqCst);
+                if failing {
+                    failing = false;
+                    info!(path = %path, "polling for other writers' commits again");
+                }
+                if v != last {
+                    last = v;
+                    counts.changes.fetch_add(1, Ordering::SeqCst);
+                    let another = if taken == let_go_before {
+                        true
+                    } else if let Some(slot) = writer.and_then(Weak::upgrade) {
+                        counts.writer_asked.fetch_add(1, Ordering::SeqCst);
+                        match writer_data_version(&slot).await {
+                            Ok(w) => writer_last.replace(w) != Some(w),
+                            // Not known: told, as a hint may be one too many.
+                            Err(_) => true,
+                        }
+                    } else {
+                        // The handle is going: nobody is left to tell.
+                        false
+                    };
+                    if another {
+                        hint();
+                    }
+                }
+                let_go_before = let_go;
+            }
+            Err(e) => {
+                // The last number read stays the one to compare with: the connection's number
+                // only ever moves on, so nothing is missed once it answers again.
+                if failing {
+                    debug!(path = %path, error = %awareness_core::error::ErrorChain(&e), "polling for other writers' commits failed again");
+                } else {
+                    failing = true;
+                    warn!(path = %path, error = %awareness_core::error::ErrorChain(&e), "polling for other writers' commits failed; trying again at the next poll");
+                }
+            }
+        }
+        if let Some(ack) = ack {
+            let _answered = ack.send(());
+        }
+    }
+    if let Err(e) = conn.close().await {
+        debug!(path = %path, error = %awareness_core::error::ErrorChain(&e), "closing the connection that polled for commits");
+    }
+}

@@ -1,0 +1,165 @@
+//! Commit hints by polling `PRAGMA data_version` (`EventStore::commit_hints`, DESIGN.md section
+//! 9.1): a handle is told of another handle's commits to its file, not of its own, also when
+//! both commit between two polls; a handle closed stops polling. (That another handle's commit
+//! is hinted within a poll interval at all, and that a stream ends with its store, is the
+//! durable suite's `another_handles_commit_is_hinted`, which tests/conformance.rs runs.)
+//!
+//! The handles here poll only when asked (`commit_hint_interval(Duration::MAX)` and the hidden
+//! `poll_commits_now`), so that which commits fall between two polls is the test's to choose.
+
+use std::time::Duration;
+
+use awareness_core::protocol::AckTarget;
+use awareness_core::testkit::group_commit::{T0, event};
+use awareness_core::{CommitHints, CursorStore as _, EventStore as _, PruneStep, WatcherKey};
+use store_sqlite::{SqliteOptions, SqliteStore};
+
+async fn open(path: &std::path::Path) -> SqliteStore {
+    let options = SqliteOptions::new().commit_hint_interval(Duration::MAX);
+    SqliteStore::open_with(path, options).await.expect("open")
+}
+
+/// Whether `hints` holds a hint not taken yet (without waiting for one).
+async fn hint_ready(hints: &mut Box<dyn CommitHints>) -> bool {
+    match tokio::time::timeout(Duration::from_millis(1), hints.next()).await {
+        Ok(next) => {
+            assert!(next, "the store is still open");
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// A poll now, by the poller the first `commit_hints` started.
+async fn poll(store: &SqliteStore) {
+    assert!(store.poll_commits_now().await, "the poller runs");
+}
+
+/// The handle's own writes of every kind (recording, watch, acknowledgement, unwatch, pruning,
+/// deletion) change the number the poller reads but give no hint; another handle's recording
+/// does, and so does one made between the same two polls as the handle's own, which the write
+/// connection is asked about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (ours, theirs) = (open(&path).await, open(&path).await);
+    let mut hints = ours.commit_hints().expect("store-sqlite pushes hints");
+    poll(&ours).await;
+    let start = ours.commit_polls();
+
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    let target = event(0).session;
+    ours.record(event(0), T0).await.expect("record");
+    poll(&ours).await;
+    ours.watch(&watcher, &target, T0).await.expect("watch");
+    ours.record(event(0), T0)
+        .await
+        .expect("record on the watched");
+    poll(&ours).await;
+    let ack = [AckTarget::any(target.session_key.clone())];
+    ours.acknowledge(&watcher, &ack, T0)
+        .await
+        .expect("acknowledge");
+    ours.unwatch(&watcher, &target.session_key)
+        .await
+        .expect("unwatch");
+    poll(&ours).await;
+    ours.prune_chunk(&PruneStep::RowCap { max_rows: 1 }, 10, T0)
+        .await
+        .expect("prune");
+    ours.delete_session(&target).await.expect("delete");
+    poll(&ours).await;
+    let own = ours.commit_polls();
+    assert_eq!(
+        own.changes - start.changes,
+        4,
+        "each poll saw the file change"
+    );
+    assert_eq!(
+        own.writer_asked - start.writer_asked,
+        4,
+        "each change fell between polls around a write of the handle's own"
+    );
+    assert!(!hint_ready(&mut hints).await, "no hint of its own commits");
+    assert_eq!(own.hints, 0);
+
+    // Another handle's commit, the handle idle since the last poll: hinted without asking
+    // the write connection.
+    theirs.record(event(1), T0).await.expect("record theirs");
+    poll(&ours).await;
+    assert!(hint_ready(&mut hints).await, "theirs is hinted");
+    let after = ours.commit_polls();
+    assert_eq!(
+        after.writer_asked, own.writer_asked,
+        "nothing of its own to tell apart"
+    );
+
+    // Theirs and ours between the same two polls, in either order: the write connection is
+    // asked, and its number moved for theirs.
+    for theirs_first in [true, false] {
+        if theirs_first {
+            theirs.record(event(2), T0).await.expect("record theirs");
+            ours.record(event(3), T0).await.expect("record ours");
+        } else {
+            ours.record(event(3), T0).await.expect("record ours");
+            theirs.record(event(2), T0).await.expect("record theirs");
+        }
+        let before = ours.commit_polls();
+        poll(&ours).await;
+        assert_eq!(ours.commit_polls().writer_asked, before.writer_asked + 1);
+        assert!(
+            hint_ready(&mut hints).await,
+            "theirs is hinted beside ours (theirs first: {theirs_first})"
+        );
+    }
+    assert!(!hint_ready(&mut hints).await, "one hint for each");
+}
+
+/// A read-only handle has no commits of its own: every commit to its file is another writer's,
+/// hinted without asking any write connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_handle_is_hinted_of_every_commit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let writer = open(&path).await;
+    let options = SqliteOptions::new()
+        .read_only(true)
+        .commit_hint_interval(Duration::MAX);
+    let reader = SqliteStore::open_with(&path, options)
+        .await
+        .expect("open read-only");
+    let mut hints = reader.commit_hints().expect("hints on a read-only handle");
+    poll(&reader).await;
+    assert!(!hint_ready(&mut hints).await, "nothing committed yet");
+    writer.record(event(0), T0).await.expect("record");
+    poll(&reader).await;
+    assert!(
+        hint_ready(&mut hints).await,
+        "the writer's commit is hinted"
+    );
+    assert_eq!(reader.commit_polls().writer_asked, 0);
+}
+
+/// `close` ends the handle's poller and closes its connection before the writer's, so that
+/// the writer's, the last, removes the log as it always did; the streams end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_stops_polling_and_leaves_no_log_behind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = open(&path).await;
+    let mut hints = store.commit_hints().expect("hints");
+    poll(&store).await;
+    store.record(event(0), T0).await.expect("record");
+    store.close().await;
+    let wal = dir.path().join("state.sqlite-wal");
+    assert!(
+        !wal.exists(),
+        "the last connection removed {}",
+        wal.display()
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(30), hints.next())
+        .await
+        .expect("an answer once the store is closed");
+    assert!(!ended, "no hint comes once the store is closed");
+}

@@ -524,8 +524,6 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(
 /// stream of `a`'s gives a hint once `b` commits (`b` records again every 100 ms until one
 /// comes, for at most 30 s: a stream need not be told of a commit made before its store
 /// listens), and answers that no hint will come once every handle of `a` is dropped.
-/// Stamped by hand for a store that pushes hints (store-postgres), not by [`durable_suite!`](crate::durable_suite),
-/// whose other stores would have nothing to check.
 pub async fn another_handles_commit_is_hinted(f: impl OpenFile) {
     let (_dir, a, b) = two_handles(&f).await;
     let Some(mut hints) = a.store.commit_hints() else {

@@ -3191,9 +3191,9 @@ impl Awareness {
     /// seen to commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so.
     /// A store that pushes hints as other writers commit
     /// ([`awareness_core::EventStore::commit_hints`]: store-postgres, through
-    /// `LISTEN`/`NOTIFY`) has its question asked at each hint too, without waiting for the
-    /// interval, so that another host's notice is queued and its session woken when it is
-    /// handed out; unless the questions and pick-ups hints brought have taken a tenth of the
+    /// `LISTEN`/`NOTIFY`; store-sqlite, polling `PRAGMA data_version` every 20 ms) has its
+    /// question asked at each hint too, without waiting for the interval, so that another
+    /// process's or host's notice is queued and its session woken when it is handed out; unless the questions and pick-ups hints brought have taken a tenth of the
     /// task's time, in which case the hint waits (at most until the interval's question).
     /// To stop the task, abort the handle and await it, as for [`Awareness::spawn_pruning`]; it
     /// also ends at its next interval once the service is gone.

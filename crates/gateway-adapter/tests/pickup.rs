@@ -919,6 +919,40 @@ async fn a_notice_another_writer_on_one_sqlite_file_hands_out_wakes_this_gateway
     a_notice_another_writer_hands_out_wakes_this_gateways_watcher(ours, theirs).await;
 }
 
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher`] on two handles on one
+/// SQLite file whose pick-up asks only once an hour (and picks up everything never): each
+/// notice of the other writer is picked up at the store's hint of its commit (`PRAGMA
+/// data_version` polled), the second right after the acknowledgement of the first.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_writers_notice_is_picked_up_at_the_hint_of_its_commit_on_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let open = async || Arc::new(store_sqlite::SqliteStore::open(&path).await.expect("open"));
+    let (ours, theirs) = (open().await, open().await);
+    let polling = Arc::clone(&ours);
+    a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
+        ours,
+        theirs,
+        AwarenessConfig {
+            pickup_interval: Duration::from_hours(1),
+            recovery_interval: Duration::MAX,
+            ..AwarenessConfig::default()
+        },
+        async move {
+            let started = tokio::time::timeout(Duration::from_secs(30), async {
+                while !polling.poll_commits_now().await {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+            started
+                .await
+                .expect("the pick-up task asked the store for hints, and the store polls");
+        },
+    )
+    .await;
+}
+
 /// Two handles on the store in `schema`, as two gateways on two hosts have.
 #[cfg(feature = "postgres")]
 async fn two_gateways_on(

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use awareness_benches::{
-    Backend, Dataset, PgSchema, T0, add_watchers, dataset_session, group_commit_specs, head, human,
-    is_wanted, load_dataset, loaded, loaded_backends, pg_server, poll_ready, runtime, save_result,
-    test_mode, wanted, watcher,
+    Backend, Dataset, Kind, PgSchema, Spec, T0, add_watchers, dataset_session, group_commit_specs,
+    head, human, is_wanted, load_dataset, loaded, loaded_backends, pg_server, poll_ready, runtime,
+    save_result, test_mode, wanted, watcher,
 };
 use awareness_core::{
     AckTarget, AwarenessStore, AwarenessStoreExt as _, NewEvent, RetentionPolicy, Sequence,
@@ -25,6 +25,7 @@ use criterion::{
 use gateway_adapter::{
     Awareness, InMemoryDirectory, InMemoryQueue, ManualClock, RecordingWake, SessionEntry,
 };
+use store_sqlite::{SqliteOptions, SqliteStore};
 use tokio::runtime::Runtime;
 
 /// Runs one store call: memory is polled directly, durable stores on the runtime.
@@ -896,6 +897,67 @@ fn record_concurrent(c: &mut Criterion) {
     g.finish();
 }
 
+/// `hints/*`: what store-sqlite's commit hints cost (DESIGN.md section 9.1: a handle asked for
+/// hints polls `PRAGMA data_version` on a connection of its own).
+///
+/// - `poll/sqlite`: one poll, asked of an idle handle's poller and answered (its statement, and
+///   the hand-offs to the poller's thread and back, which a timed poll does not pay): an upper
+///   bound of what the default interval (20 ms) costs fifty times a second.
+/// - `record_0_watchers/sqlite` and `record_0_watchers/sqlite-polling-1ms`: `record/0_watchers`
+///   on the data set, on a handle nobody asked for hints and on one that polls every
+///   millisecond (twenty times the default rate), where a poll that follows one of the
+///   handle's own recordings also asks the write connection for its number: the cost a poller
+///   adds to the handle's own writes, in the same run.
+fn hints(c: &mut Criterion) {
+    if !is_wanted("sqlite") {
+        return;
+    }
+    let rt = runtime();
+    let mut g = c.benchmark_group("hints");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = SqliteOptions::new().commit_hint_interval(Duration::MAX);
+    let idle = rt
+        .block_on(SqliteStore::open_with(dir.path().join("poll.db"), options))
+        .expect("open");
+    let _hints =
+        awareness_core::EventStore::commit_hints(&idle).expect("store-sqlite pushes hints");
+    g.bench_function(BenchmarkId::new("poll", "sqlite"), |bench| {
+        bench.iter(|| assert!(rt.block_on(idle.poll_commits_now()), "the poller runs"));
+    });
+    let data = Dataset::standard();
+    let polling = SqliteOptions::new().commit_hint_interval(Duration::from_millis(1));
+    let specs = [
+        Spec {
+            name: "sqlite",
+            kind: Kind::Sqlite(SqliteOptions::new()),
+        },
+        Spec {
+            name: "sqlite-polling-1ms",
+            kind: Kind::Sqlite(polling),
+        },
+    ];
+    let backends = rt.block_on(loaded(&specs, data));
+    let fresh: Vec<_> = (0..data.sessions())
+        .map(|i| dataset_session(data.sessions() + i))
+        .collect();
+    for b in &backends {
+        // Kept for the group's length: the poller runs from the first call to the handle's end.
+        let _stream = (b.name != "sqlite").then(|| b.store.commit_hints());
+        let capped = Capped::new(data);
+        g.bench_function(BenchmarkId::new("record_0_watchers", b.name), |bench| {
+            bench_record(
+                bench,
+                &rt,
+                b,
+                &capped,
+                |n| human(&fresh[n % fresh.len()]),
+                0,
+            );
+        });
+    }
+    g.finish();
+}
+
 // The floor runs right after `record`: redb's record is judged against it, and this disk's
 // fsync latency drifts within minutes, so the two are measured as close together as the groups
 // allow.
@@ -910,6 +972,7 @@ criterion_group!(
     turn_among_cursors,
     sweep,
     pickup,
+    hints,
     prune,
     record_concurrent
 );

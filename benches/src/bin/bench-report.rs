@@ -431,6 +431,23 @@ fn render(
     if let Some(line) = postgres_floor(r) {
         let _ = writeln!(s, "\n{line}");
     }
+    if let (Some(poll), Some(quiet), Some(polling)) = (
+        r.get("hints/poll/sqlite"),
+        r.get("hints/record_0_watchers/sqlite"),
+        r.get("hints/record_0_watchers/sqlite-polling-1ms"),
+    ) {
+        let _ = writeln!(
+            s,
+            "\nsqlite commit hints (`PRAGMA data_version` polled, DESIGN.md 9.1): {} a poll asked \
+             and answered; `record/0_watchers` {} on a handle polling every 1 ms against {} on \
+             one not polling, {:.2}x{}.",
+            time(poll.median_ns),
+            time(polling.median_ns),
+            time(quiet.median_ns),
+            polling.median_ns / quiet.median_ns,
+            apart(*polling, *quiet)
+        );
+    }
     let t = targets(r);
     if !t.is_empty() {
         let _ = writeln!(

@@ -249,7 +249,10 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// `None` from a store that cannot push them: the default (store-memory, store-redb).
     /// store-postgres offers them through `LISTEN`/`NOTIFY`, store-sqlite by polling `PRAGMA
     /// data_version` on a connection of its own. Each call gives a stream of its own; a stream
-    /// does not keep the store open.
+    /// does not keep the store open. A store may start listening or polling in the background
+    /// at the first call, and need not hint a commit made before it does: ask
+    /// [`EventStore::foreign_commits`] once after taking a stream (as a gateway's pick-up task
+    /// does at its first question).
     fn commit_hints(&self) -> Option<Box<dyn CommitHints>> {
         None
     }

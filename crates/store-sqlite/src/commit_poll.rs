@@ -6,23 +6,25 @@
 //! read connection of its own, which reads `PRAGMA data_version` every
 //! [`crate::SqliteOptions::commit_hint_interval`]. SQLite changes that number for every commit
 //! another connection made, this handle's write connection included, so a change alone does
-//! not say whose commit it was. The write connection's own number does
-//! ([`crate::SqliteStore::foreign_commits`] answers with it), but asking it waits for the
-//! writer; so it is asked only when this handle may have committed since the last poll:
+//! not say whose commit it was. The write connection's own number does: its own commits never
+//! move it ([`crate::SqliteStore::foreign_commits`] answers with it). So at a change the poller
+//! asks the write connection for its number, and hints when that moved since it last asked (or
+//! when the question failed: a hint may be one too many, never one too few). A read-only handle
+//! has no commits of its own: every change is hinted.
 //!
-//! - every operation that may commit holds a [`crate::conn::WriteGuard`], which counts when it
-//!   is taken and when it is let go ([`WriteHolds`]);
-//! - a poll reads "let go" before its `data_version`, and "taken" after it. When the "taken" of
-//!   this poll equals the "let go" read before the last poll's `data_version`, every guard
-//!   taken by the end of this poll had been let go before the last poll began: no commit of
-//!   this handle falls between the two, so a change is another writer's, and hinted without
-//!   asking the writer;
-//! - otherwise the writer is asked for its number, and a change of that number since the
-//!   poller last asked is hinted.
+//! The write connection is asked before the number it is compared with is read: first at the
+//! start (its answer, then the poller's own first number), then at every change, after the
+//! poll. A commit by another writer made after the poller's first number therefore changes the
+//! poller's number at a later poll, and is in the write connection's answer at that poll, which
+//! the last answer before it did not hold: it is hinted at that poll. A commit made before the
+//! poller read its first number (it starts in the background, at the first `commit_hints`) is
+//! not; whoever takes a stream asks [`crate::SqliteStore::foreign_commits`] once after taking it.
 //!
-//! Either way nothing another writer commits goes unhinted. The one hint too many: a `COMMIT`
-//! whose caller was cancelled while SQLite ran it lands after its guard was let go, and reads
-//! as another writer's (a question too many, never one too few, as a hint may be).
+//! (A first version asked the write connection only when one of this handle's write
+//! operations overlapped the poll, and hinted other changes at once. A review found it dropped
+//! a commit made while the poller started, and hinted the handle's own commit made after a
+//! hinted one: the answer it compared with was older than the hint. At most one question a
+//! poll, while the file changes, is not worth that.)
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,24 +40,6 @@ use tracing::{debug, info, warn};
 use crate::conn::{WriteSlot, batch_one, get};
 use crate::sql;
 
-/// How often the write connection has been taken and let go for an operation that may commit
-/// (see the module's doc).
-#[derive(Debug, Default)]
-pub(crate) struct WriteHolds {
-    taken: AtomicU64,
-    let_go: AtomicU64,
-}
-
-impl WriteHolds {
-    pub(crate) fn take(&self) {
-        self.taken.fetch_add(1, Ordering::SeqCst);
-    }
-
-    pub(crate) fn let_go(&self) {
-        self.let_go.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 /// What a handle's poller has done, for tests ([`crate::SqliteStore::commit_polls`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitPolls {
@@ -63,7 +47,8 @@ pub struct CommitPolls {
     pub polls: u64,
     /// Polls whose number had changed.
     pub changes: u64,
-    /// Changes for which the write connection was asked (this handle may have committed).
+    /// Changes for which the write connection was asked (every change, on a handle that
+    /// writes).
     pub writer_asked: u64,
     /// Hints given.
     pub hints: u64,
@@ -80,7 +65,6 @@ struct Counts {
 pub(crate) struct Setup {
     pub(crate) options: SqliteConnectOptions,
     pub(crate) writer: Option<Weak<WriteSlot>>,
-    pub(crate) holds: Arc<WriteHolds>,
     pub(crate) interval: Duration,
     pub(crate) path: Arc<Path>,
 }
@@ -245,18 +229,26 @@ async fn poll(
 ) {
     let hint = || hints.send_modify(|n| *n = n.wrapping_add(1));
     let path = setup.path.display();
+    let writer = setup.writer.as_ref();
+    // The write connection's number as last asked (`None`: not known, which any answer then
+    // differs from), asked before the poller's own number it goes with.
+    let ask_writer = async |counts: &Counts| {
+        let slot = writer.and_then(Weak::upgrade)?;
+        counts.writer_asked.fetch_add(1, Ordering::SeqCst);
+        Some(writer_data_version(&slot).await)
+    };
     let mut backoff = setup.interval.max(Duration::from_millis(100));
     let mut failed = false;
-    let (mut conn, mut last, mut let_go_before) = loop {
+    let (mut conn, mut writer_last, mut last) = loop {
         let opened = async {
             let mut conn = setup
                 .options
                 .connect()
                 .await
                 .map_err(|e| StoreError::backend("open a connection to poll for commits", e))?;
-            let let_go = setup.holds.let_go.load(Ordering::SeqCst);
+            let writer_last = ask_writer(counts).await.and_then(Result::ok);
             match data_version(&mut conn).await {
-                Ok(v) => Ok((conn, v, let_go)),
+                Ok(v) => Ok((conn, writer_last, v)),
                 Err(e) => {
                     drop(conn.close().await);
                     Err(e)
@@ -281,13 +273,6 @@ async fn poll(
             }
         }
     };
-    let writer = setup.writer.as_ref();
-    // The writer's number as last asked: `None` before the first answer, which any answer
-    // then differs from.
-    let mut writer_last = match writer.and_then(Weak::upgrade) {
-        Some(slot) => writer_data_version(&slot).await.ok(),
-        None => None,
-    };
     if failed {
         info!(path = %path, "polling for other writers' commits");
         // Commits made while nobody polled: one hint for all of them.
@@ -295,10 +280,8 @@ async fn poll(
     }
     let mut failing = false;
     while let Some(ack) = wait(&mut asked, setup.interval).await {
-        let let_go = setup.holds.let_go.load(Ordering::SeqCst);
         match data_version(&mut conn).await {
             Ok(v) => {
-                let taken = setup.holds.taken.load(Ordering::SeqCst);
                 counts.polls.fetch_add(1, Ordering::SeqCst);
                 if failing {
                     failing = false;
@@ -307,24 +290,22 @@ async fn poll(
                 if v != last {
                     last = v;
                     counts.changes.fetch_add(1, Ordering::SeqCst);
-                    let another = if taken == let_go_before {
-                        true
-                    } else if let Some(slot) = writer.and_then(Weak::upgrade) {
-                        counts.writer_asked.fetch_add(1, Ordering::SeqCst);
-                        match writer_data_version(&slot).await {
-                            Ok(w) => writer_last.replace(w) != Some(w),
-                            // Not known: told, as a hint may be one too many.
-                            Err(_) => true,
+                    let another = match ask_writer(counts).await {
+                        Some(Ok(w)) => writer_last.replace(w) != Some(w),
+                        // Not known: told, as a hint may be one too many; the next answer is
+                        // then told too.
+                        Some(Err(_)) => {
+                            writer_last = None;
+                            true
                         }
-                    } else {
-                        // The handle is going: nobody is left to tell.
-                        false
+                        // A read-only handle: every commit is another writer's. (Or the
+                        // handle is going, and nobody is left to tell.)
+                        None => setup.writer.is_none(),
                     };
                     if another {
                         hint();
                     }
                 }
-                let_go_before = let_go;
             }
             Err(e) => {
                 // The last number read stays the one to compare with: the connection's number

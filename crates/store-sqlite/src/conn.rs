@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, MutexGuard, OwnedMutexGuard};
 
-use crate::commit_poll::WriteHolds;
 use crate::{decode, error, sql};
 
 /// A statement or batch with its binds.
@@ -28,9 +27,6 @@ pub(crate) struct Writer {
     /// The store's file, which the warnings name (shared, not copied, with the threads and
     /// tasks that finish a write: [`WriteGuard`], [`crate::group::Unfinished`]).
     pub(crate) path: Arc<Path>,
-    /// Counts each [`WriteGuard`] taken and let go, for the commit poller
-    /// ([`crate::commit_poll`]).
-    pub(crate) holds: Arc<WriteHolds>,
 }
 
 impl Writer {
@@ -88,20 +84,12 @@ pub(crate) type WriteSlot = Mutex<Option<Writer>>;
 /// never ran it, and the connection it held kept every later write and the close of the
 /// handle waiting for ever. Should the thread not start, the rollback is left to the next
 /// writer.
-///
-/// Every operation that may commit on the write connection holds one: the guard counts when it
-/// is taken and when it is let go ([`Writer::holds`]), which tells the commit poller whether a
-/// change it sees may be this handle's own ([`crate::commit_poll`]).
 pub(crate) struct WriteGuard(Option<OwnedMutexGuard<Option<Writer>>>);
 
 impl WriteGuard {
     /// Waits for the write connection.
     pub(crate) async fn lock(writer: &Arc<WriteSlot>) -> Self {
-        let g = Arc::clone(writer).lock_owned().await;
-        if let Some(w) = g.as_ref() {
-            w.holds.take();
-        }
-        Self(Some(g))
+        Self(Some(Arc::clone(writer).lock_owned().await))
     }
 }
 
@@ -124,10 +112,6 @@ impl std::ops::DerefMut for WriteGuard {
 impl Drop for WriteGuard {
     fn drop(&mut self) {
         let Some(mut g) = self.0.take() else { return };
-        // Let go before a rollback, which commits nothing.
-        if let Some(w) = g.as_ref() {
-            w.holds.let_go();
-        }
         let Some(path) = g
             .as_ref()
             .filter(|w| w.open_tx)

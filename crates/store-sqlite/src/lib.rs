@@ -106,12 +106,14 @@
 //!   asked for [`EventStore::commit_hints`](awareness_core::EventStore::commit_hints) reads
 //!   `PRAGMA data_version` every [`SqliteOptions::commit_hint_interval`] (20 ms by default) on a
 //!   connection of its own, from a thread of its own, and hints when another process (or
-//!   another handle) has committed to the file. Its own commits are left out without asking
-//!   the write connection when none of its write operations overlapped the poll; otherwise
-//!   the write connection's own number (which its own commits never move) is asked. A poll
-//!   asked and answered took 37.6 µs in `hints/poll` (12-05), about 0.2% of one core at the
-//!   default rate; a handle polling every millisecond recorded in 116 µs against 119 µs for
-//!   one not polling, in the same run.
+//!   another handle) has committed to the file. At each change the write connection is asked
+//!   for its own number, which its own commits never move, so that they are left out. In
+//!   `hints/*` (12-05, three runs on a noisy host): a poll asked and answered, hand-offs to the
+//!   poller's thread and back included, 8.7-71.6 µs (at the default rate, at most 0.4% of one
+//!   core); a handle polling every millisecond recorded within 3% of one not polling in the
+//!   same run (120 against 116 µs, and 116 against 119); another handle's commit was hinted
+//!   21.4 ms after its recording began (the bench's recordings start right after a poll, so
+//!   they wait a whole interval: half of one on average otherwise).
 //!
 //! ## Decisions
 //!
@@ -309,10 +311,11 @@ impl SqliteOptions {
     /// How often a handle asked for [`EventStore::commit_hints`](awareness_core::EventStore::commit_hints)
     /// reads `PRAGMA data_version` to learn of other writers' commits (another process, or
     /// another handle of this one, on the same file): a hint comes within about this long of
-    /// such a commit. Each poll is one statement on a connection of the poller's own (a few
-    /// microseconds of a core, measured in `benches/`); the write connection is asked too only
-    /// when this handle may have committed since the last poll. Nothing polls until
-    /// `commit_hints` is first called. At least 1 ms (a shorter interval is taken as 1 ms);
+    /// such a commit. Each poll is one statement on a connection of the poller's own (tens of
+    /// microseconds, hand-offs included, measured in `benches/`); when the number changed,
+    /// the write connection is asked for its own, to leave this handle's commits out. Nothing
+    /// polls until `commit_hints` is first called (the poller starts then, in the background:
+    /// a commit made before its first poll is not hinted). At least 1 ms (a shorter interval is taken as 1 ms);
     /// `Duration::MAX` never polls on its own. Default 20 ms
     /// ([`DEFAULT_COMMIT_HINT_INTERVAL`]).
     #[must_use]
@@ -432,8 +435,6 @@ pub struct SqliteStore {
     /// sender once the checkpoint is over and its connections' handles are let go.
     checkpoint_task: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     hints: Arc<Hints>,
-    /// Counts the write connection's guards taken and let go (shared with [`Writer`]).
-    holds: Arc<commit_poll::WriteHolds>,
     /// Polls for other writers' commits once asked for hints.
     poller: commit_poll::Poller,
     /// The options of the poller's connection, and its interval.
@@ -541,7 +542,6 @@ impl SqliteStore {
         let companions = Companions::before_open(path);
         let mut readers = Vec::with_capacity(options.readers);
         let write_ops = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let holds = Arc::new(commit_poll::WriteHolds::default());
         let writer = if options.read_only {
             None
         } else {
@@ -635,7 +635,6 @@ impl SqliteStore {
                 open_tx: false,
                 ops: Arc::clone(&write_ops),
                 path: Arc::from(path),
-                holds: Arc::clone(&holds),
             }))))
         };
         for _ in 0..options.readers.max(1) {
@@ -688,7 +687,6 @@ impl SqliteStore {
             checkpointing: Arc::new(AtomicBool::new(false)),
             checkpoint_task: std::sync::Mutex::new(None),
             hints: Arc::default(),
-            holds,
             poller: commit_poll::Poller::default(),
             poll_options: base,
             poll_interval: options.commit_hint_interval,
@@ -1146,7 +1144,6 @@ impl SqliteStore {
         self.poller.subscribe(|| commit_poll::Setup {
             options: self.poll_options.clone(),
             writer: self.writer.as_ref().map(Arc::downgrade),
-            holds: Arc::clone(&self.holds),
             interval: self.poll_interval,
             path: Arc::from(self.path.as_path()),
         })

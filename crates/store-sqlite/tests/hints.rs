@@ -1,6 +1,7 @@
 //! Commit hints by polling `PRAGMA data_version` (`EventStore::commit_hints`, DESIGN.md section
 //! 9.1): a handle is told of another handle's commits to its file, not of its own, also when
-//! both commit between two polls; a handle closed stops polling. (That another handle's commit
+//! both commit between two polls or its own follows a hinted one; a handle closed stops
+//! polling. (That another handle's commit
 //! is hinted within a poll interval at all, and that a stream ends with its store, is the
 //! durable suite's `another_handles_commit_is_hinted`, which tests/conformance.rs runs.)
 //!
@@ -37,8 +38,9 @@ async fn poll(store: &SqliteStore) {
 
 /// The handle's own writes of every kind (recording, watch, acknowledgement, unwatch, pruning,
 /// deletion) change the number the poller reads but give no hint; another handle's recording
-/// does, and so does one made between the same two polls as the handle's own, which the write
-/// connection is asked about.
+/// does, alone or made between the same two polls as the handle's own; the handle's own
+/// recording after a hinted one does not. Bug (review, stop 55): the first version hinted that
+/// last one, comparing the write connection's number with an answer older than the hint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -84,15 +86,19 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     assert!(!hint_ready(&mut hints).await, "no hint of its own commits");
     assert_eq!(own.hints, 0);
 
-    // Another handle's commit, the handle idle since the last poll: hinted without asking
-    // the write connection.
+    // Another handle's commit, the handle idle since the last poll.
     theirs.record(event(1), T0).await.expect("record theirs");
     poll(&ours).await;
     assert!(hint_ready(&mut hints).await, "theirs is hinted");
-    let after = ours.commit_polls();
-    assert_eq!(
-        after.writer_asked, own.writer_asked,
-        "nothing of its own to tell apart"
+    assert_eq!(ours.commit_polls().writer_asked, own.writer_asked + 1);
+
+    // The handle's own commit after that hint: not hinted (the write connection's number is
+    // compared with its answer at that hint, not with an older one).
+    ours.record(event(1), T0).await.expect("record ours");
+    poll(&ours).await;
+    assert!(
+        !hint_ready(&mut hints).await,
+        "no hint of its own commit after a hinted one"
     );
 
     // Theirs and ours between the same two polls, in either order: the write connection is

@@ -903,6 +903,9 @@ fn record_concurrent(c: &mut Criterion) {
 /// - `poll/sqlite`: one poll, asked of an idle handle's poller and answered (its statement, and
 ///   the hand-offs to the poller's thread and back, which a timed poll does not pay): an upper
 ///   bound of what the default interval (20 ms) costs fifty times a second.
+/// - `another_handles_commit/sqlite`: from the start of a recording by another handle on the
+///   same file to the hint of it, at the default interval. Each recording starts right after
+///   the last hint, so right after a poll: it waits a whole interval, the longest wait.
 /// - `record_0_watchers/sqlite` and `record_0_watchers/sqlite-polling-1ms`: `record/0_watchers`
 ///   on the data set, on a handle nobody asked for hints and on one that polls every
 ///   millisecond (twenty times the default rate), where a poll that follows one of the
@@ -924,6 +927,36 @@ fn hints(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("poll", "sqlite"), |bench| {
         bench.iter(|| assert!(rt.block_on(idle.poll_commits_now()), "the poller runs"));
     });
+    // Two handles on one file, as two gateway processes: from the start of the other handle's
+    // recording to the hint of it, at the default interval.
+    let shared = dir.path().join("shared.db");
+    let (ours, theirs) = rt.block_on(async {
+        let ours = SqliteStore::open(&shared).await.expect("open");
+        let theirs = SqliteStore::open(&shared).await.expect("open");
+        (ours, theirs)
+    });
+    let mut hints =
+        awareness_core::EventStore::commit_hints(&ours).expect("store-sqlite pushes hints");
+    let session = dataset_session(0);
+    g.bench_function(
+        BenchmarkId::new("another_handles_commit", "sqlite"),
+        |bench| {
+            bench.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    rt.block_on(async {
+                        awareness_core::EventStore::record(&theirs, human(&session), T0)
+                            .await
+                            .expect("record");
+                        assert!(hints.next().await, "a hint");
+                    });
+                    took += start.elapsed();
+                }
+                took
+            });
+        },
+    );
     let data = Dataset::standard();
     let polling = SqliteOptions::new().commit_hint_interval(Duration::from_millis(1));
     let specs = [

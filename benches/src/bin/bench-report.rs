@@ -439,9 +439,12 @@ fn render(
         let _ = writeln!(
             s,
             "\nsqlite commit hints (`PRAGMA data_version` polled, DESIGN.md 9.1): {} a poll asked \
-             and answered; `record/0_watchers` {} on a handle polling every 1 ms against {} on \
+             and answered; another handle's commit hinted {} after its recording began (a whole \
+             interval); `record/0_watchers` {} on a handle polling every 1 ms against {} on \
              one not polling, {:.2}x{}.",
             time(poll.median_ns),
+            r.get("hints/another_handles_commit/sqlite")
+                .map_or_else(|| "-".into(), |m| time(m.median_ns)),
             time(polling.median_ns),
             time(quiet.median_ns),
             polling.median_ns / quiet.median_ns,

@@ -931,26 +931,35 @@ async fn another_writers_notice_is_picked_up_at_the_hint_of_its_commit_on_sqlite
     let open = async || Arc::new(store_sqlite::SqliteStore::open(&path).await.expect("open"));
     let (ours, theirs) = (open().await, open().await);
     let polling = Arc::clone(&ours);
-    a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
-        ours,
-        theirs,
-        AwarenessConfig {
-            pickup_interval: Duration::from_hours(1),
-            recovery_interval: Duration::MAX,
-            ..AwarenessConfig::default()
-        },
-        async move {
-            let started = tokio::time::timeout(Duration::from_secs(30), async {
-                while !polling.poll_commits_now().await {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            });
-            started
-                .await
-                .expect("the pick-up task asked the store for hints, and the store polls");
-        },
-    )
+    picked_up_at_hints_alone(ours, theirs, async move {
+        let started = tokio::time::timeout(Duration::from_secs(30), async {
+            while !polling.poll_commits_now().await {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        started
+            .await
+            .expect("the pick-up task asked the store for hints, and the store polls");
+    })
     .await;
+}
+
+/// [`a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with`] a pick-up that asks
+/// only once an hour and never picks up everything, so that only the store's hints deliver;
+/// `ready` ends once the store watches for other writers' commits.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn picked_up_at_hints_alone(
+    ours: Arc<dyn AwarenessStore>,
+    theirs: Arc<dyn AwarenessStore>,
+    ready: impl std::future::Future<Output = ()>,
+) {
+    let config = AwarenessConfig {
+        pickup_interval: Duration::from_hours(1),
+        recovery_interval: Duration::MAX,
+        ..AwarenessConfig::default()
+    };
+    a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(ours, theirs, config, ready)
+        .await;
 }
 
 /// Two handles on the store in `schema`, as two gateways on two hosts have.
@@ -988,20 +997,11 @@ async fn another_gateways_notice_is_picked_up_at_the_hint_of_its_commit_on_postg
     let schema = store_postgres::testkit::Schema::fresh("ga");
     let (ours, theirs) = two_gateways_on(&schema).await;
     let listening = Arc::clone(&ours);
-    a_notice_another_writer_hands_out_wakes_this_gateways_watcher_with(
-        ours,
-        theirs,
-        AwarenessConfig {
-            pickup_interval: Duration::from_hours(1),
-            recovery_interval: Duration::MAX,
-            ..AwarenessConfig::default()
-        },
-        async move {
-            tokio::time::timeout(Duration::from_secs(30), listening.hints_listening())
-                .await
-                .expect("the pick-up task asked the store for hints, and the store listens");
-        },
-    )
+    picked_up_at_hints_alone(ours, theirs, async move {
+        tokio::time::timeout(Duration::from_secs(30), listening.hints_listening())
+            .await
+            .expect("the pick-up task asked the store for hints, and the store listens");
+    })
     .await;
 }
 

@@ -211,6 +211,24 @@ async fn adopt_with(
     } else {
         recorded_late(svc, &link.session, watcher).await?
     };
+    // Its dedupe key names the session key alone (DESIGN.md section 3), so another agent's
+    // session of the same key adopted first answers for it, and none can be recorded for this
+    // one: said, not reported as this session's (review, stop 55).
+    if event.session_ref() != link.session {
+        let unwatched = watcher.map_or(String::new(), |w| {
+            format!(", and {w} does not watch it yet")
+        });
+        return Err(CliError::failure(format!(
+            "adopt: the link of {} is in place, but its `adopted` event cannot be recorded: \
+             its dedupe key `{}` is taken by the `adopted` event #{} of {} (dedupe keys are \
+             store-wide and name the session key alone){unwatched}; the link is monitored \
+             without it",
+            link.session,
+            awareness_core::dedupe::adopted(&link.session.session_key),
+            event.sequence,
+            event.session_ref(),
+        )));
+    }
     let done = format!(
         "adopted {session}: its link and `adopted` event #{} are recorded",
         event.sequence

@@ -487,6 +487,49 @@ fn edit_by_hand(path: &Path, sql: &str) {
     });
 }
 
+/// Bug (review, stop 55): the `adopted` event's dedupe key names the session key alone
+/// (`adopted:<key>`, DESIGN.md section 3), so after agent `main` adopted `global`, agent `ops`
+/// adopting its own `global` recorded nothing, and `adopt` exited 0 reporting `main`'s event as
+/// its own. It now says the link is in place, that the event cannot be recorded and why, and
+/// exits 1 (without advising to run it again, which would change nothing).
+#[test]
+fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    let adopt = |agent: &str| {
+        run(&[
+            "--store",
+            &store,
+            "--json",
+            "adopt",
+            "global",
+            "--agent",
+            agent,
+            "--file",
+            transcript.to_str().unwrap(),
+        ])
+    };
+    let o = adopt("main");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = adopt("ops");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(o.stdout.is_empty(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "the link of global (agent ops) is in place, but its `adopted` event cannot be \
+             recorded: its dedupe key `adopted:global` is taken by the `adopted` event #1 of \
+             global (agent main)"
+        ) && !err.contains("run `adopt` again"),
+        "{err}"
+    );
+    // Nothing was recorded for `ops`'s session: its log is empty.
+    let o = run(&["--store", &store, "status", "global", "--agent", "ops"]);
+    assert!(text(&o).contains("unknown session"), "{}", text(&o));
+}
+
 /// `adopt` records `adopted` best effort through the library, and says when it could not: the
 /// link is in place, the command exits 1 naming the event, and adopting again, once the store
 /// takes writes of it, records it once. It exited 0 with the event missing.

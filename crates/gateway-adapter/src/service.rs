@@ -122,7 +122,10 @@ pub struct Adoption {
     pub outcome: UpsertOutcome,
     /// The `adopted` event (the one stored first, for a key adopted before); `None` when it
     /// could not be recorded, or was not within [`AwarenessConfig::store_wait`] (it then goes
-    /// on, and may still commit: [`Awareness::wait_for_writes`] waits for it).
+    /// on, and may still commit: [`Awareness::wait_for_writes`] waits for it). Its dedupe key
+    /// names the session key alone (DESIGN.md section 3): for a key another agent adopted
+    /// first, this is that agent's session's event, and none is recorded for this one
+    /// (compare [`Event::session_ref`] with the link's session).
     pub event: Option<Arc<Event>>,
 }
 

@@ -496,6 +496,62 @@ fn doctor_reports_a_cursor_pointing_past_its_head() {
     assert_eq!(v["ok"], false);
 }
 
+/// `cursors --watcher` and `cursors --target` list exactly the cursors of that watcher, and on
+/// that target, out of OpenClaw's database (two watchers on one target) and one more cursor on
+/// another target. (A review of stop 55 found either filter could be dropped, its value still
+/// checked, without a test failing.)
+#[test]
+fn cursors_lists_what_its_filters_name_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let watched = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "watch",
+            "agent:main:main",
+            "agent:main:subagent:other",
+        ],
+    );
+    assert!(watched.status.success(), "{}", stderr(&watched));
+    let list = |filter: &[&str]| {
+        let listed = json(&run_in(
+            dir.path(),
+            &[&["--store", &store, "--json", "cursors"], filter].concat(),
+        ));
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let field = |f: &str| c[f].as_str().unwrap().to_owned();
+                (field("watcher"), field("target"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let all = list(&[]);
+    let (watcher, target) = all[0].clone();
+    for (flag, value, pick) in [("--watcher", &watcher, 0), ("--target", &target, 1)] {
+        let expected: Vec<_> = all
+            .iter()
+            .filter(|c| {
+                if pick == 0 {
+                    &c.0 == value
+                } else {
+                    &c.1 == value
+                }
+            })
+            .cloned()
+            .collect();
+        assert!(
+            !expected.is_empty() && expected.len() < all.len(),
+            "the fixture has cursors of {flag} {value} and others: {all:?}"
+        );
+        assert_eq!(list(&[flag, value]), expected, "{flag} {value}");
+    }
+}
+
 /// A cursor row that cannot be read (a negative sequence, which no writer stores) is left out of
 /// `cursors`, which lists the others, and `doctor` names it.
 #[test]

@@ -200,10 +200,18 @@ impl SessionKey {
         self.agent_id().is_some()
     }
 
-    /// Whether this is a nested subagent session (`...:subagent:...`), which is not woken at
-    /// once when a notice arrives.
+    /// Whether this is a nested subagent session, which is not woken at once when a notice
+    /// arrives: as OpenClaw's `isSubagentSessionKey` reads a key, one whose part after the
+    /// agent id (`agent:<agentId>:subagent:...`), or a bare key itself, starts with `subagent:`
+    /// in any case. (Until stop 55 any key holding `:subagent:` was one, so the main session
+    /// `agent:subagent:main` of an agent called `subagent` was never woken.)
     pub fn is_subagent(&self) -> bool {
-        self.0.contains(":subagent:")
+        let rest = match self.agent_id() {
+            Some(agent) => &self.0["agent:".len() + agent.len() + 1..],
+            None => &self.0[..],
+        };
+        rest.get(.."subagent:".len())
+            .is_some_and(|head| head.eq_ignore_ascii_case("subagent:"))
     }
 }
 
@@ -908,6 +916,30 @@ mod tests {
         assert_eq!(Timestamp(951_782_400_123).utc(), "2000-02-29 00:00:00.123Z");
         // Before the epoch: the last millisecond of 1969.
         assert_eq!(Timestamp(-1).utc(), "1969-12-31 23:59:59.999Z");
+    }
+
+    /// A nested subagent is what OpenClaw's `isSubagentSessionKey` says is one: the part after
+    /// the agent id (or a bare key) starts with `subagent:`, in any case. Bug (review, stop 55):
+    /// any key holding `:subagent:` was one, so `agent:subagent:main`, the main session of an
+    /// agent called `subagent`, was never woken.
+    #[test]
+    fn nested_subagents_are_read_as_openclaw_reads_them() {
+        for (key, nested) in [
+            ("agent:main:subagent:child", true),
+            ("agent:main:subagent:parent:subagent:child", true),
+            ("agent:ops:SubAgent:child", true),
+            ("subagent:child", true),
+            ("agent:subagent:main", false),
+            ("agent:subagent:telegram:direct:42", false),
+            ("agent:main:telegram:subagent:x", false),
+            ("agent:main:main", false),
+            ("global", false),
+            ("agent:main:sub", false),
+            ("agent:main:ü", false),
+        ] {
+            let k = SessionKey::new(key).unwrap();
+            assert_eq!(k.is_subagent(), nested, "{key}");
+        }
     }
 
     #[test]

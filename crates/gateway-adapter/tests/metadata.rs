@@ -201,6 +201,30 @@ async fn a_spawner_that_cannot_watch_leaves_the_watch_to_the_parent() {
     }
 }
 
+/// The main session of an agent called `subagent` (`agent:subagent:main`) is woken for the
+/// notice its spawned worker's human turn hands out, as any main session is; only a key whose
+/// part after the agent id starts with `subagent:` is a nested subagent (OpenClaw's reading).
+/// Bug (review, stop 55): any key holding `:subagent:` was one, so this session got its line
+/// queued and was never woken.
+#[tokio::test]
+async fn the_main_session_of_an_agent_called_subagent_is_woken() {
+    let w = world();
+    let main = k("agent:subagent:main");
+    let worker = k("agent:subagent:subagent:worker");
+    w.svc
+        .subagent_spawned(&worker, None, &main, "run-1")
+        .await
+        .expect("the spawn is recorded");
+    let mut msg = HumanMessage::new(worker.clone());
+    msg.entry = Some(SessionEntry {
+        spawned_by: Some(main.clone()),
+        ..SessionEntry::default()
+    });
+    assert!(w.svc.human_message(msg).await.is_some(), "recorded");
+    assert_eq!(w.queue.peek(&main).len(), 1, "the notice is queued");
+    assert_eq!(w.wake.count(&main), 1, "and its session woken");
+}
+
 /// A parent taken because the spawner cannot watch is not the session's link up the spawn
 /// tree, so a policy that follows the tree is asked whether it may see the session: under
 /// `SpawnTree`, a parent the tree does not reach gets no watch and no notice (which would

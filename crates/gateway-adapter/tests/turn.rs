@@ -819,6 +819,43 @@ async fn a_reset_takes_the_wake_owed_with_the_notices() {
     assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
 }
 
+/// A reset made while a dropped turn's acknowledgement holds the watcher's lock, with the next
+/// turn waiting for that lock: the lock goes straight to the waiting turn (neither the
+/// acknowledgement letting it go nor a pick-up finds it free), and that turn, taking it, drops
+/// the lines the reset marked: it shows no notice of the watch the reset removed. (A review of
+/// stop 55 removed that drop at the taking of the lock, and every test passed.)
+#[tokio::test]
+async fn a_reset_while_an_acknowledgement_holds_the_lock_drops_its_lines_for_the_waiting_turn() {
+    let (w, _) = World::with_a_turn_dropped_at_its_answer().await;
+    let next = w.turn();
+    settle().await;
+    assert!(!next.is_finished(), "the next turn waits for the lock");
+    w.svc.on_reset(&k(MANAGER)).await;
+    w.open_gate();
+    let shown = texts(&next.await.expect("the next turn"));
+    assert!(
+        shown.is_empty(),
+        "the reset removed the watch: no notice of it is shown, got {shown:?}"
+    );
+}
+
+/// A reset made while a dropped turn's acknowledgement holds the watcher's lock takes the wake
+/// that turn owed: the acknowledgement, letting the lock go, wakes nobody for lines the reset
+/// dropped. (A review of stop 55 removed the drop before that wake, and every test passed.)
+#[tokio::test]
+async fn a_reset_while_an_acknowledgement_holds_the_lock_takes_the_wake_owed() {
+    let (w, before) = World::with_a_turn_dropped_at_its_answer().await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    w.open_gate();
+    w.svc.wait_for_writes().await;
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        before,
+        "no wake for notices the reset dropped"
+    );
+    assert!(texts(&w.svc.drain_turn(&k(MANAGER)).await).is_empty());
+}
+
 /// A wake for a dropped turn's lines that panics leaves the wake owed, whether the
 /// acknowledgement that let the lock go or a pick-up tried it: the debt was cleared before the
 /// wake was tried, and no later pick-up woke the session, which takes no turn unless woken.

@@ -1284,7 +1284,33 @@ pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use super::{Mode, OpenFailure, latched, lock, open_shared};
+    use super::{Mode, OpenFailure, from_redb, latched, lock, open_shared};
+
+    /// redb's own corruption errors (a damaged page, a table of another type under one of our
+    /// names) are [`awareness_core::StoreError::Corrupt`], which says retrying does not help,
+    /// naming what failed; its other errors are backend failures. Every other corruption test
+    /// damages the store's own row encoding, which the codec reports, so dropping this mapping
+    /// failed nothing (review, stop 55).
+    #[test]
+    fn redbs_corruption_errors_are_corrupt() {
+        use awareness_core::StoreError;
+        let corrupt = [
+            redb::Error::Corrupted("a page checksum failed".into()),
+            redb::Error::TableDoesNotExist("cursors".into()),
+        ];
+        for e in corrupt {
+            let shown = e.to_string();
+            match from_redb("read a cursor", e) {
+                StoreError::Corrupt { context, source } => {
+                    assert_eq!(context, format!("read a cursor: {shown}"));
+                    assert!(source.is_some(), "redb's error is kept as the source");
+                }
+                other => panic!("{shown}: {other:?}"),
+            }
+        }
+        let other = from_redb("read a cursor", redb::Error::DatabaseAlreadyOpen);
+        assert!(matches!(other, StoreError::Backend { .. }), "{other:?}");
+    }
 
     /// A write refused because redb discarded its allocator state (after a commit panicked)
     /// latches the handle as an I/O failure does: until the database is reopened, writes say

@@ -33,7 +33,8 @@
 //! say to try again already). A write whose output then cannot be printed says that it was
 //! done. Output whose
 //! reader has gone (`awareness tail --follow | head`) ends the command with exit code 141
-//! ([`EXIT_CLOSED_PIPE`]), as SIGPIPE ends most Unix tools: silently for a read command and the
+//! ([`EXIT_CLOSED_PIPE`]) at its next write (a `tail --follow` on a quiet store, at the next
+//! event), as SIGPIPE ends most Unix tools: silently for a read command and the
 //! demo, saying what was done for any other write. Error lines (clap's included, what was typed
 //! escaped within them) and `monitor` lines escape control characters, so each stays one line.
 //!

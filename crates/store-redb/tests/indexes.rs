@@ -32,8 +32,11 @@ fn r(key: &str) -> SessionRef {
     SessionRef::parse(key, "main").unwrap()
 }
 
+/// (watcher, target) pairs.
+type Pairs = BTreeSet<(String, String)>;
+
 /// The (watcher, target) pairs of the cursors, and those of the index turned the same way.
-fn both_tables(path: &std::path::Path) -> (BTreeSet<(String, String)>, BTreeSet<(String, String)>) {
+fn both_tables(path: &std::path::Path) -> (Pairs, Pairs) {
     let db = redb::Database::open(path).unwrap();
     let txn = db.begin_read().unwrap();
     let cursors = txn.open_table(CURSORS).unwrap();
@@ -107,7 +110,7 @@ async fn the_by_target_index_holds_every_cursor_and_nothing_else() {
     store.close().await;
 
     let (held, indexed) = both_tables(&path);
-    let expected: BTreeSet<(String, String)> = [(&kept, &t1), (&kept, &t3)]
+    let expected: Pairs = [(&kept, &t1), (&kept, &t3)]
         .iter()
         .map(|(w, t)| (w.as_str().to_owned(), t.session_key.as_str().to_owned()))
         .collect();

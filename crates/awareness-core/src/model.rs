@@ -201,17 +201,23 @@ impl SessionKey {
     }
 
     /// Whether this is a nested subagent session, which is not woken at once when a notice
-    /// arrives: as OpenClaw's `isSubagentSessionKey` reads a key, one whose part after the
-    /// agent id (`agent:<agentId>:subagent:...`), or a bare key itself, starts with `subagent:`
-    /// in any case. (Until stop 55 any key holding `:subagent:` was one, so the main session
-    /// `agent:subagent:main` of an agent called `subagent` was never woken.)
+    /// arrives (docs/decisions/0031): read as OpenClaw's `isSubagentSessionKey` reads a key.
+    /// Its non-empty `:`-separated parts are taken; when there are three or more and the
+    /// first is `agent`, the key is one when its third part is `subagent` (in any case) and a
+    /// part follows (`agent:<agentId>:subagent:...`); otherwise when the key itself starts
+    /// with `subagent:` (in any case). (Until stop 55 any key holding `:subagent:` was one, so
+    /// the main session `agent:subagent:main` of an agent called `subagent` was never woken.)
     pub fn is_subagent(&self) -> bool {
-        let rest = match self.agent_id() {
-            Some(agent) => &self.0["agent:".len() + agent.len() + 1..],
-            None => &self.0[..],
-        };
-        rest.get(.."subagent:".len())
-            .is_some_and(|head| head.eq_ignore_ascii_case("subagent:"))
+        let key = self.0.trim();
+        let mut parts = key.split(':').filter(|p| !p.is_empty());
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("agent"), Some(agent), Some(third)) if !agent.trim().is_empty() => {
+                third.eq_ignore_ascii_case("subagent") && parts.next().is_some()
+            }
+            _ => key
+                .get(.."subagent:".len())
+                .is_some_and(|head| head.eq_ignore_ascii_case("subagent:")),
+        }
     }
 }
 
@@ -918,10 +924,10 @@ mod tests {
         assert_eq!(Timestamp(-1).utc(), "1969-12-31 23:59:59.999Z");
     }
 
-    /// A nested subagent is what OpenClaw's `isSubagentSessionKey` says is one: the part after
-    /// the agent id (or a bare key) starts with `subagent:`, in any case. Bug (review, stop 55):
-    /// any key holding `:subagent:` was one, so `agent:subagent:main`, the main session of an
-    /// agent called `subagent`, was never woken.
+    /// A nested subagent is what OpenClaw's `isSubagentSessionKey` says is one (decision
+    /// 0031): the part after the agent id (or a bare key) starts with `subagent:`, in any case,
+    /// empty parts left out. Bug (review, stop 55): any key holding `:subagent:` was one, so
+    /// `agent:subagent:main`, the main session of an agent called `subagent`, was never woken.
     #[test]
     fn nested_subagents_are_read_as_openclaw_reads_them() {
         for (key, nested) in [
@@ -936,6 +942,10 @@ mod tests {
             ("global", false),
             ("agent:main:sub", false),
             ("agent:main:ü", false),
+            // OpenClaw leaves empty parts out before it reads the key.
+            ("agent:main::subagent:x", true),
+            ("agent:main:subagent:", false),
+            ("agent:main:subagentx:y", false),
         ] {
             let k = SessionKey::new(key).unwrap();
             assert_eq!(k.is_subagent(), nested, "{key}");

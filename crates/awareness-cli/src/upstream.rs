@@ -408,8 +408,10 @@ fn lagged_line(missed: u64, as_json: bool) -> String {
 /// The command is stopping once a signal came or once it drops the future, whatever made it
 /// stop (its output failed, its task ended by itself): a Ctrl-C (SIGINT) or a SIGTERM that
 /// comes from then on, while the command stops its work and closes its store, ends the process
-/// at once (exit code 130), for a close that does not finish. (The handlers replaced the
-/// default action, which would have done so.) Not SIGHUP: a closed terminal sends it more than
+/// at once (exit code 130), for a close that does not finish, unless it comes within 250 ms
+/// of the signal that asked the command to stop: that is the same request delivered twice
+/// (GNU `timeout` signals its child, then the child's process group). (The handlers replaced
+/// the default action, which would have done so.) Not SIGHUP: a closed terminal sends it more than
 /// once (the shell passes it on to its jobs, and the kernel sends it again when the shell
 /// exits), and a second one must not cut short the close the first asked for.
 pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
@@ -515,11 +517,12 @@ fn signalled(
     asked_at: &mut Option<std::time::Instant>,
 ) {
     let again = stopping.swap(true, Ordering::SeqCst);
-    let same_request = asked_at.is_some_and(|at| at.elapsed() < SAME_REQUEST);
+    let now = std::time::Instant::now();
+    let ends = ends_the_process(again, hangup, *asked_at, now);
     if !again {
-        *asked_at = Some(std::time::Instant::now());
+        *asked_at = Some(now);
     }
-    if again && !hangup && !same_request {
+    if ends {
         // Not eprintln!, which panics (and so never exits) when stderr is a closed pipe.
         let _ = writeln!(
             std::io::stderr(),
@@ -528,6 +531,19 @@ fn signalled(
         std::process::exit(130);
     }
     ask.send_replace(true);
+}
+
+/// Whether a signal that comes at `now` ends the process ([`signalled`]): a Ctrl-C or a SIGTERM
+/// (not a `hangup`) once the command is stopping (`again`), unless within [`SAME_REQUEST`] of
+/// the signal that asked it to stop (`asked_at`; `None` when it stopped by itself).
+fn ends_the_process(
+    again: bool,
+    hangup: bool,
+    asked_at: Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> bool {
+    let same_request = asked_at.is_some_and(|at| now.saturating_duration_since(at) < SAME_REQUEST);
+    again && !hangup && !same_request
 }
 
 /// Marks the command as stopping when dropped (see [`interrupted`]).
@@ -784,6 +800,33 @@ mod tests {
     /// was then refused as not closed cleanly. Two signals at once are one request: the second
     /// leaves the process running (were it taken as a second request, `process::exit` would
     /// end this test binary with 130), and the request stands.
+    /// Which signals end the process: a second Ctrl-C or SIGTERM once the command is stopping,
+    /// 250 ms or more after the one that asked (a person asking again), or any time after it
+    /// stopped by itself; not one within 250 ms of the one that asked (the same request
+    /// delivered twice), not the first, never a SIGHUP. (The second reading of stop 55 made
+    /// every second request the same one, and no test failed.)
+    #[test]
+    fn a_second_request_ends_the_process_and_the_same_one_delivered_twice_does_not() {
+        let asked = std::time::Instant::now();
+        let at = |ms| asked + Duration::from_millis(ms);
+        for (again, hangup, asked_at, now, ends) in [
+            (false, false, None, at(0), false),
+            (true, false, Some(asked), at(0), false),
+            (true, false, Some(asked), at(249), false),
+            (true, false, Some(asked), at(250), true),
+            (true, false, Some(asked), at(60_000), true),
+            (true, true, Some(asked), at(60_000), false),
+            (true, false, None, at(0), true),
+            (true, true, None, at(0), false),
+        ] {
+            assert_eq!(
+                ends_the_process(again, hangup, asked_at, now),
+                ends,
+                "again {again}, hangup {hangup}, asked {asked_at:?}, {now:?}"
+            );
+        }
+    }
+
     #[test]
     fn a_signal_delivered_twice_at_once_is_one_request() {
         let stopping = AtomicBool::new(false);

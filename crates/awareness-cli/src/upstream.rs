@@ -213,26 +213,17 @@ async fn adopt_with(
     };
     // Its dedupe key names the session key alone (DESIGN.md section 3), so another agent's
     // session of the same key adopted first answers for it, and none can be recorded for this
-    // one: said, not reported as this session's (review, stop 55).
-    if event.session_ref() != link.session {
-        let unwatched = watcher.map_or(String::new(), |w| {
-            format!(", and {w} does not watch it yet")
-        });
-        return Err(CliError::failure(format!(
-            "adopt: the link of {} is in place, but its `adopted` event cannot be recorded: \
-             its dedupe key `{}` is taken by the `adopted` event #{} of {} (dedupe keys are \
-             store-wide and name the session key alone){unwatched}; the link is monitored \
-             without it",
-            link.session,
-            awareness_core::dedupe::adopted(&link.session.session_key),
-            event.sequence,
-            event.session_ref(),
-        )));
-    }
-    let done = format!(
-        "adopted {session}: its link and `adopted` event #{} are recorded",
-        event.sequence
-    );
+    // one: said, not reported as this session's (review, stop 55). The watch asked for is made
+    // all the same: the link is in place, and the monitor checks watched links only.
+    let taken = event.session_ref() != link.session;
+    let done = if taken {
+        format!("adopted {session}: its link is in place")
+    } else {
+        format!(
+            "adopted {session}: its link and `adopted` event #{} are recorded",
+            event.sequence
+        )
+    };
     if let Some(w) = watcher {
         let before = crate::commands::pending_elsewhere(&**store, w, session).await;
         let c = store
@@ -240,6 +231,19 @@ async fn adopt_with(
             .await
             .map_err(|e| store_err("watch", &e).after(&done))?;
         crate::commands::said_if_moved(w, session, before, Some(&c));
+    }
+    if taken {
+        let watched = watcher.map_or(String::new(), |w| format!(" and {w} watches it"));
+        return Err(CliError::failure(format!(
+            "adopt: the link of {} is in place{watched}, but its `adopted` event cannot be \
+             recorded: its dedupe key `{}` is taken by the `adopted` event #{} of {} (dedupe \
+             keys are store-wide and name the session key alone); adopting again changes \
+             nothing",
+            link.session,
+            awareness_core::dedupe::adopted(&link.session.session_key),
+            event.sequence,
+            event.session_ref(),
+        )));
     }
     let from = link
         .marker

@@ -490,8 +490,10 @@ fn edit_by_hand(path: &Path, sql: &str) {
 /// Bug (review, stop 55): the `adopted` event's dedupe key names the session key alone
 /// (`adopted:<key>`, DESIGN.md section 3), so after agent `main` adopted `global`, agent `ops`
 /// adopting its own `global` recorded nothing, and `adopt` exited 0 reporting `main`'s event as
-/// its own. It now says the link is in place, that the event cannot be recorded and why, and
-/// exits 1 (without advising to run it again, which would change nothing).
+/// its own. It now says the link is in place and watched, that the event cannot be recorded
+/// and why, and exits 1 (without advising to run it again, which would change nothing). The
+/// watch asked for is made (a first fix left it out while saying the link was monitored: the
+/// monitor checks watched links only).
 #[test]
 fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -499,6 +501,7 @@ fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
     let transcript = dir.path().join("t.jsonl");
     std::fs::File::create(&transcript).unwrap();
     let adopt = |agent: &str| {
+        let watcher = format!("agent:{agent}:main");
         run(&[
             "--store",
             &store,
@@ -509,6 +512,8 @@ fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
             agent,
             "--file",
             transcript.to_str().unwrap(),
+            "--watcher",
+            &watcher,
         ])
     };
     let o = adopt("main");
@@ -519,11 +524,25 @@ fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains(
-            "the link of global (agent ops) is in place, but its `adopted` event cannot be \
-             recorded: its dedupe key `adopted:global` is taken by the `adopted` event #1 of \
-             global (agent main)"
+            "the link of global (agent ops) is in place and agent:ops:main watches it, but its \
+             `adopted` event cannot be recorded: its dedupe key `adopted:global` is taken by \
+             the `adopted` event #1 of global (agent main)"
         ) && !err.contains("run `adopt` again"),
         "{err}"
+    );
+    let o = run(&[
+        "--store",
+        &store,
+        "--json",
+        "cursors",
+        "--watcher",
+        "agent:ops:main",
+    ]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(
+        v.as_array().map(Vec::len),
+        Some(1),
+        "the watch is made: {v}"
     );
     // Nothing was recorded for `ops`'s session: its log is empty.
     let o = run(&["--store", &store, "status", "global", "--agent", "ops"]);

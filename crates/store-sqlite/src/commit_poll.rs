@@ -16,9 +16,10 @@
 //! start (its answer, then the poller's own first number), then at every change, after the
 //! poll. A commit by another writer made after the poller's first number therefore changes the
 //! poller's number at a later poll, and is in the write connection's answer at that poll, which
-//! the last answer before it did not hold: it is hinted at that poll. A commit made before the
-//! poller read its first number (it starts in the background, at the first `commit_hints`) is
-//! not; whoever takes a stream asks [`crate::SqliteStore::foreign_commits`] once after taking it.
+//! the last answer before it did not hold: it is hinted at that poll. Commits made before the
+//! poller read its first numbers (it starts in the background, at the first `commit_hints`)
+//! are in no comparison: the poller gives one hint once it has them, which the streams made
+//! before it take (a stream made after it has nothing to catch up on).
 //!
 //! (A first version asked the write connection only when one of this handle's write
 //! operations overlapped the poll, and hinted other changes at once. A review found it dropped
@@ -237,7 +238,9 @@ async fn poll(
         counts.writer_asked.fetch_add(1, Ordering::SeqCst);
         Some(writer_data_version(&slot).await)
     };
-    let mut backoff = setup.interval.max(Duration::from_millis(100));
+    let mut backoff = setup
+        .interval
+        .clamp(Duration::from_millis(100), MAX_BACKOFF);
     let mut failed = false;
     let (mut conn, mut writer_last, mut last) = loop {
         let opened = async {
@@ -269,15 +272,17 @@ async fn poll(
                     None => return,
                     Some(ack) => drop(ack),
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
             }
         }
     };
     if failed {
         info!(path = %path, "polling for other writers' commits");
-        // Commits made while nobody polled: one hint for all of them.
-        hint();
     }
+    // Commits made before the first numbers (while the poller started, or while it could not
+    // open its connection) are in no comparison to come: one hint for all of them, which the
+    // streams made before it take, and those made after it do not.
+    hint();
     let mut failing = false;
     while let Some(ack) = wait(&mut asked, setup.interval).await {
         match data_version(&mut conn).await {

@@ -288,8 +288,8 @@ impl EventStore for SqliteStore {
 
     /// Polls `PRAGMA data_version` every [`SqliteOptions::commit_hint_interval`](crate::SqliteOptions::commit_hint_interval)
     /// on a connection of its own, from the first call on (one poller per handle, shared by its
-    /// streams), and hints at each commit another writer made after the poller's first poll:
-    /// this handle's own are left out (at a change, the write connection is asked for the
+    /// streams), and hints once it has begun (for what came before) and at each commit
+    /// another writer made after that: this handle's own are left out (at a change, the write connection is asked for the
     /// number [`foreign_commits`](awareness_core::EventStore::foreign_commits) answers with).
     /// The streams end once the handle is dropped or closed.
     fn commit_hints(&self) -> Option<Box<dyn awareness_core::CommitHints>> {

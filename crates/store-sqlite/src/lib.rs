@@ -314,8 +314,8 @@ impl SqliteOptions {
     /// such a commit. Each poll is one statement on a connection of the poller's own (tens of
     /// microseconds, hand-offs included, measured in `benches/`); when the number changed,
     /// the write connection is asked for its own, to leave this handle's commits out. Nothing
-    /// polls until `commit_hints` is first called (the poller starts then, in the background:
-    /// a commit made before its first poll is not hinted). At least 1 ms (a shorter interval is taken as 1 ms);
+    /// polls until `commit_hints` is first called (the poller starts then, in the background,
+    /// and gives one hint once it has begun, for what came before). At least 1 ms (a shorter interval is taken as 1 ms);
     /// `Duration::MAX` never polls on its own. Default 20 ms
     /// ([`DEFAULT_COMMIT_HINT_INTERVAL`]).
     #[must_use]

@@ -48,6 +48,10 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     let (ours, theirs) = (open(&path).await, open(&path).await);
     let mut hints = ours.commit_hints().expect("store-sqlite pushes hints");
     poll(&ours).await;
+    assert!(
+        hint_ready(&mut hints).await,
+        "one hint once the poller has begun, for what came before"
+    );
     let start = ours.commit_polls();
 
     let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
@@ -81,10 +85,10 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     assert_eq!(
         own.writer_asked - start.writer_asked,
         4,
-        "each change fell between polls around a write of the handle's own"
+        "the write connection was asked at each change"
     );
     assert!(!hint_ready(&mut hints).await, "no hint of its own commits");
-    assert_eq!(own.hints, 0);
+    assert_eq!(own.hints, start.hints);
 
     // Another handle's commit, the handle idle since the last poll.
     theirs.record(event(1), T0).await.expect("record theirs");
@@ -122,6 +126,25 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     assert!(!hint_ready(&mut hints).await, "one hint for each");
 }
 
+/// The poller gives one hint once it has its first numbers, for the commits that no later
+/// comparison holds (made before it began: here before the stream was taken, the first poll's
+/// number already holding it); a stream made before that hint takes it, one made after does
+/// not. (The second reading of stop 55 found a commit made while the poller started neither
+/// hinted nor, in 29 runs of 200, seen by a question asked right after taking the stream.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poller_hints_once_for_what_came_before_it_began() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (ours, theirs) = (open(&path).await, open(&path).await);
+    theirs.record(event(0), T0).await.expect("record theirs");
+    let mut first = ours.commit_hints().expect("hints");
+    poll(&ours).await;
+    assert!(hint_ready(&mut first).await, "one hint once it began");
+    let mut later = ours.commit_hints().expect("hints");
+    poll(&ours).await;
+    assert!(!hint_ready(&mut later).await, "nothing to catch up on");
+}
+
 /// A read-only handle has no commits of its own: every commit to its file is another writer's,
 /// hinted without asking any write connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +160,8 @@ async fn a_read_only_handle_is_hinted_of_every_commit() {
         .expect("open read-only");
     let mut hints = reader.commit_hints().expect("hints on a read-only handle");
     poll(&reader).await;
-    assert!(!hint_ready(&mut hints).await, "nothing committed yet");
+    assert!(hint_ready(&mut hints).await, "the poller has begun");
+    assert!(!hint_ready(&mut hints).await, "nothing committed since");
     writer.record(event(0), T0).await.expect("record");
     poll(&reader).await;
     assert!(
@@ -156,6 +180,7 @@ async fn close_stops_polling_and_leaves_no_log_behind() {
     let store = open(&path).await;
     let mut hints = store.commit_hints().expect("hints");
     poll(&store).await;
+    assert!(hint_ready(&mut hints).await, "the poller has begun");
     store.record(event(0), T0).await.expect("record");
     store.close().await;
     let wal = dir.path().join("state.sqlite-wal");

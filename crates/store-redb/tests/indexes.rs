@@ -92,10 +92,15 @@ async fn the_by_target_index_holds_every_cursor_and_nothing_else() {
     store.watch(&idle, &t1, T0).await.unwrap();
     // The watcher's own session deleted: its cursors go with it.
     store.watch(&deleted, &t2, later).await.unwrap();
+    // A target deleted: the cursors on it go with it.
+    let gone = r("agent:main:subagent:t4");
+    store.watch(&kept, &gone, later).await.unwrap();
+    store.watch(&unwatched, &gone, later).await.unwrap();
 
     assert!(store.unwatch(&unwatched, &t1.session_key).await.unwrap());
     assert_eq!(store.reset_watcher(reset.session_key()).await.unwrap(), 2);
     store.delete_session(&r(deleted.as_str())).await.unwrap();
+    store.delete_session(&gone).await.unwrap();
     let idle_pruned = store
         .prune_chunk(
             &PruneStep::Cursors {

@@ -484,6 +484,22 @@ impl Spawned {
             .expect("the child reported nothing for 30 s (see its stderr)")
     }
 
+    /// The lines the child prints up to its `done` (included), then kills it: for a child that
+    /// waits to be killed once it has said what it did.
+    fn lines_until_done(self) -> Vec<(Instant, String)> {
+        let mut lines = Vec::new();
+        loop {
+            let line = self.next_line();
+            let done = line.1 == "done";
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        drop(self.kill());
+        lines
+    }
+
     /// Kills the child (SIGKILL), reaps it, and returns the kill instant and every line it
     /// printed before dying; fails if it had ended on its own.
     fn kill(mut self) -> (Instant, Vec<(Instant, String)>) {
@@ -996,16 +1012,7 @@ fn bounded_flush_makes_durable_and_unflushed_commits_are_not() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     let child = spawn("flush", &path, None);
-    let mut lines = Vec::new();
-    loop {
-        let line = child.next_line();
-        let done = line.1 == "done";
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
-    drop(child.kill());
+    let lines = child.lines_until_done();
     let durable = sequences(&lines, "durable ");
     let pending = sequences(&lines, "pending ");
     assert_eq!((durable.len(), pending.len()), (5, 5));
@@ -1067,16 +1074,7 @@ fn bounded_lost_sequences_are_never_handed_out_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     let child = spawn("reserve", &path, None);
-    let mut lines = Vec::new();
-    loop {
-        let line = child.next_line();
-        let done = line.1 == "done";
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
-    drop(child.kill());
+    let lines = child.lines_until_done();
     let handed_out = sequences(&lines, "recorded ");
     assert_eq!(handed_out.len(), 3);
     rt.block_on(async {
@@ -1099,16 +1097,7 @@ fn bounded_close_makes_everything_durable() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     let child = spawn("close", &path, None);
-    let mut lines = Vec::new();
-    loop {
-        let line = child.next_line();
-        let done = line.1 == "done";
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
-    drop(child.kill());
+    let lines = child.lines_until_done();
     let closed = sequences(&lines, "closed ");
     assert_eq!(closed.len(), 5);
     rt.block_on(async {

@@ -1895,23 +1895,18 @@ mod tests {
         (dir, store)
     }
 
-    /// A pruning chunk larger than [`PRUNE_TX_ROWS`] is split into transactions of at most that
-    /// many rows, so a recording never waits behind a whole large chunk.
+    /// A pruning chunk larger than [`PRUNE_TX_ROWS`] (2,000) is split into transactions of at
+    /// most that many rows, by the row cap and by age, so a recording never waits behind a
+    /// whole large chunk (the shared check store-sqlite runs with its bound too).
     #[tokio::test]
     async fn a_large_pruning_chunk_is_split_into_transactions() {
         let (_dir, store) = fresh().await;
-        let at = session("agent:main:subagent:child");
-        for _ in 0..(PRUNE_TX_ROWS + 5) {
-            store.record(event(&at, None), T0).await.expect("record");
-        }
-        let before = store.write_transactions();
-        let deleted = store
-            .prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 10 * PRUNE_TX_ROWS, T0)
-            .await
-            .expect("prune");
-        assert_eq!(deleted, u64::try_from(PRUNE_TX_ROWS + 5).unwrap());
-        assert_eq!(store.write_transactions() - before, 2, "two transactions");
-        assert_eq!(store.log_stats().await.expect("stats").rows, 0);
+        awareness_core::testkit::checks::a_pruning_chunk_commits_at_most_its_bound_at_a_time(
+            &store,
+            2_000,
+            || store.write_transactions(),
+        )
+        .await;
     }
 
     /// Re-freezing a cursor already frozen at its notice (a second start-up sweep) re-delivers

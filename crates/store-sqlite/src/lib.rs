@@ -1184,33 +1184,17 @@ mod tests {
     /// checks compare what a chunk leaves, which one transaction leaves too.)
     #[tokio::test]
     async fn a_pruning_chunk_commits_at_most_its_bound_of_rows_at_a_time() {
-        use awareness_core::testkit::group_commit::event;
-        use awareness_core::{PruneStep, Timestamp};
-        const ROWS: usize = 1_001;
-        // The bound the docs state (the trait's, this crate's), not the constant it is kept in.
-        const DOCUMENTED: usize = 250;
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("s.sqlite"))
             .await
             .unwrap();
-        let t0 = Timestamp(1_800_000_000_000);
-        for i in 0..ROWS {
-            store.record(event(i), t0).await.unwrap();
-        }
-        let later = Timestamp(t0.0 + 1);
-        for (step, deleted) in [
-            (PruneStep::RowCap { max_rows: 501 }, 500_usize),
-            (PruneStep::Age { cutoff: later }, 501),
-        ] {
-            let before = store.write_transactions();
-            let done = store.prune_chunk(&step, ROWS, later).await.unwrap();
-            assert_eq!(done, deleted as u64, "{step:?}");
-            let transactions = store.write_transactions() - before;
-            assert!(
-                transactions >= deleted.div_ceil(DOCUMENTED) as u64,
-                "{step:?}: {deleted} rows in {transactions} transaction(s)"
-            );
-        }
+        // The bound the docs state (the trait's, this crate's), not the constant it is kept in.
+        awareness_core::testkit::checks::a_pruning_chunk_commits_at_most_its_bound_at_a_time(
+            &store,
+            250,
+            || store.write_transactions(),
+        )
+        .await;
     }
 
     /// A background checkpoint started inside a runtime that then shuts down (a handle used

@@ -2727,6 +2727,38 @@ pub async fn a_prune_below_the_watermark_keeps_it(t: &Subject) {
     assert_eq!(page.earliest_available_sequence, late.next());
 }
 
+/// A pruning chunk of more rows than `bound`, by the row cap and then by age, commits them in
+/// exactly as many transactions as `bound` rows each make (`transactions` reads the store's
+/// count of write transactions: `write_transactions` of store-sqlite and store-redb), so that
+/// a recording waits behind one transaction, not the whole chunk. Called with the bound the
+/// store's docs state, not the constant it keeps it in, so that a larger constant fails it.
+pub async fn a_pruning_chunk_commits_at_most_its_bound_at_a_time(
+    s: &dyn AwarenessStore,
+    bound: usize,
+    transactions: impl Fn() -> u64,
+) {
+    let rows = bound + 1;
+    for i in 0..2 * rows {
+        rec(s, log_only(&child(), &format!("e{i}")), T0).await;
+    }
+    let later = T0.plus_ms(1);
+    for step in [
+        PruneStep::RowCap {
+            max_rows: rows as u64,
+        },
+        PruneStep::Age { cutoff: later },
+    ] {
+        let before = transactions();
+        let deleted = s.prune_chunk(&step, 10 * rows, later).await.unwrap();
+        assert_eq!(deleted, rows as u64, "{step:?}");
+        assert_eq!(
+            transactions() - before,
+            rows.div_ceil(bound) as u64,
+            "{step:?}: {rows} rows in transactions of at most {bound}"
+        );
+    }
+}
+
 pub async fn prune_runs_in_bounded_chunks(t: &Subject) {
     let s = &*t.store;
     for _ in 0..25 {

@@ -307,13 +307,7 @@ async fn a_role_that_may_only_read_and_write_rows_opens(old: bool) {
     let role = format!("{schema}_gw");
     let (admin, _) = server::fresh_store_in(&schema).await;
     if old {
-        sqlx::query(
-            "ALTER TABLE session_state_events DROP CONSTRAINT session_state_events_dedupe,
-             ADD CONSTRAINT session_state_events_dedupe_key_key UNIQUE (dedupe_key)",
-        )
-        .execute(admin.pool())
-        .await
-        .expect("make the store as it was");
+        back_to_the_old_dedupe_index(admin.pool()).await;
     }
     drop(admin);
     let mut conn = server::server().connect().await.expect("connect");
@@ -574,6 +568,18 @@ async fn a_lost_counter_row_comes_back_above_the_heads_and_cursors_of_pruned_eve
     assert_eq!(next.notices.len(), 1, "the watcher is told: {next:?}");
 }
 
+/// Puts back the dedupe index a store had before stop 54 (a `UNIQUE` B-tree, which refuses
+/// long keys), as an older version left it.
+async fn back_to_the_old_dedupe_index(pool: &sqlx::PgPool) {
+    sqlx::query(
+        "ALTER TABLE session_state_events DROP CONSTRAINT session_state_events_dedupe,
+         ADD CONSTRAINT session_state_events_dedupe_key_key UNIQUE (dedupe_key)",
+    )
+    .execute(pool)
+    .await
+    .expect("make the store as it was");
+}
+
 /// A store made before its dedupe keys were kept unique by a hash index (a B-tree `UNIQUE`,
 /// whose entries PostgreSQL caps at 2,704 bytes) is moved to the hash index by the next open
 /// that may create, and then takes a dedupe key of 4,096 bytes of random text, which the
@@ -582,13 +588,7 @@ async fn a_lost_counter_row_comes_back_above_the_heads_and_cursors_of_pruned_eve
 #[tokio::test]
 async fn a_store_with_the_old_dedupe_index_takes_long_dedupe_keys_once_reopened() {
     let (store, schema) = server::fresh_store().await;
-    sqlx::query(
-        "ALTER TABLE session_state_events DROP CONSTRAINT session_state_events_dedupe,
-         ADD CONSTRAINT session_state_events_dedupe_key_key UNIQUE (dedupe_key)",
-    )
-    .execute(store.pool())
-    .await
-    .expect("make the store as it was");
+    back_to_the_old_dedupe_index(store.pool()).await;
     let now = Timestamp(1_800_000_000_000);
     let key = awareness_core::testkit::checks::incompressible(4096);
     let long = || human("agent:main:subagent:a").with_dedupe_key(&key);

@@ -52,6 +52,8 @@
 pub mod audit;
 pub mod dedupe;
 pub mod error;
+#[cfg(feature = "hints")]
+pub mod hints;
 pub mod model;
 pub mod protocol;
 pub mod queue;

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use awareness_core::{CommitHints, async_trait};
+use awareness_core::CommitHints;
+use awareness_core::hints::{Hinted, Hinter};
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -40,7 +41,7 @@ pub(crate) fn handle_id() -> String {
 /// A handle's listener, started by the first [`Listener::subscribe`].
 #[derive(Debug)]
 pub(crate) struct Listener {
-    hints: Mutex<Option<watch::Receiver<u64>>>,
+    hints: Mutex<Option<Hinted>>,
     /// Notifications of its handle's own commits the listener left out.
     pub(crate) own_left_out: Arc<AtomicU64>,
     /// The backend process id of the listener's session while it listens.
@@ -64,7 +65,7 @@ impl Listener {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map_or(0, |rx| *rx.borrow())
+            .map_or(0, Hinted::given)
     }
 
     /// A stream of hints, the listener started on `runtime` if it is not running yet.
@@ -76,8 +77,8 @@ impl Listener {
         own: &str,
     ) -> Box<dyn CommitHints> {
         let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
-        let rx = hints.get_or_insert_with(|| {
-            let (tx, rx) = watch::channel(0);
+        let hinted = hints.get_or_insert_with(|| {
+            let (tx, rx) = awareness_core::hints::channel();
             // A connection of its own, kept for good: the listener holds it while it waits,
             // which would take one of the pool's from the store's writes and reads.
             let listening = PgPoolOptions::new()
@@ -97,21 +98,9 @@ impl Listener {
             ));
             rx
         });
-        let mut rx = rx.clone();
-        // Hints from now on.
-        rx.borrow_and_update();
-        Box::new(Hints(rx))
-    }
-}
-
-/// One caller's stream of hints.
-struct Hints(watch::Receiver<u64>);
-
-#[async_trait]
-impl CommitHints for Hints {
-    async fn next(&mut self) -> bool {
-        // Fails once the listener's task is gone: the store's runtime shut down with it.
-        self.0.changed().await.is_ok()
+        // Hints from now on; the streams end once the listener's task is gone (the store's
+        // runtime shut down with it).
+        hinted.stream()
     }
 }
 
@@ -125,11 +114,11 @@ async fn listen(
     pool: PgPool,
     own: String,
     schema: String,
-    hints: watch::Sender<u64>,
+    hints: Hinter,
     own_left_out: Arc<AtomicU64>,
     session: Arc<watch::Sender<Option<u32>>>,
 ) {
-    let hint = || hints.send_modify(|n| *n = n.wrapping_add(1));
+    let hint = || hints.hint();
     let mut backoff = Duration::from_secs(1);
     let mut failing = false;
     let mut listened = false;

@@ -32,10 +32,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use awareness_core::{CommitHints, StoreError, async_trait};
+use awareness_core::hints::{Hinted, Hinter};
+use awareness_core::{CommitHints, StoreError};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::conn::{WriteSlot, batch_one, get};
@@ -79,7 +80,7 @@ pub(crate) struct Poller {
 
 #[derive(Debug)]
 struct Running {
-    hints: watch::Receiver<u64>,
+    hints: Hinted,
     /// Asks for a poll now; dropped (with the handle, or by [`Poller::stop`]), it ends the
     /// poller.
     now: Option<mpsc::UnboundedSender<oneshot::Sender<()>>>,
@@ -96,7 +97,7 @@ impl Poller {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let running = running.get_or_insert_with(|| {
             let setup = setup();
-            let (tx, hints) = watch::channel(0);
+            let (tx, hints) = awareness_core::hints::channel();
             let (now, asked) = mpsc::unbounded_channel();
             let (finished, done) = oneshot::channel();
             let counts = Arc::clone(&self.counts);
@@ -127,10 +128,9 @@ impl Poller {
                 done: Some(done),
             }
         });
-        let mut rx = running.hints.clone();
-        // Hints from now on.
-        rx.borrow_and_update();
-        Box::new(Hints(rx))
+        // Hints from now on; the streams end once the poller is gone (its handle was dropped
+        // or closed).
+        running.hints.stream()
     }
 
     /// Asks the running poller for a poll now; answers once it is done, or `None` when no
@@ -150,7 +150,7 @@ impl Poller {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map_or(0, |r| *r.hints.borrow());
+            .map_or(0, |r| r.hints.given());
         CommitPolls {
             polls: self.counts.polls.load(Ordering::SeqCst),
             changes: self.counts.changes.load(Ordering::SeqCst),
@@ -172,17 +172,6 @@ impl Poller {
         if let Some(done) = done {
             drop(done.await);
         }
-    }
-}
-
-/// One caller's stream of hints.
-struct Hints(watch::Receiver<u64>);
-
-#[async_trait]
-impl CommitHints for Hints {
-    async fn next(&mut self) -> bool {
-        // Fails once the poller is gone: its handle was dropped or closed.
-        self.0.changed().await.is_ok()
     }
 }
 
@@ -225,10 +214,10 @@ async fn wait(
 async fn poll(
     setup: Setup,
     mut asked: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
-    hints: watch::Sender<u64>,
+    hints: Hinter,
     counts: &Counts,
 ) {
-    let hint = || hints.send_modify(|n| *n = n.wrapping_add(1));
+    let hint = || hints.hint();
     let path = setup.path.display();
     let writer = setup.writer.as_ref();
     // The write connection's number as last asked (`None`: not known, which any answer then

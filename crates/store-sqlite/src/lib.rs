@@ -108,12 +108,13 @@
 //!   connection of its own, from a thread of its own, and hints when another process (or
 //!   another handle) has committed to the file. At each change the write connection is asked
 //!   for its own number, which its own commits never move, so that they are left out. In
-//!   `hints/*` (12-05, three runs on a noisy host): a poll asked and answered, hand-offs to the
-//!   poller's thread and back included, 8.7-71.6 µs (at the default rate, at most 0.4% of one
-//!   core); a handle polling every millisecond recorded within 3% of one not polling in the
-//!   same run (120 against 116 µs, and 116 against 119); another handle's commit was hinted
-//!   21.4 ms after its recording began (the bench's recordings start right after a poll, so
-//!   they wait a whole interval: half of one on average otherwise).
+//!   `hints/*` (12-05, two runs on a noisy host): a poll asked and answered, hand-offs to the
+//!   poller's thread and back included, 21.4 and 67.8 µs (at the default rate, at most 0.4%
+//!   of one core); a handle polling every millisecond (twenty times the default rate)
+//!   recorded at 0.96x and 1.10x the time of one not polling in the same run (113.0 against
+//!   117.1 µs, 124.5 against 113.4 µs); another handle's commit was hinted 21.8 and 21.4 ms
+//!   after its recording began (the bench's recordings start right after a poll, so they
+//!   wait a whole interval: half of one on average otherwise).
 //!
 //! ## Decisions
 //!

@@ -381,12 +381,61 @@ pub async fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, CliError> {
     // Checked before the store is opened: bad input is a usage error whether or not the store
     // exists, and it neither creates a file nor migrates one (OpenClaw's included).
     let checked = check_input(cli)?;
+    refuse_missing_cursors_before_writing(cli, &checked).await?;
     let store = open(cli).await?;
     let code = on_store(cli, checked, &*store, out).await;
     // Closed before the process exits: SQLite's write-ahead log then goes into the file, so
     // a write command leaves a file that holds all it wrote, even copied without its log.
     store.close().await;
     code
+}
+
+/// `unwatch` and `ack` of a cursor the file does not hold (a typo, a session never watched)
+/// fail before the file is opened for writing: a read-write open migrates a file of an older
+/// schema (OpenClaw's own among them, which gets our columns), and a command refused for its
+/// input changes nothing. So the cursors are looked for in a read-only open first. When that
+/// open fails (a redb file that needs a repair, or that a gateway holds without live readers),
+/// the read-write open decides, and the command checks again there, as it always does.
+/// PostgreSQL has no read-only open, and its schema is the store's own.
+async fn refuse_missing_cursors_before_writing(
+    cli: &Cli,
+    checked: &Checked,
+) -> Result<(), CliError> {
+    let (wk, targets) = match checked {
+        Checked::Unwatch(wk, t) => (wk, std::slice::from_ref(t)),
+        Checked::Ack(wk, targets) => (wk, targets.as_slice()),
+        _ => return Ok(()),
+    };
+    let Ok(StoreUrl::Sqlite(file) | StoreUrl::Redb(file)) = StoreUrl::parse(&cli.store) else {
+        return Ok(());
+    };
+    if !matches!(file.try_exists(), Ok(true)) {
+        return Ok(());
+    }
+    let options = OpenOptions {
+        create_if_missing: false,
+        read_only: true,
+        live_readers: false,
+    };
+    let Ok(store) = open_full_store_with(&cli.store, options).await else {
+        return Ok(());
+    };
+    let mut missing = None;
+    for t in targets {
+        // A failed read is left to the read-write open too.
+        if let Ok(None) = store.cursor(wk, t).await {
+            missing = Some(t);
+            break;
+        }
+    }
+    store.close().await;
+    match missing {
+        Some(t) => Err(CliError::failure(format!(
+            "no cursor of {} on {t}",
+            wk.as_str()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Refuses, as a usage error, a command that `memory:` makes pointless: a store in memory lives

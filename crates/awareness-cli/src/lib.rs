@@ -24,7 +24,8 @@
 //! gone when it ends; `tail --follow` would wait for a store nothing else can write to). Every
 //! command checks its input before it opens its store, so bad input is a usage error whether or not
 //! the store exists, and it creates or migrates nothing; so are flags that contradict each other
-//! (`--json demo`, a `record --watcher` its kind or session would drop). Errors are one line on
+//! (`--json demo`, a `record --watcher` its kind or session would drop). `unwatch` and `ack` of a
+//! cursor a file does not hold fail so too: they look for it in a read-only open first. Errors are one line on
 //! stderr, each starting `awareness: `: exit code 2 for usage errors (bad flags, a bad store URL,
 //! bad input), 1 for failures (a missing file, an unknown session, a problem `doctor` found, a step
 //! the demo narrates that did not happen), 75 ([`EXIT_TEMPFAIL`]) for a failure that may pass (the

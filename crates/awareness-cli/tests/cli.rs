@@ -496,6 +496,47 @@ fn doctor_reports_a_cursor_pointing_past_its_head() {
     assert_eq!(v["ok"], false);
 }
 
+/// `unwatch` and `ack` of a cursor OpenClaw's file does not hold fail, naming it, and leave the
+/// file byte for byte as it was: the read-write open would have added our columns before the
+/// command found the cursor missing. With the cursor there, they write (and migrate).
+#[test]
+fn unwatch_and_ack_of_a_missing_cursor_leave_openclaws_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let file = dir.path().join("state.sqlite");
+    let before = std::fs::read(&file).unwrap();
+    let child = "agent:main:subagent:child";
+    for args in [
+        &["unwatch", "agent:main:main", "agent:main:subagent:typo"][..],
+        &["ack", "agent:main:main", child, "agent:main:subagent:typo"][..],
+        &["ack", "agent:main:other", child][..],
+    ] {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", store.as_str()][..], args].concat(),
+        );
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no cursor of"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(
+            std::fs::read(&file).unwrap() == before,
+            "{args:?} changed OpenClaw's file"
+        );
+    }
+    let o = run_in(
+        dir.path(),
+        &["--store", &store, "unwatch", "agent:ops:main", child],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        std::fs::read(&file).unwrap() != before,
+        "a cursor that is there is removed"
+    );
+}
+
 /// `cursors --watcher` and `cursors --target` list exactly the cursors of that watcher, and on
 /// that target, out of OpenClaw's database (two watchers on one target) and one more cursor on
 /// another target. (A review of stop 55 found either filter could be dropped, its value still

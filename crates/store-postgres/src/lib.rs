@@ -220,13 +220,66 @@ const STORE_PARAMETERS: [&str; 4] = [
     "idle_transaction_timeout_ms",
 ];
 
+/// The query keys sqlx 0.9 reads from a connection URL (besides `options[<name>]`): it ignores
+/// any other key, logging it with its value, so a misspelt `sslmode` would connect without the
+/// TLS it asked for, and a misspelt password key would be written to the log.
+const SQLX_PARAMETERS: [&str; 17] = [
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+];
+
+/// Whether sqlx reads a query key `key`, as written (a key percent-encoded is not read as its
+/// decoded self here: refused, which is the safe side).
+fn sqlx_reads(key: &str) -> bool {
+    SQLX_PARAMETERS.contains(&key)
+        || key == "options"
+        || (key.starts_with("options[") && key.ends_with(']'))
+}
+
+/// `url` as an error shows it: [`awareness_core::error::redact_url`], with the value of every
+/// query key neither sqlx nor the store reads hidden as well (it may be a password under a
+/// misspelt key).
+fn shown_url(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return awareness_core::error::redact_url(url);
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if !sqlx_reads(key) && !STORE_PARAMETERS.contains(&key) => {
+                format!("{key}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    awareness_core::error::redact_url(&format!("{base}?{}", pairs.join("&")))
+}
+
 /// Reads a store URL: a PostgreSQL connection URL (`postgres://` or `postgresql://`, as sqlx
 /// takes it: user, password, host or `?host=/socket/dir`, port, database, `sslmode`, ...)
 /// whose query may also hold the store's own options: `schema=<name>` ([`DEFAULT_SCHEMA`]
 /// when it does not), `max_connections=<n>` ([`PgStoreOptions::max_connections`]),
 /// `group_commit=<n>` ([`PgStoreOptions::group_commit`]) and
 /// `idle_transaction_timeout_ms=<ms>` ([`PgStoreOptions::idle_transaction_timeout`]), each at
-/// most once; the rest of the query is sqlx's.
+/// most once; the rest of the query is sqlx's, and only keys sqlx reads are taken (`sslmode`,
+/// `sslrootcert`, `sslcert`, `sslkey`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`,
+/// `application_name`, `options`, `options[<name>]`, `statement-cache-capacity`, and sqlx's
+/// dashed spellings of the `ssl` ones): sqlx would ignore any other, libpq's among them.
 ///
 /// ```
 /// let (server, options) = store_postgres::parse_url(
@@ -241,13 +294,15 @@ const STORE_PARAMETERS: [&str; 4] = [
 ///
 /// [`StoreError::Open`] ([`OpenFailure::InvalidOptions`]) when sqlx cannot read the URL, or it
 /// names one of the store's options twice, gives one a value that is not a whole number in
-/// range, names a schema [`PgStore::connect`] refuses, or gives a key that names a password
-/// other than `password` itself (libpq's `sslpassword`, a misspelt `Password`: sqlx would log
-/// such a key it does not read with its value); the error quotes the URL as
-/// [`awareness_core::error::redact_url`] shows it. (A count of 0 or a timeout out of range
+/// range, names a schema [`PgStore::connect`] refuses, or gives a key that neither sqlx nor the
+/// store reads (a misspelt `sslmode`, which sqlx would ignore and connect without TLS; a
+/// password under another key, libpq's `sslpassword` or `pwd`, which sqlx would log with its
+/// value; libpq's `connect_timeout`); the error quotes the URL as
+/// [`awareness_core::error::redact_url`] shows it, with the values of such keys hidden too. (A
+/// count of 0 or a timeout out of range
 /// is refused by [`PgStore::connect`], as when set in code.)
 pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreError> {
-    let shown = awareness_core::error::redact_url(url);
+    let shown = shown_url(url);
     let refuse =
         |reason: String| StoreError::open(shown.clone(), OpenFailure::InvalidOptions, reason, None);
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
@@ -265,6 +320,19 @@ pub fn parse_url(url: &str) -> Result<(PgConnectOptions, PgStoreOptions), StoreE
                 return Err(refuse(format!(
                     "the URL gives {key}=, which names a password sqlx does not read (it would \
                      log its value): the server's password goes in password= or the user part"
+                )));
+            }
+            None if !sqlx_reads(key) => {
+                // Named only where the URL as shown names it: a `?` in a password not
+                // percent-encoded makes a key of the password's end.
+                let which = if shown.contains(&format!("{key}=")) {
+                    format!("{key}=")
+                } else {
+                    "a key".to_owned()
+                };
+                return Err(refuse(format!(
+                    "the URL gives {which}, which neither sqlx nor the store reads (sqlx would \
+                     ignore it, logging its value): see store_postgres::parse_url for the keys"
                 )));
             }
             None => rest.push(pair),
@@ -927,6 +995,32 @@ mod tests {
         );
     }
 
+    /// Every key sqlx reads reaches it (only the others are refused).
+    #[test]
+    fn every_key_sqlx_reads_is_taken() {
+        let url = "postgres://u@h/db?sslmode=disable&ssl-mode=disable&sslrootcert=/ca.pem\
+                   &ssl-root-cert=/ca.pem&ssl-ca=/ca.pem&sslcert=/c.pem&ssl-cert=/c.pem\
+                   &sslkey=/k.pem&ssl-key=/k.pem&statement-cache-capacity=10&host=db2\
+                   &hostaddr=127.0.0.1&port=5433&dbname=other&user=gw&password=p\
+                   &application_name=gw&options=-c%20search_path%3Dx&options[timezone]=UTC";
+        let (server, _) = parse_url(url).expect("keys sqlx reads");
+        assert_eq!(
+            (
+                server.get_host(),
+                server.get_port(),
+                server.get_database(),
+                server.get_username(),
+                server.get_application_name()
+            ),
+            ("db2", 5433, Some("other"), "gw", Some("gw"))
+        );
+        let options = server.get_options().expect("options");
+        assert!(
+            options.contains("search_path") && options.contains("timezone"),
+            "{options}"
+        );
+    }
+
     #[test]
     fn a_bad_url_is_refused_without_showing_its_password() {
         for (url, why, shown_as) in [
@@ -952,7 +1046,7 @@ mod tests {
             ),
             (
                 "postgres://u:sec?ret@h:notaport/db",
-                "not a PostgreSQL connection URL",
+                "the URL gives a key, which neither sqlx nor the store reads",
                 "postgres://u:***@h:notaport/db",
             ),
             (
@@ -995,6 +1089,28 @@ mod tests {
                 "postgres://u@h/db?Password=secret",
                 "the URL gives Password=, which names a password",
                 "postgres://u@h/db?Password=***",
+            ),
+            // Review, stop 55: sqlx logged a password under a key not naming one, and ignored
+            // a misspelt sslmode, connecting without TLS.
+            (
+                "postgres://u:secret@h/db?pwd=secret&sslmode=require",
+                "the URL gives pwd=, which neither sqlx nor the store reads",
+                "postgres://u:***@h/db?pwd=***&sslmode=require",
+            ),
+            (
+                "postgres://u@h/db?sslmdoe=require&schema=a",
+                "the URL gives sslmdoe=, which neither sqlx",
+                "postgres://u@h/db?sslmdoe=***&schema=a",
+            ),
+            (
+                "postgres://u@h/db?connect_timeout=10",
+                "the URL gives connect_timeout=",
+                "postgres://u@h/db?connect_timeout=***",
+            ),
+            (
+                "postgres://u@h/db?ssl%6dode=require",
+                "the URL gives ssl%6dode=",
+                "postgres://u@h/db?ssl%6dode=***",
             ),
         ] {
             let e = parse_url(url).expect_err(url);

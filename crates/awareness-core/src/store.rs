@@ -250,10 +250,9 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// store-postgres offers them through `LISTEN`/`NOTIFY`, store-sqlite by polling `PRAGMA
     /// data_version` on a connection of its own. Each call gives a stream of its own; a stream
     /// does not keep the store open. A store may start listening or polling in the background
-    /// at the first call, and give one hint once it has (store-sqlite does), covering the
-    /// commits made before; one that gives none (store-postgres, whose listening connection
-    /// starts then) need not hint a commit made before it listens, which the caller's next
-    /// question of [`EventStore::foreign_commits`] finds.
+    /// at the first call, and give one hint once it has (store-sqlite and store-postgres do),
+    /// covering the commits made before; a store that gave none would leave a commit made
+    /// before it listens to the caller's next question of [`EventStore::foreign_commits`].
     fn commit_hints(&self) -> Option<Box<dyn CommitHints>> {
         None
     }

@@ -5,8 +5,9 @@
 //! recording statements); the server delivers it once the transaction commits. A handle asked
 //! for hints starts one listener (a connection of its own, outside the store's pool, on the
 //! store's runtime) that counts the notifications of its store's schema sent by other handles:
-//! not its own (its id), not other schemas' stores'. A listener that loses its connection
-//! counts a hint (notifications sent meanwhile are lost) once it listens again.
+//! not its own (its id), not other schemas' stores'. Each time the listener begins to listen
+//! it counts a hint: the first time for the commits made since the caller asked for hints,
+//! after a lost connection for those sent meanwhile (lost).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -121,7 +122,6 @@ async fn listen(
     let hint = || hints.hint();
     let mut backoff = Duration::from_secs(1);
     let mut failing = false;
-    let mut listened = false;
     loop {
         let started = async {
             let mut listener = PgListener::connect_with(&pool).await?;
@@ -134,11 +134,8 @@ async fn listen(
             Ok::<_, sqlx::Error>((listener, pid))
         }
         .await;
-        let mut listener = match started {
-            Ok((listener, pid)) => {
-                session.send_replace(Some(pid.cast_unsigned()));
-                listener
-            }
+        let (mut listener, pid) = match started {
+            Ok(started) => started,
             Err(e) => {
                 if failing {
                     debug!(schema = %schema, error = %e, "still cannot listen for other handles' commits");
@@ -156,12 +153,13 @@ async fn listen(
         }
         failing = false;
         backoff = Duration::from_secs(1);
-        // Commits made while nobody listened were not told: one hint for all of them (none
-        // for the first time, which covers nothing the caller had asked about).
-        if listened {
-            hint();
-        }
-        listened = true;
+        // Commits made while nobody listened were not told: one hint for all of them. The
+        // first time too: a commit made after the caller asked for hints and before the
+        // listener listened (the caller's own question, made then, may have come before it).
+        // Given before the session is published, so that once `hints_listening` answers, the
+        // hint is there for every stream made before.
+        hint();
+        session.send_replace(Some(pid.cast_unsigned()));
         loop {
             match listener.try_recv().await {
                 Ok(Some(n)) => {

@@ -46,8 +46,9 @@
 //! and the handle's id as payload (every session of a handle carries a random id), which the
 //! server delivers once they commit: a handle asked for [`EventStore::commit_hints`] listens
 //! on a connection of its own (outside the pool) and gives a hint for each commit of another
-//! handle of its store (its own and other schemas' left out), and one after it listens again
-//! on a connection it lost (what came meanwhile is lost). So a gateway learns of another's commit when it is made, not at its
+//! handle of its store (its own and other schemas' left out), one when it first listens (for
+//! the commits made since it was asked), and one after it listens again on a connection it
+//! lost (what came meanwhile is lost). So a gateway learns of another's commit when it is made, not at its
 //! next question. The cost: PostgreSQL serializes the commits of notifying transactions
 //! database-wide (a store's writes are serialized by its lock already; the stores of other
 //! schemas in the database, and other notifying applications, now take turns with it at
@@ -644,7 +645,8 @@ impl PgStore {
 impl EventStore for PgStore {
     /// A hint each time another handle (of this process or another, on any host) commits a
     /// write to this store, through `LISTEN`/`NOTIFY` (see the crate's docs); the first call
-    /// starts the handle's listener.
+    /// starts the handle's listener, which gives one hint once it listens, covering the
+    /// commits made before.
     fn commit_hints(&self) -> Option<Box<dyn awareness_core::CommitHints>> {
         let inner = &self.inner;
         Some(inner.listener.subscribe(

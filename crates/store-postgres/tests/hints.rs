@@ -47,6 +47,26 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     assert!(waited.is_ok(), "{what} within the wait");
 }
 
+/// The listener gives one hint once it listens (for the commits made since it was asked, which
+/// its connection's `LISTEN` came too late for), to the streams made before; a stream made
+/// after it does not get it, and no other hint comes without another handle's commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_hints_once_when_it_begins_to_listen() {
+    let (ours, _theirs, _elsewhere, _drop) = three_handles().await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+    let mut later = ours.commit_hints().expect("store-postgres pushes hints");
+    hinted(&mut hints).await;
+    let early = awareness_core::testkit::poll_once(std::pin::pin!(later.next())).await;
+    assert!(!early, "the start's hint is not given to a stream made after it");
+    ours.record(event(1), T0).await.expect("record ours");
+    until("its own commit left out", || {
+        ours.own_commits_left_out() == 1
+    })
+    .await;
+    assert_eq!(ours.hints_given(), 1, "no hint without another's commit");
+}
+
 /// Another handle's commit on the same store is hinted; the handle's own commits and another
 /// schema's store's are not. Notifications come in commit order: once the listener has left
 /// out the handle's own commit made last, it has seen every one before.
@@ -55,6 +75,8 @@ async fn another_handles_commit_is_hinted_and_its_own_and_another_stores_are_not
     let (ours, theirs, elsewhere, _drop) = three_handles().await;
     let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
     ours.hints_listening().await;
+    hinted(&mut hints).await;
+    assert_eq!(ours.hints_given(), 1, "the start's");
 
     for i in 0..3 {
         elsewhere
@@ -69,7 +91,7 @@ async fn another_handles_commit_is_hinted_and_its_own_and_another_stores_are_not
         ours.own_commits_left_out() == 1
     })
     .await;
-    assert_eq!(ours.hints_given(), 1, "theirs only");
+    assert_eq!(ours.hints_given(), 2, "the start's and theirs only");
 
     // A write other than a recording (here a watch) hints too.
     let watcher = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
@@ -83,7 +105,7 @@ async fn another_handles_commit_is_hinted_and_its_own_and_another_stores_are_not
         ours.own_commits_left_out() == 2
     })
     .await;
-    assert_eq!(ours.hints_given(), 2);
+    assert_eq!(ours.hints_given(), 3);
 }
 
 /// A listener whose connection the server ends listens again on a new one, and hints once for
@@ -93,6 +115,7 @@ async fn a_lost_listening_connection_is_listened_on_again_with_a_hint() {
     let (ours, theirs, _elsewhere, _drop) = three_handles().await;
     let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
     let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
     let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(first.cast_signed())
         .fetch_one(theirs.pool())
@@ -114,6 +137,7 @@ async fn a_stream_gives_the_hints_after_it_was_made() {
     let (ours, theirs, _elsewhere, _drop) = three_handles().await;
     let mut first = ours.commit_hints().expect("store-postgres pushes hints");
     let listening = ours.hints_listening().await;
+    hinted(&mut first).await;
     theirs.record(event(1), T0).await.expect("record theirs");
     hinted(&mut first).await;
 

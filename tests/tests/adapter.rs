@@ -711,11 +711,11 @@ async fn a_bare_requester_sees_its_own_global_session_not_another_agents() {
             SessionRef::parse("global", "ops").unwrap(),
         );
         gw.svc
-            .session_created(&mine, "s-main")
+            .session_created(&mine, "s-main", (ActorType::Human, None))
             .await
             .expect("logged");
         gw.svc
-            .session_created(&theirs, "s-ops")
+            .session_created(&theirs, "s-ops", (ActorType::Human, None))
             .await
             .expect("logged");
         let ops = AgentId::new("ops").unwrap();
@@ -784,7 +784,10 @@ async fn a_bare_requester_sees_its_own_agents_subagents_through_the_as_methods()
             SessionRef::parse("agent:main:subagent:y", "main").unwrap(),
         );
         for (child, id) in [(&ops_child, "s-x"), (&main_child, "s-y")] {
-            gw.svc.session_created(child, id).await.expect("logged");
+            gw.svc
+                .session_created(child, id, (ActorType::Human, None))
+                .await
+                .expect("logged");
         }
         let status = |requester: SessionRef, child: &SessionRef| {
             let svc = &gw.svc;
@@ -821,7 +824,11 @@ async fn watching_ops_global(b: &Backend) -> (Gateway, AgentId) {
     let gw = Gateway::new(Arc::clone(&b.store));
     let ops = AgentId::new("ops").unwrap();
     gw.svc
-        .session_created(&SessionRef::parse("global", "main").unwrap(), "s-main")
+        .session_created(
+            &SessionRef::parse("global", "main").unwrap(),
+            "s-main",
+            (ActorType::Human, None),
+        )
         .await
         .expect("logged");
     assert!(
@@ -1076,7 +1083,10 @@ async fn sessions_list_enrichment_reads_versions_in_batches() {
             .map(|i| SessionRef::parse(&format!("agent:main:s{i}"), "main").unwrap())
             .collect();
         for r in refs.iter().step_by(3) {
-            gw.svc.session_created(r, "sess").await.expect("logged");
+            gw.svc
+                .session_created(r, "sess", (ActorType::Human, None))
+                .await
+                .expect("logged");
         }
         let before = counted.hook.0.load(std::sync::atomic::Ordering::SeqCst);
         let versions = gw.svc.state_versions(&k(MANAGER), &refs).await;
@@ -1307,11 +1317,17 @@ async fn background_pruning_runs_hourly_off_the_recording_path() {
         let gw = Gateway::new(Arc::clone(&timed) as Arc<dyn AwarenessStore>);
         let start = tokio::time::Instant::now();
         let r = SessionRef::parse(CHILD, "main").unwrap();
-        gw.svc.session_created(&r, "s1").await.expect("logged");
+        gw.svc
+            .session_created(&r, "s1", (ActorType::Human, None))
+            .await
+            .expect("logged");
         gw.clock.advance(31 * Timestamp::DAY_MS);
         // A recording once the first event is old prunes nothing: that is the pass's work.
         let other = SessionRef::parse("agent:main:subagent:other", "main").unwrap();
-        gw.svc.session_created(&other, "s2").await.expect("logged");
+        gw.svc
+            .session_created(&other, "s2", (ActorType::Human, None))
+            .await
+            .expect("logged");
         assert_eq!(b.store.log_stats().await.unwrap().rows, 2, "{}", b.name);
         let mut passes = gw.svc.subscribe_pruning();
         let handle = gw.svc.spawn_pruning();

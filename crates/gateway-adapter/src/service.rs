@@ -2087,7 +2087,8 @@ impl Awareness {
 
     /// A session was adopted from an external catalog.
     ///
-    /// The summary is `adopted from <catalogId>`: line breaks and control characters in the
+    /// Its actor is `human`, without an id, as OpenClaw records an adoption (an operator asks
+    /// for it through `sessions.catalog.continue`). The summary is `adopted from <catalogId>`: line breaks and control characters in the
     /// catalog id become spaces and one too long for the summary is shortened, ending with
     /// `…` ([gateway metadata](Awareness#gateway-metadata)); the payload keeps both ids as
     /// given, or is left out when they make it larger than 4 KiB. [`Awareness::try_adopt`]
@@ -2111,7 +2112,7 @@ impl Awareness {
         let mut ev = NewEvent::new(
             session.clone(),
             EventKind::Adopted,
-            ActorType::System,
+            ActorType::Human,
             fit.summary(
                 "catalog id",
                 upstream::ADOPTED_FROM,
@@ -2124,23 +2125,29 @@ impl Awareness {
         ev
     }
 
-    /// A session was created.
+    /// A session was created by `actor` (its type and id: the operator's profile for a human,
+    /// the spawner's session key for an agent).
     ///
-    /// The session id is fitted as an id ([gateway metadata](Awareness#gateway-metadata)); an
-    /// empty one is left out, and so is then the dedupe key (it would merge every incarnation
-    /// of the key into its first `created` event).
+    /// OpenClaw records a `created` event only for a session entry that names who created it
+    /// (`createdActor`), with that actor: call this then, and not for a session whose creator
+    /// is unknown. The session id and the actor id are fitted as ids
+    /// ([gateway metadata](Awareness#gateway-metadata)); an empty session id is left out, and
+    /// so is then the dedupe key (it would merge every incarnation of the key into its first
+    /// `created` event).
     pub async fn session_created(
         &self,
         session: &SessionRef,
         session_id: &str,
+        actor: (ActorType, Option<String>),
     ) -> Option<Arc<Event>> {
         let fit = Fit::new(&session.session_key, EventKind::Created);
         let mut ev = NewEvent::new(
             session.clone(),
             EventKind::Created,
-            ActorType::System,
+            actor.0,
             "session created",
         );
+        ev.actor_id = fit.id("actor id", actor.1);
         ev.session_id = fit.id("session id", Some(session_id.to_owned()));
         ev.dedupe_key = ev
             .session_id

@@ -513,20 +513,62 @@ async fn a_broken_catalog_or_host_id_still_records_the_adoption() {
     assert_eq!(e.summary, "adopted from claude code");
 }
 
+/// The actors OpenClaw records: an adoption is a human's (no id); a creation is the actor the
+/// session entry names, with its id. (A review of stop 55 found both recorded as `system`.)
+#[tokio::test]
+async fn adoptions_and_creations_carry_the_actors_openclaw_records() {
+    let w = world();
+    w.svc
+        .adopted(&child(), "claude-code", "local")
+        .await
+        .unwrap();
+    let e = w.only(EventKind::Adopted).await;
+    assert_eq!(
+        (e.actor_type, e.actor_id.as_deref()),
+        (ActorType::Human, None)
+    );
+
+    for (actor, id) in [
+        (ActorType::Human, Some("profile-1")),
+        (ActorType::Agent, Some(MANAGER)),
+        (ActorType::System, None),
+    ] {
+        let w = world();
+        let actor_id = id.map(str::to_owned);
+        w.svc
+            .session_created(&child(), "s1", (actor, actor_id))
+            .await
+            .unwrap();
+        let e = w.only(EventKind::Created).await;
+        assert_eq!((e.actor_type, e.actor_id.as_deref()), (actor, id));
+    }
+}
+
 #[tokio::test]
 async fn a_broken_session_id_still_records_the_creation() {
     let long = "s".repeat(MAX_KEY_BYTES + 1);
     for session_id in ["s\n1", long.as_str(), ""] {
         let w = world();
-        let recorded = w.svc.session_created(&child(), session_id).await;
+        let recorded = w
+            .svc
+            .session_created(&child(), session_id, (ActorType::Human, None))
+            .await;
         assert!(recorded.is_some(), "{session_id:?}");
         let e = w.only(EventKind::Created).await;
         assert_eq!(e.session_id.is_none(), session_id.is_empty());
     }
     // Without a session id, two incarnations are two events.
     let w = world();
-    let a = w.svc.session_created(&child(), "").await.unwrap();
-    let b = w.svc.session_created(&child(), "").await.unwrap();
+    let a = w
+        .svc
+        .session_created(&child(), "", (ActorType::Human, None))
+        .await
+        .unwrap();
+    let b = w
+        .svc
+        .session_created(&child(), "", (ActorType::Human, None))
+        .await
+        .unwrap();
     assert_ne!(a.sequence, b.sequence);
 }
 

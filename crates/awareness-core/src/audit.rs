@@ -64,6 +64,14 @@ pub enum Finding {
         /// Why it cannot be read.
         reason: String,
     },
+    /// The log cannot be read past `after`: the row after it cannot be read (the store's error,
+    /// in `reason`, names it), and the events past it were not audited.
+    UnreadableEvent {
+        /// The last event read before the row that cannot be (0 when it is the first).
+        after: Sequence,
+        /// Why it cannot be read.
+        reason: String,
+    },
 }
 
 fn name(c: &Cursor) -> String {
@@ -108,6 +116,11 @@ impl fmt::Display for Finding {
             Self::UnreadableHead { session, reason } => {
                 write!(f, "head of {session} cannot be read: {reason}")
             }
+            Self::UnreadableEvent { after, reason } => write!(
+                f,
+                "the log cannot be read past event {after} (the events after it were not \
+                 audited): {reason}"
+            ),
         }
     }
 }
@@ -180,14 +193,35 @@ pub struct StoreAudit {
 /// ([`Finding::UnreadableCursor`]). A finding that a deletion between the reads could fake
 /// ([`Finding::EventsWithoutHead`], [`Finding::OrphanedCursor`]) is kept only if [`audit`]
 /// still finds it in a fresh read of that session or cursor; events whose head the listing
-/// left out because it cannot be read are reported as [`Finding::UnreadableHead`].
+/// left out because it cannot be read are reported as [`Finding::UnreadableHead`]. An event row
+/// the store cannot read ([`StoreError::Corrupt`]) ends the reading of the log there, reported
+/// as [`Finding::UnreadableEvent`] after the events before it are audited; the heads and
+/// cursors are audited still.
 pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, StoreError> {
     const PAGE: usize = 5_000;
     let cursors = store.cursors(&CursorFilter::default()).await?;
     let mut events = Vec::new();
     let mut after = Sequence::ZERO;
+    let mut limit = PAGE;
+    let mut unreadable_log = None;
     loop {
-        let page = store.events_after(after, PAGE).await?;
+        // A page that meets a row the store cannot read is read again in halves, down to the
+        // one row, so that every event before that row is audited; the log is read no further.
+        let page = match store.events_after(after, limit).await {
+            Ok(page) => page,
+            Err(StoreError::Corrupt { .. }) if limit > 1 => {
+                limit /= 2;
+                continue;
+            }
+            Err(e @ StoreError::Corrupt { .. }) => {
+                unreadable_log = Some(Finding::UnreadableEvent {
+                    after,
+                    reason: crate::error::ErrorChain(&e).to_string(),
+                });
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         let Some(last) = page.last() else { break };
         after = last.sequence;
         events.extend(page);
@@ -206,6 +240,7 @@ pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, Store
             findings.push(finding);
         }
     }
+    findings.extend(unreadable_log);
     findings.extend(
         store
             .unreadable_cursors()
@@ -235,9 +270,18 @@ async fn still_found(
             {
                 return Ok(Some(unreadable_head(session, &e)));
             }
-            let page = store.changes_since(session, Sequence::ZERO, 1).await?;
+            let page = match store.changes_since(session, Sequence::ZERO, 1).await {
+                Ok(page) => page.events,
+                // A row of the session the store cannot read (reported once, as the log's):
+                // the session is there still, and the finding holds while it has no head.
+                Err(StoreError::Corrupt { .. }) => {
+                    let heads = store.heads(std::slice::from_ref(session)).await?;
+                    return Ok(heads.is_empty().then_some(finding));
+                }
+                Err(e) => return Err(e),
+            };
             let heads = store.heads(std::slice::from_ref(session)).await?;
-            audit(&heads, &page.events, &[])
+            audit(&heads, &page, &[])
         }
         Finding::OrphanedCursor(c) => {
             let Some(now) = store.cursor(&c.watcher, &c.target).await? else {

@@ -1794,6 +1794,60 @@ pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: 
     );
 }
 
+/// The audit of a store (`awareness doctor`) over an event row the store cannot read reports it,
+/// as [`Finding::UnreadableEvent`](crate::audit::Finding::UnreadableEvent) after the last event
+/// before it, with the store's error naming the row, and audits the rest: the events before it,
+/// every head and every cursor (here a session whose head row is gone, found through its event
+/// before the damaged row and through the cursor on it). It failed as a whole, reporting
+/// nothing else.
+pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: impl OpenFile) {
+    use crate::audit::Finding;
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (headless, other) = (
+        r("agent:main:subagent:a", "main"),
+        r("agent:main:subagent:b", "main"),
+    );
+    for i in 1..=5 {
+        let on = if i % 2 == 1 { &headless } else { &other };
+        assert_eq!(rec(s, human(on), T0).await.event.sequence, Sequence(i));
+    }
+    let manager = w("agent:main:main");
+    let watching_a = s.watch(&manager, &headless, T0).await.expect("watch");
+    s.watch(&manager, &other, T0).await.expect("watch");
+    t.raw
+        .delete_head_row(&headless)
+        .await
+        .expect("delete its head");
+    let damaged = Sequence(3);
+    damage_event(&t, damaged).await;
+    let audit = crate::audit::audit_store(s)
+        .await
+        .expect("an audit over the damaged row");
+    assert_eq!((audit.heads, audit.cursors), (1, 2), "{audit:?}");
+    let [first, second, third] = &audit.findings[..] else {
+        panic!("three findings: {:?}", audit.findings)
+    };
+    assert_eq!(
+        first,
+        &Finding::EventsWithoutHead {
+            session: headless.clone(),
+            max: Sequence(1)
+        },
+        "the event before the damaged row is audited"
+    );
+    assert_eq!(second, &Finding::OrphanedCursor(watching_a));
+    let Finding::UnreadableEvent { after, reason } = third else {
+        panic!("the damaged row: {third:?}")
+    };
+    assert_eq!(*after, Sequence(2), "the last event read before it");
+    assert!(
+        names_event(reason, damaged),
+        "the reason names it: {reason}"
+    );
+}
+
 /// A recording on a session whose head row the store cannot read succeeds and writes a readable
 /// head at its event, with a pruned watermark just below it
 /// ([`head_over_unreadable`](crate::protocol::head_over_unreadable), decision 0020): what came

@@ -712,6 +712,7 @@ macro_rules! durable_suite {
             an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn,
             an_event_with_text_that_is_not_utf8_fails_the_log_naming_it,
             an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it,
+            the_audit_reports_an_unreadable_event_row_and_audits_the_rest,
             a_recording_over_an_unreadable_head_reports_a_history_gap,
             errors_after_open_name_the_file_once,
         );

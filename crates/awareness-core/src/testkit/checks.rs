@@ -1204,7 +1204,9 @@ pub async fn a_recording_given_up_in_the_queue_is_never_committed(t: &Subject) {
 }
 
 /// Recordings racing the other writes of the same cursor: acknowledgements, re-freezes and a
-/// repeated watch. Each is atomic and reads the cursor inside its own write, so after every
+/// repeated watch, made a day after the round before (so that it refreshes the cursor and
+/// writes: at the same clock a repeated watch writes nothing, and a race with it proved
+/// nothing). Each is atomic and reads the cursor inside its own write, so after every
 /// round the cursor's `material` is the head (no recording lost to a write of old values) and
 /// `last_seen <= notified <= material`; two acknowledgements then leave it at the head. A
 /// store that read the cursor outside its write transaction would write stale values back.
@@ -1229,7 +1231,10 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
                         .await
                         .map(drop),
                     16..18 => store.refreeze(&[key], T0).await.map(drop),
-                    _ => store.watch(&w(MANAGER), &child(), T0).await.map(drop),
+                    _ => {
+                        let later = T0.plus_ms(DAY * (i64::try_from(round).unwrap_or(0) + 1));
+                        store.watch(&w(MANAGER), &child(), later).await.map(drop)
+                    }
                 }
             }));
         }
@@ -1259,6 +1264,142 @@ pub async fn cursor_writes_racing_recordings_lose_no_event(t: &Subject) {
     }
     let head = version(s, &child()).await;
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((head, head, head)));
+}
+
+/// A first watch of a session racing a recording on it: whichever commits first, the cursor
+/// ends at the session's head (the watch starts at the head it reads, and a recording after
+/// it moves the cursor). A store whose watch read the head outside its write would start the
+/// cursor below an event recorded in between, which would then never notify.
+pub async fn a_first_watch_racing_a_recording_loses_no_event(t: &Subject) {
+    const ROUNDS: usize = 40;
+    for round in 0..ROUNDS {
+        let target = r(&format!("agent:main:subagent:first-watch-{round}"), "main");
+        rec(&*t.store, human(&target), T0).await;
+        let (watch, record) = {
+            let (a, b) = (
+                std::sync::Arc::clone(&t.store),
+                std::sync::Arc::clone(&t.store),
+            );
+            let (ta, tb) = (target.clone(), target.clone());
+            (
+                tokio::spawn(async move { a.watch(&w(MANAGER), &ta, T0).await.map(drop) }),
+                tokio::spawn(async move { b.record(human(&tb), T0).await.map(drop) }),
+            )
+        };
+        watch.await.expect("join").expect("the watch");
+        record.await.expect("join").expect("the recording");
+        let head = version(&*t.store, &target).await;
+        assert_eq!(head, 2 * round as u64 + 2, "round {round}: both recordings");
+        let c = t
+            .store
+            .cursor(&w(MANAGER), &target.session_key)
+            .await
+            .unwrap()
+            .expect("the watch");
+        assert_eq!(c.material.get(), head, "round {round}: {c:?}");
+        assert!(c.is_well_formed(), "round {round}: {c:?}");
+    }
+}
+
+/// The deletion of a session racing the spawn that records it (and seeds its spawner's cursor on
+/// it): whichever commits first, the session has a head exactly when the spawner has a cursor on
+/// it (deleted together, or recorded together after). A store that deleted the session's rows
+/// and its cursors in two writes would leave a head without the cursor its spawn made, or a
+/// cursor on a session without a head.
+pub async fn a_deletion_racing_a_spawn_leaves_both_or_neither(t: &Subject) {
+    const ROUNDS: usize = 40;
+    for round in 0..ROUNDS {
+        let target = r(&format!("agent:main:subagent:spawned-{round}"), "main");
+        let (delete, record) = {
+            let (a, b) = (
+                std::sync::Arc::clone(&t.store),
+                std::sync::Arc::clone(&t.store),
+            );
+            let (ta, tb) = (target.clone(), target.clone());
+            let run = format!("run-spawned-{round}");
+            (
+                tokio::spawn(async move { a.delete_session(&ta).await.map(drop) }),
+                tokio::spawn(
+                    async move { b.record(spawn(&tb, MANAGER, &run), T0).await.map(drop) },
+                ),
+            )
+        };
+        delete.await.expect("join").expect("the deletion");
+        record.await.expect("join").expect("the spawn");
+        let head = version(&*t.store, &target).await;
+        let cursor = t
+            .store
+            .cursor(&w(MANAGER), &target.session_key)
+            .await
+            .unwrap();
+        assert_eq!(
+            head > 0,
+            cursor.is_some(),
+            "round {round}: head {head}, cursor {cursor:?}"
+        );
+    }
+}
+
+/// Two marker updates racing under one compare-and-set token, and one racing a change of the
+/// link's source (a rebase, which moves the token): at most one update under a token is
+/// written, and none after the rebase that moved it. A store that compared the token outside
+/// its write would let two scans both advance one marker, or write a marker over a rebase.
+pub async fn marker_updates_racing_under_one_token_write_at_most_once(t: &Subject) {
+    const ROUNDS: usize = 40;
+    for round in 0..ROUNDS {
+        let session = r(&format!("agent:main:subagent:marker-{round}"), "main");
+        let link = t
+            .upstream
+            .upsert_link(link_spec(&session, "t1", 0), T0)
+            .await
+            .unwrap()
+            .link;
+        let token = link.updated_at;
+        let rebase = round % 2 == 1;
+        let mut tasks = Vec::new();
+        for i in 0..2 {
+            let u = std::sync::Arc::clone(&t.upstream);
+            let s = session.clone();
+            tasks.push(tokio::spawn(async move {
+                if rebase && i == 1 {
+                    u.upsert_link(link_spec(&s, "t2", 7), T0)
+                        .await
+                        .map(|o| o.rebased)
+                } else {
+                    u.set_marker(&s, token, json!({"offset": 100 + i}), T0.plus_ms(1))
+                        .await
+                }
+            }));
+        }
+        let mut results = Vec::new();
+        for task in tasks {
+            results.push(
+                task.await
+                    .expect("join")
+                    .expect("a marker write or a rebase"),
+            );
+        }
+        let stored = t.upstream.link(&session).await.unwrap().expect("the link");
+        if rebase {
+            assert!(results[1], "round {round}: a change of source rebases");
+            assert_eq!(stored.thread_id, "t2", "round {round}");
+            // A marker written before the rebase is rebased over; one after it is refused.
+            assert_eq!(
+                stored.marker,
+                Some(json!({"offset": 7})),
+                "round {round}: no marker over the rebase ({results:?})"
+            );
+        } else {
+            let written = results.iter().filter(|w| **w).count();
+            assert_eq!(written, 1, "round {round}: one write under the token");
+            let i = results.iter().position(|w| *w).unwrap_or(0);
+            assert_eq!(
+                stored.marker,
+                Some(json!({"offset": 100 + i})),
+                "round {round}"
+            );
+        }
+    }
 }
 
 /// A removal of a cursor (an unwatch, or a reset of its watcher) racing recordings on its

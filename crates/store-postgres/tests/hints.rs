@@ -58,7 +58,10 @@ async fn the_listener_hints_once_when_it_begins_to_listen() {
     let mut later = ours.commit_hints().expect("store-postgres pushes hints");
     hinted(&mut hints).await;
     let early = awareness_core::testkit::poll_once(std::pin::pin!(later.next())).await;
-    assert!(!early, "the start's hint is not given to a stream made after it");
+    assert!(
+        !early,
+        "the start's hint is not given to a stream made after it"
+    );
     ours.record(event(1), T0).await.expect("record ours");
     until("its own commit left out", || {
         ours.own_commits_left_out() == 1

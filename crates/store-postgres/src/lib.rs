@@ -457,9 +457,12 @@ impl PgStore {
     /// [`OpenFailure::NotFound`] when [`PgStoreOptions::create_if_missing`] is off and the
     /// schema or a table of the store is missing. Nothing is created then. [`StoreError::Busy`]
     /// (retryable) when the server cannot be reached (not started yet, restarting, the network
-    /// down): a later try may work. The store's operations answer `Busy` too when their
-    /// connection is lost or a transaction loses a race (SQLSTATE `08...`, `57P01`-`57P03`,
-    /// `40001`, `40P01`, `55P03`), `Backend` otherwise.
+    /// down), or the open's own transaction meets what a write would call busy (the store's
+    /// lock held past the role's `lock_timeout`, its connection lost): a later try may work.
+    /// The store's operations answer `Busy` too when their connection is lost, a transaction
+    /// loses a race, or the server ends a transaction that sat idle (SQLSTATE `08...`,
+    /// `57P01`-`57P03`, `53300`, `40001`, `40P01`, `55P03`, `25P03`, `25P04`), `Backend`
+    /// otherwise.
     pub async fn connect(
         server: PgConnectOptions,
         options: PgStoreOptions,

@@ -236,10 +236,20 @@ pub(crate) async fn create(
     create_if_missing: bool,
 ) -> Result<(), StoreError> {
     // Every failure of an open is an open error naming the store, said by kind: a role
-    // without the right to create (the store missing) is `PermissionDenied`.
+    // without the right to create (the store missing) is `PermissionDenied`; one that may go
+    // away by itself (the store's lock held past the role's `lock_timeout`, a connection lost,
+    // a server restarting) is `Busy`, as for any write, and as store-sqlite answers an open
+    // that met a held lock.
     let failed = |what: &str| {
         let reason = format!("cannot open the store: {what}");
+        let busy = format!("{name}: open: {what}");
         move |e: sqlx::Error| {
+            if crate::store::is_transient(&e) {
+                return StoreError::Busy {
+                    context: busy.clone(),
+                    source: e.into(),
+                };
+            }
             let denied = e
                 .as_database_error()
                 .and_then(sqlx::error::DatabaseError::code)
@@ -265,12 +275,12 @@ pub(crate) async fn create(
     let mut tx = pool
         .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
         .await
-        .map_err(failed("opening the store"))?;
+        .map_err(failed("beginning a transaction"))?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(lock_key)
         .execute(&mut *tx)
         .await
-        .map_err(failed("opening the store"))?;
+        .map_err(failed("taking the store's lock"))?;
     let schema_exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
             .bind(schema)
@@ -414,7 +424,7 @@ pub(crate) async fn create(
             .await
             .map_err(failed("writing the sequence counter"))?;
     }
-    tx.commit().await.map_err(failed("opening the store"))
+    tx.commit().await.map_err(failed("committing the open"))
 }
 
 #[cfg(test)]

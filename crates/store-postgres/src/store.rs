@@ -79,19 +79,26 @@ const CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Whether `e` may go away by itself, the same call then succeeding: the connection to the
 /// server failed or was lost (I/O, a pool that found no connection in time, SQLSTATE class
 /// `08`), the server is shutting down or starting (`57P01`-`57P03`) or has no connection left
-/// (`53300`), or a transaction lost a race to another (`40001`, `40P01`, `55P03`).
+/// (`53300`), a transaction lost a race to another (`40001`, `40P01`, `55P03`), or the server
+/// ended a transaction that sat idle or ran too long (`25P03`, the store's own
+/// [`PgStoreOptions::idle_transaction_timeout`](crate::PgStoreOptions::idle_transaction_timeout)
+/// met by a gateway that stalled; `25P04`, a `transaction_timeout`): nothing it wrote was
+/// kept, and the same call on another connection may succeed.
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(d) => d.code().is_some_and(|code| {
-            code.starts_with("08")
-                || matches!(
-                    &*code,
-                    "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55P03"
-                )
-        }),
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| transient_code(&code)),
         _ => false,
     }
+}
+
+/// Whether the SQLSTATE `code` is one of [`is_transient`]'s.
+fn transient_code(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55P03" | "25P03" | "25P04"
+        )
 }
 
 /// `e` as the store's error: [`StoreError::Busy`] (retryable) when it may go away by itself
@@ -1616,5 +1623,23 @@ mod tests {
         let bad = failure("s: recording".into(), sqlx::Error::RowNotFound);
         assert!(!bad.is_retryable(), "{bad:?}");
         assert!(bad.to_string().contains("s: recording"), "{bad}");
+    }
+
+    /// The SQLSTATEs that may go away by themselves, and some that do not. A transaction the
+    /// server ended for sitting idle (`25P03`: the store's own idle transaction timeout, met by
+    /// a gateway that stalled) wrote nothing and was a `Backend` error (review, stop 55).
+    #[test]
+    fn the_server_states_that_may_pass_are_transient() {
+        for code in [
+            "08006", "08001", "57P01", "57P02", "57P03", "53300", "40001", "40P01", "55P03",
+            "25P03", "25P04",
+        ] {
+            assert!(transient_code(code), "{code}");
+        }
+        for code in [
+            "23505", "42501", "42P01", "22P02", "25P02", "57014", "53100",
+        ] {
+            assert!(!transient_code(code), "{code}");
+        }
     }
 }

@@ -235,6 +235,45 @@ async fn a_writer_stopped_mid_transaction_holds_the_others_up_only_until_its_tim
     );
 }
 
+/// An open that meets the store's lock held past its role's `lock_timeout` (another gateway in
+/// the middle of a write, with a DBA's `lock_timeout` on the role) is a retryable error naming
+/// the store and what it was doing, as a write that met it is, and as store-sqlite answers an
+/// open that met a held lock. It was a permanent `Open` error saying "opening the store".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_that_meets_the_held_lock_past_its_lock_timeout_is_retryable() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    drop(
+        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+            .await
+            .expect("create the store"),
+    );
+    let held = store_postgres::testkit::StoreLock::take(&schema).await;
+    let e = tokio::time::timeout(
+        HANG,
+        PgStore::connect(
+            server::server().options([("lock_timeout", "300ms")]),
+            PgStoreOptions::new(schema.clone()),
+        ),
+    )
+    .await
+    .expect("the open ends at its lock timeout")
+    .expect_err("the lock is held");
+    assert!(e.is_retryable(), "{e:?}");
+    let said = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(
+        said.contains(&schema) && said.contains("taking the store's lock"),
+        "{said}"
+    );
+    held.release().await;
+    PgStore::connect(
+        server::server().options([("lock_timeout", "300ms")]),
+        PgStoreOptions::new(schema.clone()),
+    )
+    .await
+    .expect("the same open once the lock is free");
+}
+
 #[tokio::test]
 async fn closing_the_last_handle_closes_its_connections_and_another_handle_keeps_them() {
     let schema = server::fresh_schema();

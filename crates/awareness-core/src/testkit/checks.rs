@@ -2717,6 +2717,36 @@ pub async fn prune_expires_idle_cursors(t: &Subject) {
     );
 }
 
+/// The idle cutoff is exclusive: a cursor last updated exactly at `now - cursor_idle_ms` stays,
+/// one a millisecond older goes (as OpenClaw's `updated_at < cutoff`). One store's `<=` passed
+/// every other check.
+pub async fn prune_keeps_a_cursor_updated_exactly_at_the_idle_cutoff(t: &Subject) {
+    let s = &*t.store;
+    let older = r("agent:main:subagent:older", "main");
+    let at_cutoff = r("agent:main:subagent:at-cutoff", "main");
+    s.watch(&w(MANAGER), &older, T0).await.unwrap();
+    s.watch(&w(MANAGER), &at_cutoff, T0.plus_ms(1)).await.unwrap();
+    let policy = RetentionPolicy::default();
+    let now = T0.plus_ms(policy.cursor_idle_ms + 1);
+    assert_eq!(policy.idle_cutoff(now), T0.plus_ms(1));
+    let report = s.prune(&policy, now).await.unwrap();
+    assert_eq!(report.cursors, 1);
+    assert!(
+        s.cursor(&w(MANAGER), &older.session_key)
+            .await
+            .unwrap()
+            .is_none(),
+        "a millisecond before the cutoff"
+    );
+    assert!(
+        s.cursor(&w(MANAGER), &at_cutoff.session_key)
+            .await
+            .unwrap()
+            .is_some(),
+        "exactly at the cutoff"
+    );
+}
+
 pub async fn an_invalid_retention_policy_is_refused_and_nothing_deleted(t: &Subject) {
     // A limit of zero or less puts the cutoff at now or later: every event and every cursor
     // (with its pending notice) would go.

@@ -7,7 +7,10 @@
 //! store's runtime) that counts the notifications of its store's schema sent by other handles:
 //! not its own (its id), not other schemas' stores'. Each time the listener begins to listen
 //! it counts a hint: the first time for the commits made since the caller asked for hints,
-//! after a lost connection for those sent meanwhile (lost).
+//! after a lost connection for those sent meanwhile (lost). A connection the network dropped
+//! without telling the client would wait for ever: every
+//! [`crate::PgStoreOptions::listener_keepalive`] the handle notifies itself on a channel of its
+//! own, and a notification not received by the next one takes the connection for lost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,7 +18,7 @@ use std::time::Duration;
 
 use awareness_core::CommitHints;
 use awareness_core::hints::{Hinted, Hinter};
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -47,19 +50,22 @@ pub(crate) struct Listener {
     pub(crate) own_left_out: Arc<AtomicU64>,
     /// The backend process id of the listener's session while it listens.
     pub(crate) session: Arc<watch::Sender<Option<u32>>>,
+    /// How often the listening connection is proven alive
+    /// ([`crate::PgStoreOptions::listener_keepalive`]).
+    keepalive: Duration,
 }
 
-impl Default for Listener {
-    fn default() -> Self {
+impl Listener {
+    /// A listener, not started, that proves its connection alive every `keepalive`.
+    pub(crate) fn new(keepalive: Duration) -> Self {
         Self {
             hints: Mutex::default(),
             own_left_out: Arc::default(),
             session: Arc::new(watch::channel(None).0),
+            keepalive,
         }
     }
-}
 
-impl Listener {
     /// The hints the listener has given (0 before it starts).
     pub(crate) fn given(&self) -> u64 {
         self.hints
@@ -80,22 +86,18 @@ impl Listener {
         let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
         let hinted = hints.get_or_insert_with(|| {
             let (tx, rx) = awareness_core::hints::channel();
-            // A connection of its own, kept for good: the listener holds it while it waits,
-            // which would take one of the pool's from the store's writes and reads.
-            let listening = PgPoolOptions::new()
-                .max_connections(1)
-                .min_connections(0)
-                .max_lifetime(None)
-                .idle_timeout(None)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_lazy_with((*pool.connect_options()).clone());
+            let proofs = Proofs::new(own);
+            if self.keepalive != Duration::MAX {
+                runtime.spawn(prove(pool.clone(), Arc::clone(&proofs), self.keepalive));
+            }
             runtime.spawn(listen(
-                listening,
+                (*pool.connect_options()).clone(),
                 format!("{schema} {own}"),
                 schema.to_owned(),
                 tx,
                 Arc::clone(&self.own_left_out),
                 Arc::clone(&self.session),
+                (proofs, self.keepalive),
             ));
             rx
         });
@@ -108,26 +110,106 @@ impl Listener {
 /// Longest wait between two attempts to listen again.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// The listener's task: listens on `pool`'s connection and counts in `hints` each
-/// notification of `schema` but the handle's own (whose payload is `own`), and each time it
-/// listens again after losing its connection; ends with the store's runtime.
+/// The proofs that the listening connection is alive: notifications the handle sends itself on
+/// a channel of its own (`session_awareness_alive_<id>`, payload the proof's number) through
+/// its pool, which the listener must receive.
+#[derive(Debug)]
+struct Proofs {
+    channel: String,
+    /// The number of the last proof asked for (sent, or being sent).
+    asked: watch::Sender<u64>,
+    /// The number of the last proof the listener received.
+    received: AtomicU64,
+}
+
+impl Proofs {
+    fn new(own: &str) -> Arc<Self> {
+        Arc::new(Self {
+            channel: format!("session_awareness_alive_{own}"),
+            asked: watch::channel(0).0,
+            received: AtomicU64::new(0),
+        })
+    }
+
+    /// Ends when a proof asked for has not been received `wait` after it was asked (or after
+    /// this was called, whichever is later; a notification received meanwhile starts the wait
+    /// again, which the listener's `select!` does by calling this anew). Never ends while every
+    /// proof asked for was received.
+    async fn unanswered(&self, wait: Duration) {
+        let mut asked = self.asked.subscribe();
+        loop {
+            let last = *asked.borrow_and_update();
+            if last > self.received.load(Ordering::SeqCst) {
+                tokio::time::sleep(wait).await;
+                if self.received.load(Ordering::SeqCst) < last {
+                    return;
+                }
+            } else if asked.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Asks for a proof every `every`, for as long as the store's runtime runs: notifies the
+/// handle's own channel through the store's pool. A notification that cannot be sent (the
+/// server out of reach) is not received either, which is what the listener goes by.
+async fn prove(pool: PgPool, proofs: Arc<Proofs>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let number = *proofs.asked.borrow() + 1;
+        proofs.asked.send_replace(number);
+        let sent = tokio::time::timeout(
+            every,
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(&proofs.channel)
+                .bind(number.to_string())
+                .execute(&pool),
+        )
+        .await;
+        if let Ok(Err(e)) = sent {
+            debug!(error = %e, "could not prove the listening connection alive");
+        }
+    }
+}
+
+/// The listener's task: listens on a connection of its own to `server` and counts in `hints`
+/// each notification of `schema` but the handle's own (whose payload is `own`), and each time
+/// it begins to listen (the first time, and again after losing its connection, or taking it
+/// for lost when a proof of `proofs` did not come back within `keepalive`); ends with the
+/// store's runtime.
 async fn listen(
-    pool: PgPool,
+    server: PgConnectOptions,
     own: String,
     schema: String,
     hints: Hinter,
     own_left_out: Arc<AtomicU64>,
     session: Arc<watch::Sender<Option<u32>>>,
+    (proofs, keepalive): (Arc<Proofs>, Duration),
 ) {
     let hint = || hints.hint();
     let mut backoff = Duration::from_secs(1);
     let mut failing = false;
     loop {
+        // A connection of its own, outside the store's pool (the listener holds it while it
+        // waits, which would take one of the pool's from the store's writes and reads), in a
+        // pool of its own made for each try: a listener dropped on a connection that stopped
+        // answering leaves its connection to a task that unlistens on it before giving it
+        // back, which then waits on it for as long as the network keeps it.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(server.clone());
         let started = async {
             let mut listener = PgListener::connect_with(&pool).await?;
             // A lost connection ends `try_recv` at once, and is listened to again here.
             listener.eager_reconnect(false);
-            listener.listen(rows::CHANNEL).await?;
+            listener
+                .listen_all([rows::CHANNEL, proofs.channel.as_str()])
+                .await?;
             let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
                 .fetch_one(&mut listener)
                 .await?;
@@ -153,6 +235,10 @@ async fn listen(
         }
         failing = false;
         backoff = Duration::from_secs(1);
+        // The proofs asked for before it listened cannot come: only those from now on count.
+        proofs
+            .received
+            .fetch_max(*proofs.asked.borrow(), Ordering::SeqCst);
         // Commits made while nobody listened were not told: one hint for all of them. The
         // first time too: a commit made after the caller asked for hints and before the
         // listener listened (the caller's own question, made then, may have come before it).
@@ -161,7 +247,23 @@ async fn listen(
         hint();
         session.send_replace(Some(pid.cast_unsigned()));
         loop {
-            match listener.try_recv().await {
+            // A proof not received in time: the connection is taken for lost, and dropped
+            // with the wait on it (the connection is not used again, so what that wait had
+            // read of a message does not matter).
+            let received = tokio::select! {
+                received = listener.try_recv() => received,
+                () = proofs.unanswered(keepalive) => {
+                    session.send_replace(None);
+                    warn!(schema = %schema, "the connection listening for other handles' commits stopped answering; listening again on a new one");
+                    break;
+                }
+            };
+            match received {
+                Ok(Some(n)) if n.channel() == proofs.channel => {
+                    if let Ok(number) = n.payload().parse::<u64>() {
+                        proofs.received.fetch_max(number, Ordering::SeqCst);
+                    }
+                }
                 Ok(Some(n)) => {
                     let payload = n.payload();
                     if payload == own {

@@ -142,6 +142,7 @@ pub struct PgStoreOptions {
     idle_transaction_timeout: Duration,
     create_if_missing: bool,
     group_commit: usize,
+    listener_keepalive: Duration,
 }
 
 impl PgStoreOptions {
@@ -154,7 +155,24 @@ impl PgStoreOptions {
             idle_transaction_timeout: DEFAULT_IDLE_TRANSACTION_TIMEOUT,
             create_if_missing: true,
             group_commit: DEFAULT_GROUP_COMMIT,
+            listener_keepalive: DEFAULT_LISTENER_KEEPALIVE,
         }
+    }
+
+    /// How often the connection that listens for other handles' commits
+    /// ([`EventStore::commit_hints`]) is proven alive (default 30 s; `Duration::MAX` never):
+    /// the handle notifies itself on a channel of its own through its pool, and a notification
+    /// that has not come back by the next one takes the connection for lost, so it listens
+    /// again on a new one, with a hint for what it may have missed. A connection the network
+    /// dropped without telling the client (a NAT's or a firewall's idle timeout, a host gone)
+    /// would otherwise wait for notifications that never come, for as long as the process
+    /// runs; a listening connection is idle by nature. So such a loss is noticed within two
+    /// periods. Each proof is one `NOTIFY` (which takes its turn among the database's
+    /// notifying commits) and one notification, to this handle alone.
+    #[must_use]
+    pub fn listener_keepalive(mut self, every: Duration) -> Self {
+        self.listener_keepalive = every;
+        self
     }
 
     /// Connections the store's pool opens at most (default 4). Writes take turns on the
@@ -209,6 +227,9 @@ impl PgStoreOptions {
         &self.schema
     }
 }
+
+/// [`PgStoreOptions::listener_keepalive`] unless set.
+pub const DEFAULT_LISTENER_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// The schema a URL without `schema=` names.
 pub const DEFAULT_SCHEMA: &str = "session_awareness";

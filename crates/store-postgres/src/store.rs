@@ -265,6 +265,12 @@ impl Inner {
                 "group_commit must be at least 1 (1 commits every recording alone)".into(),
             ));
         }
+        if options.listener_keepalive < std::time::Duration::from_millis(1) {
+            return Err(refuse(format!(
+                "listener_keepalive: {:?}; at least 1 ms (Duration::MAX never)",
+                options.listener_keepalive
+            )));
+        }
         let lock_key = schema::lock_key(&options.schema);
         let idle_ms = options.idle_transaction_timeout.as_millis();
         if idle_ms == 0 || idle_ms > i32::MAX as u128 {
@@ -316,7 +322,7 @@ impl Inner {
             name,
             schema: options.schema.clone(),
             handle_id,
-            listener: crate::hints::Listener::default(),
+            listener: crate::hints::Listener::new(options.listener_keepalive),
             own_commits: AtomicU64::new(0),
             // READ COMMITTED whatever the server's, database's, role's or URL's default: each
             // statement after the lock then takes its snapshot after the lock was granted, and
@@ -1089,7 +1095,7 @@ impl Inner {
             .as_ref()
             .map(|p| serde_json::to_string(p).expect("a JSON map always serializes"));
         let moved = CursorColumns::of(&effects.upserts);
-        moved
+        let written = moved
             .bind(
                 sqlx::query(rows::RECORD_WRITE)
                     .bind(next)
@@ -1111,8 +1117,10 @@ impl Inner {
                     .bind(head.updated_at.millis()),
             )
             .execute(&mut *tx)
-            .await
-            .map_err(self.failed("recording"))?;
+            .await;
+        if let Err(e) = written {
+            return Err(self.failed("recording")(e).into());
+        }
         self.commit_known(tx, "recording", &[&stored], true).await?;
         Ok(Recorded {
             event: Arc::new(stored),

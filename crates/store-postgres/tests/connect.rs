@@ -78,6 +78,10 @@ async fn options_that_cannot_work_are_refused_before_anything_is_created() {
             PgStoreOptions::new(server::fresh_schema()).group_commit(0),
             "group_commit",
         ),
+        (
+            PgStoreOptions::new(server::fresh_schema()).listener_keepalive(Duration::ZERO),
+            "listener_keepalive",
+        ),
     ] {
         let schema = options.schema().to_owned();
         let e = refused(options).await;

@@ -1,7 +1,7 @@
 //! Commit hints through `LISTEN`/`NOTIFY` (`EventStore::commit_hints`, DESIGN.md section 9.1):
 //! a handle is told of another handle's commit to its store, not of its own, not of another
 //! store's in the same database, and after its listening connection is lost, of what it may
-//! have missed. (That another handle's commit is hinted at all, and that a stream ends with its
+//! have missed, a loss the network never told it of included. (That another handle's commit is hinted at all, and that a stream ends with its
 //! store, is the durable suite's `another_handles_commit_is_hinted`, which tests/durable.rs
 //! runs.)
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use awareness_core::testkit::group_commit::{T0, event};
 use awareness_core::{CommitHints, CursorStore as _, EventStore as _};
-use store_postgres::PgStore;
+use store_postgres::{PgStore, PgStoreOptions};
 
 /// Longest wait for a hint that must come (a notification is delivered at the commit).
 const WAIT: Duration = Duration::from_secs(30);
@@ -151,4 +151,140 @@ async fn a_stream_gives_the_hints_after_it_was_made() {
     theirs.record(event(2), T0).await.expect("record theirs");
     hinted(&mut second).await;
     hinted(&mut first).await;
+}
+
+/// A listening connection the network drops without telling the client (the server ends its
+/// session; the client's side stays open and silent) is taken for lost when the handle's proof
+/// of life does not come back, and listened on again on a new connection, with a hint; later
+/// commits are hinted as before. It used to wait on the silent connection for good, and no
+/// hint ever came again (review, stop 55).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_connection_the_network_dropped_silently_is_listened_on_again() {
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let (theirs, _) = server::fresh_store_in(&schema).await;
+    let ours = PgStore::connect(
+        proxy.server(),
+        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(200)),
+    )
+    .await
+    .expect("connect through the proxy");
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
+
+    proxy.go_silent();
+    let again = tokio::time::timeout(WAIT, async {
+        loop {
+            let pid = ours.hints_listening().await;
+            if pid != first {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a new listening session within the wait");
+    assert_ne!(again, first);
+    hinted(&mut hints).await;
+    theirs.record(event(1), T0).await.expect("record theirs");
+    hinted(&mut hints).await;
+}
+
+/// A listening connection that answers is kept, however often its life is proven: no new
+/// session, and no hint beyond the start's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_connection_that_answers_is_kept() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let ours = PgStore::connect(
+        server::server(),
+        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(10)),
+    )
+    .await
+    .expect("connect");
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
+    // Fifty proofs' worth.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ours.hints_listening().await, first, "the same session");
+    assert_eq!(ours.hints_given(), 1, "the start's only");
+}
+
+/// A Unix-socket proxy to the test server that can go silent the way a dropped network flow
+/// does (a NAT's idle timeout): the connections open when it is asked lose their server side
+/// (so the server ends their sessions) while their client side stays open and says nothing.
+/// Connections made later pass as before.
+struct SilentProxy {
+    dir: std::path::PathBuf,
+    silence: tokio::sync::watch::Sender<u64>,
+}
+
+impl SilentProxy {
+    fn start() -> Self {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let target = server::server();
+        let real = target
+            .get_socket()
+            .expect("the test server is reached by its socket")
+            .join(format!(".s.PGSQL.{}", target.get_port()));
+        let dir = std::env::temp_dir().join(store_postgres::testkit::fresh_name("silent"));
+        std::fs::create_dir(&dir).expect("the proxy's directory");
+        let accept =
+            tokio::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{}", target.get_port())))
+                .expect("the proxy's socket");
+        let silence = tokio::sync::watch::channel(0).0;
+        let asked = silence.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = accept.accept().await {
+                let Ok(mut upstream) = tokio::net::UnixStream::connect(&real).await else {
+                    continue;
+                };
+                let mut silenced = asked.subscribe();
+                let born = *silenced.borrow_and_update();
+                tokio::spawn(async move {
+                    let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
+                    loop {
+                        tokio::select! {
+                            _ = async { silenced.wait_for(|s| *s > born).await.map(drop) } => {
+                                // The server's side ends; the client's is kept, silent, for
+                                // as long as the test runs.
+                                drop(upstream);
+                                let _silent = client;
+                                std::future::pending::<()>().await;
+                                return;
+                            }
+                            n = client.read(&mut up) => match n {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => if upstream.write_all(&up[..n]).await.is_err() { return },
+                            },
+                            n = upstream.read(&mut down) => match n {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => if client.write_all(&down[..n]).await.is_err() { return },
+                            },
+                        }
+                    }
+                });
+            }
+        });
+        Self { dir, silence }
+    }
+
+    /// The server as the proxy serves it.
+    fn server(&self) -> store_postgres::PgConnectOptions {
+        server::server().socket(&self.dir)
+    }
+
+    /// Every connection open now goes silent.
+    fn go_silent(&self) {
+        self.silence.send_modify(|s| *s += 1);
+    }
+}
+
+impl Drop for SilentProxy {
+    fn drop(&mut self) {
+        drop(std::fs::remove_dir_all(&self.dir));
+    }
 }

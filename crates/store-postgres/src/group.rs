@@ -315,7 +315,7 @@ impl Inner {
                     .as_ref()
                     .map(|p| serde_json::to_string(p).expect("a JSON map always serializes"))
             });
-            CursorColumns::of(&changed)
+            let written = CursorColumns::of(&changed)
                 .bind(
                     sqlx::query(rows::GROUP_WRITE)
                         .bind(column(&events, |e| int(e.sequence)))
@@ -337,8 +337,11 @@ impl Inner {
                         .bind(column(&heads, |h| h.updated_at.millis())),
                 )
                 .execute(&mut **tx)
-                .await
-                .map_err(self.failed(WHAT))?;
+                .await;
+            if let Err(e) = written {
+                self.end_abandoned(tx.id, &e).await;
+                return Err(self.failed(WHAT)(e));
+            }
         }
         Ok(outcomes
             .into_iter()

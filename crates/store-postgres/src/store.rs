@@ -498,6 +498,31 @@ impl Inner {
         }
     }
 
+    /// A statement of the write transaction `id` (when its id is known) failed with `e`: when
+    /// the connection was lost on the way ([`commit_answer_lost`]'s errors), the server may
+    /// not have seen it go, and keeps the transaction's session idle in it, holding the
+    /// store's lock for every gateway until the idle-transaction timeout. So the server is
+    /// asked to end that session, as after a lost `COMMIT` ([`Inner::settle`]); nothing was
+    /// committed (no `COMMIT` was sent). Best-effort, within [`ASK_AFTER_LOST_COMMIT`]: what
+    /// it cannot do is logged, and the caller's error is the statement's all the same. The
+    /// caller holds the handle's turn throughout.
+    pub(crate) async fn end_abandoned(&self, id: Option<TxId>, e: &sqlx::Error) {
+        let Some(id) = id.filter(|_| commit_answer_lost(e)) else {
+            return;
+        };
+        match tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.settle(id, &[])).await {
+            Ok(Ok(_)) => {
+                tracing::debug!(store = %self.name, transaction = id.xid, error = %e, "a write transaction lost its connection; its session on the server is ended");
+            }
+            Ok(Err(asking)) => {
+                tracing::warn!(store = %self.name, transaction = id.xid, error = %e, asking = %awareness_core::error::ErrorChain(&*asking), "a write transaction lost its connection, and its session on the server could not be ended: it holds the store's lock until the idle-transaction timeout");
+            }
+            Err(_) => {
+                tracing::warn!(store = %self.name, transaction = id.xid, error = %e, "a write transaction lost its connection, and its session on the server was not ended within {ASK_AFTER_LOST_COMMIT:?}: it holds the store's lock until the idle-transaction timeout");
+            }
+        }
+    }
+
     /// What the server tells of the transaction `id`, once it has ended it (a session still
     /// running it, idle, is ended first), which wrote `written`.
     async fn settle(
@@ -1119,6 +1144,7 @@ impl Inner {
             .execute(&mut *tx)
             .await;
         if let Err(e) = written {
+            self.end_abandoned(tx.id, &e).await;
             return Err(self.failed("recording")(e).into());
         }
         self.commit_known(tx, "recording", &[&stored], true).await?;

@@ -36,6 +36,11 @@ enum Fault {
     /// half-open TCP connection would: its session waits in its transaction, holding the
     /// store's lock, until something ends it.
     StallCommit,
+    /// The statement that writes a recording's (or a batch's) events never reaches the server
+    /// (its first `Parse` on the connection: armed before the connection's first recording),
+    /// and the server's connection stays open: its session waits in the transaction, holding
+    /// the store's lock.
+    StallWrite,
 }
 
 /// What the proxy's connections share.
@@ -70,10 +75,14 @@ enum Later {
 }
 
 impl State {
-    /// The fault to make on this `COMMIT`, if any.
-    fn fault_for_commit(&self) -> Option<Fault> {
+    /// The fault to make on this `COMMIT` (or, `write`, on this statement writing events), if
+    /// any.
+    fn fault_for(&self, write: bool) -> Option<Fault> {
         let mut armed = self.armed.lock().expect("armed");
         let (fault, skip) = armed.as_mut()?;
+        if (*fault == Fault::StallWrite) != write {
+            return None;
+        }
         if *skip > 0 {
             *skip -= 1;
             return None;
@@ -215,6 +224,8 @@ async fn upward(
 ) -> End {
     const TLS_REQUEST: u32 = 80_877_103;
     const GSS_REQUEST: u32 = 80_877_104;
+    /// What the statement that writes events starts its insert with.
+    const WRITE: &[u8] = b"INSERT INTO session_state_events (";
     loop {
         let mut len = [0u8; 4];
         if from.read_exact(&mut len).await.is_err() {
@@ -245,13 +256,15 @@ async fn upward(
             return End::Close;
         }
         let fault = if head[0] == b'Q' && body == b"COMMIT\0" {
-            state.fault_for_commit()
+            state.fault_for(false)
+        } else if head[0] == b'P' && body.windows(WRITE.len()).any(|w| w == WRITE) {
+            state.fault_for(true)
         } else {
             None
         };
         match fault {
             Some(Fault::DropCommit) => return End::Close,
-            Some(Fault::StallCommit) => return End::HoldServer,
+            Some(Fault::StallCommit | Fault::StallWrite) => return End::HoldServer,
             Some(Fault::LoseAnswer) => swallow.store(true, Ordering::SeqCst),
             None => {}
         }
@@ -633,4 +646,61 @@ async fn a_watch_whose_commit_never_arrived_lets_go_of_the_lock() {
             .is_none(),
         "rolled back"
     );
+}
+
+/// The statement that writes a recording's events (alone, then a batch's) never reaches the
+/// server, whose side of the connection stays open: the caller gets a retryable error and
+/// nothing is written, and the session left idle in the transaction is ended at once, so that
+/// another gateway's recording does not wait for the server's idle-transaction timeout (a
+/// minute) on the store's lock, as it did (review, stop 55).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_whose_write_never_arrived_lets_go_of_the_lock() {
+    for batch in [false, true] {
+        let proxy = Proxy::start();
+        let (store, direct, schema) =
+            stores(&proxy, |o| if batch { o } else { o.group_commit(1) }).await;
+        let before = direct.record(event(100), T0).await.expect("record");
+        let failed: Vec<StoreError> = if batch {
+            // The first recording (alone) writes; the batch of the other three stalls.
+            proxy.arm(Fault::StallWrite, 1);
+            let answers = record_behind_the_lock(&store, &schema.0, 4).await;
+            assert_eq!(store.largest_batch(), 3);
+            answers
+                .into_iter()
+                .skip(1)
+                .map(|a| a.expect_err("the stalled batch"))
+                .collect()
+        } else {
+            proxy.arm(Fault::StallWrite, 0);
+            vec![
+                store
+                    .record(event(0), T0)
+                    .await
+                    .expect_err("the stalled recording"),
+            ]
+        };
+        assert_eq!(proxy.fired(), 1, "batch {batch}");
+        for e in &failed {
+            assert!(e.is_retryable(), "batch {batch}: {e:?}");
+        }
+        let other = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            direct.record(event(101), T0),
+        )
+        .await
+        .expect("another gateway records without waiting for the idle timeout")
+        .expect("record");
+        let kept: Vec<String> = committed(&direct, before.event.sequence)
+            .await
+            .into_iter()
+            .map(|(_, summary)| summary)
+            .collect();
+        let mut want = if batch {
+            vec!["message 0".to_owned()]
+        } else {
+            Vec::new()
+        };
+        want.push(other.event.summary.clone());
+        assert_eq!(kept, want, "batch {batch}: the stalled write left nothing");
+    }
 }

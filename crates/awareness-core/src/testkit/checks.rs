@@ -2725,7 +2725,9 @@ pub async fn prune_keeps_a_cursor_updated_exactly_at_the_idle_cutoff(t: &Subject
     let older = r("agent:main:subagent:older", "main");
     let at_cutoff = r("agent:main:subagent:at-cutoff", "main");
     s.watch(&w(MANAGER), &older, T0).await.unwrap();
-    s.watch(&w(MANAGER), &at_cutoff, T0.plus_ms(1)).await.unwrap();
+    s.watch(&w(MANAGER), &at_cutoff, T0.plus_ms(1))
+        .await
+        .unwrap();
     let policy = RetentionPolicy::default();
     let now = T0.plus_ms(policy.cursor_idle_ms + 1);
     assert_eq!(policy.idle_cutoff(now), T0.plus_ms(1));

@@ -27,7 +27,8 @@
 //! while they waited: group commit, below): a write whose caller gives up still ends
 //! (committed or rolled back) before the handle's next one starts, and never leaves the lock
 //! held by a connection nobody drives; a handle waiting for another gateway's write keeps its
-//! other connections for reads.
+//! other connections for reads (with `max_connections` of 1 there are none: reads then wait
+//! behind the write).
 //! A recording is four round trips: `BEGIN` with the lock, one statement that reads what the
 //! protocol needs, one that writes what it decided, `COMMIT`.
 //!

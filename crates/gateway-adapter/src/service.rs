@@ -2990,7 +2990,14 @@ impl Awareness {
                 None,
                 (),
                 async move {
-                    let exists = move |w: &WatcherKey| dir.exists(w.session_key());
+                    // One watcher's directory row that panics costs the others nothing: that
+                    // watcher is left out, as one the directory does not know.
+                    let exists = move |w: &WatcherKey| {
+                        directory_knows(&*dir, w.session_key()).unwrap_or_else(|| {
+                            warn!(watcher = %w.session_key(), "the directory panicked for a watcher with a pending notice; the sweep leaves it out");
+                            false
+                        })
+                    };
                     store.sweep(now, &exists).await
                 },
                 Vec::as_slice,
@@ -3094,9 +3101,20 @@ impl Awareness {
             watchers
         } else {
             let dir = &self.directory;
-            let owned = |w: &WatcherKey| dir.exists(w.session_key());
+            // One watcher's directory row that panics costs the others nothing: that watcher
+            // is left out (as one the directory does not know), and the pick-up is incomplete.
+            let panicked = AtomicBool::new(false);
+            let owned = |w: &WatcherKey| {
+                directory_knows(&**dir, w.session_key()).unwrap_or_else(|| {
+                    warn!(watcher = %w.session_key(), "the directory panicked for a watcher with a pending notice; it is left out of this pick-up");
+                    panicked.store(true, Ordering::Relaxed);
+                    false
+                })
+            };
             let read = self.store.pending_of(&owned);
-            let pending = match self.bounded("read the pending cursors", read).await {
+            let read = self.bounded("read the pending cursors", read).await;
+            done.failed |= panicked.load(Ordering::Relaxed);
+            let pending = match read {
                 Ok(pending) => pending,
                 Err(e) => {
                     warn!(error = %ErrorChain(&e), "cannot read the pending cursors to pick up notices");

@@ -17,7 +17,7 @@ use awareness_core::{
 };
 use gateway_adapter::{
     Awareness, AwarenessConfig, HeartbeatWake, InMemoryDirectory, InMemoryQueue, PickUp,
-    SessionDirectory, SessionEntry, SystemEventQueue,
+    RecordingWake, SessionDirectory, SessionEntry, SystemEventQueue,
 };
 use store_memory::MemoryStore;
 use tokio::sync::mpsc;
@@ -1228,6 +1228,67 @@ async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
         assert_eq!(texts(&queue.inner, w).len(), 1, "{w}'s notice is queued");
     }
     assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
+}
+
+/// A host directory that panics when asked about one session (a bug for one row).
+struct PanicsFor {
+    inner: Arc<InMemoryDirectory>,
+    bad: SessionKey,
+}
+
+impl SessionDirectory for PanicsFor {
+    fn exists(&self, s: &SessionKey) -> bool {
+        assert!(*s != self.bad, "the host's directory failed for {s}");
+        self.inner.exists(s)
+    }
+    fn entry(&self, s: &SessionKey) -> Option<SessionEntry> {
+        self.inner.entry(s)
+    }
+}
+
+/// A directory that panics for one watcher with a pending notice costs the others nothing, in
+/// a pick-up (then incomplete) and in the start-up sweep: that watcher is left out, as one the
+/// directory does not know. Both panicked as a whole, and the pick-up task's every retry the
+/// same way, so that no watcher of the gateway was ever picked up (review, stop 55).
+#[tokio::test]
+async fn a_directory_that_panics_for_one_watcher_costs_the_others_nothing() {
+    for sweep in [false, true] {
+        let store = Arc::new(MemoryStore::new());
+        let dir = Arc::new(PanicsFor {
+            inner: directory(&[MANAGER, NESTED]),
+            bad: k(NESTED),
+        });
+        let queue = Arc::new(InMemoryQueue::new());
+        let wake = Arc::new(RecordingWake::new());
+        let svc = Awareness::builder(store.clone(), queue.clone(), wake.clone(), dir).build();
+        written_elsewhere(&*store, &[MANAGER, NESTED]).await;
+        if sweep {
+            assert_eq!(
+                svc.try_sweep().await.expect("the sweep"),
+                1,
+                "the manager's"
+            );
+        } else {
+            assert_eq!(
+                svc.pick_up().await,
+                PickUp {
+                    queued: 1,
+                    complete: false
+                }
+            );
+        }
+        assert_eq!(
+            texts(&queue, MANAGER).len(),
+            1,
+            "sweep {sweep}: the manager's notice is queued"
+        );
+        assert_eq!(
+            wake.count(&k(MANAGER)),
+            1,
+            "sweep {sweep}: the main session is woken"
+        );
+        assert!(texts(&queue, NESTED).is_empty(), "sweep {sweep}");
+    }
 }
 
 /// A pick-up pays the wake owed for a dropped turn's lines exactly when it queued a line that

@@ -308,7 +308,8 @@ pub struct AwarenessConfig {
     /// (default 1 s; at least 1 ms): how long a notice another gateway process hands out to a
     /// watcher of this one waits before it is queued here and its session woken, unless the
     /// pick-up cannot complete (see [`Awareness::spawn_pickup`]), or the store hints at the
-    /// commit when it is made (store-postgres), which asks at once.
+    /// commit when it is made (store-postgres, store-sqlite), which asks at once. A
+    /// [`AwarenessConfig::recovery_interval`] shorter than this is asked at instead.
     pub pickup_interval: Duration,
     /// How often [`Awareness::spawn_pickup`] picks up every pending notice of this gateway's
     /// watchers whether or not another writer committed (default 1 min; at least 1 ms): a
@@ -3197,7 +3198,8 @@ impl Awareness {
 
     /// Runs [`Awareness::pick_up`] on a background task whenever another writer has committed
     /// to the store ([`awareness_core::EventStore::foreign_commits`], asked every
-    /// [`AwarenessConfig::pickup_interval`]), once at its first question, and at least every
+    /// [`AwarenessConfig::pickup_interval`], or at the recovery interval when that is shorter),
+    /// once at its first question, and at least every
     /// [`AwarenessConfig::recovery_interval`] in any case: with a store that several gateway
     /// processes share, a notice one of them hands out to a watcher of this one is queued here
     /// and its session woken within an interval, instead of waiting for a turn the session
@@ -3234,7 +3236,9 @@ impl Awareness {
         // Made here, not in the task: a stream does not keep the store open.
         let mut hints = self.store.commit_hints();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
+            // A recovery interval shorter than the pick-up's is kept by asking at it: the
+            // recovery is looked for only when the task asks.
+            let mut tick = tokio::time::interval(interval.min(recovery));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut schedule = PickupSchedule::default();
             let mut failing = false;

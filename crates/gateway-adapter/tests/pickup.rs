@@ -1230,6 +1230,40 @@ async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
     assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
 }
 
+/// A notice lost from its queue comes back within the recovery interval even when that is
+/// shorter than the pick-up interval: the task asks at the shorter of the two. It came back only
+/// at the pick-up interval, ten minutes here (review, stop 55).
+#[tokio::test(start_paused = true)]
+async fn a_recovery_interval_shorter_than_the_pickup_interval_is_kept() {
+    const RECOVERY: Duration = Duration::from_secs(30);
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let (svc, _wake) = common::service_with_queue(
+        store.clone(),
+        directory(&[MANAGER]),
+        AwarenessConfig {
+            recovery_interval: RECOVERY,
+            pickup_interval: Duration::from_secs(600),
+            ..AwarenessConfig::default()
+        },
+        Arc::clone(&queue),
+    );
+    let pickup = svc.spawn_pickup();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    written_elsewhere(&*store, &[MANAGER]).await;
+    tokio::time::sleep(RECOVERY * 2).await;
+    let lost = queue.drain(&k(MANAGER));
+    assert_eq!(lost.len(), 1, "picked up once");
+    tokio::time::sleep(RECOVERY * 2).await;
+    assert_eq!(
+        queue.peek(&k(MANAGER)),
+        lost,
+        "back within two recovery intervals"
+    );
+    pickup.abort();
+    let _ = pickup.await;
+}
+
 /// A host directory that panics when asked about one session (a bug for one row).
 struct PanicsFor {
     inner: Arc<InMemoryDirectory>,

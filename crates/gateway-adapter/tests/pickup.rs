@@ -1243,7 +1243,7 @@ async fn a_recovery_interval_shorter_than_the_pickup_interval_is_kept() {
         directory(&[MANAGER]),
         AwarenessConfig {
             recovery_interval: RECOVERY,
-            pickup_interval: Duration::from_secs(600),
+            pickup_interval: Duration::from_mins(10),
             ..AwarenessConfig::default()
         },
         Arc::clone(&queue),

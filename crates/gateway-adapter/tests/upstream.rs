@@ -1267,8 +1267,10 @@ async fn a_check_failing_alike_at_every_tick_is_warned_of_once() {
     let session = w.adopt_remote("agent:main:remote", "flaky").await;
     let denied = Some("permission denied");
     let gone = Some("the node is gone");
-    let outcomes = vec![denied, denied, denied, gone, None, denied, denied];
-    let ticks = outcomes.len() - 1;
+    // The sixth tick's, then the unwatched tick's (its source is read to pass it over, which
+    // logs no check's failure), then the last tick's.
+    let outcomes = vec![denied, denied, denied, gone, None, denied, denied, denied];
+    let ticks = 6;
     let monitor = w
         .monitor()
         .provider(Arc::new(Flaky(std::sync::Mutex::new(outcomes))))
@@ -4734,8 +4736,11 @@ impl UpstreamProvider for UnwatchingJsonl {
 
 /// DESIGN.md section 8: the marker moves only after the burst's event is stored. Turns found
 /// in a session whose watch went during the check are not recorded (nothing watches it), and
-/// the marker stays, also while the link is not checked: once the session is watched again,
-/// the next check reads the same rows and records them, once.
+/// the marker stays; at the next tick, the link unwatched, its rows are passed over (the
+/// marker moves, nothing is recorded), so that a watch that begins later is not told of them,
+/// as it is not told of the session's history before it; a turn typed once it watches is
+/// recorded, once. (Until stop 56 the marker stayed while the link was unwatched, and the
+/// rows were recorded once it was watched again, as OpenClaw does: decision 0004.)
 #[tokio::test(start_paused = true)]
 async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
     let (w, mut t, session) = worker_adopted().await;
@@ -4763,11 +4768,18 @@ async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
     assert_eq!(w.human_events(&session).await, 0);
     assert_eq!(marker().await, adopted.marker, "the marker stays");
 
-    // Unwatched, the link is not checked.
+    // Unwatched, the link is not checked: its rows are passed over.
     let r = monitor.tick().await;
     assert_eq!((r.checked, r.unwatched), (0, 1));
+    assert_eq!(
+        JsonlMarker::from_value(&marker().await.unwrap())
+            .unwrap()
+            .position(),
+        std::fs::metadata(&t.path).unwrap().len(),
+        "passed over"
+    );
 
-    // Watched again: the turn is recorded, and the marker moves past it.
+    // Watched again: what was typed before is not recorded; what is typed after is.
     w.store
         .watch(
             &WatcherKey::parse("agent:main:main").unwrap(),
@@ -4776,6 +4788,10 @@ async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
         )
         .await
         .unwrap();
+    let ds = tick_published(&monitor, &mut rx).await;
+    assert_eq!(human_turns_published(&ds), [], "{:?}", texts(&ds));
+    assert_eq!(w.human_events(&session).await, 0);
+    t.human("typed once watched");
     let ds = tick_published(&monitor, &mut rx).await;
     assert_eq!(
         human_turns_published(&ds),
@@ -4791,6 +4807,84 @@ async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
     );
     tick_published(&monitor, &mut rx).await;
     assert_eq!(w.human_events(&session).await, 1, "recorded once");
+}
+
+/// A session the gateway drives while nothing watches it: its own prompts of that time, more
+/// than the self-echo window keeps by the time a watch begins, are passed over with the rest,
+/// not read as a person's turns once it is watched; and a person's turn typed before the watch
+/// is not told to the new watcher, whose watch starts at the session's head (DESIGN.md
+/// section 4). Both happened (review, stop 55): the link's marker stayed while it was
+/// unwatched, and the backlog was judged at the first check of the watch.
+#[tokio::test(start_paused = true)]
+async fn what_was_written_while_nothing_watched_is_passed_over() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    let prompts = Arc::new(RecentPrompts::new());
+    let monitor = w.monitor().own_prompts(prompts.clone()).build();
+    t.human("typed before anyone watched");
+    for i in 0..12 {
+        let text = format!("gateway prompt number {i}");
+        prompts.record(&session, text.clone());
+        t.human(&text);
+        t.model_turn();
+        let r = monitor.tick().await;
+        assert_eq!((r.unwatched, r.checked), (1, 0));
+    }
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    w.store
+        .watch(&manager, &session, Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(monitor.tick().await.checked, 1);
+    assert_eq!(
+        w.human_events(&session).await,
+        0,
+        "nothing a person typed since the watch"
+    );
+    assert!(w.queue.peek(manager.session_key()).is_empty());
+    t.human("typed once watched");
+    monitor.tick().await;
+    assert_eq!(w.human_events(&session).await, 1);
+    assert_eq!(w.queue.peek(manager.session_key()).len(), 1);
+}
+
+/// A link adopted again onto another source restarts its count of missing checks (DESIGN.md
+/// section 8: three consecutive checks of the source): a new source gone at its first check
+/// is not reported missing for the old source's misses. Nothing held that rule.
+#[tokio::test(start_paused = true)]
+async fn a_link_adopted_onto_another_source_restarts_its_missing_checks() {
+    let (w, t, session) = worker_adopted().await;
+    let monitor = w.monitor().build();
+    std::fs::remove_file(&t.path).unwrap();
+    monitor.tick().await;
+    monitor.tick().await;
+    let other = Transcript::new();
+    let adopted = w
+        .svc
+        .try_adopt(jsonl::adoption(session.clone(), &other.path, Some("other")).unwrap())
+        .await
+        .unwrap();
+    assert!(adopted.rebased);
+    std::fs::remove_file(&other.path).unwrap();
+    monitor.tick().await;
+    monitor.tick().await;
+    assert!(
+        w.events(&session, EventKind::UpstreamMissing)
+            .await
+            .is_empty(),
+        "the new source was missing at two checks"
+    );
+    monitor.tick().await;
+    assert_eq!(
+        w.events(&session, EventKind::UpstreamMissing).await.len(),
+        1,
+        "and at the third"
+    );
 }
 
 /// Decision 0004: a check that fails (here a directory where the transcript was: the path

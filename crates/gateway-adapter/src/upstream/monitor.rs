@@ -6,7 +6,9 @@
 //! 1. lists the links, and keeps those whose session something watches (a cursor targets the
 //!    session's key and agent), whose kind a provider reads and, with
 //!    [`AwarenessConfig::owned_watchers_only`](crate::AwarenessConfig::owned_watchers_only)
-//!    (gateways sharing a store), whose session this gateway's directory knows;
+//!    (gateways sharing a store), whose session this gateway's directory knows. The source of
+//!    a link nothing watches is read only to move its marker past what was written, recording
+//!    nothing: a watch that begins later starts there, as it starts at the session's head;
 //! 2. defers to a later tick a session in which a run is active ([`super::RunActivity`]), or
 //!    in any session linked to the same source ([`super::UpstreamProvider::source_key`]): the
 //!    gateway writes into that thread then. Once other sessions' runs have deferred a
@@ -133,7 +135,8 @@ pub struct TickReport {
     pub links: usize,
     /// Links checked by a provider whose result was taken (not deferred).
     pub checked: usize,
-    /// Links nothing watches (not checked).
+    /// Links nothing watches: not checked, their sources read only to move their markers past
+    /// what was written (nothing recorded).
     pub unwatched: usize,
     /// Links deferred because a run is active in their session (or in one linked to the same
     /// source), before their check, or because a run began or the gateway sent a prompt
@@ -860,6 +863,13 @@ impl Inner {
                     report.unwatched += 1;
                     me.not_deferred(&link.session);
                     me.logged.forget_link(&link.session);
+                    // Its rows are read and passed over, so that a watch that begins later
+                    // starts at the source's end as it starts at the session's head.
+                    let me = Arc::clone(me);
+                    checks.spawn(async move {
+                        me.pass_over(provider, link).await;
+                        false
+                    });
                     continue;
                 }
                 Watched::Unknown { error, answered } => {
@@ -922,8 +932,12 @@ impl Inner {
                 // tick reads the rows again.
                 Err(e) if e.is_panic() => {
                     // Its result was not taken: failed, as a port that panics fails a check.
-                    report.checked -= 1;
+                    // (A pass over an unwatched link, which names no session here, was not
+                    // counted as checked.)
                     let session = sessions.remove(&e.id());
+                    if session.is_some() {
+                        report.checked -= 1;
+                    }
                     let panic = e.into_panic();
                     let message = awareness_core::error::panic_message(&*panic);
                     warn!(
@@ -979,6 +993,40 @@ impl Inner {
         Watched::Unknown {
             error: format!("cannot read its watchers: {e}"),
             answered,
+        }
+    }
+
+    /// Reads the source of a link nothing watches forward from its marker and moves the marker
+    /// past what it read, recording nothing and concluding nothing (a source missing or a
+    /// failed read is left to the checks once the session is watched). A watch starts at the
+    /// head of its target (DESIGN.md section 4): what a person typed before it is not told
+    /// to it, and the gateway's own prompts of that time, long gone from the self-echo window
+    /// by the time a watch begins, would read as a person's turns. OpenClaw leaves such a
+    /// link's marker where it was and records the backlog once the session is watched
+    /// (decision 0004).
+    async fn pass_over(&self, provider: Arc<dyn UpstreamProvider>, link: UpstreamLink) {
+        let limit = self.config.provider_timeout;
+        let session = &link.session;
+        let marker = match tokio::time::timeout(limit, provider.check(&link, &[])).await {
+            Ok(
+                CheckOutcome::Unchanged { marker }
+                | CheckOutcome::Rebased { marker }
+                | CheckOutcome::HumanTurns { marker, .. },
+            ) => marker,
+            Ok(CheckOutcome::Missing) => return,
+            Ok(CheckOutcome::Failed(error)) => {
+                debug!(session_key = %session.session_key, error = %error, "upstream monitor: the source of an unwatched link could not be read; its marker stays");
+                return;
+            }
+            Err(_) => {
+                debug!(session_key = %session.session_key, "upstream monitor: reading the source of an unwatched link timed out; its marker stays");
+                return;
+            }
+        };
+        if link.marker.as_ref() != Some(&marker)
+            && let MarkerMove::Failed(error) = self.advance(&link, marker).await
+        {
+            debug!(session_key = %session.session_key, error = %error, "upstream monitor: the marker of an unwatched link was not moved; read again next tick");
         }
     }
 

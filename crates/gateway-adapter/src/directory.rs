@@ -1,10 +1,10 @@
 //! A ready in-memory [`SessionDirectory`] and a spawn-tree [`VisibilityPolicy`] over any
 //! directory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
-use awareness_core::{SessionKey, SessionRef};
+use awareness_core::{AgentId, SessionKey, SessionRef};
 
 use crate::ports::{SessionDirectory, SessionEntry, VisibilityPolicy};
 
@@ -12,12 +12,25 @@ use crate::ports::{SessionDirectory, SessionEntry, VisibilityPolicy};
 #[derive(Debug, Default)]
 pub struct InMemoryDirectory {
     sessions: RwLock<HashMap<SessionKey, SessionEntry>>,
+    /// The agents whose bare-key sessions are the gateway's, when not every agent's.
+    hosted: Option<HashSet<AgentId>>,
 }
 
 impl InMemoryDirectory {
     /// An empty directory.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty directory of a gateway that hosts only `agents`: a session under a bare key
+    /// (`global`) is its own only as one of those agents' ([`SessionDirectory::exists_as`]).
+    /// Agent-qualified keys name their agent, and are its own as [`InMemoryDirectory::new`]'s
+    /// are.
+    pub fn hosting(agents: impl IntoIterator<Item = AgentId>) -> Self {
+        Self {
+            hosted: Some(agents.into_iter().collect()),
+            ..Self::default()
+        }
     }
 
     /// Adds or replaces a session.
@@ -48,6 +61,17 @@ impl SessionDirectory for InMemoryDirectory {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(session)
             .cloned()
+    }
+
+    fn exists_as(&self, session: &SessionRef) -> bool {
+        let hosted = || {
+            session.session_key.is_agent_qualified()
+                || self
+                    .hosted
+                    .as_ref()
+                    .is_none_or(|agents| agents.contains(&session.agent_id))
+        };
+        hosted() && self.exists(&session.session_key)
     }
 }
 

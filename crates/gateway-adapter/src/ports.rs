@@ -74,6 +74,18 @@ pub trait SessionDirectory: Send + Sync {
     fn exists(&self, session: &SessionKey) -> bool;
     /// The session's entry, when it exists.
     fn entry(&self, session: &SessionKey) -> Option<SessionEntry>;
+    /// Whether `session`, a key with its agent, exists, and so is this gateway's: what the
+    /// upstream monitor asks, with
+    /// [`AwarenessConfig::owned_watchers_only`](crate::AwarenessConfig::owned_watchers_only),
+    /// of an adopted session. Under `session.scope = "global"` every agent has a session
+    /// called `global`, so the key alone cannot tell this gateway's from another gateway's
+    /// agent's: a directory of a gateway that hosts some agents and not others answers by the
+    /// agent too ([`InMemoryDirectory::hosting`](crate::InMemoryDirectory::hosting)). The
+    /// default answers by the key alone ([`SessionDirectory::exists`]), which is right for an
+    /// agent-qualified key and for a gateway that hosts every agent.
+    fn exists_as(&self, session: &SessionRef) -> bool {
+        self.exists(&session.session_key)
+    }
 }
 
 /// May `requester` see `target`? The gateway decides (its own sessions, its spawn tree, its

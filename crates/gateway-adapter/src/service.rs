@@ -332,7 +332,11 @@ pub struct AwarenessConfig {
     pub recovery_interval: Duration,
     /// Delivers a notice only to a watcher the directory knows ([`SessionDirectory::exists`]),
     /// and has the upstream monitor ([`crate::upstream::UpstreamMonitor`]) check only the
-    /// adopted sessions it knows, as DESIGN.md section 9.1 asks of gateways sharing a store: turn it on when several
+    /// adopted sessions it knows as their agent's ([`SessionDirectory::exists_as`]: under
+    /// `session.scope = "global"`, gateways that host different agents each know a session
+    /// called `global`, and a directory names the agents it hosts to tell them apart, as
+    /// [`crate::InMemoryDirectory::hosting`] does), as DESIGN.md section 9.1 asks of gateways
+    /// sharing a store: turn it on when several
     /// gateway processes share one, so that the notices one hands out to another's sessions
     /// are left to that one's pick-up ([`Awareness::spawn_pickup`]) instead of filling a queue
     /// nobody here drains. Off by default: a gateway alone on its store delivers every notice
@@ -1599,18 +1603,18 @@ impl Awareness {
 
     /// Whether the upstream monitor of this gateway checks the adopted `session`: always, or,
     /// with [`AwarenessConfig::owned_watchers_only`] (gateways sharing a store), when the
-    /// directory knows it: another gateway's monitor checks its own, against its own prompts
-    /// and runs. `None` when the directory panicked.
-    pub(crate) fn monitors(&self, session: &SessionKey) -> Option<bool> {
+    /// directory knows it as that agent's ([`SessionDirectory::exists_as`]): another gateway's
+    /// monitor checks its own, against its own prompts and runs. `None` when the directory
+    /// panicked.
+    pub(crate) fn monitors(&self, session: &SessionRef) -> Option<bool> {
         if !self.config.owned_watchers_only {
             return Some(true);
         }
-        self.directory_knows(session)
-    }
-
-    /// Whether the gateway's directory knows `session`; `None` when asking it panicked.
-    fn directory_knows(&self, session: &SessionKey) -> Option<bool> {
-        directory_knows(&*self.directory, session)
+        let directory = &*self.directory;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            directory.exists_as(session)
+        }))
+        .ok()
     }
 
     /// The directory deliveries are limited to, when [`AwarenessConfig::owned_watchers_only`].

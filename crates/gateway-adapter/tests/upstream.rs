@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use awareness_core::upstream::{self, UpstreamStore};
 use awareness_core::{
-    ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, LinkSpec, NewEvent, Sequence,
-    SessionKey, SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink, WatcherKey,
-    async_trait,
+    ActorType, AgentId, AwarenessStoreExt, CursorStore, EventKind, EventStore, LinkSpec, NewEvent,
+    Sequence, SessionKey, SessionRef, StoreError, Timestamp, UpsertOutcome, UpstreamLink,
+    WatcherKey, async_trait,
 };
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker, MAX_BYTES_PER_TICK};
 use gateway_adapter::upstream::paired::{MAX_PAGES, PAGE_ITEMS, PairedMarker};
@@ -1236,6 +1236,57 @@ async fn with_owned_watchers_only_a_monitor_checks_only_its_own_sessions() {
         "its owner's: {report:?}"
     );
     assert_eq!(w.human_events(&session).await, 1);
+}
+
+/// With `owned_watchers_only`, under `session.scope = "global"`: each gateway's directory
+/// knows a session called `global`, but another gateway's agent's adopted `global` is not this
+/// gateway's. A directory that says which agents the gateway hosts
+/// (`InMemoryDirectory::hosting`) keeps its monitor to its own agent's: gateway A's monitor
+/// checked gateway B's adopted `global`, against A's prompts, and read B's own prompt as a
+/// person's turn (review, stop 55).
+#[tokio::test(start_paused = true)]
+async fn with_owned_watchers_only_another_agents_bare_key_is_not_this_gateways() {
+    let w = world();
+    let mut t = Transcript::new();
+    let b_global = w.adopt(&t, "global", "b", "agent:b:main").await;
+    let shared = gateway_adapter::AwarenessConfig {
+        owned_watchers_only: true,
+        ..gateway_adapter::AwarenessConfig::default()
+    };
+    let monitor_of = |agent: &str| {
+        let directory = Arc::new(InMemoryDirectory::hosting([AgentId::new(agent).unwrap()]));
+        directory.upsert(
+            SessionKey::new("global").unwrap(),
+            gateway_adapter::SessionEntry::default(),
+        );
+        let (svc, _, _) = common::service_configured(
+            w.store.clone(),
+            Some(w.store.clone()),
+            directory,
+            shared.clone(),
+        );
+        UpstreamMonitor::builder(svc, w.store.clone())
+            .provider(Arc::new(JsonlProvider::new()))
+            .own_prompts(Arc::new(RecentPrompts::new()))
+            .build()
+    };
+    t.human("gateway B's own prompt to its agent");
+    let report = monitor_of("a").tick().await;
+    assert_eq!(
+        (
+            report.not_owned,
+            report.checked,
+            w.human_events(&b_global).await
+        ),
+        (1, 0, 0),
+        "gateway A's monitor: {report:?}"
+    );
+    let report = monitor_of("b").tick().await;
+    assert_eq!(
+        (report.not_owned, report.checked),
+        (0, 1),
+        "gateway B's monitor: {report:?}"
+    );
 }
 
 /// A check that fails the same way at every tick (a transcript the gateway may not read) is

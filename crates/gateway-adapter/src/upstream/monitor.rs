@@ -826,7 +826,7 @@ impl Inner {
                 me.logged.forget_link(&link.session);
                 continue;
             };
-            match me.awareness.monitors(&link.session.session_key) {
+            match me.awareness.monitors(&link.session) {
                 Some(true) => {
                     if me.logged.ended(Site::Directory, Some(&link.session)) {
                         info!(session_key = %link.session.session_key, "upstream monitor: the gateway's session directory answers again");

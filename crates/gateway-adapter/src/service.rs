@@ -1777,8 +1777,10 @@ impl Awareness {
                     debug!(session_key = %ev.session.session_key, "the extra payload's turns key is replaced by the burst's size");
                 }
                 extra.extend(turns());
+                // Without it, the event is as if no payload was given ("recorded without it",
+                // as the warning says): the burst's size, or none.
                 fit.payload("extra payload", extra)
-                    .or_else(|| Some(turns()))
+                    .or_else(|| Some(turns()).filter(|p| !p.is_empty()))
             }
             // No payload unless the burst has a size; a caller's payload, even `{}`, is kept
             // (OpenClaw stores `{}` for it too).

@@ -352,6 +352,27 @@ async fn an_empty_payload_of_the_caller_is_kept() {
     }
 }
 
+/// A caller's extra payload too large for the payload rules goes, and the event is recorded
+/// as without one: the burst's size when it has one, else no payload. It was `{}` for a
+/// burst of one turn (review, stop 55).
+#[tokio::test]
+async fn an_extra_payload_that_does_not_fit_leaves_the_event_as_without_one() {
+    for (turns, want) in [(1, None), (3, Some(json!({"turns": 3})))] {
+        let w = World::watched().await;
+        let mut msg = message("telegram");
+        msg.payload = Some(
+            json!({"note": "n".repeat(5000)})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        msg.turns = turns;
+        w.svc.human_message(msg).await.expect("recorded");
+        let e = w.only(EventKind::HumanDirectMessage).await;
+        assert_eq!(e.payload.as_ref().map(|p| json!(p)), want, "{turns}");
+    }
+}
+
 #[tokio::test]
 async fn a_broken_goal_summary_or_actor_id_still_records_and_notifies() {
     let entry = || SessionEntry {

@@ -40,6 +40,7 @@
 //! for seq in 2..=21 {
 //!     c = protocol::material(c, Sequence(seq), Timestamp(0));
 //! }
+//! assert_eq!((c.notified, c.material), (Sequence(2), Sequence(21)));
 //! let notice = protocol::Notice::of(&c);
 //! assert_eq!(
 //!     notice.text(),

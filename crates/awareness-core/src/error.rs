@@ -420,8 +420,13 @@ pub fn is_secret_query_key(key: &str) -> bool {
         .any(|secret| key.windows(secret.len()).any(|w| w == *secret))
 }
 
-/// A query key as a URL parser reads it (`+` a space, `%XX` a byte), as sqlx compares it.
-fn query_key(key: &str) -> Vec<u8> {
+/// A URL query key as a URL parser reads it (`+` a space, `%XX` a byte), as sqlx compares it
+/// with the keys it reads.
+///
+/// ```
+/// assert_eq!(awareness_core::error::query_key("options%5Btz%5D"), b"options[tz]");
+/// ```
+pub fn query_key(key: &str) -> Vec<u8> {
     let bytes = key.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

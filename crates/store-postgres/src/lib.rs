@@ -266,20 +266,26 @@ const SQLX_PARAMETERS: [&str; 17] = [
     "application_name",
 ];
 
-/// Whether sqlx reads a query key `key`, as written (a key percent-encoded is not read as its
-/// decoded self here: refused, which is the safe side).
+/// Whether sqlx reads the query key `key`, read as sqlx reads it (percent-decoded,
+/// [`awareness_core::error::query_key`]).
 fn sqlx_reads(key: &str) -> bool {
+    let decoded = awareness_core::error::query_key(key);
+    let Ok(key) = std::str::from_utf8(&decoded) else {
+        return false;
+    };
     SQLX_PARAMETERS.contains(&key)
         || key == "options"
         || (key.starts_with("options[") && key.ends_with(']'))
 }
 
-/// `url` as an error shows it: [`awareness_core::error::redact_url`], with the value of every
+/// `url` as an error shows it: [`awareness_core::error::redact_url`], then the value of every
 /// query key neither sqlx nor the store reads hidden as well (it may be a password under a
-/// misspelt key).
+/// misspelt key). Redacted first, so that what the redaction takes for a password (a user
+/// part holding a `?`, say) is hidden whatever the query looks like after it.
 fn shown_url(url: &str) -> String {
-    let Some((base, query)) = url.split_once('?') else {
-        return awareness_core::error::redact_url(url);
+    let redacted = awareness_core::error::redact_url(url);
+    let Some((base, query)) = redacted.split_once('?') else {
+        return redacted;
     };
     let pairs: Vec<String> = query
         .split('&')
@@ -290,7 +296,7 @@ fn shown_url(url: &str) -> String {
             _ => pair.to_owned(),
         })
         .collect();
-    awareness_core::error::redact_url(&format!("{base}?{}", pairs.join("&")))
+    format!("{base}?{}", pairs.join("&"))
 }
 
 /// Reads a store URL: a PostgreSQL connection URL (`postgres://` or `postgresql://`, as sqlx
@@ -1029,7 +1035,8 @@ mod tests {
                    &ssl-root-cert=/ca.pem&ssl-ca=/ca.pem&sslcert=/c.pem&ssl-cert=/c.pem\
                    &sslkey=/k.pem&ssl-key=/k.pem&statement-cache-capacity=10&host=db2\
                    &hostaddr=127.0.0.1&port=5433&dbname=other&user=gw&password=p\
-                   &application_name=gw&options=-c%20search_path%3Dx&options[timezone]=UTC";
+                   &application_name=gw&options=-c%20search_path%3Dx&options[timezone]=UTC\
+                   &options%5Bdatestyle%5D=ISO&ssl%6Dode=disable";
         let (server, _) = parse_url(url).expect("keys sqlx reads");
         assert_eq!(
             (
@@ -1043,7 +1050,9 @@ mod tests {
         );
         let options = server.get_options().expect("options");
         assert!(
-            options.contains("search_path") && options.contains("timezone"),
+            options.contains("search_path")
+                && options.contains("timezone")
+                && options.contains("datestyle"),
             "{options}"
         );
     }
@@ -1135,16 +1144,23 @@ mod tests {
                 "postgres://u@h/db?connect_timeout=***",
             ),
             (
-                "postgres://u@h/db?ssl%6dode=require",
-                "the URL gives ssl%6dode=",
-                "postgres://u@h/db?ssl%6dode=***",
+                "postgres://u@h/db?ssl%6dod=require",
+                "the URL gives ssl%6dod=",
+                "postgres://u@h/db?ssl%6dod=***",
+            ),
+            // Second reading, stop 56: a `?` then a `=` inside a password not percent-encoded
+            // made the query hide the `@` the redaction looks for.
+            (
+                "postgres://gw:hunter2?x=topsecret@db.internal/awareness",
+                "the URL gives a key, which neither sqlx nor the store reads",
+                "postgres://gw:***@db.internal/awareness",
             ),
         ] {
             let e = parse_url(url).expect_err(url);
             let shown = e.to_string();
             assert!(shown.contains(why), "{shown}");
             assert!(
-                !shown.contains("secret") && !shown.contains("ret@"),
+                !shown.contains("secret") && !shown.contains("ret@") && !shown.contains("hunter"),
                 "{shown}"
             );
             assert!(shown.contains(&format!("{shown_as:?}")), "{shown}");

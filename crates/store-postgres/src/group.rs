@@ -148,10 +148,13 @@ impl Inner {
             .write_with(WHAT, &self.begin_batch)
             .await
             .map_err(Failed::Transaction)?;
-        let answers = self
-            .batch_statements(&mut tx, jobs)
-            .await
-            .map_err(Failed::Statement)?;
+        let answers = match self.batch_statements(&mut tx, jobs).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                self.end_abandoned(tx).await;
+                return Err(Failed::Statement(e));
+            }
+        };
         let written: Vec<&Event> = answers
             .iter()
             .filter(|r| !r.deduplicated)
@@ -339,7 +342,7 @@ impl Inner {
                 .execute(&mut **tx)
                 .await;
             if let Err(e) = written {
-                self.end_abandoned(tx.id, &e).await;
+                tx.lost = crate::store::commit_answer_lost(&e);
                 return Err(self.failed(WHAT)(e));
             }
         }

@@ -122,6 +122,8 @@ pub(crate) struct Write {
     /// The transaction's id on the server, once a statement has read it (recordings do): a
     /// `COMMIT` whose answer is lost is then asked about ([`Inner::commit_known`]).
     pub(crate) id: Option<TxId>,
+    /// A statement of it lost its connection ([`Inner::end_abandoned`]).
+    pub(crate) lost: bool,
 }
 
 /// A write transaction's id on the server (`txid_current()`, with its epoch) and the process
@@ -188,7 +190,7 @@ const ASK_AFTER_LOST_COMMIT: std::time::Duration = std::time::Duration::from_sec
 /// Whether `e`, the failure of a `COMMIT`, may have hidden its outcome: every failure but an
 /// error the server answered that is not about the connection (the server refused the
 /// commit, so it did not happen).
-fn commit_answer_lost(e: &sqlx::Error) -> bool {
+pub(crate) fn commit_answer_lost(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(d) => d
             .code()
@@ -395,6 +397,7 @@ impl Inner {
             tx,
             _turn: turn,
             id: None,
+            lost: false,
         })
     }
 
@@ -439,7 +442,7 @@ impl Inner {
         written: &[&Event],
         recording: bool,
     ) -> Result<(), Uncommitted> {
-        let Write { tx, _turn, id } = tx;
+        let Write { tx, _turn, id, .. } = tx;
         let lost = match tx.commit().await {
             Ok(()) => {
                 self.own_commits.fetch_add(1, Ordering::Relaxed);
@@ -498,27 +501,35 @@ impl Inner {
         }
     }
 
-    /// A statement of the write transaction `id` (when its id is known) failed with `e`: when
-    /// the connection was lost on the way ([`commit_answer_lost`]'s errors), the server may
-    /// not have seen it go, and keeps the transaction's session idle in it, holding the
-    /// store's lock for every gateway until the idle-transaction timeout. So the server is
-    /// asked to end that session, as after a lost `COMMIT` ([`Inner::settle`]); nothing was
-    /// committed (no `COMMIT` was sent). Best-effort, within [`ASK_AFTER_LOST_COMMIT`]: what
-    /// it cannot do is logged, and the caller's error is the statement's all the same. The
-    /// caller holds the handle's turn throughout.
-    pub(crate) async fn end_abandoned(&self, id: Option<TxId>, e: &sqlx::Error) {
-        let Some(id) = id.filter(|_| commit_answer_lost(e)) else {
+    /// Ends a write transaction `tx` one of whose statements lost its connection
+    /// ([`Write::lost`], once its id is known): the server may not have seen the connection go,
+    /// and keeps the transaction's session idle in it, holding the store's lock for every
+    /// gateway until the idle-transaction timeout. So its connection is given up first (which
+    /// frees it for the question, in a pool of one), and the server is asked to end that
+    /// session, as after a lost `COMMIT` ([`Inner::settle`]); nothing was committed (no
+    /// `COMMIT` was sent). Best-effort, within [`ASK_AFTER_LOST_COMMIT`]: what it cannot do is
+    /// logged. The handle's turn is held until it is done; a transaction that lost nothing is
+    /// only rolled back.
+    pub(crate) async fn end_abandoned(&self, tx: Write) {
+        let Write {
+            tx,
+            _turn,
+            id,
+            lost,
+        } = tx;
+        drop(tx);
+        let Some(id) = id.filter(|_| lost) else {
             return;
         };
         match tokio::time::timeout(ASK_AFTER_LOST_COMMIT, self.settle(id, &[])).await {
             Ok(Ok(_)) => {
-                tracing::debug!(store = %self.name, transaction = id.xid, error = %e, "a write transaction lost its connection; its session on the server is ended");
+                tracing::debug!(store = %self.name, transaction = id.xid, "a write transaction lost its connection; its session on the server is ended");
             }
             Ok(Err(asking)) => {
-                tracing::warn!(store = %self.name, transaction = id.xid, error = %e, asking = %awareness_core::error::ErrorChain(&*asking), "a write transaction lost its connection, and its session on the server could not be ended: it holds the store's lock until the idle-transaction timeout");
+                tracing::warn!(store = %self.name, transaction = id.xid, asking = %awareness_core::error::ErrorChain(&*asking), "a write transaction lost its connection, and its session on the server could not be ended: it holds the store's lock until the idle-transaction timeout");
             }
             Err(_) => {
-                tracing::warn!(store = %self.name, transaction = id.xid, error = %e, "a write transaction lost its connection, and its session on the server was not ended within {ASK_AFTER_LOST_COMMIT:?}: it holds the store's lock until the idle-transaction timeout");
+                tracing::warn!(store = %self.name, transaction = id.xid, "a write transaction lost its connection, and its session on the server was not ended within {ASK_AFTER_LOST_COMMIT:?}: it holds the store's lock until the idle-transaction timeout");
             }
         }
     }
@@ -1144,7 +1155,8 @@ impl Inner {
             .execute(&mut *tx)
             .await;
         if let Err(e) = written {
-            self.end_abandoned(tx.id, &e).await;
+            tx.lost = commit_answer_lost(&e);
+            self.end_abandoned(tx).await;
             return Err(self.failed("recording")(e).into());
         }
         self.commit_known(tx, "recording", &[&stored], true).await?;

@@ -652,13 +652,19 @@ async fn a_watch_whose_commit_never_arrived_lets_go_of_the_lock() {
 /// server, whose side of the connection stays open: the caller gets a retryable error and
 /// nothing is written, and the session left idle in the transaction is ended at once, so that
 /// another gateway's recording does not wait for the server's idle-transaction timeout (a
-/// minute) on the store's lock, as it did (review, stop 55).
+/// minute) on the store's lock, as it did (review, stop 55). Also with a pool of one
+/// connection, which the lost transaction held: it is given up before the server is asked,
+/// else the question waited for it (five seconds) and gave up, leaving the session to the
+/// timeout (second reading, stop 56).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recording_whose_write_never_arrived_lets_go_of_the_lock() {
-    for batch in [false, true] {
+    for (batch, pool) in [(false, 4), (true, 4), (false, 1), (true, 1)] {
         let proxy = Proxy::start();
-        let (store, direct, schema) =
-            stores(&proxy, |o| if batch { o } else { o.group_commit(1) }).await;
+        let (store, direct, schema) = stores(&proxy, |o| {
+            let o = o.max_connections(pool);
+            if batch { o } else { o.group_commit(1) }
+        })
+        .await;
         let before = direct.record(event(100), T0).await.expect("record");
         let failed: Vec<StoreError> = if batch {
             // The first recording (alone) writes; the batch of the other three stalls.
@@ -679,9 +685,9 @@ async fn a_recording_whose_write_never_arrived_lets_go_of_the_lock() {
                     .expect_err("the stalled recording"),
             ]
         };
-        assert_eq!(proxy.fired(), 1, "batch {batch}");
+        assert_eq!(proxy.fired(), 1, "batch {batch}, pool {pool}");
         for e in &failed {
-            assert!(e.is_retryable(), "batch {batch}: {e:?}");
+            assert!(e.is_retryable(), "batch {batch}, pool {pool}: {e:?}");
         }
         let other = tokio::time::timeout(
             std::time::Duration::from_secs(30),
@@ -701,6 +707,9 @@ async fn a_recording_whose_write_never_arrived_lets_go_of_the_lock() {
             Vec::new()
         };
         want.push(other.event.summary.clone());
-        assert_eq!(kept, want, "batch {batch}: the stalled write left nothing");
+        assert_eq!(
+            kept, want,
+            "batch {batch}, pool {pool}: the stalled write left nothing"
+        );
     }
 }

@@ -116,7 +116,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 struct Proofs {
     channel: String,
-    /// The number of the last proof asked for (sent, or being sent).
+    /// The number of the last proof sent: the server took its notification (a proof that
+    /// could not be sent, its pool busy or out of reach, is asked of no one).
     asked: watch::Sender<u64>,
     /// The number of the last proof the listener received.
     received: AtomicU64,
@@ -151,14 +152,17 @@ impl Proofs {
     }
 }
 
-/// Asks for a proof every `every`, for as long as the store's runtime runs: notifies the
-/// handle's own channel through the store's pool. A notification that cannot be sent (the
-/// server out of reach) is not received either, which is what the listener goes by.
+/// Sends a proof every `every`, for as long as the store's runtime runs: notifies the
+/// handle's own channel through the store's pool, and counts the proof as asked once the
+/// server has taken the notification, which it then delivers to every session listening on
+/// that channel. A proof that cannot be sent within `every` (the pool's connections all busy,
+/// a write waiting on another gateway's lock; the server out of reach) is not counted: a slow
+/// pool must not make a live listening connection look lost.
 async fn prove(pool: PgPool, proofs: Arc<Proofs>, every: Duration) {
+    let mut number = 0;
     loop {
         tokio::time::sleep(every).await;
-        let number = *proofs.asked.borrow() + 1;
-        proofs.asked.send_replace(number);
+        number += 1;
         let sent = tokio::time::timeout(
             every,
             sqlx::query("SELECT pg_notify($1, $2)")
@@ -167,8 +171,18 @@ async fn prove(pool: PgPool, proofs: Arc<Proofs>, every: Duration) {
                 .execute(&pool),
         )
         .await;
-        if let Ok(Err(e)) = sent {
-            debug!(error = %e, "could not prove the listening connection alive");
+        match sent {
+            Ok(Ok(_)) => {
+                proofs
+                    .asked
+                    .send_modify(|asked| *asked = (*asked).max(number));
+            }
+            Ok(Err(e)) => {
+                debug!(error = %e, "could not send the listening connection its proof of life");
+            }
+            Err(_) => {
+                debug!("could not send the listening connection its proof of life in time");
+            }
         }
     }
 }

@@ -213,6 +213,42 @@ async fn a_listening_connection_that_answers_is_kept() {
     assert_eq!(ours.hints_given(), 1, "the start's only");
 }
 
+/// A listening connection that answers is kept while the handle's pool is busy: with one
+/// connection, taken by a write waiting for another gateway's lock, no proof of life can be
+/// sent, and none is counted as asked. Proofs counted when they were asked, sent or not, took
+/// the live connection for lost four times in two seconds, each time with a hint and a warning
+/// (second reading, stop 56).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_make_a_live_listening_connection_look_lost() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let ours = std::sync::Arc::new(
+        PgStore::connect(
+            server::server(),
+            PgStoreOptions::new(schema.clone())
+                .max_connections(1)
+                .listener_keepalive(Duration::from_millis(100)),
+        )
+        .await
+        .expect("connect"),
+    );
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
+    let held = store_postgres::testkit::StoreLock::take(&schema).await;
+    let writer = std::sync::Arc::clone(&ours);
+    let waiting = tokio::spawn(async move { writer.record(event(1), T0).await });
+    // Twenty periods with the pool's only connection waiting on the lock.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ours.hints_listening().await, first, "the same session");
+    assert_eq!(ours.hints_given(), 1, "the start's only");
+    held.release().await;
+    waiting
+        .await
+        .expect("join")
+        .expect("the write, once the lock is free");
+}
+
 /// A Unix-socket proxy to the test server that can go silent the way a dropped network flow
 /// does (a NAT's idle timeout): the connections open when it is asked lose their server side
 /// (so the server ends their sessions) while their client side stays open and says nothing.

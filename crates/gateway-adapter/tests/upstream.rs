@@ -4904,6 +4904,67 @@ async fn what_was_written_while_nothing_watched_is_passed_over() {
     assert_eq!(w.queue.peek(manager.session_key()).len(), 1);
 }
 
+/// Reads with the JSONL provider; while `armed`, its next check first watches the session it
+/// checks and appends a person's turn (a watch that begins while a pass over the unwatched link
+/// reads, and a turn typed after it).
+struct WatchThenTypeJsonl {
+    inner: JsonlProvider,
+    store: Arc<MemoryStore>,
+    path: PathBuf,
+    armed: AtomicBool,
+}
+
+#[async_trait]
+impl UpstreamProvider for WatchThenTypeJsonl {
+    fn kind(&self) -> &str {
+        self.inner.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            self.store
+                .watch(&watcher, &link.session, Timestamp::now())
+                .await
+                .unwrap();
+            let row = user_row(
+                "00000000-0000-4000-8000-999999999999",
+                json!("typed after the watch"),
+            );
+            let mut f = OpenOptions::new().append(true).open(&self.path).unwrap();
+            f.write_all(format!("{row}\n").as_bytes()).unwrap();
+        }
+        self.inner.check(link, own).await
+    }
+}
+
+/// A watch that begins while a pass over the unwatched link reads: the pass leaves the marker
+/// where it was, and the next tick's check records the turn typed after the watch began. The
+/// pass moved the marker past it, and the turn was never recorded (second reading, stop 56).
+#[tokio::test(start_paused = true)]
+async fn a_turn_typed_after_a_watch_that_began_during_a_pass_is_recorded() {
+    let w = world();
+    let t = Transcript::new();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(WatchThenTypeJsonl {
+            inner: JsonlProvider::new(),
+            store: w.store.clone(),
+            path: t.path.clone(),
+            armed: AtomicBool::new(true),
+        }))
+        .build();
+    let r = monitor.tick().await;
+    assert_eq!((r.unwatched, r.checked), (1, 0));
+    let r = monitor.tick().await;
+    assert_eq!((r.unwatched, r.checked), (0, 1));
+    assert_eq!(w.human_events(&session).await, 1);
+}
+
 /// A link adopted again onto another source restarts its count of missing checks (DESIGN.md
 /// section 8: three consecutive checks of the source): a new source gone at its first check
 /// is not reported missing for the old source's misses. Nothing held that rule.

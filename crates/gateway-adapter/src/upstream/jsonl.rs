@@ -678,7 +678,7 @@ impl UpstreamProvider for JsonlProvider {
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use awareness_core::{SessionRef, Timestamp, upstream};
@@ -692,12 +692,28 @@ mod tests {
     /// What runs inside the next read of a path, before the file is opened.
     type Hook = (PathBuf, Box<dyn FnOnce() + Send>);
     static WHILE_READING: Mutex<Option<Hook>> = Mutex::new(None);
+    /// Paths every read of which hangs until the flag is set (a mount that stopped answering).
+    type Hung = (Vec<PathBuf>, Arc<(Mutex<bool>, std::sync::Condvar)>);
+    static EVERY_READ_HANGS: Mutex<Option<Hung>> = Mutex::new(None);
     /// Held by each test that sets the hook, so that two such tests do not replace each
     /// other's hook when they run at once.
     static ONE_HOOK_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
     /// Called between the look at `path` and its opening: runs the hook set for this path.
     pub(super) fn while_reading(path: &Path) {
+        let hung = EVERY_READ_HANGS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|(paths, _)| paths.iter().any(|p| p == path))
+            .map(|(_, released)| Arc::clone(released));
+        if let Some(released) = hung {
+            let (flag, told) = &*released;
+            let mut done = flag.lock().unwrap_or_else(PoisonError::into_inner);
+            while !*done {
+                done = told.wait(done).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
         let hook = {
             let mut hook = WHILE_READING.lock().unwrap_or_else(PoisonError::into_inner);
             if hook.as_ref().is_some_and(|(p, _)| p == path) {
@@ -743,6 +759,117 @@ mod tests {
             }),
         ));
         (release, reading)
+    }
+
+    /// Makes every read of the transcripts of `links` hang until the guard is dropped. The
+    /// caller holds [`ONE_HOOK_AT_A_TIME`].
+    fn hang_every_read(links: &[&awareness_core::upstream::UpstreamLink]) -> impl Drop + use<> {
+        struct Released(Arc<(Mutex<bool>, std::sync::Condvar)>);
+        impl Drop for Released {
+            fn drop(&mut self) {
+                *EVERY_READ_HANGS
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+                let (flag, told) = &*self.0;
+                *flag.lock().unwrap_or_else(PoisonError::into_inner) = true;
+                told.notify_all();
+            }
+        }
+        let released = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let paths = links
+            .iter()
+            .map(|link| super::path_of(link).expect("the link's path"))
+            .collect();
+        *EVERY_READ_HANGS.lock().unwrap() = Some((paths, Arc::clone(&released)));
+        Released(released)
+    }
+
+    /// The monitor passes over the sources of unwatched links one at a time, and not while an
+    /// earlier pass still reads: sources whose every read hangs (a mount that stopped
+    /// answering) hold one of the provider's read permits at most, and the watched links'
+    /// checks keep the others. Each was read in a task of its own, and two such sources took
+    /// both permits of this provider, so that the watched session's turn was never recorded
+    /// (second reading, stop 56).
+    #[tokio::test]
+    async fn a_source_whose_reads_hang_takes_one_read_permit_from_the_checks_at_most() {
+        use awareness_core::{CursorStore as _, EventKind, EventStore as _, Sequence, WatcherKey};
+        let _one = ONE_HOOK_AT_A_TIME.lock().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let watched_path = dir.path().join("w.jsonl");
+        let idle_paths = [dir.path().join("i1.jsonl"), dir.path().join("i2.jsonl")];
+        let store = Arc::new(store_memory::MemoryStore::new());
+        let svc = Arc::new(
+            crate::Awareness::builder(
+                store.clone(),
+                Arc::new(crate::InMemoryQueue::new()),
+                Arc::new(crate::RecordingWake::new()),
+                Arc::new(crate::InMemoryDirectory::new()),
+            )
+            .upstream(store.clone())
+            .build(),
+        );
+        let watched = SessionRef::parse("agent:main:watched", "main").expect("ref");
+        let idle_links = [
+            link_to(&idle_paths[0], "agent:main:idle1"),
+            link_to(&idle_paths[1], "agent:main:idle2"),
+        ];
+        link_to(&watched_path, "agent:main:watched");
+        svc.try_adopt(adoption(watched.clone(), &watched_path, None).expect("spec"))
+            .await
+            .expect("adopt");
+        for (link, path) in idle_links.iter().zip(&idle_paths) {
+            svc.try_adopt(adoption(link.session.clone(), path, None).expect("spec"))
+                .await
+                .expect("adopt");
+        }
+        store
+            .watch(
+                &WatcherKey::parse("agent:main:main").expect("watcher"),
+                &watched,
+                Timestamp::now(),
+            )
+            .await
+            .expect("watch");
+        let provider = JsonlProvider {
+            reads: Arc::new(tokio::sync::Semaphore::new(2)),
+            ..JsonlProvider::new()
+        };
+        let monitor = crate::upstream::UpstreamMonitor::builder(svc, store.clone())
+            .provider(Arc::new(provider))
+            .config(crate::upstream::MonitorConfig {
+                provider_timeout: std::time::Duration::from_millis(300),
+                ..crate::upstream::MonitorConfig::default()
+            })
+            .build();
+        let hung = hang_every_read(&[&idle_links[0], &idle_links[1]]);
+        // The idle transcript grows, so that a pass over it reads it (and hangs).
+        let append = |path: &Path, row: &Value| {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{row}\n").as_bytes()))
+                .expect("append");
+        };
+        for path in &idle_paths {
+            append(path, &json!({"type": "assistant"}));
+        }
+        for _ in 0..3 {
+            monitor.tick().await;
+        }
+        let row = json!({"type": "user", "uuid": "00000000-0000-4000-8000-000000000001",
+            "message": {"role": "user", "content": "a person types"}});
+        append(&watched_path, &row);
+        monitor.tick().await;
+        let humans = store
+            .changes_since(&watched, Sequence::ZERO, 100)
+            .await
+            .expect("page")
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::HumanDirectMessage)
+            .count();
+        drop(hung);
+        assert_eq!(humans, 1, "the watched session's turn");
     }
 
     /// Bug: a transcript swapped for a FIFO between the look at its path and its opening (by

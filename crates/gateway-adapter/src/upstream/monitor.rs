@@ -382,6 +382,7 @@ impl MonitorBuilder {
                 logged: Logged::default(),
                 ticks: AtomicU64::new(0),
                 one_tick: tokio::sync::Mutex::new(()),
+                passing: Mutex::default(),
             }),
         })
     }
@@ -549,6 +550,11 @@ struct Inner {
     ticks: AtomicU64,
     /// Held for a whole tick: ticks never overlap.
     one_tick: tokio::sync::Mutex<()>,
+    /// The task passing over the sources of the links nothing watches ([`Inner::pass_over`]),
+    /// one at a time: while it runs (a read that hangs keeps it running), no other starts, so
+    /// that those reads never take more than one of a provider's read permits from the checks
+    /// of watched links.
+    passing: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The running monitor task. [`MonitorTask::stop`] ends it cleanly; dropping it ends it too.
@@ -644,6 +650,16 @@ impl UpstreamMonitor {
             // task is dropped, on whichever thread runs it next: wait for that, so that nothing
             // of the monitor holds the store once `stop` returns.
             checks.shutdown().await;
+            // So is the pass over unwatched links, which holds the monitor too.
+            let passing = inner
+                .passing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(task) = passing {
+                task.abort();
+                let _ = task.await;
+            }
             // A recording an aborted check had started runs on to its end on a task of its
             // own, holding the store: wait for it too.
             inner.awareness.wait_for_writes().await;
@@ -820,6 +836,7 @@ impl Inner {
             }
         }
         let mut silent = false;
+        let mut unwatched = Vec::new();
         for link in links {
             let Some(provider) = me.providers.get(&link.upstream_kind).cloned() else {
                 report.no_provider += 1;
@@ -863,13 +880,10 @@ impl Inner {
                     report.unwatched += 1;
                     me.not_deferred(&link.session);
                     me.logged.forget_link(&link.session);
-                    // Its rows are read and passed over, so that a watch that begins later
-                    // starts at the source's end as it starts at the session's head.
-                    let me = Arc::clone(me);
-                    checks.spawn(async move {
-                        me.pass_over(provider, link).await;
-                        false
-                    });
+                    // Its rows are read and passed over once the checks are done, so that a
+                    // watch that begins later starts at the source's end as it starts at the
+                    // session's head.
+                    unwatched.push((provider, link));
                     continue;
                 }
                 Watched::Unknown { error, answered } => {
@@ -932,12 +946,8 @@ impl Inner {
                 // tick reads the rows again.
                 Err(e) if e.is_panic() => {
                     // Its result was not taken: failed, as a port that panics fails a check.
-                    // (A pass over an unwatched link, which names no session here, was not
-                    // counted as checked.)
+                    report.checked -= 1;
                     let session = sessions.remove(&e.id());
-                    if session.is_some() {
-                        report.checked -= 1;
-                    }
                     let panic = e.into_panic();
                     let message = awareness_core::error::panic_message(&*panic);
                     warn!(
@@ -955,7 +965,62 @@ impl Inner {
                 Ok((_, false)) | Err(_) => {}
             }
         }
+        Inner::pass_over_all(me, unwatched).await;
         me.emit(Detection::TickDone(*report));
+    }
+
+    /// Starts the task of [`Inner::pass_over_all`], unless the one of an earlier tick still
+    /// runs.
+    fn start_passing(
+        me: &Arc<Inner>,
+        unwatched: Vec<(Arc<dyn UpstreamProvider>, UpstreamLink)>,
+    ) -> Option<tokio::task::AbortHandle> {
+        let mut passing = me.passing.lock().unwrap_or_else(PoisonError::into_inner);
+        if passing.as_ref().is_some_and(|task| !task.is_finished()) {
+            debug!(
+                links = unwatched.len(),
+                "upstream monitor: the sources of unwatched links are not passed over this tick: an earlier pass still reads"
+            );
+            return None;
+        }
+        let task = {
+            let me = Arc::clone(me);
+            tokio::spawn(async move {
+                for (provider, link) in unwatched {
+                    me.pass_over(provider, link).await;
+                }
+            })
+        };
+        let done = task.abort_handle();
+        *passing = Some(task);
+        Some(done)
+    }
+
+    /// Passes over the sources of `unwatched` one after another ([`Inner::pass_over`]) on a
+    /// task of its own, and waits for it at most a provider's timeout; while the task of an
+    /// earlier tick still runs (a read that hangs), this tick passes over nothing.
+    async fn pass_over_all(
+        me: &Arc<Inner>,
+        unwatched: Vec<(Arc<dyn UpstreamProvider>, UpstreamLink)>,
+    ) {
+        if unwatched.is_empty() {
+            return;
+        }
+        let Some(done) = Inner::start_passing(me, unwatched) else {
+            return;
+        };
+        let limit = me.config.provider_timeout;
+        let waited = tokio::time::timeout(limit, async {
+            while !done.is_finished() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            debug!(
+                "upstream monitor: passing over the sources of unwatched links goes on past the tick"
+            );
+        }
     }
 
     /// Whether a cursor watches the session (its key and agent), given up at `deadline`.
@@ -1004,28 +1069,28 @@ impl Inner {
     /// by the time a watch begins, would read as a person's turns. OpenClaw leaves such a
     /// link's marker where it was and records the backlog once the session is watched
     /// (decision 0004).
+    ///
+    /// The read is not bounded here: [`Inner::pass_over_all`] runs one pass at a time. A link
+    /// watched by the time the read is done keeps its marker (the next tick checks it from
+    /// there), so that a turn typed after the watch began is not passed over.
     async fn pass_over(&self, provider: Arc<dyn UpstreamProvider>, link: UpstreamLink) {
-        let limit = self.config.provider_timeout;
         let session = &link.session;
-        let marker = match tokio::time::timeout(limit, provider.check(&link, &[])).await {
-            Ok(
-                CheckOutcome::Unchanged { marker }
-                | CheckOutcome::Rebased { marker }
-                | CheckOutcome::HumanTurns { marker, .. },
-            ) => marker,
-            Ok(CheckOutcome::Missing) => return,
-            Ok(CheckOutcome::Failed(error)) => {
+        let marker = match provider.check(&link, &[]).await {
+            CheckOutcome::Unchanged { marker }
+            | CheckOutcome::Rebased { marker }
+            | CheckOutcome::HumanTurns { marker, .. } => marker,
+            CheckOutcome::Missing => return,
+            CheckOutcome::Failed(error) => {
                 debug!(session_key = %session.session_key, error = %error, "upstream monitor: the source of an unwatched link could not be read; its marker stays");
                 return;
             }
-            Err(_) => {
-                debug!(session_key = %session.session_key, "upstream monitor: reading the source of an unwatched link timed out; its marker stays");
-                return;
-            }
         };
-        if link.marker.as_ref() != Some(&marker)
-            && let MarkerMove::Failed(error) = self.advance(&link, marker).await
+        if link.marker.as_ref() == Some(&marker)
+            || !matches!(self.watched(session, None).await, Watched::No)
         {
+            return;
+        }
+        if let MarkerMove::Failed(error) = self.advance(&link, marker).await {
             debug!(session_key = %session.session_key, error = %error, "upstream monitor: the marker of an unwatched link was not moved; read again next tick");
         }
     }

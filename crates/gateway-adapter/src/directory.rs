@@ -22,10 +22,9 @@ impl InMemoryDirectory {
         Self::default()
     }
 
-    /// An empty directory of a gateway that hosts only `agents`: a session under a bare key
-    /// (`global`) is its own only as one of those agents' ([`SessionDirectory::exists_as`]).
-    /// Agent-qualified keys name their agent, and are its own as [`InMemoryDirectory::new`]'s
-    /// are.
+    /// An empty directory of a gateway that hosts only `agents`: a session is its own only as
+    /// one of those agents' ([`SessionDirectory::exists_as`]), under a bare key (`global`) as
+    /// under an agent-qualified one (whose ref may name another agent than its key does).
     pub fn hosting(agents: impl IntoIterator<Item = AgentId>) -> Self {
         Self {
             hosted: Some(agents.into_iter().collect()),
@@ -64,14 +63,11 @@ impl SessionDirectory for InMemoryDirectory {
     }
 
     fn exists_as(&self, session: &SessionRef) -> bool {
-        let hosted = || {
-            session.session_key.is_agent_qualified()
-                || self
-                    .hosted
-                    .as_ref()
-                    .is_none_or(|agents| agents.contains(&session.agent_id))
-        };
-        hosted() && self.exists(&session.session_key)
+        let hosted = self
+            .hosted
+            .as_ref()
+            .is_none_or(|agents| agents.contains(&session.agent_id));
+        hosted && self.exists(&session.session_key)
     }
 }
 

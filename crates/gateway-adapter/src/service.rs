@@ -2999,12 +2999,7 @@ impl Awareness {
                 async move {
                     // One watcher's directory row that panics costs the others nothing: that
                     // watcher is left out, as one the directory does not know.
-                    let exists = move |w: &WatcherKey| {
-                        directory_knows(&*dir, w.session_key()).unwrap_or_else(|| {
-                            warn!(watcher = %w.session_key(), "the directory panicked for a watcher with a pending notice; the sweep leaves it out");
-                            false
-                        })
-                    };
+                    let exists = move |w: &WatcherKey| knows_pending_watcher(&*dir, w, None);
                     store.sweep(now, &exists).await
                 },
                 Vec::as_slice,
@@ -3111,13 +3106,7 @@ impl Awareness {
             // One watcher's directory row that panics costs the others nothing: that watcher
             // is left out (as one the directory does not know), and the pick-up is incomplete.
             let panicked = AtomicBool::new(false);
-            let owned = |w: &WatcherKey| {
-                directory_knows(&**dir, w.session_key()).unwrap_or_else(|| {
-                    warn!(watcher = %w.session_key(), "the directory panicked for a watcher with a pending notice; it is left out of this pick-up");
-                    panicked.store(true, Ordering::Relaxed);
-                    false
-                })
-            };
+            let owned = |w: &WatcherKey| knows_pending_watcher(&**dir, w, Some(&panicked));
             let read = self.store.pending_of(&owned);
             let read = self.bounded("read the pending cursors", read).await;
             done.failed |= panicked.load(Ordering::Relaxed);
@@ -3417,6 +3406,23 @@ fn pay_owed_wakes(
 /// Whether `directory` knows `session`; `None` when asking it panicked.
 fn directory_knows(directory: &dyn SessionDirectory, session: &SessionKey) -> Option<bool> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| directory.exists(session))).ok()
+}
+
+/// Whether `directory` knows `watcher`, which has a pending notice (a pick-up's or a sweep's
+/// question): one it panics for is left out, as one it does not know, logged, and `panicked`
+/// set, so that it costs the other watchers nothing.
+fn knows_pending_watcher(
+    directory: &dyn SessionDirectory,
+    watcher: &WatcherKey,
+    panicked: Option<&AtomicBool>,
+) -> bool {
+    directory_knows(directory, watcher.session_key()).unwrap_or_else(|| {
+        warn!(watcher = %watcher.session_key(), "the directory panicked for a watcher with a pending notice; it is left out");
+        if let Some(panicked) = panicked {
+            panicked.store(true, Ordering::Relaxed);
+        }
+        false
+    })
 }
 
 /// Wakes a main session whose ambient cursor a watch made explicit and keeps pending, when

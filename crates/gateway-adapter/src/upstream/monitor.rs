@@ -974,7 +974,7 @@ impl Inner {
     fn start_passing(
         me: &Arc<Inner>,
         unwatched: Vec<(Arc<dyn UpstreamProvider>, UpstreamLink)>,
-    ) -> Option<tokio::task::AbortHandle> {
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
         let mut passing = me.passing.lock().unwrap_or_else(PoisonError::into_inner);
         if passing.as_ref().is_some_and(|task| !task.is_finished()) {
             debug!(
@@ -983,15 +983,16 @@ impl Inner {
             );
             return None;
         }
+        let (finished, done) = tokio::sync::oneshot::channel();
         let task = {
             let me = Arc::clone(me);
             tokio::spawn(async move {
                 for (provider, link) in unwatched {
                     me.pass_over(provider, link).await;
                 }
+                finished.send(()).ok();
             })
         };
-        let done = task.abort_handle();
         *passing = Some(task);
         Some(done)
     }
@@ -1009,13 +1010,8 @@ impl Inner {
         let Some(done) = Inner::start_passing(me, unwatched) else {
             return;
         };
-        let limit = me.config.provider_timeout;
-        let waited = tokio::time::timeout(limit, async {
-            while !done.is_finished() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
+        // Told when the task ends (or, dropped unsent, when it is aborted).
+        let waited = tokio::time::timeout(me.config.provider_timeout, done).await;
         if waited.is_err() {
             debug!(
                 "upstream monitor: passing over the sources of unwatched links goes on past the tick"

@@ -4759,27 +4759,37 @@ async fn human_turns_whose_recording_fails_keep_the_marker_and_are_recorded_next
     );
 }
 
-/// Reads with the JSONL provider; while `unwatch` is set, its next check first removes the
-/// watch of the session it checks (its watcher leaving while the check reads).
-struct UnwatchingJsonl {
+/// What a [`FirstCheckAfter`] does before its first check: a write to the store (and the
+/// transcript) that lands while the check reads.
+type BeforeCheck =
+    Box<dyn FnOnce(UpstreamLink) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// Reads with the JSONL provider; its first check runs `before` first, with the link it checks
+/// (a watcher leaving, or a watch beginning, while the check reads).
+struct FirstCheckAfter {
     inner: JsonlProvider,
-    store: Arc<MemoryStore>,
-    unwatch: std::sync::atomic::AtomicBool,
+    before: Mutex<Option<BeforeCheck>>,
+}
+
+impl FirstCheckAfter {
+    fn new(before: BeforeCheck) -> Arc<Self> {
+        Arc::new(Self {
+            inner: JsonlProvider::new(),
+            before: Mutex::new(Some(before)),
+        })
+    }
 }
 
 #[async_trait]
-impl UpstreamProvider for UnwatchingJsonl {
+impl UpstreamProvider for FirstCheckAfter {
     fn kind(&self) -> &str {
         self.inner.kind()
     }
 
     async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
-        if self.unwatch.swap(false, Ordering::SeqCst) {
-            let watcher = WatcherKey::parse("agent:main:main").unwrap();
-            self.store
-                .unwatch(&watcher, &link.session.session_key)
-                .await
-                .unwrap();
+        let before = self.before.lock().unwrap().take();
+        if let Some(before) = before {
+            before(link.clone()).await;
         }
         self.inner.check(link, own).await
     }
@@ -4796,11 +4806,17 @@ impl UpstreamProvider for UnwatchingJsonl {
 async fn human_turns_not_recorded_because_the_watch_went_keep_the_marker() {
     let (w, mut t, session) = worker_adopted().await;
     let adopted = w.store.link(&session).await.unwrap().unwrap();
-    let provider = Arc::new(UnwatchingJsonl {
-        inner: JsonlProvider::new(),
-        store: w.store.clone(),
-        unwatch: std::sync::atomic::AtomicBool::new(true),
-    });
+    // The watcher leaves while the first check reads.
+    let store = w.store.clone();
+    let provider = FirstCheckAfter::new(Box::new(move |link| {
+        Box::pin(async move {
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            store
+                .unwatch(&watcher, &link.session.session_key)
+                .await
+                .unwrap();
+        })
+    }));
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(provider)
         .build();
@@ -4904,40 +4920,6 @@ async fn what_was_written_while_nothing_watched_is_passed_over() {
     assert_eq!(w.queue.peek(manager.session_key()).len(), 1);
 }
 
-/// Reads with the JSONL provider; while `armed`, its next check first watches the session it
-/// checks and appends a person's turn (a watch that begins while a pass over the unwatched link
-/// reads, and a turn typed after it).
-struct WatchThenTypeJsonl {
-    inner: JsonlProvider,
-    store: Arc<MemoryStore>,
-    path: PathBuf,
-    armed: AtomicBool,
-}
-
-#[async_trait]
-impl UpstreamProvider for WatchThenTypeJsonl {
-    fn kind(&self) -> &str {
-        self.inner.kind()
-    }
-
-    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            let watcher = WatcherKey::parse("agent:main:main").unwrap();
-            self.store
-                .watch(&watcher, &link.session, Timestamp::now())
-                .await
-                .unwrap();
-            let row = user_row(
-                "00000000-0000-4000-8000-999999999999",
-                json!("typed after the watch"),
-            );
-            let mut f = OpenOptions::new().append(true).open(&self.path).unwrap();
-            f.write_all(format!("{row}\n").as_bytes()).unwrap();
-        }
-        self.inner.check(link, own).await
-    }
-}
-
 /// A watch that begins while a pass over the unwatched link reads: the pass leaves the marker
 /// where it was, and the next tick's check records the turn typed after the watch began. The
 /// pass moved the marker past it, and the turn was never recorded (second reading, stop 56).
@@ -4950,13 +4932,26 @@ async fn a_turn_typed_after_a_watch_that_began_during_a_pass_is_recorded() {
         .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
         .await
         .unwrap();
+    // A watch begins while the first read (the pass over the unwatched link) reads, and a
+    // person types after it.
+    let (store, path) = (w.store.clone(), t.path.clone());
+    let provider = FirstCheckAfter::new(Box::new(move |link| {
+        Box::pin(async move {
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            store
+                .watch(&watcher, &link.session, Timestamp::now())
+                .await
+                .unwrap();
+            let row = user_row(
+                "00000000-0000-4000-8000-999999999999",
+                json!("typed after the watch"),
+            );
+            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(format!("{row}\n").as_bytes()).unwrap();
+        })
+    }));
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
-        .provider(Arc::new(WatchThenTypeJsonl {
-            inner: JsonlProvider::new(),
-            store: w.store.clone(),
-            path: t.path.clone(),
-            armed: AtomicBool::new(true),
-        }))
+        .provider(provider)
         .build();
     let r = monitor.tick().await;
     assert_eq!((r.unwatched, r.checked), (1, 0));

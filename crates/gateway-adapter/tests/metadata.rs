@@ -308,6 +308,18 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
     assert!(queue.peek(&k(MANAGER)).is_empty());
 }
 
+/// The payload of the event a human message of `turns` turns records in a watched session,
+/// the caller giving `payload`.
+async fn recorded_payload(payload: Option<Value>, turns: u32) -> Option<Value> {
+    let w = World::watched().await;
+    let mut msg = message("telegram");
+    msg.payload = payload.map(|p| p.as_object().expect("a JSON object").clone());
+    msg.turns = turns;
+    w.svc.human_message(msg).await.expect("recorded");
+    let e = w.only(EventKind::HumanDirectMessage).await;
+    e.payload.as_ref().map(|p| json!(p))
+}
+
 /// `turns` in a human message's payload is the burst's size, and only when it is more than
 /// one (DESIGN.md section 3), whatever the caller's extra payload held under that key.
 #[tokio::test]
@@ -316,20 +328,10 @@ async fn the_turns_of_a_human_message_are_the_bursts_alone() {
         (1, json!({"note": "n"})),
         (3, json!({"note": "n", "turns": 3})),
     ] {
-        let w = World::watched().await;
-        let mut msg = message("telegram");
-        msg.payload = Some(
-            json!({"note": "n", "turns": "many"})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
-        msg.turns = turns;
-        w.svc.human_message(msg).await.expect("recorded");
-        let e = w.only(EventKind::HumanDirectMessage).await;
+        let given = json!({"note": "n", "turns": "many"});
         assert_eq!(
-            e.payload,
-            Some(want.as_object().unwrap().clone()),
+            recorded_payload(Some(given), turns).await,
+            Some(want),
             "{turns}"
         );
     }
@@ -339,16 +341,8 @@ async fn the_turns_of_a_human_message_are_the_bursts_alone() {
 /// one, and with a burst of one turn, the event has none.
 #[tokio::test]
 async fn an_empty_payload_of_the_caller_is_kept() {
-    for (given, want) in [
-        (Some(serde_json::Map::new()), Some(serde_json::Map::new())),
-        (None, None),
-    ] {
-        let w = World::watched().await;
-        let mut msg = message("telegram");
-        msg.payload = given.clone();
-        w.svc.human_message(msg).await.expect("recorded");
-        let e = w.only(EventKind::HumanDirectMessage).await;
-        assert_eq!(e.payload, want, "{given:?}");
+    for (given, want) in [(Some(json!({})), Some(json!({}))), (None, None)] {
+        assert_eq!(recorded_payload(given.clone(), 1).await, want, "{given:?}");
     }
 }
 
@@ -358,18 +352,8 @@ async fn an_empty_payload_of_the_caller_is_kept() {
 #[tokio::test]
 async fn an_extra_payload_that_does_not_fit_leaves_the_event_as_without_one() {
     for (turns, want) in [(1, None), (3, Some(json!({"turns": 3})))] {
-        let w = World::watched().await;
-        let mut msg = message("telegram");
-        msg.payload = Some(
-            json!({"note": "n".repeat(5000)})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
-        msg.turns = turns;
-        w.svc.human_message(msg).await.expect("recorded");
-        let e = w.only(EventKind::HumanDirectMessage).await;
-        assert_eq!(e.payload.as_ref().map(|p| json!(p)), want, "{turns}");
+        let given = json!({"note": "n".repeat(5000)});
+        assert_eq!(recorded_payload(Some(given), turns).await, want, "{turns}");
     }
 }
 

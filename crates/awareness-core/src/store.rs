@@ -250,9 +250,10 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// store-postgres offers them through `LISTEN`/`NOTIFY`, store-sqlite by polling `PRAGMA
     /// data_version` on a connection of its own. Each call gives a stream of its own; a stream
     /// does not keep the store open. A store may start listening or polling in the background
-    /// at the first call, and give one hint once it has (store-sqlite and store-postgres do),
-    /// covering the commits made before; a store that gave none would leave a commit made
-    /// before it listens to the caller's next question of [`EventStore::foreign_commits`].
+    /// at the first call; it gives one hint once it has, covering the commits made before, to
+    /// the streams made before (the durable suite's
+    /// `a_store_that_pushes_hints_gives_one_as_it_begins`), else a commit made before it listens
+    /// would wait for the caller's next question of [`EventStore::foreign_commits`].
     fn commit_hints(&self) -> Option<Box<dyn CommitHints>> {
         None
     }

@@ -60,6 +60,7 @@ fn each_handle_sees_the_other_handles_commits_as_foreign() {
 
 durable_checks!(
     another_handles_commit_is_hinted,
+    a_store_that_pushes_hints_gives_one_as_it_begins,
     everything_committed_survives_a_reopen,
     a_store_outlives_the_runtimes_that_used_it,
     the_sequence_never_goes_back_across_reopens,

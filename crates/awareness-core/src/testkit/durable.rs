@@ -519,14 +519,37 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(
     );
 }
 
+/// A store that pushes commit hints gives one as it begins to listen (or poll), with no
+/// commit of another writer, to the streams made before: a commit made between the caller's
+/// first question and the moment it listens is in no later hint. A stream made after that hint
+/// does not get it, and nothing else hints while nobody else commits. store-sqlite's poller
+/// and store-postgres's listener each tested this of themselves; a store that pushes no hints
+/// (`None`) has nothing to check.
+pub async fn a_store_that_pushes_hints_gives_one_as_it_begins(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let Some(mut first) = t.store.commit_hints() else {
+        return;
+    };
+    let hinted = tokio::time::timeout(std::time::Duration::from_secs(30), first.next())
+        .await
+        .expect("a hint within 30 s of asking, with no other writer");
+    assert!(hinted, "a hint, not the end of the stream");
+    let mut later = t.store.commit_hints().expect("the store gave a hint");
+    assert!(
+        !super::poll_once(std::pin::pin!(later.next())).await,
+        "the start's hint is not given to a stream made after it"
+    );
+}
+
 /// Two handles on one store, where the store pushes commit hints
 /// ([`crate::EventStore::commit_hints`]; a store that pushes none answers `None` on both): a
 /// stream of `a`'s gives a hint once `b` commits (`b` records again every 100 ms until one
 /// comes, for at most 30 s: a stream need not be told of a commit made before its store
 /// listens), and answers that no hint will come once every handle of `a` is dropped. The
-/// stream checked is `a`'s second, made after its first had a hint: a store may give one as it
-/// begins watching, for what came before (store-sqlite does), which says nothing of `b`'s
-/// commits.
+/// stream checked is `a`'s second, made after its first had a hint: a store gives one as it
+/// begins watching, for what came before ([`a_store_that_pushes_hints_gives_one_as_it_begins`]),
+/// which says nothing of `b`'s commits.
 pub async fn another_handles_commit_is_hinted(f: impl OpenFile) {
     let (_dir, a, b) = two_handles(&f).await;
     let Some(mut first) = a.store.commit_hints() else {

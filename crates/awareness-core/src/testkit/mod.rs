@@ -694,6 +694,7 @@ macro_rules! durable_suite {
         $crate::__durable_tests!(
             $open;
             another_handles_commit_is_hinted,
+            a_store_that_pushes_hints_gives_one_as_it_begins,
             everything_committed_survives_a_reopen,
             a_closed_store_leaves_every_commit_in_its_file,
             a_store_closed_right_after_a_cancelled_write_leaves_it_in_its_file,

@@ -536,6 +536,15 @@ impl Spawned {
     }
 }
 
+/// A child of `mode` run on a file of a new directory up to its `done` ([`Spawned::lines_until_done`]):
+/// the directory (removed when dropped), the file, and the lines.
+fn child_done(mode: &str) -> (tempfile::TempDir, PathBuf, Vec<(Instant, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let lines = spawn(mode, &path, None).lines_until_done();
+    (dir, path, lines)
+}
+
 /// `R <sequence> <target> <write transactions>`, or `H ...` for a dedupe hit (`true`).
 fn parse_report(line: &str) -> Option<(u64, usize, u64, bool)> {
     let (hit, rest) = match line.split_at_checked(2)? {
@@ -1009,10 +1018,7 @@ fn sequences(lines: &[(Instant, String)], prefix: &str) -> Vec<u64> {
 
 fn bounded_flush_makes_durable_and_unflushed_commits_are_not() {
     let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    let child = spawn("flush", &path, None);
-    let lines = child.lines_until_done();
+    let (_dir, path, lines) = child_done("flush");
     let durable = sequences(&lines, "durable ");
     let pending = sequences(&lines, "pending ");
     assert_eq!((durable.len(), pending.len()), (5, 5));
@@ -1071,10 +1077,7 @@ fn immediate_cursor_writes_survive_a_kill() {
 /// commit not durable: only the random crash test could see it, about once in six runs.)
 fn bounded_lost_sequences_are_never_handed_out_again() {
     let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    let child = spawn("reserve", &path, None);
-    let lines = child.lines_until_done();
+    let (_dir, path, lines) = child_done("reserve");
     let handed_out = sequences(&lines, "recorded ");
     assert_eq!(handed_out.len(), 3);
     rt.block_on(async {
@@ -1094,10 +1097,7 @@ fn bounded_lost_sequences_are_never_handed_out_again() {
 
 fn bounded_close_makes_everything_durable() {
     let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    let child = spawn("close", &path, None);
-    let lines = child.lines_until_done();
+    let (_dir, path, lines) = child_done("close");
     let closed = sequences(&lines, "closed ");
     assert_eq!(closed.len(), 5);
     rt.block_on(async {

@@ -107,6 +107,10 @@ impl Listener {
     }
 }
 
+/// Longest time a try to listen takes (the connection, its `LISTEN` and the question of its
+/// session's id) before it is given up and tried again.
+const LISTEN_START: Duration = Duration::from_secs(10);
+
 /// Longest wait between two attempts to listen again.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -215,9 +219,12 @@ async fn listen(
             .min_connections(0)
             .max_lifetime(None)
             .idle_timeout(None)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(LISTEN_START)
             .connect_lazy_with(server.clone());
-        let started = async {
+        // Within a bound of its own: a network that drops the flow silently after the
+        // connection is made would leave `LISTEN` waiting for ever, and hints would stop for
+        // good.
+        let started = tokio::time::timeout(LISTEN_START, async {
             let mut listener = PgListener::connect_with(&pool).await?;
             // A lost connection ends `try_recv` at once, and is listened to again here.
             listener.eager_reconnect(false);
@@ -228,8 +235,14 @@ async fn listen(
                 .fetch_one(&mut listener)
                 .await?;
             Ok::<_, sqlx::Error>((listener, pid))
-        }
-        .await;
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the connection did not begin listening within {LISTEN_START:?}"),
+            )))
+        });
         let (mut listener, pid) = match started {
             Ok(started) => started,
             Err(e) => {

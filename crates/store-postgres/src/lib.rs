@@ -168,8 +168,10 @@ impl PgStoreOptions {
     /// dropped without telling the client (a NAT's or a firewall's idle timeout, a host gone)
     /// would otherwise wait for notifications that never come, for as long as the process
     /// runs; a listening connection is idle by nature. So such a loss is noticed within two
-    /// periods. Each proof is one `NOTIFY` (which takes its turn among the database's
-    /// notifying commits) and one notification, to this handle alone.
+    /// periods (and a try to listen again that does not begin within 10 s, its connection
+    /// silent too, is given up and made again). Each proof is one `NOTIFY` (which takes its
+    /// turn among the database's notifying commits) and one notification, to this handle
+    /// alone.
     #[must_use]
     pub fn listener_keepalive(mut self, every: Duration) -> Self {
         self.listener_keepalive = every;

@@ -192,6 +192,48 @@ async fn a_listening_connection_the_network_dropped_silently_is_listened_on_agai
     hinted(&mut hints).await;
 }
 
+/// A try to listen again whose connection goes silent once made (its `LISTEN` never answered)
+/// is given up within its bound and made again: hints come back. It used to wait on that
+/// `LISTEN` for good, and no hint ever came again (stop 57).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_to_listen_on_a_silent_connection_is_given_up_and_made_again() {
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let (theirs, _) = server::fresh_store_in(&schema).await;
+    let ours = PgStore::connect(
+        proxy.server(),
+        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(200)),
+    )
+    .await
+    .expect("connect through the proxy");
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
+
+    proxy.mute_next_listen();
+    proxy.go_silent();
+    let again = tokio::time::timeout(WAIT, async {
+        loop {
+            let pid = ours.hints_listening().await;
+            if pid != first {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a new listening session within the wait");
+    assert_ne!(again, first);
+    assert!(
+        !proxy.mute_listen.load(std::sync::atomic::Ordering::SeqCst),
+        "a try to listen went silent"
+    );
+    hinted(&mut hints).await;
+    theirs.record(event(1), T0).await.expect("record theirs");
+    hinted(&mut hints).await;
+}
+
 /// A listening connection that answers is kept, however often its life is proven: no new
 /// session, and no hint beyond the start's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,6 +298,8 @@ async fn a_busy_pool_does_not_make_a_live_listening_connection_look_lost() {
 struct SilentProxy {
     dir: std::path::PathBuf,
     silence: tokio::sync::watch::Sender<u64>,
+    /// The next connection that sends a `LISTEN` goes silent as it sends it.
+    mute_listen: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SilentProxy {
@@ -273,6 +317,8 @@ impl SilentProxy {
                 .expect("the proxy's socket");
         let silence = tokio::sync::watch::channel(0).0;
         let asked = silence.clone();
+        let mute_listen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let muting = std::sync::Arc::clone(&mute_listen);
         tokio::spawn(async move {
             while let Ok((mut client, _)) = accept.accept().await {
                 let Ok(mut upstream) = tokio::net::UnixStream::connect(&real).await else {
@@ -280,6 +326,7 @@ impl SilentProxy {
                 };
                 let mut silenced = asked.subscribe();
                 let born = *silenced.borrow_and_update();
+                let muting = std::sync::Arc::clone(&muting);
                 tokio::spawn(async move {
                     let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
                     loop {
@@ -294,6 +341,14 @@ impl SilentProxy {
                             }
                             n = client.read(&mut up) => match n {
                                 Ok(0) | Err(_) => return,
+                                Ok(n) if up[..n].windows(6).any(|w| w == b"LISTEN")
+                                    && muting.swap(false, std::sync::atomic::Ordering::SeqCst) => {
+                                    // Swallowed, and silent from now on, as above.
+                                    drop(upstream);
+                                    let _silent = client;
+                                    std::future::pending::<()>().await;
+                                    return;
+                                }
                                 Ok(n) => if upstream.write_all(&up[..n]).await.is_err() { return },
                             },
                             n = upstream.read(&mut down) => match n {
@@ -305,7 +360,11 @@ impl SilentProxy {
                 });
             }
         });
-        Self { dir, silence }
+        Self {
+            dir,
+            silence,
+            mute_listen,
+        }
     }
 
     /// The server as the proxy serves it.
@@ -316,6 +375,13 @@ impl SilentProxy {
     /// Every connection open now goes silent.
     fn go_silent(&self) {
         self.silence.send_modify(|s| *s += 1);
+    }
+
+    /// The next connection that sends a `LISTEN` goes silent instead of sending it (the
+    /// network dropped the flow once the connection was made).
+    fn mute_next_listen(&self) {
+        self.mute_listen
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

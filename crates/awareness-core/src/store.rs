@@ -52,11 +52,17 @@ pub trait CommitHints: Send {
 ///   to acknowledge, a pruning chunk with nothing due, a dedupe hit). Nothing is written. A
 ///   write checks its input first, so an input it refuses is [`StoreError::InvalidInput`] on
 ///   any handle. Reads never return it.
-/// - [`StoreError::Busy`] (store-sqlite only; [`is_retryable`](StoreError::is_retryable)): a
-///   statement waited longer than the busy timeout for a lock another connection held,
-///   usually another process's write, or lost a race for the write-ahead log's locks
-///   (`PROTOCOL`). The write transaction is rolled back, so a write that
-///   gets it has written nothing and the same call may be made again.
+/// - [`StoreError::Busy`] (store-sqlite and store-postgres;
+///   [`is_retryable`](StoreError::is_retryable)): store-sqlite: a statement waited longer than
+///   the busy timeout for a lock another connection held, usually another process's write, or
+///   lost a race for the write-ahead log's locks (`PROTOCOL`); store-postgres: the store's
+///   lock held past the role's `lock_timeout`, a lost connection, a lost race, a server
+///   restarting (its crate docs list them). The write transaction is rolled back, so a write
+///   that gets it has written nothing and the same call may be made again. The one exception,
+///   store-postgres's: a write other than a recording whose `COMMIT` lost its answer, when the
+///   server could not say whether it committed, may have been written; done again, it leaves
+///   what doing it once does. A recording in that case gets [`StoreError::Backend`] (see
+///   [`EventStore::record`]).
 /// - [`StoreError::Corrupt`]: the file is damaged (SQLite's `CORRUPT` or `NOTADB`, redb's
 ///   corruption errors), or a row the method must read cannot be read. Each method says which
 ///   rows fail it; the others pass over them. Retrying does not help.
@@ -107,7 +113,10 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     ///   Any other failure of one event reaches only its own caller.
     /// - store-sqlite: a [`StoreError::Backend`] saying that the group commit holding the event
     ///   stopped before answering leaves it unknown whether the event was committed: read it
-    ///   back, or record it again under the same dedupe key.
+    ///   back, or record it again under the same dedupe key. store-postgres: the same, saying
+    ///   that the connection was lost during `COMMIT` and the server could not say whether it
+    ///   committed. Not retryable: an event without a dedupe key, recorded again, may be
+    ///   recorded twice.
     async fn record(&self, event: NewEvent, now: Timestamp) -> Result<Recorded, StoreError>;
 
     /// The reconcile page: events of exactly `session` after `after`, at most `limit`

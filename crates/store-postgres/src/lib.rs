@@ -63,9 +63,10 @@
 //! written (their numbers, refs, times and summaries), each caller gets its event; rolled
 //! back, the store records the events again, once, in the same turn. A recording of dedupe
 //! hits only is answered with the stored events whatever the server says. Otherwise (the server out of reach for five seconds, or not knowing the
-//! transaction, or its events not in the log as written) the caller gets a retryable error
-//! saying that the outcome is unknown: an event without a dedupe key recorded again may then
-//! be recorded twice. The question starts when the client sees its connection fail: a
+//! transaction, or its events not in the log as written) the caller gets a
+//! [`StoreError::Backend`] saying that the outcome is unknown: read it back, or record it
+//! again under the same dedupe key (an event without one, recorded again, may be recorded
+//! twice; so the error is not retryable). The question starts when the client sees its connection fail: a
 //! connection that stays half-open on the client's side waits for TCP to give up first. The
 //! other writes are asked about the same way (so that a session left idle in their
 //! transaction, holding the store's lock, is ended too, and a commit that went through counts
@@ -492,7 +493,8 @@ impl PgStore {
     /// The store's operations answer `Busy` too when their connection is lost, a transaction
     /// loses a race, or the server ends a transaction that sat idle (SQLSTATE `08...`,
     /// `57P01`-`57P03`, `53300`, `40001`, `40P01`, `55P03`, `25P03`, `25P04`), `Backend`
-    /// otherwise.
+    /// otherwise; a recording whose `COMMIT` lost its answer, which the server could not
+    /// settle, answers `Backend` (see "A lost `COMMIT` is asked about" above).
     pub async fn connect(
         server: PgConnectOptions,
         options: PgStoreOptions,

@@ -464,13 +464,24 @@ impl Inner {
             }
             return Ok(());
         }
+        // A recording's unknown outcome is not retryable: done again, an event without a
+        // dedupe key may be recorded twice (as store-sqlite's group commit that stopped before
+        // answering). The other writes, done twice, leave what doing them once does.
         let unknown = |why: String| {
-            Uncommitted::Failed(StoreError::Busy {
-                context: format!(
-                    "{}: {what}: the connection was lost during COMMIT (transaction {}); {why}: the outcome is unknown",
-                    self.name, id.xid
-                ),
-                source: lost.to_string().into(),
+            let context = format!(
+                "{}: {what}: the connection was lost during COMMIT (transaction {}); {why}: the outcome is unknown",
+                self.name, id.xid
+            );
+            let source = lost.to_string().into();
+            Uncommitted::Failed(if recording {
+                StoreError::Backend {
+                    context: format!(
+                        "{context}: read it back, or record it again (under the same dedupe key, if it had one, so as not to record it twice)"
+                    ),
+                    source,
+                }
+            } else {
+                StoreError::Busy { context, source }
             })
         };
         match asked {

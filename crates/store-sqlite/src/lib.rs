@@ -494,9 +494,11 @@ impl SqliteStore {
     /// [`StoreError::Open`] naming the path; nothing is created or overwritten then (a file
     /// this user may not write is refused before SQLite reads it, so not even its `-wal` and
     /// `-shm` are made beside it). So does a
-    /// missing file with a `-wal`, a `-shm` or a live `-journal` beside it (its database deleted
+    /// missing or empty file with a `-wal`, a `-shm` or a live `-journal` beside it (its database deleted
     /// or moved, perhaps while a process still has it open, or after a read-only handle closed
-    /// last, which cannot remove them): a new store there would read them as its own. Whether
+    /// last, which cannot remove them; an empty file put where a store was moved away from):
+    /// a new store there would read them as its own, or take them from the process that
+    /// still writes its log there, whose committed events would go with it. Whether
     /// another process still uses them cannot be told from here (opening them would drop this
     /// process's own locks on them): move them away once none has the old database open. So
     /// does a file with other names (hard links, on Unix): SQLite keeps a log beside each name

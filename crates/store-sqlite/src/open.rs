@@ -213,6 +213,15 @@ pub(crate) async fn prepare_file(
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {
             refuse_other_names(path, &m)?;
+            // An empty file holds no database yet, and SQLite takes companions beside it for
+            // its own as it would beside a missing one (and deletes a log it finds there):
+            // what a store moved away while open, and an empty file put in its place, would
+            // do to the moved store's log (its committed events with it).
+            if m.len() == 0 {
+                refuse_stray_companions(path, "the file is empty (no database yet)", || {
+                    std::fs::metadata(path).is_ok_and(|m| m.len() == 0)
+                })?;
+            }
             Ok(false)
         }
         Ok(_) => Err(error::open(
@@ -406,29 +415,9 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
     // zeroed or empty (`journal_mode=PERSIST` or `TRUNCATE`) is ignored by SQLite, and here.
     // The path is looked at after them: another opener creating the store at the same moment
     // links it there before its log or index exists, so neither is taken for a stray one.
-    for (suffix, what) in [
-        ("-wal", "write-ahead log"),
-        ("-shm", "write-ahead log's shared-memory index"),
-        ("-journal", "rollback journal"),
-    ] {
-        let left = companion(path, suffix);
-        let live = if suffix == "-journal" {
-            first_byte_set(&left)
-        } else {
-            std::fs::symlink_metadata(&left).is_ok()
-        };
-        if live && std::fs::symlink_metadata(path).is_err() {
-            return Err(error::open(
-                path,
-                OpenFailure::Other,
-                format!(
-                    "no database is there, but a {what} ({}) is, left by one that was deleted or moved (after a process was killed, while one still has it open, or after a read-only handle closed last, which cannot remove it): SQLite would read it into a new store; move it (and any -wal or -shm) away first, once no process has the old database open",
-                    left.display()
-                ),
-                None,
-            ));
-        }
-    }
+    refuse_stray_companions(path, "no database is there", || {
+        std::fs::symlink_metadata(path).is_err()
+    })?;
     let cannot_create = |e: std::io::Error| {
         error::open(
             path,
@@ -466,6 +455,42 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
             }
         }
     }
+}
+
+/// Refuses to make a store at `path`, where no database is (`state` says how: missing, or
+/// empty), when a write-ahead log, its index or a live journal is beside it ([`create`] says
+/// why). `still` tells, once they have been looked at, whether `path` is still as it was:
+/// another opener creating the store at the same moment puts it there before its log or index
+/// exists, so neither is taken for a stray one.
+fn refuse_stray_companions(
+    path: &Path,
+    state: &str,
+    still: impl Fn() -> bool,
+) -> Result<(), StoreError> {
+    for (suffix, what) in [
+        ("-wal", "write-ahead log"),
+        ("-shm", "write-ahead log's shared-memory index"),
+        ("-journal", "rollback journal"),
+    ] {
+        let left = companion(path, suffix);
+        let live = if suffix == "-journal" {
+            first_byte_set(&left)
+        } else {
+            std::fs::symlink_metadata(&left).is_ok()
+        };
+        if live && still() {
+            return Err(error::open(
+                path,
+                OpenFailure::Other,
+                format!(
+                    "{state}, but a {what} ({}) is beside it, left by a database that was deleted or moved (after a process was killed, while one still has it open, or after a read-only handle closed last, which cannot remove it): SQLite would read it into a new store, or take it from the process that has it; move it (and any -wal or -shm) away first, once no process has the old database open",
+                    left.display()
+                ),
+                None,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the file at `path` can be read and its first byte is not zero.

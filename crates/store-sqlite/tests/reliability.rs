@@ -564,6 +564,57 @@ async fn a_log_and_index_still_in_use_by_a_moved_store_are_refused() {
     store.close().await;
 }
 
+/// An empty file put where a store that is still open was moved from (`mv state.sqlite
+/// state.bak && touch state.sqlite`) is refused like a missing one, read-write and read-only,
+/// and nothing beside it is touched: SQLite deleted the moved store's log and shared its
+/// index, and the moved store lost the event it had committed and failed every later write
+/// (review, stop 57).
+#[tokio::test]
+async fn an_empty_file_where_a_store_still_open_was_moved_from_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let first = store_with_one_event(&path).await;
+    std::fs::rename(&path, dir.path().join("moved.sqlite")).unwrap();
+    std::fs::write(&path, b"").unwrap();
+    let before = listing(dir.path());
+    for options in [
+        SqliteOptions::default(),
+        SqliteOptions::default().read_only(true),
+    ] {
+        let err = SqliteStore::open_with(&path, options).await.unwrap_err();
+        assert_open_error(&err, &path, "write-ahead log", OpenFailure::Other);
+        assert!(err.to_string().contains("the file is empty"), "{err}");
+        assert_eq!(listing(dir.path()), before, "nothing touched");
+    }
+    first
+        .record(
+            NewEvent::new(target(1), EventKind::Created, ActorType::System, "y"),
+            Timestamp::now(),
+        )
+        .await
+        .expect("the moved store still records");
+    assert_eq!(first.log_stats().await.unwrap().rows, 2, "both its events");
+    first.close().await;
+    let moved = SqliteStore::open(dir.path().join("moved.sqlite"))
+        .await
+        .unwrap();
+    assert_eq!(moved.log_stats().await.unwrap().rows, 2, "kept in its file");
+    moved.close().await;
+    // As the error says: once no process has the old database open, its files go.
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("state.sqlite{suffix}")));
+    }
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("nothing left beside the empty file");
+    assert_eq!(
+        store.log_stats().await.unwrap().rows,
+        0,
+        "a new, empty store"
+    );
+    store.close().await;
+}
+
 /// A database file with another name (a hard link: a backup made with links, a link made by
 /// hand) is refused under either name, read-write and read-only, naming the other name when it
 /// is in the same directory, and nothing is created beside either: SQLite keeps a log beside

@@ -280,7 +280,9 @@ impl SqliteOptions {
         self
     }
 
-    /// How many connections serve reads (at least one). Default 2.
+    /// How many connections serve reads (at least one; at most [`MAX_READERS`], more is
+    /// refused at open with [`StoreError::Open`]: each is a connection on a thread of its
+    /// own). Default 2.
     #[must_use]
     pub fn readers(mut self, readers: usize) -> Self {
         self.readers = readers.max(1);
@@ -364,14 +366,23 @@ fn opened_read_only_reason(e: &sqlx::Error) -> String {
     )
 }
 
+/// The most reader connections a handle may have ([`SqliteOptions::readers`]).
+pub const MAX_READERS: usize = 64;
+
 /// `path` as SQLite takes it for the file's name. sqlx opens every connection with
 /// `SQLITE_OPEN_URI`, under which a name that starts with `file:` is a URI (`file:x.db` opens
 /// `x.db`, `file:x.db%3Fmode=memory` a database in memory) and `:memory:` is a database in
 /// memory, while the file this crate checked or created is the one the path names. A relative
-/// path is given as `./` and the path, which SQLite reads as nothing but a file's name.
+/// path is made absolute against the working directory of the open (which SQLite reads as
+/// nothing but a file's name), so that a connection made later (a reader the pool opens
+/// again, the commit-hint poller, made at the first `commit_hints`) opens the same file after
+/// the process changed directory; where the working directory cannot be read, `./` and the
+/// path.
 fn file_name(path: &Path) -> std::borrow::Cow<'_, Path> {
     if path.is_relative() {
-        std::borrow::Cow::Owned(Path::new(".").join(path))
+        std::borrow::Cow::Owned(
+            std::path::absolute(path).unwrap_or_else(|_| Path::new(".").join(path)),
+        )
     } else {
         std::borrow::Cow::Borrowed(path)
     }
@@ -515,6 +526,17 @@ impl SqliteStore {
         options: SqliteOptions,
     ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        if options.readers > MAX_READERS {
+            return Err(StoreError::open(
+                path,
+                OpenFailure::InvalidOptions,
+                format!(
+                    "readers must be at most {MAX_READERS} (each is a connection on a thread of its own), not {}",
+                    options.readers
+                ),
+                None,
+            ));
+        }
         if options.group_commit == 0 {
             // Refused before the file is touched, as store-redb does.
             return Err(StoreError::open(

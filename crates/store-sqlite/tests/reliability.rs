@@ -564,6 +564,35 @@ async fn a_log_and_index_still_in_use_by_a_moved_store_are_refused() {
     store.close().await;
 }
 
+/// Options out of range are refused before the path is touched: no group commit size
+/// (`group_commit(0)`), more readers than [`store_sqlite::MAX_READERS`] (which panicked,
+/// allocating room for them: review, stop 57).
+#[tokio::test]
+async fn options_out_of_range_are_refused_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    for (options, what) in [
+        (SqliteOptions::default().group_commit(0), "group_commit"),
+        (
+            SqliteOptions::default().readers(store_sqlite::MAX_READERS + 1),
+            "readers must be at most 64",
+        ),
+        (SqliteOptions::default().readers(usize::MAX), "readers"),
+    ] {
+        let err = SqliteStore::open_with(&path, options).await.unwrap_err();
+        assert_open_error(&err, &path, what, OpenFailure::InvalidOptions);
+        assert!(listing(dir.path()).is_empty(), "{what}: nothing created");
+    }
+    let most = SqliteStore::open_with(
+        &path,
+        SqliteOptions::default().readers(store_sqlite::MAX_READERS),
+    )
+    .await
+    .expect("as many readers as allowed");
+    assert_eq!(most.log_stats().await.unwrap().rows, 0);
+    most.close().await;
+}
+
 /// An empty file put where a store that is still open was moved from (`mv state.sqlite
 /// state.bak && touch state.sqlite`) is refused like a missing one, read-write and read-only,
 /// and nothing beside it is touched: SQLite deleted the moved store's log and shared its

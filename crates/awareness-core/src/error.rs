@@ -85,7 +85,9 @@ pub enum StoreError {
     /// The store is busy: a lock another writer holds (store-sqlite: past the busy timeout), a
     /// race for SQLite's write-ahead-log locks lost (`PROTOCOL`), or (gateway-adapter) a
     /// recording, a watch or unwatch, a reset, a deletion or an acknowledgement outside a turn
-    /// refused while too many writes are outstanding. The same call may succeed later.
+    /// refused while too many writes are outstanding, or a store call it gave up on when the
+    /// store had not answered within its `store_wait` (a read, or a write that, done again,
+    /// leaves what doing it once does). The same call may succeed later.
     #[error("store busy: {context}")]
     Busy {
         /// What was being done; from a store in a file, after the file's path and `: `

@@ -165,6 +165,8 @@ pub struct HumanMessage {
     /// into the last 24 h, with a warning when it is older.
     pub occurred_at: Option<Timestamp>,
     /// Human turns this event stands for (an upstream burst); `{"turns": N}` when above 1.
+    /// At least 1: a message of 0 turns is no human turn, and is not recorded
+    /// ([`HumanRecorded::NoTurns`]).
     pub turns: u32,
 }
 
@@ -282,6 +284,9 @@ pub enum HumanRecorded {
     /// `agent` or `system`: another session's message, the gateway's own input), which is no
     /// human turn; OpenClaw records none either.
     NotHuman,
+    /// Not recorded: the message stands for no human turn ([`HumanMessage::turns`] is 0), a
+    /// mistake of the caller's, logged with `warn!`.
+    NoTurns,
     /// Not recorded: the store failed, did not answer within [`AwarenessConfig::store_wait`]
     /// (the recording then goes on, on its own task), or the recording was refused at once
     /// ([`AwarenessConfig::max_pending_writes`] writes outstanding): the error, with its
@@ -1523,18 +1528,21 @@ impl Awareness {
         )
     }
 
-    /// The error of a store call given up after [`AwarenessConfig::store_wait`].
-    pub(crate) fn no_answer(&self, context: &'static str) -> StoreError {
-        StoreError::backend(
-            context,
-            std::io::Error::new(
+    /// The error of a store call given up after [`AwarenessConfig::store_wait`]:
+    /// [`StoreError::Busy`], since the same call may be answered later (each call given up so
+    /// is a read, or a write that, done again, leaves what doing it once does: a watch, an
+    /// unwatch, a marker's move under its token, a link's removal).
+    pub(crate) fn no_answer(&self, context: impl Into<String>) -> StoreError {
+        StoreError::Busy {
+            context: context.into(),
+            source: Box::new(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
                     "the store has not answered within {:?}",
                     self.config.store_wait
                 ),
-            ),
-        )
+            )),
+        }
     }
 
     /// When a wait for the store that starts now gives up ([`AwarenessConfig::store_wait`]).
@@ -1690,7 +1698,10 @@ impl Awareness {
     pub async fn human_message(&self, msg: HumanMessage) -> Option<Arc<Event>> {
         match self.human_message_recorded(msg).await {
             HumanRecorded::Event(event) => Some(event),
-            HumanRecorded::Unwatched | HumanRecorded::NotHuman | HumanRecorded::Failed(_) => None,
+            HumanRecorded::Unwatched
+            | HumanRecorded::NotHuman
+            | HumanRecorded::NoTurns
+            | HumanRecorded::Failed(_) => None,
         }
     }
 
@@ -1701,6 +1712,10 @@ impl Awareness {
         if msg.actor_type != ActorType::Human {
             debug!(session_key = %msg.session, actor_type = %msg.actor_type, "human message not recorded: its sender is no person");
             return HumanRecorded::NotHuman;
+        }
+        if msg.turns == 0 {
+            warn!(session_key = %msg.session, "human message not recorded: it stands for 0 turns (turns must be at least 1)");
+            return HumanRecorded::NoTurns;
         }
         let entry = msg
             .entry
@@ -2442,10 +2457,15 @@ impl Awareness {
         // On a task of its own, as a watch is: a watch the wait gave up on goes on, and an
         // unwatch after it that did not would leave the session watched.
         let store = Arc::clone(&self.store);
+        let target_key = target;
         let target = target.clone();
         let unwatch = async move { store.unwatch(&w, &target).await };
         let write = self.write_on_task("unwatch", watcher.clone(), unwatch);
-        self.bounded("unwatch", write).await
+        until(self.store_deadline(), write)
+            .await
+            .unwrap_or_else(|| {
+                Err(self.no_answer(format!("unwatch: {watcher} watching {}", target_key)))
+            })
     }
 
     // ----- the turn -----------------------------------------------------------------------------

@@ -624,3 +624,67 @@ async fn a_pruning_pass_that_fails_part_way_reports_what_it_deleted() {
     assert!(line.contains("events_by_cap=2"), "{line}");
     assert!(line.contains(CAUSE), "{line}");
 }
+
+/// Holds every unwatch until the test lets it go.
+struct HeldUnwatch(Arc<tokio::sync::Semaphore>);
+
+#[async_trait]
+impl Hook for HeldUnwatch {
+    async fn before(&self, call: Call, _: &dyn awareness_core::AwarenessStore) {
+        if call == Call::Unwatch {
+            drop(self.0.acquire().await.expect("the gate stays open"));
+        }
+    }
+}
+
+/// An unwatch the store has not answered within `store_wait` is `Busy` (retryable), naming the
+/// watcher and the target, and the same call made once the store answers succeeds. It was a
+/// permanent `Backend` error naming neither, where the same call refused for too many writes
+/// outstanding was `Busy` (review, stop 57).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwatch_the_store_has_not_answered_in_time_may_be_asked_again() {
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let store = main_watching(child.clone()).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let svc = Awareness::builder(
+        Arc::new(Hooked {
+            inner: Arc::clone(&store) as Arc<dyn awareness_core::AwarenessStore>,
+            hook: HeldUnwatch(Arc::clone(&gate)),
+        }),
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .config(AwarenessConfig {
+        store_wait: std::time::Duration::from_millis(50),
+        ..AwarenessConfig::default()
+    })
+    .build();
+    let (main, target) = (k("agent:main:main"), child.session_key.clone());
+    let e = svc
+        .try_unwatch(&main, &target)
+        .await
+        .expect_err("the store has not answered");
+    assert!(
+        matches!(e, StoreError::Busy { .. }) && e.is_retryable(),
+        "{e:?}"
+    );
+    let text = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(
+        text.contains("agent:main:main")
+            && text.contains("agent:main:subagent:c")
+            && text.contains("has not answered within 50ms"),
+        "{text}"
+    );
+    gate.add_permits(2);
+    svc.wait_for_writes().await;
+    let watcher = WatcherKey::parse("agent:main:main").unwrap();
+    assert!(
+        store.cursor(&watcher, &target).await.unwrap().is_none(),
+        "the first unwatch went on"
+    );
+    assert!(
+        !svc.try_unwatch(&main, &target).await.expect("asked again"),
+        "nothing left to unwatch"
+    );
+}

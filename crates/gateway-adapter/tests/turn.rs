@@ -989,6 +989,23 @@ async fn only_a_persons_message_is_recorded_as_a_human_turn() {
     assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
 }
 
+/// A message that stands for no human turn (`turns` 0, a caller's mistake) is refused: it was
+/// recorded as a human turn like any other and notified the manager (review, stop 57).
+#[tokio::test]
+async fn a_message_of_no_turns_is_not_recorded() {
+    let w = World::new().await;
+    let mut msg = human_message();
+    msg.turns = 0;
+    let recorded = w.svc.human_message_recorded(msg).await;
+    assert!(
+        matches!(recorded, gateway_adapter::HumanRecorded::NoTurns),
+        "{recorded:?}"
+    );
+    assert!(w.queue.peek(&k(MANAGER)).is_empty(), "nobody told");
+    let log = w.store.events_after(Sequence::ZERO, 10).await.unwrap();
+    assert_eq!(log.len(), 1, "only the spawn: {log:?}");
+}
+
 /// Bug: an unwatch the wait for the store gave up on was dropped with its caller, while a
 /// watch given up on goes on (its wake must not be lost): a watch then an unwatch, both given
 /// up on a slow store, could leave the session watched against the caller's last word. An

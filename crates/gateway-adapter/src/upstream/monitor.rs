@@ -1377,11 +1377,12 @@ impl Inner {
                 });
                 return;
             }
-            // The monitor's messages are a person's (`HumanMessage::new`): not reached.
-            HumanRecorded::NotHuman => {
+            // The monitor's messages are a person's (`HumanMessage::new`) of one turn or more:
+            // not reached.
+            HumanRecorded::NotHuman | HumanRecorded::NoTurns => {
                 self.emit(Detection::Failed {
                     session,
-                    error: "the human turns were not recorded: taken for no person's; the \
+                    error: "the human turns were not recorded: taken for no person's turn; the \
                             marker stays"
                         .into(),
                 });

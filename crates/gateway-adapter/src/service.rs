@@ -2464,7 +2464,7 @@ impl Awareness {
         until(self.store_deadline(), write)
             .await
             .unwrap_or_else(|| {
-                Err(self.no_answer(format!("unwatch: {watcher} watching {}", target_key)))
+                Err(self.no_answer(format!("unwatch: {watcher} watching {target_key}")))
             })
     }
 

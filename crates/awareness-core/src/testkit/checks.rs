@@ -4168,7 +4168,7 @@ type Refusal = fn(&validate::ValidationError) -> bool;
 
 /// Specs a store must refuse, with what the refusal says: each would rebase [`child`]'s link (it
 /// names another thread) if it were valid.
-fn invalid_link_specs() -> Vec<(&'static str, crate::upstream::LinkSpec, Refusal)> {
+pub(crate) fn invalid_link_specs() -> Vec<(&'static str, crate::upstream::LinkSpec, Refusal)> {
     let mut blank = link_spec(&child(), "t2", 0);
     blank.host_id = String::new();
     let huge = link_spec(&child(), "t2", 0).with_ref(json!({

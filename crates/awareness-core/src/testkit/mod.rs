@@ -786,6 +786,7 @@ macro_rules! read_only_suite {
             $open, $open_read_only;
             a_read_only_handle_answers_what_the_file_holds,
             a_read_only_handle_refuses_every_write_and_changes_nothing,
+            a_read_only_handle_refuses_bad_input_as_invalid_input,
             a_read_only_open_creates_nothing,
             a_read_only_open_refuses_a_file_that_is_not_a_store,
             a_read_only_open_refuses_a_truncated_store_and_changes_nothing,

@@ -240,6 +240,74 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
     );
 }
 
+/// Bad input to a write through a read-only handle is [`StoreError::InvalidInput`], not
+/// [`StoreError::ReadOnly`]: every write checks its input first, on any handle (the contract
+/// of [`EventStore`](crate::EventStore)'s errors), so that a caller learns of its mistake
+/// wherever it runs it. A store that asked for its write connection first passed every other
+/// check (review, stop 57). The file's bytes are left as they were.
+pub async fn a_read_only_handle_refuses_bad_input_as_invalid_input(
+    f: impl OpenFile,
+    ro: impl OpenFile,
+) {
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let rw = open(&f, &file).await;
+    fill(&rw).await;
+    rw.close().await;
+    let bytes = std::fs::read(&file).expect("read the file");
+    let t = open(&ro, &file).await;
+    let invalid = |what: &str, got: Result<(), StoreError>| match got {
+        Err(StoreError::InvalidInput(_)) => {}
+        other => panic!("{what} on a read-only handle: expected InvalidInput, got {other:?}"),
+    };
+    let [kid, ..] = filled_refs();
+    let manager = w("agent:main:main");
+    let link = t
+        .upstream
+        .link(&kid)
+        .await
+        .expect("link")
+        .expect("the filled store has a link");
+    let (s, u) = (&*t.store, &*t.upstream);
+    let mut blank = human(&kid);
+    blank.summary = " ".into();
+    invalid(
+        "record a blank summary",
+        s.record(blank, LATER).await.map(drop),
+    );
+    let own = crate::model::SessionRef::new(
+        manager.session_key().clone(),
+        crate::model::AgentId::new("main").expect("agent"),
+    );
+    invalid(
+        "a watcher watching its own session",
+        s.watch(&manager, &own, LATER).await.map(drop),
+    );
+    for (what, spec, _) in super::checks::invalid_link_specs() {
+        invalid(what, u.upsert_link(spec, LATER).await.map(drop));
+    }
+    let huge = json!({"pad": "x".repeat(crate::upstream::MAX_UPSTREAM_JSON_BYTES)});
+    invalid(
+        "a marker over the JSON bound",
+        u.set_marker(&kid, link.updated_at, huge, LATER)
+            .await
+            .map(drop),
+    );
+    let policy = crate::retention::RetentionPolicy {
+        max_rows: 0,
+        ..crate::retention::RetentionPolicy::default()
+    };
+    invalid(
+        "a pruning policy that deletes everything",
+        s.prune(&policy, LATER).await.map(drop),
+    );
+    t.close().await;
+    assert!(
+        std::fs::read(&file).expect("read the file") == bytes,
+        "a read-only handle left the file's bytes as they were"
+    );
+}
+
 /// A read-only handle opened beside a read-write handle of the same process reads that
 /// handle's commits, made before and after it opened, and the read-write handle keeps writing,
 /// while the read-only one is open and after it is closed. Its

@@ -1,6 +1,9 @@
 //! Scale run: records 1,000,000 events over 100,000 sessions from 16 concurrent tasks while the
-//! default retention policy (50,000-row cap) prunes on a background task every second or every
-//! 10,000 events, whichever comes first, as a gateway's hourly pruning would but faster.
+//! default retention policy (50,000-row cap) prunes on a background task, as a gateway's hourly
+//! pruning would but faster: a pass is asked for every 10,000 events (the task that records
+//! the 10,000th waits, outside its recording's time, until a pass has begun) and every second
+//! without one. A pass takes its time beside the recordings (store-memory's lets blocked
+//! callers in between its steps), so how many events apart the passes began is reported.
 //! Reports events per second, the p50/p99 recording latency, one reconcile at the end (a
 //! 200-event page of a session just written: the median of 11 back-to-back reads, so a warm
 //! read, not a cold one), the size of the store's files (for sqlite the database, its WAL and
@@ -190,40 +193,62 @@ fn main() {
         ..RetentionPolicy::default()
     };
     let recorded = Arc::new(AtomicUsize::new(0));
-    let (elapsed, mut prune_passes, mut pruned) = rt.block_on(async {
+    let (elapsed, mut prune_passes, mut pruned, widest_gap) = rt.block_on(async {
         let done = Arc::new(AtomicBool::new(false));
+        // The recording task that crosses each `prune_every_events` mark asks for a pass and
+        // waits until one has begun (not until it ends): on a runtime whose tasks never wait
+        // for the store (store-memory), a pruner left to wake by itself ran when a worker
+        // happened to reach it, and let the log grow to three times its cap (review, stop
+        // 57). A second without a pass starts one too.
+        let wanted = Arc::new(tokio::sync::Notify::new());
+        let (began, began_rx) = tokio::sync::watch::channel(0u64);
         let pruner = {
-            let (store, done, recorded) =
-                (Arc::clone(&store), Arc::clone(&done), Arc::clone(&recorded));
-            let (every, every_events) = (args.prune_every, args.prune_every_events);
+            let (store, done, recorded, wanted) = (
+                Arc::clone(&store),
+                Arc::clone(&done),
+                Arc::clone(&recorded),
+                Arc::clone(&wanted),
+            );
+            let every = args.prune_every;
             tokio::spawn(async move {
-                let (mut passes, mut rows) = (0u64, 0u64);
-                let (mut last_at, mut last_count) = (Instant::now(), 0);
-                while !done.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    let count = recorded.load(Ordering::Relaxed);
-                    if last_at.elapsed() < every && count - last_count < every_events {
-                        continue;
+                let (mut passes, mut rows, mut last_count, mut widest_gap) = (0u64, 0u64, 0, 0);
+                loop {
+                    tokio::select! {
+                        () = wanted.notified() => {}
+                        () = tokio::time::sleep(every) => {}
                     }
-                    (last_at, last_count) = (Instant::now(), count);
-                    let report = store.prune(&policy, now()).await.expect("prune");
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let count = recorded.load(Ordering::Relaxed);
+                    widest_gap = widest_gap.max(count - last_count);
+                    last_count = count;
                     passes += 1;
+                    began.send_replace(passes);
+                    let report = store.prune(&policy, now()).await.expect("prune");
                     rows += report.events_by_cap + report.events_by_age;
                 }
-                (passes, rows)
+                (passes, rows, widest_gap)
             })
         };
         let next = Arc::new(AtomicUsize::new(0));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..args.tasks {
-            let (store, next, recorded, latencies, rss_kib) = (
+            let (store, next, recorded, latencies, rss_kib, wanted) = (
                 Arc::clone(&store),
                 Arc::clone(&next),
                 Arc::clone(&recorded),
                 Arc::clone(&latencies),
                 Arc::clone(&rss_kib),
+                Arc::clone(&wanted),
             );
-            let (events, sessions, sample_every) = (args.events, args.sessions, args.sample_every);
+            let mut began = began_rx.clone();
+            let (events, sessions, sample_every, prune_every_events) = (
+                args.events,
+                args.sessions,
+                args.sample_every,
+                args.prune_every_events,
+            );
             tasks.spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -235,8 +260,16 @@ fn main() {
                     store.record(e, now()).await.expect("record");
                     latencies.record(t.elapsed());
                     let n = recorded.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n % 64 == 0 {
-                        // store-memory never makes a task wait: let the pruner run too.
+                    if n % prune_every_events == 0 {
+                        // Outside the recording's time.
+                        let asked = *began.borrow_and_update();
+                        wanted.notify_one();
+                        began
+                            .wait_for(|passes| *passes > asked)
+                            .await
+                            .expect("the pruner runs until the recordings end");
+                    } else if n % 64 == 0 {
+                        // store-memory never makes a task wait: let the other tasks run too.
                         tokio::task::yield_now().await;
                     }
                     if n % sample_every == 0 {
@@ -256,9 +289,18 @@ fn main() {
         }
         let elapsed = start.elapsed();
         done.store(true, Ordering::Relaxed);
-        let (passes, rows) = pruner.await.expect("the pruning task panicked");
-        (elapsed, passes, rows)
+        wanted.notify_one();
+        let (passes, rows, widest_gap) = pruner.await.expect("the pruning task panicked");
+        (elapsed, passes, rows, widest_gap)
     });
+
+    // Pruning ran beside the recordings: every task that crossed a mark waited for a pass to
+    // begin (CI's small runs pass a small `--prune-every-events`).
+    assert!(
+        args.events < args.prune_every_events || prune_passes > 0,
+        "no pruning pass began while {} events were recorded",
+        args.events
+    );
 
     // The row cap held: one last pass, and the log keeps exactly what the cap says (no event is
     // old enough for the age step), every other row deleted by a pass. A run whose events
@@ -318,8 +360,8 @@ fn main() {
     println!(
         "scale/{}: {} events over {} sessions in {:.1} s = {:.0} events/s; record p50 {:.1} µs, \
          p99 {:.1} µs; reconcile/200 at the end (median of 11 warm reads of a just-written \
-         session) {:.1} µs; {} pruning passes deleted {} rows, {} retained; {stored} {:.1} \
-         MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
+         session) {:.1} µs; {} pruning passes (at most {} events apart) deleted {} rows, {} \
+         retained; {stored} {:.1} MiB; VmHWM {:.1} MiB; RSS (MiB) {:?}",
         spec.name,
         args.events,
         args.sessions,
@@ -329,6 +371,7 @@ fn main() {
         p99 / 1e3,
         reconcile_ns / 1e3,
         prune_passes,
+        widest_gap,
         pruned,
         stats.rows,
         file_bytes.unwrap_or(0) as f64 / 1_048_576.0,
@@ -349,6 +392,8 @@ fn main() {
             "prune_every_ms": args.prune_every.as_millis() as u64,
             "prune_every_events": args.prune_every_events,
             "prune_passes": prune_passes,
+            "most_events_between_passes": widest_gap,
+            "max_rows": args.max_rows,
             "pruned_rows": pruned,
             "file_bytes": file_bytes,
             "vm_hwm_kib": vm_hwm,

@@ -555,13 +555,17 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
     }
 }
 
-/// The least-squares slope of the second half of RSS `samples` (MiB, one every `every`
-/// events; the first half holds the warm-up and the log filling to its cap), in MiB per
-/// 100,000 events; `None` with fewer than four samples.
-fn rss_growth(samples: &[f64], every: f64) -> Option<f64> {
-    let ys = samples
-        .get(samples.len() / 2..)
-        .filter(|ys| ys.len() >= 2 && samples.len() >= 4)?;
+/// The least-squares slope of the RSS `samples` (MiB, one every `every` events) taken once the
+/// data stopped growing: after `steady_from` events (the log at its row cap and every session
+/// with its head), in MiB per 100,000 events; `None` with fewer than three such samples. (A
+/// window of the second half threw away samples taken in the steady state, and understated
+/// growth four times over: review, stop 57.)
+fn rss_growth(samples: &[f64], every: f64, steady_from: f64) -> Option<f64> {
+    let first = (0_u32..)
+        .zip(samples)
+        .find(|(i, _)| f64::from(*i + 1) * every > steady_from)
+        .map(|(i, _)| usize::try_from(i).ok())??;
+    let ys = samples.get(first..).filter(|ys| ys.len() >= 3)?;
     let n = f64::from(u32::try_from(ys.len()).ok()?);
     let mean_x = (n - 1.0) / 2.0;
     let mean_y = ys.iter().sum::<f64>() / n;
@@ -582,17 +586,19 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
          running). The reconcile is the median of 11 back-to-back reads of a 200-event page of \
          a session just written (a warm read); the files are sqlite's database, WAL and `-shm` \
          index, redb's one file, or postgres's tables and their indexes on the server (whose \
-         memory is not in the process's figures). RSS growth is the least-squares slope of the second half of \
-         the RSS samples (the first half holds the warm-up and the log filling to its cap), in \
-         MiB per 100,000 events: 0 is flat; it is reported, not checked.\n"
+         memory is not in the process's figures). RSS growth is the least-squares slope of the RSS \
+         samples taken once the data stopped growing (after the log reached its row cap and \
+         every session had its head), in MiB per 100,000 events: 0 is flat; it is reported, not \
+         checked. Pruning passes are asked for every 10,000 events and every second; the \
+         column says how many began while recording and at most how many events apart.\n"
     );
     let _ = writeln!(
         s,
         "| backend | events / sessions / tasks | events/s | p50 / p99 record | reconcile/200 at \
-         the end (warm) | files (db, WAL, shm) | peak memory (VmHWM) | RSS samples (MiB) | \
-         RSS growth | measured |"
+         the end (warm) | pruning passes (events apart) | files (db, WAL, shm) | peak memory \
+         (VmHWM) | RSS samples (MiB) | RSS growth | measured |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for name in in_column_order(scale) {
         let (v, at) = &scale[name];
         let samples: Vec<f64> = v
@@ -604,12 +610,26 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
             .map(|k| k / 1024.0)
             .collect();
         let rss: Vec<String> = samples.iter().map(|m| format!("{m:.0}")).collect();
-        let growth = rss_growth(&samples, num(v, "rss_every_events"))
+        // Runs saved before the row cap was saved had the default one.
+        let max_rows = v
+            .get("max_rows")
+            .and_then(Value::as_f64)
+            .unwrap_or(50_000.0);
+        let steady_from = max_rows.max(num(v, "sessions"));
+        let passes = match v.get("most_events_between_passes").and_then(Value::as_f64) {
+            Some(gap) => format!(
+                "{} (at most {})",
+                count(num(v, "prune_passes") - 1.0),
+                count(gap)
+            ),
+            None => "-".into(),
+        };
+        let growth = rss_growth(&samples, num(v, "rss_every_events"), steady_from)
             .map_or_else(|| "-".into(), |g| format!("{g:+.2} MiB / 100k"));
         let _ = writeln!(
             s,
-            "| {name} | {} / {} / {} | {} | {} / {} | {} | {} | {:.1} MiB | every {}: {} | {growth} \
-             | {} |",
+            "| {name} | {} / {} / {} | {} | {} / {} | {} | {passes} | {} | {:.1} MiB | every {}: {} \
+             | {growth} | {} |",
             count(num(v, "events")),
             count(num(v, "sessions")),
             num(v, "tasks"),
@@ -632,20 +652,29 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
 mod tests {
     use super::rss_growth;
 
-    /// The first half (the warm-up) does not count; a flat second half grows by 0, one that
-    /// gains a MiB every sample of 100,000 events by 1, and one sampled every 200,000 by half.
+    /// The samples taken before the data stopped growing do not count, those after all do: a
+    /// flat steady state grows by 0, one that gains a MiB every sample of 100,000 events by 1
+    /// (whatever the first samples did), one sampled every 200,000 by half; fewer than three
+    /// steady samples give none.
     #[test]
-    fn rss_growth_is_the_slope_of_the_second_half() {
+    fn rss_growth_is_the_slope_once_the_data_stopped_growing() {
         assert_eq!(
-            rss_growth(&[10.0, 50.0, 80.0, 80.0, 80.0, 80.0], 100_000.0),
+            rss_growth(&[10.0, 80.0, 80.0, 80.0, 80.0, 80.0], 100_000.0, 100_000.0),
             Some(0.0)
         );
-        let rising = [10.0, 50.0, 80.0, 81.0, 82.0, 83.0];
         let near = |got: Option<f64>, want: f64| {
             assert!(got.is_some_and(|g| (g - want).abs() < 1e-9), "{got:?}");
         };
-        near(rss_growth(&rising, 100_000.0), 1.0);
-        near(rss_growth(&rising, 200_000.0), 0.5);
-        assert_eq!(rss_growth(&[10.0, 80.0, 80.0], 100_000.0), None);
+        // The second half of these is flat; from the second sample on they rise.
+        let rising = [10.0, 80.0, 81.0, 82.0, 83.0, 84.0, 84.0, 84.0];
+        let second_half = [10.0, 80.0, 81.0, 82.0, 83.0, 83.0, 83.0, 83.0];
+        near(rss_growth(&second_half[..5], 100_000.0, 100_000.0), 1.0);
+        assert!(rss_growth(&rising, 100_000.0, 100_000.0).is_some_and(|g| g > 0.5));
+        near(rss_growth(&rising[..5], 200_000.0, 200_000.0), 0.5);
+        assert_eq!(rss_growth(&[10.0, 80.0, 80.0], 100_000.0, 100_000.0), None);
+        assert_eq!(
+            rss_growth(&[10.0, 80.0, 80.0, 80.0], 100_000.0, 100_000.0),
+            Some(0.0)
+        );
     }
 }

@@ -420,22 +420,30 @@ async fn refuse_missing_cursors_before_writing(
     let Ok(store) = open_full_store_with(&cli.store, options).await else {
         return Ok(());
     };
-    let mut missing = None;
+    let ack = matches!(checked, Checked::Ack(..));
+    let mut refused = None;
     for t in targets {
-        // A failed read is left to the read-write open too.
-        if let Ok(None) = store.cursor(wk, t).await {
-            missing = Some(t);
-            break;
+        match store.cursor(wk, t).await {
+            Ok(None) => {
+                refused = Some(CliError::failure(format!(
+                    "no cursor of {} on {t}",
+                    wk.as_str()
+                )));
+                break;
+            }
+            // A cursor row that cannot be read: `ack` refuses it (an acknowledgement leaves
+            // it as it is), as the read-write open would, after migrating the file; `unwatch`
+            // removes it there (decision 0016).
+            Err(e @ StoreError::Corrupt { .. }) if ack => {
+                refused = Some(store_err("ack", &e));
+                break;
+            }
+            // Any other failure is left to the read-write open.
+            Ok(Some(_)) | Err(_) => {}
         }
     }
     store.close().await;
-    match missing {
-        Some(t) => Err(CliError::failure(format!(
-            "no cursor of {} on {t}",
-            wk.as_str()
-        ))),
-        None => Ok(()),
-    }
+    refused.map_or(Ok(()), Err)
 }
 
 /// Refuses, as a usage error, a command that `memory:` makes pointless: a store in memory lives
@@ -968,23 +976,57 @@ async fn record(
 /// page a reconcile returns, so that counting holds one page of events at a time.
 const PRUNE_PAGE: usize = awareness_core::reconcile::MAX_PAGE_LIMIT;
 
+/// Where `prune --dry-run` stopped reading the log: at a row the store cannot read.
+struct UnreadLog {
+    /// The last event read before it.
+    after: Sequence,
+    /// The store's error.
+    reason: String,
+    /// The rows from it on, not counted (the log's rows less those counted), when the store
+    /// could count them.
+    not_counted: Option<u64>,
+}
+
 /// What a pruning pass at `now` would delete, counted without deleting anything: the log is
 /// read a page at a time into a [`retention::Preview`], so a dry run holds one page of events
-/// however long the log is.
+/// however long the log is. A row the store cannot read ends the reading of the log there,
+/// read in halves down to it so that every event before it is counted (as `doctor` reads it),
+/// and is said ([`UnreadLog`]): a pass deletes such rows in their turn, and the dry run, which
+/// failed at them, answered nothing for the store that most needed a pass (review, stop 57).
 async fn would_prune(
     store: &dyn AwarenessStore,
     policy: &RetentionPolicy,
     now: Timestamp,
-) -> Result<retention::PruneReport, CliError> {
+) -> Result<(retention::PruneReport, Option<UnreadLog>), CliError> {
     let mut would = retention::Preview::new(policy, now);
     let mut after = Sequence::ZERO;
+    let (mut limit, mut counted) = (PRUNE_PAGE, 0u64);
+    let mut unread = None;
     loop {
-        let page = store
-            .events_after(after, PRUNE_PAGE)
-            .await
-            .map_err(|e| store_err("read events", &e))?;
+        let page = match store.events_after(after, limit).await {
+            Ok(page) => page,
+            Err(StoreError::Corrupt { .. }) if limit > 1 => {
+                limit /= 2;
+                continue;
+            }
+            Err(e @ StoreError::Corrupt { .. }) => {
+                let not_counted = store
+                    .log_stats()
+                    .await
+                    .ok()
+                    .map(|stats| stats.rows.saturating_sub(counted));
+                unread = Some(UnreadLog {
+                    after,
+                    reason: ErrorChain(&e).to_string(),
+                    not_counted,
+                });
+                break;
+            }
+            Err(e) => return Err(store_err("read events", &e)),
+        };
         let Some(last) = page.last() else { break };
         after = last.sequence;
+        counted += page.len() as u64;
         would.events(page.iter().map(|e| e.occurred_at));
     }
     let cursors = store
@@ -992,7 +1034,7 @@ async fn would_prune(
         .await
         .map_err(|e| store_err("read cursors", &e))?;
     would.cursors(cursors.iter().map(|c| c.updated_at));
-    Ok(would.report())
+    Ok((would.report(), unread))
 }
 
 /// `prune`: with `dry_run`, what a pass would delete ([`would_prune`]); else one pass, which
@@ -1006,7 +1048,7 @@ async fn prune(
 ) -> Result<(), CliError> {
     let policy = RetentionPolicy::default();
     if dry_run {
-        let would = would_prune(store, &policy, now).await?;
+        let (would, unread) = would_prune(store, &policy, now).await?;
         let (by_age, by_cap, idle_cursors) =
             (would.events_by_age, would.events_by_cap, would.cursors);
         // Rows the preview cannot read: the pass deletes those that are idle (decision 0016).
@@ -1018,18 +1060,34 @@ async fn prune(
         return if as_json {
             let plan =
                 json!({"eventsByAge": by_age, "eventsByCap": by_cap, "cursors": idle_cursors});
-            emit_json(
-                out,
-                &json!({"dryRun": true, "wouldDelete": plan, "unreadableCursors": unreadable}),
-            )
+            let mut answer =
+                json!({"dryRun": true, "wouldDelete": plan, "unreadableCursors": unreadable});
+            if let Some(u) = &unread {
+                answer["unreadableEvent"] = json!({
+                    "after": u.after,
+                    "notCounted": u.not_counted,
+                    "reason": u.reason,
+                });
+            }
+            emit_json(out, &answer)
         } else {
-            let also = if unreadable > 0 {
+            let mut also = if unreadable > 0 {
                 format!(
                     "; {unreadable} cursor row(s) that cannot be read are not counted (deleted if idle)"
                 )
             } else {
                 String::new()
             };
+            if let Some(u) = &unread {
+                let rows = u
+                    .not_counted
+                    .map_or_else(|| "the rows".to_owned(), |n| format!("{n} row(s)"));
+                let _ = write!(
+                    also,
+                    "; the log was counted up to event #{} only: the row after it cannot be read ({}), so {rows} from it on are not counted (a pass deletes them in their turn, by age or as the oldest beyond the cap)",
+                    u.after, u.reason
+                );
+            }
             emit(
                 out,
                 &format!(
@@ -1457,7 +1515,8 @@ mod tests {
             max_rows: 100,
             ..RetentionPolicy::default()
         };
-        let would = would_prune(&*store, &capped, now).await.unwrap();
+        let (would, unread) = would_prune(&*store, &capped, now).await.unwrap();
+        assert!(unread.is_none(), "every row read");
         let whole_capped = retention::preview(
             &capped,
             now,

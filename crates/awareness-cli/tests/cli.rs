@@ -537,6 +537,98 @@ fn unwatch_and_ack_of_a_missing_cursor_leave_openclaws_file_as_it_was() {
     );
 }
 
+/// `ack` of a cursor row OpenClaw's file holds but that cannot be read (a negative sequence, as
+/// a bad tool writes) fails, saying what is wrong with the row, and leaves the file byte for
+/// byte as it was: the read-only look for the cursor left a failed read to the read-write open,
+/// which added our columns before `ack` refused the row (review, stop 57). `unwatch` of that
+/// row removes it, as it always did (decision 0016).
+#[test]
+fn ack_of_an_unreadable_cursor_leaves_openclaws_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let file = dir.path().join("state.sqlite");
+    edit_by_hand(
+        &format!("sqlite://{}", file.display()),
+        "INSERT INTO session_watch_cursors (watcher_session_key, target_session_key, \
+         last_seen_sequence, notified_sequence, material_sequence, updated_at) \
+         VALUES ('agent:main:main', 'agent:main:subagent:torn', -1, 0, 0, 0)",
+    );
+    let before = std::fs::read(&file).unwrap();
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "ack",
+            "agent:main:main",
+            "agent:main:subagent:torn",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("corrupt store") && stderr(&o).contains("negative"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "a refused ack changed OpenClaw's file"
+    );
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "unwatch",
+            "agent:main:main",
+            "agent:main:subagent:torn",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// `prune --dry-run` on a log with an event row that cannot be read (an agent id with a `:`,
+/// written by hand) answers, exit 0: what the events before that row and the cursors would
+/// lose, and that the row and those after it were not counted. It failed, answering nothing,
+/// where a pass (which deletes such rows in their turn) succeeds (review, stop 57).
+#[test]
+fn a_dry_run_of_pruning_counts_the_log_up_to_a_row_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let file = dir.path().join("state.sqlite");
+    let dry = |dir: &Path| {
+        json(&run_in(
+            dir,
+            &["--store", &store, "--json", "prune", "--dry-run"],
+        ))
+    };
+    let whole = dry(dir.path());
+    assert!(whole.get("unreadableEvent").is_none(), "{whole}");
+    let tail = run_in(dir.path(), &["--store", &store, "--json", "tail"]);
+    assert!(tail.status.success(), "{}", stderr(&tail));
+    let last: Value = serde_json::from_str(stdout(&tail).lines().last().expect("an event"))
+        .expect("one event per line");
+    edit_by_hand(
+        &format!("sqlite://{}", file.display()),
+        "INSERT INTO session_state_events (session_key, agent_id, kind, actor_type, \
+         occurred_at, summary) VALUES ('global', 'a:b', 'goal_changed', 'system', 1, 'bad')",
+    );
+    let damaged = dry(dir.path());
+    assert_eq!(damaged["wouldDelete"], whole["wouldDelete"], "{damaged}");
+    assert_eq!(damaged["unreadableEvent"]["notCounted"], 1, "{damaged}");
+    assert_eq!(
+        damaged["unreadableEvent"]["after"], last["sequence"],
+        "{damaged} after {last}"
+    );
+    let o = run_in(dir.path(), &["--store", &store, "prune", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("counted up to event #"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// `cursors --watcher` and `cursors --target` list exactly the cursors of that watcher, and on
 /// that target, out of OpenClaw's database (two watchers on one target) and one more cursor on
 /// another target. (A review of stop 55 found either filter could be dropped, its value still

@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use awareness_core::testkit::hooked::{Call, Hook, Hooked};
 use awareness_core::{
-    AwarenessStore, AwarenessStoreExt as _, CursorStore as _, LinkSpec, SessionKey, SessionRef,
-    UpstreamLink, WatcherKey, async_trait,
+    AwarenessStore, CursorStore as _, LinkSpec, SessionRef, UpstreamLink, WatcherKey, async_trait,
 };
-use gateway_adapter::upstream::{CheckOutcome, JsonlProvider, UpstreamMonitor, UpstreamProvider};
-use gateway_adapter::{HumanMessage, MonitorConfig, open_full_store};
+use gateway_adapter::MonitorConfig;
+use gateway_adapter::upstream::{CheckOutcome, UpstreamMonitor, UpstreamProvider};
 use store_memory::MemoryStore;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -68,8 +67,12 @@ async fn background_tasks_let_go_of_a_dropped_service() {
     assert!(pruning.is_finished(), "pruning ended at its next interval");
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_shutdown_leaves_every_commit_in_the_file() {
+    use awareness_core::{AwarenessStoreExt as _, SessionKey};
+    use gateway_adapter::upstream::JsonlProvider;
+    use gateway_adapter::{HumanMessage, open_full_store};
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("state.sqlite");
     let url = format!("sqlite://{}", file.display());

@@ -1585,7 +1585,7 @@ impl Awareness {
         context: &'static str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        until(deadline, call)
+        until(deadline, unpanicked(context, call))
             .await
             .unwrap_or_else(|| Err(self.no_answer(context)))
     }
@@ -1740,9 +1740,10 @@ impl Awareness {
                 target: Some(msg.session.clone()),
                 ..CursorFilter::default()
             };
-            let watched = until(deadline, self.store.cursors(&filter))
+            const READ: &str = "read the session's watchers";
+            let watched = until(deadline, unpanicked(READ, self.store.cursors(&filter)))
                 .await
-                .unwrap_or_else(|| Err(self.no_answer("read the session's watchers")));
+                .unwrap_or_else(|| Err(self.no_answer(READ)));
             match watched {
                 // A cursor on another agent's session of the key is no watch of this one: a
                 // recording here notifies it only when it names the watcher (decision 0008).
@@ -2708,10 +2709,11 @@ impl Awareness {
             read_wakes,
             wake_owed,
         };
+        const READ: &str = "read the watcher's pending cursors";
         let cursors = self
-            .within_store_wait(self.pending_cursors(watcher))
+            .within_store_wait(unpanicked(READ, self.pending_cursors(watcher)))
             .await
-            .unwrap_or_else(|| Err(self.no_answer("read the watcher's pending cursors")));
+            .unwrap_or_else(|| Err(self.no_answer(READ)));
         let current: Vec<Notice> = match cursors {
             Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {
@@ -3467,6 +3469,25 @@ fn wake_if_queued(queue: &dyn SystemEventQueue, wake: &dyn HeartbeatWake, cursor
     if let Err(panic) = woken {
         warn!(session_key = %watcher, panic = awareness_core::error::panic_message(&*panic), "looking for the watcher's queued notice, or waking it for that notice, panicked; the watch stands, and its next turn reads the notice");
     }
+}
+
+/// The answer of `call`, a call to the store, or, when it panics (a store's bug),
+/// [`StoreError::Backend`] saying so under `context`: the panic does not unwind into the
+/// caller, whose turn or producer's call a failed read must not fail (DESIGN.md: recording and
+/// reading are best effort).
+pub(crate) async fn unpanicked<T>(
+    context: &str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    CatchUnwind(Box::pin(call)).await.unwrap_or_else(|panic| {
+        Err(StoreError::backend(
+            context.to_owned(),
+            format!(
+                "the store panicked: {}",
+                awareness_core::error::panic_message(&*panic)
+            ),
+        ))
+    })
 }
 
 /// A future that answers the panic of the one it wraps, if it panics, instead of unwinding

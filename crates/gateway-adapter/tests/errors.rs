@@ -688,3 +688,70 @@ async fn an_unwatch_the_store_has_not_answered_in_time_may_be_asked_again() {
         "nothing left to unwatch"
     );
 }
+
+/// Panics in every call of one kind, as a store with a bug would.
+struct PanicsOn(Call);
+
+#[async_trait]
+impl Hook for PanicsOn {
+    async fn before(&self, call: Call, _: &dyn awareness_core::AwarenessStore) {
+        assert!(call != self.0, "the store's bug: {call:?} panics");
+    }
+}
+
+/// A store whose cursor read panics fails neither a watcher's turn nor a human message: the
+/// turn answers, its notices staying pending, and the message is recorded all the same, each
+/// failure logged with the panic. The panic unwound into the caller (review, stop 57), where the
+/// same store panicking in a recording was only logged.
+#[tokio::test]
+async fn a_store_that_panics_reading_cursors_fails_no_turn_and_no_message() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let store = main_watching(child.clone()).await;
+    store
+        .record(
+            awareness_core::NewEvent::new(
+                child.clone(),
+                awareness_core::EventKind::GoalChanged,
+                awareness_core::ActorType::System,
+                "goal",
+            ),
+            Timestamp(1),
+        )
+        .await
+        .unwrap();
+    let svc = Arc::new(service(Arc::new(Hooked {
+        inner: Arc::clone(&store) as Arc<dyn awareness_core::AwarenessStore>,
+        hook: PanicsOn(Call::Cursors),
+    })));
+    let turn = {
+        let svc = Arc::clone(&svc);
+        tokio::spawn(async move { svc.drain_turn(&k("agent:main:main")).await })
+    };
+    turn.await.expect("the turn answers");
+    let line = logged(&capture.lines(), "cannot read the cursors to acknowledge");
+    assert!(line.contains("the store panicked"), "{line}");
+    let watcher = WatcherKey::parse("agent:main:main").unwrap();
+    assert!(
+        store
+            .cursor(&watcher, &child.session_key)
+            .await
+            .unwrap()
+            .is_some_and(|c| c.is_pending()),
+        "the notice stays pending"
+    );
+
+    let message = {
+        let svc = Arc::clone(&svc);
+        let msg = HumanMessage::new(k("agent:main:subagent:other"));
+        tokio::spawn(async move { svc.human_message_recorded(msg).await })
+    };
+    let recorded = message.await.expect("the message is answered");
+    assert!(matches!(recorded, HumanRecorded::Event(_)), "{recorded:?}");
+    let line = logged(
+        &capture.lines(),
+        "cannot tell whether the session is watched",
+    );
+    assert!(line.contains("the store panicked"), "{line}");
+}

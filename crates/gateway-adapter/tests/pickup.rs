@@ -1027,11 +1027,12 @@ fn shared_store() -> Arc<Hooked<Shared>> {
     })
 }
 
-/// A pick-up that panics (here the store, the first time the pick-up reads the pending
-/// cursors) does not end the pick-up task: the panic is logged and the notice is picked up at
-/// a later question, with no other commit since. (The gateway's session directory, which this
-/// test made panic until stop 56, no longer fails a pick-up: it leaves out the one watcher it
-/// panicked for.)
+/// A store that panics in a pick-up (here the first time the pick-up reads the pending
+/// cursors) does not end the pick-up task: the panic fails that read, logged with it, and the
+/// notice is picked up at a later question, with no other commit since. (The gateway's session
+/// directory, which this test made panic until stop 56, no longer fails a pick-up: it leaves
+/// out the one watcher it panicked for. Until stop 57 the store's panic unwound out of the
+/// read, and the pick-up task caught it as a pick-up that panicked.)
 #[tokio::test(start_paused = true)]
 async fn the_pickup_task_outlives_a_pick_up_that_panics() {
     struct PanicsFirst(std::sync::atomic::AtomicBool);
@@ -1056,7 +1057,10 @@ async fn the_pickup_task_outlives_a_pick_up_that_panics() {
     picked_up_after_a_panic(
         store,
         directory(&[MANAGER]),
-        &["a pick-up of notices panicked"],
+        &[
+            "cannot read the pending cursors to pick up notices",
+            "the store panicked: the store failed",
+        ],
     )
     .await;
 }

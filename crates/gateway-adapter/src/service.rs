@@ -1740,10 +1740,10 @@ impl Awareness {
                 target: Some(msg.session.clone()),
                 ..CursorFilter::default()
             };
-            const READ: &str = "read the session's watchers";
-            let watched = until(deadline, unpanicked(READ, self.store.cursors(&filter)))
+            let read = "read the session's watchers";
+            let watched = until(deadline, unpanicked(read, self.store.cursors(&filter)))
                 .await
-                .unwrap_or_else(|| Err(self.no_answer(READ)));
+                .unwrap_or_else(|| Err(self.no_answer(read)));
             match watched {
                 // A cursor on another agent's session of the key is no watch of this one: a
                 // recording here notifies it only when it names the watcher (decision 0008).
@@ -2709,11 +2709,11 @@ impl Awareness {
             read_wakes,
             wake_owed,
         };
-        const READ: &str = "read the watcher's pending cursors";
+        let read = "read the watcher's pending cursors";
         let cursors = self
-            .within_store_wait(unpanicked(READ, self.pending_cursors(watcher)))
+            .within_store_wait(unpanicked(read, self.pending_cursors(watcher)))
             .await
-            .unwrap_or_else(|| Err(self.no_answer(READ)));
+            .unwrap_or_else(|| Err(self.no_answer(read)));
         let current: Vec<Notice> = match cursors {
             Ok(cursors) => cursors.iter().map(Notice::of).collect(),
             Err(e) => {

@@ -3811,6 +3811,52 @@ mod tests {
         );
     }
 
+    /// The text view says what the page's flags say (DESIGN.md section 5): a truncated page
+    /// (so that the model asks again, not reads 200 events as the whole delta), a history gap
+    /// with the earliest event still there, a version from another incarnation of the session;
+    /// and none of it for a page that has none. Each line could be dropped without a test
+    /// failing (review, stop 57).
+    #[test]
+    fn the_text_view_says_a_truncated_page_a_history_gap_and_a_version_ahead() {
+        let target = SessionKey::new("agent:main:worker").unwrap();
+        let text = |truncated: bool, gap: bool, ahead: bool| {
+            let mut page = serde_json::json!({
+                "events": [],
+                "truncated": truncated, "earliestAvailableSequence": 7, "historyGap": gap,
+            });
+            if ahead {
+                page["versionAhead"] = serde_json::json!(true);
+            }
+            let status: SessionStatus = serde_json::from_value(
+                serde_json::json!({"stateVersion": 9, "stateChanges": page}),
+            )
+            .expect("a status as JSON");
+            render_status(&target, Some(Sequence(3)), &status)
+        };
+        let plain = text(false, false, false);
+        assert_eq!(
+            plain,
+            "Session \"agent:main:worker\" stateVersion 9.\nChanges since 3: 0 event(s)."
+        );
+        assert!(
+            text(true, false, false)
+                .contains("0 event(s) (truncated: ask again from the last sequence shown)."),
+            "truncated"
+        );
+        assert!(
+            text(false, true, false).contains(
+                "\nHistory gap: events after 3 were pruned; the earliest available is 7."
+            ),
+            "history gap"
+        );
+        assert!(
+            text(false, false, true).contains(
+                "\nVersion ahead: 3 is above this session's stateVersion; treat the session as new."
+            ),
+            "version ahead"
+        );
+    }
+
     /// A reset while the watcher's lock is held (a pick-up holds it for one cursor read) drops
     /// the notices a dropped turn left once the lock is taken again, and keeps its other
     /// lines; a deletion drops them all.

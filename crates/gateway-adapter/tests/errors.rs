@@ -755,3 +755,37 @@ async fn a_store_that_panics_reading_cursors_fails_no_turn_and_no_message() {
     );
     assert!(line.contains("the store panicked"), "{line}");
 }
+
+/// A write that fails while its caller waits, whose caller then stops waiting before it reads
+/// the answer, is logged with its cause as it goes: that log line is then the only trace of
+/// the failure, and could be dropped without a test failing (review, stop 57).
+#[tokio::test]
+async fn a_failure_its_caller_stopped_waiting_for_before_reading_it_is_logged() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let svc = service(Arc::new(Failing::new(CAUSE)));
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let event = awareness_core::NewEvent::new(
+        child,
+        awareness_core::EventKind::GoalChanged,
+        awareness_core::ActorType::System,
+        "goal",
+    );
+    let mut waiting = Box::pin(svc.try_record(event));
+    assert!(
+        !awareness_core::testkit::poll_once(waiting.as_mut()).await,
+        "the write runs on its task"
+    );
+    // The write's task fails while the caller still waits.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        capture.said(&["its caller had stopped waiting"]) == 0,
+        "not logged while the caller may still read it: {:?}",
+        capture.lines()
+    );
+    drop(waiting);
+    let line = logged(&capture.lines(), "its caller had stopped waiting");
+    assert!(line.contains(CAUSE), "{line}");
+}

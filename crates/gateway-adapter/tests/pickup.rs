@@ -1272,6 +1272,47 @@ async fn a_recovery_interval_shorter_than_the_pickup_interval_is_kept() {
     let _ = pickup.await;
 }
 
+/// A host directory that knows its sessions the first time it is asked, and none after: a
+/// session deleted between two questions.
+struct KnowsOnce {
+    inner: Arc<InMemoryDirectory>,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl SessionDirectory for KnowsOnce {
+    fn exists(&self, s: &SessionKey) -> bool {
+        let first = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        first && self.inner.exists(s)
+    }
+    fn entry(&self, s: &SessionKey) -> Option<SessionEntry> {
+        self.inner.entry(s)
+    }
+}
+
+/// A watcher the directory stopped knowing after the pick-up's first read of the pending
+/// cursors (a session deleted meanwhile) is not delivered to: nothing queued, nobody woken.
+/// The directory's second question could be dropped without a test failing (review, stop 57).
+#[tokio::test]
+async fn a_watcher_the_directory_forgot_since_the_first_read_is_not_delivered_to() {
+    let store = Arc::new(MemoryStore::new());
+    let dir = Arc::new(KnowsOnce {
+        inner: directory(&[MANAGER]),
+        asked: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(RecordingWake::new());
+    let svc = Awareness::builder(store.clone(), queue.clone(), wake.clone(), dir.clone()).build();
+    written_elsewhere(&*store, &[MANAGER]).await;
+    let picked = svc.pick_up().await;
+    assert!(
+        dir.asked.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "asked again before delivering"
+    );
+    assert_eq!(picked.queued, 0, "{picked:?}");
+    assert!(texts(&queue, MANAGER).is_empty(), "nothing queued");
+    assert_eq!(wake.count(&k(MANAGER)), 0, "nobody woken");
+}
+
 /// A host directory that panics when asked about one session (a bug for one row).
 struct PanicsFor {
     inner: Arc<InMemoryDirectory>,

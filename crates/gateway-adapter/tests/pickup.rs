@@ -1379,17 +1379,23 @@ async fn a_directory_that_panics_for_one_watcher_costs_the_others_nothing() {
 /// line queued anew (queued without a wake, decision 0015), it took the debt as paid and woke
 /// nobody, and the main session, which takes no turn unless woken, was left with the lines;
 /// with the ambient line queued already and the waking one queued anew (a wake), it kept the
-/// debt and woke the session a second time. Once, either way. An ambient cursor is
-/// OpenClaw's: the file is written as OpenClaw marks one.
+/// debt and woke the session a second time. Once, either way, and whichever of the two
+/// sessions comes first in the order of the cursors (the pick-up delivers the waking notices
+/// first: without that, an ambient notice first was taken for one that woke, and the debt for
+/// paid; the order could be dropped without a test failing: review, stop 57). An ambient
+/// cursor is OpenClaw's: the file is written as OpenClaw marks one.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pick_up_wakes_once_for_a_wake_owed_whichever_line_it_queues() {
-    for lost in [CHILD, "agent:main:subagent:other"] {
-        assert_eq!(
-            wakes_of_a_pick_up_owing_a_wake(lost).await,
-            vec![k(MANAGER)],
-            "the {lost} line lost"
-        );
+    // The explicit watch's session before the worker's, and after it.
+    for explicit in ["agent:main:subagent:other", "agent:main:subagent:zeta"] {
+        for lost in [CHILD, explicit] {
+            assert_eq!(
+                wakes_of_a_pick_up_owing_a_wake(explicit, lost).await,
+                vec![k(MANAGER)],
+                "the {lost} line lost, {explicit} watched explicitly"
+            );
+        }
     }
 }
 
@@ -1415,17 +1421,17 @@ impl Hook for HeldBefore {
 }
 
 /// The wakes of a pick-up while the manager is owed a wake for what its dropped turns read
-/// (the worker's notice, ambient, and another session's, explicit), both sessions having
+/// (the worker's notice, ambient, and `explicit`'s, explicit), both sessions having
 /// changed again since and the line of `lost` been lost from the queue. The first turn is
 /// dropped once its acknowledgement committed (which pays the wake as it ends: checked), the
 /// second while it reads the cursors, which owes it again to the pick-up.
 #[cfg(feature = "sqlite")]
-async fn wakes_of_a_pick_up_owing_a_wake(lost: &str) -> Vec<SessionKey> {
+async fn wakes_of_a_pick_up_owing_a_wake(explicit: &str, lost: &str) -> Vec<SessionKey> {
     let dir = tempfile::tempdir().expect("temp dir");
     // The manager's cursor on the worker is ambient and pending; its cursor on another
     // session is explicit and pending.
     let inner = ambient_manager(&dir.path().join("state.sqlite")).await;
-    let other = SessionRef::parse("agent:main:subagent:other", "main").unwrap();
+    let other = SessionRef::parse(explicit, "main").unwrap();
     let manager = WatcherKey::parse(MANAGER).unwrap();
     inner
         .watch(&manager, &other, Timestamp::now())

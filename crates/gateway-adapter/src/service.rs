@@ -1949,7 +1949,10 @@ impl Awareness {
                         debug!(watcher = %w, session_key = %child, error = %ErrorChain(&e), "spawn: the spawner's cursor cannot be read; the spawn wakes nobody");
                         None
                     }
-                    None => None,
+                    None => {
+                        debug!(watcher = %w, session_key = %child, "spawn: the spawner's cursor was not read within {wait:?}; the spawn wakes nobody");
+                        None
+                    }
                 },
             };
             if let Some(cursor) = cursor {

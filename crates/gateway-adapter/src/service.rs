@@ -1687,7 +1687,8 @@ impl Awareness {
     /// spawner or a parent (as OpenClaw, whether or not that session may watch it: a bare key,
     /// or one the visibility policy refuses, is only left out of the notices) or the session
     /// has a watcher (or when the store fails to say whether it has a watcher: the failure is
-    /// logged and the turn recorded). Returns the stored event.
+    /// logged and the turn recorded). A message of 0 turns ([`HumanMessage::turns`]) is
+    /// refused, with a `warn!`. Returns the stored event.
     ///
     /// The summary is `human message via <channel>` (`unknown` for a blank channel). The
     /// gateway's metadata never costs the event ([gateway metadata](Awareness#gateway-metadata)):
@@ -1943,7 +1944,12 @@ impl Awareness {
                 Some(kept) => kept,
                 // Not known: the cursor as the seed left it. An explicit one whose line is
                 // queued was woken for when it was queued; a wake more is coalesced.
-                None => match until(deadline_after(wait), store.cursor(&w, &child)).await {
+                None => match until(
+                    deadline_after(wait),
+                    unpanicked("read a cursor", store.cursor(&w, &child)),
+                )
+                .await
+                {
                     Some(Ok(c)) => c,
                     Some(Err(e)) => {
                         debug!(watcher = %w, session_key = %child, error = %ErrorChain(&e), "spawn: the spawner's cursor cannot be read; the spawn wakes nobody");

@@ -789,3 +789,59 @@ async fn a_failure_its_caller_stopped_waiting_for_before_reading_it_is_logged() 
     let line = logged(&capture.lines(), "its caller had stopped waiting");
     assert!(line.contains(CAUSE), "{line}");
 }
+
+/// A store that panics reading cursors fails the monitor's question whether a session is
+/// watched, said as any failure of it is, and the spawn's follow-up read of the spawner's
+/// cursor, and nothing else: the spawn is reported recorded. The second reading of stop 57
+/// found both reads left out of the guard: the monitor's tick panicked, and the committed spawn
+/// was reported as a recording whose task failed.
+#[tokio::test]
+async fn a_store_that_panics_reading_cursors_fails_no_tick_and_no_spawn() {
+    let store = Arc::new(MemoryStore::new());
+    let hooked = |call| {
+        Arc::new(Hooked {
+            inner: Arc::clone(&store) as Arc<dyn awareness_core::AwarenessStore>,
+            hook: PanicsOn(call),
+        })
+    };
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    store
+        .upsert_link(
+            LinkSpec::new(session.clone(), "remote", "h", "t", "quiet"),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(
+        Arc::new(service(hooked(Call::Cursors))),
+        Arc::clone(&store) as Arc<dyn UpstreamStore>,
+    )
+    .provider(Arc::new(Quiet))
+    .build();
+    let mut rx = monitor.subscribe();
+    monitor.tick().await;
+    let mut failures = Vec::new();
+    while let Ok(d) = rx.try_recv() {
+        if let Detection::Failed { error, .. } = d {
+            failures.push(error);
+        }
+    }
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].starts_with("cannot read its watchers")
+            && failures[0].contains("the store panicked"),
+        "{failures:?}"
+    );
+
+    let svc = service(hooked(Call::Cursor));
+    let spawned = svc
+        .subagent_spawned(
+            &k("agent:main:subagent:c"),
+            None,
+            &k("agent:main:main"),
+            "run-1",
+        )
+        .await;
+    assert!(spawned.is_some(), "the spawn is recorded, and said so");
+    assert_eq!(store.log_stats().await.unwrap().rows, 1);
+}

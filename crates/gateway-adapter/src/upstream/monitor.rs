@@ -1029,7 +1029,8 @@ impl Inner {
             target: Some(session.session_key.clone()),
             ..CursorFilter::default()
         };
-        let read = self.awareness.store().cursors(&filter);
+        let read =
+            crate::service::unpanicked("read cursors", self.awareness.store().cursors(&filter));
         let (e, answered) = match self.awareness.within(deadline, read).await {
             Some(Ok(cursors)) => {
                 if self.logged.ended(Site::Watched, Some(session)) {

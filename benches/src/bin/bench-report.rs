@@ -559,12 +559,16 @@ fn render_prune(s: &mut String, prune: &BTreeMap<String, (Value, Option<SystemTi
 /// data stopped growing: after `steady_from` events (the log at its row cap and every session
 /// with its head), in MiB per 100,000 events; `None` with fewer than three such samples. (A
 /// window of the second half threw away samples taken in the steady state, and understated
-/// growth four times over: review, stop 57.)
-fn rss_growth(samples: &[f64], every: f64, steady_from: f64) -> Option<f64> {
-    let first = (0_u32..)
-        .zip(samples)
-        .find(|(i, _)| f64::from(*i + 1) * every > steady_from)
-        .map(|(i, _)| usize::try_from(i).ok())??;
+/// growth four times over: review, stop 57.) Without `steady_from` (a run saved before its row
+/// cap was), the second half, as then.
+fn rss_growth(samples: &[f64], every: f64, steady_from: Option<f64>) -> Option<f64> {
+    let first = match steady_from {
+        Some(steady_from) => (0_u32..)
+            .zip(samples)
+            .find(|(i, _)| f64::from(*i + 1) * every > steady_from)
+            .map(|(i, _)| usize::try_from(i).ok())??,
+        None => samples.len() / 2,
+    };
     let ys = samples.get(first..).filter(|ys| ys.len() >= 3)?;
     let n = f64::from(u32::try_from(ys.len()).ok()?);
     let mean_x = (n - 1.0) / 2.0;
@@ -610,12 +614,11 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
             .map(|k| k / 1024.0)
             .collect();
         let rss: Vec<String> = samples.iter().map(|m| format!("{m:.0}")).collect();
-        // Runs saved before the row cap was saved had the default one.
-        let max_rows = v
+        // A run saved before its row cap was (stop 57) may have had any (`--max-rows`).
+        let steady_from = v
             .get("max_rows")
             .and_then(Value::as_f64)
-            .unwrap_or(50_000.0);
-        let steady_from = max_rows.max(num(v, "sessions"));
+            .map(|max_rows| max_rows.max(num(v, "sessions")));
         let passes = match v.get("most_events_between_passes").and_then(Value::as_f64) {
             Some(gap) => format!(
                 "{} (at most {})",
@@ -659,7 +662,11 @@ mod tests {
     #[test]
     fn rss_growth_is_the_slope_once_the_data_stopped_growing() {
         assert_eq!(
-            rss_growth(&[10.0, 80.0, 80.0, 80.0, 80.0, 80.0], 100_000.0, 100_000.0),
+            rss_growth(
+                &[10.0, 80.0, 80.0, 80.0, 80.0, 80.0],
+                100_000.0,
+                Some(100_000.0)
+            ),
             Some(0.0)
         );
         let near = |got: Option<f64>, want: f64| {
@@ -668,12 +675,20 @@ mod tests {
         // The second half of these is flat; from the second sample on they rise.
         let rising = [10.0, 80.0, 81.0, 82.0, 83.0, 84.0, 84.0, 84.0];
         let second_half = [10.0, 80.0, 81.0, 82.0, 83.0, 83.0, 83.0, 83.0];
-        near(rss_growth(&second_half[..5], 100_000.0, 100_000.0), 1.0);
-        assert!(rss_growth(&rising, 100_000.0, 100_000.0).is_some_and(|g| g > 0.5));
-        near(rss_growth(&rising[..5], 200_000.0, 200_000.0), 0.5);
-        assert_eq!(rss_growth(&[10.0, 80.0, 80.0], 100_000.0, 100_000.0), None);
+        near(
+            rss_growth(&second_half[..5], 100_000.0, Some(100_000.0)),
+            1.0,
+        );
+        assert!(rss_growth(&rising, 100_000.0, Some(100_000.0)).is_some_and(|g| g > 0.5));
+        // A run saved without its row cap: the second half, flat here.
+        assert_eq!(rss_growth(&second_half, 100_000.0, None), Some(0.0));
+        near(rss_growth(&rising[..5], 200_000.0, Some(200_000.0)), 0.5);
         assert_eq!(
-            rss_growth(&[10.0, 80.0, 80.0, 80.0], 100_000.0, 100_000.0),
+            rss_growth(&[10.0, 80.0, 80.0], 100_000.0, Some(100_000.0)),
+            None
+        );
+        assert_eq!(
+            rss_growth(&[10.0, 80.0, 80.0, 80.0], 100_000.0, Some(100_000.0)),
             Some(0.0)
         );
     }

@@ -615,6 +615,21 @@ async fn an_empty_file_where_a_store_still_open_was_moved_from_is_refused() {
         assert!(err.to_string().contains("the file is empty"), "{err}");
         assert_eq!(listing(dir.path()), before, "nothing touched");
     }
+    // Through a symbolic link elsewhere, whose target SQLite names the log after (the second
+    // reading: the log was looked for beside the link).
+    #[cfg(unix)]
+    {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let link = elsewhere.path().join("link.sqlite");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let err = SqliteStore::open(&link).await.unwrap_err();
+        assert_open_error(&err, &link, "write-ahead log", OpenFailure::Other);
+        assert_eq!(
+            listing(dir.path()),
+            before,
+            "nothing touched through the link"
+        );
+    }
     first
         .record(
             NewEvent::new(target(1), EventKind::Created, ActorType::System, "y"),

@@ -982,8 +982,8 @@ struct UnreadLog {
     after: Sequence,
     /// The store's error.
     reason: String,
-    /// The rows from it on, not counted (the log's rows less those counted), when the store
-    /// could count them.
+    /// The rows from it on, not counted by age (the log's rows less those counted), when the
+    /// store could count them; the row cap counts them as young rows.
     not_counted: Option<u64>,
 }
 
@@ -1015,6 +1015,11 @@ async fn would_prune(
                     .await
                     .ok()
                     .map(|stats| stats.rows.saturating_sub(counted));
+                // Counted for the row cap as rows too young for the age step: a pass applies
+                // the cap to the whole log, oldest first, and so deletes the rows counted here
+                // (the second reading: counted alone, they were under the cap, and the dry run
+                // said 0 where the pass deleted 10,009).
+                would.events(std::iter::repeat_n(now, not_counted.unwrap_or(0) as usize));
                 unread = Some(UnreadLog {
                     after,
                     reason: ErrorChain(&e).to_string(),
@@ -1084,7 +1089,7 @@ async fn prune(
                     .map_or_else(|| "the rows".to_owned(), |n| format!("{n} row(s)"));
                 let _ = write!(
                     also,
-                    "; the log was counted up to event #{} only: the row after it cannot be read ({}), so {rows} from it on are not counted (a pass deletes them in their turn, by age or as the oldest beyond the cap)",
+                    "; the log was counted up to event #{} only: the row after it cannot be read ({}), so {rows} from it on are not counted by age (they are counted for the row cap, as rows too young for the age step; a pass deletes them in their turn, by age or as the oldest beyond the cap)",
                     u.after, u.reason
                 );
             }

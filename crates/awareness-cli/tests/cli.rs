@@ -629,6 +629,51 @@ fn a_dry_run_of_pruning_counts_the_log_up_to_a_row_it_cannot_read() {
     );
 }
 
+/// The dry run's row-cap count over a log with an unreadable row holds the rows it could not
+/// read: a pass applies the cap to the whole log, oldest first, and deletes exactly as many as
+/// the dry run said. Counted from the rows before the unreadable one alone, the cap came to 0
+/// where the pass deleted 10,009 (the second reading of stop 57).
+#[test]
+fn a_dry_run_counts_the_rows_it_cannot_read_for_the_row_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fixture_copy(dir.path());
+    let file = dir.path().join("state.sqlite");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let bulk = format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 30000) \
+         INSERT INTO session_state_events (session_key, agent_id, kind, actor_type, occurred_at, \
+         summary) SELECT 'agent:main:bulk', 'main', 'goal_changed', 'system', {now}, 'bulk' FROM n"
+    );
+    edit_by_hand(&format!("sqlite://{}", file.display()), &bulk);
+    edit_by_hand(
+        &format!("sqlite://{}", file.display()),
+        &format!(
+            "INSERT INTO session_state_events (session_key, agent_id, kind, actor_type, \
+             occurred_at, summary) VALUES ('global', 'a:b', 'goal_changed', 'system', {now}, 'bad')"
+        ),
+    );
+    edit_by_hand(&format!("sqlite://{}", file.display()), &bulk);
+    let dry = json(&run_in(
+        dir.path(),
+        &["--store", &store, "--json", "prune", "--dry-run"],
+    ));
+    assert_eq!(dry["unreadableEvent"]["notCounted"], 30_001, "{dry}");
+    let pass = json(&run_in(dir.path(), &["--store", &store, "--json", "prune"]));
+    assert!(
+        pass["deleted"]["eventsByCap"]
+            .as_u64()
+            .is_some_and(|n| n > 10_000),
+        "{pass}"
+    );
+    assert_eq!(
+        dry["wouldDelete"]["eventsByCap"], pass["deleted"]["eventsByCap"],
+        "{dry} {pass}"
+    );
+}
+
 /// `cursors --watcher` and `cursors --target` list exactly the cursors of that watcher, and on
 /// that target, out of OpenClaw's database (two watchers on one target) and one more cursor on
 /// another target. (A review of stop 55 found either filter could be dropped, its value still

@@ -513,6 +513,33 @@ async fn a_lost_commit_the_server_cannot_be_asked_about_is_an_unknown_outcome() 
     }
 }
 
+/// The same for a batch of a group commit (on by default): every caller in it gets the
+/// unknown outcome, not retryable. Only single recordings were checked, and a batch that went
+/// back to `Busy` passed every test (the second reading of stop 57).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_lost_commit_cannot_be_asked_about_is_an_unknown_outcome_for_each_caller() {
+    let proxy = Proxy::start();
+    let (store, _direct, schema) = stores(&proxy, |o| o.max_connections(1)).await;
+    store.record(event(100), T0).await.expect("record");
+    proxy.after_fault(Later::Close);
+    // The first recording commits alone; the batch of the other three loses its answer.
+    proxy.arm(Fault::LoseAnswer, 1);
+    let answers = record_behind_the_lock(&store, &schema.0, 4).await;
+    assert_eq!(store.largest_batch(), 3);
+    assert_eq!(proxy.swallowed(), 1);
+    assert!(answers[0].is_ok(), "{:?}", answers[0]);
+    for (i, answer) in answers.iter().enumerate().skip(1) {
+        let e = answer.as_ref().expect_err("the outcome cannot be known");
+        let text = awareness_core::error::ErrorChain(e).to_string();
+        assert!(
+            matches!(e, StoreError::Backend { .. })
+                && !e.is_retryable()
+                && text.contains("the outcome is unknown"),
+            "recording {i}: {text}"
+        );
+    }
+}
+
 /// The server says the transaction whose `COMMIT` lost its answer committed, but the log does
 /// not hold its event as written (here deleted right after the commit; after a server restart,
 /// the transaction's id may have gone to another transaction, which took the same number):

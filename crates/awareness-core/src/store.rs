@@ -58,11 +58,10 @@ pub trait CommitHints: Send {
 ///   lost a race for the write-ahead log's locks (`PROTOCOL`); store-postgres: the store's
 ///   lock held past the role's `lock_timeout`, a lost connection, a lost race, a server
 ///   restarting (its crate docs list them). The write transaction is rolled back, so a write
-///   that gets it has written nothing and the same call may be made again. The one exception,
-///   store-postgres's: a write other than a recording whose `COMMIT` lost its answer, when the
-///   server could not say whether it committed, may have been written; done again, it leaves
-///   what doing it once does. A recording in that case gets [`StoreError::Backend`] (see
-///   [`EventStore::record`]).
+///   that gets it has written nothing and the same call may be made again. (A store-postgres
+///   write whose `COMMIT` lost its answer, when the server cannot say whether it committed,
+///   gets [`StoreError::Backend`] saying the outcome is unknown: see
+///   [`EventStore::record`].)
 /// - [`StoreError::Corrupt`]: the file is damaged (SQLite's `CORRUPT` or `NOTADB`, redb's
 ///   corruption errors), or a row the method must read cannot be read. Each method says which
 ///   rows fail it; the others pass over them. Retrying does not help.

@@ -70,8 +70,8 @@
 //! connection that stays half-open on the client's side waits for TCP to give up first. The
 //! other writes are asked about the same way (so that a session left idle in their
 //! transaction, holding the store's lock, is ended too, and a commit that went through counts
-//! as the handle's own): committed, a success; otherwise a retryable error, since each of
-//! them, done twice, leaves what doing it once does.
+//! as the handle's own): committed, a success; rolled back, a retryable error; unknown, a
+//! [`StoreError::Backend`] saying so.
 //! Why these choices: docs/decisions/0030.
 //!
 //! ```no_run
@@ -493,8 +493,8 @@ impl PgStore {
     /// The store's operations answer `Busy` too when their connection is lost, a transaction
     /// loses a race, or the server ends a transaction that sat idle (SQLSTATE `08...`,
     /// `57P01`-`57P03`, `53300`, `40001`, `40P01`, `55P03`, `25P03`, `25P04`), `Backend`
-    /// otherwise; a recording whose `COMMIT` lost its answer, which the server could not
-    /// settle, answers `Backend` (see "A lost `COMMIT` is asked about" above).
+    /// otherwise; a write whose `COMMIT` lost its answer, which the server could not settle,
+    /// answers `Backend` (see "A lost `COMMIT` is asked about" above).
     pub async fn connect(
         server: PgConnectOptions,
         options: PgStoreOptions,

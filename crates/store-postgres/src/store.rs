@@ -407,8 +407,8 @@ impl Inner {
     /// a recording ([`Inner::commit_known`]): a session left idle in the transaction, holding
     /// the store's lock for every gateway until the server's idle timeout, is ended; committed,
     /// this is a success (and counted as this handle's own, which `foreign_commits` must not
-    /// show as another's); rolled back or unknown, a retryable error (each of these writes,
-    /// done again, leaves what doing it once does).
+    /// show as another's); rolled back, a retryable error (nothing was written); unknown,
+    /// [`StoreError::Backend`] saying so.
     async fn commit(&self, mut tx: Write, what: &str) -> Result<(), StoreError> {
         let row = sqlx::query(rows::COUNT_COMMIT)
             .fetch_optional(&mut *tx)
@@ -464,24 +464,22 @@ impl Inner {
             }
             return Ok(());
         }
-        // A recording's unknown outcome is not retryable: done again, an event without a
-        // dedupe key may be recorded twice (as store-sqlite's group commit that stopped before
-        // answering). The other writes, done twice, leave what doing them once does.
+        // An unknown outcome is not retryable: done again, an event without a dedupe key may
+        // be recorded twice (as store-sqlite's group commit that stopped before answering),
+        // and another write may do more than once (an acknowledgement of whatever notice each
+        // cursor shows takes one that came meanwhile too).
         let unknown = |why: String| {
-            let context = format!(
-                "{}: {what}: the connection was lost during COMMIT (transaction {}); {why}: the outcome is unknown",
-                self.name, id.xid
-            );
-            let source = lost.to_string().into();
-            Uncommitted::Failed(if recording {
-                StoreError::Backend {
-                    context: format!(
-                        "{context}: read it back, or record it again (under the same dedupe key, if it had one, so as not to record it twice)"
-                    ),
-                    source,
-                }
+            let again = if recording {
+                "read it back, or record it again (under the same dedupe key, if it had one, so as not to record it twice)"
             } else {
-                StoreError::Busy { context, source }
+                "read back what it was for before doing it again"
+            };
+            Uncommitted::Failed(StoreError::Backend {
+                context: format!(
+                    "{}: {what}: the connection was lost during COMMIT (transaction {}); {why}: the outcome is unknown: {again}",
+                    self.name, id.xid
+                ),
+                source: lost.to_string().into(),
             })
         };
         match asked {

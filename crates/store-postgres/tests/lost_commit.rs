@@ -5,9 +5,8 @@
 //! caller gets its event; rolled back, the store records it again, once, in the same turn;
 //! the server out of reach, the caller gets an error saying the outcome is unknown, not
 //! retryable (retried, an event without a dedupe key would be recorded twice). The other
-//! writes (a watch, here) are asked about too: committed, a success; otherwise a retryable
-//! error (done twice, each leaves what doing it once does); and in either case a session left
-//! idle in the transaction is ended.
+//! writes (a watch, here) are asked about too: committed, a success; rolled back, a retryable
+//! error; and in either case a session left idle in the transaction is ended.
 //!
 //! The faults are made by [`Proxy`], a stand-in for the server that the store connects to: it
 //! passes every byte both ways and reads the store's messages, so that it can act on the
@@ -511,6 +510,40 @@ async fn a_lost_commit_the_server_cannot_be_asked_about_is_an_unknown_outcome() 
             "{later:?}: the server had committed it"
         );
     }
+}
+
+/// A watch whose `COMMIT` lost its answer, the server then out of reach: the outcome is unknown
+/// and said so, not retryable (`Busy` says nothing was written; a write other than a
+/// recording, done again, may do more than once: the second reading of stop 57).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_lost_commit_cannot_be_asked_about_is_an_unknown_outcome() {
+    let proxy = Proxy::start();
+    let (store, direct, _drop) = stores(&proxy, |o| o.max_connections(1)).await;
+    store.record(event(0), T0).await.expect("record");
+    let watcher = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
+    proxy.after_fault(Later::Close);
+    proxy.arm(Fault::LoseAnswer, 0);
+    let e = store
+        .watch(&watcher, &event(0).session, T0)
+        .await
+        .expect_err("the outcome cannot be known");
+    assert_eq!(proxy.swallowed(), 1);
+    let text = awareness_core::error::ErrorChain(&e).to_string();
+    assert!(
+        matches!(e, StoreError::Backend { .. })
+            && !e.is_retryable()
+            && text.contains("the outcome is unknown")
+            && text.contains("read back"),
+        "{text}"
+    );
+    assert!(
+        direct
+            .cursor(&watcher, &event(0).session.session_key)
+            .await
+            .expect("cursor")
+            .is_some(),
+        "the server had committed it"
+    );
 }
 
 /// The same for a batch of a group commit (on by default): every caller in it gets the

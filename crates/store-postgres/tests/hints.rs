@@ -160,36 +160,7 @@ async fn a_stream_gives_the_hints_after_it_was_made() {
 /// hint ever came again (review, stop 55).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listening_connection_the_network_dropped_silently_is_listened_on_again() {
-    let proxy = SilentProxy::start();
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
-    let (theirs, _) = server::fresh_store_in(&schema).await;
-    let ours = PgStore::connect(
-        proxy.server(),
-        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(200)),
-    )
-    .await
-    .expect("connect through the proxy");
-    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
-    let first = ours.hints_listening().await;
-    hinted(&mut hints).await;
-
-    proxy.go_silent();
-    let again = tokio::time::timeout(WAIT, async {
-        loop {
-            let pid = ours.hints_listening().await;
-            if pid != first {
-                return pid;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("a new listening session within the wait");
-    assert_ne!(again, first);
-    hinted(&mut hints).await;
-    theirs.record(event(1), T0).await.expect("record theirs");
-    hinted(&mut hints).await;
+    listened_on_again_after_silence(false).await;
 }
 
 /// A try to listen again whose connection goes silent once made (its `LISTEN` never answered)
@@ -197,6 +168,13 @@ async fn a_listening_connection_the_network_dropped_silently_is_listened_on_agai
 /// `LISTEN` for good, and no hint ever came again (stop 57).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_to_listen_on_a_silent_connection_is_given_up_and_made_again() {
+    listened_on_again_after_silence(true).await;
+}
+
+/// A handle listening through a [`SilentProxy`] whose connections go silent (and, with
+/// `mute_listen`, whose next `LISTEN` goes silent too): a new listening session comes within
+/// the wait, with its hint, and another handle's commit is hinted after it.
+async fn listened_on_again_after_silence(mute_listen: bool) {
     let proxy = SilentProxy::start();
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
@@ -211,7 +189,9 @@ async fn a_try_to_listen_on_a_silent_connection_is_given_up_and_made_again() {
     let first = ours.hints_listening().await;
     hinted(&mut hints).await;
 
-    proxy.mute_next_listen();
+    if mute_listen {
+        proxy.mute_next_listen();
+    }
     proxy.go_silent();
     let again = tokio::time::timeout(WAIT, async {
         loop {
@@ -227,7 +207,7 @@ async fn a_try_to_listen_on_a_silent_connection_is_given_up_and_made_again() {
     assert_ne!(again, first);
     assert!(
         !proxy.mute_listen.load(std::sync::atomic::Ordering::SeqCst),
-        "a try to listen went silent"
+        "a try to listen went silent, when asked to"
     );
     hinted(&mut hints).await;
     theirs.record(event(1), T0).await.expect("record theirs");

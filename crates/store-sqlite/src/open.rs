@@ -217,12 +217,15 @@ pub(crate) async fn prepare_file(
             // its own as it would beside a missing one (and deletes a log it finds there):
             // what a store moved away while open, and an empty file put in its place, would
             // do to the moved store's log (its committed events with it).
-            // Beside the file itself: SQLite names them after a symbolic link resolved.
+            // Beside the file itself: SQLite names them after a symbolic link resolved. A
+            // journal is not played back over an empty file, and another opener making the
+            // store in this empty file has one for a moment: not looked at.
             if m.len() == 0 {
                 refuse_stray_companions(
                     path,
                     &resolved(path),
                     "the file is empty (no database yet)",
+                    false,
                     || std::fs::metadata(path).is_ok_and(|m| m.len() == 0),
                 )?;
             }
@@ -419,7 +422,7 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
     // zeroed or empty (`journal_mode=PERSIST` or `TRUNCATE`) is ignored by SQLite, and here.
     // The path is looked at after them: another opener creating the store at the same moment
     // links it there before its log or index exists, so neither is taken for a stray one.
-    refuse_stray_companions(path, path, "no database is there", || {
+    refuse_stray_companions(path, path, "no database is there", true, || {
         std::fs::symlink_metadata(path).is_err()
     })?;
     let cannot_create = |e: std::io::Error| {
@@ -463,14 +466,15 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
 
 /// Refuses to make a store at `path`, where no database is (`state` says how: missing, or
 /// empty), when a write-ahead log, its index or a live journal is beside the file `beside`
-/// (`path`, its symbolic link resolved) ([`create`] says why). `still` tells, once they have
-/// been looked at, whether `path` is still as it was: another opener creating the store at the
-/// same moment puts it there before its log or index exists, so neither is taken for a stray
-/// one.
+/// (`path`, its symbolic link resolved) ([`create`] says why); the journal only with
+/// `journal`. `still` tells, once they have been looked at, whether `path` is still as it was:
+/// another opener creating the store at the same moment puts it there before its log or index
+/// exists, so neither is taken for a stray one.
 fn refuse_stray_companions(
     path: &Path,
     beside: &Path,
     state: &str,
+    journal: bool,
     still: impl Fn() -> bool,
 ) -> Result<(), StoreError> {
     for (suffix, what) in [
@@ -478,6 +482,9 @@ fn refuse_stray_companions(
         ("-shm", "write-ahead log's shared-memory index"),
         ("-journal", "rollback journal"),
     ] {
+        if suffix == "-journal" && !journal {
+            continue;
+        }
         let left = companion(beside, suffix);
         let live = if suffix == "-journal" {
             first_byte_set(&left)

@@ -659,6 +659,25 @@ async fn an_empty_file_where_a_store_still_open_was_moved_from_is_refused() {
     store.close().await;
 }
 
+/// An empty file with a rollback journal beside it, live by SQLite's test (its first byte set:
+/// another opener making the store in this empty file has one for a moment), opens: SQLite
+/// does not play a journal back over an empty file. The first version of the empty-file check
+/// refused it as stray (stop 57).
+#[tokio::test]
+async fn an_empty_file_with_a_journal_beside_it_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    std::fs::write(&path, b"").unwrap();
+    std::fs::write(dir.path().join("state.sqlite-journal"), b"\xd9journal").unwrap();
+    let store = SqliteStore::open(&path).await.expect("opens");
+    assert_eq!(
+        store.log_stats().await.unwrap().rows,
+        0,
+        "a new, empty store"
+    );
+    store.close().await;
+}
+
 /// A database file with another name (a hard link: a backup made with links, a link made by
 /// hand) is refused under either name, read-write and read-only, naming the other name when it
 /// is in the same directory, and nothing is created beside either: SQLite keeps a log beside

@@ -621,8 +621,8 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
             .map(|max_rows| max_rows.max(num(v, "sessions")));
         let passes = match v.get("most_events_between_passes").and_then(Value::as_f64) {
             Some(gap) => format!(
-                "{} (at most {})",
-                count(num(v, "prune_passes") - 1.0),
+                "{:.0} (at most {})",
+                num(v, "prune_passes") - 1.0,
                 count(gap)
             ),
             None => "-".into(),

@@ -983,7 +983,7 @@ struct UnreadLog {
     /// The store's error.
     reason: String,
     /// The rows from it on, not counted by age (the log's rows less those counted), when the
-    /// store could count them; the row cap counts them as young rows.
+    /// store could count them; the row cap counts them ([`retention::Preview::unread`]).
     not_counted: Option<u64>,
 }
 
@@ -999,40 +999,29 @@ async fn would_prune(
     now: Timestamp,
 ) -> Result<(retention::PruneReport, Option<UnreadLog>), CliError> {
     let mut would = retention::Preview::new(policy, now);
-    let mut after = Sequence::ZERO;
-    let (mut limit, mut counted) = (PRUNE_PAGE, 0u64);
-    let mut unread = None;
-    loop {
-        let page = match store.events_after(after, limit).await {
-            Ok(page) => page,
-            Err(StoreError::Corrupt { .. }) if limit > 1 => {
-                limit /= 2;
-                continue;
-            }
-            Err(e @ StoreError::Corrupt { .. }) => {
-                let not_counted = store
-                    .log_stats()
-                    .await
-                    .ok()
-                    .map(|stats| stats.rows.saturating_sub(counted));
-                // Counted for the row cap as rows too young for the age step: a pass applies
-                // the cap to the whole log, oldest first, and so deletes the rows counted here
-                // (the second reading: counted alone, they were under the cap, and the dry run
-                // said 0 where the pass deleted 10,009).
-                would.events(std::iter::repeat_n(now, not_counted.unwrap_or(0) as usize));
-                unread = Some(UnreadLog {
-                    after,
-                    reason: ErrorChain(&e).to_string(),
-                    not_counted,
-                });
-                break;
-            }
-            Err(e) => return Err(store_err("read events", &e)),
-        };
-        let Some(last) = page.last() else { break };
-        after = last.sequence;
+    let mut counted = 0u64;
+    let stopped = audit::read_log(store, PRUNE_PAGE, |page| {
         counted += page.len() as u64;
         would.events(page.iter().map(|e| e.occurred_at));
+    })
+    .await
+    .map_err(|e| store_err("read events", &e))?;
+    let mut unread = None;
+    if let Some(row) = stopped {
+        let not_counted = store
+            .log_stats()
+            .await
+            .ok()
+            .map(|stats| stats.rows.saturating_sub(counted));
+        // A pass applies the cap to the whole log, the rows it could not read with it (the
+        // second reading: counted alone, the rows before them were under the cap, and the dry
+        // run said 0 where the pass deleted 10,009).
+        would.unread(not_counted.unwrap_or(0));
+        unread = Some(UnreadLog {
+            after: row.after,
+            reason: ErrorChain(&row.error).to_string(),
+            not_counted,
+        });
     }
     let cursors = store
         .cursors(&CursorFilter::default())

@@ -198,34 +198,14 @@ pub struct StoreAudit {
 /// as [`Finding::UnreadableEvent`] after the events before it are audited; the heads and
 /// cursors are audited still.
 pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, StoreError> {
-    const PAGE: usize = 5_000;
     let cursors = store.cursors(&CursorFilter::default()).await?;
     let mut events = Vec::new();
-    let mut after = Sequence::ZERO;
-    let mut limit = PAGE;
-    let mut unreadable_log = None;
-    loop {
-        // A page that meets a row the store cannot read is read again in halves, down to the
-        // one row, so that every event before that row is audited; the log is read no further.
-        let page = match store.events_after(after, limit).await {
-            Ok(page) => page,
-            Err(StoreError::Corrupt { .. }) if limit > 1 => {
-                limit /= 2;
-                continue;
-            }
-            Err(e @ StoreError::Corrupt { .. }) => {
-                unreadable_log = Some(Finding::UnreadableEvent {
-                    after,
-                    reason: crate::error::ErrorChain(&e).to_string(),
-                });
-                break;
-            }
-            Err(e) => return Err(e),
-        };
-        let Some(last) = page.last() else { break };
-        after = last.sequence;
-        events.extend(page);
-    }
+    let unreadable_log = read_log(store, 5_000, |page| events.extend(page))
+        .await?
+        .map(|row| Finding::UnreadableEvent {
+            after: row.after,
+            reason: crate::error::ErrorChain(&row.error).to_string(),
+        });
     let heads = store.list_heads(None).await?;
     let mut findings = Vec::new();
     let mut unreadable = std::collections::HashSet::new();
@@ -253,6 +233,53 @@ pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, Store
         heads: heads.len(),
         cursors: cursors.len(),
     })
+}
+
+/// Where [`read_log`] stopped: at an event row the store cannot read.
+#[derive(Debug)]
+pub struct UnreadableRow {
+    /// The last event read before it ([`Sequence::ZERO`] when it is the log's first).
+    pub after: Sequence,
+    /// The store's error ([`StoreError::Corrupt`]), which names the row.
+    pub error: StoreError,
+}
+
+/// Reads the retained log from its start, `page` events at a time (at least one), giving each
+/// page to `each` in order. A page that meets a row the store cannot read
+/// ([`StoreError::Corrupt`]) is read again in halves, down to that one row, so that every event
+/// before it is given; the log is read no further, and the answer says where it stopped (what a
+/// pass of pruning does with such rows, it deletes in their turn: a reader that counts or
+/// audits the log says what it could not read). Used by [`audit_store`] and by the CLI's
+/// `prune --dry-run`.
+///
+/// # Errors
+///
+/// The store's first error that is not [`StoreError::Corrupt`].
+pub async fn read_log(
+    store: &dyn AwarenessStore,
+    page: usize,
+    mut each: impl FnMut(Vec<Arc<Event>>),
+) -> Result<Option<UnreadableRow>, StoreError> {
+    let page = page.max(1);
+    let (mut after, mut limit) = (Sequence::ZERO, page);
+    loop {
+        let events = match store.events_after(after, limit).await {
+            Ok(events) => events,
+            Err(StoreError::Corrupt { .. }) if limit > 1 => {
+                limit /= 2;
+                continue;
+            }
+            Err(error @ StoreError::Corrupt { .. }) => {
+                return Ok(Some(UnreadableRow { after, error }));
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(last) = events.last() else {
+            return Ok(None);
+        };
+        after = last.sequence;
+        each(events);
+    }
 }
 
 /// `finding` if it holds in a fresh read of its session or cursor (events or the cursor

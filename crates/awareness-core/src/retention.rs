@@ -214,6 +214,13 @@ impl Preview {
         }
     }
 
+    /// Counts `rows` retained events whose time cannot be read (rows the store cannot read):
+    /// not for the age step, which only a pass can tell them for; for the row cap, which a pass
+    /// applies to the whole log, oldest first, and so to the rows counted before them.
+    pub fn unread(&mut self, rows: u64) {
+        self.rows += rows;
+    }
+
     /// Counts cursors, by their `updated_at`.
     pub fn cursors(&mut self, times: impl IntoIterator<Item = Timestamp>) {
         self.idle += times.into_iter().filter(|t| *t < self.idle_cutoff).count() as u64;
@@ -486,6 +493,25 @@ mod tests {
             (whole.events_by_age, whole.events_by_cap, whole.cursors),
             (3, 5, 3),
             "3 events older than 30 days, 8 younger of which 3 stay, 3 idle cursors"
+        );
+    }
+
+    #[test]
+    fn preview_counts_unread_rows_for_the_cap_only() {
+        let policy = RetentionPolicy {
+            max_rows: 3,
+            ..RetentionPolicy::default()
+        };
+        let now = Timestamp(100 * Timestamp::DAY_MS);
+        let mut p = Preview::new(&policy, now);
+        // One event old enough for the age step, two young.
+        p.events([Timestamp(0), now, now]);
+        p.unread(4);
+        let r = p.report();
+        assert_eq!(
+            (r.events_by_age, r.events_by_cap),
+            (1, 3),
+            "6 left after age, cap 3"
         );
     }
 

@@ -488,28 +488,34 @@ async fn a_lost_commit_the_server_cannot_be_asked_about_is_an_unknown_outcome() 
             .await
             .expect_err("the outcome cannot be known");
         assert_eq!(proxy.swallowed(), 1, "{later:?}");
-        assert!(
-            matches!(e, StoreError::Backend { .. }) && !e.is_retryable(),
-            "{later:?}: {e:?}"
-        );
-        let text = awareness_core::error::ErrorChain(&e).to_string();
         let why = match later {
             Later::Hang => "could not be asked whether it committed within 5s",
             _ => "could not be asked whether it committed (",
         };
-        assert!(
-            text.contains("the connection was lost during COMMIT")
-                && text.contains(why)
-                && text.contains("the outcome is unknown")
-                && text.contains("read it back"),
-            "{later:?}: {text}"
-        );
+        assert_unknown_outcome(&e, &[why, "read it back"]);
         assert_eq!(
             committed(&direct, before.event.sequence).await,
             vec![(before.event.sequence.get() + 1, "message 0".to_owned())],
             "{later:?}: the server had committed it"
         );
     }
+}
+
+/// Asserts that `e` says a write's outcome is unknown after its `COMMIT` lost its answer: a
+/// [`StoreError::Backend`], not retryable (a retry may do the write twice), whose text says so
+/// and holds each of `also`.
+fn assert_unknown_outcome(e: &StoreError, also: &[&str]) {
+    let text = awareness_core::error::ErrorChain(e).to_string();
+    assert!(
+        matches!(e, StoreError::Backend { .. }) && !e.is_retryable(),
+        "{e:?}"
+    );
+    assert!(
+        text.contains("the connection was lost during COMMIT")
+            && text.contains("the outcome is unknown")
+            && also.iter().all(|a| text.contains(a)),
+        "{text} should say {also:?}"
+    );
 }
 
 /// A watch whose `COMMIT` lost its answer, the server then out of reach: the outcome is unknown
@@ -528,14 +534,7 @@ async fn a_watch_whose_lost_commit_cannot_be_asked_about_is_an_unknown_outcome()
         .await
         .expect_err("the outcome cannot be known");
     assert_eq!(proxy.swallowed(), 1);
-    let text = awareness_core::error::ErrorChain(&e).to_string();
-    assert!(
-        matches!(e, StoreError::Backend { .. })
-            && !e.is_retryable()
-            && text.contains("the outcome is unknown")
-            && text.contains("read back"),
-        "{text}"
-    );
+    assert_unknown_outcome(&e, &["read back"]);
     assert!(
         direct
             .cursor(&watcher, &event(0).session.session_key)
@@ -561,15 +560,9 @@ async fn a_batch_whose_lost_commit_cannot_be_asked_about_is_an_unknown_outcome_f
     assert_eq!(store.largest_batch(), 3);
     assert_eq!(proxy.swallowed(), 1);
     assert!(answers[0].is_ok(), "{:?}", answers[0]);
-    for (i, answer) in answers.iter().enumerate().skip(1) {
+    for answer in answers.iter().skip(1) {
         let e = answer.as_ref().expect_err("the outcome cannot be known");
-        let text = awareness_core::error::ErrorChain(e).to_string();
-        assert!(
-            matches!(e, StoreError::Backend { .. })
-                && !e.is_retryable()
-                && text.contains("the outcome is unknown"),
-            "recording {i}: {text}"
-        );
+        assert_unknown_outcome(e, &[]);
     }
 }
 
@@ -593,14 +586,7 @@ async fn a_lost_commit_whose_events_are_not_in_the_log_as_written_is_an_unknown_
         .await
         .expect_err("the event is not in the log");
     assert_eq!(proxy.swallowed(), 1);
-    let text = awareness_core::error::ErrorChain(&e).to_string();
-    assert!(
-        matches!(e, StoreError::Backend { .. })
-            && !e.is_retryable()
-            && text.contains("does not hold its events as written")
-            && text.contains("the outcome is unknown"),
-        "{text}"
-    );
+    assert_unknown_outcome(&e, &["does not hold its events as written"]);
 }
 
 /// A recording that is a dedupe hit loses its `COMMIT` (which would only have moved the

@@ -52,6 +52,43 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>,
     }
 }
 
+/// A file a read-write handle filled ([`fill`]) and closed, and a read-only handle on it.
+struct Filled {
+    _dir: Scratch,
+    file: std::path::PathBuf,
+    /// What the read-write handle answered.
+    before: String,
+    /// The file's bytes once it was closed.
+    bytes: Vec<u8>,
+    t: super::Subject,
+}
+
+async fn filled_read_only(f: &impl OpenFile, ro: &impl OpenFile) -> Filled {
+    let dir = Scratch::new("read-only");
+    let file = dir.file();
+    let rw = open(f, &file).await;
+    let before = fill(&rw).await;
+    rw.close().await;
+    let bytes = std::fs::read(&file).expect("read the file");
+    let t = open(ro, &file).await;
+    Filled {
+        _dir: dir,
+        file,
+        before,
+        bytes,
+        t,
+    }
+}
+
+/// Closes the read-only handle `t` and asserts that `file` holds `bytes` still.
+async fn closed_untouched(t: super::Subject, file: &Path, bytes: &[u8]) {
+    t.close().await;
+    assert!(
+        std::fs::read(file).expect("read the file") == bytes,
+        "a read-only handle left the file's bytes as they were"
+    );
+}
+
 /// A read-only handle on a file a read-write handle filled and closed answers exactly what the
 /// read-write handle answered: events, heads with their watermark, cursors with their pending
 /// notices, upstream links, and each session's state version.
@@ -85,13 +122,13 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
     f: impl OpenFile,
     ro: impl OpenFile,
 ) {
-    let dir = Scratch::new("read-only");
-    let file = dir.file();
-    let rw = open(&f, &file).await;
-    let before = fill(&rw).await;
-    rw.close().await;
-    let bytes = std::fs::read(&file).expect("read the file");
-    let t = open(&ro, &file).await;
+    let Filled {
+        _dir,
+        file,
+        before,
+        bytes,
+        t,
+    } = filled_read_only(&f, &ro).await;
     let manager = w("agent:main:main");
     let ops = w("agent:ops:main");
     let [kid, old, peer] = filled_refs();
@@ -233,11 +270,7 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
         before,
         "refused writes changed nothing"
     );
-    t.close().await;
-    assert!(
-        std::fs::read(&file).expect("read the file") == bytes,
-        "a read-only handle left the file's bytes as they were"
-    );
+    closed_untouched(t, &file, &bytes).await;
 }
 
 /// Bad input to a write through a read-only handle is [`StoreError::InvalidInput`], not
@@ -249,13 +282,13 @@ pub async fn a_read_only_handle_refuses_bad_input_as_invalid_input(
     f: impl OpenFile,
     ro: impl OpenFile,
 ) {
-    let dir = Scratch::new("read-only");
-    let file = dir.file();
-    let rw = open(&f, &file).await;
-    fill(&rw).await;
-    rw.close().await;
-    let bytes = std::fs::read(&file).expect("read the file");
-    let t = open(&ro, &file).await;
+    let Filled {
+        _dir,
+        file,
+        bytes,
+        t,
+        ..
+    } = filled_read_only(&f, &ro).await;
     let invalid = |what: &str, got: Result<(), StoreError>| match got {
         Err(StoreError::InvalidInput(_)) => {}
         other => panic!("{what} on a read-only handle: expected InvalidInput, got {other:?}"),
@@ -301,11 +334,7 @@ pub async fn a_read_only_handle_refuses_bad_input_as_invalid_input(
         "a pruning policy that deletes everything",
         s.prune(&policy, LATER).await.map(drop),
     );
-    t.close().await;
-    assert!(
-        std::fs::read(&file).expect("read the file") == bytes,
-        "a read-only handle left the file's bytes as they were"
-    );
+    closed_untouched(t, &file, &bytes).await;
 }
 
 /// A read-only handle opened beside a read-write handle of the same process reads that

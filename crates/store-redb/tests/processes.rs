@@ -231,11 +231,7 @@ async fn child_live(path: &Path) {
         .expect("child: open with live readers");
     let mut line = String::new();
     loop {
-        let rec = store
-            .record(log_only(0), now())
-            .await
-            .expect("child: record");
-        say(&format!("recorded {}", rec.event.sequence));
+        record_said(&store, "recorded").await;
         line.clear();
         if !std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
             break;
@@ -247,23 +243,13 @@ async fn child_live(path: &Path) {
 /// Bounded mode with a flush interval that never fires: records 5 events, flushes, records 5
 /// more, then waits to be killed.
 async fn child_flush(path: &Path) {
-    let store = RedbStore::open_with(path, RedbOptions::bounded(Duration::from_hours(1)))
-        .await
-        .expect("child: open");
+    let store = open_never_flushing(path).await;
     for _ in 0..5 {
-        let rec = store
-            .record(log_only(0), now())
-            .await
-            .expect("child: record");
-        say(&format!("durable {}", rec.event.sequence));
+        record_said(&store, "durable").await;
     }
     store.flush().await.expect("child: flush");
     for _ in 0..5 {
-        let rec = store
-            .record(log_only(0), now())
-            .await
-            .expect("child: record");
-        say(&format!("pending {}", rec.event.sequence));
+        record_said(&store, "pending").await;
     }
     say("done");
     wait_for_stdin_eof();
@@ -301,19 +287,29 @@ async fn child_cursor_writes(path: &Path) {
     wait_for_stdin_eof();
 }
 
+/// The store at `path` in the bounded mode with a flush interval that never fires (an hour).
+async fn open_never_flushing(path: &Path) -> RedbStore {
+    RedbStore::open_with(path, RedbOptions::bounded(Duration::from_hours(1)))
+        .await
+        .expect("child: open")
+}
+
+/// Records an event of target 0 and says its sequence after `word`.
+async fn record_said(store: &RedbStore, word: &str) {
+    let rec = store
+        .record(log_only(0), now())
+        .await
+        .expect("child: record");
+    say(&format!("{word} {}", rec.event.sequence));
+}
+
 /// Bounded mode with a flush interval that never fires: records 3 events (the first raises the
 /// reservation of sequences, in a durable commit; the others are not durable), says each, then
 /// waits to be killed.
 async fn child_reserve(path: &Path) {
-    let store = RedbStore::open_with(path, RedbOptions::bounded(Duration::from_hours(1)))
-        .await
-        .expect("child: open");
+    let store = open_never_flushing(path).await;
     for _ in 0..3 {
-        let rec = store
-            .record(log_only(0), now())
-            .await
-            .expect("child: record");
-        say(&format!("recorded {}", rec.event.sequence));
+        record_said(&store, "recorded").await;
     }
     say("done");
     wait_for_stdin_eof();
@@ -326,11 +322,7 @@ async fn child_reserve(path: &Path) {
 /// `recorded`, `flushed` once the flush returned, and `done` once the delete did, then waits
 /// to be killed.
 async fn child_stand_in(path: &Path) {
-    let store = std::sync::Arc::new(
-        RedbStore::open_with(path, RedbOptions::bounded(Duration::from_hours(1)))
-            .await
-            .expect("child: open"),
-    );
+    let store = std::sync::Arc::new(open_never_flushing(path).await);
     // In waves of concurrent recordings, which group commit puts in few write transactions.
     for _ in 0..STAND_IN_EVENTS / 250 {
         let mut wave = tokio::task::JoinSet::new();
@@ -365,14 +357,8 @@ async fn child_stand_in(path: &Path) {
 /// ([`RedbStore::leave_sequences`]), then records 2 more events, so that the reservation must
 /// be raised a second time. Says each sequence, then waits to be killed.
 async fn child_reserve_again(path: &Path) {
-    let store = RedbStore::open_with(path, RedbOptions::bounded(Duration::from_hours(1)))
-        .await
-        .expect("child: open");
-    let rec = store
-        .record(log_only(0), now())
-        .await
-        .expect("child: record");
-    say(&format!("recorded {}", rec.event.sequence));
+    let store = open_never_flushing(path).await;
+    record_said(&store, "recorded").await;
     // The last number an event can get is `u64::MAX - 1`: the counter lands on
     // `PAST_FIRST_RESERVATION`, above the first reservation (`1 + RESERVE_AHEAD`).
     assert!(
@@ -383,11 +369,7 @@ async fn child_reserve_again(path: &Path) {
         "child: the counter was already past {PAST_FIRST_RESERVATION}"
     );
     for _ in 0..2 {
-        let rec = store
-            .record(log_only(0), now())
-            .await
-            .expect("child: record");
-        say(&format!("recorded {}", rec.event.sequence));
+        record_said(&store, "recorded").await;
     }
     say("done");
     wait_for_stdin_eof();
@@ -396,15 +378,9 @@ async fn child_reserve_again(path: &Path) {
 /// Bounded mode with a flush interval that never fires: records 5 events, closes the store
 /// (the last handle), then waits to be killed.
 async fn child_close(path: &Path) {
-    let store = RedbStore::open_with(path, RedbOptions::bounded(Duration::from_hours(1)))
-        .await
-        .expect("child: open");
+    let store = open_never_flushing(path).await;
     for _ in 0..5 {
-        let rec = store
-            .record(log_only(0), now())
-            .await
-            .expect("child: record");
-        say(&format!("closed {}", rec.event.sequence));
+        record_said(&store, "closed").await;
     }
     drop(store);
     say("done");

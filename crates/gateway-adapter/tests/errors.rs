@@ -140,8 +140,23 @@ impl UpstreamProvider for Quiet {
 /// its watchers: store backend error: read cursors`, without the cause.
 #[tokio::test]
 async fn the_monitor_tells_operators_the_cause_of_a_store_failure() {
-    let links = Arc::new(MemoryStore::new());
-    let svc = Arc::new(service(Arc::new(Failing::new(CAUSE))));
+    let failures = failures_of_a_tick(
+        service(Arc::new(Failing::new(CAUSE))),
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+    assert_eq!(
+        failures,
+        [format!(
+            "cannot read its watchers: store backend error: read cursors: {CAUSE}"
+        )]
+    );
+}
+
+/// The failures a monitor over `svc`, its links in `links`, tells in one tick, after
+/// `agent:main:worker` is adopted there with a provider that reads nothing (each failure is that
+/// session's).
+async fn failures_of_a_tick(svc: Awareness, links: Arc<MemoryStore>) -> Vec<String> {
     let session = SessionRef::parse("agent:main:worker", "main").unwrap();
     links
         .upsert_link(
@@ -150,7 +165,7 @@ async fn the_monitor_tells_operators_the_cause_of_a_store_failure() {
         )
         .await
         .unwrap();
-    let monitor = UpstreamMonitor::builder(svc, links)
+    let monitor = UpstreamMonitor::builder(Arc::new(svc), links)
         .provider(Arc::new(Quiet))
         .build();
     let mut rx = monitor.subscribe();
@@ -162,12 +177,7 @@ async fn the_monitor_tells_operators_the_cause_of_a_store_failure() {
             failures.push(error);
         }
     }
-    assert_eq!(
-        failures,
-        [format!(
-            "cannot read its watchers: store backend error: read cursors: {CAUSE}"
-        )]
-    );
+    failures
 }
 
 /// Bug: adopting without an upstream store was `store backend error: adopt a session`, the
@@ -804,28 +814,7 @@ async fn a_store_that_panics_reading_cursors_fails_no_tick_and_no_spawn() {
             hook: PanicsOn(call),
         })
     };
-    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-    store
-        .upsert_link(
-            LinkSpec::new(session.clone(), "remote", "h", "t", "quiet"),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
-    let monitor = UpstreamMonitor::builder(
-        Arc::new(service(hooked(Call::Cursors))),
-        Arc::clone(&store) as Arc<dyn UpstreamStore>,
-    )
-    .provider(Arc::new(Quiet))
-    .build();
-    let mut rx = monitor.subscribe();
-    monitor.tick().await;
-    let mut failures = Vec::new();
-    while let Ok(d) = rx.try_recv() {
-        if let Detection::Failed { error, .. } = d {
-            failures.push(error);
-        }
-    }
+    let failures = failures_of_a_tick(service(hooked(Call::Cursors)), store.clone()).await;
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert!(
         failures[0].starts_with("cannot read its watchers")

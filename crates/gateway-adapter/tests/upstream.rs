@@ -1201,24 +1201,12 @@ impl UpstreamProvider for Broken {
 async fn with_owned_watchers_only_a_monitor_checks_only_its_own_sessions() {
     let (w, mut t, session) = worker_adopted().await;
     t.human("run the tests");
-    let shared = gateway_adapter::AwarenessConfig {
-        owned_watchers_only: true,
-        ..gateway_adapter::AwarenessConfig::default()
-    };
     let monitor_of = |sessions: &[&SessionKey]| {
         let directory = Arc::new(InMemoryDirectory::new());
         for s in sessions {
             directory.upsert((*s).clone(), gateway_adapter::SessionEntry::default());
         }
-        let (svc, _, _) = common::service_configured(
-            w.store.clone(),
-            Some(w.store.clone()),
-            directory,
-            shared.clone(),
-        );
-        UpstreamMonitor::builder(svc, w.store.clone())
-            .provider(Arc::new(JsonlProvider::new()))
-            .build()
+        owned_watchers_only_monitor(&w, directory).build()
     };
 
     let report = monitor_of(&[]).tick().await;
@@ -1249,24 +1237,13 @@ async fn with_owned_watchers_only_another_agents_bare_key_is_not_this_gateways()
     let w = world();
     let mut t = Transcript::new();
     let b_global = w.adopt(&t, "global", "b", "agent:b:main").await;
-    let shared = gateway_adapter::AwarenessConfig {
-        owned_watchers_only: true,
-        ..gateway_adapter::AwarenessConfig::default()
-    };
     let monitor_of = |agent: &str| {
         let directory = Arc::new(InMemoryDirectory::hosting([AgentId::new(agent).unwrap()]));
         directory.upsert(
             SessionKey::new("global").unwrap(),
             gateway_adapter::SessionEntry::default(),
         );
-        let (svc, _, _) = common::service_configured(
-            w.store.clone(),
-            Some(w.store.clone()),
-            directory,
-            shared.clone(),
-        );
-        UpstreamMonitor::builder(svc, w.store.clone())
-            .provider(Arc::new(JsonlProvider::new()))
+        owned_watchers_only_monitor(&w, directory)
             .own_prompts(Arc::new(RecentPrompts::new()))
             .build()
     };
@@ -5032,4 +5009,19 @@ async fn a_failed_check_neither_counts_nor_restarts_the_missing_checks() {
     std::fs::remove_dir(&t.path).unwrap();
     let ds = tick_published(&monitor, &mut rx).await;
     missing_recorded_and_link_removed(&w, &session, &ds, "the count was not restarted").await;
+}
+
+/// A JSONL monitor over `w`'s store for a gateway with `owned_watchers_only` whose sessions
+/// `directory` knows.
+fn owned_watchers_only_monitor(
+    w: &common::World,
+    directory: Arc<InMemoryDirectory>,
+) -> gateway_adapter::upstream::MonitorBuilder {
+    let config = gateway_adapter::AwarenessConfig {
+        owned_watchers_only: true,
+        ..gateway_adapter::AwarenessConfig::default()
+    };
+    let (svc, _, _) =
+        common::service_configured(w.store.clone(), Some(w.store.clone()), directory, config);
+    UpstreamMonitor::builder(svc, w.store.clone()).provider(Arc::new(JsonlProvider::new()))
 }

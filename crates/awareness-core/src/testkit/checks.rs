@@ -2680,6 +2680,86 @@ pub async fn prune_row_cap_keeps_newest_rows(t: &Subject) {
     assert_eq!(a.last_sequence, Sequence(28));
 }
 
+/// Records `per_chunk` events before every pruning chunk: writers faster than the chunks.
+/// Refuses every chunk after the first 50, so that a pass that would not end fails instead.
+struct OutpacedPruning {
+    per_chunk: usize,
+    chunks: std::sync::atomic::AtomicUsize,
+    recorded: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl super::hooked::Hook for OutpacedPruning {
+    async fn before(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
+        if call == super::hooked::Call::PruneChunk {
+            for _ in 0..self.per_chunk {
+                rec(store, log_only(&child(), "meanwhile"), T0).await;
+                self.recorded
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+    fn refuse(&self, call: super::hooked::Call) -> Option<StoreError> {
+        let n = (call == super::hooked::Call::PruneChunk).then(|| {
+            self.chunks
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        })?;
+        (n >= 50)
+            .then(|| StoreError::backend("prune", std::io::Error::other("the pass never ended")))
+    }
+}
+
+/// The row-cap step deletes what was beyond the cap when it began: under recordings that add
+/// a whole chunk of rows before every chunk, the pass still ends, with the oldest rows gone
+/// and what landed meanwhile kept for the next pass.
+pub async fn a_pruning_pass_ends_under_recordings_faster_than_its_chunks(t: &Subject) {
+    for _ in 0..20 {
+        rec(
+            &*t.store,
+            log_only(&r("agent:main:a", "main"), "before"),
+            T0,
+        )
+        .await;
+    }
+    let outpaced = super::hooked::Hooked {
+        inner: t.store.clone(),
+        hook: OutpacedPruning {
+            per_chunk: 4,
+            chunks: 0.into(),
+            recorded: 0.into(),
+        },
+    };
+    let policy = RetentionPolicy {
+        max_rows: 10,
+        chunk_rows: 4,
+        ..RetentionPolicy::default()
+    };
+    let report = outpaced.prune(&policy, T0).await.expect("the pass ends");
+    // 20 rows, and 4 recorded before the age step's one chunk: 14 beyond the cap of 10 when
+    // the row-cap step begins, deleted in whole chunks of 4.
+    assert_eq!(
+        report.events_by_cap, 16,
+        "the rows beyond the cap when the step began: {report:?}"
+    );
+    let recorded = outpaced
+        .hook
+        .recorded
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let stats = t.store.log_stats().await.expect("stats");
+    assert_eq!(
+        stats.rows,
+        20 + recorded - 16,
+        "only those 16 went: {stats:?}"
+    );
+    let a = t
+        .store
+        .heads(&[r("agent:main:a", "main")])
+        .await
+        .expect("heads")
+        .remove(0);
+    assert_eq!(a.pruned_max_sequence, Sequence(16), "the oldest go first");
+}
+
 /// Cursors not updated for `cursor_idle_ms` go, pending or not (decision 0022); a cursor a
 /// material event touched since stays.
 pub async fn prune_expires_idle_cursors(t: &Subject) {

@@ -82,8 +82,11 @@ const CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// (`53300`), a transaction lost a race to another (`40001`, `40P01`, `55P03`), or the server
 /// ended a transaction that sat idle or ran too long (`25P03`, the store's own
 /// [`PgStoreOptions::idle_transaction_timeout`](crate::PgStoreOptions::idle_transaction_timeout)
-/// met by a gateway that stalled; `25P04`, a `transaction_timeout`): nothing it wrote was
-/// kept, and the same call on another connection may succeed.
+/// met by a gateway that stalled; `25P04`, a `transaction_timeout`), or a statement was
+/// cancelled (`57014`: a role's `statement_timeout` met while waiting for the store's lock that
+/// another gateway holds, as `55P03` is for its `lock_timeout`; the server does not cancel a
+/// `COMMIT`, whose lost answer is told apart on its own): nothing it wrote was kept, and the
+/// same call on another connection may succeed.
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
@@ -97,7 +100,16 @@ fn transient_code(code: &str) -> bool {
     code.starts_with("08")
         || matches!(
             code,
-            "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55P03" | "25P03" | "25P04"
+            "57P01"
+                | "57P02"
+                | "57P03"
+                | "53300"
+                | "40001"
+                | "40P01"
+                | "55P03"
+                | "25P03"
+                | "25P04"
+                | "57014"
         )
 }
 
@@ -1687,13 +1699,11 @@ mod tests {
     fn the_server_states_that_may_pass_are_transient() {
         for code in [
             "08006", "08001", "57P01", "57P02", "57P03", "53300", "40001", "40P01", "55P03",
-            "25P03", "25P04",
+            "25P03", "25P04", "57014",
         ] {
             assert!(transient_code(code), "{code}");
         }
-        for code in [
-            "23505", "42501", "42P01", "22P02", "25P02", "57014", "53100",
-        ] {
+        for code in ["23505", "42501", "42P01", "22P02", "25P02", "53100"] {
             assert!(!transient_code(code), "{code}");
         }
     }

@@ -15,6 +15,8 @@ use store_postgres::{PgStore, PgStoreOptions};
 /// A hang guard, never a timing assertion: what it guards takes well under a second.
 const HANG: Duration = Duration::from_mins(1);
 
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
 fn human(key: &str) -> NewEvent {
     NewEvent::new(
         SessionRef::parse(key, "main").expect("ref"),
@@ -239,43 +241,92 @@ async fn a_writer_stopped_mid_transaction_holds_the_others_up_only_until_its_tim
     );
 }
 
-/// An open that meets the store's lock held past its role's `lock_timeout` (another gateway in
-/// the middle of a write, with a DBA's `lock_timeout` on the role) is a retryable error naming
-/// the store and what it was doing, as a write that met it is, and as store-sqlite answers an
-/// open that met a held lock. It was a permanent `Open` error saying "opening the store".
+/// An open that meets the store's lock held past its role's `lock_timeout` or
+/// `statement_timeout` (another gateway in the middle of a write, with a DBA's timeout on the
+/// role) is a retryable error naming the store and what it was doing, as a write that met it
+/// is, and as store-sqlite answers an open that met a held lock. It was a permanent `Open`
+/// error saying "opening the store" (both timeouts), then a permanent one for
+/// `statement_timeout` (review, stop 58).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_that_meets_the_held_lock_past_its_lock_timeout_is_retryable() {
+async fn an_open_that_meets_the_held_lock_past_its_lock_or_statement_timeout_is_retryable() {
+    for setting in ["lock_timeout", "statement_timeout"] {
+        let schema = server::fresh_schema();
+        let _drop = server::DropSchema(schema.clone());
+        drop(
+            PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+                .await
+                .expect("create the store"),
+        );
+        let held = store_postgres::testkit::StoreLock::take(&schema).await;
+        let e = tokio::time::timeout(
+            HANG,
+            PgStore::connect(
+                server::server().options([(setting, "300ms")]),
+                PgStoreOptions::new(schema.clone()),
+            ),
+        )
+        .await
+        .expect("the open ends at its timeout")
+        .expect_err("the lock is held");
+        assert!(e.is_retryable(), "{setting}: {e:?}");
+        let said = awareness_core::error::ErrorChain(&e).to_string();
+        assert!(
+            said.contains(&schema) && said.contains("taking the store's lock"),
+            "{setting}: {said}"
+        );
+        held.release().await;
+        PgStore::connect(
+            server::server().options([(setting, "300ms")]),
+            PgStoreOptions::new(schema.clone()),
+        )
+        .await
+        .expect("the same open once the lock is free");
+    }
+}
+
+/// A recording and a watch that wait for the store's lock past the role's `statement_timeout`
+/// wrote nothing, and the same calls succeed once the lock is free: `Busy`, as for
+/// `lock_timeout`. They were permanent `Backend` errors (review, stop 58), so a gateway's
+/// group commit failed every caller of a batch for good while another gateway stalled
+/// mid-write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_meet_the_held_lock_past_the_statement_timeout_are_retryable() {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    drop(
-        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
-            .await
-            .expect("create the store"),
-    );
-    let held = store_postgres::testkit::StoreLock::take(&schema).await;
-    let e = tokio::time::timeout(
-        HANG,
-        PgStore::connect(
-            server::server().options([("lock_timeout", "300ms")]),
-            PgStoreOptions::new(schema.clone()),
-        ),
-    )
-    .await
-    .expect("the open ends at its lock timeout")
-    .expect_err("the lock is held");
-    assert!(e.is_retryable(), "{e:?}");
-    let said = awareness_core::error::ErrorChain(&e).to_string();
-    assert!(
-        said.contains(&schema) && said.contains("taking the store's lock"),
-        "{said}"
-    );
-    held.release().await;
-    PgStore::connect(
-        server::server().options([("lock_timeout", "300ms")]),
+    let store = PgStore::connect(
+        server::server().options([("statement_timeout", "300ms")]),
         PgStoreOptions::new(schema.clone()),
     )
     .await
-    .expect("the same open once the lock is free");
+    .expect("connect");
+    let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+    let child = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    let held = store_postgres::testkit::StoreLock::take(&schema).await;
+    let recorded = tokio::time::timeout(HANG, store.record(human("agent:main:subagent:a"), T0))
+        .await
+        .expect("the recording ends at its timeout")
+        .expect_err("the lock is held");
+    assert!(recorded.is_retryable(), "{recorded:?}");
+    let watched = tokio::time::timeout(HANG, store.watch(&watcher, &child, T0))
+        .await
+        .expect("the watch ends at its timeout")
+        .expect_err("the lock is held");
+    assert!(watched.is_retryable(), "{watched:?}");
+    held.release().await;
+    assert_eq!(
+        store.log_stats().await.expect("stats").rows,
+        0,
+        "the refused recording wrote nothing"
+    );
+    let again = store
+        .record(human("agent:main:subagent:a"), T0)
+        .await
+        .expect("the same recording once the lock is free");
+    assert_eq!(again.event.sequence, Sequence(1), "no number was taken");
+    store
+        .watch(&watcher, &child, T0)
+        .await
+        .expect("the same watch once the lock is free");
 }
 
 #[tokio::test]

@@ -1914,6 +1914,58 @@ async fn one_linked_sessions_port_panics(panicking: fn(&PanicsFor) -> &AtomicBoo
     assert_eq!(answered, 1, "{lines:#?}");
 }
 
+/// A gateway's run activity that panics when asked about the checked session itself fails
+/// that session's check, and is logged like every other failure of a tick: a `warn!` naming
+/// the session and the panic once, `debug!` while it repeats, `info!` once the port answers
+/// again. Only `Detection::Failed` said it; nothing was logged (review).
+#[tokio::test(start_paused = true)]
+async fn a_checked_sessions_own_port_panicking_is_logged() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let (w, _t, session) = worker_adopted().await;
+    let ports = Arc::new(PanicsFor::new(&session));
+    ports.runs.store(true, Ordering::SeqCst);
+    let monitor = w.monitor().run_activity(ports.clone()).build();
+    let mut rx = monitor.subscribe();
+    for _ in 0..3 {
+        assert_eq!(monitor.tick().await.checked, 0);
+        assert_eq!(
+            failed_sessions(&mut rx),
+            [(
+                session.clone(),
+                "the gateway's run activity or own prompts panicked".to_owned()
+            )]
+        );
+    }
+    ports.runs.store(false, Ordering::SeqCst);
+    assert_eq!(monitor.tick().await.checked, 1);
+    let lines = capture.lines();
+    let levels: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.contains("panicked when asked about the checked session"))
+        .map(|l| l.rsplit("level=").next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        levels,
+        ["WARN", "DEBUG", "DEBUG"],
+        "warned of once while it repeats: {lines:#?}"
+    );
+    assert_eq!(
+        capture.said(&[
+            "session_key=agent:main:worker",
+            "panic=the gateway's run tracker panicked on agent:main:worker",
+            "level=WARN",
+        ]),
+        1,
+        "{lines:#?}"
+    );
+    assert_eq!(
+        capture.said(&["answer again for the checked session", "level=INFO"]),
+        1,
+        "{lines:#?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
     let (w, t, session) = worker_adopted().await;
@@ -4936,6 +4988,119 @@ async fn a_turn_typed_after_a_watch_that_began_during_a_pass_is_recorded() {
     let r = monitor.tick().await;
     assert_eq!((r.unwatched, r.checked), (0, 1));
     assert_eq!(w.human_events(&session).await, 1);
+}
+
+/// The JSONL provider, except that its check panics for one session (`bad`).
+struct JsonlPanicsFor {
+    inner: JsonlProvider,
+    bad: SessionRef,
+}
+
+#[async_trait]
+impl UpstreamProvider for JsonlPanicsFor {
+    fn kind(&self) -> &str {
+        self.inner.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        assert!(
+            link.session != self.bad,
+            "the provider panicked on {}",
+            link.session
+        );
+        self.inner.check(link, own).await
+    }
+}
+
+/// A provider that panics passing over one unwatched link's source costs that link's pass
+/// only: the others' markers still move past what was written at every tick (whichever link
+/// comes first), so a watch that begins later is not told of their backlog, and the panic is
+/// logged, once while it repeats. It ended the pass's task, leaving the links after it
+/// unpassed, and was never logged (review).
+#[tokio::test(start_paused = true)]
+async fn a_provider_panicking_in_a_pass_costs_only_that_links_pass() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let (ta, mut tb) = (Transcript::new(), Transcript::new());
+    let a = SessionRef::parse("agent:main:a", "main").unwrap();
+    let b = SessionRef::parse("agent:main:b", "main").unwrap();
+    for (session, t) in [(&a, &ta), (&b, &tb)] {
+        w.svc
+            .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+            .await
+            .unwrap();
+    }
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(JsonlPanicsFor {
+            inner: JsonlProvider::new(),
+            bad: a.clone(),
+        }))
+        .build();
+    // The ticks list the links turned by one each time: the pass reads a first at one of two.
+    for tick in 1..=2 {
+        tb.human("typed in b while nothing watches it");
+        let before = w.store.link(&b).await.unwrap().unwrap().marker;
+        assert_eq!(monitor.tick().await.unwatched, 2);
+        let after = w.store.link(&b).await.unwrap().unwrap().marker.unwrap();
+        assert_ne!(
+            Some(&after),
+            before.as_ref(),
+            "b passed over at tick {tick}"
+        );
+        assert_eq!(
+            JsonlMarker::from_value(&after).unwrap().position(),
+            std::fs::metadata(&tb.path).unwrap().len(),
+            "past what was typed, at tick {tick}"
+        );
+    }
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    w.store.watch(&manager, &b, Timestamp::now()).await.unwrap();
+    assert_eq!(monitor.tick().await.checked, 1);
+    assert_eq!(w.human_events(&b).await, 0, "nothing typed since the watch");
+    assert!(w.queue.peek(manager.session_key()).is_empty());
+    let lines = capture.lines();
+    let levels: Vec<&str> = lines
+        .iter()
+        .filter(|l| {
+            l.contains("passing over the source of an unwatched link panicked")
+                && l.contains("session_key=agent:main:a")
+                && l.contains("panic=the provider panicked on agent:main:a")
+        })
+        .map(|l| l.rsplit("level=").next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        levels,
+        ["WARN", "DEBUG", "DEBUG"],
+        "logged at each of the three passes, warned of once: {lines:#?}"
+    );
+}
+
+/// A host that drives the monitor with `tick()` (no `spawn`) and then drops it, while the
+/// pass over an unwatched link still reads (a provider that never answers), lets go of the
+/// service and its store: dropping the last handle aborts the pass. The pass's task held the
+/// monitor, and through it the service, for good (review).
+#[tokio::test(start_paused = true)]
+async fn a_monitor_driven_by_tick_lets_go_of_the_service_once_dropped() {
+    let w = world();
+    let r = SessionRef::parse("agent:main:remote", "main").unwrap();
+    w.svc
+        .try_adopt(LinkSpec::new(r, "remote", "h", "t", "hanging"))
+        .await
+        .unwrap();
+    let (svc, store) = (Arc::strong_count(&w.svc), Arc::strong_count(&w.store));
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(Hanging))
+        .build();
+    // The pass hangs; the tick returns once a provider's timeout is over.
+    assert_eq!(monitor.tick().await.unwatched, 1);
+    drop(monitor);
+    tokio::time::sleep(Duration::from_hours(1)).await;
+    assert_eq!(
+        (Arc::strong_count(&w.svc), Arc::strong_count(&w.store)),
+        (svc, store),
+        "nothing of the dropped monitor holds the service or the store"
+    );
 }
 
 /// A link adopted again onto another source restarts its count of missing checks (DESIGN.md

@@ -367,23 +367,25 @@ impl MonitorBuilder {
     pub fn try_build(self) -> Result<UpstreamMonitor, ConfigError> {
         self.config.validate()?;
         let (events, _) = broadcast::channel(1024);
+        let inner = Arc::new(Inner {
+            awareness: self.awareness,
+            links: self.links,
+            providers: self.providers,
+            runs: self.runs,
+            prompts: self.prompts,
+            config: self.config,
+            events,
+            missing: Mutex::new(HashMap::new()),
+            deferrals: Mutex::new(HashMap::new()),
+            listed: Mutex::new(HashSet::new()),
+            logged: Logged::default(),
+            ticks: AtomicU64::new(0),
+            one_tick: tokio::sync::Mutex::new(()),
+            passing: Mutex::default(),
+        });
         Ok(UpstreamMonitor {
-            inner: Arc::new(Inner {
-                awareness: self.awareness,
-                links: self.links,
-                providers: self.providers,
-                runs: self.runs,
-                prompts: self.prompts,
-                config: self.config,
-                events,
-                missing: Mutex::new(HashMap::new()),
-                deferrals: Mutex::new(HashMap::new()),
-                listed: Mutex::new(HashSet::new()),
-                logged: Logged::default(),
-                ticks: AtomicU64::new(0),
-                one_tick: tokio::sync::Mutex::new(()),
-                passing: Mutex::default(),
-            }),
+            handles: Arc::new(Handles(Arc::downgrade(&inner))),
+            inner,
         })
     }
 
@@ -402,9 +404,38 @@ impl MonitorBuilder {
 }
 
 /// The upstream monitor of one gateway process. Cheap to clone.
+///
+/// Dropping the last handle (and ending the task of [`UpstreamMonitor::spawn`], if one was
+/// started) aborts the pass over the sources of unwatched links that a tick left running (a
+/// read that hangs), which holds the monitor and through it the service and its store: the
+/// task lets go of them once the runtime drops it.
 #[derive(Clone)]
 pub struct UpstreamMonitor {
     inner: Arc<Inner>,
+    /// Shared by every handle and by the task of [`UpstreamMonitor::spawn`].
+    handles: Arc<Handles>,
+}
+
+/// Aborts the pass over unwatched links ([`Inner::passing`]) once the last holder (a handle
+/// of the monitor, or its spawned task) is dropped: nothing could tick the monitor any more,
+/// and a pass whose read hangs would hold the service, and its store, for good. Weak, so that
+/// it keeps nothing alive itself.
+struct Handles(std::sync::Weak<Inner>);
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
+        let passing = inner
+            .passing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = passing {
+            task.abort();
+        }
+    }
 }
 
 impl fmt::Debug for UpstreamMonitor {
@@ -449,6 +480,11 @@ enum Site {
     Remove,
     /// Asking the directory whether this gateway owns a link's session.
     Directory,
+    /// Asking a gateway's port (run activity, own prompts) about the checked link's own
+    /// session.
+    Own,
+    /// Passing over the source of a link nothing watches ([`Inner::pass_over`]).
+    Pass,
     /// Asking a gateway's port about another session linked to the checked link's source
     /// (that session): [`Inner::ask_linked`].
     Linked(Port, SessionRef),
@@ -508,11 +544,15 @@ impl Logged {
     /// Forgets the failures of `session`'s link, which a tick did not check (nothing watches
     /// it, another gateway owns it, a run in it is active): a failure after that, of the same
     /// text, is news again. A linked session's port that failed is not forgotten: a check not
-    /// made did not ask it, and it is warned of again only once it answered.
+    /// made did not ask it, and it is warned of again only once it answered. Nor is a pass over
+    /// the link's source that panicked: a link is not checked because nothing watches it, and
+    /// then passed over (a pass that panics at every tick is warned of once).
     fn forget_link(&self, session: &SessionRef) {
         let mut map = self.map();
         if !map.is_empty() {
-            map.retain(|(site, s), _| site.linked().is_some() || s.as_ref() != Some(session));
+            map.retain(|(site, s), _| {
+                site.linked().is_some() || *site == Site::Pass || s.as_ref() != Some(session)
+            });
         }
     }
 
@@ -553,7 +593,8 @@ struct Inner {
     /// The task passing over the sources of the links nothing watches ([`Inner::pass_over`]),
     /// one at a time: while it runs (a read that hangs keeps it running), no other starts, so
     /// that those reads never take more than one of a provider's read permits from the checks
-    /// of watched links.
+    /// of watched links. Aborted when the spawned task ends, or the last handle goes
+    /// ([`Handles`]).
     passing: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -624,6 +665,9 @@ impl UpstreamMonitor {
     /// `config.first_tick`, then every `config.interval`.
     pub fn spawn(&self) -> MonitorTask {
         let inner = Arc::clone(&self.inner);
+        // The task counts as a handle: dropping the monitor's handles while it runs ends no
+        // pass of its ticks.
+        let handles = Arc::clone(&self.handles);
         let (stop, mut stopped) = watch::channel(false);
         let handle = tokio::spawn(async move {
             // A first tick too far away for the clock never comes, rather than panicking.
@@ -663,6 +707,7 @@ impl UpstreamMonitor {
             // A recording an aborted check had started runs on to its end on a task of its
             // own, holding the store: wait for it too.
             inner.awareness.wait_for_writes().await;
+            drop(handles);
             debug!("upstream monitor stopped");
         });
         MonitorTask { stop, handle }
@@ -875,7 +920,11 @@ impl Inner {
                 continue;
             }
             match me.watched(&link.session, deadline).await {
-                Watched::Yes => {}
+                Watched::Yes => {
+                    // Not passed over while watched: a pass that panics once it is unwatched
+                    // again is news again (as `forget_link` makes a check's failure).
+                    me.logged.ended(Site::Pass, Some(&link.session));
+                }
                 Watched::No => {
                     report.unwatched += 1;
                     me.not_deferred(&link.session);
@@ -906,6 +955,9 @@ impl Inner {
             let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 me.own_of(&group, &link.session, alone)
             }));
+            if asked.is_ok() && me.logged.ended(Site::Own, Some(&link.session)) {
+                info!(session_key = %link.session.session_key, agent_id = %link.session.agent_id, "upstream monitor: the gateway's run activity and own prompts answer again for the checked session");
+            }
             let own = match asked {
                 Ok(Ok(own)) => own,
                 Ok(Err(Deferral { by_another })) => {
@@ -920,7 +972,9 @@ impl Inner {
                     });
                     continue;
                 }
-                Err(_) => {
+                Err(panic) => {
+                    let message = awareness_core::error::panic_message(&*panic);
+                    warn_if_news!(me.logged.is_news(Site::Own, Some(&link.session), message), session_key = %link.session.session_key, agent_id = %link.session.agent_id, panic = %message, "upstream monitor: the gateway's run activity or own prompts panicked when asked about the checked session; its check fails this tick");
                     me.emit(Detection::Failed {
                         session: link.session.clone(),
                         error: "the gateway's run activity or own prompts panicked".to_owned(),
@@ -988,7 +1042,7 @@ impl Inner {
             let me = Arc::clone(me);
             tokio::spawn(async move {
                 for (provider, link) in unwatched {
-                    me.pass_over(provider, link).await;
+                    me.pass_over_caught(provider, link).await;
                 }
                 finished.send(()).ok();
             })
@@ -1016,6 +1070,27 @@ impl Inner {
             debug!(
                 "upstream monitor: passing over the sources of unwatched links goes on past the tick"
             );
+        }
+    }
+
+    /// [`Inner::pass_over`], a panic in it (its provider's, or the store's) caught as a check's
+    /// is: logged (a `warn!` the first time, `debug!` while the same panic repeats, `info!`
+    /// once a pass goes through again), the link's marker left where it was, and the pass goes
+    /// on with the other links. The panic ended the pass's task, leaving the markers of the
+    /// links after it unmoved (a watch that began later was told of their backlog), unlogged.
+    async fn pass_over_caught(&self, provider: Arc<dyn UpstreamProvider>, link: UpstreamLink) {
+        let session = link.session.clone();
+        let passed = crate::service::CatchUnwind(Box::pin(self.pass_over(provider, link))).await;
+        match passed {
+            Ok(()) => {
+                if self.logged.ended(Site::Pass, Some(&session)) {
+                    info!(session_key = %session.session_key, agent_id = %session.agent_id, "upstream monitor: the source of an unwatched link is passed over again");
+                }
+            }
+            Err(panic) => {
+                let message = awareness_core::error::panic_message(&*panic);
+                warn_if_news!(self.logged.is_news(Site::Pass, Some(&session), message), session_key = %session.session_key, agent_id = %session.agent_id, panic = %message, "upstream monitor: passing over the source of an unwatched link panicked; its marker stays, and the other links are passed over");
+            }
         }
     }
 

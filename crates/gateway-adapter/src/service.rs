@@ -3262,14 +3262,16 @@ impl Awareness {
         // Made here, not in the task: a stream does not keep the store open.
         let mut hints = self.store.commit_hints();
         tokio::spawn(async move {
-            // A recovery interval shorter than the pick-up's is kept by asking at it: the
-            // recovery is looked for only when the task asks.
-            let mut tick = tokio::time::interval(interval.min(recovery));
+            // The time between two of the interval's questions. A recovery interval shorter
+            // than the pick-up's is kept by asking at it: the recovery is looked for only when
+            // the task asks.
+            let period = interval.min(recovery);
+            let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut schedule = PickupSchedule::default();
             let mut failing = false;
             let mut first_answer = None;
-            // When the last whole pick-up was made (the first question makes one).
+            // When the task woke for the last whole pick-up (the first question makes one).
             let mut last_whole = tokio::time::Instant::now();
             // When a hint may next bring a question forward, and when the question a hint
             // brought last began.
@@ -3302,6 +3304,10 @@ impl Awareness {
                         }
                     }
                 }
+                // Recovery is timed from the task's wakes, not from the answers of the store's
+                // questions: timed from answers, a first question slower than the next left
+                // its interval a hair short, and the recovery waited a whole period more.
+                let woke = tokio::time::Instant::now();
                 // Held for this interval's question and pick-up only, as pruning's task does.
                 let Some(me) = service.upgrade() else {
                     debug!("the service is gone: the pick-up task ends");
@@ -3353,7 +3359,12 @@ impl Awareness {
                         continue;
                     }
                 };
-                let recover = last_whole.elapsed() >= recovery;
+                // Made at the last question before the recovery interval is over: the one
+                // after it would come late.
+                let recover = woke
+                    .saturating_duration_since(last_whole)
+                    .saturating_add(period)
+                    > recovery;
                 let only = match schedule.due(answer, recover) {
                     Due::Nothing => continue,
                     Due::All => None,
@@ -3361,7 +3372,7 @@ impl Awareness {
                 };
                 let whole = only.is_none();
                 if whole {
-                    last_whole = tokio::time::Instant::now();
+                    last_whole = woke;
                 }
                 let attempt = me.pick_up_guarded(only).await;
                 schedule.picked_up(answer, whole, attempt);

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use awareness_core::{
-    AwarenessStore, Event, EventKind, FullStore, LinkSpec, Sequence, SessionKey, SessionRef,
-    StoreError, UpstreamStore, WatcherKey,
+    AwarenessStore, CursorFilter, Event, EventKind, FullStore, LinkSpec, Sequence, SessionKey,
+    SessionRef, StoreError, UpstreamStore, WatcherKey,
 };
 use gateway_adapter::upstream::jsonl::{self, JsonlMarker};
 use gateway_adapter::upstream::{
@@ -250,6 +250,22 @@ async fn adopt_with(
         .as_ref()
         .and_then(JsonlMarker::from_value)
         .map_or(0, |m| m.position());
+    // Who watches the session now: `--watcher`, and any cursor already there (OpenClaw's own,
+    // or another command's). The line said "nothing is known to watch it" whenever
+    // `--watcher` was left out (review, stop 58). Best effort: the adoption is done.
+    let filter = CursorFilter {
+        target: Some(link.session.session_key.clone()),
+        ..CursorFilter::default()
+    };
+    let watchers = store.cursors(&filter).await.map(|cursors| {
+        let mut keys: Vec<String> = cursors
+            .iter()
+            .filter(|c| c.follows(&link.session))
+            .map(|c| c.watcher.to_string())
+            .collect();
+        keys.dedup();
+        keys
+    });
     if as_json {
         let text = serde_json::to_string_pretty(&json!({
             "link": link,
@@ -257,6 +273,7 @@ async fn adopt_with(
             "rebased": adopted.rebased,
             "adoptedSequence": event.sequence,
             "watcher": watcher,
+            "watchedBy": watchers.as_ref().ok(),
         }))
         .unwrap_or_default();
         return emit(out, &format!("{text}\n"))
@@ -275,13 +292,28 @@ async fn adopt_with(
         crate::table::shown(&path.display().to_string()),
         crate::table::shown(&link.thread_id)
     );
-    match &watcher {
-        Some(w) => {
+    match (&watchers, watcher) {
+        (Ok(keys), _) if !keys.is_empty() => {
+            let _ = writeln!(
+                text,
+                "  watched by {}",
+                crate::table::shown(&keys.join(", "))
+            );
+        }
+        (Ok(_), _) => text.push_str(
+            "  nothing watches it yet: `awareness monitor` checks watched sessions only\n",
+        ),
+        (Err(_), Some(w)) => {
             let _ = writeln!(text, "  watched by {w}");
         }
-        None => text.push_str(
-            "  nothing is known to watch it yet: `awareness monitor` checks watched sessions only\n",
-        ),
+        (Err(e), None) => {
+            let _ = writeln!(
+                text,
+                "  cannot tell what watches it ({}): `awareness monitor` checks watched \
+                 sessions only",
+                crate::table::shown(&awareness_core::error::ErrorChain(e).to_string())
+            );
+        }
     }
     emit(out, &text).map(|()| 0).map_err(|e| e.after(&done))
 }

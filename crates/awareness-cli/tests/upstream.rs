@@ -734,6 +734,57 @@ fn adopt_names_its_transcript_on_one_line() {
     assert!(out.contains("t\\nforged: line.jsonl (thread t1)"), "{out}");
 }
 
+/// `adopt` without `--watcher` says who already watches the session (a cursor OpenClaw or
+/// `watch` made), and that nothing does when nothing does; `--json` lists them as `watchedBy`.
+/// It said "nothing is known to watch it" whenever `--watcher` was left out, telling an
+/// operator to add a watch the monitor did not need (review, stop 58).
+#[test]
+fn adopt_names_the_watchers_a_session_already_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    let adopt = |session: &str, json: bool| {
+        let mut args = vec!["--store", &store];
+        if json {
+            args.push("--json");
+        }
+        args.extend([
+            "adopt",
+            session,
+            "--file",
+            transcript.to_str().unwrap(),
+            "--thread",
+            session,
+        ]);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let out = adopt("agent:main:lonely", false);
+    assert!(
+        out.contains("  nothing watches it yet: `awareness monitor` checks watched sessions only"),
+        "{out}"
+    );
+    for watcher in ["agent:main:main", "agent:main:subagent:planner"] {
+        let o = run(&["--store", &store, "watch", watcher, "agent:main:worker"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let out = adopt("agent:main:worker", false);
+    assert!(
+        out.contains("  watched by agent:main:main, agent:main:subagent:planner\n"),
+        "{out}"
+    );
+    assert!(!out.contains("nothing"), "{out}");
+    let v: Value = serde_json::from_str(&adopt("agent:main:worker", true)).unwrap();
+    assert_eq!(
+        v["watchedBy"],
+        json!(["agent:main:main", "agent:main:subagent:planner"]),
+        "{v}"
+    );
+    assert_eq!(v["watcher"], Value::Null, "{v}");
+}
+
 /// `record` creates `store` with one human message in `agent:main:worker`.
 fn one_event(store: &str) {
     let o = run(&[

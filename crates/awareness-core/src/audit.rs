@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::StoreError;
-use crate::model::{Cursor, CursorFilter, Event, Head, Sequence, SessionRef};
+use crate::model::{Cursor, CursorFilter, Event, Head, Sequence, SessionKey, SessionRef};
 use crate::store::{AwarenessStore, UnreadableCursor};
 
 /// One broken invariant.
@@ -43,14 +43,17 @@ pub enum Finding {
     },
     /// A cursor whose sequences are out of order (`last_seen <= notified <= material` broken).
     TornCursor(Cursor),
-    /// A cursor whose `material` is past its target's head.
+    /// A cursor whose `material` is past its target's head. A cursor on a bare target key (no
+    /// agent in it, as OpenClaw writes them) is held to the highest head of any agent's
+    /// session of that key, which OpenClaw's recordings move it for (docs/decisions/0001).
     CursorPastHead {
         /// The cursor.
         cursor: Cursor,
-        /// The target's head.
+        /// The target's head (on a bare key, the highest of its agents' sessions').
         head: Sequence,
     },
-    /// A cursor that has seen an event of a target that has no head.
+    /// A cursor that has seen an event of a target that has no head (on a bare key: no agent's
+    /// session of that key has one).
     OrphanedCursor(Cursor),
     /// A cursor row the store holds but cannot read, which every other read leaves out
     /// ([`crate::CursorStore::unreadable_cursors`]).
@@ -160,14 +163,30 @@ pub fn audit(heads: &[Head], events: &[Arc<Event>], cursors: &[Cursor]) -> Vec<F
             });
         }
     }
+    // The highest head of each key over its agents' sessions, for cursors on a bare key.
+    let mut by_key: HashMap<&SessionKey, Sequence> = HashMap::new();
+    for h in heads {
+        let max = by_key.entry(&h.session.session_key).or_default();
+        *max = (*max).max(h.last_sequence);
+    }
     for c in cursors {
         if !c.is_well_formed() {
             found.push(Finding::TornCursor(c.clone()));
         }
-        match by_ref.get(&c.target_ref()) {
-            Some(h) if c.material > h.last_sequence => found.push(Finding::CursorPastHead {
+        // A cursor on a bare key (no agent in it) is held to the highest head of any agent's
+        // session of that key: OpenClaw seeds one from the default agent's head and moves it
+        // for every agent's recordings on the key (decision 0001), and such a row, read with
+        // the watcher's agent, was reported past its head or orphaned in a file OpenClaw
+        // kept whole (review, stop 58).
+        let head = if c.target.agent_id().is_none() {
+            by_key.get(&c.target).copied()
+        } else {
+            by_ref.get(&c.target_ref()).map(|h| h.last_sequence)
+        };
+        match head {
+            Some(head) if c.material > head => found.push(Finding::CursorPastHead {
                 cursor: c.clone(),
-                head: h.last_sequence,
+                head,
             }),
             None if c.material > Sequence::ZERO => found.push(Finding::OrphanedCursor(c.clone())),
             _ => {}
@@ -425,6 +444,54 @@ mod tests {
         assert_eq!(
             found[0].to_string(),
             "head of agent:main:a (agent main) is 1 but an event 4 exists"
+        );
+    }
+
+    /// Cursors on a bare key as OpenClaw leaves them, read with the watcher's agent: one that
+    /// `main`'s recordings on `global` moved past the `ops` session's head, and one seeded from
+    /// `main`'s head for an agent with no `global`. Both were reported broken (past the head,
+    /// orphaned) in a file OpenClaw kept whole; one past every agent's head, or on a key no
+    /// agent has a head of, still is, and an agent-qualified key is held to its own head.
+    #[test]
+    fn a_cursor_on_a_bare_key_is_held_to_the_highest_head_of_the_key() {
+        let global = |agent: &str| SessionRef::parse("global", agent).unwrap();
+        let on = |watcher: &str, target: SessionRef, material: u64| {
+            let mut c = cursor(&target, material, material);
+            c.watcher = WatcherKey::parse(watcher).unwrap();
+            c
+        };
+        let heads = [
+            head_after(None, &event(&global("main"), 11), Timestamp(5)),
+            head_after(None, &event(&global("ops"), 9), Timestamp(5)),
+        ];
+        let moved = on("agent:ops:main", global("ops"), 11);
+        let seeded = on("agent:dev:main", global("dev"), 7);
+        assert_eq!(audit(&heads, &[], &[moved, seeded]), vec![]);
+        let past = on("agent:ops:main", global("ops"), 12);
+        let nowhere = on(
+            "agent:ops:main",
+            SessionRef::parse("other", "ops").unwrap(),
+            3,
+        );
+        let qualified = on(
+            "agent:main:main",
+            SessionRef::parse("agent:ops:global", "ops").unwrap(),
+            1,
+        );
+        assert_eq!(
+            audit(
+                &heads,
+                &[],
+                &[past.clone(), nowhere.clone(), qualified.clone()]
+            ),
+            vec![
+                Finding::CursorPastHead {
+                    cursor: past,
+                    head: Sequence(11)
+                },
+                Finding::OrphanedCursor(nowhere),
+                Finding::OrphanedCursor(qualified),
+            ]
         );
     }
 }

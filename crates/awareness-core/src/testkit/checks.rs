@@ -2228,6 +2228,36 @@ pub async fn named_watcher_without_cursor_starts_at_zero(t: &Subject) {
     assert_eq!(got.notices[0].last_seen, Sequence(0));
 }
 
+/// A producer naming a watcher that already watches the event's session (the adapter names the
+/// spawner on every turn of a child, decision 0010) moves that cursor from where it is: one
+/// notice, from what the watcher read, never a second cursor from scratch. A backend that
+/// left the named watcher's cursor out of the cursors it moves (a change of the core's
+/// protocol passed every check: review, stop 58) hands out two notices, one from 0, and resets
+/// the cursor.
+pub async fn a_named_watcher_already_watching_is_moved_from_where_it_read(t: &Subject) {
+    let s = &*t.store;
+    let spawned = rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;
+    let first = rec(s, human(&child()).with_watcher(w(MANAGER)), T0).await;
+    let from: Vec<u64> = first.notices.iter().map(|n| n.last_seen.get()).collect();
+    assert_eq!(from, [spawned.event.sequence.get()], "{:?}", first.notices);
+    s.acknowledge(&w(MANAGER), &[AckTarget::read(&first.notices[0])], T0)
+        .await
+        .unwrap();
+    let second = rec(s, human(&child()).with_watcher(w(MANAGER)), T0).await;
+    let from: Vec<u64> = second.notices.iter().map(|n| n.last_seen.get()).collect();
+    assert_eq!(
+        from,
+        [first.event.sequence.get()],
+        "one notice, from the event read: {:?}",
+        second.notices
+    );
+    let at = second.event.sequence.get();
+    assert_eq!(
+        cursor3(s, MANAGER, CHILD).await,
+        Some((first.event.sequence.get(), at, at))
+    );
+}
+
 /// A producer naming a watcher whose cursor points at another agent's session of the same key
 /// re-points that cursor at the event's session from scratch: the watcher is told, and the
 /// cursor follows (decision 0008), rather than the named watcher being skipped as one already

@@ -404,6 +404,7 @@ macro_rules! conformance_suite {
             seeding_keeps_a_pending_notice,
             reseeding_a_quiet_cursor_moves_it,
             named_watcher_without_cursor_starts_at_zero,
+            a_named_watcher_already_watching_is_moved_from_where_it_read,
             a_named_watcher_on_another_agents_session_of_the_key_is_re_pointed,
             a_watcher_named_twice_or_the_session_itself_counts_once_or_not_at_all,
             notify_ignores_cursor_on_other_agents_session,

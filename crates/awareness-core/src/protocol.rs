@@ -701,6 +701,18 @@ mod tests {
         let next = material(acked, Sequence(51), Timestamp(2));
         assert!(next.is_pending(), "{:?}", seqs(&next));
         assert_eq!(Notice::of(&next).last_seen, Sequence(7));
+
+        // `last_seen` above `material`, `notified` above both (10, 12, 8): not pending, but a
+        // notice is outstanding; acknowledging it keeps `last_seen` at 10, so 9 and 10 are not
+        // handed out again. Nothing tested such a row: `last_seen := frozen`, and the early
+        // return without its `notified` test, passed every test (review, stop 58).
+        let mut above = watching_c1_from(10);
+        (above.notified, above.material) = (Sequence(12), Sequence(8));
+        let (acked, follow_up) = acknowledge(&above, Timestamp(1));
+        let acked = acked.expect("the outstanding notice is taken");
+        assert_eq!(acked.last_seen, Sequence(10), "{:?}", seqs(&acked));
+        assert!(!acked.is_pending(), "{:?}", seqs(&acked));
+        assert_eq!(follow_up, None);
     }
 
     /// An ambient cursor (OpenClaw's) hands out queue-only notices, keeps its provenance
@@ -894,6 +906,9 @@ mod tests {
             "session-state:6",
             "session-state:6G",
             "session-state:6A",
+            // A whole key's digits and one more (review, stop 58: without the odd-length
+            // check the key decoded to the target).
+            "session-state:6167656e743a6d61696e3a7375626167656e743a63316",
             "session-state:ff",
             "other:61",
             "session-state:00",

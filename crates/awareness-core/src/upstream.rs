@@ -974,6 +974,31 @@ mod tests {
         ));
     }
 
+    /// Each limit at its exact value: a marker of exactly 16 KiB is kept and one byte more is
+    /// refused; an id of exactly 64 bytes is kept as it is in the dedupe key and one byte more
+    /// is hashed (stored keys must not change between releases). Only values over the limits
+    /// were tested, and `>=` for `>` passed every test (review, stop 58).
+    #[test]
+    fn limits_hold_at_their_exact_value() {
+        let framing = serde_json::to_string(&json!({"x": ""})).unwrap().len();
+        let sized = |n: usize| json!({"x": "a".repeat(n - framing)});
+        let edge = sized(MAX_UPSTREAM_JSON_BYTES);
+        assert_eq!(
+            serde_json::to_string(&edge).unwrap().len(),
+            MAX_UPSTREAM_JSON_BYTES
+        );
+        assert!(validate_json("marker", Some(&edge)).is_ok());
+        assert!(validate_json("marker", Some(&sized(MAX_UPSTREAM_JSON_BYTES + 1))).is_err());
+        let link = plan_upsert(None, spec(), Timestamp(100))
+            .unwrap()
+            .outcome
+            .link;
+        let id = "d".repeat(MAX_DEDUPE_ID_BYTES);
+        assert!(human_dedupe_key(&link, "s", &id).ends_with(&format!(":{id}")));
+        let over = "d".repeat(MAX_DEDUPE_ID_BYTES + 1);
+        assert!(!human_dedupe_key(&link, "s", &over).contains(&over));
+    }
+
     #[test]
     fn marker_cas() {
         let link = plan_upsert(None, spec(), Timestamp(100))

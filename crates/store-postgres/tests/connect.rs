@@ -721,3 +721,34 @@ async fn a_store_with_the_old_dedupe_index_takes_long_dedupe_keys_once_reopened(
     assert!(again.deduplicated, "still unique");
     assert_eq!(again.event.sequence, first.event.sequence);
 }
+
+/// A schema guard dropped while its thread unwinds from a panic for want of the server's
+/// variable (the scale example's guard, made before its connection) does not panic again:
+/// the process ended in an abort ("panic in a destructor during cleanup", review, stop 58)
+/// rather than the panic that names the variable. Run in a child process without the
+/// variable; the child's test fails with its own panic, and the harness exits as for any
+/// failed test.
+#[test]
+fn a_schema_guard_without_the_server_variable_is_dropped_quietly() {
+    const CHILD: &str = "AWARENESS_TEST_SCHEMA_GUARD_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let _schema = store_postgres::testkit::Schema::fresh("guard");
+        store_postgres::testkit::server_url();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "a_schema_guard_without_the_server_variable_is_dropped_quietly",
+            "--test-threads=1",
+        ])
+        .env_remove(store_postgres::testkit::SERVER_VAR)
+        .env(CHILD, "1")
+        .output()
+        .expect("run the child");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(101), "{said}{err}");
+    assert!(said.contains(store_postgres::testkit::SERVER_VAR), "{said}");
+    assert!(!err.contains("panic in a destructor"), "{err}");
+}

@@ -422,7 +422,6 @@ macro_rules! conformance_suite {
             refreeze_of_quiet_cursor_is_noop,
             prune_by_age_stamps_the_watermark_of_what_it_deletes,
             prune_row_cap_keeps_newest_rows,
-            a_pruning_pass_ends_under_recordings_faster_than_its_chunks,
             prune_keeps_a_cursor_updated_exactly_at_the_idle_cutoff,
             prune_expires_idle_cursors,
             an_invalid_retention_policy_is_refused_and_nothing_deleted,

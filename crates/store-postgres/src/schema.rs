@@ -240,11 +240,14 @@ pub(crate) async fn create(
     // away by itself (the store's lock held past the role's `lock_timeout`, a connection lost,
     // a server restarting) is `Busy`, as for any write, and as store-sqlite answers an open
     // that met a held lock.
-    let failed = |what: &str| {
+    // `lock`: the statement that waits for the store's lock, where a statement the role's
+    // `statement_timeout` cancelled met another gateway's write and may pass too
+    // (`crate::store::lock_failure`).
+    let failed_at = |what: &str, lock: bool| {
         let reason = format!("cannot open the store: {what}");
         let busy = format!("{name}: open: {what}");
         move |e: sqlx::Error| {
-            if crate::store::is_transient(&e) {
+            if crate::store::is_transient(&e) || (lock && crate::store::cancelled(&e)) {
                 return StoreError::Busy {
                     context: busy.clone(),
                     source: e.into(),
@@ -262,6 +265,7 @@ pub(crate) async fn create(
             StoreError::open(name, kind, reason, Some(e.into()))
         }
     };
+    let failed = |what: &str| failed_at(what, false);
     let refuse = |kind: OpenFailure, reason: String| StoreError::open(name, kind, reason, None);
     let (encoding, version): (String, i32) = sqlx::query_as(
         "SELECT current_setting('server_encoding'), current_setting('server_version_num')::int",
@@ -280,7 +284,7 @@ pub(crate) async fn create(
         .bind(lock_key)
         .execute(&mut *tx)
         .await
-        .map_err(failed("taking the store's lock"))?;
+        .map_err(failed_at("taking the store's lock", true))?;
     let schema_exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
             .bind(schema)

@@ -82,11 +82,10 @@ const CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// (`53300`), a transaction lost a race to another (`40001`, `40P01`, `55P03`), or the server
 /// ended a transaction that sat idle or ran too long (`25P03`, the store's own
 /// [`PgStoreOptions::idle_transaction_timeout`](crate::PgStoreOptions::idle_transaction_timeout)
-/// met by a gateway that stalled; `25P04`, a `transaction_timeout`), or a statement was
-/// cancelled (`57014`: a role's `statement_timeout` met while waiting for the store's lock that
-/// another gateway holds, as `55P03` is for its `lock_timeout`; the server does not cancel a
-/// `COMMIT`, whose lost answer is told apart on its own): nothing it wrote was kept, and the
-/// same call on another connection may succeed.
+/// met by a gateway that stalled; `25P04`, a `transaction_timeout`): nothing it wrote was
+/// kept, and the same call on another connection may succeed. A statement cancelled (`57014`,
+/// a role's `statement_timeout`) is transient only where it waited for the store's lock
+/// ([`lock_failure`]): anywhere else it was slower than the timeout and would be again.
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
@@ -100,16 +99,7 @@ fn transient_code(code: &str) -> bool {
     code.starts_with("08")
         || matches!(
             code,
-            "57P01"
-                | "57P02"
-                | "57P03"
-                | "53300"
-                | "40001"
-                | "40P01"
-                | "55P03"
-                | "25P03"
-                | "25P04"
-                | "57014"
+            "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55P03" | "25P03" | "25P04"
         )
 }
 
@@ -124,6 +114,29 @@ pub(crate) fn failure(context: String, e: sqlx::Error) -> StoreError {
     } else {
         StoreError::backend(context, e)
     }
+}
+
+/// [`failure`] of the statement that takes the store's lock, where a cancelled statement
+/// (`57014`) is [`StoreError::Busy`] too: a role's `statement_timeout` met while another
+/// gateway holds the lock, as `55P03` is for its `lock_timeout`. The statement wrote nothing,
+/// and once the lock is free the same call succeeds; a cancel anywhere else is a statement
+/// slower than the timeout, which a retry meets again, and stays [`StoreError::Backend`].
+pub(crate) fn lock_failure(context: String, e: sqlx::Error) -> StoreError {
+    if cancelled(&e) {
+        StoreError::Busy {
+            context,
+            source: e.into(),
+        }
+    } else {
+        failure(context, e)
+    }
+}
+
+/// Whether `e` is a statement the server cancelled (`57014`: a role's `statement_timeout`).
+pub(crate) fn cancelled(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(sqlx::error::DatabaseError::code)
+        .is_some_and(|code| code == "57014")
 }
 
 /// A write transaction of a store, holding the store's lock, and its handle's turn when the
@@ -404,7 +417,7 @@ impl Inner {
             .pool
             .begin_with(AssertSqlSafe(begin.to_owned()))
             .await
-            .map_err(self.failed(what))?;
+            .map_err(|e| lock_failure(format!("{}: {what}", self.name), e))?;
         Ok(Write {
             tx,
             _turn: turn,
@@ -1699,11 +1712,13 @@ mod tests {
     fn the_server_states_that_may_pass_are_transient() {
         for code in [
             "08006", "08001", "57P01", "57P02", "57P03", "53300", "40001", "40P01", "55P03",
-            "25P03", "25P04", "57014",
+            "25P03", "25P04",
         ] {
             assert!(transient_code(code), "{code}");
         }
-        for code in ["23505", "42501", "42P01", "22P02", "25P02", "53100"] {
+        for code in [
+            "23505", "42501", "42P01", "22P02", "25P02", "57014", "53100",
+        ] {
             assert!(!transient_code(code), "{code}");
         }
     }

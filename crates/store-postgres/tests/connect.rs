@@ -722,6 +722,62 @@ async fn a_store_with_the_old_dedupe_index_takes_long_dedupe_keys_once_reopened(
     assert_eq!(again.event.sequence, first.event.sequence);
 }
 
+/// A statement the role's `statement_timeout` cancels once the store's lock is held (here a
+/// recording's, and a read's, held up by another session's lock on the events table) is a
+/// permanent error: the store cannot tell such a cancel from a statement slower than the
+/// timeout, which fails the same way at every retry, and `Busy` would promise that a retry
+/// may succeed. Only the wait for the store's lock is `Busy` (the two tests above). The first
+/// version of that fix made every cancel `Busy` (the second reading of stop 58: a read of a
+/// large log under a 10 ms timeout was "busy" at every try).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_cancelled_once_the_stores_lock_is_held_is_not_retryable() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = PgStore::connect(
+        server::server().options([("statement_timeout", "300ms")]),
+        PgStoreOptions::new(schema.clone()),
+    )
+    .await
+    .expect("connect");
+    store
+        .record(human("agent:main:subagent:a"), T0)
+        .await
+        .expect("a first recording");
+    let mut other = server::server().connect().await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; LOCK TABLE \"{schema}\".session_state_events IN ACCESS EXCLUSIVE MODE"
+    )))
+    .execute(&mut other)
+    .await
+    .expect("lock the events table");
+    let recorded = tokio::time::timeout(HANG, store.record(human("agent:main:subagent:a"), T0))
+        .await
+        .expect("the recording ends at its timeout")
+        .expect_err("the table is locked");
+    let read = tokio::time::timeout(HANG, store.log_stats())
+        .await
+        .expect("the read ends at its timeout")
+        .expect_err("the table is locked");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("let the table go");
+    for e in [&recorded, &read] {
+        assert!(!e.is_retryable(), "{e:?}");
+        assert!(
+            awareness_core::error::ErrorChain(e)
+                .to_string()
+                .contains("statement timeout"),
+            "{e:?}"
+        );
+    }
+    assert_eq!(
+        store.log_stats().await.expect("stats").rows,
+        1,
+        "the cancelled recording wrote nothing"
+    );
+}
+
 /// A schema guard dropped while its thread unwinds from a panic for want of the server's
 /// variable (the scale example's guard, made before its connection) does not panic again:
 /// the process ended in an abort ("panic in a destructor during cleanup", review, stop 58)

@@ -3282,14 +3282,18 @@ impl Awareness {
                     let now = tokio::time::Instant::now();
                     hint_ready_at = now + (now - began) * HINT_SHARE;
                 }
-                match hints.as_mut() {
-                    None => {
-                        tick.tick().await;
-                    }
+                // Recovery is timed from the task's wakes, not from the answers of the store's
+                // questions: timed from answers, a first question slower than the next left
+                // its interval a hair short, and the recovery waited a whole period more. An
+                // interval's wake is the time it was due, not the time the timer fired: a wake
+                // later than the last whole pick-up's made a recovery interval that is a
+                // multiple of the period look over one period early (the second reading).
+                let woke = match hints.as_mut() {
+                    None => tick.tick().await,
                     Some(told) => {
                         tokio::select! {
                             biased;
-                            _ = tick.tick() => {}
+                            due = tick.tick() => due,
                             more = async {
                                 tokio::time::sleep_until(hint_ready_at).await;
                                 told.next().await
@@ -3299,15 +3303,13 @@ impl Awareness {
                                     hints = None;
                                     continue;
                                 }
-                                hinted_at = Some(tokio::time::Instant::now());
+                                let now = tokio::time::Instant::now();
+                                hinted_at = Some(now);
+                                now
                             }
                         }
                     }
-                }
-                // Recovery is timed from the task's wakes, not from the answers of the store's
-                // questions: timed from answers, a first question slower than the next left
-                // its interval a hair short, and the recovery waited a whole period more.
-                let woke = tokio::time::Instant::now();
+                };
                 // Held for this interval's question and pick-up only, as pruning's task does.
                 let Some(me) = service.upgrade() else {
                     debug!("the service is gone: the pick-up task ends");

@@ -5103,6 +5103,123 @@ async fn a_monitor_driven_by_tick_lets_go_of_the_service_once_dropped() {
     );
 }
 
+/// A pass that panics for a link at every tick while nothing watches it is warned of once;
+/// once the link was watched for a tick (not passed over then) and is unwatched again, the same
+/// panic is news again and warned of again, as a check's failure is after a tick that did not
+/// check the link (second reading, stop 58).
+#[tokio::test(start_paused = true)]
+async fn a_pass_panicking_again_after_the_link_was_watched_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let t = Transcript::new();
+    let a = SessionRef::parse("agent:main:a", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(a.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(JsonlPanicsFor {
+            inner: JsonlProvider::new(),
+            bad: a.clone(),
+        }))
+        .build();
+    for _ in 0..2 {
+        assert_eq!(monitor.tick().await.unwatched, 1);
+    }
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    w.store.watch(&manager, &a, Timestamp::now()).await.unwrap();
+    assert_eq!(
+        monitor.tick().await.unwatched,
+        0,
+        "watched: not passed over"
+    );
+    assert!(w.store.unwatch(&manager, &a.session_key).await.unwrap());
+    assert_eq!(monitor.tick().await.unwatched, 1);
+    let lines = capture.lines();
+    let levels: Vec<&str> = lines
+        .iter()
+        .filter(|l| {
+            l.contains("passing over the source of an unwatched link panicked")
+                && l.contains("session_key=agent:main:a")
+        })
+        .map(|l| l.rsplit("level=").next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        levels,
+        ["WARN", "DEBUG", "WARN"],
+        "warned of once while it repeats, and again after the watch: {lines:#?}"
+    );
+}
+
+/// The JSONL provider, each of whose reads takes `.1` first (a slow disk).
+struct SlowJsonl(JsonlProvider, Duration);
+
+#[async_trait]
+impl UpstreamProvider for SlowJsonl {
+    fn kind(&self) -> &str {
+        self.0.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        tokio::time::sleep(self.1).await;
+        self.0.check(link, own).await
+    }
+}
+
+/// The task of `spawn` counts as a handle of the monitor: a host that drops every
+/// `UpstreamMonitor` handle while the task runs ends no pass over an unwatched link that one
+/// of its ticks started and that reads on past the tick; the pass moves the link's marker past
+/// what was typed (second reading, stop 58).
+#[tokio::test(start_paused = true)]
+async fn dropping_a_spawned_monitors_handles_ends_no_pass_its_tick_started() {
+    let w = world();
+    let mut t = Transcript::new();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    t.human("typed while nothing watches it");
+    // One tick within the test; its wait on the pass (a provider's timeout) is over before
+    // the read is.
+    let config = gateway_adapter::MonitorConfig {
+        interval: Duration::from_hours(1),
+        ..gateway_adapter::MonitorConfig::default()
+    };
+    let read = config.provider_timeout + Duration::from_secs(5);
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(SlowJsonl(JsonlProvider::new(), read)))
+        .config(config)
+        .build();
+    let mut rx = monitor.subscribe();
+    let before = w.store.link(&session).await.unwrap().unwrap().marker;
+    let task = monitor.spawn();
+    assert_eq!(next_tick(&mut rx).await.unwatched, 1);
+    assert_eq!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        before,
+        "the pass still reads once the tick is done"
+    );
+    drop(monitor);
+    tokio::time::sleep(read).await;
+    let after = w
+        .store
+        .link(&session)
+        .await
+        .unwrap()
+        .unwrap()
+        .marker
+        .unwrap();
+    assert_ne!(Some(&after), before.as_ref(), "the pass went through");
+    assert_eq!(
+        JsonlMarker::from_value(&after).unwrap().position(),
+        std::fs::metadata(&t.path).unwrap().len(),
+        "past what was typed"
+    );
+    task.stop().await;
+}
+
 /// A link adopted again onto another source restarts its count of missing checks (DESIGN.md
 /// section 8: three consecutive checks of the source): a new source gone at its first check
 /// is not reported missing for the old source's misses. Nothing held that rule.

@@ -28,7 +28,8 @@ pub enum OpenFailure {
     /// format its database engine no longer opens (redb's `UpgradeRequired`).
     Unsupported,
     /// A store of an older schema, which a read-only open cannot read: a read-write open
-    /// migrates it (store-redb's schema 1), after which read-only opens take it.
+    /// migrates it (store-redb's schema 1; store-postgres's first version, by the tables'
+    /// owner), after which read-only opens take it.
     NeedsMigration,
     /// The operating system refused access to the file or its directory (permissions, a
     /// read-only file system).

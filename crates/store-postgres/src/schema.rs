@@ -3,8 +3,10 @@
 //! The tables are store-sqlite's (OpenClaw's names and columns, DESIGN.md section 6) with
 //! PostgreSQL's types, plus `session_state_counter`, the one row that holds the last sequence
 //! handed out (an event's number is taken from it under the store's lock, so the counter
-//! never goes back, even when the newest rows are deleted). Keys are compared byte by byte
-//! (`COLLATE "C"`), so that listings come in the order of the other stores.
+//! never goes back, even when the newest rows are deleted), and `awareness_schema_version`, the
+//! one row that says which version of the store made the schema (a later one is refused; an
+//! earlier one is brought up to this build's by an open that may create). Keys are compared
+//! byte by byte (`COLLATE "C"`), so that listings come in the order of the other stores.
 
 use awareness_core::{OpenFailure, StoreError};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -351,18 +353,38 @@ pub(crate) async fn create(
         .fetch_all(&mut *tx)
         .await
         .map_err(failed("reading the store's columns"))?;
-        let missing: Vec<&str> = columns
+        let mut missing: Vec<&str> = columns
             .iter()
             .copied()
             .filter(|c| !present.iter().any(|p| p == c))
             .collect();
+        if let Some(added) = upgrade(&mut tx, schema, table, &missing, create_if_missing, name)
+            .await
+            .map_err(failed("adding a column of a later version"))?
+        {
+            missing.retain(|c| *c != added);
+        }
         if !missing.is_empty() {
-            return Err(refuse(
-                OpenFailure::NotAStore,
-                format!(
-                    "table {table} has none of the columns {missing:?}: it is not this store's"
-                ),
-            ));
+            let earlier = missing
+                .iter()
+                .all(|c| ADDED_COLUMNS.iter().any(|(t, a, _)| *t == table && a == c));
+            return Err(if earlier {
+                refuse(
+                    OpenFailure::NeedsMigration,
+                    format!(
+                        "made by an earlier version of this store (table {table} has no column \
+                         {missing:?}): an open that may create, as the table's owner, adds it"
+                    ),
+                )
+            } else {
+                refuse(
+                    OpenFailure::NotAStore,
+                    format!(
+                        "table {table} has none of the columns {missing:?}: it is not this \
+                         store's"
+                    ),
+                )
+            });
         }
     }
     // A store made before stop 54 keeps its dedupe keys unique with a B-tree, whose entries
@@ -428,7 +450,123 @@ pub(crate) async fn create(
             .await
             .map_err(failed("writing the sequence counter"))?;
     }
+    // The version of the store's schema: a later one is refused (its meaning may have changed
+    // where its columns did not), before this open has changed anything (the transaction is
+    // dropped); an earlier one, or none (a store made before stop 58, which kept no version),
+    // is raised to this build's by an open that may create, now that its columns are there.
+    let table = format!("\"{schema}\".{VERSION_TABLE}");
+    let kept: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&table)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed("looking for the schema's version"))?;
+    let version: Option<i32> = if kept {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {table} WHERE id = 0"
+        )))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(failed("reading the schema's version"))?
+    } else {
+        None
+    };
+    if let Some(v) = version.filter(|v| *v > SCHEMA_VERSION) {
+        return Err(refuse(
+            OpenFailure::Unsupported,
+            format!(
+                "made by a later version of this store (schema {v}; this build reads \
+                 {SCHEMA_VERSION} and earlier)"
+            ),
+        ));
+    }
+    if version != Some(SCHEMA_VERSION) && create_if_missing {
+        // In a savepoint: a role that may only read and write rows may not create a table.
+        let mut writing = sqlx::Connection::begin(&mut *tx)
+            .await
+            .map_err(failed("writing the schema's version"))?;
+        let written = sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+               id smallint PRIMARY KEY CHECK (id = 0),
+               version integer NOT NULL);
+             INSERT INTO {table} (id, version) VALUES (0, {SCHEMA_VERSION})
+             ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version"
+        )))
+        .execute(&mut *writing)
+        .await;
+        match written {
+            Ok(_) => writing
+                .commit()
+                .await
+                .map_err(failed("writing the schema's version"))?,
+            Err(e) => {
+                writing
+                    .rollback()
+                    .await
+                    .map_err(failed("writing the schema's version"))?;
+                tracing::warn!(store = %name, error = %e, "this role may not write the store's schema version (the schema's owner may, by opening it once): a later version of this store cannot tell this one's stores until then");
+            }
+        }
+    }
     tx.commit().await.map_err(failed("committing the open"))
+}
+
+/// The version of the store's schema this build makes and reads: 1, the first (its counter
+/// without `commits`, no version kept); 2, from stop 51 (`commits`), kept in [`VERSION_TABLE`]
+/// from stop 58. A store of a later version is refused.
+pub(crate) const SCHEMA_VERSION: i32 = 2;
+
+/// The table that keeps the store's schema version (one row, `id` 0).
+pub(crate) const VERSION_TABLE: &str = "awareness_schema_version";
+
+/// The columns a later version of this store added to a table it had made, and the statement
+/// that adds each to a store an earlier version made: `session_state_counter.commits`, the count
+/// of writes that `foreign_commits` reads (added in stop 51), which the store's first version
+/// did not make. Such a store was refused as "not this store's".
+const ADDED_COLUMNS: [(&str, &str, &str); 1] = [(
+    "session_state_counter",
+    "commits",
+    "ADD COLUMN IF NOT EXISTS commits bigint NOT NULL DEFAULT 0",
+)];
+
+/// Adds to `table` the one column of [`ADDED_COLUMNS`] among its `missing` ones, when this open
+/// may create (an open that may not writes nothing), in a savepoint: a role that may only read
+/// and write rows may not alter the table (the owner's open adds it), and is then refused
+/// saying so. Answers the column added.
+async fn upgrade(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    schema: &str,
+    table: &str,
+    missing: &[&str],
+    create_if_missing: bool,
+    name: &str,
+) -> Result<Option<&'static str>, sqlx::Error> {
+    let Some((_, column, add)) = ADDED_COLUMNS
+        .into_iter()
+        .find(|(t, c, _)| *t == table && missing.contains(c))
+    else {
+        return Ok(None);
+    };
+    if !create_if_missing {
+        return Ok(None);
+    }
+    let mut adding = sqlx::Connection::begin(&mut **tx).await?;
+    let added = sqlx::query(AssertSqlSafe(format!(
+        "ALTER TABLE \"{schema}\".{table} {add}"
+    )))
+    .execute(&mut *adding)
+    .await;
+    match added {
+        Ok(_) => {
+            adding.commit().await?;
+            tracing::info!(store = %name, table, column, "added a column an earlier version of the store did not make");
+            Ok(Some(column))
+        }
+        Err(e) => {
+            adding.rollback().await?;
+            tracing::warn!(store = %name, table, column, error = %e, "cannot add a column an earlier version of the store did not make (the table's owner may, by opening it once)");
+            Ok(None)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -778,6 +778,125 @@ async fn a_statement_cancelled_once_the_stores_lock_is_held_is_not_retryable() {
     );
 }
 
+/// A store the first version of store-postgres made (its counter without the `commits` column
+/// a later version added) is refused by an open that may not create, saying it needs the
+/// column, and changed by none; an open that may create adds the column, and the store goes on
+/// from its events. Every open refused it as "not this store's" (review, stop 58: a store made
+/// by the crate's first commit, with three events, could not be read or written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_an_earlier_version_made_gains_the_column_it_lacks() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("create the store");
+    for _ in 0..3 {
+        store
+            .record(human("agent:main:subagent:a"), T0)
+            .await
+            .expect("record");
+    }
+    store.pool().close().await;
+    let mut admin = server::server().connect().await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE \"{schema}\".session_state_counter DROP COLUMN commits"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("make it as the first version did");
+    let e = refused(PgStoreOptions::new(schema.clone()).create_if_missing(false)).await;
+    assert_eq!(e.open_failure(), Some(OpenFailure::NeedsMigration), "{e}");
+    assert!(e.to_string().contains("earlier version"), "{e}");
+    let columns = || async {
+        let mut conn = server::server().connect().await.expect("connect");
+        sqlx::query_scalar::<_, String>(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_schema = $1 AND table_name = 'session_state_counter' ORDER BY 1",
+        )
+        .bind(schema.clone())
+        .fetch_all(&mut conn)
+        .await
+        .expect("columns")
+    };
+    assert_eq!(
+        columns().await,
+        ["id", "last_sequence"],
+        "the refusal changed nothing"
+    );
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("an open that may create adds the column");
+    assert_eq!(columns().await, ["commits", "id", "last_sequence"]);
+    let next = store
+        .record(human("agent:main:subagent:a"), T0)
+        .await
+        .expect("record");
+    assert_eq!(
+        next.event.sequence,
+        Sequence(4),
+        "it goes on from its events"
+    );
+}
+
+/// A store keeps its schema's version: a new one says this build's, a store made before it
+/// kept one (the table dropped) gains it at an open that may create, and a store of a later
+/// version is refused by every open, which changes nothing. Without it a build older than the
+/// store's meaning opened it silently (review, stop 58: a build of the crate's first commit
+/// recorded into a current store, counting no commit and sending no hint).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_keeps_its_schema_version_and_a_later_one_is_refused() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let version = || async {
+        let mut conn = server::server().connect().await.expect("connect");
+        sqlx::query_scalar::<_, i32>(sqlx::AssertSqlSafe(format!(
+            "SELECT version FROM \"{schema}\".awareness_schema_version WHERE id = 0"
+        )))
+        .fetch_optional(&mut conn)
+        .await
+    };
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("create the store");
+    assert_eq!(version().await.expect("the version"), Some(2));
+    store.pool().close().await;
+    let mut admin = server::server().connect().await.expect("connect");
+    let run = |sql: String| sqlx::raw_sql(sqlx::AssertSqlSafe(sql));
+    run(format!("DROP TABLE \"{schema}\".awareness_schema_version"))
+        .execute(&mut admin)
+        .await
+        .expect("as a store made before the version was kept");
+    let store = PgStore::connect(
+        server::server(),
+        PgStoreOptions::new(schema.clone()).create_if_missing(false),
+    )
+    .await
+    .expect("an open that may not create takes it as it is");
+    assert!(version().await.is_err(), "and writes nothing");
+    store.pool().close().await;
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("an open that may create");
+    assert_eq!(version().await.expect("the version"), Some(2));
+    store.pool().close().await;
+    run(format!(
+        "UPDATE \"{schema}\".awareness_schema_version SET version = 3"
+    ))
+    .execute(&mut admin)
+    .await
+    .expect("as a later version would");
+    for create in [true, false] {
+        let e = refused(PgStoreOptions::new(schema.clone()).create_if_missing(create)).await;
+        assert_eq!(e.open_failure(), Some(OpenFailure::Unsupported), "{e}");
+        assert!(e.to_string().contains("later version"), "{e}");
+    }
+    assert_eq!(
+        version().await.expect("the version"),
+        Some(3),
+        "left as it was"
+    );
+}
+
 /// A schema guard dropped while its thread unwinds from a panic for want of the server's
 /// variable (the scale example's guard, made before its connection) does not panic again:
 /// the process ended in an abort ("panic in a destructor during cleanup", review, stop 58)

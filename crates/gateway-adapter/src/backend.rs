@@ -315,8 +315,9 @@ pub enum Repair {
     },
     /// Nothing to repair: the file opened read-only and was only read, unchanged. SQLite's
     /// always does (any reader recovers its write-ahead log itself); a redb file does when its
-    /// last writer closed it cleanly (or still has it open with live readers) and it is of
-    /// this build's schema.
+    /// last writer closed it cleanly (or still has it open with live readers) and it is of a
+    /// schema this build reads as it is (its own, 3, or 2, which its next read-write open
+    /// raises to 3).
     NotNeeded {
         /// Events the store holds.
         events: u64,

@@ -720,7 +720,9 @@ fn stored_version<T: ReadableTable<&'static str, u64>>(
     }
 }
 
-/// Creates the tables of a new file, or checks that an existing file is one of ours.
+/// Creates the tables of a new file, or checks that an existing file is one of ours: one of
+/// schema 1 or 2 is migrated to [`SCHEMA_VERSION`], and a sequence reservation its last writer
+/// left is settled ([`tables::settle_reservation`]).
 fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError> {
     let txn = db.begin_write().ctx("open: begin a write")?;
     let version = stored_version(txn.open_table(META), path)?;
@@ -731,19 +733,31 @@ fn init_schema(db: &Database, path: &Path, mode: Mode) -> Result<(), StoreError>
             }
             Ok(())
         }
-        Some(1) => {
+        Some(from @ (1 | 2)) => {
             // Schema 1 kept heads in a table of their own; schema 2 keeps them in the
-            // reference index. Moved in one write transaction: a crash leaves schema 1 intact.
-            let moved = tables::migrate_v1(&txn)?;
+            // reference index, as schema 3 does. Schema 3 changes no table: it says that the
+            // file may hold a sequence reservation, which a build of schema 2 reads past
+            // (docs/decisions/0006); writing it makes such builds refuse the file. One write
+            // transaction: a crash during it leaves the file at its old schema.
+            let moved = if from == 1 {
+                tables::migrate_v1(&txn)?
+            } else {
+                0
+            };
             txn.open_table(META)
                 .ctx("open: the meta table")?
                 .insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)
                 .ctx("open: write the schema")?;
-            // A reservation the last writer left (schema 1 files had them too) is settled as
-            // at any read-write open: the numbers it covered may have been handed out.
+            // A reservation the last writer left (files of schema 1 and 2 had them too) is
+            // settled as at any read-write open: the numbers it covered may have been handed
+            // out.
             tables::settle_reservation(&txn)?;
-            txn.commit().ctx("open: migrate schema 1")?;
-            tracing::info!(path = %path.display(), heads = moved, "migrated a store from schema 1 to 2");
+            txn.commit().ctx("open: migrate the schema")?;
+            tracing::info!(
+                path = %path.display(),
+                heads = moved,
+                "migrated a store from schema {from} to {SCHEMA_VERSION}"
+            );
             Ok(())
         }
         Some(v) => Err(unsupported_schema(path, v)),
@@ -803,18 +817,20 @@ fn unsupported_schema(path: &Path, version: u64) -> StoreError {
         path,
         OpenFailure::Unsupported,
         format!(
-            "store schema version {version} is not supported (this build reads {SCHEMA_VERSION})"
+            "store schema version {version} is not supported (this build reads versions up to {SCHEMA_VERSION})"
         ),
         None,
     )
 }
 
-/// Checks, without writing, that a file opened read-only is a store of this build's schema.
+/// Checks, without writing, that a file opened read-only is a store this build reads as it is:
+/// of this build's schema, or of schema 2, whose tables are the same (a read-only open cannot
+/// write the new version; the file's next read-write open does).
 fn check_schema(db: &ReadOnlyDatabase, path: &Path) -> Result<(), StoreError> {
     let txn = db.begin_read().ctx("open: begin a read")?;
     let version = stored_version(txn.open_table(META), path)?;
     match version {
-        Some(SCHEMA_VERSION) => Ok(()),
+        Some(2 | SCHEMA_VERSION) => Ok(()),
         Some(1) => Err(open_error(
             path,
             OpenFailure::NeedsMigration,

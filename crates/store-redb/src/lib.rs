@@ -93,8 +93,8 @@
 //! path of a one-page tree. A bare redb A/B at the data set's size (direct calls, no store code)
 //! gave, with Immediate and with `Durability::None`: events, reference index and heads in three
 //! trees 1.7x and 2.3x the floor; the head beside the ref's events in the reference index (two
-//! trees, schema 2) 1.6x and 2.1x; one tree alone 1.2x and 1.4x. Schema 2 is what this crate
-//! writes. `record/0_watchers` was 2.45x the direct Immediate floor in the last full run with
+//! trees, schema 2) 1.6x and 2.1x; one tree alone 1.2x and 1.4x. This crate writes that
+//! layout. `record/0_watchers` was 2.45x the direct Immediate floor in the last full run with
 //! three trees, and 1.48x to 2.26x in five runs with two (the floor itself moved from 399 to
 //! 577 µs between runs); the scale run (1M events, 16 tasks, group commit) went from 6.4k to
 //! 8.3k events/s. The price is `sessions_list/500_refs` (500 head lookups), which
@@ -164,7 +164,8 @@
 //! row) so that a reconcile page is one range scan; heads by ref with the pruned watermark, kept
 //! in that index as the ref's last entry (sequence `u64::MAX`), next to its newest events, so a
 //! record rewrites two B-tree paths, not three (decision 0006; schema 1 files, with a table of
-//! heads, are migrated when opened); cursors by `(watcher, target)` and by `(target, watcher)`;
+//! heads, are migrated when opened, and schema 2 files, of the same layout, are marked schema 3:
+//! see the sequence reservation); cursors by `(watcher, target)` and by `(target, watcher)`;
 //! the dedupe index (a deleted or pruned row frees its key); upstream links by `(key, agent)`;
 //! and a store-wide sequence counter that never goes back (`max` of a `meta` entry and the
 //! highest event, so a record writes three rows: the event, its index entry and the head). A

@@ -23,6 +23,11 @@
 //! the events (an A/B of bare redb transactions on the 50,000-event data set). Schema 1 files
 //! are migrated when opened ([`migrate_v1`]).
 //!
+//! Schema 3 (the current one, [`SCHEMA_VERSION`]) has schema 2's tables; its number says that
+//! `meta` may hold the bounded mode's reservation (below), so that builds of schema 2, which
+//! would read past it, refuse the file. A read-write open writes 3 over a file of schema 2 (or
+//! 1, after moving its heads); a read-only open reads a file of schema 2 or 3 as it is.
+//!
 //! The store-wide sequence counter is `max(meta.last_sequence, last key of events)`: recording a
 //! new event moves it by inserting the event alone, and whatever would lower it (deleting the
 //! event with the highest sequence, a dedupe hit that consumes a number without a row) first
@@ -124,7 +129,11 @@ pub(crate) const UPSTREAM_LINKS_KEYS: TableDefinition<PairBytes, &[u8]> =
     TableDefinition::new("upstream_links");
 
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
-pub(crate) const SCHEMA_VERSION: u64 = 2;
+/// The schema this build writes. 3 has the tables of 2; it marks a file whose `meta` may hold
+/// a sequence reservation ([`RESERVED_SEQUENCE`]), which a build of schema 2 would read past
+/// and so hand out numbers a crash lost again. Every build refuses a version above its own,
+/// so those builds refuse every file this build has opened read-write (docs/decisions/0006).
+pub(crate) const SCHEMA_VERSION: u64 = 3;
 pub(crate) const LAST_SEQUENCE: &str = "last_sequence";
 /// The `meta` key of the bounded mode's reservation (see the module docs).
 pub(crate) const RESERVED_SEQUENCE: &str = "reserved_sequence";

@@ -487,11 +487,11 @@ async fn a_file_reopens_in_the_other_durability_mode() {
     }
 }
 
-/// Rewrites a schema 2 file as schema 1 wrote it: heads in a `heads` table keyed by
+/// Rewrites a store's file as schema 1 wrote it: heads in a `heads` table keyed by
 /// (key, agent), none in the reference index.
 fn downgrade_to_schema_1(path: &std::path::Path) {
     let moved = RedbStore::rewrite_as_schema_1(path).expect("rewrite as schema 1");
-    assert!(moved > 0, "schema 2 keeps heads in events_by_ref");
+    assert!(moved > 0, "schema 3 keeps heads in events_by_ref");
 }
 
 #[tokio::test]
@@ -533,12 +533,153 @@ async fn a_schema_1_file_is_migrated_and_loses_nothing() {
     assert_eq!(s.state_version(&ops).await.unwrap(), Sequence(13));
     drop(s);
 
-    // The old table is gone and the file says schema 2.
+    // The old table is gone and the file says schema 3, straight from 1.
     let db = redb::Database::open(&path).unwrap();
     let txn = db.begin_read().unwrap();
     let names = table_names(&txn);
     assert!(!names.iter().any(|n| n == "heads"), "{names:?}");
-    assert_eq!(schema_version(&txn), 2);
+    assert_eq!(schema_version(&txn), 3);
+}
+
+/// What a store reads back: every head, every event, and the cursor of `watcher()` on
+/// `child()`.
+#[derive(Debug, PartialEq)]
+struct Held {
+    heads: Vec<awareness_core::Head>,
+    events: Vec<std::sync::Arc<awareness_core::Event>>,
+    cursor: Option<awareness_core::Cursor>,
+}
+
+fn watcher() -> WatcherKey {
+    WatcherKey::parse("agent:main:main").unwrap()
+}
+
+async fn held(s: &RedbStore) -> Held {
+    Held {
+        heads: s.list_heads(None).await.unwrap(),
+        events: s.events_after(Sequence::ZERO, 200).await.unwrap(),
+        cursor: s.cursor(&watcher(), &child().session_key).await.unwrap(),
+    }
+}
+
+/// Creates a store at `path` holding events of two sessions (one under a dedupe key) and a
+/// cursor, closes it, and returns what it held.
+async fn a_closed_store_with_rows(path: &std::path::Path) -> Held {
+    let ops = SessionRef::parse("agent:ops:worker", "ops").unwrap();
+    let s = RedbStore::open(path).await.unwrap();
+    s.watch(&watcher(), &child(), T0).await.unwrap();
+    for i in 0..5 {
+        let r = if i % 2 == 0 { child() } else { ops.clone() };
+        s.record(human(&r), Timestamp(T0.millis() + i))
+            .await
+            .unwrap();
+    }
+    s.record(human(&child()).with_dedupe_key("once"), T0)
+        .await
+        .unwrap();
+    let held = held(&s).await;
+    s.close().await;
+    assert_eq!(held.events.len(), 6);
+    assert!(held.cursor.is_some());
+    held
+}
+
+/// A new store says schema 3: the schema whose `meta` may hold the bounded mode's sequence
+/// reservation, which builds of schema 2 would read past; they refuse a file of schema 3.
+#[tokio::test]
+async fn a_new_file_says_schema_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    RedbStore::open(&path).await.unwrap().close().await;
+    let db = redb::Database::open(&path).unwrap();
+    assert_eq!(schema_version(&db.begin_read().unwrap()), 3);
+}
+
+/// A schema 2 file (schema 3's tables; a build of this workspace wrote it before schema 3,
+/// possibly with a reservation its bounded writer left at a crash) opened read-write is marked
+/// schema 3, keeps its events, heads and cursors, and has the reservation settled: the next
+/// recording gets a sequence above it. Before, the file stayed at schema 2, which a build older
+/// than the reservation opens after such a crash and then hands a lost number out again.
+#[tokio::test]
+async fn a_schema_2_file_opened_read_write_becomes_schema_3_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let before = a_closed_store_with_rows(&path).await;
+    let last = before.events.last().unwrap().sequence.get();
+    let reserved = last + 1_000;
+    set_meta(&path, "reserved_sequence", reserved);
+    set_meta(&path, "schema_version", 2);
+
+    let s = RedbStore::open(&path).await.unwrap();
+    assert_eq!(held(&s).await, before, "the migration kept every row");
+    awareness_core::testkit::durable::assert_counter_resumes_above(
+        &s,
+        human(&child()),
+        last,
+        reserved,
+        0,
+    )
+    .await;
+    s.close().await;
+
+    let db = redb::Database::open(&path).unwrap();
+    assert_eq!(schema_version(&db.begin_read().unwrap()), 3);
+}
+
+/// A read-only open reads a file of schema 2 as it is (it has schema 3's tables, and a read-only
+/// open cannot write the new version), and one of schema 3, and leaves each byte for byte as it
+/// was, at its version: the next read-write open marks the schema 2 file.
+#[tokio::test]
+async fn a_read_only_open_reads_schema_2_and_3_as_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    for version in [2, 3] {
+        let path = dir.path().join(format!("schema{version}.redb"));
+        let before = a_closed_store_with_rows(&path).await;
+        set_meta(&path, "schema_version", version);
+        let bytes = std::fs::read(&path).unwrap();
+        let s = RedbStore::open_with(&path, read_only())
+            .await
+            .unwrap_or_else(|e| panic!("schema {version} is refused read-only: {e}"));
+        assert_eq!(held(&s).await, before, "schema {version}");
+        s.close().await;
+        assert!(
+            std::fs::read(&path).unwrap() == bytes,
+            "schema {version}: the read-only open changed the file"
+        );
+        let db = redb::Database::open(&path).unwrap();
+        assert_eq!(schema_version(&db.begin_read().unwrap()), version);
+    }
+}
+
+/// Schema 3 is the newest this build opens: a file of schema 4 (a later build's) is refused,
+/// read-only and read-write, and left as it was.
+#[tokio::test]
+async fn a_file_of_schema_4_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    a_closed_store_with_rows(&path).await;
+    set_meta(&path, "schema_version", 4);
+    let before = dump(&path);
+    let bytes = std::fs::read(&path).unwrap();
+    let err = RedbStore::open_with(&path, read_only()).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        "schema version 4 is not supported",
+        OpenFailure::Unsupported,
+    );
+    assert!(
+        std::fs::read(&path).unwrap() == bytes,
+        "the refused read-only open changed the file"
+    );
+    let err = RedbStore::open(&path).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        "schema version 4 is not supported",
+        OpenFailure::Unsupported,
+    );
+    assert_eq!(dump(&path), before, "the refused open changed the file");
 }
 
 /// The entries of the table `name`, typed `K` to `V`, each as `key => value` (debug form).

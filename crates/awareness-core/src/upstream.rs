@@ -662,7 +662,9 @@ impl NormalizedText {
     fn emit(&mut self, c: char) {
         let mut buf = [0u8; 4];
         self.hash.write(c.encode_utf8(&mut buf).as_bytes());
-        self.chars += 1;
+        // Saturating: a count [`is_sound`](Self::is_sound) accepts never gets near the end of
+        // `u64`, but a stored one it was not asked about must not panic or wrap to empty.
+        self.chars = self.chars.saturating_add(1);
         // The prefix holds the first `min(chars, prefix_cap)` characters.
         if self.chars <= self.prefix_cap as u64 {
             self.prefix.push(c);
@@ -676,15 +678,27 @@ impl NormalizedText {
 
     /// Whether this text, read back from a stored marker, is one feeding could have made
     /// with a prefix of `prefix_cap` characters: that cap, a prefix of the first
-    /// `min(chars, prefix_cap)` characters, and a pending space only after some text. A stored
-    /// state edited to another cap would keep a prefix as long as its line, and make markers
-    /// too large to store again.
+    /// `min(chars, prefix_cap)` characters, a pending space only after some text, the empty
+    /// hash while no character was fed, and at most [`MAX_TEXT_CHARS`](Self::MAX_TEXT_CHARS)
+    /// characters. A stored state edited to another cap would keep a prefix as long as its
+    /// line, and make markers too large to store again; one edited to a count near the end of
+    /// `u64` would overflow it (a caller that knows how many bytes the text came from checks
+    /// that it holds no more characters than that, as
+    /// `gateway_adapter::upstream::transcript::LineScanner::is_sound` does).
     pub fn is_sound(&self, prefix_cap: usize) -> bool {
         let kept = self.prefix.chars().count() as u64;
         self.prefix_cap == prefix_cap
             && kept == self.chars.min(prefix_cap as u64)
             && (!self.pending_space || self.chars > 0)
+            && (self.chars > 0 || self.hash == Fnv64::new())
+            && self.chars <= Self::MAX_TEXT_CHARS
     }
+
+    /// The most characters a text fed in can count: each takes at least a byte of what it was
+    /// read from, and no file (its length is a signed 64-bit `off_t`) or slice (at most
+    /// `isize::MAX` bytes) holds more bytes than this. Half of `u64`: a count
+    /// [`is_sound`](Self::is_sound) accepts is far from overflowing.
+    pub const MAX_TEXT_CHARS: u64 = i64::MAX.unsigned_abs();
 
     /// The first `prefix_cap` characters of the normalized text.
     pub fn prefix(&self) -> &str {
@@ -1103,5 +1117,37 @@ mod tests {
         resumed.push_str(" def");
         assert_eq!(resumed.fingerprint(), fingerprint("abc def"));
         assert_eq!(resumed.prefix(), "abc def");
+    }
+
+    /// A stored text no feeding makes (a count past any text, something hashed with no
+    /// character) is not sound; one fed anyway neither panics on its count nor wraps it to
+    /// an empty text.
+    #[test]
+    fn a_text_no_feeding_makes_is_not_sound_and_never_overflows() {
+        let mut real = NormalizedText::new(4);
+        real.push_str("ab");
+        assert!(real.is_sound(4));
+        let counted = |chars: u64| NormalizedText {
+            chars,
+            prefix: "abcd".into(),
+            ..real.clone()
+        };
+        assert!(
+            counted(NormalizedText::MAX_TEXT_CHARS).is_sound(4),
+            "a long text"
+        );
+        assert!(!counted(u64::MAX).is_sound(4), "a count past every text");
+        assert!(!counted(NormalizedText::MAX_TEXT_CHARS + 1).is_sound(4));
+        let hashed_empty = NormalizedText {
+            hash: real.hash,
+            ..NormalizedText::new(4)
+        };
+        assert!(!hashed_empty.is_sound(4), "nothing fed, something hashed");
+        // Fed anyway (a caller that did not ask): the count stays at its end.
+        let mut at_end = counted(u64::MAX);
+        at_end.push_str(" c d");
+        assert_eq!(at_end.fingerprint().chars, u64::MAX);
+        assert!(!at_end.is_empty());
+        assert_eq!(at_end.prefix(), "abcd");
     }
 }

@@ -57,6 +57,9 @@ const PATH_DEPTH: usize = 4;
 /// Deepest nesting followed; a deeper line is not a transcript row and is skipped (as
 /// malformed) to its end.
 const MAX_DEPTH: usize = 256;
+/// Most bytes of one line: no file is longer (its length is a signed 64-bit `off_t`). Half of
+/// `u64`, so that a count [`LineScanner::is_sound`] accepts is far from overflowing.
+const MAX_LINE_BYTES: u64 = i64::MAX.unsigned_abs();
 
 /// An object key the rules read; every other key is `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -393,8 +396,12 @@ impl LineScanner {
     /// a `\\u` escape has read at most 3 of its digits, at most 3 bytes of a UTF-8 character
     /// wait, the open containers are objects and arrays no deeper than followed, the path
     /// holds the outermost of them, a token that belongs inside a container has one of its
-    /// kind, and every field the reader keeps (a key or short string, a number's first bytes,
-    /// the row's short facts, its uuid, each text's prefix and its cap) is within its bound.
+    /// kind, every field the reader keeps (a key or short string, a number's first bytes,
+    /// the row's short facts, its uuid, each text's prefix and its cap) is within its bound,
+    /// no more bytes were consumed than a file holds, and the texts hold no more characters
+    /// than were consumed (each character kept took at least a byte of its own, a space
+    /// between words the byte of a whitespace or of a string's opening quote): a count near
+    /// the end of `u64` would overflow as the line is read on.
     pub fn is_sound(&self) -> bool {
         let depth = self.kinds.len();
         let innermost = self.kinds.as_bytes().last().copied();
@@ -432,6 +439,12 @@ impl LineScanner {
             && bounded(&f.uuid, MAX_DEDUPE_ID_BYTES + 4)
             && f.content.is_sound(TEXT_PREFIX_CHARS)
             && f.prompt.is_sound(TEXT_PREFIX_CHARS);
+        // Each text's count is at most `NormalizedText::MAX_TEXT_CHARS` once `facts` holds.
+        let chars = f
+            .content
+            .fingerprint()
+            .chars
+            .saturating_add(f.prompt.fingerprint().chars);
         high && escape
             && tok
             && escape_in_string
@@ -442,11 +455,16 @@ impl LineScanner {
             && self.buf.len() <= MAX_DEDUPE_ID_BYTES.max(SMALL_BYTES).max(KEY_BYTES) + 4
             && self.scalar.len() <= 8 + 4
             && facts
+            && self.consumed <= MAX_LINE_BYTES
+            && chars <= self.consumed
     }
 
     /// Consumes `bytes` up to the line's end: returns `Some(i)` when `bytes[i]` is the line's
     /// `\n` (bytes after it are not consumed), `None` when all of `bytes` belong to the line.
     pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        // `consumed` adds saturating: a count [`Self::is_sound`] accepts is far from the end
+        // of `u64`, but a state read back without asking it, or skipped on from a refused
+        // one's count ([`Self::skipping`]), must neither panic nor wrap.
         let mut i = 0;
         while i < bytes.len() {
             // Fast paths: the long runs of a line are ignored strings and skipped rests.
@@ -457,7 +475,7 @@ impl LineScanner {
                         .position(|b| matches!(b, b'"' | b'\\' | b'\n'))
                         .unwrap_or(bytes.len() - i);
                     i += run;
-                    self.consumed += run as u64;
+                    self.consumed = self.consumed.saturating_add(run as u64);
                     if i == bytes.len() {
                         break;
                     }
@@ -468,7 +486,7 @@ impl LineScanner {
                         .position(|b| *b == b'\n')
                         .unwrap_or(bytes.len() - i);
                     i += run;
-                    self.consumed += run as u64;
+                    self.consumed = self.consumed.saturating_add(run as u64);
                     if i == bytes.len() {
                         break;
                     }
@@ -479,7 +497,7 @@ impl LineScanner {
             if b == b'\n' {
                 return Some(i);
             }
-            self.consumed += 1;
+            self.consumed = self.consumed.saturating_add(1);
             self.byte(b);
             i += 1;
         }
@@ -1112,6 +1130,8 @@ mod tests {
             r#"{"a":[{"b":[1,{"c":"d"}]},[],{}],"e":-1.5e3}"#,
             r#"{"a":1,}"#,
             r#"{"type":"user","message":{"role":"user","content":[{"type":"text","text":"hi"}]}}"#,
+            // As many characters for as few bytes as texts take.
+            r#"{"message":{"content":["a","b",{"text":"c d"}]},"attachment":{"prompt":["e","f"]}}"#,
             deep.as_str(),
             long.as_str(),
         ]
@@ -1194,6 +1214,109 @@ mod tests {
         assert!(
             !edited(&|v| v["facts"]["prompt"]["prefix"] = json!("y")),
             "a prefix longer than the text"
+        );
+        // Counts no line reaches: read on, they would overflow (a panic with overflow checks,
+        // the monitor failing the link at every tick; else a text wrapped to empty, and the
+        // person's turn dropped).
+        assert!(
+            !edited(&|v| v["consumed"] = json!(u64::MAX)),
+            "more bytes than a file holds"
+        );
+        let counted = |chars: u64| {
+            move |v: &mut Value| {
+                v["facts"]["content"]["chars"] = json!(chars);
+                let kept =
+                    usize::try_from(chars).map_or(TEXT_PREFIX_CHARS, |c| c.min(TEXT_PREFIX_CHARS));
+                v["facts"]["content"]["prefix"] = json!("x".repeat(kept));
+            }
+        };
+        assert!(!edited(&counted(u64::MAX)), "a text past every line");
+        assert!(
+            !edited(&counted(inside.consumed + 1)),
+            "more characters than bytes consumed"
+        );
+        assert!(
+            edited(&|v| {
+                counted(inside.consumed)(v);
+                v["consumed"] = json!(u64::MAX / 2);
+            }),
+            "as many characters as bytes consumed, of a line as long as a file can be"
+        );
+    }
+
+    /// A stored state with a count at the end of `u64`, read on anyway (the caller did not ask
+    /// [`LineScanner::is_sound`], or skips on from its count), neither panics nor wraps: the
+    /// byte count stays at its end, and a text stays a text (wrapped to 0 it would be empty,
+    /// and a person's turn dropped as such).
+    #[test]
+    fn a_count_at_the_end_of_u64_reads_on_without_overflow() {
+        let at_end = |line: &[u8], edit: &dyn Fn(&mut Value)| {
+            let mut s = LineScanner::new();
+            assert_eq!(s.feed(line), None);
+            let mut v = serde_json::to_value(&s).unwrap();
+            edit(&mut v);
+            serde_json::from_value::<LineScanner>(v).unwrap()
+        };
+        let max_consumed = |v: &mut Value| v["consumed"] = json!(u64::MAX);
+        let content = br#"{"type":"user","message":{"role":"user","content":"ab"#;
+        // Byte by byte (a text), in an ignored string's run, in a skipped rest's run.
+        let cases: [(&[u8], &[u8]); 3] =
+            [(content, b"c d"), (br#"{"a":"b"#, b"cdef"), (b"[", b"1, 2")];
+        for (line, more) in cases {
+            let mut s = at_end(line, &max_consumed);
+            assert_eq!(s.feed(more), None);
+            assert_eq!(s.consumed, u64::MAX);
+            assert_eq!(LineScanner::skipping(u64::MAX).feed(more), None);
+        }
+        let mut s = at_end(content, &|v| {
+            v["facts"]["content"]["chars"] = json!(u64::MAX);
+            v["facts"]["content"]["prefix"] = json!("a".repeat(TEXT_PREFIX_CHARS));
+        });
+        assert_eq!(s.feed(b"c\"}}\n"), Some(4));
+        let LineEnd::Row(facts) = s.finish() else {
+            panic!("not a row");
+        };
+        assert_eq!(facts.content.fingerprint().chars, u64::MAX);
+        assert!(!facts.content.is_empty());
+    }
+
+    /// The reviewer's case through the provider: a stored line state edited to a text count
+    /// at the end of `u64` is refused, so its line is skipped (not resumed into an overflow),
+    /// the marker moves past it, and the next line's turn is counted.
+    #[test]
+    fn a_stored_count_at_the_end_of_u64_costs_its_line_not_the_link() {
+        use std::io::Write as _;
+
+        use crate::upstream::CheckOutcome;
+        use crate::upstream::jsonl::{JsonlMarker, marker_at_end, scan};
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(br#"{"type":"user","message":{"role":"user","content":"ab"#)
+            .unwrap();
+        let m0 = marker_at_end(&path).unwrap();
+        let CheckOutcome::Unchanged { marker } = scan(&path, Some(&m0), &[], u64::MAX) else {
+            panic!("a partial line");
+        };
+        let mut v = marker.clone();
+        v["partial"]["facts"]["content"]["chars"] = json!(u64::MAX);
+        v["partial"]["facts"]["content"]["prefix"] = json!("a".repeat(TEXT_PREFIX_CHARS));
+        let edited = JsonlMarker::from_value(&v).unwrap();
+        assert!(!edited.partial.as_ref().unwrap().is_sound());
+        f.write_all(b"c\"}}\n").unwrap();
+        let CheckOutcome::Unchanged { marker } = scan(&path, Some(&edited), &[], u64::MAX) else {
+            panic!("the edited line is skipped, not counted");
+        };
+        let moved = JsonlMarker::from_value(&marker).unwrap();
+        assert_eq!(moved.position(), std::fs::metadata(&path).unwrap().len());
+        f.write_all(br#"{"type":"user","uuid":"u2","message":{"role":"user","content":"next"}}"#)
+            .unwrap();
+        f.write_all(b"\n").unwrap();
+        let outcome = scan(&path, Some(&moved), &[], u64::MAX);
+        assert!(
+            matches!(&outcome, CheckOutcome::HumanTurns { turns: 1, dedupe_id, .. } if dedupe_id == "u2"),
+            "{outcome:?}"
         );
     }
 

@@ -86,6 +86,11 @@ pub trait Hook: Send + Sync {
     fn foreign_commits(&self) -> Option<u64> {
         None
     }
+    /// Answers [`EventStore::commit_hints`] in place of the store when `Some`: a hook playing
+    /// other writers that commit as fast as it likes.
+    fn commit_hints(&self) -> Option<Box<dyn crate::store::CommitHints>> {
+        None
+    }
 }
 
 /// A store that forwards every call to `inner`, running `hook` before and after it.
@@ -182,7 +187,9 @@ impl<H: Hook> EventStore for Hooked<H> {
         }
     }
     fn commit_hints(&self) -> Option<Box<dyn crate::store::CommitHints>> {
-        self.inner.commit_hints()
+        self.hook
+            .commit_hints()
+            .or_else(|| self.inner.commit_hints())
     }
     async fn close(self: Arc<Self>) {
         // Closes the inner store too when this wrapper held its last handle.

@@ -5060,15 +5060,14 @@ async fn a_provider_panicking_in_a_pass_costs_only_that_links_pass() {
     assert_eq!(w.human_events(&b).await, 0, "nothing typed since the watch");
     assert!(w.queue.peek(manager.session_key()).is_empty());
     let lines = capture.lines();
-    let levels: Vec<&str> = lines
-        .iter()
-        .filter(|l| {
-            l.contains("passing over the source of an unwatched link panicked")
-                && l.contains("session_key=agent:main:a")
-                && l.contains("panic=the provider panicked on agent:main:a")
-        })
-        .map(|l| l.rsplit("level=").next().unwrap_or_default())
-        .collect();
+    let levels = pass_panic_levels(&lines, "agent:main:a");
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains("passing over the source of an unwatched link panicked"))
+            .all(|l| l.contains("panic=the provider panicked on agent:main:a")),
+        "{lines:#?}"
+    );
     assert_eq!(
         levels,
         ["WARN", "DEBUG", "DEBUG"],
@@ -5137,19 +5136,25 @@ async fn a_pass_panicking_again_after_the_link_was_watched_is_warned_of_again() 
     assert!(w.store.unwatch(&manager, &a.session_key).await.unwrap());
     assert_eq!(monitor.tick().await.unwatched, 1);
     let lines = capture.lines();
-    let levels: Vec<&str> = lines
-        .iter()
-        .filter(|l| {
-            l.contains("passing over the source of an unwatched link panicked")
-                && l.contains("session_key=agent:main:a")
-        })
-        .map(|l| l.rsplit("level=").next().unwrap_or_default())
-        .collect();
+    let levels = pass_panic_levels(&lines, "agent:main:a");
     assert_eq!(
         levels,
         ["WARN", "DEBUG", "WARN"],
         "warned of once while it repeats, and again after the watch: {lines:#?}"
     );
+}
+
+/// The levels of the log lines saying that passing over `session`'s source panicked, in order.
+fn pass_panic_levels<'a>(lines: &'a [String], session: &str) -> Vec<&'a str> {
+    let named = format!("session_key={session}");
+    lines
+        .iter()
+        .filter(|l| {
+            l.contains("passing over the source of an unwatched link panicked")
+                && l.contains(&named)
+        })
+        .map(|l| l.rsplit("level=").next().unwrap_or_default())
+        .collect()
 }
 
 /// The JSONL provider, each of whose reads takes `.1` first (a slow disk).

@@ -427,12 +427,7 @@ impl Drop for Handles {
         let Some(inner) = self.0.upgrade() else {
             return;
         };
-        let passing = inner
-            .passing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(task) = passing {
+        if let Some(task) = inner.take_pass() {
             task.abort();
         }
     }
@@ -695,12 +690,7 @@ impl UpstreamMonitor {
             // of the monitor holds the store once `stop` returns.
             checks.shutdown().await;
             // So is the pass over unwatched links, which holds the monitor too.
-            let passing = inner
-                .passing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(task) = passing {
+            if let Some(task) = inner.take_pass() {
                 task.abort();
                 let _ = task.await;
             }
@@ -757,6 +747,14 @@ impl SourceId {
 }
 
 impl Inner {
+    /// The task of the pass over unwatched links, if one runs, taken out of [`Inner::passing`]
+    /// (by the monitor's end: [`Handles`], or the spawned task's).
+    fn take_pass(&self) -> Option<JoinHandle<()>> {
+        self.passing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
     fn emit(&self, d: Detection) {
         // No subscriber is fine.
         let _ = self.events.send(d);

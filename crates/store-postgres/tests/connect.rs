@@ -284,6 +284,17 @@ async fn an_open_that_meets_the_held_lock_past_its_lock_or_statement_timeout_is_
     }
 }
 
+/// A store in `schema` whose connections have a `statement_timeout` of 300 ms, as a DBA sets
+/// on a role.
+async fn with_statement_timeout(schema: &str) -> PgStore {
+    PgStore::connect(
+        server::server().options([("statement_timeout", "300ms")]),
+        PgStoreOptions::new(schema),
+    )
+    .await
+    .expect("connect")
+}
+
 /// A recording and a watch that wait for the store's lock past the role's `statement_timeout`
 /// wrote nothing, and the same calls succeed once the lock is free: `Busy`, as for
 /// `lock_timeout`. They were permanent `Backend` errors (review, stop 58), so a gateway's
@@ -293,12 +304,7 @@ async fn an_open_that_meets_the_held_lock_past_its_lock_or_statement_timeout_is_
 async fn writes_that_meet_the_held_lock_past_the_statement_timeout_are_retryable() {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    let store = PgStore::connect(
-        server::server().options([("statement_timeout", "300ms")]),
-        PgStoreOptions::new(schema.clone()),
-    )
-    .await
-    .expect("connect");
+    let store = with_statement_timeout(&schema).await;
     let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
     let child = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
     let held = store_postgres::testkit::StoreLock::take(&schema).await;
@@ -733,12 +739,7 @@ async fn a_store_with_the_old_dedupe_index_takes_long_dedupe_keys_once_reopened(
 async fn a_statement_cancelled_once_the_stores_lock_is_held_is_not_retryable() {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    let store = PgStore::connect(
-        server::server().options([("statement_timeout", "300ms")]),
-        PgStoreOptions::new(schema.clone()),
-    )
-    .await
-    .expect("connect");
+    let store = with_statement_timeout(&schema).await;
     store
         .record(human("agent:main:subagent:a"), T0)
         .await

@@ -2324,8 +2324,23 @@ async fn unreadable_cursor_rows(f: impl OpenFile, spoil: bool) {
         [(manager.to_string(), second.session_key.to_string())]
     );
 
-    // A pruning pass deletes it once it is idle, as it deletes any idle cursor.
+    // Deleting another agent's session of its watcher's key (which watches nothing: the key
+    // names agent `main`) leaves it, as it leaves that watcher's readable rows. store-postgres
+    // passed every check with the watcher condition of its choice of rows dropped, deleting it
+    // (review, stop 58).
     damage(&manager, &second).await;
+    let namesake = r(manager.as_str(), "ops");
+    rec(s, human(&namesake), LATER).await;
+    s.delete_session(&namesake)
+        .await
+        .expect("delete the namesake");
+    assert_eq!(
+        s.unreadable_cursors().await.expect("unreadable").len(),
+        1,
+        "the watcher's damaged row stays"
+    );
+
+    // A pruning pass deletes it once it is idle, as it deletes any idle cursor.
     let idle = PruneStep::Cursors {
         cutoff: Timestamp(LATER.0 + 1),
     };

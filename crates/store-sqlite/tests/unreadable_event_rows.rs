@@ -262,3 +262,44 @@ async fn events_numbered_below_one_fail_no_read_are_found_and_pruned_in_their_tu
     assert_eq!(seqs(&log), [1, 2, 3]);
     store.close().await;
 }
+
+/// A head row whose pruned watermark another writer left negative (a hand edit) cannot be read,
+/// as one whose version is: the next recording on its session writes it again, its watermark
+/// just below the new event, so that reads report the history gap (decision 0020). Only a
+/// negative version was tested (the testkit damages that), and the recording's check of the
+/// watermark could be dropped, leaving the head unreadable for good (review, stop 58).
+#[tokio::test]
+async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    store.record(human(&session), T0).await.expect("record");
+    behind_the_back(
+        &path,
+        "UPDATE session_state_heads SET pruned_max_sequence = -1",
+        &[],
+    )
+    .await;
+    assert!(
+        store.heads(std::slice::from_ref(&session)).await.is_err(),
+        "the damaged head cannot be read"
+    );
+    let second = store
+        .record(human(&session), T0.plus_ms(1))
+        .await
+        .expect("record over it")
+        .event
+        .sequence;
+    let heads = store
+        .heads(std::slice::from_ref(&session))
+        .await
+        .expect("the head is readable again");
+    assert_eq!(heads[0].last_sequence, second);
+    assert_eq!(heads[0].pruned_max_sequence, Sequence(second.get() - 1));
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("its page");
+    assert!(page.history_gap, "{page:?}");
+}

@@ -4996,6 +4996,18 @@ struct JsonlPanicsFor {
     bad: SessionRef,
 }
 
+impl JsonlPanicsFor {
+    /// The monitor of `w` whose JSONL provider panics for `bad`.
+    fn monitor(w: &World, bad: &SessionRef) -> UpstreamMonitor {
+        UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+            .provider(Arc::new(Self {
+                inner: JsonlProvider::new(),
+                bad: bad.clone(),
+            }))
+            .build()
+    }
+}
+
 #[async_trait]
 impl UpstreamProvider for JsonlPanicsFor {
     fn kind(&self) -> &str {
@@ -5031,12 +5043,7 @@ async fn a_provider_panicking_in_a_pass_costs_only_that_links_pass() {
             .await
             .unwrap();
     }
-    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
-        .provider(Arc::new(JsonlPanicsFor {
-            inner: JsonlProvider::new(),
-            bad: a.clone(),
-        }))
-        .build();
+    let monitor = JsonlPanicsFor::monitor(&w, &a);
     // The ticks list the links turned by one each time: the pass reads a first at one of two.
     for tick in 1..=2 {
         tb.human("typed in b while nothing watches it");
@@ -5117,12 +5124,7 @@ async fn a_pass_panicking_again_after_the_link_was_watched_is_warned_of_again() 
         .try_adopt(jsonl::adoption(a.clone(), &t.path, None).unwrap())
         .await
         .unwrap();
-    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
-        .provider(Arc::new(JsonlPanicsFor {
-            inner: JsonlProvider::new(),
-            bad: a.clone(),
-        }))
-        .build();
+    let monitor = JsonlPanicsFor::monitor(&w, &a);
     for _ in 0..2 {
         assert_eq!(monitor.tick().await.unwatched, 1);
     }

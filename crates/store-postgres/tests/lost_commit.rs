@@ -501,6 +501,16 @@ async fn a_lost_commit_the_server_cannot_be_asked_about_is_an_unknown_outcome() 
     }
 }
 
+/// Whether `store` holds `watcher`'s cursor on the session of `event(0)`: what a watch whose
+/// commit lost its answer left.
+async fn watched(store: &PgStore, watcher: &awareness_core::WatcherKey) -> bool {
+    store
+        .cursor(watcher, &event(0).session.session_key)
+        .await
+        .expect("cursor")
+        .is_some()
+}
+
 /// Asserts that `e` says a write's outcome is unknown after its `COMMIT` lost its answer: a
 /// [`StoreError::Backend`], not retryable (a retry may do the write twice), whose text says so
 /// and holds each of `also`.
@@ -535,12 +545,9 @@ async fn a_watch_whose_lost_commit_cannot_be_asked_about_is_an_unknown_outcome()
         .expect_err("the outcome cannot be known");
     assert_eq!(proxy.swallowed(), 1);
     assert_unknown_outcome(&e, &["read back"]);
-    assert!(
-        direct
-            .cursor(&watcher, &event(0).session.session_key)
-            .await
-            .expect("cursor")
-            .is_some(),
+    assert_eq!(
+        watched(&direct, &watcher).await,
+        true,
         "the server had committed it"
     );
 }
@@ -652,14 +659,7 @@ async fn a_watch_whose_commit_answer_was_lost_is_answered_as_committed() {
         .await
         .expect("the committed watch");
     assert_eq!(proxy.fired(), 1, "the answer was lost");
-    assert!(
-        direct
-            .cursor(&watcher, &event(0).session.session_key)
-            .await
-            .expect("cursor")
-            .is_some(),
-        "committed"
-    );
+    assert!(watched(&direct, &watcher).await, "committed");
     assert_eq!(
         store.foreign_commits().await.expect("ask"),
         before,
@@ -679,12 +679,9 @@ async fn a_watch_whose_commit_never_arrived_lets_go_of_the_lock() {
     store.record(event(0), T0).await.expect("record");
     let watcher = awareness_core::WatcherKey::parse("agent:main:main").expect("watcher");
     proxy.arm(Fault::StallCommit, 0);
-    let watched = store.watch(&watcher, &event(0).session, T0).await;
+    let answer = store.watch(&watcher, &event(0).session, T0).await;
     assert_eq!(proxy.fired(), 1);
-    assert!(
-        matches!(watched, Err(StoreError::Busy { .. })),
-        "{watched:?}"
-    );
+    assert!(matches!(answer, Err(StoreError::Busy { .. })), "{answer:?}");
     let other = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         direct.record(event(1), T0),
@@ -692,14 +689,7 @@ async fn a_watch_whose_commit_never_arrived_lets_go_of_the_lock() {
     .await
     .expect("another gateway records without waiting for the idle timeout");
     other.expect("record");
-    assert!(
-        direct
-            .cursor(&watcher, &event(0).session.session_key)
-            .await
-            .expect("cursor")
-            .is_none(),
-        "rolled back"
-    );
+    assert!(!watched(&direct, &watcher).await, "rolled back");
 }
 
 /// The statement that writes a recording's events (alone, then a batch's) never reaches the

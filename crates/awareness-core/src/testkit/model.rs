@@ -208,6 +208,59 @@ pub enum Op {
         /// Which token.
         token: Option<u8>,
     },
+    /// One `prune_chunk` call, outside a pass: a bound of its own, which may be 0 or past
+    /// anything a pass asks for.
+    PruneChunk {
+        /// Which step of a pass's ([`RetentionPolicy::steps`]): 0 age, 1 row cap, 2 idle
+        /// cursors.
+        step: usize,
+        /// The chunk's bound.
+        max: usize,
+        /// Row cap of the step.
+        max_rows: u64,
+        /// Age limit of events.
+        max_age_ms: i64,
+        /// Idle limit of cursors.
+        cursor_idle_ms: i64,
+    },
+    /// A write on cursors or a deletion (an [`Op::Watch`], [`Op::Unwatch`], [`Op::Ack`],
+    /// [`Op::Refreeze`], [`Op::Reset`] or [`Op::Delete`]) made while recordings on the same
+    /// key run, each call on a task of its own. Every store makes each call atomic: the write
+    /// takes effect between two of the recordings (or before or after all of them), and the
+    /// model finds a point where replaying it gives every answer and the state the store gave.
+    Mixed {
+        /// The recordings (valid, without dedupe keys: each spends and stores one sequence,
+        /// so their order is the order of their sequences).
+        records: Vec<Op>,
+        /// The write.
+        write: Box<Op>,
+        /// How many recordings are spawned before the write is.
+        at: usize,
+    },
+}
+
+/// A write an [`Op`] describes, its arguments fixed when it is made (an acknowledgement names
+/// the notices the cursors showed then, as a turn acknowledges what it read).
+#[derive(Debug, Clone)]
+enum Write {
+    Watch(WatcherKey, SessionRef),
+    Unwatch(CursorKey),
+    Ack(WatcherKey, Vec<AckTarget>),
+    Refreeze(Vec<CursorKey>),
+    Reset(SessionKey),
+    Delete(SessionRef),
+}
+
+/// What a [`Write`] answers; notices sorted.
+#[derive(Debug, Clone, PartialEq)]
+enum Answered {
+    Cursor(Cursor),
+    Removed(bool),
+    Notices(Vec<Notice>),
+    Count(u64),
+    Done,
+    /// Refused as invalid input (a watch of the watcher's own key), nothing changed.
+    Refused,
 }
 
 /// Refs outside the session pool, which no operation records on: `heads` must leave them out
@@ -287,6 +340,69 @@ fn wave_strategy() -> impl Strategy<Value = Op> {
         .prop_map(|(records, held)| Op::Concurrent { records, held })
 }
 
+/// The most recordings of one [`Op::Mixed`].
+const MAX_MIXED: usize = 6;
+
+/// An [`Op::Mixed`]: recordings on one key (under either agent, valid, without dedupe keys),
+/// and a write on the same key (a watch of one of its sessions, an unwatch, an
+/// acknowledgement, mostly of it, a re-freeze, a reset of a watcher, a deletion of one of its
+/// sessions), spawned among them.
+fn mixed_strategy() -> impl Strategy<Value = Op> {
+    (0..KEYS.len())
+        .prop_flat_map(|k| {
+            let on_key = k * AGENTS.len()..(k + 1) * AGENTS.len();
+            let records = proptest::collection::vec(
+                record_strategy(on_key.clone(), 0.5, 0..1),
+                1..=MAX_MIXED,
+            )
+            .prop_map(|records| records.into_iter().map(stored).collect::<Vec<_>>());
+            let acked = proptest::collection::vec(
+                (prop_oneof![3 => Just(k), 1 => 0..KEYS.len()], 0u8..5),
+                1..3,
+            );
+            let write = prop_oneof![
+                (0..WATCHERS.len(), on_key.clone())
+                    .prop_map(|(watcher, session)| Op::Watch { watcher, session }),
+                (0..WATCHERS.len()).prop_map(move |watcher| Op::Unwatch { watcher, key: k }),
+                (0..WATCHERS.len(), acked).prop_map(|(watcher, keys)| Op::Ack { watcher, keys }),
+                proptest::collection::vec((0..WATCHERS.len(), Just(k)), 1..3)
+                    .prop_map(|keys| Op::Refreeze { keys }),
+                (0..KEYS.len()).prop_map(|key| Op::Reset { key }),
+                on_key.prop_map(|session| Op::Delete { session }),
+            ];
+            (records, write, 0..=MAX_MIXED)
+        })
+        .prop_map(|(records, write, at)| Op::Mixed {
+            records,
+            write: Box::new(write),
+            at,
+        })
+}
+
+/// `op` (an [`Op::Record`]) made to store an event: valid, without a dedupe key.
+fn stored(op: Op) -> Op {
+    match op {
+        Op::Record {
+            session,
+            kind,
+            actor,
+            named,
+            offset_hours,
+            extras,
+            ..
+        } => Op::Record {
+            session,
+            kind,
+            actor,
+            named,
+            dedupe: None,
+            offset_hours,
+            extras: extras & 7,
+        },
+        other => other,
+    }
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
     let n = KEYS.len() * AGENTS.len();
     prop_oneof![
@@ -302,7 +418,31 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         ),
         1 => (0..KEYS.len()).prop_map(|key| Op::Reset { key }),
         1 => (0..n).prop_map(|session| Op::Delete { session }),
-        2 => (0..n, 0u64..40, 0usize..8).prop_map(|(session, after, limit)| Op::Reconcile { session, after, limit }),
+        2 => (
+            0..n,
+            0u64..40,
+            prop_oneof![
+                8 => 0usize..8,
+                1 => Just(reconcile::MAX_PAGE_LIMIT),
+                1 => Just(usize::MAX),
+            ],
+        )
+            .prop_map(|(session, after, limit)| Op::Reconcile { session, after, limit }),
+        2 => mixed_strategy(),
+        1 => (
+            0usize..3,
+            prop_oneof![6 => 0usize..6, 1 => Just(usize::MAX)],
+            0u64..25,
+            age_ms(),
+            idle_ms(),
+        )
+            .prop_map(|(step, max, max_rows, max_age_ms, cursor_idle_ms)| Op::PruneChunk {
+                step,
+                max,
+                max_rows,
+                max_age_ms,
+                cursor_idle_ms,
+            }),
         2 => prop_oneof![
             4 => 0i64..5_000,
             2 => Just(Timestamp::HOUR_MS * 2),
@@ -393,7 +533,7 @@ fn key(i: usize) -> SessionKey {
 }
 
 /// The reference model: the storage contract written as plainly as possible.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Model {
     last: u64,
     events: Vec<Arc<Event>>,
@@ -532,6 +672,168 @@ fn sorted(mut v: Vec<Notice>) -> Vec<Notice> {
         (&a.watcher, &a.target, a.last_seen).cmp(&(&b.watcher, &b.target, b.last_seen))
     });
     v
+}
+
+/// The [`Write`] `op` describes, given the model before it; `None` for an op that is not one.
+fn write_of(op: &Op, model: &Model) -> Option<Write> {
+    Some(match op {
+        Op::Watch {
+            watcher: wi,
+            session: si,
+        } => Write::Watch(watcher(*wi), session(*si)),
+        Op::Unwatch {
+            watcher: wi,
+            key: ki,
+        } => Write::Unwatch(cursor_key(*wi, *ki)),
+        Op::Ack { watcher: wi, keys } => {
+            // The notice each entry names, from the cursors before the call.
+            let targets = keys
+                .iter()
+                .map(|(ki, read)| {
+                    let (agent, seen) = model.cursors.get(&cursor_key(*wi, *ki)).map_or(
+                        (AgentId::new(AGENTS[0]).expect("agent"), Sequence::ZERO),
+                        |c| (c.target_agent.clone(), c.last_seen),
+                    );
+                    let other = AGENTS
+                        .iter()
+                        .find(|a| **a != agent.as_str())
+                        .map(|a| AgentId::new(*a).expect("agent"))
+                        .expect("two agents");
+                    let (target_agent, last_seen) = match read {
+                        0 => return AckTarget::any(key(*ki)),
+                        1 => (agent, seen),
+                        2 => (agent, Sequence(seen.0 + 1)),
+                        3 => (other, seen),
+                        _ => (agent, Sequence(seen.0.saturating_sub(1))),
+                    };
+                    AckTarget {
+                        target: key(*ki),
+                        read: Some(ReadNotice {
+                            target_agent,
+                            last_seen,
+                        }),
+                    }
+                })
+                .collect();
+            Write::Ack(watcher(*wi), targets)
+        }
+        Op::Refreeze { keys } => {
+            let mut keys: Vec<CursorKey> = keys.iter().map(|(w, k)| cursor_key(*w, *k)).collect();
+            // A repeated key in most calls.
+            if let Some(first) = keys.first().cloned() {
+                keys.push(first);
+            }
+            Write::Refreeze(keys)
+        }
+        Op::Reset { key: ki } => Write::Reset(key(*ki)),
+        Op::Delete { session: si } => Write::Delete(session(*si)),
+        _ => return None,
+    })
+}
+
+impl Model {
+    /// Makes `w` in the model; answers what the store must answer.
+    fn write(&mut self, w: &Write, now: Timestamp) -> Answered {
+        match w {
+            Write::Watch(w, target) => {
+                if protocol::check_watch(w.session_key(), &target.session_key).is_err() {
+                    return Answered::Refused;
+                }
+                let head = self
+                    .heads
+                    .get(target)
+                    .map_or(Sequence::ZERO, |h| h.last_sequence);
+                let k = CursorKey {
+                    watcher: w.clone(),
+                    target: target.session_key.clone(),
+                };
+                let (c, write) = protocol::watch(self.cursors.get(&k), w, target, head, now);
+                if write {
+                    self.cursors.insert(k, c.clone());
+                }
+                Answered::Cursor(c)
+            }
+            Write::Unwatch(k) => Answered::Removed(self.cursors.remove(k).is_some()),
+            Write::Ack(w, targets) => {
+                let mut follow = Vec::new();
+                // Core's rules, as every store applies them: one acknowledgement per target,
+                // as its first entry says, and only of the notice it read.
+                for t in AckTarget::each_once(targets) {
+                    let k = CursorKey {
+                        watcher: w.clone(),
+                        target: t.target.clone(),
+                    };
+                    if let Some(c) = self.cursors.get(&k) {
+                        let (write, next) = t.apply(c, now);
+                        if let Some(c) = write {
+                            self.cursors.insert(k, c);
+                        }
+                        follow.extend(next);
+                    }
+                }
+                Answered::Notices(sorted(follow))
+            }
+            Write::Refreeze(keys) => {
+                let mut notices = Vec::new();
+                // Once per distinct key; missing and quiet cursors give nothing.
+                let mut done = std::collections::BTreeSet::new();
+                for k in keys {
+                    if done.insert(k.clone())
+                        && let Some(c) = self.cursors.get_mut(k)
+                        && let Some((nc, n)) = protocol::refreeze(c, now)
+                    {
+                        if let Some(nc) = nc {
+                            *c = nc;
+                        }
+                        notices.push(n);
+                    }
+                }
+                Answered::Notices(sorted(notices))
+            }
+            Write::Reset(k) => {
+                let before = self.cursors.len();
+                self.cursors.retain(|_, c| c.watcher.session_key() != k);
+                Answered::Count((before - self.cursors.len()) as u64)
+            }
+            Write::Delete(r) => {
+                self.events.retain(|e| e.session_ref() != *r);
+                self.heads.remove(r);
+                self.cursors.retain(|_, c| !c.removed_by_delete(r));
+                self.links.remove(r);
+                Answered::Done
+            }
+        }
+    }
+}
+
+/// Makes `w` on `store`; a refusal as invalid input is [`Answered::Refused`], any other error
+/// is the store's.
+async fn make(
+    store: &dyn AwarenessStore,
+    w: &Write,
+    now: Timestamp,
+) -> Result<Answered, StoreError> {
+    let answered = match w {
+        Write::Watch(w, target) => store.watch(w, target, now).await.map(Answered::Cursor),
+        Write::Unwatch(k) => store
+            .unwatch(&k.watcher, &k.target)
+            .await
+            .map(Answered::Removed),
+        Write::Ack(w, targets) => store
+            .acknowledge(w, targets, now)
+            .await
+            .map(|n| Answered::Notices(sorted(n))),
+        Write::Refreeze(keys) => store
+            .refreeze(keys, now)
+            .await
+            .map(|n| Answered::Notices(sorted(n))),
+        Write::Reset(k) => store.reset_watcher(k).await.map(Answered::Count),
+        Write::Delete(r) => store.delete_session(r).await.map(|()| Answered::Done),
+    };
+    match answered {
+        Err(StoreError::InvalidInput(_)) => Ok(Answered::Refused),
+        other => other,
+    }
 }
 
 fn kind_actor(kind: usize, actor: usize) -> (EventKind, ActorType, Option<String>) {
@@ -752,6 +1054,80 @@ pub(crate) async fn record_wave(
     answers
 }
 
+/// Makes `w` on `store` on a task of its own.
+fn spawn_write(
+    store: &Arc<dyn AwarenessStore>,
+    w: &Write,
+    now: Timestamp,
+) -> tokio::task::JoinHandle<Result<Answered, StoreError>> {
+    let (store, w) = (Arc::clone(store), w.clone());
+    tokio::spawn(async move { make(&*store, &w, now).await })
+}
+
+/// Replays an [`Op::Mixed`] in `model`: the recordings of `events` in `order` (the order of
+/// their sequences), with the write made after `point` of them; fails at the first answer that
+/// differs from the store's (`got` for the recordings, `wrote` for the write).
+fn replay(
+    model: &mut Model,
+    events: &[NewEvent],
+    order: &[usize],
+    got: &[Recorded],
+    (point, w, wrote): (usize, &Write, &Answered),
+    now: Timestamp,
+) -> Result<(), String> {
+    let write = |model: &mut Model| {
+        let want = model.write(w, now);
+        if want == *wrote {
+            Ok(())
+        } else {
+            Err(format!("the write answers {want:?}"))
+        }
+    };
+    for (n, i) in order.iter().enumerate() {
+        if n == point {
+            write(model)?;
+        }
+        model.last = got[*i].event.sequence.get() - 1;
+        let (ev, _, notices) = model
+            .record(events[*i].clone(), now)
+            .expect("the recordings are valid");
+        if *ev != *got[*i].event {
+            return Err(format!("call {i} stores {ev:?}"));
+        }
+        if sorted(notices.clone()) != sorted(got[*i].notices.clone()) {
+            return Err(format!("call {i} notifies {notices:?}"));
+        }
+    }
+    if point == order.len() {
+        write(model)?;
+    }
+    Ok(())
+}
+
+/// What a store holds, as the reads after every step see it.
+struct State {
+    cursors: Vec<Cursor>,
+    heads: Vec<Head>,
+    events: Vec<Arc<Event>>,
+}
+
+impl State {
+    async fn of(store: &dyn AwarenessStore) -> Result<Self, StoreError> {
+        Ok(Self {
+            cursors: store.cursors(&CursorFilter::default()).await?,
+            heads: store.list_heads(None).await?,
+            events: store.events_after(Sequence::ZERO, usize::MAX / 2).await?,
+        })
+    }
+
+    /// Whether the model holds the same.
+    fn is(&self, model: &Model) -> bool {
+        self.cursors.iter().eq(model.cursors.values())
+            && self.heads.iter().eq(model.heads.values())
+            && self.events == model.events
+    }
+}
+
 async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> {
     let store = &*subject.store;
     let up = &*subject.upstream;
@@ -907,106 +1283,106 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     );
                 }
             }
-            Op::Watch {
-                watcher: wi,
-                session: si,
-            } => {
-                let target = session(*si);
-                let w = watcher(*wi);
-                let got = store.watch(&w, &target, now).await;
-                if protocol::check_watch(w.session_key(), &target.session_key).is_err() {
-                    prop_assert!(
-                        matches!(got, Err(StoreError::InvalidInput(_))),
-                        "{}: self-watch must be refused as bad input: {:?}",
-                        ctx,
-                        got
-                    );
-                } else {
-                    {
-                        let head = model
-                            .heads
-                            .get(&target)
-                            .map_or(Sequence::ZERO, |h| h.last_sequence);
-                        let k = CursorKey {
-                            watcher: w.clone(),
-                            target: target.session_key.clone(),
-                        };
-                        let (c, write) =
-                            protocol::watch(model.cursors.get(&k), &w, &target, head, now);
-                        if write {
-                            model.cursors.insert(k, c.clone());
-                        }
-                        let got = got.map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-                        prop_assert_eq!(got, c, "{}", ctx);
-                    }
-                }
-            }
-            Op::Unwatch {
-                watcher: wi,
-                key: ki,
-            } => {
-                let k = cursor_key(*wi, *ki);
-                let want = model.cursors.remove(&k).is_some();
-                let got = store
-                    .unwatch(&k.watcher, &k.target)
+            Op::Watch { .. }
+            | Op::Unwatch { .. }
+            | Op::Ack { .. }
+            | Op::Refreeze { .. }
+            | Op::Reset { .. }
+            | Op::Delete { .. } => {
+                let w = write_of(op, &model).expect("a write");
+                let want = model.write(&w, now);
+                let got = make(store, &w, now)
                     .await
                     .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
                 prop_assert_eq!(got, want, "{}", ctx);
             }
-            Op::Ack { watcher: wi, keys } => {
-                let w = watcher(*wi);
-                // The notice each entry names, from the cursors before the call.
-                let targets: Vec<AckTarget> = keys
+            Op::Mixed { records, write, at } => {
+                let w = write_of(write, &model).expect("a write");
+                let events: Vec<NewEvent> = records
                     .iter()
-                    .map(|(ki, read)| {
-                        let (agent, seen) = model.cursors.get(&cursor_key(*wi, *ki)).map_or(
-                            (AgentId::new(AGENTS[0]).expect("agent"), Sequence::ZERO),
-                            |c| (c.target_agent.clone(), c.last_seen),
-                        );
-                        let other = AGENTS
-                            .iter()
-                            .find(|a| **a != agent.as_str())
-                            .map(|a| AgentId::new(*a).expect("agent"))
-                            .expect("two agents");
-                        let (target_agent, last_seen) = match read {
-                            0 => {
-                                return AckTarget::any(key(*ki));
-                            }
-                            1 => (agent, seen),
-                            2 => (agent, Sequence(seen.0 + 1)),
-                            3 => (other, seen),
-                            _ => (agent, Sequence(seen.0.saturating_sub(1))),
-                        };
-                        AckTarget {
-                            target: key(*ki),
-                            read: Some(ReadNotice {
-                                target_agent,
-                                last_seen,
-                            }),
-                        }
-                    })
+                    .enumerate()
+                    .map(|(i, op)| new_event(op, step, &format!("{step}.{i}"), now))
                     .collect();
-                let mut want = Vec::new();
-                // Core's rules, as every store applies them: one acknowledgement per target,
-                // as its first entry says, and only of the notice it read.
-                for t in AckTarget::each_once(&targets) {
-                    let k = CursorKey {
-                        watcher: w.clone(),
-                        target: t.target.clone(),
-                    };
-                    if let Some(c) = model.cursors.get(&k) {
-                        let (write, follow) = t.apply(c, now);
-                        if let Some(c) = write {
-                            model.cursors.insert(k, c);
-                        }
-                        want.extend(follow);
+                let mut calls = Vec::with_capacity(events.len());
+                let mut made = None;
+                for (i, e) in events.iter().enumerate() {
+                    if i == *at {
+                        made = Some(spawn_write(&subject.store, &w, now));
                     }
+                    let (store, e) = (Arc::clone(&subject.store), e.clone());
+                    calls.push(tokio::spawn(async move { store.record(e, now).await }));
                 }
-                let got = store
-                    .acknowledge(&w, &targets, now)
+                let made = made.unwrap_or_else(|| spawn_write(&subject.store, &w, now));
+                let mut got = Vec::with_capacity(calls.len());
+                for (i, call) in calls.into_iter().enumerate() {
+                    let answer = call
+                        .await
+                        .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?;
+                    got.push(
+                        answer.map_err(|e| TestCaseError::fail(format!("{ctx}: call {i}: {e}")))?,
+                    );
+                }
+                let wrote = made
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: join: {e}")))?
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: the write: {e}")))?;
+                // Each recording stored one event, in the order of their sequences.
+                let base = model.last;
+                let mut order: Vec<usize> = (0..got.len()).collect();
+                order.sort_by_key(|i| got[*i].event.sequence);
+                let sequences: Vec<u64> =
+                    order.iter().map(|i| got[*i].event.sequence.get()).collect();
+                prop_assert_eq!(
+                    sequences,
+                    (base + 1..=base + got.len() as u64).collect::<Vec<_>>(),
+                    "{}: each recording stores one event",
+                    ctx
+                );
+                let state = State::of(store)
                     .await
                     .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-                prop_assert_eq!(sorted(got), sorted(want), "{}", ctx);
+                let mut tried = Vec::new();
+                let mut found = None;
+                for point in 0..=order.len() {
+                    let mut m = model.clone();
+                    match replay(&mut m, &events, &order, &got, (point, &w, &wrote), now) {
+                        Ok(()) if state.is(&m) => {
+                            found = Some(m);
+                            break;
+                        }
+                        Ok(()) => tried.push(format!("after {point}: the state differs")),
+                        Err(why) => tried.push(format!("after {point}: {why}")),
+                    }
+                }
+                let Some(m) = found else {
+                    return Err(TestCaseError::fail(format!(
+                        "{ctx}: the write ({wrote:?}) fits after no recording of the \
+                         {}: {tried:#?}",
+                        order.len()
+                    )));
+                };
+                model = m;
+            }
+            Op::PruneChunk {
+                step: which,
+                max,
+                max_rows,
+                max_age_ms,
+                cursor_idle_ms,
+            } => {
+                let policy = RetentionPolicy {
+                    max_age_ms: *max_age_ms,
+                    max_rows: *max_rows,
+                    cursor_idle_ms: *cursor_idle_ms,
+                    ..RetentionPolicy::default()
+                };
+                let chunk_step = policy.steps(now)[*which];
+                let want = model.prune_chunk(&chunk_step, *max, now);
+                let got = store
+                    .prune_chunk(&chunk_step, *max, now)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
+                prop_assert_eq!(got, want, "{}", ctx);
             }
             Op::Sweep { exists } => {
                 let alive = |w: &WatcherKey| {
@@ -1061,27 +1437,6 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                         .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
                     prop_assert_eq!(got, want, "{}", ctx);
                 }
-            }
-            Op::Reset { key: ki } => {
-                let k = key(*ki);
-                let before = model.cursors.len();
-                model.cursors.retain(|_, c| c.watcher.session_key() != &k);
-                let got = store
-                    .reset_watcher(&k)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-                prop_assert_eq!(got, (before - model.cursors.len()) as u64, "{}", ctx);
-            }
-            Op::Delete { session: si } => {
-                let r = session(*si);
-                model.events.retain(|e| e.session_ref() != r);
-                model.heads.remove(&r);
-                model.cursors.retain(|_, c| !c.removed_by_delete(&r));
-                model.links.remove(&r);
-                store
-                    .delete_session(&r)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
             }
             Op::Reconcile {
                 session: si,
@@ -1162,33 +1517,6 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
                     .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
                 got.sort_by(|a, b| a.session.cmp(&b.session));
                 prop_assert_eq!(got, want, "{}", ctx);
-            }
-            Op::Refreeze { keys } => {
-                let mut keys: Vec<CursorKey> =
-                    keys.iter().map(|(w, k)| cursor_key(*w, *k)).collect();
-                // A repeated key in most calls.
-                if let Some(first) = keys.first().cloned() {
-                    keys.push(first);
-                }
-                let mut want = Vec::new();
-                // Once per distinct key; missing and quiet cursors give nothing.
-                let mut done = std::collections::BTreeSet::new();
-                for k in &keys {
-                    if done.insert(k.clone())
-                        && let Some(c) = model.cursors.get_mut(k)
-                        && let Some((nc, n)) = protocol::refreeze(c, now)
-                    {
-                        if let Some(nc) = nc {
-                            *c = nc;
-                        }
-                        want.push(n);
-                    }
-                }
-                let got = store
-                    .refreeze(&keys, now)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-                prop_assert_eq!(sorted(got), sorted(want), "{}", ctx);
             }
             Op::EventsAfter { after, limit } => {
                 let after = Sequence(after % (model.last + 3));
@@ -1303,16 +1631,11 @@ async fn check_case(subject: &Subject, ops: &[Op]) -> Result<(), TestCaseError> 
             );
         }
         // Every observable after every step.
-        let cursors = store
-            .cursors(&CursorFilter::default())
-            .await
-            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-        let heads = store
-            .list_heads(None)
-            .await
-            .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
-        let events = store
-            .events_after(Sequence::ZERO, usize::MAX / 2)
+        let State {
+            cursors,
+            heads,
+            events,
+        } = State::of(store)
             .await
             .map_err(|e| TestCaseError::fail(format!("{ctx}: {e}")))?;
         // Every invariant `awareness doctor` checks (no torn cursor among them).

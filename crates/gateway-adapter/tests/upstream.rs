@@ -5146,6 +5146,71 @@ async fn a_pass_panicking_again_after_the_link_was_watched_is_warned_of_again() 
     );
 }
 
+/// The JSONL provider, except that its first check panics and its second fails (a source
+/// that cannot be read for a while after).
+struct PanicsThenFails {
+    inner: JsonlProvider,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl UpstreamProvider for PanicsThenFails {
+    fn kind(&self) -> &str {
+        self.inner.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => panic!("the provider panicked on {}", link.session),
+            1 => CheckOutcome::Failed("the source cannot be read".into()),
+            _ => self.inner.check(link, own).await,
+        }
+    }
+}
+
+/// After a pass that panicked, the `info!` saying the link is passed over again comes at the
+/// first pass that reads its source, not at one whose read failed: it followed any pass that
+/// did not panic, a failed read among them (second reading, stop 58).
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_could_not_read_after_a_panic_is_not_said_to_pass_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let t = Transcript::new();
+    let a = SessionRef::parse("agent:main:a", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(a.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(PanicsThenFails {
+            inner: JsonlProvider::new(),
+            calls: std::sync::atomic::AtomicUsize::new(0),
+        }))
+        .build();
+    let again = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| {
+                l.contains("is passed over again") && l.contains("session_key=agent:main:a")
+            })
+            .count()
+    };
+    for (tick, want) in [(1, 0), (2, 0), (3, 1), (4, 1)] {
+        assert_eq!(monitor.tick().await.unwatched, 1);
+        let lines = capture.lines();
+        assert_eq!(
+            again(&lines),
+            want,
+            "said to pass again after tick {tick}: {lines:#?}"
+        );
+    }
+    assert_eq!(
+        pass_panic_levels(&capture.lines(), "agent:main:a"),
+        ["WARN"]
+    );
+}
+
 /// The levels of the log lines saying that passing over `session`'s source panicked, in order.
 fn pass_panic_levels<'a>(lines: &'a [String], session: &str) -> Vec<&'a str> {
     let named = format!("session_key={session}");

@@ -1073,14 +1073,17 @@ impl Inner {
 
     /// [`Inner::pass_over`], a panic in it (its provider's, or the store's) caught as a check's
     /// is: logged (a `warn!` the first time, `debug!` while the same panic repeats, `info!`
-    /// once a pass goes through again), the link's marker left where it was, and the pass goes
+    /// once a pass reads the source again), the link's marker left where it was, and the pass goes
     /// on with the other links. The panic ended the pass's task, leaving the markers of the
     /// links after it unmoved (a watch that began later was told of their backlog), unlogged.
     async fn pass_over_caught(&self, provider: Arc<dyn UpstreamProvider>, link: UpstreamLink) {
         let session = link.session.clone();
         let passed = crate::service::CatchUnwind(Box::pin(self.pass_over(provider, link))).await;
         match passed {
-            Ok(()) => {
+            // A pass that read nothing (the source missing or unreadable) says nothing of
+            // whether the panic is over: the next that reads does.
+            Ok(false) => {}
+            Ok(true) => {
                 if self.logged.ended(Site::Pass, Some(&session)) {
                     info!(session_key = %session.session_key, agent_id = %session.agent_id, "upstream monitor: the source of an unwatched link is passed over again");
                 }
@@ -1143,26 +1146,27 @@ impl Inner {
     /// The read is not bounded here: [`Inner::pass_over_all`] runs one pass at a time. A link
     /// watched by the time the read is done keeps its marker (the next tick checks it from
     /// there), so that a turn typed after the watch began is not passed over.
-    async fn pass_over(&self, provider: Arc<dyn UpstreamProvider>, link: UpstreamLink) {
+    ///
+    /// Answers whether the source was read (whatever became of the marker then).
+    async fn pass_over(&self, provider: Arc<dyn UpstreamProvider>, link: UpstreamLink) -> bool {
         let session = &link.session;
         let marker = match provider.check(&link, &[]).await {
             CheckOutcome::Unchanged { marker }
             | CheckOutcome::Rebased { marker }
             | CheckOutcome::HumanTurns { marker, .. } => marker,
-            CheckOutcome::Missing => return,
+            CheckOutcome::Missing => return false,
             CheckOutcome::Failed(error) => {
                 debug!(session_key = %session.session_key, error = %error, "upstream monitor: the source of an unwatched link could not be read; its marker stays");
-                return;
+                return false;
             }
         };
-        if link.marker.as_ref() == Some(&marker)
-            || !matches!(self.watched(session, None).await, Watched::No)
+        if link.marker.as_ref() != Some(&marker)
+            && matches!(self.watched(session, None).await, Watched::No)
+            && let MarkerMove::Failed(error) = self.advance(&link, marker).await
         {
-            return;
-        }
-        if let MarkerMove::Failed(error) = self.advance(&link, marker).await {
             debug!(session_key = %session.session_key, error = %error, "upstream monitor: the marker of an unwatched link was not moved; read again next tick");
         }
+        true
     }
 
     /// Checks one link and acts on the result; answers whether the result was deferred (a

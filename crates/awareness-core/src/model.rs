@@ -207,11 +207,14 @@ impl SessionKey {
     /// part follows (`agent:<agentId>:subagent:...`); otherwise when the key itself starts
     /// with `subagent:` (in any case). (Until stop 55 any key holding `:subagent:` was one, so
     /// the main session `agent:subagent:main` of an agent called `subagent` was never woken.)
+    ///
+    /// The key and its agent part are trimmed as JavaScript's `trim` trims: of white space and
+    /// U+FEFF, which Rust's `trim` keeps.
     pub fn is_subagent(&self) -> bool {
-        let key = self.0.trim();
+        let key = js_trim(&self.0);
         let mut parts = key.split(':').filter(|p| !p.is_empty());
         match (parts.next(), parts.next(), parts.next()) {
-            (Some("agent"), Some(agent), Some(third)) if !agent.trim().is_empty() => {
+            (Some("agent"), Some(agent), Some(third)) if !js_trim(agent).is_empty() => {
                 third.eq_ignore_ascii_case("subagent") && parts.next().is_some()
             }
             _ => key
@@ -219,6 +222,13 @@ impl SessionKey {
                 .is_some_and(|head| head.eq_ignore_ascii_case("subagent:")),
         }
     }
+}
+
+/// `text` trimmed as JavaScript's `String.prototype.trim` trims it: of its white space (Unicode's
+/// `Zs` and the ASCII spaces and breaks) and U+FEFF, not of U+0085, which Rust's `trim` trims
+/// and JavaScript's keeps.
+fn js_trim(text: &str) -> &str {
+    text.trim_matches(|c: char| (c.is_whitespace() && c != '\u{85}') || c == '\u{FEFF}')
 }
 
 /// A session's identity for heads and events: the key together with its agent.
@@ -946,6 +956,11 @@ mod tests {
             ("agent:main::subagent:x", true),
             ("agent:main:subagent:", false),
             ("agent:main:subagentx:y", false),
+            // Trimmed as JavaScript trims: U+FEFF too, which Rust's `trim` keeps (review).
+            ("\u{FEFF}subagent:x", true),
+            ("\u{FEFF}agent:main:subagent:x", true),
+            ("agent:\u{FEFF}:subagent:x", false),
+            ("\u{3000}subagent:x", true),
         ] {
             let k = SessionKey::new(key).unwrap();
             assert_eq!(k.is_subagent(), nested, "{key}");

@@ -65,7 +65,8 @@ pub enum PruneStep {
         /// Rows to keep.
         max_rows: u64,
     },
-    /// Delete cursors with `updated_at < cutoff`.
+    /// Delete cursors with `updated_at < cutoff`, in an order of the backend's choosing (a
+    /// chunk bounded below the idle cursors' number may take any of them; a pass takes all).
     Cursors {
         /// The cutoff.
         cutoff: Timestamp,

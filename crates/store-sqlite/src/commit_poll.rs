@@ -9,8 +9,10 @@
 //! not say whose commit it was. The write connection's own number does: its own commits never
 //! move it ([`crate::SqliteStore::foreign_commits`] answers with it). So at a change the poller
 //! asks the write connection for its number, and hints when that moved since it last asked (or
-//! when the question failed: a hint may be one too many, never one too few). A read-only handle
-//! has no commits of its own: every change is hinted.
+//! when the question failed, or a write of the handle kept the connection past a quarter of a
+//! second, as one waiting for another process's lock does: a hint may be one too many, never
+//! one too few, and not one held up behind that lock). A read-only handle has no commits of its
+//! own: every change is hinted.
 //!
 //! The write connection is asked before the number it is compared with is read: first at the
 //! start (its answer, then the poller's own first number), then at every change, after the
@@ -36,10 +38,10 @@ use awareness_core::hints::{Hinted, Hinter};
 use awareness_core::{CommitHints, StoreError};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _, SqliteConnection};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{MutexGuard, mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::conn::{WriteSlot, batch_one, get};
+use crate::conn::{WriteSlot, Writer, batch_one, get};
 use crate::sql;
 
 /// What a handle's poller has done, for tests ([`crate::SqliteStore::commit_polls`]).
@@ -90,6 +92,10 @@ struct Running {
 
 /// Longest wait between two attempts to open the poller's connection.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How long a poll that saw a change waits for the write connection (which a write of this
+/// handle may have) to ask it whose commit that was, before it hints without knowing.
+const WRITER_PATIENCE: Duration = Duration::from_millis(250);
 
 impl Poller {
     /// A stream of hints, the poller started if it is not running yet (`setup` is called then).
@@ -176,10 +182,15 @@ impl Poller {
 }
 
 /// `PRAGMA data_version` of the write connection in `slot`, which this handle's own commits
-/// never change ([`crate::SqliteStore::foreign_commits`]).
+/// never change ([`crate::SqliteStore::foreign_commits`]). Waits for the connection while a
+/// write of this handle has it.
 pub(crate) async fn writer_data_version(slot: &WriteSlot) -> Result<u64, StoreError> {
+    version_of(slot.lock().await).await
+}
+
+/// [`writer_data_version`] of the write connection `slot` holds.
+async fn version_of(mut slot: MutexGuard<'_, Option<Writer>>) -> Result<u64, StoreError> {
     const WHAT: &str = "read the data version";
-    let mut slot = slot.lock().await;
     let Some(w) = slot.as_mut() else {
         return Err(StoreError::backend(WHAT, "the store is closed"));
     };
@@ -221,11 +232,21 @@ async fn poll(
     let path = setup.path.display();
     let writer = setup.writer.as_ref();
     // The write connection's number as last asked (`None`: not known, which any answer then
-    // differs from), asked before the poller's own number it goes with.
+    // differs from), asked before the poller's own number it goes with. A connection a write of
+    // this handle keeps past WRITER_PATIENCE is not waited for (the write may be waiting for
+    // another process's lock, for up to `busy_timeout`, and the change may be a commit that
+    // process made just before): not known, so hinted.
     let ask_writer = async |counts: &Counts| {
         let slot = writer.and_then(Weak::upgrade)?;
         counts.writer_asked.fetch_add(1, Ordering::SeqCst);
-        Some(writer_data_version(&slot).await)
+        let Ok(held) = tokio::time::timeout(WRITER_PATIENCE, slot.lock()).await else {
+            debug!(path = %path, "the write connection is in use past the poller's patience: the change is hinted");
+            return Some(Err(StoreError::backend(
+                "read the data version",
+                format!("the write connection stayed in use for {WRITER_PATIENCE:?}"),
+            )));
+        };
+        Some(version_of(held).await)
     };
     let mut backoff = setup
         .interval

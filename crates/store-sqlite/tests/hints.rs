@@ -126,6 +126,55 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     assert!(!hint_ready(&mut hints).await, "one hint for each");
 }
 
+/// Another handle's commit, made just before a third connection took the write lock, is hinted
+/// while this handle's own recording waits for that lock (in SQLite's `busy_timeout`, 5 s),
+/// not once it has it or gave up. Bug (review of hints, stop 59): the poll waited for the
+/// write connection, which the waiting recording holds, to ask it whose commit it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_hinted_while_the_handles_own_write_waits_for_the_lock() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (ours, theirs) = (std::sync::Arc::new(open(&path).await), open(&path).await);
+    let mut hints = ours.commit_hints().expect("store-sqlite pushes hints");
+    poll(&ours).await;
+    assert!(hint_ready(&mut hints).await, "the poller has begun");
+    theirs.record(event(1), T0).await.expect("their commit");
+    let mut third = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await
+        .expect("a third connection");
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut third)
+        .await
+        .expect("the write lock");
+    let writer = std::sync::Arc::clone(&ours);
+    let own = tokio::spawn(async move { writer.record(event(2), T0).await });
+    // Time for the recording to take the write connection and wait for the lock.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let polled = std::sync::Arc::clone(&ours);
+    let polling = tokio::spawn(async move { polled.poll_commits_now().await });
+    let hinted = tokio::time::timeout(Duration::from_secs(30), hints.next())
+        .await
+        .expect("hinted");
+    assert!(hinted, "the store is open");
+    assert!(
+        !own.is_finished(),
+        "hinted while the handle's own recording still waits for the lock: {:?}",
+        own.await
+    );
+    assert!(polling.await.expect("join"), "the poller runs");
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut third)
+        .await
+        .expect("let go");
+    third.close().await.expect("closed");
+    own.await
+        .expect("join")
+        .expect("recorded once the lock is let go");
+}
+
 /// The poller gives one hint once it has its first numbers, for the commits that no later
 /// comparison holds (made before it began: here before the stream was taken, the first poll's
 /// number already holding it); a stream made before that hint takes it, one made after does

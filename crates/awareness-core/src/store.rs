@@ -245,6 +245,14 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     ///
     /// The default never fails. store-sqlite reads the number from the file and fails as any
     /// read does (see the [trait](EventStore#errors-common-to-every-method)).
+    ///
+    /// # Waiting
+    ///
+    /// store-sqlite (on its write connection) and store-postgres (in the handle's turn) answer
+    /// after the handle's own write in progress, which may itself wait for another process's
+    /// lock: up to SQLite's `busy_timeout`, or for as long as a PostgreSQL gateway stopped
+    /// mid-write holds it. An asker that cannot wait so long bounds the question and takes no
+    /// answer for a change, as gateway-adapter's pick-up does (`QUESTION_PATIENCE`).
     async fn foreign_commits(&self) -> Result<Option<u64>, StoreError> {
         Ok(None)
     }

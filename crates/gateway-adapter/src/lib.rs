@@ -92,7 +92,8 @@ pub use queue::InMemoryQueue;
 pub use service::{
     Adoption, Awareness, AwarenessBuilder, AwarenessConfig, Clock, Compaction,
     DEFAULT_MAX_PENDING_WRITES, HumanMessage, HumanRecorded, ManualClock, NotVisible, PickUp,
-    PrunePass, RunOutcome, StartupReport, SystemClock, WatchOutcome, WatchRefusal, render_status,
+    PrunePass, QUESTION_PATIENCE, RunOutcome, StartupReport, SystemClock, WatchOutcome,
+    WatchRefusal, render_status,
 };
 pub use upstream::{
     ActiveRun, CheckOutcome, Detection, JsonlProvider, MarkerMove, MonitorConfig, MonitorTask,

@@ -3240,10 +3240,14 @@ impl Awareness {
     /// while nothing new is committed and it keeps failing, after 2, 4, ... up to 64 intervals
     /// (or at the recovery interval, if that comes first); a new commit is picked up at its
     /// next question in any case, and so is the first answer after questions that failed (a
-    /// store's answers need not compare across a lost connection). A question is bounded by
-    /// [`AwarenessConfig::store_wait`] (a store that hangs holds no pick-up for longer); one
-    /// that fails, panics or is given up is logged (`warn!` the first time, `debug!` while it
-    /// keeps failing) and asked again at the next interval. The first time another writer is
+    /// store's answers need not compare across a lost connection). A question the store has
+    /// not answered within [`QUESTION_PATIENCE`] is not waited for: the task picks up as if
+    /// another writer had committed (store-sqlite and store-postgres answer in the handle's
+    /// turn, behind its own write in progress, which may wait for seconds for another
+    /// process's lock, and that process may just have handed out notices); with a
+    /// [`AwarenessConfig::store_wait`] shorter than that, the question is given up at it as a
+    /// failure. One that fails, panics or is given up so is logged (`warn!` the first time,
+    /// `debug!` while it keeps failing) and asked again at the next interval. The first time another writer is
     /// seen to commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so.
     /// A store that pushes hints as other writers commit
     /// ([`awareness_core::EventStore::commit_hints`]: store-postgres, through
@@ -3328,11 +3332,27 @@ impl Awareness {
                             ))
                         })
                 };
-                let asked = me
-                    .bounded("ask whether another writer committed", question)
-                    .await;
+                // Waited for QUESTION_PATIENCE at most (or store_wait, when shorter): a
+                // store answers in its handle's turn, behind the handle's own write, which may be
+                // waiting for another process's lock (SQLite's busy_timeout, a gateway stopped
+                // mid-write on PostgreSQL), and that process may just have handed out notices.
+                // Not answered by then, the question is given up as "not known", which picks up.
+                let patience = QUESTION_PATIENCE.min(me.config.store_wait);
+                let asked = match until(deadline_after(patience), question).await {
+                    Some(asked) => asked.map(Some),
+                    None if patience < me.config.store_wait => {
+                        debug!(
+                            ?patience,
+                            "the store has not said within its patience whether another writer committed; picked up as if one had"
+                        );
+                        Ok(None)
+                    }
+                    None => Err(me.no_answer("ask whether another writer committed")),
+                };
                 let answer = match asked {
-                    Ok(answer) => {
+                    // Not known: picked up (the schedule never takes it for an answer seen).
+                    Ok(None) => Answer::NotKnown,
+                    Ok(Some(answer)) => {
                         failing = false;
                         if let Some(answer) = answer
                             && !shared_said
@@ -3347,7 +3367,7 @@ impl Awareness {
                         }
                         // A store with no other writer always answers the same: only the
                         // first question, a failed pick-up and the recovery interval pick up.
-                        answer.unwrap_or(0)
+                        Answer::Known(answer.unwrap_or(0))
                     }
                     Err(e) => {
                         schedule.forget_answers();
@@ -3401,6 +3421,12 @@ impl Awareness {
         }
     }
 }
+
+/// How long the pick-up task waits for the store to say whether another writer committed
+/// ([`Awareness::spawn_pickup`]) before it picks up as if one had: a store may answer only
+/// after the handle's own write in progress, which may itself wait, for seconds, for another
+/// process's lock.
+pub const QUESTION_PATIENCE: Duration = Duration::from_millis(500);
 
 /// A hint of the store ([`awareness_core::EventStore::commit_hints`]) brings the pick-up
 /// task's next question forward unless the questions and pick-ups hints brought took more
@@ -3570,15 +3596,24 @@ pub struct PickUp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PickupSchedule {
     /// The answer of the last whole pick-up that did not fail.
-    seen: Option<u64>,
+    seen: Option<Answer>,
     /// The answer of the last pick-up.
-    tried: Option<u64>,
+    tried: Option<Answer>,
     /// Questions to let pass before trying a failed pick-up again.
     wait: u32,
     /// What `wait` becomes after the next failed pick-up.
     backoff: u32,
     /// Watchers skipped for their running turn, to look at again.
     busy: Vec<SessionKey>,
+}
+
+/// The store's answer to the pick-up task's question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The number it answered (0 for a store that does not tell).
+    Known(u64),
+    /// None in time ([`QUESTION_PATIENCE`]): never taken for an answer seen.
+    NotKnown,
 }
 
 /// What the pick-up task does at a question.
@@ -3608,12 +3643,13 @@ impl PickupSchedule {
     /// Most questions let pass between two failed pick-ups.
     const MAX_WAIT: u32 = 63;
 
-    /// What to pick up now, the store having answered `answer`; every pending cursor when
-    /// `recover` (the recovery interval has passed since the last whole pick-up).
-    fn due(&mut self, answer: u64, recover: bool) -> Due {
+    /// What to pick up now, the store having answered `answer` (not known is as good as a
+    /// new answer, unless a pick-up at such an answer failed and is backing off); every pending
+    /// cursor when `recover` (the recovery interval has passed since the last whole pick-up).
+    fn due(&mut self, answer: Answer, recover: bool) -> Due {
         let all = if recover {
             true
-        } else if self.seen == Some(answer) {
+        } else if answer != Answer::NotKnown && self.seen == Some(answer) {
             false
         } else if self.tried != Some(answer) {
             true
@@ -3633,7 +3669,7 @@ impl PickupSchedule {
     }
 
     /// Records a pick-up made at `answer`, over every pending cursor when `whole`.
-    fn picked_up(&mut self, answer: u64, whole: bool, attempt: Attempt) {
+    fn picked_up(&mut self, answer: Answer, whole: bool, attempt: Attempt) {
         self.busy = attempt.busy;
         if !attempt.failed {
             if whole {
@@ -3946,60 +3982,72 @@ mod tests {
         let mut s = PickupSchedule::default();
         let ok = || attempt(false, &[]);
         let failed = || attempt(true, &[]);
-        assert_eq!(s.due(5, false), Due::All, "the first answer");
-        s.picked_up(5, true, ok());
-        assert_eq!(s.due(5, false), Due::Nothing, "nothing new");
-        assert_eq!(s.due(6, false), Due::All, "another writer committed");
-        s.picked_up(6, true, failed());
+        assert_eq!(s.due(Answer::Known(5), false), Due::All, "the first answer");
+        s.picked_up(Answer::Known(5), true, ok());
+        assert_eq!(s.due(Answer::Known(5), false), Due::Nothing, "nothing new");
         assert_eq!(
-            s.due(6, false),
+            s.due(Answer::Known(6), false),
+            Due::All,
+            "another writer committed"
+        );
+        s.picked_up(Answer::Known(6), true, failed());
+        assert_eq!(
+            s.due(Answer::Known(6), false),
             Due::All,
             "failed: again at the next question"
         );
         // Each failed pick-up doubles the questions between tries, up to 64.
         let mut gaps = Vec::new();
         for _ in 0..9 {
-            s.picked_up(6, true, failed());
+            s.picked_up(Answer::Known(6), true, failed());
             let mut skipped = 0;
-            while s.due(6, false) != Due::All {
+            while s.due(Answer::Known(6), false) != Due::All {
                 skipped += 1;
             }
             gaps.push(skipped);
         }
         assert_eq!(gaps, [1, 3, 7, 15, 31, 63, 63, 63, 63]);
-        s.picked_up(6, true, failed());
-        assert_eq!(s.due(6, false), Due::Nothing, "backing off");
+        s.picked_up(Answer::Known(6), true, failed());
+        assert_eq!(s.due(Answer::Known(6), false), Due::Nothing, "backing off");
         assert_eq!(
-            s.due(8, false),
+            s.due(Answer::Known(8), false),
             Due::All,
             "a new commit is not held up by the back-off"
         );
-        s.picked_up(8, true, failed());
+        s.picked_up(Answer::Known(8), true, failed());
         assert_eq!(
-            s.due(8, false),
+            s.due(Answer::Known(8), false),
             Due::All,
             "a new commit starts the back-off over"
         );
-        s.picked_up(8, true, failed());
-        assert_eq!(s.due(8, false), Due::Nothing, "then it backs off again");
-        assert_eq!(s.due(8, false), Due::All);
-        s.picked_up(6, true, ok());
-        assert_eq!(s.due(6, false), Due::Nothing);
-        assert_eq!(s.due(7, false), Due::All);
-        s.picked_up(7, true, failed());
-        assert_eq!(s.due(7, false), Due::All, "the back-off started over");
-        s.picked_up(7, true, ok());
-        assert_eq!(s.due(7, false), Due::Nothing);
+        s.picked_up(Answer::Known(8), true, failed());
         assert_eq!(
-            s.due(7, true),
+            s.due(Answer::Known(8), false),
+            Due::Nothing,
+            "then it backs off again"
+        );
+        assert_eq!(s.due(Answer::Known(8), false), Due::All);
+        s.picked_up(Answer::Known(6), true, ok());
+        assert_eq!(s.due(Answer::Known(6), false), Due::Nothing);
+        assert_eq!(s.due(Answer::Known(7), false), Due::All);
+        s.picked_up(Answer::Known(7), true, failed());
+        assert_eq!(
+            s.due(Answer::Known(7), false),
+            Due::All,
+            "the back-off started over"
+        );
+        s.picked_up(Answer::Known(7), true, ok());
+        assert_eq!(s.due(Answer::Known(7), false), Due::Nothing);
+        assert_eq!(
+            s.due(Answer::Known(7), true),
             Due::All,
             "the recovery interval: every pending cursor, nothing new committed"
         );
-        s.picked_up(7, true, failed());
-        s.picked_up(7, true, failed());
-        assert_eq!(s.due(7, false), Due::Nothing, "backing off");
+        s.picked_up(Answer::Known(7), true, failed());
+        s.picked_up(Answer::Known(7), true, failed());
+        assert_eq!(s.due(Answer::Known(7), false), Due::Nothing, "backing off");
         assert_eq!(
-            s.due(7, true),
+            s.due(Answer::Known(7), true),
             Due::All,
             "the recovery interval does not wait for the back-off"
         );
@@ -4014,37 +4062,93 @@ mod tests {
         let w = SessionKey::new("agent:main:main").unwrap();
         let v = SessionKey::new("agent:ops:main").unwrap();
         let mut s = PickupSchedule::default();
-        assert_eq!(s.due(5, false), Due::All);
-        s.picked_up(5, true, attempt(false, &[&w, &v]));
+        assert_eq!(s.due(Answer::Known(5), false), Due::All);
+        s.picked_up(Answer::Known(5), true, attempt(false, &[&w, &v]));
         for _ in 0..100 {
-            assert_eq!(s.due(5, false), Due::Busy(vec![w.clone(), v.clone()]));
-            s.picked_up(5, false, attempt(false, &[&w, &v]));
+            assert_eq!(
+                s.due(Answer::Known(5), false),
+                Due::Busy(vec![w.clone(), v.clone()])
+            );
+            s.picked_up(Answer::Known(5), false, attempt(false, &[&w, &v]));
         }
-        assert_eq!(s.due(5, false), Due::Busy(vec![w.clone(), v.clone()]));
-        s.picked_up(5, false, attempt(false, &[&v]));
         assert_eq!(
-            s.due(6, false),
+            s.due(Answer::Known(5), false),
+            Due::Busy(vec![w.clone(), v.clone()])
+        );
+        s.picked_up(Answer::Known(5), false, attempt(false, &[&v]));
+        assert_eq!(
+            s.due(Answer::Known(6), false),
             Due::All,
             "a new commit: every pending cursor"
         );
-        s.picked_up(6, true, attempt(false, &[&v]));
-        assert_eq!(s.due(6, false), Due::Busy(vec![v.clone()]));
-        s.picked_up(6, false, attempt(false, &[]));
-        assert_eq!(s.due(6, false), Due::Nothing, "every watcher looked at");
-
-        s.picked_up(6, true, attempt(false, &[&w]));
-        assert_eq!(s.due(6, false), Due::Busy(vec![w.clone()]));
-        s.picked_up(6, false, attempt(true, &[]));
+        s.picked_up(Answer::Known(6), true, attempt(false, &[&v]));
+        assert_eq!(s.due(Answer::Known(6), false), Due::Busy(vec![v.clone()]));
+        s.picked_up(Answer::Known(6), false, attempt(false, &[]));
         assert_eq!(
-            s.due(6, false),
+            s.due(Answer::Known(6), false),
+            Due::Nothing,
+            "every watcher looked at"
+        );
+
+        s.picked_up(Answer::Known(6), true, attempt(false, &[&w]));
+        assert_eq!(s.due(Answer::Known(6), false), Due::Busy(vec![w.clone()]));
+        s.picked_up(Answer::Known(6), false, attempt(true, &[]));
+        assert_eq!(
+            s.due(Answer::Known(6), false),
             Due::All,
             "its read failed: every pending cursor again"
         );
 
-        s.picked_up(6, true, attempt(false, &[]));
-        assert_eq!(s.due(6, false), Due::Nothing);
+        s.picked_up(Answer::Known(6), true, attempt(false, &[]));
+        assert_eq!(s.due(Answer::Known(6), false), Due::Nothing);
         s.forget_answers();
-        assert_eq!(s.due(6, false), Due::All, "after a failed question");
+        assert_eq!(
+            s.due(Answer::Known(6), false),
+            Due::All,
+            "after a failed question"
+        );
+    }
+
+    /// An answer the store did not give in time (`None`) is picked up every time, as a new
+    /// one would be, and never taken for one seen: not after a whole pick-up at it, nor after
+    /// one at a known answer; a pick-up at it that fails backs off as at a known answer; the
+    /// next known answer is picked up even when it is the one seen before.
+    #[test]
+    fn the_pickup_schedule_picks_up_at_every_answer_not_known() {
+        let mut s = PickupSchedule::default();
+        let ok = || attempt(false, &[]);
+        let failed = || attempt(true, &[]);
+        assert_eq!(s.due(Answer::Known(5), false), Due::All);
+        s.picked_up(Answer::Known(5), true, ok());
+        for _ in 0..3 {
+            assert_eq!(
+                s.due(Answer::NotKnown, false),
+                Due::All,
+                "not known: picked up"
+            );
+            s.picked_up(Answer::NotKnown, true, ok());
+        }
+        assert_eq!(
+            s.due(Answer::Known(5), false),
+            Due::All,
+            "the answer seen before the ones not known, picked up again"
+        );
+        s.picked_up(Answer::Known(5), true, ok());
+        assert_eq!(s.due(Answer::Known(5), false), Due::Nothing);
+        assert_eq!(s.due(Answer::NotKnown, false), Due::All);
+        s.picked_up(Answer::NotKnown, true, failed());
+        assert_eq!(
+            s.due(Answer::NotKnown, false),
+            Due::All,
+            "failed: again at once"
+        );
+        s.picked_up(Answer::NotKnown, true, failed());
+        assert_eq!(
+            s.due(Answer::NotKnown, false),
+            Due::Nothing,
+            "then backing off"
+        );
+        assert_eq!(s.due(Answer::NotKnown, false), Due::All);
     }
 
     #[tokio::test]

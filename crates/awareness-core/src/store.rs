@@ -270,6 +270,10 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// the streams made before (the durable suite's
     /// `a_store_that_pushes_hints_gives_one_as_it_begins`), else a commit made before it listens
     /// would wait for the caller's next question of [`EventStore::foreign_commits`].
+    ///
+    /// A store that pushes hints answers [`EventStore::foreign_commits`] with a number: the
+    /// question a hint brings is what tells a commit, and an answer of `None`, which never
+    /// changes, tells none (gateway-adapter's pick-up then waits for its recovery interval).
     fn commit_hints(&self) -> Option<Box<dyn CommitHints>> {
         None
     }

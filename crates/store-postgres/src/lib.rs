@@ -172,7 +172,9 @@ impl PgStoreOptions {
     /// periods (and a try to listen again that does not begin within 10 s, its connection
     /// silent too, is given up and made again). Each proof is one `NOTIFY` (which takes its
     /// turn among the database's notifying commits) and one notification, to this handle
-    /// alone.
+    /// alone. The period must be well above a round trip to the server: a proof that is not
+    /// back by the next one takes a live connection for lost (with a warning and a hint too
+    /// many), as a period of 1 ms does on a local server (review of hints, stop 59).
     #[must_use]
     pub fn listener_keepalive(mut self, every: Duration) -> Self {
         self.listener_keepalive = every;

@@ -71,6 +71,26 @@ pub(crate) struct Setup {
     pub(crate) writer: Option<Weak<WriteSlot>>,
     pub(crate) interval: Duration,
     pub(crate) path: Arc<Path>,
+    /// The file the handle opened ([`file_identity`] at open), which the poller checks the
+    /// path still names.
+    pub(crate) file: Option<FileIdentity>,
+}
+
+/// A file's device and inode numbers.
+pub(crate) type FileIdentity = (u64, u64);
+
+/// The identity of the file `path` names (through symbolic links, as SQLite opens it), if it
+/// can be read.
+#[cfg(unix)]
+pub(crate) fn file_identity(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Not told on this platform: nothing is checked.
+#[cfg(not(unix))]
+pub(crate) fn file_identity(_path: &Path) -> Option<FileIdentity> {
+    None
 }
 
 /// A handle's poller, started by the first [`Poller::subscribe`].
@@ -294,7 +314,22 @@ async fn poll(
     // streams made before it take, and those made after it do not.
     hint();
     let mut failing = false;
+    // Whether the path was last seen to name a file other than the handle's.
+    let mut replaced = false;
     while let Some(ack) = wait(&mut asked, setup.interval).await {
+        // A file deleted or replaced (a backup moved over it) while the handle has it open
+        // stays the handle's: every read and write of the handle goes on in it, where nothing
+        // that opens the path (another gateway, the CLI, this gateway started again) sees them,
+        // and no other writer's commit reaches it. SQLite does not tell; the poller does, once.
+        if let Some(opened) = setup.file {
+            let now = file_identity(&setup.path) == Some(opened);
+            if !now && !replaced {
+                warn!(path = %path, "the store's file was deleted or replaced while this handle has it open: the handle reads and writes the file it opened, which nothing opening the path reaches any more (what it records is lost to every other process, and to this one once it closes); close the store and open the path again");
+            } else if now && replaced {
+                info!(path = %path, "the path names the store's file again");
+            }
+            replaced = !now;
+        }
         match data_version(&mut conn).await {
             Ok(v) => {
                 counts.polls.fetch_add(1, Ordering::SeqCst);

@@ -452,6 +452,8 @@ pub struct SqliteStore {
     /// The options of the poller's connection, and its interval.
     poll_options: SqliteConnectOptions,
     poll_interval: Duration,
+    /// The file opened, which the poller checks the path still names.
+    file: Option<commit_poll::FileIdentity>,
     /// Recordings waiting for the write connection (group commit).
     queue: group::Queue,
     /// Numbers the queued recordings.
@@ -715,6 +717,7 @@ impl SqliteStore {
             poller: commit_poll::Poller::default(),
             poll_options: base,
             poll_interval: options.commit_hint_interval,
+            file: commit_poll::file_identity(path),
             queue: group::Queue::default(),
             next_job: std::sync::atomic::AtomicU64::new(0),
             group_commit: options.group_commit,
@@ -1171,6 +1174,7 @@ impl SqliteStore {
             writer: self.writer.as_ref().map(Arc::downgrade),
             interval: self.poll_interval,
             path: Arc::from(self.path.as_path()),
+            file: self.file,
         })
     }
 

@@ -126,6 +126,42 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     assert!(!hint_ready(&mut hints).await, "one hint for each");
 }
 
+/// A file moved away or replaced while the handle has it open is warned of once by the poller
+/// (the handle goes on in the file it opened, which nothing opening the path reaches); moved
+/// back, it is no news, and replaced after that, it is warned of again. SQLite does not tell,
+/// and the handle said nothing (review of hints, stop 59).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_deleted_or_replaced_under_the_handle_is_warned_of_once() {
+    let capture = awareness_core::testkit::logs::Capture::warnings();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let aside = dir.path().join("moved-away.sqlite");
+    let ours = open(&path).await;
+    let _hints = ours.commit_hints().expect("store-sqlite pushes hints");
+    let named = path.display().to_string();
+    let said = || capture.said(&["deleted or replaced", &named]);
+    poll(&ours).await;
+    assert_eq!(said(), 0, "the path names the handle's file");
+    std::fs::rename(&path, &aside).expect("moved away");
+    poll(&ours).await;
+    assert_eq!(said(), 1, "warned of");
+    poll(&ours).await;
+    assert_eq!(said(), 1, "once");
+    std::fs::rename(&aside, &path).expect("moved back");
+    poll(&ours).await;
+    assert_eq!(said(), 1, "the path names the handle's file again");
+    std::fs::rename(&path, &aside).expect("moved away again");
+    std::fs::write(&path, b"").expect("another file at the path");
+    poll(&ours).await;
+    assert_eq!(said(), 2, "replaced: warned of again");
+    std::fs::remove_file(&path).expect("removed");
+    std::fs::rename(&aside, &path).expect("moved back");
+    ours.record(event(1), T0)
+        .await
+        .expect("the handle still writes");
+}
+
 /// Another handle's commit, made just before a third connection took the write lock, is hinted
 /// while this handle's own recording waits for that lock (in SQLite's `busy_timeout`, 5 s),
 /// not once it has it or gave up. Bug (review of hints, stop 59): the poll waited for the

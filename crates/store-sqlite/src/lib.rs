@@ -316,7 +316,11 @@ impl SqliteOptions {
     /// another handle of this one, on the same file): a hint comes within about this long of
     /// such a commit. Each poll is one statement on a connection of the poller's own (tens of
     /// microseconds, hand-offs included, measured in `benches/`); when the number changed,
-    /// the write connection is asked for its own, to leave this handle's commits out. Nothing
+    /// the write connection is asked for its own, to leave this handle's commits out (a
+    /// write of the handle that keeps it past 250 ms, as one waiting for another process's lock
+    /// does, is not waited for: the change is hinted). Each poll also checks that the path still
+    /// names the file the handle opened, and warns once when it was moved away, deleted or
+    /// replaced (the handle goes on in its file, which nothing opening the path reaches). Nothing
     /// polls until `commit_hints` is first called (the poller starts then, in the background,
     /// and gives one hint once it has begun, for what came before). At least 1 ms (a shorter interval is taken as 1 ms);
     /// `Duration::MAX` never polls on its own. Default 20 ms

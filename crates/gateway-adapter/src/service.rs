@@ -3241,13 +3241,16 @@ impl Awareness {
     /// (or at the recovery interval, if that comes first); a new commit is picked up at its
     /// next question in any case, and so is the first answer after questions that failed (a
     /// store's answers need not compare across a lost connection). A question the store has
-    /// not answered within [`QUESTION_PATIENCE`] is not waited for: the task picks up as if
-    /// another writer had committed (store-sqlite and store-postgres answer in the handle's
-    /// turn, behind its own write in progress, which may wait for seconds for another
-    /// process's lock, and that process may just have handed out notices); with a
-    /// [`AwarenessConfig::store_wait`] shorter than that, the question is given up at it as a
-    /// failure. One that fails, panics or is given up so is logged (`warn!` the first time,
-    /// `debug!` while it keeps failing) and asked again at the next interval. The first time another writer is
+    /// not answered within [`QUESTION_PATIENCE`] (or [`AwarenessConfig::store_wait`], when
+    /// shorter) is not waited for: store-sqlite and store-postgres answer in the handle's turn,
+    /// behind its own write in progress, which may wait for seconds for another process's
+    /// lock, and that process may just have handed out notices. The task then picks up as if
+    /// another writer had committed, at the first of a run of such questions, and after it
+    /// only at a question a hint brought, at the recovery interval, or to retry a failed
+    /// pick-up (a store merely slower than the patience is not read at every question). One
+    /// that fails or panics is logged (`warn!` the first time, `debug!` while it keeps
+    /// failing) and asked again at the next interval; the recovery interval's pick-up is made
+    /// all the same. The first time another writer is
     /// seen to commit while [`AwarenessConfig::owned_watchers_only`] is off, a `warn!` says so.
     /// A store that pushes hints as other writers commit
     /// ([`awareness_core::EventStore::commit_hints`]: store-postgres, through
@@ -3332,27 +3335,27 @@ impl Awareness {
                             ))
                         })
                 };
-                // Waited for QUESTION_PATIENCE at most (or store_wait, when shorter): a
-                // store answers in its handle's turn, behind the handle's own write, which may be
+                // Made at the last question before the recovery interval is over: the one
+                // after it would come late.
+                let recover = woke
+                    .saturating_duration_since(last_whole)
+                    .saturating_add(period)
+                    > recovery;
+                // Waited for QUESTION_PATIENCE at most (or store_wait, when shorter): a store
+                // answers in its handle's turn, behind the handle's own write, which may be
                 // waiting for another process's lock (SQLite's busy_timeout, a gateway stopped
                 // mid-write on PostgreSQL), and that process may just have handed out notices.
-                // Not answered by then, the question is given up as "not known", which picks up.
+                // Not answered by then, the answer is not known (see `PickupSchedule::due`).
                 let patience = QUESTION_PATIENCE.min(me.config.store_wait);
-                let asked = match until(deadline_after(patience), question).await {
-                    Some(asked) => asked.map(Some),
-                    None if patience < me.config.store_wait => {
+                let answer = match until(deadline_after(patience), question).await {
+                    None => {
                         debug!(
                             ?patience,
-                            "the store has not said within its patience whether another writer committed; picked up as if one had"
+                            "the store has not said in time whether another writer committed"
                         );
-                        Ok(None)
+                        Answer::NotKnown
                     }
-                    None => Err(me.no_answer("ask whether another writer committed")),
-                };
-                let answer = match asked {
-                    // Not known: picked up (the schedule never takes it for an answer seen).
-                    Ok(None) => Answer::NotKnown,
-                    Ok(Some(answer)) => {
+                    Some(Ok(answer)) => {
                         failing = false;
                         if let Some(answer) = answer
                             && !shared_said
@@ -3369,7 +3372,7 @@ impl Awareness {
                         // first question, a failed pick-up and the recovery interval pick up.
                         Answer::Known(answer.unwrap_or(0))
                     }
-                    Err(e) => {
+                    Some(Err(e)) => {
                         schedule.forget_answers();
                         first_answer = None;
                         if failing {
@@ -3378,16 +3381,15 @@ impl Awareness {
                             failing = true;
                             warn!(error = %ErrorChain(&e), "cannot ask the store whether another writer committed");
                         }
-                        continue;
+                        // The recovery interval's pick-up is made all the same: questions
+                        // that keep failing held it off for as long as they failed.
+                        if !recover {
+                            continue;
+                        }
+                        Answer::NotKnown
                     }
                 };
-                // Made at the last question before the recovery interval is over: the one
-                // after it would come late.
-                let recover = woke
-                    .saturating_duration_since(last_whole)
-                    .saturating_add(period)
-                    > recovery;
-                let only = match schedule.due(answer, recover) {
+                let only = match schedule.due(answer, recover, hinted_at.is_some()) {
                     Due::Nothing => continue,
                     Due::All => None,
                     Due::Busy(watchers) => Some(watchers),
@@ -3643,13 +3645,18 @@ impl PickupSchedule {
     /// Most questions let pass between two failed pick-ups.
     const MAX_WAIT: u32 = 63;
 
-    /// What to pick up now, the store having answered `answer` (not known is as good as a
-    /// new answer, unless a pick-up at such an answer failed and is backing off); every pending
-    /// cursor when `recover` (the recovery interval has passed since the last whole pick-up).
-    fn due(&mut self, answer: Answer, recover: bool) -> Due {
-        let all = if recover {
+    /// What to pick up now, the store having answered `answer`; every pending cursor when
+    /// `recover` (the recovery interval has passed since the last whole pick-up). An answer not
+    /// known is picked up at the first question of a run of them (the handle's own write was
+    /// waiting for another process's lock, whose holder may just have handed out notices; until
+    /// the lock is let go nobody else commits), then only when a hint of the store brought the
+    /// question (`hinted`: a commit was seen), or to retry a failed pick-up, backing off as at a
+    /// known answer: a store merely slower than the patience is not picked up from at every
+    /// question.
+    fn due(&mut self, answer: Answer, recover: bool, hinted: bool) -> Due {
+        let all = if recover || (hinted && answer == Answer::NotKnown) {
             true
-        } else if answer != Answer::NotKnown && self.seen == Some(answer) {
+        } else if self.seen == Some(answer) {
             false
         } else if self.tried != Some(answer) {
             true
@@ -3982,17 +3989,25 @@ mod tests {
         let mut s = PickupSchedule::default();
         let ok = || attempt(false, &[]);
         let failed = || attempt(true, &[]);
-        assert_eq!(s.due(Answer::Known(5), false), Due::All, "the first answer");
-        s.picked_up(Answer::Known(5), true, ok());
-        assert_eq!(s.due(Answer::Known(5), false), Due::Nothing, "nothing new");
         assert_eq!(
-            s.due(Answer::Known(6), false),
+            s.due(Answer::Known(5), false, false),
+            Due::All,
+            "the first answer"
+        );
+        s.picked_up(Answer::Known(5), true, ok());
+        assert_eq!(
+            s.due(Answer::Known(5), false, false),
+            Due::Nothing,
+            "nothing new"
+        );
+        assert_eq!(
+            s.due(Answer::Known(6), false, false),
             Due::All,
             "another writer committed"
         );
         s.picked_up(Answer::Known(6), true, failed());
         assert_eq!(
-            s.due(Answer::Known(6), false),
+            s.due(Answer::Known(6), false, false),
             Due::All,
             "failed: again at the next question"
         );
@@ -4001,53 +4016,61 @@ mod tests {
         for _ in 0..9 {
             s.picked_up(Answer::Known(6), true, failed());
             let mut skipped = 0;
-            while s.due(Answer::Known(6), false) != Due::All {
+            while s.due(Answer::Known(6), false, false) != Due::All {
                 skipped += 1;
             }
             gaps.push(skipped);
         }
         assert_eq!(gaps, [1, 3, 7, 15, 31, 63, 63, 63, 63]);
         s.picked_up(Answer::Known(6), true, failed());
-        assert_eq!(s.due(Answer::Known(6), false), Due::Nothing, "backing off");
         assert_eq!(
-            s.due(Answer::Known(8), false),
+            s.due(Answer::Known(6), false, false),
+            Due::Nothing,
+            "backing off"
+        );
+        assert_eq!(
+            s.due(Answer::Known(8), false, false),
             Due::All,
             "a new commit is not held up by the back-off"
         );
         s.picked_up(Answer::Known(8), true, failed());
         assert_eq!(
-            s.due(Answer::Known(8), false),
+            s.due(Answer::Known(8), false, false),
             Due::All,
             "a new commit starts the back-off over"
         );
         s.picked_up(Answer::Known(8), true, failed());
         assert_eq!(
-            s.due(Answer::Known(8), false),
+            s.due(Answer::Known(8), false, false),
             Due::Nothing,
             "then it backs off again"
         );
-        assert_eq!(s.due(Answer::Known(8), false), Due::All);
+        assert_eq!(s.due(Answer::Known(8), false, false), Due::All);
         s.picked_up(Answer::Known(6), true, ok());
-        assert_eq!(s.due(Answer::Known(6), false), Due::Nothing);
-        assert_eq!(s.due(Answer::Known(7), false), Due::All);
+        assert_eq!(s.due(Answer::Known(6), false, false), Due::Nothing);
+        assert_eq!(s.due(Answer::Known(7), false, false), Due::All);
         s.picked_up(Answer::Known(7), true, failed());
         assert_eq!(
-            s.due(Answer::Known(7), false),
+            s.due(Answer::Known(7), false, false),
             Due::All,
             "the back-off started over"
         );
         s.picked_up(Answer::Known(7), true, ok());
-        assert_eq!(s.due(Answer::Known(7), false), Due::Nothing);
+        assert_eq!(s.due(Answer::Known(7), false, false), Due::Nothing);
         assert_eq!(
-            s.due(Answer::Known(7), true),
+            s.due(Answer::Known(7), true, false),
             Due::All,
             "the recovery interval: every pending cursor, nothing new committed"
         );
         s.picked_up(Answer::Known(7), true, failed());
         s.picked_up(Answer::Known(7), true, failed());
-        assert_eq!(s.due(Answer::Known(7), false), Due::Nothing, "backing off");
         assert_eq!(
-            s.due(Answer::Known(7), true),
+            s.due(Answer::Known(7), false, false),
+            Due::Nothing,
+            "backing off"
+        );
+        assert_eq!(
+            s.due(Answer::Known(7), true, false),
             Due::All,
             "the recovery interval does not wait for the back-off"
         );
@@ -4062,93 +4085,116 @@ mod tests {
         let w = SessionKey::new("agent:main:main").unwrap();
         let v = SessionKey::new("agent:ops:main").unwrap();
         let mut s = PickupSchedule::default();
-        assert_eq!(s.due(Answer::Known(5), false), Due::All);
+        assert_eq!(s.due(Answer::Known(5), false, false), Due::All);
         s.picked_up(Answer::Known(5), true, attempt(false, &[&w, &v]));
         for _ in 0..100 {
             assert_eq!(
-                s.due(Answer::Known(5), false),
+                s.due(Answer::Known(5), false, false),
                 Due::Busy(vec![w.clone(), v.clone()])
             );
             s.picked_up(Answer::Known(5), false, attempt(false, &[&w, &v]));
         }
         assert_eq!(
-            s.due(Answer::Known(5), false),
+            s.due(Answer::Known(5), false, false),
             Due::Busy(vec![w.clone(), v.clone()])
         );
         s.picked_up(Answer::Known(5), false, attempt(false, &[&v]));
         assert_eq!(
-            s.due(Answer::Known(6), false),
+            s.due(Answer::Known(6), false, false),
             Due::All,
             "a new commit: every pending cursor"
         );
         s.picked_up(Answer::Known(6), true, attempt(false, &[&v]));
-        assert_eq!(s.due(Answer::Known(6), false), Due::Busy(vec![v.clone()]));
+        assert_eq!(
+            s.due(Answer::Known(6), false, false),
+            Due::Busy(vec![v.clone()])
+        );
         s.picked_up(Answer::Known(6), false, attempt(false, &[]));
         assert_eq!(
-            s.due(Answer::Known(6), false),
+            s.due(Answer::Known(6), false, false),
             Due::Nothing,
             "every watcher looked at"
         );
 
         s.picked_up(Answer::Known(6), true, attempt(false, &[&w]));
-        assert_eq!(s.due(Answer::Known(6), false), Due::Busy(vec![w.clone()]));
+        assert_eq!(
+            s.due(Answer::Known(6), false, false),
+            Due::Busy(vec![w.clone()])
+        );
         s.picked_up(Answer::Known(6), false, attempt(true, &[]));
         assert_eq!(
-            s.due(Answer::Known(6), false),
+            s.due(Answer::Known(6), false, false),
             Due::All,
             "its read failed: every pending cursor again"
         );
 
         s.picked_up(Answer::Known(6), true, attempt(false, &[]));
-        assert_eq!(s.due(Answer::Known(6), false), Due::Nothing);
+        assert_eq!(s.due(Answer::Known(6), false, false), Due::Nothing);
         s.forget_answers();
         assert_eq!(
-            s.due(Answer::Known(6), false),
+            s.due(Answer::Known(6), false, false),
             Due::All,
             "after a failed question"
         );
     }
 
-    /// An answer the store did not give in time (`None`) is picked up every time, as a new
-    /// one would be, and never taken for one seen: not after a whole pick-up at it, nor after
-    /// one at a known answer; a pick-up at it that fails backs off as at a known answer; the
-    /// next known answer is picked up even when it is the one seen before.
+    /// An answer not known is picked up at the first question of a run of them, then only at
+    /// a question a hint brought (or at the recovery interval), never taken for a known answer
+    /// seen; a failed pick-up at it is made again, backing off as at a known answer, except at a
+    /// hint; the next known answer is picked up even when it is the one seen before.
     #[test]
-    fn the_pickup_schedule_picks_up_at_every_answer_not_known() {
+    fn the_pickup_schedule_picks_up_at_the_first_answer_not_known_then_at_hints() {
         let mut s = PickupSchedule::default();
         let ok = || attempt(false, &[]);
         let failed = || attempt(true, &[]);
-        assert_eq!(s.due(Answer::Known(5), false), Due::All);
+        assert_eq!(s.due(Answer::Known(5), false, false), Due::All);
         s.picked_up(Answer::Known(5), true, ok());
+        assert_eq!(
+            s.due(Answer::NotKnown, false, false),
+            Due::All,
+            "the first not known"
+        );
+        s.picked_up(Answer::NotKnown, true, ok());
         for _ in 0..3 {
             assert_eq!(
-                s.due(Answer::NotKnown, false),
-                Due::All,
-                "not known: picked up"
+                s.due(Answer::NotKnown, false, false),
+                Due::Nothing,
+                "a store slower than the patience"
             );
-            s.picked_up(Answer::NotKnown, true, ok());
         }
+        assert_eq!(s.due(Answer::NotKnown, false, true), Due::All, "a hint");
+        s.picked_up(Answer::NotKnown, true, ok());
+        assert_eq!(s.due(Answer::NotKnown, true, false), Due::All, "recovery");
+        s.picked_up(Answer::NotKnown, true, ok());
         assert_eq!(
-            s.due(Answer::Known(5), false),
+            s.due(Answer::Known(5), false, false),
             Due::All,
             "the answer seen before the ones not known, picked up again"
         );
         s.picked_up(Answer::Known(5), true, ok());
-        assert_eq!(s.due(Answer::Known(5), false), Due::Nothing);
-        assert_eq!(s.due(Answer::NotKnown, false), Due::All);
+        assert_eq!(
+            s.due(Answer::Known(5), false, true),
+            Due::Nothing,
+            "known: exact"
+        );
+        assert_eq!(s.due(Answer::NotKnown, false, false), Due::All);
         s.picked_up(Answer::NotKnown, true, failed());
         assert_eq!(
-            s.due(Answer::NotKnown, false),
+            s.due(Answer::NotKnown, false, false),
             Due::All,
             "failed: again at once"
         );
         s.picked_up(Answer::NotKnown, true, failed());
         assert_eq!(
-            s.due(Answer::NotKnown, false),
+            s.due(Answer::NotKnown, false, false),
             Due::Nothing,
             "then backing off"
         );
-        assert_eq!(s.due(Answer::NotKnown, false), Due::All);
+        assert_eq!(
+            s.due(Answer::NotKnown, false, true),
+            Due::All,
+            "unless a hint brought the question"
+        );
     }
 
     #[tokio::test]

@@ -853,22 +853,113 @@ async fn a_question_the_store_does_not_answer_in_time_picks_up() {
 }
 
 /// With a `store_wait` shorter than `QUESTION_PATIENCE`, a question the store does not answer
-/// is given up at `store_wait` as a failure, logged, and asked again at the next interval:
-/// here the store answers the second question, and the notice is picked up then. The question
-/// was not bounded, and the first one held the task, and every pick-up, for as long as the
-/// store hung.
+/// is given up at `store_wait`, and picked up at as one not answered in time. (Given up as a
+/// failure, it picked up nothing, and a store that kept hanging was never picked up from,
+/// recovery interval included: the second reading, stop 59.)
 #[tokio::test(start_paused = true)]
-async fn a_question_the_store_does_not_answer_within_store_wait_is_asked_again() {
-    let capture = common::Capture::default();
-    let _logs = capture.install();
+async fn a_store_wait_shorter_than_the_patience_bounds_the_question() {
     let took = woken_after_a_question_that_hangs(Duration::from_millis(200)).await;
-    let interval = AwarenessConfig::default().pickup_interval;
-    assert_eq!(took, interval, "woken at the second question");
-    assert!(
-        capture.said(&["cannot ask the store whether another writer committed"]) > 0,
-        "{:?}",
-        capture.lines()
+    assert_eq!(took, Duration::from_millis(200), "woken at store_wait");
+}
+
+/// A store answering each question in `delay`, with nothing new: how many times the pick-up
+/// task read the pending cursors in 59 s (no recovery interval within it).
+async fn cursor_reads_of_a_store_answering_in(delay: Duration) -> usize {
+    struct Slow {
+        delay: Duration,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+    #[awareness_core::async_trait]
+    impl Hook for Slow {
+        async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
+            match call {
+                Call::ForeignCommits => tokio::time::sleep(self.delay).await,
+                Call::Cursors | Call::Cursor => {
+                    self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                _ => {}
+            }
+        }
+        fn foreign_commits(&self) -> Option<u64> {
+            Some(1)
+        }
+    }
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: Slow {
+            delay,
+            reads: std::sync::atomic::AtomicUsize::new(0),
+        },
+    });
+    written_elsewhere(&*store.inner, &[MANAGER]).await;
+    let (svc, _queue, _woken) = woken_service(
+        store.clone(),
+        directory(&[MANAGER]),
+        AwarenessConfig::default(),
     );
+    let pickup = svc.spawn_pickup();
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    pickup.abort();
+    let _ = pickup.await;
+    store.hook.reads.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A store merely slower than `QUESTION_PATIENCE` (every question takes 550 ms, nothing new) is
+/// read from no more often than one that answers in 450 ms: the first answer not known is
+/// picked up, the ones after it are not. Bug (second reading, stop 59): every question over
+/// the patience made a whole pick-up, 60 reads of the cursors in 59 s against 2.
+#[tokio::test(start_paused = true)]
+async fn a_store_slower_than_the_patience_is_not_picked_up_from_at_every_question() {
+    let quick = cursor_reads_of_a_store_answering_in(Duration::from_millis(450)).await;
+    let slow = cursor_reads_of_a_store_answering_in(Duration::from_millis(550)).await;
+    assert!(quick > 0, "the first question picks up");
+    assert_eq!(
+        slow, quick,
+        "reads with questions over the patience and under it"
+    );
+}
+
+/// A store whose every question fails is still picked up from at the recovery interval: a
+/// notice another writer handed out reaches its watcher within it. Bug (second reading, stop
+/// 59): a failed question ended the task's turn before the recovery interval was looked at,
+/// so nothing was picked up for as long as questions failed.
+#[tokio::test(start_paused = true)]
+async fn the_recovery_interval_is_kept_while_every_question_fails() {
+    struct Fails;
+    #[awareness_core::async_trait]
+    impl Hook for Fails {
+        fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
+            (call == Call::ForeignCommits)
+                .then(|| awareness_core::StoreError::backend("ask", "the question fails"))
+        }
+    }
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: Fails,
+    });
+    written_elsewhere(&*store.inner, &[MANAGER]).await;
+    let recovery = Duration::from_secs(5);
+    let (svc, _queue, mut woken) = woken_service(
+        store,
+        directory(&[MANAGER]),
+        AwarenessConfig {
+            recovery_interval: recovery,
+            ..AwarenessConfig::default()
+        },
+    );
+    let start = tokio::time::Instant::now();
+    let pickup = svc.spawn_pickup();
+    let got = tokio::time::timeout(Duration::from_mins(1), woken.recv())
+        .await
+        .expect("woken");
+    assert_eq!(got, Some(k(MANAGER)));
+    assert!(
+        start.elapsed() <= recovery,
+        "woken at {:?}",
+        start.elapsed()
+    );
+    pickup.abort();
+    let _ = pickup.await;
 }
 
 /// Two handles on one store, as two gateway processes have: the one this gateway uses

@@ -71,26 +71,53 @@ pub(crate) struct Setup {
     pub(crate) writer: Option<Weak<WriteSlot>>,
     pub(crate) interval: Duration,
     pub(crate) path: Arc<Path>,
-    /// The file the handle opened ([`file_identity`] at open), which the poller checks the
+    /// The file the handle opened ([`OpenedFile::at`] at open), which the poller checks the
     /// path still names.
-    pub(crate) file: Option<FileIdentity>,
+    pub(crate) file: Option<OpenedFile>,
 }
 
-/// A file's device and inode numbers.
-pub(crate) type FileIdentity = (u64, u64);
+/// The file a handle opened: its path made absolute as SQLite makes it at open (a process that
+/// changes its working directory later does not change the file), and its device and inode.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenedFile {
+    path: Arc<Path>,
+    id: (u64, u64),
+}
 
-/// The identity of the file `path` names (through symbolic links, as SQLite opens it), if it
-/// can be read.
+impl OpenedFile {
+    /// The file `path` names now (through symbolic links, as SQLite opens it), if it can be
+    /// told.
+    pub(crate) fn at(path: &Path) -> Option<Self> {
+        let path = std::path::absolute(path).ok()?;
+        let id = identity(&path).ok()??;
+        Some(Self {
+            path: path.into(),
+            id,
+        })
+    }
+
+    /// Whether its path still names it: `None` when that cannot be told (the file's
+    /// directory cannot be searched, say), which is not taken for a file gone.
+    fn still_named(&self) -> Option<bool> {
+        match identity(&self.path) {
+            Ok(now) => now.map(|now| now == self.id),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(false),
+            Err(_) => None,
+        }
+    }
+}
+
+/// The device and inode of the file `path` names (`None` where the platform does not tell).
 #[cfg(unix)]
-pub(crate) fn file_identity(path: &Path) -> Option<FileIdentity> {
+fn identity(path: &Path) -> std::io::Result<Option<(u64, u64)>> {
     use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    std::fs::metadata(path).map(|m| Some((m.dev(), m.ino())))
 }
 
 /// Not told on this platform: nothing is checked.
 #[cfg(not(unix))]
-pub(crate) fn file_identity(_path: &Path) -> Option<FileIdentity> {
-    None
+fn identity(_path: &Path) -> std::io::Result<Option<(u64, u64)>> {
+    Ok(None)
 }
 
 /// A handle's poller, started by the first [`Poller::subscribe`].
@@ -321,8 +348,7 @@ async fn poll(
         // stays the handle's: every read and write of the handle goes on in it, where nothing
         // that opens the path (another gateway, the CLI, this gateway started again) sees them,
         // and no other writer's commit reaches it. SQLite does not tell; the poller does, once.
-        if let Some(opened) = setup.file {
-            let now = file_identity(&setup.path) == Some(opened);
+        if let Some(now) = setup.file.as_ref().and_then(OpenedFile::still_named) {
             if !now && !replaced {
                 warn!(path = %path, "the store's file was deleted or replaced while this handle has it open: the handle reads and writes the file it opened, which nothing opening the path reaches any more (what it records is lost to every other process, and to this one once it closes); close the store and open the path again");
             } else if now && replaced {

@@ -457,7 +457,7 @@ pub struct SqliteStore {
     poll_options: SqliteConnectOptions,
     poll_interval: Duration,
     /// The file opened, which the poller checks the path still names.
-    file: Option<commit_poll::FileIdentity>,
+    file: Option<commit_poll::OpenedFile>,
     /// Recordings waiting for the write connection (group commit).
     queue: group::Queue,
     /// Numbers the queued recordings.
@@ -721,7 +721,7 @@ impl SqliteStore {
             poller: commit_poll::Poller::default(),
             poll_options: base,
             poll_interval: options.commit_hint_interval,
-            file: commit_poll::file_identity(path),
+            file: commit_poll::OpenedFile::at(path),
             queue: group::Queue::default(),
             next_job: std::sync::atomic::AtomicU64::new(0),
             group_commit: options.group_commit,
@@ -1178,7 +1178,7 @@ impl SqliteStore {
             writer: self.writer.as_ref().map(Arc::downgrade),
             interval: self.poll_interval,
             path: Arc::from(self.path.as_path()),
-            file: self.file,
+            file: self.file.clone(),
         })
     }
 

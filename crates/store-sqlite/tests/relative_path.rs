@@ -1,8 +1,10 @@
 //! A store opened by a relative path stays on the file it opened after the process changes
 //! its working directory: the commit-hint poller, whose connection is made at the first
 //! `commit_hints`, polled the file of that name in the new directory, so that another handle's
-//! commits to the store were never hinted (review, stop 57). Alone in its test binary: it
-//! changes the working directory of the whole process.
+//! commits to the store were never hinted (review, stop 57); and its check that the path
+//! still names the file opened took the file of that name in the new directory for a
+//! replacement, and warned (second reading, stop 59). Alone in its test binary: it changes the
+//! working directory of the whole process.
 
 use std::time::Duration;
 
@@ -23,6 +25,7 @@ async fn a_store_opened_by_a_relative_path_keeps_to_its_file_after_a_change_of_d
         tempfile::tempdir().expect("temp dir"),
         tempfile::tempdir().expect("temp dir"),
     );
+    let capture = awareness_core::testkit::logs::Capture::warnings();
     let options = || SqliteOptions::new().commit_hint_interval(Duration::from_millis(10));
     std::env::set_current_dir(first.path()).expect("cd into the first directory");
     let ours = SqliteStore::open_with("state.sqlite", options())
@@ -50,5 +53,12 @@ async fn a_store_opened_by_a_relative_path_keeps_to_its_file_after_a_change_of_d
         "the handle reads the store it opened"
     );
     assert_eq!(elsewhere.log_stats().await.expect("stats").rows, 0);
+    assert!(ours.poll_commits_now().await, "the poller runs");
+    assert_eq!(
+        capture.said(&["deleted or replaced"]),
+        0,
+        "the file opened is where it was: {:?}",
+        capture.lines()
+    );
     std::env::set_current_dir(std::env::temp_dir()).expect("leave the directories");
 }

@@ -1091,6 +1091,9 @@ fn replay(
         let (ev, _, notices) = model
             .record(events[*i].clone(), now)
             .expect("the recordings are valid");
+        if got[*i].deduplicated {
+            return Err(format!("call {i}, without a dedupe key, answered as a hit"));
+        }
         if *ev != *got[*i].event {
             return Err(format!("call {i} stores {ev:?}"));
         }

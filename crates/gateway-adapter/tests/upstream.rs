@@ -5117,13 +5117,7 @@ async fn a_monitor_driven_by_tick_lets_go_of_the_service_once_dropped() {
 async fn a_pass_panicking_again_after_the_link_was_watched_is_warned_of_again() {
     let capture = common::Capture::default();
     let _logs = capture.install();
-    let w = world();
-    let t = Transcript::new();
-    let a = SessionRef::parse("agent:main:a", "main").unwrap();
-    w.svc
-        .try_adopt(jsonl::adoption(a.clone(), &t.path, None).unwrap())
-        .await
-        .unwrap();
+    let (w, _t, a) = adopted_a().await;
     let monitor = JsonlPanicsFor::monitor(&w, &a);
     for _ in 0..2 {
         assert_eq!(monitor.tick().await.unwatched, 1);
@@ -5175,13 +5169,7 @@ impl UpstreamProvider for PanicsThenFails {
 async fn a_pass_that_could_not_read_after_a_panic_is_not_said_to_pass_again() {
     let capture = common::Capture::default();
     let _logs = capture.install();
-    let w = world();
-    let t = Transcript::new();
-    let a = SessionRef::parse("agent:main:a", "main").unwrap();
-    w.svc
-        .try_adopt(jsonl::adoption(a.clone(), &t.path, None).unwrap())
-        .await
-        .unwrap();
+    let (w, _t, _a) = adopted_a().await;
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(Arc::new(PanicsThenFails {
             inner: JsonlProvider::new(),
@@ -5209,6 +5197,19 @@ async fn a_pass_that_could_not_read_after_a_panic_is_not_said_to_pass_again() {
         pass_panic_levels(&capture.lines(), "agent:main:a"),
         ["WARN"]
     );
+}
+
+/// A world with one link, `agent:main:a` adopted on a transcript of its own (kept while the
+/// test runs), which nothing watches.
+async fn adopted_a() -> (World, Transcript, SessionRef) {
+    let w = world();
+    let t = Transcript::new();
+    let a = SessionRef::parse("agent:main:a", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(a.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    (w, t, a)
 }
 
 /// The levels of the log lines saying that passing over `session`'s source panicked, in order.

@@ -1446,6 +1446,19 @@ mod tests {
         );
     }
 
+    /// The fourth slow round in a row with few frames left forces the last pass (the crate docs:
+    /// "after 4 rounds in a row without a last pass"); a fifth round forcing it passed every
+    /// test, whose fourth round had many frames left (review by mutation, stop 59).
+    #[test]
+    fn the_fourth_slow_round_forces_the_last_pass() {
+        use conn::LastPass;
+        let readers = Readers::new(Vec::new());
+        for _ in 1..conn::ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED {
+            assert_eq!(readers.last_pass(false, true), LastPass::Not);
+        }
+        assert_eq!(readers.last_pass(false, true), LastPass::IfFewLeft);
+    }
+
     /// A read waits for whichever reader frees first, not for one picked in advance: with one
     /// reader held for long (a checkpoint waiting for the write connection, say), a read goes
     /// on as soon as the other one is let go. (The timeout only keeps a failure from hanging.

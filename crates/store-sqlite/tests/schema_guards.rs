@@ -13,6 +13,13 @@ use awareness_core::{
 use sqlx::{ConnectOptions as _, Connection as _};
 use store_sqlite::{SqliteOptions, SqliteStore};
 
+/// A new store's file in `dir`, closed.
+async fn new_store(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("state.sqlite");
+    SqliteStore::open(&path).await.unwrap().close().await;
+    path
+}
+
 async fn raw(path: &std::path::Path) -> sqlx::SqliteConnection {
     sqlx::sqlite::SqliteConnectOptions::new()
         .filename(path)
@@ -27,8 +34,7 @@ async fn raw(path: &std::path::Path) -> sqlx::SqliteConnection {
 #[tokio::test]
 async fn an_up_to_date_store_opens_while_another_connection_holds_the_write_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.sqlite");
-    SqliteStore::open(&path).await.unwrap().close().await;
+    let path = new_store(dir.path()).await;
     let mut holder = raw(&path).await;
     sqlx::raw_sql("BEGIN IMMEDIATE")
         .execute(&mut holder)
@@ -54,8 +60,7 @@ async fn an_up_to_date_store_opens_while_another_connection_holds_the_write_lock
 #[tokio::test]
 async fn a_read_only_open_refuses_a_file_without_the_links_table() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.sqlite");
-    SqliteStore::open(&path).await.unwrap().close().await;
+    let path = new_store(dir.path()).await;
     let mut c = raw(&path).await;
     sqlx::raw_sql("DROP TABLE session_upstream_links")
         .execute(&mut c)
@@ -78,8 +83,7 @@ async fn a_read_only_open_refuses_a_file_without_the_links_table() {
 #[tokio::test]
 async fn a_migration_that_fails_midway_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.sqlite");
-    SqliteStore::open(&path).await.unwrap().close().await;
+    let path = new_store(dir.path()).await;
     let mut c = raw(&path).await;
     sqlx::raw_sql(
         "DELETE FROM awareness_schema_migrations WHERE version >= 2;

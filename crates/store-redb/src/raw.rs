@@ -207,14 +207,17 @@ pub(crate) fn split_cursor_row(data: &[u8]) -> Option<CursorParts<'_>> {
 mod tests {
     use super::*;
 
-    /// Strings whose lengths take each size of redb's length prefix.
+    /// Strings whose lengths take each size of redb's length prefix, with those either side of
+    /// where one size gives way to the next.
     fn samples() -> Vec<String> {
-        vec![
+        let mut out = vec![
             String::new(),
             "agent:main:main".to_owned(),
             "é".repeat(200),
             "k".repeat(70_000),
-        ]
+        ];
+        out.extend([253, 254, 255, 65_535, 65_536].map(|n| "k".repeat(n)));
+        out
     }
 
     /// The encoders write what redb writes for the typed tuples, and the splitters read back

@@ -3370,6 +3370,143 @@ pub async fn inputs_at_the_limits_read_back_exactly(t: &Subject) {
     );
 }
 
+/// Keys whose lengths sit either side of where an encoding changes the size of its length
+/// prefix (127 and 128 bytes for a one-byte varint; 253 to 256 for redb's tuples, whose
+/// one-byte prefix ends at 253) record, list and read back exactly as session keys, agent ids
+/// and watchers, and a reset and a deletion remove exactly what they name.
+pub async fn keys_either_side_of_a_length_prefix_boundary_read_back_exactly(t: &Subject) {
+    const LENGTHS: [usize; 7] = [127, 128, 253, 254, 255, 256, 1023];
+    let s = &*t.store;
+    let pad = |prefix: &str, c: char, len: usize| {
+        format!("{prefix}{}", c.to_string().repeat(len - prefix.len()))
+    };
+    let mut all: Vec<(WatcherKey, SessionRef, u64)> = Vec::new();
+    let mut events = Vec::new();
+    for len in LENGTHS {
+        let watcher = w(&pad("agent:main:", 'w', len));
+        let sessions = [
+            r(&pad("agent:main:", 'k', len), "main"),
+            r(&format!("agent:main:{len}"), &pad("", 'a', len)),
+        ];
+        for session in sessions {
+            s.watch(&watcher, &session, T0).await.expect("watch");
+            let got = rec(s, human(&session), T0).await;
+            assert_eq!(got.notices.len(), 1, "{len} bytes: the watcher is told");
+            assert_eq!(got.notices[0].watcher, watcher, "{len} bytes: the notice");
+            let page = s
+                .changes_since(&session, Sequence::ZERO, 200)
+                .await
+                .expect("page");
+            assert_eq!(
+                page.events,
+                std::slice::from_ref(&got.event),
+                "{len} bytes: the page"
+            );
+            let cursor = s
+                .cursor(&watcher, &session.session_key)
+                .await
+                .expect("cursor")
+                .expect("the watch's cursor");
+            assert_eq!(
+                (
+                    &cursor.watcher,
+                    &cursor.target,
+                    &cursor.target_agent,
+                    cursor.material
+                ),
+                (
+                    &watcher,
+                    &session.session_key,
+                    &session.agent_id,
+                    got.event.sequence
+                ),
+                "{len} bytes: the cursor"
+            );
+            all.push((watcher.clone(), session, got.event.sequence.get()));
+            events.push(got.event);
+        }
+    }
+    let heads = |all: &[(WatcherKey, SessionRef, u64)]| {
+        let mut v: Vec<(SessionRef, u64)> =
+            all.iter().map(|(_, s, seq)| (s.clone(), *seq)).collect();
+        v.sort();
+        v
+    };
+    let listed = |got: Vec<crate::model::Head>| {
+        let mut v: Vec<(SessionRef, u64)> = got
+            .into_iter()
+            .map(|h| (h.session, h.last_sequence.get()))
+            .collect();
+        v.sort();
+        v
+    };
+    let pairs = |all: &[(WatcherKey, SessionRef, u64)]| {
+        let mut v: Vec<String> = all.iter().map(|(w, s, _)| format!("{w:?} {s:?}")).collect();
+        v.sort();
+        v
+    };
+    let cursors = || async {
+        let mut v: Vec<String> = s
+            .cursors(&CursorFilter::default())
+            .await
+            .expect("cursors")
+            .iter()
+            .map(|c| format!("{:?} {:?}", c.watcher, c.target_ref()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        listed(s.list_heads(None).await.expect("heads")),
+        heads(&all),
+        "every session listed once with its head"
+    );
+    for (_, session, seq) in &all {
+        assert_eq!(
+            listed(s.list_heads(Some(&session.agent_id)).await.expect("heads"))
+                .iter()
+                .filter(|(listed, _)| listed == session)
+                .count(),
+            1,
+            "{session:?} (its head {seq}) listed under its agent"
+        );
+    }
+    let log = s.events_after(Sequence::ZERO, 100).await.expect("log");
+    assert_eq!(log, events, "the log");
+    assert_eq!(cursors().await, pairs(&all), "every cursor listed once");
+
+    // The 254-byte watcher's reset removes its two cursors and no other; the 254-byte
+    // session's deletion removes it alone.
+    let at = 2 * LENGTHS
+        .iter()
+        .position(|&n| n == 254)
+        .expect("254 is a length");
+    let (watcher, session, _) = all[at].clone();
+    assert_eq!(
+        s.reset_watcher(watcher.session_key()).await.expect("reset"),
+        2,
+        "the reset removes the watcher's two cursors"
+    );
+    s.delete_session(&session).await.expect("delete");
+    let mut left = all.clone();
+    left.remove(at);
+    assert_eq!(
+        listed(s.list_heads(None).await.expect("heads")),
+        heads(&left),
+        "the deletion removes that session's head alone"
+    );
+    left.retain(|(w, _, _)| *w != watcher);
+    assert_eq!(cursors().await, pairs(&left), "the other cursors stay");
+    assert!(
+        s.changes_since(&session, Sequence::ZERO, 200)
+            .await
+            .expect("page")
+            .events
+            .is_empty(),
+        "the deleted session's events are gone"
+    );
+}
+
 /// Keys one of which is a proper prefix of another (`…:c1` and `…:c10`, `…:t1` and `…:t10`)
 /// are separate watchers and sessions: a reset, an unwatch, an acknowledgement and a delete of
 /// one leave the other's cursors, heads and events exactly as they were, and the listings hold

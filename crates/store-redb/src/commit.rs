@@ -288,6 +288,16 @@ impl Writer {
             self.shared.stand_in_begins(number);
             StandIn(&self.shared, number)
         });
+        #[cfg(test)]
+        let committed = if self.shared.commit_fails.swap(false, Ordering::AcqRel) {
+            drop(txn.txn);
+            Err(redb::CommitError::Storage(redb::StorageError::Io(
+                std::io::Error::other("the commit's own failure"),
+            )))
+        } else {
+            txn.txn.commit()
+        };
+        #[cfg(not(test))]
         let committed = txn.txn.commit();
         if let Err(e) = &committed {
             self.shared.commit_failed(e);
@@ -883,6 +893,37 @@ mod tests {
             summaries,
             ["after"],
             "nothing of the failed batch was committed"
+        );
+        runtime.block_on(store.close());
+    }
+
+    /// A group commit whose commit fails fails its batch's callers, and latches the handle
+    /// with that failure as its cause: the next write says to reopen the file and repeats it.
+    /// (Only the commit itself noted the failure there; a mutation review removed that and
+    /// every test passed: the failures the process tests make come inside the transaction.)
+    #[test]
+    fn a_group_commit_that_fails_latches_the_handle_with_its_cause() {
+        let (_dir, runtime, store) = on_one_thread();
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        let now = Timestamp(1_800_000_000_000);
+        store
+            .writer
+            .shared()
+            .commit_fails
+            .store(true, std::sync::atomic::Ordering::Release);
+        for answer in run_batch(&store, &at, &["first", "second"]) {
+            let err = answer.expect_err("not committed");
+            let chain = awareness_core::error::ErrorChain(&err).to_string();
+            assert!(chain.contains("the commit's own failure"), "{chain}");
+        }
+        let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");
+        let err = runtime
+            .block_on(store.record(ok, now))
+            .expect_err("the handle is latched");
+        let chain = awareness_core::error::ErrorChain(&err).to_string();
+        assert!(
+            chain.contains("reopened") && chain.contains("the commit's own failure"),
+            "{chain}"
         );
         runtime.block_on(store.close());
     }

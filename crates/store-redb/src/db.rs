@@ -127,6 +127,10 @@ pub(crate) struct Shared {
     /// redb does once a lock of its is poisoned (tests).
     #[cfg(test)]
     pub(crate) check_panics: AtomicBool,
+    /// Makes the next commit of a writer fail as a write of the file would, without
+    /// committing (tests).
+    #[cfg(test)]
+    pub(crate) commit_fails: AtomicBool,
     /// Held by a flush from claiming the pending commits until its durable commit is done, so
     /// that a second flush cannot find nothing pending and return before the first is durable.
     flushing: Mutex<()>,
@@ -1131,6 +1135,8 @@ fn open_file(
         stood_in: AtomicU64::new(0),
         #[cfg(test)]
         check_panics: AtomicBool::new(false),
+        #[cfg(test)]
+        commit_fails: AtomicBool::new(false),
         flushing: Mutex::new(()),
         live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),

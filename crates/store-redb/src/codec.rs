@@ -419,13 +419,15 @@ mod tests {
                 .to_string()
                 .contains("kind code 0")
         );
-        // A code after the nine is a later version's kind: read as a kind this one does not
-        // know, the rest of the event as it is.
-        wrong[1] = 200;
-        let later = decode(7, &wrong, None).expect("a later version's kind");
-        assert_eq!(later.kind, EventKind::Other("kind code 200".into()));
-        assert!(!later.kind.is_known());
-        assert_eq!(later.summary, sample(true).summary);
+        // A code after the nine, the first (10) to the last, is a later version's kind: read
+        // as a kind this one does not know, the rest of the event as it is.
+        for code in [10, 200, u8::MAX] {
+            wrong[1] = code;
+            let later = decode(7, &wrong, None).expect("a later version's kind");
+            assert_eq!(later.kind, EventKind::Other(format!("kind code {code}")));
+            assert!(!later.kind.is_known());
+            assert_eq!(later.summary, sample(true).summary);
+        }
         // A byte of the session key that is not UTF-8: corrupt whether or not the reader knows
         // the ref (the comparison with a known ref does not check UTF-8, and must not match).
         let mut bad_key = bytes.clone();

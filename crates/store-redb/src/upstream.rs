@@ -212,3 +212,47 @@ impl UpstreamStore for RedbStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use awareness_core::upstream::UpstreamLink;
+    use awareness_core::{SessionRef, StoreError, Timestamp};
+
+    fn link_of(key: &str, agent: &str) -> Vec<u8> {
+        let link = UpstreamLink {
+            session: SessionRef::parse(key, agent).expect("a ref"),
+            catalog_id: "claude-code".into(),
+            host_id: "local".into(),
+            thread_id: "t1".into(),
+            upstream_kind: "local-jsonl".into(),
+            upstream_ref: None,
+            marker: None,
+            last_scanned_at: None,
+            created_at: Timestamp(1),
+            updated_at: Timestamp(1),
+        };
+        super::encode(&link).expect("encode")
+    }
+
+    /// An entry whose link names another session than its key, by its key or by its agent
+    /// alone (as a hand copy of a row under another agent would), is corrupt, not the link of
+    /// the session its key names. (A mutation review made the check need both to differ, and
+    /// every test passed.)
+    #[test]
+    fn an_entry_naming_another_session_is_corrupt() {
+        let (key, agent) = ("agent:main:subagent:a", "main");
+        let read = super::decode(key, agent, &link_of(key, agent)).expect("its own link");
+        assert_eq!(read.session, SessionRef::parse(key, agent).expect("a ref"));
+        for (k, a) in [
+            ("agent:main:subagent:b", agent),
+            (key, "ops"),
+            ("agent:main:subagent:b", "ops"),
+        ] {
+            let err = super::decode(key, agent, &link_of(k, a)).expect_err(k);
+            assert!(
+                matches!(&err, StoreError::Corrupt { context, .. } if context.contains("names another session")),
+                "({k}, {a}): {err:?}"
+            );
+        }
+    }
+}

@@ -3507,6 +3507,56 @@ pub async fn keys_either_side_of_a_length_prefix_boundary_read_back_exactly(t: &
     );
 }
 
+/// Every session is listed and read however many there are: 1,100 sessions under two agents
+/// are each listed once, in key then agent order, by `list_heads` (all, and each agent's), and
+/// `heads` of them, asked among 1,000 refs with no head and one asked twice (over 2,000 refs in
+/// one call, past SQLite's old limit of 999 parameters), answers each once with its head. A
+/// store that read the heads in pages, or bound one parameter per ref, and kept only the first
+/// would answer short.
+pub async fn every_session_is_listed_and_read_however_many(t: &Subject) {
+    const SESSIONS: usize = 1_100;
+    let s = &*t.store;
+    let mut want = Vec::with_capacity(SESSIONS);
+    for i in 0..SESSIONS {
+        let agent = if i % 2 == 0 { "main" } else { "ops" };
+        let session = r(&format!("agent:main:s{i:04}"), agent);
+        let got = rec(s, log_only(&session, "e"), T0).await;
+        want.push((session, got.event.sequence.get()));
+    }
+    want.sort();
+    let of = |heads: Vec<crate::model::Head>| {
+        heads
+            .into_iter()
+            .map(|h| (h.session, h.last_sequence.get()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of(s.list_heads(None).await.expect("list_heads")),
+        want,
+        "every head, in key then agent order"
+    );
+    for agent in ["main", "ops"] {
+        let of_agent: Vec<_> = want
+            .iter()
+            .filter(|(session, _)| session.agent_id.as_str() == agent)
+            .cloned()
+            .collect();
+        assert_eq!(of_agent.len(), SESSIONS / 2);
+        let id = AgentId::new(agent).expect("an agent id");
+        assert_eq!(
+            of(s.list_heads(Some(&id)).await.expect("list_heads")),
+            of_agent,
+            "every head of {agent}, in key order"
+        );
+    }
+    let mut asked: Vec<SessionRef> = want.iter().map(|(session, _)| session.clone()).collect();
+    asked.extend((0..1_000).map(|i| r(&format!("agent:main:none{i:04}"), "main")));
+    asked.push(want[SESSIONS / 2].0.clone());
+    let mut got = of(s.heads(&asked).await.expect("heads"));
+    got.sort();
+    assert_eq!(got, want, "each session asked for once, with its head");
+}
+
 /// Keys one of which is a proper prefix of another (`…:c1` and `…:c10`, `…:t1` and `…:t10`)
 /// are separate watchers and sessions: a reset, an unwatch, an acknowledgement and a delete of
 /// one leave the other's cursors, heads and events exactly as they were, and the listings hold

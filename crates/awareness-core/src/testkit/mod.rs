@@ -351,6 +351,7 @@ macro_rules! conformance_suite {
             the_audit_reports_events_and_cursors_left_without_a_head,
             inputs_at_the_limits_read_back_exactly,
             keys_either_side_of_a_length_prefix_boundary_read_back_exactly,
+            every_session_is_listed_and_read_however_many,
             keys_that_prefix_each_other_stay_apart,
             a_changes_since_beyond_any_stored_sequence_is_ahead,
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,

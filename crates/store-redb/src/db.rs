@@ -1219,6 +1219,8 @@ impl Flusher {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let weak = Arc::downgrade(shared);
         let signal = Arc::clone(&stop);
+        #[cfg(test)]
+        let path = shared.path.clone();
         let thread = std::thread::Builder::new()
             .name("store-redb-flush".into())
             .spawn(move || {
@@ -1229,6 +1231,8 @@ impl Flusher {
                 let mut said_unwritable = false;
                 let mut said_panicked = false;
                 loop {
+                    #[cfg(test)]
+                    tests::flusher_waits(&path, wait);
                     let g = lock(&signal.0);
                     let (g, _) = signal
                         .1
@@ -1418,6 +1422,19 @@ pub(crate) mod tests {
             && p == path
         {
             tell.send(()).ok();
+        }
+    }
+
+    /// Told how long the flush thread of a handle of this file waits before its next flush.
+    static FLUSHER_WAITS: Mutex<Option<(PathBuf, std::sync::mpsc::Sender<Duration>)>> =
+        Mutex::new(None);
+
+    pub(super) fn flusher_waits(path: &Path, wait: Duration) {
+        let waiting = lock(&FLUSHER_WAITS);
+        if let Some((p, tell)) = waiting.as_ref()
+            && p == path
+        {
+            tell.send(wait).ok();
         }
     }
 
@@ -1674,6 +1691,42 @@ pub(crate) mod tests {
             "b did not open while a's open was under way: {during:?}"
         );
         drop(reopened);
+    }
+
+    /// The flush thread of the bounded mode waits one interval before its first flush and,
+    /// after each, what is left of the next interval (timed from when that flush began), never
+    /// longer. (A mutation review made it wait three and eight intervals, and every test
+    /// passed: the crash test's margin for a busy disk, 300 ms, outlasts eight of its 25 ms
+    /// intervals, and no test may time the thread.)
+    #[test]
+    fn the_flush_thread_waits_one_interval_at_most() {
+        let dir = tempfile::tempdir().expect("dir");
+        let handle = open_shared(
+            &dir.path().join("state.redb"),
+            super::Mode::Create,
+            1 << 20,
+            false,
+        )
+        .expect("open");
+        let shared = Arc::clone(handle.shared());
+        let (tell, told) = std::sync::mpsc::channel();
+        *lock(&FLUSHER_WAITS) = Some((shared.path.clone(), tell));
+        let interval = Duration::from_millis(30);
+        let flusher = super::Flusher::start(&shared, interval).expect("start");
+        let mut waits = Vec::new();
+        for _ in 0..4 {
+            // Something to make durable, so that each flush commits.
+            shared.mark_unflushed();
+            // The timeout only keeps the test from hanging.
+            waits.push(told.recv_timeout(Duration::from_mins(1)).expect("a wait"));
+        }
+        drop(flusher);
+        *lock(&FLUSHER_WAITS) = None;
+        assert_eq!(waits[0], interval, "one interval before the first flush");
+        assert!(
+            waits[1..].iter().all(|wait| *wait <= interval),
+            "at most one interval after each flush: {waits:?}"
+        );
     }
 
     /// A flush called while an earlier one waits for the write lock (behind a long write) must

@@ -302,14 +302,17 @@ async fn listen(
                 }
                 // The connection was lost (what was sent meanwhile is lost), or failed: listened
                 // to again from the top, which counts a hint.
+                // Warned of, as a connection that stops answering is: each loss costs a hint
+                // (a pick-up reading the cursors), and a connection the server or the network
+                // keeps ending is otherwise seen nowhere.
                 Ok(None) => {
                     session.send_replace(None);
-                    debug!(schema = %schema, "lost the connection listening for other handles' commits");
+                    warn!(schema = %schema, "lost the connection listening for other handles' commits; listening again on a new one");
                     break;
                 }
                 Err(e) => {
                     session.send_replace(None);
-                    debug!(schema = %schema, error = %e, "listening for other handles' commits failed");
+                    warn!(schema = %schema, error = %e, "listening for other handles' commits failed; listening again on a new one");
                     // Not at once: an error that comes back at every try would spin.
                     tokio::time::sleep(backoff).await;
                     break;

@@ -112,10 +112,14 @@ async fn another_handles_commit_is_hinted_and_its_own_and_another_stores_are_not
 }
 
 /// A listener whose connection the server ends listens again on a new one, and hints once for
-/// whatever was committed meanwhile; later commits are hinted as before.
+/// whatever was committed meanwhile; later commits are hinted as before. The loss is warned of,
+/// naming the store's schema (it was logged at debug level: a connection the server kept
+/// ending was seen nowhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_listening_connection_is_listened_on_again_with_a_hint() {
-    let (ours, theirs, _elsewhere, _drop) = three_handles().await;
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let (ours, theirs, _elsewhere, schemas) = three_handles().await;
+    let schema = format!("schema={}", schemas[0].0);
     let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
     let first = ours.hints_listening().await;
     hinted(&mut hints).await;
@@ -131,6 +135,12 @@ async fn a_lost_listening_connection_is_listened_on_again_with_a_hint() {
 
     theirs.record(event(1), T0).await.expect("record theirs");
     hinted(&mut hints).await;
+    assert_eq!(
+        logs.said(&["lost the connection listening", &schema, "level=WARN"]),
+        1,
+        "the loss is warned of once: {:?}",
+        logs.lines()
+    );
 }
 
 /// Each stream starts from its own making: a hint given before it was made is not given again

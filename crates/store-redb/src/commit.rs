@@ -905,7 +905,6 @@ mod tests {
     fn a_group_commit_that_fails_latches_the_handle_with_its_cause() {
         let (_dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
-        let now = Timestamp(1_800_000_000_000);
         store
             .writer
             .shared()
@@ -916,16 +915,7 @@ mod tests {
             let chain = awareness_core::error::ErrorChain(&err).to_string();
             assert!(chain.contains("the commit's own failure"), "{chain}");
         }
-        let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");
-        let err = runtime
-            .block_on(store.record(ok, now))
-            .expect_err("the handle is latched");
-        let chain = awareness_core::error::ErrorChain(&err).to_string();
-        assert!(
-            chain.contains("reopened") && chain.contains("the commit's own failure"),
-            "{chain}"
-        );
-        runtime.block_on(store.close());
+        latched_saying(&runtime, store, at, "the commit's own failure");
     }
 
     /// A check after a panicked group commit that panics too (redb's lock poisoned by the
@@ -936,7 +926,6 @@ mod tests {
     fn a_check_that_panics_after_a_panicked_commit_latches_the_handle() {
         let (_dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
-        let now = Timestamp(1_800_000_000_000);
         store
             .writer
             .shared()
@@ -945,13 +934,24 @@ mod tests {
         for answer in run_batch(&store, &at, &[super::COMMIT_PANICS_IN_TESTS, "x"]) {
             answer.expect_err("not committed");
         }
+        latched_saying(&runtime, store, at, "the check's own panic");
+    }
+
+    /// Checks that the next recording on `store` is refused, saying to reopen the file and
+    /// repeating `cause`; then closes the store.
+    fn latched_saying(
+        runtime: &tokio::runtime::Runtime,
+        store: crate::RedbStore,
+        at: SessionRef,
+        cause: &str,
+    ) {
         let ok = NewEvent::new(at, EventKind::Compacted, ActorType::System, "after");
         let err = runtime
-            .block_on(store.record(ok, now))
+            .block_on(store.record(ok, Timestamp(1_800_000_000_000)))
             .expect_err("the handle is latched");
         let chain = awareness_core::error::ErrorChain(&err).to_string();
         assert!(
-            chain.contains("reopened") && chain.contains("the check's own panic"),
+            chain.contains("reopened") && chain.contains(cause),
             "{chain}"
         );
         runtime.block_on(store.close());

@@ -1693,14 +1693,9 @@ pub(crate) mod tests {
         drop(reopened);
     }
 
-    /// The flush thread of the bounded mode waits one interval before its first flush and,
-    /// after each, what is left of the next interval (timed from when that flush began), never
-    /// longer. (A mutation review made it wait three and eight intervals, and every test
-    /// passed: the crash test's margin for a busy disk, 300 ms, outlasts eight of its 25 ms
-    /// intervals, and no test may time the thread.)
-    #[test]
-    fn the_flush_thread_waits_one_interval_at_most() {
-        let dir = tempfile::tempdir().expect("dir");
+    /// A new store file in `dir`, opened: the handle (the database stays open while it lives)
+    /// and its shared state.
+    fn new_shared(dir: &tempfile::TempDir) -> (super::Handle, Arc<super::Shared>) {
         let handle = open_shared(
             &dir.path().join("state.redb"),
             super::Mode::Create,
@@ -1709,6 +1704,18 @@ pub(crate) mod tests {
         )
         .expect("open");
         let shared = Arc::clone(handle.shared());
+        (handle, shared)
+    }
+
+    /// The flush thread of the bounded mode waits one interval before its first flush and,
+    /// after each, what is left of the next interval (timed from when that flush began), never
+    /// longer. (A mutation review made it wait three and eight intervals, and every test
+    /// passed: the crash test's margin for a busy disk, 300 ms, outlasts eight of its 25 ms
+    /// intervals, and no test may time the thread.)
+    #[test]
+    fn the_flush_thread_waits_one_interval_at_most() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_handle, shared) = new_shared(&dir);
         let (tell, told) = std::sync::mpsc::channel();
         *lock(&FLUSHER_WAITS) = Some((shared.path.clone(), tell));
         let interval = Duration::from_millis(30);
@@ -1735,14 +1742,7 @@ pub(crate) mod tests {
     #[test]
     fn a_flush_returns_only_after_the_flush_in_progress_has_committed() {
         let dir = tempfile::tempdir().expect("dir");
-        let handle = open_shared(
-            &dir.path().join("state.redb"),
-            super::Mode::Create,
-            1 << 20,
-            false,
-        )
-        .expect("open");
-        let shared = Arc::clone(handle.shared());
+        let (_handle, shared) = new_shared(&dir);
         shared.mark_unflushed();
         // A long write in progress: it holds redb's write lock.
         let long_write = shared

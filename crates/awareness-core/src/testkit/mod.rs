@@ -28,7 +28,7 @@
 //! truncated one), an empty file becoming a new store, two opens of a new file at once, an open
 //! cancelled at any moment, and (on Unix) new files private to their owner, and, in a test
 //! target of their own, [`permission_suite!`](crate::permission_suite): an open by a user who
-//! may not write the directory or the file. Those that can open a file read-only
+//! may not write the directory or the file, or read the file. Those that can open a file read-only
 //! stamp [`read_only_suite!`](crate::read_only_suite), the checks of [`read_only`].
 
 use std::any::Any;
@@ -841,9 +841,10 @@ macro_rules! open_suite {
     };
 }
 
-/// Stamps the checks of an open by a user who may not write the store's directory or its file
-/// ([`open`]: [`open::a_directory_without_write_permission_gives_a_clear_error`],
-/// [`open::a_store_file_the_user_may_not_write_gives_a_clear_error`]; Unix only) for a store
+/// Stamps the checks of an open by a user who may not write the store's directory or its file,
+/// or read its file ([`open`]: [`open::a_directory_without_write_permission_gives_a_clear_error`],
+/// [`open::a_store_file_the_user_may_not_write_gives_a_clear_error`],
+/// [`open::a_store_file_the_user_may_not_read_gives_a_clear_error`]; Unix only) for a store
 /// factory, as [`open_suite!`] takes it.
 ///
 /// Stamp it in a test target of its own (a `tests/*.rs` file that holds nothing else): each
@@ -859,6 +860,7 @@ macro_rules! permission_suite {
             $open;
             a_directory_without_write_permission_gives_a_clear_error,
             a_store_file_the_user_may_not_write_gives_a_clear_error,
+            a_store_file_the_user_may_not_read_gives_a_clear_error,
         );
     };
 }

@@ -5,9 +5,9 @@
 //! store; two opens of a new path at once both succeed and share one store; an open
 //! cancelled at any moment leaves nothing but the store's own files, and a path that opens;
 //! (on Unix) the files a new store creates are private to their owner (mode 0600); and (on
-//! Unix) an open by a user who may not write the directory or the store's file gives a
-//! [`StoreError::Open`] naming the file where it cannot work, never a store that fails on its
-//! first write. Those two open as another user (`nobody`, when the tests run as root) in a
+//! Unix) an open by a user who may not write the directory or the store's file, or read the
+//! file, gives a [`StoreError::Open`] naming the file where it cannot work, never a store that
+//! fails on its first write. Those three open as another user (`nobody`, when the tests run as root) in a
 //! process of their own: the test binary, started again to run just that test, which then
 //! opens the path it is given and reports instead of running the check ([`ThisTest`]); they
 //! are stamped apart, in a test target of their own ([`crate::permission_suite!`]).
@@ -1000,6 +1000,44 @@ pub async fn a_store_file_the_user_may_not_write_gives_a_clear_error(
     let t = open(&f, &existing).await;
     assert_eq!(
         t.store.state_version(&kid).await.expect("version"),
+        Sequence(1),
+        "the store is intact"
+    );
+    t.close().await;
+}
+
+/// An open of a store's file the user may not read (as root, root's file of mode 0600 opened by
+/// `nobody` in a process of its own; otherwise the user's own file made 0200), in a directory
+/// the user may write, is refused with a [`StoreError::Open`] naming the file, of kind
+/// [`OpenFailure::PermissionDenied`], and nothing in the directory changes. (store-sqlite
+/// answered `Other` for it, SQLite saying only that it could not open the file: shown by a
+/// review running as `nobody`, untested while the tests ran as root.)
+#[cfg(unix)]
+pub async fn a_store_file_the_user_may_not_read_gives_a_clear_error(
+    f: impl OpenFile,
+    test: ThisTest,
+) {
+    if attempt_when_asked(&f).await {
+        return;
+    }
+    let (outer, open_dir, existing) = a_store_of_one_event(&f, "open").await;
+    set_mode(&open_dir, 0o777);
+    set_mode(&existing, if is_root(outer.path()) { 0o600 } else { 0o200 });
+    let before = contents(&open_dir);
+
+    let answer = as_another_user(test, outer.path(), &existing);
+    assert_refused_naming("a store file the user may not read", &answer, &existing);
+    let after = contents(&open_dir);
+    assert!(
+        after == before,
+        "a refused open changed the directory: before {:?}, after {:?}",
+        sizes(&before),
+        sizes(&after)
+    );
+    set_mode(&existing, 0o600);
+    let t = open(&f, &existing).await;
+    assert_eq!(
+        t.store.state_version(&child()).await.expect("version"),
         Sequence(1),
         "the store is intact"
     );

@@ -984,7 +984,6 @@ pub async fn a_store_file_the_user_may_not_write_gives_a_clear_error(
     }
     let (outer, open_dir, existing) = a_store_of_one_event(&f, "open").await;
     set_mode(&open_dir, 0o777);
-    let kid = child();
     // Root's file, readable by others, is not theirs to write; a user's own file is made
     // read-only.
     set_mode(&existing, if is_root(outer.path()) { 0o644 } else { 0o444 });
@@ -996,22 +995,15 @@ pub async fn a_store_file_the_user_may_not_write_gives_a_clear_error(
         std::fs::read(&existing).expect("read the store") == bytes,
         "a refused open wrote into the file"
     );
-    set_mode(&existing, 0o600);
-    let t = open(&f, &existing).await;
-    assert_eq!(
-        t.store.state_version(&kid).await.expect("version"),
-        Sequence(1),
-        "the store is intact"
-    );
-    t.close().await;
+    opens_intact(&f, &existing).await;
 }
 
 /// An open of a store's file the user may not read (as root, root's file of mode 0600 opened by
 /// `nobody` in a process of its own; otherwise the user's own file made 0200), in a directory
 /// the user may write, is refused with a [`StoreError::Open`] naming the file, of kind
-/// [`OpenFailure::PermissionDenied`], and nothing in the directory changes. (store-sqlite
-/// answered `Other` for it, SQLite saying only that it could not open the file: shown by a
-/// review running as `nobody`, untested while the tests ran as root.)
+/// [`OpenFailure::PermissionDenied`], and nothing in the directory changes. (A mutation review
+/// removed store-sqlite's look at the file when SQLite says only that it cannot open it, which
+/// then answered `Other`, and every test passed: they ran as root, which reads every file.)
 #[cfg(unix)]
 pub async fn a_store_file_the_user_may_not_read_gives_a_clear_error(
     f: impl OpenFile,
@@ -1034,8 +1026,15 @@ pub async fn a_store_file_the_user_may_not_read_gives_a_clear_error(
         sizes(&before),
         sizes(&after)
     );
-    set_mode(&existing, 0o600);
-    let t = open(&f, &existing).await;
+    opens_intact(&f, &existing).await;
+}
+
+/// Makes the store of [`a_store_of_one_event`] its owner's again (mode 0600), and checks that
+/// it opens with its one event.
+#[cfg(unix)]
+async fn opens_intact(f: &impl OpenFile, existing: &Path) {
+    set_mode(existing, 0o600);
+    let t = open(f, existing).await;
     assert_eq!(
         t.store.state_version(&child()).await.expect("version"),
         Sequence(1),

@@ -578,6 +578,29 @@ async fn a_turn_dropped_after_its_acknowledgement_leaves_its_lines_to_the_next_t
     assert!(w.svc.drain_turn(&k(MANAGER)).await.is_empty(), "shown once");
 }
 
+/// What a dropped turn settled on (its acknowledgement committed) goes to the next turn even
+/// when that turn cannot read the cursors (decision 0003): returning only the lines nobody had
+/// read yet passed every other test, and the notice, acknowledged, was never shown.
+#[tokio::test]
+async fn a_turn_that_cannot_read_the_cursors_still_shows_what_a_dropped_turn_settled_on() {
+    let w = World::with_a_dropped_turn().await;
+    let exec = w.queue_an_exec_line();
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Cursors);
+    let mut read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    read.sort();
+    let mut want = vec![notice(Sequence(1)), exec.text];
+    want.sort();
+    assert_eq!(
+        read, want,
+        "the dropped turn's notice and the queued line, though the cursors could not be read"
+    );
+    *w.store.hook.refuse_at.lock().unwrap() = None;
+    assert!(
+        w.svc.drain_turn(&k(MANAGER)).await.is_empty(),
+        "shown once: nothing carried on, nothing pending"
+    );
+}
+
 /// Bug: a turn dropped while it read the cursors lost the other lines it had drained from the
 /// queue (the notices came back from the cursors, the rest did not).
 #[tokio::test]

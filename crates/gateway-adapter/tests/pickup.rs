@@ -1462,6 +1462,67 @@ async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
     assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
 }
 
+/// A hook that refuses one call of a kind, the `nth` (from 0) the store is asked.
+struct RefuseNth {
+    call: Call,
+    nth: usize,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+#[awareness_core::async_trait]
+impl Hook for RefuseNth {
+    fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
+        use std::sync::atomic::Ordering;
+        (call == self.call && self.asked.fetch_add(1, Ordering::SeqCst) == self.nth).then(|| {
+            awareness_core::StoreError::backend(
+                "read cursors",
+                std::io::Error::other("the store failed once"),
+            )
+        })
+    }
+}
+
+/// A pick-up that cannot read one watcher's cursors still delivers the others' notices, and
+/// says it is not complete, so that the task makes it again (decision 0014): said complete, as
+/// it was with that failure left uncounted and every test passing, the task took the notice as
+/// delivered and never looked for it again until the recovery interval.
+#[tokio::test]
+async fn a_pick_up_that_cannot_read_one_watchers_cursors_is_not_complete() {
+    let inner = Arc::new(MemoryStore::new());
+    // The listing of every pending cursor is the first read; MANAGER's own, the second.
+    let store = Arc::new(Hooked {
+        inner: inner.clone(),
+        hook: RefuseNth {
+            call: Call::Cursors,
+            nth: 1,
+            asked: std::sync::atomic::AtomicUsize::default(),
+        },
+    });
+    let (svc, queue, wake) = common::service_in(store, None, directory(&[MANAGER, NESTED]));
+    written_elsewhere(&*inner, &[MANAGER, NESTED]).await;
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 1,
+            complete: false
+        },
+        "the nested session's notice queued, the manager's read failed"
+    );
+    assert!(texts(&queue, MANAGER).is_empty());
+    assert_eq!(texts(&queue, NESTED).len(), 1);
+    assert!(wake.all().is_empty(), "nobody woken yet");
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 1,
+            complete: true
+        },
+        "made again, the manager's notice is delivered"
+    );
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert_eq!(wake.all(), [k(MANAGER)]);
+}
+
 /// A notice lost from its queue comes back within the recovery interval even when that is
 /// shorter than the pick-up interval: the task asks at the shorter of the two. It came back only
 /// at the pick-up interval, ten minutes here (review, stop 55).

@@ -4138,6 +4138,33 @@ mod tests {
         );
     }
 
+    /// A look at the watchers skipped for their turn that succeeds, made while a failed whole
+    /// pick-up backs off, does not end its retries: only a whole pick-up says every pending
+    /// notice was delivered. (Taking it for one passed every other test: the retry was lost,
+    /// and the notices the failed pick-up missed waited for the recovery interval.)
+    #[test]
+    fn the_pickup_schedule_keeps_retrying_a_failed_pick_up_past_a_look_at_busy_watchers() {
+        let w = SessionKey::new("agent:main:main").unwrap();
+        let mut s = PickupSchedule::default();
+        assert_eq!(s.due(Answer::Known(5), false, false), Due::All);
+        s.picked_up(Answer::Known(5), true, attempt(true, &[&w]));
+        assert_eq!(s.due(Answer::Known(5), false, false), Due::All, "retried");
+        s.picked_up(Answer::Known(5), true, attempt(true, &[&w]));
+        assert_eq!(
+            s.due(Answer::Known(5), false, false),
+            Due::Busy(vec![w.clone()]),
+            "backing off: the busy watcher alone"
+        );
+        s.picked_up(Answer::Known(5), false, attempt(false, &[]));
+        assert_eq!(
+            s.due(Answer::Known(5), false, false),
+            Due::All,
+            "the failed whole pick-up is still retried"
+        );
+        s.picked_up(Answer::Known(5), true, attempt(false, &[]));
+        assert_eq!(s.due(Answer::Known(5), false, false), Due::Nothing);
+    }
+
     /// An answer not known is picked up at the first question of a run of them, then only at
     /// a question a hint brought (or at the recovery interval), never taken for a known answer
     /// seen; a failed pick-up at it is made again, backing off as at a known answer, except at a

@@ -1349,11 +1349,15 @@ async fn a_turn_whose_cursor_read_hangs_shows_its_queued_lines() {
 /// acknowledgement, and the next turns behind its lock. Now the turn shows what it read once
 /// `AwarenessConfig::store_wait` has passed; the next turn shows the lines queued for it
 /// without waiting for the lock for good; and once the acknowledgement commits, nothing the
-/// first turn showed is shown again.
+/// first turn showed is shown again, nor is the session woken for it (the wake a turn dropped
+/// while it acknowledges would owe is not owed by one that showed what it read: paid all the
+/// same, as it was with that condition left out and every other test passing, it woke the
+/// session for lines it had seen).
 #[tokio::test(start_paused = true)]
 async fn a_turn_whose_acknowledgement_hangs_shows_what_it_read_once() {
     let mut w = World::new().await;
     let first = w.human().await;
+    let woken = w.wake.count(&k(MANAGER));
     let turn = w.turn_at_the_gate().await;
     assert_eq!(
         texts(&within_an_hour(turn).await.expect("the turn")),
@@ -1372,6 +1376,11 @@ async fn a_turn_whose_acknowledgement_hangs_shows_what_it_read_once() {
         w.cursor().await.last_seen,
         first,
         "the acknowledgement committed"
+    );
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        woken,
+        "no wake for what the turn showed"
     );
     assert!(
         w.svc.drain_turn(&k(MANAGER)).await.is_empty(),

@@ -842,6 +842,28 @@ async fn a_reset_takes_the_wake_owed_with_the_notices() {
     assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
 }
 
+/// The same with the wake still owed when the reset comes (the turn the first wake brought
+/// was dropped too): the reset takes it. In the test above the wake was paid before the
+/// reset, and keeping the debt through the reset passed every test.
+#[tokio::test]
+async fn a_reset_takes_a_wake_owed_again_with_the_notices() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let exec = w.queue_an_exec_line();
+    let turn = w.turn_at_the_gate().await;
+    dropped(turn).await;
+    // The acknowledgement committed; its answer, held at the gate, returns.
+    w.store.hook.permits.add_permits(1);
+    settle().await;
+    w.pick_up_wakes(0, "woken for the lines as the acknowledgement ended")
+        .await;
+    w.drop_a_turn_at(Call::Cursors).await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    w.pick_up_wakes(0, "the wake owed again went with the notice")
+        .await;
+    assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
+}
+
 /// A reset made while a dropped turn's acknowledgement holds the watcher's lock, with the next
 /// turn waiting for that lock: the lock goes straight to the waiting turn (neither the
 /// acknowledgement letting it go nor a pick-up finds it free), and that turn, taking it, drops

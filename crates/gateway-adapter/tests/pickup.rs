@@ -387,6 +387,32 @@ async fn a_watch_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
     assert_eq!(wake.all(), [k(MANAGER)]);
 }
 
+/// A watch that makes an ambient cursor explicit wakes nobody when the notice's line is not
+/// queued here (never delivered by this gateway, or drained by a turn that may be
+/// acknowledging it): the watch queues nothing, and the session would wake to nothing to read.
+/// The next pick-up queues the line and wakes the session, the cursor explicit now. (Waking
+/// whether or not the line was queued passed every test: the one above has it queued.)
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_watch_that_makes_an_ambient_notice_not_queued_explicit_wakes_nobody() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = ambient_manager(&dir.path().join("state.sqlite")).await;
+    let (svc, queue, wake) = common::service_in(store, None, directory(&[MANAGER]));
+    let outcome = svc
+        .watch_after_send(&k(MANAGER), &k(CHILD), None, true)
+        .await;
+    assert!(outcome.watched, "{outcome:?}");
+    assert!(wake.all().is_empty(), "no line queued: nobody woken");
+    assert!(texts(&queue, MANAGER).is_empty(), "a watch queues nothing");
+    assert_eq!(svc.pick_up().await.queued, 1);
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert_eq!(
+        wake.all(),
+        [k(MANAGER)],
+        "woken by the pick-up, once: the cursor is explicit"
+    );
+}
+
 /// Bug (review, stop 53): a spawn's seed keeps a pending cursor the spawner has on the child
 /// and makes it explicit when it was ambient, as a watch does, but woke nobody: the line of an
 /// ambient cursor was queued without a wake, every recording after the spawn hands out the same

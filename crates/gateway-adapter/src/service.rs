@@ -3832,6 +3832,49 @@ mod tests {
         assert!(locks.map().contains_key(&w));
     }
 
+    /// Two deletions of a watcher marked while its lock is held, their store writes committing
+    /// in the other order than they began: the mark keeps the later one's number, which drops
+    /// lines taken between the two. (The mark taking whichever write came last passed every
+    /// other test: the lines of a deleted watcher stayed.)
+    #[tokio::test]
+    async fn marks_made_out_of_order_keep_the_later_number() {
+        let locks = TurnLocks::default();
+        let w = SessionKey::new("agent:main:main").unwrap();
+        let first = locks.reset_begins();
+        let second = locks.reset_begins();
+        let mut guard = locks.lock(&w).await;
+        guard.carried().unread.push(QueuedEntry {
+            text: "a line taken after the first deletion began".into(),
+            context_key: None,
+        });
+        guard.carried().stamp = first;
+        locks.forget(&w, second, Forget::All);
+        locks.forget(&w, first, Forget::All);
+        drop(guard);
+        assert!(
+            locks.map().is_empty(),
+            "the second deletion, begun after the line was taken, dropped it"
+        );
+    }
+
+    /// A lock let go whose lines the turn that settled on them showed ([`Carried::claim`])
+    /// carries nothing for the next turn, and its entry goes: kept, as it was with the claim
+    /// left out of [`Carried::is_empty`] and every other test passing, each watcher whose
+    /// acknowledgement outlived its turn's wait kept an entry for the process's life.
+    #[tokio::test]
+    async fn a_lock_whose_lines_were_shown_leaves_no_entry() {
+        let locks = TurnLocks::default();
+        let w = SessionKey::new("agent:main:main").unwrap();
+        let mut guard = locks.lock(&w).await;
+        guard.carried().read.push(QueuedEntry {
+            text: "a notice its turn showed".into(),
+            context_key: None,
+        });
+        guard.carried().claim = Some(Arc::new(AtomicBool::new(true)));
+        drop(guard);
+        assert!(locks.map().is_empty());
+    }
+
     /// Text a row of another writer holds (decision 0013) is shown on one line per event: a line
     /// break in its kind, actor id or summary could otherwise put a forged event line before
     /// the model. The payload is shown, compact and cut, so that a burst of twelve turns does

@@ -1970,3 +1970,48 @@ async fn a_pick_up_overlapping_a_deletion_leaves_no_line_in_the_deleted_watchers
         "no line for the deleted watcher"
     );
 }
+
+/// A deletion of a watcher waits for its lock as a turn waits for it, three store waits: an
+/// acknowledgement of the watcher that committed before the deletion holds the lock for as
+/// long as the store takes to answer (its turn stops waiting after one), and queues its
+/// follow-up for the deleted watcher when it returns, which the deletion then takes out of
+/// the queue. (A deletion waiting one store wait passed every other test, and the follow-up
+/// stayed queued for the process's life.) The clock is tokio's paused one.
+#[tokio::test(start_paused = true)]
+async fn a_deletion_waits_three_store_waits_for_an_acknowledgement_holding_the_lock() {
+    let mut w = World::new().await;
+    w.human().await;
+    let turn = w.turn_at_the_gate().await;
+    // A change the acknowledgement will not cover: its answer carries a follow-up.
+    w.human().await;
+    // The acknowledgement commits now, and its answer is held at the gate.
+    *w.store.hook.at.lock().unwrap() = (Call::Acknowledge, true);
+    w.store.hook.permits.add_permits(1);
+    w.entered
+        .recv()
+        .await
+        .expect("the acknowledgement committed");
+    let svc = Arc::clone(&w.svc);
+    let manager = SessionRef::parse(MANAGER, "main").unwrap();
+    let delete = tokio::spawn(async move { svc.try_on_delete(&manager).await });
+    let store_wait = AwarenessConfig::default().store_wait;
+    tokio::time::sleep(store_wait * 2).await;
+    assert_eq!(
+        texts(&turn.await.expect("the turn")),
+        vec![notice(Sequence(1))],
+        "the turn stopped waiting for its acknowledgement and showed what it read"
+    );
+    assert!(
+        !delete.is_finished(),
+        "two store waits in, the deletion still waits for the lock"
+    );
+    w.open_gate();
+    delete.await.expect("the deletion ends").expect("deleted");
+    // The acknowledgement's task, done by now, whichever let go first.
+    settle().await;
+    assert_eq!(
+        w.queue.peek(&k(MANAGER)),
+        Vec::<QueuedEntry>::new(),
+        "the acknowledgement's follow-up for the deleted watcher is taken out"
+    );
+}

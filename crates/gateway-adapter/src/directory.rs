@@ -72,7 +72,9 @@ impl SessionDirectory for InMemoryDirectory {
 }
 
 /// A requester sees itself, the sessions it spawned (transitively) and the sessions that spawned
-/// it (its ancestors), following `spawned_by` / `parent_session_key` in the directory.
+/// it (its ancestors), following `spawned_by` / `parent_session_key` in the directory, up to 32
+/// levels of spawning (so that a directory whose entries name each other ends the search): a
+/// session spawned 33 levels below another is not seen by it, nor sees it.
 pub struct SpawnTree {
     directory: Arc<dyn SessionDirectory>,
 }
@@ -176,12 +178,55 @@ mod tests {
             &r("agent:main:main", "main")
         ));
         assert!(!p.can_see(&ops, &r("agent:main:subagent:a", "main")));
+        // Another agent's session of a key in main's tree is not in it: the rule that a
+        // target's key names its own agent could be dropped without a test failing (review,
+        // stop 60), and main then saw ops's `agent:main:subagent:a`.
+        assert!(!p.can_see(&main, &r("agent:main:subagent:a", "ops")));
+        assert!(!p.can_see(&main, &r("agent:main:subagent:a:subagent:b", "ops")));
         assert!(!p.can_see(&ops, &main));
         assert!(p.can_see(&ops, &ops));
         // Its own key of another agent is not itself.
         assert!(!p.can_see(&main, &r("agent:main:main", "ops")));
         assert!(p.can_see(&r("global", "main"), &r("global", "main")));
         assert!(!p.can_see(&r("global", "main"), &r("global", "ops")));
+    }
+
+    /// A spawn chain is followed [`MAX_DEPTH`] (32) levels up, and no further: a directory
+    /// whose entries name each other as spawners (a loop) answers "not an ancestor" instead of
+    /// hanging. (A depth of 10 passed every test before this one.)
+    #[test]
+    fn a_spawn_chain_is_followed_32_levels_and_a_loop_ends() {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let k = |s: &str| SessionKey::new(s).unwrap();
+        let level = |n: usize| format!("agent:main:subagent:s{n}");
+        let spawned_by = |spawner: &str| SessionEntry {
+            spawned_by: Some(k(spawner)),
+            ..SessionEntry::default()
+        };
+        dir.upsert(k("agent:main:main"), SessionEntry::default());
+        dir.upsert(k(&level(1)), spawned_by("agent:main:main"));
+        for n in 2..=33 {
+            dir.upsert(k(&level(n)), spawned_by(&level(n - 1)));
+        }
+        // Two sessions that name each other.
+        dir.upsert(
+            k("agent:main:subagent:p"),
+            spawned_by("agent:main:subagent:q"),
+        );
+        dir.upsert(
+            k("agent:main:subagent:q"),
+            spawned_by("agent:main:subagent:p"),
+        );
+        let policy = SpawnTree::new(dir);
+        let r = |s: &str| SessionRef::parse(s, "main").unwrap();
+        let main = r("agent:main:main");
+        for n in 1..=32 {
+            assert!(policy.can_see(&main, &r(&level(n))), "{n} levels down");
+            assert!(policy.can_see(&r(&level(n)), &main), "{n} levels up");
+        }
+        assert!(!policy.can_see(&main, &r(&level(33))));
+        assert!(!policy.can_see(&r("agent:main:subagent:p"), &main));
+        assert!(!policy.can_see(&main, &r("agent:main:subagent:q")));
     }
 
     /// Under `session.scope = "global"` each agent has its own `global`, and a directory entry

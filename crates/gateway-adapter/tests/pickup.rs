@@ -865,11 +865,14 @@ async fn a_question_the_store_does_not_answer_in_time_picks_up() {
     let capture = common::Capture::default();
     let _logs = capture.install();
     let took = woken_after_a_question_that_hangs(Duration::from_secs(2)).await;
+    // 500 ms, as decision 0014 says: compared with the constant itself, a patience three
+    // times as long passed (review of stop 60).
     assert_eq!(
         took,
-        gateway_adapter::QUESTION_PATIENCE,
+        Duration::from_millis(500),
         "woken at the patience's end"
     );
+    assert_eq!(gateway_adapter::QUESTION_PATIENCE, took);
     assert_eq!(
         capture.said(&["cannot ask the store whether another writer committed"]),
         0,
@@ -1823,10 +1826,12 @@ async fn hints_at_every_commit_take_a_tenth_of_the_task_at_most() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     pickup.abort();
     let _ = pickup.await;
-    // One read of the pending cursors per pick-up: 11 here, 96 without the wait.
+    // One read of the pending cursors per pick-up: 11 here, 96 without the wait, and 5 with a
+    // wait three times as long (a 28th of the time: that passed the bounds 5 to 15 this test
+    // had, review of stop 60).
     let made = store.hook.reads.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
-        (5..=15).contains(&made),
+        (9..=13).contains(&made),
         "{made} pick-ups of 20 ms in 2 s of hints (a tenth of the time is ten)"
     );
 }

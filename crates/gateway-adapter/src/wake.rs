@@ -381,4 +381,46 @@ mod tests {
             "the window closed: at once"
         );
     }
+
+    /// The sink panicking on trailing wakes is warned of once per run of failures, and again
+    /// when it fails after a wake it took: a run that ended is not the run going on (the
+    /// count left as it was after a wake the sink took, as it was with its reset removed and
+    /// every other test passing, logged a new failure at debug level, which nobody sees).
+    #[tokio::test(start_paused = true)]
+    async fn a_sink_failing_again_after_a_wake_it_took_is_warned_of_again() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _logs = capture.install();
+        let taken = Arc::new(Mutex::new(0_usize));
+        let kept = Arc::clone(&taken);
+        let sink: WakeSink = Arc::new(move |_, _: &str| {
+            let mut n = kept.lock().unwrap();
+            *n += 1;
+            let failing = [2, 3, 5].contains(&*n);
+            drop(n);
+            assert!(!failing, "the heartbeat runner failed");
+        });
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        waker.wake(&main, "first");
+        waker.wake(&main, "trailing");
+        // At 20 s the trailing wake fails, at 40 s again, at 60 s it is taken.
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        assert_eq!(*taken.lock().unwrap(), 4);
+        waker.wake(&main, "later");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(*taken.lock().unwrap(), 5, "the later trailing wake failed");
+        let said = |what: &str, level: &str| capture.said(&[what, level]);
+        assert_eq!(
+            said("panicked; it is tried again", "level=WARN"),
+            2,
+            "the first failure of each run: {:#?}",
+            capture.lines()
+        );
+        assert_eq!(
+            said("panicked again; it is tried again", "level=DEBUG"),
+            1,
+            "{:#?}",
+            capture.lines()
+        );
+    }
 }

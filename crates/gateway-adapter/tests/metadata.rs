@@ -138,6 +138,8 @@ async fn a_long_or_broken_channel_still_records_the_human_message_and_notifies()
 
 #[tokio::test]
 async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
     let w = World::watched().await;
     let dedupe = format!("k\n{}", "d".repeat(MAX_DEDUPE_KEY_BYTES));
     let msg = || {
@@ -159,6 +161,21 @@ async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
         msg
     };
     let first = w.svc.human_message(msg()).await.expect("recorded");
+    // Each fitted id is warned of once, naming it and the session: the only sign, outside the
+    // stored event, that the gateway sent a broken one (the warning could be dropped without a
+    // test failing: review of stop 60).
+    for field in ["actor id", "run id", "dedupe key"] {
+        assert_eq!(
+            capture.said(&[
+                &format!("the {field} broke the key rules"),
+                "session_key=agent:main:subagent:worker",
+                "level=WARN"
+            ]),
+            1,
+            "{field}: {:#?}",
+            capture.lines()
+        );
+    }
     let e = w.only(EventKind::HumanDirectMessage).await;
     assert_eq!(e.summary, "human message via telegram");
     assert_eq!(

@@ -1887,6 +1887,47 @@ async fn a_write_that_fails_after_its_caller_gave_up_is_logged() {
     let count = |text: &str| lines.iter().filter(|l| l.contains(text)).count();
     assert_eq!(count("disk I/O error"), 1, "{lines:#?}");
     assert_eq!(count("session-state event not recorded"), 1, "{lines:#?}");
+
+    // The same for a turn's acknowledgement, which the turn waits for: it shows what it read,
+    // the notice stays pending for the next turn, and the failure is warned of once, with the
+    // watcher and the cause (that warning could be dropped without a test failing: review of
+    // stop 60).
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let w = World::gated(Call::Acknowledge, false).await;
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Acknowledge);
+    w.open_gate();
+    w.human().await;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))]
+    );
+    w.svc.wait_for_writes().await;
+    assert!(w.cursor().await.is_pending(), "nothing acknowledged");
+    assert_eq!(
+        capture.said(&[
+            "acknowledge failed; the notices stay pending",
+            MANAGER,
+            "disk I/O error",
+            "level=WARN"
+        ]),
+        1,
+        "{:#?}",
+        capture.lines()
+    );
+    assert_eq!(
+        capture.said(&["disk I/O error"]),
+        1,
+        "{:#?}",
+        capture.lines()
+    );
+    *w.store.hook.refuse_at.lock().unwrap() = None;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "shown again, and acknowledged now"
+    );
+    assert!(!w.cursor().await.is_pending());
 }
 
 /// `Awareness::on_delete` of a watcher takes the session-state notices queued for it out of

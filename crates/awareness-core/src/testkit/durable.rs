@@ -517,6 +517,37 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(
         b2,
         "a repeated watch within a day committed a write"
     );
+    // Nor do writes that find nothing to change: an acknowledgement of a target the watcher has
+    // no cursor on, a reset of a session that watches nothing, a deletion of a session the
+    // store has never heard of, an unwatch of no watch. Counted as commits, each would send
+    // every other gateway looking for notices (store-postgres committed and notified them all
+    // the same under mutation, and every test passed: review of stop 60).
+    let nobody = r("agent:main:subagent:nobody", "main");
+    a.store
+        .acknowledge(&manager, &[AckTarget::any(nobody.session_key.clone())], T0)
+        .await
+        .expect("acknowledge nothing");
+    assert_eq!(foreign(&b).await, b2, "an acknowledgement of nothing");
+    assert_eq!(
+        a.store
+            .reset_watcher(&nobody.session_key)
+            .await
+            .expect("reset nothing"),
+        0
+    );
+    assert_eq!(foreign(&b).await, b2, "a reset of a watcher of nothing");
+    a.store
+        .delete_session(&nobody)
+        .await
+        .expect("delete nothing");
+    assert_eq!(foreign(&b).await, b2, "a deletion of an unknown session");
+    assert!(
+        !a.store
+            .unwatch(&manager, &nobody.session_key)
+            .await
+            .expect("unwatch nothing")
+    );
+    assert_eq!(foreign(&b).await, b2, "an unwatch of no watch");
 }
 
 /// A store that pushes commit hints gives one as it begins to listen (or poll), with no

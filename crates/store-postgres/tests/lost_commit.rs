@@ -756,3 +756,77 @@ async fn a_recording_whose_write_never_arrived_lets_go_of_the_lock() {
         );
     }
 }
+
+/// A recording's `COMMIT` that the server ends with an administrator's error (`57P01`: its
+/// session terminated while the `COMMIT` ran; `pg_ctl stop -m fast` sends the same) may have
+/// committed or not, as a lost connection may: the store asks the server, learns here that
+/// nothing committed, and records the event again, once. Taken for a refusal (nothing written,
+/// `Busy`, as it was with `57P` left out of the lost answers and every test passing: review of
+/// stop 60), the caller got an error, and a retry of a `COMMIT` that had in fact committed
+/// recorded the event twice. The `COMMIT` is held by a deferred constraint trigger that waits
+/// for an advisory lock the test holds, so that the session is terminated at its `COMMIT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_an_administrator_ends_is_asked_about_and_recorded_once() {
+    use sqlx::ConnectOptions as _;
+    let (store, schema) = server::fresh_store().await;
+    let store = Arc::new(store);
+    let s = schema.name().to_owned();
+    let mut admin = server::server().connect().await.expect("connect");
+    // The two-key advisory locks are apart from the store's own (one 64-bit key).
+    for sql in [
+        format!(
+            "CREATE FUNCTION \"{s}\".wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_advisory_xact_lock_shared(hashtext(TG_TABLE_SCHEMA), 57); \
+             RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER wait_at_commit AFTER INSERT ON \
+             \"{s}\".session_state_events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+             EXECUTE FUNCTION \"{s}\".wait_at_commit()"
+        ),
+        format!("SELECT pg_advisory_lock(hashtext('{s}'), 57)"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+            .expect("set up");
+    }
+    let recording = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.record(event(0), T0).await }
+    });
+    // The store's session, waiting at its COMMIT for the lock.
+    let pid: i32 = loop {
+        let waiting: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event = 'advisory' \
+             AND query = 'COMMIT' AND pid <> pg_backend_pid()",
+        )
+        .fetch_optional(&mut admin)
+        .await
+        .expect("look");
+        if let Some(pid) = waiting {
+            break pid;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&mut admin)
+        .await
+        .expect("terminate");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_advisory_unlock(hashtext('{s}'), 57)"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("unlock");
+    let recorded = recording
+        .await
+        .expect("the recording's task")
+        .expect("the caller gets its event");
+    assert_eq!(
+        committed(&store, Sequence(0)).await,
+        vec![(recorded.event.sequence.get(), "message 0".to_owned())],
+        "recorded once"
+    );
+}

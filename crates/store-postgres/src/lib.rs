@@ -1154,6 +1154,13 @@ mod tests {
                 "the URL gives ssl%6dod=",
                 "postgres://u@h/db?ssl%6dod=***",
             ),
+            // Review of stop 60: an `options[` key without its `]` passed, and sqlx dropped
+            // the setting unsaid.
+            (
+                "postgres://u@h/db?options[statement_timeout=5s",
+                "the URL gives options[statement_timeout=, which neither sqlx",
+                "postgres://u@h/db?options[statement_timeout=***",
+            ),
             // Second reading, stop 56: a `?` then a `=` inside a password not percent-encoded
             // made the query hide the `@` the redaction looks for.
             (

@@ -1277,6 +1277,12 @@ async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
             .await
             .expect("adopt");
     }
+    // Scanned before it became unreadable: the adoption over it below keeps none of that.
+    assert!(
+        u.mark_scanned(&torn, T0.plus_ms(1))
+            .await
+            .expect("mark scanned")
+    );
     if spoil {
         // A row whose key is spoiled answers to no ref from then on: every listing below
         // leaves it out.
@@ -1358,6 +1364,9 @@ async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
         again.created,
         "nothing of the unreadable link is kept: {again:?}"
     );
+    // Not its scan either (store-postgres kept the old `last_scanned_at` under mutation, and
+    // every test passed: review of stop 60).
+    assert_eq!(again.link.last_scanned_at, None, "{again:?}");
     assert_eq!(u.link(&torn).await.expect("link"), Some(again.link));
     assert_eq!(listed().await, [kept.clone(), torn.clone(), gone.clone()]);
 

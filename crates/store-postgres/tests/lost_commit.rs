@@ -631,6 +631,34 @@ async fn a_lost_commit_whose_events_are_not_in_the_log_as_written_is_an_unknown_
     assert_unknown_outcome(&e, &["does not hold its events as written"]);
 }
 
+/// The same for a batch whose log holds only some of its events as written (here the second
+/// of two deleted right after the commit): every caller's outcome is unknown, the first's
+/// too. (Taking any of them found for all of them passed every test: review of stop 60.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_of_a_batch_whose_log_holds_part_of_it_is_an_unknown_outcome() {
+    let proxy = Proxy::start();
+    let (store, _direct, schema) = stores(&proxy, |o| o).await;
+    let before = store.record(event(100), T0).await.expect("record");
+    // The first recording commits alone (before + 1); the batch of the other two (before + 2
+    // and + 3) loses its answer, and the second of them is gone.
+    *proxy.state.after_commit.lock().expect("after_commit") = Some(format!(
+        "DELETE FROM \"{}\".session_state_events WHERE sequence = {}",
+        schema.0,
+        before.event.sequence.get() + 3
+    ));
+    proxy.arm(Fault::LoseAnswer, 1);
+    let answers = record_behind_the_lock(&store, &schema.0, 3).await;
+    assert_eq!(store.largest_batch(), 2);
+    assert_eq!(proxy.swallowed(), 1);
+    assert!(answers[0].is_ok(), "{:?}", answers[0]);
+    for answer in answers.iter().skip(1) {
+        let e = answer
+            .as_ref()
+            .expect_err("the batch is not in the log as written");
+        assert_unknown_outcome(e, &["does not hold its events as written"]);
+    }
+}
+
 /// A recording that is a dedupe hit loses its `COMMIT` (which would only have moved the
 /// counter): its caller gets the stored event, as it would have either way, in one
 /// transaction, even when the server cannot be asked (here it refuses the store's later

@@ -533,6 +533,18 @@ mod tests {
         // Whitespace before the cut is not kept in front of the ellipsis.
         let spaced = fit("", &format!("{} {}", "a".repeat(198), "b".repeat(9)), "x");
         assert_eq!(spaced, format!("{}…", "a".repeat(198)));
+        // The review of stop 60 found these three edges untested (each passed under mutation):
+        // text that cleans to nothing but is not blank gets the fallback (a goal summary of
+        // "\0" was "" and refused as blank); a cleaned text that fits exactly, the prefix
+        // counted, keeps its last character.
+        assert_eq!(
+            fit_summary("via ", "\u{0}", "unknown"),
+            ("via unknown".into(), true)
+        );
+        assert_eq!(fit("", "\u{0}", "goal changed"), "goal changed");
+        let exact = fit_summary("via ", &format!("a\n{}", "b".repeat(194)), "x");
+        assert_eq!(exact, (format!("via a {}", "b".repeat(194)), true));
+        assert_eq!(exact.0.chars().count(), MAX_SUMMARY_CHARS);
     }
 
     #[test]
@@ -558,6 +570,37 @@ mod tests {
             assert!(fitted.contains("…#"), "{fitted}");
             assert_eq!(key("run id", &fitted), Ok(()));
         }
+        // The review of stop 60 found these edges untested (each passed under mutation). A
+        // cut between the bytes of a three-byte character moves back to its start, not past
+        // it: the key fits, at either limit.
+        for (value, max) in [
+            ("€".repeat(2000), MAX_KEY_BYTES),
+            ("€".repeat(5000), MAX_DEDUPE_KEY_BYTES),
+        ] {
+            let fitted = fit_key(&value, max);
+            assert!(fitted.len() <= max, "{} > {max}", fitted.len());
+            assert!(fitted.contains("…#"), "{fitted}");
+        }
+        assert_eq!(
+            key("run id", &fit_key(&"€".repeat(2000), MAX_KEY_BYTES)),
+            Ok(())
+        );
+        assert_eq!(
+            dedupe_key(&fit_key(&"€".repeat(5000), MAX_DEDUPE_KEY_BYTES)),
+            Ok(())
+        );
+        // A valid key of exactly the limit is returned as it is.
+        let whole = "r".repeat(MAX_KEY_BYTES);
+        assert!(matches!(
+            fit_key(&whole, MAX_KEY_BYTES),
+            std::borrow::Cow::Borrowed(v) if v == whole
+        ));
+        // A cleaned key that fits exactly with its hash (`#` and 16 hex digits) is not cut.
+        // "\n" cleans to U+FFFD, three bytes: 3 + 1004 + 17 = 1024.
+        let broken = format!("\n{}", "r".repeat(MAX_KEY_BYTES - 20));
+        let cleaned_fits = fit_key(&broken, MAX_KEY_BYTES);
+        assert_eq!(cleaned_fits.len(), MAX_KEY_BYTES, "{cleaned_fits}");
+        assert!(!cleaned_fits.contains('…'), "cut needlessly");
     }
     use serde_json::json;
 

@@ -1114,6 +1114,18 @@ mod tests {
             (Sequence(1), Sequence(7), Sequence(7), Timestamp(2))
         );
         assert_eq!(n.last_seen, Sequence(1));
+        // A row notified past its material (a hand edit, decision 0023) is torn: re-frozen,
+        // it is written back to `notified := material` (DESIGN.md section 4), which repairs
+        // it. (Left as it was passed every test: review of stop 60.)
+        let mut torn = p;
+        torn.notified = Sequence(1000);
+        let (c, n) = refreeze(&torn, Timestamp(3)).unwrap();
+        let c = c.expect("repaired: written");
+        assert_eq!(
+            (c.last_seen, c.notified, c.material),
+            (Sequence(1), Sequence(7), Sequence(7))
+        );
+        assert_eq!(n.last_seen, Sequence(1));
     }
 
     #[test]

@@ -345,6 +345,8 @@ macro_rules! conformance_suite {
             record_assigns_increasing_sequences,
             session_status_never_names_an_event_its_page_left_out,
             session_status_across_a_delete_between_its_reads_agrees_with_itself,
+            session_status_across_a_head_lost_between_its_reads_reads_the_version_again,
+            pending_of_lists_only_pending_cursors,
             a_store_keeps_the_audit_invariants,
             pruning_never_creates_a_head,
             a_session_without_its_head_keeps_its_events,

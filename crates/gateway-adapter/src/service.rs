@@ -3837,7 +3837,7 @@ mod tests {
     /// lines taken between the two. (The mark taking whichever write came last passed every
     /// other test: the lines of a deleted watcher stayed.)
     #[tokio::test]
-    async fn marks_made_out_of_order_keep_the_latest_reset() {
+    async fn marks_made_out_of_order_keep_the_later_number() {
         let locks = TurnLocks::default();
         let w = SessionKey::new("agent:main:main").unwrap();
         let first = locks.reset_begins();

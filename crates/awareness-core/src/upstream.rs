@@ -870,6 +870,20 @@ mod tests {
             "strictly after the previous token even within the same millisecond"
         );
 
+        // Rebased later, created_at still stays. (Above, at the same millisecond, a rebase that
+        // reset it to now passed: review of stop 60.)
+        let mut later = spec();
+        later.thread_id = "t3".into();
+        let rebased_later = plan_upsert(Some(&link), later, Timestamp(500)).unwrap();
+        assert!(rebased_later.outcome.rebased);
+        assert_eq!(
+            (
+                rebased_later.outcome.link.created_at,
+                rebased_later.outcome.link.updated_at
+            ),
+            (Timestamp(100), Timestamp(500))
+        );
+
         // A changed reference alone is a changed source too.
         let moved = spec().with_ref(json!({"path": "/tmp/elsewhere.jsonl"}));
         assert!(
@@ -1011,6 +1025,34 @@ mod tests {
         assert!(human_dedupe_key(&link, "s", &id).ends_with(&format!(":{id}")));
         let over = "d".repeat(MAX_DEDUPE_ID_BYTES + 1);
         assert!(!human_dedupe_key(&link, "s", &over).contains(&over));
+        // The values the decisions give, not only the constants: 16 KiB of JSON (0021), an id
+        // of 64 bytes kept as it is (0004). (Either constant halved or cut by one passed every
+        // test: review of stop 60.)
+        assert!(validate_json("marker", Some(&sized(16 * 1024))).is_ok());
+        let id64 = "d".repeat(64);
+        assert!(human_dedupe_key(&link, "s", &id64).ends_with(&format!(":{id64}")));
+    }
+
+    /// A marker's exact number ([`exact_u64`]) is digits only, with no sign, and never
+    /// negative: a marker another writer edited to `"+5"` or `-1` is refused, not read as 5 or
+    /// 2^64 - 1. (Both passed every test under mutation: review of stop 60.)
+    #[test]
+    fn an_exact_number_refuses_a_sign_and_a_negative() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Marker {
+            #[serde(with = "exact_u64")]
+            ino: u64,
+        }
+        let read = |v: serde_json::Value| serde_json::from_value::<Marker>(v).map(|m| m.ino);
+        assert_eq!(read(json!({"ino": "5"})).unwrap(), 5);
+        assert_eq!(read(json!({"ino": 5})).unwrap(), 5);
+        for bad in [
+            json!({"ino": "+5"}),
+            json!({"ino": -1}),
+            json!({"ino": "-1"}),
+        ] {
+            assert!(read(bad.clone()).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -1054,6 +1096,20 @@ mod tests {
         );
         // Pinned: stored dedupe keys must not change between releases.
         assert_eq!(hex, "21eed463bc424bae");
+        // Sixteen digits also when the hash begins with zeros (one source in sixteen; without
+        // the padding those keys changed, and human turns were recorded again: review of stop
+        // 60).
+        let source = (0..10_000)
+            .map(|i| format!("/tmp/s{i}.jsonl"))
+            .find(|s| source_hash(&link, s) < 1 << 60)
+            .expect("one hash in sixteen begins with a zero");
+        let padded = human_dedupe_key(&link, &source, "id");
+        let digits = padded
+            .strip_prefix("upstream:agent:main:main:")
+            .and_then(|rest| rest.strip_suffix(":id"))
+            .expect("the key's parts");
+        assert_eq!(digits.len(), 16, "{padded}");
+        assert!(digits.starts_with('0'), "{padded}");
         // Another agent under the same key, another source, another id: other keys.
         let mut other_agent = link.clone();
         other_agent.session = SessionRef::parse("agent:main:main", "ops").unwrap();
@@ -1143,6 +1199,18 @@ mod tests {
             ..NormalizedText::new(4)
         };
         assert!(!hashed_empty.is_sound(4), "nothing fed, something hashed");
+        // A pending space only after some text (a state edited by hand: resumed, it would
+        // hash " x" where the session's own prompt hashes "x"; accepted under mutation, every
+        // test passing: review of stop 60).
+        let mut stored = serde_json::to_value(NormalizedText::new(4)).unwrap();
+        assert!(
+            serde_json::from_value::<NormalizedText>(stored.clone())
+                .unwrap()
+                .is_sound(4)
+        );
+        stored["pending_space"] = json!(true);
+        let edited: NormalizedText = serde_json::from_value(stored).unwrap();
+        assert!(!edited.is_sound(4), "{edited:?}");
         // Fed anyway (a caller that did not ask): the count stays at its end.
         let mut at_end = counted(u64::MAX);
         at_end.push_str(" c d");

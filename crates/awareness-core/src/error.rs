@@ -487,6 +487,22 @@ mod tests {
         );
     }
 
+    /// A host's error wrapping a store's.
+    #[derive(Debug)]
+    struct Outer(StoreError);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("open the gateway's store")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
     #[test]
     fn the_chain_shows_every_cause_once() {
         let busy = StoreError::Busy {
@@ -510,18 +526,6 @@ mod tests {
         // Every level, not the first source alone: an error that wraps a store's error (a
         // host's own) shows the root cause two levels down. (One level passed every test:
         // review of stop 60.)
-        #[derive(Debug)]
-        struct Outer(StoreError);
-        impl std::fmt::Display for Outer {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("open the gateway's store")
-            }
-        }
-        impl std::error::Error for Outer {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
         let outer = Outer(StoreError::backend(
             "read heads",
             std::io::Error::other("disk full"),
@@ -538,6 +542,7 @@ mod tests {
     /// stop 60).
     #[test]
     fn open_failures_read_as_their_docs_say() {
+        use std::io::ErrorKind;
         for (kind, words) in [
             (OpenFailure::NotFound, "not found"),
             (OpenFailure::NotAStore, "not a store"),
@@ -550,7 +555,6 @@ mod tests {
         ] {
             assert_eq!(kind.to_string(), words, "{kind:?}");
         }
-        use std::io::ErrorKind;
         for (io, kind) in [
             (ErrorKind::NotFound, OpenFailure::NotFound),
             (ErrorKind::PermissionDenied, OpenFailure::PermissionDenied),

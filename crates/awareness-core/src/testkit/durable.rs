@@ -1911,6 +1911,22 @@ pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: im
         names_event(reason, damaged),
         "the reason names it: {reason}"
     );
+    // So does the reading of the log under the audit, whatever its page (at least one row: a
+    // page of 0 read nothing and answered a sound log, and a halving that stopped at two rows
+    // never gave event 1; both passed every test, the audit's page size halving down to one
+    // row: review of stop 60).
+    for page in [0, 1, 2, 4, 5000] {
+        let mut read = Vec::new();
+        let stop = crate::audit::read_log(s, page, |events| {
+            read.extend(events.iter().map(|e| e.sequence));
+        })
+        .await
+        .expect("read the log")
+        .unwrap_or_else(|| panic!("page {page}: the damaged row stops the reading"));
+        assert_eq!(read, [Sequence(1)], "page {page}");
+        assert_eq!(stop.after, Sequence(1), "page {page}");
+        assert!(names_event(&stop.error.to_string(), damaged), "page {page}");
+    }
 }
 
 /// A recording on a session whose head row the store cannot read succeeds and writes a readable

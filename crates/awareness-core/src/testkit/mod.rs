@@ -357,6 +357,7 @@ macro_rules! conformance_suite {
             keys_that_prefix_each_other_stay_apart,
             a_changes_since_beyond_any_stored_sequence_is_ahead,
             auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up,
+            auditing_a_live_store_drops_findings_its_fresh_reads_settle,
             record_returns_every_field,
             text_fields_round_trip_exactly,
             payload_keys_keep_the_order_they_were_recorded_in,

@@ -1660,4 +1660,31 @@ mod tests {
             "it stopped at the wait after the interrupted read"
         );
     }
+
+    /// A store's error that names the command as a step of its own, followed by a `:` (the
+    /// file named before it), is not prefixed with the command again: `store busy: /x.db:
+    /// watch: ...`, not `watch: store busy: ... watch: ...`. (Only a following space counted,
+    /// under mutation, and every test passed: review of stop 60.)
+    #[test]
+    fn a_store_error_naming_the_command_before_a_colon_names_it_once() {
+        assert!(names_command(
+            "store busy: /x.db: watch: database is locked",
+            "watch"
+        ));
+        assert!(names_command("x: watch", "watch"));
+        assert!(!names_command("x: watcher.db: locked", "watch"));
+        // The usage error's ordinal of an eleventh argument (the teens end in "th").
+        for (n, said) in [
+            (1, "1st"),
+            (2, "2nd"),
+            (3, "3rd"),
+            (11, "11th"),
+            (12, "12th"),
+            (13, "13th"),
+            (21, "21st"),
+            (111, "111th"),
+        ] {
+            assert_eq!(ordinal(n), said);
+        }
+    }
 }

@@ -151,6 +151,14 @@ mod tests {
             ],
         );
         assert_eq!(t, "a     bb\nlong  x\ns     yy\n");
+        // Widths in characters, not bytes: a key or a summary that is not ASCII stays in line.
+        // (Counted in bytes, `é` widened its column, and every test passed: review of stop
+        // 60.)
+        let t = render(
+            &["a", "b"],
+            &[vec!["é".into(), "x".into()], vec!["e".into(), "y".into()]],
+        );
+        assert_eq!(t, "a  b\né  x\ne  y\n");
     }
 
     /// A cell holding a line break or a terminal escape stays on its row, as spaces.

@@ -830,6 +830,45 @@ async fn monitor_links(
 mod tests {
     use super::*;
 
+    /// A monitor whose output failed says how many detections went unread when the channel
+    /// dropped some (its capacity of one, here, behind three sent). (Left out, as under
+    /// mutation with every test passing, the message said nothing of them: review of stop
+    /// 60.)
+    #[test]
+    fn a_failed_output_counts_the_detections_that_went_unread() {
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(1);
+        for _ in 0..3 {
+            let _ = tx.send(Detection::Deferred { session: s.clone() });
+        }
+        let e = output_failed(CliError::failure("cannot write output: x"), None, &mut rx);
+        assert!(
+            e.message.contains("2 detection(s) went unread"),
+            "{}",
+            e.message
+        );
+    }
+
+    /// The `adopted` event is found past the first page of the session's log (200 events): an
+    /// adoption whose event came back after 250 others is not reported as unrecorded. (One
+    /// page read passed every test: review of stop 60.)
+    #[tokio::test]
+    async fn the_adopted_event_is_found_past_the_first_page() {
+        use awareness_core::{ActorType, NewEvent, Timestamp};
+        let store = gateway_adapter::open_store("memory:").await.unwrap();
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let now = Timestamp::now();
+        for _ in 0..250 {
+            let e = NewEvent::new(s.clone(), EventKind::GoalChanged, ActorType::System, "g");
+            store.record(e, now).await.unwrap();
+        }
+        let mut e = NewEvent::new(s.clone(), EventKind::Adopted, ActorType::System, "adopted");
+        e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
+        store.record(e, now).await.unwrap();
+        let found = recorded_adoption(&*store, &s).await.unwrap();
+        assert_eq!(found.map(|e| e.sequence), Some(Sequence(251)));
+    }
+
     /// Bug (review, stop 55): GNU `timeout` signals its child, then the child's whole process
     /// group, so a command got one SIGTERM (or Ctrl-C) twice within microseconds, took the
     /// second for a second request and exited (130) without closing its store; a redb file

@@ -296,3 +296,24 @@ fn a_server_out_of_reach_exits_75_with_a_hint() {
         );
     }
 }
+
+/// `unwatch` of a cursor that does not exist fails (exit 1), naming it, on PostgreSQL too,
+/// where no read-only look at a file stops it before the store: the store's answer is read.
+/// (Reported as removed, exit 0, passed every test: review of stop 60.)
+#[test]
+fn an_unwatch_of_a_cursor_that_does_not_exist_fails() {
+    let schema = Schema::fresh();
+    let url = schema.url();
+    let run = |args: &[&str]| run(&[&["--store", url.as_str()][..], args].concat());
+    let watched = run(&["watch", "agent:main:main", "agent:main:subagent:x"]);
+    assert!(watched.status.success(), "{}", stderr(&watched));
+    let typo = run(&["unwatch", "agent:main:main", "agent:main:subagent:typo"]);
+    assert_fails(
+        &typo,
+        1,
+        "no cursor of agent:main:main on agent:main:subagent:typo",
+        "unwatch of no cursor",
+    );
+    let gone = run(&["unwatch", "agent:main:main", "agent:main:subagent:x"]);
+    assert!(gone.status.success(), "{}", stderr(&gone));
+}

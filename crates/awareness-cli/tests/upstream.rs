@@ -1112,3 +1112,41 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
     let o = run(&["--store", "memory:", "repair"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// `adopt` of a session from another file says the link was rebased; `adopt` lists as watchers
+/// only cursors on this agent's session of the key, not another agent's. (The rebase told as
+/// "kept", and a watcher of another agent's `global` listed, passed every test: review of stop
+/// 60.)
+#[test]
+fn adopt_says_a_rebase_and_lists_only_this_agents_watchers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    for file in [&a, &b] {
+        std::fs::write(file, "{}\n").unwrap();
+    }
+    let adopt = |session: &str, file: &Path, json: bool| {
+        let mut args = vec!["--store", store.as_str()];
+        if json {
+            args.push("--json");
+        }
+        args.extend(["adopt", session, "--file", file.to_str().unwrap()]);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        o
+    };
+    let first = adopt("agent:main:worker", &a, false);
+    assert!(text(&first).contains("(new link)"), "{}", text(&first));
+    let moved = adopt("agent:main:worker", &b, false);
+    assert!(
+        text(&moved).contains("(the source changed: rebased)"),
+        "{}",
+        text(&moved)
+    );
+    // ops's main session watches ops's `global`, not main's.
+    let watched = run(&["--store", &store, "watch", "agent:ops:main", "global"]);
+    assert!(watched.status.success(), "{}", text(&watched));
+    let o = adopt("global", &a, true);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["watchedBy"], serde_json::json!([]), "{v}");
+}

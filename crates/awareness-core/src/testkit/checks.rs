@@ -4545,16 +4545,20 @@ pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) 
     }
 }
 
-/// Deletes the child once, right after the first read of heads.
-#[derive(Default)]
-struct DeletesAfterTheVersion(std::sync::atomic::AtomicBool);
+/// Deletes the child once, right after the store first answers a call of its kind (`Heads`:
+/// after the version's read).
+struct DeletesOnceAfter(super::hooked::Call, std::sync::atomic::AtomicBool);
+
+impl DeletesOnceAfter {
+    fn new(call: super::hooked::Call) -> Self {
+        Self(call, std::sync::atomic::AtomicBool::new(false))
+    }
+}
 
 #[async_trait::async_trait]
-impl super::hooked::Hook for DeletesAfterTheVersion {
+impl super::hooked::Hook for DeletesOnceAfter {
     async fn after(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
-        if matches!(call, super::hooked::Call::Heads)
-            && !self.0.swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        if call == self.0 && !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
             store.delete_session(&child()).await.expect("delete");
         }
     }
@@ -4569,7 +4573,7 @@ pub async fn session_status_across_a_delete_between_its_reads_agrees_with_itself
     for (after, ahead) in [(2, true), (0, false)] {
         let racing = super::hooked::Hooked {
             inner: t.store.clone(),
-            hook: DeletesAfterTheVersion::default(),
+            hook: DeletesOnceAfter::new(super::hooked::Call::Heads),
         };
         for _ in 0..3 {
             rec(t.store.as_ref(), human(&child()), T0).await;
@@ -4722,21 +4726,6 @@ pub async fn auditing_a_live_store_reports_no_problem_a_write_between_reads_made
     assert_eq!((audit.heads, audit.cursors), (0, 1), "what it read");
 }
 
-/// Deletes the child once, right after the cursors are listed.
-#[derive(Default)]
-struct DeletesAfterCursors(std::sync::atomic::AtomicBool);
-
-#[async_trait::async_trait]
-impl super::hooked::Hook for DeletesAfterCursors {
-    async fn after(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
-        if matches!(call, super::hooked::Call::Cursors)
-            && !self.0.swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            store.delete_session(&child()).await.expect("delete");
-        }
-    }
-}
-
 /// Deletes the child once its events are read, records on it again once the heads are listed,
 /// and fails every page of its changes as a row the store cannot read would.
 #[derive(Default)]
@@ -4776,7 +4765,7 @@ pub async fn auditing_a_live_store_drops_findings_its_fresh_reads_settle(t: &Sub
     rec(&*t.store, human(&child()), T0).await;
     let live = super::hooked::Hooked {
         inner: t.store.clone(),
-        hook: DeletesAfterCursors::default(),
+        hook: DeletesOnceAfter::new(super::hooked::Call::Cursors),
     };
     let audit = crate::audit::audit_store(&live).await.expect("audit");
     assert!(

@@ -310,18 +310,22 @@ fn tail_across_gaps_on(store: &str) {
         assert_eq!(record(Some("same")), 23, "one row, 24 hits");
     }
     assert_eq!(record(None), 48);
-    let o = run_in(dir.path(), &["--store", store, "--json", "tail"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let shown: Vec<u64> = stdout(&o)
+    let want: Vec<u64> = (5..=23).chain([48]).collect();
+    assert_eq!(tailed(dir.path(), store), want, "{store}");
+}
+
+/// The sequences `tail --json` prints on `store`, run in `dir`.
+fn tailed(dir: &Path, store: &str) -> Vec<u64> {
+    let o = run_in(dir, &["--store", store, "--json", "tail"]);
+    assert!(o.status.success(), "{store}: {}", stderr(&o));
+    stdout(&o)
         .lines()
         .map(|l| {
             serde_json::from_str::<Value>(l).unwrap()["sequence"]
                 .as_u64()
                 .unwrap()
         })
-        .collect();
-    let want: Vec<u64> = (5..=23).chain([48]).collect();
-    assert_eq!(shown, want, "{store}");
+        .collect()
 }
 
 #[test]
@@ -2155,17 +2159,11 @@ fn tail_shows_the_last_twenty_events_of_a_log_without_gaps() {
         let url = format!("{scheme}://{}", dir.path().join("t.db").display());
         let now = awareness_core::Timestamp::now();
         record_through_library(&url, &[("agent:main:subagent:a", now); 25]);
-        let o = run_in(dir.path(), &["--store", &url, "--json", "tail"]);
-        assert!(o.status.success(), "{scheme}: {}", stderr(&o));
-        let shown: Vec<u64> = stdout(&o)
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<Value>(l).unwrap()["sequence"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(shown, (6..=25).collect::<Vec<_>>(), "{scheme}");
+        assert_eq!(
+            tailed(dir.path(), &url),
+            (6..=25).collect::<Vec<_>>(),
+            "{scheme}"
+        );
     }
 }
 

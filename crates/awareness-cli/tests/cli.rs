@@ -1482,6 +1482,17 @@ fn record_through_library(url: &str, events: &[(&str, awareness_core::Timestamp)
     });
 }
 
+/// Records on `key` in a new store at `url` two events past the 30 days `prune` keeps, then two
+/// recent ones.
+fn two_old_events_then_two_recent(url: &str, key: &str) {
+    let now = awareness_core::Timestamp::now();
+    let long_ago = now.minus_ms(40 * awareness_core::Timestamp::DAY_MS);
+    record_through_library(
+        url,
+        &[(key, long_ago), (key, long_ago), (key, now), (key, now)],
+    );
+}
+
 /// `tail --after` reads the log 500 events a read and reads on while a read comes back full:
 /// with 501 events it prints all 501, in sequence order, on each backend, and a text table has
 /// its header once. Had it stopped at a full page, it would have printed 500.
@@ -1764,13 +1775,7 @@ fn text_status_prints_the_history_gap_and_truncated_apart() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("{scheme}://{}", dir.path().join("state.db").display());
         let key = "agent:main:subagent:c1";
-        let now = awareness_core::Timestamp::now();
-        let long_ago = now.minus_ms(40 * awareness_core::Timestamp::DAY_MS);
-        // Two events past the 30 days `prune` keeps, then two recent ones.
-        record_through_library(
-            &url,
-            &[(key, long_ago), (key, long_ago), (key, now), (key, now)],
-        );
+        two_old_events_then_two_recent(&url, key);
         let pruned = json(&run_in(dir.path(), &["--store", &url, "--json", "prune"]));
         assert_eq!(pruned["deleted"]["eventsByAge"], 2, "{scheme}: {pruned}");
 
@@ -2211,12 +2216,7 @@ fn text_list_and_status_print_their_numbers_and_events_under_their_headers() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("t.db").display());
     let key = "agent:main:subagent:c1";
-    let now = awareness_core::Timestamp::now();
-    let long_ago = now.minus_ms(40 * awareness_core::Timestamp::DAY_MS);
-    record_through_library(
-        &url,
-        &[(key, long_ago), (key, long_ago), (key, now), (key, now)],
-    );
+    two_old_events_then_two_recent(&url, key);
     let pruned = run_in(dir.path(), &["--store", &url, "prune"]);
     assert!(pruned.status.success(), "{}", stderr(&pruned));
     let list = run_in(dir.path(), &["--store", &url, "list"]);

@@ -4707,16 +4707,21 @@ impl super::hooked::Hook for DeletesBeforeHeads {
     }
 }
 
-/// [`crate::audit::audit_store`] on a live store reports no problem that a write between its
-/// reads made up: the child deleted and watched again after its events and the manager's
-/// cursor on it were read looks like events without a head and an orphaned cursor, and is
-/// neither.
-pub async fn auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up(t: &Subject) {
+/// The manager watches the child, which has one event (a notice pending).
+async fn a_watched_child_with_an_event(t: &Subject) {
     t.store
         .watch(&w(MANAGER), &child(), T0)
         .await
         .expect("watch");
     rec(&*t.store, human(&child()), T0).await;
+}
+
+/// [`crate::audit::audit_store`] on a live store reports no problem that a write between its
+/// reads made up: the child deleted and watched again after its events and the manager's
+/// cursor on it were read looks like events without a head and an orphaned cursor, and is
+/// neither.
+pub async fn auditing_a_live_store_reports_no_problem_a_write_between_reads_made_up(t: &Subject) {
+    a_watched_child_with_an_event(t).await;
     let live = super::hooked::Hooked {
         inner: t.store.clone(),
         hook: DeletesBeforeHeads,
@@ -4758,11 +4763,7 @@ impl super::hooked::Hook for DeletedAndBackUnreadable {
 /// head, even when its page cannot be read. (Reporting the finding regardless, in either case,
 /// passed every test: review of stop 60.)
 pub async fn auditing_a_live_store_drops_findings_its_fresh_reads_settle(t: &Subject) {
-    t.store
-        .watch(&w(MANAGER), &child(), T0)
-        .await
-        .expect("watch");
-    rec(&*t.store, human(&child()), T0).await;
+    a_watched_child_with_an_event(t).await;
     let live = super::hooked::Hooked {
         inner: t.store.clone(),
         hook: DeletesOnceAfter::new(super::hooked::Call::Cursors),

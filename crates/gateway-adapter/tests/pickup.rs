@@ -495,27 +495,6 @@ async fn a_spawn_that_makes_a_queued_ambient_notice_explicit_wakes_the_session()
     assert_eq!(wake.all(), [k(MANAGER)]);
 }
 
-/// A hook that refuses the first call of its kind (a store failing once).
-#[cfg(feature = "sqlite")]
-struct RefuseFirst {
-    call: Call,
-    refused: std::sync::atomic::AtomicBool,
-}
-
-#[cfg(feature = "sqlite")]
-#[awareness_core::async_trait]
-impl Hook for RefuseFirst {
-    fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
-        use std::sync::atomic::Ordering;
-        (call == self.call && !self.refused.swap(true, Ordering::SeqCst)).then(|| {
-            awareness_core::StoreError::backend(
-                "read a cursor",
-                std::io::Error::other("the store failed once"),
-            )
-        })
-    }
-}
-
 /// Bug (review, stop 53): a watch or a spawn that could not read whether the cursor was ambient
 /// (a read that failed, or took half the store wait) counted it as explicit and woke nobody;
 /// when it was ambient, its queued line then waited for good, as in the tests above. Not known
@@ -528,10 +507,7 @@ async fn a_watch_or_a_spawn_that_cannot_read_the_cursor_still_wakes_the_session(
         let dir = tempfile::tempdir().expect("temp dir");
         let store = Arc::new(Hooked {
             inner: ambient_manager(&dir.path().join("state.sqlite")).await,
-            hook: RefuseFirst {
-                call: Call::Cursor,
-                refused: std::sync::atomic::AtomicBool::new(false),
-            },
+            hook: RefuseNth::new(Call::Cursor, 0),
         });
         let cursor = store
             .inner
@@ -553,7 +529,7 @@ async fn a_watch_or_a_spawn_that_cannot_read_the_cursor_still_wakes_the_session(
             assert!(outcome.watched, "{outcome:?}");
         }
         assert!(
-            store.hook.refused.load(std::sync::atomic::Ordering::SeqCst),
+            store.hook.asked.load(std::sync::atomic::Ordering::SeqCst) > 0,
             "the read failed"
         );
         assert_eq!(wake.all(), [k(MANAGER)], "spawn: {spawn}");
@@ -1507,11 +1483,23 @@ async fn a_queue_that_panics_for_one_watcher_costs_the_others_nothing() {
     assert_eq!(wake.count(&k(MANAGER)), 1, "the main session is woken");
 }
 
-/// A hook that refuses one call of a kind, the `nth` (from 0) the store is asked.
+/// A hook that refuses one call of a kind, the `nth` (from 0) the store is asked (a store
+/// failing once).
 struct RefuseNth {
     call: Call,
     nth: usize,
     asked: std::sync::atomic::AtomicUsize,
+}
+
+impl RefuseNth {
+    /// Refuses the `nth` call of kind `call` (from 0).
+    fn new(call: Call, nth: usize) -> Self {
+        Self {
+            call,
+            nth,
+            asked: std::sync::atomic::AtomicUsize::default(),
+        }
+    }
 }
 
 #[awareness_core::async_trait]
@@ -1537,11 +1525,7 @@ async fn a_pick_up_that_cannot_read_one_watchers_cursors_is_not_complete() {
     // The listing of every pending cursor is the first read; MANAGER's own, the second.
     let store = Arc::new(Hooked {
         inner: inner.clone(),
-        hook: RefuseNth {
-            call: Call::Cursors,
-            nth: 1,
-            asked: std::sync::atomic::AtomicUsize::default(),
-        },
+        hook: RefuseNth::new(Call::Cursors, 1),
     });
     let (svc, queue, wake) = common::service_in(store, None, directory(&[MANAGER, NESTED]));
     written_elsewhere(&*inner, &[MANAGER, NESTED]).await;
@@ -1652,12 +1636,7 @@ async fn a_watcher_whose_turn_keeps_running_does_not_hold_off_the_recovery_pick_
     const RECOVERY: Duration = Duration::from_secs(10);
     let store = Arc::new(Hooked {
         inner: Arc::new(MemoryStore::new()),
-        hook: HeldBefore {
-            call: Call::Cursors,
-            armed: std::sync::atomic::AtomicBool::new(false),
-            gate: tokio::sync::Semaphore::new(0),
-            reached: tokio::sync::Notify::new(),
-        },
+        hook: HeldBefore::new(Call::Cursors),
     });
     // Both watch the worker, whose change another writer recorded: neither line is queued.
     written_elsewhere(&*store.inner, &[MANAGER, ELSEWHERE]).await;
@@ -1988,6 +1967,18 @@ struct HeldBefore {
     reached: tokio::sync::Notify,
 }
 
+impl HeldBefore {
+    /// Holds every call `call` while armed; not armed yet.
+    fn new(call: Call) -> Self {
+        Self {
+            call,
+            armed: std::sync::atomic::AtomicBool::new(false),
+            gate: tokio::sync::Semaphore::new(0),
+            reached: tokio::sync::Notify::new(),
+        }
+    }
+}
+
 #[awareness_core::async_trait]
 impl Hook for HeldBefore {
     async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
@@ -2025,12 +2016,7 @@ async fn wakes_of_a_pick_up_owing_a_wake(explicit: &str, lost: &str) -> Vec<Sess
     });
     let store = Arc::new(Hooked {
         inner: acks.clone(),
-        hook: HeldBefore {
-            call: Call::Cursors,
-            armed: std::sync::atomic::AtomicBool::new(false),
-            gate: tokio::sync::Semaphore::new(0),
-            reached: tokio::sync::Notify::new(),
-        },
+        hook: HeldBefore::new(Call::Cursors),
     });
     let (svc, queue, mut woken) = woken_service(
         store.clone(),

@@ -281,6 +281,13 @@ impl World {
         turn
     }
 
+    /// The manager's deletion, on its own task.
+    fn delete_the_manager(&self) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        let svc = Arc::clone(&self.svc);
+        let manager = SessionRef::parse(MANAGER, "main").unwrap();
+        tokio::spawn(async move { svc.try_on_delete(&manager).await })
+    }
+
     fn open_gate(&self) {
         self.store
             .hook
@@ -1984,9 +1991,7 @@ async fn a_pick_up_overlapping_a_deletion_leaves_no_line_in_the_deleted_watchers
         .recv()
         .await
         .expect("the pick-up reads the manager's cursors");
-    let svc = Arc::clone(&w.svc);
-    let manager = SessionRef::parse(MANAGER, "main").unwrap();
-    let delete = tokio::spawn(async move { svc.try_on_delete(&manager).await });
+    let delete = w.delete_the_manager();
     settle().await;
     // The deletion committed before the pick-up's line is queued, and waits for its lock.
     assert!(
@@ -2032,9 +2037,7 @@ async fn a_deletion_waits_three_store_waits_for_an_acknowledgement_holding_the_l
         .recv()
         .await
         .expect("the acknowledgement committed");
-    let svc = Arc::clone(&w.svc);
-    let manager = SessionRef::parse(MANAGER, "main").unwrap();
-    let delete = tokio::spawn(async move { svc.try_on_delete(&manager).await });
+    let delete = w.delete_the_manager();
     let store_wait = AwarenessConfig::default().store_wait;
     tokio::time::sleep(store_wait * 2).await;
     assert_eq!(

@@ -43,6 +43,28 @@ fn as_role(role: &str) -> store_postgres::PgConnectOptions {
         .password("pw")
 }
 
+/// An open of the store in `schema` as `role`, a role made for it with `attributes` (`LOGIN
+/// PASSWORD 'pw'` and those) and dropped once the open has answered.
+async fn opened_as_a_new_role(
+    role: &str,
+    attributes: &str,
+    schema: &str,
+) -> Result<PgStore, StoreError> {
+    let mut conn = server::server().connect().await.expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw' {attributes}"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("make the role");
+    let opened = PgStore::connect(as_role(role), PgStoreOptions::new(schema)).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
+        .execute(&mut conn)
+        .await
+        .expect("drop the role");
+    opened
+}
+
 /// The tables of `schema` on the test server with a name of the store's (`session_...`; the
 /// server's own schemas hold others).
 async fn tables_of(schema: &str) -> Vec<String> {
@@ -116,18 +138,7 @@ async fn a_server_that_cannot_be_reached_is_a_retryable_error_naming_the_store()
 #[tokio::test]
 async fn a_server_with_no_connection_left_is_a_retryable_error_that_says_so() {
     let role = format!("{}_full", server::fresh_schema());
-    let mut conn = server::server().connect().await.expect("connect");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw' CONNECTION LIMIT 0"
-    )))
-    .execute(&mut conn)
-    .await
-    .expect("a role with no connection");
-    let opened = PgStore::connect(as_role(&role), PgStoreOptions::new("anything")).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
-        .execute(&mut conn)
-        .await
-        .expect("drop the role");
+    let opened = opened_as_a_new_role(&role, "CONNECTION LIMIT 0", "anything").await;
     let e = opened.expect_err("no connection for the role");
     assert!(e.is_retryable(), "{e:?}");
     let chain = awareness_core::error::ErrorChain(&e).to_string();
@@ -845,23 +856,12 @@ async fn an_open_cancelled_past_the_stores_lock_is_not_retryable() {
 async fn a_role_that_may_not_create_is_refused_a_missing_store_as_permission_denied() {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    let role = format!("{schema}_nc");
-    let mut conn = server::server().connect().await.expect("connect");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw'"
-    )))
-    .execute(&mut conn)
-    .await
-    .expect("a role with no rights");
-    let opened = PgStore::connect(as_role(&role), PgStoreOptions::new(schema.clone())).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
-        .execute(&mut conn)
-        .await
-        .expect("drop the role");
+    let opened = opened_as_a_new_role(&format!("{schema}_nc"), "", &schema).await;
     let e = opened.expect_err("refused");
     assert_eq!(e.open_failure(), Some(OpenFailure::PermissionDenied), "{e}");
     assert!(e.to_string().contains(&schema), "{e}");
     assert!(!e.is_retryable());
+    let mut conn = server::server().connect().await.expect("connect");
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
             .bind(&schema)

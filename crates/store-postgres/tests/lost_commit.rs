@@ -164,6 +164,14 @@ impl Proxy {
     fn after_fault(&self, later: Later) {
         *self.state.after_fault.lock().expect("after_fault") = later;
     }
+
+    /// Deletes the event `sequence` of the store in `schema` once the server has committed a
+    /// `COMMIT` whose answer is swallowed: the log no longer holds that event as written.
+    fn delete_after_commit(&self, schema: &str, sequence: u64) {
+        *self.state.after_commit.lock().expect("after_commit") = Some(format!(
+            "DELETE FROM \"{schema}\".session_state_events WHERE sequence = {sequence}"
+        ));
+    }
 }
 
 impl Drop for Proxy {
@@ -617,11 +625,7 @@ async fn a_lost_commit_whose_events_are_not_in_the_log_as_written_is_an_unknown_
     let proxy = Proxy::start();
     let (store, _direct, schema) = stores(&proxy, |o| o).await;
     let before = store.record(event(100), T0).await.expect("record");
-    *proxy.state.after_commit.lock().expect("after_commit") = Some(format!(
-        "DELETE FROM \"{}\".session_state_events WHERE sequence = {}",
-        schema.0,
-        before.event.sequence.get() + 1
-    ));
+    proxy.delete_after_commit(&schema.0, before.event.sequence.get() + 1);
     proxy.arm(Fault::LoseAnswer, 0);
     let e = store
         .record(event(0), T0)
@@ -641,11 +645,7 @@ async fn a_lost_commit_of_a_batch_whose_log_holds_part_of_it_is_an_unknown_outco
     let before = store.record(event(100), T0).await.expect("record");
     // The first recording commits alone (before + 1); the batch of the other two (before + 2
     // and + 3) loses its answer, and the second of them is gone.
-    *proxy.state.after_commit.lock().expect("after_commit") = Some(format!(
-        "DELETE FROM \"{}\".session_state_events WHERE sequence = {}",
-        schema.0,
-        before.event.sequence.get() + 3
-    ));
+    proxy.delete_after_commit(&schema.0, before.event.sequence.get() + 3);
     proxy.arm(Fault::LoseAnswer, 1);
     let answers = record_behind_the_lock(&store, &schema.0, 3).await;
     assert_eq!(store.largest_batch(), 2);
@@ -888,8 +888,14 @@ async fn a_commit_an_administrator_ends_is_asked_about_and_recorded_once() {
         let store = Arc::clone(&store);
         async move { store.record(event(0), T0).await }
     });
-    // The store's session, waiting at its COMMIT for the lock.
+    // The store's session, waiting at its COMMIT for the lock (a hang guard, never a timing
+    // assertion: it comes there in milliseconds).
+    let looked_since = std::time::Instant::now();
     let pid: i32 = loop {
+        assert!(
+            looked_since.elapsed() < std::time::Duration::from_mins(1),
+            "the recording's COMMIT never waited at the trigger"
+        );
         let waiting: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'advisory' \
              AND query = 'COMMIT' AND pid <> pg_backend_pid()",

@@ -1261,6 +1261,124 @@ mod tests {
         assert_eq!(missing as u64 + missed, 1100, "{lagged:?} in {lines} lines");
     }
 
+    /// A panic payload that panics again when dropped, with one level less, until level 0:
+    /// dropped by a catch, it raises a panic past it.
+    struct Explodes(u32);
+
+    impl Drop for Explodes {
+        fn drop(&mut self) {
+            if self.0 > 0 {
+                std::panic::panic_any(Explodes(self.0 - 1));
+            }
+        }
+    }
+
+    /// Links whose second listing (the monitor's first tick's) panics with [`Explodes`] of
+    /// level 2: the store call's catch drops it (level 1 raised), the tick's catch drops that
+    /// (level 0 raised, past it): the monitor's task ends, as no store can make it otherwise.
+    struct ListingExplodes {
+        inner: Arc<dyn FullStore>,
+        listings: std::sync::atomic::AtomicUsize,
+    }
+
+    #[awareness_core::async_trait]
+    impl UpstreamStore for ListingExplodes {
+        async fn upsert_link(
+            &self,
+            spec: LinkSpec,
+            now: awareness_core::Timestamp,
+        ) -> Result<awareness_core::UpsertOutcome, StoreError> {
+            self.inner.upsert_link(spec, now).await
+        }
+
+        async fn link(
+            &self,
+            session: &SessionRef,
+        ) -> Result<Option<awareness_core::UpstreamLink>, StoreError> {
+            self.inner.link(session).await
+        }
+
+        async fn links(&self) -> Result<Vec<awareness_core::UpstreamLink>, StoreError> {
+            if self.listings.fetch_add(1, Ordering::SeqCst) == 1 {
+                std::panic::panic_any(Explodes(2));
+            }
+            self.inner.links().await
+        }
+
+        async fn set_marker(
+            &self,
+            session: &SessionRef,
+            expected_updated_at: awareness_core::Timestamp,
+            marker: Value,
+            now: awareness_core::Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.inner
+                .set_marker(session, expected_updated_at, marker, now)
+                .await
+        }
+
+        async fn mark_scanned(
+            &self,
+            session: &SessionRef,
+            now: awareness_core::Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.inner.mark_scanned(session, now).await
+        }
+
+        async fn remove_link(
+            &self,
+            session: &SessionRef,
+            expected_updated_at: Option<awareness_core::Timestamp>,
+        ) -> Result<bool, StoreError> {
+            self.inner.remove_link(session, expected_updated_at).await
+        }
+    }
+
+    /// A monitor whose task ended by itself (a panic got past its catches) fails the command,
+    /// which says so, instead of running on with nothing printed until Ctrl-C; it is noticed
+    /// within the second it looks (the command is never stopped here). (The task's end not
+    /// looked for, or not made a failure, as under two mutations with every test passing, the
+    /// command ran on for good, or stopped with "monitor stopped" and exit 0: review of stop
+    /// 60.)
+    #[tokio::test]
+    async fn a_monitor_task_that_ends_by_itself_fails_the_command() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "awareness",
+            "--store",
+            "memory:",
+            "monitor",
+            "--first-tick-secs",
+            "0",
+        ])
+        .unwrap();
+        let crate::Command::Monitor(args) = &cli.command else {
+            unreachable!("a monitor command line")
+        };
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let links = Arc::new(ListingExplodes {
+            inner: store.clone(),
+            listings: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let mut out = Vec::new();
+        // A hang guard, not a measure: the task's end is looked for once a second.
+        let done = tokio::time::timeout(
+            Duration::from_mins(1),
+            monitor_links(&cli, args, store, links, std::future::pending(), &mut out),
+        )
+        .await
+        .expect("the command ended");
+        let e = done.expect_err("the task's end is a failure");
+        assert_eq!(e.code, crate::EXIT_FAILURE, "{}", e.message);
+        assert_eq!(
+            e.message,
+            "monitor: the monitor's task ended by itself (see the log)"
+        );
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.starts_with("monitoring 0 adopted session(s)"), "{out}");
+        assert!(!out.contains("monitor stopped"), "{out}");
+    }
+
     /// What a store does with the recordings it is asked for: answers them an hour late (far
     /// past the service's wait for the store), or refuses them.
     enum Recording {

@@ -42,6 +42,11 @@ enum Fault {
     /// and the server's connection stays open: its session waits in the transaction, holding
     /// the store's lock.
     StallWrite,
+    /// The `COMMIT` reaches the server; once the test calls [`Proxy::cut`] (the server busy
+    /// with the `COMMIT` meanwhile, so that no answer comes to pass), the store's side of the
+    /// connection closes and the server's stays open: the server goes on with the `COMMIT`,
+    /// whose answer goes nowhere.
+    CutAfterCommit,
 }
 
 /// What the proxy's connections share.
@@ -58,9 +63,13 @@ struct State {
     /// A statement run on the server (directly) once it has committed a `COMMIT` whose answer
     /// is swallowed, before the store's connection closes.
     after_commit: Mutex<Option<String>>,
-    /// The server's side of the connections of [`Fault::StallCommit`], and the connections
-    /// [`Later::Hang`] holds, kept open.
+    /// The server's side of the connections of [`Fault::StallCommit`] (and the others that
+    /// hold it), and the connections [`Later::Hang`] holds, kept open.
     held: Mutex<Vec<Box<dyn Send>>>,
+    /// Told by [`Proxy::cut`]: the cut of [`Fault::CutAfterCommit`] is made.
+    cut: tokio::sync::Notify,
+    /// Statements run through the proxy that end sessions (`pg_terminate_backend`).
+    terminations: AtomicUsize,
 }
 
 /// What becomes of the connections made to the proxy after it made a fault.
@@ -160,6 +169,17 @@ impl Proxy {
         self.state.swallowed.load(Ordering::SeqCst)
     }
 
+    /// Makes the cut of [`Fault::CutAfterCommit`] (now, or once its `COMMIT` has gone).
+    fn cut(&self) {
+        self.state.cut.notify_one();
+    }
+
+    /// How many statements that end sessions (`pg_terminate_backend`) the store ran through
+    /// the proxy.
+    fn terminations(&self) -> usize {
+        self.state.terminations.load(Ordering::SeqCst)
+    }
+
     /// What becomes of the connections made after the fault.
     fn after_fault(&self, later: Later) {
         *self.state.after_fault.lock().expect("after_fault") = later;
@@ -199,7 +219,8 @@ async fn connect(target: &PgConnectOptions) -> std::io::Result<Box<dyn Io>> {
 enum End {
     /// Close both sides.
     Close,
-    /// Close the store's side only; keep the server's open ([`Fault::StallCommit`]).
+    /// Close the store's side only; keep the server's open ([`Fault::StallCommit`] and the
+    /// others that hold it).
     HoldServer,
 }
 
@@ -224,7 +245,9 @@ async fn pass(client: tokio::net::UnixStream, server: Box<dyn Io>, state: Arc<St
 
 /// The store's messages to the server: the untyped start-up ones (a TLS or GSS request, then
 /// the start-up message), then typed ones, each passed whole unless it is the `COMMIT` a fault
-/// is armed for.
+/// is armed for. The statements run that end sessions are counted: a simple query that names
+/// `pg_terminate_backend`, or the binding of a statement prepared with it (sqlx prepares a
+/// statement once per connection, then only binds it).
 async fn upward(
     from: &mut tokio::net::unix::OwnedReadHalf,
     to: &mut tokio::io::WriteHalf<Box<dyn Io>>,
@@ -235,6 +258,9 @@ async fn upward(
     const GSS_REQUEST: u32 = 80_877_104;
     /// What the statement that writes events starts its insert with.
     const WRITE: &[u8] = b"INSERT INTO session_state_events (";
+    /// What a statement that ends sessions names.
+    const TERMINATE: &[u8] = b"pg_terminate_backend";
+    let names = |body: &[u8], text: &[u8]| body.windows(text.len()).any(|w| w == text);
     loop {
         let mut len = [0u8; 4];
         if from.read_exact(&mut len).await.is_err() {
@@ -254,6 +280,8 @@ async fn upward(
             break;
         }
     }
+    // The statements (by name) prepared on this connection that end sessions.
+    let mut terminating = std::collections::HashSet::new();
     loop {
         let mut head = [0u8; 5];
         if from.read_exact(&mut head).await.is_err() {
@@ -264,9 +292,29 @@ async fn upward(
         if from.read_exact(&mut body).await.is_err() {
             return End::Close;
         }
+        // A `Parse` is the statement's name then its text; a `Bind`, the portal's name then
+        // the statement's; each ends with a 0.
+        let mut fields = body.split(|b| *b == 0);
+        match head[0] {
+            b'P' => {
+                let name = fields.next().unwrap_or_default().to_vec();
+                if names(&body, TERMINATE) {
+                    terminating.insert(name);
+                } else {
+                    terminating.remove(&name);
+                }
+            }
+            b'B' if fields.nth(1).is_some_and(|name| terminating.contains(name)) => {
+                state.terminations.fetch_add(1, Ordering::SeqCst);
+            }
+            b'Q' if names(&body, TERMINATE) => {
+                state.terminations.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
         let fault = if head[0] == b'Q' && body == b"COMMIT\0" {
             state.fault_for(false)
-        } else if head[0] == b'P' && body.windows(WRITE.len()).any(|w| w == WRITE) {
+        } else if head[0] == b'P' && names(&body, WRITE) {
             state.fault_for(true)
         } else {
             None
@@ -275,10 +323,14 @@ async fn upward(
             Some(Fault::DropCommit) => return End::Close,
             Some(Fault::StallCommit | Fault::StallWrite) => return End::HoldServer,
             Some(Fault::LoseAnswer) => swallow.store(true, Ordering::SeqCst),
-            None => {}
+            Some(Fault::CutAfterCommit) | None => {}
         }
         if to.write_all(&head).await.is_err() || to.write_all(&body).await.is_err() {
             return End::Close;
+        }
+        if fault == Some(Fault::CutAfterCommit) {
+            state.cut.notified().await;
+            return End::HoldServer;
         }
     }
 }
@@ -856,20 +908,115 @@ async fn a_recording_whose_write_never_arrived_lets_go_of_the_lock() {
 /// nothing committed, and records the event again, once. Taken for a refusal (nothing written,
 /// `Busy`, as it was with `57P` left out of the lost answers and every test passing: review of
 /// stop 60), the caller got an error, and a retry of a `COMMIT` that had in fact committed
-/// recorded the event twice. The `COMMIT` is held by a deferred constraint trigger that waits
-/// for an advisory lock the test holds, so that the session is terminated at its `COMMIT`.
+/// recorded the event twice. The `COMMIT` is held at the server ([`hold_the_first_commit`]),
+/// so that the session is terminated at its `COMMIT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_an_administrator_ends_is_asked_about_and_recorded_once() {
     use sqlx::ConnectOptions as _;
     let (store, schema) = server::fresh_store().await;
     let store = Arc::new(store);
-    let s = schema.name().to_owned();
     let mut admin = server::server().connect().await.expect("connect");
-    // The two-key advisory locks are apart from the store's own (one 64-bit key).
+    hold_the_first_commit(&mut admin, schema.name()).await;
+    let recording = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.record(event(0), T0).await }
+    });
+    let pid = waiting_at_commit(&mut admin).await;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&mut admin)
+        .await
+        .expect("terminate");
+    let_commits_go(&mut admin, schema.name()).await;
+    let recorded = recording
+        .await
+        .expect("the recording's task")
+        .expect("the caller gets its event");
+    assert_eq!(
+        committed(&store, Sequence(0)).await,
+        vec![(recorded.event.sequence.get(), "message 0".to_owned())],
+        "recorded once"
+    );
+}
+
+/// A recording's `COMMIT` reaches the server, which is still busy with it (here held at a
+/// trigger, [`hold_the_first_commit`]; a synchronous standby slow to confirm holds one the
+/// same way) when the store's connection fails: asked, the server says the transaction is in
+/// progress, and the store leaves the busy session to finish its `COMMIT` (it ends only a
+/// session idle in the transaction, as `END_LOST_COMMIT` says), asking again until it has; the
+/// caller gets its event, committed by that first transaction. With the state left out of
+/// `END_LOST_COMMIT` (a mutation every test passed), the store terminated
+/// the session in the middle of its `COMMIT`: the transaction was rolled back and the event
+/// recorded again in a second one (the trigger ran twice), where the docs promise that a busy
+/// `COMMIT` is left to finish (one waiting for a synchronous standby, ended, leaves its
+/// transaction committed on the primary only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_still_running_when_its_answer_was_lost_is_left_to_finish() {
+    use sqlx::ConnectOptions as _;
+    let proxy = Proxy::start();
+    let (store, direct, schema) = stores(&proxy, |o| o).await;
+    let mut admin = server::server().connect().await.expect("connect");
+    hold_the_first_commit(&mut admin, &schema.0).await;
+    proxy.arm(Fault::CutAfterCommit, 0);
+    let recording = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.record(event(0), T0).await }
+    });
+    let pid = waiting_at_commit(&mut admin).await;
+    proxy.cut();
+    // The store asks whether the transaction committed, finds it in progress, and asks again
+    // every 10 ms, each time with `END_LOST_COMMIT` (a hang guard, never a timing assertion).
+    let since = std::time::Instant::now();
+    while proxy.terminations() < 2 && !recording.is_finished() {
+        assert!(
+            since.elapsed() < std::time::Duration::from_mins(1),
+            "the store neither asked twice nor answered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(proxy.fired(), 1);
+    assert!(
+        !recording.is_finished(),
+        "the recording is answered only once its first COMMIT is done"
+    );
+    let running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query = 'COMMIT' \
+         AND state = 'active'",
+    )
+    .bind(pid)
+    .fetch_one(&mut admin)
+    .await
+    .expect("look");
+    assert_eq!(running, 1, "the session busy with the COMMIT is left to it");
+    let_commits_go(&mut admin, &schema.0).await;
+    let recorded = recording
+        .await
+        .expect("the recording's task")
+        .expect("the caller gets its event");
+    assert_eq!(
+        committed(&direct, Sequence(0)).await,
+        vec![(recorded.event.sequence.get(), "message 0".to_owned())],
+        "recorded once"
+    );
+    assert_eq!(
+        trigger_runs(&mut admin, &schema.0).await,
+        1,
+        "recorded by the first transaction, whose COMMIT was left to finish"
+    );
+}
+
+/// Holds at the server the `COMMIT` of the first event the store in schema `s` records from
+/// now on, until [`let_commits_go`]: a deferred constraint trigger on the events, run at the
+/// `COMMIT`, waits for a two-key advisory lock (apart from the store's own, of one 64-bit key)
+/// that `admin` takes here. It waits on its first run only: a sequence's `nextval`, which no
+/// rollback undoes, tells the runs apart ([`trigger_runs`]).
+async fn hold_the_first_commit(admin: &mut sqlx::PgConnection, s: &str) {
     for sql in [
+        format!("CREATE SEQUENCE \"{s}\".trigger_runs"),
         format!(
             "CREATE FUNCTION \"{s}\".wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN PERFORM pg_advisory_xact_lock_shared(hashtext(TG_TABLE_SCHEMA), 57); \
+             $$ BEGIN IF nextval('\"{s}\".trigger_runs') = 1 THEN \
+             PERFORM pg_advisory_xact_lock_shared(hashtext(TG_TABLE_SCHEMA), 57); END IF; \
              RETURN NULL; END $$"
         ),
         format!(
@@ -880,52 +1027,52 @@ async fn a_commit_an_administrator_ends_is_asked_about_and_recorded_once() {
         format!("SELECT pg_advisory_lock(hashtext('{s}'), 57)"),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
+            .execute(&mut *admin)
             .await
             .expect("set up");
     }
-    let recording = tokio::spawn({
-        let store = Arc::clone(&store);
-        async move { store.record(event(0), T0).await }
-    });
-    // The store's session, waiting at its COMMIT for the lock (a hang guard, never a timing
-    // assertion: it comes there in milliseconds).
-    let looked_since = std::time::Instant::now();
-    let pid: i32 = loop {
+}
+
+/// The process id of the session whose `COMMIT` waits at the trigger of
+/// [`hold_the_first_commit`] (the lock `admin` holds), once it does (a hang guard, never a
+/// timing assertion: it comes there in milliseconds).
+async fn waiting_at_commit(admin: &mut sqlx::PgConnection) -> i32 {
+    let since = std::time::Instant::now();
+    loop {
         assert!(
-            looked_since.elapsed() < std::time::Duration::from_mins(1),
+            since.elapsed() < std::time::Duration::from_mins(1),
             "the recording's COMMIT never waited at the trigger"
         );
         let waiting: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'advisory' \
-             AND query = 'COMMIT' AND pid <> pg_backend_pid()",
+             AND query = 'COMMIT' AND pg_backend_pid() = ANY(pg_blocking_pids(pid))",
         )
-        .fetch_optional(&mut admin)
+        .fetch_optional(&mut *admin)
         .await
         .expect("look");
         if let Some(pid) = waiting {
-            break pid;
+            return pid;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    };
-    sqlx::query("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .execute(&mut admin)
-        .await
-        .expect("terminate");
+    }
+}
+
+/// Lets go of the lock of [`hold_the_first_commit`]: the `COMMIT` held goes on.
+async fn let_commits_go(admin: &mut sqlx::PgConnection, s: &str) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT pg_advisory_unlock(hashtext('{s}'), 57)"
     )))
-    .execute(&mut admin)
+    .execute(admin)
     .await
     .expect("unlock");
-    let recorded = recording
-        .await
-        .expect("the recording's task")
-        .expect("the caller gets its event");
-    assert_eq!(
-        committed(&store, Sequence(0)).await,
-        vec![(recorded.event.sequence.get(), "message 0".to_owned())],
-        "recorded once"
-    );
+}
+
+/// How many times the trigger of [`hold_the_first_commit`] ran (committed or not).
+async fn trigger_runs(admin: &mut sqlx::PgConnection, s: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM \"{s}\".trigger_runs"
+    )))
+    .fetch_one(admin)
+    .await
+    .expect("the trigger's runs")
 }

@@ -32,17 +32,6 @@ async fn refused(options: PgStoreOptions) -> StoreError {
         .expect_err("the connect is refused")
 }
 
-/// The test server's database reached over TCP as `role` (password `pw`).
-fn as_role(role: &str) -> store_postgres::PgConnectOptions {
-    let admin = server::server();
-    store_postgres::PgConnectOptions::new_without_pgpass()
-        .host("127.0.0.1")
-        .port(admin.get_port())
-        .database(admin.get_database().expect("the test URL names a database"))
-        .username(role)
-        .password("pw")
-}
-
 /// An open of the store in `schema` as `role`, a role made for it with `attributes` (`LOGIN
 /// PASSWORD 'pw'` and those) and dropped once the open has answered.
 async fn opened_as_a_new_role(
@@ -57,7 +46,7 @@ async fn opened_as_a_new_role(
     .execute(&mut conn)
     .await
     .expect("make the role");
-    let opened = PgStore::connect(as_role(role), PgStoreOptions::new(schema)).await;
+    let opened = PgStore::connect(server::as_role(role), PgStoreOptions::new(schema)).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
         .execute(&mut conn)
         .await
@@ -435,7 +424,8 @@ async fn a_role_that_may_only_read_and_write_rows_opens(old: bool) {
             .await
             .expect("set up the role");
     }
-    let opened = PgStore::connect(as_role(&role), PgStoreOptions::new(schema.clone())).await;
+    let opened =
+        PgStore::connect(server::as_role(&role), PgStoreOptions::new(schema.clone())).await;
     // The role goes whatever happened (its grants go with the schema).
     let drop_role = async |conn: &mut sqlx::PgConnection| {
         for sql in [

@@ -283,6 +283,87 @@ async fn a_busy_pool_does_not_make_a_live_listening_connection_look_lost() {
         .expect("the write, once the lock is free");
 }
 
+/// A listening connection that answers is kept while the handle's pool cannot send a proof of
+/// life at all, each try failing at once (here the pool's session is ended and its role may no
+/// longer log in, so that each new connection is refused; a server that takes no new
+/// connections but keeps those it has does the same): no proof that failed is counted as
+/// asked. Counted (a mutation every test passed: the busy pool's test above sees only proofs
+/// that time out), the live connection was taken for lost a keepalive later, with a warning,
+/// and dropped; the next could not be made (the role refused it too), and no hint came until
+/// it could.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_fails_to_send_proofs_does_not_make_a_live_listening_connection_look_lost() {
+    use sqlx::ConnectOptions as _;
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let role = server::DropRole(format!("{schema}_gw"));
+    // The store, made by the server's role; the handle's role may read and write its rows.
+    server::fresh_store_in(&schema).await;
+    let mut admin = server::server().connect().await.expect("connect");
+    for sql in [
+        format!("CREATE ROLE \"{}\" LOGIN PASSWORD 'pw'", role.0),
+        format!("GRANT USAGE ON SCHEMA \"{schema}\" TO \"{}\"", role.0),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{}\"",
+            role.0
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+            .expect("set up the role");
+    }
+    let ours = PgStore::connect(
+        server::as_role(&role.0),
+        PgStoreOptions::new(schema.clone())
+            .max_connections(1)
+            .listener_keepalive(Duration::from_millis(100)),
+    )
+    .await
+    .expect("connect as the role");
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
+    // The pool's session ends and no other can be made; the listener's goes on.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER ROLE \"{}\" NOLOGIN",
+        role.0
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("refuse the role's logins");
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE usename = $1 AND pid <> $2",
+    )
+    .bind(&role.0)
+    .bind(first.cast_signed())
+    .fetch_one(&mut admin)
+    .await
+    .expect("end the pool's session");
+    assert_eq!(ended, 1, "the pool's one session");
+    // Twenty periods whose proofs all fail.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        logs.said(&["stopped answering", &format!("schema={schema}")]),
+        0,
+        "the live connection is not taken for lost: {:?}",
+        logs.lines()
+    );
+    let listening: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+        .bind(first.cast_signed())
+        .fetch_one(&mut admin)
+        .await
+        .expect("look");
+    assert_eq!(listening, 1, "the listener's session is kept");
+    let now = tokio::time::timeout(WAIT, ours.hints_listening())
+        .await
+        .expect("listening");
+    assert_eq!(now, first, "the same session");
+    assert_eq!(ours.hints_given(), 1, "the start's only");
+}
+
 /// A Unix-socket proxy to the test server that can go silent the way a dropped network flow
 /// does (a NAT's idle timeout): the connections open when it is asked lose their server side
 /// (so the server ends their sessions) while their client side stays open and says nothing.

@@ -12,6 +12,41 @@ pub fn fresh_schema() -> String {
     store_postgres::testkit::fresh_name("t")
 }
 
+/// The test server's database reached over TCP as `role` (password `pw`).
+pub fn as_role(role: &str) -> store_postgres::PgConnectOptions {
+    let admin = server();
+    store_postgres::PgConnectOptions::new_without_pgpass()
+        .host("127.0.0.1")
+        .port(admin.get_port())
+        .database(admin.get_database().expect("the test URL names a database"))
+        .username(role)
+        .password("pw")
+}
+
+/// A role of the server, dropped (with its grants: `DROP OWNED BY`, then `DROP ROLE`) when
+/// this is, whatever the test did meanwhile. Best effort, as the schema guard's drop is.
+pub struct DropRole(pub String);
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        let role = self.0.clone();
+        store_postgres::testkit::on_server(
+            &format!("dropping the test role {role}"),
+            async move |conn| {
+                for sql in [
+                    format!("DROP OWNED BY \"{role}\""),
+                    format!("DROP ROLE \"{role}\""),
+                ] {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
 /// A store in a fresh schema, and the guard that drops the schema.
 pub async fn fresh_store() -> (PgStore, Schema) {
     let schema = Schema::fresh("t");

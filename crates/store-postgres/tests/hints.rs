@@ -364,6 +364,133 @@ async fn a_pool_that_fails_to_send_proofs_does_not_make_a_live_listening_connect
     assert_eq!(ours.hints_given(), 1, "the start's only");
 }
 
+/// Proofs of life sent while no connection listened (here while a try to listen waits on a
+/// silent connection, until its bound of 10 s) never come back: once a new connection listens,
+/// only the proofs from then on count, and it is kept while none can be sent (the pool's one
+/// connection taken by a write waiting for another gateway's lock). With the earlier proofs
+/// left to count (a mutation every test passed: a proof sent within a keepalive of listening
+/// again answered them all), the fresh connection was taken for lost a keepalive after it
+/// listened, and so was each one after it, each time with a hint and a warning, for as long as
+/// the pool stayed busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proofs_sent_while_nobody_listened_do_not_make_the_next_listening_connection_look_lost() {
+    use sqlx::ConnectOptions as _;
+    const KEEPALIVE: Duration = Duration::from_millis(300);
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let ours = std::sync::Arc::new(
+        PgStore::connect(
+            proxy.server(),
+            PgStoreOptions::new(schema.clone())
+                .max_connections(1)
+                .listener_keepalive(KEEPALIVE),
+        )
+        .await
+        .expect("connect through the proxy"),
+    );
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    let first = ours.hints_listening().await;
+    hinted(&mut hints).await;
+    let pool: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(ours.pool())
+        .await
+        .expect("the pool's one session");
+    let mut admin = server::server().connect().await.expect("connect");
+
+    // The listener's session ends, and its next try to listen goes silent.
+    proxy.mute_next_listen();
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(first.cast_signed())
+        .execute(&mut admin)
+        .await
+        .expect("end the listener's session");
+    until("the next try to listen goes silent", || {
+        !proxy.mute_listen.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    // Two proofs sent since, which nobody listens for: the server took their notifications
+    // (the pool's session went idle after each).
+    let mut since: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(&mut admin)
+        .await
+        .expect("the server's time");
+    for _ in 0..2 {
+        since = tokio::time::timeout(WAIT, async {
+            loop {
+                let sent: Option<String> = sqlx::query_scalar(
+                    "SELECT state_change::text FROM pg_stat_activity WHERE pid = $1 \
+                     AND state = 'idle' AND query = 'SELECT pg_notify($1, $2)' \
+                     AND state_change > $2::timestamptz",
+                )
+                .bind(pool)
+                .bind(&since)
+                .fetch_optional(&mut admin)
+                .await
+                .expect("look");
+                if let Some(sent) = sent {
+                    return sent;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a proof sent within the wait");
+    }
+    // The pool's one connection then waits for another gateway's lock: no proof can be sent.
+    let held = store_postgres::testkit::StoreLock::take(&schema).await;
+    let writer = std::sync::Arc::clone(&ours);
+    let waiting = tokio::spawn(async move { writer.record(event(1), T0).await });
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let blocked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 \
+                 AND wait_event = 'advisory'",
+            )
+            .bind(pool)
+            .fetch_one(&mut admin)
+            .await
+            .expect("look");
+            if blocked == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the write waits for the lock within the wait");
+    assert_eq!(ours.hints_given(), 1, "nobody listens yet");
+
+    // The try given up, the next listens; ten periods with no proof sent.
+    let again = tokio::time::timeout(WAIT, ours.hints_listening())
+        .await
+        .expect("a new listening session within the wait");
+    assert_ne!(again, first);
+    hinted(&mut hints).await;
+    tokio::time::sleep(KEEPALIVE * 10).await;
+    assert_eq!(
+        logs.said(&["stopped answering", &format!("schema={schema}")]),
+        0,
+        "the new connection is not taken for lost: {:?}",
+        logs.lines()
+    );
+    let now = tokio::time::timeout(WAIT, ours.hints_listening())
+        .await
+        .expect("listening");
+    assert_eq!(now, again, "the same session");
+    assert_eq!(
+        ours.hints_given(),
+        2,
+        "the start's and the new connection's"
+    );
+    held.release().await;
+    waiting
+        .await
+        .expect("join")
+        .expect("the write, once the lock is free");
+}
+
 /// A Unix-socket proxy to the test server that can go silent the way a dropped network flow
 /// does (a NAT's idle timeout): the connections open when it is asked lose their server side
 /// (so the server ends their sessions) while their client side stays open and says nothing.

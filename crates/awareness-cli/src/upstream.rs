@@ -994,6 +994,42 @@ mod tests {
         );
     }
 
+    /// `awareness --store memory: [--json] monitor --first-tick-secs 0`, then `more`.
+    fn monitor_line(json: bool, more: &[&str]) -> Cli {
+        use clap::Parser as _;
+        let json = json.then_some("--json");
+        let line = ["awareness", "--store", "memory:"].into_iter().chain(json);
+        let line = line.chain(["monitor", "--first-tick-secs", "0"]);
+        Cli::try_parse_from(line.chain(more.iter().copied())).unwrap()
+    }
+
+    /// The flags of `cli`, a monitor command line.
+    fn monitor_args(cli: &Cli) -> &MonitorArgs {
+        let crate::Command::Monitor(args) = &cli.command else {
+            unreachable!("a monitor command line")
+        };
+        args
+    }
+
+    /// Adopts a transcript into `store` for each of `sessions`, watched by `agent:main:main`,
+    /// then removes the transcripts: each session's check finds its source gone.
+    async fn adopted_then_gone(
+        store: &Arc<dyn FullStore>,
+        sessions: impl IntoIterator<Item = SessionRef>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        for (n, session) in sessions.into_iter().enumerate() {
+            let transcript = dir.path().join(format!("{n}.jsonl"));
+            std::fs::write(&transcript, "").unwrap();
+            let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
+            adopt_into(store, spec, Some(&watcher), &session, true, &mut Vec::new())
+                .await
+                .unwrap();
+        }
+        // The directory goes when this returns, and each transcript with it.
+    }
+
     /// Output that fails, with `kind`, every write holding `needle` (each of `monitor`'s lines
     /// is one write), as a full disk or a closed pipe would at that line.
     struct FailsOn {
@@ -1023,7 +1059,6 @@ mod tests {
     /// checks that found the file gone, which change nothing) were printed.
     #[tokio::test]
     async fn an_upstream_missing_whose_line_fails_says_the_link_was_removed() {
-        use clap::Parser as _;
         for (kind, code, why) in [
             (
                 std::io::ErrorKind::BrokenPipe,
@@ -1036,39 +1071,11 @@ mod tests {
                 "cannot write output: the output failed",
             ),
         ] {
-            let dir = tempfile::tempdir().unwrap();
-            let transcript = dir.path().join("5f1c2e3a.jsonl");
-            std::fs::write(&transcript, "").unwrap();
-            let cli = Cli::try_parse_from([
-                "awareness",
-                "--store",
-                "memory:",
-                "--json",
-                "monitor",
-                "--first-tick-secs",
-                "0",
-                "--interval-secs",
-                "1",
-            ])
-            .unwrap();
-            let crate::Command::Monitor(args) = &cli.command else {
-                unreachable!("a monitor command line")
-            };
+            let cli = monitor_line(true, &["--interval-secs", "1"]);
+            let args = monitor_args(&cli);
             let store = gateway_adapter::open_full_store("memory:").await.unwrap();
             let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-            let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
-            let watcher = WatcherKey::parse("agent:main:main").unwrap();
-            adopt_into(
-                &store,
-                spec,
-                Some(&watcher),
-                &session,
-                true,
-                &mut Vec::new(),
-            )
-            .await
-            .unwrap();
-            std::fs::remove_file(&transcript).unwrap();
+            adopted_then_gone(&store, [session]).await;
             let mut out = FailsOn {
                 needle: "upstream_missing",
                 kind,
@@ -1165,42 +1172,12 @@ mod tests {
     /// second tick, which asks the monitor to stop. Answers the command's outcome, and its
     /// output.
     async fn monitor_behind_a_slow_output(links: usize) -> (Result<i32, CliError>, String) {
-        use clap::Parser as _;
-        let dir = tempfile::tempdir().unwrap();
-        let cli = Cli::try_parse_from([
-            "awareness",
-            "--store",
-            "memory:",
-            "--json",
-            "monitor",
-            "--first-tick-secs",
-            "0",
-            "--interval-secs",
-            "1",
-        ])
-        .unwrap();
-        let crate::Command::Monitor(args) = &cli.command else {
-            unreachable!("a monitor command line")
-        };
+        let cli = monitor_line(true, &["--interval-secs", "1"]);
+        let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let watcher = WatcherKey::parse("agent:main:main").unwrap();
-        for n in 0..links {
-            let transcript = dir.path().join(format!("{n}.jsonl"));
-            std::fs::write(&transcript, "").unwrap();
-            let session = SessionRef::parse(&format!("agent:main:worker-{n}"), "main").unwrap();
-            let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
-            adopt_into(
-                &store,
-                spec,
-                Some(&watcher),
-                &session,
-                true,
-                &mut Vec::new(),
-            )
-            .await
-            .unwrap();
-            std::fs::remove_file(&transcript).unwrap();
-        }
+        let sessions = (0..links)
+            .map(|n| SessionRef::parse(&format!("agent:main:worker-{n}"), "main").unwrap());
+        adopted_then_gone(&store, sessions).await;
         let next_tick = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
         let stop = Arc::new(tokio::sync::Notify::new());
         let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
@@ -1342,19 +1319,8 @@ mod tests {
     /// 60.)
     #[tokio::test]
     async fn a_monitor_task_that_ends_by_itself_fails_the_command() {
-        use clap::Parser as _;
-        let cli = Cli::try_parse_from([
-            "awareness",
-            "--store",
-            "memory:",
-            "monitor",
-            "--first-tick-secs",
-            "0",
-        ])
-        .unwrap();
-        let crate::Command::Monitor(args) = &cli.command else {
-            unreachable!("a monitor command line")
-        };
+        let cli = monitor_line(false, &[]);
+        let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
         let links = Arc::new(ListingExplodes {
             inner: store.clone(),
@@ -1622,21 +1588,8 @@ mod tests {
     /// while its store's close hangs for good.
     #[cfg(target_os = "linux")]
     async fn monitor_whose_output_fails_then_hangs() {
-        use clap::Parser as _;
-        let cli = Cli::try_parse_from([
-            "awareness",
-            "--store",
-            "memory:",
-            "--json",
-            "monitor",
-            "--first-tick-secs",
-            "0",
-            "--verbose",
-        ])
-        .unwrap();
-        let crate::Command::Monitor(args) = &cli.command else {
-            unreachable!("a monitor command line")
-        };
+        let cli = monitor_line(true, &["--verbose"]);
+        let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
         let mut out = FailsOn {
             needle: "",

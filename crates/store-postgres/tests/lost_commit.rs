@@ -928,15 +928,7 @@ async fn a_commit_an_administrator_ends_is_asked_about_and_recorded_once() {
         .await
         .expect("terminate");
     let_commits_go(&mut admin, schema.name()).await;
-    let recorded = recording
-        .await
-        .expect("the recording's task")
-        .expect("the caller gets its event");
-    assert_eq!(
-        committed(&store, Sequence(0)).await,
-        vec![(recorded.event.sequence.get(), "message 0".to_owned())],
-        "recorded once"
-    );
+    answered_and_recorded_once(recording, &store).await;
 }
 
 /// A recording's `COMMIT` reaches the server, which is still busy with it (here held at a
@@ -989,19 +981,28 @@ async fn a_commit_still_running_when_its_answer_was_lost_is_left_to_finish() {
     .expect("look");
     assert_eq!(running, 1, "the session busy with the COMMIT is left to it");
     let_commits_go(&mut admin, &schema.0).await;
+    answered_and_recorded_once(recording, &direct).await;
+    assert_eq!(
+        trigger_runs(&mut admin, &schema.0).await,
+        1,
+        "recorded by the first transaction, whose COMMIT was left to finish"
+    );
+}
+
+/// Asserts that `recording` (of `event(0)`, the first of its store) answers its caller with
+/// its event, which `store` holds once.
+async fn answered_and_recorded_once(
+    recording: tokio::task::JoinHandle<Result<Recorded, StoreError>>,
+    store: &PgStore,
+) {
     let recorded = recording
         .await
         .expect("the recording's task")
         .expect("the caller gets its event");
     assert_eq!(
-        committed(&direct, Sequence(0)).await,
+        committed(store, Sequence(0)).await,
         vec![(recorded.event.sequence.get(), "message 0".to_owned())],
         "recorded once"
-    );
-    assert_eq!(
-        trigger_runs(&mut admin, &schema.0).await,
-        1,
-        "recorded by the first transaction, whose COMMIT was left to finish"
     );
 }
 

@@ -1422,6 +1422,48 @@ mod tests {
         assert_eq!(verdict(&pasted), Ok(HumanKind::Queued));
     }
 
+    /// A `!` shell command the person typed while a turn ran (a queued command of mode
+    /// `bash`, human origin) is a human turn, as the module's table says. (Only mode `prompt`
+    /// taken as typed, a mutation every test passed, such a command was no turn, and no
+    /// `human_direct_message` was recorded for it: review of stop 61.)
+    #[test]
+    fn a_queued_shell_command_is_a_human_turn() {
+        let queued = json!({
+            "type": "attachment",
+            "attachment": {"type": "queued_command", "commandMode": "bash",
+                "origin": {"kind": "human"}, "prompt": "ls -la"},
+            "uuid": "aa11aa11-0000-4000-8000-000000000002"
+        });
+        assert_eq!(verdict(&queued), Ok(HumanKind::Queued));
+    }
+
+    /// A row that starts with a command's captured standard error is its output, not a
+    /// person's turn. (The only such row the tests had began with stdout, so a list of
+    /// prefixes naming `<bash-stdout` twice and never `<bash-stderr`, a mutation, passed every
+    /// test: a command's error output was then recorded as a human turn: review of stop 61.)
+    #[test]
+    fn captured_standard_error_is_command_output() {
+        assert_eq!(
+            verdict(&user(json!(
+                "<bash-stderr>ls: cannot access 'x': No such file or directory</bash-stderr>"
+            ))),
+            Err(SkipReason::CommandOutput)
+        );
+    }
+
+    /// A flag written `null` (a row another writer left) is not set: the row is the
+    /// person's. (Anything but `false` read as set, a mutation every test passed, skipped it
+    /// as a subagent's or a meta row: review of stop 61.)
+    #[test]
+    fn a_flag_written_null_is_not_set() {
+        let row = with(
+            with(user(json!("typed")), "isSidechain", Value::Null),
+            "isMeta",
+            Value::Null,
+        );
+        assert_eq!(verdict(&row), Ok(HumanKind::Prompt));
+    }
+
     /// Rows of recent Claude Code versions: a slash command the person ran is a `system` row
     /// (`subtype: local_command`, top-level `content`), beside its captured output in the same
     /// row type; a `user` row's `origin.kind` says a background task or another Claude session

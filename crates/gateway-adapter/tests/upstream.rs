@@ -181,6 +181,27 @@ fn a_byte_order_mark_at_the_start_hides_no_turn() {
     assert_eq!(turns(&scan(&t, &m)), 1);
 }
 
+/// A byte order mark read over checks whose budget is smaller than it (a provider made with a
+/// budget of 1 byte) is blanked all the same: the row after it counts. (Blanked only by a read
+/// that began at the file's start, a mutation every test passed, the mark's second and third
+/// bytes, read by later checks, made the first row malformed and its turn was lost: review of
+/// stop 61.)
+#[test]
+fn a_byte_order_mark_read_a_byte_a_check_hides_no_turn() {
+    let mut t = Transcript::new();
+    let mut m = jsonl::marker_at_end(&t.path).unwrap();
+    t.raw("\u{feff}".as_bytes());
+    t.human("typed into a file that starts with a BOM");
+    let len = std::fs::metadata(&t.path).unwrap().len();
+    let mut seen = 0;
+    while m.position() < len {
+        let out = jsonl::scan(&t.path, Some(&m), &[], 1);
+        seen += turns(&out);
+        m = marker_of(&out);
+    }
+    assert_eq!(seen, 1);
+}
+
 /// Bug (found by the `jsonl_scan` fuzz target): each of the file's first three bytes that was
 /// the mark's byte at its position was blanked, whether or not a mark was there: a first line
 /// starting with a stray `EF`, or a second line starting at byte 1 with a `BB`, was read as a
@@ -564,6 +585,44 @@ fn a_rebase_keeps_a_last_line_that_starts_exactly_one_budget_back() {
     );
 }
 
+/// A transcript of exactly one budget (1 MiB) that ends with a whole line is adopted at its
+/// end, with nothing to skip, and the turn typed after it counts. (Its look-back taken for a
+/// file larger than the budget, a mutation every test passed, subtracted past zero: the
+/// adoption panicked on the overflow in the debug build the tests run, and a release build
+/// wraps it into a look-back from nowhere: review of stop 61.)
+#[test]
+fn adopting_a_transcript_of_exactly_one_budget_loses_no_turn_after_it() {
+    let mut t = Transcript::new();
+    let head = br#"{"type":"summary","summary":""#;
+    let tail = b"\"}\n";
+    let pad = usize::try_from(MAX_BYTES_PER_TICK).unwrap() - head.len() - tail.len();
+    let mut line = head.to_vec();
+    line.extend(std::iter::repeat_n(b'x', pad));
+    line.extend_from_slice(tail);
+    t.raw(&line);
+    assert_eq!(
+        std::fs::metadata(&t.path).unwrap().len(),
+        MAX_BYTES_PER_TICK
+    );
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    assert_eq!((m.offset, m.partial.is_none()), (MAX_BYTES_PER_TICK, true));
+    t.human("typed after the adoption");
+    assert_eq!(turns(&scan(&t, &m)), 1);
+}
+
+/// A check reads no more than its budget, however small (here 10 bytes): the marker moves by
+/// 10. (Each read asked for a whole 64 KiB chunk, a mutation every test passed: the default
+/// budget is a multiple of the chunk, and a budget of 10 read 634 bytes: review of stop 61.)
+#[test]
+fn a_check_reads_no_more_than_its_budget() {
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.human("one");
+    t.human("two");
+    let out = jsonl::scan(&t.path, Some(&m), &[], 10);
+    assert_eq!(marker_of(&out).position(), 10, "{out:?}");
+}
+
 // ----- the paired-node provider -------------------------------------------------------------------
 
 /// A thread on a paired node: items oldest first; pages are newest first, cursors are indexes.
@@ -783,6 +842,45 @@ async fn an_image_only_message_on_a_paired_node_is_a_human_turn() {
             .await,
         human_turns(1, "p1", json!({"uuid": "r1", "anchors": ["p1", "e1", "m"]}))
     );
+}
+
+/// A paired item a subagent wrote, or one delivered from another session, is no human turn
+/// whatever its text (DESIGN.md section 8, as the same rows of a transcript). (Either flag
+/// left unread, two mutations every test passed, counted it as the person's: review of
+/// stop 61.)
+#[tokio::test]
+async fn a_paired_item_of_a_subagent_or_another_session_is_no_human_turn() {
+    for item in [
+        PairedItem {
+            sidechain: true,
+            ..PairedItem::user("i1", "a subagent's prompt")
+        },
+        PairedItem {
+            inter_session: true,
+            ..PairedItem::user("i1", "please review the diff")
+        },
+    ] {
+        let provider =
+            PairedNodeProvider::new(FakeNode::holding([PairedItem::user("i0", "old"), item]));
+        let out = provider
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await;
+        assert_eq!(turns(&out), 0, "{out:?}");
+    }
+}
+
+/// Threads of one id on two paired nodes are two sources: the monitor judges them apart (one
+/// session's prompts do not hide a person's turn of the same text in the other, and a run in
+/// one does not defer the other's checks). (The source named by the thread alone, a mutation
+/// every test passed, made them one: review of stop 61.)
+#[test]
+fn paired_threads_of_one_id_on_two_nodes_are_two_sources() {
+    let provider = PairedNodeProvider::new(FakeNode::holding([]));
+    let a = paired_link(None);
+    let mut b = a.clone();
+    b.host_id = "node-3".into();
+    assert_eq!(a.thread_id, b.thread_id);
+    assert_ne!(provider.source_key(&a), provider.source_key(&b));
 }
 
 #[tokio::test]
@@ -3726,6 +3824,24 @@ async fn slow_node_counted_whole(delay: Duration) {
     );
 }
 
+/// The first page is read however long it takes (the paging time bounds only the pages after
+/// it, as `with_paging_time` says): on a node slower than the paging time, the turn typed
+/// after the marker counts. (The first page under the bound too, a mutation every test
+/// passed, such a node was never read: every check ended unchanged: review of stop 61.)
+#[tokio::test(start_paused = true)]
+async fn the_first_page_is_read_however_long_it_takes() {
+    let node = FakeNode::holding([
+        PairedItem::user("i0", "old"),
+        PairedItem::user("i1", "typed"),
+    ]);
+    let provider = PairedNodeProvider::new(Arc::new(SlowNode(node, Duration::from_secs(5))))
+        .with_paging_time(Duration::from_secs(1));
+    let out = provider
+        .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+        .await;
+    assert_eq!(turns(&out), 1, "{out:?}");
+}
+
 /// A paging time set to mean no bound (`Duration::MAX`) reads a burst within the page bound
 /// in one check: the deadline overflowed the clock and every check panicked (the monitor
 /// reported each link failed, so human turns there were never detected).
@@ -4054,6 +4170,29 @@ async fn a_paging_cursor_too_long_for_a_marker_gives_up_the_older_items() {
     // The anchors the resume point would have kept go with the marker to the newest item.
     let newest = json!({"uuid": "t119", "anchors": ["t118", "t117", "t116", "t115"]});
     assert_eq!(out, human_turns(50, "t119", newest));
+}
+
+/// A burst past the paging bound whose item ids are too long to keep as anchors keeps its
+/// resume point (without the anchors), and the checks after count the rest: every turn of
+/// the burst. (The resume point's top anchors kept, a mutation every test passed, the marker
+/// was still too long, the resume point was given up, and 70 of the 120 turns were never
+/// counted: review of stop 61.)
+#[tokio::test]
+async fn a_resume_point_whose_anchors_are_too_long_is_kept_without_them() {
+    let long = |i: usize| format!("{i:05}{}", "t".repeat(5_000));
+    let mut items = vec![PairedItem::user("i0", "read before")];
+    items.extend((0..120).map(|i| PairedItem::user(long(i), format!("turn {i}"))));
+    let provider = PairedNodeProvider::new(FakeNode::holding(items)).with_max_pages(1);
+    let mut marker = json!({"uuid": "i0"});
+    let mut total = 0;
+    for _ in 0..5 {
+        let out = provider
+            .check(&paired_link(Some(marker.clone())), &[])
+            .await;
+        total += turns(&out);
+        marker = paired_marker_of(&out);
+    }
+    assert_eq!(total, 120, "every turn of the burst");
 }
 
 /// Answers the newest page of `node`, and `error` for every older page.
@@ -4602,7 +4741,35 @@ fn a_fallback_id_is_kept_by_a_reread_and_changed_by_a_rebase() {
     assert_eq!(stored.get("generation"), None, "stored as before");
     let old = JsonlMarker::from_value(&stored).expect("an old marker still reads");
     assert_eq!(old.generation, 0);
-    assert_eq!(turns(&scan(&t, &old)), 1);
+    let out = scan(&t, &old);
+    assert_eq!(turns(&out), 1);
+    // Its turns keep the ids of then (decision 0004), so that lines read again after an
+    // upgrade are not recorded twice. (Named with a generation of zeros, a mutation every
+    // test passed: review of stop 61.)
+    assert_eq!(
+        dedupe_id_of(&out),
+        format!("{}:{}:{}", old.dev, old.ino, old.offset)
+    );
+}
+
+/// A turn without a uuid is named by the device its marker recorded, not the file's device
+/// now: after a remount that changed the device number between an event stored and its
+/// marker's move (a retry reads the same lines again), the turn keeps its id and is not
+/// recorded twice. (Named by the file's device, a mutation every test passed: review of stop
+/// 61.)
+#[test]
+fn a_fallback_id_names_the_device_its_marker_recorded() {
+    let t = Transcript::new();
+    let mut m = jsonl::marker_at_end(&t.path).unwrap();
+    // Stored before a remount gave the file another device number.
+    m.dev ^= 1;
+    t.line(&user_row_without_uuid("typed"));
+    let id = dedupe_id_of(&scan(&t, &m));
+    assert!(
+        id.starts_with(&format!("{}:", m.dev)),
+        "{id} (marker dev {})",
+        m.dev
+    );
 }
 
 /// Bug (review): any JSON object read as a paired marker, a missing `uuid` as `null` ("the
@@ -4624,6 +4791,9 @@ async fn a_paired_marker_not_ours_is_rebased_and_counts_nothing() {
         json!({"uuid": "x", "offset": 0}),
         json!({"uuid": "x", "resume": {"before": "1", "after": "2"}}),
         json!(["x"]),
+        // Keys of ours but no `uuid` (read as `null`, a mutation every test passed: review
+        // of stop 61).
+        json!({"anchors": ["x"]}),
     ] {
         assert_eq!(
             provider

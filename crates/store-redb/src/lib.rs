@@ -1667,6 +1667,12 @@ impl CursorStore for RedbStore {
         targets: &[AckTarget],
         now: Timestamp,
     ) -> Result<Vec<Notice>, StoreError> {
+        // Nothing to acknowledge: answered at once, without queueing behind the writer (a
+        // read-only handle still refuses it, as it does every write).
+        if targets.is_empty() {
+            self.writer.refuse("acknowledge")?;
+            return Ok(Vec::new());
+        }
         let (watcher, targets) = (watcher.clone(), targets.to_vec());
         let shared = Arc::clone(self.shared());
         self.write("acknowledge", move |txn| {

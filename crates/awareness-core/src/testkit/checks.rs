@@ -1922,6 +1922,43 @@ pub async fn acknowledge_ignores_unknown_targets(t: &Subject) {
     assert_eq!(cursor3(s, MANAGER, CHILD).await, Some((1, 2, 2)));
 }
 
+/// An acknowledgement of no targets answers nothing at once and writes nothing: with the
+/// store's writer held ([`Subject::batching`]: another process's lock, another gateway's), it
+/// answers before the writer is let go, and commits no write transaction. (store-sqlite
+/// opened a write transaction for it when its early return was left out, a mutation every
+/// test passed: behind another process's lock it waited out the busy timeout and failed
+/// `Busy`: review of stop 61.)
+pub async fn an_acknowledgement_of_nothing_takes_no_lock(t: &Subject) {
+    let s = &*t.store;
+    let Some(b) = t.batching.as_ref() else {
+        assert!(
+            s.acknowledge(&w(MANAGER), &[], T0)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        return;
+    };
+    let before = (b.write_transactions)();
+    let release = (b.hold_writer)().await;
+    // A hang guard, never a timing assertion: the answer needs no writer.
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        s.acknowledge(&w(MANAGER), &[], T0),
+    )
+    .await;
+    release.release().await;
+    let answered = answered
+        .expect("an acknowledgement of nothing waited for the held writer")
+        .expect("an acknowledgement of nothing");
+    assert!(answered.is_empty(), "{answered:?}");
+    assert_eq!(
+        (b.write_transactions)() - before,
+        b.hold_transactions,
+        "an acknowledgement of nothing committed a write transaction"
+    );
+}
+
 pub async fn self_caused_events_never_notify(t: &Subject) {
     let s = &*t.store;
     rec(s, spawn(&child(), MANAGER, "run-1"), T0).await;

@@ -398,6 +398,7 @@ macro_rules! conformance_suite {
             acknowledge_with_interleaved_event_reopens_exactly_one,
             acknowledge_without_pending_changes_nothing,
             acknowledge_ignores_unknown_targets,
+            an_acknowledgement_of_nothing_takes_no_lock,
             acknowledging_a_target_twice_in_one_call_acknowledges_it_once,
             an_acknowledgement_of_a_notice_no_longer_shown_changes_nothing,
             refreezing_a_key_twice_in_one_call_redelivers_once,

@@ -210,6 +210,28 @@ mod tests {
         assert_eq!(e.to_string().matches("result code 26").count(), 0, "{e}");
     }
 
+    /// SQLite's PERM is a permission refusal, as its READONLY is; and a new store that could
+    /// not be made is no missing file (its path is not there yet, by design) whatever SQLite
+    /// answered. (PERM left to `Other`, and a failed create's `NotFound` kept, two mutations
+    /// every test passed: the file tests run as root, where SQLite answers neither: review of
+    /// stop 61.)
+    #[test]
+    fn perm_is_a_refused_permission_and_a_failed_create_is_no_missing_file() {
+        let kind = |e: StoreError| match e {
+            StoreError::Open { kind, .. } => kind,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            kind(failed_open(Path::new("/x.db"), coded(SQLITE_PERM))),
+            OpenFailure::PermissionDenied
+        );
+        let missing = Path::new("/no-such-directory-here/new.db");
+        assert_eq!(
+            kind(failed_create(missing, coded(SQLITE_CANTOPEN))),
+            OpenFailure::Other
+        );
+    }
+
     /// The lock conflicts are retryable, extended codes by their primary code (BUSY_SNAPSHOT
     /// is 517, PROTOCOL 15); a corrupt file is corruption; the rest is a backend failure,
     /// which retrying does not cure.

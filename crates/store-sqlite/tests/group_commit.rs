@@ -2,8 +2,9 @@
 //! recordings share write transactions, each caller gets its own event, `group_commit(1)` turns
 //! it off, a batch holds at most `group_commit`, `0` is refused, a cursor row that cannot be
 //! read fails no batch), and what store-sqlite does of its own: a dedupe hit on a row torn
-//! behind the store's back spends one sequence on both of its paths, and a batch that meets
-//! another connection's lock fails at once. (That an event failing in a batch fails only its
+//! behind the store's back spends one sequence on both of its paths, a batch that meets
+//! another connection's lock fails at once, and a write that met it is rolled back without a
+//! warning. (That an event failing in a batch fails only its
 //! caller is a check of the durable suite; that the batched protocol equals the per-event one
 //! is the model test's `Concurrent` step; that cancelled callers cancel nobody else's commit,
 //! and that an event whose caller gave up while it waited in the queue is never committed,
@@ -176,5 +177,47 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
         store.log_stats().await.expect("stats").rows,
         2,
         "nothing recorded while the lock was held"
+    );
+}
+
+/// A write that meets another connection's lock (its `BEGIN IMMEDIATE` answered busy, so no
+/// transaction began) is rolled back quietly: SQLite's "no transaction is active" is the usual
+/// answer to that rollback, not a failure, and nothing is warned; the next write, once the lock
+/// is gone, records. (That answer taken for a failed rollback, a mutation every test passed,
+/// every write that met a lock warned "rollback after an interrupted write failed", and the
+/// next write rolled back again first: review of stop 61.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_met_the_lock_is_rolled_back_without_a_warning() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let capture = awareness_core::testkit::logs::Capture::warnings();
+    let dir = tempfile::tempdir().expect("dir");
+    let busy = std::time::Duration::from_millis(50);
+    let store = open(&dir, SqliteOptions::new().busy_timeout(busy)).await;
+    let mut holder = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("state.sqlite"))
+        .connect()
+        .await
+        .expect("raw connection");
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .expect("take the write lock");
+    let met = store.record(event(0), T0).await;
+    assert!(matches!(met, Err(StoreError::Busy { .. })), "{met:?}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .expect("release the write lock");
+    holder.close().await.expect("close");
+    store
+        .record(event(1), T0)
+        .await
+        .expect("records once the lock is gone");
+    let named = dir.path().join("state.sqlite").display().to_string();
+    assert_eq!(
+        capture.said(&["rollback after an interrupted write failed", &named]),
+        0,
+        "{:?}",
+        capture.lines()
     );
 }

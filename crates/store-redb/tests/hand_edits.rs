@@ -1,11 +1,13 @@
 //! Files edited by hand (or a flipped bit) in ways only redb's own layout allows: an entry of
 //! one index that no longer agrees with the row it points at. The store answers `Corrupt`,
-//! naming the row, rather than hand out another session's event or another caller's.
+//! naming the row, rather than hand out another session's event or another caller's. And rows
+//! as an earlier build wrote them: the event row's bytes are a format of their own
+//! (`codec.rs`), which every other test writes and reads with the same build.
 
 use awareness_core::{
     ActorType, EventKind, EventStore, NewEvent, Sequence, SessionRef, StoreError, Timestamp,
 };
-use redb::ReadableTable as _;
+use redb::{ReadableDatabase as _, ReadableTable as _};
 use store_redb::RedbStore;
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -207,5 +209,215 @@ async fn cursor_rows_damaged_at_byte_level_are_left_out_and_stop_nothing_else() 
         "every cursor is idle, the one whose age cannot be read too"
     );
     assert_eq!(store.unreadable_cursors().await.unwrap(), []);
+    store.close().await;
+}
+
+/// The events table with its rows as bytes.
+const EVENT_ROWS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("events");
+
+/// Appends `s` to `out` as the event row's format stores a string: a u32 LE length, then its
+/// UTF-8 bytes.
+fn put(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&u32::try_from(s.len()).unwrap().to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// An event row of format version 1 on `agent:main:main` (`kind` and `actor` codes, occurred
+/// at `T0` less a second, summary `s`), with a session id `sid`, a payload `{"a":1}` and a
+/// dedupe key `d` as `parts` says (each of the three flags once).
+fn row_v1(kind: u8, actor: u8, parts: (bool, bool, bool)) -> Vec<u8> {
+    let (sid, payload, dedupe) = parts;
+    let flags = u8::from(sid) | u8::from(payload) << 3 | u8::from(dedupe) << 4;
+    let mut out = vec![1, kind, actor, flags];
+    out.extend_from_slice(&T0.minus_ms(1_000).millis().to_le_bytes());
+    put(&mut out, "agent:main:main");
+    put(&mut out, "main");
+    if sid {
+        put(&mut out, "sid");
+    }
+    put(&mut out, "s");
+    if payload {
+        put(&mut out, r#"{"a":1}"#);
+    }
+    if dedupe {
+        put(&mut out, "d");
+    }
+    out
+}
+
+/// The event row's bytes are format version 1, byte for byte: what this build writes, and what
+/// it reads of rows an earlier build wrote (the nine kinds' codes 1-9, the three actors' 1-3,
+/// the presence flags of a session id, a payload and a dedupe key, alone and together). (Two
+/// kind codes, two actor codes or the payload and dedupe flags swapped in the codec, the same
+/// way for writing and reading, passed every test: every event of a file written before the
+/// change would have read as another kind, another actor, or its payload as its dedupe key:
+/// review of stop 61.)
+#[tokio::test]
+async fn event_rows_are_format_version_1_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let at = SessionRef::parse("agent:main:main", "main").unwrap();
+    let store = RedbStore::open(&path).await.unwrap();
+    let mut p = awareness_core::Payload::new();
+    p.insert("a".into(), 1.into());
+    let e = NewEvent::new(at, EventKind::Compacted, ActorType::System, "s")
+        .with_session_id("sid")
+        .with_payload(p)
+        .with_dedupe_key("d")
+        .with_occurred_at(T0.minus_ms(1_000));
+    store.record(e, T0).await.unwrap();
+    store.close().await;
+    let parts = |code: u8| match code % 4 {
+        0 => (false, false, false),
+        1 => (true, true, true),
+        2 => (false, true, false),
+        _ => (false, false, true),
+    };
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let written = txn
+            .open_table(EVENT_ROWS)
+            .unwrap()
+            .get(1)
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec();
+        assert_eq!(
+            written,
+            row_v1(7, 3, (true, true, true)),
+            "a compaction by the system"
+        );
+        drop(txn);
+        let txn = db.begin_write().unwrap();
+        {
+            let mut events = txn.open_table(EVENT_ROWS).unwrap();
+            for code in 1..=9u8 {
+                let row = row_v1(code, (code - 1) % 3 + 1, parts(code));
+                events.insert(u64::from(code) + 1, row.as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+    let store = RedbStore::open(&path).await.unwrap();
+    let read = store.events_after(Sequence(1), 100).await.unwrap();
+    let kinds: Vec<_> = read.iter().map(|e| e.kind.clone()).collect();
+    assert_eq!(
+        kinds,
+        [
+            EventKind::HumanDirectMessage,
+            EventKind::GoalChanged,
+            EventKind::UpstreamMissing,
+            EventKind::ChildSpawned,
+            EventKind::RunCompleted,
+            EventKind::RunFailed,
+            EventKind::Compacted,
+            EventKind::Adopted,
+            EventKind::Created,
+        ]
+    );
+    let actors: Vec<_> = read.iter().map(|e| e.actor_type).collect();
+    assert_eq!(
+        actors,
+        [ActorType::Human, ActorType::Agent, ActorType::System].repeat(3)
+    );
+    for (e, code) in read.iter().zip(1..=9u8) {
+        let (sid, payload, dedupe) = parts(code);
+        assert_eq!(e.session_id.as_deref(), sid.then_some("sid"), "{e:?}");
+        assert_eq!(
+            e.payload.as_ref().map(|p| p["a"].clone()),
+            payload.then(|| 1.into()),
+            "{e:?}"
+        );
+        assert_eq!(e.dedupe_key.as_deref(), dedupe.then_some("d"), "{e:?}");
+        assert_eq!(
+            (e.occurred_at, e.summary.as_str()),
+            (T0.minus_ms(1_000), "s")
+        );
+    }
+    store.close().await;
+}
+
+/// A row whose payload is JSON but no object is a damaged row, `Corrupt` as every other row
+/// that cannot be decoded (decisions 0016 and 0020), not a backend failure a caller would
+/// retry. (Made a backend error, a mutation every test passed: review of stop 61.)
+#[tokio::test]
+async fn a_payload_that_is_no_object_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    RedbStore::open(&path).await.unwrap().close().await;
+    let mut row = vec![1, 7, 3, 1 << 3];
+    row.extend_from_slice(&T0.millis().to_le_bytes());
+    for s in ["agent:main:main", "main", "s", "[1]"] {
+        put(&mut row, s);
+    }
+    edit(&path, |txn| {
+        txn.open_table(EVENT_ROWS)
+            .unwrap()
+            .insert(1, row.as_slice())
+            .unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    assert_corrupt(store.events_after(Sequence::ZERO, 10).await, "event row 1");
+    store.close().await;
+}
+
+/// A row of a format this build does not know is one whose age it cannot read: the age step
+/// of pruning keeps it (the `tables` module's docs), rather than reading bytes 4-12 as a
+/// version 1 row's age. (The version left unchecked there, a mutation every test passed, the
+/// row, whose bytes there read as 1970, was pruned: review of stop 61.)
+#[tokio::test]
+async fn the_age_step_keeps_a_row_of_another_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    RedbStore::open(&path).await.unwrap().close().await;
+    let mut later = row_v1(7, 3, (false, false, false));
+    later[0] = 2;
+    later[4..12].copy_from_slice(&0i64.to_le_bytes());
+    edit(&path, |txn| {
+        txn.open_table(EVENT_ROWS)
+            .unwrap()
+            .insert(1, later.as_slice())
+            .unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    let step = awareness_core::PruneStep::Age { cutoff: T0 };
+    assert_eq!(store.prune_chunk(&step, 100, T0).await.unwrap(), 0);
+    assert_eq!(store.log_stats().await.unwrap().rows, 1, "kept");
+    store.close().await;
+}
+
+/// A cursor whose key is cut short (its first string states more bytes than the key holds) is
+/// named by `unreadable_cursors`, the listing an operator reads to find the rows every other
+/// answer leaves out. (Left out of it, a mutation every test passed, it showed nowhere:
+/// review of stop 61.)
+#[tokio::test]
+async fn a_cursor_whose_key_is_cut_short_is_listed_as_unreadable() {
+    use awareness_core::CursorStore as _;
+    /// The cursors table with its keys as bytes too.
+    const RAW_KEYS: redb::TableDefinition<Raw<(&str, &str)>, Raw<CursorRow>> =
+        redb::TableDefinition::new("cursors");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    RedbStore::open(&path).await.unwrap().close().await;
+    let mut row = vec![4];
+    row.extend_from_slice(b"main");
+    for n in [1u64, 1, 1] {
+        row.extend_from_slice(&n.to_le_bytes());
+    }
+    row.extend_from_slice(&T0.millis().to_le_bytes());
+    edit(&path, |txn| {
+        // The table's only key: inserting it compares it with no other.
+        let cut: &[u8] = &[200, b'x'];
+        txn.open_table(RAW_KEYS)
+            .unwrap()
+            .insert(cut, row.as_slice())
+            .unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    let listed = store.unreadable_cursors().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(listed[0].reason.contains("cut short"), "{listed:?}");
     store.close().await;
 }

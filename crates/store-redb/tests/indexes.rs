@@ -5,6 +5,7 @@
 //! removed the index's removal from the one place that removes cursors, and every test passed:
 //! the answers stay right, since a lookup finds no cursor for a stale entry, but the index
 //! grows without bound and every recording on a much-watched target reads every stale entry.)
+//! The same holds for the dedupe index and a session's deletion: no entry outlives its row.
 
 use std::collections::BTreeSet;
 
@@ -121,4 +122,38 @@ async fn the_by_target_index_holds_every_cursor_and_nothing_else() {
         .collect();
     assert_eq!(held, expected, "the cursors left");
     assert_eq!(indexed, held, "the index holds exactly the cursors");
+}
+
+/// Deleting a session whose event row cannot be read frees that row's dedupe key too (its key
+/// unread, the entries pointing at its sequence are found): no entry of the dedupe index
+/// outlives its row. Read in the closed file: every answer stays right either way (a lookup
+/// that finds no row records anew), but the index kept an entry for each such row for good
+/// when that freeing was left out, a mutation every test passed (review of stop 61).
+#[tokio::test]
+async fn deleting_a_session_frees_the_dedupe_key_of_its_unreadable_row() {
+    use awareness_core::{ActorType, EventKind, NewEvent};
+    const DEDUPE: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("dedupe");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let at = r("agent:main:subagent:a");
+    let store = RedbStore::open(&path).await.unwrap();
+    let e = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "s")
+        .with_dedupe_key("k");
+    let seq = store.record(e, T0).await.unwrap().event.sequence;
+    assert!(store.damage_event_row(seq).await.unwrap());
+    store.delete_session(&at).await.unwrap();
+    store.close().await;
+    let db = redb::Database::open(&path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let left: Vec<(String, u64)> = txn
+        .open_table(DEDUPE)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|entry| {
+            let (k, v) = entry.unwrap();
+            (k.value().to_owned(), v.value())
+        })
+        .collect();
+    assert!(left.is_empty(), "dedupe entries left: {left:?}");
 }

@@ -937,6 +937,28 @@ mod tests {
         latched_saying(&runtime, store, at, "the check's own panic");
     }
 
+    /// A write that panics is checked as every failed write is, for a failure redb latched
+    /// (here the check itself panics, as when redb's lock is poisoned, which latches the
+    /// handle): the next write says to reopen the file. (The check left out of the panic path,
+    /// a mutation every test passed, the handle was not marked until a later write failed:
+    /// review of stop 61.)
+    #[test]
+    fn a_write_that_panics_is_checked_for_a_latched_failure() {
+        let (_dir, runtime, store) = on_one_thread();
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        store
+            .writer
+            .shared()
+            .check_panics
+            .store(true, std::sync::atomic::Ordering::Release);
+        runtime
+            .block_on(store.writer.write("a write", |_| -> Result<(), _> {
+                panic!("the write's own panic")
+            }))
+            .expect_err("the write that panicked fails");
+        latched_saying(&runtime, store, at, "the check's own panic");
+    }
+
     /// Checks that the next recording on `store` is refused, saying to reopen the file and
     /// repeating `cause`; then closes the store.
     fn latched_saying(

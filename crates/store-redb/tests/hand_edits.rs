@@ -339,26 +339,30 @@ async fn event_rows_are_format_version_1_byte_for_byte() {
     store.close().await;
 }
 
+/// A new store whose only event row, numbered 1, is `row` (written in the closed file), open
+/// again; and its directory.
+async fn a_store_whose_event_1_is(row: &[u8]) -> (tempfile::TempDir, RedbStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    RedbStore::open(&path).await.unwrap().close().await;
+    edit(&path, |txn| {
+        txn.open_table(EVENT_ROWS).unwrap().insert(1, row).unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    (dir, store)
+}
+
 /// A row whose payload is JSON but no object is a damaged row, `Corrupt` as every other row
 /// that cannot be decoded (decisions 0016 and 0020), not a backend failure a caller would
 /// retry. (Made a backend error, a mutation every test passed: review of stop 61.)
 #[tokio::test]
 async fn a_payload_that_is_no_object_is_corrupt() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    RedbStore::open(&path).await.unwrap().close().await;
     let mut row = vec![1, 7, 3, 1 << 3];
     row.extend_from_slice(&T0.millis().to_le_bytes());
     for s in ["agent:main:main", "main", "s", "[1]"] {
         put(&mut row, s);
     }
-    edit(&path, |txn| {
-        txn.open_table(EVENT_ROWS)
-            .unwrap()
-            .insert(1, row.as_slice())
-            .unwrap();
-    });
-    let store = RedbStore::open(&path).await.unwrap();
+    let (_dir, store) = a_store_whose_event_1_is(&row).await;
     assert_corrupt(store.events_after(Sequence::ZERO, 10).await, "event row 1");
     store.close().await;
 }
@@ -369,19 +373,10 @@ async fn a_payload_that_is_no_object_is_corrupt() {
 /// row, whose bytes there read as 1970, was pruned: review of stop 61.)
 #[tokio::test]
 async fn the_age_step_keeps_a_row_of_another_format() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    RedbStore::open(&path).await.unwrap().close().await;
     let mut later = row_v1(7, 3, (false, false, false));
     later[0] = 2;
     later[4..12].copy_from_slice(&0i64.to_le_bytes());
-    edit(&path, |txn| {
-        txn.open_table(EVENT_ROWS)
-            .unwrap()
-            .insert(1, later.as_slice())
-            .unwrap();
-    });
-    let store = RedbStore::open(&path).await.unwrap();
+    let (_dir, store) = a_store_whose_event_1_is(&later).await;
     let step = awareness_core::PruneStep::Age { cutoff: T0 };
     assert_eq!(store.prune_chunk(&step, 100, T0).await.unwrap(), 0);
     assert_eq!(store.log_stats().await.unwrap().rows, 1, "kept");

@@ -772,6 +772,24 @@ mod tests {
         (dir, runtime, store)
     }
 
+    /// [`on_one_thread`], with the check after a failed write made to panic (the test hook
+    /// `check_panics`), and the session its recordings go to.
+    fn the_check_panicking() -> (
+        tempfile::TempDir,
+        tokio::runtime::Runtime,
+        crate::RedbStore,
+        SessionRef,
+    ) {
+        let (dir, runtime, store) = on_one_thread();
+        store
+            .writer
+            .shared()
+            .check_panics
+            .store(true, std::sync::atomic::Ordering::Release);
+        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        (dir, runtime, store, at)
+    }
+
     /// Runs one batch of recordings on `at` with these summaries through the writer's drain
     /// (outside any runtime, as the drain runs), catching nothing: a panic out of the drain
     /// fails the test. Answers each caller's answer, in order.
@@ -924,13 +942,7 @@ mod tests {
     /// unwound out of the drain, failing every queued job, and left the handle unlatched.
     #[test]
     fn a_check_that_panics_after_a_panicked_commit_latches_the_handle() {
-        let (_dir, runtime, store) = on_one_thread();
-        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
-        store
-            .writer
-            .shared()
-            .check_panics
-            .store(true, std::sync::atomic::Ordering::Release);
+        let (_dir, runtime, store, at) = the_check_panicking();
         for answer in run_batch(&store, &at, &[super::COMMIT_PANICS_IN_TESTS, "x"]) {
             answer.expect_err("not committed");
         }
@@ -944,13 +956,7 @@ mod tests {
     /// review of stop 61.)
     #[test]
     fn a_write_that_panics_is_checked_for_a_latched_failure() {
-        let (_dir, runtime, store) = on_one_thread();
-        let at = SessionRef::parse("agent:main:child", "main").expect("ref");
-        store
-            .writer
-            .shared()
-            .check_panics
-            .store(true, std::sync::atomic::Ordering::Release);
+        let (_dir, runtime, store, at) = the_check_panicking();
         runtime
             .block_on(store.writer.write("a write", |_| -> Result<(), _> {
                 panic!("the write's own panic")

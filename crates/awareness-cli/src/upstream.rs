@@ -1197,6 +1197,12 @@ mod tests {
         (done, out.taken)
     }
 
+    /// The lines of `out` (the JSON lines of `monitor --json`) of `detection`.
+    fn lines_of<'a>(out: &'a str, detection: &'a str) -> impl Iterator<Item = &'a str> {
+        let tag = format!(r#""detection":"{detection}""#);
+        out.lines().filter(move |l| l.contains(&tag))
+    }
+
     /// The detections the monitor had sent when the stop came, still unread behind a slow
     /// output, are printed before it returns: each is a change it made or found. (Left unread,
     /// the lines of a random part of the 60 were missing, and every test passed: review of
@@ -1206,10 +1212,7 @@ mod tests {
     async fn the_detections_sent_before_the_stop_are_printed() {
         let (done, out) = monitor_behind_a_slow_output(60).await;
         assert_eq!(done.map_err(|e| e.message).unwrap(), 0);
-        let missing = out
-            .lines()
-            .filter(|l| l.contains(r#""detection":"missing""#))
-            .count();
+        let missing = lines_of(&out, "missing").count();
         assert_eq!(missing, 60, "of {} lines", out.lines().count());
         assert_eq!(out.lines().count(), 60, "nothing else: {out}");
     }
@@ -1222,13 +1225,8 @@ mod tests {
     async fn detections_dropped_behind_a_slow_output_are_counted_in_a_line() {
         let (done, out) = monitor_behind_a_slow_output(1100).await;
         assert_eq!(done.map_err(|e| e.message).unwrap(), 0);
-        let missing = out
-            .lines()
-            .filter(|l| l.contains(r#""detection":"missing""#))
-            .count();
-        let lagged: Vec<Value> = out
-            .lines()
-            .filter(|l| l.contains(r#""detection":"lagged""#))
+        let missing = lines_of(&out, "missing").count();
+        let lagged: Vec<Value> = lines_of(&out, "lagged")
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         let lines = out.lines().count();

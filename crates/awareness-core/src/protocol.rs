@@ -1138,4 +1138,108 @@ mod tests {
         ));
         assert!(check_watch(&SessionKey::new("agent:main:main").unwrap(), &t).is_ok());
     }
+
+    /// Only a notice that is not queue-only, to a main session, wakes (decision 0015): a
+    /// nested subagent's is read on its next turn, an ambient cursor's is queued. (Either
+    /// condition enough, a mutation awareness-core's and store-memory's tests passed, woke
+    /// both: review of stop 61.)
+    #[test]
+    fn only_an_explicit_notice_to_a_main_session_wakes() {
+        let target = r("agent:main:subagent:c1");
+        let pending = |watcher: &str| {
+            material(
+                Cursor::at(w(watcher), target.clone(), Sequence(1), Timestamp(0)),
+                Sequence(2),
+                Timestamp(0),
+            )
+        };
+        let main = pending("agent:main:main");
+        assert!(Notice::of(&main).wakes(), "explicit, main session");
+        assert!(
+            !Notice::of(&pending("agent:main:subagent:p")).wakes(),
+            "a nested subagent is not woken"
+        );
+        let ambient = Cursor {
+            provenance: WatchProvenance::AmbientGroup,
+            ..main
+        };
+        assert!(
+            !Notice::of(&ambient).wakes(),
+            "an ambient cursor's notice is queue-only"
+        );
+    }
+
+    /// A spawn that names its watcher twice writes that watcher's cursor once. (Each name
+    /// written, a mutation awareness-core's and store-memory's tests passed, wrote it twice,
+    /// which store-postgres's one upsert refuses, failing the recording: review of stop 61.)
+    #[test]
+    fn a_spawn_naming_a_watcher_twice_writes_its_cursor_once() {
+        let main = w("agent:main:main");
+        let fx = on_event(
+            &ev(EventKind::ChildSpawned, 5, Some("agent:main:main")),
+            &[main.clone(), main],
+            &[],
+            Timestamp(1),
+        );
+        assert_eq!(fx.upserts.len(), 1, "{fx:?}");
+    }
+
+    /// A head written over an unreadable row reports a gap below its event only: a reconcile
+    /// from just below the event is whole (decision 0020). (The watermark at the event, a
+    /// mutation awareness-core's and store-memory's tests passed, reported a gap there too:
+    /// review of stop 61.)
+    #[test]
+    fn a_head_over_an_unreadable_row_gaps_only_below_its_event() {
+        let h = head_over_unreadable(&ev(EventKind::HumanDirectMessage, 9, None), Timestamp(1));
+        let page = |after| {
+            crate::reconcile::build_page(
+                Sequence(after),
+                Some(&h),
+                Some(Sequence(9)),
+                Vec::new(),
+                200,
+            )
+        };
+        assert!(page(7).history_gap, "from below: a gap");
+        assert!(!page(8).history_gap, "from just below the event: whole");
+    }
+
+    /// A named watcher that is both the event's session and its actor is ignored as the
+    /// session first: `awareness record` refuses it as a self-watch. (The two reasons taken
+    /// the other way round, a mutation every test passed, the refusal named the actor:
+    /// review of stop 61.)
+    #[test]
+    fn a_watcher_that_is_the_session_and_its_actor_is_ignored_as_the_session() {
+        let s = SessionKey::new("agent:main:main").unwrap();
+        assert_eq!(
+            ignored_watcher(
+                KindClass::Notify,
+                &s,
+                Some("agent:main:main"),
+                &w("agent:main:main")
+            ),
+            Some(IgnoredWatcher::ItsOwnSession)
+        );
+    }
+
+    /// A material event never lowers a cursor's `material` (a row another writer left past
+    /// the counter, decision 0023), nor writes `notified` above it. (The event's number taken
+    /// as the material, a mutation every test passed, wrote a torn row there: review of stop
+    /// 61.)
+    #[test]
+    fn a_material_event_never_lowers_material() {
+        let mut c = Cursor::at(
+            w("agent:main:main"),
+            r("agent:main:subagent:c1"),
+            Sequence(5),
+            Timestamp(0),
+        );
+        c.material = Sequence(1000);
+        let m = material(c, Sequence(12), Timestamp(1));
+        assert_eq!(m.material, Sequence(1000));
+        assert!(
+            m.last_seen <= m.notified && m.notified <= m.material,
+            "{m:?}"
+        );
+    }
 }

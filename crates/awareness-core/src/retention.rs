@@ -566,4 +566,24 @@ mod tests {
             "a head's clock never goes back"
         );
     }
+
+    /// A stamp that raises no watermark leaves the head as it is, `updated_at` included (it
+    /// "moves up to now when the watermark rises"): two pruners stamping the same sequence
+    /// move it once. (`>=` for `>`, a mutation every test passed, moved it at each: review of
+    /// stop 61.)
+    #[test]
+    fn a_stamp_that_raises_nothing_leaves_the_head() {
+        let h = Head {
+            session: SessionRef::parse("agent:main:x", "main").unwrap(),
+            last_sequence: Sequence(9),
+            pruned_max_sequence: Sequence(4),
+            updated_at: Timestamp(10),
+        };
+        assert_eq!(stamp(&h, Sequence(4), Timestamp(50)), h);
+        assert_eq!(stamp(&h, Sequence(3), Timestamp(50)), h);
+        assert_eq!(
+            stamp(&h, Sequence(5), Timestamp(50)).updated_at,
+            Timestamp(50)
+        );
+    }
 }

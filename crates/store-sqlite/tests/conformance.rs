@@ -11,6 +11,9 @@ use awareness_core::StoreError;
 use awareness_core::testkit::Subject;
 use awareness_core::testkit::model::{Batching, Release};
 use store_sqlite::{SqliteOptions, SqliteStore};
+use write_lock::WriteLock;
+
+mod write_lock;
 
 awareness_core::raw_access_forwarding!(SqliteStore);
 
@@ -78,24 +81,8 @@ fn batching(store: Arc<SqliteStore>, path: PathBuf) -> Batching {
 }
 
 async fn hold_writer(store: Arc<SqliteStore>, path: PathBuf) -> Release {
-    use sqlx::{ConnectOptions as _, Connection as _};
-    let mut holder = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
-        .connect()
-        .await
-        .expect("a second connection");
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut holder)
-        .await
-        .expect("take the write lock");
-    Release::behind_a_noop_write(store, async move {
-        sqlx::raw_sql("ROLLBACK")
-            .execute(&mut holder)
-            .await
-            .expect("release the write lock");
-        holder.close().await.expect("close the second connection");
-    })
-    .await
+    let lock = WriteLock::take(&path).await;
+    Release::behind_a_noop_write(store, lock.release()).await
 }
 
 // Every handle is a writer of its own on a file other processes may write too: each counts the

@@ -17,6 +17,9 @@ use awareness_core::testkit::group_commit::{Grouped, T0, event, session};
 use awareness_core::testkit::poll_once;
 use awareness_core::{CursorStore, EventStore, Sequence, StoreError, WatcherKey};
 use store_sqlite::{SqliteOptions, SqliteStore};
+use write_lock::WriteLock;
+
+mod write_lock;
 
 async fn open(dir: &tempfile::TempDir, options: SqliteOptions) -> Arc<SqliteStore> {
     Arc::new(
@@ -107,13 +110,12 @@ async fn a_dedupe_hit_on_a_torn_row_fails_and_spends_one_sequence_watched_or_not
 /// event after the batch was taken, and began a third.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
-    use sqlx::Connection as _;
     const BUSY: std::time::Duration = std::time::Duration::from_millis(500);
     const CALLS: usize = 32;
     let dir = tempfile::tempdir().expect("dir");
     let store = open(&dir, SqliteOptions::new().busy_timeout(BUSY)).await;
     store.record(event(0), T0).await.expect("record");
-    let mut holder = the_write_lock(&dir).await;
+    let lock = WriteLock::take(&dir.path().join("state.sqlite")).await;
     let before = store.write_transactions();
     let mut calls = Vec::with_capacity(CALLS);
     for i in 1..=CALLS {
@@ -156,11 +158,7 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
         "the {} calls queued behind the first went in one batch",
         CALLS - 1
     );
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut holder)
-        .await
-        .expect("release the lock");
-    holder.close().await.expect("close");
+    lock.release().await;
     store
         .record(event(CALLS + 1), T0)
         .await
@@ -172,22 +170,6 @@ async fn recordings_that_meet_the_lock_in_a_batch_all_fail_at_once() {
     );
 }
 
-/// A connection of its own to the store in `dir` holding the file's write lock (`BEGIN
-/// IMMEDIATE`), as another process would.
-async fn the_write_lock(dir: &tempfile::TempDir) -> sqlx::SqliteConnection {
-    use sqlx::ConnectOptions as _;
-    let mut holder = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(dir.path().join("state.sqlite"))
-        .connect()
-        .await
-        .expect("raw connection");
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut holder)
-        .await
-        .expect("take the write lock");
-    holder
-}
-
 /// A write that meets another connection's lock (its `BEGIN IMMEDIATE` answered busy, so no
 /// transaction began) is rolled back quietly: SQLite's "no transaction is active" is the usual
 /// answer to that rollback, not a failure, and nothing is warned; the next write, once the lock
@@ -196,19 +178,14 @@ async fn the_write_lock(dir: &tempfile::TempDir) -> sqlx::SqliteConnection {
 /// next write rolled back again first: review of stop 61.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_met_the_lock_is_rolled_back_without_a_warning() {
-    use sqlx::Connection as _;
     let capture = awareness_core::testkit::logs::Capture::warnings();
     let dir = tempfile::tempdir().expect("dir");
     let busy = std::time::Duration::from_millis(50);
     let store = open(&dir, SqliteOptions::new().busy_timeout(busy)).await;
-    let mut holder = the_write_lock(&dir).await;
+    let lock = WriteLock::take(&dir.path().join("state.sqlite")).await;
     let met = store.record(event(0), T0).await;
     assert!(matches!(met, Err(StoreError::Busy { .. })), "{met:?}");
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut holder)
-        .await
-        .expect("release the write lock");
-    holder.close().await.expect("close");
+    lock.release().await;
     store
         .record(event(1), T0)
         .await

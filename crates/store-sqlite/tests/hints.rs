@@ -14,6 +14,9 @@ use awareness_core::protocol::AckTarget;
 use awareness_core::testkit::group_commit::{T0, event};
 use awareness_core::{CommitHints, CursorStore as _, EventStore as _, PruneStep, WatcherKey};
 use store_sqlite::{SqliteOptions, SqliteStore};
+use write_lock::WriteLock;
+
+mod write_lock;
 
 async fn open(path: &std::path::Path) -> SqliteStore {
     let options = SqliteOptions::new().commit_hint_interval(Duration::MAX);
@@ -168,7 +171,6 @@ async fn a_file_deleted_or_replaced_under_the_handle_is_warned_of_once() {
 /// write connection, which the waiting recording holds, to ask it whose commit it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_is_hinted_while_the_handles_own_write_waits_for_the_lock() {
-    use sqlx::{ConnectOptions as _, Connection as _};
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("state.sqlite");
     let (ours, theirs) = (std::sync::Arc::new(open(&path).await), open(&path).await);
@@ -176,15 +178,7 @@ async fn a_commit_is_hinted_while_the_handles_own_write_waits_for_the_lock() {
     poll(&ours).await;
     assert!(hint_ready(&mut hints).await, "the poller has begun");
     theirs.record(event(1), T0).await.expect("their commit");
-    let mut third = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
-        .connect()
-        .await
-        .expect("a third connection");
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut third)
-        .await
-        .expect("the write lock");
+    let third = WriteLock::take(&path).await;
     let writer = std::sync::Arc::clone(&ours);
     let own = tokio::spawn(async move { writer.record(event(2), T0).await });
     // Time for the recording to take the write connection and wait for the lock.
@@ -201,11 +195,7 @@ async fn a_commit_is_hinted_while_the_handles_own_write_waits_for_the_lock() {
         own.await
     );
     assert!(polling.await.expect("join"), "the poller runs");
-    sqlx::raw_sql("COMMIT")
-        .execute(&mut third)
-        .await
-        .expect("let go");
-    third.close().await.expect("closed");
+    third.release().await;
     own.await
         .expect("join")
         .expect("recorded once the lock is let go");

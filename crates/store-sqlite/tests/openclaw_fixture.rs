@@ -18,6 +18,8 @@ use store_sqlite::{SqliteOptions, SqliteStore};
 
 mod fixture;
 use fixture::{copy_fixture, fixture_dir, raw};
+mod write_lock;
+use write_lock::WriteLock;
 
 /// The clock of the rows these tests write.
 const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -477,11 +479,7 @@ async fn a_fresh_database_has_openclaws_schema_text() {
 async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later() {
     let dir = tempfile::tempdir().unwrap();
     let path = copy_fixture(dir.path());
-    let mut holder = raw(&path).await;
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut holder)
-        .await
-        .expect("take the write lock");
+    let lock = WriteLock::take(&path).await;
     let options = || SqliteOptions::new().busy_timeout(std::time::Duration::from_millis(200));
     let err = SqliteStore::open_with(&path, options())
         .await
@@ -491,11 +489,7 @@ async fn an_open_that_must_migrate_behind_a_held_lock_is_busy_and_succeeds_later
         err.to_string().contains(&path.display().to_string()),
         "the error names the file: {err}"
     );
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut holder)
-        .await
-        .expect("let the lock go");
-    holder.close().await.expect("close");
+    lock.release().await;
     let store = SqliteStore::open_with(&path, options())
         .await
         .expect("the open succeeds once the lock is free");

@@ -12,6 +12,9 @@ use awareness_core::{
 };
 use sqlx::{ConnectOptions as _, Connection as _};
 use store_sqlite::{SqliteOptions, SqliteStore};
+use write_lock::WriteLock;
+
+mod write_lock;
 
 /// A new store's file in `dir`, closed.
 async fn new_store(dir: &std::path::Path) -> std::path::PathBuf {
@@ -35,21 +38,13 @@ async fn raw(path: &std::path::Path) -> sqlx::SqliteConnection {
 async fn an_up_to_date_store_opens_while_another_connection_holds_the_write_lock() {
     let dir = tempfile::tempdir().unwrap();
     let path = new_store(dir.path()).await;
-    let mut holder = raw(&path).await;
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    let lock = WriteLock::take(&path).await;
     let opened = SqliteStore::open_with(
         &path,
         SqliteOptions::new().busy_timeout(Duration::from_millis(300)),
     )
     .await;
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    holder.close().await.unwrap();
+    lock.release().await;
     let store = opened.expect("nothing to migrate, so the held write lock does not matter");
     store.close().await;
 }

@@ -39,18 +39,9 @@ async fn opened_as_a_new_role(
     attributes: &str,
     schema: &str,
 ) -> Result<PgStore, StoreError> {
-    let mut conn = server::server().connect().await.expect("connect");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw' {attributes}"
-    )))
-    .execute(&mut conn)
-    .await
-    .expect("make the role");
+    let made = server::DropRole::create(role.to_owned(), attributes).await;
     let opened = PgStore::connect(server::as_role(role), PgStoreOptions::new(schema)).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
-        .execute(&mut conn)
-        .await
-        .expect("drop the role");
+    drop(made);
     opened
 }
 
@@ -410,47 +401,22 @@ async fn a_role_that_may_only_read_and_write_rows_opens(old: bool) {
         back_to_the_old_dedupe_index(admin.pool()).await;
     }
     drop(admin);
-    let mut conn = server::server().connect().await.expect("connect");
-    for sql in [
-        format!("CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw'"),
-        format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC"),
-        format!("GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\""),
-        format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{role}\""
-        ),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut conn)
-            .await
-            .expect("set up the role");
-    }
-    let opened =
-        PgStore::connect(server::as_role(&role), PgStoreOptions::new(schema.clone())).await;
-    // The role goes whatever happened (its grants go with the schema).
-    let drop_role = async |conn: &mut sqlx::PgConnection| {
-        for sql in [
-            format!("DROP OWNED BY \"{role}\""),
-            format!("DROP ROLE \"{role}\""),
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(&mut *conn)
-                .await
-                .expect("drop the role");
-        }
-    };
-    let store = match opened {
-        Ok(store) => store,
-        Err(e) => {
-            drop_role(&mut conn).await;
-            panic!("the limited role cannot open the store (old: {old}): {e}");
-        }
-    };
+    // The role goes whatever happens (its grants go with the schema).
+    let role = server::DropRole::create(role, "").await;
+    server::run_as_admin(&format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC")).await;
+    role.may_use_rows_of(&schema).await;
+    let store = PgStore::connect(
+        server::as_role(&role.0),
+        PgStoreOptions::new(schema.clone()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the limited role cannot open the store (old: {old}): {e}"));
     let recorded = store
         .record(human("agent:main:subagent:a"), Timestamp(1_800_000_000_000))
         .await;
     store.pool().close().await;
     drop(store);
-    drop_role(&mut conn).await;
+    drop(role);
     assert_eq!(recorded.expect("record").event.sequence.0, 1);
 }
 

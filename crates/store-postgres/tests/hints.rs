@@ -297,23 +297,11 @@ async fn a_pool_that_fails_to_send_proofs_does_not_make_a_live_listening_connect
     let logs = awareness_core::testkit::logs::Capture::warnings();
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    let role = server::DropRole(format!("{schema}_gw"));
+    let role = server::DropRole::create(format!("{schema}_gw"), "").await;
     // The store, made by the server's role; the handle's role may read and write its rows.
     server::fresh_store_in(&schema).await;
+    role.may_use_rows_of(&schema).await;
     let mut admin = server::server().connect().await.expect("connect");
-    for sql in [
-        format!("CREATE ROLE \"{}\" LOGIN PASSWORD 'pw'", role.0),
-        format!("GRANT USAGE ON SCHEMA \"{schema}\" TO \"{}\"", role.0),
-        format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{}\"",
-            role.0
-        ),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .expect("set up the role");
-    }
     let ours = PgStore::connect(
         server::as_role(&role.0),
         PgStoreOptions::new(schema.clone())

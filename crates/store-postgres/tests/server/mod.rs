@@ -27,6 +27,39 @@ pub fn as_role(role: &str) -> store_postgres::PgConnectOptions {
 /// this is, whatever the test did meanwhile. Best effort, as the schema guard's drop is.
 pub struct DropRole(pub String);
 
+impl DropRole {
+    /// Makes the role `role` on the test server (`LOGIN PASSWORD 'pw'`, then `attributes`),
+    /// dropped with the answer.
+    pub async fn create(role: String, attributes: &str) -> Self {
+        run_as_admin(&format!(
+            "CREATE ROLE \"{role}\" LOGIN PASSWORD 'pw' {attributes}"
+        ))
+        .await;
+        Self(role)
+    }
+
+    /// Lets the role read and write the rows of the store in `schema`, and nothing more: what
+    /// a gateway's role needs.
+    pub async fn may_use_rows_of(&self, schema: &str) {
+        let role = &self.0;
+        run_as_admin(&format!("GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\"")).await;
+        run_as_admin(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{role}\""
+        ))
+        .await;
+    }
+}
+
+/// Runs `sql` on the test server as its own role.
+pub async fn run_as_admin(sql: &str) {
+    use sqlx::ConnectOptions as _;
+    let mut conn = server().connect().await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
 impl Drop for DropRole {
     fn drop(&mut self) {
         let role = self.0.clone();

@@ -834,3 +834,150 @@ async fn a_store_that_panics_reading_cursors_fails_no_tick_and_no_spawn() {
     assert!(spawned.is_some(), "the spawn is recorded, and said so");
     assert_eq!(store.log_stats().await.unwrap().rows, 1);
 }
+
+/// A start-up whose sweep re-delivers a notice reports how many it re-delivered
+/// ([`StartupReport::redelivered`]), not 0. (A report of 0 passed every other test: review of stop
+/// 62, S04.)
+#[tokio::test]
+async fn a_start_up_reports_the_notices_its_sweep_redelivered() {
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let store = main_watching(child.clone()).await;
+    store
+        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
+        .await
+        .unwrap();
+    let queue = Arc::new(InMemoryQueue::new());
+    let directory = Arc::new(InMemoryDirectory::new());
+    directory.upsert(k("agent:main:main"), SessionEntry::default());
+    let svc = Awareness::builder(
+        store,
+        Arc::clone(&queue) as Arc<_>,
+        Arc::new(RecordingWake::new()),
+        directory,
+    )
+    .clock(Arc::new(ManualClock::new(Timestamp(2))))
+    .build();
+    let report = svc.startup().await;
+    assert_eq!(
+        (report.redelivered, report.sweep_failed, report.prune_failed),
+        (1, false, false),
+        "the sweep's re-delivered notice is reported: {report:?}"
+    );
+    assert_eq!(queue.peek(&k("agent:main:main")).len(), 1, "re-delivered");
+}
+
+/// Answers the first two reads of heads as a damaged head row does
+/// ([`StoreError::Corrupt`]): the batch's read, then the first ref's read alone.
+struct FirstHeadDamaged(std::sync::atomic::AtomicUsize);
+
+impl Hook for FirstHeadDamaged {
+    fn refuse(&self, call: Call) -> Option<StoreError> {
+        (call == Call::Heads && self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2)
+            .then(|| StoreError::corrupt("head row: torn"))
+    }
+}
+
+/// A head that cannot be read hides only its own session from `sessions_list`'s versions (decision
+/// 0020): the batch it fails is read again a ref at a time, and the other ref of a batch of two
+/// keeps its `stateVersion`. (A batch of two left out whole, or the refs read alone dropped, passed
+/// every other test: review of stop 62, S07 and S08.)
+#[tokio::test]
+async fn a_damaged_head_hides_only_its_own_session_from_the_listed_versions() {
+    let a = SessionRef::parse("agent:main:subagent:a", "main").unwrap();
+    let b = SessionRef::parse("agent:main:subagent:b", "main").unwrap();
+    let inner = Arc::new(MemoryStore::new());
+    for r in [&a, &b] {
+        inner
+            .record(awareness_core::testkit::checks::human(r), Timestamp(1))
+            .await
+            .unwrap();
+    }
+    let svc = service(Arc::new(Hooked {
+        inner,
+        hook: FirstHeadDamaged(std::sync::atomic::AtomicUsize::new(0)),
+    }));
+    let versions = svc
+        .state_versions(&k("agent:main:main"), &[a.clone(), b.clone()])
+        .await;
+    assert_eq!(
+        versions.keys().collect::<Vec<_>>(),
+        [&b],
+        "only the damaged head's session is left out: {versions:?}"
+    );
+}
+
+/// Acknowledging nothing writes nothing: no follow-up, at once, whatever the store does. (Without
+/// the early answer, an empty acknowledgement asked a failing store and answered its error; a hung
+/// one, it waited for: review of stop 62, S12.)
+#[tokio::test]
+async fn acknowledging_nothing_asks_the_store_nothing() {
+    let failing = service(Arc::new(Failing::new(CAUSE)));
+    let follow = failing
+        .try_acknowledge(&k("agent:main:main"), &[])
+        .await
+        .expect("nothing to write: the store is not asked");
+    assert!(follow.is_empty());
+}
+
+/// A reconcile of an agent-qualified key names its session itself: the requester's cursor is not
+/// read for it, and a store whose cursor reads fail still answers it. (Reading the cursor for every
+/// key without a named agent passed every other test, and such a reconcile answered `unavailable`:
+/// review of stop 62, S39.)
+#[tokio::test]
+async fn a_qualified_key_is_reconciled_without_reading_the_requesters_cursor() {
+    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let inner = main_watching(child.clone()).await;
+    inner
+        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
+        .await
+        .unwrap();
+    let svc = service(Arc::new(Hooked {
+        inner,
+        hook: CursorReadsFail(|| {
+            StoreError::backend("read a cursor", std::io::Error::other(CAUSE))
+        }),
+    }));
+    let status = svc
+        .session_status(
+            &k("agent:main:main"),
+            &child.session_key,
+            None,
+            Some(Sequence(0)),
+            None,
+        )
+        .await
+        .expect("visible");
+    assert!(!status.unavailable, "the key names its agent: {status:?}");
+    assert_eq!(status.state_version, Sequence(1));
+}
+
+/// A policy under which a session sees only itself.
+struct SeesOnlyItself;
+
+impl gateway_adapter::VisibilityPolicy for SeesOnlyItself {
+    fn can_see(&self, requester: &SessionRef, target: &SessionRef) -> bool {
+        requester == target
+    }
+}
+
+/// `sessions_list`'s versions leave out a session the requester cannot see: its `stateVersion` is
+/// not told. (Dropping the visibility filter passed every other test: review of stop 62, S43.)
+#[tokio::test]
+async fn the_listed_versions_leave_out_what_the_requester_cannot_see() {
+    let other = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store
+        .record(awareness_core::testkit::checks::human(&other), Timestamp(1))
+        .await
+        .unwrap();
+    let svc = Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .visibility(Arc::new(SeesOnlyItself))
+    .build();
+    let versions = svc.state_versions(&k("agent:main:main"), &[other]).await;
+    assert!(versions.is_empty(), "not visible, yet told: {versions:?}");
+}

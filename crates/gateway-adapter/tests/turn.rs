@@ -149,6 +149,20 @@ impl World {
 
     /// [`World::gated`], the service built with `config`.
     async fn gated_with(call: Call, after: bool, config: AwarenessConfig) -> Self {
+        // The gateway owns the manager (for the pick-ups).
+        let directory = Arc::new(InMemoryDirectory::new());
+        directory.upsert(k(MANAGER), SessionEntry::default());
+        Self::gated_in(call, after, config, directory).await
+    }
+
+    /// [`World::gated_with`], the gateway's sessions in `directory` (which must know the
+    /// manager).
+    async fn gated_in(
+        call: Call,
+        after: bool,
+        config: AwarenessConfig,
+        directory: Arc<dyn gateway_adapter::SessionDirectory>,
+    ) -> Self {
         let (tx, entered) = mpsc::unbounded_channel();
         let (asked, questions) = mpsc::unbounded_channel();
         let store = Arc::new(GatedAck {
@@ -164,9 +178,6 @@ impl World {
                 questions: asked,
             },
         });
-        // The gateway owns the manager (for the pick-ups).
-        let directory = Arc::new(InMemoryDirectory::new());
-        directory.upsert(k(MANAGER), SessionEntry::default());
         let queue = Arc::new(FaultyQueue::default());
         let wake = Arc::new(Wakes::default());
         let links = Arc::new(MemoryStore::new());
@@ -2057,5 +2068,89 @@ async fn a_deletion_waits_three_store_waits_for_an_acknowledgement_holding_the_l
         w.queue.peek(&k(MANAGER)),
         Vec::<QueuedEntry>::new(),
         "the acknowledgement's follow-up for the deleted watcher is taken out"
+    );
+}
+
+/// A deletion of a watcher that gives up waiting for its lock (a dropped turn's acknowledgement
+/// holds it, its answer held for longer than three store waits) still drops all that dropped turn
+/// left, the other system events (an exec's) with its notices: the deleted session's next turn,
+/// under a new session of the key, shows none of it. (Marking only the notices to go, as a reset
+/// does, passed every other test: review of stop 62, S18.)
+#[tokio::test(start_paused = true)]
+async fn a_deletion_that_gives_up_on_the_lock_still_drops_all_a_dropped_turn_left() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let exec = w.queue_an_exec_line();
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    // The acknowledgement committed; its answer, held at the gate, holds the lock.
+    let delete = w.delete_the_manager();
+    delete
+        .await
+        .expect("the deletion ends, having given up on the lock")
+        .expect("deleted");
+    w.open_gate();
+    settle().await;
+    let shown = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    assert!(
+        !shown.contains(&exec.text) && shown.is_empty(),
+        "the deleted session's dropped turn left nothing for the next turn, got {shown:?}"
+    );
+}
+
+/// A directory that knows the manager, and panics at the next question while armed (a host's
+/// directory with a bug).
+#[derive(Default)]
+struct PanicsNext {
+    inner: InMemoryDirectory,
+    armed: AtomicBool,
+}
+
+impl gateway_adapter::SessionDirectory for PanicsNext {
+    fn exists(&self, s: &SessionKey) -> bool {
+        assert!(
+            !self.armed.swap(false, Ordering::SeqCst),
+            "the host's directory failed"
+        );
+        self.inner.exists(s)
+    }
+    fn entry(&self, s: &SessionKey) -> Option<SessionEntry> {
+        self.inner.entry(s)
+    }
+}
+
+/// A directory that panics when asked about a session owed a wake (a dropped turn's lines, its
+/// acknowledgement letting the lock go) leaves the wake owed to the next pick-up, as a wake that
+/// panics does: the session takes no turn unless woken. (The debt dropped at that panic passed
+/// every other test, and the session was never woken for the lines: review of stop 62, S25.)
+#[tokio::test]
+async fn a_wake_owed_whose_directory_panics_is_owed_to_the_next_pick_up() {
+    let directory = Arc::new(PanicsNext::default());
+    directory.inner.upsert(k(MANAGER), SessionEntry::default());
+    let mut w = World::gated_in(
+        Call::Acknowledge,
+        true,
+        AwarenessConfig::default(),
+        directory.clone(),
+    )
+    .await;
+    w.human().await;
+    let before = w.wake.count(&k(MANAGER));
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    directory.armed.store(true, Ordering::SeqCst);
+    // The acknowledgement's answer returns; it lets the lock go and asks the directory.
+    w.store.hook.permits.add_permits(1);
+    w.svc.wait_for_writes().await;
+    assert!(
+        !directory.armed.load(Ordering::SeqCst),
+        "the directory was asked, and panicked"
+    );
+    assert_eq!(w.wake.count(&k(MANAGER)), before, "nobody woken yet");
+    w.pick_up_wakes(1, "woken at the next pick-up").await;
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the woken turn shows what the dropped one read"
     );
 }

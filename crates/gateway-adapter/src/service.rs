@@ -3857,6 +3857,33 @@ mod tests {
         );
     }
 
+    /// A watcher's lock whose handle a turn has taken (under the map's lock, in
+    /// [`TurnLocks::lock`]) and not locked yet keeps its entry when another watcher's turn lets
+    /// go of its guard meanwhile (which only another thread of the runtime can do; the test
+    /// makes that order by hand): dropped there, the watcher's next turn would make a lock of
+    /// its own and run beside the first. (An entry kept only while a second handle besides the
+    /// turn's existed passed every test, and was left as a race no test could time: review of
+    /// stop 62, A01.)
+    #[tokio::test]
+    async fn a_lock_about_to_be_taken_keeps_its_entry() {
+        let locks = TurnLocks::default();
+        let a = SessionKey::new("agent:main:main").unwrap();
+        let b = SessionKey::new("agent:ops:main").unwrap();
+        let handle = Arc::clone(locks.map().entry(a.clone()).or_default());
+        // Meanwhile, another watcher's turn lets go of its guard.
+        drop(locks.lock(&b).await);
+        let first = handle.lock_owned().await;
+        let first = locks.taken(&a, first);
+        let mut second = Box::pin(locks.lock(&a));
+        assert!(
+            poll_once(second.as_mut()).await.is_none(),
+            "a second turn of the watcher waits for the first"
+        );
+        drop(first);
+        drop(second.await);
+        assert!(locks.map().is_empty());
+    }
+
     /// A lock let go whose lines the turn that settled on them showed ([`Carried::claim`])
     /// carries nothing for the next turn, and its entry goes: kept, as it was with the claim
     /// left out of [`Carried::is_empty`] and every other test passing, each watcher whose

@@ -814,3 +814,104 @@ async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
         lines[1]
     );
 }
+
+/// A session whose entry names its parent alone (no spawner) has that parent as its link up the
+/// spawn tree, asked only as a spawner (`can_watch_spawned`): under `SpawnTree`, with the caller
+/// passing the entry before the directory holds it, the parent is notified. (Asked whether it may
+/// see the session too, as a parent taken for a spawner that cannot watch is, the tree the
+/// directory does not hold refused it, and the parent never heard of its child's human turn: review
+/// of stop 62, A21.)
+#[tokio::test]
+async fn a_parent_named_alone_is_asked_only_as_a_spawner() {
+    let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
+    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        queue.clone(),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        dir.clone(),
+    )
+    .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
+    .build();
+    let mut msg = message("telegram");
+    msg.entry = Some(SessionEntry {
+        parent_session_key: Some(k(MANAGER)),
+        ..SessionEntry::default()
+    });
+    assert!(svc.human_message(msg).await.is_some(), "recorded");
+    assert_eq!(
+        queue.peek(&k(MANAGER)).len(),
+        1,
+        "the parent, the session's link up the tree, is notified"
+    );
+}
+
+/// A bare target key (`global`) that the requester names without an agent, and that no cursor of
+/// the requester follows, is the requester's agent's session: `agent:ops:main` asking about
+/// `global` reads ops's `global`, not the default agent's. (Taking the default agent there
+/// passed every test, and ops was answered `main`'s `global`: review of stop 62, A30.)
+#[tokio::test]
+async fn a_bare_target_is_the_requesters_agents_session() {
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        Arc::new(gateway_adapter::InMemoryQueue::new()),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        Arc::new(gateway_adapter::InMemoryDirectory::new()),
+    )
+    .build();
+    let ops = awareness_core::AgentId::new("ops").unwrap();
+    let event = awareness_core::NewEvent::new(
+        SessionRef::new(k("global"), ops),
+        awareness_core::EventKind::Compacted,
+        awareness_core::ActorType::System,
+        "session compacted",
+    );
+    assert!(svc.record(event).await.is_some(), "recorded");
+    let status = svc
+        .session_status(
+            &k("agent:ops:main"),
+            &k("global"),
+            None,
+            Some(awareness_core::Sequence(0)),
+            None,
+        )
+        .await
+        .expect("visible");
+    assert!(!status.unavailable, "{status:?}");
+    assert_eq!(
+        status.state_version,
+        awareness_core::Sequence(1),
+        "ops's global, which has the event"
+    );
+}
+
+/// A read bounded by `store_wait` polled outside a Tokio runtime (a host polling the service's
+/// futures itself, as the benches do over the in-memory store) is answered, awaited whole: no timer
+/// can be set there (set all the same, it panicked with no reactor running: review of stop 62,
+/// A37).
+#[test]
+fn a_bounded_read_outside_a_tokio_runtime_is_answered() {
+    use std::future::Future as _;
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        Arc::new(gateway_adapter::InMemoryQueue::new()),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        Arc::new(gateway_adapter::InMemoryDirectory::new()),
+    )
+    .build();
+    let (manager, child) = (k(MANAGER), k(CHILD));
+    let mut status = std::pin::pin!(svc.session_status(
+        &manager,
+        &child,
+        None,
+        Some(awareness_core::Sequence(0)),
+        None,
+    ));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match status.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(status) => {
+            assert!(!status.expect("visible").unavailable, "answered");
+        }
+        std::task::Poll::Pending => panic!("the in-memory store answers at once"),
+    }
+}

@@ -882,6 +882,93 @@ async fn a_reset_takes_a_wake_owed_again_with_the_notices() {
     assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
 }
 
+/// A reset drops the session-state lines a dropped turn left, and with them whether what is left
+/// wakes: a turn that takes the exec's line left over and is dropped too owes no wake for it. (With
+/// `read_wakes` kept through the reset, the pick-up woke the manager "for session-state" with the
+/// exec's line alone: review of stop 62, A04.)
+#[tokio::test]
+async fn a_turn_dropped_after_a_reset_owes_no_wake_for_what_the_reset_left() {
+    let mut w = World::gated(Call::Acknowledge, true).await;
+    w.human().await;
+    let exec = w.queue_an_exec_line();
+    let turn = w.turn_at_the_gate().await;
+    dropped(turn).await;
+    // The acknowledgement committed; its answer, held at the gate, returns.
+    w.store.hook.permits.add_permits(1);
+    settle().await;
+    w.pick_up_wakes(0, "woken for the lines as the acknowledgement ended")
+        .await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    // The next turn takes the exec's line over, and is dropped while it reads the cursors.
+    w.drop_a_turn_at(Call::Cursors).await;
+    w.pick_up_wakes(0, "the exec's line the reset left wakes nobody")
+        .await;
+    assert_eq!(texts(&w.svc.drain_turn(&k(MANAGER)).await), vec![exec.text]);
+}
+
+/// `wait_for_writes` waits for the writes started before it was called, and not for one started
+/// after, even when an earlier one is still running when the later one starts (with the mark taken
+/// as "after" only past the next write's number, it waited for the write started right after the
+/// call, here one the store never answers: review of stop 62, A12).
+#[tokio::test(start_paused = true)]
+async fn wait_for_writes_waits_for_no_write_started_after_it() {
+    let mut w = World::gated(Call::Record, false).await;
+    let event = |summary: &str| {
+        awareness_core::NewEvent::new(
+            SessionRef::parse(CHILD, "main").unwrap(),
+            awareness_core::EventKind::Compacted,
+            awareness_core::ActorType::System,
+            summary,
+        )
+    };
+    let svc = Arc::clone(&w.svc);
+    let before = event("before");
+    let first = tokio::spawn(async move { svc.try_record(before).await });
+    w.entered
+        .recv()
+        .await
+        .expect("the first recording reached the store");
+    let svc = Arc::clone(&w.svc);
+    let waiting = tokio::spawn(async move { svc.wait_for_writes().await });
+    settle().await;
+    let svc = Arc::clone(&w.svc);
+    let after = event("after");
+    let _second = tokio::spawn(async move { svc.try_record(after).await });
+    w.entered
+        .recv()
+        .await
+        .expect("the second recording reached the store");
+    // The first recording is answered; the second never is.
+    w.store.hook.permits.add_permits(1);
+    first.await.unwrap().expect("the first recording committed");
+    within_an_hour(waiting)
+        .await
+        .expect("wait_for_writes ended once the write started before it had");
+}
+
+/// An adoption whose link is written at once and whose `adopted` event the store answers later,
+/// within `store_wait`, answers that event (with the event dropped on that path, `awareness adopt`
+/// said the event was not recorded when it was: review of stop 62, A28).
+#[tokio::test]
+async fn an_adoption_answers_its_event_recorded_after_its_link() {
+    let mut w = World::gated(Call::Record, false).await;
+    let adopted = SessionRef::parse("agent:ops:main", "ops").unwrap();
+    let spec = LinkSpec::new(adopted.clone(), "remote", "h", "t", "paired-node");
+    let svc = Arc::clone(&w.svc);
+    let adoption = tokio::spawn(async move { svc.try_adopt_recorded(spec).await });
+    w.entered
+        .recv()
+        .await
+        .expect("the adopted event reached the store");
+    w.store.hook.permits.add_permits(1);
+    let adoption = adoption.await.unwrap().expect("adopted");
+    let event = adoption
+        .event
+        .expect("the adopted event, recorded within store_wait, is answered");
+    assert_eq!(event.kind, awareness_core::EventKind::Adopted);
+    assert_eq!(event.session_ref(), adopted);
+}
+
 /// A reset made while a dropped turn's acknowledgement holds the watcher's lock, with the next
 /// turn waiting for that lock: the lock goes straight to the waiting turn (neither the
 /// acknowledgement letting it go nor a pick-up finds it free), and that turn, taking it, drops

@@ -5550,3 +5550,57 @@ fn owned_watchers_only_monitor(
         common::service_configured(w.store.clone(), Some(w.store.clone()), directory, config);
     UpstreamMonitor::builder(svc, w.store.clone()).provider(Arc::new(JsonlProvider::new()))
 }
+
+/// A gateway directory that panics when asked whether an adopted session is this gateway's
+/// (`owned_watchers_only`).
+struct PanicsWhenAsked;
+
+impl gateway_adapter::SessionDirectory for PanicsWhenAsked {
+    fn exists(&self, _session: &SessionKey) -> bool {
+        panic!("the gateway's directory panicked")
+    }
+
+    fn entry(&self, _session: &SessionKey) -> Option<gateway_adapter::SessionEntry> {
+        None
+    }
+
+    fn exists_as(&self, _session: &SessionRef) -> bool {
+        panic!("the gateway's directory panicked")
+    }
+}
+
+/// With `owned_watchers_only`, a session the directory cannot say is this gateway's (it panicked)
+/// is skipped this tick, not checked as if it were: checked, another gateway's session would be
+/// read against this gateway's prompts and runs. (A panic taken for "this gateway's" passed
+/// every test: review of stop 62, A20.)
+#[tokio::test(start_paused = true)]
+async fn a_session_the_directory_panics_on_is_not_checked() {
+    let (w, mut t, session) = worker_adopted().await;
+    t.human("run the tests");
+    let config = gateway_adapter::AwarenessConfig {
+        owned_watchers_only: true,
+        ..gateway_adapter::AwarenessConfig::default()
+    };
+    let svc = Arc::new(
+        Awareness::builder(
+            w.store.clone(),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(PanicsWhenAsked),
+        )
+        .upstream(w.store.clone())
+        .config(config)
+        .build(),
+    );
+    let report = UpstreamMonitor::builder(svc, w.store.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build()
+        .tick()
+        .await;
+    assert_eq!(
+        (report.links, report.not_owned, report.checked),
+        (1, 0, 0),
+        "skipped this tick: {report:?}"
+    );
+    assert_eq!(w.human_events(&session).await, 0, "nothing recorded");
+}

@@ -560,6 +560,66 @@ pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subje
     );
 }
 
+/// Recordings that need exactly the numbers left before the counter's end
+/// ([`super::RawAccess::leave_sequences`]) are each stored under one of them, in order, and a
+/// store that batches ([`Subject::batching`]) commits them, held behind its writer, as one
+/// batch in one write transaction: a batch is refused only when it does not fit. The next
+/// recording is refused. (store-postgres refused such a batch one number early and then
+/// recorded its events one by one, with the same answers, a mutation every test passed:
+/// review of stop 62.)
+pub async fn recordings_that_take_the_last_numbers_commit_as_one_batch(t: &Subject) {
+    const LEFT: u64 = 3;
+    let s = &*t.store;
+    let first = rec(s, human(&child()), T0).await;
+    assert!(
+        t.raw.leave_sequences(LEFT).await.expect("leave_sequences"),
+        "the counter moved up to {LEFT} numbers before its end"
+    );
+    let events: Vec<NewEvent> = (0..LEFT)
+        .map(|i| log_only(&child(), &format!("one of the last {i}")))
+        .collect();
+    let before = t.batching.as_ref().map(|b| (b.write_transactions)());
+    let answers = super::model::record_wave(&t.store, t.batching.as_ref(), &events, T0).await;
+    let mut stored = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        let got = match answer {
+            super::model::Answer::Queued(call) => call.await.expect("join"),
+            super::model::Answer::AtOnce(got) => {
+                assert!(
+                    t.batching.is_none(),
+                    "call {i} answered while the writer was held: {got:?}"
+                );
+                got
+            }
+        };
+        let got = got.unwrap_or_else(|e| panic!("call {i}, within the numbers left: {e}"));
+        assert_eq!(got.event.summary, events[i].summary, "its own event");
+        stored.push(got.event.sequence.get());
+    }
+    stored.sort_unstable();
+    assert!(
+        stored[0] > first.event.sequence.get() && stored.windows(2).all(|p| p[1] == p[0] + 1),
+        "the last numbers, one each: {stored:?}"
+    );
+    if let (Some(b), Some(before)) = (t.batching.as_ref(), before) {
+        assert_eq!(
+            (b.write_transactions)() - before,
+            b.hold_transactions + 1,
+            "the {LEFT} recordings were committed in one batch"
+        );
+        assert!(
+            (b.largest_batch)() >= LEFT as usize,
+            "a batch of {LEFT}, got at most {}",
+            (b.largest_batch)()
+        );
+    }
+    let err = s.record(human(&child()), T0).await.unwrap_err();
+    assert!(
+        is_counter_at_end(&err),
+        "then the counter is at its end: {err:?}"
+    );
+}
+
 pub async fn dedupe_key_is_free_again_after_its_row_is_pruned(t: &Subject) {
     let s = &*t.store;
     let first = rec(s, log_only(&child(), "old").with_dedupe_key("dk"), T0).await;

@@ -367,6 +367,7 @@ macro_rules! conformance_suite {
             dedupe_hit_consumes_a_sequence,
             dedupe_key_is_free_again_after_its_row_is_pruned,
             a_counter_at_its_end_refuses_to_record_and_writes_nothing,
+            recordings_that_take_the_last_numbers_commit_as_one_batch,
             occurred_at_is_clamped_into_the_last_day,
             occurred_at_defaults_to_now,
             head_tracks_last_sequence_and_local_clock,

@@ -976,3 +976,26 @@ fn a_schema_guard_without_the_server_variable_is_dropped_quietly() {
     assert!(said.contains(store_postgres::testkit::SERVER_VAR), "{said}");
     assert!(!err.contains("panic in a destructor"), "{err}");
 }
+
+/// The bounds the options document are taken themselves: an idle transaction timeout of `i32::MAX`
+/// ms (PostgreSQL's largest) and a listener keepalive of 1 ms ("at least 1 ms"). Refusing either
+/// bound passed every other test: review of stop 62, P10, P11.
+#[tokio::test]
+async fn the_largest_idle_timeout_and_the_shortest_keepalive_are_taken() {
+    let bounds: [fn(PgStoreOptions) -> PgStoreOptions; 2] = [
+        |o| o.idle_transaction_timeout(Duration::from_millis(i32::MAX as u64)),
+        |o| o.listener_keepalive(Duration::from_millis(1)),
+    ];
+    for options in bounds {
+        let schema = server::fresh_schema();
+        let _drop = server::DropSchema(schema.clone());
+        let store = PgStore::connect(server::server(), options(PgStoreOptions::new(schema)))
+            .await
+            .expect("an option at its documented bound is taken");
+        store
+            .record(human("agent:main:subagent:a"), T0)
+            .await
+            .expect("record");
+        store.pool().close().await;
+    }
+}

@@ -217,3 +217,29 @@ async fn a_retryable_failure_in_a_failed_batchs_one_by_one_recording_fails_the_c
         "nothing after the retryable failure"
     );
 }
+
+/// A pruning chunk deletes at most 500 rows per write transaction (a recording waits behind one
+/// such transaction, not the whole chunk), each counted in `write_transactions`: 501 rows take two.
+/// One transaction for the whole chunk passed every other test: review of stop 62, P14.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pruning_chunk_deletes_at_most_500_rows_per_transaction() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("connect");
+    for i in 0..501 {
+        store.record(event(i), T0).await.expect("record");
+    }
+    let began = store.write_transactions();
+    let deleted = store
+        .prune_chunk(&awareness_core::PruneStep::RowCap { max_rows: 0 }, 1000, T0)
+        .await
+        .expect("prune");
+    assert_eq!(deleted, 501);
+    assert_eq!(
+        store.write_transactions() - began,
+        2,
+        "500 rows, then the one left, each in a transaction of its own"
+    );
+}

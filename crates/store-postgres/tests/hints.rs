@@ -578,3 +578,35 @@ impl Drop for SilentProxy {
         drop(std::fs::remove_dir_all(&self.dir));
     }
 }
+
+/// A store whose schema's name begins with this store's (`<s>x` beside `<s>`) is another store: its
+/// commits give no hint. A payload read by its prefix (`starts_with` instead of the schema before
+/// the space) passed every other test: review of stop 62, P30.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_schema_name_extends_ours_is_another_store() {
+    let one = server::fresh_schema();
+    let longer = format!("{one}x");
+    let _drop = [
+        server::DropSchema(one.clone()),
+        server::DropSchema(longer.clone()),
+    ];
+    let (ours, _) = server::fresh_store_in(&one).await;
+    let (elsewhere, _) = server::fresh_store_in(&longer).await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+    hinted(&mut hints).await;
+    elsewhere
+        .record(event(0), T0)
+        .await
+        .expect("record elsewhere");
+    ours.record(event(1), T0).await.expect("record ours");
+    until("its own commit left out", || {
+        ours.own_commits_left_out() == 1
+    })
+    .await;
+    assert_eq!(
+        ours.hints_given(),
+        1,
+        "the start's only: the store of schema {longer} is not {one}'s"
+    );
+}

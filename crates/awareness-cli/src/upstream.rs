@@ -832,6 +832,39 @@ async fn monitor_links(
 mod tests {
     use super::*;
 
+    /// `monitor --json` says of an `upstream_missing` whether the link was removed, and of a source
+    /// not found how many checks in a row found it gone. (Either field set to a constant passed
+    /// every test: review of stop 62, C26 and C27.)
+    #[test]
+    fn missing_detections_say_their_counts_in_json() {
+        use awareness_core::{ActorType, NewEvent, Timestamp};
+        let s = SessionRef::parse("agent:main:worker", "main").expect("ref");
+        let event = Arc::new(
+            NewEvent::new(
+                s.clone(),
+                EventKind::UpstreamMissing,
+                ActorType::System,
+                "transcript gone",
+            )
+            .into_event(Sequence(4), Timestamp(1_800_000_000_000)),
+        );
+        for removed in [true, false] {
+            let v = detection_json(&Detection::UpstreamMissing {
+                session: s.clone(),
+                catalog_id: "claude-code".into(),
+                event: event.clone(),
+                link_removed: removed,
+            });
+            assert_eq!(v["linkRemoved"], json!(removed), "{v}");
+            assert_eq!(v["sequence"], json!(4), "{v}");
+        }
+        let v = detection_json(&Detection::Missing {
+            session: s,
+            consecutive: 3,
+        });
+        assert_eq!(v["consecutive"], json!(3), "{v}");
+    }
+
     /// A monitor whose output failed says how many detections went unread when the channel
     /// dropped some (its capacity of one, here, behind three sent). (Left out, as under
     /// mutation with every test passing, the message said nothing of them: review of stop

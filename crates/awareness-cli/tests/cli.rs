@@ -2273,3 +2273,259 @@ fn a_text_dry_run_says_a_single_cursor_row_it_cannot_read() {
         stdout(&o)
     );
 }
+
+/// `ack` naming two targets the watcher has no cursor on names the first of them, as the check on
+/// the open store does (and as it does on PostgreSQL, which has no read-only look first). (Without
+/// the `break` in the read-only look, the last one was named, and every test passed: review of stop
+/// 62, C06.)
+#[test]
+fn ack_of_two_missing_targets_names_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        run_in(
+            dir.path(),
+            &[&["--store", "sqlite://s.db"][..], args].concat(),
+        )
+    };
+    let w = run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
+    assert!(w.status.success(), "{}", stderr(&w));
+    let o = run(&[
+        "ack",
+        "agent:main:main",
+        "agent:main:subagent:c1",
+        "agent:main:subagent:typo1",
+        "agent:main:subagent:typo2",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no cursor of agent:main:main on agent:main:subagent:typo1"),
+        "the first target without a cursor is named: {}",
+        stderr(&o)
+    );
+}
+
+/// A `record --watcher` that is a dedupe hit moves nothing (the stored event answers), so it does
+/// not warn that the watcher's cursor moved and dropped the notice pending on another agent's
+/// session of the key: that notice is still pending there. (Warning whenever a cursor was read back
+/// after the write passed every test: review of stop 62, C10.)
+#[test]
+fn a_dedupe_hit_naming_a_watcher_does_not_say_a_notice_was_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let run = |args: &[&str]| {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", store.as_str()][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        o
+    };
+    let goal = |agent: &str, more: &[&str]| {
+        let args = [
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            agent,
+            "--kind",
+            "goal_changed",
+            "--actor-type",
+            "human",
+            "--summary",
+            "goal updated",
+            "--dedupe-key",
+            "the-same-change",
+        ];
+        run(&[&args[..], more].concat())
+    };
+    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+    goal("ops", &[]);
+    let hit = goal("main", &["--watcher", "agent:main:main"]);
+    assert!(stdout(&hit).contains("dedupe hit"), "{}", stdout(&hit));
+    assert!(
+        !stderr(&hit).contains("the notice pending there is dropped"),
+        "a dedupe hit moved nothing, yet said a notice was dropped: {}",
+        stderr(&hit)
+    );
+    let pending = json(&run(&["--json", "cursors", "--pending"]));
+    assert_eq!(pending.as_array().unwrap().len(), 1, "{pending}");
+    assert_eq!(pending[0]["targetAgent"], "ops", "{pending}");
+}
+
+/// A `sweep` with nothing pending says so in words, and `[]` with `--json`. (Printing nothing at
+/// all passed every test: review of stop 62, C34.)
+#[test]
+fn a_sweep_with_nothing_pending_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        run_in(
+            dir.path(),
+            &[&["--store", "sqlite://s.db"][..], args].concat(),
+        )
+    };
+    let w = run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
+    assert!(w.status.success(), "{}", stderr(&w));
+    let o = run(&["sweep"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "no notices\n");
+    assert_eq!(json(&run(&["--json", "sweep"])), serde_json::json!([]));
+}
+
+/// The text `cursors` table says `yes` under PENDING for a cursor with a notice pending, and `no`
+/// for one without. (The two swapped passed every test: review of stop 62, C22.)
+#[test]
+fn the_cursors_table_says_which_cursor_has_a_notice_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", "sqlite://s.db"][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        o
+    };
+    let (c1, c2) = ("agent:main:subagent:c1", "agent:main:subagent:c2");
+    run(&["watch", "agent:main:main", c1]);
+    run(&["watch", "agent:main:main", c2]);
+    run(&[
+        "record",
+        "--session",
+        c1,
+        "--kind",
+        "human_direct_message",
+        "--actor-type",
+        "human",
+        "--summary",
+        "typed",
+    ]);
+    let table = stdout(&run(&["cursors"]));
+    let pending_of = |target: &str| {
+        table
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|cells| cells.get(1) == Some(&target))
+            .and_then(|cells| cells.get(6).map(|c| (*c).to_owned()))
+            .unwrap_or_else(|| panic!("no row for {target}: {table}"))
+    };
+    assert!(table.starts_with("WATCHER"), "{table}");
+    assert_eq!(pending_of(c1), "yes", "c1 holds a notice: {table}");
+    assert_eq!(pending_of(c2), "no", "c2 holds none: {table}");
+}
+
+/// `doctor` counts heads and cursors each under its own name, in text and in JSON: two sessions
+/// with events and one cursor. (The two counts swapped, in either output, passed every test: review
+/// of stop 62, C31 and C32.)
+#[test]
+fn doctor_counts_heads_and_cursors_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", "sqlite://s.db"][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        o
+    };
+    let (c1, c2) = ("agent:main:subagent:c1", "agent:main:subagent:c2");
+    run(&["watch", "agent:main:main", c1]);
+    for session in [c1, c2, c2] {
+        run(&[
+            "record",
+            "--session",
+            session,
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ]);
+    }
+    let text = stdout(&run(&["doctor"]));
+    assert_eq!(
+        text,
+        "schema ok; 3 event(s), 2 head(s), 1 cursor(s)\nno problems found\n"
+    );
+    let v = json(&run(&["--json", "doctor"]));
+    assert_eq!(
+        (&v["events"], &v["heads"], &v["cursors"], &v["ok"]),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(2),
+            &serde_json::json!(1),
+            &serde_json::json!(true)
+        ),
+        "{v}"
+    );
+}
+
+/// `prune --json` says whether it was a dry run (`dryRun`), and the text dry run names the
+/// retention's row cap (50,000 rows). (A real prune saying `"dryRun": true`, and the cap said as
+/// the chunk size, passed every test: review of stop 62, C38 and C39.)
+#[test]
+fn prune_says_whether_it_was_a_dry_run_and_names_the_row_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", "sqlite://s.db"][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        o
+    };
+    run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
+    let cap = awareness_core::RetentionPolicy::default().max_rows;
+    let text = stdout(&run(&["prune", "--dry-run"]));
+    assert!(
+        text.contains(&format!(", 0 beyond the {cap}-row cap, ")),
+        "{text}"
+    );
+    assert_eq!(
+        json(&run(&["--json", "prune", "--dry-run"]))["dryRun"],
+        true
+    );
+    let done = json(&run(&["--json", "prune"]));
+    assert_eq!(done["dryRun"], false, "a real prune: {done}");
+}
+
+/// `repair` of a file that needs none says why in its backend's words: SQLite's readers recover its
+/// log; a redb file closed cleanly is taken by a read-only open. (The two texts swapped passed
+/// every test: review of stop 62, C40.)
+#[test]
+fn repair_of_a_file_that_needs_none_says_why_in_its_backends_words() {
+    let dir = tempfile::tempdir().unwrap();
+    for (store, says) in [
+        ("sqlite://s.db", "SQLite needs no repair"),
+        ("redb://s.redb", "a read-only open takes it"),
+    ] {
+        let run = |args: &[&str]| {
+            let o = run_in(dir.path(), &[&["--store", store][..], args].concat());
+            assert!(o.status.success(), "{store} {args:?}: {}", stderr(&o));
+            o
+        };
+        run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
+        let text = stdout(&run(&["repair"]));
+        assert!(text.contains(says), "{store}: {text}");
+    }
+}
+
+/// `unwatch --json` says `{"removed": true}` when it removed the cursor. (`false` there passed
+/// every test: review of stop 62, C41.)
+#[test]
+fn unwatch_json_says_it_removed_the_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = run_in(
+            dir.path(),
+            &[&["--store", "sqlite://s.db"][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        o
+    };
+    run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
+    let v = json(&run(&[
+        "--json",
+        "unwatch",
+        "agent:main:main",
+        "agent:main:subagent:c1",
+    ]));
+    assert_eq!(v, serde_json::json!({"removed": true}));
+}

@@ -1150,3 +1150,39 @@ fn adopt_says_a_rebase_and_lists_only_this_agents_watchers() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["watchedBy"], serde_json::json!([]), "{v}");
 }
+
+/// `adopt` says from which byte of the transcript it reads (its current end: only what is typed
+/// from now on counts), and adopting the same file again says that the link and its marker are
+/// kept. ("read from byte 0" for any file, and "rebased" for the same source, passed every test:
+/// review of stop 62, C17 and C30.)
+#[test]
+fn adopt_says_where_it_reads_from_and_that_the_same_source_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let file = dir.path().join("a.jsonl");
+    std::fs::write(&file, "{}\n").unwrap();
+    let adopt = || {
+        let o = run(&[
+            "--store",
+            &store,
+            "adopt",
+            "agent:main:worker",
+            "--file",
+            file.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let first = adopt();
+    assert!(first.contains("(new link)"), "{first}");
+    assert!(
+        first.contains("read from byte 3 on"),
+        "from the file's end: {first}"
+    );
+    let again = adopt();
+    assert!(
+        again.contains("(same source: the link and its marker are kept)"),
+        "{again}"
+    );
+    assert!(again.contains("read from byte 3 on"), "{again}");
+}

@@ -21,6 +21,18 @@ fn run_in(dir: &Path, args: &[&str]) -> Output {
         .expect("run awareness")
 }
 
+/// `awareness --store STORE ARGS...` in `dir`.
+fn run_on(dir: &Path, store: &str, args: &[&str]) -> Output {
+    run_in(dir, &[&["--store", store][..], args].concat())
+}
+
+/// [`run_on`], which must succeed.
+fn run_ok(dir: &Path, store: &str, args: &[&str]) -> Output {
+    let o = run_on(dir, store, args);
+    assert!(o.status.success(), "{store} {args:?}: {}", stderr(&o));
+    o
+}
+
 /// Runs one SQL statement on the SQLite store at `url` behind the CLI's back, as a bad tool
 /// or a hand edit would.
 fn edit_by_hand(url: &str, statement: &str) {
@@ -2281,12 +2293,7 @@ fn a_text_dry_run_says_a_single_cursor_row_it_cannot_read() {
 #[test]
 fn ack_of_two_missing_targets_names_the_first() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        run_in(
-            dir.path(),
-            &[&["--store", "sqlite://s.db"][..], args].concat(),
-        )
-    };
+    let run = |args: &[&str]| run_on(dir.path(), "sqlite://s.db", args);
     let w = run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
     assert!(w.status.success(), "{}", stderr(&w));
     let o = run(&[
@@ -2312,14 +2319,7 @@ fn ack_of_two_missing_targets_names_the_first() {
 fn a_dedupe_hit_naming_a_watcher_does_not_say_a_notice_was_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("state.db").display());
-    let run = |args: &[&str]| {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", store.as_str()][..], args].concat(),
-        );
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        o
-    };
+    let run = |args: &[&str]| run_ok(dir.path(), &store, args);
     let goal = |agent: &str, more: &[&str]| {
         let args = [
             "record",
@@ -2357,12 +2357,7 @@ fn a_dedupe_hit_naming_a_watcher_does_not_say_a_notice_was_dropped() {
 #[test]
 fn a_sweep_with_nothing_pending_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        run_in(
-            dir.path(),
-            &[&["--store", "sqlite://s.db"][..], args].concat(),
-        )
-    };
+    let run = |args: &[&str]| run_on(dir.path(), "sqlite://s.db", args);
     let w = run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
     assert!(w.status.success(), "{}", stderr(&w));
     let o = run(&["sweep"]);
@@ -2376,14 +2371,7 @@ fn a_sweep_with_nothing_pending_says_so() {
 #[test]
 fn the_cursors_table_says_which_cursor_has_a_notice_pending() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", "sqlite://s.db"][..], args].concat(),
-        );
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        o
-    };
+    let run = |args: &[&str]| run_ok(dir.path(), "sqlite://s.db", args);
     let (c1, c2) = ("agent:main:subagent:c1", "agent:main:subagent:c2");
     run(&["watch", "agent:main:main", c1]);
     run(&["watch", "agent:main:main", c2]);
@@ -2418,14 +2406,7 @@ fn the_cursors_table_says_which_cursor_has_a_notice_pending() {
 #[test]
 fn doctor_counts_heads_and_cursors_apart() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", "sqlite://s.db"][..], args].concat(),
-        );
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        o
-    };
+    let run = |args: &[&str]| run_ok(dir.path(), "sqlite://s.db", args);
     let (c1, c2) = ("agent:main:subagent:c1", "agent:main:subagent:c2");
     run(&["watch", "agent:main:main", c1]);
     for session in [c1, c2, c2] {
@@ -2463,14 +2444,7 @@ fn doctor_counts_heads_and_cursors_apart() {
 #[test]
 fn prune_says_whether_it_was_a_dry_run_and_names_the_row_cap() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", "sqlite://s.db"][..], args].concat(),
-        );
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        o
-    };
+    let run = |args: &[&str]| run_ok(dir.path(), "sqlite://s.db", args);
     run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
     let cap = awareness_core::RetentionPolicy::default().max_rows;
     let text = stdout(&run(&["prune", "--dry-run"]));
@@ -2496,11 +2470,7 @@ fn repair_of_a_file_that_needs_none_says_why_in_its_backends_words() {
         ("sqlite://s.db", "SQLite needs no repair"),
         ("redb://s.redb", "a read-only open takes it"),
     ] {
-        let run = |args: &[&str]| {
-            let o = run_in(dir.path(), &[&["--store", store][..], args].concat());
-            assert!(o.status.success(), "{store} {args:?}: {}", stderr(&o));
-            o
-        };
+        let run = |args: &[&str]| run_ok(dir.path(), store, args);
         run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
         let text = stdout(&run(&["repair"]));
         assert!(text.contains(says), "{store}: {text}");
@@ -2512,14 +2482,7 @@ fn repair_of_a_file_that_needs_none_says_why_in_its_backends_words() {
 #[test]
 fn unwatch_json_says_it_removed_the_cursor() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", "sqlite://s.db"][..], args].concat(),
-        );
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        o
-    };
+    let run = |args: &[&str]| run_ok(dir.path(), "sqlite://s.db", args);
     run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
     let v = json(&run(&[
         "--json",

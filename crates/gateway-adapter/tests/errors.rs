@@ -469,6 +469,23 @@ impl Hook for RefreezesFail {
     }
 }
 
+/// A service over `store` whose gateway owns the manager (`agent:main:main`), at 2 ms on its
+/// clock, and its queue: for the start-up tests.
+fn starting_up(store: Arc<dyn awareness_core::AwarenessStore>) -> (Awareness, Arc<InMemoryQueue>) {
+    let queue = Arc::new(InMemoryQueue::new());
+    let directory = Arc::new(InMemoryDirectory::new());
+    directory.upsert(k("agent:main:main"), SessionEntry::default());
+    let svc = Awareness::builder(
+        store,
+        Arc::clone(&queue) as Arc<_>,
+        Arc::new(RecordingWake::new()),
+        directory,
+    )
+    .clock(Arc::new(ManualClock::new(Timestamp(2))))
+    .build();
+    (svc, queue)
+}
+
 /// A start-up whose sweep fails says so ([`StartupReport::sweep_failed`]), rather than looking
 /// like a start-up with nothing pending, and [`Awareness::try_sweep`] called again once the
 /// store answers re-delivers the notice.
@@ -486,17 +503,7 @@ async fn a_failed_start_up_sweep_is_reported_and_can_be_retried() {
         inner,
         hook: RefreezesFail(std::sync::atomic::AtomicBool::new(true)),
     });
-    let queue = Arc::new(InMemoryQueue::new());
-    let directory = Arc::new(InMemoryDirectory::new());
-    directory.upsert(k("agent:main:main"), SessionEntry::default());
-    let svc = Awareness::builder(
-        Arc::clone(&store) as Arc<_>,
-        Arc::clone(&queue) as Arc<_>,
-        Arc::new(RecordingWake::new()),
-        directory,
-    )
-    .clock(Arc::new(ManualClock::new(Timestamp(2))))
-    .build();
+    let (svc, queue) = starting_up(Arc::clone(&store) as Arc<_>);
     let report = svc.startup().await;
     assert_eq!(
         (report.redelivered, report.sweep_failed, report.prune_failed),
@@ -846,17 +853,7 @@ async fn a_start_up_reports_the_notices_its_sweep_redelivered() {
         .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
         .await
         .unwrap();
-    let queue = Arc::new(InMemoryQueue::new());
-    let directory = Arc::new(InMemoryDirectory::new());
-    directory.upsert(k("agent:main:main"), SessionEntry::default());
-    let svc = Awareness::builder(
-        store,
-        Arc::clone(&queue) as Arc<_>,
-        Arc::new(RecordingWake::new()),
-        directory,
-    )
-    .clock(Arc::new(ManualClock::new(Timestamp(2))))
-    .build();
+    let (svc, queue) = starting_up(store);
     let report = svc.startup().await;
     assert_eq!(
         (report.redelivered, report.sweep_failed, report.prune_failed),

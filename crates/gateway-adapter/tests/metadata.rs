@@ -265,15 +265,7 @@ async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
             ..SessionEntry::default()
         };
         dir.upsert(k(CHILD), entry.clone());
-        let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
-        let svc = gateway_adapter::Awareness::builder(
-            Arc::new(MemoryStore::new()),
-            queue.clone(),
-            Arc::new(gateway_adapter::RecordingWake::new()),
-            dir.clone(),
-        )
-        .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
-        .build();
+        let (svc, queue) = under_the_spawn_tree(dir);
         let mut msg = message("telegram");
         msg.entry = Some(entry);
         assert!(svc.human_message(msg).await.is_some(), "{parent}: recorded");
@@ -824,15 +816,7 @@ async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
 #[tokio::test]
 async fn a_parent_named_alone_is_asked_only_as_a_spawner() {
     let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
-    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
-    let svc = gateway_adapter::Awareness::builder(
-        Arc::new(MemoryStore::new()),
-        queue.clone(),
-        Arc::new(gateway_adapter::RecordingWake::new()),
-        dir.clone(),
-    )
-    .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
-    .build();
+    let (svc, queue) = under_the_spawn_tree(dir);
     let mut msg = message("telegram");
     msg.entry = Some(SessionEntry {
         parent_session_key: Some(k(MANAGER)),
@@ -914,4 +898,26 @@ fn a_bounded_read_outside_a_tokio_runtime_is_answered() {
         }
         std::task::Poll::Pending => panic!("the in-memory store answers at once"),
     }
+}
+
+/// A service over a new memory store whose sessions are `dir`'s, under [`SpawnTree`] over the
+/// same directory, and its queue.
+///
+/// [`SpawnTree`]: gateway_adapter::SpawnTree
+fn under_the_spawn_tree(
+    dir: Arc<gateway_adapter::InMemoryDirectory>,
+) -> (
+    gateway_adapter::Awareness,
+    Arc<gateway_adapter::InMemoryQueue>,
+) {
+    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        queue.clone(),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        dir.clone(),
+    )
+    .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
+    .build();
+    (svc, queue)
 }

@@ -219,6 +219,23 @@ impl World {
         w
     }
 
+    /// A manager whose turn took an exec's line with the notice's and was dropped once its
+    /// acknowledgement committed, the answer since come back and the wake the lines were owed
+    /// paid by a pick-up; with the exec's line.
+    async fn with_an_exec_line_left_and_woken() -> (Self, QueuedEntry) {
+        let mut w = Self::gated(Call::Acknowledge, true).await;
+        w.human().await;
+        let exec = w.queue_an_exec_line();
+        let turn = w.turn_at_the_gate().await;
+        dropped(turn).await;
+        // The acknowledgement committed; its answer, held at the gate, returns.
+        w.store.hook.permits.add_permits(1);
+        settle().await;
+        w.pick_up_wakes(0, "woken for the lines as the acknowledgement ended")
+            .await;
+        (w, exec)
+    }
+
     /// A manager whose turn was dropped once its acknowledgement committed, the answer held at
     /// the gate (no permit left): the acknowledgement still holds the turn's lock. With how
     /// often the manager was woken before the turn.
@@ -865,16 +882,7 @@ async fn a_reset_takes_the_wake_owed_with_the_notices() {
 /// reset, and keeping the debt through the reset passed every test.
 #[tokio::test]
 async fn a_reset_takes_a_wake_owed_again_with_the_notices() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let exec = w.queue_an_exec_line();
-    let turn = w.turn_at_the_gate().await;
-    dropped(turn).await;
-    // The acknowledgement committed; its answer, held at the gate, returns.
-    w.store.hook.permits.add_permits(1);
-    settle().await;
-    w.pick_up_wakes(0, "woken for the lines as the acknowledgement ended")
-        .await;
+    let (mut w, exec) = World::with_an_exec_line_left_and_woken().await;
     w.drop_a_turn_at(Call::Cursors).await;
     w.svc.on_reset(&k(MANAGER)).await;
     w.pick_up_wakes(0, "the wake owed again went with the notice")
@@ -888,16 +896,7 @@ async fn a_reset_takes_a_wake_owed_again_with_the_notices() {
 /// exec's line alone: review of stop 62, A04.)
 #[tokio::test]
 async fn a_turn_dropped_after_a_reset_owes_no_wake_for_what_the_reset_left() {
-    let mut w = World::gated(Call::Acknowledge, true).await;
-    w.human().await;
-    let exec = w.queue_an_exec_line();
-    let turn = w.turn_at_the_gate().await;
-    dropped(turn).await;
-    // The acknowledgement committed; its answer, held at the gate, returns.
-    w.store.hook.permits.add_permits(1);
-    settle().await;
-    w.pick_up_wakes(0, "woken for the lines as the acknowledgement ended")
-        .await;
+    let (mut w, exec) = World::with_an_exec_line_left_and_woken().await;
     w.svc.on_reset(&k(MANAGER)).await;
     // The next turn takes the exec's line over, and is dropped while it reads the cursors.
     w.drop_a_turn_at(Call::Cursors).await;

@@ -1113,12 +1113,13 @@ fn repair_lets_read_commands_in_after_a_killed_writer() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
-/// `adopt` of a session from another file says the link was rebased; `adopt` lists as watchers
-/// only cursors on this agent's session of the key, not another agent's. (The rebase told as
-/// "kept", and a watcher of another agent's `global` listed, passed every test: review of stop
-/// 60.)
+/// `adopt` says the byte it reads from (the transcript's end), that a session from another file
+/// is rebased and one from the same file keeps its link and marker; it lists as watchers only
+/// cursors on this agent's session of the key, not another agent's. (The rebase told as "kept",
+/// and a watcher of another agent's `global` listed, passed every test: review of stop 60; byte
+/// 0 said for any file, and "rebased" for the same source: review of stop 62, C17 and C30.)
 #[test]
-fn adopt_says_a_rebase_and_lists_only_this_agents_watchers() {
+fn adopt_says_its_byte_a_rebase_or_a_kept_link_and_lists_only_this_agents_watchers() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("state.db").display());
     let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
@@ -1137,11 +1138,28 @@ fn adopt_says_a_rebase_and_lists_only_this_agents_watchers() {
     };
     let first = adopt("agent:main:worker", &a, false);
     assert!(text(&first).contains("(new link)"), "{}", text(&first));
+    // From the transcript's end: only what is typed from now on counts.
+    assert!(
+        text(&first).contains("read from byte 3 on"),
+        "{}",
+        text(&first)
+    );
     let moved = adopt("agent:main:worker", &b, false);
     assert!(
         text(&moved).contains("(the source changed: rebased)"),
         "{}",
         text(&moved)
+    );
+    let again = adopt("agent:main:worker", &b, false);
+    assert!(
+        text(&again).contains("(same source: the link and its marker are kept)"),
+        "{}",
+        text(&again)
+    );
+    assert!(
+        text(&again).contains("read from byte 3 on"),
+        "{}",
+        text(&again)
     );
     // ops's main session watches ops's `global`, not main's.
     let watched = run(&["--store", &store, "watch", "agent:ops:main", "global"]);
@@ -1149,40 +1167,4 @@ fn adopt_says_a_rebase_and_lists_only_this_agents_watchers() {
     let o = adopt("global", &a, true);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["watchedBy"], serde_json::json!([]), "{v}");
-}
-
-/// `adopt` says from which byte of the transcript it reads (its current end: only what is typed
-/// from now on counts), and adopting the same file again says that the link and its marker are
-/// kept. ("read from byte 0" for any file, and "rebased" for the same source, passed every test:
-/// review of stop 62, C17 and C30.)
-#[test]
-fn adopt_says_where_it_reads_from_and_that_the_same_source_is_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("state.db").display());
-    let file = dir.path().join("a.jsonl");
-    std::fs::write(&file, "{}\n").unwrap();
-    let adopt = || {
-        let o = run(&[
-            "--store",
-            &store,
-            "adopt",
-            "agent:main:worker",
-            "--file",
-            file.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
-        String::from_utf8(o.stdout).unwrap()
-    };
-    let first = adopt();
-    assert!(first.contains("(new link)"), "{first}");
-    assert!(
-        first.contains("read from byte 3 on"),
-        "from the file's end: {first}"
-    );
-    let again = adopt();
-    assert!(
-        again.contains("(same source: the link and its marker are kept)"),
-        "{again}"
-    );
-    assert!(again.contains("read from byte 3 on"), "{again}");
 }

@@ -242,6 +242,17 @@ async fn main_watching(target: SessionRef) -> Arc<MemoryStore> {
     store
 }
 
+/// [`main_watching`] `target`, where a person's message (at 1 ms) then left the manager a
+/// notice.
+async fn main_notified_of(target: &SessionRef) -> Arc<MemoryStore> {
+    let store = main_watching(target.clone()).await;
+    store
+        .record(awareness_core::testkit::checks::human(target), Timestamp(1))
+        .await
+        .unwrap();
+    store
+}
+
 async fn bare_key_whose_watch_fails(error: fn() -> StoreError, unavailable: bool) {
     let capture = Capture::default();
     let _logging = capture.install();
@@ -426,11 +437,7 @@ async fn try_unwatch_and_try_acknowledge_tell_nothing_to_do_from_a_failure() {
             .await,
         Err(StoreError::InvalidInput(_))
     ));
-    let store = main_watching(child.clone()).await;
-    store
-        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
-        .await
-        .unwrap();
+    let store = main_notified_of(&child).await;
     let svc = service(store);
     assert_eq!(
         svc.try_acknowledge(&main, std::slice::from_ref(&target))
@@ -494,11 +501,7 @@ async fn a_failed_start_up_sweep_is_reported_and_can_be_retried() {
     let capture = Capture::default();
     let _logging = capture.install();
     let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
-    let inner = main_watching(child.clone()).await;
-    inner
-        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
-        .await
-        .unwrap();
+    let inner = main_notified_of(&child).await;
     let store = Arc::new(Hooked {
         inner,
         hook: RefreezesFail(std::sync::atomic::AtomicBool::new(true)),
@@ -848,11 +851,7 @@ async fn a_store_that_panics_reading_cursors_fails_no_tick_and_no_spawn() {
 #[tokio::test]
 async fn a_start_up_reports_the_notices_its_sweep_redelivered() {
     let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
-    let store = main_watching(child.clone()).await;
-    store
-        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
-        .await
-        .unwrap();
+    let store = main_notified_of(&child).await;
     let (svc, queue) = starting_up(store);
     let report = svc.startup().await;
     assert_eq!(
@@ -923,11 +922,7 @@ async fn acknowledging_nothing_asks_the_store_nothing() {
 #[tokio::test]
 async fn a_qualified_key_is_reconciled_without_reading_the_requesters_cursor() {
     let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
-    let inner = main_watching(child.clone()).await;
-    inner
-        .record(awareness_core::testkit::checks::human(&child), Timestamp(1))
-        .await
-        .unwrap();
+    let inner = main_notified_of(&child).await;
     let svc = service(Arc::new(Hooked {
         inner,
         hook: CursorReadsFail(|| {

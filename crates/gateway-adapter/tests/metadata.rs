@@ -277,6 +277,51 @@ async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
     }
 }
 
+/// A session whose entry names its parent alone (no spawner) has that parent as its link up the
+/// spawn tree, asked only as a spawner (`can_watch_spawned`): under `SpawnTree`, with the caller
+/// passing the entry before the directory holds it, the parent is notified. (Asked whether it may
+/// see the session too, as a parent taken for a spawner that cannot watch is, the tree the
+/// directory does not hold refused it, and the parent never heard of its child's human turn: review
+/// of stop 62, A21.)
+#[tokio::test]
+async fn a_parent_named_alone_is_asked_only_as_a_spawner() {
+    let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
+    let (svc, queue) = under_the_spawn_tree(dir);
+    let mut msg = message("telegram");
+    msg.entry = Some(SessionEntry {
+        parent_session_key: Some(k(MANAGER)),
+        ..SessionEntry::default()
+    });
+    assert!(svc.human_message(msg).await.is_some(), "recorded");
+    assert_eq!(
+        queue.peek(&k(MANAGER)).len(),
+        1,
+        "the parent, the session's link up the tree, is notified"
+    );
+}
+
+/// A service over a new memory store whose sessions are `dir`'s, under [`SpawnTree`] over the
+/// same directory, and its queue.
+///
+/// [`SpawnTree`]: gateway_adapter::SpawnTree
+fn under_the_spawn_tree(
+    dir: Arc<gateway_adapter::InMemoryDirectory>,
+) -> (
+    gateway_adapter::Awareness,
+    Arc<gateway_adapter::InMemoryQueue>,
+) {
+    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        queue.clone(),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        dir.clone(),
+    )
+    .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
+    .build();
+    (svc, queue)
+}
+
 /// A policy that lets no spawner or parent watch on its own (`can_watch_spawned` always
 /// false, `can_see` always true) keeps the parent from watching when the spawner is refused:
 /// the fallback parent is asked both questions. The turn is recorded all the same (the entry
@@ -807,42 +852,13 @@ async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
     );
 }
 
-/// A session whose entry names its parent alone (no spawner) has that parent as its link up the
-/// spawn tree, asked only as a spawner (`can_watch_spawned`): under `SpawnTree`, with the caller
-/// passing the entry before the directory holds it, the parent is notified. (Asked whether it may
-/// see the session too, as a parent taken for a spawner that cannot watch is, the tree the
-/// directory does not hold refused it, and the parent never heard of its child's human turn: review
-/// of stop 62, A21.)
-#[tokio::test]
-async fn a_parent_named_alone_is_asked_only_as_a_spawner() {
-    let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
-    let (svc, queue) = under_the_spawn_tree(dir);
-    let mut msg = message("telegram");
-    msg.entry = Some(SessionEntry {
-        parent_session_key: Some(k(MANAGER)),
-        ..SessionEntry::default()
-    });
-    assert!(svc.human_message(msg).await.is_some(), "recorded");
-    assert_eq!(
-        queue.peek(&k(MANAGER)).len(),
-        1,
-        "the parent, the session's link up the tree, is notified"
-    );
-}
-
 /// A bare target key (`global`) that the requester names without an agent, and that no cursor of
 /// the requester follows, is the requester's agent's session: `agent:ops:main` asking about
 /// `global` reads ops's `global`, not the default agent's. (Taking the default agent there
 /// passed every test, and ops was answered `main`'s `global`: review of stop 62, A30.)
 #[tokio::test]
 async fn a_bare_target_is_the_requesters_agents_session() {
-    let svc = gateway_adapter::Awareness::builder(
-        Arc::new(MemoryStore::new()),
-        Arc::new(gateway_adapter::InMemoryQueue::new()),
-        Arc::new(gateway_adapter::RecordingWake::new()),
-        Arc::new(gateway_adapter::InMemoryDirectory::new()),
-    )
-    .build();
+    let (svc, _, _) = common::service(Arc::new(MemoryStore::new()), None);
     let ops = awareness_core::AgentId::new("ops").unwrap();
     let event = awareness_core::NewEvent::new(
         SessionRef::new(k("global"), ops),
@@ -876,13 +892,7 @@ async fn a_bare_target_is_the_requesters_agents_session() {
 #[test]
 fn a_bounded_read_outside_a_tokio_runtime_is_answered() {
     use std::future::Future as _;
-    let svc = gateway_adapter::Awareness::builder(
-        Arc::new(MemoryStore::new()),
-        Arc::new(gateway_adapter::InMemoryQueue::new()),
-        Arc::new(gateway_adapter::RecordingWake::new()),
-        Arc::new(gateway_adapter::InMemoryDirectory::new()),
-    )
-    .build();
+    let (svc, _, _) = common::service(Arc::new(MemoryStore::new()), None);
     let (manager, child) = (k(MANAGER), k(CHILD));
     let mut status = std::pin::pin!(svc.session_status(
         &manager,
@@ -898,26 +908,4 @@ fn a_bounded_read_outside_a_tokio_runtime_is_answered() {
         }
         std::task::Poll::Pending => panic!("the in-memory store answers at once"),
     }
-}
-
-/// A service over a new memory store whose sessions are `dir`'s, under [`SpawnTree`] over the
-/// same directory, and its queue.
-///
-/// [`SpawnTree`]: gateway_adapter::SpawnTree
-fn under_the_spawn_tree(
-    dir: Arc<gateway_adapter::InMemoryDirectory>,
-) -> (
-    gateway_adapter::Awareness,
-    Arc<gateway_adapter::InMemoryQueue>,
-) {
-    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
-    let svc = gateway_adapter::Awareness::builder(
-        Arc::new(MemoryStore::new()),
-        queue.clone(),
-        Arc::new(gateway_adapter::RecordingWake::new()),
-        dir.clone(),
-    )
-    .visibility(Arc::new(gateway_adapter::SpawnTree::new(dir)))
-    .build();
-    (svc, queue)
 }

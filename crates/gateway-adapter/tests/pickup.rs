@@ -2228,38 +2228,3 @@ async fn the_first_answer_after_a_failed_question_is_picked_up_even_if_seen() {
     pickup.abort();
     let _ = pickup.await;
 }
-
-/// `Awareness::deliver` takes the line whose wake panicked back out, then lets the panic go on to
-/// its caller, as its doc says: a host that calls it learns that the wake failed (swallowed, the
-/// call returned as if the session had been woken: review of stop 62, A34).
-#[tokio::test]
-async fn deliver_lets_a_wakes_panic_go_on_to_its_caller() {
-    struct Panics;
-    impl HeartbeatWake for Panics {
-        fn wake(&self, _session: &SessionKey, _reason: &str) {
-            panic!("the heartbeat runner failed");
-        }
-    }
-    let queue = Arc::new(InMemoryQueue::new());
-    let svc = Awareness::builder(
-        Arc::new(MemoryStore::new()),
-        queue.clone(),
-        Arc::new(Panics),
-        directory(&[MANAGER]),
-    )
-    .build();
-    let notice = awareness_core::Notice {
-        watcher: WatcherKey::parse(MANAGER).unwrap(),
-        target: k(CHILD),
-        target_agent: child().agent_id,
-        last_seen: awareness_core::Sequence(4),
-        queue_only: false,
-    };
-    let delivered =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| svc.deliver(&[notice])));
-    assert!(delivered.is_err(), "the wake's panic goes on to the caller");
-    assert!(
-        texts(&queue, MANAGER).is_empty(),
-        "its line was taken back out"
-    );
-}

@@ -1285,21 +1285,7 @@ async fn what_a_dropped_turn_left_stays_while_its_watches_stay() {
 /// the watcher's next turn reads the notice from its cursor.
 #[tokio::test]
 async fn a_panicking_wake_does_not_fail_a_committed_recording() {
-    struct Panicking;
-    impl HeartbeatWake for Panicking {
-        fn wake(&self, _: &SessionKey, _: &str) {
-            panic!("the heartbeat runner failed");
-        }
-    }
-    let store = Arc::new(MemoryStore::new());
-    let queue = Arc::new(InMemoryQueue::new());
-    let svc = Awareness::builder(
-        store.clone(),
-        queue.clone(),
-        Arc::new(Panicking),
-        Arc::new(InMemoryDirectory::new()),
-    )
-    .build();
+    let (svc, queue) = over_a_panicking_wake();
     svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
         .await
         .expect("seeded");
@@ -1310,6 +1296,51 @@ async fn a_panicking_wake_does_not_fail_a_committed_recording() {
         texts(&svc.drain_turn(&k(MANAGER)).await),
         vec![notice(Sequence(1))]
     );
+}
+
+/// `Awareness::deliver` takes the line whose wake panicked back out, then lets the panic go on
+/// to its caller, as its doc says: a host that calls it learns that the wake failed. (Swallowed,
+/// the call returned as if the session had been woken, and every test passed: review of stop
+/// 62, A34.)
+#[test]
+fn deliver_lets_a_wakes_panic_go_on_to_its_caller() {
+    let (svc, queue) = over_a_panicking_wake();
+    let notice = awareness_core::Notice {
+        watcher: WatcherKey::parse(MANAGER).unwrap(),
+        target: k(CHILD),
+        target_agent: awareness_core::AgentId::new("main").unwrap(),
+        last_seen: Sequence(4),
+        queue_only: false,
+    };
+    let delivered =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| svc.deliver(&[notice])));
+    assert!(delivered.is_err(), "the wake's panic goes on to the caller");
+    assert!(
+        queue.peek(&k(MANAGER)).is_empty(),
+        "its line was taken back out"
+    );
+}
+
+/// A wake that panics at every call (the gateway's heartbeat runner failing).
+struct Panicking;
+
+impl HeartbeatWake for Panicking {
+    fn wake(&self, _: &SessionKey, _: &str) {
+        panic!("the heartbeat runner failed");
+    }
+}
+
+/// A service over a new memory store whose wakes panic ([`Panicking`]), and its queue.
+fn over_a_panicking_wake() -> (Awareness, Arc<InMemoryQueue>) {
+    let queue = Arc::new(InMemoryQueue::new());
+    let svc = Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        queue.clone(),
+        Arc::new(Panicking),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    (svc, queue)
 }
 
 /// A wake that panics for one watcher costs the others nothing: with two main sessions

@@ -1799,10 +1799,7 @@ async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
     let w = world();
     let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&alpha);
-    for tick in 1..=5 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}");
-    }
+    deferring_both(&monitor, 5, "alpha running").await;
     // Alpha's run ends as beta's begins. Alpha was deferred by its own run only, so beta's
     // run defers it now (five times before it is checked alone); beta is checked alone, but
     // its own run defers it.
@@ -1812,6 +1809,19 @@ async fn a_sessions_own_runs_do_not_count_towards_checking_it_alone() {
     assert_eq!(w.human_events(&beta).await, 0);
 }
 
+/// `ticks` ticks of `monitor`, at each of which both of two linked sessions are deferred and
+/// neither is checked; `when` names the ticks in a failure.
+async fn deferring_both(monitor: &UpstreamMonitor, ticks: usize, when: &str) {
+    for tick in 1..=ticks {
+        let r = monitor.tick().await;
+        assert_eq!(
+            (r.checked, r.deferred),
+            (0, 2),
+            "{when}: tick {tick} of {ticks} deferred both"
+        );
+    }
+}
+
 /// Five ticks at which both linked sessions are deferred (`alone` by the other's run), then
 /// one at which `alone` is checked by itself and its turn recorded.
 async fn deferred_five_times_then_checked_alone(
@@ -1819,10 +1829,7 @@ async fn deferred_five_times_then_checked_alone(
     monitor: &UpstreamMonitor,
     alone: &SessionRef,
 ) {
-    for tick in 1..=5 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "deferred {tick} times");
-    }
+    deferring_both(monitor, 5, "the other running").await;
     assert_eq!(
         w.human_events(alone).await,
         0,
@@ -1842,10 +1849,7 @@ async fn a_tick_both_sessions_run_in_counts_for_neither() {
     let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&alpha);
     runs.started(&beta);
-    for tick in 1..=5 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "tick {tick}: both running");
-    }
+    deferring_both(&monitor, 5, "both running").await;
     // Only beta runs now: alpha is deferred by it five times before it is checked alone.
     runs.finished(&alpha);
     deferred_five_times_then_checked_alone(&w, &monitor, &alpha).await;
@@ -5838,10 +5842,7 @@ async fn an_unwatched_tick_restarts_the_count_of_deferrals_by_linked_runs() {
     let w = world();
     let (mut t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&beta);
-    for tick in 1..=4 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "deferred {tick} times");
-    }
+    deferring_both(&monitor, 4, "before").await;
     let lead = WatcherKey::parse("agent:alpha:lead").unwrap();
     assert!(w.store.unwatch(&lead, &alpha.session_key).await.unwrap());
     let r = monitor.tick().await;
@@ -5851,14 +5852,7 @@ async fn an_unwatched_tick_restarts_the_count_of_deferrals_by_linked_runs() {
         .await
         .unwrap();
     t.human("typed once watched again");
-    for tick in 1..=2 {
-        let r = monitor.tick().await;
-        assert_eq!(
-            (r.checked, r.deferred),
-            (0, 2),
-            "deferred {tick} times since the unwatched tick"
-        );
-    }
+    deferring_both(&monitor, 2, "since the unwatched tick").await;
     assert_eq!(w.human_events(&alpha).await, 0);
 }
 
@@ -5906,23 +5900,13 @@ async fn a_check_that_goes_through_restarts_the_count_of_deferrals_by_linked_run
     let w = world();
     let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
     runs.started(&beta);
-    for tick in 1..=3 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "deferred {tick} times");
-    }
+    deferring_both(&monitor, 3, "before").await;
     runs.finished(&beta);
     let r = monitor.tick().await;
     assert_eq!((r.checked, r.deferred), (2, 0), "both checked");
     assert_eq!(w.human_events(&alpha).await, 1);
     runs.started(&beta);
-    for tick in 1..=3 {
-        let r = monitor.tick().await;
-        assert_eq!(
-            (r.checked, r.deferred),
-            (0, 2),
-            "deferred {tick} times since alpha's check went through"
-        );
-    }
+    deferring_both(&monitor, 3, "since alpha's check went through").await;
 }
 
 /// Passing over an unwatched link whose source has nothing new writes nothing: its marker and
@@ -5970,10 +5954,7 @@ async fn a_not_owned_tick_restarts_the_count_of_deferrals_by_linked_runs() {
         .build();
     t.human("a person typed this");
     runs.started(&beta);
-    for tick in 1..=4 {
-        let r = monitor.tick().await;
-        assert_eq!((r.checked, r.deferred), (0, 2), "deferred {tick} times");
-    }
+    deferring_both(&monitor, 4, "before").await;
     directory.remove(&alpha.session_key);
     let r = monitor.tick().await;
     assert_eq!((r.not_owned, r.deferred), (1, 1));
@@ -5981,13 +5962,6 @@ async fn a_not_owned_tick_restarts_the_count_of_deferrals_by_linked_runs() {
         alpha.session_key.clone(),
         gateway_adapter::SessionEntry::default(),
     );
-    for tick in 1..=2 {
-        let r = monitor.tick().await;
-        assert_eq!(
-            (r.checked, r.deferred),
-            (0, 2),
-            "deferred {tick} times since the tick another gateway owned it"
-        );
-    }
+    deferring_both(&monitor, 2, "since the tick another gateway owned it").await;
     assert_eq!(w.human_events(&alpha).await, 0);
 }

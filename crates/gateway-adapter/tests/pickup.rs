@@ -537,6 +537,56 @@ async fn a_watch_or_a_spawn_that_cannot_read_the_cursor_still_wakes_the_session(
     }
 }
 
+/// A watch that cannot read whether the cursor is ambient wakes the session only when the
+/// cursor it leaves is pending: watching another agent's session of the key re-points the
+/// ambient cursor there from that session's head, nothing to read, and the queued line, whose
+/// text (the key, "changesSince 0") the re-pointed cursor's notice shares, would only be
+/// dropped as stale by the turn. (What the mutation did: the pending check taken out of the
+/// wake, the main session was woken for the line; review of stop 62, S27.)
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_watch_that_cannot_read_the_cursor_and_re_points_it_wakes_nobody() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(Hooked {
+        inner: ambient_manager(&dir.path().join("state.sqlite")).await,
+        hook: RefuseNth::new(Call::Cursor, 0),
+    });
+    let manager = WatcherKey::parse(MANAGER).unwrap();
+    let ambient = store
+        .inner
+        .cursor(&manager, &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
+    svc.deliver(&[awareness_core::Notice::of(&ambient)]);
+    assert!(wake.all().is_empty(), "queued without a wake");
+    let ops = awareness_core::AgentId::new("ops").unwrap();
+    let outcome = svc
+        .watch_after_send(&k(MANAGER), &k(CHILD), Some(&ops), true)
+        .await;
+    assert!(outcome.watched, "{outcome:?}");
+    assert!(
+        store.hook.asked.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the read failed"
+    );
+    let repointed = store
+        .inner
+        .cursor(&manager, &k(CHILD))
+        .await
+        .unwrap()
+        .expect("the manager's cursor");
+    assert_eq!(repointed.target_agent, ops, "re-pointed at ops's session");
+    assert!(!repointed.is_pending(), "{repointed:?}");
+    assert_eq!(
+        awareness_core::Notice::of(&repointed).text(),
+        awareness_core::Notice::of(&ambient).text(),
+        "the queued line's text"
+    );
+    assert!(wake.all().is_empty(), "nothing to read: nobody woken");
+    assert_eq!(texts(&queue, MANAGER).len(), 1, "the line stays queued");
+}
+
 /// Bug: a watch the wait for the store gave up on (`store_wait`) may still commit, and the
 /// wake it owed the ambient cursor's queued line was lost with its caller; asked again, the
 /// watch found the cursor explicit already and woke nobody either, so the main session took

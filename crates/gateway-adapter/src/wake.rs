@@ -423,4 +423,92 @@ mod tests {
             capture.lines()
         );
     }
+
+    /// A window that closes with nothing owed ends its task, which lets the sink go, and fires
+    /// nothing of a later window: a wake owed in a window opened after it goes out at that window's
+    /// end, not earlier. (What the mutation did: the task went on to the next period instead of
+    /// ending, every window ever opened kept a task and the sink, and an old task fired a later
+    /// window's owed wake early; review of stop 63, W26.)
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_windows_task_ends_and_fires_nothing_of_a_later_window() {
+        let (reasons, sink) = reasons_sink();
+        let waker = CoalescingWake::new(Arc::clone(&sink));
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let start = tokio::time::Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        waker.wake(&main, "first");
+        tokio::time::sleep_until(at(21)).await;
+        assert_eq!(
+            Arc::strong_count(&sink),
+            2,
+            "the test's and the waker's: the closed window's task has ended"
+        );
+        tokio::time::sleep_until(at(25)).await;
+        waker.wake(&main, "second");
+        tokio::time::sleep_until(at(30)).await;
+        waker.wake(&main, "owed");
+        tokio::time::sleep_until(at(44)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "second"],
+            "the wake owed in the window opened at 25 s waits for its end (45 s)"
+        );
+        tokio::time::sleep_until(at(46)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first", "second", "owed"]);
+    }
+
+    /// A window whose task ends with its runtime (a host that shuts a runtime down and goes on with
+    /// the waker in another) is closed: the next wake of the session goes out at once instead of
+    /// being held for a window no task will end. (What the mutation did: a dropped task left its
+    /// window open, and every later wake of the session was swallowed; review of stop 63, W22.)
+    #[test]
+    fn a_window_ended_with_its_runtime_does_not_swallow_later_wakes() {
+        let rec = Arc::new(RecordingWake::new());
+        let sink_rec = Arc::clone(&rec);
+        let sink: WakeSink = Arc::new(move |s, r| sink_rec.wake(s, r));
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+        };
+        runtime().block_on(async { waker.wake(&main, "first") });
+        runtime().block_on(async { waker.wake(&main, "second") });
+        assert_eq!(
+            rec.count(&main),
+            2,
+            "the window ended with its runtime: the second wake goes out at once"
+        );
+    }
+
+    /// A wake that comes while the sink runs a trailing wake it then panics on (here asked by the
+    /// sink itself) is the wake owed again, with its own reason, not the failed wake's. (What the
+    /// mutation did: the failed wake's reason overwrote it, against `owe_again`'s doc; review of
+    /// stop 63, W18.)
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_during_a_failing_trailing_wake_keeps_its_reason() {
+        let reasons = Arc::new(Mutex::new(Vec::<String>::new()));
+        let cell: Arc<std::sync::OnceLock<Arc<CoalescingWake>>> = Arc::default();
+        let (kept, waker_of_sink) = (Arc::clone(&reasons), Arc::clone(&cell));
+        let sink: WakeSink = Arc::new(move |s: &SessionKey, r: &str| {
+            kept.lock().unwrap().push(r.to_owned());
+            if r == "failing" {
+                waker_of_sink.get().unwrap().wake(s, "newer");
+                panic!("the heartbeat runner failed");
+            }
+        });
+        let waker = Arc::new(CoalescingWake::new(sink));
+        assert!(cell.set(Arc::clone(&waker)).is_ok());
+        let main = SessionKey::new("agent:main:main").unwrap();
+        waker.wake(&main, "first");
+        waker.wake(&main, "failing");
+        tokio::time::sleep(Duration::from_secs(41)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "failing", "newer"],
+            "the wake owed again carries the newer wake's reason"
+        );
+    }
 }

@@ -133,4 +133,49 @@ mod tests {
         assert_eq!(fitted, validate::fit_key("run\n1", MAX_KEY_BYTES));
         assert_eq!(validate::key("run id", &fitted), Ok(()));
     }
+
+    /// An id of exactly [`MAX_KEY_BYTES`] bytes is within the key rule and kept as given; one byte
+    /// more is cut and hashed. (What the mutation did: a limit one byte short, an id the core takes
+    /// was recorded cut and hashed, and no longer matched the gateway's; review of stop 63, W03.)
+    #[test]
+    fn an_id_of_exactly_the_key_limit_is_kept() {
+        let f = fit();
+        let at_limit = "a".repeat(MAX_KEY_BYTES);
+        assert_eq!(
+            f.id("run id", Some(at_limit.clone())),
+            Some(at_limit),
+            "an id of exactly the limit is kept"
+        );
+        let over = "a".repeat(MAX_KEY_BYTES + 1);
+        assert_ne!(f.id("run id", Some(over.clone())), Some(over));
+    }
+
+    /// Only a summary that had to be changed to fit is warned of. (What the mutation did: the
+    /// condition turned round, every summary that fit was warned of and a cut one was not; review
+    /// of stop 63, W02.)
+    #[test]
+    fn only_a_summary_that_was_changed_is_warned_of() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _logs = capture.install();
+        let f = fit();
+        f.summary("message text", "", "short and fine", "fallback");
+        assert_eq!(
+            capture.said(&["did not fit a one-line summary"]),
+            0,
+            "a summary that fits is not warned of: {:#?}",
+            capture.lines()
+        );
+        f.summary(
+            "message text",
+            "",
+            &"x".repeat(MAX_SUMMARY_CHARS + 10),
+            "fallback",
+        );
+        assert_eq!(
+            capture.said(&["did not fit a one-line summary", "level=WARN"]),
+            1,
+            "a cut summary is warned of: {:#?}",
+            capture.lines()
+        );
+    }
 }

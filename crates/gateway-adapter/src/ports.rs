@@ -224,4 +224,38 @@ mod tests {
         // An agent-qualified key names its agent, whatever the ref says.
         assert!(!SameAgent.can_see(&r("agent:ops:main", "main"), &main_child));
     }
+
+    /// The ports' default methods ask what they stand for: `can_watch_spawned` asks the policy
+    /// (under `SameAgent`, a spawner does not watch a child in another agent), and `exists_as` asks
+    /// the directory by the key. (What the mutations did: either default `true`, a manager spawning
+    /// into another agent learned its child's changes, which the policy hides, and a directory
+    /// without an `exists_as` of its own answered every session as existing, so that under
+    /// `owned_watchers_only` the monitor checked other gateways' adopted sessions; review of stop
+    /// 63, W39 and W40.)
+    #[test]
+    fn the_defaults_ask_the_policy_and_the_key() {
+        /// A directory that knows one session, by its key, and has no `exists_as` of its own.
+        struct Only(SessionKey);
+        impl SessionDirectory for Only {
+            fn exists(&self, session: &SessionKey) -> bool {
+                *session == self.0
+            }
+            fn entry(&self, _: &SessionKey) -> Option<SessionEntry> {
+                None
+            }
+        }
+        let r = |key: &str, agent: &str| SessionRef::parse(key, agent).unwrap();
+        let main = r("agent:main:main", "main");
+        assert!(SameAgent.can_watch_spawned(&main, &r("agent:main:subagent:c", "main")));
+        assert!(
+            !SameAgent.can_watch_spawned(&main, &r("agent:ops:subagent:c", "ops")),
+            "a child in another agent is not watched under SameAgent"
+        );
+        let dir = Only(SessionKey::new("agent:main:main").unwrap());
+        assert!(dir.exists_as(&main));
+        assert!(
+            !dir.exists_as(&r("agent:main:other", "main")),
+            "a session the directory does not know does not exist"
+        );
+    }
 }

@@ -172,4 +172,17 @@ mod tests {
             "over capacity rather than lose a notice"
         );
     }
+
+    /// A full queue evicts its oldest plain line, not its newest. (What the mutation did: the last
+    /// plain line evicted, the session read the stale lines and lost the latest; review of stop 63,
+    /// W08.)
+    #[test]
+    fn a_full_queue_evicts_its_oldest_plain_entry() {
+        let q = InMemoryQueue::with_capacity(3);
+        for t in ["p1", "p2", "p3", "p4"] {
+            assert!(q.enqueue(&key(), plain(t)));
+        }
+        let left: Vec<String> = q.peek(&key()).into_iter().map(|e| e.text).collect();
+        assert_eq!(left, vec!["p2", "p3", "p4"], "the oldest line went");
+    }
 }

@@ -5965,3 +5965,27 @@ async fn a_not_owned_tick_restarts_the_count_of_deferrals_by_linked_runs() {
     deferring_both(&monitor, 2, "since the tick another gateway owned it").await;
     assert_eq!(w.human_events(&alpha).await, 0);
 }
+
+/// A first tick beyond what the clock can reach (`Duration::MAX`: never, as
+/// `UpstreamMonitor::spawn` says) never comes. (What the mutation did: such a tick taken as an hour
+/// away, the monitor began checking after an hour; review of stop 63, W15.)
+#[tokio::test(start_paused = true)]
+async fn a_first_tick_beyond_the_clock_never_comes() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "begun").await;
+    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(Begun(began)))
+        .config(gateway_adapter::MonitorConfig {
+            first_tick: Duration::MAX,
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    let task = monitor.spawn();
+    tokio::time::sleep(Duration::from_hours(3)).await;
+    assert!(
+        begun.try_recv().is_err(),
+        "a check began though the first tick never comes"
+    );
+    task.stop().await;
+}

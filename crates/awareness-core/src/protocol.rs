@@ -1242,4 +1242,37 @@ mod tests {
             "{m:?}"
         );
     }
+
+    /// A notify event hands out its notices, and writes its cursors, in watcher order, however the
+    /// store listed the cursors it read: a store whose rows come back in no set order
+    /// (store-postgres's recording reads the key's cursors with no `ORDER BY`) answers a recording
+    /// with the same notices in the same order as any other. (What the mutation did: the sort taken
+    /// out, the notices of a recording, which `record --json` lists and the gateway delivers in
+    /// turn, came in the order the store's rows lay; review of stop 63, K08.)
+    #[test]
+    fn a_notify_event_hands_out_its_notices_in_watcher_order() {
+        let watching = |watcher: &str| {
+            Cursor::at(
+                w(watcher),
+                r("agent:main:subagent:c1"),
+                Sequence(1),
+                Timestamp(0),
+            )
+        };
+        let listed = [watching("agent:main:zed"), watching("agent:main:alpha")];
+        let e = ev(EventKind::GoalChanged, 7, None);
+        let effects = on_event(&e, &[], &listed, Timestamp(9));
+        let order: Vec<&str> = effects.notices.iter().map(|n| n.watcher.as_str()).collect();
+        assert_eq!(
+            order,
+            ["agent:main:alpha", "agent:main:zed"],
+            "notices in watcher order"
+        );
+        let written: Vec<&str> = effects.upserts.iter().map(|c| c.watcher.as_str()).collect();
+        assert_eq!(
+            written,
+            ["agent:main:alpha", "agent:main:zed"],
+            "cursors in watcher order"
+        );
+    }
 }

@@ -223,4 +223,27 @@ mod tests {
             "{json}"
         );
     }
+
+    /// A `session_status` answer read from a store serializes as OpenClaw's does: no `unavailable`
+    /// key unless it is true, and no `stateChanges` unless `changesSince` was asked. (What the
+    /// mutation did: the skip rule taken off `unavailable`, every answer, `awareness status --json`
+    /// included, carried `"unavailable":false`, a key of ours that OpenClaw's answers do not have;
+    /// review of stop 63, K16.)
+    #[test]
+    fn a_status_read_from_a_store_has_openclaws_json_shape() {
+        let json = |s: &SessionStatus| serde_json::to_value(s).unwrap();
+        let version_only = status(Sequence(4), None);
+        assert_eq!(json(&version_only), serde_json::json!({"stateVersion": 4}));
+        let page = build_page(Sequence(4), Some(&head(4, 0)), None, Vec::new(), 200);
+        assert_eq!(
+            json(&status(Sequence(4), Some((Sequence(4), page)))),
+            serde_json::json!({"stateVersion": 4, "stateChanges": {
+                "events": [], "truncated": false, "earliestAvailableSequence": 5,
+                "historyGap": false}})
+        );
+        assert_eq!(
+            json(&SessionStatus::unavailable(None)),
+            serde_json::json!({"stateVersion": 0, "unavailable": true})
+        );
+    }
 }

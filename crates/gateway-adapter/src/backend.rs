@@ -739,6 +739,14 @@ mod tests {
         );
     }
 
+    /// The path of the file `name` in `dir`, and the URL of a `scheme` store there.
+    #[cfg(feature = "redb")]
+    fn file_url(dir: &tempfile::TempDir, scheme: &str, name: &str) -> (PathBuf, String) {
+        let path = dir.path().join(name);
+        let url = format!("{scheme}://{}", path.display());
+        (path, url)
+    }
+
     /// A redb open told not to create refuses a missing file and creates none. (What the mutation
     /// did: `create_if_missing` not passed on to redb, the open made an empty store, where a tool
     /// meant only to look; review of stop 63, W42.)
@@ -746,8 +754,7 @@ mod tests {
     #[tokio::test]
     async fn a_redb_open_that_may_not_create_refuses_a_missing_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("missing.redb");
-        let url = format!("redb://{}", path.display());
+        let (path, url) = file_url(&dir, "redb", "missing.redb");
         let options = OpenOptions {
             create_if_missing: false,
             ..OpenOptions::default()
@@ -766,8 +773,7 @@ mod tests {
     #[tokio::test]
     async fn a_redb_open_has_live_readers_only_when_asked() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("live.redb");
-        let url = format!("redb://{}", path.display());
+        let (_, url) = file_url(&dir, "redb", "live.redb");
         let live = OpenOptions {
             live_readers: true,
             ..OpenOptions::default()
@@ -783,8 +789,7 @@ mod tests {
         );
         writer.close().await;
 
-        let path = dir.path().join("default.redb");
-        let url = format!("redb://{}", path.display());
+        let (path, url) = file_url(&dir, "redb", "default.redb");
         let writer = open_store(&url).await.unwrap();
         let beside = store_redb::RedbStore::open_with(&path, store_redb::RedbOptions::default())
             .await
@@ -804,8 +809,7 @@ mod tests {
     async fn a_clean_stores_repair_is_not_needed() {
         let dir = tempfile::tempdir().unwrap();
         for scheme in ["sqlite", "redb"] {
-            let path = dir.path().join(format!("state.{scheme}"));
-            let url = format!("{scheme}://{}", path.display());
+            let (_, url) = file_url(&dir, scheme, &format!("state.{scheme}"));
             open_store(&url).await.unwrap().close().await;
             assert_eq!(
                 repair_store(&url).await.unwrap(),
@@ -823,8 +827,7 @@ mod tests {
     #[tokio::test]
     async fn repairing_a_schema_1_redb_file_migrates_it() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("old.redb");
-        let url = format!("redb://{}", path.display());
+        let (path, url) = file_url(&dir, "redb", "old.redb");
         open_store(&url).await.unwrap().close().await;
         store_redb::RedbStore::rewrite_as_schema_1(&path).expect("rewrite as schema 1");
         let repaired = repair_store(&url).await;

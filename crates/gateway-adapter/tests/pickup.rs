@@ -552,12 +552,15 @@ async fn a_watch_that_cannot_read_the_cursor_and_re_points_it_wakes_nobody() {
         hook: RefuseNth::new(Call::Cursor, 0),
     });
     let manager = WatcherKey::parse(MANAGER).unwrap();
-    let ambient = store
-        .inner
-        .cursor(&manager, &k(CHILD))
-        .await
-        .unwrap()
-        .expect("the manager's cursor");
+    let cursor = async || {
+        store
+            .inner
+            .cursor(&manager, &k(CHILD))
+            .await
+            .unwrap()
+            .expect("the manager's cursor")
+    };
+    let ambient = cursor().await;
     let (svc, queue, wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
     svc.deliver(&[awareness_core::Notice::of(&ambient)]);
     assert!(wake.all().is_empty(), "queued without a wake");
@@ -570,12 +573,7 @@ async fn a_watch_that_cannot_read_the_cursor_and_re_points_it_wakes_nobody() {
         store.hook.asked.load(std::sync::atomic::Ordering::SeqCst) > 0,
         "the read failed"
     );
-    let repointed = store
-        .inner
-        .cursor(&manager, &k(CHILD))
-        .await
-        .unwrap()
-        .expect("the manager's cursor");
+    let repointed = cursor().await;
     assert_eq!(repointed.target_agent, ops, "re-pointed at ops's session");
     assert!(!repointed.is_pending(), "{repointed:?}");
     assert_eq!(

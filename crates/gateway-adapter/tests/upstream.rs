@@ -5989,3 +5989,40 @@ async fn a_first_tick_beyond_the_clock_never_comes() {
     );
     task.stop().await;
 }
+
+/// A line a crashed writer left cut inside a string (its end never written) ends at its newline:
+/// the person's prompt on the next line is a human turn. (What the mutation did: the newline left
+/// out of the string's fast path, the cut string ran on into the next line, which was swallowed
+/// into the malformed one, and the prompt was lost; review of stop 63, T10.)
+#[test]
+fn a_line_cut_inside_a_string_ends_at_its_newline() {
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.raw(b"{\"type\":\"user\",\"cwd\":\"/home/me/pro\n");
+    let question = t.human("typed after the cut line");
+    let out = scan(&t, &m);
+    assert_eq!(turns(&out), 1, "the cut line swallowed the next: {out:?}");
+    assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if *dedupe_id == question));
+}
+
+/// A line that is no JSON, longer than a check's byte budget, is skipped over several checks, each
+/// going on where the last stopped, and the prompt after it counts. (What the mutation did: the
+/// bytes skipped of the malformed line not counted, the saved position fell behind what was read,
+/// and in a debug build every check panicked on the position's assertion; review of stop 63, T06.)
+#[test]
+fn a_malformed_line_longer_than_a_budget_is_skipped_over_checks() {
+    const BUDGET: u64 = 64;
+    let mut t = Transcript::new();
+    let mut m = jsonl::marker_at_end(&t.path).unwrap();
+    t.raw(format!("not json {}\n", "z".repeat(300)).as_bytes());
+    t.human("typed after the garbage");
+    let size = std::fs::metadata(&t.path).unwrap().len();
+    let mut counted = 0;
+    for _ in 0..size / BUDGET + 2 {
+        let out = jsonl::scan(&t.path, Some(&m), &[], BUDGET);
+        counted += turns(&out);
+        m = marker_of(&out);
+    }
+    assert_eq!(counted, 1, "the prompt after the garbage line");
+    assert_eq!(m.position(), size, "the marker is at the end");
+}

@@ -1866,4 +1866,166 @@ mod tests {
             "a flag after several MB of content still counts"
         );
     }
+
+    /// A row holding a negative number anywhere (an offset, an exit code) is read, not taken for
+    /// malformed: a person's prompt beside one is a human turn. (What the mutation did: `-` no
+    /// longer began a number, every row holding a negative number was malformed, and the prompt in
+    /// it was lost; review of stop 63, T01.)
+    #[test]
+    fn a_row_holding_a_negative_number_is_read() {
+        let row = with(user(json!("typed beside a negative")), "offset", json!(-1));
+        assert_eq!(
+            verdict(&row),
+            Ok(HumanKind::Prompt),
+            "a negative number made the row malformed"
+        );
+    }
+
+    /// A queued command of a subagent (`isSidechain`), or in a row marked `isMeta`, is no person's
+    /// turn, as every other kind of row says. (What the mutations did: either check left out for
+    /// queued commands, such a command was recorded as a human turn; review of stop 63, T02 and
+    /// T03.)
+    #[test]
+    fn a_queued_command_of_a_subagent_or_a_meta_row_is_no_turn() {
+        let queued = json!({
+            "type": "attachment", "isSidechain": false,
+            "attachment": {"type": "queued_command", "commandMode": "prompt",
+                "origin": {"kind": "human"}, "prompt": "stop, use the v2 API"},
+            "uuid": "aa11aa11-0000-4000-8000-000000000003"
+        });
+        assert_eq!(verdict(&queued), Ok(HumanKind::Queued));
+        assert_eq!(
+            verdict(&with(queued.clone(), "isSidechain", json!(true))),
+            Err(SkipReason::Sidechain),
+            "a subagent's queued command"
+        );
+        assert_eq!(
+            verdict(&with(queued, "isMeta", json!(true))),
+            Err(SkipReason::Meta),
+            "a queued command in a meta row"
+        );
+    }
+
+    /// A queued prompt written as an array is read as `message.content` is: bare string parts are
+    /// its text, and its parts are separated as whitespace would be, so that the session's own
+    /// prompt queued in two parts is its echo. (What the mutations did: the bare string parts left
+    /// out, such a prompt read as empty and was no turn; the parts joined with nothing between
+    /// them, the session's own prompt was recorded as a human turn; review of stop 63, T04 and
+    /// T11.)
+    #[test]
+    fn a_queued_prompt_in_parts_is_read_as_content_is() {
+        let queued = |prompt: Value| {
+            json!({
+                "type": "attachment",
+                "attachment": {"type": "queued_command", "commandMode": "prompt",
+                    "origin": {"kind": "human"}, "prompt": prompt},
+                "uuid": "aa11aa11-0000-4000-8000-000000000004"
+            })
+        };
+        assert_eq!(
+            verdict(&queued(json!(["stop, use the v2 API"]))),
+            Ok(HumanKind::Queued),
+            "a bare string part of a queued prompt is its text"
+        );
+        let own = ["Fix the flaky test in ci.yml".to_owned()];
+        assert_eq!(
+            verdict_with(
+                &queued(json!([{"type": "text", "text": "Fix the flaky test"},
+                    {"type": "text", "text": "in ci.yml"}])),
+                &own
+            ),
+            Err(SkipReason::SelfEcho),
+            "the parts of a queued prompt are separated as whitespace"
+        );
+    }
+
+    /// A text part holding only whitespace is nothing typed: the row is empty, as one whose content
+    /// is an empty string. (What the mutation did: such a part was taken for one that is not text,
+    /// an image, and the empty row counted as a turn; review of stop 63, T09.)
+    #[test]
+    fn a_text_part_without_text_is_empty() {
+        assert_eq!(
+            verdict(&user(json!([{"type": "text", "text": "  "}]))),
+            Err(SkipReason::Empty),
+            "an empty text part counted as a non-text part"
+        );
+    }
+
+    /// A `user` row that names no role is a person's row; only a role other than `user` is skipped.
+    /// (What the mutation did: a missing role was taken for another role, and the row skipped;
+    /// review of stop 63, T07.)
+    #[test]
+    fn a_user_row_without_a_role_is_counted() {
+        let mut row = user(json!("no role written"));
+        row["message"].as_object_mut().unwrap().remove("role");
+        assert_eq!(
+            verdict(&row),
+            Ok(HumanKind::Prompt),
+            "a missing role read as another role"
+        );
+    }
+
+    /// JSON another writer formats otherwise reads alike: whitespace after a literal or a number
+    /// before `,` or `}`, and an escaped `/`. (What the mutations did: either made the line
+    /// malformed, and its prompt was lost; review of stop 63, T08 and T20.)
+    #[test]
+    fn whitespace_after_a_literal_and_an_escaped_slash_are_json() {
+        let spaced = br#"{ "type": "user", "isSidechain": false , "message": { "role": "user", "content": "spaced" }, "n": 1 }"#;
+        assert_eq!(
+            classify(&RowFacts::from_line(spaced).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "whitespace after a literal"
+        );
+        let slash = br#"{"type":"user","message":{"role":"user","content":"see src\/main.rs"}}"#;
+        assert_eq!(
+            classify(&RowFacts::from_line(slash).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "an escaped slash"
+        );
+    }
+
+    /// A `]` where a value is due (after `[1,`, after a key's `:`) is not JSON: the line is
+    /// malformed, and the reader closes no object with it. (What the mutation did: `]` taken
+    /// wherever a value is due, `[1,]` was read as a row; review of stop 63, T26.)
+    #[test]
+    fn a_bracket_where_a_value_is_due_is_malformed() {
+        for bad in [r#"{"type":"user","a":[1,]}"#, r#"{"type":"user","a":]}"#] {
+            assert_eq!(
+                RowFacts::from_line(bad.as_bytes()),
+                Some(LineEnd::Malformed),
+                "{bad}"
+            );
+        }
+    }
+
+    /// A stored scanner state whose token belongs inside a container it does not have (a value or
+    /// its end at the top, an object's key inside an array) is not sound: read on, a `]` or `}`
+    /// would close a container that is not open. (What the mutations did: either state taken for
+    /// sound, a hand-edited marker would have been read on from it; review of stop 63, T24 and
+    /// T29.)
+    #[test]
+    fn a_token_outside_its_container_is_not_sound() {
+        let mut inside = LineScanner::new();
+        assert_eq!(inside.feed(br#"{"a":[1"#), None);
+        assert!(inside.is_sound());
+        let edited = |tok: Value, kinds: &str, path: Value| {
+            let mut v = serde_json::to_value(&inside).unwrap();
+            v["tok"] = tok;
+            v["kinds"] = json!(kinds);
+            v["path"] = path;
+            serde_json::from_value::<LineScanner>(v).unwrap().is_sound()
+        };
+        assert!(
+            !edited(json!("After"), "", json!([])),
+            "a value's end at the top"
+        );
+        assert!(
+            !edited(json!("Value"), "", json!([])),
+            "a value due at the top"
+        );
+        assert!(
+            !edited(json!("ObjectFirst"), "oa", json!([{"Obj": null}, "Item"])),
+            "an object's first key inside an array"
+        );
+    }
 }

@@ -278,4 +278,12 @@ mod tests {
             "AWARENESS_LOG=\"loud\" names no level (off, error, warn, info, debug or trace)"
         );
     }
+
+    /// A carriage return and a tab in a line are written as `\r` and `\t`, as a line break is
+    /// `\n`; other control characters as their Unicode escape. (A `\r` written `\u{d}` passed
+    /// every test: review of stop 63, L08.)
+    #[test]
+    fn a_carriage_return_and_a_tab_are_written_as_their_escapes() {
+        assert_eq!(one_line("a\rb\tc\nd\u{7}"), "a\\rb\\tc\\nd\\u{7}");
+    }
 }

@@ -1716,4 +1716,185 @@ mod tests {
             );
         }
     }
+
+    /// `monitor`'s flags default to a tick every 60 s, the first after 15 s, a check cut off
+    /// after 45 s, and each takes up to a week, not a second more. (Other defaults, or a week
+    /// and a day taken, passed every test: review of stop 63, L15 L16 L17.)
+    #[test]
+    fn monitor_flags_default_and_end_at_a_week() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from(["awareness", "monitor"]).unwrap();
+        let a = monitor_args(&cli);
+        assert_eq!(
+            (a.interval_secs, a.first_tick_secs, a.timeout_secs),
+            (60, 15, 45)
+        );
+        for flag in ["--interval-secs", "--first-tick-secs", "--timeout-secs"] {
+            let week = WEEK_SECS.to_string();
+            let more = (WEEK_SECS + 1).to_string();
+            assert!(
+                Cli::try_parse_from(["awareness", "monitor", flag, &week]).is_ok(),
+                "{flag} {week}"
+            );
+            let e = Cli::try_parse_from(["awareness", "monitor", flag, &more]).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag} {more}"
+            );
+        }
+    }
+
+    /// A monitor whose output failed on a `rebased` line says that it moved the marker, as it
+    /// says what every other detection that changed the store did. (`None` for a rebase passed
+    /// every test: review of stop 63, L27.)
+    #[test]
+    fn a_failed_output_says_a_marker_was_moved() {
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(4);
+        let _ = tx.send(Detection::Rebased { session: s });
+        let e = output_failed(CliError::failure("cannot write output: x"), None, &mut rx);
+        assert_eq!(
+            e.message,
+            "moved the marker of agent:main:worker (agent main) to its transcript's end \
+             (rebased), but cannot write output: x"
+        );
+    }
+
+    /// `monitor --json --verbose`'s tick line keeps each count under its own name. (The
+    /// unwatched and deferred counts swapped passed every test: review of stop 63, L30.)
+    #[test]
+    fn a_tick_line_keeps_its_counts_apart() {
+        let mut r = gateway_adapter::upstream::TickReport::default();
+        r.tick = 1;
+        r.links = 9;
+        r.checked = 1;
+        r.unwatched = 2;
+        r.deferred = 3;
+        assert_eq!(
+            detection_json(&Detection::TickDone(r)),
+            json!({"detection": "tick", "tick": 1, "links": 9, "checked": 1, "unwatched": 2,
+                "deferred": 3})
+        );
+    }
+
+    /// The time of the signal that asked the command to stop is kept: a later signal (here a
+    /// SIGHUP, which never ends the process) does not move it, so a second request 250 ms
+    /// after the first ends the process however many signals came between. (Each signal
+    /// taken as the new start passed every test: review of stop 63, L31.)
+    #[test]
+    fn the_time_of_the_request_is_that_of_its_first_signal() {
+        let stopping = AtomicBool::new(false);
+        let (ask, _asked) = tokio::sync::watch::channel(false);
+        let mut asked_at = None;
+        signalled(&stopping, &ask, false, &mut asked_at);
+        let first = asked_at.expect("the first signal asks");
+        std::thread::sleep(Duration::from_millis(2));
+        signalled(&stopping, &ask, true, &mut asked_at);
+        assert_eq!(asked_at, Some(first));
+    }
+
+    /// Refuses every read of the cursors.
+    struct RefusesCursors;
+
+    #[awareness_core::async_trait]
+    impl awareness_core::testkit::hooked::Hook for RefusesCursors {
+        fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+            (call == awareness_core::testkit::hooked::Call::Cursors)
+                .then(|| StoreError::backend("cursors", "disk full"))
+        }
+    }
+
+    /// `adopt --watcher W` whose read of who watches the session fails still names W, which it
+    /// has just made watch it. (The line left out passed every test: review of stop 63, L22.)
+    #[tokio::test]
+    async fn adopt_names_its_watcher_when_the_cursors_cannot_be_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let transcript = dir.path().join("5f1c2e3a.jsonl");
+        std::fs::write(&transcript, "").unwrap();
+        let full = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
+            inner: full.clone(),
+            hook: RefusesCursors,
+        });
+        let svc = service_over(events, full.clone());
+        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
+        let mut out = Vec::new();
+        let code = adopt_with(&svc, spec, Some(&watcher), &session, false, &mut out).await;
+        assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("\n  watched by agent:main:main\n"), "{out}");
+    }
+
+    /// An output whose first line takes until the monitor's second tick began (as
+    /// [`SlowFirstLine`]), then fails on the line of the detections the channel dropped.
+    struct SlowThenFailsOnLagged {
+        next_tick: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+        lines: usize,
+    }
+
+    impl Write for SlowThenFailsOnLagged {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.lines == 0 {
+                let (began, told) = &*self.next_tick;
+                // A hang guard, not a measure: the second tick begins a second after the first.
+                let (began, waited) = told
+                    .wait_timeout_while(began.lock().unwrap(), Duration::from_mins(1), |b| !*b)
+                    .unwrap();
+                assert!(*began && !waited.timed_out(), "the second tick never began");
+            }
+            self.lines += 1;
+            if String::from_utf8_lossy(buf).contains(r#""detection":"lagged""#) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    "the output failed",
+                ));
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A monitor whose output fails on the line of the detections the channel dropped says
+    /// that they went unread. (Nothing said of them passed every test: review of stop 63,
+    /// L28.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_lagged_line_says_the_detections_went_unread() {
+        let links = 1100;
+        let cli = monitor_line(true, &["--interval-secs", "1"]);
+        let args = monitor_args(&cli);
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let sessions = (0..links)
+            .map(|n| SessionRef::parse(&format!("agent:main:worker-{n}"), "main").unwrap());
+        adopted_then_gone(&store, sessions).await;
+        let next_tick = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
+            inner: store.clone(),
+            hook: HoldsTheSecondTick {
+                links,
+                reads: std::sync::atomic::AtomicUsize::new(0),
+                next_tick: Arc::clone(&next_tick),
+                stop: Arc::clone(&stop),
+            },
+        });
+        let mut out = SlowThenFailsOnLagged {
+            next_tick,
+            lines: 0,
+        };
+        let e = monitor_links(&cli, args, events, store, stop.notified(), &mut out)
+            .await
+            .expect_err("the output failed on the lagged line");
+        assert!(
+            e.message
+                .ends_with(" detection(s) went unread, but cannot write output: the output failed"),
+            "{}",
+            e.message
+        );
+    }
 }

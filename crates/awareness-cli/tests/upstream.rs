@@ -1168,3 +1168,63 @@ fn adopt_says_its_byte_a_rebase_or_a_kept_link_and_lists_only_this_agents_watche
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["watchedBy"], serde_json::json!([]), "{v}");
 }
+
+/// `adopt --watcher` naming the adopted session itself is a usage error (exit 2), checked before
+/// the store is opened: nothing is created. (Without the check, every test passed: review of
+/// stop 63, L19.)
+#[test]
+fn adopt_refuses_a_session_that_would_watch_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let store = format!("sqlite://{}", db.display());
+    let file = dir.path().join("t.jsonl");
+    std::fs::File::create(&file).unwrap();
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        file.to_str().unwrap(),
+        "--watcher",
+        "agent:main:worker",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!db.exists(), "no store is created: {}", text(&o));
+}
+
+/// `adopt --json` says `"rebased": true` when the session's link moves to another transcript.
+/// (Always false passed every test: review of stop 63, L21.)
+#[test]
+fn adopt_json_says_a_rebase() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    for file in [&a, &b] {
+        std::fs::write(file, "{}\n").unwrap();
+    }
+    let adopt = |file: &Path| {
+        let o = run(&[
+            "--store",
+            &store,
+            "--json",
+            "adopt",
+            "agent:main:worker",
+            "--file",
+            file.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice::<Value>(&o.stdout).expect("JSON")
+    };
+    let first = adopt(&a);
+    assert_eq!(
+        (&first["created"], &first["rebased"]),
+        (&json!(true), &json!(false))
+    );
+    let moved = adopt(&b);
+    assert_eq!(
+        (&moved["created"], &moved["rebased"]),
+        (&json!(false), &json!(true)),
+        "{moved}"
+    );
+}

@@ -666,6 +666,36 @@ mod tests {
         );
     }
 
+    /// A failure copied for the other callers of a group commit keeps its kind and its cause:
+    /// a backend failure stays one, not retryable (its commit may have landed), and a
+    /// corruption keeps its cause's text. (What the mutation did: the corruption's cause dropped,
+    /// the other callers of the batch read `corrupt store: torn row` without why; review of
+    /// stop 63, U23. The backend failure copied as `Busy`, U22, failed only store-postgres's
+    /// tests, which need a server.)
+    #[test]
+    fn a_failure_copied_for_another_caller_keeps_its_kind_and_cause() {
+        let copy = StoreError::backend("commit", "the disk is gone").for_another_caller();
+        assert!(
+            matches!(copy, StoreError::Backend { .. }) && !copy.is_retryable(),
+            "{copy:?}"
+        );
+        let corrupt = StoreError::Corrupt {
+            context: "torn row".into(),
+            source: Some("bad json".into()),
+        };
+        assert_eq!(
+            ErrorChain(&corrupt.for_another_caller()).to_string(),
+            "corrupt store: torn row: bad json"
+        );
+    }
+
+    /// A `+` in a URL's query reads as a space, as form encoding has it. (What the mutation
+    /// did: the `+` kept; review of stop 63, U26, which no caller tells apart today.)
+    #[test]
+    fn a_plus_in_a_query_key_reads_as_a_space() {
+        assert_eq!(query_key("a+b"), b"a b");
+    }
+
     #[test]
     fn a_url_is_shown_without_any_password() {
         for (url, shown) in [

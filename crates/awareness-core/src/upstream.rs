@@ -1055,6 +1055,103 @@ mod tests {
         }
     }
 
+    /// A rebase keeps the time of the last scan, as it keeps `created_at`: only the source, the
+    /// marker and `updated_at` change. (What the mutation did: the time dropped, a rebase
+    /// wiped OpenClaw's shared `last_scanned_at` column; review of stop 63, U04.)
+    #[test]
+    fn a_rebase_keeps_the_time_of_the_last_scan() {
+        let mut link = plan_upsert(None, spec(), Timestamp(100))
+            .unwrap()
+            .outcome
+            .link;
+        link.last_scanned_at = Some(Timestamp(150));
+        let mut other = spec();
+        other.thread_id = "t2".into();
+        let rebased = plan_upsert(Some(&link), other, Timestamp(200)).unwrap();
+        assert!(rebased.outcome.rebased);
+        assert_eq!(rebased.outcome.link.last_scanned_at, Some(Timestamp(150)));
+    }
+
+    /// 2^53 is the first number written as the string of its digits, as `exact_u64` says; the
+    /// number below it is still a number. (What the mutation did: 2^53 written as a number, which a
+    /// reader of doubles still reads right, but not in the form the docs give; review of stop 63,
+    /// U05.)
+    #[test]
+    fn two_to_the_53_is_the_first_number_written_as_a_string() {
+        #[derive(serde::Serialize)]
+        struct Marker {
+            #[serde(with = "exact_u64")]
+            ino: u64,
+        }
+        let first = exact_u64::FIRST_INEXACT;
+        assert_eq!(first, 1 << 53);
+        assert_eq!(
+            serde_json::to_value(Marker { ino: first }).unwrap(),
+            json!({"ino": first.to_string()})
+        );
+        assert_eq!(
+            serde_json::to_value(Marker { ino: first - 1 }).unwrap(),
+            json!({"ino": first - 1})
+        );
+    }
+
+    /// The hash that stands for a dedupe id too long to keep has sixteen hex digits, zeros
+    /// leading, whatever its value. (What the mutation did: unpadded, for one long id in
+    /// sixteen the human turn's dedupe key differed from the one earlier releases stored, and
+    /// a monitor re-reading the burst after an upgrade recorded its turns again; review of
+    /// stop 63, U07.)
+    #[test]
+    fn a_long_dedupe_ids_hash_keeps_sixteen_digits() {
+        let link = plan_upsert(None, spec(), Timestamp(100))
+            .unwrap()
+            .outcome
+            .link;
+        let long = (0..10_000)
+            .map(|i| format!("{i}-{}", "x".repeat(MAX_DEDUPE_ID_BYTES)))
+            .find(|id| fnv1a64(id.as_bytes()) < 1 << 60)
+            .expect("one hash in sixteen begins with a zero");
+        let key = human_dedupe_key(&link, "s", &long);
+        let hashed = key.rsplit(':').next().unwrap();
+        assert_eq!(
+            hashed,
+            format!("{:016x}", fnv1a64(long.as_bytes())),
+            "{key}"
+        );
+        assert_eq!(hashed.len(), 16, "{key}");
+    }
+
+    /// A stored text state whose prefix is shorter than its count of characters (up to the
+    /// cap) is not sound: resumed, it would build a wrong prefix. (What the mutation did: a
+    /// short prefix taken for sound, later characters were appended to it, and the prefix the
+    /// monitor compares a human message by was wrong instead of the line being skipped and
+    /// logged; review of stop 63, U08.)
+    #[test]
+    fn a_prefix_shorter_than_its_count_is_not_sound() {
+        let mut fed = NormalizedText::new(4);
+        fed.push_str("abc");
+        assert!(fed.is_sound(4));
+        let short = NormalizedText {
+            prefix: "a".into(),
+            ..fed.clone()
+        };
+        assert!(!short.is_sound(4), "{short:?}");
+    }
+
+    /// A link's upstream kind is a key like its ids: an empty one is refused. (What the
+    /// mutation did: the check left out, every store took an empty or line-breaking kind,
+    /// which no provider matches; review of stop 63, U10.)
+    #[test]
+    fn an_empty_upstream_kind_is_refused() {
+        let mut no_kind = spec();
+        no_kind.upstream_kind = String::new();
+        assert_eq!(
+            no_kind.validate(),
+            Err(ValidationError::Empty {
+                what: "upstream kind"
+            })
+        );
+    }
+
     #[test]
     fn marker_cas() {
         let link = plan_upsert(None, spec(), Timestamp(100))

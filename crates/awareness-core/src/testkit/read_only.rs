@@ -265,6 +265,14 @@ pub async fn a_read_only_handle_refuses_every_write_and_changes_nothing(
         u.remove_link(&stranger, None).await,
         &file,
     );
+    // A sweep that finds no pending cursor to re-freeze writes nothing, so it is no error on a
+    // read-only handle, as `AwarenessStoreExt::sweep` says. (What the mutation did: its early
+    // answer taken out, the sweep failed with `ReadOnly`; review of stop 63, U18.)
+    let swept = s.sweep(LATER, &|_: &crate::WatcherKey| false).await;
+    assert!(
+        matches!(&swept, Ok(notices) if notices.is_empty()),
+        "a sweep with nothing to re-freeze on a read-only handle: {swept:?}"
+    );
     assert_eq!(
         everything(&t, &filled_refs()).await,
         before,

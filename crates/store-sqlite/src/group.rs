@@ -178,6 +178,11 @@ pub(crate) async fn record_batch(w: &mut Writer, jobs: Vec<Job>, hints: &Hints) 
     let mut jobs = jobs.into_iter();
     let mut locked = None;
     for job in jobs.by_ref() {
+        // A test's pause point, before each event recorded alone (compiled in tests only).
+        #[cfg(test)]
+        crate::tests::BEFORE_AN_EVENT_OF_A_FAILED_BATCH
+            .at(&w.path)
+            .await;
         // A ROLLBACK that failed (the batch's, or the previous event's) left the transaction
         // open: it is tried again first, or this event's BEGIN would fail for nothing of its own.
         if w.open_tx {

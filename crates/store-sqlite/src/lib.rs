@@ -1211,6 +1211,106 @@ mod tests {
     pub(crate) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
 
+    /// Before each event a failed group commit records alone (`group::record_batch`).
+    pub(crate) static BEFORE_AN_EVENT_OF_A_FAILED_BATCH: awareness_core::testkit::pause::Pause =
+        awareness_core::testkit::pause::Pause::new();
+
+    /// A batch that failed for one of its events (a dedupe hit on a torn row) records its events
+    /// one at a time; when one of them meets another connection's lock, the events after it fail at
+    /// once with that error, instead of each waiting the busy timeout in turn (and recording, here,
+    /// once the lock is let go of). (What the mutation did: the loop went on after the lock, every
+    /// event after it waited the busy timeout, or was recorded after an earlier one had failed;
+    /// review of stop 63, Q09.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_an_event_of_a_failed_batch_meets_the_lock_the_rest_fail_at_once() {
+        use awareness_core::testkit::group_commit::{T0, event};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("t.db");
+        let options = SqliteOptions::new()
+            .group_commit(64)
+            .busy_timeout(Duration::from_millis(300));
+        let store = Arc::new(SqliteStore::open_with(&file, options).await.expect("open"));
+        let mut raw = SqliteConnectOptions::new()
+            .filename(&file)
+            .connect()
+            .await
+            .expect("a connection of its own");
+        sqlx::raw_sql(
+            "INSERT INTO session_state_events (dedupe_key, session_key, agent_id, kind, actor_type,
+               occurred_at, summary) VALUES ('torn', 'agent:main:subagent:s0', 'main', 'created',
+               'no-such-actor', 0, 'torn')",
+        )
+        .execute(&mut raw)
+        .await
+        .expect("a torn row");
+        // The write connection held, so that the three recordings queue and make one batch.
+        let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
+        let tasks: Vec<_> = (0..3)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                let e = if i == 0 {
+                    event(i).with_dedupe_key("torn")
+                } else {
+                    event(i)
+                };
+                tokio::spawn(async move { store.record(e, T0).await })
+            })
+            .collect();
+        while store.next_job.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (reached, go) = BEFORE_AN_EVENT_OF_A_FAILED_BATCH.arm(&store.path);
+        drop(held);
+        // The batch failed on the torn row; before its first event alone, another connection
+        // takes the lock.
+        reached.notified().await;
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut raw)
+            .await
+            .expect("take the lock");
+        go.notify_one();
+        // Should a later event be tried alone all the same, the lock is let go of first.
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let release = tokio::spawn(async move {
+            tokio::select! {
+                () = reached.notified() => {
+                    BEFORE_AN_EVENT_OF_A_FAILED_BATCH.disarm();
+                    sqlx::raw_sql("ROLLBACK").execute(&mut raw).await.expect("let go");
+                    go.notify_one();
+                }
+                _ = finished => {
+                    sqlx::raw_sql("ROLLBACK").execute(&mut raw).await.expect("let go");
+                }
+            }
+            raw.close().await.expect("close");
+        });
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("join"));
+        }
+        drop(done);
+        release.await.expect("join");
+        BEFORE_AN_EVENT_OF_A_FAILED_BATCH.disarm();
+        assert_eq!(
+            store.largest_batch(),
+            3,
+            "one batch of three (else this shows nothing)"
+        );
+        assert!(
+            results.iter().all(Result::is_err),
+            "no event after the one that met the lock was recorded: {results:?}"
+        );
+        assert!(
+            results
+                .iter()
+                .filter(|r| r.as_ref().is_err_and(StoreError::is_retryable))
+                .count()
+                >= 2,
+            "the lock's error, for the event that met it and those after: {results:?}"
+        );
+    }
+
     /// A pruning chunk deletes at most 250 rows ([`PRUNE_TX_ROWS`]) per write transaction, by age
     /// and by the row cap, so that a recording waits behind one transaction, not the chunk.
     /// (A review of stop 55 raised the bound to a million and every test passed: the shared
@@ -1504,6 +1604,106 @@ mod tests {
             &path,
         )
         .await;
+    }
+
+    /// A cursor touched between the idle choice and the write of a chunk's first transaction does
+    /// not end the chunk: the transaction chose its bound, so the next one goes on past it and
+    /// deletes the idle cursor left. (What the mutation did: counting what the write deleted
+    /// instead of what was chosen, the chunk ended there, and the idle cursor past the bound waited
+    /// for the next pass; review of stop 63, Q02.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cursor_touched_after_the_idle_choice_does_not_end_the_chunk() {
+        use awareness_core::{CursorStore as _, PruneStep, Timestamp};
+        const T0: Timestamp = Timestamp(1_800_000_000_000);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(
+            SqliteStore::open(dir.path().join("t.db"))
+                .await
+                .expect("open"),
+        );
+        let path = store.path.clone();
+        let w = WatcherKey::parse("agent:main:main").expect("watcher");
+        let r = |key| SessionRef::parse(key, "main").expect("ref");
+        let refs = [
+            r("agent:main:subagent:a"),
+            r("agent:main:subagent:b"),
+            r("agent:main:subagent:c"),
+        ];
+        for t in &refs {
+            store.watch(&w, t, T0).await.expect("watch");
+        }
+        let (chosen, go) = BETWEEN_CHOICE_AND_DELETE.arm(&path);
+        let later = T0.plus_ms(2 * Timestamp::DAY_MS);
+        let pruning = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                let step = PruneStep::Cursors {
+                    cutoff: T0.plus_ms(1),
+                };
+                store.prune_chunk(&step, 2, later).await
+            }
+        });
+        // The first transaction chose a and b (its bound, 2).
+        chosen.notified().await;
+        store.watch(&w, &refs[0], later).await.expect("watch again");
+        BETWEEN_CHOICE_AND_DELETE.disarm();
+        go.notify_one();
+        assert_eq!(
+            pruning.await.expect("task").expect("prune"),
+            2,
+            "b, then c in the chunk's next transaction"
+        );
+        let left = |i: usize| store.cursor(&w, &refs[i].session_key);
+        assert!(left(0).await.expect("read").is_some(), "a was touched");
+        assert!(left(1).await.expect("read").is_none(), "b went");
+        assert!(
+            left(2).await.expect("read").is_none(),
+            "c went in the same chunk"
+        );
+    }
+
+    /// An idle-cursor pruning transaction counts as a pruning one (`PRUNE_WEIGHT`) towards the next
+    /// background checkpoint, as the crate docs say of every pruning transaction: four of them
+    /// start one. (What the mutation did: its weight dropped, a pass over idle cursors let the log
+    /// file grow for 256 writes before a checkpoint; review of stop 63, Q03.)
+    #[tokio::test]
+    async fn four_idle_cursor_pruning_transactions_start_a_checkpoint() {
+        use awareness_core::{CursorStore as _, PruneStep, Timestamp};
+        const T0: Timestamp = Timestamp(1_800_000_000_000);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let w = WatcherKey::parse("agent:main:main").expect("watcher");
+        for key in ["a", "b", "c", "d"] {
+            let target =
+                SessionRef::parse(&format!("agent:main:subagent:{key}"), "main").expect("ref");
+            store.watch(&w, &target, T0).await.expect("watch");
+        }
+        let checkpoint_started = || {
+            store
+                .checkpoint_task
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some()
+        };
+        let step = PruneStep::Cursors {
+            cutoff: T0.plus_ms(1),
+        };
+        let later = T0.plus_ms(2 * Timestamp::DAY_MS);
+        for _ in 0..4 {
+            assert!(
+                !checkpoint_started(),
+                "fewer than four pruning transactions so far"
+            );
+            let pruned = store.prune_chunk(&step, 1, later).await.expect("prune");
+            assert_eq!(pruned, 1, "one transaction of one cursor");
+        }
+        assert!(
+            checkpoint_started(),
+            "four pruning transactions start a checkpoint"
+        );
+        store.close().await;
     }
 
     /// The store's own background checkpoint (the pass [`SqliteStore::count_write`] starts every

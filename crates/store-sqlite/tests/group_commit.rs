@@ -198,3 +198,75 @@ async fn a_write_that_met_the_lock_is_rolled_back_without_a_warning() {
         capture.lines()
     );
 }
+
+/// A batch recording on a ref whose head cannot be read, beside another agent's session of the same
+/// key, sets that head's watermark just below the ref's own first event of the batch
+/// (`protocol::head_over_unreadable`), not below the other agent's. Eight such pairs in one batch,
+/// so that the order of the batch's heads (a hash map's) cannot hide it. (What the mutation did:
+/// the batch's first sequence matched by key alone, a head's watermark could stand below another
+/// agent's event; review of stop 63, Q32.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_head_beside_another_agents_session_of_its_key_gets_its_own_watermark() {
+    use awareness_core::SessionRef;
+    use awareness_core::testkit::checks::human;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = open(&dir, SqliteOptions::new().group_commit(64)).await;
+    let pair = |i: usize| {
+        let key = format!("agent:main:subagent:k{i}");
+        (
+            SessionRef::parse(&key, "alpha").expect("ref"),
+            SessionRef::parse(&key, "beta").expect("ref"),
+        )
+    };
+    for i in 0..8 {
+        let (damaged, _) = pair(i);
+        store.record(human(&damaged), T0).await.expect("record");
+        assert!(
+            store.damage_head_row(&damaged).await.expect("damage"),
+            "a head to damage"
+        );
+    }
+    let before = store.largest_batch();
+    // The write connection waits for another connection's lock, so that the recordings queue
+    // and the next writer takes them all in one batch.
+    let lock = WriteLock::take(&path).await;
+    let first = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.record(event(0), T0).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let tasks: Vec<_> = (0..8)
+        .flat_map(|i| {
+            let (damaged, other) = pair(i);
+            [other, damaged]
+        })
+        .map(|session| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.record(human(&session), T0).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    lock.release().await;
+    first.await.expect("join").expect("record");
+    for t in tasks {
+        t.await.expect("join").expect("record");
+    }
+    assert!(
+        store.largest_batch() > before.max(1),
+        "the recordings shared a batch (else this test shows nothing)"
+    );
+    for i in 0..8 {
+        let (damaged, _) = pair(i);
+        let head = store
+            .heads(std::slice::from_ref(&damaged))
+            .await
+            .expect("the head is readable again");
+        assert_eq!(
+            head[0].pruned_max_sequence,
+            Sequence(head[0].last_sequence.get() - 1),
+            "the watermark just below the ref's own event: {:?}",
+            head[0]
+        );
+    }
+}

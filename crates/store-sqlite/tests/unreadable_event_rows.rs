@@ -321,3 +321,26 @@ async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
         .expect("its page");
     assert!(page.history_gap, "{page:?}");
 }
+
+/// A page of one event reads one more (to tell whether more follow): a row that cannot be read in
+/// that place fails the page as any other, and the error names it too, the rows read again one at a
+/// time being the page's and the one past its end. (What the mutation did: the rows read again up
+/// to the page's limit alone, the error was the page's, naming no row; review of stop 63, Q01.)
+#[tokio::test]
+async fn an_unreadable_event_just_past_a_pages_limit_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
+        &[3],
+    )
+    .await;
+    let err = store
+        .changes_since(&a, Sequence::ZERO, 1)
+        .await
+        .expect_err("the page of one event reads the row past it");
+    names_the_row(&err, &path, 3, a.session_key.as_str());
+    store.close().await;
+}

@@ -1,0 +1,158 @@
+//! Orders and bounds the shared suite does not reach: the listings read again one row at a
+//! time (a row holding text that is not UTF-8) keep the order of the whole listing, key then
+//! agent; and the idle-cursor choice takes only the cursors idle before the cutoff, as its
+//! write deletes. (Each passed every test when broken: review of stop 63.)
+
+use awareness_core::testkit::checks::human;
+use awareness_core::upstream::{LinkSpec, UpstreamStore as _};
+use awareness_core::{
+    CursorStore as _, EventStore as _, PruneStep, SessionRef, Timestamp, WatcherKey,
+};
+use store_sqlite::SqliteStore;
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+/// Two refs whose key order is not their agent order: (a, zed) before (b, main) by key.
+fn two_refs() -> (SessionRef, SessionRef) {
+    (
+        SessionRef::parse("agent:main:subagent:a", "zed").expect("ref"),
+        SessionRef::parse("agent:main:subagent:b", "main").expect("ref"),
+    )
+}
+
+/// The links read one row at a time (a row holding text that is not UTF-8 makes the one text of the
+/// listing unreadable) come by key then agent, as the whole listing does. (What the mutation did:
+/// those rows ordered by agent first, the listing changed order when one row could not be read;
+/// review of stop 63, Q23.)
+#[tokio::test]
+async fn links_read_row_by_row_keep_key_then_agent_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("state.sqlite"))
+        .await
+        .expect("open");
+    let (first, second) = two_refs();
+    let spoiled = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+    for (i, session) in [&second, &first, &spoiled].into_iter().enumerate() {
+        let spec = LinkSpec::new(
+            session.clone(),
+            "claude-code",
+            "local",
+            format!("t{i}"),
+            "local-jsonl",
+        );
+        store.upsert_link(spec, T0).await.expect("adopt");
+    }
+    let whole: Vec<SessionRef> = store
+        .links()
+        .await
+        .expect("links")
+        .into_iter()
+        .map(|l| l.session)
+        .collect();
+    assert_eq!(
+        whole,
+        [first.clone(), second.clone(), spoiled.clone()],
+        "the whole listing"
+    );
+    assert!(
+        store.spoil_link_text(&spoiled).await.expect("spoil"),
+        "a row to spoil"
+    );
+    let listed: Vec<SessionRef> = store
+        .links()
+        .await
+        .expect("links")
+        .into_iter()
+        .map(|l| l.session)
+        .collect();
+    assert_eq!(
+        listed,
+        [first, second],
+        "read row by row, by key then agent"
+    );
+}
+
+/// The heads read one row at a time (a head row holding text that is not UTF-8) come by key then
+/// agent, as the whole listing does. (What the mutation did: those rows ordered by agent first, the
+/// listing changed order when one row could not be read; review of stop 63, Q24.)
+#[tokio::test]
+async fn heads_read_row_by_row_keep_key_then_agent_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("state.sqlite"))
+        .await
+        .expect("open");
+    let (first, second) = two_refs();
+    let spoiled = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
+    for session in [&second, &first, &spoiled] {
+        store.record(human(session), T0).await.expect("record");
+    }
+    let order = |heads: Vec<awareness_core::Head>| -> Vec<SessionRef> {
+        heads.into_iter().map(|h| h.session).collect()
+    };
+    let whole = order(store.list_heads(None).await.expect("heads"));
+    assert_eq!(
+        whole,
+        [first.clone(), second.clone(), spoiled.clone()],
+        "the whole listing"
+    );
+    assert!(
+        store.spoil_head_text(&spoiled).await.expect("spoil"),
+        "a row to spoil"
+    );
+    let listed = order(store.list_heads(None).await.expect("heads"));
+    assert_eq!(
+        listed,
+        [first, second],
+        "read row by row, by key then agent"
+    );
+}
+
+/// A cursor last touched at the cutoff itself is not idle: the choice leaves it, as the write
+/// would, so a chunk of one row deletes the idle cursor past three such cursors. (What the mutation
+/// did: choosing `updated_at <= cutoff`, the chunk chose them, deleted none, and ended as a chunk
+/// whose transactions found nothing to delete, the idle cursor left; review of stop 63, Q28.)
+#[tokio::test]
+async fn cursors_touched_at_the_cutoff_are_not_chosen_as_idle() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("state.sqlite"))
+        .await
+        .expect("open");
+    let w = WatcherKey::parse("agent:main:main").expect("watcher");
+    let r =
+        |key: &str| SessionRef::parse(&format!("agent:main:subagent:{key}"), "main").expect("ref");
+    for key in ["a", "b", "c"] {
+        store
+            .watch(&w, &r(key), T0)
+            .await
+            .expect("watch at the cutoff");
+    }
+    store
+        .watch(&w, &r("d"), T0.minus_ms(1))
+        .await
+        .expect("watch before it");
+    let step = PruneStep::Cursors { cutoff: T0 };
+    let later = T0.plus_ms(2 * Timestamp::DAY_MS);
+    assert_eq!(
+        store.prune_chunk(&step, 1, later).await.expect("prune"),
+        1,
+        "the one idle cursor goes"
+    );
+    for key in ["a", "b", "c"] {
+        assert!(
+            store
+                .cursor(&w, &r(key).session_key)
+                .await
+                .expect("read")
+                .is_some(),
+            "{key} stays"
+        );
+    }
+    assert!(
+        store
+            .cursor(&w, &r("d").session_key)
+            .await
+            .expect("read")
+            .is_none(),
+        "d went"
+    );
+}

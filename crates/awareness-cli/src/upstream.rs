@@ -1179,6 +1179,8 @@ mod tests {
     struct SlowFirstLine {
         next_tick: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
         taken: String,
+        /// A text whose line fails to be written (a full disk), when given.
+        fail_on: Option<&'static str>,
     }
 
     impl Write for SlowFirstLine {
@@ -1191,7 +1193,14 @@ mod tests {
                     .unwrap();
                 assert!(*began && !waited.timed_out(), "the second tick never began");
             }
-            self.taken.push_str(&String::from_utf8_lossy(buf));
+            let line = String::from_utf8_lossy(buf);
+            if self.fail_on.is_some_and(|text| line.contains(text)) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    "the output failed",
+                ));
+            }
+            self.taken.push_str(&line);
             Ok(buf.len())
         }
 
@@ -1202,9 +1211,12 @@ mod tests {
 
     /// Runs `monitor --json` over `links` adopted sessions, each watched, whose transcripts are
     /// gone: its first tick finds each missing, while its output's first line waits for the
-    /// second tick, which asks the monitor to stop. Answers the command's outcome, and its
-    /// output.
-    async fn monitor_behind_a_slow_output(links: usize) -> (Result<i32, CliError>, String) {
+    /// second tick, which asks the monitor to stop; a line holding `fail_on` fails to be
+    /// written. Answers the command's outcome, and its output.
+    async fn monitor_behind_a_slow_output(
+        links: usize,
+        fail_on: Option<&'static str>,
+    ) -> (Result<i32, CliError>, String) {
         let cli = monitor_line(true, &["--interval-secs", "1"]);
         let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
@@ -1225,6 +1237,7 @@ mod tests {
         let mut out = SlowFirstLine {
             next_tick,
             taken: String::new(),
+            fail_on,
         };
         let done = monitor_links(&cli, args, events, store, stop.notified(), &mut out).await;
         (done, out.taken)
@@ -1243,7 +1256,7 @@ mod tests {
     /// the stop comes before they are all read but once in billions of runs.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_detections_sent_before_the_stop_are_printed() {
-        let (done, out) = monitor_behind_a_slow_output(60).await;
+        let (done, out) = monitor_behind_a_slow_output(60, None).await;
         assert_eq!(done.map_err(|e| e.message).unwrap(), 0);
         let missing = lines_of(&out, "missing").count();
         assert_eq!(missing, 60, "of {} lines", out.lines().count());
@@ -1256,7 +1269,7 @@ mod tests {
     /// output lost 76 detections without a word: review of stop 60.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn detections_dropped_behind_a_slow_output_are_counted_in_a_line() {
-        let (done, out) = monitor_behind_a_slow_output(1100).await;
+        let (done, out) = monitor_behind_a_slow_output(1100, None).await;
         assert_eq!(done.map_err(|e| e.message).unwrap(), 0);
         let missing = lines_of(&out, "missing").count();
         let lagged: Vec<Value> = lines_of(&out, "lagged")
@@ -1828,68 +1841,13 @@ mod tests {
         assert!(out.contains("\n  watched by agent:main:main\n"), "{out}");
     }
 
-    /// An output whose first line takes until the monitor's second tick began (as
-    /// [`SlowFirstLine`]), then fails on the line of the detections the channel dropped.
-    struct SlowThenFailsOnLagged {
-        next_tick: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-        lines: usize,
-    }
-
-    impl Write for SlowThenFailsOnLagged {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            if self.lines == 0 {
-                let (began, told) = &*self.next_tick;
-                // A hang guard, not a measure: the second tick begins a second after the first.
-                let (began, waited) = told
-                    .wait_timeout_while(began.lock().unwrap(), Duration::from_mins(1), |b| !*b)
-                    .unwrap();
-                assert!(*began && !waited.timed_out(), "the second tick never began");
-            }
-            self.lines += 1;
-            if String::from_utf8_lossy(buf).contains(r#""detection":"lagged""#) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::StorageFull,
-                    "the output failed",
-                ));
-            }
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// A monitor whose output fails on the line of the detections the channel dropped says
     /// that they went unread. (Nothing said of them passed every test: review of stop 63,
     /// L28.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_lagged_line_says_the_detections_went_unread() {
-        let links = 1100;
-        let cli = monitor_line(true, &["--interval-secs", "1"]);
-        let args = monitor_args(&cli);
-        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let sessions = (0..links)
-            .map(|n| SessionRef::parse(&format!("agent:main:worker-{n}"), "main").unwrap());
-        adopted_then_gone(&store, sessions).await;
-        let next_tick = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        let stop = Arc::new(tokio::sync::Notify::new());
-        let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
-            inner: store.clone(),
-            hook: HoldsTheSecondTick {
-                links,
-                reads: std::sync::atomic::AtomicUsize::new(0),
-                next_tick: Arc::clone(&next_tick),
-                stop: Arc::clone(&stop),
-            },
-        });
-        let mut out = SlowThenFailsOnLagged {
-            next_tick,
-            lines: 0,
-        };
-        let e = monitor_links(&cli, args, events, store, stop.notified(), &mut out)
-            .await
-            .expect_err("the output failed on the lagged line");
+        let (done, _) = monitor_behind_a_slow_output(1100, Some(r#""detection":"lagged""#)).await;
+        let e = done.expect_err("the output failed on the lagged line");
         assert!(
             e.message
                 .ends_with(" detection(s) went unread, but cannot write output: the output failed"),

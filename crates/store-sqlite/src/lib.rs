@@ -1606,62 +1606,6 @@ mod tests {
         .await;
     }
 
-    /// A cursor touched between the idle choice and the write of a chunk's first transaction does
-    /// not end the chunk: the transaction chose its bound, so the next one goes on past it and
-    /// deletes the idle cursor left. (What the mutation did: counting what the write deleted
-    /// instead of what was chosen, the chunk ended there, and the idle cursor past the bound waited
-    /// for the next pass; review of stop 63, Q02.)
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_cursor_touched_after_the_idle_choice_does_not_end_the_chunk() {
-        use awareness_core::{CursorStore as _, PruneStep, Timestamp};
-        const T0: Timestamp = Timestamp(1_800_000_000_000);
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = Arc::new(
-            SqliteStore::open(dir.path().join("t.db"))
-                .await
-                .expect("open"),
-        );
-        let path = store.path.clone();
-        let w = WatcherKey::parse("agent:main:main").expect("watcher");
-        let r = |key| SessionRef::parse(key, "main").expect("ref");
-        let refs = [
-            r("agent:main:subagent:a"),
-            r("agent:main:subagent:b"),
-            r("agent:main:subagent:c"),
-        ];
-        for t in &refs {
-            store.watch(&w, t, T0).await.expect("watch");
-        }
-        let (chosen, go) = BETWEEN_CHOICE_AND_DELETE.arm(&path);
-        let later = T0.plus_ms(2 * Timestamp::DAY_MS);
-        let pruning = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move {
-                let step = PruneStep::Cursors {
-                    cutoff: T0.plus_ms(1),
-                };
-                store.prune_chunk(&step, 2, later).await
-            }
-        });
-        // The first transaction chose a and b (its bound, 2).
-        chosen.notified().await;
-        store.watch(&w, &refs[0], later).await.expect("watch again");
-        BETWEEN_CHOICE_AND_DELETE.disarm();
-        go.notify_one();
-        assert_eq!(
-            pruning.await.expect("task").expect("prune"),
-            2,
-            "b, then c in the chunk's next transaction"
-        );
-        let left = |i: usize| store.cursor(&w, &refs[i].session_key);
-        assert!(left(0).await.expect("read").is_some(), "a was touched");
-        assert!(left(1).await.expect("read").is_none(), "b went");
-        assert!(
-            left(2).await.expect("read").is_none(),
-            "c went in the same chunk"
-        );
-    }
-
     /// An idle-cursor pruning transaction counts as a pruning one (`PRUNE_WEIGHT`) towards the next
     /// background checkpoint, as the crate docs say of every pruning transaction: four of them
     /// start one. (What the mutation did: its weight dropped, a pass over idle cursors let the log

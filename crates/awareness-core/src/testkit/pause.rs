@@ -64,7 +64,11 @@ impl Pause {
 
 /// The check of a store that chooses idle cursors outside the write that deletes them, with
 /// `pause` held between the two for `path` (its file): a cursor touched between an idle-cursor
-/// round's choice and its write is no longer idle and stays; the other one chosen goes.
+/// round's choice and its write is no longer idle and stays; the other one chosen goes; and the
+/// chunk goes on by what the round chose, not by what its write deleted, so the idle cursor
+/// past the round's bound goes in the same chunk. (What the mutation did: store-sqlite counting
+/// what the write deleted ended the chunk at the touched cursor, the last idle one left for the
+/// next pass; review of stop 63, Q02.)
 pub async fn a_cursor_touched_after_the_idle_choice_is_not_pruned(
     store: Arc<dyn crate::AwarenessStore>,
     pause: &Pause,
@@ -74,9 +78,14 @@ pub async fn a_cursor_touched_after_the_idle_choice_is_not_pruned(
     const T0: Timestamp = Timestamp(1_800_000_000_000);
     let w = WatcherKey::parse("agent:main:main").expect("watcher");
     let r = |key| SessionRef::parse(key, "main").expect("ref");
-    let (touched, idle) = (r("agent:main:subagent:a"), r("agent:main:subagent:b"));
-    store.watch(&w, &touched, T0).await.expect("watch");
-    store.watch(&w, &idle, T0).await.expect("watch");
+    let (touched, idle, past) = (
+        r("agent:main:subagent:a"),
+        r("agent:main:subagent:b"),
+        r("agent:main:subagent:c"),
+    );
+    for target in [&touched, &idle, &past] {
+        store.watch(&w, target, T0).await.expect("watch");
+    }
     let (chosen, go) = pause.arm(path);
     let later = T0.plus_ms(2 * Timestamp::DAY_MS);
     let pruning = tokio::spawn({
@@ -85,17 +94,31 @@ pub async fn a_cursor_touched_after_the_idle_choice_is_not_pruned(
             let step = PruneStep::Cursors {
                 cutoff: T0.plus_ms(1),
             };
-            store.prune_chunk(&step, 10, later).await
+            // A round of two: the first chooses the touched and the idle cursor.
+            store.prune_chunk(&step, 2, later).await
         }
     });
     chosen.notified().await;
     // Watching again a cursor idle for a day refreshes it.
     store.watch(&w, &touched, later).await.expect("watch again");
-    go.notify_one();
-    assert_eq!(pruning.await.expect("task").expect("prune"), 1);
     pause.disarm();
-    let touched = store.cursor(&w, &touched.session_key).await;
-    assert!(touched.expect("read").is_some(), "touched stays");
-    let idle = store.cursor(&w, &idle.session_key).await;
-    assert!(idle.expect("read").is_none(), "idle goes");
+    go.notify_one();
+    assert_eq!(
+        pruning.await.expect("task").expect("prune"),
+        2,
+        "the idle cursor, then the one past the first round's bound"
+    );
+    let left = async |target: &SessionRef| {
+        store
+            .cursor(&w, &target.session_key)
+            .await
+            .expect("read")
+            .is_some()
+    };
+    assert!(left(&touched).await, "touched stays");
+    assert!(!left(&idle).await, "idle goes");
+    assert!(
+        !left(&past).await,
+        "the one past the bound goes in the same chunk"
+    );
 }

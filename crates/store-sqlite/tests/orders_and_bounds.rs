@@ -20,12 +20,12 @@ fn two_refs() -> (SessionRef, SessionRef) {
     )
 }
 
-/// The links read one row at a time (a row holding text that is not UTF-8 makes the one text of the
-/// listing unreadable) come by key then agent, as the whole listing does. (What the mutation did:
-/// those rows ordered by agent first, the listing changed order when one row could not be read;
-/// review of stop 63, Q23.)
+/// The links and the heads read one row at a time (a row holding text that is not UTF-8 makes
+/// the one text of the listing unreadable) come by key then agent, as each whole listing does.
+/// (What the mutations did: those rows ordered by agent first, a listing changed order when one
+/// of its rows could not be read; review of stop 63, Q23 for the links, Q24 for the heads.)
 #[tokio::test]
-async fn links_read_row_by_row_keep_key_then_agent_order() {
+async fn listings_read_row_by_row_keep_key_then_agent_order() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(dir.path().join("state.sqlite"))
         .await
@@ -33,6 +33,7 @@ async fn links_read_row_by_row_keep_key_then_agent_order() {
     let (first, second) = two_refs();
     let spoiled = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
     for (i, session) in [&second, &first, &spoiled].into_iter().enumerate() {
+        store.record(human(session), T0).await.expect("record");
         let spec = LinkSpec::new(
             session.clone(),
             "claude-code",
@@ -42,69 +43,28 @@ async fn links_read_row_by_row_keep_key_then_agent_order() {
         );
         store.upsert_link(spec, T0).await.expect("adopt");
     }
-    let whole: Vec<SessionRef> = store
-        .links()
-        .await
-        .expect("links")
-        .into_iter()
-        .map(|l| l.session)
-        .collect();
-    assert_eq!(
-        whole,
-        [first.clone(), second.clone(), spoiled.clone()],
-        "the whole listing"
-    );
-    assert!(
-        store.spoil_link_text(&spoiled).await.expect("spoil"),
-        "a row to spoil"
-    );
-    let listed: Vec<SessionRef> = store
-        .links()
-        .await
-        .expect("links")
-        .into_iter()
-        .map(|l| l.session)
-        .collect();
-    assert_eq!(
-        listed,
-        [first, second],
-        "read row by row, by key then agent"
-    );
-}
-
-/// The heads read one row at a time (a head row holding text that is not UTF-8) come by key then
-/// agent, as the whole listing does. (What the mutation did: those rows ordered by agent first, the
-/// listing changed order when one row could not be read; review of stop 63, Q24.)
-#[tokio::test]
-async fn heads_read_row_by_row_keep_key_then_agent_order() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("state.sqlite"))
-        .await
-        .expect("open");
-    let (first, second) = two_refs();
-    let spoiled = SessionRef::parse("agent:main:subagent:c", "main").expect("ref");
-    for session in [&second, &first, &spoiled] {
-        store.record(human(session), T0).await.expect("record");
-    }
-    let order = |heads: Vec<awareness_core::Head>| -> Vec<SessionRef> {
+    let links = async || -> Vec<SessionRef> {
+        let links = store.links().await.expect("links");
+        links.into_iter().map(|l| l.session).collect()
+    };
+    let heads = async || -> Vec<SessionRef> {
+        let heads = store.list_heads(None).await.expect("heads");
         heads.into_iter().map(|h| h.session).collect()
     };
-    let whole = order(store.list_heads(None).await.expect("heads"));
-    assert_eq!(
-        whole,
-        [first.clone(), second.clone(), spoiled.clone()],
-        "the whole listing"
+    let whole = [first.clone(), second.clone(), spoiled.clone()];
+    assert_eq!(links().await, whole, "the whole listing of links");
+    assert_eq!(heads().await, whole, "the whole listing of heads");
+    assert!(
+        store.spoil_link_text(&spoiled).await.expect("spoil"),
+        "a link row to spoil"
     );
     assert!(
         store.spoil_head_text(&spoiled).await.expect("spoil"),
-        "a row to spoil"
+        "a head row to spoil"
     );
-    let listed = order(store.list_heads(None).await.expect("heads"));
-    assert_eq!(
-        listed,
-        [first, second],
-        "read row by row, by key then agent"
-    );
+    let read_alone = [first, second];
+    assert_eq!(links().await, read_alone, "links read row by row");
+    assert_eq!(heads().await, read_alone, "heads read row by row");
 }
 
 /// A cursor last touched at the cutoff itself is not idle: the choice leaves it, as the write

@@ -482,9 +482,11 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         let task = tokio::spawn(async move {
             let mut asked_at = None;
             loop {
-                // In this order when several are pending at once (a service manager's SIGTERM
-                // then SIGHUP): a hangup taken first marks the command stopping, and the
-                // SIGTERM of the same request would then end it as a second signal.
+                // Ctrl-C and SIGTERM first when several are pending at once (a service
+                // manager's SIGTERM then SIGHUP). Which is taken first no longer decides whether
+                // the command ends: a signal within 250 ms of the one that asked it to stop is
+                // the same request (`signalled`), so a SIGTERM after a hangup taken first does
+                // not end it either.
                 let hangup = tokio::select! {
                     biased;
                     () = next(&mut int) => false,

@@ -2862,8 +2862,8 @@ pub async fn prune_expires_idle_cursors(t: &Subject) {
 }
 
 /// The idle cutoff is exclusive: a cursor last updated exactly at `now - cursor_idle_ms` stays,
-/// one a millisecond older goes (as OpenClaw's `updated_at < cutoff`). One store's `<=` passed
-/// every other check.
+/// one a millisecond older goes (as OpenClaw's `updated_at < cutoff`), and a pruning chunk does
+/// not choose the cursors at the cutoff either. One store's `<=` passed every other check.
 pub async fn prune_keeps_a_cursor_updated_exactly_at_the_idle_cutoff(t: &Subject) {
     let s = &*t.store;
     let older = r("agent:main:subagent:older", "main");
@@ -2891,6 +2891,40 @@ pub async fn prune_keeps_a_cursor_updated_exactly_at_the_idle_cutoff(t: &Subject
             .is_some(),
         "exactly at the cutoff"
     );
+    // A chunk chooses as its write deletes: cursors exactly at the cutoff, which sort before the
+    // idle one here, are not chosen, so a chunk of one row still reaches the idle cursor past
+    // them. (What the mutation did: store-sqlite choosing `updated_at <= cutoff`, its chunk
+    // chose them, deleted none and ended, the idle cursor left: review of stop 63, Q28.)
+    let cutoff = policy.idle_cutoff(now);
+    for key in ["a1", "a2", "a3"] {
+        let at = r(&format!("agent:main:subagent:{key}"), "main");
+        s.watch(&w(MANAGER), &at, cutoff).await.unwrap();
+    }
+    let idle = r("agent:main:subagent:b-idle", "main");
+    s.watch(&w(MANAGER), &idle, cutoff.minus_ms(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.prune_chunk(&PruneStep::Cursors { cutoff }, 1, now)
+            .await
+            .unwrap(),
+        1,
+        "the idle cursor past those at the cutoff"
+    );
+    assert!(
+        s.cursor(&w(MANAGER), &idle.session_key)
+            .await
+            .unwrap()
+            .is_none(),
+        "the idle cursor goes"
+    );
+    for key in ["a1", "a2", "a3", "at-cutoff"] {
+        let at = SessionKey::new(format!("agent:main:subagent:{key}")).unwrap();
+        assert!(
+            s.cursor(&w(MANAGER), &at).await.unwrap().is_some(),
+            "{key} stays"
+        );
+    }
 }
 
 pub async fn an_invalid_retention_policy_is_refused_and_nothing_deleted(t: &Subject) {

@@ -217,6 +217,67 @@ pub async fn a_batch_on_a_target_with_an_unreadable_cursor_row_commits(f: impl O
     );
 }
 
+/// Recordings in batches over refs whose heads cannot be read, each beside another agent's
+/// session of the same key recorded just before it, stamp each such head's watermark just below
+/// the ref's own event (`protocol::head_over_unreadable`), not below the other agent's. 32
+/// pairs, so that the order in which a batch writes its heads cannot hide it. (What the mutation
+/// did: store-sqlite matching the batch's first sequence by key alone, a head's watermark stood
+/// below another agent's event: review of stop 63, Q32.)
+pub async fn a_batch_over_an_unreadable_head_stamps_it_below_its_own_event(f: impl OpenGrouped) {
+    let dir = Scratch::new("group-commit");
+    let g = open(&f, dir.file(), 64).await;
+    let pair = |i: usize| {
+        let key = format!("agent:main:subagent:k{i}");
+        (
+            SessionRef::parse(&key, "alpha").expect("ref"),
+            SessionRef::parse(&key, "beta").expect("ref"),
+        )
+    };
+    let human = |session: &SessionRef| {
+        let e = NewEvent::new(
+            session.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "typed",
+        );
+        (e, T0)
+    };
+    for i in 0..32 {
+        let (damaged, _) = pair(i);
+        let (e, now) = human(&damaged);
+        g.store.record(e, now).await.expect("record");
+        assert!(
+            g.raw.damage_head_row(&damaged).await.expect("damage"),
+            "a head to damage"
+        );
+    }
+    let before = (g.write_transactions)();
+    let recordings = (0..32).flat_map(|i| {
+        let (damaged, other) = pair(i);
+        [human(&other), human(&damaged)]
+    });
+    record_concurrently(&g.store, recordings).await;
+    let txs = (g.write_transactions)() - before;
+    assert!(
+        txs < 64,
+        "64 concurrent recordings took {txs} write transactions: none were grouped"
+    );
+    for i in 0..32 {
+        let (damaged, _) = pair(i);
+        let head = g
+            .store
+            .heads(std::slice::from_ref(&damaged))
+            .await
+            .expect("the head is readable again")
+            .remove(0);
+        assert_eq!(
+            head.pruned_max_sequence,
+            Sequence(head.last_sequence.get() - 1),
+            "the watermark just below the ref's own event: {head:?}"
+        );
+    }
+}
+
 /// After rounds of 64 concurrent recordings on four sessions, each with its own clock and some
 /// sharing a dedupe key, every head is its ref's last recorded event, stamped with that
 /// recording's clock, and every dedupe hit answers the event stored under its key. Rounds run

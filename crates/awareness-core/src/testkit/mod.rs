@@ -645,6 +645,7 @@ macro_rules! group_commit_suite {
             a_group_commit_of_zero_is_refused_at_open,
             cancelled_recordings_hold_up_no_later_one,
             a_batch_on_a_target_with_an_unreadable_cursor_row_commits,
+            a_batch_over_an_unreadable_head_stamps_it_below_its_own_event,
             writes_outside_a_runtime_fail_and_leave_the_handle_working,
             recordings_crossing_the_end_of_the_counter_commit_only_those_that_fit,
             $($outside),*

@@ -2171,6 +2171,14 @@ impl Hook for Asked {
     }
 }
 
+/// A store in memory whose questions for a commit are counted, and failed when told.
+fn asked_memory_store() -> Arc<Hooked<Asked>> {
+    Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: Asked::default(),
+    })
+}
+
 /// A pick-up task asking every second, with a recovery interval of 10 s, over `store`.
 fn asked_every_second(
     store: Arc<Hooked<Asked>>,
@@ -2202,10 +2210,7 @@ fn reads(store: &Hooked<Asked>) -> usize {
 /// pending cursor of the store: review of stop 62, S33.) The clock is tokio's paused one.
 #[tokio::test(start_paused = true)]
 async fn the_recovery_pick_up_comes_once_per_recovery_interval() {
-    let store = Arc::new(Hooked {
-        inner: Arc::new(MemoryStore::new()),
-        hook: Asked::default(),
-    });
+    let store = asked_memory_store();
     written_elsewhere(&*store.inner, &[MANAGER]).await;
     let (_svc, _woken, pickup) = asked_every_second(store.clone());
     tokio::time::sleep(Duration::from_millis(12_500)).await;
@@ -2226,10 +2231,7 @@ async fn the_recovery_pick_up_comes_once_per_recovery_interval() {
 /// interval against a store that cannot answer: review of stop 62, S31.)
 #[tokio::test(start_paused = true)]
 async fn questions_that_fail_pick_up_at_the_recovery_interval_only() {
-    let store = Arc::new(Hooked {
-        inner: Arc::new(MemoryStore::new()),
-        hook: Asked::default(),
-    });
+    let store = asked_memory_store();
     store
         .hook
         .fail
@@ -2252,10 +2254,7 @@ async fn questions_that_fail_pick_up_at_the_recovery_interval_only() {
 /// stop 62, S32.)
 #[tokio::test(start_paused = true)]
 async fn the_first_answer_after_a_failed_question_is_picked_up_even_if_seen() {
-    let store = Arc::new(Hooked {
-        inner: Arc::new(MemoryStore::new()),
-        hook: Asked::default(),
-    });
+    let store = asked_memory_store();
     let (_svc, mut woken, pickup) = asked_every_second(store.clone());
     // The first question (answer 1) picks up: nothing pending.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -1235,14 +1235,17 @@ mod tests {
             .connect()
             .await
             .expect("a connection of its own");
-        sqlx::raw_sql(
-            "INSERT INTO session_state_events (dedupe_key, session_key, agent_id, kind, actor_type,
-               occurred_at, summary) VALUES ('torn', 'agent:main:subagent:s0', 'main', 'created',
-               'no-such-actor', 0, 'torn')",
-        )
-        .execute(&mut raw)
-        .await
-        .expect("a torn row");
+        // A torn row under the dedupe key "torn", as the durable suite damages one.
+        let torn = store
+            .record(event(9).with_dedupe_key("torn"), T0)
+            .await
+            .expect("record")
+            .event
+            .sequence;
+        assert!(
+            store.damage_event_row(torn).await.expect("damage"),
+            "a torn row"
+        );
         // The write connection held, so that the three recordings queue and make one batch.
         let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
         let tasks: Vec<_> = (0..3)

@@ -1607,6 +1607,48 @@ pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning
     assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
 }
 
+/// The links and the heads listed past a row holding text that is not UTF-8 come by key then
+/// agent, as each whole listing does, with two refs whose key order is not their agent order.
+/// (What the mutations did: store-sqlite, reading such a listing again one row at a time,
+/// ordered those rows by agent first, so a listing changed order when one of its rows could not
+/// be read: review of stop 63, Q23 for the links, Q24 for the heads.)
+pub async fn listings_past_a_row_that_is_not_utf8_keep_key_then_agent_order(f: impl OpenFile) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let (s, u) = (&*t.store, &*t.upstream);
+    let first = r("agent:main:subagent:a", "zed");
+    let second = r("agent:main:subagent:b", "main");
+    let spoiled = r("agent:main:subagent:c", "main");
+    for (i, session) in [&second, &first, &spoiled].into_iter().enumerate() {
+        rec(s, human(session), T0).await;
+        u.upsert_link(link_spec(session, &format!("t{i}"), 10), T0)
+            .await
+            .expect("adopt");
+    }
+    let links = async || -> Vec<SessionRef> {
+        let links = u.links().await.expect("links");
+        links.into_iter().map(|l| l.session).collect()
+    };
+    let heads = async || -> Vec<SessionRef> {
+        let heads = s.list_heads(None).await.expect("heads");
+        heads.into_iter().map(|h| h.session).collect()
+    };
+    let whole = [first.clone(), second.clone(), spoiled.clone()];
+    assert_eq!(links().await, whole, "the whole listing of links");
+    assert_eq!(heads().await, whole, "the whole listing of heads");
+    assert!(
+        t.raw.spoil_link_text(&spoiled).await.expect("spoil a link"),
+        "the store has a link row to spoil"
+    );
+    assert!(
+        t.raw.spoil_head_text(&spoiled).await.expect("spoil a head"),
+        "the store has a head row to spoil"
+    );
+    let readable = [first, second];
+    assert_eq!(links().await, readable, "links past the spoiled row");
+    assert_eq!(heads().await, readable, "heads past the spoiled row");
+}
+
 /// A head row and event rows holding text that is not UTF-8 in one file stop no pruning: a
 /// pass of the row cap and a pass of the age step each delete the events they reach, the
 /// spoiled ones among them, and stamp the readable heads of what they delete; the listing of

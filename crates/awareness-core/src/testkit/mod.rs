@@ -688,6 +688,7 @@ macro_rules! durable_suite {
             a_cursor_row_with_text_that_is_not_utf8_is_left_out_and_stops_nothing_else,
             a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning,
             a_head_and_an_event_with_text_that_is_not_utf8_together_stop_no_pruning,
+            listings_past_a_row_that_is_not_utf8_keep_key_then_agent_order,
         );
     };
     ($open:path, foreign_commits: $foreign:ident, text_in_every_row: false) => {

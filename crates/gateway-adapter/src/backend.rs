@@ -819,6 +819,49 @@ mod tests {
         }
     }
 
+    /// A redb database holding no table yet, left unclean by a writer that never closed it (here
+    /// a copy taken while it is open), is not made a store by a repair: after the read-only
+    /// open's refusal as needing repair, the read-write reopen creates nothing and is refused as
+    /// not a store, and no later open finds a store there. (What the mutation did: the reopen
+    /// asked to create, and the repair wrote this store's tables into the file and answered it
+    /// repaired; review of stop 64, W38.)
+    #[cfg(feature = "redb")]
+    #[tokio::test]
+    async fn a_repair_makes_no_store_of_an_unclean_redb_file_without_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, url) = file_url(&dir, "redb", "no-tables.redb");
+        let live = dir.path().join("live.redb");
+        let writer = redb::Database::create(&live).expect("a redb database");
+        std::fs::copy(&live, &path).expect("copy the open database");
+        drop(writer);
+        let before = open_store_with(
+            &url,
+            OpenOptions {
+                read_only: true,
+                create_if_missing: false,
+                live_readers: false,
+            },
+        )
+        .await;
+        assert!(
+            matches!(
+                before,
+                Err(OpenError::Store(StoreError::NeedsRepair { .. }))
+            ),
+            "the copy needs a repair: {before:?}"
+        );
+        for attempt in ["the repair", "a second repair"] {
+            match repair_store(&url).await {
+                Err(OpenError::Store(e)) => assert_eq!(
+                    e.open_failure(),
+                    Some(OpenFailure::NotAStore),
+                    "{attempt}: {e}"
+                ),
+                other => panic!("{attempt} of a database without tables: {other:?}"),
+            }
+        }
+    }
+
     /// A redb file of schema 1, which a read-only open refuses as needing a migration, is migrated
     /// by a repair, and read-only opens take it after. (What the mutation did: the migration case
     /// left out, the repair answered the read-only open's refusal; only the CLI's tests read it;

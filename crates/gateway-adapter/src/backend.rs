@@ -824,7 +824,7 @@ mod tests {
     /// open's refusal as needing repair, the read-write reopen creates nothing and is refused as
     /// not a store, and no later open finds a store there. (What the mutation did: the reopen
     /// asked to create, and the repair wrote this store's tables into the file and answered it
-    /// repaired; review of stop 64, W38.)
+    /// repaired; review of stop 63, W38.)
     #[cfg(feature = "redb")]
     #[tokio::test]
     async fn a_repair_makes_no_store_of_an_unclean_redb_file_without_tables() {

@@ -30,6 +30,10 @@ pub struct CoalescingWake {
     state: Arc<Mutex<HashMap<SessionKey, Option<String>>>>,
     /// Dropped with the waker, which ends every window's task (see [`CoalescingWake`]).
     alive: tokio::sync::watch::Sender<()>,
+    /// Tests only: run by a window's task once its window has closed, before the task ends,
+    /// where a wake on another thread may come in.
+    #[cfg(test)]
+    at_close: Option<Arc<dyn Fn(&SessionKey) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for CoalescingWake {
@@ -56,6 +60,8 @@ impl CoalescingWake {
             sink,
             state: Arc::default(),
             alive: tokio::sync::watch::Sender::new(()),
+            #[cfg(test)]
+            at_close: None,
         }
     }
 }
@@ -85,6 +91,8 @@ impl HeartbeatWake for CoalescingWake {
         let sink = Arc::clone(&self.sink);
         let period = self.window;
         let mut alive = self.alive.subscribe();
+        #[cfg(test)]
+        let at_close = self.at_close.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -99,6 +107,10 @@ impl HeartbeatWake for CoalescingWake {
                     break;
                 }
                 let Some(reason) = window.take_trailing() else {
+                    #[cfg(test)]
+                    if let Some(hook) = &at_close {
+                        hook(&window.session);
+                    }
                     break;
                 };
                 let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -481,6 +493,45 @@ mod tests {
             2,
             "the window ended with its runtime: the second wake goes out at once"
         );
+    }
+
+    /// A wake that comes after a window closed, before its task has ended (on another thread;
+    /// here from a hook the task runs at that point), opens a window that the old task's end
+    /// leaves open: a wake inside the new window is held to its end. (What the mutation did:
+    /// the closed mark not set, the old task's end removed the new window, and the next wake
+    /// went out at once; review of stop 63, W21.)
+    #[tokio::test(start_paused = true)]
+    async fn a_window_opened_as_the_last_one_closes_is_kept() {
+        let (reasons, sink) = reasons_sink();
+        let mut waker = CoalescingWake::new(sink);
+        let cell: Arc<std::sync::OnceLock<Arc<CoalescingWake>>> = Arc::default();
+        let waker_of_hook = Arc::clone(&cell);
+        let once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        waker.at_close = Some(Arc::new(move |s: &SessionKey| {
+            if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                waker_of_hook.get().unwrap().wake(s, "as it closed");
+            }
+        }));
+        let waker = Arc::new(waker);
+        assert!(cell.set(Arc::clone(&waker)).is_ok());
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let start = tokio::time::Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        waker.wake(&main, "first");
+        tokio::time::sleep_until(at(21)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "as it closed"],
+            "the wake as the window closed goes out at once"
+        );
+        waker.wake(&main, "held");
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "as it closed"],
+            "a wake inside the window the closing one opened is held"
+        );
+        tokio::time::sleep_until(at(41)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first", "as it closed", "held"]);
     }
 
     /// A wake that comes while the sink runs a trailing wake it then panics on (here asked by the

@@ -33,8 +33,12 @@ pub struct CoalescingWake {
     /// Tests only: run by a window's task once its window has closed, before the task ends,
     /// where a wake on another thread may come in.
     #[cfg(test)]
-    at_close: Option<Arc<dyn Fn(&SessionKey) + Send + Sync>>,
+    at_close: Option<AtClose>,
 }
+
+/// What a test runs at a window's close (see `CoalescingWake::at_close`).
+#[cfg(test)]
+type AtClose = Arc<dyn Fn(&SessionKey) + Send + Sync>;
 
 impl std::fmt::Debug for CoalescingWake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

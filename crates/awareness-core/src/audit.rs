@@ -215,7 +215,8 @@ pub struct StoreAudit {
 /// left out because it cannot be read are reported as [`Finding::UnreadableHead`]. An event row
 /// the store cannot read ([`StoreError::Corrupt`]) ends the reading of the log there, reported
 /// as [`Finding::UnreadableEvent`] after the events before it are audited; the heads and
-/// cursors are audited still.
+/// cursors are audited still. The findings come in that order: [`audit`]'s (those a fresh read
+/// keeps), then the unreadable event row, then the unreadable cursor rows.
 pub async fn audit_store(store: &dyn AwarenessStore) -> Result<StoreAudit, StoreError> {
     let cursors = store.cursors(&CursorFilter::default()).await?;
     let mut events = Vec::new();

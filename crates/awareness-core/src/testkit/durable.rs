@@ -1921,8 +1921,10 @@ pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: 
 /// as [`Finding::UnreadableEvent`](crate::audit::Finding::UnreadableEvent) after the last event
 /// before it, with the store's error naming the row, and audits the rest: the events before it,
 /// every head and every cursor (here a session whose head row is gone, found through its event
-/// before the damaged row and through the cursor on it). It failed as a whole, reporting
-/// nothing else.
+/// before the damaged row and through the cursor on it, and a cursor row the store cannot read
+/// either). It failed as a whole, reporting nothing else. The findings come in the order
+/// [`audit_store`](crate::audit::audit_store) gives: the log's and heads' and cursors', then
+/// the unreadable event row, then the unreadable cursor rows.
 pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: impl OpenFile) {
     use crate::audit::Finding;
     let dir = Scratch::new("durable");
@@ -1943,6 +1945,13 @@ pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: im
         .delete_head_row(&headless)
         .await
         .expect("delete its head");
+    assert!(
+        t.raw
+            .damage_cursor_row(&manager, &other.session_key)
+            .await
+            .expect("damage a cursor row"),
+        "the store has the cursor row to damage"
+    );
     // The other session's first event: the one before it is the first of the log, which a
     // halving that stopped at two rows would not read.
     let damaged = Sequence(2);
@@ -1950,9 +1959,9 @@ pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: im
     let audit = crate::audit::audit_store(s)
         .await
         .expect("an audit over the damaged row");
-    assert_eq!((audit.heads, audit.cursors), (1, 2), "{audit:?}");
-    let [first, second, third] = &audit.findings[..] else {
-        panic!("three findings: {:?}", audit.findings)
+    assert_eq!((audit.heads, audit.cursors), (1, 1), "{audit:?}");
+    let [first, second, third, fourth] = &audit.findings[..] else {
+        panic!("four findings: {:?}", audit.findings)
     };
     assert_eq!(
         first,
@@ -1970,6 +1979,13 @@ pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: im
     assert!(
         names_event(reason, damaged),
         "the reason names it: {reason}"
+    );
+    let Finding::UnreadableCursor(row) = fourth else {
+        panic!("the damaged cursor row, last (review of stop 63, K26): {fourth:?}")
+    };
+    assert_eq!(
+        (&row.watcher, &row.target),
+        (&manager.to_string(), &other.session_key.to_string())
     );
     // So does the reading of the log under the audit, whatever its page (at least one row: a
     // page of 0 read nothing and answered a sound log, and a halving that stopped at two rows

@@ -2470,3 +2470,147 @@ fn unwatch_json_says_it_removed_the_cursor() {
     ]));
     assert_eq!(v, serde_json::json!({"removed": true}));
 }
+
+/// The ACTOR column of a text table names the actor's type and its id (the session that acted), as
+/// `--json` gives `actorType` and `actorId`; an event without an id shows its type alone. (What the
+/// mutation did: the id dropped, `agent` alone for an agent's event; review of stop 64, CL21.)
+#[test]
+fn the_actor_column_names_the_acting_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("a.db").display());
+    let rec = |actor: &[&str]| {
+        let args = [
+            &[
+                "--store",
+                url.as_str(),
+                "record",
+                "--session",
+                "agent:main:subagent:c1",
+                "--kind",
+                "goal_changed",
+                "--summary",
+                "goal updated",
+            ][..],
+            actor,
+        ]
+        .concat();
+        let o = run_in(dir.path(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    rec(&[
+        "--actor-type",
+        "agent",
+        "--actor-id",
+        "agent:main:subagent:c2",
+    ]);
+    rec(&[]);
+    let o = run_in(dir.path(), &["--store", &url, "tail"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[1].contains("  agent agent:main:subagent:c2  "),
+        "the actor's id is shown: {text}"
+    );
+    assert!(lines[2].contains("  system  "), "{text}");
+}
+
+/// Text `status --changes-since` at the session's head prints its two lines and no event table.
+/// (What the mutation did: a table header over no rows; review of stop 64, CL23.)
+#[test]
+fn text_status_without_changes_prints_no_event_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    let key = "agent:main:subagent:c1";
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &url,
+            "record",
+            "--session",
+            key,
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run_in(
+        dir.path(),
+        &["--store", &url, "status", key, "--changes-since", "1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[1].starts_with("changes since 1: 0 event(s), truncated false"),
+        "{text}"
+    );
+}
+
+/// A `--payload` that is not JSON is a usage error (exit 2, one line), as every other bad input to
+/// `record` is, and creates no store. (What the mutation did: exit 1, a failure; review of stop 64,
+/// CL29.)
+#[test]
+fn a_payload_that_is_not_json_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(
+        dir.path(),
+        &[
+            "--store",
+            "sqlite://p.db",
+            "record",
+            "--session",
+            "agent:main:subagent:c1",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+            "--payload",
+            "{not json",
+        ],
+    );
+    assert_usage(&o, "a payload that is not JSON");
+    assert!(
+        stderr(&o).contains("--payload is not JSON"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        !dir.path().join("p.db").exists(),
+        "bad input created the store"
+    );
+}
+
+/// A text `prune --dry-run` of a store whose cursor rows all read says nothing of unreadable cursor
+/// rows. (What the mutation did: "0 cursor row(s) that cannot be read are not counted" on every dry
+/// run; review of stop 64, CL30.)
+#[test]
+fn a_text_dry_run_with_every_cursor_readable_says_nothing_of_unreadable_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("d.db").display());
+    let w = run_in(
+        dir.path(),
+        &[
+            "--store",
+            &url,
+            "watch",
+            "agent:main:main",
+            "agent:main:subagent:c1",
+        ],
+    );
+    assert!(w.status.success(), "{}", stderr(&w));
+    let o = run_in(dir.path(), &["--store", &url, "prune", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.starts_with("would delete 0 event(s) older than "),
+        "{text}"
+    );
+    assert!(!text.contains("cannot be read"), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+}

@@ -290,3 +290,64 @@ async fn a_notice_names_its_targets_agent() {
         serde_json::from_str(&ok(&url, &["--json", "ack", ops, "global"]).await).expect("JSON");
     said(&v);
 }
+
+/// A notice's `targetAgent` is its target's agent, not its watcher's: main's watcher of `global`
+/// under agent ops gets notices saying `"targetAgent": "ops"`, from `record` and `sweep` (the test
+/// above has a watcher of agent ops, where the two agree). (What the mutation did: the watcher's
+/// agent, `main`, sending the watcher to reconcile the wrong session; review of stop 64, CL18.)
+#[tokio::test]
+async fn a_notice_names_its_targets_agent_not_its_watchers() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    ok(&url, &["watch", MAIN, "global", "--agent", "ops"]).await;
+    let out = ok(
+        &url,
+        &[
+            "--json",
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            "ops",
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ],
+    )
+    .await;
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["notices"][0]["watcher"], MAIN, "{v}");
+    assert_eq!(v["notices"][0]["targetAgent"], "ops", "record: {v}");
+    let v: Value = serde_json::from_str(&ok(&url, &["--json", "sweep"]).await).expect("JSON");
+    assert_eq!(v[0]["targetAgent"], "ops", "sweep: {v}");
+}
+
+/// A `sweep` whose output fails (a full disk) says how many notices it found, since it re-froze
+/// their cursors, in text and JSON alike. (What the mutation did: only "cannot write output", the
+/// write it had made unsaid; review of stop 64, CL26.)
+#[tokio::test]
+async fn a_sweep_whose_output_fails_says_what_it_found() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        ok(&url, &["watch", MAIN, C1]).await;
+        human(&url, C1).await;
+        let mut out = FailsAfter::at_once(io::ErrorKind::StorageFull);
+        let mut err = Vec::new();
+        let args: &[&str] = if json {
+            &["--json", "sweep"]
+        } else {
+            &["sweep"]
+        };
+        let got = run_into(&url, args, &mut out, &mut err).await;
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(got, awareness_cli::EXIT_FAILURE, "json {json}: {err}");
+        assert!(
+            err.contains("awareness: the sweep found 1 notice(s), but cannot write output"),
+            "json {json}: {err}"
+        );
+    }
+}

@@ -317,3 +317,42 @@ fn an_unwatch_of_a_cursor_that_does_not_exist_fails() {
     let gone = run(&["unwatch", "agent:main:main", "agent:main:subagent:x"]);
     assert!(gone.status.success(), "{}", stderr(&gone));
 }
+
+/// `ack` naming a target the watcher has no cursor on fails (exit 1) naming it on PostgreSQL too,
+/// where no read-only look at a file stops it before the store, and acknowledges nothing, not even
+/// the target it does watch. (What the mutation did: the store's check taken out, exit 0 and the
+/// watched target acknowledged; review of stop 64, CL15.)
+#[test]
+fn ack_of_a_missing_target_fails_on_postgres_and_acknowledges_nothing() {
+    let schema = Schema::fresh();
+    let url = schema.url();
+    let run = |args: &[&str]| run(&[&["--store", url.as_str()][..], args].concat());
+    let child = "agent:main:subagent:x";
+    let watched = run(&["watch", "agent:main:main", child]);
+    assert!(watched.status.success(), "{}", stderr(&watched));
+    let rec = run(&[
+        "record",
+        "--session",
+        child,
+        "--kind",
+        "human_direct_message",
+        "--actor-type",
+        "human",
+        "--summary",
+        "a human turn",
+    ]);
+    assert!(rec.status.success(), "{}", stderr(&rec));
+    let typo = run(&["ack", "agent:main:main", child, "agent:main:subagent:typo"]);
+    assert_fails(
+        &typo,
+        1,
+        "no cursor of agent:main:main on agent:main:subagent:typo",
+        "ack of a target without a cursor",
+    );
+    let pending = json(&run(&["--json", "cursors", "--pending"]));
+    assert_eq!(
+        pending.as_array().map(Vec::len),
+        Some(1),
+        "a refused ack acknowledged the target it does watch: {pending}"
+    );
+}

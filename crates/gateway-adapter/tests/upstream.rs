@@ -6026,3 +6026,218 @@ fn a_malformed_line_longer_than_a_budget_is_skipped_over_checks() {
     assert_eq!(counted, 1, "the prompt after the garbage line");
     assert_eq!(m.position(), size, "the marker is at the end");
 }
+
+/// A rebase looks back no further than its budget, also when a newline lies within one read chunk
+/// (64 KiB) before the budget's bytes: the last line, started more than a budget back, is skipped
+/// to its end. (What the mutation did: the chunk read from 64 KiB back whatever the budget, and the
+/// rebase landed at that line's start, up to 64 KiB more read than a tick's budget; review of stop
+/// 64, GW08.)
+#[test]
+fn a_rebase_does_not_look_back_past_its_budget_within_a_chunk() {
+    const BUDGET: u64 = 256;
+    let mut t = Transcript::new();
+    t.human("old history");
+    let stale = jsonl::marker_at_end(&t.path).unwrap();
+    t.raw(
+        format!(
+            "{{\"type\":\"user\",\"toolUseResult\":\"{}",
+            "x".repeat(1000)
+        )
+        .as_bytes(),
+    );
+    let size = std::fs::metadata(&t.path).unwrap().len();
+    let rebased = rebase(&t, stale, BUDGET);
+    assert!(
+        rebased.offset >= size - BUDGET,
+        "the rebase looked back past its budget, to {} of {size}",
+        rebased.offset
+    );
+    assert_eq!(rebased.position(), size);
+}
+
+/// A stored partial state the reader cannot be in (edited by hand), of a line whose end is not
+/// written yet, is skipped from where the read stood: the marker moves to the file's end (still
+/// inside that line), and the turn typed after the line counts. (What the mutation did: skipped
+/// with a count of 0, the marker behind the read: a debug build panicked at every check, a release
+/// build rebased the link and lost the turns typed meanwhile; review of stop 64, GW14.)
+#[test]
+fn an_edited_partial_state_of_an_unfinished_line_is_skipped_from_where_it_was() {
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    let row = user_row("u-1", json!("see \u{1f600} here")).to_string();
+    let escaped = row.replace('\u{1f600}', "\\ud83d\\ude00");
+    let cut = escaped.find("\\ude00").expect("the low half");
+    t.raw(&escaped.as_bytes()[..cut]);
+    let partly = marker_of(&scan(&t, &m));
+    let mut edited = partly.to_value();
+    assert!(edited["partial"]["high"].is_u64(), "{edited}");
+    edited["partial"]["high"] = json!(5);
+    let edited = JsonlMarker::from_value(&edited).expect("still a marker of ours");
+    // More of the line, its end not written yet.
+    t.raw(&escaped.as_bytes()[cut..cut + 6]);
+    let len = std::fs::metadata(&t.path).unwrap().len();
+    let out = scan(&t, &edited);
+    let after = marker_of(&out);
+    assert_eq!(
+        (after.offset, after.position()),
+        (edited.offset, len),
+        "the rest of the line is skipped from where the read stood: {out:?}"
+    );
+    t.raw(&escaped.as_bytes()[cut + 6..]);
+    t.raw(b"\n");
+    let question = t.human("and this?");
+    let out = scan(&t, &after);
+    assert!(
+        matches!(&out, CheckOutcome::HumanTurns { turns: 1, dedupe_id, .. } if *dedupe_id == question),
+        "the turn after the skipped line counts: {out:?}"
+    );
+}
+
+/// A turn whose `uuid` is empty is named by its line, as one without a uuid, so two such bursts are
+/// two events. (What the mutation did: both named `""`, and every burst after the first was taken
+/// for a duplicate; review of stop 64, GW15.)
+#[test]
+fn turns_with_an_empty_uuid_are_named_by_their_line() {
+    let t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.line(&user_row("", json!("first")));
+    let first_out = scan(&t, &m);
+    let first = dedupe_id_of(&first_out);
+    t.line(&user_row("", json!("second")));
+    let second = dedupe_id_of(&scan(&t, &marker_of(&first_out)));
+    assert!(
+        !first.is_empty() && first != second,
+        "an empty uuid names no turn: {first:?} then {second:?}"
+    );
+}
+
+/// `jsonl::scan` with a budget of 0 reads as with 1 byte, so checks made with it still go forward
+/// and count the turn. (What the mutation did: a budget of 0 read nothing, the same marker for
+/// ever; the provider refuses a budget of 0, so only direct callers of `scan` saw it; review of
+/// stop 64, GW20.)
+#[test]
+fn a_scan_with_a_budget_of_zero_still_goes_forward() {
+    let mut t = Transcript::new();
+    let mut m = jsonl::marker_at_end(&t.path).unwrap();
+    t.human("typed");
+    let len = std::fs::metadata(&t.path).unwrap().len();
+    let mut seen = 0;
+    for _ in 0..=len {
+        let out = jsonl::scan(&t.path, Some(&m), &[], 0);
+        seen += turns(&out);
+        m = marker_of(&out);
+    }
+    assert_eq!(
+        (seen, m.position()),
+        (1, len),
+        "a budget of 0 reads nothing, for ever"
+    );
+}
+
+/// A stored marker's anchors past `MAX_ANCHORS` (edited by hand) are dropped, those of its resume
+/// point as those of the marker. (What the mutation did: the resume point's extra anchors kept,
+/// against `PairedMarker::from_value`'s doc, and written back; review of stop 64, GW28.)
+#[test]
+fn a_resume_points_anchors_past_the_bound_are_dropped() {
+    let many: Vec<String> = (0..7).map(|i| format!("x{i}")).collect();
+    let stored = json!({"uuid": "i0", "anchors": many,
+        "resume": {"before": "9", "top": "t", "top_anchors": many}});
+    let marker = PairedMarker::from_value(&stored).expect("a marker of ours");
+    assert_eq!(marker.anchors.len(), 4, "the marker's anchors");
+    assert_eq!(
+        marker.resume.expect("its resume point").top_anchors,
+        many[..4].to_vec(),
+        "the resume point's anchors past the bound are dropped"
+    );
+}
+
+/// A node whose second page repeats its newest item (its cursors counted from the newest
+/// item, and one more item came between the two pages).
+struct RepeatsTheTop;
+
+#[async_trait]
+impl PairedNodeClient for RepeatsTheTop {
+    async fn newest(
+        &self,
+        _: &str,
+        _: &str,
+        before: Option<&str>,
+        _: usize,
+    ) -> Result<PairedPage, PairedError> {
+        let ids: &[&str] = match before {
+            None => &["t", "a", "b"],
+            Some(_) => &["t", "m", "x1", "x2", "x3"],
+        };
+        Ok(PairedPage {
+            items: ids
+                .iter()
+                .map(|id| PairedItem::with_role(*id, "assistant", "ok"))
+                .collect(),
+            older: before.is_none().then(|| "c1".into()),
+        })
+    }
+}
+
+/// The marker's new item is never one of its own anchors, even when the node answered it twice: the
+/// anchors are the items below it. (What the mutation did: the top became an anchor of itself, one
+/// of four slots wasted; review of stop 64, GW29.)
+#[tokio::test]
+async fn the_marker_item_is_not_among_its_anchors() {
+    let provider = PairedNodeProvider::new(Arc::new(RepeatsTheTop));
+    let out = provider
+        .check(
+            &paired_link(Some(json!({"uuid": "m", "anchors": ["x1", "x2", "x3"]}))),
+            &[],
+        )
+        .await;
+    let marker = PairedMarker::from_value(&paired_marker_of(&out)).expect("ours");
+    assert_eq!(marker.uuid.as_deref(), Some("t"), "{out:?}");
+    assert_eq!(
+        marker.anchors,
+        ["a", "b", "m", "x1"],
+        "the top is not its own anchor"
+    );
+}
+
+/// A resumed check whose node answers, as the older page's cursor, the very cursor it was asked
+/// with fails, also when it may read one page only: it does not count the same items again and keep
+/// the resume point where it was. (What the mutation did: the starting cursor not among those seen;
+/// with one page a check, the link re-read the same page at every tick, never warned; review of
+/// stop 64, GW32.)
+#[tokio::test]
+async fn a_resumed_read_given_back_its_own_cursor_fails_at_once() {
+    let out = PairedNodeProvider::new(Arc::new(StuckCursor))
+        .with_max_pages(1)
+        .check(
+            &paired_link(Some(
+                json!({"uuid": "i0", "resume": {"before": "again", "top": "t0"}}),
+            )),
+            &[],
+        )
+        .await;
+    assert!(
+        matches!(&out, CheckOutcome::Failed(why) if why.contains("twice")),
+        "the cursor it started from, given back: {out:?}"
+    );
+}
+
+/// A resume point stored without a `top` (as stored until 12-05) is not followed, and a check that
+/// finds nothing new writes the marker back without it. (What the mutation did: the stale resume
+/// point written back, kept in the link until the thread moved; review of stop 64, GW34.)
+#[tokio::test]
+async fn a_resume_point_without_top_is_dropped_by_a_check() {
+    let node = FakeNode::holding([PairedItem::user("i0", "read before")]);
+    let out = PairedNodeProvider::new(node)
+        .check(
+            &paired_link(Some(json!({"uuid": "i0", "resume": {"before": "5"}}))),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        out,
+        CheckOutcome::Unchanged {
+            marker: json!({"uuid": "i0"})
+        },
+        "the resume point without a top is not kept"
+    );
+}

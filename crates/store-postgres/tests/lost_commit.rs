@@ -1189,3 +1189,48 @@ async fn a_lost_commit_whose_event_has_another_summary_in_the_log_is_an_unknown_
     assert_eq!(proxy.swallowed(), 1);
     assert_unknown_outcome(&e, &["does not hold its events as written"]);
 }
+
+/// A `COMMIT` the server refuses (here a deferred constraint trigger that raises `23514` as the
+/// transaction commits) is the server's answer, not a lost one: the caller gets that error, not
+/// retryable, and the recording is tried once. (What the mutation did: the server asked about every
+/// failed `COMMIT`, and the refusal came back as "lost during COMMIT ... did not commit",
+/// retryable, after the recording was tried a second time; review of stop 64, PG07.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_server_refuses_is_its_error_and_not_a_lost_answer() {
+    use sqlx::ConnectOptions as _;
+    let (store, schema) = server::fresh_store().await;
+    let s = schema.name();
+    let mut admin = server::server().connect().await.expect("connect");
+    for sql in [
+        format!("CREATE SEQUENCE \"{s}\".trigger_runs"),
+        format!(
+            "CREATE FUNCTION \"{s}\".refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM nextval('\"{s}\".trigger_runs'); \
+             RAISE EXCEPTION 'refused at commit' USING ERRCODE = '23514'; END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON \
+             \"{s}\".session_state_events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+             EXECUTE FUNCTION \"{s}\".refuse_at_commit()"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+            .expect("set up");
+    }
+    let e = store
+        .record(event(0), T0)
+        .await
+        .expect_err("the server refuses the commit");
+    assert!(!e.is_retryable(), "a refused commit is not retryable: {e}");
+    assert!(
+        !e.to_string().contains("lost during COMMIT"),
+        "a refused commit is no lost answer: {e}"
+    );
+    assert_eq!(
+        trigger_runs(&mut admin, s).await,
+        1,
+        "the recording was tried once"
+    );
+}

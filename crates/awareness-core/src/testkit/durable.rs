@@ -558,6 +558,26 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(
             .expect("unwatch nothing")
     );
     assert_eq!(foreign(&b).await, b2, "an unwatch of no watch");
+    // Nor does a pruning chunk that finds nothing to delete, of each kind: events older than the
+    // oldest, rows beyond a cap the log is under, cursors idle since before the newest was
+    // touched. (store-postgres committed an idle-cursor chunk that deleted none under mutation,
+    // and every test passed: review of stop 64, PG11.)
+    for step in [
+        PruneStep::Age { cutoff: T0 },
+        PruneStep::RowCap { max_rows: 1_000 },
+        PruneStep::Cursors { cutoff: T0 },
+    ] {
+        assert_eq!(
+            a.store.prune_chunk(&step, 100, T0).await.expect("prune"),
+            0,
+            "{step:?} finds nothing"
+        );
+        assert_eq!(
+            foreign(&b).await,
+            b2,
+            "a pruning chunk of nothing: {step:?}"
+        );
+    }
 }
 
 /// A store that pushes commit hints gives one as it begins to listen (or poll), with no

@@ -887,3 +887,87 @@ async fn an_ambient_cursor_openclaw_wrote_is_queue_only_until_watched_explicitly
     assert!(rec.notices.iter().all(|n| !n.queue_only));
     store.close().await;
 }
+
+/// Text another writer left with control characters in it (a summary holding a carriage return, a
+/// backspace and a form feed, as OpenClaw stores whatever text it was given) reads back as stored,
+/// through a page and through the log: SQLite writes them as `\r`, `\b` and `\f` in the JSON it
+/// builds, and the fast row reader decodes each escape to its own character. (What the mutations
+/// did: `\b` read as a form feed, or `\r` as a newline, so such a summary came back changed; the
+/// row reader's property test draws them only by chance; review of stop 64, SQ13 and SQ14.)
+#[tokio::test]
+async fn control_characters_another_writer_left_in_a_row_read_back_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:escapes", "main").unwrap();
+    let summary = "cr\r lf\n bs\u{8} ff\u{c} tab\t end";
+    let mut raw = raw(&path).await;
+    let last = sqlx::query(
+        "INSERT INTO session_state_events (session_key, session_id, agent_id, kind, \
+         actor_type, actor_id, run_id, occurred_at, summary, payload_json) \
+         VALUES (?, ?, 'main', 'human_direct_message', 'human', NULL, NULL, ?, ?, NULL) \
+         RETURNING sequence",
+    )
+    .bind(session.session_key.as_str())
+    .bind(summary)
+    .bind(T0.millis())
+    .bind(summary)
+    .fetch_one(&mut raw)
+    .await
+    .expect("insert a row")
+    .get::<i64, _>(0);
+    let page = page_after_head(&store, &mut raw, &session, last).await;
+    let event = page.events.last().expect("the row's event");
+    assert_eq!(event.summary, summary, "the page's summary as stored");
+    assert_eq!(
+        event.session_id.as_deref(),
+        Some(summary),
+        "the page's session id as stored"
+    );
+    let after = Sequence(u64::try_from(last - 1).unwrap());
+    let logged = store.events_after(after, 10).await.expect("the log");
+    let event = logged.first().expect("the row in the log");
+    assert_eq!(event.summary, summary, "the log's summary as stored");
+}
+
+/// A table of another application in the file that names one of OpenClaw's tables in a foreign key
+/// (`ON DELETE CASCADE`) is left alone by the store's writes: the store's connections never enforce
+/// foreign keys, so deleting a session deletes that session's rows of OpenClaw's tables and nothing
+/// of the other table. (What the mutation did: enforcement on, and deleting the session deleted the
+/// other table's rows with it; the fixture has no such key; review of stop 64, SQ38.)
+#[tokio::test]
+async fn deleting_a_session_cascades_into_no_other_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture(dir.path());
+    let session = SessionRef::parse("agent:main:subagent:referenced", "main").unwrap();
+    let store = SqliteStore::open(&path).await.expect("open");
+    let event = store
+        .record(human(&session), T0)
+        .await
+        .expect("record")
+        .event;
+    let mut raw = raw(&path).await;
+    sqlx::raw_sql(
+        "CREATE TABLE other_app_notes (
+           sequence INTEGER REFERENCES session_state_events(sequence) ON DELETE CASCADE,
+           body TEXT NOT NULL)",
+    )
+    .execute(&mut raw)
+    .await
+    .expect("another application's table");
+    sqlx::query("INSERT INTO other_app_notes VALUES (?, 'keep me')")
+        .bind(i64::try_from(event.sequence.get()).unwrap())
+        .execute(&mut raw)
+        .await
+        .expect("its row");
+    store
+        .delete_session(&session)
+        .await
+        .expect("delete the session");
+    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM other_app_notes")
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(notes, 1, "the other application's row is still there");
+    store.close().await;
+}

@@ -1072,3 +1072,61 @@ async fn new_files_are_private() {
     }
     store.close().await;
 }
+
+/// A file that is not SQLite, with the empty `-wal` and the `-shm` a read-only handle that closed
+/// last leaves beside a store (it may not remove them): the refused open removes only the
+/// companions it created itself, and leaves these two, which were there before it, as they were.
+/// (What the mutation did: every `-shm`, and an empty `-wal`, beside a file refused as unusable
+/// went, also those there before the open; review of stop 64, SQ20.)
+#[tokio::test]
+async fn a_refused_open_leaves_the_companions_that_were_there_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
+    std::fs::write(dir.path().join("state.sqlite-wal"), b"").unwrap();
+    std::fs::write(dir.path().join("state.sqlite-shm"), vec![0u8; 32 * 1024]).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        "not an SQLite database",
+        OpenFailure::NotAStore,
+    );
+    for suffix in ["-wal", "-shm"] {
+        assert!(
+            dir.path().join(format!("state.sqlite{suffix}")).exists(),
+            "the {suffix} that was there before the open is still there"
+        );
+    }
+}
+
+/// A database whose one table is our migrations record, with nothing recorded yet (its other tables
+/// never written, or dropped by hand), is no other application's: the record is ours, and a
+/// creating open makes the store in it, as in a database without tables. (What the mutation did:
+/// the record counted as another application's table, and the open refused the file as another
+/// application's database; review of stop 64, SQ29.)
+#[tokio::test]
+async fn a_database_holding_only_our_empty_migrations_record_becomes_a_store() {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE awareness_schema_migrations (
+  version INTEGER PRIMARY KEY,
+  description TEXT NOT NULL,
+  applied_at INTEGER NOT NULL
+) STRICT",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    raw.close().await.unwrap();
+    let store = SqliteStore::open(&path).await.expect("a store is made");
+    store.close().await;
+}

@@ -297,6 +297,24 @@ fn history_before_adoption_never_counts_and_appends_do() {
     assert!(matches!(&out, CheckOutcome::HumanTurns { dedupe_id, .. } if dedupe_id == "half-1"));
 }
 
+/// A human row whose text holds an escaped surrogate pair, written to `t` up to the pair's low
+/// half: the marker the scan of it leaves (`partly`, inside a string, holding the high half), the
+/// same marker edited by hand to a state the scanner cannot be in (a high half no escape can
+/// give), the row's whole text, and where it was cut.
+fn cut_inside_an_escape(t: &Transcript) -> (JsonlMarker, JsonlMarker, String, usize) {
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    let row = user_row("u-1", json!("see \u{1f600} here")).to_string();
+    let escaped = row.replace('\u{1f600}', "\\ud83d\\ude00");
+    let cut = escaped.find("\\ude00").expect("the low half");
+    t.raw(&escaped.as_bytes()[..cut]);
+    let partly = marker_of(&scan(t, &m));
+    let mut edited = partly.to_value();
+    assert!(edited["partial"]["high"].is_u64(), "{edited}");
+    edited["partial"]["high"] = json!(5);
+    let edited = JsonlMarker::from_value(&edited).expect("still a marker of ours");
+    (partly, edited, escaped, cut)
+}
+
 /// A marker edited by hand (the store is a file anyone may open) cannot keep a link from being
 /// read: a partial line's state the scanner cannot be in panicked in every check of a debug
 /// build and read garbage in a release build (here a high surrogate no escape can give), and
@@ -307,16 +325,7 @@ fn a_marker_edited_by_hand_costs_at_most_its_line() {
     let capture = common::Capture::default();
     let _guard = capture.install();
     let mut t = Transcript::new();
-    let m = jsonl::marker_at_end(&t.path).unwrap();
-    let row = user_row("u-1", json!("see \u{1f600} here")).to_string();
-    let escaped = row.replace('\u{1f600}', "\\ud83d\\ude00");
-    let cut = escaped.find("\\ude00").expect("the low half");
-    t.raw(&escaped.as_bytes()[..cut]);
-    let partly = marker_of(&scan(&t, &m));
-    let mut edited = partly.to_value();
-    assert!(edited["partial"]["high"].is_u64(), "{edited}");
-    edited["partial"]["high"] = json!(5);
-    let edited = JsonlMarker::from_value(&edited).expect("still a marker of ours");
+    let (partly, edited, escaped, cut) = cut_inside_an_escape(&t);
     t.raw(&escaped.as_bytes()[cut..]);
     t.raw(b"\n");
     let question = t.human("and this?");
@@ -6063,16 +6072,7 @@ fn a_rebase_does_not_look_back_past_its_budget_within_a_chunk() {
 #[test]
 fn an_edited_partial_state_of_an_unfinished_line_is_skipped_from_where_it_was() {
     let mut t = Transcript::new();
-    let m = jsonl::marker_at_end(&t.path).unwrap();
-    let row = user_row("u-1", json!("see \u{1f600} here")).to_string();
-    let escaped = row.replace('\u{1f600}', "\\ud83d\\ude00");
-    let cut = escaped.find("\\ude00").expect("the low half");
-    t.raw(&escaped.as_bytes()[..cut]);
-    let partly = marker_of(&scan(&t, &m));
-    let mut edited = partly.to_value();
-    assert!(edited["partial"]["high"].is_u64(), "{edited}");
-    edited["partial"]["high"] = json!(5);
-    let edited = JsonlMarker::from_value(&edited).expect("still a marker of ours");
+    let (_, edited, escaped, cut) = cut_inside_an_escape(&t);
     // More of the line, its end not written yet.
     t.raw(&escaped.as_bytes()[cut..cut + 6]);
     let len = std::fs::metadata(&t.path).unwrap().len();

@@ -909,3 +909,32 @@ fn a_bounded_read_outside_a_tokio_runtime_is_answered() {
         std::task::Poll::Pending => panic!("the in-memory store answers at once"),
     }
 }
+
+/// A bare requester key (`global`) watches nothing, so a bare target it names without an agent is
+/// its own agent's (the default agent's) session, which is read: the answer is not "unavailable".
+/// (What the mutation did: every such question answered "unavailable"; review of stop 64, SV08.)
+#[tokio::test]
+async fn a_bare_requester_reads_a_bare_target_of_its_own_agent() {
+    let (svc, _, _) = common::service(Arc::new(MemoryStore::new()), None);
+    let main = awareness_core::AgentId::new("main").unwrap();
+    let event = awareness_core::NewEvent::new(
+        SessionRef::new(k("global"), main),
+        awareness_core::EventKind::Compacted,
+        awareness_core::ActorType::System,
+        "session compacted",
+    );
+    assert!(svc.record(event).await.is_some(), "recorded");
+    let status = svc
+        .session_status(&k("global"), &k("global"), None, Some(Sequence(0)), None)
+        .await
+        .expect("visible");
+    assert!(
+        !status.unavailable,
+        "a bare requester has no cursor to read: its agent's session is read: {status:?}"
+    );
+    assert_eq!(
+        status.state_version,
+        Sequence(1),
+        "main's global, which has the event"
+    );
+}

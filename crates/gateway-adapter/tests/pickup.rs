@@ -2275,3 +2275,174 @@ async fn the_first_answer_after_a_failed_question_is_picked_up_even_if_seen() {
     pickup.abort();
     let _ = pickup.await;
 }
+
+/// `Awareness::deliver` keeps `owned_watchers_only` as the recordings' own delivery does: a notice
+/// for a watcher this gateway's directory does not know (another gateway's) is left to that
+/// gateway, not queued here, and wakes nobody. (What the mutation did: the setting ignored, another
+/// gateway's watcher queued and woken here; review of stop 64, SV04.)
+#[tokio::test]
+async fn deliver_leaves_another_gateways_watcher_out_with_owned_watchers_only() {
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(InMemoryQueue::new());
+    let wake = Arc::new(gateway_adapter::RecordingWake::new());
+    let svc = Awareness::builder(
+        store.clone(),
+        queue.clone(),
+        wake.clone(),
+        directory(&[MANAGER, CHILD]),
+    )
+    .config(AwarenessConfig {
+        owned_watchers_only: true,
+        ..AwarenessConfig::default()
+    })
+    .build();
+    for w in [MANAGER, ELSEWHERE] {
+        store
+            .watch(&WatcherKey::parse(w).unwrap(), &child(), Timestamp::now())
+            .await
+            .expect("watch");
+    }
+    let recorded = store
+        .record(human(&child()), Timestamp::now())
+        .await
+        .expect("record");
+    assert_eq!(recorded.notices.len(), 2);
+    svc.deliver(&recorded.notices);
+    assert_eq!(texts(&queue, MANAGER).len(), 1, "this gateway's watcher");
+    assert_eq!(
+        texts(&queue, ELSEWHERE),
+        Vec::<String>::new(),
+        "another gateway's watcher is left to that gateway"
+    );
+    assert_eq!(wake.count(&k(ELSEWHERE)), 0, "nor woken here");
+}
+
+/// A store whose question is never answered in time (its handle's own write waits for another
+/// process's lock) and that hints at each commit.
+struct SilentWithHints(std::sync::Mutex<Option<mpsc::UnboundedReceiver<()>>>);
+
+struct ChannelHints(mpsc::UnboundedReceiver<()>);
+
+#[awareness_core::async_trait]
+impl awareness_core::CommitHints for ChannelHints {
+    async fn next(&mut self) -> bool {
+        self.0.recv().await.is_some()
+    }
+}
+
+#[awareness_core::async_trait]
+impl Hook for SilentWithHints {
+    async fn before(&self, call: Call, _: &dyn AwarenessStore) {
+        if call == Call::ForeignCommits {
+            std::future::pending::<()>().await;
+        }
+    }
+    fn commit_hints(&self) -> Option<Box<dyn awareness_core::CommitHints>> {
+        let hints = self.0.lock().unwrap().take()?;
+        Some(Box::new(ChannelHints(hints)))
+    }
+}
+
+/// A question a hint brought is picked up from even when the store does not answer it in time,
+/// after a pick-up at an answer not known already: the hint says another writer committed. The
+/// recovery interval is three periods off, so that the hinted question is no recovery's. (What the
+/// mutation did: such a question taken for an unhinted one, and the notice waited for the recovery
+/// interval; review of stop 64, SV35.)
+#[tokio::test(start_paused = true)]
+async fn a_hinted_question_left_unanswered_picks_up_again() {
+    let (hint, hints) = mpsc::unbounded_channel();
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: SilentWithHints(std::sync::Mutex::new(Some(hints))),
+    });
+    let (svc, _queue, mut woken) = woken_service(
+        store.clone(),
+        directory(&[MANAGER]),
+        AwarenessConfig {
+            pickup_interval: Duration::from_hours(1),
+            recovery_interval: Duration::from_hours(3),
+            ..AwarenessConfig::default()
+        },
+    );
+    let pickup = svc.spawn_pickup();
+    // The first question goes unanswered; the pick-up it makes finds nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    written_elsewhere(&*store, &[MANAGER]).await;
+    hint.send(()).expect("the task listens");
+    let got = tokio::time::timeout(Duration::from_mins(1), woken.recv())
+        .await
+        .expect("woken at the hint, its question unanswered too");
+    assert_eq!(got, Some(k(MANAGER)));
+    pickup.abort();
+    let _ = pickup.await;
+}
+
+/// A memory store played as one whose question fails for a while (a lost connection) and then
+/// answers from another count (a new connection's), no other writer committing.
+struct Reconnecting {
+    answer: std::sync::atomic::AtomicU64,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[awareness_core::async_trait]
+impl Hook for Reconnecting {
+    fn foreign_commits(&self) -> Option<u64> {
+        Some(self.answer.load(std::sync::atomic::Ordering::SeqCst))
+    }
+    fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
+        (call == Call::ForeignCommits && self.failing.load(std::sync::atomic::Ordering::SeqCst))
+            .then(|| {
+                awareness_core::StoreError::backend(
+                    "ask whether another writer committed",
+                    std::io::Error::other("connection lost"),
+                )
+            })
+    }
+}
+
+/// The store's answers after a failed question are not compared with those before it (they need not
+/// compare across a lost connection, as the pick-up's own schedule assumes): a gateway alone on its
+/// store whose question failed once and then answers another number does not warn that another
+/// writer commits. (What the mutation did: compared, and a writer that is not there was warned of;
+/// review of stop 64, SV41.)
+#[tokio::test(start_paused = true)]
+async fn answers_after_a_failed_question_are_not_taken_for_another_writer() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: Reconnecting {
+            answer: std::sync::atomic::AtomicU64::new(1),
+            failing: std::sync::atomic::AtomicBool::new(false),
+        },
+    });
+    let svc = Arc::new(
+        Awareness::builder(
+            store.clone(),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(gateway_adapter::RecordingWake::new()),
+            directory(&[MANAGER]),
+        )
+        .build(),
+    );
+    let pickup = svc.spawn_pickup();
+    let said = || capture.said(&["owned_watchers_only is off"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    store
+        .hook
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    store
+        .hook
+        .answer
+        .store(7, std::sync::atomic::Ordering::SeqCst);
+    store
+        .hook
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(said(), 0, "no other writer: nothing is said");
+    pickup.abort();
+    let _ = pickup.await;
+}

@@ -2271,3 +2271,344 @@ async fn a_wake_owed_whose_directory_panics_is_owed_to_the_next_pick_up() {
         "the woken turn shows what the dropped one read"
     );
 }
+
+/// The read a spawn makes first (whether the seed makes an ambient cursor explicit) is optional, as
+/// a watch's is: given up at half the wait, it leaves the recording the other half. A store whose
+/// first cursor read hangs (later reads answer) still has the spawn recorded and answered. (What
+/// the mutation did: the read took the whole wait, left the recording none, and the spawn was
+/// answered as not recorded; review of stop 64, SV10.)
+#[tokio::test(start_paused = true)]
+async fn a_spawn_whose_optional_read_hangs_is_still_recorded() {
+    let mut w = World::gated(Call::Cursor, false).await;
+    let svc = Arc::clone(&w.svc);
+    let spawn = tokio::spawn(async move {
+        svc.subagent_spawned(&k("agent:main:subagent:other"), None, &k(MANAGER), "run-2")
+            .await
+    });
+    w.entered.recv().await.expect("the read reaches the store");
+    // Only that read hangs: the spawn's later read of the cursor answers.
+    w.store.hook.armed.store(false, Ordering::SeqCst);
+    let event = within_an_hour(spawn).await.expect("the spawn's task");
+    assert!(
+        event.is_some(),
+        "the spawn is recorded within store_wait, its optional read given up at half of it"
+    );
+}
+
+/// A turn waits three store waits for the watcher's lock, as documented, not two: an
+/// acknowledgement of an earlier turn that answers after two and a half waits lets the waiting turn
+/// read the cursors, and the late copy of the notice that turn read is not shown twice. (What the
+/// mutation did: given up after two waits, the waiting turn showed its queue unclassified, the copy
+/// with it; review of stop 64, SV13.)
+#[tokio::test(start_paused = true)]
+async fn a_turn_waits_three_store_waits_for_the_lock() {
+    let mut w = World::gated(Call::Acknowledge, false).await;
+    w.human().await;
+    let copy = w.queue.peek(&k(MANAGER));
+    assert_eq!(texts(&copy), vec![notice(Sequence(1))]);
+    let first = w.turn_at_the_gate().await;
+    // Delivered late, while the first turn's acknowledgement waits for the store.
+    assert!(w.queue.enqueue(&k(MANAGER), copy[0].clone()));
+    let second = w.turn();
+    let store_wait = AwarenessConfig::default().store_wait;
+    tokio::time::sleep(store_wait * 5 / 2).await;
+    w.open_gate(); // the acknowledgement answers
+    assert_eq!(
+        texts(&within_an_hour(first).await.expect("first turn")),
+        vec![notice(Sequence(1))]
+    );
+    assert_eq!(
+        texts(&within_an_hour(second).await.expect("second turn")),
+        Vec::<String>::new(),
+        "the late copy is not shown again"
+    );
+}
+
+/// A pick-up whose directory panics when asked about a session owed a wake (a dropped turn's lines)
+/// owes the wake again and is not complete, as when a wake panics: the pick-up task tries again at
+/// its next question instead of at the recovery interval. (What the mutation did: reported
+/// complete, the wake left to the recovery interval; review of stop 64, SV33.)
+#[tokio::test]
+async fn a_pick_up_whose_directory_panics_on_a_wake_owed_is_not_complete() {
+    let directory = Arc::new(PanicsNext::default());
+    directory.inner.upsert(k(MANAGER), SessionEntry::default());
+    let mut w = World::gated_in(
+        Call::Acknowledge,
+        true,
+        AwarenessConfig::default(),
+        directory.clone(),
+    )
+    .await;
+    w.human().await;
+    let before = w.wake.count(&k(MANAGER));
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    directory.armed.store(true, Ordering::SeqCst);
+    // The acknowledgement's answer returns; it lets the lock go and asks the directory.
+    w.store.hook.permits.add_permits(1);
+    w.svc.wait_for_writes().await;
+    assert!(
+        !directory.armed.load(Ordering::SeqCst),
+        "asked, and panicked"
+    );
+    directory.armed.store(true, Ordering::SeqCst);
+    let picked = w.svc.pick_up().await;
+    assert!(
+        !directory.armed.load(Ordering::SeqCst),
+        "the pick-up asked the directory about the wake owed, and it panicked"
+    );
+    assert_eq!(w.wake.count(&k(MANAGER)), before, "nobody woken yet");
+    assert!(
+        !picked.complete,
+        "a wake owed that the directory panicked on leaves the pick-up incomplete: {picked:?}"
+    );
+    w.pick_up_wakes(1, "woken at the next pick-up").await;
+}
+
+/// `session_status` waits for the store `store_wait` in all, its read of the requester's cursor and
+/// its read of the session together: a cursor read that answers late leaves the status read the
+/// rest of the wait, not a wait of its own. Answered one and a half waits after the call, the
+/// status comes too late and the answer is "unavailable". (What the mutation did: a fresh wait for
+/// the second read, holding a turn about twice the store wait; review of stop 64, SV40.)
+#[tokio::test(start_paused = true)]
+async fn session_status_waits_for_the_store_once_in_all() {
+    let mut w = World::gated(Call::Cursor, false).await;
+    let svc = Arc::clone(&w.svc);
+    let status = tokio::spawn(async move {
+        svc.session_status(&k(MANAGER), &k("global"), None, None, None)
+            .await
+    });
+    w.entered
+        .recv()
+        .await
+        .expect("the cursor read reaches the store");
+    *w.store.hook.at.lock().unwrap() = (Call::Heads, false);
+    let store_wait = AwarenessConfig::default().store_wait;
+    tokio::time::sleep(store_wait * 9 / 10).await;
+    w.store.hook.permits.add_permits(1); // the cursor read answers, late
+    w.entered
+        .recv()
+        .await
+        .expect("the status read reaches the store");
+    tokio::time::sleep(store_wait / 2).await;
+    w.open_gate();
+    let status = within_an_hour(status)
+        .await
+        .expect("the call's task")
+        .expect("visible");
+    assert!(
+        status.unavailable,
+        "given up store_wait after the call, before the store answered: {status:?}"
+    );
+}
+
+/// A bare key watches nothing, so its turn classifies nothing: a line under a session-state context
+/// key that the host queued for it is shown, not dropped as stale for want of a cursor (a bare key
+/// has none). (What the mutation did: the line dropped as stale; review of stop 64, SV43.)
+#[tokio::test]
+async fn a_bare_keys_turn_shows_every_line_it_drains() {
+    let (svc, queue, _) = common::service(Arc::new(MemoryStore::new()), None);
+    let n = awareness_core::Notice {
+        watcher: WatcherKey::parse(MANAGER).unwrap(),
+        target: k(CHILD),
+        target_agent: awareness_core::AgentId::new("main").unwrap(),
+        last_seen: Sequence(0),
+        queue_only: false,
+    };
+    let line = QueuedEntry {
+        text: n.text(),
+        context_key: Some(n.context_key()),
+    };
+    assert!(queue.enqueue(&k("global"), line.clone()));
+    assert_eq!(
+        svc.drain_turn(&k("global")).await,
+        vec![line],
+        "a bare key's turn shows what it drained"
+    );
+}
+
+/// A turn that took over the lines a dropped turn left (which wake the manager: a person's message
+/// in the worker) and then reads from the cursors only a queue-only notice (an ambient cursor's,
+/// OpenClaw's, decision 0015) still owes their wake when it is dropped while acknowledging: nobody
+/// has shown them, and a main session takes no turn unless woken. An ambient cursor exists only in
+/// OpenClaw's SQLite file: the gated store wraps one. (What the mutation did: only what the cursors
+/// gave was owed, nothing, and nothing woke the session to show the lines; review of stop 64,
+/// SV18.)
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_turn_that_took_over_waking_lines_owes_their_wake_past_a_queue_only_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = Arc::new(
+        store_sqlite::SqliteStore::open(&dir.path().join("state.sqlite"))
+            .await
+            .expect("open"),
+    );
+    let (tx, entered) = mpsc::unbounded_channel();
+    let (asked, questions) = mpsc::unbounded_channel();
+    let store = Arc::new(GatedAck {
+        inner: sqlite.clone(),
+        hook: Gate {
+            permits: Semaphore::new(0),
+            entered: tx,
+            at: std::sync::Mutex::new((Call::Acknowledge, true)),
+            armed: AtomicBool::new(false),
+            refuse_resets: AtomicBool::new(false),
+            refuse_at: std::sync::Mutex::new(None),
+            panic_on_ack: AtomicBool::new(false),
+            questions: asked,
+        },
+    });
+    let queue = Arc::new(FaultyQueue::default());
+    let wake = Arc::new(Wakes::default());
+    let links = Arc::new(MemoryStore::new());
+    let directory = Arc::new(InMemoryDirectory::new());
+    directory.upsert(k(MANAGER), SessionEntry::default());
+    let svc = Arc::new(
+        Awareness::builder(store.clone(), queue.clone(), wake.clone(), directory)
+            .upstream(links.clone())
+            .build(),
+    );
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("seeded");
+    // The manager also watches a group's session, ambiently, as OpenClaw marks such a cursor.
+    let group = k("agent:main:subagent:group");
+    svc.subagent_spawned(&group, None, &k(MANAGER), "run-2")
+        .await
+        .expect("seeded");
+    assert!(
+        sqlite
+            .make_ambient(&WatcherKey::parse(MANAGER).unwrap(), &group)
+            .await
+            .expect("marked")
+    );
+    store.hook.armed.store(true, Ordering::SeqCst);
+    let mut w = World {
+        store,
+        links,
+        queue,
+        wake,
+        svc,
+        entered,
+        questions,
+    };
+    w.human().await;
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    // A's acknowledgement committed; its answer returns and pays the wake A's lines owe.
+    w.store.hook.permits.add_permits(1);
+    w.svc.wait_for_writes().await;
+    let before = w.wake.count(&k(MANAGER));
+    // A change in the group: its notice is queued without a wake.
+    w.svc
+        .human_message(HumanMessage::new(group.clone()))
+        .await
+        .expect("recorded");
+    assert_eq!(w.wake.count(&k(MANAGER)), before, "a queue-only notice");
+    // B takes A's lines over, reads the group's notice and acknowledges it; it is dropped.
+    let b = w.turn_at_the_gate().await;
+    dropped(b).await;
+    w.store.hook.permits.add_permits(1);
+    w.svc.wait_for_writes().await;
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        before + 1,
+        "the lines B took over and nobody showed are owed their wake"
+    );
+}
+
+/// Lines a turn showed once it stopped waiting for its acknowledgement are dropped by the turn that
+/// next takes the lock, and with them their wake: that turn, reading from the cursors only a
+/// queue-only notice (an ambient cursor's, decision 0015) and dropped while acknowledging it, owes
+/// no wake, and the manager is not woken for a notice that wakes nobody. The store wait is a real 5
+/// s (an ambient cursor exists only in OpenClaw's SQLite file, whose reads a paused clock would
+/// time out): the first turn stops waiting then. (What the mutation did: the shown lines' wakes
+/// kept, and the manager woken; review of stop 64, SV15.)
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn lines_shown_already_leave_no_wake_to_the_turn_that_drops_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = Arc::new(
+        store_sqlite::SqliteStore::open(&dir.path().join("state.sqlite"))
+            .await
+            .expect("open"),
+    );
+    let (tx, entered) = mpsc::unbounded_channel();
+    let (asked, questions) = mpsc::unbounded_channel();
+    let store = Arc::new(GatedAck {
+        inner: sqlite.clone(),
+        hook: Gate {
+            permits: Semaphore::new(0),
+            entered: tx,
+            at: std::sync::Mutex::new((Call::Acknowledge, false)),
+            armed: AtomicBool::new(false),
+            refuse_resets: AtomicBool::new(false),
+            refuse_at: std::sync::Mutex::new(None),
+            panic_on_ack: AtomicBool::new(false),
+            questions: asked,
+        },
+    });
+    let queue = Arc::new(FaultyQueue::default());
+    let wake = Arc::new(Wakes::default());
+    let links = Arc::new(MemoryStore::new());
+    let directory = Arc::new(InMemoryDirectory::new());
+    directory.upsert(k(MANAGER), SessionEntry::default());
+    let svc = Arc::new(
+        Awareness::builder(store.clone(), queue.clone(), wake.clone(), directory)
+            .upstream(links.clone())
+            .config(AwarenessConfig {
+                store_wait: Duration::from_secs(5),
+                ..AwarenessConfig::default()
+            })
+            .build(),
+    );
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("seeded");
+    let group = k("agent:main:subagent:group");
+    svc.subagent_spawned(&group, None, &k(MANAGER), "run-2")
+        .await
+        .expect("seeded");
+    assert!(
+        sqlite
+            .make_ambient(&WatcherKey::parse(MANAGER).unwrap(), &group)
+            .await
+            .expect("marked")
+    );
+    store.hook.armed.store(true, Ordering::SeqCst);
+    let mut w = World {
+        store,
+        links,
+        queue,
+        wake,
+        svc,
+        entered,
+        questions,
+    };
+    w.human().await;
+    let a = w.turn_at_the_gate().await;
+    assert_eq!(
+        texts(&within_an_hour(a).await.expect("turn A")),
+        vec![notice(Sequence(1))],
+        "A stopped waiting for its acknowledgement and showed what it read"
+    );
+    w.svc
+        .human_message(HumanMessage::new(group.clone()))
+        .await
+        .expect("recorded");
+    let before = w.wake.count(&k(MANAGER));
+    let b = w.turn();
+    w.store.hook.permits.add_permits(1); // A's acknowledgement goes on, and lets the lock go
+    w.entered
+        .recv()
+        .await
+        .expect("B acknowledges the group's notice");
+    dropped(b).await;
+    w.store.hook.permits.add_permits(1);
+    w.svc.wait_for_writes().await;
+    assert_eq!(
+        w.wake.count(&k(MANAGER)),
+        before,
+        "the group's queue-only notice, all B left, wakes nobody"
+    );
+}

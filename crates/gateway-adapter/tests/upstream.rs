@@ -6241,3 +6241,506 @@ async fn a_resume_point_without_top_is_dropped_by_a_check() {
         "the resume point without a top is not kept"
     );
 }
+
+/// A cursor on the session's key that follows another agent does not watch the link: the link is
+/// unwatched (passed over), not checked. (What the mutation did: any cursor on the session's key
+/// counted as a watch, whatever its agent; review of stop 64, MO18.)
+#[tokio::test]
+async fn a_link_whose_key_only_another_agent_watches_is_unwatched() {
+    let w = world();
+    let ops = SessionRef::parse("agent:main:worker", "ops").unwrap();
+    let spec = LinkSpec::new(ops.clone(), "remote", "h", "t", "scripted");
+    assert!(w.svc.try_adopt(spec).await.unwrap().created);
+    let main = SessionRef::parse("agent:main:worker", "main").unwrap();
+    w.store
+        .watch(
+            &WatcherKey::parse("agent:main:lead").unwrap(),
+            &main,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Unchanged { marker: json!(1) },
+            CheckOutcome::Unchanged { marker: json!(1) },
+        ])))
+        .build();
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.unwatched),
+        (0, 1),
+        "the ops agent's link is watched by no cursor: {r:?}"
+    );
+}
+
+/// A check stores the time of its scan, the service's now, not the link's `updated_at`. (What the
+/// mutation did: the link's `updated_at` stored as the time of the scan; review of stop 64, MO36.)
+#[tokio::test]
+async fn a_check_stores_the_time_of_its_scan() {
+    let w = world();
+    let session = SessionRef::parse("agent:main:remote", "main").unwrap();
+    // A link written long ago.
+    let spec = LinkSpec::new(session.clone(), "remote", "h", "t", "scripted");
+    w.store.upsert_link(spec, Timestamp(1_000)).await.unwrap();
+    w.store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let before = w.store.link(&session).await.unwrap().unwrap();
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Unchanged {
+            marker: json!(1),
+        }])))
+        .build();
+    assert_eq!(monitor.tick().await.checked, 1);
+    let after = w.store.link(&session).await.unwrap().unwrap();
+    let scanned = after.last_scanned_at.expect("a scan time");
+    assert!(
+        scanned > before.updated_at,
+        "the scan time is when the check ran: {scanned:?} vs updated_at {:?}",
+        before.updated_at
+    );
+}
+
+/// A provider answering `Missing`, which at its `at`th check adopts the session again onto
+/// another source (the link changes during the check).
+struct ReadoptAt {
+    store: Arc<MemoryStore>,
+    checks: AtomicUsize,
+    at: usize,
+}
+
+#[async_trait]
+impl UpstreamProvider for ReadoptAt {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+
+    async fn check(&self, link: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        if self.checks.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+            let spec = LinkSpec::new(link.session.clone(), "remote", "h", "t2", "scripted");
+            self.store
+                .upsert_link(spec, link.updated_at.plus_ms(1_000))
+                .await
+                .unwrap();
+        }
+        CheckOutcome::Missing
+    }
+}
+
+/// The third missing check of a link adopted again during that check records upstream_missing but
+/// keeps the new link: the removal is made only if the link is still the one the tick read. (What
+/// the mutation did: the removal took no token, and a link adopted again during its last missing
+/// check was removed; review of stop 64, MO29.)
+#[tokio::test]
+async fn a_link_adopted_again_during_its_last_missing_check_is_kept() {
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(ReadoptAt {
+            store: w.store.clone(),
+            checks: AtomicUsize::new(0),
+            at: 3,
+        }))
+        .build();
+    let mut rx = monitor.subscribe();
+    for _ in 0..3 {
+        monitor.tick().await;
+    }
+    let mut ds = Vec::new();
+    while let Ok(d) = rx.try_recv() {
+        ds.push(d);
+    }
+    assert!(
+        ds.iter().any(|d| matches!(
+            d,
+            Detection::UpstreamMissing {
+                link_removed: false,
+                ..
+            }
+        )),
+        "{ds:?}"
+    );
+    let link = w.store.link(&session).await.unwrap();
+    assert_eq!(
+        link.map(|l| l.thread_id),
+        Some("t2".to_owned()),
+        "the link adopted again during the check is kept"
+    );
+}
+
+/// The warning that runs in linked sessions deferred a check at five ticks is given once per link,
+/// not once per streak. (What the mutation did: the warning repeated for every run of deferrals;
+/// review of stop 64, MO25, MO26.)
+#[tokio::test(start_paused = true)]
+async fn linked_runs_deferring_a_check_five_times_is_warned_of_once_per_link() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let w = world();
+    let (mut t, alpha, _beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
+    runs.started(&alpha);
+    // Beta: five deferrals by alpha's run, then checked alone; twice.
+    deferring_both(&monitor, 5, "first streak").await;
+    assert_eq!(monitor.tick().await.checked, 1);
+    t.human("typed again");
+    deferring_both(&monitor, 5, "second streak").await;
+    assert_eq!(monitor.tick().await.checked, 1);
+    let warned = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("deferred a session's check at 5 ticks") && l.contains("level=WARN"))
+        .count();
+    assert_eq!(warned, 1, "once per link: {:?}", capture.lines());
+}
+
+/// A link removed and adopted again starts its count of deferrals by linked runs from 0: the
+/// deferrals of the removed link do not count towards checking the new one alone. (What the
+/// mutation did: the deferral counts of removed links kept, so a link adopted again was checked
+/// alone too early; review of stop 64, MO03.)
+#[tokio::test(start_paused = true)]
+async fn a_link_adopted_again_after_its_removal_counts_its_deferrals_from_zero() {
+    let w = world();
+    let (t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
+    runs.started(&beta);
+    deferring_both(&monitor, 4, "before the removal").await;
+    assert!(w.store.remove_link(&alpha, None).await.unwrap());
+    let r = monitor.tick().await;
+    assert_eq!((r.links, r.deferred), (1, 1), "only beta listed");
+    w.svc
+        .try_adopt(jsonl::adoption(alpha.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    deferring_both(&monitor, 2, "after alpha was adopted again").await;
+}
+
+/// Refuses the next `left` calls of `call` (a store error), once armed.
+struct RefuseNext {
+    call: awareness_core::testkit::hooked::Call,
+    left: AtomicUsize,
+}
+
+#[async_trait]
+impl awareness_core::testkit::hooked::Hook for RefuseNext {
+    fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+        (call == self.call
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok())
+        .then(|| StoreError::backend("hook", "refused once"))
+    }
+}
+
+/// A store that fails (answers an error, promptly) to read one session's watchers costs that
+/// session's check only: the links asked after it this tick are still checked. (What the mutation
+/// did: one failed read of a session's watchers stopped every later link's check that tick; review
+/// of stop 64, MO10.)
+#[tokio::test]
+async fn a_store_error_reading_one_sessions_watchers_skips_no_other_link() {
+    let (w, hooked) = common::hooked_world(RefuseNext {
+        call: awareness_core::testkit::hooked::Call::Cursors,
+        left: AtomicUsize::new(0),
+    });
+    w.adopt_remote("agent:main:a", "scripted").await;
+    w.adopt_remote("agent:main:b", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Unchanged {
+                marker: json!(1)
+            };
+            4
+        ])))
+        .build();
+    for tick in 1..=2 {
+        hooked.hook.left.store(1, Ordering::SeqCst);
+        let r = monitor.tick().await;
+        assert_eq!(
+            r.checked, 1,
+            "tick {tick}: the link asked after the failed read is checked: {r:?}"
+        );
+    }
+}
+
+/// When recording upstream_missing fails, the count of missing checks stays: the next check that
+/// finds the source gone records it (not `missing_checks` checks later). (What the mutation did: a
+/// failed record restarted the missing count; review of stop 64, MO28.)
+#[tokio::test]
+async fn a_failed_upstream_missing_record_is_retried_at_the_next_check() {
+    let (w, hooked) = common::hooked_world(RefuseNext {
+        call: awareness_core::testkit::hooked::Call::Record,
+        left: AtomicUsize::new(0),
+    });
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Missing; 4])))
+        .build();
+    monitor.tick().await;
+    monitor.tick().await;
+    hooked.hook.left.store(1, Ordering::SeqCst);
+    let mut rx = monitor.subscribe();
+    monitor.tick().await;
+    let third: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|d| d.to_string())
+        .collect();
+    assert!(
+        third
+            .iter()
+            .any(|d| d.contains("upstream_missing was not recorded")),
+        "{third:?}"
+    );
+    monitor.tick().await;
+    assert_eq!(
+        w.events(&session, EventKind::UpstreamMissing).await.len(),
+        1,
+        "recorded at the next check"
+    );
+    assert!(
+        w.store.link(&session).await.unwrap().is_none(),
+        "and the link removed"
+    );
+}
+
+/// The WARN lines saying a scripted check failed.
+fn check_failed_warnings(capture: &common::Capture) -> usize {
+    capture
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.contains("upstream check failed; retried next tick") && l.contains("level=WARN")
+        })
+        .count()
+}
+
+/// A check failure logged at WARN is news again for a link adopted again after its removal: the
+/// failures of links gone from the store are forgotten. (What the mutation did: the failures of
+/// removed links kept, so the same failure was not warned of again; review of stop 64, MO04.)
+#[tokio::test]
+async fn a_check_failure_is_warned_of_again_once_the_link_was_removed_and_adopted_again() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Failed(
+                "boom".into()
+            );
+            3
+        ])))
+        .build();
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    assert!(w.store.remove_link(&session, None).await.unwrap());
+    assert_eq!(monitor.tick().await.links, 0);
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    monitor.tick().await;
+    assert_eq!(
+        check_failed_warnings(&capture),
+        2,
+        "news again for the new link: {:?}",
+        capture.lines()
+    );
+}
+
+/// A check failure logged at WARN is news again after a tick at which a run deferred the check.
+/// (What the mutation did: a deferred tick forgot nothing, and the failure was not warned of again;
+/// review of stop 64, MO13.)
+#[tokio::test]
+async fn a_check_failure_is_warned_of_again_after_a_tick_a_run_deferred_it() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w
+        .monitor()
+        .run_activity(runs.clone())
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Failed(
+                "boom".into()
+            );
+            3
+        ])))
+        .build();
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    runs.started(&session);
+    assert_eq!(monitor.tick().await.deferred, 1);
+    runs.finished(&session);
+    monitor.tick().await;
+    assert_eq!(
+        check_failed_warnings(&capture),
+        2,
+        "news again after the deferred tick: {:?}",
+        capture.lines()
+    );
+}
+
+/// With `owned_watchers_only`, a check failure logged at WARN is news again after a tick at which
+/// another gateway owned the session. (What the mutation did: a tick another gateway owned forgot
+/// nothing, and the failure was not warned of again; review of stop 64, MO07.)
+#[tokio::test]
+async fn a_check_failure_is_warned_of_again_after_a_tick_another_gateway_owned_the_session() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let directory = Arc::new(InMemoryDirectory::new());
+    directory.upsert(
+        session.session_key.clone(),
+        gateway_adapter::SessionEntry::default(),
+    );
+    let monitor = owned_watchers_only_monitor(&w, directory.clone())
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Failed(
+                "boom".into()
+            );
+            3
+        ])))
+        .build();
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    directory.remove(&session.session_key);
+    assert_eq!(monitor.tick().await.not_owned, 1);
+    directory.upsert(
+        session.session_key.clone(),
+        gateway_adapter::SessionEntry::default(),
+    );
+    monitor.tick().await;
+    assert_eq!(
+        check_failed_warnings(&capture),
+        2,
+        "news again after the not-owned tick: {:?}",
+        capture.lines()
+    );
+}
+
+/// The WARN lines saying the own prompts port panicked for a linked session.
+fn linked_prompts_warnings(capture: &common::Capture) -> usize {
+    capture
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.contains("own prompts panicked for a session linked")
+                && l.contains("session_key=agent:alpha:main")
+                && l.contains("level=WARN")
+        })
+        .count()
+}
+
+/// A linked session's port that panics is warned of once until it answers, however the checked
+/// link's own ticks go: a tick at which a run of its own deferred the check does not make the same
+/// panic news again. (What the mutation did: forgetting a link dropped its linked sessions' port
+/// failures too, warned of again; review of stop 64, MO33.)
+#[tokio::test(start_paused = true)]
+async fn a_linked_sessions_port_panic_is_not_warned_of_again_after_a_deferred_tick() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let t = Transcript::new();
+    let (alpha, beta) = alpha_and_beta(&w, &t).await;
+    let ports = Arc::new(PanicsFor::new(&beta));
+    ports.prompts.store(true, Ordering::SeqCst);
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w
+        .monitor()
+        .run_activity(runs.clone())
+        .own_prompts(ports.clone())
+        .build();
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(
+        linked_prompts_warnings(&capture),
+        1,
+        "once while it repeats"
+    );
+    runs.started(&alpha);
+    assert_eq!(monitor.tick().await.deferred, 2);
+    runs.finished(&alpha);
+    monitor.tick().await;
+    assert_eq!(
+        linked_prompts_warnings(&capture),
+        1,
+        "the port has not answered since: {:?}",
+        capture.lines()
+    );
+}
+
+/// A linked session's port failure is forgotten once that session's link is gone: when it is
+/// adopted again and its port still panics, that is news again. (What the mutation did: linked-port
+/// failures of sessions whose link was gone kept, and not warned of again; review of stop 64,
+/// MO34.)
+#[tokio::test(start_paused = true)]
+async fn a_linked_sessions_port_panic_is_warned_of_again_once_its_link_came_back() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let t = Transcript::new();
+    let (_alpha, beta) = alpha_and_beta(&w, &t).await;
+    let ports = Arc::new(PanicsFor::new(&beta));
+    ports.prompts.store(true, Ordering::SeqCst);
+    let monitor = w.monitor().own_prompts(ports.clone()).build();
+    monitor.tick().await;
+    assert_eq!(linked_prompts_warnings(&capture), 1);
+    assert!(w.store.remove_link(&beta, None).await.unwrap());
+    assert_eq!(monitor.tick().await.links, 1);
+    w.adopt(&t, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    monitor.tick().await;
+    assert_eq!(
+        linked_prompts_warnings(&capture),
+        2,
+        "news again once beta's link came back: {:?}",
+        capture.lines()
+    );
+}
+
+/// A check failure logged at WARN is news again after a tick at which the session's link was of a
+/// kind no provider reads (adopted again onto another kind, then back). (What the mutation did: a
+/// tick with no provider forgot nothing, and the failure was not warned of again; review of stop
+/// 64, MO06.)
+#[tokio::test]
+async fn a_check_failure_is_warned_of_again_after_a_tick_its_link_had_no_provider() {
+    let capture = common::Capture::default();
+    let _guard = capture.install();
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Failed(
+                "boom".into()
+            );
+            3
+        ])))
+        .build();
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    let unread = LinkSpec::new(session.clone(), "remote", "h", "t", "no-such-kind");
+    w.svc.adopt(unread).await.unwrap();
+    assert_eq!(monitor.tick().await.no_provider, 1);
+    let back = LinkSpec::new(session.clone(), "remote", "h", "t", "scripted");
+    w.svc.adopt(back).await.unwrap();
+    monitor.tick().await;
+    assert_eq!(
+        check_failed_warnings(&capture),
+        2,
+        "news again after the tick without a provider: {:?}",
+        capture.lines()
+    );
+}

@@ -781,8 +781,9 @@ pub trait UpstreamStore: Send + Sync {
         now: Timestamp,
     ) -> Result<bool, StoreError>;
 
-    /// Stamps `last_scanned_at`. It does **not** move `updated_at`, so it never breaks a marker
-    /// update in flight. `false` when the link is gone.
+    /// Stamps `last_scanned_at` with `now`, even one before the last stamp (a clock that stepped
+    /// back). It does **not** move `updated_at`, so it never breaks a marker update in flight.
+    /// `false` when the link is gone.
     ///
     /// It takes no token: a link re-adopted between the caller's read and the stamp is stamped
     /// too (the field is informational; no decision reads it).

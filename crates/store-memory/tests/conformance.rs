@@ -95,3 +95,19 @@ async fn subject() -> Subject {
 // One process's values, one writer: no commit is ever another writer's.
 awareness_core::conformance_suite!(subject, foreign_commits: Uncounted);
 awareness_core::model_test!(subject);
+
+/// `leave_sequences` answers whether it could leave exactly `left`: when the counter already stands
+/// there it can (nothing to move), and only a counter past that point refuses. (What the mutation
+/// did: `>` for `>=`, a counter already there refused; a test-support function, so only the
+/// conformance harness would notice; review of stop 64, ME01.)
+#[test]
+fn leaving_the_sequences_the_counter_already_leaves_succeeds() {
+    let store = MemoryStore::new();
+    assert!(store.leave_sequences(5), "the first call moves the counter");
+    assert!(
+        store.leave_sequences(5),
+        "a counter already leaving exactly 5 sequences can leave 5"
+    );
+    assert!(store.leave_sequences(4), "forward still works");
+    assert!(!store.leave_sequences(5), "it never goes back");
+}

@@ -454,4 +454,66 @@ mod tests {
                 .contains("trailing")
         );
     }
+
+    /// Where `needle` first occurs in `hay`.
+    fn find(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len())
+            .position(|w| w == needle)
+            .expect("needle in row")
+    }
+
+    /// A summary byte that is not UTF-8 (a flipped bit): the row is corrupt, never an event with
+    /// some other summary. (What the mutation did: such a field read as an empty string, the event
+    /// returned with its summary gone; review of stop 64, ME37.)
+    #[test]
+    fn a_summary_that_is_not_utf8_is_corrupt() {
+        let mut bytes = encode(&sample(true)).unwrap();
+        let at = find(&bytes, b"child run failed");
+        bytes[at] = 0xff;
+        for known in [None, Some(sample(true).session_ref())] {
+            let err = decode(7, &bytes, known.as_ref())
+                .expect_err("a summary that is not UTF-8 is corrupt");
+            assert!(err.to_string().contains("not UTF-8"), "{err}");
+        }
+    }
+
+    /// A row found under a ref whose key matches but whose agent differs names another ref:
+    /// corrupt, not an event of the ref it was found under. (What the mutation did: only the key
+    /// compared, and another agent's row showed in this session's page, relabelled with the
+    /// requested agent; review of stop 64, ME38.)
+    #[test]
+    fn a_row_of_another_agent_under_a_known_ref_is_corrupt() {
+        let e = sample(false);
+        let bytes = encode(&e).unwrap();
+        let other = SessionRef::parse("agent:main:subagent:c1", "ops").unwrap();
+        let err =
+            decode(7, &bytes, Some(&other)).expect_err("a row of agent main read under agent ops");
+        assert!(err.to_string().contains("indexed under"), "{err}");
+    }
+
+    /// An agent id that is not UTF-8: the bookkeeping read of the row is corrupt too. (What the
+    /// mutation did: read as an empty id, which every caller then refuses, so only the reason's
+    /// wording changed; pinned to `meta`'s own contract; review of stop 64, ME39.)
+    #[test]
+    fn meta_of_an_agent_id_that_is_not_utf8_is_corrupt() {
+        let mut bytes = encode(&sample(true)).unwrap();
+        let at = find(&bytes, b"\x04\0\0\0main") + 4;
+        bytes[at] = 0xff;
+        assert!(
+            matches!(meta(7, &bytes), Err(StoreError::Corrupt { .. })),
+            "meta of an agent id that is not UTF-8 must be corrupt"
+        );
+    }
+
+    /// A stored agent id that is UTF-8 but not a valid agent id (a colon): corrupt, not read as
+    /// some other agent. (What the mutation did: read as `main`, the event taken for agent main's;
+    /// review of stop 64, ME41.)
+    #[test]
+    fn an_invalid_stored_agent_id_is_corrupt() {
+        let mut bytes = encode(&sample(false)).unwrap();
+        let at = find(&bytes, b"\x04\0\0\0main") + 4;
+        bytes[at + 1] = b':';
+        let err = decode(7, &bytes, None).expect_err("agent id m:in is invalid");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    }
 }

@@ -4382,6 +4382,16 @@ pub async fn upstream_mark_scanned_keeps_the_cas_token(t: &Subject) {
     );
     assert!(!u.mark_scanned(&r(PEER, "ops"), T0).await.unwrap());
     assert!(u.link(&r(PEER, "ops")).await.unwrap().is_none());
+    // The time given is stamped, even one before the last stamp (a clock that stepped back):
+    // the stamp says when the link was last scanned, by that clock. (store-memory kept the
+    // later time under mutation, where every durable store stamps the given one, and every
+    // test passed; review of stop 64, ME35.)
+    assert!(u.mark_scanned(&child(), T0.plus_ms(40)).await.unwrap());
+    assert_eq!(
+        u.link(&child()).await.unwrap().unwrap().last_scanned_at,
+        Some(T0.plus_ms(40)),
+        "the time given, before the last stamp"
+    );
 }
 
 pub async fn upstream_remove_link_with_and_without_token(t: &Subject) {

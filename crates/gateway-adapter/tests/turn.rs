@@ -163,10 +163,21 @@ impl World {
         config: AwarenessConfig,
         directory: Arc<dyn gateway_adapter::SessionDirectory>,
     ) -> Self {
+        Self::gated_over(Arc::new(MemoryStore::new()), call, after, config, directory).await
+    }
+
+    /// [`World::gated_in`], the gate in front of `inner`.
+    async fn gated_over(
+        inner: Arc<dyn AwarenessStore>,
+        call: Call,
+        after: bool,
+        config: AwarenessConfig,
+        directory: Arc<dyn gateway_adapter::SessionDirectory>,
+    ) -> Self {
         let (tx, entered) = mpsc::unbounded_channel();
         let (asked, questions) = mpsc::unbounded_channel();
         let store = Arc::new(GatedAck {
-            inner: Arc::new(MemoryStore::new()),
+            inner,
             hook: Gate {
                 permits: Semaphore::new(0),
                 entered: tx,
@@ -199,6 +210,37 @@ impl World {
             entered,
             questions,
         }
+    }
+
+    /// [`World::gated_with`] (gated on acknowledgements) over an OpenClaw SQLite file in `dir`,
+    /// where the manager also watches a group's session ambiently, as OpenClaw marks such a
+    /// cursor (the only store where an ambient cursor exists); with the group's key.
+    #[cfg(feature = "sqlite")]
+    async fn over_an_ambient_cursor(
+        dir: &std::path::Path,
+        after: bool,
+        config: AwarenessConfig,
+    ) -> (Self, SessionKey) {
+        let sqlite = Arc::new(
+            store_sqlite::SqliteStore::open(&dir.join("state.sqlite"))
+                .await
+                .expect("open"),
+        );
+        let directory = Arc::new(InMemoryDirectory::new());
+        directory.upsert(k(MANAGER), SessionEntry::default());
+        let w = Self::gated_over(sqlite.clone(), Call::Acknowledge, after, config, directory).await;
+        let group = k("agent:main:subagent:group");
+        w.svc
+            .subagent_spawned(&group, None, &k(MANAGER), "run-2")
+            .await
+            .expect("seeded");
+        assert!(
+            sqlite
+                .make_ambient(&WatcherKey::parse(MANAGER).unwrap(), &group)
+                .await
+                .expect("marked")
+        );
+        (w, group)
     }
 
     /// A manager whose turn was dropped once its acknowledgement committed, leaving what it
@@ -2438,60 +2480,8 @@ async fn a_bare_keys_turn_shows_every_line_it_drains() {
 #[tokio::test]
 async fn a_turn_that_took_over_waking_lines_owes_their_wake_past_a_queue_only_read() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let sqlite = Arc::new(
-        store_sqlite::SqliteStore::open(&dir.path().join("state.sqlite"))
-            .await
-            .expect("open"),
-    );
-    let (tx, entered) = mpsc::unbounded_channel();
-    let (asked, questions) = mpsc::unbounded_channel();
-    let store = Arc::new(GatedAck {
-        inner: sqlite.clone(),
-        hook: Gate {
-            permits: Semaphore::new(0),
-            entered: tx,
-            at: std::sync::Mutex::new((Call::Acknowledge, true)),
-            armed: AtomicBool::new(false),
-            refuse_resets: AtomicBool::new(false),
-            refuse_at: std::sync::Mutex::new(None),
-            panic_on_ack: AtomicBool::new(false),
-            questions: asked,
-        },
-    });
-    let queue = Arc::new(FaultyQueue::default());
-    let wake = Arc::new(Wakes::default());
-    let links = Arc::new(MemoryStore::new());
-    let directory = Arc::new(InMemoryDirectory::new());
-    directory.upsert(k(MANAGER), SessionEntry::default());
-    let svc = Arc::new(
-        Awareness::builder(store.clone(), queue.clone(), wake.clone(), directory)
-            .upstream(links.clone())
-            .build(),
-    );
-    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-        .await
-        .expect("seeded");
-    // The manager also watches a group's session, ambiently, as OpenClaw marks such a cursor.
-    let group = k("agent:main:subagent:group");
-    svc.subagent_spawned(&group, None, &k(MANAGER), "run-2")
-        .await
-        .expect("seeded");
-    assert!(
-        sqlite
-            .make_ambient(&WatcherKey::parse(MANAGER).unwrap(), &group)
-            .await
-            .expect("marked")
-    );
-    store.hook.armed.store(true, Ordering::SeqCst);
-    let mut w = World {
-        store,
-        links,
-        queue,
-        wake,
-        svc,
-        entered,
-        questions,
-    };
+    let (mut w, group) =
+        World::over_an_ambient_cursor(dir.path(), true, AwarenessConfig::default()).await;
     w.human().await;
     let a = w.turn_at_the_gate().await;
     dropped(a).await;
@@ -2528,63 +2518,11 @@ async fn a_turn_that_took_over_waking_lines_owes_their_wake_past_a_queue_only_re
 #[tokio::test]
 async fn lines_shown_already_leave_no_wake_to_the_turn_that_drops_them() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let sqlite = Arc::new(
-        store_sqlite::SqliteStore::open(&dir.path().join("state.sqlite"))
-            .await
-            .expect("open"),
-    );
-    let (tx, entered) = mpsc::unbounded_channel();
-    let (asked, questions) = mpsc::unbounded_channel();
-    let store = Arc::new(GatedAck {
-        inner: sqlite.clone(),
-        hook: Gate {
-            permits: Semaphore::new(0),
-            entered: tx,
-            at: std::sync::Mutex::new((Call::Acknowledge, false)),
-            armed: AtomicBool::new(false),
-            refuse_resets: AtomicBool::new(false),
-            refuse_at: std::sync::Mutex::new(None),
-            panic_on_ack: AtomicBool::new(false),
-            questions: asked,
-        },
-    });
-    let queue = Arc::new(FaultyQueue::default());
-    let wake = Arc::new(Wakes::default());
-    let links = Arc::new(MemoryStore::new());
-    let directory = Arc::new(InMemoryDirectory::new());
-    directory.upsert(k(MANAGER), SessionEntry::default());
-    let svc = Arc::new(
-        Awareness::builder(store.clone(), queue.clone(), wake.clone(), directory)
-            .upstream(links.clone())
-            .config(AwarenessConfig {
-                store_wait: Duration::from_secs(5),
-                ..AwarenessConfig::default()
-            })
-            .build(),
-    );
-    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
-        .await
-        .expect("seeded");
-    let group = k("agent:main:subagent:group");
-    svc.subagent_spawned(&group, None, &k(MANAGER), "run-2")
-        .await
-        .expect("seeded");
-    assert!(
-        sqlite
-            .make_ambient(&WatcherKey::parse(MANAGER).unwrap(), &group)
-            .await
-            .expect("marked")
-    );
-    store.hook.armed.store(true, Ordering::SeqCst);
-    let mut w = World {
-        store,
-        links,
-        queue,
-        wake,
-        svc,
-        entered,
-        questions,
+    let config = AwarenessConfig {
+        store_wait: Duration::from_secs(5),
+        ..AwarenessConfig::default()
     };
+    let (mut w, group) = World::over_an_ambient_cursor(dir.path(), false, config).await;
     w.human().await;
     let a = w.turn_at_the_gate().await;
     assert_eq!(

@@ -6521,6 +6521,19 @@ fn check_failed_warnings(capture: &common::Capture) -> usize {
         .count()
 }
 
+/// A provider whose checks fail, three times.
+fn failing_three_times() -> Arc<Scripted> {
+    Arc::new(Scripted::new(vec![CheckOutcome::Failed("boom".into()); 3]))
+}
+
+/// Two ticks of `monitor`, whose check of the one link fails at each: the failure is warned of
+/// once while it repeats.
+async fn warned_of_once_while_it_repeats(monitor: &UpstreamMonitor, capture: &common::Capture) {
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(check_failed_warnings(capture), 1, "once while it repeats");
+}
+
 /// A check failure logged at WARN is news again for a link adopted again after its removal: the
 /// failures of links gone from the store are forgotten. (What the mutation did: the failures of
 /// removed links kept, so the same failure was not warned of again; review of stop 64, MO04.)
@@ -6530,18 +6543,8 @@ async fn a_check_failure_is_warned_of_again_once_the_link_was_removed_and_adopte
     let _guard = capture.install();
     let w = world();
     let session = w.adopt_remote("agent:main:remote", "scripted").await;
-    let monitor = w
-        .monitor()
-        .provider(Arc::new(Scripted::new(vec![
-            CheckOutcome::Failed(
-                "boom".into()
-            );
-            3
-        ])))
-        .build();
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    let monitor = w.monitor().provider(failing_three_times()).build();
+    warned_of_once_while_it_repeats(&monitor, &capture).await;
     assert!(w.store.remove_link(&session, None).await.unwrap());
     assert_eq!(monitor.tick().await.links, 0);
     w.adopt_remote("agent:main:remote", "scripted").await;
@@ -6567,16 +6570,9 @@ async fn a_check_failure_is_warned_of_again_after_a_tick_a_run_deferred_it() {
     let monitor = w
         .monitor()
         .run_activity(runs.clone())
-        .provider(Arc::new(Scripted::new(vec![
-            CheckOutcome::Failed(
-                "boom".into()
-            );
-            3
-        ])))
+        .provider(failing_three_times())
         .build();
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    warned_of_once_while_it_repeats(&monitor, &capture).await;
     runs.started(&session);
     assert_eq!(monitor.tick().await.deferred, 1);
     runs.finished(&session);
@@ -6604,16 +6600,9 @@ async fn a_check_failure_is_warned_of_again_after_a_tick_another_gateway_owned_t
         gateway_adapter::SessionEntry::default(),
     );
     let monitor = owned_watchers_only_monitor(&w, directory.clone())
-        .provider(Arc::new(Scripted::new(vec![
-            CheckOutcome::Failed(
-                "boom".into()
-            );
-            3
-        ])))
+        .provider(failing_three_times())
         .build();
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    warned_of_once_while_it_repeats(&monitor, &capture).await;
     directory.remove(&session.session_key);
     assert_eq!(monitor.tick().await.not_owned, 1);
     directory.upsert(
@@ -6719,18 +6708,8 @@ async fn a_check_failure_is_warned_of_again_after_a_tick_its_link_had_no_provide
     let _guard = capture.install();
     let w = world();
     let session = w.adopt_remote("agent:main:remote", "scripted").await;
-    let monitor = w
-        .monitor()
-        .provider(Arc::new(Scripted::new(vec![
-            CheckOutcome::Failed(
-                "boom".into()
-            );
-            3
-        ])))
-        .build();
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(check_failed_warnings(&capture), 1, "once while it repeats");
+    let monitor = w.monitor().provider(failing_three_times()).build();
+    warned_of_once_while_it_repeats(&monitor, &capture).await;
     let unread = LinkSpec::new(session.clone(), "remote", "h", "t", "no-such-kind");
     w.svc.adopt(unread).await.unwrap();
     assert_eq!(monitor.tick().await.no_provider, 1);

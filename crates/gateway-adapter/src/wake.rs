@@ -508,16 +508,21 @@ mod tests {
     async fn a_window_opened_as_the_last_one_closes_is_kept() {
         let (reasons, sink) = reasons_sink();
         let mut waker = CoalescingWake::new(sink);
-        let cell: Arc<std::sync::OnceLock<Arc<CoalescingWake>>> = Arc::default();
+        // The hook wakes through the waker that holds it: a weak reference, so that the waker
+        // is dropped at the test's end.
+        let cell: Arc<std::sync::OnceLock<std::sync::Weak<CoalescingWake>>> = Arc::default();
         let waker_of_hook = Arc::clone(&cell);
         let once = Arc::new(std::sync::atomic::AtomicBool::new(false));
         waker.at_close = Some(Arc::new(move |s: &SessionKey| {
             if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                waker_of_hook.get().unwrap().wake(s, "as it closed");
+                let waker = waker_of_hook.get().and_then(std::sync::Weak::upgrade);
+                waker
+                    .expect("the test holds the waker")
+                    .wake(s, "as it closed");
             }
         }));
         let waker = Arc::new(waker);
-        assert!(cell.set(Arc::clone(&waker)).is_ok());
+        assert!(cell.set(Arc::downgrade(&waker)).is_ok());
         let main = SessionKey::new("agent:main:main").unwrap();
         let start = tokio::time::Instant::now();
         let at = |secs: u64| start + Duration::from_secs(secs);

@@ -2280,7 +2280,8 @@ impl gateway_adapter::SessionDirectory for PanicsNext {
 
 /// A directory that panics when asked about a session owed a wake (a dropped turn's lines, its
 /// acknowledgement letting the lock go) leaves the wake owed to the next pick-up, as a wake that
-/// panics does: the session takes no turn unless woken. (The debt dropped at that panic passed
+/// panics does: the session takes no turn unless woken, also when the next pick-up's directory
+/// panics on it too (that pick-up is not complete). (The debt dropped at that panic passed
 /// every other test, and the session was never woken for the lines: review of stop 62, S25.)
 #[tokio::test]
 async fn a_wake_owed_whose_directory_panics_is_owed_to_the_next_pick_up() {
@@ -2306,6 +2307,20 @@ async fn a_wake_owed_whose_directory_panics_is_owed_to_the_next_pick_up() {
         "the directory was asked, and panicked"
     );
     assert_eq!(w.wake.count(&k(MANAGER)), before, "nobody woken yet");
+    // A pick-up whose directory panics on the wake owed owes it again and is not complete, so
+    // that the pick-up task asks again at its next question, not at the recovery interval
+    // (reported complete, it passed every other test: review of stop 64, SV33).
+    directory.armed.store(true, Ordering::SeqCst);
+    let picked = w.svc.pick_up().await;
+    assert!(
+        !directory.armed.load(Ordering::SeqCst),
+        "the pick-up asked the directory about the wake owed, and it panicked"
+    );
+    assert_eq!(w.wake.count(&k(MANAGER)), before, "nobody woken yet");
+    assert!(
+        !picked.complete,
+        "a wake owed that the directory panicked on leaves the pick-up incomplete: {picked:?}"
+    );
     w.pick_up_wakes(1, "woken at the next pick-up").await;
     assert_eq!(
         texts(&w.svc.drain_turn(&k(MANAGER)).await),
@@ -2364,47 +2379,6 @@ async fn a_turn_waits_three_store_waits_for_the_lock() {
         Vec::<String>::new(),
         "the late copy is not shown again"
     );
-}
-
-/// A pick-up whose directory panics when asked about a session owed a wake (a dropped turn's lines)
-/// owes the wake again and is not complete, as when a wake panics: the pick-up task tries again at
-/// its next question instead of at the recovery interval. (What the mutation did: reported
-/// complete, the wake left to the recovery interval; review of stop 64, SV33.)
-#[tokio::test]
-async fn a_pick_up_whose_directory_panics_on_a_wake_owed_is_not_complete() {
-    let directory = Arc::new(PanicsNext::default());
-    directory.inner.upsert(k(MANAGER), SessionEntry::default());
-    let mut w = World::gated_in(
-        Call::Acknowledge,
-        true,
-        AwarenessConfig::default(),
-        directory.clone(),
-    )
-    .await;
-    w.human().await;
-    let before = w.wake.count(&k(MANAGER));
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
-    directory.armed.store(true, Ordering::SeqCst);
-    // The acknowledgement's answer returns; it lets the lock go and asks the directory.
-    w.store.hook.permits.add_permits(1);
-    w.svc.wait_for_writes().await;
-    assert!(
-        !directory.armed.load(Ordering::SeqCst),
-        "asked, and panicked"
-    );
-    directory.armed.store(true, Ordering::SeqCst);
-    let picked = w.svc.pick_up().await;
-    assert!(
-        !directory.armed.load(Ordering::SeqCst),
-        "the pick-up asked the directory about the wake owed, and it panicked"
-    );
-    assert_eq!(w.wake.count(&k(MANAGER)), before, "nobody woken yet");
-    assert!(
-        !picked.complete,
-        "a wake owed that the directory panicked on leaves the pick-up incomplete: {picked:?}"
-    );
-    w.pick_up_wakes(1, "woken at the next pick-up").await;
 }
 
 /// `session_status` waits for the store `store_wait` in all, its read of the requester's cursor and

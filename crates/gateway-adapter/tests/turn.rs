@@ -45,6 +45,8 @@ struct Gate {
     refuse_at: std::sync::Mutex<Option<Call>>,
     /// Panics in every acknowledgement while set (a store with a bug).
     panic_on_ack: AtomicBool,
+    /// Panics in the next acknowledgement, once, before the gate.
+    panic_next_ack: AtomicBool,
     /// One message each time the store is asked whether another writer committed (it answers
     /// that another writer did, once, before the first question).
     questions: mpsc::UnboundedSender<()>,
@@ -53,7 +55,9 @@ struct Gate {
 impl Gate {
     async fn hold(&self, call: Call, after: bool) {
         assert!(
-            call != Call::Acknowledge || !self.panic_on_ack.load(Ordering::SeqCst),
+            call != Call::Acknowledge
+                || !(self.panic_on_ack.load(Ordering::SeqCst)
+                    || !after && self.panic_next_ack.swap(false, Ordering::SeqCst)),
             "the store panicked while acknowledging"
         );
         if call == Call::ForeignCommits && after {
@@ -186,6 +190,7 @@ impl World {
                 refuse_resets: AtomicBool::new(false),
                 refuse_at: std::sync::Mutex::new(None),
                 panic_on_ack: AtomicBool::new(false),
+                panic_next_ack: AtomicBool::new(false),
                 questions: asked,
             },
         });
@@ -837,6 +842,36 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
         vec![notice(Sequence(1))],
         "the notice, still pending, is shown again; the other line is not"
     );
+}
+
+/// A turn whose acknowledgement panicked waits for its lock to take back what it read; should
+/// a turn that came meanwhile have taken those lines over and shown them (its own
+/// acknowledgement outlasting the store wait), the first turn shows nothing once it has the
+/// lock again. (What the mutation did: the first turn returned the lines all the same, and the
+/// notice was shown twice; review of stop 64, SV21.)
+#[tokio::test(start_paused = true)]
+async fn lines_a_later_turn_showed_while_an_acknowledgement_panicked_are_not_shown_again() {
+    let mut w = World::new().await;
+    w.human().await;
+    w.store.hook.panic_next_ack.store(true, Ordering::SeqCst);
+    let first = w.turn();
+    let second = w.turn();
+    w.entered
+        .recv()
+        .await
+        .expect("the second turn's acknowledgement reaches the gate");
+    assert_eq!(
+        texts(&second.await.unwrap()),
+        vec![notice(Sequence(1))],
+        "the second turn took the lines over and showed them as its store wait ran out"
+    );
+    w.open_gate();
+    assert!(
+        first.await.unwrap().is_empty(),
+        "the first turn shows nothing the second showed"
+    );
+    w.svc.wait_for_writes().await;
+    assert!(!w.cursor().await.is_pending(), "acknowledged by the second");
 }
 
 /// Bug: a main session's turn dropped once its acknowledgement had committed left what it

@@ -1122,6 +1122,9 @@ mod tests {
             r#"{"a":"\u12zz","type":"user"}"#,
             r#"{"a":"\q"}"#,
             r#"{"message":{"content":"\ud83d\ude00 \ud83d x \ude00 \ud83d\u0041"}}"#,
+            // The last high surrogate. (What the mutation did: a state holding it refused, and
+            // a line cut there skipped at the next check; review of stop 65, T332.)
+            r#"{"message":{"content":"\udbff\udfff"}}"#,
             "[1,2]",
             r#""top""#,
             r#"{"a":tru,"b":nul}"#,
@@ -1438,9 +1441,11 @@ mod tests {
     }
 
     /// A row that starts with a command's captured standard error is its output, not a
-    /// person's turn. (The only such row the tests had began with stdout, so a list of
-    /// prefixes naming `<bash-stdout` twice and never `<bash-stderr`, a mutation, passed every
-    /// test: a command's error output was then recorded as a human turn: review of stop 61.)
+    /// person's turn: a shell command's and a slash command's alike. (The only such row the
+    /// tests had began with stdout, so a list of prefixes naming `<bash-stdout` twice and never
+    /// `<bash-stderr`, a mutation, passed every test: a command's error output was then
+    /// recorded as a human turn: review of stop 61. And with `<local-command-` narrowed to
+    /// `<local-command-stdout`, a slash command's error output was: review of stop 65, T325.)
     #[test]
     fn captured_standard_error_is_command_output() {
         assert_eq!(
@@ -1448,6 +1453,13 @@ mod tests {
                 "<bash-stderr>ls: cannot access 'x': No such file or directory</bash-stderr>"
             ))),
             Err(SkipReason::CommandOutput)
+        );
+        assert_eq!(
+            verdict(&user(json!(
+                "<local-command-stderr>Error: unknown model 'opuss'</local-command-stderr>"
+            ))),
+            Err(SkipReason::CommandOutput),
+            "a slash command's standard error"
         );
     }
 
@@ -1637,6 +1649,17 @@ mod tests {
             ),
             Err(SkipReason::SelfEcho)
         );
+        // Read as itself, a character whose first byte is 0xEF (fullwidth punctuation, common
+        // in Chinese text). (What the mutation did: each of its bytes read as U+FFFD, and the
+        // echo counted as a turn; review of stop 65, T320.)
+        assert_eq!(
+            verdict_with(
+                &user(json!("修复测试，谢谢！")),
+                &["修复测试，谢谢！".to_owned()]
+            ),
+            Err(SkipReason::SelfEcho),
+            "a character with lead byte 0xEF"
+        );
         let mut longer = own.clone();
         longer.push("one more".into());
         assert_eq!(
@@ -1807,6 +1830,13 @@ mod tests {
         assert_eq!(uuid_of(&row(&a)), hex(&a));
         assert_eq!(uuid_of(&row(&b)), hex(&b));
         assert_ne!(uuid_of(&row(&a)), uuid_of(&row(&b)));
+        // Sixteen digits, a hash's leading zeros kept, as `human_dedupe_key` writes it. (What
+        // the mutation did: written without them; review of stop 65, T340.)
+        let zero_led = (0..)
+            .map(|i| format!("{fits}{i}"))
+            .find(|u| fnv1a64(u.as_bytes()) >> 60 == 0)
+            .unwrap();
+        assert_eq!(uuid_of(&row(&zero_led)), hex(&zero_led));
         // Hashed as the text it stands for: escapes and characters of several bytes.
         let accented = format!("{}\\u00e9", "u".repeat(MAX_DEDUPE_ID_BYTES - 1));
         let line = format!(
@@ -1940,14 +1970,26 @@ mod tests {
     }
 
     /// A text part holding only whitespace is nothing typed: the row is empty, as one whose content
-    /// is an empty string. (What the mutation did: such a part was taken for one that is not text,
-    /// an image, and the empty row counted as a turn; review of stop 63, T09.)
+    /// is an empty string, and so is a queued prompt made of it. (What the mutations did: such a
+    /// part was taken for one that is not text, an image, and the empty row counted as a turn;
+    /// review of stop 63, T09, and of a queued prompt, review of stop 65, T324.)
     #[test]
     fn a_text_part_without_text_is_empty() {
         assert_eq!(
             verdict(&user(json!([{"type": "text", "text": "  "}]))),
             Err(SkipReason::Empty),
             "an empty text part counted as a non-text part"
+        );
+        let queued = json!({
+            "type": "attachment",
+            "attachment": {"type": "queued_command", "commandMode": "prompt",
+                "origin": {"kind": "human"}, "prompt": [{"type": "text", "text": "  "}]},
+            "uuid": "aa11aa11-0000-4000-8000-000000000005"
+        });
+        assert_eq!(
+            verdict(&queued),
+            Err(SkipReason::Empty),
+            "an empty text part of a queued prompt"
         );
     }
 
@@ -1966,10 +2008,28 @@ mod tests {
     }
 
     /// JSON another writer formats otherwise reads alike: whitespace after a literal or a number
-    /// before `,` or `}`, and an escaped `/`. (What the mutations did: either made the line
-    /// malformed, and its prompt was lost; review of stop 63, T08 and T20.)
+    /// before `,` or `}`, a tab between tokens, and the escapes of `/`, a carriage return and a
+    /// backspace. (What the mutations did: each made the line malformed, and its prompt was
+    /// lost; review of stop 63, T08 and T20, and of stop 65, T304, T315 and T316.)
     #[test]
-    fn whitespace_after_a_literal_and_an_escaped_slash_are_json() {
+    fn json_another_writer_formats_otherwise_reads_alike() {
+        let tabbed =
+            b"{\"type\":\"user\",\t\"message\":{\"role\":\"user\",\t\"content\":\"tabbed\"}}";
+        assert_eq!(
+            classify(&RowFacts::from_line(tabbed).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "a tab between tokens"
+        );
+        assert_eq!(
+            verdict(&user(json!("pasted from a windows editor\r\nsecond line"))),
+            Ok(HumanKind::Prompt),
+            "an escaped carriage return"
+        );
+        assert_eq!(
+            verdict(&user(json!("a stray backspace\u{8} in the prompt"))),
+            Ok(HumanKind::Prompt),
+            "an escaped backspace"
+        );
         let spaced = br#"{ "type": "user", "isSidechain": false , "message": { "role": "user", "content": "spaced" }, "n": 1 }"#;
         assert_eq!(
             classify(&RowFacts::from_line(spaced).unwrap(), &[]),
@@ -2026,6 +2086,16 @@ mod tests {
         assert!(
             !edited(json!("ObjectFirst"), "oa", json!([{"Obj": null}, "Item"])),
             "an object's first key inside an array"
+        );
+        // And an array's first value inside an object. (What the mutation did: taken for
+        // sound; review of stop 65, T341.)
+        let mut in_object = LineScanner::new();
+        assert_eq!(in_object.feed(br#"{"a":1"#), None);
+        let mut v = serde_json::to_value(&in_object).unwrap();
+        v["tok"] = json!("ArrayFirst");
+        assert!(
+            !serde_json::from_value::<LineScanner>(v).unwrap().is_sound(),
+            "an array's first value inside an object"
         );
     }
 }

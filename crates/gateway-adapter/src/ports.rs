@@ -258,4 +258,31 @@ mod tests {
             "a session the directory does not know does not exist"
         );
     }
+
+    /// A queue that does not implement `remove` removes nothing and says so. (What the mutation
+    /// did: the default answered `true`, a removal that did not happen; review of stop 65, GA43.)
+    #[test]
+    fn the_default_remove_removes_nothing_and_says_so() {
+        struct Fixed;
+        impl SystemEventQueue for Fixed {
+            fn enqueue(&self, _: &SessionKey, _: QueuedEntry) -> bool {
+                true
+            }
+            fn drain(&self, _: &SessionKey) -> Vec<QueuedEntry> {
+                Vec::new()
+            }
+            fn peek(&self, _: &SessionKey) -> Vec<QueuedEntry> {
+                Vec::new()
+            }
+        }
+        let entry = QueuedEntry {
+            text: "line".into(),
+            context_key: None,
+        };
+        let session = SessionKey::new("agent:main:main").unwrap();
+        assert!(
+            !Fixed.remove(&session, &entry),
+            "the default removes nothing and answers false"
+        );
+    }
 }

@@ -173,9 +173,11 @@ mod tests {
         );
     }
 
-    /// A full queue evicts its oldest plain line, not its newest. (What the mutation did: the last
-    /// plain line evicted, the session read the stale lines and lost the latest; review of stop 63,
-    /// W08.)
+    /// A full queue evicts its oldest plain line, not its newest; a line with a context key of
+    /// another kind than `session-state:` is plain. (What the mutations did: the last plain line
+    /// evicted, the session read the stale lines and lost the latest; review of stop 63, W08. And
+    /// every line with a context key taken for a notice, never evicted, the queue grew past its
+    /// capacity; review of stop 65, GA38.)
     #[test]
     fn a_full_queue_evicts_its_oldest_plain_entry() {
         let q = InMemoryQueue::with_capacity(3);
@@ -184,5 +186,16 @@ mod tests {
         }
         let left: Vec<String> = q.peek(&key()).into_iter().map(|e| e.text).collect();
         assert_eq!(left, vec!["p2", "p3", "p4"], "the oldest line went");
+        let keyed = |t: &str| QueuedEntry {
+            text: t.into(),
+            context_key: Some(format!("cron:{t}")),
+        };
+        assert!(!keyed("c1").is_session_state());
+        let q = InMemoryQueue::with_capacity(2);
+        for t in ["c1", "c2", "c3"] {
+            assert!(q.enqueue(&key(), keyed(t)));
+        }
+        let left: Vec<String> = q.peek(&key()).into_iter().map(|e| e.text).collect();
+        assert_eq!(left, vec!["c2", "c3"], "the oldest keyed line went");
     }
 }

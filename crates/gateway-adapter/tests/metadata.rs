@@ -195,6 +195,24 @@ async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
             .len(),
         1
     );
+    // A valid dedupe key is fitted to its own limit, not to the ids' (`MAX_KEY_BYTES`): one of
+    // exactly its limit is recorded as given. (What the mutation did: cut and hashed, it no
+    // longer matched the key the gateway sent; review of stop 65, GA44.)
+    let valid = "d".repeat(MAX_DEDUPE_KEY_BYTES);
+    let mut msg = message("telegram");
+    msg.dedupe_key = Some(valid.clone());
+    let recorded = w.svc.human_message(msg).await.expect("recorded");
+    let e = w
+        .events(&child(), EventKind::HumanDirectMessage)
+        .await
+        .into_iter()
+        .find(|e| e.sequence == recorded.sequence)
+        .expect("the second message");
+    assert!(
+        e.dedupe_key.as_deref() == Some(valid.as_str()),
+        "a dedupe key of exactly its limit is kept as given: {} bytes recorded",
+        e.dedupe_key.as_deref().map_or(0, str::len)
+    );
 }
 
 /// A spawner that cannot watch the session (a bare key, the session itself) leaves the watch

@@ -899,6 +899,12 @@ mod tests {
         assert_eq!(decode_context_key(&k).unwrap(), t);
     }
 
+    /// A context key is refused unless it is exactly ours; an empty target is refused as such,
+    /// and a key that merely holds `session-state:` is another producer's, a line a turn reads
+    /// as it is. (What the mutations did: `contains` for `starts_with`, such a line taken for a
+    /// notice, never evicted from a full queue and dropped by a reset; and with the empty check
+    /// removed, an empty target refused as "not a valid session key"; review of stop 65, CO16
+    /// and CO14.)
     #[test]
     fn context_key_decode_is_strict() {
         for bad in [
@@ -917,6 +923,19 @@ mod tests {
         }
         let unicode = SessionKey::new("agent:main:café").unwrap();
         assert_eq!(decode_context_key(&context_key(&unicode)).unwrap(), unicode);
+        match decode_context_key("session-state:") {
+            Err(ValidationError::ContextKey { reason, .. }) => {
+                assert_eq!(reason, "empty target");
+            }
+            other => panic!("an empty target: {other:?}"),
+        }
+        let other = "cron:session-state:61";
+        assert!(!is_session_state_context_key(other), "{other}");
+        assert_eq!(
+            classify_line("Reminder", Some(other), &[]),
+            DrainedLine::Other,
+            "{other}"
+        );
     }
 
     #[test]

@@ -128,7 +128,8 @@ mod tests {
     /// With more jobs waiting than a batch takes, the oldest go first, the rest after in their
     /// order: a caller that queued first is not left behind later ones for as long as they keep
     /// coming. (The newest first passed every test: the doc example takes them all at once;
-    /// review of stop 60.)
+    /// review of stop 60.) A batch of at most none takes none (review of stop 65, CO07: at
+    /// least one taken, though no store asks for none).
     #[test]
     fn a_batch_takes_the_oldest_jobs_first() {
         let queue = Queue::default();
@@ -139,5 +140,24 @@ mod tests {
         assert_eq!(ids(queue.take(2)), [1, 2]);
         assert_eq!(ids(queue.take(9)), [3, 4, 5]);
         assert!(queue.take(9).is_empty());
+        queue.push(Numbered(6));
+        assert!(queue.take(0).is_empty(), "a batch of none takes none");
+    }
+
+    /// A caller that gives up takes only its own job out of the queue: the jobs queued after it
+    /// stay, in their order. (What the mutation did: `retain(|j| j.id() < id)`, a given-up job
+    /// took every job queued after it out with it, and those callers' events were never
+    /// committed; only store-sqlite's conformance suite caught it; review of stop 65, CO12.)
+    #[test]
+    fn a_given_up_job_takes_out_only_itself() {
+        let queue = Queue::default();
+        queue.push(Numbered(1));
+        let gone = Queued::new(&queue, 2);
+        queue.push(Numbered(2));
+        queue.push(Numbered(3));
+        queue.push(Numbered(4));
+        drop(gone);
+        let ids: Vec<u64> = queue.take(9).into_iter().map(|j| j.0).collect();
+        assert_eq!(ids, [1, 3, 4], "the jobs queued after a given-up one stay");
     }
 }

@@ -228,7 +228,11 @@ mod tests {
     /// key unless it is true, and no `stateChanges` unless `changesSince` was asked. (What the
     /// mutation did: the skip rule taken off `unavailable`, every answer, `awareness status --json`
     /// included, carried `"unavailable":false`, a key of ours that OpenClaw's answers do not have;
-    /// review of stop 63, K16.)
+    /// review of stop 63, K16.) The answer when the store could not be read: version 0,
+    /// `unavailable`, and when `changesSince` was asked an empty page that claims nothing (no
+    /// history gap). (What the mutations did: the page left out, or claiming a history gap; the
+    /// gateway's tests compare its answer with `SessionStatus::unavailable` itself; review of
+    /// stop 65, CO35 and CO36.)
     #[test]
     fn a_status_read_from_a_store_has_openclaws_json_shape() {
         let json = |s: &SessionStatus| serde_json::to_value(s).unwrap();
@@ -244,6 +248,12 @@ mod tests {
         assert_eq!(
             json(&SessionStatus::unavailable(None)),
             serde_json::json!({"stateVersion": 0, "unavailable": true})
+        );
+        assert_eq!(
+            json(&SessionStatus::unavailable(Some(Sequence(7)))),
+            serde_json::json!({"stateVersion": 0, "stateChanges": {
+                "events": [], "truncated": false, "earliestAvailableSequence": 0,
+                "historyGap": false}, "unavailable": true})
         );
     }
 }

@@ -919,10 +919,13 @@ mod tests {
     /// with that failure as its cause: the next write says to reopen the file and repeats it.
     /// (Only the commit itself noted the failure there; a mutation review removed that and
     /// every test passed: the failures the process tests make come inside the transaction.)
+    /// The failed commit is not counted among the handle's write transactions. (What the
+    /// mutation did: counted before its failure was known; review of stop 65, RB21.)
     #[test]
     fn a_group_commit_that_fails_latches_the_handle_with_its_cause() {
         let (_dir, runtime, store) = on_one_thread();
         let at = SessionRef::parse("agent:main:child", "main").expect("ref");
+        let before = store.write_transactions();
         store
             .writer
             .shared()
@@ -933,6 +936,11 @@ mod tests {
             let chain = awareness_core::error::ErrorChain(&err).to_string();
             assert!(chain.contains("the commit's own failure"), "{chain}");
         }
+        assert_eq!(
+            store.write_transactions(),
+            before,
+            "a failed commit is not counted as committed"
+        );
         latched_saying(&runtime, store, at, "the commit's own failure");
     }
 

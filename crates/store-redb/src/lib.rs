@@ -2356,6 +2356,90 @@ mod tests {
         drop(reader);
     }
 
+    /// A durable commit that would stand in for a flush waiting for the write lock, and that
+    /// fails, has made nothing durable: the flush commits itself (or fails) and is never
+    /// counted as stood in for. (What the mutation did: the failed commit reported the flush
+    /// done, and the commits before it stayed non-durable; review of stop 65, RB20. The test's
+    /// commit fails without writing, so redb does not latch the failure.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_commit_does_not_stand_in_for_a_flush() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (bounded, reader) = bounded_and_a_reader(&dir).await;
+        let at = session("agent:main:subagent:child");
+        for _ in 0..2 {
+            bounded.record(event(&at, None), T0).await.expect("record");
+        }
+        let writer = Arc::clone(&bounded.writer);
+        let shared = Arc::clone(writer.shared());
+        assert!(shared.is_unflushed());
+        let txn = tokio::task::block_in_place(|| writer.begin("test")).expect("begin");
+        let flushing = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || shared.flush())
+        };
+        while !shared.is_flush_due() {
+            assert!(!flushing.is_finished(), "the flush ended without asking");
+            std::thread::yield_now();
+        }
+        shared
+            .commit_fails
+            .store(true, std::sync::atomic::Ordering::Release);
+        let committed = tokio::task::block_in_place(|| {
+            txn.open_table(tables::META)
+                .ctx("test")?
+                .insert("test", 1)
+                .ctx("test")?;
+            writer.commit(txn, "test")
+        });
+        assert!(committed.is_err(), "the test's commit fails");
+        // Ok (the flush committed itself) or the refusal of a latched handle: either way not
+        // stood in for by a commit that did not happen.
+        let _ = flushing.join().expect("the flush's thread");
+        assert_eq!(
+            shared.flushes_stood_in(),
+            0,
+            "a commit that failed stood in for the flush"
+        );
+        drop(writer);
+        drop(bounded);
+        drop(reader);
+    }
+
+    /// A read-only handle is read-only even beside a read-write handle of the same file in this
+    /// process, whose database it shares: a recording is refused and nothing recorded; and
+    /// one that opened the database itself reports no live readers, whatever it asked. (What
+    /// the mutations did: the shared writer took the recording, sequence 1, review of stop 65,
+    /// RB23; and `live_readers()` answered the option asked for, which a read-only handle
+    /// ignores, RB39.)
+    #[tokio::test]
+    async fn a_read_only_handle_beside_a_writer_writes_nothing() {
+        let (dir, writer) = fresh().await;
+        let path = dir.path().join("state.redb");
+        let reader = RedbStore::open_with(&path, RedbOptions::default().read_only(true))
+            .await
+            .expect("open read-only");
+        let at = session("agent:main:subagent:a");
+        let answer = reader.record(event(&at, Some("k")), T0).await;
+        assert!(
+            matches!(answer, Err(StoreError::ReadOnly { .. })),
+            "a read-only handle refuses a recording: {answer:?}"
+        );
+        assert_eq!(writer.log_stats().await.expect("stats").rows, 0);
+        reader.close().await;
+        writer.close().await;
+        let reader = RedbStore::open_with(
+            &path,
+            RedbOptions::default().read_only(true).live_readers(true),
+        )
+        .await
+        .expect("open read-only");
+        assert!(
+            !reader.live_readers(),
+            "a read-only handle of its own has no live readers"
+        );
+        reader.close().await;
+    }
+
     /// A flush that waits for the write lock behind a writer's transaction returns once that
     /// transaction's commit, made durable in its stead, has committed, and writes nothing of
     /// its own.

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use awareness_core::testkit::durable::assert_counter_resumes_above;
 use awareness_core::testkit::open::{KillMoments, output_within};
+use awareness_core::upstream::{LinkSpec, UpstreamStore as _};
 use awareness_core::{
     AckTarget, ActorType, AwarenessStoreExt, CursorStore, EventKind, EventStore, NewEvent,
     OpenFailure, Sequence, SessionRef, StoreError, Timestamp, WatcherKey,
@@ -390,10 +391,12 @@ async fn child_close(path: &Path) {
 /// Records events with 4 KiB payloads until one fails (the parent runs this under a file-size
 /// limit, so a commit fails writing the file), then reports what the next write and a second
 /// open of the file in this process answer: `failed <error>`, `next <error>`, `second <result>`.
-/// With `batch`, the events go in waves of eight queued behind the held writer, so that each
-/// wave is one group commit: the failure is a batch's, and the line `failed` gives the first
-/// error of the wave (its jobs are recorded again alone, and refused) and the largest batch.
-async fn child_fill(path: &Path, interval: Option<u64>, batch: bool) {
+/// With [`Fill::Batch`], the events go in waves of eight queued behind the held writer, so that
+/// each wave is one group commit: the failure is a batch's, and the line `failed` gives the
+/// first error of the wave (its jobs are recorded again alone, and refused) and the largest
+/// batch. With [`Fill::Links`], sessions are adopted instead, with upstream links of about
+/// 15 KiB each: the failure is a write other than a recording's.
+async fn child_fill(path: &Path, interval: Option<u64>, fill: Fill) {
     let store = std::sync::Arc::new(
         RedbStore::open_with(path, options(interval))
             .await
@@ -404,10 +407,26 @@ async fn child_fill(path: &Path, interval: Option<u64>, batch: bool) {
         p.insert("text".into(), serde_json::json!("x".repeat(4_000)));
         NewEvent::new(target(0), EventKind::Compacted, ActorType::System, "filled").with_payload(p)
     };
+    let link = |i: u64| {
+        let i = usize::try_from(i).expect("a small count");
+        LinkSpec::new(
+            target(i),
+            "claude-code",
+            "local",
+            format!("thread-{i}"),
+            "local-jsonl",
+        )
+        .with_marker(serde_json::json!({ "m": "x".repeat(15_000) }))
+    };
     let chain = |e: &StoreError| awareness_core::error::ErrorChain(e).to_string();
     let mut recorded = 0u64;
     let failed = loop {
-        let result = if batch {
+        let result = if fill == Fill::Links {
+            store
+                .upsert_link(link(recorded), now())
+                .await
+                .map(|_| recorded += 1)
+        } else if fill == Fill::Batch {
             let held = store.hold_writer().await.expect("child: hold the writer");
             let calls: Vec<_> = (0..8)
                 .map(|_| {
@@ -455,6 +474,17 @@ async fn child_fill(path: &Path, interval: Option<u64>, batch: bool) {
     }
 }
 
+/// What [`child_fill`] writes until a write fails.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// One recording at a time.
+    One,
+    /// Recordings in waves of eight, each wave a group commit.
+    Batch,
+    /// Adoptions, each an upstream link.
+    Links,
+}
+
 /// Opens (creating) the store at `path`, which the parent runs under a file-size limit of
 /// nothing, so that redb cannot write the new file's header; reports `refused <error>` (or
 /// `opened`), then `exists <whether the file is at the path>`.
@@ -492,8 +522,9 @@ fn run_child(mode: &str) {
         "hold_read_only" => rt.block_on(child_hold(&path, read_only())),
         "flush" => rt.block_on(child_flush(&path)),
         "close" => rt.block_on(child_close(&path)),
-        "fill" => rt.block_on(child_fill(&path, interval, false)),
-        "fill_batch" => rt.block_on(child_fill(&path, interval, true)),
+        "fill" => rt.block_on(child_fill(&path, interval, Fill::One)),
+        "fill_batch" => rt.block_on(child_fill(&path, interval, Fill::Batch)),
+        "fill_links" => rt.block_on(child_fill(&path, interval, Fill::Links)),
         "create" => rt.block_on(child_create(&path)),
         "cursor_writes" => rt.block_on(child_cursor_writes(&path)),
         "reserve" => rt.block_on(child_reserve(&path)),
@@ -1232,6 +1263,10 @@ fn bounded_close_makes_everything_durable() {
 /// remembered as redb's generic refusal ("Previous I/O error occurred..."), so every later
 /// refusal (and every job of a failed batch) named that instead, and the real error was
 /// logged only at debug level.
+///
+/// The same for a write other than a recording (`fill_links`: adoptions, whose upstream links
+/// grow the file). (What the mutation did: such a write no longer checked the database after
+/// its failure, and the second open shared the broken database; review of stop 65, RB04.)
 fn a_failed_commit_is_named_and_its_database_not_shared() {
     // The bounded mode's flush interval outlasts the test: no flush may be what notices the
     // failure (its next transaction would), the failing write itself must.
@@ -1240,6 +1275,7 @@ fn a_failed_commit_is_named_and_its_database_not_shared() {
         ("fill", Some(600_000)),
         ("fill_batch", None),
         ("fill_batch", Some(600_000)),
+        ("fill_links", None),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("full.redb");

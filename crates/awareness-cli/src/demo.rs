@@ -891,4 +891,47 @@ mod tests {
             "{out}"
         );
     }
+
+    /// Plays another process that records a change on the writer once the start-up sweep has
+    /// re-frozen the pending cursors: a notice is then pending that the sweep did not re-deliver.
+    struct RecordsAfterTheSweep(std::sync::atomic::AtomicBool);
+
+    #[async_trait]
+    impl Hook for RecordsAfterTheSweep {
+        async fn after(&self, call: Call, store: &dyn AwarenessStore) {
+            if call != Call::Refreeze || self.0.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let cursors = store.cursors(&CursorFilter::default()).await.unwrap();
+            let writer = cursors
+                .iter()
+                .find(|c| c.target.as_str().ends_with(":subagent:writer"))
+                .expect("the manager watches the writer");
+            let session =
+                awareness_core::SessionRef::new(writer.target.clone(), writer.target_agent.clone());
+            let event = awareness_core::NewEvent::new(
+                session,
+                awareness_core::EventKind::HumanDirectMessage,
+                awareness_core::ActorType::Human,
+                "typed elsewhere",
+            );
+            store.record(event, Timestamp::now()).await.unwrap();
+        }
+    }
+
+    /// A sweep that re-delivered fewer notices than the cursors hold pending is said so and is
+    /// a missed step, as one that re-delivered more is. (What the mutation did: any count at or
+    /// under the pending cursors taken as right, the demo exited 0; review of stop 65, CU40.)
+    #[tokio::test]
+    async fn a_sweep_that_left_a_notice_pending_is_a_missed_step() {
+        let (out, _) = demo_failing(RecordsAfterTheSweep(std::sync::atomic::AtomicBool::new(
+            false,
+        )))
+        .await;
+        assert!(
+            out.contains("the sweep re-delivered 1 notice(s) of 2 pending"),
+            "{out}"
+        );
+        assert!(!out.contains("sweep re-delivered 1 notice(s):"), "{out}");
+    }
 }

@@ -263,15 +263,46 @@ mod tests {
         );
     }
 
+    /// Every level has its own name in `AWARENESS_LOG` and its own label on the line: `error`
+    /// shows errors alone, and an error is labelled ERROR. (What the mutations did: `error` read
+    /// as `warn`, and an error labelled WARN; review of stop 65, CU10 and CU12.)
     #[test]
-    fn levels_come_from_the_environment_value() {
+    fn every_level_has_its_name_and_its_label() {
         assert_eq!(level_from(None), Ok(LevelFilter::WARN));
         assert_eq!(level_from(Some(OsStr::new(""))), Ok(LevelFilter::WARN));
         assert_eq!(
             level_from(Some(OsStr::new("DEBUG"))),
             Ok(LevelFilter::DEBUG)
         );
-        assert_eq!(level_from(Some(OsStr::new("off"))), Ok(LevelFilter::OFF));
+        for (name, level) in [
+            ("off", LevelFilter::OFF),
+            ("error", LevelFilter::ERROR),
+            ("warn", LevelFilter::WARN),
+            ("info", LevelFilter::INFO),
+            ("debug", LevelFilter::DEBUG),
+            ("trace", LevelFilter::TRACE),
+        ] {
+            assert_eq!(level_from(Some(OsStr::new(name))), Ok(level), "{name}");
+        }
+        let written = Shared::default();
+        let logger = Logger::new(LevelFilter::TRACE, Box::new(written.clone()));
+        tracing::subscriber::with_default(logger, || {
+            tracing::error!("e");
+            tracing::warn!("w");
+            tracing::info!("i");
+            tracing::debug!("d");
+            tracing::trace!("t");
+        });
+        let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        let labels: Vec<&str> = text
+            .lines()
+            .map(|l| l.split(' ').nth(1).unwrap_or_default())
+            .collect();
+        assert_eq!(
+            labels,
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"],
+            "{text}"
+        );
         let bad = level_from(Some(OsStr::new("loud"))).unwrap_err();
         assert_eq!(
             bad.to_string(),

@@ -2602,3 +2602,20 @@ fn a_text_dry_run_with_every_cursor_readable_says_nothing_of_unreadable_ones() {
     assert!(!text.contains("cannot be read"), "{text}");
     assert_eq!(text.lines().count(), 1, "{text}");
 }
+
+/// A path holding a right-to-left override prints as its escape in an error line too, so the
+/// line shows in order. (What the mutation did: error lines left out of `printable`, the
+/// terminal showed the line reversed; review of stop 65, CU07.)
+#[test]
+fn an_error_line_prints_a_bidirectional_override_as_its_escape() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!(
+        "sqlite://{}",
+        dir.path().join("a\u{202E}b").join("state.db").display()
+    );
+    let o = run_on(dir.path(), &store, &["list"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("a\\u202Eb"), "{err}");
+    assert!(!err.contains('\u{202E}'), "{err:?}");
+}

@@ -111,39 +111,110 @@ async fn a_demo_whose_reader_goes_away_stops_without_a_message() {
 
 /// A demo whose recordings the store refuses (here a trigger aborts every event insert) tells
 /// its story to the end, as the adapter carries on past a failed recording, and then fails,
-/// saying how many steps did not happen: it does not exit 0 on a demo that showed nothing.
+/// saying how many steps did not happen: it does not exit 0 on a demo that showed nothing. So
+/// does one where only the second gateway process's recording is refused (its channel,
+/// WhatsApp, is in its summary), which it says was "recorded there as nothing". (What the
+/// mutation did: that step left uncounted, the demo exited 0; review of stop 65, CU31.)
 #[tokio::test]
 async fn a_demo_whose_recordings_fail_exits_with_a_failure() {
     use sqlx::Connection as _;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("demo.db");
-    let url = format!("sqlite://{}", file.display());
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = awareness_cli::run(record_args(&url, "makes the store"), &mut out, &mut err).await;
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+    for (when, missed) in [("", None), ("WHEN NEW.summary LIKE '%whatsapp%'", Some(1))] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("demo.db");
+        let url = format!("sqlite://{}", file.display());
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code =
+            awareness_cli::run(record_args(&url, "makes the store"), &mut out, &mut err).await;
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE TRIGGER refuse BEFORE INSERT ON session_state_events {when} \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        )))
+        .execute(&mut conn)
         .await
         .unwrap();
-    sqlx::raw_sql(
-        "CREATE TRIGGER refuse BEFORE INSERT ON session_state_events \
-         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
-    )
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    conn.close().await.unwrap();
+        conn.close().await.unwrap();
 
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code =
+            awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
+        let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+        assert_eq!(code, awareness_cli::EXIT_FAILURE, "{when}: {out}\n{err}");
+        assert!(
+            out.contains("final session_status"),
+            "{when}: the story is told to the end: {out}"
+        );
+        assert!(
+            err.contains("the demo did not run as told") && err.contains("step(s) did not happen"),
+            "{when}: {err}"
+        );
+        if let Some(n) = missed {
+            assert!(out.contains("recorded there as nothing"), "{when}: {out}");
+            assert!(
+                err.contains(&format!(": {n} step(s) did not happen")),
+                "{when}: {err}"
+            );
+        }
+    }
+}
+
+/// What the demo narrates is what it did: the lines its second gateway's pick-up queued are
+/// those listed under it, as many as it says, not also the line queued before it (the
+/// writer's, at +35 s); and each event is recorded at its narrated time, the human's messages
+/// at +5 s 5 s after the spawn at +0 s, the one at +14 s 14 s after it, and the other gateway
+/// process's, in the same file, 40 s after it. (What the mutations
+/// did: every queued line listed, the older one too, CU42; the demo's clock moved 100 ms per
+/// narrated second, CU45; review of stop 65.)
+#[tokio::test]
+async fn the_demo_narrates_what_it_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
-    let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
-    assert_eq!(code, awareness_cli::EXIT_FAILURE, "{out}\n{err}");
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0, "{out}{}", String::from_utf8_lossy(&err));
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.contains("its pick-up queues "));
+    let said = lines
+        .next()
+        .unwrap_or_else(|| panic!("no pick-up line: {out}"));
+    let queued: usize = said
+        .split("its pick-up queues ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    let listed: Vec<&str> = lines.take_while(|l| !l.is_empty()).collect();
+    assert_eq!(listed.len(), queued, "{said}\n{listed:#?}");
     assert!(
-        out.contains("final session_status"),
-        "the story is told to the end: {out}"
+        listed
+            .iter()
+            .all(|l| l.contains(":subagent:research\" changed")),
+        "{listed:#?}"
     );
-    assert!(
-        err.contains("the demo did not run as told") && err.contains("step(s) did not happen"),
-        "{err}"
+    let json: String = out
+        .lines()
+        .skip_while(|l| !l.starts_with("final session_status"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let status: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let at: Vec<i64> = status["stateChanges"]["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{status}"))
+        .iter()
+        .map(|e| e["occurredAt"].as_i64().unwrap())
+        .collect();
+    let since_spawn: Vec<i64> = at.iter().map(|t| t - at[0]).collect();
+    assert_eq!(
+        since_spawn,
+        [0, 5_000, 5_000, 5_000, 5_000, 5_000, 14_000, 40_000],
+        "{status}"
     );
 }
 

@@ -1196,3 +1196,64 @@ fn adopt_says_its_byte_a_rebase_or_a_kept_link_and_lists_only_this_agents_watche
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["watchedBy"], serde_json::json!([]), "{v}");
 }
+
+/// `adopt --catalog` names the link's catalog (the channel of its events), `--json` names the
+/// `--watcher` it was given, and `adopt` closes its store: the SQLite file alone, copied without
+/// its write-ahead log, holds the adoption. (What the mutations did: the flag dropped after the
+/// transcript was read, CU17; `"watcher": null`, CU24; the store left unclosed, CU18; review of
+/// stop 65.)
+#[test]
+fn adopt_keeps_its_catalog_and_leaves_the_file_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let store = format!("sqlite://{}", db.display());
+    let transcript = dir.path().join("t.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    human_line(&transcript, "h0", "before");
+    let o = run(&[
+        "--store",
+        &store,
+        "--json",
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        transcript.to_str().unwrap(),
+        "--catalog",
+        "my-catalog",
+        "--watcher",
+        "agent:main:main",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["link"]["catalogId"], json!("my-catalog"), "{v}");
+    assert_eq!(v["watcher"], json!("agent:main:main"), "{v}");
+    // A store left unclosed kept the adoption in SQLite's log, unless the handle's drop
+    // happened to close it before the process exited: several stores, so that a race lost
+    // once in three does not hide it.
+    for i in 0..8 {
+        let db = dir.path().join(format!("state{i}.db"));
+        let o = run(&[
+            "--store",
+            &format!("sqlite://{}", db.display()),
+            "adopt",
+            "agent:main:worker",
+            "--file",
+            transcript.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let copy = dir.path().join(format!("copy{i}.db"));
+        std::fs::copy(&db, &copy).unwrap();
+        let o = run(&[
+            "--store",
+            &format!("sqlite://{}", copy.display()),
+            "--json",
+            "status",
+            "agent:main:worker",
+        ]);
+        assert!(
+            o.status.success(),
+            "the copied file alone ({i}): {}",
+            text(&o)
+        );
+    }
+}

@@ -938,6 +938,8 @@ mod tests {
     /// 0031): the part after the agent id (or a bare key) starts with `subagent:`, in any case,
     /// empty parts left out. Bug (review, stop 55): any key holding `:subagent:` was one, so
     /// `agent:subagent:main`, the main session of an agent called `subagent`, was never woken.
+    /// (A bare key's prefix read in one case only passed every test: no caller asks of a bare
+    /// key, which cannot watch; pinned to the doc all the same; review of stop 65, CM43.)
     #[test]
     fn nested_subagents_are_read_as_openclaw_reads_them() {
         for (key, nested) in [
@@ -945,6 +947,8 @@ mod tests {
             ("agent:main:subagent:parent:subagent:child", true),
             ("agent:ops:SubAgent:child", true),
             ("subagent:child", true),
+            ("SubAgent:x", true),
+            ("SUBAGENT:child:y", true),
             ("agent:subagent:main", false),
             ("agent:subagent:telegram:direct:42", false),
             ("agent:main:telegram:subagent:x", false),

@@ -895,6 +895,9 @@ mod tests {
         );
     }
 
+    /// A spec's ids follow the key rules, the thread id's too, and an oversized marker is
+    /// refused. (What the mutation did: the thread id's check removed, every store stored a link
+    /// with an empty or line-breaking thread id; review of stop 65, CM27.)
     #[test]
     fn upsert_validates() {
         let mut bad = spec();
@@ -903,6 +906,25 @@ mod tests {
             plan_upsert(None, bad, Timestamp(0)),
             Err(ValidationError::Empty { .. })
         ));
+        let mut bad = spec();
+        bad.thread_id = String::new();
+        assert_eq!(
+            bad.validate(),
+            Err(ValidationError::Empty { what: "thread id" })
+        );
+        bad.thread_id = "t\n1".into();
+        assert!(
+            matches!(
+                bad.validate(),
+                Err(ValidationError::ControlCharacter {
+                    what: "thread id",
+                    ..
+                })
+            ),
+            "{:?}",
+            bad.validate()
+        );
+        assert!(plan_upsert(None, bad, Timestamp(0)).is_err());
         let huge = spec().with_marker(json!({"x": "a".repeat(MAX_UPSTREAM_JSON_BYTES)}));
         assert!(matches!(
             plan_upsert(None, huge, Timestamp(0)),

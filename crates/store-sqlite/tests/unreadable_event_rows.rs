@@ -77,7 +77,9 @@ async fn five_events(path: &Path) -> (SqliteStore, SessionRef, SessionRef) {
 /// each with `Corrupt` naming `event 3`, its session and the file. SQLite copies the bytes
 /// into the one text a page is read from, which failed as a whole with an offset into the
 /// page and no row. The log and the page from past it, the log up to below it, the other
-/// session's page and the log's stats answer.
+/// session's page and the log's stats answer. The audit (`awareness doctor`) gives the row's
+/// error with its cause, the byte that is not UTF-8. (What the mutation did: the error's first
+/// line only; review of stop 65, CM53.)
 #[tokio::test]
 async fn an_event_whose_text_is_not_utf8_fails_the_reads_that_reach_it_naming_it() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -97,6 +99,24 @@ async fn an_event_whose_text_is_not_utf8_fails_the_reads_that_reach_it_naming_it
         .await
         .expect_err("the log over the row");
     names_the_row(&err, &path, 3, key);
+    let chain = awareness_core::error::ErrorChain(&err).to_string();
+    assert_ne!(chain, err.to_string(), "the error has a cause: {chain}");
+    let audit = awareness_core::audit::audit_store(&store)
+        .await
+        .expect("an audit over the row");
+    let reasons: Vec<&String> = audit
+        .findings
+        .iter()
+        .filter_map(|f| match f {
+            awareness_core::audit::Finding::UnreadableEvent { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [&chain],
+        "the audit gives the error with its cause"
+    );
     let err = store
         .changes_since(&a, Sequence::ZERO, 10)
         .await

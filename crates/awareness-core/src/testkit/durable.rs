@@ -1944,7 +1944,8 @@ pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: 
 /// before the damaged row and through the cursor on it, and a cursor row the store cannot read
 /// either). It failed as a whole, reporting nothing else. The findings come in the order
 /// [`audit_store`](crate::audit::audit_store) gives: the log's and heads' and cursors', then
-/// the unreadable event row, then the unreadable cursor rows.
+/// the unreadable event row, then the unreadable cursor rows. The row's reason is the store's
+/// error with its causes, as the reading of the log fails with.
 pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: impl OpenFile) {
     use crate::audit::Finding;
     let dir = Scratch::new("durable");
@@ -2022,6 +2023,11 @@ pub async fn the_audit_reports_an_unreadable_event_row_and_audits_the_rest(f: im
         assert_eq!(read, [Sequence(1)], "page {page}");
         assert_eq!(stop.after, Sequence(1), "page {page}");
         assert!(names_event(&stop.error.to_string(), damaged), "page {page}");
+        assert_eq!(
+            *reason,
+            crate::error::ErrorChain(&stop.error).to_string(),
+            "page {page}: the audit's reason is the error with its causes"
+        );
     }
 }
 

@@ -196,13 +196,13 @@ async fn the_demo_narrates_what_it_did() {
             .all(|l| l.contains(":subagent:research\" changed")),
         "{listed:#?}"
     );
-    let json: String = out
+    let json = out
         .lines()
         .skip_while(|l| !l.starts_with("final session_status"))
         .skip(1)
         .take_while(|l| !l.is_empty())
-        .map(|l| format!("{l}\n"))
-        .collect();
+        .collect::<Vec<_>>()
+        .join("\n");
     let status: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
     let at: Vec<i64> = status["stateChanges"]["events"]
         .as_array()

@@ -740,7 +740,7 @@ mod tests {
     }
 
     /// The path of the file `name` in `dir`, and the URL of a `scheme` store there.
-    #[cfg(feature = "redb")]
+    #[cfg(any(feature = "redb", feature = "sqlite"))]
     fn file_url(dir: &tempfile::TempDir, scheme: &str, name: &str) -> (PathBuf, String) {
         let path = dir.path().join(name);
         let url = format!("{scheme}://{}", path.display());

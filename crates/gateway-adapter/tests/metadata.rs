@@ -956,3 +956,48 @@ async fn a_bare_requester_reads_a_bare_target_of_its_own_agent() {
         "main's global, which has the event"
     );
 }
+
+/// A goal change given no entry asks the directory for it, and notifies the spawner the
+/// directory's entry names. (What the mutation did: the directory not asked, a spawner not yet
+/// watching the child was never told; review of stop 65, SW13.)
+#[tokio::test]
+async fn a_goal_change_without_an_entry_finds_the_spawner_in_the_directory() {
+    let store = Arc::new(MemoryStore::new());
+    let directory = Arc::new(gateway_adapter::InMemoryDirectory::new());
+    directory.upsert(
+        k(CHILD),
+        SessionEntry {
+            spawned_by: Some(k(MANAGER)),
+            ..SessionEntry::default()
+        },
+    );
+    let (svc, queue, _wake) = common::service_in(store, None, directory);
+    svc.goal_changed(
+        &k(CHILD),
+        None,
+        "goal updated",
+        (ActorType::Human, None),
+        None,
+    )
+    .await
+    .expect("recorded");
+    let queued = queue.peek(&k(MANAGER));
+    assert_eq!(
+        queued.len(),
+        1,
+        "the spawner the directory names is notified: {queued:?}"
+    );
+}
+
+/// A run that completed records no payload, as OpenClaw's does (only a failed run says its
+/// outcome). (What the mutation did: `{"outcome":"ok"}` recorded; review of stop 65, SW15.)
+#[tokio::test]
+async fn a_completed_run_records_no_outcome_payload() {
+    let w = World::watched().await;
+    w.svc
+        .subagent_ended(&k(CHILD), None, "run-1", RunOutcome::Ok)
+        .await
+        .expect("recorded");
+    let e = w.only(EventKind::RunCompleted).await;
+    assert_eq!(e.payload, None, "no payload for a completed run");
+}

@@ -2420,3 +2420,51 @@ async fn answers_after_a_failed_question_are_not_taken_for_another_writer() {
     pickup.abort();
     let _ = pickup.await;
 }
+
+/// Once the store's commit hints have ended (`next` answered `false`), the pick-up task asks at
+/// its interval only and never polls the ended stream again. (What the mutation did: it spun on
+/// the ended stream, a core busy for good; review of stop 65, SW33. The waits only give a
+/// spinning task room to show itself: the original asks once however long they last.)
+#[tokio::test]
+async fn ended_commit_hints_are_not_polled_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Ended(Arc<AtomicUsize>);
+    #[awareness_core::async_trait]
+    impl awareness_core::store::CommitHints for Ended {
+        async fn next(&mut self) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    }
+    struct EndedHints(Arc<AtomicUsize>);
+    #[awareness_core::async_trait]
+    impl Hook for EndedHints {
+        fn commit_hints(&self) -> Option<Box<dyn awareness_core::store::CommitHints>> {
+            Some(Box::new(Ended(Arc::clone(&self.0))))
+        }
+    }
+    let polls = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: EndedHints(Arc::clone(&polls)),
+    });
+    let (svc, _queue, _wake) = common::service(store, None);
+    let task = svc.spawn_pickup();
+    // Until the task has asked the stream (it does at its first wait after the first question).
+    for _ in 0..1000 {
+        if polls.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Time for a task that spins on the ended stream to ask it again (an original task asks
+    // nothing more whatever this lasts).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    task.abort();
+    let _ = task.await;
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        1,
+        "the ended stream is asked once, then left"
+    );
+}

@@ -846,32 +846,40 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
 
 /// A turn whose acknowledgement panicked waits for its lock to take back what it read; should
 /// a turn that came meanwhile have taken those lines over and shown them (its own
-/// acknowledgement outlasting the store wait), the first turn shows nothing once it has the
-/// lock again. (What the mutation did: the first turn returned the lines all the same, and the
-/// notice was shown twice; review of stop 64, SV21.)
+/// acknowledgement outlasting the store wait), the first turn shows nothing, whether it has the
+/// lock again or gives up waiting for it (three store waits). (What the mutations did: the
+/// first turn returned the lines all the same, and the notice was shown twice; once it had the
+/// lock, review of stop 64, SV21; once it gave up, review of stop 65, SW30.)
 #[tokio::test(start_paused = true)]
 async fn lines_a_later_turn_showed_while_an_acknowledgement_panicked_are_not_shown_again() {
-    let mut w = World::new().await;
-    w.human().await;
-    w.store.hook.panic_next_ack.store(true, Ordering::SeqCst);
-    let first = w.turn();
-    let second = w.turn();
-    w.entered
-        .recv()
-        .await
-        .expect("the second turn's acknowledgement reaches the gate");
-    assert_eq!(
-        texts(&second.await.unwrap()),
-        vec![notice(Sequence(1))],
-        "the second turn took the lines over and showed them as its store wait ran out"
-    );
-    w.open_gate();
-    assert!(
-        first.await.unwrap().is_empty(),
-        "the first turn shows nothing the second showed"
-    );
-    w.svc.wait_for_writes().await;
-    assert!(!w.cursor().await.is_pending(), "acknowledged by the second");
+    for gate_opens in [true, false] {
+        let mut w = World::new().await;
+        w.human().await;
+        w.store.hook.panic_next_ack.store(true, Ordering::SeqCst);
+        let first = w.turn();
+        let second = w.turn();
+        w.entered
+            .recv()
+            .await
+            .expect("the second turn's acknowledgement reaches the gate");
+        assert_eq!(
+            texts(&second.await.unwrap()),
+            vec![notice(Sequence(1))],
+            "the second turn took the lines over and showed them as its store wait ran out"
+        );
+        if gate_opens {
+            w.open_gate();
+        }
+        let first = first.await.unwrap();
+        assert!(
+            first.is_empty(),
+            "gate opens {gate_opens}: the first turn shows nothing the second showed: {:?}",
+            texts(&first)
+        );
+        w.open_gate();
+        w.svc.wait_for_writes().await;
+        assert!(!w.cursor().await.is_pending(), "acknowledged by the second");
+    }
 }
 
 /// Bug: a main session's turn dropped once its acknowledgement had committed left what it
@@ -2557,5 +2565,67 @@ async fn lines_shown_already_leave_no_wake_to_the_turn_that_drops_them() {
         w.wake.count(&k(MANAGER)),
         before,
         "the group's queue-only notice, all B left, wakes nobody"
+    );
+}
+
+/// A turn that cannot read the cursors returns what a dropped turn had settled on first, then
+/// the lines it drained, as `drain_turn`'s doc says. (What the mutation did: the lines drained
+/// now first; review of stop 65, SW23.)
+#[tokio::test]
+async fn unreadable_cursors_return_the_dropped_turns_lines_first() {
+    let w = World::with_a_dropped_turn().await;
+    let exec = w.queue_an_exec_line();
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Cursors);
+    let read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    assert_eq!(
+        read,
+        vec![notice(Sequence(1)), exec.text],
+        "what the dropped turn settled on comes first, then the lines drained now"
+    );
+}
+
+/// A notice a turn dropped while reading the cursors had drained, queued again by a pick-up
+/// meanwhile, is shown once by the next turn. (What the mutation did: the skip of a line shown
+/// already removed, shown twice; review of stop 65, SW26.)
+#[tokio::test]
+async fn a_notice_drained_twice_is_shown_once() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    w.human().await;
+    w.drop_a_turn_at(Call::Cursors).await;
+    // The lock is free: a pick-up queues the pending notice again.
+    let picked = w.svc.pick_up().await;
+    assert_eq!(picked.queued, 1, "the pick-up queued the notice again");
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![notice(Sequence(1))],
+        "the notice, drained by the dropped turn and again now, is shown once"
+    );
+}
+
+/// An adoption whose link is written answers once the store wait is over even while its
+/// `adopted` event waits for the store (the event is then `None`). (What the mutation did: the
+/// link's answer not sent ahead of the event, the adoption hung as long as the recording;
+/// review of stop 65, SW16.)
+#[tokio::test(start_paused = true)]
+async fn an_adoption_answers_within_store_wait_while_its_event_hangs() {
+    let mut w = World::gated(Call::Record, false).await;
+    let adopted = SessionRef::parse("agent:ops:main", "ops").unwrap();
+    let spec = LinkSpec::new(adopted, "remote", "h", "t", "paired-node");
+    let svc = Arc::clone(&w.svc);
+    let adoption = tokio::spawn(async move { svc.try_adopt_recorded(spec).await });
+    w.entered
+        .recv()
+        .await
+        .expect("the adopted event reached the store");
+    let wait = AwarenessConfig::default().store_wait;
+    let answered = tokio::time::timeout(wait * 3, adoption).await;
+    w.open_gate();
+    let adoption = answered
+        .expect("the adoption answers once store_wait is over, its event still held")
+        .unwrap()
+        .expect("adopted: the link is written");
+    assert!(
+        adoption.event.is_none(),
+        "the event was not recorded in time"
     );
 }

@@ -2889,6 +2889,8 @@ struct Flaky {
     panic_lists: AtomicUsize,
     /// The first link removals fail, removing nothing.
     fail_removes: AtomicUsize,
+    /// The next scan times stored fail (review of stop 65, MW13).
+    fail_scans: AtomicUsize,
 }
 
 impl Flaky {
@@ -2902,6 +2904,7 @@ impl Flaky {
             hold_upserts: None,
             panic_lists: AtomicUsize::new(0),
             fail_removes: AtomicUsize::new(0),
+            fail_scans: AtomicUsize::new(0),
         }
     }
 }
@@ -2950,6 +2953,13 @@ impl UpstreamStore for Flaky {
         self.inner.set_marker(s, expected, marker, now).await
     }
     async fn mark_scanned(&self, s: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        if self
+            .fail_scans
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(StoreError::backend("mark_scanned", "disk full"));
+        }
         self.inner.mark_scanned(s, now).await
     }
     async fn remove_link(&self, s: &SessionRef, e: Option<Timestamp>) -> Result<bool, StoreError> {
@@ -6721,5 +6731,320 @@ async fn a_check_failure_is_warned_of_again_after_a_tick_its_link_had_no_provide
         2,
         "news again after the tick without a provider: {:?}",
         capture.lines()
+    );
+}
+
+/// A gateway directory that panics while its flag is set, and otherwise knows every session.
+struct PanicsWhileSet(AtomicBool);
+
+impl gateway_adapter::SessionDirectory for PanicsWhileSet {
+    fn exists(&self, _session: &SessionKey) -> bool {
+        assert!(
+            !self.0.load(Ordering::SeqCst),
+            "the gateway's directory panicked"
+        );
+        true
+    }
+
+    fn entry(&self, _session: &SessionKey) -> Option<gateway_adapter::SessionEntry> {
+        None
+    }
+}
+
+/// A directory that panicked, answered, then panicked again is warned of again: its failure
+/// ended when it answered. (What the mutation did: the directory's answer did not end the logged
+/// failure, so the second panic was logged at DEBUG only; review of stop 65, MW05.)
+#[tokio::test(start_paused = true)]
+async fn a_directory_panicking_again_after_it_answered_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let (w, _t, _session) = worker_adopted().await;
+    let directory = Arc::new(PanicsWhileSet(AtomicBool::new(true)));
+    let config = gateway_adapter::AwarenessConfig {
+        owned_watchers_only: true,
+        ..gateway_adapter::AwarenessConfig::default()
+    };
+    let svc = Arc::new(
+        Awareness::builder(
+            w.store.clone(),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            directory.clone(),
+        )
+        .upstream(w.store.clone())
+        .config(config)
+        .build(),
+    );
+    let monitor = UpstreamMonitor::builder(svc, w.store.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let what = "session directory panicked when asked";
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        1,
+        "once while it repeats"
+    );
+    directory.0.store(false, Ordering::SeqCst);
+    assert_eq!(monitor.tick().await.checked, 1, "the directory answers");
+    directory.0.store(true, Ordering::SeqCst);
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        2,
+        "warned of again after the directory answered"
+    );
+}
+
+/// A monitor over `flaky`'s links (those of `w`) with a scripted provider answering `outcomes`.
+fn scripted_over(w: &World, flaky: &Arc<Flaky>, outcomes: Vec<CheckOutcome>) -> UpstreamMonitor {
+    UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
+        .provider(Arc::new(Scripted::new(outcomes)))
+        .build()
+}
+
+/// A scan time that could not be stored, then was, then could not be again, is warned of
+/// twice: storing it ended the failure. (What the mutation did: a stored scan time did not end
+/// the logged failure, so the next one was logged at DEBUG only; review of stop 65, MW13.)
+#[tokio::test]
+async fn a_scan_time_failing_again_after_it_was_stored_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    let flaky = Arc::new(Flaky::over(&w.store));
+    let unchanged = CheckOutcome::Unchanged { marker: json!(1) };
+    let monitor = scripted_over(&w, &flaky, vec![unchanged; 4]);
+    let what = "scan time not stored";
+    flaky.fail_scans.store(2, Ordering::SeqCst);
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        1,
+        "once while it repeats"
+    );
+    monitor.tick().await;
+    flaky.fail_scans.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        2,
+        "warned of again after a scan time was stored"
+    );
+}
+
+/// A marker move that failed, then worked, then failed again is warned of twice: the move that
+/// worked ended the failure. (What the mutation did: a marker that moved did not end the logged
+/// failure, so the next was logged at DEBUG only; review of stop 65, MW20.)
+#[tokio::test]
+async fn a_marker_move_failing_again_after_one_worked_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    let flaky = Arc::new(Flaky::over(&w.store));
+    let outcomes = (1..=4)
+        .map(|n| CheckOutcome::Unchanged { marker: json!(n) })
+        .collect();
+    let monitor = scripted_over(&w, &flaky, outcomes);
+    let what = "upstream marker not moved";
+    flaky.fail_moves.store(2, Ordering::SeqCst);
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        1,
+        "once while it repeats"
+    );
+    monitor.tick().await;
+    flaky.fail_moves.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        2,
+        "warned of again after the marker moved"
+    );
+}
+
+/// A store that failed to read a session's watchers, then read them, then failed again is
+/// warned of twice: the read that worked ended the failure. (What the mutation did: a read that
+/// worked did not end the logged failure, so the next one was logged at DEBUG only; review of
+/// stop 67, MW35.)
+#[tokio::test]
+async fn a_watcher_read_failing_again_after_one_worked_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let (w, hooked) = common::hooked_world(RefuseNext {
+        call: awareness_core::testkit::hooked::Call::Cursors,
+        left: AtomicUsize::new(0),
+    });
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    let unchanged = CheckOutcome::Unchanged { marker: json!(1) };
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![unchanged; 4])))
+        .build();
+    let what = "cannot tell whether the session is watched";
+    hooked.hook.left.store(2, Ordering::SeqCst);
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        1,
+        "once while it repeats"
+    );
+    assert_eq!(monitor.tick().await.checked, 1, "read again");
+    hooked.hook.left.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        2,
+        "warned of again after the watchers were read"
+    );
+}
+
+/// A link removal that failed, then worked, then failed again (for the session adopted again)
+/// is warned of twice: the removal that worked ended the failure. (What the mutation did: a
+/// removal that worked did not end the logged failure, and the session's link was back by the
+/// next listing, so the next failure was logged at DEBUG only; review of stop 65, MW24.)
+#[tokio::test]
+async fn a_link_removal_failing_again_after_one_worked_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let flaky = Arc::new(Flaky::over(&w.store));
+    let monitor = scripted_over(&w, &flaky, vec![CheckOutcome::Missing; 7]);
+    let what = "upstream link not removed";
+    flaky.fail_removes.store(1, Ordering::SeqCst);
+    for _ in 0..3 {
+        monitor.tick().await;
+    }
+    assert_eq!(capture.said(&[what, "level=WARN"]), 1, "the removal failed");
+    monitor.tick().await;
+    assert!(w.store.link(&session).await.unwrap().is_none(), "removed");
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    flaky.fail_removes.store(1, Ordering::SeqCst);
+    for _ in 0..3 {
+        monitor.tick().await;
+    }
+    assert_eq!(
+        w.events(&session, EventKind::UpstreamMissing).await.len(),
+        2,
+        "recorded for each link"
+    );
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        2,
+        "warned of again after a removal worked"
+    );
+}
+
+/// A marker moved by a check stamps the link with the time of the move (the service's now), not
+/// with the moment after the `updated_at` it replaced. (What the mutation did: the move's `now`
+/// was the link's old `updated_at`, so a link written long ago showed an `updated_at` of then
+/// after its marker moved; review of stop 65, MW19.)
+#[tokio::test]
+async fn a_marker_move_stamps_the_link_with_its_time() {
+    let w = world();
+    let session = SessionRef::parse("agent:main:remote", "main").unwrap();
+    // A link written long ago.
+    let spec = LinkSpec::new(session.clone(), "remote", "h", "t", "scripted");
+    w.store.upsert_link(spec, Timestamp(1_000)).await.unwrap();
+    w.store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &session,
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Unchanged {
+            marker: json!(1),
+        }])))
+        .build();
+    assert_eq!(monitor.tick().await.checked, 1);
+    let after = w.store.link(&session).await.unwrap().unwrap();
+    assert_eq!(after.marker, Some(json!(1)), "the marker moved");
+    let scanned = after.last_scanned_at.expect("a scan time");
+    assert!(
+        after.updated_at >= scanned,
+        "the move is stamped with its time: updated_at {:?} vs scanned {scanned:?}",
+        after.updated_at
+    );
+}
+
+/// A provider whose first check takes 150 s (of paused time); the others answer at once.
+struct SlowFirst(AtomicBool);
+
+#[async_trait]
+impl UpstreamProvider for SlowFirst {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        if self.0.swap(false, Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(150)).await;
+        }
+        CheckOutcome::Unchanged { marker: json!(1) }
+    }
+}
+
+/// A tick longer than two intervals delays the ticks after it: the ones it missed are not run
+/// back to back once it ends (one tick at its end, then one an interval later). (What the
+/// mutation did: missed ticks burst, three ticks at the end of the long one; review of stop 65,
+/// MW31.)
+#[tokio::test(start_paused = true)]
+async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(SlowFirst(AtomicBool::new(true))))
+        .config(gateway_adapter::MonitorConfig {
+            first_tick: Duration::from_secs(1),
+            interval: Duration::from_mins(1),
+            provider_timeout: Duration::from_secs(300),
+            missing_checks: 3,
+        })
+        .build();
+    let mut rx = monitor.subscribe();
+    let start = Instant::now();
+    let task = monitor.spawn();
+    let mut ends = Vec::new();
+    for _ in 0..3 {
+        next_tick(&mut rx).await;
+        ends.push(start.elapsed());
+    }
+    task.stop().await;
+    assert!(
+        ends[2] >= ends[1] + Duration::from_secs(59),
+        "an interval after the tick that followed the long one: {ends:?}"
+    );
+}
+
+/// Stopping the monitor's task ends the pass over unwatched links that a tick left hanging:
+/// `stop` returns. (What the mutation did: the pass was awaited without being aborted, so a
+/// read that hangs held `stop` for good; review of stop 65, MW30.)
+#[tokio::test(start_paused = true)]
+async fn stopping_the_task_ends_a_hanging_pass_over_an_unwatched_link() {
+    let w = world();
+    let r = SessionRef::parse("agent:main:remote", "main").unwrap();
+    let spec = LinkSpec::new(r, "remote", "h", "t", "hanging");
+    assert!(w.svc.try_adopt(spec).await.unwrap().created);
+    let monitor = w.monitor().provider(Arc::new(Hanging)).build();
+    let mut rx = monitor.subscribe();
+    let task = monitor.spawn();
+    assert_eq!(next_tick(&mut rx).await.unwatched, 1);
+    assert!(
+        tokio::time::timeout(Duration::from_hours(1), task.stop())
+            .await
+            .is_ok(),
+        "stop returns though the pass still reads"
     );
 }

@@ -7009,7 +7009,7 @@ async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
         .config(gateway_adapter::MonitorConfig {
             first_tick: Duration::from_secs(1),
             interval: Duration::from_mins(1),
-            provider_timeout: Duration::from_secs(300),
+            provider_timeout: Duration::from_mins(5),
             missing_checks: 3,
         })
         .build();

@@ -2595,11 +2595,10 @@ async fn a_notice_drained_twice_is_shown_once() {
     // The lock is free: a pick-up queues the pending notice again.
     let picked = w.svc.pick_up().await;
     assert_eq!(picked.queued, 1, "the pick-up queued the notice again");
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the notice, drained by the dropped turn and again now, is shown once"
-    );
+    w.turn_shows_the_first_notice(
+        "the notice, drained by the dropped turn and again now, is shown once",
+    )
+    .await;
 }
 
 /// An adoption whose link is written answers once the store wait is over even while its

@@ -6804,105 +6804,83 @@ fn scripted_over(w: &World, flaky: &Arc<Flaky>, outcomes: Vec<CheckOutcome>) -> 
         .build()
 }
 
-/// A scan time that could not be stored, then was, then could not be again, is warned of
-/// twice: storing it ended the failure. (What the mutation did: a stored scan time did not end
-/// the logged failure, so the next one was logged at DEBUG only; review of stop 65, MW13.)
-#[tokio::test]
-async fn a_scan_time_failing_again_after_it_was_stored_is_warned_of_again() {
-    let capture = common::Capture::default();
-    let _logs = capture.install();
-    let w = world();
-    w.adopt_remote("agent:main:remote", "scripted").await;
-    let flaky = Arc::new(Flaky::over(&w.store));
-    let unchanged = CheckOutcome::Unchanged { marker: json!(1) };
-    let monitor = scripted_over(&w, &flaky, vec![unchanged; 4]);
-    let what = "scan time not stored";
-    flaky.fail_scans.store(2, Ordering::SeqCst);
+/// Ticks of `monitor` over one link whose store write fails while `fail` (given how many of the
+/// next ones fail) says so: failing twice, the failure is warned of once; once a write worked,
+/// failing again, it is warned of again.
+async fn warned_again_once_it_worked(
+    monitor: &UpstreamMonitor,
+    capture: &common::Capture,
+    what: &str,
+    fail: impl Fn(usize),
+) {
+    fail(2);
     monitor.tick().await;
     monitor.tick().await;
     assert_eq!(
         capture.said(&[what, "level=WARN"]),
         1,
-        "once while it repeats"
+        "{what}: once while it repeats"
     );
-    monitor.tick().await;
-    flaky.fail_scans.store(1, Ordering::SeqCst);
+    assert_eq!(monitor.tick().await.checked, 1, "{what}: the write works");
+    fail(1);
     monitor.tick().await;
     assert_eq!(
         capture.said(&[what, "level=WARN"]),
         2,
-        "warned of again after a scan time was stored"
+        "{what}: warned of again after a write worked"
     );
 }
 
-/// A marker move that failed, then worked, then failed again is warned of twice: the move that
-/// worked ended the failure. (What the mutation did: a marker that moved did not end the logged
-/// failure, so the next was logged at DEBUG only; review of stop 65, MW20.)
+/// A failure of a check's store writes counts as over once the write works, and is warned of
+/// again when it comes back: storing the scan time, moving the marker, reading the session's
+/// watchers. (What the mutations did: the write that worked did not end the logged failure, so
+/// the next one was logged at DEBUG only; review of stop 65, MW13, MW20 and MW35.)
 #[tokio::test]
-async fn a_marker_move_failing_again_after_one_worked_is_warned_of_again() {
+async fn a_store_write_failing_again_after_one_worked_is_warned_of_again() {
     let capture = common::Capture::default();
     let _logs = capture.install();
-    let w = world();
-    w.adopt_remote("agent:main:remote", "scripted").await;
-    let flaky = Arc::new(Flaky::over(&w.store));
-    let outcomes = (1..=4)
-        .map(|n| CheckOutcome::Unchanged { marker: json!(n) })
-        .collect();
-    let monitor = scripted_over(&w, &flaky, outcomes);
-    let what = "upstream marker not moved";
-    flaky.fail_moves.store(2, Ordering::SeqCst);
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(
-        capture.said(&[what, "level=WARN"]),
-        1,
-        "once while it repeats"
-    );
-    monitor.tick().await;
-    flaky.fail_moves.store(1, Ordering::SeqCst);
-    monitor.tick().await;
-    assert_eq!(
-        capture.said(&[what, "level=WARN"]),
-        2,
-        "warned of again after the marker moved"
-    );
-}
-
-/// A store that failed to read a session's watchers, then read them, then failed again is
-/// warned of twice: the read that worked ended the failure. (What the mutation did: a read that
-/// worked did not end the logged failure, so the next one was logged at DEBUG only; review of
-/// stop 67, MW35.)
-#[tokio::test]
-async fn a_watcher_read_failing_again_after_one_worked_is_warned_of_again() {
-    let capture = common::Capture::default();
-    let _logs = capture.install();
+    // The same marker at every check (only the scan time is stored), or a new one each time.
+    let outcomes = |moving: bool| -> Vec<CheckOutcome> {
+        (1..=4)
+            .map(|n| CheckOutcome::Unchanged {
+                marker: json!(if moving { n } else { 1 }),
+            })
+            .collect()
+    };
+    for (what, moving) in [
+        ("scan time not stored", false),
+        ("upstream marker not moved", true),
+    ] {
+        let w = world();
+        w.adopt_remote("agent:main:remote", "scripted").await;
+        let flaky = Arc::new(Flaky::over(&w.store));
+        let monitor = scripted_over(&w, &flaky, outcomes(moving));
+        let failing = if moving {
+            &flaky.fail_moves
+        } else {
+            &flaky.fail_scans
+        };
+        warned_again_once_it_worked(&monitor, &capture, what, |n| {
+            failing.store(n, Ordering::SeqCst);
+        })
+        .await;
+    }
     let (w, hooked) = common::hooked_world(RefuseNext {
         call: awareness_core::testkit::hooked::Call::Cursors,
         left: AtomicUsize::new(0),
     });
     w.adopt_remote("agent:main:remote", "scripted").await;
-    let unchanged = CheckOutcome::Unchanged { marker: json!(1) };
     let monitor = w
         .monitor()
-        .provider(Arc::new(Scripted::new(vec![unchanged; 4])))
+        .provider(Arc::new(Scripted::new(outcomes(false))))
         .build();
-    let what = "cannot tell whether the session is watched";
-    hooked.hook.left.store(2, Ordering::SeqCst);
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(
-        capture.said(&[what, "level=WARN"]),
-        1,
-        "once while it repeats"
-    );
-    assert_eq!(monitor.tick().await.checked, 1, "read again");
-    hooked.hook.left.store(1, Ordering::SeqCst);
-    monitor.tick().await;
-    assert_eq!(
-        capture.said(&[what, "level=WARN"]),
-        2,
-        "warned of again after the watchers were read"
-    );
+    warned_again_once_it_worked(
+        &monitor,
+        &capture,
+        "cannot tell whether the session is watched",
+        |n| hooked.hook.left.store(n, Ordering::SeqCst),
+    )
+    .await;
 }
 
 /// A link removal that failed, then worked, then failed again (for the session adopted again)

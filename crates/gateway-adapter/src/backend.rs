@@ -862,28 +862,36 @@ mod tests {
         }
     }
 
-    /// A SQLite store opened read-only writes nothing: a write is refused as read-only. (What the
-    /// mutation did: `read_only` not passed on to store-sqlite, the open was read-write and the
-    /// deletion went through; review of stop 65, GA11.)
-    #[cfg(feature = "sqlite")]
+    /// A file store opened read-only writes nothing, SQLite and redb alike: a write is refused as
+    /// read-only. (What the mutation did: `read_only` not passed on to store-sqlite, the open was
+    /// read-write and the deletion went through; review of stop 65, GA11.)
+    #[cfg(any(feature = "sqlite", feature = "redb"))]
     #[tokio::test]
-    async fn a_read_only_sqlite_open_refuses_writes() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_, url) = file_url(&dir, "sqlite", "state.db");
-        open_store(&url).await.unwrap().close().await;
-        let read_only = OpenOptions {
-            read_only: true,
-            create_if_missing: false,
-            live_readers: false,
-        };
-        let store = open_store_with(&url, read_only).await.unwrap();
-        let session = awareness_core::SessionRef::parse("agent:main:main", "main").unwrap();
-        let written = store.delete_session(&session).await;
-        assert!(
-            matches!(written, Err(StoreError::ReadOnly { .. })),
-            "a read-only open refuses a write: {written:?}"
-        );
-        store.close().await;
+    async fn a_read_only_file_store_open_refuses_writes() {
+        let schemes = [
+            #[cfg(feature = "sqlite")]
+            ("sqlite", "state.db"),
+            #[cfg(feature = "redb")]
+            ("redb", "state.redb"),
+        ];
+        for (scheme, name) in schemes {
+            let dir = tempfile::tempdir().unwrap();
+            let (_, url) = file_url(&dir, scheme, name);
+            open_store(&url).await.unwrap().close().await;
+            let read_only = OpenOptions {
+                read_only: true,
+                create_if_missing: false,
+                live_readers: false,
+            };
+            let store = open_store_with(&url, read_only).await.unwrap();
+            let session = awareness_core::SessionRef::parse("agent:main:main", "main").unwrap();
+            let written = store.delete_session(&session).await;
+            assert!(
+                matches!(written, Err(StoreError::ReadOnly { .. })),
+                "{scheme}: a read-only open refuses a write: {written:?}"
+            );
+            store.close().await;
+        }
     }
 
     /// A redb file of schema 1, which a read-only open refuses as needing a migration, is migrated

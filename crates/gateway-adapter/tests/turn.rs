@@ -837,11 +837,10 @@ async fn a_turn_whose_acknowledgement_panics_still_returns_what_it_read() {
     want.sort();
     assert_eq!(read, want);
     w.store.hook.panic_on_ack.store(false, Ordering::SeqCst);
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the notice, still pending, is shown again; the other line is not"
-    );
+    w.turn_shows_the_first_notice(
+        "the notice, still pending, is shown again; the other line is not",
+    )
+    .await;
 }
 
 /// A turn whose acknowledgement panicked waits for its lock to take back what it read; should
@@ -1349,19 +1348,12 @@ async fn what_a_dropped_turn_left_stays_while_its_watches_stay() {
     w.svc
         .on_delete(&SessionRef::parse(MANAGER, "ops").unwrap())
         .await;
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "another agent's session of the key was deleted"
-    );
+    w.turn_shows_the_first_notice("another agent's session of the key was deleted")
+        .await;
     let w = World::with_a_dropped_turn().await;
     w.store.hook.refuse_resets.store(true, Ordering::SeqCst);
     w.svc.on_reset(&k(MANAGER)).await;
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the reset failed"
-    );
+    w.turn_shows_the_first_notice("the reset failed").await;
 }
 
 /// A wake that panics after a recording committed (the gateway's heartbeat runner failing)
@@ -1579,11 +1571,10 @@ async fn a_turn_whose_cursor_read_hangs_shows_its_queued_lines() {
         (Sequence(1), first),
         "nothing acknowledged"
     );
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the notice is shown again once the store answers, and acknowledged then"
-    );
+    w.turn_shows_the_first_notice(
+        "the notice is shown again once the store answers, and acknowledged then",
+    )
+    .await;
     assert_eq!(w.cursor().await.last_seen, first);
 }
 
@@ -1993,11 +1984,8 @@ async fn a_queue_that_panics_after_the_acknowledgement_loses_no_notice() {
     );
     w.queue.panic_on_remove.store(false, Ordering::SeqCst);
     assert_eq!(w.cursor().await.last_seen, first, "acknowledged");
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the next turn shows what the failed one read"
-    );
+    w.turn_shows_the_first_notice("the next turn shows what the failed one read")
+        .await;
     assert!(w.svc.drain_turn(&k(MANAGER)).await.is_empty(), "once");
 }
 
@@ -2012,11 +2000,8 @@ async fn a_queue_that_panics_in_its_drain_keeps_what_a_dropped_turn_left() {
         "the turn met the host's panic"
     );
     w.queue.panic_on_drain.store(false, Ordering::SeqCst);
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the next turn shows what the dropped one read"
-    );
+    w.turn_shows_the_first_notice("the next turn shows what the dropped one read")
+        .await;
 }
 
 /// Bug: a recording or an acknowledgement that failed (or panicked) after its caller had
@@ -2142,11 +2127,8 @@ async fn a_write_that_fails_after_its_caller_gave_up_is_logged() {
         capture.lines()
     );
     *w.store.hook.refuse_at.lock().unwrap() = None;
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "shown again, and acknowledged now"
-    );
+    w.turn_shows_the_first_notice("shown again, and acknowledged now")
+        .await;
     assert!(!w.cursor().await.is_pending());
 }
 
@@ -2365,11 +2347,8 @@ async fn a_wake_owed_whose_directory_panics_is_owed_to_the_next_pick_up() {
         "a wake owed that the directory panicked on leaves the pick-up incomplete: {picked:?}"
     );
     w.pick_up_wakes(1, "woken at the next pick-up").await;
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![notice(Sequence(1))],
-        "the woken turn shows what the dropped one read"
-    );
+    w.turn_shows_the_first_notice("the woken turn shows what the dropped one read")
+        .await;
 }
 
 /// The read a spawn makes first (whether the seed makes an ambient cursor explicit) is optional, as

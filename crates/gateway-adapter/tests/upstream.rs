@@ -6285,10 +6285,13 @@ async fn a_link_whose_key_only_another_agent_watches_is_unwatched() {
     );
 }
 
-/// A check stores the time of its scan, the service's now, not the link's `updated_at`. (What the
-/// mutation did: the link's `updated_at` stored as the time of the scan; review of stop 64, MO36.)
+/// A check stores the time of its scan, the service's now, not the link's `updated_at`, and the
+/// marker it moves stamps the link with the time of the move. (What the mutations did: the link's
+/// `updated_at` stored as the time of the scan, review of stop 64, MO36; the move's `now` the
+/// link's old `updated_at`, so a link written long ago kept an `updated_at` of then after its
+/// marker moved, review of stop 65, MW19.)
 #[tokio::test]
-async fn a_check_stores_the_time_of_its_scan() {
+async fn a_check_stamps_its_scan_and_its_marker_move_with_its_time() {
     let w = world();
     let session = SessionRef::parse("agent:main:remote", "main").unwrap();
     // A link written long ago.
@@ -6316,6 +6319,12 @@ async fn a_check_stores_the_time_of_its_scan() {
         scanned > before.updated_at,
         "the scan time is when the check ran: {scanned:?} vs updated_at {:?}",
         before.updated_at
+    );
+    assert_eq!(after.marker, Some(json!(1)), "the marker moved");
+    assert!(
+        after.updated_at >= scanned,
+        "the move is stamped with its time: updated_at {:?} vs scanned {scanned:?}",
+        after.updated_at
     );
 }
 
@@ -6917,42 +6926,6 @@ async fn a_link_removal_failing_again_after_one_worked_is_warned_of_again() {
         capture.said(&[what, "level=WARN"]),
         2,
         "warned of again after a removal worked"
-    );
-}
-
-/// A marker moved by a check stamps the link with the time of the move (the service's now), not
-/// with the moment after the `updated_at` it replaced. (What the mutation did: the move's `now`
-/// was the link's old `updated_at`, so a link written long ago showed an `updated_at` of then
-/// after its marker moved; review of stop 65, MW19.)
-#[tokio::test]
-async fn a_marker_move_stamps_the_link_with_its_time() {
-    let w = world();
-    let session = SessionRef::parse("agent:main:remote", "main").unwrap();
-    // A link written long ago.
-    let spec = LinkSpec::new(session.clone(), "remote", "h", "t", "scripted");
-    w.store.upsert_link(spec, Timestamp(1_000)).await.unwrap();
-    w.store
-        .watch(
-            &WatcherKey::parse("agent:main:main").unwrap(),
-            &session,
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
-    let monitor = w
-        .monitor()
-        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Unchanged {
-            marker: json!(1),
-        }])))
-        .build();
-    assert_eq!(monitor.tick().await.checked, 1);
-    let after = w.store.link(&session).await.unwrap().unwrap();
-    assert_eq!(after.marker, Some(json!(1)), "the marker moved");
-    let scanned = after.last_scanned_at.expect("a scan time");
-    assert!(
-        after.updated_at >= scanned,
-        "the move is stamped with its time: updated_at {:?} vs scanned {scanned:?}",
-        after.updated_at
     );
 }
 

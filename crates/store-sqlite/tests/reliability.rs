@@ -951,17 +951,12 @@ async fn a_file_of_a_newer_schema_is_refused_and_left_as_it_was() {
 /// turn them into stores); a store, OpenClaw's included, opens as always.
 #[tokio::test]
 async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
-    use sqlx::{ConnectOptions as _, Connection as _};
+    use sqlx::Connection as _;
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").unwrap();
     let theirs = dir.path().join("theirs.db");
-    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&theirs)
-        .create_if_missing(true)
-        .connect()
-        .await
-        .unwrap();
+    let mut raw = made_by_hand(&theirs).await;
     sqlx::raw_sql("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');")
         .execute(&mut raw)
         .await
@@ -999,15 +994,10 @@ async fn without_create_if_missing_a_file_that_is_no_store_yet_is_refused() {
 /// before its tables were written) becomes a store.
 #[tokio::test]
 async fn a_creating_open_refuses_another_applications_database() {
-    use sqlx::{ConnectOptions as _, Connection as _};
+    use sqlx::Connection as _;
     let dir = tempfile::tempdir().unwrap();
     let database = async |path: &std::path::Path, sql: &'static str| {
-        let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .connect()
-            .await
-            .unwrap();
+        let mut raw = made_by_hand(path).await;
         sqlx::raw_sql(sql).execute(&mut raw).await.unwrap();
         raw.close().await.unwrap();
     };
@@ -1107,15 +1097,10 @@ async fn a_refused_open_leaves_the_companions_that_were_there_before_it() {
 /// application's database; review of stop 64, SQ29.)
 #[tokio::test]
 async fn a_database_holding_only_our_empty_migrations_record_becomes_a_store() {
-    use sqlx::{ConnectOptions as _, Connection as _};
+    use sqlx::Connection as _;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.sqlite");
-    let mut raw = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .connect()
-        .await
-        .unwrap();
+    let mut raw = made_by_hand(&path).await;
     sqlx::raw_sql(
         "CREATE TABLE awareness_schema_migrations (
   version INTEGER PRIMARY KEY,
@@ -1129,4 +1114,16 @@ async fn a_database_holding_only_our_empty_migrations_record_becomes_a_store() {
     raw.close().await.unwrap();
     let store = SqliteStore::open(&path).await.expect("a store is made");
     store.close().await;
+}
+
+/// A connection of its own to the SQLite database at `path`, created if missing, as another
+/// application (or a hand edit) would open it.
+async fn made_by_hand(path: &std::path::Path) -> sqlx::SqliteConnection {
+    use sqlx::ConnectOptions as _;
+    sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .unwrap()
 }

@@ -6912,7 +6912,11 @@ async fn a_link_removal_failing_again_after_one_worked_is_warned_of_again() {
     assert_eq!(capture.said(&[what, "level=WARN"]), 1, "the removal failed");
     monitor.tick().await;
     assert!(w.store.link(&session).await.unwrap().is_none(), "removed");
-    w.adopt_remote("agent:main:remote", "scripted").await;
+    // Adopted again onto another thread: `upstream_missing`'s dedupe key names the link by its
+    // source and its millisecond, and the same source adopted again within the millisecond
+    // would be taken for a retry of the first event.
+    let again = LinkSpec::new(session.clone(), "remote", "h", "t2", "scripted");
+    w.adopt_spec(again, "agent:main:main").await;
     flaky.fail_removes.store(1, Ordering::SeqCst);
     for _ in 0..3 {
         monitor.tick().await;

@@ -730,6 +730,16 @@ pub async fn monitor(cli: &Cli, args: &MonitorArgs, out: &mut dyn Write) -> Resu
     code
 }
 
+/// The monitor's timings as the command's flags set them; the rest as the monitor's defaults.
+fn monitor_config(args: &MonitorArgs) -> MonitorConfig {
+    MonitorConfig {
+        first_tick: Duration::from_secs(args.first_tick_secs),
+        interval: Duration::from_secs(args.interval_secs),
+        provider_timeout: Duration::from_secs(args.timeout_secs),
+        ..MonitorConfig::default()
+    }
+}
+
 /// Runs the monitor on the open store (its log and cursors, `events`, and its upstream links,
 /// `links`, given apart as [`service_over`] takes them) until `stop`, printing each detection.
 async fn monitor_links(
@@ -741,12 +751,7 @@ async fn monitor_links(
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let adopted = links.links().await.map_err(|e| store_err("monitor", &e))?;
-    let config = MonitorConfig {
-        first_tick: Duration::from_secs(args.first_tick_secs),
-        interval: Duration::from_secs(args.interval_secs),
-        provider_timeout: Duration::from_secs(args.timeout_secs),
-        ..MonitorConfig::default()
-    };
+    let config = monitor_config(args);
     // The flags' ranges keep these valid; the check stays the monitor's own.
     let monitor = UpstreamMonitor::builder(service_over(events, links.clone()), links)
         .provider(Arc::new(JsonlProvider::new()))
@@ -1036,6 +1041,35 @@ mod tests {
         let line = ["awareness", "--store", "memory:"].into_iter().chain(json);
         let line = line.chain(["monitor", "--first-tick-secs", "0"]);
         Cli::try_parse_from(line.chain(more.iter().copied())).unwrap()
+    }
+
+    /// `monitor`'s timing flags reach the monitor: its first check, its interval and the time a
+    /// check may take before it fails. (What the mutation did: the check's timeout was always
+    /// 45 s, whatever `--timeout-secs` said; review of stop 66, CU36.)
+    #[test]
+    fn the_monitors_timing_flags_set_its_timings() {
+        let cli = monitor_line(false, &["--interval-secs", "7", "--timeout-secs", "9"]);
+        let config = monitor_config(monitor_args(&cli));
+        assert_eq!(config.first_tick, Duration::ZERO, "first check");
+        assert_eq!(config.interval, Duration::from_secs(7), "interval");
+        assert_eq!(config.provider_timeout, Duration::from_secs(9), "timeout");
+        let defaults = MonitorConfig::default();
+        assert_eq!(
+            config.missing_checks, defaults.missing_checks,
+            "missing checks"
+        );
+        let cli = monitor_line(false, &[]);
+        let config = monitor_config(monitor_args(&cli));
+        assert_eq!(
+            config.provider_timeout,
+            Duration::from_secs(45),
+            "the flag's default"
+        );
+        assert_eq!(
+            config.interval,
+            Duration::from_mins(1),
+            "the flag's default"
+        );
     }
 
     /// The flags of `cli`, a monitor command line.

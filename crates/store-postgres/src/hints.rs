@@ -84,8 +84,14 @@ impl Listener {
         own: &str,
     ) -> Box<dyn CommitHints> {
         let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut first = None;
         let hinted = hints.get_or_insert_with(|| {
             let (tx, rx) = awareness_core::hints::channel();
+            // The first caller's stream is taken before the listener starts: the hint it gives
+            // once it listens (for the commits made before) reaches that stream however soon
+            // it comes, the runtime's other threads running the task at once. Taken after, it
+            // would be counted as seen already.
+            first = Some(rx.stream());
             let proofs = Proofs::new(own);
             if self.keepalive != Duration::MAX {
                 runtime.spawn(prove(pool.clone(), Arc::clone(&proofs), self.keepalive));
@@ -103,7 +109,7 @@ impl Listener {
         });
         // Hints from now on; the streams end once the listener's task is gone (the store's
         // runtime shut down with it).
-        hinted.stream()
+        first.unwrap_or_else(|| hinted.stream())
     }
 }
 

@@ -148,9 +148,14 @@ impl Poller {
     /// A stream of hints, the poller started if it is not running yet (`setup` is called then).
     pub(crate) fn subscribe(&self, setup: impl FnOnce() -> Setup) -> Box<dyn CommitHints> {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut first = None;
         let running = running.get_or_insert_with(|| {
             let setup = setup();
             let (tx, hints) = awareness_core::hints::channel();
+            // The first caller's stream is taken before the poller starts: the hint it gives
+            // once it began (for the commits made before) reaches that stream however soon it
+            // comes. Taken after, it would be counted as seen already.
+            first = Some(hints.stream());
             let (now, asked) = mpsc::unbounded_channel();
             let (finished, done) = oneshot::channel();
             let counts = Arc::clone(&self.counts);
@@ -183,7 +188,7 @@ impl Poller {
         });
         // Hints from now on; the streams end once the poller is gone (its handle was dropped
         // or closed).
-        running.hints.stream()
+        first.unwrap_or_else(|| running.hints.stream())
     }
 
     /// Asks the running poller for a poll now; answers once it is done, or `None` when no

@@ -216,6 +216,9 @@ fn only_a_whole_byte_order_mark_is_read_as_whitespace() {
             &b"\n\xBB"[..],
             "a second line that starts at byte 1 with the mark's second byte",
         ),
+        // (Taken for a whole mark, the space was blanked with it and the line read as a row;
+        // review of stop 66, J323.)
+        (&b"\xEF\xBB "[..], "the mark's first two bytes and a space"),
     ] {
         let t = Transcript::new();
         let m = jsonl::marker_at_end(&t.path).unwrap();
@@ -493,6 +496,54 @@ fn truncated_rewritten_replaced_and_deleted_files() {
     assert_eq!(scan(&t, &replaced), CheckOutcome::Missing);
 }
 
+/// A transcript rewritten in place under the marker is rebased even when the last bytes before
+/// the marker read alike (every row Claude Code writes ends with its version): the hash covers
+/// the 64 bytes before the marker, which hold the last row's uuid. (What the mutation did: the
+/// hash covered the last 8 bytes only, and the rows written over the file were read on as new
+/// turns; review of stop 66, J301.)
+#[test]
+fn a_rewrite_that_keeps_the_last_bytes_before_the_marker_is_rebased() {
+    let mut t = Transcript::new();
+    let uuid = t.human("old history");
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    let text = std::fs::read_to_string(&t.path).unwrap();
+    let other = uuid.replace("000000000001", "000000000009");
+    std::fs::write(&t.path, text.replace(&uuid, &other)).unwrap();
+    t.human("a row of the other conversation");
+    let out = scan(&t, &m);
+    assert!(
+        matches!(out, CheckOutcome::Rebased { .. }),
+        "a file rewritten under the marker is rebased: {out:?}"
+    );
+}
+
+/// A transcript that shrank below the size it had, though not below where the read stood (a
+/// check with a small budget reads only part of what was written), is rebased: an append-only
+/// transcript never shrinks. (What the mutation did: the marker kept the read position as the
+/// file's size, and the rest of the truncated file was read on as new turns; review of stop 66,
+/// J315.)
+#[test]
+fn a_file_shrunk_below_its_size_but_not_below_the_read_is_rebased() {
+    let mut t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    t.human("one");
+    let one = std::fs::metadata(&t.path).unwrap().len();
+    t.human("two");
+    let read = marker_of(&jsonl::scan(&t.path, Some(&m), &[], 10));
+    assert_eq!(read.position(), 10);
+    OpenOptions::new()
+        .write(true)
+        .open(&t.path)
+        .unwrap()
+        .set_len(one)
+        .unwrap();
+    let out = scan(&t, &read);
+    assert!(
+        matches!(out, CheckOutcome::Rebased { .. }),
+        "a transcript that shrank is rebased: {out:?}"
+    );
+}
+
 /// A check of `t` with `budget` from `stale` made to look rewritten under its position (its
 /// tail hash no longer matches): it must rebase; returns the new marker.
 fn rebase(t: &Transcript, stale: JsonlMarker, budget: u64) -> JsonlMarker {
@@ -630,6 +681,55 @@ fn a_check_reads_no_more_than_its_budget() {
     t.human("two");
     let out = jsonl::scan(&t.path, Some(&m), &[], 10);
     assert_eq!(marker_of(&out).position(), 10, "{out:?}");
+}
+
+/// The link a JSONL adoption of `path` for `key` (of agent main) makes, as stored at time 0.
+fn jsonl_link(key: &str, path: &std::path::Path) -> UpstreamLink {
+    let session = SessionRef::parse(key, "main").unwrap();
+    let spec = jsonl::adoption(session, path, None).unwrap();
+    upstream::plan_upsert(None, spec, Timestamp(0))
+        .unwrap()
+        .outcome
+        .link
+}
+
+/// A provider made with a budget reads no more than that budget a check (a gateway's
+/// configured budget, `JsonlProvider::try_with_budget`). (What the mutation did: the budget
+/// given was not kept, and every check read up to 1 MiB; review of stop 66, J320.)
+#[tokio::test]
+async fn a_providers_budget_bounds_its_checks() {
+    let mut t = Transcript::new();
+    let link = jsonl_link("agent:main:main", &t.path);
+    t.human("one");
+    let out = JsonlProvider::new().with_budget(10).check(&link, &[]).await;
+    assert_eq!(
+        marker_of(&out).position(),
+        10,
+        "a check reads no more than the provider's budget: {out:?}"
+    );
+}
+
+/// A transcript adopted through a symlink and by its own path is one source (its path stored
+/// canonical), so the adopters are judged together: the prompts of each are echoes for the
+/// other. (What the mutation did: the path was stored as given, and the two links were two
+/// sources; review of stop 66, J307.)
+#[cfg(unix)]
+#[test]
+fn a_transcript_adopted_through_a_symlink_is_the_same_source() {
+    let t = Transcript::new();
+    let dir = t.path.parent().unwrap();
+    std::os::unix::fs::symlink(dir, dir.join("alias")).unwrap();
+    let through = dir.join("alias").join(t.path.file_name().unwrap());
+    let (a, b) = (
+        jsonl_link("agent:main:main", &t.path),
+        jsonl_link("agent:main:other", &through),
+    );
+    let provider = JsonlProvider::new();
+    assert_eq!(
+        provider.source_key(&a),
+        provider.source_key(&b),
+        "one transcript, one source"
+    );
 }
 
 // ----- the paired-node provider -------------------------------------------------------------------

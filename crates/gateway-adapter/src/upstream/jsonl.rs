@@ -977,6 +977,32 @@ mod tests {
         );
     }
 
+    /// A read that hangs holds its own link's transcript only: the session's link to another
+    /// transcript (adopted again meanwhile) is read. (What the mutation did: the hung read was
+    /// known by its session alone, and the new transcript's checks failed as "still reading";
+    /// review of stop 66, J318.)
+    #[tokio::test]
+    async fn a_hung_read_does_not_hold_the_sessions_link_to_another_transcript() {
+        let _one = ONE_HOOK_AT_A_TIME.lock().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let old = link_to(&dir.path().join("old.jsonl"), "agent:main:main");
+        let new = link_to(&dir.path().join("new.jsonl"), "agent:main:main");
+        let (release, reading) = hang_next_read(&old);
+        let provider = JsonlProvider::new();
+        let first = {
+            let p = provider.clone();
+            tokio::spawn(async move { p.check(&old, &[]).await })
+        };
+        reading.await.expect("the first read started");
+        first.abort();
+        let out = provider.check(&new, &[]).await;
+        release.send(()).expect("the hung read waits");
+        assert!(
+            matches!(out, CheckOutcome::Unchanged { .. }),
+            "the session's link to another transcript is read: {out:?}"
+        );
+    }
+
     /// Reads that hang hold at most [`super::MAX_PARALLEL_READS`] threads of the blocking pool
     /// in all: a read holds one of the provider's permits for as long as it runs, hung or not
     /// (its caller gone too), so with one permit a check of another transcript waits for the

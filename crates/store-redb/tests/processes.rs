@@ -50,6 +50,12 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
 /// Slack on top of the interval for the flush itself (an fsync on a busy shared disk) and for
 /// scheduling; the promise checked is "older than interval + margin is durable".
 const FLUSH_MARGIN: Duration = Duration::from_millis(300);
+/// How often a bounded-mode recording child prints [`HEARTBEAT_LINE`]: the longest gap
+/// between two of them (or the last one and the kill) the parent saw is how long the child (or
+/// the parent's reading) was held up, added to the promise of that round. On an idle machine
+/// that is a few ms; a flusher that does not flush still loses commits far older than that.
+const HEARTBEAT: Duration = Duration::from_millis(5);
+const HEARTBEAT_LINE: &str = "T";
 const WATCHED: usize = 3;
 /// Concurrent recording tasks in the crash test's child.
 const RECORDERS: u64 = 4;
@@ -141,6 +147,17 @@ async fn child_record(path: &Path, interval_ms: Option<u64>, live_readers: bool)
         eprintln!("child: {info}");
         std::process::exit(RECORDER_PANICKED);
     }));
+    if interval_ms.is_some() {
+        // A heartbeat (HEARTBEAT), so that the parent can see how long this process was
+        // stalled (not scheduled) and not hold the flusher to a promise the machine kept it
+        // from keeping.
+        std::thread::spawn(|| {
+            loop {
+                say(HEARTBEAT_LINE);
+                std::thread::sleep(HEARTBEAT);
+            }
+        });
+    }
     let store = std::sync::Arc::new(
         RedbStore::open_with(path, options(interval_ms).live_readers(live_readers))
             .await
@@ -761,7 +778,14 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         if round % 4 == 2 {
             std::thread::sleep(Duration::from_micros(rng.below(15_000)));
         } else {
-            lines.push(child.next_line());
+            loop {
+                let line = child.next_line();
+                let report = line.1 != HEARTBEAT_LINE;
+                lines.push(line);
+                if report {
+                    break;
+                }
+            }
             let delay = match interval_ms {
                 None => Duration::from_millis(1 + rng.below(120)),
                 Some(_) => Duration::from_millis(20 + rng.below(900)),
@@ -770,6 +794,18 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         }
         let (killed_at, rest) = child.kill();
         lines.extend(rest);
+        // The longest stall seen (see HEARTBEAT), then the reports alone.
+        let stall = lines
+            .iter()
+            .filter(|(_, l)| l == HEARTBEAT_LINE)
+            .map(|(at, _)| *at)
+            .chain([killed_at])
+            .collect::<Vec<_>>()
+            .windows(2)
+            .map(|w| w[1].saturating_duration_since(w[0]))
+            .max()
+            .unwrap_or(Duration::ZERO);
+        lines.retain(|(_, l)| l != HEARTBEAT_LINE);
         silent += usize::from(lines.is_empty());
         let mut txns = 0;
         let mut across = BTreeMap::new();
@@ -792,7 +828,7 @@ fn crash_test(interval_ms: Option<u64>, live_readers: bool) {
         reported_total += reported.len();
         txns_total += txns;
         let promise = interval_ms.map_or(Duration::ZERO, |ms| {
-            Duration::from_millis(ms) + FLUSH_MARGIN
+            Duration::from_millis(ms) + FLUSH_MARGIN + stall
         });
         must_have.extend(
             reported

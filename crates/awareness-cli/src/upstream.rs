@@ -493,7 +493,13 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
                     () = next(&mut term) => false,
                     () = next(&mut hup) => true,
                 };
-                signalled(&counted, &ask, hangup, &mut asked_at);
+                signalled(
+                    &counted,
+                    &ask,
+                    hangup,
+                    &mut asked_at,
+                    std::time::Instant::now(),
+                );
             }
         });
         counting(&task, &stopping);
@@ -503,7 +509,13 @@ pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, CliError> {
         &tokio::spawn(async move {
             let mut asked_at = None;
             while tokio::signal::ctrl_c().await.is_ok() {
-                signalled(&counted, &ask, false, &mut asked_at);
+                signalled(
+                    &counted,
+                    &ask,
+                    false,
+                    &mut asked_at,
+                    std::time::Instant::now(),
+                );
             }
         }),
         &stopping,
@@ -543,7 +555,7 @@ fn counting(task: &tokio::task::JoinHandle<()>, stopping: &Arc<AtomicBool>) {
 /// delivered twice: GNU `timeout` signals its child, then the child's whole process group.
 const SAME_REQUEST: Duration = Duration::from_millis(250);
 
-/// A signal [`interrupted`] counted: the first asks the command to stop (`ask`, noting when in
+/// A signal [`interrupted`] counted, delivered at `now`: the first asks the command to stop (`ask`, noting when in
 /// `asked_at`); a Ctrl-C or a SIGTERM (not a `hangup`) once the command is `stopping` ends the
 /// process (exit code 130), unless it comes within [`SAME_REQUEST`] of the one that asked.
 /// (Taken as a second request, `timeout`'s second delivery ended the process before it closed
@@ -553,9 +565,9 @@ fn signalled(
     ask: &tokio::sync::watch::Sender<bool>,
     hangup: bool,
     asked_at: &mut Option<std::time::Instant>,
+    now: std::time::Instant,
 ) {
     let again = stopping.swap(true, Ordering::SeqCst);
-    let now = std::time::Instant::now();
     let ends = ends_the_process(again, hangup, *asked_at, now);
     if !again {
         *asked_at = Some(now);
@@ -949,8 +961,11 @@ mod tests {
         let stopping = AtomicBool::new(false);
         let (ask, asked) = tokio::sync::watch::channel(false);
         let mut asked_at = None;
-        signalled(&stopping, &ask, false, &mut asked_at);
-        signalled(&stopping, &ask, false, &mut asked_at);
+        // Both at one instant, however long this thread waits between the two calls: 250 ms
+        // apart, the second would end this test binary.
+        let now = std::time::Instant::now();
+        signalled(&stopping, &ask, false, &mut asked_at, now);
+        signalled(&stopping, &ask, false, &mut asked_at, now);
         assert!(*asked.borrow(), "the command is asked to stop");
         assert!(stopping.load(Ordering::SeqCst));
     }
@@ -1836,10 +1851,11 @@ mod tests {
         let stopping = AtomicBool::new(false);
         let (ask, _asked) = tokio::sync::watch::channel(false);
         let mut asked_at = None;
-        signalled(&stopping, &ask, false, &mut asked_at);
-        let first = asked_at.expect("the first signal asks");
-        std::thread::sleep(Duration::from_millis(2));
-        signalled(&stopping, &ask, true, &mut asked_at);
+        let first = std::time::Instant::now();
+        signalled(&stopping, &ask, false, &mut asked_at, first);
+        assert_eq!(asked_at, Some(first), "the first signal asks");
+        let later = first + Duration::from_millis(2);
+        signalled(&stopping, &ask, true, &mut asked_at, later);
         assert_eq!(asked_at, Some(first));
     }
 

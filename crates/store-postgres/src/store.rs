@@ -1285,7 +1285,8 @@ impl EventStore for Inner {
 
     async fn log_stats(&self) -> Result<LogStats, StoreError> {
         let row = sqlx::query(
-            "SELECT count(*), coalesce(min(sequence) FILTER (WHERE sequence > 0), 0),
+            "SELECT count(*) FILTER (WHERE sequence > 0),
+               coalesce(min(sequence) FILTER (WHERE sequence > 0), 0),
                coalesce(max(sequence) FILTER (WHERE sequence > 0), 0)
              FROM session_state_events",
         )

@@ -86,3 +86,102 @@ async fn a_cursor_row_without_a_target_agent_is_on_the_agent_its_key_names() {
         assert_eq!(cursor.target_agent.as_str(), agent, "{target}");
     }
 }
+
+/// An event row whose dedupe key is empty text reads with that key as stored, `Some("")`, as
+/// store-sqlite reads such a row (only the ids and the payload read empty as absent).
+/// (What the mutation did: read an empty dedupe key as none; review of stop 66, P441.)
+#[tokio::test]
+async fn an_event_row_with_an_empty_dedupe_key_reads_with_it() {
+    let (store, _schema) = server::fresh_store().await;
+    sqlx::query(
+        "INSERT INTO session_state_events (sequence, dedupe_key, session_key, agent_id, kind, \
+         actor_type, occurred_at, summary) VALUES (1001, '', 'agent:main:subagent:foreign', \
+         'main', 'human_direct_message', 'human', 1800000000000, 'human message via telegram')",
+    )
+    .execute(store.pool())
+    .await
+    .expect("insert a row");
+    let read = store
+        .events_after(Sequence(1000), 10)
+        .await
+        .expect("the row is read");
+    assert_eq!(read.len(), 1);
+    assert_eq!(
+        read[0].dedupe_key.as_deref(),
+        Some(""),
+        "the dedupe key as the row holds it"
+    );
+}
+
+/// Inserts, past the store, an event row of `agent:main:subagent:foreign` numbered `sequence`.
+async fn insert_event_row(store: &store_postgres::PgStore, sequence: i64) {
+    sqlx::query(
+        "INSERT INTO session_state_events (sequence, session_key, agent_id, kind, actor_type, \
+         occurred_at, summary) VALUES ($1, 'agent:main:subagent:foreign', 'main', \
+         'human_direct_message', 'human', 1800000000000, 'human message via telegram')",
+    )
+    .bind(sequence)
+    .execute(store.pool())
+    .await
+    .expect("insert a row");
+}
+
+/// The log's size and range leave out a row numbered below 1 (which no recording makes and no
+/// read returns), as store-sqlite's do: such a row does not fail `log_stats` (decision 0016).
+/// (What the mutation did: took the range's lower end over every row, 0 and below included,
+/// and failed as `Corrupt`; review of stop 66, P420. The row was counted until then, where
+/// store-sqlite left it out.)
+#[tokio::test]
+async fn the_logs_range_leaves_out_a_row_numbered_below_one() {
+    let (store, _schema) = server::fresh_store().await;
+    insert_event_row(&store, 1001).await;
+    insert_event_row(&store, -1).await;
+    let stats = store
+        .log_stats()
+        .await
+        .expect("a row numbered below 1 does not fail log_stats");
+    assert_eq!(
+        (stats.rows, stats.min_sequence, stats.max_sequence),
+        (1, Sequence(1001), Sequence(1001))
+    );
+}
+
+/// A page of changes reads past a row of its session numbered below 1, which no page reaches:
+/// its earliest available event is the smallest numbered one.
+/// (What the mutation did: took the earliest over every row of the session, 0 and below
+/// included; review of stop 66, P435.)
+#[tokio::test]
+async fn a_page_of_changes_reads_past_a_row_numbered_below_one() {
+    let (store, _schema) = server::fresh_store().await;
+    insert_event_row(&store, 1001).await;
+    insert_event_row(&store, -1).await;
+    let session =
+        awareness_core::SessionRef::parse("agent:main:subagent:foreign", "main").expect("ref");
+    let page = store
+        .changes_since(&session, Sequence(0), 10)
+        .await
+        .expect("a row numbered below 1 is reached by no page");
+    assert_eq!(page.earliest_available_sequence, Sequence(1001));
+    assert_eq!(page.events.len(), 1);
+}
+
+/// `events_after` with the largest limit, `usize::MAX` (beyond PostgreSQL's `bigint`), reads
+/// every event after the given one, as "at most `limit`" says: the limit is taken as the
+/// largest the server knows, not as none. (What the mutation did: took a limit beyond `bigint`
+/// as 0, so the call read no event; review of stop 66, P403.)
+#[tokio::test]
+async fn the_largest_limit_reads_every_event() {
+    let (store, _schema) = server::fresh_store().await;
+    insert_event_row(&store, 1001).await;
+    insert_event_row(&store, 1002).await;
+    let read = store
+        .events_after(Sequence(1000), usize::MAX)
+        .await
+        .expect("the rows are read");
+    let sequences: Vec<Sequence> = read.iter().map(|e| e.sequence).collect();
+    assert_eq!(
+        sequences,
+        [Sequence(1001), Sequence(1002)],
+        "every event after the one given"
+    );
+}

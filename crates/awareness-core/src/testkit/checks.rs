@@ -4280,6 +4280,13 @@ pub async fn upstream_changed_source_rebases_marker(t: &Subject) {
             moved.rebased && !moved.created,
             "another {part} is another source"
         );
+        // Stored as the adoption answered, the new part with it. (What the mutation did:
+        // store-sqlite's write over the row kept its host; review of stop 66, S541.)
+        assert_eq!(
+            u.link(&session).await.unwrap().as_ref(),
+            Some(&moved.link),
+            "another {part}: the link stored is the one answered"
+        );
         assert_eq!(
             marker_of(t, &session).await,
             Some(json!({"offset": 7})),

@@ -578,6 +578,31 @@ pub async fn each_handle_sees_the_other_handles_commits_as_foreign(
             "a pruning chunk of nothing: {step:?}"
         );
     }
+    // Nor do upstream link writes that change nothing: the same source adopted again later (a
+    // refresh, which keeps the link and its marker), a scan time stamped on a session with no
+    // link. (store-postgres committed both under mutation, and every test passed: review of
+    // stop 66, P427 and P428.)
+    a.upstream
+        .upsert_link(link_spec(&kid, "t-1", 7), T0)
+        .await
+        .expect("adopt");
+    let b3 = foreign(&b).await;
+    assert_ne!(b3, b2, "`b` is told of the adoption `a` committed");
+    let refreshed = a
+        .upstream
+        .upsert_link(link_spec(&kid, "t-1", 7), T0.plus_ms(1_000))
+        .await
+        .expect("adopt the same source again");
+    assert!(!refreshed.created, "the same source: the link is kept");
+    assert_eq!(foreign(&b).await, b3, "a refresh of an adopted link");
+    assert!(
+        !a.upstream
+            .mark_scanned(&nobody, T0)
+            .await
+            .expect("stamp no link"),
+        "no link to stamp"
+    );
+    assert_eq!(foreign(&b).await, b3, "a scan time stamped on no link");
 }
 
 /// A store that pushes commit hints gives one as it begins to listen (or poll), with no
@@ -1507,6 +1532,22 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     let Err(why @ StoreError::Corrupt { .. }) = read else {
         panic!("reading that head: {read:?}")
     };
+    // Watching it fails the same way and writes no cursor: a cursor started at 0, as over a
+    // session with no head, would hand out its whole history as news. (What the mutation did:
+    // store-postgres took the unreadable head for none; review of stop 66, P423.)
+    let newcomer = w("agent:main:other");
+    let watched = s.watch(&newcomer, &torn, T0).await;
+    assert!(
+        matches!(watched, Err(StoreError::Corrupt { .. })),
+        "a watch over an unreadable head: {watched:?}"
+    );
+    assert_eq!(
+        s.cursor(&newcomer, &torn.session_key)
+            .await
+            .expect("cursor"),
+        None,
+        "the failed watch wrote no cursor"
+    );
     let findings = crate::audit::audit_store(s).await.expect("audit").findings;
     let named: Vec<_> = findings
         .iter()
@@ -1681,6 +1722,15 @@ pub async fn listings_past_a_row_that_is_not_utf8_keep_key_then_agent_order(f: i
     assert!(
         t.raw.spoil_head_text(&spoiled).await.expect("spoil a head"),
         "the store has a head row to spoil"
+    );
+    // One agent's listing past the spoiled row holds that agent's heads alone.
+    let main = crate::AgentId::new("main").expect("agent");
+    let of_main = s.list_heads(Some(&main)).await.expect("heads of main");
+    let of_main: Vec<SessionRef> = of_main.into_iter().map(|h| h.session).collect();
+    assert_eq!(
+        of_main,
+        [second.clone()],
+        "agent main's heads past the spoiled row"
     );
     let readable = [first, second];
     assert_eq!(links().await, readable, "links past the spoiled row");

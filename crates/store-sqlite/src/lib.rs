@@ -1609,46 +1609,123 @@ mod tests {
         .await;
     }
 
-    /// An idle-cursor pruning transaction counts as a pruning one (`PRUNE_WEIGHT`) towards the next
-    /// background checkpoint, as the crate docs say of every pruning transaction: four of them
-    /// start one. (What the mutation did: its weight dropped, a pass over idle cursors let the log
-    /// file grow for 256 writes before a checkpoint; review of stop 63, Q03.)
+    /// A pruning transaction of idle cursors or of events counts as a pruning one
+    /// (`PRUNE_WEIGHT`) towards the next background checkpoint, as the crate docs say of every
+    /// pruning transaction: four of them start one. (What the mutations did: the weight of each
+    /// kind dropped to that of any write, and a pruning pass let the log file grow for 256
+    /// writes before a checkpoint; review of stop 63, Q03, for idle cursors, and of stop 66,
+    /// S507, for events.)
     #[tokio::test]
-    async fn four_idle_cursor_pruning_transactions_start_a_checkpoint() {
+    async fn four_pruning_transactions_of_either_kind_start_a_checkpoint() {
         use awareness_core::{CursorStore as _, PruneStep, Timestamp};
+        const T0: Timestamp = Timestamp(1_800_000_000_000);
+        let cutoff = T0.plus_ms(1);
+        for step in [PruneStep::Cursors { cutoff }, PruneStep::Age { cutoff }] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store = SqliteStore::open(dir.path().join("t.db"))
+                .await
+                .expect("open");
+            // Four rows to prune: four cursors, or four events (of four writes, which the
+            // cursors' watches are too).
+            let w = WatcherKey::parse("agent:main:main").expect("watcher");
+            for key in ["a", "b", "c", "d"] {
+                let target =
+                    SessionRef::parse(&format!("agent:main:subagent:{key}"), "main").expect("ref");
+                if matches!(step, PruneStep::Cursors { .. }) {
+                    store.watch(&w, &target, T0).await.expect("watch");
+                } else {
+                    store
+                        .record(awareness_core::testkit::checks::human(&target), T0)
+                        .await
+                        .expect("record");
+                }
+            }
+            let checkpoint_started = || {
+                store
+                    .checkpoint_task
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .is_some()
+            };
+            let later = T0.plus_ms(2 * Timestamp::DAY_MS);
+            for _ in 0..4 {
+                assert!(
+                    !checkpoint_started(),
+                    "{step:?}: fewer than four pruning transactions so far"
+                );
+                let pruned = store.prune_chunk(&step, 1, later).await.expect("prune");
+                assert_eq!(pruned, 1, "{step:?}: one transaction of one row");
+            }
+            assert!(
+                checkpoint_started(),
+                "{step:?}: four pruning transactions start a checkpoint"
+            );
+            store.close().await;
+        }
+    }
+
+    /// A recording that finds a transaction left open on the write connection (a rollback
+    /// after an interrupted write failed, which leaves `open_tx` set for the next writer) rolls
+    /// it back first and records, through the group-commit queue as alone. (What the mutation
+    /// did: the queue's path skipped that rollback, and the recording failed on SQLite's
+    /// "cannot start a transaction within a transaction"; review of stop 66, S505.)
+    #[tokio::test]
+    async fn a_recording_through_the_queue_rolls_back_what_a_failed_rollback_left_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = fresh(&dir).await;
+        let slot = store.writer.as_ref().expect("a read-write handle");
+        {
+            let mut held = slot.lock().await;
+            let w = held.as_mut().expect("the write connection");
+            sqlx::raw_sql("BEGIN IMMEDIATE")
+                .execute(&mut w.conn)
+                .await
+                .expect("a transaction left open");
+            w.open_tx = true;
+        }
+        let rec = store
+            .record(message("after".to_owned()), T)
+            .await
+            .expect("records over the transaction left open");
+        assert_eq!(rec.event.sequence.get(), 1);
+        store.close().await;
+    }
+
+    /// A background checkpoint starts every 256 write transactions ([`CHECKPOINT_EVERY`]), the
+    /// count starting over at each: the write after one has ended starts none. (What the
+    /// mutation did: the count was never reset, and once past 256 every write transaction
+    /// started a checkpoint of its own; review of stop 66, S523.)
+    #[tokio::test]
+    async fn the_write_after_a_background_checkpoint_starts_none() {
+        use awareness_core::Timestamp;
         const T0: Timestamp = Timestamp(1_800_000_000_000);
         let dir = tempfile::tempdir().expect("temp dir");
         let store = SqliteStore::open(dir.path().join("t.db"))
             .await
             .expect("open");
-        let w = WatcherKey::parse("agent:main:main").expect("watcher");
-        for key in ["a", "b", "c", "d"] {
-            let target =
-                SessionRef::parse(&format!("agent:main:subagent:{key}"), "main").expect("ref");
-            store.watch(&w, &target, T0).await.expect("watch");
-        }
-        let checkpoint_started = || {
+        let child = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+        let started = || {
             store
                 .checkpoint_task
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .is_some()
+                .take()
         };
-        let step = PruneStep::Cursors {
-            cutoff: T0.plus_ms(1),
-        };
-        let later = T0.plus_ms(2 * Timestamp::DAY_MS);
-        for _ in 0..4 {
-            assert!(
-                !checkpoint_started(),
-                "fewer than four pruning transactions so far"
-            );
-            let pruned = store.prune_chunk(&step, 1, later).await.expect("prune");
-            assert_eq!(pruned, 1, "one transaction of one cursor");
+        for _ in 0..CHECKPOINT_EVERY {
+            store
+                .record(awareness_core::testkit::checks::human(&child), T0)
+                .await
+                .expect("record");
         }
+        let first = started().expect("256 write transactions start a checkpoint");
+        drop(first.await);
+        store
+            .record(awareness_core::testkit::checks::human(&child), T0)
+            .await
+            .expect("record");
         assert!(
-            checkpoint_started(),
-            "four pruning transactions start a checkpoint"
+            started().is_none(),
+            "the write after a checkpoint starts none"
         );
         store.close().await;
     }
@@ -1835,6 +1912,78 @@ mod tests {
             !err.is_counter_at_end(),
             "a full database is not the sequence counter's end: {err}"
         );
+        store.close().await;
+    }
+
+    /// A database found full by a later statement of a recording, after its insert took the
+    /// counter's last number, is a full database, not the counter's end: that number was never
+    /// committed, and once there is room it is handed out. (The head's insert is made to fill
+    /// the database here by a trigger that writes a large row elsewhere.) (What the mutation
+    /// did: the counter was read inside the failed transaction, which still held the insert, so
+    /// the error said the sequence counter was at its end; review of stop 66, S501.)
+    #[tokio::test]
+    async fn a_database_full_after_the_last_number_was_taken_is_not_the_counters_end() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = fresh(&dir).await;
+        // Free pages for the event's own insert: large events recorded, then their rows deleted.
+        let mut payload = awareness_core::Payload::new();
+        payload.insert("text".into(), "x".repeat(4_000).into());
+        for i in 0..4 {
+            let large = store
+                .record(
+                    message(format!("large {i}")).with_payload(payload.clone()),
+                    T,
+                )
+                .await
+                .expect("record");
+            assert!(
+                store
+                    .delete_event_row(large.event.sequence)
+                    .await
+                    .expect("delete")
+            );
+        }
+        assert!(store.leave_sequences(1).await.expect("leave one number"));
+        let mut w = store.writer("test").await.expect("writer");
+        w.open_tx = false;
+        sqlx::raw_sql(
+            "CREATE TABLE pad (x);
+             CREATE TRIGGER pad_heads AFTER INSERT ON session_state_heads
+             BEGIN INSERT INTO pad VALUES (zeroblob(1000000)); END;
+             PRAGMA max_page_count = 1",
+        )
+        .execute(&mut w.conn)
+        .await
+        .expect("a head insert that fills the database");
+        drop(w);
+        let other =
+            awareness_core::SessionRef::parse("agent:main:subagent:other", "main").expect("ref");
+        let event = || {
+            awareness_core::NewEvent::new(
+                other.clone(),
+                awareness_core::EventKind::HumanDirectMessage,
+                awareness_core::ActorType::Human,
+                "message",
+            )
+        };
+        let err = store
+            .record(event(), T)
+            .await
+            .expect_err("the head's insert fills the database");
+        assert!(crate::error::is_full(&err), "{err:?}");
+        assert!(
+            !err.is_counter_at_end(),
+            "a full database is not the sequence counter's end: {err}"
+        );
+        let mut w = store.writer("test").await.expect("writer");
+        w.open_tx = false;
+        sqlx::raw_sql("DROP TRIGGER pad_heads")
+            .execute(&mut w.conn)
+            .await
+            .expect("room again");
+        drop(w);
+        let last = store.record(event(), T).await.expect("the last number");
+        assert_eq!(last.event.sequence.get(), i64::MAX as u64);
         store.close().await;
     }
 

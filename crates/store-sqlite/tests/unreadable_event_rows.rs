@@ -364,3 +364,51 @@ async fn an_unreadable_event_just_past_a_pages_limit_is_named() {
     names_the_row(&err, &path, 3, a.session_key.as_str());
     store.close().await;
 }
+
+/// A row that cannot be read at the start of a ref's page, with more of the ref's events past the
+/// page, is named: the rows read again one at a time are the page's own, lowest first. (What the
+/// mutation did: they were read highest first, the ref's last events, which read, so the error was
+/// the page's, naming no row; review of stop 66, S532.)
+#[tokio::test]
+async fn an_unreadable_event_first_in_a_page_with_more_after_it_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
+        &[1],
+    )
+    .await;
+    let err = store
+        .changes_since(&a, Sequence::ZERO, 1)
+        .await
+        .expect_err("the page starts at the torn row");
+    names_the_row(&err, &path, 1, a.session_key.as_str());
+    store.close().await;
+}
+
+/// A listing of one agent's heads, one of whose head rows holds a key that is not UTF-8 (so that
+/// the rows are read again one at a time), lists that agent's readable heads only, not another
+/// agent's. (What the mutation did: the rows read again one at a time were every agent's, and the
+/// listing of agent `main` held agent `zed`'s head; review of stop 66, S535.)
+#[tokio::test]
+async fn one_agents_heads_listed_past_a_key_that_is_not_utf8_are_that_agents() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    let other = SessionRef::parse("agent:main:subagent:z", "zed").expect("ref");
+    store.record(human(&other), T0).await.expect("record");
+    behind_the_back(
+        &path,
+        "UPDATE session_state_heads SET session_key = session_key || CAST(X'FF' AS TEXT)
+           WHERE session_key = 'agent:main:subagent:b'",
+        &[],
+    )
+    .await;
+    let main = awareness_core::AgentId::new("main").expect("agent");
+    let heads = store.list_heads(Some(&main)).await.expect("heads");
+    let listed: Vec<SessionRef> = heads.into_iter().map(|h| h.session).collect();
+    assert_eq!(listed, [a], "agent main's readable heads only");
+    store.close().await;
+}

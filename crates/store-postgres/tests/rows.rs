@@ -164,24 +164,3 @@ async fn a_page_of_changes_reads_past_a_row_numbered_below_one() {
     assert_eq!(page.earliest_available_sequence, Sequence(1001));
     assert_eq!(page.events.len(), 1);
 }
-
-/// `events_after` with the largest limit, `usize::MAX` (beyond PostgreSQL's `bigint`), reads
-/// every event after the given one, as "at most `limit`" says: the limit is taken as the
-/// largest the server knows, not as none. (What the mutation did: took a limit beyond `bigint`
-/// as 0, so the call read no event; review of stop 66, P403.)
-#[tokio::test]
-async fn the_largest_limit_reads_every_event() {
-    let (store, _schema) = server::fresh_store().await;
-    insert_event_row(&store, 1001).await;
-    insert_event_row(&store, 1002).await;
-    let read = store
-        .events_after(Sequence(1000), usize::MAX)
-        .await
-        .expect("the rows are read");
-    let sequences: Vec<Sequence> = read.iter().map(|e| e.sequence).collect();
-    assert_eq!(
-        sequences,
-        [Sequence(1001), Sequence(1002)],
-        "every event after the one given"
-    );
-}

@@ -4047,6 +4047,16 @@ pub async fn events_after_and_log_stats(t: &Subject) {
         .map(|e| e.sequence.get())
         .collect();
     assert_eq!(tail, vec![3, 4, 5]);
+    // The largest limit, beyond what a server's integer holds, is no limit. (What the mutation
+    // did: store-postgres took it for 0 and read nothing; review of stop 66, P403.)
+    let rest: Vec<u64> = s
+        .events_after(Sequence(2), usize::MAX)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.sequence.get())
+        .collect();
+    assert_eq!(rest, vec![3, 4, 5, 6], "the largest limit");
     let stats = s.log_stats().await.unwrap();
     assert_eq!(
         (

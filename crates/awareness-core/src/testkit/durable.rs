@@ -1729,7 +1729,7 @@ pub async fn listings_past_a_row_that_is_not_utf8_keep_key_then_agent_order(f: i
     let of_main: Vec<SessionRef> = of_main.into_iter().map(|h| h.session).collect();
     assert_eq!(
         of_main,
-        [second.clone()],
+        std::slice::from_ref(&second),
         "agent main's heads past the spoiled row"
     );
     let readable = [first, second];

@@ -1668,6 +1668,85 @@ fn watch_of_a_bare_key_watches_the_watchers_agents_session() {
     assert_eq!(w["targetAgent"], "main", "the key's own agent: {w}");
 }
 
+/// `--agent` wins over the key's own agent: `record --session agent:ops:subagent:x --agent main`
+/// records to main's session of that key (the flag's default is the key's agent, else main).
+/// (What the mutation did: the key's agent before `--agent`, so the event went to ops' session
+/// and `--agent` was ignored; review of stop 66, C602.)
+#[test]
+fn an_agent_given_wins_over_the_keys_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = "sqlite://a.db";
+    let v = json(&run_on(
+        dir.path(),
+        store,
+        &[
+            "--json",
+            "record",
+            "--session",
+            "agent:ops:subagent:x",
+            "--agent",
+            "main",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ],
+    ));
+    assert_eq!(v["event"]["agentId"], "main", "--agent main: {v}");
+    let heads = json(&run_on(dir.path(), store, &["--json", "list"]));
+    assert_eq!(
+        heads,
+        serde_json::json!([{
+            "sessionKey": "agent:ops:subagent:x",
+            "agentId": "main",
+            "stateVersion": 1,
+            "prunedMaxSequence": 0,
+            "updatedAt": heads[0]["updatedAt"],
+        }]),
+        "main's session of the key"
+    );
+}
+
+/// `list --agent A` lists A's sessions only, in JSON and in text. (What the mutation did: the
+/// filter dropped, every agent's sessions listed; review of stop 66, C607.)
+#[test]
+fn list_with_an_agent_lists_that_agents_sessions_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = "sqlite://l.db";
+    for session in ["agent:main:subagent:a", "agent:ops:subagent:b"] {
+        run_ok(
+            dir.path(),
+            store,
+            &[
+                "record",
+                "--session",
+                session,
+                "--kind",
+                "goal_changed",
+                "--summary",
+                "goal updated",
+            ],
+        );
+    }
+    let ops = json(&run_on(
+        dir.path(),
+        store,
+        &["--json", "list", "--agent", "ops"],
+    ));
+    let keys: Vec<&str> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["sessionKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["agent:ops:subagent:b"], "{ops}");
+    let text = stdout(&run_ok(dir.path(), store, &["list", "--agent", "ops"]));
+    assert!(
+        text.contains("agent:ops:subagent:b") && !text.contains("agent:main:subagent:a"),
+        "{text}"
+    );
+}
+
 /// `--help` and `--version` are answers, not errors: exit 0, the text on stdout, nothing on
 /// stderr, and no store is opened or created.
 #[test]
@@ -1759,6 +1838,42 @@ fn record_json_reports_a_dedupe_hit() {
             stdout(&o)
         );
     }
+}
+
+/// `record --run-id R --session-id S` stores both on the event, which the JSON answer and
+/// `tail --json` show. (What the mutation did: the flag parsed and dropped, the event without
+/// it; review of stop 66, C618 and C619.)
+#[test]
+fn record_keeps_its_run_and_session_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = "sqlite://r.db";
+    let v = json(&run_on(
+        dir.path(),
+        store,
+        &[
+            "--json",
+            "record",
+            "--session",
+            "agent:main:subagent:c1",
+            "--kind",
+            "run_completed",
+            "--summary",
+            "run done",
+            "--run-id",
+            "run-7",
+            "--session-id",
+            "sess-9",
+        ],
+    ));
+    assert_eq!(v["event"]["runId"], "run-7", "{v}");
+    assert_eq!(v["event"]["sessionId"], "sess-9", "{v}");
+    let tailed = stdout(&run_ok(dir.path(), store, &["--json", "tail"]));
+    let e: Value = serde_json::from_str(tailed.trim()).expect("one JSON line");
+    assert_eq!(
+        (&e["runId"], &e["sessionId"]),
+        (&Value::from("run-7"), &Value::from("sess-9")),
+        "stored: {e}"
+    );
 }
 
 /// A right-to-left override in a session key and a summary (which validation lets through:

@@ -325,29 +325,56 @@ async fn a_notice_names_its_targets_agent_not_its_watchers() {
     assert_eq!(v[0]["targetAgent"], "ops", "sweep: {v}");
 }
 
-/// A `sweep` whose output fails (a full disk) says how many notices it found, since it re-froze
-/// their cursors, in text and JSON alike. (What the mutation did: only "cannot write output", the
-/// write it had made unsaid; review of stop 64, CL26.)
+/// A command that wrote to the store and whose output then fails (a full disk) says what it
+/// wrote, in text and JSON alike: a `watch` (the cursor written), a `sweep` (how many notices
+/// it found, since it re-froze their cursors), a real `prune` (what it deleted), an `unwatch`
+/// (the cursor removed). (What the mutations did: only "cannot write output", the write made
+/// unsaid; review of stop 64, CL26, for the sweep, and of stop 66, C612, C625 and C613.)
 #[tokio::test]
-async fn a_sweep_whose_output_fails_says_what_it_found() {
+async fn a_write_whose_output_fails_says_what_it_did() {
     for json in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("s.db").display());
-        ok(&url, &["watch", MAIN, C1]).await;
-        human(&url, C1).await;
-        let mut out = FailsAfter::at_once(io::ErrorKind::StorageFull);
-        let mut err = Vec::new();
-        let args: &[&str] = if json {
-            &["--json", "sweep"]
-        } else {
-            &["sweep"]
-        };
-        let got = run_into(&url, args, &mut out, &mut err).await;
-        let err = String::from_utf8_lossy(&err);
-        assert_eq!(got, awareness_cli::EXIT_FAILURE, "json {json}: {err}");
-        assert!(
-            err.contains("awareness: the sweep found 1 notice(s), but cannot write output"),
-            "json {json}: {err}"
-        );
+        for (command, said) in [
+            (
+                "watch",
+                "agent:main:main watches agent:main:subagent:c1 now",
+            ),
+            ("sweep", "the sweep found 1 notice(s)"),
+            (
+                "prune",
+                "deleted 0 event(s) by age, 0 by the row cap, 0 idle cursor(s), in ",
+            ),
+            (
+                "unwatch",
+                "removed the cursor of agent:main:main on agent:main:subagent:c1",
+            ),
+        ] {
+            if command == "sweep" {
+                human(&url, C1).await;
+            }
+            let mut args = vec![command];
+            if matches!(command, "watch" | "unwatch") {
+                args.extend([MAIN, C1]);
+            }
+            if json {
+                args.insert(0, "--json");
+            }
+            let mut out = FailsAfter::at_once(io::ErrorKind::StorageFull);
+            let mut err = Vec::new();
+            let got = run_into(&url, &args, &mut out, &mut err).await;
+            let err = String::from_utf8_lossy(&err);
+            assert_eq!(
+                got,
+                awareness_cli::EXIT_FAILURE,
+                "{command} json {json}: {err}"
+            );
+            let line = err.lines().next().unwrap_or_default();
+            assert!(
+                line.starts_with(&format!("awareness: {said}"))
+                    && line.contains(", but cannot write output"),
+                "{command} json {json}: {err}"
+            );
+        }
     }
 }

@@ -3832,6 +3832,28 @@ mod tests {
         assert!(locks.map().contains_key(&w));
     }
 
+    /// A deletion that finds the watcher's lock free drops what a dropped turn left and the
+    /// entry with it at once, not at the next let go of some other watcher's lock. (What the
+    /// mutation did: the entry, emptied, stayed in the map; review of stop 66, SV534.)
+    #[tokio::test]
+    async fn a_deletion_that_finds_the_lock_free_leaves_no_entry() {
+        let locks = TurnLocks::default();
+        let w = SessionKey::new("agent:main:main").unwrap();
+        let mut guard = locks.lock(&w).await;
+        guard.carried().unread.push(QueuedEntry {
+            text: "a line nobody read".into(),
+            context_key: None,
+        });
+        drop(guard);
+        assert!(locks.map().contains_key(&w), "kept for the next turn");
+        let number = locks.reset_begins();
+        locks.forget(&w, number, Forget::All);
+        assert!(
+            locks.map().is_empty(),
+            "the deletion dropped the lines, and the entry with them"
+        );
+    }
+
     /// Two deletions of a watcher marked while its lock is held, their store writes committing
     /// in the other order than they began: the mark keeps the later one's number, which drops
     /// lines taken between the two. (The mark taking whichever write came last passed every

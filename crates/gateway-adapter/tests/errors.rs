@@ -645,6 +645,27 @@ async fn a_pruning_pass_that_fails_part_way_reports_what_it_deleted() {
     assert!(line.contains(CAUSE), "{line}");
 }
 
+/// A start-up whose pruning pass fails says so ([`StartupReport::prune_failed`]), rather than
+/// looking like a start-up that pruned nothing. (What the mutation did: the start-up reported its
+/// failed pass as not failed; review of stop 66, SV540.)
+#[tokio::test]
+async fn a_start_up_whose_pruning_fails_reports_it() {
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: ChunkFails {
+            nth: 1,
+            seen: std::sync::atomic::AtomicUsize::new(0),
+        },
+    });
+    let (svc, _queue) = starting_up(store);
+    let report = svc.startup().await;
+    assert_eq!(
+        (report.prune_failed, report.sweep_failed),
+        (true, false),
+        "the failed pass is reported: {report:?}"
+    );
+}
+
 /// Holds every unwatch until the test lets it go.
 struct HeldUnwatch(Arc<tokio::sync::Semaphore>);
 
@@ -845,21 +866,43 @@ async fn a_store_that_panics_reading_cursors_fails_no_tick_and_no_spawn() {
     assert_eq!(store.log_stats().await.unwrap().rows, 1);
 }
 
-/// A start-up whose sweep re-delivers a notice reports how many it re-delivered
-/// ([`StartupReport::redelivered`]), not 0. (A report of 0 passed every other test: review of stop
-/// 62, S04.)
+/// A start-up whose sweep re-delivers notices reports how many it re-delivered
+/// ([`StartupReport::redelivered`]): two, for one watcher's cursors on two sessions, and a sweep
+/// again re-delivers and counts both. (A report of 0 passed every other test: review of stop
+/// 62, S04; the count capped at 1 too: review of stop 66, SV525.)
 #[tokio::test]
 async fn a_start_up_reports_the_notices_its_sweep_redelivered() {
-    let child = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
-    let store = main_notified_of(&child).await;
+    let first = SessionRef::parse("agent:main:subagent:c", "main").unwrap();
+    let second = SessionRef::parse("agent:main:subagent:d", "main").unwrap();
+    let store = main_notified_of(&first).await;
+    store
+        .watch(
+            &WatcherKey::parse("agent:main:main").unwrap(),
+            &second,
+            Timestamp(0),
+        )
+        .await
+        .unwrap();
+    store
+        .record(
+            awareness_core::testkit::checks::human(&second),
+            Timestamp(1),
+        )
+        .await
+        .unwrap();
     let (svc, queue) = starting_up(store);
     let report = svc.startup().await;
     assert_eq!(
         (report.redelivered, report.sweep_failed, report.prune_failed),
-        (1, false, false),
-        "the sweep's re-delivered notice is reported: {report:?}"
+        (2, false, false),
+        "the sweep's re-delivered notices are reported: {report:?}"
     );
-    assert_eq!(queue.peek(&k("agent:main:main")).len(), 1, "re-delivered");
+    assert_eq!(queue.peek(&k("agent:main:main")).len(), 2, "re-delivered");
+    assert_eq!(
+        svc.sweep().await,
+        2,
+        "a sweep again re-delivers and counts both"
+    );
 }
 
 /// Answers the first two reads of heads as a damaged head row does

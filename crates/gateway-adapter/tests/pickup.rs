@@ -1401,6 +1401,67 @@ async fn the_pickup_task_outlives_a_question_that_panics() {
     picked_up_after_a_panic(store, directory(&[MANAGER]), &said).await;
 }
 
+/// A question that fails again after the store has answered one is warned of again: only
+/// failures in a row go to `debug!` after the first. (What the mutation did: an answer did not
+/// end the run of failures, and the next failure, hours later perhaps, went to `debug!` only;
+/// review of stop 66, SV542.)
+#[tokio::test(start_paused = true)]
+async fn a_question_that_fails_again_after_an_answer_is_warned_of_again() {
+    struct FailsFirstAndThird(std::sync::atomic::AtomicUsize);
+    impl Hook for FailsFirstAndThird {
+        fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
+            if call != Call::ForeignCommits {
+                return None;
+            }
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            (n == 1 || n == 3).then(|| {
+                awareness_core::StoreError::backend(
+                    "ask whether another writer committed",
+                    std::io::Error::other("disk I/O error"),
+                )
+            })
+        }
+    }
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: FailsFirstAndThird(std::sync::atomic::AtomicUsize::new(0)),
+    });
+    let asked = || store.hook.0.load(std::sync::atomic::Ordering::SeqCst);
+    let (svc, _queue, _woken) = woken_service(
+        store.clone(),
+        directory(&[MANAGER]),
+        AwarenessConfig::default(),
+    );
+    let pickup = svc.spawn_pickup();
+    // A question at every pick-up interval (1 s): bounded, so that a task that stopped asking
+    // fails the test instead of hanging it.
+    for _ in 0..600 {
+        if asked() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pickup.abort();
+    let _ = pickup.await;
+    assert!(asked() >= 4, "four questions asked");
+    let warned = capture
+        .lines()
+        .iter()
+        .filter(|l| {
+            l.starts_with("message=cannot ask the store whether another writer committed")
+                && l.contains("level=WARN")
+        })
+        .count();
+    assert_eq!(
+        warned,
+        2,
+        "each failure after an answer is warned of: {:?}",
+        capture.lines()
+    );
+}
+
 /// Runs the pick-up task over `store` (a memory store) and `directory`, in which a port
 /// panics once, after another writer handed MANAGER a notice: the notice is picked up and
 /// MANAGER woken while the task lives, and one log line says all of `said`.

@@ -700,6 +700,30 @@ async fn a_turn_dropped_while_reading_the_cursors_loses_no_queued_line() {
     assert_eq!(read, want);
 }
 
+/// The lines a turn dropped while it read the cursors had drained come first at the next turn,
+/// before the lines queued since, in the order they were queued. (What the mutation did: the
+/// lines drained now put ahead of those the dropped turn had taken; review of stop 66, SV513.)
+#[tokio::test]
+async fn lines_a_turn_dropped_while_reading_had_drained_come_before_lines_queued_since() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    w.human().await;
+    let earlier = w.queue_an_exec_line();
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    w.open_gate();
+    let later = QueuedEntry {
+        text: "Cron finished: nightly backup".into(),
+        context_key: None,
+    };
+    assert!(w.queue.enqueue(&k(MANAGER), later.clone()));
+    let read = texts(&w.svc.drain_turn(&k(MANAGER)).await);
+    assert_eq!(
+        read,
+        vec![notice(Sequence(1)), earlier.text, later.text],
+        "what the dropped turn had drained comes first, then the line queued since"
+    );
+}
+
 /// Bug: a recording dropped once the store had committed it never queued its notice nor woke
 /// the manager: the change sat in the cursor until the manager took a turn for another reason.
 #[tokio::test]
@@ -1339,6 +1363,29 @@ async fn a_reset_keeps_the_other_system_events_a_dropped_turn_drained() {
     }
 }
 
+/// A reset drops the session-state notices a turn dropped while reading the cursors had drained
+/// (not classified yet) as well as those a turn settled on: the next turn, should it fail to read
+/// the cursors and show its lines unclassified, shows the other line only, not the notice of a
+/// watch the reset removed. (What the mutation did: the reset kept the session-state lines the dropped
+/// turn had drained but not classified; review of stop 66, SV532.)
+#[tokio::test]
+async fn a_reset_drops_the_notices_a_turn_dropped_while_reading_had_drained() {
+    let mut w = World::gated(Call::Cursors, false).await;
+    w.human().await;
+    let other = w.queue_an_exec_line();
+    let a = w.turn_at_the_gate().await;
+    dropped(a).await;
+    w.open_gate();
+    settle().await;
+    w.svc.on_reset(&k(MANAGER)).await;
+    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Cursors);
+    assert_eq!(
+        texts(&w.svc.drain_turn(&k(MANAGER)).await),
+        vec![other.text],
+        "the notice went with the watch, though the cursors could not be read"
+    );
+}
+
 /// What a dropped turn left stays while the watches it is about stay: deleting the manager's
 /// key under another agent (whose cursors are not the manager's) and a reset the store fails
 /// keep it for the next turn. Both dropped it, and those notices had been acknowledged.
@@ -1541,6 +1588,41 @@ async fn within_an_hour<T>(call: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(std::time::Duration::from_hours(1), call)
         .await
         .expect("the call went on without the store")
+}
+
+/// A pick-up whose read of the cursors hangs gives up after `AwarenessConfig::store_wait`, as a
+/// turn's read does, and answers not complete (nothing queued), whether the read of every
+/// pending cursor hangs or the read of one watcher's cursors (made holding that watcher's turn
+/// lock, which it then lets go of): it does not hold the pick-up task, and the watcher's turns,
+/// for as long as the store hangs. (What the mutations did: each read waited with no bound;
+/// review of stop 66, SV527 and SV528.)
+#[tokio::test(start_paused = true)]
+async fn a_pick_up_whose_cursor_reads_hang_gives_up() {
+    for watchers_read in [false, true] {
+        let mut w = World::gated(Call::Cursors, false).await;
+        w.human().await;
+        let mut reads = vec!["every pending cursor"];
+        if watchers_read {
+            // The line is lost from the queue: the pick-up has it to queue again. The read of
+            // every pending cursor answers; the watcher's own read then hangs.
+            assert_eq!(w.queue.drain(&k(MANAGER)).len(), 1);
+            w.store.hook.permits.add_permits(1);
+            reads.push("the watcher's cursors");
+        }
+        let picked = within_an_hour(w.svc.pick_up()).await;
+        assert_eq!(
+            picked,
+            PickUp {
+                queued: 0,
+                complete: false
+            },
+            "the pick-up gave up on the read of {} and said so",
+            reads[reads.len() - 1]
+        );
+        for read in reads {
+            w.entered.recv().await.expect(read);
+        }
+    }
 }
 
 /// Bug: a store that hung on the read of the pending cursors held the watcher's turn until the
@@ -1752,6 +1834,37 @@ async fn a_recording_that_hangs_gives_up_waiting_and_still_delivers() {
     settle().await;
     assert_eq!(texts(&w.queue.peek(&k(MANAGER))), vec![notice(Sequence(1))]);
     assert_eq!(w.wake.count(&k(MANAGER)), 1, "the manager was woken");
+}
+
+/// A recording the store has not answered within the wait is logged as not recorded *yet*, with
+/// the reason, since it goes on and may commit; only one that failed is logged as not recorded.
+/// (What the mutation did: the recording given up on logged as "not recorded", as a failure;
+/// review of stop 66, SV508.)
+#[tokio::test(start_paused = true)]
+async fn a_recording_given_up_on_is_logged_as_not_recorded_yet() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let mut w = World::gated(Call::Record, false).await;
+    assert!(
+        within_an_hour(w.svc.human_message(human_message()))
+            .await
+            .is_none()
+    );
+    w.entered
+        .recv()
+        .await
+        .expect("the recording reached the store");
+    assert_eq!(
+        capture.said(&[
+            "session-state event not recorded yet",
+            "the recording goes on"
+        ]),
+        1,
+        "the recording given up on is said to go on: {:?}",
+        capture.lines()
+    );
+    w.open_gate();
+    settle().await;
 }
 
 /// Bug: with a store that hangs, every best-effort producer's call left one more task holding
@@ -2371,6 +2484,30 @@ async fn a_spawn_whose_optional_read_hangs_is_still_recorded() {
     assert!(
         event.is_some(),
         "the spawn is recorded within store_wait, its optional read given up at half of it"
+    );
+}
+
+/// A subagent that spawns a subagent is owed no wake, so its spawn asks the store nothing about
+/// its cursor: a store whose cursor reads hang still has the nested spawn recorded and answered
+/// within the wait. (What the mutation did: the nested spawn read the spawner's cursor before and
+/// after the recording, as a main session's does, and was answered as not recorded; review of
+/// stop 66, SV511.)
+#[tokio::test(start_paused = true)]
+async fn a_nested_spawn_asks_nothing_of_a_store_whose_cursor_reads_hang() {
+    let mut w = World::gated(Call::Cursor, false).await;
+    let svc = Arc::clone(&w.svc);
+    let spawn = tokio::spawn(async move {
+        svc.subagent_spawned(&k("agent:main:subagent:nested"), None, &k(CHILD), "run-3")
+            .await
+    });
+    let event = within_an_hour(spawn).await.expect("the spawn's task");
+    assert!(
+        event.is_some(),
+        "the nested spawn is recorded and answered, with no read of the spawner's cursor"
+    );
+    assert!(
+        w.entered.try_recv().is_err(),
+        "no cursor read reached the store"
     );
 }
 

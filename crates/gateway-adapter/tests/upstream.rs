@@ -1714,7 +1714,7 @@ async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
     } = w;
     let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
     let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
-        .provider(Arc::new(Begun(began)))
+        .provider(Arc::new(HoldsTheStore(store.clone(), began)))
         .config(gateway_adapter::MonitorConfig {
             first_tick: Duration::ZERO,
             ..gateway_adapter::MonitorConfig::default()
@@ -1725,13 +1725,44 @@ async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
     begun.recv().await.expect("a check began");
     task.stop().await;
     drop(monitor);
-    // What the abandoned check held (the monitor, and through it the store) is let go of by
-    // now: the caller can close the store through its last handle.
+    // What the abandoned check held (the monitor, and through it the store, and the store
+    // itself for 300 ms after its abort) is let go of by now: the caller can close the store
+    // through its last handle. (What the mutation did: the checks were aborted and not waited
+    // for, so `stop` returned while one still held the store; review of stop 66, M526.)
     assert_eq!(
         Arc::strong_count(&store),
         1,
         "a check of the stopped tick still holds the store"
     );
+}
+
+/// Holds the store until dropped, and takes 300 ms to drop (an aborted check whose end is slow).
+struct SlowDrop(Arc<MemoryStore>);
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            Arc::strong_count(&self.0) > 1,
+            "the test holds the store too"
+        );
+    }
+}
+
+/// A provider whose check holds the store and never ends.
+struct HoldsTheStore(Arc<MemoryStore>, tokio::sync::mpsc::UnboundedSender<()>);
+
+#[async_trait]
+impl UpstreamProvider for HoldsTheStore {
+    fn kind(&self) -> &'static str {
+        "begun"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        let _held = SlowDrop(self.0.clone());
+        let _ = self.1.send(());
+        std::future::pending().await
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -2959,6 +2990,92 @@ async fn the_monitor_outlives_a_tick_that_panics() {
         "{:?}",
         capture.lines()
     );
+    task.stop().await;
+}
+
+/// A link store over `inner` whose first listings panic in the call itself, before it returns
+/// its future (a port written by hand, not with `async_trait`): the panic unwinds through the
+/// tick, not through the store's wait.
+struct ListPanicsAtCall {
+    inner: Arc<MemoryStore>,
+    left: AtomicUsize,
+}
+
+#[async_trait]
+impl UpstreamStore for ListPanicsAtCall {
+    async fn upsert_link(
+        &self,
+        spec: LinkSpec,
+        now: Timestamp,
+    ) -> Result<UpsertOutcome, StoreError> {
+        self.inner.upsert_link(spec, now).await
+    }
+    async fn link(&self, s: &SessionRef) -> Result<Option<UpstreamLink>, StoreError> {
+        self.inner.link(s).await
+    }
+    fn links<'life0, 'async_trait>(
+        &'life0 self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Vec<UpstreamLink>, StoreError>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        let panics = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        assert!(!panics, "the store panicked before its future");
+        self.inner.links()
+    }
+    async fn set_marker(
+        &self,
+        s: &SessionRef,
+        expected: Timestamp,
+        marker: Value,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.inner.set_marker(s, expected, marker, now).await
+    }
+    async fn mark_scanned(&self, s: &SessionRef, now: Timestamp) -> Result<bool, StoreError> {
+        self.inner.mark_scanned(s, now).await
+    }
+    async fn remove_link(&self, s: &SessionRef, e: Option<Timestamp>) -> Result<bool, StoreError> {
+        self.inner.remove_link(s, e).await
+    }
+}
+
+/// A tick that panics (here a link store that panics in its call, not in its future) still ends
+/// with its `TickDone`, so that a subscriber counting ticks misses none, and the next tick runs.
+/// (What the mutation did: the tick that panicked published no `TickDone`; review of stop 66,
+/// M516.)
+#[tokio::test(start_paused = true)]
+async fn a_tick_that_panics_outside_the_stores_wait_still_publishes_its_end() {
+    let (w, mut t, session) = worker_adopted().await;
+    let store = Arc::new(ListPanicsAtCall {
+        inner: w.store.clone(),
+        left: AtomicUsize::new(1),
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), store)
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    let task = monitor.spawn();
+    t.human("typed while the store panicked");
+    let first = next_tick(&mut rx).await;
+    assert_eq!(
+        (first.tick, first.checked),
+        (1, 0),
+        "the tick that panicked ends with its TickDone"
+    );
+    let second = next_tick(&mut rx).await;
+    assert_eq!((second.tick, second.checked), (2, 1), "the next tick runs");
+    assert_eq!(w.human_events(&session).await, 1);
     task.stop().await;
 }
 
@@ -5293,6 +5410,61 @@ async fn a_turn_typed_after_a_watch_that_began_during_a_pass_is_recorded() {
     assert_eq!(w.human_events(&session).await, 1);
 }
 
+/// A pass over an unwatched link that cannot tell, once it read, whether the session is watched
+/// now (the store failed reading its watchers) keeps the marker: a watch began meanwhile, and the
+/// turn typed after it is recorded at the next tick. (What the mutation did: only a watch seen
+/// kept the marker, so a failed read moved it past the turn, which was never recorded; review of
+/// stop 66, M534.)
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_cannot_tell_whether_the_session_is_watched_keeps_the_marker() {
+    let (w, hooked) = common::hooked_world(RefuseNext {
+        call: awareness_core::testkit::hooked::Call::Cursors,
+        left: AtomicUsize::new(0),
+    });
+    let t = Transcript::new();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    w.svc
+        .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+        .await
+        .unwrap();
+    // While the pass reads: a watch begins, a person types, and the pass's read of the
+    // session's watchers then fails.
+    let (store, path, refuse) = (w.store.clone(), t.path.clone(), hooked.clone());
+    let provider = FirstCheckAfter::new(Box::new(move |link| {
+        Box::pin(async move {
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            store
+                .watch(&watcher, &link.session, Timestamp::now())
+                .await
+                .unwrap();
+            let row = user_row(
+                "00000000-0000-4000-8000-999999999998",
+                json!("typed after the watch"),
+            );
+            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(format!("{row}\n").as_bytes()).unwrap();
+            refuse.hook.left.store(1, Ordering::SeqCst);
+        })
+    }));
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(provider)
+        .build();
+    let r = monitor.tick().await;
+    assert_eq!((r.unwatched, r.checked), (1, 0));
+    assert_eq!(
+        hooked.hook.left.load(Ordering::SeqCst),
+        0,
+        "the pass's read of the watchers was refused"
+    );
+    let r = monitor.tick().await;
+    assert_eq!((r.unwatched, r.checked), (0, 1));
+    assert_eq!(
+        w.human_events(&session).await,
+        1,
+        "the turn typed after the watch began is recorded"
+    );
+}
+
 /// The JSONL provider, except that its check panics for one session (`bad`).
 struct JsonlPanicsFor {
     inner: JsonlProvider,
@@ -5736,6 +5908,43 @@ async fn a_session_the_directory_panics_on_is_not_checked() {
         "skipped this tick: {report:?}"
     );
     assert_eq!(w.human_events(&session).await, 0, "nothing recorded");
+}
+
+/// A session the directory panics on (with `owned_watchers_only`) is published as a failed check
+/// of that session, as `Detection::Failed` says: a subscriber learns why it was not checked.
+/// (What the mutation did: the directory's panic was logged but published nothing; review of
+/// stop 66, M514.)
+#[tokio::test(start_paused = true)]
+async fn a_session_the_directory_panics_on_is_published_as_failed() {
+    let (w, _t, session) = worker_adopted().await;
+    let config = gateway_adapter::AwarenessConfig {
+        owned_watchers_only: true,
+        ..gateway_adapter::AwarenessConfig::default()
+    };
+    let svc = Arc::new(
+        Awareness::builder(
+            w.store.clone(),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(PanicsWhenAsked),
+        )
+        .upstream(w.store.clone())
+        .config(config)
+        .build(),
+    );
+    let monitor = UpstreamMonitor::builder(svc, w.store.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let mut rx = monitor.subscribe();
+    assert_eq!(monitor.tick().await.checked, 0);
+    assert_eq!(
+        failed_sessions(&mut rx),
+        vec![(
+            session,
+            "the gateway's session directory panicked".to_owned()
+        )],
+        "the skipped session is published as failed"
+    );
 }
 
 /// A provider answering the outcomes given, one a check; it records an own prompt for the
@@ -7033,6 +7242,62 @@ async fn a_link_removal_failing_again_after_one_worked_is_warned_of_again() {
     );
 }
 
+/// A link listing that failed, then worked, then failed again is warned of twice, and once
+/// while it repeats. (What the mutations did: a listing that worked did not end the logged
+/// failure, so the next was logged at DEBUG only (M541); or every failed listing was warned of,
+/// at every tick (M542); review of stop 66.)
+#[tokio::test]
+async fn a_link_listing_failing_again_after_one_worked_is_warned_of_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let (w, _t, _session) = worker_adopted().await;
+    let flaky = Arc::new(Flaky {
+        panic_lists: AtomicUsize::new(2),
+        ..Flaky::over(&w.store)
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    let what = "cannot list links";
+    monitor.tick().await;
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        1,
+        "once while it repeats"
+    );
+    assert_eq!(monitor.tick().await.links, 1, "the links are listed");
+    flaky.panic_lists.store(1, Ordering::SeqCst);
+    monitor.tick().await;
+    assert_eq!(
+        capture.said(&[what, "level=WARN"]),
+        2,
+        "warned of again after a listing worked"
+    );
+}
+
+/// A link the tick does not check (here: of a kind no provider reads) forgets its own logged
+/// failures only: another link's check failing alike at every tick is still warned of once.
+/// (What the mutation did: such a link forgot every link's logged failures, so the other link's
+/// failure was warned of at every tick; review of stop 66, M544.)
+#[tokio::test]
+async fn a_link_not_checked_forgets_no_other_links_logged_failure() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let w = world();
+    w.adopt_remote("agent:main:a", "nobody").await;
+    w.adopt_remote("agent:main:b", "scripted").await;
+    let monitor = w.monitor().provider(failing_three_times()).build();
+    monitor.tick().await;
+    let r = monitor.tick().await;
+    assert_eq!((r.no_provider, r.checked), (1, 1));
+    assert_eq!(
+        check_failed_warnings(&capture),
+        1,
+        "the other link's failure is warned of once while it repeats"
+    );
+}
+
 /// A provider whose first check takes 150 s (of paused time); the others answer at once.
 struct SlowFirst(AtomicBool);
 
@@ -7084,15 +7349,26 @@ async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
 }
 
 /// Stopping the monitor's task ends the pass over unwatched links that a tick left hanging:
-/// `stop` returns. (What the mutation did: the pass was awaited without being aborted, so a
-/// read that hangs held `stop` for good; review of stop 65, MW30.)
+/// `stop` returns, and once it has (and the monitor's handles are dropped), nothing of the pass
+/// holds the store. (What the mutations did: the pass was awaited without being aborted, so a
+/// read that hangs held `stop` for good, review of stop 65, MW30; the task's end left the pass
+/// to the last handle's drop, which aborts it without waiting, so it still held the store when
+/// the caller went on, review of stop 66, M539.)
 #[tokio::test(start_paused = true)]
 async fn stopping_the_task_ends_a_hanging_pass_over_an_unwatched_link() {
     let w = world();
     let r = SessionRef::parse("agent:main:remote", "main").unwrap();
     let spec = LinkSpec::new(r, "remote", "h", "t", "hanging");
     assert!(w.svc.try_adopt(spec).await.unwrap().created);
-    let monitor = w.monitor().provider(Arc::new(Hanging)).build();
+    let World {
+        store,
+        svc: awareness,
+        ..
+    } = w;
+    let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
+        .provider(Arc::new(Hanging))
+        .build();
+    drop(awareness);
     let mut rx = monitor.subscribe();
     let task = monitor.spawn();
     assert_eq!(next_tick(&mut rx).await.unwatched, 1);
@@ -7101,5 +7377,11 @@ async fn stopping_the_task_ends_a_hanging_pass_over_an_unwatched_link() {
             .await
             .is_ok(),
         "stop returns though the pass still reads"
+    );
+    drop(monitor);
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "the pass of the stopped monitor still holds the store"
     );
 }

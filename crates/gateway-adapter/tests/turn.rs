@@ -1341,8 +1341,17 @@ async fn a_deletion_whose_caller_gives_up_still_takes_its_notices_out_of_the_que
 /// show (once its acknowledgement committed).
 #[tokio::test]
 async fn a_reset_keeps_the_other_system_events_a_dropped_turn_drained() {
-    for at in [(Call::Cursors, false), (Call::Acknowledge, true)] {
-        let mut w = World::gated(at.0, at.1).await;
+    // The third case: the next turn fails to read the cursors and shows its lines unclassified,
+    // still without the notice the reset dropped. (What the mutation did: the reset kept the
+    // session-state lines the dropped turn had drained but not classified, and that turn showed
+    // the notice of a watch the reset removed; review of stop 66, SV532.)
+    for (gate, after, unread) in [
+        (Call::Cursors, false, false),
+        (Call::Acknowledge, true, false),
+        (Call::Cursors, false, true),
+    ] {
+        let at = (gate, after, unread);
+        let mut w = World::gated(gate, after).await;
         w.human().await;
         let other = w.queue_an_exec_line();
         assert_eq!(
@@ -1355,35 +1364,15 @@ async fn a_reset_keeps_the_other_system_events_a_dropped_turn_drained() {
         w.open_gate();
         settle().await;
         w.svc.on_reset(&k(MANAGER)).await;
+        if unread {
+            *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Cursors);
+        }
         assert_eq!(
             texts(&w.svc.drain_turn(&k(MANAGER)).await),
             vec![other.text],
             "{at:?}: the notice went with the watch, the other line stays"
         );
     }
-}
-
-/// A reset drops the session-state notices a turn dropped while reading the cursors had drained
-/// (not classified yet) as well as those a turn settled on: the next turn, should it fail to read
-/// the cursors and show its lines unclassified, shows the other line only, not the notice of a
-/// watch the reset removed. (What the mutation did: the reset kept the session-state lines the dropped
-/// turn had drained but not classified; review of stop 66, SV532.)
-#[tokio::test]
-async fn a_reset_drops_the_notices_a_turn_dropped_while_reading_had_drained() {
-    let mut w = World::gated(Call::Cursors, false).await;
-    w.human().await;
-    let other = w.queue_an_exec_line();
-    let a = w.turn_at_the_gate().await;
-    dropped(a).await;
-    w.open_gate();
-    settle().await;
-    w.svc.on_reset(&k(MANAGER)).await;
-    *w.store.hook.refuse_at.lock().unwrap() = Some(Call::Cursors);
-    assert_eq!(
-        texts(&w.svc.drain_turn(&k(MANAGER)).await),
-        vec![other.text],
-        "the notice went with the watch, though the cursors could not be read"
-    );
 }
 
 /// What a dropped turn left stays while the watches it is about stay: deleting the manager's

@@ -342,50 +342,32 @@ async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
     assert!(page.history_gap, "{page:?}");
 }
 
-/// A page of one event reads one more (to tell whether more follow): a row that cannot be read in
-/// that place fails the page as any other, and the error names it too, the rows read again one at a
-/// time being the page's and the one past its end. (What the mutation did: the rows read again up
-/// to the page's limit alone, the error was the page's, naming no row; review of stop 63, Q01.)
+/// A page of one event reads one more (to tell whether more follow): a row that cannot be read
+/// in either place, the page's own first row (more of the ref's events following) or the one
+/// past its end, fails the page as any other, and the error names it, the rows read again one
+/// at a time being the page's, lowest first, and the one past its end. (What the mutations did:
+/// the rows read again up to the page's limit alone, review of stop 63, Q01; or highest first,
+/// the ref's last events, which read, review of stop 66, S532: each time the error was the
+/// page's, naming no row.)
 #[tokio::test]
-async fn an_unreadable_event_just_past_a_pages_limit_is_named() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let (store, a, _) = five_events(&path).await;
-    behind_the_back(
-        &path,
-        "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
-        &[3],
-    )
-    .await;
-    let err = store
-        .changes_since(&a, Sequence::ZERO, 1)
-        .await
-        .expect_err("the page of one event reads the row past it");
-    names_the_row(&err, &path, 3, a.session_key.as_str());
-    store.close().await;
-}
-
-/// A row that cannot be read at the start of a ref's page, with more of the ref's events past the
-/// page, is named: the rows read again one at a time are the page's own, lowest first. (What the
-/// mutation did: they were read highest first, the ref's last events, which read, so the error was
-/// the page's, naming no row; review of stop 66, S532.)
-#[tokio::test]
-async fn an_unreadable_event_first_in_a_page_with_more_after_it_is_named() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let (store, a, _) = five_events(&path).await;
-    behind_the_back(
-        &path,
-        "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
-        &[1],
-    )
-    .await;
-    let err = store
-        .changes_since(&a, Sequence::ZERO, 1)
-        .await
-        .expect_err("the page starts at the torn row");
-    names_the_row(&err, &path, 1, a.session_key.as_str());
-    store.close().await;
+async fn an_unreadable_event_in_or_just_past_a_pages_limit_is_named() {
+    for torn in [3, 1] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("state.sqlite");
+        let (store, a, _) = five_events(&path).await;
+        behind_the_back(
+            &path,
+            "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
+            &[torn],
+        )
+        .await;
+        let err = store
+            .changes_since(&a, Sequence::ZERO, 1)
+            .await
+            .expect_err("the page of one event reads the row past it");
+        names_the_row(&err, &path, torn.cast_unsigned(), a.session_key.as_str());
+        store.close().await;
+    }
 }
 
 /// A listing of one agent's heads, one of whose head rows holds a key that is not UTF-8 (so that

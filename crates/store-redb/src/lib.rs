@@ -1953,6 +1953,28 @@ mod tests {
         assert_eq!(store.write_transactions(), before, "a watch within a day");
     }
 
+    /// A row-cap chunk on a log within its cap deletes nothing and commits nothing: no fsync,
+    /// no write transaction counted, however often the pruning pass runs.
+    /// (What the mutation did: a row-cap round committed even when it deleted no row; review of
+    /// stop 66, R532.)
+    #[tokio::test]
+    async fn a_row_cap_chunk_within_the_cap_commits_nothing() {
+        let (_dir, store) = fresh().await;
+        let at = session("agent:main:subagent:child");
+        record_keyed(&store, &at, &["a", "b"]).await;
+        let before = store.write_transactions();
+        let deleted = store
+            .prune_chunk(&PruneStep::RowCap { max_rows: 2 }, 100, T0.plus_ms(1))
+            .await
+            .expect("prune");
+        assert_eq!(deleted, 0);
+        assert_eq!(
+            store.write_transactions(),
+            before,
+            "a row-cap chunk that deleted nothing committed a transaction"
+        );
+    }
+
     /// The dedupe index (key, sequence), and the sequences of `at` in the reference index
     /// (its head's `u64::MAX` included), as the file holds them.
     async fn raw_indexes(store: &RedbStore, at: &SessionRef) -> (Vec<(String, u64)>, Vec<u64>) {

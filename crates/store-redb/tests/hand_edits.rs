@@ -416,3 +416,91 @@ async fn a_cursor_whose_key_is_cut_short_is_listed_as_unreadable() {
     assert!(listed[0].reason.contains("cut short"), "{listed:?}");
     store.close().await;
 }
+
+/// A cursor key cut short among sound ones (a flipped bit in the file) stops no listing:
+/// `cursors()` passes over it and lists the cursors after it in key order too.
+/// (What the mutation did: a key cut short ended the scan of `cursors()` (continue -> break),
+/// hiding every cursor after it; review of stop 66, R531.)
+#[tokio::test]
+async fn a_cursor_key_cut_short_hides_no_cursor_after_it() {
+    use awareness_core::{CursorFilter, CursorStore as _, WatcherKey};
+    /// The cursors table's keys as bytes, ordered byte by byte: redb's own order of the pair
+    /// would read past the end of the key cut short while placing it.
+    #[derive(Debug)]
+    struct ByteOrder;
+    impl redb::Value for ByteOrder {
+        type SelfType<'a> = &'a [u8];
+        type AsBytes<'a> = &'a [u8];
+        fn fixed_width() -> Option<usize> {
+            None
+        }
+        fn from_bytes<'a>(data: &'a [u8]) -> &'a [u8]
+        where
+            Self: 'a,
+        {
+            data
+        }
+        fn as_bytes<'a, 'b: 'a>(value: &'a &'b [u8]) -> &'a [u8]
+        where
+            Self: 'b,
+        {
+            value
+        }
+        fn type_name() -> redb::TypeName {
+            <(&str, &str) as redb::Value>::type_name()
+        }
+    }
+    impl redb::Key for ByteOrder {
+        fn compare(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+            a.cmp(b)
+        }
+    }
+    const RAW_KEYS: redb::TableDefinition<ByteOrder, Raw<CursorRow>> =
+        redb::TableDefinition::new("cursors");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let store = RedbStore::open(&path).await.unwrap();
+    // Watchers of one length: their keys' byte order is the pair's order.
+    let watchers: Vec<String> = ('a'..='j')
+        .map(|c| format!("agent:main:subagent:{c}{c}"))
+        .collect();
+    for w in &watchers {
+        store
+            .watch(
+                &WatcherKey::parse(w).unwrap(),
+                &r("agent:main:subagent:child"),
+                T0,
+            )
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    let mut row = vec![4];
+    row.extend_from_slice(b"main");
+    for n in [1u64, 1, 1] {
+        row.extend_from_slice(&n.to_le_bytes());
+    }
+    row.extend_from_slice(&T0.millis().to_le_bytes());
+    // States a watcher of 22 bytes and holds 21: between the cursors of "hh" and "ii", far
+    // from the lowest keys a listing's search starts from.
+    let mut cut = vec![22u8];
+    cut.extend_from_slice(b"agent:main:subagent:i");
+    edit(&path, |txn| {
+        txn.open_table(RAW_KEYS)
+            .unwrap()
+            .insert(cut.as_slice(), row.as_slice())
+            .unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    assert_eq!(store.unreadable_cursors().await.unwrap().len(), 1);
+    let listed = store.cursors(&CursorFilter::default()).await.unwrap();
+    let got: Vec<_> = listed
+        .iter()
+        .map(|c| c.watcher.as_str().to_owned())
+        .collect();
+    assert_eq!(
+        got, watchers,
+        "every sound cursor is listed, those after the key cut short too"
+    );
+    store.close().await;
+}

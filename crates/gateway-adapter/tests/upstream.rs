@@ -7224,29 +7224,14 @@ async fn a_link_listing_failing_again_after_one_worked_is_warned_of_again() {
     let capture = common::Capture::default();
     let _logs = capture.install();
     let (w, _t, _session) = worker_adopted().await;
-    let flaky = Arc::new(Flaky {
-        panic_lists: AtomicUsize::new(2),
-        ..Flaky::over(&w.store)
-    });
+    let flaky = Arc::new(Flaky::over(&w.store));
     let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
         .provider(Arc::new(JsonlProvider::new()))
         .build();
-    let what = "cannot list links";
-    monitor.tick().await;
-    monitor.tick().await;
-    assert_eq!(
-        capture.said(&[what, "level=WARN"]),
-        1,
-        "once while it repeats"
-    );
-    assert_eq!(monitor.tick().await.links, 1, "the links are listed");
-    flaky.panic_lists.store(1, Ordering::SeqCst);
-    monitor.tick().await;
-    assert_eq!(
-        capture.said(&[what, "level=WARN"]),
-        2,
-        "warned of again after a listing worked"
-    );
+    warned_again_once_it_worked(&monitor, &capture, "cannot list links", |n| {
+        flaky.panic_lists.store(n, Ordering::SeqCst);
+    })
+    .await;
 }
 
 /// A link the tick does not check (here: of a kind no provider reads) forgets its own logged

@@ -3,7 +3,7 @@
 //! see the detection printed, stop it with Ctrl-C (SIGINT), and read the recorded event.
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -566,16 +566,22 @@ fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
     assert!(text(&o).contains("unknown session"), "{}", text(&o));
 }
 
+/// In `dir`: a SQLite store's file and URL (not created yet), and an empty transcript.
+fn store_and_transcript(dir: &Path) -> (PathBuf, String, PathBuf) {
+    let db = dir.join("state.db");
+    let store = format!("sqlite://{}", db.display());
+    let transcript = dir.join("t.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    (db, store, transcript)
+}
+
 /// `adopt` records `adopted` best effort through the library, and says when it could not: the
 /// link is in place, the command exits 1 naming the event, and adopting again, once the store
 /// takes writes of it, records it once. It exited 0 with the event missing.
 #[test]
 fn adopt_fails_when_its_adopted_event_is_not_recorded() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("state.db");
-    let store = format!("sqlite://{}", db.display());
-    let transcript = dir.path().join("t.jsonl");
-    std::fs::File::create(&transcript).unwrap();
+    let (db, store, transcript) = store_and_transcript(dir.path());
     let adopt = [
         "--store",
         &store,
@@ -1205,10 +1211,7 @@ fn adopt_says_its_byte_a_rebase_or_a_kept_link_and_lists_only_this_agents_watche
 #[test]
 fn adopt_keeps_its_catalog_and_leaves_the_file_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("state.db");
-    let store = format!("sqlite://{}", db.display());
-    let transcript = dir.path().join("t.jsonl");
-    std::fs::File::create(&transcript).unwrap();
+    let (_, store, transcript) = store_and_transcript(dir.path());
     human_line(&transcript, "h0", "before");
     let o = run(&[
         "--store",

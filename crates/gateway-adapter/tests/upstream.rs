@@ -7122,10 +7122,12 @@ async fn warned_again_once_it_worked(
     );
 }
 
-/// A failure of a check's store writes counts as over once the write works, and is warned of
-/// again when it comes back: storing the scan time, moving the marker, reading the session's
-/// watchers. (What the mutations did: the write that worked did not end the logged failure, so
-/// the next one was logged at DEBUG only; review of stop 65, MW13, MW20 and MW35.)
+/// A failure of a tick's store calls counts as over once the call works, and is warned of
+/// again when it comes back, once while it repeats: storing the scan time, moving the marker,
+/// listing the links, reading the session's watchers. (What the mutations did: the call that
+/// worked did not end the logged failure, so the next one was logged at DEBUG only, review of
+/// stop 65, MW13, MW20 and MW35, and of stop 66, M541 for the listing; or every failed listing
+/// was warned of, at every tick, M542.)
 #[tokio::test]
 async fn a_store_write_failing_again_after_one_worked_is_warned_of_again() {
     let capture = common::Capture::default();
@@ -7141,15 +7143,16 @@ async fn a_store_write_failing_again_after_one_worked_is_warned_of_again() {
     for (what, moving) in [
         ("scan time not stored", false),
         ("upstream marker not moved", true),
+        ("cannot list links", false),
     ] {
         let w = world();
         w.adopt_remote("agent:main:remote", "scripted").await;
         let flaky = Arc::new(Flaky::over(&w.store));
         let monitor = scripted_over(&w, &flaky, outcomes(moving));
-        let failing = if moving {
-            &flaky.fail_moves
-        } else {
-            &flaky.fail_scans
+        let failing = match what {
+            "scan time not stored" => &flaky.fail_scans,
+            "upstream marker not moved" => &flaky.fail_moves,
+            _ => &flaky.panic_lists,
         };
         warned_again_once_it_worked(&monitor, &capture, what, |n| {
             failing.store(n, Ordering::SeqCst);
@@ -7213,25 +7216,6 @@ async fn a_link_removal_failing_again_after_one_worked_is_warned_of_again() {
         2,
         "warned of again after a removal worked"
     );
-}
-
-/// A link listing that failed, then worked, then failed again is warned of twice, and once
-/// while it repeats. (What the mutations did: a listing that worked did not end the logged
-/// failure, so the next was logged at DEBUG only (M541); or every failed listing was warned of,
-/// at every tick (M542); review of stop 66.)
-#[tokio::test]
-async fn a_link_listing_failing_again_after_one_worked_is_warned_of_again() {
-    let capture = common::Capture::default();
-    let _logs = capture.install();
-    let (w, _t, _session) = worker_adopted().await;
-    let flaky = Arc::new(Flaky::over(&w.store));
-    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky.clone())
-        .provider(Arc::new(JsonlProvider::new()))
-        .build();
-    warned_again_once_it_worked(&monitor, &capture, "cannot list links", |n| {
-        flaky.panic_lists.store(n, Ordering::SeqCst);
-    })
-    .await;
 }
 
 /// A link the tick does not check (here: of a kind no provider reads) forgets its own logged

@@ -47,25 +47,6 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
 
 awareness_core::group_commit_suite!(open_grouped);
 
-/// With `group_commit(1)` every write transaction holds one recording, and the store says so
-/// once it has recorded: its largest batch is 1 (0 before the first recording). (What the
-/// mutation did: the path that records without the queue never counted, and the largest batch
-/// stayed 0 however many recordings were made; review of stop 66, S504.)
-#[tokio::test]
-async fn with_group_commit_of_one_the_largest_batch_is_one() {
-    let dir = tempfile::tempdir().expect("dir");
-    let store = open(&dir, SqliteOptions::new().group_commit(1)).await;
-    assert_eq!(store.largest_batch(), 0, "nothing recorded yet");
-    for i in 0..3 {
-        store.record(event(i), T0).await.expect("record");
-    }
-    assert_eq!(
-        store.largest_batch(),
-        1,
-        "each transaction held one recording"
-    );
-}
-
 /// Writes, behind the store's back, a torn row (an unknown actor type) under the dedupe key
 /// "torn".
 async fn insert_torn_row(path: &std::path::Path) {

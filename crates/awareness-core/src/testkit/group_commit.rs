@@ -669,11 +669,20 @@ pub async fn recordings_crossing_the_end_of_the_counter_commit_only_those_that_f
     );
 }
 
-/// `group_commit(1)` is one write transaction per recording, however many arrive at once.
+/// `group_commit(1)` is one write transaction per recording, however many arrive at once, and
+/// the store says so: its largest batch is 1 once it has recorded (0 before). (What the mutation
+/// did: store-sqlite's path that records without the queue never counted, and its largest batch
+/// stayed 0; review of stop 66, S504.)
 pub async fn group_commit_of_one_commits_every_recording_alone(f: impl OpenGrouped) {
     let dir = Scratch::new("group-commit");
     let g = open(&f, dir.file(), 1).await;
+    assert_eq!((g.largest_batch)(), 0, "nothing recorded yet");
     assert_eq!(record_at_once(&g, 32).await, 32);
+    assert_eq!(
+        (g.largest_batch)(),
+        1,
+        "each transaction held one recording"
+    );
 }
 
 /// No write transaction holds more than `group_commit` recordings: 32 at once with

@@ -1187,6 +1187,12 @@ mod tests {
         assert_eq!(next.updated_at, Timestamp(101));
         // The old token no longer matches.
         assert!(plan_set_marker(&next, Timestamp(100), json!(2), Timestamp(300)).is_none());
+        // Nor does a token above the link's `updated_at` (read from a link since removed and
+        // adopted again under a clock that went back): the marker of another incarnation is
+        // not written over this one.
+        // (What the mutation did: `!=` for `>`, a token newer than the link set its marker;
+        // review of stop 67, CR48.)
+        assert!(plan_set_marker(&next, Timestamp(102), json!(2), Timestamp(300)).is_none());
         assert!(may_remove(&next, None));
         assert!(may_remove(&next, Some(Timestamp(101))));
         assert!(!may_remove(&next, Some(Timestamp(100))));
@@ -1248,7 +1254,14 @@ mod tests {
         let long = human_dedupe_key(&link, "s", &"x".repeat(500));
         assert!(long.len() < 100, "{long}");
         assert!(validate::dedupe_key(&long).is_ok());
-        assert!(missing_dedupe_key(&link).starts_with("upstream-missing:agent:main:main:"));
+        // The `upstream_missing` key is stored with its event as well, pinned whole: its hash
+        // is the link's source hash without a source id, so a retry after an upgrade finds
+        // the event it recorded. (What the mutation did: the hash over another source id,
+        // every key changed and every test passed; review of stop 67, CR53.)
+        assert_eq!(
+            missing_dedupe_key(&link),
+            "upstream-missing:agent:main:main:8210ff5615941d17:100"
+        );
         // One key per incarnation: the link unchanged keeps it; adopted again (its creation
         // kept, its source moved) it gets another.
         assert_eq!(missing_dedupe_key(&link.clone()), missing_dedupe_key(&link));
@@ -1276,6 +1289,17 @@ mod tests {
         n.push_str(" world ");
         assert_eq!(n.prefix(), "hello");
         assert_eq!(n.fingerprint(), fingerprint("hello wonderful world"));
+        // Parts of one text with no whitespace between them are separated as whitespace
+        // would: a transcript's text blocks "fix the" and "bug" read as "fix the bug", the
+        // text the agent was prompted with, not "fix thebug".
+        // (What the mutation did: `separate` pushed nothing, the parts ran together and an
+        // own prompt split in blocks was no echo; review of stop 67, CR52.)
+        let mut parts = NormalizedText::new(16);
+        parts.push_str("fix the");
+        parts.separate();
+        parts.push_str("bug");
+        assert_eq!(parts.fingerprint(), fingerprint("fix the bug"));
+        assert_eq!(parts.prefix(), "fix the bug");
         assert!(NormalizedText::new(3).is_empty());
         let own: Vec<String> = (0..15).map(|i| format!("prompt {i}")).collect();
         let fps = own_fingerprints(&own);

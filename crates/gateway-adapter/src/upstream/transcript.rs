@@ -1161,17 +1161,20 @@ mod tests {
         }
     }
 
+    /// Whether `scanner`'s state, stored and edited by `edit`, reads back as sound.
+    fn sound_after(scanner: &LineScanner, edit: &dyn Fn(&mut Value)) -> bool {
+        let mut v = serde_json::to_value(scanner).unwrap();
+        edit(&mut v);
+        serde_json::from_value::<LineScanner>(v).unwrap().is_sound()
+    }
+
     /// States a stored marker may hold but the reader cannot reach are refused.
     #[test]
     fn a_state_the_reader_cannot_reach_is_not_sound() {
         let mut inside = LineScanner::new();
         assert_eq!(inside.feed(br#"{"message":{"content":"x"#), None);
         assert!(inside.is_sound());
-        let edited = |edit: &dyn Fn(&mut Value)| {
-            let mut v = serde_json::to_value(&inside).unwrap();
-            edit(&mut v);
-            serde_json::from_value::<LineScanner>(v).unwrap().is_sound()
-        };
+        let edited = |edit: &dyn Fn(&mut Value)| sound_after(&inside, edit);
         assert!(edited(&|_| {}), "unedited");
         assert!(!edited(&|v| v["high"] = json!(5)), "not a high surrogate");
         assert!(!edited(&|v| v["kinds"] = json!("ox")), "not a container");
@@ -1206,6 +1209,13 @@ mod tests {
             !edited(&|v| v["facts"]["row_type"] = json!("x".repeat(100))),
             "a short field"
         );
+        // Every short field, the row origin's kind as well. (What the mutation did: it left
+        // out of the fields bounded, such an edited marker was read on; review of stop 67,
+        // T404.)
+        assert!(
+            !edited(&|v| v["facts"]["row_origin_kind"] = json!("x".repeat(100))),
+            "a row's origin kind past its bound"
+        );
         assert!(
             !edited(&|v| v["facts"]["uuid"] = json!("x".repeat(100))),
             "a uuid kept whole"
@@ -1237,6 +1247,27 @@ mod tests {
         assert!(
             !edited(&counted(inside.consumed + 1)),
             "more characters than bytes consumed"
+        );
+        // A queued prompt's count as well, up to the bytes consumed and not past them, read
+        // in a prompt. (What the mutation did: the prompt's count left out of the characters
+        // bounded; review of stop 67, T405.)
+        let mut inside = LineScanner::new();
+        assert_eq!(inside.feed(br#"{"attachment":{"prompt":"x"#), None);
+        let edited = |edit: &dyn Fn(&mut Value)| sound_after(&inside, edit);
+        let prompt_chars = |chars: u64| {
+            move |v: &mut Value| {
+                v["facts"]["prompt"]["chars"] = json!(chars);
+                v["facts"]["prompt"]["prefix"] =
+                    json!("x".repeat(usize::try_from(chars).unwrap().min(TEXT_PREFIX_CHARS)));
+            }
+        };
+        assert!(
+            edited(&prompt_chars(inside.consumed)),
+            "as many characters in the prompt as bytes consumed"
+        );
+        assert!(
+            !edited(&prompt_chars(inside.consumed + 1)),
+            "more characters in the prompt than bytes consumed"
         );
         assert!(
             edited(&|v| {
@@ -1568,6 +1599,13 @@ mod tests {
             json!({"stdout": "total 8", "stderr": "", "interrupted": false}),
         );
         assert_eq!(verdict(&tool_result), Err(SkipReason::ToolResult));
+        // A tool result with a text part beside it as well. (What the mutation did: such a row
+        // counted as a human turn; review of stop 67, T428.)
+        let with_text = user(json!([
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"},
+            {"type": "text", "text": "hook feedback"}
+        ]));
+        assert_eq!(verdict(&with_text), Err(SkipReason::ToolResult));
         assert_eq!(
             verdict(&with(
                 user(json!("look at tests/")),
@@ -1609,6 +1647,15 @@ mod tests {
                 "[Inter-session message] from agent:main:main: please rebase onto main"
             ))),
             Err(SkipReason::InterSession)
+        );
+        // The envelope is read at a text's start only: a person quoting it is a human turn.
+        // (What the mutation did: the marker anywhere skipped the prompt; review of stop 67,
+        // T423.)
+        assert_eq!(
+            verdict(&user(json!(
+                "why did an [Inter-session message] reach this session?"
+            ))),
+            Ok(HumanKind::Prompt)
         );
         assert_eq!(
             verdict(&user(json!(
@@ -1711,14 +1758,23 @@ mod tests {
             json!({"type": "system", "subtype": "turn_duration", "durationMs": 1200}),
             json!({"type": "queue-operation", "operation": "dequeue"}),
             json!({"type": "file-history-snapshot", "messageId": "m", "snapshot": {}}),
+            // Only a slash command makes a `system` row a turn, not a `!` shell command's input.
+            // (What the mutation did: this row counted as a slash command; review of stop 67,
+            // T430.)
+            json!({"type": "system", "subtype": "local_command",
+                "content": "<bash-input>ls</bash-input>", "isMeta": false, "uuid": "s1"}),
         ] {
             assert_eq!(verdict(&row), Err(SkipReason::NotConversation), "{row}");
         }
         assert_eq!(verdict(&user(json!("   "))), Err(SkipReason::Empty));
         assert_eq!(verdict(&user(json!([]))), Err(SkipReason::Empty));
-        let mut other_role = user(json!("x"));
-        other_role["message"]["role"] = json!("assistant");
-        assert_eq!(verdict(&other_role), Err(SkipReason::NotUserRole));
+        // Any role but `user`, not only `assistant`. (What the mutation did: a `system` role
+        // counted as a human turn; review of stop 67, T427.)
+        for role in ["assistant", "system"] {
+            let mut other_role = user(json!("x"));
+            other_role["message"]["role"] = json!(role);
+            assert_eq!(verdict(&other_role), Err(SkipReason::NotUserRole), "{role}");
+        }
     }
 
     #[test]
@@ -1733,6 +1789,11 @@ mod tests {
             "{\"a\":\"\\x\"}",
             "{\"a\":1,}",
             "nul",
+            // A container closes with its own bracket only. (What the mutations did: `}` closed
+            // an array, `]` an object, such a line read as a row (in a debug build, a panic);
+            // review of stop 67, T409 and T410.)
+            r#"{"type":"user","a":[1}}"#,
+            r#"{"type":"user","a":{"b":1]}"#,
         ] {
             assert_eq!(
                 RowFacts::from_line(bad.as_bytes()),
@@ -1752,6 +1813,25 @@ mod tests {
             RowFacts::from_line(ok.as_bytes()),
             Some(LineEnd::Row(_))
         ));
+        // Exactly as deep as the reader follows (256 levels, the row one of them) is read,
+        // prompt and all; one level more is malformed. (What the mutation did: 128 levels
+        // followed, a row nested deeper, and the prompt in it, skipped; review of stop 67, T412.)
+        let nested = |levels: usize| {
+            format!(
+                r#"{{"type":"user","message":{{"role":"user","content":"deep"}},"a":{}{}}}"#,
+                "[".repeat(levels),
+                "]".repeat(levels)
+            )
+        };
+        assert_eq!(
+            classify(&RowFacts::from_line(nested(255).as_bytes()).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "a row 256 levels deep"
+        );
+        assert_eq!(
+            RowFacts::from_line(nested(256).as_bytes()),
+            Some(LineEnd::Malformed)
+        );
         // CRLF line endings and escapes everywhere.
         let line = "{\"ty\\u0070e\":\"user\",\"message\":{\"content\":\"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\"\"}}\r";
         let Some(LineEnd::Row(f)) = RowFacts::from_line(line.as_bytes()) else {
@@ -1909,6 +1989,25 @@ mod tests {
             Ok(HumanKind::Prompt),
             "a negative number made the row malformed"
         );
+        // A number ends at its array's `]` (the ids of the images a person pasted), a literal
+        // at a tab as at a space. (What the mutations did: neither ended there, the line was
+        // malformed and the person's prompt lost; review of stop 67, T407 and T408.)
+        let pasted = with(
+            user(json!("see the screenshot")),
+            "imagePasteIds",
+            json!([1]),
+        );
+        assert_eq!(
+            verdict(&pasted),
+            Ok(HumanKind::Prompt),
+            "an array ending in a number"
+        );
+        let tabbed = b"{\"type\":\"user\",\"isMeta\":false\t,\"message\":{\"role\":\"user\",\"content\":\"tabbed\"}}";
+        assert_eq!(
+            classify(&RowFacts::from_line(tabbed).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "a tab after a literal"
+        );
     }
 
     /// A queued command of a subagent (`isSidechain`), or in a row marked `isMeta`, is no person's
@@ -1930,9 +2029,19 @@ mod tests {
             "a subagent's queued command"
         );
         assert_eq!(
-            verdict(&with(queued, "isMeta", json!(true))),
+            verdict(&with(queued.clone(), "isMeta", json!(true))),
             Err(SkipReason::Meta),
             "a queued command in a meta row"
+        );
+        // A queued command's own `isMeta` is its own: a row-level `false` written after it
+        // does not undo it. (What the mutation did: the later row-level flag overwrote it, and
+        // a harness's queued command counted as a person's turn; review of stop 67, T413.)
+        let mut own_meta = queued;
+        own_meta["attachment"]["isMeta"] = json!(true);
+        assert_eq!(
+            verdict(&with(own_meta, "isMeta", json!(false))),
+            Err(SkipReason::Meta),
+            "a queued command's own isMeta"
         );
     }
 
@@ -2069,11 +2178,11 @@ mod tests {
         assert_eq!(inside.feed(br#"{"a":[1"#), None);
         assert!(inside.is_sound());
         let edited = |tok: Value, kinds: &str, path: Value| {
-            let mut v = serde_json::to_value(&inside).unwrap();
-            v["tok"] = tok;
-            v["kinds"] = json!(kinds);
-            v["path"] = path;
-            serde_json::from_value::<LineScanner>(v).unwrap().is_sound()
+            sound_after(&inside, &|v| {
+                v["tok"] = tok.clone();
+                v["kinds"] = json!(kinds);
+                v["path"] = path.clone();
+            })
         };
         assert!(
             !edited(json!("After"), "", json!([])),
@@ -2091,11 +2200,119 @@ mod tests {
         // sound; review of stop 65, T341.)
         let mut in_object = LineScanner::new();
         assert_eq!(in_object.feed(br#"{"a":1"#), None);
-        let mut v = serde_json::to_value(&in_object).unwrap();
-        v["tok"] = json!("ArrayFirst");
         assert!(
-            !serde_json::from_value::<LineScanner>(v).unwrap().is_sound(),
+            !sound_after(&in_object, &|v| v["tok"] = json!("ArrayFirst")),
             "an array's first value inside an object"
         );
+    }
+
+    /// A prompt holding a backslash (a Windows path, a regular expression) or a form feed is
+    /// read as written, so that the session's own such prompt is its echo. (What the mutations
+    /// did: the escapes `\\` and `\f` made the line malformed, and the person's prompt was lost;
+    /// review of stop 67, T414 and T415.)
+    #[test]
+    fn a_backslash_or_a_form_feed_in_a_prompt_is_read() {
+        let path = "open C:\\Users\\me\\notes.txt and fix \\d+";
+        assert_eq!(
+            verdict(&user(json!(path))),
+            Ok(HumanKind::Prompt),
+            "an escaped backslash"
+        );
+        assert_eq!(
+            verdict_with(&user(json!(path)), &[path.to_owned()]),
+            Err(SkipReason::SelfEcho),
+            "an escaped backslash read as itself"
+        );
+        assert_eq!(
+            verdict(&user(json!("page one\u{c}page two"))),
+            Ok(HumanKind::Prompt),
+            "an escaped form feed"
+        );
+    }
+
+    /// Characters at the ends of their encodings read as themselves: a 2-byte character led by
+    /// 0xDF, a 4-byte one led by 0xF4, an escaped pair whose low half is `\udfff` (a dark skin
+    /// tone); a byte that is not UTF-8 and a lone surrogate are each one U+FFFD, and a pair after
+    /// a lone high surrogate is kept. (What the mutations did: each read otherwise, the
+    /// session's own prompt holding such a character was recorded as a human turn, and a prompt
+    /// of one byte not UTF-8 read as empty and lost; review of stop 67, T416 to T420, T432.)
+    #[test]
+    fn characters_at_the_ends_of_their_encodings_read_as_themselves() {
+        let edges = "\u{7ff} and \u{10fffd}";
+        assert_eq!(
+            verdict_with(&user(json!(edges)), &[edges.to_owned()]),
+            Err(SkipReason::SelfEcho),
+            "lead bytes 0xDF and 0xF4"
+        );
+        let toned = br#"{"type":"user","message":{"role":"user","content":"thanks \ud83d\udc4d\ud83c\udfff"}}"#;
+        assert_eq!(
+            classify(
+                &RowFacts::from_line(toned).unwrap(),
+                &own_fingerprints(&["thanks \u{1f44d}\u{1f3ff}".to_owned()])
+            ),
+            Err(SkipReason::SelfEcho),
+            "an escaped pair with low half \\udfff"
+        );
+        let content = |line: &[u8]| {
+            let Some(LineEnd::Row(f)) = RowFacts::from_line(line) else {
+                panic!("a row");
+            };
+            f.content.fingerprint()
+        };
+        assert_eq!(
+            content(br#"{"message":{"content":"\ud83d\ud83d\ude00 \ude00"}}"#),
+            fingerprint("\u{fffd}\u{1f600} \u{fffd}"),
+            "lone surrogates"
+        );
+        let not_utf8 = b"{\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"\xff\"}}";
+        assert_eq!(content(not_utf8), fingerprint("\u{fffd}"));
+        assert_eq!(
+            classify(&RowFacts::from_line(not_utf8).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "a byte that is not UTF-8 is not nothing"
+        );
+    }
+
+    /// The session's own text is its echo even when it is a slash command, in a `user` row and
+    /// in a `system` row alike (self-echo comes before the slash command rule). (What the
+    /// mutations did: a slash command checked before self-echo, or a `system` row's text not
+    /// checked against the own prompts, the gateway's own command was recorded as a human turn;
+    /// review of stop 67, T425 and T429.)
+    #[test]
+    fn the_sessions_own_slash_command_is_its_echo() {
+        let command =
+            "<command-name>/compact</command-name>\n<command-message>compact</command-message>";
+        let own = [command.to_owned()];
+        assert_eq!(
+            verdict_with(&user(json!(command)), &own),
+            Err(SkipReason::SelfEcho),
+            "in a user row"
+        );
+        let system = json!({"type": "system", "subtype": "local_command", "content": command,
+            "isMeta": false, "uuid": "c1d2e3f4-a5b6-4c7d-8e9f-0a1b2c3d4e5f"});
+        assert_eq!(verdict(&system), Ok(HumanKind::SlashCommand));
+        assert_eq!(
+            verdict_with(&system, &own),
+            Err(SkipReason::SelfEcho),
+            "in a system row"
+        );
+    }
+
+    /// A message of only a pasted document (a part that is not text, as an image) is a human
+    /// turn, in a `user` row and in a queued prompt alike. (What the mutations did: only an
+    /// image counted as a part that is not text, and a pasted document alone was lost as empty;
+    /// review of stop 67, T435 and T436.)
+    #[test]
+    fn a_pasted_document_alone_is_a_human_turn() {
+        let document = json!([{"type": "document", "source": {"type": "base64",
+            "media_type": "application/pdf", "data": "JVBERi0xLjQ="}}]);
+        assert_eq!(verdict(&user(document.clone())), Ok(HumanKind::Prompt));
+        let queued = json!({
+            "type": "attachment",
+            "attachment": {"type": "queued_command", "commandMode": "prompt",
+                "origin": {"kind": "human"}, "prompt": document},
+            "uuid": "aa11aa11-0000-4000-8000-000000000006"
+        });
+        assert_eq!(verdict(&queued), Ok(HumanKind::Queued));
     }
 }

@@ -361,6 +361,10 @@ async fn poll(
             }
             replaced = !now;
         }
+        // A test's pause point, inside a poll (compiled in tests only; a helper of the test
+        // `close_waits_for_a_poll_under_way`, review of stop 67).
+        #[cfg(test)]
+        crate::tests::IN_A_POLL.at(&setup.path).await;
         match data_version(&mut conn).await {
             Ok(v) => {
                 counts.polls.fetch_add(1, Ordering::SeqCst);

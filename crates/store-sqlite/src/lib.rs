@@ -1211,31 +1211,22 @@ mod tests {
     pub(crate) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
 
+    /// As a new store's creation begins (`open::create`).
+    pub(crate) static CREATING: awareness_core::testkit::pause::Pause =
+        awareness_core::testkit::pause::Pause::new();
+
+    /// Inside a poll of the commit poller, before it reads the number (`commit_poll::poll`).
+    pub(crate) static IN_A_POLL: awareness_core::testkit::pause::Pause =
+        awareness_core::testkit::pause::Pause::new();
+
     /// Before each event a failed group commit records alone (`group::record_batch`).
     pub(crate) static BEFORE_AN_EVENT_OF_A_FAILED_BATCH: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
 
-    /// A batch that failed for one of its events (a dedupe hit on a torn row) records its events
-    /// one at a time; when one of them meets another connection's lock, the events after it fail at
-    /// once with that error, instead of each waiting the busy timeout in turn (and recording, here,
-    /// once the lock is let go of). (What the mutation did: the loop went on after the lock, every
-    /// event after it waited the busy timeout, or was recorded after an earlier one had failed;
-    /// review of stop 63, Q09.)
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn after_an_event_of_a_failed_batch_meets_the_lock_the_rest_fail_at_once() {
+    /// Records an event under the dedupe key "torn" and tears its row, as the durable suite
+    /// damages one: a later recording under that key fails.
+    async fn tear_a_row_under_torn(store: &SqliteStore) {
         use awareness_core::testkit::group_commit::{T0, event};
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("t.db");
-        let options = SqliteOptions::new()
-            .group_commit(64)
-            .busy_timeout(Duration::from_millis(300));
-        let store = Arc::new(SqliteStore::open_with(&file, options).await.expect("open"));
-        let mut raw = SqliteConnectOptions::new()
-            .filename(&file)
-            .connect()
-            .await
-            .expect("a connection of its own");
-        // A torn row under the dedupe key "torn", as the durable suite damages one.
         let torn = store
             .record(event(9).with_dedupe_key("torn"), T0)
             .await
@@ -1246,11 +1237,17 @@ mod tests {
             store.damage_event_row(torn).await.expect("damage"),
             "a torn row"
         );
-        // The write connection held, so that the three recordings queue and make one batch.
-        let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
-        let tasks: Vec<_> = (0..3)
+    }
+
+    /// Three recordings queued behind a write connection the caller holds, the first under the
+    /// dedupe key "torn": let go of, they make one batch that fails on the torn row.
+    async fn a_batch_of_three_behind_torn(
+        store: &Arc<SqliteStore>,
+    ) -> Vec<tokio::task::JoinHandle<Result<awareness_core::Recorded, StoreError>>> {
+        use awareness_core::testkit::group_commit::{T0, event};
+        let tasks = (0..3)
             .map(|i| {
-                let store = Arc::clone(&store);
+                let store = Arc::clone(store);
                 let e = if i == 0 {
                     event(i).with_dedupe_key("torn")
                 } else {
@@ -1263,6 +1260,33 @@ mod tests {
             tokio::task::yield_now().await;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+        tasks
+    }
+
+    /// A batch that failed for one of its events (a dedupe hit on a torn row) records its events
+    /// one at a time; when one of them meets another connection's lock, the events after it fail at
+    /// once with that error, instead of each waiting the busy timeout in turn (and recording, here,
+    /// once the lock is let go of). (What the mutation did: the loop went on after the lock, every
+    /// event after it waited the busy timeout, or was recorded after an earlier one had failed;
+    /// review of stop 63, Q09.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_an_event_of_a_failed_batch_meets_the_lock_the_rest_fail_at_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("t.db");
+        let options = SqliteOptions::new()
+            .group_commit(64)
+            .busy_timeout(Duration::from_millis(300));
+        let store = Arc::new(SqliteStore::open_with(&file, options).await.expect("open"));
+        let mut raw = SqliteConnectOptions::new()
+            .filename(&file)
+            .connect()
+            .await
+            .expect("a connection of its own");
+        // A torn row under the dedupe key "torn", as the durable suite damages one.
+        tear_a_row_under_torn(&store).await;
+        // The write connection held, so that the three recordings queue and make one batch.
+        let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
+        let tasks = a_batch_of_three_behind_torn(&store).await;
         let (reached, go) = BEFORE_AN_EVENT_OF_A_FAILED_BATCH.arm(&store.path);
         drop(held);
         // The batch failed on the torn row; before its first event alone, another connection
@@ -1311,6 +1335,117 @@ mod tests {
                 .count()
                 >= 2,
             "the lock's error, for the event that met it and those after: {results:?}"
+        );
+    }
+
+    /// An open that finds no file and begins to create the store, while another opener makes
+    /// it meanwhile and has it open (its log and index beside it), opens that store instead of
+    /// failing: the log and index are the other opener's, not ones a deleted database left, and
+    /// the store linked there first is the one both use, without a warning. (What the mutations
+    /// did: the log beside a path no longer empty was refused as a stray one, S627; or the link's
+    /// "already exists" was taken for a file system without hard links, warned of as such;
+    /// review of stop 67, S626.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_another_opener_made_meanwhile_is_opened() {
+        use awareness_core::testkit::group_commit::{T0, event};
+        let capture = awareness_core::testkit::logs::Capture::warnings();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("t.db");
+        let (reached, go) = CREATING.arm(&file);
+        let opening = tokio::spawn(SqliteStore::open(file.clone()));
+        reached.notified().await;
+        CREATING.disarm();
+        let other = SqliteStore::open(&file).await.expect("the other opener");
+        other.record(event(0), T0).await.expect("record");
+        go.notify_one();
+        let store = opening
+            .await
+            .expect("join")
+            .expect("the store the other opener made opens");
+        let log = store
+            .events_after(awareness_core::Sequence::ZERO, 10)
+            .await
+            .expect("log");
+        assert_eq!(log.len(), 1, "the other opener's store: {log:?}");
+        store.close().await;
+        other.close().await;
+        assert_eq!(
+            capture.said(&[
+                "cannot link the new store into place",
+                &file.display().to_string()
+            ]),
+            0,
+            "another opener's store in place is no failure to link: {:?}",
+            capture.lines()
+        );
+    }
+
+    /// `close` returns once the commit poller has closed its connection, also when a poll is
+    /// under way: it waits for that poll to end. A process that exits right after `close` (the
+    /// CLI) otherwise left the poller's connection open, and the log beside the file if that
+    /// connection was the last. (What the mutation did: `close` stopped the poller without
+    /// waiting for it; review of stop 67, S608.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn close_waits_for_a_poll_under_way() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("t.db");
+        let options = SqliteOptions::new().commit_hint_interval(Duration::MAX);
+        let store = SqliteStore::open_with(&file, options).await.expect("open");
+        let _hints = store.commit_hints().expect("hints");
+        assert!(store.poll_commits_now().await, "the poller has begun");
+        let (reached, go) = IN_A_POLL.arm(&store.path);
+        let polled = store.poller.poll_now().expect("the poller runs");
+        reached.notified().await;
+        let closing = tokio::spawn(store.close());
+        // Bounded, and only a broken close can end it: the poll is held until let go below.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let closed_early = closing.is_finished();
+        IN_A_POLL.disarm();
+        go.notify_one();
+        closing.await.expect("join");
+        drop(polled.await);
+        assert!(
+            !closed_early,
+            "close returned while the poller was still polling on its connection"
+        );
+    }
+
+    /// A group commit that failed for one of its events (a dedupe hit on a torn row) and is
+    /// recorded again event by event counts one write transaction for the batch and one for
+    /// each event recorded alone, as `write_transactions` documents ("a recording of a failed
+    /// group commit retried alone included"). (What the mutation did: the events recorded alone
+    /// were not begun as write operations, neither counted nor marked open for a rollback should
+    /// the batch be dropped midway; review of stop 67, S613.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_event_of_a_failed_batch_recorded_alone_is_a_write_transaction() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("t.db");
+        let options = SqliteOptions::new().group_commit(64);
+        let store = Arc::new(SqliteStore::open_with(&file, options).await.expect("open"));
+        tear_a_row_under_torn(&store).await;
+        // The write connection held, so that the three recordings queue and make one batch.
+        let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
+        let before = store.write_transactions();
+        let tasks = a_batch_of_three_behind_torn(&store).await;
+        drop(held);
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("join"));
+        }
+        assert_eq!(
+            store.largest_batch(),
+            3,
+            "one batch of three (else this shows nothing)"
+        );
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            2,
+            "the torn hit alone failed: {results:?}"
+        );
+        assert_eq!(
+            store.write_transactions() - before,
+            4,
+            "the failed batch, then each of its three events alone"
         );
     }
 

@@ -422,6 +422,10 @@ async fn create(path: &Path, connect: &SqliteConnectOptions) -> Result<bool, Sto
     // zeroed or empty (`journal_mode=PERSIST` or `TRUNCATE`) is ignored by SQLite, and here.
     // The path is looked at after them: another opener creating the store at the same moment
     // links it there before its log or index exists, so neither is taken for a stray one.
+    // A test's pause point, as a new store's creation begins (compiled in tests only; a helper
+    // of the test `a_store_another_opener_made_meanwhile_is_opened`, review of stop 67).
+    #[cfg(test)]
+    crate::tests::CREATING.at(path).await;
     refuse_stray_companions(path, path, "no database is there", true, || {
         std::fs::symlink_metadata(path).is_err()
     })?;

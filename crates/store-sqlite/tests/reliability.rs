@@ -758,6 +758,52 @@ async fn a_prepared_name_left_by_a_killed_creator_is_not_another_name() {
     assert!(err.to_string().contains(".awareness-new-old-copy"), "{err}");
 }
 
+/// A name that starts like a prepared one, a process id, then anything but a number
+/// (`.awareness-new-12-copy`, a copy named by hand), is another name of the file: the store is
+/// refused, naming it. (What the mutation did: only the part before the second dash was checked,
+/// and such a link was taken for a prepared name left by a killed creator, the store opened
+/// under two names; review of stop 67, S625.)
+#[cfg(unix)]
+#[tokio::test]
+async fn a_name_like_a_prepared_one_with_no_number_after_the_pid_is_another_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    store_with_one_event(&path).await.close().await;
+    let like = dir.path().join(".awareness-new-12-copy");
+    std::fs::hard_link(&path, &like).unwrap();
+    let err = SqliteStore::open(&path)
+        .await
+        .expect_err("a link named by hand is another name");
+    assert_open_error(&err, &path, "1 other name (hard links)", OpenFailure::Other);
+    assert!(err.to_string().contains(".awareness-new-12-copy"), "{err}");
+}
+
+/// Names a new store is prepared under, left by an earlier process that had this process's id
+/// (killed while preparing; in a container the same small ids come back), are skipped: the
+/// store is created under the next free name, and those left are left alone. (What the
+/// mutation did: a name taken failed the open with "cannot create it", and no store could be
+/// made in that directory by any process with that id; review of stop 67, S629.)
+#[cfg(unix)]
+#[tokio::test]
+async fn prepared_names_left_by_an_earlier_process_with_this_id_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    // More than this test binary creates stores in all: whatever number the next one takes,
+    // its name is taken.
+    let pid = std::process::id();
+    let left: Vec<PathBuf> = (0..4096)
+        .map(|n| dir.path().join(format!(".awareness-new-{pid}-{n}")))
+        .collect();
+    for p in &left {
+        std::fs::write(p, b"").unwrap();
+    }
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("the store is created under a name not taken");
+    store.close().await;
+    assert!(left.iter().all(|p| p.exists()), "left alone");
+}
+
 /// A read-only handle that closes last cannot remove the log and index it made: a store
 /// deleted after it (to start over) is not created again over them, and the refusal says this
 /// may be why, and to move them away; then the open creates it.

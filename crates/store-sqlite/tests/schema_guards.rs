@@ -72,6 +72,28 @@ async fn a_read_only_open_refuses_a_file_without_the_links_table() {
     }
 }
 
+/// A read-write open of a database with some of OpenClaw's four tables and not our record of
+/// migrations (an OpenClaw version from before `session_upstream_links`) takes it for
+/// OpenClaw's and migrates it as always: the missing table is made, and links answer. (What the
+/// mutation did: a database lacking any of the four was refused as another application's;
+/// review of stop 67, S638.)
+#[tokio::test]
+async fn a_read_write_open_migrates_a_file_with_some_of_openclaws_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path()).await;
+    let mut c = raw(&path).await;
+    sqlx::raw_sql("DROP TABLE session_upstream_links; DROP TABLE awareness_schema_migrations")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    c.close().await.unwrap();
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("OpenClaw's database, migrated");
+    assert_eq!(store.links().await.expect("links").len(), 0);
+    store.close().await;
+}
+
 /// An open whose migrations fail midway (the second applies, the third cannot) leaves the
 /// file's schema and its record of migrations as they were: they run in one transaction,
 /// rolled back. Committing it all the same passed every test.

@@ -342,6 +342,46 @@ async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
     assert!(page.history_gap, "{page:?}");
 }
 
+/// An event row whose payload_json another writer left empty (with no stored fields, as
+/// OpenClaw's writer leaves a row) is read without a payload, as OpenClaw reads an empty
+/// optional text, and quietly: nothing is warned at each read of it. (What the mutation did: the
+/// empty text was parsed as JSON, and every page or log read that reached the row warned that its
+/// payload_json "is not a JSON object"; review of stop 67, S640.)
+#[tokio::test]
+async fn an_empty_payload_is_read_as_none_without_a_warning() {
+    let capture = awareness_core::testkit::logs::Capture::warnings();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    store.record(human(&session), T0).await.expect("record");
+    behind_the_back(
+        &path,
+        "UPDATE session_state_events SET payload_json = '', fields_json = NULL",
+        &[],
+    )
+    .await;
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("its page");
+    assert_eq!(page.events.len(), 1, "{page:?}");
+    assert!(page.events[0].payload.is_none(), "{page:?}");
+    let log = store
+        .events_after(Sequence::ZERO, 200)
+        .await
+        .expect("the log");
+    assert!(log[0].payload.is_none(), "{log:?}");
+    let named = path.display().to_string();
+    assert_eq!(
+        capture.said(&["payload_json", &named]),
+        0,
+        "{:?}",
+        capture.lines()
+    );
+    store.close().await;
+}
+
 /// A page of one event reads one more (to tell whether more follow): a row that cannot be read
 /// in either place, the page's own first row (more of the ref's events following) or the one
 /// past its end, fails the page as any other, and the error names it, the rows read again one

@@ -1039,6 +1039,21 @@ mod tests {
         );
     }
 
+    /// A query key that is not UTF-8 once percent-decoded is no key sqlx reads (sqlx would
+    /// ignore it, logging its value): the URL is refused, the value hidden. (What the mutation
+    /// did: took such a key as one sqlx reads, and the URL was taken; review of stop 67, P526.)
+    #[test]
+    fn a_query_key_that_is_not_utf8_is_refused_unshown() {
+        let e = parse_url("postgres://u@h/db?x%FF=secret").expect_err("refused");
+        assert_eq!(e.open_failure(), Some(OpenFailure::InvalidOptions));
+        let shown = e.to_string();
+        assert!(
+            shown.contains("neither sqlx nor the store reads"),
+            "{shown}"
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
     /// Every key sqlx reads reaches it (only the others are refused).
     #[test]
     fn every_key_sqlx_reads_is_taken() {

@@ -1125,3 +1125,35 @@ async fn a_lost_counter_row_comes_back_above_a_cursors_material_sequence() {
         cursor.material
     );
 }
+
+/// A role that may only read and write rows, opening a store an earlier version made (its
+/// counter without `commits`), may not add the column (the table owner's open does): it is
+/// refused as a store that needs migration, which says who can migrate it, not as a role
+/// denied a right. (What the mutation did: answered the failed `ALTER TABLE` as the open's own
+/// error, a permission denied; review of stop 67, P529.)
+#[tokio::test]
+async fn a_role_that_may_not_add_the_missing_column_is_told_the_store_needs_migration() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let (admin, _) = server::fresh_store_in(&schema).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE \"{schema}\".session_state_counter DROP COLUMN commits"
+    )))
+    .execute(admin.pool())
+    .await
+    .expect("make it as the first version did");
+    admin.pool().close().await;
+    drop(admin);
+    let role = server::DropRole::create(format!("{schema}_gw"), "").await;
+    server::run_as_admin(&format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC")).await;
+    role.may_use_rows_of(&schema).await;
+    let opened = PgStore::connect(
+        server::as_role(&role.0),
+        PgStoreOptions::new(schema.clone()),
+    )
+    .await;
+    drop(role);
+    let e = opened.expect_err("the store lacks a column this role may not add");
+    assert_eq!(e.open_failure(), Some(OpenFailure::NeedsMigration), "{e}");
+    assert!(e.to_string().contains("earlier version"), "{e}");
+}

@@ -243,3 +243,55 @@ async fn a_pruning_chunk_deletes_at_most_500_rows_per_transaction() {
         "500 rows, then the one left, each in a transaction of its own"
     );
 }
+
+/// A dedupe hit in a batch consumes its number, as it does recorded alone (DESIGN.md section
+/// 3): a batch of a hit on an event stored before, then a new event, numbers the new event as
+/// one transaction per event would, one past the number the hit took. (What the mutation did:
+/// numbered the batch's new events by their count only, so that the new event took the hit's
+/// number and the batch's last number went unused; review of stop 67, P512.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedupe_hit_in_a_batch_consumes_its_number() {
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let store = Arc::new(
+        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+            .await
+            .expect("connect"),
+    );
+    let stored = store
+        .record(event(100).with_dedupe_key("once"), T0)
+        .await
+        .expect("record");
+    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
+    // The first recording takes the handle's turn and waits for the lock, alone; the other two
+    // queue up, and are the next batch: the hit first, then the new event.
+    let mut calls = Vec::new();
+    for e in [event(0), event(1).with_dedupe_key("once"), event(2)] {
+        let store = Arc::clone(&store);
+        let mut call = Box::pin(async move { store.record(e, T0).await });
+        assert!(
+            !awareness_core::testkit::poll_once(call.as_mut()).await,
+            "the recording waits for the lock"
+        );
+        calls.push(tokio::spawn(call));
+    }
+    lock.release().await;
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.expect("join").expect("record"));
+    }
+    assert_eq!(
+        store.largest_batch(),
+        2,
+        "the hit and the new event share a batch"
+    );
+    let first = stored.event.sequence.get();
+    assert_eq!(answers[0].event.sequence.get(), first + 1);
+    assert!(answers[1].deduplicated, "{:?}", answers[1]);
+    assert_eq!(answers[1].event.sequence, stored.event.sequence);
+    assert_eq!(
+        answers[2].event.sequence.get(),
+        first + 3,
+        "the new event comes after the number the hit consumed"
+    );
+}

@@ -934,4 +934,57 @@ mod tests {
         );
         assert!(!out.contains("sweep re-delivered 1 notice(s):"), "{out}");
     }
+
+    /// The demo's timeline reads in order: each step's time right-aligned in three places
+    /// (`[+  5s]`, `[+ 40s]`); the line the manager's queue holds is listed under it; the
+    /// manager reconciles from the version that line names (`changesSince 1.`, its sentence's
+    /// full stop not part of it); a store in memory is said to leave nothing behind. (What the
+    /// mutations did: times printed unaligned, `[+5s]`, CV35; the queued line not listed,
+    /// CV39; the store in memory said to be left for inspection, CV44; review of stop 67.)
+    #[tokio::test]
+    async fn the_demo_narrates_its_timeline_aligned_and_reconciles_from_the_queued_line() {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = crate::run(
+            ["awareness", "--store", "memory:", "demo"],
+            &mut out,
+            &mut err,
+        )
+        .await;
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(code, 0, "{out}{}", String::from_utf8_lossy(&err));
+        let times: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("[+"))
+            .map(|l| l.split_once(']').map_or(l, |(t, _)| t))
+            .collect();
+        assert_eq!(
+            times,
+            [
+                "[+  0s", "[+  5s", "[+ 12s", "[+ 14s", "[+ 20s", "[+ 30s", "[+ 35s", "[+ 40s"
+            ],
+            "{out}"
+        );
+        let mut lines = out
+            .lines()
+            .skip_while(|l| !l.contains("the manager's queue holds"));
+        assert_eq!(
+            lines.next(),
+            Some("         the manager's queue holds 1 line:"),
+            "{out}"
+        );
+        let queued = lines.next().unwrap_or_default();
+        assert!(queued.starts_with("           Session \""), "{out}");
+        let since = queued
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.strip_suffix('.'))
+            .unwrap_or_else(|| panic!("{queued}"));
+        assert_ne!(since, "0", "{queued}");
+        let reconcile = format!("changesSince {since}: stateVersion 7, 5 event(s)");
+        assert!(out.contains(&reconcile), "{reconcile} in {out}");
+        assert!(
+            out.ends_with("\nthe store was in memory; nothing was left behind\n"),
+            "{out}"
+        );
+    }
 }

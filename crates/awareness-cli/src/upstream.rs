@@ -853,35 +853,47 @@ mod tests {
 
     /// `monitor --json` says of an `upstream_missing` whether the link was removed, and of a source
     /// not found how many checks in a row found it gone. (Either field set to a constant passed
-    /// every test: review of stop 62, C26 and C27.)
+    /// every test: review of stop 62, C26 and C27.) Each line gives its detection's own values.
     #[test]
     fn missing_detections_say_their_counts_in_json() {
-        use awareness_core::{ActorType, NewEvent, Timestamp};
         let s = SessionRef::parse("agent:main:worker", "main").expect("ref");
-        let event = Arc::new(
-            NewEvent::new(
-                s.clone(),
-                EventKind::UpstreamMissing,
-                ActorType::System,
-                "transcript gone",
-            )
-            .into_event(Sequence(4), Timestamp(1_800_000_000_000)),
-        );
         for removed in [true, false] {
-            let v = detection_json(&Detection::UpstreamMissing {
-                session: s.clone(),
-                catalog_id: "claude-code".into(),
-                event: event.clone(),
-                link_removed: removed,
-            });
+            let v = detection_json(&upstream_missing_of(&s, removed));
             assert_eq!(v["linkRemoved"], json!(removed), "{v}");
-            assert_eq!(v["sequence"], json!(4), "{v}");
+            assert_eq!(v["sequence"], json!(5), "{v}");
+            // Its link's catalog, not the default one. (What the mutation did: `claude-code`
+            // said of any link's `upstream_missing`; review of stop 67, CV03.)
+            assert_eq!(v["channel"], json!("obsidian"), "{v}");
         }
         let v = detection_json(&Detection::Missing {
-            session: s,
+            session: s.clone(),
             consecutive: 3,
         });
         assert_eq!(v["consecutive"], json!(3), "{v}");
+        // A human-turns line says its number of turns and its link's catalog, a failed check
+        // its error. (What the mutations did: 1 turn said whatever the count, CV02; an empty
+        // error, CV04; review of stop 67.)
+        let Detection::UpstreamMissing { event, .. } = upstream_missing_of(&s, true) else {
+            unreachable!()
+        };
+        let human = detection_json(&Detection::HumanTurns {
+            session: s.clone(),
+            catalog_id: "obsidian".into(),
+            turns: 3,
+            event,
+            marker: MarkerMove::Moved,
+        });
+        assert_eq!(human["turns"], json!(3), "{human}");
+        assert_eq!(human["channel"], json!("obsidian"), "{human}");
+        let failed = detection_json(&Detection::Failed {
+            session: s,
+            error: "reading /t/x.jsonl: Is a directory".into(),
+        });
+        assert_eq!(
+            failed["error"],
+            json!("reading /t/x.jsonl: Is a directory"),
+            "{failed}"
+        );
     }
 
     /// A monitor whose output failed says how many detections went unread when the channel
@@ -891,16 +903,19 @@ mod tests {
     #[test]
     fn a_failed_output_counts_the_detections_that_went_unread() {
         let s = SessionRef::parse("agent:main:worker", "main").unwrap();
-        let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(1);
-        for _ in 0..3 {
-            let _ = tx.send(Detection::Deferred { session: s.clone() });
+        // A single one dropped is said too. (What the mutation did: one detection gone unread
+        // was not said, two or more were; review of stop 67, CV07.)
+        for (sent, unread) in [(3, 2), (2, 1)] {
+            let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(1);
+            for _ in 0..sent {
+                let _ = tx.send(Detection::Deferred { session: s.clone() });
+            }
+            let e = output_failed(CliError::failure("cannot write output: x"), None, &mut rx);
+            assert_eq!(
+                e.message,
+                format!("{unread} detection(s) went unread, but cannot write output: x")
+            );
         }
-        let e = output_failed(CliError::failure("cannot write output: x"), None, &mut rx);
-        assert!(
-            e.message.contains("2 detection(s) went unread"),
-            "{}",
-            e.message
-        );
     }
 
     /// The `adopted` event is found past the first page of the session's log (200 events): an
@@ -1906,5 +1921,165 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    /// A detection of `upstream_missing` for `s` whose event is #5.
+    fn upstream_missing_of(s: &SessionRef, link_removed: bool) -> Detection {
+        use awareness_core::{ActorType, NewEvent, Timestamp};
+        let event = NewEvent::new(
+            s.clone(),
+            EventKind::UpstreamMissing,
+            ActorType::System,
+            "x",
+        )
+        .into_event(Sequence(5), Timestamp(1_800_000_000_000));
+        Detection::UpstreamMissing {
+            session: s.clone(),
+            catalog_id: "obsidian".into(),
+            event: Arc::new(event),
+            link_removed,
+        }
+    }
+
+    /// A monitor whose output failed says of an `upstream_missing` that kept the link (it
+    /// could not be removed) that it recorded the event, and not that it removed the link.
+    /// (What the mutation did: every `upstream_missing` said "removed the link"; review of
+    /// stop 67, CV06.)
+    #[test]
+    fn a_failed_output_does_not_say_a_kept_link_was_removed() {
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(4);
+        let _ = tx.send(upstream_missing_of(&s, false));
+        let e = output_failed(CliError::failure("cannot write output: x"), None, &mut rx);
+        assert_eq!(
+            e.message,
+            "recorded event #5 (upstream_missing) for agent:main:worker (agent main), but \
+             cannot write output: x"
+        );
+    }
+
+    /// A monitor whose reader went away (a closed pipe) with nothing recorded to say stops
+    /// without a word, as every command does: the detections still in the channel changed
+    /// nothing. (What the mutation did: it said ", but the output's reader went away" on
+    /// stderr; review of stop 67, CV08.)
+    #[test]
+    fn a_closed_pipe_with_nothing_recorded_stops_without_a_word() {
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(4);
+        let _ = tx.send(Detection::Deferred { session: s });
+        let gone = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let e = output_failed(CliError::output(&gone), None, &mut rx);
+        assert_eq!((e.code, e.message.as_str()), (crate::EXIT_CLOSED_PIPE, ""));
+    }
+
+    /// `monitor`'s first line says when its first check comes and how often the next ones
+    /// do, each as its own flag set it. (What the mutation did: the first check said to come
+    /// after the interval; review of stop 67, CV10.)
+    #[tokio::test]
+    async fn the_monitors_first_line_says_its_first_check_and_its_interval() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "awareness",
+            "--store",
+            "memory:",
+            "monitor",
+            "--first-tick-secs",
+            "3",
+            "--interval-secs",
+            "7",
+        ])
+        .unwrap();
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let mut out = Vec::new();
+        let code = monitor_links(
+            &cli,
+            monitor_args(&cli),
+            store.clone(),
+            store,
+            std::future::ready(()),
+            &mut out,
+        )
+        .await;
+        assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(
+            out.lines().next(),
+            Some(
+                "monitoring 0 adopted session(s) in memory:: first check in 3 s, then every 7 s \
+                 (Ctrl-C stops)"
+            ),
+            "{out}"
+        );
+    }
+
+    /// Output that keeps what is written to it, and asks the monitor to stop once a line holds
+    /// `needle`.
+    struct StopsOn {
+        needle: &'static str,
+        taken: String,
+        stop: Arc<tokio::sync::Notify>,
+    }
+
+    impl Write for StopsOn {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let text = String::from_utf8_lossy(buf);
+            if text.contains(self.needle) {
+                self.stop.notify_one();
+            }
+            self.taken.push_str(&text);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `monitor`'s text line of a detection is one line whatever the detection holds: a check
+    /// that failed on a transcript whose path holds a line break says it escaped (`\n`), and no
+    /// line starts with what followed the break. (What the mutation did: the detection printed
+    /// as it was, the rest of the path starting a line of its own; review of stop 67, CV12.)
+    #[tokio::test]
+    async fn a_detection_line_stays_one_line_whatever_its_path_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let transcript = dir.path().join("t\nforged: line.jsonl");
+        std::fs::write(&transcript, "").unwrap();
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        let spec = jsonl::adoption(session.clone(), &transcript, Some("t1")).unwrap();
+        adopt_into(
+            &store,
+            spec,
+            Some(&watcher),
+            &session,
+            true,
+            &mut Vec::new(),
+        )
+        .await
+        .unwrap();
+        // The transcript becomes a directory: its check fails, naming its path.
+        std::fs::remove_file(&transcript).unwrap();
+        std::fs::create_dir(&transcript).unwrap();
+        let cli = monitor_line(false, &["--interval-secs", "1"]);
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let mut out = StopsOn {
+            needle: "failed: ",
+            taken: String::new(),
+            stop: Arc::clone(&stop),
+        };
+        let code = monitor_links(
+            &cli,
+            monitor_args(&cli),
+            store.clone(),
+            store,
+            stop.notified(),
+            &mut out,
+        )
+        .await;
+        assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
+        let out = out.taken;
+        assert!(out.contains("t\\nforged: line.jsonl"), "{out}");
+        assert!(out.lines().all(|l| !l.starts_with("forged: line")), "{out}");
     }
 }

@@ -134,6 +134,29 @@ fn demo_runs_and_leaves_the_database_behind() {
     assert!(again.status.success(), "{}", stderr(&again));
 }
 
+/// The demo on the default store names the file it leaves by its absolute path, which finds it
+/// from any directory: `awareness.db` in the directory it ran in. (What the mutation did: the
+/// path printed as typed, `awareness.db`; review of stop 67, CV38.)
+#[test]
+fn the_demo_names_its_file_by_its_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(dir.path(), &["demo"]);
+    assert!(o.status.success(), "demo failed: {}", stderr(&o));
+    let path = std::path::absolute(dir.path().join("awareness.db")).unwrap();
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!("store: {}\n", path.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "the database is left at {} for inspection",
+            path.display()
+        )),
+        "{text}"
+    );
+}
+
 #[test]
 fn status_list_and_cursors_match_openclaw_expected_answers() {
     let dir = tempfile::tempdir().unwrap();

@@ -1260,3 +1260,124 @@ fn adopt_keeps_its_catalog_and_leaves_the_file_whole() {
         );
     }
 }
+
+/// `adopt --json` names the link's host as `--host` gave it, says whether the link is new
+/// (`created`, false when the same transcript is adopted again) and gives the number of the
+/// `adopted` event, the same one the second time. (What the mutation did: `--host` dropped
+/// once the transcript was read, the link's host `local`; review of stop 67, CV18.)
+#[test]
+fn adopt_json_names_its_host_whether_the_link_is_new_and_its_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, transcript) = store_and_transcript(dir.path());
+    human_line(&transcript, "h0", "before");
+    let adopt = || {
+        let o = run(&[
+            "--store",
+            &store,
+            "--json",
+            "adopt",
+            "agent:main:worker",
+            "--file",
+            transcript.to_str().unwrap(),
+            "--host",
+            "box-7",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let first = adopt();
+    assert_eq!(first["link"]["hostId"], json!("box-7"), "{first}");
+    assert_eq!(first["created"], json!(true), "{first}");
+    let seq = first["adoptedSequence"].as_u64().unwrap_or_default();
+    assert!(seq > 0, "{first}");
+    let again = adopt();
+    assert_eq!(again["created"], json!(false), "{again}");
+    assert_eq!(again["adoptedSequence"], json!(seq), "{again}");
+}
+
+/// `monitor` closes its store when it stops: the SQLite file alone, copied without its
+/// write-ahead log, holds the human turn the monitor recorded, as `status` on the store itself
+/// shows it. (What the mutation did: the store was only dropped, not closed, when the monitor
+/// stopped, and the event stayed in SQLite's log; review of stop 67, CV15.)
+#[test]
+fn monitor_closes_its_store_and_leaves_the_file_whole() {
+    // Several stores, so that a drop that happens to close the file in time does not hide it.
+    for i in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, store, transcript) = store_and_transcript(dir.path());
+        let file = transcript.to_str().unwrap();
+        let o = run(&[
+            "--store",
+            &store,
+            "adopt",
+            "agent:main:worker",
+            "--file",
+            file,
+            "--watcher",
+            "agent:main:main",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        human_line(&transcript, "h1", "typed straight in");
+        let Reading {
+            mut child,
+            lines: (lines, _reader),
+        } = bin()
+            .args([
+                "--store",
+                &store,
+                "--json",
+                "monitor",
+                "--first-tick-secs",
+                "0",
+                "--interval-secs",
+                "1",
+            ])
+            .spawn_reading()
+            .unwrap();
+        wait_for(&lines, r#""detection":"human""#);
+        let pid = child.0.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = child.wait_stopped("monitor, sent SIGTERM");
+        assert!(status.success(), "{status:?}");
+        let status_of = |url: &str| {
+            let o = run(&["--store", url, "--json", "status", "agent:main:worker"]);
+            assert!(o.status.success(), "{i}: {}", text(&o));
+            serde_json::from_slice::<Value>(&o.stdout).unwrap()
+        };
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&db, &copy).unwrap();
+        assert_eq!(
+            status_of(&format!("sqlite://{}", copy.display())),
+            status_of(&store),
+            "{i}: the file alone, and the store"
+        );
+    }
+}
+
+/// A transcript whose file name cannot be a thread id (it holds a line break), adopted
+/// without `--thread`, is a usage error (exit 2) found before the store is opened: no store
+/// file is created. (What the mutation did: the link taken from the file went unchecked until
+/// the store had been created; review of stop 67, CV19.)
+#[test]
+fn adopt_refuses_a_thread_from_the_file_name_before_it_opens_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, store, _) = store_and_transcript(dir.path());
+    let transcript = dir.path().join("t\nx.jsonl");
+    std::fs::File::create(&transcript).unwrap();
+    let o = run(&[
+        "--store",
+        &store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        transcript.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!db.exists(), "the store was created: {}", text(&o));
+}

@@ -392,6 +392,21 @@ mod tests {
         c
     }
 
+    /// Reading the log passes on a failure that is not an unreadable row (a full disk, a busy
+    /// store) as the error it is: `awareness doctor` and `prune --dry-run` fail with its cause
+    /// (a busy store's, which a retry gets past), rather than say the log cannot be read past
+    /// event 0. (What the mutation did: every error taken for an unreadable row; review of
+    /// stop 67, CY17.)
+    #[cfg(feature = "testkit")]
+    #[tokio::test]
+    async fn reading_the_log_passes_on_a_failure_that_is_not_a_row() {
+        let store = crate::testkit::failing::Failing::new("disk full");
+        let mut pages = 0;
+        let read = read_log(&store, 10, |_| pages += 1).await;
+        assert!(matches!(read, Err(StoreError::Backend { .. })), "{read:?}");
+        assert_eq!(pages, 0);
+    }
+
     #[test]
     fn a_consistent_store_has_no_findings() {
         let a = r("agent:main:a");

@@ -1057,6 +1057,32 @@ mod tests {
         assert!(SessionRef::parse("x", "main").is_ok());
     }
 
+    /// A watcher read from JSON (a notice's, a cursor's) is agent-qualified, as one parsed from
+    /// text is: a bare key is refused, and a notice for it is not read. (What the mutation did:
+    /// any session key read as a watcher, a notice for `global` read back with an empty agent;
+    /// review of stop 67, CY09.)
+    #[test]
+    fn a_watcher_read_from_json_is_agent_qualified() {
+        let bare = serde_json::from_str::<WatcherKey>("\"global\"").unwrap_err();
+        assert!(
+            bare.to_string()
+                .contains("is not an agent-qualified session key"),
+            "{bare}"
+        );
+        let notice = serde_json::json!({
+            "watcher": "global",
+            "target": "agent:main:subagent:c",
+            "targetAgent": "main",
+            "lastSeen": 1,
+        });
+        assert!(
+            serde_json::from_value::<crate::protocol::Notice>(notice).is_err(),
+            "a notice for a bare key"
+        );
+        let watcher: WatcherKey = serde_json::from_str("\"agent:ops:main\"").unwrap();
+        assert_eq!(watcher.agent_id(), "ops");
+    }
+
     /// The dedupe key is kept on the event (a store stores it) but never in its JSON, which is
     /// all a caller of the protocol sees of it.
     #[test]
@@ -1156,6 +1182,28 @@ mod tests {
             json,
             r#"{"sequence":2,"sessionKey":"agent:main:subagent:c1","agentId":"main","kind":"human_direct_message","actorType":"human","actorId":"user-1","occurredAt":1800000000000,"summary":"human message via telegram"}"#
         );
+    }
+
+    /// An event recorded without an actor id (a system's event) leaves `actorId` out of its
+    /// JSON, as it does every other absent field, rather than writing it as `null`. (What the
+    /// mutation did: `"actorId":null` in the JSON of every event without an actor id, which the
+    /// test above, whose event has one, did not see; review of stop 67, CY01.)
+    #[test]
+    fn an_events_json_leaves_out_an_absent_actor_id() {
+        let ev = NewEvent::new(
+            SessionRef::parse("agent:main:main", "main").unwrap(),
+            EventKind::GoalChanged,
+            ActorType::System,
+            "goal updated",
+        )
+        .into_event(Sequence(3), Timestamp(7));
+        let json = serde_json::to_string(&ev).unwrap();
+        assert_eq!(
+            json,
+            r#"{"sequence":3,"sessionKey":"agent:main:main","agentId":"main","kind":"goal_changed","actorType":"system","occurredAt":7,"summary":"goal updated"}"#
+        );
+        let back: Event = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, ev, "read back as it was");
     }
 
     #[test]

@@ -4674,6 +4674,12 @@ pub async fn session_status_never_names_an_event_its_page_left_out(t: &Subject) 
             .expect("session_status");
         let page = status.state_changes.expect("page");
         let seen: Vec<u64> = page.events.iter().map(|e| e.sequence.get()).collect();
+        // The caller's limit bounds the page. (What the mutation did: the limit dropped, every
+        // page as long as the largest; review of stop 67, CY25.)
+        assert!(
+            seen.len() <= limit.unwrap_or(usize::MAX),
+            "after {after}: a page of limit {limit:?} holds {seen:?}"
+        );
         let version = status.state_version.get();
         if let Some(last) = seen.last() {
             assert!(
@@ -5055,6 +5061,31 @@ pub async fn the_audit_reports_events_and_cursors_left_without_a_head(t: &Subjec
         findings.contains(&crate::audit::Finding::OrphanedCursor(cursor)),
         "the cursor without a head: {findings:?}"
     );
+    // A fresh read of the session's page that fails (a busy store) fails the audit with its
+    // error, which a retry gets past, rather than confirm the finding. (What the mutation did:
+    // the failure taken for the finding holding; review of stop 67, CY32.)
+    let busy = super::hooked::Hooked {
+        inner: t.store.clone(),
+        hook: BusyPages,
+    };
+    let failed = crate::audit::audit_store(&busy).await;
+    assert!(
+        matches!(&failed, Err(e) if e.is_retryable()),
+        "a busy fresh read: {failed:?}"
+    );
+}
+
+/// Refuses every page of changes as a busy store does.
+struct BusyPages;
+
+#[async_trait::async_trait]
+impl super::hooked::Hook for BusyPages {
+    fn refuse(&self, call: super::hooked::Call) -> Option<StoreError> {
+        matches!(call, super::hooked::Call::ChangesSince).then(|| StoreError::Busy {
+            context: "read changes".into(),
+            source: "database is locked".into(),
+        })
+    }
 }
 
 /// After recordings (with a dedupe hit), watches, an acknowledgement, pruning by age and a

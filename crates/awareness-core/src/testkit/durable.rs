@@ -1559,12 +1559,24 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
         unreachable!()
     };
     assert_eq!(*reason, crate::error::ErrorChain(&why).to_string());
+    // And names nothing else: its events are not said to have no head. (What the mutation did:
+    // `events of ... have no head` reported beside it, and alone with no cursor on it; review
+    // of stop 67, CY21.)
+    assert_eq!(findings.len(), 1, "{findings:?}");
     // Nor does it stop pruning: a pass of the row cap deletes its events with the others', and
     // leaves the row as it was.
     let (report, left) = prune_to_cap(s, 1, "an unreadable head").await;
     assert_eq!(report.events_by_cap, 2, "{report:?}");
     let left: Vec<SessionRef> = left.iter().map(|e| e.session_ref()).collect();
     assert_eq!(left, std::slice::from_ref(&other));
+    // With its events pruned, the audit still names the head, through the cursor on it alone.
+    // (What the mutation did: the cursor's fresh read took the unreadable head for a settled
+    // finding, and the audit found nothing; review of stop 67, CY22.)
+    let findings = crate::audit::audit_store(s).await.expect("audit").findings;
+    assert!(
+        matches!(&findings[..], [crate::audit::Finding::UnreadableHead { session, .. }] if *session == torn),
+        "after pruning: {findings:?}"
+    );
     let read = s.heads(std::slice::from_ref(&torn)).await;
     assert!(
         matches!(read, Err(StoreError::Corrupt { .. })),

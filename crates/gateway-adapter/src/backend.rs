@@ -490,6 +490,48 @@ mod tests {
         for bad in ["", "mysql://x", "sqlite:", "sqlite://", "/tmp/a.db"] {
             assert!(StoreUrl::parse(bad).is_err(), "{bad}");
         }
+        // `memory:` takes nothing after its scheme: a path or a name is refused rather than
+        // read as a store that keeps nothing across restarts. (What the mutation did: any URL
+        // starting with `memory:` opened one, so `memory:/var/state.db`, typed for a file, lost
+        // every event at the gateway's restart; review of stop 67, GB02.)
+        for bad in [
+            "memory:/var/state.db",
+            "memory:state",
+            "memory:///x",
+            "memory:?x",
+        ] {
+            assert!(
+                matches!(StoreUrl::parse(bad), Err(OpenError::BadUrl(_))),
+                "{bad} is no memory store: {:?}",
+                StoreUrl::parse(bad)
+            );
+        }
+        // A redb URL takes a relative path as a sqlite one does, with or without `//`. (What
+        // the mutation did: `redb:state.redb` refused as an unsupported URL; review of stop
+        // 67, GB04.)
+        for url in ["redb:state.redb", "redb://state.redb"] {
+            assert_eq!(
+                StoreUrl::parse(url).ok(),
+                Some(StoreUrl::Redb("state.redb".into())),
+                "{url}"
+            );
+        }
+        // A file store's shown URL is its scheme with `//` and its path, which parses back to
+        // the same store. (What the mutation did: `sqlite:/tmp/a.db`, without the `//` the docs
+        // give; review of stop 67, GB06.)
+        for (url, shown) in [
+            ("sqlite:///tmp/a.db", "sqlite:///tmp/a.db"),
+            ("sqlite:rel.db", "sqlite://rel.db"),
+            ("redb:///tmp/s.redb", "redb:///tmp/s.redb"),
+        ] {
+            let parsed = StoreUrl::parse(url).unwrap();
+            assert_eq!(parsed.redacted(), shown, "{url}");
+            assert_eq!(
+                StoreUrl::parse(shown).unwrap(),
+                parsed,
+                "{shown} parses back"
+            );
+        }
     }
 
     /// A PostgreSQL URL is kept whole, query and all (`schema=`, `host=` and `sslmode=` live

@@ -229,6 +229,29 @@ mod tests {
         assert!(!policy.can_see(&main, &r("agent:main:subagent:q")));
     }
 
+    /// A session whose directory entry names only its parent (no spawner) is in that parent's
+    /// tree: the parent sees it, and it sees the parent. (What the mutation did: only
+    /// `spawned_by` followed, a child the gateway tracks by its parent alone was hidden from
+    /// the parent's `session_status`, and the child from its parent; review of stop 67, GB09.)
+    #[test]
+    fn a_parent_named_alone_in_the_directory_is_in_the_tree() {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let k = |s: &str| SessionKey::new(s).unwrap();
+        dir.upsert(k("agent:main:main"), SessionEntry::default());
+        dir.upsert(
+            k("agent:main:subagent:c"),
+            SessionEntry {
+                parent_session_key: Some(k("agent:main:main")),
+                ..SessionEntry::default()
+            },
+        );
+        let policy = SpawnTree::new(dir);
+        let r = |s: &str| SessionRef::parse(s, "main").unwrap();
+        let (main, child) = (r("agent:main:main"), r("agent:main:subagent:c"));
+        assert!(policy.can_see(&main, &child), "the parent sees its child");
+        assert!(policy.can_see(&child, &main), "the child sees its parent");
+    }
+
     /// Under `session.scope = "global"` each agent has its own `global`, and a directory entry
     /// names its spawner by key alone: a child of main's `global` is in main's `global` tree,
     /// not in another agent's.

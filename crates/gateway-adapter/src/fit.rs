@@ -134,6 +134,16 @@ mod tests {
         assert_eq!(validate::key("run id", &fitted), Ok(()));
     }
 
+    /// Only an empty id is dropped: one of spaces is a value within the key rule, and is kept as
+    /// given. (What the mutation did: a blank id was dropped too, so a caller's dedupe key of
+    /// spaces no longer deduplicated its retries; review of stop 67, GB32.)
+    #[test]
+    fn an_id_of_spaces_is_kept() {
+        let f = fit();
+        assert_eq!(validate::key("run id", " "), Ok(()), "within the key rule");
+        assert_eq!(f.id("run id", Some(" ".into())).as_deref(), Some(" "));
+    }
+
     /// An id of exactly [`MAX_KEY_BYTES`] bytes is within the key rule and kept as given; one byte
     /// more is cut and hashed. (What the mutation did: a limit one byte short, an id the core takes
     /// was recorded cut and hashed, and no longer matched the gateway's; review of stop 63, W03.)

@@ -225,6 +225,25 @@ mod tests {
         assert!(!SameAgent.can_see(&r("agent:ops:main", "main"), &main_child));
     }
 
+    /// `SameAgent` answers by the target's agent, the one its ref names, even where its key names
+    /// another (another agent's session of the same key, which a deletion under one agent leaves
+    /// to the other): the key's agent does not let its namesake see it. (What the mutation did:
+    /// the target's agent read from its key, and main saw ops's session `agent:main:subagent:c`
+    /// while ops, its owner, did not; review of stop 67, GB31.)
+    #[test]
+    fn same_agent_goes_by_the_targets_own_agent() {
+        let r = |key: &str, agent: &str| SessionRef::parse(key, agent).unwrap();
+        let ops_owned = r("agent:main:subagent:c", "ops");
+        assert!(
+            !SameAgent.can_see(&r("agent:main:main", "main"), &ops_owned),
+            "main does not see ops's session"
+        );
+        assert!(
+            SameAgent.can_see(&r("agent:ops:main", "ops"), &ops_owned),
+            "ops sees its own session"
+        );
+    }
+
     /// The ports' default methods ask what they stand for: `can_watch_spawned` asks the policy
     /// (under `SameAgent`, a spawner does not watch a child in another agent), and `exists_as` asks
     /// the directory by the key. (What the mutations did: either default `true`, a manager spawning

@@ -173,6 +173,22 @@ mod tests {
         );
     }
 
+    /// Removing a line from a session that has nothing queued (never had, or its last line went)
+    /// removes nothing and answers `false`. (What the mutation did: a session without a queue
+    /// answered `true`, a removal that did not happen, after the last line of a queue went;
+    /// review of stop 67, GB15.)
+    #[test]
+    fn removing_from_a_session_with_nothing_queued_answers_false() {
+        let q = InMemoryQueue::new();
+        assert!(!q.remove(&key(), &plain("p")), "nothing was ever queued");
+        assert!(q.enqueue(&key(), plain("p")));
+        assert!(q.remove(&key(), &plain("p")), "the line was there");
+        assert!(
+            !q.remove(&key(), &plain("p")),
+            "the last line went with its queue"
+        );
+    }
+
     /// A full queue evicts its oldest plain line, not its newest; a line with a context key of
     /// another kind than `session-state:` is plain. (What the mutations did: the last plain line
     /// evicted, the session read the stale lines and lost the latest; review of stop 63, W08. And

@@ -290,6 +290,25 @@ mod tests {
         );
     }
 
+    /// A waker with its own window holds a wake to that window's end, not the default's. (What
+    /// the mutation did: every window lasted the default 20 s, whatever the waker was built with;
+    /// review of stop 67, GB17.)
+    #[tokio::test(start_paused = true)]
+    async fn a_waker_holds_wakes_to_its_own_windows_end() {
+        let (reasons, sink) = reasons_sink();
+        let waker = CoalescingWake::with_window(Duration::from_secs(5), sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let start = tokio::time::Instant::now();
+        waker.wake(&main, "first");
+        waker.wake(&main, "owed");
+        tokio::time::sleep_until(start + Duration::from_millis(5_001)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "owed"],
+            "the trailing wake goes out at the 5 s window's end"
+        );
+    }
+
     /// A sink that keeps each wake's reason.
     fn reasons_sink() -> (Arc<Mutex<Vec<String>>>, WakeSink) {
         let reasons = Arc::new(Mutex::new(Vec::new()));

@@ -1052,21 +1052,9 @@ async fn the_largest_idle_timeout_and_the_shortest_keepalive_are_taken() {
 async fn a_role_that_may_only_read_and_write_rows_opens_a_store_of_no_kept_version() {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    let role = format!("{schema}_gw");
-    let (admin, _) = server::fresh_store_in(&schema).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE \"{schema}\".awareness_schema_version"
-    )))
-    .execute(admin.pool())
-    .await
-    .expect("as a store made before the version was kept");
-    drop(admin);
-    let role = server::DropRole::create(role, "").await;
-    server::run_as_admin(&format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC")).await;
-    role.may_use_rows_of(&schema).await;
-    let opened = PgStore::connect(
-        server::as_role(&role.0),
-        PgStoreOptions::new(schema.clone()),
+    let (role, opened) = an_earlier_store_opened_by_a_row_only_role(
+        &schema,
+        "DROP TABLE \"{schema}\".awareness_schema_version",
     )
     .await;
     let recorded = match opened {
@@ -1135,25 +1123,38 @@ async fn a_lost_counter_row_comes_back_above_a_cursors_material_sequence() {
 async fn a_role_that_may_not_add_the_missing_column_is_told_the_store_needs_migration() {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    let (admin, _) = server::fresh_store_in(&schema).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE \"{schema}\".session_state_counter DROP COLUMN commits"
-    )))
-    .execute(admin.pool())
-    .await
-    .expect("make it as the first version did");
-    admin.pool().close().await;
-    drop(admin);
-    let role = server::DropRole::create(format!("{schema}_gw"), "").await;
-    server::run_as_admin(&format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC")).await;
-    role.may_use_rows_of(&schema).await;
-    let opened = PgStore::connect(
-        server::as_role(&role.0),
-        PgStoreOptions::new(schema.clone()),
+    let (role, opened) = an_earlier_store_opened_by_a_row_only_role(
+        &schema,
+        "ALTER TABLE \"{schema}\".session_state_counter DROP COLUMN commits",
     )
     .await;
     drop(role);
     let e = opened.expect_err("the store lacks a column this role may not add");
     assert_eq!(e.open_failure(), Some(OpenFailure::NeedsMigration), "{e}");
     assert!(e.to_string().contains("earlier version"), "{e}");
+}
+
+/// A store made in `schema`, then changed by `earlier` (SQL in which `{schema}` stands for the
+/// schema's name) to what an earlier version made, opened by a role that may only read and write
+/// rows (it may not create in the schema). The role is dropped with the answer.
+async fn an_earlier_store_opened_by_a_row_only_role(
+    schema: &str,
+    earlier: &str,
+) -> (server::DropRole, Result<PgStore, StoreError>) {
+    let (admin, _) = server::fresh_store_in(schema).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(earlier.replace("{schema}", schema)))
+        .execute(admin.pool())
+        .await
+        .expect("make it as an earlier version did");
+    admin.pool().close().await;
+    drop(admin);
+    let role = server::DropRole::create(format!("{schema}_gw"), "").await;
+    server::run_as_admin(&format!("REVOKE CREATE ON SCHEMA \"{schema}\" FROM PUBLIC")).await;
+    role.may_use_rows_of(schema).await;
+    let opened = PgStore::connect(
+        server::as_role(&role.0),
+        PgStoreOptions::new(schema.to_owned()),
+    )
+    .await;
+    (role, opened)
 }

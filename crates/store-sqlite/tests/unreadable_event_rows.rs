@@ -18,6 +18,20 @@ use store_sqlite::{EventsBelowOne, SqliteStore};
 /// The clock of the rows these tests write.
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 
+/// A store in `dir` with one human event on `agent:main:subagent:a`, then `sql` run on its file
+/// behind the store's back.
+async fn one_event_then_behind_the_back(
+    dir: &tempfile::TempDir,
+    sql: &str,
+) -> (SqliteStore, SessionRef) {
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let session = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    store.record(human(&session), T0).await.expect("record");
+    behind_the_back(&path, sql, &[]).await;
+    (store, session)
+}
+
 /// Runs `sql` (binding `binds` to `$1`, `$2`, ...) on the file through a connection of its own,
 /// behind the store's back, as another writer would.
 async fn behind_the_back(path: &Path, sql: &str, binds: &[i64]) {
@@ -309,14 +323,9 @@ async fn events_numbered_below_one_fail_no_read_are_found_and_pruned_in_their_tu
 #[tokio::test]
 async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("state.sqlite");
-    let store = SqliteStore::open(&path).await.expect("open");
-    let session = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
-    store.record(human(&session), T0).await.expect("record");
-    behind_the_back(
-        &path,
+    let (store, session) = one_event_then_behind_the_back(
+        &dir,
         "UPDATE session_state_heads SET pruned_max_sequence = -1",
-        &[],
     )
     .await;
     assert!(
@@ -351,16 +360,12 @@ async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
 async fn an_empty_payload_is_read_as_none_without_a_warning() {
     let capture = awareness_core::testkit::logs::Capture::warnings();
     let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("state.sqlite");
-    let store = SqliteStore::open(&path).await.expect("open");
-    let session = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
-    store.record(human(&session), T0).await.expect("record");
-    behind_the_back(
-        &path,
+    let (store, session) = one_event_then_behind_the_back(
+        &dir,
         "UPDATE session_state_events SET payload_json = '', fields_json = NULL",
-        &[],
     )
     .await;
+    let path = dir.path().join("state.sqlite");
     let page = store
         .changes_since(&session, Sequence::ZERO, 200)
         .await

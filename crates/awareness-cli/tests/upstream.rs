@@ -144,17 +144,7 @@ fn adopt_then_monitor_on(scheme: &str) {
     human_line(&transcript, "h0", "history from before the adoption");
     let file = transcript.to_str().unwrap();
 
-    let o = run(&[
-        "--store",
-        &store,
-        "adopt",
-        "agent:main:worker",
-        "--file",
-        file,
-        "--watcher",
-        "agent:main:main",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = adopt_watched(&store, file);
     let out = text(&o);
     assert!(
         out.contains("adopted agent:main:worker (agent main) from claude-code (new link)"),
@@ -564,6 +554,22 @@ fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
     // Nothing was recorded for `ops`'s session: its log is empty.
     let o = run(&["--store", &store, "status", "global", "--agent", "ops"]);
     assert!(text(&o).contains("unknown session"), "{}", text(&o));
+}
+
+/// `adopt agent:main:worker --file FILE --watcher agent:main:main` on `store`, which succeeds.
+fn adopt_watched(store: &str, file: &str) -> Output {
+    let o = run(&[
+        "--store",
+        store,
+        "adopt",
+        "agent:main:worker",
+        "--file",
+        file,
+        "--watcher",
+        "agent:main:main",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    o
 }
 
 /// In `dir`: a SQLite store's file and URL (not created yet), and an empty transcript.
@@ -1306,17 +1312,7 @@ fn monitor_closes_its_store_and_leaves_the_file_whole() {
         let dir = tempfile::tempdir().unwrap();
         let (db, store, transcript) = store_and_transcript(dir.path());
         let file = transcript.to_str().unwrap();
-        let o = run(&[
-            "--store",
-            &store,
-            "adopt",
-            "agent:main:worker",
-            "--file",
-            file,
-            "--watcher",
-            "agent:main:main",
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
+        adopt_watched(&store, file);
         human_line(&transcript, "h1", "typed straight in");
         let Reading {
             mut child,

@@ -48,10 +48,18 @@ async fn record_behind_the_lock(
     store: &Arc<PgStore>,
     n: usize,
 ) -> Vec<tokio::task::JoinHandle<Result<awareness_core::Recorded, StoreError>>> {
+    record_these_behind_the_lock(store, (0..n).map(event)).await
+}
+
+/// As [`record_behind_the_lock`], of the events given, in their order.
+async fn record_these_behind_the_lock(
+    store: &Arc<PgStore>,
+    events: impl IntoIterator<Item = awareness_core::NewEvent>,
+) -> Vec<tokio::task::JoinHandle<Result<awareness_core::Recorded, StoreError>>> {
     let mut calls = Vec::new();
-    for i in 0..n {
+    for (i, e) in events.into_iter().enumerate() {
         let store = Arc::clone(store);
-        let mut call = Box::pin(async move { store.record(event(i), T0).await });
+        let mut call = Box::pin(async move { store.record(e, T0).await });
         assert!(
             !awareness_core::testkit::poll_once(call.as_mut()).await,
             "recording {i} waits for the lock"
@@ -265,16 +273,11 @@ async fn a_dedupe_hit_in_a_batch_consumes_its_number() {
     let lock = store_postgres::testkit::StoreLock::take(&schema).await;
     // The first recording takes the handle's turn and waits for the lock, alone; the other two
     // queue up, and are the next batch: the hit first, then the new event.
-    let mut calls = Vec::new();
-    for e in [event(0), event(1).with_dedupe_key("once"), event(2)] {
-        let store = Arc::clone(&store);
-        let mut call = Box::pin(async move { store.record(e, T0).await });
-        assert!(
-            !awareness_core::testkit::poll_once(call.as_mut()).await,
-            "the recording waits for the lock"
-        );
-        calls.push(tokio::spawn(call));
-    }
+    let calls = record_these_behind_the_lock(
+        &store,
+        [event(0), event(1).with_dedupe_key("once"), event(2)],
+    )
+    .await;
     lock.release().await;
     let mut answers = Vec::new();
     for call in calls {

@@ -41,6 +41,17 @@ async fn open_grouped(path: PathBuf, max_events: usize) -> Result<Grouped, Store
 
 awareness_core::group_commit_suite!(open_grouped, needs_a_runtime: false);
 
+/// A store of the default options in a fresh schema (its name; the schema dropped with the
+/// guard).
+async fn a_fresh_store() -> (String, server::DropSchema, Arc<PgStore>) {
+    let schema = server::fresh_schema();
+    let drop = server::DropSchema(schema.clone());
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
+        .await
+        .expect("connect");
+    (schema, drop, Arc::new(store))
+}
+
 /// Starts `n` recordings (`event(0)`, ...) on `store` while another gateway holds its lock:
 /// each call is polled once (which queues its event, or takes the handle's turn and waits for
 /// the lock), then left to a task of its own.
@@ -166,13 +177,7 @@ async fn a_batch_whose_transaction_fails_fails_every_caller_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retryable_failure_in_a_failed_batchs_one_by_one_recording_fails_the_callers_after_it() {
     use sqlx::ConnectOptions as _;
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
-    let store = Arc::new(
-        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
-            .await
-            .expect("connect"),
-    );
+    let (schema, _drop, store) = a_fresh_store().await;
     let before = store.record(event(100), T0).await.expect("record");
     let mut admin = server::server().connect().await.expect("connect");
     for sql in [
@@ -259,13 +264,7 @@ async fn a_pruning_chunk_deletes_at_most_500_rows_per_transaction() {
 /// number and the batch's last number went unused; review of stop 67, P512.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dedupe_hit_in_a_batch_consumes_its_number() {
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
-    let store = Arc::new(
-        PgStore::connect(server::server(), PgStoreOptions::new(schema.clone()))
-            .await
-            .expect("connect"),
-    );
+    let (schema, _drop, store) = a_fresh_store().await;
     let stored = store
         .record(event(100).with_dedupe_key("once"), T0)
         .await

@@ -740,4 +740,81 @@ mod tests {
             "the scan ends at the event that was last when it began"
         );
     }
+
+    /// A due event that is the last row a step of an age scan looks at is deleted by that step:
+    /// the next step goes on after it, so a step that left it would leave it for the whole pass.
+    /// (What the mutation did: the step's last looked-at row was not taken as a victim, so an old
+    /// event in that place outlived the pass; review of stop 67, MM33.)
+    #[tokio::test]
+    async fn an_age_step_deletes_the_last_row_it_looks_at() {
+        let store = MemoryStore::new();
+        let at = SessionRef::parse("agent:main:subagent:s", "main").expect("ref");
+        let event = || NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
+        for _ in 0..PRUNE_SCAN_ROWS - 1 {
+            store.record(event(), T0).await.expect("record");
+        }
+        let old = store
+            .record(
+                event().with_occurred_at(Timestamp(T0.millis() - 3_600_000)),
+                T0,
+            )
+            .await
+            .expect("record")
+            .event;
+        let step = PruneStep::Age {
+            cutoff: Timestamp(T0.millis() - 60_000),
+        };
+        assert_eq!(
+            store.prune_chunk(&step, 10_000, T0).await.expect("prune"),
+            1,
+            "the old event, the last row of the scan's first step, is deleted"
+        );
+        assert_eq!(
+            store.log_stats().await.expect("stats").rows,
+            PRUNE_SCAN_ROWS as u64 - 1
+        );
+        assert!(
+            store
+                .events_after(Sequence(old.sequence.0 - 1), 1)
+                .await
+                .expect("events")
+                .first()
+                .is_none_or(|e| e.sequence != old.sequence),
+            "the old event is gone"
+        );
+    }
+
+    /// On a single-threaded runtime a chunk lets other tasks run between its steps: a recording
+    /// that arrives during a row-cap chunk lands after the chunk's first step, not after the whole
+    /// chunk, and the chunk's later steps count it. (What the mutation did: the chunk no longer
+    /// yielded between steps, so the recording waited for the whole chunk; review of stop 67,
+    /// MM31.)
+    #[tokio::test]
+    async fn a_recording_during_a_chunk_lands_between_its_steps() {
+        let store = MemoryStore::new();
+        let at = SessionRef::parse("agent:main:subagent:s", "main").expect("ref");
+        let event = || NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
+        let n = 2 * PRUNE_STEP_ROWS + 10;
+        for _ in 0..n {
+            store.record(event(), T0).await.expect("record");
+        }
+        let keep = 10_u64;
+        let step = PruneStep::RowCap { max_rows: keep };
+        let prune = store.prune_chunk(&step, 10_000, T0);
+        let record = async {
+            // Waits (a bounded wait: the chunk's first step changes the count) for the chunk
+            // to have begun, then records.
+            while store.log_stats().await.expect("stats").rows == n as u64 {
+                YieldOnce(false).await;
+            }
+            store.record(event(), T0).await.expect("record");
+        };
+        let (deleted, ()) = tokio::join!(prune, record);
+        assert_eq!(
+            deleted.expect("prune"),
+            n as u64 + 1 - keep,
+            "the recording landed between two steps of the chunk, which capped it too"
+        );
+        assert_eq!(store.log_stats().await.expect("stats").rows, keep);
+    }
 }

@@ -114,6 +114,45 @@ async fn a_dedupe_entry_pointing_at_another_row_is_refused() {
     store.close().await;
 }
 
+/// A row deleted with its session frees its dedupe key only when the dedupe index points at
+/// that row: a key that another session's later row holds (its entry lost from the index, then
+/// recorded again) stays, and a recording under it is still answered as that row's duplicate.
+/// (What the mutation did: the key was freed whichever row it pointed at, and the next
+/// recording under it made a second event; review of stop 67, RC32.)
+#[tokio::test]
+async fn deleting_a_row_frees_no_dedupe_key_pointing_at_another_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let (s, t) = (r("agent:main:subagent:s"), r("agent:main:subagent:t"));
+    let store = RedbStore::open(&path).await.unwrap();
+    store
+        .record(human(&s).with_dedupe_key("k"), T0)
+        .await
+        .unwrap();
+    store.close().await;
+    edit(&path, |txn| {
+        txn.open_table(DEDUPE).unwrap().remove("k").unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    let kept = store
+        .record(human(&t).with_dedupe_key("k"), T0)
+        .await
+        .unwrap();
+    assert!(!kept.deduplicated, "the key's entry was lost: a new row");
+    store.delete_session(&s).await.unwrap();
+    let again = store
+        .record(human(&t).with_dedupe_key("k"), T0)
+        .await
+        .unwrap();
+    assert!(
+        again.deduplicated && again.event.sequence == kept.event.sequence,
+        "deleting S's row freed the key that T's row {} holds: recorded again as {}",
+        kept.event.sequence.get(),
+        again.event.sequence.get()
+    );
+    store.close().await;
+}
+
 /// A redb type read and written as its bytes (the store's own view, `store_redb::raw::Bytes`):
 /// a table opened under it is the table of `T` on disk, so a test can write into it what
 /// redb's typed writes never would (text that is not UTF-8, a tuple cut short), as a hand edit

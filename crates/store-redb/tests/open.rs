@@ -901,6 +901,30 @@ async fn live_readers_are_refused_where_they_cannot_hold() {
     RedbStore::open_with(&path, ignoring).await.unwrap();
 }
 
+/// A read-only open beside a read-write handle of its process ignores its own `live_readers`
+/// setting, whichever the writer chose: it is handed the writer's database, not refused for
+/// disagreeing with it. (What the mutation did: a read-only open went through the read-write
+/// checks, and beside a writer with live readers one with the default options was refused as
+/// `InvalidOptions`; review of stop 67, RC30.)
+#[tokio::test]
+async fn a_read_only_open_beside_a_live_writer_needs_no_live_readers_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let live = RedbStore::open_with(&path, RedbOptions::default().live_readers(true))
+        .await
+        .unwrap();
+    let rec = live.record(human(&child()), T0).await.unwrap();
+    let reader = RedbStore::open_with(&path, read_only())
+        .await
+        .unwrap_or_else(|e| panic!("a read-only open beside a live writer is refused: {e}"));
+    assert_eq!(
+        reader.state_version(&child()).await.unwrap(),
+        rec.event.sequence
+    );
+    reader.close().await;
+    live.close().await;
+}
+
 /// An open that fails after redb has opened the file (here migrating a schema 1 file whose
 /// `heads` table is not of the type schema 1 wrote: a damaged file) names the file in its
 /// message, keeps its meaning (`Corrupt`), and leaves the file at schema 1.

@@ -5384,22 +5384,12 @@ async fn a_turn_typed_after_a_watch_that_began_during_a_pass_is_recorded() {
         .unwrap();
     // A watch begins while the first read (the pass over the unwatched link) reads, and a
     // person types after it.
-    let (store, path) = (w.store.clone(), t.path.clone());
-    let provider = FirstCheckAfter::new(Box::new(move |link| {
-        Box::pin(async move {
-            let watcher = WatcherKey::parse("agent:main:main").unwrap();
-            store
-                .watch(&watcher, &link.session, Timestamp::now())
-                .await
-                .unwrap();
-            let row = user_row(
-                "00000000-0000-4000-8000-999999999999",
-                json!("typed after the watch"),
-            );
-            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-            f.write_all(format!("{row}\n").as_bytes()).unwrap();
-        })
-    }));
+    let provider = watched_and_typed_into_during_the_first_check(
+        w.store.clone(),
+        t.path.clone(),
+        "00000000-0000-4000-8000-999999999999",
+        || {},
+    );
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(provider)
         .build();
@@ -5429,23 +5419,13 @@ async fn a_pass_that_cannot_tell_whether_the_session_is_watched_keeps_the_marker
         .unwrap();
     // While the pass reads: a watch begins, a person types, and the pass's read of the
     // session's watchers then fails.
-    let (store, path, refuse) = (w.store.clone(), t.path.clone(), hooked.clone());
-    let provider = FirstCheckAfter::new(Box::new(move |link| {
-        Box::pin(async move {
-            let watcher = WatcherKey::parse("agent:main:main").unwrap();
-            store
-                .watch(&watcher, &link.session, Timestamp::now())
-                .await
-                .unwrap();
-            let row = user_row(
-                "00000000-0000-4000-8000-999999999998",
-                json!("typed after the watch"),
-            );
-            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-            f.write_all(format!("{row}\n").as_bytes()).unwrap();
-            refuse.hook.left.store(1, Ordering::SeqCst);
-        })
-    }));
+    let refuse = hooked.clone();
+    let provider = watched_and_typed_into_during_the_first_check(
+        w.store.clone(),
+        t.path.clone(),
+        "00000000-0000-4000-8000-999999999998",
+        move || refuse.hook.left.store(1, Ordering::SeqCst),
+    );
     let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
         .provider(provider)
         .build();
@@ -5463,6 +5443,30 @@ async fn a_pass_that_cannot_tell_whether_the_session_is_watched_keeps_the_marker
         1,
         "the turn typed after the watch began is recorded"
     );
+}
+
+/// The JSONL provider, whose first check, before it reads, has `agent:main:main` begin watching
+/// the link's session and a person type a turn (`uuid`) into the transcript at `path`, then runs
+/// `then`.
+fn watched_and_typed_into_during_the_first_check(
+    store: Arc<MemoryStore>,
+    path: PathBuf,
+    uuid: &'static str,
+    then: impl FnOnce() + Send + 'static,
+) -> Arc<FirstCheckAfter> {
+    FirstCheckAfter::new(Box::new(move |link| {
+        Box::pin(async move {
+            let watcher = WatcherKey::parse("agent:main:main").unwrap();
+            store
+                .watch(&watcher, &link.session, Timestamp::now())
+                .await
+                .unwrap();
+            let row = user_row(uuid, json!("typed after the watch"));
+            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(format!("{row}\n").as_bytes()).unwrap();
+            then();
+        })
+    }))
 }
 
 /// The JSONL provider, except that its check panics for one session (`bad`).

@@ -1129,19 +1129,32 @@ mod tests {
         // The directory goes when this returns, and each transcript with it.
     }
 
-    /// Output that fails, with `kind`, every write holding `needle` (each of `monitor`'s lines
-    /// is one write), as a full disk or a closed pipe would at that line.
-    struct FailsOn {
+    /// Output that keeps what is written to it and, at every write holding `needle` (each of
+    /// `monitor`'s lines is one write), does what `at` says.
+    struct WatchedOutput {
         needle: &'static str,
-        kind: std::io::ErrorKind,
+        at: AtNeedle,
         taken: String,
     }
 
-    impl Write for FailsOn {
+    /// What [`WatchedOutput`] does at a write holding its needle.
+    enum AtNeedle {
+        /// Fails the write with this kind, as a full disk or a closed pipe would at that line.
+        Fail(std::io::ErrorKind),
+        /// Keeps the line and asks the monitor to stop.
+        Stop(Arc<tokio::sync::Notify>),
+    }
+
+    impl Write for WatchedOutput {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             let text = String::from_utf8_lossy(buf);
             if text.contains(self.needle) {
-                return Err(std::io::Error::new(self.kind, "the output failed"));
+                match &self.at {
+                    AtNeedle::Fail(kind) => {
+                        return Err(std::io::Error::new(*kind, "the output failed"));
+                    }
+                    AtNeedle::Stop(stop) => stop.notify_one(),
+                }
             }
             self.taken.push_str(&text);
             Ok(buf.len())
@@ -1175,9 +1188,9 @@ mod tests {
             let store = gateway_adapter::open_full_store("memory:").await.unwrap();
             let session = SessionRef::parse("agent:main:worker", "main").unwrap();
             adopted_then_gone(&store, [session]).await;
-            let mut out = FailsOn {
+            let mut out = WatchedOutput {
                 needle: "upstream_missing",
-                kind,
+                at: AtNeedle::Fail(kind),
                 taken: String::new(),
             };
             let e = monitor_links(
@@ -1701,9 +1714,9 @@ mod tests {
         let cli = monitor_line(true, &["--verbose"]);
         let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let mut out = FailsOn {
+        let mut out = WatchedOutput {
             needle: "",
-            kind: std::io::ErrorKind::BrokenPipe,
+            at: AtNeedle::Fail(std::io::ErrorKind::BrokenPipe),
             taken: String::new(),
         };
         let stop = interrupted().unwrap();
@@ -2012,29 +2025,6 @@ mod tests {
         );
     }
 
-    /// Output that keeps what is written to it, and asks the monitor to stop once a line holds
-    /// `needle`.
-    struct StopsOn {
-        needle: &'static str,
-        taken: String,
-        stop: Arc<tokio::sync::Notify>,
-    }
-
-    impl Write for StopsOn {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let text = String::from_utf8_lossy(buf);
-            if text.contains(self.needle) {
-                self.stop.notify_one();
-            }
-            self.taken.push_str(&text);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// `monitor`'s text line of a detection is one line whatever the detection holds: a check
     /// that failed on a transcript whose path holds a line break says it escaped (`\n`), and no
     /// line starts with what followed the break. (What the mutation did: the detection printed
@@ -2063,10 +2053,10 @@ mod tests {
         std::fs::create_dir(&transcript).unwrap();
         let cli = monitor_line(false, &["--interval-secs", "1"]);
         let stop = Arc::new(tokio::sync::Notify::new());
-        let mut out = StopsOn {
+        let mut out = WatchedOutput {
             needle: "failed: ",
+            at: AtNeedle::Stop(Arc::clone(&stop)),
             taken: String::new(),
-            stop: Arc::clone(&stop),
         };
         let code = monitor_links(
             &cli,

@@ -1110,12 +1110,15 @@ mod tests {
         args
     }
 
-    /// Adopts a transcript into `store` for each of `sessions`, watched by `agent:main:main`,
-    /// then removes the transcripts: each session's check finds its source gone.
-    async fn adopted_then_gone(
+    /// Adopts a transcript into `store` for each of `sessions`, watched by `agent:main:main`.
+    /// With `typed`, a person then types it into each (the transcripts stay in the directory
+    /// answered, which must outlive the checks); without, the transcripts are removed: each
+    /// session's check finds its source gone.
+    async fn adopted(
         store: &Arc<dyn FullStore>,
         sessions: impl IntoIterator<Item = SessionRef>,
-    ) {
+        typed: Option<&str>,
+    ) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let watcher = WatcherKey::parse("agent:main:main").unwrap();
         for (n, session) in sessions.into_iter().enumerate() {
@@ -1125,8 +1128,17 @@ mod tests {
             adopt_into(store, spec, Some(&watcher), &session, true, &mut Vec::new())
                 .await
                 .unwrap();
+            match typed {
+                Some(said) => {
+                    let row = json!({"type": "user", "isSidechain": false,
+                        "uuid": format!("typed-{n}"), "timestamp": "2026-11-30T10:00:00Z",
+                        "message": {"role": "user", "content": said}});
+                    std::fs::write(&transcript, format!("{row}\n")).unwrap();
+                }
+                None => std::fs::remove_file(&transcript).unwrap(),
+            }
         }
-        // The directory goes when this returns, and each transcript with it.
+        dir
     }
 
     /// Output that keeps what is written to it and, at every write holding `needle` (each of
@@ -1187,7 +1199,7 @@ mod tests {
             let args = monitor_args(&cli);
             let store = gateway_adapter::open_full_store("memory:").await.unwrap();
             let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-            adopted_then_gone(&store, [session]).await;
+            adopted(&store, [session], None).await;
             let mut out = WatchedOutput {
                 needle: "upstream_missing",
                 at: AtNeedle::Fail(kind),
@@ -1222,12 +1234,13 @@ mod tests {
         }
     }
 
-    /// The monitor's reads of cursors, one for each watched link a tick checks: the read after
-    /// the first tick's `links` reads is the second tick's, which it holds for good (the stop
+    /// The monitor's reads of cursors, one for each watched link a tick checks and one for each
+    /// turn it records (of a session whose directory entry names no parent): the read after the
+    /// first tick's `first_tick` reads is the second tick's, which it holds for good (the stop
     /// abandons that tick, so that it sends nothing), and which sets `next_tick` and asks the
     /// monitor to stop.
     struct HoldsTheSecondTick {
-        links: usize,
+        first_tick: usize,
         reads: std::sync::atomic::AtomicUsize,
         next_tick: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
         stop: Arc<tokio::sync::Notify>,
@@ -1241,7 +1254,7 @@ mod tests {
             _: &dyn AwarenessStore,
         ) {
             if call != awareness_core::testkit::hooked::Call::Cursors
-                || self.reads.fetch_add(1, Ordering::SeqCst) < self.links
+                || self.reads.fetch_add(1, Ordering::SeqCst) < self.first_tick
             {
                 return;
             }
@@ -1258,8 +1271,13 @@ mod tests {
     struct SlowFirstLine {
         next_tick: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
         taken: String,
-        /// A text whose line fails to be written (a full disk), when given.
-        fail_on: Option<&'static str>,
+        /// When given, the `n`th line (from 1) holding a text fails to be written (a full
+        /// disk).
+        fail_on: Option<(&'static str, usize)>,
+        /// The lines that held that text so far.
+        holding: usize,
+        /// The line that failed.
+        failed: Option<String>,
     }
 
     impl Write for SlowFirstLine {
@@ -1273,11 +1291,17 @@ mod tests {
                 assert!(*began && !waited.timed_out(), "the second tick never began");
             }
             let line = String::from_utf8_lossy(buf);
-            if self.fail_on.is_some_and(|text| line.contains(text)) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::StorageFull,
-                    "the output failed",
-                ));
+            if let Some((text, n)) = self.fail_on
+                && line.contains(text)
+            {
+                self.holding += 1;
+                if self.holding == n {
+                    self.failed = Some(line.into_owned());
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::StorageFull,
+                        "the output failed",
+                    ));
+                }
             }
             self.taken.push_str(&line);
             Ok(buf.len())
@@ -1288,26 +1312,28 @@ mod tests {
         }
     }
 
-    /// Runs `monitor --json` over `links` adopted sessions, each watched, whose transcripts are
-    /// gone: its first tick finds each missing, while its output's first line waits for the
-    /// second tick, which asks the monitor to stop; a line holding `fail_on` fails to be
-    /// written. Answers the command's outcome, and its output.
+    /// Runs `monitor --json` over `links` adopted sessions, each watched, into whose transcripts
+    /// a person `typed` (else the transcripts are gone): its first tick finds the turn (or the
+    /// source missing) in each, while its output's first line waits for the second tick, which
+    /// asks the monitor to stop; the line `fail_on` names fails to be written. Answers the
+    /// command's outcome, and its output.
     async fn monitor_behind_a_slow_output(
         links: usize,
-        fail_on: Option<&'static str>,
-    ) -> (Result<i32, CliError>, String) {
+        typed: Option<&str>,
+        fail_on: Option<(&'static str, usize)>,
+    ) -> (Result<i32, CliError>, SlowFirstLine) {
         let cli = monitor_line(true, &["--interval-secs", "1"]);
         let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
         let sessions = (0..links)
             .map(|n| SessionRef::parse(&format!("agent:main:worker-{n}"), "main").unwrap());
-        adopted_then_gone(&store, sessions).await;
+        let _transcripts = adopted(&store, sessions, typed).await;
         let next_tick = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
         let stop = Arc::new(tokio::sync::Notify::new());
         let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
             inner: store.clone(),
             hook: HoldsTheSecondTick {
-                links,
+                first_tick: if typed.is_some() { 2 * links } else { links },
                 reads: std::sync::atomic::AtomicUsize::new(0),
                 next_tick: Arc::clone(&next_tick),
                 stop: Arc::clone(&stop),
@@ -1317,9 +1343,11 @@ mod tests {
             next_tick,
             taken: String::new(),
             fail_on,
+            holding: 0,
+            failed: None,
         };
         let done = monitor_links(&cli, args, events, store, stop.notified(), &mut out).await;
-        (done, out.taken)
+        (done, out)
     }
 
     /// The lines of `out` (the JSON lines of `monitor --json`) of `detection`.
@@ -1335,7 +1363,8 @@ mod tests {
     /// the stop comes before they are all read but once in billions of runs.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_detections_sent_before_the_stop_are_printed() {
-        let (done, out) = monitor_behind_a_slow_output(60, None).await;
+        let (done, out) = monitor_behind_a_slow_output(60, None, None).await;
+        let out = out.taken;
         assert_eq!(done.map_err(|e| e.message).unwrap(), 0);
         let missing = lines_of(&out, "missing").count();
         assert_eq!(missing, 60, "of {} lines", out.lines().count());
@@ -1348,7 +1377,8 @@ mod tests {
     /// output lost 76 detections without a word: review of stop 60.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn detections_dropped_behind_a_slow_output_are_counted_in_a_line() {
-        let (done, out) = monitor_behind_a_slow_output(1100, None).await;
+        let (done, out) = monitor_behind_a_slow_output(1100, None, None).await;
+        let out = out.taken;
         assert_eq!(done.map_err(|e| e.message).unwrap(), 0);
         let missing = lines_of(&out, "missing").count();
         let lagged: Vec<Value> = lines_of(&out, "lagged")
@@ -1359,6 +1389,34 @@ mod tests {
         let missed = lagged[0]["missed"].as_u64().unwrap();
         assert!(missed > 0, "{lagged:?}");
         assert_eq!(missing as u64 + missed, 1100, "{lagged:?} in {lines} lines");
+    }
+
+    /// A detection that changed the store, still unread when the stop came, whose line then
+    /// fails to be written (a full disk) is said with what it recorded, as one read before the
+    /// stop is, before the detections left behind it. (What the mutation did: the failed line's
+    /// own change was left out of the message, which named only those after it; review of stop
+    /// 68, CV14. The loop takes the stop or the next detection at random, so the 30th of 60
+    /// lines is written by the loop itself, where the two paths say the same, but once in
+    /// hundreds of millions of runs.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_line_that_fails_after_the_stop_says_what_its_detection_recorded() {
+        let (done, out) =
+            monitor_behind_a_slow_output(60, Some("hello"), Some((r#""detection":"human""#, 30)))
+                .await;
+        let e = done.expect_err("the 30th line failed");
+        let failed: Value = serde_json::from_str(out.failed.as_deref().unwrap()).unwrap();
+        let said = format!(
+            "recorded event #{} (human turns) for {} (agent main); ",
+            failed["sequence"],
+            failed["session"]["sessionKey"].as_str().unwrap()
+        );
+        assert!(e.message.starts_with(&said), "{said}\n{}", e.message);
+        assert_eq!(
+            e.message.matches("(human turns)").count(),
+            31,
+            "the 30 after it too: {}",
+            e.message
+        );
     }
 
     /// A panic payload that panics again when dropped, with one level less, until level 0:
@@ -1926,7 +1984,8 @@ mod tests {
     /// L28.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_lagged_line_says_the_detections_went_unread() {
-        let (done, _) = monitor_behind_a_slow_output(1100, Some(r#""detection":"lagged""#)).await;
+        let (done, _) =
+            monitor_behind_a_slow_output(1100, None, Some((r#""detection":"lagged""#, 1))).await;
         let e = done.expect_err("the output failed on the lagged line");
         assert!(
             e.message

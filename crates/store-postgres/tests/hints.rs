@@ -224,6 +224,52 @@ async fn listened_on_again_after_silence(mute_listen: bool) {
     hinted(&mut hints).await;
 }
 
+/// A listening connection that fails (a message the client cannot read: a protocol error, not
+/// a lost connection) is listened on again after a wait, not at once: a server or network that
+/// fails every connection so gets a try a second, not a spin of them. (What the mutation did:
+/// no wait after the error: the next try came within milliseconds of each failure; review of
+/// stop 67, P502.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_connection_that_fails_is_listened_on_again_after_a_wait() {
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    // Proofs of life every 200 ms: the notifications the proxy garbles.
+    let ours = PgStore::connect(
+        proxy.server(),
+        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(200)),
+    )
+    .await
+    .expect("connect through the proxy");
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+    hinted(&mut hints).await;
+
+    proxy.garble_listeners(true);
+    until("three listening connections failed", || {
+        proxy.seen.lock().unwrap().garbled.len() >= 3
+    })
+    .await;
+    proxy.garble_listeners(false);
+    let seen = std::mem::take(&mut *proxy.seen.lock().unwrap());
+    // Not a measure of speed: the wait is the listener's own, and only the code that does not
+    // wait can come sooner.
+    for failed in &seen.garbled[..2] {
+        let next = seen.listens.iter().find(|l| *l > failed);
+        let after = next.map(|l| l.duration_since(*failed));
+        assert!(
+            after.is_some_and(|a| a >= Duration::from_secs(1)),
+            "the next try to listen came {after:?} after a failure: {seen:?}"
+        );
+    }
+    assert!(
+        logs.said(&["listening for other handles' commits failed", "level=WARN"]) >= 1,
+        "the failures were the listener's errors: {:?}",
+        logs.lines()
+    );
+}
+
 /// A listening connection that answers is kept, however often its life is proven: no new
 /// session, and no hint beyond the start's. Each proof has 200 ms to come back: at 10 ms, a
 /// loaded machine (load average 6, reviewers building) answered one late and the test failed
@@ -519,12 +565,25 @@ async fn proofs_sent_while_nobody_listened_do_not_make_the_next_listening_connec
 /// A Unix-socket proxy to the test server that can go silent the way a dropped network flow
 /// does (a NAT's idle timeout): the connections open when it is asked lose their server side
 /// (so the server ends their sessions) while their client side stays open and says nothing.
-/// Connections made later pass as before.
+/// Connections made later pass as before. It can also garble what listening connections are
+/// sent ([`SilentProxy::garble_listeners`]).
 struct SilentProxy {
     dir: std::path::PathBuf,
     silence: tokio::sync::watch::Sender<u64>,
     /// The next connection that sends a `LISTEN` goes silent as it sends it.
     mute_listen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// While set, each notification to a connection that listens is replaced by a message of
+    /// no type the protocol has.
+    garble: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// When each `LISTEN` (a try to listen) came, and when each notification was replaced.
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+}
+
+/// What [`SilentProxy`] saw of the tries to listen.
+#[derive(Debug, Default)]
+struct Seen {
+    listens: Vec<std::time::Instant>,
+    garbled: Vec<std::time::Instant>,
 }
 
 impl SilentProxy {
@@ -544,6 +603,10 @@ impl SilentProxy {
         let asked = silence.clone();
         let mute_listen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let muting = std::sync::Arc::clone(&mute_listen);
+        let garble = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let garbling = std::sync::Arc::clone(&garble);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+        let seeing = std::sync::Arc::clone(&seen);
         tokio::spawn(async move {
             while let Ok((mut client, _)) = accept.accept().await {
                 let Ok(mut upstream) = tokio::net::UnixStream::connect(&real).await else {
@@ -552,8 +615,12 @@ impl SilentProxy {
                 let mut silenced = asked.subscribe();
                 let born = *silenced.borrow_and_update();
                 let muting = std::sync::Arc::clone(&muting);
+                let garbling = std::sync::Arc::clone(&garbling);
+                let seeing = std::sync::Arc::clone(&seeing);
                 tokio::spawn(async move {
+                    use std::sync::atomic::Ordering::SeqCst;
                     let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
+                    let mut listening = false;
                     loop {
                         tokio::select! {
                             _ = async { silenced.wait_for(|s| *s > born).await.map(drop) } => {
@@ -566,18 +633,32 @@ impl SilentProxy {
                             }
                             n = client.read(&mut up) => match n {
                                 Ok(0) | Err(_) => return,
-                                Ok(n) if up[..n].windows(6).any(|w| w == b"LISTEN")
-                                    && muting.swap(false, std::sync::atomic::Ordering::SeqCst) => {
-                                    // Swallowed, and silent from now on, as above.
-                                    drop(upstream);
-                                    let _silent = client;
-                                    std::future::pending::<()>().await;
-                                    return;
+                                Ok(n) => {
+                                    let sent = &up[..n];
+                                    if sent.windows(6).any(|w| w == b"LISTEN") {
+                                        listening = true;
+                                        seeing.lock().unwrap().listens.push(std::time::Instant::now());
+                                        if muting.swap(false, SeqCst) {
+                                            // Swallowed, and silent from now on, as above.
+                                            drop(upstream);
+                                            let _silent = client;
+                                            std::future::pending::<()>().await;
+                                            return;
+                                        }
+                                    }
+                                    if upstream.write_all(sent).await.is_err() { return }
                                 }
-                                Ok(n) => if upstream.write_all(&up[..n]).await.is_err() { return },
                             },
                             n = upstream.read(&mut down) => match n {
                                 Ok(0) | Err(_) => return,
+                                // A notification (`A`): the connection listens by now.
+                                // Once a connection: what comes after on it is not read.
+                                Ok(_) if listening && down[0] == b'A' && garbling.load(SeqCst) => {
+                                    listening = false;
+                                    seeing.lock().unwrap().garbled.push(std::time::Instant::now());
+                                    // Type 1, which no message has, with no content.
+                                    if client.write_all(b"\x01\0\0\0\x04").await.is_err() { return }
+                                }
                                 Ok(n) => if client.write_all(&down[..n]).await.is_err() { return },
                             },
                         }
@@ -589,6 +670,8 @@ impl SilentProxy {
             dir,
             silence,
             mute_listen,
+            garble,
+            seen,
         }
     }
 
@@ -607,6 +690,12 @@ impl SilentProxy {
     fn mute_next_listen(&self) {
         self.mute_listen
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on (`true`) or no longer, each notification to a listening connection is
+    /// replaced by a message its client cannot read: its listener fails with a protocol error.
+    fn garble_listeners(&self, on: bool) {
+        self.garble.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

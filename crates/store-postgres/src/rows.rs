@@ -659,3 +659,47 @@ impl Rows<'_> {
         })
     }
 }
+
+#[cfg(all(test, feature = "testkit"))]
+mod tests {
+    /// [`END_LOST_COMMIT`] ends the session still idle in the transaction whatever the server's
+    /// epoch: the id a store reads (`txid_current()`) carries the epoch above its 32 bits, and a
+    /// server past its first 4 billion transactions is in epoch 1 or later, while the session's
+    /// `backend_xid` is the 32-bit id. (What the mutation did: compared the session's 32-bit id
+    /// with the id and its epoch, which never match once the epoch is above 0: the session is
+    /// never ended, and a lost `COMMIT` is an unknown outcome with the store's lock held until
+    /// the idle timeout; review of stop 68, P635.)
+    #[test]
+    fn a_lost_commits_session_is_ended_whatever_the_servers_epoch() {
+        use sqlx::ConnectOptions as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let server = crate::testkit::server();
+            let mut held = server.connect().await.expect("connect");
+            sqlx::query("BEGIN")
+                .execute(&mut held)
+                .await
+                .expect("begin");
+            let (xid, pid): (i64, i32) = sqlx::query_as("SELECT txid_current(), pg_backend_pid()")
+                .fetch_one(&mut held)
+                .await
+                .expect("the transaction's ids");
+            let mut asking = server.connect().await.expect("connect");
+            // The same transaction as the server numbers it one epoch later.
+            let next_epoch = xid + (1_i64 << 32);
+            let ended: i64 = sqlx::query_scalar(super::END_LOST_COMMIT)
+                .bind(next_epoch)
+                .bind(pid)
+                .fetch_one(&mut asking)
+                .await
+                .expect("end the session");
+            assert_eq!(
+                ended, 1,
+                "the session {pid}, idle in transaction {xid}, is ended"
+            );
+        });
+    }
+}

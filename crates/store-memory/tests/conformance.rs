@@ -79,6 +79,15 @@ impl RawAccess for Raw {
         // Only OpenClaw makes ambient cursors, in its SQLite file.
         Ok(false)
     }
+
+    async fn spoil_cursor_provenance(
+        &self,
+        _: &WatcherKey,
+        _: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        // No room for a provenance, as above.
+        Ok(false)
+    }
 }
 
 async fn subject() -> Subject {

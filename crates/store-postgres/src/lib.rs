@@ -640,6 +640,7 @@ hand_edits! {
     damage_link_row(session: &SessionRef);
     damage_head_row(session: &SessionRef);
     make_ambient(watcher: &WatcherKey, target: &SessionKey);
+    spoil_cursor_provenance(watcher: &WatcherKey, target: &SessionKey);
     spoil_link_text(session: &SessionRef);
     spoil_link_key(session: &SessionRef);
     spoil_cursor_text(watcher: &WatcherKey, target: &SessionKey);

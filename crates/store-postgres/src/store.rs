@@ -964,6 +964,28 @@ impl Inner {
         .await
     }
 
+    /// Test support, not part of the API: gives a cursor a provenance this version does not
+    /// know, past the CHECK that keeps it out of a store this version made (dropped for it, as
+    /// a later version's wider one would allow). Returns whether the row existed.
+    pub(crate) async fn spoil_cursor_provenance(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        self.raw_write(
+            "ALTER TABLE session_watch_cursors
+             DROP CONSTRAINT IF EXISTS session_watch_cursors_provenance_check",
+            &[],
+        )
+        .await?;
+        self.raw_write(
+            "UPDATE session_watch_cursors SET provenance = 'ambient-channel'
+             WHERE watcher_session_key = $1 AND target_session_key = $2",
+            &[watcher.as_str().to_owned(), target.as_str().to_owned()],
+        )
+        .await
+    }
+
     /// Test support, not part of the API: moves the counter so that exactly `left` more
     /// sequences can be handed out. Returns whether it could (the counter never goes back).
     pub(crate) async fn leave_sequences(&self, left: u64) -> Result<bool, StoreError> {

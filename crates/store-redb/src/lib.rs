@@ -809,6 +809,22 @@ impl RedbStore {
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// answers `false`, as [`RedbStore::make_ambient`] does: a redb cursor row has no room for a
+    /// provenance. For the conformance suite.
+    #[allow(
+        clippy::unused_async,
+        reason = "async like every row helper the testkit's forwarding awaits"
+    )]
+    #[doc(hidden)]
+    pub async fn spoil_cursor_provenance(
+        &self,
+        _: &WatcherKey,
+        _: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
     /// appends a byte that is not UTF-8 (0xFF) to the target agent of the cursor row `(watcher,
     /// target)`, writing redb's own string type from its bytes as a hand edit or a flipped bit
     /// could; its sequences and its place in every index stay. Returns whether the row existed.

@@ -939,6 +939,23 @@ impl SqliteStore {
     }
 
     /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
+    /// gives one cursor row a provenance this version does not know (`ambient-channel`), as a
+    /// later version's writer could. Returns whether the row existed. The conformance suite uses
+    /// it to check that such a row is read as unreadable, not as a watch of some kind.
+    #[doc(hidden)]
+    pub async fn spoil_cursor_provenance(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(sql::SPOIL_CURSOR_PROVENANCE)
+            .bind(watcher.as_str().to_owned())
+            .bind(target.as_str().to_owned());
+        self.write_changed("give a cursor an unknown provenance", q)
+            .await
+    }
+
+    /// Test support, not part of the API (hidden from the docs; it may change or go at any time):
     /// appends a byte that is not UTF-8 to one cursor row's watcher key, as
     /// [`SqliteStore::spoil_cursor_text`] does to its target agent.
     #[doc(hidden)]

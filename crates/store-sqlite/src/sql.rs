@@ -656,6 +656,16 @@ UPDATE session_watch_cursors SET provenance = 'ambient-group'
 SELECT changes();
 COMMIT";
 
+/// Gives one cursor row a provenance this version does not know, past the CHECK that keeps it
+/// out of a file this version made (`SqliteStore::spoil_cursor_provenance`).
+pub(crate) const SPOIL_CURSOR_PROVENANCE: &str = "PRAGMA ignore_check_constraints = ON;
+BEGIN IMMEDIATE;
+UPDATE session_watch_cursors SET provenance = 'ambient-channel'
+  WHERE watcher_session_key = $1 AND target_session_key = $2;
+SELECT changes();
+COMMIT;
+PRAGMA ignore_check_constraints = OFF";
+
 /// Appends the byte 0xFF to one cursor row's watcher key (`SqliteStore::spoil_cursor_watcher`).
 pub(crate) const SPOIL_CURSOR_WATCHER: &str = "BEGIN IMMEDIATE;
 UPDATE session_watch_cursors SET watcher_session_key = watcher_session_key || CAST(X'FF' AS TEXT)

@@ -2063,6 +2063,42 @@ fn queue_only(notices: &[crate::Notice]) -> Vec<(String, bool)> {
     out
 }
 
+/// A cursor row whose provenance this version does not know (a later version's, which a wider
+/// CHECK lets it write) cannot be read: reading it fails as corrupt, listings leave it out and
+/// [`unreadable_cursors`](crate::CursorStore::unreadable_cursors) names it with that
+/// provenance; it is no watch of either kind, so a recording on its target tells its watcher
+/// nothing. A store with no room for a provenance
+/// ([`super::RawAccess::spoil_cursor_provenance`] answers `false`) has nothing to check.
+/// (What the mutation did: store-postgres read the row as an explicit watch, whose notices wake
+/// the watcher; review of stop 68, P638.)
+pub async fn a_cursor_row_of_a_provenance_this_version_does_not_know_is_unreadable(t: &Subject) {
+    let s = &*t.store;
+    s.watch(&w(MANAGER), &child(), T0).await.unwrap();
+    if !t
+        .raw
+        .spoil_cursor_provenance(&w(MANAGER), &k(CHILD))
+        .await
+        .expect("spoil_cursor_provenance")
+    {
+        return;
+    }
+    let read = s.cursor(&w(MANAGER), &k(CHILD)).await;
+    assert!(matches!(read, Err(StoreError::Corrupt { .. })), "{read:?}");
+    let listed = s
+        .cursors(&crate::CursorFilter::default())
+        .await
+        .expect("the listing leaves the row out");
+    assert_eq!(listed, Vec::new());
+    let unreadable = s.unreadable_cursors().await.expect("unreadable cursors");
+    assert_eq!(unreadable.len(), 1, "{unreadable:?}");
+    assert!(
+        unreadable[0].reason.contains("ambient-channel"),
+        "{unreadable:?}"
+    );
+    let got = rec(s, human(&child()), T0).await;
+    assert!(got.notices.is_empty(), "no watch of either kind: {got:?}");
+}
+
 /// A cursor marked ambient (OpenClaw's ambient watch of a group's sessions, decision 0015)
 /// stays ambient through every write that moves it: a recording, recordings at once (a batch,
 /// on a store that batches), one naming its watcher, a re-freeze, the start-up sweep and an

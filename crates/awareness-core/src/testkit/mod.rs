@@ -156,6 +156,16 @@ pub trait RawAccess: Send + Sync {
         watcher: &WatcherKey,
         target: &SessionKey,
     ) -> Result<bool, StoreError>;
+    /// Gives the cursor row `(watcher, target)` a provenance this version does not know
+    /// (`ambient-channel`), as a later version's writer or a hand edit could leave it (past the
+    /// CHECK that keeps it out of a store this version made), touching nothing else. Returns
+    /// whether the row existed; `false` from a store that has no room for a provenance, as for
+    /// [`RawAccess::make_ambient`].
+    async fn spoil_cursor_provenance(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<bool, StoreError>;
 }
 
 /// What a store's [`foreign_commits`](crate::EventStore::foreign_commits) answers, as each
@@ -405,6 +415,7 @@ macro_rules! conformance_suite {
             refreezing_a_key_twice_in_one_call_redelivers_once,
             self_caused_events_never_notify,
             an_ambient_cursor_stays_ambient_until_a_spawn_or_watch,
+            a_cursor_row_of_a_provenance_this_version_does_not_know_is_unreadable,
             an_ambient_cursor_is_re_pointed_pruned_and_deleted_as_any_other,
             log_only_kinds_move_the_head_only,
             seed_starts_cursor_at_spawn_sequence,
@@ -612,6 +623,14 @@ macro_rules! raw_access_forwarding {
                 target: &$crate::SessionKey,
             ) -> ::std::result::Result<bool, $crate::StoreError> {
                 self.0.make_ambient(watcher, target).await
+            }
+
+            async fn spoil_cursor_provenance(
+                &self,
+                watcher: &$crate::WatcherKey,
+                target: &$crate::SessionKey,
+            ) -> ::std::result::Result<bool, $crate::StoreError> {
+                self.0.spoil_cursor_provenance(watcher, target).await
             }
         }
     };

@@ -1583,6 +1583,101 @@ async fn a_provider_whose_check_panics_fails_that_sessions_check() {
     );
 }
 
+/// The JSONL provider, except that naming a link's source panics (which a provider must not).
+struct SourceKeyPanics(JsonlProvider);
+
+#[async_trait]
+impl UpstreamProvider for SourceKeyPanics {
+    fn kind(&self) -> &str {
+        self.0.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        self.0.check(link, own).await
+    }
+
+    fn source_key(&self, link: &UpstreamLink) -> String {
+        panic!(
+            "the provider panicked naming the source of {}",
+            link.session
+        )
+    }
+}
+
+/// A provider that panics naming a link's source costs no check: the link is judged alone,
+/// and its human turns are recorded. (What the mutation did: the panic unwound through the
+/// tick, which checked nothing, at every tick; review of stop 68, MN12.)
+#[tokio::test(start_paused = true)]
+async fn a_provider_panicking_naming_a_source_still_has_its_link_checked() {
+    let (w, mut t, session) = worker_adopted().await;
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(SourceKeyPanics(JsonlProvider::new())))
+        .build();
+    t.human("typed while the provider cannot name its source");
+    let report = monitor.tick().await;
+    assert_eq!(report.checked, 1, "the link is checked, alone");
+    assert_eq!(w.human_events(&session).await, 1, "its turn is recorded");
+}
+
+/// A link whose provider panics naming its source is judged alone, by its own session's
+/// prompts: the gateway's own prompt echoed into its thread is no person's turn. (What the
+/// mutation did: such a link was judged by no prompt at all, so the echo was recorded as a
+/// person's turn; review of stop 68, MN43.)
+#[tokio::test(start_paused = true)]
+async fn a_link_judged_alone_after_its_source_could_not_be_named_keeps_its_own_prompts() {
+    let (w, mut t, session) = worker_adopted().await;
+    let prompts = Arc::new(RecentPrompts::new());
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(SourceKeyPanics(JsonlProvider::new())))
+        .own_prompts(prompts.clone())
+        .build();
+    prompts.record(&session, "Run the test suite and report.");
+    t.human("Run the test suite and report.");
+    assert_eq!(monitor.tick().await.checked, 1);
+    assert_eq!(
+        w.human_events(&session).await,
+        0,
+        "the gateway's own prompt is no person's turn"
+    );
+}
+
+/// A provider added for a kind the builder already has replaces the first one, as
+/// `MonitorBuilder::provider` says. (What the mutation did: the first provider of a kind was
+/// kept; review of stop 68, MN49.)
+#[tokio::test(start_paused = true)]
+async fn a_provider_added_again_for_its_kind_replaces_the_first() {
+    let (w, mut t, session) = worker_adopted().await;
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(JsonlPanicsFor {
+            inner: JsonlProvider::new(),
+            bad: session.clone(),
+        }))
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    t.human("typed in the thread");
+    monitor.tick().await;
+    assert_eq!(
+        w.human_events(&session).await,
+        1,
+        "read by the provider added last"
+    );
+}
+
+/// A spawned monitor's task whose runtime shut down is finished (a host that asks whether the
+/// task ended by itself is told it did). (What the mutation did: `is_finished` answered false;
+/// review of stop 68, MN06.)
+#[test]
+fn a_monitor_task_whose_runtime_shut_down_is_finished() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let task = runtime.block_on(async { world().monitor().build().spawn() });
+    assert!(!task.is_finished(), "running");
+    drop(runtime);
+    assert!(task.is_finished(), "ended with its runtime");
+}
+
 /// A gateway's run activity that panics for one session fails that session's check only: the
 /// tick goes on, and the other session's turn is recorded. The panic ended the tick, and with
 /// it the monitor.
@@ -2272,6 +2367,26 @@ async fn a_deleted_transcript_is_missing_three_times_then_upstream_missing() {
         .await
         .unwrap();
     assert!(fresh.created);
+}
+
+/// The `UpstreamMissing` detection names the catalog the link was adopted through, as its
+/// event's summary and channel do (`monitor` prints it). (What the mutation did: it named the
+/// link's upstream kind instead; review of stop 68, MN40.)
+#[tokio::test(start_paused = true)]
+async fn upstream_missing_is_published_with_the_links_catalog() {
+    let (w, t, _session) = worker_adopted().await;
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    std::fs::remove_file(&t.path).unwrap();
+    for _ in 0..3 {
+        monitor.tick().await;
+    }
+    let catalog = next(&mut rx, |d| match d {
+        Detection::UpstreamMissing { catalog_id, .. } => Some(catalog_id.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(catalog, "claude-code", "the link's catalog");
 }
 
 /// The `upstream_missing` dedupe key names the link it was recorded for (its `created_at`):
@@ -3079,6 +3194,201 @@ async fn a_tick_that_panics_outside_the_stores_wait_still_publishes_its_end() {
     task.stop().await;
 }
 
+/// A store over `inner` whose `cursors` call numbered `panic_at` (counted from 1, once armed)
+/// panics in the call itself, before it returns its future: the panic unwinds through the
+/// tick, after the checks of the links asked before it were spawned.
+#[derive(Debug)]
+struct CursorsPanicAtCall {
+    inner: Arc<MemoryStore>,
+    calls: AtomicUsize,
+    panic_at: AtomicUsize,
+}
+
+#[async_trait]
+impl EventStore for CursorsPanicAtCall {
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: Timestamp,
+    ) -> Result<awareness_core::Recorded, StoreError> {
+        self.inner.record(event, now).await
+    }
+    async fn changes_since(
+        &self,
+        session: &SessionRef,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<awareness_core::ChangesPage, StoreError> {
+        self.inner.changes_since(session, after, limit).await
+    }
+    async fn heads(
+        &self,
+        sessions: &[SessionRef],
+    ) -> Result<Vec<awareness_core::Head>, StoreError> {
+        self.inner.heads(sessions).await
+    }
+    async fn list_heads(
+        &self,
+        agent: Option<&AgentId>,
+    ) -> Result<Vec<awareness_core::Head>, StoreError> {
+        self.inner.list_heads(agent).await
+    }
+    async fn events_after(
+        &self,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Vec<Arc<awareness_core::Event>>, StoreError> {
+        self.inner.events_after(after, limit).await
+    }
+    async fn log_stats(&self) -> Result<awareness_core::LogStats, StoreError> {
+        self.inner.log_stats().await
+    }
+    async fn prune_chunk(
+        &self,
+        step: &awareness_core::PruneStep,
+        max_rows: usize,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        self.inner.prune_chunk(step, max_rows, now).await
+    }
+    async fn delete_session(&self, session: &SessionRef) -> Result<(), StoreError> {
+        self.inner.delete_session(session).await
+    }
+}
+
+#[async_trait]
+impl CursorStore for CursorsPanicAtCall {
+    async fn watch(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionRef,
+        now: Timestamp,
+    ) -> Result<awareness_core::Cursor, StoreError> {
+        self.inner.watch(watcher, target, now).await
+    }
+    async fn unwatch(&self, watcher: &WatcherKey, target: &SessionKey) -> Result<bool, StoreError> {
+        self.inner.unwatch(watcher, target).await
+    }
+    async fn acknowledge(
+        &self,
+        watcher: &WatcherKey,
+        targets: &[awareness_core::AckTarget],
+        now: Timestamp,
+    ) -> Result<Vec<awareness_core::Notice>, StoreError> {
+        self.inner.acknowledge(watcher, targets, now).await
+    }
+    async fn cursor(
+        &self,
+        watcher: &WatcherKey,
+        target: &SessionKey,
+    ) -> Result<Option<awareness_core::Cursor>, StoreError> {
+        self.inner.cursor(watcher, target).await
+    }
+    fn cursors<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        filter: &'life1 awareness_core::CursorFilter,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Vec<awareness_core::Cursor>, StoreError>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        assert_ne!(
+            call,
+            self.panic_at.load(Ordering::SeqCst),
+            "the store panicked before its future"
+        );
+        self.inner.cursors(filter)
+    }
+    async fn refreeze(
+        &self,
+        keys: &[awareness_core::CursorKey],
+        now: Timestamp,
+    ) -> Result<Vec<awareness_core::Notice>, StoreError> {
+        self.inner.refreeze(keys, now).await
+    }
+    async fn reset_watcher(&self, watcher: &SessionKey) -> Result<u64, StoreError> {
+        self.inner.reset_watcher(watcher).await
+    }
+}
+
+/// A tick that panics once the checks of some of its links were spawned (a store whose
+/// `cursors` panics in the call, asked about the next link) ends them unrecorded and counts
+/// none of them as checked in its `TickDone`; the next tick checks every link. (What the
+/// mutations did: MN09 counted the ended checks as checked; MN45 let them run on and record
+/// their turns within the tick that panicked; review of stop 68, MN09 and MN45.)
+#[tokio::test(start_paused = true)]
+async fn a_tick_that_panics_after_its_first_checks_began_counts_and_records_none_of_them() {
+    let store = Arc::new(MemoryStore::new());
+    let cursors = Arc::new(CursorsPanicAtCall {
+        inner: store.clone(),
+        calls: AtomicUsize::new(0),
+        panic_at: AtomicUsize::new(0),
+    });
+    let (svc, queue, wake) = common::service(cursors.clone(), Some(store.clone()));
+    let w = World {
+        store,
+        queue,
+        wake,
+        svc,
+    };
+    let manager = WatcherKey::parse("agent:main:main").unwrap();
+    let mut transcripts = Vec::new();
+    let mut sessions = Vec::new();
+    for key in ["agent:main:a", "agent:main:b"] {
+        let t = Transcript::new();
+        let session = SessionRef::parse(key, "main").unwrap();
+        w.svc
+            .try_adopt(jsonl::adoption(session.clone(), &t.path, None).unwrap())
+            .await
+            .unwrap();
+        w.store
+            .watch(&manager, &session, Timestamp::now())
+            .await
+            .unwrap();
+        transcripts.push(t);
+        sessions.push(session);
+    }
+    for t in &mut transcripts {
+        t.human("typed before the tick that panics");
+    }
+    let monitor = w.monitor().build();
+    let mut rx = monitor.subscribe();
+    cursors.calls.store(0, Ordering::SeqCst);
+    cursors.panic_at.store(2, Ordering::SeqCst);
+    let task = monitor.spawn();
+    let first = next_tick(&mut rx).await;
+    assert_eq!(
+        (first.tick, first.checked),
+        (1, 0),
+        "the tick that panicked counts no check"
+    );
+    for session in &sessions {
+        assert_eq!(
+            w.human_events(session).await,
+            0,
+            "nothing recorded by the tick that panicked: {session}"
+        );
+    }
+    let second = next_tick(&mut rx).await;
+    assert_eq!(
+        (second.tick, second.checked),
+        (2, 2),
+        "the next tick checks both"
+    );
+    for session in &sessions {
+        assert_eq!(w.human_events(session).await, 1, "{session}");
+    }
+    task.stop().await;
+}
+
 /// A JSONL monitor (default config) over `w`'s links whose first marker move fails.
 fn monitor_failing_the_first_marker_move(w: &World) -> UpstreamMonitor {
     let flaky = Arc::new(Flaky {
@@ -3193,6 +3503,20 @@ impl UpstreamStore for Flaky {
         }
         removed
     }
+}
+
+/// Only a marker that moved is said moved: one kept because the link changed during the
+/// check is not (`monitor --json` says `"markerAdvanced": false`, and the detection's text says
+/// the marker was kept). (What the mutation did: a marker kept because the link changed was
+/// said moved; review of stop 68, MN05.)
+#[test]
+fn a_marker_kept_because_the_link_changed_is_not_said_moved() {
+    assert!(MarkerMove::Moved.is_moved());
+    assert!(
+        !MarkerMove::LinkChanged.is_moved(),
+        "a marker kept because the link changed is not moved"
+    );
+    assert!(!MarkerMove::Failed("disk full".into()).is_moved());
 }
 
 #[tokio::test(start_paused = true)]
@@ -5676,6 +6000,62 @@ async fn a_pass_that_could_not_read_after_a_panic_is_not_said_to_pass_again() {
         pass_panic_levels(&capture.lines(), "agent:main:a"),
         ["WARN"]
     );
+}
+
+/// The JSONL provider, except that its first check panics and its second finds the source
+/// missing.
+struct PanicsThenMissing {
+    inner: JsonlProvider,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl UpstreamProvider for PanicsThenMissing {
+    fn kind(&self) -> &str {
+        self.inner.kind()
+    }
+
+    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
+        match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => panic!("the provider panicked on {}", link.session),
+            1 => CheckOutcome::Missing,
+            _ => self.inner.check(link, own).await,
+        }
+    }
+}
+
+/// After a pass that panicked, a pass that finds the source missing read nothing either: the
+/// `info!` saying the link is passed over again waits for the first pass that reads its source.
+/// (What the mutation did: a pass that found the source missing counted as one that read it;
+/// review of stop 68, MN21.)
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_found_the_source_missing_after_a_panic_is_not_said_to_pass_again() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let (w, _t, _a) = adopted_a().await;
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(PanicsThenMissing {
+            inner: JsonlProvider::new(),
+            calls: std::sync::atomic::AtomicUsize::new(0),
+        }))
+        .build();
+    let again = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| {
+                l.contains("is passed over again") && l.contains("session_key=agent:main:a")
+            })
+            .count()
+    };
+    for (tick, want) in [(1, 0), (2, 0), (3, 1)] {
+        assert_eq!(monitor.tick().await.unwatched, 1);
+        let lines = capture.lines();
+        assert_eq!(
+            again(&lines),
+            want,
+            "said to pass again after tick {tick}: {lines:#?}"
+        );
+    }
 }
 
 /// A world with one link, `agent:main:a` adopted on a transcript of its own (kept while the

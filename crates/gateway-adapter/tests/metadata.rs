@@ -380,6 +380,46 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
     assert!(queue.peek(&k(MANAGER)).is_empty());
 }
 
+/// A spawn whose spawner the visibility policy does not let watch the child
+/// (`can_watch_spawned` false) is recorded with no watcher: the spawner gets no cursor, and so no
+/// notice of the child's later events.
+/// (What the mutation did: the policy was not asked, and the spawner was seeded; review of
+/// stop 68, V615.)
+#[tokio::test]
+async fn a_spawn_the_policy_refuses_seeds_no_cursor_for_the_spawner() {
+    struct NoAutomaticWatches;
+    impl gateway_adapter::VisibilityPolicy for NoAutomaticWatches {
+        fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
+            true
+        }
+        fn can_watch_spawned(&self, _: &SessionRef, _: &SessionRef) -> bool {
+            false
+        }
+    }
+    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
+    let store = Arc::new(MemoryStore::new());
+    let svc = gateway_adapter::Awareness::builder(
+        store.clone(),
+        queue.clone(),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        Arc::new(gateway_adapter::InMemoryDirectory::new()),
+    )
+    .visibility(Arc::new(NoAutomaticWatches))
+    .build();
+    svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
+        .await
+        .expect("the spawn is recorded");
+    let cursors = store
+        .cursors(&awareness_core::CursorFilter::default())
+        .await
+        .unwrap();
+    assert!(
+        cursors.is_empty(),
+        "the refused spawner watches nothing: {cursors:?}"
+    );
+    assert!(queue.peek(&k(MANAGER)).is_empty(), "nor is told anything");
+}
+
 /// The payload of the event a human message of `turns` turns records in a watched session,
 /// the caller giving `payload`.
 async fn recorded_payload(payload: Option<Value>, turns: u32) -> Option<Value> {
@@ -647,6 +687,31 @@ async fn a_broken_session_id_still_records_the_creation() {
         .await
         .unwrap();
     assert_ne!(a.sequence, b.sequence);
+}
+
+/// A creation reported twice for one incarnation (a hook retried, a gateway that reports its
+/// sessions again after a restart) is one `created` event: the session id makes its dedupe key.
+/// (What the mutation did: no dedupe key, so a second `created` event was recorded; review of
+/// stop 68, V667.)
+#[tokio::test]
+async fn a_creation_reported_twice_is_one_event() {
+    let w = world();
+    let a = w
+        .svc
+        .session_created(&child(), "s1", (ActorType::Human, None))
+        .await
+        .unwrap();
+    let b = w
+        .svc
+        .session_created(&child(), "s1", (ActorType::Human, None))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.sequence, b.sequence,
+        "the second report answers the first event"
+    );
+    let e = w.only(EventKind::Created).await;
+    assert!(e.dedupe_key.is_some(), "keyed by the session id: {e:?}");
 }
 
 // ----- a link stored before catalog ids were checked against their summaries --------------------
@@ -1000,4 +1065,56 @@ async fn a_completed_run_records_no_outcome_payload() {
         .expect("recorded");
     let e = w.only(EventKind::RunCompleted).await;
     assert_eq!(e.payload, None, "no payload for a completed run");
+}
+
+/// A run that did not complete records `run_failed` with its outcome, whichever way it ended:
+/// a cancelled run is no completed one, and its spawner is told it failed.
+/// (What the mutation did: a cancelled run recorded `run_completed`; review of stop 68, V604.)
+#[tokio::test]
+async fn every_run_that_did_not_complete_records_its_outcome_as_a_failure() {
+    for outcome in [
+        RunOutcome::Error,
+        RunOutcome::Timeout,
+        RunOutcome::Cancelled,
+    ] {
+        let w = World::watched().await;
+        w.svc
+            .subagent_ended(&k(CHILD), None, "run-1", outcome)
+            .await
+            .expect("recorded");
+        assert!(
+            w.events(&child(), EventKind::RunCompleted).await.is_empty(),
+            "{outcome:?}: no run_completed for a run that did not complete"
+        );
+        let e = w.only(EventKind::RunFailed).await;
+        assert_eq!(
+            e.payload.as_ref().and_then(|p| p.get("outcome")),
+            Some(&json!(outcome.as_str())),
+            "{outcome:?}: the failure says how the run ended"
+        );
+    }
+}
+
+/// Each outcome's spelling parses back to that outcome, as a host hands it over.
+/// (What the mutation did: `timeout` parsed as `Error`; review of stop 68, V603.)
+#[test]
+fn each_run_outcome_parses_from_its_spelling() {
+    for outcome in [
+        RunOutcome::Ok,
+        RunOutcome::Error,
+        RunOutcome::Timeout,
+        RunOutcome::Cancelled,
+    ] {
+        assert_eq!(
+            RunOutcome::parse(outcome.as_str()),
+            Some(outcome),
+            "{outcome:?} parses from {:?}",
+            outcome.as_str()
+        );
+    }
+    assert_eq!(
+        RunOutcome::parse("done"),
+        None,
+        "an unknown outcome parses to none"
+    );
 }

@@ -1427,6 +1427,32 @@ mod tests {
         );
     }
 
+    /// `close` waits for a background checkpoint under way (here waiting for a reader the test
+    /// holds) before it closes the connections and returns, as documented: a process that exits
+    /// right after `close` would otherwise cut the checkpoint off, and the last close would not
+    /// be `close`'s. (What the mutation did: `close` dropped the checkpoint's receiver without
+    /// waiting for it; review of stop 68, S742.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn close_waits_for_a_background_checkpoint_under_way() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = fresh(&dir).await;
+        let readers = Arc::clone(&store.readers);
+        let held: Vec<_> = [readers.get().await, readers.get().await].into();
+        store.count_write(CHECKPOINT_EVERY);
+        let closing = tokio::spawn(store.close());
+        // Bounded, and only a broken close can end it: the checkpoint waits for the readers
+        // held until let go below.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let closed_early = closing.is_finished();
+        drop(held);
+        closing.await.expect("join");
+        drop(readers);
+        assert!(
+            !closed_early,
+            "close returned while a background checkpoint was still under way"
+        );
+    }
+
     /// A group commit that failed for one of its events (a dedupe hit on a torn row) and is
     /// recorded again event by event counts one write transaction for the batch and one for
     /// each event recorded alone, as `write_transactions` documents ("a recording of a failed
@@ -1825,6 +1851,38 @@ mod tests {
     async fn a_recording_through_the_queue_rolls_back_what_a_failed_rollback_left_open() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = fresh(&dir).await;
+        let slot = store.writer.as_ref().expect("a read-write handle");
+        {
+            let mut held = slot.lock().await;
+            let w = held.as_mut().expect("the write connection");
+            sqlx::raw_sql("BEGIN IMMEDIATE")
+                .execute(&mut w.conn)
+                .await
+                .expect("a transaction left open");
+            w.open_tx = true;
+        }
+        let rec = store
+            .record(message("after".to_owned()), T)
+            .await
+            .expect("records over the transaction left open");
+        assert_eq!(rec.event.sequence.get(), 1);
+        store.close().await;
+    }
+
+    /// A write that finds a transaction left open on the write connection (a rollback after an
+    /// interrupted write failed, which leaves `open_tx` set for the next writer) rolls it back
+    /// first and writes, as a recording with group commit off does. (What the mutation did:
+    /// `begin_write` skipped that rollback, and the recording failed on SQLite's "cannot start a
+    /// transaction within a transaction"; review of stop 68, S737.)
+    #[tokio::test]
+    async fn a_write_rolls_back_what_a_failed_rollback_left_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open_with(
+            dir.path().join("t.db"),
+            SqliteOptions::new().group_commit(1),
+        )
+        .await
+        .expect("open");
         let slot = store.writer.as_ref().expect("a read-write handle");
         {
             let mut held = slot.lock().await;

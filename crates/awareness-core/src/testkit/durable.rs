@@ -1926,8 +1926,10 @@ pub async fn an_event_with_text_that_is_not_utf8_fails_the_log_naming_it(f: impl
 /// recording whose dedupe key hits it, on an unwatched session and on a watched one (which a
 /// store may record by different paths); reads that do not reach it answer: the log up to
 /// below it and past it, its session's page past it, another session's page, the log's stats.
-/// A read that failed naming no row left an operator nothing to act on; one that failed
-/// without reaching the row would stop a session for one damaged row of another.
+/// A page of another agent's session on its key, over an unreadable row of its own, names that
+/// row, not the one before it. A read that failed naming no row left an operator nothing to act
+/// on; one that failed without reaching the row would stop a session for one damaged row of
+/// another.
 pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: impl OpenFile) {
     let dir = Scratch::new("durable");
     let t = open(&f, &dir.file()).await;
@@ -1997,6 +1999,16 @@ pub async fn an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it(f: 
         (stats.rows, stats.min_sequence, stats.max_sequence),
         (5, Sequence(1), Sequence(5))
     );
+    // (What the mutation did: store-sqlite looked for the row at fault among every agent's rows
+    // on the key, and named event 3 of agent main as agent zed's; review of stop 68, S705.)
+    let zed = r("agent:main:subagent:a", "zed");
+    let its_own = rec(s, human(&zed), T0).await.event.sequence;
+    damage_event(&t, its_own).await;
+    let err = s
+        .changes_since(&zed, Sequence::ZERO, 100)
+        .await
+        .expect_err("another agent's page on the key, over its own damaged row");
+    assert_corrupt_naming(&err, its_own, "another agent's page on the key");
 }
 
 /// The audit of a store (`awareness doctor`) over an event row the store cannot read reports it,

@@ -749,3 +749,204 @@ pub fn poll_ready<F: Future>(f: F) -> F::Output {
     }
     panic!("poll_ready used on a future that waits on something: it never got ready")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use awareness_core::{AwarenessStore, CursorFilter};
+    use store_redb::RedbOptions;
+
+    use super::{
+        Dataset, Kind, REDB_FLUSH_INTERVAL, Spec, group_commit_specs, open_empty, runtime,
+        test_mode, wanted, watcher,
+    };
+
+    /// A run without `--bench` (`cargo test --benches`, this very test binary) is a test run:
+    /// small data sets, and no result saved for `bench-report`.
+    /// (What the mutation did: only `--test` and `--list` counted; review of stop 68, BR01.)
+    #[test]
+    fn a_run_without_bench_is_a_test_run() {
+        assert!(
+            test_mode(),
+            "a run without --bench ({:?}) is not a test run",
+            std::env::args().collect::<Vec<_>>()
+        );
+    }
+
+    /// `record/concurrent_16_tasks`'s backends: each durable store followed by the same store
+    /// with one transaction per event (`group_commit(1)`), `redb-1tx` being `redb`'s
+    /// (`Immediate`) and not `redb-bounded`'s, which keeps its background flush.
+    /// (What the mutation did: a `-1tx` backend kept group commit, or was made from the
+    /// bounded redb; `redb-bounded` opened with the default durability; review of stop 68,
+    /// BR06 to BR09.)
+    #[test]
+    fn group_commit_specs_pair_each_durable_store_with_one_transaction_per_event() {
+        let specs = group_commit_specs();
+        let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "memory",
+                "sqlite",
+                "sqlite-1tx",
+                "redb",
+                "redb-1tx",
+                "redb-bounded",
+                "postgres",
+                "postgres-1tx"
+            ]
+        );
+        let kind = |name: &str| &specs.iter().find(|s| s.name == name).expect(name).kind;
+        let debug = |name: &str| format!("{:?}", kind(name));
+        assert!(
+            debug("sqlite-1tx").contains("group_commit: 1,"),
+            "{}",
+            debug("sqlite-1tx")
+        );
+        assert!(
+            !debug("sqlite").contains("group_commit: 1,"),
+            "{}",
+            debug("sqlite")
+        );
+        let redb = |name: &str| match kind(name) {
+            Kind::Redb(o) => o.clone(),
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(redb("redb-1tx"), RedbOptions::default().group_commit(1));
+        assert_eq!(
+            redb("redb-bounded"),
+            RedbOptions::bounded(REDB_FLUSH_INTERVAL)
+        );
+        let pg = |name: &str| match kind(name) {
+            Kind::Postgres { group_commit } => *group_commit,
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(pg("postgres-1tx"), 1);
+        assert_eq!(pg("postgres"), store_postgres::DEFAULT_GROUP_COMMIT);
+    }
+
+    /// The sweep's data set: every watcher watches every target (so a watcher of
+    /// `turn/0_notices_100k_cursors` holds `targets` cursors), no other watcher has one, and
+    /// `watchers * pending_targets` cursors are pending.
+    /// (What the mutation did: watchers numbered `i / watchers`, so there were `targets`
+    /// watchers of `watchers` targets each; or one watch too many; review of stop 68, BR02,
+    /// BR12: both also fail the stores bench's `--test` run, this says why in a unit test.)
+    #[test]
+    fn the_cursors_data_set_gives_each_watcher_every_target() {
+        let data = Dataset::cursors();
+        let Dataset::Cursors {
+            watchers,
+            targets,
+            pending_targets,
+        } = data
+        else {
+            unreachable!("the cursors data set")
+        };
+        let rt = runtime();
+        let memory = Spec {
+            name: "memory",
+            kind: Kind::Memory,
+        };
+        let b = rt.block_on(open_empty(&memory));
+        rt.block_on(data.load(&b.store));
+        let store: &Arc<dyn AwarenessStore> = &b.store;
+        let of = |w: usize, pending_only: bool| {
+            rt.block_on(store.cursors(&CursorFilter {
+                watcher: Some(watcher(w).session_key().clone()),
+                pending_only,
+                ..CursorFilter::default()
+            }))
+            .expect("cursors")
+            .len()
+        };
+        assert_eq!(of(0, false), targets, "the first watcher's cursors");
+        assert_eq!(
+            of(watchers - 1, false),
+            targets,
+            "the last watcher's cursors"
+        );
+        assert_eq!(of(watchers, false), 0, "a watcher beyond the data set's");
+        let pending = rt
+            .block_on(store.cursors(&CursorFilter {
+                pending_only: true,
+                ..CursorFilter::default()
+            }))
+            .expect("cursors")
+            .len();
+        assert_eq!(pending, watchers * pending_targets);
+    }
+
+    /// store-memory keeps no file: its size is none, not 0 bytes (the scale table's files
+    /// column shows `-`); a sqlite store's is its files'.
+    /// (What the mutation did: memory's temporary directory measured; review of stop 68, BR03.)
+    #[test]
+    fn a_memory_store_has_no_stored_bytes() {
+        let rt = runtime();
+        let memory = rt.block_on(open_empty(&Spec {
+            name: "memory",
+            kind: Kind::Memory,
+        }));
+        assert_eq!(rt.block_on(memory.stored_bytes()), None);
+        let sqlite = rt.block_on(open_empty(&Spec {
+            name: "sqlite",
+            kind: Kind::Sqlite(store_sqlite::SqliteOptions::new()),
+        }));
+        assert!(rt.block_on(sqlite.stored_bytes()).is_some_and(|n| n > 0));
+    }
+
+    /// Runs [`wanted_in_a_child`] in a child process of this test binary with `backends` as
+    /// `AWARENESS_BENCH_BACKENDS` and `AWARENESS_PG_URL` unset (the environment is the
+    /// process's: no test sets it in its own).
+    fn wanted_with(backends: &str) -> std::process::Output {
+        std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "tests::wanted_in_a_child", "--nocapture"])
+            .env("AWARENESS_BENCH_BACKENDS", backends)
+            .env("AWARENESS_BENCHES_WANTED_CHILD", "1")
+            .env_remove("AWARENESS_PG_URL")
+            .output()
+            .expect("run the test binary")
+    }
+
+    /// Prints the names [`wanted`] keeps, in a child process started by [`wanted_with`]
+    /// (nothing otherwise).
+    #[test]
+    fn wanted_in_a_child() {
+        if std::env::var_os("AWARENESS_BENCHES_WANTED_CHILD").is_none() {
+            return;
+        }
+        let names: Vec<&str> = wanted(group_commit_specs())
+            .iter()
+            .map(|s| s.name)
+            .collect();
+        println!("wanted: {}", names.join(","));
+    }
+
+    /// `AWARENESS_BENCH_BACKENDS` keeps the backends it names, spaces after its commas
+    /// allowed; one that keeps postgres without `AWARENESS_PG_URL` panics at once, naming the
+    /// variable, before any data set loads.
+    /// (What the mutation did: names compared untrimmed; the server's check left out; review of
+    /// stop 68, BR04, BR05.)
+    #[test]
+    fn wanted_keeps_the_named_backends_and_checks_the_server_first() {
+        let out = wanted_with("memory, sqlite-1tx ,redb");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            stdout.contains("wanted: memory,sqlite-1tx,redb\n"),
+            "{stdout}"
+        );
+
+        let out = wanted_with("memory,postgres");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && !stdout.contains("wanted:"),
+            "postgres kept without a server: {stdout}"
+        );
+        assert!(
+            stdout.contains("AWARENESS_PG_URL") || stderr.contains("AWARENESS_PG_URL"),
+            "{stdout}{stderr}"
+        );
+    }
+}

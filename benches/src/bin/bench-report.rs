@@ -653,7 +653,328 @@ fn render_scale(s: &mut String, scale: &BTreeMap<String, (Value, Option<SystemTi
 
 #[cfg(test)]
 mod tests {
-    use super::rss_growth;
+    use std::collections::BTreeMap;
+    use std::time::{Duration, SystemTime};
+
+    use serde_json::{Value, json};
+
+    use super::{Measured, apart, read_criterion, render, render_scale, rss_growth, targets, time};
+
+    /// 2027-01-15 08:00:00 UTC, and `mins` minutes after it.
+    fn at(mins: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + mins * 60)
+    }
+
+    fn ns(median_ns: f64) -> Measured {
+        Measured {
+            median_ns,
+            elements: None,
+            at: None,
+        }
+    }
+
+    /// An iteration of 16 recordings at `per_second` events per second.
+    fn rate(per_second: f64) -> Measured {
+        Measured {
+            median_ns: 16.0 * 1e9 / per_second,
+            elements: Some(16.0),
+            at: None,
+        }
+    }
+
+    fn results(rows: &[(&str, Measured)]) -> BTreeMap<String, Measured> {
+        rows.iter().map(|(id, m)| ((*id).to_owned(), *m)).collect()
+    }
+
+    /// The table reads each bench's `new/estimates.json` median (not its mean, not the `base`
+    /// of an older run), keyed by group, bench and backend, and the elements of an iteration
+    /// from `benchmark.json`'s `Elements` throughput, from which events per second follow.
+    /// (What the mutation did: the mean, `Bytes` or `base/` read instead; review of stop 68,
+    /// BR15, BR16, BR17.)
+    #[test]
+    fn read_criterion_takes_each_new_median_and_its_elements() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let write = |rel: &str, v: &Value| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+            std::fs::write(path, v.to_string()).expect("write");
+        };
+        let estimates = |median: f64, mean: f64| json!({"mean": {"point_estimate": mean}, "median": {"point_estimate": median}});
+        write(
+            "record/0_watchers/sqlite/new/estimates.json",
+            &estimates(105_000.0, 999_000.0),
+        );
+        write(
+            "record/0_watchers/sqlite/base/estimates.json",
+            &estimates(1.0, 1.0),
+        );
+        write(
+            "record/concurrent_16_tasks/redb/new/estimates.json",
+            &estimates(400_000.0, 1.0),
+        );
+        write(
+            "record/concurrent_16_tasks/redb/new/benchmark.json",
+            &json!({"group_id": "record", "throughput": {"Elements": 16}}),
+        );
+        let r = read_criterion(dir.path());
+        assert_eq!(
+            r.keys().collect::<Vec<_>>(),
+            [
+                "record/0_watchers/sqlite",
+                "record/concurrent_16_tasks/redb"
+            ],
+            "one result per bench's new/ directory"
+        );
+        let sqlite = r["record/0_watchers/sqlite"];
+        assert_eq!(
+            Some(sqlite.median_ns),
+            Some(105_000.0),
+            "the median of new/estimates.json"
+        );
+        assert_eq!(sqlite.elements, None);
+        let redb = r["record/concurrent_16_tasks/redb"];
+        assert_eq!(redb.elements, Some(16.0), "the Elements throughput");
+        assert_eq!(redb.per_second(), Some(40_000.0), "16 events in 400 µs");
+    }
+
+    /// Each target of the store issues: an upper bound met at the bound itself, its ratio
+    /// measured / bound; redb's reconcile/200 against sqlite's; each redb mode's
+    /// record/0_watchers against the floor of its own durability (1.5x at most, met at 1.5x);
+    /// group commit on / off, 5x at least (met at 5x), for sqlite, redb and postgres.
+    /// (What the mutation did: a bound, a row, a ratio's direction, a floor's durability or a
+    /// comparison changed; review of stop 68, BR23 to BR33.)
+    #[test]
+    fn targets_compare_each_measurement_with_its_bound() {
+        let r = results(&[
+            ("reconcile/5/sqlite", ns(40_000.0)),
+            ("reconcile/200/sqlite", ns(200_000.0)),
+            ("reconcile/200/redb", ns(100_000.0)),
+            ("record/0_watchers/redb", ns(300_000.0)),
+            ("record/0_watchers/redb-bounded", ns(30_000.0)),
+            ("floor/insert_one_key/immediate", ns(200_000.0)),
+            ("floor/insert_one_key/none", ns(10_000.0)),
+            ("record/concurrent_16_tasks/sqlite", rate(40_000.0)),
+            ("record/concurrent_16_tasks/sqlite-1tx", rate(8_000.0)),
+            ("record/concurrent_16_tasks/redb", rate(20_000.0)),
+            ("record/concurrent_16_tasks/redb-1tx", rate(5_000.0)),
+            ("record/concurrent_16_tasks/postgres", rate(13_000.0)),
+            ("record/concurrent_16_tasks/postgres-1tx", rate(1_300.0)),
+        ]);
+        let got: Vec<(String, String, String, bool)> = targets(&r)
+            .into_iter()
+            .map(|t| (t.what, t.bound, format!("{:.2}", t.ratio), t.met))
+            .collect();
+        let want = [
+            ("sqlite reconcile/200", "≤ 240 µs", "0.83", true),
+            ("sqlite reconcile/5", "≤ 40.0 µs", "1.00", true),
+            ("redb reconcile/200", "≤ 150 µs", "0.67", true),
+            (
+                "redb reconcile/200 / sqlite reconcile/200",
+                "< 1x",
+                "0.50",
+                true,
+            ),
+            (
+                "redb record/0_watchers / floor insert (immediate)",
+                "≤ 1.5x",
+                "1.50",
+                true,
+            ),
+            (
+                "redb-bounded record/0_watchers / floor insert (none)",
+                "≤ 1.5x",
+                "3.00",
+                false,
+            ),
+            (
+                "sqlite group commit, 16 tasks: events/s on / off",
+                "≥ 5x",
+                "5.00",
+                true,
+            ),
+            (
+                "redb group commit, 16 tasks: events/s on / off",
+                "≥ 5x",
+                "4.00",
+                false,
+            ),
+            (
+                "postgres group commit, 16 tasks: events/s on / off",
+                "≥ 5x",
+                "10.00",
+                true,
+            ),
+        ]
+        .map(|(what, bound, ratio, met)| {
+            (what.to_owned(), bound.to_owned(), ratio.to_owned(), met)
+        });
+        assert_eq!(got, want);
+    }
+
+    /// The figures printed: three significant digits in the unit the value reaches (1,000 ns
+    /// is 1.00 µs, 100 µs has no decimal).
+    /// (What the mutation did: a unit's or a precision's bound moved by one; review of stop 68,
+    /// BR21, BR22.)
+    #[test]
+    fn times_have_three_significant_digits() {
+        assert_eq!(time(999.0), "999 ns");
+        assert_eq!(time(1_000.0), "1.00 µs");
+        assert_eq!(time(100_000.0), "100 µs");
+        assert_eq!(time(99_500.0), "99.5 µs");
+        assert_eq!(time(1_500_000.0), "1.50 ms");
+    }
+
+    /// A ratio's two inputs saved more than 30 minutes apart are named, earlier first, in
+    /// either order of the arguments; 29 minutes apart is one run.
+    /// (What the mutation did: the comparison turned, the limit doubled, the two times
+    /// swapped; review of stop 68, BR18, BR19, BR20.)
+    #[test]
+    fn apart_names_inputs_from_different_runs() {
+        let when = |mins: u64| Measured {
+            at: Some(at(mins)),
+            ..ns(1.0)
+        };
+        assert_eq!(apart(when(0), when(29)), "");
+        assert_eq!(
+            apart(when(31), when(0)),
+            " (from different runs: 01-15 08:00 and 01-15 08:31)"
+        );
+        assert_eq!(
+            apart(when(0), when(45)),
+            " (from different runs: 01-15 08:00 and 01-15 08:45)"
+        );
+    }
+
+    /// The block: the time span of the measurements; a row per bench measured (none for a
+    /// bench with no result), a throughput cell in events per second; the floors' lines with
+    /// the right bench in each place, and their ratios (polling against quiet, postgres's
+    /// recording against its insert).
+    /// (What the mutation did: the span reversed, a throughput in the wrong unit, an empty row
+    /// kept, a floor read from another bench, a ratio inverted or taken against the round
+    /// trip; review of stop 68, BR14, BR34 to BR39.)
+    #[test]
+    fn render_puts_each_measurement_in_its_place() {
+        let r = results(&[
+            (
+                "record/0_watchers/memory",
+                Measured {
+                    at: Some(at(10)),
+                    ..ns(484.0)
+                },
+            ),
+            (
+                "record/0_watchers/sqlite",
+                Measured {
+                    at: Some(at(0)),
+                    ..ns(105_000.0)
+                },
+            ),
+            ("record/concurrent_16_tasks/sqlite", rate(40_000.0)),
+            ("record/0_watchers/postgres", ns(581_000.0)),
+            ("floor/insert_one_key/immediate", ns(181_000.0)),
+            (
+                "floor/insert_one_key_spawn_blocking/immediate",
+                ns(205_000.0),
+            ),
+            ("floor/sqlx_round_trip/sqlite", ns(59_500.0)),
+            ("floor/sqlx_insert_one_row/sqlite", ns(70_000.0)),
+            ("floor/sqlx_round_trip/postgres", ns(64_000.0)),
+            ("floor/sqlx_insert_one_row/postgres", ns(185_000.0)),
+            ("hints/poll/sqlite", ns(72_000.0)),
+            ("hints/another_handles_commit/sqlite", ns(21_400_000.0)),
+            ("hints/record_0_watchers/sqlite", ns(100_000.0)),
+            ("hints/record_0_watchers/sqlite-polling-1ms", ns(115_000.0)),
+        ]);
+        let s = render(&r, &BTreeMap::new(), &BTreeMap::new());
+        let has = |want: &str| assert!(s.contains(want), "no {want:?} in:\n{s}");
+        has("measured from 2027-01-15 08:00:00 UTC to 2027-01-15 08:10:00 UTC");
+        has("| bench | memory | sqlite | postgres |\n");
+        has("| record/0_watchers | 484 ns | 105 µs | 581 µs |\n");
+        has("| record/concurrent_16_tasks |  | 40.0k ev/s (400 µs per 16 events) |  |\n");
+        assert!(
+            !s.contains("| record/1_watchers |"),
+            "a row with nothing measured:\n{s}"
+        );
+        has("`immediate` 181 µs direct, 205 µs through spawn_blocking.");
+        has("59.5 µs a round trip (`SELECT 1`), 70.0 µs a bare one-row insert");
+        has("72.0 µs a poll asked and answered; another handle's commit hinted 21.4 ms");
+        has("115 µs on a handle polling every 1 ms against 100 µs on one not polling, 1.15x.");
+        has(
+            "64.0 µs a round trip (`SELECT 1`), 185 µs a bare one-row insert per transaction; \
+             postgres `record/0_watchers` 581 µs, 3.14x the insert.",
+        );
+    }
+
+    /// The p99 beside the passes' table, in the columns' order of backends, each column from
+    /// its own field; the scale table's passes that began while recording (the final one not
+    /// counted), its p50 and p99, and its RSS growth from the samples after the larger of the
+    /// row cap and the sessions.
+    /// (What the mutation did: the p99 read from the maximum, the backends sorted by name, the
+    /// final pass counted, the p50 read from the p99, the window started at the smaller of the
+    /// two; review of stop 68, BR40, BR41, BR43, BR44, BR45.)
+    #[test]
+    fn prune_and_scale_rows_read_their_own_fields() {
+        let prune_row = json!({
+            "quiet_p99_ns": 100_000, "pruning_p99_ns": 250_000, "pruning_max_ns": 4_000_000,
+            "recordings_during": 300, "passes": 3,
+        });
+        let prune: BTreeMap<String, (Value, Option<SystemTime>)> =
+            ["sqlite", "memory", "redb-bounded"]
+                .into_iter()
+                .map(|b| {
+                    let mut v = prune_row.clone();
+                    v["backend"] = json!(b);
+                    (b.to_owned(), (v, None))
+                })
+                .collect();
+        let s = render(
+            &results(&[("reconcile/5/sqlite", ns(1.0))]),
+            &BTreeMap::new(),
+            &prune,
+        );
+        let first = |b: &str| s.find(&format!("| {b} | ")).expect("a prune row");
+        assert!(
+            first("memory") < first("sqlite") && first("sqlite") < first("redb-bounded"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| sqlite | 100 µs | 250 µs | 4.00 ms | 300 | 3 | - |"),
+            "{s}"
+        );
+
+        let mib = |m: f64| m * 1024.0;
+        let run = json!({
+            "backend": "sqlite", "events": 1_000_000, "sessions": 100_000, "tasks": 16,
+            "events_per_sec": 26_000.0, "p50_ns": 500_000.0, "p99_ns": 2_000_000.0,
+            "reconcile_200_ns": 150_000.0, "file_bytes": 10_485_760, "vm_hwm_kib": mib(90.0),
+            "rss_every_events": 100_000,
+            "rss_kib": [mib(10.0), mib(80.0), mib(80.0), mib(80.0), mib(80.0)],
+            "max_rows": 50_000, "prune_passes": 101, "most_events_between_passes": 12_000,
+        });
+        let mut s = String::new();
+        render_scale(
+            &mut s,
+            &BTreeMap::from([("sqlite".to_owned(), (run, None))]),
+        );
+        assert!(
+            s.contains(
+                "| sqlite | 1.00M / 100k / 16 | 26.0k | 500 µs / 2.00 ms | 150 µs | 100 (at most \
+                 12.0k) | 10.0 MiB | 90.0 MiB | every 100k: 10, 80, 80, 80, 80 | +0.00 MiB / 100k | - |"
+            ),
+            "{s}"
+        );
+    }
+
+    /// A run saved without its row cap takes the second half of its samples, the middle one of
+    /// an odd count included.
+    /// (What the mutation did: the odd count's middle sample left out; review of stop 68, BR42.)
+    #[test]
+    fn rss_growth_without_a_row_cap_takes_the_second_half() {
+        assert_eq!(
+            rss_growth(&[10.0, 20.0, 30.0, 40.0, 50.0, 50.0, 50.0], 100_000.0, None),
+            Some(3.0)
+        );
+    }
 
     /// The samples taken before the data stopped growing do not count, those after all do: a
     /// flat steady state grows by 0, one that gains a MiB every sample of 100,000 events by 1

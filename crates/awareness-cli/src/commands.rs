@@ -1597,21 +1597,26 @@ mod tests {
         }
     }
 
-    /// Sends SIGINT to this process at the second `events_after` of `tail --follow` (after it
-    /// has waited once, the first page being short), outside its wait, and returns only once the
-    /// runtime has handled the signal.
+    /// Sends SIGINT to this process at the `nth` (from 1) `events_after` of `tail --follow`,
+    /// outside its wait, and returns only once the runtime has handled the signal.
     #[cfg(unix)]
-    struct InterruptOnSecondRead {
+    struct InterruptOnRead {
+        nth: usize,
         reads: Reads,
         heard: std::sync::Mutex<Option<tokio::signal::unix::Signal>>,
     }
 
+    /// Held by a test that sends this process a SIGINT: every `tail --follow` running in the
+    /// process would hear it.
+    #[cfg(unix)]
+    static SIGINT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[cfg(unix)]
     #[async_trait]
-    impl Hook for InterruptOnSecondRead {
+    impl Hook for InterruptOnRead {
         async fn before(&self, call: Call, store: &dyn AwarenessStore) {
             self.reads.before(call, store).await;
-            if call != Call::EventsAfter || self.reads.count.load(Ordering::SeqCst) != 2 {
+            if call != Call::EventsAfter || self.reads.count.load(Ordering::SeqCst) != self.nth {
                 return;
             }
             let heard = self.heard.lock().unwrap().take();
@@ -1623,6 +1628,10 @@ mod tests {
             assert!(sent.success());
             // Handled: every listener registered by now has been told, and none other will be.
             heard.recv().await;
+            // The task of `tail`'s listener, told too, runs before the read goes on.
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
         }
     }
 
@@ -1633,11 +1642,14 @@ mod tests {
     #[tokio::test]
     async fn tail_follow_stops_on_a_ctrl_c_that_comes_while_it_reads() {
         use tokio::signal::unix::{SignalKind, signal};
+        let _alone = SIGINT.lock().await;
         // Listening before the signal is sent also keeps SIGINT from ending the test process.
         let heard = signal(SignalKind::interrupt()).unwrap();
+        // The second read, after it has waited once (the first page being short).
         let store = Hooked {
             inner: gateway_adapter::open_store("memory:").await.unwrap(),
-            hook: InterruptOnSecondRead {
+            hook: InterruptOnRead {
+                nth: 2,
                 reads: Reads::default(),
                 heard: std::sync::Mutex::new(Some(heard)),
             },
@@ -1658,6 +1670,49 @@ mod tests {
         assert_eq!(
             reads, 2,
             "it stopped at the wait after the interrupted read"
+        );
+    }
+
+    /// `tail --follow` reading a backlog of full pages stops after the page it was reading when
+    /// a Ctrl-C came, without waiting first: a log that grows as fast as it is printed never
+    /// lets it reach the wait. (What the mutation did: read on while pages came full, stopping
+    /// only at the wait after the whole backlog was printed; review of stop 68, CD06.)
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn tail_follow_stops_between_two_full_pages_on_a_ctrl_c() {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _alone = SIGINT.lock().await;
+        let heard = signal(SignalKind::interrupt()).unwrap();
+        let inner = gateway_adapter::open_store("memory:").await.unwrap();
+        let now = Timestamp::now();
+        let busy = SessionRef::parse("agent:main:subagent:busy", "main").unwrap();
+        for _ in 0..TAIL_PAGE * 2 + 100 {
+            let e = NewEvent::new(busy.clone(), EventKind::GoalChanged, ActorType::System, "g");
+            inner.record(e, now).await.unwrap();
+        }
+        let store = Hooked {
+            inner,
+            hook: InterruptOnRead {
+                nth: 1,
+                reads: Reads::default(),
+                heard: std::sync::Mutex::new(Some(heard)),
+            },
+        };
+        let mut out = Vec::new();
+        // A hang guard, not a measure.
+        let tailed = tokio::time::timeout(
+            Duration::from_mins(1),
+            tail(&store, true, Some(0), true, &mut out),
+        )
+        .await;
+        assert!(tailed.is_ok(), "tail --follow ran on after a Ctrl-C");
+        tailed.unwrap().unwrap();
+        let printed = String::from_utf8_lossy(&out).lines().count();
+        assert_eq!(
+            (store.hook.reads.count.load(Ordering::SeqCst), printed),
+            (1, TAIL_PAGE),
+            "tail --follow read on, and printed, past the full page it was reading when a \
+             Ctrl-C came"
         );
     }
 

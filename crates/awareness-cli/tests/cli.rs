@@ -659,6 +659,15 @@ fn a_dry_run_of_pruning_counts_the_log_up_to_a_row_it_cannot_read() {
         damaged["unreadableEvent"]["after"], last["sequence"],
         "{damaged} after {last}"
     );
+    // The reason names what is wrong with the row, as the text does. (What the mutation did:
+    // an empty reason in the JSON; review of stop 68, CD46.)
+    let reason = damaged["unreadableEvent"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("corrupt store") && reason.contains("\"a:b\""),
+        "{damaged}"
+    );
     let o = run_in(dir.path(), &["--store", &store, "prune", "--dry-run"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
@@ -1122,6 +1131,86 @@ fn a_watch_that_drops_a_pending_notice_says_so() {
         "agent:main:main",
     ]);
     assert!(said.contains(dropped), "adopt --watcher: {said}");
+}
+
+/// A watch, or a recording naming the watcher, of the very session whose notice the watcher
+/// holds moves nothing and drops nothing: no warning that a notice was dropped (the notice is
+/// still pending, as `cursors` shows). (What the mutation did: warned of any pending cursor on
+/// the key, the session it already follows included, telling the operator a notice was lost
+/// that was not; review of stop 68, CD41.)
+#[test]
+fn a_watch_of_the_session_it_follows_drops_nothing_and_says_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let run = |args: &[&str]| stderr(&run_ok(dir.path(), &store, args));
+    let dropped = "the notice pending there is dropped";
+    let goal = |more: &[&str]| {
+        let args = [
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            "ops",
+            "--kind",
+            "goal_changed",
+            "--actor-type",
+            "human",
+            "--summary",
+            "goal updated",
+        ];
+        run(&[&args[..], more].concat())
+    };
+    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+    goal(&[]);
+    let said = run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
+    assert!(!said.contains(dropped), "watch: {said}");
+    let said = goal(&["--watcher", "agent:main:main"]);
+    assert!(!said.contains(dropped), "record --watcher: {said}");
+    let pending = json(&run_ok(
+        dir.path(),
+        &store,
+        &["--json", "cursors", "--pending"],
+    ));
+    assert_eq!(pending.as_array().map(Vec::len), Some(1), "{pending}");
+}
+
+/// A recording naming several watchers whose notices it drops (each followed another agent's
+/// session of the key) says so for each of them, not only the first. (What the mutation did:
+/// only the first watcher named was looked at, the second's dropped notice unsaid; review of
+/// stop 68, CD44.)
+#[test]
+fn a_recording_that_drops_two_watchers_notices_says_so_for_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    let run = |args: &[&str]| stderr(&run_ok(dir.path(), &store, args));
+    let (first, second) = ("agent:main:main", "agent:main:subagent:lead");
+    for w in [first, second] {
+        run(&["watch", w, "global", "--agent", "ops"]);
+    }
+    let goal = |agent: &str, more: &[&str]| {
+        let args = [
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            agent,
+            "--kind",
+            "goal_changed",
+            "--actor-type",
+            "human",
+            "--summary",
+            "goal updated",
+        ];
+        run(&[&args[..], more].concat())
+    };
+    goal("ops", &[]);
+    let said = goal("main", &["--watcher", first, "--watcher", second]);
+    let warned = |w: &str| {
+        said.lines().any(|l| {
+            l.contains("the notice pending there is dropped") && l.contains(&format!("watcher={w}"))
+        })
+    };
+    assert!(warned(first) && warned(second), "{said}");
 }
 
 /// A store the user may not look at is reported as such, naming the file, not as missing
@@ -2538,6 +2627,53 @@ fn the_cursors_table_says_which_cursor_has_a_notice_pending() {
     assert_eq!(pending_of(c2), "no", "c2 holds none: {table}");
 }
 
+/// The text `cursors` table puts each of a cursor's three sequences under its own header: a
+/// cursor that has seen nothing, was notified of event #1 and holds #2 as its latest material
+/// change reads `0 1 2` under LAST_SEEN, NOTIFIED and MATERIAL, as the JSON says. (What the
+/// mutation did: LAST_SEEN and NOTIFIED swapped, an operator reading an acknowledged notice as
+/// not yet notified; review of stop 68, CD19.)
+#[test]
+fn the_cursors_table_puts_each_sequence_under_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| run_ok(dir.path(), "sqlite://s.db", args);
+    let c1 = "agent:main:subagent:c1";
+    run(&["watch", "agent:main:main", c1]);
+    for (kind, summary) in [("goal_changed", "goal"), ("human_direct_message", "typed")] {
+        run(&[
+            "record",
+            "--session",
+            c1,
+            "--kind",
+            kind,
+            "--actor-type",
+            "human",
+            "--summary",
+            summary,
+        ]);
+    }
+    let v = json(&run(&["--json", "cursors"]));
+    assert_eq!(
+        (&v[0]["lastSeen"], &v[0]["notified"], &v[0]["material"]),
+        (&Value::from(0), &Value::from(1), &Value::from(2)),
+        "{v}"
+    );
+    let table = stdout(&run(&["cursors"]));
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0][3..6],
+        ["LAST_SEEN", "NOTIFIED", "MATERIAL"],
+        "{table}"
+    );
+    assert_eq!(
+        rows[1][3..6],
+        ["0", "1", "2"],
+        "each sequence under its header: {table}"
+    );
+}
+
 /// `doctor` counts heads and cursors each under its own name, in text and in JSON: two sessions
 /// with events and one cursor. (The two counts swapped, in either output, passed every test: review
 /// of stop 62, C31 and C32.)
@@ -2629,6 +2765,30 @@ fn unwatch_json_says_it_removed_the_cursor() {
         "agent:main:subagent:c1",
     ]));
     assert_eq!(v, serde_json::json!({"removed": true}));
+}
+
+/// The JSON a command prints ends with a line break, as every text output does: appended to a
+/// file, two runs' documents stand on lines of their own, and a shell's prompt starts on its
+/// own line. (What the mutation did: the document printed without its final line break;
+/// review of stop 68, CD29.)
+#[test]
+fn json_output_ends_with_a_line_break() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| run_ok(dir.path(), "sqlite://s.db", args);
+    let c1 = "agent:main:subagent:c1";
+    for args in [
+        &["--json", "watch", "agent:main:main", c1][..],
+        &["--json", "list"],
+        &["--json", "cursors"],
+        &["--json", "doctor"],
+        &["--json", "sweep"],
+    ] {
+        let out = stdout(&run(args));
+        assert!(
+            out.ends_with("}\n") || out.ends_with("]\n"),
+            "{args:?}: {out:?}"
+        );
+    }
 }
 
 /// The ACTOR column of a text table names the actor's type and its id (the session that acted), as

@@ -325,6 +325,43 @@ async fn a_notice_names_its_targets_agent_not_its_watchers() {
     assert_eq!(v[0]["targetAgent"], "ops", "sweep: {v}");
 }
 
+/// The text line of a notice names its target's agent too, not its watcher's: main's watcher of
+/// `global` under agent ops reads `(agent ops)` from `record` and `sweep`. (What the mutation
+/// did: `(agent main)`, the watcher's agent, in the text line alone, sending an operator to
+/// reconcile main's `global`; review of stop 68, CD20.)
+#[tokio::test]
+async fn a_notice_line_names_its_targets_agent_not_its_watchers() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    ok(&url, &["watch", MAIN, "global", "--agent", "ops"]).await;
+    let out = ok(
+        &url,
+        &[
+            "record",
+            "--session",
+            "global",
+            "--agent",
+            "ops",
+            "--kind",
+            "human_direct_message",
+            "--actor-type",
+            "human",
+            "--summary",
+            "human message via cli",
+        ],
+    )
+    .await;
+    let line = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{MAIN} <- ")))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no notice line: {out}"))
+    };
+    assert!(line(&out).ends_with(" (agent ops)"), "record: {out}");
+    let out = ok(&url, &["sweep"]).await;
+    assert!(line(&out).ends_with(" (agent ops)"), "sweep: {out}");
+}
+
 /// A command that wrote to the store and whose output then fails (a full disk) says what it
 /// wrote, in text and JSON alike: a `watch` (the cursor written), a `sweep` (how many notices
 /// it found, since it re-froze their cursors), a real `prune` (what it deleted), an `unwatch`

@@ -361,6 +361,36 @@ fn a_marker_edited_by_hand_costs_at_most_its_line() {
     );
 }
 
+/// A marker edited by hand to point past every file, with a partly read line and without the
+/// identity and tail a marker of ours carries (a bare offset, as another reader of the link
+/// may write it), is rebased as past the file's end as well: its position does not wrap round
+/// to the file's first bytes, whose rows were then read as new human turns. (What the
+/// mutation did: the position added the partial line's bytes to the offset wrapping past
+/// `u64::MAX`; review of stop 68, J437.)
+#[test]
+fn a_bare_marker_past_every_file_is_rebased_not_wrapped_round() {
+    let mut t = Transcript::new();
+    let (partly, _, escaped, cut) = cut_inside_an_escape(&t);
+    t.raw(&escaped.as_bytes()[cut..]);
+    t.raw(b"\n");
+    t.human("and this?");
+    let mut past = partly.to_value();
+    past["offset"] = json!(u64::MAX - 1);
+    for key in ["dev", "ino", "size", "tail"] {
+        past.as_object_mut().unwrap().remove(key);
+    }
+    let past = JsonlMarker::from_value(&past).expect("still a marker of ours");
+    assert!(
+        past.partial.as_ref().is_some_and(|p| p.consumed > 2),
+        "{past:?}"
+    );
+    let out = scan(&t, &past);
+    assert!(
+        matches!(out, CheckOutcome::Rebased { .. }),
+        "past the file's end: {out:?}"
+    );
+}
+
 #[test]
 fn a_three_mib_line_is_streamed_over_ticks_without_blocking_the_marker() {
     let mut t = Transcript::new();
@@ -975,6 +1005,24 @@ async fn a_paired_item_of_a_subagent_or_another_session_is_no_human_turn() {
             .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
             .await;
         assert_eq!(turns(&out), 0, "{out:?}");
+    }
+}
+
+/// A paired item of a role other than `user` (a tool's result, a system note) is no human
+/// turn, whatever its text: only a person's `user` item is, as only a `user` row of a
+/// transcript is. (What the mutation did: only `assistant` items were skipped, and a tool's
+/// output was counted as the person's turn; review of stop 68, J417.)
+#[tokio::test]
+async fn a_paired_item_of_a_tool_or_the_system_is_no_human_turn() {
+    for role in ["tool", "system"] {
+        let provider = PairedNodeProvider::new(FakeNode::holding([
+            PairedItem::user("i0", "old"),
+            PairedItem::with_role("i1", role, "exit code 0"),
+        ]));
+        let out = provider
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await;
+        assert_eq!(turns(&out), 0, "a {role} item is no human turn: {out:?}");
     }
 }
 

@@ -1641,15 +1641,50 @@ mod tests {
     #[cfg(unix)]
     #[tokio::test]
     async fn tail_follow_stops_on_a_ctrl_c_that_comes_while_it_reads() {
+        // The second read, after it has waited once (the first page being short).
+        let (reads, _) = tail_interrupted_at_read(2, 0).await;
+        assert_eq!(
+            reads, 2,
+            "it stopped at the wait after the interrupted read"
+        );
+    }
+
+    /// `tail --follow` reading a backlog of full pages stops after the page it was reading when
+    /// a Ctrl-C came, without waiting first: a log that grows as fast as it is printed never
+    /// lets it reach the wait. (What the mutation did: read on while pages came full, stopping
+    /// only at the wait after the whole backlog was printed; review of stop 68, CD06.)
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn tail_follow_stops_between_two_full_pages_on_a_ctrl_c() {
+        let (reads, out) = tail_interrupted_at_read(1, TAIL_PAGE * 2 + 100).await;
+        assert_eq!(
+            (reads, out.lines().count()),
+            (1, TAIL_PAGE),
+            "tail --follow read on, and printed, past the full page it was reading when a \
+             Ctrl-C came"
+        );
+    }
+
+    /// Runs `tail --follow` from the start of a log of `backlog` events, a SIGINT sent to this
+    /// process at its `nth` read ([`InterruptOnRead`]); answers how many reads it made, and what
+    /// it printed.
+    #[cfg(unix)]
+    async fn tail_interrupted_at_read(nth: usize, backlog: usize) -> (usize, String) {
         use tokio::signal::unix::{SignalKind, signal};
         let _alone = SIGINT.lock().await;
         // Listening before the signal is sent also keeps SIGINT from ending the test process.
         let heard = signal(SignalKind::interrupt()).unwrap();
-        // The second read, after it has waited once (the first page being short).
+        let inner = gateway_adapter::open_store("memory:").await.unwrap();
+        let now = Timestamp::now();
+        let busy = SessionRef::parse("agent:main:subagent:busy", "main").unwrap();
+        for _ in 0..backlog {
+            let e = NewEvent::new(busy.clone(), EventKind::GoalChanged, ActorType::System, "g");
+            inner.record(e, now).await.unwrap();
+        }
         let store = Hooked {
-            inner: gateway_adapter::open_store("memory:").await.unwrap(),
+            inner,
             hook: InterruptOnRead {
-                nth: 2,
+                nth,
                 reads: Reads::default(),
                 heard: std::sync::Mutex::new(Some(heard)),
             },
@@ -1664,56 +1699,10 @@ mod tests {
         let reads = store.hook.reads.count.load(Ordering::SeqCst);
         assert!(
             tailed.is_ok(),
-            "tail --follow ran on after a Ctrl-C that came during a read ({reads} reads)"
+            "tail --follow ran on after a Ctrl-C that came during read {nth} ({reads} reads)"
         );
         tailed.unwrap().unwrap();
-        assert_eq!(
-            reads, 2,
-            "it stopped at the wait after the interrupted read"
-        );
-    }
-
-    /// `tail --follow` reading a backlog of full pages stops after the page it was reading when
-    /// a Ctrl-C came, without waiting first: a log that grows as fast as it is printed never
-    /// lets it reach the wait. (What the mutation did: read on while pages came full, stopping
-    /// only at the wait after the whole backlog was printed; review of stop 68, CD06.)
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn tail_follow_stops_between_two_full_pages_on_a_ctrl_c() {
-        use tokio::signal::unix::{SignalKind, signal};
-        let _alone = SIGINT.lock().await;
-        let heard = signal(SignalKind::interrupt()).unwrap();
-        let inner = gateway_adapter::open_store("memory:").await.unwrap();
-        let now = Timestamp::now();
-        let busy = SessionRef::parse("agent:main:subagent:busy", "main").unwrap();
-        for _ in 0..TAIL_PAGE * 2 + 100 {
-            let e = NewEvent::new(busy.clone(), EventKind::GoalChanged, ActorType::System, "g");
-            inner.record(e, now).await.unwrap();
-        }
-        let store = Hooked {
-            inner,
-            hook: InterruptOnRead {
-                nth: 1,
-                reads: Reads::default(),
-                heard: std::sync::Mutex::new(Some(heard)),
-            },
-        };
-        let mut out = Vec::new();
-        // A hang guard, not a measure.
-        let tailed = tokio::time::timeout(
-            Duration::from_mins(1),
-            tail(&store, true, Some(0), true, &mut out),
-        )
-        .await;
-        assert!(tailed.is_ok(), "tail --follow ran on after a Ctrl-C");
-        tailed.unwrap().unwrap();
-        let printed = String::from_utf8_lossy(&out).lines().count();
-        assert_eq!(
-            (store.hook.reads.count.load(Ordering::SeqCst), printed),
-            (1, TAIL_PAGE),
-            "tail --follow read on, and printed, past the full page it was reading when a \
-             Ctrl-C came"
-        );
+        (reads, String::from_utf8_lossy(&out).into_owned())
     }
 
     /// A store's error that names the command as a step of its own, followed by a `:` (the

@@ -1050,7 +1050,8 @@ fn commands_that_create_a_store_refuse_another_applications_database() {
 /// A watch of one agent's session of a key moves the watcher's cursor from another agent's
 /// session of it (decision 0008), and the notice pending there goes: `watch` says so on stderr
 /// (its output is the new cursor), and says nothing when no notice was pending. A recording or
-/// an adoption naming the watcher says it too, unless it moved nothing.
+/// an adoption naming the watcher says it too (for each watcher it names), unless it moved
+/// nothing (a dedupe hit, or the session the watcher already follows).
 #[test]
 fn a_watch_that_drops_a_pending_notice_says_so() {
     let dir = tempfile::tempdir().unwrap();
@@ -1131,86 +1132,38 @@ fn a_watch_that_drops_a_pending_notice_says_so() {
         "agent:main:main",
     ]);
     assert!(said.contains(dropped), "adopt --watcher: {said}");
-}
-
-/// A watch, or a recording naming the watcher, of the very session whose notice the watcher
-/// holds moves nothing and drops nothing: no warning that a notice was dropped (the notice is
-/// still pending, as `cursors` shows). (What the mutation did: warned of any pending cursor on
-/// the key, the session it already follows included, telling the operator a notice was lost
-/// that was not; review of stop 68, CD41.)
-#[test]
-fn a_watch_of_the_session_it_follows_drops_nothing_and_says_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("state.db").display());
-    let run = |args: &[&str]| stderr(&run_ok(dir.path(), &store, args));
-    let dropped = "the notice pending there is dropped";
-    let goal = |more: &[&str]| {
-        let args = [
-            "record",
-            "--session",
-            "global",
-            "--agent",
-            "ops",
-            "--kind",
-            "goal_changed",
-            "--actor-type",
-            "human",
-            "--summary",
-            "goal updated",
-        ];
-        run(&[&args[..], more].concat())
-    };
-    run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
-    goal(&[]);
+    // A watch, or a recording naming the watcher, of the very session whose notice the watcher
+    // holds moves nothing and drops nothing: the notice is still pending. (What the mutation
+    // did: warned of any pending cursor on the key, the session it already follows included,
+    // telling the operator a notice was lost that was not; review of stop 68, CD41.)
+    pending_on_ops();
     let said = run(&["watch", "agent:main:main", "global", "--agent", "ops"]);
-    assert!(!said.contains(dropped), "watch: {said}");
-    let said = goal(&["--watcher", "agent:main:main"]);
-    assert!(!said.contains(dropped), "record --watcher: {said}");
+    assert!(
+        !said.contains(dropped),
+        "watch of the session it follows: {said}"
+    );
+    let said = goal("ops", &["--watcher", "agent:main:main"]);
+    assert!(
+        !said.contains(dropped),
+        "record --watcher on the session it follows: {said}"
+    );
     let pending = json(&run_ok(
         dir.path(),
         &store,
         &["--json", "cursors", "--pending"],
     ));
     assert_eq!(pending.as_array().map(Vec::len), Some(1), "{pending}");
-}
-
-/// A recording naming several watchers whose notices it drops (each followed another agent's
-/// session of the key) says so for each of them, not only the first. (What the mutation did:
-/// only the first watcher named was looked at, the second's dropped notice unsaid; review of
-/// stop 68, CD44.)
-#[test]
-fn a_recording_that_drops_two_watchers_notices_says_so_for_each() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("state.db").display());
-    let run = |args: &[&str]| stderr(&run_ok(dir.path(), &store, args));
-    let (first, second) = ("agent:main:main", "agent:main:subagent:lead");
-    for w in [first, second] {
-        run(&["watch", w, "global", "--agent", "ops"]);
-    }
-    let goal = |agent: &str, more: &[&str]| {
-        let args = [
-            "record",
-            "--session",
-            "global",
-            "--agent",
-            agent,
-            "--kind",
-            "goal_changed",
-            "--actor-type",
-            "human",
-            "--summary",
-            "goal updated",
-        ];
-        run(&[&args[..], more].concat())
-    };
+    // A recording naming several watchers whose notices it drops says so for each. (What the
+    // mutation did: only the first watcher named was looked at; review of stop 68, CD44.)
+    let lead = "agent:main:subagent:lead";
+    run(&["watch", lead, "global", "--agent", "ops"]);
     goal("ops", &[]);
-    let said = goal("main", &["--watcher", first, "--watcher", second]);
+    let said = goal("main", &["--watcher", "agent:main:main", "--watcher", lead]);
     let warned = |w: &str| {
-        said.lines().any(|l| {
-            l.contains("the notice pending there is dropped") && l.contains(&format!("watcher={w}"))
-        })
+        said.lines()
+            .any(|l| l.contains(dropped) && l.contains(&format!("watcher={w}")))
     };
-    assert!(warned(first) && warned(second), "{said}");
+    assert!(warned("agent:main:main") && warned(lead), "{said}");
 }
 
 /// A store the user may not look at is reported as such, naming the file, not as missing

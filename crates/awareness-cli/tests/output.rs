@@ -291,19 +291,18 @@ async fn a_notice_names_its_targets_agent() {
     said(&v);
 }
 
-/// A notice's `targetAgent` is its target's agent, not its watcher's: main's watcher of `global`
-/// under agent ops gets notices saying `"targetAgent": "ops"`, from `record` and `sweep` (the test
-/// above has a watcher of agent ops, where the two agree). (What the mutation did: the watcher's
-/// agent, `main`, sending the watcher to reconcile the wrong session; review of stop 64, CL18.)
+/// A notice names its target's agent, not its watcher's, in JSON (`targetAgent`) and in its text
+/// line (`(agent ops)`): main's watcher of `global` under agent ops, from `record` and `sweep`
+/// (the test above has a watcher of agent ops, where the two agree). (What the mutations did:
+/// the watcher's agent, `main`, sending the watcher to reconcile the wrong session; review of
+/// stop 64, CL18, in JSON, and of stop 68, CD20, in the text line alone.)
 #[tokio::test]
 async fn a_notice_names_its_targets_agent_not_its_watchers() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("s.db").display());
-    ok(&url, &["watch", MAIN, "global", "--agent", "ops"]).await;
-    let out = ok(
-        &url,
-        &[
-            "--json",
+    for json in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        ok(&url, &["watch", MAIN, "global", "--agent", "ops"]).await;
+        let record = [
             "record",
             "--session",
             "global",
@@ -315,51 +314,27 @@ async fn a_notice_names_its_targets_agent_not_its_watchers() {
             "human",
             "--summary",
             "human message via cli",
-        ],
-    )
-    .await;
-    let v: Value = serde_json::from_str(&out).expect("JSON");
-    assert_eq!(v["notices"][0]["watcher"], MAIN, "{v}");
-    assert_eq!(v["notices"][0]["targetAgent"], "ops", "record: {v}");
-    let v: Value = serde_json::from_str(&ok(&url, &["--json", "sweep"]).await).expect("JSON");
-    assert_eq!(v[0]["targetAgent"], "ops", "sweep: {v}");
-}
-
-/// The text line of a notice names its target's agent too, not its watcher's: main's watcher of
-/// `global` under agent ops reads `(agent ops)` from `record` and `sweep`. (What the mutation
-/// did: `(agent main)`, the watcher's agent, in the text line alone, sending an operator to
-/// reconcile main's `global`; review of stop 68, CD20.)
-#[tokio::test]
-async fn a_notice_line_names_its_targets_agent_not_its_watchers() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("s.db").display());
-    ok(&url, &["watch", MAIN, "global", "--agent", "ops"]).await;
-    let out = ok(
-        &url,
-        &[
-            "record",
-            "--session",
-            "global",
-            "--agent",
-            "ops",
-            "--kind",
-            "human_direct_message",
-            "--actor-type",
-            "human",
-            "--summary",
-            "human message via cli",
-        ],
-    )
-    .await;
-    let line = |out: &str| {
-        out.lines()
-            .find(|l| l.starts_with(&format!("{MAIN} <- ")))
-            .map(str::to_owned)
-            .unwrap_or_else(|| panic!("no notice line: {out}"))
-    };
-    assert!(line(&out).ends_with(" (agent ops)"), "record: {out}");
-    let out = ok(&url, &["sweep"]).await;
-    assert!(line(&out).ends_with(" (agent ops)"), "sweep: {out}");
+        ];
+        if json {
+            let out = ok(&url, &[&["--json"], &record[..]].concat()).await;
+            let v: Value = serde_json::from_str(&out).expect("JSON");
+            assert_eq!(v["notices"][0]["watcher"], MAIN, "{v}");
+            assert_eq!(v["notices"][0]["targetAgent"], "ops", "record: {v}");
+            let v: Value =
+                serde_json::from_str(&ok(&url, &["--json", "sweep"]).await).expect("JSON");
+            assert_eq!(v[0]["targetAgent"], "ops", "sweep: {v}");
+        } else {
+            let line = |out: &str| {
+                out.lines()
+                    .find(|l| l.starts_with(&format!("{MAIN} <- ")))
+                    .map_or_else(|| panic!("no notice line: {out}"), str::to_owned)
+            };
+            let out = ok(&url, &record).await;
+            assert!(line(&out).ends_with(" (agent ops)"), "record: {out}");
+            let out = ok(&url, &["sweep"]).await;
+            assert!(line(&out).ends_with(" (agent ops)"), "sweep: {out}");
+        }
+    }
 }
 
 /// A command that wrote to the store and whose output then fails (a full disk) says what it

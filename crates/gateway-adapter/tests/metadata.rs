@@ -340,21 +340,25 @@ fn under_the_spawn_tree(
     (svc, queue)
 }
 
-/// A policy that lets no spawner or parent watch on its own (`can_watch_spawned` always
-/// false, `can_see` always true) keeps the parent from watching when the spawner is refused:
-/// the fallback parent is asked both questions. The turn is recorded all the same (the entry
-/// names a spawner, so OpenClaw records it), with no watcher.
-#[tokio::test]
-async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
-    struct NoAutomaticWatches;
-    impl gateway_adapter::VisibilityPolicy for NoAutomaticWatches {
-        fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
-            true
-        }
-        fn can_watch_spawned(&self, _: &SessionRef, _: &SessionRef) -> bool {
-            false
-        }
+/// A policy that lets no spawner or parent watch on its own: `can_watch_spawned` always false,
+/// `can_see` always true.
+struct NoAutomaticWatches;
+
+impl gateway_adapter::VisibilityPolicy for NoAutomaticWatches {
+    fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
+        true
     }
+    fn can_watch_spawned(&self, _: &SessionRef, _: &SessionRef) -> bool {
+        false
+    }
+}
+
+/// A service under [`NoAutomaticWatches`], its queue and its store.
+fn under_no_automatic_watches() -> (
+    gateway_adapter::Awareness,
+    Arc<gateway_adapter::InMemoryQueue>,
+    Arc<MemoryStore>,
+) {
     let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
     let store = Arc::new(MemoryStore::new());
     let svc = gateway_adapter::Awareness::builder(
@@ -365,6 +369,15 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
     )
     .visibility(Arc::new(NoAutomaticWatches))
     .build();
+    (svc, queue, store)
+}
+
+/// Under [`NoAutomaticWatches`], the parent is kept from watching when the spawner is refused:
+/// the fallback parent is asked both questions. The turn is recorded all the same (the entry
+/// names a spawner, so OpenClaw records it), with no watcher.
+#[tokio::test]
+async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
+    let (svc, queue, store) = under_no_automatic_watches();
     let mut msg = message("telegram");
     msg.entry = Some(SessionEntry {
         spawned_by: Some(k("agent:main:subagent:spawner")),
@@ -380,32 +393,13 @@ async fn a_parent_taken_for_a_refused_spawner_is_asked_as_a_spawner_too() {
     assert!(queue.peek(&k(MANAGER)).is_empty());
 }
 
-/// A spawn whose spawner the visibility policy does not let watch the child
-/// (`can_watch_spawned` false) is recorded with no watcher: the spawner gets no cursor, and so no
-/// notice of the child's later events.
-/// (What the mutation did: the policy was not asked, and the spawner was seeded; review of
-/// stop 68, V615.)
+/// A spawn whose spawner the visibility policy does not let watch the child (under
+/// [`NoAutomaticWatches`]) is recorded with no watcher: the spawner gets no cursor, and so no
+/// notice of the child's later events. (What the mutation did: the policy was not asked, and
+/// the spawner was seeded; review of stop 68, V615.)
 #[tokio::test]
 async fn a_spawn_the_policy_refuses_seeds_no_cursor_for_the_spawner() {
-    struct NoAutomaticWatches;
-    impl gateway_adapter::VisibilityPolicy for NoAutomaticWatches {
-        fn can_see(&self, _: &SessionRef, _: &SessionRef) -> bool {
-            true
-        }
-        fn can_watch_spawned(&self, _: &SessionRef, _: &SessionRef) -> bool {
-            false
-        }
-    }
-    let queue = Arc::new(gateway_adapter::InMemoryQueue::new());
-    let store = Arc::new(MemoryStore::new());
-    let svc = gateway_adapter::Awareness::builder(
-        store.clone(),
-        queue.clone(),
-        Arc::new(gateway_adapter::RecordingWake::new()),
-        Arc::new(gateway_adapter::InMemoryDirectory::new()),
-    )
-    .visibility(Arc::new(NoAutomaticWatches))
-    .build();
+    let (svc, queue, store) = under_no_automatic_watches();
     svc.subagent_spawned(&k(CHILD), None, &k(MANAGER), "run-1")
         .await
         .expect("the spawn is recorded");

@@ -5991,15 +5991,16 @@ async fn a_pass_panicking_again_after_the_link_was_watched_is_warned_of_again() 
     );
 }
 
-/// The JSONL provider, except that its first check panics and its second fails (a source
-/// that cannot be read for a while after).
-struct PanicsThenFails {
+/// The JSONL provider, except that its first check panics and its second answers `then` (a
+/// source that cannot be read, or is missing, for a while after).
+struct PanicsThen {
     inner: JsonlProvider,
+    then: CheckOutcome,
     calls: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
-impl UpstreamProvider for PanicsThenFails {
+impl UpstreamProvider for PanicsThen {
     fn kind(&self) -> &str {
         self.inner.kind()
     }
@@ -6007,101 +6008,54 @@ impl UpstreamProvider for PanicsThenFails {
     async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
         match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
             0 => panic!("the provider panicked on {}", link.session),
-            1 => CheckOutcome::Failed("the source cannot be read".into()),
+            1 => self.then.clone(),
             _ => self.inner.check(link, own).await,
         }
     }
 }
 
 /// After a pass that panicked, the `info!` saying the link is passed over again comes at the
-/// first pass that reads its source, not at one whose read failed: it followed any pass that
-/// did not panic, a failed read among them (second reading, stop 58).
+/// first pass that reads its source, not at one whose read failed or that found the source
+/// missing, which read nothing either. (It followed any pass that did not panic, a failed read
+/// among them: second reading, stop 58. What the mutation did: a pass that found the source
+/// missing counted as one that read it; review of stop 68, MN21.)
 #[tokio::test(start_paused = true)]
-async fn a_pass_that_could_not_read_after_a_panic_is_not_said_to_pass_again() {
-    let capture = common::Capture::default();
-    let _logs = capture.install();
-    let (w, _t, _a) = adopted_a().await;
-    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
-        .provider(Arc::new(PanicsThenFails {
-            inner: JsonlProvider::new(),
-            calls: std::sync::atomic::AtomicUsize::new(0),
-        }))
-        .build();
-    let again = |lines: &[String]| {
-        lines
-            .iter()
-            .filter(|l| {
-                l.contains("is passed over again") && l.contains("session_key=agent:main:a")
-            })
-            .count()
-    };
-    for (tick, want) in [(1, 0), (2, 0), (3, 1), (4, 1)] {
-        assert_eq!(monitor.tick().await.unwatched, 1);
-        let lines = capture.lines();
-        assert_eq!(
-            again(&lines),
-            want,
-            "said to pass again after tick {tick}: {lines:#?}"
-        );
-    }
-    assert_eq!(
-        pass_panic_levels(&capture.lines(), "agent:main:a"),
-        ["WARN"]
-    );
-}
-
-/// The JSONL provider, except that its first check panics and its second finds the source
-/// missing.
-struct PanicsThenMissing {
-    inner: JsonlProvider,
-    calls: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait]
-impl UpstreamProvider for PanicsThenMissing {
-    fn kind(&self) -> &str {
-        self.inner.kind()
-    }
-
-    async fn check(&self, link: &UpstreamLink, own: &[String]) -> CheckOutcome {
-        match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-            0 => panic!("the provider panicked on {}", link.session),
-            1 => CheckOutcome::Missing,
-            _ => self.inner.check(link, own).await,
+async fn a_pass_that_read_nothing_after_a_panic_is_not_said_to_pass_again() {
+    for then in [
+        CheckOutcome::Failed("the source cannot be read".into()),
+        CheckOutcome::Missing,
+    ] {
+        let capture = common::Capture::default();
+        let _logs = capture.install();
+        let (w, _t, _a) = adopted_a().await;
+        let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+            .provider(Arc::new(PanicsThen {
+                inner: JsonlProvider::new(),
+                then: then.clone(),
+                calls: std::sync::atomic::AtomicUsize::new(0),
+            }))
+            .build();
+        let again = |lines: &[String]| {
+            lines
+                .iter()
+                .filter(|l| {
+                    l.contains("is passed over again") && l.contains("session_key=agent:main:a")
+                })
+                .count()
+        };
+        for (tick, want) in [(1, 0), (2, 0), (3, 1), (4, 1)] {
+            assert_eq!(monitor.tick().await.unwatched, 1);
+            let lines = capture.lines();
+            assert_eq!(
+                again(&lines),
+                want,
+                "{then:?}: said to pass again after tick {tick}: {lines:#?}"
+            );
         }
-    }
-}
-
-/// After a pass that panicked, a pass that finds the source missing read nothing either: the
-/// `info!` saying the link is passed over again waits for the first pass that reads its source.
-/// (What the mutation did: a pass that found the source missing counted as one that read it;
-/// review of stop 68, MN21.)
-#[tokio::test(start_paused = true)]
-async fn a_pass_that_found_the_source_missing_after_a_panic_is_not_said_to_pass_again() {
-    let capture = common::Capture::default();
-    let _logs = capture.install();
-    let (w, _t, _a) = adopted_a().await;
-    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
-        .provider(Arc::new(PanicsThenMissing {
-            inner: JsonlProvider::new(),
-            calls: std::sync::atomic::AtomicUsize::new(0),
-        }))
-        .build();
-    let again = |lines: &[String]| {
-        lines
-            .iter()
-            .filter(|l| {
-                l.contains("is passed over again") && l.contains("session_key=agent:main:a")
-            })
-            .count()
-    };
-    for (tick, want) in [(1, 0), (2, 0), (3, 1)] {
-        assert_eq!(monitor.tick().await.unwatched, 1);
-        let lines = capture.lines();
         assert_eq!(
-            again(&lines),
-            want,
-            "said to pass again after tick {tick}: {lines:#?}"
+            pass_panic_levels(&capture.lines(), "agent:main:a"),
+            ["WARN"],
+            "{then:?}"
         );
     }
 }

@@ -189,12 +189,7 @@ async fn listened_on_again_after_silence(mute_listen: bool) {
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
     let (theirs, _) = server::fresh_store_in(&schema).await;
-    let ours = PgStore::connect(
-        proxy.server(),
-        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(200)),
-    )
-    .await
-    .expect("connect through the proxy");
+    let ours = proxy.store(&schema).await;
     let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
     let first = ours.hints_listening().await;
     hinted(&mut hints).await;
@@ -235,13 +230,8 @@ async fn a_listening_connection_that_fails_is_listened_on_again_after_a_wait() {
     let proxy = SilentProxy::start();
     let schema = server::fresh_schema();
     let _drop = server::DropSchema(schema.clone());
-    // Proofs of life every 200 ms: the notifications the proxy garbles.
-    let ours = PgStore::connect(
-        proxy.server(),
-        PgStoreOptions::new(schema.clone()).listener_keepalive(Duration::from_millis(200)),
-    )
-    .await
-    .expect("connect through the proxy");
+    // Its proofs of life are the notifications the proxy garbles.
+    let ours = proxy.store(&schema).await;
     let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
     ours.hints_listening().await;
     hinted(&mut hints).await;
@@ -678,6 +668,17 @@ impl SilentProxy {
     /// The server as the proxy serves it.
     fn server(&self) -> store_postgres::PgConnectOptions {
         server::server().socket(&self.dir)
+    }
+
+    /// A handle on `schema` through the proxy, which proves its listening connection alive
+    /// every 200 ms (the proofs are notifications the listener must receive).
+    async fn store(&self, schema: &str) -> PgStore {
+        PgStore::connect(
+            self.server(),
+            PgStoreOptions::new(schema).listener_keepalive(Duration::from_millis(200)),
+        )
+        .await
+        .expect("connect through the proxy")
     }
 
     /// Every connection open now goes silent.

@@ -2551,74 +2551,68 @@ mod tests {
         drop(reader);
     }
 
-    /// A read-only handle's flush writes nothing, not even when it shares the database of a
-    /// bounded handle whose commits are pending: they stay for that handle's own flush.
-    /// (What the mutation did: a read-only handle's flush made a durable commit on the shared
-    /// database; review of stop 68, RD25.)
+    /// A read-only handle never makes the pending commits of a bounded handle it shares the
+    /// database with durable, whatever durability it was given: neither its `flush` nor its
+    /// close (it starts no background flush of its own) commits on that database; the commits
+    /// stay for the bounded handle's own flush. (What the mutations did: a read-only handle's
+    /// flush made a durable commit on the shared database, RD25; one opened with
+    /// `Durability::Bounded` started a flusher, whose last flush, on close, did, RD29; review of
+    /// stop 68.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_read_only_handles_flush_writes_nothing() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (bounded, reader) = bounded_and_a_reader(&dir).await;
-        let at = session("agent:main:subagent:child");
-        // The first recording raises the sequence reservation in a durable commit.
-        for _ in 0..2 {
-            bounded.record(event(&at, None), T0).await.expect("record");
+    async fn a_read_only_handle_never_flushes_a_bounded_handles_commits() {
+        for bounded_reader in [false, true] {
+            let dir = tempfile::tempdir().expect("dir");
+            let path = dir.path().join("state.redb");
+            let options = RedbOptions::bounded(Duration::from_hours(1));
+            let bounded = RedbStore::open_with(&path, options.clone())
+                .await
+                .expect("open bounded");
+            let given = if bounded_reader {
+                options
+            } else {
+                RedbOptions::default()
+            };
+            let reader = RedbStore::open_with(&path, given.read_only(true))
+                .await
+                .expect("open read-only");
+            let at = session("agent:main:subagent:child");
+            // The first recording raises the sequence reservation in a durable commit.
+            for _ in 0..2 {
+                bounded.record(event(&at, None), T0).await.expect("record");
+            }
+            assert!(
+                bounded.shared().is_unflushed(),
+                "the second recording is pending"
+            );
+            let what = if bounded_reader {
+                reader.close().await;
+                "closing a read-only handle given bounded durability"
+            } else {
+                reader.flush().await.expect("a read-only flush");
+                drop(reader);
+                "a read-only handle's flush"
+            };
+            assert!(
+                bounded.shared().is_unflushed(),
+                "{what} made the bounded handle's commits durable"
+            );
+            drop(bounded);
         }
-        assert!(
-            bounded.shared().is_unflushed(),
-            "the second recording is pending"
-        );
-        reader.flush().await.expect("a read-only flush");
-        assert!(
-            bounded.shared().is_unflushed(),
-            "a read-only handle's flush made the bounded handle's commits durable"
-        );
-        drop(reader);
-        drop(bounded);
-    }
-
-    /// A read-only handle starts no background flush, whatever durability it was given: closing
-    /// it makes no durable commit on the database it shares with a bounded handle, whose pending
-    /// commits stay for that handle's own flush. (What the mutation did: a read-only handle
-    /// opened with `Durability::Bounded` started a flusher, whose last flush, on close, committed
-    /// on the shared database; review of stop 68, RD29.)
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_read_only_handle_starts_no_background_flush() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("state.redb");
-        let options = RedbOptions::bounded(Duration::from_hours(1));
-        let bounded = RedbStore::open_with(&path, options.clone())
-            .await
-            .expect("open bounded");
-        let reader = RedbStore::open_with(&path, options.read_only(true))
-            .await
-            .expect("open read-only");
-        let at = session("agent:main:subagent:child");
-        // The first recording raises the sequence reservation in a durable commit.
-        for _ in 0..2 {
-            bounded.record(event(&at, None), T0).await.expect("record");
-        }
-        assert!(
-            bounded.shared().is_unflushed(),
-            "the second recording is pending"
-        );
-        reader.close().await;
-        assert!(
-            bounded.shared().is_unflushed(),
-            "closing a read-only handle made the bounded handle's commits durable"
-        );
-        drop(bounded);
     }
 
     /// Closing a handle returns only once a write its drain still holds (one whose caller gave
     /// up) has ended, also while another handle keeps the file open, where releasing the file
-    /// waits for nothing. (What the mutation did: `close` let go of the writer at once and
-    /// returned before the drain's write had ended; review of stop 68, RD32. The pause only
-    /// gives a broken close time to return; the original passes whatever the timing.)
+    /// waits for nothing; and a bounded handle stops its background flush only after that
+    /// write, so that its last flush makes it durable. (What the mutations did: `close` let go
+    /// of the writer at once and returned before the drain's write had ended, RD32; it stopped
+    /// the flush before waiting for the drain, whose commit stayed non-durable, RD33; review of
+    /// stop 68. The pause only gives a broken close time to return or to stop the flush; the
+    /// original passes whatever the timing.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn closing_waits_for_the_drain_while_another_handle_keeps_the_file() {
+    async fn closing_waits_for_the_drain_and_flushes_what_it_commits() {
         let dir = tempfile::tempdir().expect("dir");
         let (bounded, reader) = bounded_and_a_reader(&dir).await;
+        let shared = Arc::clone(bounded.shared());
         // What the drain of an abandoned write holds: the writer.
         let writer = Arc::clone(&bounded.writer);
         let closing = tokio::spawn(bounded.close());
@@ -2627,26 +2621,6 @@ mod tests {
             !closing.is_finished(),
             "close returned while the drain still held the writer"
         );
-        drop(writer);
-        closing.await.expect("close");
-        drop(reader);
-    }
-
-    /// Closing a bounded handle stops its background flush only once a write whose caller gave
-    /// up, which the drain still holds, has committed: that commit is made durable by the last
-    /// flush, although another handle keeps the file open. (What the mutation did: `close`
-    /// stopped the flush before waiting for the drain, and the drain's commit stayed
-    /// non-durable; review of stop 68, RD33. The pause only gives a broken close time to stop
-    /// the flush first; the original passes whatever the timing.)
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn closing_a_bounded_handle_flushes_the_write_its_drain_finishes() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (bounded, reader) = bounded_and_a_reader(&dir).await;
-        let shared = Arc::clone(bounded.shared());
-        // What the drain of an abandoned write holds: the writer.
-        let writer = Arc::clone(&bounded.writer);
-        let closing = tokio::spawn(bounded.close());
-        tokio::time::sleep(Duration::from_millis(300)).await;
         tokio::task::spawn_blocking(move || {
             let txn = writer.begin("test")?;
             txn.open_table(tables::META)

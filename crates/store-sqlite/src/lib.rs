@@ -1844,61 +1844,37 @@ mod tests {
 
     /// A recording that finds a transaction left open on the write connection (a rollback
     /// after an interrupted write failed, which leaves `open_tx` set for the next writer) rolls
-    /// it back first and records, through the group-commit queue as alone. (What the mutation
-    /// did: the queue's path skipped that rollback, and the recording failed on SQLite's
-    /// "cannot start a transaction within a transaction"; review of stop 66, S505.)
+    /// it back first and records, through the group-commit queue and with group commit off
+    /// alike. (What the mutations did: the queue's path, or `begin_write` that every other
+    /// write takes, skipped that rollback, and the recording failed on SQLite's "cannot start a
+    /// transaction within a transaction"; review of stop 66, S505, and of stop 68, S737.)
     #[tokio::test]
-    async fn a_recording_through_the_queue_rolls_back_what_a_failed_rollback_left_open() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = fresh(&dir).await;
-        let slot = store.writer.as_ref().expect("a read-write handle");
-        {
-            let mut held = slot.lock().await;
-            let w = held.as_mut().expect("the write connection");
-            sqlx::raw_sql("BEGIN IMMEDIATE")
-                .execute(&mut w.conn)
-                .await
-                .expect("a transaction left open");
-            w.open_tx = true;
-        }
-        let rec = store
-            .record(message("after".to_owned()), T)
+    async fn a_recording_rolls_back_what_a_failed_rollback_left_open() {
+        for group_commit in [64, 1] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store = SqliteStore::open_with(
+                dir.path().join("t.db"),
+                SqliteOptions::new().group_commit(group_commit),
+            )
             .await
-            .expect("records over the transaction left open");
-        assert_eq!(rec.event.sequence.get(), 1);
-        store.close().await;
-    }
-
-    /// A write that finds a transaction left open on the write connection (a rollback after an
-    /// interrupted write failed, which leaves `open_tx` set for the next writer) rolls it back
-    /// first and writes, as a recording with group commit off does. (What the mutation did:
-    /// `begin_write` skipped that rollback, and the recording failed on SQLite's "cannot start a
-    /// transaction within a transaction"; review of stop 68, S737.)
-    #[tokio::test]
-    async fn a_write_rolls_back_what_a_failed_rollback_left_open() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = SqliteStore::open_with(
-            dir.path().join("t.db"),
-            SqliteOptions::new().group_commit(1),
-        )
-        .await
-        .expect("open");
-        let slot = store.writer.as_ref().expect("a read-write handle");
-        {
-            let mut held = slot.lock().await;
-            let w = held.as_mut().expect("the write connection");
-            sqlx::raw_sql("BEGIN IMMEDIATE")
-                .execute(&mut w.conn)
+            .expect("open");
+            let slot = store.writer.as_ref().expect("a read-write handle");
+            {
+                let mut held = slot.lock().await;
+                let w = held.as_mut().expect("the write connection");
+                sqlx::raw_sql("BEGIN IMMEDIATE")
+                    .execute(&mut w.conn)
+                    .await
+                    .expect("a transaction left open");
+                w.open_tx = true;
+            }
+            let rec = store
+                .record(message("after".to_owned()), T)
                 .await
-                .expect("a transaction left open");
-            w.open_tx = true;
+                .expect("records over the transaction left open");
+            assert_eq!(rec.event.sequence.get(), 1, "group commit {group_commit}");
+            store.close().await;
         }
-        let rec = store
-            .record(message("after".to_owned()), T)
-            .await
-            .expect("records over the transaction left open");
-        assert_eq!(rec.event.sequence.get(), 1);
-        store.close().await;
     }
 
     /// A background checkpoint starts every 256 write transactions ([`CHECKPOINT_EVERY`]), the

@@ -1294,4 +1294,33 @@ mod tests {
             "cursors in watcher order"
         );
     }
+
+    /// A named watcher new to the session (no cursor on it yet) gets its notice after the
+    /// watchers already on it, here also watcher order: `alpha` (watching) before `zed` (named).
+    /// (What the mutation did: the new named watchers taken before the cursors read, the
+    /// recording listed `zed`'s notice and cursor first, an order `record --json` shows and the
+    /// gateway delivers in; review of stop 68, CP50.)
+    #[test]
+    fn a_named_watcher_new_to_the_session_comes_after_those_already_watching() {
+        let listed = [Cursor::at(
+            w("agent:main:alpha"),
+            r("agent:main:subagent:c1"),
+            Sequence(1),
+            Timestamp(0),
+        )];
+        let e = ev(EventKind::GoalChanged, 7, None);
+        let effects = on_event(&e, &[w("agent:main:zed")], &listed, Timestamp(9));
+        let order: Vec<&str> = effects.notices.iter().map(|n| n.watcher.as_str()).collect();
+        assert_eq!(
+            order,
+            ["agent:main:alpha", "agent:main:zed"],
+            "the watching one's notice first"
+        );
+        let written: Vec<&str> = effects.upserts.iter().map(|c| c.watcher.as_str()).collect();
+        assert_eq!(
+            written,
+            ["agent:main:alpha", "agent:main:zed"],
+            "the watching one's cursor first"
+        );
+    }
 }

@@ -191,6 +191,36 @@ mod tests {
             "a version already below N stays"
         );
     }
+    /// A truncated page beside a version read before it: the answer keeps the version (10), above
+    /// the page's last event (3), so the caller knows the session is past the page. (What the
+    /// mutation did: the version set to the page's last event instead of raised to it, a
+    /// truncated page's answer claimed version 3 for a session at 10; review of stop 68, CP05.)
+    #[test]
+    fn a_truncated_page_keeps_the_version_read_before_it() {
+        use crate::model::{ActorType, EventKind, NewEvent};
+        let session = SessionRef::parse("s", "main").unwrap();
+        let fetched: Vec<Arc<Event>> = (1..=4)
+            .map(|seq| {
+                Arc::new(
+                    NewEvent::new(
+                        session.clone(),
+                        EventKind::HumanDirectMessage,
+                        ActorType::Human,
+                        "x",
+                    )
+                    .into_event(Sequence(seq), Timestamp(5)),
+                )
+            })
+            .collect();
+        let page = build_page(Sequence(0), Some(&head(10, 0)), None, fetched, 3);
+        assert!(page.truncated);
+        let s = status(Sequence(10), Some((Sequence(0), page)));
+        assert_eq!(
+            s.state_version,
+            Sequence(10),
+            "the version read, not the page's last event"
+        );
+    }
 
     #[test]
     fn earliest_rules() {

@@ -566,6 +566,29 @@ mod tests {
             "a head's clock never goes back"
         );
     }
+    /// A failed pass names the store's error as its source, so an error chain says why pruning
+    /// stopped, not only how far it got. (What the mutation did: `source` answered `None`, the
+    /// chain printed "pruning stopped after 2 chunk(s) ..." without the store's error; review of
+    /// stop 68, CP08.)
+    #[test]
+    fn a_failed_pass_shows_its_cause_in_the_error_chain() {
+        let failed = PruneFailed {
+            done: PruneReport {
+                chunks: 2,
+                ..PruneReport::default()
+            },
+            error: crate::StoreError::corrupt("the events table is unreadable"),
+        };
+        let chain = crate::error::ErrorChain(&failed).to_string();
+        assert!(
+            chain.starts_with("pruning stopped after 2 chunk(s)"),
+            "{chain}"
+        );
+        assert!(
+            chain.contains("the events table is unreadable"),
+            "the cause: {chain}"
+        );
+    }
 
     /// A stamp that raises no watermark leaves the head as it is, `updated_at` included (it
     /// "moves up to now when the watermark rises"): two pruners stamping the same sequence

@@ -1318,6 +1318,20 @@ mod tests {
         assert_eq!(resumed.fingerprint(), fingerprint("abc def"));
         assert_eq!(resumed.prefix(), "abc def");
     }
+    /// A text keeps no prefix at a prefix cap of 0, and is still not empty once a character
+    /// was pushed: emptiness is the count of characters, not the kept prefix. (What the
+    /// mutation did: `is_empty` read the prefix, a text under a cap of 0 was always empty;
+    /// review of stop 68, CP39.)
+    #[test]
+    fn a_text_with_no_kept_prefix_is_empty_only_without_characters() {
+        let mut n = NormalizedText::new(0);
+        assert!(n.is_empty());
+        n.push_str("  \n");
+        assert!(n.is_empty(), "whitespace alone is no character");
+        n.push_str("hi");
+        assert_eq!(n.prefix(), "");
+        assert!(!n.is_empty(), "two characters pushed, none kept");
+    }
 
     /// A stored text no feeding makes (a count past any text, something hashed with no
     /// character) is not sound; one fed anyway neither panics on its count nor wraps it to

@@ -406,3 +406,78 @@ fn main() {
     drop(store);
     drop(backend);
 }
+
+#[cfg(test)]
+// The buckets' middles are exact binary fractions: compared exactly.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::{Histogram, status_kib};
+    use std::time::Duration;
+
+    /// A latency lands in the bucket of its power of two and of its sixteenth of it, and the
+    /// bucket reports its middle: the p50 and p99 the scale run prints are those middles.
+    /// (What the mutation did: the sixteenths began at 2^5 ns instead of 2^4, or a bucket
+    /// reported its lower edge instead of its middle; review of stop 68, BS01, BS02.)
+    #[test]
+    fn a_latency_is_reported_as_the_middle_of_its_bucket() {
+        assert_eq!(Histogram::index(16), 64);
+        assert_eq!(
+            Histogram::index(24),
+            72,
+            "16..32 ns has sixteen buckets of 1 ns"
+        );
+        assert_eq!(Histogram::index(31), 79);
+        assert_eq!(Histogram::value(72), 24.5);
+        // 1,000 ns: 2^9 = 512 and the sixteenth of (1000 >> 5) & 15 = 15, so 512 * (1 + 15.5 / 16).
+        assert_eq!(Histogram::value(Histogram::index(1_000)), 1_008.0);
+        // From 16 ns up (below it, one bucket per power of two).
+        for ns in [16u64, 17, 100, 999, 1_000, 123_456, 10_000_000] {
+            let v = Histogram::value(Histogram::index(ns));
+            assert!(
+                (v - ns as f64).abs() <= ns as f64 / 16.0,
+                "{ns} ns reported as {v} ns"
+            );
+        }
+    }
+
+    /// A quantile is the nearest rank's bucket: the `ceil(q n)`-th smallest latency, counting
+    /// the latencies in the buckets below it; an empty histogram has none.
+    /// (What the mutation did: the rank rounded down, or the bucket that reaches the rank was
+    /// passed over for the next one; review of stop 68, BS03, BS04.)
+    #[test]
+    fn a_quantile_is_the_nearest_rank() {
+        let us = Histogram::value(Histogram::index(1_000));
+        let ms = Histogram::value(Histogram::index(1_000_000));
+        let h = Histogram::new();
+        assert!(h.quantile(0.5).is_nan(), "no latency, no quantile");
+        // 99 fast recordings and one slow: the 99th of 100 is fast, the 100th slow.
+        for _ in 0..99 {
+            h.record(Duration::from_micros(1));
+        }
+        h.record(Duration::from_millis(1));
+        assert_eq!(h.quantile(0.99), us, "p99 of 99 fast and one slow");
+        assert_eq!(h.quantile(0.999), ms);
+        assert_eq!(h.quantile(0.5), us);
+        // Three recordings, one fast: the p50 is the 2nd (ceil(1.5)), a slow one.
+        let h = Histogram::new();
+        h.record(Duration::from_micros(1));
+        h.record(Duration::from_millis(1));
+        h.record(Duration::from_millis(1));
+        assert_eq!(h.quantile(0.5), ms, "p50 of one fast and two slow");
+        assert_eq!(h.quantile(0.01), us);
+    }
+
+    /// The memory figures read `/proc/self/status` in KiB (its values end in "kB"); a field
+    /// it lacks reads as 0. (What the mutation did: the "kB" was kept, so every figure read
+    /// as 0; review of stop 68, BS05.)
+    #[test]
+    fn status_fields_are_read_in_kib() {
+        if !std::path::Path::new("/proc/self/status").exists() {
+            return;
+        }
+        let (rss, hwm) = (status_kib("VmRSS"), status_kib("VmHWM"));
+        assert!(rss > 0, "VmRSS read as 0");
+        assert!(hwm >= rss, "VmHWM {hwm} below VmRSS {rss}");
+        assert_eq!(status_kib("VmNoSuchField"), 0);
+    }
+}

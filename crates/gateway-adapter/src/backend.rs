@@ -963,4 +963,78 @@ mod tests {
             .close()
             .await;
     }
+
+    /// A repair refuses an empty file as not a store, on both file stores, and leaves it empty:
+    /// the file is there, and no store is missing. (What the mutation did: the empty file refused
+    /// as missing, `not found`, a name a user then looks for in vain; review of stop 68, GD07.)
+    #[cfg(all(feature = "sqlite", feature = "redb"))]
+    #[tokio::test]
+    async fn repairing_an_empty_file_refuses_it_as_not_a_store() {
+        let dir = tempfile::tempdir().unwrap();
+        for scheme in ["sqlite", "redb"] {
+            let (path, url) = file_url(&dir, scheme, &format!("empty.{scheme}"));
+            std::fs::write(&path, b"").unwrap();
+            match repair_store(&url).await {
+                Err(OpenError::Store(e)) => assert_eq!(
+                    e.open_failure(),
+                    Some(OpenFailure::NotAStore),
+                    "{url}: an empty file is not a store: {e}"
+                ),
+                other => panic!("{url}: {other:?}"),
+            }
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                0,
+                "{url}: left empty"
+            );
+        }
+    }
+
+    /// A repair that was not needed counts the events the store holds, as one that reopened the
+    /// file does. (What the mutation did: a clean store's repair answered 0 events whatever it
+    /// held; review of stop 68, GD29.)
+    #[cfg(all(feature = "sqlite", feature = "redb"))]
+    #[tokio::test]
+    async fn a_repair_that_was_not_needed_counts_the_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let session = awareness_core::SessionRef::parse("agent:main:main", "main").unwrap();
+        for scheme in ["sqlite", "redb"] {
+            let (_, url) = file_url(&dir, scheme, &format!("held.{scheme}"));
+            let store = open_store(&url).await.unwrap();
+            for _ in 0..2 {
+                store
+                    .record(
+                        awareness_core::testkit::checks::human(&session),
+                        awareness_core::Timestamp::now(),
+                    )
+                    .await
+                    .unwrap();
+            }
+            store.close().await;
+            assert_eq!(
+                repair_store(&url).await.unwrap(),
+                Repair::NotNeeded { events: 2 },
+                "{url}: the events the store holds"
+            );
+        }
+    }
+
+    /// A `%` too near the end of a file URL's path to start an escape of two hex digits is
+    /// refused, as a broken escape inside the path is. (What the mutation did: a `%` with fewer
+    /// than two characters after it was kept as it is, so `sqlite:///tmp/x%` opened a file named
+    /// `x%`, where `x%25` is the way to write one; review of stop 68, GD31.)
+    #[test]
+    fn a_percent_at_the_end_of_a_path_is_refused() {
+        for bad in [
+            "sqlite:///tmp/x%",
+            "sqlite:///tmp/x%2",
+            "redb:///tmp/s.redb%",
+        ] {
+            assert!(
+                matches!(StoreUrl::parse(bad), Err(OpenError::BadUrl(_))),
+                "{bad}: {:?}",
+                StoreUrl::parse(bad)
+            );
+        }
+    }
 }

@@ -285,4 +285,28 @@ mod tests {
             assert!(!policy.can_see(descendant, &ops_global), "{descendant:?}");
         }
     }
+
+    /// A directory of a gateway that hosts some agents answers `exists_as` by the agent the
+    /// session's ref names, also where its key names another: another agent's session of a key
+    /// naming a hosted agent is not the gateway's, and a hosted agent's session of a key naming
+    /// another agent is. (What the mutation did: the agent read from the key, a gateway took
+    /// another gateway's session for its own and left one of its own unchecked; review of stop
+    /// 68, GD16.)
+    #[test]
+    fn a_hosting_directory_answers_by_the_refs_agent() {
+        let k = |s: &str| SessionKey::new(s).unwrap();
+        let dir = InMemoryDirectory::hosting([AgentId::new("main").unwrap()]);
+        dir.upsert(k("agent:main:subagent:c"), SessionEntry::default());
+        dir.upsert(k("agent:ops:subagent:d"), SessionEntry::default());
+        let r = |s: &str, a: &str| SessionRef::parse(s, a).unwrap();
+        assert!(dir.exists_as(&r("agent:main:subagent:c", "main")));
+        assert!(
+            !dir.exists_as(&r("agent:main:subagent:c", "ops")),
+            "ops's session is not this gateway's"
+        );
+        assert!(
+            dir.exists_as(&r("agent:ops:subagent:d", "main")),
+            "main's session is this gateway's"
+        );
+    }
 }

@@ -188,4 +188,20 @@ mod tests {
             capture.lines()
         );
     }
+
+    /// An empty id that is dropped is warned of, with its field, as every change this module
+    /// makes is. (What the mutation did: the empty id dropped without a word, the operator could
+    /// not tell why an event came without its run id; review of stop 68, GD28.)
+    #[test]
+    fn a_dropped_empty_id_is_warned_of() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _logs = capture.install();
+        assert_eq!(fit().id("run id", Some(String::new())), None);
+        assert_eq!(
+            capture.said(&["the run id is empty", "level=WARN"]),
+            1,
+            "the dropped id is warned of: {:#?}",
+            capture.lines()
+        );
+    }
 }

@@ -214,4 +214,15 @@ mod tests {
         let left: Vec<String> = q.peek(&key()).into_iter().map(|e| e.text).collect();
         assert_eq!(left, vec!["c2", "c3"], "the oldest keyed line went");
     }
+
+    /// A queue of capacity 1 keeps one plain line per session, the newest. (What the mutation
+    /// did: capacities under 2 raised to 2, a gateway that asked for one line per session got two,
+    /// the stale one read with the new; review of stop 68, GD35.)
+    #[test]
+    fn a_queue_of_capacity_one_keeps_the_newest_line() {
+        let q = InMemoryQueue::with_capacity(1);
+        assert!(q.enqueue(&key(), plain("p1")));
+        assert!(q.enqueue(&key(), plain("p2")));
+        assert_eq!(q.peek(&key()), vec![plain("p2")], "only the newest line");
+    }
 }

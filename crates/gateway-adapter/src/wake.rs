@@ -590,4 +590,70 @@ mod tests {
             "the wake owed again carries the newer wake's reason"
         );
     }
+
+    /// A recorder gives every wake in the order they came. (What the mutation did: `all` gave
+    /// them newest first, a dry run showed the sessions woken in the wrong order; review of
+    /// stop 68, GD13.)
+    #[test]
+    fn a_recorder_gives_the_wakes_in_order() {
+        let rec = RecordingWake::new();
+        let (main, ops) = (
+            SessionKey::new("agent:main:main").unwrap(),
+            SessionKey::new("agent:ops:main").unwrap(),
+        );
+        rec.wake(&main, "first");
+        rec.wake(&ops, "second");
+        assert_eq!(rec.all(), [main, ops], "oldest first");
+    }
+
+    /// A waker with a window longer than the default holds a wake to that window's end, not to
+    /// the default's. (What the mutation did: windows capped at the default 20 s, a gateway that
+    /// chose a 60 s window to spare its heartbeat runner was woken three times as often; review
+    /// of stop 68, GD14.)
+    #[tokio::test(start_paused = true)]
+    async fn a_window_longer_than_the_default_holds_wakes_to_its_end() {
+        let (reasons, sink) = reasons_sink();
+        let waker = CoalescingWake::with_window(Duration::from_secs(60), sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let start = tokio::time::Instant::now();
+        waker.wake(&main, "first");
+        waker.wake(&main, "owed");
+        tokio::time::sleep_until(start + Duration::from_secs(59)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first"],
+            "held until the 60 s window ends"
+        );
+        tokio::time::sleep_until(start + Duration::from_secs(61)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first", "owed"]);
+    }
+
+    /// A sink that panics on a session's first wake leaves that wake's window open: a wake
+    /// inside it is held to its end, as after a first wake the sink took. (What the mutation
+    /// did: the sink ran before the window's task was spawned, the panic closed the window, and
+    /// every wake of a failing heartbeat runner went out at once, none coalesced; review of
+    /// stop 68, GD32.)
+    #[tokio::test(start_paused = true)]
+    async fn a_first_wake_the_sink_panics_on_keeps_its_window() {
+        let reasons = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&reasons);
+        let sink: WakeSink = Arc::new(move |_, r: &str| {
+            kept.lock().unwrap().push(r.to_owned());
+            assert_ne!(r, "first", "the heartbeat runner failed");
+        });
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            waker.wake(&main, "first");
+        }));
+        assert!(first.is_err(), "the sink panicked");
+        waker.wake(&main, "inside");
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first"],
+            "a wake inside the window is held"
+        );
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        assert_eq!(*reasons.lock().unwrap(), ["first", "inside"]);
+    }
 }

@@ -724,6 +724,47 @@ async fn a_database_with_another_name_is_refused_under_each() {
     store.close().await;
 }
 
+/// The refusal of a file with other names names those beside it in order, and counts those
+/// elsewhere as they are: none when all are beside it, one when one other is in another
+/// directory. (What the mutations did: every other name was also counted as elsewhere, "and 5
+/// elsewhere" with none there, review of stop 68, S835; the names were given in the
+/// directory's order, not sorted, S840.)
+#[cfg(unix)]
+#[tokio::test]
+async fn a_refusal_for_other_names_names_those_beside_in_order_and_counts_those_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    store_with_one_event(&path).await.close().await;
+    let names = ["a-link", "b-link", "c-link", "d-link", "e-link"];
+    for name in names {
+        std::fs::hard_link(&path, dir.path().join(name)).unwrap();
+    }
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        &format!(
+            "5 other names (hard links) ({} in {}):",
+            names.join(", "),
+            dir.path().display()
+        ),
+        OpenFailure::Other,
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::hard_link(&path, elsewhere.path().join("backup.sqlite")).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        &format!(
+            "6 other names (hard links) ({} in {}, and 1 elsewhere):",
+            names.join(", "),
+            dir.path().display()
+        ),
+        OpenFailure::Other,
+    );
+}
+
 /// The name a new store is prepared under is linked at the store's path for a moment before
 /// it is removed, and a process killed in that moment leaves it for good: that name is not
 /// taken for another (no store is opened under it), and it is left alone; also when the store
@@ -776,6 +817,27 @@ async fn a_name_like_a_prepared_one_with_no_number_after_the_pid_is_another_name
         .expect_err("a link named by hand is another name");
     assert_open_error(&err, &path, "1 other name (hard links)", OpenFailure::Other);
     assert!(err.to_string().contains(".awareness-new-12-copy"), "{err}");
+}
+
+/// A name that starts like a prepared one with a part left empty (`.awareness-new-12-`,
+/// `.awareness-new--7`: no process id or no number) is another name of the file: the store is
+/// refused, naming it. (What the mutation did: an empty part counted as a number, and such a
+/// link was taken for a prepared name left by a killed creator, the store opened under two
+/// names; review of stop 68, S833.)
+#[cfg(unix)]
+#[tokio::test]
+async fn a_name_like_a_prepared_one_with_an_empty_part_is_another_name() {
+    for name in [".awareness-new-12-", ".awareness-new--7"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.sqlite");
+        store_with_one_event(&path).await.close().await;
+        std::fs::hard_link(&path, dir.path().join(name)).unwrap();
+        let err = SqliteStore::open(&path)
+            .await
+            .expect_err("a link named by hand is another name");
+        assert_open_error(&err, &path, "1 other name (hard links)", OpenFailure::Other);
+        assert!(err.to_string().contains(name), "{err}");
+    }
 }
 
 /// Names a new store is prepared under, left by an earlier process that had this process's id
@@ -1109,6 +1171,35 @@ async fn new_files_are_private() {
     store.close().await;
 }
 
+/// A named pipe at the store's path is refused as not a regular file (`NotAStore`, saying so),
+/// read-write and read-only, before SQLite is given it. (What the mutation did: only a
+/// directory was refused, and SQLite, given the pipe, failed with "an I/O error occurred";
+/// review of stop 68, S845.)
+#[cfg(unix)]
+#[tokio::test]
+async fn a_named_pipe_at_the_path_is_refused_as_no_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    for options in [
+        SqliteOptions::default(),
+        SqliteOptions::default().read_only(true),
+    ] {
+        let opened = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            SqliteStore::open_with(&path, options),
+        )
+        .await
+        .expect("the open of a pipe answers");
+        let err = opened.unwrap_err();
+        assert_open_error(&err, &path, "not a regular file", OpenFailure::NotAStore);
+    }
+}
+
 /// A file that is not SQLite, with the empty `-wal` and the `-shm` a read-only handle that closed
 /// last leaves beside a store (it may not remove them): the refused open removes only the
 /// companions it created itself, and leaves these two, which were there before it, as they were.
@@ -1134,6 +1225,30 @@ async fn a_refused_open_leaves_the_companions_that_were_there_before_it() {
             "the {suffix} that was there before the open is still there"
         );
     }
+}
+
+/// A file that is not SQLite with only a `-shm` beside it (no `-wal`): the refused open leaves
+/// that `-shm`, which was there before it, whether or not a `-wal` was. (What the mutation did:
+/// whether the `-shm` was there before was taken from the `-wal`, and the refused open removed
+/// a `-shm` it had not created; review of stop 68, S844.)
+#[tokio::test]
+async fn a_refused_open_leaves_a_shm_that_was_there_before_it_without_a_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
+    let shm = dir.path().join("state.sqlite-shm");
+    std::fs::write(&shm, vec![0u8; 32 * 1024]).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert_open_error(
+        &err,
+        &path,
+        "not an SQLite database",
+        OpenFailure::NotAStore,
+    );
+    assert!(
+        shm.exists(),
+        "the -shm that was there before the open is still there"
+    );
 }
 
 /// A database whose one table is our migrations record, with nothing recorded yet (its other tables

@@ -94,6 +94,42 @@ async fn a_read_write_open_migrates_a_file_with_some_of_openclaws_tables() {
     store.close().await;
 }
 
+/// A read-write open of a database holding any one of OpenClaw's four tables alone (and not
+/// our record of migrations) takes it for OpenClaw's and migrates it: each of the four counts
+/// as OpenClaw's, none is refused as another application's database. (What the mutation did:
+/// `session_state_heads` was not counted among OpenClaw's tables, so a file holding only it
+/// was refused as another application's; review of stop 68, S822.)
+#[tokio::test]
+async fn a_read_write_open_migrates_a_file_with_any_one_of_openclaws_tables() {
+    const TABLES: [&str; 4] = [
+        "session_state_events",
+        "session_state_heads",
+        "session_watch_cursors",
+        "session_upstream_links",
+    ];
+    for kept in TABLES {
+        let dir = tempfile::tempdir().unwrap();
+        let path = new_store(dir.path()).await;
+        let mut c = raw(&path).await;
+        for table in TABLES.iter().filter(|t| **t != kept) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+                .execute(&mut c)
+                .await
+                .unwrap();
+        }
+        sqlx::raw_sql("DROP TABLE awareness_schema_migrations")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+        let store = SqliteStore::open(&path)
+            .await
+            .unwrap_or_else(|e| panic!("a database holding only {kept}, migrated: {e}"));
+        assert_eq!(store.links().await.expect("links").len(), 0, "{kept}");
+        store.close().await;
+    }
+}
+
 /// An open whose migrations fail midway (the second applies, the third cannot) leaves the
 /// file's schema and its record of migrations as they were: they run in one transaction,
 /// rolled back. Committing it all the same passed every test.

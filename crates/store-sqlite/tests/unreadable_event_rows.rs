@@ -205,6 +205,29 @@ async fn an_event_whose_session_key_is_not_utf8_fails_the_log_naming_it() {
     store.close().await;
 }
 
+/// The log's error over an event row whose session key is not UTF-8 gives the row's key as
+/// its session and its agent as its agent, not the other way round. (What the mutation did:
+/// the row read again on its own was named `of session "main" (agent "agent:main:...")`;
+/// review of stop 68, S820.)
+#[tokio::test]
+async fn the_logs_error_over_a_key_that_is_not_utf8_names_its_session_and_agent_in_place() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    assert!(store.spoil_event_text(Sequence(3)).await.expect("spoil"));
+    let err = store
+        .events_after(Sequence(1), 10)
+        .await
+        .expect_err("the log over the row");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("event 3 of session \"{}", a.session_key.as_str())),
+        "{text}"
+    );
+    assert!(text.contains("(agent \"main\")"), "{text}");
+    store.close().await;
+}
+
 /// An event row whose stored fields (`fields_json`, this store's copy) are not JSON fails its
 /// session's page naming `event 3`, its session and the file (the page's error named no row:
 /// "events: unreadable row set"); the log, read from the columns, answers. Fields one
@@ -247,6 +270,37 @@ async fn an_event_whose_stored_fields_are_not_json_fails_its_page_naming_it() {
         .await
         .expect("the log");
     assert_eq!(seqs(&log), [1, 2, 3, 4, 5]);
+    store.close().await;
+}
+
+/// An event row whose stored fields (`fields_json`) hold two rows of fields, which the page's
+/// one joined text then reads as one event more than it has sequences, fails its session's
+/// page naming `event 3`, its session and the file; no page is answered with the later events
+/// each given the fields before theirs. (What the mutation did: the page's sequences and
+/// fields compared with `>` instead of `!=`, so a page with more fields than sequences was
+/// paired up and answered with event 5 holding event 3's second row; review of stop 68, S801.)
+#[tokio::test]
+async fn an_event_whose_stored_fields_hold_two_rows_fails_its_page_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    let two = r#"[null,"message","human",null,null,0,"first",null,null],[null,"message","human",null,null,0,"second",null,null]"#;
+    behind_the_back(
+        &path,
+        &format!("UPDATE session_state_events SET fields_json = '{two}' WHERE sequence = $1"),
+        &[3],
+    )
+    .await;
+    match store.changes_since(&a, Sequence::ZERO, 10).await {
+        Err(err) => names_the_row(&err, &path, 3, a.session_key.as_str()),
+        Ok(page) => panic!(
+            "a page was answered over a row of two rows of fields: {:?}",
+            page.events
+                .iter()
+                .map(|e| (e.sequence.get(), e.summary.clone()))
+                .collect::<Vec<_>>()
+        ),
+    }
     store.close().await;
 }
 
@@ -437,5 +491,190 @@ async fn one_agents_heads_listed_past_a_key_that_is_not_utf8_are_that_agents() {
     let heads = store.list_heads(Some(&main)).await.expect("heads");
     let listed: Vec<SessionRef> = heads.into_iter().map(|h| h.session).collect();
     assert_eq!(listed, [a], "agent main's readable heads only");
+    store.close().await;
+}
+
+/// A listing of heads past a head row whose key is not UTF-8 (so that the rows are read again
+/// one at a time) gives each readable head as stored, its pruned watermark included, so that
+/// a caller still learns its history has a gap. (What the mutation did: the heads read one at
+/// a time were given a watermark of 0; review of stop 68, S809.)
+#[tokio::test]
+async fn heads_listed_past_a_key_that_is_not_utf8_keep_their_watermarks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_heads SET pruned_max_sequence = $1
+           WHERE session_key = 'agent:main:subagent:a'",
+        &[3],
+    )
+    .await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_heads SET session_key = session_key || CAST(X'FF' AS TEXT)
+           WHERE session_key = 'agent:main:subagent:b'",
+        &[],
+    )
+    .await;
+    let heads = store.list_heads(None).await.expect("heads");
+    let read: Vec<(SessionRef, u64, u64)> = heads
+        .into_iter()
+        .map(|h| {
+            (
+                h.session,
+                h.last_sequence.get(),
+                h.pruned_max_sequence.get(),
+            )
+        })
+        .collect();
+    assert_eq!(read, [(a, 5, 3)], "the readable head, as stored");
+    store.close().await;
+}
+
+/// A session's page over a head row whose last sequence is negative (no writer stores one)
+/// fails as corrupt naming the head, as reading that head by its ref does (decision 0020),
+/// instead of answering with a state version of 0 under events numbered up to 5. (What the
+/// mutation did: the page's head read a negative last sequence as 0; review of stop 68, S811.)
+#[tokio::test]
+async fn a_page_over_a_head_whose_last_sequence_is_negative_fails_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, b) = five_events(&path).await;
+    behind_the_back(
+        &path,
+        "UPDATE session_state_heads SET last_sequence = $1
+           WHERE session_key = 'agent:main:subagent:a'",
+        &[-5],
+    )
+    .await;
+    match store.changes_since(&a, Sequence::ZERO, 10).await {
+        Err(err) => {
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+            assert!(err.to_string().contains("negative sequence -5"), "{err}");
+        }
+        Ok(page) => panic!("a page was answered over the head: {page:?}"),
+    }
+    let other = store
+        .changes_since(&b, Sequence::ZERO, 10)
+        .await
+        .expect("b's page");
+    assert_eq!(seqs(&other.events), [2, 4]);
+    store.close().await;
+}
+
+/// A cursor row whose target key holds a byte that is not UTF-8 (another writer's row) is
+/// left out of every listing and reported unreadable as "text that is not UTF-8", not listed
+/// as a cursor on a target whose key holds U+FFFD (a session nobody records to). (What the
+/// mutation did: the target key was not among the texts looked at for U+FFFD, and the
+/// listing held the cursor on `agent:main:subagent:a\u{FFFD}`; review of stop 68, S807.)
+#[tokio::test]
+async fn a_cursor_whose_target_key_is_not_utf8_is_left_out_of_listings() {
+    use awareness_core::CursorFilter;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, b) = five_events(&path).await;
+    let manager = WatcherKey::parse("agent:main:main").expect("watcher");
+    for target in [&a, &b] {
+        store.watch(&manager, target, T0).await.expect("watch");
+    }
+    behind_the_back(
+        &path,
+        "UPDATE session_watch_cursors SET target_session_key = target_session_key || CAST(X'FF' AS TEXT)
+           WHERE target_session_key = 'agent:main:subagent:a'",
+        &[],
+    )
+    .await;
+    let listed: Vec<String> = store
+        .cursors(&CursorFilter::default())
+        .await
+        .expect("cursors")
+        .into_iter()
+        .map(|c| c.target.to_string())
+        .collect();
+    assert_eq!(
+        listed,
+        [b.session_key.to_string()],
+        "the readable cursor only"
+    );
+    let unreadable = store
+        .unreadable_cursors()
+        .await
+        .expect("unreadable cursors");
+    assert_eq!(unreadable.len(), 1, "{unreadable:?}");
+    assert!(unreadable[0].reason.contains("not UTF-8"), "{unreadable:?}");
+    store.close().await;
+}
+
+/// A link row whose `upstream_ref_json` another writer left not JSON is unreadable as a whole,
+/// as one whose marker is not JSON: reading it fails as corrupt, and the listing leaves it out,
+/// instead of giving it as a link with no upstream reference (a transcript no adapter can find
+/// again). (What the mutation did: a reference that was not JSON was read as none; review of
+/// stop 68, S813.)
+#[tokio::test]
+async fn a_link_whose_upstream_ref_is_not_json_is_unreadable() {
+    use awareness_core::{LinkSpec, UpstreamStore as _};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, b) = five_events(&path).await;
+    for (session, thread) in [(&a, "ta"), (&b, "tb")] {
+        let spec = LinkSpec::new(
+            session.clone(),
+            "claude-code",
+            "local",
+            thread,
+            "local-jsonl",
+        )
+        .with_ref(serde_json::json!({"path": format!("/p/{thread}.jsonl")}));
+        store.upsert_link(spec, T0).await.expect("adopt");
+    }
+    behind_the_back(
+        &path,
+        "UPDATE session_upstream_links SET upstream_ref_json = '{torn'
+           WHERE session_key = 'agent:main:subagent:a'",
+        &[],
+    )
+    .await;
+    let read = store.link(&a).await;
+    assert!(matches!(read, Err(StoreError::Corrupt { .. })), "{read:?}");
+    let listed: Vec<SessionRef> = store
+        .links()
+        .await
+        .expect("links")
+        .into_iter()
+        .map(|l| l.session)
+        .collect();
+    assert_eq!(listed, [b], "the readable link only");
+    store.close().await;
+}
+
+/// The listing that leaves out a link row it cannot read says so, naming the store's file and
+/// why, so that an operator learns of the row. (What the mutation did: such a row was dropped
+/// from the rows read before the listing could log it, and the listing left it out without a
+/// word; review of stop 68, S846.)
+#[tokio::test]
+async fn a_link_row_left_out_of_the_listing_is_logged() {
+    use awareness_core::{LinkSpec, UpstreamStore as _};
+    let capture = awareness_core::testkit::logs::Capture::default();
+    let _guard = capture.install();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    let spec = LinkSpec::new(a.clone(), "claude-code", "local", "ta", "local-jsonl");
+    store.upsert_link(spec, T0).await.expect("adopt");
+    behind_the_back(
+        &path,
+        "UPDATE session_upstream_links SET last_marker_json = '{torn'",
+        &[],
+    )
+    .await;
+    assert!(store.links().await.expect("links").is_empty());
+    let lines: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("ignoring an upstream link that cannot be read"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{:?}", capture.lines());
+    assert!(lines[0].contains(&path.display().to_string()), "{lines:?}");
     store.close().await;
 }

@@ -613,7 +613,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_window_longer_than_the_default_holds_wakes_to_its_end() {
         let (reasons, sink) = reasons_sink();
-        let waker = CoalescingWake::with_window(Duration::from_secs(60), sink);
+        let waker = CoalescingWake::with_window(Duration::from_mins(1), sink);
         let main = SessionKey::new("agent:main:main").unwrap();
         let start = tokio::time::Instant::now();
         waker.wake(&main, "first");

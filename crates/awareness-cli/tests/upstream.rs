@@ -299,17 +299,7 @@ fn a_check_that_fails_in_the_monitor_task_warns_on_stderr() {
     let store = format!("sqlite://{}", dir.path().join("state.db").display());
     let transcript = dir.path().join("t.jsonl");
     std::fs::File::create(&transcript).unwrap();
-    let o = run(&[
-        "--store",
-        &store,
-        "adopt",
-        "agent:main:worker",
-        "--file",
-        transcript.to_str().unwrap(),
-        "--watcher",
-        "agent:main:main",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    adopt_watched(&store, transcript.to_str().unwrap());
     std::fs::remove_file(&transcript).unwrap();
     std::fs::create_dir(&transcript).unwrap();
 
@@ -407,17 +397,7 @@ fn a_monitor_whose_output_fails_says_what_it_recorded() {
         let store = format!("sqlite://{}", dir.path().join("state.db").display());
         let transcript = dir.path().join("5f1c2e3a.jsonl");
         std::fs::File::create(&transcript).unwrap();
-        let o = run(&[
-            "--store",
-            &store,
-            "adopt",
-            "agent:main:worker",
-            "--file",
-            transcript.to_str().unwrap(),
-            "--watcher",
-            "agent:main:main",
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
+        adopt_watched(&store, transcript.to_str().unwrap());
         // Typed after the adoption, before the monitor starts: its first check finds it, and
         // its line (JSON: there is no line before it) is the first write to the output.
         human_line(&transcript, "h1", "typed straight into the thread");
@@ -558,18 +538,23 @@ fn adopt_says_when_another_agents_adopted_event_holds_its_dedupe_key() {
 
 /// `adopt agent:main:worker --file FILE --watcher agent:main:main` on `store`, which succeeds.
 fn adopt_watched(store: &str, file: &str) -> Output {
-    let o = run(&[
+    let o = adopt_worker(store, Path::new(file), &["--watcher", "agent:main:main"]);
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
+/// `awareness --store STORE adopt agent:main:worker --file FILE` and `more` arguments.
+fn adopt_worker(store: &str, file: &Path, more: &[&str]) -> Output {
+    let file = file.to_str().unwrap();
+    let args = [
         "--store",
         store,
         "adopt",
         "agent:main:worker",
         "--file",
         file,
-        "--watcher",
-        "agent:main:main",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    o
+    ];
+    run(&[&args[..], more].concat())
 }
 
 /// In `dir`: a SQLite store's file and URL (not created yet), and an empty transcript.
@@ -747,16 +732,7 @@ fn adopt_names_its_transcript_on_one_line() {
     let store = format!("sqlite://{}", dir.path().join("state.db").display());
     let transcript = dir.path().join("t\nforged: line.jsonl");
     std::fs::File::create(&transcript).unwrap();
-    let o = run(&[
-        "--store",
-        &store,
-        "adopt",
-        "agent:main:worker",
-        "--file",
-        transcript.to_str().unwrap(),
-        "--thread",
-        "t1",
-    ]);
+    let o = adopt_worker(&store, &transcript, &["--thread", "t1"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.lines().all(|l| !l.starts_with("forged: line")), "{out}");
@@ -1241,14 +1217,7 @@ fn adopt_keeps_its_catalog_and_leaves_the_file_whole() {
     // once in three does not hide it.
     for i in 0..8 {
         let db = dir.path().join(format!("state{i}.db"));
-        let o = run(&[
-            "--store",
-            &format!("sqlite://{}", db.display()),
-            "adopt",
-            "agent:main:worker",
-            "--file",
-            transcript.to_str().unwrap(),
-        ]);
+        let o = adopt_worker(&format!("sqlite://{}", db.display()), &transcript, &[]);
         assert!(o.status.success(), "{}", text(&o));
         let copy = dir.path().join(format!("copy{i}.db"));
         std::fs::copy(&db, &copy).unwrap();
@@ -1366,14 +1335,7 @@ fn adopt_refuses_a_thread_from_the_file_name_before_it_opens_the_store() {
     let (db, store, _) = store_and_transcript(dir.path());
     let transcript = dir.path().join("t\nx.jsonl");
     std::fs::File::create(&transcript).unwrap();
-    let o = run(&[
-        "--store",
-        &store,
-        "adopt",
-        "agent:main:worker",
-        "--file",
-        transcript.to_str().unwrap(),
-    ]);
+    let o = adopt_worker(&store, &transcript, &[]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(!db.exists(), "the store was created: {}", text(&o));
 }

@@ -361,24 +361,14 @@ fn unreadable_head(session: &SessionRef, why: &StoreError) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ActorType, EventKind, NewEvent, Timestamp, WatcherKey};
+    use crate::model::{Timestamp, WatcherKey};
     use crate::protocol::head_after;
 
     fn r(key: &str) -> SessionRef {
         SessionRef::parse(key, "main").unwrap()
     }
 
-    fn event(session: &SessionRef, seq: u64) -> Arc<Event> {
-        Arc::new(
-            NewEvent::new(
-                session.clone(),
-                EventKind::HumanDirectMessage,
-                ActorType::Human,
-                "x",
-            )
-            .into_event(Sequence(seq), Timestamp(5)),
-        )
-    }
+    use crate::model::test_message as event;
 
     fn cursor(target: &SessionRef, last_seen: u64, material: u64) -> Cursor {
         let mut c = Cursor::at(

@@ -917,6 +917,20 @@ pub struct LogStats {
     pub max_sequence: Sequence,
 }
 
+/// The unit tests' plain event: a human message on `session`, recorded as `seq`.
+#[cfg(test)]
+pub(crate) fn test_message(session: &SessionRef, seq: u64) -> Arc<Event> {
+    Arc::new(
+        NewEvent::new(
+            session.clone(),
+            EventKind::HumanDirectMessage,
+            ActorType::Human,
+            "x",
+        )
+        .into_event(Sequence(seq), Timestamp(5)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

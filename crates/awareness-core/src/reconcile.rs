@@ -197,20 +197,9 @@ mod tests {
     /// truncated page's answer claimed version 3 for a session at 10; review of stop 68, CP05.)
     #[test]
     fn a_truncated_page_keeps_the_version_read_before_it() {
-        use crate::model::{ActorType, EventKind, NewEvent};
         let session = SessionRef::parse("s", "main").unwrap();
         let fetched: Vec<Arc<Event>> = (1..=4)
-            .map(|seq| {
-                Arc::new(
-                    NewEvent::new(
-                        session.clone(),
-                        EventKind::HumanDirectMessage,
-                        ActorType::Human,
-                        "x",
-                    )
-                    .into_event(Sequence(seq), Timestamp(5)),
-                )
-            })
+            .map(|seq| crate::model::test_message(&session, seq))
             .collect();
         let page = build_page(Sequence(0), Some(&head(10, 0)), None, fetched, 3);
         assert!(page.truncated);

@@ -1668,8 +1668,8 @@ async fn four_sessions_one_with_u_fffd(
 }
 
 /// A head row holding text that is not UTF-8 (a hand edit by a tool that does not check) stops
-/// neither a listing of heads, which lists the others, nor pruning, which stamps the heads of
-/// what it deletes. A store that read many heads as one piece of text failed the listing as a
+/// neither a listing of heads, which lists the others with their pruned watermarks, nor
+/// pruning, which stamps the heads of what it deletes. A store that read many heads as one piece of text failed the listing as a
 /// whole, for good. (Stamped for a store whose head rows can hold such text.)
 pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning(f: impl OpenFile) {
     let dir = Scratch::new("durable");
@@ -1696,6 +1696,19 @@ pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning
         .await
         .expect("its head");
     assert_eq!(head[0].pruned_max_sequence, seqs[1], "{head:?}");
+    // Listed past the head that is not UTF-8, it keeps that watermark too. (What the mutation
+    // did: store-sqlite, reading such a listing again one row at a time, gave each head a
+    // watermark of 0, hiding the history gap; review of stop 68, S809.)
+    let heads = s
+        .list_heads(None)
+        .await
+        .expect("a listing over a head that is not UTF-8");
+    let again = heads.iter().find(|h| h.session == replacement);
+    assert_eq!(
+        again.map(|h| h.pruned_max_sequence),
+        Some(seqs[1]),
+        "{heads:?}"
+    );
 }
 
 /// The links and the heads listed past a row holding text that is not UTF-8 come by key then

@@ -580,6 +580,12 @@ mod tests {
             unsupported("UTF8", 110_022).as_deref(),
             Some("the server is PostgreSQL 11; the store needs 12 or later")
         );
+        // Review of stop 69, P740: a 10.0 server (100000) was named "PostgreSQL 10.0", as if
+        // its number held two parts of the major, as before 10.
+        assert_eq!(
+            unsupported("UTF8", 100_000).as_deref(),
+            Some("the server is PostgreSQL 10; the store needs 12 or later")
+        );
         assert_eq!(
             unsupported("UTF8", 90_624).as_deref(),
             Some("the server is PostgreSQL 9.6; the store needs 12 or later")

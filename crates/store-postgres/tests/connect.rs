@@ -537,7 +537,11 @@ async fn writes_need_no_particular_default_isolation() {
 }
 
 /// A counter row lost (a hand edit) is made again above every event there is, by an open that
-/// may create; an open that may not writes nothing, and its recordings fail saying why.
+/// may create, even with the heads lost too (the events alone still name the numbers handed
+/// out); an open that may not writes nothing, and its recordings fail saying why. (What the
+/// mutation did: left the events out of the numbers the row comes back above, so that with
+/// the heads lost it came back at 0 and the next recording took a number an event holds, and
+/// failed; review of stop 69, P732.)
 #[tokio::test]
 async fn a_lost_counter_row_comes_back_above_every_event() {
     let (store, schema) = server::fresh_store().await;
@@ -548,6 +552,8 @@ async fn a_lost_counter_row_comes_back_above_every_event() {
             .await
             .expect("record");
     }
+    let a = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    assert!(store.delete_head_row(&a).await.expect("lose the head"));
     sqlx::query("DELETE FROM session_state_counter")
         .execute(store.pool())
         .await
@@ -1157,4 +1163,54 @@ async fn an_earlier_store_opened_by_a_row_only_role(
     )
     .await;
     (role, opened)
+}
+
+/// The store's key columns compare byte by byte (`COLLATE "C"`) whatever the database's own
+/// collation, so that its listings come in the order of the other stores on a database made
+/// with a locale's collation too (the test server's is byte-ordered, so the order alone would
+/// not tell). (What the mutation did: made the heads' keys with the database's collation;
+/// review of stop 69, P736.)
+#[tokio::test]
+async fn the_stores_keys_compare_byte_by_byte() {
+    let (_store, schema) = server::fresh_store().await;
+    let mut conn = server::server().connect().await.expect("connect");
+    let byte_ordered: Vec<(String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text FROM information_schema.columns
+         WHERE table_schema = $1 AND table_name LIKE 'session\\_%' AND collation_name = 'C'
+         ORDER BY 1, 2",
+    )
+    .bind(schema.name())
+    .fetch_all(&mut conn)
+    .await
+    .expect("read the columns' collations");
+    let expected: Vec<(String, String)> = [
+        ("session_state_events", "agent_id"),
+        ("session_state_events", "dedupe_key"),
+        ("session_state_events", "session_key"),
+        ("session_state_heads", "agent_id"),
+        ("session_state_heads", "session_key"),
+        ("session_upstream_links", "agent_id"),
+        ("session_upstream_links", "session_key"),
+        ("session_watch_cursors", "target_agent_id"),
+        ("session_watch_cursors", "target_session_key"),
+        ("session_watch_cursors", "watcher_session_key"),
+    ]
+    .into_iter()
+    .map(|(t, c)| (t.to_owned(), c.to_owned()))
+    .collect();
+    assert_eq!(byte_ordered, expected);
+}
+
+/// A store opened with the default options has the server end a transaction of it that sits
+/// idle for a minute (`DEFAULT_IDLE_TRANSACTION_TIMEOUT`, the 60 s the documentation gives).
+/// (What the mutation did: made the default 30 s; the unit test compares the options with the
+/// constant, so it passed; review of stop 69, P706.)
+#[tokio::test]
+async fn a_store_of_the_default_options_ends_transactions_idle_for_a_minute() {
+    let (store, _schema) = server::fresh_store().await;
+    let shown: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(store.pool())
+        .await
+        .expect("the session's setting");
+    assert_eq!(shown, "1min");
 }

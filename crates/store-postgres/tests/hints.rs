@@ -260,6 +260,41 @@ async fn a_listening_connection_that_fails_is_listened_on_again_after_a_wait() {
     );
 }
 
+/// Tries to listen that keep failing come further and further apart (the wait doubles from a
+/// second, up to 30 s): a server away for an hour is not asked a thousand times. (What the
+/// mutation did: the wait stayed at a second, a try a second for the whole outage; review of
+/// stop 69, P716.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tries_to_listen_that_keep_failing_come_further_apart() {
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let ours = proxy.store(&schema).await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+    hinted(&mut hints).await;
+
+    // The listening connection fails at its next proof of life, and every try after it too.
+    let before = proxy.seen.lock().unwrap().listens.len();
+    proxy.cut_listens(true);
+    proxy.garble_listeners(true);
+    until("three tries to listen failed", || {
+        proxy.seen.lock().unwrap().listens.len() >= before + 3
+    })
+    .await;
+    proxy.cut_listens(false);
+    proxy.garble_listeners(false);
+    let seen = std::mem::take(&mut *proxy.seen.lock().unwrap());
+    // Not a measure of speed: the waits are the listener's own (a second after the first
+    // failed try, two after the second), and only code that waits less can come sooner.
+    let tries = &seen.listens[before..];
+    let apart = tries[2].duration_since(tries[1]);
+    assert!(
+        apart >= Duration::from_secs(2),
+        "the third try came {apart:?} after the second: {seen:?}"
+    );
+}
+
 /// A listening connection that answers is kept, however often its life is proven: no new
 /// session, and no hint beyond the start's. Each proof has 200 ms to come back: at 10 ms, a
 /// loaded machine (load average 6, reviewers building) answered one late and the test failed
@@ -565,6 +600,8 @@ struct SilentProxy {
     /// While set, each notification to a connection that listens is replaced by a message of
     /// no type the protocol has.
     garble: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// While set, a connection is closed as it sends a `LISTEN` (which is not sent on).
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// When each `LISTEN` (a try to listen) came, and when each notification was replaced.
     seen: std::sync::Arc<std::sync::Mutex<Seen>>,
 }
@@ -595,6 +632,8 @@ impl SilentProxy {
         let muting = std::sync::Arc::clone(&mute_listen);
         let garble = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let garbling = std::sync::Arc::clone(&garble);
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cutting = std::sync::Arc::clone(&cut);
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
         let seeing = std::sync::Arc::clone(&seen);
         tokio::spawn(async move {
@@ -606,6 +645,7 @@ impl SilentProxy {
                 let born = *silenced.borrow_and_update();
                 let muting = std::sync::Arc::clone(&muting);
                 let garbling = std::sync::Arc::clone(&garbling);
+                let cutting = std::sync::Arc::clone(&cutting);
                 let seeing = std::sync::Arc::clone(&seeing);
                 tokio::spawn(async move {
                     use std::sync::atomic::Ordering::SeqCst;
@@ -625,9 +665,16 @@ impl SilentProxy {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => {
                                     let sent = &up[..n];
-                                    if sent.windows(6).any(|w| w == b"LISTEN") {
+                                    // A try to listen (not the `UNLISTEN *` a dropped
+                                    // listener sends on its connection before giving it back).
+                                    let listen = |w: &[u8]| w.ends_with(b"LISTEN") && !w.starts_with(b"UN");
+                                    if sent.windows(8).any(listen) {
                                         listening = true;
                                         seeing.lock().unwrap().listens.push(std::time::Instant::now());
+                                        if cutting.load(SeqCst) {
+                                            // Both sides closed.
+                                            return;
+                                        }
                                         if muting.swap(false, SeqCst) {
                                             // Swallowed, and silent from now on, as above.
                                             drop(upstream);
@@ -661,6 +708,7 @@ impl SilentProxy {
             silence,
             mute_listen,
             garble,
+            cut,
             seen,
         }
     }
@@ -697,6 +745,12 @@ impl SilentProxy {
     /// replaced by a message its client cannot read: its listener fails with a protocol error.
     fn garble_listeners(&self, on: bool) {
         self.garble.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on (`true`) or no longer, a connection is closed as it sends a `LISTEN`: every
+    /// try to listen fails.
+    fn cut_listens(&self, on: bool) {
+        self.cut.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

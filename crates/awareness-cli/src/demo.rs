@@ -796,6 +796,37 @@ mod tests {
         assert!(missed(&e, 1), "{e}");
     }
 
+    /// Refuses every question whether another process writes to the store, with an error whose
+    /// cause holds a line break (a driver's message over two lines).
+    struct RefusesOverTwoLines;
+
+    #[async_trait]
+    impl Hook for RefusesOverTwoLines {
+        fn refuse(&self, call: Call) -> Option<StoreError> {
+            (call == Call::ForeignCommits)
+                .then(|| Failing::new("refused\nby the test").error("foreign commits"))
+        }
+    }
+
+    /// A store error the narration says is said on one line, its line break escaped: a cause
+    /// over several lines cannot start a line of its own in the timeline. (What the mutation
+    /// did: the error was said as it was, its second line printed flush left in the timeline,
+    /// and every test passed; review of stop 69, CX40.)
+    #[tokio::test]
+    async fn a_store_error_over_two_lines_is_said_on_one() {
+        let (out, e) = demo_failing(RefusesOverTwoLines).await;
+        let said = out
+            .lines()
+            .find(|l| l.contains("cannot ask the store whether other processes write to it"))
+            .unwrap_or_else(|| panic!("the refusal is said: {out}"));
+        assert!(said.contains("refused\\nby the test"), "{out}");
+        assert!(
+            !out.lines().any(|l| l.starts_with("by the test")),
+            "a line of its own: {out}"
+        );
+        assert!(missed(&e, 1), "{e}");
+    }
+
     /// A pick-up that did not look at every pending notice (its read of the cursors failed) is
     /// said so and is a missed step.
     #[tokio::test]
@@ -859,6 +890,39 @@ mod tests {
         let events = status["stateChanges"]["events"].as_array().expect("events");
         assert_eq!(events[0]["kind"], "child_spawned", "{status}");
         assert_eq!(events[0]["sequence"], 1, "{status}");
+    }
+
+    /// The lines a step put in a queue are listed under it: the notice the peer that sent with
+    /// `watch: true` gets of the human turn typed into the writer (under "gets:"), and after the
+    /// restart the line the start-up sweep re-delivered to the manager (under the start-up
+    /// line). (What the mutation did: the writer's own queue, which is empty, was listed under
+    /// "gets:" (CX48), or nothing under "re-delivered 1 notice(s):" (CX29), and every test
+    /// passed; review of stop 69.)
+    #[tokio::test]
+    async fn the_lines_a_step_queued_are_listed_under_it() {
+        let cli = Cli::try_parse_from(["awareness", "--store", "memory:", "demo"]).unwrap();
+        let mut out = Vec::new();
+        let code = run(&cli, &mut out).await.map_err(|e| e.message).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(code, 0, "{out}");
+        let under = |step: &dyn Fn(&str) -> bool| {
+            let mut lines = out.lines().skip_while(|l| !step(l));
+            assert!(lines.next().is_some(), "the step: {out}");
+            lines.next().unwrap_or_default().to_owned()
+        };
+        let listed = under(&|l| l.ends_with(" gets:"));
+        assert!(
+            listed.starts_with("           Session \"")
+                && listed.contains(":subagent:writer\" changed"),
+            "the peer's notice on the writer is listed: {out}"
+        );
+        let listed =
+            under(&|l| l.contains("start-up: ") && l.ends_with("sweep re-delivered 1 notice(s):"));
+        assert!(
+            listed.starts_with("           Session \"")
+                && listed.contains("Reconcile before acting"),
+            "the re-delivered line is listed: {out}"
+        );
     }
 
     /// The start-up pruning pass counts the rows it deleted over the row cap (50,000) as well

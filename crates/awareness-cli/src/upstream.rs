@@ -938,6 +938,32 @@ mod tests {
         assert_eq!(found.map(|e| e.sequence), Some(Sequence(251)));
     }
 
+    /// The `adopted` event is found when it opens a page: after a full first page (200 events)
+    /// it is the 201st, and the next page starts right after the last event read. (What the
+    /// mutation did: the next page started one event further on, and an adoption whose event
+    /// came back late as the first of its page was reported as not recorded; review of stop
+    /// 69, CX19.)
+    #[tokio::test]
+    async fn the_adopted_event_that_opens_the_second_page_is_found() {
+        use awareness_core::{ActorType, NewEvent, Timestamp};
+        let store = gateway_adapter::open_store("memory:").await.unwrap();
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let now = Timestamp::now();
+        for _ in 0..awareness_core::reconcile::MAX_PAGE_LIMIT {
+            let e = NewEvent::new(s.clone(), EventKind::GoalChanged, ActorType::System, "g");
+            store.record(e, now).await.unwrap();
+        }
+        let mut e = NewEvent::new(s.clone(), EventKind::Adopted, ActorType::System, "adopted");
+        e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
+        store.record(e, now).await.unwrap();
+        let found = recorded_adoption(&*store, &s).await.unwrap();
+        assert_eq!(
+            found.map(|e| e.sequence),
+            Some(Sequence(201)),
+            "the `adopted` event first on the second page"
+        );
+    }
+
     /// Bug (review, stop 55): GNU `timeout` signals its child, then the child's whole process
     /// group, so a command got one SIGTERM (or Ctrl-C) twice within microseconds, took the
     /// second for a second request and exited (130) without closing its store; a redb file
@@ -1044,6 +1070,23 @@ mod tests {
         assert_eq!(changed["markerKept"], json!("linkChanged"));
         let failed = human(MarkerMove::Failed("disk full".into()));
         assert_eq!(failed["markerKept"], json!({"failed": "disk full"}));
+    }
+
+    /// `monitor --json` names a rebase `rebased` and a deferred check `deferred`, each with its
+    /// session's key and agent. (What the mutation did: a rebase printed as `deferred`, and
+    /// every test passed; review of stop 69, CX20.)
+    #[test]
+    fn a_rebase_and_a_deferred_check_have_their_own_names_in_json() {
+        let s = SessionRef::parse("agent:ops:worker", "ops").unwrap();
+        let session = json!({"sessionKey": "agent:ops:worker", "agentId": "ops"});
+        assert_eq!(
+            detection_json(&Detection::Rebased { session: s.clone() }),
+            json!({"detection": "rebased", "session": session})
+        );
+        assert_eq!(
+            detection_json(&Detection::Deferred { session: s }),
+            json!({"detection": "deferred", "session": session})
+        );
     }
 
     /// With `--json`, the line for detections the output fell behind on is JSON too, so a
@@ -1717,6 +1760,31 @@ mod tests {
             );
             assert_eq!(code, Some(0), "{stderr}");
         }
+    }
+
+    /// A SIGHUP never ends the process, however long after the one that asked the command to
+    /// stop it comes: a closed terminal sends it more than once (the shell passes it on, the
+    /// kernel sends it again when the shell exits), and the second must not cut short the
+    /// store's close. (What the mutation did: a SIGHUP was taken as a Ctrl-C, and a second one
+    /// 250 ms or more after the first ended the process (130); every test passed; review of
+    /// stop 69, CX49.)
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_second_sighup_does_not_cut_the_close_short() {
+        if ran_as_child("hup-twice", async {
+            let stop = interrupted().unwrap();
+            signal_self("-HUP");
+            stop.await;
+            // The store's close, long enough that the second hangup is not the same request.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            signal_self("-HUP");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }) {
+            return;
+        }
+        let (code, stderr) =
+            signalled_child("a_second_sighup_does_not_cut_the_close_short", "hup-twice");
+        assert_eq!(code, Some(0), "a second SIGHUP ended the process: {stderr}");
     }
 
     /// Two commands running at once in one host (through `run`): the second's signal task

@@ -397,6 +397,28 @@ mod tests {
         assert_eq!(pages, 0);
     }
 
+    /// What `awareness doctor` prints of a cursor names its watcher, then its target: a torn
+    /// cursor's and an unreadable row's. (What the mutations did: the two swapped, in the
+    /// findings' text or in the unreadable row's; review of stop 69, CQ32 and CQ31.)
+    #[test]
+    fn a_cursors_finding_names_its_watcher_then_its_target() {
+        let torn = cursor(&r("agent:main:a"), 3, 1);
+        assert_eq!(
+            Finding::TornCursor(torn).to_string(),
+            "cursor agent:main:main -> agent:main:a (main) is torn: last_seen 3 notified 1 \
+             material 1"
+        );
+        let row = Finding::UnreadableCursor(UnreadableCursor {
+            watcher: "agent:main:main".into(),
+            target: "agent:main:a".into(),
+            reason: "bad json".into(),
+        });
+        assert_eq!(
+            row.to_string(),
+            "cursor \"agent:main:main\" -> \"agent:main:a\" cannot be read: bad json"
+        );
+    }
+
     #[test]
     fn a_consistent_store_has_no_findings() {
         let a = r("agent:main:a");

@@ -699,6 +699,20 @@ mod tests {
         assert_eq!(query_key("a+b"), b"a b");
     }
 
+    /// A `%` not followed by two hex digits is kept as it is, as sqlx reads it, not taken for a
+    /// byte: a key holding `password` after such a `%` keeps it, and its value is hidden.
+    /// (What the mutation did: `%1p` read as the byte 0x10, so `%1password=...` was shown
+    /// whole; review of stop 69, CQ25.)
+    #[test]
+    fn a_percent_without_two_hex_digits_is_kept_in_a_query_key() {
+        assert_eq!(query_key("a%2g"), b"a%2g");
+        assert!(is_secret_query_key("%1password"));
+        assert_eq!(
+            redact_url("postgres://db/aw?%1password=s3cret"),
+            "postgres://db/aw?%1password=***"
+        );
+    }
+
     #[test]
     fn a_url_is_shown_without_any_password() {
         for (url, shown) in [

@@ -935,6 +935,43 @@ pub(crate) fn test_message(session: &SessionRef, seq: u64) -> Arc<Event> {
 mod tests {
     use super::*;
 
+    /// A platform's seconds become milliseconds, saturating at the ends of `i64` as documented:
+    /// a time in seconds too large for milliseconds is the latest time there is, which the
+    /// clamp makes `now`, not a time wrapped round to before the epoch, which it made 24 h
+    /// ago. (What the mutation did: `wrapping_mul`; review of stop 69, CQ02.)
+    #[test]
+    fn seconds_become_milliseconds_saturating() {
+        assert_eq!(
+            Timestamp::from_unix_secs(1_700_000_000),
+            Timestamp(1_700_000_000_000)
+        );
+        assert_eq!(Timestamp::from_unix_secs(i64::MAX), Timestamp(i64::MAX));
+        assert_eq!(Timestamp::from_unix_secs(i64::MIN), Timestamp(i64::MIN));
+    }
+
+    /// An event names at most 64 distinct watchers (README, decision 0021): the 65th is
+    /// refused. (What the mutation did: a limit of 65, which the conformance suite, built on
+    /// the constant, followed; review of stop 69, CQ11.)
+    #[test]
+    fn an_event_names_at_most_64_watchers() {
+        let named = |n: usize| {
+            (0..n).fold(
+                NewEvent::new(
+                    SessionRef::parse("agent:main:main", "main").unwrap(),
+                    EventKind::HumanDirectMessage,
+                    ActorType::Human,
+                    "x",
+                ),
+                |e, i| e.with_watcher(WatcherKey::parse(&format!("agent:main:w{i}")).unwrap()),
+            )
+        };
+        assert_eq!(named(64).validate(), Ok(()));
+        assert_eq!(
+            named(65).validate(),
+            Err(ValidationError::TooManyWatchers { count: 65, max: 64 })
+        );
+    }
+
     #[test]
     fn utc_renders_civil_dates() {
         assert_eq!(Timestamp(0).utc(), "1970-01-01 00:00:00.000Z");

@@ -504,6 +504,29 @@ mod tests {
         }
     }
 
+    /// Text read from rows another writer left is shown on one line: a line or paragraph
+    /// separator, which is no control character, becomes a space as a line break does.
+    /// (What the mutation did: only control characters replaced, so a U+2028 in a stored
+    /// summary broke a row of the CLI's tables; review of stop 69, CQ10.)
+    #[test]
+    fn text_read_from_rows_is_shown_on_one_line() {
+        let shown: String = on_one_line("a\u{2028}b\u{2029}c\nd\u{85}e").collect();
+        assert_eq!(shown, "a b c d e", "every line breaker a space");
+    }
+
+    /// An agent id refused as empty or with a control character names the agent id, not the
+    /// session key, in the error the CLI prints. (What the mutation did: the agent id's
+    /// errors said "session key must not be empty"; review of stop 69, CQ29.)
+    #[test]
+    fn an_agent_ids_refusal_names_the_agent_id() {
+        assert_eq!(
+            crate::SessionRef::parse("agent:main:main", ""),
+            Err(ValidationError::Empty { what: "agent id" })
+        );
+        let e = crate::AgentId::new("ma\nin").unwrap_err().to_string();
+        assert!(e.starts_with("agent id contains"), "{e}");
+    }
+
     #[test]
     fn summaries_fit_and_stay_informative() {
         let fit = |prefix: &str, text: &str, fallback: &str| fit_summary(prefix, text, fallback).0;
@@ -616,6 +639,32 @@ mod tests {
         assert_eq!(json_depth(&json!([[1], [[2]], 3])), 3);
     }
 
+    /// The deepest payload allowed still reads back with serde_json (at most 128 levels) once
+    /// wrapped in a page of events, as a caller of the protocol reads it. (What the mutation
+    /// did: a limit of 126 levels, which the stores read back alone, but a page of them was
+    /// 129 levels deep and failed every reader; review of stop 69, CQ12.)
+    #[test]
+    fn the_deepest_payload_allowed_reads_back_in_a_page() {
+        let mut value = json!(1);
+        for _ in 1..MAX_JSON_DEPTH {
+            value = json!([value]);
+        }
+        let mut deepest = Payload::new();
+        deepest.insert("x".into(), value);
+        assert_eq!(payload(&deepest), Ok(()));
+        let event = crate::NewEvent::new(
+            crate::SessionRef::parse("agent:main:main", "main").unwrap(),
+            crate::EventKind::GoalChanged,
+            crate::ActorType::System,
+            "x",
+        )
+        .with_payload(deepest)
+        .into_event(crate::Sequence(1), Timestamp(0));
+        let page = serde_json::to_string(&json!({ "events": [event] })).unwrap();
+        let read = serde_json::from_str::<serde_json::Value>(&page);
+        assert!(read.is_ok(), "{read:?}");
+    }
+
     #[test]
     fn summaries() {
         assert!(summary("human message via telegram").is_ok());
@@ -649,6 +698,13 @@ mod tests {
             summary(&format!("{}\n", "a".repeat(300))),
             Err(ValidationError::SummaryNotOneLine),
             "a control character is reported before the length"
+        );
+        // A blank summary past the limit is refused for its length, as any summary past it
+        // is: the length is checked before blankness. (What the mutation did: 300 spaces
+        // refused as blank; review of stop 69, CQ13.)
+        assert_eq!(
+            summary(&" ".repeat(300)),
+            Err(ValidationError::SummaryTooLong { chars: 300 })
         );
     }
 
@@ -689,6 +745,13 @@ mod tests {
         // exactly at the limit passes: {"x":"..."} is 8 bytes of framing
         let edge = json!({"x": "a".repeat(MAX_PAYLOAD_BYTES - 8)});
         assert!(payload_from_value(edge).is_ok());
+        // One byte past 4 KiB (README, decision 0021) is refused. (What the mutation did: a
+        // limit of 4,097 bytes, which the tests above, built on the constant, followed; review
+        // of stop 69, CQ27.)
+        assert_eq!(
+            payload_from_value(json!({"x": "a".repeat(4089)})),
+            Err(ValidationError::PayloadTooLarge { bytes: 4097 })
+        );
     }
 
     #[test]

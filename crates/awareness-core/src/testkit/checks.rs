@@ -4891,6 +4891,22 @@ pub async fn pending_of_lists_only_pending_cursors(t: &Subject) {
         s.pending_of(&nobody).await.expect("pending_of").is_empty(),
         "a watcher that does not exist"
     );
+    // `exists` is asked once per watcher, however many of its cursors are pending (a
+    // gateway's directory lookup). (What the mutation did: asked once per cursor; review of
+    // stop 69, CQ21.)
+    rec(s, human(&other), T0).await;
+    let asked = std::sync::atomic::AtomicUsize::new(0);
+    let counted = |_: &crate::WatcherKey| {
+        asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        true
+    };
+    let pending = s.pending_of(&counted).await.expect("pending_of");
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "asked once for the one watcher"
+    );
 }
 
 /// Deletes the child and watches it again (a cursor that has seen nothing) just before the
@@ -4957,6 +4973,31 @@ impl super::hooked::Hook for DeletedAndBackUnreadable {
     }
 }
 
+/// Deletes the child once its events are read, and once the heads are listed records on it
+/// again and has the manager watch it again.
+#[derive(Default)]
+struct DeletedAndBack {
+    deleted: std::sync::atomic::AtomicBool,
+    back: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl super::hooked::Hook for DeletedAndBack {
+    async fn after(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if matches!(call, super::hooked::Call::EventsAfter) && !self.deleted.swap(true, SeqCst) {
+            store.delete_session(&child()).await.expect("delete");
+        }
+        if matches!(call, super::hooked::Call::ListHeads) && !self.back.swap(true, SeqCst) {
+            rec(store, human(&child()), T0.plus_ms(1)).await;
+            store
+                .watch(&w(MANAGER), &child(), T0.plus_ms(1))
+                .await
+                .expect("watch");
+        }
+    }
+}
+
 /// The audit's fresh reads of what it found settle it against the store as it is then: a
 /// cursor deleted (with its session) after the cursors were listed is no orphan, and a session
 /// deleted after its events were read and recorded on again before the heads were listed has a
@@ -4983,6 +5024,25 @@ pub async fn auditing_a_live_store_drops_findings_its_fresh_reads_settle(t: &Sub
     assert!(
         audit.findings.is_empty(),
         "a session deleted and recorded on again between the reads: {:#?}",
+        audit.findings
+    );
+    // The same with the page readable, and the manager watching it again: the fresh reads find
+    // the session's head, which the events and the new cursor are within. (What the mutations
+    // did: the fresh read of the session, or of the cursor, audited without the head it read,
+    // so the events and the cursor were reported without a head; review of stop 69, CQ18 and
+    // CQ19.)
+    t.store
+        .watch(&w(MANAGER), &child(), T0)
+        .await
+        .expect("watch");
+    let live = super::hooked::Hooked {
+        inner: t.store.clone(),
+        hook: DeletedAndBack::default(),
+    };
+    let audit = crate::audit::audit_store(&live).await.expect("audit");
+    assert!(
+        audit.findings.is_empty(),
+        "a session deleted, recorded on and watched again between the reads: {:#?}",
         audit.findings
     );
 }
@@ -5108,6 +5168,40 @@ pub async fn the_audit_reports_events_and_cursors_left_without_a_head(t: &Subjec
     assert!(
         matches!(&failed, Err(e) if e.is_retryable()),
         "a busy fresh read: {failed:?}"
+    );
+}
+
+/// The audit of a store reports a cursor past its target's head, as [`crate::audit::audit`]
+/// finds it, beside what a lost head leaves: a cursor on a bare key whose session's head row
+/// is gone is held to the highest head of the key's other sessions, which is below it. (What
+/// the mutation did: the fresh reads kept only the events without a head and the orphaned
+/// cursors, so `awareness doctor` never reported a cursor past its head, a torn cursor or a
+/// watermark above its version; review of stop 69, CQ15.)
+pub async fn the_audit_reports_a_cursor_past_its_head(t: &Subject) {
+    let s = &*t.store;
+    let global = |agent: &str| r("global", agent);
+    rec(s, human(&global("ops")), T0).await;
+    s.watch(&w(MANAGER), &global("main"), T0)
+        .await
+        .expect("watch");
+    rec(s, human(&global("main")), T0).await;
+    let cursor = s
+        .cursor(&w(MANAGER), &global("main").session_key)
+        .await
+        .expect("cursor")
+        .expect("the watch's cursor");
+    assert_eq!(cursor.material, Sequence(2), "{cursor:?}");
+    t.raw
+        .delete_head_row(&global("main"))
+        .await
+        .expect("delete a head row");
+    let findings = crate::audit::audit_store(s).await.expect("audit").findings;
+    assert!(
+        findings.contains(&crate::audit::Finding::CursorPastHead {
+            cursor,
+            head: Sequence(1),
+        }),
+        "the cursor past the key's highest head: {findings:?}"
     );
 }
 

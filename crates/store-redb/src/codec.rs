@@ -455,6 +455,23 @@ mod tests {
         );
     }
 
+    /// An actor code that no actor has (a flipped bit, a hand edit): the row is corrupt, never an
+    /// event told as some actor's it does not name. (What the mutation did: such a code read as
+    /// `system`, the event returned as the system's; review of stop 69, RE01.)
+    #[test]
+    fn an_unknown_actor_code_is_corrupt() {
+        let mut bytes = encode(&sample(true)).unwrap();
+        for code in [0, 4, u8::MAX] {
+            bytes[2] = code;
+            let err = decode(7, &bytes, None).expect_err("an actor code no actor has");
+            assert!(
+                err.to_string()
+                    .contains(&format!("unknown actor code {code}")),
+                "{err}"
+            );
+        }
+    }
+
     /// Where `needle` first occurs in `hay`.
     fn find(hay: &[u8], needle: &[u8]) -> usize {
         hay.windows(needle.len())

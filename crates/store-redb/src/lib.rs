@@ -2051,6 +2051,45 @@ mod tests {
         store.close().await;
     }
 
+    /// A row that cannot be read and that two entries of the reference index name (a hand edit)
+    /// is one row: the pruning pass deletes it under both entries' sessions and counts it once.
+    /// (What the mutation did: the pass counted one deleted row per entry naming it, so it
+    /// reported two; review of stop 69, RE14.)
+    #[tokio::test]
+    async fn an_unreadable_row_two_index_entries_name_is_counted_once() {
+        let (_dir, store) = fresh().await;
+        let (child, other) = (session("agent:main:child"), session("agent:main:other"));
+        record_keyed(&store, &child, &["k1", "k2", "k3"]).await;
+        record_keyed(&store, &other, &["k4"]).await;
+        store
+            .write("test", |txn| {
+                txn.open_table(tables::EVENTS_BY_REF_KEYS)
+                    .ctx("test")?
+                    .insert(
+                        raw::by_ref(b"main", b"agent:main:other", 1).as_slice(),
+                        b"torn".as_slice(),
+                    )
+                    .ctx("test")?;
+                Ok(((), true))
+            })
+            .await
+            .expect("a second entry for row 1");
+        assert!(store.damage_event_row(Sequence(1)).await.expect("damage"));
+        let step = PruneStep::RowCap { max_rows: 3 };
+        assert_eq!(
+            store.prune_chunk(&step, 100, T0).await.expect("prune"),
+            1,
+            "one row deleted"
+        );
+        let (_, other_seqs) = raw_indexes(&store, &other).await;
+        assert_eq!(
+            other_seqs,
+            [4, HEAD_SEQ],
+            "the second entry went with the row"
+        );
+        store.close().await;
+    }
+
     /// A dedupe key whose text is not UTF-8 (a hand edit) stops no pruning of a row that cannot
     /// be read: the scan of the dedupe index for that row's key reads the keys as bytes, frees
     /// the one pointing at the row and keeps the others, that one too. Before, redb's decode of
@@ -2234,6 +2273,36 @@ mod tests {
         let (keys, child_seqs) = raw_indexes(&store, &child).await;
         assert_eq!(child_seqs, [2, HEAD_SEQ], "a row deleted by hand");
         assert_eq!(keys, [("k2".to_owned(), 2)], "k3 freed");
+        store.close().await;
+    }
+
+    /// A row whose damaged key names another session that exists ("child" read as "chila") is
+    /// pruned under the watermark of the session whose index holds it, and of that session only:
+    /// the session it only seems to name lost nothing, and its head says so. (What the mutation
+    /// did: the row's first, trusted reading stayed among the deleted rows beside the index's,
+    /// and the other session's head was stamped as pruned up to it; review of stop 69, RE12.)
+    #[tokio::test]
+    async fn a_row_whose_damaged_key_names_another_session_stamps_only_its_own() {
+        let (_dir, store) = fresh().await;
+        let (child, chila) = (session("agent:main:child"), session("agent:main:chila"));
+        record_keyed(&store, &child, &["k1", "k2", "k3"]).await;
+        record_keyed(&store, &chila, &["k4", "k5", "k6"]).await;
+        damage_key_byte(&store, &[1], b'a').await;
+        let step = PruneStep::RowCap { max_rows: 5 };
+        assert_eq!(store.prune_chunk(&step, 100, T0).await.expect("prune"), 1);
+        let heads = store
+            .heads(&[child.clone(), chila.clone()])
+            .await
+            .expect("heads");
+        let marks: Vec<(String, Sequence)> = heads
+            .iter()
+            .map(|h| (h.session.session_key.to_string(), h.pruned_max_sequence))
+            .collect();
+        assert!(
+            marks.contains(&("agent:main:child".to_owned(), Sequence(1)))
+                && marks.contains(&("agent:main:chila".to_owned(), Sequence::ZERO)),
+            "only the child's watermark moves: {marks:?}"
+        );
         store.close().await;
     }
 

@@ -817,4 +817,74 @@ mod tests {
         );
         assert_eq!(store.log_stats().await.expect("stats").rows, keep);
     }
+
+    /// Pruning or deleting an event lets go of its dedupe key: the map of keys stays as small as
+    /// the retained log, so a long-running embedded store under retention does not grow without
+    /// bound. (What the mutation did: the key of a removed event stayed in the map for good;
+    /// review of stop 69, M606.)
+    #[tokio::test]
+    async fn a_removed_events_dedupe_key_is_let_go() {
+        let store = MemoryStore::new();
+        let at = SessionRef::parse("agent:main:subagent:s", "main").expect("ref");
+        let e = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x")
+            .with_dedupe_key("k");
+        store.record(e, T0).await.expect("record");
+        store
+            .prune_chunk(&PruneStep::RowCap { max_rows: 0 }, 10, T0)
+            .await
+            .expect("prune");
+        assert!(
+            store.lock().dedupe.is_empty(),
+            "the pruned event's dedupe key is let go"
+        );
+    }
+
+    /// A deleted session leaves nothing behind in the map of refs, and a removed cursor nothing in
+    /// the indexes: a gateway whose subagents come and go keeps a store as small as what is live.
+    /// (What the mutations did: a deletion left the ref's emptied entry, M643; a removed cursor
+    /// left its watcher in the index of its target, M605, or its key in the index of its
+    /// watcher, M645; review of stop 69.)
+    #[tokio::test]
+    async fn a_deleted_session_and_a_removed_cursor_leave_nothing_behind() {
+        let store = MemoryStore::new();
+        let at = SessionRef::parse("agent:main:subagent:s", "main").expect("ref");
+        let manager = WatcherKey::parse("agent:main:main").expect("watcher");
+        store.watch(&manager, &at, T0).await.expect("watch");
+        let e = NewEvent::new(at.clone(), EventKind::Compacted, ActorType::System, "x");
+        store.record(e, T0).await.expect("record");
+        assert!(
+            store
+                .unwatch(&manager, &at.session_key)
+                .await
+                .expect("unwatch")
+        );
+        store.delete_session(&at).await.expect("delete");
+        let g = store.lock();
+        assert!(g.sessions.is_empty(), "the deleted ref's entry is gone");
+        assert!(g.by_target.is_empty(), "the index of targets is empty");
+        assert!(g.by_watcher.is_empty(), "the index of watchers is empty");
+    }
+
+    /// A caller that waited for the lock stops counting itself once it has it: a pruning chunk
+    /// defers to callers blocked on the lock, and a count left up would make every later step of
+    /// every pass spin for the whole deferral. (What the mutation did: the count was never taken
+    /// down; review of stop 69, M601.)
+    #[test]
+    fn a_caller_that_waited_for_the_lock_is_no_longer_counted() {
+        let store = Arc::new(MemoryStore::new());
+        let held = store.lock();
+        let other = Arc::clone(&store);
+        let waiter = std::thread::spawn(move || drop(other.lock()));
+        // A bounded wait: the waiter counts itself as soon as it finds the lock held.
+        while store.blocked.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        waiter.join().expect("waiter");
+        assert_eq!(
+            store.blocked.load(Ordering::Acquire),
+            0,
+            "the waiter no longer counts once it had the lock"
+        );
+    }
 }

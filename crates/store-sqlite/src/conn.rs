@@ -38,6 +38,17 @@ impl Writer {
     }
 
     pub(crate) async fn rollback(&mut self) {
+        // Test-only helper (review of stop 69, S903): a rollback that fails, leaving the
+        // transaction open and `open_tx` set, as a ROLLBACK SQLite refused would.
+        #[cfg(test)]
+        if crate::tests::FAIL_THE_NEXT_ROLLBACK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take_if(|p| p.as_path() == &*self.path)
+            .is_some()
+        {
+            return;
+        }
         match sqlx::raw_sql(sql::ROLLBACK).execute(&mut self.conn).await {
             Ok(_) => self.open_tx = false,
             // The usual, harmless answer: the operation had ended its transaction.

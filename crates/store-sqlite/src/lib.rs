@@ -1240,6 +1240,11 @@ mod tests {
     pub(crate) static BEFORE_AN_EVENT_OF_A_FAILED_BATCH: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
 
+    /// Makes the next `Writer::rollback` on the store at this path fail (a test-only helper,
+    /// review of stop 69, S903).
+    pub(crate) static FAIL_THE_NEXT_ROLLBACK: std::sync::Mutex<Option<std::path::PathBuf>> =
+        std::sync::Mutex::new(None);
+
     /// Records an event under the dedupe key "torn" and tears its row, as the durable suite
     /// damages one: a later recording under that key fails.
     async fn tear_a_row_under_torn(store: &SqliteStore) {
@@ -1256,25 +1261,26 @@ mod tests {
         );
     }
 
-    /// Three recordings queued behind a write connection the caller holds, the first under the
-    /// dedupe key "torn": let go of, they make one batch that fails on the torn row.
+    /// Three recordings queued in turn behind a write connection the caller holds, the one of
+    /// index `torn` under the dedupe key "torn": let go of, they make one batch that fails on
+    /// the torn row, whose events are then recorded alone in the order they were queued.
     async fn a_batch_of_three_behind_torn(
         store: &Arc<SqliteStore>,
+        torn: usize,
     ) -> Vec<tokio::task::JoinHandle<Result<awareness_core::Recorded, StoreError>>> {
         use awareness_core::testkit::group_commit::{T0, event};
-        let tasks = (0..3)
-            .map(|i| {
-                let store = Arc::clone(store);
-                let e = if i == 0 {
-                    event(i).with_dedupe_key("torn")
-                } else {
-                    event(i)
-                };
-                tokio::spawn(async move { store.record(e, T0).await })
-            })
-            .collect();
-        while store.next_job.load(Ordering::SeqCst) < 3 {
-            tokio::task::yield_now().await;
+        let mut tasks = Vec::new();
+        for (i, queued) in (0..3).zip(1u64..) {
+            let s = Arc::clone(store);
+            let e = if i == torn {
+                event(i).with_dedupe_key("torn")
+            } else {
+                event(i)
+            };
+            tasks.push(tokio::spawn(async move { s.record(e, T0).await }));
+            while store.next_job.load(Ordering::SeqCst) < queued {
+                tokio::task::yield_now().await;
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
         tasks
@@ -1303,7 +1309,7 @@ mod tests {
         tear_a_row_under_torn(&store).await;
         // The write connection held, so that the three recordings queue and make one batch.
         let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
-        let tasks = a_batch_of_three_behind_torn(&store).await;
+        let tasks = a_batch_of_three_behind_torn(&store, 0).await;
         let (reached, go) = BEFORE_AN_EVENT_OF_A_FAILED_BATCH.arm(&store.path);
         drop(held);
         // The batch failed on the torn row; before its first event alone, another connection
@@ -1352,6 +1358,49 @@ mod tests {
                 .count()
                 >= 2,
             "the lock's error, for the event that met it and those after: {results:?}"
+        );
+    }
+
+    /// A batch whose rollback failed (its transaction left open) has its events recorded one
+    /// at a time all the same: the first of them rolls back what was left open before it
+    /// begins, and is recorded. (What the mutation did: that rollback was skipped, and the first
+    /// event failed on SQLite's "cannot start a transaction within a transaction", for nothing
+    /// of its own; review of stop 69, S903.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_batch_whose_rollback_failed_records_its_first_event() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = SqliteOptions::new().group_commit(64);
+        let store = Arc::new(
+            SqliteStore::open_with(dir.path().join("t.db"), options)
+                .await
+                .expect("open"),
+        );
+        tear_a_row_under_torn(&store).await;
+        let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
+        // The torn row's recording last: the first event recorded alone is a sound one.
+        let tasks = a_batch_of_three_behind_torn(&store, 2).await;
+        *FAIL_THE_NEXT_ROLLBACK.lock().expect("the helper") = Some(store.path.clone());
+        drop(held);
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("join"));
+        }
+        assert!(
+            FAIL_THE_NEXT_ROLLBACK
+                .lock()
+                .expect("the helper")
+                .take()
+                .is_none(),
+            "the batch's rollback failed (else this shows nothing)"
+        );
+        assert_eq!(
+            store.largest_batch(),
+            3,
+            "one batch of three (else this shows nothing)"
+        );
+        assert!(
+            results[0].is_ok() && results[1].is_ok() && results[2].is_err(),
+            "only the torn row's caller fails: {results:?}"
         );
     }
 
@@ -1469,7 +1518,7 @@ mod tests {
         // The write connection held, so that the three recordings queue and make one batch.
         let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
         let before = store.write_transactions();
-        let tasks = a_batch_of_three_behind_torn(&store).await;
+        let tasks = a_batch_of_three_behind_torn(&store, 0).await;
         drop(held);
         let mut results = Vec::new();
         for t in tasks {
@@ -1877,6 +1926,48 @@ mod tests {
         }
     }
 
+    /// Asking the write connection for its data version (`foreign_commits`, and the commit
+    /// poller at each change) first rolls back a transaction a failed rollback left open, as
+    /// every write does: SQLite's write lock is let go of there, not kept from every other
+    /// connection until this handle's next write. (What the mutation did: the number was read
+    /// inside the transaction left open, and another connection met the lock; review of stop
+    /// 69, S917.)
+    #[tokio::test]
+    async fn asking_the_writers_data_version_rolls_back_what_a_failed_rollback_left_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("t.db");
+        let store = SqliteStore::open_with(&file, SqliteOptions::new())
+            .await
+            .expect("open");
+        let slot = store.writer.as_ref().expect("a read-write handle");
+        {
+            let mut held = slot.lock().await;
+            let w = held.as_mut().expect("the write connection");
+            sqlx::raw_sql("BEGIN IMMEDIATE")
+                .execute(&mut w.conn)
+                .await
+                .expect("a transaction left open");
+            w.open_tx = true;
+        }
+        store.foreign_commits().await.expect("the data version");
+        let mut raw = SqliteConnectOptions::new()
+            .filename(&file)
+            .busy_timeout(Duration::ZERO)
+            .connect()
+            .await
+            .expect("a connection of its own");
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut raw)
+            .await
+            .expect("the write lock, let go of once the data version was asked");
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut raw)
+            .await
+            .expect("let go");
+        raw.close().await.expect("close");
+        store.close().await;
+    }
+
     /// A background checkpoint starts every 256 write transactions ([`CHECKPOINT_EVERY`]), the
     /// count starting over at each: the write after one has ended starts none. (What the
     /// mutation did: the count was never reset, and once past 256 every write transaction
@@ -1969,6 +2060,82 @@ mod tests {
             .expect("the WAL's frames");
         assert!((1..=20).contains(&frames), "{frames} frames in the WAL");
         store.close().await;
+    }
+
+    /// A checkpoint round whose pass copied every frame of a large WAL (more than the forced
+    /// last pass's bound, 1,024 frames, written by one commit) left nothing to copy: it makes
+    /// its last pass, and the rounds without one are counted from 0 again (the next slow round
+    /// is the first). (What the mutation
+    /// did: the frames left were taken for the WAL's whole length, a WAL past the bound never
+    /// had "few left", and no round made its last pass, so under steady writes the WAL never
+    /// started over; review of stop 69, S929.)
+    #[tokio::test]
+    async fn a_pass_that_copied_a_large_wal_leaves_few_frames() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = fresh(&dir).await;
+        let mut conn = sqlx::SqliteConnection::connect(&format!(
+            "sqlite://{}",
+            dir.path().join("t.db").display()
+        ))
+        .await
+        .expect("another connection");
+        sqlx::raw_sql("CREATE TABLE pad (x); INSERT INTO pad VALUES (zeroblob(8000000));")
+            .execute(&mut conn)
+            .await
+            .expect("a commit of some 2,000 frames");
+        conn.close().await.expect("close");
+        // Three slow rounds first: the round below makes its last pass whether its passes are
+        // quick or not, when it finds few frames left.
+        for _ in 1..conn::ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED {
+            assert_eq!(store.readers.last_pass(false, false), conn::LastPass::Not);
+        }
+        store
+            .readers
+            .checkpoint(&store.path, store.writer.as_deref())
+            .await;
+        assert_eq!(
+            store.readers.last_pass(false, true),
+            conn::LastPass::Not,
+            "the round's last pass was made, and the count started over"
+        );
+        store.close().await;
+    }
+
+    /// A checkpoint round's last pass holds the write connection, so that no write lands
+    /// between it and the next write transaction's start of the WAL: while a write has the
+    /// connection, the round waits for it. (Three slow rounds counted first, so the round makes
+    /// its last pass whether its passes are quick or not. What the mutation did: the last pass
+    /// ran without the write connection, and under steady writes the WAL never started over;
+    /// review of stop 69, S926.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_checkpoint_pass_waits_for_the_write_connection() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(fresh(&dir).await);
+        store
+            .record(message("one".to_owned()), T)
+            .await
+            .expect("record");
+        for _ in 1..conn::ROUNDS_BEFORE_THE_LAST_PASS_IS_FORCED {
+            assert_eq!(store.readers.last_pass(false, false), conn::LastPass::Not);
+        }
+        let held = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
+        let mut round = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .readers
+                    .checkpoint(&store.path, store.writer.as_deref())
+                    .await;
+            }
+        });
+        // A bounded wait, which only broken code ends early.
+        let early = tokio::time::timeout(Duration::from_millis(500), &mut round).await;
+        assert!(
+            early.is_err(),
+            "the round ended while a write held the write connection"
+        );
+        drop(held);
+        round.await.expect("the round ends once the write is done");
     }
 
     /// Every connection has the settings DESIGN.md section 6 names (WAL, `synchronous=NORMAL`,
@@ -2319,5 +2486,49 @@ mod tests {
             .expect("the tasks are done")
             .close()
             .await;
+    }
+
+    /// The hints of watched targets are bounded: past `Hints::MAX` keys the set starts over, so
+    /// a handle that records on ever new watched targets does not keep every key it has seen.
+    /// (What the mutation did: the set was never cleared, and grew with every target key for
+    /// the life of the handle; review of stop 69, S923.)
+    #[test]
+    fn the_watched_hints_start_over_past_their_bound() {
+        let hints = conn::Hints::default();
+        let key = |i: usize| {
+            awareness_core::SessionKey::new(format!("agent:main:subagent:h{i}")).expect("key")
+        };
+        for i in 0..=65_536 {
+            hints.set_watched(&key(i), true);
+        }
+        assert!(hints.is_watched(&key(65_536)), "the last key is watched");
+        assert!(
+            !hints.is_watched(&key(0)),
+            "the first key was let go of when the set started over"
+        );
+    }
+
+    /// A write that ends (committed, here a recording) leaves no transaction marked open: the
+    /// write connection's guard, let go of, rolls nothing back and says nothing of a cancelled
+    /// write. (What the mutation did: a success left `open_tx` set, and every write was
+    /// followed by a rollback on a thread of its own, logged as "a write operation was
+    /// cancelled midway"; review of stop 69, S922.)
+    #[tokio::test]
+    async fn a_write_that_ended_is_not_rolled_back_as_cancelled() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _guard = capture.install();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = fresh(&dir).await;
+        store
+            .record(message("ended".to_owned()), T)
+            .await
+            .expect("record");
+        assert_eq!(
+            capture.said(&["cancelled midway"]),
+            0,
+            "{:?}",
+            capture.lines()
+        );
+        store.close().await;
     }
 }

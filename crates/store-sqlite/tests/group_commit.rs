@@ -198,3 +198,46 @@ async fn a_write_that_met_the_lock_is_rolled_back_without_a_warning() {
         capture.lines()
     );
 }
+
+/// A batch that commits ends quietly: the task that ran it lets go of it, and nothing is
+/// handed to the thread that finishes a batch dropped with its runtime, nor logged as a group
+/// commit that panicked. (What the mutation did: the finished batch was kept, and dropping it
+/// handed it to that thread, which polled it again and logged "a group commit panicked; its
+/// recordings fail" after every batch that committed; review of stop 69, S908.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_committed_logs_no_panic() {
+    let capture = awareness_core::testkit::logs::Capture::warnings();
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteOptions::new().group_commit(64)).await;
+    // The first call, polled once, takes the free connection; the others queue behind it, and
+    // the next writer takes them all in one batch.
+    let mut calls = Vec::new();
+    for i in 0..5 {
+        let s = Arc::clone(&store);
+        let mut call = Box::pin(async move { s.record(event(i), T0).await });
+        assert!(!poll_once(call.as_mut()).await, "call {i} answered at once");
+        calls.push(call);
+    }
+    for call in calls {
+        call.await.expect("record");
+    }
+    assert!(
+        store.largest_batch() >= 2,
+        "a batch held other callers' events (else this shows nothing)"
+    );
+    let named = dir.path().join("state.sqlite").display().to_string();
+    // A bounded wait for the thread a kept batch would be handed to: only broken code ends it
+    // early.
+    for _ in 0..100 {
+        if capture.said(&["group commit panicked", &named]) > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        capture.said(&["group commit panicked", &named]),
+        0,
+        "{:?}",
+        capture.lines()
+    );
+}

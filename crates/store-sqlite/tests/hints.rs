@@ -129,6 +129,56 @@ async fn another_handles_commits_are_hinted_and_the_handles_own_are_not() {
     assert!(!hint_ready(&mut hints).await, "one hint for each");
 }
 
+/// Every poll that read the number is counted in `commit_polls().polls`, a change or not.
+/// (What the mutation did: no poll was counted, and `polls` stayed 0 however long the poller
+/// ran; review of stop 69, S919.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_poll_that_read_the_number_is_counted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let ours = open(&path).await;
+    let _hints = ours.commit_hints().expect("store-sqlite pushes hints");
+    poll(&ours).await;
+    let start = ours.commit_polls();
+    poll(&ours).await;
+    ours.record(event(0), T0).await.expect("record");
+    poll(&ours).await;
+    poll(&ours).await;
+    assert_eq!(
+        ours.commit_polls().polls - start.polls,
+        3,
+        "{:?}",
+        ours.commit_polls()
+    );
+}
+
+/// A poller that cannot open its connection (the file moved away when it starts) tries again
+/// at each request for a poll, and polls once the file is back. (What the mutation did: the
+/// poller gave up at its first failed open, and the handle never polled again; review of stop
+/// 69, S943.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poller_that_could_not_open_tries_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let away = dir.path().join("away.sqlite");
+    let ours = open(&path).await;
+    std::fs::rename(&path, &away).expect("move the file away");
+    let _hints = ours.commit_hints().expect("store-sqlite pushes hints");
+    assert!(
+        !ours.poll_commits_now().await,
+        "no poll while the file is away"
+    );
+    std::fs::rename(&away, &path).expect("move the file back");
+    let mut polled = false;
+    for _ in 0..10 {
+        if ours.poll_commits_now().await {
+            polled = true;
+            break;
+        }
+    }
+    assert!(polled, "the poller polls once the file is back");
+}
+
 /// A file moved away or replaced while the handle has it open is warned of once by the poller
 /// (the handle goes on in the file it opened, which nothing opening the path reaches); moved
 /// back, it is no news, and replaced after that, it is warned of again. SQLite does not tell,

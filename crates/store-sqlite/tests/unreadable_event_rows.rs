@@ -260,6 +260,52 @@ async fn an_event_whose_stored_fields_are_not_json_fails_its_page_naming_it() {
     store.close().await;
 }
 
+/// Stored fields that serde_json refuses, though the store's fast reader of a page (decision
+/// 0007) could take them, fail their session's page naming the row: a high surrogate escaped
+/// before `\ue000`, just past the low surrogates (row 3), and the last row's fields followed
+/// by `] x`, which closes the page's array early and leaves text after it (row 5). (What the
+/// mutations did: the low surrogates' range took `\ue000` in, and the page read row 3 with a
+/// character made up of the two; or the reader no longer checked the page's text ended after
+/// its array, and read row 5 as if its fields were whole; review of stop 69, S939 and S940.)
+#[tokio::test]
+async fn fields_just_past_what_serde_json_reads_fail_the_page_naming_the_row() {
+    for (sequence, torn) in [
+        (
+            3,
+            r#"[null,"message","human",null,null,0,"\ud83d\ue000",null,null]"#,
+        ),
+        (
+            5,
+            r#"[null,"message","human",null,null,0,"x",null,null]] x"#,
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("state.sqlite");
+        let (store, a, _) = five_events(&path).await;
+        assert!(
+            serde_json::from_str::<serde_json::Value>(torn).is_err(),
+            "{torn}"
+        );
+        behind_the_back(
+            &path,
+            &format!("UPDATE session_state_events SET fields_json = '{torn}' WHERE sequence = $1"),
+            &[sequence],
+        )
+        .await;
+        let err = store
+            .changes_since(&a, Sequence::ZERO, 10)
+            .await
+            .expect_err("the session's page over the row");
+        names_the_row(
+            &err,
+            &path,
+            sequence.cast_unsigned(),
+            a.session_key.as_str(),
+        );
+        store.close().await;
+    }
+}
+
 /// An event row whose stored fields (`fields_json`) hold two rows of fields, which the page's
 /// one joined text then reads as one event more than it has sequences, fails its session's
 /// page naming `event 3`, its session and the file; no page is answered with the later events

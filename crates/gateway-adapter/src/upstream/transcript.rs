@@ -1168,6 +1168,27 @@ mod tests {
         serde_json::from_value::<LineScanner>(v).unwrap().is_sound()
     }
 
+    /// A line state an earlier version stored, without the facts added since (a queued
+    /// prompt's part that is not text, a `system` row's subtype, a row's origin kind), reads
+    /// back as the same state: a marker holding a partial line is resumed after an upgrade,
+    /// not found unreadable and its link rebased, losing the turns since. (What the mutation
+    /// did: the flag required; review of stop 69, T535. A missing `Option` field reads as
+    /// `None` with or without `#[serde(default)]`: T536 and T537 were equivalent.)
+    #[test]
+    fn a_state_stored_before_the_newer_facts_reads_back() {
+        let mut s = LineScanner::new();
+        assert_eq!(
+            s.feed(br#"{"type":"user","message":{"role":"user","content":"half a pro"#),
+            None
+        );
+        let mut v = serde_json::to_value(&s).unwrap();
+        for field in ["prompt_has_non_text_part", "subtype", "row_origin_kind"] {
+            v["facts"].as_object_mut().unwrap().remove(field);
+        }
+        let read = serde_json::from_value::<LineScanner>(v);
+        assert_eq!(read.ok(), Some(s), "a state without the newer facts");
+    }
+
     /// States a stored marker may hold but the reader cannot reach are refused.
     #[test]
     fn a_state_the_reader_cannot_reach_is_not_sound() {
@@ -1216,6 +1237,21 @@ mod tests {
             !edited(&|v| v["facts"]["row_origin_kind"] = json!("x".repeat(100))),
             "a row's origin kind past its bound"
         );
+        // Each of the other short fields as well. (What the mutations did: each left out of
+        // the fields bounded, such an edited marker was read on, its field growing past what a
+        // link may store; review of stop 69, T501 to T505.)
+        for field in [
+            "role",
+            "attachment_type",
+            "command_mode",
+            "origin_kind",
+            "subtype",
+        ] {
+            assert!(
+                !edited(&|v| v["facts"][field] = json!("x".repeat(100))),
+                "{field} past its bound"
+            );
+        }
         assert!(
             !edited(&|v| v["facts"]["uuid"] = json!("x".repeat(100))),
             "a uuid kept whole"
@@ -1248,6 +1284,21 @@ mod tests {
             !edited(&counted(inside.consumed + 1)),
             "more characters than bytes consumed"
         );
+        // An escape is read inside a string only: a state holding one between tokens is refused,
+        // not read on with the next string's first character taken for an escape. (What the
+        // mutation did: such a state taken for sound; review of stop 69, T506.)
+        let mut between = LineScanner::new();
+        assert_eq!(
+            between.feed(br#"{"type":"user","message":{"role":"user","content":"hi""#),
+            None
+        );
+        assert!(between.is_sound());
+        for esc in [json!("Backslash"), json!({"Unicode": {"n": 1, "value": 0}})] {
+            assert!(
+                !sound_after(&between, &|v| v["esc"] = esc.clone()),
+                "an escape {esc} between tokens"
+            );
+        }
         // A queued prompt's count as well, up to the bytes consumed and not past them, read
         // in a prompt. (What the mutation did: the prompt's count left out of the characters
         // bounded; review of stop 67, T405.)
@@ -1553,6 +1604,16 @@ mod tests {
             Err(SkipReason::NotConversation),
             "only a slash command counts"
         );
+        // A slash command's tag read at the text's start only, as every prefix rule. (What the
+        // mutation did: a `system` row naming a command after its start counted as one; review
+        // of stop 69, T529.)
+        assert_eq!(
+            verdict(&system(
+                "Unknown skill, see <command-name>/help</command-name>"
+            )),
+            Err(SkipReason::NotConversation),
+            "a command named after the text's start"
+        );
 
         let from =
             |kind: &str, text: &str| with(user(json!(text)), "origin", json!({"kind": kind}));
@@ -1657,6 +1718,22 @@ mod tests {
             ))),
             Ok(HumanKind::Prompt)
         );
+        // So are a task notification's tag, the replay header and a command's output tags: a
+        // person quoting one is a human turn. (What the mutations did: each found anywhere in
+        // the text's prefix, the person's prompt was skipped; review of stop 69, T514, T515 and
+        // T516.)
+        for quoted in [
+            "what does a <task-notification> mean in the log?",
+            "why did you say Continue this conversation using the OpenClaw transcript below?",
+            "I ran it and got <bash-stdout>ok</bash-stdout>, is that right?",
+            "it printed <local-command-stdout>Set model</local-command-stdout> twice",
+        ] {
+            assert_eq!(
+                verdict(&user(json!(quoted))),
+                Ok(HumanKind::Prompt),
+                "{quoted}"
+            );
+        }
         assert_eq!(
             verdict(&user(json!(
                 "Continue this conversation using the OpenClaw transcript below.\n\nuser: hi\nassistant: hello"
@@ -1794,6 +1871,9 @@ mod tests {
             // review of stop 67, T409 and T410.)
             r#"{"type":"user","a":[1}}"#,
             r#"{"type":"user","a":{"b":1]}"#,
+            // A `\u` escape with a digit that is not hex. (What the mutation did: the escape
+            // dropped and the line read on, a prompt holding it counted; review of stop 69, T507.)
+            r#"{"type":"user","message":{"role":"user","content":"bad \uzzzz escape"}}"#,
         ] {
             assert_eq!(
                 RowFacts::from_line(bad.as_bytes()),
@@ -1807,6 +1887,19 @@ mod tests {
         assert_eq!(
             RowFacts::from_line(deep.as_bytes()),
             Some(LineEnd::Malformed)
+        );
+        // Past the depth followed the rest of the line is skipped, whatever it holds: a row
+        // opened there is not read. (What the mutation did: the reader went on after finding
+        // the line malformed, and a row opened past the depth counted as a turn; review of
+        // stop 69, T527.)
+        let past = format!(
+            r#"{{"a":{}{{"type":"user","message":{{"role":"user","content":"deep"}}}}"#,
+            "[".repeat(255)
+        );
+        assert_eq!(
+            RowFacts::from_line(past.as_bytes()),
+            Some(LineEnd::Malformed),
+            "a row opened past the depth followed"
         );
         let ok = format!("{{\"a\":{}{}}}", "[".repeat(100), "]".repeat(100));
         assert!(matches!(
@@ -2271,6 +2364,51 @@ mod tests {
             Ok(HumanKind::Prompt),
             "a byte that is not UTF-8 is not nothing"
         );
+        // A lone high surrogate is one U+FFFD where it stands, at a string's end, before an
+        // escape, and in a field no rule reads: it never spills into the next string (the
+        // row's `type` read after it). (What the mutations did: it was left pending at a
+        // string's end, kept pending after its U+FFFD, put after an escaped character, or
+        // taken from an ignored field; each put a U+FFFD into a later string, the row's `type`
+        // was not `user` and the person's turn lost, or the text read otherwise; review of
+        // stop 69, T508, T517, T525 and T528.)
+        let cut = br#"{"message":{"role":"user","content":"cut \ud83d"},"type":"user"}"#;
+        assert_eq!(
+            content(cut),
+            fingerprint("cut \u{fffd}"),
+            "at a string's end"
+        );
+        assert_eq!(
+            classify(&RowFacts::from_line(cut).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "a text cut after a high surrogate"
+        );
+        assert_eq!(
+            content(br#"{"message":{"content":"\ud83d\"q"}}"#),
+            fingerprint("\u{fffd}\"q"),
+            "before an escape"
+        );
+        let ignored =
+            br#"{"cwd":"x\ud83d","type":"user","message":{"role":"user","content":"hi"}}"#;
+        assert_eq!(
+            classify(&RowFacts::from_line(ignored).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "in a field no rule reads"
+        );
+        // Bytes that are not UTF-8 read as `String::from_utf8_lossy` reads them: a stray
+        // continuation byte is a U+FFFD of its own, and a character cut short by an ASCII
+        // byte is one before it. (What the mutations did: a byte that cannot lead a character
+        // waited for one more, or an ASCII byte went out before the cut character's U+FFFD;
+        // review of stop 69, T509 and T526.)
+        for bytes in [&b"\xff\x80"[..], b"\xe2\x82a", b"a\xc3b\xa9"] {
+            let mut line = b"{\"message\":{\"content\":\"".to_vec();
+            line.extend_from_slice(bytes);
+            line.extend_from_slice(b"\"}}");
+            assert_eq!(
+                content(&line),
+                fingerprint(&String::from_utf8_lossy(bytes)),
+                "{bytes:?}"
+            );
+        }
     }
 
     /// The session's own text is its echo even when it is a slash command, in a `user` row and

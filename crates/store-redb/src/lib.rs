@@ -1619,6 +1619,9 @@ impl RedbStore {
         if chosen == 0 {
             return Ok((0, 0));
         }
+        // Test-only: where a unit test deletes a chosen row before the write (stop 69, RU31).
+        #[cfg(test)]
+        tests::BETWEEN_AGE_CHOICE_AND_DELETE.at(self.path()).await;
         let deleted = self
             .write("prune", move |txn| {
                 // Rows are immutable, so a victim still present still qualifies.
@@ -1877,6 +1880,9 @@ mod tests {
     /// Between an idle-cursor round's choice and its write.
     pub(super) static BETWEEN_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
         awareness_core::testkit::pause::Pause::new();
+    /// Where the age step holds between its choice and its write (test-only; stop 69, RU31).
+    pub(super) static BETWEEN_AGE_CHOICE_AND_DELETE: awareness_core::testkit::pause::Pause =
+        awareness_core::testkit::pause::Pause::new();
 
     /// A cursor touched between an idle-cursor round's choice (on a read snapshot) and its
     /// write is no longer idle and stays; the other one chosen goes.
@@ -1988,6 +1994,61 @@ mod tests {
             store.write_transactions(),
             before,
             "a row-cap chunk that deleted nothing committed a transaction"
+        );
+    }
+
+    /// An old row the age step chose on its snapshot and that is gone by its write (its session
+    /// deleted in between) is not counted and ends no chunk: the chunk goes on by what its round
+    /// chose, so the old row past the round's bound goes in the same chunk.
+    /// (What the mutations did: the age round answered what its write deleted as what it chose,
+    /// which ended the chunk at the gone row, RU31; `prune_events` answered the victims it was
+    /// handed, RU22; review of stop 69.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_old_row_gone_after_the_age_choice_is_not_counted_and_ends_no_chunk() {
+        let (_dir, store) = fresh().await;
+        let store = Arc::new(store);
+        let (at, gone) = (
+            session("agent:main:subagent:child"),
+            session("agent:main:subagent:gone"),
+        );
+        for s in [&at, &at, &gone, &at] {
+            store.record(event(s, None), T0).await.expect("record");
+        }
+        store
+            .record(event(&at, None), T0.plus_ms(10))
+            .await
+            .expect("record a young row");
+        let (chosen, go) = BETWEEN_AGE_CHOICE_AND_DELETE.arm(store.path());
+        let pruning = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                // A round of three: the first chooses sequences 1, 2 and 3.
+                let step = PruneStep::Age {
+                    cutoff: T0.plus_ms(1),
+                };
+                store.prune_chunk(&step, 3, T0.plus_ms(20)).await
+            }
+        });
+        chosen.notified().await;
+        store.delete_session(&gone).await.expect("delete");
+        BETWEEN_AGE_CHOICE_AND_DELETE.disarm();
+        go.notify_one();
+        assert_eq!(
+            pruning.await.expect("task").expect("prune"),
+            3,
+            "1 and 2, then 4 past the first round's bound; not 3, gone before the write"
+        );
+        let left: Vec<u64> = store
+            .events_after(Sequence::ZERO, 10)
+            .await
+            .expect("events")
+            .iter()
+            .map(|e| e.sequence.get())
+            .collect();
+        assert_eq!(
+            left,
+            [5],
+            "the old row past the first round's bound was left for another pass"
         );
     }
 

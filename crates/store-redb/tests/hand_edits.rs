@@ -408,17 +408,38 @@ async fn a_payload_that_is_no_object_is_corrupt() {
 
 /// A row of a format this build does not know is one whose age it cannot read: the age step
 /// of pruning keeps it (the `tables` module's docs), rather than reading bytes 4-12 as a
-/// version 1 row's age. (The version left unchecked there, a mutation every test passed, the
-/// row, whose bytes there read as 1970, was pruned: review of stop 61.)
+/// version 1 row's age, and goes on past it: the old rows after it go all the same (the row
+/// cap deletes that row in its turn). (The version left unchecked there, a mutation every test
+/// passed, the row, whose bytes there read as 1970, was pruned: review of stop 61. What the
+/// mutation did: the scan stopped at such a row, so no row past it was ever pruned by age;
+/// review of stop 69, RU35.)
 #[tokio::test]
-async fn the_age_step_keeps_a_row_of_another_format() {
+async fn the_age_step_keeps_a_row_of_another_format_and_goes_on_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let store = RedbStore::open(&path).await.unwrap();
+    let at = r("agent:main:subagent:a");
+    for _ in 0..2 {
+        store.record(human(&at), T0.minus_ms(1_000)).await.unwrap();
+    }
+    store.close().await;
     let mut later = row_v1(7, 3, (false, false, false));
     later[0] = 2;
     later[4..12].copy_from_slice(&0i64.to_le_bytes());
-    let (_dir, store) = a_store_whose_event_1_is(&later).await;
+    edit(&path, |txn| {
+        txn.open_table(EVENT_ROWS)
+            .unwrap()
+            .insert(1, later.as_slice())
+            .unwrap();
+    });
+    let store = RedbStore::open(&path).await.unwrap();
     let step = awareness_core::PruneStep::Age { cutoff: T0 };
-    assert_eq!(store.prune_chunk(&step, 100, T0).await.unwrap(), 0);
-    assert_eq!(store.log_stats().await.unwrap().rows, 1, "kept");
+    assert_eq!(
+        store.prune_chunk(&step, 100, T0).await.unwrap(),
+        1,
+        "the old row past the row whose age cannot be read is pruned, and that row is not"
+    );
+    assert_eq!(store.log_stats().await.unwrap().rows, 1, "row 1 kept");
     store.close().await;
 }
 

@@ -919,49 +919,32 @@ mod tests {
     }
 
     /// The `adopted` event is found past the first page of the session's log (200 events): an
-    /// adoption whose event came back after 250 others is not reported as unrecorded. (One
-    /// page read passed every test: review of stop 60.)
+    /// adoption whose event came back after 250 others is not reported as unrecorded, nor one
+    /// whose event opens the second page (the 201st: the next page starts right after the last
+    /// event read). (One page read passed every test: review of stop 60. What the mutation
+    /// did: the next page started one event further on, and an event first on its page was
+    /// passed over; review of stop 69, CX19.)
     #[tokio::test]
     async fn the_adopted_event_is_found_past_the_first_page() {
         use awareness_core::{ActorType, NewEvent, Timestamp};
-        let store = gateway_adapter::open_store("memory:").await.unwrap();
-        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
-        let now = Timestamp::now();
-        for _ in 0..250 {
-            let e = NewEvent::new(s.clone(), EventKind::GoalChanged, ActorType::System, "g");
+        for before in [250, awareness_core::reconcile::MAX_PAGE_LIMIT] {
+            let store = gateway_adapter::open_store("memory:").await.unwrap();
+            let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+            let now = Timestamp::now();
+            for _ in 0..before {
+                let e = NewEvent::new(s.clone(), EventKind::GoalChanged, ActorType::System, "g");
+                store.record(e, now).await.unwrap();
+            }
+            let mut e = NewEvent::new(s.clone(), EventKind::Adopted, ActorType::System, "adopted");
+            e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
             store.record(e, now).await.unwrap();
+            let found = recorded_adoption(&*store, &s).await.unwrap();
+            assert_eq!(
+                found.map(|e| e.sequence.get()),
+                Some(before as u64 + 1),
+                "the `adopted` event after {before} others"
+            );
         }
-        let mut e = NewEvent::new(s.clone(), EventKind::Adopted, ActorType::System, "adopted");
-        e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
-        store.record(e, now).await.unwrap();
-        let found = recorded_adoption(&*store, &s).await.unwrap();
-        assert_eq!(found.map(|e| e.sequence), Some(Sequence(251)));
-    }
-
-    /// The `adopted` event is found when it opens a page: after a full first page (200 events)
-    /// it is the 201st, and the next page starts right after the last event read. (What the
-    /// mutation did: the next page started one event further on, and an adoption whose event
-    /// came back late as the first of its page was reported as not recorded; review of stop
-    /// 69, CX19.)
-    #[tokio::test]
-    async fn the_adopted_event_that_opens_the_second_page_is_found() {
-        use awareness_core::{ActorType, NewEvent, Timestamp};
-        let store = gateway_adapter::open_store("memory:").await.unwrap();
-        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
-        let now = Timestamp::now();
-        for _ in 0..awareness_core::reconcile::MAX_PAGE_LIMIT {
-            let e = NewEvent::new(s.clone(), EventKind::GoalChanged, ActorType::System, "g");
-            store.record(e, now).await.unwrap();
-        }
-        let mut e = NewEvent::new(s.clone(), EventKind::Adopted, ActorType::System, "adopted");
-        e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
-        store.record(e, now).await.unwrap();
-        let found = recorded_adoption(&*store, &s).await.unwrap();
-        assert_eq!(
-            found.map(|e| e.sequence),
-            Some(Sequence(201)),
-            "the `adopted` event first on the second page"
-        );
     }
 
     /// Bug (review, stop 55): GNU `timeout` signals its child, then the child's whole process

@@ -219,6 +219,24 @@ async fn listened_on_again_after_silence(mute_listen: bool) {
     hinted(&mut hints).await;
 }
 
+/// A store through a [`SilentProxy`] in a fresh schema (dropped with the guard), listening,
+/// and its hint stream, whose first hint (the listener's start) is taken.
+async fn listening_through_a_proxy() -> (
+    SilentProxy,
+    server::DropSchema,
+    PgStore,
+    Box<dyn CommitHints>,
+) {
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let drop = server::DropSchema(schema.clone());
+    let ours = proxy.store(&schema).await;
+    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
+    ours.hints_listening().await;
+    hinted(&mut hints).await;
+    (proxy, drop, ours, hints)
+}
+
 /// A listening connection that fails (a message the client cannot read: a protocol error, not
 /// a lost connection) is listened on again after a wait, not at once: a server or network that
 /// fails every connection so gets a try a second, not a spin of them. (What the mutation did:
@@ -227,14 +245,8 @@ async fn listened_on_again_after_silence(mute_listen: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listening_connection_that_fails_is_listened_on_again_after_a_wait() {
     let logs = awareness_core::testkit::logs::Capture::warnings();
-    let proxy = SilentProxy::start();
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
     // Its proofs of life are the notifications the proxy garbles.
-    let ours = proxy.store(&schema).await;
-    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
-    ours.hints_listening().await;
-    hinted(&mut hints).await;
+    let (proxy, _drop, _ours, _hints) = listening_through_a_proxy().await;
 
     proxy.garble_listeners(true);
     until("three listening connections failed", || {
@@ -266,13 +278,7 @@ async fn a_listening_connection_that_fails_is_listened_on_again_after_a_wait() {
 /// stop 69, P716.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tries_to_listen_that_keep_failing_come_further_apart() {
-    let proxy = SilentProxy::start();
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
-    let ours = proxy.store(&schema).await;
-    let mut hints = ours.commit_hints().expect("store-postgres pushes hints");
-    ours.hints_listening().await;
-    hinted(&mut hints).await;
+    let (proxy, _drop, _ours, _hints) = listening_through_a_proxy().await;
 
     // The listening connection fails at its next proof of life, and every try after it too.
     let before = proxy.seen.lock().unwrap().listens.len();

@@ -1891,6 +1891,19 @@ mod tests {
         }
     }
 
+    /// Leaves a transaction open on `store`'s write connection, marked open, as a ROLLBACK that
+    /// failed after an interrupted write leaves it.
+    async fn leave_a_transaction_open(store: &SqliteStore) {
+        let slot = store.writer.as_ref().expect("a read-write handle");
+        let mut held = slot.lock().await;
+        let w = held.as_mut().expect("the write connection");
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut w.conn)
+            .await
+            .expect("a transaction left open");
+        w.open_tx = true;
+    }
+
     /// A recording that finds a transaction left open on the write connection (a rollback
     /// after an interrupted write failed, which leaves `open_tx` set for the next writer) rolls
     /// it back first and records, through the group-commit queue and with group commit off
@@ -1907,16 +1920,7 @@ mod tests {
             )
             .await
             .expect("open");
-            let slot = store.writer.as_ref().expect("a read-write handle");
-            {
-                let mut held = slot.lock().await;
-                let w = held.as_mut().expect("the write connection");
-                sqlx::raw_sql("BEGIN IMMEDIATE")
-                    .execute(&mut w.conn)
-                    .await
-                    .expect("a transaction left open");
-                w.open_tx = true;
-            }
+            leave_a_transaction_open(&store).await;
             let rec = store
                 .record(message("after".to_owned()), T)
                 .await
@@ -1939,16 +1943,7 @@ mod tests {
         let store = SqliteStore::open_with(&file, SqliteOptions::new())
             .await
             .expect("open");
-        let slot = store.writer.as_ref().expect("a read-write handle");
-        {
-            let mut held = slot.lock().await;
-            let w = held.as_mut().expect("the write connection");
-            sqlx::raw_sql("BEGIN IMMEDIATE")
-                .execute(&mut w.conn)
-                .await
-                .expect("a transaction left open");
-            w.open_tx = true;
-        }
+        leave_a_transaction_open(&store).await;
         store.foreign_commits().await.expect("the data version");
         let mut raw = SqliteConnectOptions::new()
             .filename(&file)

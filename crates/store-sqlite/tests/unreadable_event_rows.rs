@@ -236,16 +236,7 @@ async fn an_event_whose_stored_fields_are_not_json_fails_its_page_naming_it() {
         // The same after an escape, which the reader takes another way.
         "[null,\"message\",\"human\",null,null,0,\"a\\nb\u{1f}c\",null,null]",
     ] {
-        assert!(
-            serde_json::from_str::<serde_json::Value>(torn).is_err(),
-            "{torn}"
-        );
-        behind_the_back(
-            &path,
-            &format!("UPDATE session_state_events SET fields_json = '{torn}' WHERE sequence = $1"),
-            &[3],
-        )
-        .await;
+        tear_fields(&path, 3, torn).await;
         let err = store
             .changes_since(&a, Sequence::ZERO, 10)
             .await
@@ -258,6 +249,20 @@ async fn an_event_whose_stored_fields_are_not_json_fails_its_page_naming_it() {
         .expect("the log");
     assert_eq!(seqs(&log), [1, 2, 3, 4, 5]);
     store.close().await;
+}
+
+/// Replaces event `sequence`'s stored fields with `torn`, which serde_json does not read.
+async fn tear_fields(path: &Path, sequence: i64, torn: &str) {
+    assert!(
+        serde_json::from_str::<serde_json::Value>(torn).is_err(),
+        "{torn}"
+    );
+    behind_the_back(
+        path,
+        &format!("UPDATE session_state_events SET fields_json = '{torn}' WHERE sequence = $1"),
+        &[sequence],
+    )
+    .await;
 }
 
 /// Stored fields that serde_json refuses, though the store's fast reader of a page (decision
@@ -282,16 +287,7 @@ async fn fields_just_past_what_serde_json_reads_fail_the_page_naming_the_row() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("state.sqlite");
         let (store, a, _) = five_events(&path).await;
-        assert!(
-            serde_json::from_str::<serde_json::Value>(torn).is_err(),
-            "{torn}"
-        );
-        behind_the_back(
-            &path,
-            &format!("UPDATE session_state_events SET fields_json = '{torn}' WHERE sequence = $1"),
-            &[sequence],
-        )
-        .await;
+        tear_fields(&path, sequence, torn).await;
         let err = store
             .changes_since(&a, Sequence::ZERO, 10)
             .await

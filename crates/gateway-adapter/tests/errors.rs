@@ -228,6 +228,96 @@ async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
     }
 }
 
+/// A reconcile of a bare key without an agent reads the session the requester's cursor on the
+/// key follows (decision 0008): `agent:main:main` watching ops's `global` reads ops's, which has
+/// the notice's event, not main's own `global`.
+/// (What the mutation did: the cursor read was ignored, and main's `global`, with no event, was
+/// answered; review of stop 69, V747.)
+#[tokio::test]
+async fn a_bare_key_reconciles_the_session_the_requesters_cursor_follows() {
+    let store = main_notified_of(&SessionRef::parse("global", "ops").unwrap()).await;
+    let svc = Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .build();
+    let status = svc
+        .session_status(
+            &k("agent:main:main"),
+            &k("global"),
+            None,
+            Some(Sequence(0)),
+            None,
+        )
+        .await
+        .expect("visible");
+    assert!(!status.unavailable, "{status:?}");
+    assert_eq!(
+        status.state_version,
+        Sequence(1),
+        "ops's global, which the requester's cursor follows"
+    );
+}
+
+/// An adoption whose link is written but whose `adopted` event the store fails to record
+/// answers no event and logs the failure, with its cause: the caller is told only `None`.
+/// (What the mutation did: the adoption's task no longer logged the failed recording, and
+/// nothing said why the event was missing; review of stop 69, V751.)
+#[tokio::test]
+async fn an_adopted_event_the_store_fails_to_record_is_logged() {
+    struct RecordsFail;
+    impl Hook for RecordsFail {
+        fn refuse(&self, call: Call) -> Option<StoreError> {
+            (call == Call::Record)
+                .then(|| StoreError::backend("record", std::io::Error::other(CAUSE)))
+        }
+    }
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: RecordsFail,
+    });
+    let links = Arc::new(MemoryStore::new());
+    let svc = Awareness::builder(
+        store,
+        Arc::new(InMemoryQueue::new()),
+        Arc::new(RecordingWake::new()),
+        Arc::new(InMemoryDirectory::new()),
+    )
+    .upstream(links)
+    .build();
+    let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+    let adoption = svc
+        .try_adopt_recorded(LinkSpec::new(session, "remote", "h", "t", "quiet"))
+        .await
+        .expect("the link is written");
+    assert!(adoption.event.is_none(), "no event recorded");
+    let line = logged(&capture.lines(), "session-state event not recorded");
+    assert!(line.contains(CAUSE), "{line}");
+    assert!(line.contains("agent:main:worker"), "{line}");
+}
+
+/// `unwatch` of a bare key (a session that cannot watch) answers `false` without a word: there
+/// is no watch to remove, and nothing failed.
+/// (What the mutation did: the bare key went to the store, was refused as invalid input, and
+/// each such call logged `unwatch failed`; review of stop 69, V755.)
+#[tokio::test]
+async fn unwatching_with_a_bare_key_logs_nothing() {
+    let capture = Capture::default();
+    let _logging = capture.install();
+    let svc = service(Arc::new(MemoryStore::new()));
+    assert!(!svc.unwatch(&k("global"), &k("agent:main:worker")).await);
+    let warned: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("unwatch failed"))
+        .collect();
+    assert!(warned.is_empty(), "{warned:#?}");
+}
+
 /// A memory store in which `agent:main:main` watches `target`.
 async fn main_watching(target: SessionRef) -> Arc<MemoryStore> {
     let store = Arc::new(MemoryStore::new());

@@ -962,6 +962,50 @@ async fn a_bare_target_is_the_requesters_agents_session() {
     );
 }
 
+/// `session_status` of a session the visibility policy hides from the requester is refused
+/// (`NotVisible`), revealing nothing, not even its version: under `SameAgent`, ops's main
+/// session does not see main's worker.
+/// (What the mutation did: the policy was not asked, and ops read the worker's version and
+/// changes; review of stop 69, V754.)
+#[tokio::test]
+async fn a_session_the_policy_hides_is_not_reconciled() {
+    let svc = gateway_adapter::Awareness::builder(
+        Arc::new(MemoryStore::new()),
+        Arc::new(gateway_adapter::InMemoryQueue::new()),
+        Arc::new(gateway_adapter::RecordingWake::new()),
+        Arc::new(gateway_adapter::InMemoryDirectory::new()),
+    )
+    .visibility(Arc::new(gateway_adapter::SameAgent))
+    .build();
+    let event = awareness_core::NewEvent::new(
+        child(),
+        EventKind::Compacted,
+        ActorType::System,
+        "session compacted",
+    );
+    assert!(svc.record(event).await.is_some(), "recorded");
+    let status = svc
+        .session_status(
+            &k("agent:ops:main"),
+            &k(CHILD),
+            None,
+            Some(Sequence(0)),
+            None,
+        )
+        .await;
+    assert!(status.is_err(), "hidden from another agent: {status:?}");
+    let text = svc
+        .session_status_text(&k("agent:ops:main"), &k(CHILD), None, None, None)
+        .await;
+    assert!(text.contains("is not visible"), "{text}");
+    // Its own agent's session sees it.
+    let own = svc
+        .session_status(&k("agent:main:main"), &k(CHILD), None, None, None)
+        .await
+        .expect("visible to its own agent");
+    assert_eq!(own.state_version, Sequence(1));
+}
+
 /// A read bounded by `store_wait` polled outside a Tokio runtime (a host polling the service's
 /// futures itself, as the benches do over the in-memory store) is answered, awaited whole: no timer
 /// can be set there (set all the same, it panicked with no reactor running: review of stop 62,
@@ -1087,6 +1131,70 @@ async fn every_run_that_did_not_complete_records_its_outcome_as_a_failure() {
             "{outcome:?}: the failure says how the run ended"
         );
     }
+}
+
+/// A spawn is recorded with its spawner's session key as its actor id, as OpenClaw records it:
+/// the child's history says who spawned it.
+/// (What the mutation did: the `child_spawned` event was recorded with no actor id; review of
+/// stop 69, V728.)
+#[tokio::test]
+async fn a_spawn_names_its_spawner_as_its_actor() {
+    let w = World::watched().await;
+    let e = w.only(EventKind::ChildSpawned).await;
+    assert_eq!(e.actor_type, ActorType::Agent);
+    assert_eq!(
+        e.actor_id.as_deref(),
+        Some(MANAGER),
+        "the spawn's actor is its spawner"
+    );
+}
+
+/// A run's end reported twice (a host's retry) is one event, and its spawner is told once.
+/// (What the mutation did: `run_failed` was recorded without its `run-terminal:` dedupe key, so
+/// the retry recorded a second event; review of stop 69, V730.)
+#[tokio::test]
+async fn a_run_end_reported_twice_is_one_event() {
+    let w = World::watched().await;
+    let first = w
+        .svc
+        .subagent_ended(&k(CHILD), None, "run-1", RunOutcome::Error)
+        .await
+        .expect("recorded");
+    let again = w
+        .svc
+        .subagent_ended(&k(CHILD), None, "run-1", RunOutcome::Error)
+        .await
+        .expect("answered");
+    assert_eq!(
+        again.sequence, first.sequence,
+        "the retry is the same event"
+    );
+    w.only(EventKind::RunFailed).await;
+}
+
+/// A compaction keeps the run id it was made in, fitted as an id.
+/// (What the mutation did: the `compacted` event was recorded without its run id; review of
+/// stop 69, V732.)
+#[tokio::test]
+async fn a_compaction_keeps_its_run_id() {
+    let w = World::watched().await;
+    w.svc
+        .compacted(Compaction {
+            session: k(CHILD),
+            agent_id: None,
+            session_id: None,
+            run_id: Some("run-7".into()),
+            operation_id: "op-1".into(),
+            owner: None,
+        })
+        .await
+        .expect("recorded");
+    let e = w.only(EventKind::Compacted).await;
+    assert_eq!(
+        e.run_id.as_deref(),
+        Some("run-7"),
+        "the compaction's run id"
+    );
 }
 
 /// Each outcome's spelling parses back to that outcome, as a host hands it over.

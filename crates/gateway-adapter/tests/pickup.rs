@@ -233,6 +233,63 @@ async fn a_panicking_wake_leaves_the_pick_up_incomplete_not_ended() {
     assert_eq!(svc.drain_turn(&k(MANAGER)).await.len(), 2);
 }
 
+/// A queue that panics when a notice that wakes nobody (a nested subagent's) is queued leaves
+/// the pick-up not complete, as a panicking wake does, so that the pick-up task tries again;
+/// the next pick-up queues the line.
+/// (What the mutation did: only a panic while delivering the notices that wake was counted,
+/// and the pick-up said it was complete with the subagent's line missing; review of stop 69,
+/// V707.)
+#[tokio::test]
+async fn a_queue_that_panics_for_a_quiet_notice_leaves_the_pick_up_incomplete() {
+    struct PanicsOnce(std::sync::atomic::AtomicBool, InMemoryQueue);
+    impl SystemEventQueue for PanicsOnce {
+        fn enqueue(&self, session: &SessionKey, entry: gateway_adapter::QueuedEntry) -> bool {
+            assert!(
+                self.0.swap(true, std::sync::atomic::Ordering::SeqCst),
+                "the host's queue failed"
+            );
+            self.1.enqueue(session, entry)
+        }
+        fn drain(&self, session: &SessionKey) -> Vec<gateway_adapter::QueuedEntry> {
+            self.1.drain(session)
+        }
+        fn peek(&self, session: &SessionKey) -> Vec<gateway_adapter::QueuedEntry> {
+            self.1.peek(session)
+        }
+        fn remove(&self, session: &SessionKey, entry: &gateway_adapter::QueuedEntry) -> bool {
+            self.1.remove(session, entry)
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
+    let queue = Arc::new(PanicsOnce(
+        std::sync::atomic::AtomicBool::new(false),
+        InMemoryQueue::new(),
+    ));
+    let svc = Awareness::builder(
+        store.clone(),
+        queue.clone(),
+        Arc::new(RecordingWake::new()),
+        directory(&[NESTED]),
+    )
+    .build();
+    written_elsewhere(&*store, &[NESTED]).await;
+
+    let first = svc.pick_up().await;
+    assert!(
+        !first.complete,
+        "a line whose queueing panicked is no complete pick-up: {first:?}"
+    );
+    assert_eq!(first.queued, 0);
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 1,
+            complete: true
+        }
+    );
+    assert_eq!(queue.1.peek(&k(NESTED)).len(), 1);
+}
+
 /// With `owned_watchers_only`, what this gateway's own recordings hand out reaches only the
 /// watchers its directory knows; another gateway's watcher is left to that gateway's pick-up
 /// (DESIGN.md section 9.1). By default a gateway delivers to every watcher. `Awareness::deliver`,
@@ -1401,20 +1458,24 @@ async fn the_pickup_task_outlives_a_question_that_panics() {
     picked_up_after_a_panic(store, directory(&[MANAGER]), &said).await;
 }
 
-/// A question that fails again after the store has answered one is warned of again: only
-/// failures in a row go to `debug!` after the first. (What the mutation did: an answer did not
-/// end the run of failures, and the next failure, hours later perhaps, went to `debug!` only;
-/// review of stop 66, SV542.)
+/// Questions that fail in a row are warned of once, at the first failure: the ones after it,
+/// while the store keeps failing, go to `debug!`, so that a store down for hours does not write
+/// a warning at every pick-up interval; a question that fails again after the store has
+/// answered one is warned of again. (What the mutations did: the run of failures was never
+/// marked, and every failed question warned, review of stop 69, V749; an answer did not end
+/// the run, and the next failure, hours later perhaps, went to `debug!` only, review of stop
+/// 66, SV542.)
 #[tokio::test(start_paused = true)]
-async fn a_question_that_fails_again_after_an_answer_is_warned_of_again() {
-    struct FailsFirstAndThird(std::sync::atomic::AtomicUsize);
-    impl Hook for FailsFirstAndThird {
+async fn questions_failing_in_a_row_are_warned_of_once_and_again_after_an_answer() {
+    /// Fails the first three questions and the fifth.
+    struct FailsInTwoRuns(std::sync::atomic::AtomicUsize);
+    impl Hook for FailsInTwoRuns {
         fn refuse(&self, call: Call) -> Option<awareness_core::StoreError> {
             if call != Call::ForeignCommits {
                 return None;
             }
             let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            (n == 1 || n == 3).then(|| {
+            (n <= 3 || n == 5).then(|| {
                 awareness_core::StoreError::backend(
                     "ask whether another writer committed",
                     std::io::Error::other("disk I/O error"),
@@ -1426,7 +1487,7 @@ async fn a_question_that_fails_again_after_an_answer_is_warned_of_again() {
     let _logs = capture.install();
     let store = Arc::new(Hooked {
         inner: Arc::new(MemoryStore::new()),
-        hook: FailsFirstAndThird(std::sync::atomic::AtomicUsize::new(0)),
+        hook: FailsInTwoRuns(std::sync::atomic::AtomicUsize::new(0)),
     });
     let asked = || store.hook.0.load(std::sync::atomic::Ordering::SeqCst);
     let (svc, _queue, _woken) = woken_service(
@@ -1438,14 +1499,14 @@ async fn a_question_that_fails_again_after_an_answer_is_warned_of_again() {
     // A question at every pick-up interval (1 s): bounded, so that a task that stopped asking
     // fails the test instead of hanging it.
     for _ in 0..600 {
-        if asked() >= 4 {
+        if asked() >= 6 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     pickup.abort();
     let _ = pickup.await;
-    assert!(asked() >= 4, "four questions asked");
+    assert!(asked() >= 6, "six questions asked");
     let warned = capture
         .lines()
         .iter()
@@ -1457,7 +1518,7 @@ async fn a_question_that_fails_again_after_an_answer_is_warned_of_again() {
     assert_eq!(
         warned,
         2,
-        "each failure after an answer is warned of: {:?}",
+        "three failures in a row, an answer, a failure: two warnings: {:?}",
         capture.lines()
     );
 }

@@ -205,60 +205,34 @@ async fn adopting_without_an_upstream_store_names_the_set_up_mistake() {
     assert!(!err.is_retryable());
 }
 
-/// Fails every read of one cursor with the error it makes: a full disk, or a damaged row.
-struct CursorReadsFail(fn() -> StoreError);
+/// Fails every read of one cursor with the error it makes, if any: a full disk, or a damaged
+/// row.
+struct CursorReadsFail(Option<fn() -> StoreError>);
 
 impl Hook for CursorReadsFail {
     fn refuse(&self, call: Call) -> Option<StoreError> {
-        (call == Call::Cursor).then(self.0)
+        self.0.filter(|_| call == Call::Cursor).map(|error| error())
     }
 }
 
 /// A reconcile of a bare key without an agent reads the session the requester's cursor on the
-/// key follows; when that cursor cannot be read, which session is meant is unknown, and the
-/// answer is `unavailable` (logged), not the requester's own agent's session, which may be the
-/// wrong one. A damaged cursor row, which reads so at every call (decision 0016), counts as no
-/// cursor instead: the requester's own agent's session is read.
+/// key follows (decision 0008): `agent:main:main` watching ops's `global` reads ops's. When that
+/// cursor cannot be read, which session is meant is unknown, and the answer is `unavailable`
+/// (logged), not the requester's own agent's session, which may be the wrong one. A damaged
+/// cursor row, which reads so at every call (decision 0016), counts as no cursor instead: the
+/// requester's own agent's session is read. (What the mutation did: the cursor read was
+/// ignored, and main's `global`, with no event, was answered; review of stop 69, V747.)
 #[tokio::test]
 async fn a_bare_key_whose_watch_cannot_be_read_is_unavailable() {
     let full_disk = || StoreError::backend("read a cursor", std::io::Error::other(CAUSE));
     let damaged = || StoreError::corrupt("cursor row: torn");
-    for (error, unavailable) in [(full_disk as fn() -> StoreError, true), (damaged, false)] {
-        bare_key_whose_watch_fails(error, unavailable).await;
+    for (error, unavailable) in [
+        (None, false),
+        (Some(full_disk as fn() -> StoreError), true),
+        (Some(damaged), false),
+    ] {
+        bare_key_whose_watch_reads(error, unavailable).await;
     }
-}
-
-/// A reconcile of a bare key without an agent reads the session the requester's cursor on the
-/// key follows (decision 0008): `agent:main:main` watching ops's `global` reads ops's, which has
-/// the notice's event, not main's own `global`.
-/// (What the mutation did: the cursor read was ignored, and main's `global`, with no event, was
-/// answered; review of stop 69, V747.)
-#[tokio::test]
-async fn a_bare_key_reconciles_the_session_the_requesters_cursor_follows() {
-    let store = main_notified_of(&SessionRef::parse("global", "ops").unwrap()).await;
-    let svc = Awareness::builder(
-        store,
-        Arc::new(InMemoryQueue::new()),
-        Arc::new(RecordingWake::new()),
-        Arc::new(InMemoryDirectory::new()),
-    )
-    .build();
-    let status = svc
-        .session_status(
-            &k("agent:main:main"),
-            &k("global"),
-            None,
-            Some(Sequence(0)),
-            None,
-        )
-        .await
-        .expect("visible");
-    assert!(!status.unavailable, "{status:?}");
-    assert_eq!(
-        status.state_version,
-        Sequence(1),
-        "ops's global, which the requester's cursor follows"
-    );
 }
 
 /// An adoption whose link is written but whose `adopted` event the store fails to record
@@ -343,7 +317,7 @@ async fn main_notified_of(target: &SessionRef) -> Arc<MemoryStore> {
     store
 }
 
-async fn bare_key_whose_watch_fails(error: fn() -> StoreError, unavailable: bool) {
+async fn bare_key_whose_watch_reads(error: Option<fn() -> StoreError>, unavailable: bool) {
     let capture = Capture::default();
     let _logging = capture.install();
     let inner = main_watching(SessionRef::parse("global", "ops").unwrap()).await;
@@ -373,18 +347,26 @@ async fn bare_key_whose_watch_fails(error: fn() -> StoreError, unavailable: bool
         .await
         .expect("visible");
     assert_eq!(status.unavailable, unavailable, "{status:?}");
-    if !unavailable {
+    if error.is_none() {
+        assert_eq!(
+            status.state_version,
+            Sequence(1),
+            "ops's global, which the requester's cursor follows"
+        );
+    } else if !unavailable {
         assert_eq!(
             status.state_version,
             Sequence(0),
             "main's global, which has no event"
         );
     }
-    let line = logged(&capture.lines(), "session_status: the requester's cursor");
-    assert!(
-        line.contains(if unavailable { CAUSE } else { "torn" }),
-        "{line}"
-    );
+    if error.is_some() {
+        let line = logged(&capture.lines(), "session_status: the requester's cursor");
+        assert!(
+            line.contains(if unavailable { CAUSE } else { "torn" }),
+            "{line}"
+        );
+    }
     let named = svc
         .session_status(
             &k("agent:main:main"),
@@ -1058,9 +1040,9 @@ async fn a_qualified_key_is_reconciled_without_reading_the_requesters_cursor() {
     let inner = main_notified_of(&child).await;
     let svc = service(Arc::new(Hooked {
         inner,
-        hook: CursorReadsFail(|| {
+        hook: CursorReadsFail(Some(|| {
             StoreError::backend("read a cursor", std::io::Error::other(CAUSE))
-        }),
+        })),
     }));
     let status = svc
         .session_status(

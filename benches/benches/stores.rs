@@ -845,8 +845,9 @@ fn record_beside_pruning(
         show(during_max),
         during.len()
     );
-    // Saved for bench-report; a `--test` run's small data set would only mislead it.
-    if !test_mode() {
+    // Saved for bench-report; a `--test` run's small data set would only mislead it, and a run
+    // that discards criterion's results (CI's short real run) keeps none of its own either.
+    if !test_mode() && !std::env::args().any(|a| a == "--discard-baseline") {
         let ns = |d: Option<Duration>| d.map(|d| d.as_nanos() as u64);
         save_result(
             "awareness-prune",

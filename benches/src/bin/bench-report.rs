@@ -46,17 +46,14 @@ const ROWS: &[&str] = &[
     "prune/60k_to_50k",
 ];
 
-/// Backends, in column order.
-const COLUMNS: &[&str] = &[
-    "memory",
-    "sqlite",
-    "sqlite-1tx",
-    "redb",
-    "redb-1tx",
-    "redb-bounded",
-    "postgres",
-    "postgres-1tx",
-];
+/// Backends, in column order: the harness's, `record/concurrent_16_tasks`'s being the widest
+/// (each durable store followed by its one-transaction-per-event twin).
+fn columns() -> Vec<&'static str> {
+    awareness_benches::group_commit_specs()
+        .into_iter()
+        .map(|s| s.name)
+        .collect()
+}
 
 /// One measurement: the median time of an iteration and the elements an iteration handles.
 #[derive(Debug, Clone, Copy)]
@@ -374,9 +371,8 @@ fn render(
          measurement of each bench on this machine ({when}); criterion medians. A ratio whose \
          two inputs were measured more than 30 minutes apart says so.\n"
     );
-    let columns: Vec<&str> = COLUMNS
-        .iter()
-        .copied()
+    let columns: Vec<&str> = columns()
+        .into_iter()
         .filter(|c| ROWS.iter().any(|row| r.contains_key(&format!("{row}/{c}"))))
         .collect();
     let _ = writeln!(s, "| bench | {} |", columns.join(" | "));
@@ -508,8 +504,9 @@ fn postgres_floor(r: &BTreeMap<String, Measured>) -> Option<String> {
 
 /// The backends of `by_backend` in the table's column order.
 fn in_column_order<T>(by_backend: &BTreeMap<String, T>) -> Vec<&String> {
+    let order = columns();
     let mut names: Vec<&String> = by_backend.keys().collect();
-    names.sort_by_key(|n| COLUMNS.iter().position(|c| c == n).unwrap_or(usize::MAX));
+    names.sort_by_key(|n| order.iter().position(|c| c == n).unwrap_or(usize::MAX));
     names
 }
 

@@ -739,30 +739,20 @@ async fn a_refusal_for_other_names_names_those_beside_in_order_and_counts_those_
     for name in names {
         std::fs::hard_link(&path, dir.path().join(name)).unwrap();
     }
-    let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(
-        &err,
-        &path,
-        &format!(
-            "5 other names (hard links) ({} in {}):",
+    // The refusal with `count` other names, those beside it listed, then `tail`.
+    let refused_with = async |count: usize, tail: &str| {
+        let err = SqliteStore::open(&path).await.unwrap_err();
+        let said = format!(
+            "{count} other names (hard links) ({} in {}{tail}):",
             names.join(", "),
             dir.path().display()
-        ),
-        OpenFailure::Other,
-    );
+        );
+        assert_open_error(&err, &path, &said, OpenFailure::Other);
+    };
+    refused_with(5, "").await;
     let elsewhere = tempfile::tempdir().unwrap();
     std::fs::hard_link(&path, elsewhere.path().join("backup.sqlite")).unwrap();
-    let err = SqliteStore::open(&path).await.unwrap_err();
-    assert_open_error(
-        &err,
-        &path,
-        &format!(
-            "6 other names (hard links) ({} in {}, and 1 elsewhere):",
-            names.join(", "),
-            dir.path().display()
-        ),
-        OpenFailure::Other,
-    );
+    refused_with(6, ", and 1 elsewhere").await;
 }
 
 /// The name a new store is prepared under is linked at the store's path for a moment before

@@ -523,37 +523,6 @@ async fn one_agents_heads_listed_past_a_key_that_is_not_utf8_are_that_agents() {
     store.close().await;
 }
 
-/// A session's page over a head row whose last sequence is negative (no writer stores one)
-/// fails as corrupt naming the head, as reading that head by its ref does (decision 0020),
-/// instead of answering with a state version of 0 under events numbered up to 5. (What the
-/// mutation did: the page's head read a negative last sequence as 0; review of stop 68, S811.)
-#[tokio::test]
-async fn a_page_over_a_head_whose_last_sequence_is_negative_fails_naming_it() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let (store, a, b) = five_events(&path).await;
-    behind_the_back(
-        &path,
-        "UPDATE session_state_heads SET last_sequence = $1
-           WHERE session_key = 'agent:main:subagent:a'",
-        &[-5],
-    )
-    .await;
-    match store.changes_since(&a, Sequence::ZERO, 10).await {
-        Err(err) => {
-            assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
-            assert!(err.to_string().contains("negative sequence -5"), "{err}");
-        }
-        Ok(page) => panic!("a page was answered over the head: {page:?}"),
-    }
-    let other = store
-        .changes_since(&b, Sequence::ZERO, 10)
-        .await
-        .expect("b's page");
-    assert_eq!(seqs(&other.events), [2, 4]);
-    store.close().await;
-}
-
 /// A cursor row whose target key holds a byte that is not UTF-8 (another writer's row) is
 /// left out of every listing and reported unreadable as "text that is not UTF-8", not listed
 /// as a cursor on a target whose key holds U+FFFD (a session nobody records to). (What the

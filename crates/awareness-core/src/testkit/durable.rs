@@ -1532,6 +1532,27 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     let Err(why @ StoreError::Corrupt { .. }) = read else {
         panic!("reading that head: {read:?}")
     };
+    // A page of its session fails the same way, naming the head, rather than being answered
+    // from its events under a state version the row does not hold; the other sessions' pages
+    // are answered. (What the mutation did: store-sqlite's page read a negative last sequence
+    // as 0 and answered; review of stop 68, S811, tested for store-sqlite alone until stop 70.)
+    let page = s.changes_since(&torn, Sequence::ZERO, 10).await;
+    let Err(StoreError::Corrupt { .. }) = &page else {
+        panic!("a page over the unreadable head: {page:?}")
+    };
+    let said = page.expect_err("corrupt").to_string();
+    assert!(said.contains(torn.session_key.as_str()), "{said}");
+    let reason = why.to_string();
+    let reason = reason.rsplit(": ").next().unwrap_or_default();
+    assert!(
+        said.ends_with(reason),
+        "{said}: as reading the head says, {reason}"
+    );
+    let page = s
+        .changes_since(&kept, Sequence::ZERO, 10)
+        .await
+        .expect("another session's page");
+    assert_eq!(page.events.len(), 1, "{page:?}");
     // Watching it fails the same way and writes no cursor: a cursor started at 0, as over a
     // session with no head, would hand out its whole history as news. (What the mutation did:
     // store-postgres took the unreadable head for none; review of stop 66, P423.)

@@ -854,6 +854,57 @@ mod tests {
         runtime.block_on(store.close());
     }
 
+    /// A drain that ended (its linger found the queue empty and cleared `draining`) leaves the
+    /// queue to the drain started after it: a recording queued in between is the new drain's,
+    /// not an orphan. (What the mutation did: the ended drain's `Drop` took that recording,
+    /// whose caller was told the writer had stopped, and cleared `draining` under the new drain,
+    /// so a third could run beside it; review of stop 69, RE20.)
+    #[test]
+    fn a_drain_that_ended_leaves_the_queue_to_the_next_drain() {
+        let (_dir, runtime, store) = on_one_thread();
+        let writer = &store.writer;
+        let ended = super::Drain {
+            writer: None,
+            weak: std::sync::Arc::downgrade(writer),
+            inbox: std::sync::Arc::clone(&writer.inbox),
+            ended: true,
+        };
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        let event = NewEvent::new(
+            SessionRef::parse("agent:main:child", "main").expect("ref"),
+            EventKind::Compacted,
+            ActorType::System,
+            "queued for the next drain",
+        );
+        let now = Timestamp(1_800_000_000_000);
+        {
+            // What `submit` does when no drain runs: queue the job, mark a new drain running.
+            let mut q = lock(&writer.inbox.queue);
+            q.jobs
+                .push_back(super::Work::Record(super::Job { event, now, reply }));
+            q.draining = true;
+        }
+        drop(ended);
+        // Still waiting for its answer: the ended drain neither took nor failed it.
+        let unanswered = matches!(
+            answer.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        );
+        let left = {
+            let mut q = lock(&writer.inbox.queue);
+            let left = (q.jobs.len(), q.draining, unanswered);
+            q.jobs.clear();
+            q.draining = false;
+            left
+        };
+        assert_eq!(
+            left,
+            (1, true, true),
+            "(queued, draining, its caller still waiting) after the ended drain's drop"
+        );
+        runtime.block_on(store.close());
+    }
+
     /// An event whose recording panics in a batch fails only its own caller: the others of
     /// the batch are recorded, each alone. The panic failed the whole batch.
     #[test]

@@ -405,6 +405,8 @@ impl Shared {
         // stead; once that has committed there is nothing left to commit here (except for a
         // last flush, which also waits for a transaction in progress that began non-durable).
         let number = self.ask_for_stand_in();
+        #[cfg(test)]
+        tests::panic_if_asked(&self.path);
         let result = self
             .begin_write("flush: begin a durable transaction")
             .and_then(|txn| {
@@ -1438,6 +1440,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// The file whose next flush panics once it has claimed the pending commits and asked for
+    /// a stand-in (as a panic inside redb's commit would).
+    static PANIC_IN_THE_NEXT_FLUSH: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+    pub(super) fn panic_if_asked(path: &Path) {
+        let asked = {
+            let mut asked = lock(&PANIC_IN_THE_NEXT_FLUSH);
+            if asked.as_deref() == Some(path) {
+                asked.take()
+            } else {
+                None
+            }
+        };
+        assert!(asked.is_none(), "the test asked this flush to panic");
+    }
+
     /// Told when a flush finds another one in progress and waits for it.
     static FLUSH_WAITS: Mutex<Option<std::sync::mpsc::Sender<Flushing>>> = Mutex::new(None);
 
@@ -1734,6 +1752,34 @@ pub(crate) mod tests {
             waits[1..].iter().all(|wait| *wait <= interval),
             "at most one interval after each flush: {waits:?}"
         );
+    }
+
+    /// A flush that panics (inside redb, which the flush thread survives) leaves the commits
+    /// it had claimed pending and withdraws its call for a stand-in, so the next interval
+    /// flushes them. (What the mutation did: the commits stayed marked flushed, and the
+    /// intervals after skipped them until a later commit, so a crash could lose commits older
+    /// than the promised interval; review of stop 69, RE28.)
+    #[test]
+    fn a_flush_that_panics_leaves_its_commits_pending() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_handle, shared) = new_shared(&dir);
+        shared.mark_unflushed();
+        *lock(&PANIC_IN_THE_NEXT_FLUSH) = Some(shared.path.clone());
+        let flushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.flush()));
+        assert!(
+            flushed.is_err(),
+            "the flush was asked to panic: {flushed:?}"
+        );
+        assert!(
+            shared.is_unflushed(),
+            "the claimed commits are pending again"
+        );
+        assert!(
+            !shared.is_flush_due(),
+            "no writer is asked to stand in for it"
+        );
+        shared.flush().expect("the next flush");
+        assert!(!shared.is_unflushed(), "the next flush made them durable");
     }
 
     /// A flush called while an earlier one waits for the write lock (behind a long write) must

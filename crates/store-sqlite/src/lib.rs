@@ -1245,6 +1245,67 @@ mod tests {
     pub(crate) static FAIL_THE_NEXT_ROLLBACK: std::sync::Mutex<Option<std::path::PathBuf>> =
         std::sync::Mutex::new(None);
 
+    /// A write that failed inside its transaction, rolled back, leaves the write connection
+    /// known to be outside any transaction: the next writer does not roll back again, nor does
+    /// the guard's drop on a thread of its own. (What the mutation did: `open_tx` stayed set
+    /// after a successful ROLLBACK, and every such failure was followed by a needless second
+    /// rollback on a new thread, logged as a cancelled write; review of stop 69, S920.)
+    #[tokio::test]
+    async fn a_failed_write_rolled_back_leaves_no_transaction_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        let mut w = WriteGuard::lock(store.writer.as_ref().expect("a handle that writes")).await;
+        w.begin();
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut w.conn)
+            .await
+            .expect("begin");
+        let failed: Result<(), _> = w
+            .finish(Err(StoreError::backend(
+                "a write that failed midway",
+                std::io::Error::other("its own failure"),
+            )))
+            .await;
+        assert!(failed.is_err(), "the failure is passed on");
+        assert!(!w.open_tx, "the rollback ended the transaction");
+        drop(w);
+        store.close().await;
+    }
+
+    /// A batch that panics is dropped as soon as the panic is caught (its callers' answers
+    /// dropped with it, so each is told at once that it stopped, and its transaction rolled
+    /// back), not kept to be resumed. (What the mutation did: the panicked batch was kept,
+    /// handed on drop to a thread of its own that polled it again, and logged a second panic;
+    /// review of stop 69, S907.)
+    #[tokio::test]
+    async fn a_batch_that_panics_is_dropped_at_once() {
+        /// A batch that panics when polled, holding its caller's answer until it is dropped.
+        struct Panics(#[allow(dead_code)] tokio::sync::oneshot::Sender<()>);
+        impl Future for Panics {
+            type Output = ();
+            fn poll(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<()> {
+                panic!("this batch panics")
+            }
+        }
+        let (reply, mut answer) = tokio::sync::oneshot::channel::<()>();
+        let mut batch =
+            group::Unfinished::new(Panics(reply), Arc::from(std::path::Path::new("t.db")));
+        batch.run().await;
+        assert!(
+            matches!(
+                answer.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+            ),
+            "the batch, and its caller's answer, dropped once the panic was caught"
+        );
+        drop(batch);
+    }
+
     /// Records an event under the dedupe key "torn" and tears its row, as the durable suite
     /// damages one: a later recording under that key fails.
     async fn tear_a_row_under_torn(store: &SqliteStore) {

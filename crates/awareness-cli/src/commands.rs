@@ -1597,6 +1597,50 @@ mod tests {
         }
     }
 
+    /// Answers every cursor read with a busy store.
+    struct CursorBusy;
+
+    impl Hook for CursorBusy {
+        fn refuse(&self, call: Call) -> Option<StoreError> {
+            (call == Call::Cursor).then(|| StoreError::Busy {
+                context: "read a cursor".into(),
+                source: "database is locked".into(),
+            })
+        }
+    }
+
+    /// `ack` whose read of a target's cursor fails says that failure (a busy store: exit 75,
+    /// to try again), not that the watcher has no cursor there. (What the mutation did: a
+    /// failed read counted as no cursor, "no cursor of ... on ..." with exit 1 for a cursor
+    /// that is there; review of stop 70, CE32.)
+    #[tokio::test]
+    async fn ack_says_a_cursor_read_that_failed_not_a_missing_cursor() {
+        let inner = gateway_adapter::open_store("memory:").await.unwrap();
+        let (w, t) = ("agent:main:main", "agent:main:subagent:c1");
+        let wk = WatcherKey::parse(w).unwrap();
+        let target = SessionRef::parse(t, "main").unwrap();
+        inner.watch(&wk, &target, Timestamp::now()).await.unwrap();
+        let store = Hooked {
+            inner,
+            hook: CursorBusy,
+        };
+        let cli =
+            <Cli as clap::Parser>::try_parse_from(["awareness", "--store", "memory:", "ack", w, t])
+                .unwrap();
+        let checked = check_input(&cli).unwrap();
+        let mut out = Vec::new();
+        let e = on_store(&cli, checked, &store, &mut out)
+            .await
+            .expect_err("the cursor could not be read");
+        assert_eq!(e.code, crate::EXIT_TEMPFAIL, "{}", e.message);
+        assert!(
+            e.message.contains("database is locked") && !e.message.contains("no cursor"),
+            "{}",
+            e.message
+        );
+        assert!(out.is_empty(), "nothing acknowledged");
+    }
+
     /// Sends SIGINT to this process at the `nth` (from 1) `events_after` of `tail --follow`,
     /// outside its wait, and returns only once the runtime has handled the signal.
     #[cfg(unix)]

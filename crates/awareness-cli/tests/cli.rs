@@ -512,16 +512,18 @@ fn operator_commands_on(store: &str) {
     assert!(file.is_file(), "{store} wrote its file");
 }
 
+/// `doctor` reports cursors pointing past their heads, every one it found: the text prints a
+/// line for each problem `--json` lists. (What the mutation did: the text printed the first
+/// problem alone; review of stop 70, CE47.)
 #[test]
 fn doctor_reports_a_cursor_pointing_past_its_head() {
     let dir = tempfile::tempdir().unwrap();
     let store = fixture_copy(dir.path());
     let path = dir.path().join("state.sqlite");
-    // Break the copy by hand, as a bad tool would.
+    // Break the copy by hand, as a bad tool would: every cursor of the fixture.
     edit_by_hand(
         &format!("sqlite://{}", path.display()),
-        "UPDATE session_watch_cursors SET material_sequence = 99 \
-         WHERE watcher_session_key = 'agent:ops:main'",
+        "UPDATE session_watch_cursors SET material_sequence = 99",
     );
     let o = run_in(dir.path(), &["--store", &store, "doctor"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
@@ -533,6 +535,14 @@ fn doctor_reports_a_cursor_pointing_past_its_head() {
     let j = run_in(dir.path(), &["--store", &store, "--json", "doctor"]);
     let v: Value = serde_json::from_slice(&j.stdout).unwrap();
     assert_eq!(v["ok"], false);
+    let problems = v["problems"].as_array().map_or(0, Vec::len);
+    assert!(problems >= 2, "{v}");
+    let text = stdout(&o);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("problem: ")).count(),
+        problems,
+        "{text}"
+    );
 }
 
 /// `unwatch` and `ack` of a cursor OpenClaw's file does not hold fail, naming it, and leave the
@@ -601,11 +611,17 @@ fn ack_of_an_unreadable_cursor_leaves_openclaws_file_as_it_was() {
             "ack",
             "agent:main:main",
             "agent:main:subagent:torn",
+            "agent:main:subagent:typo",
         ],
     );
+    // The first refusal is said, not the missing cursor after it. (What the mutation did: the
+    // read-only look went on past the unreadable row and named the missing cursor; review of
+    // stop 70, CE50.)
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("corrupt store") && stderr(&o).contains("negative"),
+        stderr(&o).contains("corrupt store")
+            && stderr(&o).contains("negative")
+            && !stderr(&o).contains("no cursor"),
         "{}",
         stderr(&o)
     );
@@ -670,8 +686,11 @@ fn a_dry_run_of_pruning_counts_the_log_up_to_a_row_it_cannot_read() {
     );
     let o = run_in(dir.path(), &["--store", &store, "prune", "--dry-run"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // The text says how many rows it did not count, as `notCounted` does. (What the mutation
+    // did: "the rows" in place of the count; review of stop 70, CE39.)
     assert!(
-        stdout(&o).contains("counted up to event #"),
+        stdout(&o).contains("counted up to event #")
+            && stdout(&o).contains("so 1 row(s) from it on are not counted by age"),
         "{}",
         stdout(&o)
     );
@@ -2869,4 +2888,120 @@ fn an_error_line_prints_a_bidirectional_override_as_its_escape() {
     let err = stderr(&o);
     assert!(err.contains("a\\u202Eb"), "{err}");
     assert!(!err.contains('\u{202E}'), "{err:?}");
+}
+
+/// A bare key recorded without `--agent` is main's session, the agent every command defaults to
+/// when neither the flag nor the key names one. (What the mutation did: the default agent was
+/// another name, so `record global` wrote to a session `status global --agent main` does not
+/// know; review of stop 70, CE12.)
+#[test]
+fn a_bare_key_without_an_agent_is_mains_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = "sqlite://b.db";
+    let v = json(&run_on(
+        dir.path(),
+        store,
+        &[
+            "--json",
+            "record",
+            "--session",
+            "global",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ],
+    ));
+    assert_eq!(v["event"]["agentId"], "main", "{v}");
+    let s = json(&run_on(
+        dir.path(),
+        store,
+        &["--json", "status", "global", "--agent", "main"],
+    ));
+    assert_eq!(s["stateVersion"], 1, "{s}");
+}
+
+/// The AGENT column of an event's row is the event's own agent, which `--agent` may have made
+/// another than the key names. (What the mutation did: the column showed the key's agent, `ops`
+/// for main's session of `agent:ops:subagent:x`; review of stop 70, CE15.)
+#[test]
+fn the_agent_column_names_the_events_agent_not_the_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_ok(
+        dir.path(),
+        "sqlite://a.db",
+        &[
+            "record",
+            "--session",
+            "agent:ops:subagent:x",
+            "--agent",
+            "main",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ],
+    );
+    let text = stdout(&o);
+    let row: Vec<&str> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row.get(1), Some(&"agent:ops:subagent:x"), "{text}");
+    assert_eq!(row.get(2), Some(&"main"), "the AGENT column: {text}");
+}
+
+/// `--json` prints a command's answer indented, a field to a line (only `tail` and `monitor`
+/// print one object per line). (What the mutation did: the answer printed on one line; review
+/// of stop 70, CE14.)
+#[test]
+fn json_answers_are_printed_indented() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = stdout(&run_ok(
+        dir.path(),
+        "sqlite://s.db",
+        &[
+            "--json",
+            "watch",
+            "agent:main:main",
+            "agent:main:subagent:c1",
+        ],
+    ));
+    assert!(out.starts_with("{\n  \""), "{out:?}");
+    assert!(out.lines().count() > 3, "{out:?}");
+}
+
+/// `unwatch` and `ack` of a cursor a redb file does not hold fail, naming it, before the file is
+/// opened for writing, and leave it byte for byte as it was, as they do a SQLite file. (What
+/// the mutation did: only SQLite was looked at read-only first; review of stop 70, CE51.)
+#[test]
+fn unwatch_and_ack_of_a_missing_cursor_leave_a_redb_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.redb");
+    let store = format!("redb://{}", file.display());
+    run_ok(
+        dir.path(),
+        &store,
+        &["watch", "agent:main:main", "agent:main:subagent:c1"],
+    );
+    let before = std::fs::read(&file).unwrap();
+    for command in ["unwatch", "ack"] {
+        let o = run_on(
+            dir.path(),
+            &store,
+            &[command, "agent:main:main", "agent:main:subagent:typo"],
+        );
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no cursor of agent:main:main on agent:main:subagent:typo"),
+            "{command}: {}",
+            stderr(&o)
+        );
+        assert!(
+            std::fs::read(&file).unwrap() == before,
+            "a refused {command} changed the redb file"
+        );
+    }
 }

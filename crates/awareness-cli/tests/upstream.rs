@@ -917,6 +917,9 @@ fn signals_ignored_at_start_stay_ignored() {
 /// On redb, a write command (`record`, the demo) opens beside `tail --follow`, which keeps the
 /// file open read-only, and the tail prints what it recorded: every command that writes opens
 /// with live readers. Both were refused ("already open in another process") while a tail ran.
+/// The tail prints the new event at its next look at the store (it looks every half second),
+/// well within 15 seconds. (What the mutation did: it looked every 30 seconds, so a new event
+/// showed half a minute late; review of stop 70, CE44.)
 #[test]
 fn a_write_command_runs_beside_tail_follow_on_redb() {
     let dir = tempfile::tempdir().unwrap();
@@ -947,8 +950,12 @@ fn a_write_command_runs_beside_tail_follow_on_redb() {
     wait_for(&lines, "goal one");
     let o = record("goal two");
     assert!(o.status.success(), "beside the tail: {}", text(&o));
-    let seen = wait_for(&lines, "goal two");
-    let v: Value = serde_json::from_str(seen.last().unwrap()).unwrap();
+    let next = lines.recv_timeout(Duration::from_secs(15));
+    assert!(
+        next.as_deref().is_ok_and(|l| l.contains("goal two")),
+        "the new event within 15 s: {next:?}"
+    );
+    let v: Value = serde_json::from_str(&next.unwrap()).unwrap();
     assert_eq!(v["sequence"], json!(2), "{v}");
     let o = run(&["--store", &store, "demo"]);
     assert!(o.status.success(), "demo beside the tail: {}", text(&o));

@@ -938,6 +938,40 @@ mod tests {
         );
     }
 
+    /// Every context key decodes back to its target, whatever hex digits its bytes make: a
+    /// target whose key holds a `0` digit (`p` is `70`, `0` is `30`: `agent:ops:main`, a
+    /// subagent `c10`, `o` is `6f`) is acknowledged by its notice's key like any other. (What
+    /// the mutations did: `b'1'..=b'9'` for `b'0'..=b'9'`, or `b'a'..=b'e'` for
+    /// `b'a'..=b'f'`, such a key refused as "not lowercase hex", its drained notice read as
+    /// malformed and never acknowledged; review of stop 70, PR06 and PR43.)
+    #[test]
+    fn a_context_key_with_every_hex_digit_decodes_to_its_target() {
+        let mut digits = std::collections::BTreeSet::new();
+        for key in [
+            "agent:ops:main",
+            "agent:main:subagent:c10",
+            "agent:main:run-0123456789:abcdefghijklmnopqrstuvwxyz",
+        ] {
+            let target = SessionKey::new(key).unwrap();
+            let k = context_key(&target);
+            digits.extend(k[CONTEXT_KEY_PREFIX.len()..].chars());
+            assert_eq!(decode_context_key(&k), Ok(target.clone()), "{key}");
+            let n = Notice {
+                watcher: w("agent:main:main"),
+                target: target.clone(),
+                target_agent: AgentId::new("ops").unwrap(),
+                last_seen: Sequence(1),
+                queue_only: false,
+            };
+            assert_eq!(
+                classify_line(&n.text(), Some(&k), std::slice::from_ref(&n)),
+                DrainedLine::Current(0),
+                "{key}"
+            );
+        }
+        assert_eq!(digits.len(), 16, "every hex digit: {digits:?}");
+    }
+
     #[test]
     fn material_freezes_once_then_acknowledge_reopens_exactly_one() {
         let c = Cursor::at(

@@ -1318,6 +1318,56 @@ mod tests {
         assert_eq!(resumed.fingerprint(), fingerprint("abc def"));
         assert_eq!(resumed.prefix(), "abc def");
     }
+
+    /// A text's count and kept prefix are in characters, not UTF-8 bytes: "héllo wörld" is
+    /// eleven characters, a cap of 4 keeps four "é"s, and such a text is sound at its cap (a
+    /// saved transcript position with non-ASCII text is resumed, not refused). (What the
+    /// mutation did: `saturating_add(c.len_utf8())` for `saturating_add(1)`, a count in
+    /// bytes, a shorter prefix and a text with an "é" not sound; review of stop 70, PR26.)
+    #[test]
+    fn a_text_counts_characters_not_bytes() {
+        assert_eq!(fingerprint("héllo  wörld").chars, 11);
+        let mut n = NormalizedText::new(4);
+        n.push_str("ééééé");
+        assert_eq!(n.prefix(), "éééé");
+        assert_eq!(n.fingerprint().chars, 5);
+        assert!(n.is_sound(4));
+    }
+
+    /// The 16 KiB limit of a ref or marker counts the bytes of its JSON, not its characters:
+    /// a marker of multi-byte characters over 16 KiB is refused although it holds fewer
+    /// characters. (What the mutation did: `s.chars().count()` for `s.len()`, such a marker
+    /// accepted, up to four times the limit stored; review of stop 70, PR29.)
+    #[test]
+    fn the_json_limit_counts_bytes_not_characters() {
+        let framing = serde_json::to_string(&json!({"x": ""})).unwrap().len();
+        let wide = json!({"x": "é".repeat((MAX_UPSTREAM_JSON_BYTES - framing) / 2 + 1)});
+        let text = serde_json::to_string(&wide).unwrap();
+        assert!(text.len() > MAX_UPSTREAM_JSON_BYTES);
+        assert!(text.chars().count() <= MAX_UPSTREAM_JSON_BYTES);
+        assert!(matches!(
+            validate_json("marker", Some(&wide)),
+            Err(ValidationError::UpstreamJsonTooLarge { .. })
+        ));
+    }
+
+    /// A link never scanned leaves its scan time out of its JSON (as `adopt --json` prints
+    /// it), as it does a missing ref or marker: no `"lastScannedAt": null`. (What the mutation
+    /// did: the field's `skip_serializing_if` removed, a `null` scan time in every new link's
+    /// JSON; review of stop 70, PR40.)
+    #[test]
+    fn a_link_never_scanned_leaves_the_scan_time_out_of_its_json() {
+        let mut link = plan_upsert(None, spec(), Timestamp(100))
+            .unwrap()
+            .outcome
+            .link;
+        let json = serde_json::to_value(&link).unwrap();
+        assert_eq!(json.get("lastScannedAt"), None, "{json}");
+        link.last_scanned_at = Some(Timestamp(7));
+        let json = serde_json::to_value(&link).unwrap();
+        assert_eq!(json["lastScannedAt"], json!(7), "{json}");
+    }
+
     /// A text keeps no prefix at a prefix cap of 0, and is still not empty once a character
     /// was pushed: emptiness is the count of characters, not the kept prefix. (What the
     /// mutation did: `is_empty` read the prefix, a text under a cap of 0 was always empty;

@@ -1689,6 +1689,37 @@ async fn a_link_judged_alone_after_its_source_could_not_be_named_keeps_its_own_p
     );
 }
 
+/// Links whose provider panics naming their sources are each judged alone, not as one source: a
+/// run in one session defers no other's check. (What the mutation did: every such link of a
+/// kind was taken for one source, so a run in one session deferred the checks of all; review of
+/// stop 70, MB36.)
+#[tokio::test(start_paused = true)]
+async fn links_whose_sources_could_not_be_named_are_not_judged_together() {
+    let w = world();
+    let mut ta = Transcript::new();
+    let tb = Transcript::new();
+    let alpha = w
+        .adopt(&ta, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let beta = w
+        .adopt(&tb, "agent:beta:main", "beta", "agent:beta:lead")
+        .await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(SourceKeyPanics(JsonlProvider::new())))
+        .run_activity(runs.clone())
+        .build();
+    runs.started(&beta);
+    ta.human("typed in alpha's own thread");
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (1, 1),
+        "beta's run defers beta's check only"
+    );
+    assert_eq!(w.human_events(&alpha).await, 1, "alpha's turn is recorded");
+}
+
 /// A provider added for a kind the builder already has replaces the first one, as
 /// `MonitorBuilder::provider` says. (What the mutation did: the first provider of a kind was
 /// kept; review of stop 68, MN49.)
@@ -2018,6 +2049,35 @@ async fn a_prompt_one_adopter_sends_into_a_shared_thread_is_no_human_turn_for_th
         assert_eq!(events.len(), 1, "{s}");
         assert_eq!(events[0].payload, None, "{s}: one turn");
     }
+}
+
+/// One transcript adopted through two catalogs is still one source: a prompt one adopter's
+/// gateway sent into it is an echo for the other too, whichever catalog listed the thread.
+/// (What the mutation did: a source was named by the link's catalog instead of its provider
+/// kind, so the two links were judged apart and alpha's prompt was a person's turn for beta;
+/// review of stop 70, MB01.)
+#[tokio::test(start_paused = true)]
+async fn one_transcript_adopted_through_two_catalogs_is_one_source() {
+    let w = world();
+    let mut t = Transcript::new();
+    let alpha = w
+        .adopt(&t, "agent:alpha:main", "alpha", "agent:alpha:lead")
+        .await;
+    let beta = SessionRef::parse("agent:beta:main", "beta").unwrap();
+    let mut spec = jsonl::adoption(beta, &t.path, None).unwrap();
+    spec.catalog_id = "another-catalog".into();
+    let beta = w.adopt_spec(spec, "agent:beta:lead").await;
+    let prompts = Arc::new(RecentPrompts::new());
+    let monitor = w.monitor().own_prompts(prompts.clone()).build();
+    prompts.record(&alpha, "Deploy the fix");
+    t.human("Deploy the fix");
+    let r = monitor.tick().await;
+    assert_eq!(r.checked, 2);
+    assert_eq!(
+        (w.human_events(&alpha).await, w.human_events(&beta).await),
+        (0, 0),
+        "alpha's prompt is an echo for beta, adopted through another catalog"
+    );
 }
 
 /// A world with a new transcript adopted for agent:main:worker, watched by agent:main:main.
@@ -2720,6 +2780,41 @@ fn failed_sessions(rx: &mut broadcast::Receiver<Detection>) -> Vec<(SessionRef, 
         .collect()
 }
 
+/// A link no provider reads is counted as such even once the store's wait for the tick is over:
+/// only asking whether a session is watched needs the store, and that link is never asked.
+/// (What the mutation did: once the wait was over every link left was said as not checked,
+/// those no provider reads included, which the tick then did not count; review of stop 70, MB25.)
+#[tokio::test(start_paused = true)]
+async fn a_link_no_provider_reads_is_counted_after_the_stores_wait_is_over() {
+    let (World { store, svc, .. }, hooked) = common::hooked_world(SlowCursors {
+        delay: Mutex::new(None),
+    });
+    let mut transcripts = Vec::new();
+    for key in ["agent:main:a", "agent:main:b"] {
+        let t = Transcript::new();
+        let session = SessionRef::parse(key, "main").unwrap();
+        let spec = jsonl::adoption(session, &t.path, None).unwrap();
+        assert!(svc.try_adopt(spec).await.unwrap().created);
+        transcripts.push(t);
+    }
+    let odd = SessionRef::parse("agent:main:odd", "main").unwrap();
+    let spec = LinkSpec::new(odd, "remote", "h", "t", "no-such-kind");
+    assert!(svc.try_adopt(spec).await.unwrap().created);
+    let monitor = UpstreamMonitor::builder(svc.clone(), store.clone())
+        .provider(Arc::new(JsonlProvider::new()))
+        .build();
+    *hooked.hook.delay.lock().unwrap() = Some(Duration::MAX);
+    // Three ticks: the links turn, so the one no provider reads comes after the wait is over.
+    for tick in 1..=3 {
+        let report = monitor.tick().await;
+        assert_eq!(
+            (report.links, report.no_provider),
+            (3, 1),
+            "tick {tick}: the link no provider reads is counted"
+        );
+    }
+}
+
 /// Bug: a store that stopped answering held a tick for `store_wait` (10 s) per link, one link
 /// after the other, while the monitor asked whether each session was watched: 1,000 s for 100
 /// links, with every link's turns waiting. Now the asking shares one `store_wait` per tick:
@@ -3417,6 +3512,12 @@ async fn a_tick_that_panics_after_its_first_checks_began_counts_and_records_none
         (first.tick, first.checked),
         (1, 0),
         "the tick that panicked counts no check"
+    );
+    // What it counted before the panic stays. (What the mutation did: the report of a tick that
+    // panicked was emptied, its links counted none; review of stop 70, MB39.)
+    assert_eq!(
+        first.links, 2,
+        "the tick that panicked still counts the links it listed"
     );
     for session in &sessions {
         assert_eq!(
@@ -6388,6 +6489,40 @@ async fn a_source_found_by_a_deferred_check_restarts_the_missing_count() {
     );
 }
 
+/// A prompt the gateway sent while a check read defers the turns it found even when the
+/// session's window of own prompts was full: the window then holds as many prompts as before,
+/// but not the same ones. (What the mutation did: only the windows' lengths were compared, so
+/// with ten prompts sent the gateway's own prompt was recorded as a person's turn; review of
+/// stop 70, MB24.)
+#[tokio::test]
+async fn a_prompt_sent_during_a_check_defers_its_turns_with_a_full_echo_window() {
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let prompts = Arc::new(RecentPrompts::new());
+    for i in 0..upstream::SELF_ECHO_WINDOW {
+        prompts.record(&session, format!("prompt {i}"));
+    }
+    let provider = Scripted {
+        prompts: Some(prompts.clone()),
+        ..Scripted::new(vec![human_turns(1, "u1", json!(1))])
+    };
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(provider))
+        .own_prompts(prompts)
+        .build();
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (0, 1),
+        "the prompt sent during the check defers it, the window full"
+    );
+    assert_eq!(
+        w.human_events(&session).await,
+        0,
+        "nothing recorded while the gateway acted"
+    );
+}
+
 /// A provider that reports human turns with a count of 0 still has them recorded as one turn
 /// (`turns.max(1)`), and the marker moves past them. (It passed every test when broken: review of
 /// stop 62, N15.)
@@ -6594,6 +6729,63 @@ async fn a_check_that_goes_through_restarts_the_count_of_deferrals_by_linked_run
     assert_eq!(w.human_events(&alpha).await, 1);
     runs.started(&beta);
     deferring_both(&monitor, 3, "since alpha's check went through").await;
+}
+
+/// A check deferred because the gateway sent a prompt while it read did not go through: it does
+/// not start again the count of the ticks other sessions' runs deferred the session at, and four
+/// such ticks before it and one after are five, the session then checked alone. (What the
+/// mutation did: a check deferred while it read restarted that count, so the session waited
+/// five more ticks of the other's runs; review of stop 70, MB05.)
+#[tokio::test(start_paused = true)]
+async fn a_check_deferred_while_it_read_keeps_the_count_of_deferrals_by_linked_runs() {
+    let w = world();
+    let adopt = |key: &str, agent: &str| {
+        LinkSpec::new(
+            SessionRef::parse(key, agent).unwrap(),
+            "remote",
+            "h",
+            "t",
+            "scripted",
+        )
+    };
+    let alpha = w
+        .adopt_spec(adopt("agent:alpha:main", "alpha"), "agent:alpha:lead")
+        .await;
+    w.adopt_spec(adopt("agent:beta:main", "beta"), "agent:beta:lead")
+        .await;
+    let prompts = Arc::new(RecentPrompts::new());
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w
+        .monitor()
+        .own_prompts(prompts.clone())
+        .run_activity(runs.clone())
+        .provider(Arc::new(Scripted {
+            // Each check made records a prompt while it reads (its turns are then deferred).
+            prompts: Some(prompts.clone()),
+            ..Scripted::new(vec![
+                human_turns(1, "u1", json!(1)),
+                human_turns(1, "u1", json!(1)),
+                CheckOutcome::Unchanged { marker: json!(1) },
+            ])
+        }))
+        .build();
+    runs.started(&alpha);
+    deferring_both(&monitor, 4, "alpha running").await;
+    runs.finished(&alpha);
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (0, 2),
+        "both checks deferred by the prompts sent while they read"
+    );
+    runs.started(&alpha);
+    deferring_both(&monitor, 1, "alpha running again").await;
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (1, 1),
+        "beta checked alone: alpha's runs deferred it at five ticks since its last check went through"
+    );
 }
 
 /// Passing over an unwatched link whose source has nothing new writes nothing: its marker and
@@ -6993,6 +7185,28 @@ async fn a_check_stamps_its_scan_and_its_marker_move_with_its_time() {
         after.updated_at >= scanned,
         "the move is stamped with its time: updated_at {:?} vs scanned {scanned:?}",
         after.updated_at
+    );
+}
+
+/// A check that finds the source gone is a check made: it stamps the link's scan time as every
+/// check that concluded does (only a failed check leaves it). (What the mutation did: a
+/// `Missing` check left the scan time unstamped, so a link whose source is gone read as never
+/// scanned; review of stop 70, MB20.)
+#[tokio::test]
+async fn a_check_that_finds_the_source_gone_stamps_its_scan() {
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let before = w.store.link(&session).await.unwrap().unwrap();
+    assert_eq!(before.last_scanned_at, None);
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Missing])))
+        .build();
+    assert_eq!(monitor.tick().await.checked, 1);
+    let after = w.store.link(&session).await.unwrap().unwrap();
+    assert!(
+        after.last_scanned_at.is_some(),
+        "a check that found the source gone stamps the scan time: {after:?}"
     );
 }
 
@@ -7673,6 +7887,39 @@ async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
     assert!(
         ends[2] >= ends[1] + Duration::from_secs(59),
         "an interval after the tick that followed the long one: {ends:?}"
+    );
+}
+
+/// A tick keeps to the schedule of its task: one that takes a while (shorter than the interval)
+/// does not push the next tick back, which comes an interval after it began. (What the mutation
+/// did: the interval was counted again from the end of each tick, so the ticks drifted later by
+/// each tick's length; review of stop 70, MB33.)
+#[tokio::test(start_paused = true)]
+async fn a_tick_shorter_than_the_interval_does_not_delay_the_next() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(SlowFirst(AtomicBool::new(true))))
+        .config(gateway_adapter::MonitorConfig {
+            first_tick: Duration::from_secs(1),
+            interval: Duration::from_mins(5),
+            provider_timeout: Duration::from_mins(5),
+            missing_checks: 3,
+        })
+        .build();
+    let mut rx = monitor.subscribe();
+    let start = Instant::now();
+    let task = monitor.spawn();
+    let mut ends = Vec::new();
+    for _ in 0..2 {
+        next_tick(&mut rx).await;
+        ends.push(start.elapsed());
+    }
+    task.stop().await;
+    assert!(
+        ends[1] < ends[0] + Duration::from_mins(5),
+        "the second tick comes an interval after the first began, not after it ended: {ends:?}"
     );
 }
 

@@ -164,3 +164,31 @@ async fn a_page_of_changes_reads_past_a_row_numbered_below_one() {
     assert_eq!(page.earliest_available_sequence, Sequence(1001));
     assert_eq!(page.events.len(), 1);
 }
+
+/// A column another writer left NULL where the store's rows always hold a value (a table such a
+/// writer made, whose column allows it) makes the row one this store cannot read: a cursor row
+/// so is written over by a watch, as a row of any other unreadable kind is.
+/// (What the mutation did: took a column that cannot be read as a backend error, not as an
+/// unreadable row, so that the watch failed; review of stop 70, P839.)
+#[tokio::test]
+async fn a_cursor_row_with_a_null_time_is_written_over_by_a_watch() {
+    let (store, _schema) = server::fresh_store().await;
+    let watcher = WatcherKey::parse("agent:ops:main").expect("watcher");
+    let target = awareness_core::SessionRef::parse("agent:main:subagent:x", "main").expect("ref");
+    for sql in [
+        "ALTER TABLE session_watch_cursors ALTER COLUMN updated_at DROP NOT NULL",
+        "INSERT INTO session_watch_cursors (watcher_session_key, target_session_key) \
+         VALUES ('agent:ops:main', 'agent:main:subagent:x')",
+    ] {
+        sqlx::query(sql)
+            .execute(store.pool())
+            .await
+            .expect("another writer's table and row");
+    }
+    let now = awareness_core::Timestamp(1_800_000_000_000);
+    let cursor = store
+        .watch(&watcher, &target, now)
+        .await
+        .expect("the watch writes over the row");
+    assert_eq!(cursor.updated_at, now);
+}

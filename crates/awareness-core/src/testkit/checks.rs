@@ -535,9 +535,17 @@ pub async fn a_counter_at_its_end_refuses_to_record_and_writes_nothing(t: &Subje
             is_counter_at_end(&err),
             "{what}, with the counter at its end: {err:?}"
         );
+        // It says where the counter is: at the last number, the one the last event got.
+        // (What the mutation did: store-postgres read the number from a column the counter's
+        // row holds NULL in at the end, and said the counter was at 0; review of stop 70,
+        // P821.)
+        let last = b.event.sequence.get();
         assert!(
-            err.to_string().contains("sequence counter"),
-            "the message names the sequence counter: {err}"
+            err.to_string().contains(&format!(
+                "the sequence counter is at {last}, and the last number an event can get is \
+                 {last}"
+            )),
+            "the message names the sequence counter and where it is: {err}"
         );
     }
     assert_eq!(

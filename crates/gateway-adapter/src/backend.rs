@@ -751,6 +751,27 @@ mod tests {
         }
     }
 
+    /// A read-only open of PostgreSQL is refused whether or not it may create, before any
+    /// connection. (What the mutation did: a read-only open that may create, as a tool asking
+    /// only for `read_only` gets, connected and opened a store that writes; review of stop 70,
+    /// GE21.)
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_refuses_a_read_only_open_that_may_create() {
+        let read_only = OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        };
+        let err = open_store_with("postgres://127.0.0.1:1/awareness", read_only)
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&err, OpenError::Store(e)
+                if e.open_failure() == Some(OpenFailure::InvalidOptions)),
+            "a read-only open is refused as such: {err:?}"
+        );
+    }
+
     /// Bug: repairing `memory:` was refused as an unsupported URL whose text listed `memory:`
     /// among the supported ones.
     #[tokio::test]

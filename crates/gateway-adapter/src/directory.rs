@@ -286,6 +286,59 @@ mod tests {
         }
     }
 
+    /// A session that spawned a child into another agent sees it, and the child sees its
+    /// spawner: the spawner's key names its agent, which the chain takes before comparing.
+    /// (What the mutation did: the spawner was compared with the child's agent, before the key
+    /// naming main was read, and `agent:main:subagent:x` no longer saw the `agent:ops:subagent:z`
+    /// it spawned; review of stop 70, GE15.)
+    #[test]
+    fn a_spawner_sees_a_child_it_spawned_into_another_agent() {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let k = |s: &str| SessionKey::new(s).unwrap();
+        dir.upsert(
+            k("agent:ops:subagent:z"),
+            SessionEntry {
+                spawned_by: Some(k("agent:main:subagent:x")),
+                ..SessionEntry::default()
+            },
+        );
+        let policy = SpawnTree::new(dir);
+        let r = |s: &str, a: &str| SessionRef::parse(s, a).unwrap();
+        let spawner = r("agent:main:subagent:x", "main");
+        let child = r("agent:ops:subagent:z", "ops");
+        assert!(
+            policy.can_see(&spawner, &child),
+            "the spawner sees its child"
+        );
+        assert!(
+            policy.can_see(&child, &spawner),
+            "the child sees its spawner"
+        );
+    }
+
+    /// `upsert` replaces a session's entry: a spawner the gateway learns later puts the session
+    /// in its tree. (What the mutation did: an existing entry was kept as it was, and the
+    /// spawner never saw the child; review of stop 70, GE16.)
+    #[test]
+    fn upsert_replaces_an_entry() {
+        let dir = Arc::new(InMemoryDirectory::new());
+        let k = |s: &str| SessionKey::new(s).unwrap();
+        dir.upsert(k("agent:main:subagent:c"), SessionEntry::default());
+        dir.upsert(
+            k("agent:main:subagent:c"),
+            SessionEntry {
+                spawned_by: Some(k("agent:main:main")),
+                ..SessionEntry::default()
+            },
+        );
+        assert_eq!(
+            dir.entry(&k("agent:main:subagent:c"))
+                .and_then(|e| e.spawned_by),
+            Some(k("agent:main:main")),
+            "the new entry replaced the old"
+        );
+    }
+
     /// A directory of a gateway that hosts some agents answers `exists_as` by the agent the
     /// session's ref names, also where its key names another: another agent's session of a key
     /// naming a hosted agent is not the gateway's, and a hosted agent's session of a key naming

@@ -204,4 +204,20 @@ mod tests {
             capture.lines()
         );
     }
+
+    /// An id the gateway did not give is left out without a word: only an empty one is warned
+    /// of. (What the mutation did: an absent id was taken for an empty one, and every event
+    /// without a run id logged a warning that its run id was empty; review of stop 70, GE12.)
+    #[test]
+    fn an_absent_id_is_not_warned_of() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _logs = capture.install();
+        assert_eq!(fit().id("run id", None), None);
+        assert_eq!(
+            capture.said(&["the run id is empty"]),
+            0,
+            "an absent id is not warned of: {:#?}",
+            capture.lines()
+        );
+    }
 }

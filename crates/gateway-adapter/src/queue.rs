@@ -225,4 +225,50 @@ mod tests {
         assert!(q.enqueue(&key(), plain("p2")));
         assert_eq!(q.peek(&key()), vec![plain("p2")], "only the newest line");
     }
+
+    /// A line already queued in a full queue is dropped as a duplicate before anything is
+    /// evicted for it: the queue keeps every line it had. (What the mutation did: the oldest
+    /// plain line was evicted to make room, then the new one found a duplicate, and a repeated
+    /// notice cost the session an unread line; review of stop 70, GE03.)
+    #[test]
+    fn a_duplicate_in_a_full_queue_evicts_nothing() {
+        let q = InMemoryQueue::with_capacity(2);
+        assert!(q.enqueue(&key(), plain("p1")));
+        assert!(q.enqueue(&key(), plain("p2")));
+        assert!(!q.enqueue(&key(), plain("p2")), "a duplicate");
+        assert_eq!(
+            q.peek(&key()),
+            vec![plain("p1"), plain("p2")],
+            "nothing was evicted for the duplicate"
+        );
+    }
+
+    /// An unbounded queue keeps every line, however many. (What the mutation did: `new` made a
+    /// queue of 64, and the 65th line evicted the oldest; review of stop 70, GE04.)
+    #[test]
+    fn an_unbounded_queue_keeps_every_line() {
+        let q = InMemoryQueue::new();
+        for n in 0..200 {
+            assert!(q.enqueue(&key(), plain(&format!("p{n}"))));
+        }
+        let left = q.peek(&key());
+        assert_eq!(left.len(), 200, "every line is kept");
+        assert_eq!(left[0], plain("p0"), "the oldest too");
+    }
+
+    /// A plain line that comes to a queue full of session-state notices is queued, past the
+    /// capacity (nothing can be evicted for it): the newest line is always kept. (What the
+    /// mutation did: the plain line was dropped and `enqueue` answered `false`, as for a
+    /// duplicate; review of stop 70, GE06.)
+    #[test]
+    fn a_plain_line_to_a_queue_full_of_notices_is_kept() {
+        let q = InMemoryQueue::with_capacity(1);
+        assert!(q.enqueue(&key(), notice("n1")));
+        assert!(q.enqueue(&key(), plain("p1")), "the plain line is queued");
+        assert_eq!(
+            q.peek(&key()),
+            vec![notice("n1"), plain("p1")],
+            "the notice stays and the newest line is kept"
+        );
+    }
 }

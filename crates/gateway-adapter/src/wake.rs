@@ -628,6 +628,47 @@ mod tests {
         assert_eq!(*reasons.lock().unwrap(), ["first", "owed"]);
     }
 
+    /// A sink may wake another session from inside a session's first wake (a heartbeat runner
+    /// that wakes the parent too): the waker's lock is not held while the sink runs. (What the
+    /// mutation did: the lock was held across the sink, and such a sink deadlocked the gateway;
+    /// review of stop 70, GE13.)
+    #[test]
+    fn a_sink_may_wake_another_session_from_a_first_wake() {
+        let (reasons, inner) = reasons_sink();
+        let cell: Arc<std::sync::OnceLock<std::sync::Weak<CoalescingWake>>> = Arc::default();
+        let waker_of_sink = Arc::clone(&cell);
+        let sink: WakeSink = Arc::new(move |s: &SessionKey, r: &str| {
+            inner(s, r);
+            if r == "child" {
+                let parent = SessionKey::new("agent:main:main").unwrap();
+                let waker = waker_of_sink.get().and_then(std::sync::Weak::upgrade);
+                waker
+                    .expect("the test holds the waker")
+                    .wake(&parent, "parent");
+            }
+        });
+        let waker = Arc::new(CoalescingWake::new(sink));
+        assert!(cell.set(Arc::downgrade(&waker)).is_ok());
+        let (done, finished) = std::sync::mpsc::channel();
+        let waking = Arc::clone(&waker);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let child = SessionKey::new("agent:main:subagent:c").unwrap();
+                waking.wake(&child, "child");
+            });
+            let _ = done.send(());
+        });
+        // Only a deadlock makes this wait out its bound.
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the wake from inside the sink returned");
+        assert_eq!(*reasons.lock().unwrap(), ["child", "parent"]);
+    }
+
     /// A sink that panics on a session's first wake leaves that wake's window open: a wake
     /// inside it is held to its end, as after a first wake the sink took. (What the mutation
     /// did: the sink ran before the window's task was spawned, the panic closed the window, and

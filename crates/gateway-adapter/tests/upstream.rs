@@ -7857,12 +7857,9 @@ impl UpstreamProvider for SlowFirst {
     }
 }
 
-/// A tick longer than two intervals delays the ticks after it: the ones it missed are not run
-/// back to back once it ends (one tick at its end, then one an interval later). (What the
-/// mutation did: missed ticks burst, three ticks at the end of the long one; review of stop 65,
-/// MW31.)
-#[tokio::test(start_paused = true)]
-async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
+/// The times, from its task's start, at which the first `n` ticks of a monitor of one link end,
+/// its ticks `interval` apart, the link's first check taking 150 s ([`SlowFirst`]).
+async fn tick_ends_after_a_slow_first_check(interval: Duration, n: usize) -> Vec<Duration> {
     let w = world();
     w.adopt_remote("agent:main:remote", "scripted").await;
     let monitor = w
@@ -7870,7 +7867,7 @@ async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
         .provider(Arc::new(SlowFirst(AtomicBool::new(true))))
         .config(gateway_adapter::MonitorConfig {
             first_tick: Duration::from_secs(1),
-            interval: Duration::from_mins(1),
+            interval,
             provider_timeout: Duration::from_mins(5),
             missing_checks: 3,
         })
@@ -7879,11 +7876,21 @@ async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
     let start = Instant::now();
     let task = monitor.spawn();
     let mut ends = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..n {
         next_tick(&mut rx).await;
         ends.push(start.elapsed());
     }
     task.stop().await;
+    ends
+}
+
+/// A tick longer than two intervals delays the ticks after it: the ones it missed are not run
+/// back to back once it ends (one tick at its end, then one an interval later). (What the
+/// mutation did: missed ticks burst, three ticks at the end of the long one; review of stop 65,
+/// MW31.)
+#[tokio::test(start_paused = true)]
+async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
+    let ends = tick_ends_after_a_slow_first_check(Duration::from_mins(1), 3).await;
     assert!(
         ends[2] >= ends[1] + Duration::from_secs(59),
         "an interval after the tick that followed the long one: {ends:?}"
@@ -7896,27 +7903,7 @@ async fn ticks_missed_during_a_long_tick_are_not_run_back_to_back() {
 /// each tick's length; review of stop 70, MB33.)
 #[tokio::test(start_paused = true)]
 async fn a_tick_shorter_than_the_interval_does_not_delay_the_next() {
-    let w = world();
-    w.adopt_remote("agent:main:remote", "scripted").await;
-    let monitor = w
-        .monitor()
-        .provider(Arc::new(SlowFirst(AtomicBool::new(true))))
-        .config(gateway_adapter::MonitorConfig {
-            first_tick: Duration::from_secs(1),
-            interval: Duration::from_mins(5),
-            provider_timeout: Duration::from_mins(5),
-            missing_checks: 3,
-        })
-        .build();
-    let mut rx = monitor.subscribe();
-    let start = Instant::now();
-    let task = monitor.spawn();
-    let mut ends = Vec::new();
-    for _ in 0..2 {
-        next_tick(&mut rx).await;
-        ends.push(start.elapsed());
-    }
-    task.stop().await;
+    let ends = tick_ends_after_a_slow_first_check(Duration::from_mins(5), 2).await;
     assert!(
         ends[1] < ends[0] + Duration::from_mins(5),
         "the second tick comes an interval after the first began, not after it ended: {ends:?}"

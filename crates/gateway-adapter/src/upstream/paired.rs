@@ -641,10 +641,12 @@ impl PairedNodeProvider {
             read => read?,
         };
         // No items where the last check stopped: a node with no items at all (restarting)
-        // says nothing, and the marker stays, where to read on from included; a thread that
-        // still has items but none older than the cursor (dropped, rewritten) reached its start
-        // without the marker's item, and is rebased as below.
-        if marker.uuid.is_some() && read.items.is_empty() && matches!(read.end, End::Start) {
+        // says nothing, and the marker stays, where to read on from included, whether or not
+        // it names an item (a thread adopted empty names none: moved to `top`, the rest of the
+        // segment was never counted); a thread that still has items but none older than the
+        // cursor (dropped, rewritten) reached its start without the marker's item, and is
+        // rebased as below (or, its marker naming no item, the segment read is counted).
+        if read.items.is_empty() && matches!(read.end, End::Start) {
             let newest = self.page(link, None, 1).await?;
             if newest.items.is_empty() {
                 warn!(session_key = %link.session.session_key, host = %link.host_id,

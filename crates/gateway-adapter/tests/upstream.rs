@@ -155,6 +155,93 @@ fn a_bare_offset_marker_and_a_changed_device_resume_where_they_were() {
     );
 }
 
+/// A marker's `tail` is 16 hex digits (`JsonlMarker::tail`), leading zeros included: a
+/// marker written so (by an earlier version, or another reader of the link) whose hash starts
+/// with a zero resumes where it was. (What the mutation did: the tail was written without its
+/// leading zeros, and such a stored marker, one link in sixteen, was rebased, losing the turns
+/// typed since; review of stop 70, J502.)
+#[test]
+fn a_tail_hash_with_a_leading_zero_resumes_where_it_was() {
+    let mut t = Transcript::new();
+    let mut i = 0;
+    let tail = loop {
+        i += 1;
+        t.human(&format!("probe {i}"));
+        let bytes = std::fs::read(&t.path).unwrap();
+        let tail = format!("{:016x}", upstream::fnv1a64(&bytes[bytes.len() - 64..]));
+        if tail.starts_with('0') {
+            break tail;
+        }
+    };
+    let at_end = jsonl::marker_at_end(&t.path).unwrap();
+    assert_eq!(at_end.tail.as_deref(), Some(tail.as_str()), "16 hex digits");
+    let stored = JsonlMarker {
+        tail: Some(tail),
+        ..at_end
+    };
+    t.human("typed since");
+    assert_eq!(turns(&scan(&t, &stored)), 1);
+}
+
+/// A check made again from the same marker (the marker of the one before was not stored),
+/// over more turns without a uuid than that one read, is another burst: it is named by its
+/// last turn's line, not by the line it started at. (What the mutation did: every turn
+/// without a uuid read from a marker was named by the marker's offset, so the second check
+/// was taken for a duplicate of the first and the turn typed meanwhile never reported;
+/// review of stop 70, J510.)
+#[test]
+fn a_burst_without_uuids_is_named_by_its_last_line() {
+    let t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    let row = |text: &str| {
+        let mut row = user_row("", json!(text));
+        row.as_object_mut().unwrap().remove("uuid");
+        row
+    };
+    let id = |outcome: &CheckOutcome| match outcome {
+        CheckOutcome::HumanTurns { dedupe_id, .. } => dedupe_id.clone(),
+        other => panic!("expected turns, got {other:?}"),
+    };
+    t.line(&row("one"));
+    let first = scan(&t, &m);
+    t.line(&row("two"));
+    let again = scan(&t, &m);
+    assert_eq!(turns(&again), 2);
+    assert_ne!(
+        id(&first),
+        id(&again),
+        "a burst with one more turn is not a duplicate of the first"
+    );
+}
+
+/// A bare offset marker (no identity) read forward gives a marker that carries the file's
+/// inode, so that a file replaced after that read (by a copy of it with more lines: a new
+/// inode, the same bytes before the marker) is rebased, not read on as the old one. (What the
+/// mutation did: the next marker kept the bare marker's inode of 0, the file's identity was
+/// never checked again, and the copy's lines were counted as new turns; review of stop 70,
+/// J535.)
+#[test]
+fn a_bare_offset_marker_read_once_carries_the_files_identity() {
+    let mut t = Transcript::new();
+    t.human("before");
+    let at_end = jsonl::marker_at_end(&t.path).unwrap();
+    let bare = JsonlMarker::from_value(&json!({"offset": at_end.offset})).unwrap();
+    let read = marker_of(&scan(&t, &bare));
+    assert_eq!(
+        read.ino, at_end.ino,
+        "the next marker names the file's inode"
+    );
+    let copy = t.path.with_extension("copy");
+    std::fs::copy(&t.path, &copy).unwrap();
+    std::fs::rename(&copy, &t.path).unwrap();
+    t.human("a line of the copy");
+    let out = scan(&t, &read);
+    assert!(
+        matches!(out, CheckOutcome::Rebased { .. }),
+        "a replaced file is rebased: {out:?}"
+    );
+}
+
 /// A transcript that starts with a UTF-8 byte order mark (a writer on Windows), adopted while
 /// empty: its first row counts. The mark made that row malformed, its turn never counted.
 #[test]
@@ -739,6 +826,28 @@ async fn a_providers_budget_bounds_its_checks() {
     );
 }
 
+/// A provider made with the default budget reads a whole [`MAX_BYTES_PER_TICK`] (1 MiB,
+/// DESIGN.md section 8) a check when that much was written. (What the mutation did: the
+/// default provider read 1,000,000 bytes a check; review of stop 70, J514.)
+#[tokio::test]
+async fn the_default_provider_reads_one_mib_a_check() {
+    let t = Transcript::new();
+    let link = jsonl_link("agent:main:main", &t.path);
+    let filler = user_row(
+        "tool",
+        json!([{"type": "tool_result", "tool_use_id": "t", "content": "x".repeat(300 << 10)}]),
+    );
+    for _ in 0..4 {
+        t.line(&filler);
+    }
+    let out = JsonlProvider::new().check(&link, &[]).await;
+    assert_eq!(
+        marker_of(&out).position(),
+        MAX_BYTES_PER_TICK,
+        "one check reads one MiB: {out:?}"
+    );
+}
+
 /// A transcript adopted through a symlink and by its own path is one source (its path stored
 /// canonical), so the adopters are judged together: the prompts of each are echoes for the
 /// other. (What the mutation did: the path was stored as given, and the two links were two
@@ -1023,6 +1132,29 @@ async fn a_paired_item_of_a_tool_or_the_system_is_no_human_turn() {
             .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
             .await;
         assert_eq!(turns(&out), 0, "a {role} item is no human turn: {out:?}");
+    }
+}
+
+/// A paired user item whose text is an envelope the text rules skip (a replay of a
+/// transcript, an inter-session message, a task notification) is no human turn, however long
+/// the envelope's opening words are: the item's text is judged on as many characters as a
+/// transcript line's. (What the mutation did: a paired item's text was judged on its first 8
+/// characters, and each of these was counted as the person's turn; review of stop 70, J520.)
+#[tokio::test]
+async fn a_paired_item_that_is_an_envelope_is_no_human_turn() {
+    for text in [
+        "Continue this conversation using the OpenClaw transcript below: ...",
+        "[Inter-session message] from agent:main:other: please review",
+        "<task-notification><task-id>t1</task-id></task-notification>",
+    ] {
+        let provider = PairedNodeProvider::new(FakeNode::holding([
+            PairedItem::user("i0", "old"),
+            PairedItem::user("i1", text),
+        ]));
+        let out = provider
+            .check(&paired_link(Some(json!({"uuid": "i0"}))), &[])
+            .await;
+        assert_eq!(turns(&out), 0, "{text:?} is no human turn: {out:?}");
     }
 }
 
@@ -4422,6 +4554,15 @@ async fn a_paired_burst_longer_than_the_paging_bound_is_counted_whole_over_two_c
             marker: resume.clone()
         }
     );
+    // So does one of a thread adopted empty, whose marker names no item. (It was moved to the
+    // newest item, the rest of the burst never counted; review of stop 70, J529.)
+    let from_empty = json!({"uuid": null, "resume": resume["resume"].clone()});
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(from_empty.clone())), &[])
+            .await,
+        CheckOutcome::Unchanged { marker: from_empty }
+    );
     *node.items.lock().unwrap() = all;
     node.calls.store(calls, Ordering::SeqCst);
     // A thread that still has items, but none older than the stored cursor (dropped by the
@@ -7338,6 +7479,39 @@ impl awareness_core::testkit::hooked::Hook for RefuseNext {
                 .is_ok())
         .then(|| StoreError::backend("hook", "refused once"))
     }
+}
+
+/// A tick at which the store cannot say whether the linked sessions are watched neither checks
+/// nor defers them, and does not start again the count of ticks the other's runs deferred a
+/// session at: four such ticks before it and one after are five, the session then checked
+/// alone. (What the mutation did: a session whose watchers could not be read had that count
+/// restarted, so a store failing now and then while agents take turns running kept it from
+/// ever being checked alone; review of stop 70, MB27.)
+#[tokio::test(start_paused = true)]
+async fn a_tick_that_cannot_tell_whether_a_session_is_watched_keeps_its_count_of_deferrals() {
+    let (w, hooked) = common::hooked_world(RefuseNext {
+        call: awareness_core::testkit::hooked::Call::Cursors,
+        left: AtomicUsize::new(0),
+    });
+    let (_t, alpha, beta, runs, monitor) = alpha_and_beta_with_runs(&w).await;
+    runs.started(&alpha);
+    deferring_both(&monitor, 4, "alpha running").await;
+    // Both sessions' watchers cannot be read this tick.
+    hooked.hook.left.store(2, Ordering::SeqCst);
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (0, 0),
+        "neither is known to be watched: {r:?}"
+    );
+    deferring_both(&monitor, 1, "alpha running, after the failed reads").await;
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (1, 1),
+        "beta checked alone: alpha's runs deferred it at five ticks since its last check"
+    );
+    assert_eq!(w.human_events(&beta).await, 1);
 }
 
 /// A store that fails (answers an error, promptly) to read one session's watchers costs that

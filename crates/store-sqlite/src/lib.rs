@@ -1965,6 +1965,32 @@ mod tests {
         w.open_tx = true;
     }
 
+    /// Closing a handle whose write connection a failed rollback left inside a transaction
+    /// rolls that transaction back before the checkpoint at close, which then copies the log
+    /// into the file as after any other write: nothing is warned. (What the mutation did: the
+    /// transaction stayed open through the checkpoint, which failed, and close warned
+    /// "checkpoint at close"; review of stop 70, SA38.)
+    #[tokio::test]
+    async fn close_rolls_back_a_transaction_left_open_before_its_checkpoint() {
+        let capture = awareness_core::testkit::logs::Capture::warnings();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("t.db"))
+            .await
+            .expect("open");
+        store
+            .record(message("kept".to_owned()), T)
+            .await
+            .expect("record");
+        leave_a_transaction_open(&store).await;
+        store.close().await;
+        assert_eq!(
+            capture.said(&["checkpoint at close"]),
+            0,
+            "{:?}",
+            capture.lines()
+        );
+    }
+
     /// A recording that finds a transaction left open on the write connection (a rollback
     /// after an interrupted write failed, which leaves `open_tx` set for the next writer) rolls
     /// it back first and records, through the group-commit queue and with group commit off
@@ -2230,6 +2256,15 @@ mod tests {
         let mut w = store.writer("test").await.expect("writer");
         w.open_tx = false;
         assert_eq!(settings(&mut w.conn).await, EXPECTED, "the writer");
+        // The writer also bounds the log file a checkpoint leaves at 64 MiB (set with its other
+        // pragmas, `sql::WRITER_PRAGMAS`): a log that once grew large stays that large on disk
+        // without it. (What the mutation did: the bound was left out, SQLite's default -1;
+        // review of stop 70, SA40.)
+        let limit: Vec<i64> = sqlx::query_scalar("PRAGMA journal_size_limit")
+            .fetch_all(&mut w.conn)
+            .await
+            .expect("journal_size_limit");
+        assert_eq!(limit, [67_108_864], "the writer's journal_size_limit");
         drop(w);
         for r in &*store.readers.conns {
             let mut conn = r.lock().await;

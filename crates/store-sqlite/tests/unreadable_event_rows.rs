@@ -434,6 +434,48 @@ async fn a_recording_over_a_head_whose_watermark_is_negative_writes_it_again() {
     assert!(page.history_gap, "{page:?}");
 }
 
+/// A head row another writer left at sequence 0 (no event of its own) is readable, and the next
+/// recording on its session keeps its watermark, 0: its history is whole, and its page reports
+/// no gap. Only a negative sequence is a head this store cannot read (decision 0020). (What the
+/// mutation did: a head at 0 was taken for an unreadable one, and the recording set its
+/// watermark just below the new event, a history gap nobody made; review of stop 70, SA15.)
+#[tokio::test]
+async fn a_recording_over_a_head_at_sequence_zero_reports_no_gap() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let other = SessionRef::parse("agent:main:subagent:b", "main").expect("ref");
+    store.record(human(&other), T0).await.expect("record");
+    let session = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
+    behind_the_back(
+        &path,
+        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, \
+         pruned_max_sequence, updated_at) VALUES ('agent:main:subagent:a', 'main', 0, 0, $1)",
+        &[T0.millis()],
+    )
+    .await;
+    let second = store
+        .record(human(&session), T0.plus_ms(1))
+        .await
+        .expect("record")
+        .event
+        .sequence;
+    assert_eq!(second, Sequence(2));
+    let heads = store
+        .heads(std::slice::from_ref(&session))
+        .await
+        .expect("heads");
+    assert_eq!(heads[0].last_sequence, second);
+    assert_eq!(heads[0].pruned_max_sequence, Sequence::ZERO, "{heads:?}");
+    let page = store
+        .changes_since(&session, Sequence::ZERO, 200)
+        .await
+        .expect("its page");
+    assert!(!page.history_gap, "{page:?}");
+    assert_eq!(seqs(&page.events), [2]);
+    store.close().await;
+}
+
 /// An event row whose payload_json another writer left empty (with no stored fields, as
 /// OpenClaw's writer leaves a row) is read without a payload, as OpenClaw reads an empty
 /// optional text, and quietly: nothing is warned at each read of it. (What the mutation did: the
@@ -498,6 +540,56 @@ async fn an_unreadable_event_in_or_just_past_a_pages_limit_is_named() {
     }
 }
 
+/// A page from past a row that cannot be read, whose own rows hold another, names the one on
+/// the page: the rows read again one at a time are the page's, after its `after`. (What the
+/// mutation did: the rows read again began at `after` itself, and the error named event 1,
+/// which the page does not hold; review of stop 70, SA18.)
+#[tokio::test]
+async fn a_page_past_an_unreadable_row_names_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, _) = five_events(&path).await;
+    for torn in [1, 5] {
+        behind_the_back(
+            &path,
+            "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
+            &[torn],
+        )
+        .await;
+    }
+    let err = store
+        .changes_since(&a, Sequence(1), 10)
+        .await
+        .expect_err("the page holds event 5");
+    names_the_row(&err, &path, 5, a.session_key.as_str());
+    store.close().await;
+}
+
+/// A log whose only rows are numbered below 0 (another writer's) has no row a read returns: its
+/// stats are 0 rows, 0 and 0, as for rows numbered 0, and do not fail. (What the mutation did:
+/// the highest sequence was taken over every row, -1, and the stats failed as a negative
+/// sequence; review of stop 70, SA19.)
+#[tokio::test]
+async fn a_log_of_rows_below_zero_only_has_empty_stats() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let store = SqliteStore::open(&path).await.expect("open");
+    behind_the_back(
+        &path,
+        "INSERT INTO session_state_events (sequence, session_key, agent_id, kind, \
+         actor_type, occurred_at, summary) VALUES (-1, 'agent:main:subagent:a', 'main', \
+         'created', 'system', $1, 'x')",
+        &[T0.millis()],
+    )
+    .await;
+    let stats = store.log_stats().await.expect("the log's stats");
+    assert_eq!(
+        (stats.rows, stats.min_sequence, stats.max_sequence),
+        (0, Sequence::ZERO, Sequence::ZERO)
+    );
+    store.close().await;
+}
+
 /// A listing of one agent's heads, one of whose head rows holds a key that is not UTF-8 (so that
 /// the rows are read again one at a time), lists that agent's readable heads only, not another
 /// agent's. (What the mutation did: the rows read again one at a time were every agent's, and the
@@ -557,6 +649,38 @@ async fn a_cursor_whose_target_key_is_not_utf8_is_left_out_of_listings() {
         [b.session_key.to_string()],
         "the readable cursor only"
     );
+    let unreadable = store
+        .unreadable_cursors()
+        .await
+        .expect("unreadable cursors");
+    assert_eq!(unreadable.len(), 1, "{unreadable:?}");
+    assert!(unreadable[0].reason.contains("not UTF-8"), "{unreadable:?}");
+    store.close().await;
+}
+
+/// A cursor row whose provenance holds a byte that is not UTF-8 (another writer's row, past the
+/// CHECK) is reported unreadable as "text that is not UTF-8", as one whose keys or target agent
+/// hold such a byte, not as a provenance this version does not know (an operator would look
+/// for a newer version). (What the mutation did: the provenance was not among the texts looked
+/// at for U+FFFD, and the reason named a provenance "explicit\u{FFFD}"; review of stop 70,
+/// SA32.)
+#[tokio::test]
+async fn a_cursor_whose_provenance_is_not_utf8_is_reported_as_such() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.sqlite");
+    let (store, a, b) = five_events(&path).await;
+    let manager = WatcherKey::parse("agent:main:main").expect("watcher");
+    for target in [&a, &b] {
+        store.watch(&manager, target, T0).await.expect("watch");
+    }
+    behind_the_back(
+        &path,
+        "PRAGMA ignore_check_constraints = ON;
+         UPDATE session_watch_cursors SET provenance = provenance || CAST(X'FF' AS TEXT)
+           WHERE target_session_key = 'agent:main:subagent:a'",
+        &[],
+    )
+    .await;
     let unreadable = store
         .unreadable_cursors()
         .await

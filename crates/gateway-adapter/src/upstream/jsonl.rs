@@ -925,6 +925,22 @@ mod tests {
         );
     }
 
+    /// A link whose reference names no transcript path (written by another writer of the
+    /// store) fails its check saying so; it is not taken for a transcript that no longer
+    /// exists, which the monitor counts towards giving the source up. (What the mutation did:
+    /// such a link's check answered `Missing`; review of stop 70, J515.)
+    #[tokio::test]
+    async fn a_link_without_a_transcript_path_fails_saying_so() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut link = link_to(&dir.path().join("t.jsonl"), "agent:main:main");
+        link.upstream_ref = Some(json!({}));
+        let out = JsonlProvider::new().check(&link, &[]).await;
+        assert!(
+            matches!(&out, CheckOutcome::Failed(why) if why.contains("names no transcript path")),
+            "{out:?}"
+        );
+    }
+
     /// A check whose read hangs is given up by the monitor's timeout, but its thread cannot be
     /// stopped: the next checks of that path fail at once instead of leaving one more blocked
     /// thread each, and checks come back once the read has ended.

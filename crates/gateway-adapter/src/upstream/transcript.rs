@@ -1558,6 +1558,44 @@ mod tests {
         assert_eq!(verdict(&row), Ok(HumanKind::Prompt));
     }
 
+    /// A flag written `false` is not set: a `user` row that says it is no compact summary, or
+    /// not only for the transcript, is the person's, and so is a queued command whose
+    /// attachment says it is not meta. (What the mutations did: each of these flags read as set
+    /// whatever its value, and the person's turn was skipped; review of stop 70, T637, T638
+    /// and T640.)
+    #[test]
+    fn a_flag_written_false_is_not_set() {
+        assert_eq!(
+            verdict(&with(
+                user(json!("typed")),
+                "isCompactSummary",
+                json!(false)
+            )),
+            Ok(HumanKind::Prompt),
+            "isCompactSummary: false"
+        );
+        assert_eq!(
+            verdict(&with(
+                user(json!("typed")),
+                "isVisibleInTranscriptOnly",
+                json!(false)
+            )),
+            Ok(HumanKind::Prompt),
+            "isVisibleInTranscriptOnly: false"
+        );
+        let queued = json!({
+            "type": "attachment",
+            "attachment": {"type": "queued_command", "commandMode": "prompt",
+                "origin": {"kind": "human"}, "isMeta": false, "prompt": "use v2"},
+            "uuid": "aa11aa11-0000-4000-8000-000000000003"
+        });
+        assert_eq!(
+            verdict(&queued),
+            Ok(HumanKind::Queued),
+            "attachment.isMeta: false"
+        );
+    }
+
     /// Rows of recent Claude Code versions: a slash command the person ran is a `system` row
     /// (`subtype: local_command`, top-level `content`), beside its captured output in the same
     /// row type; a `user` row's `origin.kind` says a background task or another Claude session
@@ -1727,6 +1765,10 @@ mod tests {
             "why did you say Continue this conversation using the OpenClaw transcript below?",
             "I ran it and got <bash-stdout>ok</bash-stdout>, is that right?",
             "it printed <local-command-stdout>Set model</local-command-stdout> twice",
+            // The replay header whole, not its first words. (What the mutation did: the header
+            // cut to `Continue this conversation`, a person's prompt starting so was skipped as
+            // the gateway's replay; review of stop 70, T619.)
+            "Continue this conversation from where we stopped yesterday",
         ] {
             assert_eq!(
                 verdict(&user(json!(quoted))),
@@ -1874,6 +1916,10 @@ mod tests {
             // A `\u` escape with a digit that is not hex. (What the mutation did: the escape
             // dropped and the line read on, a prompt holding it counted; review of stop 69, T507.)
             r#"{"type":"user","message":{"role":"user","content":"bad \uzzzz escape"}}"#,
+            // A key followed by anything but `:` is not JSON. (What the mutation did: any byte
+            // taken for the colon, a line with `=` between its keys and values read as a row and
+            // counted as a person's turn; review of stop 70, T601.)
+            r#"{"type"="user","message"={"role"="user","content"="typed"}}"#,
         ] {
             assert_eq!(
                 RowFacts::from_line(bad.as_bytes()),
@@ -2238,6 +2284,15 @@ mod tests {
             Ok(HumanKind::Prompt),
             "whitespace after a literal"
         );
+        // A carriage return is whitespace after a literal too. (What the mutation did: `\r` not
+        // ending a literal, the row read as malformed and the person's turn lost; review of
+        // stop 70, T613.)
+        let cr = b"{\"type\":\"user\",\"isSidechain\":false\r,\"message\":{\"role\":\"user\",\"content\":\"typed\"}}";
+        assert_eq!(
+            classify(&RowFacts::from_line(cr).unwrap(), &[]),
+            Ok(HumanKind::Prompt),
+            "a carriage return after a literal"
+        );
         let slash = br#"{"type":"user","message":{"role":"user","content":"see src\/main.rs"}}"#;
         assert_eq!(
             classify(&RowFacts::from_line(slash).unwrap(), &[]),
@@ -2409,6 +2464,31 @@ mod tests {
                 "{bytes:?}"
             );
         }
+    }
+
+    /// A lone high surrogate is one U+FFFD where it stands: the text after it reads after it,
+    /// and a low half escaped later does not pair with it across that text; one in a key is
+    /// part of the key, not of the row's text. (What the mutations did: the pending high half
+    /// not flushed before a plain character, `\ud83dx\ude00` read as `x😀`; flushed as a value's
+    /// character, a key in a content part gave the row a text, and a row with none counted as
+    /// a person's turn; review of stop 70, T604 and T605.)
+    #[test]
+    fn a_lone_high_surrogate_stays_where_it_stands() {
+        let line = br#"{"type":"user","message":{"role":"user","content":"\ud83dx\ude00"}}"#;
+        let Some(LineEnd::Row(f)) = RowFacts::from_line(line) else {
+            panic!("a row");
+        };
+        assert_eq!(
+            f.content.fingerprint(),
+            fingerprint("\u{fffd}x\u{fffd}"),
+            "a lone high surrogate before a plain character"
+        );
+        let keyed = br#"{"type":"user","message":{"role":"user","content":[{"\ud800x":1}]}}"#;
+        assert_eq!(
+            classify(&RowFacts::from_line(keyed).unwrap(), &[]),
+            Err(SkipReason::Empty),
+            "a lone high surrogate in a key is no text"
+        );
     }
 
     /// The session's own text is its echo even when it is a slash command, in a `user` row and

@@ -664,7 +664,7 @@ mod tests {
         });
         // Only a deadlock makes this wait out its bound.
         finished
-            .recv_timeout(Duration::from_secs(60))
+            .recv_timeout(Duration::from_mins(1))
             .expect("the wake from inside the sink returned");
         assert_eq!(*reasons.lock().unwrap(), ["child", "parent"]);
     }

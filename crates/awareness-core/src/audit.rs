@@ -475,6 +475,30 @@ mod tests {
         );
     }
 
+    /// A torn cursor is still held to its target's head: one also past the head, or on a target
+    /// with no head, is reported as that too, so `awareness doctor` names every problem of the
+    /// row. (What the mutation did: a torn cursor skipped the head checks, and its being past
+    /// the head or orphaned went unreported; review of stop 70, AU18.)
+    #[test]
+    fn a_torn_cursor_is_held_to_its_targets_head_too() {
+        let (a, b) = (r("agent:main:a"), r("agent:main:b"));
+        let head = head_after(None, &event(&a, 2), Timestamp(5));
+        let (past, orphaned) = (cursor(&a, 9, 5), cursor(&b, 9, 5));
+        assert_eq!(
+            audit(&[head], &[], &[past.clone(), orphaned.clone()]),
+            vec![
+                Finding::TornCursor(past.clone()),
+                Finding::CursorPastHead {
+                    cursor: past,
+                    head: Sequence(2)
+                },
+                Finding::TornCursor(orphaned.clone()),
+                Finding::OrphanedCursor(orphaned),
+            ],
+            "a torn cursor past its head, and one with no head"
+        );
+    }
+
     /// Cursors on a bare key as OpenClaw leaves them, read with the watcher's agent: one that
     /// `main`'s recordings on `global` moved past the `ops` session's head, and one seeded from
     /// `main`'s head for an agent with no `global`. Both were reported broken (past the head,

@@ -625,6 +625,24 @@ mod tests {
         assert_eq!(cleaned_fits.len(), MAX_KEY_BYTES, "{cleaned_fits}");
         assert!(!cleaned_fits.contains('…'), "cut needlessly");
     }
+
+    /// A fitted key passes the key rules whatever the original held: a line or paragraph
+    /// separator (no control character) is replaced as a control character is, and a value of
+    /// one-byte control characters that fits only before they become three-byte U+FFFD is cut.
+    /// (What the mutations did: a value with only U+2028 returned unchanged, which the key
+    /// rules then refused; the room checked on the original's length, so the cleaned key came
+    /// out 3,017 bytes long; review of stop 70, AU30 and AU31.)
+    #[test]
+    fn a_fitted_key_passes_the_key_rules() {
+        let separated = fit_key("run\u{2028}1", MAX_KEY_BYTES);
+        assert_eq!(key("run id", &separated), Ok(()), "{separated:?}");
+        assert!(separated.starts_with("run\u{fffd}1#"), "{separated:?}");
+        let newlines = "\n".repeat(1000);
+        let controls = fit_key(&newlines, MAX_KEY_BYTES);
+        assert!(controls.len() <= MAX_KEY_BYTES, "{} bytes", controls.len());
+        assert_eq!(key("run id", &controls), Ok(()));
+    }
+
     use serde_json::json;
 
     #[test]
@@ -637,6 +655,25 @@ mod tests {
             5
         );
         assert_eq!(json_depth(&json!([[1], [[2]], 3])), 3);
+    }
+
+    /// The depth of an object is that of its deepest value, whichever key holds it: a payload
+    /// nested too deep under its second key is refused. (What the mutation did: only an
+    /// object's first value measured; review of stop 70, AU32.)
+    #[test]
+    fn an_objects_depth_is_its_deepest_values() {
+        assert_eq!(json_depth(&json!({"a": 1, "b": [[1]]})), 3);
+        let mut deep = json!(1);
+        for _ in 0..MAX_JSON_DEPTH {
+            deep = json!([deep]);
+        }
+        assert_eq!(
+            payload_from_value(json!({"a": 1, "b": deep})),
+            Err(ValidationError::JsonTooDeep {
+                what: "payload",
+                depth: MAX_JSON_DEPTH + 1
+            })
+        );
     }
 
     /// The deepest payload allowed still reads back with serde_json (at most 128 levels) once
@@ -754,6 +791,19 @@ mod tests {
         );
     }
 
+    /// The payload limit is 4 KiB of JSON bytes, not characters: a payload of 2,100 two-byte
+    /// characters (4,208 bytes) is refused. (What the mutation did: the size counted in
+    /// characters, so a non-ASCII payload up to twice the limit was written; review of stop 70,
+    /// AU23.)
+    #[test]
+    fn the_payload_limit_counts_bytes() {
+        assert_eq!(
+            payload_from_value(json!({"x": "é".repeat(2100)})).map(|_| ()),
+            Err(ValidationError::PayloadTooLarge { bytes: 4208 }),
+            "2,100 two-byte characters"
+        );
+    }
+
     #[test]
     fn keys() {
         assert_eq!(key("k", ""), Err(ValidationError::Empty { what: "k" }));
@@ -766,6 +816,49 @@ mod tests {
                 len: MAX_KEY_BYTES + 1,
                 max: MAX_KEY_BYTES
             })
+        );
+    }
+
+    /// A key or id is at most 1 KiB (DESIGN.md section 3): 1,024 bytes pass, 1,025 are refused,
+    /// and so are 600 two-byte characters. (What the mutations did: a limit of 1,025 bytes,
+    /// which every test built on the constant followed; the length counted in characters, which
+    /// ASCII keys cannot tell from bytes; review of stop 70, AU26 and AU36.)
+    #[test]
+    fn a_key_is_at_most_one_kib() {
+        assert_eq!(key("k", &"a".repeat(1024)), Ok(()));
+        assert_eq!(
+            key("k", &"a".repeat(1025)),
+            Err(ValidationError::TooLong {
+                what: "k",
+                len: 1025,
+                max: 1024
+            }),
+            "one byte past 1 KiB"
+        );
+        assert_eq!(
+            key("k", &"é".repeat(600)),
+            Err(ValidationError::TooLong {
+                what: "k",
+                len: 1200,
+                max: 1024
+            }),
+            "600 characters of two bytes"
+        );
+    }
+
+    /// A refused key's character is placed in bytes from the start, as its error says, past
+    /// characters of more than one byte too. (What the mutation did: the place counted in
+    /// characters, which ASCII keys cannot tell from bytes; review of stop 70, AU19.)
+    #[test]
+    fn a_refused_keys_character_is_placed_in_bytes() {
+        assert_eq!(
+            key("k", "é€\nb"),
+            Err(ValidationError::ControlCharacter {
+                what: "k",
+                found: '\n',
+                at: 5
+            }),
+            "é is 2 bytes and € 3"
         );
     }
 

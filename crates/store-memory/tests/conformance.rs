@@ -105,18 +105,50 @@ async fn subject() -> Subject {
 awareness_core::conformance_suite!(subject, foreign_commits: Uncounted);
 awareness_core::model_test!(subject);
 
-/// `leave_sequences` answers whether it could leave exactly `left`: when the counter already stands
-/// there it can (nothing to move), and only a counter past that point refuses. (What the mutation
-/// did: `>` for `>=`, a counter already there refused; a test-support function, so only the
-/// conformance harness would notice; review of stop 64, ME01.)
-#[test]
-fn leaving_the_sequences_the_counter_already_leaves_succeeds() {
-    let store = MemoryStore::new();
-    assert!(store.leave_sequences(5), "the first call moves the counter");
-    assert!(
-        store.leave_sequences(5),
-        "a counter already leaving exactly 5 sequences can leave 5"
+/// A hook whose store cannot read any head row: its error is a corrupt row, with a cause.
+struct UnreadableHeads;
+
+impl awareness_core::testkit::hooked::Hook for UnreadableHeads {
+    fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+        (call == awareness_core::testkit::hooked::Call::Heads).then(|| StoreError::Corrupt {
+            context: "read head of agent:main:a".into(),
+            source: Some(Box::new(std::io::Error::other("a torn row"))),
+        })
+    }
+}
+
+/// The audit (`awareness doctor`) of a session whose events are kept but whose head row cannot
+/// be read names that head, with the store's error and its causes, and audits on. (What the
+/// mutation did: the reason was the store's error alone, without its cause, which
+/// store-sqlite's unreadable head, an error with no cause, cannot tell; review of stop 70,
+/// AU14.)
+#[tokio::test]
+async fn the_audit_names_an_unreadable_head_with_its_causes() {
+    use awareness_core::EventStore;
+    let memory = Arc::new(MemoryStore::new());
+    let a = SessionRef::parse("agent:main:a", "main").unwrap();
+    memory
+        .record(
+            awareness_core::testkit::checks::human(&a),
+            awareness_core::testkit::checks::T0,
+        )
+        .await
+        .expect("record");
+    assert!(memory.delete_head_row(&a), "the head row deleted");
+    let store = awareness_core::testkit::hooked::Hooked {
+        inner: memory,
+        hook: UnreadableHeads,
+    };
+    let audit = awareness_core::audit::audit_store(&store)
+        .await
+        .expect("an audit over the unreadable head");
+    let [awareness_core::audit::Finding::UnreadableHead { session, reason }] = &audit.findings[..]
+    else {
+        panic!("the unreadable head alone: {:?}", audit.findings)
+    };
+    assert_eq!(session, &a);
+    assert_eq!(
+        reason, "corrupt store: read head of agent:main:a: a torn row",
+        "the error with its cause"
     );
-    assert!(store.leave_sequences(4), "forward still works");
-    assert!(!store.leave_sequences(5), "it never goes back");
 }

@@ -2769,4 +2769,40 @@ mod tests {
         );
         drop(reader);
     }
+
+    /// A flush that fails (here: refused after a failed commit) names the file, as every other
+    /// write's error does.
+    /// (What the mutation did: the flush's error was returned without the file's name; review
+    /// of stop 70, RF14.)
+    #[tokio::test]
+    async fn a_failed_flush_names_the_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("state.redb").display().to_string();
+        let store = RedbStore::open_with(
+            dir.path().join("state.redb"),
+            RedbOptions::bounded(Duration::from_secs(3600)),
+        )
+        .await
+        .expect("open");
+        // The first recording reserves sequences, a durable commit; the second is left to flush.
+        for _ in 0..2 {
+            store
+                .record(event(&session("agent:main:child"), None), T0)
+                .await
+                .expect("record");
+        }
+        store
+            .shared()
+            .commit_failed(&"No space left on device (stood in for)");
+        let err = store
+            .flush()
+            .await
+            .expect_err("a flush after a failed commit");
+        let chain = awareness_core::error::ErrorChain(&err).to_string();
+        assert!(
+            chain.contains(&file),
+            "the flush's error names no file: {chain}"
+        );
+        store.close().await;
+    }
 }

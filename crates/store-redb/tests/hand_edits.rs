@@ -564,3 +564,40 @@ async fn a_cursor_key_cut_short_hides_no_cursor_after_it() {
     );
     store.close().await;
 }
+
+/// An entry of the reference index whose event row is gone (a hand edit), on a session with
+/// no head left either, is removed by deleting the session: the deletion commits, and the
+/// session's page no longer lists the entry's copy of the event.
+/// (What the mutation did: a removed index entry no longer counted as a write of the deletion,
+/// which then wrote nothing and left the entry; review of stop 70, RF29.)
+#[tokio::test]
+async fn deleting_a_session_removes_an_index_entry_whose_row_is_gone() {
+    const EVENTS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("events");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let s = r("agent:main:subagent:s");
+    let store = RedbStore::open(&path).await.unwrap();
+    let seq = store.record(human(&s), T0).await.unwrap().event.sequence;
+    assert!(store.delete_head_row(&s).await.unwrap());
+    store.close().await;
+    edit(&path, |txn| {
+        assert!(
+            txn.open_table(EVENTS)
+                .unwrap()
+                .remove(seq.get())
+                .unwrap()
+                .is_some()
+        );
+    });
+    let store = RedbStore::open(&path).await.unwrap();
+    let before = store.changes_since(&s, Sequence::ZERO, 200).await.unwrap();
+    assert_eq!(before.events.len(), 1, "the index entry's copy is listed");
+    store.delete_session(&s).await.unwrap();
+    let after = store.changes_since(&s, Sequence::ZERO, 200).await.unwrap();
+    assert!(
+        after.events.is_empty(),
+        "the deleted session still lists {:?}",
+        after.events.iter().map(|e| e.sequence).collect::<Vec<_>>()
+    );
+    store.close().await;
+}

@@ -583,6 +583,21 @@ pub async fn recordings_that_take_the_last_numbers_commit_as_one_batch(t: &Subje
         t.raw.leave_sequences(LEFT).await.expect("leave_sequences"),
         "the counter moved up to {LEFT} numbers before its end"
     );
+    // Asked again, the hook answers that it can (the counter stands exactly there), and only
+    // a point behind the counter is refused. (What the mutations did: `>` for `>=`, a counter
+    // already there refused, in store-memory and in store-redb; review of stop 64, ME01, and of
+    // stop 70, RF03.)
+    assert!(
+        t.raw.leave_sequences(LEFT).await.expect("leave_sequences"),
+        "the counter already leaves {LEFT}: nothing to move"
+    );
+    assert!(
+        !t.raw
+            .leave_sequences(LEFT + 1)
+            .await
+            .expect("leave_sequences"),
+        "the counter never goes back"
+    );
     let events: Vec<NewEvent> = (0..LEFT)
         .map(|i| log_only(&child(), &format!("one of the last {i}")))
         .collect();
@@ -3916,7 +3931,16 @@ pub async fn cursors_filter_and_order(t: &Subject) {
         })
         .await
         .unwrap();
-    assert_eq!(by_target.len(), 2);
+    // Listed by target alone, the cursors come ordered by watcher too. (What the mutation did:
+    // store-redb walked its by-target index backwards; review of stop 70, RF32.)
+    assert_eq!(
+        by_target
+            .iter()
+            .map(|c| c.watcher.to_string())
+            .collect::<Vec<_>>(),
+        [MANAGER, PEER],
+        "the cursors on one target, ordered by watcher"
+    );
     let pending = s
         .cursors(&CursorFilter {
             pending_only: true,
@@ -4101,6 +4125,18 @@ pub async fn events_after_and_log_stats(t: &Subject) {
         .map(|e| e.sequence.get())
         .collect();
     assert_eq!(rest, vec![3, 4, 5, 6], "the largest limit");
+    // Read a page at a time (`awareness prune --dry-run` counts what it is given), the log
+    // gives each event once, in order. (What the mutation did: each page began past the first
+    // event of the one before, every event but the first page's given again; review of stop
+    // 70, AU16.)
+    let mut pages = Vec::new();
+    let stop = crate::audit::read_log(s, 4, |events| {
+        pages.push(events.iter().map(|e| e.sequence.get()).collect::<Vec<_>>());
+    })
+    .await
+    .expect("read the log");
+    assert!(stop.is_none(), "a sound log");
+    assert_eq!(pages, [vec![1, 2, 3, 4], vec![5, 6]], "each event once");
     let stats = s.log_stats().await.unwrap();
     assert_eq!(
         (

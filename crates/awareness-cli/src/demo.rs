@@ -796,6 +796,27 @@ mod tests {
         assert!(missed(&e, 1), "{e}");
     }
 
+    /// The question after the other process's turn whether another writer committed, which
+    /// the store cannot answer, is said with its cause and is a missed step. (What the
+    /// mutations did: said, not counted, the demo exited 0, CZ29; said without its cause,
+    /// CZ30; review of stop 70.)
+    #[tokio::test]
+    async fn a_second_question_the_store_cannot_answer_is_a_missed_step() {
+        let (out, e) = demo_failing(Refuse {
+            after_questions: 2,
+            times: 1,
+            other_writer: true,
+            ..Refuse::every(Call::ForeignCommits)
+        })
+        .await;
+        let said = out
+            .lines()
+            .find(|l| l.contains("another writer committed: cannot ask: "))
+            .unwrap_or_else(|| panic!("the refusal is said: {out}"));
+        assert!(said.contains("refused by the test"), "{out}");
+        assert!(missed(&e, 1), "{e}");
+    }
+
     /// Refuses every question whether another process writes to the store, with an error whose
     /// cause holds a line break (a driver's message over two lines).
     struct RefusesOverTwoLines;
@@ -1046,6 +1067,41 @@ mod tests {
         assert_ne!(since, "0", "{queued}");
         let reconcile = format!("changesSince {since}: stateVersion 7, 5 event(s)");
         assert!(out.contains(&reconcile), "{reconcile} in {out}");
+        // The table of those events is indented as the line over it is, every row of it, and
+        // each row says its kind and its actor: the human's five messages. (What the
+        // mutations did: only the table's first line indented, its rows printed flush left in
+        // the timeline, CZ21; the ACTOR column showing each event's kind, CZ23; review of stop
+        // 70.)
+        let mut table = out.lines().skip_while(|l| !l.contains(&reconcile)).skip(1);
+        assert!(
+            table
+                .next()
+                .is_some_and(|l| l.starts_with("         SEQ  KIND")),
+            "{out}"
+        );
+        for _ in 0..5 {
+            let row = table.next().unwrap_or_default();
+            let cells: Vec<&str> = row.split_whitespace().collect();
+            assert!(row.starts_with("         "), "{row:?} in {out}");
+            assert_eq!(
+                cells.get(1..3),
+                Some(&["human_direct_message", "human"][..]),
+                "{row:?} in {out}"
+            );
+        }
+        // The final status is printed pretty, a field a line. (What the mutation did: the
+        // whole status on one line; review of stop 70, CZ25.)
+        let mut last = out
+            .lines()
+            .skip_while(|l| !l.starts_with("final session_status"));
+        last.next();
+        assert_eq!(last.next(), Some("{"), "{out}");
+        // A store in memory is said to go with the demo from the start. (What the mutation
+        // did: `store: memory:`, as if it were a place; review of stop 70, CZ32.)
+        assert!(
+            out.contains("\nstore: memory (gone when the demo ends)\n"),
+            "{out}"
+        );
         assert!(
             out.ends_with("\nthe store was in memory; nothing was left behind\n"),
             "{out}"

@@ -159,6 +159,11 @@ mod tests {
             &[vec!["é".into(), "x".into()], vec!["e".into(), "y".into()]],
         );
         assert_eq!(t, "a  b\né  x\ne  y\n");
+        // A column wider than a cell that is not ASCII pads it by its characters too. (What
+        // the mutation did: padded by its bytes, `é` one space short; the case above, its
+        // column one wide, pads nothing either way; review of stop 70, CZ35.)
+        let t = render(&["aa", "b"], &[vec!["é".into(), "x".into()]]);
+        assert_eq!(t, "aa  b\né   x\n");
     }
 
     /// A cell holding a line break or a terminal escape stays on its row, as spaces.

@@ -2030,6 +2030,157 @@ mod tests {
         assert!(out.contains("\n  watched by agent:main:main\n"), "{out}");
     }
 
+    /// Refuses every read of the cursors with an error over two lines.
+    struct RefusesCursorsOverTwoLines;
+
+    #[awareness_core::async_trait]
+    impl awareness_core::testkit::hooked::Hook for RefusesCursorsOverTwoLines {
+        fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+            (call == awareness_core::testkit::hooked::Call::Cursors)
+                .then(|| StoreError::backend("cursors", "disk\nfull"))
+        }
+    }
+
+    /// `adopt_with` of an empty transcript for agent:main:worker, through a service whose log
+    /// and cursors `hook` refuses calls of (its links are the store's own), watched by
+    /// `watcher`: its answer, and what it printed.
+    async fn adopt_hooked<H: awareness_core::testkit::hooked::Hook + 'static>(
+        hook: H,
+        watcher: Option<&WatcherKey>,
+    ) -> (Result<i32, CliError>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let transcript = dir.path().join("5f1c2e3a.jsonl");
+        std::fs::write(&transcript, "").unwrap();
+        let full = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
+            inner: full.clone(),
+            hook,
+        });
+        let svc = service_over(events, full.clone());
+        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
+        let mut out = Vec::new();
+        let code = adopt_with(&svc, spec, watcher, &session, false, &mut out).await;
+        (code, String::from_utf8(out).unwrap())
+    }
+
+    /// `adopt` without `--watcher` whose read of who watches the session fails says why on
+    /// its own line, the error's line break escaped: a cause over two lines cannot start a line
+    /// of its own. (What the mutation did: the error said as it was, its second line flush
+    /// left; review of stop 70, CZ10.)
+    #[tokio::test]
+    async fn adopt_says_on_one_line_why_it_cannot_tell_what_watches() {
+        let (code, out) = adopt_hooked(RefusesCursorsOverTwoLines, None).await;
+        assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
+        let said = out
+            .lines()
+            .find(|l| l.starts_with("  cannot tell what watches it ("))
+            .unwrap_or_else(|| panic!("the failed read is said: {out}"));
+        assert!(said.contains("disk\\nfull"), "{out}");
+        assert!(!out.lines().any(|l| l.starts_with("full")), "{out}");
+    }
+
+    /// Refuses every watch.
+    struct RefusesWatch;
+
+    #[awareness_core::async_trait]
+    impl awareness_core::testkit::hooked::Hook for RefusesWatch {
+        fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
+            (call == awareness_core::testkit::hooked::Call::Watch)
+                .then(|| StoreError::backend("watch", "disk full"))
+        }
+    }
+
+    /// `adopt --watcher W` whose watch the store refuses says that the adoption is recorded
+    /// all the same, before why the watch failed: nobody should run it again to be sure.
+    /// (What the mutation did: only the watch's failure was said; review of stop 70, CZ04.)
+    #[tokio::test]
+    async fn adopt_whose_watch_fails_says_the_adoption_is_recorded() {
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        let (code, _) = adopt_hooked(RefusesWatch, Some(&watcher)).await;
+        let e = code.expect_err("the watch was refused");
+        assert!(
+            e.message.starts_with(
+                "adopted agent:main:worker (agent main): its link and `adopted` event #1 are \
+                 recorded, but "
+            ),
+            "{}",
+            e.message
+        );
+    }
+
+    /// Links whose every listing the store refuses.
+    struct ListingRefused(Arc<dyn FullStore>);
+
+    #[awareness_core::async_trait]
+    impl UpstreamStore for ListingRefused {
+        async fn upsert_link(
+            &self,
+            spec: LinkSpec,
+            now: awareness_core::Timestamp,
+        ) -> Result<awareness_core::UpsertOutcome, StoreError> {
+            self.0.upsert_link(spec, now).await
+        }
+
+        async fn link(
+            &self,
+            session: &SessionRef,
+        ) -> Result<Option<awareness_core::UpstreamLink>, StoreError> {
+            self.0.link(session).await
+        }
+
+        async fn links(&self) -> Result<Vec<awareness_core::UpstreamLink>, StoreError> {
+            Err(StoreError::backend("links", "disk full"))
+        }
+
+        async fn set_marker(
+            &self,
+            session: &SessionRef,
+            expected_updated_at: awareness_core::Timestamp,
+            marker: Value,
+            now: awareness_core::Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.0
+                .set_marker(session, expected_updated_at, marker, now)
+                .await
+        }
+
+        async fn mark_scanned(
+            &self,
+            session: &SessionRef,
+            now: awareness_core::Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.0.mark_scanned(session, now).await
+        }
+
+        async fn remove_link(
+            &self,
+            session: &SessionRef,
+            expected_updated_at: Option<awareness_core::Timestamp>,
+        ) -> Result<bool, StoreError> {
+            self.0.remove_link(session, expected_updated_at).await
+        }
+    }
+
+    /// A `monitor` whose store cannot list the adopted links when it starts fails at once,
+    /// with nothing printed, rather than saying it monitors none. (What the mutation did: the
+    /// failure taken for no link, "monitoring 0 adopted session(s)" printed, exit 0; review of
+    /// stop 70, CZ13.)
+    #[tokio::test]
+    async fn a_monitor_that_cannot_list_its_links_fails_at_once() {
+        let cli = monitor_line(false, &[]);
+        let args = monitor_args(&cli);
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let links = Arc::new(ListingRefused(store.clone()));
+        let mut out = Vec::new();
+        // Asked to stop at once: were the failure lost, the command would stop with exit 0.
+        let done = monitor_links(&cli, args, store, links, std::future::ready(()), &mut out).await;
+        let e = done.expect_err("the listing failed");
+        assert_eq!(e.code, crate::EXIT_FAILURE, "{}", e.message);
+        assert!(e.message.starts_with("monitor: "), "{}", e.message);
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+    }
+
     /// A monitor whose output fails on the line of the detections the channel dropped says
     /// that they went unread. (Nothing said of them passed every test: review of stop 63,
     /// L28.)

@@ -1333,6 +1333,10 @@ fn errors_are_one_clear_line_with_the_right_exit_code() {
     // A wrong URL: usage.
     let o = run_in(dir.path(), &["--store", "mysql://x", "list"]);
     assert_usage(&o, "a wrong URL");
+    // Given to the demo too. (What the mutation did: the demo's wrong URL exited 1, a
+    // failure, not a usage error; review of stop 70, CZ20.)
+    let o = run_in(dir.path(), &["--store", "mysql://x", "demo"]);
+    assert_usage(&o, "a wrong URL given to the demo");
 
     // A duration the clock cannot reach: usage, before anything starts (guarded: were the
     // refusal lost, the monitor would run until killed).

@@ -269,3 +269,43 @@ async fn a_store_name_with_a_line_break_is_printed_on_one_line() {
         assert!(out.contains("a\\nforged: line"), "{args:?}: {out}");
     }
 }
+
+/// A second demo on the same file records its own spawns: its run ids are its own, not those
+/// of the demo before it (dedupe keys are store-wide, and a run's names a spawn). Each demo's
+/// closing lines name a command that lists its manager's cursors. (What the mutations did:
+/// every demo's run ids were the same, so the second demo's spawns were taken for the
+/// first's, recorded nowhere, and narrated with the first's numbers, CZ22; the command named
+/// the research subagent's cursors, which watches nothing, CZ26; review of stop 70.)
+#[tokio::test]
+async fn a_second_demo_on_the_same_file_records_its_own_spawns() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
+    for run in 1..=2 {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code =
+            awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(code, 0, "{out}{}", String::from_utf8_lossy(&err));
+        let json = out
+            .lines()
+            .skip_while(|l| !l.starts_with("final session_status"))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let status: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+        assert_eq!(
+            status["stateChanges"]["events"][0]["kind"], "child_spawned",
+            "demo {run}: {out}"
+        );
+        let manager = out
+            .lines()
+            .find_map(|l| l.strip_prefix("[+  0s] "))
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or_else(|| panic!("the manager spawns: {out}"));
+        assert!(
+            out.contains(&format!(" cursors --watcher {manager}\n")),
+            "demo {run}: {out}"
+        );
+    }
+}

@@ -390,3 +390,34 @@ async fn a_write_whose_output_fails_says_what_it_did() {
         }
     }
 }
+
+/// An `adopt` whose output then fails (a full disk) says what it adopted, in text and JSON
+/// alike: the link and its `adopted` event are in place. (What the mutations did: only
+/// "cannot write output", the adoption unsaid; review of stop 70, CZ05 for JSON and CZ06 for
+/// text.)
+#[tokio::test]
+async fn an_adopt_whose_output_fails_says_what_it_adopted() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let transcript = dir.path().join("5f1c2e3a.jsonl");
+        std::fs::write(&transcript, "").unwrap();
+        let file = transcript.display().to_string();
+        let mut args = vec!["adopt", C1, "--file", &file];
+        if json {
+            args.insert(0, "--json");
+        }
+        let mut out = FailsAfter::at_once(io::ErrorKind::StorageFull);
+        let mut err = Vec::new();
+        let got = run_into(&url, &args, &mut out, &mut err).await;
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(got, awareness_cli::EXIT_FAILURE, "json {json}: {err}");
+        let line = err.lines().next().unwrap_or_default();
+        assert!(
+            line.starts_with(&format!(
+                "awareness: adopted {C1} (agent main): its link and"
+            )) && line.contains(", but cannot write output"),
+            "json {json}: {err}"
+        );
+    }
+}

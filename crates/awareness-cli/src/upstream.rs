@@ -1457,16 +1457,20 @@ mod tests {
         }
     }
 
-    /// Links whose second listing (the monitor's first tick's) panics with [`Explodes`] of
-    /// level 2: the store call's catch drops it (level 1 raised), the tick's catch drops that
-    /// (level 0 raised, past it): the monitor's task ends, as no store can make it otherwise.
-    struct ListingExplodes {
+    /// Links whose listing number `at` (from 0) fails: refused by the store, or, when
+    /// `explodes`, a panic with [`Explodes`] of level 2 (the second listing is the monitor's
+    /// first tick's: the store call's catch drops it, level 1 raised, the tick's catch drops
+    /// that, level 0 raised, past it: the monitor's task ends, as no store can make it
+    /// otherwise).
+    struct ListingFails {
         inner: Arc<dyn FullStore>,
         listings: std::sync::atomic::AtomicUsize,
+        at: usize,
+        explodes: bool,
     }
 
     #[awareness_core::async_trait]
-    impl UpstreamStore for ListingExplodes {
+    impl UpstreamStore for ListingFails {
         async fn upsert_link(
             &self,
             spec: LinkSpec,
@@ -1483,8 +1487,11 @@ mod tests {
         }
 
         async fn links(&self) -> Result<Vec<awareness_core::UpstreamLink>, StoreError> {
-            if self.listings.fetch_add(1, Ordering::SeqCst) == 1 {
-                std::panic::panic_any(Explodes(2));
+            if self.listings.fetch_add(1, Ordering::SeqCst) == self.at {
+                if self.explodes {
+                    std::panic::panic_any(Explodes(2));
+                }
+                return Err(StoreError::backend("links", "disk full"));
             }
             self.inner.links().await
         }
@@ -1529,9 +1536,11 @@ mod tests {
         let cli = monitor_line(false, &[]);
         let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let links = Arc::new(ListingExplodes {
+        let links = Arc::new(ListingFails {
             inner: store.clone(),
             listings: std::sync::atomic::AtomicUsize::new(0),
+            at: 1,
+            explodes: true,
         });
         let mut out = Vec::new();
         // A hang guard, not a measure: the task's end is looked for once a second.
@@ -1996,45 +2005,11 @@ mod tests {
         assert_eq!(asked_at, Some(first));
     }
 
-    /// Refuses every read of the cursors.
+    /// Refuses every read of the cursors, with an error over two lines.
     struct RefusesCursors;
 
     #[awareness_core::async_trait]
     impl awareness_core::testkit::hooked::Hook for RefusesCursors {
-        fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
-            (call == awareness_core::testkit::hooked::Call::Cursors)
-                .then(|| StoreError::backend("cursors", "disk full"))
-        }
-    }
-
-    /// `adopt --watcher W` whose read of who watches the session fails still names W, which it
-    /// has just made watch it. (The line left out passed every test: review of stop 63, L22.)
-    #[tokio::test]
-    async fn adopt_names_its_watcher_when_the_cursors_cannot_be_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let transcript = dir.path().join("5f1c2e3a.jsonl");
-        std::fs::write(&transcript, "").unwrap();
-        let full = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let events: Arc<dyn AwarenessStore> = Arc::new(awareness_core::testkit::hooked::Hooked {
-            inner: full.clone(),
-            hook: RefusesCursors,
-        });
-        let svc = service_over(events, full.clone());
-        let session = SessionRef::parse("agent:main:worker", "main").unwrap();
-        let watcher = WatcherKey::parse("agent:main:main").unwrap();
-        let spec = jsonl::adoption(session.clone(), &transcript, None).unwrap();
-        let mut out = Vec::new();
-        let code = adopt_with(&svc, spec, Some(&watcher), &session, false, &mut out).await;
-        assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
-        let out = String::from_utf8(out).unwrap();
-        assert!(out.contains("\n  watched by agent:main:main\n"), "{out}");
-    }
-
-    /// Refuses every read of the cursors with an error over two lines.
-    struct RefusesCursorsOverTwoLines;
-
-    #[awareness_core::async_trait]
-    impl awareness_core::testkit::hooked::Hook for RefusesCursorsOverTwoLines {
         fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
             (call == awareness_core::testkit::hooked::Call::Cursors)
                 .then(|| StoreError::backend("cursors", "disk\nfull"))
@@ -2064,13 +2039,18 @@ mod tests {
         (code, String::from_utf8(out).unwrap())
     }
 
-    /// `adopt` without `--watcher` whose read of who watches the session fails says why on
-    /// its own line, the error's line break escaped: a cause over two lines cannot start a line
-    /// of its own. (What the mutation did: the error said as it was, its second line flush
+    /// `adopt --watcher W` whose read of who watches the session fails still names W, which it
+    /// has just made watch it. (The line left out passed every test: review of stop 63, L22.)
+    /// Without `--watcher`, it says why it cannot tell on a line of its own, the error's line
+    /// break escaped. (What the mutation did: the error said as it was, its second line flush
     /// left; review of stop 70, CZ10.)
     #[tokio::test]
-    async fn adopt_says_on_one_line_why_it_cannot_tell_what_watches() {
-        let (code, out) = adopt_hooked(RefusesCursorsOverTwoLines, None).await;
+    async fn adopt_says_what_watches_when_the_cursors_cannot_be_read() {
+        let watcher = WatcherKey::parse("agent:main:main").unwrap();
+        let (code, out) = adopt_hooked(RefusesCursors, Some(&watcher)).await;
+        assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
+        assert!(out.contains("\n  watched by agent:main:main\n"), "{out}");
+        let (code, out) = adopt_hooked(RefusesCursors, None).await;
         assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
         let said = out
             .lines()
@@ -2109,59 +2089,6 @@ mod tests {
         );
     }
 
-    /// Links whose every listing the store refuses.
-    struct ListingRefused(Arc<dyn FullStore>);
-
-    #[awareness_core::async_trait]
-    impl UpstreamStore for ListingRefused {
-        async fn upsert_link(
-            &self,
-            spec: LinkSpec,
-            now: awareness_core::Timestamp,
-        ) -> Result<awareness_core::UpsertOutcome, StoreError> {
-            self.0.upsert_link(spec, now).await
-        }
-
-        async fn link(
-            &self,
-            session: &SessionRef,
-        ) -> Result<Option<awareness_core::UpstreamLink>, StoreError> {
-            self.0.link(session).await
-        }
-
-        async fn links(&self) -> Result<Vec<awareness_core::UpstreamLink>, StoreError> {
-            Err(StoreError::backend("links", "disk full"))
-        }
-
-        async fn set_marker(
-            &self,
-            session: &SessionRef,
-            expected_updated_at: awareness_core::Timestamp,
-            marker: Value,
-            now: awareness_core::Timestamp,
-        ) -> Result<bool, StoreError> {
-            self.0
-                .set_marker(session, expected_updated_at, marker, now)
-                .await
-        }
-
-        async fn mark_scanned(
-            &self,
-            session: &SessionRef,
-            now: awareness_core::Timestamp,
-        ) -> Result<bool, StoreError> {
-            self.0.mark_scanned(session, now).await
-        }
-
-        async fn remove_link(
-            &self,
-            session: &SessionRef,
-            expected_updated_at: Option<awareness_core::Timestamp>,
-        ) -> Result<bool, StoreError> {
-            self.0.remove_link(session, expected_updated_at).await
-        }
-    }
-
     /// A `monitor` whose store cannot list the adopted links when it starts fails at once,
     /// with nothing printed, rather than saying it monitors none. (What the mutation did: the
     /// failure taken for no link, "monitoring 0 adopted session(s)" printed, exit 0; review of
@@ -2171,7 +2098,12 @@ mod tests {
         let cli = monitor_line(false, &[]);
         let args = monitor_args(&cli);
         let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let links = Arc::new(ListingRefused(store.clone()));
+        let links = Arc::new(ListingFails {
+            inner: store.clone(),
+            listings: std::sync::atomic::AtomicUsize::new(0),
+            at: 0,
+            explodes: false,
+        });
         let mut out = Vec::new();
         // Asked to stop at once: were the failure lost, the command would stop with exit 0.
         let done = monitor_links(&cli, args, store, links, std::future::ready(()), &mut out).await;

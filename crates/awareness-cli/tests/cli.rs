@@ -555,26 +555,7 @@ fn unwatch_and_ack_of_a_missing_cursor_leave_openclaws_file_as_it_was() {
     let file = dir.path().join("state.sqlite");
     let before = std::fs::read(&file).unwrap();
     let child = "agent:main:subagent:child";
-    for args in [
-        &["unwatch", "agent:main:main", "agent:main:subagent:typo"][..],
-        &["ack", "agent:main:main", child, "agent:main:subagent:typo"][..],
-        &["ack", "agent:main:other", child][..],
-    ] {
-        let o = run_in(
-            dir.path(),
-            &[&["--store", store.as_str()][..], args].concat(),
-        );
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains("no cursor of"),
-            "{args:?}: {}",
-            stderr(&o)
-        );
-        assert!(
-            std::fs::read(&file).unwrap() == before,
-            "{args:?} changed OpenClaw's file"
-        );
-    }
+    missing_cursors_refused_leaving(dir.path(), &store, &file, child);
     let o = run_in(
         dir.path(),
         &["--store", &store, "unwatch", "agent:ops:main", child],
@@ -584,6 +565,31 @@ fn unwatch_and_ack_of_a_missing_cursor_leave_openclaws_file_as_it_was() {
         std::fs::read(&file).unwrap() != before,
         "a cursor that is there is removed"
     );
+}
+
+/// Runs `unwatch` and `ack` of cursors `store` does not hold (agent:main:main's on a typo, and
+/// agent:main:other's on `child`, whose cursor agent:main:main holds): each fails naming the
+/// cursor and leaves `file` byte for byte as it was.
+fn missing_cursors_refused_leaving(dir: &Path, store: &str, file: &Path, child: &str) {
+    let before = std::fs::read(file).unwrap();
+    for args in [
+        &["unwatch", "agent:main:main", "agent:main:subagent:typo"][..],
+        &["ack", "agent:main:main", child, "agent:main:subagent:typo"][..],
+        &["ack", "agent:main:other", child][..],
+    ] {
+        let o = run_in(dir, &[&["--store", store][..], args].concat());
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no cursor of"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(
+            std::fs::read(file).unwrap() == before,
+            "{args:?} changed {}",
+            file.display()
+        );
+    }
 }
 
 /// `ack` of a cursor row OpenClaw's file holds but that cannot be read (a negative sequence, as
@@ -1759,7 +1765,8 @@ fn watch_of_a_bare_key_watches_the_watchers_agents_session() {
 /// `--agent` wins over the key's own agent: `record --session agent:ops:subagent:x --agent main`
 /// records to main's session of that key (the flag's default is the key's agent, else main).
 /// (What the mutation did: the key's agent before `--agent`, so the event went to ops' session
-/// and `--agent` was ignored; review of stop 66, C602.)
+/// and `--agent` was ignored; review of stop 66, C602.) The event's row says its own agent, and
+/// a bare key recorded without `--agent` is main's session too.
 #[test]
 fn an_agent_given_wins_over_the_keys_own() {
     let dir = tempfile::tempdir().unwrap();
@@ -1793,6 +1800,41 @@ fn an_agent_given_wins_over_the_keys_own() {
         }]),
         "main's session of the key"
     );
+    // The AGENT column of the event's row is the event's agent. (What the mutation did: the
+    // column showed the key's agent, `ops`; review of stop 70, CE15.)
+    let text = stdout(&run_ok(dir.path(), store, &["tail"]));
+    let row: Vec<&str> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row.get(1), Some(&"agent:ops:subagent:x"), "{text}");
+    assert_eq!(row.get(2), Some(&"main"), "the AGENT column: {text}");
+    // A bare key, no `--agent`: main's, the agent every command defaults to. (What the
+    // mutation did: another default, so `record global` wrote to a session `status global
+    // --agent main` does not know; review of stop 70, CE12.)
+    let v = json(&run_on(
+        dir.path(),
+        store,
+        &[
+            "--json",
+            "record",
+            "--session",
+            "global",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "goal updated",
+        ],
+    ));
+    assert_eq!(v["event"]["agentId"], "main", "{v}");
+    let s = json(&run_on(
+        dir.path(),
+        store,
+        &["--json", "status", "global", "--agent", "main"],
+    ));
+    assert_eq!(s["stateVersion"], v["event"]["sequence"], "{s}");
 }
 
 /// `list --agent A` lists A's sessions only, in JSON and in text. (What the mutation did: the
@@ -2894,69 +2936,6 @@ fn an_error_line_prints_a_bidirectional_override_as_its_escape() {
     assert!(!err.contains('\u{202E}'), "{err:?}");
 }
 
-/// A bare key recorded without `--agent` is main's session, the agent every command defaults to
-/// when neither the flag nor the key names one. (What the mutation did: the default agent was
-/// another name, so `record global` wrote to a session `status global --agent main` does not
-/// know; review of stop 70, CE12.)
-#[test]
-fn a_bare_key_without_an_agent_is_mains_session() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = "sqlite://b.db";
-    let v = json(&run_on(
-        dir.path(),
-        store,
-        &[
-            "--json",
-            "record",
-            "--session",
-            "global",
-            "--kind",
-            "goal_changed",
-            "--summary",
-            "goal updated",
-        ],
-    ));
-    assert_eq!(v["event"]["agentId"], "main", "{v}");
-    let s = json(&run_on(
-        dir.path(),
-        store,
-        &["--json", "status", "global", "--agent", "main"],
-    ));
-    assert_eq!(s["stateVersion"], 1, "{s}");
-}
-
-/// The AGENT column of an event's row is the event's own agent, which `--agent` may have made
-/// another than the key names. (What the mutation did: the column showed the key's agent, `ops`
-/// for main's session of `agent:ops:subagent:x`; review of stop 70, CE15.)
-#[test]
-fn the_agent_column_names_the_events_agent_not_the_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = run_ok(
-        dir.path(),
-        "sqlite://a.db",
-        &[
-            "record",
-            "--session",
-            "agent:ops:subagent:x",
-            "--agent",
-            "main",
-            "--kind",
-            "goal_changed",
-            "--summary",
-            "goal updated",
-        ],
-    );
-    let text = stdout(&o);
-    let row: Vec<&str> = text
-        .lines()
-        .nth(1)
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(row.get(1), Some(&"agent:ops:subagent:x"), "{text}");
-    assert_eq!(row.get(2), Some(&"main"), "the AGENT column: {text}");
-}
-
 /// `--json` prints a command's answer indented, a field to a line (only `tail` and `monitor`
 /// print one object per line). (What the mutation did: the answer printed on one line; review
 /// of stop 70, CE14.)
@@ -2985,27 +2964,7 @@ fn unwatch_and_ack_of_a_missing_cursor_leave_a_redb_file_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.redb");
     let store = format!("redb://{}", file.display());
-    run_ok(
-        dir.path(),
-        &store,
-        &["watch", "agent:main:main", "agent:main:subagent:c1"],
-    );
-    let before = std::fs::read(&file).unwrap();
-    for command in ["unwatch", "ack"] {
-        let o = run_on(
-            dir.path(),
-            &store,
-            &[command, "agent:main:main", "agent:main:subagent:typo"],
-        );
-        assert_eq!(o.status.code(), Some(1), "{command}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains("no cursor of agent:main:main on agent:main:subagent:typo"),
-            "{command}: {}",
-            stderr(&o)
-        );
-        assert!(
-            std::fs::read(&file).unwrap() == before,
-            "a refused {command} changed the redb file"
-        );
-    }
+    let child = "agent:main:subagent:c1";
+    run_ok(dir.path(), &store, &["watch", "agent:main:main", child]);
+    missing_cursors_refused_leaving(dir.path(), &store, &file, child);
 }

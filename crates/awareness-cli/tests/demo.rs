@@ -172,10 +172,7 @@ async fn a_demo_whose_recordings_fail_exits_with_a_failure() {
 async fn the_demo_narrates_what_it_did() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("demo.db").display());
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
-    let out = String::from_utf8(out).unwrap();
-    assert_eq!(code, 0, "{out}{}", String::from_utf8_lossy(&err));
+    let out = demo_on(&url).await;
     let mut lines = out
         .lines()
         .skip_while(|l| !l.contains("its pick-up queues "));
@@ -196,14 +193,7 @@ async fn the_demo_narrates_what_it_did() {
             .all(|l| l.contains(":subagent:research\" changed")),
         "{listed:#?}"
     );
-    let json = out
-        .lines()
-        .skip_while(|l| !l.starts_with("final session_status"))
-        .skip(1)
-        .take_while(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let status: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let status = final_status(&out);
     let at: Vec<i64> = status["stateChanges"]["events"]
         .as_array()
         .unwrap_or_else(|| panic!("{status}"))
@@ -281,19 +271,8 @@ async fn a_second_demo_on_the_same_file_records_its_own_spawns() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("demo.db").display());
     for run in 1..=2 {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code =
-            awareness_cli::run(["awareness", "--store", &url, "demo"], &mut out, &mut err).await;
-        let out = String::from_utf8(out).unwrap();
-        assert_eq!(code, 0, "{out}{}", String::from_utf8_lossy(&err));
-        let json = out
-            .lines()
-            .skip_while(|l| !l.starts_with("final session_status"))
-            .skip(1)
-            .take_while(|l| !l.is_empty())
-            .collect::<Vec<_>>()
-            .join("\n");
-        let status: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+        let out = demo_on(&url).await;
+        let status = final_status(&out);
         assert_eq!(
             status["stateChanges"]["events"][0]["kind"], "child_spawned",
             "demo {run}: {out}"
@@ -308,4 +287,25 @@ async fn a_second_demo_on_the_same_file_records_its_own_spawns() {
             "demo {run}: {out}"
         );
     }
+}
+
+/// Runs the demo on `url` and answers what it printed, once it has exited 0.
+async fn demo_on(url: &str) -> String {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = awareness_cli::run(["awareness", "--store", url, "demo"], &mut out, &mut err).await;
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0, "{out}{}", String::from_utf8_lossy(&err));
+    out
+}
+
+/// The final `session_status` the demo printed.
+fn final_status(out: &str) -> Value {
+    let json = out
+        .lines()
+        .skip_while(|l| !l.starts_with("final session_status"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
 }

@@ -343,9 +343,6 @@ async fn events_numbered_below_one_fail_no_read_are_found_and_pruned_in_their_tu
     let path = dir.path().join("state.sqlite");
     let store = SqliteStore::open(&path).await.expect("open");
     let a = SessionRef::parse("agent:main:subagent:a", "main").expect("ref");
-    for _ in 0..3 {
-        store.record(human(&a), T0).await.expect("record");
-    }
     assert_eq!(
         store.events_numbered_below_one().await.expect("probe"),
         None
@@ -361,6 +358,20 @@ async fn events_numbered_below_one_fail_no_read_are_found_and_pruned_in_their_tu
             &[seq, old],
         )
         .await;
+        // A log of such rows only has no row a read returns: its stats are 0 rows, 0 and 0.
+        // (What the mutation did: the highest sequence taken over every row, -1 while that is
+        // the only one, and the stats failed as a negative sequence; review of stop 70, SA19.)
+        let stats = store
+            .log_stats()
+            .await
+            .unwrap_or_else(|e| panic!("the stats of rows below one only, to {seq}: {e}"));
+        assert_eq!(
+            (stats.rows, stats.min_sequence, stats.max_sequence),
+            (0, Sequence::ZERO, Sequence::ZERO)
+        );
+    }
+    for _ in 0..3 {
+        store.record(human(&a), T0).await.expect("record");
     }
 
     let page = store
@@ -518,76 +529,31 @@ async fn an_empty_payload_is_read_as_none_without_a_warning() {
 /// at a time being the page's, lowest first, and the one past its end. (What the mutations did:
 /// the rows read again up to the page's limit alone, review of stop 63, Q01; or highest first,
 /// the ref's last events, which read, review of stop 66, S532: each time the error was the
-/// page's, naming no row.)
+/// page's, naming no row.) A page from past a row that cannot be read, whose own rows hold
+/// another, names the one on the page. (What the mutation did: the rows read again began at
+/// the page's `after` itself, and the error named event 1, which the page does not hold;
+/// review of stop 70, SA18.)
 #[tokio::test]
 async fn an_unreadable_event_in_or_just_past_a_pages_limit_is_named() {
-    for torn in [3, 1] {
+    for (torn, after, limit, named) in [(&[3][..], 0, 1, 3), (&[1], 0, 1, 1), (&[1, 5], 1, 10, 5)] {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("state.sqlite");
         let (store, a, _) = five_events(&path).await;
-        behind_the_back(
-            &path,
-            "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
-            &[torn],
-        )
-        .await;
+        for &torn in torn {
+            behind_the_back(
+                &path,
+                "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
+                &[torn],
+            )
+            .await;
+        }
         let err = store
-            .changes_since(&a, Sequence::ZERO, 1)
+            .changes_since(&a, Sequence(after), limit)
             .await
-            .expect_err("the page of one event reads the row past it");
-        names_the_row(&err, &path, torn.cast_unsigned(), a.session_key.as_str());
+            .expect_err("the page reads a torn row");
+        names_the_row(&err, &path, named, a.session_key.as_str());
         store.close().await;
     }
-}
-
-/// A page from past a row that cannot be read, whose own rows hold another, names the one on
-/// the page: the rows read again one at a time are the page's, after its `after`. (What the
-/// mutation did: the rows read again began at `after` itself, and the error named event 1,
-/// which the page does not hold; review of stop 70, SA18.)
-#[tokio::test]
-async fn a_page_past_an_unreadable_row_names_its_own() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let (store, a, _) = five_events(&path).await;
-    for torn in [1, 5] {
-        behind_the_back(
-            &path,
-            "UPDATE session_state_events SET fields_json = '[torn' WHERE sequence = $1",
-            &[torn],
-        )
-        .await;
-    }
-    let err = store
-        .changes_since(&a, Sequence(1), 10)
-        .await
-        .expect_err("the page holds event 5");
-    names_the_row(&err, &path, 5, a.session_key.as_str());
-    store.close().await;
-}
-
-/// A log whose only rows are numbered below 0 (another writer's) has no row a read returns: its
-/// stats are 0 rows, 0 and 0, as for rows numbered 0, and do not fail. (What the mutation did:
-/// the highest sequence was taken over every row, -1, and the stats failed as a negative
-/// sequence; review of stop 70, SA19.)
-#[tokio::test]
-async fn a_log_of_rows_below_zero_only_has_empty_stats() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let store = SqliteStore::open(&path).await.expect("open");
-    behind_the_back(
-        &path,
-        "INSERT INTO session_state_events (sequence, session_key, agent_id, kind, \
-         actor_type, occurred_at, summary) VALUES (-1, 'agent:main:subagent:a', 'main', \
-         'created', 'system', $1, 'x')",
-        &[T0.millis()],
-    )
-    .await;
-    let stats = store.log_stats().await.expect("the log's stats");
-    assert_eq!(
-        (stats.rows, stats.min_sequence, stats.max_sequence),
-        (0, Sequence::ZERO, Sequence::ZERO)
-    );
-    store.close().await;
 }
 
 /// A listing of one agent's heads, one of whose head rows holds a key that is not UTF-8 (so that
@@ -623,71 +589,48 @@ async fn one_agents_heads_listed_past_a_key_that_is_not_utf8_are_that_agents() {
 #[tokio::test]
 async fn a_cursor_whose_target_key_is_not_utf8_is_left_out_of_listings() {
     use awareness_core::CursorFilter;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let (store, a, b) = five_events(&path).await;
-    let manager = WatcherKey::parse("agent:main:main").expect("watcher");
-    for target in [&a, &b] {
-        store.watch(&manager, target, T0).await.expect("watch");
-    }
-    behind_the_back(
-        &path,
+    // The target key, then the provenance (past the CHECK). (What the mutation did: the
+    // provenance was not among the texts looked at for U+FFFD, and the reason named a
+    // provenance "explicit\u{FFFD}" this version does not know, which points an operator at a
+    // newer version; review of stop 70, SA32.)
+    for spoil in [
         "UPDATE session_watch_cursors SET target_session_key = target_session_key || CAST(X'FF' AS TEXT)
            WHERE target_session_key = 'agent:main:subagent:a'",
-        &[],
-    )
-    .await;
-    let listed: Vec<String> = store
-        .cursors(&CursorFilter::default())
-        .await
-        .expect("cursors")
-        .into_iter()
-        .map(|c| c.target.to_string())
-        .collect();
-    assert_eq!(
-        listed,
-        [b.session_key.to_string()],
-        "the readable cursor only"
-    );
-    let unreadable = store
-        .unreadable_cursors()
-        .await
-        .expect("unreadable cursors");
-    assert_eq!(unreadable.len(), 1, "{unreadable:?}");
-    assert!(unreadable[0].reason.contains("not UTF-8"), "{unreadable:?}");
-    store.close().await;
-}
-
-/// A cursor row whose provenance holds a byte that is not UTF-8 (another writer's row, past the
-/// CHECK) is reported unreadable as "text that is not UTF-8", as one whose keys or target agent
-/// hold such a byte, not as a provenance this version does not know (an operator would look
-/// for a newer version). (What the mutation did: the provenance was not among the texts looked
-/// at for U+FFFD, and the reason named a provenance "explicit\u{FFFD}"; review of stop 70,
-/// SA32.)
-#[tokio::test]
-async fn a_cursor_whose_provenance_is_not_utf8_is_reported_as_such() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("state.sqlite");
-    let (store, a, b) = five_events(&path).await;
-    let manager = WatcherKey::parse("agent:main:main").expect("watcher");
-    for target in [&a, &b] {
-        store.watch(&manager, target, T0).await.expect("watch");
-    }
-    behind_the_back(
-        &path,
         "PRAGMA ignore_check_constraints = ON;
          UPDATE session_watch_cursors SET provenance = provenance || CAST(X'FF' AS TEXT)
            WHERE target_session_key = 'agent:main:subagent:a'",
-        &[],
-    )
-    .await;
-    let unreadable = store
-        .unreadable_cursors()
-        .await
-        .expect("unreadable cursors");
-    assert_eq!(unreadable.len(), 1, "{unreadable:?}");
-    assert!(unreadable[0].reason.contains("not UTF-8"), "{unreadable:?}");
-    store.close().await;
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("state.sqlite");
+        let (store, a, b) = five_events(&path).await;
+        let manager = WatcherKey::parse("agent:main:main").expect("watcher");
+        for target in [&a, &b] {
+            store.watch(&manager, target, T0).await.expect("watch");
+        }
+        behind_the_back(&path, spoil, &[]).await;
+        let listed: Vec<String> = store
+            .cursors(&CursorFilter::default())
+            .await
+            .expect("cursors")
+            .into_iter()
+            .map(|c| c.target.to_string())
+            .collect();
+        assert_eq!(
+            listed,
+            [b.session_key.to_string()],
+            "the readable cursor only: {spoil}"
+        );
+        let unreadable = store
+            .unreadable_cursors()
+            .await
+            .expect("unreadable cursors");
+        assert_eq!(unreadable.len(), 1, "{spoil}: {unreadable:?}");
+        assert!(
+            unreadable[0].reason.contains("not UTF-8"),
+            "{spoil}: {unreadable:?}"
+        );
+        store.close().await;
+    }
 }
 
 /// A link row whose `upstream_ref_json` another writer left not JSON is unreadable as a whole,

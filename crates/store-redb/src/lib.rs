@@ -2780,7 +2780,7 @@ mod tests {
         let file = dir.path().join("state.redb").display().to_string();
         let store = RedbStore::open_with(
             dir.path().join("state.redb"),
-            RedbOptions::bounded(Duration::from_secs(3600)),
+            RedbOptions::bounded(Duration::from_hours(1)),
         )
         .await
         .expect("open");

@@ -1525,6 +1525,33 @@ mod tests {
         }
     }
 
+    /// `monitor` over a memory store whose listing number `at` of the links fails (see
+    /// [`ListingFails`]), until `stop` resolves: its answer and what it printed. A minute's
+    /// bound guards against a hang; it measures nothing.
+    async fn monitor_with_a_failing_listing(
+        at: usize,
+        explodes: bool,
+        stop: impl Future<Output = ()>,
+    ) -> (Result<i32, CliError>, String) {
+        let cli = monitor_line(false, &[]);
+        let args = monitor_args(&cli);
+        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
+        let links = Arc::new(ListingFails {
+            inner: store.clone(),
+            listings: std::sync::atomic::AtomicUsize::new(0),
+            at,
+            explodes,
+        });
+        let mut out = Vec::new();
+        let done = tokio::time::timeout(
+            Duration::from_mins(1),
+            monitor_links(&cli, args, store, links, stop, &mut out),
+        )
+        .await
+        .expect("the command ended");
+        (done, String::from_utf8(out).unwrap())
+    }
+
     /// A monitor whose task ended by itself (a panic got past its catches) fails the command,
     /// which says so, instead of running on with nothing printed until Ctrl-C; it is noticed
     /// within the second it looks (the command is never stopped here). (The task's end not
@@ -1533,30 +1560,13 @@ mod tests {
     /// 60.)
     #[tokio::test]
     async fn a_monitor_task_that_ends_by_itself_fails_the_command() {
-        let cli = monitor_line(false, &[]);
-        let args = monitor_args(&cli);
-        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let links = Arc::new(ListingFails {
-            inner: store.clone(),
-            listings: std::sync::atomic::AtomicUsize::new(0),
-            at: 1,
-            explodes: true,
-        });
-        let mut out = Vec::new();
-        // A hang guard, not a measure: the task's end is looked for once a second.
-        let done = tokio::time::timeout(
-            Duration::from_mins(1),
-            monitor_links(&cli, args, store, links, std::future::pending(), &mut out),
-        )
-        .await
-        .expect("the command ended");
+        let (done, out) = monitor_with_a_failing_listing(1, true, std::future::pending()).await;
         let e = done.expect_err("the task's end is a failure");
         assert_eq!(e.code, crate::EXIT_FAILURE, "{}", e.message);
         assert_eq!(
             e.message,
             "monitor: the monitor's task ended by itself (see the log)"
         );
-        let out = String::from_utf8(out).unwrap();
         assert!(out.starts_with("monitoring 0 adopted session(s)"), "{out}");
         assert!(!out.contains("monitor stopped"), "{out}");
     }
@@ -2095,22 +2105,12 @@ mod tests {
     /// stop 70, CZ13.)
     #[tokio::test]
     async fn a_monitor_that_cannot_list_its_links_fails_at_once() {
-        let cli = monitor_line(false, &[]);
-        let args = monitor_args(&cli);
-        let store = gateway_adapter::open_full_store("memory:").await.unwrap();
-        let links = Arc::new(ListingFails {
-            inner: store.clone(),
-            listings: std::sync::atomic::AtomicUsize::new(0),
-            at: 0,
-            explodes: false,
-        });
-        let mut out = Vec::new();
         // Asked to stop at once: were the failure lost, the command would stop with exit 0.
-        let done = monitor_links(&cli, args, store, links, std::future::ready(()), &mut out).await;
+        let (done, out) = monitor_with_a_failing_listing(0, false, std::future::ready(())).await;
         let e = done.expect_err("the listing failed");
         assert_eq!(e.code, crate::EXIT_FAILURE, "{}", e.message);
         assert!(e.message.starts_with("monitor: "), "{}", e.message);
-        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        assert!(out.is_empty(), "{out}");
     }
 
     /// A monitor whose output fails on the line of the detections the channel dropped says

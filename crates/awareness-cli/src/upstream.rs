@@ -2015,14 +2015,13 @@ mod tests {
         assert_eq!(asked_at, Some(first));
     }
 
-    /// Refuses every read of the cursors, with an error over two lines.
-    struct RefusesCursors;
+    /// Refuses every call of its kind with a backend error saying its text.
+    struct Refuses(awareness_core::testkit::hooked::Call, &'static str);
 
     #[awareness_core::async_trait]
-    impl awareness_core::testkit::hooked::Hook for RefusesCursors {
+    impl awareness_core::testkit::hooked::Hook for Refuses {
         fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
-            (call == awareness_core::testkit::hooked::Call::Cursors)
-                .then(|| StoreError::backend("cursors", "disk\nfull"))
+            (call == self.0).then(|| StoreError::backend("refused by the test", self.1))
         }
     }
 
@@ -2056,11 +2055,13 @@ mod tests {
     /// left; review of stop 70, CZ10.)
     #[tokio::test]
     async fn adopt_says_what_watches_when_the_cursors_cannot_be_read() {
+        const CURSORS_OVER_TWO_LINES: Refuses =
+            Refuses(awareness_core::testkit::hooked::Call::Cursors, "disk\nfull");
         let watcher = WatcherKey::parse("agent:main:main").unwrap();
-        let (code, out) = adopt_hooked(RefusesCursors, Some(&watcher)).await;
+        let (code, out) = adopt_hooked(CURSORS_OVER_TWO_LINES, Some(&watcher)).await;
         assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
         assert!(out.contains("\n  watched by agent:main:main\n"), "{out}");
-        let (code, out) = adopt_hooked(RefusesCursors, None).await;
+        let (code, out) = adopt_hooked(CURSORS_OVER_TWO_LINES, None).await;
         assert_eq!(code.map_err(|e| e.message).unwrap(), 0);
         let said = out
             .lines()
@@ -2070,24 +2071,17 @@ mod tests {
         assert!(!out.lines().any(|l| l.starts_with("full")), "{out}");
     }
 
-    /// Refuses every watch.
-    struct RefusesWatch;
-
-    #[awareness_core::async_trait]
-    impl awareness_core::testkit::hooked::Hook for RefusesWatch {
-        fn refuse(&self, call: awareness_core::testkit::hooked::Call) -> Option<StoreError> {
-            (call == awareness_core::testkit::hooked::Call::Watch)
-                .then(|| StoreError::backend("watch", "disk full"))
-        }
-    }
-
     /// `adopt --watcher W` whose watch the store refuses says that the adoption is recorded
     /// all the same, before why the watch failed: nobody should run it again to be sure.
     /// (What the mutation did: only the watch's failure was said; review of stop 70, CZ04.)
     #[tokio::test]
     async fn adopt_whose_watch_fails_says_the_adoption_is_recorded() {
         let watcher = WatcherKey::parse("agent:main:main").unwrap();
-        let (code, _) = adopt_hooked(RefusesWatch, Some(&watcher)).await;
+        let (code, _) = adopt_hooked(
+            Refuses(awareness_core::testkit::hooked::Call::Watch, "disk full"),
+            Some(&watcher),
+        )
+        .await;
         let e = code.expect_err("the watch was refused");
         assert!(
             e.message.starts_with(

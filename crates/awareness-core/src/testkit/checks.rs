@@ -4991,38 +4991,15 @@ pub async fn auditing_a_live_store_reports_no_problem_a_write_between_reads_made
     assert_eq!((audit.heads, audit.cursors), (0, 1), "what it read");
 }
 
-/// Deletes the child once its events are read, records on it again once the heads are listed,
-/// and fails every page of its changes as a row the store cannot read would.
-#[derive(Default)]
-struct DeletedAndBackUnreadable {
-    deleted: std::sync::atomic::AtomicBool,
-    back: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl super::hooked::Hook for DeletedAndBackUnreadable {
-    async fn after(&self, call: super::hooked::Call, store: &dyn AwarenessStore) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if matches!(call, super::hooked::Call::EventsAfter) && !self.deleted.swap(true, SeqCst) {
-            store.delete_session(&child()).await.expect("delete");
-        }
-        if matches!(call, super::hooked::Call::ListHeads) && !self.back.swap(true, SeqCst) {
-            rec(store, human(&child()), T0.plus_ms(1)).await;
-        }
-    }
-
-    fn refuse(&self, call: super::hooked::Call) -> Option<StoreError> {
-        matches!(call, super::hooked::Call::ChangesSince)
-            .then(|| StoreError::corrupt("event 9: a row that cannot be read"))
-    }
-}
-
-/// Deletes the child once its events are read, and once the heads are listed records on it
-/// again and has the manager watch it again.
+/// Deletes the child once its events are read, and records on it again once the heads are
+/// listed; with `watch_again`, the manager watches it again then too, and with `unreadable`,
+/// every page of its changes fails as a row the store cannot read would.
 #[derive(Default)]
 struct DeletedAndBack {
     deleted: std::sync::atomic::AtomicBool,
     back: std::sync::atomic::AtomicBool,
+    watch_again: bool,
+    unreadable: bool,
 }
 
 #[async_trait::async_trait]
@@ -5034,11 +5011,18 @@ impl super::hooked::Hook for DeletedAndBack {
         }
         if matches!(call, super::hooked::Call::ListHeads) && !self.back.swap(true, SeqCst) {
             rec(store, human(&child()), T0.plus_ms(1)).await;
-            store
-                .watch(&w(MANAGER), &child(), T0.plus_ms(1))
-                .await
-                .expect("watch");
+            if self.watch_again {
+                store
+                    .watch(&w(MANAGER), &child(), T0.plus_ms(1))
+                    .await
+                    .expect("watch");
+            }
         }
+    }
+
+    fn refuse(&self, call: super::hooked::Call) -> Option<StoreError> {
+        (self.unreadable && matches!(call, super::hooked::Call::ChangesSince))
+            .then(|| StoreError::corrupt("event 9: a row that cannot be read"))
     }
 }
 
@@ -5061,7 +5045,10 @@ pub async fn auditing_a_live_store_drops_findings_its_fresh_reads_settle(t: &Sub
     );
     let live = super::hooked::Hooked {
         inner: t.store.clone(),
-        hook: DeletedAndBackUnreadable::default(),
+        hook: DeletedAndBack {
+            unreadable: true,
+            ..DeletedAndBack::default()
+        },
     };
     rec(&*t.store, human(&child()), T0).await;
     let audit = crate::audit::audit_store(&live).await.expect("audit");
@@ -5081,7 +5068,10 @@ pub async fn auditing_a_live_store_drops_findings_its_fresh_reads_settle(t: &Sub
         .expect("watch");
     let live = super::hooked::Hooked {
         inner: t.store.clone(),
-        hook: DeletedAndBack::default(),
+        hook: DeletedAndBack {
+            watch_again: true,
+            ..DeletedAndBack::default()
+        },
     };
     let audit = crate::audit::audit_store(&live).await.expect("audit");
     assert!(
@@ -5246,6 +5236,46 @@ pub async fn the_audit_reports_a_cursor_past_its_head(t: &Subject) {
             head: Sequence(1),
         }),
         "the cursor past the key's highest head: {findings:?}"
+    );
+}
+
+/// Refuses every read of heads as a row the store cannot read, with a cause.
+struct UnreadableHeads;
+
+impl super::hooked::Hook for UnreadableHeads {
+    fn refuse(&self, call: super::hooked::Call) -> Option<StoreError> {
+        matches!(call, super::hooked::Call::Heads).then(|| StoreError::Corrupt {
+            context: format!("read head of {CHILD}"),
+            source: Some(Box::new(std::io::Error::other("a torn row"))),
+        })
+    }
+}
+
+/// The audit (`awareness doctor`) of a session whose events are kept but whose head cannot be
+/// read names that head with the store's error and its causes, and nothing else. (What the
+/// mutation did: the reason was the error alone, without its cause, which no store's own
+/// unreadable head could show, their errors having none; review of stop 70, AU14.)
+pub async fn the_audit_names_an_unreadable_head_with_its_causes(t: &Subject) {
+    rec(&*t.store, human(&child()), T0).await;
+    t.raw
+        .delete_head_row(&child())
+        .await
+        .expect("delete a head row");
+    let store = super::hooked::Hooked {
+        inner: t.store.clone(),
+        hook: UnreadableHeads,
+    };
+    let audit = crate::audit::audit_store(&store)
+        .await
+        .expect("an audit over the unreadable head");
+    let [crate::audit::Finding::UnreadableHead { session, reason }] = &audit.findings[..] else {
+        panic!("the unreadable head alone: {:?}", audit.findings)
+    };
+    assert_eq!(session, &child());
+    assert_eq!(
+        *reason,
+        format!("corrupt store: read head of {CHILD}: a torn row"),
+        "the error with its cause"
     );
 }
 

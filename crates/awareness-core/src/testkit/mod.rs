@@ -362,6 +362,7 @@ macro_rules! conformance_suite {
             a_session_without_its_head_keeps_its_events,
             the_audit_reports_events_and_cursors_left_without_a_head,
             the_audit_reports_a_cursor_past_its_head,
+            the_audit_names_an_unreadable_head_with_its_causes,
             inputs_at_the_limits_read_back_exactly,
             keys_either_side_of_a_length_prefix_boundary_read_back_exactly,
             every_session_is_listed_and_read_however_many,

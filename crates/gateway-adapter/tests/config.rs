@@ -113,6 +113,28 @@ fn refused_monitor_timing_names_its_field() {
     }
 }
 
+/// The service's defaults are the documented ones: 500 refs per `heads` call, a pick-up of every
+/// pending notice each minute, and 4,096 writes outstanding at most. (What the mutation did:
+/// changed a default (50 refs, a recovery every 10 minutes, 1,024 writes), which passed every
+/// other test; a gateway on the defaults then waited ten times as long for a lost notice, or
+/// refused writes sooner; review of stop 71, SE37, SE39 and SE40.)
+#[test]
+fn the_service_defaults_are_the_documented_ones() {
+    let d = AwarenessConfig::default();
+    assert_eq!(d.list_batch, 500, "list_batch");
+    assert_eq!(
+        d.recovery_interval,
+        Duration::from_mins(1),
+        "recovery_interval"
+    );
+    assert_eq!(
+        d.max_pending_writes,
+        gateway_adapter::DEFAULT_MAX_PENDING_WRITES,
+        "max_pending_writes"
+    );
+    assert_eq!(gateway_adapter::DEFAULT_MAX_PENDING_WRITES, 4_096);
+}
+
 #[test]
 fn refused_service_settings_name_their_field() {
     let cases = [

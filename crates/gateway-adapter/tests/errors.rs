@@ -977,44 +977,72 @@ async fn a_start_up_reports_the_notices_its_sweep_redelivered() {
     );
 }
 
-/// Answers the first two reads of heads as a damaged head row does
-/// ([`StoreError::Corrupt`]): the batch's read, then the first ref's read alone.
-struct FirstHeadDamaged(std::sync::atomic::AtomicUsize);
+/// Refuses the first `refusals` reads of heads with `error`'s answer, then answers.
+struct FirstHeadsRefused {
+    refusals: usize,
+    error: fn() -> StoreError,
+    calls: std::sync::atomic::AtomicUsize,
+}
 
-impl Hook for FirstHeadDamaged {
+impl Hook for FirstHeadsRefused {
     fn refuse(&self, call: Call) -> Option<StoreError> {
-        (call == Call::Heads && self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2)
-            .then(|| StoreError::corrupt("head row: torn"))
+        (call == Call::Heads
+            && self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < self.refusals)
+            .then(self.error)
     }
 }
 
 /// A head that cannot be read hides only its own session from `sessions_list`'s versions (decision
 /// 0020): the batch it fails is read again a ref at a time, and the other ref of a batch of two
-/// keeps its `stateVersion`. (A batch of two left out whole, or the refs read alone dropped, passed
-/// every other test: review of stop 62, S07 and S08.)
+/// keeps its `stateVersion`. A batch the store fails to read for another reason (a backend error:
+/// a full disk) is left out alone: the batches after it are still read. (A batch of two left out
+/// whole, or the refs read alone dropped, passed every other test: review of stop 62, S07 and
+/// S08. What the last mutation did: stopped at the first failed batch, so every later row lost
+/// its version; review of stop 71, SE09.)
 #[tokio::test]
 async fn a_damaged_head_hides_only_its_own_session_from_the_listed_versions() {
     let a = SessionRef::parse("agent:main:subagent:a", "main").unwrap();
     let b = SessionRef::parse("agent:main:subagent:b", "main").unwrap();
-    let inner = Arc::new(MemoryStore::new());
-    for r in [&a, &b] {
-        inner
-            .record(awareness_core::testkit::checks::human(r), Timestamp(1))
-            .await
-            .unwrap();
+    let damaged: fn() -> StoreError = || StoreError::corrupt("head row: torn");
+    let full: fn() -> StoreError =
+        || StoreError::backend("read heads", std::io::Error::other(CAUSE));
+    // The damaged head: the batch's read, then the first ref's read alone; the failed batch:
+    // the first of two batches of one.
+    for (refusals, error, list_batch) in [(2, damaged, 500), (1, full, 1)] {
+        let inner = Arc::new(MemoryStore::new());
+        for r in [&a, &b] {
+            inner
+                .record(awareness_core::testkit::checks::human(r), Timestamp(1))
+                .await
+                .unwrap();
+        }
+        let svc = Awareness::builder(
+            Arc::new(Hooked {
+                inner,
+                hook: FirstHeadsRefused {
+                    refusals,
+                    error,
+                    calls: std::sync::atomic::AtomicUsize::new(0),
+                },
+            }),
+            Arc::new(InMemoryQueue::new()),
+            Arc::new(RecordingWake::new()),
+            Arc::new(InMemoryDirectory::new()),
+        )
+        .config(AwarenessConfig {
+            list_batch,
+            ..AwarenessConfig::default()
+        })
+        .build();
+        let versions = svc
+            .state_versions(&k("agent:main:main"), &[a.clone(), b.clone()])
+            .await;
+        assert_eq!(
+            versions.keys().collect::<Vec<_>>(),
+            [&b],
+            "only the unreadable session is left out ({list_batch} a batch): {versions:?}"
+        );
     }
-    let svc = service(Arc::new(Hooked {
-        inner,
-        hook: FirstHeadDamaged(std::sync::atomic::AtomicUsize::new(0)),
-    }));
-    let versions = svc
-        .state_versions(&k("agent:main:main"), &[a.clone(), b.clone()])
-        .await;
-    assert_eq!(
-        versions.keys().collect::<Vec<_>>(),
-        [&b],
-        "only the damaged head's session is left out: {versions:?}"
-    );
 }
 
 /// Acknowledging nothing writes nothing: no follow-up, at once, whatever the store does. (Without

@@ -929,6 +929,55 @@ async fn a_dedupe_key_taken_by_another_sessions_event_is_warned_of() {
     );
 }
 
+/// A spawn whose requester has a bare key (`global`, which cannot watch) is still recorded: only
+/// the seed of the requester's cursor is left out. (What the mutation did: answered `None` for
+/// such a spawn, recording nothing, so the child's history lacked its `child_spawned`; review of
+/// stop 71, SE44.)
+#[tokio::test]
+async fn a_spawn_by_a_bare_requester_is_recorded_without_a_watch() {
+    let w = world();
+    let event = w
+        .svc
+        .subagent_spawned(&k(CHILD), None, &k("global"), "run-1")
+        .await
+        .expect("the spawn is recorded");
+    assert_eq!(event.kind, EventKind::ChildSpawned);
+    assert_eq!(event.session_key, k(CHILD));
+}
+
+/// A producer's event on a bare key (`global`) whose agent the caller does not name is recorded
+/// for the configured default agent ([`gateway_adapter::AwarenessConfig::default_agent`]), not for
+/// `main`. (What the mutation did: took `main` for every bare key, so a gateway whose default
+/// agent is `ops` recorded ops's compaction under main's `global`; review of stop 71, SE42.)
+#[tokio::test]
+async fn a_bare_keys_event_is_recorded_for_the_configured_default_agent() {
+    let ops = awareness_core::AgentId::new("ops").unwrap();
+    let (svc, _, _) = common::service_configured(
+        Arc::new(MemoryStore::new()),
+        None,
+        Arc::new(gateway_adapter::InMemoryDirectory::new()),
+        gateway_adapter::AwarenessConfig {
+            default_agent: ops.clone(),
+            ..gateway_adapter::AwarenessConfig::default()
+        },
+    );
+    let event = svc
+        .compacted(Compaction {
+            session: k("global"),
+            agent_id: None,
+            session_id: None,
+            run_id: None,
+            operation_id: "1".into(),
+            owner: None,
+        })
+        .await
+        .expect("recorded");
+    assert_eq!(
+        event.agent_id, ops,
+        "the bare key is the configured default agent's session"
+    );
+}
+
 /// A bare target key (`global`) that the requester names without an agent, and that no cursor of
 /// the requester follows, is the requester's agent's session: `agent:ops:main` asking about
 /// `global` reads ops's `global`, not the default agent's. (Taking the default agent there

@@ -1038,14 +1038,26 @@ async fn wait_for_writes_waits_for_no_write_started_after_it() {
         .expect("wait_for_writes ended once the write started before it had");
 }
 
-/// An adoption whose link is written at once and whose `adopted` event the store answers later,
-/// within `store_wait`, answers that event (with the event dropped on that path, `awareness adopt`
-/// said the event was not recorded when it was: review of stop 62, A28).
+/// An adoption answers its `adopted` event whether the store answers at once (the write's task
+/// has ended before the caller looks at the link's answer) or later, within `store_wait`. (With
+/// the event dropped on either path, `awareness adopt` said the event was not recorded when it
+/// was: review of stop 62, A28, for the later answer; review of stop 71, SE47, for the one at
+/// once, the usual case.)
 #[tokio::test]
 async fn an_adoption_answers_its_event_recorded_after_its_link() {
-    let mut w = World::gated(Call::Record, false).await;
     let adopted = SessionRef::parse("agent:ops:main", "ops").unwrap();
     let spec = LinkSpec::new(adopted.clone(), "remote", "h", "t", "paired-node");
+    let at_once = common::world()
+        .svc
+        .try_adopt_recorded(spec.clone())
+        .await
+        .expect("adopted");
+    let event = at_once
+        .event
+        .expect("the adopted event, recorded with the link, is answered");
+    assert_eq!(event.kind, awareness_core::EventKind::Adopted);
+    assert_eq!(event.session_ref(), adopted);
+    let mut w = World::gated(Call::Record, false).await;
     let svc = Arc::clone(&w.svc);
     let adoption = tokio::spawn(async move { svc.try_adopt_recorded(spec).await });
     w.entered

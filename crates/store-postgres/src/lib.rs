@@ -1084,6 +1084,46 @@ mod tests {
         );
     }
 
+    /// A store's listening connection is proven alive every 30 s unless told otherwise: a
+    /// connection the network dropped silently is noticed. (What the mutation did: the default
+    /// was never, and such a loss went unnoticed for as long as the process ran; review of stop
+    /// 71, PH01.)
+    #[test]
+    fn the_listening_connection_is_proven_alive_by_default() {
+        assert_eq!(
+            PgStoreOptions::new("a").listener_keepalive,
+            DEFAULT_LISTENER_KEEPALIVE
+        );
+        assert_eq!(DEFAULT_LISTENER_KEEPALIVE, Duration::from_secs(30));
+    }
+
+    /// The query begins at the URL's first `?`: a value holding a `?` (here an application's
+    /// name) is the value's, the URL taken. (What the mutation did: the query began at the last
+    /// `?`, and the URL was refused as giving a key nobody reads; review of stop 71, PH33.)
+    #[test]
+    fn a_value_holding_a_question_mark_is_the_values() {
+        let (server, options) = parse_url("postgres://u@h/db?application_name=gw?1&schema=a")
+            .expect("a URL whose application name holds a '?'");
+        assert_eq!(
+            (options.schema(), server.get_application_name()),
+            ("a", Some("gw?1"))
+        );
+    }
+
+    /// A value holding a `=` (sqlx's `options` take `-c name=value`) belongs to the key before
+    /// the pair's first `=`: the URL is taken, and the setting reaches sqlx. (What the mutation
+    /// did: the key ran to the pair's last `=`, and the URL was refused as giving a key nobody
+    /// reads; review of stop 71, PH28.)
+    #[test]
+    fn a_value_holding_an_equals_sign_belongs_to_the_key_before_it() {
+        let (server, options) =
+            parse_url("postgres://u@h/db?options=-c%20statement_timeout=5s&schema=a")
+                .expect("a URL whose options value holds a '='");
+        assert_eq!(options.schema(), "a");
+        let options = server.get_options().expect("options");
+        assert!(options.contains("statement_timeout=5s"), "{options}");
+    }
+
     #[test]
     fn a_bad_url_is_refused_without_showing_its_password() {
         for (url, why, shown_as) in [
@@ -1181,6 +1221,13 @@ mod tests {
                 "postgres://u@h/db?options[statement_timeout=5s",
                 "the URL gives options[statement_timeout=, which neither sqlx",
                 "postgres://u@h/db?options[statement_timeout=***",
+            ),
+            // Review of stop 71, PH32: a value holding a `?` under a key nobody reads was
+            // shown up to that `?` when the query was taken from the URL's last `?`.
+            (
+                "postgres://u@h/db?pwd=secret?x&sslmode=require",
+                "the URL gives pwd=, which neither sqlx nor the store reads",
+                "postgres://u@h/db?pwd=***&sslmode=require",
             ),
             // Second reading, stop 56: a `?` then a `=` inside a password not percent-encoded
             // made the query hide the `@` the redaction looks for.

@@ -166,6 +166,59 @@ async fn a_schema_whose_table_is_not_the_stores_is_refused_and_left_as_it_was() 
     );
 }
 
+/// A fresh store's schema, its handle dropped, after `edit` (SQL naming the schema
+/// `{schema}`) was run on it by hand.
+async fn edited_by_hand(edit: &str) -> server::DropSchema {
+    let (store, schema) = server::fresh_store().await;
+    drop(store);
+    server::run_as_admin(&edit.replace("{schema}", schema.name())).await;
+    schema
+}
+
+/// A store that lost one of its tables (here `session_upstream_links`, dropped by hand) is
+/// refused by an open that may not create, naming the table, and gets it back from one that
+/// may. (What the mutation did: the links' table was left out of the tables looked for, and
+/// both opens were refused as not this store's; review of stop 71, PH17.)
+#[tokio::test]
+async fn a_store_that_lost_a_table_gets_it_back_from_an_open_that_may_create() {
+    let schema = edited_by_hand("DROP TABLE \"{schema}\".session_upstream_links").await;
+    let e = refused(PgStoreOptions::new(schema.name()).create_if_missing(false)).await;
+    assert_eq!(e.open_failure(), Some(OpenFailure::NotFound), "{e}");
+    assert!(e.to_string().contains("session_upstream_links"), "{e}");
+    let store = PgStore::connect(server::server(), PgStoreOptions::new(schema.name()))
+        .await
+        .expect("an open that may create makes the lost table again");
+    assert!(
+        tables_of(schema.name())
+            .await
+            .contains(&"session_upstream_links".to_owned()),
+        "the table is back"
+    );
+    awareness_core::upstream::UpstreamStore::links(&store)
+        .await
+        .expect("the links are read");
+}
+
+/// A table of the store that lacks a column the store reads (here the cursors'
+/// `target_agent_id`, dropped by hand) is refused at the open, the error naming the columns it
+/// lacks, and only those. (What the mutations did: the column was not among those looked for,
+/// and the store opened, to fail at its first read of a cursor, PH27; the error listed every
+/// column of the table, those it has too, PH22; review of stop 71.)
+#[tokio::test]
+async fn a_table_that_lacks_a_column_is_refused_naming_only_that_column() {
+    let schema = edited_by_hand(
+        "ALTER TABLE \"{schema}\".session_watch_cursors DROP COLUMN target_agent_id",
+    )
+    .await;
+    let e = refused(PgStoreOptions::new(schema.name())).await;
+    assert_eq!(e.open_failure(), Some(OpenFailure::NotAStore), "{e}");
+    let shown = e.to_string();
+    assert!(
+        shown.contains("session_watch_cursors") && shown.contains(r#"["target_agent_id"]"#),
+        "{shown}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_connecting_at_once_to_a_new_schema_share_one_store() {
     let schema = server::fresh_schema();

@@ -83,47 +83,52 @@ async fn record_these_behind_the_lock(
 /// While another gateway holds the store's lock, 40 recordings of this handle wait (the first
 /// for the lock, alone in its transaction; the others in the queue); once the lock is let go,
 /// they commit in three write transactions (the first alone, then batches of 32 and 7), each
-/// caller with its own event, under the 40 sequences after the one before.
+/// caller with its own event, under the 40 sequences after the one before. A group commit of 2,
+/// the least that batches, batches too: 3 recordings commit in two transactions. (What the
+/// mutation did: `group_commit(2)` recorded one transaction per event, as `1` does; review of
+/// stop 71, PH30.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recordings_waiting_for_another_gateway_commit_in_few_transactions() {
-    let schema = server::fresh_schema();
-    let _drop = server::DropSchema(schema.clone());
-    let store = Arc::new(
-        PgStore::connect(
-            server::server(),
-            PgStoreOptions::new(schema.clone()).group_commit(32),
-        )
-        .await
-        .expect("connect"),
-    );
-    let before = store.record(event(100), T0).await.expect("record");
-    let lock = store_postgres::testkit::StoreLock::take(&schema).await;
-    let began = store.write_transactions();
-    let calls = record_behind_the_lock(&store, 40).await;
-    lock.release().await;
-    let mut seqs = Vec::new();
-    for (i, call) in calls.into_iter().enumerate() {
-        let rec = call.await.expect("join").expect("record");
-        assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
-        seqs.push(rec.event.sequence.get());
-    }
-    seqs.sort_unstable();
-    let first = before.event.sequence.get() + 1;
-    assert_eq!(seqs, (first..first + 40).collect::<Vec<_>>());
-    let txs = store.write_transactions() - began;
-    assert_eq!(
-        txs, 3,
-        "the write transactions of 40 recordings that waited for the lock"
-    );
-    assert_eq!(store.largest_batch(), 32);
-    assert_eq!(
-        store
-            .events_after(Sequence(before.event.sequence.get()), 100)
+    for (group, n, transactions) in [(32, 40, 3), (2, 3, 2)] {
+        let schema = server::fresh_schema();
+        let _drop = server::DropSchema(schema.clone());
+        let store = Arc::new(
+            PgStore::connect(
+                server::server(),
+                PgStoreOptions::new(schema.clone()).group_commit(group),
+            )
             .await
-            .expect("events")
-            .len(),
-        40
-    );
+            .expect("connect"),
+        );
+        let before = store.record(event(100), T0).await.expect("record");
+        let lock = store_postgres::testkit::StoreLock::take(&schema).await;
+        let began = store.write_transactions();
+        let calls = record_behind_the_lock(&store, n).await;
+        lock.release().await;
+        let mut seqs = Vec::new();
+        for (i, call) in calls.into_iter().enumerate() {
+            let rec = call.await.expect("join").expect("record");
+            assert_eq!(rec.event.summary, format!("message {i}"), "its own event");
+            seqs.push(rec.event.sequence.get());
+        }
+        seqs.sort_unstable();
+        let first = before.event.sequence.get() + 1;
+        assert_eq!(seqs, (first..first + n as u64).collect::<Vec<_>>());
+        let txs = store.write_transactions() - began;
+        assert_eq!(
+            txs, transactions,
+            "the write transactions of {n} recordings that waited for the lock, {group} a batch"
+        );
+        assert_eq!(store.largest_batch(), group, "the largest batch");
+        assert_eq!(
+            store
+                .events_after(Sequence(before.event.sequence.get()), 100)
+                .await
+                .expect("events")
+                .len(),
+            n
+        );
+    }
 }
 
 /// A batch whose transaction fails (here the server's `statement_timeout` ends its wait for

@@ -301,6 +301,48 @@ async fn tries_to_listen_that_keep_failing_come_further_apart() {
     );
 }
 
+/// A listener that cannot listen from its start tries again a second after its first try,
+/// then two after that, and warns once for the outage, not at each try; once it listened again,
+/// a new outage is warned of again. (What the mutations did: the first wait was 100 ms, so a
+/// server away at the start was asked ten times as often, PH10; each failed try warned, PH11;
+/// after the first outage, later ones were never warned of, PH12; review of stop 71.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_cannot_start_waits_a_second_and_warns_once_per_outage() {
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let proxy = SilentProxy::start();
+    let schema = server::fresh_schema();
+    let _drop = server::DropSchema(schema.clone());
+    let ours = proxy.store(&schema).await;
+    proxy.cut_listens(true);
+    let _hints = ours.commit_hints().expect("store-postgres pushes hints");
+    until("three tries to listen failed", || {
+        proxy.seen.lock().unwrap().listens.len() >= 3
+    })
+    .await;
+    let tries = proxy.seen.lock().unwrap().listens.clone();
+    // Not a measure of speed: the wait is the listener's own, and only code that waits less
+    // can come sooner.
+    let apart = tries[1].duration_since(tries[0]);
+    assert!(
+        apart >= Duration::from_secs(1),
+        "the second try came {apart:?} after the first: {tries:?}"
+    );
+    let cannot = ["cannot listen for other handles' commits", schema.as_str()];
+    assert_eq!(logs.said(&cannot), 1, "one warning: {:?}", logs.lines());
+
+    proxy.cut_listens(false);
+    ours.hints_listening().await;
+    // The connection fails at its next proof of life, and every try after it too.
+    proxy.cut_listens(true);
+    proxy.garble_listeners(true);
+    until("a warning for the second outage", || {
+        logs.said(&cannot) >= 2
+    })
+    .await;
+    proxy.cut_listens(false);
+    proxy.garble_listeners(false);
+}
+
 /// A listening connection that answers is kept, however often its life is proven: no new
 /// session, and no hint beyond the start's. Each proof has 200 ms to come back: at 10 ms, a
 /// loaded machine (load average 6, reviewers building) answered one late and the test failed

@@ -621,6 +621,11 @@ mod tests {
         );
     }
 
+    /// Only a busy store is retryable: not a damaged one, not bad input, and not an open
+    /// refused because its file is in use (a caller that waits for the file asks
+    /// [`StoreError::open_failure`], as gateway-adapter's `OpenError::is_retryable` does).
+    /// (What the mutation did: counted `OpenFailure::InUse` as retryable; review of stop 71,
+    /// CA19.)
     #[test]
     fn retryable_only_when_busy() {
         let busy = StoreError::Busy {
@@ -634,6 +639,11 @@ mod tests {
         assert_eq!(
             invalid.to_string(),
             "invalid input: summary must not be blank"
+        );
+        let in_use = StoreError::open("/srv/state.redb", OpenFailure::InUse, "already open", None);
+        assert!(
+            !in_use.is_retryable(),
+            "an open refused for a file in use is not retryable"
         );
     }
 

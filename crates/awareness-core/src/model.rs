@@ -972,6 +972,10 @@ mod tests {
         );
     }
 
+    /// Times render in the proleptic Gregorian calendar, before the epoch and before the year
+    /// 1 too, the year counted down through 0. (What the mutation did: took the 400-year era
+    /// by truncating division, so a time before `0000-03-01` showed 400 years late; review of
+    /// stop 71, CA56.)
     #[test]
     fn utc_renders_civil_dates() {
         assert_eq!(Timestamp(0).utc(), "1970-01-01 00:00:00.000Z");
@@ -983,6 +987,29 @@ mod tests {
         assert_eq!(Timestamp(951_782_400_123).utc(), "2000-02-29 00:00:00.123Z");
         // Before the epoch: the last millisecond of 1969.
         assert_eq!(Timestamp(-1).utc(), "1969-12-31 23:59:59.999Z");
+        assert_eq!(
+            Timestamp(-62_167_219_200_000).utc(),
+            "0000-01-01 00:00:00.000Z",
+            "the first millisecond of the year 0"
+        );
+        assert_eq!(
+            Timestamp(-62_167_219_200_001).utc(),
+            "-001-12-31 23:59:59.999Z",
+            "the last millisecond of the year -1"
+        );
+    }
+
+    /// Moving an instant back saturates at the start of `i64`, as documented, rather than
+    /// wrapping round to the far future (a retention cutoff taken so would delete everything).
+    /// (What the mutation did: `wrapping_sub`; review of stop 71, CA01.)
+    #[test]
+    fn moving_an_instant_back_saturates() {
+        assert_eq!(Timestamp(0).minus_ms(i64::MAX), Timestamp(-i64::MAX));
+        assert_eq!(
+            Timestamp(-2).minus_ms(i64::MAX),
+            Timestamp(i64::MIN),
+            "saturated at the start of i64"
+        );
     }
 
     /// A nested subagent is what OpenClaw's `isSubagentSessionKey` says is one (decision
@@ -1186,6 +1213,11 @@ mod tests {
         );
     }
 
+    /// Every kind's spelling, JSON and class; kinds and actor types spelled exactly as
+    /// DESIGN.md section 3 spells them. (What the mutations did: compared the spellings in any
+    /// ASCII case, so `awareness record --kind Human_Direct_Message` or `--actor-type Human` was
+    /// recorded, and a stored row so spelled read as a known kind or actor; review of stop 71,
+    /// CA08 and CA09.)
     #[test]
     fn kind_table() {
         for k in EventKind::ALL {
@@ -1215,6 +1247,32 @@ mod tests {
         }
         assert!(EventKind::parse("nope").is_err());
         assert!(ActorType::parse("robot").is_err());
+        // Spelled in one case only: another is refused when recorded (`awareness record`), a
+        // stored kind so spelled is one this version does not know, and a stored actor type
+        // so spelled is damaged, as its JSON refuses it.
+        assert!(
+            matches!(
+                EventKind::parse("Human_Direct_Message"),
+                Err(ValidationError::UnknownKind { .. })
+            ),
+            "a kind in another case is refused"
+        );
+        assert_eq!(
+            EventKind::from_stored("GOAL_CHANGED"),
+            EventKind::Other("GOAL_CHANGED".into()),
+            "a stored kind in another case is one this version does not know"
+        );
+        assert!(
+            matches!(
+                ActorType::parse("Human"),
+                Err(ValidationError::UnknownActorType { .. })
+            ),
+            "an actor type in another case is refused"
+        );
+        assert!(
+            serde_json::from_value::<ActorType>("Human".into()).is_err(),
+            "as its JSON refuses it"
+        );
     }
 
     #[test]

@@ -865,6 +865,30 @@ mod tests {
         assert!(g.by_watcher.is_empty(), "the index of watchers is empty");
     }
 
+    /// The maps' hasher tells keys apart: session keys that differ in any byte, in a whole 8-byte
+    /// chunk or in the tail after the last one, hash differently, so a lookup in the maps of refs,
+    /// dedupe keys and cursor indexes probes one slot instead of scanning every entry.
+    /// (What the mutation did: every key hashed to the same value, so each lookup scanned its
+    /// whole map; review of stop 71, MF33.)
+    #[test]
+    fn the_maps_hasher_tells_keys_apart() {
+        use std::hash::BuildHasher as _;
+        let keys = [
+            "agent:main:main",
+            "agent:main:subagent:a",
+            "agent:main:subagent:b",
+            "agent:mbin:subagent:a",
+            "agent:main:subagent:aa",
+            "k1",
+            "k2",
+        ];
+        let hashes: BTreeSet<u64> = keys
+            .iter()
+            .map(|k| FxBuild::default().hash_one(k))
+            .collect();
+        assert_eq!(hashes.len(), keys.len(), "distinct keys hash apart");
+    }
+
     /// A caller that waited for the lock stops counting itself once it has it: a pruning chunk
     /// defers to callers blocked on the lock, and a count left up would make every later step of
     /// every pass spin for the whole deferral. (What the mutation did: the count was never taken

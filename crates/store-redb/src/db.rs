@@ -1340,6 +1340,25 @@ pub(crate) mod tests {
         assert!(matches!(other, StoreError::Backend { .. }), "{other:?}");
     }
 
+    /// A table of ours whose stored type definition differs from this build's (its width or
+    /// alignment changed: a hand edit, or another application's table under our name) is
+    /// [`awareness_core::StoreError::Corrupt`], which says retrying does not help, as redb's
+    /// other table mismatches are. (What the mutation did: a backend error, as if a retry
+    /// could succeed; review of stop 71, RG18.)
+    #[test]
+    fn a_changed_type_definition_is_corrupt() {
+        let e = redb::Error::TypeDefinitionChanged {
+            name: redb::TypeName::new("store_redb::cursor_row"),
+            alignment: 1,
+            width: Some(8),
+        };
+        let got = from_redb("open the cursors", e);
+        assert!(
+            matches!(got, awareness_core::StoreError::Corrupt { .. }),
+            "{got:?}"
+        );
+    }
+
     /// A write refused because redb discarded its allocator state (after a commit panicked)
     /// latches the handle as an I/O failure does: until the database is reopened, writes say
     /// to reopen it, and a new open in this process does not share it. It was taken for
@@ -1711,6 +1730,56 @@ pub(crate) mod tests {
         drop(reopened);
     }
 
+    /// An open that found its file's slot and then waited for its lock while the file at the
+    /// path was replaced looks the path up again and opens the file now there: it is not
+    /// refused. (What the mutation did: kept the slot of the file it found first, and the open
+    /// was refused, "the file at this path was replaced while it was being opened"; review of
+    /// stop 71, RG03.)
+    #[test]
+    fn an_open_that_waited_while_its_file_was_replaced_opens_the_new_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("state.redb");
+        let other = dir.path().join("other.redb");
+        drop(open_shared(&path, Mode::Create, 1 << 20, false).expect("create"));
+        drop(open_shared(&other, Mode::Create, 1 << 20, false).expect("create the other"));
+        let canonical = std::fs::canonicalize(&path).expect("canonical");
+        let key = super::file_identity(&canonical).expect("identity");
+        let (started, second) = std::sync::mpsc::channel();
+        let path_b = path.clone();
+        *lock(&WHILE_OPENING) = Some((
+            canonical,
+            Box::new(move || {
+                // A second open of the path, on a thread of its own, finds this file's slot
+                // (held by this open, the registry and here: a fourth holder is the second
+                // open) and waits for its lock.
+                let moved_to = path_b.clone();
+                let b_open = std::thread::spawn(move || {
+                    open_shared(&path_b, Mode::Create, 1 << 20, false).map(drop)
+                });
+                let slot = Arc::clone(lock(super::registry()).get(&key).expect("the slot"));
+                let deadline = std::time::Instant::now() + Duration::from_mins(1);
+                while Arc::strong_count(&slot) < 4 && std::time::Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+                drop(slot);
+                // The file at the path is replaced before either open has it.
+                std::fs::rename(&other, &moved_to).expect("replace the file");
+                started.send(b_open).ok();
+            }),
+        ));
+        let first = open_shared(&path, Mode::Create, 1 << 20, false).map(drop);
+        let b_open = second.recv().expect("the hook ran");
+        let got = b_open.join().expect("the second open's thread");
+        assert!(
+            first.is_err(),
+            "the open that held the slot saw its file replaced under it: {first:?}"
+        );
+        assert!(
+            got.is_ok(),
+            "an open that waited while the file was replaced opens the new one: {got:?}"
+        );
+    }
+
     /// A new store file in `dir`, opened: the handle (the database stays open while it lives)
     /// and its shared state.
     fn new_shared(dir: &tempfile::TempDir) -> (super::Handle, Arc<super::Shared>) {
@@ -1751,6 +1820,36 @@ pub(crate) mod tests {
         assert!(
             waits[1..].iter().all(|wait| *wait <= interval),
             "at most one interval after each flush: {waits:?}"
+        );
+    }
+
+    /// The wait after a flush that committed is the interval less the time that flush took
+    /// (a durable commit takes some): the flushes begin one interval apart, not one interval
+    /// plus a flush. (What the mutation did: waited a whole interval after each flush, so the
+    /// commits at risk in a crash reached back further than the promised interval; review of
+    /// stop 71, RG07.)
+    #[test]
+    fn the_time_a_flush_took_comes_off_the_next_wait() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_handle, shared) = new_shared(&dir);
+        let (tell, told) = std::sync::mpsc::channel();
+        *lock(&FLUSHER_WAITS) = Some((shared.path.clone(), tell));
+        let interval = Duration::from_millis(30);
+        shared.mark_unflushed();
+        let flusher = super::Flusher::start(&shared, interval).expect("start");
+        // The timeout only keeps the test from hanging.
+        let first = told
+            .recv_timeout(Duration::from_mins(1))
+            .expect("the first wait");
+        let second = told
+            .recv_timeout(Duration::from_mins(1))
+            .expect("the wait after a flush");
+        drop(flusher);
+        *lock(&FLUSHER_WAITS) = None;
+        assert_eq!(first, interval, "one interval before the first flush");
+        assert!(
+            second < interval,
+            "the flush's own time comes off the wait after it: {second:?}"
         );
     }
 

@@ -682,6 +682,26 @@ async fn a_file_of_schema_4_is_refused_and_left_as_it_was() {
     assert_eq!(dump(&path), before, "the refused open changed the file");
 }
 
+/// A file that an older redb wrote (file format 2 in the header of its transaction slot) is
+/// refused as `Unsupported`, naming the format, read-write and read-only alike: a build that
+/// can open it is what the user needs, not a retry. (What the mutation did: refused as
+/// `Other`, a kind that does not say this build is the problem; review of stop 71, RG11.)
+#[tokio::test]
+async fn a_file_of_an_older_redb_format_is_refused_as_unsupported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    a_closed_store_with_rows(&path).await;
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The format version of each transaction slot (bytes 64 and 192 of the header).
+    bytes[64] = 2;
+    bytes[64 + 128] = 2;
+    std::fs::write(&path, &bytes).unwrap();
+    for options in [RedbOptions::default(), read_only()] {
+        let err = RedbStore::open_with(&path, options).await.unwrap_err();
+        assert_open_error(&err, &path, "redb file format 2", OpenFailure::Unsupported);
+    }
+}
+
 /// The entries of the table `name`, typed `K` to `V`, each as `key => value` (debug form).
 fn entries<K: redb::Key + 'static, V: redb::Value + 'static>(
     txn: &redb::ReadTransaction,

@@ -75,10 +75,12 @@ async fn a_read_only_open_refuses_a_file_without_the_links_table() {
 /// A read-write open of a database with some of OpenClaw's four tables and not our record of
 /// migrations takes it for OpenClaw's and migrates it as always: the tables missing are made,
 /// and links answer. Three of the four (an OpenClaw version from before
-/// `session_upstream_links`) and any one of them alone count. (What the mutations did: a
-/// database lacking any of the four was refused as another application's, S638, review of
-/// stop 67; `session_state_heads` was not counted among OpenClaw's tables, so a file holding
-/// only it was refused, S822, review of stop 68.)
+/// `session_upstream_links`) and any one of them alone count. A file holding only our own
+/// record of migrations, empty, is no other application's either: the store is made in it.
+/// (What the mutations did: a database lacking any of the four was refused as another
+/// application's, S638, review of stop 67; `session_state_heads` was not counted among
+/// OpenClaw's tables, so a file holding only it was refused, S822, review of stop 68; our
+/// migrations table was counted as another application's, SB27, review of stop 71.)
 #[tokio::test]
 async fn a_read_write_open_migrates_a_file_with_some_of_openclaws_tables() {
     const TABLES: [&str; 4] = [
@@ -87,8 +89,11 @@ async fn a_read_write_open_migrates_a_file_with_some_of_openclaws_tables() {
         "session_watch_cursors",
         "session_upstream_links",
     ];
+    // Each set of OpenClaw's tables kept, without our record of migrations; then none of
+    // them, with that record kept, empty.
     let mut kept_sets = vec![&TABLES[..3]];
     kept_sets.extend(TABLES.chunks(1));
+    kept_sets.push(&[]);
     for kept in kept_sets {
         let dir = tempfile::tempdir().unwrap();
         let path = new_store(dir.path()).await;
@@ -99,10 +104,12 @@ async fn a_read_write_open_migrates_a_file_with_some_of_openclaws_tables() {
                 .await
                 .unwrap();
         }
-        sqlx::raw_sql("DROP TABLE awareness_schema_migrations")
-            .execute(&mut c)
-            .await
-            .unwrap();
+        let ours = if kept.is_empty() {
+            "DELETE FROM awareness_schema_migrations"
+        } else {
+            "DROP TABLE awareness_schema_migrations"
+        };
+        sqlx::raw_sql(ours).execute(&mut c).await.unwrap();
         c.close().await.unwrap();
         let store = SqliteStore::open(&path)
             .await

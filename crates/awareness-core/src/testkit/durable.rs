@@ -1305,7 +1305,7 @@ impl Keys<'_> {
 /// An upstream link row the store cannot read (decision 0017) stops no other link: the listing
 /// the monitor reads at every tick leaves it out and lists the others, whose markers still
 /// move. A read of its ref, a marker update and a removal conditioned on its token fail with
-/// `Corrupt` and leave it; an adoption of its ref writes a new link over it; an unconditional
+/// `Corrupt` and leave it; a stamp of its scan fails so or stamps it; an adoption of its ref writes a new link over it; an unconditional
 /// removal removes it, and so does a deletion of its session.
 pub async fn an_unreadable_link_row_is_left_out_and_stops_no_other_link(f: impl OpenFile) {
     unreadable_link_rows(f, false).await;
@@ -1404,6 +1404,17 @@ async fn unreadable_link_rows(f: impl OpenFile, spoil: bool) {
         "remove_link with a token",
         u.remove_link(&torn, Some(T0)).await.map(drop),
     );
+    // A stamp of its scan fails as `Corrupt` (a store that reads the link to stamp it) or
+    // stamps the row (one that writes the column alone, leaving the row as unreadable as it
+    // was): never "no link here", which would hide the damage from a scanner. (What the
+    // mutation did: store-redb answered `false`; review of stop 71, RG34.)
+    match u.mark_scanned(&torn, T0.plus_ms(1)).await {
+        Ok(stamped) => assert!(stamped, "mark_scanned found the unreadable link's row"),
+        Err(e) => assert!(
+            matches!(e, StoreError::Corrupt { .. }),
+            "mark_scanned: {e:?}"
+        ),
+    }
     assert_eq!(
         listed().await,
         [kept.clone(), gone.clone()],

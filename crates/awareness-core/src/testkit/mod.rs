@@ -870,9 +870,11 @@ macro_rules! open_suite {
 }
 
 /// Stamps the checks of an open by a user who may not write the store's directory or its file,
-/// or read its file ([`open`]: [`open::a_directory_without_write_permission_gives_a_clear_error`],
+/// read its file, or search its directory ([`open`]:
+/// [`open::a_directory_without_write_permission_gives_a_clear_error`],
 /// [`open::a_store_file_the_user_may_not_write_gives_a_clear_error`],
-/// [`open::a_store_file_the_user_may_not_read_gives_a_clear_error`]; Unix only) for a store
+/// [`open::a_store_file_the_user_may_not_read_gives_a_clear_error`],
+/// [`open::a_directory_the_user_may_not_search_gives_a_clear_error`]; Unix only) for a store
 /// factory, as [`open_suite!`] takes it.
 ///
 /// Stamp it in a test target of its own (a `tests/*.rs` file that holds nothing else): each
@@ -889,6 +891,7 @@ macro_rules! permission_suite {
             a_directory_without_write_permission_gives_a_clear_error,
             a_store_file_the_user_may_not_write_gives_a_clear_error,
             a_store_file_the_user_may_not_read_gives_a_clear_error,
+            a_directory_the_user_may_not_search_gives_a_clear_error,
         );
     };
 }

@@ -1029,6 +1029,43 @@ pub async fn a_store_file_the_user_may_not_read_gives_a_clear_error(
     opens_intact(&f, &existing).await;
 }
 
+/// An open of a store in a directory the user may not search (mode 0666: its names can be
+/// listed, none looked up; as root, the opener is `nobody`, in a process of its own) is refused
+/// with a [`StoreError::Open`] naming the file, of kind [`OpenFailure::PermissionDenied`],
+/// whether the store is there or would be new, and nothing in the directory changes. (A
+/// mutation review made store-sqlite answer `Other` where it could not look at the path, and
+/// every test passed: they ran as root, which searches every directory; review of stop 71,
+/// SB36.)
+#[cfg(unix)]
+pub async fn a_directory_the_user_may_not_search_gives_a_clear_error(
+    f: impl OpenFile,
+    test: ThisTest,
+) {
+    if attempt_when_asked(&f).await {
+        return;
+    }
+    let (outer, hidden, existing) = a_store_of_one_event(&f, "hidden").await;
+    let before = contents(&hidden);
+    set_mode(&hidden, 0o666);
+    for path in [existing.clone(), hidden.join("fresh")] {
+        let answer = as_another_user(test, outer.path(), &path);
+        assert_refused_naming(
+            "a store in a directory the user may not search",
+            &answer,
+            &path,
+        );
+    }
+    set_mode(&hidden, 0o755);
+    let after = contents(&hidden);
+    assert!(
+        after == before,
+        "a refused open changed the directory: before {:?}, after {:?}",
+        sizes(&before),
+        sizes(&after)
+    );
+    opens_intact(&f, &existing).await;
+}
+
 /// Makes the store of [`a_store_of_one_event`] its owner's again (mode 0600), and checks that
 /// it opens with its one event.
 #[cfg(unix)]

@@ -131,6 +131,10 @@ pub(crate) struct Shared {
     /// committing (tests).
     #[cfg(test)]
     pub(crate) commit_fails: AtomicBool,
+    /// Makes the next flush's durable commit fail as a write of the file would, without
+    /// committing (tests).
+    #[cfg(test)]
+    pub(crate) flush_fails: AtomicBool,
     /// Held by a flush from claiming the pending commits until its durable commit is done, so
     /// that a second flush cannot find nothing pending and return before the first is durable.
     flushing: Mutex<()>,
@@ -411,7 +415,18 @@ impl Shared {
             .begin_write("flush: begin a durable transaction")
             .and_then(|txn| {
                 if last || !self.stood_in_for(number) {
-                    txn.commit()
+                    #[cfg(test)]
+                    let committed = if self.flush_fails.swap(false, Ordering::AcqRel) {
+                        drop(txn);
+                        Err(redb::CommitError::Storage(redb::StorageError::Io(
+                            std::io::Error::other("the flush's own failure"),
+                        )))
+                    } else {
+                        txn.commit()
+                    };
+                    #[cfg(not(test))]
+                    let committed = txn.commit();
+                    committed
                         .inspect_err(|e| self.commit_failed(e))
                         .ctx("flush: durable commit")
                 } else {
@@ -1139,6 +1154,8 @@ fn open_file(
         check_panics: AtomicBool::new(false),
         #[cfg(test)]
         commit_fails: AtomicBool::new(false),
+        #[cfg(test)]
+        flush_fails: AtomicBool::new(false),
         flushing: Mutex::new(()),
         live_readers: live_readers && mode != Mode::ReadOnly,
         closed: Arc::clone(&closed),
@@ -1850,6 +1867,31 @@ pub(crate) mod tests {
         assert!(
             second < interval,
             "the flush's own time comes off the wait after it: {second:?}"
+        );
+    }
+
+    /// A flush whose durable commit fails (a full disk) latches the handle with that failure as
+    /// its cause: the commits it was making durable stay pending, and every later write is
+    /// refused saying so and to reopen, not with redb's bare "Previous I/O error occurred".
+    /// (What the mutation did: the flush's failure was not noted, and the handle went on taking
+    /// writes; review of stop 71, RG10.)
+    #[test]
+    fn a_flush_whose_commit_fails_latches_the_handle_with_its_cause() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_handle, shared) = new_shared(&dir);
+        shared.mark_unflushed();
+        shared.flush_fails.store(true, Ordering::Release);
+        let failed = shared.flush().expect_err("the flush's commit fails");
+        assert!(shared.is_unflushed(), "its commits stay pending: {failed}");
+        assert!(shared.needs_reopen(), "the handle is latched: {failed}");
+        let refused = shared
+            .begin_write("test")
+            .map(drop)
+            .expect_err("a write after the failed flush is refused");
+        let refused = awareness_core::error::ErrorChain(&refused).to_string();
+        assert!(
+            refused.contains("the flush's own failure") && refused.contains("reopened"),
+            "{refused}"
         );
     }
 

@@ -417,7 +417,10 @@ fn percent_decode(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// Only a busy store, or a file in use, is worth opening again.
+    /// Only a busy store, or a file in use, is worth opening again: not a URL no backend takes,
+    /// nor a backend left out of the build. (What the mutation did: `NotCompiled` answered
+    /// retryable, and a gateway that retries retryable opens retried a build without the
+    /// backend for good; review of stop 71, GF01.)
     #[test]
     fn only_a_busy_or_in_use_open_is_retryable() {
         let busy = StoreError::Busy {
@@ -438,6 +441,10 @@ mod tests {
             assert!(!OpenError::Store(refused(kind)).is_retryable(), "{kind}");
         }
         assert!(!StoreUrl::parse("mysql://x").unwrap_err().is_retryable());
+        assert!(
+            !OpenError::NotCompiled { backend: "redb" }.is_retryable(),
+            "a build without the backend stays so"
+        );
     }
 
     /// A URL's path is percent-decoded; a query or fragment, or a broken escape, is refused
@@ -456,6 +463,14 @@ mod tests {
         assert_eq!(
             StoreUrl::parse("sqlite:///tmp/caf%C3%A9.db").unwrap(),
             StoreUrl::Sqlite("/tmp/caf\u{e9}.db".into())
+        );
+        // Hex digits in an escape are either case, as in any URL. (What the mutation did:
+        // only upper-case digits taken, `caf%c3%a9.db` refused as an unsupported URL; review
+        // of stop 71, GF10.)
+        assert_eq!(
+            StoreUrl::parse("sqlite:///tmp/caf%c3%a9.db").ok(),
+            Some(StoreUrl::Sqlite("/tmp/caf\u{e9}.db".into())),
+            "a lower-case escape is decoded"
         );
         for bad in [
             "sqlite:///tmp/x.db?mode=rwc",
@@ -789,17 +804,25 @@ mod tests {
         }
     }
 
-    /// A redb URL the parser refuses is quoted in the error as it was given, as a sqlite one is:
-    /// its path may hold `:` and `@`, which are no user and password to hide. (What the mutation
-    /// did: redb left out of the schemes quoted as they are, the error put `u:***@` into the path
-    /// it names; review of stop 63, W49.)
+    /// A file URL the parser refuses is quoted in the error as it was given, redb's as sqlite's,
+    /// with `//` or without: what follows the scheme is a file's path, whose `:` and `@` are no
+    /// user and password to hide. (What the mutations did: redb left out of the schemes quoted
+    /// as they are, the error put `u:***@` into the path it names, review of stop 63, W49; only
+    /// `sqlite://` or `redb://` quoted as it is, so the error for `sqlite:u:p@x.db?q` named
+    /// `sqlite:***@x.db?q`, a file the user never typed, review of stop 71, GF07 and GF31.)
     #[test]
     fn a_bad_redb_url_is_quoted_as_it_is() {
-        let err = StoreUrl::parse("redb://u:p@h/x.redb?q").unwrap_err();
-        assert!(
-            matches!(&err, OpenError::BadUrl(u) if u == "redb://u:p@h/x.redb?q"),
-            "{err:?}"
-        );
+        for url in [
+            "redb://u:p@h/x.redb?q",
+            "sqlite:u:p@x.db?q",
+            "redb:u:p@x.redb?q",
+        ] {
+            let err = StoreUrl::parse(url).unwrap_err();
+            assert!(
+                matches!(&err, OpenError::BadUrl(u) if u == url),
+                "the URL is quoted as given: {err:?}"
+            );
+        }
     }
 
     /// The path of the file `name` in `dir`, and the URL of a `scheme` store there.

@@ -278,6 +278,32 @@ mod tests {
         );
     }
 
+    /// The default `can_watch_spawned` asks whether the spawner may see the child, not the
+    /// reverse: under a gateway's one-way policy (a manager sees its workers, a worker does not
+    /// see its manager) the manager watches what it spawned. (What the mutation did: the two
+    /// turned round, the child was asked whether it may see its spawner, and a manager under
+    /// such a policy was never told of its workers' changes; review of stop 71, GF32.)
+    #[test]
+    fn the_default_asks_whether_the_spawner_sees_the_child() {
+        /// Only the manager sees anything.
+        struct ManagerSees;
+        impl VisibilityPolicy for ManagerSees {
+            fn can_see(&self, requester: &SessionRef, _: &SessionRef) -> bool {
+                requester.session_key.as_str() == "agent:main:main"
+            }
+        }
+        let r = |key: &str| SessionRef::parse(key, "main").unwrap();
+        let (manager, worker) = (r("agent:main:main"), r("agent:main:subagent:w"));
+        assert!(
+            ManagerSees.can_watch_spawned(&manager, &worker),
+            "the manager watches the worker it spawned"
+        );
+        assert!(
+            !ManagerSees.can_watch_spawned(&worker, &manager),
+            "a worker does not watch its manager"
+        );
+    }
+
     /// A queue that does not implement `remove` removes nothing and says so. (What the mutation
     /// did: the default answered `true`, a removal that did not happen; review of stop 65, GA43.)
     #[test]

@@ -271,4 +271,37 @@ mod tests {
             "the notice stays and the newest line is kept"
         );
     }
+
+    /// Removing a line keeps the others in their order, oldest first, as the port says. (What
+    /// the mutation did: the newest line was moved into the removed one's place, and the turn
+    /// read the session's lines out of order; review of stop 71, GF24.)
+    #[test]
+    fn removing_a_line_keeps_the_others_in_order() {
+        let q = InMemoryQueue::new();
+        for t in ["p1", "p2", "p3"] {
+            assert!(q.enqueue(&key(), plain(t)));
+        }
+        assert!(q.remove(&key(), &plain("p1")));
+        assert_eq!(
+            q.peek(&key()),
+            vec![plain("p2"), plain("p3")],
+            "the others stay in order"
+        );
+    }
+
+    /// Evicting a plain line from a full queue keeps the session-state notices before it in
+    /// their order. (What the mutation did: the oldest notice was moved into the evicted line's
+    /// place, and the session read its state notices out of order; review of stop 71, GF25.)
+    #[test]
+    fn an_eviction_keeps_the_notices_in_order() {
+        let q = InMemoryQueue::with_capacity(3);
+        for e in [notice("n1"), notice("n2"), plain("p1"), plain("p2")] {
+            assert!(q.enqueue(&key(), e));
+        }
+        assert_eq!(
+            q.peek(&key()),
+            vec![notice("n1"), notice("n2"), plain("p2")],
+            "the oldest plain line went, the rest kept their order"
+        );
+    }
 }

@@ -309,6 +309,26 @@ mod tests {
         );
     }
 
+    /// A window shorter than a second is kept as given: the trailing wake goes out at its end.
+    /// (What the mutation did: windows under a second held their trailing wake a full second, a
+    /// gateway that coalesces over 100 ms woke its sessions up to ten times later than it asked;
+    /// review of stop 71, GF14.)
+    #[tokio::test(start_paused = true)]
+    async fn a_window_under_a_second_holds_wakes_to_its_own_end() {
+        let (reasons, sink) = reasons_sink();
+        let waker = CoalescingWake::with_window(Duration::from_millis(100), sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        let start = tokio::time::Instant::now();
+        waker.wake(&main, "first");
+        waker.wake(&main, "owed");
+        tokio::time::sleep_until(start + Duration::from_millis(101)).await;
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "owed"],
+            "the trailing wake goes out at the 100 ms window's end"
+        );
+    }
+
     /// A sink that keeps each wake's reason.
     fn reasons_sink() -> (Arc<Mutex<Vec<String>>>, WakeSink) {
         let reasons = Arc::new(Mutex::new(Vec::new()));
@@ -414,6 +434,38 @@ mod tests {
             reasons.lock().unwrap().len(),
             5,
             "the window closed: at once"
+        );
+    }
+
+    /// A trailing wake is owed however many times in a row the sink panics on it: each window's
+    /// end tries it again until the sink takes it. (What the mutation did: the third panic in a
+    /// row gave the wake up, and a heartbeat runner that failed for three windows left the line
+    /// it was for in the queue with nothing to wake the session for it; review of stop 71,
+    /// GF17.)
+    #[tokio::test(start_paused = true)]
+    async fn a_trailing_wake_is_owed_through_any_run_of_panics() {
+        let reasons = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&reasons);
+        let sink: WakeSink = Arc::new(move |_, r: &str| {
+            let mut reasons = kept.lock().unwrap();
+            reasons.push(r.to_owned());
+            // The heartbeat runner fails on the second to the fourth wakes.
+            let n = reasons.len();
+            drop(reasons);
+            assert!(!(2..=4).contains(&n), "the heartbeat runner failed");
+        });
+        let waker = CoalescingWake::new(sink);
+        let main = SessionKey::new("agent:main:main").unwrap();
+        waker.wake(&main, "first");
+        waker.wake(&main, "trailing");
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+        }
+        assert_eq!(
+            *reasons.lock().unwrap(),
+            ["first", "trailing", "trailing", "trailing", "trailing"],
+            "three panics in a row, then the wake is taken"
         );
     }
 

@@ -213,6 +213,28 @@ async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
         "a dedupe key of exactly its limit is kept as given: {} bytes recorded",
         e.dedupe_key.as_deref().map_or(0, str::len)
     );
+    // An empty dedupe key is dropped, as an empty id is: each message that carries one is an
+    // event of its own, without a dedupe key. (What the mutation did: the empty key was kept,
+    // the store refused the event, and the message was not recorded; review of stop 71, GF27.)
+    for channel in ["telegram", "slack"] {
+        let mut msg = message(channel);
+        msg.dedupe_key = Some(String::new());
+        let recorded = w.svc.human_message(msg).await.expect("recorded");
+        let e = w
+            .events(&child(), EventKind::HumanDirectMessage)
+            .await
+            .into_iter()
+            .find(|e| e.sequence == recorded.sequence)
+            .expect("its own event");
+        assert_eq!(e.dedupe_key, None, "recorded without the empty key: {e:?}");
+    }
+    assert_eq!(
+        w.events(&child(), EventKind::HumanDirectMessage)
+            .await
+            .len(),
+        4,
+        "two events more, not one deduplicated"
+    );
 }
 
 /// A spawner that cannot watch the session (a bare key, the session itself) leaves the watch

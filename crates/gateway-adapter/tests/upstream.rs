@@ -1057,6 +1057,14 @@ async fn a_marker_a_provider_cannot_read_is_logged_when_the_link_is_rebased() {
         .check(&paired_link(Some(json!({"uuid": 1}))), &[])
         .await;
     assert!(matches!(paired, CheckOutcome::Rebased { .. }), "{paired:?}");
+    // A link with no marker yet is no unreadable one: it is rebased without a warning. (What
+    // the mutation did: a missing marker was read as an unreadable one, and every check of a
+    // link without a marker warned that the turns since it were not counted; review of stop
+    // 71, GF22.)
+    let fresh = PairedNodeProvider::new(FakeNode::holding([PairedItem::user("i0", "old")]))
+        .check(&paired_link(None), &[])
+        .await;
+    assert!(matches!(fresh, CheckOutcome::Rebased { .. }), "{fresh:?}");
     let warned: Vec<String> = capture
         .lines()
         .into_iter()

@@ -773,6 +773,62 @@ mod tests {
         assert!(missed(&e, 1), "{e}");
     }
 
+    /// A turn whose read of the pending cursors before it failed is not narrated as one that
+    /// acknowledged what it read: the acknowledgement cannot be checked, said so, and a missed
+    /// step. (What the mutation did: a failed read counted as no cursor pending, the turn said
+    /// "acknowledged them", and the demo exited 0; review of stop 71, CW31.)
+    #[tokio::test]
+    async fn a_turn_whose_cursors_cannot_be_read_first_is_a_missed_step() {
+        // The first read of the cursors: the manager's first turn's, before it drains.
+        let (out, e) = demo_failing(Refuse {
+            times: 1,
+            ..Refuse::every(Call::Cursors)
+        })
+        .await;
+        assert!(
+            out.contains("but the acknowledgement cannot be checked: "),
+            "{out}"
+        );
+        assert!(!out.contains("acknowledged them"), "{out}");
+        assert!(missed(&e, 1), "{e}");
+    }
+
+    /// Refuses the first read of the cursors once the start-up sweep has re-frozen one: the
+    /// demo's read-back of the sweep.
+    #[derive(Default)]
+    struct RefusesTheReadAfterTheSweep {
+        swept: std::sync::atomic::AtomicBool,
+        refused: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl Hook for RefusesTheReadAfterTheSweep {
+        async fn after(&self, call: Call, _: &dyn AwarenessStore) {
+            if call == Call::Refreeze {
+                self.swept.store(true, Ordering::SeqCst);
+            }
+        }
+
+        fn refuse(&self, call: Call) -> Option<StoreError> {
+            (call == Call::Cursors
+                && self.swept.load(Ordering::SeqCst)
+                && !self.refused.swap(true, Ordering::SeqCst))
+            .then(|| Failing::new("refused by the test").error("read the cursors"))
+        }
+    }
+
+    /// A sweep whose re-delivered notices cannot be checked against the cursors (their read
+    /// back failed) is said so and is a missed step, not narrated as done. (What the mutation
+    /// did: a read that failed taken as bearing the count out, "sweep re-delivered 1
+    /// notice(s)", and the demo exited 0; review of stop 71, CW30.)
+    #[tokio::test]
+    async fn a_sweep_that_cannot_be_checked_is_a_missed_step() {
+        let (out, e) = demo_failing(RefusesTheReadAfterTheSweep::default()).await;
+        assert!(out.contains("the sweep cannot be checked: "), "{out}");
+        assert!(!out.contains("sweep re-delivered 1 notice(s):"), "{out}");
+        assert!(missed(&e, 1), "{e}");
+    }
+
     /// A start-up pruning pass that failed is not narrated as one that deleted nothing.
     #[tokio::test]
     async fn a_pruning_pass_that_failed_is_a_missed_step() {

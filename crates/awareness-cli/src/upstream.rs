@@ -923,21 +923,30 @@ mod tests {
     /// whose event opens the second page (the 201st: the next page starts right after the last
     /// event read). (One page read passed every test: review of stop 60. What the mutation
     /// did: the next page started one event further on, and an event first on its page was
-    /// passed over; review of stop 69, CX19.)
+    /// passed over; review of stop 69, CX19.) Only an `adopted` event answers: another kind of
+    /// event holding the same dedupe key (`record --dedupe-key adopted:KEY`, by hand) is not
+    /// taken for it. (What the mutation did: any event with the key was taken, and `adopt`
+    /// reported a `goal_changed` event as the session's `adopted` one; review of stop 71, CW11.)
     #[tokio::test]
     async fn the_adopted_event_is_found_past_the_first_page() {
         use awareness_core::{ActorType, NewEvent, Timestamp};
+        let s = SessionRef::parse("agent:main:worker", "main").unwrap();
+        let keyed = |kind, summary: &str| {
+            let mut e = NewEvent::new(s.clone(), kind, ActorType::System, summary);
+            e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
+            e
+        };
         for before in [250, awareness_core::reconcile::MAX_PAGE_LIMIT] {
             let store = gateway_adapter::open_store("memory:").await.unwrap();
-            let s = SessionRef::parse("agent:main:worker", "main").unwrap();
             let now = Timestamp::now();
             for _ in 0..before {
                 let e = NewEvent::new(s.clone(), EventKind::GoalChanged, ActorType::System, "g");
                 store.record(e, now).await.unwrap();
             }
-            let mut e = NewEvent::new(s.clone(), EventKind::Adopted, ActorType::System, "adopted");
-            e.dedupe_key = Some(awareness_core::dedupe::adopted(&s.session_key));
-            store.record(e, now).await.unwrap();
+            store
+                .record(keyed(EventKind::Adopted, "adopted"), now)
+                .await
+                .unwrap();
             let found = recorded_adoption(&*store, &s).await.unwrap();
             assert_eq!(
                 found.map(|e| e.sequence.get()),
@@ -945,6 +954,17 @@ mod tests {
                 "the `adopted` event after {before} others"
             );
         }
+        let store = gateway_adapter::open_store("memory:").await.unwrap();
+        store
+            .record(keyed(EventKind::GoalChanged, "g"), Timestamp::now())
+            .await
+            .unwrap();
+        let found = recorded_adoption(&*store, &s).await.unwrap();
+        assert_eq!(
+            found.map(|e| e.kind.to_string()),
+            None,
+            "a goal_changed event was taken for the session's `adopted` one"
+        );
     }
 
     /// Bug (review, stop 55): GNU `timeout` signals its child, then the child's whole process
@@ -1938,8 +1958,10 @@ mod tests {
     }
 
     /// `monitor`'s flags default to a tick every 60 s, the first after 15 s, a check cut off
-    /// after 45 s, and each takes up to a week, not a second more. (Other defaults, or a week
-    /// and a day taken, passed every test: review of stop 63, L15 L16 L17.)
+    /// after 45 s, and each takes up to a week, 604,800 seconds as its help says, not a second
+    /// more. (Other defaults, or a week and a day taken, passed every test: review of stop 63,
+    /// L15 L16 L17. What the mutation did: the code's constant one second short, a week refused,
+    /// while this test read the same constant and passed; review of stop 71, CW23.)
     #[test]
     fn monitor_flags_default_and_end_at_a_week() {
         use clap::Parser as _;
@@ -1950,13 +1972,12 @@ mod tests {
             (60, 15, 45)
         );
         for flag in ["--interval-secs", "--first-tick-secs", "--timeout-secs"] {
-            let week = WEEK_SECS.to_string();
-            let more = (WEEK_SECS + 1).to_string();
+            let (week, more) = ("604800", "604801");
             assert!(
-                Cli::try_parse_from(["awareness", "monitor", flag, &week]).is_ok(),
+                Cli::try_parse_from(["awareness", "monitor", flag, week]).is_ok(),
                 "{flag} {week}"
             );
-            let e = Cli::try_parse_from(["awareness", "monitor", flag, &more]).unwrap_err();
+            let e = Cli::try_parse_from(["awareness", "monitor", flag, more]).unwrap_err();
             assert_eq!(
                 e.kind(),
                 clap::error::ErrorKind::ValueValidation,

@@ -996,6 +996,11 @@ impl UpstreamStore for PgStore {
 mod tests {
     use super::*;
 
+    /// A URL names its schema, or the store takes the default; its other parameters reach
+    /// sqlx, a value holding a `?` or a `=` whole: the query begins at the URL's first `?`, and
+    /// a pair's key ends at its first `=` (sqlx's `options` take `-c name=value`). (What the
+    /// mutations did: the query began at the last `?`, PH33, or a key ran to the pair's last
+    /// `=`, PH28, and the URL was refused as giving a key nobody reads; review of stop 71.)
     #[test]
     fn a_url_names_its_schema_or_gets_the_default() {
         let (server, options) =
@@ -1006,6 +1011,18 @@ mod tests {
         assert_eq!(server.get_database(), Some("awareness"));
         let (_, options) = parse_url("postgresql://u@h/db").expect("a URL without a schema");
         assert_eq!(options.schema(), DEFAULT_SCHEMA);
+        let (server, options) = parse_url("postgres://u@h/db?application_name=gw?1&schema=a")
+            .expect("a URL whose application name holds a '?'");
+        assert_eq!(
+            (options.schema(), server.get_application_name()),
+            ("a", Some("gw?1"))
+        );
+        let (server, options) =
+            parse_url("postgres://u@h/db?options=-c%20statement_timeout=5s&schema=a")
+                .expect("a URL whose options value holds a '='");
+        assert_eq!(options.schema(), "a");
+        let options = server.get_options().expect("options");
+        assert!(options.contains("statement_timeout=5s"), "{options}");
     }
 
     #[test]
@@ -1095,33 +1112,6 @@ mod tests {
             DEFAULT_LISTENER_KEEPALIVE
         );
         assert_eq!(DEFAULT_LISTENER_KEEPALIVE, Duration::from_secs(30));
-    }
-
-    /// The query begins at the URL's first `?`: a value holding a `?` (here an application's
-    /// name) is the value's, the URL taken. (What the mutation did: the query began at the last
-    /// `?`, and the URL was refused as giving a key nobody reads; review of stop 71, PH33.)
-    #[test]
-    fn a_value_holding_a_question_mark_is_the_values() {
-        let (server, options) = parse_url("postgres://u@h/db?application_name=gw?1&schema=a")
-            .expect("a URL whose application name holds a '?'");
-        assert_eq!(
-            (options.schema(), server.get_application_name()),
-            ("a", Some("gw?1"))
-        );
-    }
-
-    /// A value holding a `=` (sqlx's `options` take `-c name=value`) belongs to the key before
-    /// the pair's first `=`: the URL is taken, and the setting reaches sqlx. (What the mutation
-    /// did: the key ran to the pair's last `=`, and the URL was refused as giving a key nobody
-    /// reads; review of stop 71, PH28.)
-    #[test]
-    fn a_value_holding_an_equals_sign_belongs_to_the_key_before_it() {
-        let (server, options) =
-            parse_url("postgres://u@h/db?options=-c%20statement_timeout=5s&schema=a")
-                .expect("a URL whose options value holds a '='");
-        assert_eq!(options.schema(), "a");
-        let options = server.get_options().expect("options");
-        assert!(options.contains("statement_timeout=5s"), "{options}");
     }
 
     #[test]

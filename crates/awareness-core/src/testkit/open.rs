@@ -864,6 +864,18 @@ fn assert_refused_naming(what: &str, attempt: &Attempt, path: &Path) {
     }
 }
 
+/// Checks that `dir` holds what it held `before` ([`contents`]) a refused open.
+#[cfg(unix)]
+fn unchanged_by_a_refused_open(dir: &Path, before: &BTreeMap<OsString, Option<Vec<u8>>>) {
+    let after = contents(dir);
+    assert!(
+        after == *before,
+        "a refused open changed the directory: before {:?}, after {:?}",
+        sizes(before),
+        sizes(&after)
+    );
+}
+
 /// A scratch directory another user may enter, a directory `name` in it, and a store in that
 /// (`existing`) holding one event on [`child`], closed.
 #[cfg(unix)]
@@ -931,13 +943,7 @@ pub async fn a_directory_without_write_permission_gives_a_clear_error(
                 &answer,
                 &existing,
             );
-            let after = contents(&locked);
-            assert!(
-                after == before,
-                "a refused open changed the directory: before {:?}, after {:?}",
-                sizes(&before),
-                sizes(&after)
-            );
+            unchanged_by_a_refused_open(&locked, &before);
             0
         }
         Attempt::Opened { first_write } => {
@@ -1019,13 +1025,7 @@ pub async fn a_store_file_the_user_may_not_read_gives_a_clear_error(
 
     let answer = as_another_user(test, outer.path(), &existing);
     assert_refused_naming("a store file the user may not read", &answer, &existing);
-    let after = contents(&open_dir);
-    assert!(
-        after == before,
-        "a refused open changed the directory: before {:?}, after {:?}",
-        sizes(&before),
-        sizes(&after)
-    );
+    unchanged_by_a_refused_open(&open_dir, &before);
     opens_intact(&f, &existing).await;
 }
 
@@ -1056,13 +1056,7 @@ pub async fn a_directory_the_user_may_not_search_gives_a_clear_error(
         );
     }
     set_mode(&hidden, 0o755);
-    let after = contents(&hidden);
-    assert!(
-        after == before,
-        "a refused open changed the directory: before {:?}, after {:?}",
-        sizes(&before),
-        sizes(&after)
-    );
+    unchanged_by_a_refused_open(&hidden, &before);
     opens_intact(&f, &existing).await;
 }
 

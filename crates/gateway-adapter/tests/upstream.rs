@@ -2050,6 +2050,73 @@ async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
     );
 }
 
+/// `stop` abandons a tick in progress: a check that hangs (bounded only by a provider timeout of
+/// an hour) does not hold it. (What the mutation did: the tick in progress was no longer raced
+/// against the stop, so `stop` waited for the hung check's timeout; review of stop 71, MG28.)
+#[tokio::test(start_paused = true)]
+async fn stop_abandons_a_tick_whose_check_hangs() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "begun").await;
+    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(Begun(began)))
+        .config(gateway_adapter::MonitorConfig {
+            first_tick: Duration::ZERO,
+            provider_timeout: Duration::from_hours(1),
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    let task = monitor.spawn();
+    begun.recv().await.expect("a check began");
+    // Paused time: this wait is over before the check's hour only if `stop` waits for it.
+    tokio::time::timeout(Duration::from_mins(10), task.stop())
+        .await
+        .expect("stop abandons the tick in progress");
+}
+
+/// The pass over an unwatched link's source that reads on past its tick lets go of the store by
+/// the time `stop` returns, as an abandoned check does. (What the mutation did: `stop` aborted
+/// the pass without waiting for it, so it returned while the pass still held the store; review
+/// of stop 71, MG17.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_stopped_during_a_pass_holds_nothing_once_stop_returns() {
+    let w = world();
+    // Adopted, watched by nobody: its source is passed over, not checked.
+    let r = SessionRef::parse("agent:main:remote", "main").unwrap();
+    assert!(
+        w.svc
+            .try_adopt(LinkSpec::new(r, "remote", "h", "t", "begun"))
+            .await
+            .unwrap()
+            .created
+    );
+    let World {
+        store,
+        svc: awareness,
+        ..
+    } = w;
+    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
+    let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
+        .provider(Arc::new(HoldsTheStore(store.clone(), began)))
+        .config(gateway_adapter::MonitorConfig {
+            first_tick: Duration::ZERO,
+            // The tick waits for the pass this long, then ends; the pass reads on.
+            provider_timeout: Duration::from_millis(10),
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    drop(awareness);
+    let task = monitor.spawn();
+    begun.recv().await.expect("a pass began");
+    task.stop().await;
+    drop(monitor);
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "the pass of the stopped monitor still holds the store"
+    );
+}
+
 /// Holds the store until dropped, and takes 300 ms to drop (an aborted check whose end is slow).
 struct SlowDrop(Arc<MemoryStore>);
 
@@ -2310,6 +2377,70 @@ async fn a_tick_both_sessions_run_in_counts_for_neither() {
     // Only beta runs now: alpha is deferred by it five times before it is checked alone.
     runs.finished(&alpha);
     deferred_five_times_then_checked_alone(&w, &monitor, &alpha).await;
+}
+
+/// Links of two kinds whose providers name the same source key (the default one: the host and
+/// thread ids) read two sources: a run in the session of one does not defer the check of the
+/// other. (What the mutation did: a source was named by its key alone, whatever the provider, so
+/// a run in a session adopted through one kind deferred a session adopted through another kind
+/// whose thread had the same ids; review of stop 71, MG16.)
+#[tokio::test]
+async fn links_of_two_kinds_with_one_source_key_are_two_sources() {
+    let w = world();
+    let alpha = w.adopt_remote("agent:main:alpha", "scripted").await;
+    w.adopt_remote("agent:main:beta", "broken").await;
+    let runs = Arc::new(RunTracker::new());
+    runs.started(&alpha);
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![])))
+        .provider(Arc::new(Broken))
+        .run_activity(runs.clone())
+        .build();
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.deferred, r.checked),
+        (1, 1),
+        "only alpha's check waits for its run; beta's source is another: {r:?}"
+    );
+}
+
+/// A check that fails still went through (it was not deferred): it starts the count of
+/// deferrals by linked runs again, so a later run in a linked session defers the session five
+/// times more before it is checked alone. (What the mutation did: a failed check kept the count,
+/// so the session was checked alone, in spite of a linked session's run, at the second deferral
+/// after it; review of stop 71, MG25.)
+#[tokio::test]
+async fn a_failed_check_starts_the_count_of_deferrals_by_linked_runs_again() {
+    let w = world();
+    w.adopt_remote("agent:main:alpha", "broken").await;
+    let beta = w.adopt_remote("agent:main:beta", "broken").await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Broken))
+        .run_activity(runs.clone())
+        .build();
+    runs.started(&beta);
+    for _ in 0..4 {
+        assert_eq!(monitor.tick().await.deferred, 2, "beta runs");
+    }
+    runs.finished(&beta);
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.checked, r.deferred),
+        (2, 0),
+        "both checked, both failed: {r:?}"
+    );
+    runs.started(&beta);
+    for tick in 0..2 {
+        let r = monitor.tick().await;
+        assert_eq!(
+            (r.checked, r.deferred),
+            (0, 2),
+            "alpha's count started again at its failed check (tick {tick} after it): {r:?}"
+        );
+    }
 }
 
 /// Two sessions linked to one thread running by turns, one tick each: each is deferred by the
@@ -3203,6 +3334,60 @@ impl UpstreamProvider for GatewayActsDuringCheck {
             marker: json!({"after": "turn-1"}),
         }
     }
+}
+
+/// A provider of kind `run-begins` whose first check starts a run of the gateway in `other`
+/// (another session linked to the same thread), then finds a human turn.
+struct RunBeginsIn {
+    runs: Arc<RunTracker>,
+    other: SessionRef,
+    started: AtomicBool,
+}
+
+#[async_trait]
+impl UpstreamProvider for RunBeginsIn {
+    fn kind(&self) -> &'static str {
+        "run-begins"
+    }
+
+    async fn check(&self, _: &UpstreamLink, _: &[String]) -> CheckOutcome {
+        if !self.started.swap(true, Ordering::SeqCst) {
+            self.runs.started(&self.other);
+        }
+        human_turns(1, "turn-1", json!({"after": "turn-1"}))
+    }
+}
+
+/// A run that begins in another session linked to the same thread while a check reads defers
+/// that check too: the gateway writes into the thread then, and the turns it found are read
+/// again later. (What the mutation did: the check's second look at the ports took it as checked
+/// alone, so only its own session's runs counted, and the turns read while a linked session's
+/// run began were recorded; review of stop 71, MG31.)
+#[tokio::test(start_paused = true)]
+async fn a_run_beginning_in_a_linked_session_during_the_check_defers_it() {
+    let w = world();
+    let alpha = w.adopt_remote("agent:main:alpha", "run-begins").await;
+    let beta = w.adopt_remote("agent:main:beta", "run-begins").await;
+    let runs = Arc::new(RunTracker::new());
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), w.store.clone())
+        .provider(Arc::new(RunBeginsIn {
+            runs: runs.clone(),
+            other: beta.clone(),
+            started: AtomicBool::new(false),
+        }))
+        .run_activity(runs.clone())
+        .build();
+    let r = monitor.tick().await;
+    assert_eq!(
+        (r.deferred, r.checked),
+        (2, 0),
+        "beta's run began during both checks: {r:?}"
+    );
+    assert_eq!(
+        w.human_events(&alpha).await,
+        0,
+        "alpha's turns read while beta's run began are not recorded"
+    );
 }
 
 /// Bug: the monitor took the session's run state and own prompts before its check read, so a
@@ -4859,6 +5044,30 @@ async fn a_paging_bound_reached_before_any_item_concludes_nothing() {
     );
 }
 
+/// A check that reaches the paging bound before any item leaves the stored marker whole, its
+/// anchors included, so the marker's item regenerated later still costs nothing. (What the
+/// mutation did: the marker was written back without its anchors; review of stop 71, TJ45.)
+#[tokio::test]
+async fn a_paging_bound_before_any_item_keeps_the_markers_anchors() {
+    let provider = PairedNodeProvider::new(Arc::new(LoadingNode {
+        inner: FakeNode::holding([
+            PairedItem::user("p", "older"),
+            PairedItem::user("m", "read before"),
+            PairedItem::user("h1", "typed"),
+        ]),
+        empty: AtomicUsize::new(MAX_PAGES),
+        delay: Duration::ZERO,
+    }));
+    let stored = json!({"uuid": "m", "anchors": ["p"]});
+    assert_eq!(
+        provider
+            .check(&paired_link(Some(stored.clone())), &[])
+            .await,
+        CheckOutcome::Unchanged { marker: stored },
+        "the marker stays, anchors and all"
+    );
+}
+
 /// A marker stored before resume points existed (`{"uuid": ...}`) reads as before, and a
 /// check that has nothing to resume writes it back in the same form (a marker that moves gets
 /// anchors, the items read below its new item).
@@ -5385,6 +5594,37 @@ async fn with_every_anchor_gone_a_thread_is_rebased_or_read_to_the_bound_as_befo
     );
 }
 
+/// A resumed check that hits the paging bound again moves only its cursor on: the marker's
+/// anchors stay, so the marker's item regenerated before the segment is read through still
+/// leaves the read an anchor to stop at, and the segment's turns are counted. (What the
+/// mutation did: the anchors were dropped at the second bound, the read then reached the
+/// thread's start and rebased, losing the segment's 20 turns; review of stop 71, TJ40.)
+#[tokio::test]
+async fn a_resumed_check_at_the_bound_again_keeps_the_markers_anchors() {
+    let mut items = vec![
+        PairedItem::user("m0", "old"),
+        PairedItem::with_role("r", "assistant", "reply read before"),
+    ];
+    items.extend((0..120).map(|i| PairedItem::user(format!("t{i}"), format!("turn {i}"))));
+    let node = FakeNode::holding(items);
+    let provider = PairedNodeProvider::new(node.clone()).with_max_pages(1);
+    let mut marker = json!({"uuid": "r", "anchors": ["m0"]});
+    for _ in 0..2 {
+        marker = paired_marker_of(&provider.check(&paired_link(Some(marker)), &[]).await);
+    }
+    // The reply under the marker regenerated (in place: the node's cursors stay).
+    node.items.lock().unwrap()[1] = PairedItem::with_role("r2", "assistant", "regenerated");
+    assert_eq!(
+        provider.check(&paired_link(Some(marker)), &[]).await,
+        human_turns(
+            20,
+            "t19@22",
+            json!({"uuid": "t119", "anchors": ["t118", "t117", "t116", "t115"]})
+        ),
+        "the last segment counted, stopping at the anchor"
+    );
+}
+
 /// A check that first hits the paging bound keeps the items just below its top
 /// (`top_anchors`); the resumed check that reaches the marker moves it to the top with them,
 /// and the marker so stored survives the top's regeneration. A resumed check that reaches the
@@ -5596,6 +5836,84 @@ fn a_fallback_id_is_kept_by_a_reread_and_changed_by_a_rebase() {
         dedupe_id_of(&out),
         format!("{}:{}:{}", old.dev, old.ino, old.offset)
     );
+}
+
+/// Each rebase gives the marker a generation of its own, so a line written at an offset where
+/// a recorded one was is a new turn after every truncation, not only after the first. (What
+/// the mutation did: a rebased marker carried no generation, so the turn typed after a second
+/// truncation was named as the one typed after the first, taken for it and never recorded;
+/// review of stop 71, TJ33.)
+#[test]
+fn each_truncation_gives_the_turns_after_it_ids_of_their_own() {
+    let t = Transcript::new();
+    let mut m = jsonl::marker_at_end(&t.path).unwrap();
+    let mut ids: Vec<String> = Vec::new();
+    for round in 0..3 {
+        t.line(&user_row_without_uuid(&format!(
+            "typed at offset 0, round {round}"
+        )));
+        let out = scan(&t, &m);
+        let id = dedupe_id_of(&out);
+        assert!(
+            !ids.contains(&id),
+            "round {round}: {id} named as an earlier turn: {ids:?}"
+        );
+        ids.push(id);
+        File::create(&t.path).unwrap(); // truncated in place: the same inode
+        let rebased = scan(&t, &marker_of(&out));
+        assert!(
+            matches!(rebased, CheckOutcome::Rebased { .. }),
+            "{rebased:?}"
+        );
+        m = marker_of(&rebased);
+    }
+}
+
+/// A turn without a uuid read from a bare `{"offset": N}` (another reader of the link wrote
+/// the marker back without our fields) is named by the file's device, as the same line read
+/// from the marker that read made is: such a write-back at a line already read has it read
+/// again and recognised, not recorded twice. (What the mutation did: named by device 0, so
+/// the line read again after the write-back was another event; review of stop 71, TJ32.)
+#[test]
+fn a_bare_offset_marker_names_its_turns_as_a_full_marker_does() {
+    let t = Transcript::new();
+    t.line(&user_row_without_uuid("typed"));
+    let bare = JsonlMarker::from_value(&json!({"offset": 0})).unwrap();
+    let from_bare = dedupe_id_of(&scan(&t, &bare));
+    // The same line read again from a full marker at its offset, as the first read wrote them.
+    let written = marker_of(&scan(&t, &bare));
+    assert_ne!(written.dev, 0);
+    let full = JsonlMarker {
+        offset: 0,
+        size: 0,
+        tail: None,
+        partial: None,
+        ..written
+    };
+    assert_eq!(
+        dedupe_id_of(&scan(&t, &full)),
+        from_bare,
+        "the line read from a bare marker and from a full one"
+    );
+}
+
+/// A transcript that cannot be read fails its check naming the path it tried. (What the
+/// mutation did: the message said only the system's error, "Not a directory", and not which
+/// link's file; review of stop 71, TJ28.)
+#[test]
+fn a_read_that_fails_names_the_transcript() {
+    let t = Transcript::new();
+    let m = jsonl::marker_at_end(&t.path).unwrap();
+    // A path under a regular file: neither there nor "not found".
+    let under_a_file = t.path.join("nested.jsonl");
+    match jsonl::scan(&under_a_file, Some(&m), &[], MAX_BYTES_PER_TICK) {
+        CheckOutcome::Failed(why) => assert!(
+            why.contains(&under_a_file.display().to_string()),
+            "{why:?} names {}",
+            under_a_file.display()
+        ),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A turn without a uuid is named by the device its marker recorded, not the file's device
@@ -7331,6 +7649,84 @@ async fn a_check_that_finds_the_source_gone_stamps_its_scan() {
         after.last_scanned_at.is_some(),
         "a check that found the source gone stamps the scan time: {after:?}"
     );
+}
+
+/// A check that finds human turns is a check made: it stamps the link's scan time, as an
+/// unchanged or a missing source's does (only a failed check leaves it). (What the mutation did:
+/// a check that found human turns left the scan time unstamped, so a link a person types into
+/// read as never scanned; review of stop 71, MG03.)
+#[tokio::test]
+async fn a_check_that_finds_human_turns_stamps_its_scan() {
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![human_turns(
+            1,
+            "t1",
+            json!(1),
+        )])))
+        .build();
+    assert_eq!(monitor.tick().await.checked, 1);
+    assert_eq!(w.human_events(&session).await, 1, "the turn is recorded");
+    let after = w.store.link(&session).await.unwrap().unwrap();
+    assert!(
+        after.last_scanned_at.is_some(),
+        "a check that found human turns stamps the scan time: {after:?}"
+    );
+}
+
+/// A check whose scan time the store fails to store still acts on what it read: the human turns
+/// it found are recorded and the marker moves (the scan time is only logged as not stored).
+/// (What the mutation did: a failed scan-time write ended the check, so a store that fails that
+/// write left a person's turns unrecorded at every tick; review of stop 71, MG19.)
+#[tokio::test]
+async fn a_scan_time_not_stored_still_records_the_turns_found() {
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let flaky = Arc::new(Flaky {
+        fail_scans: AtomicUsize::new(1),
+        ..Flaky::over(&w.store)
+    });
+    let monitor = UpstreamMonitor::builder(w.svc.clone(), flaky)
+        .provider(Arc::new(Scripted::new(vec![human_turns(
+            1,
+            "t1",
+            json!(1),
+        )])))
+        .build();
+    assert_eq!(monitor.tick().await.checked, 1);
+    assert_eq!(
+        w.human_events(&session).await,
+        1,
+        "the turn found is recorded though its scan time was not stored"
+    );
+    assert_eq!(
+        w.store.link(&session).await.unwrap().unwrap().marker,
+        Some(json!(1)),
+        "the marker moved past the turn"
+    );
+}
+
+/// The `upstream_missing` a check records is the gateway's own (actor type system), not a
+/// person's or another session's. (What the mutation did: it was recorded with actor type
+/// agent; review of stop 71, MG12.)
+#[tokio::test]
+async fn upstream_missing_is_recorded_as_the_gateways_own() {
+    let w = world();
+    let session = w.adopt_remote("agent:main:remote", "scripted").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Missing])))
+        .config(gateway_adapter::MonitorConfig {
+            missing_checks: 1,
+            ..gateway_adapter::MonitorConfig::default()
+        })
+        .build();
+    monitor.tick().await;
+    let events = w.events(&session, EventKind::UpstreamMissing).await;
+    assert_eq!(events.len(), 1, "upstream_missing recorded");
+    assert_eq!(events[0].actor_type, ActorType::System, "{:?}", events[0]);
 }
 
 /// A provider answering `Missing`, which at its `at`th check adopts the session again onto

@@ -1705,6 +1705,19 @@ mod tests {
             {"type": "text", "text": "hook feedback"}
         ]));
         assert_eq!(verdict(&with_text), Err(SkipReason::ToolResult));
+        // A tool result after a part that is not text (an image the tool returned beside it)
+        // is a tool result all the same, whatever the order of the parts. (What the mutation
+        // did: a `tool_result` part after an image left the row counted as a human turn;
+        // review of stop 71, TJ16.)
+        let after_image = user(json!([
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"}
+        ]));
+        assert_eq!(
+            verdict(&after_image),
+            Err(SkipReason::ToolResult),
+            "a tool result after an image"
+        );
         assert_eq!(
             verdict(&with(
                 user(json!("look at tests/")),
@@ -2021,6 +2034,28 @@ mod tests {
                 row["attachment"]["commandMode"].as_str()
             );
         }
+    }
+
+    /// A key written twice in one object reads as a full parse reads it: the last value holds
+    /// (serde_json, and JavaScript's `JSON.parse`, keep the last). (What the mutation did: the
+    /// first `type` or `message.role` was kept, and a row a full parse calls a person's was
+    /// skipped as the model's; review of stop 71, TJ17 and TJ18.)
+    #[test]
+    fn a_key_written_twice_reads_as_its_last_value() {
+        let line = r#"{"type":"assistant","message":{"role":"assistant","role":"user","content":"hi there"},"type":"user"}"#;
+        let full: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(full["type"], "user");
+        assert_eq!(full["message"]["role"], "user");
+        let Some(LineEnd::Row(f)) = RowFacts::from_line(line.as_bytes()) else {
+            panic!("a row: {line}");
+        };
+        assert_eq!(f.row_type.as_deref(), Some("user"), "the last `type`");
+        assert_eq!(f.role.as_deref(), Some("user"), "the last `message.role`");
+        assert_eq!(
+            classify(&LineEnd::Row(f), &[]),
+            Ok(HumanKind::Prompt),
+            "the row a full parse reads"
+        );
     }
 
     /// Bug (review): a `uuid` was cut at its first 64 bytes, so two rows whose uuids share them

@@ -7629,51 +7629,56 @@ async fn a_check_stamps_its_scan_and_its_marker_move_with_its_time() {
     );
 }
 
-/// A check that finds the source gone is a check made: it stamps the link's scan time as every
-/// check that concluded does (only a failed check leaves it). (What the mutation did: a
-/// `Missing` check left the scan time unstamped, so a link whose source is gone read as never
-/// scanned; review of stop 70, MB20.)
+/// A check that finds the source gone, or finds human turns, is a check made: it stamps the
+/// link's scan time as every check that concluded does (only a failed check leaves it). (What the mutations did: a `Missing` check left the scan time
+/// unstamped, so a link whose source is gone read as never scanned, review of stop 70, MB20; so
+/// did a check that found human turns, so a link a person types into read as never scanned,
+/// review of stop 71, MG03.)
 #[tokio::test]
 async fn a_check_that_finds_the_source_gone_stamps_its_scan() {
+    for (outcome, what) in [
+        (CheckOutcome::Missing, "found the source gone"),
+        (human_turns(1, "t1", json!(1)), "found human turns"),
+    ] {
+        let w = world();
+        let session = w.adopt_remote("agent:main:remote", "scripted").await;
+        let before = w.store.link(&session).await.unwrap().unwrap();
+        assert_eq!(before.last_scanned_at, None);
+        let monitor = w
+            .monitor()
+            .provider(Arc::new(Scripted::new(vec![outcome])))
+            .build();
+        assert_eq!(monitor.tick().await.checked, 1, "{what}");
+        let after = w.store.link(&session).await.unwrap().unwrap();
+        assert!(
+            after.last_scanned_at.is_some(),
+            "a check that {what} stamps the scan time: {after:?}"
+        );
+        if what == "found human turns" {
+            assert_eq!(w.human_events(&session).await, 1, "the turn is recorded");
+        }
+    }
+}
+
+/// The `upstream_missing` a check records is the gateway's own (actor type system), not a
+/// person's or another session's. (What the mutation did: it was recorded with actor type
+/// agent; review of stop 71, MG12.)
+#[tokio::test]
+async fn upstream_missing_is_recorded_as_the_gateways_own() {
     let w = world();
     let session = w.adopt_remote("agent:main:remote", "scripted").await;
-    let before = w.store.link(&session).await.unwrap().unwrap();
-    assert_eq!(before.last_scanned_at, None);
     let monitor = w
         .monitor()
         .provider(Arc::new(Scripted::new(vec![CheckOutcome::Missing])))
+        .config(gateway_adapter::MonitorConfig {
+            missing_checks: 1,
+            ..gateway_adapter::MonitorConfig::default()
+        })
         .build();
-    assert_eq!(monitor.tick().await.checked, 1);
-    let after = w.store.link(&session).await.unwrap().unwrap();
-    assert!(
-        after.last_scanned_at.is_some(),
-        "a check that found the source gone stamps the scan time: {after:?}"
-    );
-}
-
-/// A check that finds human turns is a check made: it stamps the link's scan time, as an
-/// unchanged or a missing source's does (only a failed check leaves it). (What the mutation did:
-/// a check that found human turns left the scan time unstamped, so a link a person types into
-/// read as never scanned; review of stop 71, MG03.)
-#[tokio::test]
-async fn a_check_that_finds_human_turns_stamps_its_scan() {
-    let w = world();
-    let session = w.adopt_remote("agent:main:remote", "scripted").await;
-    let monitor = w
-        .monitor()
-        .provider(Arc::new(Scripted::new(vec![human_turns(
-            1,
-            "t1",
-            json!(1),
-        )])))
-        .build();
-    assert_eq!(monitor.tick().await.checked, 1);
-    assert_eq!(w.human_events(&session).await, 1, "the turn is recorded");
-    let after = w.store.link(&session).await.unwrap().unwrap();
-    assert!(
-        after.last_scanned_at.is_some(),
-        "a check that found human turns stamps the scan time: {after:?}"
-    );
+    monitor.tick().await;
+    let events = w.events(&session, EventKind::UpstreamMissing).await;
+    assert_eq!(events.len(), 1, "upstream_missing recorded");
+    assert_eq!(events[0].actor_type, ActorType::System, "{:?}", events[0]);
 }
 
 /// A check whose scan time the store fails to store still acts on what it read: the human turns
@@ -7706,27 +7711,6 @@ async fn a_scan_time_not_stored_still_records_the_turns_found() {
         Some(json!(1)),
         "the marker moved past the turn"
     );
-}
-
-/// The `upstream_missing` a check records is the gateway's own (actor type system), not a
-/// person's or another session's. (What the mutation did: it was recorded with actor type
-/// agent; review of stop 71, MG12.)
-#[tokio::test]
-async fn upstream_missing_is_recorded_as_the_gateways_own() {
-    let w = world();
-    let session = w.adopt_remote("agent:main:remote", "scripted").await;
-    let monitor = w
-        .monitor()
-        .provider(Arc::new(Scripted::new(vec![CheckOutcome::Missing])))
-        .config(gateway_adapter::MonitorConfig {
-            missing_checks: 1,
-            ..gateway_adapter::MonitorConfig::default()
-        })
-        .build();
-    monitor.tick().await;
-    let events = w.events(&session, EventKind::UpstreamMissing).await;
-    assert_eq!(events.len(), 1, "upstream_missing recorded");
-    assert_eq!(events[0].actor_type, ActorType::System, "{:?}", events[0]);
 }
 
 /// A provider answering `Missing`, which at its `at`th check adopts the session again onto

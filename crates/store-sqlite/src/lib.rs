@@ -2315,6 +2315,14 @@ mod tests {
         drop(w);
         let err = store.record(event(), T).await.expect_err("no number left");
         assert!(err.is_counter_at_end(), "{err:?}");
+        // With no counter row, a stored event past the point still keeps the counter from
+        // being set below it: `leave_sequences` answers that it could not. (What the mutation
+        // did: the counter's row was inserted below the highest event and the call answered
+        // true; review of stop 71, SC29.)
+        assert!(
+            !store.leave_sequences(5).await.expect("leave five numbers"),
+            "a stored event is past that point: the counter cannot be moved there"
+        );
         store.close().await;
     }
 

@@ -1741,6 +1741,16 @@ pub async fn a_head_with_text_that_is_not_utf8_stops_neither_listing_nor_pruning
         Some(seqs[1]),
         "{heads:?}"
     );
+    // A head listed past that row keeps its last sequence and its watermark, each in its place:
+    // the last session, none of whose events went, ends at its event with nothing pruned. (What
+    // the mutation did: store-sqlite, reading such a listing again one row at a time, swapped the
+    // two, giving a head a watermark past its last sequence; review of stop 71, SC05.)
+    let untouched = heads.iter().find(|h| h.session == others[1]);
+    assert_eq!(
+        untouched.map(|h| (h.last_sequence, h.pruned_max_sequence)),
+        Some((seqs[3], Sequence::ZERO)),
+        "{heads:?}"
+    );
 }
 
 /// The links and the heads listed past a row holding text that is not UTF-8 come by key then

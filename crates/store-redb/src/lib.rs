@@ -1997,6 +1997,42 @@ mod tests {
         );
     }
 
+    /// Resetting a watcher that watches nothing removes nothing and commits nothing: no fsync,
+    /// no write transaction counted; a reset that removes a cursor commits one.
+    /// (What the mutation did: a reset committed its transaction even when it removed no
+    /// cursor; review of stop 71, RI03.)
+    #[tokio::test]
+    async fn a_reset_of_a_watcher_without_cursors_commits_nothing() {
+        let (_dir, store) = fresh().await;
+        let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+        let before = store.write_transactions();
+        let removed = store
+            .reset_watcher(watcher.session_key())
+            .await
+            .expect("reset");
+        assert_eq!(removed, 0);
+        assert_eq!(
+            store.write_transactions(),
+            before,
+            "a reset that removed no cursor committed a transaction"
+        );
+        store
+            .watch(&watcher, &session("agent:main:subagent:child"), T0)
+            .await
+            .expect("watch");
+        let before = store.write_transactions();
+        let removed = store
+            .reset_watcher(watcher.session_key())
+            .await
+            .expect("reset");
+        assert_eq!(removed, 1);
+        assert_eq!(
+            store.write_transactions(),
+            before + 1,
+            "the reset committed"
+        );
+    }
+
     /// An old row the age step chose on its snapshot and that is gone by its write (its session
     /// deleted in between) is not counted and ends no chunk: the chunk goes on by what its round
     /// chose, so the old row past the round's bound goes in the same chunk.

@@ -565,39 +565,58 @@ async fn a_cursor_key_cut_short_hides_no_cursor_after_it() {
     store.close().await;
 }
 
-/// An entry of the reference index whose event row is gone (a hand edit), on a session with
-/// no head left either, is removed by deleting the session: the deletion commits, and the
-/// session's page no longer lists the entry's copy of the event.
-/// (What the mutation did: a removed index entry no longer counted as a write of the deletion,
-/// which then wrote nothing and left the entry; review of stop 70, RF29.)
+/// An entry of the reference index whose event row is gone (a hand edit) is removed by
+/// deleting the session, and stops no deletion of the rest of it: on a session with no head
+/// left either, the deletion commits and the page no longer lists the entry's copy of the
+/// event; on one with events recorded after it, those go too, with their rows, and the log
+/// holds none of them. (What the mutations did: a removed index entry no longer counted as a
+/// write of the deletion, which then wrote nothing and left the entry, review of stop 70, RF29;
+/// the deletion stopped at the first entry whose row was gone, leaving the session's later
+/// events in the log and in its page, review of stop 71, RI37.)
 #[tokio::test]
 async fn deleting_a_session_removes_an_index_entry_whose_row_is_gone() {
     const EVENTS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("events");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    let s = r("agent:main:subagent:s");
-    let store = RedbStore::open(&path).await.unwrap();
-    let seq = store.record(human(&s), T0).await.unwrap().event.sequence;
-    assert!(store.delete_head_row(&s).await.unwrap());
-    store.close().await;
-    edit(&path, |txn| {
-        assert!(
-            txn.open_table(EVENTS)
-                .unwrap()
-                .remove(seq.get())
-                .unwrap()
-                .is_some()
+    for (recorded, head_gone) in [(1, true), (3, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let s = r("agent:main:subagent:s");
+        let store = RedbStore::open(&path).await.unwrap();
+        let first = store.record(human(&s), T0).await.unwrap().event.sequence;
+        for _ in 1..recorded {
+            store.record(human(&s), T0).await.unwrap();
+        }
+        if head_gone {
+            assert!(store.delete_head_row(&s).await.unwrap());
+        }
+        store.close().await;
+        edit(&path, |txn| {
+            assert!(
+                txn.open_table(EVENTS)
+                    .unwrap()
+                    .remove(first.get())
+                    .unwrap()
+                    .is_some()
+            );
+        });
+        let store = RedbStore::open(&path).await.unwrap();
+        let before = store.changes_since(&s, Sequence::ZERO, 200).await.unwrap();
+        assert_eq!(
+            before.events.len(),
+            recorded,
+            "the index entry's copy is listed"
         );
-    });
-    let store = RedbStore::open(&path).await.unwrap();
-    let before = store.changes_since(&s, Sequence::ZERO, 200).await.unwrap();
-    assert_eq!(before.events.len(), 1, "the index entry's copy is listed");
-    store.delete_session(&s).await.unwrap();
-    let after = store.changes_since(&s, Sequence::ZERO, 200).await.unwrap();
-    assert!(
-        after.events.is_empty(),
-        "the deleted session still lists {:?}",
-        after.events.iter().map(|e| e.sequence).collect::<Vec<_>>()
-    );
-    store.close().await;
+        store.delete_session(&s).await.unwrap();
+        let after = store.changes_since(&s, Sequence::ZERO, 200).await.unwrap();
+        assert!(
+            after.events.is_empty(),
+            "the deleted session still lists {:?}",
+            after.events.iter().map(|e| e.sequence).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            store.log_stats().await.unwrap().rows,
+            0,
+            "the session's later rows were left in the log"
+        );
+        store.close().await;
+    }
 }

@@ -2091,11 +2091,23 @@ fn queue_only(notices: &[crate::Notice]) -> Vec<(String, bool)> {
 /// [`unreadable_cursors`](crate::CursorStore::unreadable_cursors) names it with that
 /// provenance; it is no watch of either kind, so a recording on its target tells its watcher
 /// nothing. A store with no room for a provenance
-/// ([`super::RawAccess::spoil_cursor_provenance`] answers `false`) has nothing to check.
-/// (What the mutation did: store-postgres read the row as an explicit watch, whose notices wake
-/// the watcher; review of stop 68, P638.)
+/// ([`super::RawAccess::spoil_cursor_provenance`] answers `false`) has nothing to check but
+/// the first step: a sound cursor on a bare target is no unreadable row. (What the mutation
+/// did: store-postgres read the row as an explicit watch, whose notices wake the watcher;
+/// review of stop 68, P638.)
 pub async fn a_cursor_row_of_a_provenance_this_version_does_not_know_is_unreadable(t: &Subject) {
     let s = &*t.store;
+    // A sound cursor on a target whose key names no agent (a bare key) is no unreadable row.
+    // (What the mutation did: store-redb listed the rows with watcher and target swapped, and
+    // the bare target failed as a watcher key; review of stop 71, RI20.)
+    let bare = r("main", "main");
+    s.watch(&w(PEER), &bare, T0).await.unwrap();
+    assert_eq!(
+        s.unreadable_cursors().await.expect("unreadable cursors"),
+        Vec::new(),
+        "a sound cursor on a bare key was named unreadable"
+    );
+    assert!(s.unwatch(&w(PEER), &bare.session_key).await.unwrap());
     s.watch(&w(MANAGER), &child(), T0).await.unwrap();
     if !t
         .raw

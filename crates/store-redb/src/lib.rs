@@ -2005,32 +2005,27 @@ mod tests {
     async fn a_reset_of_a_watcher_without_cursors_commits_nothing() {
         let (_dir, store) = fresh().await;
         let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
-        let before = store.write_transactions();
-        let removed = store
-            .reset_watcher(watcher.session_key())
-            .await
-            .expect("reset");
-        assert_eq!(removed, 0);
-        assert_eq!(
-            store.write_transactions(),
-            before,
-            "a reset that removed no cursor committed a transaction"
-        );
-        store
-            .watch(&watcher, &session("agent:main:subagent:child"), T0)
-            .await
-            .expect("watch");
-        let before = store.write_transactions();
-        let removed = store
-            .reset_watcher(watcher.session_key())
-            .await
-            .expect("reset");
-        assert_eq!(removed, 1);
-        assert_eq!(
-            store.write_transactions(),
-            before + 1,
-            "the reset committed"
-        );
+        // First watching nothing, then one cursor: the reset removes as many, and commits
+        // only when it removed one.
+        for cursors in [0, 1] {
+            if cursors == 1 {
+                store
+                    .watch(&watcher, &session("agent:main:subagent:child"), T0)
+                    .await
+                    .expect("watch");
+            }
+            let before = store.write_transactions();
+            let removed = store
+                .reset_watcher(watcher.session_key())
+                .await
+                .expect("reset");
+            assert_eq!(removed, cursors);
+            assert_eq!(
+                store.write_transactions(),
+                before + cursors,
+                "a reset that removed {cursors} cursors committed as many transactions"
+            );
+        }
     }
 
     /// An old row the age step chose on its snapshot and that is gone by its write (its session

@@ -1771,22 +1771,14 @@ fn watch_of_a_bare_key_watches_the_watchers_agents_session() {
 fn an_agent_given_wins_over_the_keys_own() {
     let dir = tempfile::tempdir().unwrap();
     let store = "sqlite://a.db";
-    let v = json(&run_on(
-        dir.path(),
-        store,
-        &[
-            "--json",
-            "record",
-            "--session",
-            "agent:ops:subagent:x",
-            "--agent",
-            "main",
-            "--kind",
-            "goal_changed",
-            "--summary",
-            "goal updated",
-        ],
-    ));
+    // A goal change recorded on `session`, with `flags` after it.
+    let record = |session: &str, flags: &[&str]| {
+        let mut args = vec!["--json", "record", "--session", session];
+        args.extend_from_slice(flags);
+        args.extend(["--kind", "goal_changed", "--summary", "goal updated"]);
+        json(&run_on(dir.path(), store, &args))
+    };
+    let v = record("agent:ops:subagent:x", &["--agent", "main"]);
     assert_eq!(v["event"]["agentId"], "main", "--agent main: {v}");
     let heads = json(&run_on(dir.path(), store, &["--json", "list"]));
     assert_eq!(
@@ -1814,20 +1806,7 @@ fn an_agent_given_wins_over_the_keys_own() {
     // A bare key, no `--agent`: main's, the agent every command defaults to. (What the
     // mutation did: another default, so `record global` wrote to a session `status global
     // --agent main` does not know; review of stop 70, CE12.)
-    let v = json(&run_on(
-        dir.path(),
-        store,
-        &[
-            "--json",
-            "record",
-            "--session",
-            "global",
-            "--kind",
-            "goal_changed",
-            "--summary",
-            "goal updated",
-        ],
-    ));
+    let v = record("global", &[]);
     assert_eq!(v["event"]["agentId"], "main", "{v}");
     let s = json(&run_on(
         dir.path(),

@@ -2016,38 +2016,56 @@ impl UpstreamProvider for Begun {
 }
 
 // Worker threads, as a gateway's runtime has: an aborted task is dropped on whichever thread
-// runs it next, which may be after `stop` returned.
+// runs it next, which may be after `stop` returned. A watched link's check, and the pass over an
+// unwatched link's source that reads on past its tick (here once the tick's 10 ms are over),
+// hold nothing once `stop` returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_monitor_stopped_mid_tick_holds_nothing_once_stop_returns() {
-    let w = world();
-    w.adopt_remote("agent:main:remote", "begun").await;
-    let World {
-        store,
-        svc: awareness,
-        ..
-    } = w;
-    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
-    let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
-        .provider(Arc::new(HoldsTheStore(store.clone(), began)))
-        .config(gateway_adapter::MonitorConfig {
-            first_tick: Duration::ZERO,
-            ..gateway_adapter::MonitorConfig::default()
-        })
-        .build();
-    drop(awareness);
-    let task = monitor.spawn();
-    begun.recv().await.expect("a check began");
-    task.stop().await;
-    drop(monitor);
-    // What the abandoned check held (the monitor, and through it the store, and the store
-    // itself for 300 ms after its abort) is let go of by now: the caller can close the store
-    // through its last handle. (What the mutation did: the checks were aborted and not waited
-    // for, so `stop` returned while one still held the store; review of stop 66, M526.)
-    assert_eq!(
-        Arc::strong_count(&store),
-        1,
-        "a check of the stopped tick still holds the store"
-    );
+    for watched in [true, false] {
+        let w = world();
+        let session = SessionRef::parse("agent:main:remote", "main").unwrap();
+        if watched {
+            w.adopt_remote("agent:main:remote", "begun").await;
+        } else {
+            // Adopted, watched by nobody: its source is passed over, not checked.
+            let spec = LinkSpec::new(session, "remote", "h", "t", "begun");
+            assert!(w.svc.try_adopt(spec).await.unwrap().created);
+        }
+        let World {
+            store,
+            svc: awareness,
+            ..
+        } = w;
+        let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
+        let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
+            .provider(Arc::new(HoldsTheStore(store.clone(), began)))
+            .config(gateway_adapter::MonitorConfig {
+                first_tick: Duration::ZERO,
+                provider_timeout: if watched {
+                    gateway_adapter::MonitorConfig::default().provider_timeout
+                } else {
+                    Duration::from_millis(10)
+                },
+                ..gateway_adapter::MonitorConfig::default()
+            })
+            .build();
+        drop(awareness);
+        let task = monitor.spawn();
+        begun.recv().await.expect("a check or a pass began");
+        task.stop().await;
+        drop(monitor);
+        // What the abandoned check or pass held (the monitor, and through it the store, and
+        // the store itself for 300 ms after its abort) is let go of by now: the caller can
+        // close the store through its last handle. (What the mutations did: the checks were
+        // aborted and not waited for, so `stop` returned while one still held the store,
+        // review of stop 66, M526; `stop` aborted the pass without waiting for it, review of
+        // stop 71, MG17.)
+        assert_eq!(
+            Arc::strong_count(&store),
+            1,
+            "what the stopped monitor ran still holds the store (watched: {watched})"
+        );
+    }
 }
 
 /// `stop` abandons a tick in progress: a check that hangs (bounded only by a provider timeout of
@@ -2072,49 +2090,6 @@ async fn stop_abandons_a_tick_whose_check_hangs() {
     tokio::time::timeout(Duration::from_mins(10), task.stop())
         .await
         .expect("stop abandons the tick in progress");
-}
-
-/// The pass over an unwatched link's source that reads on past its tick lets go of the store by
-/// the time `stop` returns, as an abandoned check does. (What the mutation did: `stop` aborted
-/// the pass without waiting for it, so it returned while the pass still held the store; review
-/// of stop 71, MG17.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_monitor_stopped_during_a_pass_holds_nothing_once_stop_returns() {
-    let w = world();
-    // Adopted, watched by nobody: its source is passed over, not checked.
-    let r = SessionRef::parse("agent:main:remote", "main").unwrap();
-    assert!(
-        w.svc
-            .try_adopt(LinkSpec::new(r, "remote", "h", "t", "begun"))
-            .await
-            .unwrap()
-            .created
-    );
-    let World {
-        store,
-        svc: awareness,
-        ..
-    } = w;
-    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel();
-    let monitor = UpstreamMonitor::builder(awareness.clone(), store.clone())
-        .provider(Arc::new(HoldsTheStore(store.clone(), began)))
-        .config(gateway_adapter::MonitorConfig {
-            first_tick: Duration::ZERO,
-            // The tick waits for the pass this long, then ends; the pass reads on.
-            provider_timeout: Duration::from_millis(10),
-            ..gateway_adapter::MonitorConfig::default()
-        })
-        .build();
-    drop(awareness);
-    let task = monitor.spawn();
-    begun.recv().await.expect("a pass began");
-    task.stop().await;
-    drop(monitor);
-    assert_eq!(
-        Arc::strong_count(&store),
-        1,
-        "the pass of the stopped monitor still holds the store"
-    );
 }
 
 /// Holds the store until dropped, and takes 300 ms to drop (an aborted check whose end is slow).
@@ -2422,9 +2397,7 @@ async fn a_failed_check_starts_the_count_of_deferrals_by_linked_runs_again() {
         .run_activity(runs.clone())
         .build();
     runs.started(&beta);
-    for _ in 0..4 {
-        assert_eq!(monitor.tick().await.deferred, 2, "beta runs");
-    }
+    deferring_both(&monitor, 4, "beta runs").await;
     runs.finished(&beta);
     let r = monitor.tick().await;
     assert_eq!(
@@ -2433,14 +2406,12 @@ async fn a_failed_check_starts_the_count_of_deferrals_by_linked_runs_again() {
         "both checked, both failed: {r:?}"
     );
     runs.started(&beta);
-    for tick in 0..2 {
-        let r = monitor.tick().await;
-        assert_eq!(
-            (r.checked, r.deferred),
-            (0, 2),
-            "alpha's count started again at its failed check (tick {tick} after it): {r:?}"
-        );
-    }
+    deferring_both(
+        &monitor,
+        2,
+        "alpha's count started again at its failed check",
+    )
+    .await;
 }
 
 /// Two sessions linked to one thread running by turns, one tick each: each is deferred by the

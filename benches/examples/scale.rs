@@ -590,6 +590,32 @@ mod tests {
             "a value not a number"
         );
         assert!(args(&["--fast"]).is_none(), "a flag of no meaning");
+        // A count of 0 is taken as 1: no session, task, mark or sample interval of 0 (a
+        // division by zero in the run) and no row cap of 0. (What the mutation did: a flag's
+        // `max(1)` left out; review of stop 72, BX32 to BX36.)
+        let a = args(&[
+            "--sessions",
+            "0",
+            "--tasks",
+            "0",
+            "--prune-every-events",
+            "0",
+            "--sample-every",
+            "0",
+            "--max-rows",
+            "0",
+        ])
+        .expect("zeros");
+        assert_eq!(
+            (
+                a.sessions,
+                a.tasks,
+                a.prune_every_events,
+                a.sample_every,
+                a.max_rows
+            ),
+            (1, 1, 1, 1, 1)
+        );
     }
 
     /// A run with one task on one thread is exact: a pass begins at each mark (the crossing
@@ -748,12 +774,38 @@ mod tests {
         assert_eq!(json["vm_hwm_kib"], 8192);
         assert_eq!(json["rss_kib"], serde_json::json!([2048, 4096]));
         assert_eq!(json["file_bytes"], 3 << 20);
+        // The run's shape and the reconcile in ns, as `bench-report` reads them (its RSS window
+        // starts at `max_rows`). (What the mutation did: the reconcile saved in µs, the row cap
+        // under another name, the events or the sessions for the sessions or the tasks; review
+        // of stop 72, BX39, BX40, BX41, BX44.)
+        assert_eq!(json["reconcile_200_ns"], 600_000.0);
+        assert_eq!(
+            (
+                &json["events"],
+                &json["sessions"],
+                &json["tasks"],
+                &json["max_rows"]
+            ),
+            (
+                &serde_json::json!(1000),
+                &serde_json::json!(10),
+                &serde_json::json!(16),
+                &serde_json::json!(a.max_rows)
+            )
+        );
         let line = outcome.line(&a, "memory", "files (db, WAL, shm)", Some(3 << 20));
         assert!(
             line.starts_with("scale/memory: 1000 events over 10 sessions in 2.5 s = 400 events/s"),
             "{line}"
         );
         assert!(line.contains(&format!("p99 {:.1} µs", ms / 1e3)), "{line}");
+        // The line's p50 is the p50 and its reconcile in µs. (What the mutation did: the p99
+        // printed as the p50, the reconcile divided into ms; review of stop 72, BX37, BX38.)
+        assert!(
+            line.contains(&format!("record p50 {:.1} µs,", us / 1e3)),
+            "{line}"
+        );
+        assert!(line.contains("just-written session) 600.0 µs;"), "{line}");
         assert!(line.contains("3 pruning passes while recording (at most 310 events apart)"));
         assert!(line.contains("deleted 700 rows, 300 retained"), "{line}");
         assert!(line.contains("files (db, WAL, shm) 3.0 MiB; VmHWM 8.0 MiB; RSS (MiB) [2, 4]"));

@@ -758,8 +758,9 @@ mod tests {
     use store_redb::RedbOptions;
 
     use super::{
-        Dataset, Kind, REDB_FLUSH_INTERVAL, Spec, group_commit_specs, open_empty, runtime,
-        test_mode, wanted, watcher,
+        Dataset, Kind, REDB_FLUSH_INTERVAL, Spec, add_watchers, dataset_session,
+        group_commit_specs, loaded, open_empty, runtime, save_result, target_dir, test_mode,
+        wanted, watcher,
     };
 
     /// A run without `--bench` (`cargo test --benches`, this very test binary) is a test run:
@@ -875,6 +876,77 @@ mod tests {
             .expect("cursors")
             .len();
         assert_eq!(pending, watchers * pending_targets);
+        // The events the data set says it records are those in the log.
+        // (What the mutation did: the cursors' data set counted `watchers * pending_targets`
+        // events; review of stop 72, BX01.)
+        let rows = rt.block_on(store.log_stats()).expect("log stats").rows;
+        assert_eq!(usize::try_from(rows).ok(), Some(data.events()));
+    }
+
+    /// Each backend `loaded` hands out holds the data set asked for, spread over its sessions,
+    /// a second data set of the same format its own and not the first's template; a postgres
+    /// store's size is its own schema's, which another schema's data leaves as it was.
+    /// (What the mutation did: the events went to a session each; the templates were cached by
+    /// format alone; memory was handed out empty; the postgres copy read the empty schema's
+    /// tables; the size summed every schema on the server; review of stop 72, BX02, BX06 to
+    /// BX09.)
+    #[test]
+    fn loaded_backends_hold_each_data_set_on_its_sessions() {
+        let rt = runtime();
+        let specs: Vec<Spec> = group_commit_specs()
+            .into_iter()
+            .filter(|s| ["memory", "sqlite", "postgres"].contains(&s.name))
+            .collect();
+        let empty_pg = rt.block_on(open_empty(&specs[2]));
+        let empty_bytes = rt.block_on(empty_pg.stored_bytes());
+        for (events, sessions) in [(30, 10), (12, 4)] {
+            let data = Dataset::Events { events, sessions };
+            for b in rt.block_on(loaded(&specs, data)) {
+                let rows = rt.block_on(b.store.log_stats()).expect("log stats").rows;
+                let heads = rt.block_on(b.store.list_heads(None)).expect("heads").len();
+                assert_eq!((rows, heads), (events as u64, sessions), "{}", b.name);
+            }
+        }
+        assert_eq!(
+            rt.block_on(empty_pg.stored_bytes()),
+            empty_bytes,
+            "an empty store's size after other schemas were loaded"
+        );
+    }
+
+    /// [`add_watchers`] gives the target the watchers 0 to n - 1, one cursor each.
+    /// (What the mutation did: the watchers began at 1; review of stop 72, BX10.)
+    #[test]
+    fn add_watchers_gives_the_first_n_watchers_a_cursor() {
+        let rt = runtime();
+        let b = rt.block_on(open_empty(&Spec {
+            name: "memory",
+            kind: Kind::Memory,
+        }));
+        rt.block_on(add_watchers(b.store.as_ref(), &dataset_session(0), 3));
+        let of = |w: usize| {
+            rt.block_on(b.store.cursors(&CursorFilter {
+                watcher: Some(watcher(w).session_key().clone()),
+                ..CursorFilter::default()
+            }))
+            .expect("cursors")
+            .len()
+        };
+        assert_eq!([of(0), of(1), of(2), of(3)], [1, 1, 1, 0]);
+    }
+
+    /// A result is saved as `<target>/<dir>/<name>.json`, the extension `bench-report` reads.
+    /// (What the mutation did: the file was saved without `.json`, which the report skips;
+    /// review of stop 72, BX11.)
+    #[test]
+    fn save_result_writes_a_json_file_under_the_target_dir() {
+        let dir = format!("awareness-bench-test-{}", std::process::id());
+        let value = serde_json::json!({"backend": "memory"});
+        let path = save_result(&dir, "memory", &value);
+        let read = std::fs::read_to_string(&path).map(|s| serde_json::from_str(&s).ok());
+        std::fs::remove_dir_all(target_dir().join(&dir)).expect("remove the test's dir");
+        assert_eq!(path, target_dir().join(&dir).join("memory.json"));
+        assert_eq!(read.ok().flatten(), Some(value));
     }
 
     /// store-memory keeps no file: its size is none, not 0 bytes (the scale table's files
@@ -897,15 +969,21 @@ mod tests {
 
     /// Runs [`wanted_in_a_child`] in a child process of this test binary with `backends` as
     /// `AWARENESS_BENCH_BACKENDS` and `AWARENESS_PG_URL` unset (the environment is the
-    /// process's: no test sets it in its own).
-    fn wanted_with(backends: &str) -> std::process::Output {
-        std::process::Command::new(std::env::current_exe().expect("the test binary"))
+    /// process's: no test sets it in its own); with `None`, no list and `AWARENESS_PG_URL` as
+    /// this process has it.
+    fn wanted_with(backends: Option<&str>) -> std::process::Output {
+        let mut child =
+            std::process::Command::new(std::env::current_exe().expect("the test binary"));
+        child
             .args(["--exact", "tests::wanted_in_a_child", "--nocapture"])
-            .env("AWARENESS_BENCH_BACKENDS", backends)
-            .env("AWARENESS_BENCHES_WANTED_CHILD", "1")
-            .env_remove("AWARENESS_PG_URL")
-            .output()
-            .expect("run the test binary")
+            .env("AWARENESS_BENCHES_WANTED_CHILD", "1");
+        match backends {
+            Some(backends) => child
+                .env("AWARENESS_BENCH_BACKENDS", backends)
+                .env_remove("AWARENESS_PG_URL"),
+            None => child.env_remove("AWARENESS_BENCH_BACKENDS"),
+        };
+        child.output().expect("run the test binary")
     }
 
     /// Prints the names [`wanted`] keeps, in a child process started by [`wanted_with`]
@@ -929,7 +1007,7 @@ mod tests {
     /// stop 68, BR04, BR05.)
     #[test]
     fn wanted_keeps_the_named_backends_and_checks_the_server_first() {
-        let out = wanted_with("memory, sqlite-1tx ,redb");
+        let out = wanted_with(Some("memory, sqlite-1tx ,redb"));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{out:?}");
         assert!(
@@ -937,7 +1015,7 @@ mod tests {
             "{stdout}"
         );
 
-        let out = wanted_with("memory,postgres");
+        let out = wanted_with(Some("memory,postgres"));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -947,6 +1025,20 @@ mod tests {
         assert!(
             stdout.contains("AWARENESS_PG_URL") || stderr.contains("AWARENESS_PG_URL"),
             "{stdout}{stderr}"
+        );
+    }
+
+    /// Without `AWARENESS_BENCH_BACKENDS` every backend is kept, in report order.
+    /// (What the mutation did: no list kept none; review of stop 72, BX12.)
+    #[test]
+    fn wanted_keeps_every_backend_without_a_list() {
+        let out = wanted_with(None);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains(
+                "wanted: memory,sqlite,sqlite-1tx,redb,redb-1tx,redb-bounded,postgres,postgres-1tx\n"
+            ),
+            "{out:?}"
         );
     }
 }

@@ -655,7 +655,9 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::{Measured, apart, read_criterion, render, render_scale, rss_growth, targets, time};
+    use super::{
+        Measured, apart, count, read_criterion, render, render_scale, rss_growth, targets, time,
+    };
 
     /// 2027-01-15 08:00:00 UTC, and `mins` minutes after it.
     fn at(mins: u64) -> SystemTime {
@@ -808,6 +810,46 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// The targets the first test's results leave out: sqlite's record/0_watchers and
+    /// record/10_watchers and memory's record/0_watchers and reconcile/200 against their own
+    /// bounds, and redb's reconcile/200 no faster than sqlite's not met.
+    /// (What the mutation did: a bound moved, record/1_watchers read for record/10_watchers,
+    /// an equal reconcile counted as faster; review of stop 72, BX18 to BX22.)
+    #[test]
+    fn targets_of_the_fast_paths_have_their_own_bounds() {
+        let r = results(&[
+            ("record/0_watchers/sqlite", ns(54_000.0)),
+            ("record/1_watchers/sqlite", ns(1.0)),
+            ("record/10_watchers/sqlite", ns(75_000.0)),
+            ("record/0_watchers/memory", ns(2_000.0)),
+            ("reconcile/200/memory", ns(10_000.0)),
+            ("reconcile/200/sqlite", ns(100_000.0)),
+            ("reconcile/200/redb", ns(100_000.0)),
+        ]);
+        let got: Vec<(String, String, String, bool)> = targets(&r)
+            .into_iter()
+            .map(|t| (t.what, t.bound, format!("{:.2}", t.ratio), t.met))
+            .collect();
+        let want = [
+            ("sqlite record/0_watchers", "≤ 60.0 µs", "0.90", true),
+            ("sqlite record/10_watchers", "≤ 75.0 µs", "1.00", true),
+            ("sqlite reconcile/200", "≤ 240 µs", "0.42", true),
+            ("memory record/0_watchers", "≤ 1.00 µs", "2.00", false),
+            ("memory reconcile/200", "≤ 20.0 µs", "0.50", true),
+            ("redb reconcile/200", "≤ 150 µs", "0.67", true),
+            (
+                "redb reconcile/200 / sqlite reconcile/200",
+                "< 1x",
+                "1.00",
+                false,
+            ),
+        ]
+        .map(|(what, bound, ratio, met)| {
+            (what.to_owned(), bound.to_owned(), ratio.to_owned(), met)
+        });
+        assert_eq!(got, want);
+    }
+
     /// The figures printed: three significant digits in the unit the value reaches (1,000 ns
     /// is 1.00 µs, 100 µs has no decimal).
     /// (What the mutation did: a unit's or a precision's bound moved by one; review of stop 68,
@@ -819,6 +861,12 @@ mod tests {
         assert_eq!(time(100_000.0), "100 µs");
         assert_eq!(time(99_500.0), "99.5 µs");
         assert_eq!(time(1_500_000.0), "1.50 ms");
+        // Seconds from 1,000 ms, one decimal from 10, and `k` from 1,000 events per second.
+        // (What the mutation did: seconds began at 10 s, 10.0 showed two decimals, 1,000 was no
+        // `k`; review of stop 72, BX14, BX15, BX16.)
+        assert_eq!(time(3_100_000_000.0), "3.10 s");
+        assert_eq!(time(10_000.0), "10.0 µs");
+        assert_eq!(count(1_000.0), "1.00k");
     }
 
     /// A ratio's two inputs saved more than 30 minutes apart are named, earlier first, in
@@ -832,6 +880,9 @@ mod tests {
             ..ns(1.0)
         };
         assert_eq!(apart(when(0), when(29)), "");
+        // 30 minutes exactly is still one run. (What the mutation did: `>=` for `>`; review of
+        // stop 72, BX17.)
+        assert_eq!(apart(when(0), when(30)), "");
         assert_eq!(
             apart(when(31), when(0)),
             " (from different runs: 01-15 08:00 and 01-15 08:31)"
@@ -869,6 +920,8 @@ mod tests {
             ("record/concurrent_16_tasks/sqlite", rate(40_000.0)),
             ("record/0_watchers/postgres", ns(581_000.0)),
             ("floor/insert_one_key/immediate", ns(181_000.0)),
+            ("floor/insert_one_key/none", ns(12_000.0)),
+            ("reconcile/5/sqlite", ns(40_000.0)),
             (
                 "floor/insert_one_key_spawn_blocking/immediate",
                 ns(205_000.0),
@@ -885,14 +938,22 @@ mod tests {
         let s = render(&r, &BTreeMap::new(), &BTreeMap::new());
         let has = |want: &str| assert!(s.contains(want), "no {want:?} in:\n{s}");
         has("measured from 2027-01-15 08:00:00 UTC to 2027-01-15 08:10:00 UTC");
-        has("| bench | memory | sqlite | postgres |\n");
+        has("| bench | memory | sqlite | postgres |\n|---|---|---|---|\n");
         has("| record/0_watchers | 484 ns | 105 µs | 581 µs |\n");
         has("| record/concurrent_16_tasks |  | 40.0k ev/s (400 µs per 16 events) |  |\n");
         assert!(
             !s.contains("| record/1_watchers |"),
             "a row with nothing measured:\n{s}"
         );
-        has("`immediate` 181 µs direct, 205 µs through spawn_blocking.");
+        has(
+            "`immediate` 181 µs direct, 205 µs through spawn_blocking; `none` 12.0 µs direct, - through spawn_blocking.",
+        );
+        // The table's separator has a cell per column; the floor of `none` durability has its
+        // line too; a target's row gives its measurement, then its bound, then whether it is
+        // met. (What the mutation did: one separator cell short; the `none` floor left out; the
+        // measured and bound cells swapped; met shown as not met; review of stop 72, BX23 to
+        // BX26.)
+        has("| sqlite reconcile/5 | 40.0 µs | ≤ 40.0 µs | 1.00x | yes |\n");
         has("59.5 µs a round trip (`SELECT 1`), 70.0 µs a bare one-row insert");
         has("72.0 µs a poll asked and answered; another handle's commit hinted 21.4 ms");
         has("115 µs on a handle polling every 1 ms against 100 µs on one not polling, 1.15x.");
@@ -951,7 +1012,7 @@ mod tests {
         let mut s = String::new();
         render_scale(
             &mut s,
-            &BTreeMap::from([("sqlite".to_owned(), (run, None))]),
+            &BTreeMap::from([("sqlite".to_owned(), (run.clone(), None))]),
         );
         assert!(
             s.contains(
@@ -960,6 +1021,22 @@ mod tests {
             ),
             "{s}"
         );
+        // A run with no file (memory) and one saved before the passes' gap was shows `-` for
+        // each. (What the mutation did: no file shown as 0.0 MiB, no gap as `(at most 0)`;
+        // review of stop 72, BX27, BX28.)
+        let mut memory = serde_json::Map::new();
+        for (k, v) in run.as_object().expect("a run") {
+            if k != "file_bytes" && k != "most_events_between_passes" {
+                memory.insert(k.clone(), v.clone());
+            }
+        }
+        memory.insert("backend".into(), json!("memory"));
+        let mut s = String::new();
+        render_scale(
+            &mut s,
+            &BTreeMap::from([("memory".to_owned(), (Value::Object(memory), None))]),
+        );
+        assert!(s.contains("| 150 µs | - | - | 90.0 MiB |"), "{s}");
     }
 
     /// A run saved without its row cap takes the second half of its samples, the middle one of

@@ -473,6 +473,21 @@ mod tests {
             found[0].to_string(),
             "head of agent:main:a (agent main) is 1 but an event 4 exists"
         );
+        // What `awareness doctor` prints of a watermark above its version names the watermark
+        // first, then the version. (What the mutation did: the two swapped in the text, so the
+        // head read as pruned below its version; review of stop 72, CB33.)
+        assert_eq!(
+            found[2].to_string(),
+            "head of agent:main:a (agent main) has pruned watermark 9 above its version 1"
+        );
+        // A cursor past its head is printed with its `material`, the sequence that is past the
+        // head. (What the mutation did: its `last_seen` printed as the material, here 1, which
+        // is not past the head 1; review of stop 72, CB34.)
+        assert_eq!(
+            found[4].to_string(),
+            "cursor agent:main:main -> agent:main:a (main) points past the target's head 1 \
+             (material 6)"
+        );
     }
 
     /// A torn cursor is still held to its target's head: one also past the head, or on a target

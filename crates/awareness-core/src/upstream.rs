@@ -925,6 +925,15 @@ mod tests {
             bad.validate()
         );
         assert!(plan_upsert(None, bad, Timestamp(0)).is_err());
+        // A host id refused is named as the host id, not as another id, in the error an
+        // adoption answers. (What the mutation did: the host id checked under the name "thread
+        // id", so an empty host was reported as an empty thread; review of stop 72, CB62.)
+        let mut bad = spec();
+        bad.host_id = String::new();
+        assert_eq!(
+            bad.validate(),
+            Err(ValidationError::Empty { what: "host id" })
+        );
         let huge = spec().with_marker(json!({"x": "a".repeat(MAX_UPSTREAM_JSON_BYTES)}));
         assert!(matches!(
             plan_upsert(None, huge, Timestamp(0)),

@@ -75,6 +75,7 @@ durable_checks!(
     an_unreadable_cursor_row_is_left_out_and_stops_nothing_else,
     an_unreadable_link_row_is_left_out_and_stops_no_other_link,
     an_unreadable_head_row_is_left_out_of_the_listings,
+    an_unreadable_head_fails_no_read_of_another_agents_session_of_its_key,
     an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it,
     the_audit_reports_an_unreadable_event_row_and_audits_the_rest,
     a_recording_over_an_unreadable_head_reports_a_history_gap,

@@ -192,3 +192,149 @@ async fn a_cursor_row_with_a_null_time_is_written_over_by_a_watch() {
         .expect("the watch writes over the row");
     assert_eq!(cursor.updated_at, now);
 }
+
+/// An event row whose payload is empty text reads without a payload, quietly, as an empty
+/// optional text is absent: no warning that it is not a JSON object, at each read of it.
+/// (What the mutation did: parsed the empty text as JSON, so that every read of the row warned;
+/// review of stop 72, PQ29.)
+#[tokio::test]
+async fn an_event_row_with_an_empty_payload_reads_without_it_quietly() {
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let (store, schema) = server::fresh_store().await;
+    insert_event_row(&store, 1001).await;
+    sqlx::query("UPDATE session_state_events SET payload_json = '' WHERE sequence = 1001")
+        .execute(store.pool())
+        .await
+        .expect("an empty payload");
+    let read = store
+        .events_after(Sequence(1000), 10)
+        .await
+        .expect("the row is read");
+    assert_eq!(read.len(), 1);
+    assert!(read[0].payload.is_none(), "{read:?}");
+    assert_eq!(
+        logs.said(&[schema.name(), "payload_json"]),
+        0,
+        "{:?}",
+        logs.lines()
+    );
+}
+
+/// A recording on a target no cursor watches reads no cursor row, and warns of none that it
+/// cannot read: the row its read returns for no cursor (all NULL) is no row of the table.
+/// (What the mutation did: read the row of no cursor as a cursor row, which could not be read,
+/// so that every recording on an unwatched target warned of one; review of stop 72, PQ33.)
+#[tokio::test]
+async fn a_recording_on_an_unwatched_target_warns_of_no_cursor_row() {
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let (store, schema) = server::fresh_store().await;
+    let event = awareness_core::NewEvent::new(
+        awareness_core::SessionRef::parse("agent:main:subagent:x", "main").expect("ref"),
+        awareness_core::EventKind::HumanDirectMessage,
+        awareness_core::ActorType::Human,
+        "human message via test",
+    );
+    let recorded = store
+        .record(event, awareness_core::Timestamp(1_800_000_000_000))
+        .await
+        .expect("record");
+    assert!(recorded.notices.is_empty());
+    assert_eq!(
+        logs.said(&["cursor row", schema.name()]),
+        0,
+        "{:?}",
+        logs.lines()
+    );
+}
+
+/// A head row this store cannot read (a negative last sequence) is left out of the listing of
+/// heads with a warning naming it, so that an operator learns why a session is missing.
+/// (What the mutation did: left the row out without a word; review of stop 72, PQ34.)
+#[tokio::test]
+async fn an_unreadable_head_row_is_left_out_of_the_listing_with_a_warning() {
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let (store, schema) = server::fresh_store().await;
+    sqlx::query(
+        "INSERT INTO session_state_heads (session_key, agent_id, last_sequence, \
+         pruned_max_sequence, updated_at) VALUES ('agent:main:subagent:foreign', 'main', -1, 0, \
+         1800000000000)",
+    )
+    .execute(store.pool())
+    .await
+    .expect("insert a row");
+    let heads = store.list_heads(None).await.expect("the listing");
+    assert!(heads.is_empty(), "{heads:?}");
+    assert_eq!(
+        logs.said(&[
+            "a head row this store cannot read is left out",
+            schema.name(),
+            "negative sequence -1",
+        ]),
+        1,
+        "{:?}",
+        logs.lines()
+    );
+}
+
+/// Inserts, past the store, a link row of `agent:main:subagent:foreign` whose marker text is
+/// `marker` and whose last scan was at `scanned`.
+async fn insert_link_row(store: &store_postgres::PgStore, marker: &str, scanned: i64) {
+    sqlx::query(
+        "INSERT INTO session_upstream_links (session_key, agent_id, catalog_id, host_id, \
+         thread_id, upstream_kind, last_marker_json, last_scanned_at, created_at, updated_at) \
+         VALUES ('agent:main:subagent:foreign', 'main', 'cat', 'host', 'thread', 'kind', $1, $2, \
+         1800000000000, 1800000000000)",
+    )
+    .bind(marker)
+    .bind(scanned)
+    .execute(store.pool())
+    .await
+    .expect("insert a row");
+}
+
+/// A link row's last scan reads as stored, the first millisecond of the epoch included: only a
+/// NULL is a link never scanned. (What the mutation did: read a scan at 0 as none; review of
+/// stop 72, PQ35.)
+#[tokio::test]
+async fn a_link_scanned_at_zero_reads_with_that_scan() {
+    use awareness_core::upstream::UpstreamStore as _;
+    let (store, _schema) = server::fresh_store().await;
+    insert_link_row(&store, "{\"at\":1}", 0).await;
+    let session =
+        awareness_core::SessionRef::parse("agent:main:subagent:foreign", "main").expect("ref");
+    let link = store
+        .link(&session)
+        .await
+        .expect("the row is read")
+        .expect("the link");
+    assert_eq!(link.last_scanned_at, Some(awareness_core::Timestamp(0)));
+}
+
+/// An adoption over a link row this store cannot read (its marker not JSON) writes over it with
+/// a warning naming the row, so that an operator learns the row's old contents are gone.
+/// (What the mutation did: wrote over it without a word; review of stop 72, PQ44.)
+#[tokio::test]
+async fn an_adoption_over_an_unreadable_link_row_warns_of_it() {
+    use awareness_core::upstream::UpstreamStore as _;
+    let logs = awareness_core::testkit::logs::Capture::warnings();
+    let (store, schema) = server::fresh_store().await;
+    insert_link_row(&store, "{not json", 1_800_000_000_000).await;
+    let session =
+        awareness_core::SessionRef::parse("agent:main:subagent:foreign", "main").expect("ref");
+    let spec =
+        awareness_core::upstream::LinkSpec::new(session.clone(), "cat", "host", "t2", "kind");
+    store
+        .upsert_link(spec, awareness_core::Timestamp(1_800_000_000_001))
+        .await
+        .expect("the adoption writes over the row");
+    assert_eq!(
+        logs.said(&[
+            "written over by a new adoption",
+            schema.name(),
+            "last_marker_json is not JSON",
+        ]),
+        1,
+        "{:?}",
+        logs.lines()
+    );
+}

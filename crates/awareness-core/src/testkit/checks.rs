@@ -871,6 +871,18 @@ pub async fn earliest_available_is_zero_for_unknown_session(t: &Subject) {
     assert_eq!(p.earliest_available_sequence, Sequence(0));
     assert!(!p.history_gap && !p.truncated && !p.version_ahead && p.events.is_empty());
     assert_eq!(version(s, &r("agent:main:nobody", "main")).await, 0);
+    // So is a recorded session's key under another agent: its page reads nothing of that
+    // session's head. (What the mutation did: store-postgres read the page's head by the key
+    // alone; review of stop 72, PQ15.)
+    let p = s
+        .changes_since(&r(CHILD, "ops"), Sequence(0), 200)
+        .await
+        .unwrap();
+    assert_eq!(p.earliest_available_sequence, Sequence(0), "{p:?}");
+    assert!(
+        !p.history_gap && !p.truncated && !p.version_ahead && p.events.is_empty(),
+        "{p:?}"
+    );
 }
 
 pub async fn changes_since_returns_exactly_that_ref_after_n(t: &Subject) {
@@ -3062,19 +3074,27 @@ pub async fn an_invalid_retention_policy_is_refused_and_nothing_deleted(t: &Subj
 
 /// A head whose watermark a pruning chunk raises gets the chunk's time as `updated_at`, as
 /// OpenClaw's heads do (its fixture's `agent:main:subagent:old` shows the time of the pruning,
-/// not of its event); a head the chunk leaves alone keeps its time.
+/// not of its event); a head the chunk leaves alone keeps its time, the pruned head's key
+/// under another agent's among them. (What the mutation did: store-postgres stamped the heads
+/// by their keys alone, so that the other agent's head showed a loss it never had; review of
+/// stop 72, PQ23.)
 pub async fn pruning_stamps_the_heads_it_raises_with_its_time(t: &Subject) {
     let s = &*t.store;
     let old = r("agent:main:subagent:old", "main");
-    let kept = child();
+    let (kept, twin) = (child(), r("agent:main:subagent:old", "ops"));
     let first = rec(s, log_only(&old, "old news"), T0).await.event.sequence;
-    rec(s, log_only(&kept, "fresh"), T0.plus_ms(2 * DAY)).await;
+    for fresh in [&kept, &twin] {
+        rec(s, log_only(fresh, "fresh"), T0.plus_ms(2 * DAY)).await;
+    }
     let at = T0.plus_ms(31 * DAY);
     let age = PruneStep::Age {
         cutoff: T0.plus_ms(DAY),
     };
     assert_eq!(s.prune_chunk(&age, 100, at).await.unwrap(), 1);
-    let heads = s.heads(&[old.clone(), kept.clone()]).await.unwrap();
+    let heads = s
+        .heads(&[old.clone(), kept.clone(), twin.clone()])
+        .await
+        .unwrap();
     let head = |r: &SessionRef| {
         heads
             .iter()
@@ -3088,12 +3108,14 @@ pub async fn pruning_stamps_the_heads_it_raises_with_its_time(t: &Subject) {
         (first, first, at),
         "the pruned head: its watermark raised at the pruning's time"
     );
-    let h = head(&kept);
-    assert_eq!(
-        (h.pruned_max_sequence, h.updated_at),
-        (Sequence::ZERO, T0.plus_ms(2 * DAY)),
-        "the head the chunk left alone"
-    );
+    for left in [&kept, &twin] {
+        let h = head(left);
+        assert_eq!(
+            (h.pruned_max_sequence, h.updated_at),
+            (Sequence::ZERO, T0.plus_ms(2 * DAY)),
+            "the head the chunk left alone: {left}"
+        );
+    }
 }
 
 /// A chunk that deletes events below the watermark an earlier chunk left (the age step takes

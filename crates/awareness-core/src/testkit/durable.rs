@@ -1635,6 +1635,42 @@ pub async fn an_unreadable_head_row_is_left_out_of_the_listings(f: impl OpenFile
     );
 }
 
+/// The heads asked for are read by key and agent: an unreadable head of another agent's session
+/// of the same key fails neither a read of the heads it is not among nor a page of the session
+/// asked for. (What the mutation did: store-postgres read the heads by their keys alone, so that
+/// the key's other agent's unreadable head failed the call; review of stop 72, PQ27.)
+pub async fn an_unreadable_head_fails_no_read_of_another_agents_session_of_its_key(
+    f: impl OpenFile,
+) {
+    let dir = Scratch::new("durable");
+    let t = open(&f, &dir.file()).await;
+    let s = &*t.store;
+    let (main, ops) = (r("global", "main"), r("global", "ops"));
+    for session in [&main, &ops] {
+        rec(s, human(session), T0).await;
+    }
+    assert!(
+        t.raw
+            .damage_head_row(&ops)
+            .await
+            .expect("damage a head row"),
+        "the store has a head row to damage"
+    );
+    let heads = s
+        .heads(std::slice::from_ref(&main))
+        .await
+        .expect("main's head is read whatever ops' holds");
+    assert_eq!(
+        heads.iter().map(|h| h.last_sequence).collect::<Vec<_>>(),
+        [Sequence(1)]
+    );
+    let page = s
+        .changes_since(&main, Sequence::ZERO, 10)
+        .await
+        .expect("main's page is read whatever ops' head holds");
+    assert_eq!(page.events.len(), 1, "{page:?}");
+}
+
 /// A failure of an open store names its file, once: a read that meets a damaged row (a page of
 /// the session, the log), and a recording whose dedupe key hits that row. The context said only
 /// what was being done, so a gateway with two stores could not tell which file had failed.

@@ -745,6 +745,7 @@ macro_rules! durable_suite {
             an_unreadable_link_row_is_left_out_and_stops_no_other_link,
             a_link_row_with_text_that_is_not_utf8_is_left_out,
             an_unreadable_head_row_is_left_out_of_the_listings,
+            an_unreadable_head_fails_no_read_of_another_agents_session_of_its_key,
             an_event_with_text_that_is_not_utf8_is_pruned_in_its_turn,
             an_event_with_text_that_is_not_utf8_fails_the_log_naming_it,
             an_unreadable_event_row_fails_the_reads_that_reach_it_naming_it,

@@ -230,6 +230,19 @@ async fn broken_ids_dedupe_key_and_payload_still_record_the_human_message() {
         4,
         "three events more, none deduplicated"
     );
+    // A sound session id the entry names is recorded with the turn, so the history says which
+    // incarnation of the key the person wrote to. (What the mutation did: the human message
+    // was recorded without the entry's session id; review of stop 72, SG58.)
+    let w = World::watched().await;
+    let mut msg = message("telegram");
+    msg.entry = Some(SessionEntry {
+        spawned_by: Some(k(MANAGER)),
+        session_id: Some("s1".into()),
+        ..SessionEntry::default()
+    });
+    w.svc.human_message(msg).await.expect("recorded");
+    let e = w.only(EventKind::HumanDirectMessage).await;
+    assert_eq!(e.session_id.as_deref(), Some("s1"));
 }
 
 /// A spawner that cannot watch the session (a bare key, the session itself) leaves the watch
@@ -320,19 +333,26 @@ async fn a_parent_taken_for_a_spawner_that_cannot_watch_must_see_the_session() {
 /// of stop 62, A21.)
 #[tokio::test]
 async fn a_parent_named_alone_is_asked_only_as_a_spawner() {
-    let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
-    let (svc, queue) = under_the_spawn_tree(dir);
-    let mut msg = message("telegram");
-    msg.entry = Some(SessionEntry {
-        parent_session_key: Some(k(MANAGER)),
-        ..SessionEntry::default()
-    });
-    assert!(svc.human_message(msg).await.is_some(), "recorded");
-    assert_eq!(
-        queue.peek(&k(MANAGER)).len(),
-        1,
-        "the parent, the session's link up the tree, is notified"
-    );
+    // The second case: a spawner the entry names is that link too, asked only as a spawner.
+    // (What the mutation did: the spawner was also asked whether it may see the session, the
+    // tree the directory does not hold refused it, and the spawner never heard of its child's
+    // human turn; review of stop 72, SG14.)
+    for (spawned_by, parent) in [(None, Some(k(MANAGER))), (Some(k(MANAGER)), None)] {
+        let dir = Arc::new(gateway_adapter::InMemoryDirectory::new());
+        let (svc, queue) = under_the_spawn_tree(dir);
+        let mut msg = message("telegram");
+        msg.entry = Some(SessionEntry {
+            spawned_by: spawned_by.clone(),
+            parent_session_key: parent.clone(),
+            ..SessionEntry::default()
+        });
+        assert!(svc.human_message(msg).await.is_some(), "recorded");
+        assert_eq!(
+            queue.peek(&k(MANAGER)).len(),
+            1,
+            "the session's link up the tree is notified ({spawned_by:?}, {parent:?})"
+        );
+    }
 }
 
 /// A service over a new memory store whose sessions are `dir`'s, under [`SpawnTree`] over the
@@ -508,6 +528,14 @@ async fn a_broken_goal_summary_or_actor_id_still_records_and_notifies() {
         let e = w.only(EventKind::GoalChanged).await;
         assert_eq!(e.summary, shown);
         assert!(e.session_id.as_deref().unwrap().starts_with("s\u{fffd}1#"));
+        // The change keeps who made it: its actor's id, fitted, not dropped. (What the mutation
+        // did: the goal change was recorded without its actor id; review of stop 72, SG56.)
+        assert_eq!(e.actor_type, ActorType::Human);
+        assert!(
+            e.actor_id.as_deref().is_some_and(|id| id.contains("bob")),
+            "{:?}",
+            e.actor_id
+        );
         w.manager_notified(summary);
     }
 }
@@ -532,6 +560,19 @@ async fn a_broken_owner_or_operation_id_still_records_the_compaction() {
     assert_eq!(
         e.payload, None,
         "an owner too large for the payload leaves the event without it"
+    );
+    // A compaction is the system's doing, whoever owns it, as OpenClaw records it. (What the
+    // mutation did: it was recorded as an agent's; review of stop 72, SG54.)
+    assert_eq!(e.actor_type, ActorType::System);
+    // Its session id too long for an id is fitted, not dropped: the history still says which
+    // incarnation compacted. (What the mutation did: the compaction was recorded without its
+    // session id; review of stop 72, SG69.)
+    assert!(
+        e.session_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("sss") && id.len() <= MAX_KEY_BYTES),
+        "{:?}",
+        e.session_id
     );
     // An owner with a control character is a valid payload value: kept as given.
     let w2 = World::watched().await;
@@ -639,6 +680,11 @@ async fn a_broken_catalog_or_host_id_still_records_the_adoption() {
     let w = world();
     let e = w.svc.adopted(&child(), "claude\ncode", "h").await.unwrap();
     assert_eq!(e.summary, "adopted from claude code");
+    // A blank catalog id is said as `unknown`, as a blank channel is. (What the mutation did:
+    // the summary ended `adopted from ` with nothing after it; review of stop 72, SG52.)
+    let w = world();
+    let e = w.svc.adopted(&child(), " ", "h").await.unwrap();
+    assert_eq!(e.summary, "adopted from unknown");
 }
 
 /// The actors OpenClaw records: an adoption is a human's (no id); a creation is the actor the
@@ -1035,8 +1081,9 @@ async fn a_bare_target_is_the_requesters_agents_session() {
 /// changes; review of stop 69, V754.)
 #[tokio::test]
 async fn a_session_the_policy_hides_is_not_reconciled() {
+    let store = Arc::new(MemoryStore::new());
     let svc = gateway_adapter::Awareness::builder(
-        Arc::new(MemoryStore::new()),
+        store.clone(),
         Arc::new(gateway_adapter::InMemoryQueue::new()),
         Arc::new(gateway_adapter::RecordingWake::new()),
         Arc::new(gateway_adapter::InMemoryDirectory::new()),
@@ -1064,6 +1111,24 @@ async fn a_session_the_policy_hides_is_not_reconciled() {
         .session_status_text(&k("agent:ops:main"), &k(CHILD), None, None, None)
         .await;
     assert!(text.contains("is not visible"), "{text}");
+    // Nor may it watch the session through `sessions_send`: refused as not visible, no cursor
+    // made. (What the mutation did: the policy was not asked, and ops's main session watched
+    // main's worker and would be told of its changes; review of stop 72, SG62.)
+    let watch = svc
+        .watch_after_send(&k("agent:ops:main"), &k(CHILD), None, true)
+        .await;
+    assert_eq!(
+        watch,
+        gateway_adapter::WatchOutcome {
+            watched: false,
+            refused: Some(gateway_adapter::WatchRefusal::NotVisible),
+        }
+    );
+    let cursor = store
+        .cursor(&WatcherKey::parse("agent:ops:main").unwrap(), &k(CHILD))
+        .await
+        .expect("read");
+    assert!(cursor.is_none(), "no watch made: {cursor:?}");
     // Its own agent's session sees it.
     let own = svc
         .session_status(&k("agent:main:main"), &k(CHILD), None, None, None)
@@ -1176,10 +1241,10 @@ async fn a_completed_run_records_no_outcome_payload() {
 /// (What the mutation did: a cancelled run recorded `run_completed`; review of stop 68, V604.)
 #[tokio::test]
 async fn every_run_that_did_not_complete_records_its_outcome_as_a_failure() {
-    for outcome in [
-        RunOutcome::Error,
-        RunOutcome::Timeout,
-        RunOutcome::Cancelled,
+    for (outcome, summary) in [
+        (RunOutcome::Error, "child run failed"),
+        (RunOutcome::Timeout, "child run timed out"),
+        (RunOutcome::Cancelled, "child run cancelled"),
     ] {
         let w = World::watched().await;
         w.svc
@@ -1195,6 +1260,13 @@ async fn every_run_that_did_not_complete_records_its_outcome_as_a_failure() {
             e.payload.as_ref().and_then(|p| p.get("outcome")),
             Some(&json!(outcome.as_str())),
             "{outcome:?}: the failure says how the run ended"
+        );
+        // The summary the spawner reads says how the run ended too: a run that timed out is
+        // not told as one that failed. (What the mutation did: a timed-out run summarised as
+        // `child run failed`; review of stop 72, SG22.)
+        assert_eq!(
+            e.summary, summary,
+            "{outcome:?}: the summary says how it ended"
         );
     }
 }

@@ -1876,6 +1876,49 @@ async fn a_watcher_whose_turn_keeps_running_does_not_hold_off_the_recovery_pick_
     let _ = pickup.await;
 }
 
+/// A pick-up while a watcher's turn runs says it is complete when every pending notice of that
+/// watcher is queued already: it has nothing to deliver there, so the watcher is not one it
+/// skipped, and the pick-up task does not look at it again at every question. (What the
+/// mutation did: every watcher with a pending cursor was looked at, whether or not its lines
+/// were queued, so the running turn's watcher was skipped as busy and the pick-up said it was
+/// not complete; review of stop 72, SG38.)
+#[tokio::test]
+async fn a_running_turns_watcher_whose_lines_are_queued_leaves_the_pick_up_complete() {
+    let store = Arc::new(Hooked {
+        inner: Arc::new(MemoryStore::new()),
+        hook: HeldBefore::new(Call::Cursors),
+    });
+    written_elsewhere(&*store.inner, &[MANAGER]).await;
+    let (svc, queue, _wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
+    // The manager's turn drains its (empty) queue, reads its cursors and is held there.
+    store
+        .hook
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let turn = tokio::spawn({
+        let svc = Arc::clone(&svc);
+        async move { svc.drain_turn(&k(MANAGER)).await }
+    });
+    store.hook.reached.notified().await;
+    store
+        .hook
+        .armed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    // A change recorded meanwhile queues the manager's pending notice.
+    svc.record(human(&child())).await.expect("recorded");
+    assert_eq!(texts(&queue, MANAGER).len(), 1);
+    assert_eq!(
+        svc.pick_up().await,
+        PickUp {
+            queued: 0,
+            complete: true
+        },
+        "nothing to deliver, and no watcher skipped"
+    );
+    store.hook.gate.add_permits(1);
+    assert_eq!(turn.await.expect("the turn ends").len(), 1);
+}
+
 /// Makes the store's first `foreign_commits` question take 10 ms; the later ones take none.
 struct FirstQuestionSlow(std::sync::atomic::AtomicBool);
 

@@ -1837,19 +1837,7 @@ async fn a_watcher_whose_turn_keeps_running_does_not_hold_off_the_recovery_pick_
         },
     );
     // The manager's turn reads its cursors, and is held there, its lock taken.
-    store
-        .hook
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let turn = tokio::spawn({
-        let svc = Arc::clone(&svc);
-        async move { svc.drain_turn(&k(MANAGER)).await }
-    });
-    store.hook.reached.notified().await;
-    store
-        .hook
-        .armed
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let turn = store.hook.hold_a_turn(&svc, MANAGER).await;
     let start = tokio::time::Instant::now();
     let pickup = svc.spawn_pickup();
     assert_eq!(
@@ -1891,19 +1879,7 @@ async fn a_running_turns_watcher_whose_lines_are_queued_leaves_the_pick_up_compl
     written_elsewhere(&*store.inner, &[MANAGER]).await;
     let (svc, queue, _wake) = common::service_in(store.clone(), None, directory(&[MANAGER]));
     // The manager's turn drains its (empty) queue, reads its cursors and is held there.
-    store
-        .hook
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let turn = tokio::spawn({
-        let svc = Arc::clone(&svc);
-        async move { svc.drain_turn(&k(MANAGER)).await }
-    });
-    store.hook.reached.notified().await;
-    store
-        .hook
-        .armed
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let turn = store.hook.hold_a_turn(&svc, MANAGER).await;
     // A change recorded meanwhile queues the manager's pending notice.
     svc.record(human(&child())).await.expect("recorded");
     assert_eq!(texts(&queue, MANAGER).len(), 1);
@@ -2207,6 +2183,25 @@ impl HeldBefore {
     }
 }
 
+impl HeldBefore {
+    /// Starts `watcher`'s turn on `svc` and answers once the turn is held at this hook (armed
+    /// for that one call, then disarmed): a turn running, its lock taken.
+    async fn hold_a_turn(
+        &self,
+        svc: &Arc<Awareness>,
+        watcher: &str,
+    ) -> tokio::task::JoinHandle<Vec<gateway_adapter::QueuedEntry>> {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let turn = tokio::spawn({
+            let (svc, watcher) = (Arc::clone(svc), k(watcher));
+            async move { svc.drain_turn(&watcher).await }
+        });
+        self.reached.notified().await;
+        self.armed.store(false, std::sync::atomic::Ordering::SeqCst);
+        turn
+    }
+}
+
 #[awareness_core::async_trait]
 impl Hook for HeldBefore {
     async fn before(&self, call: Call, _store: &dyn AwarenessStore) {
@@ -2268,21 +2263,9 @@ async fn wakes_of_a_pick_up_owing_a_wake(explicit: &str, lost: &str) -> Vec<Sess
         "the acknowledgement paid the wake as it ended"
     );
     // The turn that wake brought takes the lines and is dropped while it reads the cursors.
-    store
-        .hook
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let turn = {
-        let svc = Arc::clone(&svc);
-        tokio::spawn(async move { svc.drain_turn(&k(MANAGER)).await })
-    };
-    store.hook.reached.notified().await;
+    let turn = store.hook.hold_a_turn(&svc, MANAGER).await;
     turn.abort();
     let _ = turn.await;
-    store
-        .hook
-        .armed
-        .store(false, std::sync::atomic::Ordering::SeqCst);
     store.hook.gate.add_permits(1);
     // Both change again: the other session's line is queued with a wake, the worker's
     // (ambient) without one; then one of the two lines is lost.

@@ -1011,13 +1011,25 @@ mod tests {
     /// A repair refuses an empty file as not a store, on both file stores, and leaves it empty:
     /// the file is there, and no store is missing. (What the mutation did: the empty file refused
     /// as missing, `not found`, a name a user then looks for in vain; review of stop 68, GD07.)
+    /// So it does before any open looks at the file, where a SQLite log is left beside it (its
+    /// store moved away), and leaves the log as it was. (What the mutation did: the empty file
+    /// went to the read-only open, which refused it for the log beside it as another failure
+    /// than "not a store"; review of stop 72, GH24.)
     #[cfg(all(feature = "sqlite", feature = "redb"))]
     #[tokio::test]
     async fn repairing_an_empty_file_refuses_it_as_not_a_store() {
         let dir = tempfile::tempdir().unwrap();
-        for scheme in ["sqlite", "redb"] {
-            let (path, url) = file_url(&dir, scheme, &format!("empty.{scheme}"));
+        for (scheme, name, log) in [
+            ("sqlite", "empty.sqlite", false),
+            ("redb", "empty.redb", false),
+            ("sqlite", "logged.sqlite", true),
+        ] {
+            let (path, url) = file_url(&dir, scheme, name);
             std::fs::write(&path, b"").unwrap();
+            let wal = dir.path().join(format!("{name}-wal"));
+            if log {
+                std::fs::write(&wal, b"a log").unwrap();
+            }
             match repair_store(&url).await {
                 Err(OpenError::Store(e)) => assert_eq!(
                     e.open_failure(),
@@ -1031,6 +1043,13 @@ mod tests {
                 0,
                 "{url}: left empty"
             );
+            if log {
+                assert_eq!(
+                    std::fs::read(&wal).unwrap(),
+                    b"a log",
+                    "{url}: the log is left"
+                );
+            }
         }
     }
 

@@ -205,6 +205,34 @@ mod tests {
         );
     }
 
+    /// A payload the payload rules refuse is left out and warned of, with its field, as every
+    /// change this module makes is; one within the rules is kept without a word. (What the
+    /// mutation did: the payload dropped without a word, the operator could not tell why an event
+    /// came without the payload the gateway gave; review of stop 72, GH08.)
+    #[test]
+    fn a_payload_left_out_is_warned_of() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _logs = capture.install();
+        let mut fits = Payload::new();
+        fits.insert("note".into(), "n".into());
+        assert_eq!(fit().payload("payload", fits.clone()), Some(fits));
+        assert_eq!(
+            capture.said(&["broke the payload rules"]),
+            0,
+            "a payload that fits is not warned of: {:#?}",
+            capture.lines()
+        );
+        let mut too_large = Payload::new();
+        too_large.insert("note".into(), "n".repeat(5000).into());
+        assert_eq!(fit().payload("payload", too_large), None, "left out");
+        assert_eq!(
+            capture.said(&["the payload broke the payload rules", "level=WARN"]),
+            1,
+            "the payload left out is warned of: {:#?}",
+            capture.lines()
+        );
+    }
+
     /// An id the gateway did not give is left out without a word: only an empty one is warned
     /// of. (What the mutation did: an absent id was taken for an empty one, and every event
     /// without a run id logged a warning that its run id was empty; review of stop 70, GE12.)

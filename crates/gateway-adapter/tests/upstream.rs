@@ -871,6 +871,27 @@ fn a_transcript_adopted_through_a_symlink_is_the_same_source() {
     );
 }
 
+/// One path on two hosts names two transcripts, so their links are two sources, judged apart
+/// (one adopter's prompts are no echoes for the other, and a run in one defers not the other):
+/// gateways sharing a store adopt each their own host's transcript (`awareness adopt --host`),
+/// at the same path when their projects lie alike. (What the mutation did: the source was named
+/// by the path alone, whatever the host, so those links were one source; review of stop 72,
+/// MT17.)
+#[test]
+fn one_transcript_path_on_two_hosts_is_two_sources() {
+    let t = Transcript::new();
+    let a = jsonl_link("agent:main:main", &t.path);
+    let mut b = jsonl_link("agent:main:other", &t.path);
+    b.host_id = "build-box".into();
+    assert_eq!(jsonl::path_of(&a), jsonl::path_of(&b), "one path");
+    let provider = JsonlProvider::new();
+    assert_ne!(
+        provider.source_key(&a),
+        provider.source_key(&b),
+        "two hosts, two sources"
+    );
+}
+
 // ----- the paired-node provider -------------------------------------------------------------------
 
 /// A thread on a paired node: items oldest first; pages are newest first, cursors are indexes.
@@ -1173,10 +1194,17 @@ async fn a_paired_item_that_is_an_envelope_is_no_human_turn() {
 #[test]
 fn paired_threads_of_one_id_on_two_nodes_are_two_sources() {
     let provider = PairedNodeProvider::new(FakeNode::holding([]));
-    let a = paired_link(None);
+    let mut a = paired_link(None);
     let mut b = a.clone();
     b.host_id = "node-3".into();
     assert_eq!(a.thread_id, b.thread_id);
+    assert_ne!(provider.source_key(&a), provider.source_key(&b));
+    // The host and the thread are kept apart: a host whose name ends as another's thread
+    // begins (`node-1` and `2x`, `node-12` and `x`) is another source. (What the mutation did:
+    // the two were joined with nothing between, and such threads on two nodes were one source,
+    // a run in one deferring the other's checks; review of stop 72, GH33.)
+    (a.host_id, a.thread_id) = ("node-1".into(), "2x".into());
+    (b.host_id, b.thread_id) = ("node-12".into(), "x".into());
     assert_ne!(provider.source_key(&a), provider.source_key(&b));
 }
 
@@ -4018,6 +4046,51 @@ fn published(rx: &mut broadcast::Receiver<Detection>) -> Vec<Detection> {
     std::iter::from_fn(|| rx.try_recv().ok()).collect()
 }
 
+/// A tick's end, as `awareness monitor --verbose` prints it, says how many links it checked of
+/// how many the store holds; a check that found the source gone says how many in a row did.
+/// (What the mutation did: the two counts swapped, a tick that checked one of two links said it
+/// checked 2 of 1; review of stop 72, MT55.)
+#[tokio::test]
+async fn a_ticks_end_says_how_many_links_it_checked_of_how_many() {
+    let w = world();
+    w.adopt_remote("agent:main:remote", "scripted").await;
+    w.adopt_remote("agent:main:elsewhere", "unread").await;
+    let monitor = w
+        .monitor()
+        .provider(Arc::new(Scripted::new(vec![
+            CheckOutcome::Unchanged { marker: json!(1) },
+            CheckOutcome::Missing,
+        ])))
+        .build();
+    let mut rx = monitor.subscribe();
+    let ds = tick_published(&monitor, &mut rx).await;
+    let ends: Vec<String> = ds
+        .iter()
+        .filter(|d| matches!(d, Detection::TickDone(_)))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        ends,
+        ["tick 1: checked 1 of 2 link(s) (0 unwatched, 0 deferred)"],
+        "{:?}",
+        texts(&ds)
+    );
+    // The first check that finds the source gone says it is the first in a row. (What the
+    // mutation did: the line said one more check in a row than had found it gone; review of
+    // stop 72, MT61.)
+    let ds = tick_published(&monitor, &mut rx).await;
+    let missing: Vec<String> = ds
+        .iter()
+        .filter(|d| matches!(d, Detection::Missing { .. }))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(missing.len(), 1, "{:?}", texts(&ds));
+    assert!(
+        missing[0].ends_with("source not found (1 in a row)"),
+        "{missing:?}"
+    );
+}
+
 /// Bug: a marker move the store failed was published as "the link changed meanwhile; marker
 /// kept" after human turns, and not at all after an unchanged or a rebased check (a rebase was
 /// even published though its marker was not stored).
@@ -5080,6 +5153,36 @@ async fn a_paired_marker_stored_before_resume_points_reads_and_is_written_back_a
         let read = PairedMarker::from_value(&stored).expect("a paired marker");
         assert_eq!(read.to_value(), stored);
     }
+}
+
+/// A thread adopted empty (`{"uuid": null}`) and still empty is read as unchanged without a
+/// warning: an empty answer is what such a thread gives at every check. The warning that the
+/// node answered no items is for a marker naming an item. (What the mutation did: every check
+/// of a thread adopted empty and still empty warned that the node answered no items; review of
+/// stop 72, MT50.)
+#[tokio::test]
+async fn a_thread_adopted_empty_and_still_empty_is_not_warned_of() {
+    let capture = common::Capture::default();
+    let _logs = capture.install();
+    let provider = PairedNodeProvider::new(FakeNode::holding([]));
+    for marker in [json!({"uuid": null}), json!({"uuid": "i0"})] {
+        assert_eq!(
+            provider
+                .check(&paired_link(Some(marker.clone())), &[])
+                .await,
+            CheckOutcome::Unchanged { marker }
+        );
+    }
+    let warned: Vec<String> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("the thread answered no items") && l.ends_with("level=WARN"))
+        .collect();
+    assert_eq!(
+        warned.len(),
+        1,
+        "only the marker naming an item: {warned:#?}"
+    );
 }
 
 /// A resumed check ends where the thread ends when its marker item is gone (the thread was

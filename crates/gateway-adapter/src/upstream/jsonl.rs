@@ -1086,6 +1086,31 @@ mod tests {
         );
     }
 
+    /// A check waits the whole [`super::READ_PERMIT_WAIT`] for a read permit: one given back
+    /// just before that wait is over is taken, and the transcript read. (What the mutation did:
+    /// the check gave up at half that wait, failing while the reads ahead of it were still
+    /// within it; review of stop 72, MT22.)
+    #[tokio::test(start_paused = true)]
+    async fn a_check_waits_the_whole_read_permit_wait() {
+        let dir = tempfile::tempdir().expect("dir");
+        let link = link_to(&dir.path().join("t.jsonl"), "agent:main:main");
+        let provider = JsonlProvider {
+            reads: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+            ..JsonlProvider::new()
+        };
+        let check = {
+            let p = provider.clone();
+            tokio::spawn(async move { p.check(&link, &[]).await })
+        };
+        tokio::time::sleep(
+            super::READ_PERMIT_WAIT.saturating_sub(std::time::Duration::from_millis(1)),
+        )
+        .await;
+        provider.reads.add_permits(1);
+        let out = check.await.expect("the check");
+        assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
+    }
+
     /// `value` as a reader that takes JSON numbers as doubles writes it back (JavaScript's
     /// `JSON.stringify(JSON.parse(...))`): each number rounded to a double, integers printed
     /// without a fraction.

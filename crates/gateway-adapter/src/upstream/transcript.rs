@@ -1204,6 +1204,18 @@ mod tests {
             !edited(&|v| v["kinds"] = json!("o".repeat(300))),
             "too deep"
         );
+        // A state nested deeper than the reader follows is refused, its path of the outermost
+        // levels fitting it (the path's length alone refused the one above). (What the mutation
+        // did: the depth left unbounded, such an edited state was read on; review of stop 72,
+        // MT41.)
+        assert!(
+            !edited(&|v| {
+                let p = v["path"].clone();
+                v["kinds"] = json!("o".repeat(MAX_DEPTH + 1));
+                v["path"] = json!([p[0], p[1], p[1], p[1]]);
+            }),
+            "deeper than followed"
+        );
         assert!(
             !edited(&|v| v["utf8"] = json!([226, 130, 172, 1])),
             "a character has 4 bytes at most"

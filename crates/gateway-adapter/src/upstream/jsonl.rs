@@ -1069,29 +1069,13 @@ mod tests {
         );
     }
 
-    /// A check that waits [`super::READ_PERMIT_WAIT`] for a read permit (every read hung) fails
-    /// saying so, rather than waiting out the monitor's timeout, which blames its own file.
-    #[tokio::test(start_paused = true)]
-    async fn a_check_without_a_read_permit_fails_saying_why() {
-        let dir = tempfile::tempdir().expect("dir");
-        let link = link_to(&dir.path().join("t.jsonl"), "agent:main:main");
-        let provider = JsonlProvider {
-            reads: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
-            ..JsonlProvider::new()
-        };
-        let out = provider.check(&link, &[]).await;
-        assert!(
-            matches!(&out, CheckOutcome::Failed(why) if why.contains("reads that may run at once")),
-            "{out:?}"
-        );
-    }
-
     /// A check waits the whole [`super::READ_PERMIT_WAIT`] for a read permit: one given back
     /// just before that wait is over is taken, and the transcript read. (What the mutation did:
     /// the check gave up at half that wait, failing while the reads ahead of it were still
-    /// within it; review of stop 72, MT22.)
+    /// within it; review of stop 72, MT22.) One that waits it out (every read hung) fails saying
+    /// so, rather than waiting out the monitor's timeout, which blames its own file.
     #[tokio::test(start_paused = true)]
-    async fn a_check_waits_the_whole_read_permit_wait() {
+    async fn a_check_waits_the_whole_read_permit_wait_then_fails_saying_why() {
         let dir = tempfile::tempdir().expect("dir");
         let link = link_to(&dir.path().join("t.jsonl"), "agent:main:main");
         let provider = JsonlProvider {
@@ -1099,7 +1083,7 @@ mod tests {
             ..JsonlProvider::new()
         };
         let check = {
-            let p = provider.clone();
+            let (p, link) = (provider.clone(), link.clone());
             tokio::spawn(async move { p.check(&link, &[]).await })
         };
         tokio::time::sleep(
@@ -1109,6 +1093,13 @@ mod tests {
         provider.reads.add_permits(1);
         let out = check.await.expect("the check");
         assert!(matches!(out, CheckOutcome::Unchanged { .. }), "{out:?}");
+        // Every read hung again: the permit the check gave back is taken for good.
+        provider.reads.acquire().await.expect("the permit").forget();
+        let out = provider.check(&link, &[]).await;
+        assert!(
+            matches!(&out, CheckOutcome::Failed(why) if why.contains("reads that may run at once")),
+            "{out:?}"
+        );
     }
 
     /// `value` as a reader that takes JSON numbers as doubles writes it back (JavaScript's

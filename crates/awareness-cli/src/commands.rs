@@ -1761,6 +1761,27 @@ mod tests {
         ));
         assert!(names_command("x: watch", "watch"));
         assert!(!names_command("x: watcher.db: locked", "watch"));
+        // `store_err` names the command once: before a store's words that do not name it, and
+        // not again before words that do. (What the mutation did: the command always put
+        // first, "record: store busy: /x.db: record an event: ..."; review of stop 72, CK45.)
+        let busy = StoreError::Busy {
+            context: "/x.db: record an event".to_owned(),
+            source: "database is locked".into(),
+        };
+        let e = store_err("record", &busy);
+        assert_eq!(e.code, crate::EXIT_TEMPFAIL, "{}", e.message);
+        assert!(
+            e.message.starts_with("store busy: /x.db: record an event"),
+            "{}",
+            e.message
+        );
+        let corrupt = StoreError::Corrupt {
+            context: "/x.db: row 3".to_owned(),
+            source: None,
+        };
+        let e = store_err("record", &corrupt);
+        assert_eq!(e.code, crate::EXIT_FAILURE, "{}", e.message);
+        assert_eq!(e.message, "record: corrupt store: /x.db: row 3");
         // The usage error's ordinal of an eleventh argument (the teens end in "th").
         for (n, said) in [
             (1, "1st"),

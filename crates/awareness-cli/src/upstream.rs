@@ -916,6 +916,20 @@ mod tests {
                 format!("{unread} detection(s) went unread, but cannot write output: x")
             );
         }
+        // After what the failed line's own detection recorded, those dropped are counted as
+        // more. (What the mutation did: "2 detection(s) went unread" after the recorded event,
+        // as if they were all; review of stop 72, CK39.)
+        let (tx, mut rx) = tokio::sync::broadcast::channel::<Detection>(1);
+        for _ in 0..3 {
+            let _ = tx.send(Detection::Deferred { session: s.clone() });
+        }
+        let done = Some("recorded event #4 (human turns) for agent:main:worker".to_owned());
+        let e = output_failed(CliError::failure("cannot write output: x"), done, &mut rx);
+        assert_eq!(
+            e.message,
+            "recorded event #4 (human turns) for agent:main:worker; 2 more detection(s) went \
+             unread, but cannot write output: x"
+        );
     }
 
     /// The `adopted` event is found past the first page of the session's log (200 events): an

@@ -2076,12 +2076,26 @@ fn text_status_prints_the_history_gap_and_truncated_apart() {
                 &["--changes-since", "2", "--limit", "1"][..],
                 "changes since 2: 1 event(s), truncated true, earliestAvailableSequence 3, historyGap false",
             ),
+            // A read from past the session's head says `versionAhead true` at the end of the
+            // line, as `--json` says it. (What the mutation did: the text never said
+            // `versionAhead`; review of stop 72, CK01.)
+            (
+                &["--changes-since", "9"][..],
+                "changes since 9: 0 event(s), truncated false, earliestAvailableSequence 3, historyGap false, versionAhead true",
+            ),
         ] {
             let page = json(&status(extra, true))["stateChanges"].clone();
             let truncated = want.contains("truncated true");
             let gap = want.contains("historyGap true");
             assert_eq!(page["truncated"], truncated, "{scheme} {extra:?}: {page}");
             assert_eq!(page["historyGap"], gap, "{scheme} {extra:?}: {page}");
+            // `versionAhead` is left out of the JSON when false.
+            let ahead = want.contains("versionAhead true");
+            assert_eq!(
+                page["versionAhead"].as_bool().unwrap_or(false),
+                ahead,
+                "{scheme} {extra:?}: {page}"
+            );
             let text = stdout(&status(extra, false));
             let lines: Vec<&str> = text.lines().collect();
             assert!(
@@ -2743,8 +2757,20 @@ fn repair_of_a_file_that_needs_none_says_why_in_its_backends_words() {
     ] {
         let run = |args: &[&str]| run_ok(dir.path(), store, args);
         run(&["watch", "agent:main:main", "agent:main:subagent:c1"]);
+        run(&[
+            "record",
+            "--session",
+            "agent:main:subagent:c1",
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "new goal",
+        ]);
         let text = stdout(&run(&["repair"]));
         assert!(text.contains(says), "{store}: {text}");
+        // The line ends with how many events the file holds, as `--json`'s `events` says.
+        // (What the mutation did: the count left out of the text; review of stop 72, CK24.)
+        assert!(text.ends_with("; 1 event(s)\n"), "{store}: {text}");
     }
 }
 

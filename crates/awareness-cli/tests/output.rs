@@ -343,7 +343,9 @@ async fn a_notice_names_its_targets_agent_not_its_watchers() {
 /// (the cursor removed), an `adopt` (the link and its `adopted` event). (What the mutations
 /// did: only "cannot write output", the write made unsaid; review of stop 64, CL26, for the
 /// sweep, of stop 66, C612, C625 and C613, and of stop 70, CZ05 and CZ06 for `adopt` in JSON
-/// and in text.)
+/// and in text.) A `record` that hits its dedupe key says the event was already recorded, not
+/// that it recorded one, which would read as a second event. (What the mutation did: a dedupe
+/// hit said "recorded event #1"; review of stop 72, CK11.)
 #[tokio::test]
 async fn a_write_whose_output_fails_says_what_it_did() {
     for json in [false, true] {
@@ -352,7 +354,19 @@ async fn a_write_whose_output_fails_says_what_it_did() {
         let transcript = dir.path().join("5f1c2e3a.jsonl");
         std::fs::write(&transcript, "").unwrap();
         let file = transcript.display().to_string();
+        let record = [
+            "record",
+            "--session",
+            C1,
+            "--kind",
+            "goal_changed",
+            "--summary",
+            "new goal",
+            "--dedupe-key",
+            "goal-1",
+        ];
         for (command, said) in [
+            ("record", "event #1 was already recorded (dedupe hit)"),
             (
                 "watch",
                 "agent:main:main watches agent:main:subagent:c1 now",
@@ -375,6 +389,10 @@ async fn a_write_whose_output_fails_says_what_it_did() {
                 human(&url, C1).await;
             }
             let mut args = vec![command];
+            if command == "record" {
+                ok(&url, &record).await;
+                args = record.to_vec();
+            }
             if matches!(command, "watch" | "unwatch") {
                 args.extend([MAIN, C1]);
             }

@@ -1997,22 +1997,46 @@ mod tests {
         );
     }
 
-    /// Resetting a watcher that watches nothing removes nothing and commits nothing: no fsync,
-    /// no write transaction counted; a reset that removes a cursor commits one.
-    /// (What the mutation did: a reset committed its transaction even when it removed no
-    /// cursor; review of stop 71, RI03.)
+    /// Writes that change nothing commit nothing: no fsync, no write transaction counted. An
+    /// unwatch of a target not watched, an acknowledgement of a target without a cursor, a
+    /// deletion of a session the store does not hold, a reset of a watcher that watches nothing;
+    /// a reset that removes a cursor commits one. (What the mutations did: each committed its
+    /// transaction whatever it changed: a reset, review of stop 71, RI03; `unwatch`,
+    /// `acknowledge` and `delete_session`, review of stop 72, RK22, RK23, RK25.)
     #[tokio::test]
-    async fn a_reset_of_a_watcher_without_cursors_commits_nothing() {
+    async fn writes_that_change_nothing_commit_nothing() {
         let (_dir, store) = fresh().await;
-        let watcher = WatcherKey::parse("agent:main:main").expect("watcher");
+        let at = session("agent:main:subagent:child");
+        record_keyed(&store, &at, &["a"]).await;
+        let watcher = WatcherKey::parse("agent:main:main").expect("a watcher");
+        let before = store.write_transactions();
+        assert!(
+            !store
+                .unwatch(&watcher, &at.session_key)
+                .await
+                .expect("unwatch")
+        );
+        assert_eq!(store.write_transactions(), before, "an unwatch of nothing");
+        let told = store
+            .acknowledge(&watcher, &[AckTarget::any(at.session_key.clone())], T0)
+            .await
+            .expect("acknowledge");
+        assert!(told.is_empty(), "{told:?}");
+        assert_eq!(
+            store.write_transactions(),
+            before,
+            "an acknowledgement of no cursor"
+        );
+        store
+            .delete_session(&session("agent:main:subagent:unknown"))
+            .await
+            .expect("delete");
+        assert_eq!(store.write_transactions(), before, "a deletion of nothing");
         // First watching nothing, then one cursor: the reset removes as many, and commits
         // only when it removed one.
         for cursors in [0, 1] {
             if cursors == 1 {
-                store
-                    .watch(&watcher, &session("agent:main:subagent:child"), T0)
-                    .await
-                    .expect("watch");
+                store.watch(&watcher, &at, T0).await.expect("watch");
             }
             let before = store.write_transactions();
             let removed = store

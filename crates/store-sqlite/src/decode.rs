@@ -910,6 +910,56 @@ mod tests {
         );
     }
 
+    /// A pruning victim whose session key this store cannot read is pruned without a
+    /// watermark, and that is logged once, naming the file, the row's sequence and its key; a
+    /// readable victim is stamped and logs nothing. (What the mutation did: the warning was
+    /// left out, and such rows went without a word; review of stop 72, SJ76.) Likewise a
+    /// victim's head row that cannot be read (a negative sequence): it is left out, so its
+    /// events are pruned without a watermark, logged once naming the session; a readable head
+    /// is kept. (What the mutation did: that warning left out; review of stop 72, SJ77.)
+    #[test]
+    fn victims_pruned_without_a_watermark_are_logged() {
+        let capture = awareness_core::testkit::logs::Capture::default();
+        let _guard = capture.install();
+        let warned = |file: &str| -> Vec<String> {
+            let lines: Vec<String> = capture
+                .lines()
+                .into_iter()
+                .filter(|l| l.contains(file))
+                .collect();
+            assert!(lines.iter().all(|l| l.contains("level=WARN")), "{lines:?}");
+            lines
+        };
+        let path = Path::new("/logged/victims.sqlite");
+        let read =
+            victims(br#"[[3,"","main"],[4,"agent:main:main","main"]]"#, path).expect("victims");
+        assert_eq!(read.len(), 2);
+        assert!(read[0].1.is_none(), "{read:?}");
+        assert!(read[1].1.is_some(), "{read:?}");
+        let lines = warned("/logged/victims.sqlite");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("no watermark is stamped over it") && lines[0].contains("sequence=3"),
+            "{lines:?}"
+        );
+
+        let path = Path::new("/logged/victim-heads.sqlite");
+        let read = victim_heads(
+            br#"[["agent:main:a","main",-5,0,1],["agent:main:b","main",4,0,1]]"#,
+            path,
+        )
+        .expect("heads");
+        assert_eq!(read.len(), 1, "{read:?}");
+        assert_eq!(read[0].session.session_key.as_str(), "agent:main:b");
+        let lines = warned("/logged/victim-heads.sqlite");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("whose head cannot be read")
+                && lines[0].contains("session_key=agent:main:a"),
+            "{lines:?}"
+        );
+    }
+
     /// Text with what JSON must escape, and anything else.
     fn text() -> impl Strategy<Value = String> {
         let c = prop_oneof![

@@ -232,6 +232,22 @@ mod tests {
         );
     }
 
+    /// SQLite's CANTOPEN at an open is said in words of its own: the file or its journal could
+    /// not be opened or created, which points at the file and the directory beside it.
+    /// (What the mutation did: CANTOPEN was given the catch-all "SQLite refused to open it";
+    /// review of stop 72, SJ41.)
+    #[test]
+    fn cantopen_at_an_open_says_the_file_or_its_journal_could_not_be_opened() {
+        let e = failed_open(Path::new("/x.db"), coded(SQLITE_CANTOPEN));
+        let StoreError::Open { reason, .. } = e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(
+            reason,
+            "the file or its journal cannot be opened or created"
+        );
+    }
+
     /// The lock conflicts are retryable, extended codes by their primary code (BUSY_SNAPSHOT
     /// is 517, PROTOCOL 15); a corrupt file is corruption; the rest is a backend failure,
     /// which retrying does not cure.

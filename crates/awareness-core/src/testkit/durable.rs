@@ -2392,6 +2392,34 @@ pub async fn a_warning_names_the_file(f: impl OpenFile) {
     ] {
         assert!(replaced[0].contains(&field), "{field}: {}", replaced[0]);
     }
+    // A head row a listing leaves out is warned of too, once, naming the file and the session.
+    // (What the mutation did: store-postgres left such a row out without a word; review of
+    // stop 72, PQ34, there tested on its own; the warning of the others is checked here.)
+    rec(&*t.store, human(&target), T0).await;
+    assert!(
+        t.raw
+            .damage_head_row(&target)
+            .await
+            .expect("damage a head row"),
+        "the store has a head row to damage"
+    );
+    let about_the_head = || {
+        capture
+            .lines()
+            .iter()
+            .filter(|l| l.contains("head") && l.contains(target.session_key.as_str()))
+            .filter(|l| named(l))
+            .count()
+    };
+    let before = about_the_head();
+    let listed = listed_heads(&*t.store, None, "the listing leaves the row out").await;
+    assert!(!listed.contains(&target), "{listed:?}");
+    assert_eq!(
+        about_the_head() - before,
+        1,
+        "one warning about the head row, naming the file as path=: {:#?}",
+        capture.lines()
+    );
     t.close().await;
 }
 
